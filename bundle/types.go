@@ -1,0 +1,191 @@
+// Package bundle is the .xmb file: the only contract between compile time and run time. It
+// holds the model configuration, the deployed apps, every kernel's PTX with its parameter
+// layout and reference-op binding, one graph template per bucket, the apps' parameter tensors,
+// the tokenizer and optionally the weights. Types here are plain data; codegen fills them, the
+// loader reads them.
+package bundle
+
+import "encoding/json"
+
+// Bundle is a whole .xmb file in memory.
+type Bundle struct {
+	Manifest  Manifest
+	Kernels   []Kernel
+	Templates []Template
+	// Params is a safetensors file holding every app parameter tensor and every constant
+	// table codegen precomputed (RoPE frequencies); buffers name tensors in it.
+	Params []byte
+	// Tokenizer is the tokenizer definition (tokenizer.json bytes; empty for a byte tokenizer).
+	Tokenizer []byte
+	// Weights, when present, is a safetensors file embedded in the bundle; otherwise the
+	// manifest's Weights reference names the file and its hash.
+	Weights []byte
+}
+
+// Manifest describes everything in the bundle except bulk data.
+type Manifest struct {
+	Model   ModelConfig `json:"model"`
+	Weights WeightsRef  `json:"weights"`
+	Apps    []App       `json:"apps"`
+	Buffers []Buffer    `json:"buffers"`
+	Sites   []Site      `json:"sites"`
+	Build   BuildInfo   `json:"build"`
+}
+
+// ModelConfig is the architecture and serving limits the bundle was compiled for.
+type ModelConfig struct {
+	Name          string       `json:"name"`
+	Family        string       `json:"family"`
+	Hidden        int          `json:"hidden"`
+	Intermediate  int          `json:"intermediate"`
+	Layers        int          `json:"layers"`
+	Heads         int          `json:"heads"`
+	KVHeads       int          `json:"kv_heads"`
+	HeadDim       int          `json:"head_dim"`
+	Vocab         int          `json:"vocab"`
+	RopeTheta     float64      `json:"rope_theta"`
+	RopeScaling   *RopeScaling `json:"rope_scaling,omitempty"`
+	RMSEps        float64      `json:"rms_eps"`
+	TieEmbeddings bool         `json:"tie_embeddings"`
+	WeightDtype   string       `json:"weight_dtype"` // "bf16" or "f32": how weights sit in memory
+	KVDtype       string       `json:"kv_dtype"`
+	MaxSeqLen     int          `json:"max_seq_len"`
+	MaxSeqs       int          `json:"max_seqs"`      // requests resident at once
+	KVBlockSize   int          `json:"kv_block_size"` // tokens per KV-cache page
+	KVBlocks      int          `json:"kv_blocks"`     // pages in the pool
+	Tokenizer     string       `json:"tokenizer"`     // "bytes" or "hf"
+	BOS           int          `json:"bos"`
+	EOS           []int        `json:"eos"`
+}
+
+// RopeScaling is Llama-3's frequency-dependent RoPE scaling.
+type RopeScaling struct {
+	Type            string  `json:"type"`
+	Factor          float64 `json:"factor"`
+	LowFreqFactor   float64 `json:"low_freq_factor"`
+	HighFreqFactor  float64 `json:"high_freq_factor"`
+	OriginalMaxPos  int     `json:"original_max_position_embeddings"`
+	AttentionFactor float64 `json:"attention_factor,omitempty"`
+}
+
+// WeightsRef says where the weights come from when they are not embedded.
+type WeightsRef struct {
+	Path      string `json:"path,omitempty"` // safetensors file or HF directory, as given at build
+	SHA256    string `json:"sha256,omitempty"`
+	Synthetic *Synth `json:"synthetic,omitempty"`
+}
+
+// Synth asks the loader to generate deterministic weights (like vLLM's --load-format dummy).
+type Synth struct {
+	Seed uint64  `json:"seed"`
+	Std  float64 `json:"std"`
+}
+
+// App is one deployed app: its bit in the per-row app mask, its scalars and its exports.
+type App struct {
+	Name    string   `json:"name"`
+	Bit     int      `json:"bit"`
+	Source  string   `json:"source"`
+	Scalars []Scalar `json:"scalars"`
+	Exports []Export `json:"exports"`
+}
+
+// Scalar is a run-time replaceable scalar of an app, stored at Index of the app's scalar table.
+type Scalar struct {
+	Name  string  `json:"name"`
+	Index int     `json:"index"`
+	Value float32 `json:"value"`
+}
+
+// Export is a read buffer returned to the caller per row per step.
+type Export struct {
+	Name   string `json:"name"`
+	Buffer string `json:"buffer"` // device buffer of [max_tokens, Width] f32
+	Width  int    `json:"width"`
+}
+
+// Buffer kinds.
+const (
+	KindWeight     = "weight"     // model weight, loaded from Tensor of the weights file
+	KindActivation = "activation" // scratch written and read within a step
+	KindKV         = "kv"         // KV-cache pool
+	KindControl    = "control"    // written by the host before each step
+	KindOutput     = "output"     // written by kernels, read by the host after each step
+	KindParam      = "param"      // initialised from Tensor of the bundle's Params section
+)
+
+// Buffer is a symbolic device buffer that template slots name.
+type Buffer struct {
+	Name  string `json:"name"`
+	Kind  string `json:"kind"`
+	Dtype string `json:"dtype"` // f32, bf16, u32
+	Shape []int  `json:"shape"`
+	// Tensors name the source tensors of a weight or param buffer; several are concatenated
+	// along their first dimension (a fused QKV projection is q_proj, k_proj, v_proj).
+	Tensors []string `json:"tensors,omitempty"`
+}
+
+// Site records where MI ops were placed: for inspect/check output and for tests.
+type Site struct {
+	Layer  int    `json:"layer"` // -1 for whole-model hooks
+	Hook   string `json:"hook"`
+	App    string `json:"app"`
+	Op     int    `json:"op"` // index of the op in its app
+	Kernel string `json:"kernel"`
+	Fused  bool   `json:"fused"`
+	What   string `json:"what"`
+}
+
+// BuildInfo records how the bundle was made. It holds no time stamp, so identical inputs
+// give byte-identical bundles.
+type BuildInfo struct {
+	Compiler string        `json:"compiler"`
+	Inputs   []InputDigest `json:"inputs"`
+}
+
+// InputDigest is the hash of one input file of the build.
+type InputDigest struct {
+	Path   string `json:"path"`
+	SHA256 string `json:"sha256"`
+}
+
+// Kernel is one PTX module with one entry, its parameter layout and reference op.
+type Kernel struct {
+	Name   string          `json:"name"`
+	PTX    string          `json:"ptx"`
+	Params []Param         `json:"params"`
+	Op     string          `json:"op"`
+	Attrs  json.RawMessage `json:"attrs"`
+}
+
+// Param is one kernel parameter: Type is a PTX type name (u64 for pointers, u32, f32).
+type Param struct {
+	Name string `json:"name"`
+	Type string `json:"type"`
+}
+
+// Template is the ordered node list for one bucket: Tokens rows in, Samples rows sampled.
+type Template struct {
+	Name    string `json:"name"`
+	Kind    string `json:"kind"` // "decode" or "prefill"
+	Tokens  int    `json:"tokens"`
+	Samples int    `json:"samples"`
+	Nodes   []Node `json:"nodes"`
+}
+
+// Node is one kernel launch in a template.
+type Node struct {
+	Label  string `json:"label"`
+	Kernel string `json:"kernel"`
+	Grid   [3]int `json:"grid"`
+	Block  [3]int `json:"block"`
+	Shared int    `json:"shared"`
+	Args   []Slot `json:"args"`
+}
+
+// Slot binds one kernel parameter: a buffer (plus byte offset) or a constant's bits.
+type Slot struct {
+	Buffer string `json:"buffer,omitempty"`
+	Offset int64  `json:"offset,omitempty"`
+	Const  uint64 `json:"const,omitempty"`
+}

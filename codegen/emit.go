@@ -1,0 +1,142 @@
+package codegen
+
+import (
+	"fmt"
+
+	"xmix/ops"
+	"xmix/ptx"
+)
+
+// Kernel is one generated kernel: its PTX module text, its parameter list, and the reference
+// op (ops registry name + JSON attributes) that defines what it computes.
+type Kernel struct {
+	Name   string
+	PTX    string
+	Params []ptx.Param
+	Op     string
+	Attrs  []byte
+}
+
+// finish prints k as its own module and binds it to reference op `op` with attrs.
+func finish(k *ptx.Kernel, op string, attrs any) (*Kernel, error) {
+	k.Emit("ret")
+	text, err := ptx.NewModule(k).Print()
+	if err != nil {
+		return nil, err
+	}
+	return &Kernel{Name: k.Name, PTX: text, Params: k.Params, Op: op, Attrs: ops.EncodeAttrs(attrs)}, nil
+}
+
+// emitter wraps a kernel under construction with the idioms every generator needs.
+type emitter struct{ *ptx.Kernel }
+
+func newEmitter(name string) emitter { return emitter{ptx.NewKernel(name)} }
+
+// param declares a parameter and loads it into a register.
+func (e emitter) param(name string, t ptx.Type) ptx.Reg {
+	s := e.Param(name, t)
+	r := e.Reg(t)
+	e.Emit("ld.param."+t.String(), r, ptx.Addr{Base: s})
+	return r
+}
+
+// special reads a special register into a u32 register.
+func (e emitter) special(s ptx.Special) ptx.Reg {
+	r := e.Reg(ptx.U32)
+	e.Emit("mov.u32", r, s)
+	return r
+}
+
+// imm32 materialises a u32 constant.
+func (e emitter) imm32(v int64) ptx.Reg {
+	r := e.Reg(ptx.U32)
+	e.Emit("mov.u32", r, ptx.Imm(v))
+	return r
+}
+
+// f32 materialises an f32 constant.
+func (e emitter) f32(v float32) ptx.Reg {
+	r := e.Reg(ptx.F32)
+	e.Emit("mov.f32", r, ptx.F32Imm(v))
+	return r
+}
+
+// elemAddr returns base + idx*size as a 64-bit address (idx is u32).
+func (e emitter) elemAddr(base, idx ptx.Reg, size int) ptx.Reg {
+	off := e.Reg(ptx.U64)
+	e.Emit("mul.wide.u32", off, idx, ptx.Imm(size))
+	a := e.Reg(ptx.U64)
+	e.Emit("add.u64", a, base, off)
+	return a
+}
+
+// loadF32 loads base[idx] as f32 where the array stores dt (F32 or BF16).
+func (e emitter) loadF32(base, idx ptx.Reg, dt ptx.Type) ptx.Reg {
+	r := e.Reg(ptx.F32)
+	switch dt {
+	case ptx.F32:
+		e.Emit("ld.global.f32", r, ptx.Addr{Base: e.elemAddr(base, idx, 4)})
+	case ptx.BF16:
+		h := e.Reg(ptx.B16)
+		e.Emit("ld.global.b16", h, ptx.Addr{Base: e.elemAddr(base, idx, 2)})
+		e.Emit("cvt.f32.bf16", r, h)
+	default:
+		panic(fmt.Sprintf("codegen: loadF32 of %s", dt)) // generator bug, not input
+	}
+	return r
+}
+
+// storeF32 stores an f32 value to base[idx] in storage type dt (F32 or BF16).
+func (e emitter) storeF32(base, idx, v ptx.Reg, dt ptx.Type) {
+	switch dt {
+	case ptx.F32:
+		e.Emit("st.global.f32", ptx.Addr{Base: e.elemAddr(base, idx, 4)}, v)
+	case ptx.BF16:
+		h := e.Reg(ptx.B16)
+		e.Emit("cvt.rn.bf16.f32", h, v)
+		e.Emit("st.global.b16", ptx.Addr{Base: e.elemAddr(base, idx, 2)}, h)
+	default:
+		panic(fmt.Sprintf("codegen: storeF32 of %s", dt))
+	}
+}
+
+// warpReduce folds v across the 32 lanes of a warp with op ("add" or "max"); every lane gets
+// the result.
+func (e emitter) warpReduce(v ptx.Reg, op string) {
+	t := e.Reg(ptx.F32)
+	for off := 16; off > 0; off /= 2 {
+		e.Emit("shfl.sync.bfly.b32", t, v, ptx.Imm(off), ptx.Imm(0x1f), ptx.Imm(-1))
+		e.Emit(op+".f32", v, v, t)
+	}
+}
+
+// blockReduce folds v across a block of nthreads (a multiple of 32, at most 1024) with op;
+// every thread gets the result. scratch is a shared f32 array of at least nthreads/32
+// elements; tid is %tid.x. It ends with a barrier, so scratch may be reused at once.
+func (e emitter) blockReduce(v ptx.Reg, op string, scratch ptx.Sym, tid ptx.Reg, nthreads int) ptx.Reg {
+	e.warpReduce(v, op)
+	if nthreads <= 32 {
+		return v
+	}
+	lane := e.Reg(ptx.U32)
+	e.Emit("and.b32", lane, tid, ptx.Imm(31))
+	warp := e.Reg(ptx.U32)
+	e.Emit("shr.u32", warp, tid, ptx.Imm(5))
+	base := e.Reg(ptx.U32)
+	e.Emit("mov.u32", base, scratch)
+	slot := e.Reg(ptx.U32)
+	e.Emit("mad.lo.u32", slot, warp, ptx.Imm(4), base)
+	p := e.Reg(ptx.Pred)
+	e.Emit("setp.eq.u32", p, lane, ptx.Imm(0))
+	e.EmitIf(p, false, "st.shared.f32", ptx.Addr{Base: slot}, v)
+	e.Emit("bar.sync", ptx.Imm(0))
+	acc := e.Reg(ptx.F32)
+	e.Emit("ld.shared.f32", acc, ptx.Addr{Base: scratch})
+	t := e.Reg(ptx.F32)
+	for w := 1; w < nthreads/32; w++ {
+		e.Emit("ld.shared.f32", t, ptx.Addr{Base: scratch, Offset: int64(4 * w)})
+		e.Emit(op+".f32", acc, acc, t)
+	}
+	e.Emit("bar.sync", ptx.Imm(0))
+	return acc
+}

@@ -1,0 +1,161 @@
+// Package frontend reads model and app specs (YAML) into typed values. Every value keeps the
+// position it came from so that later stages can point at the line that caused an error.
+package frontend
+
+import "fmt"
+
+// Pos is a place in a spec file.
+type Pos struct {
+	File string
+	Line int
+	Col  int
+}
+
+func (p Pos) String() string { return fmt.Sprintf("%s:%d:%d", p.File, p.Line, p.Col) }
+
+// Error is one spec error: where, what is wrong, and how to fix it.
+type Error struct {
+	Pos  Pos
+	Msg  string
+	Hint string
+}
+
+func (e *Error) Error() string {
+	if e.Hint != "" {
+		return fmt.Sprintf("%s: %s (%s)", e.Pos, e.Msg, e.Hint)
+	}
+	return fmt.Sprintf("%s: %s", e.Pos, e.Msg)
+}
+
+// Errorf builds an Error at p.
+func Errorf(p Pos, hint, format string, args ...any) *Error {
+	return &Error{Pos: p, Msg: fmt.Sprintf(format, args...), Hint: hint}
+}
+
+// Model is a parsed model spec (specs/models/*.yaml).
+type Model struct {
+	Pos           Pos // of the document
+	Path          string
+	Dir           string // directory of the spec; relative paths resolve against it
+	Name          string
+	Family        string // "llama"
+	Hidden        int
+	Intermediate  int
+	Layers        int
+	Heads         int
+	KVHeads       int
+	HeadDim       int
+	Vocab         int
+	RopeTheta     float64
+	RopeScaling   *RopeScaling
+	RMSEps        float64
+	TieEmbeddings bool
+	Dtype         string // weight storage: "bf16" (default) or "f32"
+	KVDtype       string // "f32" (default) or "bf16"
+	Weights       Weights
+	Tokenizer     Tokenizer
+	BOS           int
+	EOS           []int
+	DecodeBuckets []int // batch sizes, ascending
+	PrefillChunks []int // token counts per prefill step, ascending
+	MaxSeqLen     int
+	MaxSeqs       int // requests resident at once (default: largest decode bucket)
+	KVBlockSize   int // tokens per KV page (default 16)
+	// LayersPos is where the layer count was given, for "layer out of range" hints.
+	LayersPos Pos
+}
+
+// RopeScaling mirrors HF's rope_scaling for rope_type llama3.
+type RopeScaling struct {
+	Type           string
+	Factor         float64
+	LowFreqFactor  float64
+	HighFreqFactor float64
+	OriginalMaxPos int
+}
+
+// Weights says where the weights are: a safetensors file (or HF directory), or synthetic.
+type Weights struct {
+	Pos       Pos
+	Path      string // absolute, resolved against the spec's directory
+	Synthetic bool
+	Seed      uint64
+	Std       float64
+}
+
+// Tokenizer is "bytes" (256 byte tokens + specials) or "hf" with a tokenizer.json path.
+type Tokenizer struct {
+	Pos  Pos
+	Kind string
+	Path string
+}
+
+// App is a parsed app spec (specs/apps/*.yaml).
+type App struct {
+	Pos     Pos
+	Path    string
+	Dir     string
+	Name    string
+	Params  []Param  // in file order
+	Buffers []Buffer // in file order
+	Ops     []Op
+}
+
+// Param is a named tensor an app uses: from a safetensors file or given inline.
+type Param struct {
+	Pos    Pos
+	Name   string
+	File   string // absolute
+	Tensor string
+	Values []float32 // inline values, when File is empty
+}
+
+// Buffer is a named MI buffer an app writes (reads land here) and may export.
+type Buffer struct {
+	Pos    Pos
+	Name   string
+	Shape  []int
+	Dtype  string
+	Export bool
+}
+
+// Op is one read or write of an app.
+type Op struct {
+	Pos       Pos
+	Kind      string // "read" or "write"
+	Layers    []int  // nil for whole-model hooks
+	LayersPos Pos
+	AllLayers bool // layers: all
+	Hook      string
+	HookPos   Pos
+	Kernel    string
+	KernelPos Pos
+	Args      []Arg // in file order
+	Into      string
+	IntoPos   Pos
+	When      []Cond // all must hold
+}
+
+// Arg is one kernel argument: a number, or a name (a param reference or an enum word).
+type Arg struct {
+	Pos    Pos
+	Name   string
+	Number *float64
+	Word   string
+}
+
+// Cond is one condition of an op's `when`.
+type Cond struct {
+	Pos  Pos
+	Kind string // token_in, after_token, activation, steps, positions
+	// token_in / after_token
+	Tokens []int
+	// activation
+	Buffer string
+	Cmp    string // > >= < <= == !=
+	Value  float64
+	// steps: [From, To) generation step window; To = 0 means open
+	From, To int
+	// positions: prompt, generated, all
+	Positions string
+}

@@ -1,0 +1,3 @@
+module xmix
+
+go 1.26.8

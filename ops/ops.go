@@ -1,0 +1,173 @@
+// Package ops is the living definition of every kernel xmix generates: for each op kind, a Go
+// reference implementation that takes the same parameters as the generated PTX kernel. codegen
+// binds each kernel to one of these (by name plus JSON attributes); the CPU backend executes
+// them; the kernel tests compare the PTX, run in ptx/emu, against them.
+package ops
+
+import (
+	"encoding/json"
+	"fmt"
+	"math"
+	"runtime"
+	"sort"
+	"sync"
+	"unsafe"
+)
+
+// Arg is one kernel argument as the reference op sees it. A pointer parameter is Mem: the
+// bytes from the pointed-to address to the end of its allocation. A scalar parameter is Bits
+// (an f32 scalar holds math.Float32bits in the low 32 bits).
+type Arg struct {
+	Mem  []byte
+	Bits uint64
+}
+
+// F32 views the argument's memory as float32 values.
+func (a Arg) F32() []float32 { return view[float32](a.Mem) }
+
+// U16 views the argument's memory as uint16 values (bf16 storage).
+func (a Arg) U16() []uint16 { return view[uint16](a.Mem) }
+
+// U32 views the argument's memory as uint32 values.
+func (a Arg) U32() []uint32 { return view[uint32](a.Mem) }
+
+// Float is the argument's scalar as float32.
+func (a Arg) Float() float32 { return math.Float32frombits(uint32(a.Bits)) }
+
+// Int is the argument's scalar as an int (u32 parameters).
+func (a Arg) Int() int { return int(uint32(a.Bits)) }
+
+func view[T any](b []byte) []T {
+	var z T
+	n := len(b) / int(unsafe.Sizeof(z))
+	if n == 0 {
+		return nil
+	}
+	return unsafe.Slice((*T)(unsafe.Pointer(&b[0])), n)
+}
+
+// Launch is the grid a kernel is launched with; reference ops may derive counts from it
+// exactly as the PTX does.
+type Launch struct {
+	Grid   [3]int
+	Block  [3]int
+	Shared int
+}
+
+// Runner executes one bound kernel.
+type Runner interface {
+	Run(args []Arg, l Launch) error
+}
+
+// RunnerFunc adapts a function to Runner.
+type RunnerFunc func(args []Arg, l Launch) error
+
+// Run calls f.
+func (f RunnerFunc) Run(args []Arg, l Launch) error { return f(args, l) }
+
+// Builder makes a Runner from an op's JSON attributes.
+type Builder func(attrs []byte) (Runner, error)
+
+var registry = map[string]Builder{}
+
+// Register adds an op kind. It is called from init functions in this package only.
+func Register(name string, b Builder) {
+	if _, dup := registry[name]; dup {
+		panic("ops: duplicate op " + name) // programming error, never input-driven
+	}
+	registry[name] = b
+}
+
+// Build returns the runner for op name with the given attributes.
+func Build(name string, attrs []byte) (Runner, error) {
+	b, ok := registry[name]
+	if !ok {
+		return nil, fmt.Errorf("unknown reference op %q (known: %v)", name, Names())
+	}
+	r, err := b(attrs)
+	if err != nil {
+		return nil, fmt.Errorf("op %s: %w", name, err)
+	}
+	return r, nil
+}
+
+// Names lists the registered ops, sorted.
+func Names() []string {
+	ns := make([]string, 0, len(registry))
+	for n := range registry {
+		ns = append(ns, n)
+	}
+	sort.Strings(ns)
+	return ns
+}
+
+// DecodeAttrs unmarshals attrs strictly into v.
+func DecodeAttrs(attrs []byte, v any) error {
+	if err := json.Unmarshal(attrs, v); err != nil {
+		return fmt.Errorf("bad attributes %s: %w", attrs, err)
+	}
+	return nil
+}
+
+// EncodeAttrs marshals v; struct field order makes it deterministic.
+func EncodeAttrs(v any) []byte {
+	b, err := json.Marshal(v)
+	if err != nil {
+		panic("ops: attrs not encodable: " + err.Error()) // attrs are plain structs
+	}
+	return b
+}
+
+// CheckArgs verifies the argument count and that pointer args hold at least the given bytes.
+// need[i] < 0 marks a scalar.
+func CheckArgs(op string, args []Arg, need ...int) error {
+	if len(args) != len(need) {
+		return fmt.Errorf("%s: %d arguments, want %d", op, len(args), len(need))
+	}
+	for i, n := range need {
+		if n >= 0 && len(args[i].Mem) < n {
+			return fmt.Errorf("%s: argument %d holds %d bytes, needs %d", op, i, len(args[i].Mem), n)
+		}
+	}
+	return nil
+}
+
+// Workers is how many goroutines ParallelFor uses.
+var Workers = runtime.GOMAXPROCS(0)
+
+// ParallelFor runs fn over [0,n) split into contiguous chunks across Workers goroutines.
+func ParallelFor(n int, fn func(lo, hi int)) {
+	w := Workers
+	if w > n {
+		w = n
+	}
+	if w <= 1 {
+		if n > 0 {
+			fn(0, n)
+		}
+		return
+	}
+	var wg sync.WaitGroup
+	chunk := (n + w - 1) / w
+	for lo := 0; lo < n; lo += chunk {
+		hi := min(lo+chunk, n)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			fn(lo, hi)
+		}()
+	}
+	wg.Wait()
+}
+
+// BF16ToF32 widens a bf16 bit pattern.
+func BF16ToF32(h uint16) float32 { return math.Float32frombits(uint32(h) << 16) }
+
+// F32ToBF16 rounds to nearest even, as cvt.rn.bf16.f32 does.
+func F32ToBF16(f float32) uint16 {
+	b := math.Float32bits(f)
+	if b&0x7fffffff > 0x7f800000 { // NaN stays NaN
+		return uint16(b>>16) | 0x40
+	}
+	return uint16((b + 0x7fff + (b>>16)&1) >> 16)
+}
