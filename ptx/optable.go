@@ -1,0 +1,169 @@
+package ptx
+
+import "strings"
+
+// Opcode is an opcode split at its dots: "cvt.rn.bf16.f32" has Base "cvt", Mods ["rn"] and
+// Types [BF16, F32]. Parts that name a PTX type are types, everything else is a modifier;
+// both keep their order.
+type Opcode struct {
+	Base  string
+	Mods  []string
+	Types []Type
+}
+
+// ParseOpcode splits op into its base, modifiers and type suffixes. It never fails: whether
+// the parts make sense is Validate's business.
+func ParseOpcode(op string) Opcode {
+	parts := strings.Split(op, ".")
+	o := Opcode{Base: parts[0]}
+	for _, p := range parts[1:] {
+		if t, ok := ParseType(p); ok {
+			o.Types = append(o.Types, t)
+		} else {
+			o.Mods = append(o.Mods, p)
+		}
+	}
+	return o
+}
+
+// Has reports whether mod is one of the opcode's modifiers.
+func (o Opcode) Has(mod string) bool {
+	for _, m := range o.Mods {
+		if m == mod {
+			return true
+		}
+	}
+	return false
+}
+
+// Vec is the vector width named by a .v2 or .v4 modifier, 1 for a scalar access.
+func (o Opcode) Vec() int {
+	switch {
+	case o.Has("v2"):
+		return 2
+	case o.Has("v4"):
+		return 4
+	}
+	return 1
+}
+
+// Type is the opcode's first type suffix (the destination type of cvt), 0 when it has none.
+func (o Opcode) Type() Type {
+	if len(o.Types) == 0 {
+		return 0
+	}
+	return o.Types[0]
+}
+
+// typeSet is a bit set of Types.
+type typeSet uint32
+
+func types(ts ...Type) typeSet {
+	var s typeSet
+	for _, t := range ts {
+		s |= 1 << t
+	}
+	return s
+}
+
+func (s typeSet) has(t Type) bool { return s&(1<<t) != 0 }
+
+var (
+	intTypes   = types(B16, B32, B64, U16, U32, U64, S16, S32, S64)
+	floatTypes = types(F32, F64)
+	bitTypes   = types(Pred, B16, B32, B64)
+	memTypes   = types(B8, B16, B32, B64, U8, U16, U32, U64, S8, S16, S32, S64, F16, F32, F64)
+	atomTypes  = types(B32, B64, U32, U64, S32, S64, F32, F64)
+	cvtTypes   = types(U8, U16, U32, U64, S8, S16, S32, S64, F16, BF16, F32, F64)
+)
+
+// opFacts describes one base opcode: how many operands it takes, how many of the leading ones
+// it writes, which type suffixes and modifiers it accepts, and which operand is an address.
+type opFacts struct {
+	nargs  []int
+	ndst   int
+	ntypes int // type suffixes required
+	types  typeSet
+	addr   int // index of the memory operand, -1 for none
+	mods   string
+}
+
+const (
+	roundMods = " rn rz rm rp ftz sat "
+	cmpMods   = " eq ne lt le gt ge lo ls hi hs equ neu ltu leu gtu geu num nan "
+	ordering  = " relaxed acquire release acq_rel weak volatile cta gpu sys "
+	cacheMods = " ca cg cs lu cv nc wb wt "
+)
+
+var opTable = map[string]opFacts{
+	"mov":     {[]int{2}, 1, 1, intTypes | floatTypes | types(Pred), -1, ""},
+	"ld":      {[]int{2}, 1, 1, memTypes, 1, " global shared param local const v2 v4 " + cacheMods + ordering},
+	"st":      {[]int{2}, 0, 1, memTypes, 0, " global shared local v2 v4 " + cacheMods + ordering},
+	"cvta":    {[]int{2}, 1, 1, types(U32, U64), -1, " to global shared local const param "},
+	"add":     {[]int{3}, 1, 1, intTypes | floatTypes, -1, roundMods + " cc "},
+	"sub":     {[]int{3}, 1, 1, intTypes | floatTypes, -1, roundMods + " cc "},
+	"mul":     {[]int{3}, 1, 1, intTypes | floatTypes, -1, roundMods + " lo hi wide "},
+	"mad":     {[]int{4}, 1, 1, intTypes | floatTypes, -1, roundMods + " lo hi wide "},
+	"fma":     {[]int{4}, 1, 1, floatTypes, -1, roundMods},
+	"div":     {[]int{3}, 1, 1, intTypes | floatTypes, -1, roundMods + " approx full "},
+	"rem":     {[]int{3}, 1, 1, intTypes, -1, ""},
+	"min":     {[]int{3}, 1, 1, intTypes | floatTypes, -1, " ftz NaN "},
+	"max":     {[]int{3}, 1, 1, intTypes | floatTypes, -1, " ftz NaN "},
+	"neg":     {[]int{2}, 1, 1, types(S16, S32, S64) | floatTypes, -1, " ftz "},
+	"abs":     {[]int{2}, 1, 1, types(S16, S32, S64) | floatTypes, -1, " ftz "},
+	"not":     {[]int{2}, 1, 1, bitTypes, -1, ""},
+	"and":     {[]int{3}, 1, 1, bitTypes, -1, ""},
+	"or":      {[]int{3}, 1, 1, bitTypes, -1, ""},
+	"xor":     {[]int{3}, 1, 1, bitTypes, -1, ""},
+	"shl":     {[]int{3}, 1, 1, types(B16, B32, B64), -1, ""},
+	"shr":     {[]int{3}, 1, 1, intTypes, -1, ""},
+	"popc":    {[]int{2}, 1, 1, types(B32, B64), -1, ""},
+	"clz":     {[]int{2}, 1, 1, types(B32, B64), -1, ""},
+	"sqrt":    {[]int{2}, 1, 1, floatTypes, -1, roundMods + " approx "},
+	"rsqrt":   {[]int{2}, 1, 1, floatTypes, -1, " approx ftz "},
+	"rcp":     {[]int{2}, 1, 1, floatTypes, -1, roundMods + " approx "},
+	"ex2":     {[]int{2}, 1, 1, types(F32), -1, " approx ftz "},
+	"lg2":     {[]int{2}, 1, 1, types(F32), -1, " approx ftz "},
+	"sin":     {[]int{2}, 1, 1, types(F32), -1, " approx ftz "},
+	"cos":     {[]int{2}, 1, 1, types(F32), -1, " approx ftz "},
+	"tanh":    {[]int{2}, 1, 1, types(F32), -1, " approx "},
+	"setp":    {[]int{3, 4}, 1, 1, intTypes | floatTypes, -1, cmpMods + " and or xor ftz "},
+	"selp":    {[]int{4}, 1, 1, intTypes | floatTypes, -1, ""},
+	"cvt":     {[]int{2}, 1, 2, cvtTypes, -1, roundMods + " rni rzi rmi rpi relu "},
+	"shfl":    {[]int{5}, 1, 1, types(B32), -1, " sync bfly down up idx "},
+	"bar":     {[]int{1, 2}, 0, 0, 0, -1, " sync warp cta aligned "},
+	"barrier": {[]int{1, 2}, 0, 0, 0, -1, " sync cta aligned "},
+	"atom":    {[]int{3, 4}, 1, 1, atomTypes, 1, " global shared add min max exch cas and or xor inc dec " + ordering},
+	"red":     {[]int{2}, 0, 1, atomTypes, 0, " global shared add min max and or xor inc dec " + ordering},
+	"membar":  {[]int{0}, 0, 0, 0, -1, " gl cta sys "},
+	"fence":   {[]int{0}, 0, 0, 0, -1, " sc acq_rel cta gpu sys "},
+	"bra":     {[]int{1}, 0, 0, 0, -1, " uni "},
+	"ret":     {[]int{0}, 0, 0, 0, -1, " uni "},
+	"exit":    {[]int{0}, 0, 0, 0, -1, ""},
+}
+
+// classOf is the register class a type's registers belong to ("f" for F32).
+func classOf(t Type) string { return typeFacts[t].class }
+
+// classBits is the declared width of each register class.
+var classBits = map[string]int{"p": 1, "rs": 16, "r": 32, "rd": 64, "f": 32, "fd": 64}
+
+// classType is the Type the parser gives a register of each class: the class's declared type.
+var classType = map[string]Type{"p": Pred, "rs": B16, "r": B32, "rd": B64, "f": F32, "fd": F64}
+
+// fits reports whether a register of class c may be an operand of type t. Untyped b-registers
+// take any type of their size, f-registers only float and bit types; loads, stores and cvt may
+// use a wider register for an integer type (wide is true there).
+func fits(c string, t Type, wide bool) bool {
+	if t == Pred || c == "p" {
+		return t == Pred && c == "p"
+	}
+	if (c == "f" || c == "fd") && !floatTypes.has(t) && !bitTypes.has(t) {
+		return false
+	}
+	rb, tb := classBits[c], t.Bits()
+	if wide && !floatTypes.has(t) {
+		return rb >= tb
+	}
+	return rb == tb
+}

@@ -1,0 +1,303 @@
+package ptx
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+)
+
+// Validate checks what ptxas would reject and the emulator would trip over: the module
+// header, declared registers, known opcodes with the right type suffixes, modifiers and
+// operand counts, operand kinds (addresses where memory is accessed, registers where results
+// go, register classes that fit the instruction type), symbols that resolve to a parameter,
+// a shared array or a label, and unique labels. It returns every problem found, each naming
+// the kernel and the instruction index.
+func Validate(m *Module) error {
+	var errs []error
+	if m.Version == "" {
+		errs = append(errs, errors.New("module: missing .version"))
+	}
+	if m.Target == "" {
+		errs = append(errs, errors.New("module: missing .target"))
+	}
+	seen := map[string]bool{}
+	for _, k := range m.Kernels {
+		if seen[k.Name] {
+			errs = append(errs, fmt.Errorf("kernel %s: duplicate entry", k.Name))
+		}
+		seen[k.Name] = true
+		errs = append(errs, validateKernel(k)...)
+	}
+	return errors.Join(errs...)
+}
+
+type kernelCheck struct {
+	k      *Kernel
+	counts map[string]int
+	params map[string]Type
+	shared map[string]bool
+	labels map[string]bool
+	errs   []error
+}
+
+func validateKernel(k *Kernel) []error {
+	c := &kernelCheck{k: k, counts: k.regCounts(), params: map[string]Type{}, shared: map[string]bool{}, labels: map[string]bool{}}
+	if k.Name == "" {
+		c.errs = append(c.errs, errors.New("kernel with no name"))
+	}
+	for _, p := range k.Params {
+		if _, dup := c.params[p.Name]; dup {
+			c.kerr("duplicate parameter %s", p.Name)
+		}
+		c.params[p.Name] = p.T
+	}
+	for _, s := range k.Shared {
+		if c.shared[s.Name] || c.params[s.Name] != 0 {
+			c.kerr("duplicate symbol %s", s.Name)
+		}
+		if s.Len < 1 || s.Align < 1 || s.Align&(s.Align-1) != 0 {
+			c.kerr("shared %s: bad length %d or alignment %d", s.Name, s.Len, s.Align)
+		}
+		c.shared[s.Name] = true
+	}
+	for i, in := range k.Body {
+		if in.Label == "" {
+			continue
+		}
+		if c.labels[in.Label] {
+			c.ierr(i, in, "duplicate label %s", in.Label)
+		}
+		c.labels[in.Label] = true
+	}
+	for i, in := range k.Body {
+		if in.Label == "" {
+			c.instr(i, in)
+		}
+	}
+	return c.errs
+}
+
+func (c *kernelCheck) kerr(format string, args ...any) {
+	c.errs = append(c.errs, fmt.Errorf("kernel %s: %s", c.k.Name, fmt.Sprintf(format, args...)))
+}
+
+func (c *kernelCheck) ierr(i int, in Instr, format string, args ...any) {
+	c.errs = append(c.errs, fmt.Errorf("kernel %s: instr %d (%s): %s", c.k.Name, i, in, fmt.Sprintf(format, args...)))
+}
+
+// reg checks that r is declared: %r<N> declares %r0..%r(N-1).
+func (c *kernelCheck) reg(i int, in Instr, r Reg) bool {
+	if int(r.T) >= len(typeFacts) || typeFacts[r.T].class == "" {
+		c.ierr(i, in, "register with bad type %d", r.T)
+		return false
+	}
+	if n, ok := c.counts[classOf(r.T)]; !ok || r.N < 0 || r.N > n {
+		c.ierr(i, in, "register %s is not declared", r)
+		return false
+	}
+	return true
+}
+
+func (c *kernelCheck) instr(i int, in Instr) {
+	if in.Guard != nil && c.reg(i, in, *in.Guard) && in.Guard.T != Pred {
+		c.ierr(i, in, "guard %s is not a predicate", *in.Guard)
+	}
+	o := ParseOpcode(in.Op)
+	f, ok := opTable[o.Base]
+	if !ok {
+		c.ierr(i, in, "unknown opcode %s", o.Base)
+		return
+	}
+	for _, m := range o.Mods {
+		if !strings.Contains(f.mods, " "+m+" ") {
+			c.ierr(i, in, "modifier .%s is not valid for %s", m, o.Base)
+		}
+	}
+	if len(o.Types) != f.ntypes {
+		c.ierr(i, in, "%s takes %d type suffixes, has %d", o.Base, f.ntypes, len(o.Types))
+		return
+	}
+	for _, t := range o.Types {
+		if !f.types.has(t) {
+			c.ierr(i, in, "type .%s is not valid for %s", t, o.Base)
+			return
+		}
+	}
+	nOK := false
+	for _, n := range f.nargs {
+		nOK = nOK || n == len(in.Args)
+	}
+	if !nOK {
+		c.ierr(i, in, "%s takes %v operands, has %d", o.Base, f.nargs, len(in.Args))
+		return
+	}
+	want := operandTypes(o, len(in.Args))
+	for j, a := range in.Args {
+		c.operand(i, in, o, f, j, a, want[j])
+	}
+}
+
+// operandTypes is the type each operand must fit, 0 where any kind of value goes.
+func operandTypes(o Opcode, n int) []Type {
+	t := o.Type()
+	ts := make([]Type, n)
+	for j := range ts {
+		ts[j] = t
+	}
+	switch o.Base {
+	case "mul", "mad":
+		if o.Has("wide") {
+			ts[0] = wider(t)
+			if o.Base == "mad" {
+				ts[3] = wider(t)
+			}
+		}
+	case "shl", "shr":
+		ts[2] = U32
+	case "setp":
+		ts[0] = Pred
+		if n == 4 {
+			ts[3] = Pred
+		}
+	case "selp":
+		ts[3] = Pred
+	case "cvt":
+		ts[1] = o.Types[1]
+	case "shfl":
+		ts[2], ts[3], ts[4] = U32, U32, U32
+	case "popc", "clz":
+		ts[0] = U32
+	case "bar", "barrier":
+		ts[0] = U32
+		if n == 2 {
+			ts[1] = U32
+		}
+	case "bra":
+		ts[0] = 0
+	}
+	return ts
+}
+
+func wider(t Type) Type {
+	switch t {
+	case U16:
+		return U32
+	case S16:
+		return S32
+	case U32:
+		return U64
+	case S32:
+		return S64
+	}
+	return t
+}
+
+func (c *kernelCheck) operand(i int, in Instr, o Opcode, f opFacts, j int, a Operand, t Type) {
+	if a == nil {
+		c.ierr(i, in, "operand %d is nil", j)
+		return
+	}
+	isDst := j < f.ndst
+	wide := o.Base == "ld" || o.Base == "st" || o.Base == "cvt"
+	if j == f.addr {
+		ad, ok := a.(Addr)
+		if !ok {
+			c.ierr(i, in, "operand %d must be an address [..]", j)
+			return
+		}
+		c.addr(i, in, o, ad)
+		return
+	}
+	switch a := a.(type) {
+	case Reg:
+		if c.reg(i, in, a) && t != 0 && !fits(classOf(a.T), t, wide) {
+			c.ierr(i, in, "register %s does not fit type .%s of operand %d", a, t, j)
+		}
+	case Vec:
+		if v := o.Vec(); v == 1 || len(a) != v || (o.Base != "ld" && o.Base != "st") {
+			c.ierr(i, in, "vector operand %d does not match the opcode's vector width", j)
+		}
+		for _, r := range a {
+			if c.reg(i, in, r) && t != 0 && !fits(classOf(r.T), t, wide) {
+				c.ierr(i, in, "register %s does not fit type .%s of operand %d", r, t, j)
+			}
+		}
+	case Addr:
+		c.ierr(i, in, "operand %d must not be an address", j)
+	case Imm, F32Imm:
+		if isDst {
+			c.ierr(i, in, "destination operand %d must be a register", j)
+		}
+		if _, isF := a.(F32Imm); isF && t != 0 && !floatTypes.has(t) {
+			c.ierr(i, in, "float immediate for operand %d of type .%s", j, t)
+		}
+	case Special:
+		if isDst || o.Base != "mov" && o.Base != "cvt" {
+			c.ierr(i, in, "special register %s may only be read by mov or cvt", a)
+		} else if !isSpecial(string(a)) {
+			c.ierr(i, in, "unknown special register %s", a)
+		}
+	case Sym:
+		switch {
+		case o.Base == "bra":
+			if !c.labels[string(a)] {
+				c.ierr(i, in, "label %s does not exist", a)
+			}
+		case o.Base == "mov" && j == 1:
+			if !c.shared[string(a)] {
+				c.ierr(i, in, "symbol %s is not a shared array", a)
+			}
+		default:
+			c.ierr(i, in, "symbol %s cannot be operand %d of %s", a, j, o.Base)
+		}
+	default:
+		c.ierr(i, in, "operand %d has unsupported kind %T", j, a)
+	}
+	if o.Base == "bra" {
+		if _, ok := a.(Sym); !ok {
+			c.ierr(i, in, "bra needs a label")
+		}
+	}
+	if isDst {
+		switch a.(type) {
+		case Reg, Vec:
+		default:
+			c.ierr(i, in, "destination operand %d must be a register", j)
+		}
+	}
+}
+
+// addr checks a memory operand: the base is a 64-bit register for global accesses, a
+// register or a declared shared array for shared ones, and a declared parameter for ld.param.
+func (c *kernelCheck) addr(i int, in Instr, o Opcode, a Addr) {
+	switch b := a.Base.(type) {
+	case Reg:
+		if !c.reg(i, in, b) {
+			return
+		}
+		if b.T == Pred || b.T == F32 || b.T == F64 || b.T == B16 {
+			c.ierr(i, in, "address register %s must be a 32- or 64-bit integer register", b)
+		}
+		if o.Has("param") {
+			c.ierr(i, in, "ld.param needs a parameter name, not a register")
+		}
+		if !o.Has("shared") && b.T != B64 && b.T != U64 && b.T != S64 {
+			c.ierr(i, in, "address register %s of a global access must be 64-bit", b)
+		}
+	case Sym:
+		switch {
+		case o.Has("param"):
+			if _, ok := c.params[string(b)]; !ok {
+				c.ierr(i, in, "parameter %s does not exist", b)
+			}
+		case o.Has("shared"):
+			if !c.shared[string(b)] {
+				c.ierr(i, in, "shared array %s does not exist", b)
+			}
+		default:
+			c.ierr(i, in, "symbol %s as an address needs .param or .shared", b)
+		}
+	default:
+		c.ierr(i, in, "address base must be a register or a symbol")
+	}
+}
