@@ -1,0 +1,86 @@
+package ops
+
+import (
+	"math"
+	"math/rand/v2"
+	"testing"
+)
+
+func TestAttentionMatchesFloat64(t *testing.T) {
+	r := rand.New(rand.NewPCG(5, 6))
+	for _, c := range []struct {
+		heads, kvHeads int
+		dt             string
+	}{{4, 1, "f32"}, {2, 2, "bf16"}} {
+		a := AttnAttrs{KVAttrs: KVAttrs{Heads: c.heads, KVHeads: c.kvHeads, HeadDim: 16, BlockSize: 4,
+			MaxBlocksPerSeq: 5, KVDtype: c.dt}, Scale: 0.25}
+		const rows, seqs = 4, 2
+		d, w := a.HeadDim, a.rowWidth()
+		qkv := fwdRand(r, rows*w)
+		pos, seq := []uint32{0, 19, 6, 13}, []uint32{1, 0, 1, 1}
+		table := fwdTable(r, seqs, a.MaxBlocksPerSeq)
+		cacheLen := seqs * a.MaxBlocksPerSeq * a.BlockSize * a.KVHeads * d
+		k, v := fwdRand(r, cacheLen), fwdRand(r, cacheLen)
+		ka, va := fwdF32Arg(k), fwdF32Arg(v)
+		if c.dt == "bf16" {
+			ka, va = fwdBF16Arg(k), fwdBF16Arg(v)
+			for i := range k {
+				k[i], v[i] = BF16ToF32(F32ToBF16(k[i])), BF16ToF32(F32ToBF16(v[i]))
+			}
+		}
+		z := fwdF32Arg(make([]float32, rows*a.Heads*d))
+		run, err := Build("attention", EncodeAttrs(a))
+		if err != nil {
+			t.Fatal(err)
+		}
+		args := []Arg{fwdF32Arg(qkv), fwdU32Arg(pos), fwdU32Arg(seq), fwdU32Arg(table), ka, va, z}
+		if err := run.Run(args, Launch{Grid: [3]int{rows, a.Heads, 1}}); err != nil {
+			t.Fatal(err)
+		}
+		want := make([]float64, rows*a.Heads*d)
+		for row := range rows {
+			for h := range a.Heads {
+				kvh := h / (a.Heads / a.KVHeads)
+				n := int(pos[row]) + 1
+				sc := make([]float64, n)
+				m := math.Inf(-1)
+				for p := range n {
+					slot := int(table[int(seq[row])*a.MaxBlocksPerSeq+p/a.BlockSize])*a.BlockSize + p%a.BlockSize
+					for i := range d {
+						sc[p] += float64(qkv[row*w+h*d+i]) * float64(k[(slot*a.KVHeads+kvh)*d+i])
+					}
+					sc[p] *= float64(a.Scale)
+					m = math.Max(m, sc[p])
+				}
+				var sum float64
+				for p := range sc {
+					sc[p] = math.Exp(sc[p] - m)
+					sum += sc[p]
+				}
+				for p := range n {
+					slot := int(table[int(seq[row])*a.MaxBlocksPerSeq+p/a.BlockSize])*a.BlockSize + p%a.BlockSize
+					for i := range d {
+						want[(row*a.Heads+h)*d+i] += sc[p] / sum * float64(v[(slot*a.KVHeads+kvh)*d+i])
+					}
+				}
+			}
+		}
+		if e := fwdRelErr(z.F32(), want); e > 1e-5 {
+			t.Errorf("%+v: relative error %g", c, e)
+		}
+	}
+}
+
+func TestAttentionRejectsBadPage(t *testing.T) {
+	a := AttnAttrs{KVAttrs: KVAttrs{Heads: 1, KVHeads: 1, HeadDim: 2, BlockSize: 2, MaxBlocksPerSeq: 2, KVDtype: "f32"}, Scale: 1}
+	run, err := Build("attention", EncodeAttrs(a))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cache := fwdF32Arg(make([]float32, 2*2*2)) // 2 pages
+	args := []Arg{fwdF32Arg(make([]float32, 6)), fwdU32Arg([]uint32{3}), fwdU32Arg([]uint32{0}),
+		fwdU32Arg([]uint32{0, 7}), cache, cache, fwdF32Arg(make([]float32, 2))}
+	if err := run.Run(args, Launch{Grid: [3]int{1, 1, 1}}); err == nil {
+		t.Error("page 7 of a 2-page pool accepted")
+	}
+}

@@ -1,0 +1,103 @@
+package ops
+
+import "fmt"
+
+func init() { Register("gemm", buildGemm) }
+
+// GemmAttrs configures op "gemm": y[rows,N] = x[rows,K] @ w[N,K]^T, with w stored as WDtype
+// ("f32" or "bf16") and x, y as f32. Parameters: x, w, y (pointers), rows (u32).
+type GemmAttrs struct {
+	K      int    `json:"k"`
+	N      int    `json:"n"`
+	WDtype string `json:"w_dtype"`
+}
+
+func buildGemm(attrs []byte) (Runner, error) {
+	var a GemmAttrs
+	if err := DecodeAttrs(attrs, &a); err != nil {
+		return nil, err
+	}
+	if a.K <= 0 || a.N <= 0 {
+		return nil, fmt.Errorf("gemm: K=%d N=%d must be positive", a.K, a.N)
+	}
+	ws, err := dtypeSize(a.WDtype)
+	if err != nil {
+		return nil, fmt.Errorf("gemm: weights: %w", err)
+	}
+	return RunnerFunc(func(args []Arg, _ Launch) error {
+		if len(args) != 4 {
+			return fmt.Errorf("gemm: %d arguments, want 4", len(args))
+		}
+		rows := args[3].Int()
+		if err := CheckArgs("gemm", args, 4*rows*a.K, ws*a.N*a.K, 4*rows*a.N, -1); err != nil {
+			return err
+		}
+		gemm(args[0].F32(), args[1], args[2].F32(), rows, a.K, a.N, ws == 2)
+		return nil
+	}), nil
+}
+
+// gemm splits the work over output columns so that each weight row is widened to f32 once
+// and then reused for every row of x.
+func gemm(x []float32, w Arg, y []float32, rows, k, n int, bf16 bool) {
+	ParallelFor(n, func(lo, hi int) {
+		wrow := make([]float32, k)
+		for j := lo; j < hi; j++ {
+			if bf16 {
+				for i, h := range w.U16()[j*k : (j+1)*k] {
+					wrow[i] = BF16ToF32(h)
+				}
+			} else {
+				copy(wrow, w.F32()[j*k:(j+1)*k])
+			}
+			for r := 0; r < rows; r++ {
+				y[r*n+j] = dot(x[r*k:(r+1)*k], wrow)
+			}
+		}
+	})
+}
+
+// dot keeps four partial sums so that the loop is not bound by one add's latency.
+func dot(a, b []float32) float32 {
+	b = b[:len(a)]
+	var s0, s1, s2, s3 float32
+	i := 0
+	for ; i+4 <= len(a); i += 4 {
+		s0 += a[i] * b[i]
+		s1 += a[i+1] * b[i+1]
+		s2 += a[i+2] * b[i+2]
+		s3 += a[i+3] * b[i+3]
+	}
+	for ; i < len(a); i++ {
+		s0 += a[i] * b[i]
+	}
+	return (s0 + s1) + (s2 + s3)
+}
+
+// dtypeSize is the storage size of a weight or cache element type.
+func dtypeSize(dt string) (int, error) {
+	switch dt {
+	case "f32":
+		return 4, nil
+	case "bf16":
+		return 2, nil
+	}
+	return 0, fmt.Errorf("storage dtype %q: want f32 or bf16", dt)
+}
+
+// loadElem reads element i of a buffer stored as f32 (size 4) or bf16 (size 2).
+func loadElem(a Arg, size, i int) float32 {
+	if size == 2 {
+		return BF16ToF32(a.U16()[i])
+	}
+	return a.F32()[i]
+}
+
+// storeElem writes element i of a buffer stored as f32 (size 4) or bf16 (size 2).
+func storeElem(a Arg, size, i int, v float32) {
+	if size == 2 {
+		a.U16()[i] = F32ToBF16(v)
+		return
+	}
+	a.F32()[i] = v
+}

@@ -1,0 +1,103 @@
+package ops
+
+import (
+	"encoding/binary"
+	"math"
+	"math/rand/v2"
+	"testing"
+)
+
+// Helpers shared by the forward-op tests (gemm, rope, attention, sample).
+
+func fwdF32Arg(v []float32) Arg {
+	b := make([]byte, 4*len(v))
+	for i, x := range v {
+		binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(x))
+	}
+	return Arg{Mem: b}
+}
+
+func fwdBF16Arg(v []float32) Arg {
+	b := make([]byte, 2*len(v))
+	for i, x := range v {
+		binary.LittleEndian.PutUint16(b[2*i:], F32ToBF16(x))
+	}
+	return Arg{Mem: b}
+}
+
+func fwdU32Arg(v []uint32) Arg {
+	b := make([]byte, 4*len(v))
+	for i, x := range v {
+		binary.LittleEndian.PutUint32(b[4*i:], x)
+	}
+	return Arg{Mem: b}
+}
+
+func fwdRand(r *rand.Rand, n int) []float32 {
+	v := make([]float32, n)
+	for i := range v {
+		v[i] = r.Float32()*2 - 1
+	}
+	return v
+}
+
+// fwdRelErr is |got-want|/|want| over float64 references.
+func fwdRelErr(got []float32, want []float64) float64 {
+	var num, den float64
+	for i, w := range want {
+		d := float64(got[i]) - w
+		num += d * d
+		den += w * w
+	}
+	return math.Sqrt(num / den)
+}
+
+func TestGemmMatchesFloat64(t *testing.T) {
+	r := rand.New(rand.NewPCG(1, 2))
+	for _, c := range []struct {
+		k, n, rows int
+		dt         string
+	}{{37, 11, 3, "f32"}, {96, 40, 9, "bf16"}, {5, 1, 1, "f32"}} {
+		x, w := fwdRand(r, c.rows*c.k), fwdRand(r, c.n*c.k)
+		wa := fwdF32Arg(w)
+		if c.dt == "bf16" {
+			wa = fwdBF16Arg(w)
+			for i := range w {
+				w[i] = BF16ToF32(F32ToBF16(w[i]))
+			}
+		}
+		y := fwdF32Arg(make([]float32, c.rows*c.n))
+		run, err := Build("gemm", EncodeAttrs(GemmAttrs{K: c.k, N: c.n, WDtype: c.dt}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := run.Run([]Arg{fwdF32Arg(x), wa, y, {Bits: uint64(c.rows)}}, Launch{}); err != nil {
+			t.Fatal(err)
+		}
+		want := make([]float64, c.rows*c.n)
+		for i := range c.rows {
+			for j := range c.n {
+				for kk := range c.k {
+					want[i*c.n+j] += float64(x[i*c.k+kk]) * float64(w[j*c.k+kk])
+				}
+			}
+		}
+		if e := fwdRelErr(y.F32(), want); e > 1e-6 {
+			t.Errorf("%+v: relative error %g", c, e)
+		}
+	}
+}
+
+func TestGemmRejectsShortArgs(t *testing.T) {
+	run, err := Build("gemm", EncodeAttrs(GemmAttrs{K: 4, N: 2, WDtype: "f32"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	x, w, y := fwdF32Arg(make([]float32, 8)), fwdF32Arg(make([]float32, 8)), fwdF32Arg(make([]float32, 4))
+	if err := run.Run([]Arg{x, w, y, {Bits: 3}}, Launch{}); err == nil {
+		t.Error("3 rows over buffers sized for 2: no error")
+	}
+	if _, err := Build("gemm", EncodeAttrs(GemmAttrs{K: 4, N: 2, WDtype: "f16"})); err == nil {
+		t.Error("f16 weights accepted")
+	}
+}

@@ -1,0 +1,129 @@
+package ops
+
+import "fmt"
+
+func init() { Register("rope_kv", buildRopeKV) }
+
+// KVAttrs describes the fused QKV activation and the paged KV cache that op "rope_kv" writes
+// and op "attention" reads. A qkv row holds Heads query heads, then KVHeads key heads, then
+// KVHeads value heads, each HeadDim f32 values. The caches are [num_blocks, BlockSize,
+// KVHeads, HeadDim] in KVDtype; block_table is u32 [max_seqs, MaxBlocksPerSeq] page ids.
+type KVAttrs struct {
+	Heads           int    `json:"heads"`
+	KVHeads         int    `json:"kv_heads"`
+	HeadDim         int    `json:"head_dim"`
+	BlockSize       int    `json:"block_size"`
+	MaxBlocksPerSeq int    `json:"max_blocks_per_seq"`
+	KVDtype         string `json:"kv_dtype"`
+}
+
+func (a KVAttrs) check() (elemSize int, err error) {
+	if a.Heads <= 0 || a.KVHeads <= 0 || a.Heads%a.KVHeads != 0 {
+		return 0, fmt.Errorf("heads %d, kv_heads %d: want positive, heads a multiple of kv_heads", a.Heads, a.KVHeads)
+	}
+	if a.HeadDim <= 0 || a.HeadDim%2 != 0 {
+		return 0, fmt.Errorf("head_dim %d: want positive and even", a.HeadDim)
+	}
+	if a.BlockSize <= 0 || a.MaxBlocksPerSeq <= 0 {
+		return 0, fmt.Errorf("block_size %d, max_blocks_per_seq %d: want positive", a.BlockSize, a.MaxBlocksPerSeq)
+	}
+	size, err := dtypeSize(a.KVDtype)
+	if err != nil {
+		return 0, fmt.Errorf("kv cache: %w", err)
+	}
+	return size, nil
+}
+
+// rowWidth is the number of f32 values in one qkv row.
+func (a KVAttrs) rowWidth() int { return (a.Heads + 2*a.KVHeads) * a.HeadDim }
+
+// kvView is the cache-addressing state shared by rope_kv and attention, checked once per call.
+type kvView struct {
+	KVAttrs
+	size              int // bytes per cache element
+	pos, seq, table   []uint32
+	kcache, vcache    Arg
+	blocks, tableRows int
+}
+
+func newKVView(op string, a KVAttrs, size, rows int, pos, seq, table, kc, vc Arg) (*kvView, error) {
+	if len(pos.Mem) < 4*rows || len(seq.Mem) < 4*rows {
+		return nil, fmt.Errorf("%s: pos/seq hold %d/%d bytes, need %d", op, len(pos.Mem), len(seq.Mem), 4*rows)
+	}
+	page := a.BlockSize * a.KVHeads * a.HeadDim * size
+	v := &kvView{KVAttrs: a, size: size, pos: pos.U32(), seq: seq.U32(), table: table.U32(),
+		kcache: kc, vcache: vc, blocks: min(len(kc.Mem), len(vc.Mem)) / page,
+		tableRows: len(table.Mem) / (4 * a.MaxBlocksPerSeq)}
+	for r := 0; r < rows; r++ {
+		p, s := int(v.pos[r]), int(v.seq[r])
+		if s >= v.tableRows {
+			return nil, fmt.Errorf("%s: row %d: sequence slot %d outside the block table (%d slots)", op, r, s, v.tableRows)
+		}
+		if p/a.BlockSize >= a.MaxBlocksPerSeq {
+			return nil, fmt.Errorf("%s: row %d: position %d beyond %d pages of %d", op, r, p, a.MaxBlocksPerSeq, a.BlockSize)
+		}
+		// Every page up to pos is read by attention; check them all here.
+		for b := 0; b <= p/a.BlockSize; b++ {
+			if pg := int(v.table[s*a.MaxBlocksPerSeq+b]); pg >= v.blocks {
+				return nil, fmt.Errorf("%s: row %d: sequence %d page %d is block %d of %d", op, r, s, b, pg, v.blocks)
+			}
+		}
+	}
+	return v, nil
+}
+
+// slot is the cache token slot (page*BlockSize + offset) of position p of sequence slot s.
+func (v *kvView) slot(s, p int) int {
+	return int(v.table[s*v.MaxBlocksPerSeq+p/v.BlockSize])*v.BlockSize + p%v.BlockSize
+}
+
+func buildRopeKV(attrs []byte) (Runner, error) {
+	var a KVAttrs
+	if err := DecodeAttrs(attrs, &a); err != nil {
+		return nil, err
+	}
+	size, err := a.check()
+	if err != nil {
+		return nil, fmt.Errorf("rope_kv: %w", err)
+	}
+	return RunnerFunc(func(args []Arg, l Launch) error {
+		rows := l.Grid[0]
+		half := a.HeadDim / 2
+		if err := CheckArgs("rope_kv", args, 4*rows*a.rowWidth(), 0, 0, 4*rows, 4*rows, 0, 0, 0); err != nil {
+			return err
+		}
+		v, err := newKVView("rope_kv", a, size, rows, args[3], args[4], args[5], args[6], args[7])
+		if err != nil {
+			return err
+		}
+		cos, sin := args[1].F32(), args[2].F32()
+		for r := 0; r < rows; r++ {
+			if need := (int(v.pos[r]) + 1) * half; need > len(cos) || need > len(sin) {
+				return fmt.Errorf("rope_kv: row %d: position %d beyond the cos/sin tables", r, v.pos[r])
+			}
+		}
+		qkv := args[0].F32()
+		ParallelFor(rows, func(lo, hi int) {
+			for r := lo; r < hi; r++ {
+				p := int(v.pos[r])
+				c, s := cos[p*half:(p+1)*half], sin[p*half:(p+1)*half]
+				row := qkv[r*a.rowWidth() : (r+1)*a.rowWidth()]
+				for h := 0; h < a.Heads+a.KVHeads; h++ {
+					x := row[h*a.HeadDim : (h+1)*a.HeadDim]
+					for i := 0; i < half; i++ {
+						x0, x1 := x[i], x[i+half]
+						x[i] = float32(x0*c[i]) - float32(x1*s[i])
+						x[i+half] = float32(x1*c[i]) + float32(x0*s[i])
+					}
+				}
+				base := v.slot(int(v.seq[r]), p) * a.KVHeads * a.HeadDim
+				kv := a.KVHeads * a.HeadDim
+				for i := 0; i < kv; i++ {
+					storeElem(v.kcache, size, base+i, row[a.Heads*a.HeadDim+i])
+					storeElem(v.vcache, size, base+i, row[a.Heads*a.HeadDim+kv+i])
+				}
+			}
+		})
+		return nil
+	}), nil
+}
