@@ -1,0 +1,226 @@
+package bundle
+
+import (
+	"encoding/json"
+	"fmt"
+)
+
+// dtypeSizes are the element types device buffers can hold.
+var dtypeSizes = map[string]int{"f32": 4, "bf16": 2, "u32": 4}
+
+// DtypeSize returns the byte size of one element of a buffer dtype ("f32", "bf16", "u32").
+func DtypeSize(dtype string) (int, bool) {
+	n, ok := dtypeSizes[dtype]
+	return n, ok
+}
+
+// paramSizes are the byte sizes of the PTX parameter types a kernel may declare.
+var paramSizes = map[string]int{
+	"u8": 1, "s8": 1, "b8": 1,
+	"u16": 2, "s16": 2, "b16": 2, "f16": 2, "bf16": 2,
+	"u32": 4, "s32": 4, "b32": 4, "f32": 4,
+	"u64": 8, "s64": 8, "b64": 8, "f64": 8,
+}
+
+var bufferKinds = map[string]bool{
+	KindWeight: true, KindActivation: true, KindKV: true,
+	KindControl: true, KindOutput: true, KindParam: true,
+}
+
+// maxBufferBytes bounds one buffer (1 TiB): beyond it a shape is certainly wrong, and the
+// bound keeps size arithmetic far from overflow.
+const maxBufferBytes = 1 << 40
+
+// Verify cross-checks a bundle's content: what the loader will trust without looking again.
+// Kernel, buffer and template names are unique; every template node names an existing kernel
+// and binds exactly its parameters; every slot names an existing buffer through a 64-bit
+// pointer parameter at an offset inside that buffer; constants fit their parameter; buffer
+// dtypes, kinds and shapes are valid; app exports name existing buffers.
+func Verify(b *Bundle) error {
+	if b == nil {
+		return fmt.Errorf("bundle is nil")
+	}
+	bufBytes, err := verifyBuffers(b.Manifest.Buffers)
+	if err != nil {
+		return err
+	}
+	kernels := map[string]*Kernel{}
+	for i := range b.Kernels {
+		k := &b.Kernels[i]
+		if err := verifyKernel(k); err != nil {
+			return fmt.Errorf("kernel %d (%q): %w", i, k.Name, err)
+		}
+		if kernels[k.Name] != nil {
+			return fmt.Errorf("kernel %d: the name %q is used by two kernels; kernel names must be unique", i, k.Name)
+		}
+		kernels[k.Name] = k
+	}
+	templates := map[string]bool{}
+	for i := range b.Templates {
+		t := &b.Templates[i]
+		if err := verifyTemplate(t, kernels, bufBytes); err != nil {
+			return fmt.Errorf("template %d (%q): %w", i, t.Name, err)
+		}
+		if templates[t.Name] {
+			return fmt.Errorf("template %d: the name %q is used by two templates; template names must be unique", i, t.Name)
+		}
+		templates[t.Name] = true
+	}
+	return verifyApps(b.Manifest.Apps, bufBytes)
+}
+
+// verifyBuffers checks each buffer and returns the byte size of each by name.
+func verifyBuffers(bufs []Buffer) (map[string]int64, error) {
+	sizes := map[string]int64{}
+	for i, buf := range bufs {
+		where := fmt.Sprintf("buffer %d (%q)", i, buf.Name)
+		if buf.Name == "" {
+			return nil, fmt.Errorf("%s: empty name", where)
+		}
+		if _, dup := sizes[buf.Name]; dup {
+			return nil, fmt.Errorf("%s: the name is used by two buffers; buffer names must be unique", where)
+		}
+		if !bufferKinds[buf.Kind] {
+			return nil, fmt.Errorf("%s: unknown kind %q (want weight, activation, kv, control, output or param)", where, buf.Kind)
+		}
+		elem, ok := dtypeSizes[buf.Dtype]
+		if !ok {
+			return nil, fmt.Errorf("%s: unknown dtype %q (want f32, bf16 or u32)", where, buf.Dtype)
+		}
+		if len(buf.Shape) == 0 {
+			return nil, fmt.Errorf("%s: empty shape; a buffer has at least one dimension", where)
+		}
+		n := int64(elem)
+		for _, d := range buf.Shape {
+			if d <= 0 {
+				return nil, fmt.Errorf("%s: shape %v has a dimension that is not positive", where, buf.Shape)
+			}
+			if int64(d) > maxBufferBytes/n {
+				return nil, fmt.Errorf("%s: shape %v of %s exceeds %d bytes", where, buf.Shape, buf.Dtype, int64(maxBufferBytes))
+			}
+			n *= int64(d)
+		}
+		if (buf.Kind == KindWeight || buf.Kind == KindParam) && len(buf.Tensors) == 0 {
+			return nil, fmt.Errorf("%s: a %s buffer must name the tensors it is loaded from", where, buf.Kind)
+		}
+		sizes[buf.Name] = n
+	}
+	return sizes, nil
+}
+
+func verifyKernel(k *Kernel) error {
+	if k.Name == "" {
+		return fmt.Errorf("empty name")
+	}
+	if k.PTX == "" {
+		return fmt.Errorf("no PTX text")
+	}
+	for j, p := range k.Params {
+		if _, ok := paramSizes[p.Type]; !ok {
+			return fmt.Errorf("param %d (%q): unknown PTX type %q", j, p.Name, p.Type)
+		}
+	}
+	if len(k.Attrs) > 0 && !json.Valid(k.Attrs) {
+		return fmt.Errorf("attrs are not valid JSON")
+	}
+	return nil
+}
+
+func verifyTemplate(t *Template, kernels map[string]*Kernel, bufBytes map[string]int64) error {
+	if t.Name == "" {
+		return fmt.Errorf("empty name")
+	}
+	if t.Kind != "decode" && t.Kind != "prefill" {
+		return fmt.Errorf("kind %q is neither decode nor prefill", t.Kind)
+	}
+	if t.Tokens <= 0 || t.Samples < 0 || t.Samples > t.Tokens {
+		return fmt.Errorf("tokens %d, samples %d: want tokens >= 1 and 0 <= samples <= tokens", t.Tokens, t.Samples)
+	}
+	for i := range t.Nodes {
+		n := &t.Nodes[i]
+		if err := verifyNode(n, kernels, bufBytes); err != nil {
+			return fmt.Errorf("node %d (%q): %w", i, n.Label, err)
+		}
+	}
+	return nil
+}
+
+func verifyNode(n *Node, kernels map[string]*Kernel, bufBytes map[string]int64) error {
+	k := kernels[n.Kernel]
+	if k == nil {
+		return fmt.Errorf("kernel %q does not exist in the bundle", n.Kernel)
+	}
+	threads := 1
+	for d := range 3 {
+		if n.Grid[d] <= 0 || n.Block[d] <= 0 {
+			return fmt.Errorf("grid %v block %v: every dimension must be at least 1", n.Grid, n.Block)
+		}
+		threads *= min(n.Block[d], 1<<11)
+	}
+	if threads > 1024 {
+		return fmt.Errorf("block %v has more than 1024 threads", n.Block)
+	}
+	if n.Shared < 0 {
+		return fmt.Errorf("negative shared memory %d", n.Shared)
+	}
+	if len(n.Args) != len(k.Params) {
+		return fmt.Errorf("kernel %q has %d params but the node binds %d args", k.Name, len(k.Params), len(n.Args))
+	}
+	for j, s := range n.Args {
+		p := k.Params[j]
+		if s.Buffer == "" {
+			if s.Offset != 0 {
+				return fmt.Errorf("arg %d (%s): offset %d without a buffer", j, p.Name, s.Offset)
+			}
+			if size := paramSizes[p.Type]; size < 8 && s.Const>>(8*size) != 0 {
+				return fmt.Errorf("arg %d (%s): constant %#x does not fit its %s param", j, p.Name, s.Const, p.Type)
+			}
+			continue
+		}
+		size, ok := bufBytes[s.Buffer]
+		if !ok {
+			return fmt.Errorf("arg %d (%s): buffer %q does not exist in the manifest", j, p.Name, s.Buffer)
+		}
+		if p.Type != "u64" {
+			return fmt.Errorf("arg %d (%s): binds buffer %q to a %s param; pointers are u64", j, p.Name, s.Buffer, p.Type)
+		}
+		if s.Const != 0 {
+			return fmt.Errorf("arg %d (%s): binds both buffer %q and a constant", j, p.Name, s.Buffer)
+		}
+		if s.Offset < 0 || s.Offset >= size {
+			return fmt.Errorf("arg %d (%s): offset %d is outside buffer %q of %d bytes", j, p.Name, s.Offset, s.Buffer, size)
+		}
+	}
+	return nil
+}
+
+func verifyApps(apps []App, bufBytes map[string]int64) error {
+	names := map[string]bool{}
+	bits := map[int]string{}
+	for i, a := range apps {
+		where := fmt.Sprintf("app %d (%q)", i, a.Name)
+		if a.Name == "" {
+			return fmt.Errorf("%s: empty name", where)
+		}
+		if names[a.Name] {
+			return fmt.Errorf("%s: the name is used by two apps", where)
+		}
+		names[a.Name] = true
+		if a.Bit < 0 || a.Bit > 63 {
+			return fmt.Errorf("%s: mask bit %d is outside 0..63", where, a.Bit)
+		}
+		if other, dup := bits[a.Bit]; dup {
+			return fmt.Errorf("%s: mask bit %d is also app %q's", where, a.Bit, other)
+		}
+		bits[a.Bit] = a.Name
+		for _, e := range a.Exports {
+			if _, ok := bufBytes[e.Buffer]; !ok {
+				return fmt.Errorf("%s: export %q reads buffer %q, which does not exist in the manifest", where, e.Name, e.Buffer)
+			}
+			if e.Width <= 0 {
+				return fmt.Errorf("%s: export %q has width %d; want at least 1", where, e.Name, e.Width)
+			}
+		}
+	}
+	return nil
+}
