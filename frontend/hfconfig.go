@@ -1,0 +1,195 @@
+package frontend
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+)
+
+// maxConfigSize bounds how much of a config.json is read; real ones are a few KiB.
+const maxConfigSize = 1 << 20
+
+// HFConfig is the part of a Hugging Face config.json that a model spec imports. A nil field
+// was absent (or null) in the file.
+type HFConfig struct {
+	Path              string // the file read
+	HiddenSize        *int
+	IntermediateSize  *int
+	NumHiddenLayers   *int
+	NumAttentionHeads *int
+	NumKeyValueHeads  *int
+	HeadDim           *int
+	VocabSize         *int
+	RopeTheta         *float64
+	RMSNormEps        *float64
+	TieWordEmbeddings *bool
+	RopeScaling       *RopeScaling
+	BOSTokenID        *int
+	EOSTokenIDs       []int
+}
+
+// hfConfigJSON mirrors the JSON; the fields whose JSON type varies are decoded by hand.
+type hfConfigJSON struct {
+	HiddenSize        *int            `json:"hidden_size"`
+	IntermediateSize  *int            `json:"intermediate_size"`
+	NumHiddenLayers   *int            `json:"num_hidden_layers"`
+	NumAttentionHeads *int            `json:"num_attention_heads"`
+	NumKeyValueHeads  *int            `json:"num_key_value_heads"`
+	HeadDim           *int            `json:"head_dim"`
+	VocabSize         *int            `json:"vocab_size"`
+	RopeTheta         *float64        `json:"rope_theta"`
+	RMSNormEps        *float64        `json:"rms_norm_eps"`
+	TieWordEmbeddings *bool           `json:"tie_word_embeddings"`
+	RopeScaling       json.RawMessage `json:"rope_scaling"`
+	BOSTokenID        *int            `json:"bos_token_id"`
+	EOSTokenID        json.RawMessage `json:"eos_token_id"`
+}
+
+type ropeScalingJSON struct {
+	RopeType       string   `json:"rope_type"`
+	Type           string   `json:"type"` // older configs name rope_type this way
+	Factor         *float64 `json:"factor"`
+	LowFreqFactor  *float64 `json:"low_freq_factor"`
+	HighFreqFactor *float64 `json:"high_freq_factor"`
+	OriginalMaxPos *int     `json:"original_max_position_embeddings"`
+}
+
+// ReadHFConfig reads a Hugging Face config.json; path may also be the model directory that
+// holds it. Errors inside the file are *Error values at the offending line:col.
+func ReadHFConfig(path string) (*HFConfig, error) {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return nil, err
+	}
+	if fi.IsDir() {
+		path = filepath.Join(path, "config.json")
+		if fi, err = os.Stat(path); err != nil {
+			return nil, err
+		}
+	}
+	// Refuse devices and pipes: reading /dev/zero or a FIFO would never end.
+	if !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s: not a regular file", path)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, maxConfigSize+1))
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	if len(data) > maxConfigSize {
+		return nil, fmt.Errorf("%s: larger than %d bytes, not a config.json", path, maxConfigSize)
+	}
+	return parseHFConfig(path, data)
+}
+
+func parseHFConfig(path string, data []byte) (*HFConfig, error) {
+	var raw hfConfigJSON
+	if err := json.Unmarshal(data, &raw); err != nil {
+		return nil, jsonError(path, data, err)
+	}
+	c := &HFConfig{
+		Path:              path,
+		HiddenSize:        raw.HiddenSize,
+		IntermediateSize:  raw.IntermediateSize,
+		NumHiddenLayers:   raw.NumHiddenLayers,
+		NumAttentionHeads: raw.NumAttentionHeads,
+		NumKeyValueHeads:  raw.NumKeyValueHeads,
+		HeadDim:           raw.HeadDim,
+		VocabSize:         raw.VocabSize,
+		RopeTheta:         raw.RopeTheta,
+		RMSNormEps:        raw.RMSNormEps,
+		TieWordEmbeddings: raw.TieWordEmbeddings,
+		BOSTokenID:        raw.BOSTokenID,
+	}
+	var err error
+	if c.EOSTokenIDs, err = eosIDs(raw.EOSTokenID); err != nil {
+		return nil, fieldError(path, data, "eos_token_id", err.Error(), "give an integer or a list of integers")
+	}
+	if c.RopeScaling, err = ropeScaling(raw.RopeScaling); err != nil {
+		return nil, fieldError(path, data, "rope_scaling", err.Error(), "")
+	}
+	return c, nil
+}
+
+func eosIDs(raw json.RawMessage) ([]int, error) {
+	if len(raw) == 0 || string(raw) == "null" {
+		return nil, nil
+	}
+	var one int
+	if err := json.Unmarshal(raw, &one); err == nil {
+		return []int{one}, nil
+	}
+	var many []int
+	if err := json.Unmarshal(raw, &many); err != nil {
+		return nil, errors.New("eos_token_id is neither an integer nor a list of integers")
+	}
+	return many, nil
+}
+
+// ropeScaling imports rope_scaling; only llama3 scaling changes the forward, "default" is none.
+func ropeScaling(raw json.RawMessage) (*RopeScaling, error) {
+	if len(raw) == 0 || string(raw) == "null" {
+		return nil, nil
+	}
+	var r ropeScalingJSON
+	if err := json.Unmarshal(raw, &r); err != nil {
+		return nil, fmt.Errorf("rope_scaling: %w", err)
+	}
+	typ := r.RopeType
+	if typ == "" {
+		typ = r.Type
+	}
+	switch typ {
+	case "default":
+		return nil, nil
+	case "llama3":
+	default:
+		return nil, fmt.Errorf("rope_scaling type %q is not supported (only llama3)", typ)
+	}
+	if r.Factor == nil || r.LowFreqFactor == nil || r.HighFreqFactor == nil || r.OriginalMaxPos == nil {
+		return nil, errors.New("llama3 rope_scaling needs factor, low_freq_factor, high_freq_factor and original_max_position_embeddings")
+	}
+	return &RopeScaling{
+		Type: typ, Factor: *r.Factor, LowFreqFactor: *r.LowFreqFactor,
+		HighFreqFactor: *r.HighFreqFactor, OriginalMaxPos: *r.OriginalMaxPos,
+	}, nil
+}
+
+// jsonError places a decoding error at its line:col in the JSON file.
+func jsonError(path string, data []byte, err error) error {
+	var syn *json.SyntaxError
+	var typ *json.UnmarshalTypeError
+	switch {
+	case errors.As(err, &syn):
+		return &Error{Pos: offsetPos(path, data, syn.Offset), Msg: "malformed JSON: " + syn.Error()}
+	case errors.As(err, &typ):
+		return &Error{
+			Pos: offsetPos(path, data, typ.Offset),
+			Msg: fmt.Sprintf("%s: expected %s, got a JSON %s", typ.Field, typ.Type, typ.Value),
+		}
+	}
+	return &Error{Pos: Pos{File: path, Line: 1, Col: 1}, Msg: err.Error()}
+}
+
+// fieldError places an error at the first occurrence of "key" in the JSON text: good enough to
+// point a reader at the field, without a position-tracking JSON decoder.
+func fieldError(path string, data []byte, key, msg, hint string) error {
+	off := int64(bytes.Index(data, []byte(`"`+key+`"`)))
+	return &Error{Pos: offsetPos(path, data, max(off, 0)), Msg: msg, Hint: hint}
+}
+
+func offsetPos(path string, data []byte, off int64) Pos {
+	off = min(max(off, 0), int64(len(data)))
+	prefix := data[:off]
+	line := bytes.Count(prefix, []byte{'\n'}) + 1
+	col := int(off) - (bytes.LastIndexByte(prefix, '\n') + 1) + 1
+	return Pos{File: path, Line: line, Col: col}
+}

@@ -1,0 +1,472 @@
+package frontend
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+
+	"gopkg.in/yaml.v3"
+)
+
+// Families this version can compile.
+var families = []string{"llama"}
+
+var (
+	modelKeys       = []string{"model", "family", "dims", "config", "weights", "dtype", "kv_dtype", "tokenizer", "bos", "eos", "serving"}
+	dimsKeys        = []string{"hidden", "intermediate", "layers", "heads", "kv_heads", "head_dim", "vocab", "rope_theta", "rms_eps", "tie_embeddings", "rope_scaling"}
+	ropeScalingKeys = []string{"type", "factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}
+	servingKeys     = []string{"decode_buckets", "prefill_chunks", "max_seq_len", "max_seqs", "kv_block_size"}
+	weightDtypes    = []string{"bf16", "f32"}
+	kvDtypes        = []string{"f32", "bf16"}
+)
+
+// Defaults of a model spec.
+const (
+	defaultRopeTheta   = 10000
+	defaultRMSEps      = 1e-5
+	defaultMaxSeqLen   = 2048
+	defaultKVBlockSize = 16
+	defaultSyntheticSD = 0.02
+	byteTokens         = 256 // ids 0-255 of the bytes tokenizer are the bytes themselves
+)
+
+// LoadModel reads and parses a model spec file.
+func LoadModel(path string) (*Model, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("model spec: %w", err)
+	}
+	return ParseModel(path, data)
+}
+
+// ParseModel parses a model spec. path names the file in messages and is the base for the
+// relative paths inside it. On error it returns an ErrorList with every problem found.
+func ParseModel(path string, data []byte) (*Model, error) {
+	p, err := newParser(path)
+	if err != nil {
+		return nil, err
+	}
+	root := p.document(data)
+	if root == nil {
+		return nil, p.result()
+	}
+	m := p.model(root)
+	if err := p.result(); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// intField is a dimension with where it came from: a YAML value or a config.json key.
+type intField struct {
+	v    int
+	set  bool // given (valid or not)
+	ok   bool // given and well-typed
+	pos  Pos
+	name string // as the user wrote it, for messages
+}
+
+type floatField struct {
+	v    float64
+	set  bool
+	ok   bool
+	pos  Pos
+	name string
+}
+
+func (p *parser) model(root *yaml.Node) *Model {
+	top := p.mapping(root, "model spec", modelKeys)
+	abs, err := filepath.Abs(p.file)
+	if err != nil {
+		abs = p.file
+	}
+	m := &Model{Pos: p.pos(root), Path: abs, Dir: p.dir, Dtype: "bf16", KVDtype: "f32", BOS: -1}
+	p.require(top, "model spec", "model", "family", "weights", "tokenizer")
+	if n := top.get("model"); n != nil {
+		if s, ok := p.str(n, "model"); ok && s == "" {
+			p.errorf(n, "", "model: name must not be empty")
+		} else {
+			m.Name = s
+		}
+	}
+	if n := top.get("family"); n != nil {
+		m.Family, _ = p.oneOf(n, "family", families)
+	}
+	if n := top.get("dtype"); n != nil {
+		m.Dtype, _ = p.oneOf(n, "dtype", weightDtypes)
+	}
+	if n := top.get("kv_dtype"); n != nil {
+		m.KVDtype, _ = p.oneOf(n, "kv_dtype", kvDtypes)
+	}
+	if n := top.get("weights"); n != nil {
+		p.weights(n, &m.Weights)
+	}
+	if n := top.get("tokenizer"); n != nil {
+		p.tokenizer(n, &m.Tokenizer)
+	}
+	cfg := p.dims(top, m)
+	p.specialTokens(top, m, cfg)
+	p.serving(top, m)
+	return m
+}
+
+// dims fills the model's dimensions from config: (if any), then dims: on top. It returns the
+// imported config for the special-token ids it also carries.
+func (p *parser) dims(top *mapping, m *Model) *HFConfig {
+	var d struct {
+		hidden, intermediate, layers, heads, kvHeads, headDim, vocab intField
+		ropeTheta, rmsEps                                            floatField
+	}
+	var cfg *HFConfig
+	cfgNode := top.get("config")
+	if cfgNode != nil {
+		cfg = p.config(cfgNode)
+	}
+	if cfg != nil {
+		at := p.pos(cfgNode)
+		fromCfg := func(f *intField, v *int, key string) {
+			if v != nil {
+				*f = intField{v: *v, set: true, ok: true, pos: at, name: "config.json " + key}
+			}
+		}
+		fromCfg(&d.hidden, cfg.HiddenSize, "hidden_size")
+		fromCfg(&d.intermediate, cfg.IntermediateSize, "intermediate_size")
+		fromCfg(&d.layers, cfg.NumHiddenLayers, "num_hidden_layers")
+		fromCfg(&d.heads, cfg.NumAttentionHeads, "num_attention_heads")
+		fromCfg(&d.kvHeads, cfg.NumKeyValueHeads, "num_key_value_heads")
+		fromCfg(&d.headDim, cfg.HeadDim, "head_dim")
+		fromCfg(&d.vocab, cfg.VocabSize, "vocab_size")
+		if cfg.RopeTheta != nil {
+			d.ropeTheta = floatField{v: *cfg.RopeTheta, set: true, ok: true, pos: at, name: "config.json rope_theta"}
+		}
+		if cfg.RMSNormEps != nil {
+			d.rmsEps = floatField{v: *cfg.RMSNormEps, set: true, ok: true, pos: at, name: "config.json rms_norm_eps"}
+		}
+		if cfg.TieWordEmbeddings != nil {
+			m.TieEmbeddings = *cfg.TieWordEmbeddings
+		}
+		m.RopeScaling = cfg.RopeScaling
+	}
+
+	dimsNode := top.get("dims")
+	if dimsNode == nil && cfgNode == nil {
+		p.errorf(top.node, "give dims: {hidden, intermediate, layers, heads, vocab} or config: path/to/config.json",
+			"model spec: missing key \"dims\"")
+		return cfg
+	}
+	dm := &mapping{byKey: map[string]entry{}}
+	if dimsNode != nil {
+		if dm = p.mapping(dimsNode, "dims", dimsKeys); dm == nil {
+			return cfg
+		}
+	}
+	yamlInt := func(f *intField, key string) {
+		if n := dm.get(key); n != nil {
+			v, ok := p.integer(n, "dims."+key)
+			*f = intField{v: v, set: true, ok: ok, pos: p.pos(n), name: "dims." + key}
+		}
+	}
+	yamlInt(&d.hidden, "hidden")
+	yamlInt(&d.intermediate, "intermediate")
+	yamlInt(&d.layers, "layers")
+	yamlInt(&d.heads, "heads")
+	yamlInt(&d.kvHeads, "kv_heads")
+	yamlInt(&d.headDim, "head_dim")
+	yamlInt(&d.vocab, "vocab")
+	yamlFloat := func(f *floatField, key string) {
+		if n := dm.get(key); n != nil {
+			v, ok := p.number(n, "dims."+key)
+			*f = floatField{v: v, set: true, ok: ok, pos: p.pos(n), name: "dims." + key}
+		}
+	}
+	yamlFloat(&d.ropeTheta, "rope_theta")
+	yamlFloat(&d.rmsEps, "rms_eps")
+	if n := dm.get("tie_embeddings"); n != nil {
+		m.TieEmbeddings, _ = p.boolean(n, "dims.tie_embeddings")
+	}
+	if n := dm.get("rope_scaling"); n != nil {
+		m.RopeScaling = p.ropeScaling(n)
+	}
+
+	missingAt := top.node
+	if dimsNode != nil {
+		missingAt = p.owner(dimsNode)
+	}
+	required := []struct {
+		f   *intField
+		key string
+	}{{&d.hidden, "hidden"}, {&d.intermediate, "intermediate"}, {&d.layers, "layers"}, {&d.heads, "heads"}, {&d.vocab, "vocab"}}
+	for _, r := range required {
+		if !r.f.set {
+			hint := ""
+			if cfg != nil {
+				hint = "config.json does not give it either"
+			}
+			p.errorf(missingAt, hint, "dims: missing key %q", r.key)
+		}
+	}
+	for _, f := range []*intField{&d.hidden, &d.intermediate, &d.layers, &d.heads, &d.kvHeads, &d.headDim, &d.vocab} {
+		if f.ok && (f.v < 1 || f.v > maxInt) {
+			p.errorAt(f.pos, "", "%s: must be a positive integer, got %d", f.name, f.v)
+			f.ok = false
+		}
+	}
+	for _, f := range []*floatField{&d.ropeTheta, &d.rmsEps} {
+		if f.ok && !(f.v > 0) {
+			p.errorAt(f.pos, "", "%s: must be positive, got %g", f.name, f.v)
+			f.ok = false
+		}
+	}
+	m.Hidden, m.Intermediate, m.Layers, m.Heads, m.Vocab = d.hidden.v, d.intermediate.v, d.layers.v, d.heads.v, d.vocab.v
+	m.LayersPos = d.layers.pos
+	m.RopeTheta, m.RMSEps = defaultRopeTheta, defaultRMSEps
+	if d.ropeTheta.ok {
+		m.RopeTheta = d.ropeTheta.v
+	}
+	if d.rmsEps.ok {
+		m.RMSEps = d.rmsEps.v
+	}
+
+	// Derived defaults need the values they derive from; skip them when those were bad.
+	if !d.heads.ok {
+		return cfg
+	}
+	m.KVHeads = m.Heads
+	if d.kvHeads.set {
+		if !d.kvHeads.ok {
+			return cfg
+		}
+		m.KVHeads = d.kvHeads.v
+		if m.Heads%m.KVHeads != 0 {
+			p.errorAt(d.kvHeads.pos, "each KV head serves a whole group of query heads",
+				"%s %d does not divide %s %d", d.kvHeads.name, m.KVHeads, d.heads.name, m.Heads)
+		}
+	}
+	switch {
+	case d.headDim.set:
+		m.HeadDim = d.headDim.v
+	case d.hidden.ok && m.Hidden%m.Heads != 0:
+		p.errorAt(d.heads.pos, "set dims.head_dim",
+			"%s %d does not divide %s %d, so head_dim has no default", d.heads.name, m.Heads, d.hidden.name, m.Hidden)
+	case d.hidden.ok:
+		m.HeadDim = m.Hidden / m.Heads
+	}
+	return cfg
+}
+
+// config imports the config.json named by n. A missing or broken file is an error here, unlike
+// missing weights, because the dimensions are needed to check the rest of the spec.
+func (p *parser) config(n *yaml.Node) *HFConfig {
+	s, ok := p.str(n, "config")
+	if !ok {
+		return nil
+	}
+	cfg, err := ReadHFConfig(p.resolve(s))
+	if err != nil {
+		var e *Error
+		if errors.As(err, &e) {
+			p.errs = append(p.errs, e)
+			p.errorf(n, "", "config: %s is not a usable config.json (see the error there)", s)
+		} else {
+			p.errorf(n, "the path is relative to the spec's directory", "config: %v", err)
+		}
+		return nil
+	}
+	return cfg
+}
+
+func (p *parser) ropeScaling(n *yaml.Node) *RopeScaling {
+	if isNull(n) {
+		return nil
+	}
+	rm := p.mapping(n, "rope_scaling", ropeScalingKeys)
+	if rm == nil || !p.require(rm, "rope_scaling", ropeScalingKeys...) {
+		return nil
+	}
+	rs := &RopeScaling{}
+	var ok [5]bool
+	rs.Type, ok[0] = p.oneOf(rm.get("type"), "rope_scaling.type", []string{"llama3"})
+	rs.Factor, ok[1] = p.number(rm.get("factor"), "rope_scaling.factor")
+	rs.LowFreqFactor, ok[2] = p.number(rm.get("low_freq_factor"), "rope_scaling.low_freq_factor")
+	rs.HighFreqFactor, ok[3] = p.number(rm.get("high_freq_factor"), "rope_scaling.high_freq_factor")
+	rs.OriginalMaxPos, ok[4] = p.positive(rm.get("original_max_position_embeddings"), "rope_scaling.original_max_position_embeddings")
+	if ok[1] && !(rs.Factor > 0) {
+		p.errorf(rm.get("factor"), "", "rope_scaling.factor: must be positive, got %g", rs.Factor)
+	}
+	if ok[2] && !(rs.LowFreqFactor > 0) {
+		p.errorf(rm.get("low_freq_factor"), "", "rope_scaling.low_freq_factor: must be positive, got %g", rs.LowFreqFactor)
+	}
+	if ok[2] && ok[3] && !(rs.HighFreqFactor > rs.LowFreqFactor) {
+		p.errorf(rm.get("high_freq_factor"), "llama3 scaling blends between the two wavelengths",
+			"rope_scaling.high_freq_factor %g must be larger than low_freq_factor %g", rs.HighFreqFactor, rs.LowFreqFactor)
+	}
+	return rs
+}
+
+// weights reads `weights: path` or `weights: {synthetic: {seed, std}}`. A missing file is not
+// an error here: `check` must work without the weights at hand.
+func (p *parser) weights(n *yaml.Node, w *Weights) {
+	w.Pos = p.pos(n)
+	if n.Kind == yaml.ScalarNode && n.Tag == "!!str" {
+		if n.Value == "" {
+			p.errorf(n, "", "weights: path must not be empty")
+			return
+		}
+		w.Path = p.resolve(n.Value)
+		return
+	}
+	if n.Kind != yaml.MappingNode {
+		p.errorf(n, "give a path or {synthetic: {seed: 1, std: 0.02}}", "weights: expected a path or a mapping, got %s", describe(n))
+		return
+	}
+	wm := p.mapping(n, "weights", []string{"synthetic"})
+	if wm == nil || !p.require(wm, "weights", "synthetic") {
+		return
+	}
+	sm := p.mapping(wm.get("synthetic"), "weights.synthetic", []string{"seed", "std"})
+	if sm == nil {
+		return
+	}
+	w.Synthetic, w.Std = true, defaultSyntheticSD
+	if s := sm.get("seed"); s != nil {
+		v, _ := p.natural(s, "weights.synthetic.seed")
+		w.Seed = uint64(v)
+	}
+	if s := sm.get("std"); s != nil {
+		if v, ok := p.number(s, "weights.synthetic.std"); ok && !(v > 0) {
+			p.errorf(s, "", "weights.synthetic.std: must be positive, got %g", v)
+		} else {
+			w.Std = v
+		}
+	}
+}
+
+func (p *parser) tokenizer(n *yaml.Node, t *Tokenizer) {
+	t.Pos = p.pos(n)
+	const hint = `use "bytes" or {hf: path/to/tokenizer.json}`
+	if n.Kind == yaml.ScalarNode && n.Tag == "!!str" {
+		if n.Value != "bytes" {
+			p.errorf(n, hint, "tokenizer: unknown tokenizer %q", n.Value)
+			return
+		}
+		t.Kind = "bytes"
+		return
+	}
+	if n.Kind != yaml.MappingNode {
+		p.errorf(n, hint, "tokenizer: expected a word or a mapping, got %s", describe(n))
+		return
+	}
+	tm := p.mapping(n, "tokenizer", []string{"hf"})
+	if tm == nil || !p.require(tm, "tokenizer", "hf") {
+		return
+	}
+	path, ok := p.str(tm.get("hf"), "tokenizer.hf")
+	if !ok {
+		return
+	}
+	if path == "" {
+		p.errorf(tm.get("hf"), "", "tokenizer.hf: path must not be empty")
+		return
+	}
+	t.Kind, t.Path = "hf", p.resolve(path)
+}
+
+// specialTokens sets BOS and EOS from the spec, falling back to config.json. BOS stays -1 when
+// neither gives one and the tokenizer does not need it.
+func (p *parser) specialTokens(top *mapping, m *Model, cfg *HFConfig) {
+	if cfg != nil {
+		if cfg.BOSTokenID != nil {
+			m.BOS = *cfg.BOSTokenID
+		}
+		m.EOS = cfg.EOSTokenIDs
+	}
+	bosPos, eosPos := top.keyPos(p, "config"), top.keyPos(p, "config")
+	if n := top.get("bos"); n != nil {
+		bosPos = p.pos(n)
+		if v, ok := p.natural(n, "bos"); ok {
+			m.BOS = v
+		}
+	}
+	if n := top.get("eos"); n != nil {
+		eosPos = p.pos(n)
+		m.EOS, _ = p.ints(n, "eos", true, p.natural)
+	}
+	if m.Tokenizer.Kind == "bytes" {
+		if m.BOS < 0 && top.get("bos") == nil {
+			p.errorf(top.node, fmt.Sprintf("add bos: %d, the first id after the bytes", byteTokens),
+				"model spec: the bytes tokenizer needs a bos id")
+		}
+		if m.Vocab > 0 && m.Vocab < byteTokens {
+			p.errorf(top.node, "the bytes tokenizer uses ids 0-255 for the bytes", "model spec: vocab %d is smaller than %d", m.Vocab, byteTokens)
+		}
+	}
+	if m.Vocab <= 0 {
+		return
+	}
+	hint := "vocab is " + strconv.Itoa(m.Vocab)
+	if m.BOS >= m.Vocab || m.BOS < -1 {
+		p.errorAt(bosPos, hint, "bos %d is not a token id of the model", m.BOS)
+	}
+	for _, id := range m.EOS {
+		if id < 0 || id >= m.Vocab {
+			p.errorAt(eosPos, hint, "eos %d is not a token id of the model", id)
+		}
+	}
+}
+
+func (p *parser) serving(top *mapping, m *Model) {
+	m.DecodeBuckets = []int{1, 2, 4, 8}
+	m.PrefillChunks = []int{64}
+	m.MaxSeqLen = defaultMaxSeqLen
+	m.KVBlockSize = defaultKVBlockSize
+	sm := &mapping{node: top.node, byKey: map[string]entry{}}
+	if n := top.get("serving"); n != nil {
+		if sm = p.mapping(n, "serving", servingKeys); sm == nil {
+			return
+		}
+	}
+	ok := true
+	if n := sm.get("decode_buckets"); n != nil {
+		v, good := p.ints(n, "serving.decode_buckets", false, p.positive)
+		ok = good && p.ascending(n, "serving.decode_buckets", v)
+		m.DecodeBuckets = v
+	}
+	if n := sm.get("prefill_chunks"); n != nil {
+		v, good := p.ints(n, "serving.prefill_chunks", false, p.positive)
+		ok = good && p.ascending(n, "serving.prefill_chunks", v) && ok
+		m.PrefillChunks = v
+	}
+	if n := sm.get("max_seq_len"); n != nil {
+		v, good := p.positive(n, "serving.max_seq_len")
+		ok = good && ok
+		m.MaxSeqLen = v
+	}
+	if n := sm.get("kv_block_size"); n != nil {
+		v, good := p.positive(n, "serving.kv_block_size")
+		ok = good && ok
+		m.KVBlockSize = v
+	}
+	if !ok {
+		return
+	}
+	largest := m.DecodeBuckets[len(m.DecodeBuckets)-1]
+	m.MaxSeqs = largest
+	if n := sm.get("max_seqs"); n != nil {
+		if v, good := p.positive(n, "serving.max_seqs"); good && v < largest {
+			p.errorf(n, "raise max_seqs or drop the larger buckets",
+				"serving.max_seqs %d is smaller than the largest decode bucket %d", v, largest)
+		} else {
+			m.MaxSeqs = v
+		}
+	}
+	if m.MaxSeqLen%m.KVBlockSize != 0 {
+		p.errorAt(sm.keyPos(p, "kv_block_size"), "KV pages must tile the sequence exactly",
+			"serving.kv_block_size %d does not divide max_seq_len %d", m.KVBlockSize, m.MaxSeqLen)
+	}
+	if c := m.PrefillChunks[len(m.PrefillChunks)-1]; c > m.MaxSeqLen {
+		p.errorAt(sm.keyPos(p, "prefill_chunks"), "",
+			"serving.prefill_chunks: chunk %d is longer than max_seq_len %d", c, m.MaxSeqLen)
+	}
+}

@@ -1,0 +1,262 @@
+package frontend
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+)
+
+const tinyModel = `model: tiny
+family: llama
+dims:
+  hidden: 256
+  intermediate: 768
+  layers: 6
+  heads: 8
+  kv_heads: 2
+  vocab: 258
+  tie_embeddings: true
+weights: tiny/model.safetensors
+tokenizer: bytes
+bos: 256
+eos: [257]
+serving:
+  decode_buckets: [1, 2, 4, 8]
+  max_seq_len: 512
+  max_seqs: 8
+`
+
+func TestParseModelValid(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "tiny.yaml")
+	m, err := ParseModel(path, []byte(tinyModel))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := &Model{
+		Pos: Pos{File: path, Line: 1, Col: 1}, Path: path, Dir: dir,
+		Name: "tiny", Family: "llama", Hidden: 256, Intermediate: 768, Layers: 6, Heads: 8, KVHeads: 2,
+		HeadDim: 32, Vocab: 258, RopeTheta: 10000, RMSEps: 1e-5, TieEmbeddings: true,
+		Dtype: "bf16", KVDtype: "f32",
+		Weights:       Weights{Pos: Pos{File: path, Line: 11, Col: 10}, Path: filepath.Join(dir, "tiny/model.safetensors")},
+		Tokenizer:     Tokenizer{Pos: Pos{File: path, Line: 12, Col: 12}, Kind: "bytes"},
+		BOS:           256,
+		EOS:           []int{257},
+		DecodeBuckets: []int{1, 2, 4, 8}, PrefillChunks: []int{64},
+		MaxSeqLen: 512, MaxSeqs: 8, KVBlockSize: 16,
+		LayersPos: Pos{File: path, Line: 6, Col: 11},
+	}
+	if !reflect.DeepEqual(m, want) {
+		t.Errorf("got  %+v\nwant %+v", m, want)
+	}
+}
+
+func TestParseModelOptions(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "m.yaml")
+	m, err := ParseModel(path, []byte(`model: x
+family: llama
+dims: {hidden: 64, intermediate: 128, layers: 2, heads: 4, head_dim: 32, vocab: 300,
+       rope_theta: 500000, rms_eps: 1.0e-6,
+       rope_scaling: {type: llama3, factor: 32, low_freq_factor: 1, high_freq_factor: 4,
+                      original_max_position_embeddings: 8192}}
+weights: {synthetic: {seed: 7}}
+dtype: f32
+kv_dtype: bf16
+tokenizer: {hf: tok/tokenizer.json}
+eos: 2
+serving: {decode_buckets: [1, 16], prefill_chunks: [32, 128], kv_block_size: 32}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	checks := []struct {
+		name      string
+		got, want any
+	}{
+		{"KVHeads", m.KVHeads, 4},
+		{"HeadDim", m.HeadDim, 32},
+		{"RopeTheta", m.RopeTheta, 500000.0},
+		{"RMSEps", m.RMSEps, 1e-6},
+		{"RopeScaling", *m.RopeScaling, RopeScaling{Type: "llama3", Factor: 32, LowFreqFactor: 1, HighFreqFactor: 4, OriginalMaxPos: 8192}},
+		{"Weights", [3]any{m.Weights.Synthetic, m.Weights.Seed, m.Weights.Std}, [3]any{true, uint64(7), 0.02}},
+		{"Dtype", m.Dtype, "f32"},
+		{"KVDtype", m.KVDtype, "bf16"},
+		{"Tokenizer", [2]string{m.Tokenizer.Kind, m.Tokenizer.Path}, [2]string{"hf", filepath.Join(dir, "tok/tokenizer.json")}},
+		{"BOS", m.BOS, -1},
+		{"EOS", m.EOS, []int{2}},
+		{"DecodeBuckets", m.DecodeBuckets, []int{1, 16}},
+		{"PrefillChunks", m.PrefillChunks, []int{32, 128}},
+		{"MaxSeqLen", m.MaxSeqLen, 2048},
+		{"MaxSeqs", m.MaxSeqs, 16},
+		{"KVBlockSize", m.KVBlockSize, 32},
+	}
+	for _, c := range checks {
+		if !reflect.DeepEqual(c.got, c.want) {
+			t.Errorf("%s = %v, want %v", c.name, c.got, c.want)
+		}
+	}
+}
+
+const hfConfigJSONText = `{
+  "architectures": ["LlamaForCausalLM"],
+  "hidden_size": 2048,
+  "intermediate_size": 8192,
+  "num_hidden_layers": 16,
+  "num_attention_heads": 32,
+  "num_key_value_heads": 8,
+  "head_dim": 64,
+  "vocab_size": 128256,
+  "rope_theta": 500000.0,
+  "rms_norm_eps": 1e-05,
+  "tie_word_embeddings": true,
+  "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                   "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+  "bos_token_id": 128000,
+  "eos_token_id": [128001, 128008, 128009]
+}`
+
+func TestParseModelConfigImport(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(dir, "hf"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "hf", "config.json"), []byte(hfConfigJSONText), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, cfgPath := range []string{"hf/config.json", "hf"} {
+		t.Run(cfgPath, func(t *testing.T) {
+			m, err := ParseModel(filepath.Join(dir, "llama.yaml"), []byte(`model: llama-3.2-1b
+family: llama
+config: `+cfgPath+`
+dims: {layers: 4}
+weights: hf
+tokenizer: {hf: hf/tokenizer.json}
+`))
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := []any{m.Hidden, m.Intermediate, m.Layers, m.Heads, m.KVHeads, m.HeadDim, m.Vocab,
+				m.RopeTheta, m.RMSEps, m.TieEmbeddings, m.RopeScaling.Factor, m.BOS, m.EOS}
+			want := []any{2048, 8192, 4, 32, 8, 64, 128256, 500000.0, 1e-5, true, 32.0, 128000, []int{128001, 128008, 128009}}
+			if !reflect.DeepEqual(got, want) {
+				t.Errorf("got %v, want %v", got, want)
+			}
+			if m.LayersPos.Line != 4 {
+				t.Errorf("LayersPos = %v, want the dims override on line 4", m.LayersPos)
+			}
+		})
+	}
+}
+
+func TestReadHFConfigErrors(t *testing.T) {
+	dir := t.TempDir()
+	cases := []struct {
+		name, text, want string
+	}{
+		{"syntax", "{\n  \"hidden_size\": 4,\n  oops\n}", "config.json:3:"},
+		{"type", "{\n  \"hidden_size\": \"big\"\n}", "config.json:2:"},
+		{"rope", "{\n  \"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4}\n}", `config.json:2:3: rope_scaling type "yarn" is not supported`},
+		{"eos", "{\n  \"eos_token_id\": \"x\"\n}", "config.json:2:3: eos_token_id is neither"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			path := filepath.Join(dir, c.name, "config.json")
+			if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(path, []byte(c.text), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			_, err := ReadHFConfig(path)
+			var e *Error
+			if !errors.As(err, &e) {
+				t.Fatalf("got %v, want an *Error", err)
+			}
+			if !strings.Contains(e.Error(), c.want) {
+				t.Errorf("got %q, want it to contain %q", e.Error(), c.want)
+			}
+		})
+	}
+	if _, err := ReadHFConfig("/dev/null"); err == nil || !strings.Contains(err.Error(), "not a regular file") {
+		t.Errorf("reading /dev/null: got %v, want a refusal", err)
+	}
+}
+
+// specError parses text as file "s.yaml" and returns the error text.
+func specError(t *testing.T, parse func(path string, data []byte) error, text string) string {
+	t.Helper()
+	err := parse("s.yaml", []byte(text))
+	if err == nil {
+		t.Fatalf("parsed without error:\n%s", text)
+	}
+	var list ErrorList
+	if !errors.As(err, &list) {
+		t.Fatalf("got %T %v, want an ErrorList", err, err)
+	}
+	return err.Error()
+}
+
+func TestParseModelErrors(t *testing.T) {
+	parse := func(path string, data []byte) error { _, err := ParseModel(path, data); return err }
+	// A valid spec with one line replaced, so that positions are easy to read off.
+	with := func(old, new string) string {
+		if !strings.Contains(tinyModel, old) {
+			t.Fatalf("tinyModel lacks %q", old)
+		}
+		return strings.Replace(tinyModel, old, new, 1)
+	}
+	cases := []struct {
+		name, text string
+		want       []string // substrings of the error text
+	}{
+		{"malformed", with("  heads: 8\n", "  heads: [8\n"), []string{"s.yaml:", "malformed YAML"}},
+		{"bad indent", "model: x\n  family: llama\n", []string{"s.yaml:2:1: malformed YAML"}},
+		{"empty", "", []string{"s.yaml:1:1: empty spec"}},
+		{"not a mapping", "- a\n- b\n", []string{"s.yaml:1:1: expected a mapping, got a list"}},
+		{"two documents", tinyModel + "---\nmodel: y\n", []string{"a second YAML document"}},
+		{"unknown key", with("  hidden: 256", "  hiden: 256"),
+			[]string{`s.yaml:4:3: dims: unknown key "hiden" (did you mean "hidden"?`, `s.yaml:3:1: dims: missing key "hidden"`}},
+		{"unknown top key", with("tokenizer:", "tokeniser:"), []string{`s.yaml:12:1: model spec: unknown key "tokeniser" (did you mean "tokenizer"?`}},
+		{"duplicate key", with("  layers: 6\n", "  layers: 6\n  layers: 7\n"), []string{`s.yaml:7:3: dims: duplicate key "layers" (first given at line 6)`}},
+		{"wrong type", with("  layers: 6", "  layers: [6]"), []string{"s.yaml:6:11: dims.layers: expected an integer, got a list"}},
+		{"string for int", with("  layers: 6", "  layers: six"), []string{`s.yaml:6:11: dims.layers: expected an integer, got "six"`}},
+		{"float for int", with("  layers: 6", "  layers: 6.5"), []string{"expected an integer, got the number 6.5"}},
+		{"negative", with("  layers: 6", "  layers: -1"), []string{"s.yaml:6:11: dims.layers: must be a positive integer, got -1"}},
+		{"huge", with("  layers: 6", "  layers: 99999999999999999999"), []string{"s.yaml:6:11: dims.layers:"}},
+		{"missing name", with("model: tiny\n", ""), []string{`s.yaml:1:1: model spec: missing key "model"`}},
+		{"missing dims", "model: a\nfamily: llama\nweights: w\ntokenizer: bytes\nbos: 1\n", []string{`missing key "dims" (give dims:`}},
+		{"family", with("family: llama", "family: lama"), []string{`s.yaml:2:9: family: unknown value "lama" (did you mean "llama"? choose from: llama)`}},
+		{"kv heads", with("kv_heads: 2", "kv_heads: 3"), []string{"s.yaml:8:13: dims.kv_heads 3 does not divide dims.heads 8"}},
+		{"head dim default", with("hidden: 256", "hidden: 250"), []string{"s.yaml:7:10: dims.heads 8 does not divide dims.hidden 250", "set dims.head_dim"}},
+		{"dtype", with("tokenizer: bytes\n", "tokenizer: bytes\ndtype: fp8\n"), []string{`s.yaml:13:8: dtype: unknown value "fp8"`}},
+		{"tokenizer", with("tokenizer: bytes", "tokenizer: byte"), []string{`s.yaml:12:12: tokenizer: unknown tokenizer "byte"`}},
+		{"no bos", with("bos: 256\n", ""), []string{"the bytes tokenizer needs a bos id"}},
+		{"bos range", with("bos: 256", "bos: 258"), []string{"s.yaml:13:6: bos 258 is not a token id of the model (vocab is 258)"}},
+		{"eos type", with("eos: [257]", "eos: {a: 1}"), []string{"s.yaml:14:6: eos: expected a list, got a mapping"}},
+		{"buckets order", with("[1, 2, 4, 8]", "[1, 4, 2]"), []string{"s.yaml:16:19: serving.decode_buckets: 2 after 4 is not ascending"}},
+		{"max seqs", with("max_seqs: 8", "max_seqs: 4"), []string{"s.yaml:18:13: serving.max_seqs 4 is smaller than the largest decode bucket 8"}},
+		{"kv block", with("max_seq_len: 512", "max_seq_len: 500"), []string{"serving.kv_block_size 16 does not divide max_seq_len 500"}},
+		{"synthetic key", with("weights: tiny/model.safetensors", "weights: {synthetic: {sed: 1}}"),
+			[]string{`s.yaml:11:23: weights.synthetic: unknown key "sed" (did you mean "seed"?`}},
+		{"rope scaling", with("  tie_embeddings: true", "  rope_scaling: {type: llama3, factor: 8, low_freq_factor: 4, high_freq_factor: 1, original_max_position_embeddings: 8192}"),
+			[]string{"high_freq_factor 1 must be larger than low_freq_factor 4"}},
+		{"missing config", with("dims:\n", "config: nowhere/config.json\ndims:\n"), []string{"s.yaml:3:9: config:", "no such file"}},
+		{"merge key", with("dims:\n", "dims:\n  <<: {hidden: 1}\n"), []string{"merge keys (<<) are not supported"}},
+		{"several", strings.Replace(with("  layers: 6", "  layers: x"), "family: llama", "family: gpt", 1),
+			[]string{"s.yaml:2:9: family", "s.yaml:6:11: dims.layers"}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			got := specError(t, parse, c.text)
+			for _, w := range c.want {
+				if !strings.Contains(got, w) {
+					t.Errorf("error\n%s\nlacks %q", got, w)
+				}
+			}
+		})
+	}
+}
