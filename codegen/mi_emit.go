@@ -1,0 +1,298 @@
+package codegen
+
+import (
+	"fmt"
+
+	"xmix/ops"
+	"xmix/ptx"
+)
+
+// MI ops fused into row kernels. Each op is guarded twice by uniform branches: first on the
+// app bit (a row without it pays the mask test and a branch), then on its gates. Everything
+// a predicate reads is per row, so a block never diverges and the reductions inside probe and
+// projection templates may use bar.sync. The emitters below are the one place templates are
+// spelled in PTX; ops.MITemplates holds their parameter facts and ops/mi.go their reference.
+
+// miEmitters maps each template to the code it becomes. x is the thread's part of the row;
+// writing templates change it in place and must keep tail elements (outside the row) zero.
+var miEmitters = map[string]func(r *rowEmitter, op *miBound, x []ptx.Reg){
+	"capture":      emitCapture,
+	"probe_linear": emitProbeLinear,
+	"steer_add":    emitSteerAdd,
+	"project_out":  emitProjectOut,
+}
+
+// miBound is one MI op of a kernel with its parameter registers.
+type miBound struct {
+	MIOp
+	ref     ops.MIOp
+	index   int                // i in mi<i>_*
+	params  map[string]ptx.Reg // suffix (vec, scal, out, g<j>) -> pointer
+	barrier bool               // a later op's gate reads what this op writes
+}
+
+// miSet is every MI op of one kernel, grouped by where the kernel applies them.
+type miSet struct {
+	groups            [][]*miBound
+	ref               [][]ops.MIOp // reference attributes, per group
+	tokens, gen       bool
+	mask, tok, genReg ptx.Reg // per-row control values, loaded by loadCtl
+}
+
+// toRef converts an op to its reference form.
+func (o MIOp) toRef() ops.MIOp {
+	r := ops.MIOp{Template: o.Template, Bit: o.Bit, Width: o.Width, Alpha: o.Alpha, Bias: o.Bias,
+		Activation: o.Activation, OutCol: o.OutCol, OutWidth: o.OutWidth}
+	for _, g := range o.Gates {
+		r.Gates = append(r.Gates, ops.MIGate{Kind: g.Kind, Col: g.Col, Width: g.Width, Cmp: g.Cmp,
+			Value: g.Value, Tokens: g.Tokens, From: g.From, To: g.To, Positions: g.Positions})
+	}
+	return r
+}
+
+// buffer is the buffer name the op binds to parameter p.
+func (o MIOp) buffer(p ops.MIParam) string {
+	switch p.Suffix {
+	case "vec":
+		return o.Vec
+	case "scal":
+		return o.Scal
+	case "out":
+		return o.Out
+	}
+	return o.Gates[p.Gate].Buf
+}
+
+// MIBindings maps each MI parameter of a kernel whose MI ops are miops (in kernel order, as
+// RowConfig.MIOps lists them) to the buffer it reads or writes.
+func MIBindings(miops []MIOp) map[string]string {
+	m := map[string]string{}
+	for i, o := range miops {
+		for _, p := range o.toRef().Params() {
+			m[fmt.Sprintf("mi%d_%s", i, p.Suffix)] = o.buffer(p)
+		}
+	}
+	return m
+}
+
+// declareMI validates the ops of each group against the row width and declares ctl_mask,
+// ctl_tokens and ctl_gen (when a gate needs them) and every op's parameters, in that order.
+func declareMI(r *rowEmitter, groups ...[]MIOp) (*miSet, error) {
+	m := &miSet{groups: make([][]*miBound, len(groups)), ref: make([][]ops.MIOp, len(groups))}
+	var all []*miBound
+	for g, group := range groups {
+		for _, o := range group {
+			i := len(all)
+			ref := o.toRef()
+			if err := ref.Validate(r.width); err != nil {
+				return nil, fmt.Errorf("MI op %d: %w", i, err)
+			}
+			if miEmitters[o.Template] == nil {
+				return nil, fmt.Errorf("MI op %d: template %s has no PTX emitter", i, o.Template)
+			}
+			b := &miBound{MIOp: o, ref: ref, index: i, params: map[string]ptx.Reg{}}
+			m.groups[g] = append(m.groups[g], b)
+			m.ref[g] = append(m.ref[g], ref)
+			all = append(all, b)
+		}
+	}
+	m.tokens, m.gen = ops.MIControl(m.ref...)
+	if len(all) > 0 {
+		m.mask = r.param("ctl_mask", ptx.U64)
+	} else {
+		r.Param("ctl_mask", ptx.U64) // kept so that every row kernel has the same control slots
+	}
+	if m.tokens {
+		m.tok = r.param("ctl_tokens", ptx.U64)
+	}
+	if m.gen {
+		m.genReg = r.param("ctl_gen", ptx.U64)
+	}
+	for i, b := range all {
+		for _, p := range b.ref.Params() {
+			if b.buffer(p) == "" {
+				return nil, fmt.Errorf("MI op %d (%s): no buffer for %s", i, b.Template, p.Suffix)
+			}
+			b.params[p.Suffix] = r.param(fmt.Sprintf("mi%d_%s", i, p.Suffix), ptx.U64)
+		}
+		for _, later := range all[i+1:] {
+			for _, g := range later.Gates {
+				if g.Kind == "activation" && b.Out != "" && g.Buf == b.Out {
+					b.barrier = true
+				}
+			}
+		}
+	}
+	return m, nil
+}
+
+// loadCtl replaces the control array pointers by this row's values. Call it once, after
+// begin and before any emit.
+func (m *miSet) loadCtl(r *rowEmitter) {
+	load := func(p ptx.Reg) ptx.Reg {
+		v := r.Reg(ptx.U32)
+		r.Emit("ld.global.nc.u32", v, ptx.Addr{Base: r.elemAddr(p, r.row, 4)})
+		return v
+	}
+	if m.mask.T != 0 {
+		m.mask = load(m.mask)
+	}
+	if m.tokens {
+		m.tok = load(m.tok)
+	}
+	if m.gen {
+		m.genReg = load(m.genReg)
+	}
+}
+
+// emit applies group g's ops to x in order. When dirty is given, an op that changes x sets
+// it to 1.
+func (m *miSet) emit(r *rowEmitter, g int, x []ptx.Reg, dirty *ptx.Reg) {
+	for _, b := range m.groups[g] {
+		skip := r.NewLabel(fmt.Sprintf("mi%d_skip", b.index))
+		bit := r.Reg(ptx.U32)
+		r.Emit("and.b32", bit, m.mask, ptx.Imm(int64(1)<<b.Bit))
+		off := r.Reg(ptx.Pred)
+		r.Emit("setp.eq.u32", off, bit, ptx.Imm(0))
+		r.EmitIf(off, false, "bra.uni", ptx.Sym(skip))
+		if p := m.gates(r, b); p != nil {
+			r.EmitIf(*p, true, "bra.uni", ptx.Sym(skip))
+		}
+		miEmitters[b.Template](r, b, x)
+		if dirty != nil && ops.MITemplates[b.Template].Writes {
+			r.Emit("mov.u32", *dirty, ptx.Imm(1))
+		}
+		if b.barrier {
+			// The op's output is read by a later gate of this kernel: make it visible to
+			// every thread of the block first.
+			r.Emit("bar.sync", ptx.Imm(0))
+		}
+		r.Label(skip)
+	}
+}
+
+// gates returns the conjunction of the op's gates, or nil when it has none that test
+// anything.
+func (m *miSet) gates(r *rowEmitter, b *miBound) *ptx.Reg {
+	var all *ptx.Reg
+	and := func(p ptx.Reg) {
+		if all == nil {
+			all = &p
+			return
+		}
+		r.Emit("and.pred", *all, *all, p)
+	}
+	setp := func(cmp string, a ptx.Reg, v int64) ptx.Reg {
+		p := r.Reg(ptx.Pred)
+		r.Emit("setp."+cmp, p, a, ptx.Imm(v))
+		return p
+	}
+	for j, g := range b.Gates {
+		switch g.Kind {
+		case "activation":
+			buf := b.params[fmt.Sprintf("g%d", j)]
+			a := r.Reg(ptx.U64)
+			r.Emit("mul.wide.u32", a, r.row, ptx.Imm(4*g.Width))
+			r.Emit("add.u64", a, a, buf)
+			v := r.Reg(ptx.F32)
+			r.Emit("ld.global.f32", v, ptx.Addr{Base: a, Offset: int64(4 * g.Col)})
+			p := r.Reg(ptx.Pred)
+			r.Emit("setp."+ops.MICmps[g.Cmp]+".f32", p, v, ptx.F32Imm(g.Value))
+			and(p)
+		case "token_in":
+			p := setp("eq.u32", m.tok, int64(g.Tokens[0]))
+			for _, t := range g.Tokens[1:] {
+				r.Emit("or.pred", p, p, setp("eq.u32", m.tok, int64(t)))
+			}
+			and(p)
+		case "steps":
+			// From >= 0 (validated), so gen >= From implies gen >= 0.
+			and(setp("ge.s32", m.genReg, int64(g.From)))
+			if g.To > 0 {
+				and(setp("lt.s32", m.genReg, int64(g.To)))
+			}
+		case "positions":
+			switch g.Positions {
+			case "prompt":
+				and(setp("lt.s32", m.genReg, 0))
+			case "generated":
+				and(setp("ge.s32", m.genReg, 0))
+			}
+		}
+	}
+	return all
+}
+
+// outPtr addresses this thread's elements of the op's output row.
+func (r *rowEmitter) outPtr(b *miBound) rowPtr {
+	return r.ptr(b.params["out"], r.row, b.OutWidth, b.OutCol, ptx.F32, false)
+}
+
+// scalar loads Scal[idx].
+func (r *rowEmitter) scalar(b *miBound, idx int) ptx.Reg {
+	v := r.Reg(ptx.F32)
+	r.Emit("ld.global.nc.f32", v, ptx.Addr{Base: b.params["scal"], Offset: int64(4 * idx)})
+	return v
+}
+
+// dotVec is the block-wide dot product of the row with the op's vector.
+func (r *rowEmitter) dotVec(b *miBound, x []ptx.Reg) ptx.Reg {
+	vp := r.vecPtr(b.params["vec"], ptx.F32)
+	s := r.Reg(ptx.F32)
+	r.Emit("mov.f32", s, ptx.F32Imm(0))
+	for j := range x {
+		v := r.loadElem(vp, j, r.elemPred(j, nil))
+		r.Emit("fma.rn.f32", s, x[j], v, s)
+	}
+	return r.reduce(s)
+}
+
+// axpy sets x += a*vec (sub: x -= a*vec), rounding the product and the sum separately so
+// the result is exactly x + fl(a*v) in f32. The tail element stays zero.
+func (r *rowEmitter) axpy(b *miBound, a ptx.Reg, x []ptx.Reg, sub bool) {
+	vp := r.vecPtr(b.params["vec"], ptx.F32)
+	op := "add.rn.f32"
+	if sub {
+		op = "sub.rn.f32"
+	}
+	for j := range x {
+		p := r.elemPred(j, nil)
+		v := r.loadElem(vp, j, p)
+		t := r.Reg(ptx.F32)
+		r.Emit("mul.rn.f32", t, a, v)
+		r.emitMaybe(p, op, x[j], x[j], t)
+	}
+}
+
+func emitCapture(r *rowEmitter, b *miBound, x []ptx.Reg) {
+	r.storeRow(r.outPtr(b), x)
+}
+
+func emitProbeLinear(r *rowEmitter, b *miBound, x []ptx.Reg) {
+	s := r.dotVec(b, x)
+	if b.Bias >= 0 {
+		r.Emit("add.rn.f32", s, s, r.scalar(b, b.Bias))
+	}
+	if b.Activation == "sigmoid" {
+		// 1 / (1 + 2^(-s*log2 e))
+		t := r.Reg(ptx.F32)
+		r.Emit("mul.rn.f32", t, s, ptx.F32Imm(-1.4426950408889634))
+		r.Emit("ex2.approx.f32", t, t)
+		r.Emit("add.rn.f32", t, t, ptx.F32Imm(1))
+		r.Emit("rcp.rn.f32", s, t)
+	}
+	first := r.Reg(ptx.Pred)
+	r.Emit("setp.eq.u32", first, r.tid, ptx.Imm(0))
+	a := r.Reg(ptx.U64)
+	r.Emit("mul.wide.u32", a, r.row, ptx.Imm(4*b.OutWidth))
+	r.Emit("add.u64", a, a, b.params["out"])
+	r.EmitIf(first, false, "st.global.f32", ptx.Addr{Base: a, Offset: int64(4 * b.OutCol)}, s)
+}
+
+func emitSteerAdd(r *rowEmitter, b *miBound, x []ptx.Reg) {
+	r.axpy(b, r.scalar(b, b.Alpha), x, false)
+}
+
+func emitProjectOut(r *rowEmitter, b *miBound, x []ptx.Reg) {
+	r.axpy(b, r.dotVec(b, x), x, true)
+}

@@ -1,0 +1,419 @@
+package codegen
+
+import (
+	"fmt"
+
+	"xmix/ops"
+	"xmix/ptx"
+)
+
+// Row kernels run one block per row. Thread t holds columns t, t+T, t+2T, ... of the row in
+// registers (T = threads per block), so every load and store of a warp touches 128
+// contiguous bytes, and MI ops, reductions and the norm work on registers without a second
+// pass over memory. The row width is a compile-time constant, so each thread's element count
+// is too; only its last element may fall past the row (the tail), which is loaded as zero and
+// never stored, so reductions need no masking. Keeping the whole row in registers bounds the
+// width: at most maxPerThread elements per thread, which with 512 threads is 32768 columns
+// (SiLU rows of 14336 use 56 registers per thread at 256 threads).
+
+// maxPerThread bounds the registers a row takes per thread; ptxas has 255, and 512 threads
+// of 64 row registers plus working registers still fit an SM's register file.
+const maxPerThread = 64
+
+// rowThreads picks the block size for a row of width columns: 128 threads for narrow rows,
+// 256 up to 16384 columns, 512 beyond.
+func rowThreads(width int) int {
+	switch {
+	case width <= 1024:
+		return 128
+	case width <= 256*maxPerThread:
+		return 256
+	}
+	return 512
+}
+
+// rowLaunch is the grid of a row kernel over rows rows of width columns.
+func rowLaunch(width, rows int) ops.Launch {
+	return ops.Launch{Grid: [3]int{rows, 1, 1}, Block: [3]int{rowThreads(width), 1, 1}}
+}
+
+// rowEmitter builds a row kernel of a fixed width.
+type rowEmitter struct {
+	emitter
+	width, threads, per int
+	tid, row            ptx.Reg
+	tail                *ptx.Reg // this thread's last element is inside the row; nil: no tail
+	scratch             ptx.Sym  // reduction scratch, declared on first use
+}
+
+func newRowEmitter(name string, width int) (*rowEmitter, error) {
+	if width <= 0 {
+		return nil, fmt.Errorf("row width %d", width)
+	}
+	t := rowThreads(width)
+	per := (width + t - 1) / t
+	if per > maxPerThread {
+		return nil, fmt.Errorf("row width %d exceeds the %d columns a register-resident row may have", width, t*maxPerThread)
+	}
+	r := &rowEmitter{emitter: newEmitter(name), width: width, threads: t, per: per}
+	r.MaxNTid = t
+	return r, nil
+}
+
+// begin reads the thread and row indices; call it after declaring every parameter.
+func (r *rowEmitter) begin() {
+	r.tid = r.special(ptx.TidX)
+	r.row = r.special(ptx.CtaidX)
+	if rem := r.width - (r.per-1)*r.threads; rem < r.threads {
+		p := r.Reg(ptx.Pred)
+		r.Emit("setp.lt.u32", p, r.tid, ptx.Imm(rem))
+		r.tail = &p
+	}
+}
+
+// rowPtr addresses this thread's elements of one row: element j is at reg + off +
+// j*threads*size.
+type rowPtr struct {
+	reg  ptx.Reg
+	off  int64
+	dt   ptx.Type // storage type: F32 or BF16
+	nc   bool     // read-only for the kernel's lifetime: loads may use the non-coherent path
+	size int
+}
+
+// ptr returns the rowPtr of base[rowIdx*stride + col + tid] for storage type dt.
+func (r *rowEmitter) ptr(base, rowIdx ptx.Reg, stride, col int, dt ptx.Type, nc bool) rowPtr {
+	size := dt.Bytes()
+	off := r.Reg(ptx.U64)
+	r.Emit("mul.wide.u32", off, rowIdx, ptx.Imm(stride*size))
+	a := r.Reg(ptx.U64)
+	r.Emit("add.u64", a, base, off)
+	toff := r.Reg(ptx.U64)
+	r.Emit("mul.wide.u32", toff, r.tid, ptx.Imm(size))
+	r.Emit("add.u64", a, a, toff)
+	return rowPtr{reg: a, off: int64(col * size), dt: dt, nc: nc, size: size}
+}
+
+// vecPtr addresses this thread's elements of a [width] vector.
+func (r *rowEmitter) vecPtr(base ptx.Reg, dt ptx.Type) rowPtr {
+	a := r.Reg(ptx.U64)
+	r.Emit("mul.wide.u32", a, r.tid, ptx.Imm(dt.Bytes()))
+	r.Emit("add.u64", a, a, base)
+	return rowPtr{reg: a, dt: dt, nc: true, size: dt.Bytes()}
+}
+
+func (r *rowEmitter) addr(p rowPtr, j int) ptx.Addr {
+	return ptx.Addr{Base: p.reg, Offset: p.off + int64(j*r.threads*p.size)}
+}
+
+// elemPred is the predicate under which element j is loaded or stored: guard (may be nil)
+// and, for the last element, the tail. nil means unconditionally.
+func (r *rowEmitter) elemPred(j int, guard *ptx.Reg) *ptx.Reg {
+	if j != r.per-1 || r.tail == nil {
+		return guard
+	}
+	if guard == nil {
+		return r.tail
+	}
+	p := r.Reg(ptx.Pred)
+	r.Emit("and.pred", p, *r.tail, *guard)
+	return &p
+}
+
+// emitMaybe emits one instruction, guarded by p unless p is nil.
+func (r *rowEmitter) emitMaybe(p *ptx.Reg, op string, args ...ptx.Operand) {
+	if p == nil {
+		r.Emit(op, args...)
+		return
+	}
+	r.EmitIf(*p, false, op, args...)
+}
+
+// loadElem loads element j as f32; under pred (from elemPred) elements outside read as 0.
+func (r *rowEmitter) loadElem(p rowPtr, j int, pred *ptx.Reg) ptx.Reg {
+	x := r.Reg(ptx.F32)
+	if pred != nil {
+		r.Emit("mov.f32", x, ptx.F32Imm(0))
+	}
+	ld := "ld.global."
+	if p.nc {
+		ld = "ld.global.nc."
+	}
+	switch p.dt {
+	case ptx.F32:
+		r.emitMaybe(pred, ld+"f32", x, r.addr(p, j))
+	default: // BF16; configs are validated to these two
+		h := r.Reg(ptx.B16)
+		r.emitMaybe(pred, ld+"b16", h, r.addr(p, j))
+		r.emitMaybe(pred, "cvt.f32.bf16", x, h)
+	}
+	return x
+}
+
+// loadRow loads this thread's elements; with guard, all of them read as 0 unless it holds.
+func (r *rowEmitter) loadRow(p rowPtr, guard *ptx.Reg) []ptx.Reg {
+	x := make([]ptx.Reg, r.per)
+	for j := range x {
+		x[j] = r.loadElem(p, j, r.elemPred(j, guard))
+	}
+	return x
+}
+
+// storeRow stores this thread's elements (f32 storage).
+func (r *rowEmitter) storeRow(p rowPtr, x []ptx.Reg) {
+	for j, v := range x {
+		r.emitMaybe(r.elemPred(j, nil), "st.global.f32", r.addr(p, j), v)
+	}
+}
+
+// reduce sums v over the block; every thread gets the total.
+func (r *rowEmitter) reduce(v ptx.Reg) ptx.Reg {
+	if r.scratch == "" {
+		r.scratch = r.DeclareShared("red", ptx.F32, r.threads/32)
+	}
+	return r.blockReduce(v, "add", r.scratch, r.tid, r.threads)
+}
+
+// rmsNorm turns x into x * rsqrt(mean(x²) + eps) * w, in place (HF LlamaRMSNorm order).
+func (r *rowEmitter) rmsNorm(x []ptx.Reg, w rowPtr, eps float32) {
+	ss := r.Reg(ptx.F32)
+	r.Emit("mul.rn.f32", ss, x[0], x[0])
+	for _, v := range x[1:] {
+		r.Emit("fma.rn.f32", ss, v, v, ss)
+	}
+	tot := r.reduce(ss)
+	mean := r.Reg(ptx.F32)
+	r.Emit("mul.rn.f32", mean, tot, ptx.F32Imm(1/float32(r.width)))
+	r.Emit("add.rn.f32", mean, mean, ptx.F32Imm(eps))
+	rs := r.Reg(ptx.F32)
+	r.Emit("rsqrt.approx.f32", rs, mean)
+	for j, v := range x {
+		wj := r.loadElem(w, j, r.elemPred(j, nil))
+		r.Emit("mul.rn.f32", v, v, rs)
+		r.Emit("mul.rn.f32", v, v, wj)
+	}
+}
+
+// RowConfig configures RowNorm.
+type RowConfig struct {
+	Hidden, Vocab int
+	Eps           float32
+	WDtype        ptx.Type // storage of table and w: F32 or BF16
+	Load          string   // embed | add
+	// DeltaOps apply to delta (Load "add"), ResidOps to the residual before it is stored,
+	// NormOps to the normed row; in a kernel they are numbered in that order.
+	DeltaOps, ResidOps, NormOps []MIOp
+	Gather                      bool // out_row[row] picks the output row; NoRow skips the norm
+}
+
+// Launch is the grid for rows rows.
+func (c RowConfig) Launch(rows int) ops.Launch { return rowLaunch(c.Hidden, rows) }
+
+// MIOps lists the kernel's MI ops in parameter order (the order MIBindings expects).
+func (c RowConfig) MIOps() []MIOp {
+	return append(append(append([]MIOp(nil), c.DeltaOps...), c.ResidOps...), c.NormOps...)
+}
+
+// RowNorm generates the residual kernel: it loads a residual row (embedding lookup or
+// resid + delta), applies MI ops, stores it back, and RMS-normalises it into out. Parameters:
+// [tokens, table, resid | resid, delta], w, out, [out_row], ctl_mask, [ctl_tokens],
+// [ctl_gen], MI parameters. A token id >= Vocab embeds as zeros.
+func RowNorm(name string, c RowConfig) (*Kernel, error) {
+	k, err := rowNorm(name, c)
+	if err != nil {
+		return nil, fmt.Errorf("row_norm %s: %w", name, err)
+	}
+	return k, nil
+}
+
+func rowNorm(name string, c RowConfig) (*Kernel, error) {
+	if c.WDtype != ptx.F32 && c.WDtype != ptx.BF16 {
+		return nil, fmt.Errorf("weight dtype %s is not f32 or bf16", c.WDtype)
+	}
+	attrs := ops.RowNormAttrs{Hidden: c.Hidden, Eps: c.Eps, WDtype: c.WDtype.String(), Load: c.Load, Gather: c.Gather}
+	switch {
+	case c.Load == "embed" && c.Vocab > 0 && len(c.DeltaOps) == 0:
+		attrs.Vocab = c.Vocab
+	case c.Load == "add":
+	default:
+		return nil, fmt.Errorf("load %q with vocab %d and %d delta ops", c.Load, c.Vocab, len(c.DeltaOps))
+	}
+	r, err := newRowEmitter(name, c.Hidden)
+	if err != nil {
+		return nil, err
+	}
+	var tokens, table, resid, delta ptx.Reg
+	if c.Load == "embed" {
+		tokens = r.param("tokens", ptx.U64)
+		table = r.param("table", ptx.U64)
+		resid = r.param("resid", ptx.U64)
+	} else {
+		resid = r.param("resid", ptx.U64)
+		delta = r.param("delta", ptx.U64)
+	}
+	w := r.param("w", ptx.U64)
+	out := r.param("out", ptx.U64)
+	var outRow ptx.Reg
+	if c.Gather {
+		outRow = r.param("out_row", ptx.U64)
+	}
+	mi, err := declareMI(r, c.DeltaOps, c.ResidOps, c.NormOps)
+	if err != nil {
+		return nil, err
+	}
+	attrs.DeltaOps, attrs.ResidOps, attrs.NormOps = mi.ref[0], mi.ref[1], mi.ref[2]
+	r.begin()
+	mi.loadCtl(r)
+
+	var x []ptx.Reg
+	residPtr := r.ptr(resid, r.row, c.Hidden, 0, ptx.F32, false)
+	if c.Load == "embed" {
+		tok := r.Reg(ptx.U32)
+		r.Emit("ld.global.nc.u32", tok, ptx.Addr{Base: r.elemAddr(tokens, r.row, 4)})
+		inVocab := r.Reg(ptx.Pred)
+		r.Emit("setp.lt.u32", inVocab, tok, ptx.Imm(c.Vocab))
+		x = r.loadRow(r.ptr(table, tok, c.Hidden, 0, c.WDtype, true), &inVocab)
+	} else {
+		d := r.loadRow(r.ptr(delta, r.row, c.Hidden, 0, ptx.F32, true), nil)
+		mi.emit(r, 0, d, nil)
+		x = r.loadRow(residPtr, nil)
+		for j := range x {
+			r.Emit("add.rn.f32", x[j], x[j], d[j])
+		}
+	}
+	mi.emit(r, 1, x, nil)
+	r.storeRow(residPtr, x)
+
+	dst := r.row
+	end := r.NewLabel("end")
+	if c.Gather {
+		dst = r.Reg(ptx.U32)
+		r.Emit("ld.global.nc.u32", dst, ptx.Addr{Base: r.elemAddr(outRow, r.row, 4)})
+		skip := r.Reg(ptx.Pred)
+		r.Emit("setp.eq.u32", skip, dst, ptx.Imm(ops.NoRow))
+		r.EmitIf(skip, false, "bra.uni", ptx.Sym(end))
+	}
+	r.rmsNorm(x, r.vecPtr(w, c.WDtype), c.Eps)
+	mi.emit(r, 2, x, nil)
+	r.storeRow(r.ptr(out, dst, c.Hidden, 0, ptx.F32, false), x)
+	r.Label(end)
+	return finish(r.Kernel, "row_norm", attrs)
+}
+
+// SiluConfig configures SiluMul.
+type SiluConfig struct {
+	Inter int
+	Ops   []MIOp // hook mlp.act, applied before the store
+}
+
+// Launch is the grid for rows rows.
+func (c SiluConfig) Launch(rows int) ops.Launch { return rowLaunch(c.Inter, rows) }
+
+// SiluMul generates act = silu(gate) * up over gu rows [gate | up] of 2*Inter columns, with
+// MI ops on act. Parameters: gu, act, ctl_mask, [ctl_tokens], [ctl_gen], MI parameters.
+func SiluMul(name string, c SiluConfig) (*Kernel, error) {
+	k, err := siluMul(name, c)
+	if err != nil {
+		return nil, fmt.Errorf("silu_mul %s: %w", name, err)
+	}
+	return k, nil
+}
+
+func siluMul(name string, c SiluConfig) (*Kernel, error) {
+	r, err := newRowEmitter(name, c.Inter)
+	if err != nil {
+		return nil, err
+	}
+	gu := r.param("gu", ptx.U64)
+	act := r.param("act", ptx.U64)
+	mi, err := declareMI(r, c.Ops)
+	if err != nil {
+		return nil, err
+	}
+	r.begin()
+	mi.loadCtl(r)
+	gate := r.ptr(gu, r.row, 2*c.Inter, 0, ptx.F32, true)
+	up := gate
+	up.off = int64(4 * c.Inter)
+	x := make([]ptx.Reg, r.per)
+	// silu(g) = g / (1 + 2^(-g*log2 e)); ex2.approx is within 2 ulp, the division exact.
+	const negLog2e = -1.4426950408889634
+	for j := range x {
+		p := r.elemPred(j, nil)
+		g := r.loadElem(gate, j, p)
+		u := r.loadElem(up, j, p)
+		t := r.Reg(ptx.F32)
+		r.Emit("mul.rn.f32", t, g, ptx.F32Imm(negLog2e))
+		r.Emit("ex2.approx.f32", t, t)
+		r.Emit("add.rn.f32", t, t, ptx.F32Imm(1))
+		r.Emit("div.rn.f32", t, g, t)
+		r.Emit("mul.rn.f32", t, t, u)
+		x[j] = t
+	}
+	mi.emit(r, 0, x, nil)
+	r.storeRow(r.ptr(act, r.row, c.Inter, 0, ptx.F32, false), x)
+	return finish(r.Kernel, "silu_mul", ops.SiluMulAttrs{Inter: c.Inter, Ops: mi.ref[0]})
+}
+
+// MIKernelConfig configures MIKernel: the hooked row is x[row*Stride+Offset : +Width].
+type MIKernelConfig struct {
+	Width, Stride, Offset int
+	Ops                   []MIOp
+}
+
+// Launch is the grid for rows rows.
+func (c MIKernelConfig) Launch(rows int) ops.Launch { return rowLaunch(c.Width, rows) }
+
+// MIKernel generates a standalone MI kernel for hooks whose producer cannot host the ops
+// (GEMM and attention outputs). It works in place on x and writes x back only when an
+// enabled op changed it; a row none of whose apps is enabled exits after one mask load.
+// Parameters: x, ctl_mask, [ctl_tokens], [ctl_gen], MI parameters.
+func MIKernel(name string, c MIKernelConfig) (*Kernel, error) {
+	k, err := miKernel(name, c)
+	if err != nil {
+		return nil, fmt.Errorf("mi %s: %w", name, err)
+	}
+	return k, nil
+}
+
+func miKernel(name string, c MIKernelConfig) (*Kernel, error) {
+	if len(c.Ops) == 0 {
+		return nil, fmt.Errorf("no MI ops")
+	}
+	if c.Offset < 0 || c.Offset+c.Width > c.Stride {
+		return nil, fmt.Errorf("row [%d, +%d) does not fit a stride of %d", c.Offset, c.Width, c.Stride)
+	}
+	r, err := newRowEmitter(name, c.Width)
+	if err != nil {
+		return nil, err
+	}
+	xp := r.param("x", ptx.U64)
+	mi, err := declareMI(r, c.Ops)
+	if err != nil {
+		return nil, err
+	}
+	r.begin()
+	mi.loadCtl(r)
+	end := r.NewLabel("end")
+	var bits int64
+	for _, o := range c.Ops {
+		bits |= 1 << o.Bit
+	}
+	on := r.Reg(ptx.U32)
+	r.Emit("and.b32", on, mi.mask, ptx.Imm(bits))
+	none := r.Reg(ptx.Pred)
+	r.Emit("setp.eq.u32", none, on, ptx.Imm(0))
+	r.EmitIf(none, false, "bra.uni", ptx.Sym(end))
+
+	p := r.ptr(xp, r.row, c.Stride, c.Offset, ptx.F32, false)
+	x := r.loadRow(p, nil)
+	dirty := r.imm32(0)
+	mi.emit(r, 0, x, &dirty)
+	clean := r.Reg(ptx.Pred)
+	r.Emit("setp.eq.u32", clean, dirty, ptx.Imm(0))
+	r.EmitIf(clean, false, "bra.uni", ptx.Sym(end))
+	r.storeRow(p, x)
+	r.Label(end)
+	attrs := ops.MIKernelAttrs{Width: c.Width, Stride: c.Stride, Offset: c.Offset, Ops: mi.ref[0]}
+	return finish(r.Kernel, "mi", attrs)
+}

@@ -1,0 +1,440 @@
+package ops
+
+import (
+	"fmt"
+	"math"
+)
+
+// MIOp is one fused MI op as its reference sees it: codegen's MIOp without the buffer names,
+// because the buffers arrive as positional arguments in the order ParamSuffixes gives.
+type MIOp struct {
+	Template   string   `json:"template"`
+	Bit        int      `json:"bit"`
+	Width      int      `json:"width"`
+	Alpha      int      `json:"alpha"`
+	Bias       int      `json:"bias"`
+	Activation string   `json:"activation,omitempty"`
+	OutCol     int      `json:"out_col,omitempty"`
+	OutWidth   int      `json:"out_width,omitempty"`
+	Gates      []MIGate `json:"gates,omitempty"`
+}
+
+// MIGate is one per-row condition of an MIOp (see codegen.Gate for the meaning of each field).
+type MIGate struct {
+	Kind      string  `json:"kind"`
+	Col       int     `json:"col,omitempty"`
+	Width     int     `json:"width,omitempty"`
+	Cmp       string  `json:"cmp,omitempty"`
+	Value     float32 `json:"value,omitempty"`
+	Tokens    []int   `json:"tokens,omitempty"`
+	From      int     `json:"from,omitempty"`
+	To        int     `json:"to,omitempty"`
+	Positions string  `json:"positions,omitempty"`
+}
+
+// MITemplate holds the facts about one MI template that both its reference and its PTX
+// emitter rely on. Adding a template means an entry here, its reference function in miApply,
+// and its emitter in codegen/mi_emit.go.
+type MITemplate struct {
+	Vec    bool // reads a [Width] f32 vector (mi<i>_vec)
+	Out    int  // writes this many f32 per row into Out (mi<i>_out); -1 = Width, 0 = none
+	Writes bool // rewrites the hooked row
+	Alpha  bool // needs Scal[Alpha]
+	Bias   bool // may read Scal[Bias] (when Bias >= 0)
+}
+
+// MITemplates is the table of known templates.
+var MITemplates = map[string]MITemplate{
+	"capture":      {Out: -1},
+	"probe_linear": {Vec: true, Out: 1, Bias: true},
+	"steer_add":    {Vec: true, Writes: true, Alpha: true},
+	"project_out":  {Vec: true, Writes: true},
+}
+
+// MICmps maps an activation gate's comparison to the PTX setp condition with the same NaN
+// behaviour as Go's operator (only != is true on NaN, hence the unordered "neu").
+var MICmps = map[string]string{">": "gt", ">=": "ge", "<": "lt", "<=": "le", "==": "eq", "!=": "neu"}
+
+// Validate checks everything the kernels rely on; rowWidth is the width of the hooked row.
+func (o MIOp) Validate(rowWidth int) error {
+	t, ok := MITemplates[o.Template]
+	if !ok {
+		return fmt.Errorf("unknown MI template %q", o.Template)
+	}
+	if o.Bit < 0 || o.Bit > 31 {
+		return fmt.Errorf("%s: app bit %d outside 0..31", o.Template, o.Bit)
+	}
+	if o.Width != rowWidth {
+		return fmt.Errorf("%s: width %d, but the hooked row has %d elements", o.Template, o.Width, rowWidth)
+	}
+	if t.Alpha && o.Alpha < 0 {
+		return fmt.Errorf("%s: no alpha index", o.Template)
+	}
+	if o.Bias < -1 || (!t.Bias && o.Bias >= 0) {
+		return fmt.Errorf("%s: bias index %d not allowed", o.Template, o.Bias)
+	}
+	if !t.Alpha && o.Alpha >= 0 {
+		return fmt.Errorf("%s: takes no alpha (index %d)", o.Template, o.Alpha)
+	}
+	if o.Activation != "" && (o.Template != "probe_linear" || o.Activation != "sigmoid") {
+		return fmt.Errorf("%s: activation %q not supported", o.Template, o.Activation)
+	}
+	if n := o.outLen(); n > 0 && (o.OutCol < 0 || o.OutCol+n > o.OutWidth) {
+		return fmt.Errorf("%s: %d output columns at %d do not fit an output row of %d", o.Template, n, o.OutCol, o.OutWidth)
+	}
+	for j, g := range o.Gates {
+		if err := g.validate(); err != nil {
+			return fmt.Errorf("%s: gate %d: %w", o.Template, j, err)
+		}
+	}
+	return nil
+}
+
+func (g MIGate) validate() error {
+	switch g.Kind {
+	case "activation":
+		if _, ok := MICmps[g.Cmp]; !ok {
+			return fmt.Errorf("unknown comparison %q", g.Cmp)
+		}
+		if g.Width <= 0 || g.Col < 0 || g.Col >= g.Width {
+			return fmt.Errorf("column %d outside a buffer row of %d", g.Col, g.Width)
+		}
+	case "token_in":
+		if len(g.Tokens) == 0 {
+			return fmt.Errorf("token_in with no tokens")
+		}
+		for _, t := range g.Tokens {
+			if t < 0 || t > math.MaxUint32 {
+				return fmt.Errorf("token %d out of range", t)
+			}
+		}
+	case "steps":
+		if g.From < 0 || g.From > math.MaxInt32 || g.To < 0 || g.To > math.MaxInt32 || (g.To != 0 && g.To <= g.From) {
+			return fmt.Errorf("empty or invalid step window [%d, %d)", g.From, g.To)
+		}
+	case "positions":
+		if g.Positions != "prompt" && g.Positions != "generated" && g.Positions != "all" {
+			return fmt.Errorf("positions %q is not prompt, generated or all", g.Positions)
+		}
+	default:
+		return fmt.Errorf("unknown gate kind %q", g.Kind)
+	}
+	return nil
+}
+
+// outLen is how many f32 the op writes per row into Out.
+func (o MIOp) outLen() int {
+	switch n := MITemplates[o.Template].Out; n {
+	case -1:
+		return o.Width
+	default:
+		return n
+	}
+}
+
+// scalLen is how many leading Scal entries the op may read (0 = no Scal parameter).
+func (o MIOp) scalLen() int {
+	t := MITemplates[o.Template]
+	n := 0
+	if t.Alpha {
+		n = max(n, o.Alpha+1)
+	}
+	if t.Bias && o.Bias >= 0 {
+		n = max(n, o.Bias+1)
+	}
+	return n
+}
+
+// MIParam is one buffer parameter of an MI op. In a kernel, op i's parameter is named
+// mi<i>_<Suffix>; the reference receives them in the order Params gives.
+type MIParam struct {
+	Suffix string // vec, scal, out or g<j>
+	Gate   int    // j for g<j> (the buffer activation gate j reads); -1 otherwise
+}
+
+// Params lists the op's buffer parameters in kernel order.
+func (o MIOp) Params() []MIParam {
+	var ps []MIParam
+	if MITemplates[o.Template].Vec {
+		ps = append(ps, MIParam{"vec", -1})
+	}
+	if o.scalLen() > 0 {
+		ps = append(ps, MIParam{"scal", -1})
+	}
+	if o.outLen() > 0 {
+		ps = append(ps, MIParam{"out", -1})
+	}
+	for j, g := range o.Gates {
+		if g.Kind == "activation" {
+			ps = append(ps, MIParam{fmt.Sprintf("g%d", j), j})
+		}
+	}
+	return ps
+}
+
+// bytes is how large the buffer behind p must be for a kernel over rows rows.
+func (o MIOp) bytes(p MIParam, rows int) int {
+	switch p.Suffix {
+	case "vec":
+		return 4 * o.Width
+	case "scal":
+		return 4 * o.scalLen()
+	case "out":
+		return 4 * rows * o.OutWidth
+	}
+	return 4 * rows * o.Gates[p.Gate].Width
+}
+
+// MIControl says which optional control arrays (ctl_tokens, ctl_gen) a kernel with these ops
+// takes.
+func MIControl(groups ...[]MIOp) (tokens, gen bool) {
+	for _, ops := range groups {
+		for _, o := range ops {
+			for _, g := range o.Gates {
+				switch {
+				case g.Kind == "token_in":
+					tokens = true
+				case g.Kind == "steps", g.Kind == "positions" && g.Positions != "all":
+					gen = true
+				}
+			}
+		}
+	}
+	return tokens, gen
+}
+
+// miCtl is the per-row control block a kernel reads: app mask, current token, generation step
+// (as int32; negative on prompt rows).
+type miCtl struct {
+	mask, tokens, gen []uint32
+}
+
+// miBound is an MIOp with its buffers.
+type miBound struct {
+	MIOp
+	vec, scal, out []float32
+	gates          [][]float32 // indexed like Gates; nil for gates without a buffer
+}
+
+// argCursor hands out a kernel's arguments in order, checking sizes as it goes.
+type argCursor struct {
+	args []Arg
+	next int
+}
+
+func (c *argCursor) take(name string, bytes int) (Arg, error) {
+	if c.next >= len(c.args) {
+		return Arg{}, fmt.Errorf("missing argument %d (%s)", c.next, name)
+	}
+	a := c.args[c.next]
+	c.next++
+	if len(a.Mem) < bytes {
+		return Arg{}, fmt.Errorf("argument %d (%s) holds %d bytes, needs %d", c.next-1, name, len(a.Mem), bytes)
+	}
+	return a, nil
+}
+
+func (c *argCursor) done() error {
+	if c.next != len(c.args) {
+		return fmt.Errorf("%d arguments, want %d", len(c.args), c.next)
+	}
+	return nil
+}
+
+// bindCtl takes ctl_mask and the optional control arrays for a kernel over rows rows.
+func bindCtl(c *argCursor, rows int, groups ...[]MIOp) (miCtl, error) {
+	var ctl miCtl
+	a, err := c.take("ctl_mask", 4*rows)
+	if err != nil {
+		return ctl, err
+	}
+	ctl.mask = a.U32()
+	tok, gen := MIControl(groups...)
+	if tok {
+		if a, err = c.take("ctl_tokens", 4*rows); err != nil {
+			return ctl, err
+		}
+		ctl.tokens = a.U32()
+	}
+	if gen {
+		if a, err = c.take("ctl_gen", 4*rows); err != nil {
+			return ctl, err
+		}
+		ctl.gen = a.U32()
+	}
+	return ctl, nil
+}
+
+// bindMI validates ops (numbered from first for messages) and takes their buffers.
+func bindMI(c *argCursor, rows, rowWidth, first int, ops []MIOp) ([]miBound, error) {
+	bound := make([]miBound, len(ops))
+	for i, o := range ops {
+		if err := o.Validate(rowWidth); err != nil {
+			return nil, fmt.Errorf("MI op %d: %w", first+i, err)
+		}
+		b := miBound{MIOp: o, gates: make([][]float32, len(o.Gates))}
+		for _, p := range o.Params() {
+			a, err := c.take(fmt.Sprintf("mi%d_%s", first+i, p.Suffix), o.bytes(p, rows))
+			if err != nil {
+				return nil, err
+			}
+			switch p.Suffix {
+			case "vec":
+				b.vec = a.F32()
+			case "scal":
+				b.scal = a.F32()
+			case "out":
+				b.out = a.F32()
+			default:
+				b.gates[p.Gate] = a.F32()
+			}
+		}
+		bound[i] = b
+	}
+	return bound, nil
+}
+
+// enabled is the op's row predicate: the app bit and every gate.
+func (b *miBound) enabled(row int, ctl miCtl) bool {
+	if ctl.mask[row]>>b.Bit&1 == 0 {
+		return false
+	}
+	for j, g := range b.Gates {
+		if !g.holds(row, ctl, b.gates[j]) {
+			return false
+		}
+	}
+	return true
+}
+
+func (g MIGate) holds(row int, ctl miCtl, buf []float32) bool {
+	switch g.Kind {
+	case "activation":
+		v := buf[row*g.Width+g.Col]
+		switch g.Cmp {
+		case ">":
+			return v > g.Value
+		case ">=":
+			return v >= g.Value
+		case "<":
+			return v < g.Value
+		case "<=":
+			return v <= g.Value
+		case "==":
+			return v == g.Value
+		default: // "!=", the only one left after validation
+			return v != g.Value
+		}
+	case "token_in":
+		for _, t := range g.Tokens {
+			if uint32(t) == ctl.tokens[row] {
+				return true
+			}
+		}
+		return false
+	case "steps":
+		gen := int32(ctl.gen[row])
+		return gen >= 0 && gen >= int32(g.From) && (g.To == 0 || gen < int32(g.To))
+	default: // positions
+		switch g.Positions {
+		case "prompt":
+			return int32(ctl.gen[row]) < 0
+		case "generated":
+			return int32(ctl.gen[row]) >= 0
+		}
+		return true
+	}
+}
+
+// applyMI runs ops in order on row x of row index row. Float32 conversions around products
+// keep Go from fusing them into FMAs, so results match the PTX's separately rounded mul.rn
+// and add.rn bit for bit where the kernels promise that (steer_add).
+func applyMI(ops []miBound, row int, ctl miCtl, x []float32) {
+	for i := range ops {
+		b := &ops[i]
+		if !b.enabled(row, ctl) {
+			continue
+		}
+		switch b.Template {
+		case "capture":
+			copy(b.out[row*b.OutWidth+b.OutCol:], x[:b.Width])
+		case "probe_linear":
+			s := dot64(x, b.vec)
+			if b.Bias >= 0 {
+				s += float64(b.scal[b.Bias])
+			}
+			if b.Activation == "sigmoid" {
+				s = 1 / (1 + math.Exp(-s))
+			}
+			b.out[row*b.OutWidth+b.OutCol] = float32(s)
+		case "steer_add":
+			alpha := b.scal[b.Alpha]
+			for k := range b.Width {
+				x[k] += float32(alpha * b.vec[k])
+			}
+		case "project_out":
+			d := float32(dot64(x, b.vec))
+			for k := range b.Width {
+				x[k] -= float32(d * b.vec[k])
+			}
+		}
+	}
+}
+
+func dot64(x, v []float32) float64 {
+	var s float64
+	for k := range v {
+		s += float64(x[k]) * float64(v[k])
+	}
+	return s
+}
+
+// MIKernelAttrs are the attributes of op "mi": MI ops applied in place to
+// x[row*Stride+Offset : +Width] for every row of the grid.
+type MIKernelAttrs struct {
+	Width  int    `json:"width"`
+	Stride int    `json:"stride"`
+	Offset int    `json:"offset"`
+	Ops    []MIOp `json:"ops"`
+}
+
+func init() {
+	Register("mi", func(attrs []byte) (Runner, error) {
+		var a MIKernelAttrs
+		if err := DecodeAttrs(attrs, &a); err != nil {
+			return nil, err
+		}
+		if a.Width <= 0 || a.Offset < 0 || a.Offset+a.Width > a.Stride {
+			return nil, fmt.Errorf("row [%d, +%d) does not fit a stride of %d", a.Offset, a.Width, a.Stride)
+		}
+		return RunnerFunc(a.run), nil
+	})
+}
+
+func (a MIKernelAttrs) run(args []Arg, l Launch) error {
+	rows := l.Grid[0]
+	c := &argCursor{args: args}
+	x, err := c.take("x", 4*((rows-1)*a.Stride+a.Offset+a.Width))
+	if err != nil {
+		return fmt.Errorf("mi: %w", err)
+	}
+	ctl, err := bindCtl(c, rows, a.Ops)
+	if err != nil {
+		return fmt.Errorf("mi: %w", err)
+	}
+	bound, err := bindMI(c, rows, a.Width, 0, a.Ops)
+	if err != nil {
+		return fmt.Errorf("mi: %w", err)
+	}
+	if err := c.done(); err != nil {
+		return fmt.Errorf("mi: %w", err)
+	}
+	xs := x.F32()
+	ParallelFor(rows, func(lo, hi int) {
+		for r := lo; r < hi; r++ {
+			off := r*a.Stride + a.Offset
+			applyMI(bound, r, ctl, xs[off:off+a.Width])
+		}
+	})
+	return nil
+}

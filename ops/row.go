@@ -1,0 +1,257 @@
+package ops
+
+import (
+	"fmt"
+	"math"
+)
+
+// RowNormAttrs are the attributes of op "row_norm": load a residual row (embedding lookup or
+// residual + delta), apply MI ops, store it, RMSNorm it into out. See codegen.RowNorm for the
+// parameter list.
+type RowNormAttrs struct {
+	Hidden   int     `json:"hidden"`
+	Vocab    int     `json:"vocab,omitempty"`
+	Eps      float32 `json:"eps"`
+	WDtype   string  `json:"wdtype"` // f32 | bf16: storage of table and w
+	Load     string  `json:"load"`   // embed | add
+	Gather   bool    `json:"gather,omitempty"`
+	DeltaOps []MIOp  `json:"delta_ops,omitempty"`
+	ResidOps []MIOp  `json:"resid_ops,omitempty"`
+	NormOps  []MIOp  `json:"norm_ops,omitempty"`
+}
+
+// NoRow marks a row that a gathered norm skips (out_row[row] == NoRow).
+const NoRow = 0xFFFFFFFF
+
+func init() {
+	Register("row_norm", func(attrs []byte) (Runner, error) {
+		var a RowNormAttrs
+		if err := DecodeAttrs(attrs, &a); err != nil {
+			return nil, err
+		}
+		if a.Hidden <= 0 {
+			return nil, fmt.Errorf("hidden %d", a.Hidden)
+		}
+		if a.WDtype != "f32" && a.WDtype != "bf16" {
+			return nil, fmt.Errorf("weight dtype %q is not f32 or bf16", a.WDtype)
+		}
+		switch {
+		case a.Load == "embed" && a.Vocab > 0 && len(a.DeltaOps) == 0:
+		case a.Load == "add" && a.Vocab == 0:
+		default:
+			return nil, fmt.Errorf("load %q with vocab %d and %d delta ops", a.Load, a.Vocab, len(a.DeltaOps))
+		}
+		return RunnerFunc(a.run), nil
+	})
+	Register("silu_mul", func(attrs []byte) (Runner, error) {
+		var a SiluMulAttrs
+		if err := DecodeAttrs(attrs, &a); err != nil {
+			return nil, err
+		}
+		if a.Inter <= 0 {
+			return nil, fmt.Errorf("inter %d", a.Inter)
+		}
+		return RunnerFunc(a.run), nil
+	})
+}
+
+// weights views a weight argument as float32 values widened from its storage type.
+type weights struct {
+	f32  []float32
+	bf16 []uint16
+}
+
+func (w weights) at(i int) float32 {
+	if w.bf16 != nil {
+		return BF16ToF32(w.bf16[i])
+	}
+	return w.f32[i]
+}
+
+func (a RowNormAttrs) weights(arg Arg) weights {
+	if a.WDtype == "bf16" {
+		return weights{bf16: arg.U16()}
+	}
+	return weights{f32: arg.F32()}
+}
+
+func (a RowNormAttrs) run(args []Arg, l Launch) error {
+	if err := a.runErr(args, l); err != nil {
+		return fmt.Errorf("row_norm: %w", err)
+	}
+	return nil
+}
+
+func (a RowNormAttrs) runErr(args []Arg, l Launch) error {
+	rows, h := l.Grid[0], a.Hidden
+	wsize := 4
+	if a.WDtype == "bf16" {
+		wsize = 2
+	}
+	c := &argCursor{args: args}
+	var tokens []uint32
+	var table weights
+	var resid, delta Arg
+	var err error
+	if a.Load == "embed" {
+		t, err := c.take("tokens", 4*rows)
+		if err != nil {
+			return err
+		}
+		tokens = t.U32()
+		tab, err := c.take("table", wsize*a.Vocab*h)
+		if err != nil {
+			return err
+		}
+		table = a.weights(tab)
+		if resid, err = c.take("resid", 4*rows*h); err != nil {
+			return err
+		}
+	} else {
+		if resid, err = c.take("resid", 4*rows*h); err != nil {
+			return err
+		}
+		if delta, err = c.take("delta", 4*rows*h); err != nil {
+			return err
+		}
+	}
+	wArg, err := c.take("w", wsize*h)
+	if err != nil {
+		return err
+	}
+	w := a.weights(wArg)
+	outArg, err := c.take("out", 0)
+	if err != nil {
+		return err
+	}
+	var outRow []uint32
+	if a.Gather {
+		o, err := c.take("out_row", 4*rows)
+		if err != nil {
+			return err
+		}
+		outRow = o.U32()
+	} else if len(outArg.Mem) < 4*rows*h {
+		return fmt.Errorf("out holds %d bytes, needs %d", len(outArg.Mem), 4*rows*h)
+	}
+	ctl, err := bindCtl(c, rows, a.DeltaOps, a.ResidOps, a.NormOps)
+	if err != nil {
+		return err
+	}
+	deltaOps, err := bindMI(c, rows, h, 0, a.DeltaOps)
+	if err != nil {
+		return err
+	}
+	residOps, err := bindMI(c, rows, h, len(a.DeltaOps), a.ResidOps)
+	if err != nil {
+		return err
+	}
+	normOps, err := bindMI(c, rows, h, len(a.DeltaOps)+len(a.ResidOps), a.NormOps)
+	if err != nil {
+		return err
+	}
+	if err := c.done(); err != nil {
+		return err
+	}
+	out := outArg.F32()
+	for r := range outRow {
+		if o := outRow[r]; o != NoRow && (int(o)+1)*h > len(out) {
+			return fmt.Errorf("out_row[%d] = %d, but out holds %d rows", r, o, len(out)/h)
+		}
+	}
+	rs, ds := resid.F32(), delta.F32()
+	ParallelFor(rows, func(lo, hi int) {
+		x, d := make([]float32, h), make([]float32, h)
+		for r := lo; r < hi; r++ {
+			if a.Load == "embed" {
+				if tok := int(tokens[r]); tok < a.Vocab {
+					for i := range x {
+						x[i] = table.at(tok*h + i)
+					}
+				} else {
+					clear(x)
+				}
+			} else {
+				copy(d, ds[r*h:(r+1)*h])
+				applyMI(deltaOps, r, ctl, d)
+				for i := range x {
+					x[i] = rs[r*h+i] + d[i]
+				}
+			}
+			applyMI(residOps, r, ctl, x)
+			copy(rs[r*h:], x)
+			o := r
+			if a.Gather {
+				if outRow[r] == NoRow {
+					continue
+				}
+				o = int(outRow[r])
+			}
+			rmsNorm(x, w, a.Eps)
+			applyMI(normOps, r, ctl, x)
+			copy(out[o*h:], x)
+		}
+	})
+	return nil
+}
+
+// rmsNorm replaces x by x * rsqrt(mean(x²) + eps) * w, the order HF's LlamaRMSNorm uses.
+func rmsNorm(x []float32, w weights, eps float32) {
+	var ss float64
+	for _, v := range x {
+		ss += float64(v) * float64(v)
+	}
+	mean := float32(ss) * (1 / float32(len(x)))
+	r := float32(1 / math.Sqrt(float64(mean+eps)))
+	for i, v := range x {
+		x[i] = float32(v*r) * w.at(i)
+	}
+}
+
+// SiluMulAttrs are the attributes of op "silu_mul": act = silu(gate) * up, where gate and up
+// are the two halves of each gu row, then MI ops on act's row.
+type SiluMulAttrs struct {
+	Inter int    `json:"inter"`
+	Ops   []MIOp `json:"ops,omitempty"`
+}
+
+func (a SiluMulAttrs) run(args []Arg, l Launch) error {
+	rows, n := l.Grid[0], a.Inter
+	c := &argCursor{args: args}
+	gu, err := c.take("gu", 8*rows*n)
+	if err != nil {
+		return fmt.Errorf("silu_mul: %w", err)
+	}
+	act, err := c.take("act", 4*rows*n)
+	if err != nil {
+		return fmt.Errorf("silu_mul: %w", err)
+	}
+	ctl, err := bindCtl(c, rows, a.Ops)
+	if err != nil {
+		return fmt.Errorf("silu_mul: %w", err)
+	}
+	bound, err := bindMI(c, rows, n, 0, a.Ops)
+	if err != nil {
+		return fmt.Errorf("silu_mul: %w", err)
+	}
+	if err := c.done(); err != nil {
+		return fmt.Errorf("silu_mul: %w", err)
+	}
+	g, y := gu.F32(), act.F32()
+	ParallelFor(rows, func(lo, hi int) {
+		for r := lo; r < hi; r++ {
+			x := y[r*n : (r+1)*n]
+			for i := range x {
+				gate, up := g[2*r*n+i], g[2*r*n+n+i]
+				x[i] = Silu(gate) * up
+			}
+			applyMI(bound, r, ctl, x)
+		}
+	})
+	return nil
+}
+
+// Silu is g / (1 + exp(-g)).
+func Silu(g float32) float32 {
+	return float32(float64(g) / (1 + math.Exp(-float64(g))))
+}
