@@ -1,0 +1,87 @@
+// Package loader turns a bundle into a running model: it loads weights, drives a backend
+// (loader/cpu, later loader/cuda) through the bundle's templates, and runs the batched decode
+// loop with per-request apps. It never imports the compiler: the bundle is the contract.
+package loader
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+
+	"xmix/bundle"
+)
+
+// Backend executes one bundle's templates on some device.
+type Backend interface {
+	// Name says what runs the model ("cpu", "cuda H200").
+	Name() string
+	// Write copies host bytes into a named buffer at a byte offset (control blocks, tables).
+	Write(buffer string, offset int64, data []byte) error
+	// Read copies the start of a named buffer into dst (sampled tokens, exports).
+	Read(buffer string, dst []byte) error
+	// Step replays template t (index into the bundle's templates) once.
+	Step(t int) error
+	Close() error
+}
+
+// DtypeSize is the byte width of a bundle buffer dtype.
+func DtypeSize(dtype string) (int, error) {
+	switch dtype {
+	case "f32", "u32":
+		return 4, nil
+	case "bf16":
+		return 2, nil
+	}
+	return 0, fmt.Errorf("unknown dtype %q (known: f32, bf16, u32)", dtype)
+}
+
+// BufferBytes is the size of a buffer in bytes.
+func BufferBytes(b bundle.Buffer) (int64, error) {
+	sz, err := DtypeSize(b.Dtype)
+	if err != nil {
+		return 0, fmt.Errorf("buffer %s: %w", b.Name, err)
+	}
+	n := int64(sz)
+	for _, d := range b.Shape {
+		if d <= 0 {
+			return 0, fmt.Errorf("buffer %s: shape %v has a non-positive dimension", b.Name, b.Shape)
+		}
+		n *= int64(d)
+		if n > 1<<40 {
+			return 0, fmt.Errorf("buffer %s: shape %v is too large", b.Name, b.Shape)
+		}
+	}
+	return n, nil
+}
+
+func putU32s(v []uint32) []byte {
+	b := make([]byte, 4*len(v))
+	for i, x := range v {
+		binary.LittleEndian.PutUint32(b[4*i:], x)
+	}
+	return b
+}
+
+func putF32s(v []float32) []byte {
+	b := make([]byte, 4*len(v))
+	for i, x := range v {
+		binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(x))
+	}
+	return b
+}
+
+func getU32s(b []byte) []uint32 {
+	v := make([]uint32, len(b)/4)
+	for i := range v {
+		v[i] = binary.LittleEndian.Uint32(b[4*i:])
+	}
+	return v
+}
+
+func getF32s(b []byte) []float32 {
+	v := make([]float32, len(b)/4)
+	for i := range v {
+		v[i] = math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))
+	}
+	return v
+}

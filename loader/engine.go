@@ -1,0 +1,397 @@
+package loader
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"sort"
+	"strings"
+
+	"xmix/bundle"
+)
+
+// Request is one generation request.
+type Request struct {
+	Prompt      []int    // token ids, without BOS (the engine adds it)
+	Apps        []string // names of deployed apps to enable for this request
+	MaxTokens   int
+	Temperature float32 // <= 0: greedy
+	TopP        float32 // <= 0 or >= 1: no nucleus cut
+	Seed        uint64
+}
+
+// Row is one forward row of a request: the token it fed in, its position, and what the
+// request's exported reads produced there.
+type Row struct {
+	Pos     int
+	Token   int
+	Exports map[string][]float32
+}
+
+// Result is what one request produced.
+type Result struct {
+	Tokens []int // generated ids (the EOS that stopped it included)
+	Rows   []Row // every forward row, prompt and generated, in position order
+	Reason string
+}
+
+// Engine runs batched generation of a bundle on a backend.
+type Engine struct {
+	B  *bundle.Bundle
+	Be Backend
+
+	cfg      bundle.ModelConfig
+	maxT     int
+	maxS     int
+	blocks   int // pages per sequence (block-table width)
+	appBits  map[string]int
+	exports  []exportInfo
+	decode   []bundle.Template
+	prefill  []bundle.Template
+	tmplIdx  map[string]int
+	freePage []uint32
+	Stats    Stats
+}
+
+// Stats counts what the engine ran.
+type Stats struct {
+	Steps, DecodeSteps, PrefillSteps, Rows, PaddedRows int
+}
+
+type exportInfo struct {
+	app    string
+	name   string
+	bit    int
+	buffer string
+	width  int
+}
+
+// NewEngine prepares the decode loop for a bundle running on be.
+func NewEngine(b *bundle.Bundle, be Backend) (*Engine, error) {
+	e := &Engine{B: b, Be: be, cfg: b.Manifest.Model, appBits: map[string]int{}, tmplIdx: map[string]int{}}
+	for i, t := range b.Templates {
+		e.tmplIdx[t.Name] = i
+		if t.Kind == "decode" {
+			e.decode = append(e.decode, t)
+		} else {
+			e.prefill = append(e.prefill, t)
+		}
+		e.maxT = max(e.maxT, t.Tokens)
+		e.maxS = max(e.maxS, t.Samples)
+	}
+	if len(e.decode) == 0 || len(e.prefill) == 0 {
+		return nil, fmt.Errorf("bundle has %d decode and %d prefill templates; it needs both", len(e.decode), len(e.prefill))
+	}
+	sort.Slice(e.decode, func(i, j int) bool { return e.decode[i].Tokens < e.decode[j].Tokens })
+	sort.Slice(e.prefill, func(i, j int) bool { return e.prefill[i].Tokens < e.prefill[j].Tokens })
+	for _, a := range b.Manifest.Apps {
+		e.appBits[a.Name] = a.Bit
+		for _, x := range a.Exports {
+			e.exports = append(e.exports, exportInfo{app: a.Name, name: x.Name, bit: a.Bit, buffer: x.Buffer, width: x.Width})
+		}
+	}
+	c := e.cfg
+	e.blocks = (c.MaxSeqLen + c.KVBlockSize - 1) / c.KVBlockSize
+	// The last page belongs to the padding sequence (row MaxSeqs of the block table).
+	for p := c.KVBlocks - 2; p >= 0; p-- {
+		e.freePage = append(e.freePage, uint32(p))
+	}
+	pad := make([]uint32, e.blocks)
+	for i := range pad {
+		pad[i] = uint32(c.KVBlocks - 1)
+	}
+	if err := e.writeTableRow(c.MaxSeqs, pad); err != nil {
+		return nil, err
+	}
+	return e, nil
+}
+
+func (e *Engine) writeTableRow(seq int, pages []uint32) error {
+	return e.Be.Write("kv.block_table", int64(4*seq*e.blocks), putU32s(pages))
+}
+
+// AppNames lists the deployed apps.
+func (e *Engine) AppNames() []string {
+	var ns []string
+	for _, a := range e.B.Manifest.Apps {
+		ns = append(ns, a.Name)
+	}
+	return ns
+}
+
+type seqState struct {
+	req     *Request
+	res     *Result
+	slot    int
+	pages   []uint32
+	tokens  []int // BOS + prompt + generated
+	fed     int   // tokens already run through the model
+	mask    uint32
+	rng     *rand.Rand
+	done    bool
+	promptN int
+}
+
+// Generate runs all requests to completion, batching them; results are in request order.
+func (e *Engine) Generate(reqs []Request) ([]Result, error) {
+	c := e.cfg
+	results := make([]Result, len(reqs))
+	var queue []*seqState
+	for i := range reqs {
+		r := &reqs[i]
+		s := &seqState{req: r, res: &results[i], slot: -1, rng: rand.New(rand.NewPCG(r.Seed, uint64(i)))}
+		s.tokens = append([]int{c.BOS}, r.Prompt...)
+		s.promptN = len(s.tokens)
+		for _, t := range r.Prompt {
+			if t < 0 || t >= c.Vocab {
+				return nil, fmt.Errorf("request %d: token id %d is outside the vocabulary (0-%d)", i, t, c.Vocab-1)
+			}
+		}
+		if need := s.promptN + r.MaxTokens; need > c.MaxSeqLen {
+			return nil, fmt.Errorf("request %d: prompt (%d tokens with BOS) + max tokens (%d) = %d exceeds the bundle's max_seq_len %d",
+				i, s.promptN, r.MaxTokens, need, c.MaxSeqLen)
+		}
+		for _, name := range r.Apps {
+			bit, ok := e.appBits[name]
+			if !ok {
+				return nil, fmt.Errorf("request %d: app %q is not deployed in this bundle (deployed: %s)", i, name, strings.Join(e.AppNames(), ", "))
+			}
+			s.mask |= 1 << uint(bit)
+		}
+		if r.MaxTokens <= 0 {
+			s.done = true
+			s.res.Reason = "max_tokens"
+			continue
+		}
+		queue = append(queue, s)
+	}
+	slots := make([]*seqState, c.MaxSeqs)
+	for {
+		if err := e.admit(&queue, slots); err != nil {
+			return nil, err
+		}
+		var active []*seqState
+		for _, s := range slots {
+			if s != nil {
+				active = append(active, s)
+			}
+		}
+		if len(active) == 0 {
+			if len(queue) > 0 {
+				return nil, fmt.Errorf("request needs more KV-cache pages than the bundle has")
+			}
+			return results, nil
+		}
+		if err := e.step(active); err != nil {
+			return nil, err
+		}
+		for i, s := range slots {
+			if s != nil && s.done {
+				e.freePage = append(e.freePage, s.pages...)
+				slots[i] = nil
+			}
+		}
+	}
+}
+
+// admit moves queued requests into free slots while pages last. Pages for the whole
+// request (prompt + max tokens) are reserved on admission, so a running request never
+// waits for memory.
+func (e *Engine) admit(queue *[]*seqState, slots []*seqState) error {
+	c := e.cfg
+	for len(*queue) > 0 {
+		s := (*queue)[0]
+		free := -1
+		for i, x := range slots {
+			if x == nil {
+				free = i
+				break
+			}
+		}
+		need := (s.promptN + s.req.MaxTokens + c.KVBlockSize - 1) / c.KVBlockSize
+		if free < 0 || need > len(e.freePage) {
+			return nil
+		}
+		s.pages = append([]uint32(nil), e.freePage[len(e.freePage)-need:]...)
+		e.freePage = e.freePage[:len(e.freePage)-need]
+		s.slot = free
+		slots[free] = s
+		*queue = (*queue)[1:]
+		row := make([]uint32, e.blocks)
+		copy(row, s.pages)
+		if err := e.writeTableRow(free, row); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+type stepRow struct {
+	s      *seqState
+	pos    int
+	sample int // index among samples, -1 if the row is not sampled
+}
+
+// step runs one forward: prompt chunks of sequences still being prefilled, or one decode
+// row for every running sequence.
+func (e *Engine) step(active []*seqState) error {
+	var rows []stepRow
+	var t bundle.Template
+	prefilling := false
+	for _, s := range active {
+		if s.fed < s.promptN {
+			prefilling = true
+		}
+	}
+	if prefilling {
+		t = e.prefill[len(e.prefill)-1]
+		nS := 0
+		for _, s := range active {
+			for s.fed < s.promptN && len(rows) < t.Tokens {
+				r := stepRow{s: s, pos: s.fed, sample: -1}
+				if s.fed == s.promptN-1 {
+					if nS == t.Samples {
+						break
+					}
+					r.sample = nS
+					nS++
+				}
+				rows = append(rows, r)
+				s.fed++
+			}
+		}
+		for _, c := range e.prefill { // the smallest chunk that holds these rows
+			if c.Tokens >= len(rows) && c.Samples >= nS {
+				t = c
+				break
+			}
+		}
+		e.Stats.PrefillSteps++
+	} else {
+		t = e.decode[len(e.decode)-1]
+		for _, c := range e.decode {
+			if c.Tokens >= len(active) {
+				t = c
+				break
+			}
+		}
+		for i, s := range active {
+			if i == t.Tokens {
+				break
+			}
+			rows = append(rows, stepRow{s: s, pos: s.fed, sample: i})
+			s.fed++
+		}
+		e.Stats.DecodeSteps++
+	}
+	e.Stats.Steps++
+	e.Stats.Rows += len(rows)
+	e.Stats.PaddedRows += t.Tokens - len(rows)
+	return e.run(t, rows)
+}
+
+func (e *Engine) run(t bundle.Template, rows []stepRow) error {
+	c := e.cfg
+	n := t.Tokens
+	tokens, pos, seq := make([]uint32, n), make([]uint32, n), make([]uint32, n)
+	mask, gen, outRow := make([]uint32, n), make([]uint32, n), make([]uint32, n)
+	temp, topP, rng := make([]float32, t.Samples), make([]float32, t.Samples), make([]uint32, t.Samples)
+	for i := range n {
+		seq[i] = uint32(c.MaxSeqs) // padding rows: the padding sequence at position 0
+		gen[i] = 0xFFFFFFFF
+		outRow[i] = 0xFFFFFFFF
+	}
+	var sampled []stepRow
+	for i, r := range rows {
+		s := r.s
+		tokens[i] = uint32(s.tokens[r.pos])
+		pos[i] = uint32(r.pos)
+		seq[i] = uint32(s.slot)
+		mask[i] = s.mask
+		if r.pos >= s.promptN {
+			gen[i] = uint32(r.pos - s.promptN)
+		}
+		if r.sample >= 0 {
+			outRow[i] = uint32(r.sample)
+			temp[r.sample] = s.req.Temperature
+			topP[r.sample] = s.req.TopP
+			rng[r.sample] = s.rng.Uint32()
+			sampled = append(sampled, r)
+		}
+	}
+	for _, w := range []struct {
+		buf string
+		v   []byte
+	}{
+		{"ctl.tokens", putU32s(tokens)}, {"ctl.pos", putU32s(pos)}, {"ctl.seq", putU32s(seq)},
+		{"ctl.mask", putU32s(mask)}, {"ctl.gen", putU32s(gen)}, {"ctl.out_row", putU32s(outRow)},
+		{"ctl.temperature", putF32s(temp)}, {"ctl.top_p", putF32s(topP)}, {"ctl.rng", putU32s(rng)},
+	} {
+		if err := e.Be.Write(w.buf, 0, w.v); err != nil {
+			return err
+		}
+	}
+	if err := e.Be.Step(e.tmplIdx[t.Name]); err != nil {
+		return fmt.Errorf("template %s: %w", t.Name, err)
+	}
+	out := make([]byte, 4*t.Samples)
+	if err := e.Be.Read("out.sampled", out); err != nil {
+		return err
+	}
+	ids := getU32s(out)
+	if err := e.collectExports(rows, n); err != nil {
+		return err
+	}
+	for _, r := range sampled {
+		s := r.s
+		tok := int(ids[r.sample])
+		if tok >= c.Vocab {
+			return fmt.Errorf("sampler returned token %d outside the vocabulary %d", tok, c.Vocab)
+		}
+		s.tokens = append(s.tokens, tok)
+		s.res.Tokens = append(s.res.Tokens, tok)
+		switch {
+		case isEOS(c, tok):
+			s.done, s.res.Reason = true, "eos"
+		case len(s.res.Tokens) >= s.req.MaxTokens:
+			s.done, s.res.Reason = true, "max_tokens"
+		}
+	}
+	return nil
+}
+
+func isEOS(c bundle.ModelConfig, tok int) bool {
+	for _, e := range c.EOS {
+		if e == tok {
+			return true
+		}
+	}
+	return false
+}
+
+// collectExports copies each exported read of the rows that enabled its app.
+func (e *Engine) collectExports(rows []stepRow, n int) error {
+	vals := map[string][]float32{}
+	for i, r := range rows {
+		row := Row{Pos: r.pos, Token: r.s.tokens[r.pos]}
+		for _, x := range e.exports {
+			if r.s.mask&(1<<uint(x.bit)) == 0 {
+				continue
+			}
+			v, ok := vals[x.buffer]
+			if !ok {
+				raw := make([]byte, 4*n*x.width)
+				if err := e.Be.Read(x.buffer, raw); err != nil {
+					return err
+				}
+				v = getF32s(raw)
+				vals[x.buffer] = v
+			}
+			if row.Exports == nil {
+				row.Exports = map[string][]float32{}
+			}
+			row.Exports[x.app+"."+x.name] = append([]float32(nil), v[i*x.width:(i+1)*x.width]...)
+		}
+		r.s.res.Rows = append(r.s.res.Rows, row)
+	}
+	return nil
+}

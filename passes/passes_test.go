@@ -1,0 +1,148 @@
+package passes
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"xmix/frontend"
+)
+
+const testModel = `model: t
+family: llama
+dims: {hidden: 8, intermediate: 16, layers: 4, heads: 2, kv_heads: 1, head_dim: 4, vocab: 300}
+weights: {synthetic: {seed: 1, std: 0.02}}
+tokenizer: bytes
+bos: 256
+eos: [257]
+`
+
+func plan(t *testing.T, apps ...string) (*Program, error) {
+	t.Helper()
+	dir := t.TempDir()
+	m, err := frontend.ParseModel(filepath.Join(dir, "m.yaml"), []byte(testModel))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var as []*frontend.App
+	for i, src := range apps {
+		a, err := frontend.ParseApp(filepath.Join(dir, "a"+string(rune('0'+i))+".yaml"), []byte(src), m)
+		if err != nil {
+			return nil, err
+		}
+		as = append(as, a)
+	}
+	return Run(m, as, Options{Verify: true})
+}
+
+func TestPlanPlacesOpsInForwardOrder(t *testing.T) {
+	p, err := plan(t, `app: s
+params:
+  v: {values: [1, 2, 3, 4, 5, 6, 7, 8]}
+  d: {values: [0, 0, 0, 2, 0, 0, 0, 0]}
+buffers:
+  score: {shape: [2]}
+ops:
+  - write: {at: {layers: [2], hook: resid_post}, kernel: steer_add, args: {vector: v, alpha: 2}}
+  - read: {at: {layers: "0-1", hook: resid_mid}, kernel: probe_linear, args: {w: v, bias: 0.5}, into: score}
+  - write: {at: {hook: final_norm}, kernel: project_out, args: {direction: d}}
+  - write: {at: {layers: [1], hook: attn.z}, kernel: steer_add, args: {vector: v}}
+`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, op := range p.Ops {
+		got = append(got, op.Hook+"@"+string(rune('0'+op.Layer+1))+":"+op.Host)
+	}
+	want := "resid_mid@1:add_norm attn.z@2:mi resid_mid@2:add_norm resid_post@3:add_norm final_norm@0:add_norm"
+	if strings.Join(got, " ") != want {
+		t.Fatalf("order/placement:\n got %s\nwant %s", strings.Join(got, " "), want)
+	}
+	// The two probe layers write consecutive columns of one buffer.
+	if p.Ops[0].OutCol != 0 || p.Ops[2].OutCol != 1 || p.Ops[0].OutWidth != 2 {
+		t.Fatalf("probe columns: %d %d width %d", p.Ops[0].OutCol, p.Ops[2].OutCol, p.Ops[0].OutWidth)
+	}
+	// project_out's direction is normalised; scalars: alpha (2), bias (0.5), default alpha (1).
+	a := p.Apps[0]
+	for _, v := range a.Vectors {
+		if strings.HasSuffix(v.Name, ".unit") && v.Data[3] != 1 {
+			t.Fatalf("unit direction: %v", v.Data)
+		}
+	}
+	if len(a.Scalars) != 3 || a.Scalars[0].Value != 2 || a.Scalars[1].Value != 0.5 || a.Scalars[2].Value != 1 {
+		t.Fatalf("scalars: %+v", a.Scalars)
+	}
+	if p.Ops[4].HostLayer != 2*4-1 || p.Ops[3].HostLayer != 2*2+1 {
+		t.Fatalf("host slots: final %d, resid_post(2) %d", p.Ops[4].HostLayer, p.Ops[3].HostLayer)
+	}
+}
+
+func TestPlanErrors(t *testing.T) {
+	cases := []struct{ name, app, want string }{
+		{"wrong vector length", `app: a
+params: {v: {values: [1, 2, 3]}}
+ops:
+  - write: {at: {layers: [0], hook: resid_post}, kernel: steer_add, args: {vector: v}}
+`, "param v has 3 elements, hook resid_post needs 8"},
+		{"unsupported kernel", `app: a
+ops:
+  - write: {at: {layers: [0], hook: resid_post}, kernel: head_ablate}
+`, "kernel head_ablate is not supported"},
+		{"missing arg", `app: a
+ops:
+  - write: {at: {layers: [0], hook: resid_post}, kernel: steer_add}
+`, `needs argument "vector"`},
+		{"unknown arg", `app: a
+params: {v: {values: [1, 2, 3, 4, 5, 6, 7, 8]}}
+ops:
+  - write: {at: {layers: [0], hook: resid_post}, kernel: steer_add, args: {vector: v, beta: 1}}
+`, `takes no argument "beta"`},
+		{"gate before writer", `app: a
+params: {v: {values: [1, 2, 3, 4, 5, 6, 7, 8]}}
+buffers: {h: {shape: [1]}}
+ops:
+  - read: {at: {layers: [3], hook: resid_post}, kernel: probe_linear, args: {w: v}, into: h}
+  - write: {at: {layers: [1], hook: resid_post}, kernel: steer_add, args: {vector: v},
+            when: {activation: {buffer: h, op: ">", value: 0.5}}}
+`, "is not written before"},
+		{"buffer too small", `app: a
+params: {v: {values: [1, 2, 3, 4, 5, 6, 7, 8]}}
+buffers: {h: {shape: [1]}}
+ops:
+  - read: {at: {layers: [0, 1], hook: resid_post}, kernel: probe_linear, args: {w: v}, into: h}
+`, "buffer h has 1 elements"},
+		{"unsupported hook", `app: a
+buffers: {h: {shape: [300]}}
+ops:
+  - read: {at: {hook: logits}, kernel: capture, into: h}
+`, `hook "logits" cannot be fired`},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := plan(t, c.app)
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("error %v, want it to contain %q", err, c.want)
+			}
+			if !strings.Contains(err.Error(), ".yaml:") {
+				t.Fatalf("error %v does not name file:line:col", err)
+			}
+		})
+	}
+}
+
+func TestVectorFromSafetensorsMissingTensor(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "v.safetensors"), []byte("not a safetensors file"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, err := plan(t, `app: a
+params: {v: {file: `+filepath.Join(dir, "v.safetensors")+`, tensor: x}}
+ops:
+  - write: {at: {layers: [0], hook: resid_post}, kernel: steer_add, args: {vector: v}}
+`)
+	if err == nil || !strings.Contains(err.Error(), "safetensors") {
+		t.Fatalf("got %v", err)
+	}
+}

@@ -1,0 +1,200 @@
+// Package passes turns parsed specs into a planned program: MI ops resolved to hook sites,
+// their arguments bound and checked, app bits and buffers assigned, and every op placed in
+// the kernel it is fused into. The pass list is data (see Passes); a verifier can run after
+// each pass. Nothing here knows PTX.
+package passes
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+
+	"xmix/frontend"
+)
+
+// Program is the IR the passes transform.
+type Program struct {
+	Model *frontend.Model
+	Apps  []*AppPlan
+	Ops   []*MIOp // one per (app op, layer), sorted into forward order by plan-fusion
+}
+
+// AppPlan is one app as deployed: its bit, its scalar table, its vectors and exports.
+type AppPlan struct {
+	Spec    *frontend.App
+	Name    string
+	Bit     int
+	Scalars []Scalar
+	Vectors []Vector
+	Exports []Export
+}
+
+// Scalar is one entry of an app's scalar table (run-time replaceable).
+type Scalar struct {
+	Name  string
+	Value float32
+}
+
+// Vector is an app parameter tensor loaded at compile time; Buffer is its device buffer.
+type Vector struct {
+	Name   string
+	Buffer string
+	Data   []float32
+}
+
+// Export is an app buffer that reads write into; Buffer is its device buffer name.
+type Export struct {
+	Name   string
+	Buffer string
+	Width  int
+	Export bool
+	Pos    frontend.Pos
+}
+
+// MIOp is one MI primitive at one hook site.
+type MIOp struct {
+	App      *AppPlan
+	OpIndex  int // index in the app's ops list
+	Pos      frontend.Pos
+	Kind     string // read | write
+	Template string
+	Hook     string
+	Layer    int // -1 for whole-model hooks
+	Width    int // elements of the hooked vector
+	Key      SiteKey
+
+	// Bound arguments.
+	Vec        string // buffer of the op's vector
+	Alpha      int    // scalar index or -1
+	Bias       int    // scalar index or -1
+	Activation string
+	Out        string // buffer reads land in
+	OutCol     int
+	OutWidth   int
+	Gates      []Gate
+
+	// Placement.
+	Host      string // HostEmbed, HostAddNorm, HostSilu, HostMI
+	HostLayer int    // the forward layer slot that launches the host kernel
+	Role      string // RoleDelta, RoleResid, RoleNorm, RoleWhole
+}
+
+// Gate is one per-row condition, resolved (buffers named, tokens listed).
+type Gate struct {
+	Kind      string
+	Buf       string
+	Col       int
+	Width     int
+	Cmp       string
+	Value     float32
+	Tokens    []int
+	From, To  int
+	Positions string
+}
+
+// Pass is one named transformation of a Program.
+type Pass struct {
+	Name string
+	Run  func(*Program) error
+}
+
+// Passes is the pipeline, in order. Each pass may rely on the ones before it.
+var Passes = []Pass{
+	{"resolve-hooks", resolveHooks},
+	{"assign-app-bits", assignAppBits},
+	{"plan-buffers", planBuffers},
+	{"bind-args", bindArgs},
+	{"check-conditions", checkConditions},
+	{"plan-fusion", planFusion},
+}
+
+// Options control a compile.
+type Options struct {
+	// Verify runs the verifier after every pass (always run once at the end).
+	Verify bool
+	// Trace, when set, is called after each pass.
+	Trace func(pass string, p *Program)
+}
+
+// MaxApps is how many apps one bundle can deploy (bits of the per-row u32 app mask).
+const MaxApps = 32
+
+// Run builds the program for m and apps and runs every pass.
+func Run(m *frontend.Model, apps []*frontend.App, opt Options) (*Program, error) {
+	p := &Program{Model: m}
+	seen := map[string]frontend.Pos{}
+	for _, a := range apps {
+		if prev, dup := seen[a.Name]; dup {
+			return nil, frontend.Errorf(a.Pos, "rename one of them",
+				"app %q is deployed twice (also at %s)", a.Name, prev)
+		}
+		seen[a.Name] = a.Pos
+		p.Apps = append(p.Apps, &AppPlan{Spec: a, Name: a.Name, Bit: -1})
+	}
+	for _, ps := range Passes {
+		if err := ps.Run(p); err != nil {
+			return nil, fmt.Errorf("%s: %w", ps.Name, err)
+		}
+		if opt.Verify {
+			if err := Verify(p); err != nil {
+				return nil, fmt.Errorf("verifier after %s: %w", ps.Name, err)
+			}
+		}
+		if opt.Trace != nil {
+			opt.Trace(ps.Name, p)
+		}
+	}
+	if err := Verify(p); err != nil {
+		return nil, fmt.Errorf("verifier: %w", err)
+	}
+	return p, nil
+}
+
+// Verify checks the program's invariants. It reports programming errors in passes, not
+// user errors: every op has a width, a known template, a placement once planned, and gates
+// that read buffers written before them.
+func Verify(p *Program) error {
+	var errs []error
+	bits := map[int]string{}
+	for _, a := range p.Apps {
+		if a.Bit == -1 { // not assigned yet
+			continue
+		}
+		if a.Bit < 0 || a.Bit >= MaxApps {
+			errs = append(errs, fmt.Errorf("app %s: bit %d out of range", a.Name, a.Bit))
+		} else if other, dup := bits[a.Bit]; dup {
+			errs = append(errs, fmt.Errorf("apps %s and %s share bit %d", other, a.Name, a.Bit))
+		}
+		bits[a.Bit] = a.Name
+	}
+	for i, op := range p.Ops {
+		where := fmt.Sprintf("op %d (%s %s at %s layer %d)", i, op.App.Name, op.Template, op.Hook, op.Layer)
+		if op.Width <= 0 {
+			errs = append(errs, fmt.Errorf("%s: width %d", where, op.Width))
+		}
+		if _, ok := Templates[op.Template]; !ok {
+			errs = append(errs, fmt.Errorf("%s: unknown template", where))
+		}
+		if op.Alpha >= len(op.App.Scalars) || op.Bias >= len(op.App.Scalars) {
+			errs = append(errs, fmt.Errorf("%s: scalar index out of the app's table", where))
+		}
+		if op.Kind == "read" && op.Out != "" && op.OutCol+Templates[op.Template].outWidth(op.Width) > op.OutWidth {
+			errs = append(errs, fmt.Errorf("%s: output columns exceed buffer width %d", where, op.OutWidth))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// sortOps puts ops into forward order; ops at one site keep app order, then op order.
+func sortOps(p *Program) {
+	sort.SliceStable(p.Ops, func(i, j int) bool {
+		a, b := p.Ops[i], p.Ops[j]
+		if a.Key != b.Key {
+			return a.Key.Less(b.Key)
+		}
+		if a.App.Bit != b.App.Bit {
+			return a.App.Bit < b.App.Bit
+		}
+		return a.OpIndex < b.OpIndex
+	})
+}

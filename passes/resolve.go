@@ -1,0 +1,120 @@
+package passes
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+
+	"xmix/frontend"
+)
+
+// resolveHooks expands every app op into one MIOp per layer at a hook this compiler fires.
+func resolveHooks(p *Program) error {
+	m := p.Model
+	var errs []error
+	for _, a := range p.Apps {
+		for i, op := range a.Spec.Ops {
+			h := hookFact(op.Hook)
+			if h == nil {
+				errs = append(errs, frontend.Errorf(op.HookPos,
+					"hooks this compiler fires: "+strings.Join(HookNames(), ", "),
+					"hook %q cannot be fired by family %s in this version of xmixc", op.Hook, m.Family))
+				continue
+			}
+			if _, ok := Templates[op.Kernel]; !ok {
+				errs = append(errs, frontend.Errorf(op.KernelPos, "templates this compiler fuses: "+strings.Join(TemplateNames(), ", "),
+					"kernel %s is not supported by this version of xmixc", op.Kernel))
+				continue
+			}
+			var layers []int
+			switch {
+			case !h.PerLayer:
+				if len(op.Layers) > 0 || op.AllLayers {
+					errs = append(errs, frontend.Errorf(op.LayersPos, "remove layers: for whole-model hooks",
+						"hook %s is a whole-model hook and takes no layers", op.Hook))
+					continue
+				}
+				layers = []int{-1}
+			case op.AllLayers:
+				for l := range m.Layers {
+					layers = append(layers, l)
+				}
+			default:
+				if len(op.Layers) == 0 {
+					errs = append(errs, frontend.Errorf(op.HookPos, "add layers: [N], \"A-B\" or all",
+						"hook %s is per layer: say at which layers", op.Hook))
+					continue
+				}
+				for _, l := range op.Layers {
+					if l < 0 || l >= m.Layers {
+						errs = append(errs, frontend.Errorf(op.LayersPos,
+							fmt.Sprintf("model %q has layers 0-%d", m.Name, m.Layers-1), "layer %d out of range", l))
+						continue
+					}
+					layers = append(layers, l)
+				}
+			}
+			for _, l := range layers {
+				mo := &MIOp{
+					App: a, OpIndex: i, Pos: op.Pos, Kind: op.Kind, Template: op.Kernel,
+					Hook: op.Hook, Layer: l, Width: h.Width(m), Key: siteKey(h, l, m),
+					Alpha: -1, Bias: -1,
+				}
+				p.Ops = append(p.Ops, mo)
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// assignAppBits gives each app its bit in the per-row app mask, in deployment order.
+func assignAppBits(p *Program) error {
+	if len(p.Apps) > MaxApps {
+		return frontend.Errorf(p.Apps[MaxApps].Spec.Pos, "split the deployment into several bundles",
+			"%d apps deployed, a bundle holds at most %d", len(p.Apps), MaxApps)
+	}
+	for i, a := range p.Apps {
+		a.Bit = i
+	}
+	return nil
+}
+
+// planBuffers gives every declared app buffer a device buffer; reads fill its columns.
+func planBuffers(p *Program) error {
+	var errs []error
+	for _, a := range p.Apps {
+		for _, b := range a.Spec.Buffers {
+			if b.Dtype != "" && b.Dtype != "f32" {
+				errs = append(errs, frontend.Errorf(b.Pos, "use dtype: f32", "buffer %s: dtype %s is not supported", b.Name, b.Dtype))
+				continue
+			}
+			w := 1
+			for _, d := range b.Shape {
+				w *= d
+			}
+			a.Exports = append(a.Exports, Export{
+				Name: b.Name, Buffer: "app." + a.Name + "." + b.Name, Width: w, Export: b.Export, Pos: b.Pos,
+			})
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (a *AppPlan) export(name string) *Export {
+	for i := range a.Exports {
+		if a.Exports[i].Name == name {
+			return &a.Exports[i]
+		}
+	}
+	return nil
+}
+
+// planFusion places every op in its host kernel and sorts ops into forward order.
+func planFusion(p *Program) error {
+	for _, op := range p.Ops {
+		op.Host, op.HostLayer = HostOf(op.Hook, op.Layer, p.Model.Layers)
+		op.Role = hookFact(op.Hook).Role
+	}
+	sortOps(p)
+	return nil
+}
