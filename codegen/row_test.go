@@ -1,0 +1,448 @@
+package codegen
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"xmix/ops"
+	"xmix/ptx"
+	"xmix/ptx/emu"
+)
+
+// Row-kernel tests run five rows whose control block covers every gate outcome: prompt rows
+// (gen -1) and generated ones, three distinct tokens, and a mask where rows 0, 2 and 4 enable
+// the app under test (bit testBit) and rows 1 and 3 enable another one.
+const (
+	testRows = 5
+	testBit  = 3
+)
+
+var (
+	testMask   = []uint32{1 << testBit, 1 << (testBit + 1), 1<<testBit | 1, 0, 1 << testBit}
+	testTokens = []uint32{7, 8, 9, 7, 8}
+	testGen    = []uint32{math.MaxUint32, 1, 2, math.MaxUint32, 4} // int32 -1 on prompt rows
+	testGate   = []float32{0.8, 0.8, 0.2, 0.8, 0.8}                // activation gate column 1
+)
+
+// testOps returns the MI op sets the kernel tests place at a hook of width w: each template
+// alone under a gate of a different kind, and all of them chained, where the steer is gated
+// on the probe the same kernel has just written.
+func testOps(w int) map[string][]MIOp {
+	capture := MIOp{Template: "capture", Bit: testBit, Width: w, Alpha: -1, Bias: -1, Out: "cap", OutCol: 3, OutWidth: w + 5,
+		Gates: []Gate{{Kind: "positions", Positions: "generated"}}}
+	probe := MIOp{Template: "probe_linear", Bit: testBit, Width: w, Vec: "probe_w", Scal: "scal", Alpha: -1, Bias: 1,
+		Activation: "sigmoid", Out: "probe", OutCol: 1, OutWidth: 2, Gates: []Gate{{Kind: "token_in", Tokens: []int{7, 9}}}}
+	steer := MIOp{Template: "steer_add", Bit: testBit, Width: w, Vec: "steer_v", Scal: "scal", Alpha: 0, Bias: -1,
+		Gates: []Gate{{Kind: "steps", From: 1, To: 3}}}
+	project := MIOp{Template: "project_out", Bit: testBit, Width: w, Vec: "dir", Alpha: -1, Bias: -1,
+		Gates: []Gate{{Kind: "activation", Buf: "gate", Col: 1, Width: 2, Cmp: ">", Value: 0.5}}}
+	gatedSteer := steer
+	gatedSteer.Gates = []Gate{{Kind: "activation", Buf: "probe", Col: 1, Width: 2, Cmp: ">", Value: 0}}
+	return map[string][]MIOp{
+		"capture": {capture},
+		"probe":   {probe},
+		"steer":   {steer},
+		"project": {project},
+		"chain":   {probe, gatedSteer, project, capture},
+	}
+}
+
+// miTargs builds the control and MI arguments of a kernel whose MI ops are miops. Buffers an
+// op writes start with data, so rows it skips must come back unchanged.
+func miTargs(rng *rand.Rand, miops []MIOp) []targ {
+	args := []targ{{name: "ctl_mask", u32: testMask}}
+	refs := make([]ops.MIOp, len(miops))
+	for i, o := range miops {
+		refs[i] = o.toRef()
+	}
+	if tok, gen := ops.MIControl(refs); tok || gen {
+		if tok {
+			args = append(args, targ{name: "ctl_tokens", u32: testTokens})
+		}
+		if gen {
+			args = append(args, targ{name: "ctl_gen", u32: testGen})
+		}
+	}
+	for i, o := range miops {
+		for _, p := range refs[i].Params() {
+			a := targ{name: fmt.Sprintf("mi%d_%s", i, p.Suffix)}
+			switch p.Suffix {
+			case "vec":
+				a.f32 = randF32(rng, o.Width, 1)
+				if o.Template == "project_out" {
+					a.f32 = unitF32(a.f32)
+				}
+			case "scal":
+				a.f32 = []float32{2.5, -0.125}
+			case "out":
+				a.f32 = randF32(rng, testRows*o.OutWidth, 1)
+				a.out = len(a.f32)
+			default:
+				g := o.Gates[p.Gate]
+				a.f32 = make([]float32, testRows*g.Width)
+				for r := range testRows {
+					a.f32[r*g.Width+g.Col] = testGate[r]
+				}
+			}
+			args = append(args, a)
+		}
+	}
+	return args
+}
+
+func unitF32(v []float32) []float32 {
+	var n float64
+	for _, x := range v {
+		n += float64(x) * float64(x)
+	}
+	u := make([]float32, len(v))
+	for i, x := range v {
+		u[i] = float32(float64(x) / math.Sqrt(n))
+	}
+	return u
+}
+
+// weightArg stores data as dt.
+func weightArg(name string, data []float32, dt ptx.Type) targ {
+	if dt == ptx.BF16 {
+		return targ{name: name, bf16: data}
+	}
+	return targ{name: name, f32: data}
+}
+
+// rowNormArgs builds RowNorm's arguments for c. Outputs are poisoned unless gathered (a
+// skipped row keeps its initial data then).
+func rowNormArgs(rng *rand.Rand, c RowConfig, rows int) []targ {
+	h := c.Hidden
+	var args []targ
+	if c.Load == "embed" {
+		tokens := make([]uint32, rows)
+		for r := range tokens {
+			tokens[r] = uint32(rng.IntN(c.Vocab))
+		}
+		tokens[rows-1] = uint32(c.Vocab) + 3 // out of the vocabulary: embeds as zeros
+		args = append(args, targ{name: "tokens", u32: tokens}, weightArg("table", randF32(rng, c.Vocab*h, 1), c.WDtype),
+			targ{name: "resid", out: rows * h})
+	} else {
+		args = append(args, targ{name: "resid", f32: randF32(rng, rows*h, 2), out: rows * h},
+			targ{name: "delta", f32: randF32(rng, rows*h, 1)})
+	}
+	args = append(args, weightArg("w", randF32(rng, h, 1.5), c.WDtype))
+	if c.Gather {
+		outRow := make([]uint32, rows)
+		for r := range outRow {
+			outRow[r] = ops.NoRow
+		}
+		outRow[1], outRow[rows-1] = 0, 1
+		args = append(args, targ{name: "out", f32: randF32(rng, 2*h, 1), out: 2 * h}, targ{name: "out_row", u32: outRow})
+	} else {
+		args = append(args, targ{name: "out", out: rows * h})
+	}
+	return append(args, miTargs(rng, c.MIOps())...)
+}
+
+func TestRowNormMatchesReference(t *testing.T) {
+	rng := rand.New(rand.NewPCG(11, 12))
+	for _, w := range []int{160, 256, 1000} {
+		for _, load := range []string{"embed", "add"} {
+			for _, dt := range []ptx.Type{ptx.F32, ptx.BF16} {
+				sets := testOps(w)
+				for _, name := range []string{"none", "capture", "probe", "steer", "project", "chain"} {
+					c := RowConfig{Hidden: w, Vocab: 50, Eps: 1e-5, WDtype: dt, Load: load}
+					switch {
+					case name == "none":
+					case load == "add" && name == "steer":
+						c.DeltaOps = sets[name]
+					case name == "probe" || name == "capture":
+						c.NormOps = sets[name]
+					default:
+						c.ResidOps = sets[name]
+					}
+					if load == "add" && (name == "chain" || name == "none" || name == "capture") {
+						c.Gather = true
+					}
+					kname := fmt.Sprintf("row_norm_%s_%s_%d_%s", load, dt, w, name)
+					k, err := RowNorm(kname, c)
+					if err != nil {
+						t.Fatal(err)
+					}
+					checkKernel(t, k, c.Launch(testRows), rowNormArgs(rng, c, testRows))
+				}
+			}
+		}
+	}
+}
+
+func TestSiluMulMatchesReference(t *testing.T) {
+	rng := rand.New(rand.NewPCG(13, 14))
+	for _, w := range []int{160, 1000, 1300} {
+		sets := testOps(w)
+		for _, name := range []string{"none", "capture", "probe", "steer", "project", "chain"} {
+			c := SiluConfig{Inter: w, Ops: sets[name]}
+			k, err := SiluMul(fmt.Sprintf("silu_%d_%s", w, name), c)
+			if err != nil {
+				t.Fatal(err)
+			}
+			args := []targ{{name: "gu", f32: randF32(rng, testRows*2*w, 6)}, {name: "act", out: testRows * w}}
+			checkKernel(t, k, c.Launch(testRows), append(args, miTargs(rng, c.Ops)...))
+		}
+	}
+}
+
+func TestMIKernelMatchesReference(t *testing.T) {
+	rng := rand.New(rand.NewPCG(15, 16))
+	for _, w := range []int{160, 256, 1000} {
+		sets := testOps(w)
+		for _, name := range []string{"capture", "probe", "steer", "project", "chain"} {
+			c := MIKernelConfig{Width: w, Stride: w + 64, Offset: 32, Ops: sets[name]}
+			k, err := MIKernel(fmt.Sprintf("mi_%d_%s", w, name), c)
+			if err != nil {
+				t.Fatal(err)
+			}
+			x := targ{name: "x", f32: randF32(rng, testRows*c.Stride, 1), out: testRows * c.Stride}
+			checkKernel(t, k, c.Launch(testRows), append([]targ{x}, miTargs(rng, c.Ops)...))
+		}
+	}
+}
+
+// TestRowKernelsWide runs the widest rows the kernels promise: 16384 hidden, 14336 SiLU.
+func TestRowKernelsWide(t *testing.T) {
+	if testing.Short() {
+		t.Skip("wide rows take a few seconds in the emulator")
+	}
+	rng := rand.New(rand.NewPCG(17, 18))
+	c := RowConfig{Hidden: 16384, Eps: 1e-6, WDtype: ptx.BF16, Load: "add", ResidOps: testOps(16384)["chain"]}
+	k, err := RowNorm("row_norm_wide", c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkKernel(t, k, c.Launch(testRows), rowNormArgs(rng, c, testRows))
+	s := SiluConfig{Inter: 14336, Ops: testOps(14336)["steer"]}
+	if k, err = SiluMul("silu_wide", s); err != nil {
+		t.Fatal(err)
+	}
+	args := []targ{{name: "gu", f32: randF32(rng, testRows*2*s.Inter, 6)}, {name: "act", out: testRows * s.Inter}}
+	checkKernel(t, k, s.Launch(testRows), append(args, miTargs(rng, s.Ops)...))
+}
+
+// emulate runs k on args and returns every pointer argument's final contents as f32.
+func emulate(t *testing.T, k *Kernel, l ops.Launch, args []targ) [][]float32 {
+	t.Helper()
+	mod, err := ptx.Parse(k.PTX)
+	if err != nil {
+		t.Fatalf("%s: parse: %v", k.Name, err)
+	}
+	mem := emu.NewMemory()
+	params := make([]uint64, len(args))
+	for i, a := range args {
+		init := a.bytesOf()
+		params[i] = mem.Alloc(len(init))
+		copy(mem.Bytes(params[i]), init)
+	}
+	if err := emu.Run(mod, k.Name, emu.Launch{Grid: l.Grid, Block: l.Block}, mem, params); err != nil {
+		t.Fatalf("%s: emulate: %v", k.Name, err)
+	}
+	outs := make([][]float32, len(args))
+	for i := range args {
+		outs[i] = append([]float32(nil), ops.Arg{Mem: mem.Bytes(params[i])}.F32()...)
+	}
+	return outs
+}
+
+// reference runs k's reference op on args and returns the arguments' final contents as f32.
+func reference(t *testing.T, k *Kernel, l ops.Launch, args []targ) [][]float32 {
+	t.Helper()
+	ref, err := ops.Build(k.Op, k.Attrs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ra := make([]ops.Arg, len(args))
+	for i, a := range args {
+		ra[i] = ops.Arg{Mem: a.bytesOf()}
+	}
+	if err := ref.Run(ra, l); err != nil {
+		t.Fatal(err)
+	}
+	outs := make([][]float32, len(args))
+	for i := range ra {
+		outs[i] = ra[i].F32()
+	}
+	return outs
+}
+
+// TestMIExact checks the MI promises on the emulated PTX and on the reference alike: steer_add
+// adds exactly fl(alpha*v), rows without the app bit come out bit-identical to the same
+// kernel without MI ops, project_out leaves no component along its direction, and
+// probe_linear is the float64 dot product (+ bias, sigmoid).
+func TestMIExact(t *testing.T) {
+	const w = 1000
+	rng := rand.New(rand.NewPCG(19, 20))
+	steer := MIOp{Template: "steer_add", Bit: testBit, Width: w, Vec: "v", Scal: "s", Alpha: 0, Bias: -1}
+	project := MIOp{Template: "project_out", Bit: testBit, Width: w, Vec: "d", Alpha: -1, Bias: -1}
+	probe := MIOp{Template: "probe_linear", Bit: testBit, Width: w, Vec: "p", Scal: "s", Alpha: -1, Bias: 1,
+		Activation: "sigmoid", Out: "o", OutWidth: 1}
+	plain := RowConfig{Hidden: w, Eps: 1e-5, WDtype: ptx.BF16, Load: "add"}
+	withMI := plain
+	withMI.ResidOps = []MIOp{steer, project}
+	withMI.NormOps = []MIOp{probe}
+	kPlain, err := RowNorm("plain", plain)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kMI, err := RowNorm("with_mi", withMI)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := plain.Launch(testRows)
+	args := rowNormArgs(rng, withMI, testRows)
+	nPlain := len(rowNormArgs(rng, plain, testRows))
+	plainArgs := append(args[:nPlain-1:nPlain-1], targ{name: "ctl_mask", u32: testMask})
+	resid, delta := args[0].f32, args[1].f32
+	alpha, bias := args[nPlain+1].f32[0], args[nPlain+1].f32[1]
+	v, d, pw := args[nPlain].f32, args[nPlain+2].f32, args[nPlain+3].f32
+
+	for _, run := range []struct {
+		name string
+		fn   func(*testing.T, *Kernel, ops.Launch, []targ) [][]float32
+	}{{"emulator", emulate}, {"reference", reference}} {
+		got, base := run.fn(t, kMI, l, args), run.fn(t, kPlain, l, plainArgs)
+		for r := range testRows {
+			row := func(b []float32) []float32 { return b[r*w : (r+1)*w] }
+			if testMask[r]>>testBit&1 == 0 {
+				for i := range w {
+					if math.Float32bits(row(got[0])[i]) != math.Float32bits(row(base[0])[i]) ||
+						math.Float32bits(row(got[3])[i]) != math.Float32bits(row(base[3])[i]) {
+						t.Fatalf("%s: row %d without the app differs from the plain kernel at %d", run.name, r, i)
+					}
+				}
+				continue
+			}
+			// resid = project_out(x + fl(alpha*v)); undo nothing, but check the steer alone
+			// through the projection's linearity: the kernel's input to project_out must be
+			// exactly x + fl(alpha*v), so rebuild it and project in float64.
+			x := make([]float64, w)
+			var xd float64
+			for i := range w {
+				s := (resid[r*w+i] + delta[r*w+i]) + float32(alpha*v[i])
+				x[i] = float64(s)
+				xd += x[i] * float64(d[i])
+			}
+			var norm, resDot float64
+			for i := range w {
+				want := x[i] - xd*float64(d[i])
+				if diff := math.Abs(float64(row(got[0])[i]) - want); diff > 1e-5*(1+math.Abs(want)) {
+					t.Fatalf("%s: row %d resid[%d] = %v, want %v", run.name, r, i, row(got[0])[i], want)
+				}
+				norm += float64(row(got[0])[i]) * float64(row(got[0])[i])
+				resDot += float64(row(got[0])[i]) * float64(d[i])
+			}
+			if math.Abs(resDot) >= 1e-5*math.Sqrt(norm) {
+				t.Fatalf("%s: row %d: |x.d| = %g after project_out, |x| = %g", run.name, r, resDot, math.Sqrt(norm))
+			}
+			var s float64
+			for i := range w {
+				s += float64(row(got[3])[i]) * float64(pw[i])
+			}
+			want := 1 / (1 + math.Exp(-(s + float64(bias))))
+			if p := got[len(got)-1][r]; math.Abs(float64(p)-want) > 1e-5 {
+				t.Fatalf("%s: row %d probe %v, want %v", run.name, r, p, want)
+			}
+		}
+	}
+
+	// The steer alone is bit-exact: an MI kernel adds exactly fl(alpha*v).
+	c := MIKernelConfig{Width: w, Stride: w, Ops: []MIOp{steer}}
+	k, err := MIKernel("steer_exact", c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	x := randF32(rng, testRows*w, 3)
+	margs := []targ{{name: "x", f32: x, out: len(x)}, {name: "ctl_mask", u32: testMask},
+		{name: "mi0_vec", f32: v}, {name: "mi0_scal", f32: []float32{alpha}}}
+	for _, run := range []struct {
+		name string
+		fn   func(*testing.T, *Kernel, ops.Launch, []targ) [][]float32
+	}{{"emulator", emulate}, {"reference", reference}} {
+		got := run.fn(t, k, c.Launch(testRows), margs)[0]
+		for r := range testRows {
+			on := testMask[r]>>testBit&1 == 1
+			for i := range w {
+				want := x[r*w+i]
+				if on {
+					want += float32(alpha * v[i])
+				}
+				if math.Float32bits(got[r*w+i]) != math.Float32bits(want) {
+					t.Fatalf("%s: row %d [%d] = %v, want %v (enabled %v)", run.name, r, i, got[r*w+i], want, on)
+				}
+			}
+		}
+	}
+}
+
+func TestRowKernelErrors(t *testing.T) {
+	w := 256
+	steer := testOps(w)["steer"][0]
+	noVec := steer
+	noVec.Vec = ""
+	narrow := steer
+	narrow.Width = 128
+	for _, c := range []struct {
+		name string
+		err  func() error
+	}{
+		{"width 0", func() error { _, err := RowNorm("k", RowConfig{WDtype: ptx.F32, Load: "add"}); return err }},
+		{"width too large", func() error { _, err := SiluMul("k", SiluConfig{Inter: 40000}); return err }},
+		{"f16 weights", func() error { _, err := RowNorm("k", RowConfig{Hidden: w, WDtype: ptx.F16, Load: "add"}); return err }},
+		{"embed without vocab", func() error { _, err := RowNorm("k", RowConfig{Hidden: w, WDtype: ptx.F32, Load: "embed"}); return err }},
+		{"bad load", func() error {
+			_, err := RowNorm("k", RowConfig{Hidden: w, WDtype: ptx.F32, Load: "gather"})
+			return err
+		}},
+		{"missing buffer", func() error { _, err := SiluMul("k", SiluConfig{Inter: w, Ops: []MIOp{noVec}}); return err }},
+		{"width mismatch", func() error { _, err := SiluMul("k", SiluConfig{Inter: w, Ops: []MIOp{narrow}}); return err }},
+		{"no ops", func() error { _, err := MIKernel("k", MIKernelConfig{Width: w, Stride: w}); return err }},
+		{"past stride", func() error {
+			_, err := MIKernel("k", MIKernelConfig{Width: w, Stride: w, Offset: 1, Ops: []MIOp{steer}})
+			return err
+		}},
+	} {
+		if err := c.err(); err == nil {
+			t.Errorf("%s: no error", c.name)
+		}
+	}
+}
+
+func TestMIBindings(t *testing.T) {
+	c := RowConfig{Hidden: 64, Load: "add", WDtype: ptx.F32, DeltaOps: testOps(64)["steer"], NormOps: testOps(64)["chain"]}
+	got := MIBindings(c.MIOps())
+	want := map[string]string{
+		"mi0_vec": "steer_v", "mi0_scal": "scal",
+		"mi1_vec": "probe_w", "mi1_scal": "scal", "mi1_out": "probe",
+		"mi2_vec": "steer_v", "mi2_scal": "scal", "mi2_g0": "probe",
+		"mi3_vec": "dir", "mi3_g0": "gate",
+		"mi4_out": "cap",
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("bindings %v, want %v", got, want)
+	}
+	k, err := RowNorm("bind", c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, p := range k.Params {
+		names = append(names, p.Name)
+	}
+	wantParams := "[resid delta w out ctl_mask ctl_tokens ctl_gen mi0_vec mi0_scal mi1_vec mi1_scal mi1_out " +
+		"mi2_vec mi2_scal mi2_g0 mi3_vec mi3_g0 mi4_out]"
+	if fmt.Sprint(names) != wantParams {
+		t.Fatalf("params %v, want %s", names, wantParams)
+	}
+	for _, n := range names {
+		if _, ok := got[n]; !ok && len(n) > 2 && n[:2] == "mi" {
+			t.Errorf("param %s has no binding", n)
+		}
+	}
+}
