@@ -4,7 +4,10 @@ import (
 	"encoding/binary"
 	"math"
 	"math/rand/v2"
+	"strings"
 	"testing"
+
+	"xmix/ops"
 
 	"xmix/ptx"
 )
@@ -203,5 +206,362 @@ func TestBlockReduction(t *testing.T) {
 		if got[b] != want {
 			t.Errorf("block %d: sum %v, want %v", b, got[b], want)
 		}
+	}
+}
+
+// scalarKernel wraps body (which leaves its result in %r1) in a one-thread kernel that
+// stores %r1 to out.
+func scalarKernel(body string) string {
+	return `.visible .entry k(.param .u64 out)
+{
+	.reg .pred %p<4>;
+	.reg .b16 %rs<4>;
+	.reg .b32 %r<8>;
+	.reg .b64 %rd<4>;
+	.reg .f32 %f<8>;
+	.reg .f64 %fd<4>;
+	ld.param.u64 %rd1, [out];
+	` + body + `
+	st.global.b32 [%rd1], %r1;
+	ret;
+}`
+}
+
+func TestInstructions(t *testing.T) {
+	cases := []struct {
+		body string
+		want uint32
+	}{
+		{"mov.b32 %r2, -7; shr.s32 %r1, %r2, 1;", 0xFFFFFFFC},
+		{"mov.b32 %r2, -7; shr.u32 %r1, %r2, 28;", 15},
+		{"mov.b32 %r2, 1; shl.b32 %r1, %r2, 40;", 0},
+		{"mov.u32 %r2, 0xFFFFFFFF; mul.hi.u32 %r1, %r2, %r2;", 0xFFFFFFFE},
+		{"mov.s32 %r2, -3; mul.hi.s32 %r1, %r2, 5;", 0xFFFFFFFF},
+		{"mov.s32 %r2, -2; mul.wide.s32 %rd2, %r2, 3; shr.u64 %rd2, %rd2, 32; cvt.u32.u64 %r1, %rd2;", 0xFFFFFFFF},
+		{"mov.u32 %r2, 0x80000000; mul.wide.u32 %rd2, %r2, 4; shr.u64 %rd2, %rd2, 32; cvt.u32.u64 %r1, %rd2;", 2},
+		{"mov.s32 %r2, -7; div.s32 %r1, %r2, 2;", 0xFFFFFFFD},
+		{"mov.s32 %r2, -7; rem.s32 %r1, %r2, 2;", 0xFFFFFFFF},
+		{"mov.u32 %r2, 7; mad.lo.u32 %r1, %r2, 3, 4;", 25},
+		{"mov.s32 %r2, -1; min.s32 %r1, %r2, 3;", 0xFFFFFFFF},
+		{"mov.s32 %r2, -1; min.u32 %r1, %r2, 3;", 3},
+		{"mov.u32 %r2, 0xF0F0; popc.b32 %r1, %r2;", 8},
+		{"mov.u32 %r2, 0x100; clz.b32 %r1, %r2;", 23},
+		{"mov.u64 %rd2, 0x100000005; cvt.u32.u64 %r1, %rd2;", 5},
+		{"mov.s32 %r2, -1; cvt.s64.s32 %rd2, %r2; shr.u64 %rd2, %rd2, 32; cvt.u32.u64 %r1, %rd2;", 0xFFFFFFFF},
+		{"mov.f32 %f1, 0f7FC00000; min.f32 %f2, %f1, 0f3F800000; mov.b32 %r1, %f2;", 0x3F800000},
+		{"mov.f32 %f1, 0f80000000; max.f32 %f2, %f1, 0f00000000; mov.b32 %r1, %f2;", 0},
+		{"mov.f32 %f1, 0f7FC00000; setp.lt.f32 %p1, %f1, 0f3F800000; selp.u32 %r1, 1, 0, %p1;", 0},
+		{"mov.f32 %f1, 0f7FC00000; setp.ltu.f32 %p1, %f1, 0f3F800000; selp.u32 %r1, 1, 0, %p1;", 1},
+		{"mov.f32 %f1, 0f7FC00000; setp.ne.f32 %p1, %f1, %f1; selp.u32 %r1, 1, 0, %p1;", 0},
+		{"mov.s32 %r2, -1; setp.lt.s32 %p1, %r2, 0; setp.lo.u32 %p2, %r2, 0; and.pred %p3, %p1, %p2; not.pred %p3, %p3; selp.u32 %r1, 1, 0, %p3;", 1},
+		{"mov.f32 %f1, -2.7; cvt.rzi.s32.f32 %r1, %f1;", 0xFFFFFFFE},
+		{"mov.f32 %f1, 2.5; cvt.rni.s32.f32 %r1, %f1;", 2},
+		{"mov.f32 %f1, -2.5; cvt.rmi.s32.f32 %r1, %f1;", 0xFFFFFFFD},
+		{"mov.f32 %f1, -5.0; cvt.rzi.u32.f32 %r1, %f1;", 0},
+		{"mov.f32 %f1, 1e10; cvt.rzi.s32.f32 %r1, %f1;", 0x7FFFFFFF},
+		{"mov.f32 %f1, 0f7FC00000; cvt.rzi.s32.f32 %r1, %f1;", 0},
+		{"mov.f32 %f1, 2.5; cvt.rni.f32.f32 %f2, %f1; mov.b32 %r1, %f2;", 0x40000000},
+		{"mov.s32 %r2, -3; cvt.rn.f32.s32 %f1, %r2; mov.b32 %r1, %f1;", 0xC0400000},
+		{"mov.u32 %r2, 16777217; cvt.rn.f32.u32 %f1, %r2; mov.b32 %r1, %f1;", 0x4B800000},
+		{"mov.f32 %f1, 3.0; ex2.approx.ftz.f32 %f2, %f1; mov.b32 %r1, %f2;", 0x41000000},
+		{"mov.f32 %f1, 4.0; rsqrt.approx.f32 %f2, %f1; mov.b32 %r1, %f2;", 0x3F000000},
+		{"mov.f32 %f1, 4.0; rcp.rn.f32 %f2, %f1; mov.b32 %r1, %f2;", 0x3E800000},
+		{"mov.f32 %f1, 2.0; sqrt.rn.f32 %f2, %f1; mov.b32 %r1, %f2;", math.Float32bits(float32(math.Sqrt(2)))},
+		{"mov.f32 %f1, 1.0; div.rn.f32 %f2, %f1, 0f40400000; mov.b32 %r1, %f2;", math.Float32bits(1.0 / float32(3))},
+		// fma rounds once: (1+2^-23)(1-2^-23) - 1 = -2^-46, which a separate mul would lose.
+		{"mov.f32 %f1, 0f3F800001; mov.f32 %f2, 0f3F7FFFFE; fma.rn.f32 %f3, %f1, %f2, 0fBF800000; mov.b32 %r1, %f3;", 0xA8800000},
+		{"mov.f32 %f1, 0f3F800001; mov.f32 %f2, 0f3F7FFFFE; mul.rn.f32 %f3, %f1, %f2; sub.f32 %f3, %f3, 0f3F800000; mov.b32 %r1, %f3;", 0},
+		{"mov.f32 %f1, 1.5; neg.f32 %f2, %f1; abs.f32 %f3, %f2; add.f32 %f3, %f3, %f2; mov.b32 %r1, %f2;", 0xBFC00000},
+		{"mov.f32 %f1, 1.0; cvt.rn.f16.f32 %rs1, %f1; cvt.u32.u16 %r1, %rs1;", 0x3C00},
+		{"mov.b16 %rs1, 0x3555; cvt.f32.f16 %f1, %rs1; mov.b32 %r1, %f1;", math.Float32bits(0.333251953125)},
+		{"mov.f32 %f1, 0.1; cvt.f64.f32 %fd1, %f1; add.f64 %fd1, %fd1, %fd1; cvt.rn.f32.f64 %f2, %fd1; mov.b32 %r1, %f2;", math.Float32bits(0.2)},
+		{"mov.u32 %r1, 9; mov.u32 %r2, 1; setp.gt.u32 %p1, %r2, 0; @%p1 mov.u32 %r1, 5; @!%p1 mov.u32 %r1, 6;", 5},
+	}
+	for _, c := range cases {
+		mod := parseText(t, scalarKernel(c.body))
+		mem := NewMemory()
+		out := mem.Alloc(4)
+		if err := Run(mod, "k", Launch{Grid: [3]int{1, 1, 1}, Block: [3]int{1, 1, 1}}, mem, []uint64{out}); err != nil {
+			t.Errorf("%s: %v", c.body, err)
+			continue
+		}
+		if got := readU32(mem, out, 1)[0]; got != c.want {
+			t.Errorf("%s: got 0x%X, want 0x%X", c.body, got, c.want)
+		}
+	}
+}
+
+func TestBF16Conversion(t *testing.T) {
+	r := rand.New(rand.NewPCG(5, 6))
+	var xs []float32
+	for _, b := range []uint32{0, 0x80000000, 0x7f800000, 0xff800000, 0x7fc00000, 0x7f800001, 0x00000001,
+		0x3f808000, 0x3f818000, 0x3f80ffff, 0x7f7fffff, 0x007fffff} {
+		xs = append(xs, math.Float32frombits(b))
+	}
+	for len(xs) < 4096 {
+		xs = append(xs, math.Float32frombits(r.Uint32()))
+	}
+	n := len(xs)
+	k := ptx.NewKernel("bf")
+	x, h, back := k.Reg(ptx.U64), k.Reg(ptx.U64), k.Reg(ptx.U64)
+	k.Emit("ld.param.u64", x, ptx.Addr{Base: k.Param("x", ptx.U64)})
+	k.Emit("ld.param.u64", h, ptx.Addr{Base: k.Param("h", ptx.U64)})
+	k.Emit("ld.param.u64", back, ptx.Addr{Base: k.Param("back", ptx.U64)})
+	i, _ := globalIndex(k)
+	o4, o2 := k.Reg(ptx.U64), k.Reg(ptx.U64)
+	k.Emit("mul.wide.u32", o4, i, ptx.Imm(4))
+	k.Emit("mul.wide.u32", o2, i, ptx.Imm(2))
+	k.Emit("add.u64", x, x, o4)
+	k.Emit("add.u64", h, h, o2)
+	k.Emit("add.u64", back, back, o4)
+	v, hb := k.Reg(ptx.F32), k.Reg(ptx.B16)
+	k.Emit("ld.global.f32", v, ptx.Addr{Base: x})
+	k.Emit("cvt.rn.bf16.f32", hb, v)
+	k.Emit("st.global.b16", ptx.Addr{Base: h}, hb)
+	k.Emit("cvt.f32.bf16", v, hb)
+	k.Emit("st.global.f32", ptx.Addr{Base: back}, v)
+	mem := NewMemory()
+	xa, ha, ba := allocF32(mem, xs), mem.Alloc(2*n), mem.Alloc(4*n)
+	l := Launch{Grid: [3]int{n / 128, 1, 1}, Block: [3]int{128, 1, 1}}
+	if err := Run(compile(t, k), "bf", l, mem, []uint64{xa, ha, ba}); err != nil {
+		t.Fatal(err)
+	}
+	hs := mem.Bytes(ha)
+	backs := readU32(mem, ba, n)
+	for j := range n {
+		want := ops.F32ToBF16(xs[j])
+		if got := binary.LittleEndian.Uint16(hs[2*j:]); got != want {
+			t.Fatalf("bf16(%08x) = %04x, want %04x", math.Float32bits(xs[j]), got, want)
+		}
+		if backs[j] != uint32(want)<<16 {
+			t.Fatalf("f32(bf16 %04x) = %08x", want, backs[j])
+		}
+	}
+}
+
+func runText(t *testing.T, text string, l Launch, mem *Memory, params ...uint64) error {
+	t.Helper()
+	return Run(parseText(t, text), "k", l, mem, params)
+}
+
+func TestAtomics(t *testing.T) {
+	src := `.visible .entry k(.param .u64 cnt, .param .u64 perblock)
+{
+	.reg .pred %p<2>;
+	.reg .b32 %r<8>;
+	.reg .b64 %rd<6>;
+	.reg .f32 %f<2>;
+	.shared .align 4 .u32 local[1];
+	ld.param.u64 %rd1, [cnt];
+	ld.param.u64 %rd2, [perblock];
+	mov.u32 %r1, %tid.x;
+	mov.u32 %r2, %ctaid.x;
+	atom.global.add.u32 %r3, [%rd1], 1;
+	red.global.add.f32 [%rd1+4], 0f3F800000;
+	mad.lo.u32 %r4, %r2, 1000, %r1;
+	atom.global.max.s32 %r3, [%rd1+8], %r4;
+	atom.global.min.s32 %r3, [%rd1+12], %r4;
+	atom.global.add.u64 %rd3, [%rd1+16], 3;
+	atom.shared.add.u32 %r3, [local], 2;
+	atom.global.exch.b32 %r5, [%rd1+24], %r1;
+	bar.sync 0;
+	setp.ne.u32 %p1, %r1, 0;
+	@%p1 bra DONE;
+	ld.shared.u32 %r6, [local];
+	mul.wide.u32 %rd4, %r2, 4;
+	add.u64 %rd4, %rd4, %rd2;
+	st.global.u32 [%rd4], %r6;
+	atom.global.cas.b32 %r7, [%rd1+28], 0, 77;
+DONE:
+	ret;
+}`
+	const blocks, threads = 9, 96
+	mem := NewMemory()
+	cnt, per := mem.Alloc(32), mem.Alloc(4*blocks)
+	binary.LittleEndian.PutUint32(mem.Bytes(cnt)[12:], 1<<30)
+	l := Launch{Grid: [3]int{blocks, 1, 1}, Block: [3]int{threads, 1, 1}}
+	if err := runText(t, src, l, mem, cnt, per); err != nil {
+		t.Fatal(err)
+	}
+	c := readU32(mem, cnt, 8)
+	if c[0] != blocks*threads || math.Float32frombits(c[1]) != blocks*threads {
+		t.Errorf("counters %d %v, want %d", c[0], math.Float32frombits(c[1]), blocks*threads)
+	}
+	if c[2] != (blocks-1)*1000+threads-1 || c[3] != 0 {
+		t.Errorf("max %d min %d", c[2], c[3])
+	}
+	if got := binary.LittleEndian.Uint64(mem.Bytes(cnt)[16:]); got != 3*blocks*threads {
+		t.Errorf("u64 sum %d", got)
+	}
+	if c[6] >= threads || c[7] != 77 {
+		t.Errorf("exch left %d, cas left %d", c[6], c[7])
+	}
+	for b, v := range readU32(mem, per, blocks) {
+		if v != 2*threads {
+			t.Errorf("block %d shared count %d, want %d", b, v, 2*threads)
+		}
+	}
+}
+
+// TestLoop sums 0..tid with a backward branch and stores through a u8 store too.
+func TestLoop(t *testing.T) {
+	src := `.visible .entry k(.param .u64 out, .param .u64 bytes)
+{
+	.reg .pred %p<3>;
+	.reg .b16 %rs<2>;
+	.reg .b32 %r<6>;
+	.reg .b64 %rd<6>;
+	ld.param.u64 %rd1, [out];
+	ld.param.u64 %rd2, [bytes];
+	mov.u32 %r1, %tid.x;
+	mov.u32 %r2, 0;
+	mov.u32 %r3, 0;
+LOOP:
+	setp.gt.u32 %p1, %r3, %r1;
+	@%p1 bra.uni END;
+	add.u32 %r2, %r2, %r3;
+	add.u32 %r3, %r3, 1;
+	bra LOOP;
+END:
+	mul.wide.u32 %rd3, %r1, 4;
+	add.u64 %rd3, %rd3, %rd1;
+	st.global.u32 [%rd3], %r2;
+	cvt.u64.u32 %rd4, %r1;
+	add.u64 %rd4, %rd4, %rd2;
+	cvt.u16.u32 %rs1, %r2;
+	st.global.u8 [%rd4], %rs1;
+	ld.global.u8 %r4, [%rd4];
+	setp.ne.u32 %p2, %r4, %r2;
+	@%p2 st.global.u32 [%rd3], 0;
+	exit;
+}`
+	const n = 20
+	mem := NewMemory()
+	out, bytes := mem.Alloc(4*n), mem.Alloc(n)
+	if err := runText(t, src, Launch{Grid: [3]int{1, 1, 1}, Block: [3]int{n, 1, 1}}, mem, out, bytes); err != nil {
+		t.Fatal(err)
+	}
+	got := readU32(mem, out, n)
+	for i := range n {
+		want := uint32(i * (i + 1) / 2)
+		if i > 22 { // results above 255 fail the u8 round trip and are zeroed
+			want = 0
+		}
+		if got[i] != want || mem.Bytes(bytes)[i] != byte(want) {
+			t.Errorf("thread %d: sum %d byte %d, want %d", i, got[i], mem.Bytes(bytes)[i], want)
+		}
+	}
+}
+
+func TestShuffleModes(t *testing.T) {
+	src := `.visible .entry k(.param .u64 out)
+{
+	.reg .b32 %r<8>;
+	.reg .b64 %rd<4>;
+	ld.param.u64 %rd1, [out];
+	mov.u32 %r1, %laneid;
+	mov.u32 %r7, %tid.x;
+	mul.wide.u32 %rd2, %r7, 16;
+	add.u64 %rd2, %rd2, %rd1;
+	shfl.sync.down.b32 %r2, %r1, 3, 0x1f, -1;
+	shfl.sync.up.b32 %r3, %r1, 3, 0, -1;
+	shfl.sync.idx.b32 %r4, %r1, 5, 0x1f, -1;
+	shfl.sync.bfly.b32 %r5, %r1, 6, 0x1f, -1;
+	st.global.v4.u32 [%rd2], {%r2, %r3, %r4, %r5};
+	ret;
+}`
+	mem := NewMemory()
+	out := mem.Alloc(16 * 64)
+	if err := runText(t, src, Launch{Grid: [3]int{1, 1, 1}, Block: [3]int{64, 1, 1}}, mem, out); err != nil {
+		t.Fatal(err)
+	}
+	got := readU32(mem, out, 4*64)
+	for tid := range 64 {
+		l := uint32(tid % 32)
+		down, up := l+3, l-3
+		if l+3 > 31 {
+			down = l
+		}
+		if l < 3 {
+			up = l
+		}
+		want := []uint32{down, up, 5, l ^ 6}
+		for j, w := range want {
+			if got[4*tid+j] != w {
+				t.Errorf("thread %d result %d: got %d want %d", tid, j, got[4*tid+j], w)
+			}
+		}
+	}
+}
+
+func TestFaults(t *testing.T) {
+	one := Launch{Grid: [3]int{2, 1, 1}, Block: [3]int{40, 1, 1}}
+	cases := []struct {
+		name, body string
+		want       []string
+	}{
+		{"out of bounds", `mov.u32 %r1, %tid.x; mul.wide.u32 %rd2, %r1, 4; add.u64 %rd2, %rd2, %rd1; st.global.u32 [%rd2], %r1;`,
+			[]string{"instr 4 (st.global.u32 [%rd2], %r1)", "block (0,0,0) thread (32,0,0)", "outside every allocation"}},
+		{"misaligned", `ld.global.u32 %r1, [%rd1+2];`, []string{"misaligned 4-byte"}},
+		{"shared out of window", `mov.u32 %r1, 64; st.shared.u32 [%r1], %r1;`, []string{"outside the 16-byte shared window"}},
+		{"division by zero", `mov.u32 %r1, 0; div.u32 %r1, %r1, %r1;`, []string{"division by zero"}},
+		{"deadlock", `mov.u32 %r1, %laneid; setp.lt.u32 %p1, %r1, 16; @%p1 bra SH; bar.sync 0; ret; SH: shfl.sync.bfly.b32 %r2, %r1, 1, 0x1f, -1;`,
+			[]string{"deadlock", "waits at a barrier", "waits at a shuffle"}},
+		{"runaway loop", `L: bra L;`, []string{"runaway loop"}},
+		{"undeclared register", `mov.u32 %r9, 1;`, []string{"register %r9 is not declared"}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			src := `.visible .entry k(.param .u64 out)
+{
+	.reg .pred %p<2>;
+	.reg .b32 %r<4>;
+	.reg .b64 %rd<4>;
+	.shared .align 16 .f32 sm[4];
+	ld.param.u64 %rd1, [out];
+	` + c.body + `
+	ret;
+}`
+			mem := NewMemory()
+			out := mem.Alloc(4 * 32)
+			err := runText(t, src, one, mem, out)
+			if err == nil {
+				t.Fatal("no error")
+			}
+			for _, w := range c.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q lacks %q", err, w)
+				}
+			}
+		})
+	}
+}
+
+func TestRunRejectsBadCalls(t *testing.T) {
+	mod := compile(t, vecAdd())
+	mem := NewMemory()
+	l := Launch{Grid: [3]int{1, 1, 1}, Block: [3]int{32, 1, 1}}
+	if err := Run(mod, "nope", l, mem, nil); err == nil || !strings.Contains(err.Error(), `no entry "nope"`) {
+		t.Errorf("missing entry: %v", err)
+	}
+	if err := Run(mod, "vadd", l, mem, []uint64{1}); err == nil || !strings.Contains(err.Error(), "takes 5 parameters") {
+		t.Errorf("wrong params: %v", err)
+	}
+	if err := Run(mod, "vadd", Launch{Grid: [3]int{1, 1, 1}, Block: [3]int{2048, 1, 1}}, mem, make([]uint64, 5)); err == nil {
+		t.Error("oversized block accepted")
+	}
+}
+
+func TestMemory(t *testing.T) {
+	m := NewMemory()
+	a, b, z := m.Alloc(10), m.Alloc(300), m.Alloc(0)
+	if a == 0 || a%256 != 0 || b%256 != 0 || b < a+10 || z == b {
+		t.Fatalf("addresses %x %x %x", a, b, z)
+	}
+	if len(m.Bytes(a)) != 10 || len(m.Bytes(a+3)) != 7 || m.Bytes(a+10) != nil || m.Bytes(0) != nil {
+		t.Fatal("bad views")
+	}
+	if m.Bytes(z) == nil || len(m.Bytes(z)) != 0 {
+		t.Fatal("empty allocation has no view")
 	}
 }

@@ -204,21 +204,33 @@ func (b *block) run(cta [3]int) error {
 	}
 }
 
+// deadlock describes a block whose threads all wait and none can be released: it names the
+// first thread waiting at a shuffle and the first at a barrier.
 func (b *block) deadlock() error {
-	var waits []error
+	first := [2]int{-1, -1}
+	var count [2]int
 	for t := range b.n {
-		if s := b.state[t]; s == stBar || s == stShfl {
-			what := "a barrier"
-			if s == stShfl {
-				what = "a shuffle"
-			}
-			waits = append(waits, b.errorAt(t, b.pc[t], fmt.Errorf("deadlock: waits at %s forever", what)))
-			if len(waits) == 4 {
-				break
+		k := -1
+		switch b.state[t] {
+		case stShfl:
+			k = 0
+		case stBar:
+			k = 1
+		}
+		if k >= 0 {
+			count[k]++
+			if first[k] < 0 {
+				first[k] = t
 			}
 		}
 	}
-	return errors.Join(waits...)
+	var errs []error
+	for k, what := range []string{"a shuffle", "a barrier"} {
+		if t := first[k]; t >= 0 {
+			errs = append(errs, b.errorAt(t, b.pc[t], fmt.Errorf("deadlock: waits at %s forever (%d threads wait at shuffles, %d at barriers)", what, count[0], count[1])))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // shuffle resolves the shfl that every live lane of the warp [lo,hi) waits on, if they all
