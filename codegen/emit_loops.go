@@ -1,0 +1,98 @@
+package codegen
+
+import "xmix/ptx"
+
+// Structured control flow and address idioms for the forward kernels. Loops and branches take
+// their bodies as closures so that the generators read like the loops they emit.
+
+// forLoop emits `for i = start; i < end; i += step { body }` over u32 values.
+func (e emitter) forLoop(i ptx.Reg, start, end, step ptx.Operand, body func()) {
+	top, done := e.NewLabel("loop"), e.NewLabel("loop_end")
+	p := e.Reg(ptx.Pred)
+	e.Emit("mov.u32", i, start)
+	e.Label(top)
+	e.Emit("setp.ge.u32", p, i, end)
+	e.EmitIf(p, false, "bra", ptx.Sym(done))
+	body()
+	e.Emit("add.u32", i, i, step)
+	e.Emit("bra", ptx.Sym(top))
+	e.Label(done)
+}
+
+// when emits body guarded by a branch over it: it runs only where p holds (or fails, if neg).
+func (e emitter) when(p ptx.Reg, neg bool, body func()) {
+	skip := e.NewLabel("skip")
+	e.EmitIf(p, !neg, "bra", ptx.Sym(skip))
+	body()
+	e.Label(skip)
+}
+
+// cmp emits setp.<cmp>.<t> and returns the predicate.
+func (e emitter) cmp(cmp string, t ptx.Type, a, b ptx.Operand) ptx.Reg {
+	p := e.Reg(ptx.Pred)
+	e.Emit("setp."+cmp+"."+t.String(), p, a, b)
+	return p
+}
+
+// op3 emits a two-source instruction into a fresh register of type t.
+func (e emitter) op3(op string, t ptx.Type, a, b ptx.Operand) ptx.Reg {
+	r := e.Reg(t)
+	e.Emit(op, r, a, b)
+	return r
+}
+
+// byteAddr returns base + idx*stride as a 64-bit address (idx is u32, stride in bytes).
+func (e emitter) byteAddr(base ptx.Reg, idx ptx.Operand, stride int) ptx.Reg {
+	off := e.Reg(ptx.U64)
+	e.Emit("mul.wide.u32", off, idx, ptx.Imm(stride))
+	a := e.Reg(ptx.U64)
+	e.Emit("add.u64", a, base, off)
+	return a
+}
+
+// loadAt loads one element of storage type dt (F32 or BF16) at a as f32.
+func (e emitter) loadAt(a ptx.Addr, dt ptx.Type) ptx.Reg {
+	r := e.Reg(ptx.F32)
+	if dt == ptx.BF16 {
+		h := e.Reg(ptx.B16)
+		e.Emit("ld.global.b16", h, a)
+		e.Emit("cvt.f32.bf16", r, h)
+		return r
+	}
+	e.Emit("ld.global.f32", r, a)
+	return r
+}
+
+// storeAt stores f32 v at a in storage type dt (F32 or BF16).
+func (e emitter) storeAt(a ptx.Addr, v ptx.Reg, dt ptx.Type) {
+	if dt == ptx.BF16 {
+		h := e.Reg(ptx.B16)
+		e.Emit("cvt.rn.bf16.f32", h, v)
+		e.Emit("st.global.b16", a, h)
+		return
+	}
+	e.Emit("st.global.f32", a, v)
+}
+
+// log2 returns log2(n) when n is a power of two.
+func log2(n int) (int, bool) {
+	if n <= 0 || n&(n-1) != 0 {
+		return 0, false
+	}
+	k := 0
+	for 1<<k < n {
+		k++
+	}
+	return k, true
+}
+
+// dtypeName is the ops attribute spelling of a storage type.
+func dtypeName(t ptx.Type) (string, bool) {
+	switch t {
+	case ptx.F32:
+		return "f32", true
+	case ptx.BF16:
+		return "bf16", true
+	}
+	return "", false
+}

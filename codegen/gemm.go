@@ -1,0 +1,160 @@
+package codegen
+
+import (
+	"fmt"
+
+	"xmix/ops"
+	"xmix/ptx"
+)
+
+// GemmConfig is y[rows,N] = x[rows,K] @ w[N,K]^T with x and y in f32 and w stored as WDtype.
+type GemmConfig struct {
+	K, N   int
+	WDtype ptx.Type
+}
+
+// The decode GEMM gives each warp one output column: lanes stride K with 16-byte loads, and
+// each weight chunk, loaded once, is applied to a tile of up to gemmTile rows of x. Rows
+// beyond a tile are handled by further tiles of 8, 4, 2 and 1 rows, so no lane ever computes
+// a row that does not exist.
+const (
+	gemmWarps = 8
+	gemmTile  = 8
+)
+
+// Launch is the grid for a call over rows rows.
+func (c GemmConfig) Launch(rows int) ops.Launch {
+	return ops.Launch{Grid: [3]int{(c.N + gemmWarps - 1) / gemmWarps, 1, 1}, Block: [3]int{32 * gemmWarps, 1, 1}}
+}
+
+// Gemm generates the kernel; parameters: x, w, y (u64), rows (u32).
+func Gemm(name string, c GemmConfig) (*Kernel, error) {
+	dt, ok := dtypeName(c.WDtype)
+	if !ok {
+		return nil, fmt.Errorf("gemm %s: weight dtype %s: want f32 or bf16", name, c.WDtype)
+	}
+	if c.K <= 0 || c.N <= 0 {
+		return nil, fmt.Errorf("gemm %s: K=%d N=%d must be positive", name, c.K, c.N)
+	}
+	g := gemmGen{emitter: newEmitter(name), c: c}
+	g.emit()
+	return finish(g.Kernel, "gemm", ops.GemmAttrs{K: c.K, N: c.N, WDtype: dt})
+}
+
+type gemmGen struct {
+	emitter
+	c    GemmConfig
+	vec  int     // elements per lane per K step: 8 (bf16) or 4 (f32) when K allows, else 1
+	wrow ptx.Reg // this warp's weight row
+	x, y ptx.Reg
+	lane ptx.Reg
+	col  ptx.Reg
+}
+
+func (g *gemmGen) emit() {
+	c := g.c
+	g.x = g.param("x", ptx.U64)
+	w := g.param("w", ptx.U64)
+	g.y = g.param("y", ptx.U64)
+	rows := g.param("rows", ptx.U32)
+	g.vec = 1
+	if v := 16 / c.WDtype.Bytes(); c.K%v == 0 {
+		g.vec = v
+	}
+	tid := g.special(ptx.TidX)
+	g.lane = g.op3("and.b32", ptx.U32, tid, ptx.Imm(31))
+	warp := g.op3("shr.u32", ptx.U32, tid, ptx.Imm(5))
+	cta := g.special(ptx.CtaidX)
+	g.col = g.Reg(ptx.U32)
+	g.Emit("mad.lo.u32", g.col, cta, ptx.Imm(gemmWarps), warp)
+	done := g.NewLabel("done")
+	// Whole warps leave together, so the shuffles below always see 32 live lanes.
+	g.EmitIf(g.cmp("ge", ptx.U32, g.col, ptx.Imm(int64(c.N))), false, "bra", ptx.Sym(done))
+	g.wrow = g.byteAddr(w, g.col, c.K*c.WDtype.Bytes())
+
+	r0 := g.imm32(0)
+	left := g.Reg(ptx.U32)
+	full := g.NewLabel("full_tiles")
+	g.Label(full)
+	g.Emit("sub.u32", left, rows, r0)
+	g.when(g.cmp("ge", ptx.U32, left, ptx.Imm(gemmTile)), false, func() {
+		g.tile(r0, gemmTile)
+		g.Emit("bra", ptx.Sym(full))
+	})
+	for t := gemmTile / 2; t >= 1; t /= 2 {
+		g.Emit("sub.u32", left, rows, r0)
+		g.when(g.cmp("ge", ptx.U32, left, ptx.Imm(int64(t))), false, func() { g.tile(r0, t) })
+	}
+	g.Label(done)
+}
+
+// tile computes rows r0..r0+t-1 of this warp's column and advances r0 by t.
+func (g *gemmGen) tile(r0 ptx.Reg, t int) {
+	c := g.c
+	xrow := make([]ptx.Reg, t)
+	for j := range xrow {
+		r := g.op3("add.u32", ptx.U32, r0, ptx.Imm(int64(j)))
+		xrow[j] = g.byteAddr(g.x, r, 4*c.K)
+	}
+	acc := make([]ptx.Reg, t)
+	for j := range acc {
+		acc[j] = g.f32(0)
+	}
+	k := g.Reg(ptx.U32)
+	g.forLoop(k, g.lane, ptx.Imm(int64(c.K/g.vec)), ptx.Imm(32), func() {
+		wv := g.loadW(k)
+		for j := range t {
+			xa := g.byteAddr(xrow[j], k, 4*g.vec)
+			for q := 0; q < g.vec; q += 4 {
+				var xs []ptx.Reg
+				if g.vec == 1 {
+					xs = []ptx.Reg{g.Reg(ptx.F32)}
+					g.Emit("ld.global.f32", xs[0], ptx.Addr{Base: xa})
+				} else {
+					xs = g.Regs(ptx.F32, 4)
+					g.Emit("ld.global.v4.f32", ptx.Vec(xs), ptx.Addr{Base: xa, Offset: int64(4 * q)})
+				}
+				for i, xv := range xs {
+					g.Emit("fma.rn.f32", acc[j], xv, wv[q+i], acc[j])
+				}
+			}
+		}
+	})
+	isLane0 := g.cmp("eq", ptx.U32, g.lane, ptx.Imm(0))
+	for j := range acc {
+		g.warpReduce(acc[j], "add")
+		r := g.op3("add.u32", ptx.U32, r0, ptx.Imm(int64(j)))
+		idx := g.Reg(ptx.U32)
+		g.Emit("mad.lo.u32", idx, r, ptx.Imm(int64(c.N)), g.col)
+		g.EmitIf(isLane0, false, "st.global.f32", ptx.Addr{Base: g.byteAddr(g.y, idx, 4)}, acc[j])
+	}
+	g.Emit("add.u32", r0, r0, ptx.Imm(int64(t)))
+}
+
+// loadW loads weight chunk k (vec elements) of this warp's row as f32 registers.
+func (g *gemmGen) loadW(k ptx.Reg) []ptx.Reg {
+	a := ptx.Addr{Base: g.byteAddr(g.wrow, k, g.vec*g.c.WDtype.Bytes())}
+	if g.vec == 1 {
+		return []ptx.Reg{g.loadAt(a, g.c.WDtype)}
+	}
+	if g.c.WDtype == ptx.F32 {
+		ws := g.Regs(ptx.F32, 4)
+		g.Emit("ld.global.v4.f32", ptx.Vec(ws), a)
+		return ws
+	}
+	// Eight bf16 in four words: the even element is the low half, and a bf16 widens to f32 by
+	// standing in the high half of the word.
+	words := g.Regs(ptx.B32, 4)
+	g.Emit("ld.global.v4.b32", ptx.Vec(words), a)
+	ws := make([]ptx.Reg, 0, 8)
+	for _, wd := range words {
+		lo, hi := g.Reg(ptx.B32), g.Reg(ptx.B32)
+		g.Emit("shl.b32", lo, wd, ptx.Imm(16))
+		g.Emit("and.b32", hi, wd, ptx.Imm(-65536))
+		flo, fhi := g.Reg(ptx.F32), g.Reg(ptx.F32)
+		g.Emit("mov.b32", flo, lo)
+		g.Emit("mov.b32", fhi, hi)
+		ws = append(ws, flo, fhi)
+	}
+	return ws
+}

@@ -1,0 +1,190 @@
+package codegen
+
+import (
+	"fmt"
+	"math"
+
+	"xmix/bundle"
+	"xmix/ops"
+	"xmix/ptx"
+)
+
+// RopeConfig describes the QKV rows RopeKV rotates and the paged KV cache it writes (see
+// ops.KVAttrs for the layouts). BlockSize must be a power of two.
+type RopeConfig struct {
+	Heads, KVHeads, HeadDim, BlockSize, MaxBlocksPerSeq int
+	KVDtype                                             ptx.Type
+}
+
+// ropeThreads is the block size RopeKV aims for: HeadDim/2 lanes per head, as many heads side
+// by side as fill it.
+const ropeThreads = 128
+
+func (c RopeConfig) headsPerBlock() int { return max(1, ropeThreads/(c.HeadDim/2)) }
+
+// Launch is the grid for rows rows: one block per row, threads (HeadDim/2, heads in flight).
+func (c RopeConfig) Launch(rows int) ops.Launch {
+	return ops.Launch{Grid: [3]int{rows, 1, 1}, Block: [3]int{c.HeadDim / 2, c.headsPerBlock(), 1}}
+}
+
+// kvAttrs checks the shape shared by RopeKV and Attention and returns its ops attributes.
+func kvAttrs(c RopeConfig) (ops.KVAttrs, error) {
+	dt, ok := dtypeName(c.KVDtype)
+	if !ok {
+		return ops.KVAttrs{}, fmt.Errorf("kv dtype %s: want f32 or bf16", c.KVDtype)
+	}
+	if c.Heads <= 0 || c.KVHeads <= 0 || c.Heads%c.KVHeads != 0 {
+		return ops.KVAttrs{}, fmt.Errorf("heads %d, kv heads %d: want heads a positive multiple of kv heads", c.Heads, c.KVHeads)
+	}
+	if c.HeadDim <= 0 || c.HeadDim%2 != 0 || c.HeadDim > 2048 {
+		return ops.KVAttrs{}, fmt.Errorf("head dim %d: want even, at most 2048", c.HeadDim)
+	}
+	if _, ok := log2(c.BlockSize); !ok {
+		return ops.KVAttrs{}, fmt.Errorf("kv block size %d: want a power of two", c.BlockSize)
+	}
+	if c.MaxBlocksPerSeq <= 0 {
+		return ops.KVAttrs{}, fmt.Errorf("max blocks per sequence %d: want positive", c.MaxBlocksPerSeq)
+	}
+	return ops.KVAttrs{Heads: c.Heads, KVHeads: c.KVHeads, HeadDim: c.HeadDim, BlockSize: c.BlockSize,
+		MaxBlocksPerSeq: c.MaxBlocksPerSeq, KVDtype: dt}, nil
+}
+
+// kvSlot emits the cache token slot of position p in sequence slot s:
+// block_table[s][p/BlockSize]*BlockSize + p%BlockSize.
+func (e emitter) kvSlot(c RopeConfig, table, s, p ptx.Reg) ptx.Reg {
+	shift, _ := log2(c.BlockSize)
+	blk := e.op3("shr.u32", ptx.U32, p, ptx.Imm(int64(shift)))
+	idx := e.Reg(ptx.U32)
+	e.Emit("mad.lo.u32", idx, s, ptx.Imm(int64(c.MaxBlocksPerSeq)), blk)
+	page := e.Reg(ptx.U32)
+	e.Emit("ld.global.u32", page, ptx.Addr{Base: e.byteAddr(table, idx, 4)})
+	off := e.op3("and.b32", ptx.U32, p, ptx.Imm(int64(c.BlockSize-1)))
+	slot := e.Reg(ptx.U32)
+	e.Emit("mad.lo.u32", slot, page, ptx.Imm(int64(c.BlockSize)), off)
+	return slot
+}
+
+// RopeKV generates the kernel that rotates a row's q and k heads in place (Hugging Face's
+// rotate_half convention) and writes its k and v heads to the paged cache. Parameters: qkv,
+// cos, sin, pos, seq, block_table, kcache, vcache (all u64).
+func RopeKV(name string, c RopeConfig) (*Kernel, error) {
+	attrs, err := kvAttrs(c)
+	if err != nil {
+		return nil, fmt.Errorf("rope_kv %s: %w", name, err)
+	}
+	e := newEmitter(name)
+	qkv := e.param("qkv", ptx.U64)
+	cosT := e.param("cos", ptx.U64)
+	sinT := e.param("sin", ptx.U64)
+	posP := e.param("pos", ptx.U64)
+	seqP := e.param("seq", ptx.U64)
+	table := e.param("block_table", ptx.U64)
+	kc := e.param("kcache", ptx.U64)
+	vc := e.param("vcache", ptx.U64)
+
+	d, half, kvs := c.HeadDim, c.HeadDim/2, c.KVDtype.Bytes()
+	hpb := c.headsPerBlock()
+	row := e.special(ptx.CtaidX)
+	i := e.special(ptx.TidX)
+	hy := e.special(ptx.TidY)
+	p := e.Reg(ptx.U32)
+	e.Emit("ld.global.u32", p, ptx.Addr{Base: e.byteAddr(posP, row, 4)})
+	s := e.Reg(ptx.U32)
+	e.Emit("ld.global.u32", s, ptx.Addr{Base: e.byteAddr(seqP, row, 4)})
+	ti := e.Reg(ptx.U32)
+	e.Emit("mad.lo.u32", ti, p, ptx.Imm(int64(half)), i)
+	cs := e.Reg(ptx.F32)
+	e.Emit("ld.global.f32", cs, ptx.Addr{Base: e.byteAddr(cosT, ti, 4)})
+	sn := e.Reg(ptx.F32)
+	e.Emit("ld.global.f32", sn, ptx.Addr{Base: e.byteAddr(sinT, ti, 4)})
+	slot := e.kvSlot(c, table, s, p)
+	// This thread's element i of kv head 0 at the row's slot; head h adds h*HeadDim.
+	elem := e.Reg(ptx.U32)
+	e.Emit("mad.lo.u32", elem, slot, ptx.Imm(int64(c.KVHeads*d)), i)
+	kbase := e.byteAddr(kc, elem, kvs)
+	vbase := e.byteAddr(vc, elem, kvs)
+	rowBase := e.byteAddr(qkv, row, 4*(c.Heads+2*c.KVHeads)*d)
+	xbase := e.byteAddr(rowBase, i, 4)
+
+	h := e.Reg(ptx.U32)
+	e.forLoop(h, hy, ptx.Imm(int64(c.Heads+c.KVHeads)), ptx.Imm(int64(hpb)), func() {
+		a := e.byteAddr(xbase, h, 4*d)
+		x0, x1 := e.Reg(ptx.F32), e.Reg(ptx.F32)
+		e.Emit("ld.global.f32", x0, ptx.Addr{Base: a})
+		e.Emit("ld.global.f32", x1, ptx.Addr{Base: a, Offset: int64(4 * half)})
+		// Rounded products (.rn) keep ptxas from contracting into fma, so every backend
+		// rounds exactly as the reference does.
+		o0 := e.op3("sub.rn.f32", ptx.F32, e.op3("mul.rn.f32", ptx.F32, x0, cs), e.op3("mul.rn.f32", ptx.F32, x1, sn))
+		o1 := e.op3("add.rn.f32", ptx.F32, e.op3("mul.rn.f32", ptx.F32, x1, cs), e.op3("mul.rn.f32", ptx.F32, x0, sn))
+		e.Emit("st.global.f32", ptx.Addr{Base: a}, o0)
+		e.Emit("st.global.f32", ptx.Addr{Base: a, Offset: int64(4 * half)}, o1)
+		e.when(e.cmp("ge", ptx.U32, h, ptx.Imm(int64(c.Heads))), false, func() {
+			kh := e.op3("sub.u32", ptx.U32, h, ptx.Imm(int64(c.Heads)))
+			ka := e.byteAddr(kbase, kh, d*kvs)
+			e.storeAt(ptx.Addr{Base: ka}, o0, c.KVDtype)
+			e.storeAt(ptx.Addr{Base: ka, Offset: int64(half * kvs)}, o1, c.KVDtype)
+		})
+	})
+	e.forLoop(h, hy, ptx.Imm(int64(c.KVHeads)), ptx.Imm(int64(hpb)), func() {
+		a := e.byteAddr(xbase, h, 4*d)
+		v0, v1 := e.Reg(ptx.F32), e.Reg(ptx.F32)
+		off := int64(4 * (c.Heads + c.KVHeads) * d)
+		e.Emit("ld.global.f32", v0, ptx.Addr{Base: a, Offset: off})
+		e.Emit("ld.global.f32", v1, ptx.Addr{Base: a, Offset: off + int64(4*half)})
+		va := e.byteAddr(vbase, h, d*kvs)
+		e.storeAt(ptx.Addr{Base: va}, v0, c.KVDtype)
+		e.storeAt(ptx.Addr{Base: va, Offset: int64(half * kvs)}, v1, c.KVDtype)
+	})
+	return finish(e.Kernel, "rope_kv", attrs)
+}
+
+// RopeTables returns cos and sin of pos*inv_freq[i] as [maxPos, headDim/2] tables, with
+// inv_freq as Hugging Face computes it: theta^(-2i/headDim) in float32, rescaled per
+// frequency when s is Llama-3 scaling (rope_type "llama3"); other scaling types are the
+// frontend's to reject. The angle is a float32 product, as in HF; cos and sin are taken in
+// float64 and rounded.
+func RopeTables(theta float64, headDim, maxPos int, s *bundle.RopeScaling) (cos, sin []float32) {
+	inv := ropeInvFreq(theta, headDim, s)
+	attn := 1.0
+	if s != nil && s.AttentionFactor > 0 {
+		attn = s.AttentionFactor
+	}
+	half := headDim / 2
+	cos, sin = make([]float32, maxPos*half), make([]float32, maxPos*half)
+	for p := range maxPos {
+		for i, f := range inv {
+			ang := float64(float32(p) * f)
+			cos[p*half+i] = float32(math.Cos(ang) * attn)
+			sin[p*half+i] = float32(math.Sin(ang) * attn)
+		}
+	}
+	return cos, sin
+}
+
+// ropeInvFreq follows transformers' _compute_default_rope_parameters and
+// _compute_llama3_parameters, in float32 like the torch tensors there.
+func ropeInvFreq(theta float64, headDim int, s *bundle.RopeScaling) []float32 {
+	inv := make([]float32, headDim/2)
+	for i := range inv {
+		e := float32(2*i) / float32(headDim)
+		inv[i] = 1 / float32(math.Pow(theta, float64(e)))
+	}
+	if s == nil || s.Type != "llama3" {
+		return inv
+	}
+	factor, low, high := float32(s.Factor), float32(s.LowFreqFactor), float32(s.HighFreqFactor)
+	orig := float32(s.OriginalMaxPos)
+	lowWavelen, highWavelen := orig/low, orig/high
+	for i, f := range inv {
+		wavelen := float32(2*math.Pi) / f
+		switch {
+		case wavelen > lowWavelen:
+			inv[i] = f / factor
+		case wavelen < highWavelen:
+		default:
+			smooth := (orig/wavelen - low) / (high - low)
+			inv[i] = float32((1-smooth)*f/factor) + float32(smooth*f)
+		}
+	}
+	return inv
+}
