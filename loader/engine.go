@@ -138,7 +138,7 @@ func (e *Engine) Generate(reqs []Request) ([]Result, error) {
 	var queue []*seqState
 	for i := range reqs {
 		r := &reqs[i]
-		s := &seqState{req: r, res: &results[i], slot: -1, rng: rand.New(rand.NewPCG(r.Seed, uint64(i)))}
+		s := &seqState{req: r, res: &results[i], slot: -1, rng: rand.New(rand.NewPCG(r.Seed, 0x786d6978))}
 		s.tokens = append([]int{c.BOS}, r.Prompt...)
 		s.promptN = len(s.tokens)
 		for _, t := range r.Prompt {

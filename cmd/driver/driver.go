@@ -1,0 +1,129 @@
+// Package driver is the compile pipeline both CLIs share: specs -> frontend -> passes ->
+// codegen -> bundle. Each stage's error is wrapped with the stage's name.
+package driver
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"xmix/bundle"
+	"xmix/codegen"
+	"xmix/frontend"
+	"xmix/loader"
+	"xmix/passes"
+)
+
+// Compiler names the toolchain version recorded in bundles.
+const Compiler = "xmixc 0.1"
+
+// Options control a build.
+type Options struct {
+	EmbedWeights bool
+	Verify       bool                          // run the verifier after every pass
+	Progress     func(format string, a ...any) // may be nil
+	Trace        func(pass string, p *passes.Program)
+}
+
+// Frontend parses the model and app specs.
+func Frontend(modelPath string, appPaths []string) (*frontend.Model, []*frontend.App, error) {
+	m, err := frontend.LoadModel(modelPath)
+	if err != nil {
+		return nil, nil, err
+	}
+	var apps []*frontend.App
+	for _, p := range appPaths {
+		a, err := frontend.LoadApp(p, m)
+		if err != nil {
+			return nil, nil, err
+		}
+		apps = append(apps, a)
+	}
+	return m, apps, nil
+}
+
+// Plan parses the specs and runs the passes.
+func Plan(modelPath string, appPaths []string, opt Options) (*passes.Program, error) {
+	m, apps, err := Frontend(modelPath, appPaths)
+	if err != nil {
+		return nil, err
+	}
+	return passes.Run(m, apps, passes.Options{Verify: opt.Verify, Trace: opt.Trace})
+}
+
+// Build compiles the specs into a bundle.
+func Build(modelPath string, appPaths []string, opt Options) (*bundle.Bundle, error) {
+	progress := opt.Progress
+	if progress == nil {
+		progress = func(string, ...any) {}
+	}
+	progress("frontend: %s + %d app(s)", modelPath, len(appPaths))
+	p, err := Plan(modelPath, appPaths, opt)
+	if err != nil {
+		return nil, err
+	}
+	progress("passes: %d MI op site(s) planned", len(p.Ops))
+	m := p.Model
+	var inputs []bundle.InputDigest
+	for _, path := range append([]string{modelPath}, appPaths...) {
+		d, err := fileDigest(path)
+		if err != nil {
+			return nil, err
+		}
+		inputs = append(inputs, bundle.InputDigest{Path: filepath.Base(path), SHA256: d})
+	}
+	var weights bundle.WeightsRef
+	var embedded []byte
+	switch {
+	case m.Weights.Synthetic:
+		weights.Synthetic = &bundle.Synth{Seed: m.Weights.Seed, Std: m.Weights.Std}
+	case opt.EmbedWeights:
+		files, err := loader.WeightFiles(m.Weights.Path)
+		if err != nil {
+			return nil, err
+		}
+		if len(files) != 1 {
+			return nil, fmt.Errorf("weights: only a single safetensors file can be embedded, %s has %d", m.Weights.Path, len(files))
+		}
+		if embedded, err = os.ReadFile(files[0]); err != nil {
+			return nil, fmt.Errorf("weights: %w", err)
+		}
+	default:
+		d, err := loader.WeightsDigest(m.Weights.Path)
+		if err != nil {
+			return nil, err
+		}
+		weights.Path, weights.SHA256 = m.Weights.Path, d
+	}
+	var tok []byte
+	if m.Tokenizer.Kind == "hf" {
+		if tok, err = os.ReadFile(m.Tokenizer.Path); err != nil {
+			return nil, fmt.Errorf("tokenizer: %w", err)
+		}
+	}
+	b, err := codegen.Generate(p, codegen.Options{
+		Build:     bundle.BuildInfo{Compiler: Compiler, Inputs: inputs},
+		Weights:   weights,
+		Tokenizer: tok,
+		Progress:  func(f string, a ...any) { progress("codegen: "+f, a...) },
+	})
+	if err != nil {
+		return nil, fmt.Errorf("codegen: %w", err)
+	}
+	b.Weights = embedded
+	if err := bundle.Verify(b); err != nil {
+		return nil, fmt.Errorf("bundle: %w", err)
+	}
+	return b, nil
+}
+
+func fileDigest(path string) (string, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return "", err
+	}
+	sum := sha256.Sum256(data)
+	return hex.EncodeToString(sum[:]), nil
+}

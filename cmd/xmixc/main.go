@@ -1,0 +1,252 @@
+// Command xmixc compiles a model spec and MI app specs into an .xmb bundle.
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"xmix/bundle"
+	"xmix/cmd/driver"
+	"xmix/passes"
+)
+
+func main() {
+	if err := rootCmd().Execute(); err != nil {
+		os.Exit(1)
+	}
+}
+
+func rootCmd() *cobra.Command {
+	root := &cobra.Command{
+		Use:   "xmixc",
+		Short: "Compile LLM models with mechanistic-interpretability apps into xmix bundles",
+		Long: `xmixc reads a model spec (specs/models/*.yaml) and any number of app specs
+(specs/apps/*.yaml), fuses the apps' MI operations into generated PTX kernels, and writes one
+.xmb bundle that 'xmix run' executes on a GPU or the CPU.`,
+		SilenceUsage: true,
+	}
+	root.AddCommand(buildCmd(), checkCmd(), inspectCmd(), ptxCmd())
+	return root
+}
+
+func buildCmd() *cobra.Command {
+	var out string
+	var embed, verify, quiet bool
+	c := &cobra.Command{
+		Use:   "build MODEL.yaml [APP.yaml...] -o OUT.xmb",
+		Short: "Compile specs into a bundle",
+		Example: `  xmixc build specs/models/tiny.yaml specs/apps/tiny-steer.yaml -o tiny.xmb
+  xmixc build specs/models/llama-3.1-8b.yaml specs/apps/*.yaml -o llama8b.xmb`,
+		Args: cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if out == "" {
+				return fmt.Errorf("no output file: add -o OUT.xmb")
+			}
+			start := time.Now()
+			progress := func(f string, a ...any) {
+				if !quiet {
+					fmt.Fprintf(os.Stderr, "[%6.2fs] %s\n", time.Since(start).Seconds(), fmt.Sprintf(f, a...))
+				}
+			}
+			b, err := driver.Build(args[0], args[1:], driver.Options{EmbedWeights: embed, Verify: verify, Progress: progress})
+			if err != nil {
+				return err
+			}
+			data, err := bundle.Marshal(b)
+			if err != nil {
+				return err
+			}
+			// Write to a temporary file first so that a failed write never leaves half a bundle.
+			tmp := out + ".tmp"
+			if err := os.WriteFile(tmp, data, 0o644); err != nil {
+				return err
+			}
+			if err := os.Rename(tmp, out); err != nil {
+				return err
+			}
+			progress("wrote %s (%.1f MB, %d kernels, %d templates)", out, float64(len(data))/1e6, len(b.Kernels), len(b.Templates))
+			return nil
+		},
+	}
+	c.Flags().StringVarP(&out, "output", "o", "", "bundle file to write")
+	c.Flags().BoolVar(&embed, "embed-weights", false, "copy the weights into the bundle instead of referencing them")
+	c.Flags().BoolVar(&verify, "verify-passes", false, "run the IR verifier after every pass")
+	c.Flags().BoolVarP(&quiet, "quiet", "q", false, "no progress output")
+	return c
+}
+
+func checkCmd() *cobra.Command {
+	var trace bool
+	c := &cobra.Command{
+		Use:   "check MODEL.yaml [APP.yaml...]",
+		Short: "Validate specs and print the resolved plan (which MI op is fused into which kernel)",
+		Args:  cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			opt := driver.Options{Verify: true}
+			if trace {
+				opt.Trace = func(pass string, p *passes.Program) {
+					fmt.Printf("after %s: %d op site(s)\n", pass, len(p.Ops))
+				}
+			}
+			p, err := driver.Plan(args[0], args[1:], opt)
+			if err != nil {
+				return err
+			}
+			printPlan(p)
+			return nil
+		},
+	}
+	c.Flags().BoolVar(&trace, "trace", false, "print a line after each pass")
+	return c
+}
+
+func printPlan(p *passes.Program) {
+	m := p.Model
+	fmt.Printf("model %s (%s): %d layers, hidden %d, %d heads (%d kv), vocab %d\n",
+		m.Name, m.Family, m.Layers, m.Hidden, m.Heads, m.KVHeads, m.Vocab)
+	for _, a := range p.Apps {
+		fmt.Printf("app %s: bit %d, %d scalar(s), %d vector(s), %d buffer(s)\n", a.Name, a.Bit, len(a.Scalars), len(a.Vectors), len(a.Exports))
+	}
+	if len(p.Ops) == 0 {
+		fmt.Println("no MI ops: the bundle runs the bare model")
+	}
+	for _, op := range p.Ops {
+		where := "whole model"
+		if op.Layer >= 0 {
+			where = fmt.Sprintf("layer %d", op.Layer)
+		}
+		host := map[string]string{
+			passes.HostEmbed: "fused into the embedding + norm kernel", passes.HostAddNorm: "fused into the residual-add + RMSNorm kernel",
+			passes.HostSilu: "fused into the SiLU*up kernel", passes.HostMI: "standalone MI kernel",
+		}[op.Host]
+		extra := ""
+		if len(op.Gates) > 0 {
+			var gs []string
+			for _, g := range op.Gates {
+				gs = append(gs, g.Kind)
+			}
+			extra = " when " + strings.Join(gs, " and ")
+		}
+		fmt.Printf("  %-10s %-12s %-11s %-9s -> %s (%s)%s\n", where, op.Hook, op.Template, op.App.Name, host, op.Role, extra)
+	}
+}
+
+func inspectCmd() *cobra.Command {
+	var ptxName string
+	var asJSON bool
+	c := &cobra.Command{
+		Use:   "inspect BUNDLE.xmb",
+		Short: "List a bundle's manifest, apps, kernels and templates (--ptx NAME prints one kernel)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			b, err := bundle.ReadFile(args[0])
+			if err != nil {
+				return err
+			}
+			if ptxName != "" {
+				return printPTX(b, ptxName)
+			}
+			if asJSON {
+				enc := json.NewEncoder(os.Stdout)
+				enc.SetIndent("", "  ")
+				return enc.Encode(b.Manifest)
+			}
+			printBundle(b)
+			return nil
+		},
+	}
+	c.Flags().StringVar(&ptxName, "ptx", "", "print the PTX of this kernel")
+	c.Flags().BoolVar(&asJSON, "json", false, "print the manifest as JSON")
+	return c
+}
+
+func printPTX(b *bundle.Bundle, name string) error {
+	var names []string
+	for _, k := range b.Kernels {
+		if k.Name == name {
+			fmt.Print(k.PTX)
+			return nil
+		}
+		names = append(names, k.Name)
+	}
+	sort.Strings(names)
+	return fmt.Errorf("no kernel %q in the bundle (kernels: %s)", name, strings.Join(names, ", "))
+}
+
+func printBundle(b *bundle.Bundle) {
+	m := b.Manifest.Model
+	fmt.Printf("model     %s (%s) layers=%d hidden=%d inter=%d heads=%d/%d head_dim=%d vocab=%d weights=%s kv=%s\n",
+		m.Name, m.Family, m.Layers, m.Hidden, m.Intermediate, m.Heads, m.KVHeads, m.HeadDim, m.Vocab, m.WeightDtype, m.KVDtype)
+	fmt.Printf("serving   max_seq_len=%d max_seqs=%d kv_pages=%d x %d tokens\n", m.MaxSeqLen, m.MaxSeqs, m.KVBlocks, m.KVBlockSize)
+	w := b.Manifest.Weights
+	switch {
+	case len(b.Weights) > 0:
+		fmt.Printf("weights   embedded (%.1f MB)\n", float64(len(b.Weights))/1e6)
+	case w.Synthetic != nil:
+		fmt.Printf("weights   synthetic seed=%d std=%g\n", w.Synthetic.Seed, w.Synthetic.Std)
+	default:
+		fmt.Printf("weights   %s (digest %s)\n", w.Path, w.SHA256)
+	}
+	fmt.Printf("build     %s\n", b.Manifest.Build.Compiler)
+	for _, in := range b.Manifest.Build.Inputs {
+		fmt.Printf("          %s sha256=%s\n", in.Path, in.SHA256[:16])
+	}
+	fmt.Printf("apps      %d\n", len(b.Manifest.Apps))
+	for _, a := range b.Manifest.Apps {
+		fmt.Printf("  bit %-2d %s (%s)\n", a.Bit, a.Name, a.Source)
+		for _, s := range a.Scalars {
+			fmt.Printf("          scalar %s = %g\n", s.Name, s.Value)
+		}
+		for _, x := range a.Exports {
+			fmt.Printf("          export %s (%d per token)\n", x.Name, x.Width)
+		}
+	}
+	for _, s := range b.Manifest.Sites {
+		fused := "fused"
+		if !s.Fused {
+			fused = "own kernel"
+		}
+		fmt.Printf("  site layer %-3d %-11s %-12s %-10s -> %s (%s)\n", s.Layer, s.Hook, s.What, s.App, s.Kernel, fused)
+	}
+	fmt.Printf("kernels   %d\n", len(b.Kernels))
+	for _, k := range b.Kernels {
+		fmt.Printf("  %-36s op=%-10s params=%d ptx=%d lines\n", k.Name, k.Op, len(k.Params), strings.Count(k.PTX, "\n"))
+	}
+	fmt.Printf("templates %d\n", len(b.Templates))
+	for _, t := range b.Templates {
+		fmt.Printf("  %-14s %-7s tokens=%-4d samples=%-4d nodes=%d\n", t.Name, t.Kind, t.Tokens, t.Samples, len(t.Nodes))
+	}
+}
+
+func ptxCmd() *cobra.Command {
+	var dir string
+	c := &cobra.Command{
+		Use:   "ptx BUNDLE.xmb -d DIR",
+		Short: "Write every kernel of a bundle as DIR/NAME.ptx (for ptxas or cuobjdump)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			b, err := bundle.ReadFile(args[0])
+			if err != nil {
+				return err
+			}
+			if err := os.MkdirAll(dir, 0o755); err != nil {
+				return err
+			}
+			for _, k := range b.Kernels {
+				if err := os.WriteFile(dir+"/"+k.Name+".ptx", []byte(k.PTX), 0o644); err != nil {
+					return err
+				}
+			}
+			fmt.Fprintf(os.Stderr, "wrote %d kernels to %s\n", len(b.Kernels), dir)
+			return nil
+		},
+	}
+	c.Flags().StringVarP(&dir, "dir", "d", "ptx", "directory to write the kernels to")
+	return c
+}

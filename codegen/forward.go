@@ -1,0 +1,309 @@
+package codegen
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"math"
+	"sort"
+	"strings"
+
+	"xmix/bundle"
+	"xmix/frontend"
+	"xmix/passes"
+	"xmix/ptx"
+	"xmix/safetensors"
+)
+
+// Options are the parts of a bundle that do not come from the program.
+type Options struct {
+	Build   bundle.BuildInfo
+	Weights bundle.WeightsRef
+	// Tokenizer is the tokenizer definition to embed (empty for a byte tokenizer).
+	Tokenizer []byte
+	// Progress, when set, is told about each phase.
+	Progress func(format string, args ...any)
+}
+
+// gen is the state of one Generate call.
+type gen struct {
+	p       *passes.Program
+	m       *frontend.Model
+	wdt     ptx.Type
+	kvdt    ptx.Type
+	maxT    int
+	maxS    int
+	blocks  int // KV pages per sequence
+	kernels map[string]*Kernel
+	order   []string
+	bufs    []bundle.Buffer
+}
+
+// Generate lowers a planned program to a bundle: kernels, one template per bucket, buffers,
+// and the params section.
+func Generate(p *passes.Program, opt Options) (*bundle.Bundle, error) {
+	m := p.Model
+	g := &gen{p: p, m: m, kernels: map[string]*Kernel{}, wdt: ptx.BF16, kvdt: ptx.F32}
+	if m.Dtype == "f32" {
+		g.wdt = ptx.F32
+	}
+	if m.KVDtype == "bf16" {
+		g.kvdt = ptx.BF16
+	}
+	g.maxT = max(m.DecodeBuckets[len(m.DecodeBuckets)-1], m.PrefillChunks[len(m.PrefillChunks)-1])
+	g.maxS = max(m.DecodeBuckets[len(m.DecodeBuckets)-1], min(m.PrefillChunks[len(m.PrefillChunks)-1], m.MaxSeqs))
+	g.blocks = (m.MaxSeqLen + m.KVBlockSize - 1) / m.KVBlockSize
+	progress := opt.Progress
+	if progress == nil {
+		progress = func(string, ...any) {}
+	}
+
+	g.declareBuffers()
+	var templates []bundle.Template
+	for _, b := range m.DecodeBuckets {
+		progress("template decode_b%d", b)
+		t, err := g.template(fmt.Sprintf("decode_b%d", b), "decode", b, b)
+		if err != nil {
+			return nil, err
+		}
+		templates = append(templates, t)
+	}
+	for _, c := range m.PrefillChunks {
+		progress("template prefill_t%d", c)
+		t, err := g.template(fmt.Sprintf("prefill_t%d", c), "prefill", c, min(c, g.maxS))
+		if err != nil {
+			return nil, err
+		}
+		templates = append(templates, t)
+	}
+	params, err := g.params()
+	if err != nil {
+		return nil, err
+	}
+	b := &bundle.Bundle{
+		Manifest: bundle.Manifest{
+			Model:   g.modelConfig(),
+			Weights: opt.Weights,
+			Apps:    g.apps(),
+			Buffers: g.bufs,
+			Sites:   g.sites(),
+			Build:   opt.Build,
+		},
+		Templates: templates,
+		Params:    params,
+		Tokenizer: opt.Tokenizer,
+	}
+	for _, name := range g.order {
+		k := g.kernels[name]
+		bp := make([]bundle.Param, len(k.Params))
+		for i, q := range k.Params {
+			bp[i] = bundle.Param{Name: q.Name, Type: q.T.String()}
+		}
+		b.Kernels = append(b.Kernels, bundle.Kernel{Name: k.Name, PTX: k.PTX, Params: bp, Op: k.Op, Attrs: k.Attrs})
+	}
+	progress("%d kernels, %d templates", len(b.Kernels), len(templates))
+	return b, nil
+}
+
+func (g *gen) modelConfig() bundle.ModelConfig {
+	m := g.m
+	c := bundle.ModelConfig{
+		Name: m.Name, Family: m.Family, Hidden: m.Hidden, Intermediate: m.Intermediate,
+		Layers: m.Layers, Heads: m.Heads, KVHeads: m.KVHeads, HeadDim: m.HeadDim, Vocab: m.Vocab,
+		RopeTheta: m.RopeTheta, RMSEps: m.RMSEps, TieEmbeddings: m.TieEmbeddings,
+		WeightDtype: g.wdt.String(), KVDtype: g.kvdt.String(), MaxSeqLen: m.MaxSeqLen,
+		MaxSeqs: m.MaxSeqs, KVBlockSize: m.KVBlockSize, KVBlocks: g.kvBlocks(),
+		Tokenizer: m.Tokenizer.Kind, BOS: m.BOS, EOS: m.EOS,
+	}
+	if s := m.RopeScaling; s != nil {
+		c.RopeScaling = &bundle.RopeScaling{Type: s.Type, Factor: s.Factor, LowFreqFactor: s.LowFreqFactor,
+			HighFreqFactor: s.HighFreqFactor, OriginalMaxPos: s.OriginalMaxPos}
+	}
+	return c
+}
+
+// kvBlocks sizes the page pool: every resident sequence can reach max_seq_len, plus one
+// page for the padding rows of a bucket (they write their K/V there, never read).
+func (g *gen) kvBlocks() int { return g.m.MaxSeqs*g.blocks + 1 }
+
+func (g *gen) buf(name, kind, dtype string, shape []int, tensors ...string) {
+	g.bufs = append(g.bufs, bundle.Buffer{Name: name, Kind: kind, Dtype: dtype, Shape: shape, Tensors: tensors})
+}
+
+func (g *gen) declareBuffers() {
+	m := g.m
+	wd := g.wdt.String()
+	H, D, I := m.Hidden, m.HeadDim, m.Intermediate
+	qkv := (m.Heads + 2*m.KVHeads) * D
+	g.buf("embed", bundle.KindWeight, wd, []int{m.Vocab, H}, "model.embed_tokens.weight")
+	for l := range m.Layers {
+		pre := fmt.Sprintf("model.layers.%d.", l)
+		g.buf(layerBuf(l, "attn_norm"), bundle.KindWeight, wd, []int{H}, pre+"input_layernorm.weight")
+		g.buf(layerBuf(l, "wqkv"), bundle.KindWeight, wd, []int{qkv, H},
+			pre+"self_attn.q_proj.weight", pre+"self_attn.k_proj.weight", pre+"self_attn.v_proj.weight")
+		g.buf(layerBuf(l, "wo"), bundle.KindWeight, wd, []int{H, m.Heads * D}, pre+"self_attn.o_proj.weight")
+		g.buf(layerBuf(l, "mlp_norm"), bundle.KindWeight, wd, []int{H}, pre+"post_attention_layernorm.weight")
+		g.buf(layerBuf(l, "wgu"), bundle.KindWeight, wd, []int{2 * I, H}, pre+"mlp.gate_proj.weight", pre+"mlp.up_proj.weight")
+		g.buf(layerBuf(l, "wdown"), bundle.KindWeight, wd, []int{H, I}, pre+"mlp.down_proj.weight")
+	}
+	g.buf("final_norm", bundle.KindWeight, wd, []int{H}, "model.norm.weight")
+	if !m.TieEmbeddings {
+		g.buf("lm_head", bundle.KindWeight, wd, []int{m.Vocab, H}, "lm_head.weight")
+	}
+	g.buf("rope.cos", bundle.KindParam, "f32", []int{m.MaxSeqLen, D / 2}, "rope.cos")
+	g.buf("rope.sin", bundle.KindParam, "f32", []int{m.MaxSeqLen, D / 2}, "rope.sin")
+	for _, a := range g.p.Apps {
+		for _, v := range a.Vectors {
+			g.buf(v.Buffer, bundle.KindParam, "f32", []int{len(v.Data)}, v.Buffer)
+		}
+		if len(a.Scalars) > 0 {
+			g.buf(scalBuf(a), bundle.KindParam, "f32", []int{len(a.Scalars)}, scalBuf(a))
+		}
+		for _, e := range a.Exports {
+			g.buf(e.Buffer, bundle.KindOutput, "f32", []int{g.maxT, e.Width})
+		}
+	}
+	for _, c := range []string{"ctl.tokens", "ctl.pos", "ctl.seq", "ctl.mask", "ctl.gen", "ctl.out_row"} {
+		g.buf(c, bundle.KindControl, "u32", []int{g.maxT})
+	}
+	g.buf("ctl.temperature", bundle.KindControl, "f32", []int{g.maxS})
+	g.buf("ctl.top_p", bundle.KindControl, "f32", []int{g.maxS})
+	g.buf("ctl.rng", bundle.KindControl, "u32", []int{g.maxS})
+	// One row per resident sequence plus the padding sequence.
+	g.buf("kv.block_table", bundle.KindControl, "u32", []int{m.MaxSeqs + 1, g.blocks})
+	for l := range m.Layers {
+		shape := []int{g.kvBlocks(), m.KVBlockSize, m.KVHeads, D}
+		g.buf(layerBuf(l, "kcache"), bundle.KindKV, g.kvdt.String(), shape)
+		g.buf(layerBuf(l, "vcache"), bundle.KindKV, g.kvdt.String(), shape)
+	}
+	g.buf("act.resid", bundle.KindActivation, "f32", []int{g.maxT, H})
+	g.buf("act.xn", bundle.KindActivation, "f32", []int{g.maxT, H})
+	g.buf("act.qkv", bundle.KindActivation, "f32", []int{g.maxT, qkv})
+	g.buf("act.z", bundle.KindActivation, "f32", []int{g.maxT, m.Heads * D})
+	g.buf("act.delta", bundle.KindActivation, "f32", []int{g.maxT, H})
+	g.buf("act.gu", bundle.KindActivation, "f32", []int{g.maxT, 2 * I})
+	g.buf("act.mlp", bundle.KindActivation, "f32", []int{g.maxT, I})
+	g.buf("act.final", bundle.KindActivation, "f32", []int{g.maxS, H})
+	g.buf("act.logits", bundle.KindActivation, "f32", []int{g.maxS, m.Vocab})
+	g.buf("out.sampled", bundle.KindOutput, "u32", []int{g.maxS})
+}
+
+func layerBuf(l int, what string) string { return fmt.Sprintf("L%d.%s", l, what) }
+func scalBuf(a *passes.AppPlan) string   { return "app." + a.Name + ".scal" }
+
+// params builds the params section: RoPE tables and every app's vectors and scalar table.
+func (g *gen) params() ([]byte, error) {
+	m := g.m
+	cos, sin := RopeTables(m.RopeTheta, m.HeadDim, m.MaxSeqLen, g.modelConfig().RopeScaling)
+	ts := []safetensors.Tensor{f32Tensor("rope.cos", cos, m.MaxSeqLen, m.HeadDim/2), f32Tensor("rope.sin", sin, m.MaxSeqLen, m.HeadDim/2)}
+	for _, a := range g.p.Apps {
+		for _, v := range a.Vectors {
+			ts = append(ts, f32Tensor(v.Buffer, v.Data, len(v.Data)))
+		}
+		if len(a.Scalars) > 0 {
+			vals := make([]float32, len(a.Scalars))
+			for i, s := range a.Scalars {
+				vals[i] = s.Value
+			}
+			ts = append(ts, f32Tensor(scalBuf(a), vals, len(vals)))
+		}
+	}
+	var out bytes.Buffer
+	if err := safetensors.Write(&out, ts, nil); err != nil {
+		return nil, fmt.Errorf("params section: %w", err)
+	}
+	return out.Bytes(), nil
+}
+
+func f32Tensor(name string, v []float32, shape ...int) safetensors.Tensor {
+	data := make([]byte, 4*len(v))
+	for i, x := range v {
+		binary.LittleEndian.PutUint32(data[4*i:], math.Float32bits(x))
+	}
+	return safetensors.Tensor{Name: name, Dtype: "F32", Shape: shape, Data: data}
+}
+
+func (g *gen) apps() []bundle.App {
+	var out []bundle.App
+	for _, a := range g.p.Apps {
+		ba := bundle.App{Name: a.Name, Bit: a.Bit, Source: a.Spec.Path}
+		for i, s := range a.Scalars {
+			ba.Scalars = append(ba.Scalars, bundle.Scalar{Name: s.Name, Index: i, Value: s.Value})
+		}
+		for _, e := range a.Exports {
+			if e.Export {
+				ba.Exports = append(ba.Exports, bundle.Export{Name: e.Name, Buffer: e.Buffer, Width: e.Width})
+			}
+		}
+		out = append(out, ba)
+	}
+	return out
+}
+
+func (g *gen) sites() []bundle.Site {
+	var out []bundle.Site
+	for _, op := range g.p.Ops {
+		out = append(out, bundle.Site{
+			Layer: op.Layer, Hook: op.Hook, App: op.App.Name, Op: op.OpIndex,
+			Kernel: g.siteKernelName(op), Fused: op.Host != passes.HostMI, What: op.Template,
+		})
+	}
+	sort.SliceStable(out, func(i, j int) bool { return out[i].Layer < out[j].Layer })
+	return out
+}
+
+// siteKernelName is the name of the host kernel an op lands in (as template names it).
+func (g *gen) siteKernelName(op *passes.MIOp) string {
+	switch op.Host {
+	case passes.HostEmbed:
+		return miName("embed", []MIOp{{}}, "embed")
+	case passes.HostAddNorm:
+		base := fmt.Sprintf("add_norm_h%d", g.m.Hidden)
+		if op.HostLayer == 2*g.m.Layers-1 {
+			base = fmt.Sprintf("final_norm_h%d", g.m.Hidden)
+		}
+		return miName(base, []MIOp{{}}, fmt.Sprintf("s%d", op.HostLayer))
+	case passes.HostSilu:
+		return miName(fmt.Sprintf("silu_mul_i%d", g.m.Intermediate), []MIOp{{}}, fmt.Sprintf("L%d", op.HostLayer))
+	default:
+		return fmt.Sprintf("mi_L%d_%s", op.HostLayer, strings.ReplaceAll(op.Hook, ".", "_"))
+	}
+}
+
+// miOps returns the codegen MI ops of the given host (and role, "" for any role).
+func (g *gen) miOps(host string, hostLayer int, role, hook string) []MIOp {
+	var out []MIOp
+	for _, op := range g.p.Ops {
+		if op.Host != host || op.HostLayer != hostLayer || (role != "" && op.Role != role) || (hook != "" && op.Hook != hook) {
+			continue
+		}
+		mo := MIOp{
+			Template: op.Template, Bit: op.App.Bit, Width: op.Width, Vec: op.Vec,
+			Alpha: op.Alpha, Bias: op.Bias, Activation: op.Activation,
+			Out: op.Out, OutCol: op.OutCol, OutWidth: op.OutWidth,
+		}
+		if op.Alpha >= 0 || op.Bias >= 0 {
+			mo.Scal = scalBuf(op.App)
+		}
+		for _, gt := range op.Gates {
+			mo.Gates = append(mo.Gates, Gate{Kind: gt.Kind, Buf: gt.Buf, Col: gt.Col, Width: gt.Width, Cmp: gt.Cmp,
+				Value: gt.Value, Tokens: gt.Tokens, From: gt.From, To: gt.To, Positions: gt.Positions})
+		}
+		out = append(out, mo)
+	}
+	return out
+}
+
+// kernel returns the cached kernel name, building it on first use.
+func (g *gen) kernel(name string, build func() (*Kernel, error)) (*Kernel, error) {
+	if k, ok := g.kernels[name]; ok {
+		return k, nil
+	}
+	k, err := build()
+	if err != nil {
+		return nil, fmt.Errorf("kernel %s: %w", name, err)
+	}
+	g.kernels[name] = k
+	g.order = append(g.order, name)
+	return k, nil
+}

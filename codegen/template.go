@@ -1,0 +1,212 @@
+package codegen
+
+import (
+	"fmt"
+	"math"
+	"strings"
+
+	"xmix/bundle"
+	"xmix/ops"
+	"xmix/passes"
+)
+
+// slots maps kernel parameter names to what they are bound to in one node.
+type slots map[string]bundle.Slot
+
+func buf(name string) bundle.Slot { return bundle.Slot{Buffer: name} }
+func konst(v uint64) bundle.Slot  { return bundle.Slot{Const: v} }
+
+// ctlSlots are the control-block parameters every MI-carrying kernel may take.
+var ctlSlots = slots{"ctl_mask": buf("ctl.mask"), "ctl_tokens": buf("ctl.tokens"), "ctl_gen": buf("ctl.gen")}
+
+// node binds k's parameters by name and makes a launch.
+func node(label string, k *Kernel, l ops.Launch, s slots, mi []MIOp) (bundle.Node, error) {
+	all := slots{}
+	for n, v := range ctlSlots {
+		all[n] = v
+	}
+	for n, b := range MIBindings(mi) {
+		all[n] = buf(b)
+	}
+	for n, v := range s {
+		all[n] = v
+	}
+	n := bundle.Node{Label: label, Kernel: k.Name, Grid: l.Grid, Block: l.Block, Shared: l.Shared}
+	var missing []string
+	for _, q := range k.Params {
+		v, ok := all[q.Name]
+		if !ok {
+			missing = append(missing, q.Name)
+			continue
+		}
+		n.Args = append(n.Args, v)
+	}
+	if len(missing) > 0 {
+		return n, fmt.Errorf("%s: kernel %s: no binding for parameters %s", label, k.Name, strings.Join(missing, ", "))
+	}
+	return n, nil
+}
+
+// tb accumulates one template's nodes.
+type tb struct {
+	g     *gen
+	rows  int
+	nodes []bundle.Node
+	err   error
+}
+
+func (t *tb) add(label string, k *Kernel, err error, l ops.Launch, s slots, mi []MIOp) {
+	if t.err != nil {
+		return
+	}
+	if err != nil {
+		t.err = fmt.Errorf("%s: %w", label, err)
+		return
+	}
+	n, err := node(label, k, l, s, mi)
+	if err != nil {
+		t.err = err
+		return
+	}
+	t.nodes = append(t.nodes, n)
+}
+
+// template emits the forward for one bucket: `rows` token rows, `samples` sampled rows.
+func (g *gen) template(name, kind string, rows, samples int) (bundle.Template, error) {
+	m := g.m
+	t := &tb{g: g, rows: rows}
+	H, D, I := m.Hidden, m.HeadDim, m.Intermediate
+	qkvW := (m.Heads + 2*m.KVHeads) * D
+	eps := float32(m.RMSEps)
+
+	// Embedding + layer 0's input norm, with embed / resid_pre(0) ops fused.
+	embedOps := g.miOps(passes.HostEmbed, -1, "", "")
+	ec := RowConfig{Hidden: H, Vocab: m.Vocab, Eps: eps, WDtype: g.wdt, Load: "embed", ResidOps: embedOps}
+	k, err := g.kernel(miName("embed", embedOps, "embed"), func() (*Kernel, error) { return RowNorm(miName("embed", embedOps, "embed"), ec) })
+	t.add("embed", k, err, ec.Launch(rows), slots{
+		"tokens": buf("ctl.tokens"), "table": buf("embed"), "resid": buf("act.resid"),
+		"w": buf(layerBuf(0, "attn_norm")), "out": buf("act.xn"),
+	}, embedOps)
+
+	for l := range m.Layers {
+		lb := func(w string) bundle.Slot { return buf(layerBuf(l, w)) }
+		t.gemm(fmt.Sprintf("L%d.qkv", l), "act.xn", lb("wqkv"), "act.qkv", H, qkvW, rows)
+		for _, h := range []struct {
+			hook          string
+			width, offset int
+		}{{"attn.q", m.Heads * D, 0}, {"attn.k", m.KVHeads * D, m.Heads * D}, {"attn.v", m.KVHeads * D, (m.Heads + m.KVHeads) * D}} {
+			t.miKernel(l, h.hook, "act.qkv", h.width, qkvW, h.offset)
+		}
+		rc := RopeConfig{Heads: m.Heads, KVHeads: m.KVHeads, HeadDim: D, BlockSize: m.KVBlockSize, MaxBlocksPerSeq: g.blocks, KVDtype: g.kvdt}
+		kname := fmt.Sprintf("rope_kv_h%d_kv%d_d%d_%s", m.Heads, m.KVHeads, D, g.kvdt)
+		k, err := g.kernel(kname, func() (*Kernel, error) { return RopeKV(kname, rc) })
+		kv := slots{"pos": buf("ctl.pos"), "seq": buf("ctl.seq"), "block_table": buf("kv.block_table"),
+			"kcache": lb("kcache"), "vcache": lb("vcache"), "qkv": buf("act.qkv")}
+		t.add(fmt.Sprintf("L%d.rope_kv", l), k, err, rc.Launch(rows), merge(kv, slots{"cos": buf("rope.cos"), "sin": buf("rope.sin")}), nil)
+
+		ac := AttnConfig{Heads: m.Heads, KVHeads: m.KVHeads, HeadDim: D, BlockSize: m.KVBlockSize, MaxBlocksPerSeq: g.blocks,
+			KVDtype: g.kvdt, Scale: float32(1 / math.Sqrt(float64(D)))}
+		aname := fmt.Sprintf("attention_h%d_kv%d_d%d_%s", m.Heads, m.KVHeads, D, g.kvdt)
+		k, err = g.kernel(aname, func() (*Kernel, error) { return Attention(aname, ac) })
+		t.add(fmt.Sprintf("L%d.attention", l), k, err, ac.Launch(rows), merge(kv, slots{"z": buf("act.z")}), nil)
+		t.miKernel(l, "attn.z", "act.z", m.Heads*D, m.Heads*D, 0)
+
+		t.gemm(fmt.Sprintf("L%d.o", l), "act.z", lb("wo"), "act.delta", m.Heads*D, H, rows)
+		t.addNorm(2*l, lb("mlp_norm"), "act.xn", false)
+		t.gemm(fmt.Sprintf("L%d.gate_up", l), "act.xn", lb("wgu"), "act.gu", H, 2*I, rows)
+
+		siluOps := g.miOps(passes.HostSilu, l, "", "")
+		sc := SiluConfig{Inter: I, Ops: siluOps}
+		sname := miName(fmt.Sprintf("silu_mul_i%d", I), siluOps, fmt.Sprintf("L%d", l))
+		k, err = g.kernel(sname, func() (*Kernel, error) { return SiluMul(sname, sc) })
+		t.add(fmt.Sprintf("L%d.silu_mul", l), k, err, sc.Launch(rows), slots{"gu": buf("act.gu"), "act": buf("act.mlp")}, siluOps)
+
+		t.gemm(fmt.Sprintf("L%d.down", l), "act.mlp", lb("wdown"), "act.delta", I, H, rows)
+		if l+1 < m.Layers {
+			t.addNorm(2*l+1, buf(layerBuf(l+1, "attn_norm")), "act.xn", false)
+		} else {
+			t.addNorm(2*l+1, buf("final_norm"), "act.final", true)
+		}
+	}
+	head := "lm_head"
+	if m.TieEmbeddings {
+		head = "embed"
+	}
+	t.gemm("lm_head", "act.final", buf(head), "act.logits", H, m.Vocab, samples)
+	smc := SampleConfig{Vocab: m.Vocab}
+	smName := fmt.Sprintf("sample_v%d", m.Vocab)
+	k, err = g.kernel(smName, func() (*Kernel, error) { return Sample(smName, smc) })
+	t.add("sample", k, err, smc.Launch(samples), slots{
+		"logits": buf("act.logits"), "temperature": buf("ctl.temperature"), "top_p": buf("ctl.top_p"),
+		"rng": buf("ctl.rng"), "out": buf("out.sampled"),
+	}, nil)
+	if t.err != nil {
+		return bundle.Template{}, fmt.Errorf("template %s: %w", name, t.err)
+	}
+	return bundle.Template{Name: name, Kind: kind, Tokens: rows, Samples: samples, Nodes: t.nodes}, nil
+}
+
+func merge(a, b slots) slots {
+	out := slots{}
+	for k, v := range a {
+		out[k] = v
+	}
+	for k, v := range b {
+		out[k] = v
+	}
+	return out
+}
+
+// miName names a kernel: shared by every layer when it carries no MI ops, specific to its
+// site when it does.
+func miName(base string, mi []MIOp, site string) string {
+	if len(mi) == 0 {
+		return base
+	}
+	return base + "_mi_" + site
+}
+
+func (t *tb) gemm(label, x string, w bundle.Slot, y string, k, n, rows int) {
+	g := t.g
+	c := GemmConfig{K: k, N: n, WDtype: g.wdt}
+	name := fmt.Sprintf("gemm_k%d_n%d_%s", k, n, g.wdt)
+	kern, err := g.kernel(name, func() (*Kernel, error) { return Gemm(name, c) })
+	t.add(label, kern, err, c.Launch(rows), slots{"x": buf(x), "w": w, "y": buf(y), "rows": konst(uint64(rows))}, nil)
+}
+
+// addNorm emits the residual add + RMSNorm that ends attention (slot 2L) or the MLP
+// (slot 2L+1) of a layer, with the MI ops placed in it. The last one is the final norm and
+// writes only the sampled rows.
+func (t *tb) addNorm(slot int, w bundle.Slot, out string, final bool) {
+	g := t.g
+	m := g.m
+	c := RowConfig{Hidden: m.Hidden, Vocab: m.Vocab, Eps: float32(m.RMSEps), WDtype: g.wdt, Load: "add", Gather: final,
+		DeltaOps: g.miOps(passes.HostAddNorm, slot, passes.RoleDelta, ""),
+		ResidOps: g.miOps(passes.HostAddNorm, slot, passes.RoleResid, ""),
+		NormOps:  g.miOps(passes.HostAddNorm, slot, passes.RoleNorm, "")}
+	all := append(append(append([]MIOp(nil), c.DeltaOps...), c.ResidOps...), c.NormOps...)
+	base := fmt.Sprintf("add_norm_h%d", m.Hidden)
+	if final {
+		base = fmt.Sprintf("final_norm_h%d", m.Hidden)
+	}
+	name := miName(base, all, fmt.Sprintf("s%d", slot))
+	k, err := g.kernel(name, func() (*Kernel, error) { return RowNorm(name, c) })
+	s := slots{"resid": buf("act.resid"), "delta": buf("act.delta"), "w": w, "out": buf(out)}
+	if final {
+		s["out_row"] = buf("ctl.out_row")
+	}
+	t.add(fmt.Sprintf("slot%d.add_norm", slot), k, err, c.Launch(t.rows), s, all)
+}
+
+// miKernel emits a standalone MI kernel over x when ops sit at hook of layer l.
+func (t *tb) miKernel(l int, hook, x string, width, stride, offset int) {
+	g := t.g
+	mi := g.miOps(passes.HostMI, l, "", hook)
+	if len(mi) == 0 {
+		return
+	}
+	c := MIKernelConfig{Width: width, Stride: stride, Offset: offset, Ops: mi}
+	name := fmt.Sprintf("mi_L%d_%s", l, strings.ReplaceAll(hook, ".", "_"))
+	k, err := g.kernel(name, func() (*Kernel, error) { return MIKernel(name, c) })
+	t.add(fmt.Sprintf("L%d.%s", l, hook), k, err, c.Launch(t.rows), slots{"x": buf(x)}, mi)
+}

@@ -1,0 +1,236 @@
+package testsuite
+
+import (
+	"math"
+	"strconv"
+	"testing"
+
+	"xmix/bundle"
+	"xmix/loader"
+	"xmix/ops"
+)
+
+// naiveLlama is an independent, straightforward float64 Llama forward (Hugging Face
+// conventions) that reads the same weights as the bundle. It recomputes the whole sequence
+// for every position: slow and obviously right.
+type naiveLlama struct {
+	c    bundle.ModelConfig
+	w    map[string][]float64
+	invF []float64
+}
+
+func newNaive(b *bundle.Bundle, be interface{ Buffer(string) []byte }) *naiveLlama {
+	n := &naiveLlama{c: b.Manifest.Model, w: map[string][]float64{}}
+	for _, buf := range b.Manifest.Buffers {
+		if buf.Kind != bundle.KindWeight {
+			continue
+		}
+		raw := be.Buffer(buf.Name)
+		var v []float64
+		if buf.Dtype == "bf16" {
+			for _, h := range (ops.Arg{Mem: raw}).U16() {
+				v = append(v, float64(ops.BF16ToF32(h)))
+			}
+		} else {
+			for _, f := range (ops.Arg{Mem: raw}).F32() {
+				v = append(v, float64(f))
+			}
+		}
+		n.w[buf.Name] = v
+	}
+	c := n.c
+	for i := 0; i < c.HeadDim/2; i++ {
+		inv := 1 / math.Pow(c.RopeTheta, float64(2*i)/float64(c.HeadDim))
+		if s := c.RopeScaling; s != nil {
+			wavelen := 2 * math.Pi / inv
+			lowWave := float64(s.OriginalMaxPos) / s.LowFreqFactor
+			highWave := float64(s.OriginalMaxPos) / s.HighFreqFactor
+			switch {
+			case wavelen < highWave:
+			case wavelen > lowWave:
+				inv /= s.Factor
+			default:
+				sm := (float64(s.OriginalMaxPos)/wavelen - s.LowFreqFactor) / (s.HighFreqFactor - s.LowFreqFactor)
+				inv = (1-sm)*inv/s.Factor + sm*inv
+			}
+		}
+		n.invF = append(n.invF, inv)
+	}
+	return n
+}
+
+func (n *naiveLlama) rmsnorm(x []float64, w []float64) []float64 {
+	var ss float64
+	for _, v := range x {
+		ss += v * v
+	}
+	r := 1 / math.Sqrt(ss/float64(len(x))+n.c.RMSEps)
+	out := make([]float64, len(x))
+	for i := range x {
+		out[i] = x[i] * r * w[i]
+	}
+	return out
+}
+
+// matvec: y = W x with W [rows, len(x)] starting at row r0.
+func matvec(w []float64, r0, rows int, x []float64) []float64 {
+	k := len(x)
+	y := make([]float64, rows)
+	for r := range rows {
+		var s float64
+		row := w[(r0+r)*k : (r0+r+1)*k]
+		for i, v := range x {
+			s += row[i] * v
+		}
+		y[r] = s
+	}
+	return y
+}
+
+func (n *naiveLlama) rope(x []float64, pos int) {
+	d := n.c.HeadDim
+	for i := 0; i < d/2; i++ {
+		a := float64(pos) * n.invF[i]
+		c, s := math.Cos(a), math.Sin(a)
+		x0, x1 := x[i], x[i+d/2]
+		x[i] = x0*c - x1*s
+		x[i+d/2] = x1*c + x0*s
+	}
+}
+
+// logits returns the next-token logits after tokens.
+func (n *naiveLlama) logits(tokens []int) []float64 {
+	c := n.c
+	H, D := c.Hidden, c.HeadDim
+	T := len(tokens)
+	x := make([][]float64, T)
+	for t, tok := range tokens {
+		x[t] = append([]float64(nil), n.w["embed"][tok*H:(tok+1)*H]...)
+	}
+	for l := range c.Layers {
+		lw := func(s string) []float64 { return n.w[layerName(l, s)] }
+		ks, vs, qs := make([][]float64, T), make([][]float64, T), make([][]float64, T)
+		for t := range T {
+			h := n.rmsnorm(x[t], lw("attn_norm"))
+			q := matvec(lw("wqkv"), 0, c.Heads*D, h)
+			k := matvec(lw("wqkv"), c.Heads*D, c.KVHeads*D, h)
+			v := matvec(lw("wqkv"), (c.Heads+c.KVHeads)*D, c.KVHeads*D, h)
+			for hd := range c.Heads {
+				n.rope(q[hd*D:(hd+1)*D], t)
+			}
+			for hd := range c.KVHeads {
+				n.rope(k[hd*D:(hd+1)*D], t)
+			}
+			qs[t], ks[t], vs[t] = q, k, v
+		}
+		for t := range T {
+			z := make([]float64, c.Heads*D)
+			for hd := range c.Heads {
+				kv := hd / (c.Heads / c.KVHeads)
+				scores := make([]float64, t+1)
+				mx := math.Inf(-1)
+				for j := 0; j <= t; j++ {
+					var s float64
+					for i := range D {
+						s += qs[t][hd*D+i] * ks[j][kv*D+i]
+					}
+					scores[j] = s / math.Sqrt(float64(D))
+					mx = math.Max(mx, scores[j])
+				}
+				var sum float64
+				for j := range scores {
+					scores[j] = math.Exp(scores[j] - mx)
+					sum += scores[j]
+				}
+				for j := range scores {
+					for i := range D {
+						z[hd*D+i] += scores[j] / sum * vs[j][kv*D+i]
+					}
+				}
+			}
+			o := matvec(lw("wo"), 0, H, z)
+			for i := range H {
+				x[t][i] += o[i]
+			}
+			h := n.rmsnorm(x[t], lw("mlp_norm"))
+			gu := matvec(lw("wgu"), 0, 2*c.Intermediate, h)
+			act := make([]float64, c.Intermediate)
+			for i := range act {
+				g := gu[i]
+				act[i] = g / (1 + math.Exp(-g)) * gu[c.Intermediate+i]
+			}
+			d := matvec(lw("wdown"), 0, H, act)
+			for i := range H {
+				x[t][i] += d[i]
+			}
+		}
+	}
+	h := n.rmsnorm(x[T-1], n.w["final_norm"])
+	head := n.w["lm_head"]
+	if c.TieEmbeddings {
+		head = n.w["embed"]
+	}
+	return matvec(head, 0, c.Vocab, h)
+}
+
+func layerName(l int, s string) string { return "L" + strconv.Itoa(l) + "." + s }
+
+// logitRecorder keeps the first sample's logits after every step.
+type logitRecorder struct {
+	loader.Backend
+	buf   func(string) []byte
+	vocab int
+	steps [][]float32
+}
+
+func (r *logitRecorder) Step(t int) error {
+	if err := r.Backend.Step(t); err != nil {
+		return err
+	}
+	r.steps = append(r.steps, append([]float32(nil), f32s(r.buf("act.logits"))[:r.vocab]...))
+	return nil
+}
+
+func TestForwardMatchesFloat64Reference(t *testing.T) {
+	b := compile(t, smallModel)
+	be := newCPU(t, b)
+	rec := &logitRecorder{Backend: be, buf: be.Buffer, vocab: b.Manifest.Model.Vocab}
+	eng, err := loader.NewEngine(b, rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	prompt := []int{72, 101, 108, 108, 111}
+	res, err := eng.Generate([]loader.Request{{Prompt: prompt, MaxTokens: 6}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref := newNaive(b, be)
+	seq := append([]int{b.Manifest.Model.BOS}, prompt...)
+	for step, got := range rec.steps {
+		want := ref.logits(seq)
+		var num, den float64
+		for i, w := range want {
+			d := float64(got[i]) - w
+			num += d * d
+			den += w * w
+		}
+		if e := math.Sqrt(num / den); e > 1e-4 {
+			t.Fatalf("step %d: logits relative error %.3g > 1e-4", step, e)
+		}
+		best := 0
+		for i, w := range want {
+			if w > want[best] {
+				best = i
+			}
+		}
+		if step < len(res[0].Tokens) && res[0].Tokens[step] != best {
+			t.Fatalf("step %d: greedy token %d, reference argmax %d", step, res[0].Tokens[step], best)
+		}
+		if step < len(res[0].Tokens) {
+			seq = append(seq, res[0].Tokens[step])
+		}
+	}
+	if len(rec.steps) != 6 {
+		t.Fatalf("%d steps recorded, want 6 (1 prefill + 5 decode)", len(rec.steps))
+	}
+}
