@@ -1,0 +1,109 @@
+package codegen
+
+import (
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"xmix/bundle"
+	"xmix/ptx"
+)
+
+// kvFixture is a paged cache for seqs sequences of maxBlocks pages each, with the pages
+// shuffled over the pool so that a wrong page lookup shows.
+type kvFixture struct {
+	table          []uint32
+	kcache, vcache targ
+}
+
+func newKVFixture(r *rand.Rand, c RopeConfig, seqs int) kvFixture {
+	pages := seqs * c.MaxBlocksPerSeq
+	table := make([]uint32, pages)
+	for i, p := range r.Perm(pages) {
+		table[i] = uint32(p)
+	}
+	n := pages * c.BlockSize * c.KVHeads * c.HeadDim
+	cache := func(name string) targ {
+		a := targ{name: name, out: n, f32: randF32(r, n, 1)}
+		if c.KVDtype == ptx.BF16 {
+			a.bf16, a.f32, a.dtype = a.f32, nil, "bf16"
+		}
+		return a
+	}
+	return kvFixture{table: table, kcache: cache("kcache"), vcache: cache("vcache")}
+}
+
+func TestRopeKVKernel(t *testing.T) {
+	r := rand.New(rand.NewPCG(21, 22))
+	for _, c := range []RopeConfig{
+		{Heads: 4, KVHeads: 1, HeadDim: 32, BlockSize: 4, MaxBlocksPerSeq: 4, KVDtype: ptx.F32},
+		{Heads: 2, KVHeads: 2, HeadDim: 64, BlockSize: 8, MaxBlocksPerSeq: 2, KVDtype: ptx.BF16},
+		{Heads: 3, KVHeads: 1, HeadDim: 96, BlockSize: 2, MaxBlocksPerSeq: 8, KVDtype: ptx.F32},
+	} {
+		k, err := RopeKV("rope_test", c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		const rows, seqs = 5, 3
+		maxPos := c.BlockSize * c.MaxBlocksPerSeq
+		cos, sin := RopeTables(10000, c.HeadDim, maxPos, nil)
+		pos := []uint32{0, uint32(maxPos - 1), uint32(c.BlockSize), 3, uint32(maxPos / 2)}
+		seq := []uint32{0, 2, 1, 2, 0}
+		kv := newKVFixture(r, c, seqs)
+		width := rows * (c.Heads + 2*c.KVHeads) * c.HeadDim
+		checkKernel(t, k, c.Launch(rows), []targ{
+			{name: "qkv", f32: randF32(r, width, 1), out: width},
+			{name: "cos", f32: cos}, {name: "sin", f32: sin},
+			{name: "pos", u32: pos}, {name: "seq", u32: seq}, {name: "block_table", u32: kv.table},
+			kv.kcache, kv.vcache,
+		})
+	}
+}
+
+func TestRopeKVRejectsBadShapes(t *testing.T) {
+	for _, c := range []RopeConfig{
+		{Heads: 4, KVHeads: 3, HeadDim: 32, BlockSize: 4, MaxBlocksPerSeq: 1, KVDtype: ptx.F32},
+		{Heads: 4, KVHeads: 1, HeadDim: 32, BlockSize: 12, MaxBlocksPerSeq: 1, KVDtype: ptx.F32},
+		{Heads: 4, KVHeads: 1, HeadDim: 32, BlockSize: 4, MaxBlocksPerSeq: 1, KVDtype: ptx.F16},
+	} {
+		if _, err := RopeKV("r", c); err == nil {
+			t.Errorf("%+v accepted", c)
+		}
+	}
+}
+
+// TestRopeTablesLlama3 checks Llama 3.1's scaling (factor 8, low 1, high 4, original 8192) on
+// one frequency of each regime, computed by hand from the formulas in float64.
+func TestRopeTablesLlama3(t *testing.T) {
+	s := &bundle.RopeScaling{Type: "llama3", Factor: 8, LowFreqFactor: 1, HighFreqFactor: 4, OriginalMaxPos: 8192}
+	const theta, dim = 500000.0, 128
+	inv := ropeInvFreq(theta, dim, s)
+	base := func(i int) float64 { return math.Pow(theta, -float64(2*i)/dim) }
+	// i=0: wavelength 2*pi, far below 8192/4 = 2048: unchanged.
+	// i=63: wavelength about 2.6e6, above 8192: divided by the factor.
+	// i=31: inv 1.736e-3, wavelength 3619, between 2048 and 8192: smoothed with
+	// s = (8192/3619 - 1)/(4 - 1) = 0.4212.
+	w31 := 2 * math.Pi / base(31)
+	sm := (8192/w31 - 1) / 3
+	for _, c := range []struct {
+		i    int
+		want float64
+	}{{0, 1}, {63, base(63) / 8}, {31, (1-sm)*base(31)/8 + sm*base(31)}} {
+		if got := float64(inv[c.i]); math.Abs(got-c.want) > 2e-6*c.want {
+			t.Errorf("inv_freq[%d] = %.8g, want %.8g", c.i, got, c.want)
+		}
+	}
+	if sm < 0.42 || sm > 0.43 {
+		t.Errorf("frequency 31 smooth factor %g, want about 0.4212", sm)
+	}
+	cos, sin := RopeTables(theta, dim, 3, s)
+	p, i := 2, 31
+	ang := float64(float32(p) * inv[i])
+	if cos[p*dim/2+i] != float32(math.Cos(ang)) || sin[p*dim/2+i] != float32(math.Sin(ang)) {
+		t.Errorf("cos/sin at pos %d, freq %d: %g %g", p, i, cos[p*dim/2+i], sin[p*dim/2+i])
+	}
+	plain := ropeInvFreq(theta, dim, nil)
+	if plain[63] != float32(1/float32(math.Pow(theta, float64(float32(126)/dim)))) {
+		t.Errorf("unscaled inv_freq[63] = %g", plain[63])
+	}
+}
