@@ -4,6 +4,7 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"sort"
 	"strings"
@@ -91,14 +92,14 @@ func checkCmd() *cobra.Command {
 			opt := driver.Options{Verify: true}
 			if trace {
 				opt.Trace = func(pass string, p *passes.Program) {
-					fmt.Printf("after %s: %d op site(s)\n", pass, len(p.Ops))
+					fmt.Fprintf(cmd.OutOrStdout(), "after %s: %d op site(s)\n", pass, len(p.Ops))
 				}
 			}
 			p, err := driver.Plan(args[0], args[1:], opt)
 			if err != nil {
 				return err
 			}
-			printPlan(p)
+			printPlan(cmd.OutOrStdout(), p)
 			return nil
 		},
 	}
@@ -106,15 +107,15 @@ func checkCmd() *cobra.Command {
 	return c
 }
 
-func printPlan(p *passes.Program) {
+func printPlan(w io.Writer, p *passes.Program) {
 	m := p.Model
-	fmt.Printf("model %s (%s): %d layers, hidden %d, %d heads (%d kv), vocab %d\n",
+	fmt.Fprintf(w, "model %s (%s): %d layers, hidden %d, %d heads (%d kv), vocab %d\n",
 		m.Name, m.Family, m.Layers, m.Hidden, m.Heads, m.KVHeads, m.Vocab)
 	for _, a := range p.Apps {
-		fmt.Printf("app %s: bit %d, %d scalar(s), %d vector(s), %d buffer(s)\n", a.Name, a.Bit, len(a.Scalars), len(a.Vectors), len(a.Exports))
+		fmt.Fprintf(w, "app %s: bit %d, %d scalar(s), %d vector(s), %d buffer(s)\n", a.Name, a.Bit, len(a.Scalars), len(a.Vectors), len(a.Exports))
 	}
 	if len(p.Ops) == 0 {
-		fmt.Println("no MI ops: the bundle runs the bare model")
+		fmt.Fprintln(w, "no MI ops: the bundle runs the bare model")
 	}
 	for _, op := range p.Ops {
 		where := "whole model"
@@ -133,7 +134,7 @@ func printPlan(p *passes.Program) {
 			}
 			extra = " when " + strings.Join(gs, " and ")
 		}
-		fmt.Printf("  %-10s %-12s %-11s %-9s -> %s (%s)%s\n", where, op.Hook, op.Template, op.App.Name, host, op.Role, extra)
+		fmt.Fprintf(w, "  %-10s %-12s %-11s %-9s -> %s (%s)%s\n", where, op.Hook, op.Template, op.App.Name, host, op.Role, extra)
 	}
 }
 
@@ -150,14 +151,14 @@ func inspectCmd() *cobra.Command {
 				return err
 			}
 			if ptxName != "" {
-				return printPTX(b, ptxName)
+				return printPTX(cmd.OutOrStdout(), b, ptxName)
 			}
 			if asJSON {
-				enc := json.NewEncoder(os.Stdout)
+				enc := json.NewEncoder(cmd.OutOrStdout())
 				enc.SetIndent("", "  ")
 				return enc.Encode(b.Manifest)
 			}
-			printBundle(b)
+			printBundle(cmd.OutOrStdout(), b)
 			return nil
 		},
 	}
@@ -166,11 +167,11 @@ func inspectCmd() *cobra.Command {
 	return c
 }
 
-func printPTX(b *bundle.Bundle, name string) error {
+func printPTX(w io.Writer, b *bundle.Bundle, name string) error {
 	var names []string
 	for _, k := range b.Kernels {
 		if k.Name == name {
-			fmt.Print(k.PTX)
+			fmt.Fprint(w, k.PTX)
 			return nil
 		}
 		names = append(names, k.Name)
@@ -179,32 +180,32 @@ func printPTX(b *bundle.Bundle, name string) error {
 	return fmt.Errorf("no kernel %q in the bundle (kernels: %s)", name, strings.Join(names, ", "))
 }
 
-func printBundle(b *bundle.Bundle) {
+func printBundle(w io.Writer, b *bundle.Bundle) {
 	m := b.Manifest.Model
-	fmt.Printf("model     %s (%s) layers=%d hidden=%d inter=%d heads=%d/%d head_dim=%d vocab=%d weights=%s kv=%s\n",
+	fmt.Fprintf(w, "model     %s (%s) layers=%d hidden=%d inter=%d heads=%d/%d head_dim=%d vocab=%d weights=%s kv=%s\n",
 		m.Name, m.Family, m.Layers, m.Hidden, m.Intermediate, m.Heads, m.KVHeads, m.HeadDim, m.Vocab, m.WeightDtype, m.KVDtype)
-	fmt.Printf("serving   max_seq_len=%d max_seqs=%d kv_pages=%d x %d tokens\n", m.MaxSeqLen, m.MaxSeqs, m.KVBlocks, m.KVBlockSize)
-	w := b.Manifest.Weights
+	fmt.Fprintf(w, "serving   max_seq_len=%d max_seqs=%d kv_pages=%d x %d tokens\n", m.MaxSeqLen, m.MaxSeqs, m.KVBlocks, m.KVBlockSize)
+	wr := b.Manifest.Weights
 	switch {
 	case len(b.Weights) > 0:
-		fmt.Printf("weights   embedded (%.1f MB)\n", float64(len(b.Weights))/1e6)
-	case w.Synthetic != nil:
-		fmt.Printf("weights   synthetic seed=%d std=%g\n", w.Synthetic.Seed, w.Synthetic.Std)
+		fmt.Fprintf(w, "weights   embedded (%.1f MB)\n", float64(len(b.Weights))/1e6)
+	case wr.Synthetic != nil:
+		fmt.Fprintf(w, "weights   synthetic seed=%d std=%g\n", wr.Synthetic.Seed, wr.Synthetic.Std)
 	default:
-		fmt.Printf("weights   %s (digest %s)\n", w.Path, w.SHA256)
+		fmt.Fprintf(w, "weights   %s (digest %s)\n", wr.Path, wr.SHA256)
 	}
-	fmt.Printf("build     %s\n", b.Manifest.Build.Compiler)
+	fmt.Fprintf(w, "build     %s\n", b.Manifest.Build.Compiler)
 	for _, in := range b.Manifest.Build.Inputs {
-		fmt.Printf("          %s sha256=%s\n", in.Path, in.SHA256[:16])
+		fmt.Fprintf(w, "          %s sha256=%s\n", in.Path, in.SHA256[:16])
 	}
-	fmt.Printf("apps      %d\n", len(b.Manifest.Apps))
+	fmt.Fprintf(w, "apps      %d\n", len(b.Manifest.Apps))
 	for _, a := range b.Manifest.Apps {
-		fmt.Printf("  bit %-2d %s (%s)\n", a.Bit, a.Name, a.Source)
+		fmt.Fprintf(w, "  bit %-2d %s (%s)\n", a.Bit, a.Name, a.Source)
 		for _, s := range a.Scalars {
-			fmt.Printf("          scalar %s = %g\n", s.Name, s.Value)
+			fmt.Fprintf(w, "          scalar %s = %g\n", s.Name, s.Value)
 		}
 		for _, x := range a.Exports {
-			fmt.Printf("          export %s (%d per token)\n", x.Name, x.Width)
+			fmt.Fprintf(w, "          export %s (%d per token)\n", x.Name, x.Width)
 		}
 	}
 	for _, s := range b.Manifest.Sites {
@@ -212,15 +213,15 @@ func printBundle(b *bundle.Bundle) {
 		if !s.Fused {
 			fused = "own kernel"
 		}
-		fmt.Printf("  site layer %-3d %-11s %-12s %-10s -> %s (%s)\n", s.Layer, s.Hook, s.What, s.App, s.Kernel, fused)
+		fmt.Fprintf(w, "  site layer %-3d %-11s %-12s %-10s -> %s (%s)\n", s.Layer, s.Hook, s.What, s.App, s.Kernel, fused)
 	}
-	fmt.Printf("kernels   %d\n", len(b.Kernels))
+	fmt.Fprintf(w, "kernels   %d\n", len(b.Kernels))
 	for _, k := range b.Kernels {
-		fmt.Printf("  %-36s op=%-10s params=%d ptx=%d lines\n", k.Name, k.Op, len(k.Params), strings.Count(k.PTX, "\n"))
+		fmt.Fprintf(w, "  %-36s op=%-10s params=%d ptx=%d lines\n", k.Name, k.Op, len(k.Params), strings.Count(k.PTX, "\n"))
 	}
-	fmt.Printf("templates %d\n", len(b.Templates))
+	fmt.Fprintf(w, "templates %d\n", len(b.Templates))
 	for _, t := range b.Templates {
-		fmt.Printf("  %-14s %-7s tokens=%-4d samples=%-4d nodes=%d\n", t.Name, t.Kind, t.Tokens, t.Samples, len(t.Nodes))
+		fmt.Fprintf(w, "  %-14s %-7s tokens=%-4d samples=%-4d nodes=%d\n", t.Name, t.Kind, t.Tokens, t.Samples, len(t.Nodes))
 	}
 }
 

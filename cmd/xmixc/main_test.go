@@ -1,0 +1,124 @@
+package main
+
+import (
+	"bytes"
+	"encoding/binary"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+const model = `model: m
+family: llama
+dims: {hidden: 64, intermediate: 96, layers: 2, heads: 2, kv_heads: 1, head_dim: 32, vocab: 260}
+weights: {synthetic: {seed: 1, std: 0.02}}
+tokenizer: bytes
+bos: 256
+eos: [257]
+serving: {decode_buckets: [1, 2], prefill_chunks: [8], max_seq_len: 64}
+`
+
+// xmixc runs the CLI in-process and returns its stdout and error.
+func xmixc(t *testing.T, args ...string) (string, error) {
+	t.Helper()
+	cmd := rootCmd()
+	var out bytes.Buffer
+	cmd.SetOut(&out)
+	cmd.SetErr(&out)
+	cmd.SetArgs(args)
+	err := cmd.Execute()
+	return out.String(), err
+}
+
+func write(t *testing.T, dir, name, text string) string {
+	t.Helper()
+	p := filepath.Join(dir, name)
+	if err := os.WriteFile(p, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestBuildRejectsBadSpecs(t *testing.T) {
+	dir := t.TempDir()
+	m := write(t, dir, "m.yaml", model)
+	cases := []struct{ name, app, want string }{
+		{"malformed yaml", "app: a\nops: [\n", "a.yaml:"},
+		{"unknown key", "app: a\nops:\n  - write: {at: {layers: [0], hook: resid_post}, kernal: steer_add}\n", `did you mean "kernel"`},
+		{"unknown hook", "app: a\nops:\n  - write: {at: {layers: [0], hook: resid_psot}, kernel: steer_add}\n", "resid_post"},
+		{"layer out of range", "app: a\nops:\n  - write: {at: {layers: [7], hook: resid_post}, kernel: steer_add}\n", "layers 0-1"},
+		{"wrong vector length", "app: a\nparams: {v: {values: [1, 2]}}\nops:\n  - write: {at: {layers: [0], hook: resid_post}, kernel: steer_add, args: {vector: v}}\n", "param v has 2 elements, hook resid_post needs 64"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			a := write(t, dir, "a.yaml", c.app)
+			_, err := xmixc(t, "build", m, a, "-q", "-o", filepath.Join(dir, "out.xmb"))
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("error %v, want %q", err, c.want)
+			}
+			if _, statErr := os.Stat(filepath.Join(dir, "out.xmb")); statErr == nil {
+				t.Fatal("a failed build left a bundle behind")
+			}
+		})
+	}
+}
+
+func TestInspectRejectsDamagedBundles(t *testing.T) {
+	dir := t.TempDir()
+	m := write(t, dir, "m.yaml", model)
+	good := filepath.Join(dir, "good.xmb")
+	if _, err := xmixc(t, "build", m, "-q", "-o", good); err != nil {
+		t.Fatal(err)
+	}
+	out, err := xmixc(t, "inspect", good)
+	if err != nil || !strings.Contains(out, "templates 3") {
+		t.Fatalf("inspect: %v\n%s", err, out)
+	}
+	data, _ := os.ReadFile(good)
+	flipped := append([]byte(nil), data...)
+	flipped[len(flipped)/2] ^= 0x40
+	version := append([]byte(nil), data...)
+	binary.LittleEndian.PutUint32(version[8:], 99)
+	cases := []struct {
+		name string
+		data []byte
+		want string
+	}{
+		{"truncated", data[:len(data)*2/3], "truncated"},
+		{"flipped byte", flipped, "checksum"},
+		{"wrong version", version, "version 99"},
+		{"not a bundle", []byte("hello"), "not an xmix bundle"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			p := write(t, dir, "bad.xmb", string(c.data))
+			_, err := xmixc(t, "inspect", p)
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("error %v, want %q", err, c.want)
+			}
+		})
+	}
+}
+
+func TestBuildIsDeterministic(t *testing.T) {
+	dir := t.TempDir()
+	m := write(t, dir, "m.yaml", model)
+	a := write(t, dir, "a.yaml", "app: a\nparams: {v: {values: [1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3, 4, 5, 6, 7, 8]}}\nops:\n  - write: {at: {layers: [1], hook: resid_post}, kernel: steer_add, args: {vector: v}}\n")
+	var outs [][]byte
+	for i := range 2 {
+		p := filepath.Join(dir, "b"+string(rune('0'+i))+".xmb")
+		if _, err := xmixc(t, "build", m, a, "-q", "-o", p); err != nil {
+			t.Fatal(err)
+		}
+		data, _ := os.ReadFile(p)
+		outs = append(outs, data)
+	}
+	if !bytes.Equal(outs[0], outs[1]) {
+		t.Fatal("two builds of the same inputs differ")
+	}
+	out, err := xmixc(t, "check", m, a)
+	if err != nil || !strings.Contains(out, "fused into the residual-add + RMSNorm kernel") {
+		t.Fatalf("check: %v\n%s", err, out)
+	}
+}
