@@ -230,6 +230,12 @@ func TestRowKernelsWide(t *testing.T) {
 // emulate runs k on args and returns every pointer argument's final contents as f32.
 func emulate(t *testing.T, k *Kernel, l ops.Launch, args []targ) [][]float32 {
 	t.Helper()
+	return emulateAliased(t, k, l, args, nil)
+}
+
+// emulateAliased is emulate where parameter i points at argument alias[i]'s buffer.
+func emulateAliased(t *testing.T, k *Kernel, l ops.Launch, args []targ, alias map[int]int) [][]float32 {
+	t.Helper()
 	mod, err := ptx.Parse(k.PTX)
 	if err != nil {
 		t.Fatalf("%s: parse: %v", k.Name, err)
@@ -240,6 +246,9 @@ func emulate(t *testing.T, k *Kernel, l ops.Launch, args []targ) [][]float32 {
 		init := a.bytesOf()
 		params[i] = mem.Alloc(len(init))
 		copy(mem.Bytes(params[i]), init)
+	}
+	for i, j := range alias {
+		params[i] = params[j]
 	}
 	if err := emu.Run(mod, k.Name, emu.Launch{Grid: l.Grid, Block: l.Block}, mem, params); err != nil {
 		t.Fatalf("%s: emulate: %v", k.Name, err)
@@ -254,6 +263,11 @@ func emulate(t *testing.T, k *Kernel, l ops.Launch, args []targ) [][]float32 {
 // reference runs k's reference op on args and returns the arguments' final contents as f32.
 func reference(t *testing.T, k *Kernel, l ops.Launch, args []targ) [][]float32 {
 	t.Helper()
+	return referenceAliased(t, k, l, args, nil)
+}
+
+func referenceAliased(t *testing.T, k *Kernel, l ops.Launch, args []targ, alias map[int]int) [][]float32 {
+	t.Helper()
 	ref, err := ops.Build(k.Op, k.Attrs)
 	if err != nil {
 		t.Fatal(err)
@@ -261,6 +275,9 @@ func reference(t *testing.T, k *Kernel, l ops.Launch, args []targ) [][]float32 {
 	ra := make([]ops.Arg, len(args))
 	for i, a := range args {
 		ra[i] = ops.Arg{Mem: a.bytesOf()}
+	}
+	for i, j := range alias {
+		ra[i] = ra[j]
 	}
 	if err := ref.Run(ra, l); err != nil {
 		t.Fatal(err)
@@ -270,6 +287,55 @@ func reference(t *testing.T, k *Kernel, l ops.Launch, args []targ) [][]float32 {
 		outs[i] = ra[i].F32()
 	}
 	return outs
+}
+
+// TestMIGateReadsEarlierOp gates a steer on a probe written by the same kernel into the same
+// buffer (CAST-style conditional steering at one hook): the steer must see this forward's
+// probe value, which takes the barrier the emitter places between them.
+func TestMIGateReadsEarlierOp(t *testing.T) {
+	const w = 512
+	rng := rand.New(rand.NewPCG(21, 22))
+	probe := MIOp{Template: "probe_linear", Bit: testBit, Width: w, Vec: "p", Alpha: -1, Bias: -1,
+		Activation: "sigmoid", Out: "harm", OutWidth: 1}
+	steer := MIOp{Template: "steer_add", Bit: testBit, Width: w, Vec: "v", Scal: "s", Alpha: 0, Bias: -1,
+		Gates: []Gate{{Kind: "activation", Buf: "harm", Width: 1, Cmp: ">", Value: 0.5}}}
+	c := MIKernelConfig{Width: w, Stride: w, Ops: []MIOp{probe, steer}}
+	k, err := MIKernel("cast", c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pw := randF32(rng, w, 1)
+	x := randF32(rng, testRows*w, 0.01)
+	along := []bool{true, false, false, true, true} // row 2 has the app bit but a low probe
+	for r := range testRows {
+		sign := float32(-1)
+		if along[r] {
+			sign = 1
+		}
+		for i := range w {
+			x[r*w+i] += sign * pw[i]
+		}
+	}
+	// Stale values in the buffer the gate reads: the steer must not act on them.
+	harm := []float32{0, 1, 1, 1, 0}
+	args := []targ{{name: "x", f32: x, out: len(x)}, {name: "ctl_mask", u32: testMask},
+		{name: "mi0_vec", f32: pw}, {name: "mi0_out", f32: harm, out: testRows},
+		{name: "mi1_vec", f32: randF32(rng, w, 1)}, {name: "mi1_scal", f32: []float32{1.5}},
+		{name: "mi1_g0", f32: harm}}
+	alias := map[int]int{6: 3}
+	l := c.Launch(testRows)
+	got, want := emulateAliased(t, k, l, args, alias), referenceAliased(t, k, l, args, alias)
+	for r := range testRows {
+		steered := testMask[r]>>testBit&1 == 1 && along[r]
+		for i := range w {
+			if math.Float32bits(want[0][r*w+i]) != math.Float32bits(x[r*w+i]) != steered {
+				t.Fatalf("reference: row %d steered %v, want %v", r, !steered, steered)
+			}
+			if d := math.Abs(float64(got[0][r*w+i] - want[0][r*w+i])); d > 1e-5*(1+math.Abs(float64(want[0][r*w+i]))) {
+				t.Fatalf("row %d [%d]: emulator %v, reference %v", r, i, got[0][r*w+i], want[0][r*w+i])
+			}
+		}
+	}
 }
 
 // TestMIExact checks the MI promises on the emulated PTX and on the reference alike: steer_add
