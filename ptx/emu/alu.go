@@ -68,9 +68,8 @@ var errDivZero = errors.New("integer division by zero")
 func alu(in *inst, r []uint64) (uint64, error) {
 	t := in.t
 	a, b := rv(r, in.a), rv(r, in.b)
-	m := mask(t)
-	w := width(t)
-	if isFloat(t) {
+	m, w := in.m, int(in.w)
+	if in.flt {
 		x, y := getF(t, a), getF(t, b)
 		switch in.op {
 		case cMov:
@@ -136,7 +135,7 @@ func alu(in *inst, r []uint64) (uint64, error) {
 	case cMulWide, cMadWide:
 		wm := mask(wideOf(t))
 		v := (a & m) * (b & m)
-		if isSigned(t) {
+		if in.sgn {
 			v = uint64(sx(a, w) * sx(b, w))
 		}
 		if in.op == cMadWide {
@@ -147,7 +146,7 @@ func alu(in *inst, r []uint64) (uint64, error) {
 		if b&m == 0 {
 			return 0, errDivZero
 		}
-		if isSigned(t) {
+		if in.sgn {
 			x, y := sx(a, w), sx(b, w)
 			if in.op == cDiv {
 				return uint64(x/y) & m, nil
@@ -160,7 +159,7 @@ func alu(in *inst, r []uint64) (uint64, error) {
 		return (a & m) % (b & m), nil
 	case cMin, cMax:
 		less := a&m < b&m
-		if isSigned(t) {
+		if in.sgn {
 			less = sx(a, w) < sx(b, w)
 		}
 		if less == (in.op == cMin) {
@@ -189,7 +188,7 @@ func alu(in *inst, r []uint64) (uint64, error) {
 		return 0, nil
 	case cShr:
 		n := uint32(b)
-		if isSigned(t) {
+		if in.sgn {
 			return uint64(sx(a, w)>>min(n, uint32(w-1))) & m, nil
 		}
 		if n < uint32(w) {
@@ -201,7 +200,7 @@ func alu(in *inst, r []uint64) (uint64, error) {
 	case cClz:
 		return uint64(bits.LeadingZeros64(a&m) - (64 - w)), nil
 	case cSetp:
-		return setp(in, compareI(in.mode, t, a, b), r), nil
+		return setp(in, compareI(in, a, b), r), nil
 	case cSelp:
 		return sel(in, r, a, b) & m, nil
 	case cCvt:
@@ -311,17 +310,17 @@ func compareF(mode uint8, x, y float64) bool {
 	return nan
 }
 
-func compareI(mode uint8, t ptx.Type, a, b uint64) bool {
-	m, w := mask(t), width(t)
+func compareI(in *inst, a, b uint64) bool {
+	m, w := in.m, int(in.w)
 	ua, ub := a&m, b&m
-	sa, sb := int64(ua), int64(ub)
-	if isSigned(t) {
+	var sa, sb int64
+	if in.sgn {
 		sa, sb = sx(a, w), sx(b, w)
 	} else {
 		// Unsigned order: flip the top bit so signed comparison orders them as unsigned.
 		sa, sb = int64(ua^1<<63), int64(ub^1<<63)
 	}
-	switch mode {
+	switch in.mode {
 	case cmpEq:
 		return ua == ub
 	case cmpNe:
@@ -572,7 +571,8 @@ func (b *block) atomic(in *inst, r []uint64) error {
 			v = putF(t, getF(t, old)+getF(t, x))
 		}
 	case atomMin, atomMax:
-		tmp := inst{op: cMin, t: t, a: opnd{reg: 0}, b: opnd{reg: 1}}
+		tmp := *in
+		tmp.op, tmp.a, tmp.b = cMin, opnd{reg: 0}, opnd{reg: 1}
 		if in.mode == atomMax {
 			tmp.op = cMax
 		}

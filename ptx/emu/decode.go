@@ -143,8 +143,12 @@ type opnd struct {
 type inst struct {
 	op     code
 	t, t2  ptx.Type
-	mode   uint8 // cmp, shfl, atom or rounding mode
-	bop    uint8 // setp's boolean combiner; cvt's integer-rounding flag
+	w      uint8  // width of t in bits
+	flt    bool   // t is f32 or f64
+	sgn    bool   // t is a signed integer
+	m      uint64 // mask of t's width
+	mode   uint8  // cmp, shfl, atom or rounding mode
+	bop    uint8  // setp's boolean combiner; cvt's integer-rounding flag
 	sat    bool
 	space  uint8
 	nvec   uint8
@@ -247,6 +251,7 @@ func decode(k *ptx.Kernel, params []uint64) (*program, error) {
 			return nil, fmt.Errorf("kernel %s: instr %d (%s): %w", k.Name, i, in, err)
 		}
 		di.src = int32(i)
+		di.w, di.m, di.flt, di.sgn = uint8(width(di.t)), mask(di.t), isFloat(di.t), isSigned(di.t)
 		d.p.code = append(d.p.code, di)
 	}
 	// Falling off the end of the body ends the thread, as ret would.

@@ -565,3 +565,41 @@ func TestMemory(t *testing.T) {
 		t.Fatal("empty allocation has no view")
 	}
 }
+
+// BenchmarkInterpreter reports the cost of one thread-instruction in a tight f32 loop.
+func BenchmarkInterpreter(b *testing.B) {
+	src := `.visible .entry k(.param .u64 out)
+{
+	.reg .pred %p<2>;
+	.reg .b32 %r<4>;
+	.reg .b64 %rd<4>;
+	.reg .f32 %f<4>;
+	ld.param.u64 %rd1, [out];
+	mov.u32 %r1, 0;
+	mov.f32 %f1, 0f00000000;
+L:
+	fma.rn.f32 %f1, %f1, 0f3F7FFFFF, 0f3F800000;
+	add.u32 %r1, %r1, 1;
+	setp.lt.u32 %p1, %r1, 1000;
+	@%p1 bra L;
+	mov.u32 %r2, %tid.x;
+	mul.wide.u32 %rd2, %r2, 4;
+	add.u64 %rd2, %rd2, %rd1;
+	st.global.f32 [%rd2], %f1;
+	ret;
+}`
+	mod, err := ptx.Parse(".version 8.0\n.target sm_90\n.address_size 64\n" + src)
+	if err != nil {
+		b.Fatal(err)
+	}
+	mem := NewMemory()
+	out := mem.Alloc(4 * 256)
+	l := Launch{Grid: [3]int{4, 1, 1}, Block: [3]int{256, 1, 1}}
+	b.ResetTimer()
+	for range b.N {
+		if err := Run(mod, "k", l, mem, []uint64{out}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/(4*256*4000), "ns/thread-instr")
+}
