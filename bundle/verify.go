@@ -3,6 +3,8 @@ package bundle
 import (
 	"encoding/json"
 	"fmt"
+
+	"xmix/safetensors"
 )
 
 // dtypeSizes are the element types device buffers can hold.
@@ -42,6 +44,9 @@ func Verify(b *Bundle) error {
 	}
 	bufBytes, err := verifyBuffers(b.Manifest.Buffers)
 	if err != nil {
+		return err
+	}
+	if err := verifySources(b); err != nil {
 		return err
 	}
 	kernels := map[string]*Kernel{}
@@ -223,4 +228,51 @@ func verifyApps(apps []App, bufBytes map[string]int64) error {
 		}
 	}
 	return nil
+}
+
+// verifySources checks that param buffers, and weight buffers when the weights are embedded,
+// name tensors that exist and together hold as many elements as the buffer.
+func verifySources(b *Bundle) error {
+	check := func(section string, data []byte, kind string) error {
+		var file *safetensors.File
+		for i, buf := range b.Manifest.Buffers {
+			if buf.Kind != kind {
+				continue
+			}
+			if file == nil {
+				if len(data) == 0 {
+					return fmt.Errorf("buffer %d (%q) is loaded from the %s section, which is empty", i, buf.Name, section)
+				}
+				f, err := safetensors.Parse(data)
+				if err != nil {
+					return fmt.Errorf("section %s: %w", section, err)
+				}
+				file = f
+			}
+			want := 1
+			for _, d := range buf.Shape {
+				want *= d
+			}
+			got := 0
+			for _, name := range buf.Tensors {
+				t := file.Tensors[name]
+				if t == nil {
+					return fmt.Errorf("buffer %d (%q): tensor %q is not in the %s section", i, buf.Name, name, section)
+				}
+				got += t.Elements()
+			}
+			if got != want {
+				return fmt.Errorf("buffer %d (%q): shape %v holds %d elements but tensors %v hold %d",
+					i, buf.Name, buf.Shape, want, buf.Tensors, got)
+			}
+		}
+		return nil
+	}
+	if err := check("params", b.Params, KindParam); err != nil {
+		return err
+	}
+	if len(b.Weights) == 0 {
+		return nil
+	}
+	return check("weights", b.Weights, KindWeight)
 }

@@ -6,11 +6,14 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
+
+	"xmix/safetensors"
 )
 
 // testBundle is a small, valid bundle touching every field kind.
@@ -60,9 +63,17 @@ func testBundle() *Bundle {
 					Args: []Slot{{Buffer: "x", Offset: 32}, {Buffer: "steer_vec"}, {Const: 0x3e800000}}},
 			},
 		}},
-		Params:    []byte("params-bytes"),
+		Params:    safetensorsFile(safetensors.Tensor{Name: "steer.vec", Dtype: "F32", Shape: []int{8}, Data: make([]byte, 32)}),
 		Tokenizer: []byte(`{"model":"bytes"}`),
 	}
+}
+
+func safetensorsFile(tensors ...safetensors.Tensor) []byte {
+	var buf bytes.Buffer
+	if err := safetensors.Write(&buf, tensors, nil); err != nil {
+		panic(err) // the tests' own fixtures are valid
+	}
+	return buf.Bytes()
 }
 
 func mustMarshal(t testing.TB, b *Bundle) []byte {
@@ -76,7 +87,8 @@ func mustMarshal(t testing.TB, b *Bundle) []byte {
 
 func TestRoundTrip(t *testing.T) {
 	withWeights := testBundle()
-	withWeights.Weights = bytes.Repeat([]byte{1, 2, 3, 4}, 1000)
+	withWeights.Weights = safetensorsFile(safetensors.Tensor{
+		Name: "model.embed_tokens.weight", Dtype: "BF16", Shape: []int{32, 8}, Data: bytes.Repeat([]byte{1, 2, 3, 4}, 128)})
 	for name, b := range map[string]*Bundle{"referenced weights": testBundle(), "embedded weights": withWeights} {
 		t.Run(name, func(t *testing.T) {
 			data := mustMarshal(t, b)
@@ -115,7 +127,7 @@ func TestWeightsSectionOnlyWhenEmbedded(t *testing.T) {
 		t.Fatalf("bundle without weights has %d sections, want 5", n)
 	}
 	b := testBundle()
-	b.Weights = []byte{1}
+	b.Weights = safetensorsFile(safetensors.Tensor{Name: "model.embed_tokens.weight", Dtype: "BF16", Shape: []int{256}, Data: make([]byte, 512)})
 	if n := binary.LittleEndian.Uint32(mustMarshal(t, b)[12:]); n != 6 {
 		t.Fatalf("bundle with weights has %d sections, want 6", n)
 	}
@@ -259,6 +271,7 @@ func TestBadSectionHash(t *testing.T) {
 
 func TestLayoutErrors(t *testing.T) {
 	valid := mustMarshal(t, testBundle())
+	paramsLen := len(testBundle().Params)
 	rename := func(target int, name string) func(int, []byte) {
 		return func(row int, e []byte) {
 			if row == target {
@@ -299,7 +312,7 @@ func TestLayoutErrors(t *testing.T) {
 			if row == 3 {
 				binary.LittleEndian.PutUint64(e[nameSize+16:], binary.LittleEndian.Uint64(e[nameSize+16:])+1)
 			}
-		}), "section params decompresses to 12 bytes but the table of contents says 13"},
+		}), fmt.Sprintf("section params decompresses to %d bytes but the table of contents says %d", paramsLen, paramsLen+1)},
 		{"stray bytes", fixTrailer(append(bytes.Clone(valid), make([]byte, trailerSize+3)...)), "35 stray bytes after its checksum"},
 		{"zero sections", fixTrailer(func() []byte {
 			d := bytes.Clone(valid)

@@ -1,0 +1,84 @@
+package bundle
+
+import (
+	"strings"
+	"testing"
+
+	"xmix/safetensors"
+)
+
+func TestVerifyAcceptsTestBundle(t *testing.T) {
+	if err := Verify(testBundle()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestVerifyFailures(t *testing.T) {
+	cases := []struct {
+		name   string
+		mutate func(b *Bundle)
+		want   string
+	}{
+		{"missing kernel", func(b *Bundle) { b.Templates[0].Nodes[1].Kernel = "gone" },
+			`template 0 ("decode_4"): node 1 ("steer"): kernel "gone" does not exist in the bundle`},
+		{"arg count", func(b *Bundle) { b.Templates[0].Nodes[0].Args = b.Templates[0].Nodes[0].Args[:3] },
+			`kernel "embed" has 4 params but the node binds 3 args`},
+		{"missing buffer", func(b *Bundle) { b.Templates[0].Nodes[0].Args[2].Buffer = "y" },
+			`arg 2 (out): buffer "y" does not exist in the manifest`},
+		{"buffer in scalar param", func(b *Bundle) { b.Templates[0].Nodes[0].Args[3] = Slot{Buffer: "x"} },
+			`binds buffer "x" to a u32 param; pointers are u64`},
+		{"offset past buffer", func(b *Bundle) { b.Templates[0].Nodes[1].Args[0].Offset = 128 },
+			`offset 128 is outside buffer "x" of 128 bytes`},
+		{"offset without buffer", func(b *Bundle) { b.Templates[0].Nodes[0].Args[3].Offset = 4 }, "offset 4 without a buffer"},
+		{"constant too wide", func(b *Bundle) { b.Templates[0].Nodes[0].Args[3].Const = 1 << 32 },
+			"constant 0x100000000 does not fit its u32 param"},
+		{"buffer and constant", func(b *Bundle) { b.Templates[0].Nodes[0].Args[0].Const = 1 }, "binds both buffer"},
+		{"duplicate kernel", func(b *Bundle) { b.Kernels[1].Name = "embed" }, `kernel 1: the name "embed" is used by two kernels`},
+		{"duplicate buffer", func(b *Bundle) { b.Manifest.Buffers[2].Name = "x" }, `buffer 2 ("x"): the name is used by two buffers`},
+		{"duplicate template", func(b *Bundle) { b.Templates = append(b.Templates, b.Templates[0]) }, `template 1: the name "decode_4" is used by two templates`},
+		{"unknown dtype", func(b *Bundle) { b.Manifest.Buffers[1].Dtype = "f16" }, `buffer 1 ("x"): unknown dtype "f16"`},
+		{"unknown kind", func(b *Bundle) { b.Manifest.Buffers[1].Kind = "scratch" }, `unknown kind "scratch"`},
+		{"zero dim", func(b *Bundle) { b.Manifest.Buffers[1].Shape = []int{4, 0} }, "shape [4 0] has a dimension that is not positive"},
+		{"empty shape", func(b *Bundle) { b.Manifest.Buffers[1].Shape = nil }, "empty shape"},
+		{"huge shape", func(b *Bundle) { b.Manifest.Buffers[1].Shape = []int{1 << 30, 1 << 30, 1 << 30} }, "exceeds 1099511627776 bytes"},
+		{"unknown param type", func(b *Bundle) { b.Kernels[0].Params[3].Type = "int" }, `param 3 ("n"): unknown PTX type "int"`},
+		{"no PTX", func(b *Bundle) { b.Kernels[0].PTX = "" }, "no PTX text"},
+		{"template kind", func(b *Bundle) { b.Templates[0].Kind = "train" }, `kind "train" is neither decode nor prefill`},
+		{"samples", func(b *Bundle) { b.Templates[0].Samples = 5 }, "tokens 4, samples 5"},
+		{"zero grid", func(b *Bundle) { b.Templates[0].Nodes[0].Grid[2] = 0 }, "every dimension must be at least 1"},
+		{"big block", func(b *Bundle) { b.Templates[0].Nodes[0].Block = [3]int{64, 32, 1} }, "more than 1024 threads"},
+		{"export buffer", func(b *Bundle) { b.Manifest.Apps[0].Exports[0].Buffer = "nope" }, `export "probe" reads buffer "nope"`},
+		{"app bit", func(b *Bundle) {
+			b.Manifest.Apps = append(b.Manifest.Apps, App{Name: "other", Bit: 0})
+		}, `app 1 ("other"): mask bit 0 is also app "steer"'s`},
+		{"param without tensors", func(b *Bundle) { b.Manifest.Buffers[4].Tensors = nil }, "a param buffer must name the tensors"},
+		{"param tensor missing", func(b *Bundle) { b.Manifest.Buffers[4].Tensors = []string{"steer.other"} },
+			`buffer 4 ("steer_vec"): tensor "steer.other" is not in the params section`},
+		{"param tensor size", func(b *Bundle) { b.Manifest.Buffers[4].Shape = []int{9} },
+			"shape [9] holds 9 elements but tensors [steer.vec] hold 8"},
+		{"params not safetensors", func(b *Bundle) { b.Params = []byte("junk") }, "section params: safetensors file is truncated"},
+		{"params missing", func(b *Bundle) { b.Params = nil }, "is loaded from the params section, which is empty"},
+		{"embedded weight missing", func(b *Bundle) {
+			b.Weights = safetensorsFile(safetensors.Tensor{Name: "other", Dtype: "F32", Shape: []int{1}, Data: make([]byte, 4)})
+		}, `tensor "model.embed_tokens.weight" is not in the weights section`},
+	}
+	for _, c := range cases {
+		b := testBundle()
+		c.mutate(b)
+		err := Verify(b)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: error %v, want it to contain %q", c.name, err, c.want)
+		}
+	}
+}
+
+func TestDtypeSize(t *testing.T) {
+	for dtype, want := range map[string]int{"f32": 4, "bf16": 2, "u32": 4} {
+		if got, ok := DtypeSize(dtype); !ok || got != want {
+			t.Errorf("DtypeSize(%q) = %d, %v", dtype, got, ok)
+		}
+	}
+	if _, ok := DtypeSize("f64"); ok {
+		t.Error("f64 is not a buffer dtype")
+	}
+}
