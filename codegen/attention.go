@@ -19,7 +19,12 @@ type AttnConfig struct {
 // One block per (row, query head); its warps take positions round-robin, each keeping an
 // online softmax (running max, running sum, running weighted v with HeadDim/32 values per
 // lane), and the warps' partial results are merged through shared memory at the end.
-const attnWarps = 4
+// Each warp works on attnUnroll positions at a time so that their loads overlap; a decode
+// row at long context is bound by that latency, not by bandwidth.
+const (
+	attnWarps  = 16
+	attnUnroll = 4
+)
 
 // Launch is the grid for rows rows: (row, kv head, query head within the group), so the kernel
 // finds the kv head without a division.
@@ -82,28 +87,50 @@ func Attention(name string, c AttnConfig) (*Kernel, error) {
 		acc[j] = e.f32(0)
 	}
 	n := e.op3("add.u32", ptx.U32, p, ptx.Imm(1))
+	last := e.op3("sub.u32", ptx.U32, n, ptx.Imm(1))
+	negInf := ptx.F32Imm(float32(math.Inf(-1)))
 	t := e.Reg(ptx.U32)
-	e.forLoop(t, warp, n, ptx.Imm(attnWarps), func() {
-		slot := e.kvSlot(rc, table, s, t)
-		kvRow := e.Reg(ptx.U32)
-		e.Emit("mad.lo.u32", kvRow, slot, ptx.Imm(int64(c.KVHeads)), kvh)
-		elem := e.Reg(ptx.U32)
-		e.Emit("mad.lo.u32", elem, kvRow, ptx.Imm(int64(d)), lane)
-		ka, va := e.byteAddr(kc, elem, kvs), e.byteAddr(vc, elem, kvs)
-		score := e.f32(0)
-		for j := range q {
-			k := e.loadAt(ptx.Addr{Base: ka, Offset: int64(32 * j * kvs)}, c.KVDtype)
-			e.Emit("fma.rn.f32", score, q[j], k, score)
+	e.forLoop(t, warp, n, ptx.Imm(attnWarps*attnUnroll), func() {
+		// attnUnroll positions per step, their loads all issued before any reduction; a
+		// position past the end reads the last one (valid memory) and scores -inf.
+		var va [attnUnroll]ptx.Reg
+		var score, valid [attnUnroll]ptx.Reg
+		for u := range attnUnroll {
+			tu := e.op3("add.u32", ptx.U32, t, ptx.Imm(int64(u*attnWarps)))
+			valid[u] = e.cmp("lt", ptx.U32, tu, n)
+			e.Emit("min.u32", tu, tu, last)
+			slot := e.kvSlot(rc, table, s, tu)
+			kvRow := e.Reg(ptx.U32)
+			e.Emit("mad.lo.u32", kvRow, slot, ptx.Imm(int64(c.KVHeads)), kvh)
+			elem := e.Reg(ptx.U32)
+			e.Emit("mad.lo.u32", elem, kvRow, ptx.Imm(int64(d)), lane)
+			ka := e.byteAddr(kc, elem, kvs)
+			va[u] = e.byteAddr(vc, elem, kvs)
+			score[u] = e.f32(0)
+			for j := range q {
+				k := e.loadAt(ptx.Addr{Base: ka, Offset: int64(32 * j * kvs)}, c.KVDtype)
+				e.Emit("fma.rn.f32", score[u], q[j], k, score[u])
+			}
 		}
-		e.warpReduce(score, "add")
-		mNew := e.op3("max.f32", ptx.F32, m, score)
+		mNew := e.Reg(ptx.F32)
+		e.Emit("mov.f32", mNew, m)
+		for u := range attnUnroll {
+			e.warpReduce(score[u], "add")
+			e.Emit("selp.f32", score[u], score[u], negInf, valid[u])
+			e.Emit("max.f32", mNew, mNew, score[u])
+		}
 		alpha := e.exp2(e.op3("sub.f32", ptx.F32, m, mNew))
-		w := e.exp2(e.op3("sub.f32", ptx.F32, score, mNew))
-		e.Emit("fma.rn.f32", l, l, alpha, w)
+		e.Emit("mul.f32", l, l, alpha)
 		for j := range acc {
-			v := e.loadAt(ptx.Addr{Base: va, Offset: int64(32 * j * kvs)}, c.KVDtype)
 			e.Emit("mul.f32", acc[j], acc[j], alpha)
-			e.Emit("fma.rn.f32", acc[j], w, v, acc[j])
+		}
+		for u := range attnUnroll {
+			w := e.exp2(e.op3("sub.f32", ptx.F32, score[u], mNew))
+			e.Emit("add.f32", l, l, w)
+			for j := range acc {
+				v := e.loadAt(ptx.Addr{Base: va[u], Offset: int64(32 * j * kvs)}, c.KVDtype)
+				e.Emit("fma.rn.f32", acc[j], w, v, acc[j])
+			}
 		}
 		e.Emit("mov.f32", m, mNew)
 	})

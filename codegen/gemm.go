@@ -14,9 +14,8 @@ type GemmConfig struct {
 }
 
 // The decode GEMM gives each warp one output column: lanes stride K with 16-byte loads, and
-// each weight chunk, loaded once, is applied to a tile of up to gemmTile rows of x. Rows
-// beyond a tile are handled by further tiles of 8, 4, 2 and 1 rows, so no lane ever computes
-// a row that does not exist.
+// each weight chunk, loaded once, is applied to a tile of up to gemmTile rows of x. Each
+// tile size has its own code, so no lane ever computes a row that does not exist.
 const (
 	gemmWarps = 8
 	gemmTile  = 8
@@ -81,9 +80,14 @@ func (g *gemmGen) emit() {
 		g.tile(r0, gemmTile)
 		g.Emit("bra", ptx.Sym(full))
 	})
-	for t := gemmTile / 2; t >= 1; t /= 2 {
-		g.Emit("sub.u32", left, rows, r0)
-		g.when(g.cmp("ge", ptx.U32, left, ptx.Imm(int64(t))), false, func() { g.tile(r0, t) })
+	// The remaining rows (fewer than a tile) take one more pass over the weights, with
+	// code specialised to their count.
+	g.Emit("sub.u32", left, rows, r0)
+	for t := 1; t < gemmTile; t++ {
+		g.when(g.cmp("eq", ptx.U32, left, ptx.Imm(int64(t))), false, func() {
+			g.tile(r0, t)
+			g.Emit("bra", ptx.Sym(done))
+		})
 	}
 	g.Label(done)
 }
