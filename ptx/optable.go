@@ -1,6 +1,9 @@
 package ptx
 
-import "strings"
+import (
+	"fmt"
+	"strings"
+)
 
 // Opcode is an opcode split at its dots: "cvt.rn.bf16.f32" has Base "cvt", Mods ["rn"] and
 // Types [BF16, F32]. Parts that name a PTX type are types, everything else is a modifier;
@@ -166,4 +169,128 @@ func fits(c string, t Type, wide bool) bool {
 		return rb >= tb
 	}
 	return rb == tb
+}
+
+// count is how many of the space-separated modifiers in set o carries.
+func (o Opcode) count(set string) int {
+	n := 0
+	for _, m := range o.Mods {
+		if strings.Contains(" "+set+" ", " "+m+" ") {
+			n++
+		}
+	}
+	return n
+}
+
+// modRule reports what is wrong with o's choice of modifiers beyond their being known: the
+// groups of which PTX wants exactly one (a comparison for setp, a mode for integer mul) and
+// the rounding that float arithmetic and conversions must or must not name. "" means fine.
+func modRule(o Opcode) string {
+	t := o.Type()
+	flt := floatTypes.has(t)
+	one := func(set, what string) string {
+		if o.count(set) != 1 {
+			return fmt.Sprintf("needs exactly one %s (.%s)", what, strings.ReplaceAll(set, " ", "/."))
+		}
+		return ""
+	}
+	switch o.Base {
+	case "setp":
+		if s := one(strings.TrimSpace(cmpMods), "comparison"); s != "" {
+			return s
+		}
+		if o.count("and or xor") > 1 {
+			return "takes at most one of .and/.or/.xor"
+		}
+	case "mul", "mad":
+		if flt {
+			if o.count("lo hi wide") > 0 {
+				return "float multiply takes no .lo/.hi/.wide"
+			}
+			if o.Base == "mad" && o.count("rn rz rm rp") != 1 {
+				return "mad on floats needs a rounding modifier (.rn/.rz/.rm/.rp)"
+			}
+			return ""
+		}
+		if s := one("lo hi wide", "mode"); s != "" {
+			return s
+		}
+		if o.Has("wide") && t.Bits() == 64 {
+			return ".wide needs a 16- or 32-bit type"
+		}
+	case "fma":
+		return one("rn rz rm rp", "rounding modifier")
+	case "div", "sqrt", "rcp":
+		if t == F32 {
+			set := "approx rn rz rm rp"
+			if o.Base == "div" {
+				set += " full"
+			}
+			return one(set, "rounding or precision modifier")
+		}
+		if t == F64 {
+			return one("rn rz rm rp", "rounding modifier")
+		}
+	case "rsqrt", "ex2", "lg2", "sin", "cos", "tanh":
+		return one("approx", "precision modifier")
+	case "shfl":
+		if !o.Has("sync") {
+			return "needs .sync"
+		}
+		return one("bfly down up idx", "mode")
+	case "bar", "barrier":
+		if !o.Has("sync") {
+			return "needs .sync"
+		}
+	case "atom", "red":
+		if o.count("global shared") > 1 {
+			return "names more than one state space"
+		}
+		return one("add min max exch cas and or xor inc dec", "operation")
+	case "ld", "st":
+		if o.count("global shared param local const") > 1 {
+			return "names more than one state space"
+		}
+		if o.count("v2 v4") > 1 {
+			return "names more than one vector width"
+		}
+	case "cvt":
+		return cvtRule(o)
+	}
+	return ""
+}
+
+// cvtRule applies PTX's rounding rules for cvt: float to integer needs an integer rounding
+// (.rzi...), integer to float and narrowing float conversions need a float rounding (.rn...),
+// and no other conversion may name one.
+func cvtRule(o Opcode) string {
+	dst, src := o.Types[0], o.Types[1]
+	isF := func(t Type) bool { return floatTypes.has(t) || t == F16 || t == BF16 }
+	fr, ir := o.count("rn rz rm rp"), o.count("rni rzi rmi rpi")
+	switch {
+	case fr+ir > 1:
+		return "names more than one rounding modifier"
+	case isF(src) && !isF(dst):
+		if ir != 1 {
+			return "float to integer needs .rni/.rzi/.rmi/.rpi"
+		}
+	case !isF(src) && isF(dst):
+		if fr != 1 {
+			return "integer to float needs .rn/.rz/.rm/.rp"
+		}
+	case isF(src) && isF(dst):
+		narrowing := dst.Bits() < src.Bits() || dst.Bits() == src.Bits() && dst != src
+		if narrowing && fr != 1 {
+			return "a narrowing float conversion needs .rn/.rz/.rm/.rp"
+		}
+		if !narrowing && fr != 0 {
+			return "a widening float conversion takes no rounding modifier"
+		}
+		if ir != 0 && dst != src {
+			return "integer rounding needs the same float type on both sides"
+		}
+	case fr+ir > 0:
+		return "integer to integer conversion takes no rounding modifier"
+	}
+	return ""
 }

@@ -123,6 +123,12 @@ func (c *kernelCheck) instr(i int, in Instr) {
 			return
 		}
 	}
+	if rule := modRule(o); rule != "" {
+		c.ierr(i, in, "%s %s", o.Base, rule)
+	}
+	if o.Base == "setp" && (len(in.Args) == 4) != (o.count("and or xor") == 1) {
+		c.ierr(i, in, "setp takes a fourth predicate operand exactly when it has .and/.or/.xor")
+	}
 	nOK := false
 	for _, n := range f.nargs {
 		nOK = nOK || n == len(in.Args)

@@ -51,6 +51,15 @@ func TestValidateCatches(t *testing.T) {
 		{"bad modifier", func(k *Kernel) {
 			k.Emit("ld.gloabl.f32", k.Reg(F32), Addr{Base: k.Reg(U64)})
 		}, "modifier .gloabl is not valid"},
+		{"cvt without rounding", func(k *Kernel) {
+			k.Emit("cvt.f32.u32", k.Reg(F32), k.Reg(U32))
+		}, "integer to float needs .rn"},
+		{"integer mul without mode", func(k *Kernel) {
+			k.Emit("mul.u32", k.Reg(U32), k.Reg(U32), k.Reg(U32))
+		}, "mul needs exactly one mode"},
+		{"setp without comparison", func(k *Kernel) {
+			k.Emit("setp.f32", k.Reg(Pred), k.Reg(F32), k.Reg(F32))
+		}, "setp needs exactly one comparison"},
 		{"immediate destination", func(k *Kernel) {
 			k.Emit("mov.u32", Imm(3), Imm(1))
 		}, "destination operand 0 must be a register"},
