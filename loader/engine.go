@@ -16,7 +16,10 @@ type Request struct {
 	MaxTokens   int
 	Temperature float32 // <= 0: greedy
 	TopP        float32 // <= 0 or >= 1: no nucleus cut
-	Seed        uint64
+	Seed        uint64 // the request's sampling stream depends on Seed alone
+	// Force, when set, feeds these tokens back as the generation instead of the sampled ones
+	// (teacher forcing: scoring a given continuation); the sampled ones are still returned.
+	Force []int
 }
 
 // Row is one forward row of a request: the token it fed in, its position, and what the
@@ -141,7 +144,7 @@ func (e *Engine) Generate(reqs []Request) ([]Result, error) {
 		s := &seqState{req: r, res: &results[i], slot: -1, rng: rand.New(rand.NewPCG(r.Seed, 0x786d6978))}
 		s.tokens = append([]int{c.BOS}, r.Prompt...)
 		s.promptN = len(s.tokens)
-		for _, t := range r.Prompt {
+		for _, t := range append(append([]int(nil), r.Prompt...), r.Force...) {
 			if t < 0 || t >= c.Vocab {
 				return nil, fmt.Errorf("request %d: token id %d is outside the vocabulary (0-%d)", i, t, c.Vocab-1)
 			}
@@ -347,10 +350,14 @@ func (e *Engine) run(t bundle.Template, rows []stepRow) error {
 		if tok >= c.Vocab {
 			return fmt.Errorf("sampler returned token %d outside the vocabulary %d", tok, c.Vocab)
 		}
-		s.tokens = append(s.tokens, tok)
+		fed := tok
+		if k := len(s.res.Tokens); k < len(s.req.Force) {
+			fed = s.req.Force[k]
+		}
+		s.tokens = append(s.tokens, fed)
 		s.res.Tokens = append(s.res.Tokens, tok)
 		switch {
-		case isEOS(c, tok):
+		case isEOS(c, fed):
 			s.done, s.res.Reason = true, "eos"
 		case len(s.res.Tokens) >= s.req.MaxTokens:
 			s.done, s.res.Reason = true, "max_tokens"

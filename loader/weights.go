@@ -272,3 +272,36 @@ func fillSynthetic(buf bundle.Buffer, dst []byte, s *bundle.Synth) error {
 	}
 	return nil
 }
+
+// ParamTensors maps each param buffer of a bundle to its bytes in the params section.
+func ParamTensors(b *bundle.Bundle) (map[string][]byte, error) {
+	out := map[string][]byte{}
+	if len(b.Params) == 0 {
+		return out, nil
+	}
+	f, err := safetensors.Parse(b.Params)
+	if err != nil {
+		return nil, fmt.Errorf("bundle params section: %w", err)
+	}
+	for _, buf := range b.Manifest.Buffers {
+		if buf.Kind != bundle.KindParam {
+			continue
+		}
+		if len(buf.Tensors) != 1 {
+			return nil, fmt.Errorf("param buffer %s names %d tensors, want 1", buf.Name, len(buf.Tensors))
+		}
+		t, ok := f.Tensors[buf.Tensors[0]]
+		if !ok {
+			return nil, fmt.Errorf("param buffer %s: tensor %s missing from the bundle's params section", buf.Name, buf.Tensors[0])
+		}
+		n, err := BufferBytes(buf)
+		if err != nil {
+			return nil, err
+		}
+		if int64(len(t.Data)) != n {
+			return nil, fmt.Errorf("param buffer %s: tensor has %d bytes, buffer %d", buf.Name, len(t.Data), n)
+		}
+		out[buf.Name] = t.Data
+	}
+	return out, nil
+}

@@ -7,6 +7,7 @@ import (
 
 	"xmix/bundle"
 	"xmix/loader"
+	"xmix/loader/cpu"
 	"xmix/ops"
 )
 
@@ -175,26 +176,10 @@ func (n *naiveLlama) logits(tokens []int) []float64 {
 
 func layerName(l int, s string) string { return "L" + strconv.Itoa(l) + "." + s }
 
-// logitRecorder keeps the first sample's logits after every step.
-type logitRecorder struct {
-	loader.Backend
-	buf   func(string) []byte
-	vocab int
-	steps [][]float32
-}
-
-func (r *logitRecorder) Step(t int) error {
-	if err := r.Backend.Step(t); err != nil {
-		return err
-	}
-	r.steps = append(r.steps, append([]float32(nil), f32s(r.buf("act.logits"))[:r.vocab]...))
-	return nil
-}
-
 func TestForwardMatchesFloat64Reference(t *testing.T) {
-	b := compile(t, smallModel)
-	be := newCPU(t, b)
-	rec := &logitRecorder{Backend: be, buf: be.Buffer, vocab: b.Manifest.Model.Vocab}
+	b := Compile(t, SmallModel)
+	be := newCPU(t, b).(*cpu.Backend)
+	rec := &LogitRecorder{Backend: be, Vocab: b.Manifest.Model.Vocab}
 	eng, err := loader.NewEngine(b, rec)
 	if err != nil {
 		t.Fatal(err)
@@ -206,7 +191,7 @@ func TestForwardMatchesFloat64Reference(t *testing.T) {
 	}
 	ref := newNaive(b, be)
 	seq := append([]int{b.Manifest.Model.BOS}, prompt...)
-	for step, got := range rec.steps {
+	for step, got := range rec.Steps {
 		want := ref.logits(seq)
 		var num, den float64
 		for i, w := range want {
@@ -230,7 +215,7 @@ func TestForwardMatchesFloat64Reference(t *testing.T) {
 			seq = append(seq, res[0].Tokens[step])
 		}
 	}
-	if len(rec.steps) != 6 {
-		t.Fatalf("%d steps recorded, want 6 (1 prefill + 5 decode)", len(rec.steps))
+	if len(rec.Steps) != 6 {
+		t.Fatalf("%d steps recorded, want 6 (1 prefill + 5 decode)", len(rec.Steps))
 	}
 }

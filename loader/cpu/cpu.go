@@ -12,7 +12,6 @@ import (
 	"xmix/bundle"
 	"xmix/loader"
 	"xmix/ops"
-	"xmix/safetensors"
 )
 
 // Backend holds every buffer of a bundle in host memory.
@@ -38,12 +37,9 @@ func New(b *bundle.Bundle, w *loader.Weights, progress Progress) (*Backend, erro
 		progress = func(string, ...any) {}
 	}
 	be := &Backend{bufs: map[string][]byte{}}
-	var params *safetensors.File
-	if len(b.Params) > 0 {
-		var err error
-		if params, err = safetensors.Parse(b.Params); err != nil {
-			return nil, fmt.Errorf("bundle params section: %w", err)
-		}
+	params, err := loader.ParamTensors(b)
+	if err != nil {
+		return nil, err
 	}
 	var total int64
 	for _, buf := range b.Manifest.Buffers {
@@ -59,9 +55,7 @@ func New(b *bundle.Bundle, w *loader.Weights, progress Progress) (*Backend, erro
 				return nil, err
 			}
 		case bundle.KindParam:
-			if err := fillParam(params, buf, mem); err != nil {
-				return nil, err
-			}
+			copy(mem, params[buf.Name])
 		}
 		be.bufs[buf.Name] = mem
 	}
@@ -114,21 +108,6 @@ func alignedBytes(n int64) []byte {
 		return nil
 	}
 	return unsafe.Slice((*byte)(unsafe.Pointer(&words[0])), n)
-}
-
-func fillParam(f *safetensors.File, buf bundle.Buffer, dst []byte) error {
-	if f == nil || len(buf.Tensors) != 1 {
-		return fmt.Errorf("param buffer %s: no tensor in the bundle's params section", buf.Name)
-	}
-	t, ok := f.Tensors[buf.Tensors[0]]
-	if !ok {
-		return fmt.Errorf("param buffer %s: tensor %s missing from the bundle's params section", buf.Name, buf.Tensors[0])
-	}
-	if len(t.Data) != len(dst) {
-		return fmt.Errorf("param buffer %s: tensor has %d bytes, buffer %d", buf.Name, len(t.Data), len(dst))
-	}
-	copy(dst, t.Data)
-	return nil
 }
 
 // Name implements loader.Backend.

@@ -1,0 +1,581 @@
+// Package cuda is the GPU backend: it loads a bundle's PTX through the CUDA driver API
+// (libcuda.so.1 via purego, no cgo), allocates every buffer on the device, captures one CUDA
+// graph per template at load time and replays it every step. Host-written control buffers
+// live in one device arena that is refreshed by a single async copy before each replay;
+// outputs live in another that is copied back after it, so a step costs one graph launch,
+// two copies and one stream synchronisation.
+package cuda
+
+import (
+	"fmt"
+	"runtime"
+	"sort"
+	"strings"
+	"unsafe"
+
+	"xmix/bundle"
+	"xmix/loader"
+)
+
+// Progress reports load progress (may be nil).
+type Progress func(format string, args ...any)
+
+// Device describes the GPU a backend runs on.
+type Device struct {
+	Name        string
+	Major       int
+	Minor       int
+	SMs         int
+	TotalMemory int64
+	FreeMemory  int64
+	Driver      int
+}
+
+func (d Device) String() string {
+	return fmt.Sprintf("%s (sm_%d%d, %d SMs, %.1f GiB)", d.Name, d.Major, d.Minor, d.SMs, float64(d.TotalMemory)/(1<<30))
+}
+
+// arena is a set of buffers placed in one device allocation with a pinned host mirror.
+type arena struct {
+	dev    uintptr
+	host   unsafe.Pointer // pinned
+	size   int64
+	offset map[string]int64
+	sizes  map[string]int64
+	lo, hi int64 // dirty byte range of the host mirror (control arena)
+}
+
+func (a *arena) hostBytes() []byte {
+	if a.size == 0 {
+		return nil
+	}
+	return unsafe.Slice((*byte)(a.host), a.size)
+}
+
+// Backend runs a bundle on one GPU. All driver calls happen on one OS-locked goroutine,
+// since a CUDA context is current per OS thread.
+type Backend struct {
+	work chan func()
+	done chan struct{}
+
+	d       *driver
+	Dev     Device
+	ctx     uintptr
+	stream  uintptr
+	bufs    map[string]uintptr // device address of every buffer
+	sizes   map[string]int64
+	allocs  []uintptr
+	ctl     arena
+	out     arena
+	modules []uintptr
+	funcs   map[string]uintptr
+	graphs  []uintptr // instantiated graph per template
+	params  [][]uint64
+	paramP  [][]uintptr
+	closed  bool
+}
+
+// do runs f on the backend's locked thread and waits for it.
+func (be *Backend) do(f func() error) error {
+	var err error
+	ch := make(chan struct{})
+	be.work <- func() {
+		defer close(ch)
+		err = f()
+	}
+	<-ch
+	return err
+}
+
+// Probe reports the GPU that New would use, or why there is none.
+func Probe() (Device, error) {
+	d, err := loadDriver()
+	if err != nil {
+		return Device{}, err
+	}
+	var dev Device
+	err = withLockedThread(func() error {
+		var e error
+		dev, e = probe(d)
+		return e
+	})
+	return dev, err
+}
+
+func withLockedThread(f func() error) error {
+	ch := make(chan error)
+	go func() {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		ch <- f()
+	}()
+	return <-ch
+}
+
+func probe(d *driver) (Device, error) {
+	if err := d.call("cuInit", 0); err != nil {
+		return Device{}, fmt.Errorf("the NVIDIA driver failed to start: %w", err)
+	}
+	var n int32
+	if err := d.call("cuDeviceGetCount", uintptr(unsafe.Pointer(&n))); err != nil || n == 0 {
+		return Device{}, fmt.Errorf("no CUDA device found (driver sees %d GPUs)", n)
+	}
+	var dev Device
+	var ver int32
+	if err := d.call("cuDriverGetVersion", uintptr(unsafe.Pointer(&ver))); err != nil {
+		return dev, err
+	}
+	dev.Driver = int(ver)
+	name := make([]byte, 256)
+	if err := d.call("cuDeviceGetName", uintptr(unsafe.Pointer(&name[0])), 256, 0); err != nil {
+		return dev, err
+	}
+	dev.Name = strings.TrimRight(string(name), "\x00")
+	for _, a := range []struct {
+		attr int
+		dst  *int
+	}{{75, &dev.Major}, {76, &dev.Minor}, {16, &dev.SMs}} {
+		var v int32
+		if err := d.call("cuDeviceGetAttribute", uintptr(unsafe.Pointer(&v)), uintptr(a.attr), 0); err != nil {
+			return dev, err
+		}
+		*a.dst = int(v)
+	}
+	var total uint64
+	if err := d.call("cuDeviceTotalMem_v2", uintptr(unsafe.Pointer(&total)), 0); err != nil {
+		return dev, err
+	}
+	dev.TotalMemory = int64(total)
+	return dev, nil
+}
+
+// New loads a bundle onto GPU 0: modules, buffers, weights, params and graphs.
+func New(b *bundle.Bundle, w *loader.Weights, progress Progress) (*Backend, error) {
+	if progress == nil {
+		progress = func(string, ...any) {}
+	}
+	d, err := loadDriver()
+	if err != nil {
+		return nil, err
+	}
+	be := &Backend{d: d, work: make(chan func()), done: make(chan struct{}), bufs: map[string]uintptr{},
+		sizes: map[string]int64{}, funcs: map[string]uintptr{}}
+	ready := make(chan error)
+	go be.loop(ready)
+	if err := <-ready; err != nil {
+		return nil, err
+	}
+	if err := be.do(func() error { return be.load(b, w, progress) }); err != nil {
+		be.Close()
+		return nil, err
+	}
+	return be, nil
+}
+
+func (be *Backend) loop(ready chan<- error) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	d := be.d
+	dev, err := probe(d)
+	if err == nil && dev.Major < 9 {
+		err = fmt.Errorf("GPU %s is sm_%d%d; xmix bundles target sm_90 (Hopper: H100, H200) and newer", dev.Name, dev.Major, dev.Minor)
+	}
+	if err == nil {
+		err = d.call("cuDevicePrimaryCtxRetain", uintptr(unsafe.Pointer(&be.ctx)), 0)
+	}
+	if err == nil {
+		err = d.call("cuCtxSetCurrent", be.ctx)
+	}
+	if err == nil {
+		var free, total uint64
+		err = d.call("cuMemGetInfo_v2", uintptr(unsafe.Pointer(&free)), uintptr(unsafe.Pointer(&total)))
+		dev.FreeMemory = int64(free)
+	}
+	if err == nil {
+		err = d.call("cuStreamCreate", uintptr(unsafe.Pointer(&be.stream)), 1) // non-blocking
+	}
+	be.Dev = dev
+	ready <- err
+	if err != nil {
+		return
+	}
+	for f := range be.work {
+		f()
+	}
+	close(be.done)
+}
+
+func (be *Backend) load(b *bundle.Bundle, w *loader.Weights, progress Progress) error {
+	d := be.d
+	// Memory plan: control and output buffers go to arenas, the rest get one allocation each.
+	var need int64
+	be.ctl = arena{offset: map[string]int64{}, sizes: map[string]int64{}}
+	be.out = arena{offset: map[string]int64{}, sizes: map[string]int64{}}
+	for _, buf := range b.Manifest.Buffers {
+		n, err := loader.BufferBytes(buf)
+		if err != nil {
+			return err
+		}
+		be.sizes[buf.Name] = n
+		switch buf.Kind {
+		case bundle.KindControl:
+			place(&be.ctl, buf.Name, n)
+		case bundle.KindOutput:
+			place(&be.out, buf.Name, n)
+		default:
+			need += align(n)
+		}
+	}
+	need += be.ctl.size + be.out.size
+	if need > be.Dev.FreeMemory {
+		return fmt.Errorf("out of GPU memory: the bundle needs %.2f GiB, %s has %.2f GiB free of %.2f GiB (lower max_seqs or max_seq_len in the model spec)",
+			float64(need)/(1<<30), be.Dev.Name, float64(be.Dev.FreeMemory)/(1<<30), float64(be.Dev.TotalMemory)/(1<<30))
+	}
+	progress("cuda: %s, driver %d, allocating %.2f GiB", be.Dev, be.Dev.Driver, float64(need)/(1<<30))
+	for _, a := range []*arena{&be.ctl, &be.out} {
+		if a.size == 0 {
+			continue
+		}
+		if err := d.call("cuMemAlloc_v2", uintptr(unsafe.Pointer(&a.dev)), uintptr(a.size)); err != nil {
+			return fmt.Errorf("allocating %d bytes: %w", a.size, err)
+		}
+		be.allocs = append(be.allocs, a.dev)
+		if err := d.call("cuMemAllocHost_v2", uintptr(unsafe.Pointer(&a.host)), uintptr(a.size)); err != nil {
+			return fmt.Errorf("allocating %d pinned bytes: %w", a.size, err)
+		}
+		clear(a.hostBytes())
+		if err := d.call("cuMemsetD8_v2", a.dev, 0, uintptr(a.size)); err != nil {
+			return err
+		}
+		for name, off := range a.offset {
+			be.bufs[name] = a.dev + uintptr(off)
+		}
+	}
+	if err := be.loadModules(b); err != nil {
+		return err
+	}
+	if err := be.allocAndFill(b, w, progress); err != nil {
+		return err
+	}
+	for i, t := range b.Templates {
+		g, err := be.capture(b, t)
+		if err != nil {
+			return fmt.Errorf("template %s: %w", t.Name, err)
+		}
+		be.graphs = append(be.graphs, g)
+		if i == len(b.Templates)-1 {
+			progress("cuda: %d graphs instantiated", len(be.graphs))
+		}
+	}
+	return d.call("cuCtxSynchronize")
+}
+
+func align(n int64) int64 { return (n + 255) &^ 255 }
+
+func place(a *arena, name string, n int64) {
+	a.offset[name] = a.size
+	a.sizes[name] = n
+	a.size += align(n)
+}
+
+func (be *Backend) loadModules(b *bundle.Bundle) error {
+	d := be.d
+	for _, k := range b.Kernels {
+		src := append([]byte(k.PTX), 0)
+		errLog := make([]byte, 16384)
+		opts := []int32{5, 6} // CU_JIT_ERROR_LOG_BUFFER, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES
+		vals := []uintptr{uintptr(unsafe.Pointer(&errLog[0])), uintptr(len(errLog))}
+		var mod uintptr
+		err := d.call("cuModuleLoadDataEx", uintptr(unsafe.Pointer(&mod)), uintptr(unsafe.Pointer(&src[0])),
+			2, uintptr(unsafe.Pointer(&opts[0])), uintptr(unsafe.Pointer(&vals[0])))
+		runtime.KeepAlive(src)
+		if err != nil {
+			return fmt.Errorf("kernel %s: the driver could not compile its PTX: %w\n%s", k.Name, err,
+				strings.TrimRight(string(errLog), "\x00"))
+		}
+		be.modules = append(be.modules, mod)
+		var f uintptr
+		name := append([]byte(k.Name), 0)
+		if err := d.call("cuModuleGetFunction", uintptr(unsafe.Pointer(&f)), mod, uintptr(unsafe.Pointer(&name[0]))); err != nil {
+			return fmt.Errorf("kernel %s: %w", k.Name, err)
+		}
+		be.funcs[k.Name] = f
+	}
+	return nil
+}
+
+// allocAndFill allocates the device buffers and uploads weights and params.
+func (be *Backend) allocAndFill(b *bundle.Bundle, w *loader.Weights, progress Progress) error {
+	d := be.d
+	params, err := loader.ParamTensors(b)
+	if err != nil {
+		return err
+	}
+	var weightBytes, done int64
+	for _, buf := range b.Manifest.Buffers {
+		if buf.Kind == bundle.KindWeight {
+			weightBytes += be.sizes[buf.Name]
+		}
+	}
+	next := int64(0)
+	for _, buf := range b.Manifest.Buffers {
+		if buf.Kind == bundle.KindControl || buf.Kind == bundle.KindOutput {
+			continue
+		}
+		n := be.sizes[buf.Name]
+		var p uintptr
+		if err := d.call("cuMemAlloc_v2", uintptr(unsafe.Pointer(&p)), uintptr(n)); err != nil {
+			return fmt.Errorf("allocating buffer %s (%d bytes): %w", buf.Name, n, err)
+		}
+		be.allocs = append(be.allocs, p)
+		be.bufs[buf.Name] = p
+		switch buf.Kind {
+		case bundle.KindWeight:
+			host := make([]byte, n)
+			if err := w.Fill(buf, host); err != nil {
+				return err
+			}
+			if err := d.call("cuMemcpyHtoD_v2", p, uintptr(unsafe.Pointer(&host[0])), uintptr(n)); err != nil {
+				return fmt.Errorf("uploading %s: %w", buf.Name, err)
+			}
+			done += n
+			if done >= next {
+				progress("cuda: weights %.0f%% (%.2f of %.2f GB)", 100*float64(done)/float64(weightBytes), float64(done)/1e9, float64(weightBytes)/1e9)
+				next += weightBytes / 10
+			}
+		case bundle.KindParam:
+			data, ok := params[buf.Name]
+			if !ok || int64(len(data)) != n {
+				return fmt.Errorf("param buffer %s: no matching tensor in the bundle's params section", buf.Name)
+			}
+			if err := d.call("cuMemcpyHtoD_v2", p, uintptr(unsafe.Pointer(&data[0])), uintptr(n)); err != nil {
+				return fmt.Errorf("uploading %s: %w", buf.Name, err)
+			}
+		default:
+			if err := d.call("cuMemsetD8_v2", p, 0, uintptr(n)); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// capture records a template's launches into a CUDA graph and instantiates it.
+func (be *Backend) capture(b *bundle.Bundle, t bundle.Template) (uintptr, error) {
+	d := be.d
+	if err := d.call("cuStreamBeginCapture_v2", be.stream, 2); err != nil { // relaxed mode
+		return 0, err
+	}
+	var launchErr error
+	for _, n := range t.Nodes {
+		f, ok := be.funcs[n.Kernel]
+		if !ok {
+			launchErr = fmt.Errorf("node %s: unknown kernel %s", n.Label, n.Kernel)
+			break
+		}
+		vals := make([]uint64, len(n.Args))
+		ptrs := make([]uintptr, len(n.Args))
+		for i, s := range n.Args {
+			if s.Buffer == "" {
+				vals[i] = s.Const
+			} else {
+				base, ok := be.bufs[s.Buffer]
+				if !ok {
+					launchErr = fmt.Errorf("node %s: unknown buffer %s", n.Label, s.Buffer)
+					break
+				}
+				vals[i] = uint64(base) + uint64(s.Offset)
+			}
+			ptrs[i] = uintptr(unsafe.Pointer(&vals[i]))
+		}
+		if launchErr != nil {
+			break
+		}
+		be.params = append(be.params, vals)
+		be.paramP = append(be.paramP, ptrs)
+		var pp uintptr
+		if len(ptrs) > 0 {
+			pp = uintptr(unsafe.Pointer(&ptrs[0]))
+		}
+		if err := d.call("cuLaunchKernel", f, uintptr(n.Grid[0]), uintptr(n.Grid[1]), uintptr(n.Grid[2]),
+			uintptr(n.Block[0]), uintptr(n.Block[1]), uintptr(n.Block[2]), uintptr(n.Shared), be.stream, pp, 0); err != nil {
+			launchErr = fmt.Errorf("node %s (kernel %s, grid %v, block %v): %w", n.Label, n.Kernel, n.Grid, n.Block, err)
+			break
+		}
+	}
+	var graph uintptr
+	endErr := d.call("cuStreamEndCapture", be.stream, uintptr(unsafe.Pointer(&graph)))
+	if launchErr != nil {
+		if graph != 0 {
+			d.call("cuGraphDestroy", graph)
+		}
+		return 0, launchErr
+	}
+	if endErr != nil {
+		return 0, endErr
+	}
+	defer d.call("cuGraphDestroy", graph)
+	var exec uintptr
+	if err := d.call("cuGraphInstantiateWithFlags", uintptr(unsafe.Pointer(&exec)), graph, 0); err != nil {
+		return 0, err
+	}
+	return exec, nil
+}
+
+// Name implements loader.Backend.
+func (be *Backend) Name() string { return "cuda " + be.Dev.Name }
+
+// Write implements loader.Backend: control buffers are staged in pinned memory and sent
+// with the next step; other buffers are copied at once.
+func (be *Backend) Write(name string, off int64, data []byte) error {
+	if o, ok := be.ctl.offset[name]; ok {
+		if off < 0 || off+int64(len(data)) > be.ctl.sizes[name] {
+			return fmt.Errorf("write to %s: bytes [%d,%d) outside its %d bytes", name, off, off+int64(len(data)), be.ctl.sizes[name])
+		}
+		start := o + off
+		copy(be.ctl.hostBytes()[start:], data)
+		if be.ctl.hi == 0 || start < be.ctl.lo {
+			be.ctl.lo = start
+		}
+		be.ctl.hi = max(be.ctl.hi, start+int64(len(data)))
+		return nil
+	}
+	p, ok := be.bufs[name]
+	if !ok || off < 0 || off+int64(len(data)) > be.sizes[name] {
+		return fmt.Errorf("write to %s: no such buffer or out of its bounds", name)
+	}
+	if len(data) == 0 {
+		return nil
+	}
+	return be.do(func() error {
+		return be.d.call("cuMemcpyHtoD_v2", p+uintptr(off), uintptr(unsafe.Pointer(&data[0])), uintptr(len(data)))
+	})
+}
+
+// Read implements loader.Backend: outputs come from the copy made at the end of the last
+// step; other buffers are read from the device.
+func (be *Backend) Read(name string, dst []byte) error {
+	if o, ok := be.out.offset[name]; ok {
+		if int64(len(dst)) > be.out.sizes[name] {
+			return fmt.Errorf("read of %s: %d bytes, it has %d", name, len(dst), be.out.sizes[name])
+		}
+		copy(dst, be.out.hostBytes()[o:])
+		return nil
+	}
+	p, ok := be.bufs[name]
+	if !ok || int64(len(dst)) > be.sizes[name] {
+		return fmt.Errorf("read of %s: no such buffer or more than its size", name)
+	}
+	if len(dst) == 0 {
+		return nil
+	}
+	return be.do(func() error {
+		if err := be.d.call("cuStreamSynchronize", be.stream); err != nil {
+			return err
+		}
+		return be.d.call("cuMemcpyDtoH_v2", uintptr(unsafe.Pointer(&dst[0])), p, uintptr(len(dst)))
+	})
+}
+
+// Step implements loader.Backend: send the dirty control bytes, replay the graph, copy the
+// outputs back, wait.
+func (be *Backend) Step(t int) error {
+	if t < 0 || t >= len(be.graphs) {
+		return fmt.Errorf("no template %d", t)
+	}
+	return be.do(func() error {
+		d := be.d
+		if be.ctl.hi > be.ctl.lo {
+			lo, hi := be.ctl.lo, be.ctl.hi
+			if err := d.call("cuMemcpyHtoDAsync_v2", be.ctl.dev+uintptr(lo), uintptr(be.ctl.host)+uintptr(lo), uintptr(hi-lo), be.stream); err != nil {
+				return err
+			}
+			be.ctl.lo, be.ctl.hi = 0, 0
+		}
+		if err := d.call("cuGraphLaunch", be.graphs[t], be.stream); err != nil {
+			return err
+		}
+		if be.out.size > 0 {
+			if err := d.call("cuMemcpyDtoHAsync_v2", uintptr(be.out.host), be.out.dev, uintptr(be.out.size), be.stream); err != nil {
+				return err
+			}
+		}
+		return d.call("cuStreamSynchronize", be.stream)
+	})
+}
+
+// Time replays template t n times back to back (no host work between) and returns the mean
+// milliseconds per replay, measured with CUDA events.
+func (be *Backend) Time(t, n int) (float64, error) {
+	var ms float32
+	err := be.do(func() error {
+		d := be.d
+		var start, stop uintptr
+		if err := d.call("cuEventCreate", uintptr(unsafe.Pointer(&start)), 0); err != nil {
+			return err
+		}
+		defer d.call("cuEventDestroy_v2", start)
+		if err := d.call("cuEventCreate", uintptr(unsafe.Pointer(&stop)), 0); err != nil {
+			return err
+		}
+		defer d.call("cuEventDestroy_v2", stop)
+		if err := d.call("cuEventRecord", start, be.stream); err != nil {
+			return err
+		}
+		for range n {
+			if err := d.call("cuGraphLaunch", be.graphs[t], be.stream); err != nil {
+				return err
+			}
+		}
+		if err := d.call("cuEventRecord", stop, be.stream); err != nil {
+			return err
+		}
+		if err := d.call("cuEventSynchronize", stop); err != nil {
+			return err
+		}
+		return d.call("cuEventElapsedTime", uintptr(unsafe.Pointer(&ms)), start, stop)
+	})
+	return float64(ms) / float64(n), err
+}
+
+// Close releases every device resource.
+func (be *Backend) Close() error {
+	if be.closed {
+		return nil
+	}
+	be.closed = true
+	err := be.do(func() error {
+		d := be.d
+		for _, g := range be.graphs {
+			d.call("cuGraphExecDestroy", g)
+		}
+		for _, a := range []*arena{&be.ctl, &be.out} {
+			if a.host != nil {
+				d.call("cuMemFreeHost", uintptr(a.host))
+			}
+		}
+		for _, p := range be.allocs {
+			d.call("cuMemFree_v2", p)
+		}
+		for _, m := range be.modules {
+			d.call("cuModuleUnload", m)
+		}
+		if be.stream != 0 {
+			d.call("cuStreamDestroy_v2", be.stream)
+		}
+		return d.call("cuDevicePrimaryCtxRelease_v2", 0)
+	})
+	close(be.work)
+	<-be.done
+	return err
+}
+
+// Buffers lists the device buffers, for diagnostics.
+func (be *Backend) Buffers() []string {
+	var ns []string
+	for n := range be.bufs {
+		ns = append(ns, n)
+	}
+	sort.Strings(ns)
+	return ns
+}

@@ -1,0 +1,300 @@
+// Package testsuite holds the end-to-end checks: specs compiled by the real pipeline,
+// bundles round-tripped through the .xmb format, run by a backend. The same checks run
+// against every backend: the CPU one in `go test`, the CUDA one on the GPU machine
+// (testsuite/gpu).
+package testsuite
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"xmix/bundle"
+	"xmix/cmd/driver"
+	"xmix/loader"
+	"xmix/ops"
+)
+
+// SmallModel is a random Llama small enough for exhaustive CPU checks. It uses GQA (4
+// heads, 2 kv heads), llama3 rope scaling, and untied embeddings.
+const SmallModel = `model: small
+family: llama
+dims: {hidden: 128, intermediate: 192, layers: 3, heads: 4, kv_heads: 2, head_dim: 32, vocab: 300,
+       rope_theta: 500000, rms_eps: 1.0e-5, tie_embeddings: false,
+       rope_scaling: {type: llama3, factor: 8, low_freq_factor: 1, high_freq_factor: 4, original_max_position_embeddings: 64}}
+weights: {synthetic: {seed: 3, std: 0.08}}
+tokenizer: bytes
+bos: 256
+eos: [257]
+serving: {decode_buckets: [1, 2, 4], prefill_chunks: [16], max_seq_len: 128, max_seqs: 4, kv_block_size: 16}
+`
+
+// NewBackend loads a bundle on the backend under test.
+type NewBackend func(t testing.TB, b *bundle.Bundle) loader.Backend
+
+// Compile builds a bundle from spec texts through the real pipeline and the .xmb format.
+func Compile(t testing.TB, model string, apps ...string) *bundle.Bundle {
+	t.Helper()
+	dir := t.TempDir()
+	mp := filepath.Join(dir, "model.yaml")
+	if err := os.WriteFile(mp, []byte(model), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var aps []string
+	for i, a := range apps {
+		p := filepath.Join(dir, "app"+strconv.Itoa(i)+".yaml")
+		if err := os.WriteFile(p, []byte(a), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		aps = append(aps, p)
+	}
+	b, err := driver.Build(mp, aps, driver.Options{Verify: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return roundTrip(t, b)
+}
+
+func roundTrip(t testing.TB, b *bundle.Bundle) *bundle.Bundle {
+	data, err := bundle.Marshal(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	back, err := bundle.Unmarshal(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return back
+}
+
+// Generate runs requests on a fresh backend for b.
+func Generate(t testing.TB, nb NewBackend, b *bundle.Bundle, reqs []loader.Request) []loader.Result {
+	t.Helper()
+	be := nb(t, b)
+	defer be.Close()
+	eng, err := loader.NewEngine(b, be)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := eng.Generate(reqs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res
+}
+
+func randVec(seed uint64, n int) []float32 {
+	r := rand.New(rand.NewPCG(seed, 7))
+	v := make([]float32, n)
+	for i := range v {
+		v[i] = r.Float32()*2 - 1
+	}
+	return v
+}
+
+func yamlList(v []float32) string {
+	parts := make([]string, len(v))
+	for i, x := range v {
+		parts[i] = strconv.FormatFloat(float64(x), 'g', -1, 32)
+	}
+	return "[" + strings.Join(parts, ", ") + "]"
+}
+
+// captureApp reads the residual at resid_post of layer into buffer "x".
+func captureApp(layer, hidden int) string {
+	return fmt.Sprintf(`app: cap
+buffers: {x: {shape: [%d], export: true}}
+ops:
+  - read: {at: {layers: [%d], hook: resid_post}, kernel: capture, into: x}
+`, hidden, layer)
+}
+
+// captured returns the rows of export "cap.x" of a result.
+func captured(r loader.Result) [][]float32 {
+	var out [][]float32
+	for _, row := range r.Rows {
+		out = append(out, row.Exports["cap.x"])
+	}
+	return out
+}
+
+// CheckSteerExact: with steer_add at resid_post of layer 1 enabled for one request, that
+// request's residual there changes by exactly alpha*v; a request without the app is
+// bit-identical to the same request in a bundle compiled without the app.
+func CheckSteerExact(t *testing.T, nb NewBackend) {
+	v := randVec(1, 128)
+	steer := `app: steer
+params: {v: {values: ` + yamlList(v) + `}}
+ops:
+  - write: {at: {layers: [1], hook: resid_post}, kernel: steer_add, args: {vector: v, alpha: 2.5}}
+`
+	withApp := Compile(t, SmallModel, steer, captureApp(1, 128))
+	bare := Compile(t, SmallModel, captureApp(1, 128))
+	prompt := []int{10, 20, 30}
+	a := Generate(t, nb, withApp, []loader.Request{
+		{Prompt: prompt, Apps: []string{"steer", "cap"}, MaxTokens: 4},
+		{Prompt: prompt, Apps: []string{"cap"}, MaxTokens: 4},
+	})
+	b := Generate(t, nb, bare, []loader.Request{{Prompt: prompt, Apps: []string{"cap"}, MaxTokens: 4}})
+	steered, other, ref := captured(a[0]), captured(a[1]), captured(b[0])
+	if len(ref) != 7 || len(steered) != 7 || len(other) != 7 {
+		t.Fatalf("captured %d/%d/%d rows, want 7 (BOS + 3 prompt + 3 decode)", len(steered), len(other), len(ref))
+	}
+	// Prompt rows see identical inputs; after that the steered request generates its own
+	// tokens, so only its prompt rows are compared with the reference.
+	for row := range 4 {
+		for i, w := range ref[row] {
+			if exp := w + float32(2.5*v[i]); steered[row][i] != exp {
+				t.Fatalf("row %d elem %d: steered %v, want exactly %v + 2.5*%v = %v", row, i, steered[row][i], w, v[i], exp)
+			}
+		}
+	}
+	for row := range ref {
+		for i, w := range ref[row] {
+			if math.Float32bits(other[row][i]) != math.Float32bits(w) {
+				t.Fatalf("row %d elem %d (app off): %v differs from the bare bundle's %v", row, i, other[row][i], w)
+			}
+		}
+	}
+	if !equalInts(a[1].Tokens, b[0].Tokens) {
+		t.Fatalf("request without the app: tokens %v, bare bundle %v", a[1].Tokens, b[0].Tokens)
+	}
+}
+
+// CheckProjectOut: directional ablation leaves no component along the direction.
+func CheckProjectOut(t *testing.T, nb NewBackend) {
+	d := randVec(2, 128)
+	ablate := `app: ablate
+params: {d: {values: ` + yamlList(d) + `}}
+ops:
+  - write: {at: {layers: [1], hook: resid_post}, kernel: project_out, args: {direction: d}}
+`
+	b := Compile(t, SmallModel, ablate, captureApp(1, 128))
+	res := Generate(t, nb, b, []loader.Request{
+		{Prompt: []int{5, 6, 7}, Apps: []string{"ablate", "cap"}, MaxTokens: 3},
+		{Prompt: []int{5, 6, 7}, Apps: []string{"cap"}, MaxTokens: 3},
+	})
+	for k, r := range res {
+		for row, x := range captured(r) {
+			comp := component(x, d)
+			if k == 0 && comp > 1e-5 {
+				t.Fatalf("row %d (ablated): component along d is %.3g of |x|", row, comp)
+			}
+			if k == 1 && comp < 1e-3 {
+				t.Fatalf("row %d (app off): component %.3g: the ablation leaked into a request without the app", row, comp)
+			}
+		}
+	}
+}
+
+func component(x, d []float32) float64 {
+	var dot, xn, dn float64
+	for i := range x {
+		dot += float64(x[i]) * float64(d[i])
+		xn += float64(x[i]) * float64(x[i])
+		dn += float64(d[i]) * float64(d[i])
+	}
+	return math.Abs(dot) / math.Sqrt(xn*dn)
+}
+
+// CheckProbe: probe_linear equals the reference dot product of the residual it reads.
+func CheckProbe(t *testing.T, nb NewBackend) {
+	w := randVec(3, 128)
+	probe := `app: probe
+params: {w: {values: ` + yamlList(w) + `}}
+buffers: {score: {shape: [1], export: true}}
+ops:
+  - read: {at: {layers: [1], hook: resid_post}, kernel: probe_linear, args: {w: w, bias: -0.25, activation: sigmoid}, into: score}
+`
+	b := Compile(t, SmallModel, captureApp(1, 128), probe)
+	res := Generate(t, nb, b, []loader.Request{{Prompt: []int{9, 8, 7, 6}, Apps: []string{"cap", "probe"}, MaxTokens: 4}})
+	for i, row := range res[0].Rows {
+		x := row.Exports["cap.x"]
+		var s float64
+		for j := range x {
+			s += float64(x[j]) * float64(w[j])
+		}
+		want := 1 / (1 + math.Exp(-(s - 0.25)))
+		got := float64(row.Exports["probe.score"][0])
+		if math.Abs(got-want) > 1e-5*math.Max(1, want) {
+			t.Fatalf("row %d: probe %v, reference sigmoid(x·w - 0.25) = %v", i, got, want)
+		}
+	}
+	if len(res[0].Rows) != 8 {
+		t.Fatalf("%d rows exported, want 8 (BOS + 4 prompt + 3 decode)", len(res[0].Rows))
+	}
+}
+
+// CheckBatchMatchesSolo: each request of a batch mixing apps and sampling settings gets
+// exactly what it gets alone.
+func CheckBatchMatchesSolo(t *testing.T, nb NewBackend) {
+	steer := `app: steer
+params: {v: {values: ` + yamlList(randVec(4, 128)) + `}}
+ops:
+  - write: {at: {layers: "0-2", hook: resid_post}, kernel: steer_add, args: {vector: v, alpha: 3}}
+`
+	b := Compile(t, SmallModel, steer)
+	reqs := []loader.Request{
+		{Prompt: []int{10, 11, 12}, Apps: []string{"steer"}, MaxTokens: 8},
+		{Prompt: []int{10, 11, 12}, MaxTokens: 8},
+		{Prompt: []int{40, 41}, Apps: []string{"steer"}, MaxTokens: 6, Temperature: 0.9, TopP: 0.9, Seed: 4},
+	}
+	batch := Generate(t, nb, b, reqs)
+	if equalInts(batch[0].Tokens, batch[1].Tokens) {
+		t.Fatalf("steering changed nothing: %v", batch[0].Tokens)
+	}
+	for i, req := range reqs {
+		solo := Generate(t, nb, b, []loader.Request{req})
+		if !equalInts(solo[0].Tokens, batch[i].Tokens) {
+			t.Fatalf("request %d: batched %v, alone %v", i, batch[i].Tokens, solo[0].Tokens)
+		}
+	}
+}
+
+func equalInts(a, b []int) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// LogitRecorder wraps a backend and keeps the first sample's logits after every step.
+type LogitRecorder struct {
+	loader.Backend
+	Vocab int
+	Steps [][]float32
+}
+
+// Step implements loader.Backend.
+func (r *LogitRecorder) Step(t int) error {
+	if err := r.Backend.Step(t); err != nil {
+		return err
+	}
+	raw := make([]byte, 4*r.Vocab)
+	if err := r.Backend.Read("act.logits", raw); err != nil {
+		return err
+	}
+	r.Steps = append(r.Steps, append([]float32(nil), ops.Arg{Mem: raw}.F32()...))
+	return nil
+}
+
+// RelL2 is |a-b|/|b|.
+func RelL2(a, b []float32) float64 {
+	var num, den float64
+	for i := range b {
+		d := float64(a[i]) - float64(b[i])
+		num += d * d
+		den += float64(b[i]) * float64(b[i])
+	}
+	return math.Sqrt(num / den)
+}
