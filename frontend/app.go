@@ -67,7 +67,7 @@ func LoadApp(path string, m *Model) (*App, error) {
 }
 
 // ParseApp parses an app spec. Hooks, layers and token ids are checked against m; with a nil m
-// only the llama hook set is known and layers and tokens are not range-checked. On error it
+// every family's hooks are accepted and layers and tokens are not range-checked. On error it
 // returns an ErrorList with every problem found.
 func ParseApp(path string, data []byte, m *Model) (*App, error) {
 	p, err := newParser(path)
@@ -110,11 +110,14 @@ func (p *parser) app(root *yaml.Node, m *Model) *App {
 		}
 	}
 	ap := &appParser{parser: p, model: m}
-	family := "llama"
 	if m != nil {
-		family = m.Family
+		ap.perLayer, ap.whole = HookNames(m.Family)
+	} else {
+		// Without a model, accept a hook any family fires; resolving against a model rejects
+		// the rest later.
+		ap.perLayer = append(append([]string(nil), layerHooks...), moeHooks...)
+		ap.whole = modelHooks
 	}
-	ap.perLayer, ap.whole = HookNames(family)
 	if n := top.get("params"); n != nil {
 		a.Params = ap.params(n)
 	}

@@ -198,8 +198,10 @@ func (p *parser) dims(top *mapping, m *Model) *HFConfig {
 		f   *intField
 		key string
 	}{{&d.hidden, "hidden"}, {&d.intermediate, "intermediate"}, {&d.layers, "layers"}, {&d.heads, "heads"}, {&d.vocab, "vocab"}}
+	// A config.json that failed to load was reported already; what it lacks is then unknown.
+	cfgFailed := cfgNode != nil && cfg == nil
 	for _, r := range required {
-		if !r.f.set {
+		if !r.f.set && !cfgFailed {
 			hint := ""
 			if cfg != nil {
 				hint = "config.json does not give it either"
@@ -395,11 +397,11 @@ func (p *parser) specialTokens(top *mapping, m *Model, cfg *HFConfig) {
 	}
 	if m.Tokenizer.Kind == "bytes" {
 		if m.BOS < 0 && top.get("bos") == nil {
-			p.errorf(top.node, fmt.Sprintf("add bos: %d, the first id after the bytes", byteTokens),
-				"model spec: the bytes tokenizer needs a bos id")
+			p.errorAt(m.Tokenizer.Pos, fmt.Sprintf("add bos: %d, the first id after the bytes", byteTokens),
+				"tokenizer: the bytes tokenizer needs a bos id")
 		}
 		if m.Vocab > 0 && m.Vocab < byteTokens {
-			p.errorf(top.node, "the bytes tokenizer uses ids 0-255 for the bytes", "model spec: vocab %d is smaller than %d", m.Vocab, byteTokens)
+			p.errorAt(m.Tokenizer.Pos, "the bytes tokenizer uses ids 0-255 for the bytes", "tokenizer: vocab %d is smaller than %d", m.Vocab, byteTokens)
 		}
 	}
 	if m.Vocab <= 0 {

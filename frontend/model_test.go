@@ -213,7 +213,8 @@ func TestParseModelErrors(t *testing.T) {
 		name, text string
 		want       []string // substrings of the error text
 	}{
-		{"malformed", with("  heads: 8\n", "  heads: [8\n"), []string{"s.yaml:", "malformed YAML"}},
+		{"malformed", with("  heads: 8\n", "  heads: [8\n"), []string{"s.yaml:7:1: malformed YAML: did not find expected ',' or ']'"}},
+		{"malformed key", "model: x\ndims:\n  a: 1\n b: 2\n", []string{"s.yaml:4:1: malformed YAML: did not find expected key"}},
 		{"bad indent", "model: x\n  family: llama\n", []string{"s.yaml:2:1: malformed YAML"}},
 		{"empty", "", []string{"s.yaml:1:1: empty spec"}},
 		{"not a mapping", "- a\n- b\n", []string{"s.yaml:1:1: expected a mapping, got a list"}},
@@ -234,7 +235,8 @@ func TestParseModelErrors(t *testing.T) {
 		{"head dim default", with("hidden: 256", "hidden: 250"), []string{"s.yaml:7:10: dims.heads 8 does not divide dims.hidden 250", "set dims.head_dim"}},
 		{"dtype", with("tokenizer: bytes\n", "tokenizer: bytes\ndtype: fp8\n"), []string{`s.yaml:13:8: dtype: unknown value "fp8"`}},
 		{"tokenizer", with("tokenizer: bytes", "tokenizer: byte"), []string{`s.yaml:12:12: tokenizer: unknown tokenizer "byte"`}},
-		{"no bos", with("bos: 256\n", ""), []string{"the bytes tokenizer needs a bos id"}},
+		{"no bos", with("bos: 256\n", ""), []string{"s.yaml:12:12: tokenizer: the bytes tokenizer needs a bos id"}},
+		{"small vocab", with("vocab: 258", "vocab: 200"), []string{"s.yaml:12:12: tokenizer: vocab 200 is smaller than 256", "s.yaml:13:6: bos 256 is not a token id"}},
 		{"bos range", with("bos: 256", "bos: 258"), []string{"s.yaml:13:6: bos 258 is not a token id of the model (vocab is 258)"}},
 		{"eos type", with("eos: [257]", "eos: {a: 1}"), []string{"s.yaml:14:6: eos: expected a list, got a mapping"}},
 		{"buckets order", with("[1, 2, 4, 8]", "[1, 4, 2]"), []string{"s.yaml:16:19: serving.decode_buckets: 2 after 4 is not ascending"}},
@@ -244,7 +246,8 @@ func TestParseModelErrors(t *testing.T) {
 			[]string{`s.yaml:11:23: weights.synthetic: unknown key "sed" (did you mean "seed"?`}},
 		{"rope scaling", with("  tie_embeddings: true", "  rope_scaling: {type: llama3, factor: 8, low_freq_factor: 4, high_freq_factor: 1, original_max_position_embeddings: 8192}"),
 			[]string{"high_freq_factor 1 must be larger than low_freq_factor 4"}},
-		{"missing config", with("dims:\n", "config: nowhere/config.json\ndims:\n"), []string{"s.yaml:3:9: config:", "no such file"}},
+		{"missing config", "model: a\nfamily: llama\nconfig: nowhere/config.json\nweights: w\ntokenizer: {hf: t}\n",
+			[]string{"s.yaml:3:9: config:", "no such file"}},
 		{"merge key", with("dims:\n", "dims:\n  <<: {hidden: 1}\n"), []string{"merge keys (<<) are not supported"}},
 		{"several", strings.Replace(with("  layers: 6", "  layers: x"), "family: llama", "family: gpt", 1),
 			[]string{"s.yaml:2:9: family", "s.yaml:6:11: dims.layers"}},

@@ -154,17 +154,35 @@ func (p *parser) owner(n *yaml.Node) *yaml.Node {
 	return n
 }
 
+// yamlParserProblems are the messages of yaml.v3's parser (as opposed to its scanner). It reports
+// their line 0-based, and the line where the enclosing construct began (e.g. the unclosed `[`).
+var yamlParserProblems = map[string]bool{
+	"did not find expected ',' or ']'":       true,
+	"did not find expected ',' or '}'":       true,
+	"did not find expected '-' indicator":    true,
+	"did not find expected <document start>": true,
+	"did not find expected <stream-start>":   true,
+	"did not find expected key":              true,
+	"did not find expected node content":     true,
+	"found duplicate %TAG directive":         true,
+	"found duplicate %YAML directive":        true,
+	"found incompatible YAML document":       true,
+	"found undefined tag handle":             true,
+}
+
 func (p *parser) syntaxError(err error) {
-	msg := err.Error()
-	line := 1
-	if m := yamlLineRE.FindStringSubmatch(msg); m != nil {
+	msg := strings.TrimPrefix(err.Error(), "yaml: ")
+	line := 0
+	if m := yamlLineRE.FindStringSubmatch(err.Error()); m != nil {
 		if n, convErr := strconv.Atoi(m[1]); convErr == nil {
 			line = n
 		}
 		msg = m[2]
-	} else {
-		msg = strings.TrimPrefix(msg, "yaml: ")
 	}
+	if yamlParserProblems[msg] {
+		line++
+	}
+	line = max(line, 1)
 	p.errorAt(Pos{File: p.file, Line: line, Col: 1}, "", "malformed YAML: %s", msg)
 }
 
