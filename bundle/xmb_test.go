@@ -122,6 +122,30 @@ func TestRoundTrip(t *testing.T) {
 	}
 }
 
+// Weights bigger than the zstd window span several blocks and a non-single-segment frame,
+// the path real weights take.
+func TestLargeWeightsRoundTrip(t *testing.T) {
+	const n = 3 * encoderWindow / 2 / 2 // bf16 elements: 12 MiB of data
+	data := make([]byte, 2*n)
+	x := uint32(1)
+	for i := range data {
+		x ^= x << 13
+		x ^= x >> 17
+		x ^= x << 5
+		data[i] = byte(x) & 0x0f // half-random: compressible but not trivially
+	}
+	b := testBundle()
+	b.Manifest.Buffers[0].Shape = []int{n / 8, 8}
+	b.Weights = safetensorsFile(safetensors.Tensor{Name: "model.embed_tokens.weight", Dtype: "BF16", Shape: []int{n / 8, 8}, Data: data})
+	got, err := Unmarshal(mustMarshal(t, b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got.Weights, b.Weights) {
+		t.Fatal("large weights changed in the round trip")
+	}
+}
+
 func TestWeightsSectionOnlyWhenEmbedded(t *testing.T) {
 	if n := binary.LittleEndian.Uint32(mustMarshal(t, testBundle())[12:]); n != 5 {
 		t.Fatalf("bundle without weights has %d sections, want 5", n)

@@ -245,16 +245,24 @@ func Write(w io.Writer, tensors []Tensor, metadata map[string]string) error {
 	}
 	js = append(js, bytes.Repeat([]byte{' '}, int(align8(uint64(len(js)))-uint64(len(js))))...)
 
-	buf := make([]byte, 0, 8+len(js)+int(offset))
-	buf = binary.LittleEndian.AppendUint64(buf, uint64(len(js)))
-	buf = append(buf, js...)
-	base := len(buf)
-	for _, t := range sorted {
-		buf = append(buf, make([]byte, base+int(align8(uint64(len(buf)-base)))-len(buf))...)
-		buf = append(buf, t.Data...)
-	}
-	if _, err := w.Write(buf); err != nil {
+	// Tensor data is written straight from the caller's slices: weights files are large.
+	head := binary.LittleEndian.AppendUint64(make([]byte, 0, 8+len(js)), uint64(len(js)))
+	if _, err := w.Write(append(head, js...)); err != nil {
 		return fmt.Errorf("write safetensors: %w", err)
+	}
+	var pad [8]byte
+	var at uint64
+	for _, t := range sorted {
+		if p := align8(at) - at; p > 0 {
+			if _, err := w.Write(pad[:p]); err != nil {
+				return fmt.Errorf("write safetensors: %w", err)
+			}
+			at += p
+		}
+		if _, err := w.Write(t.Data); err != nil {
+			return fmt.Errorf("write safetensors: tensor %s: %w", t.Name, err)
+		}
+		at += uint64(len(t.Data))
 	}
 	return nil
 }

@@ -334,3 +334,22 @@ func FuzzParse(f *testing.F) {
 		}
 	})
 }
+
+type failWriter struct{ left int }
+
+func (w *failWriter) Write(p []byte) (int, error) {
+	if w.left < len(p) {
+		return 0, os.ErrClosed
+	}
+	w.left -= len(p)
+	return len(p), nil
+}
+
+func TestWriteReportsWriterErrors(t *testing.T) {
+	full := len(mustWrite(t, testTensors(), nil))
+	for _, left := range []int{0, 100, full - 1} {
+		if err := Write(&failWriter{left: left}, testTensors(), nil); err == nil {
+			t.Errorf("writer failing after %d of %d bytes: no error", left, full)
+		}
+	}
+}
