@@ -252,3 +252,17 @@ func TestHookNamesMixtral(t *testing.T) {
 		}
 	}
 }
+
+func TestParseAppAliasesAndMoEWithoutModel(t *testing.T) {
+	text := "app: a\nparams:\n  x: &v {values: [1, 2]}\n  y: *v\nops:\n  - write: {at: {layers: 0, hook: router_logits}, kernel: router_bias, args: {bias: y}}\n"
+	a, err := ParseApp("a.yaml", []byte(text), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(a.Params) != 2 || !reflect.DeepEqual(a.Params[1].Values, []float32{1, 2}) {
+		t.Errorf("params = %+v, want y to repeat x's values", a.Params)
+	}
+	if _, err := ParseApp("a.yaml", []byte(text), testModel(t)); err == nil || !strings.Contains(err.Error(), `unknown hook "router_logits"`) {
+		t.Errorf("llama model: got %v, want router_logits rejected", err)
+	}
+}

@@ -453,7 +453,8 @@ func nearest(s string, choices []string) string {
 			best, bestD = c, d
 		}
 	}
-	limit := max(2, len(best)/3)
+	// Up to a third of the word may be wrong (at least two letters), but never all of it.
+	limit := min(max(2, len(best)/3), len([]rune(best))-1, len([]rune(s))-1)
 	if bestD < 0 || bestD > limit {
 		return ""
 	}
