@@ -184,19 +184,3 @@ func Attention(name string, c AttnConfig) (*Kernel, error) {
 	})
 	return finish(e.Kernel, "attention", ops.AttnAttrs{KVAttrs: attrs, Scale: c.Scale})
 }
-
-// exp2 returns 2^x (ex2.approx: relative error about 2^-22, and 2^-inf = 0).
-func (e emitter) exp2(x ptx.Reg) ptx.Reg {
-	r := e.Reg(ptx.F32)
-	e.Emit("ex2.approx.f32", r, x)
-	return r
-}
-
-// sharedAddr returns the 32-bit shared-space address of arr[idx] for elements of size bytes.
-func (e emitter) sharedAddr(arr ptx.Sym, idx ptx.Reg, size int) ptx.Reg {
-	base := e.Reg(ptx.U32)
-	e.Emit("mov.u32", base, arr)
-	a := e.Reg(ptx.U32)
-	e.Emit("mad.lo.u32", a, idx, ptx.Imm(int64(size)), base)
-	return a
-}

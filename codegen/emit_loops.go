@@ -74,6 +74,22 @@ func (e emitter) storeAt(a ptx.Addr, v ptx.Reg, dt ptx.Type) {
 	e.Emit("st.global.f32", a, v)
 }
 
+// exp2 returns 2^x (ex2.approx: relative error about 2^-22, and 2^-inf = 0).
+func (e emitter) exp2(x ptx.Reg) ptx.Reg {
+	r := e.Reg(ptx.F32)
+	e.Emit("ex2.approx.f32", r, x)
+	return r
+}
+
+// sharedAddr returns the 32-bit shared-space address of arr[idx] for elements of size bytes.
+func (e emitter) sharedAddr(arr ptx.Sym, idx ptx.Reg, size int) ptx.Reg {
+	base := e.Reg(ptx.U32)
+	e.Emit("mov.u32", base, arr)
+	a := e.Reg(ptx.U32)
+	e.Emit("mad.lo.u32", a, idx, ptx.Imm(int64(size)), base)
+	return a
+}
+
 // log2 returns log2(n) when n is a power of two.
 func log2(n int) (int, bool) {
 	if n <= 0 || n&(n-1) != 0 {

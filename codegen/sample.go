@@ -46,7 +46,6 @@ type sampleGen struct {
 	tid, lb   ptx.Reg // thread id, this sample's logits
 	m, scale  ptx.Reg // max logit, log2(e)/T
 	red, redi ptx.Sym
-	segI      ptx.Reg // loop variable of the last segment walk
 }
 
 func (g *sampleGen) emit() {
@@ -128,16 +127,14 @@ func (g *sampleGen) emit() {
 	g.Emit("mov.f32", u, ptx.F32Imm(float32(math.Inf(1))))
 	g.Label(found)
 	last := g.imm32(0)
-	picked := g.NewLabel("picked")
 	g.segment(segIdx, seg, func(i, w ptx.Reg) {
 		g.Emit("selp.u32", last, i, last, g.cmp("gt", ptx.F32, w, ptx.F32Imm(0)))
 		g.Emit("add.rn.f32", base, base, w)
-		g.EmitIf(g.cmp("gt", ptx.F32, base, u), false, "bra", ptx.Sym(picked))
+		picked := g.cmp("gt", ptx.F32, base, u)
+		g.EmitIf(picked, false, "st.global.u32", outAddr, i)
+		g.EmitIf(picked, false, "bra", ptx.Sym(end))
 	}, thr)
 	g.Emit("st.global.u32", outAddr, last)
-	g.Emit("bra", ptx.Sym(end))
-	g.Label(picked)
-	g.Emit("st.global.u32", outAddr, g.segI)
 	g.Emit("bra", ptx.Sym(end))
 
 	g.Label(greedy)
@@ -177,14 +174,13 @@ func (g *sampleGen) keptSum(thr ptx.Reg) ptx.Reg {
 }
 
 // segment runs body(i, kept(i, thr)) over segment s: tokens s*seg .. min((s+1)*seg, Vocab)-1.
-// The loop variable is left in g.segI for a body that branches out.
 func (g *sampleGen) segment(s ptx.Reg, seg int, body func(i, w ptx.Reg), thr ptx.Reg) {
 	start := g.Reg(ptx.U32)
 	g.Emit("mul.lo.u32", start, s, ptx.Imm(int64(seg)))
 	stop := g.op3("add.u32", ptx.U32, start, ptx.Imm(int64(seg)))
 	g.Emit("min.u32", stop, stop, ptx.Imm(int64(g.c.Vocab)))
-	g.segI = g.Reg(ptx.U32)
-	g.forLoop(g.segI, start, stop, ptx.Imm(1), func() { body(g.segI, g.kept(g.segI, thr)) })
+	i := g.Reg(ptx.U32)
+	g.forLoop(i, start, stop, ptx.Imm(1), func() { body(i, g.kept(i, thr)) })
 }
 
 // argmax stores the lowest index of the largest logit: per-thread strided scans keep the
