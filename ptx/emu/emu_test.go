@@ -275,12 +275,13 @@ func TestInstructions(t *testing.T) {
 		{"mov.f32 %f1, 1.0; cvt.rn.f16.f32 %rs1, %f1; cvt.u32.u16 %r1, %rs1;", 0x3C00},
 		{"mov.b16 %rs1, 0x3555; cvt.f32.f16 %f1, %rs1; mov.b32 %r1, %f1;", math.Float32bits(0.333251953125)},
 		{"mov.f32 %f1, 0.1; cvt.f64.f32 %fd1, %f1; add.f64 %fd1, %fd1, %fd1; cvt.rn.f32.f64 %f2, %fd1; mov.b32 %r1, %f2;", math.Float32bits(0.2)},
+		{"mov.u32 %r2, 3; mov.u32 %r3, 4; st.global.v2.u32 [%rd1+8], {%r2, %r3}; ld.global.v2.u32 {%r4, %r1}, [%rd1+8]; add.u32 %r1, %r1, %r4;", 7},
 		{"mov.u32 %r1, 9; mov.u32 %r2, 1; setp.gt.u32 %p1, %r2, 0; @%p1 mov.u32 %r1, 5; @!%p1 mov.u32 %r1, 6;", 5},
 	}
 	for _, c := range cases {
 		mod := parseText(t, scalarKernel(c.body))
 		mem := NewMemory()
-		out := mem.Alloc(4)
+		out := mem.Alloc(16)
 		if err := Run(mod, "k", Launch{Grid: [3]int{1, 1, 1}, Block: [3]int{1, 1, 1}}, mem, []uint64{out}); err != nil {
 			t.Errorf("%s: %v", c.body, err)
 			continue
