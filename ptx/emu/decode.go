@@ -214,13 +214,14 @@ var classOrder = []string{"p", "rs", "r", "rd", "f", "fd"}
 
 func decode(k *ptx.Kernel, params []uint64) (*program, error) {
 	d := &decoder{k: k, classOf: map[string]int{}, shared: map[string]uint64{}, params: map[string]uint64{}, labels: map[string]int32{}, p: &program{k: k}}
+	decls := k.RegDecls
+	if decls == nil {
+		decls = usedRegs(k)
+	}
 	slots := 0
 	for _, c := range classOrder {
 		d.classOf[c] = slots
-		slots += k.RegDecls[c] + 1
-	}
-	if k.RegDecls == nil {
-		return nil, fmt.Errorf("kernel %s has no register declarations (parse its printed text first)", k.Name)
+		slots += decls[c] + 1
 	}
 	d.p.specials = slots
 	d.p.nregs = slots + nSpecial
@@ -257,6 +258,33 @@ func decode(k *ptx.Kernel, params []uint64) (*program, error) {
 	// Falling off the end of the body ends the thread, as ret would.
 	d.p.code = append(d.p.code, inst{op: cExit, guard: -1, src: int32(len(k.Body))})
 	return d.p, nil
+}
+
+// usedRegs sizes the register file of a kernel that comes straight from the builder, which
+// keeps its counts to itself: the highest index used per class.
+func usedRegs(k *ptx.Kernel) map[string]int {
+	n := map[string]int{}
+	see := func(r ptx.Reg) { n[classes[r.T]] = max(n[classes[r.T]], r.N) }
+	for _, in := range k.Body {
+		if in.Guard != nil {
+			see(*in.Guard)
+		}
+		for _, a := range in.Args {
+			switch a := a.(type) {
+			case ptx.Reg:
+				see(a)
+			case ptx.Vec:
+				for _, r := range a {
+					see(r)
+				}
+			case ptx.Addr:
+				if r, ok := a.Base.(ptx.Reg); ok {
+					see(r)
+				}
+			}
+		}
+	}
+	return n
 }
 
 func (d *decoder) slot(r ptx.Reg) int32 {

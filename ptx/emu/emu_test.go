@@ -538,6 +538,21 @@ func TestFaults(t *testing.T) {
 	}
 }
 
+// TestBuiltModule runs a module straight from the builder, without printing and parsing.
+func TestBuiltModule(t *testing.T) {
+	k := vecAdd()
+	k.Emit("ret")
+	mem := NewMemory()
+	a, b, c := allocF32(mem, []float32{1, 2}), allocF32(mem, []float32{3, 4}), mem.Alloc(8)
+	l := Launch{Grid: [3]int{1, 1, 1}, Block: [3]int{2, 1, 1}}
+	if err := Run(ptx.NewModule(k), "vadd", l, mem, []uint64{a, b, c, 1, 2}); err != nil {
+		t.Fatal(err)
+	}
+	if got := readF32(mem, c, 2); got[0] != 4 || got[1] != 6 {
+		t.Fatalf("got %v", got)
+	}
+}
+
 func TestRunRejectsBadCalls(t *testing.T) {
 	mod := compile(t, vecAdd())
 	mem := NewMemory()
