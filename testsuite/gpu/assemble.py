@@ -1,0 +1,121 @@
+#!/usr/bin/env python3
+"""Assemble the GPU run's raw outputs (run.sh's work directory) into results.json and a
+readable RESULTS.md. Standard library only: it runs on the GPU machine."""
+import datetime
+import glob
+import json
+import os
+import re
+import sys
+
+
+def load(path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def main(work, out):
+    device = open(os.path.join(work, "device.txt")).read().strip() if os.path.exists(os.path.join(work, "device.txt")) else "unknown"
+    res = {"date": datetime.date.today().isoformat(), "device": device}
+
+    lines = open(os.path.join(work, "ptxas.txt")).read().splitlines() if os.path.exists(os.path.join(work, "ptxas.txt")) else []
+    fails = [l for l in lines if l.startswith("FAIL")]
+    spills = [l for l in lines if l.startswith("ok") and "spill_stores=0" not in l]
+    res["ptxas"] = {"kernels": len(lines), "ok": len(lines) - len(fails), "failed": fails, "spilling": spills}
+
+    checks = load(os.path.join(work, "checks.json")) or {}
+    log = open(os.path.join(work, "checks.log")).read() if os.path.exists(os.path.join(work, "checks.log")) else ""
+    res["checks"] = checks
+    res["checks_tests"] = {m.group(2): m.group(1) for m in re.finditer(r"--- (PASS|FAIL|SKIP): (\S+)", log)}
+
+    bench = {}
+    for p in sorted(glob.glob(os.path.join(work, "bench-*.json"))):
+        d = load(p)
+        if not d:
+            continue
+        m = re.match(r"bench-(.*)-b(\d+)\.json", os.path.basename(p))
+        model, bs = m.group(1), int(m.group(2))
+        off = d.get("offline", {})
+        graph = list((d.get("graph_ms") or {}).values())
+        g = graph[0] if graph else None
+        row = {
+            "batch": bs,
+            "decode_step_ms": off.get("decode_step_ms"),
+            "graph_replay_ms": g,
+            "decode_tok_per_s": off.get("decode_tok_per_s"),
+            "generated_tok_per_s": off.get("generated_tok_per_s"),
+            "floor_ms": off.get("floor_ms"),
+            "pct_of_floor_step": off.get("pct_of_floor"),
+            "pct_of_floor_graph": (100 * off["floor_ms"] / g) if g and off.get("floor_ms") else None,
+        }
+        bench.setdefault(model, []).append(row)
+    for v in bench.values():
+        v.sort(key=lambda r: r["batch"])
+    res["decode"] = bench
+
+    ttft = {}
+    for p in glob.glob(os.path.join(work, "ttft-*.txt")):
+        model = os.path.basename(p)[5:-4]
+        try:
+            ttft[model] = float(open(p).read().strip().splitlines()[-1])
+        except (OSError, ValueError, IndexError):
+            pass
+    res["run_to_first_token_s"] = ttft
+
+    online = {}
+    for p in glob.glob(os.path.join(work, "online-*.json")):
+        d = load(p)
+        if d:
+            online[os.path.basename(p)[7:-5]] = d.get("online")
+    res["online"] = online
+
+    with open(os.path.join(out, "results.json"), "w") as f:
+        json.dump(res, f, indent=2, sort_keys=True)
+    with open(os.path.join(out, "RESULTS.md"), "w") as f:
+        f.write(markdown(res))
+
+
+def fmt(x, spec=".3f"):
+    return "-" if x is None else format(x, spec)
+
+
+def markdown(r):
+    s = [f"# GPU results\n\n{r['date']}, {r['device']}. Produced by `testsuite/gpu/run.sh`; raw data in results.json.\n"]
+    p = r["ptxas"]
+    s.append(f"## ptxas -arch=sm_90\n\n{p['ok']} of {p['kernels']} kernels assemble; {len(p['failed'])} fail; {len(p['spilling'])} spill.\n")
+    for l in p["failed"]:
+        s.append(f"- {l}\n")
+    s.append("\n## Correctness (CUDA backend)\n\n| check | result |\n|---|---|\n")
+    for k, v in sorted(r["checks"].items()):
+        if k == "device":
+            continue
+        s.append(f"| {k} | {json.dumps(v, sort_keys=True)} |\n")
+    for k, v in sorted(r["checks_tests"].items()):
+        s.append(f"| test {k} | {v} |\n")
+    s.append("\n## Decode (offline: batch prompts of 512 tokens, 128 new tokens)\n\n")
+    s.append("Floor = bytes a step must read (weights + KV cache at the mean context) / 4.2 TB/s. "
+             "Step = host-measured engine step (control upload, graph replay, readback); graph = bare replays timed with CUDA events.\n\n")
+    s.append("| model | batch | step ms | graph ms | floor ms | % of floor (graph) | % of floor (step) | decode tok/s |\n|---|---|---|---|---|---|---|---|\n")
+    for model, rows in sorted(r["decode"].items()):
+        for x in rows:
+            s.append(f"| {model} | {x['batch']} | {fmt(x['decode_step_ms'])} | {fmt(x['graph_replay_ms'])} | {fmt(x['floor_ms'])} | "
+                     f"{fmt(x['pct_of_floor_graph'], '.1f')} | {fmt(x['pct_of_floor_step'], '.1f')} | {fmt(x['decode_tok_per_s'], '.0f')} |\n")
+    s.append("\n## `xmix run` start to first token (load, instantiate graphs, one token)\n\n")
+    for k, v in sorted(r["run_to_first_token_s"].items()):
+        s.append(f"- {k}: {v:.2f} s\n")
+    s.append("\n## Online (Poisson arrivals, ShareGPT-like prompts, 128 output tokens)\n\n")
+    for k, v in sorted(r["online"].items()):
+        if not v:
+            continue
+        m = v["mean"]
+        s.append(f"- {k}: {v['requests']} requests at {v['rate']}/s, {len(v['runs'])} measured runs after {v['warmup_runs']} warm-up: "
+                 f"mean ITL {m['mean_itl_ms']:.3f} ms, P99 ITL {m['p99_itl_ms']:.3f} ms, mean TTFT {m['mean_ttft_ms']:.2f} ms, "
+                 f"total throughput {m['total_tok_per_s']:.0f} tok/s\n")
+    return "".join(s)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])

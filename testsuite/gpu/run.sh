@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# The GPU checks, run on the GPU machine from the repository root with .dev/gpu carried
+# (see build.sh). Writes $OUT/results.json and $OUT/RESULTS.md; copy them to testsuite/gpu/.
+#   MODE=quick  only assemble + correctness (no benchmarks)
+set -uo pipefail
+bin=.dev/gpu
+OUT=${OUT:-/tmp/xmix-gpu-out}
+work=/tmp/xmix-gpu
+mkdir -p "$OUT" "$work/ptx"
+export PATH=/usr/local/cuda/bin:$PATH
+log() { echo "[$(date +%T)] $*" >&2; }
+
+log "device"
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader > "$work/device.txt" 2>&1
+cat "$work/device.txt" >&2
+
+log "bundles"
+"$bin/xmixc" build specs/models/tiny.yaml specs/apps/tiny-steer.yaml specs/apps/tiny-probe.yaml -q --embed-weights -o "$work/tiny.xmb"
+"$bin/xmixc" build specs/models/llama-3.2-1b.yaml -q -o "$work/llama-3.2-1b.xmb"
+"$bin/xmixc" build specs/models/llama-3.1-8b.yaml -q -o "$work/llama-3.1-8b.xmb"
+for extra in ${EXTRA_BUNDLES:-}; do :; done
+
+log "ptxas -arch=sm_90 on every kernel"
+: > "$work/ptxas.txt"
+for b in "$work"/*.xmb; do
+  name=$(basename "$b" .xmb)
+  "$bin/xmixc" ptx "$b" -d "$work/ptx/$name" 2>/dev/null
+  for f in "$work/ptx/$name"/*.ptx; do
+    if msg=$(ptxas -arch=sm_90 -v "$f" -o /dev/null 2>&1); then
+      regs=$(echo "$msg" | grep -o 'Used [0-9]* registers' | head -1 | grep -o '[0-9]*')
+      spill=$(echo "$msg" | grep -o '[0-9]* bytes spill stores' | head -1 | grep -o '^[0-9]*')
+      echo "ok $name $(basename "$f" .ptx) regs=${regs:-?} spill_stores=${spill:-0}" >> "$work/ptxas.txt"
+    else
+      echo "FAIL $name $(basename "$f" .ptx) $(echo "$msg" | head -3 | tr '\n' ' ')" >> "$work/ptxas.txt"
+    fi
+  done
+done
+grep -c '^ok' "$work/ptxas.txt" >&2; grep '^FAIL' "$work/ptxas.txt" >&2
+
+log "correctness: CUDA vs CPU, MI exactness"
+XMIX_GPU_RESULTS="$work/checks.json" "$bin/gpu.test" -test.v -test.timeout 300s > "$work/checks.log" 2>&1
+echo "exit $?" >> "$work/checks.log"
+tail -30 "$work/checks.log" >&2
+
+if [ "${MODE:-full}" != quick ]; then
+  log "benchmarks"
+  for m in llama-3.2-1b llama-3.1-8b; do
+    for bs in 1 8 32 128; do
+      "$bin/xmix" bench "$work/$m.xmb" --backend cuda --prompts $bs --prompt-len 512 --new-tokens 128 \
+        --graph-buckets $bs --json -q > "$work/bench-$m-b$bs.json" 2>> "$work/bench.log" || echo "bench $m b$bs failed" >&2
+    done
+    /usr/bin/time -f "%e" -o "$work/ttft-$m.txt" "$bin/xmix" run "$work/$m.xmb" --backend cuda -p x -n 1 -q > /dev/null 2>> "$work/bench.log"
+  done
+  "$bin/xmix" bench "$work/llama-3.1-8b.xmb" --backend cuda --online --requests 250 --rate ${RATE:-8} --warmup 1 --runs 2 \
+    --json -q > "$work/online-llama-3.1-8b.json" 2>> "$work/bench.log" || echo "online bench failed" >&2
+fi
+
+log "assemble"
+python3 testsuite/gpu/assemble.py "$work" "$OUT"
+cp "$work/ptxas.txt" "$work/checks.log" "$OUT/" 2>/dev/null
+ls -la "$OUT" >&2
