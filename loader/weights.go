@@ -9,6 +9,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 
@@ -155,7 +156,7 @@ func (w *Weights) Fill(buf bundle.Buffer, dst []byte) error {
 		if off+n*esz > len(dst) {
 			return fmt.Errorf("weight tensor %s has shape %v: buffer %s of shape %v has no room for it", name, t.Shape, buf.Name, buf.Shape)
 		}
-		if len(t.Shape) == 0 || (len(buf.Shape) > 1 && (len(t.Shape) != len(buf.Shape) || !equalInts(t.Shape[1:], buf.Shape[1:]))) {
+		if len(t.Shape) == 0 || (len(buf.Shape) > 1 && (len(t.Shape) != len(buf.Shape) || !slices.Equal(t.Shape[1:], buf.Shape[1:]))) {
 			return fmt.Errorf("weight tensor %s has shape %v, expected [*%s]", name, t.Shape, shapeTail(buf.Shape))
 		}
 		if err := convert(t, buf.Dtype, dst[off:off+n*esz]); err != nil {
@@ -168,18 +169,6 @@ func (w *Weights) Fill(buf bundle.Buffer, dst []byte) error {
 			strings.Join(buf.Tensors, ", "), off/esz, len(dst)/esz)
 	}
 	return nil
-}
-
-func equalInts(a, b []int) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 func shapeTail(s []int) string {

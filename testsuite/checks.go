@@ -10,6 +10,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -17,6 +18,7 @@ import (
 	"xmix/bundle"
 	"xmix/cmd/driver"
 	"xmix/loader"
+	"xmix/loader/cpu"
 	"xmix/ops"
 )
 
@@ -36,6 +38,21 @@ serving: {decode_buckets: [1, 2, 4], prefill_chunks: [16], max_seq_len: 128, max
 
 // NewBackend loads a bundle on the backend under test.
 type NewBackend func(t testing.TB, b *bundle.Bundle) loader.Backend
+
+// NewCPU loads a bundle on the CPU backend.
+func NewCPU(t testing.TB, b *bundle.Bundle) loader.Backend {
+	t.Helper()
+	w, err := loader.OpenWeights(b, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	be, err := cpu.New(b, w, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return be
+}
 
 // Compile builds a bundle from spec texts through the real pipeline and the .xmb format.
 func Compile(t testing.TB, model string, apps ...string) *bundle.Bundle {
@@ -161,7 +178,7 @@ ops:
 			}
 		}
 	}
-	if !equalInts(a[1].Tokens, b[0].Tokens) {
+	if !slices.Equal(a[1].Tokens, b[0].Tokens) {
 		t.Fatalf("request without the app: tokens %v, bare bundle %v", a[1].Tokens, b[0].Tokens)
 	}
 }
@@ -245,27 +262,15 @@ ops:
 		{Prompt: []int{40, 41}, Apps: []string{"steer"}, MaxTokens: 6, Temperature: 0.9, TopP: 0.9, Seed: 4},
 	}
 	batch := Generate(t, nb, b, reqs)
-	if equalInts(batch[0].Tokens, batch[1].Tokens) {
+	if slices.Equal(batch[0].Tokens, batch[1].Tokens) {
 		t.Fatalf("steering changed nothing: %v", batch[0].Tokens)
 	}
 	for i, req := range reqs {
 		solo := Generate(t, nb, b, []loader.Request{req})
-		if !equalInts(solo[0].Tokens, batch[i].Tokens) {
+		if !slices.Equal(solo[0].Tokens, batch[i].Tokens) {
 			t.Fatalf("request %d: batched %v, alone %v", i, batch[i].Tokens, solo[0].Tokens)
 		}
 	}
-}
-
-func equalInts(a, b []int) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 // LogitRecorder wraps a backend and keeps the first sample's logits after every step.

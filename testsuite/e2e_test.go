@@ -3,24 +3,10 @@ package testsuite
 import (
 	"testing"
 
-	"xmix/bundle"
 	"xmix/loader"
-	"xmix/loader/cpu"
 )
 
-func newCPU(t testing.TB, b *bundle.Bundle) loader.Backend {
-	t.Helper()
-	w, err := loader.OpenWeights(b, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Close()
-	be, err := cpu.New(b, w, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return be
-}
+var newCPU = NewCPU
 
 func TestCPUSteerAddIsExact(t *testing.T)  { CheckSteerExact(t, newCPU) }
 func TestCPUProjectOut(t *testing.T)       { CheckProjectOut(t, newCPU) }
