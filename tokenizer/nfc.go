@@ -1,0 +1,193 @@
+package tokenizer
+
+//go:generate python3 mknfc.py
+
+import (
+	"sort"
+	"strings"
+	"sync"
+	"unicode/utf8"
+)
+
+// Unicode Normalization Form C (UAX #15), needed because Qwen's tokenizer.json normalizes with
+// NFC and golang.org/x/text is not among our dependencies. The tables come from nfc_tables.go.
+
+// Hangul syllables compose and decompose by arithmetic rather than by table.
+const (
+	hangulSBase  = 0xAC00
+	hangulLBase  = 0x1100
+	hangulVBase  = 0x1161
+	hangulTBase  = 0x11A7
+	hangulLCount = 19
+	hangulVCount = 21
+	hangulTCount = 28
+	hangulNCount = hangulVCount * hangulTCount
+	hangulSCount = hangulLCount * hangulNCount
+)
+
+var nfcData struct {
+	once    sync.Once
+	decomp  map[rune][]rune // full (recursive) canonical decomposition
+	compose map[[2]rune]rune
+	// unstable holds the chars whose presence means a string may not already be in NFC:
+	// chars that decompose and do not recompose to themselves, non-starters, and chars that
+	// can combine with the char before them.
+	unstable map[rune]bool
+}
+
+func loadNFC() {
+	d := &nfcData
+	raw := make(map[rune][]rune, len(canonicalDecomp))
+	for _, m := range canonicalDecomp {
+		if m[2] == 0 {
+			raw[m[0]] = []rune{m[1]}
+		} else {
+			raw[m[0]] = []rune{m[1], m[2]}
+		}
+	}
+	excluded := make(map[rune]bool, len(compositionExcluded))
+	for _, c := range compositionExcluded {
+		excluded[c] = true
+	}
+	d.decomp = make(map[rune][]rune, len(raw))
+	d.compose = make(map[[2]rune]rune)
+	d.unstable = make(map[rune]bool)
+	var expand func(r rune) []rune
+	expand = func(r rune) []rune {
+		m, ok := raw[r]
+		if !ok {
+			return []rune{r}
+		}
+		var out []rune
+		for _, c := range m {
+			out = append(out, expand(c)...)
+		}
+		return out
+	}
+	for c, m := range raw {
+		d.decomp[c] = expand(c)
+		if len(m) == 2 && !excluded[c] {
+			d.compose[[2]rune{m[0], m[1]}] = c
+			d.unstable[m[1]] = true
+		} else {
+			d.unstable[c] = true
+		}
+	}
+	for _, r := range combiningClasses {
+		for c := r.lo; c <= r.hi; c++ {
+			d.unstable[c] = true
+		}
+	}
+	// Hangul vowels and trailing consonants combine with the syllable or jamo before them.
+	for c := rune(hangulVBase); c < hangulVBase+hangulVCount; c++ {
+		d.unstable[c] = true
+	}
+	for c := rune(hangulTBase + 1); c < hangulTBase+hangulTCount; c++ {
+		d.unstable[c] = true
+	}
+}
+
+func combiningClass(r rune) uint8 {
+	if r < 0x300 {
+		return 0
+	}
+	i := sort.Search(len(combiningClasses), func(i int) bool { return combiningClasses[i].hi >= r })
+	if i < len(combiningClasses) && combiningClasses[i].lo <= r {
+		return combiningClasses[i].class
+	}
+	return 0
+}
+
+// nfc returns s in Normalization Form C. Invalid UTF-8 becomes U+FFFD; HF tokenizers cannot
+// be given invalid UTF-8 at all (its input is a Rust &str).
+func nfc(s string) string {
+	i := 0
+	for i < len(s) && s[i] < utf8.RuneSelf {
+		i++
+	}
+	if i == len(s) {
+		return s
+	}
+	nfcData.once.Do(loadNFC)
+	d := &nfcData
+	stable := true
+	for _, r := range s[i:] {
+		if d.unstable[r] || r == utf8.RuneError {
+			stable = false
+			break
+		}
+	}
+	if stable {
+		return s
+	}
+
+	// Decompose fully.
+	buf := make([]rune, 0, len(s))
+	for _, r := range s {
+		if r >= hangulSBase && r < hangulSBase+hangulSCount {
+			si := r - hangulSBase
+			buf = append(buf, hangulLBase+si/hangulNCount, hangulVBase+(si%hangulNCount)/hangulTCount)
+			if t := si % hangulTCount; t != 0 {
+				buf = append(buf, hangulTBase+t)
+			}
+			continue
+		}
+		if m, ok := d.decomp[r]; ok {
+			buf = append(buf, m...)
+			continue
+		}
+		buf = append(buf, r)
+	}
+
+	// Put each run of non-starters in canonical order (a stable sort by combining class).
+	for i := 0; i < len(buf); {
+		if combiningClass(buf[i]) == 0 {
+			i++
+			continue
+		}
+		j := i
+		for j < len(buf) && combiningClass(buf[j]) != 0 {
+			j++
+		}
+		run := buf[i:j]
+		sort.SliceStable(run, func(a, b int) bool { return combiningClass(run[a]) < combiningClass(run[b]) })
+		i = j
+	}
+
+	// Compose: each char joins the last starter unless a char in between blocks it.
+	out := buf[:0]
+	starter := -1
+	var lastClass uint8
+	for _, c := range buf {
+		cc := combiningClass(c)
+		if starter >= 0 && (len(out)-1 == starter || (lastClass != 0 && lastClass < cc)) {
+			if comp, ok := composePair(out[starter], c); ok {
+				out[starter] = comp
+				continue
+			}
+		}
+		if cc == 0 {
+			starter = len(out)
+		}
+		lastClass = cc
+		out = append(out, c)
+	}
+	var b strings.Builder
+	b.Grow(len(s))
+	for _, r := range out {
+		b.WriteRune(r)
+	}
+	return b.String()
+}
+
+func composePair(a, b rune) (rune, bool) {
+	if a >= hangulLBase && a < hangulLBase+hangulLCount && b >= hangulVBase && b < hangulVBase+hangulVCount {
+		return hangulSBase + ((a-hangulLBase)*hangulVCount+(b-hangulVBase))*hangulTCount, true
+	}
+	if a >= hangulSBase && a < hangulSBase+hangulSCount && (a-hangulSBase)%hangulTCount == 0 &&
+		b > hangulTBase && b < hangulTBase+hangulTCount {
+		return a + (b - hangulTBase), true
+	}
+	c, ok := nfcData.compose[[2]rune{a, b}]
+	return c, ok
+}
