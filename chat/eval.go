@@ -1,0 +1,963 @@
+package chat
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"strings"
+)
+
+// Limits that keep a hostile template from running away with time or
+// memory; real chat templates stay far below them.
+const (
+	maxIterations = 1_000_000
+	maxOutput     = 64 << 20
+)
+
+type scope struct {
+	vars   map[string]value
+	parent *scope
+}
+
+func (s *scope) lookup(name string) (value, bool) {
+	for ; s != nil; s = s.parent {
+		if v, ok := s.vars[name]; ok {
+			return v, true
+		}
+	}
+	return nil, false
+}
+
+type renderer struct {
+	out   strings.Builder
+	steps int
+}
+
+// loopSignal carries {% break %} and {% continue %} up to their loop.
+type loopSignal struct{ brk bool }
+
+func (loopSignal) Error() string { return "loop control outside a loop" }
+
+func (r *renderer) nodes(s *scope, ns []node) error {
+	for _, n := range ns {
+		if err := r.node(s, n); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (r *renderer) write(p pos, s string) error {
+	if r.out.Len()+len(s) > maxOutput {
+		return errAt(p, "output larger than %d bytes", maxOutput)
+	}
+	r.out.WriteString(s)
+	return nil
+}
+
+func (r *renderer) node(s *scope, n node) error {
+	switch n := n.(type) {
+	case *textNode:
+		return r.write(pos{}, n.s)
+	case *outputNode:
+		v, err := r.eval(s, n.x)
+		if err != nil {
+			return err
+		}
+		return r.write(n.x.at(), str(v))
+	case *ifNode:
+		for i, c := range n.conds {
+			v, err := r.eval(s, c)
+			if err != nil {
+				return err
+			}
+			if truthy(v) {
+				return r.nodes(s, n.bodies[i])
+			}
+		}
+		return r.nodes(s, n.els)
+	case *forNode:
+		return r.forLoop(s, n)
+	case *setNode:
+		return r.set(s, n)
+	case *loopCtlNode:
+		return loopSignal{brk: n.brk}
+	}
+	return fmt.Errorf("internal: unknown node %T", n)
+}
+
+func (r *renderer) set(s *scope, n *setNode) error {
+	var v value
+	if n.body != nil {
+		sub := &renderer{steps: r.steps}
+		if err := sub.nodes(s, n.body); err != nil {
+			return err
+		}
+		r.steps = sub.steps
+		v = sub.out.String()
+	} else {
+		var err error
+		if v, err = r.eval(s, n.x); err != nil {
+			return err
+		}
+	}
+	if n.attr != "" {
+		obj, _ := s.lookup(n.names[0])
+		ns, ok := obj.(*namespace)
+		if !ok {
+			return errAt(n.pos, "cannot assign attribute on non-namespace object %s", typeName(obj))
+		}
+		ns.d.set(n.attr, v)
+		return nil
+	}
+	if len(n.names) == 1 {
+		s.vars[n.names[0]] = v
+		return nil
+	}
+	items, err := unpack(v, len(n.names))
+	if err != nil {
+		return errAt(n.pos, "%v", err)
+	}
+	for i, name := range n.names {
+		s.vars[name] = items[i]
+	}
+	return nil
+}
+
+func unpack(v value, n int) ([]value, error) {
+	var items []value
+	switch x := v.(type) {
+	case list:
+		items = x
+	case tuple:
+		items = x
+	case string:
+		for _, c := range x {
+			items = append(items, string(c))
+		}
+	default:
+		return nil, fmt.Errorf("cannot unpack %s into %d names", typeName(v), n)
+	}
+	if len(items) != n {
+		return nil, fmt.Errorf("cannot unpack %d values into %d names", len(items), n)
+	}
+	return items, nil
+}
+
+func (r *renderer) forLoop(s *scope, n *forNode) error {
+	it, err := r.eval(s, n.iter)
+	if err != nil {
+		return err
+	}
+	items, err := iterate(it)
+	if err != nil {
+		return errAt(n.iter.at(), "%v", err)
+	}
+	bind := func(sc *scope, item value) error {
+		if !n.unpacked {
+			sc.vars[n.names[0]] = item
+			return nil
+		}
+		vals, err := unpack(item, len(n.names))
+		if err != nil {
+			return errAt(n.pos, "%v", err)
+		}
+		for i, name := range n.names {
+			sc.vars[name] = vals[i]
+		}
+		return nil
+	}
+	if n.filter != nil {
+		var kept []value
+		for _, item := range items {
+			sc := &scope{vars: map[string]value{}, parent: s}
+			if err := bind(sc, item); err != nil {
+				return err
+			}
+			ok, err := r.eval(sc, n.filter)
+			if err != nil {
+				return err
+			}
+			if truthy(ok) {
+				kept = append(kept, item)
+			}
+		}
+		items = kept
+	}
+	if len(items) == 0 {
+		return r.nodes(s, n.els)
+	}
+	for i, item := range items {
+		r.steps++
+		if r.steps > maxIterations {
+			return errAt(n.pos, "more than %d loop iterations", maxIterations)
+		}
+		// Each iteration gets a fresh scope: as in Jinja2, a {% set %} in a
+		// loop body is gone by the next iteration and after the loop.
+		sc := &scope{vars: map[string]value{"loop": &loopState{items, i}}, parent: s}
+		if err := bind(sc, item); err != nil {
+			return err
+		}
+		err := r.nodes(sc, n.body)
+		var sig loopSignal
+		if errors.As(err, &sig) {
+			if sig.brk {
+				break
+			}
+			continue
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// loopState is the loop variable; its attributes are computed on access
+// because most loops read few of them.
+type loopState struct {
+	items []value
+	i     int
+}
+
+func (l *loopState) attr(name string) value {
+	n := len(l.items)
+	switch name {
+	case "index":
+		return int64(l.i + 1)
+	case "index0":
+		return int64(l.i)
+	case "revindex":
+		return int64(n - l.i)
+	case "revindex0":
+		return int64(n - l.i - 1)
+	case "first":
+		return l.i == 0
+	case "last":
+		return l.i == n-1
+	case "length":
+		return int64(n)
+	case "previtem":
+		if l.i > 0 {
+			return l.items[l.i-1]
+		}
+	case "nextitem":
+		if l.i < n-1 {
+			return l.items[l.i+1]
+		}
+	case "cycle":
+		return fn("cycle", func(args []value, _ *dict) (value, error) {
+			if len(args) == 0 {
+				return nil, fmt.Errorf("no items for cycling given")
+			}
+			return args[l.i%len(args)], nil
+		})
+	}
+	return undefined{"loop." + name}
+}
+
+// iterate lists what a for loop walks over: dicts yield their keys and
+// strings their characters, as in Python.
+func iterate(v value) ([]value, error) {
+	switch x := v.(type) {
+	case undefined:
+		return nil, nil
+	case list:
+		return x, nil
+	case tuple:
+		return x, nil
+	case *dict:
+		out := make([]value, len(x.keys))
+		for i, k := range x.keys {
+			out[i] = k
+		}
+		return out, nil
+	case string:
+		var out []value
+		for _, c := range x {
+			out = append(out, string(c))
+		}
+		return out, nil
+	}
+	return nil, fmt.Errorf("%s object is not iterable", typeName(v))
+}
+
+func (r *renderer) eval(s *scope, e expr) (value, error) {
+	switch e := e.(type) {
+	case *literal:
+		return e.v, nil
+	case *nameExpr:
+		if v, ok := s.lookup(e.name); ok {
+			return v, nil
+		}
+		return undefined{e.name}, nil
+	case *attrExpr:
+		obj, err := r.eval(s, e.obj)
+		if err != nil {
+			return nil, err
+		}
+		if u, ok := obj.(undefined); ok {
+			return nil, errAt(e.p, "%s is undefined (reading .%s)", u.describe(), e.name)
+		}
+		if m := method(obj, e.name); m != nil {
+			return m, nil
+		}
+		return named(item(obj, e.name), e), nil
+	case *indexExpr:
+		obj, err := r.eval(s, e.obj)
+		if err != nil {
+			return nil, err
+		}
+		key, err := r.eval(s, e.key)
+		if err != nil {
+			return nil, err
+		}
+		if u, ok := obj.(undefined); ok {
+			return nil, errAt(e.p, "%s is undefined (reading [%s])", u.describe(), repr(key))
+		}
+		return named(index(obj, key), e), nil
+	case *sliceExpr:
+		return r.slice(s, e)
+	case *callExpr:
+		return r.call(s, e)
+	case *filterExpr:
+		return r.filter(s, e)
+	case *testExpr:
+		return r.test(s, e)
+	case *binExpr:
+		return r.binary(s, e)
+	case *unaryExpr:
+		v, err := r.eval(s, e.x)
+		if err != nil {
+			return nil, err
+		}
+		switch e.op {
+		case "not":
+			return !truthy(v), nil
+		case "-":
+			switch x := v.(type) {
+			case int64:
+				return -x, nil
+			case float64:
+				return -x, nil
+			case bool:
+				return -boolInt(x), nil
+			}
+		case "+":
+			switch x := v.(type) {
+			case int64, float64:
+				return x, nil
+			case bool:
+				return boolInt(x), nil
+			}
+		}
+		return nil, errAt(e.p, "bad operand type for unary %s: %s", e.op, typeName(v))
+	case *condExpr:
+		t, err := r.eval(s, e.test)
+		if err != nil {
+			return nil, err
+		}
+		if truthy(t) {
+			return r.eval(s, e.then)
+		}
+		if e.els == nil {
+			return undefined{"else branch"}, nil
+		}
+		return r.eval(s, e.els)
+	case *listExpr:
+		out := make([]value, len(e.items))
+		for i, x := range e.items {
+			v, err := r.eval(s, x)
+			if err != nil {
+				return nil, err
+			}
+			out[i] = v
+		}
+		if e.tuple {
+			return tuple(out), nil
+		}
+		return list(out), nil
+	case *dictExpr:
+		d := newDict()
+		for i := range e.keys {
+			k, err := r.eval(s, e.keys[i])
+			if err != nil {
+				return nil, err
+			}
+			ks, ok := k.(string)
+			if !ok {
+				return nil, errAt(e.keys[i].at(), "dict keys must be strings here, not %s", typeName(k))
+			}
+			v, err := r.eval(s, e.vals[i])
+			if err != nil {
+				return nil, err
+			}
+			d.set(ks, v)
+		}
+		return d, nil
+	}
+	return nil, fmt.Errorf("internal: unknown expression %T", e)
+}
+
+// named labels an undefined result with the expression that produced it,
+// so that a later error can say which lookup came up empty.
+func named(v value, e expr) value {
+	if _, ok := v.(undefined); ok {
+		return undefined{exprName(e)}
+	}
+	return v
+}
+
+func exprName(e expr) string {
+	switch e := e.(type) {
+	case *nameExpr:
+		return e.name
+	case *attrExpr:
+		return exprName(e.obj) + "." + e.name
+	case *indexExpr:
+		if l, ok := e.key.(*literal); ok {
+			return exprName(e.obj) + "[" + repr(l.v) + "]"
+		}
+		return exprName(e.obj) + "[...]"
+	}
+	return "value"
+}
+
+func (u undefined) describe() string {
+	if u.name == "" {
+		return "value"
+	}
+	return fmt.Sprintf("%q", u.name)
+}
+
+func boolInt(b bool) int64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// item is obj.name or obj[name] for a string key: Jinja2 falls back from
+// one to the other, so both spellings read dict keys.
+func item(obj value, name string) value {
+	switch x := obj.(type) {
+	case *dict:
+		if v, ok := x.get(name); ok {
+			return v
+		}
+	case *namespace:
+		if v, ok := x.d.get(name); ok {
+			return v
+		}
+	case *loopState:
+		return x.attr(name)
+	}
+	return undefined{name}
+}
+
+func index(obj, key value) value {
+	if k, ok := key.(string); ok {
+		if v := item(obj, k); !isUndefined(v) {
+			return v
+		}
+		if m := method(obj, k); m != nil {
+			return m
+		}
+		return undefined{k}
+	}
+	i, ok := asInt(key)
+	if !ok {
+		return undefined{repr(key)}
+	}
+	var n int
+	get := func(int) value { return nil }
+	switch x := obj.(type) {
+	case list:
+		n, get = len(x), func(j int) value { return x[j] }
+	case tuple:
+		n, get = len(x), func(j int) value { return x[j] }
+	case string:
+		rs := []rune(x)
+		n, get = len(rs), func(j int) value { return string(rs[j]) }
+	default:
+		return undefined{repr(key)}
+	}
+	if i < 0 {
+		i += int64(n)
+	}
+	if i < 0 || i >= int64(n) {
+		return undefined{repr(key)}
+	}
+	return get(int(i))
+}
+
+func isUndefined(v value) bool {
+	_, ok := v.(undefined)
+	return ok
+}
+
+// asInt accepts ints and bools (a Python bool is an int).
+func asInt(v value) (int64, bool) {
+	switch x := v.(type) {
+	case int64:
+		return x, true
+	case bool:
+		return boolInt(x), true
+	}
+	return 0, false
+}
+
+func (r *renderer) slice(s *scope, e *sliceExpr) (value, error) {
+	obj, err := r.eval(s, e.obj)
+	if err != nil {
+		return nil, err
+	}
+	var bounds [3]*int64
+	for i, x := range []expr{e.start, e.stop, e.step} {
+		if x == nil {
+			continue
+		}
+		v, err := r.eval(s, x)
+		if err != nil {
+			return nil, err
+		}
+		if v == nil {
+			continue
+		}
+		n, ok := asInt(v)
+		if !ok {
+			return nil, errAt(x.at(), "slice indices must be integers, not %s", typeName(v))
+		}
+		bounds[i] = &n
+	}
+	var items []value
+	switch x := obj.(type) {
+	case list:
+		items = x
+	case tuple:
+		items = x
+	case string:
+		for _, c := range x {
+			items = append(items, string(c))
+		}
+	default:
+		return nil, errAt(e.p, "%s object is not sliceable", typeName(obj))
+	}
+	idx, err := pySlice(len(items), bounds)
+	if err != nil {
+		return nil, errAt(e.p, "%v", err)
+	}
+	out := make([]value, len(idx))
+	for i, j := range idx {
+		out[i] = items[j]
+	}
+	switch obj.(type) {
+	case string:
+		var b strings.Builder
+		for _, c := range out {
+			b.WriteString(c.(string))
+		}
+		return b.String(), nil
+	case tuple:
+		return tuple(out), nil
+	}
+	return list(out), nil
+}
+
+// pySlice returns the indices Python's seq[start:stop:step] selects.
+func pySlice(n int, b [3]*int64) ([]int, error) {
+	step := int64(1)
+	if b[2] != nil {
+		step = *b[2]
+	}
+	if step == 0 {
+		return nil, fmt.Errorf("slice step cannot be zero")
+	}
+	ln := int64(n)
+	clamp := func(p *int64, def, lo, hi int64) int64 {
+		if p == nil {
+			return def
+		}
+		v := *p
+		if v < 0 {
+			v += ln
+			if v < lo {
+				v = lo
+			}
+		} else if v > hi {
+			v = hi
+		}
+		return v
+	}
+	var out []int
+	if step > 0 {
+		start, stop := clamp(b[0], 0, 0, ln), clamp(b[1], ln, 0, ln)
+		for i := start; i < stop; i += step {
+			out = append(out, int(i))
+		}
+	} else {
+		start, stop := clamp(b[0], ln-1, -1, ln-1), clamp(b[1], -1, -1, ln-1)
+		if b[1] == nil {
+			stop = -1
+		}
+		for i := start; i > stop; i += step {
+			out = append(out, int(i))
+		}
+	}
+	return out, nil
+}
+
+func (r *renderer) args(s *scope, args []expr, kwargs []kwarg) ([]value, *dict, error) {
+	vals := make([]value, len(args))
+	for i, a := range args {
+		v, err := r.eval(s, a)
+		if err != nil {
+			return nil, nil, err
+		}
+		vals[i] = v
+	}
+	kw := newDict()
+	for _, k := range kwargs {
+		v, err := r.eval(s, k.x)
+		if err != nil {
+			return nil, nil, err
+		}
+		kw.set(k.name, v)
+	}
+	return vals, kw, nil
+}
+
+func (r *renderer) call(s *scope, e *callExpr) (value, error) {
+	fn, err := r.eval(s, e.fn)
+	if err != nil {
+		return nil, err
+	}
+	args, kw, err := r.args(s, e.args, e.kwargs)
+	if err != nil {
+		return nil, err
+	}
+	f, ok := fn.(*function)
+	if !ok {
+		if u, isU := fn.(undefined); isU {
+			return nil, errAt(e.p, "%s is undefined and cannot be called", u.describe())
+		}
+		return nil, errAt(e.p, "%s object is not callable", typeName(fn))
+	}
+	v, err := f.call(args, kw)
+	if err != nil {
+		var te *Error
+		if errors.As(err, &te) {
+			return nil, err
+		}
+		return nil, errAt(e.p, "%s: %v", f.name, err)
+	}
+	return v, nil
+}
+
+func (r *renderer) binary(s *scope, e *binExpr) (value, error) {
+	l, err := r.eval(s, e.l)
+	if err != nil {
+		return nil, err
+	}
+	switch e.op {
+	case "and":
+		if !truthy(l) {
+			return l, nil
+		}
+		return r.eval(s, e.r)
+	case "or":
+		if truthy(l) {
+			return l, nil
+		}
+		return r.eval(s, e.r)
+	}
+	rv, err := r.eval(s, e.r)
+	if err != nil {
+		return nil, err
+	}
+	v, err := binop(e.op, l, rv)
+	if err != nil {
+		return nil, errAt(e.p, "%v", err)
+	}
+	return v, nil
+}
+
+func binop(op string, l, r value) (value, error) {
+	switch op {
+	case "==":
+		return equal(l, r), nil
+	case "!=":
+		return !equal(l, r), nil
+	case "<", "<=", ">", ">=":
+		c, err := compare(l, r, op)
+		if err != nil {
+			return nil, err
+		}
+		switch op {
+		case "<":
+			return c < 0, nil
+		case "<=":
+			return c <= 0, nil
+		case ">":
+			return c > 0, nil
+		}
+		return c >= 0, nil
+	case "in", "not in":
+		in, err := contains(r, l)
+		if err != nil {
+			return nil, err
+		}
+		return in == (op == "in"), nil
+	case "~":
+		return str(l) + str(r), nil
+	}
+	for _, v := range []value{l, r} {
+		if u, ok := v.(undefined); ok {
+			return nil, fmt.Errorf("%s is undefined (operand of %s)", u.describe(), op)
+		}
+	}
+	if op == "+" {
+		switch a := l.(type) {
+		case string:
+			if b, ok := r.(string); ok {
+				return a + b, nil
+			}
+			return nil, fmt.Errorf("can only concatenate str (not %q) to str", typeName(r))
+		case list:
+			if b, ok := r.(list); ok {
+				return append(append(list{}, a...), b...), nil
+			}
+		case tuple:
+			if b, ok := r.(tuple); ok {
+				return append(append(tuple{}, a...), b...), nil
+			}
+		}
+	}
+	if op == "*" {
+		if out, ok, err := repeat(l, r); ok {
+			return out, err
+		}
+		if out, ok, err := repeat(r, l); ok {
+			return out, err
+		}
+	}
+	return arith(op, l, r)
+}
+
+func repeat(seq, n value) (value, bool, error) {
+	k, ok := asInt(n)
+	if !ok {
+		return nil, false, nil
+	}
+	if k < 0 {
+		k = 0
+	}
+	var size int
+	switch x := seq.(type) {
+	case string:
+		size = len(x)
+	case list:
+		size = len(x)
+	default:
+		return nil, false, nil
+	}
+	if size > 0 && k > int64(maxOutput/size) {
+		return nil, true, fmt.Errorf("repetition result too large")
+	}
+	switch x := seq.(type) {
+	case string:
+		return strings.Repeat(x, int(k)), true, nil
+	case list:
+		out := list{}
+		for i := int64(0); i < k; i++ {
+			out = append(out, x...)
+		}
+		return out, true, nil
+	}
+	return nil, false, nil
+}
+
+func asNumber(v value) (i int64, f float64, isFloat, ok bool) {
+	switch x := v.(type) {
+	case int64:
+		return x, float64(x), false, true
+	case bool:
+		return boolInt(x), float64(boolInt(x)), false, true
+	case float64:
+		return 0, x, true, true
+	}
+	return 0, 0, false, false
+}
+
+func arith(op string, l, r value) (value, error) {
+	li, lf, lfl, ok1 := asNumber(l)
+	ri, rf, rfl, ok2 := asNumber(r)
+	if !ok1 || !ok2 {
+		return nil, fmt.Errorf("unsupported operand type(s) for %s: %q and %q", op, typeName(l), typeName(r))
+	}
+	if op == "/" {
+		if rf == 0 {
+			return nil, fmt.Errorf("division by zero")
+		}
+		return lf / rf, nil
+	}
+	if lfl || rfl {
+		switch op {
+		case "+":
+			return lf + rf, nil
+		case "-":
+			return lf - rf, nil
+		case "*":
+			return lf * rf, nil
+		case "**":
+			return math.Pow(lf, rf), nil
+		case "//", "%":
+			if rf == 0 {
+				return nil, fmt.Errorf("float division by zero")
+			}
+			q := math.Floor(lf / rf)
+			if op == "//" {
+				return q, nil
+			}
+			return lf - q*rf, nil
+		}
+	}
+	switch op {
+	case "+":
+		return li + ri, nil
+	case "-":
+		return li - ri, nil
+	case "*":
+		return li * ri, nil
+	case "**":
+		if ri < 0 {
+			return math.Pow(lf, rf), nil
+		}
+		out := int64(1)
+		for k := int64(0); k < ri && k < 64; k++ {
+			out *= li
+		}
+		return out, nil
+	case "//", "%":
+		if ri == 0 {
+			return nil, fmt.Errorf("integer division or modulo by zero")
+		}
+		q := li / ri
+		if (li%ri != 0) && ((li < 0) != (ri < 0)) {
+			q--
+		}
+		if op == "//" {
+			return q, nil
+		}
+		return li - q*ri, nil
+	}
+	return nil, fmt.Errorf("unknown operator %s", op)
+}
+
+func equal(a, b value) bool {
+	if ai, af, _, ok := asNumber(a); ok {
+		if bi, bf, _, ok := asNumber(b); ok {
+			_, aIsF := a.(float64)
+			_, bIsF := b.(float64)
+			if aIsF || bIsF {
+				return af == bf
+			}
+			return ai == bi
+		}
+		return false
+	}
+	switch x := a.(type) {
+	case nil:
+		return b == nil
+	case undefined:
+		return isUndefined(b)
+	case string:
+		y, ok := b.(string)
+		return ok && x == y
+	case list:
+		y, ok := b.(list)
+		return ok && equalSeq(x, y)
+	case tuple:
+		y, ok := b.(tuple)
+		return ok && equalSeq(x, y)
+	case *dict:
+		y, ok := b.(*dict)
+		if !ok || len(x.keys) != len(y.keys) {
+			return false
+		}
+		for _, k := range x.keys {
+			yv, ok := y.get(k)
+			if !ok || !equal(x.m[k], yv) {
+				return false
+			}
+		}
+		return true
+	}
+	return a == b
+}
+
+func equalSeq(a, b []value) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if !equal(a[i], b[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+func compare(a, b value, op string) (int, error) {
+	if _, af, _, ok := asNumber(a); ok {
+		if _, bf, _, ok := asNumber(b); ok {
+			switch {
+			case af < bf:
+				return -1, nil
+			case af > bf:
+				return 1, nil
+			}
+			return 0, nil
+		}
+	}
+	if x, ok := a.(string); ok {
+		if y, ok := b.(string); ok {
+			return strings.Compare(x, y), nil
+		}
+	}
+	return 0, fmt.Errorf("%q not supported between instances of %q and %q", op, typeName(a), typeName(b))
+}
+
+func contains(container, x value) (bool, error) {
+	switch c := container.(type) {
+	case string:
+		s, ok := x.(string)
+		if !ok {
+			return false, fmt.Errorf("'in <string>' requires string as left operand, not %s", typeName(x))
+		}
+		return strings.Contains(c, s), nil
+	case list:
+		return containsSeq(c, x), nil
+	case tuple:
+		return containsSeq(c, x), nil
+	case *dict:
+		s, ok := x.(string)
+		if !ok {
+			return false, nil
+		}
+		_, in := c.get(s)
+		return in, nil
+	case undefined:
+		return false, fmt.Errorf("%s is undefined (right operand of in)", c.describe())
+	}
+	return false, fmt.Errorf("argument of type %q is not iterable", typeName(container))
+}
+
+func containsSeq(items []value, x value) bool {
+	for _, it := range items {
+		if equal(it, x) {
+			return true
+		}
+	}
+	return false
+}
