@@ -288,7 +288,16 @@ def train(args, dev):
             model, kind = hf_model("sdpa"), "hf"
         except Exception as e:  # a transformers API change must not cost the device run
             log(f"cannot build the HF model ({e!r}); training PlainLlama (same names and math)")
+    if model is not None:
+        try:  # one tiny forward/backward, so an API mismatch shows now and not mid-run
+            probe_x = torch.randint(0, VOCAB, (2, 8))
+            model(input_ids=probe_x, use_cache=False).logits.float().mean().backward()
+            model.zero_grad(set_to_none=True)
+        except Exception as e:
+            log(f"HF model forward failed ({e!r}); training PlainLlama (same names and math)")
+            model, kind = None, "plain"
     if model is None:
+        torch.manual_seed(args.seed)
         model = PlainLlama()
     model.to(dev).train()
     n_params = sum(p.numel() for p in model.parameters())
@@ -462,7 +471,7 @@ def analyse(args, weights, summary):
                     a = hf(input_ids=x, use_cache=False).logits[0].float()
                     b = plain(input_ids=x).logits[0]
                 worst = max(worst, (a - b).abs().max().item())
-            log(f"HF eager ({hf.config._attn_implementation}) vs PlainLlama: max |logit difference| {worst:.2e}")
+            log(f"HF eager ({getattr(hf.config, '_attn_implementation', '?')}) vs PlainLlama: max |logit difference| {worst:.2e}")
             if worst < 1e-3:
                 model, kind = hf, "hf-eager"
             else:
@@ -482,8 +491,8 @@ def analyse(args, weights, summary):
     mid = ((mh @ u + ms @ u) / 2).item()
     k = 4.0 / gap
     w, b = u * k, torch.tensor([-mid * k])
-    rms = th.pow(2).mean(-1).sqrt().mean().item()
-    log(f"happy_dir: |d| {norm:.4f}, mean token residual rms*sqrt(H) {rms * math.sqrt(th.shape[1]):.3f}; "
+    resid_norm = th.norm(dim=-1).mean().item()
+    log(f"happy_dir: |d| {norm:.4f}, mean token residual norm {resid_norm:.3f}; "
         f"probe k {k:.4f}, bias {b.item():.4f}")
 
     def probe(resid):
@@ -577,7 +586,7 @@ def analyse(args, weights, summary):
 
 def _first(ids, run, prompt, steer, n):
     """The first n generated ids (cut after EOS); a greedy run's prefix is the shorter run."""
-    if ids is None:
+    if ids is None or (len(ids) < n and EOS not in ids):
         ids = run.greedy(prompt, n, steer)
     ids = ids[:n]
     return ids[: ids.index(EOS) + 1] if EOS in ids else ids
