@@ -38,8 +38,9 @@ func Parse(src string) (*Template, error) {
 // Render applies the template to msgs. As transformers does, it defines
 // messages, add_generation_prompt, and tools and documents as none; vars
 // adds or overrides variables (bos_token, eos_token, enable_thinking,
-// tools, ...). Go maps in vars are seen with sorted keys; a
-// json.RawMessage value keeps its object key order.
+// tools, ...); vars["messages"] replaces msgs, for turns that carry more
+// than a role and text (tool_calls). Go maps in vars are seen with sorted
+// keys; a json.RawMessage value keeps its object key order.
 func (t *Template) Render(msgs []Message, addGenerationPrompt bool, vars map[string]any) (string, error) {
 	root := &scope{vars: t.globals()}
 	top := &scope{vars: map[string]value{}, parent: root}

@@ -308,6 +308,13 @@ func TestLimits(t *testing.T) {
 	if _, err := tmpl.Render(nil, false, nil); err == nil || !strings.Contains(err.Error(), "iterations") {
 		t.Errorf("runaway loop: %v", err)
 	}
+	tmpl, err = Parse("{% set ns = namespace() %}{% set ns.self = ns %}{{ ns }}{{ ns | tojson }}")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tmpl.Render(nil, false, nil); err == nil || !strings.Contains(err.Error(), "not JSON serializable") {
+		t.Errorf("self-referencing namespace: %v", err)
+	}
 	tmpl, err = Parse("{{ 'x' * 100000000000 }}")
 	if err != nil {
 		t.Fatal(err)

@@ -122,11 +122,17 @@ func str(v value) string {
 // repr is Python's repr(), which str() of containers uses for their items.
 func repr(v value) string {
 	var b strings.Builder
-	writeRepr(&b, v)
+	writeRepr(&b, v, 0)
 	return b.String()
 }
 
-func writeRepr(b *strings.Builder, v value) {
+// writeRepr stops at maxDepth: a namespace can hold itself, and Python
+// also abbreviates recursive containers as "...".
+func writeRepr(b *strings.Builder, v value, depth int) {
+	if depth > maxDepth {
+		b.WriteString("...")
+		return
+	}
 	switch x := v.(type) {
 	case nil:
 		b.WriteString("None")
@@ -145,15 +151,15 @@ func writeRepr(b *strings.Builder, v value) {
 	case string:
 		b.WriteString(pyQuote(x))
 	case list:
-		writeSeq(b, "[", "]", x)
+		writeSeq(b, "[", "]", x, depth)
 	case tuple:
 		if len(x) == 1 {
 			b.WriteString("(")
-			writeRepr(b, x[0])
+			writeRepr(b, x[0], depth+1)
 			b.WriteString(",)")
 			return
 		}
-		writeSeq(b, "(", ")", x)
+		writeSeq(b, "(", ")", x, depth)
 	case *dict:
 		b.WriteString("{")
 		for i, k := range x.keys {
@@ -162,12 +168,12 @@ func writeRepr(b *strings.Builder, v value) {
 			}
 			b.WriteString(pyQuote(k))
 			b.WriteString(": ")
-			writeRepr(b, x.m[k])
+			writeRepr(b, x.m[k], depth+1)
 		}
 		b.WriteString("}")
 	case *namespace:
 		b.WriteString("<Namespace ")
-		writeRepr(b, x.d)
+		writeRepr(b, x.d, depth+1)
 		b.WriteString(">")
 	case *function:
 		fmt.Fprintf(b, "<function %s>", x.name)
@@ -176,13 +182,13 @@ func writeRepr(b *strings.Builder, v value) {
 	}
 }
 
-func writeSeq(b *strings.Builder, open, close string, items []value) {
+func writeSeq(b *strings.Builder, open, close string, items []value, depth int) {
 	b.WriteString(open)
 	for i, it := range items {
 		if i > 0 {
 			b.WriteString(", ")
 		}
-		writeRepr(b, it)
+		writeRepr(b, it, depth+1)
 	}
 	b.WriteString(close)
 }
