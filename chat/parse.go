@@ -33,11 +33,7 @@ type (
 		x     expr
 		body  []node // {% set x %}...{% endset %}
 	}
-	loopCtlNode struct {
-		pos   pos
-		brk   bool
-		label string
-	}
+	loopCtlNode struct{ brk bool }
 )
 
 // Expressions.
@@ -196,8 +192,6 @@ func describe(t token) string {
 		return "end of template"
 	case tText:
 		return "text"
-	case tString:
-		return strconv.Quote(t.val)
 	}
 	return strconv.Quote(t.val)
 }
@@ -225,7 +219,7 @@ func (p *parser) body() ([]node, *token, error) {
 		case tText:
 			out = append(out, &textNode{t.val})
 		case tVarBegin:
-			x, err := p.tuple(true)
+			x, err := p.tuple()
 			if err != nil {
 				return nil, nil, err
 			}
@@ -275,7 +269,7 @@ func (p *parser) statement(kw token) (node, error) {
 		defer p.leave()
 		return p.setStmt(kw)
 	case "break", "continue":
-		return &loopCtlNode{pos: kw.pos, brk: kw.val == "break", label: kw.val}, p.expectEnd()
+		return &loopCtlNode{brk: kw.val == "break"}, p.expectEnd()
 	case "generation":
 		// transformers' AssistantTracker tag: it only marks the span of
 		// assistant tokens, so the body renders as-is.
@@ -313,7 +307,7 @@ func (p *parser) closeBlock(open token, end *token, want string) error {
 func (p *parser) ifStmt(kw token) (node, error) {
 	n := &ifNode{}
 	for {
-		cond, err := p.tuple(true)
+		cond, err := p.tuple()
 		if err != nil {
 			return nil, err
 		}
@@ -432,7 +426,7 @@ func (p *parser) setStmt(kw token) (node, error) {
 	if err := p.expectOp("="); err != nil {
 		return nil, err
 	}
-	x, err := p.tuple(true)
+	x, err := p.tuple()
 	if err != nil {
 		return nil, err
 	}
@@ -441,13 +435,9 @@ func (p *parser) setStmt(kw token) (node, error) {
 }
 
 // tuple parses an expression, or a bare tuple when commas follow.
-func (p *parser) tuple(cond bool) (expr, error) {
+func (p *parser) tuple() (expr, error) {
 	start := p.peek().pos
-	parseOne := p.expr
-	if !cond {
-		parseOne = p.or
-	}
-	first, err := parseOne()
+	first, err := p.expr()
 	if err != nil {
 		return nil, err
 	}
@@ -460,7 +450,7 @@ func (p *parser) tuple(cond bool) (expr, error) {
 		if p.endsTuple() {
 			break
 		}
-		x, err := parseOne()
+		x, err := p.expr()
 		if err != nil {
 			return nil, err
 		}
@@ -857,7 +847,7 @@ func (p *parser) primary() (expr, error) {
 				p.next()
 				return &listExpr{p: t.pos, tuple: true}, nil
 			}
-			x, err := p.tuple(true)
+			x, err := p.tuple()
 			if err != nil {
 				return nil, err
 			}
