@@ -1,5 +1,10 @@
 package tokenizer
 
+import (
+	"strings"
+	"sync"
+)
+
 // bpe is a byte-level BPE model. Tokens are keyed by the bytes they stand for rather than by
 // their byte-level spelling, so a piece of text is looked up without re-spelling it.
 type bpe struct {
@@ -7,6 +12,43 @@ type bpe struct {
 	byteID       [256]int32       // the token of each single byte
 	merges       map[uint64]merge // (left id, right id) -> merge
 	ignoreMerges bool             // a piece that is a whole token is that token (Llama 3)
+	cache        wordCache
+}
+
+// wordCache remembers the ids of short words, since text repeats words and merging is the
+// cost of encoding. Like HF's cache it stops taking words once full.
+type wordCache struct {
+	mu    sync.RWMutex
+	words map[string][]int32
+}
+
+const (
+	cacheWords   = 10000
+	cacheWordLen = 256 // bytes; longer words are rare and would crowd out common ones
+)
+
+func (c *wordCache) get(word string) ([]int32, bool) {
+	c.mu.RLock()
+	ids, ok := c.words[word]
+	c.mu.RUnlock()
+	return ids, ok
+}
+
+func (c *wordCache) put(word string, ids []int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.words == nil {
+		c.words = make(map[string][]int32)
+	}
+	if len(c.words) >= cacheWords {
+		return
+	}
+	ids32 := make([]int32, len(ids))
+	for i, id := range ids {
+		ids32[i] = int32(id)
+	}
+	// The word is a slice of the caller's text; a copy lets that text be freed.
+	c.words[strings.Clone(word)] = ids32
 }
 
 type merge struct {
@@ -45,6 +87,23 @@ func (m *bpe) encode(word string, out []int, sc *bpeScratch) []int {
 			return append(out, int(id))
 		}
 	}
+	if len(word) > cacheWordLen {
+		return m.merge(word, out, sc)
+	}
+	if ids, ok := m.cache.get(word); ok {
+		for _, id := range ids {
+			out = append(out, int(id))
+		}
+		return out
+	}
+	n := len(out)
+	out = m.merge(word, out, sc)
+	m.cache.put(word, out[n:])
+	return out
+}
+
+// merge is encode without the shortcuts.
+func (m *bpe) merge(word string, out []int, sc *bpeScratch) []int {
 	syms := sc.syms[:0]
 	for i := 0; i < len(word); i++ {
 		syms = append(syms, symbol{id: m.byteID[word[i]], prev: int32(i - 1), next: int32(i + 1)})

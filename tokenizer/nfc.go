@@ -25,15 +25,26 @@ const (
 	hangulSCount = hangulLCount * hangulNCount
 )
 
-var nfcData struct {
+type nfcDataT struct {
 	once    sync.Once
 	decomp  map[rune][]rune // full (recursive) canonical decomposition
 	compose map[[2]rune]rune
 	// unstable holds the chars whose presence means a string may not already be in NFC:
 	// chars that decompose and do not recompose to themselves, non-starters, and chars that
-	// can combine with the char before them.
-	unstable map[rune]bool
+	// can combine with the char before them. unstableBMP is the same for U+0000-U+FFFF.
+	unstable    map[rune]bool
+	unstableBMP [0x10000 / 64]uint64
+	cccBMP      [0x10000]uint8 // combining classes of U+0000-U+FFFF
 }
+
+func (d *nfcDataT) isUnstable(r rune) bool {
+	if r < 0x10000 {
+		return d.unstableBMP[r/64]&(1<<(r%64)) != 0
+	}
+	return d.unstable[r]
+}
+
+var nfcData nfcDataT
 
 func loadNFC() {
 	d := &nfcData
@@ -76,6 +87,9 @@ func loadNFC() {
 	for _, r := range combiningClasses {
 		for c := r.lo; c <= r.hi; c++ {
 			d.unstable[c] = true
+			if c < 0x10000 {
+				d.cccBMP[c] = r.class
+			}
 		}
 	}
 	// Hangul vowels and trailing consonants combine with the syllable or jamo before them.
@@ -85,11 +99,17 @@ func loadNFC() {
 	for c := rune(hangulTBase + 1); c < hangulTBase+hangulTCount; c++ {
 		d.unstable[c] = true
 	}
+	d.unstable[utf8.RuneError] = true // stands for invalid UTF-8, which is replaced
+	for c := range d.unstable {
+		if c < 0x10000 {
+			d.unstableBMP[c/64] |= 1 << (c % 64)
+		}
+	}
 }
 
 func combiningClass(r rune) uint8 {
-	if r < 0x300 {
-		return 0
+	if r < 0x10000 {
+		return nfcData.cccBMP[r]
 	}
 	i := sort.Search(len(combiningClasses), func(i int) bool { return combiningClasses[i].hi >= r })
 	if i < len(combiningClasses) && combiningClasses[i].lo <= r {
@@ -112,7 +132,7 @@ func nfc(s string) string {
 	d := &nfcData
 	stable := true
 	for _, r := range s[i:] {
-		if d.unstable[r] || r == utf8.RuneError {
+		if d.isUnstable(r) {
 			stable = false
 			break
 		}
@@ -149,8 +169,16 @@ func nfc(s string) string {
 		for j < len(buf) && combiningClass(buf[j]) != 0 {
 			j++
 		}
-		run := buf[i:j]
-		sort.SliceStable(run, func(a, b int) bool { return combiningClass(run[a]) < combiningClass(run[b]) })
+		// Runs are short: insertion sort, which is stable.
+		for k := i + 1; k < j; k++ {
+			c, cc := buf[k], combiningClass(buf[k])
+			m := k
+			for m > i && combiningClass(buf[m-1]) > cc {
+				buf[m] = buf[m-1]
+				m--
+			}
+			buf[m] = c
+		}
 		i = j
 	}
 

@@ -244,16 +244,49 @@ func TestLoad(t *testing.T) {
 	}
 }
 
-func BenchmarkEncode(b *testing.B) {
-	text := strings.Join(corpus(b), "\n")
-	for _, name := range testNames {
-		b.Run(name, func(b *testing.B) {
-			tok := testTokenizer(b, name)
-			b.SetBytes(int64(len(text)))
-			for b.Loop() {
-				tok.Encode(text)
+// TestConcurrentEncode shares one Tokenizer (and its word cache) among goroutines.
+func TestConcurrentEncode(t *testing.T) {
+	lines := corpus(t)
+	tok := testTokenizer(t, "qwen3")
+	want := make([][]int, len(lines))
+	for i, line := range lines {
+		want[i] = tok.Encode(line)
+	}
+	var wg sync.WaitGroup
+	for g := 0; g < 4; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range lines {
+				i := (i + g*97) % len(lines)
+				if got := tok.Encode(lines[i]); !slices.Equal(got, want[i]) {
+					t.Errorf("goroutine %d line %d: %v, want %v", g, i, got, want[i])
+				}
 			}
-		})
+		}()
+	}
+	wg.Wait()
+}
+
+// BenchmarkEncode runs on the whole corpus (many pathological lines: long words, random mixes)
+// and on its ordinary English and code lines.
+func BenchmarkEncode(b *testing.B) {
+	lines := corpus(b)
+	texts := map[string]string{
+		"corpus": strings.Join(lines, "\n"),
+		"prose":  strings.Repeat(strings.Join(lines[2:25], "\n"), 20),
+	}
+	for _, name := range testNames {
+		for _, kind := range []string{"corpus", "prose"} {
+			b.Run(name+"/"+kind, func(b *testing.B) {
+				tok := testTokenizer(b, name)
+				text := texts[kind]
+				b.SetBytes(int64(len(text)))
+				for b.Loop() {
+					tok.Encode(text)
+				}
+			})
+		}
 	}
 }
 
