@@ -6,13 +6,18 @@ package codegen
 // buffer an activation gate j reads); the template builder binds them to the buffers named
 // here.
 type MIOp struct {
-	Template   string // capture | probe_linear | steer_add | project_out
-	Bit        int    // the app's bit in the per-row app mask (ctl_mask)
-	Width      int    // elements of the hooked vector per row
-	Vec        string // buffer of the op's vector: probe w, steer v, project d (unit length)
-	Scal       string // buffer of the app's f32 scalar table
-	Alpha      int    // index of alpha (steer_add) in Scal, -1 when unused
-	Bias       int    // index of bias (probe_linear) in Scal, -1 when unused
+	Template string // a key of ops.MITemplates
+	Bit      int    // the app's bit in the per-row app mask (ctl_mask)
+	Width    int    // elements of the hooked vector per row
+	// Vec is the buffer of the op's vector: probe w, steer v, unit direction d (project_out,
+	// steer_set, clamp_projection), scale factors, head_ablate's 0/1 column mask, patch values.
+	Vec  string
+	Scal string // buffer of the app's f32 scalar table
+	// Alpha and Bias index the op's scalars in Scal, -1 when unused: Alpha is alpha
+	// (steer_add, scale, head_ablate), value (steer_set) or min (clamp_projection); Bias is
+	// bias (probe_linear) or max (clamp_projection).
+	Alpha      int
+	Bias       int
 	Activation string // probe_linear: "" (identity) or "sigmoid"
 	Out        string // reads: buffer of [rows, OutWidth] f32 the result lands in
 	OutCol     int    // first column of this op's result in Out

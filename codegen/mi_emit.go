@@ -20,6 +20,12 @@ var miEmitters = map[string]func(r *rowEmitter, op *miBound, x []ptx.Reg){
 	"probe_linear": emitProbeLinear,
 	"steer_add":    emitSteerAdd,
 	"project_out":  emitProjectOut,
+	"steer_set":    emitSetProjection,
+	// clamp_projection shares steer_set's shape: only the target projection differs.
+	"clamp_projection": emitSetProjection,
+	"scale":            emitScale,
+	"head_ablate":      emitHeadAblate,
+	"patch":            emitPatch,
 }
 
 // miBound is one MI op of a kernel with its parameter registers.
@@ -295,4 +301,63 @@ func emitSteerAdd(r *rowEmitter, b *miBound, x []ptx.Reg) {
 
 func emitProjectOut(r *rowEmitter, b *miBound, x []ptx.Reg) {
 	r.axpy(b, r.dotVec(b, x), x, true)
+}
+
+// emitSetProjection moves the row along the unit direction d so that its projection becomes
+// the target: value (steer_set) or the projection clamped to [min, max] (clamp_projection).
+func emitSetProjection(r *rowEmitter, b *miBound, x []ptx.Reg) {
+	p := r.dotVec(b, x)
+	var c ptx.Reg
+	if b.Template == "steer_set" {
+		c = r.scalar(b, b.Alpha)
+	} else {
+		c = r.Reg(ptx.F32)
+		r.Emit("mov.f32", c, p)
+		if b.Alpha >= 0 {
+			r.Emit("max.f32", c, c, r.scalar(b, b.Alpha))
+		}
+		if b.Bias >= 0 {
+			r.Emit("min.f32", c, c, r.scalar(b, b.Bias))
+		}
+	}
+	r.Emit("sub.rn.f32", c, c, p)
+	r.axpy(b, c, x, false)
+}
+
+// emitScale multiplies the row by Scal[Alpha], or element-wise by the vector when the op has
+// no alpha. The tail element is left alone so that it stays zero whatever the factor.
+func emitScale(r *rowEmitter, b *miBound, x []ptx.Reg) {
+	if b.Alpha >= 0 {
+		alpha := r.scalar(b, b.Alpha)
+		for j := range x {
+			r.emitMaybe(r.elemPred(j, nil), "mul.rn.f32", x[j], x[j], alpha)
+		}
+		return
+	}
+	vp := r.vecPtr(b.params["vec"], ptx.F32)
+	for j := range x {
+		p := r.elemPred(j, nil)
+		r.emitMaybe(p, "mul.rn.f32", x[j], x[j], r.loadElem(vp, j, p))
+	}
+}
+
+// emitHeadAblate multiplies by Scal[Alpha] the columns where the mask vector is non-zero (one
+// head's slice of attn.z). The tail's mask loads as zero, so the tail is never touched.
+func emitHeadAblate(r *rowEmitter, b *miBound, x []ptx.Reg) {
+	alpha := r.scalar(b, b.Alpha)
+	vp := r.vecPtr(b.params["vec"], ptx.F32)
+	for j := range x {
+		m := r.loadElem(vp, j, r.elemPred(j, nil))
+		on := r.Reg(ptx.Pred)
+		r.Emit("setp.neu.f32", on, m, ptx.F32Imm(0))
+		r.EmitIf(on, false, "mul.rn.f32", x[j], x[j], alpha)
+	}
+}
+
+// emitPatch replaces the row by the vector; the tail loads as zero.
+func emitPatch(r *rowEmitter, b *miBound, x []ptx.Reg) {
+	vp := r.vecPtr(b.params["vec"], ptx.F32)
+	for j := range x {
+		r.Emit("mov.f32", x[j], r.loadElem(vp, j, r.elemPred(j, nil)))
+	}
 }

@@ -71,11 +71,14 @@ func miTargs(rng *rand.Rand, miops []MIOp) []targ {
 			switch p.Suffix {
 			case "vec":
 				a.f32 = randF32(rng, o.Width, 1)
-				if o.Template == "project_out" {
+				switch o.Template {
+				case "project_out", "steer_set", "clamp_projection":
 					a.f32 = unitF32(a.f32)
+				case "head_ablate":
+					a.f32 = headMask(o.Width)
 				}
 			case "scal":
-				a.f32 = []float32{2.5, -0.125}
+				a.f32 = []float32{2.5, -0.125, 0.25}
 			case "out":
 				a.f32 = randF32(rng, testRows*o.OutWidth, 1)
 				a.out = len(a.f32)
@@ -90,6 +93,16 @@ func miTargs(rng *rand.Rand, miops []MIOp) []targ {
 		}
 	}
 	return args
+}
+
+// headMask is head_ablate's mask for the last quarter of a row of w columns: an odd slice
+// that ends at the row's end, so it meets the tail.
+func headMask(w int) []float32 {
+	m := make([]float32, w)
+	for i := w - w/4; i < w; i++ {
+		m[i] = 1
+	}
+	return m
 }
 
 func unitF32(v []float32) []float32 {
@@ -509,6 +522,238 @@ func TestMIBindings(t *testing.T) {
 	for _, n := range names {
 		if _, ok := got[n]; !ok && len(n) > 2 && n[:2] == "mi" {
 			t.Errorf("param %s has no binding", n)
+		}
+	}
+}
+
+// writeOps returns the op sets for the writing templates beyond steer_add and project_out at
+// a hook of width w: each alone under a gate (or, for one set, none), and a chain where
+// steer_set is gated on a probe the same kernel has just written. Scalars index miTargs'
+// table {2.5, -0.125, 0.25}.
+func writeOps(w int) map[string][]MIOp {
+	set := MIOp{Template: "steer_set", Bit: testBit, Width: w, Vec: "set_d", Scal: "scal", Alpha: 1, Bias: -1,
+		Gates: []Gate{{Kind: "positions", Positions: "prompt"}}}
+	clamp := MIOp{Template: "clamp_projection", Bit: testBit, Width: w, Vec: "clamp_d", Scal: "scal", Alpha: 1, Bias: 2,
+		Gates: []Gate{{Kind: "activation", Buf: "gate", Col: 1, Width: 2, Cmp: ">", Value: 0.5}}}
+	clampMax := clamp
+	clampMax.Alpha, clampMax.Gates = -1, nil
+	scale := MIOp{Template: "scale", Bit: testBit, Width: w, Scal: "scal", Alpha: 0, Bias: -1,
+		Gates: []Gate{{Kind: "steps", From: 1, To: 3}}}
+	scaleVec := MIOp{Template: "scale", Bit: testBit, Width: w, Vec: "factors", Alpha: -1, Bias: -1,
+		Gates: []Gate{{Kind: "token_in", Tokens: []int{7, 9}}}}
+	head := MIOp{Template: "head_ablate", Bit: testBit, Width: w, Vec: "mask", Scal: "scal", Alpha: 1, Bias: -1,
+		Gates: []Gate{{Kind: "positions", Positions: "generated"}}}
+	patch := MIOp{Template: "patch", Bit: testBit, Width: w, Vec: "saved", Alpha: -1, Bias: -1,
+		Gates: []Gate{{Kind: "token_in", Tokens: []int{8}}}}
+	gatedSet := set
+	gatedSet.Gates = []Gate{{Kind: "activation", Buf: "probe", Col: 1, Width: 2, Cmp: ">", Value: 0}}
+	old := testOps(w)
+	return map[string][]MIOp{
+		"steer_set": {set}, "clamp": {clamp}, "clamp_max": {clampMax}, "scale": {scale}, "scale_vec": {scaleVec},
+		"head_ablate": {head}, "patch": {patch},
+		"chain": {patch, old["probe"][0], gatedSet, clampMax, scaleVec, head, old["capture"][0]},
+	}
+}
+
+var writeNames = []string{"steer_set", "clamp", "clamp_max", "scale", "scale_vec", "head_ablate", "patch", "chain"}
+
+// TestWriteTemplatesMatchReference runs every writing template in every host kernel kind:
+// the delta and residual roles of an add+norm kernel, the embedding kernel, SiLU*up and the
+// standalone MI kernel.
+func TestWriteTemplatesMatchReference(t *testing.T) {
+	rng := rand.New(rand.NewPCG(23, 24))
+	for _, w := range []int{160, 1000} {
+		sets := writeOps(w)
+		for _, name := range writeNames {
+			mi := sets[name]
+			for _, role := range []string{"delta", "resid", "embed"} {
+				c := RowConfig{Hidden: w, Vocab: 50, Eps: 1e-5, WDtype: ptx.F32, Load: "add"}
+				switch role {
+				case "delta":
+					c.DeltaOps = mi
+				case "resid":
+					c.ResidOps = mi
+				default:
+					c.Load, c.ResidOps = "embed", mi
+				}
+				k, err := RowNorm(fmt.Sprintf("row_norm_%s_%d_%s", role, w, name), c)
+				if err != nil {
+					t.Fatal(err)
+				}
+				checkKernel(t, k, c.Launch(testRows), rowNormArgs(rng, c, testRows))
+			}
+			s := SiluConfig{Inter: w, Ops: mi}
+			k, err := SiluMul(fmt.Sprintf("silu_%d_%s", w, name), s)
+			if err != nil {
+				t.Fatal(err)
+			}
+			args := []targ{{name: "gu", f32: randF32(rng, testRows*2*w, 6)}, {name: "act", out: testRows * w}}
+			checkKernel(t, k, s.Launch(testRows), append(args, miTargs(rng, mi)...))
+			m := MIKernelConfig{Width: w, Stride: w + 64, Offset: 32, Ops: mi}
+			if k, err = MIKernel(fmt.Sprintf("mi_%d_%s", w, name), m); err != nil {
+				t.Fatal(err)
+			}
+			x := targ{name: "x", f32: randF32(rng, testRows*m.Stride, 1), out: testRows * m.Stride}
+			checkKernel(t, k, m.Launch(testRows), append([]targ{x}, miTargs(rng, mi)...))
+		}
+	}
+}
+
+// bothRuns runs a kernel in the emulator and through its reference op.
+var bothRuns = []struct {
+	name string
+	fn   func(*testing.T, *Kernel, ops.Launch, []targ) [][]float32
+}{{"emulator", emulate}, {"reference", reference}}
+
+// TestMIWriteExact checks each writing template's promise on the emulated PTX and on the
+// reference alike, in an MI kernel whose rows 1 and 3 lack the app bit: scale, head_ablate
+// and patch are exact (one mul.rn per element, or a copy); steer_set and clamp_projection
+// leave the projection on d at the value or the clamped projection, moving the row along d
+// only. Rows without the bit come back bit-identical.
+func TestMIWriteExact(t *testing.T) {
+	const w = 1000
+	rng := rand.New(rand.NewPCG(25, 26))
+	d := unitF32(randF32(rng, w, 1))
+	// Rows are noise plus a known component along d: below min, above max and inside.
+	along := []float32{-1, 0.1, 1, 0.05, 0.2}
+	x := randF32(rng, testRows*w, 0.01)
+	for r := range testRows {
+		for i := range w {
+			x[r*w+i] += along[r] * d[i]
+		}
+	}
+	factors, saved, mask := randF32(rng, w, 2), randF32(rng, w, 1), headMask(w)
+	scal := []float32{2.5, -0.125, 0.25}
+	alpha, lo, hi := scal[0], scal[1], scal[2]
+	type exact func(i int, xi float32) float32
+	projected := func(target func(p float64) float64) func([]float32, []float32) []float64 {
+		return func(in, out []float32) []float64 {
+			var p float64
+			for i := range w {
+				p += float64(in[i]) * float64(d[i])
+			}
+			want := make([]float64, w)
+			for i := range w {
+				want[i] = float64(in[i]) + (target(p)-p)*float64(d[i])
+			}
+			return want
+		}
+	}
+	for _, c := range []struct {
+		op    MIOp
+		vec   []float32
+		exact exact
+		near  func(in, out []float32) []float64
+	}{
+		{MIOp{Template: "scale", Alpha: 0}, nil, func(_ int, v float32) float32 { return v * alpha }, nil},
+		{MIOp{Template: "scale", Vec: "f", Alpha: -1}, factors, func(i int, v float32) float32 { return v * factors[i] }, nil},
+		{MIOp{Template: "head_ablate", Vec: "m", Alpha: 1}, mask, func(i int, v float32) float32 {
+			if mask[i] != 0 {
+				return v * lo
+			}
+			return v
+		}, nil},
+		{MIOp{Template: "patch", Vec: "s", Alpha: -1}, saved, func(i int, _ float32) float32 { return saved[i] }, nil},
+		{MIOp{Template: "steer_set", Vec: "d", Alpha: 2}, d, nil, projected(func(float64) float64 { return float64(hi) })},
+		{MIOp{Template: "clamp_projection", Vec: "d", Alpha: 1, Bias: 2}, d, nil,
+			projected(func(p float64) float64 { return math.Min(math.Max(p, float64(lo)), float64(hi)) })},
+	} {
+		op := c.op
+		op.Bit, op.Width, op.Scal = testBit, w, "s"
+		if op.Template != "clamp_projection" {
+			op.Bias = -1
+		}
+		mc := MIKernelConfig{Width: w, Stride: w, Ops: []MIOp{op}}
+		k, err := MIKernel("exact_"+op.Template, mc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		args := []targ{{name: "x", f32: x, out: len(x)}, {name: "ctl_mask", u32: testMask}}
+		if op.toRef().Params()[0].Suffix == "vec" {
+			args = append(args, targ{name: "mi0_vec", f32: c.vec})
+		}
+		if op.Alpha >= 0 {
+			args = append(args, targ{name: "mi0_scal", f32: scal})
+		}
+		if len(args) != len(k.Params) {
+			t.Fatalf("%s: %d args for params %v", op.Template, len(args), k.Params)
+		}
+		for _, run := range bothRuns {
+			got := run.fn(t, k, mc.Launch(testRows), args)[0]
+			for r := range testRows {
+				in, out := x[r*w:(r+1)*w], got[r*w:(r+1)*w]
+				if testMask[r]>>testBit&1 == 0 {
+					for i := range w {
+						if math.Float32bits(out[i]) != math.Float32bits(in[i]) {
+							t.Fatalf("%s %s: row %d without the app changed at %d", run.name, op.Template, r, i)
+						}
+					}
+					continue
+				}
+				if c.exact != nil {
+					for i := range w {
+						if want := c.exact(i, in[i]); math.Float32bits(out[i]) != math.Float32bits(want) {
+							t.Fatalf("%s %s: row %d [%d] = %v, want exactly %v", run.name, op.Template, r, i, out[i], want)
+						}
+					}
+					continue
+				}
+				want := c.near(in, out)
+				var wantP, gotP float64
+				for i := range w {
+					if diff := math.Abs(float64(out[i]) - want[i]); diff > 1e-5*(1+math.Abs(want[i])) {
+						t.Fatalf("%s %s: row %d [%d] = %v, want %v", run.name, op.Template, r, i, out[i], want[i])
+					}
+					wantP += want[i] * float64(d[i])
+					gotP += float64(out[i]) * float64(d[i])
+				}
+				if math.Abs(gotP-wantP) > 1e-5 {
+					t.Fatalf("%s %s: row %d: projection %v, want %v", run.name, op.Template, r, gotP, wantP)
+				}
+			}
+		}
+	}
+}
+
+// TestWriteTemplatesOffRowsUnchanged: in an add+norm kernel carrying every writing template
+// (delta and residual roles), rows without the app bit come out bit-identical to the same
+// kernel without MI ops, in the residual and in the normed output.
+func TestWriteTemplatesOffRowsUnchanged(t *testing.T) {
+	const w = 1000
+	rng := rand.New(rand.NewPCG(27, 28))
+	sets := writeOps(w)
+	plain := RowConfig{Hidden: w, Eps: 1e-5, WDtype: ptx.BF16, Load: "add"}
+	withMI := plain
+	withMI.DeltaOps = sets["scale"]
+	withMI.ResidOps = append(append([]MIOp(nil), sets["chain"]...), sets["steer_set"]...)
+	kPlain, err := RowNorm("plain", plain)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kMI, err := RowNorm("with_writes", withMI)
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := rowNormArgs(rng, withMI, testRows)
+	plainArgs := append(args[:4:4], targ{name: "ctl_mask", u32: testMask})
+	l := plain.Launch(testRows)
+	for _, run := range bothRuns {
+		got, base := run.fn(t, kMI, l, args), run.fn(t, kPlain, l, plainArgs)
+		changed := false
+		for r := range testRows {
+			on := testMask[r]>>testBit&1 == 1
+			for _, buf := range []int{0, 3} { // resid, out
+				for i := range w {
+					same := math.Float32bits(got[buf][r*w+i]) == math.Float32bits(base[buf][r*w+i])
+					if !on && !same {
+						t.Fatalf("%s: row %d without the app differs from the plain kernel in %s[%d]", run.name, r, args[buf].name, i)
+					}
+					changed = changed || !same
+				}
+			}
+		}
+		if !changed {
+			t.Fatalf("%s: no enabled row changed", run.name)
 		}
 	}
 }

@@ -32,6 +32,15 @@ type MIGate struct {
 	Positions string  `json:"positions,omitempty"`
 }
 
+// Use says whether a template reads one of its optional inputs.
+type Use int
+
+const (
+	Unused   Use = iota
+	Optional     // read when its index is >= 0
+	Required
+)
+
 // MITemplate holds the facts about one MI template that both its reference and its PTX
 // emitter rely on. Adding a template means an entry here, its reference function in miApply,
 // and its emitter in codegen/mi_emit.go.
@@ -39,16 +48,27 @@ type MITemplate struct {
 	Vec    bool // reads a [Width] f32 vector (mi<i>_vec)
 	Out    int  // writes this many f32 per row into Out (mi<i>_out); -1 = Width, 0 = none
 	Writes bool // rewrites the hooked row
-	Alpha  bool // needs Scal[Alpha]
-	Bias   bool // may read Scal[Bias] (when Bias >= 0)
+	// The op's two scalars, Scal[Alpha] and Scal[Bias]. Alpha is alpha (steer_add, scale,
+	// head_ablate), the target value (steer_set) or the lower bound (clamp_projection); Bias
+	// is probe_linear's bias or clamp_projection's upper bound.
+	Alpha, Bias Use
+	// VecOrAlpha: the op reads its vector or Scal[Alpha], never both; it has the vector
+	// exactly when Alpha is -1 (scale).
+	VecOrAlpha bool
 }
 
-// MITemplates is the table of known templates.
+// MITemplates is the table of known templates. head_ablate's vector is a 0/1 mask over the
+// head's columns, built at compile time, so that the kernel needs no head geometry.
 var MITemplates = map[string]MITemplate{
-	"capture":      {Out: -1},
-	"probe_linear": {Vec: true, Out: 1, Bias: true},
-	"steer_add":    {Vec: true, Writes: true, Alpha: true},
-	"project_out":  {Vec: true, Writes: true},
+	"capture":          {Out: -1},
+	"probe_linear":     {Vec: true, Out: 1, Bias: Optional},
+	"steer_add":        {Vec: true, Writes: true, Alpha: Required},
+	"project_out":      {Vec: true, Writes: true},
+	"steer_set":        {Vec: true, Writes: true, Alpha: Required},
+	"clamp_projection": {Vec: true, Writes: true, Alpha: Optional, Bias: Optional},
+	"scale":            {Vec: true, Writes: true, Alpha: Optional, VecOrAlpha: true},
+	"head_ablate":      {Vec: true, Writes: true, Alpha: Required},
+	"patch":            {Vec: true, Writes: true},
 }
 
 // MICmps maps an activation gate's comparison to the PTX setp condition with the same NaN
@@ -67,14 +87,11 @@ func (o MIOp) Validate(rowWidth int) error {
 	if o.Width != rowWidth {
 		return fmt.Errorf("%s: width %d, but the hooked row has %d elements", o.Template, o.Width, rowWidth)
 	}
-	if t.Alpha && o.Alpha < 0 {
-		return fmt.Errorf("%s: no alpha index", o.Template)
+	if err := checkScalar("alpha", t.Alpha, o.Alpha); err != nil {
+		return fmt.Errorf("%s: %w", o.Template, err)
 	}
-	if o.Bias < -1 || (!t.Bias && o.Bias >= 0) {
-		return fmt.Errorf("%s: bias index %d not allowed", o.Template, o.Bias)
-	}
-	if !t.Alpha && o.Alpha >= 0 {
-		return fmt.Errorf("%s: takes no alpha (index %d)", o.Template, o.Alpha)
+	if err := checkScalar("bias", t.Bias, o.Bias); err != nil {
+		return fmt.Errorf("%s: %w", o.Template, err)
 	}
 	if o.Activation != "" && (o.Template != "probe_linear" || o.Activation != "sigmoid") {
 		return fmt.Errorf("%s: activation %q not supported", o.Template, o.Activation)
@@ -86,6 +103,19 @@ func (o MIOp) Validate(rowWidth int) error {
 		if err := g.validate(); err != nil {
 			return fmt.Errorf("%s: gate %d: %w", o.Template, j, err)
 		}
+	}
+	return nil
+}
+
+// checkScalar checks one scalar index against the template's use of it.
+func checkScalar(name string, u Use, idx int) error {
+	switch {
+	case idx < -1:
+		return fmt.Errorf("%s index %d not allowed", name, idx)
+	case u == Required && idx < 0:
+		return fmt.Errorf("no %s index", name)
+	case u == Unused && idx >= 0:
+		return fmt.Errorf("takes no %s (index %d)", name, idx)
 	}
 	return nil
 }
@@ -136,13 +166,19 @@ func (o MIOp) outLen() int {
 func (o MIOp) scalLen() int {
 	t := MITemplates[o.Template]
 	n := 0
-	if t.Alpha {
+	if t.Alpha != Unused {
 		n = max(n, o.Alpha+1)
 	}
-	if t.Bias && o.Bias >= 0 {
+	if t.Bias != Unused {
 		n = max(n, o.Bias+1)
 	}
 	return n
+}
+
+// hasVec says whether the op reads a vector.
+func (o MIOp) hasVec() bool {
+	t := MITemplates[o.Template]
+	return t.Vec && !(t.VecOrAlpha && o.Alpha >= 0)
 }
 
 // MIParam is one buffer parameter of an MI op. In a kernel, op i's parameter is named
@@ -155,7 +191,7 @@ type MIParam struct {
 // Params lists the op's buffer parameters in kernel order.
 func (o MIOp) Params() []MIParam {
 	var ps []MIParam
-	if MITemplates[o.Template].Vec {
+	if o.hasVec() {
 		ps = append(ps, MIParam{"vec", -1})
 	}
 	if o.scalLen() > 0 {
@@ -348,7 +384,8 @@ func (g MIGate) holds(row int, ctl miCtl, buf []float32) bool {
 
 // applyMI runs ops in order on row x of row index row. Float32 conversions around products
 // keep Go from fusing them into FMAs, so results match the PTX's separately rounded mul.rn
-// and add.rn bit for bit where the kernels promise that (steer_add).
+// and add.rn bit for bit where the kernels promise that (steer_add, scale, head_ablate,
+// patch).
 func applyMI(ops []miBound, row int, ctl miCtl, x []float32) {
 	for i := range ops {
 		b := &ops[i]
@@ -377,9 +414,58 @@ func applyMI(ops []miBound, row int, ctl miCtl, x []float32) {
 			for k := range b.Width {
 				x[k] -= float32(d * b.vec[k])
 			}
+		case "steer_set", "clamp_projection":
+			p := float32(dot64(x, b.vec))
+			c := b.target(p)
+			a := c - p
+			for k := range b.Width {
+				x[k] += float32(a * b.vec[k])
+			}
+		case "scale":
+			if b.Alpha >= 0 {
+				alpha := b.scal[b.Alpha]
+				for k := range b.Width {
+					x[k] *= alpha
+				}
+			} else {
+				for k := range b.Width {
+					x[k] *= b.vec[k]
+				}
+			}
+		case "head_ablate":
+			alpha := b.scal[b.Alpha]
+			for k := range b.Width {
+				if b.vec[k] != 0 {
+					x[k] *= alpha
+				}
+			}
+		case "patch":
+			copy(x[:b.Width], b.vec)
 		}
 	}
 }
+
+// target is the projection steer_set and clamp_projection leave along their direction, given
+// the current one p. The clamp follows PTX max/min, where a NaN operand loses to the other.
+func (b *miBound) target(p float32) float32 {
+	if b.Template == "steer_set" {
+		return b.scal[b.Alpha]
+	}
+	c := p
+	if b.Alpha >= 0 {
+		if lo := b.scal[b.Alpha]; c < lo || isNaN(c) {
+			c = lo
+		}
+	}
+	if b.Bias >= 0 {
+		if hi := b.scal[b.Bias]; c > hi || isNaN(c) {
+			c = hi
+		}
+	}
+	return c
+}
+
+func isNaN(v float32) bool { return math.IsNaN(float64(v)) }
 
 func dot64(x, v []float32) float64 {
 	var s float64

@@ -1,6 +1,7 @@
 package ops
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"strings"
@@ -190,6 +191,10 @@ func TestMIValidate(t *testing.T) {
 		{MIOp{Template: "project_out", Width: 4, Alpha: -1, Bias: -1, Gates: []MIGate{{Kind: "steps", From: 5, To: 5}}}, "step window"},
 		{MIOp{Template: "project_out", Width: 4, Alpha: -1, Bias: -1, Gates: []MIGate{{Kind: "activation", Cmp: "=~", Width: 1}}}, "comparison"},
 		{MIOp{Template: "steer_add", Width: 4, Alpha: 0, Bias: -1, Activation: "sigmoid"}, "activation"},
+		{MIOp{Template: "steer_set", Width: 4, Alpha: -1, Bias: -1}, "no alpha"},
+		{MIOp{Template: "clamp_projection", Width: 4, Alpha: -2, Bias: -1}, "alpha index -2"},
+		{MIOp{Template: "patch", Width: 4, Alpha: 0, Bias: -1}, "takes no alpha"},
+		{MIOp{Template: "head_ablate", Width: 4, Alpha: 0, Bias: 1}, "takes no bias"},
 	}
 	for _, b := range bad {
 		err := b.op.Validate(4)
@@ -219,5 +224,106 @@ func TestMIArgErrors(t *testing.T) {
 	}
 	if _, err := Build("mi", EncodeAttrs(MIKernelAttrs{Width: 4, Stride: 4, Offset: 1, Ops: []MIOp{op}})); err == nil {
 		t.Error("row past the stride accepted")
+	}
+}
+
+// TestMIWriteTemplates runs the writing templates beyond steer_add and project_out on a
+// strided row: each changes only rows with its bit and only the hooked columns.
+func TestMIWriteTemplates(t *testing.T) {
+	const rows, w, stride, off = 3, 130, 150, 7
+	rng := rand.New(rand.NewPCG(5, 6))
+	d := miUnit(miRand(rng, w))
+	vec := miRand(rng, w)
+	mask := make([]float32, w)
+	for i := 32; i < 64; i++ {
+		mask[i] = 1
+	}
+	bits := []uint32{2, 0, 2}
+	scal := []float32{0.5, -0.2, 0.3}
+	cases := []struct {
+		op   MIOp
+		v    []float32
+		want func(in []float32, i int) float32 // nil: check the projection on d instead
+		proj func(p float32) float32
+	}{
+		{MIOp{Template: "scale", Alpha: 0, Bias: -1}, nil, func(in []float32, i int) float32 { return in[i] * 0.5 }, nil},
+		{MIOp{Template: "scale", Alpha: -1, Bias: -1}, vec, func(in []float32, i int) float32 { return in[i] * vec[i] }, nil},
+		{MIOp{Template: "head_ablate", Alpha: 0, Bias: -1}, mask, func(in []float32, i int) float32 {
+			if i >= 32 && i < 64 {
+				return in[i] * 0.5
+			}
+			return in[i]
+		}, nil},
+		{MIOp{Template: "patch", Alpha: -1, Bias: -1}, vec, func(_ []float32, i int) float32 { return vec[i] }, nil},
+		{MIOp{Template: "steer_set", Alpha: 1, Bias: -1}, d, nil, func(float32) float32 { return -0.2 }},
+		{MIOp{Template: "clamp_projection", Alpha: 1, Bias: 2}, d, nil, func(p float32) float32 { return min(max(p, -0.2), 0.3) }},
+		{MIOp{Template: "clamp_projection", Alpha: -1, Bias: 2}, d, nil, func(p float32) float32 { return min(p, 0.3) }},
+	}
+	for _, c := range cases {
+		op := c.op
+		op.Bit, op.Width = 1, w
+		x := miRand(rng, rows*stride)
+		orig := append([]float32(nil), x...)
+		args := []Arg{miArgF32(x), miArgU32(bits)}
+		for _, p := range op.Params() {
+			if p.Suffix == "vec" {
+				args = append(args, miArgF32(c.v))
+			} else {
+				args = append(args, miArgF32(scal))
+			}
+		}
+		runMI(t, MIKernelAttrs{Width: w, Stride: stride, Offset: off, Ops: []MIOp{op}}, rows, args)
+		got := args[0].F32()
+		for r := range rows {
+			for i := range stride {
+				k := r*stride + i
+				inRow := i >= off && i < off+w
+				if (bits[r] == 0 || !inRow) && got[k] != orig[k] {
+					t.Fatalf("%s: row %d col %d changed outside the enabled row", op.Template, r, i)
+				}
+			}
+			if bits[r] == 0 {
+				continue
+			}
+			in, out := orig[r*stride+off:r*stride+off+w], got[r*stride+off:r*stride+off+w]
+			if c.want != nil {
+				for i := range w {
+					if math.Float32bits(out[i]) != math.Float32bits(c.want(in, i)) {
+						t.Fatalf("%s: row %d [%d] = %v, want %v", op.Template, r, i, out[i], c.want(in, i))
+					}
+				}
+				continue
+			}
+			before, after := dot64(in, d), dot64(out, d)
+			if want := float64(c.proj(float32(before))); math.Abs(after-want) > 1e-5 {
+				t.Fatalf("%s: row %d: projection %v -> %v, want %v", op.Template, r, before, after, want)
+			}
+		}
+	}
+}
+
+// TestMIScaleParams: scale reads its vector or its alpha, never both.
+func TestMIScaleParams(t *testing.T) {
+	for _, c := range []struct {
+		alpha int
+		want  string
+	}{{0, "[{scal -1}]"}, {-1, "[{vec -1}]"}} {
+		op := MIOp{Template: "scale", Width: 4, Alpha: c.alpha, Bias: -1}
+		if got := fmt.Sprint(op.Params()); got != c.want {
+			t.Errorf("alpha %d: params %s, want %s", c.alpha, got, c.want)
+		}
+	}
+}
+
+// TestMIClampNaN: the reference clamp follows PTX max/min, where a NaN operand loses.
+func TestMIClampNaN(t *testing.T) {
+	nan := float32(math.NaN())
+	b := miBound{MIOp: MIOp{Template: "clamp_projection", Alpha: 0, Bias: 1}, scal: []float32{-1, 1}}
+	if got := b.target(nan); got != -1 {
+		t.Errorf("clamp(NaN, -1, 1) = %v, want -1 (max.f32 picks the number)", got)
+	}
+	b.scal = []float32{nan, 1}
+	if got := b.target(0.5); got != 0.5 {
+		t.Errorf("clamp(0.5, NaN, 1) = %v, want 0.5", got)
 	}
 }
