@@ -19,6 +19,15 @@ const (
 	argVector argKind = iota // a param of the hook's width
 	argScalar                // a number, or a param of one element; lives in the scalar table
 	argWord                  // one of Words
+	argHead                  // an attention head index of the model; becomes a column mask
+)
+
+// scalarSlot says which scalar index of an op a scalar argument binds.
+type scalarSlot int
+
+const (
+	slotAlpha scalarSlot = iota // MIOp.Alpha: the template's first scalar
+	slotBias                    // MIOp.Bias: its second
 )
 
 type argFact struct {
@@ -26,8 +35,12 @@ type argFact struct {
 	Required bool
 	Default  float32
 	Words    []string
-	Unit     bool // vector is normalised to unit length at compile time
-	Omit     bool // scalar: when absent the op does without it (index -1)
+	Unit     bool       // vector is normalised to unit length at compile time
+	Omit     bool       // scalar: when absent the op does without it (index -1)
+	Slot     scalarSlot // scalar: the index it binds
+	// Unless names an argument that replaces this scalar: with it given, the scalar is not
+	// bound, and giving both is an error.
+	Unless string
 }
 
 // TemplateFact is what the compiler knows about one MI kernel template.
@@ -36,6 +49,11 @@ type TemplateFact struct {
 	Args map[string]argFact
 	// OutCols is how many columns a read writes per row (0 for writes).
 	OutCols func(width int) int
+	// Hooks, when set, are the only hooks the template may sit at.
+	Hooks []string
+	// Check, when set, validates the bound op against its scalars; it returns a message and
+	// a hint, or "" when the op is fine.
+	Check func(op *MIOp, scalars []Scalar) (msg, hint string)
 }
 
 func (t TemplateFact) outWidth(width int) int {
@@ -46,13 +64,13 @@ func (t TemplateFact) outWidth(width int) int {
 }
 
 // Templates is the table of MI templates this compiler fuses. Names the frontend accepts
-// but that are missing here (steer_set, clamp_projection, ...) are rejected with a hint.
+// but that are missing here (router_bias, token_override, ...) are rejected with a hint.
 var Templates = map[string]TemplateFact{
 	"capture": {Kind: "read", Args: map[string]argFact{},
 		OutCols: func(w int) int { return w }},
 	"probe_linear": {Kind: "read", Args: map[string]argFact{
 		"w":          {Kind: argVector, Required: true},
-		"bias":       {Kind: argScalar, Omit: true},
+		"bias":       {Kind: argScalar, Omit: true, Slot: slotBias},
 		"activation": {Kind: argWord, Words: []string{"none", "sigmoid"}},
 	}, OutCols: func(int) int { return 1 }},
 	"steer_add": {Kind: "write", Args: map[string]argFact{
@@ -62,6 +80,42 @@ var Templates = map[string]TemplateFact{
 	"project_out": {Kind: "write", Args: map[string]argFact{
 		"direction": {Kind: argVector, Required: true, Unit: true},
 	}},
+	// steer_set: x += (value - x·d) d.
+	"steer_set": {Kind: "write", Args: map[string]argFact{
+		"direction": {Kind: argVector, Required: true, Unit: true},
+		"value":     {Kind: argScalar},
+	}},
+	// clamp_projection: x += (clamp(x·d, min, max) - x·d) d; a missing bound is open.
+	"clamp_projection": {Kind: "write", Args: map[string]argFact{
+		"direction": {Kind: argVector, Required: true, Unit: true},
+		"min":       {Kind: argScalar, Omit: true},
+		"max":       {Kind: argScalar, Omit: true, Slot: slotBias},
+	}, Check: checkClampBounds},
+	// scale: x *= alpha, or x[i] *= vector[i].
+	"scale": {Kind: "write", Args: map[string]argFact{
+		"alpha":  {Kind: argScalar, Unless: "vector"},
+		"vector": {Kind: argVector},
+	}},
+	// head_ablate: x[head*D : (head+1)*D] *= alpha on attn.z rows [heads*D].
+	"head_ablate": {Kind: "write", Hooks: []string{"attn.z"}, Args: map[string]argFact{
+		"head":  {Kind: argHead, Required: true},
+		"alpha": {Kind: argScalar},
+	}},
+	// patch: x = vector.
+	"patch": {Kind: "write", Args: map[string]argFact{
+		"vector": {Kind: argVector, Required: true},
+	}},
+}
+
+func checkClampBounds(op *MIOp, scalars []Scalar) (string, string) {
+	switch {
+	case op.Alpha < 0 && op.Bias < 0:
+		return "clamp_projection needs min, max or both", "add args: {min: ..., max: ...}"
+	case op.Alpha >= 0 && op.Bias >= 0 && scalars[op.Alpha].Value > scalars[op.Bias].Value:
+		return fmt.Sprintf("clamp_projection: min %v is above max %v", scalars[op.Alpha].Value, scalars[op.Bias].Value),
+			"swap min and max"
+	}
+	return "", ""
 }
 
 // TemplateNames lists the fused templates, sorted.
@@ -83,13 +137,16 @@ func bindArgs(p *Program) error {
 	for _, a := range p.Apps {
 		scalarIndex := map[string]int{}
 		vectorIndex := map[string]string{}
+		// An op over several layers would fail the same way at each; report it once.
+		failed := map[int]bool{}
 		for _, op := range p.Ops {
-			if op.App != a {
+			if op.App != a || failed[op.OpIndex] {
 				continue
 			}
 			spec := a.Spec.Ops[op.OpIndex]
 			if err := bindOp(p, a, op, spec, files, scalarIndex, vectorIndex, cols); err != nil {
 				errs = append(errs, err)
+				failed[op.OpIndex] = true
 			}
 		}
 		for i := range a.Exports {
@@ -110,6 +167,10 @@ func bindOp(p *Program, a *AppPlan, op *MIOp, spec frontend.Op, files map[string
 		return frontend.Errorf(spec.Pos, fmt.Sprintf("use `%s:` for %s", t.Kind, op.Template),
 			"kernel %s is a %s, not a %s", op.Template, t.Kind, op.Kind)
 	}
+	if t.Hooks != nil && !contains(t.Hooks, op.Hook) {
+		return frontend.Errorf(spec.HookPos, "hooks of "+op.Template+": "+strings.Join(t.Hooks, ", "),
+			"kernel %s cannot sit at hook %s", op.Template, op.Hook)
+	}
 	given := map[string]frontend.Arg{}
 	for _, arg := range spec.Args {
 		if _, known := t.Args[arg.Name]; !known {
@@ -129,12 +190,28 @@ func bindOp(p *Program, a *AppPlan, op *MIOp, spec frontend.Op, files map[string
 		}
 		switch f.Kind {
 		case argVector:
+			if !has {
+				continue
+			}
 			buf, err := bindVector(p, a, op, arg, f.Unit, files, vectorIndex)
 			if err != nil {
 				return err
 			}
 			op.Vec = buf
+		case argHead:
+			buf, err := bindHead(p, a, op, arg, vectorIndex)
+			if err != nil {
+				return err
+			}
+			op.Vec = buf
 		case argScalar:
+			if _, replaced := given[f.Unless]; f.Unless != "" && replaced {
+				if has {
+					return frontend.Errorf(arg.Pos, "give "+name+" or "+f.Unless,
+						"kernel %s takes %s or %s, not both", op.Template, name, f.Unless)
+				}
+				continue
+			}
 			if !has && f.Omit {
 				continue
 			}
@@ -152,11 +229,10 @@ func bindOp(p *Program, a *AppPlan, op *MIOp, spec frontend.Op, files map[string
 				scalarIndex[key] = idx
 				a.Scalars = append(a.Scalars, Scalar{Name: key, Value: v})
 			}
-			switch name {
-			case "alpha":
-				op.Alpha = idx
-			case "bias":
+			if f.Slot == slotBias {
 				op.Bias = idx
+			} else {
+				op.Alpha = idx
 			}
 		case argWord:
 			if !has {
@@ -169,6 +245,11 @@ func bindOp(p *Program, a *AppPlan, op *MIOp, spec frontend.Op, files map[string
 			if name == "activation" && arg.Word != "none" {
 				op.Activation = arg.Word
 			}
+		}
+	}
+	if t.Check != nil {
+		if msg, hint := t.Check(op, a.Scalars); msg != "" {
+			return frontend.Errorf(spec.KernelPos, hint, "%s", msg)
 		}
 	}
 	if t.Kind == "read" {
@@ -241,6 +322,37 @@ func bindVector(p *Program, a *AppPlan, op *MIOp, arg frontend.Arg, unit bool,
 			unitData[i] = float32(float64(v) * inv)
 		}
 		data = unitData
+	}
+	buf := "app." + a.Name + "." + key
+	a.Vectors = append(a.Vectors, Vector{Name: key, Buffer: buf, Data: data})
+	index[key] = buf
+	return buf, nil
+}
+
+// bindHead turns a head index into a 0/1 mask over that head's columns of attn.z
+// ([heads*head_dim]), the vector head_ablate multiplies by alpha where it is set.
+func bindHead(p *Program, a *AppPlan, op *MIOp, arg frontend.Arg, index map[string]string) (string, error) {
+	m := p.Model
+	if arg.Number == nil || *arg.Number != math.Trunc(*arg.Number) {
+		return "", frontend.Errorf(arg.Pos, fmt.Sprintf("model %q has heads 0-%d", m.Name, m.Heads-1),
+			"argument %s must be a whole head index", arg.Name)
+	}
+	h := *arg.Number
+	if h < 0 || h >= float64(m.Heads) {
+		return "", frontend.Errorf(arg.Pos, fmt.Sprintf("model %q has heads 0-%d", m.Name, m.Heads-1),
+			"head %v out of range", h)
+	}
+	// Param names are identifiers, so a key with a dot cannot collide with one.
+	key := fmt.Sprintf("head%d.mask", int(h))
+	if buf, ok := index[key]; ok {
+		return buf, nil
+	}
+	if op.Width != m.Heads*m.HeadDim {
+		return "", fmt.Errorf("head_ablate at %s: width %d is not heads*head_dim %d", op.Hook, op.Width, m.Heads*m.HeadDim)
+	}
+	data := make([]float32, op.Width)
+	for i := int(h) * m.HeadDim; i < (int(h)+1)*m.HeadDim; i++ {
+		data[i] = 1
 	}
 	buf := "app." + a.Name + "." + key
 	a.Vectors = append(a.Vectors, Vector{Name: key, Buffer: buf, Data: data})

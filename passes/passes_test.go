@@ -1,6 +1,7 @@
 package passes
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -88,8 +89,44 @@ ops:
 `, "param v has 3 elements, hook resid_post needs 8"},
 		{"unsupported kernel", `app: a
 ops:
-  - write: {at: {layers: [0], hook: resid_post}, kernel: head_ablate}
-`, "kernel head_ablate is not supported"},
+  - write: {at: {layers: [0], hook: resid_post}, kernel: token_override}
+`, "kernel token_override is not supported"},
+		{"steer_set without direction", `app: a
+ops:
+  - write: {at: {layers: [0], hook: resid_post}, kernel: steer_set, args: {value: 1}}
+`, `needs argument "direction"`},
+		{"head out of range", `app: a
+ops:
+  - write: {at: {layers: [0], hook: attn.z}, kernel: head_ablate, args: {head: 2}}
+`, `head 2 out of range (model "t" has heads 0-1)`},
+		{"head not whole", `app: a
+ops:
+  - write: {at: {layers: [0], hook: attn.z}, kernel: head_ablate, args: {head: 0.5}}
+`, "must be a whole head index"},
+		{"head_ablate off attn.z", `app: a
+ops:
+  - write: {at: {layers: [0], hook: resid_post}, kernel: head_ablate, args: {head: 0}}
+`, "kernel head_ablate cannot sit at hook resid_post (hooks of head_ablate: attn.z)"},
+		{"scale with alpha and vector", `app: a
+params: {v: {values: [1, 2, 3, 4, 5, 6, 7, 8]}}
+ops:
+  - write: {at: {layers: [0], hook: resid_post}, kernel: scale, args: {vector: v, alpha: 2}}
+`, "takes alpha or vector, not both"},
+		{"clamp without bounds", `app: a
+params: {d: {values: [1, 2, 3, 4, 5, 6, 7, 8]}}
+ops:
+  - write: {at: {layers: [0], hook: resid_post}, kernel: clamp_projection, args: {direction: d}}
+`, "needs min, max or both"},
+		{"clamp bounds swapped", `app: a
+params: {d: {values: [1, 2, 3, 4, 5, 6, 7, 8]}}
+ops:
+  - write: {at: {layers: [0], hook: resid_post}, kernel: clamp_projection, args: {direction: d, min: 1, max: -1}}
+`, "min 1 is above max -1"},
+		{"patch of the wrong width", `app: a
+params: {v: {values: [1, 2, 3, 4]}}
+ops:
+  - write: {at: {layers: [0], hook: resid_post}, kernel: patch, args: {vector: v}}
+`, "param v has 4 elements, hook resid_post needs 8"},
 		{"missing arg", `app: a
 ops:
   - write: {at: {layers: [0], hook: resid_post}, kernel: steer_add}
@@ -144,5 +181,73 @@ ops:
 `)
 	if err == nil || !strings.Contains(err.Error(), "safetensors") {
 		t.Fatalf("got %v", err)
+	}
+}
+
+// TestBindWriteTemplates binds each newer writing template and checks what codegen receives:
+// the vector buffer, the scalar indices and their values, and head_ablate's column mask.
+func TestBindWriteTemplates(t *testing.T) {
+	p, err := plan(t, `app: w
+params:
+  d: {values: [0, 3, 0, 4, 0, 0, 0, 0]}
+  f: {values: [1, 2, 3, 4, 5, 6, 7, 8]}
+  z: {values: [1, 1, 1, 1, 1, 1, 1, 1]}
+ops:
+  - write: {at: {layers: [0], hook: resid_post}, kernel: steer_set, args: {direction: d, value: 1.5}}
+  - write: {at: {layers: [0], hook: resid_post}, kernel: clamp_projection, args: {direction: d, max: 0.25}}
+  - write: {at: {layers: [0], hook: resid_post}, kernel: scale, args: {alpha: 0.5}}
+  - write: {at: {layers: [0], hook: resid_post}, kernel: scale, args: {vector: f}}
+  - write: {at: {layers: [1], hook: attn.z}, kernel: head_ablate, args: {head: 1}}
+  - write: {at: {layers: [2], hook: resid_mid}, kernel: patch, args: {vector: z},
+            when: {positions: generated}}
+`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := p.Apps[0]
+	scalar := func(i int) float32 { return a.Scalars[i].Value }
+	vector := func(buf string) []float32 {
+		for _, v := range a.Vectors {
+			if v.Buffer == buf {
+				return v.Data
+			}
+		}
+		t.Fatalf("no vector for buffer %q", buf)
+		return nil
+	}
+	byIndex := map[int]*MIOp{}
+	for _, op := range p.Ops {
+		byIndex[op.OpIndex] = op
+	}
+	set, clamp, scale, scaleVec, head, patch := byIndex[0], byIndex[1], byIndex[2], byIndex[3], byIndex[4], byIndex[5]
+	if set.Alpha < 0 || scalar(set.Alpha) != 1.5 || set.Bias != -1 || vector(set.Vec)[1] != 0.6 {
+		t.Errorf("steer_set: alpha %d bias %d vec %v", set.Alpha, set.Bias, vector(set.Vec))
+	}
+	if clamp.Vec != set.Vec || clamp.Alpha != -1 || clamp.Bias < 0 || scalar(clamp.Bias) != 0.25 {
+		t.Errorf("clamp_projection: vec %s (steer_set's %s), min %d, max %d", clamp.Vec, set.Vec, clamp.Alpha, clamp.Bias)
+	}
+	if scale.Vec != "" || scale.Alpha < 0 || scalar(scale.Alpha) != 0.5 {
+		t.Errorf("scale by alpha: vec %q alpha %d", scale.Vec, scale.Alpha)
+	}
+	if scaleVec.Alpha != -1 || vector(scaleVec.Vec)[7] != 8 {
+		t.Errorf("scale by vector: alpha %d vec %q", scaleVec.Alpha, scaleVec.Vec)
+	}
+	// attn.z of the test model is 2 heads of 4: head 1 is columns 4-7; alpha defaults to 0.
+	if got := fmt.Sprint(vector(head.Vec)); got != "[0 0 0 0 1 1 1 1]" || scalar(head.Alpha) != 0 || head.Host != HostMI {
+		t.Errorf("head_ablate: mask %s alpha %v host %s", got, scalar(head.Alpha), head.Host)
+	}
+	if patch.Alpha != -1 || len(patch.Gates) != 1 || patch.Gates[0].Positions != "generated" {
+		t.Errorf("patch: alpha %d gates %+v", patch.Alpha, patch.Gates)
+	}
+}
+
+// TestBindErrorOncePerOp: an op over several layers that fails to bind is reported once.
+func TestBindErrorOncePerOp(t *testing.T) {
+	_, err := plan(t, `app: a
+ops:
+  - write: {at: {layers: "0-3", hook: attn.z}, kernel: head_ablate, args: {head: 7}}
+`)
+	if err == nil || strings.Count(err.Error(), "out of range") != 1 {
+		t.Fatalf("error %v, want one out-of-range report", err)
 	}
 }
