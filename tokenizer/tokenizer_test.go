@@ -301,3 +301,31 @@ func BenchmarkParse(b *testing.B) {
 		}
 	}
 }
+
+// FuzzRoundTrip: for any valid UTF-8 text, decoding the ids gives back the (normalized) text,
+// and streaming gives the same. Run with go test -fuzz FuzzRoundTrip.
+func FuzzRoundTrip(f *testing.F) {
+	for _, s := range []string{"", "Hello, world!", "  \n\t x", "e\u0301\u0323", "<|eot_id|><|im_end|>", "'S'LL 123456 漢字 👍🏽"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		if !utf8.ValidString(s) {
+			t.Skip()
+		}
+		for _, name := range testNames {
+			tok := testTokenizer(t, name)
+			want := s
+			if tok.nfc {
+				want = nfc(s)
+				if again := nfc(want); again != want {
+					t.Fatalf("nfc not idempotent on %+q: %+q then %+q", s, want, again)
+				}
+			}
+			ids := tok.Encode(s)
+			if got := tok.Decode(ids); got != want {
+				t.Fatalf("%s: Decode(Encode(%+q)) = %+q", name, s, got)
+			}
+			checkStream(t, tok, ids, name, 0)
+		}
+	})
+}

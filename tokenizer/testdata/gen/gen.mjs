@@ -165,6 +165,9 @@ const pools = [
   "٠١٢٣٤٥٦٧٨٩²³½Ⅻ",
   "😀👍🏽❤️🇺🇸👨‍👩‍👧",
   "<|eot_id|><|im_start|><|im_end|>",
+  " \n",
+  "'",
+  "the and of to in is it you that was for on are with as",
 ];
 
 function randomLines(n, seed) {
@@ -183,7 +186,7 @@ function randomLines(n, seed) {
   return out;
 }
 
-const corpus = [...fixed, ...randomLines(400, 12345)];
+const corpus = [...fixed, ...randomLines(1000, 12345)];
 
 const names = ["llama3_1", "qwen3"];
 const expected = {};
