@@ -123,12 +123,15 @@ func yamlList(v []float32) string {
 }
 
 // captureApp reads the residual at resid_post of layer into buffer "x".
-func captureApp(layer, hidden int) string {
+func captureApp(layer, hidden int) string { return captureAt("resid_post", layer, hidden) }
+
+// captureAt reads hook of layer, width values per row, into buffer "x" of app "cap".
+func captureAt(hook string, layer, width int) string {
 	return fmt.Sprintf(`app: cap
 buffers: {x: {shape: [%d], export: true}}
 ops:
-  - read: {at: {layers: [%d], hook: resid_post}, kernel: capture, into: x}
-`, hidden, layer)
+  - read: {at: {layers: [%d], hook: %s}, kernel: capture, into: x}
+`, width, layer, hook)
 }
 
 // captured returns the rows of export "cap.x" of a result.
@@ -217,6 +220,208 @@ func component(x, d []float32) float64 {
 		dn += float64(d[i]) * float64(d[i])
 	}
 	return math.Abs(dot) / math.Sqrt(xn*dn)
+}
+
+// writeRun compiles app (named name) followed by capture, and capture alone, and runs prompt
+// for MaxTokens 4 with and without the app on the first bundle and without it on the second.
+// It checks that the request without the app is bit-identical to the bare bundle, rows and
+// tokens, and returns the captured rows with the app and on the bare bundle (BOS + prompt
+// rows first; later rows follow each request's own tokens).
+func writeRun(t *testing.T, nb NewBackend, name, app, capture string) (with, ref [][]float32) {
+	t.Helper()
+	withApp := Compile(t, SmallModel, app, capture)
+	bare := Compile(t, SmallModel, capture)
+	prompt := []int{10, 20, 30}
+	a := Generate(t, nb, withApp, []loader.Request{
+		{Prompt: prompt, Apps: []string{name, "cap"}, MaxTokens: 4},
+		{Prompt: prompt, Apps: []string{"cap"}, MaxTokens: 4},
+	})
+	b := Generate(t, nb, bare, []loader.Request{{Prompt: prompt, Apps: []string{"cap"}, MaxTokens: 4}})
+	with, other, ref := captured(a[0]), captured(a[1]), captured(b[0])
+	if len(ref) != 7 || len(with) != 7 || len(other) != 7 {
+		t.Fatalf("captured %d/%d/%d rows, want 7 (BOS + 3 prompt + 3 decode)", len(with), len(other), len(ref))
+	}
+	for row := range ref {
+		for i, w := range ref[row] {
+			if math.Float32bits(other[row][i]) != math.Float32bits(w) {
+				t.Fatalf("%s: row %d elem %d (app off): %v differs from the bare bundle's %v", name, row, i, other[row][i], w)
+			}
+		}
+	}
+	if !slices.Equal(a[1].Tokens, b[0].Tokens) {
+		t.Fatalf("%s: request without the app: tokens %v, bare bundle %v", name, a[1].Tokens, b[0].Tokens)
+	}
+	return with, ref
+}
+
+// promptRows is how many leading captured rows writeRun's requests share: BOS + 3 prompt.
+const promptRows = 4
+
+func unit64(v []float32) []float64 {
+	var n float64
+	for _, x := range v {
+		n += float64(x) * float64(x)
+	}
+	u := make([]float64, len(v))
+	for i, x := range v {
+		u[i] = float64(x) / math.Sqrt(n)
+	}
+	return u
+}
+
+func dotU(x []float32, d []float64) float64 {
+	var s float64
+	for i := range x {
+		s += float64(x[i]) * d[i]
+	}
+	return s
+}
+
+// checkMovedAlong checks that a row got from ref by moving it along the unit d to projection
+// target: within 1e-5 of ref + (target - ref·d) d in relative L2, and projection within 1e-5.
+func checkMovedAlong(t *testing.T, what string, row int, got, ref []float32, d []float64, target float64) {
+	t.Helper()
+	p := dotU(ref, d)
+	want := make([]float32, len(ref))
+	for i := range ref {
+		want[i] = float32(float64(ref[i]) + (target-p)*d[i])
+	}
+	if e := RelL2(got, want); e > 1e-5 {
+		t.Fatalf("%s: row %d moved off the direction: relative L2 %.3g from ref + (%.4g - %.4g) d", what, row, e, target, p)
+	}
+	if q := dotU(got, d); math.Abs(q-target) > 1e-5*math.Max(1, math.Abs(target)) {
+		t.Fatalf("%s: row %d projection %v, want %v", what, row, q, target)
+	}
+}
+
+// CheckSteerSet: steer_set leaves the residual's projection on d at value, moving it along
+// d only.
+func CheckSteerSet(t *testing.T, nb NewBackend) {
+	v := randVec(5, 128)
+	app := `app: set
+params: {d: {values: ` + yamlList(v) + `}}
+ops:
+  - write: {at: {layers: [1], hook: resid_post}, kernel: steer_set, args: {direction: d, value: 0.75}}
+`
+	with, ref := writeRun(t, nb, "set", app, captureApp(1, 128))
+	d := unit64(v)
+	for row := range with {
+		if q := dotU(with[row], d); math.Abs(q-0.75) > 1e-5 {
+			t.Fatalf("row %d: projection %v after steer_set, want 0.75", row, q)
+		}
+	}
+	for row := range promptRows {
+		checkMovedAlong(t, "steer_set", row, with[row], ref[row], d, 0.75)
+	}
+}
+
+// CheckClampProjection: clamp_projection clamps the projection on d into [min, max] and
+// leaves rows inside unchanged.
+func CheckClampProjection(t *testing.T, nb NewBackend) {
+	v := randVec(6, 128)
+	// The prompt rows' projections on d are about 0.18, 0.54, 1.49 and 2.44.
+	const lo, hi = 0.4, 2
+	app := fmt.Sprintf(`app: clamp
+params: {d: {values: %s}}
+ops:
+  - write: {at: {layers: [1], hook: resid_post}, kernel: clamp_projection, args: {direction: d, min: %v, max: %v}}
+`, yamlList(v), lo, hi)
+	with, ref := writeRun(t, nb, "clamp", app, captureApp(1, 128))
+	d := unit64(v)
+	var below, above, inside int
+	for row := range promptRows {
+		p := dotU(ref[row], d)
+		switch {
+		case p < lo:
+			below++
+		case p > hi:
+			above++
+		default:
+			inside++
+		}
+		checkMovedAlong(t, "clamp_projection", row, with[row], ref[row], d, math.Min(math.Max(p, lo), hi))
+	}
+	for row := range with {
+		if q := dotU(with[row], d); q < lo-1e-5 || q > hi+1e-5 {
+			t.Fatalf("row %d: projection %v outside [%v, %v]", row, q, lo, hi)
+		}
+	}
+	if below == 0 || above == 0 || inside == 0 {
+		t.Fatalf("prompt rows %d below, %d above, %d inside the bounds: the check does not cover every case", below, above, inside)
+	}
+}
+
+// CheckScale: scale by alpha, then by a vector, is exact: fl(fl(x*alpha)*f[i]).
+func CheckScale(t *testing.T, nb NewBackend) {
+	f := randVec(7, 128)
+	app := `app: scale
+params: {f: {values: ` + yamlList(f) + `}}
+ops:
+  - write: {at: {layers: [1], hook: resid_post}, kernel: scale, args: {alpha: 0.5}}
+  - write: {at: {layers: [1], hook: resid_post}, kernel: scale, args: {vector: f}}
+`
+	with, ref := writeRun(t, nb, "scale", app, captureApp(1, 128))
+	for row := range promptRows {
+		for i, x := range ref[row] {
+			if want := x * 0.5 * f[i]; math.Float32bits(with[row][i]) != math.Float32bits(want) {
+				t.Fatalf("row %d elem %d: scaled %v, want exactly %v * 0.5 * %v = %v", row, i, with[row][i], x, f[i], want)
+			}
+		}
+	}
+}
+
+// CheckHeadAblate: head_ablate at attn.z (served by the standalone MI kernel over act.z)
+// zeroes one head's slice and leaves the other heads bit-identical.
+func CheckHeadAblate(t *testing.T, nb NewBackend) {
+	const head, headDim = 2, 32
+	app := fmt.Sprintf(`app: ablate
+ops:
+  - write: {at: {layers: [1], hook: attn.z}, kernel: head_ablate, args: {head: %d}}
+`, head)
+	with, ref := writeRun(t, nb, "ablate", app, captureAt("attn.z", 1, 4*headDim))
+	for row := range with {
+		for i := head * headDim; i < (head+1)*headDim; i++ {
+			if with[row][i] != 0 {
+				t.Fatalf("row %d: ablated head %d has %v at %d", row, head, with[row][i], i)
+			}
+		}
+	}
+	nonzero := false
+	for row := range promptRows {
+		for i, x := range ref[row] {
+			inHead := i >= head*headDim && i < (head+1)*headDim
+			if !inHead && math.Float32bits(with[row][i]) != math.Float32bits(x) {
+				t.Fatalf("row %d elem %d outside head %d: %v, bare %v", row, i, head, with[row][i], x)
+			}
+			nonzero = nonzero || (inHead && x != 0)
+		}
+	}
+	if !nonzero {
+		t.Fatal("head's slice is zero in the bare bundle too: the check shows nothing")
+	}
+}
+
+// CheckPatch: patch under `when: positions: generated` writes the saved vector into every
+// generated row and leaves prompt rows bit-identical.
+func CheckPatch(t *testing.T, nb NewBackend) {
+	saved := randVec(8, 128)
+	app := `app: patch
+params: {s: {values: ` + yamlList(saved) + `}}
+ops:
+  - write: {at: {layers: [1], hook: resid_post}, kernel: patch, args: {vector: s}, when: {positions: generated}}
+`
+	with, ref := writeRun(t, nb, "patch", app, captureApp(1, 128))
+	for row := range with {
+		for i := range saved {
+			want := saved[i]
+			if row < promptRows {
+				want = ref[row][i]
+			}
+			if math.Float32bits(with[row][i]) != math.Float32bits(want) {
+				t.Fatalf("row %d elem %d: %v, want exactly %v (generated row: %v)", row, i, with[row][i], want, row >= promptRows)
+			}
+		}
+	}
 }
 
 // CheckProbe: probe_linear equals the reference dot product of the residual it reads.

@@ -12,6 +12,11 @@ func TestCPUSteerAddIsExact(t *testing.T)  { CheckSteerExact(t, newCPU) }
 func TestCPUProjectOut(t *testing.T)       { CheckProjectOut(t, newCPU) }
 func TestCPUProbeLinear(t *testing.T)      { CheckProbe(t, newCPU) }
 func TestCPUBatchMatchesSolo(t *testing.T) { CheckBatchMatchesSolo(t, newCPU) }
+func TestCPUSteerSet(t *testing.T)         { CheckSteerSet(t, newCPU) }
+func TestCPUClampProjection(t *testing.T)  { CheckClampProjection(t, newCPU) }
+func TestCPUScaleIsExact(t *testing.T)     { CheckScale(t, newCPU) }
+func TestCPUHeadAblate(t *testing.T)       { CheckHeadAblate(t, newCPU) }
+func TestCPUPatch(t *testing.T)            { CheckPatch(t, newCPU) }
 func TestCPUExportsOnlyForAppRows(t *testing.T) {
 	b := Compile(t, SmallModel, captureApp(0, 128))
 	res := Generate(t, newCPU, b, []loader.Request{
