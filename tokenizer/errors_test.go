@@ -111,7 +111,8 @@ func TestParseErrors(t *testing.T) {
 		{"decoder", func(f map[string]any) { f["decoder"] = map[string]any{"type": "Metaspace"} }, "decoder: type Metaspace is not supported; supported: ByteLevel"},
 		{"no decoder", func(f map[string]any) { f["decoder"] = nil }, "decoder: type null is not supported"},
 		{"truncation", func(f map[string]any) { f["truncation"] = map[string]any{"max_length": 8} }, "truncation is not supported"},
-		{"lstrip", func(f map[string]any) { f["added_tokens"].([]any)[0].(map[string]any)["lstrip"] = true }, `added_tokens: 0 ("<|end|>"): single_word, lstrip and rstrip are not supported`},
+		{"added id", func(f map[string]any) { f["added_tokens"].([]any)[0].(map[string]any)["id"] = 1 << 40 }, `added_tokens: 0 ("<|end|>"): id 1099511627776 out of range`},
+		{"vocab id", func(f map[string]any) { model(f)["vocab"].(map[string]any)["ab"] = -3 }, `vocab: token "ab" has id -3 out of range`},
 	} {
 		f := miniFile()
 		c.change(f)
@@ -122,5 +123,38 @@ func TestParseErrors(t *testing.T) {
 	}
 	if _, err := Parse([]byte("{not json")); err == nil || !strings.Contains(err.Error(), "tokenizer.json") {
 		t.Errorf("invalid JSON: error %v", err)
+	}
+}
+
+// TestAddedTokenOptions follows HF's AddedVocabulary::find_matches for single_word, lstrip
+// and rstrip.
+func TestAddedTokenOptions(t *testing.T) {
+	sp := newAddedSplitter([]addedToken{
+		{content: "[L]", id: 1, lstrip: true},
+		{content: "[R]", id: 2, rstrip: true},
+		{content: "sw", id: 3, singleWord: true},
+		{content: "<x>", id: 4},
+	})
+	type piece struct {
+		text string
+		id   int
+	}
+	for _, c := range []struct {
+		in   string
+		want []piece
+	}{
+		{"a  [L]b", []piece{{"a", -1}, {"  [L]", 1}, {"b", -1}}},
+		{"x[R]  \n y", []piece{{"x", -1}, {"[R]  \n ", 2}, {"y", -1}}},
+		{"[R]  [L]", []piece{{"[R]  ", 2}, {"[L]", 1}}},
+		{"<x> [L]", []piece{{"<x>", 4}, {" [L]", 1}}},
+		{"sw swim sw. _sw", []piece{{"sw", 3}, {" swim ", -1}, {"sw", 3}, {". _sw", -1}}},
+		{"éswé sw\u0301 sw", []piece{{"éswé sw\u0301 ", -1}, {"sw", 3}}},
+		{"", nil},
+	} {
+		var got []piece
+		sp.split(c.in, func(text string, id int) { got = append(got, piece{text, id}) })
+		if !slices.Equal(got, c.want) {
+			t.Errorf("split(%q) = %+v, want %+v", c.in, got, c.want)
+		}
 	}
 }

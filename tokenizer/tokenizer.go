@@ -118,6 +118,10 @@ func parseComponent(raw json.RawMessage) (*component, error) {
 	return &c, nil
 }
 
+// maxTokenID bounds ids so that a corrupt file cannot make Parse allocate without limit;
+// real vocabularies are well under a million.
+const maxTokenID = 1 << 24
+
 const supportedPreTokenizer = "Sequence[Split(Llama 3 or Qwen2 regex, Isolated), ByteLevel(add_prefix_space false, use_regex false)]"
 
 // Parse reads the contents of a tokenizer.json file.
@@ -167,7 +171,7 @@ func (t *Tokenizer) parseModel(m *modelJSON) error {
 	t.tokens = make(map[string]int, len(m.Vocab))
 	maxID := -1
 	for tok, id := range m.Vocab {
-		if id < 0 || id > 1<<30 {
+		if id < 0 || id > maxTokenID {
 			return fmt.Errorf("vocab: token %q has id %d out of range", tok, id)
 		}
 		maxID = max(maxID, id)
@@ -284,10 +288,8 @@ func (t *Tokenizer) parseAdded(tokens []addedJSON) error {
 	var raw, norm []addedToken
 	for i, a := range tokens {
 		switch {
-		case a.ID < 0 || a.ID > 1<<30:
+		case a.ID < 0 || a.ID > maxTokenID:
 			return fmt.Errorf("%d (%q): id %d out of range", i, a.Content, a.ID)
-		case a.SingleWord || a.LStrip || a.RStrip:
-			return fmt.Errorf("%d (%q): single_word, lstrip and rstrip are not supported", i, a.Content)
 		case a.Content == "":
 			continue // HF ignores empty added tokens
 		}
@@ -302,9 +304,9 @@ func (t *Tokenizer) parseAdded(tokens []addedJSON) error {
 			if t.nfc {
 				content = nfc(content)
 			}
-			norm = append(norm, addedToken{content, a.ID})
+			norm = append(norm, addedToken{content, a.ID, a.SingleWord, a.LStrip, a.RStrip})
 		} else {
-			raw = append(raw, addedToken{a.Content, a.ID})
+			raw = append(raw, addedToken{a.Content, a.ID, a.SingleWord, a.LStrip, a.RStrip})
 		}
 	}
 	t.raw = newAddedSplitter(raw)
