@@ -2,6 +2,18 @@
 // Llama 3.x and Qwen2.5/Qwen3 and encodes and decodes text exactly as the HF tokenizers
 // library does. Anything in a file that would change the ids and is not implemented here is
 // reported as an error when the file is parsed, never silently ignored.
+//
+// What is implemented: normalizer null or NFC; pre-tokenizer Sequence[Split(regex), ByteLevel]
+// with the Llama 3 or Qwen2 regex (hand-coded, see pretok.go); BPE with or without
+// ignore_merges; added tokens with their normalized, single_word, lstrip and rstrip options;
+// the ByteLevel decoder. The post-processor is not applied: Encode adds no BOS.
+//
+// Decoding is that of the tokenizers library; transformers' clean_up_tokenization_spaces (a
+// Python-side option, true in Llama 3's tokenizer_config.json) is not applied.
+//
+// The tests hold parity data generated with @lenml/tokenizers (testdata/gen). Where that JS
+// port and HF differ (JS \s has U+FEFF and lacks U+0085; Rust's (?i)s matches U+017F; the
+// JS port ignores single_word) this package follows HF, and pretok_test.go pins the cases.
 package tokenizer
 
 import (
@@ -9,6 +21,7 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"unicode/utf8"
 )
 
 // Tokenizer is safe for concurrent use.
@@ -327,8 +340,12 @@ func (t *Tokenizer) TokenID(s string) (int, bool) {
 }
 
 // Encode returns the ids of text without adding any special token. Added tokens written in
-// the text (such as "<|eot_id|>") are matched as themselves.
+// the text (such as "<|eot_id|>") are matched as themselves. Invalid UTF-8, which HF cannot
+// be given, is first replaced by U+FFFD, one per run of bad bytes.
 func (t *Tokenizer) Encode(text string) []int {
+	if !utf8.ValidString(text) {
+		text = strings.ToValidUTF8(text, "\uFFFD")
+	}
 	var ids []int
 	var sc bpeScratch
 	t.raw.split(text, func(piece string, id int) {

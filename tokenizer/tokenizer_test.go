@@ -329,3 +329,12 @@ func FuzzRoundTrip(f *testing.F) {
 		}
 	})
 }
+
+func TestEncodeInvalidUTF8(t *testing.T) {
+	for _, name := range testNames {
+		tok := testTokenizer(t, name)
+		if got, want := tok.Encode("a\xff\xfeb\xc3"), tok.Encode("a\uFFFDb\uFFFD"); !slices.Equal(got, want) {
+			t.Errorf("%s: Encode of invalid UTF-8 = %v, want %v", name, got, want)
+		}
+	}
+}
