@@ -32,17 +32,17 @@ type MIGate struct {
 	Positions string  `json:"positions,omitempty"`
 }
 
-// Use says whether a template reads one of its optional inputs.
-type Use int
+// MIUse says whether a template reads one of its scalars.
+type MIUse int
 
 const (
-	Unused   Use = iota
-	Optional     // read when its index is >= 0
-	Required
+	MIUnused   MIUse = iota
+	MIOptional       // read when its index is >= 0
+	MIRequired
 )
 
 // MITemplate holds the facts about one MI template that both its reference and its PTX
-// emitter rely on. Adding a template means an entry here, its reference function in miApply,
+// emitter rely on. Adding a template means an entry here, its case in applyMI,
 // and its emitter in codegen/mi_emit.go.
 type MITemplate struct {
 	Vec    bool // reads a [Width] f32 vector (mi<i>_vec)
@@ -51,7 +51,7 @@ type MITemplate struct {
 	// The op's two scalars, Scal[Alpha] and Scal[Bias]. Alpha is alpha (steer_add, scale,
 	// head_ablate), the target value (steer_set) or the lower bound (clamp_projection); Bias
 	// is probe_linear's bias or clamp_projection's upper bound.
-	Alpha, Bias Use
+	Alpha, Bias MIUse
 	// VecOrAlpha: the op reads its vector or Scal[Alpha], never both; it has the vector
 	// exactly when Alpha is -1 (scale).
 	VecOrAlpha bool
@@ -61,13 +61,13 @@ type MITemplate struct {
 // head's columns, built at compile time, so that the kernel needs no head geometry.
 var MITemplates = map[string]MITemplate{
 	"capture":          {Out: -1},
-	"probe_linear":     {Vec: true, Out: 1, Bias: Optional},
-	"steer_add":        {Vec: true, Writes: true, Alpha: Required},
+	"probe_linear":     {Vec: true, Out: 1, Bias: MIOptional},
+	"steer_add":        {Vec: true, Writes: true, Alpha: MIRequired},
 	"project_out":      {Vec: true, Writes: true},
-	"steer_set":        {Vec: true, Writes: true, Alpha: Required},
-	"clamp_projection": {Vec: true, Writes: true, Alpha: Optional, Bias: Optional},
-	"scale":            {Vec: true, Writes: true, Alpha: Optional, VecOrAlpha: true},
-	"head_ablate":      {Vec: true, Writes: true, Alpha: Required},
+	"steer_set":        {Vec: true, Writes: true, Alpha: MIRequired},
+	"clamp_projection": {Vec: true, Writes: true, Alpha: MIOptional, Bias: MIOptional},
+	"scale":            {Vec: true, Writes: true, Alpha: MIOptional, VecOrAlpha: true},
+	"head_ablate":      {Vec: true, Writes: true, Alpha: MIRequired},
 	"patch":            {Vec: true, Writes: true},
 }
 
@@ -108,13 +108,13 @@ func (o MIOp) Validate(rowWidth int) error {
 }
 
 // checkScalar checks one scalar index against the template's use of it.
-func checkScalar(name string, u Use, idx int) error {
+func checkScalar(name string, u MIUse, idx int) error {
 	switch {
 	case idx < -1:
 		return fmt.Errorf("%s index %d not allowed", name, idx)
-	case u == Required && idx < 0:
+	case u == MIRequired && idx < 0:
 		return fmt.Errorf("no %s index", name)
-	case u == Unused && idx >= 0:
+	case u == MIUnused && idx >= 0:
 		return fmt.Errorf("takes no %s (index %d)", name, idx)
 	}
 	return nil
@@ -166,10 +166,10 @@ func (o MIOp) outLen() int {
 func (o MIOp) scalLen() int {
 	t := MITemplates[o.Template]
 	n := 0
-	if t.Alpha != Unused {
+	if t.Alpha != MIUnused {
 		n = max(n, o.Alpha+1)
 	}
-	if t.Bias != Unused {
+	if t.Bias != MIUnused {
 		n = max(n, o.Bias+1)
 	}
 	return n
