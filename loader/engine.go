@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"sort"
 	"strings"
+	"time"
 
 	"xmix/bundle"
 )
@@ -16,7 +17,7 @@ type Request struct {
 	MaxTokens   int
 	Temperature float32 // <= 0: greedy
 	TopP        float32 // <= 0 or >= 1: no nucleus cut
-	Seed        uint64 // the request's sampling stream depends on Seed alone
+	Seed        uint64  // the request's sampling stream depends on Seed alone
 	// Force, when set, feeds these tokens back as the generation instead of the sampled ones
 	// (teacher forcing: scoring a given continuation); the sampled ones are still returned.
 	Force []int
@@ -52,12 +53,16 @@ type Engine struct {
 	prefill  []bundle.Template
 	tmplIdx  map[string]int
 	freePage []uint32
+	queue    []*seqState
+	slots    []*seqState
+	nextID   int
 	Stats    Stats
 }
 
 // Stats counts what the engine ran.
 type Stats struct {
 	Steps, DecodeSteps, PrefillSteps, Rows, PaddedRows int
+	DecodeTime, PrefillTime                            time.Duration
 }
 
 type exportInfo struct {
@@ -105,6 +110,7 @@ func NewEngine(b *bundle.Bundle, be Backend) (*Engine, error) {
 	if err := e.writeTableRow(c.MaxSeqs, pad); err != nil {
 		return nil, err
 	}
+	e.slots = make([]*seqState, c.MaxSeqs)
 	return e, nil
 }
 
@@ -122,6 +128,7 @@ func (e *Engine) AppNames() []string {
 }
 
 type seqState struct {
+	h       *Handle
 	req     *Request
 	res     *Result
 	slot    int
@@ -134,77 +141,124 @@ type seqState struct {
 	promptN int
 }
 
+// Handle follows one submitted request.
+type Handle struct {
+	ID     int
+	Result Result
+	Done   bool
+	// TokenTimes is when each generated token came back to the host.
+	TokenTimes []time.Time
+	Submitted  time.Time
+}
+
+// Submit validates a request and queues it; it joins the running batch at the next step
+// boundary that has a free sequence slot and enough KV pages for it.
+func (e *Engine) Submit(r Request) (*Handle, error) {
+	c := e.cfg
+	e.nextID++
+	h := &Handle{ID: e.nextID, Submitted: time.Now()}
+	s := &seqState{h: h, req: &r, res: &h.Result, slot: -1, rng: rand.New(rand.NewPCG(r.Seed, 0x786d6978))}
+	s.tokens = append([]int{c.BOS}, r.Prompt...)
+	s.promptN = len(s.tokens)
+	for _, t := range append(append([]int(nil), r.Prompt...), r.Force...) {
+		if t < 0 || t >= c.Vocab {
+			return nil, fmt.Errorf("token id %d is outside the vocabulary (0-%d)", t, c.Vocab-1)
+		}
+	}
+	if need := s.promptN + r.MaxTokens; need > c.MaxSeqLen {
+		return nil, fmt.Errorf("prompt (%d tokens with BOS) + max tokens (%d) = %d exceeds the bundle's max_seq_len %d",
+			s.promptN, r.MaxTokens, need, c.MaxSeqLen)
+	}
+	if pages := (s.promptN + r.MaxTokens + c.KVBlockSize - 1) / c.KVBlockSize; pages > c.KVBlocks-1 {
+		return nil, fmt.Errorf("request needs %d KV pages, the bundle has %d", pages, c.KVBlocks-1)
+	}
+	for _, name := range r.Apps {
+		bit, ok := e.appBits[name]
+		if !ok {
+			return nil, fmt.Errorf("app %q is not deployed in this bundle (deployed: %s)", name, strings.Join(e.AppNames(), ", "))
+		}
+		s.mask |= 1 << uint(bit)
+	}
+	if r.MaxTokens <= 0 {
+		h.Done, h.Result.Reason = true, "max_tokens"
+		return h, nil
+	}
+	e.queue = append(e.queue, s)
+	return h, nil
+}
+
+// Busy reports whether requests are queued or running.
+func (e *Engine) Busy() bool {
+	if len(e.queue) > 0 {
+		return true
+	}
+	for _, s := range e.slots {
+		if s != nil {
+			return true
+		}
+	}
+	return false
+}
+
+// Step admits queued requests and runs one forward over the running batch. It returns
+// false when there was nothing to do.
+func (e *Engine) Step() (bool, error) {
+	if err := e.admit(); err != nil {
+		return false, err
+	}
+	var active []*seqState
+	for _, s := range e.slots {
+		if s != nil {
+			active = append(active, s)
+		}
+	}
+	if len(active) == 0 {
+		return false, nil
+	}
+	if err := e.step(active); err != nil {
+		return false, err
+	}
+	for i, s := range e.slots {
+		if s != nil && s.done {
+			e.freePage = append(e.freePage, s.pages...)
+			e.slots[i] = nil
+			s.h.Done = true
+		}
+	}
+	return true, nil
+}
+
 // Generate runs all requests to completion, batching them; results are in request order.
 func (e *Engine) Generate(reqs []Request) ([]Result, error) {
-	c := e.cfg
-	results := make([]Result, len(reqs))
-	var queue []*seqState
-	for i := range reqs {
-		r := &reqs[i]
-		s := &seqState{req: r, res: &results[i], slot: -1, rng: rand.New(rand.NewPCG(r.Seed, 0x786d6978))}
-		s.tokens = append([]int{c.BOS}, r.Prompt...)
-		s.promptN = len(s.tokens)
-		for _, t := range append(append([]int(nil), r.Prompt...), r.Force...) {
-			if t < 0 || t >= c.Vocab {
-				return nil, fmt.Errorf("request %d: token id %d is outside the vocabulary (0-%d)", i, t, c.Vocab-1)
-			}
+	hs := make([]*Handle, len(reqs))
+	for i, r := range reqs {
+		h, err := e.Submit(r)
+		if err != nil {
+			return nil, fmt.Errorf("request %d: %w", i, err)
 		}
-		if need := s.promptN + r.MaxTokens; need > c.MaxSeqLen {
-			return nil, fmt.Errorf("request %d: prompt (%d tokens with BOS) + max tokens (%d) = %d exceeds the bundle's max_seq_len %d",
-				i, s.promptN, r.MaxTokens, need, c.MaxSeqLen)
-		}
-		for _, name := range r.Apps {
-			bit, ok := e.appBits[name]
-			if !ok {
-				return nil, fmt.Errorf("request %d: app %q is not deployed in this bundle (deployed: %s)", i, name, strings.Join(e.AppNames(), ", "))
-			}
-			s.mask |= 1 << uint(bit)
-		}
-		if r.MaxTokens <= 0 {
-			s.done = true
-			s.res.Reason = "max_tokens"
-			continue
-		}
-		queue = append(queue, s)
+		hs[i] = h
 	}
-	slots := make([]*seqState, c.MaxSeqs)
-	for {
-		if err := e.admit(&queue, slots); err != nil {
+	for e.Busy() {
+		if _, err := e.Step(); err != nil {
 			return nil, err
 		}
-		var active []*seqState
-		for _, s := range slots {
-			if s != nil {
-				active = append(active, s)
-			}
-		}
-		if len(active) == 0 {
-			if len(queue) > 0 {
-				return nil, fmt.Errorf("request needs more KV-cache pages than the bundle has")
-			}
-			return results, nil
-		}
-		if err := e.step(active); err != nil {
-			return nil, err
-		}
-		for i, s := range slots {
-			if s != nil && s.done {
-				e.freePage = append(e.freePage, s.pages...)
-				slots[i] = nil
-			}
-		}
 	}
+	out := make([]Result, len(hs))
+	for i, h := range hs {
+		out[i] = h.Result
+	}
+	return out, nil
 }
 
 // admit moves queued requests into free slots while pages last. Pages for the whole
 // request (prompt + max tokens) are reserved on admission, so a running request never
-// waits for memory.
-func (e *Engine) admit(queue *[]*seqState, slots []*seqState) error {
+// waits for memory; a request that does not fit waits in the queue.
+func (e *Engine) admit() error {
 	c := e.cfg
-	for len(*queue) > 0 {
-		s := (*queue)[0]
+	for len(e.queue) > 0 {
+		s := e.queue[0]
 		free := -1
-		for i, x := range slots {
+		for i, x := range e.slots {
 			if x == nil {
 				free = i
 				break
@@ -217,8 +271,8 @@ func (e *Engine) admit(queue *[]*seqState, slots []*seqState) error {
 		s.pages = append([]uint32(nil), e.freePage[len(e.freePage)-need:]...)
 		e.freePage = e.freePage[:len(e.freePage)-need]
 		s.slot = free
-		slots[free] = s
-		*queue = (*queue)[1:]
+		e.slots[free] = s
+		e.queue = e.queue[1:]
 		row := make([]uint32, e.blocks)
 		copy(row, s.pages)
 		if err := e.writeTableRow(free, row); err != nil {
@@ -234,21 +288,33 @@ type stepRow struct {
 	sample int // index among samples, -1 if the row is not sampled
 }
 
-// step runs one forward: prompt chunks of sequences still being prefilled, or one decode
-// row for every running sequence.
+// step runs one forward. While prompts are pending it uses a prefill template: one decode
+// row for every running sequence first (so decoding never stalls behind a long prompt),
+// then prompt chunks. Otherwise a decode template with one row per running sequence, in
+// the smallest bucket that holds them.
 func (e *Engine) step(active []*seqState) error {
 	var rows []stepRow
 	var t bundle.Template
-	prefilling := false
+	var decoding, prefilling []*seqState
 	for _, s := range active {
 		if s.fed < s.promptN {
-			prefilling = true
+			prefilling = append(prefilling, s)
+		} else {
+			decoding = append(decoding, s)
 		}
 	}
-	if prefilling {
+	if len(prefilling) > 0 {
 		t = e.prefill[len(e.prefill)-1]
 		nS := 0
-		for _, s := range active {
+		for _, s := range decoding {
+			if nS == t.Samples || len(rows) == t.Tokens {
+				break
+			}
+			rows = append(rows, stepRow{s: s, pos: s.fed, sample: nS})
+			s.fed++
+			nS++
+		}
+		for _, s := range prefilling {
 			for s.fed < s.promptN && len(rows) < t.Tokens {
 				r := stepRow{s: s, pos: s.fed, sample: -1}
 				if s.fed == s.promptN-1 {
@@ -277,10 +343,10 @@ func (e *Engine) step(active []*seqState) error {
 				break
 			}
 		}
-		for i, s := range active {
-			if i == t.Tokens {
-				break
-			}
+		// More sequences than the largest bucket: rotate who goes first.
+		start := e.Stats.DecodeSteps % len(active)
+		for i := range min(len(active), t.Tokens) {
+			s := active[(start+i)%len(active)]
 			rows = append(rows, stepRow{s: s, pos: s.fed, sample: i})
 			s.fed++
 		}
@@ -289,7 +355,14 @@ func (e *Engine) step(active []*seqState) error {
 	e.Stats.Steps++
 	e.Stats.Rows += len(rows)
 	e.Stats.PaddedRows += t.Tokens - len(rows)
-	return e.run(t, rows)
+	start := time.Now()
+	err := e.run(t, rows)
+	if t.Kind == "decode" {
+		e.Stats.DecodeTime += time.Since(start)
+	} else {
+		e.Stats.PrefillTime += time.Since(start)
+	}
+	return err
 }
 
 func (e *Engine) run(t bundle.Template, rows []stepRow) error {
@@ -341,6 +414,7 @@ func (e *Engine) run(t bundle.Template, rows []stepRow) error {
 		return err
 	}
 	ids := getU32s(out)
+	now := time.Now()
 	if err := e.collectExports(rows, n); err != nil {
 		return err
 	}
@@ -356,6 +430,7 @@ func (e *Engine) run(t bundle.Template, rows []stepRow) error {
 		}
 		s.tokens = append(s.tokens, fed)
 		s.res.Tokens = append(s.res.Tokens, tok)
+		s.h.TokenTimes = append(s.h.TokenTimes, now)
 		switch {
 		case isEOS(c, fed):
 			s.done, s.res.Reason = true, "eos"

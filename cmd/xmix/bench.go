@@ -1,0 +1,383 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"math/rand/v2"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"xmix/bundle"
+	"xmix/loader"
+)
+
+type benchFlags struct {
+	runFlags
+	prompts     int
+	promptLen   int
+	newTokens   int
+	online      bool
+	requests    int
+	rate        float64
+	outputLen   int
+	warmup      int
+	runs        int
+	appFraction float64
+	decodeOnly  []int
+	graphIters  int
+}
+
+func benchCmd() *cobra.Command {
+	var f benchFlags
+	c := &cobra.Command{
+		Use:   "bench BUNDLE.xmb",
+		Short: "Measure decode speed: offline (N prompts at once) or online (Poisson arrivals)",
+		Long: `Offline (default): N prompts of P random tokens, T new tokens each, all submitted at once;
+reports generated tokens/s and the mean decode step time, plus the graph replay time of each
+decode bucket measured back to back on the device (no host work between replays).
+
+Online (--online): the xMIx paper's workload. R requests arrive as a Poisson process at
+--rate requests/s; prompt lengths follow a ShareGPT-like distribution, synthesized as a
+log-normal with median 160 tokens and sigma 0.9, clipped to [8, 1024]; every request
+generates exactly --output-len tokens. Reports mean and P99 inter-token latency, mean time to
+first token and total token throughput (prompt + generated tokens / wall time). --warmup
+runs are discarded, --runs are measured and averaged.
+
+--apps enables apps on a --app-fraction of the requests (chosen at random, seeded).`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return runBench(cmd.OutOrStdout(), args[0], f)
+		},
+	}
+	fl := c.Flags()
+	fl.IntVar(&f.prompts, "prompts", 8, "offline: number of prompts (the batch)")
+	fl.IntVar(&f.promptLen, "prompt-len", 128, "offline: tokens per prompt")
+	fl.IntVar(&f.newTokens, "new-tokens", 128, "offline: tokens generated per prompt")
+	fl.BoolVar(&f.online, "online", false, "run the online (Poisson arrivals) benchmark")
+	fl.IntVar(&f.requests, "requests", 250, "online: number of requests")
+	fl.Float64Var(&f.rate, "rate", 8, "online: mean arrival rate, requests per second")
+	fl.IntVar(&f.outputLen, "output-len", 128, "online: tokens generated per request")
+	fl.IntVar(&f.warmup, "warmup", 1, "online: runs discarded before measuring")
+	fl.IntVar(&f.runs, "runs", 3, "online: measured runs")
+	fl.Float64Var(&f.appFraction, "app-fraction", 1, "share of requests that enable --apps")
+	fl.IntSliceVar(&f.decodeOnly, "graph-buckets", nil, "decode buckets to time as bare graph replays (default: all)")
+	fl.IntVar(&f.graphIters, "graph-iters", 50, "replays per bucket for the graph timing")
+	fl.StringVar(&f.apps, "apps", "", "comma-separated apps to enable")
+	fl.Uint64Var(&f.seed, "seed", 1, "seed for prompts, arrivals and app choice")
+	fl.BoolVar(&f.asJSON, "json", false, "print results as JSON")
+	fl.StringVar(&f.backend, "backend", "auto", "auto | cuda | cpu")
+	fl.BoolVarP(&f.quiet, "quiet", "q", false, "no progress output on stderr")
+	return c
+}
+
+// timer is implemented by backends that can time bare graph replays (cuda).
+type timer interface {
+	Time(template, n int) (float64, error)
+}
+
+func runBench(w io.Writer, path string, f benchFlags) error {
+	b, err := bundle.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	s, err := open(b, filepath.Dir(path), f.runFlags)
+	if err != nil {
+		return err
+	}
+	defer s.be.Close()
+	var apps []string
+	if f.apps != "" {
+		apps = strings.Split(f.apps, ",")
+	}
+	rng := rand.New(rand.NewPCG(f.seed, 1))
+	out := map[string]any{"bundle": filepath.Base(path), "backend": s.be.Name(), "model": b.Manifest.Model.Name, "apps": apps, "app_fraction": f.appFraction}
+	if f.online {
+		res, err := benchOnline(s, f, apps, rng)
+		if err != nil {
+			return err
+		}
+		out["online"] = res
+	} else {
+		res, err := benchOffline(s, f, apps, rng)
+		if err != nil {
+			return err
+		}
+		out["offline"] = res
+		if g, err := graphTimes(s, f); err != nil {
+			return err
+		} else if g != nil {
+			out["graph_ms"] = g
+		}
+	}
+	if f.asJSON {
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(out)
+	}
+	data, _ := json.MarshalIndent(out, "", "  ")
+	fmt.Fprintln(w, string(data))
+	return nil
+}
+
+func randomPrompt(rng *rand.Rand, n, vocab int) []int {
+	p := make([]int, n)
+	for i := range p {
+		p[i] = rng.IntN(min(vocab, 32000))
+	}
+	return p
+}
+
+func appsForRequest(rng *rand.Rand, apps []string, frac float64) []string {
+	if len(apps) > 0 && rng.Float64() < frac {
+		return apps
+	}
+	return nil
+}
+
+type offlineResult struct {
+	Prompts        int     `json:"prompts"`
+	PromptLen      int     `json:"prompt_len"`
+	NewTokens      int     `json:"new_tokens"`
+	Seconds        float64 `json:"seconds"`
+	TokensPerSec   float64 `json:"generated_tok_per_s"`
+	DecodeSteps    int     `json:"decode_steps"`
+	DecodeStepMs   float64 `json:"decode_step_ms"`
+	DecodeTokPerS  float64 `json:"decode_tok_per_s"`
+	PrefillSteps   int     `json:"prefill_steps"`
+	PrefillSeconds float64 `json:"prefill_seconds"`
+	// The decode floor: bytes every decode step must read (weights streamed once, plus the
+	// KV cache at the mean context) over the measured 4.2 TB/s of an H200.
+	WeightBytes    int64   `json:"weight_bytes"`
+	KVBytesPerStep int64   `json:"kv_bytes_per_step"`
+	FloorMs        float64 `json:"floor_ms"`
+	PctOfFloor     float64 `json:"pct_of_floor"`
+}
+
+// MeasuredBandwidth is the H200 device-to-device copy bandwidth of FACTS.md (bytes/s).
+const MeasuredBandwidth = 4.2e12
+
+// weightBytes counts the weight bytes a decode step streams: every weight buffer except an
+// untied embedding table, of which a step reads only the rows of its tokens.
+func weightBytes(b *bundle.Bundle) int64 {
+	var n int64
+	for _, buf := range b.Manifest.Buffers {
+		if buf.Kind != bundle.KindWeight || (buf.Name == "embed" && !b.Manifest.Model.TieEmbeddings) {
+			continue
+		}
+		sz, _ := loader.BufferBytes(buf)
+		n += sz
+	}
+	return n
+}
+
+func benchOffline(s *session, f benchFlags, apps []string, rng *rand.Rand) (offlineResult, error) {
+	vocab := s.b.Manifest.Model.Vocab
+	var reqs []loader.Request
+	for range f.prompts {
+		reqs = append(reqs, loader.Request{Prompt: randomPrompt(rng, f.promptLen, vocab), MaxTokens: f.newTokens,
+			Apps: appsForRequest(rng, apps, f.appFraction)})
+	}
+	// One short warm-up pass so first-touch costs stay out of the figures.
+	if _, err := s.eng.Generate(reqs[:1]); err != nil {
+		return offlineResult{}, err
+	}
+	s.eng.Stats = loader.Stats{}
+	start := time.Now()
+	res, err := s.eng.Generate(reqs)
+	if err != nil {
+		return offlineResult{}, err
+	}
+	el := time.Since(start).Seconds()
+	n := 0
+	for _, r := range res {
+		n += len(r.Tokens)
+	}
+	st := s.eng.Stats
+	r := offlineResult{Prompts: f.prompts, PromptLen: f.promptLen, NewTokens: f.newTokens, Seconds: el,
+		TokensPerSec: float64(n) / el, DecodeSteps: st.DecodeSteps, PrefillSteps: st.PrefillSteps,
+		PrefillSeconds: st.PrefillTime.Seconds()}
+	m := s.b.Manifest.Model
+	batch := min(f.prompts, m.MaxSeqs)
+	if st.DecodeSteps > 0 {
+		r.DecodeStepMs = st.DecodeTime.Seconds() * 1000 / float64(st.DecodeSteps)
+		r.DecodeTokPerS = float64(batch) / (r.DecodeStepMs / 1000)
+	}
+	kvElem := int64(4)
+	if m.KVDtype == "bf16" {
+		kvElem = 2
+	}
+	ctx := int64(f.promptLen + 1 + f.newTokens/2)
+	r.WeightBytes = weightBytes(s.b)
+	r.KVBytesPerStep = int64(batch) * ctx * int64(m.Layers) * 2 * int64(m.KVHeads*m.HeadDim) * kvElem
+	r.FloorMs = float64(r.WeightBytes+r.KVBytesPerStep) / MeasuredBandwidth * 1000
+	if r.DecodeStepMs > 0 {
+		r.PctOfFloor = 100 * r.FloorMs / r.DecodeStepMs
+	}
+	f.progress("offline: %d prompts x %d tokens: %.1f tok/s, decode step %.3f ms", f.prompts, f.newTokens, r.TokensPerSec, r.DecodeStepMs)
+	return r, nil
+}
+
+// graphTimes times bare replays of each decode template (cuda only).
+func graphTimes(s *session, f benchFlags) (map[string]float64, error) {
+	tm, ok := s.be.(timer)
+	if !ok {
+		return nil, nil
+	}
+	out := map[string]float64{}
+	for i, t := range s.b.Templates {
+		if t.Kind != "decode" || (len(f.decodeOnly) > 0 && !containsInt(f.decodeOnly, t.Tokens)) {
+			continue
+		}
+		if _, err := tm.Time(i, 3); err != nil {
+			return nil, err
+		}
+		ms, err := tm.Time(i, f.graphIters)
+		if err != nil {
+			return nil, err
+		}
+		out[t.Name] = ms
+		f.progress("graph %s: %.4f ms per replay", t.Name, ms)
+	}
+	return out, nil
+}
+
+func containsInt(xs []int, x int) bool {
+	for _, y := range xs {
+		if y == x {
+			return true
+		}
+	}
+	return false
+}
+
+type onlineRun struct {
+	MeanITLms    float64 `json:"mean_itl_ms"`
+	P99ITLms     float64 `json:"p99_itl_ms"`
+	MeanTTFTms   float64 `json:"mean_ttft_ms"`
+	TokPerS      float64 `json:"total_tok_per_s"`
+	OutTokPerS   float64 `json:"output_tok_per_s"`
+	Seconds      float64 `json:"seconds"`
+	Requests     int     `json:"requests"`
+	PromptTokens int     `json:"prompt_tokens"`
+}
+
+type onlineResult struct {
+	Rate      float64     `json:"rate"`
+	Requests  int         `json:"requests"`
+	OutputLen int         `json:"output_len"`
+	Warmup    int         `json:"warmup_runs"`
+	Runs      []onlineRun `json:"runs"`
+	Mean      onlineRun   `json:"mean"`
+}
+
+// shareGPTLen draws a prompt length: log-normal, median 160 tokens, sigma 0.9, in [8, 1024].
+func shareGPTLen(rng *rand.Rand, maxLen int) int {
+	n := int(math.Exp(math.Log(160) + 0.9*rng.NormFloat64()))
+	return max(8, min(n, 1024, maxLen))
+}
+
+func benchOnline(s *session, f benchFlags, apps []string, rng *rand.Rand) (onlineResult, error) {
+	m := s.b.Manifest.Model
+	maxPrompt := m.MaxSeqLen - f.outputLen - 1
+	if maxPrompt < 8 {
+		return onlineResult{}, fmt.Errorf("max_seq_len %d leaves no room for prompts with --output-len %d", m.MaxSeqLen, f.outputLen)
+	}
+	// The workload is drawn once, so every run replays the same requests and arrival times.
+	type arrival struct {
+		at  time.Duration
+		req loader.Request
+	}
+	var work []arrival
+	var t float64
+	for range f.requests {
+		t += rng.ExpFloat64() / f.rate
+		work = append(work, arrival{time.Duration(t * float64(time.Second)), loader.Request{
+			Prompt: randomPrompt(rng, shareGPTLen(rng, maxPrompt), m.Vocab), MaxTokens: f.outputLen, Apps: appsForRequest(rng, apps, f.appFraction)}})
+	}
+	res := onlineResult{Rate: f.rate, Requests: f.requests, OutputLen: f.outputLen, Warmup: f.warmup}
+	for run := 0; run < f.warmup+f.runs; run++ {
+		start := time.Now()
+		var hs []*loader.Handle
+		next := 0
+		for next < len(work) || s.eng.Busy() {
+			now := time.Since(start)
+			for next < len(work) && work[next].at <= now {
+				h, err := s.eng.Submit(work[next].req)
+				if err != nil {
+					return res, err
+				}
+				h.Submitted = start.Add(work[next].at)
+				hs = append(hs, h)
+				next++
+			}
+			worked, err := s.eng.Step()
+			if err != nil {
+				return res, err
+			}
+			if !worked && next < len(work) {
+				time.Sleep(min(time.Millisecond, work[next].at-time.Since(start)))
+			}
+		}
+		el := time.Since(start).Seconds()
+		var itls, ttfts []float64
+		total, prompts := 0, 0
+		for i, h := range hs {
+			prompts += len(work[i].req.Prompt)
+			total += len(work[i].req.Prompt) + len(h.TokenTimes)
+			if len(h.TokenTimes) > 0 {
+				ttfts = append(ttfts, h.TokenTimes[0].Sub(h.Submitted).Seconds()*1000)
+			}
+			for k := 1; k < len(h.TokenTimes); k++ {
+				itls = append(itls, h.TokenTimes[k].Sub(h.TokenTimes[k-1]).Seconds()*1000)
+			}
+		}
+		r := onlineRun{MeanITLms: mean(itls), P99ITLms: percentile(itls, 0.99), MeanTTFTms: mean(ttfts),
+			TokPerS: float64(total) / el, OutTokPerS: float64(total-prompts) / el, Seconds: el, Requests: len(hs), PromptTokens: prompts}
+		kind := "measured"
+		if run < f.warmup {
+			kind = "warm-up"
+		} else {
+			res.Runs = append(res.Runs, r)
+		}
+		f.progress("online run %d (%s): mean ITL %.3f ms, P99 ITL %.3f ms, mean TTFT %.2f ms, %.0f tok/s",
+			run, kind, r.MeanITLms, r.P99ITLms, r.MeanTTFTms, r.TokPerS)
+	}
+	for _, r := range res.Runs {
+		n := float64(len(res.Runs))
+		res.Mean.MeanITLms += r.MeanITLms / n
+		res.Mean.P99ITLms += r.P99ITLms / n
+		res.Mean.MeanTTFTms += r.MeanTTFTms / n
+		res.Mean.TokPerS += r.TokPerS / n
+		res.Mean.OutTokPerS += r.OutTokPerS / n
+		res.Mean.Seconds += r.Seconds / n
+		res.Mean.Requests = r.Requests
+		res.Mean.PromptTokens = r.PromptTokens
+	}
+	return res, nil
+}
+
+func mean(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	var s float64
+	for _, x := range xs {
+		s += x
+	}
+	return s / float64(len(xs))
+}
+
+func percentile(xs []float64, p float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	ys := append([]float64(nil), xs...)
+	sort.Float64s(ys)
+	return ys[min(len(ys)-1, int(math.Ceil(p*float64(len(ys))))-1)]
+}

@@ -1,0 +1,335 @@
+// Command xmix runs xmix bundles: batched generation with MI apps switched per request.
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"xmix/bundle"
+	"xmix/cmd/driver"
+	"xmix/loader"
+	"xmix/loader/cpu"
+	"xmix/loader/cuda"
+	"xmix/specs"
+)
+
+func main() {
+	if err := rootCmd().Execute(); err != nil {
+		os.Exit(1)
+	}
+}
+
+func rootCmd() *cobra.Command {
+	root := &cobra.Command{
+		Use:   "xmix",
+		Short: "Run LLM bundles with mechanistic-interpretability apps in the decode loop",
+		Long: `xmix runs .xmb bundles built by xmixc. Every request names the apps it wants; apps
+are switched per request inside one batch, without rebuilding anything.
+
+With no bundle, 'xmix run' runs the embedded default model (a small Llama trained by this
+project) with its two demo apps: a steering vector and a probe.`,
+		SilenceUsage: true,
+	}
+	root.AddCommand(runCmd(), benchCmd(), infoCmd())
+	return root
+}
+
+type runFlags struct {
+	prompts     []string
+	apps        string
+	maxTokens   int
+	temperature float32
+	topP        float32
+	seed        uint64
+	asJSON      bool
+	backend     string
+	quiet       bool
+}
+
+func runCmd() *cobra.Command {
+	var f runFlags
+	c := &cobra.Command{
+		Use:   "run [BUNDLE.xmb]",
+		Short: "Generate text for one or more prompts (no bundle: the embedded default demo)",
+		Example: `  xmix run
+  xmix run tiny.xmb --prompt "Once upon a time" --prompt "The old man" --apps tiny-steer
+  xmix run tiny.xmb --prompt "Hello" --temperature 0.8 --top-p 0.9 --seed 7 --json`,
+		Args: cobra.MaximumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				return runDefault(cmd.OutOrStdout(), f)
+			}
+			return runBundle(cmd.OutOrStdout(), args[0], f)
+		},
+	}
+	c.Flags().StringArrayVarP(&f.prompts, "prompt", "p", nil, "prompt text (repeat for a batch)")
+	c.Flags().StringVar(&f.apps, "apps", "", "comma-separated apps to enable for every prompt; app@N enables it for prompt N only (0-based)")
+	c.Flags().IntVarP(&f.maxTokens, "max-tokens", "n", 64, "tokens to generate per prompt")
+	c.Flags().Float32VarP(&f.temperature, "temperature", "t", 0, "sampling temperature (0 = greedy)")
+	c.Flags().Float32Var(&f.topP, "top-p", 1, "nucleus sampling mass")
+	c.Flags().Uint64Var(&f.seed, "seed", 0, "random seed for sampling")
+	c.Flags().BoolVar(&f.asJSON, "json", false, "print results as JSON")
+	c.Flags().StringVar(&f.backend, "backend", "auto", "auto | cuda | cpu (auto: cuda when a GPU is present)")
+	c.Flags().BoolVarP(&f.quiet, "quiet", "q", false, "no progress output on stderr")
+	return c
+}
+
+func (f runFlags) progress(format string, a ...any) {
+	if !f.quiet {
+		fmt.Fprintf(os.Stderr, format+"\n", a...)
+	}
+}
+
+// session is a loaded bundle ready to generate.
+type session struct {
+	b   *bundle.Bundle
+	be  loader.Backend
+	eng *loader.Engine
+	tok loader.Tokenizer
+}
+
+// openBackend loads b on the backend kind names: cuda, cpu, or auto (cuda when a driver
+// and a GPU are present, else cpu), saying which it picked and why.
+func openBackend(kind string, b *bundle.Bundle, w *loader.Weights, f runFlags) (loader.Backend, error) {
+	switch kind {
+	case "cpu":
+		return cpu.New(b, w, f.progress)
+	case "cuda":
+		return cuda.New(b, w, f.progress)
+	case "auto":
+		dev, err := cuda.Probe()
+		if err != nil {
+			f.progress("backend: cpu, %d threads (no usable GPU: %v)", runtime.GOMAXPROCS(0), err)
+			return cpu.New(b, w, f.progress)
+		}
+		f.progress("backend: cuda on %s", dev)
+		return cuda.New(b, w, f.progress)
+	}
+	return nil, fmt.Errorf("unknown backend %q: use auto, cuda or cpu", kind)
+}
+
+func open(b *bundle.Bundle, baseDir string, f runFlags) (*session, error) {
+	start := time.Now()
+	w, err := loader.OpenWeights(b, baseDir)
+	if err != nil {
+		return nil, err
+	}
+	defer w.Close()
+	be, err := openBackend(f.backend, b, w, f)
+	if err != nil {
+		return nil, err
+	}
+	f.progress("%s: loaded in %.2fs", be.Name(), time.Since(start).Seconds())
+	eng, err := loader.NewEngine(b, be)
+	if err != nil {
+		return nil, err
+	}
+	tok, err := loader.NewTokenizer(b)
+	if err != nil {
+		return nil, err
+	}
+	return &session{b: b, be: be, eng: eng, tok: tok}, nil
+}
+
+// appsFor parses --apps into per-prompt app lists.
+func appsFor(spec string, n int) ([][]string, error) {
+	out := make([][]string, n)
+	if spec == "" {
+		return out, nil
+	}
+	for _, item := range strings.Split(spec, ",") {
+		name, idx, found := strings.Cut(strings.TrimSpace(item), "@")
+		if !found {
+			for i := range out {
+				out[i] = append(out[i], name)
+			}
+			continue
+		}
+		var k int
+		if _, err := fmt.Sscanf(idx, "%d", &k); err != nil || k < 0 || k >= n {
+			return nil, fmt.Errorf("--apps %q: prompt index %q is not in 0-%d", item, idx, n-1)
+		}
+		out[k] = append(out[k], name)
+	}
+	return out, nil
+}
+
+func runBundle(w io.Writer, path string, f runFlags) error {
+	if len(f.prompts) == 0 {
+		return fmt.Errorf("no prompt: add --prompt TEXT (repeat it for a batch)")
+	}
+	f.progress("loading %s", path)
+	b, err := bundle.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	s, err := open(b, filepath.Dir(path), f)
+	if err != nil {
+		return err
+	}
+	defer s.be.Close()
+	apps, err := appsFor(f.apps, len(f.prompts))
+	if err != nil {
+		return err
+	}
+	return s.generate(w, f, f.prompts, apps)
+}
+
+// runDefault builds the embedded default model with its demo apps and shows one prompt
+// generated three ways in one batch: no app, the steering app, the probe.
+func runDefault(w io.Writer, f runFlags) error {
+	dir, err := os.MkdirTemp("", "xmix-default-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	if err := specs.Extract(dir); err != nil {
+		return err
+	}
+	f.progress("compiling the embedded default model (tiny) with tiny-steer and tiny-probe")
+	b, err := driver.Build(filepath.Join(dir, specs.Default.Model),
+		[]string{filepath.Join(dir, specs.Default.Steer), filepath.Join(dir, specs.Default.Probe)},
+		driver.Options{EmbedWeights: true})
+	if err != nil {
+		return err
+	}
+	s, err := open(b, dir, f)
+	if err != nil {
+		return err
+	}
+	defer s.be.Close()
+	prompts := f.prompts
+	if len(prompts) == 0 {
+		prompts = []string{"Once upon a time, a little fox"}
+	}
+	var all []string
+	var apps [][]string
+	for _, p := range prompts {
+		for _, a := range [][]string{nil, {"tiny-steer"}, {"tiny-probe"}} {
+			all = append(all, p)
+			apps = append(apps, a)
+		}
+	}
+	if f.apps != "" {
+		if apps, err = appsFor(f.apps, len(prompts)); err != nil {
+			return err
+		}
+		all = prompts
+	}
+	return s.generate(w, f, all, apps)
+}
+
+type jsonResult struct {
+	Prompt string        `json:"prompt"`
+	Apps   []string      `json:"apps"`
+	Text   string        `json:"text"`
+	Tokens []int         `json:"tokens"`
+	Reason string        `json:"finish_reason"`
+	Rows   []loader.Row  `json:"rows,omitempty"`
+	Stats  *loader.Stats `json:"-"`
+}
+
+func (s *session) generate(w io.Writer, f runFlags, prompts []string, apps [][]string) error {
+	reqs := make([]loader.Request, len(prompts))
+	for i, p := range prompts {
+		reqs[i] = loader.Request{Prompt: s.tok.Encode(p), Apps: apps[i], MaxTokens: f.maxTokens,
+			Temperature: f.temperature, TopP: f.topP, Seed: f.seed + uint64(i)}
+	}
+	start := time.Now()
+	res, err := s.eng.Generate(reqs)
+	if err != nil {
+		return err
+	}
+	el := time.Since(start)
+	n := 0
+	for _, r := range res {
+		n += len(r.Tokens)
+	}
+	st := s.eng.Stats
+	f.progress("generated %d tokens for %d prompts in %.2fs (%.0f tok/s; %d steps: %d prefill, %d decode)",
+		n, len(prompts), el.Seconds(), float64(n)/el.Seconds(), st.Steps, st.PrefillSteps, st.DecodeSteps)
+	if f.asJSON {
+		out := make([]jsonResult, len(res))
+		for i, r := range res {
+			out[i] = jsonResult{Prompt: prompts[i], Apps: apps[i], Text: s.tok.Decode(r.Tokens), Tokens: r.Tokens, Reason: r.Reason, Rows: r.Rows}
+			if out[i].Apps == nil {
+				out[i].Apps = []string{}
+			}
+		}
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(map[string]any{"backend": s.be.Name(), "results": out})
+	}
+	for i, r := range res {
+		label := "no apps"
+		if len(apps[i]) > 0 {
+			label = strings.Join(apps[i], "+")
+		}
+		text := s.tok.Decode(r.Tokens)
+		fmt.Fprintf(w, "── %s ──\n%s%s\n", label, prompts[i], text)
+		printExports(w, s.tok, r)
+		fmt.Fprintln(w)
+	}
+	return nil
+}
+
+// printExports prints each exported scalar read under the text it was read at, one digit
+// per token (0 = 0.0-0.1 ... 9 = 0.9-1.0), followed by the mean.
+func printExports(w io.Writer, tok loader.Tokenizer, r loader.Result) {
+	names := map[string]bool{}
+	for _, row := range r.Rows {
+		for k := range row.Exports {
+			names[k] = true
+		}
+	}
+	for name := range names {
+		var text, digits strings.Builder
+		var sum float64
+		var cnt int
+		for _, row := range r.Rows {
+			v, ok := row.Exports[name]
+			if !ok || len(v) == 0 {
+				continue
+			}
+			ch := tok.Decode([]int{row.Token})
+			if len(ch) != 1 || ch[0] < ' ' || ch[0] > '~' {
+				ch = " "
+			}
+			text.WriteString(ch)
+			d := int(v[0] * 10)
+			d = max(0, min(9, d))
+			digits.WriteByte(byte('0' + d))
+			sum += float64(v[0])
+			cnt++
+		}
+		if cnt == 0 {
+			continue
+		}
+		fmt.Fprintf(w, "  %s per token (digit = score x 10), mean %.3f:\n  %s\n  %s\n", name, sum/float64(cnt), text.String(), digits.String())
+	}
+}
+
+func infoCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "info",
+		Short: "Show what this xmix can run on this machine",
+		RunE: func(cmd *cobra.Command, args []string) error {
+			w := cmd.OutOrStdout()
+			fmt.Fprintf(w, "xmix (%s), %s/%s, %d CPU threads\n", driver.Compiler, runtime.GOOS, runtime.GOARCH, runtime.GOMAXPROCS(0))
+			if dev, err := cuda.Probe(); err != nil {
+				fmt.Fprintf(w, "gpu: none usable (%v)\nbackends: cpu\n", err)
+			} else {
+				fmt.Fprintf(w, "gpu: %s, driver %d\nbackends: cuda, cpu\n", dev, dev.Driver)
+			}
+			return nil
+		},
+	}
+}

@@ -1,0 +1,169 @@
+// Package gpu runs the end-to-end checks against the CUDA backend. Without a GPU (CI) every
+// test skips. On the GPU machine testsuite/gpu/run.sh runs the compiled test binary and
+// collects what it records (XMIX_GPU_RESULTS names the JSON file to write).
+package gpu
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sync"
+	"testing"
+
+	"xmix/bundle"
+	"xmix/cmd/driver"
+	"xmix/loader"
+	"xmix/loader/cuda"
+	"xmix/specs"
+	"xmix/testsuite"
+)
+
+var (
+	mu      sync.Mutex
+	results = map[string]any{}
+	device  cuda.Device
+	noGPU   error
+)
+
+func record(key string, v any) {
+	mu.Lock()
+	defer mu.Unlock()
+	results[key] = v
+}
+
+func TestMain(m *testing.M) {
+	device, noGPU = cuda.Probe()
+	code := m.Run()
+	if path := os.Getenv("XMIX_GPU_RESULTS"); path != "" && noGPU == nil {
+		results["device"] = device.String()
+		data, _ := json.MarshalIndent(results, "", "  ")
+		if err := os.WriteFile(path, data, 0o644); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+func needGPU(t *testing.T) {
+	if noGPU != nil {
+		t.Skipf("no GPU: %v", noGPU)
+	}
+}
+
+func newCUDA(t testing.TB, b *bundle.Bundle) loader.Backend {
+	t.Helper()
+	w, err := loader.OpenWeights(b, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	be, err := cuda.New(b, w, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return be
+}
+
+// check runs one of the shared end-to-end checks on the GPU and records its outcome.
+func check(t *testing.T, name string, f func(*testing.T, testsuite.NewBackend)) {
+	needGPU(t)
+	defer func() { record("mi."+name, map[string]bool{"pass": !t.Failed()}) }()
+	f(t, newCUDA)
+}
+
+func TestCUDASteerAddIsExact(t *testing.T) { check(t, "steer_add_exact", testsuite.CheckSteerExact) }
+func TestCUDAProjectOut(t *testing.T)      { check(t, "project_out_zero", testsuite.CheckProjectOut) }
+func TestCUDAProbeLinear(t *testing.T)     { check(t, "probe_linear_dot", testsuite.CheckProbe) }
+func TestCUDABatchMatchesSolo(t *testing.T) {
+	check(t, "batch_equals_solo", testsuite.CheckBatchMatchesSolo)
+}
+
+// agreement generates greedily on the CPU, then makes the GPU score the same tokens
+// (teacher forcing) and compares the logits of every step.
+func agreement(t *testing.T, key string, b *bundle.Bundle, prompt []int, n int, sameTokens bool) {
+	vocab := b.Manifest.Model.Vocab
+	run := func(nb testsuite.NewBackend, force []int) ([]int, [][]float32) {
+		rec := &testsuite.LogitRecorder{Backend: nb(t, b), Vocab: vocab}
+		defer rec.Close()
+		eng, err := loader.NewEngine(b, rec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res, err := eng.Generate([]loader.Request{{Prompt: prompt, MaxTokens: n, Force: force}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res[0].Tokens, rec.Steps
+	}
+	cpuTok, cpuLogits := run(testsuite.NewCPU, nil)
+	gpuTok, gpuLogits := run(newCUDA, cpuTok)
+	worst := 0.0
+	for i := range cpuLogits {
+		worst = max(worst, testsuite.RelL2(gpuLogits[i], cpuLogits[i]))
+	}
+	same := 0
+	for i := range cpuTok {
+		if i < len(gpuTok) && gpuTok[i] == cpuTok[i] {
+			same++
+		}
+	}
+	record("agreement."+key, map[string]any{"steps": len(cpuLogits), "max_logits_rel_err": worst,
+		"greedy_tokens_equal": same, "greedy_tokens": len(cpuTok)})
+	if worst > 2e-2 {
+		t.Errorf("%s: logits relative error %.3g > 2e-2", key, worst)
+	}
+	if sameTokens && same != len(cpuTok) {
+		t.Errorf("%s: %d of %d greedy tokens agree", key, same, len(cpuTok))
+	}
+}
+
+func TestCUDAMatchesCPUOnEmbeddedModel(t *testing.T) {
+	needGPU(t)
+	dir := t.TempDir()
+	if err := specs.Extract(dir); err != nil {
+		t.Fatal(err)
+	}
+	b, err := driver.Build(filepath.Join(dir, specs.Default.Model), nil, driver.Options{EmbedWeights: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	prompt := loader.ByteTokenizer{}.Encode("Once upon a time, a little fox")
+	agreement(t, "tiny", b, prompt, 64, true)
+}
+
+func TestCUDAMatchesCPUOnLlama1BCut(t *testing.T) {
+	needGPU(t)
+	root, err := repoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec, err := os.ReadFile(filepath.Join(root, "specs/models/llama-3.2-1b.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cut := regexp.MustCompile(`layers: \d+`).ReplaceAllString(string(spec), "layers: 2")
+	cut = regexp.MustCompile(`(?s)serving:.*`).ReplaceAllString(cut,
+		"serving: {decode_buckets: [1, 2, 4], prefill_chunks: [64], max_seq_len: 256, max_seqs: 4, kv_block_size: 16}\n")
+	b := testsuite.Compile(t, cut)
+	agreement(t, "llama-3.2-1b-2layers", b, []int{791, 4062, 14198, 39935, 35308, 927}, 64, false)
+}
+
+func repoRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", fmt.Errorf("no go.mod above the working directory")
+		}
+		dir = parent
+	}
+}
