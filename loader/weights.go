@@ -9,9 +9,11 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 
 	"xmix/bundle"
 	"xmix/safetensors"
@@ -251,46 +253,26 @@ func fillSynthetic(buf bundle.Buffer, dst []byte, s *bundle.Synth) error {
 	}
 	h := NameHash(buf.Name)
 	oneD := len(buf.Shape) == 1
-	for i := 0; i < len(dst)/esz; i++ {
-		v := SynthValue(s, h, oneD, uint64(i))
-		if esz == 2 {
-			binary.LittleEndian.PutUint16(dst[2*i:], f32ToBF16(v))
-		} else {
-			binary.LittleEndian.PutUint32(dst[4*i:], math.Float32bits(v))
-		}
+	n := len(dst) / esz
+	// Real-size models have billions of weights: fill in parallel chunks.
+	workers := runtime.GOMAXPROCS(0)
+	chunk := (n + workers - 1) / workers
+	var wg sync.WaitGroup
+	for lo := 0; lo < n; lo += chunk {
+		hi := min(lo+chunk, n)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := lo; i < hi; i++ {
+				v := SynthValue(s, h, oneD, uint64(i))
+				if esz == 2 {
+					binary.LittleEndian.PutUint16(dst[2*i:], f32ToBF16(v))
+				} else {
+					binary.LittleEndian.PutUint32(dst[4*i:], math.Float32bits(v))
+				}
+			}
+		}()
 	}
+	wg.Wait()
 	return nil
-}
-
-// ParamTensors maps each param buffer of a bundle to its bytes in the params section.
-func ParamTensors(b *bundle.Bundle) (map[string][]byte, error) {
-	out := map[string][]byte{}
-	if len(b.Params) == 0 {
-		return out, nil
-	}
-	f, err := safetensors.Parse(b.Params)
-	if err != nil {
-		return nil, fmt.Errorf("bundle params section: %w", err)
-	}
-	for _, buf := range b.Manifest.Buffers {
-		if buf.Kind != bundle.KindParam {
-			continue
-		}
-		if len(buf.Tensors) != 1 {
-			return nil, fmt.Errorf("param buffer %s names %d tensors, want 1", buf.Name, len(buf.Tensors))
-		}
-		t, ok := f.Tensors[buf.Tensors[0]]
-		if !ok {
-			return nil, fmt.Errorf("param buffer %s: tensor %s missing from the bundle's params section", buf.Name, buf.Tensors[0])
-		}
-		n, err := BufferBytes(buf)
-		if err != nil {
-			return nil, err
-		}
-		if int64(len(t.Data)) != n {
-			return nil, fmt.Errorf("param buffer %s: tensor has %d bytes, buffer %d", buf.Name, len(t.Data), n)
-		}
-		out[buf.Name] = t.Data
-	}
-	return out, nil
 }

@@ -95,7 +95,7 @@ def markdown(r):
         s.append(f"| {k} | {json.dumps(v, sort_keys=True)} |\n")
     for k, v in sorted(r["checks_tests"].items()):
         s.append(f"| test {k} | {v} |\n")
-    s.append("\n## Decode (offline: batch prompts of 512 tokens, 128 new tokens)\n\n")
+    s.append("\n## Decode (offline: batch prompts, see results.json for prompt and output lengths)\n\n")
     s.append("Floor = bytes a step must read (weights + KV cache at the mean context) / 4.2 TB/s. "
              "Step = host-measured engine step (control upload, graph replay, readback); graph = bare replays timed with CUDA events.\n\n")
     s.append("| model | batch | step ms | graph ms | floor ms | % of floor (graph) | % of floor (step) | decode tok/s |\n|---|---|---|---|---|---|---|---|\n")

@@ -46,12 +46,12 @@ if [ "${MODE:-full}" != quick ]; then
   log "benchmarks"
   for m in llama-3.2-1b llama-3.1-8b; do
     for bs in 1 8 32 128; do
-      "$bin/xmix" bench "$work/$m.xmb" --backend cuda --prompts $bs --prompt-len 512 --new-tokens 128 \
+      "$bin/xmix" bench "$work/$m.xmb" --backend cuda --prompts $bs --prompt-len ${PROMPT_LEN:-16} --new-tokens ${NEW_TOKENS:-64} \
         --graph-buckets $bs --json -q > "$work/bench-$m-b$bs.json" 2>> "$work/bench.log" || echo "bench $m b$bs failed" >&2
     done
     /usr/bin/time -f "%e" -o "$work/ttft-$m.txt" "$bin/xmix" run "$work/$m.xmb" --backend cuda -p x -n 1 -q > /dev/null 2>> "$work/bench.log"
   done
-  "$bin/xmix" bench "$work/llama-3.1-8b.xmb" --backend cuda --online --requests 250 --rate ${RATE:-8} --warmup 1 --runs 2 \
+  [ "${ONLINE:-0}" = 1 ] && "$bin/xmix" bench "$work/llama-3.1-8b.xmb" --backend cuda --online --requests ${REQUESTS:-250} --rate ${RATE:-8} --warmup 1 --runs 2 \
     --json -q > "$work/online-llama-3.1-8b.json" 2>> "$work/bench.log" || echo "online bench failed" >&2
 fi
 
