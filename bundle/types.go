@@ -79,6 +79,8 @@ type WeightsRef struct {
 type Synth struct {
 	Seed uint64  `json:"seed"`
 	Std  float64 `json:"std"`
+	// Kernel names the bundle kernel (ops "synth") that generates a matrix on the device.
+	Kernel string `json:"kernel,omitempty"`
 }
 
 // App is one deployed app: its bit in the per-row app mask, its scalars and its exports.

@@ -80,6 +80,15 @@ func Generate(p *passes.Program, opt Options) (*bundle.Bundle, error) {
 	if err != nil {
 		return nil, err
 	}
+	if s := opt.Weights.Synthetic; s != nil {
+		name := "synth_" + g.wdt.String()
+		if _, err := g.kernel(name, func() (*Kernel, error) { return Synth(name, g.wdt) }); err != nil {
+			return nil, err
+		}
+		synth := *s
+		synth.Kernel = name
+		opt.Weights.Synthetic = &synth
+	}
 	b := &bundle.Bundle{
 		Manifest: bundle.Manifest{
 			Model:   g.modelConfig(),

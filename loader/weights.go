@@ -16,6 +16,7 @@ import (
 	"sync"
 
 	"xmix/bundle"
+	"xmix/ops"
 	"xmix/safetensors"
 )
 
@@ -130,6 +131,9 @@ func headerDigest(ts map[string]*safetensors.Tensor) string {
 	return hex.EncodeToString(h.Sum(nil))
 }
 
+// Synthetic returns the synthetic-weights recipe, or nil for weights from files.
+func (w *Weights) Synthetic() *bundle.Synth { return w.synth }
+
 // Close releases memory maps.
 func (w *Weights) Close() {
 	for _, c := range w.closers {
@@ -217,41 +221,12 @@ func f32ToBF16(f float32) uint16 {
 	return uint16((b + 0x7fff + (b>>16)&1) >> 16)
 }
 
-// SynthValue is the deterministic synthetic weight i of a buffer: 1-D buffers (norm
-// weights) are 1, matrices are uniform with the given std. The same function runs on any
-// backend, so synthetic models agree across CPU and GPU.
-func SynthValue(s *bundle.Synth, bufHash uint64, oneD bool, i uint64) float32 {
-	if oneD {
-		return 1
-	}
-	x := splitmix64(s.Seed ^ bufHash ^ (i * 0x9E3779B97F4A7C15))
-	u := float64(x>>40) / float64(1<<24) // [0,1)
-	return float32((2*u - 1) * math.Sqrt(3) * s.Std)
-}
-
-// NameHash hashes a buffer name for SynthValue (FNV-1a).
-func NameHash(name string) uint64 {
-	h := uint64(14695981039346656037)
-	for i := 0; i < len(name); i++ {
-		h ^= uint64(name[i])
-		h *= 1099511628211
-	}
-	return h
-}
-
-func splitmix64(x uint64) uint64 {
-	x += 0x9E3779B97F4A7C15
-	x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9
-	x = (x ^ (x >> 27)) * 0x94D049BB133111EB
-	return x ^ (x >> 31)
-}
-
 func fillSynthetic(buf bundle.Buffer, dst []byte, s *bundle.Synth) error {
 	esz, err := DtypeSize(buf.Dtype)
 	if err != nil {
 		return err
 	}
-	h := NameHash(buf.Name)
+	key, scale := s.Seed^ops.NameHash(buf.Name), ops.SynthScale(s.Std)
 	oneD := len(buf.Shape) == 1
 	n := len(dst) / esz
 	// Real-size models have billions of weights: fill in parallel chunks.
@@ -264,7 +239,10 @@ func fillSynthetic(buf bundle.Buffer, dst []byte, s *bundle.Synth) error {
 		go func() {
 			defer wg.Done()
 			for i := lo; i < hi; i++ {
-				v := SynthValue(s, h, oneD, uint64(i))
+				v := float32(1) // norm weights
+				if !oneD {
+					v = ops.SynthValue(key, scale, uint64(i))
+				}
 				if esz == 2 {
 					binary.LittleEndian.PutUint16(dst[2*i:], f32ToBF16(v))
 				} else {
@@ -275,4 +253,37 @@ func fillSynthetic(buf bundle.Buffer, dst []byte, s *bundle.Synth) error {
 	}
 	wg.Wait()
 	return nil
+}
+
+// ParamTensors maps each param buffer of a bundle to its bytes in the params section.
+func ParamTensors(b *bundle.Bundle) (map[string][]byte, error) {
+	out := map[string][]byte{}
+	if len(b.Params) == 0 {
+		return out, nil
+	}
+	f, err := safetensors.Parse(b.Params)
+	if err != nil {
+		return nil, fmt.Errorf("bundle params section: %w", err)
+	}
+	for _, buf := range b.Manifest.Buffers {
+		if buf.Kind != bundle.KindParam {
+			continue
+		}
+		if len(buf.Tensors) != 1 {
+			return nil, fmt.Errorf("param buffer %s names %d tensors, want 1", buf.Name, len(buf.Tensors))
+		}
+		t, ok := f.Tensors[buf.Tensors[0]]
+		if !ok {
+			return nil, fmt.Errorf("param buffer %s: tensor %s missing from the bundle's params section", buf.Name, buf.Tensors[0])
+		}
+		n, err := BufferBytes(buf)
+		if err != nil {
+			return nil, err
+		}
+		if int64(len(t.Data)) != n {
+			return nil, fmt.Errorf("param buffer %s: tensor has %d bytes, buffer %d", buf.Name, len(t.Data), n)
+		}
+		out[buf.Name] = t.Data
+	}
+	return out, nil
 }

@@ -115,6 +115,11 @@ type Imm int64
 
 func (i Imm) operand() string { return strconv.FormatInt(int64(i), 10) }
 
+// U64Imm is a 64-bit unsigned immediate, printed in hex (constants above 2^63).
+type U64Imm uint64
+
+func (u U64Imm) operand() string { return fmt.Sprintf("0x%016x", uint64(u)) }
+
 // F32Imm is a float immediate, printed in PTX's exact hex form (0f3F800000).
 type F32Imm float32
 

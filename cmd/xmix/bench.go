@@ -15,6 +15,7 @@ import (
 
 	"xmix/bundle"
 	"xmix/loader"
+	"xmix/loader/cuda"
 )
 
 type benchFlags struct {
@@ -31,6 +32,7 @@ type benchFlags struct {
 	appFraction float64
 	decodeOnly  []int
 	graphIters  int
+	profile     bool
 }
 
 func benchCmd() *cobra.Command {
@@ -68,6 +70,7 @@ runs are discarded, --runs are measured and averaged.
 	fl.Float64Var(&f.appFraction, "app-fraction", 1, "share of requests that enable --apps")
 	fl.IntSliceVar(&f.decodeOnly, "graph-buckets", nil, "decode buckets to time as bare graph replays (default: all)")
 	fl.IntVar(&f.graphIters, "graph-iters", 50, "replays per bucket for the graph timing")
+	fl.BoolVar(&f.profile, "profile", false, "also time every node of each timed decode bucket, summed by role (cuda)")
 	fl.StringVar(&f.apps, "apps", "", "comma-separated apps to enable")
 	fl.Uint64Var(&f.seed, "seed", 1, "seed for prompts, arrivals and app choice")
 	fl.BoolVar(&f.asJSON, "json", false, "print results as JSON")
@@ -79,6 +82,20 @@ runs are discarded, --runs are measured and averaged.
 // timer is implemented by backends that can time bare graph replays (cuda).
 type timer interface {
 	Time(template, n int) (float64, error)
+}
+
+// profiler is implemented by backends that can time each node of a template (cuda).
+type profiler interface {
+	Profile(template int) ([]cuda.NodeTime, error)
+}
+
+// nodeRole names what a node does regardless of its layer: "L3.qkv" -> "qkv",
+// "slot5.add_norm" -> "add_norm".
+func nodeRole(label string) string {
+	if i := strings.IndexByte(label, '.'); i >= 0 && (label[0] == 'L' || strings.HasPrefix(label, "slot")) {
+		return label[i+1:]
+	}
+	return label
 }
 
 func runBench(w io.Writer, path string, f benchFlags) error {
@@ -113,6 +130,11 @@ func runBench(w io.Writer, path string, f benchFlags) error {
 			return err
 		} else if g != nil {
 			out["graph_ms"] = g
+		}
+		if p, err := profileTimes(s, f); err != nil {
+			return err
+		} else if p != nil {
+			out["profile_ms"] = p
 		}
 	}
 	if f.asJSON {
@@ -243,6 +265,33 @@ func graphTimes(s *session, f benchFlags) (map[string]float64, error) {
 		}
 		out[t.Name] = ms
 		f.progress("graph %s: %.4f ms per replay", t.Name, ms)
+	}
+	return out, nil
+}
+
+// profileTimes sums each timed decode bucket's node times by role.
+func profileTimes(s *session, f benchFlags) (map[string]map[string]float64, error) {
+	p, ok := s.be.(profiler)
+	if !ok || !f.profile {
+		return nil, nil
+	}
+	out := map[string]map[string]float64{}
+	for i, t := range s.b.Templates {
+		if t.Kind != "decode" || (len(f.decodeOnly) > 0 && !containsInt(f.decodeOnly, t.Tokens)) {
+			continue
+		}
+		if _, err := p.Profile(i); err != nil { // warm-up
+			return nil, err
+		}
+		nodes, err := p.Profile(i)
+		if err != nil {
+			return nil, err
+		}
+		roles := map[string]float64{}
+		for _, n := range nodes {
+			roles[nodeRole(n.Label)] += n.Ms
+		}
+		out[t.Name] = roles
 	}
 	return out, nil
 }

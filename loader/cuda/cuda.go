@@ -8,6 +8,7 @@ package cuda
 
 import (
 	"fmt"
+	"math"
 	"runtime"
 	"sort"
 	"strings"
@@ -15,6 +16,7 @@ import (
 
 	"xmix/bundle"
 	"xmix/loader"
+	"xmix/ops"
 )
 
 // Progress reports load progress (may be nil).
@@ -52,6 +54,15 @@ func (a *arena) hostBytes() []byte {
 	return unsafe.Slice((*byte)(a.host), a.size)
 }
 
+// launch is one recorded kernel launch of a template.
+type launch struct {
+	label, kernel string
+	f             uintptr
+	grid, block   [3]int
+	shared        int
+	params        uintptr
+}
+
 // Backend runs a bundle on one GPU. All driver calls happen on one OS-locked goroutine,
 // since a CUDA context is current per OS thread.
 type Backend struct {
@@ -69,7 +80,8 @@ type Backend struct {
 	out     arena
 	modules []uintptr
 	funcs   map[string]uintptr
-	graphs  []uintptr // instantiated graph per template
+	graphs  []uintptr  // instantiated graph per template
+	nodes   [][]launch // each template's launches, kept for profiling
 	params  [][]uint64
 	paramP  [][]uintptr
 	closed  bool
@@ -257,8 +269,9 @@ func (be *Backend) load(b *bundle.Bundle, w *loader.Weights, progress Progress) 
 	if err := be.allocAndFill(b, w, progress); err != nil {
 		return err
 	}
+	be.nodes = make([][]launch, len(b.Templates))
 	for i, t := range b.Templates {
-		g, err := be.capture(b, t)
+		g, err := be.capture(i, t)
 		if err != nil {
 			return fmt.Errorf("template %s: %w", t.Name, err)
 		}
@@ -331,6 +344,13 @@ func (be *Backend) allocAndFill(b *bundle.Bundle, w *loader.Weights, progress Pr
 		be.bufs[buf.Name] = p
 		switch buf.Kind {
 		case bundle.KindWeight:
+			if synth := w.Synthetic(); synth != nil && synth.Kernel != "" && len(buf.Shape) > 1 {
+				if err := be.synthesize(synth, buf, p, n); err != nil {
+					return err
+				}
+				done += n
+				continue
+			}
 			host := make([]byte, n)
 			if err := w.Fill(buf, host); err != nil {
 				return err
@@ -360,8 +380,38 @@ func (be *Backend) allocAndFill(b *bundle.Bundle, w *loader.Weights, progress Pr
 	return nil
 }
 
+// synthesize generates a synthetic weight matrix on the device with the bundle's synth
+// kernel: the same bits the CPU backend computes, without moving them over PCIe.
+func (be *Backend) synthesize(s *bundle.Synth, buf bundle.Buffer, p uintptr, bytes int64) error {
+	f, ok := be.funcs[s.Kernel]
+	if !ok {
+		return fmt.Errorf("the bundle names synth kernel %s but does not hold it", s.Kernel)
+	}
+	esz, err := loader.DtypeSize(buf.Dtype)
+	if err != nil {
+		return err
+	}
+	n := uint64(bytes) / uint64(esz)
+	if n >= 1<<32 {
+		return fmt.Errorf("buffer %s: %d elements is more than the synth kernel indexes", buf.Name, n)
+	}
+	vals := []uint64{uint64(p), n, s.Seed ^ ops.NameHash(buf.Name), math.Float64bits(ops.SynthScale(s.Std))}
+	ptrs := make([]uintptr, len(vals))
+	for i := range vals {
+		ptrs[i] = uintptr(unsafe.Pointer(&vals[i]))
+	}
+	grid := (n + ops.SynthThreads - 1) / ops.SynthThreads
+	err = be.d.call("cuLaunchKernel", f, uintptr(grid), 1, 1, ops.SynthThreads, 1, 1, 0, be.stream,
+		uintptr(unsafe.Pointer(&ptrs[0])), 0)
+	runtime.KeepAlive(vals)
+	if err != nil {
+		return fmt.Errorf("generating %s: %w", buf.Name, err)
+	}
+	return nil
+}
+
 // capture records a template's launches into a CUDA graph and instantiates it.
-func (be *Backend) capture(b *bundle.Bundle, t bundle.Template) (uintptr, error) {
+func (be *Backend) capture(ti int, t bundle.Template) (uintptr, error) {
 	d := be.d
 	if err := d.call("cuStreamBeginCapture_v2", be.stream, 2); err != nil { // relaxed mode
 		return 0, err
@@ -397,6 +447,7 @@ func (be *Backend) capture(b *bundle.Bundle, t bundle.Template) (uintptr, error)
 		if len(ptrs) > 0 {
 			pp = uintptr(unsafe.Pointer(&ptrs[0]))
 		}
+		be.nodes[ti] = append(be.nodes[ti], launch{label: n.Label, kernel: n.Kernel, f: f, grid: n.Grid, block: n.Block, shared: n.Shared, params: pp})
 		if err := d.call("cuLaunchKernel", f, uintptr(n.Grid[0]), uintptr(n.Grid[1]), uintptr(n.Grid[2]),
 			uintptr(n.Block[0]), uintptr(n.Block[1]), uintptr(n.Block[2]), uintptr(n.Shared), be.stream, pp, 0); err != nil {
 			launchErr = fmt.Errorf("node %s (kernel %s, grid %v, block %v): %w", n.Label, n.Kernel, n.Grid, n.Block, err)
@@ -536,6 +587,57 @@ func (be *Backend) Time(t, n int) (float64, error) {
 		return d.call("cuEventElapsedTime", uintptr(unsafe.Pointer(&ms)), start, stop)
 	})
 	return float64(ms) / float64(n), err
+}
+
+// NodeTime is one node's measured time.
+type NodeTime struct {
+	Label  string  `json:"label"`
+	Kernel string  `json:"kernel"`
+	Ms     float64 `json:"ms"`
+}
+
+// Profile launches template t's nodes one by one (outside the graph), each between two CUDA
+// events, and returns every node's time: what each kernel of a step costs.
+func (be *Backend) Profile(t int) ([]NodeTime, error) {
+	if t < 0 || t >= len(be.nodes) {
+		return nil, fmt.Errorf("no template %d", t)
+	}
+	var out []NodeTime
+	err := be.do(func() error {
+		d := be.d
+		nodes := be.nodes[t]
+		events := make([]uintptr, len(nodes)+1)
+		for i := range events {
+			if err := d.call("cuEventCreate", uintptr(unsafe.Pointer(&events[i])), 0); err != nil {
+				return err
+			}
+			defer d.call("cuEventDestroy_v2", events[i])
+		}
+		if err := d.call("cuEventRecord", events[0], be.stream); err != nil {
+			return err
+		}
+		for i, n := range nodes {
+			if err := d.call("cuLaunchKernel", n.f, uintptr(n.grid[0]), uintptr(n.grid[1]), uintptr(n.grid[2]),
+				uintptr(n.block[0]), uintptr(n.block[1]), uintptr(n.block[2]), uintptr(n.shared), be.stream, n.params, 0); err != nil {
+				return fmt.Errorf("node %s: %w", n.label, err)
+			}
+			if err := d.call("cuEventRecord", events[i+1], be.stream); err != nil {
+				return err
+			}
+		}
+		if err := d.call("cuEventSynchronize", events[len(nodes)]); err != nil {
+			return err
+		}
+		for i, n := range nodes {
+			var ms float32
+			if err := d.call("cuEventElapsedTime", uintptr(unsafe.Pointer(&ms)), events[i], events[i+1]); err != nil {
+				return err
+			}
+			out = append(out, NodeTime{Label: n.label, Kernel: n.kernel, Ms: float64(ms)})
+		}
+		return nil
+	})
+	return out, err
 }
 
 // Close releases every device resource.

@@ -50,6 +50,9 @@ def main(work, out):
             "floor_ms": off.get("floor_ms"),
             "pct_of_floor_step": off.get("pct_of_floor"),
             "pct_of_floor_graph": (100 * off["floor_ms"] / g) if g and off.get("floor_ms") else None,
+            "prompt_len": off.get("prompt_len"),
+            "new_tokens": off.get("new_tokens"),
+            "profile_ms": next(iter((d.get("profile_ms") or {}).values()), None),
         }
         bench.setdefault(model, []).append(row)
     for v in bench.values():
@@ -103,6 +106,13 @@ def markdown(r):
         for x in rows:
             s.append(f"| {model} | {x['batch']} | {fmt(x['decode_step_ms'])} | {fmt(x['graph_replay_ms'])} | {fmt(x['floor_ms'])} | "
                      f"{fmt(x['pct_of_floor_graph'], '.1f')} | {fmt(x['pct_of_floor_step'], '.1f')} | {fmt(x['decode_tok_per_s'], '.0f')} |\n")
+    s.append("\n## Where a decode step's time goes (nodes launched one by one, summed by role, ms)\n\n")
+    for model, rows in sorted(r["decode"].items()):
+        for x in rows:
+            prof = x.get("profile_ms")
+            if prof:
+                parts = ", ".join(f"{k} {v:.3f}" for k, v in sorted(prof.items(), key=lambda kv: -kv[1]))
+                s.append(f"- {model} batch {x['batch']}: {parts}\n")
     s.append("\n## `xmix run` start to first token (load, instantiate graphs, one token)\n\n")
     for k, v in sorted(r["run_to_first_token_s"].items()):
         s.append(f"- {k}: {v:.2f} s\n")

@@ -45,9 +45,9 @@ tail -30 "$work/checks.log" >&2
 if [ "${MODE:-full}" != quick ]; then
   log "benchmarks"
   for m in llama-3.2-1b llama-3.1-8b; do
-    for bs in 1 8 32 128; do
+    for bs in ${BATCHES:-1 8 32 128}; do
       "$bin/xmix" bench "$work/$m.xmb" --backend cuda --prompts $bs --prompt-len ${PROMPT_LEN:-16} --new-tokens ${NEW_TOKENS:-64} \
-        --graph-buckets $bs --json -q > "$work/bench-$m-b$bs.json" 2>> "$work/bench.log" || echo "bench $m b$bs failed" >&2
+        --graph-buckets $bs --profile --json -q > "$work/bench-$m-b$bs.json" 2>> "$work/bench.log" || echo "bench $m b$bs failed" >&2
     done
     /usr/bin/time -f "%e" -o "$work/ttft-$m.txt" "$bin/xmix" run "$work/$m.xmb" --backend cuda -p x -n 1 -q > /dev/null 2>> "$work/bench.log"
   done
