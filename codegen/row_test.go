@@ -192,7 +192,8 @@ func TestSiluMulMatchesReference(t *testing.T) {
 	rng := rand.New(rand.NewPCG(13, 14))
 	for _, w := range []int{160, 1000, 1300} {
 		sets := testOps(w)
-		for _, name := range []string{"none", "capture", "probe", "steer", "project", "chain"} {
+		// Without ops the kernel is the chunked one (TestSiluMulChunkedMatchesReference).
+		for _, name := range []string{"capture", "probe", "steer", "project", "chain"} {
 			c := SiluConfig{Inter: w, Ops: sets[name]}
 			k, err := SiluMul(fmt.Sprintf("silu_%d_%s", w, name), c)
 			if err != nil {
@@ -472,7 +473,7 @@ func TestRowKernelErrors(t *testing.T) {
 		err  func() error
 	}{
 		{"width 0", func() error { _, err := RowNorm("k", RowConfig{WDtype: ptx.F32, Load: "add"}); return err }},
-		{"width too large", func() error { _, err := SiluMul("k", SiluConfig{Inter: 40000}); return err }},
+		{"width too large", func() error { _, err := SiluMul("k", SiluConfig{Inter: 40000, Ops: []MIOp{steer}}); return err }},
 		{"f16 weights", func() error { _, err := RowNorm("k", RowConfig{Hidden: w, WDtype: ptx.F16, Load: "add"}); return err }},
 		{"embed without vocab", func() error { _, err := RowNorm("k", RowConfig{Hidden: w, WDtype: ptx.F32, Load: "embed"}); return err }},
 		{"bad load", func() error {
@@ -755,5 +756,19 @@ func TestWriteTemplatesOffRowsUnchanged(t *testing.T) {
 		if !changed {
 			t.Fatalf("%s: no enabled row changed", run.name)
 		}
+	}
+}
+
+func TestSiluMulChunkedMatchesReference(t *testing.T) {
+	r := rand.New(rand.NewPCG(11, 12))
+	for _, c := range []struct{ inter, rows int }{{1000, 3}, {2048, 1}, {14336, 2}} {
+		k, err := SiluMul(fmt.Sprintf("silu_chunked_%d", c.inter), SiluConfig{Inter: c.inter})
+		if err != nil {
+			t.Fatal(err)
+		}
+		checkKernel(t, k, SiluConfig{Inter: c.inter}.Launch(c.rows), []targ{
+			{name: "gu", f32: randF32(r, c.rows*2*c.inter, 4)},
+			{name: "act", out: c.rows * c.inter},
+		})
 	}
 }

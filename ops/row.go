@@ -213,10 +213,16 @@ func rmsNorm(x []float32, w weights, eps float32) {
 type SiluMulAttrs struct {
 	Inter int    `json:"inter"`
 	Ops   []MIOp `json:"ops,omitempty"`
+	// Chunked: the kernel spreads each row over blocks (grid y = rows) and takes no control
+	// or MI parameters (it carries no MI ops).
+	Chunked bool `json:"chunked,omitempty"`
 }
 
 func (a SiluMulAttrs) run(args []Arg, l Launch) error {
 	rows, n := l.Grid[0], a.Inter
+	if a.Chunked {
+		rows = l.Grid[1]
+	}
 	c := &argCursor{args: args}
 	gu, err := c.take("gu", 8*rows*n)
 	if err != nil {
@@ -226,13 +232,16 @@ func (a SiluMulAttrs) run(args []Arg, l Launch) error {
 	if err != nil {
 		return fmt.Errorf("silu_mul: %w", err)
 	}
-	ctl, err := bindCtl(c, rows, a.Ops)
-	if err != nil {
-		return fmt.Errorf("silu_mul: %w", err)
-	}
-	bound, err := bindMI(c, rows, n, 0, a.Ops)
-	if err != nil {
-		return fmt.Errorf("silu_mul: %w", err)
+	// A chunked kernel carries no MI ops and takes no control parameters.
+	var ctl miCtl
+	var bound []miBound
+	if !a.Chunked {
+		if ctl, err = bindCtl(c, rows, a.Ops); err != nil {
+			return fmt.Errorf("silu_mul: %w", err)
+		}
+		if bound, err = bindMI(c, rows, n, 0, a.Ops); err != nil {
+			return fmt.Errorf("silu_mul: %w", err)
+		}
 	}
 	if err := c.done(); err != nil {
 		return fmt.Errorf("silu_mul: %w", err)
@@ -245,7 +254,9 @@ func (a SiluMulAttrs) run(args []Arg, l Launch) error {
 				gate, up := g[2*r*n+i], g[2*r*n+n+i]
 				x[i] = Silu(gate) * up
 			}
-			applyMI(bound, r, ctl, x)
+			if !a.Chunked {
+				applyMI(bound, r, ctl, x)
+			}
 		}
 	})
 	return nil

@@ -51,7 +51,7 @@ if [ "${MODE:-full}" != quick ]; then
     done
     /usr/bin/time -f "%e" -o "$work/ttft-$m.txt" "$bin/xmix" run "$work/$m.xmb" --backend cuda -p x -n 1 -q > /dev/null 2>> "$work/bench.log"
   done
-  [ "${ONLINE:-0}" = 1 ] && "$bin/xmix" bench "$work/llama-3.1-8b.xmb" --backend cuda --online --requests ${REQUESTS:-250} --rate ${RATE:-8} --warmup 1 --runs 2 \
+  [ "${ONLINE:-0}" = 1 ] && "$bin/xmix" bench "$work/llama-3.1-8b.xmb" --backend cuda --online --requests ${REQUESTS:-250} --rate ${RATE:-8} --warmup ${WARMUP:-1} --runs ${RUNS:-2} \
     --json -q > "$work/online-llama-3.1-8b.json" 2>> "$work/bench.log" || echo "online bench failed" >&2
 fi
 
