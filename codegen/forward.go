@@ -198,7 +198,7 @@ func (g *gen) declareBuffers() {
 }
 
 func layerBuf(l int, what string) string { return fmt.Sprintf("L%d.%s", l, what) }
-func scalBuf(a *passes.AppPlan) string   { return "app." + a.Name + ".scal" }
+func scalBuf(a *passes.AppPlan) string   { return "app." + a.Name + ".scalars" }
 
 // params builds the params section: RoPE tables and every app's vectors and scalar table.
 func (g *gen) params() ([]byte, error) {

@@ -323,7 +323,7 @@ func bindVector(p *Program, a *AppPlan, op *MIOp, arg frontend.Arg, unit bool,
 		}
 		data = unitData
 	}
-	buf := "app." + a.Name + "." + key
+	buf := "app." + a.Name + ".param." + key
 	a.Vectors = append(a.Vectors, Vector{Name: key, Buffer: buf, Data: data})
 	index[key] = buf
 	return buf, nil
@@ -354,7 +354,7 @@ func bindHead(p *Program, a *AppPlan, op *MIOp, arg frontend.Arg, index map[stri
 	for i := int(h) * m.HeadDim; i < (int(h)+1)*m.HeadDim; i++ {
 		data[i] = 1
 	}
-	buf := "app." + a.Name + "." + key
+	buf := "app." + a.Name + ".param." + key
 	a.Vectors = append(a.Vectors, Vector{Name: key, Buffer: buf, Data: data})
 	index[key] = buf
 	return buf, nil

@@ -251,3 +251,18 @@ ops:
 		t.Fatalf("error %v, want one out-of-range report", err)
 	}
 }
+
+func TestParamAndBufferMayShareAName(t *testing.T) {
+	p, err := plan(t, `app: a
+params: {harm: {values: [1, 2, 3, 4, 5, 6, 7, 8]}}
+buffers: {harm: {shape: [1]}}
+ops:
+  - read: {at: {layers: [0], hook: resid_post}, kernel: probe_linear, args: {w: harm}, into: harm}
+`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if op := p.Ops[0]; op.Vec == op.Out {
+		t.Fatalf("param and buffer got the same device buffer %q", op.Vec)
+	}
+}

@@ -93,7 +93,7 @@ func planBuffers(p *Program) error {
 				w *= d
 			}
 			a.Exports = append(a.Exports, Export{
-				Name: b.Name, Buffer: "app." + a.Name + "." + b.Name, Width: w, Export: b.Export, Pos: b.Pos,
+				Name: b.Name, Buffer: "app." + a.Name + ".buffer." + b.Name, Width: w, Export: b.Export, Pos: b.Pos,
 			})
 		}
 	}
