@@ -508,3 +508,56 @@ func RelL2(a, b []float32) float64 {
 	}
 	return math.Sqrt(num / den)
 }
+
+// CheckContinuousBatching: more requests than sequence slots, of different lengths, join and
+// leave the running batch at step boundaries; each gets what it gets alone.
+func CheckContinuousBatching(t *testing.T, nb NewBackend) {
+	b := Compile(t, SmallModel)
+	var reqs []loader.Request
+	for i := range 7 {
+		prompt := make([]int, 3+5*i) // 3..33 tokens: some prompts span two prefill chunks
+		for j := range prompt {
+			prompt[j] = (i*31 + j*7) % 256
+		}
+		reqs = append(reqs, loader.Request{Prompt: prompt, MaxTokens: 4 + 3*(i%3)})
+	}
+	be := nb(t, b)
+	defer be.Close()
+	eng, err := loader.NewEngine(b, be)
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch, err := eng.Generate(reqs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if eng.Stats.DecodeSteps == 0 || eng.Stats.PrefillSteps < 2 {
+		t.Fatalf("stats %+v: expected several prefill and decode steps", eng.Stats)
+	}
+	for i, req := range reqs {
+		solo, err := eng.Generate([]loader.Request{req})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(solo[0].Tokens, batch[i].Tokens) || len(batch[i].Tokens) != req.MaxTokens {
+			t.Fatalf("request %d: batched %v, alone %v (want %d tokens)", i, batch[i].Tokens, solo[0].Tokens, req.MaxTokens)
+		}
+	}
+}
+
+// Checks is the end-to-end suite every backend runs (TestCPU here, testsuite/gpu on the GPU).
+var Checks = []struct {
+	Name string
+	Run  func(*testing.T, NewBackend)
+}{
+	{"steer_add_exact", CheckSteerExact},
+	{"project_out_zero", CheckProjectOut},
+	{"probe_linear_dot", CheckProbe},
+	{"steer_set", CheckSteerSet},
+	{"clamp_projection", CheckClampProjection},
+	{"scale_exact", CheckScale},
+	{"head_ablate", CheckHeadAblate},
+	{"patch", CheckPatch},
+	{"batch_equals_solo", CheckBatchMatchesSolo},
+	{"continuous_batching", CheckContinuousBatching},
+}

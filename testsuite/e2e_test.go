@@ -1,6 +1,7 @@
 package testsuite
 
 import (
+	"strings"
 	"testing"
 
 	"xmix/loader"
@@ -8,15 +9,13 @@ import (
 
 var newCPU = NewCPU
 
-func TestCPUSteerAddIsExact(t *testing.T)  { CheckSteerExact(t, newCPU) }
-func TestCPUProjectOut(t *testing.T)       { CheckProjectOut(t, newCPU) }
-func TestCPUProbeLinear(t *testing.T)      { CheckProbe(t, newCPU) }
-func TestCPUBatchMatchesSolo(t *testing.T) { CheckBatchMatchesSolo(t, newCPU) }
-func TestCPUSteerSet(t *testing.T)         { CheckSteerSet(t, newCPU) }
-func TestCPUClampProjection(t *testing.T)  { CheckClampProjection(t, newCPU) }
-func TestCPUScaleIsExact(t *testing.T)     { CheckScale(t, newCPU) }
-func TestCPUHeadAblate(t *testing.T)       { CheckHeadAblate(t, newCPU) }
-func TestCPUPatch(t *testing.T)            { CheckPatch(t, newCPU) }
+// TestCPU runs the shared end-to-end suite on the CPU backend.
+func TestCPU(t *testing.T) {
+	for _, c := range Checks {
+		t.Run(c.Name, func(t *testing.T) { c.Run(t, newCPU) })
+	}
+}
+
 func TestCPUExportsOnlyForAppRows(t *testing.T) {
 	b := Compile(t, SmallModel, captureApp(0, 128))
 	res := Generate(t, newCPU, b, []loader.Request{
@@ -35,6 +34,26 @@ func TestCPUExportsOnlyForAppRows(t *testing.T) {
 	for _, row := range res[1].Rows {
 		if len(row.Exports) != 0 {
 			t.Fatalf("request without the app got exports %v", row.Exports)
+		}
+	}
+}
+
+func TestSubmitRefusesWhatCanNeverFit(t *testing.T) {
+	b := Compile(t, SmallModel)
+	eng, err := loader.NewEngine(b, newCPU(t, b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		req  loader.Request
+		want string
+	}{
+		{loader.Request{Prompt: make([]int, 100), MaxTokens: 40}, "exceeds the bundle's max_seq_len 128"},
+		{loader.Request{Prompt: []int{300}, MaxTokens: 1}, "outside the vocabulary"},
+		{loader.Request{Prompt: []int{1}, Apps: []string{"nope"}, MaxTokens: 1}, `app "nope" is not deployed`},
+	} {
+		if _, err := eng.Submit(c.req); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("Submit: %v, want %q", err, c.want)
 		}
 	}
 }

@@ -67,18 +67,15 @@ func newCUDA(t testing.TB, b *bundle.Bundle) loader.Backend {
 	return be
 }
 
-// check runs one of the shared end-to-end checks on the GPU and records its outcome.
-func check(t *testing.T, name string, f func(*testing.T, testsuite.NewBackend)) {
+// TestCUDA runs the shared end-to-end suite on the GPU and records each check's outcome.
+func TestCUDA(t *testing.T) {
 	needGPU(t)
-	defer func() { record("mi."+name, map[string]bool{"pass": !t.Failed()}) }()
-	f(t, newCUDA)
-}
-
-func TestCUDASteerAddIsExact(t *testing.T) { check(t, "steer_add_exact", testsuite.CheckSteerExact) }
-func TestCUDAProjectOut(t *testing.T)      { check(t, "project_out_zero", testsuite.CheckProjectOut) }
-func TestCUDAProbeLinear(t *testing.T)     { check(t, "probe_linear_dot", testsuite.CheckProbe) }
-func TestCUDABatchMatchesSolo(t *testing.T) {
-	check(t, "batch_equals_solo", testsuite.CheckBatchMatchesSolo)
+	for _, c := range testsuite.Checks {
+		t.Run(c.Name, func(t *testing.T) {
+			defer func() { record("mi."+c.Name, map[string]bool{"pass": !t.Failed()}) }()
+			c.Run(t, newCUDA)
+		})
+	}
 }
 
 // agreement generates greedily on the CPU, then makes the GPU score the same tokens
