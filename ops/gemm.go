@@ -1,6 +1,9 @@
 package ops
 
-import "fmt"
+import (
+	"fmt"
+	"math"
+)
 
 func init() { Register("gemm", buildGemm) }
 
@@ -37,10 +40,19 @@ func buildGemm(attrs []byte) (Runner, error) {
 	}), nil
 }
 
-// gemm splits the work over output columns so that each weight row is widened to f32 once
-// and then reused for every row of x.
+// gemm splits the work over output columns. A bf16 weight row is widened inside the dot
+// product when few rows use it (decode), and widened once into a scratch row otherwise.
 func gemm(x []float32, w Arg, y []float32, rows, k, n int, bf16 bool) {
 	ParallelFor(n, func(lo, hi int) {
+		if bf16 && rows < 4 {
+			wb := w.U16()
+			for j := lo; j < hi; j++ {
+				for r := 0; r < rows; r++ {
+					y[r*n+j] = dotBF16(x[r*k:(r+1)*k], wb[j*k:(j+1)*k])
+				}
+			}
+			return
+		}
 		wrow := make([]float32, k)
 		for j := lo; j < hi; j++ {
 			if bf16 {
@@ -70,6 +82,23 @@ func dot(a, b []float32) float32 {
 	}
 	for ; i < len(a); i++ {
 		s0 += a[i] * b[i]
+	}
+	return (s0 + s1) + (s2 + s3)
+}
+
+// dotBF16 is dot with b stored as bf16 (the same four partial sums, so the same result).
+func dotBF16(a []float32, b []uint16) float32 {
+	b = b[:len(a)]
+	var s0, s1, s2, s3 float32
+	i := 0
+	for ; i+4 <= len(a); i += 4 {
+		s0 += a[i] * math.Float32frombits(uint32(b[i])<<16)
+		s1 += a[i+1] * math.Float32frombits(uint32(b[i+1])<<16)
+		s2 += a[i+2] * math.Float32frombits(uint32(b[i+2])<<16)
+		s3 += a[i+3] * math.Float32frombits(uint32(b[i+3])<<16)
+	}
+	for ; i < len(a); i++ {
+		s0 += a[i] * math.Float32frombits(uint32(b[i])<<16)
 	}
 	return (s0 + s1) + (s2 + s3)
 }
