@@ -56,6 +56,11 @@ type ModelConfig struct {
 	Tokenizer     string       `json:"tokenizer"`     // "bytes" or "hf"
 	BOS           int          `json:"bos"`
 	EOS           []int        `json:"eos"`
+	// ChatTemplate is the checkpoint's Jinja chat template (from tokenizer_config.json), with
+	// the bos and eos token texts it refers to; empty when the checkpoint has none.
+	ChatTemplate string `json:"chat_template,omitempty"`
+	ChatBOS      string `json:"chat_bos,omitempty"`
+	ChatEOS      string `json:"chat_eos,omitempty"`
 }
 
 // RopeScaling is Llama-3's frequency-dependent RoPE scaling.

@@ -76,28 +76,37 @@ func (t *Template) Render(msgs []Message, addGenerationPrompt bool, vars map[str
 // bos_token and eos_token may be strings, null, or AddedToken objects
 // ({"content": ...}); missing ones are "".
 func FromTokenizerConfig(data []byte) (tmpl *Template, bos, eos string, err error) {
+	src, bos, eos, err := ConfigSource(data)
+	if err != nil {
+		return nil, "", "", err
+	}
+	if tmpl, err = Parse(src); err != nil {
+		return nil, "", "", fmt.Errorf("tokenizer_config.json: chat_template: %w", err)
+	}
+	return tmpl, bos, eos, nil
+}
+
+// ConfigSource reads the chat template's source text and the bos and eos tokens from a
+// tokenizer_config.json without parsing the template (bundles store the source).
+func ConfigSource(data []byte) (src, bos, eos string, err error) {
 	var cfg struct {
 		ChatTemplate json.RawMessage `json:"chat_template"`
 		BOS          json.RawMessage `json:"bos_token"`
 		EOS          json.RawMessage `json:"eos_token"`
 	}
 	if err := json.Unmarshal(data, &cfg); err != nil {
-		return nil, "", "", fmt.Errorf("tokenizer_config.json: %w", err)
+		return "", "", "", fmt.Errorf("tokenizer_config.json: %w", err)
 	}
 	if bos, err = specialToken(cfg.BOS); err != nil {
-		return nil, "", "", fmt.Errorf("tokenizer_config.json: bos_token: %w", err)
+		return "", "", "", fmt.Errorf("tokenizer_config.json: bos_token: %w", err)
 	}
 	if eos, err = specialToken(cfg.EOS); err != nil {
-		return nil, "", "", fmt.Errorf("tokenizer_config.json: eos_token: %w", err)
+		return "", "", "", fmt.Errorf("tokenizer_config.json: eos_token: %w", err)
 	}
-	src, err := templateSource(cfg.ChatTemplate)
-	if err != nil {
-		return nil, "", "", fmt.Errorf("tokenizer_config.json: chat_template: %w", err)
+	if src, err = templateSource(cfg.ChatTemplate); err != nil {
+		return "", "", "", fmt.Errorf("tokenizer_config.json: chat_template: %w", err)
 	}
-	if tmpl, err = Parse(src); err != nil {
-		return nil, "", "", fmt.Errorf("tokenizer_config.json: chat_template: %w", err)
-	}
-	return tmpl, bos, eos, nil
+	return src, bos, eos, nil
 }
 
 func templateSource(raw json.RawMessage) (string, error) {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"xmix/bundle"
+	"xmix/tokenizer"
 )
 
 // Tokenizer maps text to token ids and back.
@@ -17,8 +18,14 @@ func NewTokenizer(b *bundle.Bundle) (Tokenizer, error) {
 	switch b.Manifest.Model.Tokenizer {
 	case "bytes":
 		return ByteTokenizer{}, nil
+	case "hf":
+		t, err := tokenizer.Parse(b.Tokenizer)
+		if err != nil {
+			return nil, fmt.Errorf("the bundle's tokenizer: %w", err)
+		}
+		return t, nil
 	default:
-		return nil, fmt.Errorf("tokenizer %q is not supported by this xmix; pass token ids instead of text", b.Manifest.Model.Tokenizer)
+		return nil, fmt.Errorf("tokenizer %q is not supported by this xmix (supported: bytes, hf)", b.Manifest.Model.Tokenizer)
 	}
 }
 

@@ -10,10 +10,12 @@ import (
 	"path/filepath"
 
 	"xmix/bundle"
+	"xmix/chat"
 	"xmix/codegen"
 	"xmix/frontend"
 	"xmix/loader"
 	"xmix/passes"
+	"xmix/tokenizer"
 )
 
 // Compiler names the toolchain version recorded in bundles.
@@ -98,9 +100,23 @@ func Build(modelPath string, appPaths []string, opt Options) (*bundle.Bundle, er
 		weights.Path, weights.SHA256 = m.Weights.Path, d
 	}
 	var tok []byte
+	var chatSrc, chatBOS, chatEOS string
 	if m.Tokenizer.Kind == "hf" {
 		if tok, err = os.ReadFile(m.Tokenizer.Path); err != nil {
 			return nil, fmt.Errorf("tokenizer: %w", err)
+		}
+		if _, err := tokenizer.Parse(tok); err != nil {
+			return nil, fmt.Errorf("tokenizer %s: %w", m.Tokenizer.Path, err)
+		}
+		// A checkpoint's chat template sits beside its tokenizer.json.
+		cfgPath := filepath.Join(filepath.Dir(m.Tokenizer.Path), "tokenizer_config.json")
+		if data, err := os.ReadFile(cfgPath); err == nil {
+			if _, _, _, err := chat.FromTokenizerConfig(data); err != nil {
+				return nil, fmt.Errorf("%s: %w", cfgPath, err)
+			}
+			if chatSrc, chatBOS, chatEOS, err = chat.ConfigSource(data); err != nil {
+				return nil, fmt.Errorf("%s: %w", cfgPath, err)
+			}
 		}
 	}
 	b, err := codegen.Generate(p, codegen.Options{
@@ -113,6 +129,7 @@ func Build(modelPath string, appPaths []string, opt Options) (*bundle.Bundle, er
 		return nil, fmt.Errorf("codegen: %w", err)
 	}
 	b.Weights = embedded
+	b.Manifest.Model.ChatTemplate, b.Manifest.Model.ChatBOS, b.Manifest.Model.ChatEOS = chatSrc, chatBOS, chatEOS
 	if err := bundle.Verify(b); err != nil {
 		return nil, fmt.Errorf("bundle: %w", err)
 	}

@@ -38,7 +38,7 @@ With no bundle, 'xmix run' runs the embedded default model (a small Llama traine
 project) with its two demo apps: a steering vector and a probe.`,
 		SilenceUsage: true,
 	}
-	root.AddCommand(runCmd(), benchCmd(), infoCmd())
+	root.AddCommand(runCmd(), benchCmd(), tokenizeCmd(), infoCmd())
 	return root
 }
 
@@ -52,6 +52,7 @@ type runFlags struct {
 	asJSON      bool
 	backend     string
 	quiet       bool
+	chat        bool
 }
 
 func runCmd() *cobra.Command {
@@ -79,6 +80,7 @@ func runCmd() *cobra.Command {
 	c.Flags().BoolVar(&f.asJSON, "json", false, "print results as JSON")
 	c.Flags().StringVar(&f.backend, "backend", "auto", "auto | cuda | cpu (auto: cuda when a GPU is present)")
 	c.Flags().BoolVarP(&f.quiet, "quiet", "q", false, "no progress output on stderr")
+	c.Flags().BoolVar(&f.chat, "chat", false, "wrap each prompt as a user turn in the model's chat template")
 	return c
 }
 
@@ -240,7 +242,14 @@ type jsonResult struct {
 func (s *session) generate(w io.Writer, f runFlags, prompts []string, apps [][]string) error {
 	reqs := make([]loader.Request, len(prompts))
 	for i, p := range prompts {
-		reqs[i] = loader.Request{Prompt: s.tok.Encode(p), Apps: apps[i], MaxTokens: f.maxTokens,
+		ids := s.tok.Encode(p)
+		if f.chat {
+			var err error
+			if ids, err = chatPrompt(s.b.Manifest.Model, s.tok, p); err != nil {
+				return err
+			}
+		}
+		reqs[i] = loader.Request{Prompt: ids, Apps: apps[i], MaxTokens: f.maxTokens,
 			Temperature: f.temperature, TopP: f.topP, Seed: f.seed + uint64(i)}
 	}
 	start := time.Now()

@@ -1,0 +1,152 @@
+package main
+
+import (
+	"bytes"
+	"compress/gzip"
+	"encoding/json"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"xmix/bundle"
+	"xmix/cmd/driver"
+	"xmix/tokenizer"
+)
+
+// xmix runs the CLI in-process.
+func xmix(t *testing.T, args ...string) (string, error) {
+	t.Helper()
+	cmd := rootCmd()
+	var out bytes.Buffer
+	cmd.SetOut(&out)
+	cmd.SetErr(&out)
+	cmd.SetArgs(args)
+	err := cmd.Execute()
+	return out.String(), err
+}
+
+func TestRunDefaultShowsTheThreeDemos(t *testing.T) {
+	out, err := xmix(t, "run", "-q", "-n", "24")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"── no apps ──", "── tiny-steer ──", "── tiny-probe ──", "tiny-probe.happy per token"} {
+		if !strings.Contains(out, want) {
+			t.Fatalf("output lacks %q:\n%s", want, out)
+		}
+	}
+	parts := strings.Split(out, "── ")
+	if len(parts) < 4 || strings.SplitN(parts[1], "\n", 2)[1] == strings.SplitN(parts[2], "\n", 2)[1] {
+		t.Fatalf("the steered text equals the plain one:\n%s", out)
+	}
+}
+
+func TestRunJSONAndPerPromptApps(t *testing.T) {
+	out, err := xmix(t, "run", "-q", "-n", "6", "--json", "-p", "One day", "-p", "One day", "--apps", "tiny-probe@1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var res struct {
+		Results []struct {
+			Apps   []string `json:"apps"`
+			Tokens []int    `json:"tokens"`
+			Rows   []struct {
+				Exports map[string][]float32 `json:"Exports"`
+			} `json:"rows"`
+		} `json:"results"`
+	}
+	if err := json.Unmarshal([]byte(out), &res); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if len(res.Results) != 2 || len(res.Results[0].Apps) != 0 || res.Results[1].Apps[0] != "tiny-probe" {
+		t.Fatalf("results %+v", res.Results)
+	}
+	if len(res.Results[1].Rows) == 0 || len(res.Results[1].Rows[0].Exports["tiny-probe.happy"]) != 1 {
+		t.Fatalf("probe scores missing: %+v", res.Results[1].Rows)
+	}
+}
+
+func TestRunRejectsBadInput(t *testing.T) {
+	dir := t.TempDir()
+	bad := filepath.Join(dir, "bad.xmb")
+	os.WriteFile(bad, []byte("XMIXBNDL garbage"), 0o644)
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"run", "-q", bad, "-p", "x"}, "bad.xmb"},
+		{[]string{"run", "-q", "--apps", "nope"}, `app "nope" is not deployed`},
+		{[]string{"run", "-q", "--backend", "tpu"}, `unknown backend "tpu"`},
+		{[]string{"run", "-q", "-n", "600"}, "max_seq_len"},
+	} {
+		if _, err := xmix(t, c.args...); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("xmix %v: %v, want %q", c.args, err, c.want)
+		}
+	}
+}
+
+// TestChatWithRealTokenizer builds a small random model around the real Llama-3.1 tokenizer
+// and chat template, and checks that --chat feeds exactly the rendered template's ids.
+func TestChatWithRealTokenizer(t *testing.T) {
+	dir := t.TempDir()
+	gz, err := os.ReadFile("../../tokenizer/testdata/llama3_1.tokenizer.json.gz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	zr, err := gzip.NewReader(bytes.NewReader(gz))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tj, err := io.ReadAll(zr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(dir, "tokenizer.json"), tj, 0o644)
+	cfg, err := os.ReadFile("../../tokenizer/testdata/llama3_1.tokenizer_config.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(dir, "tokenizer_config.json"), cfg, 0o644)
+	spec := filepath.Join(dir, "m.yaml")
+	os.WriteFile(spec, []byte(`model: llama-like
+family: llama
+dims: {hidden: 64, intermediate: 96, layers: 1, heads: 2, kv_heads: 1, head_dim: 32, vocab: 128256}
+weights: {synthetic: {seed: 1, std: 0.02}}
+tokenizer: {hf: tokenizer.json}
+bos: 128000
+eos: [128001, 128009]
+serving: {decode_buckets: [1], prefill_chunks: [32], max_seq_len: 128}
+`), 0o644)
+	b, err := driver.Build(spec, nil, driver.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b.Manifest.Model.ChatTemplate == "" {
+		t.Fatal("the chat template beside tokenizer.json was not bundled")
+	}
+	data, err := bundle.Marshal(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bp := filepath.Join(dir, "m.xmb")
+	os.WriteFile(bp, data, 0o644)
+	out, err := xmix(t, "tokenize", bp, "Hello, world")
+	if err != nil || strings.TrimSpace(out) != "[9906,11,1917]" {
+		t.Fatalf("tokenize: %v %q", err, out)
+	}
+	tok, _ := tokenizer.Load(filepath.Join(dir, "tokenizer.json"))
+	ids, err := chatPrompt(b.Manifest.Model, tok, "Hi")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := tok.Encode("<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n")
+	if !slices.Equal(ids, want) {
+		t.Fatalf("chat prompt ids %v, want %v (%q)", ids, want, tok.Decode(ids))
+	}
+	if _, err := xmix(t, "run", "-q", bp, "--chat", "-p", "Hi", "-n", "2", "--backend", "cpu"); err != nil {
+		t.Fatal(err)
+	}
+}

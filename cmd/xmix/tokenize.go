@@ -1,0 +1,79 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"xmix/bundle"
+	"xmix/chat"
+	"xmix/loader"
+	"xmix/tokenizer"
+)
+
+func tokenizeCmd() *cobra.Command {
+	var decode bool
+	c := &cobra.Command{
+		Use:   "tokenize (BUNDLE.xmb|tokenizer.json) TEXT",
+		Short: "Print the token ids of TEXT as a JSON array (--decode: TEXT is a JSON array of ids)",
+		Example: `  xmix tokenize model.xmb "Hello, world"
+  xmix tokenize tokenizer.json --decode "[9906, 11, 1917]"`,
+		Args: cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			tok, err := openTokenizer(args[0])
+			if err != nil {
+				return err
+			}
+			w := cmd.OutOrStdout()
+			if decode {
+				var ids []int
+				if err := json.Unmarshal([]byte(args[1]), &ids); err != nil {
+					return fmt.Errorf("--decode takes a JSON array of token ids: %w", err)
+				}
+				out, _ := json.Marshal(tok.Decode(ids))
+				fmt.Fprintln(w, string(out))
+				return nil
+			}
+			out, _ := json.Marshal(tok.Encode(args[1]))
+			fmt.Fprintln(w, string(out))
+			return nil
+		},
+	}
+	c.Flags().BoolVar(&decode, "decode", false, "decode a JSON array of ids instead")
+	return c
+}
+
+func openTokenizer(path string) (loader.Tokenizer, error) {
+	if strings.HasSuffix(path, ".json") {
+		return tokenizer.Load(path)
+	}
+	b, err := bundle.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	return loader.NewTokenizer(b)
+}
+
+// chatPrompt renders text as one user turn with the model's chat template and returns its
+// ids without the leading BOS (the engine adds it).
+func chatPrompt(m bundle.ModelConfig, tok loader.Tokenizer, text string) ([]int, error) {
+	if m.ChatTemplate == "" {
+		return nil, fmt.Errorf("--chat: model %s has no chat template (its checkpoint has no tokenizer_config.json chat_template)", m.Name)
+	}
+	t, err := chat.Parse(m.ChatTemplate)
+	if err != nil {
+		return nil, fmt.Errorf("--chat: %w", err)
+	}
+	s, err := t.Render([]chat.Message{{Role: "user", Content: text}}, true,
+		map[string]any{"bos_token": m.ChatBOS, "eos_token": m.ChatEOS})
+	if err != nil {
+		return nil, fmt.Errorf("--chat: %w", err)
+	}
+	ids := tok.Encode(s)
+	if len(ids) > 0 && ids[0] == m.BOS {
+		ids = ids[1:]
+	}
+	return ids, nil
+}
