@@ -132,7 +132,7 @@ var opTable = map[string]opFacts{
 	"tanh":    {[]int{2}, 1, 1, types(F32), -1, " approx "},
 	"setp":    {[]int{3, 4}, 1, 1, intTypes | floatTypes, -1, cmpMods + " and or xor ftz "},
 	"selp":    {[]int{4}, 1, 1, intTypes | floatTypes, -1, ""},
-	"cvt":     {[]int{2}, 1, 2, cvtTypes, -1, roundMods + " rni rzi rmi rpi relu "},
+	"cvt":     {[]int{2, 3}, 1, 2, cvtTypes, -1, roundMods + " rni rzi rmi rpi relu bf16x2 "},
 	"shfl":    {[]int{5}, 1, 1, types(B32), -1, " sync bfly down up idx "},
 	"bar":     {[]int{1, 2}, 0, 0, 0, -1, " sync warp cta aligned "},
 	"barrier": {[]int{1, 2}, 0, 0, 0, -1, " sync cta aligned "},
@@ -143,6 +143,44 @@ var opTable = map[string]opFacts{
 	"bra":     {[]int{1}, 0, 0, 0, -1, " uni "},
 	"ret":     {[]int{0}, 0, 0, 0, -1, " uni "},
 	"exit":    {[]int{0}, 0, 0, 0, -1, ""},
+	// Only the tensor-core shape the GEMM uses: m16n8k16, A row-major bf16, B column-major
+	// bf16, f32 accumulators (modRule pins the rest).
+	"mma": {[]int{4}, 1, 4, types(F32, BF16), -1, " sync aligned m16n8k16 row col "},
+}
+
+// typeCount is how many type suffixes o must carry: cvt to a packed pair (.bf16x2, a
+// modifier to ParseOpcode) names only its source type.
+func typeCount(o Opcode, f opFacts) int {
+	if o.Base == "cvt" && o.Has("bf16x2") {
+		return 1
+	}
+	return f.ntypes
+}
+
+// vecLen is the number of registers operand j of o must be a brace vector of, 0 where it
+// is a scalar. mov packs two halves into one register ({lo, hi}); mma takes its fragments as
+// vectors {d0..d3}, {a0..a3}, {b0, b1}, {c0..c3}.
+func vecLen(o Opcode, j int) int {
+	switch o.Base {
+	case "ld", "st":
+		if v := o.Vec(); v > 1 && j == 1-o.addrIndex() {
+			return v
+		}
+	case "mov":
+		if j == 1 && (o.Type() == B32 || o.Type() == B64) {
+			return 2
+		}
+	case "mma":
+		return [4]int{4, 4, 2, 4}[j]
+	}
+	return 0
+}
+
+func (o Opcode) addrIndex() int {
+	if o.Base == "st" {
+		return 0
+	}
+	return 1
 }
 
 // classOf is the register class a type's registers belong to ("f" for F32).
@@ -256,6 +294,13 @@ func modRule(o Opcode) string {
 		}
 	case "cvt":
 		return cvtRule(o)
+	case "mma":
+		if strings.Join(o.Mods, ".") != "sync.aligned.m16n8k16.row.col" {
+			return "supports only .sync.aligned.m16n8k16.row.col"
+		}
+		if o.Types[0] != F32 || o.Types[1] != BF16 || o.Types[2] != BF16 || o.Types[3] != F32 {
+			return "supports only .f32.bf16.bf16.f32"
+		}
 	}
 	return ""
 }
@@ -264,6 +309,13 @@ func modRule(o Opcode) string {
 // (.rzi...), integer to float and narrowing float conversions need a float rounding (.rn...),
 // and no other conversion may name one.
 func cvtRule(o Opcode) string {
+	if o.Has("bf16x2") {
+		// cvt.rn.bf16x2.f32 d, a, b: the only packed conversion supported.
+		if o.Types[0] != F32 || len(o.Mods) != 2 || !o.Has("rn") {
+			return "packed conversion supports only .rn.bf16x2.f32"
+		}
+		return ""
+	}
 	dst, src := o.Types[0], o.Types[1]
 	isF := func(t Type) bool { return floatTypes.has(t) || t == F16 || t == BF16 }
 	fr, ir := o.count("rn rz rm rp"), o.count("rni rzi rmi rpi")

@@ -113,8 +113,8 @@ func (c *kernelCheck) instr(i int, in Instr) {
 			c.ierr(i, in, "modifier .%s is not valid for %s", m, o.Base)
 		}
 	}
-	if len(o.Types) != f.ntypes {
-		c.ierr(i, in, "%s takes %d type suffixes, has %d", o.Base, f.ntypes, len(o.Types))
+	if nt := typeCount(o, f); len(o.Types) != nt {
+		c.ierr(i, in, "%s takes %d type suffixes, has %d", o.Base, nt, len(o.Types))
 		return
 	}
 	for _, t := range o.Types {
@@ -135,6 +135,10 @@ func (c *kernelCheck) instr(i int, in Instr) {
 	}
 	if !nOK {
 		c.ierr(i, in, "%s takes %v operands, has %d", o.Base, f.nargs, len(in.Args))
+		return
+	}
+	if o.Base == "cvt" && (len(in.Args) == 3) != o.Has("bf16x2") {
+		c.ierr(i, in, "cvt takes three operands exactly when it packs (.bf16x2)")
 		return
 	}
 	want := operandTypes(o, len(in.Args))
@@ -168,7 +172,13 @@ func operandTypes(o Opcode, n int) []Type {
 	case "selp":
 		ts[3] = Pred
 	case "cvt":
+		if o.Has("bf16x2") {
+			ts[0] = B32
+			break
+		}
 		ts[1] = o.Types[1]
+	case "mma":
+		ts[0], ts[1], ts[2], ts[3] = F32, B32, B32, F32
 	case "shfl":
 		ts[2], ts[3], ts[4] = U32, U32, U32
 	case "popc", "clz":
@@ -182,6 +192,14 @@ func operandTypes(o Opcode, n int) []Type {
 		ts[0] = 0
 	}
 	return ts
+}
+
+// halfOf is the type of each half of a packed b32 or b64.
+func halfOf(t Type) Type {
+	if t == B64 {
+		return B32
+	}
+	return B16
 }
 
 func wider(t Type) Type {
@@ -220,8 +238,11 @@ func (c *kernelCheck) operand(i int, in Instr, o Opcode, f opFacts, j int, a Ope
 			c.ierr(i, in, "register %s does not fit type .%s of operand %d", a, t, j)
 		}
 	case Vec:
-		if v := o.Vec(); v == 1 || len(a) != v || (o.Base != "ld" && o.Base != "st") {
+		if v := vecLen(o, j); v == 0 || len(a) != v {
 			c.ierr(i, in, "vector operand %d does not match the opcode's vector width", j)
+		}
+		if o.Base == "mov" {
+			t = halfOf(t) // each register is one half of the packed value
 		}
 		for _, r := range a {
 			if c.reg(i, in, r) && t != 0 && !fits(classOf(r.T), t, wide) {
@@ -258,6 +279,9 @@ func (c *kernelCheck) operand(i int, in Instr, o Opcode, f opFacts, j int, a Ope
 		}
 	default:
 		c.ierr(i, in, "operand %d has unsupported kind %T", j, a)
+	}
+	if _, isVec := a.(Vec); o.Base == "mma" && !isVec {
+		c.ierr(i, in, "mma operand %d must be a register vector", j)
 	}
 	if o.Base == "bra" {
 		if _, ok := a.(Sym); !ok {

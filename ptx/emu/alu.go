@@ -112,6 +112,10 @@ func alu(in *inst, r []uint64) (uint64, error) {
 			return sel(in, r, a, b) & m, nil
 		case cCvt:
 			return cvt(in, a), nil
+		case cCvtPack:
+			// The first source goes to the upper half (PTX ISA, cvt: "the value converted
+			// from input a is stored in the upper half of d").
+			return uint64(f32ToBF16(float32(x)))<<16 | uint64(f32ToBF16(float32(y))), nil
 		}
 		return 0, fmt.Errorf("not supported for type .%s", t)
 	}
@@ -205,6 +209,9 @@ func alu(in *inst, r []uint64) (uint64, error) {
 		return sel(in, r, a, b) & m, nil
 	case cCvt:
 		return cvt(in, a), nil
+	case cPack:
+		h := uint(w / 2)
+		return (a&(1<<h-1) | b<<h) & m, nil
 	}
 	return 0, fmt.Errorf("not supported for type .%s", t)
 }

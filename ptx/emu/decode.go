@@ -55,6 +55,9 @@ const (
 	cAtom
 	cBra
 	cExit
+	cMma     // warp-collective, resolved with shfl in block.collective
+	cPack    // mov.b32 d, {lo, hi}
+	cCvtPack // cvt.rn.bf16x2.f32 d, hi, lo
 )
 
 var simple = map[string]code{
@@ -64,7 +67,7 @@ var simple = map[string]code{
 	"rsqrt": cRsqrt, "rcp": cRcp, "ex2": cEx2, "lg2": cLg2, "sin": cSin, "cos": cCos,
 	"tanh": cTanh, "setp": cSetp, "selp": cSelp, "cvt": cCvt, "shfl": cShfl, "bar": cBar,
 	"barrier": cBar, "atom": cAtom, "red": cAtom, "bra": cBra, "ret": cExit, "exit": cExit,
-	"membar": cNop, "fence": cNop, "ld": cLd, "st": cSt,
+	"membar": cNop, "fence": cNop, "ld": cLd, "st": cSt, "mma": cMma,
 }
 
 // Modes of setp, shfl, atom and cvt, kept in inst.mode.
@@ -161,7 +164,8 @@ type inst struct {
 	base   opnd
 	off    int64
 	target int32
-	src    int32 // index in the kernel body, for messages
+	src    int32   // index in the kernel body, for messages
+	frag   []int32 // mma's source slots: a0..a3, b0, b1, c0..c3
 }
 
 // Special-register slots follow the kernel's registers in each thread's register file.
@@ -466,6 +470,28 @@ func (d *decoder) instr(src ptx.Instr) (inst, error) {
 		return in, nil
 	case cBar:
 		return in, nil
+	case cMma:
+		if err := d.dst(&in, args[0]); err != nil {
+			return in, err
+		}
+		for j, n := range []int{4, 2, 4} {
+			v, ok := args[j+1].(ptx.Vec)
+			if !ok || len(v) != n {
+				return in, fmt.Errorf("mma operand %d: want a vector of %d registers", j+1, n)
+			}
+			for _, r := range v {
+				in.frag = append(in.frag, d.slot(r))
+			}
+		}
+		return in, nil
+	case cMov:
+		if v, ok := args[1].(ptx.Vec); ok {
+			if len(v) != 2 {
+				return in, fmt.Errorf("mov packs exactly two registers")
+			}
+			in.op, in.a, in.b = cPack, opnd{reg: d.slot(v[0])}, opnd{reg: d.slot(v[1])}
+			return in, d.dst(&in, args[0])
+		}
 	case cExit, cNop:
 		return in, nil
 	case cMul, cMad:
@@ -503,6 +529,13 @@ func (d *decoder) instr(src ptx.Instr) (inst, error) {
 		}
 		return in, srcs(1, in.t, in.t, ptx.Pred)
 	case cCvt:
+		if o.Has("bf16x2") {
+			in.op = cCvtPack
+			if err := d.dst(&in, args[0]); err != nil {
+				return in, err
+			}
+			return in, srcs(1, ptx.F32, ptx.F32)
+		}
 		if len(o.Types) != 2 {
 			return in, fmt.Errorf("cvt needs two types")
 		}

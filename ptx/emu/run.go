@@ -88,7 +88,7 @@ func Run(mod *ptx.Module, entry string, l Launch, mem *Memory, params []uint64) 
 	return nil
 }
 
-// Thread states.
+// Thread states. stShfl covers every warp-collective instruction (shfl, mma).
 const (
 	stRun uint8 = iota
 	stBar
@@ -233,8 +233,8 @@ func (b *block) deadlock() error {
 	return errors.Join(errs...)
 }
 
-// shuffle resolves the shfl that every live lane of the warp [lo,hi) waits on, if they all
-// wait on the same one. Source lanes are read before any lane is written, so d may equal a.
+// shuffle resolves the shfl (or mma) that every live lane of the warp [lo,hi) waits on, if
+// they all wait on the same one. Source lanes are read before any lane is written, so d may equal a.
 func (b *block) shuffle(lo, hi int) (bool, error) {
 	pc := int32(-1)
 	for t := lo; t < hi; t++ {
@@ -254,6 +254,9 @@ func (b *block) shuffle(lo, hi int) (bool, error) {
 		return false, nil
 	}
 	in := &b.p.code[pc]
+	if in.op == cMma {
+		return true, b.mma(lo, hi, pc)
+	}
 	var vals [32]uint64
 	for t := lo; t < hi; t++ {
 		if b.state[t] != stShfl {
@@ -329,7 +332,7 @@ func (b *block) thread(t int) error {
 		case cBar:
 			b.pc[t], b.state[t] = pc, stBar
 			return nil
-		case cShfl:
+		case cShfl, cMma:
 			b.pc[t], b.state[t] = pc, stShfl
 			return nil
 		case cNop:
