@@ -14,6 +14,15 @@ import (
 type RopeConfig struct {
 	Heads, KVHeads, HeadDim, BlockSize, MaxBlocksPerSeq int
 	KVDtype                                             ptx.Type
+	// Bias adds a [(Heads+2*KVHeads)*HeadDim] bias to the row first (Qwen2's q/k/v
+	// projection biases; parameter "bias").
+	Bias bool
+	// QKNorm RMS-normalises each q and k head (eps Eps) before rotating it (Qwen3;
+	// parameters "q_norm", "k_norm", [HeadDim] each).
+	QKNorm bool
+	Eps    float32
+	// WDtype stores bias, q_norm and k_norm (F32 or BF16); unused without the options.
+	WDtype ptx.Type
 }
 
 // ropeThreads is the block size RopeKV aims for (1024: at batch 1 the one block per row must
@@ -65,11 +74,36 @@ func (e emitter) kvSlot(c RopeConfig, table, s, p ptx.Reg) ptx.Reg {
 	return slot
 }
 
+// ropeAttrs checks c and returns the reference op's attributes.
+func ropeAttrs(c RopeConfig) (ops.RopeKVAttrs, error) {
+	kv, err := kvAttrs(c)
+	if err != nil {
+		return ops.RopeKVAttrs{}, err
+	}
+	a := ops.RopeKVAttrs{KVAttrs: kv, Bias: c.Bias, QKNorm: c.QKNorm}
+	if !c.Bias && !c.QKNorm {
+		return a, nil
+	}
+	wd, ok := dtypeName(c.WDtype)
+	if !ok {
+		return a, fmt.Errorf("bias/qk-norm weight dtype %s: want f32 or bf16", c.WDtype)
+	}
+	a.WDtype = wd
+	if c.QKNorm {
+		if !(c.Eps > 0) {
+			return a, fmt.Errorf("qk-norm eps %g: want positive", c.Eps)
+		}
+		a.Eps = c.Eps
+	}
+	return a, nil
+}
+
 // RopeKV generates the kernel that rotates a row's q and k heads in place (Hugging Face's
 // rotate_half convention) and writes its k and v heads to the paged cache. Parameters: qkv,
-// cos, sin, pos, seq, block_table, kcache, vcache (all u64).
+// cos, sin, pos, seq, block_table, kcache, vcache (all u64), then bias when c.Bias, then
+// q_norm and k_norm when c.QKNorm. With the bias the row ends up holding the biased v too.
 func RopeKV(name string, c RopeConfig) (*Kernel, error) {
-	attrs, err := kvAttrs(c)
+	attrs, err := ropeAttrs(c)
 	if err != nil {
 		return nil, fmt.Errorf("rope_kv %s: %w", name, err)
 	}
@@ -82,8 +116,19 @@ func RopeKV(name string, c RopeConfig) (*Kernel, error) {
 	table := e.param("block_table", ptx.U64)
 	kc := e.param("kcache", ptx.U64)
 	vc := e.param("vcache", ptx.U64)
+	var biasP, qnP, knP ptx.Reg
+	if c.Bias {
+		biasP = e.param("bias", ptx.U64)
+	}
+	if c.QKNorm {
+		qnP = e.param("q_norm", ptx.U64)
+		knP = e.param("k_norm", ptx.U64)
+	}
 
-	d, half, kvs := c.HeadDim, c.HeadDim/2, c.KVDtype.Bytes()
+	d, half, kvs, ws := c.HeadDim, c.HeadDim/2, c.KVDtype.Bytes(), 0
+	if c.Bias || c.QKNorm {
+		ws = c.WDtype.Bytes()
+	}
 	hpb := c.headsPerBlock()
 	row := e.special(ptx.CtaidX)
 	i := e.special(ptx.TidX)
@@ -106,37 +151,120 @@ func RopeKV(name string, c RopeConfig) (*Kernel, error) {
 	vbase := e.byteAddr(vc, elem, kvs)
 	rowBase := e.byteAddr(qkv, row, 4*(c.Heads+2*c.KVHeads)*d)
 	xbase := e.byteAddr(rowBase, i, 4)
+	var bbase ptx.Reg
+	if c.Bias {
+		bbase = e.byteAddr(biasP, i, ws)
+	}
 
-	h := e.Reg(ptx.U32)
-	e.forLoop(h, hy, ptx.Imm(int64(c.Heads+c.KVHeads)), ptx.Imm(int64(hpb)), func() {
+	// load reads elements i and i+half of head h (biased when c.Bias).
+	load := func(h ptx.Reg, x0, x1 ptx.Reg) ptx.Addr {
 		a := e.byteAddr(xbase, h, 4*d)
-		x0, x1 := e.Reg(ptx.F32), e.Reg(ptx.F32)
 		e.Emit("ld.global.f32", x0, ptx.Addr{Base: a})
 		e.Emit("ld.global.f32", x1, ptx.Addr{Base: a, Offset: int64(4 * half)})
+		if c.Bias {
+			ba := e.byteAddr(bbase, h, ws*d)
+			e.Emit("add.rn.f32", x0, x0, e.loadAt(ptx.Addr{Base: ba}, c.WDtype))
+			e.Emit("add.rn.f32", x1, x1, e.loadAt(ptx.Addr{Base: ba, Offset: int64(ws * half)}, c.WDtype))
+		}
+		return ptx.Addr{Base: a}
+	}
+	// rotate rotates (x0, x1) of q/k head h, stores it back and, for a k head, to the cache.
+	rotate := func(h ptx.Reg, a ptx.Addr, x0, x1 ptx.Reg) {
 		// Rounded products (.rn) keep ptxas from contracting into fma, so every backend
 		// rounds exactly as the reference does.
 		o0 := e.op3("sub.rn.f32", ptx.F32, e.op3("mul.rn.f32", ptx.F32, x0, cs), e.op3("mul.rn.f32", ptx.F32, x1, sn))
 		o1 := e.op3("add.rn.f32", ptx.F32, e.op3("mul.rn.f32", ptx.F32, x1, cs), e.op3("mul.rn.f32", ptx.F32, x0, sn))
-		e.Emit("st.global.f32", ptx.Addr{Base: a}, o0)
-		e.Emit("st.global.f32", ptx.Addr{Base: a, Offset: int64(4 * half)}, o1)
+		e.Emit("st.global.f32", a, o0)
+		e.Emit("st.global.f32", ptx.Addr{Base: a.Base, Offset: int64(4 * half)}, o1)
 		e.when(e.cmp("ge", ptx.U32, h, ptx.Imm(int64(c.Heads))), false, func() {
 			kh := e.op3("sub.u32", ptx.U32, h, ptx.Imm(int64(c.Heads)))
 			ka := e.byteAddr(kbase, kh, d*kvs)
 			e.storeAt(ptx.Addr{Base: ka}, o0, c.KVDtype)
 			e.storeAt(ptx.Addr{Base: ka, Offset: int64(half * kvs)}, o1, c.KVDtype)
 		})
-	})
+	}
+
+	h := e.Reg(ptx.U32)
+	qk := c.Heads + c.KVHeads
+	if c.QKNorm {
+		e.qkNormLoop(c, h, hy, i, qnP, knP, load, rotate)
+	} else {
+		e.forLoop(h, hy, ptx.Imm(int64(qk)), ptx.Imm(int64(hpb)), func() {
+			x0, x1 := e.Reg(ptx.F32), e.Reg(ptx.F32)
+			a := load(h, x0, x1)
+			rotate(h, a, x0, x1)
+		})
+	}
 	e.forLoop(h, hy, ptx.Imm(int64(c.KVHeads)), ptx.Imm(int64(hpb)), func() {
-		a := e.byteAddr(xbase, h, 4*d)
+		vh := e.op3("add.u32", ptx.U32, h, ptx.Imm(int64(qk)))
 		v0, v1 := e.Reg(ptx.F32), e.Reg(ptx.F32)
-		off := int64(4 * (c.Heads + c.KVHeads) * d)
-		e.Emit("ld.global.f32", v0, ptx.Addr{Base: a, Offset: off})
-		e.Emit("ld.global.f32", v1, ptx.Addr{Base: a, Offset: off + int64(4*half)})
+		a := load(vh, v0, v1)
+		if c.Bias {
+			e.Emit("st.global.f32", a, v0)
+			e.Emit("st.global.f32", ptx.Addr{Base: a.Base, Offset: int64(4 * half)}, v1)
+		}
 		va := e.byteAddr(vbase, h, d*kvs)
 		e.storeAt(ptx.Addr{Base: va}, v0, c.KVDtype)
 		e.storeAt(ptx.Addr{Base: va, Offset: int64(half * kvs)}, v1, c.KVDtype)
 	})
 	return finish(e.Kernel, "rope_kv", attrs)
+}
+
+// qkNormLoop is the q/k head loop with a per-head RMSNorm before the rotation. The norm sums
+// over the HeadDim/2 threads of a head through shared memory, so every thread runs the same
+// number of iterations (heads past the last are idle) and meets the same barriers. Each thread
+// stores x0²+x1² and then adds its head's HeadDim/2 partial sums in order: the reference
+// op's exact order, for every head dim (a warp shuffle would need the head to fill whole warps).
+func (e emitter) qkNormLoop(c RopeConfig, h, hy, i, qn, kn ptx.Reg,
+	load func(h, x0, x1 ptx.Reg) ptx.Addr, rotate func(h ptx.Reg, a ptx.Addr, x0, x1 ptx.Reg)) {
+	d, half, hpb, ws := c.HeadDim, c.HeadDim/2, c.headsPerBlock(), c.WDtype.Bytes()
+	red := e.DeclareShared("qk_ss", ptx.F32, hpb*half)
+	seg := e.Reg(ptx.U32) // this thread's head's partial sums
+	e.Emit("mul.lo.u32", seg, hy, ptx.Imm(int64(half)))
+	segAddr := e.sharedAddr(red, seg, 4)
+	mine := e.sharedAddr(red, e.op3("add.u32", ptx.U32, seg, i), 4)
+	b := e.Reg(ptx.U32)
+	x0, x1 := e.Reg(ptx.F32), e.Reg(ptx.F32)
+	var a ptx.Addr
+	e.forLoop(b, ptx.Imm(0), ptx.Imm(int64(c.Heads+c.KVHeads)), ptx.Imm(int64(hpb)), func() {
+		e.Emit("add.u32", h, b, hy)
+		active := e.cmp("lt", ptx.U32, h, ptx.Imm(int64(c.Heads+c.KVHeads)))
+		e.when(active, false, func() {
+			a = load(h, x0, x1)
+			sq := e.op3("add.rn.f32", ptx.F32, e.op3("mul.rn.f32", ptx.F32, x0, x0), e.op3("mul.rn.f32", ptx.F32, x1, x1))
+			e.Emit("st.shared.f32", ptx.Addr{Base: mine}, sq)
+		})
+		e.Emit("bar.sync", ptx.Imm(0))
+		e.when(active, false, func() {
+			ss := e.f32(0)
+			j := e.Reg(ptx.U32)
+			e.forLoop(j, ptx.Imm(0), ptx.Imm(int64(half)), ptx.Imm(1), func() {
+				at := e.Reg(ptx.U32)
+				e.Emit("mad.lo.u32", at, j, ptx.Imm(4), segAddr)
+				t := e.Reg(ptx.F32)
+				e.Emit("ld.shared.f32", t, ptx.Addr{Base: at})
+				e.Emit("add.rn.f32", ss, ss, t)
+			})
+			e.Emit("mul.rn.f32", ss, ss, ptx.F32Imm(1/float32(d)))
+			e.Emit("add.rn.f32", ss, ss, ptx.F32Imm(c.Eps))
+			rs := e.Reg(ptx.F32)
+			e.Emit("rsqrt.approx.f32", rs, ss)
+			isK := e.cmp("ge", ptx.U32, h, ptx.Imm(int64(c.Heads)))
+			w := e.Reg(ptx.U64)
+			e.Emit("selp.b64", w, kn, qn, isK)
+			wa := e.byteAddr(w, i, ws)
+			for _, x := range []struct {
+				r   ptx.Reg
+				off int
+			}{{x0, 0}, {x1, half * ws}} {
+				e.Emit("mul.rn.f32", x.r, x.r, rs)
+				e.Emit("mul.rn.f32", x.r, x.r, e.loadAt(ptx.Addr{Base: wa, Offset: int64(x.off)}, c.WDtype))
+			}
+			rotate(h, a, x0, x1)
+		})
+		// The next iteration overwrites the partial sums.
+		e.Emit("bar.sync", ptx.Imm(0))
+	})
 }
 
 // RopeTables returns cos and sin of pos*inv_freq[i] as [maxPos, headDim/2] tables, with

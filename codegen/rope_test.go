@@ -107,3 +107,63 @@ func TestRopeTablesLlama3(t *testing.T) {
 		t.Errorf("unscaled inv_freq[63] = %g", plain[63])
 	}
 }
+
+// TestRopeKVQwenKernel covers the bias (Qwen2) and QK-norm (Qwen3) options, alone and
+// together, over head dims whose halves fill a warp, part of one, and one and a half.
+func TestRopeKVQwenKernel(t *testing.T) {
+	r := rand.New(rand.NewPCG(23, 24))
+	for _, c := range []RopeConfig{
+		{Heads: 4, KVHeads: 1, HeadDim: 32, BlockSize: 4, MaxBlocksPerSeq: 4, KVDtype: ptx.F32, Bias: true, WDtype: ptx.BF16},
+		{Heads: 4, KVHeads: 2, HeadDim: 64, BlockSize: 8, MaxBlocksPerSeq: 2, KVDtype: ptx.BF16, QKNorm: true, Eps: 1e-6, WDtype: ptx.BF16},
+		{Heads: 3, KVHeads: 1, HeadDim: 96, BlockSize: 2, MaxBlocksPerSeq: 8, KVDtype: ptx.F32, Bias: true, QKNorm: true, Eps: 1e-5, WDtype: ptx.F32},
+		// 40 q/k heads over 16 heads per block: the last iteration leaves most heads idle.
+		{Heads: 32, KVHeads: 8, HeadDim: 128, BlockSize: 4, MaxBlocksPerSeq: 2, KVDtype: ptx.F32, QKNorm: true, Eps: 1e-6, WDtype: ptx.BF16},
+	} {
+		k, err := RopeKV("rope_qwen_test", c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		const rows, seqs = 3, 2
+		maxPos := c.BlockSize * c.MaxBlocksPerSeq
+		cos, sin := RopeTables(1e6, c.HeadDim, maxPos, nil)
+		kv := newKVFixture(r, c, seqs)
+		width := (c.Heads + 2*c.KVHeads) * c.HeadDim
+		args := []targ{
+			{name: "qkv", f32: randF32(r, rows*width, 1), out: rows * width},
+			{name: "cos", f32: cos}, {name: "sin", f32: sin},
+			{name: "pos", u32: []uint32{0, uint32(maxPos - 1), 3}}, {name: "seq", u32: []uint32{0, 1, 1}},
+			{name: "block_table", u32: kv.table}, kv.kcache, kv.vcache,
+		}
+		weight := func(name string, n int, scale float32) targ {
+			a := targ{name: name, f32: randF32(r, n, scale)}
+			if c.WDtype == ptx.BF16 {
+				a.bf16, a.f32 = a.f32, nil
+			}
+			return a
+		}
+		if c.Bias {
+			args = append(args, weight("bias", width, 0.5))
+		}
+		if c.QKNorm {
+			args = append(args, weight("q_norm", c.HeadDim, 2), weight("k_norm", c.HeadDim, 2))
+		}
+		for i, p := range k.Params {
+			if p.Name != args[i].name {
+				t.Fatalf("%+v: parameter %d is %s, want %s", c, i, p.Name, args[i].name)
+			}
+		}
+		checkKernel(t, k, c.Launch(rows), args)
+	}
+}
+
+func TestRopeKVRejectsBadOptions(t *testing.T) {
+	base := RopeConfig{Heads: 2, KVHeads: 1, HeadDim: 8, BlockSize: 4, MaxBlocksPerSeq: 1, KVDtype: ptx.F32}
+	noEps, noDtype := base, base
+	noEps.QKNorm, noEps.WDtype = true, ptx.F32
+	noDtype.Bias = true
+	for _, c := range []RopeConfig{noEps, noDtype} {
+		if _, err := RopeKV("r", c); err == nil {
+			t.Errorf("%+v accepted", c)
+		}
+	}
+}

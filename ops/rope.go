@@ -1,6 +1,9 @@
 package ops
 
-import "fmt"
+import (
+	"fmt"
+	"math"
+)
 
 func init() { Register("rope_kv", buildRopeKV) }
 
@@ -77,8 +80,39 @@ func (v *kvView) slot(s, p int) int {
 	return int(v.table[s*v.MaxBlocksPerSeq+p/v.BlockSize])*v.BlockSize + p%v.BlockSize
 }
 
+// RopeKVAttrs are the attributes of op "rope_kv". The options add parameters after the eight
+// of the plain op, in this order: bias when Bias, then q_norm and k_norm when QKNorm.
+type RopeKVAttrs struct {
+	KVAttrs
+	// Bias adds bias [(Heads+2*KVHeads)*HeadDim] (stored in WDtype) to the whole row first:
+	// Qwen2's q, k and v projection biases. The biased v is written back to the row too.
+	Bias bool `json:"bias,omitempty"`
+	// QKNorm RMS-normalises every q head with q_norm and every k head with k_norm
+	// ([HeadDim] each, stored in WDtype; eps Eps) before rotating it: Qwen3's QK-norm.
+	QKNorm bool    `json:"qk_norm,omitempty"`
+	Eps    float32 `json:"eps,omitempty"`
+	WDtype string  `json:"w_dtype,omitempty"`
+}
+
+// weightArg views a bias or norm weight argument of n elements.
+func (a RopeKVAttrs) weightArg(arg Arg, n int) (weights, error) {
+	switch a.WDtype {
+	case "bf16":
+		if len(arg.Mem) < 2*n {
+			return weights{}, fmt.Errorf("holds %d bytes, needs %d", len(arg.Mem), 2*n)
+		}
+		return weights{bf16: arg.U16()}, nil
+	case "f32":
+		if len(arg.Mem) < 4*n {
+			return weights{}, fmt.Errorf("holds %d bytes, needs %d", len(arg.Mem), 4*n)
+		}
+		return weights{f32: arg.F32()}, nil
+	}
+	return weights{}, fmt.Errorf("w_dtype %q: want f32 or bf16", a.WDtype)
+}
+
 func buildRopeKV(attrs []byte) (Runner, error) {
-	var a KVAttrs
+	var a RopeKVAttrs
 	if err := DecodeAttrs(attrs, &a); err != nil {
 		return nil, err
 	}
@@ -86,13 +120,46 @@ func buildRopeKV(attrs []byte) (Runner, error) {
 	if err != nil {
 		return nil, fmt.Errorf("rope_kv: %w", err)
 	}
+	if a.Bias || a.QKNorm {
+		if _, err := a.weightArg(Arg{}, 0); err != nil {
+			return nil, fmt.Errorf("rope_kv: %w", err)
+		}
+	}
+	if a.QKNorm && !(a.Eps > 0) {
+		return nil, fmt.Errorf("rope_kv: qk-norm eps %g: want positive", a.Eps)
+	}
+	nargs := 8
+	if a.Bias {
+		nargs++
+	}
+	if a.QKNorm {
+		nargs += 2
+	}
 	return RunnerFunc(func(args []Arg, l Launch) error {
 		rows := l.Grid[0]
-		half := a.HeadDim / 2
-		if err := CheckArgs("rope_kv", args, 4*rows*a.rowWidth(), 0, 0, 4*rows, 4*rows, 0, 0, 0); err != nil {
+		half, d := a.HeadDim/2, a.HeadDim
+		need := make([]int, nargs)
+		copy(need, []int{4 * rows * a.rowWidth(), 0, 0, 4 * rows, 4 * rows, 0, 0, 0})
+		if err := CheckArgs("rope_kv", args, need...); err != nil {
 			return err
 		}
-		v, err := newKVView("rope_kv", a, size, rows, args[3], args[4], args[5], args[6], args[7])
+		var bias, qn, kn weights
+		next := 8
+		if a.Bias {
+			if bias, err = a.weightArg(args[next], a.rowWidth()); err != nil {
+				return fmt.Errorf("rope_kv: bias %w", err)
+			}
+			next++
+		}
+		if a.QKNorm {
+			if qn, err = a.weightArg(args[next], d); err != nil {
+				return fmt.Errorf("rope_kv: q_norm %w", err)
+			}
+			if kn, err = a.weightArg(args[next+1], d); err != nil {
+				return fmt.Errorf("rope_kv: k_norm %w", err)
+			}
+		}
+		v, err := newKVView("rope_kv", a.KVAttrs, size, rows, args[3], args[4], args[5], args[6], args[7])
 		if err != nil {
 			return err
 		}
@@ -108,22 +175,49 @@ func buildRopeKV(attrs []byte) (Runner, error) {
 				p := int(v.pos[r])
 				c, s := cos[p*half:(p+1)*half], sin[p*half:(p+1)*half]
 				row := qkv[r*a.rowWidth() : (r+1)*a.rowWidth()]
+				if a.Bias {
+					for i := range row {
+						row[i] += bias.at(i)
+					}
+				}
 				for h := 0; h < a.Heads+a.KVHeads; h++ {
-					x := row[h*a.HeadDim : (h+1)*a.HeadDim]
+					x := row[h*d : (h+1)*d]
+					if a.QKNorm {
+						w := qn
+						if h >= a.Heads {
+							w = kn
+						}
+						headNorm(x, w, a.Eps)
+					}
 					for i := 0; i < half; i++ {
 						x0, x1 := x[i], x[i+half]
 						x[i] = float32(x0*c[i]) - float32(x1*s[i])
 						x[i+half] = float32(x1*c[i]) + float32(x0*s[i])
 					}
 				}
-				base := v.slot(int(v.seq[r]), p) * a.KVHeads * a.HeadDim
-				kv := a.KVHeads * a.HeadDim
+				base := v.slot(int(v.seq[r]), p) * a.KVHeads * d
+				kv := a.KVHeads * d
 				for i := 0; i < kv; i++ {
-					storeElem(v.kcache, size, base+i, row[a.Heads*a.HeadDim+i])
-					storeElem(v.vcache, size, base+i, row[a.Heads*a.HeadDim+kv+i])
+					storeElem(v.kcache, size, base+i, row[a.Heads*d+i])
+					storeElem(v.vcache, size, base+i, row[a.Heads*d+kv+i])
 				}
 			}
 		})
 		return nil
 	}), nil
+}
+
+// headNorm is RMSNorm over one head in the order the RopeKV kernel sums: the squares of
+// elements i and i+HeadDim/2 paired, the pairs added in i order, all in float32.
+func headNorm(x []float32, w weights, eps float32) {
+	half := len(x) / 2
+	var ss float32
+	for i := 0; i < half; i++ {
+		ss += float32(x[i]*x[i]) + float32(x[i+half]*x[i+half])
+	}
+	mean := float32(ss*(1/float32(len(x)))) + eps
+	r := float32(1 / math.Sqrt(float64(mean)))
+	for i, v := range x {
+		x[i] = float32(v*r) * w.at(i)
+	}
 }
