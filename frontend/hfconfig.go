@@ -30,6 +30,10 @@ type HFConfig struct {
 	RopeScaling       *RopeScaling
 	BOSTokenID        *int
 	EOSTokenIDs       []int
+	ModelType         string // "" when absent
+	AttentionBias     *bool
+	SlidingWindow     *int // nil when absent or null (no window)
+	UseSlidingWindow  *bool
 }
 
 // hfConfigJSON mirrors the JSON; the fields whose JSON type varies are decoded by hand.
@@ -47,6 +51,10 @@ type hfConfigJSON struct {
 	RopeScaling       json.RawMessage `json:"rope_scaling"`
 	BOSTokenID        *int            `json:"bos_token_id"`
 	EOSTokenID        json.RawMessage `json:"eos_token_id"`
+	ModelType         string          `json:"model_type"`
+	AttentionBias     *bool           `json:"attention_bias"`
+	SlidingWindow     *int            `json:"sliding_window"`
+	UseSlidingWindow  *bool           `json:"use_sliding_window"`
 }
 
 type ropeScalingJSON struct {
@@ -108,6 +116,10 @@ func parseHFConfig(path string, data []byte) (*HFConfig, error) {
 		RMSNormEps:        raw.RMSNormEps,
 		TieWordEmbeddings: raw.TieWordEmbeddings,
 		BOSTokenID:        raw.BOSTokenID,
+		ModelType:         raw.ModelType,
+		AttentionBias:     raw.AttentionBias,
+		SlidingWindow:     raw.SlidingWindow,
+		UseSlidingWindow:  raw.UseSlidingWindow,
 	}
 	var err error
 	if c.EOSTokenIDs, err = eosIDs(raw.EOSTokenID); err != nil {

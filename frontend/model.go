@@ -6,12 +6,13 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 
 	"gopkg.in/yaml.v3"
 )
 
 // Families this version can compile.
-var families = []string{"llama"}
+var families = []string{"llama", "mistral", "qwen2", "qwen3"}
 
 var (
 	modelKeys       = []string{"model", "family", "dims", "config", "weights", "dtype", "kv_dtype", "tokenizer", "bos", "eos", "serving"}
@@ -83,16 +84,13 @@ func (p *parser) model(root *yaml.Node) *Model {
 		abs = p.file
 	}
 	m := &Model{Pos: p.pos(root), Path: abs, Dir: p.dir, Dtype: "bf16", KVDtype: "f32", BOS: -1}
-	p.require(top, "model spec", "model", "family", "weights", "tokenizer")
+	p.require(top, "model spec", "model", "weights", "tokenizer")
 	if n := top.get("model"); n != nil {
 		if s, ok := p.str(n, "model"); ok && s == "" {
 			p.errorf(n, "", "model: name must not be empty")
 		} else {
 			m.Name = s
 		}
-	}
-	if n := top.get("family"); n != nil {
-		m.Family, _ = p.oneOf(n, "family", families)
 	}
 	if n := top.get("dtype"); n != nil {
 		m.Dtype, _ = p.oneOf(n, "dtype", weightDtypes)
@@ -109,7 +107,60 @@ func (p *parser) model(root *yaml.Node) *Model {
 	cfg := p.dims(top, m)
 	p.specialTokens(top, m, cfg)
 	p.serving(top, m)
+	p.family(top, m, cfg)
 	return m
+}
+
+// family sets the family from family: or else config.json's model_type, and the attention
+// options it implies (Hugging Face: Qwen2 has q/k/v biases, Qwen3 QK-norm). It rejects
+// configs that ask for what the forward lacks: o_proj biases and sliding windows that a
+// sequence could outgrow.
+func (p *parser) family(top *mapping, m *Model, cfg *HFConfig) {
+	n := top.get("family")
+	if n != nil {
+		m.Family, _ = p.oneOf(n, "family", families)
+	}
+	cfgPos := top.keyPos(p, "config")
+	switch {
+	case cfg != nil && cfg.ModelType != "":
+		switch {
+		case !contains(families, cfg.ModelType):
+			p.errorAt(cfgPos, "supported: "+strings.Join(families, ", "), "config.json model_type %q is not a supported family", cfg.ModelType)
+		case n == nil:
+			m.Family = cfg.ModelType
+		case m.Family != "" && m.Family != cfg.ModelType:
+			p.errorf(n, "drop family: to take config.json's", "family %s, but config.json model_type is %s", m.Family, cfg.ModelType)
+		}
+	case n == nil && (cfg != nil || top.get("config") == nil):
+		hint := ""
+		if cfg != nil {
+			hint = "config.json has no model_type either"
+		}
+		p.errorf(p.owner(top.node), hint, "model spec: missing key %q", "family")
+	}
+	m.QKVBias, m.QKNorm = m.Family == "qwen2", m.Family == "qwen3"
+	if cfg == nil || m.Family == "" {
+		return
+	}
+	// Qwen2 ignores attention_bias (its q/k/v biases are fixed); the others bias o_proj too.
+	if cfg.AttentionBias != nil && *cfg.AttentionBias && m.Family != "qwen2" {
+		p.errorAt(cfgPos, "", "config.json attention_bias: projection biases (o_proj included) are not supported for family %s", m.Family)
+	}
+	window := 0
+	switch m.Family {
+	case "mistral":
+		if cfg.SlidingWindow != nil {
+			window = *cfg.SlidingWindow
+		}
+	case "qwen2", "qwen3":
+		if cfg.UseSlidingWindow != nil && *cfg.UseSlidingWindow && cfg.SlidingWindow != nil {
+			window = *cfg.SlidingWindow
+		}
+	}
+	if window > 0 && m.MaxSeqLen > window {
+		p.errorAt(cfgPos, fmt.Sprintf("set serving.max_seq_len to at most %d", window),
+			"config.json sliding_window %d is shorter than serving.max_seq_len %d, and sliding-window attention is not supported", window, m.MaxSeqLen)
+	}
 }
 
 // dims fills the model's dimensions from config: (if any), then dims: on top. It returns the

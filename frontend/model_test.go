@@ -230,7 +230,8 @@ func TestParseModelErrors(t *testing.T) {
 		{"huge", with("  layers: 6", "  layers: 99999999999999999999"), []string{"s.yaml:6:11: dims.layers:"}},
 		{"missing name", with("model: tiny\n", ""), []string{`s.yaml:1:1: model spec: missing key "model"`}},
 		{"missing dims", "model: a\nfamily: llama\nweights: w\ntokenizer: bytes\nbos: 1\n", []string{`missing key "dims" (give dims:`}},
-		{"family", with("family: llama", "family: lama"), []string{`s.yaml:2:9: family: unknown value "lama" (did you mean "llama"? choose from: llama)`}},
+		{"family", with("family: llama", "family: lama"), []string{`s.yaml:2:9: family: unknown value "lama" (did you mean "llama"? choose from: llama, mistral, qwen2, qwen3)`}},
+		{"no family", with("family: llama\n", ""), []string{`s.yaml:1:1: model spec: missing key "family"`}},
 		{"kv heads", with("kv_heads: 2", "kv_heads: 3"), []string{"s.yaml:8:13: dims.kv_heads 3 does not divide dims.heads 8"}},
 		{"head dim default", with("hidden: 256", "hidden: 250"), []string{"s.yaml:7:10: dims.heads 8 does not divide dims.hidden 250", "set dims.head_dim"}},
 		{"dtype", with("tokenizer: bytes\n", "tokenizer: bytes\ndtype: fp8\n"), []string{`s.yaml:13:8: dtype: unknown value "fp8"`}},
@@ -255,6 +256,103 @@ func TestParseModelErrors(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			got := specError(t, parse, c.text)
+			for _, w := range c.want {
+				if !strings.Contains(got, w) {
+					t.Errorf("error\n%s\nlacks %q", got, w)
+				}
+			}
+		})
+	}
+}
+
+// qwen3Config is Qwen3-0.6B's config.json (head_dim 128 is not hidden/heads there).
+const qwen3Config = `{
+  "architectures": ["Qwen3ForCausalLM"],
+  "attention_bias": false,
+  "bos_token_id": 151643,
+  "eos_token_id": 151645,
+  "head_dim": 128,
+  "hidden_size": 1024,
+  "intermediate_size": 3072,
+  "max_window_layers": 28,
+  "model_type": "qwen3",
+  "num_attention_heads": 16,
+  "num_hidden_layers": 28,
+  "num_key_value_heads": 8,
+  "rms_norm_eps": 1e-06,
+  "rope_scaling": null,
+  "rope_theta": 1000000,
+  "sliding_window": null,
+  "tie_word_embeddings": true,
+  "use_sliding_window": false,
+  "vocab_size": 151936
+}`
+
+func TestParseModelFamilies(t *testing.T) {
+	dir := t.TempDir()
+	// config writes a config.json with the edits applied and returns a spec importing it.
+	config := func(name, family string, edits ...string) string {
+		text := qwen3Config
+		for i := 0; i+1 < len(edits); i += 2 {
+			if !strings.Contains(text, edits[i]) {
+				t.Fatalf("qwen3Config lacks %q", edits[i])
+			}
+			text = strings.Replace(text, edits[i], edits[i+1], 1)
+		}
+		if err := os.WriteFile(filepath.Join(dir, name+".json"), []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return "model: m\n" + family + "config: " + name + ".json\nweights: w\ntokenizer: {hf: t}\n"
+	}
+	for _, c := range []struct {
+		name, spec     string
+		family         string
+		bias, norm     bool
+		headDim        int
+		eps, ropeTheta float64
+	}{
+		{"qwen3", config("qwen3", ""), "qwen3", false, true, 128, 1e-6, 1e6},
+		{"qwen3 named", config("qwen3n", "family: qwen3\n"), "qwen3", false, true, 128, 1e-6, 1e6},
+		{"qwen2", config("qwen2", "", `"model_type": "qwen3"`, `"model_type": "qwen2"`), "qwen2", true, false, 128, 1e-6, 1e6},
+		// Qwen2 ignores attention_bias: its q/k/v biases are always there.
+		{"qwen2 bias key", config("qwen2b", "", `"model_type": "qwen3"`, `"model_type": "qwen2"`, `"attention_bias": false`, `"attention_bias": true`),
+			"qwen2", true, false, 128, 1e-6, 1e6},
+		// Mistral-7B-v0.1's window of 4096 covers the default max_seq_len of 2048.
+		{"mistral", config("mistral", "", `"model_type": "qwen3"`, `"model_type": "mistral"`, `"sliding_window": null`, `"sliding_window": 4096`),
+			"mistral", false, false, 128, 1e-6, 1e6},
+		{"no model_type", config("plain", "family: llama\n", `"model_type": "qwen3",`, ""), "llama", false, false, 128, 1e-6, 1e6},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			m, err := ParseModel(filepath.Join(dir, "m.yaml"), []byte(c.spec))
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := []any{m.Family, m.QKVBias, m.QKNorm, m.HeadDim, m.Hidden, m.Heads, m.KVHeads, m.RMSEps, m.RopeTheta, m.BOS, m.EOS}
+			want := []any{c.family, c.bias, c.norm, c.headDim, 1024, 16, 8, c.eps, c.ropeTheta, 151643, []int{151645}}
+			if !reflect.DeepEqual(got, want) {
+				t.Errorf("got %v, want %v", got, want)
+			}
+		})
+	}
+	parse := func(path string, data []byte) error { _, err := ParseModel(path, data); return err }
+	for _, c := range []struct {
+		name, spec string
+		want       []string
+	}{
+		{"mismatch", config("mis", "family: llama\n"), []string{"s.yaml:2:9: family llama, but config.json model_type is qwen3"}},
+		{"unknown type", config("gpt2", "", `"model_type": "qwen3"`, `"model_type": "gpt2"`),
+			[]string{`s.yaml:2:1: config.json model_type "gpt2" is not a supported family (supported: llama, mistral, qwen2, qwen3)`}},
+		{"no family anywhere", config("none", "", `"model_type": "qwen3",`, ""),
+			[]string{`model spec: missing key "family" (config.json has no model_type either)`}},
+		{"o_proj bias", config("obias", "", `"attention_bias": false`, `"attention_bias": true`),
+			[]string{"config.json attention_bias: projection biases (o_proj included) are not supported for family qwen3"}},
+		{"window", config("win", "", `"model_type": "qwen3"`, `"model_type": "mistral"`, `"sliding_window": null`, `"sliding_window": 1024`),
+			[]string{"config.json sliding_window 1024 is shorter than serving.max_seq_len 2048", "set serving.max_seq_len to at most 1024"}},
+		{"qwen window", config("qwin", "", `"sliding_window": null`, `"sliding_window": 512`, `"use_sliding_window": false`, `"use_sliding_window": true`),
+			[]string{"config.json sliding_window 512 is shorter than serving.max_seq_len 2048"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			got := specError(t, func(_ string, data []byte) error { return parse(filepath.Join(dir, "s.yaml"), data) }, c.spec)
 			for _, w := range c.want {
 				if !strings.Contains(got, w) {
 					t.Errorf("error\n%s\nlacks %q", got, w)

@@ -38,7 +38,7 @@ type Model struct {
 	Path          string
 	Dir           string // directory of the spec; relative paths resolve against it
 	Name          string
-	Family        string // "llama"
+	Family        string // "llama", "mistral", "qwen2" or "qwen3"
 	Hidden        int
 	Intermediate  int
 	Layers        int
@@ -50,17 +50,20 @@ type Model struct {
 	RopeScaling   *RopeScaling
 	RMSEps        float64
 	TieEmbeddings bool
-	Dtype         string // weight storage: "bf16" (default) or "f32"
-	KVDtype       string // "f32" (default) or "bf16"
-	Weights       Weights
-	Tokenizer     Tokenizer
-	BOS           int
-	EOS           []int
-	DecodeBuckets []int // batch sizes, ascending
-	PrefillChunks []int // token counts per prefill step, ascending
-	MaxSeqLen     int
-	MaxSeqs       int // requests resident at once (default: largest decode bucket)
-	KVBlockSize   int // tokens per KV page (default 16)
+	// QKVBias: q_proj, k_proj and v_proj carry biases (qwen2). QKNorm: q and k heads are
+	// RMS-normalised before RoPE with q_norm, k_norm and eps RMSEps (qwen3).
+	QKVBias, QKNorm bool
+	Dtype           string // weight storage: "bf16" (default) or "f32"
+	KVDtype         string // "f32" (default) or "bf16"
+	Weights         Weights
+	Tokenizer       Tokenizer
+	BOS             int
+	EOS             []int
+	DecodeBuckets   []int // batch sizes, ascending
+	PrefillChunks   []int // token counts per prefill step, ascending
+	MaxSeqLen       int
+	MaxSeqs         int // requests resident at once (default: largest decode bucket)
+	KVBlockSize     int // tokens per KV page (default 16)
 	// LayersPos is where the layer count was given, for "layer out of range" hints.
 	LayersPos Pos
 }
