@@ -1,0 +1,58 @@
+package ops
+
+import "fmt"
+
+func init() { Register("gemm_tc", buildGemmTC) }
+
+// GemmTCAttrs configures op "gemm_tc", the tensor-core GEMM: y[rows,N] = bf16(x)[rows,K] @
+// w[N,K]^T, with x and y in f32 and w in bf16. x is rounded to bf16 (to nearest even) before
+// it is multiplied, as the tensor cores take bf16 operands; the products are exact and summed
+// in float64 here (f32 on the GPU, in an unspecified order). Parameters: x, w, y (pointers),
+// rows (u32).
+type GemmTCAttrs struct {
+	K int `json:"k"`
+	N int `json:"n"`
+}
+
+func buildGemmTC(attrs []byte) (Runner, error) {
+	var a GemmTCAttrs
+	if err := DecodeAttrs(attrs, &a); err != nil {
+		return nil, err
+	}
+	if a.K <= 0 || a.N <= 0 {
+		return nil, fmt.Errorf("gemm_tc: K=%d N=%d must be positive", a.K, a.N)
+	}
+	return RunnerFunc(func(args []Arg, _ Launch) error {
+		if len(args) != 4 {
+			return fmt.Errorf("gemm_tc: %d arguments, want 4", len(args))
+		}
+		rows := args[3].Int()
+		if err := CheckArgs("gemm_tc", args, 4*rows*a.K, 2*a.N*a.K, 4*rows*a.N, -1); err != nil {
+			return err
+		}
+		gemmTC(args[0].F32(), args[1].U16(), args[2].F32(), rows, a.K, a.N)
+		return nil
+	}), nil
+}
+
+func gemmTC(x []float32, w []uint16, y []float32, rows, k, n int) {
+	xb := make([]float64, rows*k)
+	for i, v := range x[:rows*k] {
+		xb[i] = float64(BF16ToF32(F32ToBF16(v)))
+	}
+	ParallelFor(n, func(lo, hi int) {
+		wrow := make([]float64, k)
+		for j := lo; j < hi; j++ {
+			for i, h := range w[j*k : (j+1)*k] {
+				wrow[i] = float64(BF16ToF32(h))
+			}
+			for r := range rows {
+				s := 0.0
+				for i, xv := range xb[r*k : (r+1)*k] {
+					s += xv * wrow[i]
+				}
+				y[r*n+j] = float32(s)
+			}
+		}
+	})
+}
