@@ -35,13 +35,14 @@ import (
 // past ceil(rows/8) are skipped, x rows past rows read as zero and are never stored. More
 // than 128 rows loop over groups of 128 and stream W again per group (correct, not fast).
 //
-// Bytes moved per call (rows <= 128): W is read from HBM exactly once, N*K*2 bytes. x is
-// read by every block for its K groups: (N/(16*tcWc)) * rows*K*4 bytes from L2 (the tcWc
-// warps of a block share it through L1), and each warp reads rows*K*4/... from L1: per
-// 1 KiB of W a warp touches rows*128 bytes of x. y is written once (rows*N*4). At rows = 8
-// and N = 4096 (tcWc = 1) x's L2 traffic equals W's bytes; at rows = 128 it is 16x. That,
-// and per-lane loads in flight (64 bytes of W per chunk), are what to measure first; the
-// next steps are staging x once per block as bf16 in shared memory and a wider block.
+// Bytes moved per call (rows <= 128): W is read from HBM exactly once, N*K*2 bytes, and y is
+// written once, rows*N*4. Every block reads x for its columns' whole K range, so L2 serves
+// (N/(16*tcWc)) * rows*K*4 bytes of x (a block's column warps share it through L1): at
+// N = 4096 (tcWc = 1) that equals W's bytes at rows = 8 and is 16x them at rows = 128. L1
+// serves each warp rows*128 bytes of x per KiB of W it streams. The next chunk's W is
+// prefetched into registers while the current one is multiplied (64 bytes per lane in
+// flight). What to measure first: achieved HBM bandwidth per row count; if x traffic
+// dominates at large rows, stage x once per block as bf16 in shared memory and widen blocks.
 const (
 	tcWarps     = 8
 	tcRowTiles  = 16 // row tiles (of 8) a warp accumulates at once: 128 rows
@@ -81,6 +82,7 @@ func gemmTC(name string, c GemmConfig, wc int) (*Kernel, error) {
 		return nil, fmt.Errorf("gemm_tc %s: K=%d N=%d must be positive multiples of 16", name, c.K, c.N)
 	}
 	g := tcGen{emitter: newEmitter(name), c: c, wc: wc, wk: tcWarps / wc}
+	g.MaxNTid = 32 * tcWarps
 	g.emit()
 	return finish(g.Kernel, "gemm_tc", ops.GemmTCAttrs{K: c.K, N: c.N})
 }
@@ -161,9 +163,17 @@ func (g *tcGen) mainLoop(r0 ptx.Reg, skip, valid [tcRowTiles]ptx.Reg) {
 		off := g.op3("shl.b32", ptx.U32, g.t, ptx.Imm(3)) // 8t
 		wl := g.byteAddr(wbase, off, 2)
 		xl := g.byteAddr(xbase, off, 4)
+		// Software pipelining: W of chunk ch+Wk loads while chunk ch is multiplied.
+		cur, nxt := g.Regs(ptx.B32, 8), g.Regs(ptx.B32, 8)
+		g.loadW(cur, g.cmp("lt", ptx.U32, g.kg, ptx.Imm(int64(chunks))), wl, g.kg, 4)
 		ch := g.Reg(ptx.U32)
 		g.forLoop(ch, g.kg, ptx.Imm(int64(chunks)), ptx.Imm(int64(g.wk)), func() {
-			g.chunk(g.byteAddr(wl, ch, 64), g.byteAddr(xl, ch, 128), 32, skip, valid)
+			nch := g.op3("add.u32", ptx.U32, ch, ptx.Imm(int64(g.wk)))
+			g.loadW(nxt, g.cmp("lt", ptx.U32, nch, ptx.Imm(int64(chunks))), wl, nch, 4)
+			g.chunk(cur, g.byteAddr(xl, ch, 128), 4, skip, valid)
+			for i := range cur {
+				g.Emit("mov.b32", cur[i], nxt[i])
+			}
 		})
 	}
 	if c.K%32 != 0 {
@@ -171,20 +181,37 @@ func (g *tcGen) mainLoop(r0 ptx.Reg, skip, valid [tcRowTiles]ptx.Reg) {
 		g.when(g.cmp("eq", ptx.U32, g.kg, ptx.Imm(int64(chunks%g.wk))), false, func() {
 			off := g.op3("shl.b32", ptx.U32, g.t, ptx.Imm(2)) // 4t
 			k0 := g.op3("add.u32", ptx.U32, off, ptx.Imm(int64(32*chunks)))
-			g.chunk(g.byteAddr(wbase, k0, 2), g.byteAddr(xbase, k0, 4), 16, skip, valid)
+			wv := g.Regs(ptx.B32, 4)
+			g.loadW(wv, ptx.Reg{}, g.byteAddr(wbase, k0, 2), ptx.Reg{}, 2)
+			g.chunk(wv, g.byteAddr(xbase, k0, 4), 2, skip, valid)
 		})
 	}
 }
 
-// chunk issues the loads and mmas of one K chunk of width 32 or 16: wa and xa are this
-// lane's W (row g) and x (row g of row tile 0) addresses.
-func (g *tcGen) chunk(wa, xa ptx.Reg, width int, skip, valid [tcRowTiles]ptx.Reg) {
-	c := g.c
-	nw := width / 8 // words per W row per lane: 4 or 2
-	wv, wv8 := g.Regs(ptx.B32, nw), g.Regs(ptx.B32, nw)
+// loadW loads this lane's W words of one chunk into wv: nw words (4 for a 32-wide chunk, 2
+// for the 16-wide tail) of row g, then nw of row g+8. With a guard p (a zero Reg means
+// none), it loads only where p holds; chunk ch (a zero Reg means base is already the chunk's
+// address) is 64 bytes past base per step.
+func (g *tcGen) loadW(wv []ptx.Reg, p, base, ch ptx.Reg, nw int) {
+	a := base
+	if ch != (ptx.Reg{}) {
+		a = g.byteAddr(base, ch, 64)
+	}
 	ld := fmt.Sprintf("ld.global.nc.v%d.b32", nw)
-	g.Emit(ld, ptx.Vec(wv), ptx.Addr{Base: wa})
-	g.Emit(ld, ptx.Vec(wv8), ptx.Addr{Base: wa, Offset: int64(8 * 2 * c.K)})
+	for i, off := range []int64{0, int64(8 * 2 * g.c.K)} {
+		if p != (ptx.Reg{}) {
+			g.EmitIf(p, false, ld, ptx.Vec(wv[i*nw:(i+1)*nw]), ptx.Addr{Base: a, Offset: off})
+		} else {
+			g.Emit(ld, ptx.Vec(wv[i*nw:(i+1)*nw]), ptx.Addr{Base: a, Offset: off})
+		}
+	}
+}
+
+// chunk issues the x loads and the mmas of one K chunk: w holds the lane's nw W words of row
+// g then nw of row g+8 (loadW), xa is the lane's x address in row g of row tile 0.
+func (g *tcGen) chunk(w []ptx.Reg, xa ptx.Reg, nw int, skip, valid [tcRowTiles]ptx.Reg) {
+	c := g.c
+	wv, wv8 := w[:nw], w[nw:]
 	xf := g.Regs(ptx.F32, 2*nw)
 	u := g.Regs(ptx.B32, nw)
 	end := g.NewLabel("tiles_done")
