@@ -47,7 +47,9 @@ type ModelConfig struct {
 	RopeScaling   *RopeScaling `json:"rope_scaling,omitempty"`
 	RMSEps        float64      `json:"rms_eps"`
 	TieEmbeddings bool         `json:"tie_embeddings"`
-	WeightDtype   string       `json:"weight_dtype"` // "bf16" or "f32": how weights sit in memory
+	QKVBias       bool         `json:"qkv_bias,omitempty"` // q/k/v projection biases (qwen2)
+	QKNorm        bool         `json:"qk_norm,omitempty"`  // RMSNorm of each q and k head before RoPE (qwen3)
+	WeightDtype   string       `json:"weight_dtype"`       // "bf16" or "f32": how weights sit in memory
 	KVDtype       string       `json:"kv_dtype"`
 	MaxSeqLen     int          `json:"max_seq_len"`
 	MaxSeqs       int          `json:"max_seqs"`      // requests resident at once

@@ -119,7 +119,7 @@ func (g *gen) modelConfig() bundle.ModelConfig {
 	c := bundle.ModelConfig{
 		Name: m.Name, Family: m.Family, Hidden: m.Hidden, Intermediate: m.Intermediate,
 		Layers: m.Layers, Heads: m.Heads, KVHeads: m.KVHeads, HeadDim: m.HeadDim, Vocab: m.Vocab,
-		RopeTheta: m.RopeTheta, RMSEps: m.RMSEps, TieEmbeddings: m.TieEmbeddings,
+		RopeTheta: m.RopeTheta, RMSEps: m.RMSEps, TieEmbeddings: m.TieEmbeddings, QKVBias: m.QKVBias, QKNorm: m.QKNorm,
 		WeightDtype: g.wdt.String(), KVDtype: g.kvdt.String(), MaxSeqLen: m.MaxSeqLen,
 		MaxSeqs: m.MaxSeqs, KVBlockSize: m.KVBlockSize, KVBlocks: g.kvBlocks(),
 		Tokenizer: m.Tokenizer.Kind, BOS: m.BOS, EOS: m.EOS,
@@ -150,6 +150,14 @@ func (g *gen) declareBuffers() {
 		g.buf(layerBuf(l, "attn_norm"), bundle.KindWeight, wd, []int{H}, pre+"input_layernorm.weight")
 		g.buf(layerBuf(l, "wqkv"), bundle.KindWeight, wd, []int{qkv, H},
 			pre+"self_attn.q_proj.weight", pre+"self_attn.k_proj.weight", pre+"self_attn.v_proj.weight")
+		if m.QKVBias {
+			g.buf(layerBuf(l, "qkv_bias"), bundle.KindWeight, wd, []int{qkv},
+				pre+"self_attn.q_proj.bias", pre+"self_attn.k_proj.bias", pre+"self_attn.v_proj.bias")
+		}
+		if m.QKNorm {
+			g.buf(layerBuf(l, "q_norm"), bundle.KindWeight, wd, []int{D}, pre+"self_attn.q_norm.weight")
+			g.buf(layerBuf(l, "k_norm"), bundle.KindWeight, wd, []int{D}, pre+"self_attn.k_norm.weight")
+		}
 		g.buf(layerBuf(l, "wo"), bundle.KindWeight, wd, []int{H, m.Heads * D}, pre+"self_attn.o_proj.weight")
 		g.buf(layerBuf(l, "mlp_norm"), bundle.KindWeight, wd, []int{H}, pre+"post_attention_layernorm.weight")
 		g.buf(layerBuf(l, "wgu"), bundle.KindWeight, wd, []int{2 * I, H}, pre+"mlp.gate_proj.weight", pre+"mlp.up_proj.weight")

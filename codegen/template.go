@@ -8,6 +8,7 @@ import (
 	"xmix/bundle"
 	"xmix/ops"
 	"xmix/passes"
+	"xmix/ptx"
 )
 
 // slots maps kernel parameter names to what they are bound to in one node.
@@ -71,6 +72,13 @@ func (t *tb) add(label string, k *Kernel, err error, l ops.Launch, s slots, mi [
 	t.nodes = append(t.nodes, n)
 }
 
+// fail records the template's first error.
+func (t *tb) fail(err error) {
+	if t.err == nil {
+		t.err = err
+	}
+}
+
 // template emits the forward for one bucket: `rows` token rows, `samples` sampled rows.
 func (g *gen) template(name, kind string, rows, samples int) (bundle.Template, error) {
 	m := g.m
@@ -97,12 +105,30 @@ func (g *gen) template(name, kind string, rows, samples int) (bundle.Template, e
 		}{{"attn.q", m.Heads * D, 0}, {"attn.k", m.KVHeads * D, m.Heads * D}, {"attn.v", m.KVHeads * D, (m.Heads + m.KVHeads) * D}} {
 			t.miKernel(l, h.hook, "act.qkv", h.width, qkvW, h.offset)
 		}
-		rc := RopeConfig{Heads: m.Heads, KVHeads: m.KVHeads, HeadDim: D, BlockSize: m.KVBlockSize, MaxBlocksPerSeq: g.blocks, KVDtype: g.kvdt}
+		rc := RopeConfig{Heads: m.Heads, KVHeads: m.KVHeads, HeadDim: D, BlockSize: m.KVBlockSize, MaxBlocksPerSeq: g.blocks,
+			KVDtype: g.kvdt, Bias: m.QKVBias, QKNorm: m.QKNorm, WDtype: g.wdt}
 		kname := fmt.Sprintf("rope_kv_h%d_kv%d_d%d_%s", m.Heads, m.KVHeads, D, g.kvdt)
+		rs := slots{"cos": buf("rope.cos"), "sin": buf("rope.sin")}
+		if m.QKVBias {
+			kname += "_bias"
+			rs["bias"] = lb("qkv_bias")
+			// The bias lands in RopeKV, after the attn.q/k/v hooks: ops there would see
+			// unbiased values.
+			for _, hook := range []string{"attn.q", "attn.k", "attn.v"} {
+				if len(g.miOps(passes.HostMI, l, "", hook)) > 0 {
+					t.fail(fmt.Errorf("layer %d: hook %s on a model with q/k/v biases is not supported yet", l, hook))
+				}
+			}
+		}
+		if m.QKNorm {
+			kname += "_qknorm"
+			rc.Eps = eps
+			rs["q_norm"], rs["k_norm"] = lb("q_norm"), lb("k_norm")
+		}
 		k, err := g.kernel(kname, func() (*Kernel, error) { return RopeKV(kname, rc) })
 		kv := slots{"pos": buf("ctl.pos"), "seq": buf("ctl.seq"), "block_table": buf("kv.block_table"),
 			"kcache": lb("kcache"), "vcache": lb("vcache"), "qkv": buf("act.qkv")}
-		t.add(fmt.Sprintf("L%d.rope_kv", l), k, err, rc.Launch(rows), merge(kv, slots{"cos": buf("rope.cos"), "sin": buf("rope.sin")}), nil)
+		t.add(fmt.Sprintf("L%d.rope_kv", l), k, err, rc.Launch(rows), merge(kv, rs), nil)
 
 		ac := AttnConfig{Heads: m.Heads, KVHeads: m.KVHeads, HeadDim: D, BlockSize: m.KVBlockSize, MaxBlocksPerSeq: g.blocks,
 			KVDtype: g.kvdt, Scale: float32(1 / math.Sqrt(float64(D)))}
@@ -166,12 +192,24 @@ func miName(base string, mi []MIOp, site string) string {
 	return base + "_mi_" + site
 }
 
+// tensorCoreRows is the bucket size from which GEMMs run on tensor cores (bf16 activations,
+// f32 accumulation): the CUDA-core GEMM's cost grows with rows (on an H200, 4.5x at 8 rows),
+// mma's is flat up to 128. Below it, the CUDA-core GEMM keeps f32 activations.
+const tensorCoreRows = 8
+
 func (t *tb) gemm(label, x string, w bundle.Slot, y string, k, n, rows int) {
 	g := t.g
 	c := GemmConfig{K: k, N: n, WDtype: g.wdt}
+	s := slots{"x": buf(x), "w": w, "y": buf(y), "rows": konst(uint64(rows))}
+	if rows >= tensorCoreRows && g.wdt == ptx.BF16 && k%16 == 0 && n%16 == 0 {
+		name := fmt.Sprintf("gemm_tc_k%d_n%d", k, n)
+		kern, err := g.kernel(name, func() (*Kernel, error) { return GemmTC(name, c) })
+		t.add(label, kern, err, c.LaunchTC(rows), s, nil)
+		return
+	}
 	name := fmt.Sprintf("gemm_k%d_n%d_%s", k, n, g.wdt)
 	kern, err := g.kernel(name, func() (*Kernel, error) { return Gemm(name, c) })
-	t.add(label, kern, err, c.Launch(rows), slots{"x": buf(x), "w": w, "y": buf(y), "rows": konst(uint64(rows))}, nil)
+	t.add(label, kern, err, c.Launch(rows), s, nil)
 }
 
 // addNorm emits the residual add + RMSNorm that ends attention (slot 2L) or the MLP

@@ -36,6 +36,30 @@ eos: [257]
 serving: {decode_buckets: [1, 2, 4], prefill_chunks: [16], max_seq_len: 128, max_seqs: 4, kv_block_size: 16}
 `
 
+// SmallQwen2 is a random Qwen2 (q/k/v biases): GQA, head_dim 32 apart from hidden/heads.
+const SmallQwen2 = `model: small-qwen2
+family: qwen2
+dims: {hidden: 96, intermediate: 160, layers: 2, heads: 4, kv_heads: 2, head_dim: 32, vocab: 300,
+       rope_theta: 1000000, rms_eps: 1.0e-6, tie_embeddings: true}
+weights: {synthetic: {seed: 5, std: 0.08}}
+tokenizer: bytes
+bos: 256
+eos: [257]
+serving: {decode_buckets: [1, 2], prefill_chunks: [16], max_seq_len: 64, max_seqs: 2, kv_block_size: 16}
+`
+
+// SmallQwen3 is a random Qwen3 (per-head QK-norm, rms eps 1e-6, untied embeddings).
+const SmallQwen3 = `model: small-qwen3
+family: qwen3
+dims: {hidden: 128, intermediate: 192, layers: 2, heads: 4, kv_heads: 1, head_dim: 64, vocab: 300,
+       rope_theta: 1000000, rms_eps: 1.0e-6, tie_embeddings: false}
+weights: {synthetic: {seed: 6, std: 0.08}}
+tokenizer: bytes
+bos: 256
+eos: [257]
+serving: {decode_buckets: [1, 2], prefill_chunks: [16], max_seq_len: 64, max_seqs: 2, kv_block_size: 16}
+`
+
 // NewBackend loads a bundle on the backend under test.
 type NewBackend func(t testing.TB, b *bundle.Bundle) loader.Backend
 

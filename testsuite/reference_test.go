@@ -1,11 +1,17 @@
 package testsuite
 
 import (
+	"encoding/binary"
 	"math"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 
 	"xmix/bundle"
+	"xmix/cmd/driver"
 	"xmix/loader"
 	"xmix/loader/cpu"
 	"xmix/ops"
@@ -73,6 +79,14 @@ func (n *naiveLlama) rmsnorm(x []float64, w []float64) []float64 {
 	return out
 }
 
+// headNorm is Qwen3's QK-norm: RMSNorm over each head of x in place.
+func (n *naiveLlama) headNorm(x []float64, w []float64) {
+	D := n.c.HeadDim
+	for h := 0; h < len(x); h += D {
+		copy(x[h:h+D], n.rmsnorm(x[h:h+D], w))
+	}
+}
+
 // matvec: y = W x with W [rows, len(x)] starting at row r0.
 func matvec(w []float64, r0, rows int, x []float64) []float64 {
 	k := len(x)
@@ -116,6 +130,20 @@ func (n *naiveLlama) logits(tokens []int) []float64 {
 			q := matvec(lw("wqkv"), 0, c.Heads*D, h)
 			k := matvec(lw("wqkv"), c.Heads*D, c.KVHeads*D, h)
 			v := matvec(lw("wqkv"), (c.Heads+c.KVHeads)*D, c.KVHeads*D, h)
+			if c.QKVBias {
+				b := lw("qkv_bias")
+				for i := range q {
+					q[i] += b[i]
+				}
+				for i := range k {
+					k[i] += b[c.Heads*D+i]
+					v[i] += b[(c.Heads+c.KVHeads)*D+i]
+				}
+			}
+			if c.QKNorm {
+				n.headNorm(q, lw("q_norm"))
+				n.headNorm(k, lw("k_norm"))
+			}
 			for hd := range c.Heads {
 				n.rope(q[hd*D:(hd+1)*D], t)
 			}
@@ -177,8 +205,44 @@ func (n *naiveLlama) logits(tokens []int) []float64 {
 func layerName(l int, s string) string { return "L" + strconv.Itoa(l) + "." + s }
 
 func TestForwardMatchesFloat64Reference(t *testing.T) {
-	b := Compile(t, SmallModel)
+	for _, c := range []struct{ name, spec string }{
+		{"llama", SmallModel}, {"qwen2", SmallQwen2}, {"qwen3", SmallQwen3},
+	} {
+		t.Run(c.name, func(t *testing.T) { checkForwardReference(t, c.spec) })
+	}
+}
+
+// randomizeVectors gives the bias and QK-norm weights random values: synthetic weights make
+// every 1-D weight 1, which would hide a bias or norm weight read at the wrong index.
+func randomizeVectors(b *bundle.Bundle, be *cpu.Backend) {
+	r := rand.New(rand.NewPCG(7, 8))
+	for _, buf := range b.Manifest.Buffers {
+		scale, offset := 0.0, 0.0
+		switch {
+		case strings.HasSuffix(buf.Name, ".qkv_bias"):
+			scale = 0.5
+		case strings.HasSuffix(buf.Name, ".q_norm"), strings.HasSuffix(buf.Name, ".k_norm"):
+			scale, offset = 0.5, 1
+		default:
+			continue
+		}
+		raw := be.Buffer(buf.Name)
+		if buf.Dtype == "f32" {
+			for i := 0; i < len(raw)/4; i++ {
+				binary.LittleEndian.PutUint32(raw[4*i:], math.Float32bits(float32(offset+scale*(2*r.Float64()-1))))
+			}
+			continue
+		}
+		for i := 0; i < len(raw)/2; i++ {
+			binary.LittleEndian.PutUint16(raw[2*i:], ops.F32ToBF16(float32(offset+scale*(2*r.Float64()-1))))
+		}
+	}
+}
+
+func checkForwardReference(t *testing.T, spec string) {
+	b := Compile(t, spec)
 	be := newCPU(t, b).(*cpu.Backend)
+	randomizeVectors(b, be)
 	rec := &LogitRecorder{Backend: be, Vocab: b.Manifest.Model.Vocab}
 	eng, err := loader.NewEngine(b, rec)
 	if err != nil {
@@ -218,4 +282,23 @@ func TestForwardMatchesFloat64Reference(t *testing.T) {
 	if len(rec.Steps) != 6 {
 		t.Fatalf("%d steps recorded, want 6 (1 prefill + 5 decode)", len(rec.Steps))
 	}
+}
+
+// TestBiasedModelRefusesQKVHooks: Qwen2's biases are added in RopeKV, after the attn.q/k/v
+// hooks, so an op there is refused rather than shown unbiased values.
+func TestBiasedModelRefusesQKVHooks(t *testing.T) {
+	dir := t.TempDir()
+	mp, ap := filepath.Join(dir, "m.yaml"), filepath.Join(dir, "a.yaml")
+	if err := os.WriteFile(mp, []byte(SmallQwen2), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(ap, []byte(captureAt("attn.k", 1, 64)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, err := driver.Build(mp, []string{ap}, driver.Options{Verify: true})
+	if err == nil || !strings.Contains(err.Error(), "layer 1: hook attn.k on a model with q/k/v biases is not supported") {
+		t.Fatalf("got %v, want a refusal of attn.k", err)
+	}
+	// Qwen3 has no biases: the same hook compiles.
+	Compile(t, SmallQwen3, captureAt("attn.k", 1, 64))
 }
