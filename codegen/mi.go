@@ -13,6 +13,9 @@ type MIOp struct {
 	// steer_set, clamp_projection), scale factors, head_ablate's 0/1 column mask, patch values.
 	Vec  string
 	Scal string // buffer of the app's f32 scalar table
+	// ScalStride > 0: Scal holds ScalRows rows of ScalStride scalars, one per sequence slot,
+	// and a row reads its sequence's (ctl_seq); 0: Scal is one row for every row.
+	ScalStride, ScalRows int
 	// Alpha and Bias index the op's scalars in Scal, -1 when unused: Alpha is alpha
 	// (steer_add, scale, head_ablate), value (steer_set) or min (clamp_projection); Bias is
 	// bias (probe_linear) or max (clamp_projection).
@@ -27,13 +30,18 @@ type MIOp struct {
 
 // Gate is one per-row condition evaluated on the device inside the kernel.
 type Gate struct {
-	Kind string // activation | token_in | steps | positions
-	// activation: Buf[row*Width+Col] Cmp Value (Buf written earlier in the same forward)
-	Buf   string
-	Col   int
-	Width int
-	Cmp   string // > >= < <= == !=
-	Value float32
+	Kind string // activation | token_in | after_token | steps | positions
+	// activation: Buf[row*Width+Col] Cmp threshold (Buf written earlier in the same forward);
+	// the threshold is Scal[Thresh-1] of the row when Thresh > 0, else Value.
+	Buf    string
+	Col    int
+	Width  int
+	Cmp    string // > >= < <= == !=
+	Value  float32
+	Thresh int
+	// after_token: bit Latch of the row's ctl_latch, which the host sets once a token of the
+	// latch's set has appeared in the request at or before the row's position.
+	Latch int
 	// token_in: the row's current token (ctl_tokens) is one of Tokens
 	Tokens []int
 	// steps: From <= ctl_gen[row] < To (To 0 = open); positions: prompt | generated | all,

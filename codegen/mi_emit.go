@@ -34,24 +34,26 @@ type miBound struct {
 	ref     ops.MIOp
 	index   int                // i in mi<i>_*
 	params  map[string]ptx.Reg // suffix (vec, scal, out, g<j>) -> pointer
+	scal    ptx.Reg            // this row's scalars: params["scal"], at its sequence's row
 	barrier bool               // a later op's gate reads what this op writes
 }
 
 // miSet is every MI op of one kernel, grouped by where the kernel applies them.
 type miSet struct {
-	groups            [][]*miBound
-	ref               [][]ops.MIOp // reference attributes, per group
-	tokens, gen       bool
-	mask, tok, genReg ptx.Reg // per-row control values, loaded by loadCtl
+	groups                  [][]*miBound
+	ref                     [][]ops.MIOp // reference attributes, per group
+	tokens, gen, seq, latch bool
+	mask, tok, genReg       ptx.Reg // per-row control values, loaded by loadCtl
+	seqReg, latchReg        ptx.Reg
 }
 
 // toRef converts an op to its reference form.
 func (o MIOp) toRef() ops.MIOp {
 	r := ops.MIOp{Template: o.Template, Bit: o.Bit, Width: o.Width, Alpha: o.Alpha, Bias: o.Bias,
-		Activation: o.Activation, OutCol: o.OutCol, OutWidth: o.OutWidth}
+		Activation: o.Activation, OutCol: o.OutCol, OutWidth: o.OutWidth, ScalStride: o.ScalStride, ScalRows: o.ScalRows}
 	for _, g := range o.Gates {
-		r.Gates = append(r.Gates, ops.MIGate{Kind: g.Kind, Col: g.Col, Width: g.Width, Cmp: g.Cmp,
-			Value: g.Value, Tokens: g.Tokens, From: g.From, To: g.To, Positions: g.Positions})
+		r.Gates = append(r.Gates, ops.MIGate{Kind: g.Kind, Col: g.Col, Width: g.Width, Cmp: g.Cmp, Value: g.Value,
+			Thresh: g.Thresh, Latch: g.Latch, Tokens: g.Tokens, From: g.From, To: g.To, Positions: g.Positions})
 	}
 	return r
 }
@@ -82,7 +84,8 @@ func MIBindings(miops []MIOp) map[string]string {
 }
 
 // declareMI validates the ops of each group against the row width and declares ctl_mask,
-// ctl_tokens and ctl_gen (when a gate needs them) and every op's parameters, in that order.
+// then ctl_tokens, ctl_gen, ctl_seq and ctl_latch when an op needs them (see ops.MIControl
+// and ops.MIRequestControl), then every op's parameters, in that order.
 func declareMI(r *rowEmitter, groups ...[]MIOp) (*miSet, error) {
 	m := &miSet{groups: make([][]*miBound, len(groups)), ref: make([][]ops.MIOp, len(groups))}
 	var all []*miBound
@@ -113,6 +116,13 @@ func declareMI(r *rowEmitter, groups ...[]MIOp) (*miSet, error) {
 	}
 	if m.gen {
 		m.genReg = r.param("ctl_gen", ptx.U64)
+	}
+	m.seq, m.latch = ops.MIRequestControl(m.ref...)
+	if m.seq {
+		m.seqReg = r.param("ctl_seq", ptx.U64)
+	}
+	if m.latch {
+		m.latchReg = r.param("ctl_latch", ptx.U64)
 	}
 	for i, b := range all {
 		for _, p := range b.ref.Params() {
@@ -149,6 +159,12 @@ func (m *miSet) loadCtl(r *rowEmitter) {
 	if m.gen {
 		m.genReg = load(m.genReg)
 	}
+	if m.seq {
+		m.seqReg = load(m.seqReg)
+	}
+	if m.latch {
+		m.latchReg = load(m.latchReg)
+	}
 }
 
 // emit applies group g's ops to x in order. When dirty is given, an op that changes x sets
@@ -161,6 +177,14 @@ func (m *miSet) emit(r *rowEmitter, g int, x []ptx.Reg, dirty *ptx.Reg) {
 		off := r.Reg(ptx.Pred)
 		r.Emit("setp.eq.u32", off, bit, ptx.Imm(0))
 		r.EmitIf(off, false, "bra.uni", ptx.Sym(skip))
+		b.scal = b.params["scal"]
+		if b.ScalStride > 0 && b.scal.T != 0 {
+			// Only rows that enable the app pay for finding their sequence's scalars.
+			base := r.Reg(ptx.U64)
+			r.Emit("mul.wide.u32", base, m.seqReg, ptx.Imm(int64(4*b.ScalStride)))
+			r.Emit("add.u64", base, base, b.scal)
+			b.scal = base
+		}
 		if p := m.gates(r, b); p != nil {
 			r.EmitIf(*p, true, "bra.uni", ptx.Sym(skip))
 		}
@@ -202,9 +226,17 @@ func (m *miSet) gates(r *rowEmitter, b *miBound) *ptx.Reg {
 			r.Emit("add.u64", a, a, buf)
 			v := r.Reg(ptx.F32)
 			r.Emit("ld.global.f32", v, ptx.Addr{Base: a, Offset: int64(4 * g.Col)})
+			var thresh ptx.Operand = ptx.F32Imm(g.Value)
+			if g.Thresh > 0 {
+				thresh = r.scalar(b, g.Thresh-1)
+			}
 			p := r.Reg(ptx.Pred)
-			r.Emit("setp."+ops.MICmps[g.Cmp]+".f32", p, v, ptx.F32Imm(g.Value))
+			r.Emit("setp."+ops.MICmps[g.Cmp]+".f32", p, v, thresh)
 			and(p)
+		case "after_token":
+			bit := r.Reg(ptx.U32)
+			r.Emit("and.b32", bit, m.latchReg, ptx.Imm(int64(1)<<g.Latch))
+			and(setp("ne.u32", bit, 0))
 		case "token_in":
 			p := setp("eq.u32", m.tok, int64(g.Tokens[0]))
 			for _, t := range g.Tokens[1:] {
@@ -234,10 +266,10 @@ func (r *rowEmitter) outPtr(b *miBound) rowPtr {
 	return r.ptr(b.params["out"], r.row, b.OutWidth, b.OutCol, ptx.F32, false)
 }
 
-// scalar loads Scal[idx].
+// scalar loads the row's Scal[idx].
 func (r *rowEmitter) scalar(b *miBound, idx int) ptx.Reg {
 	v := r.Reg(ptx.F32)
-	r.Emit("ld.global.nc.f32", v, ptx.Addr{Base: b.params["scal"], Offset: int64(4 * idx)})
+	r.Emit("ld.global.nc.f32", v, ptx.Addr{Base: b.scal, Offset: int64(4 * idx)})
 	return v
 }
 

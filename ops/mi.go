@@ -17,19 +17,28 @@ type MIOp struct {
 	OutCol     int      `json:"out_col,omitempty"`
 	OutWidth   int      `json:"out_width,omitempty"`
 	Gates      []MIGate `json:"gates,omitempty"`
+	// ScalStride > 0 makes Scal a table of ScalRows rows of ScalStride scalars, one row per
+	// sequence slot, so that each request carries its own values: row r reads
+	// Scal[ctl_seq[r]*ScalStride + idx]. With 0, every row reads the one row Scal holds.
+	ScalStride int `json:"scal_stride,omitempty"`
+	ScalRows   int `json:"scal_rows,omitempty"`
 }
 
 // MIGate is one per-row condition of an MIOp (see codegen.Gate for the meaning of each field).
 type MIGate struct {
-	Kind      string  `json:"kind"`
-	Col       int     `json:"col,omitempty"`
-	Width     int     `json:"width,omitempty"`
-	Cmp       string  `json:"cmp,omitempty"`
-	Value     float32 `json:"value,omitempty"`
-	Tokens    []int   `json:"tokens,omitempty"`
-	From      int     `json:"from,omitempty"`
-	To        int     `json:"to,omitempty"`
-	Positions string  `json:"positions,omitempty"`
+	Kind  string  `json:"kind"`
+	Col   int     `json:"col,omitempty"`
+	Width int     `json:"width,omitempty"`
+	Cmp   string  `json:"cmp,omitempty"`
+	Value float32 `json:"value,omitempty"`
+	// Thresh is 1 + the index in Scal of an activation gate's threshold, which then replaces
+	// the constant Value (0: Value is the threshold).
+	Thresh    int    `json:"thresh,omitempty"`
+	Latch     int    `json:"latch,omitempty"` // after_token: the bit of ctl_latch it tests
+	Tokens    []int  `json:"tokens,omitempty"`
+	From      int    `json:"from,omitempty"`
+	To        int    `json:"to,omitempty"`
+	Positions string `json:"positions,omitempty"`
 }
 
 // MIUse says whether a template reads one of its scalars.
@@ -96,6 +105,12 @@ func (o MIOp) Validate(rowWidth int) error {
 	if o.Activation != "" && (o.Template != "probe_linear" || o.Activation != "sigmoid") {
 		return fmt.Errorf("%s: activation %q not supported", o.Template, o.Activation)
 	}
+	if o.ScalStride < 0 || o.ScalRows < 0 || (o.ScalStride > 0) != (o.ScalRows > 0) {
+		return fmt.Errorf("%s: scalar table of %d rows of %d", o.Template, o.ScalRows, o.ScalStride)
+	}
+	if n := o.scalLen(); o.ScalStride > 0 && n > o.ScalStride {
+		return fmt.Errorf("%s: reads %d scalars from rows of %d", o.Template, n, o.ScalStride)
+	}
 	if n := o.outLen(); n > 0 && (o.OutCol < 0 || o.OutCol+n > o.OutWidth) {
 		return fmt.Errorf("%s: %d output columns at %d do not fit an output row of %d", o.Template, n, o.OutCol, o.OutWidth)
 	}
@@ -128,6 +143,13 @@ func (g MIGate) validate() error {
 		}
 		if g.Width <= 0 || g.Col < 0 || g.Col >= g.Width {
 			return fmt.Errorf("column %d outside a buffer row of %d", g.Col, g.Width)
+		}
+		if g.Thresh < 0 {
+			return fmt.Errorf("threshold index %d not allowed", g.Thresh-1)
+		}
+	case "after_token":
+		if g.Latch < 0 || g.Latch > 31 {
+			return fmt.Errorf("latch bit %d outside 0..31", g.Latch)
 		}
 	case "token_in":
 		if len(g.Tokens) == 0 {
@@ -172,6 +194,11 @@ func (o MIOp) scalLen() int {
 	if t.Bias != MIUnused {
 		n = max(n, o.Bias+1)
 	}
+	for _, g := range o.Gates {
+		if g.Kind == "activation" {
+			n = max(n, g.Thresh)
+		}
+	}
 	return n
 }
 
@@ -214,6 +241,9 @@ func (o MIOp) bytes(p MIParam, rows int) int {
 	case "vec":
 		return 4 * o.Width
 	case "scal":
+		if o.ScalStride > 0 {
+			return 4 * o.ScalStride * o.ScalRows
+		}
 		return 4 * o.scalLen()
 	case "out":
 		return 4 * rows * o.OutWidth
@@ -239,10 +269,25 @@ func MIControl(groups ...[]MIOp) (tokens, gen bool) {
 	return tokens, gen
 }
 
+// MIRequestControl says which per-request control arrays a kernel with these ops takes after
+// those of MIControl: ctl_seq (the row's sequence slot, when an op reads per-request
+// scalars) and ctl_latch (the row's after_token latch bits).
+func MIRequestControl(groups ...[]MIOp) (seq, latch bool) {
+	for _, ops := range groups {
+		for _, o := range ops {
+			seq = seq || (o.ScalStride > 0 && o.scalLen() > 0)
+			for _, g := range o.Gates {
+				latch = latch || g.Kind == "after_token"
+			}
+		}
+	}
+	return seq, latch
+}
+
 // miCtl is the per-row control block a kernel reads: app mask, current token, generation step
-// (as int32; negative on prompt rows).
+// (as int32; negative on prompt rows), sequence slot and latch bits.
 type miCtl struct {
-	mask, tokens, gen []uint32
+	mask, tokens, gen, seq, latch []uint32
 }
 
 // miBound is an MIOp with its buffers.
@@ -298,6 +343,33 @@ func bindCtl(c *argCursor, rows int, groups ...[]MIOp) (miCtl, error) {
 		}
 		ctl.gen = a.U32()
 	}
+	seq, latch := MIRequestControl(groups...)
+	if seq {
+		if a, err = c.take("ctl_seq", 4*rows); err != nil {
+			return ctl, err
+		}
+		ctl.seq = a.U32()
+		// Every row reads its sequence's row of each per-request table, so every row's
+		// sequence must have one (padding rows included: they name the padding sequence).
+		for _, ops := range groups {
+			for _, o := range ops {
+				if o.ScalStride == 0 {
+					continue
+				}
+				for r, s := range ctl.seq {
+					if int64(s) >= int64(o.ScalRows) {
+						return ctl, fmt.Errorf("ctl_seq[%d] = %d outside a scalar table of %d rows", r, s, o.ScalRows)
+					}
+				}
+			}
+		}
+	}
+	if latch {
+		if a, err = c.take("ctl_latch", 4*rows); err != nil {
+			return ctl, err
+		}
+		ctl.latch = a.U32()
+	}
 	return ctl, nil
 }
 
@@ -330,37 +402,51 @@ func bindMI(c *argCursor, rows, rowWidth, first int, ops []MIOp) ([]miBound, err
 	return bound, nil
 }
 
-// enabled is the op's row predicate: the app bit and every gate.
-func (b *miBound) enabled(row int, ctl miCtl) bool {
+// scalars is the part of Scal that row reads: its sequence's row of a per-request table.
+func (b *miBound) scalars(row int, ctl miCtl) []float32 {
+	if b.ScalStride == 0 {
+		return b.scal
+	}
+	base := int(ctl.seq[row]) * b.ScalStride
+	return b.scal[base : base+b.ScalStride]
+}
+
+// enabled is the op's row predicate: the app bit and every gate; sc is the row's scalars.
+func (b *miBound) enabled(row int, ctl miCtl, sc []float32) bool {
 	if ctl.mask[row]>>b.Bit&1 == 0 {
 		return false
 	}
 	for j, g := range b.Gates {
-		if !g.holds(row, ctl, b.gates[j]) {
+		if !g.holds(row, ctl, b.gates[j], sc) {
 			return false
 		}
 	}
 	return true
 }
 
-func (g MIGate) holds(row int, ctl miCtl, buf []float32) bool {
+func (g MIGate) holds(row int, ctl miCtl, buf, sc []float32) bool {
 	switch g.Kind {
 	case "activation":
-		v := buf[row*g.Width+g.Col]
+		v, t := buf[row*g.Width+g.Col], g.Value
+		if g.Thresh > 0 {
+			t = sc[g.Thresh-1]
+		}
 		switch g.Cmp {
 		case ">":
-			return v > g.Value
+			return v > t
 		case ">=":
-			return v >= g.Value
+			return v >= t
 		case "<":
-			return v < g.Value
+			return v < t
 		case "<=":
-			return v <= g.Value
+			return v <= t
 		case "==":
-			return v == g.Value
+			return v == t
 		default: // "!=", the only one left after validation
-			return v != g.Value
+			return v != t
 		}
+	case "after_token":
+		return ctl.latch[row]>>g.Latch&1 != 0
 	case "token_in":
 		for _, t := range g.Tokens {
 			if uint32(t) == ctl.tokens[row] {
@@ -389,7 +475,8 @@ func (g MIGate) holds(row int, ctl miCtl, buf []float32) bool {
 func applyMI(ops []miBound, row int, ctl miCtl, x []float32) {
 	for i := range ops {
 		b := &ops[i]
-		if !b.enabled(row, ctl) {
+		sc := b.scalars(row, ctl)
+		if !b.enabled(row, ctl, sc) {
 			continue
 		}
 		switch b.Template {
@@ -398,14 +485,14 @@ func applyMI(ops []miBound, row int, ctl miCtl, x []float32) {
 		case "probe_linear":
 			s := dot64(x, b.vec)
 			if b.Bias >= 0 {
-				s += float64(b.scal[b.Bias])
+				s += float64(sc[b.Bias])
 			}
 			if b.Activation == "sigmoid" {
 				s = 1 / (1 + math.Exp(-s))
 			}
 			b.out[row*b.OutWidth+b.OutCol] = float32(s)
 		case "steer_add":
-			alpha := b.scal[b.Alpha]
+			alpha := sc[b.Alpha]
 			for k := range b.Width {
 				x[k] += float32(alpha * b.vec[k])
 			}
@@ -416,14 +503,14 @@ func applyMI(ops []miBound, row int, ctl miCtl, x []float32) {
 			}
 		case "steer_set", "clamp_projection":
 			p := float32(dot64(x, b.vec))
-			c := b.target(p)
+			c := b.target(p, sc)
 			a := c - p
 			for k := range b.Width {
 				x[k] += float32(a * b.vec[k])
 			}
 		case "scale":
 			if b.Alpha >= 0 {
-				alpha := b.scal[b.Alpha]
+				alpha := sc[b.Alpha]
 				for k := range b.Width {
 					x[k] *= alpha
 				}
@@ -433,7 +520,7 @@ func applyMI(ops []miBound, row int, ctl miCtl, x []float32) {
 				}
 			}
 		case "head_ablate":
-			alpha := b.scal[b.Alpha]
+			alpha := sc[b.Alpha]
 			for k := range b.Width {
 				if b.vec[k] != 0 {
 					x[k] *= alpha
@@ -446,19 +533,20 @@ func applyMI(ops []miBound, row int, ctl miCtl, x []float32) {
 }
 
 // target is the projection steer_set and clamp_projection leave along their direction, given
-// the current one p. The clamp follows PTX max/min, where a NaN operand loses to the other.
-func (b *miBound) target(p float32) float32 {
+// the current one p and the row's scalars sc. The clamp follows PTX max/min, where a NaN
+// operand loses to the other.
+func (b *miBound) target(p float32, sc []float32) float32 {
 	if b.Template == "steer_set" {
-		return b.scal[b.Alpha]
+		return sc[b.Alpha]
 	}
 	c := p
 	if b.Alpha >= 0 {
-		if lo := b.scal[b.Alpha]; c < lo || isNaN(c) {
+		if lo := sc[b.Alpha]; c < lo || isNaN(c) {
 			c = lo
 		}
 	}
 	if b.Bias >= 0 {
-		if hi := b.scal[b.Bias]; c > hi || isNaN(c) {
+		if hi := sc[b.Bias]; c > hi || isNaN(c) {
 			c = hi
 		}
 	}

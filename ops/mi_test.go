@@ -318,12 +318,59 @@ func TestMIScaleParams(t *testing.T) {
 // TestMIClampNaN: the reference clamp follows PTX max/min, where a NaN operand loses.
 func TestMIClampNaN(t *testing.T) {
 	nan := float32(math.NaN())
-	b := miBound{MIOp: MIOp{Template: "clamp_projection", Alpha: 0, Bias: 1}, scal: []float32{-1, 1}}
-	if got := b.target(nan); got != -1 {
+	b := miBound{MIOp: MIOp{Template: "clamp_projection", Alpha: 0, Bias: 1}}
+	if got := b.target(nan, []float32{-1, 1}); got != -1 {
 		t.Errorf("clamp(NaN, -1, 1) = %v, want -1 (max.f32 picks the number)", got)
 	}
-	b.scal = []float32{nan, 1}
-	if got := b.target(0.5); got != 0.5 {
+	if got := b.target(0.5, []float32{nan, 1}); got != 0.5 {
 		t.Errorf("clamp(0.5, NaN, 1) = %v, want 0.5", got)
+	}
+}
+
+// TestMIPerRequestScalars: with a per-sequence scalar table, each row reads its sequence's
+// alpha and threshold, and the latch gate tests the row's own bit.
+func TestMIPerRequestScalars(t *testing.T) {
+	const rows, w = 4, 8
+	// Table rows (sequence slots 0..2): alpha, threshold.
+	table := []float32{1, 0.5, 2, 0.5, 4, 0.95}
+	seq := []uint32{1, 0, 2, 1}
+	act := []float32{0.9, 0.9, 0.9, 0.9}
+	latch := []uint32{0b10, 0b10, 0b10, 0b01}
+	op := MIOp{Template: "steer_add", Bit: 0, Width: w, Alpha: 0, Bias: -1, ScalStride: 2, ScalRows: 3,
+		Gates: []MIGate{{Kind: "activation", Width: 1, Cmp: ">", Thresh: 2}, {Kind: "after_token", Latch: 1}}}
+	if seqOn, latchOn := MIRequestControl([]MIOp{op}); !seqOn || !latchOn {
+		t.Fatalf("MIRequestControl = %v, %v; want both", seqOn, latchOn)
+	}
+	ones := make([]float32, w)
+	for i := range ones {
+		ones[i] = 1
+	}
+	args := []Arg{miArgF32(make([]float32, rows*w)), miArgU32([]uint32{1, 1, 1, 1}), miArgU32(seq), miArgU32(latch),
+		miArgF32(ones), miArgF32(table), miArgF32(act)}
+	runMI(t, MIKernelAttrs{Width: w, Stride: w, Ops: []MIOp{op}}, rows, args)
+	// Row 2's threshold (0.95) holds the gate off; row 3 lacks latch bit 1.
+	want := []float32{2, 1, 0, 0}
+	for r := range rows {
+		if got := args[0].F32()[r*w]; got != want[r] {
+			t.Errorf("row %d (seq %d): %v, want %v", r, seq[r], got, want[r])
+		}
+	}
+	seq[3] = 3
+	args[2] = miArgU32(seq)
+	r, err := Build("mi", EncodeAttrs(MIKernelAttrs{Width: w, Stride: w, Ops: []MIOp{op}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Run(args, Launch{Grid: [3]int{rows, 1, 1}}); err == nil || !strings.Contains(err.Error(), "ctl_seq[3] = 3") {
+		t.Errorf("sequence outside the table: %v", err)
+	}
+	for _, bad := range []MIOp{
+		{Template: "steer_add", Width: w, Alpha: 2, Bias: -1, ScalStride: 2, ScalRows: 3},
+		{Template: "steer_add", Width: w, Alpha: 0, Bias: -1, ScalStride: 2},
+		{Template: "steer_add", Width: w, Alpha: 0, Bias: -1, Gates: []MIGate{{Kind: "after_token", Latch: 32}}},
+	} {
+		if err := bad.Validate(w); err == nil {
+			t.Errorf("%+v validated", bad)
+		}
 	}
 }
