@@ -213,7 +213,9 @@ func (g *tcGen) chunk(w []ptx.Reg, xa ptx.Reg, nw int, skip, valid [tcRowTiles]p
 	c := g.c
 	wv, wv8 := w[:nw], w[nw:]
 	xf := g.Regs(ptx.F32, 2*nw)
-	u := g.Regs(ptx.B32, nw)
+	hi := g.Regs(ptx.B32, nw)
+	lo := g.Regs(ptx.B32, nw)
+	bits, part := g.Reg(ptx.B32), g.Regs(ptx.F32, 2)
 	end := g.NewLabel("tiles_done")
 	for rt := range tcRowTiles {
 		g.EmitIf(skip[rt], false, "bra", ptx.Sym(end))
@@ -221,13 +223,25 @@ func (g *tcGen) chunk(w []ptx.Reg, xa ptx.Reg, nw int, skip, valid [tcRowTiles]p
 		for q := 0; q < len(xf); q += 4 {
 			g.EmitIf(valid[rt], false, "ld.global.v4.f32", ptx.Vec(xf[q:q+4]), ptx.Addr{Base: xa, Offset: off + int64(4*q)})
 		}
-		for j := range u {
-			g.Emit("cvt.rn.bf16x2.f32", u[j], xf[2*j+1], xf[2*j])
-			g.EmitIf(valid[rt], true, "mov.b32", u[j], ptx.Imm(0))
+		// x = hi + lo with hi = bf16(x), lo = bf16(x - hi): two bf16 mmas carry 16 bits of
+		// x's mantissa, so the product is within ~1e-5 of f32 math at no bandwidth cost.
+		for j := range hi {
+			g.Emit("cvt.rn.bf16x2.f32", hi[j], xf[2*j+1], xf[2*j])
+			g.Emit("shl.b32", bits, hi[j], ptx.Imm(16))
+			g.Emit("mov.b32", part[0], bits)
+			g.Emit("sub.rn.f32", part[0], xf[2*j], part[0])
+			g.Emit("and.b32", bits, hi[j], ptx.Imm(-65536))
+			g.Emit("mov.b32", part[1], bits)
+			g.Emit("sub.rn.f32", part[1], xf[2*j+1], part[1])
+			g.Emit("cvt.rn.bf16x2.f32", lo[j], part[1], part[0])
+			g.EmitIf(valid[rt], true, "mov.b32", hi[j], ptx.Imm(0))
+			g.EmitIf(valid[rt], true, "mov.b32", lo[j], ptx.Imm(0))
 		}
 		acc := ptx.Vec(g.acc[rt])
 		for m := 0; m < nw; m += 2 {
-			g.Emit(mmaOp, acc, ptx.Vec{wv[m], wv8[m], wv[m+1], wv8[m+1]}, ptx.Vec{u[m], u[m+1]}, acc)
+			a := ptx.Vec{wv[m], wv8[m], wv[m+1], wv8[m+1]}
+			g.Emit(mmaOp, acc, a, ptx.Vec{hi[m], hi[m+1]}, acc)
+			g.Emit(mmaOp, acc, a, ptx.Vec{lo[m], lo[m+1]}, acc)
 		}
 	}
 	g.Label(end)

@@ -4,11 +4,11 @@ import "fmt"
 
 func init() { Register("gemm_tc", buildGemmTC) }
 
-// GemmTCAttrs configures op "gemm_tc", the tensor-core GEMM: y[rows,N] = bf16(x)[rows,K] @
-// w[N,K]^T, with x and y in f32 and w in bf16. x is rounded to bf16 (to nearest even) before
-// it is multiplied, as the tensor cores take bf16 operands; the products are exact and summed
-// in float64 here (f32 on the GPU, in an unspecified order). Parameters: x, w, y (pointers),
-// rows (u32).
+// GemmTCAttrs configures op "gemm_tc", the tensor-core GEMM: y[rows,N] = x'[rows,K] @
+// w[N,K]^T, with x and y in f32 and w in bf16. Tensor cores take bf16 operands, so x is split
+// into hi = bf16(x) and lo = bf16(x - hi) (both rounded to nearest even) and x' = hi + lo
+// carries 16 bits of x's mantissa; the products are exact and summed in float64 here (f32 on
+// the GPU, in an unspecified order). Parameters: x, w, y (pointers), rows (u32).
 type GemmTCAttrs struct {
 	K int `json:"k"`
 	N int `json:"n"`
@@ -38,7 +38,8 @@ func buildGemmTC(attrs []byte) (Runner, error) {
 func gemmTC(x []float32, w []uint16, y []float32, rows, k, n int) {
 	xb := make([]float64, rows*k)
 	for i, v := range x[:rows*k] {
-		xb[i] = float64(BF16ToF32(F32ToBF16(v)))
+		hi := BF16ToF32(F32ToBF16(v))
+		xb[i] = float64(hi) + float64(BF16ToF32(F32ToBF16(v-hi)))
 	}
 	ParallelFor(n, func(lo, hi int) {
 		wrow := make([]float64, k)
