@@ -207,8 +207,8 @@ func layerName(l int, s string) string { return "L" + strconv.Itoa(l) + "." + s 
 func TestForwardMatchesFloat64Reference(t *testing.T) {
 	for _, c := range []struct{ name, spec string }{
 		{"llama", SmallModel}, {"qwen2", SmallQwen2}, {"qwen3", SmallQwen3},
-		// Mistral is Llama's forward under another name.
-		{"mistral", strings.Replace(SmallModel, "family: llama", "family: mistral", 1)},
+		// Mistral is Llama's forward under another name (no QK-norm here).
+		{"mistral", strings.Replace(SmallQwen3, "family: qwen3", "family: mistral", 1)},
 	} {
 		t.Run(c.name, func(t *testing.T) { checkForwardReference(t, c.spec) })
 	}
