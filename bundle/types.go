@@ -90,20 +90,49 @@ type Synth struct {
 	Kernel string `json:"kernel,omitempty"`
 }
 
-// App is one deployed app: its bit in the per-row app mask, its scalars and its exports.
+// App is one deployed app: its bit in the per-row app mask, its scalars, its replaceable
+// vectors, its after_token latches and its exports.
 type App struct {
 	Name    string   `json:"name"`
 	Bit     int      `json:"bit"`
 	Source  string   `json:"source"`
 	Scalars []Scalar `json:"scalars"`
-	Exports []Export `json:"exports"`
+	// ScalarTable is the control buffer of [max_seqs+1, len(Scalars)] f32 the app's kernels
+	// read their scalars from: row s belongs to sequence slot s (row max_seqs to the padding
+	// sequence). The host writes a request's row, defaults with its overrides, when it
+	// admits the request. Empty when the app has no scalars.
+	ScalarTable string   `json:"scalar_table,omitempty"`
+	Vectors     []Vector `json:"vectors,omitempty"`
+	Latches     []Latch  `json:"latches,omitempty"`
+	Exports     []Export `json:"exports"`
 }
 
-// Scalar is a run-time replaceable scalar of an app, stored at Index of the app's scalar table.
+// Scalar is a run-time replaceable scalar of an app, stored at column Index of the app's
+// scalar table. Name is what requests override it by, prefixed with the app's name
+// ("steer.op0.alpha").
 type Scalar struct {
 	Name  string  `json:"name"`
 	Index int     `json:"index"`
 	Value float32 `json:"value"`
+}
+
+// Vector is an app param living in a param buffer of [Width] f32, replaceable at run time.
+// Unit: the buffer holds the param normalised to unit length (a direction), so a
+// replacement must be normalised the same way.
+type Vector struct {
+	Param  string `json:"param"`
+	Buffer string `json:"buffer"`
+	Width  int    `json:"width"`
+	Unit   bool   `json:"unit,omitempty"`
+}
+
+// Latch is one after_token condition an app's kernels test: bit Bit of a row's ctl.latch
+// word (a control buffer of [max_tokens] u32) is set by the host once a token of Tokens has
+// appeared in the request at or before the row's position. Apps with the same token set
+// share a bit.
+type Latch struct {
+	Bit    int   `json:"bit"`
+	Tokens []int `json:"tokens"`
 }
 
 // Export is a read buffer returned to the caller per row per step.

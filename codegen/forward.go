@@ -174,7 +174,8 @@ func (g *gen) declareBuffers() {
 			g.buf(v.Buffer, bundle.KindParam, "f32", []int{len(v.Data)}, v.Buffer)
 		}
 		if len(a.Scalars) > 0 {
-			g.buf(scalBuf(a), bundle.KindParam, "f32", []int{len(a.Scalars)}, scalBuf(a))
+			// Written by the host per sequence slot, so that requests carry their own values.
+			g.buf(scalBuf(a), bundle.KindControl, "f32", []int{m.MaxSeqs + 1, len(a.Scalars)})
 		}
 		for _, e := range a.Exports {
 			g.buf(e.Buffer, bundle.KindOutput, "f32", []int{g.maxT, e.Width})
@@ -182,6 +183,9 @@ func (g *gen) declareBuffers() {
 	}
 	for _, c := range []string{"ctl.tokens", "ctl.pos", "ctl.seq", "ctl.mask", "ctl.gen", "ctl.out_row"} {
 		g.buf(c, bundle.KindControl, "u32", []int{g.maxT})
+	}
+	if len(g.p.Latches) > 0 {
+		g.buf("ctl.latch", bundle.KindControl, "u32", []int{g.maxT})
 	}
 	g.buf("ctl.temperature", bundle.KindControl, "f32", []int{g.maxS})
 	g.buf("ctl.top_p", bundle.KindControl, "f32", []int{g.maxS})
@@ -208,7 +212,8 @@ func (g *gen) declareBuffers() {
 func layerBuf(l int, what string) string { return fmt.Sprintf("L%d.%s", l, what) }
 func scalBuf(a *passes.AppPlan) string   { return "app." + a.Name + ".scalars" }
 
-// params builds the params section: RoPE tables and every app's vectors and scalar table.
+// params builds the params section: RoPE tables and every app's vectors. Scalar tables are
+// control buffers: the host fills them from the manifest's defaults.
 func (g *gen) params() ([]byte, error) {
 	m := g.m
 	cos, sin := RopeTables(m.RopeTheta, m.HeadDim, m.MaxSeqLen, g.modelConfig().RopeScaling)
@@ -216,13 +221,6 @@ func (g *gen) params() ([]byte, error) {
 	for _, a := range g.p.Apps {
 		for _, v := range a.Vectors {
 			ts = append(ts, f32Tensor(v.Buffer, v.Data, len(v.Data)))
-		}
-		if len(a.Scalars) > 0 {
-			vals := make([]float32, len(a.Scalars))
-			for i, s := range a.Scalars {
-				vals[i] = s.Value
-			}
-			ts = append(ts, f32Tensor(scalBuf(a), vals, len(vals)))
 		}
 	}
 	var out bytes.Buffer
@@ -246,6 +244,23 @@ func (g *gen) apps() []bundle.App {
 		ba := bundle.App{Name: a.Name, Bit: a.Bit, Source: a.Spec.Path}
 		for i, s := range a.Scalars {
 			ba.Scalars = append(ba.Scalars, bundle.Scalar{Name: s.Name, Index: i, Value: s.Value})
+		}
+		if len(a.Scalars) > 0 {
+			ba.ScalarTable = scalBuf(a)
+		}
+		for _, v := range a.Vectors {
+			if v.Param != "" {
+				ba.Vectors = append(ba.Vectors, bundle.Vector{Param: v.Param, Buffer: v.Buffer, Width: len(v.Data), Unit: v.Unit})
+			}
+		}
+		seen := map[int]bool{}
+		for _, op := range g.p.Ops {
+			for _, gt := range op.Gates {
+				if op.App == a && gt.Kind == "after_token" && !seen[gt.Latch] {
+					seen[gt.Latch] = true
+					ba.Latches = append(ba.Latches, bundle.Latch{Bit: gt.Latch, Tokens: g.p.Latches[gt.Latch]})
+				}
+			}
 		}
 		for _, e := range a.Exports {
 			if e.Export {
@@ -299,12 +314,18 @@ func (g *gen) miOps(host string, hostLayer int, role, hook string) []MIOp {
 			Alpha: op.Alpha, Bias: op.Bias, Activation: op.Activation,
 			Out: op.Out, OutCol: op.OutCol, OutWidth: op.OutWidth,
 		}
-		if op.Alpha >= 0 || op.Bias >= 0 {
-			mo.Scal = scalBuf(op.App)
-		}
+		scal := op.Alpha >= 0 || op.Bias >= 0
 		for _, gt := range op.Gates {
-			mo.Gates = append(mo.Gates, Gate{Kind: gt.Kind, Buf: gt.Buf, Col: gt.Col, Width: gt.Width, Cmp: gt.Cmp,
-				Value: gt.Value, Tokens: gt.Tokens, From: gt.From, To: gt.To, Positions: gt.Positions})
+			cg := Gate{Kind: gt.Kind, Buf: gt.Buf, Col: gt.Col, Width: gt.Width, Cmp: gt.Cmp,
+				Latch: gt.Latch, Tokens: gt.Tokens, From: gt.From, To: gt.To, Positions: gt.Positions}
+			if gt.Kind == "activation" {
+				cg.Thresh = gt.Scalar + 1
+				scal = true
+			}
+			mo.Gates = append(mo.Gates, cg)
+		}
+		if scal {
+			mo.Scal, mo.ScalStride, mo.ScalRows = scalBuf(op.App), len(op.App.Scalars), g.m.MaxSeqs+1
 		}
 		out = append(out, mo)
 	}

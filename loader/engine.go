@@ -2,7 +2,9 @@ package loader
 
 import (
 	"fmt"
+	"math"
 	"math/rand/v2"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -21,6 +23,10 @@ type Request struct {
 	// Force, when set, feeds these tokens back as the generation instead of the sampled ones
 	// (teacher forcing: scoring a given continuation); the sampled ones are still returned.
 	Force []int
+	// Overrides replace app scalars for this request only, by the app's name and the
+	// scalar's manifest name ("steer.op0.alpha", "cast.op3.threshold"). An override for an
+	// app the request does not enable changes nothing.
+	Overrides map[string]float32
 }
 
 // Row is one forward row of a request: the token it fed in, its position, and what the
@@ -48,6 +54,8 @@ type Engine struct {
 	maxS     int
 	blocks   int // pages per sequence (block-table width)
 	appBits  map[string]int
+	apps     []*appCtl
+	latches  []latchInfo // every after_token latch of the bundle, once per bit
 	exports  []exportInfo
 	decode   []bundle.Template
 	prefill  []bundle.Template
@@ -63,6 +71,22 @@ type Engine struct {
 type Stats struct {
 	Steps, DecodeSteps, PrefillSteps, Rows, PaddedRows int
 	DecodeTime, PrefillTime                            time.Duration
+}
+
+// appCtl is what the engine controls of one app at run time: its scalar table and the
+// defaults written into it, and its replaceable vectors.
+type appCtl struct {
+	name     string
+	bit      int
+	table    string         // control buffer of [max_seqs+1, len(defaults)] f32, or ""
+	defaults []float32      // by table column; SetDefault changes them
+	scalars  map[string]int // manifest scalar name -> column
+	vectors  []bundle.Vector
+}
+
+type latchInfo struct {
+	bit    int
+	tokens map[int]bool
 }
 
 type exportInfo struct {
@@ -91,13 +115,42 @@ func NewEngine(b *bundle.Bundle, be Backend) (*Engine, error) {
 	}
 	sort.Slice(e.decode, func(i, j int) bool { return e.decode[i].Tokens < e.decode[j].Tokens })
 	sort.Slice(e.prefill, func(i, j int) bool { return e.prefill[i].Tokens < e.prefill[j].Tokens })
+	c := e.cfg
+	bufs := map[string]bundle.Buffer{}
+	for _, buf := range b.Manifest.Buffers {
+		bufs[buf.Name] = buf
+	}
+	latchBits := map[int]bool{}
 	for _, a := range b.Manifest.Apps {
 		e.appBits[a.Name] = a.Bit
 		for _, x := range a.Exports {
 			e.exports = append(e.exports, exportInfo{app: a.Name, name: x.Name, bit: a.Bit, buffer: x.Buffer, width: x.Width})
 		}
+		ac, err := newAppCtl(a, bufs, c.MaxSeqs)
+		if err != nil {
+			return nil, fmt.Errorf("app %s: %w", a.Name, err)
+		}
+		e.apps = append(e.apps, ac)
+		for _, l := range a.Latches {
+			if l.Bit < 0 || l.Bit > 31 {
+				return nil, fmt.Errorf("app %s: latch bit %d outside 0..31", a.Name, l.Bit)
+			}
+			if latchBits[l.Bit] {
+				continue
+			}
+			latchBits[l.Bit] = true
+			li := latchInfo{bit: l.Bit, tokens: map[int]bool{}}
+			for _, t := range l.Tokens {
+				li.tokens[t] = true
+			}
+			e.latches = append(e.latches, li)
+		}
 	}
-	c := e.cfg
+	if len(e.latches) > 0 {
+		if lb, ok := bufs["ctl.latch"]; !ok || lb.Kind != bundle.KindControl || lb.Dtype != "u32" {
+			return nil, fmt.Errorf("bundle has after_token latches but no u32 control buffer ctl.latch")
+		}
+	}
 	e.blocks = (c.MaxSeqLen + c.KVBlockSize - 1) / c.KVBlockSize
 	// The last page belongs to the padding sequence (row MaxSeqs of the block table).
 	for p := c.KVBlocks - 2; p >= 0; p-- {
@@ -112,6 +165,195 @@ func NewEngine(b *bundle.Bundle, be Backend) (*Engine, error) {
 	}
 	e.slots = make([]*seqState, c.MaxSeqs)
 	return e, nil
+}
+
+// newAppCtl checks an app's scalar table and vectors against the buffers that hold them.
+func newAppCtl(a bundle.App, bufs map[string]bundle.Buffer, maxSeqs int) (*appCtl, error) {
+	ac := &appCtl{name: a.Name, bit: a.Bit, table: a.ScalarTable, scalars: map[string]int{}, vectors: a.Vectors}
+	n := len(a.Scalars)
+	if n > 0 || a.ScalarTable != "" {
+		tb, ok := bufs[a.ScalarTable]
+		if !ok || tb.Kind != bundle.KindControl || tb.Dtype != "f32" || len(tb.Shape) != 2 || tb.Shape[0] != maxSeqs+1 || tb.Shape[1] != n {
+			return nil, fmt.Errorf("scalar table %q is not a control buffer of [%d, %d] f32", a.ScalarTable, maxSeqs+1, n)
+		}
+	}
+	ac.defaults = make([]float32, n)
+	for _, s := range a.Scalars {
+		if _, dup := ac.scalars[s.Name]; dup || s.Index < 0 || s.Index >= n {
+			return nil, fmt.Errorf("scalar %q: index %d in a table of %d (or a duplicate name)", s.Name, s.Index, n)
+		}
+		ac.scalars[s.Name] = s.Index
+		ac.defaults[s.Index] = s.Value
+	}
+	for _, v := range a.Vectors {
+		vb, ok := bufs[v.Buffer]
+		if !ok || vb.Kind != bundle.KindParam || vb.Dtype != "f32" || len(vb.Shape) != 1 || vb.Shape[0] != v.Width {
+			return nil, fmt.Errorf("vector %s: buffer %q is not a param buffer of [%d] f32", v.Param, v.Buffer, v.Width)
+		}
+	}
+	return ac, nil
+}
+
+func (e *Engine) app(name string) (*appCtl, error) {
+	for _, a := range e.apps {
+		if a.name == name {
+			return a, nil
+		}
+	}
+	return nil, fmt.Errorf("app %q is not deployed in this bundle (deployed: %s)", name, strings.Join(e.AppNames(), ", "))
+}
+
+// scalarNames lists the app's scalars in table order.
+func (a *appCtl) scalarNames() []string {
+	ns := make([]string, len(a.defaults))
+	for n, i := range a.scalars {
+		ns[i] = n
+	}
+	return ns
+}
+
+// SetDefault changes the default of one of an app's scalars ("op0.alpha") for requests
+// admitted from now on; running requests keep the values they were admitted with.
+func (e *Engine) SetDefault(app, scalar string, v float32) error {
+	a, err := e.app(app)
+	if err != nil {
+		return err
+	}
+	i, ok := a.scalars[scalar]
+	if !ok {
+		return fmt.Errorf("app %s has no scalar %q (scalars: %s)", app, scalar, strings.Join(a.scalarNames(), ", "))
+	}
+	a.defaults[i] = v
+	return nil
+}
+
+// SetVector replaces the value of one of an app's vector params on the device; it takes
+// effect from the next step, for every request that enables the app, without rebuilding
+// anything. A param the app uses as a direction is normalised to unit length first, as the
+// compiler does.
+func (e *Engine) SetVector(app, param string, v []float32) error {
+	a, err := e.app(app)
+	if err != nil {
+		return err
+	}
+	var params []string
+	found := false
+	for _, x := range a.vectors {
+		params = append(params, x.Param)
+		if x.Param != param {
+			continue
+		}
+		found = true
+		if len(v) != x.Width {
+			return fmt.Errorf("app %s param %s: %d values, the app's kernels need %d", app, param, len(v), x.Width)
+		}
+		data := v
+		if x.Unit {
+			var n float64
+			for _, f := range v {
+				n += float64(f) * float64(f)
+			}
+			if n == 0 || math.IsInf(n, 0) || math.IsNaN(n) {
+				return fmt.Errorf("app %s param %s is a direction: it needs a finite, non-zero norm", app, param)
+			}
+			inv := 1 / math.Sqrt(n)
+			data = make([]float32, len(v))
+			for i, f := range v {
+				data[i] = float32(float64(f) * inv)
+			}
+		}
+		if err := e.Be.Write(x.Buffer, 0, putF32s(data)); err != nil {
+			return fmt.Errorf("app %s param %s: %w", app, param, err)
+		}
+	}
+	if !found {
+		slices.Sort(params)
+		params = slices.Compact(params)
+		return fmt.Errorf("app %s has no replaceable vector param %q (params: %s)", app, param, strings.Join(params, ", "))
+	}
+	return nil
+}
+
+// override is one resolved Request.Overrides entry.
+type override struct {
+	app *appCtl
+	col int
+	v   float32
+}
+
+// resolveOverrides maps "app.scalar" names to table columns.
+func (e *Engine) resolveOverrides(m map[string]float32) ([]override, error) {
+	var out []override
+	for name, v := range m {
+		var o *override
+		for _, a := range e.apps {
+			if rest, ok := strings.CutPrefix(name, a.name+"."); ok {
+				if col, ok := a.scalars[rest]; ok {
+					o = &override{app: a, col: col, v: v}
+				}
+			}
+		}
+		if o == nil {
+			var valid []string
+			for _, a := range e.apps {
+				for _, s := range a.scalarNames() {
+					valid = append(valid, a.name+"."+s)
+				}
+			}
+			if len(valid) == 0 {
+				return nil, fmt.Errorf("override %q: no deployed app has scalars", name)
+			}
+			return nil, fmt.Errorf("override %q names no app scalar (valid: %s)", name, strings.Join(valid, ", "))
+		}
+		out = append(out, *o)
+	}
+	return out, nil
+}
+
+// writeScalars writes slot's row of the scalar table of every app s enables: the current
+// defaults with the request's overrides.
+func (e *Engine) writeScalars(s *seqState) error {
+	for _, a := range e.apps {
+		if a.table == "" || s.mask&(1<<uint(a.bit)) == 0 {
+			continue
+		}
+		row := append([]float32(nil), a.defaults...)
+		for _, o := range s.overrides {
+			if o.app == a {
+				row[o.col] = o.v
+			}
+		}
+		if err := e.Be.Write(a.table, int64(4*s.slot*len(row)), putF32s(row)); err != nil {
+			return fmt.Errorf("app %s scalars: %w", a.name, err)
+		}
+	}
+	return nil
+}
+
+// latchWord is the latch bits of s's row at pos: bit b once a token of latch b's set has
+// appeared at a position <= pos. It scans each token of the sequence once.
+func (e *Engine) latchWord(s *seqState, pos int) uint32 {
+	if s.latchAt == nil {
+		s.latchAt = make([]int, len(e.latches))
+		for i := range s.latchAt {
+			s.latchAt[i] = -1
+		}
+	}
+	for ; s.scanned <= pos; s.scanned++ {
+		tok := s.tokens[s.scanned]
+		for i, l := range e.latches {
+			if s.latchAt[i] < 0 && l.tokens[tok] {
+				s.latchAt[i] = s.scanned
+			}
+		}
+	}
+	var w uint32
+	for i, l := range e.latches {
+		if at := s.latchAt[i]; at >= 0 && at <= pos {
+			w |= 1 << uint(l.bit)
+		}
+	}
+	return w
 }
 
 func (e *Engine) writeTableRow(seq int, pages []uint32) error {
@@ -139,6 +381,11 @@ type seqState struct {
 	rng     *rand.Rand
 	done    bool
 	promptN int
+	// Run-time control: scalar overrides, and for each of the engine's latches the first
+	// position where one of its tokens appears (-1: not yet), over tokens[:scanned].
+	overrides []override
+	latchAt   []int
+	scanned   int
 }
 
 // Handle follows one submitted request.
@@ -179,6 +426,11 @@ func (e *Engine) Submit(r Request) (*Handle, error) {
 		}
 		s.mask |= 1 << uint(bit)
 	}
+	ov, err := e.resolveOverrides(r.Overrides)
+	if err != nil {
+		return nil, err
+	}
+	s.overrides = ov
 	if r.MaxTokens <= 0 {
 		h.Done, h.Result.Reason = true, "max_tokens"
 		return h, nil
@@ -278,6 +530,9 @@ func (e *Engine) admit() error {
 		if err := e.writeTableRow(free, row); err != nil {
 			return err
 		}
+		if err := e.writeScalars(s); err != nil {
+			return err
+		}
 	}
 	return nil
 }
@@ -369,7 +624,7 @@ func (e *Engine) run(t bundle.Template, rows []stepRow) error {
 	c := e.cfg
 	n := t.Tokens
 	tokens, pos, seq := make([]uint32, n), make([]uint32, n), make([]uint32, n)
-	mask, gen, outRow := make([]uint32, n), make([]uint32, n), make([]uint32, n)
+	mask, gen, outRow, latch := make([]uint32, n), make([]uint32, n), make([]uint32, n), make([]uint32, n)
 	temp, topP, rng := make([]float32, t.Samples), make([]float32, t.Samples), make([]uint32, t.Samples)
 	for i := range n {
 		seq[i] = uint32(c.MaxSeqs) // padding rows: the padding sequence at position 0
@@ -383,6 +638,9 @@ func (e *Engine) run(t bundle.Template, rows []stepRow) error {
 		pos[i] = uint32(r.pos)
 		seq[i] = uint32(s.slot)
 		mask[i] = s.mask
+		if len(e.latches) > 0 {
+			latch[i] = e.latchWord(s, r.pos)
+		}
 		if r.pos >= s.promptN {
 			gen[i] = uint32(r.pos - s.promptN)
 		}
@@ -403,6 +661,11 @@ func (e *Engine) run(t bundle.Template, rows []stepRow) error {
 		{"ctl.temperature", putF32s(temp)}, {"ctl.top_p", putF32s(topP)}, {"ctl.rng", putU32s(rng)},
 	} {
 		if err := e.Be.Write(w.buf, 0, w.v); err != nil {
+			return err
+		}
+	}
+	if len(e.latches) > 0 {
+		if err := e.Be.Write("ctl.latch", 0, putU32s(latch)); err != nil {
 			return err
 		}
 	}

@@ -324,7 +324,7 @@ func bindVector(p *Program, a *AppPlan, op *MIOp, arg frontend.Arg, unit bool,
 		data = unitData
 	}
 	buf := "app." + a.Name + ".param." + key
-	a.Vectors = append(a.Vectors, Vector{Name: key, Buffer: buf, Data: data})
+	a.Vectors = append(a.Vectors, Vector{Name: key, Buffer: buf, Data: data, Param: arg.Word, Unit: unit})
 	index[key] = buf
 	return buf, nil
 }

@@ -2,18 +2,24 @@ package passes
 
 import (
 	"errors"
+	"fmt"
+	"slices"
+	"strings"
 
 	"xmix/frontend"
 )
 
 // checkConditions resolves each op's `when` into device-evaluated gates. An activation gate
-// must read a buffer that a read op fills earlier in the same forward.
+// must read a buffer that a read op fills earlier in the same forward; its threshold becomes
+// the app scalar op<i>.threshold so that requests may override it. Each distinct after_token
+// token set gets a latch bit, shared by every op and app that uses the same set.
 func checkConditions(p *Program) error {
 	var errs []error
+	latches := map[string]int{}
 	for _, op := range p.Ops {
 		spec := op.App.Spec.Ops[op.OpIndex]
 		for _, c := range spec.When {
-			g, err := resolveGate(p, op, c)
+			g, err := resolveGate(p, op, c, latches)
 			if err != nil {
 				errs = append(errs, err)
 				continue
@@ -24,10 +30,26 @@ func checkConditions(p *Program) error {
 	return errors.Join(errs...)
 }
 
-func resolveGate(p *Program, op *MIOp, c frontend.Cond) (Gate, error) {
+func resolveGate(p *Program, op *MIOp, c frontend.Cond, latches map[string]int) (Gate, error) {
 	switch c.Kind {
 	case "token_in":
 		return Gate{Kind: c.Kind, Tokens: c.Tokens}, nil
+	case "after_token":
+		set := slices.Clone(c.Tokens)
+		slices.Sort(set)
+		set = slices.Compact(set)
+		key := fmt.Sprint(set)
+		bit, ok := latches[key]
+		if !ok {
+			if len(p.Latches) == MaxLatches {
+				return Gate{}, frontend.Errorf(c.Pos, "share token sets between after_token conditions",
+					"more than %d distinct after_token token sets in one deployment", MaxLatches)
+			}
+			bit = len(p.Latches)
+			latches[key] = bit
+			p.Latches = append(p.Latches, set)
+		}
+		return Gate{Kind: c.Kind, Tokens: set, Latch: bit}, nil
 	case "steps":
 		return Gate{Kind: c.Kind, From: c.From, To: c.To}, nil
 	case "positions":
@@ -47,9 +69,26 @@ func resolveGate(p *Program, op *MIOp, c frontend.Cond) (Gate, error) {
 			return Gate{}, frontend.Errorf(c.Pos, "read into it at an earlier layer or hook than this op",
 				"buffer %s is not written before %s at layer %d in the forward", c.Buffer, op.Hook, op.Layer)
 		}
-		return Gate{Kind: c.Kind, Buf: e.Buffer, Col: 0, Width: e.Width, Cmp: c.Cmp, Value: float32(c.Value)}, nil
+		v := float32(c.Value)
+		return Gate{Kind: c.Kind, Buf: e.Buffer, Col: 0, Width: e.Width, Cmp: c.Cmp, Value: v,
+			Scalar: op.App.scalar(fmt.Sprintf("op%d.threshold", op.OpIndex), v)}, nil
 	default:
-		return Gate{}, frontend.Errorf(c.Pos, "conditions this compiler evaluates: token_in, steps, positions, activation",
+		return Gate{}, frontend.Errorf(c.Pos, "conditions this compiler evaluates: "+strings.Join(gateKinds, ", "),
 			"condition %s is not supported by this version of xmixc", c.Kind)
 	}
+}
+
+// gateKinds are the conditions resolveGate turns into gates.
+var gateKinds = []string{"token_in", "after_token", "steps", "positions", "activation"}
+
+// scalar returns the index of the app's scalar called name, adding it with value v first if
+// the app has none by that name (an op over several layers shares its scalars).
+func (a *AppPlan) scalar(name string, v float32) int {
+	for i, s := range a.Scalars {
+		if s.Name == name {
+			return i
+		}
+	}
+	a.Scalars = append(a.Scalars, Scalar{Name: name, Value: v})
+	return len(a.Scalars) - 1
 }

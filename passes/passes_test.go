@@ -266,3 +266,52 @@ ops:
 		t.Fatalf("param and buffer got the same device buffer %q", op.Vec)
 	}
 }
+
+// TestRunTimeControl: activation thresholds become app scalars named op<i>.threshold (one per
+// op, whatever its layers), after_token sets get latch bits shared by equal sets across
+// apps, and vectors remember the param they hold.
+func TestRunTimeControl(t *testing.T) {
+	p, err := plan(t, `app: a
+params:
+  v: {values: [1, 2, 3, 4, 5, 6, 7, 8]}
+buffers:
+  h: {shape: [1]}
+ops:
+  - read: {at: {layers: [0], hook: resid_post}, kernel: probe_linear, args: {w: v}, into: h}
+  - write: {at: {layers: "1-2", hook: resid_post}, kernel: steer_add, args: {vector: v, alpha: 3},
+            when: {activation: {buffer: h, op: ">", value: 0.25}, after_token: [65, 66]}}
+  - write: {at: {layers: [3], hook: resid_post}, kernel: project_out, args: {direction: v}, when: {after_token: [70]}}
+`, `app: b
+params:
+  v: {values: [1, 2, 3, 4, 5, 6, 7, 8]}
+ops:
+  - write: {at: {layers: [1], hook: resid_post}, kernel: steer_add, args: {vector: v}, when: {after_token: [66, 65, 65]}}
+`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := p.Apps[0]
+	if got := fmt.Sprint(a.Scalars); got != "[{op1.alpha 3} {op1.threshold 0.25}]" {
+		t.Fatalf("app a scalars %s", got)
+	}
+	if got := fmt.Sprint(p.Latches); got != "[[65 66] [70]]" {
+		t.Fatalf("latches %s", got)
+	}
+	for _, op := range p.Ops {
+		for _, g := range op.Gates {
+			switch {
+			case g.Kind == "activation" && g.Scalar != 1:
+				t.Errorf("%s layer %d: threshold scalar %d, want 1", op.App.Name, op.Layer, g.Scalar)
+			case g.Kind == "after_token" && g.Latch != map[string]int{"project_out": 1}[op.Template]:
+				t.Errorf("%s %s layer %d: latch %d", op.App.Name, op.Template, op.Layer, g.Latch)
+			}
+		}
+	}
+	var params []string
+	for _, v := range a.Vectors {
+		params = append(params, fmt.Sprintf("%s:%s:%v", v.Name, v.Param, v.Unit))
+	}
+	if got := strings.Join(params, " "); got != "v:v:false v.unit:v:true" {
+		t.Fatalf("vectors %s", got)
+	}
+}

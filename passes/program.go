@@ -17,6 +17,10 @@ type Program struct {
 	Model *frontend.Model
 	Apps  []*AppPlan
 	Ops   []*MIOp // one per (app op, layer), sorted into forward order by plan-fusion
+	// Latches are the token sets of the after_token conditions, indexed by latch bit: the
+	// host sets bit i of a row's latch word once a token of Latches[i] has appeared in the
+	// request at or before the row's position.
+	Latches [][]int
 }
 
 // AppPlan is one app as deployed: its bit, its scalar table, its vectors and exports.
@@ -36,10 +40,14 @@ type Scalar struct {
 }
 
 // Vector is an app parameter tensor loaded at compile time; Buffer is its device buffer.
+// Param names the app param it holds ("" for vectors the compiler builds, like head masks);
+// Unit says it holds that param normalised to unit length.
 type Vector struct {
 	Name   string
 	Buffer string
 	Data   []float32
+	Param  string
+	Unit   bool
 }
 
 // Export is an app buffer that reads write into; Buffer is its device buffer name.
@@ -87,6 +95,8 @@ type Gate struct {
 	Width     int
 	Cmp       string
 	Value     float32
+	Scalar    int // activation: index of the threshold (Value by default) in the app's scalar table
+	Latch     int // after_token: the latch bit (index in Program.Latches)
 	Tokens    []int
 	From, To  int
 	Positions string
@@ -118,6 +128,10 @@ type Options struct {
 
 // MaxApps is how many apps one bundle can deploy (bits of the per-row u32 app mask).
 const MaxApps = 32
+
+// MaxLatches is how many distinct after_token token sets one bundle can hold (bits of the
+// per-row u32 latch word).
+const MaxLatches = 32
 
 // Run builds the program for m and apps and runs every pass.
 func Run(m *frontend.Model, apps []*frontend.App, opt Options) (*Program, error) {
@@ -177,6 +191,14 @@ func Verify(p *Program) error {
 		}
 		if op.Alpha >= len(op.App.Scalars) || op.Bias >= len(op.App.Scalars) {
 			errs = append(errs, fmt.Errorf("%s: scalar index out of the app's table", where))
+		}
+		for j, g := range op.Gates {
+			if g.Kind == "activation" && (g.Scalar < 0 || g.Scalar >= len(op.App.Scalars)) {
+				errs = append(errs, fmt.Errorf("%s: gate %d: threshold index %d out of the app's table", where, j, g.Scalar))
+			}
+			if g.Kind == "after_token" && (g.Latch < 0 || g.Latch >= len(p.Latches)) {
+				errs = append(errs, fmt.Errorf("%s: gate %d: latch %d of %d", where, j, g.Latch, len(p.Latches)))
+			}
 		}
 		if op.Kind == "read" && op.Out != "" && op.OutCol+Templates[op.Template].outWidth(op.Width) > op.OutWidth {
 			errs = append(errs, fmt.Errorf("%s: output columns exceed buffer width %d", where, op.OutWidth))
