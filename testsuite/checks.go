@@ -584,4 +584,237 @@ var Checks = []struct {
 	{"patch", CheckPatch},
 	{"batch_equals_solo", CheckBatchMatchesSolo},
 	{"continuous_batching", CheckContinuousBatching},
+	{"per_request_scalars", CheckPerRequestScalars},
+	{"threshold_override", CheckThresholdOverride},
+	{"after_token", CheckAfterToken},
+	{"set_vector", CheckSetVector},
+}
+
+// steerAt is app name: steer_add of v times alpha at resid_post of layer 1, under when ("" for
+// none). Listed before captureApp's app, its bit comes first, so the capture sees the steer.
+func steerAt(name string, v []float32, alpha float32, when string) string {
+	app := fmt.Sprintf(`app: %s
+params: {v: {values: %s}}
+ops:
+  - write: {at: {layers: [1], hook: resid_post}, kernel: steer_add, args: {vector: v, alpha: %v}`, name, yamlList(v), alpha)
+	if when != "" {
+		app += ", when: " + when
+	}
+	return app + "}\n"
+}
+
+// capOnly is reqs with only the capture app enabled and no overrides: the same batch, step
+// by step, for the bare bundle (kernels may round differently in different buckets).
+func capOnly(reqs []loader.Request) []loader.Request {
+	out := make([]loader.Request, len(reqs))
+	for i, r := range reqs {
+		r.Apps, r.Overrides = []string{"cap"}, nil
+		out[i] = r
+	}
+	return out
+}
+
+// checkSteered checks rows [from, to) of got against ref: exactly ref + fl(alpha*v) from row
+// steerFrom on, bit-identical before it.
+func checkSteered(t *testing.T, what string, got, ref [][]float32, v []float32, alpha float32, steerFrom, to int) {
+	t.Helper()
+	if len(got) < to || len(ref) < to {
+		t.Fatalf("%s: %d and %d rows captured, want at least %d", what, len(got), len(ref), to)
+	}
+	for row := range to {
+		for i, w := range ref[row] {
+			want := w
+			if row >= steerFrom {
+				want = w + float32(alpha*v[i])
+			}
+			if math.Float32bits(got[row][i]) != math.Float32bits(want) {
+				t.Fatalf("%s: row %d elem %d: %v, want exactly %v (steered: %v)", what, row, i, got[row][i], want, row >= steerFrom)
+			}
+		}
+	}
+}
+
+// CheckPerRequestScalars: requests of one batch with different overrides of the app's alpha
+// each get exactly x + alpha_i*v; a request without the app is bit-identical to the bare
+// bundle; an unknown override name is refused with the valid ones listed.
+func CheckPerRequestScalars(t *testing.T, nb NewBackend) {
+	v := randVec(11, 128)
+	withApp := Compile(t, SmallModel, steerAt("steer", v, 2.5, ""), captureApp(1, 128))
+	bare := Compile(t, SmallModel, captureApp(1, 128))
+	prompt := []int{10, 20, 30}
+	alphas := []float32{1.5, -4, 2.5}
+	var reqs []loader.Request
+	for i, a := range alphas {
+		r := loader.Request{Prompt: prompt, Apps: []string{"steer", "cap"}, MaxTokens: 3}
+		if i < 2 { // the last one runs on the default
+			r.Overrides = map[string]float32{"steer.op0.alpha": a}
+		}
+		reqs = append(reqs, r)
+	}
+	reqs = append(reqs, loader.Request{Prompt: prompt, Apps: []string{"cap"}, MaxTokens: 3,
+		Overrides: map[string]float32{"steer.op0.alpha": 9}})
+	res := Generate(t, nb, withApp, reqs)
+	ref := Generate(t, nb, bare, capOnly(reqs))
+	want := captured(ref[0])
+	for i, a := range alphas {
+		checkSteered(t, fmt.Sprintf("request %d (alpha %v)", i, a), captured(res[i]), want, v, a, 0, promptRows)
+	}
+	want = captured(ref[3])
+	checkSteered(t, "request without the app", captured(res[3]), want, v, 0, len(want), len(want))
+	if !slices.Equal(res[3].Tokens, ref[3].Tokens) {
+		t.Fatalf("request without the app: tokens %v, bare bundle %v", res[3].Tokens, ref[3].Tokens)
+	}
+	be := nb(t, withApp)
+	defer be.Close()
+	eng, err := loader.NewEngine(withApp, be)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = eng.Submit(loader.Request{Prompt: prompt, Apps: []string{"steer"}, MaxTokens: 1,
+		Overrides: map[string]float32{"steer.alpha": 1}})
+	if err == nil || !strings.Contains(err.Error(), "valid: steer.op0.alpha") {
+		t.Fatalf("unknown override: %v, want the valid names listed", err)
+	}
+}
+
+// CheckThresholdOverride: an activation gate's threshold is the scalar op<i>.threshold; a
+// request that lowers it below every probe value gets the steer on every row, one that keeps
+// the default (above every sigmoid) is bit-identical to the bare bundle.
+func CheckThresholdOverride(t *testing.T, nb NewBackend) {
+	v, w := randVec(12, 128), randVec(13, 128)
+	cast := `app: cast
+params: {v: {values: ` + yamlList(v) + `}, w: {values: ` + yamlList(w) + `}}
+buffers: {h: {shape: [1]}}
+ops:
+  - read: {at: {layers: [0], hook: resid_post}, kernel: probe_linear, args: {w: w, activation: sigmoid}, into: h}
+  - write: {at: {layers: [1], hook: resid_post}, kernel: steer_add, args: {vector: v, alpha: 3},
+            when: {activation: {buffer: h, op: ">", value: 2}}}
+`
+	withApp := Compile(t, SmallModel, cast, captureApp(1, 128))
+	bare := Compile(t, SmallModel, captureApp(1, 128))
+	prompt := []int{7, 8, 9}
+	reqs := []loader.Request{
+		{Prompt: prompt, Apps: []string{"cast", "cap"}, MaxTokens: 3, Overrides: map[string]float32{"cast.op1.threshold": -1}},
+		{Prompt: prompt, Apps: []string{"cast", "cap"}, MaxTokens: 3},
+	}
+	res := Generate(t, nb, withApp, reqs)
+	ref := Generate(t, nb, bare, capOnly(reqs))
+	checkSteered(t, "threshold -1", captured(res[0]), captured(ref[0]), v, 3, 0, promptRows)
+	want := captured(ref[1])
+	checkSteered(t, "default threshold 2", captured(res[1]), want, v, 0, len(want), len(want))
+}
+
+// CheckAfterToken: an op under after_token applies exactly from the row whose token is in the
+// set, whether that token is in the prompt or generated, and leaves earlier rows (and
+// requests without the app) bit-identical. Generations are teacher-forced so that every row
+// has a reference.
+func CheckAfterToken(t *testing.T, nb NewBackend) {
+	const trigger = 77
+	v := randVec(14, 128)
+	withApp := Compile(t, SmallModel, steerAt("seal", v, 2, fmt.Sprintf("{after_token: [%d, 250]}", trigger)), captureApp(1, 128))
+	bare := Compile(t, SmallModel, captureApp(1, 128))
+	cases := []struct {
+		what      string
+		prompt    []int
+		force     []int
+		steerFrom int // BOS is row 0
+	}{
+		{"in the prompt", []int{10, 20, trigger, 30, 40}, []int{50, 51, 52, 53}, 3},
+		{"generated", []int{10, 20, 30}, []int{50, trigger, 51, 52, 53}, 5},
+	}
+	var reqs []loader.Request
+	for _, c := range cases {
+		reqs = append(reqs, loader.Request{Prompt: c.prompt, Force: c.force, MaxTokens: len(c.force), Apps: []string{"seal", "cap"}})
+	}
+	reqs = append(reqs, capOnly(reqs)...) // the same requests without the app, in the same batch
+	res := Generate(t, nb, withApp, reqs)
+	ref := Generate(t, nb, bare, capOnly(reqs))
+	for i, c := range cases {
+		want := captured(ref[i])
+		if n := len(c.prompt) + len(c.force); len(want) != n {
+			t.Fatalf("%s: %d rows, want %d", c.what, len(want), n)
+		}
+		checkSteered(t, "trigger "+c.what, captured(res[i]), want, v, 2, c.steerFrom, len(want))
+		off := captured(ref[len(cases)+i]) // rows may round differently at another place in the batch
+		checkSteered(t, "trigger "+c.what+", app off", captured(res[len(cases)+i]), off, v, 0, len(off), len(off))
+	}
+}
+
+// CheckSetVector: Engine.SetVector replaces a vector on the device, so the next request sees
+// it (a direction normalised as the compiler does), and Engine.SetDefault changes the alpha
+// of requests admitted later; the engine and its bundle stay as they are.
+func CheckSetVector(t *testing.T, nb NewBackend) {
+	v1, v2, d := randVec(15, 128), randVec(16, 128), randVec(17, 128)
+	ablate := `app: ablate
+params: {d: {values: ` + yamlList(randVec(18, 128)) + `}}
+ops:
+  - write: {at: {layers: [1], hook: resid_post}, kernel: project_out, args: {direction: d}}
+`
+	b := Compile(t, SmallModel, steerAt("steer", v1, 2.5, ""), ablate, captureApp(1, 128))
+	before, err := bundle.Marshal(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bare := Compile(t, SmallModel, captureApp(1, 128))
+	prompt := []int{3, 1, 4}
+	want := captured(Generate(t, nb, bare, []loader.Request{{Prompt: prompt, Apps: []string{"cap"}, MaxTokens: 2}})[0])
+	be := nb(t, b)
+	defer be.Close()
+	eng, err := loader.NewEngine(b, be)
+	if err != nil {
+		t.Fatal(err)
+	}
+	run := func(apps ...string) [][]float32 {
+		t.Helper()
+		res, err := eng.Generate([]loader.Request{{Prompt: prompt, Apps: append(apps, "cap"), MaxTokens: 2}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return captured(res[0])
+	}
+	checkSteered(t, "compiled vector", run("steer"), want, v1, 2.5, 0, promptRows)
+	if err := eng.SetVector("steer", "v", v2); err != nil {
+		t.Fatal(err)
+	}
+	checkSteered(t, "replaced vector", run("steer"), want, v2, 2.5, 0, promptRows)
+	if err := eng.SetDefault("steer", "op0.alpha", -0.5); err != nil {
+		t.Fatal(err)
+	}
+	checkSteered(t, "replaced vector and default alpha", run("steer"), want, v2, -0.5, 0, promptRows)
+	scaled := make([]float32, len(d))
+	for i, x := range d {
+		scaled[i] = 3 * x // not unit: SetVector normalises it
+	}
+	if err := eng.SetVector("ablate", "d", scaled); err != nil {
+		t.Fatal(err)
+	}
+	for row, x := range run("ablate") {
+		if c := component(x, d); c > 1e-5 {
+			t.Fatalf("row %d: component %.3g along the replaced direction", row, c)
+		}
+	}
+	for _, bad := range []struct {
+		app, param string
+		v          []float32
+		want       string
+	}{
+		{"steer", "v", v1[:5], "5 values, the app's kernels need 128"},
+		{"steer", "w", v1, "params: v"},
+		{"ablate", "d", make([]float32, 128), "non-zero norm"},
+		{"nope", "v", v1, "not deployed"},
+	} {
+		if err := eng.SetVector(bad.app, bad.param, bad.v); err == nil || !strings.Contains(err.Error(), bad.want) {
+			t.Errorf("SetVector(%s, %s): %v, want %q", bad.app, bad.param, err, bad.want)
+		}
+	}
+	if err := eng.SetDefault("steer", "alpha", 1); err == nil || !strings.Contains(err.Error(), "scalars: op0.alpha") {
+		t.Errorf("SetDefault of an unknown scalar: %v", err)
+	}
+	after, err := bundle.Marshal(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(before, after) {
+		t.Fatal("run-time replacement changed the bundle")
+	}
 }
