@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"time"
 
@@ -53,6 +54,28 @@ type runFlags struct {
 	backend     string
 	quiet       bool
 	chat        bool
+	sets        []string // app.scalar=value overrides for every prompt
+}
+
+// overrides parses the --set flags into a request's scalar overrides; the engine checks the
+// names against the bundle.
+func (f runFlags) overrides() (map[string]float32, error) {
+	if len(f.sets) == 0 {
+		return nil, nil
+	}
+	m := map[string]float32{}
+	for _, s := range f.sets {
+		name, val, ok := strings.Cut(s, "=")
+		if !ok || name == "" {
+			return nil, fmt.Errorf("--set %q: want app.scalar=value, e.g. tiny-steer.op0.alpha=20", s)
+		}
+		v, err := strconv.ParseFloat(strings.TrimSpace(val), 32)
+		if err != nil {
+			return nil, fmt.Errorf("--set %q: %q is not a number", s, val)
+		}
+		m[strings.TrimSpace(name)] = float32(v)
+	}
+	return m, nil
 }
 
 func runCmd() *cobra.Command {
@@ -62,7 +85,8 @@ func runCmd() *cobra.Command {
 		Short: "Generate text for one or more prompts (no bundle: the embedded default demo)",
 		Example: `  xmix run
   xmix run tiny.xmb --prompt "Once upon a time" --prompt "The old man" --apps tiny-steer
-  xmix run tiny.xmb --prompt "Hello" --temperature 0.8 --top-p 0.9 --seed 7 --json`,
+  xmix run tiny.xmb --prompt "Hello" --temperature 0.8 --top-p 0.9 --seed 7 --json
+  xmix run --apps tiny-steer --set tiny-steer.op0.alpha=20`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if len(args) == 0 {
@@ -81,6 +105,7 @@ func runCmd() *cobra.Command {
 	c.Flags().StringVar(&f.backend, "backend", "auto", "auto | cuda | cpu (auto: cuda when a GPU is present)")
 	c.Flags().BoolVarP(&f.quiet, "quiet", "q", false, "no progress output on stderr")
 	c.Flags().BoolVar(&f.chat, "chat", false, "wrap each prompt as a user turn in the model's chat template")
+	c.Flags().StringArrayVar(&f.sets, "set", nil, "override an app scalar for every prompt: app.scalar=value (repeatable; xmixc inspect lists the scalars)")
 	return c
 }
 
@@ -240,6 +265,10 @@ type jsonResult struct {
 }
 
 func (s *session) generate(w io.Writer, f runFlags, prompts []string, apps [][]string) error {
+	overrides, err := f.overrides()
+	if err != nil {
+		return err
+	}
 	reqs := make([]loader.Request, len(prompts))
 	for i, p := range prompts {
 		ids := s.tok.Encode(p)
@@ -250,7 +279,7 @@ func (s *session) generate(w io.Writer, f runFlags, prompts []string, apps [][]s
 			}
 		}
 		reqs[i] = loader.Request{Prompt: ids, Apps: apps[i], MaxTokens: f.maxTokens,
-			Temperature: f.temperature, TopP: f.topP, Seed: f.seed + uint64(i)}
+			Temperature: f.temperature, TopP: f.topP, Seed: f.seed + uint64(i), Overrides: overrides}
 	}
 	start := time.Now()
 	res, err := s.eng.Generate(reqs)
