@@ -235,7 +235,7 @@ func runDefault(w io.Writer, f runFlags) error {
 	defer s.be.Close()
 	prompts := f.prompts
 	if len(prompts) == 0 {
-		prompts = []string{"Once upon a time, a little fox"}
+		prompts = []string{"Tom walked home in the rain. He felt"}
 	}
 	var all []string
 	var apps [][]string
