@@ -7,8 +7,8 @@ func init() { Register("gemm_tc", buildGemmTC) }
 // GemmTCAttrs configures op "gemm_tc", the tensor-core GEMM: y[rows,N] = x'[rows,K] @
 // w[N,K]^T, with x and y in f32 and w in bf16. Tensor cores take bf16 operands, so x is split
 // into hi = bf16(x) and lo = bf16(x - hi) (both rounded to nearest even) and x' = hi + lo
-// carries 16 bits of x's mantissa; the products are exact and summed in float64 here (f32 on
-// the GPU, in an unspecified order). Parameters: x, w, y (pointers), rows (u32).
+// carries 16 bits of x's mantissa (and is exact in f32); products are summed in f32, here in
+// the CUDA-core reference's order, on the GPU in the tensor cores'. Parameters: x, w, y (pointers), rows (u32).
 type GemmTCAttrs struct {
 	K int `json:"k"`
 	N int `json:"n"`
@@ -30,30 +30,18 @@ func buildGemmTC(attrs []byte) (Runner, error) {
 		if err := CheckArgs("gemm_tc", args, 4*rows*a.K, 2*a.N*a.K, 4*rows*a.N, -1); err != nil {
 			return err
 		}
-		gemmTC(args[0].F32(), args[1].U16(), args[2].F32(), rows, a.K, a.N)
+		gemmTC(args[0].F32(), args[1], args[2].F32(), rows, a.K, a.N)
 		return nil
 	}), nil
 }
 
-func gemmTC(x []float32, w []uint16, y []float32, rows, k, n int) {
-	xb := make([]float64, rows*k)
+// gemmTC splits x into hi + lo (exact in f32) and runs the CUDA-core reference on the result,
+// so the CPU backend pays for the split once, not per weight.
+func gemmTC(x []float32, w Arg, y []float32, rows, k, n int) {
+	xs := make([]float32, rows*k)
 	for i, v := range x[:rows*k] {
 		hi := BF16ToF32(F32ToBF16(v))
-		xb[i] = float64(hi) + float64(BF16ToF32(F32ToBF16(v-hi)))
+		xs[i] = hi + BF16ToF32(F32ToBF16(v-hi))
 	}
-	ParallelFor(n, func(lo, hi int) {
-		wrow := make([]float64, k)
-		for j := lo; j < hi; j++ {
-			for i, h := range w[j*k : (j+1)*k] {
-				wrow[i] = float64(BF16ToF32(h))
-			}
-			for r := range rows {
-				s := 0.0
-				for i, xv := range xb[r*k : (r+1)*k] {
-					s += xv * wrow[i]
-				}
-				y[r*n+j] = float32(s)
-			}
-		}
-	})
+	gemm(xs, w, y, rows, k, n, true)
 }
