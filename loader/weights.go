@@ -4,8 +4,11 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"os"
 	"path/filepath"
@@ -26,9 +29,28 @@ type Weights struct {
 	synth   *bundle.Synth
 	tensors map[string]*safetensors.Tensor
 	closers []io.Closer
+	// index is the model.safetensors.index.json the tensors were chosen by, "" without one;
+	// a tensor it does not map is missing even when some shard holds it.
+	index string
 }
 
+// IndexFile is the Hugging Face index of a sharded checkpoint: it maps every tensor to the
+// shard file that holds it.
+const IndexFile = "model.safetensors.index.json"
+
+// singleFile is the name Hugging Face gives an unsharded checkpoint.
+const singleFile = "model.safetensors"
+
+// maxIndexSize bounds the index read; real ones are tens of KiB even for 400B models.
+const maxIndexSize = 64 << 20
+
+// SupportedWeightDtypes are the safetensors dtypes weights may be stored in; each is
+// converted to the buffer's dtype on load.
+var SupportedWeightDtypes = []string{"BF16", "F16", "F32"}
+
 // OpenWeights resolves the bundle's weights reference. baseDir resolves a relative path.
+// Weights from files are checked against every weight buffer of the bundle (tensor present,
+// dtype supported, shape right) before any is read, and all problems are reported together.
 func OpenWeights(b *bundle.Bundle, baseDir string) (*Weights, error) {
 	ref := b.Manifest.Weights
 	w := &Weights{tensors: map[string]*safetensors.Tensor{}}
@@ -38,26 +60,17 @@ func OpenWeights(b *bundle.Bundle, baseDir string) (*Weights, error) {
 		if err != nil {
 			return nil, fmt.Errorf("weights embedded in the bundle: %w", err)
 		}
-		w.add(f)
+		w.tensors = f.Tensors
 	case ref.Synthetic != nil:
 		w.synth = ref.Synthetic
+		return w, nil
 	case ref.Path != "":
 		path := ref.Path
 		if !filepath.IsAbs(path) {
 			path = filepath.Join(baseDir, path)
 		}
-		files, err := WeightFiles(path)
-		if err != nil {
+		if err := w.open(path); err != nil {
 			return nil, err
-		}
-		for _, fp := range files {
-			f, c, err := safetensors.Open(fp)
-			if err != nil {
-				w.Close()
-				return nil, fmt.Errorf("weights %s: %w", fp, err)
-			}
-			w.closers = append(w.closers, c)
-			w.add(f)
 		}
 		if ref.SHA256 != "" {
 			if got := headerDigest(w.tensors); got != ref.SHA256 {
@@ -68,53 +81,176 @@ func OpenWeights(b *bundle.Bundle, baseDir string) (*Weights, error) {
 	default:
 		return nil, fmt.Errorf("the bundle names no weights: rebuild it with weights: in the model spec")
 	}
+	if err := w.Check(b.Manifest.Buffers); err != nil {
+		w.Close()
+		return nil, err
+	}
 	return w, nil
 }
 
-func (w *Weights) add(f *safetensors.File) {
-	for name, t := range f.Tensors {
-		w.tensors[name] = t
+// maxReported bounds how many checkpoint problems one error lists: a checkpoint of the wrong
+// model has thousands.
+const maxReported = 8
+
+// Check validates the source tensors of every weight buffer in bufs against the checkpoint
+// headers, without reading tensor data. Other buffers are ignored.
+func (w *Weights) Check(bufs []bundle.Buffer) error {
+	if w.synth != nil {
+		return nil
 	}
+	var errs []error
+	failed := 0
+	for _, buf := range bufs {
+		if buf.Kind != bundle.KindWeight {
+			continue
+		}
+		if err := w.check(buf); err != nil {
+			if failed++; failed <= maxReported {
+				errs = append(errs, err)
+			}
+		}
+	}
+	if failed > maxReported {
+		errs = append(errs, fmt.Errorf("and %d more buffers with problems", failed-maxReported))
+	}
+	return errors.Join(errs...)
 }
 
-// WeightFiles lists the safetensors files of a weights path: the file itself, or every
-// *.safetensors file of a directory.
+// open memory-maps the checkpoint at path: one safetensors file, or a directory (see
+// checkpointFiles). An index's claims are checked against the shards' headers.
+func (w *Weights) open(path string) error {
+	files, mapped, index, err := checkpointFiles(path)
+	if err != nil {
+		return err
+	}
+	w.index = index
+	for _, fp := range files {
+		f, c, err := safetensors.Open(fp)
+		if err != nil {
+			w.Close()
+			return fmt.Errorf("weights: %w", err)
+		}
+		w.closers = append(w.closers, c)
+		if index == "" {
+			maps.Copy(w.tensors, f.Tensors)
+			continue
+		}
+		names := mapped[filepath.Base(fp)]
+		for _, name := range names {
+			t, ok := f.Tensors[name]
+			if !ok {
+				w.Close()
+				return fmt.Errorf("weights: %s maps tensor %s to %s, but that file has no such tensor (the index and the shards are from different checkpoints, or a download was cut short)",
+					index, name, filepath.Base(fp))
+			}
+			w.tensors[name] = t
+		}
+	}
+	return nil
+}
+
+// WeightFiles lists the safetensors files of a weights path: the file itself, or for a
+// directory the shards its model.safetensors.index.json names, else its model.safetensors,
+// else every *.safetensors file in it.
 func WeightFiles(path string) ([]string, error) {
+	files, _, _, err := checkpointFiles(path)
+	return files, err
+}
+
+// checkpointFiles resolves a weights path to its files. For an indexed directory it also
+// returns, per shard file name, the tensors the index maps to it, and the index's path; every
+// shard the index names must exist.
+func checkpointFiles(path string) (files []string, mapped map[string][]string, index string, err error) {
 	st, err := os.Stat(path)
 	if err != nil {
-		return nil, fmt.Errorf("weights: %w (build the bundle from a spec whose weights: exists, or copy the weights there)", err)
+		return nil, nil, "", fmt.Errorf("weights: %w (build the bundle from a spec whose weights: exists, or copy the weights there)", err)
 	}
 	if !st.IsDir() {
-		return []string{path}, nil
+		return []string{path}, nil, "", nil
 	}
-	files, err := filepath.Glob(filepath.Join(path, "*.safetensors"))
+	index = filepath.Join(path, IndexFile)
+	if _, err := os.Stat(index); err == nil {
+		files, mapped, err := readIndex(index)
+		return files, mapped, index, err
+	}
+	if single := filepath.Join(path, singleFile); fileExists(single) {
+		return []string{single}, nil, "", nil
+	}
+	files, err = filepath.Glob(filepath.Join(path, "*.safetensors"))
 	if err != nil || len(files) == 0 {
-		return nil, fmt.Errorf("weights: no *.safetensors files in directory %s", path)
+		return nil, nil, "", fmt.Errorf("weights: no *.safetensors files in directory %s (a Hugging Face checkpoint has %s, or shards listed in %s)", path, singleFile, IndexFile)
 	}
 	sort.Strings(files)
-	return files, nil
+	return files, nil, "", nil
+}
+
+func fileExists(path string) bool {
+	st, err := os.Stat(path)
+	return err == nil && st.Mode().IsRegular()
+}
+
+// readIndex reads a model.safetensors.index.json: its shard files (sorted, each checked to
+// exist) and the tensors it maps to each.
+func readIndex(path string) ([]string, map[string][]string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, nil, fmt.Errorf("weights: %w", err)
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, maxIndexSize+1))
+	if err != nil {
+		return nil, nil, fmt.Errorf("weights: %s: %w", path, err)
+	}
+	if len(data) > maxIndexSize {
+		return nil, nil, fmt.Errorf("weights: %s is larger than %d bytes, not a checkpoint index", path, maxIndexSize)
+	}
+	var idx struct {
+		WeightMap map[string]string `json:"weight_map"`
+	}
+	if err := json.Unmarshal(data, &idx); err != nil {
+		return nil, nil, fmt.Errorf("weights: %s is not a checkpoint index: %w", path, err)
+	}
+	if len(idx.WeightMap) == 0 {
+		return nil, nil, fmt.Errorf("weights: %s has no weight_map entries (it should map every tensor name to its shard file)", path)
+	}
+	dir := filepath.Dir(path)
+	mapped := map[string][]string{}
+	for name, shard := range idx.WeightMap {
+		// Shards sit beside the index; a name reaching elsewhere is refused, not followed.
+		if !filepath.IsLocal(shard) || filepath.Base(shard) != shard {
+			return nil, nil, fmt.Errorf("weights: %s maps tensor %s to %q, which is not a file name in %s", path, name, shard, dir)
+		}
+		mapped[shard] = append(mapped[shard], name)
+	}
+	shards := slices.Sorted(maps.Keys(mapped))
+	var files []string
+	for _, shard := range shards {
+		names := mapped[shard]
+		sort.Strings(names)
+		fp := filepath.Join(dir, shard)
+		if !fileExists(fp) {
+			more := ""
+			if len(names) > 1 {
+				more = fmt.Sprintf(" and %d more", len(names)-1)
+			}
+			return nil, nil, fmt.Errorf("weights: %s names shard %s (for tensor %s%s), but %s does not exist (download it, or fix the index)",
+				filepath.Base(path), shard, names[0], more, fp)
+		}
+		files = append(files, fp)
+	}
+	return files, mapped, nil
 }
 
 // WeightsDigest is the digest a bundle records for weights at path: sha256 over the sorted
 // tensor names, dtypes, shapes and byte lengths. It identifies the checkpoint without
 // reading gigabytes at every load.
 func WeightsDigest(path string) (string, error) {
-	files, err := WeightFiles(path)
-	if err != nil {
+	w := &Weights{tensors: map[string]*safetensors.Tensor{}}
+	if err := w.open(path); err != nil {
 		return "", err
 	}
-	all := map[string]*safetensors.Tensor{}
-	for _, fp := range files {
-		f, c, err := safetensors.Open(fp)
-		if err != nil {
-			return "", fmt.Errorf("weights %s: %w", fp, err)
-		}
-		for n, t := range f.Tensors {
-			all[n] = t
-		}
-		defer c.Close()
-	}
-	return headerDigest(all), nil
+	defer w.Close()
+	return headerDigest(w.tensors), nil
 }
 
 func headerDigest(ts map[string]*safetensors.Tensor) string {
@@ -148,44 +284,96 @@ func (w *Weights) Fill(buf bundle.Buffer, dst []byte) error {
 	if w.synth != nil {
 		return fillSynthetic(buf, dst, w.synth)
 	}
+	if err := w.check(buf); err != nil {
+		return err
+	}
 	esz, err := DtypeSize(buf.Dtype)
 	if err != nil {
 		return err
 	}
 	off := 0
 	for _, name := range buf.Tensors {
-		t, ok := w.tensors[name]
-		if !ok {
-			return fmt.Errorf("weight tensor %s (for buffer %s) is missing from the checkpoint", name, buf.Name)
+		t := w.tensors[name]
+		n := t.Elements() * esz
+		if off+n > len(dst) {
+			return fmt.Errorf("buffer %s of shape %v: %d bytes given, its tensors need more", buf.Name, buf.Shape, len(dst))
 		}
-		n := t.Elements()
-		if off+n*esz > len(dst) {
-			return fmt.Errorf("weight tensor %s has shape %v: buffer %s of shape %v has no room for it", name, t.Shape, buf.Name, buf.Shape)
-		}
-		if len(t.Shape) == 0 || (len(buf.Shape) > 1 && (len(t.Shape) != len(buf.Shape) || !slices.Equal(t.Shape[1:], buf.Shape[1:]))) {
-			return fmt.Errorf("weight tensor %s has shape %v, expected [*%s]", name, t.Shape, shapeTail(buf.Shape))
-		}
-		if err := convert(t, buf.Dtype, dst[off:off+n*esz]); err != nil {
+		if err := convert(t, buf.Dtype, dst[off:off+n]); err != nil {
 			return fmt.Errorf("weight tensor %s: %w", name, err)
 		}
-		off += n * esz
+		off += n
 	}
 	if off != len(dst) {
-		return fmt.Errorf("buffer %s of shape %v: its tensors %s hold %d elements, expected %d", buf.Name, buf.Shape,
-			strings.Join(buf.Tensors, ", "), off/esz, len(dst)/esz)
+		return fmt.Errorf("buffer %s of shape %v: %d bytes given, its tensors fill %d", buf.Name, buf.Shape, len(dst), off)
 	}
 	return nil
 }
 
-func shapeTail(s []int) string {
+// check validates buf's source tensors: each present, of a supported dtype, and together
+// of buf's shape. One tensor must have exactly that shape; several are stacked along the
+// first dimension, so they must agree with it on the others and sum to its first.
+func (w *Weights) check(buf bundle.Buffer) error {
+	if len(buf.Tensors) == 0 || len(buf.Shape) == 0 {
+		return fmt.Errorf("weight buffer %s names no tensors or has no shape: the bundle is malformed", buf.Name)
+	}
+	ts := make([]*safetensors.Tensor, len(buf.Tensors))
+	for i, name := range buf.Tensors {
+		t, ok := w.tensors[name]
+		if !ok {
+			return w.missing(name, buf)
+		}
+		if !slices.Contains(SupportedWeightDtypes, t.Dtype) {
+			return fmt.Errorf("weight tensor %s has dtype %s; supported: %s", name, t.Dtype, strings.Join(SupportedWeightDtypes, ", "))
+		}
+		ts[i] = t
+	}
+	if len(ts) == 1 {
+		if !slices.Equal(ts[0].Shape, buf.Shape) {
+			return fmt.Errorf("weight tensor %s has shape %v, expected %v (buffer %s)", ts[0].Name, ts[0].Shape, buf.Shape, buf.Name)
+		}
+		return nil
+	}
+	rows := 0
 	var parts []string
+	for _, t := range ts {
+		if len(t.Shape) != len(buf.Shape) || !slices.Equal(t.Shape[1:], buf.Shape[1:]) {
+			return fmt.Errorf("weight tensor %s has shape %v, expected [*%s] (stacked into buffer %s of shape %v)",
+				t.Name, t.Shape, shapeTail(buf.Shape), buf.Name, buf.Shape)
+		}
+		rows += t.Shape[0]
+		parts = append(parts, fmt.Sprintf("%s %v", t.Name, t.Shape))
+	}
+	if rows != buf.Shape[0] {
+		return fmt.Errorf("buffer %s of shape %v stacks %s: %d rows, expected %d (do the head counts in the config match the checkpoint?)",
+			buf.Name, buf.Shape, strings.Join(parts, ", "), rows, buf.Shape[0])
+	}
+	return nil
+}
+
+// missing is the error for a tensor the checkpoint lacks, with what is most likely wrong.
+func (w *Weights) missing(name string, buf bundle.Buffer) error {
+	where := "the checkpoint"
+	if w.index != "" {
+		where = w.index + " (it maps no such tensor)"
+	}
+	hint := ""
+	switch {
+	case name == "lm_head.weight":
+		hint = ": the model's embeddings are not tied (tie_word_embeddings false), so it needs its own output projection; if the checkpoint shares model.embed_tokens.weight, set tie_word_embeddings true in config.json or dims.tie_embeddings: true"
+	case strings.HasSuffix(name, ".bias"):
+		hint = ": the model family has q/k/v biases (qwen2); is the checkpoint of another family?"
+	case strings.HasSuffix(name, "_norm.weight") && strings.Contains(name, "self_attn."):
+		hint = ": the model family has QK-norm (qwen3); is the checkpoint of another family?"
+	}
+	return fmt.Errorf("weight tensor %s (for buffer %s) is missing from %s%s", name, buf.Name, where, hint)
+}
+
+func shapeTail(s []int) string {
+	var b strings.Builder
 	for _, d := range s[1:] {
-		parts = append(parts, fmt.Sprint(d))
+		fmt.Fprintf(&b, " %d", d)
 	}
-	if len(parts) == 0 {
-		return ""
-	}
-	return ", " + strings.Join(parts, ", ")
+	return b.String()
 }
 
 // convert writes tensor t into dst in dtype dt.
