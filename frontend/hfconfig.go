@@ -30,7 +30,8 @@ type HFConfig struct {
 	RopeScaling       *RopeScaling
 	BOSTokenID        *int
 	EOSTokenIDs       []int
-	ModelType         string // "" when absent
+	ModelType         string   // "" when absent
+	Architectures     []string // model classes, e.g. LlamaForCausalLM; nil when absent
 	AttentionBias     *bool
 	SlidingWindow     *int // nil when absent or null (no window)
 	UseSlidingWindow  *bool
@@ -52,6 +53,7 @@ type hfConfigJSON struct {
 	BOSTokenID        *int            `json:"bos_token_id"`
 	EOSTokenID        json.RawMessage `json:"eos_token_id"`
 	ModelType         string          `json:"model_type"`
+	Architectures     []string        `json:"architectures"`
 	AttentionBias     *bool           `json:"attention_bias"`
 	SlidingWindow     *int            `json:"sliding_window"`
 	UseSlidingWindow  *bool           `json:"use_sliding_window"`
@@ -75,11 +77,21 @@ func ReadHFConfig(path string) (*HFConfig, error) {
 	}
 	if fi.IsDir() {
 		path = filepath.Join(path, "config.json")
-		if fi, err = os.Stat(path); err != nil {
-			return nil, err
-		}
 	}
+	data, err := readSmall(path)
+	if err != nil {
+		return nil, err
+	}
+	return parseHFConfig(path, data)
+}
+
+// readSmall reads a JSON settings file of at most maxConfigSize bytes.
+func readSmall(path string) ([]byte, error) {
 	// Refuse devices and pipes: reading /dev/zero or a FIFO would never end.
+	fi, err := os.Stat(path)
+	if err != nil {
+		return nil, err
+	}
 	if !fi.Mode().IsRegular() {
 		return nil, fmt.Errorf("%s: not a regular file", path)
 	}
@@ -93,9 +105,30 @@ func ReadHFConfig(path string) (*HFConfig, error) {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	if len(data) > maxConfigSize {
-		return nil, fmt.Errorf("%s: larger than %d bytes, not a config.json", path, maxConfigSize)
+		return nil, fmt.Errorf("%s: larger than %d bytes, not a settings file", path, maxConfigSize)
 	}
-	return parseHFConfig(path, data)
+	return data, nil
+}
+
+// ReadGenerationEOS reads eos_token_id (an integer or a list) from a Hugging Face
+// generation_config.json; nil when the file has none. Errors inside the file are *Error
+// values at the offending line:col.
+func ReadGenerationEOS(path string) ([]int, error) {
+	data, err := readSmall(path)
+	if err != nil {
+		return nil, err
+	}
+	var raw struct {
+		EOSTokenID json.RawMessage `json:"eos_token_id"`
+	}
+	if err := json.Unmarshal(data, &raw); err != nil {
+		return nil, jsonError(path, data, err)
+	}
+	eos, err := eosIDs(raw.EOSTokenID)
+	if err != nil {
+		return nil, fieldError(path, data, "eos_token_id", err.Error(), "give an integer or a list of integers")
+	}
+	return eos, nil
 }
 
 func parseHFConfig(path string, data []byte) (*HFConfig, error) {
@@ -117,6 +150,7 @@ func parseHFConfig(path string, data []byte) (*HFConfig, error) {
 		TieWordEmbeddings: raw.TieWordEmbeddings,
 		BOSTokenID:        raw.BOSTokenID,
 		ModelType:         raw.ModelType,
+		Architectures:     raw.Architectures,
 		AttentionBias:     raw.AttentionBias,
 		SlidingWindow:     raw.SlidingWindow,
 		UseSlidingWindow:  raw.UseSlidingWindow,

@@ -11,11 +11,15 @@ import (
 	"gopkg.in/yaml.v3"
 )
 
-// Families this version can compile.
-var families = []string{"llama", "mistral", "qwen2", "qwen3"}
+// Families this version can compile, and the Hugging Face architectures (config.json
+// "architectures") of theirs it can load.
+var (
+	families      = []string{"llama", "mistral", "qwen2", "qwen3"}
+	architectures = []string{"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"}
+)
 
 var (
-	modelKeys       = []string{"model", "family", "dims", "config", "weights", "dtype", "kv_dtype", "tokenizer", "bos", "eos", "serving"}
+	modelKeys       = []string{"model", "family", "hf", "dims", "config", "weights", "dtype", "kv_dtype", "tokenizer", "bos", "eos", "serving"}
 	dimsKeys        = []string{"hidden", "intermediate", "layers", "heads", "kv_heads", "head_dim", "vocab", "rope_theta", "rms_eps", "tie_embeddings", "rope_scaling"}
 	ropeScalingKeys = []string{"type", "factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}
 	servingKeys     = []string{"decode_buckets", "prefill_chunks", "max_seq_len", "max_seqs", "kv_block_size"}
@@ -84,7 +88,13 @@ func (p *parser) model(root *yaml.Node) *Model {
 		abs = p.file
 	}
 	m := &Model{Pos: p.pos(root), Path: abs, Dir: p.dir, Dtype: "bf16", KVDtype: "f32", BOS: -1}
-	p.require(top, "model spec", "model", "weights", "tokenizer")
+	hf := p.hfDir(top)
+	switch {
+	case top.get("hf") == nil:
+		p.require(top, "model spec", "model", "weights", "tokenizer")
+	case hf != nil && top.get("model") == nil:
+		m.Name = filepath.Base(hf.dir)
+	}
 	if n := top.get("model"); n != nil {
 		if s, ok := p.str(n, "model"); ok && s == "" {
 			p.errorf(n, "", "model: name must not be empty")
@@ -100,27 +110,123 @@ func (p *parser) model(root *yaml.Node) *Model {
 	}
 	if n := top.get("weights"); n != nil {
 		p.weights(n, &m.Weights)
+	} else if hf != nil {
+		m.Weights = Weights{Pos: hf.at, Path: hf.dir}
 	}
 	if n := top.get("tokenizer"); n != nil {
 		p.tokenizer(n, &m.Tokenizer)
+	} else if hf != nil {
+		p.hfTokenizer(hf, &m.Tokenizer)
 	}
-	cfg := p.dims(top, m)
+	cfg := p.configRef(top, hf)
+	p.dims(top, m, cfg)
 	p.specialTokens(top, m, cfg)
 	p.serving(top, m)
 	p.family(top, m, cfg)
 	return m
 }
 
+// hfCheckpoint is the directory named by hf: and where the spec names it.
+type hfCheckpoint struct {
+	dir   string // absolute
+	at    Pos    // the value
+	keyAt Pos    // the hf: key
+}
+
+// hfDir reads `hf: dir`: a Hugging Face checkpoint directory that supplies config.json,
+// weights, tokenizer and generation settings wherever the spec does not. Unlike a weights
+// path it must exist now: its config.json carries the dimensions.
+func (p *parser) hfDir(top *mapping) *hfCheckpoint {
+	n := top.get("hf")
+	if n == nil {
+		return nil
+	}
+	s, ok := p.str(n, "hf")
+	if !ok {
+		return nil
+	}
+	if s == "" {
+		p.errorf(n, "", "hf: path must not be empty")
+		return nil
+	}
+	dir := p.resolve(s)
+	st, err := os.Stat(dir)
+	switch {
+	case err != nil:
+		p.errorf(n, "give the checkpoint directory, relative to the spec's directory", "hf: %v", err)
+		return nil
+	case !st.IsDir():
+		p.errorf(n, "give the directory that holds config.json, not a file in it", "hf: %s is not a directory", s)
+		return nil
+	}
+	return &hfCheckpoint{dir: dir, at: p.pos(n), keyAt: top.keyPos(p, "hf")}
+}
+
+// hfTokenizer takes the checkpoint's tokenizer.json when the spec names no tokenizer.
+func (p *parser) hfTokenizer(hf *hfCheckpoint, t *Tokenizer) {
+	path := filepath.Join(hf.dir, "tokenizer.json")
+	if st, err := os.Stat(path); err != nil || !st.Mode().IsRegular() {
+		p.errorAt(hf.keyAt, `give tokenizer: {hf: path/to/tokenizer.json} or tokenizer: bytes`,
+			"model spec: missing key \"tokenizer\", and %s has no tokenizer.json", hf.dir)
+		return
+	}
+	*t = Tokenizer{Pos: hf.at, Kind: "hf", Path: path}
+}
+
+// configSource is the config.json a spec imports (from config:, else hf:) and where it is
+// named: dimensions from it are reported at the value, problems with the file as a whole at
+// the key.
+type configSource struct {
+	given bool      // config: or hf: names one
+	cfg   *HFConfig // nil when none was given or it failed to load (reported already)
+	at    Pos
+	keyAt Pos
+	// eos is generation_config.json's eos_token_id (hf: only); it takes precedence over
+	// config.json's, as it does in transformers' generate.
+	eos []int
+}
+
+func (p *parser) configRef(top *mapping, hf *hfCheckpoint) *configSource {
+	if n := top.get("config"); n != nil {
+		return &configSource{given: true, cfg: p.config(n), at: p.pos(n), keyAt: top.keyPos(p, "config")}
+	}
+	if n := top.get("hf"); n != nil && hf == nil {
+		// A bad hf: was reported; what its config.json lacks is then unknown.
+		return &configSource{given: true, at: p.pos(n), keyAt: top.keyPos(p, "hf")}
+	}
+	if hf == nil {
+		return &configSource{keyAt: top.keyPos(p, "config")}
+	}
+	src := &configSource{given: true, at: hf.at, keyAt: hf.keyAt}
+	src.cfg = p.readConfig(filepath.Join(hf.dir, "config.json"), "hf", hf.at,
+		"a Hugging Face checkpoint directory holds config.json beside its weights")
+	gen := filepath.Join(hf.dir, "generation_config.json")
+	if _, err := os.Stat(gen); err == nil {
+		eos, err := ReadGenerationEOS(gen)
+		var e *Error
+		switch {
+		case errors.As(err, &e):
+			p.errs = append(p.errs, e)
+			p.errorAt(hf.at, "", "hf: %s is not usable (see the error there)", gen)
+		case err != nil:
+			p.errorAt(hf.at, "", "hf: %v", err)
+		default:
+			src.eos = eos
+		}
+	}
+	return src
+}
+
 // family sets the family from family: or else config.json's model_type, and the attention
 // options it implies (Hugging Face: Qwen2 has q/k/v biases, Qwen3 QK-norm). It rejects
 // configs that ask for what the forward lacks: o_proj biases and sliding windows that a
 // sequence could outgrow.
-func (p *parser) family(top *mapping, m *Model, cfg *HFConfig) {
+func (p *parser) family(top *mapping, m *Model, src *configSource) {
 	n := top.get("family")
 	if n != nil {
 		m.Family, _ = p.oneOf(n, "family", families)
 	}
-	cfgPos := top.keyPos(p, "config")
+	cfg, cfgPos := src.cfg, src.keyAt
 	switch {
 	case cfg != nil && cfg.ModelType != "":
 		switch {
@@ -131,7 +237,7 @@ func (p *parser) family(top *mapping, m *Model, cfg *HFConfig) {
 		case m.Family != "" && m.Family != cfg.ModelType:
 			p.errorf(n, "drop family: to take config.json's", "family %s, but config.json model_type is %s", m.Family, cfg.ModelType)
 		}
-	case n == nil && (cfg != nil || top.get("config") == nil):
+	case n == nil && (cfg != nil || !src.given):
 		hint := ""
 		if cfg != nil {
 			hint = "config.json has no model_type either"
@@ -139,7 +245,17 @@ func (p *parser) family(top *mapping, m *Model, cfg *HFConfig) {
 		p.errorf(p.owner(top.node), hint, "model spec: missing key %q", "family")
 	}
 	m.QKVBias, m.QKNorm = m.Family == "qwen2", m.Family == "qwen3"
-	if cfg == nil || m.Family == "" {
+	if cfg == nil {
+		return
+	}
+	// architectures names the head too: a model_type's classification or vision variants
+	// have other tensors than the causal LM the forward computes.
+	for _, a := range cfg.Architectures {
+		if !contains(architectures, a) {
+			p.errorAt(cfgPos, "supported: "+strings.Join(architectures, ", "), "config.json architecture %s is not supported", a)
+		}
+	}
+	if m.Family == "" {
 		return
 	}
 	// Qwen2 ignores attention_bias (its q/k/v biases are fixed); the others bias o_proj too.
@@ -163,20 +279,15 @@ func (p *parser) family(top *mapping, m *Model, cfg *HFConfig) {
 	}
 }
 
-// dims fills the model's dimensions from config: (if any), then dims: on top. It returns the
-// imported config for the special-token ids it also carries.
-func (p *parser) dims(top *mapping, m *Model) *HFConfig {
+// dims fills the model's dimensions from the imported config.json (if any), then dims: on top.
+func (p *parser) dims(top *mapping, m *Model, src *configSource) {
 	var d struct {
 		hidden, intermediate, layers, heads, kvHeads, headDim, vocab intField
 		ropeTheta, rmsEps                                            floatField
 	}
-	var cfg *HFConfig
-	cfgNode := top.get("config")
-	if cfgNode != nil {
-		cfg = p.config(cfgNode)
-	}
+	cfg := src.cfg
 	if cfg != nil {
-		at := p.pos(cfgNode)
+		at := src.at
 		fromCfg := func(f *intField, v *int, key string) {
 			if v != nil {
 				*f = intField{v: *v, set: true, ok: true, pos: at, name: "config.json " + key}
@@ -202,15 +313,15 @@ func (p *parser) dims(top *mapping, m *Model) *HFConfig {
 	}
 
 	dimsNode := top.get("dims")
-	if dimsNode == nil && cfgNode == nil {
-		p.errorf(top.node, "give dims: {hidden, intermediate, layers, heads, vocab} or config: path/to/config.json",
+	if dimsNode == nil && !src.given {
+		p.errorf(top.node, "give dims: {hidden, intermediate, layers, heads, vocab}, config: path/to/config.json or hf: path/to/checkpoint",
 			"model spec: missing key \"dims\"")
-		return cfg
+		return
 	}
 	dm := &mapping{byKey: map[string]entry{}}
 	if dimsNode != nil {
 		if dm = p.mapping(dimsNode, "dims", dimsKeys); dm == nil {
-			return cfg
+			return
 		}
 	}
 	yamlInt := func(f *intField, key string) {
@@ -250,7 +361,7 @@ func (p *parser) dims(top *mapping, m *Model) *HFConfig {
 		key string
 	}{{&d.hidden, "hidden"}, {&d.intermediate, "intermediate"}, {&d.layers, "layers"}, {&d.heads, "heads"}, {&d.vocab, "vocab"}}
 	// A config.json that failed to load was reported already; what it lacks is then unknown.
-	cfgFailed := cfgNode != nil && cfg == nil
+	cfgFailed := src.given && cfg == nil
 	for _, r := range required {
 		if !r.f.set && !cfgFailed {
 			hint := ""
@@ -284,12 +395,12 @@ func (p *parser) dims(top *mapping, m *Model) *HFConfig {
 
 	// Derived defaults need the values they derive from; skip them when those were bad.
 	if !d.heads.ok {
-		return cfg
+		return
 	}
 	m.KVHeads = m.Heads
 	if d.kvHeads.set {
 		if !d.kvHeads.ok {
-			return cfg
+			return
 		}
 		m.KVHeads = d.kvHeads.v
 		if m.Heads%m.KVHeads != 0 {
@@ -306,7 +417,6 @@ func (p *parser) dims(top *mapping, m *Model) *HFConfig {
 	case d.hidden.ok:
 		m.HeadDim = m.Hidden / m.Heads
 	}
-	return cfg
 }
 
 // config imports the config.json named by n. A missing or broken file is an error here, unlike
@@ -316,14 +426,20 @@ func (p *parser) config(n *yaml.Node) *HFConfig {
 	if !ok {
 		return nil
 	}
-	cfg, err := ReadHFConfig(p.resolve(s))
+	return p.readConfig(p.resolve(s), "config", p.pos(n), "the path is relative to the spec's directory")
+}
+
+// readConfig reads a config.json for key (config or hf), reporting problems at pos; hint
+// goes with a file that cannot be read.
+func (p *parser) readConfig(path, key string, pos Pos, hint string) *HFConfig {
+	cfg, err := ReadHFConfig(path)
 	if err != nil {
 		var e *Error
 		if errors.As(err, &e) {
 			p.errs = append(p.errs, e)
-			p.errorf(n, "", "config: %s is not a usable config.json (see the error there)", s)
+			p.errorAt(pos, "", "%s: %s is not a usable config.json (see the error there)", key, path)
 		} else {
-			p.errorf(n, "the path is relative to the spec's directory", "config: %v", err)
+			p.errorAt(pos, hint, "%s: %v", key, err)
 		}
 		return nil
 	}
@@ -426,16 +542,20 @@ func (p *parser) tokenizer(n *yaml.Node, t *Tokenizer) {
 	t.Kind, t.Path = "hf", p.resolve(path)
 }
 
-// specialTokens sets BOS and EOS from the spec, falling back to config.json. BOS stays -1 when
+// specialTokens sets BOS and EOS from the spec, falling back to generation_config.json (for
+// eos) and config.json. BOS stays -1 when
 // neither gives one and the tokenizer does not need it.
-func (p *parser) specialTokens(top *mapping, m *Model, cfg *HFConfig) {
-	if cfg != nil {
+func (p *parser) specialTokens(top *mapping, m *Model, src *configSource) {
+	if cfg := src.cfg; cfg != nil {
 		if cfg.BOSTokenID != nil {
 			m.BOS = *cfg.BOSTokenID
 		}
 		m.EOS = cfg.EOSTokenIDs
 	}
-	bosPos, eosPos := top.keyPos(p, "config"), top.keyPos(p, "config")
+	if src.eos != nil {
+		m.EOS = src.eos
+	}
+	bosPos, eosPos := src.keyAt, src.keyAt
 	if n := top.get("bos"); n != nil {
 		bosPos = p.pos(n)
 		if v, ok := p.natural(n, "bos"); ok {
