@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 )
 
 // maxConfigSize bounds how much of a config.json is read; real ones are a few KiB.
@@ -238,4 +239,14 @@ func offsetPos(path string, data []byte, off int64) Pos {
 	line := bytes.Count(prefix, []byte{'\n'}) + 1
 	col := int(off) - (bytes.LastIndexByte(prefix, '\n') + 1) + 1
 	return Pos{File: path, Line: line, Col: col}
+}
+
+// causalLMs are the Hugging Face causal-LM classes of families, as config.json's
+// "architectures" names them: LlamaForCausalLM for llama.
+func causalLMs(families []string) []string {
+	out := make([]string, len(families))
+	for i, f := range families {
+		out[i] = strings.ToUpper(f[:1]) + f[1:] + "ForCausalLM"
+	}
+	return out
 }

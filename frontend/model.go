@@ -15,7 +15,7 @@ import (
 // "architectures") of theirs it can load.
 var (
 	families      = []string{"llama", "mistral", "qwen2", "qwen3"}
-	architectures = []string{"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"}
+	architectures = causalLMs(families)
 )
 
 var (
