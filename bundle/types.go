@@ -63,6 +63,11 @@ type ModelConfig struct {
 	ChatTemplate string `json:"chat_template,omitempty"`
 	ChatBOS      string `json:"chat_bos,omitempty"`
 	ChatEOS      string `json:"chat_eos,omitempty"`
+
+	// Experts > 0: each layer's MLP is a mixture of Experts experts of Intermediate columns,
+	// TopK routed per token (mixtral).
+	Experts int `json:"experts,omitempty"`
+	TopK    int `json:"top_k,omitempty"`
 }
 
 // RopeScaling is Llama-3's frequency-dependent RoPE scaling.

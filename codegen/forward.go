@@ -120,6 +120,7 @@ func (g *gen) modelConfig() bundle.ModelConfig {
 		Name: m.Name, Family: m.Family, Hidden: m.Hidden, Intermediate: m.Intermediate,
 		Layers: m.Layers, Heads: m.Heads, KVHeads: m.KVHeads, HeadDim: m.HeadDim, Vocab: m.Vocab,
 		RopeTheta: m.RopeTheta, RMSEps: m.RMSEps, TieEmbeddings: m.TieEmbeddings, QKVBias: m.QKVBias, QKNorm: m.QKNorm,
+		Experts: m.Experts, TopK: m.TopK,
 		WeightDtype: g.wdt.String(), KVDtype: g.kvdt.String(), MaxSeqLen: m.MaxSeqLen,
 		MaxSeqs: m.MaxSeqs, KVBlockSize: m.KVBlockSize, KVBlocks: g.kvBlocks(),
 		Tokenizer: m.Tokenizer.Kind, BOS: m.BOS, EOS: m.EOS,
@@ -160,6 +161,10 @@ func (g *gen) declareBuffers() {
 		}
 		g.buf(layerBuf(l, "wo"), bundle.KindWeight, wd, []int{H, m.Heads * D}, pre+"self_attn.o_proj.weight")
 		g.buf(layerBuf(l, "mlp_norm"), bundle.KindWeight, wd, []int{H}, pre+"post_attention_layernorm.weight")
+		if m.Experts > 0 {
+			g.moeBuffers(l)
+			continue
+		}
 		g.buf(layerBuf(l, "wgu"), bundle.KindWeight, wd, []int{2 * I, H}, pre+"mlp.gate_proj.weight", pre+"mlp.up_proj.weight")
 		g.buf(layerBuf(l, "wdown"), bundle.KindWeight, wd, []int{H, I}, pre+"mlp.down_proj.weight")
 	}
@@ -202,8 +207,12 @@ func (g *gen) declareBuffers() {
 	g.buf("act.qkv", bundle.KindActivation, "f32", []int{g.maxT, qkv})
 	g.buf("act.z", bundle.KindActivation, "f32", []int{g.maxT, m.Heads * D})
 	g.buf("act.delta", bundle.KindActivation, "f32", []int{g.maxT, H})
-	g.buf("act.gu", bundle.KindActivation, "f32", []int{g.maxT, 2 * I})
-	g.buf("act.mlp", bundle.KindActivation, "f32", []int{g.maxT, I})
+	if m.Experts > 0 {
+		g.moeActivations()
+	} else {
+		g.buf("act.gu", bundle.KindActivation, "f32", []int{g.maxT, 2 * I})
+		g.buf("act.mlp", bundle.KindActivation, "f32", []int{g.maxT, I})
+	}
 	g.buf("act.final", bundle.KindActivation, "f32", []int{g.maxS, H})
 	g.buf("act.logits", bundle.KindActivation, "f32", []int{g.maxS, m.Vocab})
 	g.buf("out.sampled", bundle.KindOutput, "u32", []int{g.maxS})
@@ -297,6 +306,8 @@ func (g *gen) siteKernelName(op *passes.MIOp) string {
 		return miName(base, []MIOp{{}}, fmt.Sprintf("s%d", op.HostLayer))
 	case passes.HostSilu:
 		return miName(fmt.Sprintf("silu_mul_i%d", g.m.Intermediate), []MIOp{{}}, fmt.Sprintf("L%d", op.HostLayer))
+	case passes.HostRouter:
+		return g.routerName(op.HostLayer, []MIOp{{}})
 	default:
 		return fmt.Sprintf("mi_L%d_%s", op.HostLayer, strings.ReplaceAll(op.Hook, ".", "_"))
 	}

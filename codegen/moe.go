@@ -4,7 +4,9 @@ import (
 	"fmt"
 	"math"
 
+	"xmix/bundle"
 	"xmix/ops"
+	"xmix/passes"
 	"xmix/ptx"
 )
 
@@ -326,4 +328,59 @@ func ExpertDown(name string, c MoEConfig) (*Kernel, error) {
 	e.EmitIf(e.cmp("eq", ptx.U32, lane, ptx.Imm(0)), false, "st.global.f32", ptx.Addr{Base: e.byteAddr(y, oi, 4)}, sum)
 	e.Label(done)
 	return finish(e.Kernel, "moe_down", a)
+}
+
+// moeBuffers declares layer l's router and expert weights (Hugging Face names, experts
+// stacked along the first dimension).
+func (g *gen) moeBuffers(l int) {
+	m := g.m
+	wd := g.wdt.String()
+	H, I, E := m.Hidden, m.Intermediate, m.Experts
+	pre := fmt.Sprintf("model.layers.%d.block_sparse_moe.", l)
+	g.buf(layerBuf(l, "router"), bundle.KindWeight, wd, []int{E, H}, pre+"gate.weight")
+	var gu, down []string
+	for e := range E {
+		x := fmt.Sprintf("%sexperts.%d.", pre, e)
+		gu = append(gu, x+"w1.weight", x+"w3.weight")
+		down = append(down, x+"w2.weight")
+	}
+	g.buf(layerBuf(l, "experts_gu"), bundle.KindWeight, wd, []int{E * 2 * I, H}, gu...)
+	g.buf(layerBuf(l, "experts_down"), bundle.KindWeight, wd, []int{E * H, I}, down...)
+}
+
+// moeActivations declares the routing and expert activation buffers.
+func (g *gen) moeActivations() {
+	m := g.m
+	g.buf("act.moe_idx", bundle.KindActivation, "u32", []int{g.maxT, m.TopK})
+	g.buf("act.moe_w", bundle.KindActivation, "f32", []int{g.maxT, m.TopK})
+	g.buf("act.moe_act", bundle.KindActivation, "f32", []int{g.maxT * m.TopK, m.Intermediate})
+}
+
+// routerName is layer l's router kernel: shared by the layers without router_logits ops.
+func (g *gen) routerName(l int, mi []MIOp) string {
+	m := g.m
+	return miName(fmt.Sprintf("moe_router_h%d_e%d_k%d_%s", m.Hidden, m.Experts, m.TopK, g.wdt), mi, fmt.Sprintf("L%d", l))
+}
+
+// moe emits layer l's mixture-of-experts MLP from act.xn into act.delta.
+func (t *tb) moe(l int) {
+	g := t.g
+	m := g.m
+	lb := func(w string) bundle.Slot { return buf(layerBuf(l, w)) }
+	mi := g.miOps(passes.HostRouter, l, "", "")
+	rc := RouterConfig{Hidden: m.Hidden, Experts: m.Experts, TopK: m.TopK, WDtype: g.wdt, Ops: mi}
+	name := g.routerName(l, mi)
+	k, err := g.kernel(name, func() (*Kernel, error) { return Router(name, rc) })
+	route := slots{"idx": buf("act.moe_idx"), "wts": buf("act.moe_w")}
+	t.add(fmt.Sprintf("L%d.router", l), k, err, rc.Launch(t.rows), merge(route, slots{"x": buf("act.xn"), "w": lb("router")}), mi)
+
+	c := MoEConfig{Hidden: m.Hidden, Inter: m.Intermediate, Experts: m.Experts, TopK: m.TopK, WDtype: g.wdt}
+	name = fmt.Sprintf("moe_gate_up_h%d_i%d_e%d_k%d_%s", m.Hidden, m.Intermediate, m.Experts, m.TopK, g.wdt)
+	k, err = g.kernel(name, func() (*Kernel, error) { return ExpertGateUp(name, c) })
+	t.add(fmt.Sprintf("L%d.experts_gate_up", l), k, err, c.LaunchGateUp(t.rows), merge(route, slots{
+		"x": buf("act.xn"), "w": lb("experts_gu"), "act": buf("act.moe_act")}), nil)
+	name = fmt.Sprintf("moe_down_h%d_i%d_e%d_k%d_%s", m.Hidden, m.Intermediate, m.Experts, m.TopK, g.wdt)
+	k, err = g.kernel(name, func() (*Kernel, error) { return ExpertDown(name, c) })
+	t.add(fmt.Sprintf("L%d.experts_down", l), k, err, c.LaunchDown(t.rows), merge(route, slots{
+		"act": buf("act.moe_act"), "w": lb("experts_down"), "y": buf("act.delta")}), nil)
 }

@@ -139,15 +139,19 @@ func (g *gen) template(name, kind string, rows, samples int) (bundle.Template, e
 
 		t.gemm(fmt.Sprintf("L%d.o", l), "act.z", lb("wo"), "act.delta", m.Heads*D, H, rows)
 		t.addNorm(2*l, lb("mlp_norm"), "act.xn", false)
-		t.gemm(fmt.Sprintf("L%d.gate_up", l), "act.xn", lb("wgu"), "act.gu", H, 2*I, rows)
+		if m.Experts > 0 {
+			t.moe(l)
+		} else {
+			t.gemm(fmt.Sprintf("L%d.gate_up", l), "act.xn", lb("wgu"), "act.gu", H, 2*I, rows)
 
-		siluOps := g.miOps(passes.HostSilu, l, "", "")
-		sc := SiluConfig{Inter: I, Ops: siluOps}
-		sname := miName(fmt.Sprintf("silu_mul_i%d", I), siluOps, fmt.Sprintf("L%d", l))
-		k, err = g.kernel(sname, func() (*Kernel, error) { return SiluMul(sname, sc) })
-		t.add(fmt.Sprintf("L%d.silu_mul", l), k, err, sc.Launch(rows), slots{"gu": buf("act.gu"), "act": buf("act.mlp")}, siluOps)
+			siluOps := g.miOps(passes.HostSilu, l, "", "")
+			sc := SiluConfig{Inter: I, Ops: siluOps}
+			sname := miName(fmt.Sprintf("silu_mul_i%d", I), siluOps, fmt.Sprintf("L%d", l))
+			k, err = g.kernel(sname, func() (*Kernel, error) { return SiluMul(sname, sc) })
+			t.add(fmt.Sprintf("L%d.silu_mul", l), k, err, sc.Launch(rows), slots{"gu": buf("act.gu"), "act": buf("act.mlp")}, siluOps)
 
-		t.gemm(fmt.Sprintf("L%d.down", l), "act.mlp", lb("wdown"), "act.delta", I, H, rows)
+			t.gemm(fmt.Sprintf("L%d.down", l), "act.mlp", lb("wdown"), "act.delta", I, H, rows)
+		}
 		if l+1 < m.Layers {
 			t.addNorm(2*l+1, buf(layerBuf(l+1, "attn_norm")), "act.xn", false)
 		} else {

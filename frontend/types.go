@@ -66,6 +66,10 @@ type Model struct {
 	KVBlockSize     int // tokens per KV page (default 16)
 	// LayersPos is where the layer count was given, for "layer out of range" hints.
 	LayersPos Pos
+
+	// Experts > 0 makes every layer's MLP a mixture of Experts SwiGLU experts of Intermediate
+	// columns, TopK of them per token (mixtral).
+	Experts, TopK int
 }
 
 // RopeScaling mirrors HF's rope_scaling for rope_type llama3.

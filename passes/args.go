@@ -64,7 +64,7 @@ func (t TemplateFact) outWidth(width int) int {
 }
 
 // Templates is the table of MI templates this compiler fuses. Names the frontend accepts
-// but that are missing here (router_bias, token_override, ...) are rejected with a hint.
+// but that are missing here (token_override, logit_lens, ...) are rejected with a hint.
 var Templates = map[string]TemplateFact{
 	"capture": {Kind: "read", Args: map[string]argFact{},
 		OutCols: func(w int) int { return w }},
@@ -104,6 +104,15 @@ var Templates = map[string]TemplateFact{
 	// patch: x = vector.
 	"patch": {Kind: "write", Args: map[string]argFact{
 		"vector": {Kind: argVector, Required: true},
+	}},
+	// router_bias: logits += alpha * bias, before softmax and top-k (SteerMoE).
+	"router_bias": {Kind: "write", Hooks: []string{"router_logits"}, Args: map[string]argFact{
+		"bias":  {Kind: argVector, Required: true},
+		"alpha": {Kind: argScalar, Default: 1},
+	}},
+	// router_mask: logits[e] = -inf where mask[e] != 0: the expert is never picked.
+	"router_mask": {Kind: "write", Hooks: []string{"router_logits"}, Args: map[string]argFact{
+		"mask": {Kind: argVector, Required: true},
 	}},
 }
 
@@ -170,6 +179,15 @@ func bindOp(p *Program, a *AppPlan, op *MIOp, spec frontend.Op, files map[string
 	if t.Hooks != nil && !contains(t.Hooks, op.Hook) {
 		return frontend.Errorf(spec.HookPos, "hooks of "+op.Template+": "+strings.Join(t.Hooks, ", "),
 			"kernel %s cannot sit at hook %s", op.Template, op.Hook)
+	}
+	switch m := p.Model; {
+	case op.Hook == "router_logits" && m.Experts == 0:
+		return frontend.Errorf(spec.HookPos, "router_logits fires on mixture-of-experts models (family mixtral)",
+			"model %q (family %s) has no router", m.Name, m.Family)
+	case op.Hook == "mlp.act" && m.Experts > 0:
+		// The experts' activations are k rows per token: no per-token hook yet.
+		return frontend.Errorf(spec.HookPos, "hook mlp_out or router_logits instead",
+			"hook mlp.act on a mixture-of-experts model is not supported yet")
 	}
 	given := map[string]frontend.Arg{}
 	for _, arg := range spec.Args {

@@ -8,6 +8,7 @@ const (
 	HostAddNorm = "add_norm" // residual add + RMSNorm (row_norm, Load add)
 	HostSilu    = "silu_mul" // SiLU(gate)*up
 	HostMI      = "mi"       // a standalone MI kernel over a GEMM or attention output
+	HostRouter  = "router"   // the MoE router kernel, between its logits and top-k
 )
 
 // Roles of a hooked value inside a row_norm host kernel.
@@ -33,10 +34,12 @@ func qWidth(m *frontend.Model) int { return m.Heads * m.HeadDim }
 func kvWidth(m *frontend.Model) int {
 	return m.KVHeads * m.HeadDim
 }
-func inter(m *frontend.Model) int { return m.Intermediate }
+func inter(m *frontend.Model) int   { return m.Intermediate }
+func experts(m *frontend.Model) int { return m.Experts }
 
 // Hooks is the Llama-family hook surface in forward order (DESIGN.md "Hook surface").
-// logits, sampled and router_logits are reserved names that this compiler does not fire yet.
+// logits and sampled are reserved names that this compiler does not fire yet; router_logits
+// fires on MoE models only (bindOp refuses it elsewhere).
 var Hooks = []HookFact{
 	{Name: "embed", Order: -1, Width: hidden, Role: RoleResid},
 	{Name: "resid_pre", PerLayer: true, Order: 0, Width: hidden, Role: RoleResid},
@@ -46,9 +49,10 @@ var Hooks = []HookFact{
 	{Name: "attn.z", PerLayer: true, Order: 4, Width: qWidth, Role: RoleWhole},
 	{Name: "attn_out", PerLayer: true, Order: 5, Width: hidden, Role: RoleDelta},
 	{Name: "resid_mid", PerLayer: true, Order: 6, Width: hidden, Role: RoleResid},
-	{Name: "mlp.act", PerLayer: true, Order: 7, Width: inter, Role: RoleWhole},
-	{Name: "mlp_out", PerLayer: true, Order: 8, Width: hidden, Role: RoleDelta},
-	{Name: "resid_post", PerLayer: true, Order: 9, Width: hidden, Role: RoleResid},
+	{Name: "router_logits", PerLayer: true, Order: 7, Width: experts, Role: RoleWhole},
+	{Name: "mlp.act", PerLayer: true, Order: 8, Width: inter, Role: RoleWhole},
+	{Name: "mlp_out", PerLayer: true, Order: 9, Width: hidden, Role: RoleDelta},
+	{Name: "resid_post", PerLayer: true, Order: 10, Width: hidden, Role: RoleResid},
 	{Name: "final_norm", Order: 100, Width: hidden, Role: RoleNorm},
 }
 
@@ -117,6 +121,8 @@ func HostOf(h string, layer, layers int) (kind string, hostLayer int) {
 		return HostAddNorm, 2*(layers-1) + 1
 	case "mlp.act":
 		return HostSilu, layer
+	case "router_logits":
+		return HostRouter, layer
 	default: // attn.q, attn.k, attn.v, attn.z
 		return HostMI, layer
 	}
