@@ -133,6 +133,13 @@ func Build(modelPath string, appPaths []string, opt Options) (*bundle.Bundle, er
 	if err := bundle.Verify(b); err != nil {
 		return nil, fmt.Errorf("bundle: %w", err)
 	}
+	// Check the checkpoint against every weight buffer now (headers only), so a missing or
+	// misshapen tensor fails the build, not the first run.
+	w, err := loader.OpenWeights(b, "")
+	if err != nil {
+		return nil, err
+	}
+	w.Close()
 	return b, nil
 }
 
