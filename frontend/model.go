@@ -14,13 +14,13 @@ import (
 // Families this version can compile, and the Hugging Face architectures (config.json
 // "architectures") of theirs it can load.
 var (
-	families      = []string{"llama", "mistral", "qwen2", "qwen3"}
+	families      = []string{"llama", "mistral", "qwen2", "qwen3", "mixtral"}
 	architectures = causalLMs(families)
 )
 
 var (
 	modelKeys       = []string{"model", "family", "hf", "dims", "config", "weights", "dtype", "kv_dtype", "tokenizer", "bos", "eos", "serving"}
-	dimsKeys        = []string{"hidden", "intermediate", "layers", "heads", "kv_heads", "head_dim", "vocab", "rope_theta", "rms_eps", "tie_embeddings", "rope_scaling"}
+	dimsKeys        = []string{"hidden", "intermediate", "layers", "heads", "kv_heads", "head_dim", "vocab", "rope_theta", "rms_eps", "tie_embeddings", "rope_scaling", "experts", "experts_per_token"}
 	ropeScalingKeys = []string{"type", "factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}
 	servingKeys     = []string{"decode_buckets", "prefill_chunks", "max_seq_len", "max_seqs", "kv_block_size"}
 	weightDtypes    = []string{"bf16", "f32"}
@@ -123,6 +123,7 @@ func (p *parser) model(root *yaml.Node) *Model {
 	p.specialTokens(top, m, cfg)
 	p.serving(top, m)
 	p.family(top, m, cfg)
+	p.moe(top, m, cfg.cfg, cfg.keyAt)
 	return m
 }
 

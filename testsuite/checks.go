@@ -60,6 +60,18 @@ eos: [257]
 serving: {decode_buckets: [1, 2], prefill_chunks: [16], max_seq_len: 64, max_seqs: 2, kv_block_size: 16}
 `
 
+// SmallMixtral is a random Mixtral: 4 experts of 96 columns, 2 per token, GQA.
+const SmallMixtral = `model: small-mixtral
+family: mixtral
+dims: {hidden: 64, intermediate: 96, layers: 2, heads: 4, kv_heads: 2, head_dim: 32, vocab: 300,
+       rope_theta: 1000000, rms_eps: 1.0e-5, tie_embeddings: false, experts: 4, experts_per_token: 2}
+weights: {synthetic: {seed: 8, std: 0.08}}
+tokenizer: bytes
+bos: 256
+eos: [257]
+serving: {decode_buckets: [1, 2], prefill_chunks: [16], max_seq_len: 64, max_seqs: 2, kv_block_size: 16}
+`
+
 // NewBackend loads a bundle on the backend under test.
 type NewBackend func(t testing.TB, b *bundle.Bundle) loader.Backend
 
@@ -588,6 +600,91 @@ var Checks = []struct {
 	{"threshold_override", CheckThresholdOverride},
 	{"after_token", CheckAfterToken},
 	{"set_vector", CheckSetVector},
+	{"router_bias", CheckRouterBias},
+	{"router_mask", CheckRouterMask},
+}
+
+// routerApp is app "router": kernel (router_bias or router_mask) with its vector argument
+// arg = v at router_logits of layer 1 of SmallMixtral.
+func routerApp(kernel, arg string, v []float32) string {
+	return fmt.Sprintf(`app: router
+params: {v: {values: %s}}
+ops:
+  - write: {at: {layers: [1], hook: router_logits}, kernel: %s, args: {%s: v}}
+`, yamlList(v), kernel, arg)
+}
+
+// checkRouter runs SmallMixtral with app (bit 0, so the capture of layer 1's router logits
+// sees its effect) for one request and without it for another, against a bundle compiled
+// without it. The request without the app must be bit-identical to the bare bundle's; want
+// checks each prompt row of the request with it: the bare logits, the captured ones, and the
+// experts the router picks from them.
+func checkRouter(t *testing.T, nb NewBackend, app string, want func(row int, bare, got []float32, picked []uint32)) {
+	t.Helper()
+	const experts = 4
+	withApp := Compile(t, SmallMixtral, app, captureAt("router_logits", 1, experts))
+	bare := Compile(t, SmallMixtral, captureAt("router_logits", 1, experts))
+	prompt := []int{10, 20, 30, 40}
+	a := Generate(t, nb, withApp, []loader.Request{
+		{Prompt: prompt, Apps: []string{"router", "cap"}, MaxTokens: 4},
+		{Prompt: prompt, Apps: []string{"cap"}, MaxTokens: 4},
+	})
+	b := Generate(t, nb, bare, []loader.Request{{Prompt: prompt, Apps: []string{"cap"}, MaxTokens: 4}})
+	on, off, ref := captured(a[0]), captured(a[1]), captured(b[0])
+	if len(ref) != 8 || len(on) != 8 || len(off) != 8 {
+		t.Fatalf("captured %d/%d/%d rows, want 8 (BOS + 4 prompt + 3 decode)", len(on), len(off), len(ref))
+	}
+	for row := range 5 {
+		idx, wts := make([]uint32, 2), make([]float32, 2)
+		ops.Route(on[row], 2, idx, wts)
+		want(row, ref[row], on[row], idx)
+	}
+	for row := range ref {
+		for e, w := range ref[row] {
+			if math.Float32bits(off[row][e]) != math.Float32bits(w) {
+				t.Fatalf("row %d expert %d (app off): logit %v differs from the bare bundle's %v", row, e, off[row][e], w)
+			}
+		}
+	}
+	if !slices.Equal(a[1].Tokens, b[0].Tokens) {
+		t.Fatalf("request without the app: tokens %v, bare bundle %v", a[1].Tokens, b[0].Tokens)
+	}
+}
+
+// CheckRouterBias: router_bias adds exactly its bias to the router logits of the rows that
+// enable it, so a large bias on one expert makes the router pick it for every such row.
+func CheckRouterBias(t *testing.T, nb NewBackend) {
+	bias := []float32{0.25, 0, -0.5, 30}
+	checkRouter(t, nb, routerApp("router_bias", "bias", bias), func(row int, bare, got []float32, picked []uint32) {
+		for e := range bias {
+			if exp := bare[e] + bias[e]; got[e] != exp {
+				t.Fatalf("row %d expert %d: logit %v, want exactly %v + %v", row, e, got[e], bare[e], bias[e])
+			}
+		}
+		if picked[0] != 3 {
+			t.Fatalf("row %d: the router picks %v, want expert 3 first", row, picked)
+		}
+	})
+}
+
+// CheckRouterMask: router_mask sets the masked experts' logits to -inf, so the router picks
+// only the others.
+func CheckRouterMask(t *testing.T, nb NewBackend) {
+	mask := []float32{1, 0, 1, 0}
+	checkRouter(t, nb, routerApp("router_mask", "mask", mask), func(row int, bare, got []float32, picked []uint32) {
+		for e := range mask {
+			exp := bare[e]
+			if mask[e] != 0 {
+				exp = float32(math.Inf(-1))
+			}
+			if got[e] != exp {
+				t.Fatalf("row %d expert %d: logit %v, want %v", row, e, got[e], exp)
+			}
+		}
+		if slices.Sort(picked); !slices.Equal(picked, []uint32{1, 3}) {
+			t.Fatalf("row %d: the router picks %v, want experts 1 and 3", row, picked)
+		}
+	})
 }
 
 // steerAt is app name: steer_add of v times alpha at resid_post of layer 1, under when ("" for

@@ -182,13 +182,12 @@ func (n *naiveLlama) logits(tokens []int) []float64 {
 				x[t][i] += o[i]
 			}
 			h := n.rmsnorm(x[t], lw("mlp_norm"))
-			gu := matvec(lw("wgu"), 0, 2*c.Intermediate, h)
-			act := make([]float64, c.Intermediate)
-			for i := range act {
-				g := gu[i]
-				act[i] = g / (1 + math.Exp(-g)) * gu[c.Intermediate+i]
+			var d []float64
+			if c.Experts > 0 {
+				d = n.moe(l, h)
+			} else {
+				d = n.swiglu(lw("wgu"), lw("wdown"), 0, h)
 			}
-			d := matvec(lw("wdown"), 0, H, act)
 			for i := range H {
 				x[t][i] += d[i]
 			}
@@ -202,6 +201,59 @@ func (n *naiveLlama) logits(tokens []int) []float64 {
 	return matvec(head, 0, c.Vocab, h)
 }
 
+// swiglu is down(silu(gate h) * up h) for the MLP whose gate and up rows start at row
+// 2I*e of wgu and whose down rows start at row H*e of wdown (expert e; 0 for a dense MLP).
+func (n *naiveLlama) swiglu(wgu, wdown []float64, e int, h []float64) []float64 {
+	I, H := n.c.Intermediate, n.c.Hidden
+	gu := matvec(wgu, 2*I*e, 2*I, h)
+	act := make([]float64, I)
+	for i := range act {
+		g := gu[i]
+		act[i] = g / (1 + math.Exp(-g)) * gu[I+i]
+	}
+	return matvec(wdown, H*e, H, act)
+}
+
+// moe is Hugging Face's MixtralSparseMoeBlock for one token: softmax over the router
+// logits, the top-k probabilities (ties to the lower index) renormalised to sum 1, and the
+// weighted sum of those experts' SwiGLU outputs.
+func (n *naiveLlama) moe(l int, h []float64) []float64 {
+	c := n.c
+	logits := matvec(n.w[layerName(l, "router")], 0, c.Experts, h)
+	mx := math.Inf(-1)
+	for _, v := range logits {
+		mx = math.Max(mx, v)
+	}
+	p := make([]float64, c.Experts)
+	var sum float64
+	for e, v := range logits {
+		p[e] = math.Exp(v - mx)
+		sum += p[e]
+	}
+	taken := make([]bool, c.Experts)
+	var picks []int
+	var tot float64
+	for range c.TopK {
+		best := -1
+		for e := range p {
+			if !taken[e] && (best < 0 || p[e] > p[best]) {
+				best = e
+			}
+		}
+		taken[best] = true
+		picks = append(picks, best)
+		tot += p[best] / sum
+	}
+	out := make([]float64, c.Hidden)
+	for _, e := range picks {
+		y := n.swiglu(n.w[layerName(l, "experts_gu")], n.w[layerName(l, "experts_down")], e, h)
+		for i := range out {
+			out[i] += p[e] / sum / tot * y[i]
+		}
+	}
+	return out
+}
+
 func layerName(l int, s string) string { return "L" + strconv.Itoa(l) + "." + s }
 
 func TestForwardMatchesFloat64Reference(t *testing.T) {
@@ -209,6 +261,7 @@ func TestForwardMatchesFloat64Reference(t *testing.T) {
 		{"llama", SmallModel}, {"qwen2", SmallQwen2}, {"qwen3", SmallQwen3},
 		// Mistral is Llama's forward under another name (no QK-norm here).
 		{"mistral", strings.Replace(SmallQwen3, "family: qwen3", "family: mistral", 1)},
+		{"mixtral", SmallMixtral},
 	} {
 		t.Run(c.name, func(t *testing.T) { checkForwardReference(t, c.spec) })
 	}
