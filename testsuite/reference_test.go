@@ -357,3 +357,21 @@ func TestBiasedModelRefusesQKVHooks(t *testing.T) {
 	// Qwen3 has no biases: the same hook compiles.
 	Compile(t, SmallQwen3, captureAt("attn.k", 1, 64))
 }
+
+// TestMixtralRefusesMlpAct: a MoE layer's activations are k rows per token, so mlp.act is
+// refused there; router_logits compiles.
+func TestMixtralRefusesMlpAct(t *testing.T) {
+	dir := t.TempDir()
+	mp, ap := filepath.Join(dir, "m.yaml"), filepath.Join(dir, "a.yaml")
+	if err := os.WriteFile(mp, []byte(SmallMixtral), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(ap, []byte(captureAt("mlp.act", 1, 96)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, err := driver.Build(mp, []string{ap}, driver.Options{Verify: true})
+	if err == nil || !strings.Contains(err.Error(), "hook mlp.act on a mixture-of-experts model is not supported yet") {
+		t.Fatalf("got %v, want a refusal of mlp.act", err)
+	}
+	Compile(t, SmallMixtral, captureAt("router_logits", 0, 4))
+}
