@@ -24,7 +24,7 @@ var (
 	modelHooks = []string{"embed", "final_norm", "logits", "sampled"}
 
 	appKeys        = []string{"app", "params", "buffers", "ops"}
-	paramKeys      = []string{"file", "tensor", "values"}
+	paramKeys      = []string{"file", "tensor", "values", "random"}
 	bufferKeys     = []string{"shape", "dtype", "export"}
 	opKinds        = []string{"read", "write"}
 	opKeys         = []string{"at", "kernel", "args", "into", "when"}
@@ -157,14 +157,28 @@ func (p *appParser) params(n *yaml.Node) []Param {
 		if fm == nil {
 			continue
 		}
-		file, values := fm.get("file"), fm.get("values")
+		file, values, random := fm.get("file"), fm.get("values"), fm.get("random")
+		given := 0
+		for _, n := range []*yaml.Node{file, values, random} {
+			if n != nil {
+				given++
+			}
+		}
 		switch {
-		case file != nil && values != nil:
-			p.errorf(e.key, "give either file: or values:", "%s: has both file and values", what)
+		case given > 1:
+			p.errorf(e.key, "give one of file:, values: or random:", "%s: has more than one source", what)
 			continue
-		case file == nil && values == nil:
-			p.errorf(e.key, "give {file: x.safetensors, tensor: name} or {values: [...]}", "%s: needs file or values", what)
+		case given == 0:
+			p.errorf(e.key, "give {file: x.safetensors, tensor: name}, {values: [...]} or {random: SEED}", "%s: needs file, values or random", what)
 			continue
+		case random != nil:
+			seed, ok := p.number(random, what+".random")
+			if !ok || seed < 0 || seed != math.Trunc(seed) {
+				p.errorf(random, "a whole number seed, e.g. random: 7", "%s.random: not a seed", what)
+				continue
+			}
+			s := uint64(seed)
+			par.Random = &s
 		case file != nil:
 			s, ok := p.str(file, what+".file")
 			if !ok {

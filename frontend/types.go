@@ -115,6 +115,9 @@ type Param struct {
 	File   string // absolute
 	Tensor string
 	Values []float32 // inline values, when File is empty
+	// Random, when set, makes the param a deterministic random unit vector of whatever width
+	// the hook it is used at has (seeded; the paper's overhead measurements use such vectors).
+	Random *uint64
 }
 
 // Buffer is a named MI buffer an app writes (reads land here) and may export.

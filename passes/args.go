@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"os"
 	"sort"
 	"strings"
@@ -318,7 +319,7 @@ func bindVector(p *Program, a *AppPlan, op *MIOp, arg frontend.Arg, unit bool,
 	if buf, ok := index[key]; ok {
 		return buf, checkWidth(a, arg, buf, op)
 	}
-	data, err := paramData(a, arg, files)
+	data, err := paramData(a, arg, files, op.Width)
 	if err != nil {
 		return "", err
 	}
@@ -393,7 +394,7 @@ func scalarValue(a *AppPlan, arg frontend.Arg, files map[string]*safetensors.Fil
 	if arg.Number != nil {
 		return float32(*arg.Number), nil
 	}
-	data, err := paramData(a, arg, files)
+	data, err := paramData(a, arg, files, 1)
 	if err != nil {
 		return 0, err
 	}
@@ -404,8 +405,8 @@ func scalarValue(a *AppPlan, arg frontend.Arg, files map[string]*safetensors.Fil
 	return data[0], nil
 }
 
-// paramData loads the tensor a param reference names.
-func paramData(a *AppPlan, arg frontend.Arg, files map[string]*safetensors.File) ([]float32, error) {
+// paramData loads the tensor a param reference names; a random param is drawn at width.
+func paramData(a *AppPlan, arg frontend.Arg, files map[string]*safetensors.File, width int) ([]float32, error) {
 	var prm *frontend.Param
 	for i := range a.Spec.Params {
 		if a.Spec.Params[i].Name == arg.Word {
@@ -419,6 +420,9 @@ func paramData(a *AppPlan, arg frontend.Arg, files map[string]*safetensors.File)
 		}
 		return nil, frontend.Errorf(arg.Pos, "declared params: "+strings.Join(names, ", "),
 			"param %q is not declared in app %s", arg.Word, a.Name)
+	}
+	if prm.Random != nil {
+		return randomUnit(*prm.Random, width), nil
 	}
 	if prm.File == "" {
 		return prm.Values, nil
@@ -444,4 +448,20 @@ func paramData(a *AppPlan, arg frontend.Arg, files map[string]*safetensors.File)
 		return nil, frontend.Errorf(prm.Pos, "store it as F32, F16 or BF16", "tensor %s: %v", prm.Tensor, err)
 	}
 	return v, nil
+}
+
+// randomUnit is a deterministic Gaussian vector of length n scaled to unit norm.
+func randomUnit(seed uint64, n int) []float32 {
+	r := rand.New(rand.NewPCG(seed, 0x786d6978))
+	v := make([]float64, n)
+	var norm float64
+	for i := range v {
+		v[i] = r.NormFloat64()
+		norm += v[i] * v[i]
+	}
+	out := make([]float32, n)
+	for i := range v {
+		out[i] = float32(v[i] / math.Sqrt(norm))
+	}
+	return out
 }

@@ -315,3 +315,29 @@ ops:
 		t.Fatalf("vectors %s", got)
 	}
 }
+
+func TestRandomParamFitsTheHook(t *testing.T) {
+	p, err := plan(t, `app: a
+params: {r: {random: 7}}
+ops:
+  - write: {at: {layers: [0], hook: resid_post}, kernel: steer_add, args: {vector: r}}
+  - write: {at: {layers: [1], hook: mlp.act}, kernel: project_out, args: {direction: r}}
+`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	widths := map[int]bool{}
+	for _, v := range p.Apps[0].Vectors {
+		var n float64
+		for _, x := range v.Data {
+			n += float64(x) * float64(x)
+		}
+		if n < 0.999 || n > 1.001 {
+			t.Fatalf("vector %s has squared norm %g, want 1", v.Name, n)
+		}
+		widths[len(v.Data)] = true
+	}
+	if !widths[8] || !widths[16] {
+		t.Fatalf("random vectors have widths %v, want the hooks' 8 and 16", widths)
+	}
+}

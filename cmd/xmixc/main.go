@@ -125,6 +125,7 @@ func printPlan(w io.Writer, p *passes.Program) {
 		host := map[string]string{
 			passes.HostEmbed: "fused into the embedding + norm kernel", passes.HostAddNorm: "fused into the residual-add + RMSNorm kernel",
 			passes.HostSilu: "fused into the SiLU*up kernel", passes.HostMI: "standalone MI kernel",
+			passes.HostRouter: "fused into the MoE router kernel",
 		}[op.Host]
 		extra := ""
 		if len(op.Gates) > 0 {
