@@ -121,3 +121,26 @@ func TestParseModelHFErrors(t *testing.T) {
 		})
 	}
 }
+
+// TestRopeParametersV5: transformers v5 writes rope_theta and the scaling in rope_parameters.
+func TestRopeParametersV5(t *testing.T) {
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "config.json")
+	if err := os.WriteFile(cfg, []byte(`{"hidden_size": 64, "rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0,
+  "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c, err := ReadHFConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.RopeTheta == nil || *c.RopeTheta != 500000 || c.RopeScaling == nil || c.RopeScaling.Factor != 8 {
+		t.Fatalf("rope from rope_parameters: theta %v scaling %+v", c.RopeTheta, c.RopeScaling)
+	}
+	if err := os.WriteFile(cfg, []byte(`{"rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if c, err = ReadHFConfig(cfg); err != nil || *c.RopeTheta != 1e6 || c.RopeScaling != nil {
+		t.Fatalf("default rope_parameters: %v %+v", err, c)
+	}
+}

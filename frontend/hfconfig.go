@@ -51,13 +51,16 @@ type hfConfigJSON struct {
 	RMSNormEps        *float64        `json:"rms_norm_eps"`
 	TieWordEmbeddings *bool           `json:"tie_word_embeddings"`
 	RopeScaling       json.RawMessage `json:"rope_scaling"`
-	BOSTokenID        *int            `json:"bos_token_id"`
-	EOSTokenID        json.RawMessage `json:"eos_token_id"`
-	ModelType         string          `json:"model_type"`
-	Architectures     []string        `json:"architectures"`
-	AttentionBias     *bool           `json:"attention_bias"`
-	SlidingWindow     *int            `json:"sliding_window"`
-	UseSlidingWindow  *bool           `json:"use_sliding_window"`
+	// RopeParameters is transformers v5's form: rope_type, rope_theta and the scaling
+	// factors in one object (instead of rope_theta + rope_scaling).
+	RopeParameters   json.RawMessage `json:"rope_parameters"`
+	BOSTokenID       *int            `json:"bos_token_id"`
+	EOSTokenID       json.RawMessage `json:"eos_token_id"`
+	ModelType        string          `json:"model_type"`
+	Architectures    []string        `json:"architectures"`
+	AttentionBias    *bool           `json:"attention_bias"`
+	SlidingWindow    *int            `json:"sliding_window"`
+	UseSlidingWindow *bool           `json:"use_sliding_window"`
 }
 
 type ropeScalingJSON struct {
@@ -162,6 +165,20 @@ func parseHFConfig(path string, data []byte) (*HFConfig, error) {
 	}
 	if c.RopeScaling, err = ropeScaling(raw.RopeScaling); err != nil {
 		return nil, fieldError(path, data, "rope_scaling", err.Error(), "")
+	}
+	if len(raw.RopeParameters) > 0 && string(raw.RopeParameters) != "null" && len(raw.RopeScaling) == 0 {
+		var p struct {
+			RopeTheta *float64 `json:"rope_theta"`
+		}
+		if err := json.Unmarshal(raw.RopeParameters, &p); err != nil {
+			return nil, fieldError(path, data, "rope_parameters", err.Error(), "")
+		}
+		if c.RopeTheta == nil {
+			c.RopeTheta = p.RopeTheta
+		}
+		if c.RopeScaling, err = ropeScaling(raw.RopeParameters); err != nil {
+			return nil, fieldError(path, data, "rope_parameters", err.Error(), "")
+		}
 	}
 	return c, nil
 }

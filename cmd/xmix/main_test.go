@@ -150,3 +150,51 @@ serving: {decode_buckets: [1], prefill_chunks: [32], max_seq_len: 128}
 		t.Fatal(err)
 	}
 }
+
+// TestLogitsMatchTheReference: `xmix logits` at the last prompt position of a reference case
+// predicts transformers' first greedy token, and writes every position's logits.
+func TestLogitsMatchTheReference(t *testing.T) {
+	data, err := os.ReadFile("../../specs/models/tiny/reference.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ref struct {
+		Cases []struct {
+			IDs    []int `json:"ids"`
+			Greedy []int `json:"greedy"`
+		} `json:"cases"`
+	}
+	if err := json.Unmarshal(data, &ref); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	bp := filepath.Join(dir, "tiny.xmb")
+	b, err := driver.Build("../../specs/models/tiny.yaml", nil, driver.Options{EmbedWeights: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, _ := bundle.Marshal(b)
+	if err := os.WriteFile(bp, raw, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c := ref.Cases[0]
+	ids, _ := json.Marshal(c.IDs)
+	lf := filepath.Join(dir, "l.f32")
+	out, err := xmix(t, "logits", bp, "-q", "--backend", "cpu", "--ids", string(ids), "--out", lf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var res struct {
+		Positions int   `json:"positions"`
+		Argmax    []int `json:"argmax"`
+	}
+	if err := json.Unmarshal([]byte(out), &res); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	if res.Positions != len(c.IDs) || res.Argmax[len(c.IDs)-1] != c.Greedy[0] {
+		t.Fatalf("positions %d (want %d), last argmax %d (transformers' next token %d)", res.Positions, len(c.IDs), res.Argmax[len(c.IDs)-1], c.Greedy[0])
+	}
+	if st, err := os.Stat(lf); err != nil || st.Size() != int64(4*258*len(c.IDs)) {
+		t.Fatalf("logits file: %v %v", st, err)
+	}
+}

@@ -74,6 +74,7 @@ def main(work, out):
         if d:
             online[os.path.basename(p)[7:-5]] = d.get("online")
     res["online"] = online
+    res["transformers_comparison"] = load(os.path.join(work, "hf_compare.json"))
 
     with open(os.path.join(out, "results.json"), "w") as f:
         json.dump(res, f, indent=2, sort_keys=True)
@@ -116,6 +117,11 @@ def markdown(r):
     s.append("\n## `xmix run` start to first token (load, instantiate graphs, one token)\n\n")
     for k, v in sorted(r["run_to_first_token_s"].items()):
         s.append(f"- {k}: {v:.2f} s\n")
+    if r.get("transformers_comparison"):
+        s.append("\n## Against Hugging Face transformers (same checkpoint, same tokens)\n\n")
+        for k, v in sorted(r["transformers_comparison"].items()):
+            if isinstance(v, dict):
+                s.append(f"- {k}: {json.dumps(v, sort_keys=True)}\n")
     s.append("\n## Online (Poisson arrivals, ShareGPT-like prompts, 128 output tokens)\n\n")
     for k, v in sorted(r["online"].items()):
         if not v:

@@ -56,6 +56,11 @@ if [ "${MODE:-full}" != quick ]; then
     --json -q > "$work/online-llama-3.1-8b.json" 2>> "$work/bench.log" || echo "online bench failed" >&2
 fi
 
+if [ "${HF:-1}" = 1 ]; then
+  log "transformers comparison (2-layer cuts of Llama-3.1-8B and Qwen3-8B)"
+  PYTHONUNBUFFERED=1 python3 testsuite/gpu/hf_compare.py "$work" >&2 || echo "hf_compare failed" >&2
+fi
+
 log "assemble"
 python3 testsuite/gpu/assemble.py "$work" "$OUT"
 cp "$work/ptxas.txt" "$work/checks.log" "$OUT/" 2>/dev/null
