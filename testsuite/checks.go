@@ -596,6 +596,7 @@ var Checks = []struct {
 	{"patch", CheckPatch},
 	{"batch_equals_solo", CheckBatchMatchesSolo},
 	{"continuous_batching", CheckContinuousBatching},
+	{"seven_apps_mixed", CheckSevenAppsMixed},
 	{"per_request_scalars", CheckPerRequestScalars},
 	{"threshold_override", CheckThresholdOverride},
 	{"after_token", CheckAfterToken},
@@ -913,5 +914,93 @@ ops:
 	}
 	if !slices.Equal(before, after) {
 		t.Fatal("run-time replacement changed the bundle")
+	}
+}
+
+// smallSevenApps are the paper's seven apps (specs/apps/app*.yaml) resized for SmallModel
+// (3 layers) and SmallMixtral (2 layers, 4 experts).
+var smallSevenApps = []string{
+	`app: refusal-ablation
+params: {d: {random: 1}}
+ops:
+  - write: {at: {layers: all, hook: resid_post}, kernel: project_out, args: {direction: d}}
+`, `app: seal
+params: {v: {random: 2}}
+ops:
+  - write: {at: {layers: all, hook: resid_post}, kernel: steer_add, args: {vector: v, alpha: -4},
+            when: {token_in: [11, 12, 40]}}
+`, `app: conditional-refusal
+params: {harm: {random: 3}, refuse: {random: 4}}
+buffers: {harm: {shape: [1], export: true}}
+ops:
+  - read: {at: {layers: [0], hook: resid_post}, kernel: probe_linear, args: {w: harm, bias: -0.1, activation: sigmoid}, into: harm}
+  - write: {at: {layers: "1-2", hook: resid_post}, kernel: steer_add, args: {vector: refuse, alpha: 4},
+            when: {activation: {buffer: harm, op: ">", value: 0.5}}}
+`, `app: hallucination-probe
+params: {w: {random: 5}}
+buffers: {h: {shape: [1], export: true}}
+ops:
+  - read: {at: {layers: [1], hook: resid_post}, kernel: probe_linear, args: {w: w, activation: sigmoid}, into: h}
+`, `app: sake
+params: {e: {random: 6}}
+ops:
+  - write: {at: {layers: [1], hook: resid_post}, kernel: steer_add, args: {vector: e, alpha: 2}}
+`, `app: side-effect-free
+params: {s: {random: 7}}
+ops:
+  - write: {at: {layers: "0-2", hook: resid_post}, kernel: steer_add, args: {vector: s, alpha: 1}}
+  - write: {at: {layers: "0-2", hook: resid_post}, kernel: clamp_projection, args: {direction: s, min: -0.5, max: 0.5}}
+`}
+
+const smallSteerMoE = `app: steermoe
+params: {favour: {values: [0, 0, 0, 1]}, off: {values: [0, 1, 0, 0]}}
+ops:
+  - write: {at: {layers: all, hook: router_logits}, kernel: router_bias, args: {bias: favour, alpha: 4}}
+  - write: {at: {layers: all, hook: router_logits}, kernel: router_mask, args: {mask: off}}
+`
+
+// CheckSevenAppsMixed: one batch mixing the seven apps across rows (each row a different
+// subset) gives, row by row, what each row gets alone with its subset: the same tokens and
+// the same exported reads.
+func CheckSevenAppsMixed(t *testing.T, nb NewBackend) {
+	names := []string{"refusal-ablation", "seal", "conditional-refusal", "hallucination-probe", "sake", "side-effect-free"}
+	subsets := [][]string{{}, {names[0]}, {names[1], names[2]}, {names[3]}, {names[4], names[5], names[3]}, names}
+	b := Compile(t, SmallModel, smallSevenApps...)
+	var reqs []loader.Request
+	for i, s := range subsets {
+		reqs = append(reqs, loader.Request{Prompt: []int{10 + i, 11, 12, 40 - i}, Apps: s, MaxTokens: 6})
+	}
+	mixedRun(t, nb, b, reqs)
+	all := reqs[len(reqs)-1]
+	plain := all
+	plain.Apps = nil
+	if slices.Equal(Generate(t, nb, b, []loader.Request{all})[0].Tokens, Generate(t, nb, b, []loader.Request{plain})[0].Tokens) {
+		t.Fatal("the six apps together changed nothing: the check would prove nothing")
+	}
+	// App 7 needs a MoE model: mixed with rows that do not enable it.
+	mb := Compile(t, SmallMixtral, smallSteerMoE)
+	mixedRun(t, nb, mb, []loader.Request{
+		{Prompt: []int{5, 6, 7}, Apps: []string{"steermoe"}, MaxTokens: 6},
+		{Prompt: []int{5, 6, 7}, MaxTokens: 6},
+		{Prompt: []int{9, 8}, Apps: []string{"steermoe"}, MaxTokens: 6},
+	})
+}
+
+func mixedRun(t *testing.T, nb NewBackend, b *bundle.Bundle, reqs []loader.Request) {
+	t.Helper()
+	batch := Generate(t, nb, b, reqs)
+	for i, req := range reqs {
+		solo := Generate(t, nb, b, []loader.Request{req})[0]
+		if !slices.Equal(solo.Tokens, batch[i].Tokens) {
+			t.Fatalf("request %d (apps %v): batched %v, alone %v", i, req.Apps, batch[i].Tokens, solo.Tokens)
+		}
+		for r, row := range batch[i].Rows {
+			for k, v := range row.Exports {
+				s := solo.Rows[r].Exports[k]
+				if RelL2(v, s) > 1e-5 {
+					t.Fatalf("request %d row %d export %s: batched %v, alone %v", i, r, k, v, s)
+				}
+			}
+		}
 	}
 }
