@@ -44,9 +44,9 @@ import (
 // more rows loop over groups of 128 and stream W again per group (correct, not fast).
 //
 // Bytes moved per call, rows r <= 128, T = ceil(N/128) column tiles: W from HBM once, N*K*2;
-// x from L2 T*r*K*4 (each block reads its slice once); partials S*r*N*4 written and read
-// once more (L2-resident at these sizes: at most 16 MiB); y r*N*4. Llama-3.1-8B, per layer
-// (MiB; GemmTC's x traffic at N=4096 is 256 tiles, here 32):
+// x from L2 T*r*K*4 (each block reads its slice once; GemmTC: once per 16-128 columns);
+// partials S*r*N*4 written, then read once (L2-resident: at most 18 MiB); y r*N*4.
+// Llama-3.1-8B, per layer, in MiB (partials one way):
 //
 //	GEMM     N x K          S  blocks  W     x(L2) r=8/32/128   partials r=8/32/128
 //	qkv      6144 x 4096    6  288     48    6 / 24 / 96        1.1 / 4.5 / 18
@@ -58,13 +58,14 @@ import (
 // GemmTC's x traffic at 128 rows is 384 / 512 / 448 / 1792 MiB for these (7.5x the layer's
 // 416 MiB of W); here it is 832 MiB plus 80 MiB of partials (2.2x W). Shared memory then
 // carries the x volume instead: every warp reads rows*K*4 bytes of hi/lo per 16 columns,
-// rows/8 times its W bytes (16x at 128 rows, ~6 ms per 8B step at ~33 TB/s of shared
+// rows/8 times its W bytes (16x at 128 rows, ~7 ms per 8B step at ~33 TB/s of shared
 // bandwidth), and the hi/lo split doubles the mma work (~4 TFLOP per 8B step at 128 rows).
 // What to measure: time per GEMM shape at rows 8/32/128 against GemmTC and the HBM floor (W
 // bytes / 4.8 TB/s); achieved HBM bandwidth; at 8 rows whether the two barriers per stage or W
 // latency (one 2 KiB stage in flight per warp) dominate; at 128 rows whether shared-memory
 // bandwidth (then: 32 columns per warp, each B fragment feeding two mma tiles) or the
-// partials' round trip (then: fewer splits where the grid is full anyway) shows.
+// partials' round trip (then: fewer splits where the grid is full anyway) shows. The LM head's
+// 2 GiB of x at 128 rows (as in GemmTC) wants 256-column blocks next.
 const (
 	tsWarps     = 8
 	tsCols      = 16 * tsWarps // output columns per block
