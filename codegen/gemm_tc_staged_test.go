@@ -8,30 +8,9 @@ import (
 	"strings"
 	"testing"
 
-	"xmix/ops"
 	"xmix/ptx"
 	"xmix/ptx/emu"
 )
-
-// The staged kernel implements op "gemm_tc" but takes the workspace as a fifth parameter,
-// which the reference (4 arguments) does not know; the harness passes every parameter, so
-// the test compares against gemm_tc through this adapter that drops ws.
-const stagedRefOp = "gemm_tc_staged_test"
-
-func init() {
-	ops.Register(stagedRefOp, func(attrs []byte) (ops.Runner, error) {
-		ref, err := ops.Build("gemm_tc", attrs)
-		if err != nil {
-			return nil, err
-		}
-		return ops.RunnerFunc(func(args []ops.Arg, l ops.Launch) error {
-			if len(args) != 5 {
-				return fmt.Errorf("gemm_tc staged: %d arguments, want 5", len(args))
-			}
-			return ref.Run(args[:4], l)
-		}), nil
-	})
-}
 
 // stagedArgs are the harness arguments of one call; ws is passed as zeros (at least 16 bytes,
 // so that a kernel without splits still gets a valid pointer).
@@ -54,7 +33,6 @@ func checkStaged(t *testing.T, rows, k, n int, l tsLayout) {
 	if kern.Op != "gemm_tc" {
 		t.Fatalf("op %q, want gemm_tc", kern.Op)
 	}
-	kern.Op = stagedRefOp
 	r := rand.New(rand.NewPCG(uint64(rows), uint64(k*1000+n)))
 	checkKernel(t, kern, l.launch(), stagedArgs(r, rows, k, n, l.workspace(rows, n)))
 }

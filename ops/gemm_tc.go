@@ -8,7 +8,8 @@ func init() { Register("gemm_tc", buildGemmTC) }
 // w[N,K]^T, with x and y in f32 and w in bf16. Tensor cores take bf16 operands, so x is split
 // into hi = bf16(x) and lo = bf16(x - hi) (both rounded to nearest even) and x' = hi + lo
 // carries 16 bits of x's mantissa (and is exact in f32); products are summed in f32, here in
-// the CUDA-core reference's order, on the GPU in the tensor cores'. Parameters: x, w, y (pointers), rows (u32).
+// the CUDA-core reference's order, on the GPU in the tensor cores'. Parameters: x, w, y
+// (pointers), rows (u32), and for the staged kernel a workspace ws the reference ignores.
 type GemmTCAttrs struct {
 	K int `json:"k"`
 	N int `json:"n"`
@@ -23,9 +24,11 @@ func buildGemmTC(attrs []byte) (Runner, error) {
 		return nil, fmt.Errorf("gemm_tc: K=%d N=%d must be positive", a.K, a.N)
 	}
 	return RunnerFunc(func(args []Arg, _ Launch) error {
-		if len(args) != 4 {
-			return fmt.Errorf("gemm_tc: %d arguments, want 4", len(args))
+		// The staged kernel takes a split-K workspace as a fifth argument; the math is the same.
+		if len(args) != 4 && len(args) != 5 {
+			return fmt.Errorf("gemm_tc: %d arguments, want 4 (x, w, y, rows) or 5 (+ ws)", len(args))
 		}
+		args = args[:4]
 		rows := args[3].Int()
 		if err := CheckArgs("gemm_tc", args, 4*rows*a.K, 2*a.N*a.K, 4*rows*a.N, -1); err != nil {
 			return err
