@@ -23,27 +23,37 @@ type Options struct {
 	Tokenizer []byte
 	// Progress, when set, is told about each phase.
 	Progress func(format string, args ...any)
+	// GEMM picks the GEMM kernels of buckets from tensorCoreRows rows: "" or "tc" (tensor
+	// cores, x re-read per block), "tc-staged" (x staged once per block, split-K with a
+	// workspace), "cuda-core" (no tensor cores). For measuring one against another.
+	GEMM string
 }
 
 // gen is the state of one Generate call.
 type gen struct {
-	p       *passes.Program
-	m       *frontend.Model
-	wdt     ptx.Type
-	kvdt    ptx.Type
-	maxT    int
-	maxS    int
-	blocks  int // KV pages per sequence
-	kernels map[string]*Kernel
-	order   []string
-	bufs    []bundle.Buffer
+	p        *passes.Program
+	m        *frontend.Model
+	wdt      ptx.Type
+	kvdt     ptx.Type
+	maxT     int
+	maxS     int
+	blocks   int // KV pages per sequence
+	kernels  map[string]*Kernel
+	gemmKind string
+	order    []string
+	bufs     []bundle.Buffer
 }
 
 // Generate lowers a planned program to a bundle: kernels, one template per bucket, buffers,
 // and the params section.
 func Generate(p *passes.Program, opt Options) (*bundle.Bundle, error) {
 	m := p.Model
-	g := &gen{p: p, m: m, kernels: map[string]*Kernel{}, wdt: ptx.BF16, kvdt: ptx.F32}
+	g := &gen{p: p, m: m, kernels: map[string]*Kernel{}, wdt: ptx.BF16, kvdt: ptx.F32, gemmKind: opt.GEMM}
+	switch opt.GEMM {
+	case "", "tc", "tc-staged", "cuda-core":
+	default:
+		return nil, fmt.Errorf("GEMM kind %q: use tc, tc-staged or cuda-core", opt.GEMM)
+	}
 	if m.Dtype == "f32" {
 		g.wdt = ptx.F32
 	}
@@ -201,6 +211,15 @@ func (g *gen) declareBuffers() {
 		shape := []int{g.kvBlocks(), m.KVBlockSize, m.KVHeads, D}
 		g.buf(layerBuf(l, "kcache"), bundle.KindKV, g.kvdt.String(), shape)
 		g.buf(layerBuf(l, "vcache"), bundle.KindKV, g.kvdt.String(), shape)
+	}
+	if g.gemmKind == "tc-staged" {
+		// One split-K workspace serves every GEMM: they run one after another and each
+		// leaves its counters at zero.
+		ws := 0
+		for _, kn := range [][2]int{{H, qkv}, {m.Heads * D, H}, {H, 2 * I}, {I, H}, {H, m.Vocab}} {
+			ws = max(ws, GemmConfig{K: kn[0], N: kn[1], WDtype: g.wdt}.WorkspaceBytes(g.maxT))
+		}
+		g.buf("act.gemm_ws", bundle.KindActivation, "u32", []int{max(ws, 16) / 4})
 	}
 	g.buf("act.resid", bundle.KindActivation, "f32", []int{g.maxT, H})
 	g.buf("act.xn", bundle.KindActivation, "f32", []int{g.maxT, H})

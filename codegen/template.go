@@ -205,7 +205,14 @@ func (t *tb) gemm(label, x string, w bundle.Slot, y string, k, n, rows int) {
 	g := t.g
 	c := GemmConfig{K: k, N: n, WDtype: g.wdt}
 	s := slots{"x": buf(x), "w": w, "y": buf(y), "rows": konst(uint64(rows))}
-	if rows >= tensorCoreRows && g.wdt == ptx.BF16 && k%16 == 0 && n%16 == 0 {
+	if rows >= tensorCoreRows && g.wdt == ptx.BF16 && k%16 == 0 && n%16 == 0 && g.gemmKind != "cuda-core" {
+		if g.gemmKind == "tc-staged" {
+			name := fmt.Sprintf("gemm_tcs_k%d_n%d", k, n)
+			kern, err := g.kernel(name, func() (*Kernel, error) { return GemmTCStaged(name, c) })
+			s["ws"] = buf("act.gemm_ws")
+			t.add(label, kern, err, c.LaunchTCStaged(rows), s, nil)
+			return
+		}
 		name := fmt.Sprintf("gemm_tc_k%d_n%d", k, n)
 		kern, err := g.kernel(name, func() (*Kernel, error) { return GemmTC(name, c) })
 		t.add(label, kern, err, c.LaunchTC(rows), s, nil)

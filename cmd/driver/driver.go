@@ -27,6 +27,7 @@ type Options struct {
 	Verify       bool                          // run the verifier after every pass
 	Progress     func(format string, a ...any) // may be nil
 	Trace        func(pass string, p *passes.Program)
+	GEMM         string // codegen.Options.GEMM
 }
 
 // Frontend parses the model and app specs.
@@ -124,6 +125,7 @@ func Build(modelPath string, appPaths []string, opt Options) (*bundle.Bundle, er
 		Weights:   weights,
 		Tokenizer: tok,
 		Progress:  func(f string, a ...any) { progress("codegen: "+f, a...) },
+		GEMM:      opt.GEMM,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("codegen: %w", err)

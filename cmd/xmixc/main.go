@@ -39,6 +39,7 @@ func rootCmd() *cobra.Command {
 func buildCmd() *cobra.Command {
 	var out string
 	var embed, verify, quiet bool
+	var gemm string
 	c := &cobra.Command{
 		Use:   "build MODEL.yaml [APP.yaml...] -o OUT.xmb",
 		Short: "Compile specs into a bundle",
@@ -55,7 +56,7 @@ func buildCmd() *cobra.Command {
 					fmt.Fprintf(os.Stderr, "[%6.2fs] %s\n", time.Since(start).Seconds(), fmt.Sprintf(f, a...))
 				}
 			}
-			b, err := driver.Build(args[0], args[1:], driver.Options{EmbedWeights: embed, Verify: verify, Progress: progress})
+			b, err := driver.Build(args[0], args[1:], driver.Options{EmbedWeights: embed, Verify: verify, Progress: progress, GEMM: gemm})
 			if err != nil {
 				return err
 			}
@@ -79,6 +80,7 @@ func buildCmd() *cobra.Command {
 	c.Flags().BoolVar(&embed, "embed-weights", false, "copy the weights into the bundle instead of referencing them")
 	c.Flags().BoolVar(&verify, "verify-passes", false, "run the IR verifier after every pass")
 	c.Flags().BoolVarP(&quiet, "quiet", "q", false, "no progress output")
+	c.Flags().StringVar(&gemm, "gemm", "tc", "GEMM kernels from 8 rows: tc, tc-staged or cuda-core (for measuring)")
 	return c
 }
 
