@@ -18,6 +18,7 @@ log "bundles"
 "$bin/xmixc" build specs/models/tiny.yaml specs/apps/tiny-steer.yaml specs/apps/tiny-probe.yaml -q --embed-weights -o "$work/tiny.xmb"
 "$bin/xmixc" build specs/models/llama-3.2-1b.yaml -q -o "$work/llama-3.2-1b.xmb"
 "$bin/xmixc" build specs/models/llama-3.1-8b.yaml -q -o "$work/llama-3.1-8b.xmb"
+[ "${GEMM_AB:-1}" = 1 ] && "$bin/xmixc" build specs/models/llama-3.1-8b.yaml --gemm tc-staged -q -o "$work/llama-3.1-8b-staged.xmb"
 "$bin/xmixc" build specs/models/qwen3-8b.yaml -q -o "$work/qwen3-8b.xmb"
 "$bin/xmixc" build specs/models/mixtral-8x7b.yaml -q -o "$work/mixtral-8x7b.xmb"
 
@@ -45,7 +46,9 @@ tail -30 "$work/checks.log" >&2
 
 if [ "${MODE:-full}" != quick ]; then
   log "benchmarks"
-  for m in llama-3.2-1b llama-3.1-8b; do
+  models="llama-3.2-1b llama-3.1-8b"
+  [ "${GEMM_AB:-1}" = 1 ] && models="$models llama-3.1-8b-staged"
+  for m in $models; do
     for bs in ${BATCHES:-1 8 32 128}; do
       "$bin/xmix" bench "$work/$m.xmb" --backend cuda --prompts $bs --prompt-len ${PROMPT_LEN:-16} --new-tokens ${NEW_TOKENS:-64} \
         --graph-buckets $bs --profile --json -q > "$work/bench-$m-b$bs.json" 2>> "$work/bench.log" || echo "bench $m b$bs failed" >&2
