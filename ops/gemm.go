@@ -62,7 +62,12 @@ func gemm(x []float32, w Arg, y []float32, rows, k, n int, bf16 bool) {
 			} else {
 				copy(wrow, w.F32()[j*k:(j+1)*k])
 			}
-			for r := 0; r < rows; r++ {
+			r := 0
+			for ; r+4 <= rows; r += 4 {
+				y0, y1, y2, y3 := dot4(x[r*k:(r+1)*k], x[(r+1)*k:(r+2)*k], x[(r+2)*k:(r+3)*k], x[(r+3)*k:(r+4)*k], wrow)
+				y[r*n+j], y[(r+1)*n+j], y[(r+2)*n+j], y[(r+3)*n+j] = y0, y1, y2, y3
+			}
+			for ; r < rows; r++ {
 				y[r*n+j] = dot(x[r*k:(r+1)*k], wrow)
 			}
 		}
@@ -84,6 +89,33 @@ func dot(a, b []float32) float32 {
 		s0 += a[i] * b[i]
 	}
 	return (s0 + s1) + (s2 + s3)
+}
+
+// dot4 is dot of four rows against one weight row, each with dot's four partial sums in
+// dot's order (so results are bit-identical to dot), loading each weight once.
+func dot4(a0, a1, a2, a3, b []float32) (float32, float32, float32, float32) {
+	b = b[:len(a0)]
+	a1, a2, a3 = a1[:len(b)], a2[:len(b)], a3[:len(b)]
+	var p [4][4]float32
+	i := 0
+	for ; i+4 <= len(b); i += 4 {
+		for l := range 4 {
+			w := b[i+l]
+			p[0][l] += a0[i+l] * w
+			p[1][l] += a1[i+l] * w
+			p[2][l] += a2[i+l] * w
+			p[3][l] += a3[i+l] * w
+		}
+	}
+	for ; i < len(b); i++ {
+		w := b[i]
+		p[0][0] += a0[i] * w
+		p[1][0] += a1[i] * w
+		p[2][0] += a2[i] * w
+		p[3][0] += a3[i] * w
+	}
+	sum := func(q [4]float32) float32 { return (q[0] + q[1]) + (q[2] + q[3]) }
+	return sum(p[0]), sum(p[1]), sum(p[2]), sum(p[3])
 }
 
 // dotBF16 is dot with b stored as bf16 (the same four partial sums, so the same result).

@@ -101,3 +101,26 @@ func TestGemmRejectsShortArgs(t *testing.T) {
 		t.Error("f16 weights accepted")
 	}
 }
+
+func TestDot4IsBitIdenticalToDot(t *testing.T) {
+	r := rand.New(rand.NewPCG(9, 9))
+	for _, k := range []int{1, 3, 4, 7, 64, 257} {
+		rows := make([][]float32, 4)
+		for i := range rows {
+			rows[i] = make([]float32, k)
+			for j := range rows[i] {
+				rows[i][j] = r.Float32()*2 - 1
+			}
+		}
+		w := make([]float32, k)
+		for j := range w {
+			w[j] = r.Float32()*2 - 1
+		}
+		a, b, c, d := dot4(rows[0], rows[1], rows[2], rows[3], w)
+		for i, got := range []float32{a, b, c, d} {
+			if want := dot(rows[i], w); math.Float32bits(got) != math.Float32bits(want) {
+				t.Fatalf("k=%d row %d: dot4 %v, dot %v", k, i, got, want)
+			}
+		}
+	}
+}
