@@ -145,6 +145,8 @@ type Export struct {
 	Name   string `json:"name"`
 	Buffer string `json:"buffer"` // device buffer of [max_tokens, Width] f32
 	Width  int    `json:"width"`
+	// Samples: only the token rows that were sampled are written (reads at hook logits).
+	Samples bool `json:"samples,omitempty"`
 }
 
 // Buffer kinds.

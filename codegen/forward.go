@@ -205,6 +205,9 @@ func (g *gen) declareBuffers() {
 	g.buf("ctl.temperature", bundle.KindControl, "f32", []int{g.maxS})
 	g.buf("ctl.top_p", bundle.KindControl, "f32", []int{g.maxS})
 	g.buf("ctl.rng", bundle.KindControl, "u32", []int{g.maxS})
+	// Each sample's token row (ops.NoRow for unused samples): sample-space kernels (logits
+	// MI, the sampler's overrides) read their row's control words through it.
+	g.buf("ctl.s_row", bundle.KindControl, "u32", []int{g.maxS})
 	// One row per resident sequence plus the padding sequence.
 	g.buf("kv.block_table", bundle.KindControl, "u32", []int{m.MaxSeqs + 1, g.blocks})
 	for l := range m.Layers {
@@ -292,12 +295,23 @@ func (g *gen) apps() []bundle.App {
 		}
 		for _, e := range a.Exports {
 			if e.Export {
-				ba.Exports = append(ba.Exports, bundle.Export{Name: e.Name, Buffer: e.Buffer, Width: e.Width})
+				ba.Exports = append(ba.Exports, bundle.Export{Name: e.Name, Buffer: e.Buffer, Width: e.Width, Samples: g.sampleSpace(e.Buffer)})
 			}
 		}
 		out = append(out, ba)
 	}
 	return out
+}
+
+// sampleSpace says whether buffer is filled by reads at the logits hook, which write the
+// token rows that were sampled only.
+func (g *gen) sampleSpace(buffer string) bool {
+	for _, op := range g.p.Ops {
+		if op.Out == buffer && op.Host == passes.HostLogits {
+			return true
+		}
+	}
+	return false
 }
 
 func (g *gen) sites() []bundle.Site {
@@ -327,6 +341,10 @@ func (g *gen) siteKernelName(op *passes.MIOp) string {
 		return miName(fmt.Sprintf("silu_mul_i%d", g.m.Intermediate), []MIOp{{}}, fmt.Sprintf("L%d", op.HostLayer))
 	case passes.HostRouter:
 		return g.routerName(op.HostLayer, []MIOp{{}})
+	case passes.HostLogits:
+		return logitsKernel
+	case passes.HostSampler:
+		return g.sampleKernel([]MIOp{{}})
 	default:
 		return fmt.Sprintf("mi_L%d_%s", op.HostLayer, strings.ReplaceAll(op.Hook, ".", "_"))
 	}

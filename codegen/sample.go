@@ -11,6 +11,18 @@ import (
 // SampleConfig is the sampler over a vocabulary of Vocab logits per sample.
 type SampleConfig struct {
 	Vocab int
+	// Overrides are token_override ops (hook sampled): MIOp with Template "token_override",
+	// Alpha the index of the token in Scal, and gates other than activation.
+	Overrides []MIOp
+}
+
+func (c SampleConfig) refOverrides() []ops.TokenOverride {
+	var out []ops.TokenOverride
+	for _, o := range c.Overrides {
+		r := o.toRef()
+		out = append(out, ops.TokenOverride{Bit: o.Bit, Token: o.Alpha, ScalStride: o.ScalStride, ScalRows: o.ScalRows, Gates: r.Gates})
+	}
+	return out
 }
 
 // threads is the block size: a thread per few logits for small vocabularies, 512 for large
@@ -29,14 +41,22 @@ func (c SampleConfig) Launch(samples int) ops.Launch {
 // bisecting a threshold on relative log2-probability (ops.SampleIters block reductions), and
 // the token is the first in index order whose prefix of kept probability exceeds
 // rng/2^32 * kept mass. ops "sample" forms every sum in the same order, so the two agree on
-// the token.
+// the token. With overrides, the parameters go on as ops.SampleAttrs says.
 func Sample(name string, c SampleConfig) (*Kernel, error) {
 	if c.Vocab <= 0 || c.Vocab >= 1<<24 {
 		return nil, fmt.Errorf("sample %s: vocab %d: want 1 to 2^24-1", name, c.Vocab)
 	}
+	attrs := ops.SampleAttrs{Vocab: c.Vocab, Overrides: c.refOverrides()}
+	for i, o := range c.Overrides {
+		if o.Template != "token_override" || o.Scal == "" {
+			return nil, fmt.Errorf("sample %s: override %d: template %s with scalar table %q", name, i, o.Template, o.Scal)
+		}
+	}
 	g := sampleGen{emitter: newEmitter(name), c: c, nt: c.threads()}
-	g.emit()
-	return finish(g.Kernel, "sample", ops.SampleAttrs{Vocab: c.Vocab})
+	if err := g.emit(attrs.Overrides); err != nil {
+		return nil, fmt.Errorf("sample %s: %w", name, err)
+	}
+	return finish(g.Kernel, "sample", attrs)
 }
 
 type sampleGen struct {
@@ -48,12 +68,16 @@ type sampleGen struct {
 	red, redi ptx.Sym
 }
 
-func (g *sampleGen) emit() {
+func (g *sampleGen) emit(refs []ops.TokenOverride) error {
 	logits := g.param("logits", ptx.U64)
 	tempP := g.param("temperature", ptx.U64)
 	topP := g.param("top_p", ptx.U64)
 	rngP := g.param("rng", ptx.U64)
 	out := g.param("out", ptx.U64)
+	override, err := g.declareOverrides(refs)
+	if err != nil {
+		return err
+	}
 	g.red = g.DeclareShared("smp_red", ptx.F32, g.nt/32)
 	g.redi = g.DeclareShared("smp_redi", ptx.U32, g.nt/32)
 	part := g.DeclareShared("smp_part", ptx.F32, g.nt)
@@ -140,6 +164,81 @@ func (g *sampleGen) emit() {
 	g.Label(greedy)
 	g.argmax(outAddr)
 	g.Label(end)
+	override(smp, outAddr)
+	return nil
+}
+
+// declareOverrides declares the override parameters and returns what emits the overrides
+// after sampling. Thread 0 stored the sampled token, so thread 0 alone replaces it: program
+// order makes its store the last, with no barrier, and a sample whose row enables no
+// override pays one mask load.
+func (g *sampleGen) declareOverrides(refs []ops.TokenOverride) (func(smp ptx.Reg, outAddr ptx.Addr), error) {
+	if len(refs) == 0 {
+		return func(ptx.Reg, ptx.Addr) {}, nil
+	}
+	for i, o := range refs {
+		if err := o.Validate(); err != nil {
+			return nil, fmt.Errorf("override %d: %w", i, err)
+		}
+	}
+	sRow := g.param("s_row", ptx.U64)
+	m := &miSet{mask: g.param("ctl_mask", ptx.U64)}
+	tokens, gen, latch := ops.OverrideControl(refs)
+	if tokens {
+		m.tok = g.param("ctl_tokens", ptx.U64)
+	}
+	if gen {
+		m.genReg = g.param("ctl_gen", ptx.U64)
+	}
+	m.seqReg = g.param("ctl_seq", ptx.U64)
+	if latch {
+		m.latchReg = g.param("ctl_latch", ptx.U64)
+	}
+	scal := make([]ptx.Reg, len(refs))
+	for i := range refs {
+		scal[i] = g.param(fmt.Sprintf("ovr%d_scal", i), ptx.U64)
+	}
+	return func(smp ptx.Reg, outAddr ptx.Addr) {
+		done := g.NewLabel("ovr_done")
+		g.EmitIf(g.cmp("ne", ptx.U32, g.tid, ptx.Imm(0)), false, "bra", ptx.Sym(done))
+		row := g.Reg(ptx.U32)
+		g.Emit("ld.global.nc.u32", row, ptx.Addr{Base: g.byteAddr(sRow, smp, 4)})
+		g.EmitIf(g.cmp("eq", ptx.U32, row, ptx.Imm(ops.NoRow)), false, "bra", ptx.Sym(done))
+		load := func(p ptx.Reg) ptx.Reg {
+			v := g.Reg(ptx.U32)
+			g.Emit("ld.global.nc.u32", v, ptx.Addr{Base: g.byteAddr(p, row, 4)})
+			return v
+		}
+		m.mask, m.seqReg = load(m.mask), load(m.seqReg)
+		if tokens {
+			m.tok = load(m.tok)
+		}
+		if gen {
+			m.genReg = load(m.genReg)
+		}
+		if latch {
+			m.latchReg = load(m.latchReg)
+		}
+		r := &rowEmitter{emitter: g.emitter, row: row, tid: g.tid}
+		for i, o := range g.c.Overrides {
+			skip := g.NewLabel(fmt.Sprintf("ovr%d_skip", i))
+			bit := g.op3("and.b32", ptx.U32, m.mask, ptx.Imm(int64(1)<<o.Bit))
+			g.EmitIf(g.cmp("eq", ptx.U32, bit, ptx.Imm(0)), false, "bra", ptx.Sym(skip))
+			if p := m.gates(r, &miBound{MIOp: o}); p != nil {
+				g.EmitIf(*p, true, "bra", ptx.Sym(skip))
+			}
+			a := g.Reg(ptx.U64)
+			g.Emit("mul.wide.u32", a, m.seqReg, ptx.Imm(int64(4*o.ScalStride)))
+			g.Emit("add.u64", a, a, scal[i])
+			v := g.Reg(ptx.F32)
+			g.Emit("ld.global.nc.f32", v, ptx.Addr{Base: a, Offset: int64(4 * o.Alpha)})
+			tok := g.Reg(ptx.U32)
+			g.Emit("cvt.rzi.u32.f32", tok, v)
+			g.Emit("st.global.u32", outAddr, tok)
+			g.Label(skip)
+		}
+		g.Label(done)
+	}, nil
 }
 
 // logit loads this sample's logit i.
@@ -225,4 +324,101 @@ func (g *sampleGen) better(bv, bi, ov, oi ptx.Reg) {
 	g.Emit("or.pred", gt, gt, eq)
 	g.Emit("selp.f32", bv, ov, bv, gt)
 	g.Emit("selp.u32", bi, oi, bi, gt)
+}
+
+// LogitsMIConfig configures LogitsMI: elementwise MI ops (hook logits) over rows of Vocab
+// logits, one row per sample.
+type LogitsMIConfig struct {
+	Vocab int
+	Ops   []MIOp
+}
+
+// logitsThreads is LogitsMI's block: one logit per thread, so a vocabulary-wide row spreads
+// over Vocab/logitsThreads blocks and the width has no register bound.
+const logitsThreads = 256
+
+// Launch is the grid for samples samples: (blocks per row, samples).
+func (c LogitsMIConfig) Launch(samples int) ops.Launch {
+	return ops.Launch{Grid: [3]int{(c.Vocab + logitsThreads - 1) / logitsThreads, samples, 1}, Block: [3]int{logitsThreads, 1, 1}}
+}
+
+// LogitsMI generates the MI kernel between the LM head and the sampler. Each block finds its
+// sample's token row (s_row), whose control words, scalars and output rows it uses, and exits
+// after loading them when the row enables none of its apps (or is an unused sample).
+// Parameters: x, s_row, then the control and MI parameters as MIKernel takes them.
+func LogitsMI(name string, c LogitsMIConfig) (*Kernel, error) {
+	k, err := logitsMI(name, c)
+	if err != nil {
+		return nil, fmt.Errorf("logits mi %s: %w", name, err)
+	}
+	return k, nil
+}
+
+func logitsMI(name string, c LogitsMIConfig) (*Kernel, error) {
+	if len(c.Ops) == 0 || c.Vocab <= 0 {
+		return nil, fmt.Errorf("%d ops over %d logits", len(c.Ops), c.Vocab)
+	}
+	for i, o := range c.Ops {
+		if !ops.MIElementwise[o.Template] {
+			return nil, fmt.Errorf("op %d: template %s is not elementwise", i, o.Template)
+		}
+	}
+	r := &rowEmitter{emitter: newEmitter(name), width: c.Vocab, threads: logitsThreads, per: 1}
+	r.MaxNTid = logitsThreads
+	xp := r.param("x", ptx.U64)
+	sRow := r.param("s_row", ptx.U64)
+	mi, err := declareMI(r, c.Ops)
+	if err != nil {
+		return nil, err
+	}
+	r.tid = r.special(ptx.TidX)
+	chunk, smp := r.special(ptx.CtaidX), r.special(ptx.CtaidY)
+	end := r.NewLabel("end")
+	r.row = r.Reg(ptx.U32)
+	r.Emit("ld.global.nc.u32", r.row, ptx.Addr{Base: r.elemAddr(sRow, smp, 4)})
+	unused := r.Reg(ptx.Pred)
+	r.Emit("setp.eq.u32", unused, r.row, ptx.Imm(ops.NoRow))
+	r.EmitIf(unused, false, "bra.uni", ptx.Sym(end))
+	mi.loadCtl(r)
+	var bits int64
+	for _, o := range c.Ops {
+		bits |= 1 << o.Bit
+	}
+	on := r.Reg(ptx.U32)
+	r.Emit("and.b32", on, mi.mask, ptx.Imm(bits))
+	none := r.Reg(ptx.Pred)
+	r.Emit("setp.eq.u32", none, on, ptx.Imm(0))
+	r.EmitIf(none, false, "bra.uni", ptx.Sym(end))
+
+	// This thread's column; the row emitter's tail predicate becomes "inside the row".
+	first := r.Reg(ptx.U32)
+	r.Emit("mul.lo.u32", first, chunk, ptx.Imm(logitsThreads))
+	col := r.op3("add.u32", ptx.U32, first, r.tid)
+	in := r.Reg(ptx.Pred)
+	r.Emit("setp.lt.u32", in, col, ptx.Imm(int64(c.Vocab)))
+	r.tail = &in
+	// Vectors and output rows are addressed from the block's first column.
+	shift := r.Reg(ptx.U64)
+	r.Emit("mul.wide.u32", shift, first, ptx.Imm(4))
+	for _, b := range mi.groups[0] {
+		for _, s := range []string{"vec", "out"} {
+			if p, ok := b.params[s]; ok {
+				q := r.Reg(ptx.U64)
+				r.Emit("add.u64", q, p, shift)
+				b.params[s] = q
+			}
+		}
+	}
+	rowStart := r.Reg(ptx.U32)
+	r.Emit("mul.lo.u32", rowStart, smp, ptx.Imm(int64(c.Vocab)))
+	p := rowPtr{reg: r.elemAddr(xp, r.op3("add.u32", ptx.U32, rowStart, col), 4), dt: ptx.F32, size: 4}
+	x := r.loadRow(p, nil)
+	dirty := r.imm32(0)
+	mi.emit(r, 0, x, &dirty)
+	clean := r.Reg(ptx.Pred)
+	r.Emit("setp.eq.u32", clean, dirty, ptx.Imm(0))
+	r.EmitIf(clean, false, "bra.uni", ptx.Sym(end))
+	r.storeRow(p, x)
+	r.Label(end)
+	return finish(r.Kernel, "mi_samples", ops.MISamplesAttrs{Width: c.Vocab, Ops: mi.ref[0]})
 }

@@ -1,8 +1,11 @@
 package codegen
 
 import (
+	"math"
 	"math/rand/v2"
 	"testing"
+
+	"xmix/ops"
 )
 
 func TestSampleKernel(t *testing.T) {
@@ -30,5 +33,98 @@ func TestSampleKernel(t *testing.T) {
 			{name: "logits", f32: logits}, {name: "temperature", f32: temp}, {name: "top_p", f32: topP},
 			{name: "rng", u32: rng}, {name: "out", out: n, dtype: "u32"},
 		})
+	}
+}
+
+// TestSampleOverride: token_override replaces exactly the samples whose token row enables the
+// app and passes the step window, with the token of the row's sequence; an unused sample
+// (s_row NoRow) keeps what was sampled.
+func TestSampleOverride(t *testing.T) {
+	const vocab, n = 333, 5
+	r := rand.New(rand.NewPCG(43, 44))
+	ovr := MIOp{Template: "token_override", Bit: 2, Width: 1, Scal: "s", Alpha: 1, Bias: -1, ScalStride: 2, ScalRows: 3,
+		Gates: []Gate{{Kind: "steps", From: 2, To: 4}}}
+	c := SampleConfig{Vocab: vocab, Overrides: []MIOp{ovr}}
+	k, err := Sample("sample_ovr", c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	logits := randF32(r, n*vocab, 4)
+	temp := []float32{0, 0.8, 0, 1, 0}
+	topP := []float32{1, 0.9, 1, 1, 1}
+	rng := []uint32{r.Uint32(), r.Uint32(), r.Uint32(), r.Uint32(), r.Uint32()}
+	// Token rows: mask, generation step (-1: prompt) and sequence slot of each.
+	mask := []uint32{1 << 2, 1 << 2, 0, 1<<2 | 1, 1 << 2, 1 << 2}
+	gen := []uint32{2, 3, 2, 0xFFFFFFFF, 1, 4}
+	seq := []uint32{0, 1, 2, 0, 1, 2}
+	sRow := []uint32{1, 0, 2, ops.NoRow, 4}
+	table := []float32{0, 7, 0, 42, 0, 99} // per slot: (unused, token)
+	args := []targ{
+		{name: "logits", f32: logits}, {name: "temperature", f32: temp}, {name: "top_p", f32: topP},
+		{name: "rng", u32: rng}, {name: "out", out: n, dtype: "u32"}, {name: "s_row", u32: sRow},
+		{name: "ctl_mask", u32: mask}, {name: "ctl_gen", u32: gen}, {name: "ctl_seq", u32: seq}, {name: "ovr0_scal", f32: table},
+	}
+	checkKernel(t, k, c.Launch(n), args)
+	got := emulate(t, k, c.Launch(n), args)[4]
+	bare, err := Sample("sample_bare", SampleConfig{Vocab: vocab})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := emulate(t, bare, c.Launch(n), args[:5])[4]
+	want[0], want[1] = math.Float32frombits(42), math.Float32frombits(7) // rows 1 (slot 1) and 0 (slot 0)
+	for i := range want {
+		if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+			t.Fatalf("sample %d: token %d, want %d", i, math.Float32bits(got[i]), math.Float32bits(want[i]))
+		}
+	}
+}
+
+// TestLogitsMI: the logits kernel over a row wider than a register-resident row allows
+// steers exactly the samples whose token row enables the app, and captures into the token
+// row's output row.
+func TestLogitsMI(t *testing.T) {
+	const vocab, n, rows = 40000, 3, 4
+	r := rand.New(rand.NewPCG(45, 46))
+	steer := MIOp{Template: "steer_add", Bit: 1, Width: vocab, Vec: "v", Scal: "s", Alpha: 0, Bias: -1, ScalStride: 1, ScalRows: 2}
+	capt := MIOp{Template: "capture", Bit: 1, Width: vocab, Alpha: -1, Bias: -1, Out: "o", OutWidth: vocab,
+		Gates: []Gate{{Kind: "positions", Positions: "generated"}}}
+	c := LogitsMIConfig{Vocab: vocab, Ops: []MIOp{steer, capt}}
+	k, err := LogitsMI("logits_mi", c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	x := randF32(r, n*vocab, 3)
+	v := randF32(r, vocab, 1)
+	mask := []uint32{2, 0, 2, 2}
+	gen := []uint32{0, 0, 0xFFFFFFFF, 5}
+	seq := []uint32{0, 1, 1, 0}
+	sRow := []uint32{3, 1, ops.NoRow}
+	out := make([]float32, rows*vocab)
+	for i := range out {
+		out[i] = -7 // untouched rows keep it
+	}
+	args := []targ{{name: "x", f32: x, out: len(x)}, {name: "s_row", u32: sRow}, {name: "ctl_mask", u32: mask},
+		{name: "ctl_gen", u32: gen}, {name: "ctl_seq", u32: seq},
+		{name: "mi0_vec", f32: v}, {name: "mi0_scal", f32: []float32{0.5, 2}}, {name: "mi1_out", f32: out, out: len(out)}}
+	checkKernel(t, k, c.Launch(n), args)
+	res := emulate(t, k, c.Launch(n), args)
+	gx, gout := res[0], res[7]
+	for i := range vocab {
+		if want := x[i] + float32(0.5*v[i]); gx[i] != want { // sample 0: row 3, slot 0
+			t.Fatalf("sample 0 logit %d: %v, want exactly %v", i, gx[i], want)
+		}
+		if gout[3*vocab+i] != gx[i] {
+			t.Fatalf("row 3 capture %d: %v, want the steered %v", i, gout[3*vocab+i], gx[i])
+		}
+		for _, j := range []int{vocab + i, 2*vocab + i} {
+			if gx[j] != x[j] {
+				t.Fatalf("logit %d of a sample without the app changed", j)
+			}
+		}
+		for _, row := range []int{0, 1, 2} {
+			if gout[row*vocab+i] != -7 {
+				t.Fatalf("capture wrote row %d", row)
+			}
+		}
 	}
 }

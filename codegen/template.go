@@ -162,14 +162,13 @@ func (g *gen) template(name, kind string, rows, samples int) (bundle.Template, e
 	if m.TieEmbeddings {
 		head = "embed"
 	}
+	for _, op := range g.p.Ops {
+		if op.Host == passes.HostLens {
+			t.fail(fmt.Errorf("layer %d: %s is not emitted by this version of xmixc", op.Layer, op.Template))
+		}
+	}
 	t.gemm("lm_head", "act.final", buf(head), "act.logits", H, m.Vocab, samples)
-	smc := SampleConfig{Vocab: m.Vocab}
-	smName := fmt.Sprintf("sample_v%d", m.Vocab)
-	k, err = g.kernel(smName, func() (*Kernel, error) { return Sample(smName, smc) })
-	t.add("sample", k, err, smc.Launch(samples), slots{
-		"logits": buf("act.logits"), "temperature": buf("ctl.temperature"), "top_p": buf("ctl.top_p"),
-		"rng": buf("ctl.rng"), "out": buf("out.sampled"),
-	}, nil)
+	t.sampleTail(samples)
 	if t.err != nil {
 		return bundle.Template{}, fmt.Errorf("template %s: %w", name, t.err)
 	}
@@ -258,4 +257,36 @@ func (t *tb) miKernel(l int, hook, x string, width, stride, offset int) {
 	name := fmt.Sprintf("mi_L%d_%s", l, strings.ReplaceAll(hook, ".", "_"))
 	k, err := g.kernel(name, func() (*Kernel, error) { return MIKernel(name, c) })
 	t.add(fmt.Sprintf("L%d.%s", l, hook), k, err, c.Launch(t.rows), slots{"x": buf(x)}, mi)
+}
+
+// logitsKernel and sampleKernel name the kernels of the model's tail, as sites report them.
+const logitsKernel = "mi_logits"
+
+func (g *gen) sampleKernel(ovr []MIOp) string {
+	return miName(fmt.Sprintf("sample_v%d", g.m.Vocab), ovr, "sampled")
+}
+
+// sampleTail emits the MI kernel of hook logits (when ops sit there) and the sampler with
+// the token_override ops of hook sampled fused in. Both run over samples and find each
+// sample's token row, for its control words, through ctl.s_row.
+func (t *tb) sampleTail(samples int) {
+	g := t.g
+	m := g.m
+	if lo := g.miOps(passes.HostLogits, -1, "", ""); len(lo) > 0 {
+		c := LogitsMIConfig{Vocab: m.Vocab, Ops: lo}
+		k, err := g.kernel(logitsKernel, func() (*Kernel, error) { return LogitsMI(logitsKernel, c) })
+		t.add("logits.mi", k, err, c.Launch(samples), slots{"x": buf("act.logits"), "s_row": buf("ctl.s_row")}, lo)
+	}
+	ovr := g.miOps(passes.HostSampler, -1, "", "")
+	smc := SampleConfig{Vocab: m.Vocab, Overrides: ovr}
+	name := g.sampleKernel(ovr)
+	k, err := g.kernel(name, func() (*Kernel, error) { return Sample(name, smc) })
+	s := slots{
+		"logits": buf("act.logits"), "temperature": buf("ctl.temperature"), "top_p": buf("ctl.top_p"),
+		"rng": buf("ctl.rng"), "out": buf("out.sampled"), "s_row": buf("ctl.s_row"),
+	}
+	for i, o := range ovr {
+		s[fmt.Sprintf("ovr%d_scal", i)] = buf(o.Scal)
+	}
+	t.add("sample", k, err, smc.Launch(samples), s, nil)
 }

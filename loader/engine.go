@@ -65,6 +65,8 @@ type Engine struct {
 	slots    []*seqState
 	nextID   int
 	Stats    Stats
+	// hasSRow: the bundle has ctl.s_row (each sample's token row), which the engine fills.
+	hasSRow bool
 }
 
 // Stats counts what the engine ran.
@@ -90,11 +92,12 @@ type latchInfo struct {
 }
 
 type exportInfo struct {
-	app    string
-	name   string
-	bit    int
-	buffer string
-	width  int
+	app     string
+	name    string
+	bit     int
+	buffer  string
+	width   int
+	samples bool // written on sampled rows only
 }
 
 // NewEngine prepares the decode loop for a bundle running on be.
@@ -120,11 +123,12 @@ func NewEngine(b *bundle.Bundle, be Backend) (*Engine, error) {
 	for _, buf := range b.Manifest.Buffers {
 		bufs[buf.Name] = buf
 	}
+	_, e.hasSRow = bufs["ctl.s_row"]
 	latchBits := map[int]bool{}
 	for _, a := range b.Manifest.Apps {
 		e.appBits[a.Name] = a.Bit
 		for _, x := range a.Exports {
-			e.exports = append(e.exports, exportInfo{app: a.Name, name: x.Name, bit: a.Bit, buffer: x.Buffer, width: x.Width})
+			e.exports = append(e.exports, exportInfo{app: a.Name, name: x.Name, bit: a.Bit, buffer: x.Buffer, width: x.Width, samples: x.Samples})
 		}
 		ac, err := newAppCtl(a, bufs, c.MaxSeqs)
 		if err != nil {
@@ -626,6 +630,10 @@ func (e *Engine) run(t bundle.Template, rows []stepRow) error {
 	tokens, pos, seq := make([]uint32, n), make([]uint32, n), make([]uint32, n)
 	mask, gen, outRow, latch := make([]uint32, n), make([]uint32, n), make([]uint32, n), make([]uint32, n)
 	temp, topP, rng := make([]float32, t.Samples), make([]float32, t.Samples), make([]uint32, t.Samples)
+	sRow := make([]uint32, t.Samples)
+	for i := range sRow {
+		sRow[i] = 0xFFFFFFFF
+	}
 	for i := range n {
 		seq[i] = uint32(c.MaxSeqs) // padding rows: the padding sequence at position 0
 		gen[i] = 0xFFFFFFFF
@@ -649,6 +657,7 @@ func (e *Engine) run(t bundle.Template, rows []stepRow) error {
 			temp[r.sample] = s.req.Temperature
 			topP[r.sample] = s.req.TopP
 			rng[r.sample] = s.rng.Uint32()
+			sRow[r.sample] = uint32(i)
 			sampled = append(sampled, r)
 		}
 	}
@@ -666,6 +675,11 @@ func (e *Engine) run(t bundle.Template, rows []stepRow) error {
 	}
 	if len(e.latches) > 0 {
 		if err := e.Be.Write("ctl.latch", 0, putU32s(latch)); err != nil {
+			return err
+		}
+	}
+	if e.hasSRow {
+		if err := e.Be.Write("ctl.s_row", 0, putU32s(sRow)); err != nil {
 			return err
 		}
 	}
@@ -719,7 +733,7 @@ func (e *Engine) collectExports(rows []stepRow, n int) error {
 	for i, r := range rows {
 		row := Row{Pos: r.pos, Token: r.s.tokens[r.pos]}
 		for _, x := range e.exports {
-			if r.s.mask&(1<<uint(x.bit)) == 0 {
+			if r.s.mask&(1<<uint(x.bit)) == 0 || (x.samples && r.sample < 0) {
 				continue
 			}
 			v, ok := vals[x.buffer]

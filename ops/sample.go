@@ -5,13 +5,75 @@ import (
 	"math"
 )
 
-func init() { Register("sample", buildSample) }
+func init() {
+	Register("sample", buildSample)
+	Register("mi_samples", buildMISamples)
+}
 
 // SampleAttrs configures op "sample": one token per sample from logits [samples, Vocab]
 // (parameters logits, temperature, top_p, rng, out). Samples come from Grid[0] and the block
 // size (Block[0], a multiple of 32) fixes the summation order, as in the kernel.
 type SampleAttrs struct {
 	Vocab int `json:"vocab"`
+	// Overrides are the token_override ops fused into the sampler (hook sampled). With any,
+	// the kernel takes after out: s_row (each sample's token row, NoRow for unused samples),
+	// ctl_mask, [ctl_tokens], [ctl_gen] (as MIControl says for their gates), ctl_seq,
+	// [ctl_latch], then ovr<i>_scal per op; the control arrays are indexed by token row.
+	// Enabled ops replace the sample's token in order, so the last one wins.
+	Overrides []TokenOverride `json:"overrides,omitempty"`
+}
+
+// TokenOverride replaces a sample's token by its app's scalar Scal[seq*ScalStride+Token]
+// when the token row's mask has Bit and every gate holds.
+type TokenOverride struct {
+	Bit        int      `json:"bit"`
+	Token      int      `json:"token"`
+	ScalStride int      `json:"scal_stride"`
+	ScalRows   int      `json:"scal_rows"`
+	Gates      []MIGate `json:"gates,omitempty"`
+}
+
+// Validate checks what the kernel relies on; activation gates would need the token row's
+// reads and are not supported in the sampler.
+func (o TokenOverride) Validate() error {
+	if o.Bit < 0 || o.Bit > 31 {
+		return fmt.Errorf("app bit %d outside 0..31", o.Bit)
+	}
+	if o.Token < 0 || o.ScalStride <= o.Token || o.ScalRows <= 0 {
+		return fmt.Errorf("token scalar %d in a table of %d rows of %d", o.Token, o.ScalRows, o.ScalStride)
+	}
+	for j, g := range o.Gates {
+		if g.Kind == "activation" {
+			return fmt.Errorf("gate %d: activation gates are not supported in the sampler", j)
+		}
+		if err := g.validate(); err != nil {
+			return fmt.Errorf("gate %d: %w", j, err)
+		}
+	}
+	return nil
+}
+
+// OverrideControl says which optional control arrays a sampler with these overrides takes.
+func OverrideControl(ovs []TokenOverride) (tokens, gen, latch bool) {
+	shells := make([]MIOp, len(ovs))
+	for i, o := range ovs {
+		shells[i] = MIOp{Gates: o.Gates}
+	}
+	tokens, gen = MIControl(shells)
+	_, latch = MIRequestControl(shells)
+	return tokens, gen, latch
+}
+
+// TokenID converts an override's f32 token to the u32 the sampler stores, as PTX
+// cvt.rzi.u32.f32 does: toward zero, saturating, NaN to 0.
+func TokenID(v float32) uint32 {
+	switch {
+	case !(v > 0):
+		return 0
+	case v >= 0x1p32:
+		return math.MaxUint32
+	}
+	return uint32(v)
 }
 
 // The nucleus threshold is searched on y = (logit-max)/T*log2(e), the log2 of a token's
@@ -40,8 +102,12 @@ func buildSample(attrs []byte) (Runner, error) {
 		if nt <= 0 || nt%32 != 0 || nt > 1024 {
 			return fmt.Errorf("sample: block of %d threads, want a multiple of 32 up to 1024", nt)
 		}
-		if err := CheckArgs("sample", args, 4*n*a.Vocab, 4*n, 4*n, 4*n, 4*n); err != nil {
+		if err := CheckArgs("sample", args[:min(5, len(args))], 4*n*a.Vocab, 4*n, 4*n, 4*n, 4*n); err != nil {
 			return err
+		}
+		override, err := a.bindOverrides(args[5:], n)
+		if err != nil {
+			return fmt.Errorf("sample: %w", err)
 		}
 		logits, temp, topP, rng, out := args[0].F32(), args[1].F32(), args[2].F32(), args[3].U32(), args[4].U32()
 		ParallelFor(n, func(lo, hi int) {
@@ -50,8 +116,97 @@ func buildSample(attrs []byte) (Runner, error) {
 				out[i] = uint32(s.sample(logits[i*a.Vocab:(i+1)*a.Vocab], temp[i], topP[i], rng[i]))
 			}
 		})
+		override(out)
 		return nil
 	}), nil
+}
+
+// bindOverrides takes the override arguments and returns what applies them to the sampled
+// tokens of n samples.
+func (a SampleAttrs) bindOverrides(args []Arg, n int) (func(out []uint32), error) {
+	if len(a.Overrides) == 0 {
+		if len(args) > 0 {
+			return nil, fmt.Errorf("%d arguments past out, want none", len(args))
+		}
+		return func([]uint32) {}, nil
+	}
+	for i, o := range a.Overrides {
+		if err := o.Validate(); err != nil {
+			return nil, fmt.Errorf("override %d: %w", i, err)
+		}
+	}
+	c := &argCursor{args: args}
+	sr, err := c.take("s_row", 4*n)
+	if err != nil {
+		return nil, err
+	}
+	if len(args) < 2 {
+		return nil, fmt.Errorf("missing ctl_mask")
+	}
+	rows := len(args[1].Mem) / 4 // control arrays hold every token row
+	var ctl miCtl
+	tokens, gen, latch := OverrideControl(a.Overrides)
+	for _, x := range []struct {
+		name string
+		on   bool
+		dst  *[]uint32
+	}{{"ctl_mask", true, &ctl.mask}, {"ctl_tokens", tokens, &ctl.tokens}, {"ctl_gen", gen, &ctl.gen},
+		{"ctl_seq", true, &ctl.seq}, {"ctl_latch", latch, &ctl.latch}} {
+		if !x.on {
+			continue
+		}
+		arg, err := c.take(x.name, 4*rows)
+		if err != nil {
+			return nil, err
+		}
+		*x.dst = arg.U32()[:rows]
+	}
+	scal := make([][]float32, len(a.Overrides))
+	for i, o := range a.Overrides {
+		arg, err := c.take(fmt.Sprintf("ovr%d_scal", i), 4*o.ScalStride*o.ScalRows)
+		if err != nil {
+			return nil, err
+		}
+		scal[i] = arg.F32()
+	}
+	if err := c.done(); err != nil {
+		return nil, err
+	}
+	sRow := sr.U32()
+	for i := range n {
+		r := sRow[i]
+		if r == NoRow {
+			continue
+		}
+		if int(r) >= rows {
+			return nil, fmt.Errorf("s_row[%d] = %d outside %d token rows", i, r, rows)
+		}
+		for j, o := range a.Overrides {
+			if int(ctl.seq[r]) >= o.ScalRows {
+				return nil, fmt.Errorf("override %d: sequence slot %d of token row %d outside %d scalar rows", j, ctl.seq[r], r, o.ScalRows)
+			}
+		}
+	}
+	return func(out []uint32) {
+		for i := range n {
+			r := sRow[i]
+			if r == NoRow {
+				continue
+			}
+			for j, o := range a.Overrides {
+				if ctl.mask[r]>>o.Bit&1 == 0 {
+					continue
+				}
+				on := true
+				for _, g := range o.Gates {
+					on = on && g.holds(int(r), ctl, nil, nil)
+				}
+				if on {
+					out[i] = TokenID(scal[j][int(ctl.seq[r])*o.ScalStride+o.Token])
+				}
+			}
+		}
+	}, nil
 }
 
 // sampler holds the scratch of one worker. Every f32 sum is formed in exactly the order the
@@ -202,4 +357,79 @@ func argmax(v []float32) int {
 		}
 	}
 	return best
+}
+
+// MISamplesAttrs are the attributes of op "mi_samples": elementwise MI ops (the logits hook)
+// applied in place to x[sample*Width : +Width] for every sample of the grid (Grid[1]).
+// Parameters: x, s_row (each sample's token row, NoRow for unused samples), then the
+// control arrays and MI parameters as op "mi" takes them, indexed by token row: gates,
+// scalars and reads see the token row the sample came from, so exported reads land in that
+// row of their buffer.
+type MISamplesAttrs struct {
+	Width int    `json:"width"`
+	Ops   []MIOp `json:"ops"`
+}
+
+// MIElementwise are the templates op mi_samples runs: none reduces over the row, so its
+// kernel may spread a row over many blocks.
+var MIElementwise = map[string]bool{"capture": true, "steer_add": true, "scale": true, "patch": true}
+
+func buildMISamples(attrs []byte) (Runner, error) {
+	var a MISamplesAttrs
+	if err := DecodeAttrs(attrs, &a); err != nil {
+		return nil, err
+	}
+	if a.Width <= 0 {
+		return nil, fmt.Errorf("mi_samples: width %d", a.Width)
+	}
+	for i, o := range a.Ops {
+		if !MIElementwise[o.Template] {
+			return nil, fmt.Errorf("mi_samples: op %d: template %s is not elementwise", i, o.Template)
+		}
+	}
+	return RunnerFunc(a.run), nil
+}
+
+func (a MISamplesAttrs) run(args []Arg, l Launch) error {
+	n := l.Grid[1]
+	c := &argCursor{args: args}
+	x, err := c.take("x", 4*n*a.Width)
+	if err != nil {
+		return fmt.Errorf("mi_samples: %w", err)
+	}
+	sr, err := c.take("s_row", 4*n)
+	if err != nil {
+		return fmt.Errorf("mi_samples: %w", err)
+	}
+	if c.next >= len(args) {
+		return fmt.Errorf("mi_samples: missing ctl_mask")
+	}
+	rows := len(args[c.next].Mem) / 4
+	ctl, err := bindCtl(c, rows, a.Ops)
+	if err != nil {
+		return fmt.Errorf("mi_samples: %w", err)
+	}
+	bound, err := bindMI(c, rows, a.Width, 0, a.Ops)
+	if err != nil {
+		return fmt.Errorf("mi_samples: %w", err)
+	}
+	if err := c.done(); err != nil {
+		return fmt.Errorf("mi_samples: %w", err)
+	}
+	xs, sRow := x.F32(), sr.U32()
+	for i := range n {
+		if r := sRow[i]; r != NoRow && int(r) >= rows {
+			return fmt.Errorf("mi_samples: s_row[%d] = %d outside %d token rows", i, r, rows)
+		}
+	}
+	// Samples come from distinct token rows, so parallel samples never write the same
+	// output row.
+	ParallelFor(n, func(lo, hi int) {
+		for i := lo; i < hi; i++ {
+			if r := sRow[i]; r != NoRow {
+				applyMI(bound, int(r), ctl, xs[i*a.Width:(i+1)*a.Width])
+			}
+		}
+	})
+	return nil
 }

@@ -21,6 +21,7 @@ const (
 	argScalar                // a number, or a param of one element; lives in the scalar table
 	argWord                  // one of Words
 	argHead                  // an attention head index of the model; becomes a column mask
+	argCount                 // a whole number fixed at compile time (logit_lens's k): MIOp.K
 )
 
 // scalarSlot says which scalar index of an op a scalar argument binds.
@@ -49,7 +50,12 @@ type TemplateFact struct {
 	Kind string // read or write
 	Args map[string]argFact
 	// OutCols is how many columns a read writes per row (0 for writes).
-	OutCols func(width int) int
+	OutCols func(op *MIOp) int
+	// Max bounds an argCount argument.
+	Max int
+	// Heavy ops are not fused: they run as their own nodes, which exit at once when no row
+	// of the batch enables the app (HostLens).
+	Heavy bool
 	// Hooks, when set, are the only hooks the template may sit at.
 	Hooks []string
 	// Check, when set, validates the bound op against its scalars; it returns a message and
@@ -57,23 +63,30 @@ type TemplateFact struct {
 	Check func(op *MIOp, scalars []Scalar) (msg, hint string)
 }
 
-func (t TemplateFact) outWidth(width int) int {
+func (t TemplateFact) outWidth(op *MIOp) int {
 	if t.OutCols == nil {
 		return 0
 	}
-	return t.OutCols(width)
+	return t.OutCols(op)
 }
 
+// elementwise are the templates the logits hook takes: its rows are vocabulary-wide, so its
+// kernel spreads a row over many blocks and nothing may reduce over the whole row.
+var elementwise = []string{"capture", "steer_add", "scale", "patch"}
+
+// MaxLensK bounds logit_lens's k: its top-k runs k block-wide arg-max rounds.
+const MaxLensK = 64
+
 // Templates is the table of MI templates this compiler fuses. Names the frontend accepts
-// but that are missing here (token_override, logit_lens, ...) are rejected with a hint.
+// but that are missing here are rejected with a hint.
 var Templates = map[string]TemplateFact{
 	"capture": {Kind: "read", Args: map[string]argFact{},
-		OutCols: func(w int) int { return w }},
+		OutCols: func(op *MIOp) int { return op.Width }},
 	"probe_linear": {Kind: "read", Args: map[string]argFact{
 		"w":          {Kind: argVector, Required: true},
 		"bias":       {Kind: argScalar, Omit: true, Slot: slotBias},
 		"activation": {Kind: argWord, Words: []string{"none", "sigmoid"}},
-	}, OutCols: func(int) int { return 1 }},
+	}, OutCols: func(*MIOp) int { return 1 }},
 	"steer_add": {Kind: "write", Args: map[string]argFact{
 		"vector": {Kind: argVector, Required: true},
 		"alpha":  {Kind: argScalar, Default: 1},
@@ -111,6 +124,17 @@ var Templates = map[string]TemplateFact{
 		"bias":  {Kind: argVector, Required: true},
 		"alpha": {Kind: argScalar, Default: 1},
 	}},
+	// token_override: the sampled token becomes `token` (a run-time replaceable scalar, so a
+	// request may override it); fused into the sampler.
+	"token_override": {Kind: "write", Hooks: []string{"sampled"}, Args: map[string]argFact{
+		"token": {Kind: argScalar, Required: true},
+	}},
+	// logit_lens: RMSNorm with the final norm's weight, the LM head, then the k largest
+	// logits: into holds [2k] f32, the k token ids (as floats, exact below 2^24) by
+	// descending logit (ties: lower id first), then their k logits.
+	"logit_lens": {Kind: "read", Hooks: []string{"resid_post"}, Heavy: true, Max: MaxLensK, Args: map[string]argFact{
+		"k": {Kind: argCount, Default: 5},
+	}, OutCols: func(op *MIOp) int { return 2 * op.K }},
 	// router_mask: logits[e] = -inf where mask[e] != 0: the expert is never picked.
 	"router_mask": {Kind: "write", Hooks: []string{"router_logits"}, Args: map[string]argFact{
 		"mask": {Kind: argVector, Required: true},
@@ -189,6 +213,23 @@ func bindOp(p *Program, a *AppPlan, op *MIOp, spec frontend.Op, files map[string
 		// The experts' activations are k rows per token: no per-token hook yet.
 		return frontend.Errorf(spec.HookPos, "hook mlp_out or router_logits instead",
 			"hook mlp.act on a mixture-of-experts model is not supported yet")
+	case op.Hook == "logits" && !contains(elementwise, op.Template):
+		return frontend.Errorf(spec.KernelPos, "templates at logits: "+strings.Join(elementwise, ", "),
+			"kernel %s cannot sit at hook logits (its rows are vocabulary-wide, %d columns)", op.Template, m.Vocab)
+	case op.Hook == "sampled" && op.Template != "token_override":
+		return frontend.Errorf(spec.KernelPos, "templates at sampled: token_override",
+			"kernel %s cannot sit at hook sampled", op.Template)
+	}
+	for _, c := range spec.When {
+		switch {
+		case t.Heavy:
+			return frontend.Errorf(c.Pos, "enable the app per request instead",
+				"kernel %s takes no when: conditions in this version of xmixc", op.Template)
+		case c.Kind == "activation" && op.Hook == "sampled":
+			// The sampler finds its token row's control words, but not yet its reads.
+			return frontend.Errorf(c.Pos, "use token_in, after_token, steps or positions here",
+				"kernel %s at %s takes no activation condition in this version of xmixc", op.Template, op.Hook)
+		}
 	}
 	given := map[string]frontend.Arg{}
 	for _, arg := range spec.Args {
@@ -253,6 +294,16 @@ func bindOp(p *Program, a *AppPlan, op *MIOp, spec frontend.Op, files map[string
 			} else {
 				op.Alpha = idx
 			}
+		case argCount:
+			n := float64(f.Default)
+			if has {
+				if arg.Number == nil || *arg.Number != math.Trunc(*arg.Number) || *arg.Number < 1 || *arg.Number > float64(t.Max) {
+					return frontend.Errorf(arg.Pos, fmt.Sprintf("give a whole number from 1 to %d", t.Max),
+						"argument %s of %s must be a whole number from 1 to %d", name, op.Template, t.Max)
+				}
+				n = *arg.Number
+			}
+			op.K = int(n)
 		case argWord:
 			if !has {
 				continue
@@ -266,6 +317,12 @@ func bindOp(p *Program, a *AppPlan, op *MIOp, spec frontend.Op, files map[string
 			}
 		}
 	}
+	if op.Template == "token_override" {
+		if v := a.Scalars[op.Alpha].Value; v != float32(math.Trunc(float64(v))) || v < 0 || v >= float32(p.Model.Vocab) {
+			return frontend.Errorf(spec.KernelPos, fmt.Sprintf("model %q has tokens 0-%d", p.Model.Name, p.Model.Vocab-1),
+				"token_override: token %v is not a token id", v)
+		}
+	}
 	if t.Check != nil {
 		if msg, hint := t.Check(op, a.Scalars); msg != "" {
 			return frontend.Errorf(spec.KernelPos, hint, "%s", msg)
@@ -276,7 +333,7 @@ func bindOp(p *Program, a *AppPlan, op *MIOp, spec frontend.Op, files map[string
 		if e == nil {
 			return frontend.Errorf(spec.IntoPos, "declare it under buffers:", "buffer %q is not declared", spec.Into)
 		}
-		n := t.outWidth(op.Width)
+		n := t.outWidth(op)
 		op.Out, op.OutCol, op.OutWidth = e.Buffer, cols[e], e.Width
 		cols[e] += n
 		if cols[e] > e.Width {

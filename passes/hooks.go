@@ -9,6 +9,13 @@ const (
 	HostSilu    = "silu_mul" // SiLU(gate)*up
 	HostMI      = "mi"       // a standalone MI kernel over a GEMM or attention output
 	HostRouter  = "router"   // the MoE router kernel, between its logits and top-k
+	// HostLogits is the MI kernel over the logits, between the LM head and the sampler; its
+	// rows are samples.
+	HostLogits  = "logits"
+	HostSampler = "sampler" // the sampler kernel, after it picks each sample's token
+	// HostLens is a heavy read's own node(s) after the add+norm kernel of the layer's
+	// resid_post (see Heavy in TemplateFact): not fused, skipped whole when no row enables it.
+	HostLens = "lens"
 )
 
 // Roles of a hooked value inside a row_norm host kernel.
@@ -36,10 +43,12 @@ func kvWidth(m *frontend.Model) int {
 }
 func inter(m *frontend.Model) int   { return m.Intermediate }
 func experts(m *frontend.Model) int { return m.Experts }
+func vocab(m *frontend.Model) int   { return m.Vocab }
+func one(*frontend.Model) int       { return 1 }
 
 // Hooks is the Llama-family hook surface in forward order (DESIGN.md "Hook surface").
-// logits and sampled are reserved names that this compiler does not fire yet; router_logits
-// fires on MoE models only (bindOp refuses it elsewhere).
+// router_logits fires on MoE models only (bindOp refuses it elsewhere). logits and sampled
+// are in sample space: one row per sampled token row, not per token row.
 var Hooks = []HookFact{
 	{Name: "embed", Order: -1, Width: hidden, Role: RoleResid},
 	{Name: "resid_pre", PerLayer: true, Order: 0, Width: hidden, Role: RoleResid},
@@ -54,6 +63,8 @@ var Hooks = []HookFact{
 	{Name: "mlp_out", PerLayer: true, Order: 9, Width: hidden, Role: RoleDelta},
 	{Name: "resid_post", PerLayer: true, Order: 10, Width: hidden, Role: RoleResid},
 	{Name: "final_norm", Order: 100, Width: hidden, Role: RoleNorm},
+	{Name: "logits", Order: 101, Width: vocab, Role: RoleWhole},
+	{Name: "sampled", Order: 102, Width: one, Role: RoleWhole},
 }
 
 // hookFact returns the fact for name, or nil when this compiler cannot fire it.
@@ -123,6 +134,10 @@ func HostOf(h string, layer, layers int) (kind string, hostLayer int) {
 		return HostSilu, layer
 	case "router_logits":
 		return HostRouter, layer
+	case "logits":
+		return HostLogits, -1
+	case "sampled":
+		return HostSampler, -1
 	default: // attn.q, attn.k, attn.v, attn.z
 		return HostMI, layer
 	}

@@ -87,10 +87,38 @@ params: {v: {values: [1, 2, 3]}}
 ops:
   - write: {at: {layers: [0], hook: resid_post}, kernel: steer_add, args: {vector: v}}
 `, "param v has 3 elements, hook resid_post needs 8"},
-		{"unsupported kernel", `app: a
+		{"token_override off sampled", `app: a
 ops:
-  - write: {at: {layers: [0], hook: resid_post}, kernel: token_override}
-`, "kernel token_override is not supported"},
+  - write: {at: {layers: [0], hook: resid_post}, kernel: token_override, args: {token: 1}}
+`, "kernel token_override cannot sit at hook resid_post (hooks of token_override: sampled)"},
+		{"token_override of no token", `app: a
+ops:
+  - write: {at: {hook: sampled}, kernel: token_override, args: {token: 2.5}}
+`, "token_override: token 2.5 is not a token id"},
+		{"token_override without token", `app: a
+ops:
+  - write: {at: {hook: sampled}, kernel: token_override}
+`, `needs argument "token"`},
+		{"steer at sampled", `app: a
+params: {v: {values: [1]}}
+ops:
+  - write: {at: {hook: sampled}, kernel: steer_add, args: {vector: v}}
+`, "kernel steer_add cannot sit at hook sampled"},
+		{"lens k too large", `app: a
+buffers: {h: {shape: [200]}}
+ops:
+  - read: {at: {layers: [0], hook: resid_post}, kernel: logit_lens, args: {k: 100}, into: h}
+`, "must be a whole number from 1 to 64"},
+		{"lens buffer too small", `app: a
+buffers: {h: {shape: [4]}}
+ops:
+  - read: {at: {layers: [0], hook: resid_post}, kernel: logit_lens, into: h}
+`, "buffer h has 4 elements"},
+		{"lens under a condition", `app: a
+buffers: {h: {shape: [10]}}
+ops:
+  - read: {at: {layers: [0], hook: resid_post}, kernel: logit_lens, into: h, when: {steps: {from: 1}}}
+`, "takes no when: conditions"},
 		{"steer_set without direction", `app: a
 ops:
   - write: {at: {layers: [0], hook: resid_post}, kernel: steer_set, args: {value: 1}}
@@ -150,11 +178,12 @@ buffers: {h: {shape: [1]}}
 ops:
   - read: {at: {layers: [0, 1], hook: resid_post}, kernel: probe_linear, args: {w: v}, into: h}
 `, "buffer h has 1 elements"},
-		{"unsupported hook", `app: a
-buffers: {h: {shape: [300]}}
+		{"probe at logits", `app: a
+params: {v: {random: 1}}
+buffers: {h: {shape: [1]}}
 ops:
-  - read: {at: {hook: logits}, kernel: capture, into: h}
-`, `hook "logits" cannot be fired`},
+  - read: {at: {hook: logits}, kernel: probe_linear, args: {w: v}, into: h}
+`, "kernel probe_linear cannot sit at hook logits"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

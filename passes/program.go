@@ -76,6 +76,7 @@ type MIOp struct {
 	Alpha      int    // scalar index or -1
 	Bias       int    // scalar index or -1
 	Activation string
+	K          int    // logit_lens: how many top tokens it reports
 	Out        string // buffer reads land in
 	OutCol     int
 	OutWidth   int
@@ -200,7 +201,7 @@ func Verify(p *Program) error {
 				errs = append(errs, fmt.Errorf("%s: gate %d: latch %d of %d", where, j, g.Latch, len(p.Latches)))
 			}
 		}
-		if op.Kind == "read" && op.Out != "" && op.OutCol+Templates[op.Template].outWidth(op.Width) > op.OutWidth {
+		if op.Kind == "read" && op.Out != "" && op.OutCol+Templates[op.Template].outWidth(op) > op.OutWidth {
 			errs = append(errs, fmt.Errorf("%s: output columns exceed buffer width %d", where, op.OutWidth))
 		}
 	}

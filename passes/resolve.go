@@ -113,6 +113,9 @@ func (a *AppPlan) export(name string) *Export {
 func planFusion(p *Program) error {
 	for _, op := range p.Ops {
 		op.Host, op.HostLayer = HostOf(op.Hook, op.Layer, p.Model.Layers)
+		if Templates[op.Template].Heavy {
+			op.Host, op.HostLayer = HostLens, op.Layer
+		}
 		op.Role = hookFact(op.Hook).Role
 	}
 	sortOps(p)

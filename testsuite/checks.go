@@ -603,6 +603,8 @@ var Checks = []struct {
 	{"set_vector", CheckSetVector},
 	{"router_bias", CheckRouterBias},
 	{"router_mask", CheckRouterMask},
+	{"logits_steer", CheckLogitsSteer},
+	{"token_override", CheckTokenOverride},
 }
 
 // routerApp is app "router": kernel (router_bias or router_mask) with its vector argument
@@ -1002,5 +1004,91 @@ func mixedRun(t *testing.T, nb NewBackend, b *bundle.Bundle, reqs []loader.Reque
 				}
 			}
 		}
+	}
+}
+
+// CheckLogitsSteer: steer_add at hook logits changes the logits of exactly the samples whose
+// request enables it, by exactly alpha*v; a capture there exports sampled rows only; a
+// request without the app is bit-identical (logits and tokens) to the bare bundle.
+func CheckLogitsSteer(t *testing.T, nb NewBackend) {
+	const vocab = 300
+	v := randVec(21, vocab)
+	steer := `app: lsteer
+params: {v: {values: ` + yamlList(v) + `}}
+ops:
+  - write: {at: {hook: logits}, kernel: steer_add, args: {vector: v, alpha: 1.5}}
+`
+	capLogits := fmt.Sprintf(`app: cap
+buffers: {x: {shape: [%d], export: true}}
+ops:
+  - read: {at: {hook: logits}, kernel: capture, into: x}
+`, vocab)
+	withApp := Compile(t, SmallModel, steer, capLogits)
+	bare := Compile(t, SmallModel, capLogits)
+	prompt := []int{10, 20, 30}
+	a := Generate(t, nb, withApp, []loader.Request{
+		{Prompt: prompt, Apps: []string{"lsteer", "cap"}, MaxTokens: 4},
+		{Prompt: prompt, Apps: []string{"cap"}, MaxTokens: 4},
+	})
+	b := Generate(t, nb, bare, []loader.Request{{Prompt: prompt, Apps: []string{"cap"}, MaxTokens: 4}})
+	for i, r := range [][]loader.Row{a[0].Rows, a[1].Rows, b[0].Rows} {
+		for _, row := range r {
+			if sampled := row.Pos >= len(prompt); sampled != (row.Exports["cap.x"] != nil) {
+				t.Fatalf("run %d row %d: exported %v, want logits on sampled rows only", i, row.Pos, row.Exports["cap.x"] != nil)
+			}
+		}
+	}
+	steered, other, ref := captured(a[0])[len(prompt):], captured(a[1])[len(prompt):], captured(b[0])[len(prompt):]
+	// The first sample comes from identical inputs; later ones follow the steered tokens.
+	for i, w := range ref[0] {
+		if exp := w + float32(1.5*v[i]); steered[0][i] != exp {
+			t.Fatalf("logit %d: steered %v, want exactly %v + 1.5*%v = %v", i, steered[0][i], w, v[i], exp)
+		}
+	}
+	for row := range ref {
+		for i, w := range ref[row] {
+			if math.Float32bits(other[row][i]) != math.Float32bits(w) {
+				t.Fatalf("sample %d logit %d (app off): %v differs from the bare bundle's %v", row, i, other[row][i], w)
+			}
+		}
+	}
+	if !slices.Equal(a[1].Tokens, b[0].Tokens) {
+		t.Fatalf("request without the app: tokens %v, bare bundle %v", a[1].Tokens, b[0].Tokens)
+	}
+}
+
+// CheckTokenOverride: token_override under a steps window replaces exactly the tokens
+// sampled from rows of generation steps 1 and 2 (output tokens 2 and 3: output token k comes
+// from the row of step k-1, the last prompt row giving token 0) of the request that enables
+// it, with the request's own override of the token; the other request is bit-identical to
+// the bare bundle.
+func CheckTokenOverride(t *testing.T, nb NewBackend) {
+	force := `app: force
+ops:
+  - write: {at: {hook: sampled}, kernel: token_override, args: {token: 65}, when: {steps: {from: 1, to: 3}}}
+`
+	withApp := Compile(t, SmallModel, force)
+	bare := Compile(t, SmallModel)
+	reqs := []loader.Request{
+		{Prompt: []int{10, 20, 30}, Apps: []string{"force"}, MaxTokens: 6},
+		{Prompt: []int{40, 41}, MaxTokens: 6, Temperature: 0.8, Seed: 3},
+		{Prompt: []int{10, 20, 30}, Apps: []string{"force"}, MaxTokens: 6, Overrides: map[string]float32{"force.op0.token": 66}},
+	}
+	a := Generate(t, nb, withApp, reqs)
+	b := Generate(t, nb, bare, []loader.Request{{Prompt: []int{10, 20, 30}, MaxTokens: 6}, reqs[1]})
+	for i, want := range []int{65, 66} {
+		got := a[2*i].Tokens
+		if len(got) != 6 || got[2] != want || got[3] != want {
+			t.Fatalf("request %d: tokens %v, want %d at 2 and 3", 2*i, got, want)
+		}
+		if !slices.Equal(got[:2], b[0].Tokens[:2]) {
+			t.Fatalf("request %d: tokens %v before the window differ from the bare bundle's %v", 2*i, got, b[0].Tokens)
+		}
+	}
+	if slices.Equal(a[0].Tokens, b[0].Tokens) {
+		t.Fatalf("override changed nothing: %v", a[0].Tokens)
+	}
+	if !slices.Equal(a[1].Tokens, b[1].Tokens) {
+		t.Fatalf("request without the app: tokens %v, bare bundle %v", a[1].Tokens, b[1].Tokens)
 	}
 }
