@@ -208,6 +208,11 @@ func (g *gen) declareBuffers() {
 	// Each sample's token row (ops.NoRow for unused samples): sample-space kernels (logits
 	// MI, the sampler's overrides) read their row's control words through it.
 	g.buf("ctl.s_row", bundle.KindControl, "u32", []int{g.maxS})
+	if g.hasLens() {
+		// The OR of the step's app masks: heavy nodes exit at once when their bit is clear.
+		g.buf("ctl.any_mask", bundle.KindControl, "u32", []int{1})
+		g.buf("act.lens", bundle.KindActivation, "f32", []int{g.maxT, m.Vocab})
+	}
 	// One row per resident sequence plus the padding sequence.
 	g.buf("kv.block_table", bundle.KindControl, "u32", []int{m.MaxSeqs + 1, g.blocks})
 	for l := range m.Layers {
@@ -303,6 +308,15 @@ func (g *gen) apps() []bundle.App {
 	return out
 }
 
+func (g *gen) hasLens() bool {
+	for _, op := range g.p.Ops {
+		if op.Host == passes.HostLens {
+			return true
+		}
+	}
+	return false
+}
+
 // sampleSpace says whether buffer is filled by reads at the logits hook, which write the
 // token rows that were sampled only.
 func (g *gen) sampleSpace(buffer string) bool {
@@ -343,6 +357,9 @@ func (g *gen) siteKernelName(op *passes.MIOp) string {
 		return g.routerName(op.HostLayer, []MIOp{{}})
 	case passes.HostLogits:
 		return logitsKernel
+	case passes.HostLens:
+		return g.lensName("logits", LensConfig{Hidden: g.m.Hidden, Vocab: g.m.Vocab, Bit: op.App.Bit, K: op.K,
+			OutCol: op.OutCol, OutWidth: op.OutWidth})
 	case passes.HostSampler:
 		return g.sampleKernel([]MIOp{{}})
 	default:

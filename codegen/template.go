@@ -157,15 +157,11 @@ func (g *gen) template(name, kind string, rows, samples int) (bundle.Template, e
 		} else {
 			t.addNorm(2*l+1, buf("final_norm"), "act.final", true)
 		}
+		t.lens(l)
 	}
 	head := "lm_head"
 	if m.TieEmbeddings {
 		head = "embed"
-	}
-	for _, op := range g.p.Ops {
-		if op.Host == passes.HostLens {
-			t.fail(fmt.Errorf("layer %d: %s is not emitted by this version of xmixc", op.Layer, op.Template))
-		}
 	}
 	t.gemm("lm_head", "act.final", buf(head), "act.logits", H, m.Vocab, samples)
 	t.sampleTail(samples)
@@ -289,4 +285,41 @@ func (t *tb) sampleTail(samples int) {
 		s[fmt.Sprintf("ovr%d_scal", i)] = buf(o.Scal)
 	}
 	t.add("sample", k, err, smc.Launch(samples), s, nil)
+}
+
+// lensHead is the LM head's weight buffer.
+func (g *gen) lensHead() string {
+	if g.m.TieEmbeddings {
+		return "embed"
+	}
+	return "lm_head"
+}
+
+// lensName names op i's two lens kernels: they depend on the app bit and the output columns.
+func (g *gen) lensName(kind string, c LensConfig) string {
+	return fmt.Sprintf("lens_%s_h%d_v%d_b%d_k%d_c%d_w%d", kind, c.Hidden, c.Vocab, c.Bit, c.K, c.OutCol, c.OutWidth)
+}
+
+// lens emits the heavy logit-lens nodes of the ops at resid_post of layer l: they read
+// act.resid as the add+norm kernel just left it (after that kernel's resid_post writes).
+func (t *tb) lens(l int) {
+	g := t.g
+	m := g.m
+	for _, op := range g.p.Ops {
+		if op.Host != passes.HostLens || op.HostLayer != l {
+			continue
+		}
+		c := LensConfig{Hidden: m.Hidden, Vocab: m.Vocab, Eps: float32(m.RMSEps), WDtype: g.wdt, Bit: op.App.Bit,
+			K: op.K, OutWidth: op.OutWidth, OutCol: op.OutCol}
+		ln, tn := g.lensName("logits", c), g.lensName("topk", c)
+		k, err := g.kernel(ln, func() (*Kernel, error) { return LensLogits(ln, c) })
+		t.add(fmt.Sprintf("L%d.lens_logits.%s", l, op.App.Name), k, err, c.LogitsLaunch(), slots{
+			"any_mask": buf("ctl.any_mask"), "resid": buf("act.resid"), "w": buf("final_norm"),
+			"head": buf(g.lensHead()), "out": buf("act.lens"), "rows": konst(uint64(t.rows)),
+		}, nil)
+		k, err = g.kernel(tn, func() (*Kernel, error) { return LensTopK(tn, c) })
+		t.add(fmt.Sprintf("L%d.lens_topk.%s", l, op.App.Name), k, err, c.TopKLaunch(t.rows), slots{
+			"any_mask": buf("ctl.any_mask"), "logits": buf("act.lens"), "out": buf(op.Out),
+		}, nil)
+	}
 }

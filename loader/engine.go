@@ -67,6 +67,9 @@ type Engine struct {
 	Stats    Stats
 	// hasSRow: the bundle has ctl.s_row (each sample's token row), which the engine fills.
 	hasSRow bool
+	// hasAny: the bundle has heavy nodes, which read ctl.any_mask (the OR of the step's app
+	// masks) to skip themselves.
+	hasAny bool
 }
 
 // Stats counts what the engine ran.
@@ -124,6 +127,7 @@ func NewEngine(b *bundle.Bundle, be Backend) (*Engine, error) {
 		bufs[buf.Name] = buf
 	}
 	_, e.hasSRow = bufs["ctl.s_row"]
+	_, e.hasAny = bufs["ctl.any_mask"]
 	latchBits := map[int]bool{}
 	for _, a := range b.Manifest.Apps {
 		e.appBits[a.Name] = a.Bit
@@ -675,6 +679,15 @@ func (e *Engine) run(t bundle.Template, rows []stepRow) error {
 	}
 	if len(e.latches) > 0 {
 		if err := e.Be.Write("ctl.latch", 0, putU32s(latch)); err != nil {
+			return err
+		}
+	}
+	if e.hasAny {
+		var any uint32
+		for _, m := range mask {
+			any |= m
+		}
+		if err := e.Be.Write("ctl.any_mask", 0, putU32s([]uint32{any})); err != nil {
 			return err
 		}
 	}

@@ -605,6 +605,7 @@ var Checks = []struct {
 	{"router_mask", CheckRouterMask},
 	{"logits_steer", CheckLogitsSteer},
 	{"token_override", CheckTokenOverride},
+	{"logit_lens", CheckLogitLens},
 }
 
 // routerApp is app "router": kernel (router_bias or router_mask) with its vector argument
@@ -1090,5 +1091,139 @@ ops:
 	}
 	if !slices.Equal(a[1].Tokens, b[1].Tokens) {
 		t.Fatalf("request without the app: tokens %v, bare bundle %v", a[1].Tokens, b[1].Tokens)
+	}
+}
+
+// readF32s reads a whole f32 buffer, or a bf16 one converted.
+func readF32s(t *testing.T, be loader.Backend, b *bundle.Bundle, name string) []float32 {
+	t.Helper()
+	for _, buf := range b.Manifest.Buffers {
+		if buf.Name != name {
+			continue
+		}
+		n := 1
+		for _, d := range buf.Shape {
+			n *= d
+		}
+		size := 4
+		if buf.Dtype == "bf16" {
+			size = 2
+		}
+		raw := make([]byte, size*n)
+		if err := be.Read(name, raw); err != nil {
+			t.Fatal(err)
+		}
+		if size == 4 {
+			return ops.Arg{Mem: raw}.F32()
+		}
+		out := make([]float32, n)
+		for i, h := range (ops.Arg{Mem: raw}).U16() {
+			out[i] = ops.BF16ToF32(h)
+		}
+		return out
+	}
+	t.Fatalf("bundle has no buffer %s", name)
+	return nil
+}
+
+// CheckLogitLens: logit_lens at resid_post of layer 1 reports, for every row that enables
+// it, the top 5 of the final norm + LM head run on that row's residual (captured at the
+// same site); with no row enabling it, its nodes write nothing (poisoned buffers stay
+// poisoned) and tokens are bit-identical to the bare bundle's.
+func CheckLogitLens(t *testing.T, nb NewBackend) {
+	const hidden, vocab, k = 128, 300, 5
+	lens := `app: lens
+buffers: {top: {shape: [10], export: true}}
+ops:
+  - read: {at: {layers: [1], hook: resid_post}, kernel: logit_lens, args: {k: 5}, into: top}
+`
+	b := Compile(t, SmallModel, lens, captureApp(1, hidden))
+	be := nb(t, b)
+	defer be.Close()
+	eng, err := loader.NewEngine(b, be)
+	if err != nil {
+		t.Fatal(err)
+	}
+	poison := func(name string, n int) {
+		nan := make([]float32, n)
+		for i := range nan {
+			nan[i] = float32(math.NaN())
+		}
+		raw := make([]byte, 4*n)
+		for i, v := range nan {
+			u := math.Float32bits(v)
+			raw[4*i], raw[4*i+1], raw[4*i+2], raw[4*i+3] = byte(u), byte(u>>8), byte(u>>16), byte(u>>24)
+		}
+		if err := be.Write(name, 0, raw); err != nil {
+			t.Fatal(err)
+		}
+	}
+	maxT := len(readF32s(t, be, b, "act.lens")) / vocab
+	poison("act.lens", maxT*vocab)
+	poison("app.lens.buffer.top", maxT*2*k)
+	idle := []loader.Request{{Prompt: []int{10, 20, 30}, Apps: []string{"cap"}, MaxTokens: 4}, {Prompt: []int{5}, MaxTokens: 3}}
+	off, err := eng.Generate(idle)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"act.lens", "app.lens.buffer.top"} {
+		for i, v := range readF32s(t, be, b, name) {
+			if !math.IsNaN(float64(v)) {
+				t.Fatalf("app disabled on every row: %s[%d] was written (%v)", name, i, v)
+			}
+		}
+	}
+	bare := Generate(t, nb, Compile(t, SmallModel, captureApp(1, hidden)), idle)
+	for i := range idle {
+		if !slices.Equal(off[i].Tokens, bare[i].Tokens) {
+			t.Fatalf("request %d with the lens idle: tokens %v, bare bundle %v", i, off[i].Tokens, bare[i].Tokens)
+		}
+	}
+
+	res, err := eng.Generate([]loader.Request{
+		{Prompt: []int{10, 20, 30}, Apps: []string{"lens", "cap"}, MaxTokens: 4},
+		{Prompt: []int{7, 8}, Apps: []string{"cap"}, MaxTokens: 3},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, head := readF32s(t, be, b, "final_norm"), readF32s(t, be, b, "lm_head")
+	for _, row := range res[1].Rows {
+		if row.Exports["lens.top"] != nil {
+			t.Fatalf("row %d of the request without the lens has lens exports", row.Pos)
+		}
+	}
+	for _, row := range res[0].Rows {
+		got, x := row.Exports["lens.top"], row.Exports["cap.x"]
+		if len(got) != 2*k || len(x) != hidden {
+			t.Fatalf("row %d: %d lens values, %d captured", row.Pos, len(got), len(x))
+		}
+		var ss float64
+		for _, v := range x {
+			ss += float64(v) * float64(v)
+		}
+		rs := 1 / math.Sqrt(ss/hidden+1e-5)
+		logits := make([]float32, vocab)
+		var scale float64
+		for v := range vocab {
+			var s float64
+			for i, xi := range x {
+				s += float64(xi) * rs * float64(w[i]) * float64(head[v*hidden+i])
+			}
+			logits[v] = float32(s)
+			scale = max(scale, math.Abs(s))
+		}
+		_, want := ops.TopK(logits, k)
+		tol := 1e-4 * scale
+		for j := range k {
+			id := int(got[j])
+			if float32(id) != got[j] || id < 0 || id >= vocab {
+				t.Fatalf("row %d pick %d: id %v", row.Pos, j, got[j])
+			}
+			// Ids may swap only between logits closer than rounding: compare values.
+			if math.Abs(float64(got[k+j]-want[j])) > tol || math.Abs(float64(logits[id]-got[k+j])) > tol {
+				t.Fatalf("row %d pick %d: id %d logit %v; reference top logits %v (id's own %v)", row.Pos, j, id, got[k+j], want, logits[id])
+			}
+		}
 	}
 }
