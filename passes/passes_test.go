@@ -178,6 +178,20 @@ buffers: {h: {shape: [1]}}
 ops:
   - read: {at: {layers: [0, 1], hook: resid_post}, kernel: probe_linear, args: {w: v}, into: h}
 `, "buffer h has 1 elements"},
+		{"logits and tokens into one buffer", `app: a
+buffers: {h: {shape: [308]}}
+ops:
+  - read: {at: {hook: logits}, kernel: capture, into: h}
+  - read: {at: {layers: [0], hook: resid_post}, kernel: capture, into: h}
+`, "is filled at hook logits (sampled rows) and at token hooks"},
+		{"gate on a lens", `app: a
+params: {v: {values: [1, 2, 3, 4, 5, 6, 7, 8]}}
+buffers: {h: {shape: [2]}}
+ops:
+  - read: {at: {layers: [0], hook: resid_post}, kernel: logit_lens, args: {k: 1}, into: h}
+  - write: {at: {layers: [2], hook: resid_post}, kernel: steer_add, args: {vector: v},
+            when: {activation: {buffer: h, op: ">", value: 0.5}}}
+`, "which a logit_lens fills"},
 		{"probe at logits", `app: a
 params: {v: {random: 1}}
 buffers: {h: {shape: [1]}}
@@ -368,5 +382,38 @@ ops:
 	}
 	if !widths[8] || !widths[16] {
 		t.Fatalf("random vectors have widths %v, want the hooks' 8 and 16", widths)
+	}
+}
+
+// TestTailPlacement: ops at logits, sampled and logit_lens land in their hosts.
+func TestTailPlacement(t *testing.T) {
+	p, err := plan(t, `app: a
+params: {v: {random: 1}}
+buffers: {top: {shape: [6]}, l: {shape: [300]}}
+ops:
+  - read: {at: {layers: [2], hook: resid_post}, kernel: logit_lens, args: {k: 3}, into: top}
+  - write: {at: {hook: logits}, kernel: steer_add, args: {vector: v}}
+  - read: {at: {hook: logits}, kernel: capture, into: l}
+  - write: {at: {hook: sampled}, kernel: token_override, args: {token: 5}, when: {steps: {from: 2}}}
+`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []struct {
+		host      string
+		hostLayer int
+		width     int
+	}{{HostLens, 2, 8}, {HostLogits, -1, 300}, {HostLogits, -1, 300}, {HostSampler, -1, 1}}
+	if len(p.Ops) != len(want) {
+		t.Fatalf("%d ops, want %d", len(p.Ops), len(want))
+	}
+	for i, w := range want {
+		op := p.Ops[i]
+		if op.Host != w.host || op.HostLayer != w.hostLayer || op.Width != w.width {
+			t.Errorf("op %d (%s): host %s/%d width %d, want %s/%d width %d", i, op.Template, op.Host, op.HostLayer, op.Width, w.host, w.hostLayer, w.width)
+		}
+	}
+	if p.Ops[0].K != 3 || p.Ops[0].OutWidth != 6 || len(p.Ops[3].Gates) != 1 || p.Ops[3].Alpha < 0 {
+		t.Errorf("lens k %d into %d; override gates %v token scalar %d", p.Ops[0].K, p.Ops[0].OutWidth, p.Ops[3].Gates, p.Ops[3].Alpha)
 	}
 }

@@ -119,5 +119,39 @@ func planFusion(p *Program) error {
 		op.Role = hookFact(op.Hook).Role
 	}
 	sortOps(p)
-	return nil
+	return checkPlacement(p)
+}
+
+// checkPlacement refuses what the placement cannot order: a buffer filled both at hook
+// logits (sampled rows only) and at token hooks, and an activation gate on a heavy read's
+// buffer (a heavy op runs after the add+norm kernel that hosts the next layer's resid_pre).
+func checkPlacement(p *Program) error {
+	var errs []error
+	hosts := map[string]map[bool]bool{} // buffer -> written at logits?
+	heavy := map[string]bool{}
+	for _, op := range p.Ops {
+		if op.Out == "" {
+			continue
+		}
+		if hosts[op.Out] == nil {
+			hosts[op.Out] = map[bool]bool{}
+		}
+		hosts[op.Out][op.Host == HostLogits] = true
+		heavy[op.Out] = heavy[op.Out] || op.Host == HostLens
+	}
+	reported := map[string]bool{}
+	for _, op := range p.Ops {
+		if h := hosts[op.Out]; len(h) == 2 && !reported[op.Out] {
+			reported[op.Out] = true
+			errs = append(errs, frontend.Errorf(op.Pos, "read the logits into a buffer of their own",
+				"buffer %s is filled at hook logits (sampled rows) and at token hooks", op.Out))
+		}
+		for _, g := range op.Gates {
+			if g.Kind == "activation" && heavy[g.Buf] {
+				errs = append(errs, frontend.Errorf(op.Pos, "gate on a probe_linear or capture read instead",
+					"condition on buffer %s, which a logit_lens fills: not supported in this version of xmixc", g.Buf))
+			}
+		}
+	}
+	return errors.Join(errs...)
 }
