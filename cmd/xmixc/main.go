@@ -205,7 +205,17 @@ func printBundle(w io.Writer, b *bundle.Bundle) {
 	for _, a := range b.Manifest.Apps {
 		fmt.Fprintf(w, "  bit %-2d %s (%s)\n", a.Bit, a.Name, a.Source)
 		for _, s := range a.Scalars {
-			fmt.Fprintf(w, "          scalar %s = %g\n", s.Name, s.Value)
+			fmt.Fprintf(w, "          scalar %s.%s = %g (override with --set %s.%s=V)\n", a.Name, s.Name, s.Value, a.Name, s.Name)
+		}
+		for _, v := range a.Vectors {
+			unit := ""
+			if v.Unit {
+				unit = ", unit length"
+			}
+			fmt.Fprintf(w, "          vector %s [%d]%s (replaceable at run time)\n", v.Param, v.Width, unit)
+		}
+		for _, l := range a.Latches {
+			fmt.Fprintf(w, "          after_token latch bit %d: tokens %v\n", l.Bit, l.Tokens)
 		}
 		for _, x := range a.Exports {
 			fmt.Fprintf(w, "          export %s (%d per token)\n", x.Name, x.Width)
