@@ -157,6 +157,7 @@ func (g *gen) template(name, kind string, rows, samples int) (bundle.Template, e
 		} else {
 			t.addNorm(2*l+1, buf("final_norm"), "act.final", true)
 		}
+		t.custom(l)
 		t.lens(l)
 	}
 	head := "lm_head"

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strconv"
+	"strings"
 
 	"gopkg.in/yaml.v3"
 )
@@ -23,7 +24,8 @@ var (
 	moeHooks   = []string{"router_logits"}
 	modelHooks = []string{"embed", "final_norm", "logits", "sampled"}
 
-	appKeys        = []string{"app", "params", "buffers", "ops"}
+	appKeys        = []string{"app", "params", "buffers", "kernels", "ops"}
+	kernelKeys     = []string{"ptx", "entry", "signature"}
 	paramKeys      = []string{"file", "tensor", "values", "random"}
 	bufferKeys     = []string{"shape", "dtype", "export"}
 	opKinds        = []string{"read", "write"}
@@ -92,6 +94,7 @@ type appParser struct {
 	perLayer []string
 	whole    []string
 	buffers  []string
+	custom   []string // names of the app's custom kernels
 }
 
 func (p *parser) app(root *yaml.Node, m *Model) *App {
@@ -126,6 +129,12 @@ func (p *parser) app(root *yaml.Node, m *Model) *App {
 	}
 	for _, b := range a.Buffers {
 		ap.buffers = append(ap.buffers, b.Name)
+	}
+	if n := top.get("kernels"); n != nil {
+		a.Kernels = ap.kernels(n)
+	}
+	for _, k := range a.Kernels {
+		ap.custom = append(ap.custom, k.Name)
 	}
 	if n := top.get("ops"); n != nil {
 		a.Ops = ap.ops(n)
@@ -299,9 +308,14 @@ func (p *appParser) op(e entry, what string) (Op, bool) {
 	kn := bm.get("kernel")
 	op.KernelPos = p.pos(kn)
 	if s, ok := p.str(kn, what+".kernel"); ok {
-		if contains(Kernels, s) {
+		switch name, isCustom := strings.CutPrefix(s, CustomPrefix); {
+		case contains(Kernels, s):
 			op.Kernel = s
-		} else {
+		case contains(p.custom, name):
+			op.Kernel = CustomPrefix + name
+		case isCustom:
+			p.errorf(kn, suggest(name, p.custom, "kernels: of this app"), "%s: custom kernel %q is not declared under kernels:", what, name)
+		default:
 			p.errorf(kn, suggest(s, Kernels, "kernels"), "%s: unknown kernel %q", what, s)
 		}
 	}
@@ -566,4 +580,106 @@ func (p *appParser) steps(n *yaml.Node, what string, c *Cond) bool {
 		}
 	}
 	return ok
+}
+
+// CustomPrefix marks an op's kernel as one of its app's custom kernels: "custom:<name>". An
+// op may also name the kernel bare; Op.Kernel always carries the prefix.
+const CustomPrefix = "custom:"
+
+// CustomKernel is a user kernel given as PTX text with a declared signature. The frontend only
+// reads it; codegen.CheckCustom checks the PTX against the signature and the ABI.
+type CustomKernel struct {
+	Pos       Pos
+	Name      string
+	PTX       string // the module text
+	PTXPos    Pos
+	File      string // absolute path when the text came from a file, else ""
+	Entry     string
+	EntryPos  Pos
+	Signature []SigParam
+	SigPos    Pos
+}
+
+// SigParam is one declared kernel parameter: "name type".
+type SigParam struct {
+	Pos  Pos
+	Name string
+	Type string // u32, u64 or f32
+}
+
+// sigTypes are the parameter types a custom kernel's signature may declare.
+var sigTypes = []string{"u32", "u64", "f32"}
+
+func (p *appParser) kernels(n *yaml.Node) []CustomKernel {
+	km := p.mapping(n, "kernels", nil)
+	if km == nil {
+		return nil
+	}
+	var out []CustomKernel
+	for _, e := range km.entries {
+		if !p.name(e.key, "kernels") {
+			continue
+		}
+		what := "kernels." + e.key.Value
+		if contains(Kernels, e.key.Value) {
+			p.errorf(e.key, "pick a name that is not a built-in kernel", "%s: %q is a built-in kernel", what, e.key.Value)
+			continue
+		}
+		fm := p.mapping(e.val, what, kernelKeys)
+		if fm == nil || !p.require(fm, what, "ptx", "entry", "signature") {
+			continue
+		}
+		k := CustomKernel{Pos: p.pos(e.key), Name: e.key.Value}
+		ok := true
+		src := fm.get("ptx")
+		k.PTXPos = p.pos(src)
+		if s, good := p.str(src, what+".ptx"); !good {
+			ok = false
+		} else if !strings.Contains(s, "\n") && strings.HasSuffix(strings.TrimSpace(s), ".ptx") {
+			k.File = p.resolve(strings.TrimSpace(s))
+			data, err := os.ReadFile(k.File)
+			if err != nil {
+				p.errorf(src, "check the ptx: path (relative to the app spec)", "%s.ptx: %v", what, err)
+				ok = false
+			}
+			k.PTX = string(data)
+		} else {
+			k.PTX = s
+		}
+		en := fm.get("entry")
+		k.EntryPos = p.pos(en)
+		if s, good := p.str(en, what+".entry"); good && identRE.MatchString(s) {
+			k.Entry = s
+		} else {
+			if good {
+				p.errorf(en, "name the .entry of the PTX", "%s.entry: bad name %q", what, s)
+			}
+			ok = false
+		}
+		sn := fm.get("signature")
+		k.SigPos = p.pos(sn)
+		items, good := p.list(sn, what+".signature", false)
+		if !good {
+			continue
+		}
+		for i, it := range items {
+			sw := fmt.Sprintf("%s.signature[%d]", what, i)
+			s, good := p.str(it, sw)
+			if !good {
+				ok = false
+				continue
+			}
+			f := strings.Fields(s)
+			if len(f) != 2 || !identRE.MatchString(f[0]) || !contains(sigTypes, f[1]) {
+				p.errorf(it, "write \"name type\" with type u32, u64 or f32", "%s: bad parameter %q", sw, s)
+				ok = false
+				continue
+			}
+			k.Signature = append(k.Signature, SigParam{Pos: p.pos(it), Name: f[0], Type: f[1]})
+		}
+		if ok {
+			out = append(out, k)
+		}
+	}
+	return out
 }

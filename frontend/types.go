@@ -103,8 +103,9 @@ type App struct {
 	Path    string
 	Dir     string
 	Name    string
-	Params  []Param  // in file order
-	Buffers []Buffer // in file order
+	Params  []Param        // in file order
+	Buffers []Buffer       // in file order
+	Kernels []CustomKernel // custom PTX kernels, in file order (see app.go)
 	Ops     []Op
 }
 

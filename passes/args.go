@@ -178,6 +178,13 @@ func bindArgs(p *Program) error {
 				continue
 			}
 			spec := a.Spec.Ops[op.OpIndex]
+			if op.Custom != nil {
+				if err := bindCustom(p, a, op, spec, files, vectorIndex); err != nil {
+					errs = append(errs, err)
+					failed[op.OpIndex] = true
+				}
+				continue
+			}
 			if err := bindOp(p, a, op, spec, files, scalarIndex, vectorIndex, cols); err != nil {
 				errs = append(errs, err)
 				failed[op.OpIndex] = true

@@ -82,8 +82,12 @@ type MIOp struct {
 	OutWidth   int
 	Gates      []Gate
 
+	// Custom kernels (Template CustomTemplate): the kernel and its arguments past the ABI head.
+	Custom     *frontend.CustomKernel
+	CustomArgs []CustomArg
+
 	// Placement.
-	Host      string // HostEmbed, HostAddNorm, HostSilu, HostMI
+	Host      string // HostEmbed, HostAddNorm, HostSilu, HostMI, HostCustom
 	HostLayer int    // the forward layer slot that launches the host kernel
 	Role      string // RoleDelta, RoleResid, RoleNorm, RoleWhole
 }
@@ -187,7 +191,7 @@ func Verify(p *Program) error {
 		if op.Width <= 0 {
 			errs = append(errs, fmt.Errorf("%s: width %d", where, op.Width))
 		}
-		if _, ok := Templates[op.Template]; !ok {
+		if _, ok := Templates[op.Template]; !ok && (op.Template != CustomTemplate || op.Custom == nil) {
 			errs = append(errs, fmt.Errorf("%s: unknown template", where))
 		}
 		if op.Alpha >= len(op.App.Scalars) || op.Bias >= len(op.App.Scalars) {

@@ -21,7 +21,11 @@ func resolveHooks(p *Program) error {
 					"hook %q cannot be fired by family %s in this version of xmixc", op.Hook, m.Family))
 				continue
 			}
-			if _, ok := Templates[op.Kernel]; !ok {
+			custom := customKernel(a.Spec, op.Kernel)
+			template := op.Kernel
+			if custom != nil {
+				template = CustomTemplate
+			} else if _, ok := Templates[op.Kernel]; !ok {
 				errs = append(errs, frontend.Errorf(op.KernelPos, "templates this compiler fuses: "+strings.Join(TemplateNames(), ", "),
 					"kernel %s is not supported by this version of xmixc", op.Kernel))
 				continue
@@ -56,7 +60,7 @@ func resolveHooks(p *Program) error {
 			}
 			for _, l := range layers {
 				mo := &MIOp{
-					App: a, OpIndex: i, Pos: op.Pos, Kind: op.Kind, Template: op.Kernel,
+					App: a, OpIndex: i, Pos: op.Pos, Kind: op.Kind, Template: template, Custom: custom,
 					Hook: op.Hook, Layer: l, Width: h.Width(m), Key: siteKey(h, l, m),
 					Alpha: -1, Bias: -1,
 				}
@@ -113,6 +117,9 @@ func (a *AppPlan) export(name string) *Export {
 func planFusion(p *Program) error {
 	for _, op := range p.Ops {
 		op.Host, op.HostLayer = HostOf(op.Hook, op.Layer, p.Model.Layers)
+		if op.Custom != nil {
+			op.Host, op.HostLayer = HostCustom, op.Layer
+		}
 		if Templates[op.Template].Heavy {
 			op.Host, op.HostLayer = HostLens, op.Layer
 		}

@@ -1,0 +1,204 @@
+package codegen
+
+import (
+	"fmt"
+	"math"
+	"strings"
+
+	"xmix/ops"
+	"xmix/passes"
+	"xmix/ptx"
+	"xmix/ptx/emu"
+)
+
+// Custom kernels are user PTX with a declared signature (passes.CustomABI: x, stride, offset,
+// width, ctl_mask, bit, then the op's vector pointers and f32 scalars). passes checks the text
+// against the signature at compile time; here the entry is renamed to a bundle-unique name and
+// reprinted, and the kernel is bound to op custom_ptx, whose CPU reference is the same PTX run
+// in ptx/emu. A custom node runs right after the host kernel of its hook; at resid_post that is
+// the add+norm kernel, which has already normalised the residual, so a renorm node follows the
+// layer's custom nodes and recomputes the next layer's input (or the final norm) from the
+// residual as the custom kernels left it.
+
+func init() { ops.SetPTXExecutor(newEmuRunner) }
+
+// CustomConfig configures CustomKernel.
+type CustomConfig struct {
+	PTX, Entry string
+	Signature  []ptx.Param
+}
+
+// Launch is the grid for rows rows: one block of passes.CustomThreads threads per row.
+func (CustomConfig) Launch(rows int) ops.Launch {
+	return ops.Launch{Grid: [3]int{rows, 1, 1}, Block: [3]int{passes.CustomThreads, 1, 1}}
+}
+
+// CustomKernel checks c's PTX and returns its entry, renamed name, as a kernel bound to
+// op custom_ptx.
+func CustomKernel(name string, c CustomConfig) (*Kernel, error) {
+	m, err := passes.CheckCustomPTX(c.PTX, c.Entry, c.Signature)
+	if err != nil {
+		return nil, fmt.Errorf("custom %s: %w", name, err)
+	}
+	k := *m.Kernels[0]
+	k.Name = name
+	text, err := ptx.NewModule(&k).Print()
+	if err != nil {
+		return nil, fmt.Errorf("custom %s: %w", name, err)
+	}
+	return &Kernel{Name: name, PTX: text, Params: k.Params, Op: "custom_ptx",
+		Attrs: ops.EncodeAttrs(ops.CustomPTXAttrs{PTX: text, Entry: name})}, nil
+}
+
+// emuRunner runs a PTX entry in the emulator on the CPU backend's buffers.
+type emuRunner struct {
+	mod   *ptx.Module
+	entry string
+}
+
+func newEmuRunner(text, entry string) (ops.Runner, error) {
+	m, err := ptx.Parse(text)
+	if err != nil {
+		return nil, err
+	}
+	if m.Kernel(entry) == nil {
+		return nil, fmt.Errorf("no .entry %s", entry)
+	}
+	return &emuRunner{mod: m, entry: entry}, nil
+}
+
+// Run copies every pointer argument into emulator memory, runs the grid, and copies them
+// back. Arguments that start at the same address share one copy, so a buffer bound twice
+// sees its own writes.
+func (r *emuRunner) Run(args []ops.Arg, l ops.Launch) error {
+	k := r.mod.Kernel(r.entry)
+	if len(args) != len(k.Params) {
+		return fmt.Errorf("custom %s: %d arguments, want %d", r.entry, len(args), len(k.Params))
+	}
+	mem := emu.NewMemory()
+	params := make([]uint64, len(args))
+	owner := make([]int, len(args)) // index of the argument whose copy this one uses; -1: scalar
+	for i, a := range args {
+		owner[i] = -1
+		if a.Mem == nil {
+			params[i] = a.Bits
+			continue
+		}
+		owner[i] = i
+		for j := range i {
+			if owner[j] >= 0 && len(args[j].Mem) == len(a.Mem) && (len(a.Mem) == 0 || &args[j].Mem[0] == &a.Mem[0]) {
+				owner[i], params[i] = j, params[j]
+				break
+			}
+		}
+		if owner[i] == i {
+			params[i] = mem.Alloc(len(a.Mem))
+			copy(mem.Bytes(params[i]), a.Mem)
+		}
+	}
+	if err := emu.Run(r.mod, r.entry, emu.Launch{Grid: l.Grid, Block: l.Block}, mem, params); err != nil {
+		return fmt.Errorf("custom %s: %w", r.entry, err)
+	}
+	for i, a := range args {
+		if owner[i] == i {
+			copy(a.Mem, mem.Bytes(params[i]))
+		}
+	}
+	return nil
+}
+
+// RenormConfig configures Renorm.
+type RenormConfig struct {
+	Hidden int
+	Eps    float32
+	WDtype ptx.Type // storage of w: F32 or BF16
+	Gather bool     // out_row[row] picks the output row; NoRow skips
+}
+
+// Launch is the grid for rows rows.
+func (c RenormConfig) Launch(rows int) ops.Launch { return rowLaunch(c.Hidden, rows) }
+
+// Renorm generates out = RMSNorm(resid) * w, the norm half of row_norm (same code, so the
+// same bits). Parameters: resid, w, out, [out_row].
+func Renorm(name string, c RenormConfig) (*Kernel, error) {
+	if c.WDtype != ptx.F32 && c.WDtype != ptx.BF16 {
+		return nil, fmt.Errorf("renorm %s: weight dtype %s is not f32 or bf16", name, c.WDtype)
+	}
+	r, err := newRowEmitter(name, c.Hidden)
+	if err != nil {
+		return nil, fmt.Errorf("renorm %s: %w", name, err)
+	}
+	resid := r.param("resid", ptx.U64)
+	w := r.param("w", ptx.U64)
+	out := r.param("out", ptx.U64)
+	var outRow ptx.Reg
+	if c.Gather {
+		outRow = r.param("out_row", ptx.U64)
+	}
+	r.begin()
+	dst := r.row
+	end := r.NewLabel("end")
+	if c.Gather {
+		dst = r.Reg(ptx.U32)
+		r.Emit("ld.global.nc.u32", dst, ptx.Addr{Base: r.elemAddr(outRow, r.row, 4)})
+		skip := r.Reg(ptx.Pred)
+		r.Emit("setp.eq.u32", skip, dst, ptx.Imm(ops.NoRow))
+		r.EmitIf(skip, false, "bra.uni", ptx.Sym(end))
+	}
+	x := r.loadRow(r.ptr(resid, r.row, c.Hidden, 0, ptx.F32, true), nil)
+	r.rmsNorm(x, r.vecPtr(w, c.WDtype), c.Eps)
+	r.storeRow(r.ptr(out, dst, c.Hidden, 0, ptx.F32, false), x)
+	r.Label(end)
+	return finish(r.Kernel, "row_renorm", ops.RenormAttrs{Hidden: c.Hidden, Eps: c.Eps, WDtype: c.WDtype.String(), Gather: c.Gather})
+}
+
+// customName names an op's kernel in the bundle: one per (app, custom kernel).
+func customName(op *passes.MIOp) string {
+	return "custom_" + strings.ReplaceAll(op.App.Name, "-", "_") + "_" + op.Custom.Name
+}
+
+// custom emits the custom nodes at resid_post of layer l, in forward order, then the renorm
+// that recomputes what the add+norm kernel derived from the residual before they ran.
+func (t *tb) custom(l int) {
+	g := t.g
+	m := g.m
+	n := 0
+	for _, op := range g.p.Ops {
+		if op.Host != passes.HostCustom || op.HostLayer != l {
+			continue
+		}
+		n++
+		sig := make([]ptx.Param, len(op.Custom.Signature))
+		for i, s := range op.Custom.Signature {
+			tp, _ := ptx.ParseType(s.Type)
+			sig[i] = ptx.Param{Name: s.Name, T: tp}
+		}
+		c := CustomConfig{PTX: op.Custom.PTX, Entry: op.Custom.Entry, Signature: sig}
+		name := customName(op)
+		k, err := g.kernel(name, func() (*Kernel, error) { return CustomKernel(name, c) })
+		s := slots{"x": buf("act.resid"), "stride": konst(uint64(m.Hidden)), "offset": konst(0),
+			"width": konst(uint64(op.Width)), "ctl_mask": buf("ctl.mask"), "bit": konst(uint64(op.App.Bit))}
+		for _, a := range op.CustomArgs {
+			if a.Type == ptx.U64 {
+				s[a.Name] = buf(a.Buf)
+			} else {
+				s[a.Name] = konst(uint64(math.Float32bits(a.Value)))
+			}
+		}
+		t.add(fmt.Sprintf("L%d.resid_post.%s.%s", l, op.App.Name, op.Custom.Name), k, err, c.Launch(t.rows), s, nil)
+	}
+	if n == 0 {
+		return
+	}
+	c := RenormConfig{Hidden: m.Hidden, Eps: float32(m.RMSEps), WDtype: g.wdt, Gather: l+1 == m.Layers}
+	s := slots{"resid": buf("act.resid")}
+	name := fmt.Sprintf("renorm_h%d", m.Hidden)
+	if c.Gather {
+		name = fmt.Sprintf("final_renorm_h%d", m.Hidden)
+		s["w"], s["out"], s["out_row"] = buf("final_norm"), buf("act.final"), buf("ctl.out_row")
+	} else {
+		s["w"], s["out"] = buf(layerBuf(l+1, "attn_norm")), buf("act.xn")
+	}
+	k, err := g.kernel(name, func() (*Kernel, error) { return Renorm(name, c) })
+	t.add(fmt.Sprintf("L%d.renorm", l), k, err, c.Launch(t.rows), s, nil)
+}
