@@ -606,6 +606,7 @@ var Checks = []struct {
 	{"logits_steer", CheckLogitsSteer},
 	{"token_override", CheckTokenOverride},
 	{"logit_lens", CheckLogitLens},
+	{"custom_kernel", CheckCustomKernel},
 }
 
 // routerApp is app "router": kernel (router_bias or router_mask) with its vector argument
@@ -1223,6 +1224,119 @@ ops:
 			// Ids may swap only between logits closer than rounding: compare values.
 			if math.Abs(float64(got[k+j]-want[j])) > tol || math.Abs(float64(logits[id]-got[k+j])) > tol {
 				t.Fatalf("row %d pick %d: id %d logit %v; reference top logits %v (id's own %v)", row.Pos, j, id, got[k+j], want, logits[id])
+			}
+		}
+	}
+}
+
+// scale2PTX is a custom kernel (passes.CustomABI): x *= 2 on the rows whose app bit is set.
+const scale2PTX = `.version 8.0
+.target sm_90
+.address_size 64
+.visible .entry scale2(
+	.param .u64 x, .param .u32 stride, .param .u32 offset, .param .u32 width,
+	.param .u64 ctl_mask, .param .u32 bit
+)
+{
+	.reg .pred %p<3>;
+	.reg .b32 %r<12>;
+	.reg .b64 %rd<6>;
+	.reg .f32 %f<3>;
+	ld.param.u64 %rd1, [x];
+	ld.param.u32 %r1, [stride];
+	ld.param.u32 %r2, [offset];
+	ld.param.u32 %r3, [width];
+	ld.param.u64 %rd2, [ctl_mask];
+	ld.param.u32 %r4, [bit];
+	mov.u32 %r5, %ctaid.x;
+	mov.u32 %r6, %tid.x;
+	mov.u32 %r10, %ntid.x;
+	mul.wide.u32 %rd3, %r5, 4;
+	add.u64 %rd3, %rd2, %rd3;
+	ld.global.u32 %r7, [%rd3];
+	shr.u32 %r7, %r7, %r4;
+	and.b32 %r7, %r7, 1;
+	setp.eq.u32 %p1, %r7, 0;
+	@%p1 bra.uni DONE;
+	mad.lo.u32 %r8, %r5, %r1, %r2;
+LOOP:
+	setp.ge.u32 %p2, %r6, %r3;
+	@%p2 bra DONE;
+	add.u32 %r9, %r8, %r6;
+	mul.wide.u32 %rd4, %r9, 4;
+	add.u64 %rd4, %rd1, %rd4;
+	ld.global.f32 %f1, [%rd4];
+	mul.rn.f32 %f1, %f1, 0f40000000;
+	st.global.f32 [%rd4], %f1;
+	add.u32 %r6, %r6, %r10;
+	bra LOOP;
+DONE:
+	ret;
+}`
+
+// CheckCustomKernel: a custom PTX kernel scaling resid_post by 2 at layers 1 and 2 (the last:
+// its renorm is the final norm) gives the built-in scale template's bits: the residual the
+// next layer sees, every step's logits and the tokens; in a batch, a row without the app is
+// bit-identical to the same request alone.
+func CheckCustomKernel(t *testing.T, nb NewBackend) {
+	custom := "app: cust\nkernels:\n  scale2:\n    entry: scale2\n" +
+		"    signature: [x u64, stride u32, offset u32, width u32, ctl_mask u64, bit u32]\n" +
+		"    ptx: |\n      " + strings.ReplaceAll(scale2PTX, "\n", "\n      ") + "\n" +
+		"ops:\n  - write: {at: {layers: [1, 2], hook: resid_post}, kernel: custom:scale2}\n"
+	builtin := `app: ref
+ops:
+  - write: {at: {layers: [1, 2], hook: resid_post}, kernel: scale, args: {alpha: 2}}
+`
+	b := Compile(t, SmallModel, custom, builtin, captureAt("resid_mid", 2, 128))
+	run := func(reqs ...loader.Request) ([]loader.Result, [][]float32) {
+		var rec *LogitRecorder
+		res := Generate(t, func(t testing.TB, b *bundle.Bundle) loader.Backend {
+			rec = &LogitRecorder{Backend: nb(t, b), Vocab: 300}
+			return rec
+		}, b, reqs)
+		return res, rec.Steps
+	}
+	prompt := []int{10, 20, 30}
+	req := func(apps ...string) loader.Request {
+		return loader.Request{Prompt: prompt, Apps: append(apps, "cap"), MaxTokens: 5}
+	}
+	got, gotLogits := run(req("cust"))
+	want, wantLogits := run(req("ref"))
+	bare, _ := run(req())
+	if !slices.Equal(got[0].Tokens, want[0].Tokens) {
+		t.Fatalf("tokens %v with the custom kernel, %v with scale", got[0].Tokens, want[0].Tokens)
+	}
+	g, w, o := captured(got[0]), captured(want[0]), captured(bare[0])
+	if len(g) != len(w) || len(g) == 0 {
+		t.Fatalf("captured %d and %d rows", len(g), len(w))
+	}
+	changed := false
+	for row := range w {
+		for i := range w[row] {
+			if math.Float32bits(g[row][i]) != math.Float32bits(w[row][i]) {
+				t.Fatalf("resid_mid(2) row %d elem %d: %v with the custom kernel, %v with scale", row, i, g[row][i], w[row][i])
+			}
+			changed = changed || g[row][i] != o[row][i]
+		}
+	}
+	if !changed {
+		t.Fatal("the custom kernel changed nothing")
+	}
+	for s := range wantLogits {
+		for i := range wantLogits[s] {
+			if math.Float32bits(gotLogits[s][i]) != math.Float32bits(wantLogits[s][i]) {
+				t.Fatalf("step %d logit %d: %v with the custom kernel, %v with scale", s, i, gotLogits[s][i], wantLogits[s][i])
+			}
+		}
+	}
+	mixed, _ := run(req("cust"), req())
+	if !slices.Equal(mixed[0].Tokens, got[0].Tokens) || !slices.Equal(mixed[1].Tokens, bare[0].Tokens) {
+		t.Fatalf("batched tokens %v / %v, alone %v / %v", mixed[0].Tokens, mixed[1].Tokens, got[0].Tokens, bare[0].Tokens)
+	}
+	for row, x := range captured(mixed[1]) {
+		for i := range x {
+			if math.Float32bits(x[i]) != math.Float32bits(o[row][i]) {
+				t.Fatalf("row without the app, row %d elem %d: %v batched, %v alone", row, i, x[i], o[row][i])
 			}
 		}
 	}
