@@ -1,6 +1,7 @@
 package frontend
 
 import (
+	"os"
 	"path/filepath"
 	"reflect"
 	"strings"
@@ -266,3 +267,63 @@ func TestParseAppAliasesAndMoEWithoutModel(t *testing.T) {
 		t.Errorf("llama model: got %v, want router_logits rejected", err)
 	}
 }
+
+func TestParseAppCustomKernels(t *testing.T) {
+	dir := t.TempDir()
+	ptxText := ".version 8.0\n.target sm_90\n.address_size 64\n"
+	if err := writeFile(filepath.Join(dir, "k.ptx"), ptxText); err != nil {
+		t.Fatal(err)
+	}
+	src := `app: c
+kernels:
+  fromfile: {ptx: k.ptx, entry: k1, signature: [x u64, bit u32]}
+  inline:
+    entry: k2
+    signature: ["alpha f32"]
+    ptx: |
+      .version 8.0
+      .target sm_90
+ops:
+  - write: {at: {layers: [1], hook: resid_post}, kernel: custom:fromfile}
+  - write: {at: {layers: [2], hook: resid_post}, kernel: inline}
+`
+	a, err := ParseApp(filepath.Join(dir, "c.yaml"), []byte(src), testModel(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(a.Kernels) != 2 {
+		t.Fatalf("%d kernels", len(a.Kernels))
+	}
+	k := a.Kernels[0]
+	if k.Name != "fromfile" || k.PTX != ptxText || k.File != filepath.Join(dir, "k.ptx") || k.Entry != "k1" ||
+		len(k.Signature) != 2 || k.Signature[1] != (SigParam{Pos: k.Signature[1].Pos, Name: "bit", Type: "u32"}) {
+		t.Fatalf("kernel %+v", k)
+	}
+	if k := a.Kernels[1]; k.File != "" || !strings.HasPrefix(k.PTX, ".version 8.0\n.target sm_90") {
+		t.Fatalf("inline kernel %+v", k)
+	}
+	if a.Ops[0].Kernel != "custom:fromfile" || a.Ops[1].Kernel != "custom:inline" {
+		t.Fatalf("op kernels %q, %q", a.Ops[0].Kernel, a.Ops[1].Kernel)
+	}
+}
+
+func TestParseAppCustomKernelErrors(t *testing.T) {
+	for _, c := range []struct{ name, kernels, kernel, want string }{
+		{"undeclared", "k: {ptx: \"x\\ny\", entry: k, signature: []}", "custom:nope", `custom kernel "nope" is not declared`},
+		{"bad signature", "k: {ptx: \"x\\ny\", entry: k, signature: [x]}", "k", `kernels.k.signature[0]: bad parameter "x"`},
+		{"bad type", "k: {ptx: \"x\\ny\", entry: k, signature: [x f64]}", "k", `bad parameter "x f64"`},
+		{"missing file", "k: {ptx: gone.ptx, entry: k, signature: []}", "k", "kernels.k.ptx:"},
+		{"missing entry", "k: {ptx: \"x\\ny\", signature: []}", "k", "entry"},
+		{"built-in name", "scale: {ptx: \"x\\ny\", entry: k, signature: []}", "scale", `"scale" is a built-in kernel`},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			src := "app: c\nkernels:\n  " + c.kernels + "\nops:\n  - write: {at: {layers: [1], hook: resid_post}, kernel: " + c.kernel + "}\n"
+			_, err := ParseApp(filepath.Join(t.TempDir(), "c.yaml"), []byte(src), testModel(t))
+			if err == nil || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), "c.yaml:") {
+				t.Fatalf("error %v, want one at c.yaml:line:col containing %q", err, c.want)
+			}
+		})
+	}
+}
+
+func writeFile(path, text string) error { return os.WriteFile(path, []byte(text), 0o644) }
