@@ -152,9 +152,10 @@ func Renorm(name string, c RenormConfig) (*Kernel, error) {
 	return finish(r.Kernel, "row_renorm", ops.RenormAttrs{Hidden: c.Hidden, Eps: c.Eps, WDtype: c.WDtype.String(), Gather: c.Gather})
 }
 
-// customName names an op's kernel in the bundle: one per (app, custom kernel).
+// customName names an op's kernel in the bundle: one per (app, custom kernel). The app's bit
+// keeps it unique (app names may differ only in - and _, which PTX names cannot hold both of).
 func customName(op *passes.MIOp) string {
-	return "custom_" + strings.ReplaceAll(op.App.Name, "-", "_") + "_" + op.Custom.Name
+	return fmt.Sprintf("custom_%s_%s_b%d", strings.ReplaceAll(op.App.Name, "-", "_"), op.Custom.Name, op.App.Bit)
 }
 
 // custom emits the custom nodes at resid_post of layer l, in forward order, then the renorm

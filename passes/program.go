@@ -1,7 +1,8 @@
 // Package passes turns parsed specs into a planned program: MI ops resolved to hook sites,
 // their arguments bound and checked, app bits and buffers assigned, and every op placed in
 // the kernel it is fused into. The pass list is data (see Passes); a verifier can run after
-// each pass. Nothing here knows PTX.
+// each pass. Nothing here generates PTX; a custom kernel's PTX is only parsed and checked
+// against its signature (custom.go).
 package passes
 
 import (
