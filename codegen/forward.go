@@ -333,7 +333,7 @@ func (g *gen) sites() []bundle.Site {
 	for _, op := range g.p.Ops {
 		out = append(out, bundle.Site{
 			Layer: op.Layer, Hook: op.Hook, App: op.App.Name, Op: op.OpIndex,
-			Kernel: g.siteKernelName(op), Fused: op.Host != passes.HostMI, What: op.Template,
+			Kernel: g.siteKernelName(op), Fused: op.Host != passes.HostMI && op.Host != passes.HostCustom && op.Host != passes.HostLens, What: op.Template,
 		})
 	}
 	sort.SliceStable(out, func(i, j int) bool { return out[i].Layer < out[j].Layer })
@@ -362,6 +362,8 @@ func (g *gen) siteKernelName(op *passes.MIOp) string {
 			OutCol: op.OutCol, OutWidth: op.OutWidth})
 	case passes.HostSampler:
 		return g.sampleKernel([]MIOp{{}})
+	case passes.HostCustom:
+		return customName(op)
 	default:
 		return fmt.Sprintf("mi_L%d_%s", op.HostLayer, strings.ReplaceAll(op.Hook, ".", "_"))
 	}
