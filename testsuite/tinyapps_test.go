@@ -20,6 +20,7 @@ const (
 	promptBear  = "There was once an old bear who lived near the river."
 	promptLily  = "One day, a girl named Lily went to the park."
 	promptFox   = "Once upon a time, a little fox"
+	promptCat   = "One morning, a sleepy cat woke up early."
 	promptHappy = "On a golden day, Sara hugged everyone in the field, feeling joyful."
 	tinyTokens  = 64
 )
@@ -68,7 +69,8 @@ func TestTinyApps(t *testing.T) {
 		{"tiny-app1-mood-ablation", promptLily, "The sky was dark", "The sky was bright"},
 		{"tiny-app2-cheer-after-period", promptTom, "sad and lonely", "He felt loved"},
 		{"tiny-app3-cheer-when-sad", promptTom, "sad and lonely", "He felt loved"},
-		{"tiny-app5-she", promptBear, "He waited", "Her grandma"},
+		{"tiny-app5-she", promptBear, "He waited", "She waited"},
+		{"tiny-app5-she", promptCat, "He sang", "She sang"},
 		{"tiny-app6-clamped-cheer", promptBear, "The sky was dark", "The sun was shining"},
 		{"tiny-app6-clamped-cheer", promptLily, "The sky was dark", "The sky was bright"},
 	}

@@ -37,17 +37,6 @@ const (
 	genderLayer = 2
 )
 
-// shePronoun lists the names of corpus.py's NAMES whose pronoun is "she"; every other name
-// there is "he".
-var sheNames = map[string]bool{
-	"Lily": true, "Mia": true, "Anna": true, "Lucy": true, "Emma": true, "Rosa": true, "Zoe": true,
-	"Ella": true, "Ruby": true, "Grace": true, "Nora": true, "Ivy": true, "Maya": true, "Chloe": true,
-	"Sara": true, "Daisy": true, "Molly": true, "Rita": true, "Hazel": true, "Fern": true,
-}
-
-var heNames = []string{"Tom", "Ben", "Sam", "Max", "Leo", "Jack", "Finn", "Noah", "Oscar", "Hugo",
-	"Eli", "Theo", "Owen", "Luke", "Dan", "Pip", "Bruno", "Toby", "Milo", "Jake"}
-
 // Kinds the kind probe tells apart, in the order of its outputs.
 var probeKinds = []string{"fox", "bear", "cat", "dog", "owl"}
 
@@ -60,6 +49,15 @@ var kindFrames = []string{
 	"One morning, a sleepy %s woke up early.",
 	"Long ago, a curious %s found a red ball.",
 	"A kind %s lived in a small house near the farm.",
+}
+
+// pronounFrames name an animal, which has no fixed gender in the corpus, then refer to it as
+// She or He (%[1]s) near a place (%[2]s).
+var pronounFrames = []string{
+	"There was once a bear. %[1]s went to %[2]s.",
+	"One day, a little fox woke up. %[1]s walked to %[2]s and smiled.",
+	"The old owl lived near %[2]s. %[1]s liked the sun.",
+	"A small cat sat by %[2]s. %[1]s was very quiet.",
 }
 
 func main() {
@@ -129,17 +127,17 @@ func run(dir string) error {
 			dot(mHappy[l], u), dot(mSad[l], u))
 	}
 
-	// Gender: the same 128 prompts split by their character's pronoun, from the name on.
+	// Gender: sentences that differ only in their pronoun, from the pronoun on.
 	var she, he []sample
-	for _, p := range append(append([]string{}, happy...), sad...) {
-		name, at := firstName(p)
-		if at < 0 {
-			continue
-		}
-		if sheNames[name] {
-			she = append(she, sample{p, at, 0})
-		} else {
-			he = append(he, sample{p, at, 0})
+	for _, f := range pronounFrames {
+		for _, place := range []string{"the park", "the river", "the forest", "the farm"} {
+			for _, p := range []struct {
+				word string
+				into *[]sample
+			}{{"She", &she}, {"He", &he}} {
+				text := fmt.Sprintf(f, p.word, place)
+				*p.into = append(*p.into, sample{text, strings.Index(text, p.word+" "), 0})
+			}
 		}
 	}
 	mShe, err := cap.mean(she)
@@ -291,25 +289,6 @@ func (c *capturer) mean(ss []sample) ([][]float64, error) {
 		}
 	}
 	return sum, nil
-}
-
-// firstName finds the first corpus name in p and its byte offset, or -1.
-func firstName(p string) (string, int) {
-	best, at := "", -1
-	try := func(n string) {
-		for _, w := range []string{n + " ", n + ",", n + "."} {
-			if i := strings.Index(p, w); i >= 0 && (at < 0 || i < at) && (i == 0 || p[i-1] == ' ') {
-				best, at = n, i
-			}
-		}
-	}
-	for n := range sheNames {
-		try(n)
-	}
-	for _, n := range heNames {
-		try(n)
-	}
-	return best, at
 }
 
 func readLines(path string) ([]string, error) {
