@@ -77,7 +77,7 @@ type sample struct {
 }
 
 func run(dir string) error {
-	cap, err := newCapturer(dir)
+	capt, err := newCapturer(dir)
 	if err != nil {
 		return err
 	}
@@ -96,11 +96,11 @@ func run(dir string) error {
 		}
 		return out
 	}
-	mHappy, err := cap.mean(all(happy))
+	mHappy, err := capt.mean(all(happy))
 	if err != nil {
 		return err
 	}
-	mSad, err := cap.mean(all(sad))
+	mSad, err := capt.mean(all(sad))
 	if err != nil {
 		return err
 	}
@@ -109,7 +109,7 @@ func run(dir string) error {
 		d := sub(mHappy[l], mSad[l])
 		fmt.Fprintf(os.Stderr, "mood layer %d: |happy-sad| %.3f, cos with layer %d %.3f\n", l, norm(d), moodLayer, cos(d, sub(mHappy[moodLayer], mSad[moodLayer])))
 	}
-	out = append(out, f32("mood_l3", sub(mHappy[moodLayer], mSad[moodLayer])))
+	out = append(out, f32(fmt.Sprintf("mood_l%d", moodLayer), sub(mHappy[moodLayer], mSad[moodLayer])))
 
 	// Sadness probe at probeLayer: sigmoid(w.h + b) with w along sad-happy, scaled so that the
 	// two class means score sigmoid(+-2) (0.88 and 0.12), b putting 0.5 at their midpoint.
@@ -140,11 +140,11 @@ func run(dir string) error {
 			}
 		}
 	}
-	mShe, err := cap.mean(she)
+	mShe, err := capt.mean(she)
 	if err != nil {
 		return err
 	}
-	mHe, err := cap.mean(he)
+	mHe, err := capt.mean(he)
 	if err != nil {
 		return err
 	}
@@ -166,7 +166,7 @@ func run(dir string) error {
 			at := strings.Index(text, " "+kind) + 1
 			ss = append(ss, sample{text, at, at + len(kind)})
 		}
-		m, err := cap.mean(ss)
+		m, err := capt.mean(ss)
 		if err != nil {
 			return err
 		}
