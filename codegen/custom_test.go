@@ -9,61 +9,11 @@ import (
 	"xmix/ops"
 	"xmix/passes"
 	"xmix/ptx"
+	"xmix/specs"
 )
 
-// scale2PTX is a custom kernel under passes.CustomABI: x *= 2 on rows whose app bit is set.
-const scale2PTX = `
-.version 8.0
-.target sm_90
-.address_size 64
-
-// x[row*stride+offset+i] *= 2 on rows whose app bit is set.
-.visible .entry scale2(
-	.param .u64 x,
-	.param .u32 stride,
-	.param .u32 offset,
-	.param .u32 width,
-	.param .u64 ctl_mask,
-	.param .u32 bit
-)
-{
-	.reg .pred %p<3>;
-	.reg .b32 %r<12>;
-	.reg .b64 %rd<6>;
-	.reg .f32 %f<3>;
-
-	ld.param.u64 %rd1, [x];
-	ld.param.u32 %r1, [stride];
-	ld.param.u32 %r2, [offset];
-	ld.param.u32 %r3, [width];
-	ld.param.u64 %rd2, [ctl_mask];
-	ld.param.u32 %r4, [bit];
-	mov.u32 %r5, %ctaid.x;
-	mov.u32 %r6, %tid.x;
-	mov.u32 %r10, %ntid.x;
-	mul.wide.u32 %rd3, %r5, 4;
-	add.u64 %rd3, %rd2, %rd3;
-	ld.global.u32 %r7, [%rd3];
-	shr.u32 %r7, %r7, %r4;
-	and.b32 %r7, %r7, 1;
-	setp.eq.u32 %p1, %r7, 0;
-	@%p1 bra.uni DONE;
-	mad.lo.u32 %r8, %r5, %r1, %r2;
-LOOP:
-	setp.ge.u32 %p2, %r6, %r3;
-	@%p2 bra DONE;
-	add.u32 %r9, %r8, %r6;
-	mul.wide.u32 %rd4, %r9, 4;
-	add.u64 %rd4, %rd1, %rd4;
-	ld.global.f32 %f1, [%rd4];
-	mul.rn.f32 %f1, %f1, 0f40000000;
-	st.global.f32 [%rd4], %f1;
-	add.u32 %r6, %r6, %r10;
-	bra LOOP;
-DONE:
-	ret;
-}
-`
+// scale2PTX is the shipped example custom kernel (x *= 2 on rows whose app bit is set).
+var scale2PTX = specs.ScaleTwoPTX
 
 // bindByName lays out args for a kernel's parameters from a name -> Arg map.
 func bindByName(t *testing.T, k *Kernel, m map[string]ops.Arg) []ops.Arg {

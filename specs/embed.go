@@ -13,6 +13,12 @@ import (
 //go:embed models/tiny.yaml apps/tiny-steer.yaml apps/tiny-probe.yaml models/tiny/model.safetensors models/tiny/vectors.safetensors
 var defaultFS embed.FS
 
+// ScaleTwoPTX is the example custom kernel apps/custom/scale2.ptx (x *= 2 on the rows whose
+// app bit is set), shipped for users and used by the tests of the custom-kernel ABI.
+//
+//go:embed apps/custom/scale2.ptx
+var ScaleTwoPTX string
+
 // Default names the embedded default model and its demo apps, relative to an extracted tree.
 var Default = struct {
 	Model string

@@ -127,7 +127,9 @@ func printPlan(w io.Writer, p *passes.Program) {
 		host := map[string]string{
 			passes.HostEmbed: "fused into the embedding + norm kernel", passes.HostAddNorm: "fused into the residual-add + RMSNorm kernel",
 			passes.HostSilu: "fused into the SiLU*up kernel", passes.HostMI: "standalone MI kernel",
-			passes.HostRouter: "fused into the MoE router kernel",
+			passes.HostRouter: "fused into the MoE router kernel", passes.HostCustom: "the app's own kernel, after the add+norm kernel",
+			passes.HostLens: "heavy: own nodes, skipped when no row enables the app", passes.HostLogits: "MI kernel over the logits",
+			passes.HostSampler: "fused into the sampler",
 		}[op.Host]
 		extra := ""
 		if len(op.Gates) > 0 {
