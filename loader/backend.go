@@ -24,13 +24,10 @@ type Backend interface {
 	Close() error
 }
 
-// DtypeSize is the byte width of a bundle buffer dtype.
+// DtypeSize is the byte width of a bundle buffer dtype, as an error for unknown ones.
 func DtypeSize(dtype string) (int, error) {
-	switch dtype {
-	case "f32", "u32":
-		return 4, nil
-	case "bf16":
-		return 2, nil
+	if n, ok := bundle.DtypeSize(dtype); ok {
+		return n, nil
 	}
 	return 0, fmt.Errorf("unknown dtype %q (known: f32, bf16, u32)", dtype)
 }
