@@ -28,6 +28,11 @@ func buildAttention(attrs []byte) (Runner, error) {
 	return RunnerFunc(func(args []Arg, l Launch) error {
 		rows := l.Grid[0]
 		d := a.HeadDim
+		// The split-K kernel (codegen.AttentionSplit) takes a workspace as an eighth argument;
+		// the math is the same.
+		if len(args) == 8 {
+			args = args[:7]
+		}
 		if err := CheckArgs("attention", args, 4*rows*a.rowWidth(), 4*rows, 4*rows, 0, 0, 0, 4*rows*a.Heads*d); err != nil {
 			return err
 		}
