@@ -6,7 +6,6 @@ package cpu
 
 import (
 	"fmt"
-	"strings"
 	"unsafe"
 
 	"xmix/bundle"
@@ -158,20 +157,6 @@ func (be *Backend) Step(t int) error {
 		}
 	}
 	return nil
-}
-
-// StepUntil runs template t up to and including the first node whose label has the given
-// prefix (tests read activations in the middle of a forward).
-func (be *Backend) StepUntil(t int, label string) error {
-	for _, n := range be.templates[t] {
-		if err := n.run.Run(n.args, n.launch); err != nil {
-			return fmt.Errorf("node %s: %w", n.label, err)
-		}
-		if strings.HasPrefix(n.label, label) {
-			return nil
-		}
-	}
-	return fmt.Errorf("template %d has no node %q", t, label)
 }
 
 // Close implements loader.Backend.

@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"math"
 	"runtime"
-	"sort"
 	"strings"
 	"unsafe"
 
@@ -670,14 +669,4 @@ func (be *Backend) Close() error {
 	close(be.work)
 	<-be.done
 	return err
-}
-
-// Buffers lists the device buffers, for diagnostics.
-func (be *Backend) Buffers() []string {
-	var ns []string
-	for n := range be.bufs {
-		ns = append(ns, n)
-	}
-	sort.Strings(ns)
-	return ns
 }
