@@ -39,7 +39,7 @@ With no bundle, 'xmix run' runs the embedded default model (a small Llama traine
 project) with its two demo apps: a steering vector and a probe.`,
 		SilenceUsage: true,
 	}
-	root.AddCommand(runCmd(), benchCmd(), tokenizeCmd(), logitsCmd(), infoCmd())
+	root.AddCommand(runCmd(), benchCmd(), tokenizeCmd(), logitsCmd(), infoCmd(), serveCmd())
 	return root
 }
 
