@@ -135,7 +135,7 @@ func newServer(s *session) *server {
 
 // loop owns the engine: it submits arriving requests between steps, so they join the
 // running batch, and publishes each step's tokens to their jobs. It returns when ctx ends
-// and no request is in flight, or when a step fails.
+// or a step fails.
 func (sv *server) loop(ctx context.Context) error {
 	defer close(sv.stopped)
 	eng := sv.s.eng
@@ -165,6 +165,11 @@ func (sv *server) loop(ctx context.Context) error {
 			default:
 				break drain
 			}
+		}
+		// Shutdown cancels ctx once the handlers are done or its time is up; requests still
+		// running then belong to clients that left or ran out of time.
+		if ctx.Err() != nil {
+			return nil
 		}
 		if eng.Busy() {
 			if _, err := eng.Step(); err != nil {

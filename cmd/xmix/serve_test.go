@@ -362,3 +362,50 @@ func TestCumulativeDecoderHoldsPartialCharacters(t *testing.T) {
 		t.Fatalf("flush: %q", p)
 	}
 }
+
+// TestServeShutdownFinishesInFlightRequests cancels the server while a streamed request is
+// running: the request still completes, and serve returns cleanly.
+func TestServeShutdownFinishesInFlightRequests(t *testing.T) {
+	s := tinySession(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- serve(ctx, s, ln, 30*time.Second) }()
+	url := "http://" + ln.Addr().String()
+	resp, err := client.Post(url+"/v1/generate", "application/json",
+		strings.NewReader(`{"prompt": "Once", "max_tokens": 120, "stream": true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	if !sc.Scan() {
+		t.Fatalf("no first token: %v", sc.Err())
+	}
+	cancel()
+	lines := 1
+	var last string
+	for sc.Scan() {
+		lines++
+		last = sc.Text()
+	}
+	var end streamEnd
+	if err := json.Unmarshal([]byte(last), &end); err != nil || !end.Done || len(end.Tokens) != lines-1 {
+		t.Fatalf("after shutdown began: %d lines, last %q (%v)", lines, last, err)
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("serve: %v", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("serve did not return")
+	}
+	if _, err := client.Get(url + "/healthz"); err == nil {
+		t.Fatal("the server still answers after shutdown")
+	}
+}
