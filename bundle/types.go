@@ -55,9 +55,12 @@ type ModelConfig struct {
 	MaxSeqs       int          `json:"max_seqs"`      // requests resident at once
 	KVBlockSize   int          `json:"kv_block_size"` // tokens per KV-cache page
 	KVBlocks      int          `json:"kv_blocks"`     // pages in the pool
-	Tokenizer     string       `json:"tokenizer"`     // "bytes" or "hf"
-	BOS           int          `json:"bos"`
-	EOS           []int        `json:"eos"`
+	// KVPadPages is how many pages at the end of the pool belong to the padding sequence:
+	// the padding rows of a bucket write their K/V there, each to its own slot.
+	KVPadPages int    `json:"kv_pad_pages,omitempty"`
+	Tokenizer  string `json:"tokenizer"` // "bytes" or "hf"
+	BOS        int    `json:"bos"`
+	EOS        []int  `json:"eos"`
 	// ChatTemplate is the checkpoint's Jinja chat template (from tokenizer_config.json), with
 	// the bos and eos token texts it refers to; empty when the checkpoint has none.
 	ChatTemplate string `json:"chat_template,omitempty"`

@@ -132,7 +132,7 @@ func (g *gen) modelConfig() bundle.ModelConfig {
 		RopeTheta: m.RopeTheta, RMSEps: m.RMSEps, TieEmbeddings: m.TieEmbeddings, QKVBias: m.QKVBias, QKNorm: m.QKNorm,
 		Experts: m.Experts, TopK: m.TopK,
 		WeightDtype: g.wdt.String(), KVDtype: g.kvdt.String(), MaxSeqLen: m.MaxSeqLen,
-		MaxSeqs: m.MaxSeqs, KVBlockSize: m.KVBlockSize, KVBlocks: g.kvBlocks(),
+		MaxSeqs: m.MaxSeqs, KVBlockSize: m.KVBlockSize, KVBlocks: g.kvBlocks(), KVPadPages: g.padPages(),
 		Tokenizer: m.Tokenizer.Kind, BOS: m.BOS, EOS: m.EOS,
 	}
 	if s := m.RopeScaling; s != nil {
@@ -142,9 +142,15 @@ func (g *gen) modelConfig() bundle.ModelConfig {
 	return c
 }
 
-// kvBlocks sizes the page pool: every resident sequence can reach max_seq_len, plus one
-// page for the padding rows of a bucket (they write their K/V there, never read).
-func (g *gen) kvBlocks() int { return g.m.MaxSeqs*g.blocks + 1 }
+// kvBlocks sizes the page pool: every resident sequence can reach max_seq_len, plus the
+// pages of the padding sequence.
+func (g *gen) kvBlocks() int { return g.m.MaxSeqs*g.blocks + g.padPages() }
+
+// padPages gives the padding rows of the largest bucket a slot each (row i writes position i),
+// so no two rows of a step ever write the same KV element.
+func (g *gen) padPages() int {
+	return min(g.blocks, (g.maxT+g.m.KVBlockSize-1)/g.m.KVBlockSize)
+}
 
 func (g *gen) buf(name, kind, dtype string, shape []int, tensors ...string) {
 	g.bufs = append(g.bufs, bundle.Buffer{Name: name, Kind: kind, Dtype: dtype, Shape: shape, Tensors: tensors})

@@ -61,6 +61,7 @@ type Engine struct {
 	prefill  []bundle.Template
 	tmplIdx  map[string]int
 	freePage []uint32
+	padPages int
 	queue    []*seqState
 	slots    []*seqState
 	nextID   int
@@ -160,13 +161,14 @@ func NewEngine(b *bundle.Bundle, be Backend) (*Engine, error) {
 		}
 	}
 	e.blocks = (c.MaxSeqLen + c.KVBlockSize - 1) / c.KVBlockSize
-	// The last page belongs to the padding sequence (row MaxSeqs of the block table).
-	for p := c.KVBlocks - 2; p >= 0; p-- {
+	// The last pages belong to the padding sequence (row MaxSeqs of the block table).
+	e.padPages = max(1, c.KVPadPages)
+	for p := c.KVBlocks - e.padPages - 1; p >= 0; p-- {
 		e.freePage = append(e.freePage, uint32(p))
 	}
 	pad := make([]uint32, e.blocks)
 	for i := range pad {
-		pad[i] = uint32(c.KVBlocks - 1)
+		pad[i] = uint32(c.KVBlocks - e.padPages + min(i, e.padPages-1))
 	}
 	if err := e.writeTableRow(c.MaxSeqs, pad); err != nil {
 		return nil, err
@@ -424,8 +426,8 @@ func (e *Engine) Submit(r Request) (*Handle, error) {
 		return nil, fmt.Errorf("prompt (%d tokens with BOS) + max tokens (%d) = %d exceeds the bundle's max_seq_len %d",
 			s.promptN, r.MaxTokens, need, c.MaxSeqLen)
 	}
-	if pages := (s.promptN + r.MaxTokens + c.KVBlockSize - 1) / c.KVBlockSize; pages > c.KVBlocks-1 {
-		return nil, fmt.Errorf("request needs %d KV pages, the bundle has %d", pages, c.KVBlocks-1)
+	if pages := (s.promptN + r.MaxTokens + c.KVBlockSize - 1) / c.KVBlockSize; pages > c.KVBlocks-e.padPages {
+		return nil, fmt.Errorf("request needs %d KV pages, the bundle has %d", pages, c.KVBlocks-e.padPages)
 	}
 	for _, name := range r.Apps {
 		bit, ok := e.appBits[name]
@@ -639,7 +641,8 @@ func (e *Engine) run(t bundle.Template, rows []stepRow) error {
 		sRow[i] = 0xFFFFFFFF
 	}
 	for i := range n {
-		seq[i] = uint32(c.MaxSeqs) // padding rows: the padding sequence at position 0
+		seq[i] = uint32(c.MaxSeqs) // padding rows: the padding sequence, each at its own position
+		pos[i] = uint32(min(i, e.padPages*c.KVBlockSize-1))
 		gen[i] = 0xFFFFFFFF
 		outRow[i] = 0xFFFFFFFF
 	}
