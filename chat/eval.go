@@ -110,15 +110,20 @@ func (r *renderer) set(s *scope, n *setNode) error {
 		ns.d.set(n.attr, v)
 		return nil
 	}
-	if len(n.names) == 1 {
-		s.vars[n.names[0]] = v
+	return bindNames(s, n.names, len(n.names) > 1, v, n.pos)
+}
+
+// bindNames assigns v to one name, or unpacks it over several (set a, b = ...; for a, b in).
+func bindNames(s *scope, names []string, unpacked bool, v value, at pos) error {
+	if !unpacked {
+		s.vars[names[0]] = v
 		return nil
 	}
-	items, err := unpack(v, len(n.names))
+	items, err := unpack(v, len(names))
 	if err != nil {
-		return errAt(n.pos, "%v", err)
+		return errAt(at, "%v", err)
 	}
-	for i, name := range n.names {
+	for i, name := range names {
 		s.vars[name] = items[i]
 	}
 	return nil
@@ -153,20 +158,7 @@ func (r *renderer) forLoop(s *scope, n *forNode) error {
 	if err != nil {
 		return errAt(n.iter.at(), "%v", err)
 	}
-	bind := func(sc *scope, item value) error {
-		if !n.unpacked {
-			sc.vars[n.names[0]] = item
-			return nil
-		}
-		vals, err := unpack(item, len(n.names))
-		if err != nil {
-			return errAt(n.pos, "%v", err)
-		}
-		for i, name := range n.names {
-			sc.vars[name] = vals[i]
-		}
-		return nil
-	}
+	bind := func(sc *scope, item value) error { return bindNames(sc, n.names, n.unpacked, item, n.pos) }
 	if n.filter != nil {
 		var kept []value
 		for _, item := range items {

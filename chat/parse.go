@@ -492,25 +492,17 @@ func (p *parser) expr() (expr, error) {
 	return x, nil
 }
 
-func (p *parser) or() (expr, error) {
-	x, err := p.and()
-	for err == nil && p.isName("or") {
-		t := p.next()
-		var r expr
-		if r, err = p.and(); err == nil {
-			x = &binExpr{p: t.pos, op: "or", l: x, r: r}
-		}
-	}
-	return x, err
-}
+func (p *parser) or() (expr, error)  { return p.leftAssoc("or", p.and) }
+func (p *parser) and() (expr, error) { return p.leftAssoc("and", p.not) }
 
-func (p *parser) and() (expr, error) {
-	x, err := p.not()
-	for err == nil && p.isName("and") {
+// leftAssoc parses operand (op operand)* into a left-leaning chain of binary expressions.
+func (p *parser) leftAssoc(op string, operand func() (expr, error)) (expr, error) {
+	x, err := operand()
+	for err == nil && p.isName(op) {
 		t := p.next()
 		var r expr
-		if r, err = p.not(); err == nil {
-			x = &binExpr{p: t.pos, op: "and", l: x, r: r}
+		if r, err = operand(); err == nil {
+			x = &binExpr{p: t.pos, op: op, l: x, r: r}
 		}
 	}
 	return x, err

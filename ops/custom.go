@@ -88,9 +88,9 @@ func (a RenormAttrs) run(args []Arg, l Launch) error {
 
 func (a RenormAttrs) runErr(args []Arg, l Launch) error {
 	rows, h := l.Grid[0], a.Hidden
-	wsize := 4
-	if a.WDtype == "bf16" {
-		wsize = 2
+	wsize, err := dtypeSize(a.WDtype)
+	if err != nil {
+		return err
 	}
 	c := &argCursor{args: args}
 	resid, err := c.take("resid", 4*rows*h)

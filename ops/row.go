@@ -84,15 +84,14 @@ func (a RowNormAttrs) run(args []Arg, l Launch) error {
 
 func (a RowNormAttrs) runErr(args []Arg, l Launch) error {
 	rows, h := l.Grid[0], a.Hidden
-	wsize := 4
-	if a.WDtype == "bf16" {
-		wsize = 2
+	wsize, err := dtypeSize(a.WDtype)
+	if err != nil {
+		return err
 	}
 	c := &argCursor{args: args}
 	var tokens []uint32
 	var table weights
 	var resid, delta Arg
-	var err error
 	if a.Load == "embed" {
 		t, err := c.take("tokens", 4*rows)
 		if err != nil {
