@@ -74,8 +74,7 @@ runs are discarded, --runs are measured and averaged.
 	fl.StringVar(&f.apps, "apps", "", "comma-separated apps to enable")
 	fl.Uint64Var(&f.seed, "seed", 1, "seed for prompts, arrivals and app choice")
 	fl.BoolVar(&f.asJSON, "json", false, "print results as JSON")
-	fl.StringVar(&f.backend, "backend", "auto", "auto | cuda | cpu")
-	fl.BoolVarP(&f.quiet, "quiet", "q", false, "no progress output on stderr")
+	f.addBackendFlags(fl)
 	return c
 }
 

@@ -79,8 +79,7 @@ all logits as little-endian float32 [positions, vocab].`,
 	}
 	c.Flags().StringVar(&idsJSON, "ids", "", "JSON array of token ids, starting with BOS")
 	c.Flags().StringVar(&out, "out", "", "write all logits here as float32 [positions, vocab]")
-	c.Flags().StringVar(&f.backend, "backend", "auto", "auto | cuda | cpu")
-	c.Flags().BoolVarP(&f.quiet, "quiet", "q", false, "no progress output on stderr")
+	f.addBackendFlags(c.Flags())
 	return c
 }
 

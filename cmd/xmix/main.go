@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"xmix/bundle"
 	"xmix/cmd/driver"
@@ -52,6 +53,7 @@ type runFlags struct {
 	seed        uint64
 	asJSON      bool
 	backend     string
+	gemm        string // who serves tensor-core GEMMs on cuda: auto, ptx, cublaslt
 	quiet       bool
 	chat        bool
 	sets        []string // app.scalar=value overrides for every prompt
@@ -102,11 +104,17 @@ func runCmd() *cobra.Command {
 	c.Flags().Float32Var(&f.topP, "top-p", 1, "nucleus sampling mass")
 	c.Flags().Uint64Var(&f.seed, "seed", 0, "random seed for sampling")
 	c.Flags().BoolVar(&f.asJSON, "json", false, "print results as JSON")
-	c.Flags().StringVar(&f.backend, "backend", "auto", "auto | cuda | cpu (auto: cuda when a GPU is present)")
-	c.Flags().BoolVarP(&f.quiet, "quiet", "q", false, "no progress output on stderr")
+	f.addBackendFlags(c.Flags())
 	c.Flags().BoolVar(&f.chat, "chat", false, "wrap each prompt as a user turn in the model's chat template")
 	c.Flags().StringArrayVar(&f.sets, "set", nil, "override an app scalar for every prompt: app.scalar=value (repeatable; xmixc inspect lists the scalars)")
 	return c
+}
+
+// addBackendFlags registers the flags every command that loads a bundle shares.
+func (f *runFlags) addBackendFlags(fl *pflag.FlagSet) {
+	fl.StringVar(&f.backend, "backend", "auto", "auto | cuda | cpu (auto: cuda when a GPU is present)")
+	fl.StringVar(&f.gemm, "gemm", cuda.GemmAuto, "cuda: who serves the tensor-core GEMMs (batches of 8+ rows, prefill): auto (cuBLASLt when it loads, else the bundle's PTX) | ptx | cublaslt")
+	fl.BoolVarP(&f.quiet, "quiet", "q", false, "no progress output on stderr")
 }
 
 func (f runFlags) progress(format string, a ...any) {
@@ -130,7 +138,7 @@ func openBackend(kind string, b *bundle.Bundle, w *loader.Weights, f runFlags) (
 	case "cpu":
 		return cpu.New(b, w, f.progress)
 	case "cuda":
-		return cuda.New(b, w, f.progress)
+		return cuda.New(b, w, cuda.Options{Progress: f.progress, Gemm: f.gemm})
 	case "auto":
 		dev, err := cuda.Probe()
 		if err != nil {
@@ -138,7 +146,7 @@ func openBackend(kind string, b *bundle.Bundle, w *loader.Weights, f runFlags) (
 			return cpu.New(b, w, f.progress)
 		}
 		f.progress("backend: cuda on %s", dev)
-		return cuda.New(b, w, f.progress)
+		return cuda.New(b, w, cuda.Options{Progress: f.progress, Gemm: f.gemm})
 	}
 	return nil, fmt.Errorf("unknown backend %q: use auto, cuda or cpu", kind)
 }

@@ -42,8 +42,7 @@ func serveCmd() *cobra.Command {
 		},
 	}
 	c.Flags().StringVar(&addr, "addr", "127.0.0.1:8080", "address to listen on")
-	c.Flags().StringVar(&f.backend, "backend", "auto", "auto | cuda | cpu (auto: cuda when a GPU is present)")
-	c.Flags().BoolVarP(&f.quiet, "quiet", "q", false, "no progress output on stderr")
+	f.addBackendFlags(c.Flags())
 	c.Flags().DurationVar(&grace, "shutdown-timeout", 30*time.Second, "on SIGINT/SIGTERM, how long in-flight requests may take to finish")
 	return c
 }

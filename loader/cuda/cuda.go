@@ -60,6 +60,7 @@ type launch struct {
 	grid, block   [3]int
 	shared        int
 	params        uintptr
+	matmul        *ltMatmul // non-nil: f casts x to bf16, then cuBLASLt multiplies (cublaslt.go)
 }
 
 // Backend runs a bundle on one GPU. All driver calls happen on one OS-locked goroutine,
@@ -79,6 +80,8 @@ type Backend struct {
 	out     arena
 	modules []uintptr
 	funcs   map[string]uintptr
+	kernels map[string]bundle.Kernel
+	lt      *cublasLt  // nil: PTX kernels serve every GEMM
 	graphs  []uintptr  // instantiated graph per template
 	nodes   [][]launch // each template's launches, kept for profiling
 	params  [][]uint64
@@ -160,23 +163,39 @@ func probe(d *driver) (Device, error) {
 	return dev, nil
 }
 
+// Options configure New.
+type Options struct {
+	Progress Progress // load progress (may be nil)
+	// Gemm picks who serves the bundle's tensor-core GEMM nodes: GemmAuto (the default),
+	// GemmPTX or GemmCublasLt.
+	Gemm string
+}
+
 // New loads a bundle onto GPU 0: modules, buffers, weights, params and graphs.
-func New(b *bundle.Bundle, w *loader.Weights, progress Progress) (*Backend, error) {
+func New(b *bundle.Bundle, w *loader.Weights, opt Options) (*Backend, error) {
+	progress := opt.Progress
 	if progress == nil {
 		progress = func(string, ...any) {}
+	}
+	switch opt.Gemm {
+	case "":
+		opt.Gemm = GemmAuto
+	case GemmAuto, GemmPTX, GemmCublasLt:
+	default:
+		return nil, fmt.Errorf("unknown GEMM server %q: use auto, ptx or cublaslt", opt.Gemm)
 	}
 	d, err := loadDriver()
 	if err != nil {
 		return nil, err
 	}
 	be := &Backend{d: d, work: make(chan func()), done: make(chan struct{}), bufs: map[string]uintptr{},
-		sizes: map[string]int64{}, funcs: map[string]uintptr{}}
+		sizes: map[string]int64{}, funcs: map[string]uintptr{}, kernels: map[string]bundle.Kernel{}}
 	ready := make(chan error)
 	go be.loop(ready)
 	if err := <-ready; err != nil {
 		return nil, err
 	}
-	if err := be.do(func() error { return be.load(b, w, progress) }); err != nil {
+	if err := be.do(func() error { return be.load(b, w, opt.Gemm, progress) }); err != nil {
 		be.Close()
 		return nil, err
 	}
@@ -216,7 +235,7 @@ func (be *Backend) loop(ready chan<- error) {
 	close(be.done)
 }
 
-func (be *Backend) load(b *bundle.Bundle, w *loader.Weights, progress Progress) error {
+func (be *Backend) load(b *bundle.Bundle, w *loader.Weights, gemm string, progress Progress) error {
 	d := be.d
 	// Memory plan: control and output buffers go to arenas, the rest get one allocation each.
 	var need int64
@@ -268,6 +287,9 @@ func (be *Backend) load(b *bundle.Bundle, w *loader.Weights, progress Progress) 
 	if err := be.allocAndFill(b, w, progress); err != nil {
 		return err
 	}
+	if err := be.initCublasLt(b, gemm, progress); err != nil {
+		return err
+	}
 	be.nodes = make([][]launch, len(b.Templates))
 	for i, t := range b.Templates {
 		g, err := be.capture(i, t)
@@ -312,6 +334,7 @@ func (be *Backend) loadModules(b *bundle.Bundle) error {
 			return fmt.Errorf("kernel %s: %w", k.Name, err)
 		}
 		be.funcs[k.Name] = f
+		be.kernels[k.Name] = k
 	}
 	return nil
 }
@@ -409,47 +432,25 @@ func (be *Backend) synthesize(s *bundle.Synth, buf bundle.Buffer, p uintptr, byt
 	return nil
 }
 
-// capture records a template's launches into a CUDA graph and instantiates it.
+// capture records a template's launches into a CUDA graph and instantiates it. Every node
+// is resolved first (and a node served by cuBLASLt run once), so nothing but launches happens
+// inside the capture.
 func (be *Backend) capture(ti int, t bundle.Template) (uintptr, error) {
 	d := be.d
+	for _, n := range t.Nodes {
+		l, err := be.prepare(n)
+		if err != nil {
+			return 0, fmt.Errorf("node %s (kernel %s, grid %v, block %v): %w", n.Label, n.Kernel, n.Grid, n.Block, err)
+		}
+		be.nodes[ti] = append(be.nodes[ti], l)
+	}
 	if err := d.call("cuStreamBeginCapture_v2", be.stream, 2); err != nil { // relaxed mode
 		return 0, err
 	}
 	var launchErr error
-	for _, n := range t.Nodes {
-		f, ok := be.funcs[n.Kernel]
-		if !ok {
-			launchErr = fmt.Errorf("node %s: unknown kernel %s", n.Label, n.Kernel)
-			break
-		}
-		vals := make([]uint64, len(n.Args))
-		ptrs := make([]uintptr, len(n.Args))
-		for i, s := range n.Args {
-			if s.Buffer == "" {
-				vals[i] = s.Const
-			} else {
-				base, ok := be.bufs[s.Buffer]
-				if !ok {
-					launchErr = fmt.Errorf("node %s: unknown buffer %s", n.Label, s.Buffer)
-					break
-				}
-				vals[i] = uint64(base) + uint64(s.Offset)
-			}
-			ptrs[i] = uintptr(unsafe.Pointer(&vals[i]))
-		}
-		if launchErr != nil {
-			break
-		}
-		be.params = append(be.params, vals)
-		be.paramP = append(be.paramP, ptrs)
-		var pp uintptr
-		if len(ptrs) > 0 {
-			pp = uintptr(unsafe.Pointer(&ptrs[0]))
-		}
-		be.nodes[ti] = append(be.nodes[ti], launch{label: n.Label, kernel: n.Kernel, f: f, grid: n.Grid, block: n.Block, shared: n.Shared, params: pp})
-		if err := d.call("cuLaunchKernel", f, uintptr(n.Grid[0]), uintptr(n.Grid[1]), uintptr(n.Grid[2]),
-			uintptr(n.Block[0]), uintptr(n.Block[1]), uintptr(n.Block[2]), uintptr(n.Shared), be.stream, pp, 0); err != nil {
-			launchErr = fmt.Errorf("node %s (kernel %s, grid %v, block %v): %w", n.Label, n.Kernel, n.Grid, n.Block, err)
+	for _, l := range be.nodes[ti] {
+		if launchErr = be.issue(l); launchErr != nil {
+			launchErr = fmt.Errorf("node %s (kernel %s): %w", l.label, l.kernel, launchErr)
 			break
 		}
 	}
@@ -470,6 +471,61 @@ func (be *Backend) capture(ti int, t bundle.Template) (uintptr, error) {
 		return 0, err
 	}
 	return exec, nil
+}
+
+// prepare resolves a node's kernel and arguments to device addresses.
+func (be *Backend) prepare(n bundle.Node) (launch, error) {
+	f, ok := be.funcs[n.Kernel]
+	if !ok {
+		return launch{}, fmt.Errorf("unknown kernel %s", n.Kernel)
+	}
+	vals := make([]uint64, len(n.Args))
+	for i, s := range n.Args {
+		if s.Buffer == "" {
+			vals[i] = s.Const
+			continue
+		}
+		base, ok := be.bufs[s.Buffer]
+		if !ok {
+			return launch{}, fmt.Errorf("unknown buffer %s", s.Buffer)
+		}
+		vals[i] = uint64(base) + uint64(s.Offset)
+	}
+	if l, ok, err := be.ltNode(n, vals); err != nil || ok {
+		if err != nil {
+			return launch{}, fmt.Errorf("cuBLASLt: %w", err)
+		}
+		return *l, nil
+	}
+	return launch{label: n.Label, kernel: n.Kernel, f: f, grid: n.Grid, block: n.Block, shared: n.Shared, params: be.keepParams(vals)}, nil
+}
+
+// keepParams holds a launch's parameter values and the pointer array cuLaunchKernel takes for
+// the backend's lifetime (graphs and profiling reuse them) and returns that array's address.
+func (be *Backend) keepParams(vals []uint64) uintptr {
+	if len(vals) == 0 {
+		return 0
+	}
+	ptrs := make([]uintptr, len(vals))
+	for i := range vals {
+		ptrs[i] = uintptr(unsafe.Pointer(&vals[i]))
+	}
+	be.params = append(be.params, vals)
+	be.paramP = append(be.paramP, ptrs)
+	return uintptr(unsafe.Pointer(&ptrs[0]))
+}
+
+// issue enqueues one recorded node on the backend's stream: its kernel and, for a node that
+// cuBLASLt serves, the matmul after the cast.
+func (be *Backend) issue(n launch) error {
+	if err := be.d.call("cuLaunchKernel", n.f, uintptr(n.grid[0]), uintptr(n.grid[1]), uintptr(n.grid[2]),
+		uintptr(n.block[0]), uintptr(n.block[1]), uintptr(n.block[2]), uintptr(n.shared), be.stream, n.params, 0); err != nil {
+		return err
+	}
+	if n.matmul != nil {
+		return be.lt.run(n.matmul, be.stream)
+	}
+	return nil
 }
 
 // Name implements loader.Backend.
@@ -616,8 +672,7 @@ func (be *Backend) Profile(t int) ([]NodeTime, error) {
 			return err
 		}
 		for i, n := range nodes {
-			if err := d.call("cuLaunchKernel", n.f, uintptr(n.grid[0]), uintptr(n.grid[1]), uintptr(n.grid[2]),
-				uintptr(n.block[0]), uintptr(n.block[1]), uintptr(n.block[2]), uintptr(n.shared), be.stream, n.params, 0); err != nil {
+			if err := be.issue(n); err != nil {
 				return fmt.Errorf("node %s: %w", n.label, err)
 			}
 			if err := d.call("cuEventRecord", events[i+1], be.stream); err != nil {
@@ -649,6 +704,9 @@ func (be *Backend) Close() error {
 		d := be.d
 		for _, g := range be.graphs {
 			d.call("cuGraphExecDestroy", g)
+		}
+		if be.lt != nil {
+			be.lt.close()
 		}
 		for _, a := range []*arena{&be.ctl, &be.out} {
 			if a.host != nil {

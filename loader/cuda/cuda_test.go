@@ -15,7 +15,7 @@ func TestNoDriverIsAClearError(t *testing.T) {
 	} else if !errors.Is(err, ErrNoDriver) {
 		t.Skipf("a driver is present but unusable here: %v", err)
 	}
-	_, err := New(&bundle.Bundle{}, nil, nil)
+	_, err := New(&bundle.Bundle{}, nil, Options{})
 	if !errors.Is(err, ErrNoDriver) || !strings.Contains(err.Error(), "libcuda.so.1") {
 		t.Fatalf("New without a driver: %v", err)
 	}

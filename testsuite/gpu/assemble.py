@@ -107,6 +107,21 @@ def markdown(r):
         for x in rows:
             s.append(f"| {model} | {x['batch']} | {fmt(x['decode_step_ms'])} | {fmt(x['graph_replay_ms'])} | {fmt(x['floor_ms'])} | "
                      f"{fmt(x['pct_of_floor_graph'], '.1f')} | {fmt(x['pct_of_floor_step'], '.1f')} | {fmt(x['decode_tok_per_s'], '.0f')} |\n")
+    servers = {}
+    for model, rows in r["decode"].items():
+        base = model.split("+")[0].replace("-staged", "")
+        server = {"": "cuBLASLt (auto)", "+ptx": "PTX mma.sync"}.get(model[len(model.split("+")[0]):], model)
+        if "-staged" in model:
+            server = "PTX staged split-K"
+        for x in rows:
+            servers.setdefault(base, {}).setdefault(x["batch"], {})[server] = x["graph_replay_ms"]
+    if any(len(c) > 1 for b in servers.values() for c in b.values()):
+        s.append("\n## GEMM servers side by side (graph replay ms per decode step; batch 1 always runs the CUDA-core GEMV)\n\n")
+        names = sorted({n for b in servers.values() for c in b.values() for n in c})
+        s.append("| model | batch | " + " | ".join(names) + " |\n|---|---|" + "---|" * len(names) + "\n")
+        for base, by in sorted(servers.items()):
+            for bs, c in sorted(by.items()):
+                s.append(f"| {base} | {bs} | " + " | ".join(fmt(c.get(n)) for n in names) + " |\n")
     s.append("\n## Where a decode step's time goes (nodes launched one by one, summed by role, ms)\n\n")
     for model, rows in sorted(r["decode"].items()):
         for x in rows:

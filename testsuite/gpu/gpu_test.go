@@ -53,34 +53,48 @@ func needGPU(t *testing.T) {
 	}
 }
 
-func newCUDA(t testing.TB, b *bundle.Bundle) loader.Backend {
-	t.Helper()
-	w, err := loader.OpenWeights(b, "")
-	if err != nil {
-		t.Fatal(err)
+// gemmServers: every check runs with the bundle's PTX GEMMs and again with cuBLASLt serving
+// the tensor-core GEMM nodes; results of the second carry the suffix "@cublaslt".
+var gemmServers = []struct{ mode, suffix string }{{cuda.GemmPTX, ""}, {cuda.GemmCublasLt, "@cublaslt"}}
+
+func newCUDA(gemm string) testsuite.NewBackend {
+	return func(t testing.TB, b *bundle.Bundle) loader.Backend {
+		t.Helper()
+		w, err := loader.OpenWeights(b, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer w.Close()
+		be, err := cuda.New(b, w, cuda.Options{Gemm: gemm})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return be
 	}
-	defer w.Close()
-	be, err := cuda.New(b, w, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return be
 }
 
 // TestCUDA runs the shared end-to-end suite on the GPU and records each check's outcome.
 func TestCUDA(t *testing.T) {
 	needGPU(t)
-	for _, c := range testsuite.Checks {
-		t.Run(c.Name, func(t *testing.T) {
-			defer func() { record("mi."+c.Name, map[string]bool{"pass": !t.Failed()}) }()
-			c.Run(t, newCUDA)
-		})
+	for _, g := range gemmServers {
+		for _, c := range testsuite.Checks {
+			t.Run(g.mode+"/"+c.Name, func(t *testing.T) {
+				defer func() { record("mi."+c.Name+g.suffix, map[string]bool{"pass": !t.Failed()}) }()
+				c.Run(t, newCUDA(g.mode))
+			})
+		}
 	}
 }
 
 // agreement generates greedily on the CPU, then makes the GPU score the same tokens
 // (teacher forcing) and compares the logits of every step.
 func agreement(t *testing.T, key string, b *bundle.Bundle, prompt []int, n int, sameTokens bool) {
+	for _, g := range gemmServers {
+		agreementWith(t, g.mode, key+g.suffix, b, prompt, n, sameTokens)
+	}
+}
+
+func agreementWith(t *testing.T, gemm, key string, b *bundle.Bundle, prompt []int, n int, sameTokens bool) {
 	vocab := b.Manifest.Model.Vocab
 	run := func(nb testsuite.NewBackend, force []int) ([]int, [][]float32) {
 		rec := &testsuite.LogitRecorder{Backend: nb(t, b), Vocab: vocab}
@@ -96,7 +110,7 @@ func agreement(t *testing.T, key string, b *bundle.Bundle, prompt []int, n int, 
 		return res[0].Tokens, rec.Steps
 	}
 	cpuTok, cpuLogits := run(testsuite.NewCPU, nil)
-	gpuTok, gpuLogits := run(newCUDA, cpuTok)
+	gpuTok, gpuLogits := run(newCUDA(gemm), cpuTok)
 	worst := 0.0
 	for i := range cpuLogits {
 		worst = max(worst, testsuite.RelL2(gpuLogits[i], cpuLogits[i]))

@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # The GPU checks, run on the GPU machine from the repository root with .dev/gpu carried
 # (see build.sh). Writes $OUT/results.json and $OUT/RESULTS.md; copy them to testsuite/gpu/.
-#   MODE=quick  only assemble + correctness (no benchmarks)
+#   PARTS="check bench" (default both): check = ptxas, CUDA-vs-CPU and MI checks (with PTX and
+#   with cuBLASLt GEMMs), the transformers comparison (HF=0 skips it); bench = offline decode
+#   per batch for each GEMM server, start-to-first-token, the online benchmark (ONLINE=0 skips).
+#   The work directory persists while the machine stays warm, so two calls (PARTS=check, then
+#   PARTS=bench) assemble into one results.json.
 set -uo pipefail
 bin=.dev/gpu
 OUT=${OUT:-/tmp/xmix-gpu-out}
@@ -15,6 +19,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=c
 cat "$work/device.txt" >&2
 
 log "bundles"
+has() { [[ " ${PARTS:-check bench} " == *" $1 "* ]]; }
 "$bin/xmixc" build specs/models/tiny.yaml specs/apps/tiny-steer.yaml specs/apps/tiny-probe.yaml -q --embed-weights -o "$work/tiny.xmb"
 "$bin/xmixc" build specs/models/llama-3.2-1b.yaml -q -o "$work/llama-3.2-1b.xmb"
 "$bin/xmixc" build specs/models/llama-3.1-8b.yaml -q -o "$work/llama-3.1-8b.xmb"
@@ -22,6 +27,7 @@ log "bundles"
 "$bin/xmixc" build specs/models/qwen3-8b.yaml -q -o "$work/qwen3-8b.xmb"
 "$bin/xmixc" build specs/models/mixtral-8x7b.yaml -q -o "$work/mixtral-8x7b.xmb"
 
+if has check; then
 log "ptxas -arch=sm_90 on every kernel"
 : > "$work/ptxas.txt"
 for b in "$work"/*.xmb; do
@@ -44,24 +50,29 @@ XMIX_GPU_RESULTS="$work/checks.json" "$bin/gpu.test" -test.v -test.timeout 300s 
 echo "exit $?" >> "$work/checks.log"
 tail -30 "$work/checks.log" >&2
 
-if [ "${MODE:-full}" != quick ]; then
-  log "benchmarks"
-  models="llama-3.2-1b llama-3.1-8b"
-  [ "${GEMM_AB:-1}" = 1 ] && models="$models llama-3.1-8b-staged"
-  for m in $models; do
-    for bs in ${BATCHES:-1 8 32 128}; do
-      "$bin/xmix" bench "$work/$m.xmb" --backend cuda --prompts $bs --prompt-len ${PROMPT_LEN:-16} --new-tokens ${NEW_TOKENS:-64} \
-        --graph-buckets $bs --profile --json -q > "$work/bench-$m-b$bs.json" 2>> "$work/bench.log" || echo "bench $m b$bs failed" >&2
-    done
-    /usr/bin/time -f "%e" -o "$work/ttft-$m.txt" "$bin/xmix" run "$work/$m.xmb" --backend cuda -p x -n 1 -q > /dev/null 2>> "$work/bench.log"
-  done
-  [ "${ONLINE:-0}" = 1 ] && "$bin/xmix" bench "$work/llama-3.1-8b.xmb" --backend cuda --online --requests ${REQUESTS:-250} --rate ${RATE:-8} --warmup ${WARMUP:-1} --runs ${RUNS:-2} \
-    --json -q > "$work/online-llama-3.1-8b.json" 2>> "$work/bench.log" || echo "online bench failed" >&2
-fi
-
 if [ "${HF:-1}" = 1 ]; then
   log "transformers comparison (2-layer cuts of Llama-3.1-8B and Qwen3-8B)"
   PYTHONUNBUFFERED=1 python3 testsuite/gpu/hf_compare.py "$work" >&2 || echo "hf_compare failed" >&2
+fi
+fi
+
+if has bench; then
+  log "benchmarks"
+  # variant = bundle+GEMM server; the result name drops "+auto" (auto = cuBLASLt when it loads).
+  variants="llama-3.2-1b+auto llama-3.1-8b+auto"
+  [ "${GEMM_AB:-1}" = 1 ] && variants="$variants llama-3.2-1b+ptx llama-3.1-8b+ptx llama-3.1-8b-staged+ptx"
+  for v in $variants; do
+    m=${v%+*} gemm=${v#*+} name=${v%+auto}
+    for bs in ${BATCHES:-1 8 32 128}; do
+      [ "$gemm" != auto ] && [ "$bs" = 1 ] && continue # batch 1 runs the CUDA-core GEMV under every server
+      "$bin/xmix" bench "$work/$m.xmb" --backend cuda --gemm "$gemm" --prompts $bs --prompt-len ${PROMPT_LEN:-16} --new-tokens ${NEW_TOKENS:-64} \
+        --graph-buckets $bs --profile --json -q > "$work/bench-$name-b$bs.json" 2>> "$work/bench.log" || echo "bench $name b$bs failed" >&2
+    done
+    [ "$gemm" = auto ] && /usr/bin/time -f "%e" -o "$work/ttft-$m.txt" "$bin/xmix" run "$work/$m.xmb" --backend cuda -p x -n 1 -q > /dev/null 2>> "$work/bench.log"
+  done
+  [ "${ONLINE:-1}" = 1 ] && "$bin/xmix" bench "$work/llama-3.1-8b.xmb" --backend cuda --online --requests ${REQUESTS:-250} --rate ${RATE:-8} --warmup ${WARMUP:-1} --runs ${RUNS:-1} \
+    --json -q > "$work/online-llama-3.1-8b.json" 2>> "$work/bench.log" || echo "online bench failed" >&2
+  tail -5 "$work/bench.log" >&2
 fi
 
 log "assemble"

@@ -1,0 +1,329 @@
+package cuda
+
+import (
+	"encoding/json"
+	"fmt"
+	"runtime"
+	"unsafe"
+
+	"github.com/ebitengine/purego"
+
+	"xmix/bundle"
+	"xmix/ops"
+)
+
+// The bundle names every tensor-core GEMM as its own node kind (op gemm_tc: x f32 [rows,K],
+// w bf16 [N,K], y f32 [rows,N]), so the backend may serve it with its PTX kernel or with
+// cuBLASLt captured into the same step graph (DESIGN.md, "Backends"). cuBLASLt takes x as
+// bf16: a cast kernel (castPTX, below) rounds x to bf16 into a scratch buffer, then one
+// cublasLtMatmul computes y = bf16(x) . w^T with f32 accumulation. That is the precision of
+// every bf16 serving stack; the PTX kernel carries 16 bits of x's mantissa (hi+lo, see
+// ops/gemm_tc.go), so the two differ by about 2^-9 relative in x. Rows stay independent
+// (row i of y depends only on row i of x and w), so rows without an app remain bit-identical
+// to a bundle without it under either server.
+
+// Gemm servers for Options.Gemm.
+const (
+	GemmAuto     = "auto"     // cuBLASLt for every gemm_tc node when the library loads, else PTX
+	GemmPTX      = "ptx"      // the bundle's kernels only
+	GemmCublasLt = "cublaslt" // cuBLASLt for every gemm_tc node; an error when it cannot load
+)
+
+// ltWorkspaceBytes is cuBLASLt's scratch space; NVIDIA recommends 32 MiB on Hopper.
+const ltWorkspaceBytes = 32 << 20
+
+// cuBLASLt enum values (cublasLt.h, library_types.h, cublas_api.h).
+const (
+	cublasCompute32F     = 68
+	cudaR32F             = 0
+	cudaR16BF            = 14
+	cublasOpN            = 0
+	cublasOpT            = 1
+	ltDescTransA         = 3
+	ltDescTransB         = 4
+	ltPrefMaxWorkspace   = 1
+	ltPrefMinAlignmentA  = 5 // then B, C, D at 6, 7, 8
+	ltHeuristicResultLen = 96
+)
+
+var ltSymbols = []string{
+	"cublasLtCreate", "cublasLtDestroy", "cublasLtGetStatusName", "cublasLtMatmulDescCreate",
+	"cublasLtMatmulDescDestroy", "cublasLtMatmulDescSetAttribute", "cublasLtMatrixLayoutCreate",
+	"cublasLtMatrixLayoutDestroy", "cublasLtMatmulPreferenceCreate", "cublasLtMatmulPreferenceDestroy",
+	"cublasLtMatmulPreferenceSetAttribute", "cublasLtMatmulAlgoGetHeuristic", "cublasLtMatmul",
+}
+
+// ltLibraryPaths: the soname first (ld.so.conf, LD_LIBRARY_PATH), then the CUDA toolkit's
+// default place, which is often not on the loader's path.
+var ltLibraryPaths = []string{
+	"libcublasLt.so.13", "libcublasLt.so.12", "/usr/local/cuda/lib64/libcublasLt.so.13",
+	"/usr/local/cuda/lib64/libcublasLt.so.12", "libcublasLt.so",
+}
+
+// castPTX rounds n f32 values (n even) to bf16, two per thread per iteration of a grid-stride
+// loop. cvt.rn.bf16x2.f32 puts its first source in the upper half, so the pair is stored in
+// memory order.
+const castPTX = `.version 8.0
+.target sm_90
+.address_size 64
+
+.visible .entry xmix_cast_bf16(
+	.param .u64 src,
+	.param .u64 dst,
+	.param .u32 pairs
+)
+{
+	.reg .pred %p1;
+	.reg .b32 %r<8>;
+	.reg .b64 %rd<8>;
+	.reg .f32 %f<3>;
+	ld.param.u64 %rd1, [src];
+	ld.param.u64 %rd2, [dst];
+	ld.param.u32 %r1, [pairs];
+	mov.u32 %r2, %ctaid.x;
+	mov.u32 %r3, %ntid.x;
+	mov.u32 %r4, %tid.x;
+	mad.lo.u32 %r5, %r2, %r3, %r4;
+	mov.u32 %r6, %nctaid.x;
+	mul.lo.u32 %r6, %r6, %r3;
+LOOP:
+	setp.ge.u32 %p1, %r5, %r1;
+	@%p1 bra DONE;
+	mul.wide.u32 %rd3, %r5, 8;
+	add.u64 %rd4, %rd1, %rd3;
+	ld.global.v2.f32 {%f1, %f2}, [%rd4];
+	cvt.rn.bf16x2.f32 %r7, %f2, %f1;
+	mul.wide.u32 %rd5, %r5, 4;
+	add.u64 %rd6, %rd2, %rd5;
+	st.global.b32 [%rd6], %r7;
+	add.u32 %r5, %r5, %r6;
+	bra LOOP;
+DONE:
+	ret;
+}
+`
+
+const castEntry = "xmix_cast_bf16"
+
+// castLaunch is the grid of castPTX for n f32 values: 256 threads, at most 1024 blocks.
+func castLaunch(n int) (grid, block int) {
+	blocks := (n/2 + 255) / 256
+	return max(1, min(blocks, 1024)), 256
+}
+
+// cublasLt is the loaded library and the state shared by every node it serves.
+type cublasLt struct {
+	fn         map[string]uintptr
+	statusName func(int32) string
+	handle     uintptr
+	ws         uintptr // device workspace, ltWorkspaceBytes
+	xb         uintptr // device scratch for bf16(x), xbBytes
+	xbBytes    int64
+	castMod    uintptr
+	cast       uintptr
+	descs      []uintptr // matmul descriptors, destroyed at Close
+	layouts    []uintptr
+	one, zero  *float32
+}
+
+// ltMatmul is one GEMM node served by cuBLASLt: its descriptors, chosen algorithm and
+// pointers, fixed for the life of the graph.
+type ltMatmul struct {
+	desc, a, b, c uintptr
+	algo          [ltHeuristicResultLen]byte // the heuristic result; its first 64 bytes are the algo
+	w, x, y       uintptr
+}
+
+func loadCublasLt() (*cublasLt, error) {
+	var lib uintptr
+	var err error
+	for _, p := range ltLibraryPaths {
+		if lib, err = purego.Dlopen(p, purego.RTLD_NOW|purego.RTLD_GLOBAL); err == nil {
+			break
+		}
+	}
+	if lib == 0 {
+		return nil, fmt.Errorf("cuBLASLt not found (tried %v): %v", ltLibraryPaths, err)
+	}
+	lt := &cublasLt{fn: map[string]uintptr{}, one: new(float32), zero: new(float32)}
+	*lt.one = 1
+	for _, s := range ltSymbols {
+		p, err := purego.Dlsym(lib, s)
+		if err != nil || p == 0 {
+			return nil, fmt.Errorf("cuBLASLt lacks %s (need cuBLAS 12 or newer)", s)
+		}
+		lt.fn[s] = p
+	}
+	purego.RegisterFunc(&lt.statusName, lt.fn["cublasLtGetStatusName"])
+	return lt, nil
+}
+
+// call invokes a cuBLASLt function and turns a non-zero cublasStatus_t into an error.
+func (lt *cublasLt) call(name string, args ...uintptr) error {
+	r, _, _ := purego.SyscallN(lt.fn[name], args...)
+	if code := int32(r); code != 0 {
+		return fmt.Errorf("%s: %s (%d)", name, lt.statusName(code), code)
+	}
+	return nil
+}
+
+// initCublasLt loads cuBLASLt for the bundle's gemm_tc nodes when the options ask for it:
+// nil (and no error) when PTX serves every GEMM.
+func (be *Backend) initCublasLt(b *bundle.Bundle, mode string, progress Progress) error {
+	var xbBytes int64
+	for _, t := range b.Templates {
+		for _, n := range t.Nodes {
+			if g, ok := be.gemmShape(n); ok {
+				xbBytes = max(xbBytes, int64(g.rows)*int64(g.k)*2)
+			}
+		}
+	}
+	if mode == GemmPTX || xbBytes == 0 {
+		return nil
+	}
+	lt, err := loadCublasLt()
+	if err == nil {
+		err = be.setupCublasLt(lt, xbBytes)
+	}
+	if err != nil {
+		if mode == GemmCublasLt {
+			return fmt.Errorf("--gemm cublaslt: %w", err)
+		}
+		progress("cuda: GEMMs served by PTX kernels (cuBLASLt unavailable: %v)", err)
+		return nil
+	}
+	be.lt = lt
+	progress("cuda: tensor-core GEMMs served by cuBLASLt (%d MiB scratch)", (xbBytes+ltWorkspaceBytes)>>20)
+	return nil
+}
+
+func (be *Backend) setupCublasLt(lt *cublasLt, xbBytes int64) error {
+	d := be.d
+	if err := lt.call("cublasLtCreate", uintptr(unsafe.Pointer(&lt.handle))); err != nil {
+		return err
+	}
+	for _, a := range []struct {
+		p *uintptr
+		n int64
+	}{{&lt.ws, ltWorkspaceBytes}, {&lt.xb, xbBytes}} {
+		if err := d.call("cuMemAlloc_v2", uintptr(unsafe.Pointer(a.p)), uintptr(a.n)); err != nil {
+			return fmt.Errorf("allocating %d bytes for cuBLASLt: %w", a.n, err)
+		}
+		be.allocs = append(be.allocs, *a.p)
+	}
+	lt.xbBytes = xbBytes
+	src := append([]byte(castPTX), 0)
+	err := d.call("cuModuleLoadDataEx", uintptr(unsafe.Pointer(&lt.castMod)), uintptr(unsafe.Pointer(&src[0])), 0, 0, 0)
+	runtime.KeepAlive(src)
+	if err != nil {
+		return fmt.Errorf("cast kernel: %w", err)
+	}
+	be.modules = append(be.modules, lt.castMod)
+	name := append([]byte(castEntry), 0)
+	return d.call("cuModuleGetFunction", uintptr(unsafe.Pointer(&lt.cast)), lt.castMod, uintptr(unsafe.Pointer(&name[0])))
+}
+
+// gemmShape is a gemm_tc node's dimensions, when n is one.
+type gemmShape struct{ rows, k, n int }
+
+func (be *Backend) gemmShape(n bundle.Node) (gemmShape, bool) {
+	k, ok := be.kernels[n.Kernel]
+	if !ok || k.Op != "gemm_tc" || len(n.Args) < 4 || n.Args[3].Buffer != "" {
+		return gemmShape{}, false
+	}
+	var a ops.GemmTCAttrs
+	if json.Unmarshal(k.Attrs, &a) != nil || a.K <= 0 || a.N <= 0 || a.K%2 != 0 {
+		return gemmShape{}, false
+	}
+	return gemmShape{rows: int(uint32(n.Args[3].Const)), k: a.K, n: a.N}, true
+}
+
+// ltNode prepares node n (x, w, y at device addresses vals[0..2]) for cuBLASLt: the cast
+// launch and the matmul with its heuristic algorithm, run once outside any graph so that a
+// failure surfaces here, not inside a capture. ok is false when cuBLASLt does not take it
+// (the node then runs its PTX kernel).
+func (be *Backend) ltNode(n bundle.Node, vals []uint64) (*launch, bool, error) {
+	g, ok := be.gemmShape(n)
+	if !ok || be.lt == nil || g.rows <= 0 {
+		return nil, false, nil
+	}
+	lt := be.lt
+	m := &ltMatmul{x: uintptr(vals[0]), w: uintptr(vals[1]), y: uintptr(vals[2])}
+	for _, p := range []uintptr{m.x, m.w, m.y} {
+		if p%16 != 0 {
+			return nil, false, nil
+		}
+	}
+	if err := lt.call("cublasLtMatmulDescCreate", uintptr(unsafe.Pointer(&m.desc)), cublasCompute32F, cudaR32F); err != nil {
+		return nil, false, err
+	}
+	lt.descs = append(lt.descs, m.desc)
+	transA, transB := int32(cublasOpT), int32(cublasOpN)
+	if err := lt.call("cublasLtMatmulDescSetAttribute", m.desc, ltDescTransA, uintptr(unsafe.Pointer(&transA)), 4); err != nil {
+		return nil, false, err
+	}
+	if err := lt.call("cublasLtMatmulDescSetAttribute", m.desc, ltDescTransB, uintptr(unsafe.Pointer(&transB)), 4); err != nil {
+		return nil, false, err
+	}
+	// Column-major views of the row-major tensors: w [N,K] is a K x N matrix (op T gives
+	// N x K), x [rows,K] is K x rows, y [rows,N] is N x rows.
+	for _, l := range []struct {
+		p          *uintptr
+		dtype      uintptr
+		rows, cols int
+	}{{&m.a, cudaR16BF, g.k, g.n}, {&m.b, cudaR16BF, g.k, g.rows}, {&m.c, cudaR32F, g.n, g.rows}} {
+		if err := lt.call("cublasLtMatrixLayoutCreate", uintptr(unsafe.Pointer(l.p)), l.dtype, uintptr(l.rows), uintptr(l.cols), uintptr(l.rows)); err != nil {
+			return nil, false, err
+		}
+		lt.layouts = append(lt.layouts, *l.p)
+	}
+	var pref uintptr
+	if err := lt.call("cublasLtMatmulPreferenceCreate", uintptr(unsafe.Pointer(&pref))); err != nil {
+		return nil, false, err
+	}
+	defer lt.call("cublasLtMatmulPreferenceDestroy", pref)
+	wsBytes := uint64(ltWorkspaceBytes)
+	if err := lt.call("cublasLtMatmulPreferenceSetAttribute", pref, ltPrefMaxWorkspace, uintptr(unsafe.Pointer(&wsBytes)), 8); err != nil {
+		return nil, false, err
+	}
+	for i, p := range []uintptr{m.w, lt.xb, m.y, m.y} {
+		align := uint32(min(256, p&-p))
+		if err := lt.call("cublasLtMatmulPreferenceSetAttribute", pref, uintptr(ltPrefMinAlignmentA+i), uintptr(unsafe.Pointer(&align)), 4); err != nil {
+			return nil, false, err
+		}
+	}
+	var found int32
+	if err := lt.call("cublasLtMatmulAlgoGetHeuristic", lt.handle, m.desc, m.a, m.b, m.c, m.c, pref, 1,
+		uintptr(unsafe.Pointer(&m.algo[0])), uintptr(unsafe.Pointer(&found))); err != nil {
+		return nil, false, err
+	}
+	if found < 1 {
+		return nil, false, fmt.Errorf("cuBLASLt has no algorithm for %dx%dx%d bf16", g.rows, g.n, g.k)
+	}
+	grid, block := castLaunch(g.rows * g.k)
+	l := &launch{label: n.Label, kernel: "cublasLt:" + n.Kernel, f: lt.cast, grid: [3]int{grid, 1, 1},
+		block: [3]int{block, 1, 1}, params: be.keepParams([]uint64{vals[0], uint64(lt.xb), uint64(g.rows * g.k / 2)}), matmul: m}
+	if err := be.issue(*l); err != nil {
+		return nil, false, err
+	}
+	return l, true, be.d.call("cuStreamSynchronize", be.stream)
+}
+
+// run enqueues the matmul on stream (inside a capture, it records it).
+func (lt *cublasLt) run(m *ltMatmul, stream uintptr) error {
+	return lt.call("cublasLtMatmul", lt.handle, m.desc, uintptr(unsafe.Pointer(lt.one)), m.w, m.a, lt.xb, m.b,
+		uintptr(unsafe.Pointer(lt.zero)), m.y, m.c, m.y, m.c, uintptr(unsafe.Pointer(&m.algo[0])), lt.ws,
+		ltWorkspaceBytes, stream)
+}
+
+func (lt *cublasLt) close() {
+	for _, l := range lt.layouts {
+		lt.call("cublasLtMatrixLayoutDestroy", l)
+	}
+	for _, d := range lt.descs {
+		lt.call("cublasLtMatmulDescDestroy", d)
+	}
+	if lt.handle != 0 {
+		lt.call("cublasLtDestroy", lt.handle)
+	}
+}
