@@ -991,6 +991,13 @@ func CheckSevenAppsMixed(t *testing.T, nb NewBackend) {
 	})
 }
 
+// mixedTolerance bounds the relative difference of a read between a batched row and the same
+// request alone. They run in different decode buckets, whose GEMMs may round x differently:
+// the CPU and the PTX kernels keep 16 bits of its mantissa (ops/gemm_tc.go), cuBLASLt takes
+// bf16(x) like every bf16 serving stack (loader/cuda/cublaslt.go), a difference near 2^-9.
+// Tokens must agree exactly; bit-identity within one bucket is what the exactness checks test.
+const mixedTolerance = 2e-3
+
 func mixedRun(t *testing.T, nb NewBackend, b *bundle.Bundle, reqs []loader.Request) {
 	t.Helper()
 	batch := Generate(t, nb, b, reqs)
@@ -1002,7 +1009,7 @@ func mixedRun(t *testing.T, nb NewBackend, b *bundle.Bundle, reqs []loader.Reque
 		for r, row := range batch[i].Rows {
 			for k, v := range row.Exports {
 				s := solo.Rows[r].Exports[k]
-				if RelL2(v, s) > 1e-5 {
+				if RelL2(v, s) > mixedTolerance {
 					t.Fatalf("request %d row %d export %s: batched %v, alone %v", i, r, k, v, s)
 				}
 			}

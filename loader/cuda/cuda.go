@@ -529,7 +529,12 @@ func (be *Backend) issue(n launch) error {
 }
 
 // Name implements loader.Backend.
-func (be *Backend) Name() string { return "cuda " + be.Dev.Name }
+func (be *Backend) Name() string {
+	if be.lt != nil {
+		return "cuda " + be.Dev.Name + " (GEMMs: cuBLASLt)"
+	}
+	return "cuda " + be.Dev.Name + " (GEMMs: PTX)"
+}
 
 // Write implements loader.Backend: control buffers are staged in pinned memory and sent
 // with the next step; other buffers are copied at once.

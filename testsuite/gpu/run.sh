@@ -65,12 +65,12 @@ if has bench; then
     m=${v%+*} gemm=${v#*+} name=${v%+auto}
     for bs in ${BATCHES:-1 8 32 128}; do
       [ "$gemm" != auto ] && [ "$bs" = 1 ] && continue # batch 1 runs the CUDA-core GEMV under every server
-      "$bin/xmix" bench "$work/$m.xmb" --backend cuda --gemm "$gemm" --prompts $bs --prompt-len ${PROMPT_LEN:-16} --new-tokens ${NEW_TOKENS:-64} \
+      timeout ${BENCH_TIMEOUT:-150} "$bin/xmix" bench "$work/$m.xmb" --backend cuda --gemm "$gemm" --prompts $bs --prompt-len ${PROMPT_LEN:-16} --new-tokens ${NEW_TOKENS:-64} \
         --graph-buckets $bs --profile --json -q > "$work/bench-$name-b$bs.json" 2>> "$work/bench.log" || echo "bench $name b$bs failed" >&2
     done
     [ "$gemm" = auto ] && /usr/bin/time -f "%e" -o "$work/ttft-$m.txt" "$bin/xmix" run "$work/$m.xmb" --backend cuda -p x -n 1 -q > /dev/null 2>> "$work/bench.log"
   done
-  [ "${ONLINE:-1}" = 1 ] && "$bin/xmix" bench "$work/llama-3.1-8b.xmb" --backend cuda --online --requests ${REQUESTS:-250} --rate ${RATE:-8} --warmup ${WARMUP:-1} --runs ${RUNS:-1} \
+  [ "${ONLINE:-1}" = 1 ] && timeout ${ONLINE_TIMEOUT:-300} "$bin/xmix" bench "$work/llama-3.1-8b.xmb" --backend cuda --online --requests ${REQUESTS:-250} --rate ${RATE:-8} --warmup ${WARMUP:-1} --runs ${RUNS:-1} \
     --json -q > "$work/online-llama-3.1-8b.json" 2>> "$work/bench.log" || echo "online bench failed" >&2
   tail -5 "$work/bench.log" >&2
 fi
