@@ -1,52 +1,282 @@
 #!/usr/bin/env bash
-# The seven apps' cost on the GPU (issue 4), run on the GPU machine like run.sh (.dev/gpu
-# carried). For each decode batch: the bundle compiled with no apps, the bundle with apps 1-6
-# deployed and none enabled, and each app enabled on every row; graph replay times measured
-# back to back in one session, as ratios to the no-app bundle. App 7 likewise on Mixtral.
-# Writes $OUT/apps.json and $OUT/APPS.md.
+# The issue-4 figures: what the seven apps and the nnsight grid rows cost on the GPU. Run on the
+# GPU machine from the repository root with .dev/gpu carried (testsuite/gpu/build.sh first):
+#   run(command="bash testsuite/gpu/apps.sh", carry=[".dev/gpu"])
+# Writes $OUT/apps.json and $OUT/APPS.md (testsuite/gpu/apps_assemble.py). Three phases:
+#  1 offline graph replay (low noise): bare replays of decode buckets 1 and 8 (CUDA events),
+#    per variant: bundle with no apps, apps 1-6 deployed and none enabled, each app enabled on
+#    every row, all six; app 7 likewise on Mixtral-8x7B.
+#  2 nnsight grid rows (specs/apps/grid/, all deployed in one Llama-3.1-8B bundle): graph replay
+#    at batch 1 and 8 with each row's app enabled alone, vs the bundle with no apps.
+#  3 the paper's method: `xmix bench --online` (Poisson arrivals, ShareGPT-like prompts, 128
+#    output tokens) for the same variants as phase 1, interleaved round by round (bare,
+#    deployed, app1..app6, all six, Mixtral's three; then again) so drift hits every variant
+#    alike. One process per variant per round, --warmup 0 --runs 1: every variant goes through
+#    the same process life cycle, and the GPU is warm from phases 1-2 and the probes.
+# Time: everything is fitted into TIME_BUDGET_S (whole script). Phase 3 first runs one probe
+# per model (PROBE_REQUESTS arriving at once: the engine's capacity in requests/s), then picks
+# the request count so that every round fits what is left: every variant gets the same arrival
+# window, requests = window x min(rate, capacity), capped at REQUESTS. When even MIN_REQUESTS
+# do not fit, it sheds warm-up rounds, then measured rounds (down to one), then Mixtral's
+# online runs; a round that would end past the budget (estimate, or the last round's real
+# length if longer) is skipped, and a round still running GRACE_S past it is cut short. Every
+# such cut is written into the results ("notes"). Time left after the planned rounds goes to
+# up to EXTRA_ROUNDS more measured rounds, each only if it fits.
+# Knobs (env): TIME_BUDGET_S (480), REQUESTS (250), RATE (4, Llama req/s), MX_RATE (1),
+# OUTPUT_LEN (128), RUNS (2 measured rounds), WARMUP (0 discarded rounds), MIN_REQUESTS (12),
+# PROBE_REQUESTS (12), SEED (1), BUCKETS ("1 8"), GRAPH_ITERS (100), PROMPT_LEN (128, phase 1),
+# GRID_PROMPT_LEN (512, the nnsight grid's prompt), NEW_TOKENS (8), MIXTRAL (1), ALL6 (1),
+# PHASES ("offline grid online"), GRACE_S (30), EXTRA_ROUNDS (3), BIN (.dev/gpu), OUT, WORK.
+# SMOKE=1 runs the same pipeline on the CPU backend with tiny (specs/models/tiny.yaml +
+# specs/apps/tiny/*.yaml), a small Mixtral written here, the grid specs scaled down to tiny,
+# and small counts, to check the script and the tables anywhere (BIN=/path/to/binaries).
 set -uo pipefail
-bin=.dev/gpu
+cd "$(dirname "$0")/../.."
+T0=$(date +%s.%N)
+SMOKE=${SMOKE:-0}
+bin=${BIN:-.dev/gpu}
 OUT=${OUT:-/tmp/xmix-gpu-out}
-work=/tmp/xmix-apps
-mkdir -p "$OUT" "$work"
-"$bin/xmixc" build specs/models/llama-3.1-8b.yaml -q -o "$work/l8-bare.xmb"
-"$bin/xmixc" build specs/models/llama-3.1-8b.yaml specs/apps/app[1-6]-*.yaml -q -o "$work/l8-apps.xmb"
-"$bin/xmixc" build specs/models/mixtral-8x7b.yaml -q -o "$work/mx-bare.xmb"
-"$bin/xmixc" build specs/models/mixtral-8x7b.yaml specs/apps/app7-steermoe.yaml -q -o "$work/mx-apps.xmb"
-bench() { # name bundle batch [apps]
-  local apps=()
-  [ -n "${4:-}" ] && apps=(--apps "$4")
-  "$bin/xmix" bench "$work/$2.xmb" --backend cuda --prompts "$3" --prompt-len 16 --new-tokens 32 \
-    --graph-buckets "$3" --graph-iters 100 "${apps[@]}" --json -q > "$work/r-$1-b$3.json" 2>> "$work/log" || echo "failed: $1 b$3" >&2
+work=${WORK:-/tmp/xmix-apps}
+rm -rf "$work"
+mkdir -p "$OUT" "$work/r"
+: > "$work/notes.txt"
+: > "$work/runs.tsv"
+: > "$work/variants.tsv"
+
+if [ "$SMOKE" = 1 ]; then
+  backend=cpu
+  : "${TIME_BUDGET_S:=300}" "${RATE:=20}" "${MX_RATE:=20}" "${OUTPUT_LEN:=8}" "${MIN_REQUESTS:=3}"
+  : "${PROBE_REQUESTS:=3}" "${PROMPT_LEN:=16}" "${GRID_PROMPT_LEN:=32}" "${NEW_TOKENS:=4}" "${GRAPH_ITERS:=5}"
+else
+  backend=cuda
+fi
+: "${TIME_BUDGET_S:=480}" "${REQUESTS:=250}" "${RATE:=4}" "${MX_RATE:=1}" "${OUTPUT_LEN:=128}"
+: "${RUNS:=2}" "${WARMUP:=0}" "${MIN_REQUESTS:=12}" "${PROBE_REQUESTS:=12}" "${SEED:=1}"
+: "${BUCKETS:=1 8}" "${GRAPH_ITERS:=100}" "${PROMPT_LEN:=128}" "${GRID_PROMPT_LEN:=512}" "${NEW_TOKENS:=8}"
+: "${MIXTRAL:=1}" "${ALL6:=1}" "${PHASES:=offline grid online}" "${GRACE_S:=30}" "${EXTRA_ROUNDS:=3}"
+buckets_csv=$(echo $BUCKETS | tr ' ' ',')
+max_bucket=$(echo $BUCKETS | tr ' ' '\n' | sort -n | tail -1)
+
+now() { awk -v t0="$T0" -v t="$(date +%s.%N)" 'BEGIN { printf "%.1f", t - t0 }'; }
+log() { echo "[$(date +%T) +$(now)s] $*" >&2; }
+# note: a line that goes into the results (what was skipped, shortened or failed, and why).
+note() { echo "$*" >> "$work/notes.txt"; log "$*"; }
+# left: whole seconds of TIME_BUDGET_S still unspent.
+left() { awk -v b="$TIME_BUDGET_S" -v e="$(now)" 'BEGIN { printf "%d", b - e }'; }
+app_name() { sed -n 's/^app: *//p' "$1" | head -1; }
+
+# The models and apps: Llama-3.1-8B with apps 1-6, Mixtral-8x7B with app 7, or their stand-ins.
+if [ "$SMOKE" = 1 ]; then
+  l_model=specs/models/tiny.yaml
+  l_apps=(specs/apps/tiny/tiny-app[1-6]-*.yaml)
+  mx_model=$work/small-mixtral.yaml
+  cat > "$mx_model" <<'EOF'
+model: small-mixtral
+family: mixtral
+dims: {hidden: 64, intermediate: 96, layers: 2, heads: 4, kv_heads: 2, head_dim: 32, vocab: 300,
+       rope_theta: 1000000, rms_eps: 1.0e-5, tie_embeddings: false, experts: 8, experts_per_token: 2}
+weights: {synthetic: {seed: 8, std: 0.08}}
+tokenizer: bytes
+bos: 256
+eos: [257]
+serving: {decode_buckets: [1, 2, 4, 8], prefill_chunks: [64], max_seq_len: 512, max_seqs: 8, kv_block_size: 16}
+EOF
+  # The grid rows at tiny's size: layer 3 of 6, hidden 256.
+  mkdir -p "$work/grid"
+  for f in specs/apps/grid/*.yaml; do
+    sed -e 's/layers: \[16\]/layers: [3]/' -e 's/\[4096\]/[256]/' -e 's/\[131072\]/[1536]/' -e 's/\[320\]/[60]/' \
+      "$f" > "$work/grid/$(basename "$f")"
+  done
+  grid_apps=("$work"/grid/*.yaml)
+  embed=(--embed-weights)
+else
+  l_model=specs/models/llama-3.1-8b.yaml
+  l_apps=(specs/apps/app[1-6]-*.yaml)
+  mx_model=specs/models/mixtral-8x7b.yaml
+  grid_apps=(specs/apps/grid/*.yaml)
+  embed=()
+fi
+mx_app=specs/apps/app7-steermoe.yaml
+l_names=()
+for f in "${l_apps[@]}"; do l_names+=("$(app_name "$f")"); done
+all6=$(IFS=,; echo "${l_names[*]}")
+mx_name=$(app_name "$mx_app")
+
+if [ "$SMOKE" = 1 ]; then
+  echo "cpu backend (SMOKE=1), $(nproc) cores" > "$work/device.txt"
+else
+  nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader > "$work/device.txt" 2>&1
+fi
+log "device: $(head -1 "$work/device.txt")"
+
+log "bundles"
+build() { # name model [apps...]
+  local name=$1
+  shift
+  "$bin/xmixc" build "$@" -q "${embed[@]}" -o "$work/$name.xmb" 2> "$work/build-$name.err" ||
+    note "build $name failed: $(tail -c 400 "$work/build-$name.err" | tr '\n' ' ')"
 }
-for bs in ${BATCHES:-1 8}; do
-  bench bare l8-bare $bs
-  bench deployed l8-apps $bs
-  for a in refusal-ablation seal conditional-refusal hallucination-probe sake side-effect-free; do bench "$a" l8-apps $bs "$a"; done
-  bench all6 l8-apps $bs refusal-ablation,seal,conditional-refusal,hallucination-probe,sake,side-effect-free
-  [ "${MIXTRAL:-1}" = 1 ] && { bench mx-bare mx-bare $bs; bench mx-deployed mx-apps $bs; bench steermoe mx-apps $bs steermoe; }
+build l8-bare "$l_model"
+build l8-apps "$l_model" "${l_apps[@]}"
+build l8-grid "$l_model" "${grid_apps[@]}"
+if [ "$MIXTRAL" = 1 ]; then
+  build mx-bare "$mx_model"
+  build mx-apps "$mx_model" "$mx_app"
+fi
+
+# variant PHASE NAME GROUP KIND BUNDLE [bench args]: declares one variant of a phase; GROUP
+# names the model (l8, mx), KIND is bare | deployed | app | all (the assembler's baselines).
+declare -A v_bundle v_args
+variants=()
+variant() {
+  local phase=$1 name=$2 group=$3 kind=$4 bundle=$5
+  shift 5
+  printf '%s\t%s\t%s\t%s\t%s\n' "$phase" "$name" "$group" "$kind" "$*" >> "$work/variants.tsv"
+  v_bundle[$phase/$name]=$bundle
+  v_args[$phase/$name]="$*"
+  variants+=("$phase/$name")
+}
+# A request without apps still draws the app coin when --apps is given (xmix bench draws the
+# workload and the app choice from one random stream), so the no-app variants name an app at
+# fraction 0: every variant then replays the same prompts and arrival times.
+none=(--apps none --app-fraction 0)
+for phase in offline online; do
+  variant $phase bare l8 bare l8-bare "${none[@]}"
+  variant $phase deployed l8 deployed l8-apps "${none[@]}"
+  for a in "${l_names[@]}"; do variant $phase "$a" l8 app l8-apps --apps "$a" --app-fraction 1; done
+  [ "$ALL6" = 1 ] && variant $phase all6 l8 all l8-apps --apps "$all6" --app-fraction 1
+  if [ "$MIXTRAL" = 1 ]; then
+    variant $phase mx-bare mx bare mx-bare "${none[@]}"
+    variant $phase mx-deployed mx deployed mx-apps "${none[@]}"
+    variant $phase "$mx_name" mx app mx-apps --apps "$mx_name" --app-fraction 1
+  fi
 done
-python3 - "$work" "$OUT" <<'PY'
-import glob, json, os, re, sys
-work, out = sys.argv[1], sys.argv[2]
-rows = {}
-for p in glob.glob(os.path.join(work, "r-*.json")):
-    m = re.match(r"r-(.*)-b(\d+)\.json", os.path.basename(p))
-    try:
-        d = json.load(open(p))
-    except ValueError:
-        continue
-    g = list((d.get("graph_ms") or {}).values())
-    rows.setdefault(int(m.group(2)), {})[m.group(1)] = {"graph_ms": g[0] if g else None,
-        "step_ms": d.get("offline", {}).get("decode_step_ms")}
-json.dump(rows, open(os.path.join(out, "apps.json"), "w"), indent=2, sort_keys=True)
-md = ["# Seven apps on the H200 (graph replay ms; ratio to the bundle without apps)\n"]
-for bs, r in sorted(rows.items()):
-    md.append(f"\n## batch {bs}\n\n| variant | graph ms | vs no-app bundle |\n|---|---|---|\n")
-    for k, v in sorted(r.items()):
-        base = r.get("mx-bare" if k in ("mx-deployed", "steermoe", "mx-bare") else "bare", {}).get("graph_ms")
-        ratio = f"{v['graph_ms'] / base:.4f}" if base and v["graph_ms"] else "-"
-        md.append(f"| {k} | {v['graph_ms']} | {ratio} |\n")
-open(os.path.join(out, "APPS.md"), "w").write("".join(md))
-PY
+variant grid bare l8 bare l8-bare "${none[@]}"
+variant grid deployed l8 deployed l8-grid "${none[@]}"
+for f in "${grid_apps[@]}"; do
+  a=$(app_name "$f")
+  variant grid "$a" l8 app l8-grid --apps "$a" --app-fraction 1
+done
+
+# bench ID TIMEOUT BUNDLE [args]: one `xmix bench` into r/ID.json; its wall time and exit
+# status go to runs.tsv. A failure is noted and the script goes on.
+bench() {
+  local id=$1 to=$2 b=$3
+  shift 3
+  local t=$(date +%s.%N) rc
+  if [ ! -f "$work/$b.xmb" ]; then
+    note "skipped $id: bundle $b was not built"
+    return 1
+  fi
+  timeout -k 10 "$to" "$bin/xmix" bench "$work/$b.xmb" --backend "$backend" --seed "$SEED" --json -q "$@" \
+    > "$work/r/$id.json" 2> "$work/r/$id.err"
+  rc=$?
+  local wall=$(awk -v t0="$t" -v t="$(date +%s.%N)" 'BEGIN { printf "%.2f", t - t0 }')
+  printf '%s\t%s\t%s\n' "$id" "$rc" "$wall" >> "$work/runs.tsv"
+  if [ $rc != 0 ]; then
+    note "failed: $id (exit $rc$([ $rc = 124 ] && echo ", timeout ${to}s"), ${wall}s): $(tail -c 300 "$work/r/$id.err" | tr '\n' ' ')"
+    rm -f "$work/r/$id.json"
+    return 1
+  fi
+}
+
+# graph PHASE NAME PROMPT_LEN: bare replays of the decode buckets (and the per-node profile),
+# after a short offline generate that leaves every row's control block with the variant's apps.
+graph() {
+  local v=$1/$2
+  if [ "$(left)" -lt 20 ]; then
+    note "skipped $1 $2: time budget spent"
+    return
+  fi
+  bench "$1-$2" 240 "${v_bundle[$v]}" --prompts "$max_bucket" --prompt-len "$3" --new-tokens "$NEW_TOKENS" \
+    --graph-buckets "$buckets_csv" --graph-iters "$GRAPH_ITERS" --profile ${v_args[$v]}
+}
+
+for phase in $PHASES; do
+  case $phase in
+  offline)
+    log "phase 1: offline graph replay, buckets $BUCKETS"
+    for v in "${variants[@]}"; do [ "${v%%/*}" = offline ] && graph offline "${v#*/}" "$PROMPT_LEN"; done
+    ;;
+  grid)
+    log "phase 2: nnsight grid rows, buckets $BUCKETS, prompts of $GRID_PROMPT_LEN tokens"
+    for v in "${variants[@]}"; do [ "${v%%/*}" = grid ] && graph grid "${v#*/}" "$GRID_PROMPT_LEN"; done
+    ;;
+  online)
+    log "phase 3: online, probes"
+    groups=(l8)
+    [ "$MIXTRAL" = 1 ] && groups+=(mx)
+    declare -A rate=([l8]=$RATE [mx]=$MX_RATE)
+    for g in "${groups[@]}"; do
+      bench "probe-$g" 300 "${v_bundle[online/$([ $g = mx ] && echo mx-bare || echo bare)]}" --online \
+        --requests "$PROBE_REQUESTS" --rate 1000 --output-len "$OUTPUT_LEN" --warmup 0 --runs 1 "${none[@]}"
+    done
+    # group:variants:rate for each probed group; plan fits their rounds into what is left.
+    probes=()
+    for g in "${groups[@]}"; do
+      [ -f "$work/r/probe-$g.json" ] || continue
+      n=$(awk -F'\t' -v g="$g" '$1 == "online" && $3 == g' "$work/variants.tsv" | wc -l)
+      probes+=("$g:$n:${rate[$g]}")
+    done
+    if [ ${#probes[@]} = 0 ]; then
+      note "online skipped: no probe run succeeded"
+      continue
+    fi
+    python3 testsuite/gpu/apps_assemble.py plan "$work" --left "$(left)" --requests "$REQUESTS" \
+      --min-requests "$MIN_REQUESTS" --probe-requests "$PROBE_REQUESTS" --output-len "$OUTPUT_LEN" \
+      --warmup "$WARMUP" --runs "$RUNS" "${probes[@]}" > "$work/plan.sh" 2>> "$work/notes.txt"
+    cat "$work/plan.sh" >&2
+    # plan.sh sets WARMUP_ROUNDS, RUN_ROUNDS, ROUND_S (estimated seconds per round), and per
+    # group N_<g> (requests, 0 = skipped) and RUN_S_<g> (estimated seconds per run).
+    WARMUP_ROUNDS=0 RUN_ROUNDS=0 ROUND_S=0
+    source "$work/plan.sh"
+    rounds=$((WARMUP_ROUNDS + RUN_ROUNDS))
+    for ((r = 0; r < rounds + EXTRA_ROUNDS; r++)); do
+      # ROUND_S: the estimate, or the last round's real length when that was longer. The
+      # planned rounds may end up to 15 s past the budget; an extra one must fit inside it.
+      if [ $r -ge $rounds ]; then
+        awk -v l="$(left)" -v s="$ROUND_S" 'BEGIN { exit !(s <= l) }' || break
+        note "online: extra measured round $r ($(left)s of the budget left, a round takes about ${ROUND_S}s)"
+      elif awk -v l="$(left)" -v s="$ROUND_S" 'BEGIN { exit !(s > l + 15) }'; then
+        note "online rounds $r-$((rounds - 1)) skipped: a round needs about ${ROUND_S}s, $(left)s of the budget left"
+        break
+      fi
+      log "online round $r of $rounds ($([ $r -lt "$WARMUP_ROUNDS" ] && echo warm-up || echo measured), about ${ROUND_S}s)"
+      rstart=$(now)
+      for v in "${variants[@]}"; do
+        [ "${v%%/*}" = online ] || continue
+        name=${v#*/}
+        g=$(awk -F'\t' -v n="$name" '$1 == "online" && $2 == n { print $3 }' "$work/variants.tsv")
+        nv=N_$g
+        [ "${!nv:-0}" -gt 0 ] || continue
+        # Past the budget by more than GRACE_S, the round is cut short: its runs so far stay
+        # in the results, but ratios are only as good as the variants it reached.
+        if [ "$(left)" -lt "-$GRACE_S" ]; then
+          note "online round $r cut short at $name: budget exceeded by more than ${GRACE_S}s"
+          break 2
+        fi
+        rs=RUN_S_$g
+        to=$(awk -v s="${!rs}" -v l="$(left)" -v g="$GRACE_S" 'BEGIN { t = s * 3 + 60; m = l + g + 30; if (m < t) t = m; if (t < 30) t = 30; printf "%d", t }')
+        bench "online-r$r-$name" "$to" "${v_bundle[$v]}" --online --requests "${!nv}" --rate "${rate[$g]}" \
+          --output-len "$OUTPUT_LEN" --warmup 0 --runs 1 ${v_args[$v]}
+      done
+      ROUND_S=$(awk -v a="$ROUND_S" -v s="$rstart" -v e="$(now)" 'BEGIN { d = e - s; printf "%d", (d > a ? d : a) }')
+    done
+    ;;
+  *) note "unknown phase $phase (PHASES takes offline, grid, online)" ;;
+  esac
+done
+
+log "assemble"
+cat > "$work/config.json" <<EOF
+{"smoke": $SMOKE, "backend": "$backend", "time_budget_s": $TIME_BUDGET_S, "requests": $REQUESTS,
+ "rate": {"l8": $RATE, "mx": $MX_RATE}, "output_len": $OUTPUT_LEN, "runs": $RUNS, "warmup": $WARMUP,
+ "min_requests": $MIN_REQUESTS, "probe_requests": $PROBE_REQUESTS, "seed": $SEED, "buckets": [$buckets_csv],
+ "graph_iters": $GRAPH_ITERS, "prompt_len": $PROMPT_LEN, "grid_prompt_len": $GRID_PROMPT_LEN,
+ "new_tokens": $NEW_TOKENS, "mixtral": $MIXTRAL, "all6": $ALL6, "phases": "$PHASES",
+ "models": {"l8": "$l_model", "mx": "$mx_model"}, "elapsed_s": $(now)}
+EOF
+python3 testsuite/gpu/apps_assemble.py assemble "$work" "$OUT" || note "assemble failed"
+cp "$work/notes.txt" "$work/runs.tsv" "$OUT/" 2>/dev/null
 cat "$OUT/APPS.md" >&2
+log "done"
