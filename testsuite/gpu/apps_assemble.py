@@ -26,6 +26,8 @@ RESERVE_S = 10
 GROUP_TITLES = {"l8": "Llama-3.1-8B, apps 1-6", "mx": "Mixtral-8x7B, app 7"}
 # The nnsight comparison grid's rows (FACTS.md) that specs/apps/grid/ expresses.
 GRID_ROWS = {
+    "bare": "no-app bundle (generate)",
+    "deployed": "every grid app deployed, none enabled",
     "grid-capture-l16": "capture 1 layer every step",
     "grid-capture-all": "capture every layer every step",
     "grid-steer-l16": "additive steering 1 layer",
@@ -303,14 +305,16 @@ def assemble(work, out):
         md.append(f"Poisson arrivals, ShareGPT-like prompt lengths, {cfg.get('output_len')} output tokens; "
                   f"{max((len(r['measured_rounds']) for r in online.values()), default=0)} measured round(s) "
                   f"(planned {plan_.get('run_rounds')}) after {plan_.get('warmup_rounds')} warm-up round(s), "
-                  "variants interleaved in each round, one process per run. Cost = mean over rounds, as a change "
-                  "against the bundle compiled with no apps; the range is the same-round ratios' spread.\n")
+                  "variants interleaved in each round, one process per run. \"vs no-app\": the mean over rounds as a "
+                  "change against the bundle compiled with no apps (apps.json has the ratios); \"range\": the "
+                  "spread of the same-round ITL ratios, a gauge of the noise.\n")
     else:
         md.append("Not run (see notes).\n")
     for g, gp in plan_.get("groups", {}).items():
         md.append(f"\n### {GROUP_TITLES.get(g, g)}: {gp['requests']} requests at {gp['rate']:g}/s "
                   f"(REQUESTS {cfg.get('requests')})\n\n")
-        md.append("| variant | mean ITL ms | cost | range | P99 ITL ms | cost | mean TTFT ms | cost | total tok/s | cost | rounds |\n")
+        md.append("| variant | mean ITL ms | vs no-app | range | P99 ITL ms | vs no-app | mean TTFT ms | vs no-app | "
+                  "total tok/s | vs no-app | rounds |\n")
         md.append("|---|---|---|---|---|---|---|---|---|---|---|\n")
         for name, row in online.items():
             if row["group"] != g:
@@ -323,7 +327,8 @@ def assemble(work, out):
                 if k == "mean_itl_ms":
                     cells.append(f"{pct(rng[0])} .. {pct(rng[1])}" if rng and row["kind"] != "bare" else "")
             flag = "" if row["same_workload"] or row["kind"] == "bare" or not m else " (other workload!)"
-            cells.append(",".join(map(str, row["measured_rounds"])) + (" warm-up only" if row["from_warmup_only"] else "") + flag)
+            done = ",".join(map(str, row["measured_rounds"])) or "none (see notes)"
+            cells.append(done + (" warm-up only" if row["from_warmup_only"] else "") + flag)
             md.append("| " + " | ".join(cells) + " |\n")
 
     # Deployed but unused.
@@ -379,11 +384,16 @@ def assemble(work, out):
 
 
 def table(rows, first, label):
+    """Per variant and bucket: ms, share of the no-app bundle, change against the deployed
+    bundle; then the host-measured decode step (control upload, replay, export read-back: what
+    graph replay leaves out, e.g. copying every layer's capture back) as a share."""
     bs = buckets(rows)
     if not bs:
         return "No results (see notes).\n"
-    head = f"| {first} | " + " | ".join(f"{b} ms | {b} share | {b} vs deployed" for b in bs) + " |\n"
-    out = [head, "|---|" + "---|---|---|" * len(bs) + "\n"]
+    step = "step" not in bs and any(r["step_ms"] for r in rows.values())
+    head = f"| {first} | " + " | ".join(f"{b} ms | {b} share | {b} vs deployed" for b in bs)
+    head += " | host step ms | step share |\n" if step else " |\n"
+    out = [head, "|---|" + "---|---|---|" * len(bs) + ("---|---|" if step else "") + "\n"]
     for name, row in rows.items():
         dep = baseline(rows, row["group"], "deployed")
         cells = [label(name)]
@@ -393,6 +403,10 @@ def table(rows, first, label):
             d = (dep["ms"] or {}).get(b) if dep and dep["ms"] else None
             cells += [fmt(ms, 4), "-" if r is None else f"{r:.4f}",
                       pct(ms / d) if ms and d and row["kind"] in ("app", "all") else ""]
+        if step:
+            base = baseline(rows, row["group"], "bare")
+            sb = base["step_ms"] if base else None
+            cells += [fmt(row["step_ms"], 3), f"{row['step_ms'] / sb:.4f}" if row["step_ms"] and sb else "-"]
         out.append("| " + " | ".join(cells) + " |\n")
     return "".join(out)
 
