@@ -30,6 +30,13 @@ type Manifest struct {
 	Buffers []Buffer    `json:"buffers"`
 	Sites   []Site      `json:"sites"`
 	Build   BuildInfo   `json:"build"`
+	// TP is the tensor-parallel degree the templates were compiled for; 0 or 1: one device.
+	// At TP > 1 every rank (0..TP-1) replays the same templates (SPMD) over its own copy of
+	// every buffer: a buffer with a Shard holds that rank's part of its tensors, every other
+	// buffer is replicated, and Collective nodes exchange activations between the ranks.
+	// The host writes control buffers to every rank and reads outputs from rank 0 (every
+	// rank computes them alike: MI ops run after the all-reduce, on replicated data).
+	TP int `json:"tp,omitempty"`
 }
 
 // ModelConfig is the architecture and serving limits the bundle was compiled for.
@@ -171,6 +178,45 @@ type Buffer struct {
 	// Tensors name the source tensors of a weight or param buffer; several are concatenated
 	// along their first dimension (a fused QKV projection is q_proj, k_proj, v_proj).
 	Tensors []string `json:"tensors,omitempty"`
+	// Shard, only in bundles with TP > 1, cuts the buffer across ranks (Megatron-style).
+	Shard *Shard `json:"shard,omitempty"`
+}
+
+// Shard says which part of a weight or param buffer's tensors a rank holds. Each source
+// tensor is split into TP equal parts along Dim (0: rows, the output features of a
+// column-parallel projection, or the elements of a vector; 1: columns, the input features of
+// a row-parallel projection); rank r takes part r of each, and those parts are stacked along
+// the first dimension in Tensors order. The buffer's Shape is the per-rank shape.
+type Shard struct {
+	Dim int `json:"dim"`
+	// Extents are the unsharded sizes along Dim of the source tensors, in Tensors order,
+	// so that a rank finds its part without the tensors (synthetic weights have none).
+	Extents []int `json:"extents"`
+	// Global names the unsharded buffer whose synthetic values this buffer is cut from, when
+	// it is not the buffer's own name (the LM head of a model with tied embeddings is cut
+	// from "embed").
+	Global string `json:"global,omitempty"`
+}
+
+// Collective operations (Collective.Op).
+const (
+	// AllReduceSum replaces In ([Rows, Cols] f32, In == Out) on every rank by the sum over
+	// ranks, added in rank order so that every rank and every run gets the same bits.
+	AllReduceSum = "all_reduce_sum"
+	// AllGatherCols writes Out[row, r*Cols+c] = In of rank r [row, c] on every rank: the
+	// vocab-parallel LM head's column shards assembled into whole logits rows.
+	AllGatherCols = "all_gather_cols"
+)
+
+// Collective is a node that exchanges an f32 activation between tensor-parallel ranks
+// instead of launching a kernel. In and Out are read and written from offset 0 with row
+// strides Cols (In) and Cols for all_reduce_sum, TP*Cols for all_gather_cols (Out).
+type Collective struct {
+	Op   string `json:"op"`
+	In   string `json:"in"`
+	Out  string `json:"out"`
+	Rows int    `json:"rows"`
+	Cols int    `json:"cols"`
 }
 
 // Site records where MI ops were placed: for inspect/check output and for tests.
@@ -221,14 +267,16 @@ type Template struct {
 	Nodes   []Node `json:"nodes"`
 }
 
-// Node is one kernel launch in a template.
+// Node is one kernel launch in a template, or (Collective set, Kernel empty, no launch
+// dimensions and no Args) one exchange between tensor-parallel ranks.
 type Node struct {
-	Label  string `json:"label"`
-	Kernel string `json:"kernel"`
-	Grid   [3]int `json:"grid"`
-	Block  [3]int `json:"block"`
-	Shared int    `json:"shared"`
-	Args   []Slot `json:"args"`
+	Label      string      `json:"label"`
+	Kernel     string      `json:"kernel"`
+	Grid       [3]int      `json:"grid"`
+	Block      [3]int      `json:"block"`
+	Shared     int         `json:"shared"`
+	Args       []Slot      `json:"args"`
+	Collective *Collective `json:"collective,omitempty"`
 }
 
 // Slot binds one kernel parameter: a buffer (plus byte offset) or a constant's bits.

@@ -42,8 +42,15 @@ func Verify(b *Bundle) error {
 	if b == nil {
 		return fmt.Errorf("bundle is nil")
 	}
+	tp := b.Manifest.TP
+	if tp < 0 || tp > MaxTP {
+		return fmt.Errorf("manifest: tensor-parallel degree %d is outside 0..%d", tp, MaxTP)
+	}
 	bufBytes, err := verifyBuffers(b.Manifest.Buffers)
 	if err != nil {
+		return err
+	}
+	if err := verifyShards(b.Manifest.Buffers, tp); err != nil {
 		return err
 	}
 	if err := verifySources(b); err != nil {
@@ -63,7 +70,7 @@ func Verify(b *Bundle) error {
 	templates := map[string]bool{}
 	for i := range b.Templates {
 		t := &b.Templates[i]
-		if err := verifyTemplate(t, kernels, bufBytes); err != nil {
+		if err := verifyTemplate(t, kernels, bufBytes, b.Manifest.Buffers, tp); err != nil {
 			return fmt.Errorf("template %d (%q): %w", i, t.Name, err)
 		}
 		if templates[t.Name] {
@@ -131,7 +138,7 @@ func verifyKernel(k *Kernel) error {
 	return nil
 }
 
-func verifyTemplate(t *Template, kernels map[string]*Kernel, bufBytes map[string]int64) error {
+func verifyTemplate(t *Template, kernels map[string]*Kernel, bufBytes map[string]int64, bufs []Buffer, tp int) error {
 	if t.Name == "" {
 		return fmt.Errorf("empty name")
 	}
@@ -143,7 +150,13 @@ func verifyTemplate(t *Template, kernels map[string]*Kernel, bufBytes map[string
 	}
 	for i := range t.Nodes {
 		n := &t.Nodes[i]
-		if err := verifyNode(n, kernels, bufBytes); err != nil {
+		var err error
+		if n.Collective != nil {
+			err = verifyCollective(n, t.Tokens, bufs, tp)
+		} else {
+			err = verifyNode(n, kernels, bufBytes)
+		}
+		if err != nil {
 			return fmt.Errorf("node %d (%q): %w", i, n.Label, err)
 		}
 	}
@@ -252,6 +265,9 @@ func verifySources(b *Bundle) error {
 			want := 1
 			for _, d := range buf.Shape {
 				want *= d
+			}
+			if buf.Shard != nil {
+				want *= b.Manifest.TP // the tensors hold every rank's part
 			}
 			got := 0
 			for _, name := range buf.Tensors {

@@ -32,6 +32,9 @@ type Weights struct {
 	// index is the model.safetensors.index.json the tensors were chosen by, "" without one;
 	// a tensor it does not map is missing even when some shard holds it.
 	index string
+	// tp is the bundle's tensor-parallel degree (1 without): sharded buffers are filled
+	// with one rank's part of their tensors.
+	tp int
 }
 
 // IndexFile is the Hugging Face index of a sharded checkpoint: it maps every tensor to the
@@ -53,7 +56,7 @@ var SupportedWeightDtypes = []string{"BF16", "F16", "F32"}
 // dtype supported, shape right) before any is read, and all problems are reported together.
 func OpenWeights(b *bundle.Bundle, baseDir string) (*Weights, error) {
 	ref := b.Manifest.Weights
-	w := &Weights{tensors: map[string]*safetensors.Tensor{}}
+	w := &Weights{tensors: map[string]*safetensors.Tensor{}, tp: max(1, b.Manifest.TP)}
 	switch {
 	case len(b.Weights) > 0:
 		f, err := safetensors.Parse(b.Weights)
@@ -279,34 +282,30 @@ func (w *Weights) Close() {
 }
 
 // Fill writes buffer buf's contents into dst (len = its byte size), converting dtypes and
-// concatenating its source tensors along the first dimension.
-func (w *Weights) Fill(buf bundle.Buffer, dst []byte) error {
+// concatenating its source tensors along the first dimension; a sharded buffer gets rank
+// 0's part (FillRank).
+func (w *Weights) Fill(buf bundle.Buffer, dst []byte) error { return w.FillRank(buf, 0, dst) }
+
+// FillRank is Fill for tensor-parallel rank rank: a buffer with a Shard holds that rank's
+// part of each source tensor (bundle.Shard), sliced while converting; replicated buffers
+// are the same on every rank.
+func (w *Weights) FillRank(buf bundle.Buffer, rank int, dst []byte) error {
+	if err := checkRank(rank, w.tp); err != nil {
+		return fmt.Errorf("buffer %s: %w", buf.Name, err)
+	}
 	if w.synth != nil {
-		return fillSynthetic(buf, dst, w.synth)
+		return fillSynthetic(buf, dst, w.synth, w.tp, rank)
 	}
 	if err := w.check(buf); err != nil {
 		return err
 	}
-	esz, err := DtypeSize(buf.Dtype)
-	if err != nil {
-		return err
+	ts := make([]*safetensors.Tensor, len(buf.Tensors))
+	ms := make([]matrix, len(buf.Tensors))
+	for i, name := range buf.Tensors {
+		ts[i] = w.tensors[name]
+		ms[i] = asMatrix(ts[i].Shape)
 	}
-	off := 0
-	for _, name := range buf.Tensors {
-		t := w.tensors[name]
-		n := t.Elements() * esz
-		if off+n > len(dst) {
-			return fmt.Errorf("buffer %s of shape %v: %d bytes given, its tensors need more", buf.Name, buf.Shape, len(dst))
-		}
-		if err := convert(t, buf.Dtype, dst[off:off+n]); err != nil {
-			return fmt.Errorf("weight tensor %s: %w", name, err)
-		}
-		off += n
-	}
-	if off != len(dst) {
-		return fmt.Errorf("buffer %s of shape %v: %d bytes given, its tensors fill %d", buf.Name, buf.Shape, len(dst), off)
-	}
-	return nil
+	return fillParts(buf, ts, shardParts(buf.Shard, ms, w.tp, rank), dst)
 }
 
 // check validates buf's source tensors: each present, of a supported dtype, and together
@@ -326,6 +325,9 @@ func (w *Weights) check(buf bundle.Buffer) error {
 			return fmt.Errorf("weight tensor %s has dtype %s; supported: %s", name, t.Dtype, strings.Join(SupportedWeightDtypes, ", "))
 		}
 		ts[i] = t
+	}
+	if buf.Shard != nil {
+		return checkSharded(buf, ts)
 	}
 	if len(ts) == 1 {
 		if !slices.Equal(ts[0].Shape, buf.Shape) {
@@ -409,14 +411,21 @@ func f32ToBF16(f float32) uint16 {
 	return uint16((b + 0x7fff + (b>>16)&1) >> 16)
 }
 
-func fillSynthetic(buf bundle.Buffer, dst []byte, s *bundle.Synth) error {
+// fillSynthetic generates rank's part of buf: element i of the unsharded buffer is
+// SynthValue(seed ^ hash(name), i), so every rank's part equals the same slice at tp 1.
+func fillSynthetic(buf bundle.Buffer, dst []byte, s *bundle.Synth, tp, rank int) error {
 	esz, err := DtypeSize(buf.Dtype)
 	if err != nil {
 		return err
 	}
-	key, scale := s.Seed^ops.NameHash(buf.Name), ops.SynthScale(s.Std)
+	name := buf.Name
+	if buf.Shard != nil && buf.Shard.Global != "" {
+		name = buf.Shard.Global
+	}
+	key, scale := s.Seed^ops.NameHash(name), ops.SynthScale(s.Std)
 	oneD := len(buf.Shape) == 1
 	n := len(dst) / esz
+	idx := newGlobalIndexer(synthParts(buf, tp, rank))
 	// Real-size models have billions of weights: fill in parallel chunks.
 	workers := runtime.GOMAXPROCS(0)
 	chunk := (n + workers - 1) / workers
@@ -426,26 +435,36 @@ func fillSynthetic(buf bundle.Buffer, dst []byte, s *bundle.Synth) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for i := lo; i < hi; i++ {
+			idx.walk(lo, hi, func(i, g int) {
 				v := float32(1) // norm weights
 				if !oneD {
-					v = ops.SynthValue(key, scale, uint64(i))
+					v = ops.SynthValue(key, scale, uint64(g))
 				}
 				if esz == 2 {
 					binary.LittleEndian.PutUint16(dst[2*i:], f32ToBF16(v))
 				} else {
 					binary.LittleEndian.PutUint32(dst[4*i:], math.Float32bits(v))
 				}
-			}
+			})
 		}()
 	}
 	wg.Wait()
 	return nil
 }
 
-// ParamTensors maps each param buffer of a bundle to its bytes in the params section.
-func ParamTensors(b *bundle.Bundle) (map[string][]byte, error) {
+// ParamTensors maps each param buffer of a bundle to its bytes in the params section (rank
+// 0's part of a sharded one: RankParamTensors).
+func ParamTensors(b *bundle.Bundle) (map[string][]byte, error) { return RankParamTensors(b, 0) }
+
+// RankParamTensors maps each param buffer of a bundle to the bytes tensor-parallel rank
+// rank holds: the tensor in the params section, or the rank's part of it when the buffer
+// is sharded (a head mask covers the heads of every rank; a rank keeps its own heads').
+func RankParamTensors(b *bundle.Bundle, rank int) (map[string][]byte, error) {
 	out := map[string][]byte{}
+	tp := max(1, b.Manifest.TP)
+	if err := checkRank(rank, tp); err != nil {
+		return nil, err
+	}
 	if len(b.Params) == 0 {
 		return out, nil
 	}
@@ -468,10 +487,21 @@ func ParamTensors(b *bundle.Bundle) (map[string][]byte, error) {
 		if err != nil {
 			return nil, err
 		}
-		if int64(len(t.Data)) != n {
-			return nil, fmt.Errorf("param buffer %s: tensor has %d bytes, buffer %d", buf.Name, len(t.Data), n)
+		if buf.Shard == nil {
+			if int64(len(t.Data)) != n {
+				return nil, fmt.Errorf("param buffer %s: tensor has %d bytes, buffer %d", buf.Name, len(t.Data), n)
+			}
+			out[buf.Name] = t.Data
+			continue
 		}
-		out[buf.Name] = t.Data
+		if err := checkSharded(buf, []*safetensors.Tensor{t}); err != nil {
+			return nil, fmt.Errorf("param %w", err)
+		}
+		data := make([]byte, n)
+		if err := fillParts(buf, []*safetensors.Tensor{t}, shardParts(buf.Shard, []matrix{asMatrix(t.Shape)}, tp, rank), data); err != nil {
+			return nil, fmt.Errorf("param buffer %s: %w", buf.Name, err)
+		}
+		out[buf.Name] = data
 	}
 	return out, nil
 }

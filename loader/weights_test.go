@@ -332,10 +332,10 @@ func TestSyntheticWeightsAreDeterministic(t *testing.T) {
 	s := &bundle.Synth{Seed: 5, Std: 0.02}
 	buf := bundle.Buffer{Name: "L0.wo", Dtype: "f32", Shape: []int{64, 64}}
 	a, b := make([]byte, 64*64*4), make([]byte, 64*64*4)
-	if err := fillSynthetic(buf, a, s); err != nil {
+	if err := fillSynthetic(buf, a, s, 1, 0); err != nil {
 		t.Fatal(err)
 	}
-	if err := fillSynthetic(buf, b, s); err != nil {
+	if err := fillSynthetic(buf, b, s, 1, 0); err != nil {
 		t.Fatal(err)
 	}
 	if string(a) != string(b) {

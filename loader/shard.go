@@ -1,0 +1,172 @@
+package loader
+
+import (
+	"fmt"
+	"slices"
+	"sort"
+
+	"xmix/bundle"
+	"xmix/safetensors"
+)
+
+// part is a run of n consecutive elements of source tensor t from element lo: a rank's
+// part of a buffer is its parts, in order.
+type part struct{ t, lo, n int }
+
+// matrix is a source tensor seen as rows x cols (cols: the product of the dimensions after
+// the first; 1 for a vector).
+type matrix struct{ rows, cols int }
+
+func asMatrix(shape []int) matrix {
+	m := matrix{rows: 1, cols: 1}
+	if len(shape) > 0 {
+		m.rows = shape[0]
+	}
+	for _, d := range shape[min(1, len(shape)):] {
+		m.cols *= d
+	}
+	return m
+}
+
+// shardParts lists the parts of tensors (of shapes ms) that rank of tp holds under s: each
+// tensor's rows (dim 0) or each row's columns (dim 1) cut into tp equal runs. A nil s (a
+// replicated buffer) is every tensor whole.
+func shardParts(s *bundle.Shard, ms []matrix, tp, rank int) []part {
+	var out []part
+	for t, m := range ms {
+		switch {
+		case s == nil:
+			out = append(out, part{t: t, lo: 0, n: m.rows * m.cols})
+		case s.Dim == 0:
+			per := m.rows / tp
+			out = append(out, part{t: t, lo: rank * per * m.cols, n: per * m.cols})
+		default:
+			per := m.cols / tp
+			for i := range m.rows {
+				out = append(out, part{t: t, lo: i*m.cols + rank*per, n: per})
+			}
+		}
+	}
+	return out
+}
+
+// checkRank refuses a rank outside the bundle's degree.
+func checkRank(rank, tp int) error {
+	if rank < 0 || rank >= tp {
+		return fmt.Errorf("rank %d of a bundle with tensor-parallel degree %d", rank, tp)
+	}
+	return nil
+}
+
+// checkSharded validates the source tensors of a sharded weight buffer: each tensor's
+// extent along the cut dimension is the one the bundle recorded, and the rank parts stack
+// into the buffer's shape.
+func checkSharded(buf bundle.Buffer, ts []*safetensors.Tensor) error {
+	s := buf.Shard
+	if len(s.Extents) != len(ts) {
+		return fmt.Errorf("weight buffer %s: %d shard extents for %d tensors: the bundle is malformed", buf.Name, len(s.Extents), len(ts))
+	}
+	rows := 0
+	for i, t := range ts {
+		if s.Dim >= len(t.Shape) || t.Shape[s.Dim] != s.Extents[i] {
+			return fmt.Errorf("weight tensor %s has shape %v; buffer %s cuts a dimension %d of %d across ranks (do the dims in the config match the checkpoint?)",
+				t.Name, t.Shape, buf.Name, s.Dim, s.Extents[i])
+		}
+		if s.Dim == 0 && !slices.Equal(t.Shape[1:], buf.Shape[1:]) {
+			return fmt.Errorf("weight tensor %s has shape %v, expected [%d%s] (rows cut across ranks into buffer %s of shape %v)",
+				t.Name, t.Shape, s.Extents[i], shapeTail(buf.Shape), buf.Name, buf.Shape)
+		}
+		if s.Dim == 1 && len(t.Shape) != 2 {
+			return fmt.Errorf("weight tensor %s has shape %v; buffer %s cuts its columns, so it must be a matrix", t.Name, t.Shape, buf.Name)
+		}
+		rows += t.Shape[0]
+	}
+	if s.Dim == 1 && rows != buf.Shape[0] {
+		return fmt.Errorf("buffer %s of shape %v stacks tensors %v of %d rows in all, expected %d", buf.Name, buf.Shape, buf.Tensors, rows, buf.Shape[0])
+	}
+	return nil
+}
+
+// fillParts converts the parts of tensors ts into dst, whose elements are of dtype dt.
+func fillParts(buf bundle.Buffer, ts []*safetensors.Tensor, parts []part, dst []byte) error {
+	esz, err := DtypeSize(buf.Dtype)
+	if err != nil {
+		return err
+	}
+	off := 0
+	for _, p := range parts {
+		t := ts[p.t]
+		tsz, ok := safetensors.DtypeSize(t.Dtype)
+		if !ok || (p.lo+p.n)*tsz > len(t.Data) {
+			return fmt.Errorf("weight tensor %s: elements [%d,%d) outside its %d bytes of %s", t.Name, p.lo, p.lo+p.n, len(t.Data), t.Dtype)
+		}
+		n := p.n * esz
+		if off+n > len(dst) {
+			return fmt.Errorf("buffer %s of shape %v: %d bytes given, its tensors need more", buf.Name, buf.Shape, len(dst))
+		}
+		view := &safetensors.Tensor{Name: t.Name, Dtype: t.Dtype, Shape: []int{p.n}, Data: t.Data[p.lo*tsz : (p.lo+p.n)*tsz]}
+		if err := convert(view, buf.Dtype, dst[off:off+n]); err != nil {
+			return fmt.Errorf("weight tensor %s: %w", t.Name, err)
+		}
+		off += n
+	}
+	if off != len(dst) {
+		return fmt.Errorf("buffer %s of shape %v: %d bytes given, its tensors fill %d", buf.Name, buf.Shape, len(dst), off)
+	}
+	return nil
+}
+
+// synthParts is shardParts over the unsharded synthetic buffer, with each part's first
+// element as an index into that whole buffer: synthetic values are keyed by that index, so
+// rank r's part holds exactly the values of the same elements at tp 1.
+func synthParts(buf bundle.Buffer, tp, rank int) (parts []part, global []int) {
+	s := buf.Shard
+	cols := asMatrix(buf.Shape).cols
+	var ms []matrix
+	switch {
+	case s == nil:
+		ms = []matrix{asMatrix(buf.Shape)}
+	case s.Dim == 0:
+		for _, e := range s.Extents {
+			ms = append(ms, matrix{rows: e, cols: cols})
+		}
+	default: // the cut columns do not depend on tensor boundaries: one matrix of every row
+		ms = []matrix{{rows: buf.Shape[0], cols: buf.Shape[1] * tp}}
+	}
+	starts := make([]int, len(ms))
+	for i := 1; i < len(ms); i++ {
+		starts[i] = starts[i-1] + ms[i-1].rows*ms[i-1].cols
+	}
+	parts = shardParts(s, ms, tp, rank)
+	global = make([]int, len(parts))
+	for i, p := range parts {
+		global[i] = starts[p.t] + p.lo
+	}
+	return parts, global
+}
+
+// globalIndexer maps a rank's element index to the unsharded buffer's.
+type globalIndexer struct {
+	local  []int // first local element of each part
+	global []int // first global element of each part
+}
+
+func newGlobalIndexer(parts []part, global []int) globalIndexer {
+	g := globalIndexer{local: make([]int, len(parts)), global: global}
+	for i := 1; i < len(parts); i++ {
+		g.local[i] = g.local[i-1] + parts[i-1].n
+	}
+	return g
+}
+
+// walk calls fn(i, global index of i) for the local elements lo <= i < hi, finding the part
+// of lo once and stepping from there.
+func (g globalIndexer) walk(lo, hi int, fn func(i, global int)) {
+	k := sort.Search(len(g.local), func(k int) bool { return g.local[k] > lo }) - 1
+	for i := lo; i < hi; i++ {
+		for k+1 < len(g.local) && g.local[k+1] <= i {
+			k++
+		}
+		fn(i, g.global[k]+i-g.local[k])
+	}
+}
