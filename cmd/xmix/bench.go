@@ -111,7 +111,9 @@ func runBench(w io.Writer, path string, f benchFlags) error {
 	if f.apps != "" {
 		apps = strings.Split(f.apps, ",")
 	}
-	rng := rand.New(rand.NewPCG(f.seed, 1))
+	// Prompts and arrivals draw from one stream, the app coin from another, so a run with
+	// --apps replays exactly the workload of a run without it.
+	rng := benchRNG{work: rand.New(rand.NewPCG(f.seed, 1)), apps: rand.New(rand.NewPCG(f.seed, 2))}
 	out := map[string]any{"bundle": filepath.Base(path), "backend": s.be.Name(), "model": b.Manifest.Model.Name, "apps": apps, "app_fraction": f.appFraction}
 	if f.online {
 		res, err := benchOnline(s, f, apps, rng)
@@ -153,6 +155,9 @@ func randomPrompt(rng *rand.Rand, n, vocab int) []int {
 	}
 	return p
 }
+
+// benchRNG holds the benchmark's two random streams.
+type benchRNG struct{ work, apps *rand.Rand }
 
 func appsForRequest(rng *rand.Rand, apps []string, frac float64) []string {
 	if len(apps) > 0 && rng.Float64() < frac {
@@ -197,12 +202,12 @@ func weightBytes(b *bundle.Bundle) int64 {
 	return n
 }
 
-func benchOffline(s *session, f benchFlags, apps []string, rng *rand.Rand) (offlineResult, error) {
+func benchOffline(s *session, f benchFlags, apps []string, rng benchRNG) (offlineResult, error) {
 	vocab := s.b.Manifest.Model.Vocab
 	var reqs []loader.Request
 	for range f.prompts {
-		reqs = append(reqs, loader.Request{Prompt: randomPrompt(rng, f.promptLen, vocab), MaxTokens: f.newTokens,
-			Apps: appsForRequest(rng, apps, f.appFraction)})
+		reqs = append(reqs, loader.Request{Prompt: randomPrompt(rng.work, f.promptLen, vocab), MaxTokens: f.newTokens,
+			Apps: appsForRequest(rng.apps, apps, f.appFraction)})
 	}
 	// One short warm-up pass so first-touch costs stay out of the figures.
 	if _, err := s.eng.Generate(reqs[:1]); err != nil {
@@ -330,7 +335,7 @@ func shareGPTLen(rng *rand.Rand, maxLen int) int {
 	return max(8, min(n, 1024, maxLen))
 }
 
-func benchOnline(s *session, f benchFlags, apps []string, rng *rand.Rand) (onlineResult, error) {
+func benchOnline(s *session, f benchFlags, apps []string, rng benchRNG) (onlineResult, error) {
 	m := s.b.Manifest.Model
 	maxPrompt := m.MaxSeqLen - f.outputLen - 1
 	if maxPrompt < 8 {
@@ -344,9 +349,10 @@ func benchOnline(s *session, f benchFlags, apps []string, rng *rand.Rand) (onlin
 	var work []arrival
 	var t float64
 	for range f.requests {
-		t += rng.ExpFloat64() / f.rate
+		t += rng.work.ExpFloat64() / f.rate
 		work = append(work, arrival{time.Duration(t * float64(time.Second)), loader.Request{
-			Prompt: randomPrompt(rng, shareGPTLen(rng, maxPrompt), m.Vocab), MaxTokens: f.outputLen, Apps: appsForRequest(rng, apps, f.appFraction)}})
+			Prompt: randomPrompt(rng.work, shareGPTLen(rng.work, maxPrompt), m.Vocab), MaxTokens: f.outputLen,
+			Apps: appsForRequest(rng.apps, apps, f.appFraction)}})
 	}
 	res := onlineResult{Rate: f.rate, Requests: f.requests, OutputLen: f.outputLen, Warmup: f.warmup}
 	for run := 0; run < f.warmup+f.runs; run++ {

@@ -136,23 +136,21 @@ variant() {
   v_args[$phase/$name]="$*"
   variants+=("$phase/$name")
 }
-# A request without apps still draws the app coin when --apps is given (xmix bench draws the
-# workload and the app choice from one random stream), so the no-app variants name an app at
-# fraction 0: every variant then replays the same prompts and arrival times.
-none=(--apps none --app-fraction 0)
+# xmix bench draws prompts and arrivals from a stream of their own, so every variant (with or
+# without --apps) replays the same workload.
 for phase in offline online; do
-  variant $phase bare l8 bare l8-bare "${none[@]}"
-  variant $phase deployed l8 deployed l8-apps "${none[@]}"
+  variant $phase bare l8 bare l8-bare
+  variant $phase deployed l8 deployed l8-apps
   for a in "${l_names[@]}"; do variant $phase "$a" l8 app l8-apps --apps "$a" --app-fraction 1; done
   [ "$ALL6" = 1 ] && variant $phase all6 l8 all l8-apps --apps "$all6" --app-fraction 1
   if [ "$MIXTRAL" = 1 ]; then
-    variant $phase mx-bare mx bare mx-bare "${none[@]}"
-    variant $phase mx-deployed mx deployed mx-apps "${none[@]}"
+    variant $phase mx-bare mx bare mx-bare
+    variant $phase mx-deployed mx deployed mx-apps
     variant $phase "$mx_name" mx app mx-apps --apps "$mx_name" --app-fraction 1
   fi
 done
-variant grid bare l8 bare l8-bare "${none[@]}"
-variant grid deployed l8 deployed l8-grid "${none[@]}"
+variant grid bare l8 bare l8-bare
+variant grid deployed l8 deployed l8-grid
 for f in "${grid_apps[@]}"; do
   a=$(app_name "$f")
   variant grid "$a" l8 app l8-grid --apps "$a" --app-fraction 1
@@ -173,16 +171,6 @@ bench() {
   timeout -k 10 "$to" "$bin/xmix" bench "$work/$b.xmb" --backend "$backend" --seed "$SEED" --json -q "$@" \
     > "$work/r/$id.json" 2> "$work/r/$id.err"
   rc=$?
-  if [ $rc != 0 ] && [ $rc != 124 ] && [[ " $* " == *" ${none[*]} "* ]]; then
-    # Should bench ever refuse an app the bundle lacks, run without the coin draw: the
-    # workload then differs from the app variants' (apps_assemble.py flags the rows).
-    note "$id: bench refused '${none[*]}' ($(tail -c 200 "$work/r/$id.err" | tr '\n' ' ')); retrying without it"
-    local args=" $* "
-    args=${args/ ${none[*]} / }
-    timeout -k 10 "$to" "$bin/xmix" bench "$work/$b.xmb" --backend "$backend" --seed "$SEED" --json -q $args \
-      > "$work/r/$id.json" 2> "$work/r/$id.err"
-    rc=$?
-  fi
   local wall=$(awk -v t0="$t" -v t="$(date +%s.%N)" 'BEGIN { printf "%.2f", t - t0 }')
   printf '%s\t%s\t%s\n' "$id" "$rc" "$wall" >> "$work/runs.tsv"
   if [ $rc != 0 ]; then
@@ -236,7 +224,7 @@ for phase in $PHASES; do
     declare -A rate=([l8]=$RATE [mx]=$MX_RATE)
     for g in "${groups[@]}"; do
       bench "probe-$g" 300 "${v_bundle[online/$([ $g = mx ] && echo mx-bare || echo bare)]}" --online \
-        --requests "$PROBE_REQUESTS" --rate 1000 --output-len "$OUTPUT_LEN" --warmup 0 --runs 1 "${none[@]}"
+        --requests "$PROBE_REQUESTS" --rate 1000 --output-len "$OUTPUT_LEN" --warmup 0 --runs 1
     done
     # group:variants:rate for each probed group; plan fits their rounds into what is left.
     probes=()
