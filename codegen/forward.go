@@ -42,13 +42,16 @@ type gen struct {
 	gemmKind string
 	order    []string
 	bufs     []bundle.Buffer
+	// tp is the tensor-parallel degree (1: one device). Every per-rank dimension below
+	// (heads, kv heads, intermediate, vocab of the LM head) is the model's divided by it.
+	tp int
 }
 
 // Generate lowers a planned program to a bundle: kernels, one template per bucket, buffers,
 // and the params section.
 func Generate(p *passes.Program, opt Options) (*bundle.Bundle, error) {
 	m := p.Model
-	g := &gen{p: p, m: m, kernels: map[string]*Kernel{}, wdt: ptx.BF16, kvdt: ptx.F32, gemmKind: opt.GEMM}
+	g := &gen{p: p, m: m, kernels: map[string]*Kernel{}, wdt: ptx.BF16, kvdt: ptx.F32, gemmKind: opt.GEMM, tp: max(1, p.TP)}
 	switch opt.GEMM {
 	case "", "tc", "tc-staged", "cuda-core":
 	default:
@@ -107,6 +110,7 @@ func Generate(p *passes.Program, opt Options) (*bundle.Bundle, error) {
 			Buffers: g.bufs,
 			Sites:   g.sites(),
 			Build:   opt.Build,
+			TP:      g.manifestTP(),
 		},
 		Templates: templates,
 		Params:    params,
@@ -156,42 +160,85 @@ func (g *gen) buf(name, kind, dtype string, shape []int, tensors ...string) {
 	g.bufs = append(g.bufs, bundle.Buffer{Name: name, Kind: kind, Dtype: dtype, Shape: shape, Tensors: tensors})
 }
 
+// sharded declares a weight or param buffer that tensor parallelism cuts along dim: shape
+// is the unsharded shape and extents each tensor's size along dim. At tp 1 it is an
+// ordinary buffer, so bundles without tensor parallelism do not change.
+func (g *gen) sharded(name, kind string, shape []int, dim int, extents []int, tensors ...string) {
+	dtype := g.wdt.String()
+	if kind == bundle.KindParam {
+		dtype = "f32"
+	}
+	if g.tp == 1 {
+		g.buf(name, kind, dtype, shape, tensors...)
+		return
+	}
+	local := append([]int(nil), shape...)
+	local[dim] /= g.tp
+	g.bufs = append(g.bufs, bundle.Buffer{Name: name, Kind: kind, Dtype: dtype, Shape: local, Tensors: tensors,
+		Shard: &bundle.Shard{Dim: dim, Extents: extents}})
+}
+
+// rankDims are the dimensions one tensor-parallel rank computes: its query and KV heads,
+// its MLP (or expert) columns, its LM-head rows (vocabulary).
+type rankDims struct{ heads, kvHeads, inter, vocab int }
+
+func (g *gen) rank() rankDims {
+	m := g.m
+	return rankDims{heads: m.Heads / g.tp, kvHeads: m.KVHeads / g.tp, inter: m.Intermediate / g.tp, vocab: m.Vocab / g.tp}
+}
+
+// manifestTP is Manifest.TP: 0 without tensor parallelism, so such bundles keep their bytes.
+func (g *gen) manifestTP() int {
+	if g.tp == 1 {
+		return 0
+	}
+	return g.tp
+}
+
 func (g *gen) declareBuffers() {
 	m := g.m
 	wd := g.wdt.String()
 	H, D, I := m.Hidden, m.HeadDim, m.Intermediate
 	qkv := (m.Heads + 2*m.KVHeads) * D
+	r := g.rank()
+	rqkv := (r.heads + 2*r.kvHeads) * D
+	qkvExt := []int{m.Heads * D, m.KVHeads * D, m.KVHeads * D}
 	g.buf("embed", bundle.KindWeight, wd, []int{m.Vocab, H}, "model.embed_tokens.weight")
 	for l := range m.Layers {
 		pre := fmt.Sprintf("model.layers.%d.", l)
 		g.buf(layerBuf(l, "attn_norm"), bundle.KindWeight, wd, []int{H}, pre+"input_layernorm.weight")
-		g.buf(layerBuf(l, "wqkv"), bundle.KindWeight, wd, []int{qkv, H},
+		// Column-parallel: each rank takes its heads of q, of k and of v.
+		g.sharded(layerBuf(l, "wqkv"), bundle.KindWeight, []int{qkv, H}, 0, qkvExt,
 			pre+"self_attn.q_proj.weight", pre+"self_attn.k_proj.weight", pre+"self_attn.v_proj.weight")
 		if m.QKVBias {
-			g.buf(layerBuf(l, "qkv_bias"), bundle.KindWeight, wd, []int{qkv},
+			g.sharded(layerBuf(l, "qkv_bias"), bundle.KindWeight, []int{qkv}, 0, qkvExt,
 				pre+"self_attn.q_proj.bias", pre+"self_attn.k_proj.bias", pre+"self_attn.v_proj.bias")
 		}
 		if m.QKNorm {
 			g.buf(layerBuf(l, "q_norm"), bundle.KindWeight, wd, []int{D}, pre+"self_attn.q_norm.weight")
 			g.buf(layerBuf(l, "k_norm"), bundle.KindWeight, wd, []int{D}, pre+"self_attn.k_norm.weight")
 		}
-		g.buf(layerBuf(l, "wo"), bundle.KindWeight, wd, []int{H, m.Heads * D}, pre+"self_attn.o_proj.weight")
+		// Row-parallel: each rank multiplies its heads' columns; an all-reduce sums the ranks.
+		g.sharded(layerBuf(l, "wo"), bundle.KindWeight, []int{H, m.Heads * D}, 1, []int{m.Heads * D}, pre+"self_attn.o_proj.weight")
 		g.buf(layerBuf(l, "mlp_norm"), bundle.KindWeight, wd, []int{H}, pre+"post_attention_layernorm.weight")
 		if m.Experts > 0 {
 			g.moeBuffers(l)
 			continue
 		}
-		g.buf(layerBuf(l, "wgu"), bundle.KindWeight, wd, []int{2 * I, H}, pre+"mlp.gate_proj.weight", pre+"mlp.up_proj.weight")
-		g.buf(layerBuf(l, "wdown"), bundle.KindWeight, wd, []int{H, I}, pre+"mlp.down_proj.weight")
+		g.sharded(layerBuf(l, "wgu"), bundle.KindWeight, []int{2 * I, H}, 0, []int{I, I}, pre+"mlp.gate_proj.weight", pre+"mlp.up_proj.weight")
+		g.sharded(layerBuf(l, "wdown"), bundle.KindWeight, []int{H, I}, 1, []int{I}, pre+"mlp.down_proj.weight")
 	}
 	g.buf("final_norm", bundle.KindWeight, wd, []int{H}, "model.norm.weight")
-	if !m.TieEmbeddings {
-		g.buf("lm_head", bundle.KindWeight, wd, []int{m.Vocab, H}, "lm_head.weight")
-	}
+	g.lmHeadBuffer()
 	g.buf("rope.cos", bundle.KindParam, "f32", []int{m.MaxSeqLen, D / 2}, "rope.cos")
 	g.buf("rope.sin", bundle.KindParam, "f32", []int{m.MaxSeqLen, D / 2}, "rope.sin")
+	shardedVecs := g.shardedVectors()
 	for _, a := range g.p.Apps {
 		for _, v := range a.Vectors {
+			if shardedVecs[v.Buffer] {
+				g.sharded(v.Buffer, bundle.KindParam, []int{len(v.Data)}, 0, []int{len(v.Data)}, v.Buffer)
+				continue
+			}
 			g.buf(v.Buffer, bundle.KindParam, "f32", []int{len(v.Data)}, v.Buffer)
 		}
 		if len(a.Scalars) > 0 {
@@ -222,7 +269,7 @@ func (g *gen) declareBuffers() {
 	// One row per resident sequence plus the padding sequence.
 	g.buf("kv.block_table", bundle.KindControl, "u32", []int{m.MaxSeqs + 1, g.blocks})
 	for l := range m.Layers {
-		shape := []int{g.kvBlocks(), m.KVBlockSize, m.KVHeads, D}
+		shape := []int{g.kvBlocks(), m.KVBlockSize, r.kvHeads, D}
 		g.buf(layerBuf(l, "kcache"), bundle.KindKV, g.kvdt.String(), shape)
 		g.buf(layerBuf(l, "vcache"), bundle.KindKV, g.kvdt.String(), shape)
 	}
@@ -230,25 +277,67 @@ func (g *gen) declareBuffers() {
 		// One split-K workspace serves every GEMM: they run one after another and each
 		// leaves its counters at zero.
 		ws := 0
-		for _, kn := range [][2]int{{H, qkv}, {m.Heads * D, H}, {H, 2 * I}, {I, H}, {H, m.Vocab}} {
+		for _, kn := range [][2]int{{H, rqkv}, {r.heads * D, H}, {H, 2 * r.inter}, {r.inter, H}, {H, r.vocab}} {
 			ws = max(ws, GemmConfig{K: kn[0], N: kn[1], WDtype: g.wdt}.WorkspaceBytes(g.maxT))
 		}
 		g.buf("act.gemm_ws", bundle.KindActivation, "u32", []int{max(ws, 16) / 4})
 	}
 	g.buf("act.resid", bundle.KindActivation, "f32", []int{g.maxT, H})
 	g.buf("act.xn", bundle.KindActivation, "f32", []int{g.maxT, H})
-	g.buf("act.qkv", bundle.KindActivation, "f32", []int{g.maxT, qkv})
-	g.buf("act.z", bundle.KindActivation, "f32", []int{g.maxT, m.Heads * D})
+	g.buf("act.qkv", bundle.KindActivation, "f32", []int{g.maxT, rqkv})
+	g.buf("act.z", bundle.KindActivation, "f32", []int{g.maxT, r.heads * D})
 	g.buf("act.delta", bundle.KindActivation, "f32", []int{g.maxT, H})
 	if m.Experts > 0 {
 		g.moeActivations()
 	} else {
-		g.buf("act.gu", bundle.KindActivation, "f32", []int{g.maxT, 2 * I})
-		g.buf("act.mlp", bundle.KindActivation, "f32", []int{g.maxT, I})
+		g.buf("act.gu", bundle.KindActivation, "f32", []int{g.maxT, 2 * r.inter})
+		g.buf("act.mlp", bundle.KindActivation, "f32", []int{g.maxT, r.inter})
 	}
 	g.buf("act.final", bundle.KindActivation, "f32", []int{g.maxS, H})
+	if g.tp > 1 {
+		// This rank's vocabulary columns, before the all-gather assembles act.logits.
+		g.buf("act.logits_shard", bundle.KindActivation, "f32", []int{g.maxS, r.vocab})
+	}
 	g.buf("act.logits", bundle.KindActivation, "f32", []int{g.maxS, m.Vocab})
 	g.buf("out.sampled", bundle.KindOutput, "u32", []int{g.maxS})
+}
+
+// lmHeadBuffer declares the LM head's own weight buffer: untied, or tied but cut by
+// vocabulary rows across ranks (the embedding itself stays whole on every rank, for the
+// lookup), so its synthetic values are the embedding's.
+func (g *gen) lmHeadBuffer() {
+	m := g.m
+	shape, ext := []int{m.Vocab, m.Hidden}, []int{m.Vocab}
+	switch {
+	case !m.TieEmbeddings:
+		g.sharded("lm_head", bundle.KindWeight, shape, 0, ext, "lm_head.weight")
+	case g.tp > 1:
+		g.sharded("lm_head", bundle.KindWeight, shape, 0, ext, "model.embed_tokens.weight")
+		g.bufs[len(g.bufs)-1].Shard.Global = "embed"
+	}
+}
+
+// lmHead is the LM head's weight buffer.
+func (g *gen) lmHead() string {
+	if g.m.TieEmbeddings && g.tp == 1 {
+		return "embed"
+	}
+	return "lm_head"
+}
+
+// shardedVectors are the app vectors cut with the heads at tp > 1: those of ops at
+// sharded hooks (head_ablate's column mask at attn.z; check-tp refuses the others).
+func (g *gen) shardedVectors() map[string]bool {
+	out := map[string]bool{}
+	if g.tp == 1 {
+		return out
+	}
+	for _, op := range g.p.Ops {
+		if op.Host == passes.HostMI && op.Vec != "" {
+			out[op.Vec] = true
+		}
+	}
+	return out
 }
 
 func layerBuf(l int, what string) string { return fmt.Sprintf("L%d.%s", l, what) }
@@ -358,7 +447,7 @@ func (g *gen) siteKernelName(op *passes.MIOp) string {
 		}
 		return miName(base, []MIOp{{}}, fmt.Sprintf("s%d", op.HostLayer))
 	case passes.HostSilu:
-		return miName(fmt.Sprintf("silu_mul_i%d", g.m.Intermediate), []MIOp{{}}, fmt.Sprintf("L%d", op.HostLayer))
+		return miName(fmt.Sprintf("silu_mul_i%d", g.rank().inter), []MIOp{{}}, fmt.Sprintf("L%d", op.HostLayer))
 	case passes.HostRouter:
 		return g.routerName(op.HostLayer, []MIOp{{}})
 	case passes.HostLogits:
@@ -382,8 +471,12 @@ func (g *gen) miOps(host string, hostLayer int, role, hook string) []MIOp {
 		if op.Host != host || op.HostLayer != hostLayer || (role != "" && op.Role != role) || (hook != "" && op.Hook != hook) {
 			continue
 		}
+		width := op.Width
+		if host == passes.HostMI {
+			width /= g.tp // a rank's heads of attn.q/k/v/z
+		}
 		mo := MIOp{
-			Template: op.Template, Bit: op.App.Bit, Width: op.Width, Vec: op.Vec,
+			Template: op.Template, Bit: op.App.Bit, Width: width, Vec: op.Vec,
 			Alpha: op.Alpha, Bias: op.Bias, Activation: op.Activation,
 			Out: op.Out, OutCol: op.OutCol, OutWidth: op.OutWidth,
 		}

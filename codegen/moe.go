@@ -344,8 +344,17 @@ func (g *gen) moeBuffers(l int) {
 		gu = append(gu, x+"w1.weight", x+"w3.weight")
 		down = append(down, x+"w2.weight")
 	}
-	g.buf(layerBuf(l, "experts_gu"), bundle.KindWeight, wd, []int{E * 2 * I, H}, gu...)
-	g.buf(layerBuf(l, "experts_down"), bundle.KindWeight, wd, []int{E * H, I}, down...)
+	// Each expert is cut like the dense MLP: its gate and up rows (column-parallel) and its
+	// down columns (row-parallel); the router stays whole on every rank.
+	guExt, downExt := make([]int, 2*E), make([]int, E)
+	for i := range guExt {
+		guExt[i] = I
+	}
+	for i := range downExt {
+		downExt[i] = I
+	}
+	g.sharded(layerBuf(l, "experts_gu"), bundle.KindWeight, []int{E * 2 * I, H}, 0, guExt, gu...)
+	g.sharded(layerBuf(l, "experts_down"), bundle.KindWeight, []int{E * H, I}, 1, downExt, down...)
 }
 
 // moeActivations declares the routing and expert activation buffers.
@@ -353,7 +362,7 @@ func (g *gen) moeActivations() {
 	m := g.m
 	g.buf("act.moe_idx", bundle.KindActivation, "u32", []int{g.maxT, m.TopK})
 	g.buf("act.moe_w", bundle.KindActivation, "f32", []int{g.maxT, m.TopK})
-	g.buf("act.moe_act", bundle.KindActivation, "f32", []int{g.maxT * m.TopK, m.Intermediate})
+	g.buf("act.moe_act", bundle.KindActivation, "f32", []int{g.maxT * m.TopK, g.rank().inter})
 }
 
 // routerName is layer l's router kernel: shared by the layers without router_logits ops.
@@ -374,12 +383,12 @@ func (t *tb) moe(l int) {
 	route := slots{"idx": buf("act.moe_idx"), "wts": buf("act.moe_w")}
 	t.add(fmt.Sprintf("L%d.router", l), k, err, rc.Launch(t.rows), merge(route, slots{"x": buf("act.xn"), "w": lb("router")}), mi)
 
-	c := MoEConfig{Hidden: m.Hidden, Inter: m.Intermediate, Experts: m.Experts, TopK: m.TopK, WDtype: g.wdt}
-	name = fmt.Sprintf("moe_gate_up_h%d_i%d_e%d_k%d_%s", m.Hidden, m.Intermediate, m.Experts, m.TopK, g.wdt)
+	c := MoEConfig{Hidden: m.Hidden, Inter: g.rank().inter, Experts: m.Experts, TopK: m.TopK, WDtype: g.wdt}
+	name = fmt.Sprintf("moe_gate_up_h%d_i%d_e%d_k%d_%s", m.Hidden, c.Inter, m.Experts, m.TopK, g.wdt)
 	k, err = g.kernel(name, func() (*Kernel, error) { return ExpertGateUp(name, c) })
 	t.add(fmt.Sprintf("L%d.experts_gate_up", l), k, err, c.LaunchGateUp(t.rows), merge(route, slots{
 		"x": buf("act.xn"), "w": lb("experts_gu"), "act": buf("act.moe_act")}), nil)
-	name = fmt.Sprintf("moe_down_h%d_i%d_e%d_k%d_%s", m.Hidden, m.Intermediate, m.Experts, m.TopK, g.wdt)
+	name = fmt.Sprintf("moe_down_h%d_i%d_e%d_k%d_%s", m.Hidden, c.Inter, m.Experts, m.TopK, g.wdt)
 	k, err = g.kernel(name, func() (*Kernel, error) { return ExpertDown(name, c) })
 	t.add(fmt.Sprintf("L%d.experts_down", l), k, err, c.LaunchDown(t.rows), merge(route, slots{
 		"act": buf("act.moe_act"), "w": lb("experts_down"), "y": buf("act.delta")}), nil)

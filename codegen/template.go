@@ -72,6 +72,22 @@ func (t *tb) add(label string, k *Kernel, err error, l ops.Launch, s slots, mi [
 	t.nodes = append(t.nodes, n)
 }
 
+// collective appends a node that exchanges an activation between tensor-parallel ranks.
+func (t *tb) collective(label string, c bundle.Collective) {
+	if t.err == nil {
+		t.nodes = append(t.nodes, bundle.Node{Label: label, Collective: &c})
+	}
+}
+
+// allReduce sums a row-parallel projection's partial output over the ranks, before the
+// add+norm kernel that carries the residual hooks' MI ops: every rank then applies them
+// to the same whole activation.
+func (t *tb) allReduce(label, buffer string) {
+	if t.g.tp > 1 {
+		t.collective(label, bundle.Collective{Op: bundle.AllReduceSum, In: buffer, Out: buffer, Rows: t.rows, Cols: t.g.m.Hidden})
+	}
+}
+
 // fail records the template's first error.
 func (t *tb) fail(err error) {
 	if t.err == nil {
@@ -83,8 +99,10 @@ func (t *tb) fail(err error) {
 func (g *gen) template(name, kind string, rows, samples int) (bundle.Template, error) {
 	m := g.m
 	t := &tb{g: g, rows: rows}
-	H, D, I := m.Hidden, m.HeadDim, m.Intermediate
-	qkvW := (m.Heads + 2*m.KVHeads) * D
+	H, D := m.Hidden, m.HeadDim
+	r := g.rank()
+	I := r.inter
+	qkvW := (r.heads + 2*r.kvHeads) * D
 	eps := float32(m.RMSEps)
 
 	// Embedding + layer 0's input norm, with embed / resid_pre(0) ops fused.
@@ -102,12 +120,12 @@ func (g *gen) template(name, kind string, rows, samples int) (bundle.Template, e
 		for _, h := range []struct {
 			hook          string
 			width, offset int
-		}{{"attn.q", m.Heads * D, 0}, {"attn.k", m.KVHeads * D, m.Heads * D}, {"attn.v", m.KVHeads * D, (m.Heads + m.KVHeads) * D}} {
+		}{{"attn.q", r.heads * D, 0}, {"attn.k", r.kvHeads * D, r.heads * D}, {"attn.v", r.kvHeads * D, (r.heads + r.kvHeads) * D}} {
 			t.miKernel(l, h.hook, "act.qkv", h.width, qkvW, h.offset)
 		}
-		rc := RopeConfig{Heads: m.Heads, KVHeads: m.KVHeads, HeadDim: D, BlockSize: m.KVBlockSize, MaxBlocksPerSeq: g.blocks,
+		rc := RopeConfig{Heads: r.heads, KVHeads: r.kvHeads, HeadDim: D, BlockSize: m.KVBlockSize, MaxBlocksPerSeq: g.blocks,
 			KVDtype: g.kvdt, Bias: m.QKVBias, QKNorm: m.QKNorm, WDtype: g.wdt}
-		kname := fmt.Sprintf("rope_kv_h%d_kv%d_d%d_%s", m.Heads, m.KVHeads, D, g.kvdt)
+		kname := fmt.Sprintf("rope_kv_h%d_kv%d_d%d_%s", r.heads, r.kvHeads, D, g.kvdt)
 		rs := slots{"cos": buf("rope.cos"), "sin": buf("rope.sin")}
 		if m.QKVBias {
 			kname += "_bias"
@@ -130,14 +148,15 @@ func (g *gen) template(name, kind string, rows, samples int) (bundle.Template, e
 			"kcache": lb("kcache"), "vcache": lb("vcache"), "qkv": buf("act.qkv")}
 		t.add(fmt.Sprintf("L%d.rope_kv", l), k, err, rc.Launch(rows), merge(kv, rs), nil)
 
-		ac := AttnConfig{Heads: m.Heads, KVHeads: m.KVHeads, HeadDim: D, BlockSize: m.KVBlockSize, MaxBlocksPerSeq: g.blocks,
+		ac := AttnConfig{Heads: r.heads, KVHeads: r.kvHeads, HeadDim: D, BlockSize: m.KVBlockSize, MaxBlocksPerSeq: g.blocks,
 			KVDtype: g.kvdt, Scale: float32(1 / math.Sqrt(float64(D)))}
-		aname := fmt.Sprintf("attention_h%d_kv%d_d%d_%s", m.Heads, m.KVHeads, D, g.kvdt)
+		aname := fmt.Sprintf("attention_h%d_kv%d_d%d_%s", r.heads, r.kvHeads, D, g.kvdt)
 		k, err = g.kernel(aname, func() (*Kernel, error) { return Attention(aname, ac) })
 		t.add(fmt.Sprintf("L%d.attention", l), k, err, ac.Launch(rows), merge(kv, slots{"z": buf("act.z")}), nil)
-		t.miKernel(l, "attn.z", "act.z", m.Heads*D, m.Heads*D, 0)
+		t.miKernel(l, "attn.z", "act.z", r.heads*D, r.heads*D, 0)
 
-		t.gemm(fmt.Sprintf("L%d.o", l), "act.z", lb("wo"), "act.delta", m.Heads*D, H, rows)
+		t.gemm(fmt.Sprintf("L%d.o", l), "act.z", lb("wo"), "act.delta", r.heads*D, H, rows)
+		t.allReduce(fmt.Sprintf("L%d.o.all_reduce", l), "act.delta")
 		t.addNorm(2*l, lb("mlp_norm"), "act.xn", false)
 		if m.Experts > 0 {
 			t.moe(l)
@@ -152,6 +171,7 @@ func (g *gen) template(name, kind string, rows, samples int) (bundle.Template, e
 
 			t.gemm(fmt.Sprintf("L%d.down", l), "act.mlp", lb("wdown"), "act.delta", I, H, rows)
 		}
+		t.allReduce(fmt.Sprintf("L%d.mlp.all_reduce", l), "act.delta")
 		if l+1 < m.Layers {
 			t.addNorm(2*l+1, buf(layerBuf(l+1, "attn_norm")), "act.xn", false)
 		} else {
@@ -160,16 +180,26 @@ func (g *gen) template(name, kind string, rows, samples int) (bundle.Template, e
 		t.custom(l)
 		t.lens(l)
 	}
-	head := "lm_head"
-	if m.TieEmbeddings {
-		head = "embed"
-	}
-	t.gemm("lm_head", "act.final", buf(head), "act.logits", H, m.Vocab, samples)
+	t.lmHead(samples)
 	t.sampleTail(samples)
 	if t.err != nil {
 		return bundle.Template{}, fmt.Errorf("template %s: %w", name, t.err)
 	}
 	return bundle.Template{Name: name, Kind: kind, Tokens: rows, Samples: samples, Nodes: t.nodes}, nil
+}
+
+// lmHead emits the LM head: whole on one device; vocab-parallel at tp > 1, each rank
+// computing its vocab/tp columns and an all-gather assembling whole logits rows on every
+// rank, so the sampler and the logits hook's MI ops see the whole vocabulary.
+func (t *tb) lmHead(samples int) {
+	g := t.g
+	if g.tp == 1 {
+		t.gemm("lm_head", "act.final", buf(g.lmHead()), "act.logits", g.m.Hidden, g.m.Vocab, samples)
+		return
+	}
+	cols := g.rank().vocab
+	t.gemm("lm_head", "act.final", buf(g.lmHead()), "act.logits_shard", g.m.Hidden, cols, samples)
+	t.collective("lm_head.all_gather", bundle.Collective{Op: bundle.AllGatherCols, In: "act.logits_shard", Out: "act.logits", Rows: samples, Cols: cols})
 }
 
 func merge(a, b slots) slots {
@@ -288,14 +318,6 @@ func (t *tb) sampleTail(samples int) {
 	t.add("sample", k, err, smc.Launch(samples), s, nil)
 }
 
-// lensHead is the LM head's weight buffer.
-func (g *gen) lensHead() string {
-	if g.m.TieEmbeddings {
-		return "embed"
-	}
-	return "lm_head"
-}
-
 // lensName names op i's two lens kernels: they depend on the app bit and the output columns.
 func (g *gen) lensName(kind string, c LensConfig) string {
 	return fmt.Sprintf("lens_%s_h%d_v%d_b%d_k%d_c%d_w%d", kind, c.Hidden, c.Vocab, c.Bit, c.K, c.OutCol, c.OutWidth)
@@ -316,7 +338,7 @@ func (t *tb) lens(l int) {
 		k, err := g.kernel(ln, func() (*Kernel, error) { return LensLogits(ln, c) })
 		t.add(fmt.Sprintf("L%d.lens_logits.%s", l, op.App.Name), k, err, c.LogitsLaunch(), slots{
 			"any_mask": buf("ctl.any_mask"), "resid": buf("act.resid"), "w": buf("final_norm"),
-			"head": buf(g.lensHead()), "out": buf("act.lens"), "rows": konst(uint64(t.rows)),
+			"head": buf(g.lmHead()), "out": buf("act.lens"), "rows": konst(uint64(t.rows)),
 		}, nil)
 		k, err = g.kernel(tn, func() (*Kernel, error) { return LensTopK(tn, c) })
 		t.add(fmt.Sprintf("L%d.lens_topk.%s", l, op.App.Name), k, err, c.TopKLaunch(t.rows), slots{

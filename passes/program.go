@@ -22,6 +22,9 @@ type Program struct {
 	// host sets bit i of a row's latch word once a token of Latches[i] has appeared in the
 	// request at or before the row's position.
 	Latches [][]int
+	// TP is the tensor-parallel degree to compile for (0 or 1: one device); check-tp
+	// refuses what cannot be split.
+	TP int
 }
 
 // AppPlan is one app as deployed: its bit, its scalar table, its vectors and exports.
@@ -122,6 +125,7 @@ var Passes = []Pass{
 	{"bind-args", bindArgs},
 	{"check-conditions", checkConditions},
 	{"plan-fusion", planFusion},
+	{"check-tp", checkTP},
 }
 
 // Options control a compile.
@@ -130,6 +134,8 @@ type Options struct {
 	Verify bool
 	// Trace, when set, is called after each pass.
 	Trace func(pass string, p *Program)
+	// TP is the tensor-parallel degree (Program.TP).
+	TP int
 }
 
 // MaxApps is how many apps one bundle can deploy (bits of the per-row u32 app mask).
@@ -141,7 +147,7 @@ const MaxLatches = 32
 
 // Run builds the program for m and apps and runs every pass.
 func Run(m *frontend.Model, apps []*frontend.App, opt Options) (*Program, error) {
-	p := &Program{Model: m}
+	p := &Program{Model: m, TP: opt.TP}
 	seen := map[string]frontend.Pos{}
 	for _, a := range apps {
 		if prev, dup := seen[a.Name]; dup {

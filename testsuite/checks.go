@@ -94,24 +94,31 @@ func NewCPU(t testing.TB, b *bundle.Bundle) loader.Backend {
 // Compile builds a bundle from spec texts through the real pipeline and the .xmb format.
 func Compile(t testing.TB, model string, apps ...string) *bundle.Bundle {
 	t.Helper()
-	dir := t.TempDir()
-	mp := filepath.Join(dir, "model.yaml")
-	if err := os.WriteFile(mp, []byte(model), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	var aps []string
-	for i, a := range apps {
-		p := filepath.Join(dir, "app"+strconv.Itoa(i)+".yaml")
-		if err := os.WriteFile(p, []byte(a), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		aps = append(aps, p)
-	}
+	mp, aps := WriteSpecs(t, model, apps...)
 	b, err := driver.Build(mp, aps, driver.Options{Verify: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	return roundTrip(t, b)
+}
+
+// WriteSpecs writes spec texts to a temporary directory as model.yaml and app0.yaml,
+// app1.yaml, ... and returns their paths.
+func WriteSpecs(t testing.TB, model string, apps ...string) (modelPath string, appPaths []string) {
+	t.Helper()
+	dir := t.TempDir()
+	modelPath = filepath.Join(dir, "model.yaml")
+	if err := os.WriteFile(modelPath, []byte(model), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for i, a := range apps {
+		p := filepath.Join(dir, "app"+strconv.Itoa(i)+".yaml")
+		if err := os.WriteFile(p, []byte(a), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		appPaths = append(appPaths, p)
+	}
+	return modelPath, appPaths
 }
 
 func roundTrip(t testing.TB, b *bundle.Bundle) *bundle.Bundle {

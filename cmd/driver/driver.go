@@ -28,6 +28,8 @@ type Options struct {
 	Progress     func(format string, a ...any) // may be nil
 	Trace        func(pass string, p *passes.Program)
 	GEMM         string // codegen.Options.GEMM
+	// TP is the tensor-parallel degree: N > 1 shards the model over N ranks (bundle.Manifest.TP).
+	TP int
 }
 
 // Frontend parses the model and app specs.
@@ -53,7 +55,7 @@ func Plan(modelPath string, appPaths []string, opt Options) (*passes.Program, er
 	if err != nil {
 		return nil, err
 	}
-	return passes.Run(m, apps, passes.Options{Verify: opt.Verify, Trace: opt.Trace})
+	return passes.Run(m, apps, passes.Options{Verify: opt.Verify, Trace: opt.Trace, TP: opt.TP})
 }
 
 // Build compiles the specs into a bundle.

@@ -40,11 +40,13 @@ func buildCmd() *cobra.Command {
 	var out string
 	var embed, verify, quiet bool
 	var gemm string
+	var tp int
 	c := &cobra.Command{
 		Use:   "build MODEL.yaml [APP.yaml...] -o OUT.xmb",
 		Short: "Compile specs into a bundle",
 		Example: `  xmixc build specs/models/tiny.yaml specs/apps/tiny-steer.yaml -o tiny.xmb
-  xmixc build specs/models/llama-3.1-8b.yaml specs/apps/*.yaml -o llama8b.xmb`,
+  xmixc build specs/models/llama-3.1-8b.yaml specs/apps/*.yaml -o llama8b.xmb
+  xmixc build specs/models/tiny.yaml specs/apps/tiny-steer.yaml --tp 2 -o tiny-tp2.xmb`,
 		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if out == "" {
@@ -56,7 +58,7 @@ func buildCmd() *cobra.Command {
 					fmt.Fprintf(os.Stderr, "[%6.2fs] %s\n", time.Since(start).Seconds(), fmt.Sprintf(f, a...))
 				}
 			}
-			b, err := driver.Build(args[0], args[1:], driver.Options{EmbedWeights: embed, Verify: verify, Progress: progress, GEMM: gemm})
+			b, err := driver.Build(args[0], args[1:], driver.Options{EmbedWeights: embed, Verify: verify, Progress: progress, GEMM: gemm, TP: tp})
 			if err != nil {
 				return err
 			}
@@ -81,17 +83,19 @@ func buildCmd() *cobra.Command {
 	c.Flags().BoolVar(&verify, "verify-passes", false, "run the IR verifier after every pass")
 	c.Flags().BoolVarP(&quiet, "quiet", "q", false, "no progress output")
 	c.Flags().StringVar(&gemm, "gemm", "tc", "GEMM kernels from 8 rows: tc, tc-staged or cuda-core (for measuring)")
+	c.Flags().IntVar(&tp, "tp", 1, "tensor-parallel degree: shard the model over N ranks (GPUs, or goroutines on the cpu backend)")
 	return c
 }
 
 func checkCmd() *cobra.Command {
 	var trace bool
+	var tp int
 	c := &cobra.Command{
 		Use:   "check MODEL.yaml [APP.yaml...]",
 		Short: "Validate specs and print the resolved plan (which MI op is fused into which kernel)",
 		Args:  cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			opt := driver.Options{Verify: true}
+			opt := driver.Options{Verify: true, TP: tp}
 			if trace {
 				opt.Trace = func(pass string, p *passes.Program) {
 					fmt.Fprintf(cmd.OutOrStdout(), "after %s: %d op site(s)\n", pass, len(p.Ops))
@@ -106,6 +110,7 @@ func checkCmd() *cobra.Command {
 		},
 	}
 	c.Flags().BoolVar(&trace, "trace", false, "print a line after each pass")
+	c.Flags().IntVar(&tp, "tp", 1, "check the plan for this tensor-parallel degree")
 	return c
 }
 
@@ -190,6 +195,9 @@ func printBundle(w io.Writer, b *bundle.Bundle) {
 	fmt.Fprintf(w, "model     %s (%s) layers=%d hidden=%d inter=%d heads=%d/%d head_dim=%d vocab=%d weights=%s kv=%s\n",
 		m.Name, m.Family, m.Layers, m.Hidden, m.Intermediate, m.Heads, m.KVHeads, m.HeadDim, m.Vocab, m.WeightDtype, m.KVDtype)
 	fmt.Fprintf(w, "serving   max_seq_len=%d max_seqs=%d kv_pages=%d x %d tokens\n", m.MaxSeqLen, m.MaxSeqs, m.KVBlocks, m.KVBlockSize)
+	if tp := b.Manifest.TP; tp > 1 {
+		fmt.Fprintf(w, "tp        %d ranks (weights sharded Megatron-style; the node counts below are per rank)\n", tp)
+	}
 	wr := b.Manifest.Weights
 	switch {
 	case len(b.Weights) > 0:

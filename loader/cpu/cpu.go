@@ -1,7 +1,8 @@
 // Package cpu is the CPU backend: it executes a bundle's templates with the Go reference ops
 // (package ops), node by node; each op spreads its rows and columns over all cores. It serves
 // machines without a GPU, runs the embedded default model, and is the reference the GPU
-// backend is checked against.
+// backend is checked against. A tensor-parallel bundle runs as its ranks in one process
+// (tp.go), so the sharding is checked wherever the tests run.
 package cpu
 
 import (
@@ -13,8 +14,17 @@ import (
 	"xmix/ops"
 )
 
-// Backend holds every buffer of a bundle in host memory.
+// Backend holds every buffer of a bundle in host memory, once per tensor-parallel rank.
 type Backend struct {
+	ranks []*rank
+	// sharded names the buffers whose ranks hold different parts: the host cannot write
+	// them whole.
+	sharded map[string]bool
+}
+
+// rank is one tensor-parallel rank's buffers and bound templates (the only one at tp 1).
+type rank struct {
+	id, tp    int
 	bufs      map[string][]byte
 	templates [][]boundNode
 }
@@ -24,19 +34,43 @@ type boundNode struct {
 	run    ops.Runner
 	args   []ops.Arg
 	launch ops.Launch
+	// coll, when set, makes the node an exchange with the other ranks (args unused).
+	coll *collective
 }
 
 // Progress reports load progress (may be nil).
 type Progress func(format string, args ...any)
 
-// New allocates the bundle's buffers, fills weights and params, and binds every template
-// node to its reference op.
+// New allocates the bundle's buffers (one copy per tensor-parallel rank, each holding its
+// part of the sharded ones), fills weights and params, and binds every template node to its
+// reference op.
 func New(b *bundle.Bundle, w *loader.Weights, progress Progress) (*Backend, error) {
 	if progress == nil {
 		progress = func(string, ...any) {}
 	}
-	be := &Backend{bufs: map[string][]byte{}}
-	params, err := loader.ParamTensors(b)
+	tp := max(1, b.Manifest.TP)
+	be := &Backend{sharded: map[string]bool{}}
+	for _, buf := range b.Manifest.Buffers {
+		if buf.Shard != nil {
+			be.sharded[buf.Name] = true
+		}
+	}
+	for r := range tp {
+		rk, err := newRank(b, w, r, tp, progress)
+		if err != nil {
+			if tp > 1 {
+				return nil, fmt.Errorf("rank %d: %w", r, err)
+			}
+			return nil, err
+		}
+		be.ranks = append(be.ranks, rk)
+	}
+	return be, nil
+}
+
+func newRank(b *bundle.Bundle, w *loader.Weights, id, tp int, progress Progress) (*rank, error) {
+	rk := &rank{id: id, tp: tp, bufs: map[string][]byte{}}
+	params, err := loader.RankParamTensors(b, id)
 	if err != nil {
 		return nil, err
 	}
@@ -50,15 +84,16 @@ func New(b *bundle.Bundle, w *loader.Weights, progress Progress) (*Backend, erro
 		mem := alignedBytes(n)
 		switch buf.Kind {
 		case bundle.KindWeight:
-			if err := w.Fill(buf, mem); err != nil {
+			if err := w.FillRank(buf, id, mem); err != nil {
 				return nil, err
 			}
 		case bundle.KindParam:
 			copy(mem, params[buf.Name])
 		}
-		be.bufs[buf.Name] = mem
+		rk.bufs[buf.Name] = mem
 	}
-	progress("cpu: %d buffers, %.1f MB", len(b.Manifest.Buffers), float64(total)/1e6)
+	progress("cpu: %s%d buffers, %.1f MB", rankPrefix(b, id), len(b.Manifest.Buffers), float64(total)/1e6)
+	// Runners are built per rank: ranks run concurrently and must share no op state.
 	runners := map[string]ops.Runner{}
 	kernels := map[string]*bundle.Kernel{}
 	for i := range b.Kernels {
@@ -72,32 +107,51 @@ func New(b *bundle.Bundle, w *loader.Weights, progress Progress) (*Backend, erro
 	for _, t := range b.Templates {
 		var nodes []boundNode
 		for _, n := range t.Nodes {
-			k, ok := kernels[n.Kernel]
-			if !ok {
-				return nil, fmt.Errorf("template %s node %s: unknown kernel %s", t.Name, n.Label, n.Kernel)
+			bn, err := rk.bind(n, kernels, runners)
+			if err != nil {
+				return nil, fmt.Errorf("template %s node %s: %w", t.Name, n.Label, err)
 			}
-			if len(n.Args) != len(k.Params) {
-				return nil, fmt.Errorf("template %s node %s: %d args for %d params", t.Name, n.Label, len(n.Args), len(k.Params))
-			}
-			args := make([]ops.Arg, len(n.Args))
-			for i, s := range n.Args {
-				if s.Buffer == "" {
-					args[i] = ops.Arg{Bits: s.Const}
-					continue
-				}
-				mem, ok := be.bufs[s.Buffer]
-				if !ok || s.Offset < 0 || s.Offset > int64(len(mem)) {
-					return nil, fmt.Errorf("template %s node %s: argument %s names buffer %q (offset %d) that does not exist",
-						t.Name, n.Label, k.Params[i].Name, s.Buffer, s.Offset)
-				}
-				args[i] = ops.Arg{Mem: mem[s.Offset:]}
-			}
-			nodes = append(nodes, boundNode{label: n.Label, run: runners[n.Kernel], args: args,
-				launch: ops.Launch{Grid: n.Grid, Block: n.Block, Shared: n.Shared}})
+			nodes = append(nodes, bn)
 		}
-		be.templates = append(be.templates, nodes)
+		rk.templates = append(rk.templates, nodes)
 	}
-	return be, nil
+	return rk, nil
+}
+
+func rankPrefix(b *bundle.Bundle, id int) string {
+	if b.Manifest.TP > 1 {
+		return fmt.Sprintf("rank %d/%d: ", id, b.Manifest.TP)
+	}
+	return ""
+}
+
+// bind resolves a node's kernel and argument buffers in this rank's memory.
+func (rk *rank) bind(n bundle.Node, kernels map[string]*bundle.Kernel, runners map[string]ops.Runner) (boundNode, error) {
+	if n.Collective != nil {
+		c, err := rk.bindCollective(n.Collective)
+		return boundNode{label: n.Label, coll: c}, err
+	}
+	k, ok := kernels[n.Kernel]
+	if !ok {
+		return boundNode{}, fmt.Errorf("unknown kernel %s", n.Kernel)
+	}
+	if len(n.Args) != len(k.Params) {
+		return boundNode{}, fmt.Errorf("%d args for %d params", len(n.Args), len(k.Params))
+	}
+	args := make([]ops.Arg, len(n.Args))
+	for i, s := range n.Args {
+		if s.Buffer == "" {
+			args[i] = ops.Arg{Bits: s.Const}
+			continue
+		}
+		mem, ok := rk.bufs[s.Buffer]
+		if !ok || s.Offset < 0 || s.Offset > int64(len(mem)) {
+			return boundNode{}, fmt.Errorf("argument %s names buffer %q (offset %d) that does not exist", k.Params[i].Name, s.Buffer, s.Offset)
+		}
+		args[i] = ops.Arg{Mem: mem[s.Offset:]}
+	}
+	return boundNode{label: n.Label, run: runners[n.Kernel], args: args,
+		launch: ops.Launch{Grid: n.Grid, Block: n.Block, Shared: n.Shared}}, nil
 }
 
 // alignedBytes returns n zero bytes aligned for 8-byte views.
@@ -110,10 +164,15 @@ func alignedBytes(n int64) []byte {
 }
 
 // Name implements loader.Backend.
-func (be *Backend) Name() string { return "cpu" }
+func (be *Backend) Name() string {
+	if len(be.ranks) > 1 {
+		return fmt.Sprintf("cpu tp=%d", len(be.ranks))
+	}
+	return "cpu"
+}
 
-func (be *Backend) span(name string, off int64, n int) ([]byte, error) {
-	mem, ok := be.bufs[name]
+func (rk *rank) span(name string, off int64, n int) ([]byte, error) {
+	mem, ok := rk.bufs[name]
 	if !ok {
 		return nil, fmt.Errorf("no buffer %q", name)
 	}
@@ -123,19 +182,25 @@ func (be *Backend) span(name string, off int64, n int) ([]byte, error) {
 	return mem[off : off+int64(n)], nil
 }
 
-// Write implements loader.Backend.
+// Write implements loader.Backend: every rank gets the same bytes (control blocks, app
+// tables and vectors are replicated).
 func (be *Backend) Write(name string, off int64, data []byte) error {
-	dst, err := be.span(name, off, len(data))
-	if err != nil {
-		return err
+	if be.sharded[name] {
+		return fmt.Errorf("buffer %s is cut across %d tensor-parallel ranks; the host cannot write it whole", name, len(be.ranks))
 	}
-	copy(dst, data)
+	for _, rk := range be.ranks {
+		dst, err := rk.span(name, off, len(data))
+		if err != nil {
+			return err
+		}
+		copy(dst, data)
+	}
 	return nil
 }
 
-// Read implements loader.Backend.
+// Read implements loader.Backend. Outputs come from rank 0: every rank computes them alike.
 func (be *Backend) Read(name string, dst []byte) error {
-	src, err := be.span(name, 0, len(dst))
+	src, err := be.ranks[0].span(name, 0, len(dst))
 	if err != nil {
 		return err
 	}
@@ -143,16 +208,30 @@ func (be *Backend) Read(name string, dst []byte) error {
 	return nil
 }
 
-// Buffer exposes a buffer's memory (for tests that inspect activations).
-func (be *Backend) Buffer(name string) []byte { return be.bufs[name] }
+// Buffer exposes rank 0's memory of a buffer (for tests that inspect activations).
+func (be *Backend) Buffer(name string) []byte { return be.ranks[0].bufs[name] }
 
 // Step implements loader.Backend.
 func (be *Backend) Step(t int) error {
-	if t < 0 || t >= len(be.templates) {
+	if t < 0 || t >= len(be.ranks[0].templates) {
 		return fmt.Errorf("no template %d", t)
 	}
-	for _, n := range be.templates[t] {
-		if err := n.run.Run(n.args, n.launch); err != nil {
+	if len(be.ranks) == 1 {
+		return be.ranks[0].step(t, nil)
+	}
+	return stepRanks(be.ranks, t)
+}
+
+// step runs template t on this rank; c exchanges with the other ranks (nil at tp 1).
+func (rk *rank) step(t int, c *comm) error {
+	for _, n := range rk.templates[t] {
+		var err error
+		if n.coll != nil {
+			err = n.coll.run(c, rk.id)
+		} else {
+			err = n.run.Run(n.args, n.launch)
+		}
+		if err != nil {
 			return fmt.Errorf("node %s: %w", n.label, err)
 		}
 	}
