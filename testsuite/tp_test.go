@@ -112,12 +112,13 @@ func buildTP(t *testing.T, model string, apps []string, tp int) *bundle.Bundle {
 
 // TestTensorParallelMatchesOneDevice: at tp 2 and 4 (each rank a goroutine of the CPU
 // backend, exchanging through the in-process all-reduce and all-gather) the embedded
-// model, a Llama and a Mixtral give the tokens, logits and app exports of tp 1, to float
+// model, a Llama, a Mixtral and a Qwen2 give the tokens, logits and app exports of tp 1, to float
 // rounding (the row-parallel sums are added in another order).
 func TestTensorParallelMatchesOneDevice(t *testing.T) {
 	small, smallApps := WriteSpecs(t, SmallTP4, tpApps(128, 8, 300)...)
 	mixtral, mixtralApps := WriteSpecs(t, MixtralTP4, tpApps(64, 4, 300)...)
 	_, tinyApps := WriteSpecs(t, "", tpApps(256, 8, 258)...)
+	qwen2, qwen2Apps := WriteSpecs(t, SmallQwen2, tpApps(96, 4, 300)...)
 	for _, c := range []struct {
 		name  string
 		model string
@@ -127,6 +128,7 @@ func TestTensorParallelMatchesOneDevice(t *testing.T) {
 		{"tiny", "../specs/models/tiny.yaml", tinyApps, []int{2}}, // kv_heads 2, vocab 258: 2 at most
 		{"llama", small, smallApps, []int{2, 4}},
 		{"mixtral", mixtral, mixtralApps, []int{2, 4}},
+		{"qwen2", qwen2, qwen2Apps, []int{2}}, // q/k/v biases cut with the heads; synthetic tied LM head
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			ref := runTP(t, buildTP(t, c.model, c.apps, 1))

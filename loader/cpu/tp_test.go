@@ -1,0 +1,115 @@
+package cpu
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"strings"
+	"sync"
+	"testing"
+
+	"xmix/ops"
+)
+
+// onRanks runs fn for every rank of a fresh communicator at once and returns their errors.
+func onRanks(n int, fn func(c *comm, id int) error) []error {
+	c := newComm(n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for id := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[id] = fn(c, id)
+		}()
+	}
+	wg.Wait()
+	return errs
+}
+
+// TestAllReduceSumRankOrder: over many collectives in a row, every rank gets the bits of
+// adding the ranks' values in rank order ((1e8 + 1) - 1e8 is 0 in float32; other orders
+// give 1).
+func TestAllReduceSumRankOrder(t *testing.T) {
+	vals := []float32{1e8, 1, -1e8}
+	const rounds = 20
+	got := make([][]float32, len(vals))
+	errs := onRanks(len(vals), func(c *comm, id int) error {
+		for r := range rounds {
+			x := []float32{vals[id] * float32(r+1), float32(id)}
+			if err := c.allReduceSum(id, x); err != nil {
+				return err
+			}
+			got[id] = append(got[id], x...)
+		}
+		return nil
+	})
+	for id, err := range errs {
+		if err != nil {
+			t.Fatalf("rank %d: %v", id, err)
+		}
+	}
+	for id := range vals {
+		for r := range rounds {
+			a, b, c := vals[0]*float32(r+1), vals[1]*float32(r+1), vals[2]*float32(r+1)
+			want := []float32{(a + b) + c, 0 + 1 + 2}
+			for i, w := range want {
+				if g := got[id][2*r+i]; math.Float32bits(g) != math.Float32bits(w) {
+					t.Fatalf("rank %d round %d element %d: %v, want %v", id, r, i, g, w)
+				}
+			}
+		}
+	}
+}
+
+// TestAllGatherCols: rank r's columns land at r*cols of every row, on every rank.
+func TestAllGatherCols(t *testing.T) {
+	const n, rows, cols = 3, 2, 2
+	outs := make([][]float32, n)
+	errs := onRanks(n, func(c *comm, id int) error {
+		in := []float32{float32(10 * id), float32(10*id + 1), float32(10*id + 2), float32(10*id + 3)}
+		outs[id] = make([]float32, rows*cols*n)
+		return c.allGatherCols(id, in, outs[id], rows, cols)
+	})
+	want := "[0 1 10 11 20 21 2 3 12 13 22 23]"
+	for id := range n {
+		if errs[id] != nil {
+			t.Fatal(errs[id])
+		}
+		if got := fmt.Sprint(outs[id]); got != want {
+			t.Errorf("rank %d: %s, want %s", id, got, want)
+		}
+	}
+}
+
+// TestStepRanksAbortsOnError: a rank that fails before a collective releases the others
+// (no rank waits forever) and its error, not theirs, is reported.
+func TestStepRanksAbortsOnError(t *testing.T) {
+	var ranks []*rank
+	for id := range 3 {
+		fail := ops.RunnerFunc(func([]ops.Arg, ops.Launch) error {
+			if id == 1 {
+				return errors.New("bad input")
+			}
+			return nil
+		})
+		x := make([]float32, 4)
+		ranks = append(ranks, &rank{id: id, tp: 3, templates: [][]boundNode{{
+			{label: "k", run: fail},
+			{label: "reduce", coll: &collective{op: "all_reduce_sum", in: x, out: x, rows: 1, cols: 4}},
+		}}})
+	}
+	err := stepRanks(ranks, 0)
+	if err == nil || !strings.Contains(err.Error(), "rank 1: node k: bad input") {
+		t.Fatalf("error %v, want rank 1's", err)
+	}
+}
+
+// TestWriteRefusesShardedBuffer: the host cannot write a buffer whose ranks hold parts.
+func TestWriteRefusesShardedBuffer(t *testing.T) {
+	be := &Backend{ranks: []*rank{{bufs: map[string][]byte{"w": make([]byte, 8)}}, {bufs: map[string][]byte{"w": make([]byte, 8)}}},
+		sharded: map[string]bool{"w": true}}
+	if err := be.Write("w", 0, make([]byte, 8)); err == nil || !strings.Contains(err.Error(), "cut across 2 tensor-parallel ranks") {
+		t.Fatalf("Write: %v", err)
+	}
+}
