@@ -277,6 +277,12 @@ type Node struct {
 	Shared     int         `json:"shared"`
 	Args       []Slot      `json:"args"`
 	Collective *Collective `json:"collective,omitempty"`
+	// SkipUnless, when not zero, marks a heavy node that does nothing unless some row of the
+	// step enables an app whose bit is in it (ctl.any_mask & SkipUnless != 0; the kernel
+	// checks that itself and exits early). A backend may leave the node out of the step
+	// then: the CUDA backend replays a graph captured without it, so a deployed but unused
+	// heavy app costs not even a launch.
+	SkipUnless uint32 `json:"skip_unless,omitempty"`
 }
 
 // Slot binds one kernel parameter: a buffer (plus byte offset) or a constant's bits.

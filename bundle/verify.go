@@ -156,6 +156,12 @@ func verifyTemplate(t *Template, kernels map[string]*Kernel, bufBytes map[string
 		} else {
 			err = verifyNode(n, kernels, bufBytes)
 		}
+		if err == nil && n.SkipUnless != 0 && n.Collective != nil {
+			err = fmt.Errorf("a collective cannot be skipped (skip_unless %#x)", n.SkipUnless)
+		}
+		if err == nil && n.SkipUnless != 0 && bufBytes["ctl.any_mask"] == 0 {
+			err = fmt.Errorf("skip_unless %#x without a ctl.any_mask buffer to decide it", n.SkipUnless)
+		}
 		if err != nil {
 			return fmt.Errorf("node %d (%q): %w", i, n.Label, err)
 		}

@@ -58,6 +58,8 @@ func TestVerifyFailures(t *testing.T) {
 			"shape [9] holds 9 elements but tensors [steer.vec] hold 8"},
 		{"params not safetensors", func(b *Bundle) { b.Params = []byte("junk") }, "section params: safetensors file is truncated"},
 		{"params missing", func(b *Bundle) { b.Params = nil }, "is loaded from the params section, which is empty"},
+		{"skip without any_mask", func(b *Bundle) { b.Templates[0].Nodes[1].SkipUnless = 1 },
+			`node 1 ("steer"): skip_unless 0x1 without a ctl.any_mask buffer to decide it`},
 		{"embedded weight missing", func(b *Bundle) {
 			b.Weights = safetensorsFile(safetensors.Tensor{Name: "other", Dtype: "F32", Shape: []int{1}, Data: make([]byte, 4)})
 		}, `tensor "model.embed_tokens.weight" is not in the weights section`},

@@ -340,9 +340,20 @@ func (t *tb) lens(l int) {
 			"any_mask": buf("ctl.any_mask"), "resid": buf("act.resid"), "w": buf("final_norm"),
 			"head": buf(g.lmHead()), "out": buf("act.lens"), "rows": konst(uint64(t.rows)),
 		}, nil)
+		t.skipUnless(1 << op.App.Bit)
 		k, err = g.kernel(tn, func() (*Kernel, error) { return LensTopK(tn, c) })
 		t.add(fmt.Sprintf("L%d.lens_topk.%s", l, op.App.Name), k, err, c.TopKLaunch(t.rows), slots{
 			"any_mask": buf("ctl.any_mask"), "logits": buf("act.lens"), "out": buf(op.Out),
 		}, nil)
+		t.skipUnless(1 << op.App.Bit)
+	}
+}
+
+// skipUnless marks the node just added as one that does nothing unless a row of the step
+// enables an app of mask (its kernel exits early on ctl.any_mask), so that a backend may
+// leave it out of the step (bundle.Node.SkipUnless).
+func (t *tb) skipUnless(mask uint32) {
+	if t.err == nil {
+		t.nodes[len(t.nodes)-1].SkipUnless = mask
 	}
 }

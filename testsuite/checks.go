@@ -1154,6 +1154,13 @@ ops:
   - read: {at: {layers: [1], hook: resid_post}, kernel: logit_lens, args: {k: 5}, into: top}
 `
 	b := Compile(t, SmallModel, lens, captureApp(1, hidden))
+	for _, tmpl := range b.Templates {
+		for _, n := range tmpl.Nodes {
+			if heavy := strings.Contains(n.Label, ".lens_"); heavy != (n.SkipUnless == 1<<b.Manifest.Apps[0].Bit) {
+				t.Fatalf("%s node %s: skip_unless %#x; only the lens nodes may be left out, for the lens app's bit", tmpl.Name, n.Label, n.SkipUnless)
+			}
+		}
+	}
 	be := nb(t, b)
 	defer be.Close()
 	eng, err := loader.NewEngine(b, be)

@@ -124,6 +124,11 @@ type cublasLt struct {
 	descs      []uintptr // matmul descriptors, destroyed at Close
 	layouts    []uintptr
 	one, zero  *float32
+	// strict (--gemm cublaslt) makes a node cuBLASLt cannot serve an error; otherwise the
+	// node keeps its PTX kernel and fallbacks counts it (the first error kept for the log).
+	strict      bool
+	fallbacks   int
+	fallbackErr error
 }
 
 // ltMatmul is one GEMM node served by cuBLASLt: its descriptors, chosen algorithm and
@@ -192,6 +197,7 @@ func (be *Backend) initCublasLt(b *bundle.Bundle, mode string, progress Progress
 		progress("cuda: GEMMs served by PTX kernels (cuBLASLt unavailable: %v)", err)
 		return nil
 	}
+	lt.strict = mode == GemmCublasLt
 	be.lt = lt
 	progress("cuda: tensor-core GEMMs served by cuBLASLt (%d MiB scratch)", (xbBytes+ltWorkspaceBytes)>>20)
 	return nil

@@ -60,6 +60,7 @@ type launch struct {
 	grid, block   [3]int
 	shared        int
 	params        uintptr
+	skipUnless    uint32    // bundle.Node.SkipUnless (variants.go)
 	matmul        *ltMatmul // non-nil: f casts x to bf16, then cuBLASLt multiplies (cublaslt.go)
 }
 
@@ -81,9 +82,8 @@ type Backend struct {
 	modules []uintptr
 	funcs   map[string]uintptr
 	kernels map[string]bundle.Kernel
-	lt      *cublasLt  // nil: PTX kernels serve every GEMM
-	graphs  []uintptr  // instantiated graph per template
-	nodes   [][]launch // each template's launches, kept for profiling
+	lt      *cublasLt    // nil: PTX kernels serve every GEMM
+	steps   []stepGraphs // each template's graph variants (variants.go)
 	params  [][]uint64
 	paramP  [][]uintptr
 	closed  bool
@@ -290,16 +290,18 @@ func (be *Backend) load(b *bundle.Bundle, w *loader.Weights, gemm string, progre
 	if err := be.initCublasLt(b, gemm, progress); err != nil {
 		return err
 	}
-	be.nodes = make([][]launch, len(b.Templates))
-	for i, t := range b.Templates {
-		g, err := be.capture(i, t)
+	graphs := 0
+	for _, t := range b.Templates {
+		g, err := be.captureVariants(t)
 		if err != nil {
 			return fmt.Errorf("template %s: %w", t.Name, err)
 		}
-		be.graphs = append(be.graphs, g)
-		if i == len(b.Templates)-1 {
-			progress("cuda: %d graphs instantiated", len(be.graphs))
-		}
+		be.steps = append(be.steps, g)
+		graphs += len(g.execs)
+	}
+	progress("cuda: %d graphs instantiated for %d templates", graphs, len(b.Templates))
+	if be.lt != nil && be.lt.fallbacks > 0 {
+		progress("cuda: %d GEMM nodes kept their PTX kernel (cuBLASLt refused them; first: %v)", be.lt.fallbacks, be.lt.fallbackErr)
 	}
 	return d.call("cuCtxSynchronize")
 }
@@ -432,23 +434,15 @@ func (be *Backend) synthesize(s *bundle.Synth, buf bundle.Buffer, p uintptr, byt
 	return nil
 }
 
-// capture records a template's launches into a CUDA graph and instantiates it. Every node
-// is resolved first (and a node served by cuBLASLt run once), so nothing but launches happens
-// inside the capture.
-func (be *Backend) capture(ti int, t bundle.Template) (uintptr, error) {
+// capture records launches into a CUDA graph and instantiates it. Nodes are prepared (and a
+// node served by cuBLASLt run once) before, so nothing but launches happens in the capture.
+func (be *Backend) capture(nodes []launch) (uintptr, error) {
 	d := be.d
-	for _, n := range t.Nodes {
-		l, err := be.prepare(n)
-		if err != nil {
-			return 0, fmt.Errorf("node %s (kernel %s, grid %v, block %v): %w", n.Label, n.Kernel, n.Grid, n.Block, err)
-		}
-		be.nodes[ti] = append(be.nodes[ti], l)
-	}
 	if err := d.call("cuStreamBeginCapture_v2", be.stream, 2); err != nil { // relaxed mode
 		return 0, err
 	}
 	var launchErr error
-	for _, l := range be.nodes[ti] {
+	for _, l := range nodes {
 		if launchErr = be.issue(l); launchErr != nil {
 			launchErr = fmt.Errorf("node %s (kernel %s): %w", l.label, l.kernel, launchErr)
 			break
@@ -491,13 +485,21 @@ func (be *Backend) prepare(n bundle.Node) (launch, error) {
 		}
 		vals[i] = uint64(base) + uint64(s.Offset)
 	}
-	if l, ok, err := be.ltNode(n, vals); err != nil || ok {
-		if err != nil {
-			return launch{}, fmt.Errorf("cuBLASLt: %w", err)
+	l, ok, err := be.ltNode(n, vals)
+	switch {
+	case err != nil && be.lt.strict:
+		return launch{}, fmt.Errorf("cuBLASLt: %w", err)
+	case err != nil:
+		// --gemm auto: the bundle's own kernel serves what cuBLASLt refuses.
+		be.lt.fallbacks++
+		if be.lt.fallbackErr == nil {
+			be.lt.fallbackErr = fmt.Errorf("node %s: %w", n.Label, err)
 		}
+	case ok:
 		return *l, nil
 	}
-	return launch{label: n.Label, kernel: n.Kernel, f: f, grid: n.Grid, block: n.Block, shared: n.Shared, params: be.keepParams(vals)}, nil
+	return launch{label: n.Label, kernel: n.Kernel, f: f, grid: n.Grid, block: n.Block, shared: n.Shared,
+		params: be.keepParams(vals), skipUnless: n.SkipUnless}, nil
 }
 
 // keepParams holds a launch's parameter values and the pointer array cuLaunchKernel takes for
@@ -591,7 +593,7 @@ func (be *Backend) Read(name string, dst []byte) error {
 // Step implements loader.Backend: send the dirty control bytes, replay the graph, copy the
 // outputs back, wait.
 func (be *Backend) Step(t int) error {
-	if t < 0 || t >= len(be.graphs) {
+	if t < 0 || t >= len(be.steps) {
 		return fmt.Errorf("no template %d", t)
 	}
 	return be.do(func() error {
@@ -603,7 +605,7 @@ func (be *Backend) Step(t int) error {
 			}
 			be.ctl.lo, be.ctl.hi = 0, 0
 		}
-		if err := d.call("cuGraphLaunch", be.graphs[t], be.stream); err != nil {
+		if err := d.call("cuGraphLaunch", be.steps[t].execs[be.variant(t)], be.stream); err != nil {
 			return err
 		}
 		if be.out.size > 0 {
@@ -616,11 +618,16 @@ func (be *Backend) Step(t int) error {
 }
 
 // Time replays template t n times back to back (no host work between) and returns the mean
-// milliseconds per replay, measured with CUDA events.
+// milliseconds per replay, measured with CUDA events. It replays the graph variant that the
+// control arena's current app union selects, as Step would.
 func (be *Backend) Time(t, n int) (float64, error) {
+	if t < 0 || t >= len(be.steps) {
+		return 0, fmt.Errorf("no template %d", t)
+	}
 	var ms float32
 	err := be.do(func() error {
 		d := be.d
+		graph := be.steps[t].execs[be.variant(t)]
 		var start, stop uintptr
 		if err := d.call("cuEventCreate", uintptr(unsafe.Pointer(&start)), 0); err != nil {
 			return err
@@ -634,7 +641,7 @@ func (be *Backend) Time(t, n int) (float64, error) {
 			return err
 		}
 		for range n {
-			if err := d.call("cuGraphLaunch", be.graphs[t], be.stream); err != nil {
+			if err := d.call("cuGraphLaunch", graph, be.stream); err != nil {
 				return err
 			}
 		}
@@ -657,15 +664,16 @@ type NodeTime struct {
 }
 
 // Profile launches template t's nodes one by one (outside the graph), each between two CUDA
-// events, and returns every node's time: what each kernel of a step costs.
+// events, and returns every node's time: what each kernel of a step costs (the nodes of the
+// graph variant Step would replay now).
 func (be *Backend) Profile(t int) ([]NodeTime, error) {
-	if t < 0 || t >= len(be.nodes) {
+	if t < 0 || t >= len(be.steps) {
 		return nil, fmt.Errorf("no template %d", t)
 	}
 	var out []NodeTime
 	err := be.do(func() error {
 		d := be.d
-		nodes := be.nodes[t]
+		nodes := be.steps[t].nodes[be.variant(t)]
 		events := make([]uintptr, len(nodes)+1)
 		for i := range events {
 			if err := d.call("cuEventCreate", uintptr(unsafe.Pointer(&events[i])), 0); err != nil {
@@ -707,8 +715,10 @@ func (be *Backend) Close() error {
 	be.closed = true
 	err := be.do(func() error {
 		d := be.d
-		for _, g := range be.graphs {
-			d.call("cuGraphExecDestroy", g)
+		for _, g := range be.steps {
+			for _, e := range g.execs {
+				d.call("cuGraphExecDestroy", e)
+			}
 		}
 		if be.lt != nil {
 			be.lt.close()

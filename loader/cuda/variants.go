@@ -1,0 +1,112 @@
+package cuda
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math/bits"
+	"unsafe"
+
+	"xmix/bundle"
+)
+
+// Heavy nodes (bundle.Node.SkipUnless: a logit lens over the whole vocabulary) check
+// ctl.any_mask and exit early when no row enables their app, but even an early exit costs a
+// launch inside the graph (about 3 us each; 64 of them for a lens at every layer of an 8B
+// model, 2% of a batch-1 step). So each template is captured once per subset of its heavy
+// apps, and Step replays the graph whose subset matches the step's ctl.any_mask, which the
+// host has just written: a deployed but unused heavy app is not in the replayed graph at all.
+// No graph is rebuilt or updated between steps; the variants are instantiated at load.
+
+// maxVariantBits caps the heavy apps a template gets variants for (2^4 = 16 graphs); nodes of
+// further heavy apps stay in every variant and rely on their early exit.
+const maxVariantBits = 4
+
+// stepGraphs is one template's graph variants. Variant v includes the heavy nodes of the
+// apps bits[i] for every i set in v (and every node of the other apps).
+type stepGraphs struct {
+	bits  []uint32   // one app bit mask per variant bit
+	execs []uintptr  // instantiated graph per variant
+	nodes [][]launch // each variant's launches, for profiling
+}
+
+// variantBits lists the first maxVariantBits app bits that mark heavy nodes of t.
+func variantBits(t bundle.Template) []uint32 {
+	var all uint32
+	for _, n := range t.Nodes {
+		all |= n.SkipUnless
+	}
+	var out []uint32
+	for all != 0 && len(out) < maxVariantBits {
+		b := uint32(1) << bits.TrailingZeros32(all)
+		out = append(out, b)
+		all &^= b
+	}
+	return out
+}
+
+// variantNodes is the launches of variant v: every node but the heavy nodes of the variant
+// bits that v leaves out.
+func variantNodes(all []launch, vbits []uint32, v int) []launch {
+	var off uint32
+	for i, b := range vbits {
+		if v&(1<<i) == 0 {
+			off |= b
+		}
+	}
+	var out []launch
+	for _, l := range all {
+		if l.skipUnless == 0 || l.skipUnless&^off != 0 {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+// variant picks the graph of template t for the step's app union in the control arena.
+func (be *Backend) variant(t int) int {
+	g := be.steps[t]
+	if len(g.bits) == 0 {
+		return 0
+	}
+	off, ok := be.ctl.offset["ctl.any_mask"]
+	if !ok {
+		return len(g.execs) - 1 // every heavy node; cannot happen in a verified bundle
+	}
+	any := binary.LittleEndian.Uint32(unsafe.Slice((*byte)(unsafe.Add(be.ctl.host, off)), 4))
+	v := 0
+	for i, b := range g.bits {
+		if any&b != 0 {
+			v |= 1 << i
+		}
+	}
+	return v
+}
+
+// captureVariants prepares template t's nodes and instantiates one graph per variant.
+func (be *Backend) captureVariants(t bundle.Template) (stepGraphs, error) {
+	var all []launch
+	for _, n := range t.Nodes {
+		if n.Collective != nil {
+			return stepGraphs{}, fmt.Errorf("node %s: tensor-parallel collectives need NCCL, which the CUDA backend does not drive yet (run this bundle with --backend cpu, or build it without --tp)", n.Label)
+		}
+		l, err := be.prepare(n)
+		if err != nil {
+			return stepGraphs{}, fmt.Errorf("node %s (kernel %s, grid %v, block %v): %w", n.Label, n.Kernel, n.Grid, n.Block, err)
+		}
+		all = append(all, l)
+	}
+	g := stepGraphs{bits: variantBits(t)}
+	for v := range 1 << len(g.bits) {
+		nodes := variantNodes(all, g.bits, v)
+		exec, err := be.capture(nodes)
+		if err != nil {
+			for _, e := range g.execs {
+				be.d.call("cuGraphExecDestroy", e)
+			}
+			return stepGraphs{}, err
+		}
+		g.execs = append(g.execs, exec)
+		g.nodes = append(g.nodes, nodes)
+	}
+	return g, nil
+}
