@@ -12,12 +12,13 @@ import (
 
 // Mixture-of-experts kernels (Mixtral). The router is a row kernel over the E logits, so the
 // router_logits MI ops run through the same miSet machinery as every fused op; its two
-// templates are registered below next to the others. The expert kernels are the decode GEMM's
-// simplest form: one warp per output column per (row, slot), lanes striding the reduction with
-// scalar loads. Each (row, slot) reads its expert's whole weights, so a batch of B rows reads
-// B*k experts' weights even when rows share experts: right at decode batch 1 (k experts, the
-// floor), wasteful for large batches and prefill, where grouping rows by expert would read
-// each expert once.
+// templates are registered below next to the others. The expert kernels group the batch's
+// (row, slot) pairs by expert: a block compacts the pairs that picked its expert into shared
+// memory and each warp streams one output column of that expert's weights once for a group
+// of up to moeGroup pairs, keeping a register accumulator per pair. So a launch reads each
+// picked expert's weights ceil(pairs on it / moeGroup) times (once per expert at decode
+// batches up to moeGroup rows), where reading per (row, slot) read B*k experts' weights;
+// experts no row picked are not read at all.
 
 func init() {
 	// router_bias is steer_add over the logits; router_mask writes -inf where its mask is set.
@@ -187,18 +188,40 @@ type MoEConfig struct {
 	WDtype                       ptx.Type
 }
 
-// moeWarps is the warps per block of the expert kernels (one output column each).
-const moeWarps = 8
+// The expert kernels group the batch's (row, slot) pairs by expert. A block takes a tile of
+// moeWarps output columns (one per warp) and, for an expert, compacts the pairs that picked it
+// into a shared list in pair order; each warp then streams its column's weights once per
+// group of up to moeGroup pairs, its lanes striding the reduction with 16-byte loads and
+// keeping one accumulator per pair (two in gate/up). Pairs are taken from a window of the
+// batch at a time (moeGateUpWindow pairs, moeDownPairs for down, whose window holds whole
+// rows), so shared memory stays bounded for any batch.
+const (
+	moeWarps        = 8
+	moeGroup        = 16
+	moeGateUpWindow = 1024
+	moeDownPairs    = 256
+)
 
-// LaunchGateUp is the grid of ExpertGateUp over rows rows: Inter columns by rows*TopK slots.
+// The grids keep the reference ops' y extents (rows*TopK slots for gate/up, rows for down);
+// x is sized so that the blocks, numbered y*gridX + x, cover the work items: (expert,
+// column tile) for gate/up, column tiles for down. The few blocks past the last item leave.
+
+// LaunchGateUp is the grid of ExpertGateUp over rows rows: Experts * Inter/moeWarps items over
+// rows*TopK slots.
 func (c MoEConfig) LaunchGateUp(rows int) ops.Launch {
-	return ops.Launch{Grid: [3]int{(c.Inter + moeWarps - 1) / moeWarps, rows * c.TopK, 1}, Block: [3]int{32 * moeWarps, 1, 1}}
+	q := max(1, rows*c.TopK)
+	items := c.Experts * tiles(c.Inter)
+	return ops.Launch{Grid: [3]int{(items + q - 1) / q, q, 1}, Block: [3]int{32 * moeWarps, 1, 1}}
 }
 
-// LaunchDown is the grid of ExpertDown over rows rows: Hidden columns by rows.
+// LaunchDown is the grid of ExpertDown over rows rows: Hidden/moeWarps column tiles over rows.
 func (c MoEConfig) LaunchDown(rows int) ops.Launch {
-	return ops.Launch{Grid: [3]int{(c.Hidden + moeWarps - 1) / moeWarps, rows, 1}, Block: [3]int{32 * moeWarps, 1, 1}}
+	r := max(1, rows)
+	return ops.Launch{Grid: [3]int{(tiles(c.Hidden) + r - 1) / r, r, 1}, Block: [3]int{32 * moeWarps, 1, 1}}
 }
+
+// tiles is the number of moeWarps-column tiles over n columns.
+func tiles(n int) int { return (n + moeWarps - 1) / moeWarps }
 
 func (c MoEConfig) attrs() (ops.MoEAttrs, error) {
 	dt, ok := dtypeName(c.WDtype)
@@ -211,123 +234,342 @@ func (c MoEConfig) attrs() (ops.MoEAttrs, error) {
 	return ops.MoEAttrs{Hidden: c.Hidden, Inter: c.Inter, Experts: c.Experts, TopK: c.TopK, WDtype: dt}, nil
 }
 
-// moeWarp starts an expert kernel: it returns this warp's output column (whole warps past
-// cols leave at done, so shuffles see 32 live lanes) and its lane.
-func moeWarp(e emitter, cols int, done string) (col, lane ptx.Reg) {
-	tid := e.special(ptx.TidX)
-	lane = e.op3("and.b32", ptx.U32, tid, ptx.Imm(31))
-	warp := e.op3("shr.u32", ptx.U32, tid, ptx.Imm(5))
-	col = e.Reg(ptx.U32)
-	e.Emit("mad.lo.u32", col, e.special(ptx.CtaidX), ptx.Imm(moeWarps), warp)
-	e.EmitIf(e.cmp("ge", ptx.U32, col, ptx.Imm(int64(cols))), false, "bra", ptx.Sym(done))
-	return col, lane
+// moeGen is what both expert kernels share: the thread's place in the block and the shared
+// list of the pairs that picked the expert at hand.
+type moeGen struct {
+	emitter
+	c               MoEConfig
+	tid, lane, warp ptx.Reg
+	list, counts    ptx.Sym
 }
 
-// expertOf loads idx[q] clamped to the last expert.
-func expertOf(e emitter, idx, q ptx.Reg, experts int) ptx.Reg {
-	v := e.Reg(ptx.U32)
-	e.Emit("ld.global.u32", v, ptx.Addr{Base: e.byteAddr(idx, q, 4)})
-	e.Emit("min.u32", v, v, ptx.Imm(int64(experts-1)))
-	return v
+func newMoEGen(name string, c MoEConfig) *moeGen {
+	g := &moeGen{emitter: newEmitter(name), c: c}
+	g.MaxNTid = 32 * moeWarps
+	return g
 }
 
-// warpDots returns, reduced over the warp, the dot products of the f32 row x with each
-// weight row of ws (storage dt), over n elements, lanes striding by 32.
-func warpDots(e emitter, x ptx.Reg, ws []ptx.Reg, dt ptx.Type, n int, lane ptx.Reg) []ptx.Reg {
-	acc := make([]ptx.Reg, len(ws))
-	for j := range acc {
-		acc[j] = e.f32(0)
+// begin reads the thread's place and declares the pair list (capacity pairs) and the
+// per-warp counts the compaction exchanges. It returns the block's work item, numbered
+// y*gridX + x.
+func (g *moeGen) begin(capacity int) ptx.Reg {
+	g.tid = g.special(ptx.TidX)
+	g.lane = g.op3("and.b32", ptx.U32, g.tid, ptx.Imm(31))
+	g.warp = g.op3("shr.u32", ptx.U32, g.tid, ptx.Imm(5))
+	g.list = g.DeclareShared("pairs", ptx.U32, capacity)
+	g.counts = g.DeclareShared("counts", ptx.U32, moeWarps)
+	item := g.Reg(ptx.U32)
+	g.Emit("mad.lo.u32", item, g.special(ptx.CtaidY), g.special(ptx.NCtaidX), g.special(ptx.CtaidX))
+	return item
+}
+
+// compact writes to the list, in increasing order, the pairs p in [lo, hi) whose expert
+// idx[p] (clamped to the last expert) is ex, and returns their count; every thread of the
+// block must call it, and all get the same count. Each thread tests one pair per pass; a
+// warp's matches are gathered with an OR over the warp's bits (a ballot), and the warps'
+// counts are added in warp order through shared memory, so the order is the pairs' own.
+func (g *moeGen) compact(idx, ex, lo, hi ptx.Reg) ptx.Reg {
+	n := g.imm32(0)
+	one := g.op3("shl.b32", ptx.B32, g.imm32(1), g.lane)
+	below := g.op3("sub.u32", ptx.U32, one, ptx.Imm(1))
+	p0 := g.Reg(ptx.U32)
+	g.forLoop(p0, lo, hi, ptx.Imm(32*moeWarps), func() {
+		p := g.op3("add.u32", ptx.U32, p0, g.tid)
+		in := g.cmp("lt", ptx.U32, p, hi)
+		v := g.imm32(0)
+		g.EmitIf(in, false, "ld.global.u32", v, ptx.Addr{Base: g.byteAddr(idx, p, 4)})
+		g.Emit("min.u32", v, v, ptx.Imm(int64(g.c.Experts-1)))
+		m := g.cmp("eq", ptx.U32, v, ex)
+		g.Emit("and.pred", m, m, in)
+		bits := g.Reg(ptx.B32)
+		g.Emit("selp.b32", bits, one, ptx.Imm(0), m)
+		t := g.Reg(ptx.B32)
+		for off := 16; off > 0; off /= 2 {
+			g.Emit("shfl.sync.bfly.b32", t, bits, ptx.Imm(off), ptx.Imm(0x1f), ptx.Imm(-1))
+			g.Emit("or.b32", bits, bits, t)
+		}
+		cnt := g.Reg(ptx.U32)
+		g.Emit("popc.b32", cnt, bits)
+		g.EmitIf(g.cmp("eq", ptx.U32, g.lane, ptx.Imm(0)), false, "st.shared.u32", ptx.Addr{Base: g.sharedAddr(g.counts, g.warp, 4)}, cnt)
+		g.Emit("bar.sync", ptx.Imm(0))
+		at := g.Reg(ptx.U32)
+		g.Emit("and.b32", bits, bits, below)
+		g.Emit("popc.b32", at, bits)
+		g.Emit("add.u32", at, at, n)
+		c := g.Reg(ptx.U32)
+		for w := range moeWarps {
+			g.Emit("ld.shared.u32", c, ptx.Addr{Base: g.counts, Offset: int64(4 * w)})
+			g.EmitIf(g.cmp("gt", ptx.U32, g.warp, ptx.Imm(int64(w))), false, "add.u32", at, at, c)
+			g.Emit("add.u32", n, n, c)
+		}
+		g.EmitIf(m, false, "st.shared.u32", ptx.Addr{Base: g.sharedAddr(g.list, at, 4)}, p)
+		g.Emit("bar.sync", ptx.Imm(0))
+	})
+	return n
+}
+
+// groups runs body over the list's n pairs in groups: moeGroup pairs at a time, and the last
+// few with the smallest power-of-two group that holds them. A group past the list's end
+// repeats its last pair, whose outputs are then written twice with the same value. Control
+// flow depends only on n, so a warp stays converged for its shuffles.
+func (g *moeGen) groups(n ptx.Reg, body func(qs []ptx.Reg)) {
+	g0 := g.imm32(0)
+	top, done := g.NewLabel("group"), g.NewLabel("groups_end")
+	last := g.op3("sub.u32", ptx.U32, n, ptx.Imm(1))
+	left := g.Reg(ptx.U32)
+	run := func(s int) {
+		qs := g.Regs(ptx.U32, s)
+		for j := range qs {
+			at := g.op3("add.u32", ptx.U32, g0, ptx.Imm(int64(j)))
+			g.Emit("min.u32", at, at, last)
+			g.Emit("ld.shared.u32", qs[j], ptx.Addr{Base: g.sharedAddr(g.list, at, 4)})
+		}
+		body(qs)
+		g.Emit("add.u32", g0, g0, ptx.Imm(int64(s)))
+		g.Emit("min.u32", g0, g0, n) // a padded group ends the list
+		g.Emit("bra", ptx.Sym(top))
 	}
-	i := e.Reg(ptx.U32)
-	e.forLoop(i, lane, ptx.Imm(int64(n)), ptx.Imm(32), func() {
-		xv := e.Reg(ptx.F32)
-		e.Emit("ld.global.f32", xv, ptx.Addr{Base: e.byteAddr(x, i, 4)})
-		for j, w := range ws {
-			wv := e.loadAt(ptx.Addr{Base: e.byteAddr(w, i, dt.Bytes())}, dt)
-			e.Emit("fma.rn.f32", acc[j], xv, wv, acc[j])
+	g.Label(top)
+	g.Emit("sub.u32", left, n, g0)
+	g.EmitIf(g.cmp("eq", ptx.U32, left, ptx.Imm(0)), false, "bra", ptx.Sym(done))
+	for s := 1; s < moeGroup; s *= 2 {
+		g.when(g.cmp("le", ptx.U32, left, ptx.Imm(int64(s))), false, func() { run(s) })
+	}
+	run(moeGroup)
+	g.Label(done)
+}
+
+// vecOf is the elements a lane takes per step over a reduction of n: 16 bytes of weights
+// when n allows, else one.
+func vecOf(dt ptx.Type, n int) int {
+	if v := 16 / dt.Bytes(); n%v == 0 {
+		return v
+	}
+	return 1
+}
+
+// dots returns, reduced over the warp, the dot products of each weight row in ws (storage
+// dt) with each f32 row in xs, over n elements taken vec at a time: out[i][j] = ws[i]·xs[j].
+// Each weight chunk is loaded once and applied to every row.
+func (g *moeGen) dots(ws, xs []ptx.Reg, n, vec int) [][]ptx.Reg {
+	dt := g.c.WDtype
+	acc := make([][]ptx.Reg, len(ws))
+	for i := range acc {
+		acc[i] = make([]ptx.Reg, len(xs))
+		for j := range acc[i] {
+			acc[i][j] = g.f32(0)
+		}
+	}
+	k := g.Reg(ptx.U32)
+	g.forLoop(k, g.lane, ptx.Imm(int64(n/vec)), ptx.Imm(32), func() {
+		wv := make([][]ptx.Reg, len(ws))
+		for i, w := range ws {
+			wv[i] = loadChunk(g.emitter, ptx.Addr{Base: g.byteAddr(w, k, vec*dt.Bytes())}, dt, vec)
+		}
+		for j, x := range xs {
+			xv := loadChunk(g.emitter, ptx.Addr{Base: g.byteAddr(x, k, 4*vec)}, ptx.F32, vec)
+			for i := range ws {
+				for u, v := range xv {
+					g.Emit("fma.rn.f32", acc[i][j], v, wv[i][u], acc[i][j])
+				}
+			}
 		}
 	})
-	for _, a := range acc {
-		e.warpReduce(a, "add")
+	for i := range acc {
+		for _, a := range acc[i] {
+			g.warpReduce(a, "add")
+		}
 	}
 	return acc
 }
 
+// loadChunk loads vec consecutive elements of storage type dt at a as f32 registers: one
+// element, or 16-byte loads (vec 8 of bf16; vec 4 or 8 of f32).
+func loadChunk(e emitter, a ptx.Addr, dt ptx.Type, vec int) []ptx.Reg {
+	if vec == 1 {
+		return []ptx.Reg{e.loadAt(a, dt)}
+	}
+	if dt == ptx.F32 {
+		vs := e.Regs(ptx.F32, vec)
+		for i := 0; i < vec; i += 4 {
+			e.Emit("ld.global.v4.f32", ptx.Vec(vs[i:i+4]), ptx.Addr{Base: a.Base, Offset: a.Offset + int64(4*i)})
+		}
+		return vs
+	}
+	// Eight bf16 in four words: the even element is the low half, and a bf16 widens to f32 by
+	// standing in the high half of the word.
+	words := e.Regs(ptx.B32, 4)
+	e.Emit("ld.global.v4.b32", ptx.Vec(words), a)
+	vs := make([]ptx.Reg, 0, 8)
+	for _, wd := range words {
+		lo, hi := e.Reg(ptx.B32), e.Reg(ptx.B32)
+		e.Emit("shl.b32", lo, wd, ptx.Imm(16))
+		e.Emit("and.b32", hi, wd, ptx.Imm(-65536))
+		flo, fhi := e.Reg(ptx.F32), e.Reg(ptx.F32)
+		e.Emit("mov.b32", flo, lo)
+		e.Emit("mov.b32", fhi, hi)
+		vs = append(vs, flo, fhi)
+	}
+	return vs
+}
+
 // ExpertGateUp generates act[q] = silu(gate_e·x[q/k]) * (up_e·x[q/k]) for q = row*k+slot and
-// e = idx[q]. Parameters: x, w, idx, act.
+// e = idx[q]. Parameters: x, w, idx, act; grid LaunchGateUp. A block takes one expert and
+// moeWarps columns; blocks whose expert no pair picked leave after the compaction, so each
+// picked expert's gate and up rows are read once per group of moeGroup pairs that picked it.
 func ExpertGateUp(name string, c MoEConfig) (*Kernel, error) {
 	a, err := c.attrs()
 	if err != nil {
 		return nil, fmt.Errorf("moe_gate_up %s: %w", name, err)
 	}
-	e := newEmitter(name)
-	x := e.param("x", ptx.U64)
-	w := e.param("w", ptx.U64)
-	idx := e.param("idx", ptx.U64)
-	act := e.param("act", ptx.U64)
-	e.MaxNTid = 32 * moeWarps
-	done := e.NewLabel("done")
-	col, lane := moeWarp(e, c.Inter, done)
-	q := e.special(ptx.CtaidY)
-	ex := expertOf(e, idx, q, c.Experts)
-	row := e.op3("div.u32", ptx.U32, q, ptx.Imm(int64(c.TopK)))
-	xrow := e.byteAddr(x, row, 4*c.Hidden)
-	gi := e.Reg(ptx.U32)
-	e.Emit("mad.lo.u32", gi, ex, ptx.Imm(int64(2*c.Inter)), col)
-	ui := e.op3("add.u32", ptx.U32, gi, ptx.Imm(int64(c.Inter)))
+	g := newMoEGen(name, c)
+	x := g.param("x", ptx.U64)
+	w := g.param("w", ptx.U64)
+	idx := g.param("idx", ptx.U64)
+	act := g.param("act", ptx.U64)
+	item := g.begin(moeGateUpWindow)
+	done := g.NewLabel("done")
+	// The whole block leaves together, before any barrier.
+	g.EmitIf(g.cmp("ge", ptx.U32, item, ptx.Imm(int64(c.Experts*tiles(c.Inter)))), false, "bra", ptx.Sym(done))
+	ex := g.op3("rem.u32", ptx.U32, item, ptx.Imm(int64(c.Experts)))
+	col := g.op3("div.u32", ptx.U32, item, ptx.Imm(int64(c.Experts)))
+	g.Emit("mad.lo.u32", col, col, ptx.Imm(moeWarps), g.warp)
+	valid := g.cmp("lt", ptx.U32, col, ptx.Imm(int64(c.Inter)))
+	gi := g.Reg(ptx.U32)
+	g.Emit("mad.lo.u32", gi, ex, ptx.Imm(int64(2*c.Inter)), col)
+	ui := g.op3("add.u32", ptx.U32, gi, ptx.Imm(int64(c.Inter)))
 	rb := c.Hidden * c.WDtype.Bytes()
-	d := warpDots(e, xrow, []ptx.Reg{e.byteAddr(w, gi, rb), e.byteAddr(w, ui, rb)}, c.WDtype, c.Hidden, lane)
-	g, u := d[0], d[1]
-	// silu(g) = g / (1 + 2^(-g*log2 e)), as SiluMul computes it.
-	t := e.Reg(ptx.F32)
-	e.Emit("mul.rn.f32", t, g, ptx.F32Imm(-1.4426950408889634))
-	e.Emit("ex2.approx.f32", t, t)
-	e.Emit("add.rn.f32", t, t, ptx.F32Imm(1))
-	e.Emit("div.rn.f32", t, g, t)
-	e.Emit("mul.rn.f32", t, t, u)
-	oi := e.Reg(ptx.U32)
-	e.Emit("mad.lo.u32", oi, q, ptx.Imm(int64(c.Inter)), col)
-	e.EmitIf(e.cmp("eq", ptx.U32, lane, ptx.Imm(0)), false, "st.global.f32", ptx.Addr{Base: e.byteAddr(act, oi, 4)}, t)
-	e.Label(done)
-	return finish(e.Kernel, "moe_gate_up", a)
+	gw, uw := g.byteAddr(w, gi, rb), g.byteAddr(w, ui, rb)
+	vec := vecOf(c.WDtype, c.Hidden)
+
+	pairs := g.special(ptx.NCtaidY) // rows*TopK
+	lo, hi := g.Reg(ptx.U32), g.Reg(ptx.U32)
+	g.forLoop(lo, ptx.Imm(0), pairs, ptx.Imm(moeGateUpWindow), func() {
+		g.Emit("add.u32", hi, lo, ptx.Imm(moeGateUpWindow))
+		g.Emit("min.u32", hi, hi, pairs)
+		n := g.compact(idx, ex, lo, hi)
+		g.when(valid, false, func() {
+			g.groups(n, func(qs []ptx.Reg) {
+				xs := make([]ptx.Reg, len(qs))
+				for j, q := range qs {
+					row := g.op3("div.u32", ptx.U32, q, ptx.Imm(int64(c.TopK)))
+					xs[j] = g.byteAddr(x, row, 4*c.Hidden)
+				}
+				d := g.dots([]ptx.Reg{gw, uw}, xs, c.Hidden, vec)
+				isLane0 := g.cmp("eq", ptx.U32, g.lane, ptx.Imm(0))
+				for j, q := range qs {
+					gv, u := d[0][j], d[1][j]
+					// silu(g) = g / (1 + 2^(-g*log2 e)), as SiluMul computes it.
+					t := g.Reg(ptx.F32)
+					g.Emit("mul.rn.f32", t, gv, ptx.F32Imm(-1.4426950408889634))
+					g.Emit("ex2.approx.f32", t, t)
+					g.Emit("add.rn.f32", t, t, ptx.F32Imm(1))
+					g.Emit("div.rn.f32", t, gv, t)
+					g.Emit("mul.rn.f32", t, t, u)
+					oi := g.Reg(ptx.U32)
+					g.Emit("mad.lo.u32", oi, q, ptx.Imm(int64(c.Inter)), col)
+					g.EmitIf(isLane0, false, "st.global.f32", ptx.Addr{Base: g.byteAddr(act, oi, 4)}, t)
+				}
+			})
+		})
+	})
+	g.Label(done)
+	return finish(g.Kernel, "moe_gate_up", a)
 }
 
 // ExpertDown generates y[row, col] = Σ_s wts[q]·(down_e[col]·act[q]) for q = row*k+s, e =
-// idx[q]. Parameters: act, w, idx, wts, y.
+// idx[q], the slots summed in order s = 0..k-1 as the reference does. Parameters: act, w,
+// idx, wts, y; grid LaunchDown. A block takes moeWarps columns and a window of rows at a
+// time; for each expert in turn it compacts the window's pairs that picked it and each warp
+// streams its column of that expert once per group of moeGroup pairs, leaving the dots in
+// shared memory; the block then sums each row's slots from there. So each picked expert's
+// down rows are read once per group of pairs that picked it, and no sum crosses blocks.
 func ExpertDown(name string, c MoEConfig) (*Kernel, error) {
 	a, err := c.attrs()
 	if err != nil {
 		return nil, fmt.Errorf("moe_down %s: %w", name, err)
 	}
-	e := newEmitter(name)
-	act := e.param("act", ptx.U64)
-	w := e.param("w", ptx.U64)
-	idx := e.param("idx", ptx.U64)
-	wts := e.param("wts", ptx.U64)
-	y := e.param("y", ptx.U64)
-	e.MaxNTid = 32 * moeWarps
-	done := e.NewLabel("done")
-	col, lane := moeWarp(e, c.Hidden, done)
-	row := e.special(ptx.CtaidY)
-	sum := e.f32(0)
-	for s := range c.TopK {
-		q := e.Reg(ptx.U32)
-		e.Emit("mad.lo.u32", q, row, ptx.Imm(int64(c.TopK)), ptx.Imm(int64(s)))
-		ex := expertOf(e, idx, q, c.Experts)
-		wi := e.Reg(ptx.U32)
-		e.Emit("mad.lo.u32", wi, ex, ptx.Imm(int64(c.Hidden)), col)
-		d := warpDots(e, e.byteAddr(act, q, 4*c.Inter), []ptx.Reg{e.byteAddr(w, wi, c.Inter*c.WDtype.Bytes())}, c.WDtype, c.Inter, lane)
-		wt := e.Reg(ptx.F32)
-		e.Emit("ld.global.f32", wt, ptx.Addr{Base: e.byteAddr(wts, q, 4)})
-		// Rounded apart, as the reference's acc += wt*dot.
-		e.Emit("mul.rn.f32", wt, wt, d[0])
-		e.Emit("add.rn.f32", sum, sum, wt)
-	}
-	oi := e.Reg(ptx.U32)
-	e.Emit("mad.lo.u32", oi, row, ptx.Imm(int64(c.Hidden)), col)
-	e.EmitIf(e.cmp("eq", ptx.U32, lane, ptx.Imm(0)), false, "st.global.f32", ptx.Addr{Base: e.byteAddr(y, oi, 4)}, sum)
-	e.Label(done)
-	return finish(e.Kernel, "moe_down", a)
+	K := c.TopK
+	winRows := max(1, moeDownPairs/K)
+	g := newMoEGen(name, c)
+	act := g.param("act", ptx.U64)
+	w := g.param("w", ptx.U64)
+	idx := g.param("idx", ptx.U64)
+	wts := g.param("wts", ptx.U64)
+	y := g.param("y", ptx.U64)
+	tile := g.begin(winRows * K)
+	dots := g.DeclareShared("dots", ptx.F32, winRows*K*moeWarps) // [pair in window][warp]
+	done := g.NewLabel("done")
+	g.EmitIf(g.cmp("ge", ptx.U32, tile, ptx.Imm(int64(tiles(c.Hidden)))), false, "bra", ptx.Sym(done))
+	col0 := g.op3("mul.lo.u32", ptx.U32, tile, ptx.Imm(moeWarps))
+	col := g.op3("add.u32", ptx.U32, col0, g.warp)
+	valid := g.cmp("lt", ptx.U32, col, ptx.Imm(int64(c.Hidden)))
+	vec := vecOf(c.WDtype, c.Inter)
+
+	rows := g.special(ptx.NCtaidY)
+	pairs := g.op3("mul.lo.u32", ptx.U32, rows, ptx.Imm(int64(K)))
+	r0, lo, hi, ex := g.Reg(ptx.U32), g.Reg(ptx.U32), g.Reg(ptx.U32), g.Reg(ptx.U32)
+	g.forLoop(r0, ptx.Imm(0), rows, ptx.Imm(int64(winRows)), func() {
+		g.Emit("mul.lo.u32", lo, r0, ptx.Imm(int64(K)))
+		g.Emit("add.u32", hi, lo, ptx.Imm(int64(winRows*K)))
+		g.Emit("min.u32", hi, hi, pairs)
+		g.forLoop(ex, ptx.Imm(0), ptx.Imm(int64(c.Experts)), ptx.Imm(1), func() {
+			n := g.compact(idx, ex, lo, hi)
+			g.when(valid, false, func() {
+				wi := g.Reg(ptx.U32)
+				g.Emit("mad.lo.u32", wi, ex, ptx.Imm(int64(c.Hidden)), col)
+				wrow := g.byteAddr(w, wi, c.Inter*c.WDtype.Bytes())
+				g.groups(n, func(qs []ptx.Reg) {
+					as := make([]ptx.Reg, len(qs))
+					for j, q := range qs {
+						as[j] = g.byteAddr(act, q, 4*c.Inter)
+					}
+					d := g.dots([]ptx.Reg{wrow}, as, c.Inter, vec)
+					isLane0 := g.cmp("eq", ptx.U32, g.lane, ptx.Imm(0))
+					for j, q := range qs {
+						at := g.op3("sub.u32", ptx.U32, q, lo)
+						g.Emit("mad.lo.u32", at, at, ptx.Imm(moeWarps), g.warp)
+						g.EmitIf(isLane0, false, "st.shared.f32", ptx.Addr{Base: g.sharedAddr(dots, at, 4)}, d[0][j])
+					}
+				})
+			})
+		})
+		g.Emit("bar.sync", ptx.Imm(0))
+		// Thread t sums row t/moeWarps of the window at column col0 + t%moeWarps.
+		nr := g.op3("sub.u32", ptx.U32, rows, r0)
+		g.Emit("min.u32", nr, nr, ptx.Imm(int64(winRows)))
+		g.Emit("mul.lo.u32", nr, nr, ptx.Imm(moeWarps))
+		it := g.Reg(ptx.U32)
+		g.forLoop(it, g.tid, nr, ptx.Imm(32*moeWarps), func() {
+			cc := g.op3("and.b32", ptx.U32, it, ptx.Imm(moeWarps-1))
+			oc := g.op3("add.u32", ptx.U32, col0, cc)
+			g.when(g.cmp("lt", ptx.U32, oc, ptx.Imm(int64(c.Hidden))), false, func() {
+				rl := g.op3("div.u32", ptx.U32, it, ptx.Imm(moeWarps))
+				row := g.op3("add.u32", ptx.U32, r0, rl)
+				sum := g.f32(0)
+				for s := range K {
+					q := g.Reg(ptx.U32)
+					g.Emit("mad.lo.u32", q, row, ptx.Imm(int64(K)), ptx.Imm(int64(s)))
+					at := g.op3("sub.u32", ptx.U32, q, lo)
+					g.Emit("mad.lo.u32", at, at, ptx.Imm(moeWarps), cc)
+					d := g.Reg(ptx.F32)
+					g.Emit("ld.shared.f32", d, ptx.Addr{Base: g.sharedAddr(dots, at, 4)})
+					wt := g.Reg(ptx.F32)
+					g.Emit("ld.global.f32", wt, ptx.Addr{Base: g.byteAddr(wts, q, 4)})
+					// Rounded apart, as the reference's acc += wt*dot.
+					g.Emit("mul.rn.f32", wt, wt, d)
+					g.Emit("add.rn.f32", sum, sum, wt)
+				}
+				oi := g.Reg(ptx.U32)
+				g.Emit("mad.lo.u32", oi, row, ptx.Imm(int64(c.Hidden)), oc)
+				g.Emit("st.global.f32", ptx.Addr{Base: g.byteAddr(y, oi, 4)}, sum)
+			})
+		})
+		// The next window's compaction and dots reuse the shared arrays.
+		g.Emit("bar.sync", ptx.Imm(0))
+	})
+	g.Label(done)
+	return finish(g.Kernel, "moe_down", a)
 }
 
 // moeBuffers declares layer l's router and expert weights (Hugging Face names, experts

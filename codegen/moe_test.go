@@ -139,20 +139,56 @@ func TestRouterKernel(t *testing.T) {
 	}
 }
 
+// TestExpertKernels runs the expert kernels on routings that exercise the grouping by
+// expert: rows that share experts, rows that share none, more pairs on one expert than a
+// group holds, and batches past the shared windows (moeDownPairs, moeGateUpWindow).
 func TestExpertKernels(t *testing.T) {
-	for _, c := range []MoEConfig{
-		{Hidden: 64, Inter: 40, Experts: 4, TopK: 2, WDtype: ptx.BF16},
-		{Hidden: 50, Inter: 24, Experts: 8, TopK: 2, WDtype: ptx.F32},
-		{Hidden: 32, Inter: 17, Experts: 3, TopK: 3, WDtype: ptx.BF16},
+	type routing func(rng *rand.Rand, rows int, c MoEConfig) []uint32
+	random := func(rng *rand.Rand, rows int, c MoEConfig) []uint32 {
+		idx := make([]uint32, rows*c.TopK)
+		for i := range idx {
+			idx[i] = uint32(rng.IntN(c.Experts))
+		}
+		idx[1] = 1000 // clamped to the last expert by kernel and reference alike
+		return idx
+	}
+	// Every row picks the same experts, slot s expert s: each expert serves every row.
+	same := func(_ *rand.Rand, rows int, c MoEConfig) []uint32 {
+		idx := make([]uint32, rows*c.TopK)
+		for i := range idx {
+			idx[i] = uint32(i % c.TopK)
+		}
+		return idx
+	}
+	// Each pair its own expert (rows*TopK <= Experts).
+	distinct := func(rng *rand.Rand, rows int, c MoEConfig) []uint32 {
+		idx := make([]uint32, rows*c.TopK)
+		for i, e := range rng.Perm(c.Experts)[:len(idx)] {
+			idx[i] = uint32(e)
+		}
+		return idx
+	}
+	for _, tc := range []struct {
+		c     MoEConfig
+		rows  int
+		route string
+	}{
+		{MoEConfig{Hidden: 64, Inter: 40, Experts: 4, TopK: 2, WDtype: ptx.BF16}, testRows, "random"},
+		{MoEConfig{Hidden: 50, Inter: 24, Experts: 8, TopK: 2, WDtype: ptx.F32}, testRows, "random"},
+		{MoEConfig{Hidden: 32, Inter: 17, Experts: 3, TopK: 3, WDtype: ptx.BF16}, testRows, "random"},
+		{MoEConfig{Hidden: 32, Inter: 24, Experts: 8, TopK: 2, WDtype: ptx.BF16}, 4, "distinct"},
+		{MoEConfig{Hidden: 32, Inter: 24, Experts: 8, TopK: 2, WDtype: ptx.BF16}, 8, "same"},
+		// 37 rows on one expert: two full groups and a padded tail of 5.
+		{MoEConfig{Hidden: 24, Inter: 12, Experts: 4, TopK: 2, WDtype: ptx.F32}, 37, "same"},
+		{MoEConfig{Hidden: 24, Inter: 12, Experts: 4, TopK: 2, WDtype: ptx.BF16}, 37, "random"},
+		// 1042 pairs: three down windows and two gate/up windows.
+		{MoEConfig{Hidden: 16, Inter: 8, Experts: 3, TopK: 2, WDtype: ptx.BF16}, 521, "random"},
 	} {
-		t.Run(fmt.Sprintf("h%d_i%d_e%d_k%d_%s", c.Hidden, c.Inter, c.Experts, c.TopK, c.WDtype), func(t *testing.T) {
-			rng := rand.New(rand.NewPCG(uint64(c.Hidden), 9))
-			rows := testRows
-			idx := make([]uint32, rows*c.TopK)
-			for i := range idx {
-				idx[i] = uint32(rng.IntN(c.Experts))
-			}
-			idx[1] = 1000 // clamped to the last expert by kernel and reference alike
+		c := tc.c
+		t.Run(fmt.Sprintf("h%d_i%d_e%d_k%d_%s_r%d_%s", c.Hidden, c.Inter, c.Experts, c.TopK, c.WDtype, tc.rows, tc.route), func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(uint64(c.Hidden), uint64(tc.rows)))
+			rows := tc.rows
+			idx := map[string]routing{"random": random, "same": same, "distinct": distinct}[tc.route](rng, rows, c)
 			wdata := func(n int) targ {
 				if c.WDtype == ptx.BF16 {
 					return targ{name: "w", bf16: randF32(rng, n, 0.3)}
