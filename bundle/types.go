@@ -265,6 +265,10 @@ type Template struct {
 	Tokens  int    `json:"tokens"`
 	Samples int    `json:"samples"`
 	Nodes   []Node `json:"nodes"`
+	// Plain, in a bundle with apps, is the same bucket compiled without them. A row that
+	// enables no app gets exactly what Plain computes, so a backend may run Plain instead of
+	// Nodes for a step in which no row enables an app (ctl.any_mask == 0).
+	Plain []Node `json:"plain,omitempty"`
 }
 
 // Node is one kernel launch in a template, or (Collective set, Kernel empty, no launch

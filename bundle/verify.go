@@ -148,11 +148,24 @@ func verifyTemplate(t *Template, kernels map[string]*Kernel, bufBytes map[string
 	if t.Tokens <= 0 || t.Samples < 0 || t.Samples > t.Tokens {
 		return fmt.Errorf("tokens %d, samples %d: want tokens >= 1 and 0 <= samples <= tokens", t.Tokens, t.Samples)
 	}
-	for i := range t.Nodes {
-		n := &t.Nodes[i]
+	if len(t.Plain) > 0 && bufBytes["ctl.any_mask"] == 0 {
+		return fmt.Errorf("plain nodes without a ctl.any_mask buffer to choose them")
+	}
+	if err := verifyNodes(t.Nodes, t.Tokens, kernels, bufBytes, bufs, tp); err != nil {
+		return err
+	}
+	if err := verifyNodes(t.Plain, t.Tokens, kernels, bufBytes, bufs, tp); err != nil {
+		return fmt.Errorf("plain: %w", err)
+	}
+	return nil
+}
+
+func verifyNodes(nodes []Node, tokens int, kernels map[string]*Kernel, bufBytes map[string]int64, bufs []Buffer, tp int) error {
+	for i := range nodes {
+		n := &nodes[i]
 		var err error
 		if n.Collective != nil {
-			err = verifyCollective(n, t.Tokens, bufs, tp)
+			err = verifyCollective(n, tokens, bufs, tp)
 		} else {
 			err = verifyNode(n, kernels, bufBytes)
 		}

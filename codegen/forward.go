@@ -89,6 +89,9 @@ func Generate(p *passes.Program, opt Options) (*bundle.Bundle, error) {
 		}
 		templates = append(templates, t)
 	}
+	if err := g.plainNodes(templates); err != nil {
+		return nil, err
+	}
 	params, err := g.params()
 	if err != nil {
 		return nil, err
@@ -126,6 +129,30 @@ func Generate(p *passes.Program, opt Options) (*bundle.Bundle, error) {
 	}
 	progress("%d kernels, %d templates", len(b.Kernels), len(templates))
 	return b, nil
+}
+
+// plainNodes gives every template of a bundle with apps the node list of the same bucket
+// compiled without them (bundle.Template.Plain). Rows that enable no app compute exactly what
+// the app-free bundle computes, so a step in which no row enables an app may run these nodes
+// instead: apps that are deployed but unused then cost nothing, not even a mask test.
+func (g *gen) plainNodes(templates []bundle.Template) error {
+	if len(g.p.Ops) == 0 {
+		return nil
+	}
+	full := g.p
+	plain := *full
+	plain.Ops = nil
+	g.p = &plain
+	defer func() { g.p = full }()
+	for i := range templates {
+		t := &templates[i]
+		p, err := g.template(t.Name, t.Kind, t.Tokens, t.Samples)
+		if err != nil {
+			return fmt.Errorf("%s without apps: %w", t.Name, err)
+		}
+		t.Plain = p.Nodes
+	}
+	return nil
 }
 
 func (g *gen) modelConfig() bundle.ModelConfig {
@@ -261,9 +288,12 @@ func (g *gen) declareBuffers() {
 	// Each sample's token row (ops.NoRow for unused samples): sample-space kernels (logits
 	// MI, the sampler's overrides) read their row's control words through it.
 	g.buf("ctl.s_row", bundle.KindControl, "u32", []int{g.maxS})
-	if g.hasLens() {
-		// The OR of the step's app masks: heavy nodes exit at once when their bit is clear.
+	if len(g.p.Ops) > 0 {
+		// The OR of the step's app masks: heavy nodes exit at once when their bit is clear,
+		// and a step that enables no app may run the template's app-free nodes (Plain).
 		g.buf("ctl.any_mask", bundle.KindControl, "u32", []int{1})
+	}
+	if g.hasLens() {
 		g.buf("act.lens", bundle.KindActivation, "f32", []int{g.maxT, m.Vocab})
 	}
 	// One row per resident sequence plus the padding sequence.

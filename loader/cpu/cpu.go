@@ -6,6 +6,7 @@
 package cpu
 
 import (
+	"encoding/binary"
 	"fmt"
 	"unsafe"
 
@@ -27,6 +28,9 @@ type rank struct {
 	id, tp    int
 	bufs      map[string][]byte
 	templates [][]boundNode
+	// plain[t] is template t's app-free nodes (bundle.Template.Plain; nil without apps), run
+	// when no row of the step enables an app.
+	plain [][]boundNode
 }
 
 type boundNode struct {
@@ -105,17 +109,41 @@ func newRank(b *bundle.Bundle, w *loader.Weights, id, tp int, progress Progress)
 		runners[k.Name], kernels[k.Name] = r, k
 	}
 	for _, t := range b.Templates {
-		var nodes []boundNode
-		for _, n := range t.Nodes {
-			bn, err := rk.bind(n, kernels, runners)
-			if err != nil {
-				return nil, fmt.Errorf("template %s node %s: %w", t.Name, n.Label, err)
-			}
-			nodes = append(nodes, bn)
+		nodes, err := rk.bindAll(t.Nodes, kernels, runners)
+		if err != nil {
+			return nil, fmt.Errorf("template %s %w", t.Name, err)
+		}
+		plain, err := rk.bindAll(t.Plain, kernels, runners)
+		if err != nil {
+			return nil, fmt.Errorf("template %s (plain) %w", t.Name, err)
 		}
 		rk.templates = append(rk.templates, nodes)
+		rk.plain = append(rk.plain, plain)
 	}
 	return rk, nil
+}
+
+func (rk *rank) bindAll(nodes []bundle.Node, kernels map[string]*bundle.Kernel, runners map[string]ops.Runner) ([]boundNode, error) {
+	var out []boundNode
+	for _, n := range nodes {
+		bn, err := rk.bind(n, kernels, runners)
+		if err != nil {
+			return nil, fmt.Errorf("node %s: %w", n.Label, err)
+		}
+		out = append(out, bn)
+	}
+	return out, nil
+}
+
+// nodes is what template t runs this step: its app-free nodes when it has them and no row
+// enables an app (ctl.any_mask is zero), else all of them.
+func (rk *rank) nodes(t int) []boundNode {
+	if t < len(rk.plain) && rk.plain[t] != nil {
+		if m := rk.bufs["ctl.any_mask"]; len(m) >= 4 && binary.LittleEndian.Uint32(m) == 0 {
+			return rk.plain[t]
+		}
+	}
+	return rk.templates[t]
 }
 
 func rankPrefix(b *bundle.Bundle, id int) string {
@@ -224,7 +252,7 @@ func (be *Backend) Step(t int) error {
 
 // step runs template t on this rank; c exchanges with the other ranks (nil at tp 1).
 func (rk *rank) step(t int, c *comm) error {
-	for _, n := range rk.templates[t] {
+	for _, n := range rk.nodes(t) {
 		var err error
 		if n.coll != nil {
 			err = n.coll.run(c, rk.id)

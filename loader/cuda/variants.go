@@ -15,16 +15,21 @@ import (
 // model, 2% of a batch-1 step). So each template is captured once per subset of its heavy
 // apps, and Step replays the graph whose subset matches the step's ctl.any_mask, which the
 // host has just written: a deployed but unused heavy app is not in the replayed graph at all.
-// No graph is rebuilt or updated between steps; the variants are instantiated at load.
+// A template of a bundle with apps also carries Plain, the same bucket compiled without them;
+// it is one more variant, replayed when no row of the step enables any app (any_mask == 0),
+// so deployed but unused apps cost nothing at all. No graph is rebuilt or updated between
+// steps; every variant is instantiated at load.
 
 // maxVariantBits caps the heavy apps a template gets variants for (2^4 = 16 graphs); nodes of
 // further heavy apps stay in every variant and rely on their early exit.
 const maxVariantBits = 4
 
-// stepGraphs is one template's graph variants. Variant v includes the heavy nodes of the
-// apps bits[i] for every i set in v (and every node of the other apps).
+// stepGraphs is one template's graph variants. Variant v < 2^len(bits) includes the heavy
+// nodes of the apps bits[i] for every i set in v (and every node of the other apps); when
+// plain, the last variant is the template's Plain nodes.
 type stepGraphs struct {
 	bits  []uint32   // one app bit mask per variant bit
+	plain bool       // the last variant runs the template's app-free nodes
 	execs []uintptr  // instantiated graph per variant
 	nodes [][]launch // each variant's launches, for profiling
 }
@@ -65,14 +70,14 @@ func variantNodes(all []launch, vbits []uint32, v int) []launch {
 // variant picks the graph of template t for the step's app union in the control arena.
 func (be *Backend) variant(t int) int {
 	g := be.steps[t]
-	if len(g.bits) == 0 {
-		return 0
-	}
 	off, ok := be.ctl.offset["ctl.any_mask"]
 	if !ok {
-		return len(g.execs) - 1 // every heavy node; cannot happen in a verified bundle
+		return 0 // no apps: one variant
 	}
 	any := binary.LittleEndian.Uint32(unsafe.Slice((*byte)(unsafe.Add(be.ctl.host, off)), 4))
+	if any == 0 && g.plain {
+		return len(g.execs) - 1
+	}
 	v := 0
 	for i, b := range g.bits {
 		if any&b != 0 {
@@ -82,22 +87,41 @@ func (be *Backend) variant(t int) int {
 	return v
 }
 
-// captureVariants prepares template t's nodes and instantiates one graph per variant.
-func (be *Backend) captureVariants(t bundle.Template) (stepGraphs, error) {
+// prepareAll prepares a node list's launches.
+func (be *Backend) prepareAll(nodes []bundle.Node) ([]launch, error) {
 	var all []launch
-	for _, n := range t.Nodes {
+	for _, n := range nodes {
 		if n.Collective != nil {
-			return stepGraphs{}, fmt.Errorf("node %s: tensor-parallel collectives need NCCL, which the CUDA backend does not drive yet (run this bundle with --backend cpu, or build it without --tp)", n.Label)
+			return nil, fmt.Errorf("node %s: tensor-parallel collectives need NCCL, which the CUDA backend does not drive yet (run this bundle with --backend cpu, or build it without --tp)", n.Label)
 		}
 		l, err := be.prepare(n)
 		if err != nil {
-			return stepGraphs{}, fmt.Errorf("node %s (kernel %s, grid %v, block %v): %w", n.Label, n.Kernel, n.Grid, n.Block, err)
+			return nil, fmt.Errorf("node %s (kernel %s, grid %v, block %v): %w", n.Label, n.Kernel, n.Grid, n.Block, err)
 		}
 		all = append(all, l)
 	}
-	g := stepGraphs{bits: variantBits(t)}
+	return all, nil
+}
+
+// captureVariants prepares template t's nodes and instantiates one graph per variant.
+func (be *Backend) captureVariants(t bundle.Template) (stepGraphs, error) {
+	all, err := be.prepareAll(t.Nodes)
+	if err != nil {
+		return stepGraphs{}, err
+	}
+	g := stepGraphs{bits: variantBits(t), plain: len(t.Plain) > 0}
+	lists := make([][]launch, 0, 1<<len(g.bits)+1)
 	for v := range 1 << len(g.bits) {
-		nodes := variantNodes(all, g.bits, v)
+		lists = append(lists, variantNodes(all, g.bits, v))
+	}
+	if g.plain {
+		plain, err := be.prepareAll(t.Plain)
+		if err != nil {
+			return stepGraphs{}, fmt.Errorf("plain: %w", err)
+		}
+		lists = append(lists, plain)
+	}
+	for _, nodes := range lists {
 		exec, err := be.capture(nodes)
 		if err != nil {
 			for _, e := range g.execs {
