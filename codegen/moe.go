@@ -197,7 +197,7 @@ type MoEConfig struct {
 // rows), so shared memory stays bounded for any batch.
 const (
 	moeWarps        = 8
-	moeGroup        = 16
+	moeGroup        = 8
 	moeGateUpWindow = 1024
 	moeDownPairs    = 256
 )

@@ -178,9 +178,11 @@ func TestExpertKernels(t *testing.T) {
 		{MoEConfig{Hidden: 32, Inter: 17, Experts: 3, TopK: 3, WDtype: ptx.BF16}, testRows, "random"},
 		{MoEConfig{Hidden: 32, Inter: 24, Experts: 8, TopK: 2, WDtype: ptx.BF16}, 4, "distinct"},
 		{MoEConfig{Hidden: 32, Inter: 24, Experts: 8, TopK: 2, WDtype: ptx.BF16}, 8, "same"},
-		// 37 rows on one expert: two full groups and a padded tail of 5.
+		// 37 rows on one expert: four full groups and a padded tail of 5.
 		{MoEConfig{Hidden: 24, Inter: 12, Experts: 4, TopK: 2, WDtype: ptx.F32}, 37, "same"},
 		{MoEConfig{Hidden: 24, Inter: 12, Experts: 4, TopK: 2, WDtype: ptx.BF16}, 37, "random"},
+		// 41 chunks of down's reduction: lanes 0..8 take two.
+		{MoEConfig{Hidden: 24, Inter: 328, Experts: 4, TopK: 2, WDtype: ptx.BF16}, 9, "random"},
 		// 1042 pairs: three down windows and two gate/up windows.
 		{MoEConfig{Hidden: 16, Inter: 8, Experts: 3, TopK: 2, WDtype: ptx.BF16}, 521, "random"},
 	} {
