@@ -26,7 +26,7 @@
 # OUTPUT_LEN (128), RUNS (2 measured rounds), WARMUP (0 discarded rounds), MIN_REQUESTS (12),
 # PROBE_REQUESTS (12), SEED (1), BUCKETS ("1 8"), GRAPH_ITERS (100), PROMPT_LEN (128, phase 1),
 # GRID_PROMPT_LEN (512, the nnsight grid's prompt), NEW_TOKENS (32), MIXTRAL (1), ALL6 (1),
-# PHASES ("offline grid online"), GRACE_S (30), EXTRA_ROUNDS (3), BIN (.dev/gpu), OUT, WORK.
+# PHASES ("offline grid online"), ONLINE_MODELS ("l8 mx": whose online runs), GRACE_S (30), EXTRA_ROUNDS (3), BIN (.dev/gpu), OUT, WORK.
 # SMOKE=1 runs the same pipeline on the CPU backend with tiny (specs/models/tiny.yaml +
 # specs/apps/tiny/*.yaml), a small Mixtral written here, the grid specs scaled down to tiny,
 # and small counts, to check the script and the tables anywhere (BIN=/path/to/binaries).
@@ -53,7 +53,7 @@ fi
 : "${TIME_BUDGET_S:=480}" "${REQUESTS:=250}" "${RATE:=4}" "${MX_RATE:=1}" "${OUTPUT_LEN:=128}"
 : "${RUNS:=2}" "${WARMUP:=0}" "${MIN_REQUESTS:=12}" "${PROBE_REQUESTS:=12}" "${SEED:=1}"
 : "${BUCKETS:=1 8}" "${GRAPH_ITERS:=100}" "${PROMPT_LEN:=128}" "${GRID_PROMPT_LEN:=512}" "${NEW_TOKENS:=32}"
-: "${MIXTRAL:=1}" "${ALL6:=1}" "${PHASES:=offline grid online}" "${GRACE_S:=30}" "${EXTRA_ROUNDS:=3}"
+: "${MIXTRAL:=1}" "${ALL6:=1}" "${PHASES:=offline grid online}" "${ONLINE_MODELS:=l8 mx}" "${GRACE_S:=30}" "${EXTRA_ROUNDS:=3}"
 buckets_csv=$(echo $BUCKETS | tr ' ' ',')
 max_bucket=$(echo $BUCKETS | tr ' ' '\n' | sort -n | tail -1)
 
@@ -219,8 +219,8 @@ for phase in $PHASES; do
     ;;
   online)
     log "phase 3: online, probes"
-    groups=(l8)
-    [ "$MIXTRAL" = 1 ] && groups+=(mx)
+    groups=()
+    for g in $ONLINE_MODELS; do [ "$g" != mx ] || [ "$MIXTRAL" = 1 ] && groups+=("$g"); done
     declare -A rate=([l8]=$RATE [mx]=$MX_RATE)
     for g in "${groups[@]}"; do
       bench "probe-$g" 300 "${v_bundle[online/$([ $g = mx ] && echo mx-bare || echo bare)]}" --online \
