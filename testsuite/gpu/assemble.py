@@ -88,6 +88,8 @@ def fmt(x, spec=".3f"):
 
 def markdown(r):
     s = [f"# GPU results\n\n{r['date']}, {r['device']}. Produced by `testsuite/gpu/run.sh`; raw data in results.json.\n"]
+    for line in r.get("provenance", []):
+        s.append(f"- {line}\n")
     p = r["ptxas"]
     s.append(f"## ptxas -arch=sm_90\n\n{p['ok']} of {p['kernels']} kernels assemble; {len(p['failed'])} fail; {len(p['spilling'])} spill.\n")
     for l in p["failed"]:
