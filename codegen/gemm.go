@@ -138,27 +138,5 @@ func (g *gemmGen) tile(r0 ptx.Reg, t int) {
 // loadW loads weight chunk k (vec elements) of this warp's row as f32 registers.
 func (g *gemmGen) loadW(k ptx.Reg) []ptx.Reg {
 	a := ptx.Addr{Base: g.byteAddr(g.wrow, k, g.vec*g.c.WDtype.Bytes())}
-	if g.vec == 1 {
-		return []ptx.Reg{g.loadAt(a, g.c.WDtype)}
-	}
-	if g.c.WDtype == ptx.F32 {
-		ws := g.Regs(ptx.F32, 4)
-		g.Emit("ld.global.v4.f32", ptx.Vec(ws), a)
-		return ws
-	}
-	// Eight bf16 in four words: the even element is the low half, and a bf16 widens to f32 by
-	// standing in the high half of the word.
-	words := g.Regs(ptx.B32, 4)
-	g.Emit("ld.global.v4.b32", ptx.Vec(words), a)
-	ws := make([]ptx.Reg, 0, 8)
-	for _, wd := range words {
-		lo, hi := g.Reg(ptx.B32), g.Reg(ptx.B32)
-		g.Emit("shl.b32", lo, wd, ptx.Imm(16))
-		g.Emit("and.b32", hi, wd, ptx.Imm(-65536))
-		flo, fhi := g.Reg(ptx.F32), g.Reg(ptx.F32)
-		g.Emit("mov.b32", flo, lo)
-		g.Emit("mov.b32", fhi, hi)
-		ws = append(ws, flo, fhi)
-	}
-	return ws
+	return loadChunk(g.emitter, a, g.c.WDtype, g.vec)
 }

@@ -383,36 +383,6 @@ func (g *moeGen) dots(ws, xs []ptx.Reg, n, vec int) [][]ptx.Reg {
 	return acc
 }
 
-// loadChunk loads vec consecutive elements of storage type dt at a as f32 registers: one
-// element, or 16-byte loads (vec 8 of bf16; vec 4 or 8 of f32).
-func loadChunk(e emitter, a ptx.Addr, dt ptx.Type, vec int) []ptx.Reg {
-	if vec == 1 {
-		return []ptx.Reg{e.loadAt(a, dt)}
-	}
-	if dt == ptx.F32 {
-		vs := e.Regs(ptx.F32, vec)
-		for i := 0; i < vec; i += 4 {
-			e.Emit("ld.global.v4.f32", ptx.Vec(vs[i:i+4]), ptx.Addr{Base: a.Base, Offset: a.Offset + int64(4*i)})
-		}
-		return vs
-	}
-	// Eight bf16 in four words: the even element is the low half, and a bf16 widens to f32 by
-	// standing in the high half of the word.
-	words := e.Regs(ptx.B32, 4)
-	e.Emit("ld.global.v4.b32", ptx.Vec(words), a)
-	vs := make([]ptx.Reg, 0, 8)
-	for _, wd := range words {
-		lo, hi := e.Reg(ptx.B32), e.Reg(ptx.B32)
-		e.Emit("shl.b32", lo, wd, ptx.Imm(16))
-		e.Emit("and.b32", hi, wd, ptx.Imm(-65536))
-		flo, fhi := e.Reg(ptx.F32), e.Reg(ptx.F32)
-		e.Emit("mov.b32", flo, lo)
-		e.Emit("mov.b32", fhi, hi)
-		vs = append(vs, flo, fhi)
-	}
-	return vs
-}
-
 // ExpertGateUp generates act[q] = silu(gate_e·x[q/k]) * (up_e·x[q/k]) for q = row*k+slot and
 // e = idx[q]. Parameters: x, w, idx, act; grid LaunchGateUp. A block takes one expert and
 // moeWarps columns; blocks whose expert no pair picked leave after the compaction, so each
