@@ -374,6 +374,11 @@ func infoCmd() *cobra.Command {
 				fmt.Fprintf(w, "gpu: none usable (%v)\nbackends: cpu\n", err)
 			} else {
 				fmt.Fprintf(w, "gpu: %s, driver %d\nbackends: cuda, cpu\n", dev, dev.Driver)
+				if err := cuda.ProbeCublasLt(); err != nil {
+					fmt.Fprintf(w, "gemm: PTX kernels (%v)\n", err)
+				} else {
+					fmt.Fprintln(w, "gemm: cuBLASLt for batches of 8+ rows and prefill (--gemm auto)")
+				}
 			}
 			return nil
 		},

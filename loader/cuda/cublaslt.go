@@ -163,6 +163,12 @@ func loadCublasLt() (*cublasLt, error) {
 	return lt, nil
 }
 
+// ProbeCublasLt says whether cuBLASLt can be loaded on this machine (no GPU work).
+func ProbeCublasLt() error {
+	_, err := loadCublasLt()
+	return err
+}
+
 // call invokes a cuBLASLt function and turns a non-zero cublasStatus_t into an error.
 func (lt *cublasLt) call(name string, args ...uintptr) error {
 	r, _, _ := purego.SyscallN(lt.fn[name], args...)
