@@ -21,6 +21,9 @@ type Backend struct {
 	// sharded names the buffers whose ranks hold different parts: the host cannot write
 	// them whole.
 	sharded map[string]bool
+	// hub, on rank 0 of a multi-process group (group.go), reaches the other ranks; ranks
+	// then holds rank 0 alone.
+	hub *hub
 }
 
 // rank is one tensor-parallel rank's buffers and bound templates (the only one at tp 1).
@@ -193,7 +196,10 @@ func alignedBytes(n int64) []byte {
 
 // Name implements loader.Backend.
 func (be *Backend) Name() string {
-	if len(be.ranks) > 1 {
+	switch {
+	case be.hub != nil:
+		return fmt.Sprintf("cpu tp=%d (%d processes)", be.hub.n, be.hub.n)
+	case len(be.ranks) > 1:
 		return fmt.Sprintf("cpu tp=%d", len(be.ranks))
 	}
 	return "cpu"
@@ -214,16 +220,34 @@ func (rk *rank) span(name string, off int64, n int) ([]byte, error) {
 // tables and vectors are replicated).
 func (be *Backend) Write(name string, off int64, data []byte) error {
 	if be.sharded[name] {
-		return fmt.Errorf("buffer %s is cut across %d tensor-parallel ranks; the host cannot write it whole", name, len(be.ranks))
+		return fmt.Errorf("buffer %s is cut across %d tensor-parallel ranks; the host cannot write it whole", name, be.world())
 	}
 	for _, rk := range be.ranks {
-		dst, err := rk.span(name, off, len(data))
-		if err != nil {
+		if err := rk.write(name, off, data); err != nil {
 			return err
 		}
-		copy(dst, data)
+	}
+	if be.hub != nil {
+		return be.hub.write(name, off, data)
 	}
 	return nil
+}
+
+func (rk *rank) write(name string, off int64, data []byte) error {
+	dst, err := rk.span(name, off, len(data))
+	if err != nil {
+		return err
+	}
+	copy(dst, data)
+	return nil
+}
+
+// world is the number of ranks, in this process or not.
+func (be *Backend) world() int {
+	if be.hub != nil {
+		return be.hub.n
+	}
+	return len(be.ranks)
 }
 
 // Read implements loader.Backend. Outputs come from rank 0: every rank computes them alike.
@@ -241,8 +265,8 @@ func (be *Backend) Buffer(name string) []byte { return be.ranks[0].bufs[name] }
 
 // Step implements loader.Backend.
 func (be *Backend) Step(t int) error {
-	if t < 0 || t >= len(be.ranks[0].templates) {
-		return fmt.Errorf("no template %d", t)
+	if be.hub != nil {
+		return be.hub.step(be.ranks[0], t)
 	}
 	if len(be.ranks) == 1 {
 		return be.ranks[0].step(t, nil)
@@ -251,7 +275,10 @@ func (be *Backend) Step(t int) error {
 }
 
 // step runs template t on this rank; c exchanges with the other ranks (nil at tp 1).
-func (rk *rank) step(t int, c *comm) error {
+func (rk *rank) step(t int, c exchanger) error {
+	if t < 0 || t >= len(rk.templates) {
+		return fmt.Errorf("no template %d", t)
+	}
 	for _, n := range rk.nodes(t) {
 		var err error
 		if n.coll != nil {
@@ -266,5 +293,11 @@ func (rk *rank) step(t int, c *comm) error {
 	return nil
 }
 
-// Close implements loader.Backend.
-func (be *Backend) Close() error { return nil }
+// Close implements loader.Backend. On rank 0 of a multi-process group it dismisses the
+// workers.
+func (be *Backend) Close() error {
+	if be.hub != nil {
+		return be.hub.close()
+	}
+	return nil
+}

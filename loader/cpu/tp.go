@@ -49,8 +49,16 @@ func (rk *rank) bindCollective(c *bundle.Collective) (*collective, error) {
 	return &collective{op: c.Op, in: in, out: out, rows: c.Rows, cols: c.Cols}, nil
 }
 
+// exchanger is how a rank meets the others at collective nodes: in one process (comm) or
+// through rank 0 over TCP (hub on rank 0, spoke on the others, in group.go). Every kind
+// adds in rank order, so all give the same bits.
+type exchanger interface {
+	allReduceSum(id int, x []float32) error
+	allGatherCols(id int, in, out []float32, rows, cols int) error
+}
+
 // run performs the exchange for rank id.
-func (c *collective) run(cm *comm, id int) error {
+func (c *collective) run(cm exchanger, id int) error {
 	if cm == nil {
 		return fmt.Errorf("collective %s outside a tensor-parallel step", c.op)
 	}
@@ -126,14 +134,8 @@ func (c *comm) exchange(id int, x []float32, read func(all [][]float32)) error {
 
 // allReduceSum replaces x on every rank by the sum over ranks, added in rank order.
 func (c *comm) allReduceSum(id int, x []float32) error {
-	sum := make([]float32, len(x))
-	err := c.exchange(id, x, func(all [][]float32) {
-		for _, part := range all {
-			for i, v := range part[:len(sum)] {
-				sum[i] += v
-			}
-		}
-	})
+	var sum []float32
+	err := c.exchange(id, x, func(all [][]float32) { sum = sumInRankOrder(all, len(x)) })
 	if err != nil {
 		return err
 	}
@@ -141,15 +143,31 @@ func (c *comm) allReduceSum(id int, x []float32) error {
 	return nil
 }
 
+// sumInRankOrder adds the first n elements of every rank's part, rank 0 first, from zero:
+// the one order every exchanger uses, so in-process and multi-process runs agree bit for bit.
+func sumInRankOrder(all [][]float32, n int) []float32 {
+	sum := make([]float32, n)
+	for _, part := range all {
+		for i, v := range part[:n] {
+			sum[i] += v
+		}
+	}
+	return sum
+}
+
+// gatherCols writes out[row, r*cols+j] = all[r][row, j].
+func gatherCols(all [][]float32, out []float32, rows, cols int) {
+	n := len(all)
+	for r, part := range all {
+		for row := range rows {
+			copy(out[(row*n+r)*cols:(row*n+r+1)*cols], part[row*cols:(row+1)*cols])
+		}
+	}
+}
+
 // allGatherCols writes out[row, r*cols+j] = rank r's in[row, j].
 func (c *comm) allGatherCols(id int, in, out []float32, rows, cols int) error {
-	return c.exchange(id, in, func(all [][]float32) {
-		for r, part := range all {
-			for row := range rows {
-				copy(out[(row*c.n+r)*cols:(row*c.n+r+1)*cols], part[row*cols:(row+1)*cols])
-			}
-		}
-	})
+	return c.exchange(id, in, func(all [][]float32) { gatherCols(all, out, rows, cols) })
 }
 
 // stepRanks replays template t on every rank at once, one goroutine each. The first rank

@@ -96,6 +96,14 @@ func (l *Link) Recv(deadline time.Time) (kind byte, payload []byte, err error) {
 	return hdr[0], payload, nil
 }
 
+// Post sends one frame now: Send, then Flush.
+func (l *Link) Post(kind byte, parts ...[]byte) error {
+	if err := l.Send(kind, parts...); err != nil {
+		return err
+	}
+	return l.Flush()
+}
+
 // Close closes the connection; the peer's next Recv fails with io.EOF.
 func (l *Link) Close() error { return l.conn.Close() }
 

@@ -141,7 +141,7 @@ func Lead(ctx context.Context, ln net.Listener, cfg Config) (*Group, error) {
 		return nil, err
 	}
 	for _, l := range g.Links[1:] {
-		if err := sendFlush(l, kindWelcome, msg); err != nil {
+		if err := l.Post(kindWelcome, msg); err != nil {
 			g.Close()
 			return nil, fmt.Errorf("rank 0: welcome: %w", err)
 		}
@@ -164,7 +164,7 @@ func (g *Group) accept(ctx context.Context, ln net.Listener, cfg Config, deadlin
 		}
 		if err != nil {
 			// Tell the refused rank why before failing, so both sides print the cause.
-			sendFlush(l, kindRefuse, []byte(err.Error()))
+			l.Post(kindRefuse, []byte(err.Error()))
 			l.Close()
 			return fmt.Errorf("rank 0 at %s: %s: %w", ln.Addr(), l.Peer, err)
 		}
@@ -277,7 +277,7 @@ func greet(l *Link, cfg Config, deadline time.Time) (*Group, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := sendFlush(l, kindHello, msg); err != nil {
+	if err := l.Post(kindHello, msg); err != nil {
 		return nil, err
 	}
 	kind, payload, err := l.Recv(deadline)
@@ -300,11 +300,4 @@ func greet(l *Link, cfg Config, deadline time.Time) (*Group, error) {
 	copy(g.ID[:], w.ID)
 	g.Links[0] = l
 	return g, nil
-}
-
-func sendFlush(l *Link, kind byte, payload []byte) error {
-	if err := l.Send(kind, payload); err != nil {
-		return err
-	}
-	return l.Flush()
 }

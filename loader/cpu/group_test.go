@@ -1,0 +1,252 @@
+package cpu
+
+import (
+	"context"
+	"errors"
+	"math"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"xmix/loader/rendezvous"
+	"xmix/ops"
+)
+
+// loopback joins n ranks over 127.0.0.1 and returns their groups, rank 0 first.
+func loopback(t *testing.T, n int) []*rendezvous.Group {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := rendezvous.Config{World: n, Addr: ln.Addr().String(), Bundle: "test", Timeout: 5 * time.Second}
+	gs := make([]*rendezvous.Group, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for r := 1; r < n; r++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c := cfg
+			c.Rank = r
+			gs[r], errs[r] = rendezvous.Join(context.Background(), c)
+		}()
+	}
+	gs[0], errs[0] = rendezvous.Lead(context.Background(), ln, cfg)
+	wg.Wait()
+	for r, err := range errs {
+		if err != nil {
+			t.Fatalf("rank %d: %v", r, err)
+		}
+	}
+	t.Cleanup(func() {
+		for _, g := range gs {
+			g.Close()
+		}
+	})
+	return gs
+}
+
+func newHub(g *rendezvous.Group, wait time.Duration) *hub {
+	return &hub{n: g.World, links: g.Links, wait: wait}
+}
+
+// overTCP runs fn as rank 0 with the hub and as every other rank with its spoke, at once.
+func overTCP(t *testing.T, n int, fn func(c exchanger, id int) error) []error {
+	gs := loopback(t, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for id := range n {
+		var c exchanger = spoke{gs[id].Links[0]}
+		if id == 0 {
+			c = newHub(gs[0], 5*time.Second)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[id] = fn(c, id)
+		}()
+	}
+	wg.Wait()
+	return errs
+}
+
+// TestTCPAllReduceSumRankOrder: through rank 0 over TCP, every rank gets the bits of the
+// rank-ordered sum, as in process ((1e8 + 1) - 1e8 is 0 in float32; other orders give 1).
+func TestTCPAllReduceSumRankOrder(t *testing.T) {
+	vals := []float32{1e8, 1, -1e8}
+	const rounds = 20
+	got := make([][]float32, len(vals))
+	errs := overTCP(t, len(vals), func(c exchanger, id int) error {
+		for r := range rounds {
+			x := []float32{vals[id] * float32(r+1), float32(id), float32(math.Copysign(0, -1))}
+			if err := c.allReduceSum(id, x); err != nil {
+				return err
+			}
+			got[id] = append(got[id], x...)
+		}
+		return nil
+	})
+	inProc := onRanks(len(vals), func(c *comm, id int) error {
+		for r := range rounds {
+			x := []float32{vals[id] * float32(r+1), float32(id), float32(math.Copysign(0, -1))}
+			if err := c.allReduceSum(id, x); err != nil {
+				return err
+			}
+			if id == 0 {
+				for i, w := range x {
+					if g := got[1][3*r+i]; math.Float32bits(g) != math.Float32bits(w) {
+						return errors.New("rank 1 over TCP differs from in process")
+					}
+				}
+			}
+		}
+		return nil
+	})
+	for id := range vals {
+		if errs[id] != nil || inProc[id] != nil {
+			t.Fatalf("rank %d: %v / in process %v", id, errs[id], inProc[id])
+		}
+		for r := range rounds {
+			a, b, c := vals[0]*float32(r+1), vals[1]*float32(r+1), vals[2]*float32(r+1)
+			if g, w := got[id][3*r], (a+b)+c; math.Float32bits(g) != math.Float32bits(w) {
+				t.Fatalf("rank %d round %d: %v, want %v", id, r, g, w)
+			}
+		}
+	}
+}
+
+// TestTCPAllGatherCols: rank r's columns land at r*cols of every row, on every rank.
+func TestTCPAllGatherCols(t *testing.T) {
+	const n, rows, cols = 3, 2, 2
+	outs := make([][]float32, n)
+	errs := overTCP(t, n, func(c exchanger, id int) error {
+		in := []float32{float32(10 * id), float32(10*id + 1), float32(10*id + 2), float32(10*id + 3)}
+		outs[id] = make([]float32, rows*cols*n)
+		return c.allGatherCols(id, in, outs[id], rows, cols)
+	})
+	want := []float32{0, 1, 10, 11, 20, 21, 2, 3, 12, 13, 22, 23}
+	for id := range n {
+		if errs[id] != nil {
+			t.Fatal(errs[id])
+		}
+		for i, w := range want {
+			if outs[id][i] != w {
+				t.Fatalf("rank %d: %v, want %v", id, outs[id], want)
+			}
+		}
+	}
+}
+
+// reduceRank is a rank whose one template runs kernel k, then all-reduces 4 floats held in
+// a buffer "x" that host writes can reach.
+func reduceRank(id, tp int, k ops.RunnerFunc) *rank {
+	mem := alignedBytes(16)
+	x := ops.Arg{Mem: mem}.F32()[:4]
+	return &rank{id: id, tp: tp, bufs: map[string][]byte{"x": mem}, templates: [][]boundNode{{
+		{label: "k", run: k},
+		{label: "reduce", coll: &collective{op: "all_reduce_sum", in: x, out: x, rows: 1, cols: 4}},
+	}}}
+}
+
+func nop([]ops.Arg, ops.Launch) error { return nil }
+
+// groupOf2 is rank 0's backend over TCP and the error its worker (running rk1) ended with.
+func groupOf2(t *testing.T, rk1 *rank, wait time.Duration) (*Backend, chan error) {
+	gs := loopback(t, 2)
+	done := make(chan error, 1)
+	go func() { done <- serve(rk1, gs[1].Links[0]) }()
+	h := newHub(gs[0], wait)
+	if err := h.awaitAll(frameReady); err != nil {
+		t.Fatal(err)
+	}
+	return &Backend{ranks: []*rank{reduceRank(0, 2, nop)}, sharded: map[string]bool{}, hub: h}, done
+}
+
+// TestGroupForwardsWritesAndSteps: rank 0's writes reach the worker before its step, the
+// sum comes back to both, and Close lets the worker return nil.
+func TestGroupForwardsWritesAndSteps(t *testing.T) {
+	rk1 := reduceRank(1, 2, nop)
+	be, done := groupOf2(t, rk1, 5*time.Second)
+	if err := be.Write("x", 4, []byte{0, 0, 0x80, 0x3f}); err != nil { // x[1] = 1
+		t.Fatal(err)
+	}
+	if err := be.Step(0); err != nil {
+		t.Fatal(err)
+	}
+	// x[1] was 1 on both ranks: the sum is 2 on both.
+	if got := (ops.Arg{Mem: be.Buffer("x")}).F32()[1]; got != 2 {
+		t.Errorf("rank 0: x[1] = %v, want 2", got)
+	}
+	if err := be.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("worker after goodbye: %v", err)
+	}
+	if got := (ops.Arg{Mem: rk1.bufs["x"]}).F32()[1]; got != 2 {
+		t.Errorf("rank 1: x[1] = %v, want 2", got)
+	}
+	if err := be.Step(0); err == nil || !strings.Contains(err.Error(), "stopped after an earlier failure: rank 0 closed the group") {
+		t.Errorf("step after close: %v", err)
+	}
+}
+
+// TestGroupWorkerFails: a worker whose kernel fails tells rank 0, whose step returns that
+// error naming the rank; later steps say the group stopped.
+func TestGroupWorkerFails(t *testing.T) {
+	bad := func([]ops.Arg, ops.Launch) error { return errors.New("bad input") }
+	be, done := groupOf2(t, reduceRank(1, 2, bad), 5*time.Second)
+	err := be.Step(0)
+	if err == nil || !strings.Contains(err.Error(), "rank 1 at 127.0.0.1:") || !strings.Contains(err.Error(), "failed: rank 1: node k: bad input") {
+		t.Fatalf("step: %v", err)
+	}
+	if werr := <-done; werr == nil || !strings.Contains(werr.Error(), "bad input") {
+		t.Errorf("worker: %v", werr)
+	}
+	if err := be.Step(0); err == nil || !strings.Contains(err.Error(), "stopped after an earlier failure") {
+		t.Errorf("second step: %v", err)
+	}
+}
+
+// TestGroupWorkerDies: a worker that vanishes mid-step (its process killed: the connection
+// closes) fails rank 0's step at once, naming it; one that hangs fails it at the wait limit.
+func TestGroupWorkerDies(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		k    ops.RunnerFunc
+		want string
+	}{
+		{"dies", nil, "closed the connection"},
+		{"hangs", func([]ops.Arg, ops.Launch) error { time.Sleep(2 * time.Second); return nil }, "timed out"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			gs := loopback(t, 2)
+			link := gs[1].Links[0]
+			go func() {
+				link.Post(frameReady, nil)
+				link.Recv(time.Time{}) // the step
+				if c.k == nil {
+					link.Close()
+					return
+				}
+				c.k(nil, ops.Launch{})
+			}()
+			h := newHub(gs[0], 300*time.Millisecond)
+			if err := h.awaitAll(frameReady); err != nil {
+				t.Fatal(err)
+			}
+			be := &Backend{ranks: []*rank{reduceRank(0, 2, nop)}, hub: h}
+			start := time.Now()
+			err := be.Step(0)
+			if err == nil || !strings.Contains(err.Error(), "node reduce: rank 1 at 127.0.0.1:") || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("step: %v", err)
+			}
+			if el := time.Since(start); el > time.Second {
+				t.Errorf("rank 0 noticed after %s", el)
+			}
+		})
+	}
+}
