@@ -40,7 +40,7 @@ With no bundle, 'xmix run' runs the embedded default model (a small Llama traine
 project) with its two demo apps: a steering vector and a probe.`,
 		SilenceUsage: true,
 	}
-	root.AddCommand(runCmd(), benchCmd(), tokenizeCmd(), logitsCmd(), infoCmd(), serveCmd())
+	root.AddCommand(runCmd(), benchCmd(), tokenizeCmd(), logitsCmd(), infoCmd(), serveCmd(), tpWorkerCmd())
 	return root
 }
 
@@ -57,6 +57,8 @@ type runFlags struct {
 	quiet       bool
 	chat        bool
 	sets        []string // app.scalar=value overrides for every prompt
+	tpAddr      string   // rank 0 of a multi-process tensor-parallel group listens here (tpworker.go)
+	tpTimeout   time.Duration
 }
 
 // overrides parses the --set flags into a request's scalar overrides; the engine checks the
@@ -115,6 +117,7 @@ func (f *runFlags) addBackendFlags(fl *pflag.FlagSet) {
 	fl.StringVar(&f.backend, "backend", "auto", "auto | cuda | cpu (auto: cuda when a GPU is present)")
 	fl.StringVar(&f.gemm, "gemm", cuda.GemmAuto, "cuda: who serves the tensor-core GEMMs (batches of 8+ rows, prefill): auto (cuBLASLt when it loads, else the bundle's PTX) | ptx | cublaslt")
 	fl.BoolVarP(&f.quiet, "quiet", "q", false, "no progress output on stderr")
+	f.addTPFlags(fl)
 }
 
 func (f runFlags) progress(format string, a ...any) {
@@ -134,6 +137,9 @@ type session struct {
 // openBackend loads b on the backend kind names: cuda, cpu, or auto (cuda when a driver
 // and a GPU are present, else cpu), saying which it picked and why.
 func openBackend(kind string, b *bundle.Bundle, w *loader.Weights, f runFlags) (loader.Backend, error) {
+	if f.tpAddr != "" {
+		return openGroup(kind, b, w, f)
+	}
 	switch kind {
 	case "cpu":
 		return cpu.New(b, w, f.progress)
