@@ -131,3 +131,35 @@ func TestTPWorkerWithoutRankZero(t *testing.T) {
 		t.Errorf("worker gave up after %s", el)
 	}
 }
+
+// TestTPWorkerKilled: a worker process killed after joining fails rank 0's next generation
+// at once, with an error naming rank 1 and its address, instead of hanging.
+func TestTPWorkerKilled(t *testing.T) {
+	path := tinyTP2(t)
+	addr := freeAddr(t)
+	worker, _, _ := xmixProc("tp-worker", path, "--rank", "1", "--tp-addr", addr, "--tp-timeout", "20s")
+	if err := worker.Start(); err != nil {
+		t.Fatal(err)
+	}
+	b, err := bundle.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := open(b, filepath.Dir(path), runFlags{backend: "cpu", quiet: true, tpAddr: addr, tpTimeout: 20 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.be.Close()
+	worker.Process.Kill()
+	worker.Wait()
+	start := time.Now()
+	var out bytes.Buffer
+	err = s.generate(&out, runFlags{quiet: true, maxTokens: 4}, []string{"Hello"}, [][]string{nil})
+	if err == nil || !strings.Contains(err.Error(), "rank 1 at 127.0.0.1:") {
+		t.Fatalf("generate with a dead worker: %v", err)
+	}
+	t.Logf("rank 0: %v", err)
+	if el := time.Since(start); el > 5*time.Second {
+		t.Errorf("rank 0 noticed after %s", el)
+	}
+}
