@@ -3,7 +3,6 @@ package cpu
 import (
 	"context"
 	"errors"
-	"math"
 	"net"
 	"strings"
 	"sync"
@@ -71,73 +70,6 @@ func overTCP(t *testing.T, n int, fn func(c exchanger, id int) error) []error {
 	}
 	wg.Wait()
 	return errs
-}
-
-// TestTCPAllReduceSumRankOrder: through rank 0 over TCP, every rank gets the bits of the
-// rank-ordered sum, as in process ((1e8 + 1) - 1e8 is 0 in float32; other orders give 1).
-func TestTCPAllReduceSumRankOrder(t *testing.T) {
-	vals := []float32{1e8, 1, -1e8}
-	const rounds = 20
-	got := make([][]float32, len(vals))
-	errs := overTCP(t, len(vals), func(c exchanger, id int) error {
-		for r := range rounds {
-			x := []float32{vals[id] * float32(r+1), float32(id), float32(math.Copysign(0, -1))}
-			if err := c.allReduceSum(id, x); err != nil {
-				return err
-			}
-			got[id] = append(got[id], x...)
-		}
-		return nil
-	})
-	inProc := onRanks(len(vals), func(c *comm, id int) error {
-		for r := range rounds {
-			x := []float32{vals[id] * float32(r+1), float32(id), float32(math.Copysign(0, -1))}
-			if err := c.allReduceSum(id, x); err != nil {
-				return err
-			}
-			if id == 0 {
-				for i, w := range x {
-					if g := got[1][3*r+i]; math.Float32bits(g) != math.Float32bits(w) {
-						return errors.New("rank 1 over TCP differs from in process")
-					}
-				}
-			}
-		}
-		return nil
-	})
-	for id := range vals {
-		if errs[id] != nil || inProc[id] != nil {
-			t.Fatalf("rank %d: %v / in process %v", id, errs[id], inProc[id])
-		}
-		for r := range rounds {
-			a, b, c := vals[0]*float32(r+1), vals[1]*float32(r+1), vals[2]*float32(r+1)
-			if g, w := got[id][3*r], (a+b)+c; math.Float32bits(g) != math.Float32bits(w) {
-				t.Fatalf("rank %d round %d: %v, want %v", id, r, g, w)
-			}
-		}
-	}
-}
-
-// TestTCPAllGatherCols: rank r's columns land at r*cols of every row, on every rank.
-func TestTCPAllGatherCols(t *testing.T) {
-	const n, rows, cols = 3, 2, 2
-	outs := make([][]float32, n)
-	errs := overTCP(t, n, func(c exchanger, id int) error {
-		in := []float32{float32(10 * id), float32(10*id + 1), float32(10*id + 2), float32(10*id + 3)}
-		outs[id] = make([]float32, rows*cols*n)
-		return c.allGatherCols(id, in, outs[id], rows, cols)
-	})
-	want := []float32{0, 1, 10, 11, 20, 21, 2, 3, 12, 13, 22, 23}
-	for id := range n {
-		if errs[id] != nil {
-			t.Fatal(errs[id])
-		}
-		for i, w := range want {
-			if outs[id][i] != w {
-				t.Fatalf("rank %d: %v, want %v", id, outs[id], want)
-			}
-		}
-	}
 }
 
 // reduceRank is a rank whose one template runs kernel k, then all-reduces 4 floats held in

@@ -11,8 +11,9 @@ import (
 	"xmix/ops"
 )
 
-// onRanks runs fn for every rank of a fresh communicator at once and returns their errors.
-func onRanks(n int, fn func(c *comm, id int) error) []error {
+// onRanks runs fn for every rank of a fresh in-process communicator at once and returns
+// their errors.
+func onRanks(_ *testing.T, n int, fn func(c exchanger, id int) error) []error {
 	c := newComm(n)
 	errs := make([]error, n)
 	var wg sync.WaitGroup
@@ -27,35 +28,46 @@ func onRanks(n int, fn func(c *comm, id int) error) []error {
 	return errs
 }
 
+// transports are the two ways ranks exchange: goroutines of one process, and processes
+// linked through rank 0 over TCP (here over loopback). Both must give the same bits.
+var transports = []struct {
+	name string
+	run  func(t *testing.T, n int, fn func(c exchanger, id int) error) []error
+}{{"in process", onRanks}, {"tcp", overTCP}}
+
 // TestAllReduceSumRankOrder: over many collectives in a row, every rank gets the bits of
 // adding the ranks' values in rank order ((1e8 + 1) - 1e8 is 0 in float32; other orders
-// give 1).
+// give 1); both transports give the same bits.
 func TestAllReduceSumRankOrder(t *testing.T) {
 	vals := []float32{1e8, 1, -1e8}
+	negZero := float32(math.Copysign(0, -1))
 	const rounds = 20
-	got := make([][]float32, len(vals))
-	errs := onRanks(len(vals), func(c *comm, id int) error {
-		for r := range rounds {
-			x := []float32{vals[id] * float32(r+1), float32(id)}
-			if err := c.allReduceSum(id, x); err != nil {
-				return err
+	for _, tr := range transports {
+		got := make([][]float32, len(vals))
+		errs := tr.run(t, len(vals), func(c exchanger, id int) error {
+			for r := range rounds {
+				x := []float32{vals[id] * float32(r+1), float32(id), negZero}
+				if err := c.allReduceSum(id, x); err != nil {
+					return err
+				}
+				got[id] = append(got[id], x...)
 			}
-			got[id] = append(got[id], x...)
+			return nil
+		})
+		for id, err := range errs {
+			if err != nil {
+				t.Fatalf("%s: rank %d: %v", tr.name, id, err)
+			}
 		}
-		return nil
-	})
-	for id, err := range errs {
-		if err != nil {
-			t.Fatalf("rank %d: %v", id, err)
-		}
-	}
-	for id := range vals {
-		for r := range rounds {
-			a, b, c := vals[0]*float32(r+1), vals[1]*float32(r+1), vals[2]*float32(r+1)
-			want := []float32{(a + b) + c, 0 + 1 + 2}
-			for i, w := range want {
-				if g := got[id][2*r+i]; math.Float32bits(g) != math.Float32bits(w) {
-					t.Fatalf("rank %d round %d element %d: %v, want %v", id, r, i, g, w)
+		for id := range vals {
+			for r := range rounds {
+				a, b, c := vals[0]*float32(r+1), vals[1]*float32(r+1), vals[2]*float32(r+1)
+				var zero float32 // sums start from +0, as in the communicators
+				want := []float32{(a + b) + c, 0 + 1 + 2, ((zero + negZero) + negZero) + negZero}
+				for i, w := range want {
+					if g := got[id][3*r+i]; math.Float32bits(g) != math.Float32bits(w) {
+						t.Fatalf("%s: rank %d round %d element %d: %v, want %v", tr.name, id, r, i, g, w)
+					}
 				}
 			}
 		}
@@ -65,19 +77,21 @@ func TestAllReduceSumRankOrder(t *testing.T) {
 // TestAllGatherCols: rank r's columns land at r*cols of every row, on every rank.
 func TestAllGatherCols(t *testing.T) {
 	const n, rows, cols = 3, 2, 2
-	outs := make([][]float32, n)
-	errs := onRanks(n, func(c *comm, id int) error {
-		in := []float32{float32(10 * id), float32(10*id + 1), float32(10*id + 2), float32(10*id + 3)}
-		outs[id] = make([]float32, rows*cols*n)
-		return c.allGatherCols(id, in, outs[id], rows, cols)
-	})
-	want := "[0 1 10 11 20 21 2 3 12 13 22 23]"
-	for id := range n {
-		if errs[id] != nil {
-			t.Fatal(errs[id])
-		}
-		if got := fmt.Sprint(outs[id]); got != want {
-			t.Errorf("rank %d: %s, want %s", id, got, want)
+	for _, tr := range transports {
+		outs := make([][]float32, n)
+		errs := tr.run(t, n, func(c exchanger, id int) error {
+			in := []float32{float32(10 * id), float32(10*id + 1), float32(10*id + 2), float32(10*id + 3)}
+			outs[id] = make([]float32, rows*cols*n)
+			return c.allGatherCols(id, in, outs[id], rows, cols)
+		})
+		want := "[0 1 10 11 20 21 2 3 12 13 22 23]"
+		for id := range n {
+			if errs[id] != nil {
+				t.Fatalf("%s: %v", tr.name, errs[id])
+			}
+			if got := fmt.Sprint(outs[id]); got != want {
+				t.Errorf("%s: rank %d: %s, want %s", tr.name, id, got, want)
+			}
 		}
 	}
 }
