@@ -16,6 +16,8 @@ import os
 import re
 import sys
 
+from assemble import load  # run.sh's assembler, beside this file
+
 # Targets of issue 4: an app enabled on every request costs at most 1% in mean ITL and in
 # throughput; all apps deployed but unused at most 0.3%.
 APP_TARGET = 0.01
@@ -37,14 +39,6 @@ GRID_ROWS = {
     "grid-head-ablate": "zero one attention head every step",
     "grid-token-override": "override the sampled token every step",
 }
-
-
-def load(path):
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
 
 
 def read_lines(path):
