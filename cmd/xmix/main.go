@@ -137,6 +137,11 @@ type session struct {
 // openBackend loads b on the backend kind names: cuda, cpu, or auto (cuda when a driver
 // and a GPU are present, else cpu), saying which it picked and why.
 func openBackend(kind string, b *bundle.Bundle, w *loader.Weights, f runFlags) (loader.Backend, error) {
+	switch f.gemm {
+	case cuda.GemmAuto, cuda.GemmPTX, cuda.GemmCublasLt:
+	default:
+		return nil, fmt.Errorf("unknown --gemm %q: use auto, ptx or cublaslt", f.gemm)
+	}
 	if f.tpAddr != "" {
 		return openGroup(kind, b, w, f)
 	}

@@ -80,6 +80,7 @@ func TestRunRejectsBadInput(t *testing.T) {
 		{[]string{"run", "-q", bad, "-p", "x"}, "bad.xmb"},
 		{[]string{"run", "-q", "--apps", "nope"}, `app "nope" is not deployed`},
 		{[]string{"run", "-q", "--backend", "tpu"}, `unknown backend "tpu"`},
+		{[]string{"run", "-q", "--backend", "cpu", "--gemm", "cublas"}, `unknown --gemm "cublas": use auto, ptx or cublaslt`},
 		{[]string{"run", "-q", "-n", "600"}, "max_seq_len"},
 	} {
 		if _, err := xmix(t, c.args...); err == nil || !strings.Contains(err.Error(), c.want) {
