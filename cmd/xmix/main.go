@@ -138,7 +138,7 @@ type session struct {
 // and a GPU are present, else cpu), saying which it picked and why.
 func openBackend(kind string, b *bundle.Bundle, w *loader.Weights, f runFlags) (loader.Backend, error) {
 	switch f.gemm {
-	case cuda.GemmAuto, cuda.GemmPTX, cuda.GemmCublasLt:
+	case "", cuda.GemmAuto, cuda.GemmPTX, cuda.GemmCublasLt: // "": library callers that leave it unset
 	default:
 		return nil, fmt.Errorf("unknown --gemm %q: use auto, ptx or cublaslt", f.gemm)
 	}
