@@ -27,6 +27,10 @@ type Options struct {
 	// cores, x re-read per block), "tc-staged" (x staged once per block, split-K with a
 	// workspace), "cuda-core" (no tensor cores). For measuring one against another.
 	GEMM string
+	// Attention picks the decode attention kernel: "" or "standard" (one block per row and
+	// query head), "split" (flash-decoding: one block per row, kv head and context split,
+	// K/V read once per kv head; attention_split.go). For measuring one against the other.
+	Attention string
 }
 
 // gen is the state of one Generate call.
@@ -40,6 +44,7 @@ type gen struct {
 	blocks   int // KV pages per sequence
 	kernels  map[string]*Kernel
 	gemmKind string
+	attnKind string
 	order    []string
 	bufs     []bundle.Buffer
 	// tp is the tensor-parallel degree (1: one device). Every per-rank dimension below
@@ -51,11 +56,16 @@ type gen struct {
 // and the params section.
 func Generate(p *passes.Program, opt Options) (*bundle.Bundle, error) {
 	m := p.Model
-	g := &gen{p: p, m: m, kernels: map[string]*Kernel{}, wdt: ptx.BF16, kvdt: ptx.F32, gemmKind: opt.GEMM, tp: max(1, p.TP)}
+	g := &gen{p: p, m: m, kernels: map[string]*Kernel{}, wdt: ptx.BF16, kvdt: ptx.F32, gemmKind: opt.GEMM, attnKind: opt.Attention, tp: max(1, p.TP)}
 	switch opt.GEMM {
 	case "", "tc", "tc-staged", "cuda-core":
 	default:
 		return nil, fmt.Errorf("GEMM kind %q: use tc, tc-staged or cuda-core", opt.GEMM)
+	}
+	switch opt.Attention {
+	case "", "standard", "split":
+	default:
+		return nil, fmt.Errorf("attention kind %q: use standard or split", opt.Attention)
 	}
 	if m.Dtype == "f32" {
 		g.wdt = ptx.F32
@@ -311,6 +321,15 @@ func (g *gen) declareBuffers() {
 			ws = max(ws, GemmConfig{K: kn[0], N: kn[1], WDtype: g.wdt}.WorkspaceBytes(g.maxT))
 		}
 		g.buf("act.gemm_ws", bundle.KindActivation, "u32", []int{max(ws, 16) / 4})
+	}
+	if g.attnKind == "split" {
+		// One workspace serves every layer's attention: they run one after another and each
+		// leaves its counters at zero.
+		ws := 0
+		for _, rows := range append(append([]int(nil), m.DecodeBuckets...), m.PrefillChunks...) {
+			ws = max(ws, g.attnConfig().SplitWorkspaceBytes(rows, g.attnSplits(rows)))
+		}
+		g.buf("act.attn_ws", bundle.KindActivation, "u32", []int{max(ws, 16) / 4})
 	}
 	g.buf("act.resid", bundle.KindActivation, "f32", []int{g.maxT, H})
 	g.buf("act.xn", bundle.KindActivation, "f32", []int{g.maxT, H})

@@ -148,11 +148,7 @@ func (g *gen) template(name, kind string, rows, samples int) (bundle.Template, e
 			"kcache": lb("kcache"), "vcache": lb("vcache"), "qkv": buf("act.qkv")}
 		t.add(fmt.Sprintf("L%d.rope_kv", l), k, err, rc.Launch(rows), merge(kv, rs), nil)
 
-		ac := AttnConfig{Heads: r.heads, KVHeads: r.kvHeads, HeadDim: D, BlockSize: m.KVBlockSize, MaxBlocksPerSeq: g.blocks,
-			KVDtype: g.kvdt, Scale: float32(1 / math.Sqrt(float64(D)))}
-		aname := fmt.Sprintf("attention_h%d_kv%d_d%d_%s", r.heads, r.kvHeads, D, g.kvdt)
-		k, err = g.kernel(aname, func() (*Kernel, error) { return Attention(aname, ac) })
-		t.add(fmt.Sprintf("L%d.attention", l), k, err, ac.Launch(rows), merge(kv, slots{"z": buf("act.z")}), nil)
+		t.attention(l, kv)
 		t.miKernel(l, "attn.z", "act.z", r.heads*D, r.heads*D, 0)
 
 		t.gemm(fmt.Sprintf("L%d.o", l), "act.z", lb("wo"), "act.delta", r.heads*D, H, rows)
@@ -220,6 +216,39 @@ func miName(base string, mi []MIOp, site string) string {
 		return base
 	}
 	return base + "_mi_" + site
+}
+
+// attnConfig is this model's (and rank's) attention shape.
+func (g *gen) attnConfig() AttnConfig {
+	r := g.rank()
+	return AttnConfig{Heads: r.heads, KVHeads: r.kvHeads, HeadDim: g.m.HeadDim, BlockSize: g.m.KVBlockSize,
+		MaxBlocksPerSeq: g.blocks, KVDtype: g.kvdt, Scale: float32(1 / math.Sqrt(float64(g.m.HeadDim)))}
+}
+
+// attnSplitBlocks is the grid the split attention aims for: two blocks per H200 SM.
+const attnSplitBlocks = 2 * 132
+
+// attnSplits is how many context splits the split attention gives each (row, kv head) of a
+// call over rows rows: enough blocks to fill the GPU when rows are few, none when many.
+func (g *gen) attnSplits(rows int) int {
+	return min(asMaxSplits, max(1, attnSplitBlocks/(rows*g.rank().kvHeads)))
+}
+
+// attention emits layer l's attention over the KV cache into act.z.
+func (t *tb) attention(l int, kv slots) {
+	g := t.g
+	ac := g.attnConfig()
+	name := fmt.Sprintf("attention_h%d_kv%d_d%d_%s", ac.Heads, ac.KVHeads, ac.HeadDim, g.kvdt)
+	label := fmt.Sprintf("L%d.attention", l)
+	if g.attnKind != "split" {
+		k, err := g.kernel(name, func() (*Kernel, error) { return Attention(name, ac) })
+		t.add(label, k, err, ac.Launch(t.rows), merge(kv, slots{"z": buf("act.z")}), nil)
+		return
+	}
+	splits := g.attnSplits(t.rows)
+	name = fmt.Sprintf("%s_split%d", name, splits)
+	k, err := g.kernel(name, func() (*Kernel, error) { return AttentionSplit(name, ac, splits) })
+	t.add(label, k, err, ac.LaunchSplit(t.rows, splits), merge(kv, slots{"z": buf("act.z"), "ws": buf("act.attn_ws")}), nil)
 }
 
 // tensorCoreRows is the bucket size from which GEMMs run on tensor cores (bf16 activations,

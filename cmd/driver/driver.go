@@ -28,6 +28,7 @@ type Options struct {
 	Progress     func(format string, a ...any) // may be nil
 	Trace        func(pass string, p *passes.Program)
 	GEMM         string // codegen.Options.GEMM
+	Attention    string // codegen.Options.Attention
 	// TP is the tensor-parallel degree: N > 1 shards the model over N ranks (bundle.Manifest.TP).
 	TP int
 }
@@ -128,6 +129,7 @@ func Build(modelPath string, appPaths []string, opt Options) (*bundle.Bundle, er
 		Tokenizer: tok,
 		Progress:  func(f string, a ...any) { progress("codegen: "+f, a...) },
 		GEMM:      opt.GEMM,
+		Attention: opt.Attention,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("codegen: %w", err)

@@ -160,6 +160,15 @@ func TestCUDAMatchesCPUOnLlama1BCut(t *testing.T) {
 		"serving: {decode_buckets: [1, 2, 4], prefill_chunks: [64], max_seq_len: 256, max_seqs: 4, kv_block_size: 16}\n")
 	b := testsuite.Compile(t, cut)
 	agreement(t, "llama-3.2-1b-2layers", b, []int{791, 4062, 14198, 39935, 35308, 927}, 64, false)
+
+	// The same cut with the split (flash-decoding) attention: 33 context splits per kv head at
+	// batch 1, most of them short or empty at these positions.
+	mp, _ := testsuite.WriteSpecs(t, cut)
+	split, err := driver.Build(mp, nil, driver.Options{Verify: true, Attention: "split"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	agreement(t, "llama-3.2-1b-2layers-split-attention", split, []int{791, 4062, 14198, 39935, 35308, 927}, 64, false)
 }
 
 func repoRoot() (string, error) {

@@ -3,7 +3,8 @@
 # (see build.sh). Writes $OUT/results.json and $OUT/RESULTS.md; copy them to testsuite/gpu/.
 #   PARTS="check bench" (default both): check = ptxas, CUDA-vs-CPU and MI checks (with PTX and
 #   with cuBLASLt GEMMs), the transformers comparison (HF=0 skips it); bench = offline decode
-#   per batch for each GEMM server, start-to-first-token, the online benchmark (ONLINE=0 skips).
+#   per batch for each GEMM server, start-to-first-token, the online benchmark (ONLINE=0 skips),
+#   standard vs split attention at a LONG_PROMPT-token context (ATTN_AB=0 skips).
 #   The work directory persists while the machine stays warm, so two calls (PARTS=check, then
 #   PARTS=bench) assemble into one results.json.
 set -uo pipefail
@@ -24,6 +25,7 @@ has() { [[ " ${PARTS:-check bench} " == *" $1 "* ]]; }
 "$bin/xmixc" build specs/models/llama-3.2-1b.yaml -q -o "$work/llama-3.2-1b.xmb"
 "$bin/xmixc" build specs/models/llama-3.1-8b.yaml -q -o "$work/llama-3.1-8b.xmb"
 [ "${GEMM_AB:-1}" = 1 ] && "$bin/xmixc" build specs/models/llama-3.1-8b.yaml --gemm tc-staged -q -o "$work/llama-3.1-8b-staged.xmb"
+[ "${ATTN_AB:-1}" = 1 ] && "$bin/xmixc" build specs/models/llama-3.1-8b.yaml --attention split -q -o "$work/llama-3.1-8b-attnsplit.xmb"
 "$bin/xmixc" build specs/models/qwen3-8b.yaml -q -o "$work/qwen3-8b.xmb"
 "$bin/xmixc" build specs/models/mixtral-8x7b.yaml -q -o "$work/mixtral-8x7b.xmb"
 
@@ -70,6 +72,15 @@ if has bench; then
     done
     [ "$gemm" = auto ] && /usr/bin/time -f "%e" -o "$work/ttft-$m.txt" "$bin/xmix" run "$work/$m.xmb" --backend cuda -p x -n 1 -q > /dev/null 2>> "$work/bench.log"
   done
+  if [ "${ATTN_AB:-1}" = 1 ]; then
+    # Attention A/B at a long context: standard vs split (flash-decoding) attention.
+    for m in llama-3.1-8b llama-3.1-8b-attnsplit; do
+      for bs in ${LONG_BATCHES:-1 8}; do
+        timeout ${BENCH_TIMEOUT:-150} "$bin/xmix" bench "$work/$m.xmb" --backend cuda --prompts $bs --prompt-len ${LONG_PROMPT:-1984} --new-tokens 32 \
+          --graph-buckets $bs --profile --json -q > "$work/bench-$m-long${LONG_PROMPT:-1984}-b$bs.json" 2>> "$work/bench.log" || echo "bench $m long b$bs failed" >&2
+      done
+    done
+  fi
   [ "${ONLINE:-1}" = 1 ] && timeout ${ONLINE_TIMEOUT:-300} "$bin/xmix" bench "$work/llama-3.1-8b.xmb" --backend cuda --online --requests ${REQUESTS:-250} --rate ${RATE:-8} --warmup ${WARMUP:-1} --runs ${RUNS:-1} \
     --json -q > "$work/online-llama-3.1-8b.json" 2>> "$work/bench.log" || echo "online bench failed" >&2
   tail -5 "$work/bench.log" >&2
