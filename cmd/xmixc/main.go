@@ -245,7 +245,11 @@ func printBundle(w io.Writer, b *bundle.Bundle) {
 	}
 	fmt.Fprintf(w, "templates %d\n", len(b.Templates))
 	for _, t := range b.Templates {
-		fmt.Fprintf(w, "  %-14s %-7s tokens=%-4d samples=%-4d nodes=%d\n", t.Name, t.Kind, t.Tokens, t.Samples, len(t.Nodes))
+		plain := ""
+		if len(t.Plain) > 0 {
+			plain = fmt.Sprintf(" (without apps: %d)", len(t.Plain))
+		}
+		fmt.Fprintf(w, "  %-14s %-7s tokens=%-4d samples=%-4d nodes=%d%s\n", t.Name, t.Kind, t.Tokens, t.Samples, len(t.Nodes), plain)
 	}
 }
 
