@@ -141,6 +141,43 @@ func (e emitter) blockReduce(v ptx.Reg, op string, scratch ptx.Sym, tid ptx.Reg,
 	return acc
 }
 
+// blockReduce2 folds a and b across the block with op as two blockReduce calls would (each
+// value over the same tree, so each result has the same bits), but through one pair of
+// barriers. scratch holds at least 2*nthreads/32 f32.
+func (e emitter) blockReduce2(a, b ptx.Reg, op string, scratch ptx.Sym, tid ptx.Reg, nthreads int) (ptx.Reg, ptx.Reg) {
+	e.warpReduce(a, op)
+	e.warpReduce(b, op)
+	if nthreads <= 32 {
+		return a, b
+	}
+	warps := nthreads / 32
+	lane := e.Reg(ptx.U32)
+	e.Emit("and.b32", lane, tid, ptx.Imm(31))
+	warp := e.Reg(ptx.U32)
+	e.Emit("shr.u32", warp, tid, ptx.Imm(5))
+	base := e.Reg(ptx.U32)
+	e.Emit("mov.u32", base, scratch)
+	slot := e.Reg(ptx.U32)
+	e.Emit("mad.lo.u32", slot, warp, ptx.Imm(4), base)
+	p := e.Reg(ptx.Pred)
+	e.Emit("setp.eq.u32", p, lane, ptx.Imm(0))
+	e.EmitIf(p, false, "st.shared.f32", ptx.Addr{Base: slot}, a)
+	e.EmitIf(p, false, "st.shared.f32", ptx.Addr{Base: slot, Offset: int64(4 * warps)}, b)
+	e.Emit("bar.sync", ptx.Imm(0))
+	accs := [2]ptx.Reg{e.Reg(ptx.F32), e.Reg(ptx.F32)}
+	t := e.Reg(ptx.F32)
+	for i, acc := range accs {
+		off := int64(4 * warps * i)
+		e.Emit("ld.shared.f32", acc, ptx.Addr{Base: scratch, Offset: off})
+		for w := 1; w < warps; w++ {
+			e.Emit("ld.shared.f32", t, ptx.Addr{Base: scratch, Offset: off + int64(4*w)})
+			e.Emit(op+".f32", acc, acc, t)
+		}
+	}
+	e.Emit("bar.sync", ptx.Imm(0))
+	return accs[0], accs[1]
+}
+
 // loadChunk loads vec consecutive elements of storage type dt at a as f32 registers: one
 // element, or 16-byte loads (vec 8 of bf16; vec 4 or 8 of f32).
 func loadChunk(e emitter, a ptx.Addr, dt ptx.Type, vec int) []ptx.Reg {

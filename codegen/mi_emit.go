@@ -275,6 +275,11 @@ func (r *rowEmitter) scalar(b *miBound, idx int) ptx.Reg {
 
 // dotVec is the block-wide dot product of the row with the op's vector.
 func (r *rowEmitter) dotVec(b *miBound, x []ptx.Reg) ptx.Reg {
+	return r.reduce(r.dotPartial(b, x))
+}
+
+// dotPartial is this thread's partial sum of x·vec.
+func (r *rowEmitter) dotPartial(b *miBound, x []ptx.Reg) ptx.Reg {
 	vp := r.vecPtr(b.params["vec"], ptx.F32)
 	s := r.Reg(ptx.F32)
 	r.Emit("mov.f32", s, ptx.F32Imm(0))
@@ -282,7 +287,7 @@ func (r *rowEmitter) dotVec(b *miBound, x []ptx.Reg) ptx.Reg {
 		v := r.loadElem(vp, j, r.elemPred(j, nil))
 		r.Emit("fma.rn.f32", s, x[j], v, s)
 	}
-	return r.reduce(s)
+	return s
 }
 
 // axpy sets x += a*vec (sub: x -= a*vec), rounding the product and the sum separately so
@@ -332,7 +337,28 @@ func emitSteerAdd(r *rowEmitter, b *miBound, x []ptx.Reg) {
 }
 
 func emitProjectOut(r *rowEmitter, b *miBound, x []ptx.Reg) {
-	r.axpy(b, r.dotVec(b, x), x, true)
+	if r.fold == nil {
+		r.axpy(b, r.dotVec(b, x), x, true)
+		return
+	}
+	// The residual op right before the add+norm kernel's norm (refusal ablation at every
+	// layer): one reduction yields both x·d and ‖x‖², and ‖x − (x·d)d‖² = ‖x‖² − (x·d)² for
+	// the unit d, so the norm needs no reduction of its own. When the projection removes most
+	// of the row that difference loses precision, and the squares are summed again.
+	p, ss := r.reduce2(r.dotPartial(b, x), r.squares(x))
+	r.axpy(b, p, x, true)
+	f := r.fold
+	t := r.Reg(ptx.F32)
+	r.Emit("mul.rn.f32", t, p, p)
+	r.Emit("sub.rn.f32", f.tot, ss, t)
+	r.Emit("mul.rn.f32", t, ss, ptx.F32Imm(0.25))
+	exact := r.Reg(ptx.Pred)
+	r.Emit("setp.ge.f32", exact, f.tot, t)
+	done := r.NewLabel(fmt.Sprintf("mi%d_norm", b.index))
+	r.EmitIf(exact, false, "bra.uni", ptx.Sym(done))
+	r.Emit("mov.f32", f.tot, r.reduce(r.squares(x)))
+	r.Label(done)
+	r.Emit("setp.eq.u32", f.have, r.tid, r.tid)
 }
 
 // emitSetProjection moves the row along the unit direction d so that its projection becomes

@@ -45,6 +45,40 @@ type rowEmitter struct {
 	tid, row            ptx.Reg
 	tail                *ptx.Reg // this thread's last element is inside the row; nil: no tail
 	scratch             ptx.Sym  // reduction scratch, declared on first use
+	scratch2            ptx.Sym  // two-value reduction scratch, declared on first use
+	// fold, when set, lets the kernel's last residual op hand the norm its sum of squares
+	// (emitProjectOut); nil in kernels without such an op.
+	fold *normFold
+}
+
+// normFold carries a sum of squares from a residual op to rmsNorm: have is true once tot
+// holds the row's sum of squares.
+type normFold struct {
+	have, tot ptx.Reg
+}
+
+// foldNorm prepares the kernel for a residual op that computes the norm's sum of squares.
+func (r *rowEmitter) foldNorm() {
+	r.fold = &normFold{have: r.Reg(ptx.Pred), tot: r.Reg(ptx.F32)}
+	r.Emit("setp.ne.u32", r.fold.have, r.tid, r.tid)
+}
+
+// reduce2 sums a and b over the block in one round; every thread gets both totals.
+func (r *rowEmitter) reduce2(a, b ptx.Reg) (ptx.Reg, ptx.Reg) {
+	if r.scratch2 == "" {
+		r.scratch2 = r.DeclareShared("red2", ptx.F32, 2*r.threads/32)
+	}
+	return r.blockReduce2(a, b, "add", r.scratch2, r.tid, r.threads)
+}
+
+// squares is this thread's partial sum of x², in the order every sum of squares here uses.
+func (r *rowEmitter) squares(x []ptx.Reg) ptx.Reg {
+	ss := r.Reg(ptx.F32)
+	r.Emit("mul.rn.f32", ss, x[0], x[0])
+	for _, v := range x[1:] {
+		r.Emit("fma.rn.f32", ss, v, v, ss)
+	}
+	return ss
 }
 
 func newRowEmitter(name string, width int) (*rowEmitter, error) {
@@ -177,12 +211,18 @@ func (r *rowEmitter) reduce(v ptx.Reg) ptx.Reg {
 
 // rmsNorm turns x into x * rsqrt(mean(x²) + eps) * w, in place (HF LlamaRMSNorm order).
 func (r *rowEmitter) rmsNorm(x []ptx.Reg, w rowPtr, eps float32) {
-	ss := r.Reg(ptx.F32)
-	r.Emit("mul.rn.f32", ss, x[0], x[0])
-	for _, v := range x[1:] {
-		r.Emit("fma.rn.f32", ss, v, v, ss)
+	var tot ptx.Reg
+	if r.fold == nil {
+		tot = r.reduce(r.squares(x))
+	} else {
+		// A residual op may already have summed the squares (foldNorm); rows it skipped sum
+		// them here, exactly as a kernel without it does.
+		tot = r.fold.tot
+		done := r.NewLabel("norm_total")
+		r.EmitIf(r.fold.have, false, "bra.uni", ptx.Sym(done))
+		r.Emit("mov.f32", tot, r.reduce(r.squares(x)))
+		r.Label(done)
 	}
-	tot := r.reduce(ss)
 	mean := r.Reg(ptx.F32)
 	r.Emit("mul.rn.f32", mean, tot, ptx.F32Imm(1/float32(r.width)))
 	r.Emit("add.rn.f32", mean, mean, ptx.F32Imm(eps))
@@ -281,6 +321,9 @@ func rowNorm(name string, c RowConfig) (*Kernel, error) {
 		for j := range x {
 			r.Emit("add.rn.f32", x[j], x[j], d[j])
 		}
+	}
+	if len(c.ResidOps) == 1 && c.ResidOps[0].Template == "project_out" {
+		r.foldNorm()
 	}
 	mi.emit(r, 1, x, nil)
 	r.storeRow(residPtr, x)

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"strings"
 	"testing"
 
 	"xmix/ops"
@@ -770,5 +771,36 @@ func TestSiluMulChunkedMatchesReference(t *testing.T) {
 			{name: "gu", f32: randF32(r, c.rows*2*c.inter, 4)},
 			{name: "act", out: c.rows * c.inter},
 		})
+	}
+}
+
+// TestRowNormFoldedProjection: with project_out as its only residual op, the add+norm kernel
+// takes the norm's sum of squares from the projection's reduction (‖x‖² − (x·d)²); rows that
+// lie almost along d, where that difference cancels, are summed again and still match the
+// reference, as do rows without the app and ordinary rows.
+func TestRowNormFoldedProjection(t *testing.T) {
+	rng := rand.New(rand.NewPCG(23, 24))
+	for _, w := range []int{256, 1000, 4096} {
+		project := MIOp{Template: "project_out", Bit: testBit, Width: w, Vec: "d", Alpha: -1, Bias: -1}
+		c := RowConfig{Hidden: w, Eps: 1e-5, WDtype: ptx.BF16, Load: "add", ResidOps: []MIOp{project}}
+		k, err := RowNorm(fmt.Sprintf("row_norm_fold_%d", w), c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(k.PTX, "red2") {
+			t.Fatalf("w=%d: the kernel does not fold the norm into the projection's reduction", w)
+		}
+		args := rowNormArgs(rng, c, testRows)
+		d := args[len(args)-1].f32
+		resid, delta := args[0].f32, args[1].f32
+		for r := range testRows {
+			if r%2 == 0 { // mostly along d: nearly all the energy goes with the projection
+				for i := range w {
+					resid[r*w+i] = 30*d[i] + 0.01*resid[r*w+i]
+					delta[r*w+i] = 0
+				}
+			}
+		}
+		checkKernel(t, k, c.Launch(testRows), args)
 	}
 }
