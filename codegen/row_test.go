@@ -802,5 +802,25 @@ func TestRowNormFoldedProjection(t *testing.T) {
 			}
 		}
 		checkKernel(t, k, c.Launch(testRows), args)
+
+		// Rows without the app sum their squares as the kernel without MI ops does: same bits.
+		plain := RowConfig{Hidden: w, Eps: 1e-5, WDtype: ptx.BF16, Load: "add"}
+		kp, err := RowNorm(fmt.Sprintf("row_norm_plain_%d", w), plain)
+		if err != nil {
+			t.Fatal(err)
+		}
+		nPlain := len(rowNormArgs(rng, plain, testRows))
+		got := emulate(t, k, c.Launch(testRows), args)
+		base := emulate(t, kp, plain.Launch(testRows), append(args[:nPlain-1:nPlain-1], targ{name: "ctl_mask", u32: testMask}))
+		for r := range testRows {
+			if testMask[r]>>testBit&1 != 0 {
+				continue
+			}
+			for i := r * w; i < (r+1)*w; i++ {
+				if math.Float32bits(got[3][i]) != math.Float32bits(base[3][i]) {
+					t.Fatalf("w=%d row %d without the app: out[%d] %v, plain kernel %v", w, r, i-r*w, got[3][i], base[3][i])
+				}
+			}
+		}
 	}
 }
