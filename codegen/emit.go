@@ -114,41 +114,25 @@ func (e emitter) warpReduce(v ptx.Reg, op string) {
 // every thread gets the result. scratch is a shared f32 array of at least nthreads/32
 // elements; tid is %tid.x. It ends with a barrier, so scratch may be reused at once.
 func (e emitter) blockReduce(v ptx.Reg, op string, scratch ptx.Sym, tid ptx.Reg, nthreads int) ptx.Reg {
-	e.warpReduce(v, op)
-	if nthreads <= 32 {
-		return v
-	}
-	lane := e.Reg(ptx.U32)
-	e.Emit("and.b32", lane, tid, ptx.Imm(31))
-	warp := e.Reg(ptx.U32)
-	e.Emit("shr.u32", warp, tid, ptx.Imm(5))
-	base := e.Reg(ptx.U32)
-	e.Emit("mov.u32", base, scratch)
-	slot := e.Reg(ptx.U32)
-	e.Emit("mad.lo.u32", slot, warp, ptx.Imm(4), base)
-	p := e.Reg(ptx.Pred)
-	e.Emit("setp.eq.u32", p, lane, ptx.Imm(0))
-	e.EmitIf(p, false, "st.shared.f32", ptx.Addr{Base: slot}, v)
-	e.Emit("bar.sync", ptx.Imm(0))
-	acc := e.Reg(ptx.F32)
-	e.Emit("ld.shared.f32", acc, ptx.Addr{Base: scratch})
-	t := e.Reg(ptx.F32)
-	for w := 1; w < nthreads/32; w++ {
-		e.Emit("ld.shared.f32", t, ptx.Addr{Base: scratch, Offset: int64(4 * w)})
-		e.Emit(op+".f32", acc, acc, t)
-	}
-	e.Emit("bar.sync", ptx.Imm(0))
-	return acc
+	return e.blockReduceN([]ptx.Reg{v}, op, scratch, tid, nthreads)[0]
 }
 
-// blockReduce2 folds a and b across the block with op as two blockReduce calls would (each
-// value over the same tree, so each result has the same bits), but through one pair of
-// barriers. scratch holds at least 2*nthreads/32 f32.
+// blockReduce2 folds a and b as two blockReduce calls would (each value over the same tree,
+// so each result has the same bits) through one pair of barriers; scratch holds at least
+// 2*nthreads/32 f32.
 func (e emitter) blockReduce2(a, b ptx.Reg, op string, scratch ptx.Sym, tid ptx.Reg, nthreads int) (ptx.Reg, ptx.Reg) {
-	e.warpReduce(a, op)
-	e.warpReduce(b, op)
+	r := e.blockReduceN([]ptx.Reg{a, b}, op, scratch, tid, nthreads)
+	return r[0], r[1]
+}
+
+// blockReduceN folds each of vs across the block: warp butterflies, then one shared-memory
+// round (value i's warp totals at scratch[i*warps:]) summed in warp order.
+func (e emitter) blockReduceN(vs []ptx.Reg, op string, scratch ptx.Sym, tid ptx.Reg, nthreads int) []ptx.Reg {
+	for _, v := range vs {
+		e.warpReduce(v, op)
+	}
 	if nthreads <= 32 {
-		return a, b
+		return vs
 	}
 	warps := nthreads / 32
 	lane := e.Reg(ptx.U32)
@@ -161,10 +145,11 @@ func (e emitter) blockReduce2(a, b ptx.Reg, op string, scratch ptx.Sym, tid ptx.
 	e.Emit("mad.lo.u32", slot, warp, ptx.Imm(4), base)
 	p := e.Reg(ptx.Pred)
 	e.Emit("setp.eq.u32", p, lane, ptx.Imm(0))
-	e.EmitIf(p, false, "st.shared.f32", ptx.Addr{Base: slot}, a)
-	e.EmitIf(p, false, "st.shared.f32", ptx.Addr{Base: slot, Offset: int64(4 * warps)}, b)
+	for i, v := range vs {
+		e.EmitIf(p, false, "st.shared.f32", ptx.Addr{Base: slot, Offset: int64(4 * warps * i)}, v)
+	}
 	e.Emit("bar.sync", ptx.Imm(0))
-	accs := [2]ptx.Reg{e.Reg(ptx.F32), e.Reg(ptx.F32)}
+	accs := e.Regs(ptx.F32, len(vs))
 	t := e.Reg(ptx.F32)
 	for i, acc := range accs {
 		off := int64(4 * warps * i)
@@ -175,7 +160,7 @@ func (e emitter) blockReduce2(a, b ptx.Reg, op string, scratch ptx.Sym, tid ptx.
 		}
 	}
 	e.Emit("bar.sync", ptx.Imm(0))
-	return accs[0], accs[1]
+	return accs
 }
 
 // loadChunk loads vec consecutive elements of storage type dt at a as f32 registers: one

@@ -7,6 +7,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -98,15 +99,12 @@ func nodeRole(label string) string {
 }
 
 func runBench(w io.Writer, path string, f benchFlags) error {
-	b, err := bundle.ReadFile(path)
-	if err != nil {
-		return err
-	}
-	s, err := open(b, filepath.Dir(path), f.runFlags)
+	s, err := openFile(path, f.runFlags)
 	if err != nil {
 		return err
 	}
 	defer s.be.Close()
+	b := s.b
 	var apps []string
 	if f.apps != "" {
 		apps = strings.Split(f.apps, ",")
@@ -256,10 +254,8 @@ func graphTimes(s *session, f benchFlags) (map[string]float64, error) {
 		return nil, nil
 	}
 	out := map[string]float64{}
-	for i, t := range s.b.Templates {
-		if t.Kind != "decode" || (len(f.decodeOnly) > 0 && !containsInt(f.decodeOnly, t.Tokens)) {
-			continue
-		}
+	for _, i := range timedBuckets(s, f) {
+		t := s.b.Templates[i]
 		if _, err := tm.Time(i, 3); err != nil {
 			return nil, err
 		}
@@ -280,10 +276,8 @@ func profileTimes(s *session, f benchFlags) (map[string]map[string]float64, erro
 		return nil, nil
 	}
 	out := map[string]map[string]float64{}
-	for i, t := range s.b.Templates {
-		if t.Kind != "decode" || (len(f.decodeOnly) > 0 && !containsInt(f.decodeOnly, t.Tokens)) {
-			continue
-		}
+	for _, i := range timedBuckets(s, f) {
+		t := s.b.Templates[i]
 		if _, err := p.Profile(i); err != nil { // warm-up
 			return nil, err
 		}
@@ -300,13 +294,15 @@ func profileTimes(s *session, f benchFlags) (map[string]map[string]float64, erro
 	return out, nil
 }
 
-func containsInt(xs []int, x int) bool {
-	for _, y := range xs {
-		if y == x {
-			return true
+// timedBuckets are the decode templates --graph-buckets selects (all when it is empty).
+func timedBuckets(s *session, f benchFlags) []int {
+	var out []int
+	for i, t := range s.b.Templates {
+		if t.Kind == "decode" && (len(f.decodeOnly) == 0 || slices.Contains(f.decodeOnly, t.Tokens)) {
+			out = append(out, i)
 		}
 	}
-	return false
+	return out
 }
 
 type onlineRun struct {

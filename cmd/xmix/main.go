@@ -162,6 +162,16 @@ func openBackend(kind string, b *bundle.Bundle, w *loader.Weights, f runFlags) (
 	return nil, fmt.Errorf("unknown backend %q: use auto, cuda or cpu", kind)
 }
 
+// openFile reads the bundle at path and loads it, with weights resolved beside it.
+func openFile(path string, f runFlags) (*session, error) {
+	f.progress("loading %s", path)
+	b, err := bundle.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	return open(b, filepath.Dir(path), f)
+}
+
 func open(b *bundle.Bundle, baseDir string, f runFlags) (*session, error) {
 	start := time.Now()
 	w, err := loader.OpenWeights(b, baseDir)
@@ -212,12 +222,7 @@ func runBundle(w io.Writer, path string, f runFlags) error {
 	if len(f.prompts) == 0 {
 		return fmt.Errorf("no prompt: add --prompt TEXT (repeat it for a batch)")
 	}
-	f.progress("loading %s", path)
-	b, err := bundle.ReadFile(path)
-	if err != nil {
-		return err
-	}
-	s, err := open(b, filepath.Dir(path), f)
+	s, err := openFile(path, f)
 	if err != nil {
 		return err
 	}

@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
@@ -19,7 +18,6 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"xmix/bundle"
 	"xmix/loader"
 	"xmix/tokenizer"
 )
@@ -48,12 +46,7 @@ func serveCmd() *cobra.Command {
 }
 
 func serveBundle(ctx context.Context, path, addr string, grace time.Duration, f runFlags) error {
-	f.progress("loading %s", path)
-	b, err := bundle.ReadFile(path)
-	if err != nil {
-		return err
-	}
-	s, err := open(b, filepath.Dir(path), f)
+	s, err := openFile(path, f)
 	if err != nil {
 		return err
 	}
@@ -62,7 +55,7 @@ func serveBundle(ctx context.Context, path, addr string, grace time.Duration, f 
 	if err != nil {
 		return err
 	}
-	f.progress("serving %s on http://%s (apps: %s)", b.Manifest.Model.Name, ln.Addr(), strings.Join(s.eng.AppNames(), ", "))
+	f.progress("serving %s on http://%s (apps: %s)", s.b.Manifest.Model.Name, ln.Addr(), strings.Join(s.eng.AppNames(), ", "))
 	return serve(ctx, s, ln, grace)
 }
 
