@@ -129,6 +129,15 @@ type cublasLt struct {
 	strict      bool
 	fallbacks   int
 	fallbackErr error
+	// served holds each prepared matmul launch by its shape and pointers: a template's graph
+	// variants and its app-free nodes share their GEMM nodes, prepared once.
+	served map[ltKey]*launch
+}
+
+// ltKey identifies one GEMM call: the same shape on the same buffers is the same launch.
+type ltKey struct {
+	g       gemmShape
+	x, w, y uintptr
 }
 
 // ltMatmul is one GEMM node served by cuBLASLt: its descriptors, chosen algorithm and
@@ -150,7 +159,7 @@ func loadCublasLt() (*cublasLt, error) {
 	if lib == 0 {
 		return nil, fmt.Errorf("cuBLASLt not found (tried %v): %v", ltLibraryPaths, err)
 	}
-	lt := &cublasLt{fn: map[string]uintptr{}, one: new(float32), zero: new(float32)}
+	lt := &cublasLt{fn: map[string]uintptr{}, one: new(float32), zero: new(float32), served: map[ltKey]*launch{}}
 	*lt.one = 1
 	for _, s := range ltSymbols {
 		p, err := purego.Dlsym(lib, s)
@@ -260,7 +269,11 @@ func (be *Backend) ltNode(n bundle.Node, vals []uint64) (*launch, bool, error) {
 		return nil, false, nil
 	}
 	lt := be.lt
-	m := &ltMatmul{x: uintptr(vals[0]), w: uintptr(vals[1]), y: uintptr(vals[2])}
+	key := ltKey{g: g, x: uintptr(vals[0]), w: uintptr(vals[1]), y: uintptr(vals[2])}
+	if l, ok := lt.served[key]; ok {
+		return l, true, nil
+	}
+	m := &ltMatmul{x: key.x, w: key.w, y: key.y}
 	for _, p := range []uintptr{m.x, m.w, m.y} {
 		if p%16 != 0 {
 			return nil, false, nil
@@ -318,7 +331,11 @@ func (be *Backend) ltNode(n bundle.Node, vals []uint64) (*launch, bool, error) {
 	if err := be.issue(*l); err != nil {
 		return nil, false, err
 	}
-	return l, true, be.d.call("cuStreamSynchronize", be.stream)
+	if err := be.d.call("cuStreamSynchronize", be.stream); err != nil {
+		return nil, false, err
+	}
+	lt.served[key] = l
+	return l, true, nil
 }
 
 // run enqueues the matmul on stream (inside a capture, it records it).
