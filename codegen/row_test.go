@@ -774,52 +774,66 @@ func TestSiluMulChunkedMatchesReference(t *testing.T) {
 	}
 }
 
-// TestRowNormFoldedProjection: with project_out as its only residual op, the add+norm kernel
+// TestRowNormFoldedProjection: with project_out among its residual ops, the add+norm kernel
 // takes the norm's sum of squares from the projection's reduction (‖x‖² − (x·d)²); rows that
 // lie almost along d, where that difference cancels, are summed again and still match the
-// reference, as do rows without the app and ordinary rows.
+// reference, as do rows without the app and ordinary rows. With a steer after the projection
+// (another app's op, firing on some rows only), rows it changed sum their squares again.
 func TestRowNormFoldedProjection(t *testing.T) {
 	rng := rand.New(rand.NewPCG(23, 24))
 	for _, w := range []int{256, 1000, 4096} {
 		project := MIOp{Template: "project_out", Bit: testBit, Width: w, Vec: "d", Alpha: -1, Bias: -1}
-		c := RowConfig{Hidden: w, Eps: 1e-5, WDtype: ptx.BF16, Load: "add", ResidOps: []MIOp{project}}
-		k, err := RowNorm(fmt.Sprintf("row_norm_fold_%d", w), c)
-		if err != nil {
-			t.Fatal(err)
+		steer := MIOp{Template: "steer_add", Bit: 0, Width: w, Vec: "steer_v", Scal: "scal", Alpha: 0, Bias: -1,
+			Gates: []Gate{{Kind: "steps", From: 1, To: 3}}}
+		for _, resid := range [][]MIOp{{project}, {project, steer}} {
+			foldedProjection(t, rng, w, resid)
 		}
-		if !strings.Contains(k.PTX, "red2") {
-			t.Fatalf("w=%d: the kernel does not fold the norm into the projection's reduction", w)
-		}
-		args := rowNormArgs(rng, c, testRows)
-		d := args[len(args)-1].f32
-		resid, delta := args[0].f32, args[1].f32
-		for r := range testRows {
-			if r%2 == 0 { // mostly along d: nearly all the energy goes with the projection
-				for i := range w {
-					resid[r*w+i] = 30*d[i] + 0.01*resid[r*w+i]
-					delta[r*w+i] = 0
-				}
-			}
-		}
-		checkKernel(t, k, c.Launch(testRows), args)
+	}
+}
 
-		// Rows without the app sum their squares as the kernel without MI ops does: same bits.
-		plain := RowConfig{Hidden: w, Eps: 1e-5, WDtype: ptx.BF16, Load: "add"}
-		kp, err := RowNorm(fmt.Sprintf("row_norm_plain_%d", w), plain)
-		if err != nil {
-			t.Fatal(err)
+func foldedProjection(t *testing.T, rng *rand.Rand, w int, residOps []MIOp) {
+	t.Helper()
+	c := RowConfig{Hidden: w, Eps: 1e-5, WDtype: ptx.BF16, Load: "add", ResidOps: residOps}
+	k, err := RowNorm(fmt.Sprintf("row_norm_fold_%d_%d", w, len(residOps)), c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(k.PTX, "red2") {
+		t.Fatalf("w=%d: the kernel does not fold the norm into the projection's reduction", w)
+	}
+	args := rowNormArgs(rng, c, testRows)
+	var d []float32
+	for _, a := range args {
+		if a.name == "mi0_vec" {
+			d = a.f32
 		}
-		nPlain := len(rowNormArgs(rng, plain, testRows))
-		got := emulate(t, k, c.Launch(testRows), args)
-		base := emulate(t, kp, plain.Launch(testRows), append(args[:nPlain-1:nPlain-1], targ{name: "ctl_mask", u32: testMask}))
-		for r := range testRows {
-			if testMask[r]>>testBit&1 != 0 {
-				continue
+	}
+	resid, delta := args[0].f32, args[1].f32
+	for r := range testRows {
+		if r%2 == 0 { // mostly along d: nearly all the energy goes with the projection
+			for i := range w {
+				resid[r*w+i] = 30*d[i] + 0.01*resid[r*w+i]
+				delta[r*w+i] = 0
 			}
-			for i := r * w; i < (r+1)*w; i++ {
-				if math.Float32bits(got[3][i]) != math.Float32bits(base[3][i]) {
-					t.Fatalf("w=%d row %d without the app: out[%d] %v, plain kernel %v", w, r, i-r*w, got[3][i], base[3][i])
-				}
+		}
+	}
+	checkKernel(t, k, c.Launch(testRows), args)
+
+	// Rows without the app sum their squares as the kernel without MI ops does: same bits.
+	plain := RowConfig{Hidden: w, Eps: 1e-5, WDtype: ptx.BF16, Load: "add"}
+	kp, err := RowNorm(fmt.Sprintf("row_norm_plain_%d", w), plain)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := emulate(t, k, c.Launch(testRows), args)
+	base := emulate(t, kp, plain.Launch(testRows), append(args[:4:4], targ{name: "ctl_mask", u32: testMask}))
+	for r := range testRows {
+		if testMask[r]&(1<<testBit|1) != 0 {
+			continue
+		}
+		for i := r * w; i < (r+1)*w; i++ {
+			if math.Float32bits(got[3][i]) != math.Float32bits(base[3][i]) {
+				t.Fatalf("w=%d row %d without the apps: out[%d] %v, plain kernel %v", w, r, i-r*w, got[3][i], base[3][i])
 			}
 		}
 	}

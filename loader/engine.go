@@ -96,8 +96,7 @@ type latchInfo struct {
 }
 
 type exportInfo struct {
-	app     string
-	name    string
+	key     string // app.name, as Row.Exports names it
 	bit     int
 	buffer  string
 	width   int
@@ -133,7 +132,7 @@ func NewEngine(b *bundle.Bundle, be Backend) (*Engine, error) {
 	for _, a := range b.Manifest.Apps {
 		e.appBits[a.Name] = a.Bit
 		for _, x := range a.Exports {
-			e.exports = append(e.exports, exportInfo{app: a.Name, name: x.Name, bit: a.Bit, buffer: x.Buffer, width: x.Width, samples: x.Samples})
+			e.exports = append(e.exports, exportInfo{key: a.Name + "." + x.Name, bit: a.Bit, buffer: x.Buffer, width: x.Width, samples: x.Samples})
 		}
 		ac, err := newAppCtl(a, bufs, c.MaxSeqs)
 		if err != nil {
@@ -743,28 +742,42 @@ func isEOS(c bundle.ModelConfig, tok int) bool {
 	return false
 }
 
-// collectExports copies each exported read of the rows that enabled its app.
+// collectExports copies each exported read of the rows that enabled its app. It runs every
+// step on the decode loop's critical path, so a step's values share one allocation and each
+// output buffer is read once.
 func (e *Engine) collectExports(rows []stepRow, n int) error {
-	vals := map[string][]float32{}
+	wants := func(r stepRow, x exportInfo) bool {
+		return r.s.mask&(1<<uint(x.bit)) != 0 && (!x.samples || r.sample >= 0)
+	}
+	total := 0
+	for _, r := range rows {
+		for _, x := range e.exports {
+			if wants(r, x) {
+				total += x.width
+			}
+		}
+	}
+	vals := make([][]float32, len(e.exports))
+	slab := make([]float32, 0, total)
 	for i, r := range rows {
 		row := Row{Pos: r.pos, Token: r.s.tokens[r.pos]}
-		for _, x := range e.exports {
-			if r.s.mask&(1<<uint(x.bit)) == 0 || (x.samples && r.sample < 0) {
+		for xi, x := range e.exports {
+			if !wants(r, x) {
 				continue
 			}
-			v, ok := vals[x.buffer]
-			if !ok {
+			if vals[xi] == nil {
 				raw := make([]byte, 4*n*x.width)
 				if err := e.Be.Read(x.buffer, raw); err != nil {
 					return err
 				}
-				v = getF32s(raw)
-				vals[x.buffer] = v
+				vals[xi] = getF32s(raw)
 			}
 			if row.Exports == nil {
-				row.Exports = map[string][]float32{}
+				row.Exports = make(map[string][]float32, len(e.exports))
 			}
-			row.Exports[x.app+"."+x.name] = append([]float32(nil), v[i*x.width:(i+1)*x.width]...)
+			at := len(slab)
+			slab = append(slab, vals[xi][i*x.width:(i+1)*x.width]...)
+			row.Exports[x.key] = slab[at:len(slab):len(slab)]
 		}
 		r.s.res.Rows = append(r.s.res.Rows, row)
 	}

@@ -2,6 +2,7 @@ package testsuite
 
 import (
 	"reflect"
+	"strings"
 	"testing"
 )
 
@@ -35,4 +36,36 @@ func TestPlainNodesAreTheAppFreeBundle(t *testing.T) {
 			t.Fatalf("kernel %s: the bundle with apps lacks it or holds other PTX", k.Name)
 		}
 	}
+}
+
+// Sites whose MI ops are alike (same templates, gates and app bits; only their buffers differ)
+// share one kernel: a bundle holds no two kernels that differ only in name, and the six-app
+// bundle's add+norm kernels, one per site, come down to a few.
+func TestAlikeKernelsAreKeptOnce(t *testing.T) {
+	b := Compile(t, SmallModel, smallSevenApps...)
+	seen := map[string]string{}
+	for _, k := range b.Kernels {
+		body := k.Op + "\x00" + string(k.Attrs) + "\x00" + strings.ReplaceAll(k.PTX, k.Name, "")
+		if other, ok := seen[body]; ok {
+			t.Fatalf("kernels %s and %s differ only in name", other, k.Name)
+		}
+		seen[body] = k.Name
+	}
+	// One op at every layer: every add+norm site but the final norm is alike.
+	b = Compile(t, SmallModel, `app: ablate
+params: {d: {random: 9}}
+ops:
+  - write: {at: {layers: all, hook: resid_post}, kernel: project_out, args: {direction: d}}
+`)
+	sites, kernels := map[string]bool{}, map[string]bool{}
+	for _, n := range b.Templates[0].Nodes {
+		if strings.HasPrefix(n.Kernel, "add_norm") && strings.Contains(n.Kernel, "_mi_") {
+			sites[n.Label] = true
+			kernels[n.Kernel] = true
+		}
+	}
+	if len(sites) < 2 || len(kernels) != 1 {
+		t.Fatalf("%d add+norm sites with MI ops run %d distinct kernels; alike sites should share", len(sites), len(kernels))
+	}
+	t.Logf("%d add+norm sites with MI ops, %d kernels", len(sites), len(kernels))
 }

@@ -205,6 +205,8 @@ assemble() {
  "models": {"l8": "$l_model", "mx": "$mx_model"}, "elapsed_s": $(now)}
 EOF
   python3 testsuite/gpu/apps_assemble.py assemble "$work" "$OUT" || note "assemble failed"
+  # The raw runs too, so that calls run with different PHASES can be assembled into one table.
+  tar czf "$OUT/raw.tgz" -C "$work" --exclude='*.xmb' --exclude='build-*.err' . 2>/dev/null
 }
 
 for phase in $PHASES; do
