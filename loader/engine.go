@@ -1,6 +1,8 @@
 package loader
 
 import (
+	"bytes"
+	"encoding/json"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -34,7 +36,82 @@ type Request struct {
 type Row struct {
 	Pos     int
 	Token   int
-	Exports map[string][]float32
+	Exports Exports
+}
+
+// Export is one exported read at one row: its name (app.buffer) and values.
+type Export struct {
+	Name   string
+	Values []float32
+}
+
+// Exports are a row's exported reads in manifest order. A slice rather than a map: the decode
+// loop makes one per row per step, and a map apiece cost more host time than a
+// batch-8 decode step's MI ops cost the GPU.
+type Exports []Export
+
+// Get returns the values of the read named name, or nil.
+func (x Exports) Get(name string) []float32 {
+	for _, e := range x {
+		if e.Name == name {
+			return e.Values
+		}
+	}
+	return nil
+}
+
+// MarshalJSON writes the reads as one object, name to values.
+func (x Exports) MarshalJSON() ([]byte, error) {
+	if x == nil {
+		return []byte("null"), nil
+	}
+	b := []byte{'{'}
+	for i, e := range x {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		k, err := json.Marshal(e.Name)
+		if err != nil {
+			return nil, err
+		}
+		v, err := json.Marshal(e.Values)
+		if err != nil {
+			return nil, err
+		}
+		b = append(append(append(b, k...), ':'), v...)
+	}
+	return append(b, '}'), nil
+}
+
+// UnmarshalJSON reads what MarshalJSON writes, keeping the reads' order.
+func (x *Exports) UnmarshalJSON(b []byte) error {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	tok, err := dec.Token()
+	if err != nil {
+		return err
+	}
+	if tok == nil {
+		*x = nil
+		return nil
+	}
+	if tok != json.Delim('{') {
+		return fmt.Errorf("exports: want an object of name to values, got %v", tok)
+	}
+	out := Exports{}
+	for dec.More() {
+		k, err := dec.Token()
+		if err != nil {
+			return err
+		}
+		var e Export
+		e.Name, _ = k.(string)
+		if err := dec.Decode(&e.Values); err != nil {
+			return fmt.Errorf("exports: %s: %w", e.Name, err)
+		}
+		out = append(out, e)
+	}
+	*x = out
+	return nil
 }
 
 // Result is what one request produced.
@@ -414,7 +491,7 @@ func (e *Engine) Submit(r Request) (*Handle, error) {
 	e.nextID++
 	h := &Handle{ID: e.nextID, Submitted: time.Now()}
 	s := &seqState{h: h, req: &r, res: &h.Result, slot: -1, rng: rand.New(rand.NewPCG(r.Seed, 0x786d6978))}
-	s.tokens = append([]int{c.BOS}, r.Prompt...)
+	s.tokens = append(append(make([]int, 0, 1+len(r.Prompt)+max(0, r.MaxTokens)), c.BOS), r.Prompt...)
 	s.promptN = len(s.tokens)
 	for _, t := range append(append([]int(nil), r.Prompt...), r.Force...) {
 		if t < 0 || t >= c.Vocab {
@@ -444,6 +521,10 @@ func (e *Engine) Submit(r Request) (*Handle, error) {
 		h.Done, h.Result.Reason = true, "max_tokens"
 		return h, nil
 	}
+	// Sized for the whole request: nothing regrows on the decode loop's path.
+	s.res.Rows = make([]Row, 0, s.promptN+r.MaxTokens)
+	s.res.Tokens = make([]int, 0, r.MaxTokens)
+	h.TokenTimes = make([]time.Time, 0, r.MaxTokens)
 	e.queue = append(e.queue, s)
 	return h, nil
 }
@@ -557,9 +638,9 @@ type stepRow struct {
 // then prompt chunks. Otherwise a decode template with one row per running sequence, in
 // the smallest bucket that holds them.
 func (e *Engine) step(active []*seqState) error {
-	var rows []stepRow
+	rows := make([]stepRow, 0, e.maxT)
 	var t bundle.Template
-	var decoding, prefilling []*seqState
+	decoding, prefilling := make([]*seqState, 0, len(active)), make([]*seqState, 0, len(active))
 	for _, s := range active {
 		if s.fed < s.promptN {
 			prefilling = append(prefilling, s)
@@ -743,24 +824,27 @@ func isEOS(c bundle.ModelConfig, tok int) bool {
 }
 
 // collectExports copies each exported read of the rows that enabled its app. It runs every
-// step on the decode loop's critical path, so a step's values share one allocation and each
-// output buffer is read once.
+// step on the decode loop's critical path, so a step's reads share two allocations (values
+// and entries) and each output buffer is read once.
 func (e *Engine) collectExports(rows []stepRow, n int) error {
 	wants := func(r stepRow, x exportInfo) bool {
 		return r.s.mask&(1<<uint(x.bit)) != 0 && (!x.samples || r.sample >= 0)
 	}
-	total := 0
+	width, count := 0, 0
 	for _, r := range rows {
 		for _, x := range e.exports {
 			if wants(r, x) {
-				total += x.width
+				width += x.width
+				count++
 			}
 		}
 	}
 	vals := make([][]float32, len(e.exports))
-	slab := make([]float32, 0, total)
+	slab := make([]float32, 0, width)
+	entries := make(Exports, 0, count)
 	for i, r := range rows {
 		row := Row{Pos: r.pos, Token: r.s.tokens[r.pos]}
+		first := len(entries)
 		for xi, x := range e.exports {
 			if !wants(r, x) {
 				continue
@@ -772,12 +856,12 @@ func (e *Engine) collectExports(rows []stepRow, n int) error {
 				}
 				vals[xi] = getF32s(raw)
 			}
-			if row.Exports == nil {
-				row.Exports = make(map[string][]float32, len(e.exports))
-			}
 			at := len(slab)
 			slab = append(slab, vals[xi][i*x.width:(i+1)*x.width]...)
-			row.Exports[x.key] = slab[at:len(slab):len(slab)]
+			entries = append(entries, Export{Name: x.key, Values: slab[at:len(slab):len(slab)]})
+		}
+		if len(entries) > first {
+			row.Exports = entries[first:len(entries):len(entries)]
 		}
 		r.s.res.Rows = append(r.s.res.Rows, row)
 	}

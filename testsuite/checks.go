@@ -182,7 +182,7 @@ ops:
 func captured(r loader.Result) [][]float32 {
 	var out [][]float32
 	for _, row := range r.Rows {
-		out = append(out, row.Exports["cap.x"])
+		out = append(out, row.Exports.Get("cap.x"))
 	}
 	return out
 }
@@ -480,13 +480,13 @@ ops:
 	b := Compile(t, SmallModel, captureApp(1, 128), probe)
 	res := Generate(t, nb, b, []loader.Request{{Prompt: []int{9, 8, 7, 6}, Apps: []string{"cap", "probe"}, MaxTokens: 4}})
 	for i, row := range res[0].Rows {
-		x := row.Exports["cap.x"]
+		x := row.Exports.Get("cap.x")
 		var s float64
 		for j := range x {
 			s += float64(x[j]) * float64(w[j])
 		}
 		want := 1 / (1 + math.Exp(-(s - 0.25)))
-		got := float64(row.Exports["probe.score"][0])
+		got := float64(row.Exports.Get("probe.score")[0])
 		if math.Abs(got-want) > 1e-5*math.Max(1, want) {
 			t.Fatalf("row %d: probe %v, reference sigmoid(x·w - 0.25) = %v", i, got, want)
 		}
@@ -1014,8 +1014,9 @@ func mixedRun(t *testing.T, nb NewBackend, b *bundle.Bundle, reqs []loader.Reque
 			t.Fatalf("request %d (apps %v): batched %v, alone %v", i, req.Apps, batch[i].Tokens, solo.Tokens)
 		}
 		for r, row := range batch[i].Rows {
-			for k, v := range row.Exports {
-				s := solo.Rows[r].Exports[k]
+			for _, x := range row.Exports {
+				k, v := x.Name, x.Values
+				s := solo.Rows[r].Exports.Get(k)
 				if RelL2(v, s) > mixedTolerance {
 					t.Fatalf("request %d row %d export %s: batched %v, alone %v", i, r, k, v, s)
 				}
@@ -1050,8 +1051,8 @@ ops:
 	b := Generate(t, nb, bare, []loader.Request{{Prompt: prompt, Apps: []string{"cap"}, MaxTokens: 4}})
 	for i, r := range [][]loader.Row{a[0].Rows, a[1].Rows, b[0].Rows} {
 		for _, row := range r {
-			if sampled := row.Pos >= len(prompt); sampled != (row.Exports["cap.x"] != nil) {
-				t.Fatalf("run %d row %d: exported %v, want logits on sampled rows only", i, row.Pos, row.Exports["cap.x"] != nil)
+			if sampled := row.Pos >= len(prompt); sampled != (row.Exports.Get("cap.x") != nil) {
+				t.Fatalf("run %d row %d: exported %v, want logits on sampled rows only", i, row.Pos, row.Exports.Get("cap.x") != nil)
 			}
 		}
 	}
@@ -1212,12 +1213,12 @@ ops:
 	}
 	w, head := readF32s(t, be, b, "final_norm"), readF32s(t, be, b, "lm_head")
 	for _, row := range res[1].Rows {
-		if row.Exports["lens.top"] != nil {
+		if row.Exports.Get("lens.top") != nil {
 			t.Fatalf("row %d of the request without the lens has lens exports", row.Pos)
 		}
 	}
 	for _, row := range res[0].Rows {
-		got, x := row.Exports["lens.top"], row.Exports["cap.x"]
+		got, x := row.Exports.Get("lens.top"), row.Exports.Get("cap.x")
 		if len(got) != 2*k || len(x) != hidden {
 			t.Fatalf("row %d: %d lens values, %d captured", row.Pos, len(got), len(x))
 		}

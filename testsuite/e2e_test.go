@@ -27,8 +27,8 @@ func TestCPUExportsOnlyForAppRows(t *testing.T) {
 		t.Fatalf("request 0 has %d rows, want 8", n)
 	}
 	for i, row := range res[0].Rows {
-		if row.Pos != i || len(row.Exports["cap.x"]) != 128 {
-			t.Fatalf("row %d: pos %d, %d values exported", i, row.Pos, len(row.Exports["cap.x"]))
+		if row.Pos != i || len(row.Exports.Get("cap.x")) != 128 {
+			t.Fatalf("row %d: pos %d, %d values exported", i, row.Pos, len(row.Exports.Get("cap.x")))
 		}
 	}
 	for _, row := range res[1].Rows {

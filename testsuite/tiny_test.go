@@ -64,7 +64,7 @@ func TestTinyMatchesTransformers(t *testing.T) {
 			if i >= len(res[0].Rows) {
 				break
 			}
-			if got := res[0].Rows[i].Exports["tiny-probe.happy"][0]; abs(float64(got)-want) > 2e-3 {
+			if got := res[0].Rows[i].Exports.Get("tiny-probe.happy")[0]; abs(float64(got)-want) > 2e-3 {
 				t.Errorf("%q: probe at position %d = %.4f, transformers %.4f", c.Prompt, i, got, want)
 				break
 			}

@@ -128,7 +128,7 @@ func TestTinyKindProbe(t *testing.T) {
 		}
 		// Row 0 is BOS, row 1+j fed byte j.
 		row := len("Mia saw a happy ") + len(k)
-		last := res[i].Rows[row].Exports["tiny-app4-kind-probe.kind"]
+		last := res[i].Rows[row].Exports.Get("tiny-app4-kind-probe.kind")
 		if len(last) != len(kinds) {
 			t.Fatalf("%s: kind export %v", k, last)
 		}
@@ -171,8 +171,9 @@ func TestTinyAppsMixed(t *testing.T) {
 		// Rows round differently at another place in the batch; app 3's sigmoid far in its
 		// tail (1e-6) magnifies that relative to the value, so the error has an absolute floor.
 		for r, row := range batch[i].Rows {
-			for k, v := range row.Exports {
-				s := solo.Rows[r].Exports[k]
+			for _, x := range row.Exports {
+				k, v := x.Name, x.Values
+				s := solo.Rows[r].Exports.Get(k)
 				var diff, ref float64
 				for j := range v {
 					diff += float64(v[j]-s[j]) * float64(v[j]-s[j])

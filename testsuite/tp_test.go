@@ -90,8 +90,8 @@ func runTP(t *testing.T, b *bundle.Bundle) tpRun {
 	for i, r := range res {
 		out.tokens = append(out.tokens, r.Tokens)
 		for j, row := range r.Rows {
-			for name, v := range row.Exports {
-				out.exports[fmt.Sprintf("request %d/row %d/%s", i, j, name)] = v
+			for _, x := range row.Exports {
+				out.exports[fmt.Sprintf("request %d/row %d/%s", i, j, x.Name)] = x.Values
 			}
 		}
 	}

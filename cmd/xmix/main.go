@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -346,19 +347,21 @@ func (s *session) generate(w io.Writer, f runFlags, prompts []string, apps [][]s
 // printExports prints each exported scalar read under the text it was read at, one digit
 // per token (0 = 0.0-0.1 ... 9 = 0.9-1.0), followed by the mean.
 func printExports(w io.Writer, tok loader.Tokenizer, r loader.Result) {
-	names := map[string]bool{}
+	var names []string // in the order the reads first appear: the manifest's
 	for _, row := range r.Rows {
-		for k := range row.Exports {
-			names[k] = true
+		for _, x := range row.Exports {
+			if !slices.Contains(names, x.Name) {
+				names = append(names, x.Name)
+			}
 		}
 	}
-	for name := range names {
+	for _, name := range names {
 		var text, digits strings.Builder
 		var sum float64
 		var cnt int
 		for _, row := range r.Rows {
-			v, ok := row.Exports[name]
-			if !ok || len(v) == 0 {
+			v := row.Exports.Get(name)
+			if len(v) == 0 {
 				continue
 			}
 			ch := tok.Decode([]int{row.Token})

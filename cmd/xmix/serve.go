@@ -268,9 +268,9 @@ const (
 )
 
 type rowJSON struct {
-	Pos     int                  `json:"pos"`
-	Token   int                  `json:"token"`
-	Exports map[string][]float32 `json:"exports,omitempty"`
+	Pos     int            `json:"pos"`
+	Token   int            `json:"token"`
+	Exports loader.Exports `json:"exports,omitempty"`
 }
 
 type generateResponse struct {
@@ -283,10 +283,10 @@ type generateResponse struct {
 // streamToken is one line of a streamed response: a generated token, the text it completes
 // and the exports of the row that sampled it.
 type streamToken struct {
-	Token   int                  `json:"token"`
-	Text    string               `json:"text"`
-	Pos     int                  `json:"pos"`
-	Exports map[string][]float32 `json:"exports,omitempty"`
+	Token   int            `json:"token"`
+	Text    string         `json:"text"`
+	Pos     int            `json:"pos"`
+	Exports loader.Exports `json:"exports,omitempty"`
 }
 
 // streamEnd is the last line of a streamed response.

@@ -176,14 +176,15 @@ func TestServeConcurrentRequestsMatchGenerateAlone(t *testing.T) {
 				t.Errorf("case %d row %d: served %+v, alone %+v", i, k, gr, r)
 				break
 			}
-			for name, v := range r.Exports {
-				if !closeTo(gr.Exports[name], v) {
-					t.Errorf("case %d row %d export %s: served %v, alone %v", i, k, name, gr.Exports[name], v)
+			for _, x := range r.Exports {
+				name, v := x.Name, x.Values
+				if !closeTo(gr.Exports.Get(name), v) {
+					t.Errorf("case %d row %d export %s: served %v, alone %v", i, k, name, gr.Exports.Get(name), v)
 				}
 			}
 		}
 	}
-	if len(got[2].Rows) == 0 || len(got[2].Rows[0].Exports["tiny-probe.happy"]) != 1 {
+	if len(got[2].Rows) == 0 || len(got[2].Rows[0].Exports.Get("tiny-probe.happy")) != 1 {
 		t.Errorf("the probe request has no probe scores: %+v", got[2].Rows)
 	}
 }
@@ -236,7 +237,7 @@ func TestServeStreamYieldsTheSameTokens(t *testing.T) {
 			if wantPos := len(c.req.Prompt) + len(toks); st.Pos != wantPos {
 				t.Errorf("case %d token %d: pos %d, want %d", i, len(toks), st.Pos, wantPos)
 			}
-			if slices.Contains(c.req.Apps, "tiny-probe") && len(st.Exports["tiny-probe.happy"]) != 1 {
+			if slices.Contains(c.req.Apps, "tiny-probe") && len(st.Exports.Get("tiny-probe.happy")) != 1 {
 				t.Errorf("case %d token %d: no probe score: %s", i, len(toks), sc.Text())
 			}
 			toks = append(toks, st.Token)

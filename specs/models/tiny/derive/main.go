@@ -272,7 +272,7 @@ func (c *capturer) mean(ss []sample) ([][]float64, error) {
 		}
 		for r := 1 + s.from; r <= to; r++ {
 			for l := 0; l < layers; l++ {
-				x := rows[r].Exports[fmt.Sprintf("cap.l%d", l)]
+				x := rows[r].Exports.Get(fmt.Sprintf("cap.l%d", l))
 				for j, v := range x {
 					sum[l][j] += float64(v)
 				}
