@@ -146,7 +146,7 @@ func Renorm(name string, c RenormConfig) (*Kernel, error) {
 		r.EmitIf(skip, false, "bra.uni", ptx.Sym(end))
 	}
 	x := r.loadRow(r.ptr(resid, r.row, c.Hidden, 0, ptx.F32, true), nil)
-	r.rmsNorm(x, r.vecPtr(w, c.WDtype), c.Eps)
+	r.rmsNorm(x, r.loadRow(r.vecPtr(w, c.WDtype), nil), c.Eps)
 	r.storeRow(r.ptr(out, dst, c.Hidden, 0, ptx.F32, false), x)
 	r.Label(end)
 	return finish(r.Kernel, "row_renorm", ops.RenormAttrs{Hidden: c.Hidden, Eps: c.Eps, WDtype: c.WDtype.String(), Gather: c.Gather})

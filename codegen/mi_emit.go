@@ -167,6 +167,32 @@ func (m *miSet) loadCtl(r *rowEmitter) {
 	}
 }
 
+// prefetchVectors asks L2 for every op's vector at once, whether or not a row enables the op
+// (its branch would otherwise wait for the row's mask, then for HBM). Lane 0 of each warp
+// asks for the warp's 128-byte line of each of its elements; rows without the app cost an
+// L2 hit after the first block.
+func (m *miSet) prefetchVectors(r *rowEmitter) {
+	var lane0 *ptx.Reg
+	for _, group := range m.groups {
+		for _, b := range group {
+			vec, ok := b.params["vec"]
+			if !ok {
+				continue
+			}
+			if lane0 == nil {
+				lane, p := r.Reg(ptx.U32), r.Reg(ptx.Pred)
+				r.Emit("and.b32", lane, r.tid, ptx.Imm(31))
+				r.Emit("setp.eq.u32", p, lane, ptx.Imm(0))
+				lane0 = &p
+			}
+			vp := r.vecPtr(vec, ptx.F32)
+			for j := range r.per {
+				r.emitMaybe(r.elemPred(j, lane0), "prefetch.global.L2", r.addr(vp, j))
+			}
+		}
+	}
+}
+
 // emit applies group g's ops to x in order. When dirty is given, an op that changes x sets
 // it to 1.
 func (m *miSet) emit(r *rowEmitter, g int, x []ptx.Reg, dirty *ptx.Reg) {

@@ -211,8 +211,9 @@ func (r *rowEmitter) reduce(v ptx.Reg) ptx.Reg {
 	return r.blockReduce(v, "add", r.scratch, r.tid, r.threads)
 }
 
-// rmsNorm turns x into x * rsqrt(mean(x²) + eps) * w, in place (HF LlamaRMSNorm order).
-func (r *rowEmitter) rmsNorm(x []ptx.Reg, w rowPtr, eps float32) {
+// rmsNorm turns x into x * rsqrt(mean(x²) + eps) * w, in place (HF LlamaRMSNorm order); w
+// holds this thread's weights, loaded by loadRow.
+func (r *rowEmitter) rmsNorm(x, w []ptx.Reg, eps float32) {
 	var tot ptx.Reg
 	if r.fold == nil {
 		tot = r.reduce(r.squares(x))
@@ -231,9 +232,8 @@ func (r *rowEmitter) rmsNorm(x []ptx.Reg, w rowPtr, eps float32) {
 	rs := r.Reg(ptx.F32)
 	r.Emit("rsqrt.approx.f32", rs, mean)
 	for j, v := range x {
-		wj := r.loadElem(w, j, r.elemPred(j, nil))
 		r.Emit("mul.rn.f32", v, v, rs)
-		r.Emit("mul.rn.f32", v, v, wj)
+		r.Emit("mul.rn.f32", v, v, w[j])
 	}
 }
 
@@ -307,6 +307,12 @@ func rowNorm(name string, c RowConfig) (*Kernel, error) {
 	attrs.DeltaOps, attrs.ResidOps, attrs.NormOps = mi.ref[0], mi.ref[1], mi.ref[2]
 	r.begin()
 	mi.loadCtl(r)
+	// Everything this kernel reads from beyond L2 is asked for up front: between two add+norm
+	// kernels the GEMMs stream a layer's weights through L2, so the norm weight and the MI
+	// vectors come from HBM, and a load issued after the block reduction (or after an op's
+	// branch) would add its whole latency to a kernel that is latency-bound at small batches.
+	mi.prefetchVectors(r)
+	wv := r.loadRow(r.vecPtr(w, c.WDtype), nil)
 
 	var x []ptx.Reg
 	residPtr := r.ptr(resid, r.row, c.Hidden, 0, ptx.F32, false)
@@ -339,7 +345,7 @@ func rowNorm(name string, c RowConfig) (*Kernel, error) {
 		r.Emit("setp.eq.u32", skip, dst, ptx.Imm(ops.NoRow))
 		r.EmitIf(skip, false, "bra.uni", ptx.Sym(end))
 	}
-	r.rmsNorm(x, r.vecPtr(w, c.WDtype), c.Eps)
+	r.rmsNorm(x, wv, c.Eps)
 	r.fold = nil // the norm ops' projections have no norm after them to hand a sum to
 	mi.emit(r, 2, x, nil)
 	r.storeRow(r.ptr(out, dst, c.Hidden, 0, ptx.F32, false), x)
