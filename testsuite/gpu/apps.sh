@@ -27,6 +27,10 @@
 # PROBE_REQUESTS (12), SEED (1), BUCKETS ("1 8"), GRAPH_ITERS (100), PROMPT_LEN (128, phase 1),
 # GRID_PROMPT_LEN (512, the nnsight grid's prompt), NEW_TOKENS (32), MIXTRAL (1), ALL6 (1),
 # PHASES ("offline grid online"), ONLINE_MODELS ("l8 mx": whose online runs), GRACE_S (30), EXTRA_ROUNDS (3), BIN (.dev/gpu), OUT, WORK.
+# Burst mode: RATE=1000000 PROBE_REQUESTS=128 makes every request arrive at once. The runs are
+# then saturated and their schedule no longer depends on wall-clock timing, so the ratios
+# between variants are steady to about 0.1% (at 16/s a run is bound by its arrivals, the
+# throughput is the arrivals', and two runs of identical GPU work differ by up to 1% in ITL).
 # SMOKE=1 runs the same pipeline on the CPU backend with tiny (specs/models/tiny.yaml +
 # specs/apps/tiny/*.yaml), a small Mixtral written here, the grid specs scaled down to tiny,
 # and small counts, to check the script and the tables anywhere (BIN=/path/to/binaries).

@@ -28,6 +28,11 @@ has() { [[ " ${PARTS:-check bench} " == *" $1 "* ]]; }
 [ "${ATTN_AB:-1}" = 1 ] && "$bin/xmixc" build specs/models/llama-3.1-8b.yaml --attention split -q -o "$work/llama-3.1-8b-attnsplit.xmb"
 "$bin/xmixc" build specs/models/qwen3-8b.yaml -q -o "$work/qwen3-8b.xmb"
 "$bin/xmixc" build specs/models/mixtral-8x7b.yaml -q -o "$work/mixtral-8x7b.xmb"
+# The shipped apps' kernels, for ptxas (the checks and benchmarks below use the bundles above).
+if has check; then
+  "$bin/xmixc" build specs/models/llama-3.1-8b.yaml specs/apps/app[1-6]-*.yaml -q -o "$work/llama-3.1-8b-apps1-6.xmb"
+  "$bin/xmixc" build specs/models/mixtral-8x7b.yaml specs/apps/app7-steermoe.yaml -q -o "$work/mixtral-8x7b-app7.xmb"
+fi
 
 if has check; then
 log "ptxas -arch=sm_90 on every kernel"
