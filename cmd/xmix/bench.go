@@ -46,7 +46,9 @@ reports generated tokens/s and the mean decode step time, plus the graph replay 
 decode bucket measured back to back on the device (no host work between replays).
 
 Online (--online): the xMIx paper's workload. R requests arrive as a Poisson process at
---rate requests/s; prompt lengths follow a ShareGPT-like distribution, synthesized as a
+--rate requests/s, or all at once with --rate 0 (or inf: vLLM's bench at request rate inf,
+which the paper's figures used: the engine saturated, its schedule independent of timing);
+prompt lengths follow a ShareGPT-like distribution, synthesized as a
 log-normal with median 160 tokens and sigma 0.9, clipped to [8, 1024]; every request
 generates exactly --output-len tokens. Reports mean and P99 inter-token latency, mean time to
 first token and total token throughput (prompt + generated tokens / wall time). --warmup
@@ -64,7 +66,7 @@ runs are discarded, --runs are measured and averaged.
 	fl.IntVar(&f.newTokens, "new-tokens", 128, "offline: tokens generated per prompt")
 	fl.BoolVar(&f.online, "online", false, "run the online (Poisson arrivals) benchmark")
 	fl.IntVar(&f.requests, "requests", 250, "online: number of requests")
-	fl.Float64Var(&f.rate, "rate", 8, "online: mean arrival rate, requests per second")
+	fl.Float64Var(&f.rate, "rate", 8, "online: mean arrival rate, requests per second (0 or inf: all at once)")
 	fl.IntVar(&f.outputLen, "output-len", 128, "online: tokens generated per request")
 	fl.IntVar(&f.warmup, "warmup", 1, "online: runs discarded before measuring")
 	fl.IntVar(&f.runs, "runs", 3, "online: measured runs")
@@ -99,6 +101,14 @@ func nodeRole(label string) string {
 }
 
 func runBench(w io.Writer, path string, f benchFlags) error {
+	if f.online {
+		if math.IsNaN(f.rate) || f.rate < 0 {
+			return fmt.Errorf("--rate %v: give the mean arrival rate in requests per second, or 0 (inf) for every request at once", f.rate)
+		}
+		if math.IsInf(f.rate, 1) {
+			f.rate = 0
+		}
+	}
 	s, err := openFile(path, f.runFlags)
 	if err != nil {
 		return err
@@ -345,7 +355,11 @@ func benchOnline(s *session, f benchFlags, apps []string, rng benchRNG) (onlineR
 	var work []arrival
 	var t float64
 	for range f.requests {
-		t += rng.work.ExpFloat64() / f.rate
+		if f.rate > 0 {
+			t += rng.work.ExpFloat64() / f.rate
+		} else {
+			rng.work.ExpFloat64() // the same prompts whatever the rate
+		}
 		work = append(work, arrival{time.Duration(t * float64(time.Second)), loader.Request{
 			Prompt: randomPrompt(rng.work, shareGPTLen(rng.work, maxPrompt), m.Vocab), MaxTokens: f.outputLen,
 			Apps: appsForRequest(rng.apps, apps, f.appFraction)}})

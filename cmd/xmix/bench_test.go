@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"testing"
 
 	"xmix/bundle"
@@ -23,8 +25,11 @@ func TestBenchAppsKeepTheWorkload(t *testing.T) {
 		t.Fatal(err)
 	}
 	promptTokens := func(extra ...string) int {
-		args := append([]string{"bench", bp, "-q", "--backend", "cpu", "--online", "--requests", "6", "--rate", "1000",
+		args := append([]string{"bench", bp, "-q", "--backend", "cpu", "--online", "--requests", "6",
 			"--output-len", "2", "--warmup", "0", "--runs", "1", "--json"}, extra...)
+		if !slices.Contains(extra, "--rate") {
+			args = append(args, "--rate", "1000")
+		}
 		out, err := xmix(t, args...)
 		if err != nil {
 			t.Fatalf("%v: %v\n%s", args, err, out)
@@ -44,5 +49,15 @@ func TestBenchAppsKeepTheWorkload(t *testing.T) {
 	plain, steered, half := promptTokens(), promptTokens("--apps", "tiny-steer"), promptTokens("--apps", "tiny-steer", "--app-fraction", "0.5")
 	if plain == 0 || plain != steered || plain != half {
 		t.Fatalf("prompt tokens: no apps %d, apps on all %d, on half %d", plain, steered, half)
+	}
+	// All at once (vLLM's request rate inf): the same prompts, whichever way it is spelt.
+	if burst, inf := promptTokens("--rate", "0"), promptTokens("--rate", "inf"); burst != plain || inf != plain {
+		t.Fatalf("prompt tokens: at 1000/s %d, --rate 0 %d, --rate inf %d", plain, burst, inf)
+	}
+	for _, bad := range []string{"-1", "NaN"} {
+		out, err := xmix(t, "bench", bp, "-q", "--backend", "cpu", "--online", "--rate", bad)
+		if err == nil || !strings.Contains(out, "--rate") || !strings.Contains(out, "0 (inf) for every request at once") {
+			t.Fatalf("--rate %s: err %v, output %q", bad, err, out)
+		}
 	}
 }

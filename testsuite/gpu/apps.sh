@@ -8,29 +8,31 @@
 #    every row, all six; app 7 likewise on Mixtral-8x7B.
 #  2 nnsight grid rows (specs/apps/grid/, all deployed in one Llama-3.1-8B bundle): graph replay
 #    at batch 1 and 8 with each row's app enabled alone, vs the bundle with no apps.
-#  3 the paper's method: `xmix bench --online` (Poisson arrivals, ShareGPT-like prompts, 128
-#    output tokens) for the same variants as phase 1, interleaved round by round (bare,
-#    deployed, app1..app6, all six, Mixtral's three; then again) so drift hits every variant
-#    alike. One process per variant per round, --warmup 0 --runs 1: every variant goes through
+#  3 the paper's method: `xmix bench --online` (all requests at once by default, or Poisson
+#    arrivals at RATE; ShareGPT-like prompts, 128 output tokens) for the same variants as
+#    phase 1, interleaved round by round (bare, deployed, app1..app6, all six, Mixtral's
+#    three; then again) so drift hits every variant alike. One process per variant per round, --warmup 0 --runs 1: every variant goes through
 #    the same process life cycle, and the GPU is warm from phases 1-2 and the probes.
 # Time: everything is fitted into TIME_BUDGET_S (whole script). Phase 3 first runs one probe
 # per model (PROBE_REQUESTS arriving at once: the engine's capacity in requests/s), then picks
 # the request count so that every round fits what is left: every variant gets the same arrival
-# window, requests = window x min(rate, capacity), capped at REQUESTS. When even MIN_REQUESTS
+# window, requests = window x min(rate, capacity) (capacity at rate 0), capped at REQUESTS. When even MIN_REQUESTS
 # do not fit, it sheds warm-up rounds, then measured rounds (down to one), then Mixtral's
 # online runs; a round that would end past the budget (estimate, or the last round's real
 # length if longer) is skipped, and a round still running GRACE_S past it is cut short. Every
 # such cut is written into the results ("notes"). Time left after the planned rounds goes to
 # up to EXTRA_ROUNDS more measured rounds, each only if it fits.
-# Knobs (env): TIME_BUDGET_S (480), REQUESTS (250), RATE (4, Llama req/s), MX_RATE (1),
+# Knobs (env): TIME_BUDGET_S (480), REQUESTS (250), RATE (0, Llama req/s), MX_RATE (0),
 # OUTPUT_LEN (128), RUNS (2 measured rounds), WARMUP (0 discarded rounds), MIN_REQUESTS (12),
-# PROBE_REQUESTS (12), SEED (1), BUCKETS ("1 8"), GRAPH_ITERS (100), PROMPT_LEN (128, phase 1),
+# PROBE_REQUESTS (64, Llama), MX_PROBE_REQUESTS (12), SEED (1), BUCKETS ("1 8"), GRAPH_ITERS (100), PROMPT_LEN (128, phase 1),
 # GRID_PROMPT_LEN (512, the nnsight grid's prompt), NEW_TOKENS (32), MIXTRAL (1), ALL6 (1),
 # PHASES ("offline grid online"), ONLINE_MODELS ("l8 mx": whose online runs), GRACE_S (30), EXTRA_ROUNDS (3), BIN (.dev/gpu), OUT, WORK.
-# Burst mode: RATE=1000000 PROBE_REQUESTS=128 makes every request arrive at once. The runs are
-# then saturated and their schedule no longer depends on wall-clock timing, so the ratios
-# between variants are steady to about 0.1% (at 16/s a run is bound by its arrivals, the
-# throughput is the arrivals', and two runs of identical GPU work differ by up to 1% in ITL).
+# Rate 0 (the default) makes every request arrive at once, as vLLM's bench at request rate
+# inf, which the paper's figures used (their TTFTs are seconds). The runs are then saturated
+# and their schedule no longer depends on wall-clock timing, so the ratios between variants
+# repeat to about 0.1-0.3%. At a finite rate (RATE=16, Poisson) a run is bound by its
+# arrivals: the throughput is the arrivals', and two runs of identical GPU work were seen to
+# differ by up to 1.2% in mean ITL.
 # SMOKE=1 runs the same pipeline on the CPU backend with tiny (specs/models/tiny.yaml +
 # specs/apps/tiny/*.yaml), a small Mixtral written here, the grid specs scaled down to tiny,
 # and small counts, to check the script and the tables anywhere (BIN=/path/to/binaries).
@@ -50,12 +52,12 @@ mkdir -p "$OUT" "$work/r"
 if [ "$SMOKE" = 1 ]; then
   backend=cpu
   : "${TIME_BUDGET_S:=300}" "${RATE:=20}" "${MX_RATE:=20}" "${OUTPUT_LEN:=8}" "${MIN_REQUESTS:=3}"
-  : "${PROBE_REQUESTS:=3}" "${PROMPT_LEN:=16}" "${GRID_PROMPT_LEN:=32}" "${NEW_TOKENS:=4}" "${GRAPH_ITERS:=5}"
+  : "${PROBE_REQUESTS:=3}" "${MX_PROBE_REQUESTS:=3}" "${PROMPT_LEN:=16}" "${GRID_PROMPT_LEN:=32}" "${NEW_TOKENS:=4}" "${GRAPH_ITERS:=5}"
 else
   backend=cuda
 fi
-: "${TIME_BUDGET_S:=480}" "${REQUESTS:=250}" "${RATE:=4}" "${MX_RATE:=1}" "${OUTPUT_LEN:=128}"
-: "${RUNS:=2}" "${WARMUP:=0}" "${MIN_REQUESTS:=12}" "${PROBE_REQUESTS:=12}" "${SEED:=1}"
+: "${TIME_BUDGET_S:=480}" "${REQUESTS:=250}" "${RATE:=0}" "${MX_RATE:=0}" "${OUTPUT_LEN:=128}"
+: "${RUNS:=2}" "${WARMUP:=0}" "${MIN_REQUESTS:=12}" "${PROBE_REQUESTS:=64}" "${MX_PROBE_REQUESTS:=12}" "${SEED:=1}"
 : "${BUCKETS:=1 8}" "${GRAPH_ITERS:=100}" "${PROMPT_LEN:=128}" "${GRID_PROMPT_LEN:=512}" "${NEW_TOKENS:=32}"
 : "${MIXTRAL:=1}" "${ALL6:=1}" "${PHASES:=offline grid online}" "${ONLINE_MODELS:=l8 mx}" "${GRACE_S:=30}" "${EXTRA_ROUNDS:=3}"
 buckets_csv=$(echo $BUCKETS | tr ' ' ',')
@@ -202,7 +204,7 @@ assemble() {
   cat > "$work/config.json" <<EOF
 {"smoke": $SMOKE, "backend": "$backend", "time_budget_s": $TIME_BUDGET_S, "requests": $REQUESTS,
  "rate": {"l8": $RATE, "mx": $MX_RATE}, "output_len": $OUTPUT_LEN, "runs": $RUNS, "warmup": $WARMUP,
- "min_requests": $MIN_REQUESTS, "probe_requests": $PROBE_REQUESTS, "seed": $SEED, "buckets": [$buckets_csv],
+ "min_requests": $MIN_REQUESTS, "probe_requests": {"l8": $PROBE_REQUESTS, "mx": $MX_PROBE_REQUESTS}, "seed": $SEED, "buckets": [$buckets_csv],
  "graph_iters": $GRAPH_ITERS, "prompt_len": $PROMPT_LEN, "grid_prompt_len": $GRID_PROMPT_LEN,
  "new_tokens": $NEW_TOKENS, "mixtral": $MIXTRAL, "all6": $ALL6, "phases": "$PHASES",
  "grace_s": $GRACE_S, "extra_rounds": $EXTRA_ROUNDS,
@@ -227,17 +229,17 @@ for phase in $PHASES; do
     log "phase 3: online, probes"
     groups=()
     for g in $ONLINE_MODELS; do [ "$g" != mx ] || [ "$MIXTRAL" = 1 ] && groups+=("$g"); done
-    declare -A rate=([l8]=$RATE [mx]=$MX_RATE)
+    declare -A rate=([l8]=$RATE [mx]=$MX_RATE) probe=([l8]=$PROBE_REQUESTS [mx]=$MX_PROBE_REQUESTS)
     for g in "${groups[@]}"; do
       bench "probe-$g" 300 "${v_bundle[online/$([ $g = mx ] && echo mx-bare || echo bare)]}" --online \
-        --requests "$PROBE_REQUESTS" --rate 1000 --output-len "$OUTPUT_LEN" --warmup 0 --runs 1
+        --requests "${probe[$g]}" --rate 0 --output-len "$OUTPUT_LEN" --warmup 0 --runs 1
     done
     # group:variants:rate for each probed group; plan fits their rounds into what is left.
     probes=()
     for g in "${groups[@]}"; do
       [ -f "$work/r/probe-$g.json" ] || continue
       n=$(awk -F'\t' -v g="$g" '$1 == "online" && $3 == g' "$work/variants.tsv" | wc -l)
-      probes+=("$g:$n:${rate[$g]}")
+      probes+=("$g:$n:${rate[$g]}:${probe[$g]}")
     done
     # plan.sh sets WARMUP_ROUNDS, RUN_ROUNDS, ROUND_S (estimated seconds per round), and per
     # group N_<g> (requests, 0 = skipped) and RUN_S_<g> (estimated seconds per run).
@@ -246,7 +248,7 @@ for phase in $PHASES; do
       note "online skipped: no probe run succeeded"
     else
       python3 testsuite/gpu/apps_assemble.py plan "$work" --left "$(left)" --requests "$REQUESTS" \
-        --min-requests "$MIN_REQUESTS" --probe-requests "$PROBE_REQUESTS" --output-len "$OUTPUT_LEN" \
+        --min-requests "$MIN_REQUESTS" --output-len "$OUTPUT_LEN" \
         --warmup "$WARMUP" --runs "$RUNS" "${probes[@]}" > "$work/plan.sh" 2>> "$work/notes.txt"
       cat "$work/plan.sh" >&2
       source "$work/plan.sh"

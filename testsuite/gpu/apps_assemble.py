@@ -2,7 +2,7 @@
 """The two bits of arithmetic of testsuite/gpu/apps.sh. Standard library only: it runs on the
 GPU machine.
 
-  apps_assemble.py plan WORK --left S ... GROUP:VARIANTS:RATE...
+  apps_assemble.py plan WORK --left S ... GROUP:VARIANTS:RATE:PROBE_REQUESTS...
       From each model's online probe run, how many requests every online run gets so that all
       rounds fit in the S seconds left; prints shell assignments, notes what it cut on stderr.
   apps_assemble.py assemble WORK OUT
@@ -64,7 +64,7 @@ def walls(work):
 def probe_model(work, group, output_len, probe_requests, rate, wall):
     """A run's cost model from the probe, whose requests all arrive at once: the engine then
     serves capacity = requests / seconds per second, and a run of N requests at the planned
-    rate takes load + N / min(rate, capacity) + tail seconds, tail being the last request's
+    rate takes load + N / min(rate, capacity) + tail seconds (N / capacity at rate 0, all at once), tail being the last request's
     own latency (its share of the probe's service time, then output_len - 1 loaded ITLs). At
     the probe's small concurrency the engine batches less than in a long run, so this errs
     towards fewer requests."""
@@ -76,7 +76,7 @@ def probe_model(work, group, output_len, probe_requests, rate, wall):
     s = r["seconds"]
     capacity = probe_requests / s
     return {"load_s": max(0.0, wall - s), "tail_s": s / probe_requests + (output_len - 1) * r["mean_itl_ms"] / 1000,
-            "per_request_s": 1 / min(rate, capacity), "capacity_req_per_s": capacity, "probe_s": s}
+            "per_request_s": 1 / (min(rate, capacity) if rate > 0 else capacity), "capacity_req_per_s": capacity, "probe_s": s}
 
 
 def fit(avail, rounds, groups, models, cap):
@@ -94,13 +94,16 @@ def plan(a):
     w = walls(work)
     groups, models = {}, {}
     for spec in a.groups:
-        g, n, rate = spec.split(":")
-        m = probe_model(work, g, a.output_len, a.probe_requests, float(rate), w.get(f"probe-{g}", {}).get("wall_s", 0))
+        g, n, rate, probe = spec.split(":")
+        m = probe_model(work, g, a.output_len, int(probe), float(rate), w.get(f"probe-{g}", {}).get("wall_s", 0))
         if m is None:
             print(f"online {g}: no probe result, its online runs are skipped", file=sys.stderr)
             continue
         groups[g], models[g] = (int(n), float(rate)), m
-        if m["capacity_req_per_s"] < float(rate):
+        if float(rate) == 0:
+            print(f"online {g}: every request arrives at once (vLLM's bench at request rate inf); "
+                  f"the probe served about {m['capacity_req_per_s']:.2f} requests/s", file=sys.stderr)
+        elif m["capacity_req_per_s"] < float(rate):
             print(f"online {g}: the engine serves about {m['capacity_req_per_s']:.2f} requests/s (probe, all at once), "
                   f"below the rate {float(rate):g}/s: runs are saturated, queueing inflates TTFT", file=sys.stderr)
     avail = a.left - RESERVE_S
@@ -233,6 +236,15 @@ def online_phase(work, vs, plan_):
     return rows
 
 
+def arrivals(plan_):
+    rates = {gp["rate"] for gp in plan_.get("groups", {}).values()}
+    if rates == {0}:
+        return "Every request arrives at once (vLLM's bench at request rate inf, as in the paper's figures)"
+    if 0 in rates:
+        return "Poisson arrivals, or all at once where the rate is 0"
+    return "Poisson arrivals"
+
+
 def pct(r):
     return "-" if r is None else f"{100 * (r - 1):+.2f}%"
 
@@ -296,7 +308,7 @@ def assemble(work, out):
     # Online.
     md.append("\n## Online (the paper's method)\n\n")
     if plan_.get("groups"):
-        md.append(f"Poisson arrivals, ShareGPT-like prompt lengths, {cfg.get('output_len')} output tokens; "
+        md.append(f"{arrivals(plan_)}, ShareGPT-like prompt lengths, {cfg.get('output_len')} output tokens; "
                   f"{max((len(r['measured_rounds']) for r in online.values()), default=0)} measured round(s) "
                   f"(planned {plan_.get('run_rounds')}) after {plan_.get('warmup_rounds')} warm-up round(s), "
                   "variants interleaved in each round, one process per run. \"vs no-app\": the mean over rounds as a "
@@ -305,7 +317,8 @@ def assemble(work, out):
     else:
         md.append("Not run (see notes).\n")
     for g, gp in plan_.get("groups", {}).items():
-        md.append(f"\n### {GROUP_TITLES.get(g, g)}: {gp['requests']} requests at {gp['rate']:g}/s "
+        at = "all at once" if gp["rate"] == 0 else f"at {gp['rate']:g}/s"
+        md.append(f"\n### {GROUP_TITLES.get(g, g)}: {gp['requests']} requests {at} "
                   f"(REQUESTS {cfg.get('requests')})\n\n")
         md.append("| variant | mean ITL ms | vs no-app | range | P99 ITL ms | vs no-app | mean TTFT ms | vs no-app | "
                   "total tok/s | vs no-app | rounds |\n")
@@ -413,11 +426,10 @@ def main():
     p.add_argument("--left", type=float, required=True)
     p.add_argument("--requests", type=int, required=True)
     p.add_argument("--min-requests", type=int, required=True)
-    p.add_argument("--probe-requests", type=int, required=True)
     p.add_argument("--output-len", type=int, required=True)
     p.add_argument("--warmup", type=int, required=True)
     p.add_argument("--runs", type=int, required=True)
-    p.add_argument("groups", nargs="+", help="GROUP:VARIANTS:RATE")
+    p.add_argument("groups", nargs="+", help="GROUP:VARIANTS:RATE:PROBE_REQUESTS (rate 0: all at once)")
     s = sub.add_parser("assemble")
     s.add_argument("work")
     s.add_argument("out")
