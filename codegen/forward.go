@@ -31,6 +31,12 @@ type Options struct {
 	// query head), "split" (flash-decoding: one block per row, kv head and context split,
 	// K/V read once per kv head; attention_split.go). For measuring one against the other.
 	Attention string
+	// MoE picks how Mixtral buckets of tensorCoreRows rows and more run their experts: "" or
+	// "grouped" (the expert kernels of moe.go, rows grouped by expert), "dense" (every expert
+	// over every row as ordinary GEMMs, then a weighted sum of each row's top-k: E/k times the
+	// FLOPs, but the GEMMs run on tensor cores, or cuBLASLt on the GPU). For measuring one
+	// against the other.
+	MoE string
 }
 
 // gen is the state of one Generate call.
@@ -46,6 +52,7 @@ type gen struct {
 	bodies   map[string]*Kernel // by what the kernel is (kernel)
 	gemmKind string
 	attnKind string
+	moeKind  string
 	order    []string
 	bufs     []bundle.Buffer
 	// tp is the tensor-parallel degree (1: one device). Every per-rank dimension below
@@ -57,7 +64,7 @@ type gen struct {
 // and the params section.
 func Generate(p *passes.Program, opt Options) (*bundle.Bundle, error) {
 	m := p.Model
-	g := &gen{p: p, m: m, kernels: map[string]*Kernel{}, bodies: map[string]*Kernel{}, wdt: ptx.BF16, kvdt: ptx.F32, gemmKind: opt.GEMM, attnKind: opt.Attention, tp: max(1, p.TP)}
+	g := &gen{p: p, m: m, kernels: map[string]*Kernel{}, bodies: map[string]*Kernel{}, wdt: ptx.BF16, kvdt: ptx.F32, gemmKind: opt.GEMM, attnKind: opt.Attention, moeKind: opt.MoE, tp: max(1, p.TP)}
 	switch opt.GEMM {
 	case "", "tc", "tc-staged", "cuda-core":
 	default:
@@ -67,6 +74,15 @@ func Generate(p *passes.Program, opt Options) (*bundle.Bundle, error) {
 	case "", "standard", "split":
 	default:
 		return nil, fmt.Errorf("attention kind %q: use standard or split", opt.Attention)
+	}
+	switch opt.MoE {
+	case "", "grouped":
+	case "dense":
+		if m.Experts == 0 {
+			return nil, fmt.Errorf("MoE kind dense: model %s has no experts", m.Name)
+		}
+	default:
+		return nil, fmt.Errorf("MoE kind %q: use grouped or dense", opt.MoE)
 	}
 	if m.Dtype == "f32" {
 		g.wdt = ptx.F32

@@ -575,6 +575,12 @@ func (g *gen) moeActivations() {
 	g.buf("act.moe_idx", bundle.KindActivation, "u32", []int{g.maxT, m.TopK})
 	g.buf("act.moe_w", bundle.KindActivation, "f32", []int{g.maxT, m.TopK})
 	g.buf("act.moe_act", bundle.KindActivation, "f32", []int{g.maxT * m.TopK, g.rank().inter})
+	if g.moeKind == "dense" {
+		I := g.rank().inter
+		g.buf("act.moe_gu", bundle.KindActivation, "f32", []int{g.maxT, 2 * I})
+		g.buf("act.moe_eact", bundle.KindActivation, "f32", []int{g.maxT, I})
+		g.buf("act.moe_eout", bundle.KindActivation, "f32", []int{m.Experts * g.maxT, m.Hidden})
+	}
 }
 
 // routerName is layer l's router kernel: shared by the layers without router_logits ops.
@@ -594,6 +600,10 @@ func (t *tb) moe(l int) {
 	k, err := g.kernel(name, func() (*Kernel, error) { return Router(name, rc) })
 	route := slots{"idx": buf("act.moe_idx"), "wts": buf("act.moe_w")}
 	t.add(fmt.Sprintf("L%d.router", l), k, err, rc.Launch(t.rows), merge(route, slots{"x": buf("act.xn"), "w": lb("router")}), mi)
+	if g.moeKind == "dense" && t.rows >= tensorCoreRows {
+		t.moeDense(l, route)
+		return
+	}
 
 	c := MoEConfig{Hidden: m.Hidden, Inter: g.rank().inter, Experts: m.Experts, TopK: m.TopK, WDtype: g.wdt}
 	name = fmt.Sprintf("moe_gate_up_h%d_i%d_e%d_k%d_%s", m.Hidden, c.Inter, m.Experts, m.TopK, g.wdt)
@@ -604,4 +614,80 @@ func (t *tb) moe(l int) {
 	k, err = g.kernel(name, func() (*Kernel, error) { return ExpertDown(name, c) })
 	t.add(fmt.Sprintf("L%d.experts_down", l), k, err, c.LaunchDown(t.rows), merge(route, slots{
 		"act": buf("act.moe_act"), "w": lb("experts_down"), "y": buf("act.delta")}), nil)
+}
+
+// moeDense runs layer l's experts densely (Options.MoE "dense"): expert e's gate/up GEMM,
+// SiLU-gate and down GEMM over every row, into its own rows of act.moe_eout, then one kernel
+// sums each row's top-k outputs weighted by the router. The expert weights are the stacked
+// buffers the grouped kernels read, addressed at expert e's offset.
+func (t *tb) moeDense(l int, route slots) {
+	g := t.g
+	H, I, E := g.m.Hidden, g.rank().inter, g.m.Experts
+	ws := int64(g.wdt.Bytes())
+	sc := SiluConfig{Inter: I}
+	sname := fmt.Sprintf("silu_mul_i%d", I)
+	silu, serr := g.kernel(sname, func() (*Kernel, error) { return SiluMul(sname, sc) })
+	for e := range E {
+		gu := buf(layerBuf(l, "experts_gu"))
+		gu.Offset = int64(e*2*I*H) * ws
+		t.gemmAt(fmt.Sprintf("L%d.e%d.gate_up", l, e), buf("act.xn"), gu, buf("act.moe_gu"), H, 2*I, t.rows)
+		t.add(fmt.Sprintf("L%d.e%d.silu_mul", l, e), silu, serr, sc.Launch(t.rows), slots{"gu": buf("act.moe_gu"), "act": buf("act.moe_eact")}, nil)
+		down, out := buf(layerBuf(l, "experts_down")), buf("act.moe_eout")
+		down.Offset = int64(e*H*I) * ws
+		out.Offset = int64(e*g.maxT*H) * 4
+		t.gemmAt(fmt.Sprintf("L%d.e%d.down", l, e), buf("act.moe_eact"), down, out, I, H, t.rows)
+	}
+	c := MoECombineConfig{Hidden: H, Experts: E, TopK: g.m.TopK, Stride: g.maxT}
+	name := fmt.Sprintf("moe_combine_h%d_e%d_k%d_s%d", H, E, c.TopK, c.Stride)
+	k, err := g.kernel(name, func() (*Kernel, error) { return MoECombine(name, c) })
+	t.add(fmt.Sprintf("L%d.experts_combine", l), k, err, c.Launch(t.rows), merge(route, slots{"out": buf("act.moe_eout"), "y": buf("act.delta")}), nil)
+}
+
+// MoECombineConfig configures MoECombine.
+type MoECombineConfig struct {
+	Hidden, Experts, TopK int
+	Stride                int // rows between two experts' outputs in the out buffer
+}
+
+// Launch is one block per row.
+func (c MoECombineConfig) Launch(rows int) ops.Launch { return rowLaunch(c.Hidden, rows) }
+
+// MoECombine generates the dense expert path's last kernel (ops "moe_combine"): each row sums
+// its top-k experts' outputs weighted by the router, in slot order. Parameters: out, idx,
+// wts, y.
+func MoECombine(name string, c MoECombineConfig) (*Kernel, error) {
+	if c.Experts < 1 || c.TopK < 1 || c.TopK > c.Experts || c.Stride < 1 {
+		return nil, fmt.Errorf("moe_combine %s: %d experts, top-k %d, stride %d", name, c.Experts, c.TopK, c.Stride)
+	}
+	r, err := newRowEmitter(name, c.Hidden)
+	if err != nil {
+		return nil, fmt.Errorf("moe_combine %s: %w", name, err)
+	}
+	out := r.param("out", ptx.U64)
+	idx := r.param("idx", ptx.U64)
+	wts := r.param("wts", ptx.U64)
+	y := r.param("y", ptx.U64)
+	r.begin()
+	acc := make([]ptx.Reg, r.per)
+	for j := range acc {
+		acc[j] = r.f32(0)
+	}
+	for s := range c.TopK {
+		slot := r.Reg(ptx.U32)
+		r.Emit("mad.lo.u32", slot, r.row, ptx.Imm(int64(c.TopK)), ptx.Imm(int64(s)))
+		e := r.Reg(ptx.U32)
+		r.Emit("ld.global.nc.u32", e, ptx.Addr{Base: r.elemAddr(idx, slot, 4)})
+		r.Emit("min.u32", e, e, ptx.Imm(int64(c.Experts-1)))
+		wt := r.loadF32(wts, slot, ptx.F32)
+		src := r.Reg(ptx.U32)
+		r.Emit("mad.lo.u32", src, e, ptx.Imm(int64(c.Stride)), r.row)
+		v := r.loadRow(r.ptr(out, src, c.Hidden, 0, ptx.F32, true), nil)
+		for j := range acc {
+			t := r.Reg(ptx.F32)
+			r.Emit("mul.rn.f32", t, wt, v[j])
+			r.Emit("add.rn.f32", acc[j], acc[j], t)
+		}
+	}
+	r.storeRow(r.ptr(y, r.row, c.Hidden, 0, ptx.F32, false), acc)
+	return finish(r.Kernel, "moe_combine", ops.MoECombineAttrs{Hidden: c.Hidden, Experts: c.Experts, TopK: c.TopK, Stride: c.Stride})
 }

@@ -216,3 +216,30 @@ func TestExpertKernels(t *testing.T) {
 		})
 	}
 }
+
+// TestMoECombineKernel: the dense expert path's combine matches ops.MoECombine, bit for bit in
+// the sense of the harness (rows pick experts in either order, an out-of-range id clamps to
+// the last expert as the router's consumers do), for widths with and without a tail.
+func TestMoECombineKernel(t *testing.T) {
+	for _, c := range []MoECombineConfig{{Hidden: 96, Experts: 8, TopK: 2, Stride: 7}, {Hidden: 4096, Experts: 8, TopK: 2, Stride: testRows}, {Hidden: 33, Experts: 3, TopK: 3, Stride: 5}} {
+		k, err := MoECombine(fmt.Sprintf("moe_combine_h%d", c.Hidden), c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rng := rand.New(rand.NewPCG(uint64(c.Hidden), 9))
+		idx := make([]uint32, testRows*c.TopK)
+		for i := range idx {
+			idx[i] = uint32(rng.IntN(c.Experts))
+		}
+		idx[1] = uint32(c.Experts + 5) // clamps to the last expert
+		checkKernel(t, k, c.Launch(testRows), []targ{
+			{name: "out", f32: randF32(rng, c.Experts*c.Stride*c.Hidden, 1)},
+			{name: "idx", u32: idx},
+			{name: "wts", f32: randF32(rng, testRows*c.TopK, 1)},
+			{name: "y", out: testRows * c.Hidden, tol: 1e-7},
+		})
+	}
+	if _, err := MoECombine("bad", MoECombineConfig{Hidden: 64, Experts: 2, TopK: 3, Stride: 1}); err == nil {
+		t.Fatal("top-k 3 of 2 experts: no error")
+	}
+}

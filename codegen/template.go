@@ -257,9 +257,14 @@ func (t *tb) attention(l int, kv slots) {
 const tensorCoreRows = 8
 
 func (t *tb) gemm(label, x string, w bundle.Slot, y string, k, n, rows int) {
+	t.gemmAt(label, buf(x), w, buf(y), k, n, rows)
+}
+
+// gemmAt is gemm with x and y given as slots, which may start inside their buffers.
+func (t *tb) gemmAt(label string, x, w, y bundle.Slot, k, n, rows int) {
 	g := t.g
 	c := GemmConfig{K: k, N: n, WDtype: g.wdt}
-	s := slots{"x": buf(x), "w": w, "y": buf(y), "rows": konst(uint64(rows))}
+	s := slots{"x": x, "w": w, "y": y, "rows": konst(uint64(rows))}
 	if rows >= tensorCoreRows && g.wdt == ptx.BF16 && k%16 == 0 && n%16 == 0 && g.gemmKind != "cuda-core" {
 		if g.gemmKind == "tc-staged" {
 			name := fmt.Sprintf("gemm_tcs_k%d_n%d", k, n)

@@ -68,6 +68,43 @@ func (a MoEAttrs) check() (int, error) {
 	return dtypeSize(a.WDtype)
 }
 
+// MoECombineAttrs configure op "moe_combine", the last step of the dense expert path (every
+// expert run over every row by ordinary GEMMs): y[r] = Σ_s wts[r*TopK+s] * out[e][r] with
+// e = idx[r*TopK+s], summed in slot order as moe_down sums. Parameters: out [Experts, Stride,
+// Hidden] f32 (expert e's outputs start at row e*Stride), idx, wts, y [rows, Hidden] f32; one
+// block per row.
+type MoECombineAttrs struct {
+	Hidden  int `json:"hidden"`
+	Experts int `json:"experts"`
+	TopK    int `json:"top_k"`
+	Stride  int `json:"stride"`
+}
+
+func (a MoECombineAttrs) run(args []Arg, l Launch) error {
+	rows, H, K := l.Grid[0], a.Hidden, a.TopK
+	if rows > a.Stride {
+		return fmt.Errorf("moe_combine: %d rows, but expert outputs are %d rows apart", rows, a.Stride)
+	}
+	if err := CheckArgs("moe_combine", args, 4*a.Experts*a.Stride*H, 4*rows*K, 4*rows*K, 4*rows*H); err != nil {
+		return err
+	}
+	out, idx, wts, y := args[0].F32(), args[1].U32(), args[2].F32(), args[3].F32()
+	ParallelFor(rows, func(lo, hi int) {
+		for r := lo; r < hi; r++ {
+			for h := range H {
+				var acc float32
+				for s := range K {
+					q := r*K + s
+					e := expert(idx[q], a.Experts)
+					acc += float32(wts[q] * out[(e*a.Stride+r)*H+h]) // rounded before the sum, as the kernel does
+				}
+				y[r*H+h] = acc
+			}
+		}
+	})
+	return nil
+}
+
 func checkRouting(experts, topK int) error {
 	if experts < 1 || experts > MaxExperts {
 		return fmt.Errorf("%d experts: want 1 to %d", experts, MaxExperts)
@@ -105,6 +142,19 @@ func init() {
 			return nil, err
 		}
 		return RunnerFunc(func(args []Arg, l Launch) error { return a.gateUp(args, l, ws) }), nil
+	})
+	Register("moe_combine", func(attrs []byte) (Runner, error) {
+		var a MoECombineAttrs
+		if err := DecodeAttrs(attrs, &a); err != nil {
+			return nil, err
+		}
+		if a.Hidden <= 0 || a.Stride <= 0 {
+			return nil, fmt.Errorf("hidden %d, stride %d must be positive", a.Hidden, a.Stride)
+		}
+		if err := checkRouting(a.Experts, a.TopK); err != nil {
+			return nil, err
+		}
+		return RunnerFunc(a.run), nil
 	})
 	Register("moe_down", func(attrs []byte) (Runner, error) {
 		var a MoEAttrs

@@ -94,8 +94,15 @@ func NewCPU(t testing.TB, b *bundle.Bundle) loader.Backend {
 // Compile builds a bundle from spec texts through the real pipeline and the .xmb format.
 func Compile(t testing.TB, model string, apps ...string) *bundle.Bundle {
 	t.Helper()
+	return CompileWith(t, driver.Options{}, model, apps...)
+}
+
+// CompileWith is Compile with build options (Verify is always on).
+func CompileWith(t testing.TB, opt driver.Options, model string, apps ...string) *bundle.Bundle {
+	t.Helper()
 	mp, aps := WriteSpecs(t, model, apps...)
-	b, err := driver.Build(mp, aps, driver.Options{Verify: true})
+	opt.Verify = true
+	b, err := driver.Build(mp, aps, opt)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -257,13 +258,18 @@ func (n *naiveLlama) moe(l int, h []float64) []float64 {
 func layerName(l int, s string) string { return "L" + strconv.Itoa(l) + "." + s }
 
 func TestForwardMatchesFloat64Reference(t *testing.T) {
-	for _, c := range []struct{ name, spec string }{
-		{"llama", SmallModel}, {"qwen2", SmallQwen2}, {"qwen3", SmallQwen3},
+	for _, c := range []struct {
+		name, spec string
+		opt        driver.Options
+	}{
+		{"llama", SmallModel, driver.Options{}}, {"qwen2", SmallQwen2, driver.Options{}}, {"qwen3", SmallQwen3, driver.Options{}},
 		// Mistral is Llama's forward under another name (no QK-norm here).
-		{"mistral", strings.Replace(SmallQwen3, "family: qwen3", "family: mistral", 1)},
-		{"mixtral", SmallMixtral},
+		{"mistral", strings.Replace(SmallQwen3, "family: qwen3", "family: mistral", 1), driver.Options{}},
+		{"mixtral", SmallMixtral, driver.Options{}},
+		// The prefill chunk (16 rows) runs every expert densely, the decode buckets grouped.
+		{"mixtral-dense", SmallMixtral, driver.Options{MoE: "dense"}},
 	} {
-		t.Run(c.name, func(t *testing.T) { checkForwardReference(t, c.spec) })
+		t.Run(c.name, func(t *testing.T) { checkForwardReference(t, CompileWith(t, c.opt, c.spec)) })
 	}
 }
 
@@ -294,8 +300,7 @@ func randomizeVectors(b *bundle.Bundle, be *cpu.Backend) {
 	}
 }
 
-func checkForwardReference(t *testing.T, spec string) {
-	b := Compile(t, spec)
+func checkForwardReference(t *testing.T, b *bundle.Bundle) {
 	be := newCPU(t, b).(*cpu.Backend)
 	randomizeVectors(b, be)
 	rec := &LogitRecorder{Backend: be, Vocab: b.Manifest.Model.Vocab}
@@ -374,4 +379,46 @@ func TestMixtralRefusesMlpAct(t *testing.T) {
 		t.Fatalf("got %v, want a refusal of mlp.act", err)
 	}
 	Compile(t, SmallMixtral, captureAt("router_logits", 0, 4))
+}
+
+// TestMixtralDenseExperts: with --moe dense, buckets from 8 rows run every expert as GEMMs
+// at its offset in the stacked weights and then one combine per layer; smaller buckets keep
+// the grouped kernels. A batch of 8 generates the same tokens, and steers the router the
+// same way, as with the grouped kernels.
+func TestMixtralDenseExperts(t *testing.T) {
+	spec := strings.Replace(SmallMixtral, "decode_buckets: [1, 2], prefill_chunks: [16], max_seq_len: 64, max_seqs: 2",
+		"decode_buckets: [1, 8], prefill_chunks: [16], max_seq_len: 64, max_seqs: 8", 1)
+	dense := CompileWith(t, driver.Options{MoE: "dense"}, spec, smallSteerMoE)
+	grouped := Compile(t, spec, smallSteerMoE)
+	for _, tp := range dense.Templates {
+		combines, experts := 0, 0
+		for _, n := range tp.Nodes {
+			combines += bool2int(strings.HasSuffix(n.Label, ".experts_combine"))
+			experts += bool2int(strings.HasSuffix(n.Label, ".experts_down"))
+		}
+		if dense := tp.Tokens >= 8; (dense && (combines != 2 || experts != 0)) || (!dense && (combines != 0 || experts != 2)) {
+			t.Fatalf("%s (%d rows): %d combines, %d grouped expert kernels", tp.Name, tp.Tokens, combines, experts)
+		}
+	}
+	var reqs []loader.Request
+	for i := range 8 {
+		r := loader.Request{Prompt: []int{72 + i, 101, 108, 108 + i, 111}, MaxTokens: 6}
+		if i%2 == 1 {
+			r.Apps = []string{"steermoe"}
+		}
+		reqs = append(reqs, r)
+	}
+	a, b := Generate(t, NewCPU, dense, reqs), Generate(t, NewCPU, grouped, reqs)
+	for i := range reqs {
+		if !slices.Equal(a[i].Tokens, b[i].Tokens) {
+			t.Fatalf("request %d: dense experts %v, grouped %v", i, a[i].Tokens, b[i].Tokens)
+		}
+	}
+}
+
+func bool2int(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }

@@ -29,6 +29,7 @@ type Options struct {
 	Trace        func(pass string, p *passes.Program)
 	GEMM         string // codegen.Options.GEMM
 	Attention    string // codegen.Options.Attention
+	MoE          string // codegen.Options.MoE
 	// TP is the tensor-parallel degree: N > 1 shards the model over N ranks (bundle.Manifest.TP).
 	TP int
 }
@@ -130,6 +131,7 @@ func Build(modelPath string, appPaths []string, opt Options) (*bundle.Bundle, er
 		Progress:  func(f string, a ...any) { progress("codegen: "+f, a...) },
 		GEMM:      opt.GEMM,
 		Attention: opt.Attention,
+		MoE:       opt.MoE,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("codegen: %w", err)

@@ -51,6 +51,7 @@ def main(work, out):
             "pct_of_floor_step": off.get("pct_of_floor"),
             "pct_of_floor_graph": (100 * off["floor_ms"] / g) if g and off.get("floor_ms") else None,
             "prompt_len": off.get("prompt_len"),
+            "prefill_s": off.get("prefill_seconds"),
             "new_tokens": off.get("new_tokens"),
             "profile_ms": next(iter((d.get("profile_ms") or {}).values()), None),
         }

@@ -4,7 +4,8 @@
 #   PARTS="check bench" (default both): check = ptxas, CUDA-vs-CPU and MI checks (with PTX and
 #   with cuBLASLt GEMMs), the transformers comparison (HF=0 skips it); bench = offline decode
 #   per batch for each GEMM server, start-to-first-token, the online benchmark (ONLINE=0 skips),
-#   standard vs split attention at a LONG_PROMPT-token context (ATTN_AB=0 skips).
+#   standard vs split attention at a LONG_PROMPT-token context (ATTN_AB=0 skips), Mixtral's
+#   grouped vs dense experts (MOE_AB=0 skips).
 #   The work directory persists while the machine stays warm, so two calls (PARTS=check, then
 #   PARTS=bench) assemble into one results.json.
 set -uo pipefail
@@ -26,6 +27,7 @@ has() { [[ " ${PARTS:-check bench} " == *" $1 "* ]]; }
 "$bin/xmixc" build specs/models/llama-3.1-8b.yaml -q -o "$work/llama-3.1-8b.xmb"
 [ "${GEMM_AB:-1}" = 1 ] && "$bin/xmixc" build specs/models/llama-3.1-8b.yaml --gemm tc-staged -q -o "$work/llama-3.1-8b-staged.xmb"
 [ "${ATTN_AB:-1}" = 1 ] && "$bin/xmixc" build specs/models/llama-3.1-8b.yaml --attention split -q -o "$work/llama-3.1-8b-attnsplit.xmb"
+[ "${MOE_AB:-1}" = 1 ] && "$bin/xmixc" build specs/models/mixtral-8x7b.yaml --moe dense -q -o "$work/mixtral-8x7b-moedense.xmb"
 "$bin/xmixc" build specs/models/qwen3-8b.yaml -q -o "$work/qwen3-8b.xmb"
 "$bin/xmixc" build specs/models/mixtral-8x7b.yaml -q -o "$work/mixtral-8x7b.xmb"
 # The shipped apps' kernels, for ptxas (the checks and benchmarks below use the bundles above).
@@ -83,6 +85,16 @@ if has bench; then
       for bs in ${LONG_BATCHES:-1 8}; do
         timeout ${BENCH_TIMEOUT:-150} "$bin/xmix" bench "$work/$m.xmb" --backend cuda --prompts $bs --prompt-len ${LONG_PROMPT:-1984} --new-tokens 32 \
           --graph-buckets $bs --profile --json -q > "$work/bench-$m-long${LONG_PROMPT:-1984}-b$bs.json" 2>> "$work/bench.log" || echo "bench $m long b$bs failed" >&2
+      done
+    done
+  fi
+  if [ "${MOE_AB:-1}" = 1 ]; then
+    # Mixtral experts A/B: grouped expert kernels vs every expert as GEMMs (--moe dense), on
+    # 512-token prompts (prefill_s in results.json) and the decode graph.
+    for m in mixtral-8x7b mixtral-8x7b-moedense; do
+      for bs in ${MOE_BATCHES:-8 32}; do
+        timeout ${BENCH_TIMEOUT:-150} "$bin/xmix" bench "$work/$m.xmb" --backend cuda --prompts $bs --prompt-len 512 --new-tokens 16 \
+          --graph-buckets $bs --profile --json -q > "$work/bench-$m-p512-b$bs.json" 2>> "$work/bench.log" || echo "bench $m p512 b$bs failed" >&2
       done
     done
   fi
