@@ -88,21 +88,29 @@ func (a MoECombineAttrs) run(args []Arg, l Launch) error {
 	if err := CheckArgs("moe_combine", args, 4*a.Experts*a.Stride*H, 4*rows*K, 4*rows*K, 4*rows*H); err != nil {
 		return err
 	}
-	out, idx, wts, y := args[0].F32(), args[1].U32(), args[2].F32(), args[3].F32()
+	out := args[0].F32()
+	sumSlots(rows, H, K, a.Experts, args[1].U32(), args[2].F32(), args[3].F32(), func(_, e, r, h int) float32 {
+		return out[(e*a.Stride+r)*H+h]
+	})
+	return nil
+}
+
+// sumSlots sets y[r*H+h] = Σ_s wts[q] * term(q, e, r, h) over the row's slots q = r*K+s in
+// slot order, e = idx[q] clamped to the experts; each product is rounded to f32 before it is
+// added, as the kernels do.
+func sumSlots(rows, H, K, experts int, idx []uint32, wts, y []float32, term func(q, e, r, h int) float32) {
 	ParallelFor(rows, func(lo, hi int) {
 		for r := lo; r < hi; r++ {
 			for h := range H {
 				var acc float32
 				for s := range K {
 					q := r*K + s
-					e := expert(idx[q], a.Experts)
-					acc += float32(wts[q] * out[(e*a.Stride+r)*H+h]) // rounded before the sum, as the kernel does
+					acc += float32(wts[q] * term(q, expert(idx[q], experts), r, h))
 				}
 				y[r*H+h] = acc
 			}
 		}
 	})
-	return nil
 }
 
 func checkRouting(experts, topK int) error {
@@ -317,19 +325,9 @@ func (a MoEAttrs) down(args []Arg, l Launch, ws int) error {
 	if err := CheckArgs("moe_down", args, 4*rows*K*I, ws*a.Experts*H*I, 4*rows*K, 4*rows*K, 4*rows*H); err != nil {
 		return err
 	}
-	act, w, idx, wts, y := args[0].F32(), args[1], args[2].U32(), args[3].F32(), args[4].F32()
-	ParallelFor(rows, func(lo, hi int) {
-		for r := lo; r < hi; r++ {
-			for h := range H {
-				var acc float32
-				for s := range K {
-					q := r*K + s
-					e := expert(idx[q], a.Experts)
-					acc += float32(wts[q] * wdot(act[q*I:(q+1)*I], w, ws, (e*H+h)*I))
-				}
-				y[r*H+h] = acc
-			}
-		}
+	act, w := args[0].F32(), args[1]
+	sumSlots(rows, H, K, a.Experts, args[2].U32(), args[3].F32(), args[4].F32(), func(q, e, _, h int) float32 {
+		return wdot(act[q*I:(q+1)*I], w, ws, (e*H+h)*I)
 	})
 	return nil
 }
