@@ -26,6 +26,7 @@
 # OUTPUT_LEN (128), RUNS (2 measured rounds), WARMUP (0 discarded rounds), MIN_REQUESTS (12),
 # PROBE_REQUESTS (64, Llama), MX_PROBE_REQUESTS (12), SEED (1), BUCKETS ("1 8"), GRAPH_ITERS (100), PROMPT_LEN (128, phase 1),
 # GRID_PROMPT_LEN (512, the nnsight grid's prompt), NEW_TOKENS (32), MIXTRAL (1), ALL6 (1),
+# MX_BUILD ("", extra xmixc build flags for the Mixtral bundles, e.g. "--moe dense"),
 # PHASES ("offline grid online"), ONLINE_MODELS ("l8 mx": whose online runs), GRACE_S (30), EXTRA_ROUNDS (3), BIN (.dev/gpu), OUT, WORK.
 # Rate 0 (the default) makes every request arrive at once, as vLLM's bench at request rate
 # inf, which the paper's figures used (their TTFTs are seconds). The runs are then saturated
@@ -59,7 +60,7 @@ fi
 : "${TIME_BUDGET_S:=480}" "${REQUESTS:=250}" "${RATE:=0}" "${MX_RATE:=0}" "${OUTPUT_LEN:=128}"
 : "${RUNS:=2}" "${WARMUP:=0}" "${MIN_REQUESTS:=12}" "${PROBE_REQUESTS:=64}" "${MX_PROBE_REQUESTS:=12}" "${SEED:=1}"
 : "${BUCKETS:=1 8}" "${GRAPH_ITERS:=100}" "${PROMPT_LEN:=128}" "${GRID_PROMPT_LEN:=512}" "${NEW_TOKENS:=32}"
-: "${MIXTRAL:=1}" "${ALL6:=1}" "${PHASES:=offline grid online}" "${ONLINE_MODELS:=l8 mx}" "${GRACE_S:=30}" "${EXTRA_ROUNDS:=3}"
+: "${MX_BUILD:=}" "${MIXTRAL:=1}" "${ALL6:=1}" "${PHASES:=offline grid online}" "${ONLINE_MODELS:=l8 mx}" "${GRACE_S:=30}" "${EXTRA_ROUNDS:=3}"
 buckets_csv=$(echo $BUCKETS | tr ' ' ',')
 max_bucket=$(echo $BUCKETS | tr ' ' '\n' | sort -n | tail -1)
 
@@ -126,8 +127,8 @@ build l8-bare "$l_model"
 build l8-apps "$l_model" "${l_apps[@]}"
 build l8-grid "$l_model" "${grid_apps[@]}"
 if [ "$MIXTRAL" = 1 ]; then
-  build mx-bare "$mx_model"
-  build mx-apps "$mx_model" "$mx_app"
+  build mx-bare "$mx_model" $MX_BUILD
+  build mx-apps "$mx_model" "$mx_app" $MX_BUILD
 fi
 
 # variant PHASE NAME GROUP KIND BUNDLE [bench args]: declares one variant of a phase; GROUP
@@ -206,7 +207,7 @@ assemble() {
  "rate": {"l8": $RATE, "mx": $MX_RATE}, "output_len": $OUTPUT_LEN, "runs": $RUNS, "warmup": $WARMUP,
  "min_requests": $MIN_REQUESTS, "probe_requests": {"l8": $PROBE_REQUESTS, "mx": $MX_PROBE_REQUESTS}, "seed": $SEED, "buckets": [$buckets_csv],
  "graph_iters": $GRAPH_ITERS, "prompt_len": $PROMPT_LEN, "grid_prompt_len": $GRID_PROMPT_LEN,
- "new_tokens": $NEW_TOKENS, "mixtral": $MIXTRAL, "all6": $ALL6, "phases": "$PHASES",
+ "new_tokens": $NEW_TOKENS, "mixtral": $MIXTRAL, "mx_build": "$MX_BUILD", "all6": $ALL6, "phases": "$PHASES",
  "grace_s": $GRACE_S, "extra_rounds": $EXTRA_ROUNDS,
  "models": {"l8": "$l_model", "mx": "$mx_model"}, "elapsed_s": $(now)}
 EOF
