@@ -16,6 +16,7 @@ type Backend interface {
 	// Name says what runs the model ("cpu", "cuda H200").
 	Name() string
 	// Write copies host bytes into a named buffer at a byte offset (control blocks, tables).
+	// It is done with data when it returns: the engine reuses it for the next write.
 	Write(buffer string, offset int64, data []byte) error
 	// Read copies the start of a named buffer into dst (sampled tokens, exports).
 	Read(buffer string, dst []byte) error
@@ -51,28 +52,24 @@ func BufferBytes(b bundle.Buffer) (int64, error) {
 	return n, nil
 }
 
-func putU32s(v []uint32) []byte {
-	b := make([]byte, 4*len(v))
-	for i, x := range v {
-		binary.LittleEndian.PutUint32(b[4*i:], x)
+func putU32s(v []uint32) []byte { return appendU32s(nil, v) }
+
+func putF32s(v []float32) []byte { return appendF32s(nil, v) }
+
+// appendU32s appends v little-endian to dst.
+func appendU32s(dst []byte, v []uint32) []byte {
+	for _, x := range v {
+		dst = binary.LittleEndian.AppendUint32(dst, x)
 	}
-	return b
+	return dst
 }
 
-func putF32s(v []float32) []byte {
-	b := make([]byte, 4*len(v))
-	for i, x := range v {
-		binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(x))
+// appendF32s appends v little-endian to dst.
+func appendF32s(dst []byte, v []float32) []byte {
+	for _, x := range v {
+		dst = binary.LittleEndian.AppendUint32(dst, math.Float32bits(x))
 	}
-	return b
-}
-
-func getU32s(b []byte) []uint32 {
-	v := make([]uint32, len(b)/4)
-	for i := range v {
-		v[i] = binary.LittleEndian.Uint32(b[4*i:])
-	}
-	return v
+	return dst
 }
 
 func getF32s(b []byte) []float32 {

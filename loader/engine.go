@@ -2,6 +2,7 @@ package loader
 
 import (
 	"bytes"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"math"
@@ -126,23 +127,26 @@ type Engine struct {
 	B  *bundle.Bundle
 	Be Backend
 
-	cfg      bundle.ModelConfig
-	maxT     int
-	maxS     int
-	blocks   int // pages per sequence (block-table width)
-	appBits  map[string]int
-	apps     []*appCtl
-	latches  []latchInfo // every after_token latch of the bundle, once per bit
-	exports  []exportInfo
-	decode   []bundle.Template
-	prefill  []bundle.Template
-	tmplIdx  map[string]int
-	freePage []uint32
-	padPages int
-	queue    []*seqState
-	slots    []*seqState
-	nextID   int
-	Stats    Stats
+	cfg     bundle.ModelConfig
+	maxT    int
+	maxS    int
+	blocks  int // pages per sequence (block-table width)
+	appBits map[string]int
+	apps    []*appCtl
+	latches []latchInfo // every after_token latch of the bundle, once per bit
+	exports []exportInfo
+	scratch stepScratch
+	// exportBits are the app bits that have exports: rows without any skip collectExports.
+	exportBits uint32
+	decode     []bundle.Template
+	prefill    []bundle.Template
+	tmplIdx    map[string]int
+	freePage   []uint32
+	padPages   int
+	queue      []*seqState
+	slots      []*seqState
+	nextID     int
+	Stats      Stats
 	// hasSRow: the bundle has ctl.s_row (each sample's token row), which the engine fills.
 	hasSRow bool
 	// hasAny: the bundle has heavy nodes, which read ctl.any_mask (the OR of the step's app
@@ -209,6 +213,7 @@ func NewEngine(b *bundle.Bundle, be Backend) (*Engine, error) {
 	for _, a := range b.Manifest.Apps {
 		e.appBits[a.Name] = a.Bit
 		for _, x := range a.Exports {
+			e.exportBits |= 1 << uint(a.Bit)
 			e.exports = append(e.exports, exportInfo{key: a.Name + "." + x.Name, bit: a.Bit, buffer: x.Buffer, width: x.Width, samples: x.Samples})
 		}
 		ac, err := newAppCtl(a, bufs, c.MaxSeqs)
@@ -712,11 +717,14 @@ func (e *Engine) step(active []*seqState) error {
 
 func (e *Engine) run(t bundle.Template, rows []stepRow) error {
 	c := e.cfg
-	n := t.Tokens
-	tokens, pos, seq := make([]uint32, n), make([]uint32, n), make([]uint32, n)
-	mask, gen, outRow, latch := make([]uint32, n), make([]uint32, n), make([]uint32, n), make([]uint32, n)
-	temp, topP, rng := make([]float32, t.Samples), make([]float32, t.Samples), make([]uint32, t.Samples)
-	sRow := make([]uint32, t.Samples)
+	n, ns := t.Tokens, t.Samples
+	sc := &e.scratch
+	words := sc.words(7*n + 2*ns)
+	tokens, pos, seq, mask := words[:n], words[n:2*n], words[2*n:3*n], words[3*n:4*n]
+	gen, outRow, latch := words[4*n:5*n], words[5*n:6*n], words[6*n:7*n]
+	rng, sRow := words[7*n:7*n+ns], words[7*n+ns:]
+	floats := sc.floats(2 * ns)
+	temp, topP := floats[:ns], floats[ns:]
 	for i := range sRow {
 		sRow[i] = 0xFFFFFFFF
 	}
@@ -726,7 +734,7 @@ func (e *Engine) run(t bundle.Template, rows []stepRow) error {
 		gen[i] = 0xFFFFFFFF
 		outRow[i] = 0xFFFFFFFF
 	}
-	var sampled []stepRow
+	sampled := sc.sampled[:0]
 	for i, r := range rows {
 		s := r.s
 		tokens[i] = uint32(s.tokens[r.pos])
@@ -748,20 +756,28 @@ func (e *Engine) run(t bundle.Template, rows []stepRow) error {
 			sampled = append(sampled, r)
 		}
 	}
+	sc.sampled = sampled
 	for _, w := range []struct {
 		buf string
-		v   []byte
+		v   []uint32
 	}{
-		{"ctl.tokens", putU32s(tokens)}, {"ctl.pos", putU32s(pos)}, {"ctl.seq", putU32s(seq)},
-		{"ctl.mask", putU32s(mask)}, {"ctl.gen", putU32s(gen)}, {"ctl.out_row", putU32s(outRow)},
-		{"ctl.temperature", putF32s(temp)}, {"ctl.top_p", putF32s(topP)}, {"ctl.rng", putU32s(rng)},
+		{"ctl.tokens", tokens}, {"ctl.pos", pos}, {"ctl.seq", seq}, {"ctl.mask", mask}, {"ctl.gen", gen},
+		{"ctl.out_row", outRow}, {"ctl.rng", rng},
 	} {
-		if err := e.Be.Write(w.buf, 0, w.v); err != nil {
+		if err := e.Be.Write(w.buf, 0, sc.encode(w.v)); err != nil {
+			return err
+		}
+	}
+	for _, w := range []struct {
+		buf string
+		v   []float32
+	}{{"ctl.temperature", temp}, {"ctl.top_p", topP}} {
+		if err := e.Be.Write(w.buf, 0, sc.encodeF32(w.v)); err != nil {
 			return err
 		}
 	}
 	if len(e.latches) > 0 {
-		if err := e.Be.Write("ctl.latch", 0, putU32s(latch)); err != nil {
+		if err := e.Be.Write("ctl.latch", 0, sc.encode(latch)); err != nil {
 			return err
 		}
 	}
@@ -770,23 +786,23 @@ func (e *Engine) run(t bundle.Template, rows []stepRow) error {
 		for _, m := range mask {
 			any |= m
 		}
-		if err := e.Be.Write("ctl.any_mask", 0, putU32s([]uint32{any})); err != nil {
+		if err := e.Be.Write("ctl.any_mask", 0, sc.encode([]uint32{any})); err != nil {
 			return err
 		}
 	}
 	if e.hasSRow {
-		if err := e.Be.Write("ctl.s_row", 0, putU32s(sRow)); err != nil {
+		if err := e.Be.Write("ctl.s_row", 0, sc.encode(sRow)); err != nil {
 			return err
 		}
 	}
 	if err := e.Be.Step(e.tmplIdx[t.Name]); err != nil {
 		return fmt.Errorf("template %s: %w", t.Name, err)
 	}
-	out := make([]byte, 4*t.Samples)
+	out := sc.bytes(4 * ns)
 	if err := e.Be.Read("out.sampled", out); err != nil {
 		return err
 	}
-	ids := getU32s(out)
+	ids := sc.decode(out)
 	now := time.Now()
 	if err := e.collectExports(rows, n); err != nil {
 		return err
@@ -814,6 +830,66 @@ func (e *Engine) run(t bundle.Template, rows []stepRow) error {
 	return nil
 }
 
+// stepScratch keeps a step's control arrays and their encodings from one step to the next,
+// so that the decode loop allocates none for them: each array is rewritten whole every step,
+// and Backend.Write is done with its bytes when it returns.
+type stepScratch struct {
+	w       []uint32
+	f       []float32
+	b       []byte
+	ids     []uint32
+	sampled []stepRow
+}
+
+// words returns n zeroed words.
+func (sc *stepScratch) words(n int) []uint32 {
+	sc.w = grow(sc.w, n)
+	clear(sc.w)
+	return sc.w
+}
+
+// floats returns n zeroed floats.
+func (sc *stepScratch) floats(n int) []float32 {
+	sc.f = grow(sc.f, n)
+	clear(sc.f)
+	return sc.f
+}
+
+// bytes returns n bytes, valid until the next call of bytes, encode or encodeF32.
+func (sc *stepScratch) bytes(n int) []byte {
+	sc.b = grow(sc.b, n)
+	return sc.b
+}
+
+// encode is v little-endian, valid until the next call of bytes, encode or encodeF32.
+func (sc *stepScratch) encode(v []uint32) []byte {
+	sc.b = appendU32s(sc.b[:0], v)
+	return sc.b
+}
+
+// encodeF32 is encode for floats.
+func (sc *stepScratch) encodeF32(v []float32) []byte {
+	sc.b = appendF32s(sc.b[:0], v)
+	return sc.b
+}
+
+// decode reads b's words, valid until the next call of decode.
+func (sc *stepScratch) decode(b []byte) []uint32 {
+	sc.ids = grow(sc.ids, len(b)/4)
+	for i := range sc.ids {
+		sc.ids[i] = binary.LittleEndian.Uint32(b[4*i:])
+	}
+	return sc.ids
+}
+
+// grow returns s resized to n, reallocated only when its capacity is short.
+func grow[T any](s []T, n int) []T {
+	if cap(s) < n {
+		return make([]T, n)
+	}
+	return s[:n]
+}
+
 func isEOS(c bundle.ModelConfig, tok int) bool {
 	for _, e := range c.EOS {
 		if e == tok {
@@ -827,41 +903,50 @@ func isEOS(c bundle.ModelConfig, tok int) bool {
 // step on the decode loop's critical path, so a step's reads share two allocations (values
 // and entries) and each output buffer is read once.
 func (e *Engine) collectExports(rows []stepRow, n int) error {
-	wants := func(r stepRow, x exportInfo) bool {
+	wants := func(r stepRow, x *exportInfo) bool {
 		return r.s.mask&(1<<uint(x.bit)) != 0 && (!x.samples || r.sample >= 0)
 	}
 	width, count := 0, 0
 	for _, r := range rows {
-		for _, x := range e.exports {
-			if wants(r, x) {
+		if r.s.mask&e.exportBits == 0 {
+			continue
+		}
+		for xi := range e.exports {
+			if x := &e.exports[xi]; wants(r, x) {
 				width += x.width
 				count++
 			}
 		}
 	}
-	vals := make([][]float32, len(e.exports))
-	slab := make([]float32, 0, width)
-	entries := make(Exports, 0, count)
+	var vals [][]float32
+	var slab []float32
+	var entries Exports
+	if count > 0 {
+		vals, slab, entries = make([][]float32, len(e.exports)), make([]float32, 0, width), make(Exports, 0, count)
+	}
 	for i, r := range rows {
 		row := Row{Pos: r.pos, Token: r.s.tokens[r.pos]}
-		first := len(entries)
-		for xi, x := range e.exports {
-			if !wants(r, x) {
-				continue
-			}
-			if vals[xi] == nil {
-				raw := make([]byte, 4*n*x.width)
-				if err := e.Be.Read(x.buffer, raw); err != nil {
-					return err
+		if r.s.mask&e.exportBits != 0 {
+			first := len(entries)
+			for xi := range e.exports {
+				x := &e.exports[xi]
+				if !wants(r, x) {
+					continue
 				}
-				vals[xi] = getF32s(raw)
+				if vals[xi] == nil {
+					raw := make([]byte, 4*n*x.width)
+					if err := e.Be.Read(x.buffer, raw); err != nil {
+						return err
+					}
+					vals[xi] = getF32s(raw)
+				}
+				at := len(slab)
+				slab = append(slab, vals[xi][i*x.width:(i+1)*x.width]...)
+				entries = append(entries, Export{Name: x.key, Values: slab[at:len(slab):len(slab)]})
 			}
-			at := len(slab)
-			slab = append(slab, vals[xi][i*x.width:(i+1)*x.width]...)
-			entries = append(entries, Export{Name: x.key, Values: slab[at:len(slab):len(slab)]})
-		}
-		if len(entries) > first {
-			row.Exports = entries[first:len(entries):len(entries)]
+			if len(entries) > first {
+				row.Exports = entries[first:len(entries):len(entries)]
+			}
 		}
 		r.s.res.Rows = append(r.s.res.Rows, row)
 	}
