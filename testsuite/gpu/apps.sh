@@ -23,7 +23,8 @@
 # such cut is written into the results ("notes"). Time left after the planned rounds goes to
 # up to EXTRA_ROUNDS more measured rounds, each only if it fits.
 # Knobs (env): TIME_BUDGET_S (480), REQUESTS (250), RATE (0, Llama req/s), MX_RATE (0),
-# OUTPUT_LEN (128), RUNS (2 measured rounds), WARMUP (0 discarded rounds), MIN_REQUESTS (12),
+# OUTPUT_LEN (128), RUNS (2 measured rounds), WARMUP (1 discarded round: the paper discards its
+# first runs too), MIN_REQUESTS (12),
 # PROBE_REQUESTS (64, Llama), MX_PROBE_REQUESTS (12), SEED (1), BUCKETS ("1 8"), GRAPH_ITERS (100), PROMPT_LEN (128, phase 1),
 # GRID_PROMPT_LEN (512, the nnsight grid's prompt), NEW_TOKENS (32), MIXTRAL (1), ALL6 (1),
 # MX_BUILD ("", extra xmixc build flags for the Mixtral bundles, e.g. "--moe dense"),
@@ -58,7 +59,7 @@ else
   backend=cuda
 fi
 : "${TIME_BUDGET_S:=480}" "${REQUESTS:=250}" "${RATE:=0}" "${MX_RATE:=0}" "${OUTPUT_LEN:=128}"
-: "${RUNS:=2}" "${WARMUP:=0}" "${MIN_REQUESTS:=12}" "${PROBE_REQUESTS:=64}" "${MX_PROBE_REQUESTS:=12}" "${SEED:=1}"
+: "${RUNS:=2}" "${WARMUP:=1}" "${MIN_REQUESTS:=12}" "${PROBE_REQUESTS:=64}" "${MX_PROBE_REQUESTS:=12}" "${SEED:=1}"
 : "${BUCKETS:=1 8}" "${GRAPH_ITERS:=100}" "${PROMPT_LEN:=128}" "${GRID_PROMPT_LEN:=512}" "${NEW_TOKENS:=32}"
 : "${MX_BUILD:=}" "${MIXTRAL:=1}" "${ALL6:=1}" "${PHASES:=offline grid online}" "${ONLINE_MODELS:=l8 mx}" "${GRACE_S:=30}" "${EXTRA_ROUNDS:=3}"
 buckets_csv=$(echo $BUCKETS | tr ' ' ',')
