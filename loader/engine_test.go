@@ -1,6 +1,8 @@
 package loader_test
 
 import (
+	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -56,6 +58,35 @@ ops:
 		c.tamper(&bad.Manifest)
 		if _, err := loader.NewEngine(bad, be); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s: %v, want %q", c.what, err, c.want)
+		}
+	}
+}
+
+// Exports marshal as one JSON object in manifest order and read back the same; anything but
+// an object of name to numbers is refused with the name.
+func TestExportsJSON(t *testing.T) {
+	x := loader.Exports{{Name: "probe.score", Values: []float32{0.25}}, {Name: "cap.x", Values: []float32{1, -2}}}
+	raw, err := json.Marshal(struct{ E loader.Exports }{x})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := `{"E":{"probe.score":[0.25],"cap.x":[1,-2]}}`; string(raw) != want {
+		t.Fatalf("marshal: %s, want %s", raw, want)
+	}
+	var back struct{ E loader.Exports }
+	if err := json.Unmarshal(raw, &back); err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(back.E) != fmt.Sprint(x) || back.E.Get("cap.x")[1] != -2 || back.E.Get("nope") != nil {
+		t.Fatalf("round trip: %v", back.E)
+	}
+	var none struct{ E loader.Exports }
+	if err := json.Unmarshal([]byte(`{"E":null}`), &none); err != nil || none.E != nil {
+		t.Fatalf("null: %v %v", none.E, err)
+	}
+	for _, bad := range []string{`{"E":[1]}`, `{"E":{"a":"x"}}`} {
+		if err := json.Unmarshal([]byte(bad), &none); err == nil {
+			t.Fatalf("%s: no error", bad)
 		}
 	}
 }
