@@ -703,36 +703,48 @@ func (p *parser) subscript(at pos, obj expr) (expr, error) {
 func (p *parser) args() ([]expr, []kwarg, error) {
 	var args []expr
 	var kwargs []kwarg
-	for !p.isOp(")") {
-		if len(args)+len(kwargs) > 0 {
-			if err := p.expectOp(","); err != nil {
-				return nil, nil, err
-			}
-			if p.isOp(")") {
-				break
-			}
-		}
+	err := p.commaList(")", func() error {
 		t := p.peek()
 		if t.kind == tName && p.toks[p.i+1].kind == tOp && p.toks[p.i+1].val == "=" {
 			p.i += 2
 			x, err := p.expr()
 			if err != nil {
-				return nil, nil, err
+				return err
 			}
 			kwargs = append(kwargs, kwarg{t.val, x})
-			continue
+			return nil
 		}
 		if len(kwargs) > 0 {
-			return nil, nil, errAt(t.pos, "positional argument after keyword argument")
+			return errAt(t.pos, "positional argument after keyword argument")
 		}
 		x, err := p.expr()
 		if err != nil {
-			return nil, nil, err
+			return err
 		}
 		args = append(args, x)
+		return nil
+	})
+	return args, kwargs, err
+}
+
+// commaList parses items separated by commas (a trailing one allowed) up to and including
+// the closing operator.
+func (p *parser) commaList(close string, item func() error) error {
+	for n := 0; !p.isOp(close); n++ {
+		if n > 0 {
+			if err := p.expectOp(","); err != nil {
+				return err
+			}
+			if p.isOp(close) {
+				break
+			}
+		}
+		if err := item(); err != nil {
+			return err
+		}
 	}
 	p.next()
-	return args, kwargs, nil
+	return nil
 }
 
 func (p *parser) filters(x expr) (expr, error) {
@@ -846,50 +858,27 @@ func (p *parser) primary() (expr, error) {
 			return x, p.expectOp(")")
 		case "[":
 			l := &listExpr{p: t.pos}
-			for !p.isOp("]") {
-				if len(l.items) > 0 {
-					if err := p.expectOp(","); err != nil {
-						return nil, err
-					}
-					if p.isOp("]") {
-						break
-					}
-				}
+			err := p.commaList("]", func() error {
 				x, err := p.expr()
-				if err != nil {
-					return nil, err
-				}
 				l.items = append(l.items, x)
-			}
-			p.next()
-			return l, nil
+				return err
+			})
+			return l, err
 		case "{":
 			d := &dictExpr{p: t.pos}
-			for !p.isOp("}") {
-				if len(d.keys) > 0 {
-					if err := p.expectOp(","); err != nil {
-						return nil, err
-					}
-					if p.isOp("}") {
-						break
-					}
-				}
+			err := p.commaList("}", func() error {
 				k, err := p.expr()
 				if err != nil {
-					return nil, err
+					return err
 				}
 				if err := p.expectOp(":"); err != nil {
-					return nil, err
+					return err
 				}
 				v, err := p.expr()
-				if err != nil {
-					return nil, err
-				}
-				d.keys = append(d.keys, k)
-				d.vals = append(d.vals, v)
-			}
-			p.next()
-			return d, nil
+				d.keys, d.vals = append(d.keys, k), append(d.vals, v)
+				return err
+			})
+			return d, err
 		}
 	}
 	return nil, errAt(t.pos, "unexpected %s", describe(t))

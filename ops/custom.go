@@ -75,18 +75,11 @@ func init() {
 		if a.WDtype != "f32" && a.WDtype != "bf16" {
 			return nil, fmt.Errorf("weight dtype %q is not f32 or bf16", a.WDtype)
 		}
-		return RunnerFunc(a.run), nil
+		return named("row_renorm", a.run), nil
 	})
 }
 
 func (a RenormAttrs) run(args []Arg, l Launch) error {
-	if err := a.runErr(args, l); err != nil {
-		return fmt.Errorf("row_renorm: %w", err)
-	}
-	return nil
-}
-
-func (a RenormAttrs) runErr(args []Arg, l Launch) error {
 	rows, h := l.Grid[0], a.Hidden
 	wsize, err := dtypeSize(a.WDtype)
 	if err != nil {

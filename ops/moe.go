@@ -140,17 +140,6 @@ func init() {
 		}
 		return RunnerFunc(a.run), nil
 	})
-	Register("moe_gate_up", func(attrs []byte) (Runner, error) {
-		var a MoEAttrs
-		if err := DecodeAttrs(attrs, &a); err != nil {
-			return nil, err
-		}
-		ws, err := a.check()
-		if err != nil {
-			return nil, err
-		}
-		return RunnerFunc(func(args []Arg, l Launch) error { return a.gateUp(args, l, ws) }), nil
-	})
 	Register("moe_combine", func(attrs []byte) (Runner, error) {
 		var a MoECombineAttrs
 		if err := DecodeAttrs(attrs, &a); err != nil {
@@ -164,17 +153,22 @@ func init() {
 		}
 		return RunnerFunc(a.run), nil
 	})
-	Register("moe_down", func(attrs []byte) (Runner, error) {
-		var a MoEAttrs
-		if err := DecodeAttrs(attrs, &a); err != nil {
-			return nil, err
-		}
-		ws, err := a.check()
-		if err != nil {
-			return nil, err
-		}
-		return RunnerFunc(func(args []Arg, l Launch) error { return a.down(args, l, ws) }), nil
-	})
+	// The grouped expert kernels share their attributes and checks.
+	for name, run := range map[string]func(MoEAttrs, []Arg, Launch, int) error{
+		"moe_gate_up": MoEAttrs.gateUp, "moe_down": MoEAttrs.down,
+	} {
+		Register(name, func(attrs []byte) (Runner, error) {
+			var a MoEAttrs
+			if err := DecodeAttrs(attrs, &a); err != nil {
+				return nil, err
+			}
+			ws, err := a.check()
+			if err != nil {
+				return nil, err
+			}
+			return RunnerFunc(func(args []Arg, l Launch) error { return run(a, args, l, ws) }), nil
+		})
+	}
 }
 
 func (a MoERouterAttrs) run(args []Arg, l Launch) error {

@@ -65,6 +65,16 @@ type RunnerFunc func(args []Arg, l Launch) error
 // Run calls f.
 func (f RunnerFunc) Run(args []Arg, l Launch) error { return f(args, l) }
 
+// named is f with its errors prefixed by op, for runners whose messages do not name it.
+func named(op string, f RunnerFunc) RunnerFunc {
+	return func(args []Arg, l Launch) error {
+		if err := f(args, l); err != nil {
+			return fmt.Errorf("%s: %w", op, err)
+		}
+		return nil
+	}
+}
+
 // Builder makes a Runner from an op's JSON attributes.
 type Builder func(attrs []byte) (Runner, error)
 

@@ -41,7 +41,7 @@ func init() {
 		default:
 			return nil, fmt.Errorf("load %q with vocab %d and %d delta ops", a.Load, a.Vocab, len(a.DeltaOps))
 		}
-		return RunnerFunc(a.run), nil
+		return named("row_norm", a.run), nil
 	})
 	Register("silu_mul", func(attrs []byte) (Runner, error) {
 		var a SiluMulAttrs
@@ -76,13 +76,6 @@ func (a RowNormAttrs) weights(arg Arg) weights {
 }
 
 func (a RowNormAttrs) run(args []Arg, l Launch) error {
-	if err := a.runErr(args, l); err != nil {
-		return fmt.Errorf("row_norm: %w", err)
-	}
-	return nil
-}
-
-func (a RowNormAttrs) runErr(args []Arg, l Launch) error {
 	rows, h := l.Grid[0], a.Hidden
 	wsize, err := dtypeSize(a.WDtype)
 	if err != nil {
