@@ -616,7 +616,7 @@ func (t *tb) moe(l int) {
 		"act": buf("act.moe_act"), "w": lb("experts_down"), "y": buf("act.delta")}), nil)
 }
 
-// moeDense runs layer l's experts densely (Options.MoE "dense"): expert e's gate/up GEMM,
+// moeDense runs layer l's experts densely (Options.MoE "dense", the default): expert e's gate/up GEMM,
 // SiLU-gate and down GEMM over every row, into its own rows of act.moe_eout, then one kernel
 // sums each row's top-k outputs weighted by the router. The expert weights are the stacked
 // buffers the grouped kernels read, addressed at expert e's offset.

@@ -265,9 +265,10 @@ func TestForwardMatchesFloat64Reference(t *testing.T) {
 		{"llama", SmallModel, driver.Options{}}, {"qwen2", SmallQwen2, driver.Options{}}, {"qwen3", SmallQwen3, driver.Options{}},
 		// Mistral is Llama's forward under another name (no QK-norm here).
 		{"mistral", strings.Replace(SmallQwen3, "family: qwen3", "family: mistral", 1), driver.Options{}},
+		// The prefill chunk (16 rows) runs every expert densely by default, the decode buckets
+		// grouped; --moe grouped runs the expert kernels everywhere.
 		{"mixtral", SmallMixtral, driver.Options{}},
-		// The prefill chunk (16 rows) runs every expert densely, the decode buckets grouped.
-		{"mixtral-dense", SmallMixtral, driver.Options{MoE: "dense"}},
+		{"mixtral-grouped", SmallMixtral, driver.Options{MoE: "grouped"}},
 	} {
 		t.Run(c.name, func(t *testing.T) { checkForwardReference(t, CompileWith(t, c.opt, c.spec)) })
 	}
@@ -381,15 +382,15 @@ func TestMixtralRefusesMlpAct(t *testing.T) {
 	Compile(t, SmallMixtral, captureAt("router_logits", 0, 4))
 }
 
-// TestMixtralDenseExperts: with --moe dense, buckets from 8 rows run every expert as GEMMs
+// TestMixtralDenseExperts: by default (--moe dense), buckets from 8 rows run every expert as GEMMs
 // at its offset in the stacked weights and then one combine per layer; smaller buckets keep
 // the grouped kernels. A batch of 8 generates the same tokens, and steers the router the
 // same way, as with the grouped kernels.
 func TestMixtralDenseExperts(t *testing.T) {
 	spec := strings.Replace(SmallMixtral, "decode_buckets: [1, 2], prefill_chunks: [16], max_seq_len: 64, max_seqs: 2",
 		"decode_buckets: [1, 8], prefill_chunks: [16], max_seq_len: 64, max_seqs: 8", 1)
-	dense := CompileWith(t, driver.Options{MoE: "dense"}, spec, smallSteerMoE)
-	grouped := Compile(t, spec, smallSteerMoE)
+	dense := Compile(t, spec, smallSteerMoE)
+	grouped := CompileWith(t, driver.Options{MoE: "grouped"}, spec, smallSteerMoE)
 	for _, tp := range dense.Templates {
 		combines, experts := 0, 0
 		for _, n := range tp.Nodes {

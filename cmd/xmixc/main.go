@@ -84,7 +84,7 @@ func buildCmd() *cobra.Command {
 	c.Flags().BoolVarP(&quiet, "quiet", "q", false, "no progress output")
 	c.Flags().StringVar(&gemm, "gemm", "tc", "GEMM kernels from 8 rows: tc, tc-staged or cuda-core (for measuring)")
 	c.Flags().StringVar(&attention, "attention", "standard", "attention kernel: standard, or split (flash-decoding, K/V read once per kv head; for measuring)")
-	c.Flags().StringVar(&moe, "moe", "grouped", "Mixtral experts from 8 rows: grouped (expert kernels), or dense (every expert as GEMMs, then a weighted sum; for measuring)")
+	c.Flags().StringVar(&moe, "moe", "", "Mixtral experts in buckets from 8 rows: dense (the default: every expert as a tensor-core GEMM, then a weighted sum of each row's top-k), or grouped (expert kernels that read only the chosen experts, on CUDA cores; for measuring)")
 	c.Flags().IntVar(&tp, "tp", 1, "tensor-parallel degree: shard the model over N ranks (GPUs, or goroutines on the cpu backend)")
 	return c
 }

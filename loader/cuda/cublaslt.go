@@ -179,6 +179,14 @@ func ProbeCublasLt() error {
 }
 
 // call invokes a cuBLASLt function and turns a non-zero cublasStatus_t into an error.
+//
+// uintptrescapes: callers pass pointers converted to uintptr (out-parameters such as &p of
+// cuMemAlloc, host buffers). Without it those may stay on a goroutine stack, which moves when
+// it grows inside the call, and the library writes or reads the old address. The likely cause
+// of one CUDA_ERROR_INVALID_VALUE from cuMemcpyHtoD seen on the H200 in 22 Mixtral loads: a
+// cuMemAlloc that wrote its pointer to the old stack, leaving p zero.
+//
+//go:uintptrescapes
 func (lt *cublasLt) call(name string, args ...uintptr) error {
 	r, _, _ := purego.SyscallN(lt.fn[name], args...)
 	if code := int32(r); code != 0 {

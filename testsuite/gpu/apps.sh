@@ -25,9 +25,10 @@
 # Knobs (env): TIME_BUDGET_S (480), REQUESTS (250), RATE (0, Llama req/s), MX_RATE (0),
 # OUTPUT_LEN (128), RUNS (2 measured rounds), WARMUP (1 discarded round: the paper discards its
 # first runs too), MIN_REQUESTS (12),
-# PROBE_REQUESTS (64, Llama), MX_PROBE_REQUESTS (12), SEED (1), BUCKETS ("1 8"), GRAPH_ITERS (100), PROMPT_LEN (128, phase 1),
-# GRID_PROMPT_LEN (512, the nnsight grid's prompt), NEW_TOKENS (32), MIXTRAL (1), ALL6 (1),
-# MX_BUILD ("", extra xmixc build flags for the Mixtral bundles, e.g. "--moe dense"),
+# PROBE_REQUESTS (64, Llama), MX_PROBE_REQUESTS (64; 12 under-read dense Mixtral 3x), SEED (1), BUCKETS ("1 8"), GRAPH_ITERS (100), PROMPT_LEN (128, phase 1),
+# GRID_PROMPT_LEN (512, the nnsight grid's prompt), NEW_TOKENS (32), LLAMA (1: Llama-3.1-8B with
+# apps 1-6 and the grid; 0 runs Mixtral alone), MIXTRAL (1), ALL6 (1),
+# MX_BUILD ("", extra xmixc build flags for the Mixtral bundles, e.g. "--moe grouped"),
 # PHASES ("offline grid online"), ONLINE_MODELS ("l8 mx": whose online runs), GRACE_S (30), EXTRA_ROUNDS (3), BIN (.dev/gpu), OUT, WORK.
 # Rate 0 (the default) makes every request arrive at once, as vLLM's bench at request rate
 # inf, which the paper's figures used (their TTFTs are seconds). The runs are then saturated
@@ -59,9 +60,9 @@ else
   backend=cuda
 fi
 : "${TIME_BUDGET_S:=480}" "${REQUESTS:=250}" "${RATE:=0}" "${MX_RATE:=0}" "${OUTPUT_LEN:=128}"
-: "${RUNS:=2}" "${WARMUP:=1}" "${MIN_REQUESTS:=12}" "${PROBE_REQUESTS:=64}" "${MX_PROBE_REQUESTS:=12}" "${SEED:=1}"
+: "${RUNS:=2}" "${WARMUP:=1}" "${MIN_REQUESTS:=12}" "${PROBE_REQUESTS:=64}" "${MX_PROBE_REQUESTS:=64}" "${SEED:=1}"
 : "${BUCKETS:=1 8}" "${GRAPH_ITERS:=100}" "${PROMPT_LEN:=128}" "${GRID_PROMPT_LEN:=512}" "${NEW_TOKENS:=32}"
-: "${MX_BUILD:=}" "${MIXTRAL:=1}" "${ALL6:=1}" "${PHASES:=offline grid online}" "${ONLINE_MODELS:=l8 mx}" "${GRACE_S:=30}" "${EXTRA_ROUNDS:=3}"
+: "${MX_BUILD:=}" "${LLAMA:=1}" "${MIXTRAL:=1}" "${ALL6:=1}" "${PHASES:=offline grid online}" "${ONLINE_MODELS:=l8 mx}" "${GRACE_S:=30}" "${EXTRA_ROUNDS:=3}"
 buckets_csv=$(echo $BUCKETS | tr ' ' ',')
 max_bucket=$(echo $BUCKETS | tr ' ' '\n' | sort -n | tail -1)
 
@@ -124,9 +125,11 @@ build() { # name model [apps...]
   "$bin/xmixc" build "$@" -q "${embed[@]}" -o "$work/$name.xmb" 2> "$work/build-$name.err" ||
     note "build $name failed: $(tail -c 400 "$work/build-$name.err" | tr '\n' ' ')"
 }
-build l8-bare "$l_model"
-build l8-apps "$l_model" "${l_apps[@]}"
-build l8-grid "$l_model" "${grid_apps[@]}"
+if [ "$LLAMA" = 1 ]; then
+  build l8-bare "$l_model"
+  build l8-apps "$l_model" "${l_apps[@]}"
+  build l8-grid "$l_model" "${grid_apps[@]}"
+fi
 if [ "$MIXTRAL" = 1 ]; then
   build mx-bare "$mx_model" $MX_BUILD
   build mx-apps "$mx_model" "$mx_app" $MX_BUILD
@@ -147,22 +150,26 @@ variant() {
 # xmix bench draws prompts and arrivals from a stream of their own, so every variant (with or
 # without --apps) replays the same workload.
 for phase in offline online; do
-  variant $phase bare l8 bare l8-bare
-  variant $phase deployed l8 deployed l8-apps
-  for a in "${l_names[@]}"; do variant $phase "$a" l8 app l8-apps --apps "$a" --app-fraction 1; done
-  [ "$ALL6" = 1 ] && variant $phase all6 l8 all l8-apps --apps "$all6" --app-fraction 1
+  if [ "$LLAMA" = 1 ]; then
+    variant $phase bare l8 bare l8-bare
+    variant $phase deployed l8 deployed l8-apps
+    for a in "${l_names[@]}"; do variant $phase "$a" l8 app l8-apps --apps "$a" --app-fraction 1; done
+    [ "$ALL6" = 1 ] && variant $phase all6 l8 all l8-apps --apps "$all6" --app-fraction 1
+  fi
   if [ "$MIXTRAL" = 1 ]; then
     variant $phase mx-bare mx bare mx-bare
     variant $phase mx-deployed mx deployed mx-apps
     variant $phase "$mx_name" mx app mx-apps --apps "$mx_name" --app-fraction 1
   fi
 done
-variant grid bare l8 bare l8-bare
-variant grid deployed l8 deployed l8-grid
-for f in "${grid_apps[@]}"; do
-  a=$(app_name "$f")
-  variant grid "$a" l8 app l8-grid --apps "$a" --app-fraction 1
-done
+if [ "$LLAMA" = 1 ]; then
+  variant grid bare l8 bare l8-bare
+  variant grid deployed l8 deployed l8-grid
+  for f in "${grid_apps[@]}"; do
+    a=$(app_name "$f")
+    variant grid "$a" l8 app l8-grid --apps "$a" --app-fraction 1
+  done
+fi
 
 # bench ID TIMEOUT BUNDLE [args]: one `xmix bench` into r/ID.json; its wall time and exit
 # status go to runs.tsv. A failure is noted and the script goes on. TIMEOUT is capped so that
@@ -208,7 +215,7 @@ assemble() {
  "rate": {"l8": $RATE, "mx": $MX_RATE}, "output_len": $OUTPUT_LEN, "runs": $RUNS, "warmup": $WARMUP,
  "min_requests": $MIN_REQUESTS, "probe_requests": {"l8": $PROBE_REQUESTS, "mx": $MX_PROBE_REQUESTS}, "seed": $SEED, "buckets": [$buckets_csv],
  "graph_iters": $GRAPH_ITERS, "prompt_len": $PROMPT_LEN, "grid_prompt_len": $GRID_PROMPT_LEN,
- "new_tokens": $NEW_TOKENS, "mixtral": $MIXTRAL, "mx_build": "$MX_BUILD", "all6": $ALL6, "phases": "$PHASES",
+ "new_tokens": $NEW_TOKENS, "llama": $LLAMA, "mixtral": $MIXTRAL, "mx_build": "$MX_BUILD", "all6": $ALL6, "phases": "$PHASES",
  "grace_s": $GRACE_S, "extra_rounds": $EXTRA_ROUNDS,
  "models": {"l8": "$l_model", "mx": "$mx_model"}, "elapsed_s": $(now)}
 EOF
@@ -230,7 +237,9 @@ for phase in $PHASES; do
   online)
     log "phase 3: online, probes"
     groups=()
-    for g in $ONLINE_MODELS; do [ "$g" != mx ] || [ "$MIXTRAL" = 1 ] && groups+=("$g"); done
+    for g in $ONLINE_MODELS; do
+      { [ "$g" = mx ] && [ "$MIXTRAL" = 1 ]; } || { [ "$g" = l8 ] && [ "$LLAMA" = 1 ]; } && groups+=("$g")
+    done
     declare -A rate=([l8]=$RATE [mx]=$MX_RATE) probe=([l8]=$PROBE_REQUESTS [mx]=$MX_PROBE_REQUESTS)
     for g in "${groups[@]}"; do
       bench "probe-$g" 300 "${v_bundle[online/$([ $g = mx ] && echo mx-bare || echo bare)]}" --online \

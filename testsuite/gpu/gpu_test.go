@@ -171,13 +171,16 @@ func TestCUDAMatchesCPUOnLlama1BCut(t *testing.T) {
 	agreement(t, "llama-3.2-1b-2layers-split-attention", split, []int{791, 4062, 14198, 39935, 35308, 927}, 64, false)
 }
 
-// TestCUDAMatchesCPUOnMixtralDense: the dense expert path (xmixc build --moe dense) on a small
-// Mixtral: its 16-row prefill chunk runs every expert as GEMMs at their offsets in the stacked
-// weights (cuBLASLt or PTX) and the combine kernel; the batch-1 decode keeps the grouped kernels.
-func TestCUDAMatchesCPUOnMixtralDense(t *testing.T) {
+// TestCUDAMatchesCPUOnMixtralExperts: both expert paths on a small Mixtral. Dense (the
+// default): its 16-row prefill chunk runs every expert as GEMMs at their offsets in the stacked
+// weights (cuBLASLt or PTX) and the combine kernel. Grouped (--moe grouped): the expert
+// kernels there too. The batch-1 decode runs the grouped kernels under both.
+func TestCUDAMatchesCPUOnMixtralExperts(t *testing.T) {
 	needGPU(t)
-	b := testsuite.CompileWith(t, driver.Options{MoE: "dense"}, testsuite.SmallMixtral)
-	agreement(t, "small-mixtral-dense-experts", b, []int{72, 101, 108, 108, 111, 32, 119, 111, 114, 108, 100}, 32, false)
+	for _, moe := range []string{"dense", "grouped"} {
+		b := testsuite.CompileWith(t, driver.Options{MoE: moe}, testsuite.SmallMixtral)
+		agreement(t, "small-mixtral-"+moe+"-experts", b, []int{72, 101, 108, 108, 111, 32, 119, 111, 114, 108, 100}, 32, false)
+	}
 }
 
 func repoRoot() (string, error) {

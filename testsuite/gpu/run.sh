@@ -27,7 +27,7 @@ has() { [[ " ${PARTS:-check bench} " == *" $1 "* ]]; }
 "$bin/xmixc" build specs/models/llama-3.1-8b.yaml -q -o "$work/llama-3.1-8b.xmb"
 [ "${GEMM_AB:-1}" = 1 ] && "$bin/xmixc" build specs/models/llama-3.1-8b.yaml --gemm tc-staged -q -o "$work/llama-3.1-8b-staged.xmb"
 [ "${ATTN_AB:-1}" = 1 ] && "$bin/xmixc" build specs/models/llama-3.1-8b.yaml --attention split -q -o "$work/llama-3.1-8b-attnsplit.xmb"
-[ "${MOE_AB:-1}" = 1 ] && "$bin/xmixc" build specs/models/mixtral-8x7b.yaml --moe dense -q -o "$work/mixtral-8x7b-moedense.xmb"
+[ "${MOE_AB:-1}" = 1 ] && "$bin/xmixc" build specs/models/mixtral-8x7b.yaml --moe grouped -q -o "$work/mixtral-8x7b-moegrouped.xmb"
 "$bin/xmixc" build specs/models/qwen3-8b.yaml -q -o "$work/qwen3-8b.xmb"
 "$bin/xmixc" build specs/models/mixtral-8x7b.yaml -q -o "$work/mixtral-8x7b.xmb"
 # The shipped apps' kernels, for ptxas (the checks and benchmarks below use the bundles above).
@@ -89,17 +89,20 @@ if has bench; then
     done
   fi
   if [ "${MOE_AB:-1}" = 1 ]; then
-    # Mixtral experts A/B: grouped expert kernels vs every expert as GEMMs (--moe dense), on
-    # 512-token prompts (prefill_s in results.json) and the decode graph.
-    for m in mixtral-8x7b mixtral-8x7b-moedense; do
+    # Mixtral experts A/B: every expert as GEMMs (the default, --moe dense) vs the grouped
+    # expert kernels (--moe grouped), on 512-token prompts (prefill_s in results.json) and the
+    # decode graph.
+    for m in mixtral-8x7b mixtral-8x7b-moegrouped; do
       for bs in ${MOE_BATCHES:-8 32}; do
         timeout ${BENCH_TIMEOUT:-150} "$bin/xmix" bench "$work/$m.xmb" --backend cuda --prompts $bs --prompt-len 512 --new-tokens 16 \
           --graph-buckets $bs --profile --json -q > "$work/bench-$m-p512-b$bs.json" 2>> "$work/bench.log" || echo "bench $m p512 b$bs failed" >&2
       done
     done
   fi
-  [ "${ONLINE:-1}" = 1 ] && timeout ${ONLINE_TIMEOUT:-300} "$bin/xmix" bench "$work/llama-3.1-8b.xmb" --backend cuda --online --requests ${REQUESTS:-250} --rate ${RATE:-8} --warmup ${WARMUP:-1} --runs ${RUNS:-1} \
-    --json -q > "$work/online-llama-3.1-8b.json" 2>> "$work/bench.log" || echo "online bench failed" >&2
+  if [ "${ONLINE:-1}" = 1 ]; then
+    timeout ${ONLINE_TIMEOUT:-300} "$bin/xmix" bench "$work/llama-3.1-8b.xmb" --backend cuda --online --requests ${REQUESTS:-250} --rate ${RATE:-8} --warmup ${WARMUP:-1} --runs ${RUNS:-1} \
+      --json -q > "$work/online-llama-3.1-8b.json" 2>> "$work/bench.log" || echo "online bench failed" >&2
+  fi
   tail -5 "$work/bench.log" >&2
 fi
 

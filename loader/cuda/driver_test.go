@@ -1,0 +1,65 @@
+package cuda
+
+import (
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// TestUintptrArgumentsEscape: every function of this package that takes ...uintptr forwards
+// pointers converted to uintptr to a C library, so it must carry //go:uintptrescapes (see
+// driver.call); one without it lets the library write to a moved goroutine stack.
+func TestUintptrArgumentsEscape(t *testing.T) {
+	files, err := filepath.Glob("*.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fset := token.NewFileSet()
+	checked := 0
+	for _, f := range files {
+		if strings.HasSuffix(f, "_test.go") {
+			continue
+		}
+		file, err := parser.ParseFile(fset, f, nil, parser.ParseComments)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, d := range file.Decls {
+			fn, ok := d.(*ast.FuncDecl)
+			if !ok || !variadicUintptr(fn.Type.Params) {
+				continue
+			}
+			checked++
+			if fn.Doc == nil || !strings.Contains(rawComments(fn.Doc), "//go:uintptrescapes") {
+				t.Errorf("%s: %s takes ...uintptr without //go:uintptrescapes", fset.Position(fn.Pos()), fn.Name.Name)
+			}
+		}
+	}
+	if checked < 2 {
+		t.Fatalf("found %d functions taking ...uintptr, want the driver's and cuBLASLt's call at least", checked)
+	}
+}
+
+func variadicUintptr(params *ast.FieldList) bool {
+	if params == nil || len(params.List) == 0 {
+		return false
+	}
+	last, ok := params.List[len(params.List)-1].Type.(*ast.Ellipsis)
+	if !ok {
+		return false
+	}
+	id, ok := last.Elt.(*ast.Ident)
+	return ok && id.Name == "uintptr"
+}
+
+// rawComments: directives are left out of CommentGroup.Text.
+func rawComments(g *ast.CommentGroup) string {
+	var b strings.Builder
+	for _, c := range g.List {
+		b.WriteString(c.Text + "\n")
+	}
+	return b.String()
+}
