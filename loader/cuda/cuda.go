@@ -84,9 +84,13 @@ type Backend struct {
 	kernels map[string]bundle.Kernel
 	lt      *cublasLt    // nil: PTX kernels serve every GEMM
 	steps   []stepGraphs // each template's graph variants (variants.go)
-	params  [][]uint64
-	paramP  [][]uintptr
-	closed  bool
+	// outCopies: per template, what of the output arena a step copies back (outputs.go);
+	// outFresh: bytes of each output buffer the last step copied (Read serves those).
+	outCopies [][]outCopy
+	outFresh  map[string]int64
+	params    [][]uint64
+	paramP    [][]uintptr
+	closed    bool
 }
 
 // do runs f on the backend's locked thread and waits for it.
@@ -281,6 +285,7 @@ func (be *Backend) load(b *bundle.Bundle, w *loader.Weights, gemm string, progre
 			be.bufs[name] = a.dev + uintptr(off)
 		}
 	}
+	be.outCopies, be.outFresh = planOutCopies(b, be.out), map[string]int64{}
 	if err := be.loadModules(b); err != nil {
 		return err
 	}
@@ -557,6 +562,7 @@ func (be *Backend) Write(name string, off int64, data []byte) error {
 	if !ok || off < 0 || off+int64(len(data)) > be.sizes[name] {
 		return fmt.Errorf("write to %s: no such buffer or out of its bounds", name)
 	}
+	delete(be.outFresh, name) // an output's host copy no longer matches the device
 	if len(data) == 0 {
 		return nil
 	}
@@ -566,14 +572,16 @@ func (be *Backend) Write(name string, off int64, data []byte) error {
 }
 
 // Read implements loader.Backend: outputs come from the copy made at the end of the last
-// step; other buffers are read from the device.
+// step where that step copied them (outCopies), other bytes are read from the device.
 func (be *Backend) Read(name string, dst []byte) error {
 	if o, ok := be.out.offset[name]; ok {
 		if int64(len(dst)) > be.out.sizes[name] {
 			return fmt.Errorf("read of %s: %d bytes, it has %d", name, len(dst), be.out.sizes[name])
 		}
-		copy(dst, be.out.hostBytes()[o:])
-		return nil
+		if int64(len(dst)) <= be.outFresh[name] {
+			copy(dst, be.out.hostBytes()[o:])
+			return nil
+		}
 	}
 	p, ok := be.bufs[name]
 	if !ok || int64(len(dst)) > be.sizes[name] {
@@ -608,12 +616,25 @@ func (be *Backend) Step(t int) error {
 		if err := d.call("cuGraphLaunch", be.steps[t].execs[be.variant(t)], be.stream); err != nil {
 			return err
 		}
-		if be.out.size > 0 {
-			if err := d.call("cuMemcpyDtoHAsync_v2", uintptr(be.out.host), be.out.dev, uintptr(be.out.size), be.stream); err != nil {
+		any := be.anyMask()
+		clear(be.outFresh)
+		for _, c := range be.outCopies[t] {
+			if !c.wanted(any) {
+				continue
+			}
+			if err := d.call("cuMemcpyDtoHAsync_v2", uintptr(be.out.host)+uintptr(c.off), be.out.dev+uintptr(c.off), uintptr(c.bytes), be.stream); err != nil {
 				return err
 			}
 		}
-		return d.call("cuStreamSynchronize", be.stream)
+		if err := d.call("cuStreamSynchronize", be.stream); err != nil {
+			return err
+		}
+		for _, c := range be.outCopies[t] {
+			if c.wanted(any) {
+				be.outFresh[c.name] = c.bytes
+			}
+		}
+		return nil
 	})
 }
 

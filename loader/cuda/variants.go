@@ -1,10 +1,8 @@
 package cuda
 
 import (
-	"encoding/binary"
 	"fmt"
 	"math/bits"
-	"unsafe"
 
 	"xmix/bundle"
 )
@@ -70,11 +68,10 @@ func variantNodes(all []launch, vbits []uint32, v int) []launch {
 // variant picks the graph of template t for the step's app union in the control arena.
 func (be *Backend) variant(t int) int {
 	g := be.steps[t]
-	off, ok := be.ctl.offset["ctl.any_mask"]
-	if !ok {
+	if _, ok := be.ctl.offset["ctl.any_mask"]; !ok {
 		return 0 // no apps: one variant
 	}
-	any := binary.LittleEndian.Uint32(unsafe.Slice((*byte)(unsafe.Add(be.ctl.host, off)), 4))
+	any := be.anyMask()
 	if any == 0 && g.plain {
 		return len(g.execs) - 1
 	}

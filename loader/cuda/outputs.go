@@ -1,0 +1,68 @@
+package cuda
+
+import (
+	"encoding/binary"
+	"unsafe"
+
+	"xmix/bundle"
+)
+
+// outCopy is one byte range of the output arena that a step copies back to the host: always
+// (bit < 0), or only when some row of the step enables app bit bit.
+//
+// Why not the whole arena: an export buffer holds max_tokens rows (the largest prefill chunk),
+// and a bundle that deploys "capture every layer" has 32 of them, about 270 MB at Llama-3.1-8B
+// sizes. Copying them every step made the host step of such a bundle 1.8x the app-free one's
+// with nothing enabled (H200, apps.sh grid, session 4). The engine reads an export only for
+// the rows of a step whose app is on, and never more rows than the template has.
+type outCopy struct {
+	name       string
+	off, bytes int64
+	bit        int
+}
+
+// planOutCopies lists, per template, the output ranges a step of it may copy back: the first
+// Tokens rows of each export buffer under its app's bit, every other output buffer whole.
+func planOutCopies(b *bundle.Bundle, out arena) [][]outCopy {
+	type owner struct {
+		bit      int
+		rowBytes int64
+	}
+	owners := map[string]owner{}
+	for _, a := range b.Manifest.Apps {
+		for _, x := range a.Exports {
+			owners[x.Buffer] = owner{bit: a.Bit, rowBytes: 4 * int64(x.Width)}
+		}
+	}
+	plan := make([][]outCopy, len(b.Templates))
+	for i, t := range b.Templates {
+		for _, buf := range b.Manifest.Buffers {
+			off, ok := out.offset[buf.Name]
+			if !ok {
+				continue
+			}
+			c := outCopy{name: buf.Name, off: off, bytes: out.sizes[buf.Name], bit: -1}
+			if o, ok := owners[buf.Name]; ok {
+				c.bit = o.bit
+				c.bytes = min(c.bytes, int64(t.Tokens)*o.rowBytes)
+			}
+			plan[i] = append(plan[i], c)
+		}
+	}
+	return plan
+}
+
+// wanted reports whether a step whose rows enable the apps of mask any copies c back.
+func (c outCopy) wanted(any uint32) bool {
+	return c.bit < 0 || any&(1<<uint(c.bit)) != 0
+}
+
+// anyMask is the union of the apps the rows of the next step enable (ctl.any_mask, written by
+// the engine before Step); 0 when the bundle deploys no apps.
+func (be *Backend) anyMask() uint32 {
+	off, ok := be.ctl.offset["ctl.any_mask"]
+	if !ok {
+		return 0
+	}
+	return binary.LittleEndian.Uint32(unsafe.Slice((*byte)(unsafe.Add(be.ctl.host, off)), 4))
+}
