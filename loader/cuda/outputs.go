@@ -11,9 +11,9 @@ import (
 // (bit < 0), or only when some row of the step enables app bit bit.
 //
 // Why not the whole arena: an export buffer holds max_tokens rows (the largest prefill chunk),
-// and a bundle that deploys "capture every layer" has 32 of them, about 270 MB at Llama-3.1-8B
-// sizes. Copying them every step made the host step of such a bundle 1.8x the app-free one's
-// with nothing enabled (H200, apps.sh grid, session 4). The engine reads an export only for
+// and "capture every layer" exports 32 x 4096 floats per row: 270 MB at Llama-3.1-8B sizes
+// with 512-token chunks. Copying that every step made the host step of a bundle deploying it
+// 1.8x the app-free one's with nothing enabled (H200, apps.sh grid, session 4). The engine reads an export only for
 // the rows of a step whose app is on, and never more rows than the template has.
 type outCopy struct {
 	name       string

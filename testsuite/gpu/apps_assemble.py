@@ -7,6 +7,11 @@ GPU machine.
       rounds fit in the S seconds left; prints shell assignments, notes what it cut on stderr.
   apps_assemble.py assemble WORK OUT
       WORK's raw bench outputs -> OUT/apps.json (raw + ratios) and OUT/APPS.md (tables).
+  apps_assemble.py merge WORK OUT RAW:PHASES...
+      One table from several device calls: each RAW (an apps.sh raw.tgz) gives the runs of
+      the named PHASES (comma-separated: offline, grid, online); they are gathered in WORK and
+      assembled into OUT. Every ratio still pairs runs of one call: a model's phase comes
+      from one RAW.
 """
 import argparse
 import datetime
@@ -14,7 +19,9 @@ import glob
 import json
 import os
 import re
+import shutil
 import sys
+import tarfile
 
 from assemble import load  # run.sh's assembler, beside this file
 
@@ -297,7 +304,10 @@ def assemble(work, out):
 
     cpu = cfg.get("backend") == "cpu"
     md = ["# The apps' cost (issue 4)\n\n",
-          f"{res['date']}, {device}. Produced by `testsuite/gpu/apps.sh` in {cfg.get('elapsed_s', '?')} s; "
+          f"{res['date']}, {device}. " + (
+              f"Merged by `apps_assemble.py merge` from {len(cfg['merged_from'])} runs of `testsuite/gpu/apps.sh` "
+              f"({', '.join(cfg['merged_from'])}: each phase of a model from one device call); "
+              if cfg.get("merged_from") else f"Produced by `testsuite/gpu/apps.sh` in {cfg.get('elapsed_s', '?')} s; ") +
           "raw data in apps.json.\n"]
     if cpu:
         md.append("\n**SMOKE run on the CPU backend with stand-in models: these figures say nothing about the GPU.**\n")
@@ -418,6 +428,61 @@ def table(rows, first, label):
     return "".join(out)
 
 
+def merge(work, out, sources):
+    if os.path.exists(work):
+        shutil.rmtree(work)
+    os.makedirs(os.path.join(work, "r"))
+    lines = {"variants.tsv": [], "runs.tsv": [], "notes.txt": []}
+    configs, plan_, phases, device = [], {}, [], None
+    for src in sources:
+        path, _, keep = src.rpartition(":")
+        keep = keep.split(",")
+        tmp = os.path.join(work, "src")
+        shutil.rmtree(tmp, ignore_errors=True)
+        with tarfile.open(path) as t:
+            t.extractall(tmp, filter="data")
+        # An id's phase: offline-*, grid-*, online-r*-* and probe-* (the online phase's probe).
+        def kept(run_id):
+            ph = run_id.split("-", 1)[0]
+            return (ph if ph in ("offline", "grid") else "online") in keep
+        for f in glob.glob(os.path.join(tmp, "r", "*")):
+            if kept(os.path.basename(f)):
+                shutil.copy(f, os.path.join(work, "r"))
+        lines["variants.tsv"] += [l for l in read_lines(os.path.join(tmp, "variants.tsv")) if l.split("\t")[0] in keep]
+        lines["runs.tsv"] += [l for l in read_lines(os.path.join(tmp, "runs.tsv")) if kept(l.split("\t")[0])]
+        # A note on the online phase (its probes, plan and runs) goes with that phase.
+        lines["notes.txt"] += [f"{os.path.basename(path)}: {l}" for l in read_lines(os.path.join(tmp, "notes.txt"))
+                               if "online" in keep or not re.search(r"\bonline\b|probe", l)]
+        # Knobs that differ between the sources are kept per source.
+        c = load(os.path.join(tmp, "config.json")) or {}
+        c.pop("elapsed_s", None)
+        configs.append(c)
+        device = device or " ".join(read_lines(os.path.join(tmp, "device.txt")))
+        phases += [p for p in keep if p not in phases]
+        if "online" in keep:
+            pj = load(os.path.join(tmp, "plan.json")) or {}
+            plan_.setdefault("groups", {}).update(pj.get("groups", {}))
+            for k in ("warmup_rounds", "run_rounds"):
+                if plan_.get(k, pj.get(k)) != pj.get(k):
+                    sys.exit(f"merge: {path} planned {k}={pj.get(k)}, an earlier source {plan_[k]}: its online rows would not compare")
+                plan_[k] = pj.get(k)
+        shutil.rmtree(tmp)
+    for name, ls in lines.items():
+        with open(os.path.join(work, name), "w") as f:
+            f.writelines(l + "\n" for l in dict.fromkeys(ls))
+    keys = dict.fromkeys(k for c in configs for k in c)
+    cfg = {k: configs[0].get(k) if all(c.get(k) == configs[0].get(k) for c in configs) else [c.get(k) for c in configs]
+           for k in keys}
+    cfg.update(phases=" ".join(phases), merged_from=[os.path.basename(x) for x in sources])
+    for name, obj in (("config.json", cfg), ("plan.json", plan_)):
+        with open(os.path.join(work, name), "w") as f:
+            json.dump(obj, f)
+    with open(os.path.join(work, "device.txt"), "w") as f:
+        f.write((device or "unknown") + "\n")
+    os.makedirs(out, exist_ok=True)
+    assemble(work, out)
+
+
 def main():
     ap = argparse.ArgumentParser()
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -433,9 +498,15 @@ def main():
     s = sub.add_parser("assemble")
     s.add_argument("work")
     s.add_argument("out")
+    m = sub.add_parser("merge")
+    m.add_argument("work")
+    m.add_argument("out")
+    m.add_argument("sources", nargs="+", help="RAW.tgz:PHASES (comma-separated)")
     a = ap.parse_args()
     if a.cmd == "plan":
         plan(a)
+    elif a.cmd == "merge":
+        merge(a.work, a.out, a.sources)
     else:
         assemble(a.work, a.out)
 

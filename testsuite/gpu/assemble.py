@@ -105,10 +105,13 @@ def markdown(r):
     s.append("\n## Decode (offline: batch prompts, see results.json for prompt and output lengths)\n\n")
     s.append("Floor = bytes a step must read (weights + KV cache at the mean context) / 4.2 TB/s. "
              "Step = host-measured engine step (control upload, graph replay, readback); graph = bare replays timed with CUDA events.\n\n")
-    s.append("| model | batch | step ms | graph ms | floor ms | % of floor (graph) | % of floor (step) | decode tok/s |\n|---|---|---|---|---|---|---|---|\n")
+    s.append("Prefill s = the whole batch's prompts (batch x prompt tokens), chunk by chunk.\n\n")
+    s.append("| model | batch | prompt tokens | prefill s | step ms | graph ms | floor ms | % of floor (graph) | % of floor (step) | decode tok/s |\n"
+             "|---|---|---|---|---|---|---|---|---|---|\n")
     for model, rows in sorted(r["decode"].items()):
         for x in rows:
-            s.append(f"| {model} | {x['batch']} | {fmt(x['decode_step_ms'])} | {fmt(x['graph_replay_ms'])} | {fmt(x['floor_ms'])} | "
+            s.append(f"| {model} | {x['batch']} | {x.get('prompt_len', '-')} | {fmt(x.get('prefill_s'))} | {fmt(x['decode_step_ms'])} | "
+                     f"{fmt(x['graph_replay_ms'])} | {fmt(x['floor_ms'])} | "
                      f"{fmt(x['pct_of_floor_graph'], '.1f')} | {fmt(x['pct_of_floor_step'], '.1f')} | {fmt(x['decode_tok_per_s'], '.0f')} |\n")
     servers = {}
     for model, rows in r["decode"].items():
