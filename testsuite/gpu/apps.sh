@@ -2,7 +2,11 @@
 # The issue-4 figures: what the seven apps and the nnsight grid rows cost on the GPU. Run on the
 # GPU machine from the repository root with .dev/gpu carried (testsuite/gpu/build.sh first):
 #   run(command="bash testsuite/gpu/apps.sh", carry=[".dev/gpu"])
-# Writes $OUT/apps.json and $OUT/APPS.md (testsuite/gpu/apps_assemble.py). Three phases:
+# Writes $OUT/apps.json and $OUT/APPS.md (testsuite/gpu/apps_assemble.py), and $OUT/raw.tgz:
+# when one device call cannot hold everything, run the phases or models in several calls
+# (PHASES, LLAMA=0, MIXTRAL=0) and join them with
+#   python3 testsuite/gpu/apps_assemble.py merge WORK OUT call1.tgz:offline,grid call2.tgz:online ...
+# Three phases:
 #  1 offline graph replay (low noise): bare replays of decode buckets 1 and 8 (CUDA events),
 #    per variant: bundle with no apps, apps 1-6 deployed and none enabled, each app enabled on
 #    every row, all six; app 7 likewise on Mixtral-8x7B.

@@ -437,10 +437,15 @@ def merge(work, out, sources):
     for src in sources:
         path, _, keep = src.rpartition(":")
         keep = keep.split(",")
+        if not path or not set(keep) <= {"offline", "grid", "online"}:
+            sys.exit(f"merge: {src}: want RAW.tgz:PHASES with PHASES from offline, grid, online (comma-separated)")
         tmp = os.path.join(work, "src")
         shutil.rmtree(tmp, ignore_errors=True)
-        with tarfile.open(path) as t:
-            t.extractall(tmp, filter="data")
+        try:
+            with tarfile.open(path) as t:
+                t.extractall(tmp, filter="data")
+        except (OSError, tarfile.TarError) as e:
+            sys.exit(f"merge: {path}: {e} (give a raw.tgz that apps.sh wrote)")
         # An id's phase: offline-*, grid-*, online-r*-* and probe-* (the online phase's probe).
         def kept(run_id):
             ph = run_id.split("-", 1)[0]
