@@ -7,6 +7,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"unsafe"
 
 	"xmix/bundle"
 )
@@ -74,8 +75,22 @@ func appendF32s(dst []byte, v []float32) []byte {
 
 func getF32s(b []byte) []float32 {
 	v := make([]float32, len(b)/4)
-	for i := range v {
-		v[i] = math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))
-	}
+	decodeF32s(v, b)
 	return v
+}
+
+// hostLittleEndian: Go's float32 in memory is the f32 bytes a bundle's buffers hold.
+var hostLittleEndian = binary.NativeEndian.Uint16([]byte{1, 0}) == 1
+
+// decodeF32s fills dst from the little-endian f32 bytes of src: a plain copy on a
+// little-endian host, where wide exports (capture every layer: 512 KB per row) would
+// otherwise spend the step decoding; a decode elsewhere.
+func decodeF32s(dst []float32, src []byte) {
+	if hostLittleEndian {
+		copy(unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(dst))), 4*len(dst)), src)
+		return
+	}
+	for i := range dst {
+		dst[i] = math.Float32frombits(binary.LittleEndian.Uint32(src[4*i:]))
+	}
 }

@@ -835,6 +835,7 @@ func (e *Engine) run(t bundle.Template, rows []stepRow) error {
 // and Backend.Write is done with its bytes when it returns.
 type stepScratch struct {
 	w       []uint32
+	is      []int
 	f       []float32
 	b       []byte
 	ids     []uint32
@@ -846,6 +847,12 @@ func (sc *stepScratch) words(n int) []uint32 {
 	sc.w = grow(sc.w, n)
 	clear(sc.w)
 	return sc.w
+}
+
+// ints returns n ints, not cleared.
+func (sc *stepScratch) ints(n int) []int {
+	sc.is = grow(sc.is, n)
+	return sc.is
 }
 
 // floats returns n zeroed floats.
@@ -900,13 +907,21 @@ func isEOS(c bundle.ModelConfig, tok int) bool {
 }
 
 // collectExports copies each exported read of the rows that enabled its app. It runs every
-// step on the decode loop's critical path, so a step's reads share two allocations (values
-// and entries) and each output buffer is read once.
+// step on the decode loop's critical path, and an export may be wide (capture every layer:
+// 32 x 4096 floats per row), so each output buffer is read once into the reused scratch
+// bytes and each wanted row is decoded from there straight into one slab that the step's
+// rows share: one allocation for the values, one for the entries, and no row's values keep
+// another's alive.
 func (e *Engine) collectExports(rows []stepRow, n int) error {
 	wants := func(r stepRow, x *exportInfo) bool {
 		return r.s.mask&(1<<uint(x.bit)) != 0 && (!x.samples || r.sample >= 0)
 	}
-	width, count := 0, 0
+	// at[xi]: where export xi's n rows start in the scratch bytes, -1 when no row wants it.
+	at := e.scratch.ints(len(e.exports))
+	for xi := range at {
+		at[xi] = -1
+	}
+	width, count, bytes := 0, 0, 0
 	for _, r := range rows {
 		if r.s.mask&e.exportBits == 0 {
 			continue
@@ -915,38 +930,44 @@ func (e *Engine) collectExports(rows []stepRow, n int) error {
 			if x := &e.exports[xi]; wants(r, x) {
 				width += x.width
 				count++
+				if at[xi] < 0 {
+					at[xi] = bytes
+					bytes += 4 * n * x.width
+				}
 			}
 		}
 	}
-	var vals [][]float32
-	var slab []float32
-	var entries Exports
-	if count > 0 {
-		vals, slab, entries = make([][]float32, len(e.exports)), make([]float32, 0, width), make(Exports, 0, count)
+	if count == 0 {
+		for _, r := range rows {
+			r.s.res.Rows = append(r.s.res.Rows, Row{Pos: r.pos, Token: r.s.tokens[r.pos]})
+		}
+		return nil
 	}
+	raw := e.scratch.bytes(bytes)
+	for xi, x := range e.exports {
+		if at[xi] >= 0 {
+			if err := e.Be.Read(x.buffer, raw[at[xi]:at[xi]+4*n*x.width]); err != nil {
+				return err
+			}
+		}
+	}
+	slab, entries := make([]float32, width), make(Exports, 0, count)
+	next := 0
 	for i, r := range rows {
 		row := Row{Pos: r.pos, Token: r.s.tokens[r.pos]}
-		if r.s.mask&e.exportBits != 0 {
-			first := len(entries)
-			for xi := range e.exports {
-				x := &e.exports[xi]
-				if !wants(r, x) {
-					continue
-				}
-				if vals[xi] == nil {
-					raw := make([]byte, 4*n*x.width)
-					if err := e.Be.Read(x.buffer, raw); err != nil {
-						return err
-					}
-					vals[xi] = getF32s(raw)
-				}
-				at := len(slab)
-				slab = append(slab, vals[xi][i*x.width:(i+1)*x.width]...)
-				entries = append(entries, Export{Name: x.key, Values: slab[at:len(slab):len(slab)]})
+		first := len(entries)
+		for xi := range e.exports {
+			x := &e.exports[xi]
+			if r.s.mask&e.exportBits == 0 || !wants(r, x) {
+				continue
 			}
-			if len(entries) > first {
-				row.Exports = entries[first:len(entries):len(entries)]
-			}
+			v := slab[next : next+x.width : next+x.width]
+			next += x.width
+			decodeF32s(v, raw[at[xi]+4*i*x.width:at[xi]+4*(i+1)*x.width])
+			entries = append(entries, Export{Name: x.key, Values: v})
+		}
+		if len(entries) > first {
+			row.Exports = entries[first:len(entries):len(entries)]
 		}
 		r.s.res.Rows = append(r.s.res.Rows, row)
 	}

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"sort"
 	"testing"
 	"time"
 
@@ -52,6 +53,49 @@ func (be *nullBackend) Close() error   { return nil }
 // per token, or all six; 64 requests of 200 prompt tokens and 128 generated ones (prefill
 // chunks and full decode batches). Reported as host microseconds per step.
 func BenchmarkEngineHostStep(b *testing.B) {
+	bun := compileWithApps(b, "specs/apps/app[1-6]-*.yaml", 6)
+	reqs := func(apps []string) []loader.Request {
+		rng := rand.New(rand.NewPCG(1, 2))
+		var reqs []loader.Request
+		for range 64 {
+			p := make([]int, 200)
+			for i := range p {
+				p[i] = rng.IntN(1000) + 1000
+			}
+			reqs = append(reqs, loader.Request{Prompt: p, Apps: apps, MaxTokens: 128})
+		}
+		return reqs
+	}
+	benchHostSteps(b, bun, reqs, map[string][]string{
+		"none":                nil,
+		"hallucination-probe": {"hallucination-probe"},
+		"all-six":             {"refusal-ablation", "seal", "conditional-refusal", "hallucination-probe", "sake", "side-effect-free"},
+	})
+}
+
+// BenchmarkEngineHostStepWideExport: the same for the nnsight grid bundle (specs/apps/grid)
+// with nothing enabled and with "capture every layer" (32 x 4096 floats per token), on 8
+// requests of 512 prompt tokens and 32 generated ones: the grid rows' shape in
+// testsuite/gpu/apps.sh.
+func BenchmarkEngineHostStepWideExport(b *testing.B) {
+	bun := compileWithApps(b, "specs/apps/grid/*.yaml", 8)
+	reqs := func(apps []string) []loader.Request {
+		var reqs []loader.Request
+		for i := range 8 {
+			p := make([]int, 512)
+			for j := range p {
+				p[j] = 1000 + (i*512+j)%1000
+			}
+			reqs = append(reqs, loader.Request{Prompt: p, Apps: apps, MaxTokens: 32})
+		}
+		return reqs
+	}
+	benchHostSteps(b, bun, reqs, map[string][]string{"none": nil, "capture-all": {"grid-capture-all"}})
+}
+
+// compileWithApps compiles Llama-3.1-8B's spec with the app specs that glob (relative to the
+// repository root) names; want is how many it must find.
+func compileWithApps(b *testing.B, glob string, want int) *bundle.Bundle {
 	read := func(p string) string {
 		s, err := os.ReadFile(filepath.Join("..", p))
 		if err != nil {
@@ -59,24 +103,27 @@ func BenchmarkEngineHostStep(b *testing.B) {
 		}
 		return string(s)
 	}
-	apps, err := filepath.Glob("../specs/apps/app[1-6]-*.yaml")
-	if err != nil || len(apps) != 6 {
-		b.Fatalf("apps %v: %v", apps, err)
+	apps, err := filepath.Glob(filepath.Join("..", glob))
+	if err != nil || len(apps) != want {
+		b.Fatalf("%s: %v (%v), want %d specs", glob, apps, err, want)
 	}
 	var specs []string
 	for _, a := range apps {
 		specs = append(specs, read(a[3:]))
 	}
-	bun := testsuite.Compile(b, read("specs/models/llama-3.1-8b.yaml"), specs...)
-	for _, c := range []struct {
-		name string
-		apps []string
-	}{
-		{"none", nil},
-		{"hallucination-probe", []string{"hallucination-probe"}},
-		{"all-six", []string{"refusal-ablation", "seal", "conditional-refusal", "hallucination-probe", "sake", "side-effect-free"}},
-	} {
-		b.Run(c.name, func(b *testing.B) {
+	return testsuite.Compile(b, read("specs/models/llama-3.1-8b.yaml"), specs...)
+}
+
+// benchHostSteps runs one sub-benchmark per case (the apps every request enables): Generate on
+// a fresh engine over the null backend, reported as host microseconds per step.
+func benchHostSteps(b *testing.B, bun *bundle.Bundle, reqs func(apps []string) []loader.Request, cases map[string][]string) {
+	names := make([]string, 0, len(cases))
+	for name := range cases {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		b.Run(name, func(b *testing.B) {
 			var steps int
 			var host time.Duration
 			for b.Loop() {
@@ -88,18 +135,10 @@ func BenchmarkEngineHostStep(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				rng := rand.New(rand.NewPCG(1, 2))
-				var reqs []loader.Request
-				for range 64 {
-					p := make([]int, 200)
-					for i := range p {
-						p[i] = rng.IntN(1000) + 1000
-					}
-					reqs = append(reqs, loader.Request{Prompt: p, Apps: c.apps, MaxTokens: 128})
-				}
+				rs := reqs(cases[name])
 				runtime.GC() // the last iteration's garbage is not this one's cost
 				start := time.Now()
-				if _, err := eng.Generate(reqs); err != nil {
+				if _, err := eng.Generate(rs); err != nil {
 					b.Fatal(err)
 				}
 				host += time.Since(start)
