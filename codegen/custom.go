@@ -121,12 +121,16 @@ func (c RenormConfig) Launch(rows int) ops.Launch { return rowLaunch(c.Hidden, r
 // Renorm generates out = RMSNorm(resid) * w, the norm half of row_norm (same code, so the
 // same bits). Parameters: resid, w, out, [out_row].
 func Renorm(name string, c RenormConfig) (*Kernel, error) {
+	return named("renorm", name, c, renorm)
+}
+
+func renorm(name string, c RenormConfig) (*Kernel, error) {
 	if c.WDtype != ptx.F32 && c.WDtype != ptx.BF16 {
-		return nil, fmt.Errorf("renorm %s: weight dtype %s is not f32 or bf16", name, c.WDtype)
+		return nil, fmt.Errorf("weight dtype %s is not f32 or bf16", c.WDtype)
 	}
 	r, err := newRowEmitter(name, c.Hidden)
 	if err != nil {
-		return nil, fmt.Errorf("renorm %s: %w", name, err)
+		return nil, err
 	}
 	resid := r.param("resid", ptx.U64)
 	w := r.param("w", ptx.U64)
@@ -136,15 +140,8 @@ func Renorm(name string, c RenormConfig) (*Kernel, error) {
 		outRow = r.param("out_row", ptx.U64)
 	}
 	r.begin()
-	dst := r.row
 	end := r.NewLabel("end")
-	if c.Gather {
-		dst = r.Reg(ptx.U32)
-		r.Emit("ld.global.nc.u32", dst, ptx.Addr{Base: r.elemAddr(outRow, r.row, 4)})
-		skip := r.Reg(ptx.Pred)
-		r.Emit("setp.eq.u32", skip, dst, ptx.Imm(ops.NoRow))
-		r.EmitIf(skip, false, "bra.uni", ptx.Sym(end))
-	}
+	dst := r.outRow(c.Gather, outRow, end)
 	x := r.loadRow(r.ptr(resid, r.row, c.Hidden, 0, ptx.F32, true), nil)
 	r.rmsNorm(x, r.loadRow(r.vecPtr(w, c.WDtype), nil), c.Eps)
 	r.storeRow(r.ptr(out, dst, c.Hidden, 0, ptx.F32, false), x)

@@ -17,6 +17,16 @@ type Kernel struct {
 	Attrs  []byte
 }
 
+// named runs a kernel generator and prefixes its error with the kernel's kind and name, so
+// that the generators themselves say only what is wrong.
+func named[C any](kind, name string, c C, gen func(string, C) (*Kernel, error)) (*Kernel, error) {
+	k, err := gen(name, c)
+	if err != nil {
+		return nil, fmt.Errorf("%s %s: %w", kind, name, err)
+	}
+	return k, nil
+}
+
 // finish prints k as its own module and binds it to reference op `op` with attrs.
 func finish(k *ptx.Kernel, op string, attrs any) (*Kernel, error) {
 	k.Emit("ret")

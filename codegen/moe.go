@@ -52,11 +52,7 @@ func (c RouterConfig) Launch(rows int) ops.Launch { return rowLaunch(c.Experts, 
 // top-k over the E logits in shared memory exactly as ops.Route does. Parameters: x, w, idx,
 // wts, ctl_mask, [ctl_tokens], [ctl_gen], [ctl_seq], [ctl_latch], MI parameters.
 func Router(name string, c RouterConfig) (*Kernel, error) {
-	k, err := router(name, c)
-	if err != nil {
-		return nil, fmt.Errorf("moe_router %s: %w", name, err)
-	}
-	return k, nil
+	return named("moe_router", name, c, router)
 }
 
 func router(name string, c RouterConfig) (*Kernel, error) {

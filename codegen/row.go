@@ -108,6 +108,20 @@ func (r *rowEmitter) begin() {
 	}
 }
 
+// outRow is the row a norm stores to: this block's row, or with gather the row out_row
+// names, jumping to end when that is ops.NoRow (a row whose norm nobody reads).
+func (r *rowEmitter) outRow(gather bool, outRow ptx.Reg, end string) ptx.Reg {
+	if !gather {
+		return r.row
+	}
+	dst := r.Reg(ptx.U32)
+	r.Emit("ld.global.nc.u32", dst, ptx.Addr{Base: r.elemAddr(outRow, r.row, 4)})
+	skip := r.Reg(ptx.Pred)
+	r.Emit("setp.eq.u32", skip, dst, ptx.Imm(ops.NoRow))
+	r.EmitIf(skip, false, "bra.uni", ptx.Sym(end))
+	return dst
+}
+
 // rowPtr addresses this thread's elements of one row: element j is at reg + off +
 // j*threads*size.
 type rowPtr struct {
@@ -262,11 +276,7 @@ func (c RowConfig) MIOps() []MIOp {
 // [tokens, table, resid | resid, delta], w, out, [out_row], ctl_mask, [ctl_tokens],
 // [ctl_gen], MI parameters. A token id >= Vocab embeds as zeros.
 func RowNorm(name string, c RowConfig) (*Kernel, error) {
-	k, err := rowNorm(name, c)
-	if err != nil {
-		return nil, fmt.Errorf("row_norm %s: %w", name, err)
-	}
-	return k, nil
+	return named("row_norm", name, c, rowNorm)
 }
 
 func rowNorm(name string, c RowConfig) (*Kernel, error) {
@@ -336,15 +346,8 @@ func rowNorm(name string, c RowConfig) (*Kernel, error) {
 	mi.emit(r, 1, x, nil)
 	r.storeRow(residPtr, x)
 
-	dst := r.row
 	end := r.NewLabel("end")
-	if c.Gather {
-		dst = r.Reg(ptx.U32)
-		r.Emit("ld.global.nc.u32", dst, ptx.Addr{Base: r.elemAddr(outRow, r.row, 4)})
-		skip := r.Reg(ptx.Pred)
-		r.Emit("setp.eq.u32", skip, dst, ptx.Imm(ops.NoRow))
-		r.EmitIf(skip, false, "bra.uni", ptx.Sym(end))
-	}
+	dst := r.outRow(c.Gather, outRow, end)
 	r.rmsNorm(x, wv, c.Eps)
 	r.fold = nil // the norm ops' projections have no norm after them to hand a sum to
 	mi.emit(r, 2, x, nil)
@@ -379,11 +382,7 @@ const (
 // SiluMul generates act = silu(gate) * up over gu rows [gate | up] of 2*Inter columns, with
 // MI ops on act. Parameters: gu, act, ctl_mask, [ctl_tokens], [ctl_gen], MI parameters.
 func SiluMul(name string, c SiluConfig) (*Kernel, error) {
-	k, err := siluMul(name, c)
-	if err != nil {
-		return nil, fmt.Errorf("silu_mul %s: %w", name, err)
-	}
-	return k, nil
+	return named("silu_mul", name, c, siluMul)
 }
 
 func siluMul(name string, c SiluConfig) (*Kernel, error) {
@@ -484,11 +483,7 @@ func (c MIKernelConfig) Launch(rows int) ops.Launch { return rowLaunch(c.Width, 
 // enabled op changed it; a row none of whose apps is enabled exits after one mask load.
 // Parameters: x, ctl_mask, [ctl_tokens], [ctl_gen], MI parameters.
 func MIKernel(name string, c MIKernelConfig) (*Kernel, error) {
-	k, err := miKernel(name, c)
-	if err != nil {
-		return nil, fmt.Errorf("mi %s: %w", name, err)
-	}
-	return k, nil
+	return named("mi", name, c, miKernel)
 }
 
 func miKernel(name string, c MIKernelConfig) (*Kernel, error) {

@@ -347,11 +347,7 @@ func (c LogitsMIConfig) Launch(samples int) ops.Launch {
 // after loading them when the row enables none of its apps (or is an unused sample).
 // Parameters: x, s_row, then the control and MI parameters as MIKernel takes them.
 func LogitsMI(name string, c LogitsMIConfig) (*Kernel, error) {
-	k, err := logitsMI(name, c)
-	if err != nil {
-		return nil, fmt.Errorf("logits mi %s: %w", name, err)
-	}
-	return k, nil
+	return named("logits mi", name, c, logitsMI)
 }
 
 func logitsMI(name string, c LogitsMIConfig) (*Kernel, error) {

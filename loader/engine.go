@@ -937,12 +937,6 @@ func (e *Engine) collectExports(rows []stepRow, n int) error {
 			}
 		}
 	}
-	if count == 0 {
-		for _, r := range rows {
-			r.s.res.Rows = append(r.s.res.Rows, Row{Pos: r.pos, Token: r.s.tokens[r.pos]})
-		}
-		return nil
-	}
 	raw := e.scratch.bytes(bytes)
 	for xi, x := range e.exports {
 		if at[xi] >= 0 {
@@ -951,23 +945,27 @@ func (e *Engine) collectExports(rows []stepRow, n int) error {
 			}
 		}
 	}
-	slab, entries := make([]float32, width), make(Exports, 0, count)
+	var slab []float32
+	var entries Exports
+	if count > 0 {
+		slab, entries = make([]float32, width), make(Exports, 0, count)
+	}
 	next := 0
 	for i, r := range rows {
 		row := Row{Pos: r.pos, Token: r.s.tokens[r.pos]}
-		first := len(entries)
-		for xi := range e.exports {
-			x := &e.exports[xi]
-			if r.s.mask&e.exportBits == 0 || !wants(r, x) {
-				continue
+		if r.s.mask&e.exportBits != 0 {
+			first := len(entries)
+			for xi := range e.exports {
+				if x := &e.exports[xi]; wants(r, x) {
+					v := slab[next : next+x.width : next+x.width]
+					next += x.width
+					decodeF32s(v, raw[at[xi]+4*i*x.width:at[xi]+4*(i+1)*x.width])
+					entries = append(entries, Export{Name: x.key, Values: v})
+				}
 			}
-			v := slab[next : next+x.width : next+x.width]
-			next += x.width
-			decodeF32s(v, raw[at[xi]+4*i*x.width:at[xi]+4*(i+1)*x.width])
-			entries = append(entries, Export{Name: x.key, Values: v})
-		}
-		if len(entries) > first {
-			row.Exports = entries[first:len(entries):len(entries)]
+			if len(entries) > first {
+				row.Exports = entries[first:len(entries):len(entries)]
+			}
 		}
 		r.s.res.Rows = append(r.s.res.Rows, row)
 	}

@@ -69,11 +69,8 @@ func init() {
 		if err := DecodeAttrs(attrs, &a); err != nil {
 			return nil, err
 		}
-		if a.Hidden <= 0 {
-			return nil, fmt.Errorf("hidden %d", a.Hidden)
-		}
-		if a.WDtype != "f32" && a.WDtype != "bf16" {
-			return nil, fmt.Errorf("weight dtype %q is not f32 or bf16", a.WDtype)
+		if err := checkRow(a.Hidden, a.WDtype); err != nil {
+			return nil, err
 		}
 		return named("row_renorm", a.run), nil
 	})

@@ -20,6 +20,17 @@ type RowNormAttrs struct {
 	NormOps  []MIOp  `json:"norm_ops,omitempty"`
 }
 
+// checkRow checks the attributes every row kernel (row_norm, row_renorm) shares.
+func checkRow(hidden int, wdtype string) error {
+	if hidden <= 0 {
+		return fmt.Errorf("hidden %d", hidden)
+	}
+	if wdtype != "f32" && wdtype != "bf16" {
+		return fmt.Errorf("weight dtype %q is not f32 or bf16", wdtype)
+	}
+	return nil
+}
+
 // NoRow marks a row that a gathered norm skips (out_row[row] == NoRow).
 const NoRow = 0xFFFFFFFF
 
@@ -29,11 +40,8 @@ func init() {
 		if err := DecodeAttrs(attrs, &a); err != nil {
 			return nil, err
 		}
-		if a.Hidden <= 0 {
-			return nil, fmt.Errorf("hidden %d", a.Hidden)
-		}
-		if a.WDtype != "f32" && a.WDtype != "bf16" {
-			return nil, fmt.Errorf("weight dtype %q is not f32 or bf16", a.WDtype)
+		if err := checkRow(a.Hidden, a.WDtype); err != nil {
+			return nil, err
 		}
 		switch {
 		case a.Load == "embed" && a.Vocab > 0 && len(a.DeltaOps) == 0:

@@ -623,16 +623,14 @@ func (be *Backend) Step(t int) error {
 				continue
 			}
 			if err := d.call("cuMemcpyDtoHAsync_v2", uintptr(be.out.host)+uintptr(c.off), be.out.dev+uintptr(c.off), uintptr(c.bytes), be.stream); err != nil {
+				clear(be.outFresh)
 				return err
 			}
+			be.outFresh[c.name] = c.bytes
 		}
 		if err := d.call("cuStreamSynchronize", be.stream); err != nil {
+			clear(be.outFresh) // the copies may not have landed
 			return err
-		}
-		for _, c := range be.outCopies[t] {
-			if c.wanted(any) {
-				be.outFresh[c.name] = c.bytes
-			}
 		}
 		return nil
 	})
