@@ -50,6 +50,21 @@ func (e emitter) param(name string, t ptx.Type) ptx.Reg {
 	return r
 }
 
+// guard makes a kernel a heavy app's (GemmConfig.Guard): a last parameter any_mask, the
+// step's ctl.any_mask, and an exit unless it has a bit of mask. The whole grid leaves
+// together, before any barrier, having read one word. Declared after the kernel's own
+// parameters, so that theirs keep their positions; mask 0 emits nothing.
+func (e emitter) guard(mask uint32) {
+	if mask == 0 {
+		return
+	}
+	any := e.param("any_mask", ptx.U64)
+	w := e.Reg(ptx.U32)
+	e.Emit("ld.global.u32", w, ptx.Addr{Base: any})
+	b := e.op3("and.b32", ptx.U32, w, ptx.Imm(int64(mask)))
+	e.EmitIf(e.cmp("eq", ptx.U32, b, ptx.Imm(0)), false, "exit")
+}
+
 // special reads a special register into a u32 register.
 func (e emitter) special(s ptx.Special) ptx.Reg {
 	r := e.Reg(ptx.U32)

@@ -325,8 +325,11 @@ func (g *gen) declareBuffers() {
 		// and a step that enables no app may run the template's app-free nodes (Plain).
 		g.buf("ctl.any_mask", bundle.KindControl, "u32", []int{1})
 	}
-	if g.hasLens() {
+	if w := g.lensCandWidth(); w > 0 {
+		// The logit lens's scratch (codegen/lens.go): normalised rows, logits, top-k candidates.
+		g.buf("act.lens_x", bundle.KindActivation, "f32", []int{g.maxT, m.Hidden})
 		g.buf("act.lens", bundle.KindActivation, "f32", []int{g.maxT, m.Vocab})
+		g.buf("act.lens_cand", bundle.KindActivation, "f32", []int{g.maxT, w})
 	}
 	// One row per resident sequence plus the padding sequence.
 	g.buf("kv.block_table", bundle.KindControl, "u32", []int{m.MaxSeqs + 1, g.blocks})
@@ -474,13 +477,16 @@ func (g *gen) apps() []bundle.App {
 	return out
 }
 
-func (g *gen) hasLens() bool {
+// lensCandWidth is the widest act.lens_cand row the bundle's logit-lens ops need; 0 when
+// it has none.
+func (g *gen) lensCandWidth() int {
+	w := 0
 	for _, op := range g.p.Ops {
 		if op.Host == passes.HostLens {
-			return true
+			w = max(w, g.lensConfig(op).CandWidth())
 		}
 	}
-	return false
+	return w
 }
 
 // sampleSpace says whether buffer is filled by reads at the logits hook, which write the
@@ -533,8 +539,7 @@ func (g *gen) siteKernelName(op *passes.MIOp) string {
 	case passes.HostLogits:
 		return logitsKernel
 	case passes.HostLens:
-		return g.lensName("logits", LensConfig{Hidden: g.m.Hidden, Vocab: g.m.Vocab, Bit: op.App.Bit, K: op.K,
-			OutCol: op.OutCol, OutWidth: op.OutWidth})
+		return g.lensName("topk", g.lensConfig(op)) // the kernel that writes the op's buffer
 	case passes.HostSampler:
 		return g.sampleKernel([]MIOp{{}})
 	case passes.HostCustom:

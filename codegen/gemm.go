@@ -11,6 +11,7 @@ import (
 type GemmConfig struct {
 	K, N   int
 	WDtype ptx.Type
+	Guard  uint32 // not zero: a heavy app's GEMM, run only when ctl.any_mask has one of these bits
 }
 
 // The decode GEMM gives each warp one output column: lanes stride K with 16-byte loads, and
@@ -37,7 +38,7 @@ func Gemm(name string, c GemmConfig) (*Kernel, error) {
 	}
 	g := gemmGen{emitter: newEmitter(name), c: c}
 	g.emit()
-	return finish(g.Kernel, "gemm", ops.GemmAttrs{K: c.K, N: c.N, WDtype: dt})
+	return finish(g.Kernel, "gemm", ops.GemmAttrs{K: c.K, N: c.N, WDtype: dt, Guard: c.Guard})
 }
 
 type gemmGen struct {
@@ -56,6 +57,7 @@ func (g *gemmGen) emit() {
 	w := g.param("w", ptx.U64)
 	g.y = g.param("y", ptx.U64)
 	rows := g.param("rows", ptx.U32)
+	g.guard(c.Guard)
 	g.vec = 1
 	if v := 16 / c.WDtype.Bytes(); c.K%v == 0 {
 		g.vec = v

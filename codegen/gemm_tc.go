@@ -84,7 +84,7 @@ func gemmTC(name string, c GemmConfig, wc int) (*Kernel, error) {
 	g := tcGen{emitter: newEmitter(name), c: c, wc: wc, wk: tcWarps / wc}
 	g.MaxNTid = 32 * tcWarps
 	g.emit()
-	return finish(g.Kernel, "gemm_tc", ops.GemmTCAttrs{K: c.K, N: c.N})
+	return finish(g.Kernel, "gemm_tc", ops.GemmTCAttrs{K: c.K, N: c.N, Guard: c.Guard})
 }
 
 type tcGen struct {
@@ -106,6 +106,7 @@ func (g *tcGen) emit() {
 	g.w = g.param("w", ptx.U64)
 	g.y = g.param("y", ptx.U64)
 	g.rows = g.param("rows", ptx.U32)
+	g.guard(c.Guard)
 	if g.wk > 1 {
 		g.red = g.DeclareShared("red", ptx.F32, g.wc*8*tcRowTiles*tcRedStride)
 	}

@@ -134,7 +134,7 @@ func gemmTCStaged(name string, c GemmConfig, l tsLayout) (*Kernel, error) {
 	g := tsGen{emitter: newEmitter(name), c: c, l: l}
 	g.MaxNTid = 32 * tsWarps
 	g.emit()
-	return finish(g.Kernel, "gemm_tc", ops.GemmTCAttrs{K: c.K, N: c.N})
+	return finish(g.Kernel, "gemm_tc", ops.GemmTCAttrs{K: c.K, N: c.N, Guard: c.Guard})
 }
 
 type tsGen struct {
@@ -159,6 +159,7 @@ func (g *tsGen) emit() {
 	g.y = g.param("y", ptx.U64)
 	g.rows = g.param("rows", ptx.U32)
 	g.ws = g.param("ws", ptx.U64)
+	g.guard(c.Guard)
 	g.xs = g.DeclareShared("xs", ptx.B32, tcRowTiles*8*tsRowBytes/4)
 	if g.l.splits > 1 {
 		g.flag = g.DeclareShared("ticket", ptx.U32, 1)

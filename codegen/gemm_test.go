@@ -2,9 +2,11 @@ package codegen
 
 import (
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 
+	"xmix/ops"
 	"xmix/ptx"
 )
 
@@ -44,5 +46,47 @@ func TestGemmUsesWideLoads(t *testing.T) {
 	}
 	if _, err := Gemm("g", GemmConfig{K: 8, N: 4, WDtype: ptx.F16}); err == nil {
 		t.Error("f16 weights accepted")
+	}
+}
+
+// TestGemmGuard: a guarded GEMM of each generator computes y when ctl.any_mask has its bit
+// and leaves y as it was when it does not, as its reference does.
+func TestGemmGuard(t *testing.T) {
+	const k, n, rows, bit = 64, 48, 9, uint32(1) << 3
+	cfg := GemmConfig{K: k, N: n, WDtype: ptx.BF16, Guard: bit}
+	plain, err := Gemm("gemm_guard", cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tc, err := GemmTC("gemm_tc_guard", cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	staged, err := GemmTCStaged("gemm_tcs_guard", cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := rand.New(rand.NewPCG(13, 14))
+	for _, c := range []struct {
+		k      *Kernel
+		launch ops.Launch
+		ws     bool
+	}{{plain, cfg.Launch(rows), false}, {tc, cfg.LaunchTC(rows), false}, {staged, cfg.LaunchTCStaged(rows), true}} {
+		if p := c.k.Params[len(c.k.Params)-1].Name; p != "any_mask" {
+			t.Fatalf("%s: last parameter %q, want any_mask", c.k.Name, p)
+		}
+		for _, any := range []uint32{bit | 1, 1} {
+			args := []targ{{name: "x", f32: randF32(r, rows*k, 1)}, {name: "w", bf16: randF32(r, n*k, 1)},
+				{name: "y", f32: fill(rows*n, -3), out: rows * n}, scalarU32("rows", rows)}
+			if c.ws {
+				args = append(args, targ{name: "ws", u32: make([]uint32, max(tsLayoutFor(k, n).workspace(rows, n), 16)/4)})
+			}
+			args = append(args, targ{name: "any_mask", u32: []uint32{any}})
+			checkKernel(t, c.k, c.launch, args)
+			y := emulateVals(t, c.k, c.launch, args)[2]
+			if untouched := !slices.ContainsFunc(y, func(v float32) bool { return v != -3 }); untouched != (any&bit == 0) {
+				t.Fatalf("%s any_mask %b: y untouched %v", c.k.Name, any, untouched)
+			}
+		}
 	}
 }

@@ -3,6 +3,7 @@ package codegen
 import (
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"xmix/ops"
@@ -18,69 +19,120 @@ func fill(n int, v float32) []float32 {
 	return out
 }
 
-// TestLensKernels runs both lens kernels, emulated and on the reference, over rows of which
-// some enable the app, then with the app's bit clear in any_mask: nothing may be written.
+// TestLensKernels runs the lens's norm and top-k kernels, emulated and on their references,
+// over rows of which some enable the app, then with the app's bit clear in any_mask: nothing
+// may be written. The top-k runs over three slices (the last one short), with a tie across a
+// slice boundary, a NaN, -inf logits and a row with fewer than k logits that are not NaN.
 func TestLensKernels(t *testing.T) {
 	const rows, outW = 4, 12
 	r := rand.New(rand.NewPCG(51, 52))
+	c := LensConfig{Hidden: 96, Vocab: 2*lensTopKSlice + 452, Eps: 1e-5, WDtype: ptx.BF16, Bit: 3, K: 5, OutWidth: outW, OutCol: 1}
+	if c.Parts() != 3 {
+		t.Fatalf("%d parts, want 3", c.Parts())
+	}
+	mask := []uint32{1 << 3, 1, 1<<3 | 1, 1 << 3}
 	for _, wdt := range []ptx.Type{ptx.BF16, ptx.F32} {
-		c := LensConfig{Hidden: 96, Vocab: 300, Eps: 1e-5, WDtype: wdt, Bit: 3, K: 5, OutWidth: outW, OutCol: 1}
-		lk, err := LensLogits("lens_logits_test", c)
+		c.WDtype = wdt
+		nk, err := LensNorm("lens_norm_test", c)
 		if err != nil {
 			t.Fatal(err)
 		}
-		tk, err := LensTopK("lens_topk_test", c)
-		if err != nil {
-			t.Fatal(err)
-		}
-		mask := []uint32{1 << 3, 1, 1<<3 | 1, 0}
-		resid := randF32(r, rows*c.Hidden, 2)
-		w, head := randF32(r, c.Hidden, 1), randF32(r, c.Vocab*c.Hidden, 0.2)
-		wa, ha := targ{name: "w", f32: w}, targ{name: "head", f32: head}
+		w := targ{name: "w", f32: randF32(r, c.Hidden, 1)}
 		if wdt == ptx.BF16 {
-			wa, ha = targ{name: "w", bf16: w}, targ{name: "head", bf16: head}
+			w = targ{name: "w", bf16: w.f32}
 		}
-		logits := fill(rows*c.Vocab, -3)
 		for _, any := range []uint32{1<<3 | 1, 1} {
-			la := []targ{{name: "any_mask", u32: []uint32{any}}, {name: "ctl_mask", u32: mask}, {name: "resid", f32: resid},
-				wa, ha, {name: "out", f32: fill(rows*c.Vocab, -3), out: rows * c.Vocab}, scalarU32("rows", rows)}
-			checkKernel(t, lk, c.LogitsLaunch(), la)
-			got := emulateVals(t, lk, c.LogitsLaunch(), la)[5]
-			for i, v := range got {
-				if written := any&(1<<3) != 0 && mask[i/c.Vocab]&(1<<3) != 0; written != (v != -3) {
-					t.Fatalf("any_mask %b: logit %d of row %d is %v (written: %v)", any, i%c.Vocab, i/c.Vocab, v, written)
+			args := []targ{{name: "any_mask", u32: []uint32{any}}, {name: "resid", f32: randF32(r, rows*c.Hidden, 2)}, w,
+				{name: "out", f32: fill(rows*c.Hidden, -3), out: rows * c.Hidden}}
+			checkKernel(t, nk, c.RowsLaunch(rows), args)
+			out := emulate(t, nk, c.RowsLaunch(rows), args)[3]
+			if written := slices.ContainsFunc(out, func(v float32) bool { return v != -3 }); written != (any&(1<<3) != 0) {
+				t.Fatalf("%s any_mask %b: written %v", wdt, any, written)
+			}
+		}
+	}
+
+	pk, err := LensTopKPart("lens_topk_part_test", c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mk, err := LensTopK("lens_topk_test", c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	logits := randF32(r, rows*c.Vocab, 4)
+	logits[lensTopKSlice-1], logits[lensTopKSlice] = 40, 40 // a tie across slices: id 1023 first
+	logits[c.Vocab-1] = 30                                  // the last id of the short slice
+	logits[7] = float32(math.NaN())
+	logits[9], logits[2*lensTopKSlice+5] = float32(math.Inf(-1)), float32(math.Inf(1))
+	row3 := logits[3*c.Vocab : 4*c.Vocab]
+	for i := range row3 {
+		row3[i] = float32(math.NaN())
+	}
+	row3[5], row3[1500], row3[2400] = 1, float32(math.Inf(-1)), 2 // three picks, then nothing left
+	for _, any := range []uint32{1<<3 | 1, 1} {
+		cand := fill(rows*c.CandWidth(), -9)
+		pa := []targ{{name: "any_mask", u32: []uint32{any}}, {name: "ctl_mask", u32: mask},
+			{name: "logits", f32: logits}, {name: "cand", f32: cand, out: len(cand)}}
+		gotCand := emulate(t, pk, c.PartLaunch(rows), pa)[3]
+		wantCand := runRef(t, pk, c.PartLaunch(rows), pa)[3]
+		sameBits(t, "candidates", gotCand, wantCand)
+		out := fill(rows*outW, -9)
+		ma := []targ{{name: "any_mask", u32: []uint32{any}}, {name: "ctl_mask", u32: mask},
+			{name: "cand", f32: wantCand}, {name: "out", f32: out, out: len(out)}}
+		res := emulate(t, mk, c.RowsLaunch(rows), ma)[3]
+		sameBits(t, "top k", res, runRef(t, mk, c.RowsLaunch(rows), ma)[3])
+		for row := range rows {
+			o := res[row*outW : (row+1)*outW]
+			if any&(1<<3) == 0 || mask[row]&(1<<3) == 0 {
+				if slices.ContainsFunc(o, func(v float32) bool { return v != -9 }) {
+					t.Fatalf("any_mask %b: row %d written: %v", any, row, o)
+				}
+				continue
+			}
+			ids, vals := ops.TopK(logits[row*c.Vocab:(row+1)*c.Vocab], c.K)
+			for j := range c.K {
+				if o[1+j] != float32(ids[j]) || o[1+c.K+j] != vals[j] {
+					t.Fatalf("row %d pick %d: id %v logit %v, want %d %v", row, j, o[1+j], o[1+c.K+j], ids[j], vals[j])
 				}
 			}
-			// Top-k over the logits the kernel wrote, with a tie and a NaN planted in row 0.
-			if any&(1<<3) != 0 {
-				logits = got
-				logits[7], logits[8], logits[9] = 40, 40, float32(math.NaN())
+			switch {
+			case row == 0 && (o[1] != float32(2*lensTopKSlice+5) || o[2] != lensTopKSlice-1 || o[3] != lensTopKSlice || o[4] != float32(c.Vocab-1)):
+				t.Fatalf("row 0: ids %v, want +inf at %d, the tie %d, %d, then %d", o[1:1+c.K], 2*lensTopKSlice+5, lensTopKSlice-1, lensTopKSlice, c.Vocab-1)
+			case row == 3 && (o[1] != 2400 || o[2] != 5 || o[3] != 1500 || o[4] != float32(c.Vocab) || o[5] != float32(c.Vocab)):
+				t.Fatalf("row 3: ids %v, want 2400, 5, 1500, then none (%d)", o[1:1+c.K], c.Vocab)
 			}
-			out := fill(rows*outW, -9)
-			ta := []targ{{name: "any_mask", u32: []uint32{any}}, {name: "ctl_mask", u32: mask},
-				{name: "logits", f32: logits}, {name: "out", f32: out, out: len(out)}}
-			checkKernel(t, tk, c.TopKLaunch(rows), ta)
-			res := emulate(t, tk, c.TopKLaunch(rows), ta)[3]
-			for row := range rows {
-				o := res[row*outW : (row+1)*outW]
-				if any&(1<<3) == 0 || mask[row]&(1<<3) == 0 {
-					for _, v := range o {
-						if v != -9 {
-							t.Fatalf("any_mask %b: row %d written: %v", any, row, o)
-						}
-					}
-					continue
-				}
-				ids, vals := ops.TopK(logits[row*c.Vocab:(row+1)*c.Vocab], c.K)
-				for j := range c.K {
-					if o[1+j] != float32(ids[j]) || o[1+c.K+j] != vals[j] {
-						t.Fatalf("row %d pick %d: id %v logit %v, want %d %v", row, j, o[1+j], o[1+c.K+j], ids[j], vals[j])
-					}
-				}
-				if row == 0 && (o[1] != 7 || o[2] != 8) {
-					t.Fatalf("row 0: ids %v, want the tie 7, 8 first", o[1:1+c.K])
-				}
-			}
+		}
+	}
+}
+
+// runRef runs k's reference op over args and returns each buffer's f32 view afterwards.
+func runRef(t *testing.T, k *Kernel, l ops.Launch, args []targ) [][]float32 {
+	t.Helper()
+	ref, err := ops.Build(k.Op, k.Attrs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ra := make([]ops.Arg, len(args))
+	for i, a := range args {
+		ra[i] = ops.Arg{Mem: a.bytesOf(), Bits: a.bits}
+	}
+	if err := ref.Run(ra, l); err != nil {
+		t.Fatalf("%s: reference: %v", k.Name, err)
+	}
+	outs := make([][]float32, len(args))
+	for i, a := range ra {
+		outs[i] = a.F32()
+	}
+	return outs
+}
+
+// sameBits fails unless got and want hold the same bits (NaN included).
+func sameBits(t *testing.T, what string, got, want []float32) {
+	t.Helper()
+	for i := range want {
+		if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+			t.Fatalf("%s[%d]: emulated %v, reference %v", what, i, got[i], want[i])
 		}
 	}
 }

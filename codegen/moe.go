@@ -626,12 +626,12 @@ func (t *tb) moeDense(l int, route slots) {
 	for e := range E {
 		gu := buf(layerBuf(l, "experts_gu"))
 		gu.Offset = int64(e*2*I*H) * ws
-		t.gemmAt(fmt.Sprintf("L%d.e%d.gate_up", l, e), buf("act.xn"), gu, buf("act.moe_gu"), H, 2*I, t.rows)
+		t.gemmAt(fmt.Sprintf("L%d.e%d.gate_up", l, e), buf("act.xn"), gu, buf("act.moe_gu"), GemmConfig{K: H, N: 2 * I, WDtype: g.wdt}, t.rows)
 		t.add(fmt.Sprintf("L%d.e%d.silu_mul", l, e), silu, serr, sc.Launch(t.rows), slots{"gu": buf("act.moe_gu"), "act": buf("act.moe_eact")}, nil)
 		down, out := buf(layerBuf(l, "experts_down")), buf("act.moe_eout")
 		down.Offset = int64(e*H*I) * ws
 		out.Offset = int64(e*g.maxT*H) * 4
-		t.gemmAt(fmt.Sprintf("L%d.e%d.down", l, e), buf("act.moe_eact"), down, out, I, H, t.rows)
+		t.gemmAt(fmt.Sprintf("L%d.e%d.down", l, e), buf("act.moe_eact"), down, out, GemmConfig{K: I, N: H, WDtype: g.wdt}, t.rows)
 	}
 	c := MoECombineConfig{Hidden: H, Experts: E, TopK: g.m.TopK, Stride: g.maxT}
 	name := fmt.Sprintf("moe_combine_h%d_e%d_k%d_s%d", H, E, c.TopK, c.Stride)

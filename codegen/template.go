@@ -257,28 +257,34 @@ func (t *tb) attention(l int, kv slots) {
 const tensorCoreRows = 8
 
 func (t *tb) gemm(label, x string, w bundle.Slot, y string, k, n, rows int) {
-	t.gemmAt(label, buf(x), w, buf(y), k, n, rows)
+	t.gemmAt(label, buf(x), w, buf(y), GemmConfig{K: k, N: n, WDtype: t.g.wdt}, rows)
 }
 
-// gemmAt is gemm with x and y given as slots, which may start inside their buffers.
-func (t *tb) gemmAt(label string, x, w, y bundle.Slot, k, n, rows int) {
+// gemmAt is gemm with x and y given as slots, which may start inside their buffers, and the
+// whole configuration (a guarded GEMM takes ctl.any_mask too).
+func (t *tb) gemmAt(label string, x, w, y bundle.Slot, c GemmConfig, rows int) {
 	g := t.g
-	c := GemmConfig{K: k, N: n, WDtype: g.wdt}
+	k, n := c.K, c.N
 	s := slots{"x": x, "w": w, "y": y, "rows": konst(uint64(rows))}
+	guard := ""
+	if c.Guard != 0 {
+		s["any_mask"] = buf("ctl.any_mask")
+		guard = fmt.Sprintf("_g%x", c.Guard)
+	}
 	if rows >= tensorCoreRows && g.wdt == ptx.BF16 && k%16 == 0 && n%16 == 0 && g.gemmKind != "cuda-core" {
 		if g.gemmKind == "tc-staged" {
-			name := fmt.Sprintf("gemm_tcs_k%d_n%d", k, n)
+			name := fmt.Sprintf("gemm_tcs_k%d_n%d%s", k, n, guard)
 			kern, err := g.kernel(name, func() (*Kernel, error) { return GemmTCStaged(name, c) })
 			s["ws"] = buf("act.gemm_ws")
 			t.add(label, kern, err, c.LaunchTCStaged(rows), s, nil)
 			return
 		}
-		name := fmt.Sprintf("gemm_tc_k%d_n%d", k, n)
+		name := fmt.Sprintf("gemm_tc_k%d_n%d%s", k, n, guard)
 		kern, err := g.kernel(name, func() (*Kernel, error) { return GemmTC(name, c) })
 		t.add(label, kern, err, c.LaunchTC(rows), s, nil)
 		return
 	}
-	name := fmt.Sprintf("gemm_k%d_n%d_%s", k, n, g.wdt)
+	name := fmt.Sprintf("gemm_k%d_n%d_%s%s", k, n, g.wdt, guard)
 	kern, err := g.kernel(name, func() (*Kernel, error) { return Gemm(name, c) })
 	t.add(label, kern, err, c.Launch(rows), s, nil)
 }
@@ -352,9 +358,16 @@ func (t *tb) sampleTail(samples int) {
 	t.add("sample", k, err, smc.Launch(samples), s, nil)
 }
 
-// lensName names op i's two lens kernels: they depend on the app bit and the output columns.
+// lensName names op i's lens kernels: they depend on the app bit and the output columns.
 func (g *gen) lensName(kind string, c LensConfig) string {
 	return fmt.Sprintf("lens_%s_h%d_v%d_b%d_k%d_c%d_w%d", kind, c.Hidden, c.Vocab, c.Bit, c.K, c.OutCol, c.OutWidth)
+}
+
+// lensConfig is a logit-lens op's configuration.
+func (g *gen) lensConfig(op *passes.MIOp) LensConfig {
+	m := g.m
+	return LensConfig{Hidden: m.Hidden, Vocab: m.Vocab, Eps: float32(m.RMSEps), WDtype: g.wdt, Bit: op.App.Bit,
+		K: op.K, OutWidth: op.OutWidth, OutCol: op.OutCol}
 }
 
 // lens emits the heavy logit-lens nodes of the ops at resid_post of layer l: they read
@@ -366,20 +379,29 @@ func (t *tb) lens(l int) {
 		if op.Host != passes.HostLens || op.HostLayer != l {
 			continue
 		}
-		c := LensConfig{Hidden: m.Hidden, Vocab: m.Vocab, Eps: float32(m.RMSEps), WDtype: g.wdt, Bit: op.App.Bit,
-			K: op.K, OutWidth: op.OutWidth, OutCol: op.OutCol}
-		ln, tn := g.lensName("logits", c), g.lensName("topk", c)
-		k, err := g.kernel(ln, func() (*Kernel, error) { return LensLogits(ln, c) })
-		t.add(fmt.Sprintf("L%d.lens_logits.%s", l, op.App.Name), k, err, c.LogitsLaunch(), slots{
-			"any_mask": buf("ctl.any_mask"), "resid": buf("act.resid"), "w": buf("final_norm"),
-			"head": buf(g.lmHead()), "out": buf("act.lens"), "rows": konst(uint64(t.rows)),
+		bit := uint32(1) << op.App.Bit
+		c := g.lensConfig(op)
+		label := func(kind string) string { return fmt.Sprintf("L%d.%s.%s", l, kind, op.App.Name) }
+		name := func(kind string) string { return g.lensName(kind, c) }
+		nn, pn, tn := name("norm"), name("topk_part"), name("topk")
+		k, err := g.kernel(nn, func() (*Kernel, error) { return LensNorm(nn, c) })
+		t.add(label("lens_norm"), k, err, c.RowsLaunch(t.rows), slots{
+			"any_mask": buf("ctl.any_mask"), "resid": buf("act.resid"), "w": buf("final_norm"), "out": buf("act.lens_x"),
 		}, nil)
-		t.skipUnless(1 << op.App.Bit)
+		t.skipUnless(bit)
+		t.gemmAt(label("lens_logits"), buf("act.lens_x"), buf(g.lmHead()), buf("act.lens"),
+			GemmConfig{K: m.Hidden, N: m.Vocab, WDtype: g.wdt, Guard: bit}, t.rows)
+		t.skipUnless(bit)
+		k, err = g.kernel(pn, func() (*Kernel, error) { return LensTopKPart(pn, c) })
+		t.add(label("lens_topk_part"), k, err, c.PartLaunch(t.rows), slots{
+			"any_mask": buf("ctl.any_mask"), "logits": buf("act.lens"), "cand": buf("act.lens_cand"),
+		}, nil)
+		t.skipUnless(bit)
 		k, err = g.kernel(tn, func() (*Kernel, error) { return LensTopK(tn, c) })
-		t.add(fmt.Sprintf("L%d.lens_topk.%s", l, op.App.Name), k, err, c.TopKLaunch(t.rows), slots{
-			"any_mask": buf("ctl.any_mask"), "logits": buf("act.lens"), "out": buf(op.Out),
+		t.add(label("lens_topk"), k, err, c.RowsLaunch(t.rows), slots{
+			"any_mask": buf("ctl.any_mask"), "cand": buf("act.lens_cand"), "out": buf(op.Out),
 		}, nil)
-		t.skipUnless(1 << op.App.Bit)
+		t.skipUnless(bit)
 	}
 }
 

@@ -8,11 +8,27 @@ import (
 func init() { Register("gemm", buildGemm) }
 
 // GemmAttrs configures op "gemm": y[rows,N] = x[rows,K] @ w[N,K]^T, with w stored as WDtype
-// ("f32" or "bf16") and x, y as f32. Parameters: x, w, y (pointers), rows (u32).
+// ("f32" or "bf16") and x, y as f32. Parameters: x, w, y (pointers), rows (u32), and for a
+// guarded GEMM (Guard != 0) any_mask last.
 type GemmAttrs struct {
 	K      int    `json:"k"`
 	N      int    `json:"n"`
 	WDtype string `json:"w_dtype"`
+	Guard  uint32 `json:"guard,omitempty"`
+}
+
+// A guarded GEMM is a heavy app's (the logit lens's LM head): it takes the step's
+// ctl.any_mask as its last parameter and does nothing, y untouched, unless any_mask[0] has a
+// bit of Guard. unguard checks and strips that argument and says whether the GEMM runs.
+func unguard(op string, guard uint32, args []Arg) ([]Arg, bool, error) {
+	if guard == 0 {
+		return args, true, nil
+	}
+	if len(args) == 0 || len(args[len(args)-1].Mem) < 4 {
+		return nil, false, fmt.Errorf("%s: guarded by %#x: the last argument must be any_mask (4 bytes)", op, guard)
+	}
+	last := len(args) - 1
+	return args[:last], args[last].U32()[0]&guard != 0, nil
 }
 
 func buildGemm(attrs []byte) (Runner, error) {
@@ -28,6 +44,10 @@ func buildGemm(attrs []byte) (Runner, error) {
 		return nil, fmt.Errorf("gemm: weights: %w", err)
 	}
 	return RunnerFunc(func(args []Arg, _ Launch) error {
+		args, run, err := unguard("gemm", a.Guard, args)
+		if err != nil || !run {
+			return err
+		}
 		if len(args) != 4 {
 			return fmt.Errorf("gemm: %d arguments, want 4", len(args))
 		}

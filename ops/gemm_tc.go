@@ -9,10 +9,12 @@ func init() { Register("gemm_tc", buildGemmTC) }
 // into hi = bf16(x) and lo = bf16(x - hi) (both rounded to nearest even) and x' = hi + lo
 // carries 16 bits of x's mantissa (and is exact in f32); products are summed in f32, here in
 // the CUDA-core reference's order, on the GPU in the tensor cores'. Parameters: x, w, y
-// (pointers), rows (u32), and for the staged kernel a workspace ws the reference ignores.
+// (pointers), rows (u32), for the staged kernel a workspace ws the reference ignores, and for
+// a guarded GEMM any_mask last (GemmAttrs).
 type GemmTCAttrs struct {
-	K int `json:"k"`
-	N int `json:"n"`
+	K     int    `json:"k"`
+	N     int    `json:"n"`
+	Guard uint32 `json:"guard,omitempty"`
 }
 
 func buildGemmTC(attrs []byte) (Runner, error) {
@@ -24,6 +26,10 @@ func buildGemmTC(attrs []byte) (Runner, error) {
 		return nil, fmt.Errorf("gemm_tc: K=%d N=%d must be positive", a.K, a.N)
 	}
 	return RunnerFunc(func(args []Arg, _ Launch) error {
+		args, run, err := unguard("gemm_tc", a.Guard, args)
+		if err != nil || !run {
+			return err
+		}
 		// The staged kernel takes a split-K workspace as a fifth argument; the math is the same.
 		if len(args) != 4 && len(args) != 5 {
 			return fmt.Errorf("gemm_tc: %d arguments, want 4 (x, w, y, rows) or 5 (+ ws)", len(args))

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"math"
 	"math/rand/v2"
+	"strings"
 	"testing"
 )
 
@@ -121,6 +122,20 @@ func TestDot4IsBitIdenticalToDot(t *testing.T) {
 			if want := dot(rows[i], w); math.Float32bits(got) != math.Float32bits(want) {
 				t.Fatalf("k=%d row %d: dot4 %v, dot %v", k, i, got, want)
 			}
+		}
+	}
+}
+
+// A guarded GEMM takes ctl.any_mask last; without it the call is refused by name.
+func TestGemmGuardNeedsAnyMask(t *testing.T) {
+	for _, op := range []string{"gemm", "gemm_tc"} {
+		r, err := Build(op, EncodeAttrs(GemmAttrs{K: 4, N: 2, WDtype: "bf16", Guard: 8}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = r.Run([]Arg{}, Launch{})
+		if err == nil || !strings.Contains(err.Error(), "the last argument must be any_mask") {
+			t.Errorf("%s without any_mask: %v", op, err)
 		}
 	}
 }

@@ -7,30 +7,34 @@ import (
 )
 
 func init() {
-	Register("lens_logits", func(attrs []byte) (Runner, error) {
-		a, err := decodeLens(attrs)
-		if err != nil {
-			return nil, fmt.Errorf("lens_logits: %w", err)
-		}
-		return RunnerFunc(a.runLogits), nil
-	})
-	Register("lens_topk", func(attrs []byte) (Runner, error) {
-		a, err := decodeLens(attrs)
-		if err != nil {
-			return nil, fmt.Errorf("lens_topk: %w", err)
-		}
-		return RunnerFunc(a.runTopK), nil
-	})
+	for name, run := range map[string]func(LensAttrs, []Arg, Launch) error{
+		"lens_norm": LensAttrs.runNorm, "lens_topk_part": LensAttrs.runTopKPart, "lens_topk": LensAttrs.runTopK,
+	} {
+		Register(name, func(attrs []byte) (Runner, error) {
+			a, err := decodeLens(attrs)
+			if err != nil {
+				return nil, fmt.Errorf("%s: %w", name, err)
+			}
+			return RunnerFunc(func(args []Arg, l Launch) error { return run(a, args, l) }), nil
+		})
+	}
 }
 
-// LensAttrs configure the logit lens's ops. "lens_logits" (parameters any_mask, ctl_mask,
-// resid [rows, Hidden], w [Hidden], head [Vocab, Hidden], out [rows, Vocab], rows) writes,
-// for each row whose mask has Bit, RMSNorm(resid row) * w times the LM head; "lens_topk"
-// (any_mask, ctl_mask, logits [rows, Vocab], out [rows, OutWidth]) writes the row's K
-// largest logits' ids (as f32) at OutCol and the logits at OutCol+K, by logit descending,
-// ties by lower id, NaN never picked, id Vocab and -inf once nothing is left. Both do
-// nothing at all when any_mask[0] lacks Bit. Rows come from the rows parameter and the
-// grid's x respectively.
+// LensAttrs configure the logit lens's ops (codegen/lens.go; the LM head between them is a
+// guarded "gemm" or "gemm_tc"). Each does nothing at all when any_mask[0] lacks Bit; rows
+// come from the grid.
+//   - "lens_norm" (any_mask, resid [rows, Hidden], w [Hidden], out [rows, Hidden]), grid x =
+//     rows: out = RMSNorm(resid row) * w for every row.
+//   - "lens_topk_part" (any_mask, ctl_mask, logits [rows, Vocab], cand [rows, CandWidth]),
+//     grid (Parts, rows): for each row whose mask has Bit, the top K of each Slice of its
+//     logits, slice p's at cand[row][p*K:] (ids, as f32) and cand[row][Parts*K + p*K:]
+//     (logits).
+//   - "lens_topk" (any_mask, ctl_mask, cand, out [rows, OutWidth]), grid x = rows: for each
+//     row whose mask has Bit, the top K of its candidates, ids at OutCol and logits at
+//     OutCol+K.
+//
+// Top K is by logit descending, ties by lower id, NaN never picked, id Vocab and -inf once
+// nothing is left.
 type LensAttrs struct {
 	Hidden   int     `json:"hidden"`
 	Vocab    int     `json:"vocab"`
@@ -40,6 +44,7 @@ type LensAttrs struct {
 	K        int     `json:"k"`
 	OutWidth int     `json:"out_width"`
 	OutCol   int     `json:"out_col"`
+	Slice    int     `json:"slice"`
 }
 
 func decodeLens(attrs []byte) (LensAttrs, error) {
@@ -54,70 +59,105 @@ func decodeLens(attrs []byte) (LensAttrs, error) {
 		return a, fmt.Errorf("weight dtype %q", a.WDtype)
 	case a.K < 1 || a.OutCol < 0 || a.OutCol+2*a.K > a.OutWidth:
 		return a, fmt.Errorf("top %d into columns %d.. of %d", a.K, a.OutCol, a.OutWidth)
+	case a.Slice < 1:
+		return a, fmt.Errorf("top-k slice %d", a.Slice)
 	}
 	return a, nil
 }
 
-func (a LensAttrs) weights(arg Arg) weights {
-	if a.WDtype == "bf16" {
-		return weights{bf16: arg.U16()}
-	}
-	return weights{f32: arg.F32()}
-}
+// Parts is how many slices lens_topk_part cuts a row into; CandWidth is a row of cand.
+func (a LensAttrs) Parts() int     { return (a.Vocab + a.Slice - 1) / a.Slice }
+func (a LensAttrs) CandWidth() int { return 2 * a.Parts() * a.K }
 
-func (a LensAttrs) runLogits(args []Arg, _ Launch) error {
+func (a LensAttrs) on(anyMask Arg) bool { return anyMask.U32()[0]>>a.Bit&1 != 0 }
+
+func (a LensAttrs) runNorm(args []Arg, l Launch) error {
 	ws := 4
 	if a.WDtype == "bf16" {
 		ws = 2
 	}
-	if len(args) != 7 {
-		return fmt.Errorf("lens_logits: %d arguments, want 7", len(args))
-	}
-	rows := args[6].Int()
-	if err := CheckArgs("lens_logits", args[:6], 4, 4*rows, 4*rows*a.Hidden, ws*a.Hidden, ws*a.Vocab*a.Hidden, 4*rows*a.Vocab); err != nil {
+	rows, h := l.Grid[0], a.Hidden
+	if err := CheckArgs("lens_norm", args, 4, 4*rows*h, ws*h, 4*rows*h); err != nil {
 		return err
 	}
-	if args[0].U32()[0]>>a.Bit&1 == 0 {
+	if !a.on(args[0]) {
 		return nil
 	}
-	mask, resid, w, head, out := args[1].U32(), args[2].F32(), a.weights(args[3]), a.weights(args[4]), args[5].F32()
-	h := a.Hidden
-	x := make([]float32, h)
+	w := weights{f32: args[2].F32()}
+	if a.WDtype == "bf16" {
+		w = weights{bf16: args[2].U16()}
+	}
+	resid, out := args[1].F32(), args[3].F32()
+	for r := range rows {
+		x := out[r*h : (r+1)*h]
+		copy(x, resid[r*h:(r+1)*h])
+		rmsNorm(x, w, a.Eps)
+	}
+	return nil
+}
+
+func (a LensAttrs) runTopKPart(args []Arg, l Launch) error {
+	rows, cw := l.Grid[1], a.CandWidth()
+	if err := CheckArgs("lens_topk_part", args, 4, 4*rows, 4*rows*a.Vocab, 4*rows*cw); err != nil {
+		return err
+	}
+	if !a.on(args[0]) {
+		return nil
+	}
+	mask, logits, cand := args[1].U32(), args[2].F32(), args[3].F32()
+	pk := a.Parts() * a.K
 	for r := range rows {
 		if mask[r]>>a.Bit&1 == 0 {
 			continue
 		}
-		copy(x, resid[r*h:(r+1)*h])
-		rmsNorm(x, w, a.Eps)
-		o := out[r*a.Vocab : (r+1)*a.Vocab]
-		ParallelFor(a.Vocab, func(lo, hi int) {
-			for v := lo; v < hi; v++ {
-				var s float64
-				for i, xi := range x {
-					s += float64(xi) * float64(head.at(v*h+i))
+		c := cand[r*cw : (r+1)*cw]
+		for p := range a.Parts() {
+			lo := p * a.Slice
+			n := min(a.Slice, a.Vocab-lo)
+			ids, vals := TopK(logits[r*a.Vocab+lo:r*a.Vocab+lo+n], a.K)
+			for j := range a.K {
+				id := a.Vocab // TopK's "nothing left" is id n
+				if ids[j] < n {
+					id = lo + ids[j]
 				}
-				o[v] = float32(s)
+				c[p*a.K+j], c[pk+p*a.K+j] = float32(id), vals[j]
 			}
-		})
+		}
 	}
 	return nil
 }
 
 func (a LensAttrs) runTopK(args []Arg, l Launch) error {
 	rows := l.Grid[0]
-	if err := CheckArgs("lens_topk", args, 4, 4*rows, 4*rows*a.Vocab, 4*rows*a.OutWidth); err != nil {
+	if err := CheckArgs("lens_topk", args, 4, 4*rows, 4*rows*a.CandWidth(), 4*rows*a.OutWidth); err != nil {
 		return err
 	}
-	if args[0].U32()[0]>>a.Bit&1 == 0 {
+	if !a.on(args[0]) {
 		return nil
 	}
-	mask, logits, out := args[1].U32(), args[2].F32(), args[3].F32()
+	mask, cand, out := args[1].U32(), args[2].F32(), args[3].F32()
+	pk, cw := a.Parts()*a.K, a.CandWidth()
 	for r := range rows {
-		if mask[r]>>a.Bit&1 != 0 {
-			ids, vals := TopK(logits[r*a.Vocab:(r+1)*a.Vocab], a.K)
-			o := out[r*a.OutWidth+a.OutCol:]
-			for j := range a.K {
-				o[j], o[a.K+j] = float32(ids[j]), vals[j]
+		if mask[r]>>a.Bit&1 == 0 {
+			continue
+		}
+		c := cand[r*cw : (r+1)*cw]
+		type pick struct {
+			id int
+			v  float32
+		}
+		ps := make([]pick, 0, pk)
+		for i := range pk {
+			if !isNaN(c[pk+i]) {
+				ps = append(ps, pick{int(c[i]), c[pk+i]})
+			}
+		}
+		sort.Slice(ps, func(i, j int) bool { return ps[i].v > ps[j].v || ps[i].v == ps[j].v && ps[i].id < ps[j].id })
+		o := out[r*a.OutWidth+a.OutCol:]
+		for j := range a.K {
+			o[j], o[a.K+j] = float32(a.Vocab), float32(math.Inf(-1))
+			if j < len(ps) {
+				o[j], o[a.K+j] = float32(ps[j].id), ps[j].v
 			}
 		}
 	}

@@ -261,7 +261,10 @@ func (be *Backend) gemmShape(n bundle.Node) (gemmShape, bool) {
 		return gemmShape{}, false
 	}
 	var a ops.GemmTCAttrs
-	if json.Unmarshal(k.Attrs, &a) != nil || a.K <= 0 || a.N <= 0 || a.K%2 != 0 {
+	// A guarded GEMM (a logit lens's LM head) is only taken when its node is skipped on the
+	// same bits: the library call has no early exit, so the graph variants must leave it
+	// out (prepare checks that they do).
+	if json.Unmarshal(k.Attrs, &a) != nil || a.K <= 0 || a.N <= 0 || a.K%2 != 0 || a.Guard != n.SkipUnless {
 		return gemmShape{}, false
 	}
 	return gemmShape{rows: int(uint32(n.Args[3].Const)), k: a.K, n: a.N}, true

@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"testing"
 
+	"xmix/bundle"
 	"xmix/ops"
 	"xmix/ptx"
 	"xmix/ptx/emu"
@@ -65,5 +66,38 @@ func TestUnknownGemmServerIsAnError(t *testing.T) {
 	_, err := New(nil, nil, Options{Gemm: "cublas"})
 	if err == nil || err.Error() != `unknown GEMM server "cublas": use auto, ptx or cublaslt` {
 		t.Fatalf("got %v", err)
+	}
+}
+
+// cuBLASLt serves the bundle's tensor-core GEMMs; a guarded one (a logit lens's LM head) only
+// when its node is skipped on the guard's bits and those bits have graph variants, since the
+// library call cannot exit early.
+func TestCublasLtTakesGuardedGemmsOnlyWhereVariantsSkipThem(t *testing.T) {
+	attrs := func(guard uint32) []byte { return ops.EncodeAttrs(ops.GemmTCAttrs{K: 64, N: 32, Guard: guard}) }
+	be := &Backend{kernels: map[string]bundle.Kernel{
+		"tc": {Op: "gemm_tc", Attrs: attrs(0)}, "tc_g8": {Op: "gemm_tc", Attrs: attrs(8)}, "gemv": {Op: "gemm", Attrs: attrs(0)},
+	}}
+	args := []bundle.Slot{{Buffer: "x"}, {Buffer: "w"}, {Buffer: "y"}, {Const: 8}, {Buffer: "ctl.any_mask"}}
+	for _, c := range []struct {
+		kernel     string
+		skipUnless uint32
+		variants   uint32
+		want       bool
+	}{
+		{"tc", 0, 0, true},
+		{"gemv", 0, 0, false},     // the CUDA-core kernel is always the bundle's own
+		{"tc_g8", 8, 8 | 2, true}, // left out of every variant without a row enabling app 3
+		{"tc_g8", 8, 2, false},    // past the variant cap: in every graph, needs its early exit
+		{"tc_g8", 0, 0, false},    // guarded but never skipped
+		{"tc", 8, 8, false},       // skipped on bits its kernel does not check
+	} {
+		n := bundle.Node{Kernel: c.kernel, Args: args[:4], SkipUnless: c.skipUnless}
+		if c.kernel == "tc_g8" {
+			n.Args = args
+		}
+		_, shape := be.gemmShape(n)
+		if got := shape && ltMayServe(n, c.variants); got != c.want {
+			t.Errorf("%s skip_unless %#x variants %#x: cuBLASLt serves it %v, want %v", c.kernel, c.skipUnless, c.variants, got, c.want)
+		}
 	}
 }

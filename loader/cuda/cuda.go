@@ -472,8 +472,14 @@ func (be *Backend) capture(nodes []launch) (uintptr, error) {
 	return exec, nil
 }
 
-// prepare resolves a node's kernel and arguments to device addresses.
-func (be *Backend) prepare(n bundle.Node) (launch, error) {
+// ltMayServe says whether cuBLASLt may serve node n of a template whose variant bits
+// (variants.go) OR to variants: a heavy node only when every graph that holds it has a row
+// enabling its app, since the library call has no early exit.
+func ltMayServe(n bundle.Node, variants uint32) bool { return n.SkipUnless&^variants == 0 }
+
+// prepare resolves a node's kernel and arguments to device addresses; variants as
+// ltMayServe takes it.
+func (be *Backend) prepare(n bundle.Node, variants uint32) (launch, error) {
 	f, ok := be.funcs[n.Kernel]
 	if !ok {
 		return launch{}, fmt.Errorf("unknown kernel %s", n.Kernel)
@@ -490,7 +496,12 @@ func (be *Backend) prepare(n bundle.Node) (launch, error) {
 		}
 		vals[i] = uint64(base) + uint64(s.Offset)
 	}
-	l, ok, err := be.ltNode(n, vals)
+	var l *launch
+	var lt bool
+	var err error
+	if ltMayServe(n, variants) {
+		l, lt, err = be.ltNode(n, vals)
+	}
 	switch {
 	case err != nil && be.lt.strict:
 		return launch{}, fmt.Errorf("cuBLASLt: %w", err)
@@ -500,8 +511,10 @@ func (be *Backend) prepare(n bundle.Node) (launch, error) {
 		if be.lt.fallbackErr == nil {
 			be.lt.fallbackErr = fmt.Errorf("node %s: %w", n.Label, err)
 		}
-	case ok:
-		return *l, nil
+	case lt:
+		served := *l // one cuBLASLt launch may serve several nodes of one shape and buffers
+		served.label, served.skipUnless = n.Label, n.SkipUnless
+		return served, nil
 	}
 	return launch{label: n.Label, kernel: n.Kernel, f: f, grid: n.Grid, block: n.Block, shared: n.Shared,
 		params: be.keepParams(vals), skipUnless: n.SkipUnless}, nil

@@ -84,14 +84,14 @@ func (be *Backend) variant(t int) int {
 	return v
 }
 
-// prepareAll prepares a node list's launches.
-func (be *Backend) prepareAll(nodes []bundle.Node) ([]launch, error) {
+// prepareAll prepares a node list's launches (variants as prepare takes it).
+func (be *Backend) prepareAll(nodes []bundle.Node, variants uint32) ([]launch, error) {
 	var all []launch
 	for _, n := range nodes {
 		if n.Collective != nil {
 			return nil, fmt.Errorf("node %s: tensor-parallel collectives need NCCL, which the CUDA backend does not drive yet (run this bundle with --backend cpu, or build it without --tp)", n.Label)
 		}
-		l, err := be.prepare(n)
+		l, err := be.prepare(n, variants)
 		if err != nil {
 			return nil, fmt.Errorf("node %s (kernel %s, grid %v, block %v): %w", n.Label, n.Kernel, n.Grid, n.Block, err)
 		}
@@ -102,17 +102,21 @@ func (be *Backend) prepareAll(nodes []bundle.Node) ([]launch, error) {
 
 // captureVariants prepares template t's nodes and instantiates one graph per variant.
 func (be *Backend) captureVariants(t bundle.Template) (stepGraphs, error) {
-	all, err := be.prepareAll(t.Nodes)
+	g := stepGraphs{bits: variantBits(t), plain: len(t.Plain) > 0}
+	var covered uint32
+	for _, b := range g.bits {
+		covered |= b
+	}
+	all, err := be.prepareAll(t.Nodes, covered)
 	if err != nil {
 		return stepGraphs{}, err
 	}
-	g := stepGraphs{bits: variantBits(t), plain: len(t.Plain) > 0}
 	lists := make([][]launch, 0, 1<<len(g.bits)+1)
 	for v := range 1 << len(g.bits) {
 		lists = append(lists, variantNodes(all, g.bits, v))
 	}
 	if g.plain {
-		plain, err := be.prepareAll(t.Plain)
+		plain, err := be.prepareAll(t.Plain, 0)
 		if err != nil {
 			return stepGraphs{}, fmt.Errorf("plain: %w", err)
 		}
