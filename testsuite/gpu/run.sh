@@ -34,6 +34,7 @@ has() { [[ " ${PARTS:-check bench} " == *" $1 "* ]]; }
 if has check; then
   "$bin/xmixc" build specs/models/llama-3.1-8b.yaml specs/apps/app[1-6]-*.yaml -q -o "$work/llama-3.1-8b-apps1-6.xmb"
   "$bin/xmixc" build specs/models/mixtral-8x7b.yaml specs/apps/app7-steermoe.yaml -q -o "$work/mixtral-8x7b-app7.xmb"
+  "$bin/xmixc" build specs/models/llama-3.1-8b.yaml specs/apps/grid/*.yaml -q -o "$work/llama-3.1-8b-grid.xmb"
 fi
 
 if has check; then
