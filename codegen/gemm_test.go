@@ -54,18 +54,8 @@ func TestGemmUsesWideLoads(t *testing.T) {
 func TestGemmGuard(t *testing.T) {
 	const k, n, rows, bit = 64, 48, 9, uint32(1) << 3
 	cfg := GemmConfig{K: k, N: n, WDtype: ptx.BF16, Guard: bit}
-	plain, err := Gemm("gemm_guard", cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tc, err := GemmTC("gemm_tc_guard", cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	staged, err := GemmTCStaged("gemm_tcs_guard", cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	gen := must(t)
+	plain, tc, staged := gen(Gemm("gemm_guard", cfg)), gen(GemmTC("gemm_tc_guard", cfg)), gen(GemmTCStaged("gemm_tcs_guard", cfg))
 	r := rand.New(rand.NewPCG(13, 14))
 	for _, c := range []struct {
 		k      *Kernel

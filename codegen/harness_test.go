@@ -24,6 +24,18 @@ type targ struct {
 	tol   float64   // relative L2 tolerance for this output (default 1e-5)
 }
 
+// must returns a function that fails t on a generator's error and otherwise returns its
+// kernel: k := must(t)(Gemm(name, c)).
+func must(t *testing.T) func(*Kernel, error) *Kernel {
+	return func(k *Kernel, err error) *Kernel {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return k
+	}
+}
+
 func scalarU32(name string, v uint32) targ { return targ{name: name, bits: uint64(v), isVal: true} }
 func scalarF32(name string, v float32) targ {
 	return targ{name: name, bits: uint64(math.Float32bits(v)), isVal: true}

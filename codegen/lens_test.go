@@ -33,10 +33,7 @@ func TestLensKernels(t *testing.T) {
 	mask := []uint32{1 << 3, 1, 1<<3 | 1, 1 << 3}
 	for _, wdt := range []ptx.Type{ptx.BF16, ptx.F32} {
 		c.WDtype = wdt
-		nk, err := LensNorm("lens_norm_test", c)
-		if err != nil {
-			t.Fatal(err)
-		}
+		nk := must(t)(LensNorm("lens_norm_test", c))
 		w := targ{name: "w", f32: randF32(r, c.Hidden, 1)}
 		if wdt == ptx.BF16 {
 			w = targ{name: "w", bf16: w.f32}
@@ -52,14 +49,7 @@ func TestLensKernels(t *testing.T) {
 		}
 	}
 
-	pk, err := LensTopKPart("lens_topk_part_test", c)
-	if err != nil {
-		t.Fatal(err)
-	}
-	mk, err := LensTopK("lens_topk_test", c)
-	if err != nil {
-		t.Fatal(err)
-	}
+	pk, mk := must(t)(LensTopKPart("lens_topk_part_test", c)), must(t)(LensTopK("lens_topk_test", c))
 	logits := randF32(r, rows*c.Vocab, 4)
 	logits[lensTopKSlice-1], logits[lensTopKSlice] = 40, 40 // a tie across slices: id 1023 first
 	logits[c.Vocab-1] = 30                                  // the last id of the short slice
@@ -75,13 +65,13 @@ func TestLensKernels(t *testing.T) {
 		pa := []targ{{name: "any_mask", u32: []uint32{any}}, {name: "ctl_mask", u32: mask},
 			{name: "logits", f32: logits}, {name: "cand", f32: cand, out: len(cand)}}
 		gotCand := emulate(t, pk, c.PartLaunch(rows), pa)[3]
-		wantCand := runRef(t, pk, c.PartLaunch(rows), pa)[3]
+		wantCand := reference(t, pk, c.PartLaunch(rows), pa)[3]
 		sameBits(t, "candidates", gotCand, wantCand)
 		out := fill(rows*outW, -9)
 		ma := []targ{{name: "any_mask", u32: []uint32{any}}, {name: "ctl_mask", u32: mask},
 			{name: "cand", f32: wantCand}, {name: "out", f32: out, out: len(out)}}
 		res := emulate(t, mk, c.RowsLaunch(rows), ma)[3]
-		sameBits(t, "top k", res, runRef(t, mk, c.RowsLaunch(rows), ma)[3])
+		sameBits(t, "top k", res, reference(t, mk, c.RowsLaunch(rows), ma)[3])
 		for row := range rows {
 			o := res[row*outW : (row+1)*outW]
 			if any&(1<<3) == 0 || mask[row]&(1<<3) == 0 {
@@ -104,27 +94,6 @@ func TestLensKernels(t *testing.T) {
 			}
 		}
 	}
-}
-
-// runRef runs k's reference op over args and returns each buffer's f32 view afterwards.
-func runRef(t *testing.T, k *Kernel, l ops.Launch, args []targ) [][]float32 {
-	t.Helper()
-	ref, err := ops.Build(k.Op, k.Attrs)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ra := make([]ops.Arg, len(args))
-	for i, a := range args {
-		ra[i] = ops.Arg{Mem: a.bytesOf(), Bits: a.bits}
-	}
-	if err := ref.Run(ra, l); err != nil {
-		t.Fatalf("%s: reference: %v", k.Name, err)
-	}
-	outs := make([][]float32, len(args))
-	for i, a := range ra {
-		outs[i] = a.F32()
-	}
-	return outs
 }
 
 // sameBits fails unless got and want hold the same bits (NaN included).
