@@ -177,11 +177,7 @@ func TestAttentionSplitPublic(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		var names []string
-		for _, p := range k.Params {
-			names = append(names, p.Name)
-		}
-		if got := strings.Join(names, ","); got != "qkv,pos,seq,block_table,kcache,vcache,z,ws" {
+		if got := strings.Join(paramNames(k), ","); got != "qkv,pos,seq,block_table,kcache,vcache,z,ws" {
 			t.Errorf("params %s", got)
 		}
 		mod, err := ptx.Parse(k.PTX)

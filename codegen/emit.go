@@ -58,9 +58,7 @@ func (e emitter) guard(mask uint32) {
 	if mask == 0 {
 		return
 	}
-	any := e.param("any_mask", ptx.U64)
-	w := e.Reg(ptx.U32)
-	e.Emit("ld.global.u32", w, ptx.Addr{Base: any})
+	w := loadU32(e, ptx.Addr{Base: e.param("any_mask", ptx.U64)})
 	b := e.op3("and.b32", ptx.U32, w, ptx.Imm(int64(mask)))
 	e.EmitIf(e.cmp("eq", ptx.U32, b, ptx.Imm(0)), false, "exit")
 }

@@ -135,10 +135,7 @@ func TestGemmTCStagedPublic(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var names []string
-	for _, p := range k.Params {
-		names = append(names, p.Name)
-	}
+	names := paramNames(k)
 	if got := strings.Join(names, ","); got != "x,w,y,rows,ws" {
 		t.Errorf("params %s", got)
 	}

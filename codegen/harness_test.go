@@ -24,6 +24,15 @@ type targ struct {
 	tol   float64   // relative L2 tolerance for this output (default 1e-5)
 }
 
+// paramNames lists k's parameter names in order.
+func paramNames(k *Kernel) []string {
+	var names []string
+	for _, p := range k.Params {
+		names = append(names, p.Name)
+	}
+	return names
+}
+
 // must returns a function that fails t on a generator's error and otherwise returns its
 // kernel: k := must(t)(Gemm(name, c)).
 func must(t *testing.T) func(*Kernel, error) *Kernel {

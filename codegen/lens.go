@@ -162,15 +162,19 @@ func lensTopK(name string, c LensConfig, part bool) (*Kernel, error) {
 	e.MaxNTid = lensThreads
 	anyP := e.param("any_mask", ptx.U64)
 	maskP := e.param("ctl_mask", ptx.U64)
-	in := e.param(map[bool]string{true: "logits", false: "cand"}[part], ptx.U64)
-	out := e.param(map[bool]string{true: "cand", false: "out"}[part], ptx.U64)
+	inName, outName, rowDim := "cand", "out", ptx.CtaidX
+	if part {
+		inName, outName, rowDim = "logits", "cand", ptx.CtaidY
+	}
+	in := e.param(inName, ptx.U64)
+	out := e.param(outName, ptx.U64)
 	nw := lensThreads / 32
 	redV := e.DeclareShared("topk_v", ptx.F32, nw+1)
 	redI := e.DeclareShared("topk_i", ptx.U32, nw+1)
 	end := e.NewLabel("end")
 	exitUnless(e, loadU32(e, ptx.Addr{Base: anyP}), c.Bit, end)
 	tid := e.special(ptx.TidX)
-	row := e.special(map[bool]ptx.Special{true: ptx.CtaidY, false: ptx.CtaidX}[part])
+	row := e.special(rowDim)
 	exitUnless(e, loadU32(e, ptx.Addr{Base: e.byteAddr(maskP, row, 4)}), c.Bit, end)
 	pk := c.Parts() * c.K
 	// The items: [lo, hi) of the row's logits, ids their positions (part); or the row's

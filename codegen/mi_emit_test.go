@@ -27,10 +27,7 @@ func TestMIPerRequestControl(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var names []string
-	for _, p := range k.Params {
-		names = append(names, p.Name)
-	}
+	names := paramNames(k)
 	wantNames := []string{"x", "ctl_mask", "ctl_seq", "ctl_latch", "mi0_vec", "mi0_scal", "mi0_g0", "mi1_scal"}
 	if len(names) != len(wantNames) {
 		t.Fatalf("params %v, want %v", names, wantNames)

@@ -512,10 +512,7 @@ func TestMIBindings(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var names []string
-	for _, p := range k.Params {
-		names = append(names, p.Name)
-	}
+	names := paramNames(k)
 	wantParams := "[resid delta w out ctl_mask ctl_tokens ctl_gen mi0_vec mi0_scal mi1_vec mi1_scal mi1_out " +
 		"mi2_vec mi2_scal mi2_g0 mi3_vec mi3_g0 mi4_out]"
 	if fmt.Sprint(names) != wantParams {

@@ -91,7 +91,7 @@ func (a RenormAttrs) run(args []Arg, l Launch) error {
 	if err != nil {
 		return err
 	}
-	w := RowNormAttrs{WDtype: a.WDtype}.weights(wArg)
+	w := viewWeights(a.WDtype, wArg)
 	outArg, err := c.take("out", 0)
 	if err != nil {
 		return err

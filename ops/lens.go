@@ -72,9 +72,9 @@ func (a LensAttrs) CandWidth() int { return 2 * a.Parts() * a.K }
 func (a LensAttrs) on(anyMask Arg) bool { return anyMask.U32()[0]>>a.Bit&1 != 0 }
 
 func (a LensAttrs) runNorm(args []Arg, l Launch) error {
-	ws := 4
-	if a.WDtype == "bf16" {
-		ws = 2
+	ws, err := dtypeSize(a.WDtype)
+	if err != nil {
+		return fmt.Errorf("lens_norm: %w", err)
 	}
 	rows, h := l.Grid[0], a.Hidden
 	if err := CheckArgs("lens_norm", args, 4, 4*rows*h, ws*h, 4*rows*h); err != nil {
@@ -83,11 +83,7 @@ func (a LensAttrs) runNorm(args []Arg, l Launch) error {
 	if !a.on(args[0]) {
 		return nil
 	}
-	w := weights{f32: args[2].F32()}
-	if a.WDtype == "bf16" {
-		w = weights{bf16: args[2].U16()}
-	}
-	resid, out := args[1].F32(), args[3].F32()
+	w, resid, out := viewWeights(a.WDtype, args[2]), args[1].F32(), args[3].F32()
 	for r := range rows {
 		x := out[r*h : (r+1)*h]
 		copy(x, resid[r*h:(r+1)*h])

@@ -76,12 +76,15 @@ func (w weights) at(i int) float32 {
 	return w.f32[i]
 }
 
-func (a RowNormAttrs) weights(arg Arg) weights {
-	if a.WDtype == "bf16" {
+// viewWeights views a weight argument stored as dtype ("bf16", else f32).
+func viewWeights(dtype string, arg Arg) weights {
+	if dtype == "bf16" {
 		return weights{bf16: arg.U16()}
 	}
 	return weights{f32: arg.F32()}
 }
+
+func (a RowNormAttrs) weights(arg Arg) weights { return viewWeights(a.WDtype, arg) }
 
 func (a RowNormAttrs) run(args []Arg, l Launch) error {
 	rows, h := l.Grid[0], a.Hidden

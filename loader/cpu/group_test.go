@@ -55,21 +55,12 @@ func newHub(g *rendezvous.Group, wait time.Duration) *hub {
 // overTCP runs fn as rank 0 with the hub and as every other rank with its spoke, at once.
 func overTCP(t *testing.T, n int, fn func(c exchanger, id int) error) []error {
 	gs := loopback(t, n)
-	errs := make([]error, n)
-	var wg sync.WaitGroup
-	for id := range n {
-		var c exchanger = spoke{gs[id].Links[0]}
+	return concurrently(n, func(id int) exchanger {
 		if id == 0 {
-			c = newHub(gs[0], 5*time.Second)
+			return newHub(gs[0], 5*time.Second)
 		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			errs[id] = fn(c, id)
-		}()
-	}
-	wg.Wait()
-	return errs
+		return spoke{gs[id].Links[0]}
+	}, fn)
 }
 
 // reduceRank is a rank whose one template runs kernel k, then all-reduces 4 floats held in

@@ -11,13 +11,13 @@ import (
 	"xmix/ops"
 )
 
-// onRanks runs fn for every rank of a fresh in-process communicator at once and returns
-// their errors.
-func onRanks(_ *testing.T, n int, fn func(c exchanger, id int) error) []error {
-	c := newComm(n)
+// concurrently runs fn for every rank at once, rank id exchanging through comm(id), and
+// returns their errors.
+func concurrently(n int, comm func(id int) exchanger, fn func(c exchanger, id int) error) []error {
 	errs := make([]error, n)
 	var wg sync.WaitGroup
 	for id := range n {
+		c := comm(id)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -26,6 +26,13 @@ func onRanks(_ *testing.T, n int, fn func(c exchanger, id int) error) []error {
 	}
 	wg.Wait()
 	return errs
+}
+
+// onRanks runs fn for every rank of a fresh in-process communicator at once and returns
+// their errors.
+func onRanks(_ *testing.T, n int, fn func(c exchanger, id int) error) []error {
+	c := newComm(n)
+	return concurrently(n, func(int) exchanger { return c }, fn)
 }
 
 // transports are the two ways ranks exchange: goroutines of one process, and processes

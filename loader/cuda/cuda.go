@@ -496,25 +496,22 @@ func (be *Backend) prepare(n bundle.Node, variants uint32) (launch, error) {
 		}
 		vals[i] = uint64(base) + uint64(s.Offset)
 	}
-	var l *launch
-	var lt bool
-	var err error
 	if ltMayServe(n, variants) {
-		l, lt, err = be.ltNode(n, vals)
-	}
-	switch {
-	case err != nil && be.lt.strict:
-		return launch{}, fmt.Errorf("cuBLASLt: %w", err)
-	case err != nil:
-		// --gemm auto: the bundle's own kernel serves what cuBLASLt refuses.
-		be.lt.fallbacks++
-		if be.lt.fallbackErr == nil {
-			be.lt.fallbackErr = fmt.Errorf("node %s: %w", n.Label, err)
+		l, ok, err := be.ltNode(n, vals)
+		switch {
+		case err != nil && be.lt.strict:
+			return launch{}, fmt.Errorf("cuBLASLt: %w", err)
+		case err != nil:
+			// --gemm auto: the bundle's own kernel serves what cuBLASLt refuses.
+			be.lt.fallbacks++
+			if be.lt.fallbackErr == nil {
+				be.lt.fallbackErr = fmt.Errorf("node %s: %w", n.Label, err)
+			}
+		case ok:
+			served := *l // one cuBLASLt launch may serve several nodes of one shape and buffers
+			served.label, served.skipUnless = n.Label, n.SkipUnless
+			return served, nil
 		}
-	case lt:
-		served := *l // one cuBLASLt launch may serve several nodes of one shape and buffers
-		served.label, served.skipUnless = n.Label, n.SkipUnless
-		return served, nil
 	}
 	return launch{label: n.Label, kernel: n.Kernel, f: f, grid: n.Grid, block: n.Block, shared: n.Shared,
 		params: be.keepParams(vals), skipUnless: n.SkipUnless}, nil
