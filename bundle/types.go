@@ -269,6 +269,26 @@ type Template struct {
 	// enables no app gets exactly what Plain computes, so a backend may run Plain instead of
 	// Nodes for a step in which no row enables an app (ctl.any_mask == 0).
 	Plain []Node `json:"plain,omitempty"`
+	// AttnSplit, when set, says that the template's attention splits each row's context over
+	// up to MaxSplits blocks, and how the host picks the split for a step.
+	AttnSplit *AttnSplit `json:"attn_split,omitempty"`
+}
+
+// AttnSplit is a decode template's run-time context split (codegen/attention.go): before
+// each step the host writes Chunk(the step's longest context) to the u32 control word
+// Buffer; a row of context n then runs in ceil(n/chunk) blocks, and the graph never changes.
+type AttnSplit struct {
+	Buffer    string `json:"buffer"`
+	MaxSplits int    `json:"max_splits"`
+	MinChunk  int    `json:"min_chunk"`
+}
+
+// Chunk is the positions per split for a step whose longest context is maxN: the longest
+// row uses every split the grid has, in multiples of MinChunk (at least MinChunk, so that
+// short contexts do not split at all).
+func (a *AttnSplit) Chunk(maxN int) int {
+	c := (max(maxN, 1) + a.MaxSplits - 1) / a.MaxSplits
+	return (c + a.MinChunk - 1) / a.MinChunk * a.MinChunk
 }
 
 // Node is one kernel launch in a template, or (Collective set, Kernel empty, no launch

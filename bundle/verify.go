@@ -151,6 +151,14 @@ func verifyTemplate(t *Template, kernels map[string]*Kernel, bufBytes map[string
 	if len(t.Plain) > 0 && bufBytes["ctl.any_mask"] == 0 {
 		return fmt.Errorf("plain nodes without a ctl.any_mask buffer to choose them")
 	}
+	if a := t.AttnSplit; a != nil {
+		if a.MaxSplits < 1 || a.MinChunk < 1 {
+			return fmt.Errorf("attention split: max_splits %d, min_chunk %d: want both at least 1", a.MaxSplits, a.MinChunk)
+		}
+		if !controlU32(bufs, a.Buffer) {
+			return fmt.Errorf("attention split: buffer %q is not a u32 control buffer", a.Buffer)
+		}
+	}
 	if err := verifyNodes(t.Nodes, t.Tokens, kernels, bufBytes, bufs, tp); err != nil {
 		return err
 	}
@@ -158,6 +166,16 @@ func verifyTemplate(t *Template, kernels map[string]*Kernel, bufBytes map[string
 		return fmt.Errorf("plain: %w", err)
 	}
 	return nil
+}
+
+// controlU32 reports whether bufs has a u32 control buffer named name.
+func controlU32(bufs []Buffer, name string) bool {
+	for _, b := range bufs {
+		if b.Name == name {
+			return b.Kind == KindControl && b.Dtype == "u32"
+		}
+	}
+	return false
 }
 
 func verifyNodes(nodes []Node, tokens int, kernels map[string]*Kernel, bufBytes map[string]int64, bufs []Buffer, tp int) error {

@@ -27,10 +27,6 @@ type Options struct {
 	// cores, x re-read per block), "tc-staged" (x staged once per block, split-K with a
 	// workspace), "cuda-core" (no tensor cores). For measuring one against another.
 	GEMM string
-	// Attention picks the decode attention kernel: "" or "standard" (one block per row and
-	// query head), "split" (flash-decoding: one block per row, kv head and context split,
-	// K/V read once per kv head; attention_split.go). For measuring one against the other.
-	Attention string
 	// MoE picks how Mixtral buckets of tensorCoreRows rows and more run their experts: "" or
 	// "dense" (every expert over every row as ordinary GEMMs, then a weighted sum of each row's
 	// top-k: E/k times the FLOPs, but the GEMMs run on tensor cores, or cuBLASLt on the GPU),
@@ -52,7 +48,6 @@ type gen struct {
 	kernels  map[string]*Kernel // by the name a template asks for
 	bodies   map[string]*Kernel // by what the kernel is (kernel)
 	gemmKind string
-	attnKind string
 	moeKind  string
 	order    []string
 	bufs     []bundle.Buffer
@@ -65,16 +60,11 @@ type gen struct {
 // and the params section.
 func Generate(p *passes.Program, opt Options) (*bundle.Bundle, error) {
 	m := p.Model
-	g := &gen{p: p, m: m, kernels: map[string]*Kernel{}, bodies: map[string]*Kernel{}, wdt: ptx.BF16, kvdt: ptx.F32, gemmKind: opt.GEMM, attnKind: opt.Attention, moeKind: opt.MoE, tp: max(1, p.TP)}
+	g := &gen{p: p, m: m, kernels: map[string]*Kernel{}, bodies: map[string]*Kernel{}, wdt: ptx.BF16, kvdt: ptx.F32, gemmKind: opt.GEMM, moeKind: opt.MoE, tp: max(1, p.TP)}
 	switch opt.GEMM {
 	case "", "tc", "tc-staged", "cuda-core":
 	default:
 		return nil, fmt.Errorf("GEMM kind %q: use tc, tc-staged or cuda-core", opt.GEMM)
-	}
-	switch opt.Attention {
-	case "", "standard", "split":
-	default:
-		return nil, fmt.Errorf("attention kind %q: use standard or split", opt.Attention)
 	}
 	switch opt.MoE {
 	case "":
@@ -347,14 +337,17 @@ func (g *gen) declareBuffers() {
 		}
 		g.buf("act.gemm_ws", bundle.KindActivation, "u32", []int{max(ws, 16) / 4})
 	}
-	if g.attnKind == "split" {
-		// One workspace serves every layer's attention: they run one after another and each
-		// leaves its counters at zero.
-		ws := 0
-		for _, rows := range append(append([]int(nil), m.DecodeBuckets...), m.PrefillChunks...) {
-			ws = max(ws, g.attnConfig().SplitWorkspaceBytes(rows, g.attnSplits(rows)))
-		}
-		g.buf("act.attn_ws", bundle.KindActivation, "u32", []int{max(ws, 16) / 4})
+	// One split workspace serves every layer's attention: they run one after another and
+	// each leaves its counters at zero. Decode buckets that split read the step's chunk.
+	ws := 0
+	for _, rows := range m.DecodeBuckets {
+		c := g.attnConfig()
+		c.Split = true
+		ws = max(ws, c.SplitWorkspaceBytes(rows, g.attnSplits(rows)))
+	}
+	if ws > 0 {
+		g.buf("act.attn_ws", bundle.KindActivation, "u32", []int{ws / 4})
+		g.buf(attnChunkBuf, bundle.KindControl, "u32", []int{1})
 	}
 	g.buf("act.resid", bundle.KindActivation, "f32", []int{g.maxT, H})
 	g.buf("act.xn", bundle.KindActivation, "f32", []int{g.maxT, H})

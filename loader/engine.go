@@ -795,6 +795,16 @@ func (e *Engine) run(t bundle.Template, rows []stepRow) error {
 			return err
 		}
 	}
+	if a := t.AttnSplit; a != nil {
+		// The decode attention's context split for this step, from its longest context.
+		maxN := 0
+		for _, r := range rows {
+			maxN = max(maxN, r.pos+1)
+		}
+		if err := e.Be.Write(a.Buffer, 0, sc.encode([]uint32{uint32(a.Chunk(maxN))})); err != nil {
+			return err
+		}
+	}
 	if err := e.Be.Step(e.tmplIdx[t.Name]); err != nil {
 		return fmt.Errorf("template %s: %w", t.Name, err)
 	}
