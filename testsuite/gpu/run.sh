@@ -1,15 +1,19 @@
 #!/usr/bin/env bash
 # The GPU checks, run on the GPU machine from the repository root with .dev/gpu carried
 # (see build.sh). Writes $OUT/results.json and $OUT/RESULTS.md; copy them to testsuite/gpu/.
-#   PARTS="check bench" (default both): check = ptxas, CUDA-vs-CPU and MI checks (with PTX and
-#   with cuBLASLt GEMMs), the transformers comparison (HF=0 skips it); bench = offline decode
-#   per batch for each GEMM server, start-to-first-token, the online benchmark (ONLINE=0 skips),
-#   standard vs split attention at a LONG_PROMPT-token context (ATTN_AB=0 skips), Mixtral's
-#   grouped vs dense experts (MOE_AB=0 skips).
+#   PARTS="check bench peer" (default all three): check = ptxas, CUDA-vs-CPU and MI checks
+#   (with PTX and with cuBLASLt GEMMs), the transformers comparison (HF=0 skips it); bench =
+#   offline decode per batch for each GEMM server, start-to-first-token, the online benchmark
+#   (ONLINE=0 skips), Mixtral's grouped vs dense experts (MOE_AB=0 skips); peer = xmix bench and
+#   the compiled PyTorch step (torch_decode.py) on the same shapes, one model after the other:
+#   PEER_MODELS x PEER_PROMPTS x PEER_BATCHES (results.json "peer").
+#   XMIX_BIN names the binaries' folder (default .dev/gpu). OLD_BIN, when set, names another
+#   build's binaries (the code before a change): its bundle and this one's are timed side by
+#   side at AB_SHAPES (prompt:batch) on Llama-3.1-8B (results.json "ab").
 #   The work directory persists while the machine stays warm, so two calls (PARTS=check, then
 #   PARTS=bench) assemble into one results.json.
 set -uo pipefail
-bin=.dev/gpu
+bin=${XMIX_BIN:-.dev/gpu}
 OUT=${OUT:-/tmp/xmix-gpu-out}
 work=/tmp/xmix-gpu
 mkdir -p "$OUT" "$work/ptx"
@@ -21,12 +25,11 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=c
 cat "$work/device.txt" >&2
 
 log "bundles"
-has() { [[ " ${PARTS:-check bench} " == *" $1 "* ]]; }
+has() { [[ " ${PARTS:-check bench peer} " == *" $1 "* ]]; }
 "$bin/xmixc" build specs/models/tiny.yaml specs/apps/tiny-steer.yaml specs/apps/tiny-probe.yaml -q --embed-weights -o "$work/tiny.xmb"
 "$bin/xmixc" build specs/models/llama-3.2-1b.yaml -q -o "$work/llama-3.2-1b.xmb"
 "$bin/xmixc" build specs/models/llama-3.1-8b.yaml -q -o "$work/llama-3.1-8b.xmb"
 [ "${GEMM_AB:-1}" = 1 ] && "$bin/xmixc" build specs/models/llama-3.1-8b.yaml --gemm tc-staged -q -o "$work/llama-3.1-8b-staged.xmb"
-[ "${ATTN_AB:-1}" = 1 ] && "$bin/xmixc" build specs/models/llama-3.1-8b.yaml --attention split -q -o "$work/llama-3.1-8b-attnsplit.xmb"
 [ "${MOE_AB:-1}" = 1 ] && "$bin/xmixc" build specs/models/mixtral-8x7b.yaml --moe grouped -q -o "$work/mixtral-8x7b-moegrouped.xmb"
 "$bin/xmixc" build specs/models/qwen3-8b.yaml -q -o "$work/qwen3-8b.xmb"
 "$bin/xmixc" build specs/models/mixtral-8x7b.yaml -q -o "$work/mixtral-8x7b.xmb"
@@ -80,15 +83,6 @@ if has bench; then
     done
     [ "$gemm" = auto ] && /usr/bin/time -f "%e" -o "$work/ttft-$m.txt" "$bin/xmix" run "$work/$m.xmb" --backend cuda -p x -n 1 -q > /dev/null 2>> "$work/bench.log"
   done
-  if [ "${ATTN_AB:-1}" = 1 ]; then
-    # Attention A/B at a long context: standard vs split (flash-decoding) attention.
-    for m in llama-3.1-8b llama-3.1-8b-attnsplit; do
-      for bs in ${LONG_BATCHES:-1 8}; do
-        timeout ${BENCH_TIMEOUT:-150} "$bin/xmix" bench "$work/$m.xmb" --backend cuda --prompts $bs --prompt-len ${LONG_PROMPT:-1984} --new-tokens 32 \
-          --graph-buckets $bs --profile --json -q > "$work/bench-$m-long${LONG_PROMPT:-1984}-b$bs.json" 2>> "$work/bench.log" || echo "bench $m long b$bs failed" >&2
-      done
-    done
-  fi
   if [ "${MOE_AB:-1}" = 1 ]; then
     # Mixtral experts A/B: every expert as GEMMs (the default, --moe dense) vs the grouped
     # expert kernels (--moe grouped), on 512-token prompts (prefill_s in results.json) and the
@@ -105,6 +99,35 @@ if has bench; then
       --json -q > "$work/online-llama-3.1-8b.json" 2>> "$work/bench.log" || echo "online bench failed" >&2
   fi
   tail -5 "$work/bench.log" >&2
+fi
+
+if has peer; then
+  log "peer: xmix bench and the compiled PyTorch step on the same shapes"
+  for m in ${PEER_MODELS:-llama-3.2-1b llama-3.1-8b}; do
+    shapes=""
+    for p in ${PEER_PROMPTS:-16 512 2048}; do
+      for bs in ${PEER_BATCHES:-1 8 32 128}; do
+        timeout ${BENCH_TIMEOUT:-150} "$bin/xmix" bench "$work/$m.xmb" --backend cuda --prompts $bs --prompt-len $p --new-tokens ${PEER_NEW:-64} \
+          --graph-buckets $bs --profile --json -q > "$work/peer-$m-p$p-b$bs.json" 2>> "$work/bench.log" || echo "peer: xmix $m p$p b$bs failed" >&2
+        shapes="$shapes,$p:$bs"
+      done
+    done
+    RES="$work" PYTHONUNBUFFERED=1 timeout ${PEER_TIMEOUT:-600} python3 testsuite/gpu/torch_decode.py "$m" "${shapes#,}" >&2 || echo "peer: torch $m failed" >&2
+  done
+fi
+
+if [ -n "${OLD_BIN:-}" ]; then
+  log "A/B: this build against $OLD_BIN on Llama-3.1-8B"
+  "$OLD_BIN/xmixc" build specs/models/llama-3.1-8b.yaml -q -o "$work/old-llama-3.1-8b.xmb"
+  for shape in ${AB_SHAPES:-1984:1 1984:8 1984:32 16:128}; do
+    p=${shape%:*} bs=${shape#*:}
+    for v in old new; do
+      b=$bin x="$work/llama-3.1-8b.xmb"
+      [ $v = old ] && b=$OLD_BIN x="$work/old-llama-3.1-8b.xmb"
+      timeout ${BENCH_TIMEOUT:-150} "$b/xmix" bench "$x" --backend cuda --prompts $bs --prompt-len $p --new-tokens 32 \
+        --graph-buckets $bs --profile --json -q > "$work/ab-$v-p$p-b$bs.json" 2>> "$work/bench.log" || echo "A/B: $v p$p b$bs failed" >&2
+    done
+  done
 fi
 
 log "assemble"
