@@ -7,6 +7,7 @@
 #   (ONLINE=0 skips), Mixtral's grouped vs dense experts (MOE_AB=0 skips); peer = xmix bench and
 #   the compiled PyTorch step (torch_decode.py) on the same shapes, one model after the other:
 #   PEER_MODELS x PEER_PROMPTS x PEER_BATCHES (results.json "peer").
+#   PTXAS_GLOB limits ptxas to the bundles it matches (default every bundle).
 #   XMIX_BIN names the binaries' folder (default .dev/gpu). OLD_BIN, when set, names another
 #   build's binaries (the code before a change): its bundle and this one's are timed side by
 #   side at AB_SHAPES (prompt:batch) on Llama-3.1-8B (results.json "ab").
@@ -43,7 +44,7 @@ fi
 if has check; then
 log "ptxas -arch=sm_90 on every kernel"
 : > "$work/ptxas.txt"
-for b in "$work"/*.xmb; do
+for b in "$work"/${PTXAS_GLOB:-*}.xmb; do
   name=$(basename "$b" .xmb)
   "$bin/xmixc" ptx "$b" -d "$work/ptx/$name" 2>/dev/null
   for f in "$work/ptx/$name"/*.ptx; do
