@@ -62,7 +62,10 @@ type AttnConfig struct {
 }
 
 const (
-	adWarps = 4
+	// Warps per block: 4 where contexts split (the split counts below assume four such
+	// blocks per SM), 2 where they do not, so that a large batch of short contexts (1024
+	// blocks at batch 128 on Llama-3.1-8B) runs in one wave of 8 blocks per SM instead of two.
+	adWarpsSplit, adWarpsWhole = 4, 2
 	// Per lane, the block's heads times the lane's dims: q values, and as many accumulators.
 	// Past 64 each the kernel would spill; wider groups get more blocks (smaller hpb).
 	adMaxLaneValues = 64
@@ -85,6 +88,7 @@ type adGeom struct {
 	pp, unroll         int // positions per warp load, loads of a step
 	dims               int // dims per lane: chunks*dpc
 	hpb                int // query heads per block
+	warps              int
 }
 
 func (c AttnConfig) geom() adGeom {
@@ -94,7 +98,10 @@ func (c AttnConfig) geom() adGeom {
 	for lanes < 32 && n16%(2*lanes) == 0 {
 		lanes *= 2
 	}
-	g := adGeom{lanes: lanes, chunks: n16 / lanes, dpc: 16 / kvs, pp: 32 / lanes}
+	g := adGeom{lanes: lanes, chunks: n16 / lanes, dpc: 16 / kvs, pp: 32 / lanes, warps: adWarpsWhole}
+	if c.Split {
+		g.warps = adWarpsSplit
+	}
 	g.dims = g.chunks * g.dpc
 	g.unroll = max(1, 4/g.chunks)
 	group := c.Heads / c.KVHeads
@@ -115,7 +122,8 @@ func (c AttnConfig) ropeConfig() RopeConfig {
 // Launch is the decode kernel's grid for rows rows and up to splits context splits per row
 // (1 unless c.Split).
 func (c AttnConfig) Launch(rows, splits int) ops.Launch {
-	return ops.Launch{Grid: [3]int{rows, c.Heads / c.geom().hpb, max(1, splits)}, Block: [3]int{32 * adWarps, 1, 1}}
+	geo := c.geom()
+	return ops.Launch{Grid: [3]int{rows, c.Heads / geo.hpb, max(1, min(splits, AttnMaxSplits))}, Block: [3]int{32 * geo.warps, 1, 1}}
 }
 
 // DecodeSplits is the grid z of a split decode bucket of rows rows: enough splits that the
@@ -162,7 +170,7 @@ func Attention(name string, c AttnConfig) (*Kernel, error) {
 		return nil, fmt.Errorf("attention %s: %w", name, err)
 	}
 	g := &adGen{emitter: newEmitter(name), c: c, geo: c.geom()}
-	g.MaxNTid = 32 * adWarps
+	g.MaxNTid = 32 * g.geo.warps
 	g.emit()
 	rows := ""
 	if c.Singles {
@@ -316,7 +324,7 @@ func (g *adGen) scan(start, end ptx.Reg) {
 	g.Emit("mad.lo.u32", trow, g.s, ptx.Imm(int64(c.MaxBlocksPerSeq)), blk0)
 	tbase := g.byteAddr(g.table, trow, 4)
 	i := g.Reg(ptx.U32)
-	g.forLoop(i, g.tid, nblk, ptx.Imm(32*adWarps), func() {
+	g.forLoop(i, g.tid, nblk, ptx.Imm(int64(32*g.geo.warps)), func() {
 		e := loadU32(g.emitter, ptx.Addr{Base: g.byteAddr(tbase, i, 4)})
 		g.Emit("st.shared.u32", ptx.Addr{Base: g.sharedAddr(g.sTable, i, 4)}, e)
 	})
@@ -325,7 +333,7 @@ func (g *adGen) scan(start, end ptx.Reg) {
 	t0 := g.Reg(ptx.U32)
 	g.Emit("mad.lo.u32", t0, g.warp, ptx.Imm(int64(step)), segLo)
 	t := g.Reg(ptx.U32)
-	g.forLoop(t, t0, segHi, ptx.Imm(int64(adWarps*step)), func() { g.step(t, segHi, blk0) })
+	g.forLoop(t, t0, segHi, ptx.Imm(int64(g.geo.warps*step)), func() { g.step(t, segHi, blk0) })
 	// The next segment overwrites the staged entries.
 	g.Emit("bar.sync", ptx.Imm(0))
 	g.Emit("mov.u32", segLo, segHi)
@@ -493,7 +501,7 @@ func (g *adGen) merge() {
 			g.fold(g.m[h], g.l[h], g.acc[h], sh(g.m[h]), sh(g.l[h]), a2)
 		}
 	}
-	nst := adWarps * hpb
+	nst := geo.warps * hpb
 	sm := g.DeclareShared("ad_m", ptx.F32, nst)
 	sl := g.DeclareShared("ad_l", ptx.F32, nst)
 	sacc := g.DeclareShared("ad_acc", ptx.F32, nst*d)
@@ -538,12 +546,12 @@ func (g *adGen) merge() {
 		one = g.cmp("eq", ptx.U32, g.nsplit, ptx.Imm(1))
 	}
 	e := g.Reg(ptx.U32)
-	g.forLoop(e, g.op3("shl.b32", ptx.U32, g.tid, ptx.Imm(2)), ptx.Imm(int64(hpb*d)), ptx.Imm(4*32*adWarps), func() {
+	g.forLoop(e, g.op3("shl.b32", ptx.U32, g.tid, ptx.Imm(2)), ptx.Imm(int64(hpb*d)), ptx.Imm(int64(4*32*geo.warps)), func() {
 		h := g.op3("div.u32", ptx.U32, e, ptx.Imm(int64(d)))
 		dd := g.op3("rem.u32", ptx.U32, e, ptx.Imm(int64(d)))
 		mx := g.f32(float32(math.Inf(-1)))
-		mw := g.Regs(ptx.F32, adWarps)
-		for w := range adWarps {
+		mw := g.Regs(ptx.F32, geo.warps)
+		for w := range geo.warps {
 			si := g.op3("add.u32", ptx.U32, h, ptx.Imm(int64(w*hpb)))
 			g.Emit("ld.shared.f32", mw[w], ptx.Addr{Base: g.sharedAddr(sm, si, 4)})
 			g.Emit("max.f32", mx, mx, mw[w])
@@ -552,7 +560,7 @@ func (g *adGen) merge() {
 		sum := g.f32(0)
 		o := []ptx.Reg{g.f32(0), g.f32(0), g.f32(0), g.f32(0)}
 		x := g.Regs(ptx.F32, 4)
-		for w := range adWarps {
+		for w := range geo.warps {
 			si := g.op3("add.u32", ptx.U32, h, ptx.Imm(int64(w*hpb)))
 			sw := g.exp2(g.op3("sub.f32", ptx.F32, mw[w], ms))
 			lw := g.Reg(ptx.F32)
@@ -628,11 +636,12 @@ func (g *adGen) combine(recs, zrow, zbase ptx.Reg) {
 	ri := g.op3("mul.lo.u32", ptx.U32, zrow, splits)
 	base := g.byteAddr(recs, ri, recBytes) // record (head0, split 0)
 	hstride := g.op3("mul.lo.u32", ptx.U32, splits, ptx.Imm(int64(recBytes)))
-	// Per head (warp w takes heads w, w+adWarps, ...): M over the splits, each split's weight
-	// 2^(m_s-M) into shared memory, 1/sum l_s 2^(m_s-M). .cg: other SMs wrote the records and
-	// L1 is not coherent.
-	s := g.Reg(ptx.U32)
-	for hh := 0; hh < hpb; hh += adWarps {
+	// Per head (warp w takes heads w, w+warps, ...): M over the splits, each split's weight
+	// 2^(m_s-M) into shared memory, 1/sum l_s 2^(m_s-M). Lane l holds splits l, l+32, ...
+	// (AttnMaxSplits/32 at most), their loads all in flight at once. .cg: other SMs wrote the
+	// records and L1 is not coherent.
+	const perLane = AttnMaxSplits / 32
+	for hh := 0; hh < hpb; hh += geo.warps {
 		h := g.op3("add.u32", ptx.U32, g.warp, ptx.Imm(int64(hh)))
 		g.when(g.cmp("lt", ptx.U32, h, ptx.Imm(int64(hpb))), false, func() {
 			hb := g.Reg(ptx.U64)
@@ -640,23 +649,28 @@ func (g *adGen) combine(recs, zrow, zbase ptx.Reg) {
 			g.Emit("add.u64", hb, hb, base)
 			wrow := g.op3("mul.lo.u32", ptx.U32, h, ptx.Imm(AttnMaxSplits))
 			mx := g.f32(float32(math.Inf(-1)))
-			ms := g.Reg(ptx.F32)
-			g.forLoop(s, g.lane, g.nsplit, ptx.Imm(32), func() {
-				g.Emit("ld.global.cg.f32", ms, ptx.Addr{Base: g.byteAddr(hb, s, recBytes), Offset: int64(4 * d)})
-				g.Emit("max.f32", mx, mx, ms)
-			})
+			var ms, ls [perLane]ptx.Reg
+			var in [perLane]ptx.Reg
+			var si [perLane]ptx.Reg
+			for j := range perLane {
+				si[j] = g.op3("add.u32", ptx.U32, g.lane, ptx.Imm(int64(32*j)))
+				in[j] = g.cmp("lt", ptx.U32, si[j], g.nsplit)
+				ms[j], ls[j] = g.f32(float32(math.Inf(-1))), g.f32(0)
+				ra := g.byteAddr(hb, si[j], recBytes)
+				g.EmitIf(in[j], false, "ld.global.cg.f32", ms[j], ptx.Addr{Base: ra, Offset: int64(4 * d)})
+				g.EmitIf(in[j], false, "ld.global.cg.f32", ls[j], ptx.Addr{Base: ra, Offset: int64(4*d + 4)})
+			}
+			for j := range perLane {
+				g.Emit("max.f32", mx, mx, ms[j])
+			}
 			g.warpReduce(mx, "max")
 			sum := g.f32(0)
-			ls := g.Reg(ptx.F32)
-			g.forLoop(s, g.lane, g.nsplit, ptx.Imm(32), func() {
-				ra := g.byteAddr(hb, s, recBytes)
-				g.Emit("ld.global.cg.f32", ms, ptx.Addr{Base: ra, Offset: int64(4 * d)})
-				g.Emit("ld.global.cg.f32", ls, ptx.Addr{Base: ra, Offset: int64(4*d + 4)})
-				w := g.exp2(g.op3("sub.f32", ptx.F32, ms, mx))
-				g.Emit("fma.rn.f32", sum, ls, w, sum)
-				wi := g.op3("add.u32", ptx.U32, wrow, s)
-				g.Emit("st.shared.f32", ptx.Addr{Base: g.sharedAddr(cw, wi, 4)}, w)
-			})
+			for j := range perLane {
+				w := g.exp2(g.op3("sub.f32", ptx.F32, ms[j], mx)) // 0 past nsplit: m = -inf
+				g.Emit("fma.rn.f32", sum, ls[j], w, sum)
+				wi := g.op3("add.u32", ptx.U32, wrow, si[j])
+				g.EmitIf(in[j], false, "st.shared.f32", ptx.Addr{Base: g.sharedAddr(cw, wi, 4)}, w)
+			}
 			g.warpReduce(sum, "add")
 			inv := g.Reg(ptx.F32)
 			g.Emit("rcp.rn.f32", inv, sum)
@@ -664,10 +678,11 @@ func (g *adGen) combine(recs, zrow, zbase ptx.Reg) {
 		})
 	}
 	g.Emit("bar.sync", ptx.Imm(0))
-	// z = sum over splits of acc_s * weight_s, in split order, four splits' loads at a time.
-	const batch = 4
+	// z = sum over splits of acc_s * weight_s, in split order, 16 splits' loads at a time.
+	const batch = 16
+	s := g.Reg(ptx.U32)
 	e := g.Reg(ptx.U32)
-	g.forLoop(e, g.op3("shl.b32", ptx.U32, g.tid, ptx.Imm(2)), ptx.Imm(int64(hpb*d)), ptx.Imm(4*32*adWarps), func() {
+	g.forLoop(e, g.op3("shl.b32", ptx.U32, g.tid, ptx.Imm(2)), ptx.Imm(int64(hpb*d)), ptx.Imm(int64(4*32*geo.warps)), func() {
 		h := g.op3("div.u32", ptx.U32, e, ptx.Imm(int64(d)))
 		dd := g.op3("rem.u32", ptx.U32, e, ptx.Imm(int64(d)))
 		hb := g.Reg(ptx.U64)

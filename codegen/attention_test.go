@@ -175,7 +175,7 @@ func TestAttentionDecodeSplit(t *testing.T) {
 		c = scaled(c)
 		c.Split = true
 		maxPos := c.BlockSize * c.MaxBlocksPerSeq
-		for _, sc := range []struct{ splits, chunk int }{{3, 64}, {8, 32}, {5, 5}, {4, 1}} {
+		for _, sc := range []struct{ splits, chunk int }{{3, 64}, {8, 32}, {5, 5}, {4, 1}, {40, 2}} {
 			name := fmt.Sprintf("h%d_kv%d_d%d_%s_s%d_c%d", c.Heads, c.KVHeads, c.HeadDim, c.KVDtype, sc.splits, sc.chunk)
 			t.Run(name, func(t *testing.T) {
 				k := must(t)(Attention("attn_split_test", c))
@@ -265,7 +265,11 @@ func TestAttentionPublic(t *testing.T) {
 		{AttnConfig{Heads: 64, KVHeads: 8, HeadDim: 128, BlockSize: 16, MaxBlocksPerSeq: 512, KVDtype: ptx.BF16, Scale: 0.088}, 1, [3]int{2, 8, 1}, 0},
 	} {
 		l := c.cfg.Launch(2, c.splits)
-		if l.Grid != c.grid || l.Block != [3]int{128, 1, 1} {
+		block := 64 // two warps where contexts do not split, four where they do
+		if c.cfg.Split {
+			block = 128
+		}
+		if l.Grid != c.grid || l.Block != [3]int{block, 1, 1} {
 			t.Errorf("%+v: launch %v", c.cfg, l)
 		}
 		if ws := c.cfg.SplitWorkspaceBytes(2, c.splits); ws != c.ws {

@@ -71,6 +71,7 @@ def main(work, out):
 
     res["peer"] = peer_rows(work)
     res["ab"] = ab_rows(work)
+    res["ab_online"] = {v: (load(os.path.join(work, f"ab-online-{v}.json")) or {}).get("online") for v in ("old", "new")}
 
     online = {}
     for p in glob.glob(os.path.join(work, "online-*.json")):
@@ -192,6 +193,13 @@ def markdown(r):
         for x in r["ab"]:
             s.append(f"| {x['model']} | {x['prompt_len']} | {x['batch']} | {fmt(x.get('old_ms'))} | {fmt(x.get('new_ms'))} | "
                      f"{fmt(x.get('old_attention_ms'))} | {fmt(x.get('new_attention_ms'))} |\n")
+    abo = r.get("ab_online") or {}
+    if abo.get("old") and abo.get("new"):
+        s.append("\n## The paper's online workload on both builds (Llama-3.1-8B, every request at once), same run\n\n")
+        s.append("| build | mean ITL ms | P99 ITL ms | mean TTFT ms | total tok/s |\n|---|---|---|---|---|\n")
+        for v in ("old", "new"):
+            m = abo[v]["mean"]
+            s.append(f"| {'before' if v == 'old' else 'after'} | {m['mean_itl_ms']:.2f} | {m['p99_itl_ms']:.2f} | {m['mean_ttft_ms']:.1f} | {m['total_tok_per_s']:.0f} |\n")
     s.append("\n## `xmix run` start to first token (load, instantiate graphs, one token)\n\n")
     for k, v in sorted(r["run_to_first_token_s"].items()):
         s.append(f"- {k}: {v:.2f} s\n")

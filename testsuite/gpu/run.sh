@@ -10,7 +10,8 @@
 #   PTXAS_GLOB limits ptxas to the bundles it matches (default every bundle).
 #   XMIX_BIN names the binaries' folder (default .dev/gpu). OLD_BIN, when set, names another
 #   build's binaries (the code before a change): its bundle and this one's are timed side by
-#   side at AB_SHAPES (prompt:batch) on Llama-3.1-8B (results.json "ab").
+#   side at AB_SHAPES (prompt:batch) on Llama-3.1-8B (results.json "ab"), and on the paper's
+#   online workload, every request at once (ONLINE_AB=0 skips; results.json "ab_online").
 #   The work directory persists while the machine stays warm, so two calls (PARTS=check, then
 #   PARTS=bench) assemble into one results.json.
 set -uo pipefail
@@ -129,6 +130,15 @@ if [ -n "${OLD_BIN:-}" ]; then
         --graph-buckets $bs --profile --json -q > "$work/ab-$v-p$p-b$bs.json" 2>> "$work/bench.log" || echo "A/B: $v p$p b$bs failed" >&2
     done
   done
+  if [ "${ONLINE_AB:-1}" = 1 ]; then
+    # The paper's online workload (every request at once) on both builds, one round each.
+    for v in old new; do
+      b=$bin x="$work/llama-3.1-8b.xmb"
+      [ $v = old ] && b=$OLD_BIN x="$work/old-llama-3.1-8b.xmb"
+      timeout ${ONLINE_TIMEOUT:-300} "$b/xmix" bench "$x" --backend cuda --online --requests ${REQUESTS:-250} --rate 0 --warmup 1 --runs 1 \
+        --json -q > "$work/ab-online-$v.json" 2>> "$work/bench.log" || echo "A/B: online $v failed" >&2
+    done
+  fi
 fi
 
 log "assemble"
