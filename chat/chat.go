@@ -11,6 +11,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"xmix/input"
 )
 
 // Message is one turn of a conversation.
@@ -84,6 +86,20 @@ func FromTokenizerConfig(data []byte) (tmpl *Template, bos, eos string, err erro
 		return nil, "", "", fmt.Errorf("tokenizer_config.json: chat_template: %w", err)
 	}
 	return tmpl, bos, eos, nil
+}
+
+// ReadConfig reads the tokenizer_config.json at path (a regular file of at most
+// input.Settings.Max bytes) and returns what ConfigSource does, once the template is known
+// to parse. Errors name the file.
+func ReadConfig(path string) (src, bos, eos string, err error) {
+	data, err := input.Read(path, input.Settings)
+	if err != nil {
+		return "", "", "", err
+	}
+	if _, _, _, err := FromTokenizerConfig(data); err != nil {
+		return "", "", "", fmt.Errorf("%s: %w", path, err)
+	}
+	return ConfigSource(data)
 }
 
 // ConfigSource reads the chat template's source text and the bos and eos tokens from a

@@ -3,13 +3,14 @@ package frontend
 import (
 	"fmt"
 	"math"
-	"os"
 	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
 
 	"gopkg.in/yaml.v3"
+
+	"xmix/input"
 )
 
 // Kernels are the MI kernel templates an op may name.
@@ -61,7 +62,7 @@ func HookNames(family string) (perLayer, wholeModel []string) {
 
 // LoadApp reads and parses an app spec file against model m.
 func LoadApp(path string, m *Model) (*App, error) {
-	data, err := os.ReadFile(path)
+	data, err := input.Read(path, input.Spec)
 	if err != nil {
 		return nil, fmt.Errorf("app spec: %w", err)
 	}
@@ -637,7 +638,7 @@ func (p *appParser) kernels(n *yaml.Node) []CustomKernel {
 			ok = false
 		} else if !strings.Contains(s, "\n") && strings.HasSuffix(strings.TrimSpace(s), ".ptx") {
 			k.File = p.resolve(strings.TrimSpace(s))
-			data, err := os.ReadFile(k.File)
+			data, err := input.Read(k.File, input.PTX)
 			if err != nil {
 				p.errorf(src, "check the ptx: path (relative to the app spec)", "%s.ptx: %v", what, err)
 				ok = false

@@ -9,6 +9,8 @@ import (
 	"strings"
 
 	"gopkg.in/yaml.v3"
+
+	"xmix/input"
 )
 
 // Families this version can compile, and the Hugging Face architectures (config.json
@@ -39,7 +41,7 @@ const (
 
 // LoadModel reads and parses a model spec file.
 func LoadModel(path string) (*Model, error) {
-	data, err := os.ReadFile(path)
+	data, err := input.Read(path, input.Spec)
 	if err != nil {
 		return nil, fmt.Errorf("model spec: %w", err)
 	}

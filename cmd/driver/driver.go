@@ -13,6 +13,7 @@ import (
 	"xmix/chat"
 	"xmix/codegen"
 	"xmix/frontend"
+	"xmix/input"
 	"xmix/loader"
 	"xmix/passes"
 	"xmix/tokenizer"
@@ -94,7 +95,7 @@ func Build(modelPath string, appPaths []string, opt Options) (*bundle.Bundle, er
 		if len(files) != 1 {
 			return nil, fmt.Errorf("weights: only a single safetensors file can be embedded, %s has %d", m.Weights.Path, len(files))
 		}
-		if embedded, err = os.ReadFile(files[0]); err != nil {
+		if embedded, err = input.Read(files[0], input.Weights); err != nil {
 			return nil, fmt.Errorf("weights: %w", err)
 		}
 	default:
@@ -107,7 +108,7 @@ func Build(modelPath string, appPaths []string, opt Options) (*bundle.Bundle, er
 	var tok []byte
 	var chatSrc, chatBOS, chatEOS string
 	if m.Tokenizer.Kind == "hf" {
-		if tok, err = os.ReadFile(m.Tokenizer.Path); err != nil {
+		if tok, err = input.Read(m.Tokenizer.Path, input.Tokenizer); err != nil {
 			return nil, fmt.Errorf("tokenizer: %w", err)
 		}
 		if _, err := tokenizer.Parse(tok); err != nil {
@@ -115,12 +116,9 @@ func Build(modelPath string, appPaths []string, opt Options) (*bundle.Bundle, er
 		}
 		// A checkpoint's chat template sits beside its tokenizer.json.
 		cfgPath := filepath.Join(filepath.Dir(m.Tokenizer.Path), "tokenizer_config.json")
-		if data, err := os.ReadFile(cfgPath); err == nil {
-			if _, _, _, err := chat.FromTokenizerConfig(data); err != nil {
-				return nil, fmt.Errorf("%s: %w", cfgPath, err)
-			}
-			if chatSrc, chatBOS, chatEOS, err = chat.ConfigSource(data); err != nil {
-				return nil, fmt.Errorf("%s: %w", cfgPath, err)
+		if _, err := os.Lstat(cfgPath); err == nil {
+			if chatSrc, chatBOS, chatEOS, err = chat.ReadConfig(cfgPath); err != nil {
+				return nil, fmt.Errorf("chat template: %w", err)
 			}
 		}
 	}
@@ -152,7 +150,7 @@ func Build(modelPath string, appPaths []string, opt Options) (*bundle.Bundle, er
 }
 
 func fileDigest(path string) (string, error) {
-	data, err := os.ReadFile(path)
+	data, err := input.Read(path, input.Spec)
 	if err != nil {
 		return "", err
 	}
