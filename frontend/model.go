@@ -21,7 +21,7 @@ var (
 )
 
 var (
-	modelKeys       = []string{"model", "family", "hf", "dims", "config", "weights", "dtype", "kv_dtype", "tokenizer", "bos", "eos", "serving"}
+	modelKeys       = []string{"model", "family", "hf", "dims", "config", "weights", "dtype", "kv_dtype", "tokenizer", "bos", "eos", "chat_template", "serving"}
 	dimsKeys        = []string{"hidden", "intermediate", "layers", "heads", "kv_heads", "head_dim", "vocab", "rope_theta", "rms_eps", "tie_embeddings", "rope_scaling", "experts", "experts_per_token"}
 	ropeScalingKeys = []string{"type", "factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}
 	servingKeys     = []string{"decode_buckets", "prefill_chunks", "max_seq_len", "max_seqs", "kv_block_size"}
@@ -123,6 +123,7 @@ func (p *parser) model(root *yaml.Node) *Model {
 	cfg := p.configRef(top, hf)
 	p.dims(top, m, cfg)
 	p.specialTokens(top, m, cfg)
+	p.chatTemplate(top, m)
 	p.serving(top, m)
 	p.family(top, m, cfg)
 	p.moe(top, m, cfg.cfg, cfg.keyAt)
@@ -559,8 +560,9 @@ func (p *parser) tokenizer(n *yaml.Node, t *Tokenizer) {
 }
 
 // specialTokens sets BOS and EOS from the spec, falling back to generation_config.json (for
-// eos) and config.json. BOS stays -1 when
-// neither gives one and the tokenizer does not need it.
+// eos) and config.json. BOS stays -1 when neither gives one. Whether prompts start with the
+// BOS is the tokenizer's business (cmd/driver decides it for a tokenizer.json); a bos: in the
+// spec always is (BOSGiven).
 func (p *parser) specialTokens(top *mapping, m *Model, src *configSource) {
 	if cfg := src.cfg; cfg != nil {
 		if cfg.BOSTokenID != nil {
@@ -575,7 +577,7 @@ func (p *parser) specialTokens(top *mapping, m *Model, src *configSource) {
 	if n := top.get("bos"); n != nil {
 		bosPos = p.pos(n)
 		if v, ok := p.natural(n, "bos"); ok {
-			m.BOS = v
+			m.BOS, m.BOSGiven = v, true
 		}
 	}
 	if n := top.get("eos"); n != nil {
@@ -586,14 +588,8 @@ func (p *parser) specialTokens(top *mapping, m *Model, src *configSource) {
 		p.errorAt(eosPos, fmt.Sprintf("at most %d", maxEOS), "eos: %d ids is more than this compiler supports", len(m.EOS))
 		m.EOS = nil
 	}
-	if m.Tokenizer.Kind == "bytes" {
-		if m.BOS < 0 && top.get("bos") == nil {
-			p.errorAt(m.Tokenizer.Pos, fmt.Sprintf("add bos: %d, the first id after the bytes", byteTokens),
-				"tokenizer: the bytes tokenizer needs a bos id")
-		}
-		if m.Vocab > 0 && m.Vocab < byteTokens {
-			p.errorAt(m.Tokenizer.Pos, "the bytes tokenizer uses ids 0-255 for the bytes", "tokenizer: vocab %d is smaller than %d", m.Vocab, byteTokens)
-		}
+	if m.Tokenizer.Kind == "bytes" && m.Vocab > 0 && m.Vocab < byteTokens {
+		p.errorAt(m.Tokenizer.Pos, "the bytes tokenizer uses ids 0-255 for the bytes", "tokenizer: vocab %d is smaller than %d", m.Vocab, byteTokens)
 	}
 	if m.Vocab <= 0 {
 		return
@@ -607,6 +603,25 @@ func (p *parser) specialTokens(top *mapping, m *Model, src *configSource) {
 			p.errorAt(eosPos, hint, "eos %d is not a token id of the model", id)
 		}
 	}
+}
+
+// chatTemplate reads chat_template: a Jinja file (relative to the spec) that replaces the
+// one of the checkpoint's tokenizer_config.json, or gives a model without one (the bytes
+// tokenizer) a chat template. It is parsed when the bundle is built.
+func (p *parser) chatTemplate(top *mapping, m *Model) {
+	n := top.get("chat_template")
+	if n == nil {
+		return
+	}
+	path, ok := p.str(n, "chat_template")
+	if !ok {
+		return
+	}
+	if path == "" {
+		p.errorf(n, "give the path of a .jinja file", "chat_template: path must not be empty")
+		return
+	}
+	m.ChatTemplate, m.ChatTemplatePos = p.resolve(path), p.pos(n)
 }
 
 func (p *parser) serving(top *mapping, m *Model) {
