@@ -10,6 +10,7 @@ import (
 
 	"gopkg.in/yaml.v3"
 
+	"xmix/bundle"
 	"xmix/input"
 )
 
@@ -24,7 +25,7 @@ var (
 	modelKeys       = []string{"model", "family", "hf", "dims", "config", "weights", "dtype", "kv_dtype", "tokenizer", "bos", "eos", "chat_template", "serving"}
 	dimsKeys        = []string{"hidden", "intermediate", "layers", "heads", "kv_heads", "head_dim", "vocab", "rope_theta", "rms_eps", "tie_embeddings", "rope_scaling", "experts", "experts_per_token"}
 	ropeScalingKeys = []string{"type", "factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}
-	servingKeys     = []string{"decode_buckets", "prefill_chunks", "max_seq_len", "max_seqs", "kv_block_size"}
+	servingKeys     = []string{"decode_buckets", "prefill_chunks", "max_batched_tokens", "max_seq_len", "max_seqs", "kv_block_size"}
 	weightDtypes    = []string{"bf16", "f32"}
 	kvDtypes        = []string{"f32", "bf16"}
 )
@@ -708,8 +709,19 @@ func (p *parser) serving(top *mapping, m *Model) {
 		p.errorAt(sm.keyPos(p, "kv_block_size"), "KV pages must tile the sequence exactly",
 			"serving.kv_block_size %d does not divide max_seq_len %d", m.KVBlockSize, m.MaxSeqLen)
 	}
-	if c := m.PrefillChunks[len(m.PrefillChunks)-1]; c > m.MaxSeqLen {
+	largestChunk := m.PrefillChunks[len(m.PrefillChunks)-1]
+	if largestChunk > m.MaxSeqLen {
 		p.errorAt(sm.keyPos(p, "prefill_chunks"), "",
-			"serving.prefill_chunks: chunk %d is longer than max_seq_len %d", c, m.MaxSeqLen)
+			"serving.prefill_chunks: chunk %d is longer than max_seq_len %d", largestChunk, m.MaxSeqLen)
+	}
+	m.MaxBatchedTokens = largestChunk
+	if n := sm.get("max_batched_tokens"); n != nil {
+		if v, good := p.positive(n, "serving.max_batched_tokens"); good {
+			if err := bundle.CheckMaxBatchedTokens(v, m.PrefillChunks, m.MaxSeqs); err != nil {
+				p.errorf(n, "", "serving.%v", err)
+			} else {
+				m.MaxBatchedTokens = v
+			}
+		}
 	}
 }
