@@ -10,7 +10,8 @@
 #   PTXAS_GLOB limits ptxas to the bundles it matches (default every bundle).
 #   XMIX_BIN names the binaries' folder (default .dev/gpu). OLD_BIN, when set, names another
 #   build's binaries (the code before a change): its bundle and this one's are timed side by
-#   side at AB_SHAPES (prompt:batch) on Llama-3.1-8B (results.json "ab"), and on the paper's
+#   side at AB_SHAPES (prompt:batch) on Llama-3.1-8B (OLD_SPEC: the spec as that build reads
+#   it, default the shipped one) (results.json "ab"), and on the paper's
 #   online workload, every request at once (ONLINE_AB=0 skips; results.json "ab_online").
 #   The work directory persists while the machine stays warm, so two calls (PARTS=check, then
 #   PARTS=bench) assemble into one results.json.
@@ -120,7 +121,7 @@ fi
 
 if [ -n "${OLD_BIN:-}" ]; then
   log "A/B: this build against $OLD_BIN on Llama-3.1-8B"
-  "$OLD_BIN/xmixc" build specs/models/llama-3.1-8b.yaml -q -o "$work/old-llama-3.1-8b.xmb"
+  "$OLD_BIN/xmixc" build "${OLD_SPEC:-specs/models/llama-3.1-8b.yaml}" -q -o "$work/old-llama-3.1-8b.xmb"
   for shape in ${AB_SHAPES:-1984:1 1984:8 1984:32 16:128}; do
     p=${shape%:*} bs=${shape#*:}
     for v in old new; do
