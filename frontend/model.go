@@ -22,7 +22,7 @@ var (
 	modelKeys       = []string{"model", "family", "hf", "dims", "config", "weights", "dtype", "kv_dtype", "tokenizer", "bos", "eos", "chat_template", "serving"}
 	dimsKeys        = []string{"hidden", "intermediate", "layers", "heads", "kv_heads", "head_dim", "vocab", "rope_theta", "rms_eps", "tie_embeddings", "rope_scaling", "experts", "experts_per_token"}
 	ropeScalingKeys = []string{"type", "factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}
-	servingKeys     = []string{"decode_buckets", "prefill_chunks", "max_seq_len", "max_seqs", "kv_block_size"}
+	servingKeys     = []string{"decode_buckets", "prefill_chunks", "max_seq_len", "max_seqs", "kv_block_size", "vector_slots"}
 	weightDtypes    = []string{"bf16", "f32"}
 	kvDtypes        = []string{"f32", "bf16"}
 )
@@ -648,6 +648,15 @@ func (p *parser) serving(top *mapping, m *Model) {
 				"serving.max_seqs %d is smaller than the largest decode bucket %d", v, largest)
 		} else {
 			m.MaxSeqs = v
+		}
+	}
+	m.VectorSlots = m.MaxSeqs
+	if n := sm.get("vector_slots"); n != nil {
+		if v, good := p.positive(n, "serving.vector_slots"); good && v > m.MaxSeqs {
+			p.errorf(n, fmt.Sprintf("at most max_seqs (%d): a running request holds at most one", m.MaxSeqs),
+				"serving.vector_slots %d is more than max_seqs %d", v, m.MaxSeqs)
+		} else if good {
+			m.VectorSlots = v
 		}
 	}
 	if m.MaxSeqLen%m.KVBlockSize != 0 {
