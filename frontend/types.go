@@ -67,9 +67,12 @@ type Model struct {
 	ChatTemplatePos Pos
 	DecodeBuckets   []int // batch sizes, ascending
 	PrefillChunks   []int // token counts per prefill step, ascending
-	MaxSeqLen       int
-	MaxSeqs         int // requests resident at once (default: largest decode bucket)
-	KVBlockSize     int // tokens per KV page (default 16)
+	// MaxBatchedTokens is the token budget of a step (vLLM's max_num_batched_tokens): decode
+	// rows and prompt rows together (default: the largest prefill chunk).
+	MaxBatchedTokens int
+	MaxSeqLen        int
+	MaxSeqs          int // requests resident at once (default: largest decode bucket)
+	KVBlockSize      int // tokens per KV page (default 16)
 	// VectorSlots is how many requests may hold per-request vectors at once (default
 	// MaxSeqs): the size of the device pool of each per_request param.
 	VectorSlots int

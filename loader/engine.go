@@ -168,6 +168,7 @@ type Engine struct {
 	exportBits uint32
 	decode     []bundle.Template
 	prefill    []bundle.Template
+	budget     int // rows per step at most (MaxBatchedTokens)
 	tmplIdx    map[string]int
 	freePage   []uint32
 	padPages   int
@@ -233,6 +234,12 @@ func NewEngine(b *bundle.Bundle, be Backend) (*Engine, error) {
 	}
 	sort.Slice(e.decode, func(i, j int) bool { return e.decode[i].Tokens < e.decode[j].Tokens })
 	sort.Slice(e.prefill, func(i, j int) bool { return e.prefill[i].Tokens < e.prefill[j].Tokens })
+	e.budget = e.prefill[len(e.prefill)-1].Tokens
+	if n := b.Manifest.Model.MaxBatchedTokens; n != 0 {
+		if err := e.SetMaxBatchedTokens(n); err != nil {
+			return nil, fmt.Errorf("bundle serving: %w", err)
+		}
+	}
 	c := e.cfg
 	bufs := map[string]bundle.Buffer{}
 	for _, buf := range b.Manifest.Buffers {
@@ -722,70 +729,9 @@ type stepRow struct {
 	sample int // index among samples, -1 if the row is not sampled
 }
 
-// step runs one forward. While prompts are pending it uses a prefill template: one decode
-// row for every running sequence first (so decoding never stalls behind a long prompt),
-// then prompt chunks. Otherwise a decode template with one row per running sequence, in
-// the smallest bucket that holds them.
+// step plans one forward (schedule.go) and runs it.
 func (e *Engine) step(active []*seqState) error {
-	rows := make([]stepRow, 0, e.maxT)
-	var t bundle.Template
-	decoding, prefilling := make([]*seqState, 0, len(active)), make([]*seqState, 0, len(active))
-	for _, s := range active {
-		if s.fed < s.promptN {
-			prefilling = append(prefilling, s)
-		} else {
-			decoding = append(decoding, s)
-		}
-	}
-	if len(prefilling) > 0 {
-		t = e.prefill[len(e.prefill)-1]
-		nS := 0
-		for _, s := range decoding {
-			if nS == t.Samples || len(rows) == t.Tokens {
-				break
-			}
-			rows = append(rows, stepRow{s: s, pos: s.fed, sample: nS})
-			s.fed++
-			nS++
-		}
-		for _, s := range prefilling {
-			for s.fed < s.promptN && len(rows) < t.Tokens {
-				r := stepRow{s: s, pos: s.fed, sample: -1}
-				if s.fed == s.promptN-1 {
-					if nS == t.Samples {
-						break
-					}
-					r.sample = nS
-					nS++
-				}
-				rows = append(rows, r)
-				s.fed++
-			}
-		}
-		for _, c := range e.prefill { // the smallest chunk that holds these rows
-			if c.Tokens >= len(rows) && c.Samples >= nS {
-				t = c
-				break
-			}
-		}
-		e.Stats.PrefillSteps++
-	} else {
-		t = e.decode[len(e.decode)-1]
-		for _, c := range e.decode {
-			if c.Tokens >= len(active) {
-				t = c
-				break
-			}
-		}
-		// More sequences than the largest bucket: rotate who goes first.
-		start := e.Stats.DecodeSteps % len(active)
-		for i := range min(len(active), t.Tokens) {
-			s := active[(start+i)%len(active)]
-			rows = append(rows, stepRow{s: s, pos: s.fed, sample: i})
-			s.fed++
-		}
-		e.Stats.DecodeSteps++
-	}
+	t, rows := e.plan(active)
 	e.Stats.Steps++
 	e.Stats.Rows += len(rows)
 	e.Stats.PaddedRows += t.Tokens - len(rows)

@@ -20,9 +20,10 @@ package tokenizer
 import (
 	"encoding/json"
 	"fmt"
-	"os"
 	"strings"
 	"unicode/utf8"
+
+	"xmix/input"
 )
 
 // Tokenizer is safe for concurrent use.
@@ -41,7 +42,7 @@ type Tokenizer struct {
 
 // Load reads a tokenizer.json file.
 func Load(path string) (*Tokenizer, error) {
-	data, err := os.ReadFile(path)
+	data, err := input.Read(path, input.Tokenizer)
 	if err != nil {
 		return nil, fmt.Errorf("tokenizer: %w", err)
 	}

@@ -13,6 +13,7 @@ import (
 	"xmix/chat"
 	"xmix/codegen"
 	"xmix/frontend"
+	"xmix/input"
 	"xmix/loader"
 	"xmix/passes"
 	"xmix/tokenizer"
@@ -96,7 +97,7 @@ func Build(modelPath string, appPaths []string, opt Options) (*bundle.Bundle, er
 		if len(files) != 1 {
 			return nil, fmt.Errorf("weights: only a single safetensors file can be embedded, %s has %d", m.Weights.Path, len(files))
 		}
-		if embedded, err = os.ReadFile(files[0]); err != nil {
+		if embedded, err = input.Read(files[0], input.Weights); err != nil {
 			return nil, fmt.Errorf("weights: %w", err)
 		}
 	default:
@@ -110,7 +111,7 @@ func Build(modelPath string, appPaths []string, opt Options) (*bundle.Bundle, er
 	var parsed *tokenizer.Tokenizer
 	var cfg *chat.Config
 	if m.Tokenizer.Kind == "hf" {
-		if tok, err = os.ReadFile(m.Tokenizer.Path); err != nil {
+		if tok, err = input.Read(m.Tokenizer.Path, input.Tokenizer); err != nil {
 			return nil, fmt.Errorf("tokenizer: %w", err)
 		}
 		if parsed, err = tokenizer.Parse(tok); err != nil {
@@ -118,7 +119,11 @@ func Build(modelPath string, appPaths []string, opt Options) (*bundle.Bundle, er
 		}
 		// A checkpoint's chat template and BOS setting sit beside its tokenizer.json.
 		cfgPath := filepath.Join(filepath.Dir(m.Tokenizer.Path), "tokenizer_config.json")
-		if data, err := os.ReadFile(cfgPath); err == nil {
+		if _, err := os.Lstat(cfgPath); err == nil {
+			data, err := input.Read(cfgPath, input.Settings)
+			if err != nil {
+				return nil, fmt.Errorf("chat template: %w", err)
+			}
 			c, err := chat.ReadConfig(data)
 			if err != nil {
 				return nil, fmt.Errorf("%s: %w", cfgPath, err)
@@ -140,7 +145,7 @@ func Build(modelPath string, appPaths []string, opt Options) (*bundle.Bundle, er
 		chatSrc, chatBOS, chatEOS = cfg.Template, cfg.BOS, cfg.EOS
 	}
 	if m.ChatTemplate != "" {
-		data, err := os.ReadFile(m.ChatTemplate)
+		data, err := input.Read(m.ChatTemplate, input.Settings)
 		if err != nil {
 			return nil, fmt.Errorf("%s: chat_template: %w", m.ChatTemplatePos, err)
 		}
@@ -215,7 +220,7 @@ func PromptBOS(m *frontend.Model, tok *tokenizer.Tokenizer, cfg *chat.Config) (i
 }
 
 func fileDigest(path string) (string, error) {
-	data, err := os.ReadFile(path)
+	data, err := input.Read(path, input.Spec)
 	if err != nil {
 		return "", err
 	}
