@@ -17,7 +17,13 @@ import (
 
 // Request is one generation request.
 type Request struct {
-	Prompt      []int    // token ids, without BOS (the engine adds it)
+	// Prompt is the prompt's token ids. The engine puts the bundle's BOS before them
+	// (ModelConfig.BOS; -1 when the checkpoint's tokenizer starts prompts with none), as
+	// Hugging Face's tokenizer(text) and vLLM's completions do, unless Verbatim.
+	Prompt []int
+	// Verbatim: Prompt is the model's whole input as it stands, BOS included or not (a
+	// rendered chat template writes its own: Chat.Prompt); the engine prepends nothing.
+	Verbatim    bool
 	Apps        []string // names of deployed apps to enable for this request
 	MaxTokens   int
 	Temperature float32 // <= 0: greedy
@@ -120,6 +126,19 @@ type Result struct {
 	Tokens []int // generated ids (the EOS that stopped it included)
 	Rows   []Row // every forward row, prompt and generated, in position order
 	Reason string
+	// PromptTokens is how many rows the prompt fed (its BOS included): Rows[PromptTokens-1]
+	// sampled Tokens[0], Rows[PromptTokens-1+k] sampled Tokens[k].
+	PromptTokens int
+}
+
+// InputIDs is the prompt the engine feeds for r: the bundle's BOS (when the bundle has one
+// and r is not Verbatim), then r.Prompt. Its length is Result.PromptTokens.
+func InputIDs(c bundle.ModelConfig, r Request) []int {
+	ids := make([]int, 0, 1+len(r.Prompt))
+	if c.BOS >= 0 && !r.Verbatim {
+		ids = append(ids, c.BOS)
+	}
+	return append(ids, r.Prompt...)
 }
 
 // Engine runs batched generation of a bundle on a backend.
@@ -475,7 +494,7 @@ type seqState struct {
 	res     *Result
 	slot    int
 	pages   []uint32
-	tokens  []int // BOS + prompt + generated
+	tokens  []int // InputIDs, then the generated tokens
 	fed     int   // tokens already run through the model
 	mask    uint32
 	rng     *rand.Rand
@@ -505,15 +524,19 @@ func (e *Engine) Submit(r Request) (*Handle, error) {
 	e.nextID++
 	h := &Handle{ID: e.nextID, Submitted: time.Now()}
 	s := &seqState{h: h, req: &r, res: &h.Result, slot: -1, rng: rand.New(rand.NewPCG(r.Seed, 0x786d6978))}
-	s.tokens = append(append(make([]int, 0, 1+len(r.Prompt)+max(0, r.MaxTokens)), c.BOS), r.Prompt...)
+	s.tokens = append(make([]int, 0, 1+len(r.Prompt)+max(0, r.MaxTokens)), InputIDs(c, r)...)
 	s.promptN = len(s.tokens)
+	h.Result.PromptTokens = s.promptN
+	if s.promptN == 0 {
+		return nil, fmt.Errorf("empty prompt: model %s starts prompts with no BOS, so a request needs at least one token", c.Name)
+	}
 	for _, t := range append(append([]int(nil), r.Prompt...), r.Force...) {
 		if t < 0 || t >= c.Vocab {
 			return nil, fmt.Errorf("token id %d is outside the vocabulary (0-%d)", t, c.Vocab-1)
 		}
 	}
 	if need := s.promptN + r.MaxTokens; need > c.MaxSeqLen {
-		return nil, fmt.Errorf("prompt (%d tokens with BOS) + max tokens (%d) = %d exceeds the bundle's max_seq_len %d",
+		return nil, fmt.Errorf("prompt (%d tokens, BOS included) + max tokens (%d) = %d exceeds the bundle's max_seq_len %d",
 			s.promptN, r.MaxTokens, need, c.MaxSeqLen)
 	}
 	if pages := (s.promptN + r.MaxTokens + c.KVBlockSize - 1) / c.KVBlockSize; pages > c.KVBlocks-e.padPages {

@@ -75,6 +75,10 @@ func TestOnlineBenchTokensUnchangedBySchedule(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	chatTemplate, err := filepath.Abs("../../specs/models/tiny/chat_template.jinja")
+	if err != nil {
+		t.Fatal(err)
+	}
 	dir := t.TempDir()
 	bundleWith := func(name, serving string) string {
 		lines := strings.Split(string(spec), "\n")
@@ -82,6 +86,8 @@ func TestOnlineBenchTokensUnchangedBySchedule(t *testing.T) {
 			switch {
 			case strings.HasPrefix(l, "weights:"):
 				lines[i] = "weights: " + weights
+			case strings.HasPrefix(l, "chat_template:"):
+				lines[i] = "chat_template: " + chatTemplate
 			case strings.HasPrefix(l, "serving:"):
 				lines[i] = "serving: " + serving
 			}

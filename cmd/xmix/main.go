@@ -324,7 +324,7 @@ func (s *session) generate(w io.Writer, f runFlags, prompts []string, apps [][]s
 				return err
 			}
 		}
-		reqs[i] = loader.Request{Prompt: ids, Apps: apps[i], MaxTokens: f.maxTokens,
+		reqs[i] = loader.Request{Prompt: ids, Verbatim: f.chat, Apps: apps[i], MaxTokens: f.maxTokens,
 			Temperature: f.temperature, TopP: f.topP, Seed: f.seed + uint64(i), Overrides: overrides}
 	}
 	start := time.Now()

@@ -329,7 +329,7 @@ func (sv *server) parseGenerate(body io.Reader) (loader.Request, bool, error) {
 			return loader.Request{}, false, err
 		}
 	}
-	return loader.Request{Prompt: ids, Apps: g.Apps, MaxTokens: n, Temperature: g.Temperature,
+	return loader.Request{Prompt: ids, Verbatim: g.Chat, Apps: g.Apps, MaxTokens: n, Temperature: g.Temperature,
 		TopP: topP, Seed: g.Seed, Overrides: g.Set}, g.Stream, nil
 }
 
@@ -412,7 +412,7 @@ func (sv *server) stream(w http.ResponseWriter, r *http.Request, j *job) {
 	fl, _ := w.(http.Flusher)
 	enc := json.NewEncoder(w)
 	dec := newStreamDecoder(sv.s.tok)
-	promptN := 1 + len(j.req.Prompt) // rows count the BOS the engine adds
+	promptN := len(loader.InputIDs(sv.s.b.Manifest.Model, j.req)) // rows count the BOS the engine adds
 	sent := 0
 	for {
 		j.mu.Lock()
