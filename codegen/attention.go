@@ -62,10 +62,10 @@ type AttnConfig struct {
 }
 
 const (
-	// Warps per block: 4 where contexts split (the split counts below assume four such
-	// blocks per SM), 2 where they do not, so that a large batch of short contexts (1024
-	// blocks at batch 128 on Llama-3.1-8B) runs in one wave of 8 blocks per SM instead of two.
-	adWarpsSplit, adWarpsWhole = 4, 2
+	// Warps per block. Two warps (8 blocks per SM, so that batch 128's 1024 blocks at short
+	// contexts run in one wave) measured the same as four on the H200 (Llama-3.1-8B, batch
+	// 128, 48 positions: 0.691 vs 0.663 ms of attention per step, on runs 2-4% apart).
+	adWarps = 4
 	// Per lane, the block's heads times the lane's dims: q values, and as many accumulators.
 	// Past 64 each the kernel would spill; wider groups get more blocks (smaller hpb).
 	adMaxLaneValues = 64
@@ -88,7 +88,6 @@ type adGeom struct {
 	pp, unroll         int // positions per warp load, loads of a step
 	dims               int // dims per lane: chunks*dpc
 	hpb                int // query heads per block
-	warps              int
 }
 
 func (c AttnConfig) geom() adGeom {
@@ -98,10 +97,7 @@ func (c AttnConfig) geom() adGeom {
 	for lanes < 32 && n16%(2*lanes) == 0 {
 		lanes *= 2
 	}
-	g := adGeom{lanes: lanes, chunks: n16 / lanes, dpc: 16 / kvs, pp: 32 / lanes, warps: adWarpsWhole}
-	if c.Split {
-		g.warps = adWarpsSplit
-	}
+	g := adGeom{lanes: lanes, chunks: n16 / lanes, dpc: 16 / kvs, pp: 32 / lanes}
 	g.dims = g.chunks * g.dpc
 	g.unroll = max(1, 4/g.chunks)
 	group := c.Heads / c.KVHeads
@@ -123,7 +119,7 @@ func (c AttnConfig) ropeConfig() RopeConfig {
 // (1 unless c.Split).
 func (c AttnConfig) Launch(rows, splits int) ops.Launch {
 	geo := c.geom()
-	return ops.Launch{Grid: [3]int{rows, c.Heads / geo.hpb, max(1, min(splits, AttnMaxSplits))}, Block: [3]int{32 * geo.warps, 1, 1}}
+	return ops.Launch{Grid: [3]int{rows, c.Heads / geo.hpb, max(1, min(splits, AttnMaxSplits))}, Block: [3]int{32 * adWarps, 1, 1}}
 }
 
 // DecodeSplits is the grid z of a split decode bucket of rows rows: enough splits that the
@@ -170,7 +166,7 @@ func Attention(name string, c AttnConfig) (*Kernel, error) {
 		return nil, fmt.Errorf("attention %s: %w", name, err)
 	}
 	g := &adGen{emitter: newEmitter(name), c: c, geo: c.geom()}
-	g.MaxNTid = 32 * g.geo.warps
+	g.MaxNTid = 32 * adWarps
 	g.emit()
 	rows := ""
 	if c.Singles {
@@ -324,7 +320,7 @@ func (g *adGen) scan(start, end ptx.Reg) {
 	g.Emit("mad.lo.u32", trow, g.s, ptx.Imm(int64(c.MaxBlocksPerSeq)), blk0)
 	tbase := g.byteAddr(g.table, trow, 4)
 	i := g.Reg(ptx.U32)
-	g.forLoop(i, g.tid, nblk, ptx.Imm(int64(32*g.geo.warps)), func() {
+	g.forLoop(i, g.tid, nblk, ptx.Imm(int64(32*adWarps)), func() {
 		e := loadU32(g.emitter, ptx.Addr{Base: g.byteAddr(tbase, i, 4)})
 		g.Emit("st.shared.u32", ptx.Addr{Base: g.sharedAddr(g.sTable, i, 4)}, e)
 	})
@@ -333,7 +329,7 @@ func (g *adGen) scan(start, end ptx.Reg) {
 	t0 := g.Reg(ptx.U32)
 	g.Emit("mad.lo.u32", t0, g.warp, ptx.Imm(int64(step)), segLo)
 	t := g.Reg(ptx.U32)
-	g.forLoop(t, t0, segHi, ptx.Imm(int64(g.geo.warps*step)), func() { g.step(t, segHi, blk0) })
+	g.forLoop(t, t0, segHi, ptx.Imm(int64(adWarps*step)), func() { g.step(t, segHi, blk0) })
 	// The next segment overwrites the staged entries.
 	g.Emit("bar.sync", ptx.Imm(0))
 	g.Emit("mov.u32", segLo, segHi)
@@ -501,7 +497,7 @@ func (g *adGen) merge() {
 			g.fold(g.m[h], g.l[h], g.acc[h], sh(g.m[h]), sh(g.l[h]), a2)
 		}
 	}
-	nst := geo.warps * hpb
+	nst := adWarps * hpb
 	sm := g.DeclareShared("ad_m", ptx.F32, nst)
 	sl := g.DeclareShared("ad_l", ptx.F32, nst)
 	sacc := g.DeclareShared("ad_acc", ptx.F32, nst*d)
@@ -546,12 +542,12 @@ func (g *adGen) merge() {
 		one = g.cmp("eq", ptx.U32, g.nsplit, ptx.Imm(1))
 	}
 	e := g.Reg(ptx.U32)
-	g.forLoop(e, g.op3("shl.b32", ptx.U32, g.tid, ptx.Imm(2)), ptx.Imm(int64(hpb*d)), ptx.Imm(int64(4*32*geo.warps)), func() {
+	g.forLoop(e, g.op3("shl.b32", ptx.U32, g.tid, ptx.Imm(2)), ptx.Imm(int64(hpb*d)), ptx.Imm(int64(4*32*adWarps)), func() {
 		h := g.op3("div.u32", ptx.U32, e, ptx.Imm(int64(d)))
 		dd := g.op3("rem.u32", ptx.U32, e, ptx.Imm(int64(d)))
 		mx := g.f32(float32(math.Inf(-1)))
-		mw := g.Regs(ptx.F32, geo.warps)
-		for w := range geo.warps {
+		mw := g.Regs(ptx.F32, adWarps)
+		for w := range adWarps {
 			si := g.op3("add.u32", ptx.U32, h, ptx.Imm(int64(w*hpb)))
 			g.Emit("ld.shared.f32", mw[w], ptx.Addr{Base: g.sharedAddr(sm, si, 4)})
 			g.Emit("max.f32", mx, mx, mw[w])
@@ -560,7 +556,7 @@ func (g *adGen) merge() {
 		sum := g.f32(0)
 		o := []ptx.Reg{g.f32(0), g.f32(0), g.f32(0), g.f32(0)}
 		x := g.Regs(ptx.F32, 4)
-		for w := range geo.warps {
+		for w := range adWarps {
 			si := g.op3("add.u32", ptx.U32, h, ptx.Imm(int64(w*hpb)))
 			sw := g.exp2(g.op3("sub.f32", ptx.F32, mw[w], ms))
 			lw := g.Reg(ptx.F32)
@@ -641,7 +637,7 @@ func (g *adGen) combine(recs, zrow, zbase ptx.Reg) {
 	// (AttnMaxSplits/32 at most), their loads all in flight at once. .cg: other SMs wrote the
 	// records and L1 is not coherent.
 	const perLane = AttnMaxSplits / 32
-	for hh := 0; hh < hpb; hh += geo.warps {
+	for hh := 0; hh < hpb; hh += adWarps {
 		h := g.op3("add.u32", ptx.U32, g.warp, ptx.Imm(int64(hh)))
 		g.when(g.cmp("lt", ptx.U32, h, ptx.Imm(int64(hpb))), false, func() {
 			hb := g.Reg(ptx.U64)
@@ -682,7 +678,7 @@ func (g *adGen) combine(recs, zrow, zbase ptx.Reg) {
 	const batch = 16
 	s := g.Reg(ptx.U32)
 	e := g.Reg(ptx.U32)
-	g.forLoop(e, g.op3("shl.b32", ptx.U32, g.tid, ptx.Imm(2)), ptx.Imm(int64(hpb*d)), ptx.Imm(int64(4*32*geo.warps)), func() {
+	g.forLoop(e, g.op3("shl.b32", ptx.U32, g.tid, ptx.Imm(2)), ptx.Imm(int64(hpb*d)), ptx.Imm(int64(4*32*adWarps)), func() {
 		h := g.op3("div.u32", ptx.U32, e, ptx.Imm(int64(d)))
 		dd := g.op3("rem.u32", ptx.U32, e, ptx.Imm(int64(d)))
 		hb := g.Reg(ptx.U64)

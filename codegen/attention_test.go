@@ -265,11 +265,7 @@ func TestAttentionPublic(t *testing.T) {
 		{AttnConfig{Heads: 64, KVHeads: 8, HeadDim: 128, BlockSize: 16, MaxBlocksPerSeq: 512, KVDtype: ptx.BF16, Scale: 0.088}, 1, [3]int{2, 8, 1}, 0},
 	} {
 		l := c.cfg.Launch(2, c.splits)
-		block := 64 // two warps where contexts do not split, four where they do
-		if c.cfg.Split {
-			block = 128
-		}
-		if l.Grid != c.grid || l.Block != [3]int{block, 1, 1} {
+		if l.Grid != c.grid || l.Block != [3]int{128, 1, 1} {
 			t.Errorf("%+v: launch %v", c.cfg, l)
 		}
 		if ws := c.cfg.SplitWorkspaceBytes(2, c.splits); ws != c.ws {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
@@ -35,6 +36,7 @@ type benchFlags struct {
 	appFraction float64
 	decodeOnly  []int
 	graphIters  int
+	graphCtx    int
 	profile     bool
 }
 
@@ -75,6 +77,7 @@ runs are discarded, --runs are measured and averaged.
 	fl.Float64Var(&f.appFraction, "app-fraction", 1, "share of requests that enable --apps")
 	fl.IntSliceVar(&f.decodeOnly, "graph-buckets", nil, "decode buckets to time as bare graph replays (default: all)")
 	fl.IntVar(&f.graphIters, "graph-iters", 50, "replays per bucket for the graph timing")
+	fl.IntVar(&f.graphCtx, "graph-context", 0, "time each decode graph (and --profile) with every row its own sequence at this context, as a full batch at that context runs (0: the rows as the last step left them)")
 	fl.BoolVar(&f.profile, "profile", false, "also time every node of each timed decode bucket, summed by role (cuda)")
 	fl.StringVar(&f.apps, "apps", "", "comma-separated apps to enable")
 	fl.Uint64Var(&f.seed, "seed", 1, "seed for prompts, arrivals and app choice")
@@ -268,6 +271,9 @@ func graphTimes(s *session, f benchFlags) (map[string]float64, error) {
 	out := map[string]float64{}
 	for _, i := range timedBuckets(s, f) {
 		t := s.b.Templates[i]
+		if err := fullBatch(s, t, f.graphCtx); err != nil {
+			return nil, err
+		}
 		if _, err := tm.Time(i, 3); err != nil {
 			return nil, err
 		}
@@ -290,6 +296,9 @@ func profileTimes(s *session, f benchFlags) (map[string]map[string]float64, erro
 	out := map[string]map[string]float64{}
 	for _, i := range timedBuckets(s, f) {
 		t := s.b.Templates[i]
+		if err := fullBatch(s, t, f.graphCtx); err != nil {
+			return nil, err
+		}
 		if _, err := p.Profile(i); err != nil { // warm-up
 			return nil, err
 		}
@@ -304,6 +313,73 @@ func profileTimes(s *session, f benchFlags) (map[string]map[string]float64, erro
 		out[t.Name] = roles
 	}
 	return out, nil
+}
+
+// fullBatch (--graph-context n, n > 0) writes the control words of a decode step of template t
+// in which every row is its own sequence slot at context n, each over its own KV pages: what
+// a full batch at that context runs, which the last step of an offline run is not (requests
+// whose prefill finished first also finish decoding first, and the last steps run few rows).
+// The cache holds whatever earlier steps left there: right for timing only, and the engine
+// must not step afterwards (its block table is overwritten).
+func fullBatch(s *session, t bundle.Template, n int) error {
+	if n == 0 {
+		return nil
+	}
+	m := s.b.Manifest.Model
+	rows, perSeq := t.Tokens, (m.MaxSeqLen+m.KVBlockSize-1)/m.KVBlockSize
+	pages := (n + m.KVBlockSize - 1) / m.KVBlockSize
+	switch {
+	case n < 0 || n > m.MaxSeqLen:
+		return fmt.Errorf("--graph-context %d: want 1..%d (the bundle's max_seq_len)", n, m.MaxSeqLen)
+	case rows > m.MaxSeqs:
+		return fmt.Errorf("--graph-context: bucket %s has %d rows, more than the bundle's %d sequence slots", t.Name, rows, m.MaxSeqs)
+	case rows*pages > m.KVBlocks-m.KVPadPages:
+		return fmt.Errorf("--graph-context %d: %d rows need %d KV pages, the bundle has %d", n, rows, rows*pages, m.KVBlocks-m.KVPadPages)
+	}
+	enc := func(v []uint32) []byte {
+		b := make([]byte, 4*len(v))
+		for i, x := range v {
+			binary.LittleEndian.PutUint32(b[4*i:], x)
+		}
+		return b
+	}
+	pos, seq, zero := make([]uint32, rows), make([]uint32, rows), make([]uint32, rows)
+	table := make([]uint32, perSeq)
+	for r := range rows {
+		pos[r], seq[r] = uint32(n-1), uint32(r)
+		for j := range pages {
+			table[j] = uint32(r*pages + j)
+		}
+		if err := s.be.Write("kv.block_table", int64(4*r*perSeq), enc(table)); err != nil {
+			return err
+		}
+	}
+	for _, w := range []struct {
+		buf string
+		v   []uint32
+	}{{"ctl.pos", pos}, {"ctl.seq", seq}, {"ctl.mask", zero}} {
+		if err := s.be.Write(w.buf, 0, enc(w.v)); err != nil {
+			return err
+		}
+	}
+	if hasBuffer(s.b, "ctl.any_mask") {
+		if err := s.be.Write("ctl.any_mask", 0, enc([]uint32{0})); err != nil {
+			return err
+		}
+	}
+	if a := t.AttnSplit; a != nil {
+		return s.be.Write(a.Buffer, 0, enc([]uint32{uint32(a.Chunk(n))}))
+	}
+	return nil
+}
+
+func hasBuffer(b *bundle.Bundle, name string) bool {
+	for _, buf := range b.Manifest.Buffers {
+		if buf.Name == name {
+			return true
+		}
+	}
+	return false
 }
 
 // timedBuckets are the decode templates --graph-buckets selects (all when it is empty).

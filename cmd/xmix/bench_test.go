@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/binary"
 	"encoding/json"
 	"os"
 	"path/filepath"
@@ -154,4 +155,72 @@ func TestOnlineBenchTokensUnchangedBySchedule(t *testing.T) {
 		!strings.Contains(out, "--max-batched-tokens: max_batched_tokens 128 is more than the largest prefill chunk 64") {
 		t.Fatalf("budget above the largest chunk: err %v, output %q", err, out)
 	}
+}
+
+// --graph-context: every row of the timed bucket becomes its own sequence at the context, over
+// its own pages, and the bucket then runs (here on the CPU backend, which has no graphs to
+// time, so the words are checked directly); a context past max_seq_len, a bucket with more
+// rows than sequence slots or pages beyond the pool are refused.
+func TestBenchFullBatch(t *testing.T) {
+	b, err := driver.Build("../../specs/models/tiny.yaml", nil, driver.Options{EmbedWeights: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := open(b, "../../specs/models", runFlags{backend: "cpu", quiet: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.be.Close()
+	m := b.Manifest.Model
+	for i, tmpl := range b.Templates {
+		if tmpl.Kind != "decode" || tmpl.Tokens != 4 {
+			continue
+		}
+		const n = 100
+		if err := fullBatch(s, tmpl, n); err != nil {
+			t.Fatal(err)
+		}
+		words := func(buf string, k int) []uint32 {
+			raw := make([]byte, 4*k)
+			if err := s.be.Read(buf, raw); err != nil {
+				t.Fatal(err)
+			}
+			out := make([]uint32, k)
+			for j := range out {
+				out[j] = binary.LittleEndian.Uint32(raw[4*j:])
+			}
+			return out
+		}
+		perSeq := (m.MaxSeqLen + m.KVBlockSize - 1) / m.KVBlockSize
+		pages := (n + m.KVBlockSize - 1) / m.KVBlockSize
+		pos, seq, table := words("ctl.pos", 4), words("ctl.seq", 4), words("kv.block_table", 4*perSeq)
+		for r := range 4 {
+			if pos[r] != n-1 || seq[r] != uint32(r) {
+				t.Fatalf("row %d: pos %d seq %d", r, pos[r], seq[r])
+			}
+			for j := range pages {
+				if table[r*perSeq+j] != uint32(r*pages+j) {
+					t.Fatalf("row %d page %d: %d", r, j, table[r*perSeq+j])
+				}
+			}
+		}
+		if err := s.be.Step(i); err != nil {
+			t.Fatalf("the bucket does not run at the context: %v", err)
+		}
+		for _, bad := range []struct {
+			n    int
+			want string
+		}{{m.MaxSeqLen + 1, "want 1..512"}, {-3, "want 1..512"}} {
+			if err := fullBatch(s, tmpl, bad.n); err == nil || !strings.Contains(err.Error(), bad.want) {
+				t.Errorf("context %d: %v", bad.n, err)
+			}
+		}
+		big := tmpl
+		big.Tokens = m.MaxSeqs + 1
+		if err := fullBatch(s, big, 10); err == nil || !strings.Contains(err.Error(), "sequence slots") {
+			t.Errorf("%d rows: %v", big.Tokens, err)
+		}
+		return
+	}
+	t.Fatal("no decode bucket of 4 rows")
 }

@@ -72,6 +72,14 @@ def main(work, out):
     res["peer"] = peer_rows(work)
     res["ab"] = ab_rows(work)
     res["ab_online"] = {v: (load(os.path.join(work, f"ab-online-{v}.json")) or {}).get("online") for v in ("old", "new")}
+    budget = {}
+    for p in glob.glob(os.path.join(work, "budget-*.json")):
+        d = load(p)
+        if d and d.get("online"):
+            budget[os.path.basename(p)[7:-5]] = d["online"]["mean"]
+    if budget and res["ab_online"].get("new"):
+        budget.setdefault("spec", res["ab_online"]["new"]["mean"])
+    res["online_token_budget"] = budget
 
     online = {}
     for p in glob.glob(os.path.join(work, "online-*.json")):
@@ -181,8 +189,10 @@ def markdown(r):
                 s.append(f"- {model} batch {x['batch']}: {parts}\n")
     if r.get("peer"):
         s.append("\n## Against the compiled PyTorch step (testsuite/gpu/torch_decode.py), same run, same shapes\n\n")
-        s.append("Graph replay ms per decode step: xmix at the end of its 64 new tokens (context prompt + 64), "
-                 "PyTorch the best of three rounds of 64 steps from the prompt on. Ratio = xmix / PyTorch (< 1: xmix faster).\n\n")
+        s.append("Graph replay ms per decode step: xmix with every row of the batch at context prompt + 64 (`--graph-context`), "
+                 "PyTorch the best of three rounds of 64 steps from the prompt on (its attention reads the prompt + 72 positions of "
+                 "its static cache). Ratio = xmix / PyTorch (< 1: xmix faster). xmix attention = the attention nodes' time, "
+                 "launched one by one (`--profile`, launch gaps included).\n\n")
         s.append("| model | prompt tokens | batch | xmix ms | PyTorch ms | ratio | xmix attention ms |\n|---|---|---|---|---|---|---|\n")
         for x in r["peer"]:
             s.append(f"| {x['model']} | {x['prompt_len']} | {x['batch']} | {fmt(x['xmix_ms'])} | {fmt(x['torch_ms'])} | "
@@ -200,6 +210,11 @@ def markdown(r):
         for v in ("old", "new"):
             m = abo[v]["mean"]
             s.append(f"| {'before' if v == 'old' else 'after'} | {m['mean_itl_ms']:.2f} | {m['p99_itl_ms']:.2f} | {m['mean_ttft_ms']:.1f} | {m['total_tok_per_s']:.0f} |\n")
+    if r.get("online_token_budget"):
+        s.append("\n## The same workload at other token budgets per step (this build, `--max-batched-tokens`, same run)\n\n")
+        s.append("| budget | mean ITL ms | P99 ITL ms | mean TTFT ms | total tok/s |\n|---|---|---|---|---|\n")
+        for k, m in sorted(r["online_token_budget"].items(), key=lambda kv: int(kv[0]) if kv[0].isdigit() else 0):
+            s.append(f"| {k} | {m['mean_itl_ms']:.2f} | {m['p99_itl_ms']:.2f} | {m['mean_ttft_ms']:.1f} | {m['total_tok_per_s']:.0f} |\n")
     s.append("\n## `xmix run` start to first token (load, instantiate graphs, one token)\n\n")
     for k, v in sorted(r["run_to_first_token_s"].items()):
         s.append(f"- {k}: {v:.2f} s\n")

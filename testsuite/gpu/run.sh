@@ -12,7 +12,8 @@
 #   build's binaries (the code before a change): its bundle and this one's are timed side by
 #   side at AB_SHAPES (prompt:batch) on Llama-3.1-8B (OLD_SPEC: the spec as that build reads
 #   it, default the shipped one) (results.json "ab"), and on the paper's
-#   online workload, every request at once (ONLINE_AB=0 skips; results.json "ab_online").
+#   online workload, every request at once, with this build also at the token budgets BUDGETS
+#   (ONLINE_AB=0 skips; results.json "ab_online", "online_token_budget").
 #   The work directory persists while the machine stays warm, so two calls (PARTS=check, then
 #   PARTS=bench) assemble into one results.json.
 set -uo pipefail
@@ -110,8 +111,10 @@ if has peer; then
     shapes=""
     for p in ${PEER_PROMPTS:-16 512 2048}; do
       for bs in ${PEER_BATCHES:-1 8 32 128}; do
+        # The graph is timed with all bs rows at context p+new, as the peer's step runs them
+        # (the last step of the run itself has fewer: requests prefilled first finish first).
         timeout ${BENCH_TIMEOUT:-150} "$bin/xmix" bench "$work/$m.xmb" --backend cuda --prompts $bs --prompt-len $p --new-tokens ${PEER_NEW:-64} \
-          --graph-buckets $bs --profile --json -q > "$work/peer-$m-p$p-b$bs.json" 2>> "$work/bench.log" || echo "peer: xmix $m p$p b$bs failed" >&2
+          --graph-buckets $bs --graph-context $((p + ${PEER_NEW:-64})) --profile --json -q > "$work/peer-$m-p$p-b$bs.json" 2>> "$work/bench.log" || echo "peer: xmix $m p$p b$bs failed" >&2
         shapes="$shapes,$p:$bs"
       done
     done
@@ -122,7 +125,9 @@ fi
 if [ -n "${OLD_BIN:-}" ]; then
   log "A/B: this build against $OLD_BIN on Llama-3.1-8B"
   "$OLD_BIN/xmixc" build "${OLD_SPEC:-specs/models/llama-3.1-8b.yaml}" -q -o "$work/old-llama-3.1-8b.xmb"
-  for shape in ${AB_SHAPES:-1984:1 1984:8 1984:32 16:128}; do
+  # Both builds time the rows as their last step left them (the other build may not know
+  # --graph-context): the same workload and the same 512-row prefill steps, so the same rows.
+  for shape in ${AB_SHAPES:-1984:1 1984:32 4:128}; do
     p=${shape%:*} bs=${shape#*:}
     for v in old new; do
       b=$bin x="$work/llama-3.1-8b.xmb"
@@ -138,6 +143,11 @@ if [ -n "${OLD_BIN:-}" ]; then
       [ $v = old ] && b=$OLD_BIN x="$work/old-llama-3.1-8b.xmb"
       timeout ${ONLINE_TIMEOUT:-300} "$b/xmix" bench "$x" --backend cuda --online --requests ${REQUESTS:-250} --rate 0 --warmup 1 --runs 1 \
         --json -q > "$work/ab-online-$v.json" 2>> "$work/bench.log" || echo "A/B: online $v failed" >&2
+    done
+    # This build at other token budgets per step (serving.max_batched_tokens; no rebuild).
+    for n in ${BUDGETS:-1024 2048}; do
+      timeout ${ONLINE_TIMEOUT:-300} "$bin/xmix" bench "$work/llama-3.1-8b.xmb" --backend cuda --online --requests ${REQUESTS:-250} --rate 0 --warmup 1 --runs 1 \
+        --max-batched-tokens $n --json -q > "$work/budget-$n.json" 2>> "$work/bench.log" || echo "budget $n failed" >&2
     done
   fi
 fi
