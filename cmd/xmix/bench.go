@@ -271,7 +271,7 @@ func graphTimes(s *session, f benchFlags) (map[string]float64, error) {
 	out := map[string]float64{}
 	for _, i := range timedBuckets(s, f) {
 		t := s.b.Templates[i]
-		if err := fullBatch(s, t, f.graphCtx); err != nil {
+		if err := fullBatch(s, i, f.graphCtx); err != nil {
 			return nil, err
 		}
 		if _, err := tm.Time(i, 3); err != nil {
@@ -296,7 +296,7 @@ func profileTimes(s *session, f benchFlags) (map[string]map[string]float64, erro
 	out := map[string]map[string]float64{}
 	for _, i := range timedBuckets(s, f) {
 		t := s.b.Templates[i]
-		if err := fullBatch(s, t, f.graphCtx); err != nil {
+		if err := fullBatch(s, i, f.graphCtx); err != nil {
 			return nil, err
 		}
 		if _, err := p.Profile(i); err != nil { // warm-up
@@ -315,16 +315,19 @@ func profileTimes(s *session, f benchFlags) (map[string]map[string]float64, erro
 	return out, nil
 }
 
-// fullBatch (--graph-context n, n > 0) writes the control words of a decode step of template t
+// fullBatch (--graph-context n, n > 0) writes the control words of a decode step of template ti
 // in which every row is its own sequence slot at context n, each over its own KV pages: what
 // a full batch at that context runs, which the last step of an offline run is not (requests
 // whose prefill finished first also finish decoding first, and the last steps run few rows).
-// The cache holds whatever earlier steps left there: right for timing only, and the engine
-// must not step afterwards (its block table is overwritten).
-func fullBatch(s *session, t bundle.Template, n int) error {
+// It then runs that step once, which sends the words to the device (graph timing and
+// profiling replay what the device holds). The cache holds whatever earlier steps left
+// there: right for timing only, and the engine must not step afterwards (its block table is
+// overwritten).
+func fullBatch(s *session, ti, n int) error {
 	if n == 0 {
 		return nil
 	}
+	t := s.b.Templates[ti]
 	m := s.b.Manifest.Model
 	rows, perSeq := t.Tokens, (m.MaxSeqLen+m.KVBlockSize-1)/m.KVBlockSize
 	pages := (n + m.KVBlockSize - 1) / m.KVBlockSize
@@ -368,7 +371,12 @@ func fullBatch(s *session, t bundle.Template, n int) error {
 		}
 	}
 	if a := t.AttnSplit; a != nil {
-		return s.be.Write(a.Buffer, 0, enc([]uint32{uint32(a.Chunk(n))}))
+		if err := s.be.Write(a.Buffer, 0, enc([]uint32{uint32(a.Chunk(n))})); err != nil {
+			return err
+		}
+	}
+	if err := s.be.Step(ti); err != nil {
+		return fmt.Errorf("--graph-context %d: %s: %w", n, t.Name, err)
 	}
 	return nil
 }

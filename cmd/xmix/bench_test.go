@@ -159,8 +159,8 @@ func TestOnlineBenchTokensUnchangedBySchedule(t *testing.T) {
 
 // --graph-context: every row of the timed bucket becomes its own sequence at the context, over
 // its own pages, and the bucket then runs (here on the CPU backend, which has no graphs to
-// time, so the words are checked directly); a context past max_seq_len, a bucket with more
-// rows than sequence slots or pages beyond the pool are refused.
+// time, so the words are checked directly after the step it runs); a context past
+// max_seq_len or a bucket with more rows than sequence slots are refused.
 func TestBenchFullBatch(t *testing.T) {
 	b, err := driver.Build("../../specs/models/tiny.yaml", nil, driver.Options{EmbedWeights: true})
 	if err != nil {
@@ -177,7 +177,7 @@ func TestBenchFullBatch(t *testing.T) {
 			continue
 		}
 		const n = 100
-		if err := fullBatch(s, tmpl, n); err != nil {
+		if err := fullBatch(s, i, n); err != nil {
 			t.Fatal(err)
 		}
 		words := func(buf string, k int) []uint32 {
@@ -204,21 +204,17 @@ func TestBenchFullBatch(t *testing.T) {
 				}
 			}
 		}
-		if err := s.be.Step(i); err != nil {
-			t.Fatalf("the bucket does not run at the context: %v", err)
-		}
 		for _, bad := range []struct {
 			n    int
 			want string
 		}{{m.MaxSeqLen + 1, "want 1..512"}, {-3, "want 1..512"}} {
-			if err := fullBatch(s, tmpl, bad.n); err == nil || !strings.Contains(err.Error(), bad.want) {
+			if err := fullBatch(s, i, bad.n); err == nil || !strings.Contains(err.Error(), bad.want) {
 				t.Errorf("context %d: %v", bad.n, err)
 			}
 		}
-		big := tmpl
-		big.Tokens = m.MaxSeqs + 1
-		if err := fullBatch(s, big, 10); err == nil || !strings.Contains(err.Error(), "sequence slots") {
-			t.Errorf("%d rows: %v", big.Tokens, err)
+		s.b.Templates[i].Tokens = m.MaxSeqs + 1
+		if err := fullBatch(s, i, 10); err == nil || !strings.Contains(err.Error(), "sequence slots") {
+			t.Errorf("%d rows: %v", m.MaxSeqs+1, err)
 		}
 		return
 	}
