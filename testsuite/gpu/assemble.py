@@ -199,6 +199,8 @@ def markdown(r):
                      f"{fmt(x['ratio'], '.2f')} | {fmt(x['xmix_attention_ms'])} |\n")
     if r.get("ab"):
         s.append("\n## This build against the previous one (OLD_BIN), same run, graph replay ms per decode step\n\n")
+        s.append("Both builds time the bucket as their last step left it: compare them with each other, not with the peer grid "
+                 "(whose rows are all at the full context).\n\n")
         s.append("| model | prompt tokens | batch | before ms | after ms | attention before ms | attention after ms |\n|---|---|---|---|---|---|---|\n")
         for x in r["ab"]:
             s.append(f"| {x['model']} | {x['prompt_len']} | {x['batch']} | {fmt(x.get('old_ms'))} | {fmt(x.get('new_ms'))} | "
