@@ -167,6 +167,9 @@ func (w *Weights) planLoad(bufs []bundle.Buffer, rank int, chunk int) ([]*source
 		}
 		srcs[i] = s
 		step := int64(chunk) / int64(s.esz) * int64(s.esz)
+		if step <= 0 {
+			return nil, nil, 0, fmt.Errorf("load chunks of %d bytes cannot hold an element of buffer %s", chunk, buf.Name)
+		}
 		for off := int64(0); off < s.size; off += step {
 			jobs = append(jobs, loadJob{buf: i, off: off, n: int(min(step, s.size-off))})
 		}
