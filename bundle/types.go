@@ -87,6 +87,12 @@ type ModelConfig struct {
 	// at once: each per-request Vector has a Slots buffer of that many rows, and a request
 	// holding slot s has ctl.vslot = s on its rows (ops.NoRow on the others).
 	VectorSlots int `json:"vector_slots,omitempty"`
+	// Logprobs is how many top tokens a sample may ask logprobs of: the sampler then reads
+	// ctl.logprobs ([max_samples] u32: 0, or 1 + the top count) and writes out.logprobs
+	// ([max_samples, 1+2*Logprobs] f32: the sampled token's logprob, Logprobs ids, their
+	// logprobs). With EOS ids it also reads ctl.eos_ban ([max_samples] u32; not 0: EOS may
+	// not be sampled, for min_tokens).
+	Logprobs int `json:"logprobs,omitempty"`
 }
 
 // RopeScaling is Llama-3's frequency-dependent RoPE scaling.

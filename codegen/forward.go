@@ -202,6 +202,7 @@ func (g *gen) modelConfig() bundle.ModelConfig {
 	if g.p.PerRequestVectors() {
 		c.VectorSlots = g.p.VectorSlots
 	}
+	c.Logprobs = m.MaxLogprobs
 	if s := m.RopeScaling; s != nil {
 		c.RopeScaling = &bundle.RopeScaling{Type: s.Type, Factor: s.Factor, LowFreqFactor: s.LowFreqFactor,
 			HighFreqFactor: s.HighFreqFactor, OriginalMaxPos: s.OriginalMaxPos}
@@ -331,6 +332,14 @@ func (g *gen) declareBuffers() {
 	g.buf("ctl.temperature", bundle.KindControl, "f32", []int{g.maxS})
 	g.buf("ctl.top_p", bundle.KindControl, "f32", []int{g.maxS})
 	g.buf("ctl.rng", bundle.KindControl, "u32", []int{g.maxS})
+	if m.MaxLogprobs > 0 {
+		// Per sample: 0, or 1 + how many top tokens it wants; what the sampler reports.
+		g.buf("ctl.logprobs", bundle.KindControl, "u32", []int{g.maxS})
+		g.buf("out.logprobs", bundle.KindOutput, "f32", []int{g.maxS, 1 + 2*m.MaxLogprobs})
+	}
+	if len(m.EOS) > 0 {
+		g.buf("ctl.eos_ban", bundle.KindControl, "u32", []int{g.maxS}) // min_tokens not reached
+	}
 	// Each sample's token row (ops.NoRow for unused samples): sample-space kernels (logits
 	// MI, the sampler's overrides) read their row's control words through it.
 	g.buf("ctl.s_row", bundle.KindControl, "u32", []int{g.maxS})
