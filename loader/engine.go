@@ -209,6 +209,8 @@ type Engine struct {
 type Stats struct {
 	Steps, DecodeSteps, PrefillSteps, Rows, PaddedRows int
 	DecodeTime, PrefillTime                            time.Duration
+	// FirstToken is when the first token the engine sampled came back to the host.
+	FirstToken time.Time
 }
 
 // appCtl is what the engine controls of one app at run time: its scalar table and the
@@ -897,6 +899,9 @@ func (e *Engine) run(t bundle.Template, rows []stepRow) error {
 	}
 	ids := sc.decode(out)
 	now := time.Now()
+	if e.Stats.FirstToken.IsZero() && len(sampled) > 0 {
+		e.Stats.FirstToken = now
+	}
 	if err := e.collectExports(rows, n); err != nil {
 		return err
 	}
