@@ -316,7 +316,7 @@ func (g *gen) declareBuffers() {
 			g.buf(e.Buffer, bundle.KindOutput, "f32", []int{g.maxT, e.Width})
 		}
 		if w := g.firedWidth(a); w > 0 {
-			g.buf(firedBuf(a), bundle.KindOutput, "u32", []int{g.maxT, w})
+			g.buf(firedBuf(a), bundle.KindOutput, "u32", []int{g.maxT, w / 4}) // rows of w bytes
 		}
 	}
 	for _, c := range []string{"ctl.tokens", "ctl.pos", "ctl.seq", "ctl.mask", "ctl.gen", "ctl.out_row"} {
@@ -448,7 +448,7 @@ func countedOnDevice(op *passes.MIOp) bool {
 	return op.Host != passes.HostCustom && op.Host != passes.HostLens
 }
 
-// firedColumn is op's column of its app's fired buffer: its place among the app's
+// firedColumn is op's byte of its app's fired rows: its place among the app's
 // device-counted sites ordered by op, then layer, so that the host sums each op's columns
 // as one run; -1 for ops the host counts.
 func (g *gen) firedColumn(op *passes.MIOp) int {
@@ -464,7 +464,8 @@ func (g *gen) firedColumn(op *passes.MIOp) int {
 	return col
 }
 
-// firedWidth is how many columns the app's fired buffer has (0: no op counted on device).
+// firedWidth is how many bytes a row of the app's fired buffer has: a byte per site counted
+// on the device, rounded up to whole words (0: none is).
 func (g *gen) firedWidth(a *passes.AppPlan) int {
 	n := 0
 	for _, o := range g.p.Ops {
@@ -472,7 +473,7 @@ func (g *gen) firedWidth(a *passes.AppPlan) int {
 			n++
 		}
 	}
-	return n
+	return (n + 3) / 4 * 4
 }
 
 // sampleRows says whether op's kernel runs on sampled token rows only.

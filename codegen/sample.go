@@ -374,10 +374,7 @@ func (g *sampleGen) declareOverrides(refs []ops.TokenOverride) (func(smp ptx.Reg
 			if refs[i].Fired > 0 {
 				g.Emit("mov.u32", on, ptx.Imm(1))
 				g.Label(done)
-				f := g.Reg(ptx.U64)
-				g.Emit("mul.wide.u32", f, row, ptx.Imm(int64(4*refs[i].Fired)))
-				g.Emit("add.u64", f, f, fired[i])
-				g.Emit("st.global.u32", ptx.Addr{Base: f}, on)
+				storeFired(g.emitter, nil, row, fired[i], refs[i].Fired, on) // thread 0 alone runs this
 			}
 			g.Label(skip)
 		}

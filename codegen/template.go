@@ -357,7 +357,7 @@ func (t *tb) sampleTail(samples int) {
 	for i, o := range ovr {
 		s[fmt.Sprintf("ovr%d_scal", i)] = buf(o.Scal)
 		if o.Fired != "" {
-			s[fmt.Sprintf("ovr%d_fired", i)] = bundle.Slot{Buffer: o.Fired, Offset: int64(4 * o.FiredCol)}
+			s[fmt.Sprintf("ovr%d_fired", i)] = bundle.Slot{Buffer: o.Fired, Offset: int64(o.FiredCol)}
 		}
 	}
 	t.add("sample", k, err, smc.Launch(samples), s, nil)

@@ -11,7 +11,6 @@ import (
 	"sort"
 	"strings"
 	"time"
-	"unsafe"
 
 	"xmix/bundle"
 )
@@ -952,7 +951,6 @@ type stepScratch struct {
 	f       []float32
 	b       []byte
 	fired   []byte
-	firedW  []uint32
 	lpB     []byte
 	lpF     []float32
 	ids     []uint32
@@ -974,19 +972,6 @@ func (sc *stepScratch) lpFloats(n int) []float32 {
 func (sc *stepScratch) firedBytes(n int) []byte {
 	sc.fired = grow(sc.fired, n)
 	return sc.fired
-}
-
-// firedWords views b (from firedBytes) as its little-endian words: in place on a
-// little-endian host, decoded into scratch elsewhere.
-func (sc *stepScratch) firedWords(b []byte) []uint32 {
-	if hostLittleEndian && len(b) > 0 && uintptr(unsafe.Pointer(&b[0]))%4 == 0 {
-		return unsafe.Slice((*uint32)(unsafe.Pointer(&b[0])), len(b)/4)
-	}
-	sc.firedW = grow(sc.firedW, len(b)/4)
-	for i := range sc.firedW {
-		sc.firedW[i] = binary.LittleEndian.Uint32(b[4*i:])
-	}
-	return sc.firedW
 }
 
 // words returns n zeroed words.

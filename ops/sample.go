@@ -39,7 +39,7 @@ type SampleAttrs struct {
 // when the token row's mask has Bit and every gate holds. Fired > 0: the sampler also takes
 // ovr<i>_fired after ovr<i>_scal and writes, on the token row of each sample whose row has
 // Bit, 1 there when the override replaced the token and 0 when its gates failed (rows of
-// Fired u32, as MIOp.Fired).
+// Fired bytes, as MIOp.Fired).
 type TokenOverride struct {
 	Bit        int      `json:"bit"`
 	Token      int      `json:"token"`
@@ -298,7 +298,7 @@ func (a SampleAttrs) bindOverrides(args []Arg, n int) (func(out []uint32), error
 		*x.dst = arg.U32()[:rows]
 	}
 	scal := make([][]float32, len(a.Overrides))
-	fired := make([][]uint32, len(a.Overrides))
+	fired := make([][]byte, len(a.Overrides))
 	for i, o := range a.Overrides {
 		arg, err := c.take(fmt.Sprintf("ovr%d_scal", i), 4*o.ScalStride*o.ScalRows)
 		if err != nil {
@@ -306,10 +306,10 @@ func (a SampleAttrs) bindOverrides(args []Arg, n int) (func(out []uint32), error
 		}
 		scal[i] = arg.F32()
 		if o.Fired > 0 {
-			if arg, err = c.take(fmt.Sprintf("ovr%d_fired", i), 4*((rows-1)*o.Fired+1)); err != nil {
+			if arg, err = c.take(fmt.Sprintf("ovr%d_fired", i), (rows-1)*o.Fired+1); err != nil {
 				return nil, err
 			}
-			fired[i] = arg.U32()
+			fired[i] = arg.Mem
 		}
 	}
 	if err := c.done(); err != nil {

@@ -40,12 +40,12 @@ func planOutCopies(b *bundle.Bundle, out arena) [][]outCopy {
 			owners[x.Buffer] = owner{bit: a.Bit, rowBytes: 4 * int64(x.Width)}
 		}
 		if a.FiredBuffer != "" {
-			// Rows of one word per counted site (bundle.App.Fired).
+			// Rows of a byte per counted site, in whole words (bundle.App.Fired).
 			width := 0
 			for _, f := range a.Fired {
 				width = max(width, f.Column+1)
 			}
-			owners[a.FiredBuffer] = owner{bit: a.Bit, rowBytes: 4 * int64(width)}
+			owners[a.FiredBuffer] = owner{bit: a.Bit, rowBytes: int64((width + 3) / 4 * 4)}
 		}
 	}
 	plan := make([][]outCopy, len(b.Templates))

@@ -17,7 +17,7 @@ func TestOutCopiesFollowTheStepsApps(t *testing.T) {
 			{Name: "act.resid", Kind: bundle.KindActivation, Dtype: "f32", Shape: []int{512, 64}},
 			{Name: "cap.L3", Kind: bundle.KindOutput, Dtype: "f32", Shape: []int{512, 64}},
 			{Name: "out.sampled", Kind: bundle.KindOutput, Dtype: "u32", Shape: []int{8}},
-			{Name: "probe.fired", Kind: bundle.KindOutput, Dtype: "u32", Shape: []int{512, 3}},
+			{Name: "probe.fired", Kind: bundle.KindOutput, Dtype: "u32", Shape: []int{512, 1}}, // 3 sites: a word a row
 		},
 		Apps: []bundle.App{
 			{Name: "probe", Bit: 0, Exports: []bundle.Export{{Name: "score", Buffer: "probe.score", Width: 1}},
@@ -53,9 +53,9 @@ func TestOutCopiesFollowTheStepsApps(t *testing.T) {
 		want map[int64]int64
 	}{
 		{0, 0, map[int64]int64{sampled: 32}},
-		{0, 1 << 0, map[int64]int64{sampled: 32, score: 8 * 4, fired: 8 * 3 * 4}},
+		{0, 1 << 0, map[int64]int64{sampled: 32, score: 8 * 4, fired: 8 * 4}},
 		{0, 1 << 3, map[int64]int64{sampled: 32, capture: 8 * 64 * 4}},
-		{0, 1<<0 | 1<<3 | 1<<5, map[int64]int64{sampled: 32, score: 8 * 4, capture: 8 * 64 * 4, fired: 8 * 3 * 4}},
+		{0, 1<<0 | 1<<3 | 1<<5, map[int64]int64{sampled: 32, score: 8 * 4, capture: 8 * 64 * 4, fired: 8 * 4}},
 		{1, 1 << 3, map[int64]int64{sampled: 32, capture: 512 * 64 * 4}},
 	} {
 		got := copied(c.tmpl, c.any)
