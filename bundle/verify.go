@@ -315,8 +315,8 @@ func verifyApps(apps []App, bufBytes map[string]int64) error {
 			for _, f := range a.Fired {
 				width = max(width, f.Column+1)
 			}
-			if !ok || width == 0 || n%int64(4*width) != 0 {
-				return fmt.Errorf("%s: fired buffer %q does not hold rows of %d words", where, a.FiredBuffer, width)
+			if row := int64((width + 3) / 4 * 4); !ok || width == 0 || n%row != 0 {
+				return fmt.Errorf("%s: fired buffer %q does not hold rows of %d bytes", where, a.FiredBuffer, row)
 			}
 		}
 		col := len(a.Scalars)

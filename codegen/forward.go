@@ -192,6 +192,7 @@ func (g *gen) modelConfig() bundle.ModelConfig {
 	if g.p.PerRequestVectors() {
 		c.VectorSlots = g.p.VectorSlots
 	}
+	c.Logprobs = m.MaxLogprobs
 	if s := m.RopeScaling; s != nil {
 		c.RopeScaling = &bundle.RopeScaling{Type: s.Type, Factor: s.Factor, LowFreqFactor: s.LowFreqFactor,
 			HighFreqFactor: s.HighFreqFactor, OriginalMaxPos: s.OriginalMaxPos}
@@ -305,7 +306,7 @@ func (g *gen) declareBuffers() {
 			g.buf(e.Buffer, bundle.KindOutput, "f32", []int{g.maxT, e.Width})
 		}
 		if w := g.firedWidth(a); w > 0 {
-			g.buf(firedBuf(a), bundle.KindOutput, "u32", []int{g.maxT, w})
+			g.buf(firedBuf(a), bundle.KindOutput, "u32", []int{g.maxT, w / 4}) // rows of w bytes
 		}
 	}
 	for _, c := range []string{"ctl.tokens", "ctl.pos", "ctl.seq", "ctl.mask", "ctl.gen", "ctl.out_row"} {
@@ -321,6 +322,14 @@ func (g *gen) declareBuffers() {
 	g.buf("ctl.temperature", bundle.KindControl, "f32", []int{g.maxS})
 	g.buf("ctl.top_p", bundle.KindControl, "f32", []int{g.maxS})
 	g.buf("ctl.rng", bundle.KindControl, "u32", []int{g.maxS})
+	if m.MaxLogprobs > 0 {
+		// Per sample: 0, or 1 + how many top tokens it wants; what the sampler reports.
+		g.buf("ctl.logprobs", bundle.KindControl, "u32", []int{g.maxS})
+		g.buf("out.logprobs", bundle.KindOutput, "f32", []int{g.maxS, 1 + 2*m.MaxLogprobs})
+	}
+	if len(m.EOS) > 0 {
+		g.buf("ctl.eos_ban", bundle.KindControl, "u32", []int{g.maxS}) // min_tokens not reached
+	}
 	// Each sample's token row (ops.NoRow for unused samples): sample-space kernels (logits
 	// MI, the sampler's overrides) read their row's control words through it.
 	g.buf("ctl.s_row", bundle.KindControl, "u32", []int{g.maxS})
@@ -432,7 +441,7 @@ func countedOnDevice(op *passes.MIOp) bool {
 	return op.Host != passes.HostCustom && op.Host != passes.HostLens
 }
 
-// firedColumn is op's column of its app's fired buffer: its place among the app's
+// firedColumn is op's byte of its app's fired rows: its place among the app's
 // device-counted sites ordered by op, then layer, so that the host sums each op's columns
 // as one run; -1 for ops the host counts.
 func (g *gen) firedColumn(op *passes.MIOp) int {
@@ -448,7 +457,8 @@ func (g *gen) firedColumn(op *passes.MIOp) int {
 	return col
 }
 
-// firedWidth is how many columns the app's fired buffer has (0: no op counted on device).
+// firedWidth is how many bytes a row of the app's fired buffer has: a byte per site counted
+// on the device, rounded up to whole words (0: none is).
 func (g *gen) firedWidth(a *passes.AppPlan) int {
 	n := 0
 	for _, o := range g.p.Ops {
@@ -456,7 +466,7 @@ func (g *gen) firedWidth(a *passes.AppPlan) int {
 			n++
 		}
 	}
-	return n
+	return (n + 3) / 4 * 4
 }
 
 // sampleRows says whether op's kernel runs on sampled token rows only.

@@ -363,17 +363,18 @@ func (t *tb) sampleTail(samples int) {
 		t.add("logits.mi", k, err, c.Launch(samples), slots{"x": buf("act.logits"), "s_row": buf("ctl.s_row")}, lo)
 	}
 	ovr := g.miOps(passes.HostSampler, -1, "", "")
-	smc := SampleConfig{Vocab: m.Vocab, Overrides: ovr}
+	smc := SampleConfig{Vocab: m.Vocab, Logprobs: m.MaxLogprobs, EOS: m.EOS, Overrides: ovr}
 	name := g.sampleKernel(ovr)
 	k, err := g.kernel(name, func() (*Kernel, error) { return Sample(name, smc) })
 	s := slots{
 		"logits": buf("act.logits"), "temperature": buf("ctl.temperature"), "top_p": buf("ctl.top_p"),
 		"rng": buf("ctl.rng"), "out": buf("out.sampled"), "s_row": buf("ctl.s_row"),
+		"lp_k": buf("ctl.logprobs"), "lp_out": buf("out.logprobs"), "eos_ban": buf("ctl.eos_ban"),
 	}
 	for i, o := range ovr {
 		s[fmt.Sprintf("ovr%d_scal", i)] = buf(o.Scal)
 		if o.Fired != "" {
-			s[fmt.Sprintf("ovr%d_fired", i)] = bundle.Slot{Buffer: o.Fired, Offset: int64(4 * o.FiredCol)}
+			s[fmt.Sprintf("ovr%d_fired", i)] = bundle.Slot{Buffer: o.Fired, Offset: int64(o.FiredCol)}
 		}
 	}
 	t.add("sample", k, err, smc.Launch(samples), s, nil)

@@ -625,6 +625,7 @@ var Checks = []struct {
 	{"per_request_layers", CheckPerRequestLayers},
 	{"fired", CheckFired},
 	{"stop_when", CheckStopWhen},
+	{"sampler_features", CheckSamplerFeatures},
 	{"router_bias", CheckRouterBias},
 	{"router_mask", CheckRouterMask},
 	{"logits_steer", CheckLogitsSteer},

@@ -42,6 +42,8 @@ if has check; then
   "$bin/xmixc" build specs/models/llama-3.1-8b.yaml specs/apps/app[1-6]-*.yaml -q -o "$work/llama-3.1-8b-apps1-6.xmb"
   "$bin/xmixc" build specs/models/mixtral-8x7b.yaml specs/apps/app7-steermoe.yaml -q -o "$work/mixtral-8x7b-app7.xmb"
   "$bin/xmixc" build specs/models/llama-3.1-8b.yaml specs/apps/grid/*.yaml -q -o "$work/llama-3.1-8b-grid.xmb"
+  # Per-request vector slots and layer masks (row, SiLU and standalone MI kernels).
+  "$bin/xmixc" build specs/models/llama-3.1-8b.yaml specs/apps/per-request.yaml -q -o "$work/llama-3.1-8b-per-request.xmb"
 fi
 
 if has check; then
