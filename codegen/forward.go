@@ -448,7 +448,7 @@ func (g *gen) apps() []bundle.App {
 	for _, a := range g.p.Apps {
 		ba := bundle.App{Name: a.Name, Bit: a.Bit, Source: a.Spec.Path}
 		for i, s := range a.Scalars {
-			ba.Scalars = append(ba.Scalars, bundle.Scalar{Name: s.Name, Index: i, Value: s.Value})
+			ba.Scalars = append(ba.Scalars, bundle.Scalar{Name: s.Name, Index: i, Value: s.Value, Scales: s.Scales, Residual: s.Residual, Limit: s.Limit})
 		}
 		if len(a.Scalars) > 0 {
 			ba.ScalarTable = scalBuf(a)

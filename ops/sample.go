@@ -12,7 +12,9 @@ func init() {
 
 // SampleAttrs configures op "sample": one token per sample from logits [samples, Vocab]
 // (parameters logits, temperature, top_p, rng, out). Samples come from Grid[0] and the block
-// size (Block[0], a multiple of 32) fixes the summation order, as in the kernel.
+// size (Block[0], a multiple of 32) fixes the summation order, as in the kernel. A sample
+// whose logits are not all finite gets NonFinite instead of a token, greedy or not, and no
+// override replaces it.
 type SampleAttrs struct {
 	Vocab int `json:"vocab"`
 	// Overrides are the token_override ops fused into the sampler (hook sampled). With any,
@@ -64,6 +66,12 @@ func OverrideControl(ovs []TokenOverride) (tokens, gen, latch bool) {
 	return tokens, gen, latch
 }
 
+// NonFinite is the sampler's answer for a sample whose logits are not all finite (a NaN or
+// an infinity: the forward overflowed, or an app wrote one): no token, which the engine
+// reports as the request's end instead of feeding it back. It is above any vocabulary
+// (at most 2^24 ids) and differs from NoRow.
+const NonFinite = 0xFFFFFFFE
+
 // TokenID converts an override's f32 token to the u32 the sampler stores, as PTX
 // cvt.rzi.u32.f32 does: toward zero, saturating, NaN to 0.
 func TokenID(v float32) uint32 {
@@ -113,7 +121,7 @@ func buildSample(attrs []byte) (Runner, error) {
 		ParallelFor(n, func(lo, hi int) {
 			s := newSampler(a.Vocab, nt)
 			for i := lo; i < hi; i++ {
-				out[i] = uint32(s.sample(logits[i*a.Vocab:(i+1)*a.Vocab], temp[i], topP[i], rng[i]))
+				out[i] = s.sample(logits[i*a.Vocab:(i+1)*a.Vocab], temp[i], topP[i], rng[i])
 			}
 		})
 		override(out)
@@ -190,7 +198,7 @@ func (a SampleAttrs) bindOverrides(args []Arg, n int) (func(out []uint32), error
 	return func(out []uint32) {
 		for i := range n {
 			r := sRow[i]
-			if r == NoRow {
+			if r == NoRow || out[i] == NonFinite {
 				continue
 			}
 			for j, o := range a.Overrides {
@@ -226,9 +234,17 @@ func newSampler(vocab, nt int) *sampler {
 		part: make([]float32, nt), vocab: vocab, segLen: (vocab + nt - 1) / nt}
 }
 
-func (s *sampler) sample(logits []float32, temp, topP float32, rng uint32) int {
+func (s *sampler) sample(logits []float32, temp, topP float32, rng uint32) uint32 {
+	// The kernel adds x-x over the row, which is NaN as soon as one x is NaN or infinite.
+	var bad float32
+	for _, x := range logits {
+		bad += x - x
+	}
+	if bad != bad {
+		return NonFinite
+	}
 	if !(temp > 0) {
-		return argmax(logits)
+		return uint32(argmax(logits))
 	}
 	m := float32(math.Inf(-1))
 	for _, v := range logits {
@@ -257,7 +273,7 @@ func (s *sampler) sample(logits []float32, temp, topP float32, rng uint32) int {
 		}
 		thr = lo
 	}
-	return s.pick(thr, rng)
+	return uint32(s.pick(thr, rng))
 }
 
 // keepAbove drops candidates below thr: they add nothing to any later sum (adding +0 leaves
