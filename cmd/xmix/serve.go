@@ -100,20 +100,17 @@ func serve(ctx context.Context, s *session, ln net.Listener, grace time.Duration
 	return nil
 }
 
-// The server's timeouts. A client has readTimeout for its whole request (a body is at most
-// maxBodyBytes) and idleTimeout between requests on a kept-alive connection. There is no
-// http.Server.WriteTimeout, which would cut a long stream: each write of a response gets
-// writeTimeout instead (http.ResponseController), so a client that stops reading is cut
-// off while one that reads a stream for an hour is not.
-const (
-	readHeaderTimeout = 10 * time.Second
-	readTimeout       = 60 * time.Second
-	idleTimeout       = 120 * time.Second
-	writeTimeout      = 60 * time.Second
-)
+// timeouts are the server's. A client has Read for its whole request (headers within
+// ReadHeader; a body is at most maxBodyBytes) and Idle between requests on a kept-alive
+// connection. There is no http.Server.WriteTimeout, which would cut a long stream: each
+// write of a response gets Write instead (http.ResponseController), so a client that stops
+// reading is cut off while one that reads a stream for an hour is not.
+var timeouts = struct{ ReadHeader, Read, Idle, Write time.Duration }{
+	ReadHeader: 10 * time.Second, Read: 60 * time.Second, Idle: 120 * time.Second, Write: 60 * time.Second,
+}
 
 func newHTTPServer(h http.Handler) *http.Server {
-	return &http.Server{Handler: h, ReadHeaderTimeout: readHeaderTimeout, ReadTimeout: readTimeout, IdleTimeout: idleTimeout}
+	return &http.Server{Handler: h, ReadHeaderTimeout: timeouts.ReadHeader, ReadTimeout: timeouts.Read, IdleTimeout: timeouts.Idle}
 }
 
 // server hands HTTP requests to the goroutine that owns the engine.
@@ -444,7 +441,7 @@ func (sv *server) generate(w http.ResponseWriter, r *http.Request) {
 	for i, row := range j.rows {
 		resp.Rows[i] = rowJSON{Pos: row.Pos, Token: row.Token, Exports: row.Exports}
 	}
-	http.NewResponseController(w).SetWriteDeadline(time.Now().Add(writeTimeout))
+	http.NewResponseController(w).SetWriteDeadline(time.Now().Add(timeouts.Write))
 	writeJSON(w, http.StatusOK, resp)
 }
 
@@ -475,12 +472,12 @@ func (sv *server) wait(r *http.Request, j *job) bool {
 // stream writes newline-delimited JSON: one streamToken per generated token as the engine
 // produces it, then a streamEnd.
 //
-// Every write has writeTimeout to complete: a client that stops reading is cut off there, one
+// Every write has timeouts.Write to complete: a client that stops reading is cut off there, one
 // that keeps reading streams as long as the generation lasts.
 func (sv *server) stream(w http.ResponseWriter, r *http.Request, j *job) {
 	rc := http.NewResponseController(w)
 	w.Header().Set("Content-Type", "application/x-ndjson")
-	rc.SetWriteDeadline(time.Now().Add(writeTimeout))
+	rc.SetWriteDeadline(time.Now().Add(timeouts.Write))
 	w.WriteHeader(http.StatusOK)
 	enc := json.NewEncoder(deadlineWriter{w, rc})
 	dec := newStreamDecoder(sv.s.tok)
@@ -526,14 +523,14 @@ func (sv *server) stream(w http.ResponseWriter, r *http.Request, j *job) {
 	}
 }
 
-// deadlineWriter gives each write of a response writeTimeout from its start.
+// deadlineWriter gives each write of a response timeouts.Write from its start.
 type deadlineWriter struct {
 	w  io.Writer
 	rc *http.ResponseController
 }
 
 func (d deadlineWriter) Write(p []byte) (int, error) {
-	d.rc.SetWriteDeadline(time.Now().Add(writeTimeout))
+	d.rc.SetWriteDeadline(time.Now().Add(timeouts.Write))
 	return d.w.Write(p)
 }
 
