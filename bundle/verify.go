@@ -3,6 +3,7 @@ package bundle
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
 
 	"xmix/safetensors"
 )
@@ -16,6 +17,36 @@ func DtypeSize(dtype string) (int, bool) {
 	return n, ok
 }
 
+// PrefillChunks lists the rows of the bundle's prefill templates, ascending.
+func (b *Bundle) PrefillChunks() []int {
+	var chunks []int
+	for _, t := range b.Templates {
+		if t.Kind == "prefill" {
+			chunks = append(chunks, t.Tokens)
+		}
+	}
+	slices.Sort(chunks)
+	return chunks
+}
+
+// CheckMaxBatchedTokens checks a step's token budget against the prefill chunks (ascending)
+// and max_seqs: a step's rows run in a chunk at least as large, and the budget must hold one
+// decode row of every resident sequence (where a chunk can), so that decoding never waits
+// behind prompts.
+func CheckMaxBatchedTokens(n int, chunks []int, maxSeqs int) error {
+	if len(chunks) == 0 {
+		return fmt.Errorf("max_batched_tokens %d: there are no prefill chunks", n)
+	}
+	largest := chunks[len(chunks)-1]
+	if n > largest {
+		return fmt.Errorf("max_batched_tokens %d is more than the largest prefill chunk %d: no template holds a step that large (add a chunk of %d to prefill_chunks, or lower the budget)", n, largest, n)
+	}
+	if low := min(maxSeqs, largest); n < low {
+		return fmt.Errorf("max_batched_tokens %d is below max_seqs %d: a step must hold one decode row of every running sequence (raise it to at least %d)", n, maxSeqs, low)
+	}
+	return nil
+}
+
 // paramSizes are the byte sizes of the PTX parameter types a kernel may declare.
 var paramSizes = map[string]int{
 	"u8": 1, "s8": 1, "b8": 1,
@@ -26,7 +57,7 @@ var paramSizes = map[string]int{
 
 var bufferKinds = map[string]bool{
 	KindWeight: true, KindActivation: true, KindKV: true,
-	KindControl: true, KindOutput: true, KindParam: true,
+	KindControl: true, KindOutput: true, KindParam: true, KindSlots: true,
 }
 
 // maxBufferBytes bounds one buffer (1 TiB): beyond it a shape is certainly wrong, and the
@@ -77,6 +108,11 @@ func Verify(b *Bundle) error {
 			return fmt.Errorf("template %d: the name %q is used by two templates; template names must be unique", i, t.Name)
 		}
 		templates[t.Name] = true
+	}
+	if n := b.Manifest.Model.MaxBatchedTokens; n != 0 {
+		if err := CheckMaxBatchedTokens(n, b.PrefillChunks(), b.Manifest.Model.MaxSeqs); err != nil {
+			return fmt.Errorf("manifest: %w", err)
+		}
 	}
 	return verifyApps(b.Manifest.Apps, bufBytes)
 }
@@ -250,6 +286,28 @@ func verifyApps(apps []App, bufBytes map[string]int64) error {
 			return fmt.Errorf("%s: mask bit %d is also app %q's", where, a.Bit, other)
 		}
 		bits[a.Bit] = a.Name
+		for _, v := range a.Vectors {
+			if _, ok := bufBytes[v.Slots]; v.Slots != "" && !ok {
+				return fmt.Errorf("%s: vector %q keeps its per-request slots in buffer %q, which does not exist in the manifest", where, v.Param, v.Slots)
+			}
+		}
+		if a.FiredBuffer != "" {
+			n, ok := bufBytes[a.FiredBuffer]
+			width := 0
+			for _, f := range a.Fired {
+				width = max(width, f.Column+1)
+			}
+			if !ok || width == 0 || n%int64(4*width) != 0 {
+				return fmt.Errorf("%s: fired buffer %q does not hold rows of %d words", where, a.FiredBuffer, width)
+			}
+		}
+		col := len(a.Scalars)
+		for _, m := range a.LayerMasks {
+			if m.Column != col || m.Words <= 0 || len(m.Layers) == 0 {
+				return fmt.Errorf("%s: layer mask of op %d: %d words at column %d (want column %d) for layers %v", where, m.Op, m.Words, m.Column, col, m.Layers)
+			}
+			col += m.Words
+		}
 		for _, e := range a.Exports {
 			if _, ok := bufBytes[e.Buffer]; !ok {
 				return fmt.Errorf("%s: export %q reads buffer %q, which does not exist in the manifest", where, e.Name, e.Buffer)

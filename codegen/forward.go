@@ -196,7 +196,11 @@ func (g *gen) modelConfig() bundle.ModelConfig {
 		Experts: m.Experts, TopK: m.TopK,
 		WeightDtype: g.wdt.String(), KVDtype: g.kvdt.String(), MaxSeqLen: m.MaxSeqLen,
 		MaxSeqs: m.MaxSeqs, KVBlockSize: m.KVBlockSize, KVBlocks: g.kvBlocks(), KVPadPages: g.padPages(),
-		Tokenizer: m.Tokenizer.Kind, BOS: m.BOS, EOS: m.EOS,
+		MaxBatchedTokens: m.MaxBatchedTokens,
+		Tokenizer:        m.Tokenizer.Kind, BOS: m.BOS, EOS: m.EOS,
+	}
+	if g.p.PerRequestVectors() {
+		c.VectorSlots = g.p.VectorSlots
 	}
 	if s := m.RopeScaling; s != nil {
 		c.RopeScaling = &bundle.RopeScaling{Type: s.Type, Factor: s.Factor, LowFreqFactor: s.LowFreqFactor,
@@ -299,13 +303,19 @@ func (g *gen) declareBuffers() {
 				continue
 			}
 			g.buf(v.Buffer, bundle.KindParam, "f32", []int{len(v.Data)}, v.Buffer)
+			if v.PerRequest {
+				g.buf(slotsBuf(v.Buffer), bundle.KindSlots, "f32", []int{g.p.VectorSlots, len(v.Data)})
+			}
 		}
-		if len(a.Scalars) > 0 {
+		if w := a.TableWidth(); w > 0 {
 			// Written by the host per sequence slot, so that requests carry their own values.
-			g.buf(scalBuf(a), bundle.KindControl, "f32", []int{m.MaxSeqs + 1, len(a.Scalars)})
+			g.buf(scalBuf(a), bundle.KindControl, "f32", []int{m.MaxSeqs + 1, w})
 		}
 		for _, e := range a.Exports {
 			g.buf(e.Buffer, bundle.KindOutput, "f32", []int{g.maxT, e.Width})
+		}
+		if w := g.firedWidth(a); w > 0 {
+			g.buf(firedBuf(a), bundle.KindOutput, "u32", []int{g.maxT, w})
 		}
 	}
 	for _, c := range []string{"ctl.tokens", "ctl.pos", "ctl.seq", "ctl.mask", "ctl.gen", "ctl.out_row"} {
@@ -313,6 +323,10 @@ func (g *gen) declareBuffers() {
 	}
 	if len(g.p.Latches) > 0 {
 		g.buf("ctl.latch", bundle.KindControl, "u32", []int{g.maxT})
+	}
+	if g.p.PerRequestVectors() {
+		// Each row's vector slot (ops.NoRow: its request holds none and reads the defaults).
+		g.buf("ctl.vslot", bundle.KindControl, "u32", []int{g.maxT})
 	}
 	g.buf("ctl.temperature", bundle.KindControl, "f32", []int{g.maxS})
 	g.buf("ctl.top_p", bundle.KindControl, "f32", []int{g.maxS})
@@ -416,6 +430,47 @@ func (g *gen) shardedVectors() map[string]bool {
 
 func layerBuf(l int, what string) string { return fmt.Sprintf("L%d.%s", l, what) }
 func scalBuf(a *passes.AppPlan) string   { return "app." + a.Name + ".scalars" }
+func slotsBuf(vector string) string      { return vector + ".slots" }
+func firedBuf(a *passes.AppPlan) string  { return "app." + a.Name + ".fired" }
+
+// countedOnDevice says whether op's kernel writes its fired words: every fused MI op does;
+// custom kernels (a fixed ABI) and logit lenses (no conditions) are counted by the host.
+func countedOnDevice(op *passes.MIOp) bool {
+	return op.Host != passes.HostCustom && op.Host != passes.HostLens
+}
+
+// firedColumn is op's column of its app's fired buffer: its place among the app's
+// device-counted sites ordered by op, then layer, so that the host sums each op's columns
+// as one run; -1 for ops the host counts.
+func (g *gen) firedColumn(op *passes.MIOp) int {
+	if !countedOnDevice(op) {
+		return -1
+	}
+	col := 0
+	for _, o := range g.p.Ops {
+		if o.App == op.App && countedOnDevice(o) && (o.OpIndex < op.OpIndex || o.OpIndex == op.OpIndex && o.Layer < op.Layer) {
+			col++
+		}
+	}
+	return col
+}
+
+// firedWidth is how many columns the app's fired buffer has (0: no op counted on device).
+func (g *gen) firedWidth(a *passes.AppPlan) int {
+	n := 0
+	for _, o := range g.p.Ops {
+		if o.App == a && countedOnDevice(o) {
+			n++
+		}
+	}
+	return n
+}
+
+// sampleRows says whether op's kernel runs on sampled token rows only.
+func (g *gen) sampleRows(op *passes.MIOp) bool {
+	final := op.Host == passes.HostAddNorm && op.Role == passes.RoleNorm
+	return op.Host == passes.HostLogits || op.Host == passes.HostSampler || final
+}
 
 // params builds the params section: RoPE tables and every app's vectors. Scalar tables are
 // control buffers: the host fills them from the manifest's defaults.
@@ -450,12 +505,19 @@ func (g *gen) apps() []bundle.App {
 		for i, s := range a.Scalars {
 			ba.Scalars = append(ba.Scalars, bundle.Scalar{Name: s.Name, Index: i, Value: s.Value, Scales: s.Scales, Residual: s.Residual, Limit: s.Limit})
 		}
-		if len(a.Scalars) > 0 {
+		for _, m := range a.LayerMasks {
+			ba.LayerMasks = append(ba.LayerMasks, bundle.LayerMask{Op: m.OpIndex, Column: m.Col, Words: m.Words, Layers: m.Layers})
+		}
+		if a.TableWidth() > 0 {
 			ba.ScalarTable = scalBuf(a)
 		}
 		for _, v := range a.Vectors {
 			if v.Param != "" {
-				ba.Vectors = append(ba.Vectors, bundle.Vector{Param: v.Param, Buffer: v.Buffer, Width: len(v.Data), Unit: v.Unit})
+				bv := bundle.Vector{Param: v.Param, Buffer: v.Buffer, Width: len(v.Data), Unit: v.Unit}
+				if v.PerRequest {
+					bv.Slots = slotsBuf(v.Buffer)
+				}
+				ba.Vectors = append(ba.Vectors, bv)
 			}
 		}
 		seen := map[int]bool{}
@@ -471,6 +533,14 @@ func (g *gen) apps() []bundle.App {
 			if e.Export {
 				ba.Exports = append(ba.Exports, bundle.Export{Name: e.Name, Buffer: e.Buffer, Width: e.Width, Samples: g.sampleSpace(e.Buffer)})
 			}
+		}
+		for _, op := range g.p.Ops {
+			if op.App == a {
+				ba.Fired = append(ba.Fired, bundle.FiredSite{Op: op.OpIndex, Layer: op.Layer, Column: g.firedColumn(op), Samples: g.sampleRows(op)})
+			}
+		}
+		if g.firedWidth(a) > 0 {
+			ba.FiredBuffer = firedBuf(a)
 		}
 		out = append(out, ba)
 	}
@@ -565,18 +635,28 @@ func (g *gen) miOps(host string, hostLayer int, role, hook string) []MIOp {
 			Alpha: op.Alpha, Bias: op.Bias, Activation: op.Activation,
 			Out: op.Out, OutCol: op.OutCol, OutWidth: op.OutWidth,
 		}
+		if op.VecPerRequest {
+			mo.Pool, mo.PoolSlots = slotsBuf(op.Vec), g.p.VectorSlots
+		}
+		if col := g.firedColumn(op); col >= 0 {
+			mo.Fired, mo.FiredCol, mo.FiredWidth = firedBuf(op.App), col, g.firedWidth(op.App)
+		}
 		scal := op.Alpha >= 0 || op.Bias >= 0
 		for _, gt := range op.Gates {
 			cg := Gate{Kind: gt.Kind, Buf: gt.Buf, Col: gt.Col, Width: gt.Width, Cmp: gt.Cmp,
-				Latch: gt.Latch, Tokens: gt.Tokens, From: gt.From, To: gt.To, Positions: gt.Positions}
-			if gt.Kind == "activation" {
+				Latch: gt.Latch, Tokens: gt.Tokens, From: gt.From, To: gt.To, Positions: gt.Positions,
+				Word: gt.Word, Bit: gt.Bit}
+			switch gt.Kind {
+			case "activation":
 				cg.Thresh = gt.Scalar + 1
+				scal = true
+			case "layers":
 				scal = true
 			}
 			mo.Gates = append(mo.Gates, cg)
 		}
 		if scal {
-			mo.Scal, mo.ScalStride, mo.ScalRows = scalBuf(op.App), len(op.App.Scalars), g.m.MaxSeqs+1
+			mo.Scal, mo.ScalStride, mo.ScalRows = scalBuf(op.App), op.App.TableWidth(), g.m.MaxSeqs+1
 		}
 		out = append(out, mo)
 	}

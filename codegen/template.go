@@ -18,7 +18,8 @@ func buf(name string) bundle.Slot { return bundle.Slot{Buffer: name} }
 func konst(v uint64) bundle.Slot  { return bundle.Slot{Const: v} }
 
 // ctlSlots are the control-block parameters every MI-carrying kernel may take.
-var ctlSlots = slots{"ctl_mask": buf("ctl.mask"), "ctl_tokens": buf("ctl.tokens"), "ctl_gen": buf("ctl.gen"), "ctl_seq": buf("ctl.seq"), "ctl_latch": buf("ctl.latch")}
+var ctlSlots = slots{"ctl_mask": buf("ctl.mask"), "ctl_tokens": buf("ctl.tokens"), "ctl_gen": buf("ctl.gen"), "ctl_seq": buf("ctl.seq"),
+	"ctl_latch": buf("ctl.latch"), "ctl_vslot": buf("ctl.vslot")}
 
 // node binds k's parameters by name and makes a launch.
 func node(label string, k *Kernel, l ops.Launch, s slots, mi []MIOp) (bundle.Node, error) {
@@ -26,8 +27,8 @@ func node(label string, k *Kernel, l ops.Launch, s slots, mi []MIOp) (bundle.Nod
 	for n, v := range ctlSlots {
 		all[n] = v
 	}
-	for n, b := range MIBindings(mi) {
-		all[n] = buf(b)
+	for n, b := range miSlots(mi) {
+		all[n] = b
 	}
 	for n, v := range s {
 		all[n] = v
@@ -354,6 +355,9 @@ func (t *tb) sampleTail(samples int) {
 	}
 	for i, o := range ovr {
 		s[fmt.Sprintf("ovr%d_scal", i)] = buf(o.Scal)
+		if o.Fired != "" {
+			s[fmt.Sprintf("ovr%d_fired", i)] = bundle.Slot{Buffer: o.Fired, Offset: int64(4 * o.FiredCol)}
+		}
 	}
 	t.add("sample", k, err, smc.Launch(samples), s, nil)
 }

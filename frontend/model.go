@@ -10,6 +10,7 @@ import (
 
 	"gopkg.in/yaml.v3"
 
+	"xmix/bundle"
 	"xmix/input"
 )
 
@@ -21,10 +22,10 @@ var (
 )
 
 var (
-	modelKeys       = []string{"model", "family", "hf", "dims", "config", "weights", "dtype", "kv_dtype", "tokenizer", "bos", "eos", "serving"}
+	modelKeys       = []string{"model", "family", "hf", "dims", "config", "weights", "dtype", "kv_dtype", "tokenizer", "bos", "eos", "chat_template", "serving"}
 	dimsKeys        = []string{"hidden", "intermediate", "layers", "heads", "kv_heads", "head_dim", "vocab", "rope_theta", "rms_eps", "tie_embeddings", "rope_scaling", "experts", "experts_per_token"}
 	ropeScalingKeys = []string{"type", "factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}
-	servingKeys     = []string{"decode_buckets", "prefill_chunks", "max_seq_len", "max_seqs", "kv_block_size"}
+	servingKeys     = []string{"decode_buckets", "prefill_chunks", "max_batched_tokens", "max_seq_len", "max_seqs", "kv_block_size", "vector_slots"}
 	weightDtypes    = []string{"bf16", "f32"}
 	kvDtypes        = []string{"f32", "bf16"}
 )
@@ -123,6 +124,7 @@ func (p *parser) model(root *yaml.Node) *Model {
 	cfg := p.configRef(top, hf)
 	p.dims(top, m, cfg)
 	p.specialTokens(top, m, cfg)
+	p.chatTemplate(top, m)
 	p.serving(top, m)
 	p.family(top, m, cfg)
 	p.moe(top, m, cfg.cfg, cfg.keyAt)
@@ -559,8 +561,9 @@ func (p *parser) tokenizer(n *yaml.Node, t *Tokenizer) {
 }
 
 // specialTokens sets BOS and EOS from the spec, falling back to generation_config.json (for
-// eos) and config.json. BOS stays -1 when
-// neither gives one and the tokenizer does not need it.
+// eos) and config.json. BOS stays -1 when neither gives one. Whether prompts start with the
+// BOS is the tokenizer's business (cmd/driver decides it for a tokenizer.json); a bos: in the
+// spec always is (BOSGiven).
 func (p *parser) specialTokens(top *mapping, m *Model, src *configSource) {
 	if cfg := src.cfg; cfg != nil {
 		if cfg.BOSTokenID != nil {
@@ -575,7 +578,7 @@ func (p *parser) specialTokens(top *mapping, m *Model, src *configSource) {
 	if n := top.get("bos"); n != nil {
 		bosPos = p.pos(n)
 		if v, ok := p.natural(n, "bos"); ok {
-			m.BOS = v
+			m.BOS, m.BOSGiven = v, true
 		}
 	}
 	if n := top.get("eos"); n != nil {
@@ -586,14 +589,8 @@ func (p *parser) specialTokens(top *mapping, m *Model, src *configSource) {
 		p.errorAt(eosPos, fmt.Sprintf("at most %d", maxEOS), "eos: %d ids is more than this compiler supports", len(m.EOS))
 		m.EOS = nil
 	}
-	if m.Tokenizer.Kind == "bytes" {
-		if m.BOS < 0 && top.get("bos") == nil {
-			p.errorAt(m.Tokenizer.Pos, fmt.Sprintf("add bos: %d, the first id after the bytes", byteTokens),
-				"tokenizer: the bytes tokenizer needs a bos id")
-		}
-		if m.Vocab > 0 && m.Vocab < byteTokens {
-			p.errorAt(m.Tokenizer.Pos, "the bytes tokenizer uses ids 0-255 for the bytes", "tokenizer: vocab %d is smaller than %d", m.Vocab, byteTokens)
-		}
+	if m.Tokenizer.Kind == "bytes" && m.Vocab > 0 && m.Vocab < byteTokens {
+		p.errorAt(m.Tokenizer.Pos, "the bytes tokenizer uses ids 0-255 for the bytes", "tokenizer: vocab %d is smaller than %d", m.Vocab, byteTokens)
 	}
 	if m.Vocab <= 0 {
 		return
@@ -607,6 +604,25 @@ func (p *parser) specialTokens(top *mapping, m *Model, src *configSource) {
 			p.errorAt(eosPos, hint, "eos %d is not a token id of the model", id)
 		}
 	}
+}
+
+// chatTemplate reads chat_template: a Jinja file (relative to the spec) that replaces the
+// one of the checkpoint's tokenizer_config.json, or gives a model without one (the bytes
+// tokenizer) a chat template. It is parsed when the bundle is built.
+func (p *parser) chatTemplate(top *mapping, m *Model) {
+	n := top.get("chat_template")
+	if n == nil {
+		return
+	}
+	path, ok := p.str(n, "chat_template")
+	if !ok {
+		return
+	}
+	if path == "" {
+		p.errorf(n, "give the path of a .jinja file", "chat_template: path must not be empty")
+		return
+	}
+	m.ChatTemplate, m.ChatTemplatePos = p.resolve(path), p.pos(n)
 }
 
 func (p *parser) serving(top *mapping, m *Model) {
@@ -689,12 +705,32 @@ func (p *parser) serving(top *mapping, m *Model) {
 		p.errorAt(maxSeqsAt, fmt.Sprintf("at most %d tokens: lower max_seqs or max_seq_len", maxResidentTokens),
 			"serving: max_seqs %d x max_seq_len %d = %d tokens of KV cache is more than this compiler supports", m.MaxSeqs, m.MaxSeqLen, t)
 	}
+	m.VectorSlots = m.MaxSeqs
+	if n := sm.get("vector_slots"); n != nil {
+		if v, good := bounded(n, "serving.vector_slots", maxRows); good && v > m.MaxSeqs {
+			p.errorf(n, fmt.Sprintf("at most max_seqs (%d): a running request holds at most one", m.MaxSeqs),
+				"serving.vector_slots %d is more than max_seqs %d", v, m.MaxSeqs)
+		} else if good {
+			m.VectorSlots = v
+		}
+	}
 	if m.MaxSeqLen%m.KVBlockSize != 0 {
 		p.errorAt(sm.keyPos(p, "kv_block_size"), "KV pages must tile the sequence exactly",
 			"serving.kv_block_size %d does not divide max_seq_len %d", m.KVBlockSize, m.MaxSeqLen)
 	}
-	if c := m.PrefillChunks[len(m.PrefillChunks)-1]; c > m.MaxSeqLen {
+	largestChunk := m.PrefillChunks[len(m.PrefillChunks)-1]
+	if largestChunk > m.MaxSeqLen {
 		p.errorAt(sm.keyPos(p, "prefill_chunks"), "",
-			"serving.prefill_chunks: chunk %d is longer than max_seq_len %d", c, m.MaxSeqLen)
+			"serving.prefill_chunks: chunk %d is longer than max_seq_len %d", largestChunk, m.MaxSeqLen)
+	}
+	m.MaxBatchedTokens = largestChunk
+	if n := sm.get("max_batched_tokens"); n != nil {
+		if v, good := p.positive(n, "serving.max_batched_tokens"); good {
+			if err := bundle.CheckMaxBatchedTokens(v, m.PrefillChunks, m.MaxSeqs); err != nil {
+				p.errorf(n, "", "serving.%v", err)
+			} else {
+				m.MaxBatchedTokens = v
+			}
+		}
 	}
 }

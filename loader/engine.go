@@ -14,6 +14,7 @@ import (
 	"sort"
 	"strings"
 	"time"
+	"unsafe"
 
 	"xmix/bundle"
 	"xmix/ops"
@@ -21,7 +22,13 @@ import (
 
 // Request is one generation request.
 type Request struct {
-	Prompt      []int    // token ids, without BOS (the engine adds it)
+	// Prompt is the prompt's token ids. The engine puts the bundle's BOS before them
+	// (ModelConfig.BOS; -1 when the checkpoint's tokenizer starts prompts with none), as
+	// Hugging Face's tokenizer(text) and vLLM's completions do, unless Verbatim.
+	Prompt []int
+	// Verbatim: Prompt is the model's whole input as it stands, BOS included or not (a
+	// rendered chat template writes its own: Chat.Prompt); the engine prepends nothing.
+	Verbatim    bool
 	Apps        []string // names of deployed apps to enable for this request
 	MaxTokens   int
 	Temperature float32 // <= 0: greedy
@@ -34,6 +41,18 @@ type Request struct {
 	// scalar's manifest name ("steer.op0.alpha", "cast.op3.threshold"). An override for an
 	// app the request does not enable changes nothing.
 	Overrides map[string]float32
+	// Vectors bring this request's own values of per_request vector params, by app and
+	// param name ("steer.v"; Engine.PerRequestVectors lists them), for apps the request
+	// enables: each has the param's width and finite values (a direction is normalised). A
+	// request with any holds a vector slot while it runs (Engine.VectorSlots).
+	Vectors map[string][]float32
+	// Layers narrow, for this request, the layers an op marked at: {per_request: true} runs
+	// at, by app and op ("steer.op0"): a subset of its compiled layers (none: the op does
+	// not run). Ops not named run at all their layers.
+	Layers map[string][]int
+	// StopWhen, when set, ends the request once an export crosses a threshold (reason
+	// "stop_when").
+	StopWhen *StopWhen
 }
 
 // Row is one forward row of a request: the token it fed in, its position, and what the
@@ -126,12 +145,29 @@ type Result struct {
 	Reason string
 	// Error says why a request ended early (Reason ReasonNonFinite or ReasonError).
 	Error string
+	// PromptTokens is how many rows the prompt fed (its BOS included): Rows[PromptTokens-1]
+	// sampled Tokens[0], Rows[PromptTokens-1+k] sampled Tokens[k].
+	PromptTokens int
+	// Fired counts, for every op of every app the request enables, the (token row, layer)
+	// sites where it changed or read the row (fired.go).
+	Fired Fired
+}
+
+// InputIDs is the prompt the engine feeds for r: the bundle's BOS (when the bundle has one
+// and r is not Verbatim), then r.Prompt. Its length is Result.PromptTokens.
+func InputIDs(c bundle.ModelConfig, r Request) []int {
+	ids := make([]int, 0, 1+len(r.Prompt))
+	if c.BOS >= 0 && !r.Verbatim {
+		ids = append(ids, c.BOS)
+	}
+	return append(ids, r.Prompt...)
 }
 
 // Why a request ended (Result.Reason).
 const (
 	ReasonEOS       = "eos"        // it generated an end-of-sequence token
 	ReasonMaxTokens = "max_tokens" // it generated max_tokens tokens
+	ReasonStopWhen  = "stop_when"  // an export crossed the request's StopWhen threshold
 	// ReasonNonFinite: the logits of its last row were not all finite (a NaN or an
 	// infinity: the forward overflowed, or an app wrote one), so no token could be sampled;
 	// Error names the step. The tokens before it are what the request generated.
@@ -159,9 +195,12 @@ type Engine struct {
 	exportBits uint32
 	decode     []bundle.Template
 	prefill    []bundle.Template
+	budget     int // rows per step at most (MaxBatchedTokens)
 	tmplIdx    map[string]int
 	freePage   []uint32
 	padPages   int
+	pool       vectorPool
+	fired      []firedApp // by app, in manifest order
 	queue      []*seqState
 	slots      []*seqState
 	nextID     int
@@ -177,6 +216,8 @@ type Engine struct {
 type Stats struct {
 	Steps, DecodeSteps, PrefillSteps, Rows, PaddedRows int
 	DecodeTime, PrefillTime                            time.Duration
+	// FirstToken is when the first token the engine sampled came back to the host.
+	FirstToken time.Time
 }
 
 // appCtl is what the engine controls of one app at run time: its scalar table and the
@@ -184,8 +225,9 @@ type Stats struct {
 type appCtl struct {
 	name     string
 	bit      int
-	table    string         // control buffer of [max_seqs+1, len(defaults)] f32, or ""
-	defaults []float32      // by table column; SetDefault changes them
+	table    string         // control buffer of [max_seqs+1, width] f32, or ""
+	width    int            // columns of a table row: scalars, then layer-mask words
+	defaults []float32      // by table column, scalars only; SetDefault changes them
 	scalars  map[string]int // manifest scalar name -> column
 	vectors  []bundle.Vector
 	// By column: the vector buffer a scalar multiplies ("" for none), whether the product
@@ -194,6 +236,7 @@ type appCtl struct {
 	scales   []string
 	residual []bool
 	limits   []float32
+	masks    []bundle.LayerMask
 }
 
 type latchInfo struct {
@@ -227,6 +270,12 @@ func NewEngine(b *bundle.Bundle, be Backend) (*Engine, error) {
 	}
 	sort.Slice(e.decode, func(i, j int) bool { return e.decode[i].Tokens < e.decode[j].Tokens })
 	sort.Slice(e.prefill, func(i, j int) bool { return e.prefill[i].Tokens < e.prefill[j].Tokens })
+	e.budget = e.prefill[len(e.prefill)-1].Tokens
+	if n := b.Manifest.Model.MaxBatchedTokens; n != 0 {
+		if err := e.SetMaxBatchedTokens(n); err != nil {
+			return nil, fmt.Errorf("bundle serving: %w", err)
+		}
+	}
 	c := e.cfg
 	bufs := map[string]bundle.Buffer{}
 	for _, buf := range b.Manifest.Buffers {
@@ -269,6 +318,12 @@ func NewEngine(b *bundle.Bundle, be Backend) (*Engine, error) {
 			return nil, fmt.Errorf("bundle has after_token latches but no u32 control buffer ctl.latch")
 		}
 	}
+	if err := e.initVectors(bufs); err != nil {
+		return nil, err
+	}
+	if err := e.initFired(bufs); err != nil {
+		return nil, err
+	}
 	e.blocks = (c.MaxSeqLen + c.KVBlockSize - 1) / c.KVBlockSize
 	// The last pages belong to the padding sequence (row MaxSeqs of the block table).
 	e.padPages = max(1, c.KVPadPages)
@@ -288,13 +343,26 @@ func NewEngine(b *bundle.Bundle, be Backend) (*Engine, error) {
 
 // newAppCtl checks an app's scalar table and vectors against the buffers that hold them.
 func newAppCtl(a bundle.App, bufs map[string]bundle.Buffer, maxSeqs int) (*appCtl, error) {
-	ac := &appCtl{name: a.Name, bit: a.Bit, table: a.ScalarTable, scalars: map[string]int{}, vectors: a.Vectors}
+	ac := &appCtl{name: a.Name, bit: a.Bit, table: a.ScalarTable, scalars: map[string]int{}, vectors: a.Vectors,
+		masks: a.LayerMasks, width: a.TableWidth()}
 	n := len(a.Scalars)
-	if n > 0 || a.ScalarTable != "" {
+	if ac.width > 0 || a.ScalarTable != "" {
 		tb, ok := bufs[a.ScalarTable]
-		if !ok || tb.Kind != bundle.KindControl || tb.Dtype != "f32" || len(tb.Shape) != 2 || tb.Shape[0] != maxSeqs+1 || tb.Shape[1] != n {
-			return nil, fmt.Errorf("scalar table %q is not a control buffer of [%d, %d] f32", a.ScalarTable, maxSeqs+1, n)
+		if !ok || tb.Kind != bundle.KindControl || tb.Dtype != "f32" || len(tb.Shape) != 2 || tb.Shape[0] != maxSeqs+1 || tb.Shape[1] != ac.width {
+			return nil, fmt.Errorf("scalar table %q is not a control buffer of [%d, %d] f32", a.ScalarTable, maxSeqs+1, ac.width)
 		}
+	}
+	col := n
+	for _, m := range a.LayerMasks {
+		if m.Column != col || m.Words <= 0 || len(m.Layers) == 0 {
+			return nil, fmt.Errorf("layer mask of op %d: %d words at column %d, want column %d", m.Op, m.Words, m.Column, col)
+		}
+		for _, l := range m.Layers {
+			if l < 0 || l >= 32*m.Words {
+				return nil, fmt.Errorf("layer mask of op %d: layer %d outside its %d words", m.Op, l, m.Words)
+			}
+		}
+		col += m.Words
 	}
 	ac.defaults, ac.scales, ac.residual, ac.limits = make([]float32, n), make([]string, n), make([]bool, n), make([]float32, n)
 	for _, v := range a.Vectors {
@@ -379,25 +447,9 @@ func (e *Engine) SetVector(app, param string, v []float32) error {
 		if len(v) != x.Width {
 			return fmt.Errorf("app %s param %s: %d values, the app's kernels need %d", app, param, len(v), x.Width)
 		}
-		for i, f := range v {
-			if math.IsNaN(float64(f)) || math.IsInf(float64(f), 0) {
-				return fmt.Errorf("app %s param %s: value %d is %v; every value must be finite", app, param, i, f)
-			}
-		}
-		data := v
-		if x.Unit {
-			var n float64
-			for _, f := range v {
-				n += float64(f) * float64(f)
-			}
-			if n == 0 || math.IsInf(n, 0) || math.IsNaN(n) {
-				return fmt.Errorf("app %s param %s is a direction: it needs a finite, non-zero norm", app, param)
-			}
-			inv := 1 / math.Sqrt(n)
-			data = make([]float32, len(v))
-			for i, f := range v {
-				data[i] = float32(float64(f) * inv)
-			}
+		data, err := checkVector(v, x.Unit)
+		if err != nil {
+			return fmt.Errorf("app %s param %s: %w", app, param, err)
 		}
 		for col, buf := range a.scales {
 			if l := bundle.ProductLimit(data, a.residual[col]); buf == x.Buffer && math.Abs(float64(a.defaults[col])) > float64(l) {
@@ -406,6 +458,9 @@ func (e *Engine) SetVector(app, param string, v []float32) error {
 			}
 		}
 		if err := e.Be.Write(x.Buffer, 0, putF32s(data)); err != nil {
+			return fmt.Errorf("app %s param %s: %w", app, param, err)
+		}
+		if err := e.setDefaultVector(x.Buffer, data); err != nil {
 			return fmt.Errorf("app %s param %s: %w", app, param, err)
 		}
 		for col, buf := range a.scales {
@@ -430,16 +485,31 @@ type override struct {
 }
 
 // writeScalars writes slot's row of the scalar table of every app s enables: the current
-// defaults with the request's overrides.
+// defaults with the request's overrides, then the words of its layer masks (every compiled
+// layer on, or those the request names).
 func (e *Engine) writeScalars(s *seqState) error {
 	for _, a := range e.apps {
 		if a.table == "" || s.mask&(1<<uint(a.bit)) == 0 {
 			continue
 		}
-		row := append([]float32(nil), a.defaults...)
+		row := make([]float32, a.width)
+		copy(row, a.defaults)
 		for _, o := range s.overrides {
 			if o.app == a {
 				row[o.col] = o.v
+			}
+		}
+		for _, m := range a.masks {
+			layers, own := s.layers[layerKey(a, m)]
+			if !own {
+				layers = m.Layers
+			}
+			words := make([]uint32, m.Words)
+			for _, l := range layers {
+				words[l/32] |= 1 << uint(l%32)
+			}
+			for i, w := range words {
+				row[m.Column+i] = math.Float32frombits(w)
 			}
 		}
 		if err := e.Be.Write(a.table, int64(4*s.slot*len(row)), putF32s(row)); err != nil {
@@ -494,7 +564,7 @@ type seqState struct {
 	res     *Result
 	slot    int
 	pages   []uint32
-	tokens  []int // BOS + prompt + generated
+	tokens  []int // InputIDs, then the generated tokens
 	fed     int   // tokens already run through the model
 	mask    uint32
 	rng     *rand.Rand
@@ -505,6 +575,15 @@ type seqState struct {
 	overrides []override
 	latchAt   []int
 	scanned   int
+	// Per-request vectors (nil: none, no slot needed) and the slot held (-1: none); layer
+	// masks the request narrows, by layerKey.
+	vecs   map[*prVector][]float32
+	vslot  int
+	layers map[string][]int
+	// firedAt[i]: where app i's entries start in res.Fired (nil: no app enabled); stop:
+	// the request's resolved StopWhen.
+	firedAt []int
+	stop    *StopWhen
 }
 
 // Handle follows one submitted request.
@@ -527,19 +606,18 @@ func (e *Engine) Submit(r Request) (h *Handle, err error) {
 			h, err = nil, panicError("submit", p)
 		}
 	}()
-	ov, err := e.check(&r)
+	v, err := e.check(&r)
 	if err != nil {
 		return nil, err
 	}
-	c := e.cfg
 	e.nextID++
 	h = &Handle{ID: e.nextID, Submitted: time.Now()}
-	s := &seqState{h: h, req: &r, res: &h.Result, slot: -1, rng: rand.New(rand.NewPCG(r.Seed, 0x786d6978)), overrides: ov}
-	s.tokens = append(append(make([]int, 0, 1+len(r.Prompt)+r.MaxTokens), c.BOS), r.Prompt...)
+	s := &seqState{h: h, req: &r, res: &h.Result, slot: -1, vslot: -1, rng: rand.New(rand.NewPCG(r.Seed, 0x786d6978)),
+		mask: v.mask, overrides: v.overrides, vecs: v.vecs, layers: v.layers, stop: v.stop}
+	s.tokens = append(make([]int, 0, v.promptN+r.MaxTokens), InputIDs(e.cfg, r)...)
 	s.promptN = len(s.tokens)
-	for _, name := range r.Apps {
-		s.mask |= 1 << uint(e.appBits[name])
-	}
+	h.Result.PromptTokens = s.promptN
+	e.startFired(s)
 	// Sized for the whole request: nothing regrows on the decode loop's path.
 	s.res.Rows = make([]Row, 0, s.promptN+r.MaxTokens)
 	s.res.Tokens = make([]int, 0, r.MaxTokens)
@@ -583,6 +661,7 @@ func (e *Engine) Step() (ran bool, err error) {
 	for i, s := range e.slots {
 		if s != nil && s.done {
 			e.freePage = append(e.freePage, s.pages...)
+			e.releaseVectorSlot(s)
 			e.slots[i] = nil
 			s.h.Done = true
 		}
@@ -689,7 +768,7 @@ func (e *Engine) admit() error {
 			}
 		}
 		need := (s.promptN + s.req.MaxTokens + c.KVBlockSize - 1) / c.KVBlockSize
-		if free < 0 || need > len(e.freePage) {
+		if free < 0 || need > len(e.freePage) || s.vecs != nil && len(e.pool.free) == 0 {
 			return nil
 		}
 		s.pages = append([]uint32(nil), e.freePage[len(e.freePage)-need:]...)
@@ -697,7 +776,12 @@ func (e *Engine) admit() error {
 		s.slot = free
 		e.slots[free] = s
 		e.queue = e.queue[1:]
+		// What is written for s concerns s alone: a failure ends it, and Step frees what it
+		// holds (pages, slot, vector slot).
 		e.guard(s, func() error {
+			if err := e.takeVectorSlot(s); err != nil {
+				return err
+			}
 			row := make([]uint32, e.blocks)
 			copy(row, s.pages)
 			if err := e.writeTableRow(free, row); err != nil {
@@ -715,70 +799,9 @@ type stepRow struct {
 	sample int // index among samples, -1 if the row is not sampled
 }
 
-// step runs one forward. While prompts are pending it uses a prefill template: one decode
-// row for every running sequence first (so decoding never stalls behind a long prompt),
-// then prompt chunks. Otherwise a decode template with one row per running sequence, in
-// the smallest bucket that holds them.
+// step plans one forward (schedule.go) and runs it.
 func (e *Engine) step(active []*seqState) error {
-	rows := make([]stepRow, 0, e.maxT)
-	var t bundle.Template
-	decoding, prefilling := make([]*seqState, 0, len(active)), make([]*seqState, 0, len(active))
-	for _, s := range active {
-		if s.fed < s.promptN {
-			prefilling = append(prefilling, s)
-		} else {
-			decoding = append(decoding, s)
-		}
-	}
-	if len(prefilling) > 0 {
-		t = e.prefill[len(e.prefill)-1]
-		nS := 0
-		for _, s := range decoding {
-			if nS == t.Samples || len(rows) == t.Tokens {
-				break
-			}
-			rows = append(rows, stepRow{s: s, pos: s.fed, sample: nS})
-			s.fed++
-			nS++
-		}
-		for _, s := range prefilling {
-			for s.fed < s.promptN && len(rows) < t.Tokens {
-				r := stepRow{s: s, pos: s.fed, sample: -1}
-				if s.fed == s.promptN-1 {
-					if nS == t.Samples {
-						break
-					}
-					r.sample = nS
-					nS++
-				}
-				rows = append(rows, r)
-				s.fed++
-			}
-		}
-		for _, c := range e.prefill { // the smallest chunk that holds these rows
-			if c.Tokens >= len(rows) && c.Samples >= nS {
-				t = c
-				break
-			}
-		}
-		e.Stats.PrefillSteps++
-	} else {
-		t = e.decode[len(e.decode)-1]
-		for _, c := range e.decode {
-			if c.Tokens >= len(active) {
-				t = c
-				break
-			}
-		}
-		// More sequences than the largest bucket: rotate who goes first.
-		start := e.Stats.DecodeSteps % len(active)
-		for i := range min(len(active), t.Tokens) {
-			s := active[(start+i)%len(active)]
-			rows = append(rows, stepRow{s: s, pos: s.fed, sample: i})
-			s.fed++
-		}
-		e.Stats.DecodeSteps++
-	}
+	t, rows := e.plan(active)
 	e.Stats.Steps++
 	e.Stats.Rows += len(rows)
 	e.Stats.PaddedRows += t.Tokens - len(rows)
@@ -796,10 +819,10 @@ func (e *Engine) run(t bundle.Template, rows []stepRow) error {
 	c := e.cfg
 	n, ns := t.Tokens, t.Samples
 	sc := &e.scratch
-	words := sc.words(7*n + 2*ns)
+	words := sc.words(8*n + 2*ns)
 	tokens, pos, seq, mask := words[:n], words[n:2*n], words[2*n:3*n], words[3*n:4*n]
-	gen, outRow, latch := words[4*n:5*n], words[5*n:6*n], words[6*n:7*n]
-	rng, sRow := words[7*n:7*n+ns], words[7*n+ns:]
+	gen, outRow, latch, vslot := words[4*n:5*n], words[5*n:6*n], words[6*n:7*n], words[7*n:8*n]
+	rng, sRow := words[8*n:8*n+ns], words[8*n+ns:]
 	floats := sc.floats(2 * ns)
 	temp, topP := floats[:ns], floats[ns:]
 	for i := range sRow {
@@ -810,6 +833,7 @@ func (e *Engine) run(t bundle.Template, rows []stepRow) error {
 		pos[i] = uint32(min(i, e.padPages*c.KVBlockSize-1))
 		gen[i] = 0xFFFFFFFF
 		outRow[i] = 0xFFFFFFFF
+		vslot[i] = 0xFFFFFFFF
 	}
 	sampled := sc.sampled[:0]
 	for i, r := range rows {
@@ -820,6 +844,9 @@ func (e *Engine) run(t bundle.Template, rows []stepRow) error {
 		mask[i] = s.mask
 		if len(e.latches) > 0 {
 			latch[i] = e.latchWord(s, r.pos)
+		}
+		if s.vslot >= 0 {
+			vslot[i] = uint32(s.vslot)
 		}
 		if r.pos >= s.promptN {
 			gen[i] = uint32(r.pos - s.promptN)
@@ -858,6 +885,11 @@ func (e *Engine) run(t bundle.Template, rows []stepRow) error {
 			return err
 		}
 	}
+	if e.pool.total > 0 {
+		if err := e.Be.Write("ctl.vslot", 0, sc.encode(vslot)); err != nil {
+			return err
+		}
+	}
 	if e.hasAny {
 		var any uint32
 		for _, m := range mask {
@@ -881,7 +913,13 @@ func (e *Engine) run(t bundle.Template, rows []stepRow) error {
 	}
 	ids := sc.decode(out)
 	now := time.Now()
+	if e.Stats.FirstToken.IsZero() && len(sampled) > 0 {
+		e.Stats.FirstToken = now
+	}
 	if err := e.collectExports(rows, n); err != nil {
+		return err
+	}
+	if err := e.collectFired(rows, n); err != nil {
 		return err
 	}
 	for _, r := range sampled {
@@ -914,6 +952,8 @@ func (e *Engine) take(r stepRow, id uint32, now time.Time) error {
 	switch {
 	case isEOS(c, fed):
 		s.done, s.res.Reason = true, ReasonEOS
+	case s.stop != nil && s.stop.crossed(s.res.Rows[r.pos].Exports):
+		s.done, s.res.Reason = true, ReasonStopWhen
 	case len(s.res.Tokens) >= s.req.MaxTokens:
 		s.done, s.res.Reason = true, ReasonMaxTokens
 	}
@@ -928,8 +968,29 @@ type stepScratch struct {
 	is      []int
 	f       []float32
 	b       []byte
+	fired   []byte
+	firedW  []uint32
 	ids     []uint32
 	sampled []stepRow
+}
+
+// firedBytes returns n bytes for a fired buffer, valid until the next call.
+func (sc *stepScratch) firedBytes(n int) []byte {
+	sc.fired = grow(sc.fired, n)
+	return sc.fired
+}
+
+// firedWords views b (from firedBytes) as its little-endian words: in place on a
+// little-endian host, decoded into scratch elsewhere.
+func (sc *stepScratch) firedWords(b []byte) []uint32 {
+	if hostLittleEndian && len(b) > 0 && uintptr(unsafe.Pointer(&b[0]))%4 == 0 {
+		return unsafe.Slice((*uint32)(unsafe.Pointer(&b[0])), len(b)/4)
+	}
+	sc.firedW = grow(sc.firedW, len(b)/4)
+	for i := range sc.firedW {
+		sc.firedW[i] = binary.LittleEndian.Uint32(b[4*i:])
+	}
+	return sc.firedW
 }
 
 // words returns n zeroed words.

@@ -12,7 +12,7 @@ import (
 // 400, a usage error of the CLI), not a failure of the engine. Field names the request
 // field at fault, as the HTTP API spells it.
 type RequestError struct {
-	Field string // max_tokens, temperature, top_p, prompt, force, apps or set
+	Field string // max_tokens, temperature, top_p, prompt, force, apps, set, vectors, layers or stop_when
 	Msg   string
 }
 
@@ -30,19 +30,35 @@ func (e *Engine) Check(r *Request) error {
 	return err
 }
 
-// check is Check, returning the resolved overrides.
-func (e *Engine) check(r *Request) ([]override, error) {
+// checked is what check resolves from a valid request.
+type checked struct {
+	promptN   int // rows the prompt feeds (len(InputIDs))
+	mask      uint32
+	overrides []override
+	vecs      map[*prVector][]float32
+	layers    map[string][]int
+	stop      *StopWhen
+}
+
+// check is Check, returning what it resolved.
+func (e *Engine) check(r *Request) (*checked, error) {
 	c := e.cfg
 	if r.MaxTokens < 1 {
 		return nil, invalid("max_tokens", "max_tokens %d: must be at least 1", r.MaxTokens)
 	}
-	// Compared without adding, so that no max_tokens can overflow the sum.
-	promptN := 1 + len(r.Prompt) // with BOS
-	if r.MaxTokens > c.MaxSeqLen || promptN > c.MaxSeqLen-r.MaxTokens {
-		return nil, invalid("max_tokens", "prompt (%d tokens with BOS) + max_tokens (%d) = %d exceeds the bundle's max_seq_len %d",
-			promptN, r.MaxTokens, uint64(promptN)+uint64(r.MaxTokens), c.MaxSeqLen)
+	v := &checked{promptN: len(r.Prompt)}
+	if c.BOS >= 0 && !r.Verbatim {
+		v.promptN++
 	}
-	if pages := (promptN + r.MaxTokens + c.KVBlockSize - 1) / c.KVBlockSize; pages > c.KVBlocks-e.padPages {
+	if v.promptN == 0 {
+		return nil, invalid("prompt", "empty prompt: model %s starts prompts with no BOS, so a request needs at least one token", c.Name)
+	}
+	// Compared without adding, so that no max_tokens can overflow the sum.
+	if r.MaxTokens > c.MaxSeqLen || v.promptN > c.MaxSeqLen-r.MaxTokens {
+		return nil, invalid("max_tokens", "prompt (%d tokens, BOS included) + max_tokens (%d) = %d exceeds the bundle's max_seq_len %d",
+			v.promptN, r.MaxTokens, uint64(v.promptN)+uint64(r.MaxTokens), c.MaxSeqLen)
+	}
+	if pages := (v.promptN + r.MaxTokens + c.KVBlockSize - 1) / c.KVBlockSize; pages > c.KVBlocks-e.padPages {
 		return nil, invalid("max_tokens", "request needs %d KV pages, the bundle has %d", pages, c.KVBlocks-e.padPages)
 	}
 	if t := float64(r.Temperature); math.IsNaN(t) || math.IsInf(t, 0) || t < 0 {
@@ -62,11 +78,53 @@ func (e *Engine) check(r *Request) ([]override, error) {
 		}
 	}
 	for _, name := range r.Apps {
-		if _, ok := e.appBits[name]; !ok {
+		bit, ok := e.appBits[name]
+		if !ok {
 			return nil, invalid("apps", "app %q is not deployed in this bundle (deployed: %s)", name, strings.Join(e.AppNames(), ", "))
 		}
+		v.mask |= 1 << uint(bit)
 	}
-	return e.resolveOverrides(r.Overrides)
+	var err error
+	if v.overrides, err = e.resolveOverrides(r.Overrides); err != nil {
+		return nil, err
+	}
+	if v.vecs, err = e.resolveVectors(r, v.mask); err != nil {
+		return nil, &RequestError{Field: "vectors", Msg: err.Error()}
+	}
+	if err := v.checkProducts(); err != nil {
+		return nil, err
+	}
+	if v.layers, err = e.resolveLayers(r.Layers, v.mask); err != nil {
+		return nil, &RequestError{Field: "layers", Msg: err.Error()}
+	}
+	if v.stop, err = e.resolveStop(r.StopWhen, v.mask); err != nil {
+		return nil, &RequestError{Field: "stop_when", Msg: err.Error()}
+	}
+	return v, nil
+}
+
+// checkProducts refuses a request's own vector whose product with the scalar that scales it
+// (the request's override, else the default) overflows f32.
+func (v *checked) checkProducts() error {
+	for pv, data := range v.vecs {
+		a := pv.app
+		for col, buf := range a.scales {
+			if buf != pv.buffer {
+				continue
+			}
+			val := a.defaults[col]
+			for _, o := range v.overrides {
+				if o.app == a && o.col == col {
+					val = o.v
+				}
+			}
+			if l := bundle.ProductLimit(data, a.residual[col]); math.Abs(float64(val)) > float64(l) {
+				return invalid("vectors", "vector %s: its product with %s %g overflows float32 (with it, %s may be at most %.4g in magnitude)",
+					pv.key, a.scalarNames()[col], val, a.scalarNames()[col], l)
+			}
+		}
+	}
+	return nil
 }
 
 // resolveOverrides maps "app.scalar" names to table columns, refusing a value that is not

@@ -47,12 +47,12 @@ func TestCheckRefusesEachField(t *testing.T) {
 		req         loader.Request
 		field, want string
 	}{
-		{with(func(r *loader.Request) { r.MaxTokens = math.MaxInt64 }), "max_tokens", "prompt (3 tokens with BOS) + max_tokens (9223372036854775807) = 9223372036854775810 exceeds the bundle's max_seq_len 128"},
+		{with(func(r *loader.Request) { r.MaxTokens = math.MaxInt64 }), "max_tokens", "prompt (3 tokens, BOS included) + max_tokens (9223372036854775807) = 9223372036854775810 exceeds the bundle's max_seq_len 128"},
 		{with(func(r *loader.Request) { r.MaxTokens = 1e10 }), "max_tokens", "max_tokens (10000000000)"},
 		{with(func(r *loader.Request) { r.MaxTokens = 126 }), "max_tokens", "= 129 exceeds the bundle's max_seq_len 128"},
 		{with(func(r *loader.Request) { r.MaxTokens = 0 }), "max_tokens", "max_tokens 0: must be at least 1"},
 		{with(func(r *loader.Request) { r.MaxTokens = -1 }), "max_tokens", "max_tokens -1: must be at least 1"},
-		{with(func(r *loader.Request) { r.Prompt = make([]int, 200) }), "max_tokens", "prompt (201 tokens with BOS)"},
+		{with(func(r *loader.Request) { r.Prompt = make([]int, 200) }), "max_tokens", "prompt (201 tokens, BOS included)"},
 		{with(func(r *loader.Request) { r.Temperature = nan }), "temperature", "temperature NaN: want a finite number >= 0 (0: greedy)"},
 		{with(func(r *loader.Request) { r.Temperature = -1 }), "temperature", "temperature -1"},
 		{with(func(r *loader.Request) { r.Temperature = inf }), "temperature", "temperature +Inf"},
@@ -125,7 +125,7 @@ func TestSetDefaultAndSetVectorStayFinite(t *testing.T) {
 	}{
 		{eng.SetDefault("steer", "op0.alpha", float32(math.NaN())), "NaN is not a finite number"},
 		{eng.SetDefault("steer", "op0.alpha", 1e38), "overflows float32"},
-		{eng.SetVector("steer", "v", append(slices.Clone(v[:127]), float32(math.Inf(-1)))), "value 127 is -Inf; every value must be finite"},
+		{eng.SetVector("steer", "v", append(slices.Clone(v[:127]), float32(math.Inf(-1)))), "value 127 is -Inf; want finite numbers"},
 		{eng.SetVector("steer", "v", append(slices.Clone(v[:127]), 3e38)), "the new vector times the default 2 of op0.alpha overflows float32"},
 	} {
 		if c.err == nil || !strings.Contains(c.err.Error(), c.want) {

@@ -320,8 +320,8 @@ func TestRunAndServeRefuseAlike(t *testing.T) {
 	}{
 		{[]string{"-n", "-1"}, `{"prompt": "x", "max_tokens": -1}`, "--max-tokens", "max_tokens -1: must be at least 1"},
 		{[]string{"-n", "9223372036854775807"}, `{"prompt": "x", "max_tokens": 9223372036854775807}`, "--max-tokens",
-			"prompt (2 tokens with BOS) + max_tokens (9223372036854775807) = 9223372036854775809 exceeds the bundle's max_seq_len 512"},
-		{[]string{"-n", "10000000000"}, `{"prompt": "x", "max_tokens": 10000000000}`, "--max-tokens", "prompt (2 tokens with BOS) + max_tokens (10000000000) = 10000000002 exceeds the bundle's max_seq_len 512"},
+			"prompt (2 tokens, BOS included) + max_tokens (9223372036854775807) = 9223372036854775809 exceeds the bundle's max_seq_len 512"},
+		{[]string{"-n", "10000000000"}, `{"prompt": "x", "max_tokens": 10000000000}`, "--max-tokens", "prompt (2 tokens, BOS included) + max_tokens (10000000000) = 10000000002 exceeds the bundle's max_seq_len 512"},
 		{[]string{"--temperature", "-1"}, `{"prompt": "x", "temperature": -1}`, "--temperature", "temperature -1: want a finite number >= 0 (0: greedy)"},
 		{[]string{"--top-p", "2"}, `{"prompt": "x", "top_p": 2}`, "--top-p", "top_p 2: want a number in [0, 1] (0 or 1: no nucleus cut)"},
 		{[]string{"--apps", "tiny-steer", "--set", "tiny-steer.op0.alpha=3e38"}, `{"prompt": "x", "apps": ["tiny-steer"], "set": {"tiny-steer.op0.alpha": 3e38}}`,

@@ -378,7 +378,7 @@ func (sv *server) parseGenerate(body io.Reader) (loader.Request, bool, error) {
 			return loader.Request{}, false, err
 		}
 	}
-	return loader.Request{Prompt: ids, Apps: g.Apps, MaxTokens: n, Temperature: g.Temperature,
+	return loader.Request{Prompt: ids, Verbatim: g.Chat, Apps: g.Apps, MaxTokens: n, Temperature: g.Temperature,
 		TopP: topP, Seed: g.Seed, Overrides: g.Set}, g.Stream, nil
 }
 
@@ -481,7 +481,7 @@ func (sv *server) stream(w http.ResponseWriter, r *http.Request, j *job) {
 	w.WriteHeader(http.StatusOK)
 	enc := json.NewEncoder(deadlineWriter{w, rc})
 	dec := newStreamDecoder(sv.s.tok)
-	promptN := 1 + len(j.req.Prompt) // rows count the BOS the engine adds
+	promptN := len(loader.InputIDs(sv.s.b.Manifest.Model, j.req)) // rows count the BOS the engine adds
 	sent := 0
 	for {
 		j.mu.Lock()

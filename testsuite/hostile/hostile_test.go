@@ -66,8 +66,8 @@ type httpCase struct {
 }
 
 var cliCases = []cliCase{
-	{"run -n 9223372036854775807", "xmix", "run -q -n 9223372036854775807", 1, "--max-tokens: prompt (37 tokens with BOS) + max_tokens (9223372036854775807)"},
-	{"run -n 10000000000", "xmix", "run -q -n 10000000000", 1, "--max-tokens: prompt (37 tokens with BOS) + max_tokens (10000000000)"},
+	{"run -n 9223372036854775807", "xmix", "run -q -n 9223372036854775807", 1, "--max-tokens: prompt (37 tokens, BOS included) + max_tokens (9223372036854775807)"},
+	{"run -n 10000000000", "xmix", "run -q -n 10000000000", 1, "--max-tokens: prompt (37 tokens, BOS included) + max_tokens (10000000000)"},
 	{"run -n -1", "xmix", "run -q -n -1", 1, "--max-tokens: max_tokens -1: must be at least 1"},
 	{"run --temperature NaN", "xmix", "run -q --temperature NaN", 1, "--temperature: temperature NaN: want a finite number >= 0"},
 	{"run --temperature -1", "xmix", "run -q --temperature -1", 1, "--temperature: temperature -1"},
