@@ -11,7 +11,7 @@ import (
 // anything is allocated, with both sizes named; one that fits, or an unknown memory, passes.
 func TestCheckMemory(t *testing.T) {
 	b := &bundle.Bundle{Manifest: bundle.Manifest{Buffers: []bundle.Buffer{
-		{Name: "kv.k", Kind: bundle.KindKV, Dtype: "f32", Shape: []int{1 << 20, 1 << 10}},   // 4 GiB
+		{Name: "kv.k", Kind: bundle.KindKV, Dtype: "f32", Shape: []int{1 << 20, 1 << 10}},  // 4 GiB
 		{Name: "act.x", Kind: bundle.KindActivation, Dtype: "bf16", Shape: []int{1 << 20}}, // 2 MiB
 	}}}
 	err := checkMemory(b, 2, 6<<30)
