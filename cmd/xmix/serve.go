@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -10,8 +11,10 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 	"unicode/utf8"
@@ -67,7 +70,7 @@ func serve(ctx context.Context, s *session, ln net.Listener, grace time.Duration
 	defer stopLoop()
 	loopDone := make(chan error, 1)
 	go func() { loopDone <- sv.loop(loopCtx) }()
-	hs := &http.Server{Handler: sv.handler(), ReadHeaderTimeout: 10 * time.Second}
+	hs := newHTTPServer(sv.handler())
 	httpDone := make(chan error, 1)
 	go func() { httpDone <- hs.Serve(ln) }()
 	var loopErr error
@@ -97,20 +100,38 @@ func serve(ctx context.Context, s *session, ln net.Listener, grace time.Duration
 	return nil
 }
 
+// timeouts are the server's. A client has Read for its whole request (headers within
+// ReadHeader; a body is at most maxBodyBytes) and Idle between requests on a kept-alive
+// connection. There is no http.Server.WriteTimeout, which would cut a long stream: each
+// write of a response gets Write instead (http.ResponseController), so a client that stops
+// reading is cut off while one that reads a stream for an hour is not.
+var timeouts = struct{ ReadHeader, Read, Idle, Write time.Duration }{
+	ReadHeader: 10 * time.Second, Read: 60 * time.Second, Idle: 120 * time.Second, Write: 60 * time.Second,
+}
+
+func newHTTPServer(h http.Handler) *http.Server {
+	return &http.Server{Handler: h, ReadHeaderTimeout: timeouts.ReadHeader, ReadTimeout: timeouts.Read, IdleTimeout: timeouts.Idle}
+}
+
 // server hands HTTP requests to the goroutine that owns the engine.
 type server struct {
 	s    *session
 	jobs chan *job
-	// stopped is closed when the engine loop ends; err says why when it failed.
+	// stopped is closed when the engine loop ends.
 	stopped chan struct{}
-	err     error
+	// failing is the error of the engine's last step when it failed (healthz reports it),
+	// nil once a step succeeds again.
+	mu      sync.Mutex
+	failing error
+	nextID  atomic.Int64
 }
 
 // job is one request in flight. The engine loop fills the fields under mu and pokes wake;
 // the handler reads them.
 type job struct {
+	id       int64 // names the request in errors
 	req      loader.Request
-	accepted chan error // Submit's verdict: nil, or why the request is invalid
+	accepted chan error // Submit's verdict: nil, or why the request is invalid or failed
 	wake     chan struct{}
 	h        *loader.Handle // engine side only
 
@@ -118,6 +139,7 @@ type job struct {
 	tokens   []int
 	rows     []loader.Row
 	reason   string
+	err      string // why it ended early (loader.Result.Error)
 	finished bool
 }
 
@@ -126,8 +148,8 @@ func newServer(s *session) *server {
 }
 
 // loop owns the engine: it submits arriving requests between steps, so they join the
-// running batch, and publishes each step's tokens to their jobs. It returns when ctx ends
-// or a step fails.
+// running batch, and publishes each step's tokens to their jobs. It returns when ctx ends.
+// A step that fails has ended its requests (they answer 500); the loop goes on.
 func (sv *server) loop(ctx context.Context) error {
 	defer close(sv.stopped)
 	eng := sv.s.eng
@@ -164,10 +186,10 @@ func (sv *server) loop(ctx context.Context) error {
 			return nil
 		}
 		if eng.Busy() {
-			if _, err := eng.Step(); err != nil {
-				sv.err = err
-				return err
-			}
+			_, err := eng.Step()
+			sv.mu.Lock()
+			sv.failing = err
+			sv.mu.Unlock()
 		}
 		kept := live[:0]
 		for _, j := range live {
@@ -188,7 +210,7 @@ func (j *job) publish() bool {
 	j.tokens = append(j.tokens, r.Tokens[len(j.tokens):]...)
 	j.rows = append(j.rows, r.Rows[len(j.rows):]...)
 	if j.h.Done {
-		j.finished, j.reason = true, r.Reason
+		j.finished, j.reason, j.err = true, r.Reason, r.Error
 	}
 	done := j.finished
 	j.mu.Unlock()
@@ -202,23 +224,42 @@ func (j *job) publish() bool {
 func (sv *server) handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		sv.mu.Lock()
+		failing := sv.failing
+		sv.mu.Unlock()
 		select {
 		case <-sv.stopped:
-			writeJSON(w, http.StatusServiceUnavailable, errBody(sv.stoppedErr()))
+			writeJSON(w, http.StatusServiceUnavailable, errBody(errStopped))
 		default:
+			if failing != nil {
+				writeJSON(w, http.StatusServiceUnavailable, errBody(fmt.Errorf("the engine's last step failed: %w", failing)))
+				return
+			}
 			writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 		}
 	})
 	mux.HandleFunc("GET /v1/apps", sv.apps)
 	mux.HandleFunc("POST /v1/generate", sv.generate)
-	return mux
+	return recoverPanics(mux)
 }
 
-func (sv *server) stoppedErr() error {
-	if sv.err != nil {
-		return fmt.Errorf("the engine failed: %w", sv.err)
-	}
-	return errors.New("the server is shutting down")
+var errStopped = errors.New("the server is shutting down")
+
+// recoverPanics answers 500 for a handler that panics, naming the request, instead of the
+// bare connection reset net/http leaves; the server goes on.
+func recoverPanics(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		defer func() {
+			if p := recover(); p != nil {
+				if p == http.ErrAbortHandler {
+					panic(p)
+				}
+				fmt.Fprintf(os.Stderr, "xmix serve: %s %s: panic: %v\n%s", r.Method, r.URL.Path, p, debug.Stack())
+				writeJSON(w, http.StatusInternalServerError, errBody(fmt.Errorf("%s %s: internal error: %v; please report it", r.Method, r.URL.Path, p)))
+			}
+		}()
+		h.ServeHTTP(w, r)
+	})
 }
 
 type appInfo struct {
@@ -262,6 +303,9 @@ type generateRequest struct {
 	Stream      bool               `json:"stream"`
 }
 
+// errBodyNotObject is the answer to a body that is valid JSON but not an object.
+var errBodyNotObject = errors.New("request body: want a JSON object, e.g. {\"prompt\": \"Hello\"}")
+
 const (
 	defaultMaxTokens = 64
 	maxBodyBytes     = 1 << 20
@@ -277,6 +321,7 @@ type generateResponse struct {
 	Text   string    `json:"text"`
 	Tokens []int     `json:"tokens"`
 	Reason string    `json:"finish_reason"`
+	Error  string    `json:"error,omitempty"` // finish_reason nonfinite: why no token could be sampled
 	Rows   []rowJSON `json:"rows"`
 }
 
@@ -295,12 +340,22 @@ type streamEnd struct {
 	Text   string `json:"text"`
 	Tokens []int  `json:"tokens"`
 	Reason string `json:"finish_reason"`
+	Error  string `json:"error,omitempty"` // finish_reason nonfinite or error: what happened
 }
 
-// parseGenerate decodes and checks a request body into an engine request.
+// parseGenerate decodes a request body into an engine request; the engine checks its fields
+// (loader.Engine.Check, the check `xmix run` makes too) when the request is submitted.
 func (sv *server) parseGenerate(body io.Reader) (loader.Request, bool, error) {
+	data, err := io.ReadAll(body)
+	if err != nil {
+		return loader.Request{}, false, fmt.Errorf("request body: %w", err)
+	}
+	// null (or a list, a number) would decode into an empty request without an error.
+	if t := bytes.TrimLeft(data, " \t\r\n"); len(t) > 0 && t[0] != '{' {
+		return loader.Request{}, false, errBodyNotObject
+	}
 	var g generateRequest
-	dec := json.NewDecoder(body)
+	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&g); err != nil {
 		return loader.Request{}, false, fmt.Errorf("request body: %w", err)
@@ -312,15 +367,9 @@ func (sv *server) parseGenerate(body io.Reader) (loader.Request, bool, error) {
 	if g.MaxTokens != nil {
 		n = *g.MaxTokens
 	}
-	if n <= 0 {
-		return loader.Request{}, false, fmt.Errorf("max_tokens %d: must be at least 1", n)
-	}
 	topP := float32(1)
 	if g.TopP != nil {
 		topP = *g.TopP
-	}
-	if g.Temperature < 0 || topP < 0 || topP > 1 {
-		return loader.Request{}, false, fmt.Errorf("temperature %g, top_p %g: want temperature >= 0 and top_p in [0, 1]", g.Temperature, topP)
 	}
 	ids := sv.s.tok.Encode(g.Prompt)
 	if g.Chat {
@@ -334,23 +383,34 @@ func (sv *server) parseGenerate(body io.Reader) (loader.Request, bool, error) {
 }
 
 func (sv *server) generate(w http.ResponseWriter, r *http.Request) {
+	id := sv.nextID.Add(1)
 	req, stream, err := sv.parseGenerate(http.MaxBytesReader(w, r.Body, maxBodyBytes))
 	if err != nil {
-		writeJSON(w, http.StatusBadRequest, errBody(err))
+		code := http.StatusBadRequest
+		var tooLarge *http.MaxBytesError
+		if errors.As(err, &tooLarge) {
+			code = http.StatusRequestEntityTooLarge
+		}
+		writeJSON(w, code, errBody(err))
 		return
 	}
-	j := &job{req: req, accepted: make(chan error, 1), wake: make(chan struct{}, 1)}
+	j := &job{id: id, req: req, accepted: make(chan error, 1), wake: make(chan struct{}, 1)}
 	select {
 	case sv.jobs <- j:
 	case <-sv.stopped:
-		writeJSON(w, http.StatusServiceUnavailable, errBody(sv.stoppedErr()))
+		writeJSON(w, http.StatusServiceUnavailable, errBody(errStopped))
 		return
 	case <-r.Context().Done():
 		return
 	}
 	// Once sent, the loop answers before it looks at another job or stops.
 	if err := <-j.accepted; err != nil {
-		writeJSON(w, http.StatusBadRequest, errBody(err))
+		var bad *loader.RequestError
+		if errors.As(err, &bad) {
+			writeJSON(w, http.StatusBadRequest, errBody(err))
+		} else {
+			writeJSON(w, http.StatusInternalServerError, errBody(fmt.Errorf("request %d: %w", id, err)))
+		}
 		return
 	}
 	if stream {
@@ -368,15 +428,20 @@ func (sv *server) generate(w http.ResponseWriter, r *http.Request) {
 		// cannot cancel one.
 		if !sv.wait(r, j) {
 			if r.Context().Err() == nil {
-				writeJSON(w, http.StatusInternalServerError, errBody(sv.stoppedErr()))
+				writeJSON(w, http.StatusServiceUnavailable, errBody(fmt.Errorf("request %d: %w", j.id, errStopped)))
 			}
 			return
 		}
 	}
-	resp := generateResponse{Text: sv.s.tok.Decode(j.tokens), Tokens: j.tokens, Reason: j.reason, Rows: make([]rowJSON, len(j.rows))}
+	if j.reason == loader.ReasonError {
+		writeJSON(w, http.StatusInternalServerError, errBody(fmt.Errorf("request %d: %s", j.id, j.err)))
+		return
+	}
+	resp := generateResponse{Text: sv.s.tok.Decode(j.tokens), Tokens: j.tokens, Reason: j.reason, Error: j.err, Rows: make([]rowJSON, len(j.rows))}
 	for i, row := range j.rows {
 		resp.Rows[i] = rowJSON{Pos: row.Pos, Token: row.Token, Exports: row.Exports}
 	}
+	http.NewResponseController(w).SetWriteDeadline(time.Now().Add(timeouts.Write))
 	writeJSON(w, http.StatusOK, resp)
 }
 
@@ -406,11 +471,15 @@ func (sv *server) wait(r *http.Request, j *job) bool {
 
 // stream writes newline-delimited JSON: one streamToken per generated token as the engine
 // produces it, then a streamEnd.
+//
+// Every write has timeouts.Write to complete: a client that stops reading is cut off there, one
+// that keeps reading streams as long as the generation lasts.
 func (sv *server) stream(w http.ResponseWriter, r *http.Request, j *job) {
+	rc := http.NewResponseController(w)
 	w.Header().Set("Content-Type", "application/x-ndjson")
+	rc.SetWriteDeadline(time.Now().Add(timeouts.Write))
 	w.WriteHeader(http.StatusOK)
-	fl, _ := w.(http.Flusher)
-	enc := json.NewEncoder(w)
+	enc := json.NewEncoder(deadlineWriter{w, rc})
 	dec := newStreamDecoder(sv.s.tok)
 	promptN := len(loader.InputIDs(sv.s.b.Manifest.Model, j.req)) // rows count the BOS the engine adds
 	sent := 0
@@ -437,19 +506,32 @@ func (sv *server) stream(w http.ResponseWriter, r *http.Request, j *job) {
 			j.mu.Lock()
 			all := j.tokens
 			j.mu.Unlock()
-			enc.Encode(streamEnd{Done: true, Text: sv.s.tok.Decode(all), Tokens: all, Reason: reason})
+			end := streamEnd{Done: true, Text: sv.s.tok.Decode(all), Tokens: all, Reason: reason, Error: j.err}
+			if reason == loader.ReasonError {
+				end.Error = fmt.Sprintf("request %d: %s", j.id, j.err)
+			}
+			enc.Encode(end)
 			return
 		}
-		if fl != nil {
-			fl.Flush()
-		}
+		rc.Flush()
 		if !sv.wait(r, j) {
 			if r.Context().Err() == nil {
-				enc.Encode(errBody(sv.stoppedErr()))
+				enc.Encode(errBody(fmt.Errorf("request %d: %w", j.id, errStopped)))
 			}
 			return
 		}
 	}
+}
+
+// deadlineWriter gives each write of a response timeouts.Write from its start.
+type deadlineWriter struct {
+	w  io.Writer
+	rc *http.ResponseController
+}
+
+func (d deadlineWriter) Write(p []byte) (int, error) {
+	d.rc.SetWriteDeadline(time.Now().Add(timeouts.Write))
+	return d.w.Write(p)
 }
 
 // streamDecoder turns generated ids into text piece by piece without splitting a UTF-8

@@ -25,17 +25,23 @@ import (
 	"xmix/specs"
 )
 
-// tinySession builds the embedded tiny model with its two demo apps, writes the bundle and
-// opens it on the CPU, as `xmix serve` would.
-func tinySession(t *testing.T) *session {
+// tinySession builds the embedded tiny model with its two demo apps (and the app specs
+// extra, if any), writes the bundle and opens it on the CPU, as `xmix serve` would.
+func tinySession(t *testing.T, extra ...string) *session {
 	t.Helper()
 	dir := t.TempDir()
 	if err := specs.Extract(dir); err != nil {
 		t.Fatal(err)
 	}
-	b, err := driver.Build(filepath.Join(dir, specs.Default.Model),
-		[]string{filepath.Join(dir, specs.Default.Steer), filepath.Join(dir, specs.Default.Probe)},
-		driver.Options{EmbedWeights: true})
+	apps := []string{filepath.Join(dir, specs.Default.Steer), filepath.Join(dir, specs.Default.Probe)}
+	for i, a := range extra {
+		p := filepath.Join(dir, fmt.Sprintf("extra%d.yaml", i))
+		if err := os.WriteFile(p, []byte(a), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		apps = append(apps, p)
+	}
+	b, err := driver.Build(filepath.Join(dir, specs.Default.Model), apps, driver.Options{EmbedWeights: true})
 	if err != nil {
 		t.Fatal(err)
 	}
