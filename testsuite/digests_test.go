@@ -20,7 +20,10 @@ import (
 // builds with the same content. TestBundleDigests builds each case below and compares its
 // digest with testdata/bundle_digests.golden, which was written by this test at tag pre-ir
 // (the last commit before the redesign) and is rewritten only by -update-digests.
-var updateDigests = flag.Bool("update-digests", false, "rewrite testdata/bundle_digests.golden from this build")
+var (
+	updateDigests = flag.Bool("update-digests", false, "rewrite testdata/bundle_digests.golden from this build")
+	dumpBundles   = flag.String("dump-bundles", "", "write each case's bundle as indented JSON to DIR/NAME.json, to diff two builds")
+)
 
 const digestsGolden = "testdata/bundle_digests.golden"
 
@@ -220,6 +223,15 @@ func caseDigest(t *testing.T, c digestCase) string {
 		t.Fatalf("%s: %v", c.name, err)
 	}
 	normalizePaths(b)
+	if *dumpBundles != "" {
+		data, err := json.MarshalIndent(b, "", " ")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(*dumpBundles, c.name+".json"), data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
 	parts := []struct {
 		name string
 		v    any
