@@ -5,6 +5,7 @@ import (
 	"math"
 	"strings"
 
+	"xmix/bundle"
 	"xmix/ops"
 	"xmix/passes"
 	"xmix/ptx"
@@ -175,7 +176,7 @@ func (t *tb) custom(l int) {
 		name := customName(op)
 		k, err := g.kernel(name, func() (*Kernel, error) { return CustomKernel(name, c) })
 		s := slots{"x": buf("act.resid"), "stride": konst(uint64(m.Hidden)), "offset": konst(0),
-			"width": konst(uint64(op.Width)), "ctl_mask": buf("ctl.mask"), "bit": konst(uint64(op.App.Bit))}
+			"width": konst(uint64(op.Width)), "ctl_mask": buf(bundle.CtlMask), "bit": konst(uint64(op.App.Bit))}
 		for _, a := range op.CustomArgs {
 			if a.Type == ptx.U64 {
 				s[a.Name] = buf(a.Buf)
@@ -193,7 +194,7 @@ func (t *tb) custom(l int) {
 	name := fmt.Sprintf("renorm_h%d", m.Hidden)
 	if c.Gather {
 		name = fmt.Sprintf("final_renorm_h%d", m.Hidden)
-		s["w"], s["out"], s["out_row"] = buf("final_norm"), buf("act.final"), buf("ctl.out_row")
+		s["w"], s["out"], s["out_row"] = buf("final_norm"), buf("act.final"), buf(bundle.CtlOutRow)
 	} else {
 		s["w"], s["out"] = buf(layerBuf(l+1, "attn_norm")), buf("act.xn")
 	}

@@ -3,6 +3,8 @@ package ops
 import (
 	"fmt"
 	"sync"
+
+	"xmix/bundle"
 )
 
 // CustomPTXAttrs are the attributes of op "custom_ptx": a user kernel given as PTX text in an
@@ -105,7 +107,7 @@ func (a RenormAttrs) run(args []Arg, l Launch) error {
 		}
 		outRow = o.U32()
 		for r, o := range outRow[:rows] {
-			if o != NoRow && (int(o)+1)*h > len(out) {
+			if o != bundle.NoRow && (int(o)+1)*h > len(out) {
 				return fmt.Errorf("out_row[%d] = %d, but out holds %d rows", r, o, len(out)/h)
 			}
 		}
@@ -121,7 +123,7 @@ func (a RenormAttrs) run(args []Arg, l Launch) error {
 		for r := lo; r < hi; r++ {
 			o := r
 			if a.Gather {
-				if outRow[r] == NoRow {
+				if outRow[r] == bundle.NoRow {
 					continue
 				}
 				o = int(outRow[r])

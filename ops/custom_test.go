@@ -5,6 +5,8 @@ import (
 	"math"
 	"strings"
 	"testing"
+
+	"xmix/bundle"
 )
 
 func TestCustomPTXNeedsAnExecutor(t *testing.T) {
@@ -44,7 +46,7 @@ func TestRenormMatchesRowNorm(t *testing.T) {
 		w[i] = 1 + float32(i)/10
 	}
 	for _, gather := range []bool{false, true} {
-		outRow := []uint32{2, NoRow, 0}
+		outRow := []uint32{2, bundle.NoRow, 0}
 		norm, err := Build("row_norm", EncodeAttrs(RowNormAttrs{Hidden: h, Eps: 1e-5, WDtype: "f32", Load: "add", Gather: gather}))
 		if err != nil {
 			t.Fatal(err)

@@ -542,7 +542,7 @@ func (r *LogitRecorder) Step(t int) error {
 		return err
 	}
 	raw := make([]byte, 4*r.Vocab)
-	if err := r.Backend.Read("act.logits", raw); err != nil {
+	if err := r.Backend.Read(bundle.ActLogits, raw); err != nil {
 		return err
 	}
 	r.Steps = append(r.Steps, append([]float32(nil), ops.Arg{Mem: raw}.F32()...))

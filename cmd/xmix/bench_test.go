@@ -193,7 +193,7 @@ func TestBenchFullBatch(t *testing.T) {
 		}
 		perSeq := (m.MaxSeqLen + m.KVBlockSize - 1) / m.KVBlockSize
 		pages := (n + m.KVBlockSize - 1) / m.KVBlockSize
-		pos, seq, table := words("ctl.pos", 4), words("ctl.seq", 4), words("kv.block_table", 4*perSeq)
+		pos, seq, table := words(bundle.CtlPos, 4), words(bundle.CtlSeq, 4), words(bundle.KVBlockTable, 4*perSeq)
 		for r := range 4 {
 			if pos[r] != n-1 || seq[r] != uint32(r) {
 				t.Fatalf("row %d: pos %d seq %d", r, pos[r], seq[r])
