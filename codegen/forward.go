@@ -2,9 +2,7 @@ package codegen
 
 import (
 	"bytes"
-	"encoding/binary"
 	"fmt"
-	"math"
 	"sort"
 	"strings"
 
@@ -480,10 +478,10 @@ func (g *gen) sampleRows(op *passes.MIOp) bool {
 func (g *gen) params() ([]byte, error) {
 	m := g.m
 	cos, sin := RopeTables(m.RopeTheta, m.HeadDim, m.MaxSeqLen, g.modelConfig().RopeScaling)
-	ts := []safetensors.Tensor{f32Tensor("rope.cos", cos, m.MaxSeqLen, m.HeadDim/2), f32Tensor("rope.sin", sin, m.MaxSeqLen, m.HeadDim/2)}
+	ts := []safetensors.Tensor{safetensors.FromF32("rope.cos", cos, m.MaxSeqLen, m.HeadDim/2), safetensors.FromF32("rope.sin", sin, m.MaxSeqLen, m.HeadDim/2)}
 	for _, a := range g.p.Apps {
 		for _, v := range a.Vectors {
-			ts = append(ts, f32Tensor(v.Buffer, v.Data, len(v.Data)))
+			ts = append(ts, safetensors.FromF32(v.Buffer, v.Data, len(v.Data)))
 		}
 	}
 	var out bytes.Buffer
@@ -491,14 +489,6 @@ func (g *gen) params() ([]byte, error) {
 		return nil, fmt.Errorf("params section: %w", err)
 	}
 	return out.Bytes(), nil
-}
-
-func f32Tensor(name string, v []float32, shape ...int) safetensors.Tensor {
-	data := make([]byte, 4*len(v))
-	for i, x := range v {
-		binary.LittleEndian.PutUint32(data[4*i:], math.Float32bits(x))
-	}
-	return safetensors.Tensor{Name: name, Dtype: "F32", Shape: shape, Data: data}
 }
 
 func (g *gen) apps() []bundle.App {

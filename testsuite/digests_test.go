@@ -13,7 +13,7 @@ import (
 	"testing"
 
 	"xmix/bundle"
-	"xmix/cmd/driver"
+	"xmix/compile"
 )
 
 // The acceptance of the compiler's redesign (issue 16): every bundle that shipped before it
@@ -33,7 +33,7 @@ type digestCase struct {
 	name  string
 	model string
 	apps  []string
-	opt   driver.Options
+	opt   compile.Options
 }
 
 // coverageApps put an op of every template at every hook the small models fire, and every
@@ -124,10 +124,10 @@ func digestCases(t *testing.T) []digestCase {
 	apps16 := glob(a + "app[1-6]-*.yaml")
 	cases := []digestCase{
 		{name: "tiny", model: tiny},
-		{name: "tiny-steer-probe-embedded", model: tiny, apps: []string{a + "tiny-steer.yaml", a + "tiny-probe.yaml"}, opt: driver.Options{EmbedWeights: true}},
+		{name: "tiny-steer-probe-embedded", model: tiny, apps: []string{a + "tiny-steer.yaml", a + "tiny-probe.yaml"}, opt: compile.Options{EmbedWeights: true}},
 		{name: "tiny-apps", model: tiny, apps: glob(a + "tiny/*.yaml")},
 		{name: "tiny-custom", model: tiny, apps: []string{a + "custom/custom-scale2.yaml"}},
-		{name: "tiny-steer-tp2", model: tiny, apps: []string{a + "tiny-steer.yaml"}, opt: driver.Options{TP: 2}},
+		{name: "tiny-steer-tp2", model: tiny, apps: []string{a + "tiny-steer.yaml"}, opt: compile.Options{TP: 2}},
 		{name: "llama-3.2-1b", model: l1},
 		{name: "llama-3.1-8b", model: l8},
 		{name: "qwen3-8b", model: q8},
@@ -136,24 +136,24 @@ func digestCases(t *testing.T) []digestCase {
 		{name: "mixtral-8x7b-app7", model: mx, apps: []string{a + "app7-steermoe.yaml"}},
 		{name: "llama-3.1-8b-grid", model: l8, apps: glob(a + "grid/*.yaml")},
 		{name: "llama-3.1-8b-per-request", model: l8, apps: []string{a + "per-request.yaml"}},
-		{name: "llama-3.1-8b-per-request-slots3", model: l8, apps: []string{a + "per-request.yaml"}, opt: driver.Options{VectorSlots: 3}},
-		{name: "llama-3.1-8b-tp2", model: l8, opt: driver.Options{TP: 2}},
-		{name: "llama-3.1-8b-tp4", model: l8, opt: driver.Options{TP: 4}},
-		{name: "llama-3.1-8b-apps1-6-tp2", model: l8, apps: apps16, opt: driver.Options{TP: 2}},
-		{name: "mixtral-8x7b-app7-tp2", model: mx, apps: []string{a + "app7-steermoe.yaml"}, opt: driver.Options{TP: 2}},
-		{name: "llama-3.1-8b-gemm-tc-staged", model: l8, opt: driver.Options{GEMM: "tc-staged"}},
-		{name: "llama-3.1-8b-gemm-cuda-core", model: l8, opt: driver.Options{GEMM: "cuda-core"}},
-		{name: "llama-3.1-8b-apps1-6-gemm-tc-staged", model: l8, apps: apps16, opt: driver.Options{GEMM: "tc-staged"}},
-		{name: "mixtral-8x7b-moe-grouped", model: mx, opt: driver.Options{MoE: "grouped"}},
-		{name: "mixtral-8x7b-app7-moe-grouped", model: mx, apps: []string{a + "app7-steermoe.yaml"}, opt: driver.Options{MoE: "grouped"}},
+		{name: "llama-3.1-8b-per-request-slots3", model: l8, apps: []string{a + "per-request.yaml"}, opt: compile.Options{VectorSlots: 3}},
+		{name: "llama-3.1-8b-tp2", model: l8, opt: compile.Options{TP: 2}},
+		{name: "llama-3.1-8b-tp4", model: l8, opt: compile.Options{TP: 4}},
+		{name: "llama-3.1-8b-apps1-6-tp2", model: l8, apps: apps16, opt: compile.Options{TP: 2}},
+		{name: "mixtral-8x7b-app7-tp2", model: mx, apps: []string{a + "app7-steermoe.yaml"}, opt: compile.Options{TP: 2}},
+		{name: "llama-3.1-8b-gemm-tc-staged", model: l8, opt: compile.Options{GEMM: "tc-staged"}},
+		{name: "llama-3.1-8b-gemm-cuda-core", model: l8, opt: compile.Options{GEMM: "cuda-core"}},
+		{name: "llama-3.1-8b-apps1-6-gemm-tc-staged", model: l8, apps: apps16, opt: compile.Options{GEMM: "tc-staged"}},
+		{name: "mixtral-8x7b-moe-grouped", model: mx, opt: compile.Options{MoE: "grouped"}},
+		{name: "mixtral-8x7b-app7-moe-grouped", model: mx, apps: []string{a + "app7-steermoe.yaml"}, opt: compile.Options{MoE: "grouped"}},
 		{name: "small-coverage", model: SmallModel, apps: coverageApps},
 		{name: "small-seven-apps", model: SmallModel, apps: smallSevenApps},
-		{name: "small-seven-apps-tp2", model: SmallModel, apps: smallSevenApps, opt: driver.Options{TP: 2}},
+		{name: "small-seven-apps-tp2", model: SmallModel, apps: smallSevenApps, opt: compile.Options{TP: 2}},
 		{name: "small-mixtral-steermoe", model: SmallMixtral, apps: []string{smallSteerMoE}},
-		{name: "small-mixtral-steermoe-grouped", model: SmallMixtral, apps: []string{smallSteerMoE}, opt: driver.Options{MoE: "grouped"}},
-		{name: "small-mixtral-tp2", model: SmallMixtral, apps: []string{smallSteerMoE}, opt: driver.Options{TP: 2}},
+		{name: "small-mixtral-steermoe-grouped", model: SmallMixtral, apps: []string{smallSteerMoE}, opt: compile.Options{MoE: "grouped"}},
+		{name: "small-mixtral-tp2", model: SmallMixtral, apps: []string{smallSteerMoE}, opt: compile.Options{TP: 2}},
 		{name: "small-qwen2", model: SmallQwen2, apps: familyApps(96)},
-		{name: "small-qwen2-tp2", model: SmallQwen2, apps: familyApps(96), opt: driver.Options{TP: 2}},
+		{name: "small-qwen2-tp2", model: SmallQwen2, apps: familyApps(96), opt: compile.Options{TP: 2}},
 		{name: "small-qwen3", model: SmallQwen3, apps: familyApps(128)},
 		{name: "small-mistral", model: strings.Replace(SmallQwen3, "family: qwen3", "family: mistral", 1), apps: familyApps(128)},
 	}
@@ -218,7 +218,7 @@ func caseDigest(t *testing.T, c digestCase) string {
 	} else {
 		apps = c.apps
 	}
-	b, err := driver.Build(model, apps, c.opt)
+	b, err := compile.Build(model, apps, c.opt)
 	if err != nil {
 		t.Fatalf("%s: %v", c.name, err)
 	}

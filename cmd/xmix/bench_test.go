@@ -10,13 +10,13 @@ import (
 	"testing"
 
 	"xmix/bundle"
-	"xmix/cmd/driver"
+	"xmix/compile"
 )
 
 // An app-vs-no-app comparison is only fair on one workload: enabling apps must not change
 // the prompts or arrival times the benchmark draws.
 func TestBenchAppsKeepTheWorkload(t *testing.T) {
-	b, err := driver.Build("../../specs/models/tiny.yaml", []string{"../../specs/apps/tiny-steer.yaml"}, driver.Options{EmbedWeights: true})
+	b, err := compile.Build("../../specs/models/tiny.yaml", []string{"../../specs/apps/tiny-steer.yaml"}, compile.Options{EmbedWeights: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -97,7 +97,7 @@ func TestOnlineBenchTokensUnchangedBySchedule(t *testing.T) {
 		if err := os.WriteFile(sp, []byte(strings.Join(lines, "\n")), 0o644); err != nil {
 			t.Fatal(err)
 		}
-		b, err := driver.Build(sp, nil, driver.Options{EmbedWeights: true})
+		b, err := compile.Build(sp, nil, compile.Options{EmbedWeights: true})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -162,7 +162,7 @@ func TestOnlineBenchTokensUnchangedBySchedule(t *testing.T) {
 // time, so the words are checked directly after the step it runs); a context past
 // max_seq_len or a bucket with more rows than sequence slots are refused.
 func TestBenchFullBatch(t *testing.T) {
-	b, err := driver.Build("../../specs/models/tiny.yaml", nil, driver.Options{EmbedWeights: true})
+	b, err := compile.Build("../../specs/models/tiny.yaml", nil, compile.Options{EmbedWeights: true})
 	if err != nil {
 		t.Fatal(err)
 	}

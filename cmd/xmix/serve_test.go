@@ -20,7 +20,7 @@ import (
 	"unicode/utf8"
 
 	"xmix/bundle"
-	"xmix/cmd/driver"
+	"xmix/compile"
 	"xmix/loader"
 	"xmix/specs"
 )
@@ -41,7 +41,7 @@ func tinySession(t *testing.T, extra ...string) *session {
 		}
 		apps = append(apps, p)
 	}
-	b, err := driver.Build(filepath.Join(dir, specs.Default.Model), apps, driver.Options{EmbedWeights: true})
+	b, err := compile.Build(filepath.Join(dir, specs.Default.Model), apps, compile.Options{EmbedWeights: true})
 	if err != nil {
 		t.Fatal(err)
 	}
