@@ -35,9 +35,9 @@ type Request struct {
 // Row is one forward row of a request: the token it fed in, its position, and what the
 // request's exported reads produced there.
 type Row struct {
-	Pos     int
-	Token   int
-	Exports Exports
+	Pos     int     `json:"pos"`
+	Token   int     `json:"token"`
+	Exports Exports `json:"exports,omitempty"`
 }
 
 // Export is one exported read at one row: its name (app.buffer) and values.
@@ -120,6 +120,9 @@ type Result struct {
 	Tokens []int // generated ids (the EOS that stopped it included)
 	Rows   []Row // every forward row, prompt and generated, in position order
 	Reason string
+	// PromptLen is the prompt as the engine runs it (with the BOS it adds): generated token k
+	// is sampled at the row of position PromptLen-1+k.
+	PromptLen int
 }
 
 // Engine runs batched generation of a bundle on a backend.
@@ -498,6 +501,7 @@ func (e *Engine) Submit(r Request) (*Handle, error) {
 	s := &seqState{h: h, req: &r, res: &h.Result, slot: -1, rng: rand.New(rand.NewPCG(r.Seed, 0x786d6978))}
 	s.tokens = append(append(make([]int, 0, 1+len(r.Prompt)+max(0, r.MaxTokens)), c.BOS), r.Prompt...)
 	s.promptN = len(s.tokens)
+	h.Result.PromptLen = s.promptN
 	for _, t := range append(append([]int(nil), r.Prompt...), r.Force...) {
 		if t < 0 || t >= c.Vocab {
 			return nil, fmt.Errorf("token id %d is outside the vocabulary (0-%d)", t, c.Vocab-1)
@@ -523,7 +527,7 @@ func (e *Engine) Submit(r Request) (*Handle, error) {
 	}
 	s.overrides = ov
 	if r.MaxTokens <= 0 {
-		h.Done, h.Result.Reason = true, "max_tokens"
+		h.Done, h.Result.Reason = true, ReasonLength
 		return h, nil
 	}
 	// Sized for the whole request: nothing regrows on the decode loop's path.
@@ -567,9 +571,7 @@ func (e *Engine) Step() (bool, error) {
 	}
 	for i, s := range e.slots {
 		if s != nil && s.done {
-			e.freePage = append(e.freePage, s.pages...)
-			e.slots[i] = nil
-			s.h.Done = true
+			e.retire(i)
 		}
 	}
 	return true, nil
@@ -822,9 +824,9 @@ func (e *Engine) run(t bundle.Template, rows []stepRow) error {
 		s.h.TokenTimes = append(s.h.TokenTimes, now)
 		switch {
 		case isEOS(c, fed):
-			s.done, s.res.Reason = true, "eos"
+			s.done, s.res.Reason = true, ReasonStop
 		case len(s.res.Tokens) >= s.req.MaxTokens:
-			s.done, s.res.Reason = true, "max_tokens"
+			s.done, s.res.Reason = true, ReasonLength
 		}
 	}
 	return nil

@@ -10,6 +10,7 @@ import (
 	"xmix/bundle"
 	"xmix/chat"
 	"xmix/loader"
+	"xmix/serve"
 	"xmix/tokenizer"
 )
 
@@ -59,21 +60,9 @@ func openTokenizer(path string) (loader.Tokenizer, error) {
 // chatPrompt renders text as one user turn with the model's chat template and returns its
 // ids without the leading BOS (the engine adds it).
 func chatPrompt(m bundle.ModelConfig, tok loader.Tokenizer, text string) ([]int, error) {
-	if m.ChatTemplate == "" {
-		return nil, fmt.Errorf("--chat: model %s has no chat template (its checkpoint has no tokenizer_config.json chat_template)", m.Name)
-	}
-	t, err := chat.Parse(m.ChatTemplate)
+	ids, err := serve.ChatPrompt(m, tok, []chat.Message{{Role: "user", Content: text}}, true)
 	if err != nil {
 		return nil, fmt.Errorf("--chat: %w", err)
-	}
-	s, err := t.Render([]chat.Message{{Role: "user", Content: text}}, true,
-		map[string]any{"bos_token": m.ChatBOS, "eos_token": m.ChatEOS})
-	if err != nil {
-		return nil, fmt.Errorf("--chat: %w", err)
-	}
-	ids := tok.Encode(s)
-	if len(ids) > 0 && ids[0] == m.BOS {
-		ids = ids[1:]
 	}
 	return ids, nil
 }

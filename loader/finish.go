@@ -1,0 +1,62 @@
+package loader
+
+// Why a request finished (Result.Reason): the OpenAI API's finish reasons where it has one,
+// so the CLI and the server speak one vocabulary.
+const (
+	ReasonStop      = "stop"      // it generated an end-of-sequence token
+	ReasonLength    = "length"    // it generated MaxTokens tokens
+	ReasonCancelled = "cancelled" // Cancel removed it
+)
+
+// Cancel removes the request h follows, at this step boundary (the engine is driven by one
+// goroutine, and Cancel is called between its steps): a queued request leaves the queue, a
+// running one leaves its sequence slot and its KV pages return to the pool. Its Result keeps
+// what it generated so far, with Reason "cancelled", and h.Done is set. It reports whether the
+// request was still queued or running; cancelling a finished request changes nothing.
+func (e *Engine) Cancel(h *Handle) bool {
+	for i, s := range e.queue {
+		if s.h == h {
+			e.queue = append(e.queue[:i], e.queue[i+1:]...)
+			s.done, s.res.Reason = true, ReasonCancelled
+			h.Done = true
+			return true
+		}
+	}
+	for i, s := range e.slots {
+		if s != nil && s.h == h {
+			s.done, s.res.Reason = true, ReasonCancelled
+			e.retire(i)
+			return true
+		}
+	}
+	return false
+}
+
+// retire frees sequence slot i, whose request has finished: its pages go back to the pool.
+func (e *Engine) retire(i int) {
+	s := e.slots[i]
+	e.freePage = append(e.freePage, s.pages...)
+	e.slots[i] = nil
+	s.h.Done = true
+}
+
+// Load is what the engine holds at a step boundary.
+type Load struct {
+	Running   int // requests in a sequence slot
+	Queued    int // requests waiting for a slot or for KV pages
+	Slots     int // sequence slots (the bundle's max_seqs)
+	FreePages int // KV pages in the pool
+	Pages     int // KV pages requests can use (the padding sequence's excluded)
+}
+
+// Load counts the engine's running and queued requests and its free KV pages; an idle engine
+// has Running and Queued 0 and FreePages == Pages.
+func (e *Engine) Load() Load {
+	l := Load{Queued: len(e.queue), Slots: len(e.slots), FreePages: len(e.freePage), Pages: e.cfg.KVBlocks - e.padPages}
+	for _, s := range e.slots {
+		if s != nil {
+			l.Running++
+		}
+	}
+	return l
+}

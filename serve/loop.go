@@ -1,0 +1,187 @@
+package serve
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"xmix/loader"
+)
+
+// The engine is owned by one goroutine, the loop: handlers send it messages and it applies
+// them between steps, so every change (a new request, a cancellation, a control-plane
+// change) lands at a step boundary and a step sees the engine whole.
+type message struct {
+	submit  *job
+	cancel  *job
+	control *change
+}
+
+// job is one request in flight. The loop fills the fields under mu after each step and
+// pokes wake; the handler reads them.
+type job struct {
+	req loader.Request
+	// wantRows: the handler reads the rows' exports; without it publish copies no rows.
+	wantRows bool
+	accepted chan error // Submit's verdict: nil, or why the request is invalid
+	wake     chan struct{}
+	h        *loader.Handle // the loop's
+
+	mu        sync.Mutex
+	tokens    []int
+	times     []time.Time
+	rows      []loader.Row
+	reason    string
+	finished  bool
+	promptLen int
+}
+
+func newJob(req loader.Request, wantRows bool) *job {
+	return &job{req: req, wantRows: wantRows, accepted: make(chan error, 1), wake: make(chan struct{}, 1)}
+}
+
+// view is what a handler sees of its job: everything published so far.
+type view struct {
+	tokens    []int
+	times     []time.Time
+	rows      []loader.Row
+	reason    string
+	finished  bool
+	promptLen int
+}
+
+func (j *job) view() view {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return view{tokens: j.tokens, times: j.times, rows: j.rows, reason: j.reason, finished: j.finished, promptLen: j.promptLen}
+}
+
+// publish copies what the engine produced for j since the last call; it reports whether j
+// has finished.
+func (j *job) publish() bool {
+	h := j.h
+	r := &h.Result
+	j.mu.Lock()
+	j.tokens = append(j.tokens, r.Tokens[len(j.tokens):]...)
+	j.times = append(j.times, h.TokenTimes[len(j.times):]...)
+	if j.wantRows {
+		j.rows = append(j.rows, r.Rows[len(j.rows):]...)
+	}
+	if h.Done {
+		j.finished, j.reason = true, r.Reason
+	}
+	done := j.finished
+	j.mu.Unlock()
+	select {
+	case j.wake <- struct{}{}:
+	default:
+	}
+	return done
+}
+
+// loop owns the engine: it takes messages between steps and publishes each step's tokens to
+// their jobs. It returns when ctx ends or a step fails.
+func (sv *Server) loop(ctx context.Context) error {
+	defer close(sv.stopped)
+	eng := sv.eng
+	var live []*job
+	handle := func(m message) {
+		switch {
+		case m.submit != nil:
+			j := m.submit
+			h, err := eng.Submit(j.req)
+			sv.pending.Add(-1)
+			if err == nil {
+				j.h = h
+				j.promptLen = h.Result.PromptLen
+				live = append(live, j)
+			}
+			j.accepted <- err
+		case m.cancel != nil:
+			if h := m.cancel.h; h != nil {
+				eng.Cancel(h)
+			}
+		case m.control != nil:
+			m.control.done <- sv.apply(m.control)
+		}
+	}
+	for {
+		if !eng.Busy() {
+			sv.observeLoad(eng.Load())
+			select {
+			case m := <-sv.inbox:
+				handle(m)
+			case <-ctx.Done():
+				return nil
+			}
+		}
+	drain:
+		for {
+			select {
+			case m := <-sv.inbox:
+				handle(m)
+			default:
+				break drain
+			}
+		}
+		// Shutdown cancels ctx once the handlers are done or its time is up; requests still
+		// running then belong to clients that left or ran out of time.
+		if ctx.Err() != nil {
+			return nil
+		}
+		if eng.Busy() {
+			before := eng.Stats
+			start := time.Now()
+			if _, err := eng.Step(); err != nil {
+				sv.err = err
+				return err
+			}
+			sv.observeStep(before, eng.Stats, time.Since(start))
+		}
+		sv.observeLoad(eng.Load())
+		kept := live[:0]
+		for _, j := range live {
+			if !j.publish() {
+				kept = append(kept, j)
+			}
+		}
+		clear(live[len(kept):])
+		live = kept
+	}
+}
+
+// send hands m to the loop; false when the loop has stopped or ctx ended first.
+func (sv *Server) send(ctx context.Context, m message) bool {
+	select {
+	case sv.inbox <- m:
+		return true
+	case <-sv.stopped:
+		return false
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// wait blocks until the engine publishes more for j; false when it never will (the loop
+// stopped) or ctx ended.
+func (sv *Server) wait(ctx context.Context, j *job) bool {
+	select {
+	case <-j.wake:
+		return true
+	default:
+	}
+	select {
+	case <-j.wake:
+		return true
+	case <-sv.stopped:
+		// The loop may have published the last tokens just before stopping.
+		select {
+		case <-j.wake:
+			return true
+		default:
+			return false
+		}
+	case <-ctx.Done():
+		return false
+	}
+}

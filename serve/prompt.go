@@ -1,0 +1,162 @@
+package serve
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+
+	"xmix/bundle"
+	"xmix/chat"
+	"xmix/loader"
+)
+
+// ChatPrompt renders msgs with the model's chat template (a generation prompt for the
+// assistant's turn at the end when addGenerationPrompt) and returns the ids the engine runs,
+// without the leading BOS that the engine adds itself.
+func ChatPrompt(m bundle.ModelConfig, tok loader.Tokenizer, msgs []chat.Message, addGenerationPrompt bool) ([]int, error) {
+	if m.ChatTemplate == "" {
+		return nil, fmt.Errorf("model %s has no chat template (its checkpoint has no tokenizer_config.json chat_template)", m.Name)
+	}
+	t, err := chat.Parse(m.ChatTemplate)
+	if err != nil {
+		return nil, fmt.Errorf("the model's chat template: %w", err)
+	}
+	s, err := t.Render(msgs, addGenerationPrompt, map[string]any{"bos_token": m.ChatBOS, "eos_token": m.ChatEOS})
+	if err != nil {
+		return nil, fmt.Errorf("the model's chat template: %w", err)
+	}
+	ids := tok.Encode(s)
+	if len(ids) > 0 && ids[0] == m.BOS {
+		ids = ids[1:]
+	}
+	return ids, nil
+}
+
+func (sv *Server) chatIDs(msgs []chat.Message, addGenerationPrompt bool) ([]int, error) {
+	ids, err := ChatPrompt(sv.b.Manifest.Model, sv.tok, msgs, addGenerationPrompt)
+	if err != nil {
+		return nil, badRequest("messages", "%v", err)
+	}
+	return ids, nil
+}
+
+// plan is a parsed request made ready for the engine: its engine request and what the
+// response reports.
+type plan struct {
+	req     loader.Request
+	apps    []string // enabled, in manifest order
+	exports []exportRef
+}
+
+// exportRef is one export the response reports.
+type exportRef struct {
+	name  string // app.buffer
+	width int
+}
+
+// defaultCompletionTokens is OpenAI's default max_tokens for completions; chat completions
+// default to the rest of the context.
+const defaultCompletionTokens = 16
+
+// plan turns a parsed request into an engine request: the prompt's ids, the apps (the
+// request's and, unless it opts out, those the control plane turned on for every request),
+// sampling, the exports to report.
+func (sv *Server) plan(gr *genRequest) (*plan, error) {
+	m := sv.b.Manifest.Model
+	var ids []int
+	switch {
+	case gr.chat:
+		var err error
+		if ids, err = sv.chatIDs(gr.messages, gr.addGenerationPrompt); err != nil {
+			return nil, err
+		}
+	case gr.text != nil:
+		ids = sv.tok.Encode(*gr.text)
+	default:
+		ids = gr.prompt
+	}
+	room := m.MaxSeqLen - len(ids) - 1 // the engine adds a BOS
+	if room < 1 {
+		return nil, badRequest("prompt", "the prompt is %d tokens (with BOS); the model's context is %d, which leaves no room to generate",
+			len(ids)+1, m.MaxSeqLen)
+	}
+	p := &plan{req: loader.Request{Prompt: ids, TopP: 1, Temperature: 1, Overrides: gr.ext.set}}
+	switch {
+	case gr.maxTokens != nil:
+		p.req.MaxTokens = *gr.maxTokens
+	case gr.chat:
+		p.req.MaxTokens = room
+	default:
+		p.req.MaxTokens = min(defaultCompletionTokens, room)
+	}
+	if gr.temperature != nil {
+		p.req.Temperature = *gr.temperature
+	}
+	if gr.topP != nil {
+		p.req.TopP = *gr.topP
+	}
+	if gr.seed != nil {
+		p.req.Seed = uint64(*gr.seed)
+	} else {
+		p.req.Seed = randomSeed()
+	}
+	want := map[string]bool{}
+	for _, a := range gr.ext.apps {
+		want[a] = true
+	}
+	if gr.ext.defaultApps {
+		for _, a := range sv.ctl.onByDefault() {
+			want[a] = true
+		}
+	}
+	var deployed []string
+	for _, a := range sv.b.Manifest.Apps {
+		deployed = append(deployed, a.Name)
+		if want[a.Name] {
+			p.apps = append(p.apps, a.Name)
+		}
+	}
+	for _, a := range gr.ext.apps {
+		if !slices.Contains(deployed, a) {
+			list := strings.Join(deployed, ", ")
+			if list == "" {
+				list = "none"
+			}
+			return nil, badRequest("xmix.apps", "app %q is not deployed in this bundle (deployed: %s)", a, list)
+		}
+	}
+	p.req.Apps = p.apps
+	var available []exportRef
+	for _, a := range sv.b.Manifest.Apps {
+		if slices.Contains(p.apps, a.Name) {
+			for _, x := range a.Exports {
+				available = append(available, exportRef{name: a.Name + "." + x.Name, width: x.Width})
+			}
+		}
+	}
+	if gr.ext.exports == nil {
+		p.exports = available
+	} else {
+		for _, name := range gr.ext.exports {
+			i := slices.IndexFunc(available, func(x exportRef) bool { return x.name == name })
+			if i < 0 {
+				var names []string
+				for _, x := range available {
+					names = append(names, x.name)
+				}
+				return nil, badRequest("xmix.exports", "export %q is not an export of the enabled apps (%s)", name, orNone(names))
+			}
+			if !slices.ContainsFunc(p.exports, func(x exportRef) bool { return x.name == name }) {
+				p.exports = append(p.exports, available[i])
+			}
+		}
+	}
+	return p, nil
+}
+
+func orNone(xs []string) string {
+	if len(xs) == 0 {
+		return "none"
+	}
+	return strings.Join(xs, ", ")
+}
