@@ -120,9 +120,9 @@ type Result struct {
 	Tokens []int // generated ids (the EOS that stopped it included)
 	Rows   []Row // every forward row, prompt and generated, in position order
 	Reason string
-	// PromptLen is the prompt as the engine runs it (with the BOS it adds): generated token k
-	// is sampled at the row of position PromptLen-1+k.
-	PromptLen int
+	// PromptTokens is how many rows the prompt fed (its BOS included): Rows[PromptTokens-1]
+	// sampled Tokens[0], Rows[PromptTokens-1+k] sampled Tokens[k].
+	PromptTokens int
 }
 
 // Engine runs batched generation of a bundle on a backend.
@@ -501,7 +501,7 @@ func (e *Engine) Submit(r Request) (*Handle, error) {
 	s := &seqState{h: h, req: &r, res: &h.Result, slot: -1, rng: rand.New(rand.NewPCG(r.Seed, 0x786d6978))}
 	s.tokens = append(append(make([]int, 0, 1+len(r.Prompt)+max(0, r.MaxTokens)), c.BOS), r.Prompt...)
 	s.promptN = len(s.tokens)
-	h.Result.PromptLen = s.promptN
+	h.Result.PromptTokens = s.promptN
 	for _, t := range append(append([]int(nil), r.Prompt...), r.Force...) {
 		if t < 0 || t >= c.Vocab {
 			return nil, fmt.Errorf("token id %d is outside the vocabulary (0-%d)", t, c.Vocab-1)

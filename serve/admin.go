@@ -81,11 +81,11 @@ type appInfo struct {
 // opInfo is one op of an app: where it sits and what runs it.
 type opInfo struct {
 	Op     int    `json:"op"`
-	Kernel string `json:"kernel"`
+	Kernel string `json:"kernel"` // the op's kernel: steer_add, probe_linear, ...
 	Hook   string `json:"hook"`
 	Layers []int  `json:"layers,omitempty"` // absent for whole-model hooks
-	Fused  bool   `json:"fused"`
-	What   string `json:"what"`
+	Fused  bool   `json:"fused"`            // run inside the model kernel that makes the hooked value
+	Host   string `json:"host"`             // the bundle kernel that runs it
 }
 
 type vectorInfo struct {
@@ -124,7 +124,7 @@ func (sv *Server) appInfo(st *appState) appInfo {
 		}
 		i := slices.IndexFunc(ai.Ops, func(o opInfo) bool { return o.Op == s.Op && o.Hook == s.Hook })
 		if i < 0 {
-			ai.Ops = append(ai.Ops, opInfo{Op: s.Op, Kernel: s.Kernel, Hook: s.Hook, Fused: s.Fused, What: s.What})
+			ai.Ops = append(ai.Ops, opInfo{Op: s.Op, Kernel: s.What, Hook: s.Hook, Fused: s.Fused, Host: s.Kernel})
 			i = len(ai.Ops) - 1
 		}
 		if s.Layer >= 0 && !slices.Contains(ai.Ops[i].Layers, s.Layer) {

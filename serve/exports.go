@@ -43,7 +43,7 @@ func ResultExports(b *bundle.Bundle, apps []string, r loader.Result) Exports {
 			}
 		}
 	}
-	return tokenExports(refs, r.Rows, r.PromptLen, 0, len(r.Tokens))
+	return tokenExports(refs, r.Rows, r.PromptTokens, 0, len(r.Tokens))
 }
 
 func (x Exports) at(pos int, name string) []float32 {

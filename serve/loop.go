@@ -92,14 +92,16 @@ func (sv *Server) loop(ctx context.Context) error {
 			h, err := eng.Submit(j.req)
 			sv.pending.Add(-1)
 			if err == nil {
+				sv.queued.Add(1) // until the next step says whether it was admitted
+
 				j.h = h
-				j.promptLen = h.Result.PromptLen
+				j.promptLen = h.Result.PromptTokens
 				live = append(live, j)
 			}
 			j.accepted <- err
 		case m.cancel != nil:
-			if h := m.cancel.h; h != nil {
-				eng.Cancel(h)
+			if h := m.cancel.h; h != nil && eng.Cancel(h) {
+				sv.metrics.aborted.Inc()
 			}
 		case m.control != nil:
 			m.control.done <- sv.apply(m.control)
@@ -165,10 +167,10 @@ func (sv *Server) send(ctx context.Context, m message) bool {
 // wait blocks until the engine publishes more for j; false when it never will (the loop
 // stopped) or ctx ended.
 func (sv *Server) wait(ctx context.Context, j *job) bool {
-	select {
-	case <-j.wake:
-		return true
-	default:
+	// The engine may publish faster than the handler reads: look at ctx first, or a busy
+	// stream would never notice its client left.
+	if ctx.Err() != nil {
+		return false
 	}
 	select {
 	case <-j.wake:

@@ -17,6 +17,7 @@ import (
 // metrics are what GET /metrics reports, in Prometheus' format.
 type metrics struct {
 	requests         *prometheus.CounterVec // endpoint, outcome, code
+	aborted          prometheus.Counter
 	promptTokens     prometheus.Counter
 	generationTokens prometheus.Counter
 	ttft, itl, e2e   prometheus.Histogram
@@ -34,6 +35,8 @@ func newMetrics(reg *prometheus.Registry, b *bundle.Bundle) (*metrics, error) {
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "xmix_requests_total",
 			Help: "Requests by endpoint and outcome (stop, length, timeout, cancelled: the client left, error) and HTTP status."},
 			[]string{"endpoint", "outcome", "code"}),
+		aborted: prometheus.NewCounter(prometheus.CounterOpts{Name: "xmix_requests_aborted_total",
+			Help: "Requests the engine dropped before they finished: their client left, a stop string matched, or they timed out."}),
 		promptTokens: prometheus.NewCounter(prometheus.CounterOpts{Name: "xmix_prompt_tokens_total",
 			Help: "Prompt tokens of the requests that ran (BOS included)."}),
 		generationTokens: prometheus.NewCounter(prometheus.CounterOpts{Name: "xmix_generation_tokens_total",
@@ -56,7 +59,7 @@ func newMetrics(reg *prometheus.Registry, b *bundle.Bundle) (*metrics, error) {
 			Help: "Requests that enabled each app."}, []string{"app"}),
 		bucketName: map[[2]int]string{},
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.promptTokens, m.generationTokens, m.ttft, m.itl, m.e2e,
+	for _, c := range []prometheus.Collector{m.requests, m.aborted, m.promptTokens, m.generationTokens, m.ttft, m.itl, m.e2e,
 		m.running, m.waiting, m.kvUsage, m.step, m.appRequests} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("metrics: %w", err)

@@ -73,7 +73,7 @@ func checkAgainst(t *testing.T, what string, tok loader.Tokenizer, want loader.R
 		t.Fatalf("%s: %d probe values for %d tokens", what, len(got), len(want.Tokens))
 	}
 	for k := range want.Tokens {
-		w := want.Rows[want.PromptLen-1+k].Exports.Get("tiny-probe.happy")
+		w := want.Rows[want.PromptTokens-1+k].Exports.Get("tiny-probe.happy")
 		var g float64
 		if err := json.Unmarshal(got[k], &g); err != nil || len(w) != 1 || math.Abs(g-float64(w[0])) > 1e-4 {
 			t.Errorf("%s: token %d probe %s, alone %v", what, k, got[k], w)
@@ -117,8 +117,8 @@ func TestCompletionsMatchTheEngineAlone(t *testing.T) {
 			return
 		}
 		checkAgainst(t, fmt.Sprint("case ", i), ts.tok, w, g.text(), g.Choices[0].FinishReason, g.Usage.CompletionTokens, g.Xmix.Exports, cases[i].req.Apps)
-		if g.Usage.PromptTokens != w.PromptLen || g.Usage.TotalTokens != w.PromptLen+len(w.Tokens) {
-			t.Errorf("case %d: usage %+v, prompt of %d", i, g.Usage, w.PromptLen)
+		if g.Usage.PromptTokens != w.PromptTokens || g.Usage.TotalTokens != w.PromptTokens+len(w.Tokens) {
+			t.Errorf("case %d: usage %+v, prompt of %d", i, g.Usage, w.PromptTokens)
 		}
 		if g.Object != "text_completion" || !strings.HasPrefix(g.ID, "cmpl-") || g.Model != "tiny" {
 			t.Errorf("case %d: object %q id %q model %q", i, g.Object, g.ID, g.Model)

@@ -347,7 +347,7 @@ func (s *session) generate(w io.Writer, f runFlags, prompts []string, apps [][]s
 		out := make([]jsonResult, len(res))
 		for i, r := range res {
 			out[i] = jsonResult{Prompt: prompts[i], Apps: apps[i], Text: s.tok.Decode(r.Tokens), Tokens: r.Tokens, Reason: r.Reason,
-				Usage: jsonUsage{PromptTokens: r.PromptLen, CompletionTokens: len(r.Tokens), TotalTokens: r.PromptLen + len(r.Tokens)},
+				Usage: jsonUsage{PromptTokens: r.PromptTokens, CompletionTokens: len(r.Tokens), TotalTokens: r.PromptTokens + len(r.Tokens)},
 				Xmix:  jsonXmix{Exports: serve.ResultExports(s.b, apps[i], r)}, Rows: r.Rows}
 			if out[i].Apps == nil {
 				out[i].Apps = []string{}
