@@ -64,10 +64,14 @@ type ModelConfig struct {
 	KVBlocks      int          `json:"kv_blocks"`     // pages in the pool
 	// KVPadPages is how many pages at the end of the pool belong to the padding sequence:
 	// the padding rows of a bucket write their K/V there, each to its own slot.
-	KVPadPages int    `json:"kv_pad_pages,omitempty"`
-	Tokenizer  string `json:"tokenizer"` // "bytes" or "hf"
-	BOS        int    `json:"bos"`
-	EOS        []int  `json:"eos"`
+	KVPadPages int `json:"kv_pad_pages,omitempty"`
+	// MaxBatchedTokens is the token budget of one step, decode and prompt rows together
+	// (vLLM's max_num_batched_tokens); 0 (bundles from before it existed): the largest
+	// prefill chunk.
+	MaxBatchedTokens int    `json:"max_batched_tokens,omitempty"`
+	Tokenizer        string `json:"tokenizer"` // "bytes" or "hf"
+	BOS              int    `json:"bos"`
+	EOS              []int  `json:"eos"`
 	// ChatTemplate is the checkpoint's Jinja chat template (from tokenizer_config.json), with
 	// the bos and eos token texts it refers to; empty when the checkpoint has none.
 	ChatTemplate string `json:"chat_template,omitempty"`

@@ -3,6 +3,7 @@ package bundle
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
 
 	"xmix/safetensors"
 )
@@ -14,6 +15,36 @@ var dtypeSizes = map[string]int{"f32": 4, "bf16": 2, "u32": 4}
 func DtypeSize(dtype string) (int, bool) {
 	n, ok := dtypeSizes[dtype]
 	return n, ok
+}
+
+// PrefillChunks lists the rows of the bundle's prefill templates, ascending.
+func (b *Bundle) PrefillChunks() []int {
+	var chunks []int
+	for _, t := range b.Templates {
+		if t.Kind == "prefill" {
+			chunks = append(chunks, t.Tokens)
+		}
+	}
+	slices.Sort(chunks)
+	return chunks
+}
+
+// CheckMaxBatchedTokens checks a step's token budget against the prefill chunks (ascending)
+// and max_seqs: a step's rows run in a chunk at least as large, and the budget must hold one
+// decode row of every resident sequence (where a chunk can), so that decoding never waits
+// behind prompts.
+func CheckMaxBatchedTokens(n int, chunks []int, maxSeqs int) error {
+	if len(chunks) == 0 {
+		return fmt.Errorf("max_batched_tokens %d: there are no prefill chunks", n)
+	}
+	largest := chunks[len(chunks)-1]
+	if n > largest {
+		return fmt.Errorf("max_batched_tokens %d is more than the largest prefill chunk %d: no template holds a step that large (add a chunk of %d to prefill_chunks, or lower the budget)", n, largest, n)
+	}
+	if low := min(maxSeqs, largest); n < low {
+		return fmt.Errorf("max_batched_tokens %d is below max_seqs %d: a step must hold one decode row of every running sequence (raise it to at least %d)", n, maxSeqs, low)
+	}
+	return nil
 }
 
 // paramSizes are the byte sizes of the PTX parameter types a kernel may declare.
@@ -77,6 +108,11 @@ func Verify(b *Bundle) error {
 			return fmt.Errorf("template %d: the name %q is used by two templates; template names must be unique", i, t.Name)
 		}
 		templates[t.Name] = true
+	}
+	if n := b.Manifest.Model.MaxBatchedTokens; n != 0 {
+		if err := CheckMaxBatchedTokens(n, b.PrefillChunks(), b.Manifest.Model.MaxSeqs); err != nil {
+			return fmt.Errorf("manifest: %w", err)
+		}
 	}
 	return verifyApps(b.Manifest.Apps, bufBytes)
 }

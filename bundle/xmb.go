@@ -8,10 +8,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"strings"
 
 	"github.com/klauspost/compress/zstd"
+
+	"xmix/input"
 )
 
 // FormatVersion is the .xmb layout this package reads and writes. Any change to the layout or
@@ -220,7 +221,7 @@ func canonicalJSON(raw json.RawMessage) (json.RawMessage, error) {
 
 // ReadFile reads and fully checks the bundle at path.
 func ReadFile(path string) (*Bundle, error) {
-	data, err := os.ReadFile(path)
+	data, err := input.Read(path, input.Bundle)
 	if err != nil {
 		return nil, fmt.Errorf("read bundle: %w", err)
 	}

@@ -86,33 +86,59 @@ func FromTokenizerConfig(data []byte) (tmpl *Template, bos, eos string, err erro
 	return tmpl, bos, eos, nil
 }
 
-// ConfigSource reads the chat template's source text and the bos and eos tokens from a
-// tokenizer_config.json without parsing the template (bundles store the source).
-func ConfigSource(data []byte) (src, bos, eos string, err error) {
-	var cfg struct {
+// Config is what a tokenizer_config.json says about prompts: the chat template's source
+// ("" when it has none), the bos and eos token texts the template refers to ("" when null or
+// missing), and add_bos_token (nil when the file does not say; the tokenizer.json
+// post-processor decides then).
+type Config struct {
+	Template string
+	BOS, EOS string
+	AddBOS   *bool
+}
+
+// ReadConfig reads a tokenizer_config.json without parsing the template (bundles store the
+// source). A missing chat_template is no error: base models have none.
+func ReadConfig(data []byte) (Config, error) {
+	var raw struct {
 		ChatTemplate json.RawMessage `json:"chat_template"`
 		BOS          json.RawMessage `json:"bos_token"`
 		EOS          json.RawMessage `json:"eos_token"`
+		AddBOS       *bool           `json:"add_bos_token"`
 	}
-	if err := json.Unmarshal(data, &cfg); err != nil {
-		return "", "", "", fmt.Errorf("tokenizer_config.json: %w", err)
+	var c Config
+	if err := json.Unmarshal(data, &raw); err != nil {
+		return c, fmt.Errorf("tokenizer_config.json: %w", err)
 	}
-	if bos, err = specialToken(cfg.BOS); err != nil {
-		return "", "", "", fmt.Errorf("tokenizer_config.json: bos_token: %w", err)
+	var err error
+	if c.BOS, err = specialToken(raw.BOS); err != nil {
+		return c, fmt.Errorf("tokenizer_config.json: bos_token: %w", err)
 	}
-	if eos, err = specialToken(cfg.EOS); err != nil {
-		return "", "", "", fmt.Errorf("tokenizer_config.json: eos_token: %w", err)
+	if c.EOS, err = specialToken(raw.EOS); err != nil {
+		return c, fmt.Errorf("tokenizer_config.json: eos_token: %w", err)
 	}
-	if src, err = templateSource(cfg.ChatTemplate); err != nil {
-		return "", "", "", fmt.Errorf("tokenizer_config.json: chat_template: %w", err)
+	c.AddBOS = raw.AddBOS
+	if len(raw.ChatTemplate) > 0 && string(raw.ChatTemplate) != "null" {
+		if c.Template, err = templateSource(raw.ChatTemplate); err != nil {
+			return c, fmt.Errorf("tokenizer_config.json: chat_template: %w", err)
+		}
 	}
-	return src, bos, eos, nil
+	return c, nil
+}
+
+// ConfigSource reads the chat template's source text and the bos and eos tokens from a
+// tokenizer_config.json without parsing the template; a missing template is an error.
+func ConfigSource(data []byte) (src, bos, eos string, err error) {
+	c, err := ReadConfig(data)
+	if err != nil {
+		return "", "", "", err
+	}
+	if c.Template == "" {
+		return "", "", "", errors.New("tokenizer_config.json: chat_template: missing")
+	}
+	return c.Template, c.BOS, c.EOS, nil
 }
 
 func templateSource(raw json.RawMessage) (string, error) {
-	if len(raw) == 0 || string(raw) == "null" {
-		return "", errors.New("missing")
-	}
 	var s string
 	if err := json.Unmarshal(raw, &s); err == nil {
 		return s, nil

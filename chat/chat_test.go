@@ -3,6 +3,7 @@ package chat
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"strings"
 	"testing"
@@ -358,4 +359,31 @@ func FuzzParse(f *testing.F) {
 		// Rendering must not panic either; errors are fine.
 		_, _ = tmpl.Render([]Message{{Role: "user", Content: "hi"}}, true, map[string]any{"bos_token": "<s>"})
 	})
+}
+
+// TestReadConfig: add_bos_token is read when given (Qwen3: false), nil when not (Llama 3.1,
+// whose tokenizer.json post-processor adds the BOS); a config without a chat template
+// (a base model) is read without error.
+func TestReadConfig(t *testing.T) {
+	for name, want := range map[string]string{"llama3_1": "<nil>", "qwen3": "false"} {
+		data, err := os.ReadFile("testdata/" + name + "_tokenizer_config.json")
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := ReadConfig(data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := "<nil>"
+		if c.AddBOS != nil {
+			got = fmt.Sprint(*c.AddBOS)
+		}
+		if got != want || c.Template == "" {
+			t.Errorf("%s: add_bos_token %s (want %s), template of %d bytes", name, got, want, len(c.Template))
+		}
+	}
+	c, err := ReadConfig([]byte(`{"bos_token": "<s>", "add_bos_token": true}`))
+	if err != nil || c.Template != "" || c.BOS != "<s>" || c.AddBOS == nil || !*c.AddBOS {
+		t.Errorf("base model config: %+v, %v", c, err)
+	}
 }

@@ -196,7 +196,8 @@ func (g *gen) modelConfig() bundle.ModelConfig {
 		Experts: m.Experts, TopK: m.TopK,
 		WeightDtype: g.wdt.String(), KVDtype: g.kvdt.String(), MaxSeqLen: m.MaxSeqLen,
 		MaxSeqs: m.MaxSeqs, KVBlockSize: m.KVBlockSize, KVBlocks: g.kvBlocks(), KVPadPages: g.padPages(),
-		Tokenizer: m.Tokenizer.Kind, BOS: m.BOS, EOS: m.EOS,
+		MaxBatchedTokens: m.MaxBatchedTokens,
+		Tokenizer:        m.Tokenizer.Kind, BOS: m.BOS, EOS: m.EOS,
 	}
 	if s := m.RopeScaling; s != nil {
 		c.RopeScaling = &bundle.RopeScaling{Type: s.Type, Factor: s.Factor, LowFreqFactor: s.LowFreqFactor,

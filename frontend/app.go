@@ -3,13 +3,14 @@ package frontend
 import (
 	"fmt"
 	"math"
-	"os"
 	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
 
 	"gopkg.in/yaml.v3"
+
+	"xmix/input"
 )
 
 // Kernels are the MI kernel templates an op may name.
@@ -61,7 +62,7 @@ func HookNames(family string) (perLayer, wholeModel []string) {
 
 // LoadApp reads and parses an app spec file against model m.
 func LoadApp(path string, m *Model) (*App, error) {
-	data, err := os.ReadFile(path)
+	data, err := input.Read(path, input.Spec)
 	if err != nil {
 		return nil, fmt.Errorf("app spec: %w", err)
 	}
@@ -217,10 +218,7 @@ func (p *appParser) params(n *yaml.Node) []Param {
 				continue
 			}
 			for _, it := range items {
-				v, good := p.number(it, what+".values")
-				if good && math.Abs(v) > math.MaxFloat32 {
-					p.errorf(it, "", "%s.values: %g does not fit in float32", what, v)
-				}
+				v, _ := p.float32Number(it, what+".values")
 				par.Values = append(par.Values, float32(v))
 			}
 		}
@@ -476,8 +474,9 @@ func (p *appParser) args(n *yaml.Node, what string) []Arg {
 		a := Arg{Pos: p.pos(e.key), Name: e.key.Value}
 		v := e.val
 		switch {
-		case v.Kind == yaml.ScalarNode && (v.Tag == "!!int" || v.Tag == "!!float"):
-			x, ok := p.number(v, what+"."+a.Name)
+		case v.Kind == yaml.ScalarNode && (v.Tag == "!!int" || v.Tag == "!!float" || overflowText(v) != ""):
+			// Every number an op takes becomes an f32 (a scalar) or a small count.
+			x, ok := p.float32Number(v, what+"."+a.Name)
 			if !ok {
 				continue
 			}
@@ -541,7 +540,7 @@ func (p *appParser) activation(n *yaml.Node, what string, c *Cond) bool {
 	var ok [3]bool
 	c.Buffer, ok[0] = p.buffer(am.get("buffer"), what+".buffer")
 	c.Cmp, ok[1] = p.oneOf(am.get("op"), what+".op", comparisons)
-	c.Value, ok[2] = p.number(am.get("value"), what+".value")
+	c.Value, ok[2] = p.float32Number(am.get("value"), what+".value")
 	return ok[0] && ok[1] && ok[2]
 }
 
@@ -637,7 +636,7 @@ func (p *appParser) kernels(n *yaml.Node) []CustomKernel {
 			ok = false
 		} else if !strings.Contains(s, "\n") && strings.HasSuffix(strings.TrimSpace(s), ".ptx") {
 			k.File = p.resolve(strings.TrimSpace(s))
-			data, err := os.ReadFile(k.File)
+			data, err := input.Read(k.File, input.PTX)
 			if err != nil {
 				p.errorf(src, "check the ptx: path (relative to the app spec)", "%s.ptx: %v", what, err)
 				ok = false

@@ -5,14 +5,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"strings"
-)
 
-// maxConfigSize bounds how much of a config.json is read; real ones are a few KiB.
-const maxConfigSize = 1 << 20
+	"xmix/input"
+)
 
 // HFConfig is the part of a Hugging Face config.json that a model spec imports. A nil field
 // was absent (or null) in the file.
@@ -36,6 +34,8 @@ type HFConfig struct {
 	AttentionBias     *bool
 	SlidingWindow     *int // nil when absent or null (no window)
 	UseSlidingWindow  *bool
+	NumLocalExperts   *int // mixtral
+	NumExpertsPerTok  *int
 }
 
 // hfConfigJSON mirrors the JSON; the fields whose JSON type varies are decoded by hand.
@@ -61,6 +61,8 @@ type hfConfigJSON struct {
 	AttentionBias    *bool           `json:"attention_bias"`
 	SlidingWindow    *int            `json:"sliding_window"`
 	UseSlidingWindow *bool           `json:"use_sliding_window"`
+	NumLocalExperts  *int            `json:"num_local_experts"`
+	NumExpertsPerTok *int            `json:"num_experts_per_tok"`
 }
 
 type ropeScalingJSON struct {
@@ -82,43 +84,18 @@ func ReadHFConfig(path string) (*HFConfig, error) {
 	if fi.IsDir() {
 		path = filepath.Join(path, "config.json")
 	}
-	data, err := readSmall(path)
+	data, err := input.Read(path, input.Settings)
 	if err != nil {
 		return nil, err
 	}
 	return parseHFConfig(path, data)
 }
 
-// readSmall reads a JSON settings file of at most maxConfigSize bytes.
-func readSmall(path string) ([]byte, error) {
-	// Refuse devices and pipes: reading /dev/zero or a FIFO would never end.
-	fi, err := os.Stat(path)
-	if err != nil {
-		return nil, err
-	}
-	if !fi.Mode().IsRegular() {
-		return nil, fmt.Errorf("%s: not a regular file", path)
-	}
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	data, err := io.ReadAll(io.LimitReader(f, maxConfigSize+1))
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
-	}
-	if len(data) > maxConfigSize {
-		return nil, fmt.Errorf("%s: larger than %d bytes, not a settings file", path, maxConfigSize)
-	}
-	return data, nil
-}
-
 // ReadGenerationEOS reads eos_token_id (an integer or a list) from a Hugging Face
 // generation_config.json; nil when the file has none. Errors inside the file are *Error
 // values at the offending line:col.
 func ReadGenerationEOS(path string) ([]int, error) {
-	data, err := readSmall(path)
+	data, err := input.Read(path, input.Settings)
 	if err != nil {
 		return nil, err
 	}
@@ -158,6 +135,8 @@ func parseHFConfig(path string, data []byte) (*HFConfig, error) {
 		AttentionBias:     raw.AttentionBias,
 		SlidingWindow:     raw.SlidingWindow,
 		UseSlidingWindow:  raw.UseSlidingWindow,
+		NumLocalExperts:   raw.NumLocalExperts,
+		NumExpertsPerTok:  raw.NumExpertsPerTok,
 	}
 	var err error
 	if c.EOSTokenIDs, err = eosIDs(raw.EOSTokenID); err != nil {

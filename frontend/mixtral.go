@@ -1,9 +1,7 @@
 package frontend
 
 import (
-	"encoding/json"
 	"fmt"
-	"os"
 
 	"gopkg.in/yaml.v3"
 )
@@ -31,17 +29,9 @@ func (p *parser) moe(top *mapping, m *Model, cfg *HFConfig, cfgPos Pos) {
 		}
 		return
 	}
-	var fromCfg struct {
-		Experts *int `json:"num_local_experts"`
-		TopK    *int `json:"num_experts_per_tok"`
-	}
-	if cfg != nil && cfg.Path != "" {
-		// The file was read and parsed once already: only these two keys are new here.
-		if data, err := os.ReadFile(cfg.Path); err == nil {
-			if err := json.Unmarshal(data, &fromCfg); err != nil {
-				p.errorAt(cfgPos, "", "config.json num_local_experts / num_experts_per_tok: %v", err)
-			}
-		}
+	var fromCfg struct{ Experts, TopK *int }
+	if cfg != nil {
+		fromCfg.Experts, fromCfg.TopK = cfg.NumLocalExperts, cfg.NumExpertsPerTok
 	}
 	m.TopK = defaultTopK
 	expPos, topPos := cfgPos, cfgPos

@@ -9,6 +9,9 @@ import (
 	"strings"
 
 	"gopkg.in/yaml.v3"
+
+	"xmix/bundle"
+	"xmix/input"
 )
 
 // Families this version can compile, and the Hugging Face architectures (config.json
@@ -19,10 +22,10 @@ var (
 )
 
 var (
-	modelKeys       = []string{"model", "family", "hf", "dims", "config", "weights", "dtype", "kv_dtype", "tokenizer", "bos", "eos", "serving"}
+	modelKeys       = []string{"model", "family", "hf", "dims", "config", "weights", "dtype", "kv_dtype", "tokenizer", "bos", "eos", "chat_template", "serving"}
 	dimsKeys        = []string{"hidden", "intermediate", "layers", "heads", "kv_heads", "head_dim", "vocab", "rope_theta", "rms_eps", "tie_embeddings", "rope_scaling", "experts", "experts_per_token"}
 	ropeScalingKeys = []string{"type", "factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}
-	servingKeys     = []string{"decode_buckets", "prefill_chunks", "max_seq_len", "max_seqs", "kv_block_size"}
+	servingKeys     = []string{"decode_buckets", "prefill_chunks", "max_batched_tokens", "max_seq_len", "max_seqs", "kv_block_size"}
 	weightDtypes    = []string{"bf16", "f32"}
 	kvDtypes        = []string{"f32", "bf16"}
 )
@@ -39,7 +42,7 @@ const (
 
 // LoadModel reads and parses a model spec file.
 func LoadModel(path string) (*Model, error) {
-	data, err := os.ReadFile(path)
+	data, err := input.Read(path, input.Spec)
 	if err != nil {
 		return nil, fmt.Errorf("model spec: %w", err)
 	}
@@ -121,6 +124,7 @@ func (p *parser) model(root *yaml.Node) *Model {
 	cfg := p.configRef(top, hf)
 	p.dims(top, m, cfg)
 	p.specialTokens(top, m, cfg)
+	p.chatTemplate(top, m)
 	p.serving(top, m)
 	p.family(top, m, cfg)
 	p.moe(top, m, cfg.cfg, cfg.keyAt)
@@ -372,15 +376,28 @@ func (p *parser) dims(top *mapping, m *Model, src *configSource) {
 			p.errorf(missingAt, hint, "dims: missing key %q", r.key)
 		}
 	}
-	for _, f := range []*intField{&d.hidden, &d.intermediate, &d.layers, &d.heads, &d.kvHeads, &d.headDim, &d.vocab} {
-		if f.ok && (f.v < 1 || f.v > maxInt) {
+	for _, x := range []struct {
+		f   *intField
+		key string
+	}{{&d.hidden, "hidden"}, {&d.intermediate, "intermediate"}, {&d.layers, "layers"}, {&d.heads, "heads"},
+		{&d.kvHeads, "kv_heads"}, {&d.headDim, "head_dim"}, {&d.vocab, "vocab"}} {
+		f, lim := x.f, dimLimits[x.key]
+		switch {
+		case f.ok && (f.v < 1 || f.v > maxInt):
 			p.errorAt(f.pos, "", "%s: must be a positive integer, got %d", f.name, f.v)
+			f.ok = false
+		case f.ok && f.v > lim.max:
+			p.errorAt(f.pos, lim.hint(), "%s: %d is more than this compiler supports", f.name, f.v)
 			f.ok = false
 		}
 	}
 	for _, f := range []*floatField{&d.ropeTheta, &d.rmsEps} {
-		if f.ok && !(f.v > 0) {
+		switch {
+		case f.ok && !(f.v > 0):
 			p.errorAt(f.pos, "", "%s: must be positive, got %g", f.name, f.v)
+			f.ok = false
+		case f.ok && f.v > maxFloat32:
+			p.errorAt(f.pos, fmt.Sprintf("at most %.4g", maxFloat32), "%s: %g is out of float32 range", f.name, f.v)
 			f.ok = false
 		}
 	}
@@ -505,7 +522,7 @@ func (p *parser) weights(n *yaml.Node, w *Weights) {
 		w.Seed = uint64(v)
 	}
 	if s := sm.get("std"); s != nil {
-		if v, ok := p.number(s, "weights.synthetic.std"); ok && !(v > 0) {
+		if v, ok := p.float32Number(s, "weights.synthetic.std"); ok && !(v > 0) {
 			p.errorf(s, "", "weights.synthetic.std: must be positive, got %g", v)
 		} else {
 			w.Std = v
@@ -544,8 +561,9 @@ func (p *parser) tokenizer(n *yaml.Node, t *Tokenizer) {
 }
 
 // specialTokens sets BOS and EOS from the spec, falling back to generation_config.json (for
-// eos) and config.json. BOS stays -1 when
-// neither gives one and the tokenizer does not need it.
+// eos) and config.json. BOS stays -1 when neither gives one. Whether prompts start with the
+// BOS is the tokenizer's business (cmd/driver decides it for a tokenizer.json); a bos: in the
+// spec always is (BOSGiven).
 func (p *parser) specialTokens(top *mapping, m *Model, src *configSource) {
 	if cfg := src.cfg; cfg != nil {
 		if cfg.BOSTokenID != nil {
@@ -560,21 +578,19 @@ func (p *parser) specialTokens(top *mapping, m *Model, src *configSource) {
 	if n := top.get("bos"); n != nil {
 		bosPos = p.pos(n)
 		if v, ok := p.natural(n, "bos"); ok {
-			m.BOS = v
+			m.BOS, m.BOSGiven = v, true
 		}
 	}
 	if n := top.get("eos"); n != nil {
 		eosPos = p.pos(n)
 		m.EOS, _ = p.ints(n, "eos", true, p.natural)
 	}
-	if m.Tokenizer.Kind == "bytes" {
-		if m.BOS < 0 && top.get("bos") == nil {
-			p.errorAt(m.Tokenizer.Pos, fmt.Sprintf("add bos: %d, the first id after the bytes", byteTokens),
-				"tokenizer: the bytes tokenizer needs a bos id")
-		}
-		if m.Vocab > 0 && m.Vocab < byteTokens {
-			p.errorAt(m.Tokenizer.Pos, "the bytes tokenizer uses ids 0-255 for the bytes", "tokenizer: vocab %d is smaller than %d", m.Vocab, byteTokens)
-		}
+	if len(m.EOS) > maxEOS {
+		p.errorAt(eosPos, fmt.Sprintf("at most %d", maxEOS), "eos: %d ids is more than this compiler supports", len(m.EOS))
+		m.EOS = nil
+	}
+	if m.Tokenizer.Kind == "bytes" && m.Vocab > 0 && m.Vocab < byteTokens {
+		p.errorAt(m.Tokenizer.Pos, "the bytes tokenizer uses ids 0-255 for the bytes", "tokenizer: vocab %d is smaller than %d", m.Vocab, byteTokens)
 	}
 	if m.Vocab <= 0 {
 		return
@@ -590,6 +606,25 @@ func (p *parser) specialTokens(top *mapping, m *Model, src *configSource) {
 	}
 }
 
+// chatTemplate reads chat_template: a Jinja file (relative to the spec) that replaces the
+// one of the checkpoint's tokenizer_config.json, or gives a model without one (the bytes
+// tokenizer) a chat template. It is parsed when the bundle is built.
+func (p *parser) chatTemplate(top *mapping, m *Model) {
+	n := top.get("chat_template")
+	if n == nil {
+		return
+	}
+	path, ok := p.str(n, "chat_template")
+	if !ok {
+		return
+	}
+	if path == "" {
+		p.errorf(n, "give the path of a .jinja file", "chat_template: path must not be empty")
+		return
+	}
+	m.ChatTemplate, m.ChatTemplatePos = p.resolve(path), p.pos(n)
+}
+
 func (p *parser) serving(top *mapping, m *Model) {
 	m.DecodeBuckets = []int{1, 2, 4, 8}
 	m.PrefillChunks = []int{64}
@@ -602,23 +637,50 @@ func (p *parser) serving(top *mapping, m *Model) {
 		}
 	}
 	ok := true
+	// rows reads a list of bucket sizes: ascending, each at most maxRows, at most maxBuckets.
+	rows := func(n *yaml.Node, what string) ([]int, bool) {
+		v, good := p.ints(n, what, false, p.positive)
+		good = good && p.ascending(n, what, v)
+		if good && len(v) > maxBuckets {
+			p.errorf(n, fmt.Sprintf("at most %d: each becomes a template", maxBuckets), "%s: %d sizes is more than this compiler supports", what, len(v))
+			good = false
+		}
+		if good && v[len(v)-1] > maxRows {
+			p.errorf(n, fmt.Sprintf("at most %d rows per step", maxRows), "%s: %d is more than this compiler supports", what, v[len(v)-1])
+			good = false
+		}
+		return v, good
+	}
+	// bounded reads a positive integer of at most limit.
+	bounded := func(n *yaml.Node, what string, limit int) (int, bool) {
+		v, good := p.positive(n, what)
+		if good && v > limit {
+			p.errorf(n, fmt.Sprintf("at most %d", limit), "%s: %d is more than this compiler supports", what, v)
+			good = false
+		}
+		return v, good
+	}
 	if n := sm.get("decode_buckets"); n != nil {
-		v, good := p.ints(n, "serving.decode_buckets", false, p.positive)
-		ok = good && p.ascending(n, "serving.decode_buckets", v)
+		v, good := rows(n, "serving.decode_buckets")
+		ok = good
 		m.DecodeBuckets = v
 	}
 	if n := sm.get("prefill_chunks"); n != nil {
-		v, good := p.ints(n, "serving.prefill_chunks", false, p.positive)
-		ok = good && p.ascending(n, "serving.prefill_chunks", v) && ok
+		v, good := rows(n, "serving.prefill_chunks")
+		ok = good && ok
 		m.PrefillChunks = v
 	}
 	if n := sm.get("max_seq_len"); n != nil {
-		v, good := p.positive(n, "serving.max_seq_len")
+		v, good := bounded(n, "serving.max_seq_len", maxSeqLen)
 		ok = good && ok
 		m.MaxSeqLen = v
 	}
 	if n := sm.get("kv_block_size"); n != nil {
-		v, good := p.positive(n, "serving.kv_block_size")
+		v, good := bounded(n, "serving.kv_block_size", maxSeqLen)
+		if good && v&(v-1) != 0 {
+			p.errorf(n, "the attention kernels find a page with a shift: use 16, 32, ...", "serving.kv_block_size %d is not a power of two", v)
+			good = false
+		}
 		ok = good && ok
 		m.KVBlockSize = v
 	}
@@ -627,20 +689,39 @@ func (p *parser) serving(top *mapping, m *Model) {
 	}
 	largest := m.DecodeBuckets[len(m.DecodeBuckets)-1]
 	m.MaxSeqs = largest
+	maxSeqsAt := sm.keyPos(p, "decode_buckets")
 	if n := sm.get("max_seqs"); n != nil {
-		if v, good := p.positive(n, "serving.max_seqs"); good && v < largest {
+		maxSeqsAt = p.pos(n)
+		if v, good := bounded(n, "serving.max_seqs", maxRows); good && v < largest {
 			p.errorf(n, "raise max_seqs or drop the larger buckets",
 				"serving.max_seqs %d is smaller than the largest decode bucket %d", v, largest)
-		} else {
+		} else if good {
 			m.MaxSeqs = v
+		} else {
+			return
 		}
+	}
+	if t := int64(m.MaxSeqs) * int64(m.MaxSeqLen); t > maxResidentTokens {
+		p.errorAt(maxSeqsAt, fmt.Sprintf("at most %d tokens: lower max_seqs or max_seq_len", maxResidentTokens),
+			"serving: max_seqs %d x max_seq_len %d = %d tokens of KV cache is more than this compiler supports", m.MaxSeqs, m.MaxSeqLen, t)
 	}
 	if m.MaxSeqLen%m.KVBlockSize != 0 {
 		p.errorAt(sm.keyPos(p, "kv_block_size"), "KV pages must tile the sequence exactly",
 			"serving.kv_block_size %d does not divide max_seq_len %d", m.KVBlockSize, m.MaxSeqLen)
 	}
-	if c := m.PrefillChunks[len(m.PrefillChunks)-1]; c > m.MaxSeqLen {
+	largestChunk := m.PrefillChunks[len(m.PrefillChunks)-1]
+	if largestChunk > m.MaxSeqLen {
 		p.errorAt(sm.keyPos(p, "prefill_chunks"), "",
-			"serving.prefill_chunks: chunk %d is longer than max_seq_len %d", c, m.MaxSeqLen)
+			"serving.prefill_chunks: chunk %d is longer than max_seq_len %d", largestChunk, m.MaxSeqLen)
+	}
+	m.MaxBatchedTokens = largestChunk
+	if n := sm.get("max_batched_tokens"); n != nil {
+		if v, good := p.positive(n, "serving.max_batched_tokens"); good {
+			if err := bundle.CheckMaxBatchedTokens(v, m.PrefillChunks, m.MaxSeqs); err != nil {
+				p.errorf(n, "", "serving.%v", err)
+			} else {
+				m.MaxBatchedTokens = v
+			}
+		}
 	}
 }

@@ -41,16 +41,31 @@ func TestParseModelValid(t *testing.T) {
 		Name: "tiny", Family: "llama", Hidden: 256, Intermediate: 768, Layers: 6, Heads: 8, KVHeads: 2,
 		HeadDim: 32, Vocab: 258, RopeTheta: 10000, RMSEps: 1e-5, TieEmbeddings: true,
 		Dtype: "bf16", KVDtype: "f32",
-		Weights:       Weights{Pos: Pos{File: path, Line: 11, Col: 10}, Path: filepath.Join(dir, "tiny/model.safetensors")},
-		Tokenizer:     Tokenizer{Pos: Pos{File: path, Line: 12, Col: 12}, Kind: "bytes"},
-		BOS:           256,
+		Weights:   Weights{Pos: Pos{File: path, Line: 11, Col: 10}, Path: filepath.Join(dir, "tiny/model.safetensors")},
+		Tokenizer: Tokenizer{Pos: Pos{File: path, Line: 12, Col: 12}, Kind: "bytes"},
+		BOS:       256, BOSGiven: true,
 		EOS:           []int{257},
-		DecodeBuckets: []int{1, 2, 4, 8}, PrefillChunks: []int{64},
+		DecodeBuckets: []int{1, 2, 4, 8}, PrefillChunks: []int{64}, MaxBatchedTokens: 64,
 		MaxSeqLen: 512, MaxSeqs: 8, KVBlockSize: 16,
 		LayersPos: Pos{File: path, Line: 6, Col: 11},
 	}
 	if !reflect.DeepEqual(m, want) {
 		t.Errorf("got  %+v\nwant %+v", m, want)
+	}
+}
+
+// TestParseModelBOS: a spec without bos: has no BOS of its own (the bytes tokenizer then
+// starts prompts with none); config.json's bos_token_id names one without making it given;
+// chat_template: resolves against the spec's directory.
+func TestParseModelBOS(t *testing.T) {
+	dir := t.TempDir()
+	spec := strings.Replace(tinyModel, "bos: 256\n", "chat_template: tiny/chat.jinja\n", 1)
+	m, err := ParseModel(filepath.Join(dir, "s.yaml"), []byte(spec))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.BOS != -1 || m.BOSGiven || m.ChatTemplate != filepath.Join(dir, "tiny/chat.jinja") {
+		t.Errorf("bos %d given %v chat template %q", m.BOS, m.BOSGiven, m.ChatTemplate)
 	}
 }
 
@@ -90,6 +105,7 @@ serving: {decode_buckets: [1, 16], prefill_chunks: [32, 128], kv_block_size: 32}
 		{"EOS", m.EOS, []int{2}},
 		{"DecodeBuckets", m.DecodeBuckets, []int{1, 16}},
 		{"PrefillChunks", m.PrefillChunks, []int{32, 128}},
+		{"MaxBatchedTokens", m.MaxBatchedTokens, 128}, // the largest chunk by default
 		{"MaxSeqLen", m.MaxSeqLen, 2048},
 		{"MaxSeqs", m.MaxSeqs, 16},
 		{"KVBlockSize", m.KVBlockSize, 32},
@@ -236,13 +252,20 @@ func TestParseModelErrors(t *testing.T) {
 		{"head dim default", with("hidden: 256", "hidden: 250"), []string{"s.yaml:7:10: dims.heads 8 does not divide dims.hidden 250", "set dims.head_dim"}},
 		{"dtype", with("tokenizer: bytes\n", "tokenizer: bytes\ndtype: fp8\n"), []string{`s.yaml:13:8: dtype: unknown value "fp8"`}},
 		{"tokenizer", with("tokenizer: bytes", "tokenizer: byte"), []string{`s.yaml:12:12: tokenizer: unknown tokenizer "byte"`}},
-		{"no bos", with("bos: 256\n", ""), []string{"s.yaml:12:12: tokenizer: the bytes tokenizer needs a bos id"}},
 		{"small vocab", with("vocab: 258", "vocab: 200"), []string{"s.yaml:12:12: tokenizer: vocab 200 is smaller than 256", "s.yaml:13:6: bos 256 is not a token id"}},
 		{"bos range", with("bos: 256", "bos: 258"), []string{"s.yaml:13:6: bos 258 is not a token id of the model (vocab is 258)"}},
 		{"eos type", with("eos: [257]", "eos: {a: 1}"), []string{"s.yaml:14:6: eos: expected a list, got a mapping"}},
+		{"chat template empty", with("eos: [257]\n", "eos: [257]\nchat_template: ''\n"), []string{"s.yaml:15:16: chat_template: path must not be empty"}},
+		{"chat template type", with("eos: [257]\n", "eos: [257]\nchat_template: [a]\n"), []string{"s.yaml:15:16: chat_template:"}},
 		{"buckets order", with("[1, 2, 4, 8]", "[1, 4, 2]"), []string{"s.yaml:16:19: serving.decode_buckets: 2 after 4 is not ascending"}},
 		{"max seqs", with("max_seqs: 8", "max_seqs: 4"), []string{"s.yaml:18:13: serving.max_seqs 4 is smaller than the largest decode bucket 8"}},
 		{"kv block", with("max_seq_len: 512", "max_seq_len: 500"), []string{"serving.kv_block_size 16 does not divide max_seq_len 500"}},
+		{"budget above chunks", with("max_seqs: 8", "max_seqs: 8\n  prefill_chunks: [16, 64]\n  max_batched_tokens: 128"),
+			[]string{"s.yaml:20:23: serving.max_batched_tokens 128 is more than the largest prefill chunk 64", "add a chunk of 128 to prefill_chunks"}},
+		{"budget below max_seqs", with("max_seqs: 8", "max_seqs: 8\n  max_batched_tokens: 4"),
+			[]string{"s.yaml:19:23: serving.max_batched_tokens 4 is below max_seqs 8", "raise it to at least 8"}},
+		{"budget not positive", with("max_seqs: 8", "max_seqs: 8\n  max_batched_tokens: 0"),
+			[]string{"s.yaml:19:23: serving.max_batched_tokens: must be a positive integer, got 0"}},
 		{"synthetic key", with("weights: tiny/model.safetensors", "weights: {synthetic: {sed: 1}}"),
 			[]string{`s.yaml:11:23: weights.synthetic: unknown key "sed" (did you mean "seed"?`}},
 		{"rope scaling", with("  tie_embeddings: true", "  rope_scaling: {type: llama3, factor: 8, low_freq_factor: 4, high_freq_factor: 1, original_max_position_embeddings: 8192}"),

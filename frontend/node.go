@@ -319,6 +319,10 @@ func (p *parser) oneOf(n *yaml.Node, what string, choices []string) (string, boo
 }
 
 func (p *parser) integer(n *yaml.Node, what string) (int, bool) {
+	if s := overflowText(n); s != "" {
+		p.errorf(n, fmt.Sprintf("at most %d", maxInt), "%s: integer %s is out of range", what, s)
+		return 0, false
+	}
 	if n.Kind != yaml.ScalarNode || n.Tag != "!!int" {
 		p.errorf(n, "", "%s: expected an integer, got %s", what, describe(n))
 		return 0, false
@@ -352,6 +356,10 @@ func (p *parser) natural(n *yaml.Node, what string) (int, bool) {
 }
 
 func (p *parser) number(n *yaml.Node, what string) (float64, bool) {
+	if s := overflowText(n); s != "" {
+		p.errorf(n, "", "%s: %s is out of range, not a finite number", what, s)
+		return 0, false
+	}
 	if n.Kind != yaml.ScalarNode || (n.Tag != "!!int" && n.Tag != "!!float") {
 		p.errorf(n, "", "%s: expected a number, got %s", what, describe(n))
 		return 0, false

@@ -57,13 +57,22 @@ type Model struct {
 	KVDtype         string // "f32" (default) or "bf16"
 	Weights         Weights
 	Tokenizer       Tokenizer
-	BOS             int
-	EOS             []int
+	// BOS is the beginning-of-sequence id (-1: none); BOSGiven says the spec's bos: named
+	// it, which makes every prompt start with it whatever the tokenizer says.
+	BOS      int
+	BOSGiven bool
+	EOS      []int
+	// ChatTemplate is the path of the spec's chat_template: file ("" when it names none).
+	ChatTemplate    string
+	ChatTemplatePos Pos
 	DecodeBuckets   []int // batch sizes, ascending
 	PrefillChunks   []int // token counts per prefill step, ascending
-	MaxSeqLen       int
-	MaxSeqs         int // requests resident at once (default: largest decode bucket)
-	KVBlockSize     int // tokens per KV page (default 16)
+	// MaxBatchedTokens is the token budget of a step (vLLM's max_num_batched_tokens): decode
+	// rows and prompt rows together (default: the largest prefill chunk).
+	MaxBatchedTokens int
+	MaxSeqLen        int
+	MaxSeqs          int // requests resident at once (default: largest decode bucket)
+	KVBlockSize      int // tokens per KV page (default 16)
 	// LayersPos is where the layer count was given, for "layer out of range" hints.
 	LayersPos Pos
 

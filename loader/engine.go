@@ -17,7 +17,13 @@ import (
 
 // Request is one generation request.
 type Request struct {
-	Prompt      []int    // token ids, without BOS (the engine adds it)
+	// Prompt is the prompt's token ids. The engine puts the bundle's BOS before them
+	// (ModelConfig.BOS; -1 when the checkpoint's tokenizer starts prompts with none), as
+	// Hugging Face's tokenizer(text) and vLLM's completions do, unless Verbatim.
+	Prompt []int
+	// Verbatim: Prompt is the model's whole input as it stands, BOS included or not (a
+	// rendered chat template writes its own: Chat.Prompt); the engine prepends nothing.
+	Verbatim    bool
 	Apps        []string // names of deployed apps to enable for this request
 	MaxTokens   int
 	Temperature float32 // <= 0: greedy
@@ -125,6 +131,16 @@ type Result struct {
 	PromptTokens int
 }
 
+// InputIDs is the prompt the engine feeds for r: the bundle's BOS (when the bundle has one
+// and r is not Verbatim), then r.Prompt. Its length is Result.PromptTokens.
+func InputIDs(c bundle.ModelConfig, r Request) []int {
+	ids := make([]int, 0, 1+len(r.Prompt))
+	if c.BOS >= 0 && !r.Verbatim {
+		ids = append(ids, c.BOS)
+	}
+	return append(ids, r.Prompt...)
+}
+
 // Engine runs batched generation of a bundle on a backend.
 type Engine struct {
 	B  *bundle.Bundle
@@ -143,6 +159,7 @@ type Engine struct {
 	exportBits uint32
 	decode     []bundle.Template
 	prefill    []bundle.Template
+	budget     int // rows per step at most (MaxBatchedTokens)
 	tmplIdx    map[string]int
 	freePage   []uint32
 	padPages   int
@@ -205,6 +222,12 @@ func NewEngine(b *bundle.Bundle, be Backend) (*Engine, error) {
 	}
 	sort.Slice(e.decode, func(i, j int) bool { return e.decode[i].Tokens < e.decode[j].Tokens })
 	sort.Slice(e.prefill, func(i, j int) bool { return e.prefill[i].Tokens < e.prefill[j].Tokens })
+	e.budget = e.prefill[len(e.prefill)-1].Tokens
+	if n := b.Manifest.Model.MaxBatchedTokens; n != 0 {
+		if err := e.SetMaxBatchedTokens(n); err != nil {
+			return nil, fmt.Errorf("bundle serving: %w", err)
+		}
+	}
 	c := e.cfg
 	bufs := map[string]bundle.Buffer{}
 	for _, buf := range b.Manifest.Buffers {
@@ -469,7 +492,7 @@ type seqState struct {
 	res     *Result
 	slot    int
 	pages   []uint32
-	tokens  []int // BOS + prompt + generated
+	tokens  []int // InputIDs, then the generated tokens
 	fed     int   // tokens already run through the model
 	mask    uint32
 	rng     *rand.Rand
@@ -499,16 +522,19 @@ func (e *Engine) Submit(r Request) (*Handle, error) {
 	e.nextID++
 	h := &Handle{ID: e.nextID, Submitted: time.Now()}
 	s := &seqState{h: h, req: &r, res: &h.Result, slot: -1, rng: rand.New(rand.NewPCG(r.Seed, 0x786d6978))}
-	s.tokens = append(append(make([]int, 0, 1+len(r.Prompt)+max(0, r.MaxTokens)), c.BOS), r.Prompt...)
+	s.tokens = append(make([]int, 0, 1+len(r.Prompt)+max(0, r.MaxTokens)), InputIDs(c, r)...)
 	s.promptN = len(s.tokens)
 	h.Result.PromptTokens = s.promptN
+	if s.promptN == 0 {
+		return nil, fmt.Errorf("empty prompt: model %s starts prompts with no BOS, so a request needs at least one token", c.Name)
+	}
 	for _, t := range append(append([]int(nil), r.Prompt...), r.Force...) {
 		if t < 0 || t >= c.Vocab {
 			return nil, fmt.Errorf("token id %d is outside the vocabulary (0-%d)", t, c.Vocab-1)
 		}
 	}
 	if need := s.promptN + r.MaxTokens; need > c.MaxSeqLen {
-		return nil, fmt.Errorf("prompt (%d tokens with BOS) + max tokens (%d) = %d exceeds the bundle's max_seq_len %d",
+		return nil, fmt.Errorf("prompt (%d tokens, BOS included) + max tokens (%d) = %d exceeds the bundle's max_seq_len %d",
 			s.promptN, r.MaxTokens, need, c.MaxSeqLen)
 	}
 	if pages := (s.promptN + r.MaxTokens + c.KVBlockSize - 1) / c.KVBlockSize; pages > c.KVBlocks-e.padPages {
@@ -640,70 +666,9 @@ type stepRow struct {
 	sample int // index among samples, -1 if the row is not sampled
 }
 
-// step runs one forward. While prompts are pending it uses a prefill template: one decode
-// row for every running sequence first (so decoding never stalls behind a long prompt),
-// then prompt chunks. Otherwise a decode template with one row per running sequence, in
-// the smallest bucket that holds them.
+// step plans one forward (schedule.go) and runs it.
 func (e *Engine) step(active []*seqState) error {
-	rows := make([]stepRow, 0, e.maxT)
-	var t bundle.Template
-	decoding, prefilling := make([]*seqState, 0, len(active)), make([]*seqState, 0, len(active))
-	for _, s := range active {
-		if s.fed < s.promptN {
-			prefilling = append(prefilling, s)
-		} else {
-			decoding = append(decoding, s)
-		}
-	}
-	if len(prefilling) > 0 {
-		t = e.prefill[len(e.prefill)-1]
-		nS := 0
-		for _, s := range decoding {
-			if nS == t.Samples || len(rows) == t.Tokens {
-				break
-			}
-			rows = append(rows, stepRow{s: s, pos: s.fed, sample: nS})
-			s.fed++
-			nS++
-		}
-		for _, s := range prefilling {
-			for s.fed < s.promptN && len(rows) < t.Tokens {
-				r := stepRow{s: s, pos: s.fed, sample: -1}
-				if s.fed == s.promptN-1 {
-					if nS == t.Samples {
-						break
-					}
-					r.sample = nS
-					nS++
-				}
-				rows = append(rows, r)
-				s.fed++
-			}
-		}
-		for _, c := range e.prefill { // the smallest chunk that holds these rows
-			if c.Tokens >= len(rows) && c.Samples >= nS {
-				t = c
-				break
-			}
-		}
-		e.Stats.PrefillSteps++
-	} else {
-		t = e.decode[len(e.decode)-1]
-		for _, c := range e.decode {
-			if c.Tokens >= len(active) {
-				t = c
-				break
-			}
-		}
-		// More sequences than the largest bucket: rotate who goes first.
-		start := e.Stats.DecodeSteps % len(active)
-		for i := range min(len(active), t.Tokens) {
-			s := active[(start+i)%len(active)]
-			rows = append(rows, stepRow{s: s, pos: s.fed, sample: i})
-			s.fed++
-		}
-		e.Stats.DecodeSteps++
-	}
+	t, rows := e.plan(active)
 	e.Stats.Steps++
 	e.Stats.Rows += len(rows)
 	e.Stats.PaddedRows += t.Tokens - len(rows)

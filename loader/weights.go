@@ -19,6 +19,7 @@ import (
 	"sync"
 
 	"xmix/bundle"
+	"xmix/input"
 	"xmix/ops"
 	"xmix/safetensors"
 )
@@ -43,9 +44,6 @@ const IndexFile = "model.safetensors.index.json"
 
 // singleFile is the name Hugging Face gives an unsharded checkpoint.
 const singleFile = "model.safetensors"
-
-// maxIndexSize bounds the index read; real ones are tens of KiB even for 400B models.
-const maxIndexSize = 64 << 20
 
 // SupportedWeightDtypes are the safetensors dtypes weights may be stored in; each is
 // converted to the buffer's dtype on load.
@@ -195,17 +193,9 @@ func fileExists(path string) bool {
 // readIndex reads a model.safetensors.index.json: its shard files (sorted, each checked to
 // exist) and the tensors it maps to each.
 func readIndex(path string) ([]string, map[string][]string, error) {
-	f, err := os.Open(path)
+	data, err := input.Read(path, input.Settings)
 	if err != nil {
 		return nil, nil, fmt.Errorf("weights: %w", err)
-	}
-	defer f.Close()
-	data, err := io.ReadAll(io.LimitReader(f, maxIndexSize+1))
-	if err != nil {
-		return nil, nil, fmt.Errorf("weights: %s: %w", path, err)
-	}
-	if len(data) > maxIndexSize {
-		return nil, nil, fmt.Errorf("weights: %s is larger than %d bytes, not a checkpoint index", path, maxIndexSize)
 	}
 	var idx struct {
 		WeightMap map[string]string `json:"weight_map"`

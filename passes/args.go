@@ -5,11 +5,11 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"os"
 	"sort"
 	"strings"
 
 	"xmix/frontend"
+	"xmix/input"
 	"xmix/safetensors"
 )
 
@@ -493,7 +493,7 @@ func paramData(a *AppPlan, arg frontend.Arg, files map[string]*safetensors.File,
 	}
 	f, ok := files[prm.File]
 	if !ok {
-		data, err := os.ReadFile(prm.File)
+		data, err := input.Read(prm.File, input.Params)
 		if err != nil {
 			return nil, frontend.Errorf(prm.Pos, "check the file: path (relative to the app spec)", "cannot read params file: %v", err)
 		}

@@ -417,3 +417,35 @@ ops:
 		t.Errorf("lens k %d into %d; override gates %v token scalar %d", p.Ops[0].K, p.Ops[0].OutWidth, p.Ops[3].Gates, p.Ops[3].Alpha)
 	}
 }
+
+// TestHookOrder: ops at one hook run apps in build order, then each app's ops in spec order,
+// whatever order the apps list their sites in; a logit lens at the same site comes last.
+func TestHookOrder(t *testing.T) {
+	p, err := plan(t, `app: a
+params: {d: {values: [1, 0, 0, 0, 0, 0, 0, 0]}}
+buffers: {x: {shape: [8]}, y: {shape: [8]}, top: {shape: [2]}}
+ops:
+  - read: {at: {layers: [1], hook: resid_post}, kernel: logit_lens, args: {k: 1}, into: top}
+  - read: {at: {layers: [1], hook: resid_post}, kernel: capture, into: x}
+  - write: {at: {layers: [1], hook: resid_post}, kernel: project_out, args: {direction: d}}
+  - read: {at: {layers: [1], hook: resid_post}, kernel: capture, into: y}
+`, `app: b
+params: {v: {values: [1, 1, 1, 1, 1, 1, 1, 1]}}
+ops:
+  - write: {at: {layers: [2, 1], hook: resid_post}, kernel: steer_add, args: {vector: v}}
+`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	order := p.HookOrder()
+	var got []string
+	for i, op := range p.Ops {
+		got = append(got, fmt.Sprintf("L%d#%d:%s.op%d", op.Layer, order[i], op.App.Name, op.OpIndex))
+	}
+	// p.Ops is in forward order (the lens sorts with its site, by app and op index); HookOrder
+	// says when each runs there: the lens after the fused ops.
+	want := "L1#5:a.op0 L1#1:a.op1 L1#2:a.op2 L1#3:a.op3 L1#4:b.op0 L2#1:b.op0"
+	if strings.Join(got, " ") != want {
+		t.Fatalf("hook order\n got %s\nwant %s", strings.Join(got, " "), want)
+	}
+}

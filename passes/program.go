@@ -219,7 +219,13 @@ func Verify(p *Program) error {
 	return errors.Join(errs...)
 }
 
-// sortOps puts ops into forward order; ops at one site keep app order, then op order.
+// sortOps puts ops into forward order. Ops at one hook of one layer (one site) run in a
+// defined order that users rely on: apps in the order the build line deploys them (their
+// bits), then each app's ops in spec order. So a read listed before a write at the same hook
+// sees the value before the write, and a read after it sees the written value. The fused
+// host kernels apply their ops in this order; a custom kernel and a logit lens at
+// resid_post run as nodes after the add+norm kernel, so after every fused op at that site
+// (HookOrder numbers them so).
 func sortOps(p *Program) {
 	sort.SliceStable(p.Ops, func(i, j int) bool {
 		a, b := p.Ops[i], p.Ops[j]
@@ -231,4 +237,40 @@ func sortOps(p *Program) {
 		}
 		return a.OpIndex < b.OpIndex
 	})
+}
+
+// HookOrder numbers each op of p.Ops (indexed alike) by when it runs at its site, from 1: the
+// fused ops in sortOps's order, then custom kernels, then logit lenses (their nodes follow
+// the host kernel).
+func (p *Program) HookOrder() []int {
+	rank := func(op *MIOp) int {
+		switch op.Host {
+		case HostCustom:
+			return 1
+		case HostLens:
+			return 2
+		}
+		return 0
+	}
+	idx := make([]int, len(p.Ops))
+	for i := range idx {
+		idx[i] = i
+	}
+	sort.SliceStable(idx, func(a, b int) bool {
+		x, y := p.Ops[idx[a]], p.Ops[idx[b]]
+		if x.Key != y.Key {
+			return x.Key.Less(y.Key)
+		}
+		return rank(x) < rank(y)
+	})
+	order := make([]int, len(p.Ops))
+	n := 0
+	for j, i := range idx {
+		if j > 0 && p.Ops[idx[j-1]].Key != p.Ops[i].Key {
+			n = 0
+		}
+		n++
+		order[i] = n
+	}
+	return order
 }

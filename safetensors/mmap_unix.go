@@ -3,24 +3,20 @@
 package safetensors
 
 import (
-	"os"
 	"syscall"
+
+	"xmix/input"
 )
 
 // mapFile maps path read-only. Empty files, files too large for an int and filesystems that
 // refuse mmap fall back to reading the file.
 func mapFile(path string) ([]byte, func() error, error) {
-	fd, err := os.Open(path)
+	fd, size, err := input.Open(path, input.Weights)
 	if err != nil {
 		return nil, nil, err
 	}
 	defer fd.Close() // a mapping outlives its descriptor
-	st, err := fd.Stat()
-	if err != nil {
-		return nil, nil, err
-	}
-	size := st.Size()
-	if size <= 0 || size != int64(int(size)) || !st.Mode().IsRegular() {
+	if size <= 0 || size != int64(int(size)) {
 		return readWhole(path)
 	}
 	data, err := syscall.Mmap(int(fd.Fd()), 0, int(size), syscall.PROT_READ, syscall.MAP_SHARED)

@@ -12,9 +12,10 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"os"
 	"slices"
 	"sort"
+
+	"xmix/input"
 )
 
 // Tensor is one named tensor. Data holds its elements little-endian, row-major.
@@ -360,6 +361,6 @@ func (c *closer) Close() error {
 
 // readWhole is the fallback when a file cannot be mapped.
 func readWhole(path string) ([]byte, func() error, error) {
-	data, err := os.ReadFile(path)
+	data, err := input.Read(path, input.Weights)
 	return data, nil, err
 }

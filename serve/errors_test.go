@@ -12,9 +12,7 @@ import (
 // fields that do not change results, and unimplemented ones at their defaults, are
 // accepted; the server keeps serving after each.
 func TestBadRequestsGetOpenAIErrors(t *testing.T) {
-	b := tinyBundle(t)
-	b.Manifest.Model.ChatTemplate = tinyChatTemplate
-	ts := startServer(t, b, nil)
+	ts := startServer(t, nil, nil)
 	const cmpl, chat = "/v1/completions", "/v1/chat/completions"
 	long := strings.Repeat("a", 600)
 	for _, c := range []struct {

@@ -62,11 +62,6 @@ func tinyBundle(t testing.TB) *bundle.Bundle {
 	return b
 }
 
-// tinyChatTemplate is a small template in the style of the shipped families', for the chat
-// tests (the embedded model's own template comes with issue 15b).
-const tinyChatTemplate = `{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}
-{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}`
-
 // engineFor loads b on the CPU backend.
 func engineFor(t testing.TB, b *bundle.Bundle) (*loader.Engine, loader.Tokenizer) {
 	t.Helper()

@@ -1,39 +1,18 @@
 package serve
 
 import (
-	"fmt"
 	"slices"
 	"strings"
 
-	"xmix/bundle"
 	"xmix/chat"
 	"xmix/loader"
 )
 
-// ChatPrompt renders msgs with the model's chat template (a generation prompt for the
-// assistant's turn at the end when addGenerationPrompt) and returns the ids the engine runs,
-// without the leading BOS that the engine adds itself.
-func ChatPrompt(m bundle.ModelConfig, tok loader.Tokenizer, msgs []chat.Message, addGenerationPrompt bool) ([]int, error) {
-	if m.ChatTemplate == "" {
-		return nil, fmt.Errorf("model %s has no chat template (its checkpoint has no tokenizer_config.json chat_template)", m.Name)
-	}
-	t, err := chat.Parse(m.ChatTemplate)
-	if err != nil {
-		return nil, fmt.Errorf("the model's chat template: %w", err)
-	}
-	s, err := t.Render(msgs, addGenerationPrompt, map[string]any{"bos_token": m.ChatBOS, "eos_token": m.ChatEOS})
-	if err != nil {
-		return nil, fmt.Errorf("the model's chat template: %w", err)
-	}
-	ids := tok.Encode(s)
-	if len(ids) > 0 && ids[0] == m.BOS {
-		ids = ids[1:]
-	}
-	return ids, nil
-}
-
 func (sv *Server) chatIDs(msgs []chat.Message, addGenerationPrompt bool) ([]int, error) {
-	ids, err := ChatPrompt(sv.b.Manifest.Model, sv.tok, msgs, addGenerationPrompt)
+	if sv.chatErr != nil {
+		return nil, badRequest("messages", "%v", sv.chatErr)
+	}
+	ids, err := sv.chat.Prompt(msgs, addGenerationPrompt)
 	if err != nil {
 		return nil, badRequest("messages", "%v", err)
 	}
@@ -63,24 +42,26 @@ const defaultCompletionTokens = 16
 // sampling, the exports to report.
 func (sv *Server) plan(gr *genRequest) (*plan, error) {
 	m := sv.b.Manifest.Model
-	var ids []int
+	p := &plan{req: loader.Request{TopP: 1, Temperature: 1, Overrides: gr.ext.set}}
 	switch {
 	case gr.chat:
-		var err error
-		if ids, err = sv.chatIDs(gr.messages, gr.addGenerationPrompt); err != nil {
+		// The rendered template is the model's whole input: it writes its own BOS.
+		ids, err := sv.chatIDs(gr.messages, gr.addGenerationPrompt)
+		if err != nil {
 			return nil, err
 		}
+		p.req.Prompt, p.req.Verbatim = ids, true
 	case gr.text != nil:
-		ids = sv.tok.Encode(*gr.text)
+		p.req.Prompt = sv.tok.Encode(*gr.text)
 	default:
-		ids = gr.prompt
+		p.req.Prompt = gr.prompt
 	}
-	room := m.MaxSeqLen - len(ids) - 1 // the engine adds a BOS
+	fed := len(loader.InputIDs(m, p.req))
+	room := m.MaxSeqLen - fed
 	if room < 1 {
-		return nil, badRequest("prompt", "the prompt is %d tokens (with BOS); the model's context is %d, which leaves no room to generate",
-			len(ids)+1, m.MaxSeqLen)
+		return nil, badRequest("prompt", "the prompt is %d tokens (BOS included); the model's context is %d, which leaves no room to generate",
+			fed, m.MaxSeqLen)
 	}
-	p := &plan{req: loader.Request{Prompt: ids, TopP: 1, Temperature: 1, Overrides: gr.ext.set}}
 	switch {
 	case gr.maxTokens != nil:
 		p.req.MaxTokens = *gr.maxTokens

@@ -62,6 +62,10 @@ type Server struct {
 	tok   loader.Tokenizer
 	model string
 	eos   map[int]bool
+	// chat renders conversations; chatErr says why chat requests are refused (a model
+	// without a chat template).
+	chat    *loader.Chat
+	chatErr error
 
 	inbox chan message
 	// stopped is closed when the loop ends; err says why when a step failed.
@@ -108,6 +112,7 @@ func New(cfg Config) (*Server, error) {
 	if sv.model == "" {
 		sv.model = m.Name
 	}
+	sv.chat, sv.chatErr = loader.NewChat(m, cfg.Tokenizer)
 	for _, e := range m.EOS {
 		sv.eos[e] = true
 	}

@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"xmix/bundle"
+	"xmix/chat"
 	"xmix/loader"
 )
 
@@ -180,12 +181,13 @@ func TestStreamEqualsWhole(t *testing.T) {
 // Chat: messages through the chat template, multi-turn, streaming with a role chunk first.
 func TestChatCompletions(t *testing.T) {
 	b := tinyBundle(t)
-	b.Manifest.Model.ChatTemplate = tinyChatTemplate
 	ts := startServer(t, b, nil)
-	prompt := "system: Be kind.\nuser: Tell a story.\nassistant: Once upon a time.\nuser: Another.\nassistant:"
+	// The embedded model's template: a "Role: text" line per turn, then "Assistant:".
+	prompt := loader.InputIDs(b.Manifest.Model, loader.Request{Prompt: ts.tok.Encode(
+		"System: Be kind.\nUser: Tell a story.\nAssistant: Once upon a time.\nUser: Another.\nAssistant:")})
 	want := alone(t, b,
-		loader.Request{Prompt: ts.tok.Encode(prompt), MaxTokens: 20, TopP: 1},
-		loader.Request{Prompt: ts.tok.Encode(prompt), MaxTokens: 20, TopP: 1, Apps: []string{"tiny-probe"}})
+		loader.Request{Prompt: prompt, Verbatim: true, MaxTokens: 20, TopP: 1},
+		loader.Request{Prompt: prompt, Verbatim: true, MaxTokens: 20, TopP: 1, Apps: []string{"tiny-probe"}})
 	body := `{"model": "tiny", "messages": [{"role": "system", "content": "Be kind."}, {"role": "user", "content": "Tell a story."},
 		{"role": "assistant", "content": "Once upon a time."}, {"role": "user", "content": [{"type": "text", "text": "Ano"}, {"type": "text", "text": "ther."}]}],
 		"max_completion_tokens": 20, "temperature": 0}`
@@ -216,7 +218,9 @@ func TestChatCompletions(t *testing.T) {
 		t.Errorf("max_tokens: %d %s", code, data)
 	}
 	// A model without a chat template says so.
-	plain := startServer(t, nil, nil)
+	none := tinyBundle(t)
+	none.Manifest.Model.ChatTemplate = ""
+	plain := startServer(t, none, nil)
 	code, data = post(t, plain.url+"/v1/chat/completions", `{"messages": [{"role": "user", "content": "Hi"}]}`)
 	if code != http.StatusBadRequest || !strings.Contains(string(data), "no chat template") {
 		t.Errorf("no template: %d %s", code, data)
@@ -346,9 +350,11 @@ func TestModelsHealthAndRouting(t *testing.T) {
 }
 
 func TestTokenizeDetokenize(t *testing.T) {
-	b := tinyBundle(t)
-	b.Manifest.Model.ChatTemplate = tinyChatTemplate
-	ts := startServer(t, b, nil)
+	ts := startServer(t, nil, nil)
+	chatIDs, err := ts.chat.Prompt([]chat.Message{{Role: "user", Content: "Hi"}}, false)
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, c := range []struct {
 		path, body string
 		code       int
@@ -356,8 +362,8 @@ func TestTokenizeDetokenize(t *testing.T) {
 	}{
 		{"/tokenize", `{"prompt": "Hi!"}`, 200, `{"count":4,"max_model_len":512,"tokens":[256,72,105,33],"token_strs":null}`},
 		{"/tokenize", `{"model": "tiny", "prompt": "Hi", "add_special_tokens": false}`, 200, `"tokens":[72,105]`},
-		{"/tokenize", `{"messages": [{"role": "user", "content": "Hi"}], "add_generation_prompt": false, "add_special_tokens": false}`, 200,
-			fmt.Sprintf(`"tokens":%s`, mustJSON(ts.tok.Encode("user: Hi\n")))},
+		{"/tokenize", `{"messages": [{"role": "user", "content": "Hi"}], "add_generation_prompt": false}`, 200,
+			fmt.Sprintf(`"tokens":%s`, mustJSON(chatIDs))},
 		{"/tokenize", `{"prompt": "a", "messages": []}`, 400, "messages"},
 		{"/tokenize", `{"prompt": 3}`, 400, `"param":"prompt"`},
 		{"/tokenize", `{"text": "a"}`, 400, `unknown field \"text\"`},

@@ -1,11 +1,16 @@
 package serve
 
-import "net/http"
+import (
+	"net/http"
+
+	"xmix/loader"
+)
 
 // POST /tokenize: vLLM's shape. {"prompt": text, "add_special_tokens": true} or
 // {"messages": [...], "add_generation_prompt": true} -> {"count", "max_model_len",
-// "tokens"}: the ids the engine runs, the BOS it adds included (add_special_tokens false
-// leaves it out).
+// "tokens"}: the ids the engine runs for a completion with that prompt (the model's BOS
+// included; add_special_tokens false leaves it out) or for a chat completion with those
+// messages.
 func (sv *Server) tokenize(w http.ResponseWriter, r *http.Request) {
 	obj, err := readObject(http.MaxBytesReader(w, r.Body, maxBodyBytes))
 	if err != nil {
@@ -57,7 +62,11 @@ func (sv *Server) tokenize(w http.ResponseWriter, r *http.Request) {
 		err = badRequest("messages", "give prompt or messages, not both")
 	case prompt != nil:
 		ids = sv.tok.Encode(*prompt)
+		if special {
+			ids = loader.InputIDs(sv.b.Manifest.Model, loader.Request{Prompt: ids})
+		}
 	case gr.messages != nil:
+		// The rendered template is the whole input, its BOS its own.
 		ids, err = sv.chatIDs(gr.messages, addGen)
 	default:
 		err = badRequest("prompt", "prompt or messages: required")
@@ -65,9 +74,6 @@ func (sv *Server) tokenize(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		writeError(w, err)
 		return
-	}
-	if special {
-		ids = append([]int{sv.b.Manifest.Model.BOS}, ids...)
 	}
 	writeJSON(w, http.StatusOK, tokenizeResponse{Count: len(ids), MaxModelLen: sv.b.Manifest.Model.MaxSeqLen, Tokens: ids})
 }

@@ -10,7 +10,7 @@ import (
 	"path/filepath"
 )
 
-//go:embed models/tiny.yaml apps/tiny-steer.yaml apps/tiny-probe.yaml models/tiny/model.safetensors models/tiny/vectors.safetensors
+//go:embed models/tiny.yaml models/tiny/chat_template.jinja apps/tiny-steer.yaml apps/tiny-probe.yaml models/tiny/model.safetensors models/tiny/vectors.safetensors
 var defaultFS embed.FS
 
 // ScaleTwoPTX is the example custom kernel apps/custom/scale2.ptx (x *= 2 on the rows whose

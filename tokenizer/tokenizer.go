@@ -6,7 +6,8 @@
 // What is implemented: normalizer null or NFC; pre-tokenizer Sequence[Split(regex), ByteLevel]
 // with the Llama 3 or Qwen2 regex (hand-coded, see pretok.go); BPE with or without
 // ignore_merges; added tokens with their normalized, single_word, lstrip and rstrip options;
-// the ByteLevel decoder. The post-processor is not applied: Encode adds no BOS.
+// the ByteLevel decoder. The post-processor is not applied (Encode adds no BOS); Special says what
+// it would add.
 //
 // Decoding is that of the tokenizers library; transformers' clean_up_tokenization_spaces (a
 // Python-side option, true in Llama 3's tokenizer_config.json) is not applied.
@@ -19,9 +20,10 @@ package tokenizer
 import (
 	"encoding/json"
 	"fmt"
-	"os"
 	"strings"
 	"unicode/utf8"
+
+	"xmix/input"
 )
 
 // Tokenizer is safe for concurrent use.
@@ -34,11 +36,13 @@ type Tokenizer struct {
 	idBytes   [][]byte      // the bytes each id decodes to
 	tokens    map[string]int
 	vocabSize int
+	// prefix and suffix are the post-processor's special tokens around a single sequence.
+	prefix, suffix []int
 }
 
 // Load reads a tokenizer.json file.
 func Load(path string) (*Tokenizer, error) {
-	data, err := os.ReadFile(path)
+	data, err := input.Read(path, input.Tokenizer)
 	if err != nil {
 		return nil, fmt.Errorf("tokenizer: %w", err)
 	}
@@ -49,15 +53,17 @@ func Load(path string) (*Tokenizer, error) {
 	return t, nil
 }
 
-// file is the part of tokenizer.json that is read; fields that only matter for offsets, batch
-// padding or the post-processor (Encode adds no special tokens) are not.
+// file is the part of tokenizer.json that is read; fields that only matter for offsets or
+// batch padding are not. The post-processor is read for Special (Encode adds no special
+// tokens).
 type file struct {
-	Truncation   json.RawMessage `json:"truncation"`
-	AddedTokens  []addedJSON     `json:"added_tokens"`
-	Normalizer   json.RawMessage `json:"normalizer"`
-	PreTokenizer json.RawMessage `json:"pre_tokenizer"`
-	Decoder      json.RawMessage `json:"decoder"`
-	Model        modelJSON       `json:"model"`
+	Truncation    json.RawMessage `json:"truncation"`
+	PostProcessor json.RawMessage `json:"post_processor"`
+	AddedTokens   []addedJSON     `json:"added_tokens"`
+	Normalizer    json.RawMessage `json:"normalizer"`
+	PreTokenizer  json.RawMessage `json:"pre_tokenizer"`
+	Decoder       json.RawMessage `json:"decoder"`
+	Model         modelJSON       `json:"model"`
 }
 
 type addedJSON struct {
@@ -161,6 +167,10 @@ func Parse(data []byte) (*Tokenizer, error) {
 	}
 	if err := t.parseAdded(f.AddedTokens); err != nil {
 		return nil, fmt.Errorf("added_tokens: %w", err)
+	}
+	var err error
+	if t.prefix, t.suffix, err = parsePost(f.PostProcessor); err != nil {
+		return nil, fmt.Errorf("post_processor: %w", err)
 	}
 	return t, nil
 }

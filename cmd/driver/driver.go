@@ -13,6 +13,7 @@ import (
 	"xmix/chat"
 	"xmix/codegen"
 	"xmix/frontend"
+	"xmix/input"
 	"xmix/loader"
 	"xmix/passes"
 	"xmix/tokenizer"
@@ -94,7 +95,7 @@ func Build(modelPath string, appPaths []string, opt Options) (*bundle.Bundle, er
 		if len(files) != 1 {
 			return nil, fmt.Errorf("weights: only a single safetensors file can be embedded, %s has %d", m.Weights.Path, len(files))
 		}
-		if embedded, err = os.ReadFile(files[0]); err != nil {
+		if embedded, err = input.Read(files[0], input.Weights); err != nil {
 			return nil, fmt.Errorf("weights: %w", err)
 		}
 	default:
@@ -105,24 +106,51 @@ func Build(modelPath string, appPaths []string, opt Options) (*bundle.Bundle, er
 		weights.Path, weights.SHA256 = m.Weights.Path, d
 	}
 	var tok []byte
-	var chatSrc, chatBOS, chatEOS string
+	var parsed *tokenizer.Tokenizer
+	var cfg *chat.Config
 	if m.Tokenizer.Kind == "hf" {
-		if tok, err = os.ReadFile(m.Tokenizer.Path); err != nil {
+		if tok, err = input.Read(m.Tokenizer.Path, input.Tokenizer); err != nil {
 			return nil, fmt.Errorf("tokenizer: %w", err)
 		}
-		if _, err := tokenizer.Parse(tok); err != nil {
+		if parsed, err = tokenizer.Parse(tok); err != nil {
 			return nil, fmt.Errorf("tokenizer %s: %w", m.Tokenizer.Path, err)
 		}
-		// A checkpoint's chat template sits beside its tokenizer.json.
+		// A checkpoint's chat template and BOS setting sit beside its tokenizer.json.
 		cfgPath := filepath.Join(filepath.Dir(m.Tokenizer.Path), "tokenizer_config.json")
-		if data, err := os.ReadFile(cfgPath); err == nil {
-			if _, _, _, err := chat.FromTokenizerConfig(data); err != nil {
+		if _, err := os.Lstat(cfgPath); err == nil {
+			data, err := input.Read(cfgPath, input.Settings)
+			if err != nil {
+				return nil, fmt.Errorf("chat template: %w", err)
+			}
+			c, err := chat.ReadConfig(data)
+			if err != nil {
 				return nil, fmt.Errorf("%s: %w", cfgPath, err)
 			}
-			if chatSrc, chatBOS, chatEOS, err = chat.ConfigSource(data); err != nil {
-				return nil, fmt.Errorf("%s: %w", cfgPath, err)
+			if c.Template != "" {
+				if _, err := chat.Parse(c.Template); err != nil {
+					return nil, fmt.Errorf("%s: chat_template: %w", cfgPath, err)
+				}
 			}
+			cfg = &c
 		}
+	}
+	bos, err := PromptBOS(m, parsed, cfg)
+	if err != nil {
+		return nil, err
+	}
+	var chatSrc, chatBOS, chatEOS string
+	if cfg != nil {
+		chatSrc, chatBOS, chatEOS = cfg.Template, cfg.BOS, cfg.EOS
+	}
+	if m.ChatTemplate != "" {
+		data, err := input.Read(m.ChatTemplate, input.Settings)
+		if err != nil {
+			return nil, fmt.Errorf("%s: chat_template: %w", m.ChatTemplatePos, err)
+		}
+		if _, err := chat.Parse(string(data)); err != nil {
+			return nil, fmt.Errorf("%s: chat_template %s: %w", m.ChatTemplatePos, m.ChatTemplate, err)
+		}
+		chatSrc = string(data)
 	}
 	b, err := codegen.Generate(p, codegen.Options{
 		Build:     bundle.BuildInfo{Compiler: Compiler, Inputs: inputs},
@@ -137,6 +165,7 @@ func Build(modelPath string, appPaths []string, opt Options) (*bundle.Bundle, er
 		return nil, fmt.Errorf("codegen: %w", err)
 	}
 	b.Weights = embedded
+	b.Manifest.Model.BOS = bos
 	b.Manifest.Model.ChatTemplate, b.Manifest.Model.ChatBOS, b.Manifest.Model.ChatEOS = chatSrc, chatBOS, chatEOS
 	if err := bundle.Verify(b); err != nil {
 		return nil, fmt.Errorf("bundle: %w", err)
@@ -151,8 +180,45 @@ func Build(modelPath string, appPaths []string, opt Options) (*bundle.Bundle, er
 	return b, nil
 }
 
+// PromptBOS is the token every prompt starts with (-1: none), as Hugging Face's
+// tokenizer(text) and vLLM's completions start them: a bos: in the spec; else, for a
+// tokenizer.json, tokenizer_config.json's add_bos_token when it says (its bos_token then),
+// or the token the tokenizer.json post-processor puts first; else (the bytes tokenizer) the
+// BOS config.json names, if any. Chat templates write their own (loader.Chat).
+func PromptBOS(m *frontend.Model, tok *tokenizer.Tokenizer, cfg *chat.Config) (int, error) {
+	if m.BOSGiven || tok == nil {
+		return m.BOS, nil
+	}
+	check := func(id int, what string) (int, error) {
+		if id >= m.Vocab {
+			return 0, fmt.Errorf("tokenizer %s: %s %d is not a token id of the model (vocab %d)", m.Tokenizer.Path, what, id, m.Vocab)
+		}
+		return id, nil
+	}
+	if cfg != nil && cfg.AddBOS != nil {
+		if !*cfg.AddBOS {
+			return -1, nil
+		}
+		id, ok := tok.TokenID(cfg.BOS)
+		if !ok {
+			return 0, fmt.Errorf("tokenizer_config.json beside %s: add_bos_token is true but bos_token %q is not a token of tokenizer.json (set bos: in the model spec)", m.Tokenizer.Path, cfg.BOS)
+		}
+		return check(id, "bos_token")
+	}
+	prefix, suffix := tok.Special()
+	switch {
+	case len(suffix) > 0:
+		return 0, fmt.Errorf("tokenizer %s: its post-processor appends %v to every prompt, which xmix does not do (set bos: in the model spec to start prompts with one token only)", m.Tokenizer.Path, suffix)
+	case len(prefix) > 1:
+		return 0, fmt.Errorf("tokenizer %s: its post-processor puts %v before every prompt, xmix prepends at most one token (set bos: in the model spec)", m.Tokenizer.Path, prefix)
+	case len(prefix) == 1:
+		return check(prefix[0], "post-processor token")
+	}
+	return -1, nil
+}
+
 func fileDigest(path string) (string, error) {
-	data, err := os.ReadFile(path)
+	data, err := input.Read(path, input.Spec)
 	if err != nil {
 		return "", err
 	}

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -324,15 +326,24 @@ type onlineRun struct {
 	Seconds      float64 `json:"seconds"`
 	Requests     int     `json:"requests"`
 	PromptTokens int     `json:"prompt_tokens"`
+	// What the scheduler ran: steps, the prefill ones among them, and padding rows.
+	Steps        int `json:"steps"`
+	PrefillSteps int `json:"prefill_steps"`
+	PaddedRows   int `json:"padded_rows"`
+	// TokensSHA256 digests every request's generated tokens in request order: runs whose
+	// math is the same (another schedule, another arrival timing) give the same digest.
+	TokensSHA256 string `json:"tokens_sha256,omitempty"`
 }
 
 type onlineResult struct {
-	Rate      float64     `json:"rate"`
-	Requests  int         `json:"requests"`
-	OutputLen int         `json:"output_len"`
-	Warmup    int         `json:"warmup_runs"`
-	Runs      []onlineRun `json:"runs"`
-	Mean      onlineRun   `json:"mean"`
+	Rate float64 `json:"rate"`
+	// MaxBatchedTokens is the token budget of every step the runs used.
+	MaxBatchedTokens int         `json:"max_batched_tokens"`
+	Requests         int         `json:"requests"`
+	OutputLen        int         `json:"output_len"`
+	Warmup           int         `json:"warmup_runs"`
+	Runs             []onlineRun `json:"runs"`
+	Mean             onlineRun   `json:"mean"`
 }
 
 // shareGPTLen draws a prompt length: log-normal, median 160 tokens, sigma 0.9, in [8, 1024].
@@ -364,8 +375,9 @@ func benchOnline(s *session, f benchFlags, apps []string, rng benchRNG) (onlineR
 			Prompt: randomPrompt(rng.work, shareGPTLen(rng.work, maxPrompt), m.Vocab), MaxTokens: f.outputLen,
 			Apps: appsForRequest(rng.apps, apps, f.appFraction)}})
 	}
-	res := onlineResult{Rate: f.rate, Requests: f.requests, OutputLen: f.outputLen, Warmup: f.warmup}
+	res := onlineResult{Rate: f.rate, Requests: f.requests, OutputLen: f.outputLen, Warmup: f.warmup, MaxBatchedTokens: s.eng.MaxBatchedTokens()}
 	for run := 0; run < f.warmup+f.runs; run++ {
+		before := s.eng.Stats
 		start := time.Now()
 		var hs []*loader.Handle
 		next := 0
@@ -391,7 +403,9 @@ func benchOnline(s *session, f benchFlags, apps []string, rng benchRNG) (onlineR
 		el := time.Since(start).Seconds()
 		var itls, ttfts []float64
 		total, prompts := 0, 0
+		digest := sha256.New()
 		for i, h := range hs {
+			fmt.Fprintln(digest, h.Result.Tokens)
 			prompts += len(work[i].req.Prompt)
 			total += len(work[i].req.Prompt) + len(h.TokenTimes)
 			if len(h.TokenTimes) > 0 {
@@ -402,7 +416,9 @@ func benchOnline(s *session, f benchFlags, apps []string, rng benchRNG) (onlineR
 			}
 		}
 		r := onlineRun{MeanITLms: mean(itls), P99ITLms: percentile(itls, 0.99), MeanTTFTms: mean(ttfts),
-			TokPerS: float64(total) / el, OutTokPerS: float64(total-prompts) / el, Seconds: el, Requests: len(hs), PromptTokens: prompts}
+			TokPerS: float64(total) / el, OutTokPerS: float64(total-prompts) / el, Seconds: el, Requests: len(hs), PromptTokens: prompts,
+			Steps: s.eng.Stats.Steps - before.Steps, PrefillSteps: s.eng.Stats.PrefillSteps - before.PrefillSteps,
+			PaddedRows: s.eng.Stats.PaddedRows - before.PaddedRows, TokensSHA256: hex.EncodeToString(digest.Sum(nil))}
 		kind := "measured"
 		if run < f.warmup {
 			kind = "warm-up"
@@ -422,6 +438,18 @@ func benchOnline(s *session, f benchFlags, apps []string, rng benchRNG) (onlineR
 		res.Mean.Seconds += r.Seconds / n
 		res.Mean.Requests = r.Requests
 		res.Mean.PromptTokens = r.PromptTokens
+		res.Mean.Steps += r.Steps
+		res.Mean.PrefillSteps += r.PrefillSteps
+		res.Mean.PaddedRows += r.PaddedRows
+	}
+	if n := len(res.Runs); n > 0 {
+		res.Mean.TokensSHA256 = res.Runs[0].TokensSHA256 // the mean has a digest when every run agrees
+		for _, r := range res.Runs {
+			if r.TokensSHA256 != res.Mean.TokensSHA256 {
+				res.Mean.TokensSHA256 = ""
+			}
+		}
+		res.Mean.Steps, res.Mean.PrefillSteps, res.Mean.PaddedRows = res.Mean.Steps/n, res.Mean.PrefillSteps/n, res.Mean.PaddedRows/n
 	}
 	return res, nil
 }

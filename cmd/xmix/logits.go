@@ -22,21 +22,19 @@ func logitsCmd() *cobra.Command {
 	c := &cobra.Command{
 		Use:   "logits BUNDLE.xmb --ids JSON [--out FILE]",
 		Short: "Next-token logits at every position of a token sequence (teacher forced)",
-		Long: `Runs the ids (which must start with the model's BOS) through the model, one position at a
-time after the first, and prints the argmax at every position as JSON. With --out, also writes
-all logits as little-endian float32 [positions, vocab].`,
+		Long: `Runs the ids through the model as they are (nothing is prepended: start them with the model's
+BOS when its tokenizer adds one), one position at a time after the first, and prints the argmax
+at every position as JSON. With --out, also writes all logits as little-endian float32
+[positions, vocab].`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var ids []int
 			if err := json.Unmarshal([]byte(idsJSON), &ids); err != nil || len(ids) < 1 {
-				return fmt.Errorf("--ids takes a JSON array of token ids starting with BOS: %v", err)
+				return fmt.Errorf("--ids takes a non-empty JSON array of token ids: %v", err)
 			}
 			b, err := bundle.ReadFile(args[0])
 			if err != nil {
 				return err
-			}
-			if ids[0] != b.Manifest.Model.BOS {
-				return fmt.Errorf("--ids must start with the model's BOS %d (the engine adds it; it is part of the positions)", b.Manifest.Model.BOS)
 			}
 			s, err := open(b, filepath.Dir(args[0]), f)
 			if err != nil {
@@ -49,8 +47,8 @@ all logits as little-endian float32 [positions, vocab].`,
 			if err != nil {
 				return err
 			}
-			// The first step prefills BOS alone (logits at position 0); the rest are forced.
-			if _, err := eng.Generate([]loader.Request{{MaxTokens: len(ids), Force: ids[1:]}}); err != nil {
+			// The first step prefills the first id alone (logits at position 0); the rest are forced.
+			if _, err := eng.Generate([]loader.Request{{Prompt: ids[:1], Verbatim: true, MaxTokens: len(ids), Force: ids[1:]}}); err != nil {
 				return err
 			}
 			top := make([]int, len(rec.steps))
@@ -77,7 +75,7 @@ all logits as little-endian float32 [positions, vocab].`,
 			return nil
 		},
 	}
-	c.Flags().StringVar(&idsJSON, "ids", "", "JSON array of token ids, starting with BOS")
+	c.Flags().StringVar(&idsJSON, "ids", "", "JSON array of token ids, fed as they are (BOS included when the model takes one)")
 	c.Flags().StringVar(&out, "out", "", "write all logits here as float32 [positions, vocab]")
 	f.addBackendFlags(c.Flags())
 	return c

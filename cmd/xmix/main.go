@@ -56,6 +56,7 @@ type runFlags struct {
 	asJSON      bool
 	backend     string
 	gemm        string // who serves tensor-core GEMMs on cuda: auto, ptx, cublaslt
+	maxBatched  int    // token budget per step; 0: the bundle's
 	quiet       bool
 	chat        bool
 	sets        []string // app.scalar=value overrides for every prompt
@@ -118,6 +119,7 @@ func runCmd() *cobra.Command {
 func (f *runFlags) addBackendFlags(fl *pflag.FlagSet) {
 	fl.StringVar(&f.backend, "backend", "auto", "auto | cuda | cpu (auto: cuda when a GPU is present)")
 	fl.StringVar(&f.gemm, "gemm", cuda.GemmAuto, "cuda: who serves the tensor-core GEMMs (batches of 8+ rows, prefill): auto (cuBLASLt when it loads, else the bundle's PTX) | ptx | cublaslt")
+	fl.IntVar(&f.maxBatched, "max-batched-tokens", 0, "rows one step runs at most, decode and prompt rows together (vLLM's max_num_batched_tokens); 0: the bundle's serving.max_batched_tokens")
 	fl.BoolVarP(&f.quiet, "quiet", "q", false, "no progress output on stderr")
 	f.addTPFlags(fl)
 }
@@ -176,6 +178,11 @@ func openFile(path string, f runFlags) (*session, error) {
 
 func open(b *bundle.Bundle, baseDir string, f runFlags) (*session, error) {
 	start := time.Now()
+	if f.maxBatched != 0 { // checked before gigabytes of weights are loaded
+		if err := bundle.CheckMaxBatchedTokens(f.maxBatched, b.PrefillChunks(), b.Manifest.Model.MaxSeqs); err != nil {
+			return nil, fmt.Errorf("--max-batched-tokens: %w", err)
+		}
+	}
 	w, err := loader.OpenWeights(b, baseDir)
 	if err != nil {
 		return nil, err
@@ -189,6 +196,11 @@ func open(b *bundle.Bundle, baseDir string, f runFlags) (*session, error) {
 	eng, err := loader.NewEngine(b, be)
 	if err != nil {
 		return nil, err
+	}
+	if f.maxBatched != 0 {
+		if err := eng.SetMaxBatchedTokens(f.maxBatched); err != nil {
+			return nil, fmt.Errorf("--max-batched-tokens: %w", err)
+		}
 	}
 	tok, err := loader.NewTokenizer(b)
 	if err != nil {
@@ -327,7 +339,7 @@ func (s *session) generate(w io.Writer, f runFlags, prompts []string, apps [][]s
 				return err
 			}
 		}
-		reqs[i] = loader.Request{Prompt: ids, Apps: apps[i], MaxTokens: f.maxTokens,
+		reqs[i] = loader.Request{Prompt: ids, Verbatim: f.chat, Apps: apps[i], MaxTokens: f.maxTokens,
 			Temperature: f.temperature, TopP: f.topP, Seed: f.seed + uint64(i), Overrides: overrides}
 	}
 	start := time.Now()

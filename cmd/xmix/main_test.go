@@ -143,7 +143,8 @@ serving: {decode_buckets: [1], prefill_chunks: [32], max_seq_len: 128}
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := tok.Encode("<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n")
+	// The whole input: the template writes the BOS (the engine adds none to a chat prompt).
+	want := tok.Encode("<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n")
 	if !slices.Equal(ids, want) {
 		t.Fatalf("chat prompt ids %v, want %v (%q)", ids, want, tok.Decode(ids))
 	}

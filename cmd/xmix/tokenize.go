@@ -10,7 +10,6 @@ import (
 	"xmix/bundle"
 	"xmix/chat"
 	"xmix/loader"
-	"xmix/serve"
 	"xmix/tokenizer"
 )
 
@@ -57,10 +56,14 @@ func openTokenizer(path string) (loader.Tokenizer, error) {
 	return loader.NewTokenizer(b)
 }
 
-// chatPrompt renders text as one user turn with the model's chat template and returns its
-// ids without the leading BOS (the engine adds it).
+// chatPrompt renders text as one user turn with the model's chat template and returns the
+// model's whole input for it (a Request with Verbatim set).
 func chatPrompt(m bundle.ModelConfig, tok loader.Tokenizer, text string) ([]int, error) {
-	ids, err := serve.ChatPrompt(m, tok, []chat.Message{{Role: "user", Content: text}}, true)
+	c, err := loader.NewChat(m, tok)
+	if err != nil {
+		return nil, fmt.Errorf("--chat: %w", err)
+	}
+	ids, err := c.Prompt([]chat.Message{{Role: "user", Content: text}}, true)
 	if err != nil {
 		return nil, fmt.Errorf("--chat: %w", err)
 	}

@@ -125,8 +125,12 @@ func printPlan(w io.Writer, p *passes.Program) {
 	}
 	if len(p.Ops) == 0 {
 		fmt.Fprintln(w, "no MI ops: the bundle runs the bare model")
+	} else {
+		fmt.Fprintln(w, "ops at one hook run in the #order shown: apps in build-line order, then each app's ops in spec order")
+		fmt.Fprintln(w, "(a read before a write at the same hook sees the value before it); custom kernels and logit lenses last")
 	}
-	for _, op := range p.Ops {
+	order := p.HookOrder()
+	for i, op := range p.Ops {
 		where := "whole model"
 		if op.Layer >= 0 {
 			where = fmt.Sprintf("layer %d", op.Layer)
@@ -146,7 +150,7 @@ func printPlan(w io.Writer, p *passes.Program) {
 			}
 			extra = " when " + strings.Join(gs, " and ")
 		}
-		fmt.Fprintf(w, "  %-10s %-12s %-11s %-9s -> %s (%s)%s\n", where, op.Hook, op.Template, op.App.Name, host, op.Role, extra)
+		fmt.Fprintf(w, "  %-10s %-12s #%-2d %-11s %s.op%d -> %s (%s)%s\n", where, op.Hook, order[i], op.Template, op.App.Name, op.OpIndex, host, op.Role, extra)
 	}
 }
 

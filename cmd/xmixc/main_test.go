@@ -118,7 +118,8 @@ func TestBuildIsDeterministic(t *testing.T) {
 		t.Fatal("two builds of the same inputs differ")
 	}
 	out, err := xmixc(t, "check", m, a)
-	if err != nil || !strings.Contains(out, "fused into the residual-add + RMSNorm kernel") {
+	if err != nil || !strings.Contains(out, "fused into the residual-add + RMSNorm kernel") ||
+		!strings.Contains(out, "resid_post   #1  steer_add   a.op0") || !strings.Contains(out, "apps in build-line order, then each app's ops in spec order") {
 		t.Fatalf("check: %v\n%s", err, out)
 	}
 }
