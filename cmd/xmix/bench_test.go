@@ -179,7 +179,9 @@ func TestBenchURLDrivesTheServer(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- serveSession(ctx, s, ln, serveFlags{runFlags: runFlags{quiet: true}, grace: 5 * time.Second}, io.Discard) }()
+	go func() {
+		done <- serveSession(ctx, s, ln, serveFlags{runFlags: runFlags{quiet: true}, grace: 5 * time.Second}, io.Discard)
+	}()
 	defer func() {
 		cancel()
 		if err := <-done; err != nil {
