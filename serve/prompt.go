@@ -52,9 +52,9 @@ func (sv *Server) plan(gr *genRequest) (*plan, error) {
 		}
 		p.req.Prompt, p.req.Verbatim = ids, true
 	case gr.text != nil:
-		p.req.Prompt = sv.tok.Encode(*gr.text)
+		p.req.Prompt, p.req.Verbatim = sv.tok.Encode(*gr.text), !gr.addSpecialTokens
 	default:
-		p.req.Prompt = gr.prompt
+		p.req.Prompt, p.req.Verbatim = gr.prompt, !gr.addSpecialTokens
 	}
 	fed := len(loader.InputIDs(m, p.req))
 	room := m.MaxSeqLen - fed

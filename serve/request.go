@@ -24,6 +24,8 @@ type genRequest struct {
 	messages []chat.Message
 	// addGenerationPrompt: chat, end the prompt with the assistant's turn header.
 	addGenerationPrompt bool
+	// addSpecialTokens: completions, put the model's BOS before the prompt.
+	addSpecialTokens bool
 	maxTokens           *int
 	temperature         *float32
 	topP                *float32
@@ -79,8 +81,10 @@ var unimplemented = map[string][]string{
 var completionOnly = map[string]field{
 	"prompt": {set: func(r *genRequest, raw json.RawMessage) error { return r.parsePrompt(raw) }},
 	"suffix": {defaults: []string{`""`}},
-	// add_special_tokens: the engine always starts a prompt with the model's BOS.
-	"add_special_tokens": {defaults: []string{"true"}},
+	// add_special_tokens false: the prompt is the model's whole input, no BOS put before it.
+	"add_special_tokens": {set: func(r *genRequest, raw json.RawMessage) error {
+		return decodeField(raw, "add_special_tokens", &r.addSpecialTokens)
+	}},
 }
 
 var chatOnly = map[string]field{
@@ -173,7 +177,7 @@ func parseGenRequest(body io.Reader, isChat bool) (*genRequest, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &genRequest{chat: isChat, n: 1, addGenerationPrompt: true, ext: extension{defaultApps: true}}
+	r := &genRequest{chat: isChat, n: 1, addGenerationPrompt: true, addSpecialTokens: true, ext: extension{defaultApps: true}}
 	table := fieldTables[0]
 	if isChat {
 		table = fieldTables[1]

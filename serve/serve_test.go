@@ -36,6 +36,8 @@ func tinyCases(tok loader.Tokenizer) []servedCase {
 			loader.Request{Prompt: []int{84, 111, 109}, MaxTokens: 8, TopP: 1, Apps: []string{"tiny-steer", "tiny-probe"}}},
 		{"/v1/completions", `{"prompt": "Tom was sad.", "max_tokens": 300, "temperature": 0}`,
 			loader.Request{Prompt: enc("Tom was sad."), MaxTokens: 300, TopP: 1}},
+		{"/v1/completions", `{"prompt": [256, 84, 111, 109], "add_special_tokens": false, "max_tokens": 6, "temperature": 0}`,
+			loader.Request{Prompt: []int{256, 84, 111, 109}, Verbatim: true, MaxTokens: 6, TopP: 1}},
 	}
 }
 

@@ -33,8 +33,9 @@ func main() {
 
 func rootCmd() *cobra.Command {
 	root := &cobra.Command{
-		Use:   "xmix",
-		Short: "Run LLM bundles with mechanistic-interpretability apps in the decode loop",
+		Version: driver.Version(),
+		Use:     "xmix",
+		Short:   "Run LLM bundles with mechanistic-interpretability apps in the decode loop",
 		Long: `xmix runs .xmb bundles built by xmixc. Every request names the apps it wants; apps
 are switched per request inside one batch, without rebuilding anything.
 

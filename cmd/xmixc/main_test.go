@@ -123,3 +123,10 @@ func TestBuildIsDeterministic(t *testing.T) {
 		t.Fatalf("check: %v\n%s", err, out)
 	}
 }
+
+func TestVersion(t *testing.T) {
+	out, err := xmixc(t, "--version")
+	if err != nil || !strings.HasPrefix(out, "xmixc version 0.1") || !strings.Contains(out, "go1.") {
+		t.Fatalf("%v: %q", err, out)
+	}
+}
