@@ -26,16 +26,16 @@ type genRequest struct {
 	addGenerationPrompt bool
 	// addSpecialTokens: completions, put the model's BOS before the prompt.
 	addSpecialTokens bool
-	maxTokens           *int
-	temperature         *float32
-	topP                *float32
-	seed                *int64
-	stop                []string
-	includeStop         bool
-	n                   int
-	stream              bool
-	includeUsage        bool
-	ext                 extension
+	maxTokens        *int
+	temperature      *float32
+	topP             *float32
+	seed             *int64
+	stop             []string
+	includeStop      bool
+	n                int
+	stream           bool
+	includeUsage     bool
+	ext              extension
 }
 
 // extension is the request's "xmix" object: MI on an OpenAI request.
