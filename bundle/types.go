@@ -82,6 +82,11 @@ type ModelConfig struct {
 	// TopK routed per token (mixtral).
 	Experts int `json:"experts,omitempty"`
 	TopK    int `json:"top_k,omitempty"`
+
+	// VectorSlots, in a bundle with per-request vectors, is how many requests may hold them
+	// at once: each per-request Vector has a Slots buffer of that many rows, and a request
+	// holding slot s has ctl.vslot = s on its rows (ops.NoRow on the others).
+	VectorSlots int `json:"vector_slots,omitempty"`
 }
 
 // RopeScaling is Llama-3's frequency-dependent RoPE scaling.
@@ -116,14 +121,37 @@ type App struct {
 	Bit     int      `json:"bit"`
 	Source  string   `json:"source"`
 	Scalars []Scalar `json:"scalars"`
-	// ScalarTable is the control buffer of [max_seqs+1, len(Scalars)] f32 the app's kernels
+	// ScalarTable is the control buffer of [max_seqs+1, TableWidth()] f32 the app's kernels
 	// read their scalars from: row s belongs to sequence slot s (row max_seqs to the padding
-	// sequence). The host writes a request's row, defaults with its overrides, when it
-	// admits the request. Empty when the app has no scalars.
+	// sequence). The host writes a request's row, defaults with its overrides, then the
+	// words of its layer masks, when it admits the request. Empty when the app has neither.
 	ScalarTable string   `json:"scalar_table,omitempty"`
 	Vectors     []Vector `json:"vectors,omitempty"`
 	Latches     []Latch  `json:"latches,omitempty"`
 	Exports     []Export `json:"exports"`
+	// LayerMasks are the app's ops a request may run at fewer of their layers.
+	LayerMasks []LayerMask `json:"layer_masks,omitempty"`
+}
+
+// LayerMask is one app op whose layers a request may narrow: Words u32 words stored, as
+// their bits, in the scalar table's columns from Column; bit l%32 of word Column+l/32 on
+// lets the op run at layer l. Layers are the op's compiled layers (a request may only drop
+// some); the default row sets every bit.
+type LayerMask struct {
+	Op     int   `json:"op"`
+	Column int   `json:"column"`
+	Words  int   `json:"words"`
+	Layers []int `json:"layers"`
+}
+
+// TableWidth is the width of a row of the app's scalar table: the scalars, then the layer
+// masks' words.
+func (a App) TableWidth() int {
+	n := len(a.Scalars)
+	for _, m := range a.LayerMasks {
+		n += m.Words
+	}
+	return n
 }
 
 // Scalar is a run-time replaceable scalar of an app, stored at column Index of the app's
@@ -143,6 +171,9 @@ type Vector struct {
 	Buffer string `json:"buffer"`
 	Width  int    `json:"width"`
 	Unit   bool   `json:"unit,omitempty"`
+	// Slots, for a per_request param, is the buffer of [VectorSlots, Width] f32 (KindSlots)
+	// that requests bringing their own value write at admission; Buffer holds the default.
+	Slots string `json:"slots,omitempty"`
 }
 
 // Latch is one after_token condition an app's kernels test: bit Bit of a row's ctl.latch
@@ -171,6 +202,9 @@ const (
 	KindControl    = "control"    // written by the host before each step
 	KindOutput     = "output"     // written by kernels, read by the host after each step
 	KindParam      = "param"      // initialised from Tensor of the bundle's Params section
+	// KindSlots buffers hold per-request values the host writes when it admits a request
+	// (per-request vector slots); zero at load, read by kernels, never by the host.
+	KindSlots = "slots"
 )
 
 // Buffer is a symbolic device buffer that template slots name.

@@ -57,7 +57,7 @@ var paramSizes = map[string]int{
 
 var bufferKinds = map[string]bool{
 	KindWeight: true, KindActivation: true, KindKV: true,
-	KindControl: true, KindOutput: true, KindParam: true,
+	KindControl: true, KindOutput: true, KindParam: true, KindSlots: true,
 }
 
 // maxBufferBytes bounds one buffer (1 TiB): beyond it a shape is certainly wrong, and the
@@ -286,6 +286,18 @@ func verifyApps(apps []App, bufBytes map[string]int64) error {
 			return fmt.Errorf("%s: mask bit %d is also app %q's", where, a.Bit, other)
 		}
 		bits[a.Bit] = a.Name
+		for _, v := range a.Vectors {
+			if _, ok := bufBytes[v.Slots]; v.Slots != "" && !ok {
+				return fmt.Errorf("%s: vector %q keeps its per-request slots in buffer %q, which does not exist in the manifest", where, v.Param, v.Slots)
+			}
+		}
+		col := len(a.Scalars)
+		for _, m := range a.LayerMasks {
+			if m.Column != col || m.Words <= 0 || len(m.Layers) == 0 {
+				return fmt.Errorf("%s: layer mask of op %d: %d words at column %d (want column %d) for layers %v", where, m.Op, m.Words, m.Column, col, m.Layers)
+			}
+			col += m.Words
+		}
 		for _, e := range a.Exports {
 			if _, ok := bufBytes[e.Buffer]; !ok {
 				return fmt.Errorf("%s: export %q reads buffer %q, which does not exist in the manifest", where, e.Name, e.Buffer)

@@ -199,6 +199,9 @@ func (g *gen) modelConfig() bundle.ModelConfig {
 		MaxBatchedTokens: m.MaxBatchedTokens,
 		Tokenizer:        m.Tokenizer.Kind, BOS: m.BOS, EOS: m.EOS,
 	}
+	if g.p.PerRequestVectors() {
+		c.VectorSlots = g.p.VectorSlots
+	}
 	if s := m.RopeScaling; s != nil {
 		c.RopeScaling = &bundle.RopeScaling{Type: s.Type, Factor: s.Factor, LowFreqFactor: s.LowFreqFactor,
 			HighFreqFactor: s.HighFreqFactor, OriginalMaxPos: s.OriginalMaxPos}
@@ -300,10 +303,13 @@ func (g *gen) declareBuffers() {
 				continue
 			}
 			g.buf(v.Buffer, bundle.KindParam, "f32", []int{len(v.Data)}, v.Buffer)
+			if v.PerRequest {
+				g.buf(slotsBuf(v.Buffer), bundle.KindSlots, "f32", []int{g.p.VectorSlots, len(v.Data)})
+			}
 		}
-		if len(a.Scalars) > 0 {
+		if w := a.TableWidth(); w > 0 {
 			// Written by the host per sequence slot, so that requests carry their own values.
-			g.buf(scalBuf(a), bundle.KindControl, "f32", []int{m.MaxSeqs + 1, len(a.Scalars)})
+			g.buf(scalBuf(a), bundle.KindControl, "f32", []int{m.MaxSeqs + 1, w})
 		}
 		for _, e := range a.Exports {
 			g.buf(e.Buffer, bundle.KindOutput, "f32", []int{g.maxT, e.Width})
@@ -314,6 +320,10 @@ func (g *gen) declareBuffers() {
 	}
 	if len(g.p.Latches) > 0 {
 		g.buf("ctl.latch", bundle.KindControl, "u32", []int{g.maxT})
+	}
+	if g.p.PerRequestVectors() {
+		// Each row's vector slot (ops.NoRow: its request holds none and reads the defaults).
+		g.buf("ctl.vslot", bundle.KindControl, "u32", []int{g.maxT})
 	}
 	g.buf("ctl.temperature", bundle.KindControl, "f32", []int{g.maxS})
 	g.buf("ctl.top_p", bundle.KindControl, "f32", []int{g.maxS})
@@ -417,6 +427,7 @@ func (g *gen) shardedVectors() map[string]bool {
 
 func layerBuf(l int, what string) string { return fmt.Sprintf("L%d.%s", l, what) }
 func scalBuf(a *passes.AppPlan) string   { return "app." + a.Name + ".scalars" }
+func slotsBuf(vector string) string      { return vector + ".slots" }
 
 // params builds the params section: RoPE tables and every app's vectors. Scalar tables are
 // control buffers: the host fills them from the manifest's defaults.
@@ -451,12 +462,19 @@ func (g *gen) apps() []bundle.App {
 		for i, s := range a.Scalars {
 			ba.Scalars = append(ba.Scalars, bundle.Scalar{Name: s.Name, Index: i, Value: s.Value})
 		}
-		if len(a.Scalars) > 0 {
+		for _, m := range a.LayerMasks {
+			ba.LayerMasks = append(ba.LayerMasks, bundle.LayerMask{Op: m.OpIndex, Column: m.Col, Words: m.Words, Layers: m.Layers})
+		}
+		if a.TableWidth() > 0 {
 			ba.ScalarTable = scalBuf(a)
 		}
 		for _, v := range a.Vectors {
 			if v.Param != "" {
-				ba.Vectors = append(ba.Vectors, bundle.Vector{Param: v.Param, Buffer: v.Buffer, Width: len(v.Data), Unit: v.Unit})
+				bv := bundle.Vector{Param: v.Param, Buffer: v.Buffer, Width: len(v.Data), Unit: v.Unit}
+				if v.PerRequest {
+					bv.Slots = slotsBuf(v.Buffer)
+				}
+				ba.Vectors = append(ba.Vectors, bv)
 			}
 		}
 		seen := map[int]bool{}
@@ -566,18 +584,25 @@ func (g *gen) miOps(host string, hostLayer int, role, hook string) []MIOp {
 			Alpha: op.Alpha, Bias: op.Bias, Activation: op.Activation,
 			Out: op.Out, OutCol: op.OutCol, OutWidth: op.OutWidth,
 		}
+		if op.VecPerRequest {
+			mo.Pool, mo.PoolSlots = slotsBuf(op.Vec), g.p.VectorSlots
+		}
 		scal := op.Alpha >= 0 || op.Bias >= 0
 		for _, gt := range op.Gates {
 			cg := Gate{Kind: gt.Kind, Buf: gt.Buf, Col: gt.Col, Width: gt.Width, Cmp: gt.Cmp,
-				Latch: gt.Latch, Tokens: gt.Tokens, From: gt.From, To: gt.To, Positions: gt.Positions}
-			if gt.Kind == "activation" {
+				Latch: gt.Latch, Tokens: gt.Tokens, From: gt.From, To: gt.To, Positions: gt.Positions,
+				Word: gt.Word, Bit: gt.Bit}
+			switch gt.Kind {
+			case "activation":
 				cg.Thresh = gt.Scalar + 1
+				scal = true
+			case "layers":
 				scal = true
 			}
 			mo.Gates = append(mo.Gates, cg)
 		}
 		if scal {
-			mo.Scal, mo.ScalStride, mo.ScalRows = scalBuf(op.App), len(op.App.Scalars), g.m.MaxSeqs+1
+			mo.Scal, mo.ScalStride, mo.ScalRows = scalBuf(op.App), op.App.TableWidth(), g.m.MaxSeqs+1
 		}
 		out = append(out, mo)
 	}

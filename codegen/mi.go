@@ -11,8 +11,12 @@ type MIOp struct {
 	Width    int    // elements of the hooked vector per row
 	// Vec is the buffer of the op's vector: probe w, steer v, unit direction d (project_out,
 	// steer_set, clamp_projection), scale factors, head_ablate's 0/1 column mask, patch values.
-	Vec  string
-	Scal string // buffer of the app's f32 scalar table
+	Vec string
+	// Pool, when set, is the buffer of PoolSlots per-request values of the vector: a row whose
+	// ctl_vslot is not ops.NoRow reads that slot's instead of Vec.
+	Pool      string
+	PoolSlots int
+	Scal      string // buffer of the app's f32 scalar table
 	// ScalStride > 0: Scal holds ScalRows rows of ScalStride scalars, one per sequence slot,
 	// and a row reads its sequence's (ctl_seq); 0: Scal is one row for every row.
 	ScalStride, ScalRows int
@@ -48,4 +52,7 @@ type Gate struct {
 	// where ctl_gen[row] is -1 on prompt rows and the generation step otherwise.
 	From, To  int
 	Positions string
+	// layers: bit Bit of the u32 at Scal[Word] of the row's scalars (the op's per-request
+	// layer mask).
+	Word, Bit int
 }

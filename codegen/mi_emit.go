@@ -40,20 +40,24 @@ type miBound struct {
 
 // miSet is every MI op of one kernel, grouped by where the kernel applies them.
 type miSet struct {
-	groups                  [][]*miBound
-	ref                     [][]ops.MIOp // reference attributes, per group
-	tokens, gen, seq, latch bool
-	mask, tok, genReg       ptx.Reg // per-row control values, loaded by loadCtl
-	seqReg, latchReg        ptx.Reg
+	groups                         [][]*miBound
+	ref                            [][]ops.MIOp // reference attributes, per group
+	tokens, gen, seq, latch, vslot bool
+	mask, tok, genReg              ptx.Reg // per-row control values, loaded by loadCtl
+	seqReg, latchReg, vslotReg     ptx.Reg
 }
 
 // toRef converts an op to its reference form.
 func (o MIOp) toRef() ops.MIOp {
 	r := ops.MIOp{Template: o.Template, Bit: o.Bit, Width: o.Width, Alpha: o.Alpha, Bias: o.Bias,
 		Activation: o.Activation, OutCol: o.OutCol, OutWidth: o.OutWidth, ScalStride: o.ScalStride, ScalRows: o.ScalRows}
+	if o.Pool != "" {
+		r.Pool = o.PoolSlots
+	}
 	for _, g := range o.Gates {
 		r.Gates = append(r.Gates, ops.MIGate{Kind: g.Kind, Col: g.Col, Width: g.Width, Cmp: g.Cmp, Value: g.Value,
-			Thresh: g.Thresh, Latch: g.Latch, Tokens: g.Tokens, From: g.From, To: g.To, Positions: g.Positions})
+			Thresh: g.Thresh, Latch: g.Latch, Tokens: g.Tokens, From: g.From, To: g.To, Positions: g.Positions,
+			Word: g.Word, Bit: g.Bit})
 	}
 	return r
 }
@@ -63,6 +67,8 @@ func (o MIOp) buffer(p ops.MIParam) string {
 	switch p.Suffix {
 	case "vec":
 		return o.Vec
+	case "pool":
+		return o.Pool
 	case "scal":
 		return o.Scal
 	case "out":
@@ -117,12 +123,15 @@ func declareMI(r *rowEmitter, groups ...[]MIOp) (*miSet, error) {
 	if m.gen {
 		m.genReg = r.param("ctl_gen", ptx.U64)
 	}
-	m.seq, m.latch = ops.MIRequestControl(m.ref...)
+	m.seq, m.latch, m.vslot = ops.MIRequestControl(m.ref...)
 	if m.seq {
 		m.seqReg = r.param("ctl_seq", ptx.U64)
 	}
 	if m.latch {
 		m.latchReg = r.param("ctl_latch", ptx.U64)
+	}
+	if m.vslot {
+		m.vslotReg = r.param("ctl_vslot", ptx.U64)
 	}
 	for i, b := range all {
 		for _, p := range b.ref.Params() {
@@ -164,6 +173,9 @@ func (m *miSet) loadCtl(r *rowEmitter) {
 	}
 	if m.latch {
 		m.latchReg = load(m.latchReg)
+	}
+	if m.vslot {
+		m.vslotReg = load(m.vslotReg)
 	}
 }
 
@@ -214,7 +226,13 @@ func (m *miSet) emit(r *rowEmitter, g int, x []ptx.Reg, dirty *ptx.Reg) {
 		if p := m.gates(r, b); p != nil {
 			r.EmitIf(*p, true, "bra.uni", ptx.Sym(skip))
 		}
+		compiled, perRequest := b.params["vec"], b.params["pool"]
+		if perRequest.T != 0 {
+			// A row whose request holds a vector slot reads the op's vector from it.
+			b.params["vec"] = m.slotVector(r, b, compiled, perRequest)
+		}
 		miEmitters[b.Template](r, b, x)
+		b.params["vec"] = compiled
 		if dirty != nil && ops.MITemplates[b.Template].Writes {
 			r.Emit("mov.u32", *dirty, ptx.Imm(1))
 		}
@@ -229,6 +247,19 @@ func (m *miSet) emit(r *rowEmitter, g int, x []ptx.Reg, dirty *ptx.Reg) {
 		}
 		r.Label(skip)
 	}
+}
+
+// slotVector is the vector the row reads: slot ctl_vslot[row] of pool, or compiled when
+// the row holds no slot (ops.NoRow).
+func (m *miSet) slotVector(r *rowEmitter, b *miBound, compiled, pool ptx.Reg) ptx.Reg {
+	slot := r.Reg(ptx.U64)
+	r.Emit("mul.wide.u32", slot, m.vslotReg, ptx.Imm(int64(4*b.Width)))
+	r.Emit("add.u64", slot, slot, pool)
+	none := r.Reg(ptx.Pred)
+	r.Emit("setp.eq.u32", none, m.vslotReg, ptx.Imm(ops.NoRow))
+	v := r.Reg(ptx.U64)
+	r.Emit("selp.b64", v, compiled, slot, none)
+	return v
 }
 
 // gates returns the conjunction of the op's gates, or nil when it has none that test
@@ -267,6 +298,11 @@ func (m *miSet) gates(r *rowEmitter, b *miBound) *ptx.Reg {
 			bit := r.Reg(ptx.U32)
 			r.Emit("and.b32", bit, m.latchReg, ptx.Imm(int64(1)<<g.Latch))
 			and(setp("ne.u32", bit, 0))
+		case "layers":
+			word := r.Reg(ptx.U32)
+			r.Emit("ld.global.nc.u32", word, ptx.Addr{Base: b.scal, Offset: int64(4 * g.Word)})
+			r.Emit("and.b32", word, word, ptx.Imm(int64(1)<<g.Bit))
+			and(setp("ne.u32", word, 0))
 		case "token_in":
 			p := setp("eq.u32", m.tok, int64(g.Tokens[0]))
 			for _, t := range g.Tokens[1:] {

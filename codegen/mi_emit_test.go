@@ -1,9 +1,13 @@
 package codegen
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"testing"
+
+	"xmix/ops"
+	"xmix/ptx"
 )
 
 // TestMIPerRequestControl runs, emulated and on the reference, a kernel whose ops read a
@@ -71,4 +75,139 @@ func TestMIPerRequestControl(t *testing.T) {
 	if changed != 2 {
 		t.Fatalf("%d rows changed, want 2: the test covers less than it should", changed)
 	}
+}
+
+// TestMIPerRequestVectors runs, emulated and on the reference, kernels whose ops read a
+// per-request vector: a row whose ctl_vslot names a slot reads that slot of the pool, a row
+// with ops.NoRow reads the compiled vector, bit for bit as a kernel without a pool does;
+// the steer also has a per-request layer mask, a bit of its row's scalar table row.
+func TestMIPerRequestVectors(t *testing.T) {
+	const w, slots = 200, 2
+	rng := rand.New(rand.NewPCG(41, 42))
+	vslot := []uint32{1, ops.NoRow, ops.NoRow, 0, 0}
+	seq := []uint32{0, 0, 2, 1, 1}
+	on, off := math.Float32frombits(1<<5), math.Float32frombits(1<<4)
+	table := []float32{1.5, on, -2, off, 0.5, on} // per slot: alpha, layer-mask word
+	steer := MIOp{Template: "steer_add", Bit: testBit, Width: w, Vec: "v", Pool: "vp", PoolSlots: slots, Scal: "s",
+		Alpha: 0, Bias: -1, ScalStride: 2, ScalRows: 3, Gates: []Gate{{Kind: "layers", Word: 1, Bit: 5}}}
+	proj := MIOp{Template: "project_out", Bit: testBit, Width: w, Vec: "d", Pool: "dp", PoolSlots: slots, Alpha: -1, Bias: -1}
+	plain := MIOp{Template: "steer_add", Bit: testBit, Width: w, Vec: "v", Scal: "s", Alpha: 0, Bias: -1, ScalStride: 2, ScalRows: 3}
+	x := randF32(rng, testRows*w, 1)
+	v, vPool := randF32(rng, w, 1), randF32(rng, slots*w, 1)
+	d := unitF32(randF32(rng, w, 1))
+	dPool := append(unitF32(randF32(rng, w, 1)), unitF32(randF32(rng, w, 1))...)
+
+	c := MIKernelConfig{Width: w, Stride: w, Ops: []MIOp{steer, proj}}
+	k := must(t)(MIKernel("per_request_vectors", c))
+	wantNames := []string{"x", "ctl_mask", "ctl_seq", "ctl_vslot", "mi0_vec", "mi0_pool", "mi0_scal", "mi1_vec", "mi1_pool"}
+	if names := paramNames(k); fmt.Sprint(names) != fmt.Sprint(wantNames) {
+		t.Fatalf("params %v, want %v", names, wantNames)
+	}
+	args := []targ{{name: "x", f32: x, out: len(x)}, {name: "ctl_mask", u32: testMask}, {name: "ctl_seq", u32: seq},
+		{name: "ctl_vslot", u32: vslot}, {name: "mi0_vec", f32: v}, {name: "mi0_pool", f32: vPool}, {name: "mi0_scal", f32: table},
+		{name: "mi1_vec", f32: d}, {name: "mi1_pool", f32: dPool}}
+	l := c.Launch(testRows)
+	checkKernel(t, k, l, args)
+	got := emulate(t, k, l, args)[0]
+	for r := range testRows {
+		row := x[r*w : (r+1)*w]
+		want := append([]float32(nil), row...)
+		if testMask[r]>>testBit&1 == 1 {
+			sv, sd := v, d
+			if vslot[r] != ops.NoRow {
+				sv, sd = vPool[vslot[r]*w:(vslot[r]+1)*w], dPool[vslot[r]*w:(vslot[r]+1)*w]
+			}
+			if s := seq[r]; math.Float32bits(table[2*s+1])&(1<<5) != 0 {
+				for i := range want {
+					want[i] += float32(table[2*s] * sv[i])
+				}
+			}
+			var p float64
+			for i := range want {
+				p += float64(want[i]) * float64(sd[i])
+			}
+			for i := range want {
+				want[i] -= float32(float32(p) * sd[i])
+			}
+		}
+		if e := relL2(f64s(got[r*w:(r+1)*w]), f64s(want)); e > 1e-6 {
+			t.Fatalf("row %d (slot %d, seq %d): relative error %g", r, vslot[r], seq[r], e)
+		}
+	}
+
+	// A row without a slot gets exactly the bits of the same op compiled without a pool.
+	bare := MIKernelConfig{Width: w, Stride: w, Ops: []MIOp{plain}}
+	bk := must(t)(MIKernel("compiled_vector", bare))
+	one := MIKernelConfig{Width: w, Stride: w, Ops: []MIOp{func() MIOp { o := steer; o.Gates = nil; return o }()}}
+	pk := must(t)(MIKernel("pooled_vector", one))
+	gotBare := emulate(t, bk, l, []targ{{name: "x", f32: x, out: len(x)}, {name: "ctl_mask", u32: testMask}, {name: "ctl_seq", u32: seq},
+		{name: "mi0_vec", f32: v}, {name: "mi0_scal", f32: table}})[0]
+	gotPool := emulate(t, pk, l, []targ{{name: "x", f32: x, out: len(x)}, {name: "ctl_mask", u32: testMask}, {name: "ctl_seq", u32: seq},
+		{name: "ctl_vslot", u32: vslot}, {name: "mi0_vec", f32: v}, {name: "mi0_pool", f32: vPool}, {name: "mi0_scal", f32: table}})[0]
+	for i := 2 * w; i < 3*w; i++ { // row 2: the app, no slot
+		if math.Float32bits(gotPool[i]) != math.Float32bits(gotBare[i]) {
+			t.Fatalf("row without a slot, element %d: %v, compiled-vector kernel %v", i-2*w, gotPool[i], gotBare[i])
+		}
+	}
+}
+
+// TestLogitsMIPerRequestVector: the logits kernel spreads a row over blocks and addresses
+// the pool slot from each block's first column like the compiled vector.
+func TestLogitsMIPerRequestVector(t *testing.T) {
+	const vocab, n, rows, slots = 3000, 3, 4, 3
+	r := rand.New(rand.NewPCG(47, 48))
+	steer := MIOp{Template: "steer_add", Bit: 1, Width: vocab, Vec: "v", Pool: "vp", PoolSlots: slots, Scal: "s",
+		Alpha: 0, Bias: -1, ScalStride: 1, ScalRows: 2}
+	c := LogitsMIConfig{Vocab: vocab, Ops: []MIOp{steer}}
+	k := must(t)(LogitsMI("logits_mi_pool", c))
+	x := randF32(r, n*vocab, 3)
+	v, pool := randF32(r, vocab, 1), randF32(r, slots*vocab, 1)
+	args := []targ{{name: "x", f32: x, out: len(x)}, {name: "s_row", u32: []uint32{3, 0, 2}},
+		{name: "ctl_mask", u32: []uint32{0, 0, 2, 2}}, {name: "ctl_seq", u32: []uint32{0, 1, 1, 0}},
+		{name: "ctl_vslot", u32: []uint32{ops.NoRow, 0, ops.NoRow, 2}},
+		{name: "mi0_vec", f32: v}, {name: "mi0_pool", f32: pool}, {name: "mi0_scal", f32: []float32{0.5, 2}}}
+	checkKernel(t, k, c.Launch(n), args)
+	gx := emulate(t, k, c.Launch(n), args)[0]
+	for i := range vocab {
+		if want := x[i] + float32(0.5*pool[2*vocab+i]); gx[i] != want { // sample 0: row 3, slot 2
+			t.Fatalf("sample 0 logit %d: %v, want exactly %v", i, gx[i], want)
+		}
+		if want := x[2*vocab+i] + float32(2*v[i]); gx[2*vocab+i] != want { // sample 2: row 2, no slot
+			t.Fatalf("sample 2 logit %d: %v, want exactly %v", i, gx[2*vocab+i], want)
+		}
+		if gx[vocab+i] != x[vocab+i] {
+			t.Fatalf("sample 1 (row 0, app off) logit %d changed", i)
+		}
+	}
+}
+
+// TestRouterPerRequestBias: router_bias reads its request's slot too.
+func TestRouterPerRequestBias(t *testing.T) {
+	const hidden, E, topK, slots = 64, 8, 2, 2
+	rng := rand.New(rand.NewPCG(49, 50))
+	x := randF32(rng, testRows*hidden, 1)
+	w := randF32(rng, E*hidden, 0.5)
+	bias, pool := make([]float32, E), make([]float32, slots*E)
+	bias[E-1], pool[0], pool[E+1] = 100, 100, 100 // default: expert E-1; slot 0: expert 0; slot 1: expert 1
+	op := MIOp{Template: "router_bias", Bit: testBit, Width: E, Vec: "b", Pool: "bp", PoolSlots: slots, Scal: "s", Alpha: 0, Bias: -1}
+	rc := RouterConfig{Hidden: hidden, Experts: E, TopK: topK, WDtype: ptx.F32, Ops: []MIOp{op}}
+	k := must(t)(Router("router_pool", rc))
+	vslot := testVSlot
+	args := routerArgs(t, k, x, w, ptx.F32, testRows, topK, map[string][]float32{"mi0_vec": bias, "mi0_pool": pool, "mi0_scal": {1}})
+	l := rc.Launch(testRows)
+	checkKernel(t, k, l, args)
+	idx := emulate(t, k, l, args)[2]
+	for r, want := range map[int]uint32{0: 1, 2: uint32(E - 1), 4: 0} { // rows with the app
+		if got := math.Float32bits(idx[r*topK]); got != want {
+			t.Fatalf("row %d (slot %d): first expert %d, want %d", r, vslot[r], got, want)
+		}
+	}
+}
+
+func f64s(v []float32) []float64 {
+	out := make([]float64, len(v))
+	for i, x := range v {
+		out[i] = float64(x)
+	}
+	return out
 }

@@ -6,8 +6,12 @@ import (
 	"math/rand/v2"
 	"testing"
 
+	"xmix/ops"
 	"xmix/ptx"
 )
+
+// testVSlot are the vector slots of the rows of router tests with a per-request vector.
+var testVSlot = []uint32{1, 0, ops.NoRow, 0, 0}
 
 // routerArgs lays out the router kernel's arguments for k: x, w, idx, wts, the control
 // block, then each op's parameters (vec, scal, out) from the given data.
@@ -31,6 +35,8 @@ func routerArgs(t *testing.T, k *Kernel, x, w []float32, wdt ptx.Type, rows, top
 			a.out = rows * topK
 		case "ctl_mask":
 			a.u32 = testMask
+		case "ctl_vslot":
+			a.u32 = testVSlot
 		default:
 			d, ok := data[p.Name]
 			if !ok {

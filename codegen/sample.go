@@ -393,11 +393,12 @@ func logitsMI(name string, c LogitsMIConfig) (*Kernel, error) {
 	in := r.Reg(ptx.Pred)
 	r.Emit("setp.lt.u32", in, col, ptx.Imm(int64(c.Vocab)))
 	r.tail = &in
-	// Vectors and output rows are addressed from the block's first column.
+	// Vectors (compiled and per-request) and output rows are addressed from the block's
+	// first column.
 	shift := r.Reg(ptx.U64)
 	r.Emit("mul.wide.u32", shift, first, ptx.Imm(4))
 	for _, b := range mi.groups[0] {
-		for _, s := range []string{"vec", "out"} {
+		for _, s := range []string{"vec", "pool", "out"} {
 			if p, ok := b.params[s]; ok {
 				q := r.Reg(ptx.U64)
 				r.Emit("add.u64", q, p, shift)

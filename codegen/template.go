@@ -18,7 +18,8 @@ func buf(name string) bundle.Slot { return bundle.Slot{Buffer: name} }
 func konst(v uint64) bundle.Slot  { return bundle.Slot{Const: v} }
 
 // ctlSlots are the control-block parameters every MI-carrying kernel may take.
-var ctlSlots = slots{"ctl_mask": buf("ctl.mask"), "ctl_tokens": buf("ctl.tokens"), "ctl_gen": buf("ctl.gen"), "ctl_seq": buf("ctl.seq"), "ctl_latch": buf("ctl.latch")}
+var ctlSlots = slots{"ctl_mask": buf("ctl.mask"), "ctl_tokens": buf("ctl.tokens"), "ctl_gen": buf("ctl.gen"), "ctl_seq": buf("ctl.seq"),
+	"ctl_latch": buf("ctl.latch"), "ctl_vslot": buf("ctl.vslot")}
 
 // node binds k's parameters by name and makes a launch.
 func node(label string, k *Kernel, l ops.Launch, s slots, mi []MIOp) (bundle.Node, error) {

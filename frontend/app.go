@@ -27,11 +27,11 @@ var (
 
 	appKeys        = []string{"app", "params", "buffers", "kernels", "ops"}
 	kernelKeys     = []string{"ptx", "entry", "signature"}
-	paramKeys      = []string{"file", "tensor", "values", "random"}
+	paramKeys      = []string{"file", "tensor", "values", "random", "per_request"}
 	bufferKeys     = []string{"shape", "dtype", "export"}
 	opKinds        = []string{"read", "write"}
 	opKeys         = []string{"at", "kernel", "args", "into", "when"}
-	atKeys         = []string{"layers", "hook"}
+	atKeys         = []string{"layers", "hook", "per_request"}
 	whenKeys       = []string{"token_in", "after_token", "activation", "steps", "positions"}
 	activationKeys = []string{"buffer", "op", "value"}
 	stepsKeys      = []string{"from", "to"}
@@ -166,6 +166,9 @@ func (p *appParser) params(n *yaml.Node) []Param {
 		fm := p.mapping(e.val, what, paramKeys)
 		if fm == nil {
 			continue
+		}
+		if n := fm.get("per_request"); n != nil {
+			par.PerRequest, _ = p.boolean(n, what+".per_request")
 		}
 		file, values, random := fm.get("file"), fm.get("values"), fm.get("random")
 		given := 0
@@ -383,6 +386,13 @@ func (p *appParser) at(n *yaml.Node, what string, op *Op) {
 	case ln != nil:
 		op.LayersPos = p.pos(ln)
 		op.Layers, op.AllLayers = p.layers(ln, what+".layers")
+	}
+	if n := am.get("per_request"); n != nil {
+		op.LayersPerRequest, _ = p.boolean(n, what+".per_request")
+		if op.LayersPerRequest && !perLayer {
+			p.errorf(n, "per_request: lets a request narrow an op's layers; remove it here",
+				"%s: hook %s is a whole-model hook: a request has no layers of it to choose", what, hook)
+		}
 	}
 }
 

@@ -142,6 +142,22 @@ func TestParseAppLayerForms(t *testing.T) {
 	}
 }
 
+// TestParseAppPerRequest: per_request: on a param and in an op's at: are read.
+func TestParseAppPerRequest(t *testing.T) {
+	a, err := ParseApp("a.yaml", []byte(`app: a
+params: {v: {values: [1, 2], per_request: true}, w: {values: [3]}}
+ops:
+  - write: {at: {layers: "1-3", hook: resid_post, per_request: true}, kernel: steer_add, args: {vector: v}}
+  - write: {at: {layers: 2, hook: resid_post}, kernel: steer_add, args: {vector: w}}
+`), testModel(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !a.Params[0].PerRequest || a.Params[1].PerRequest || !a.Ops[0].LayersPerRequest || a.Ops[1].LayersPerRequest {
+		t.Fatalf("params %+v ops %+v", a.Params, a.Ops)
+	}
+}
+
 func TestParseAppErrors(t *testing.T) {
 	m := testModel(t)
 	parse := func(path string, data []byte) error { _, err := ParseApp(path, data, m); return err }
@@ -173,6 +189,12 @@ func TestParseAppErrors(t *testing.T) {
 		{"per-layer hook without layers", op("write: {at: {hook: mlp.act}, kernel: scale}"), []string{"s.yaml:5:24: ops[0].write.at: hook mlp.act is per layer and needs layers"}},
 		{"whole-model hook with layers", op("write: {at: {layers: 1, hook: logits}, kernel: scale}"), []string{"s.yaml:5:18: ops[0].write.at: hook logits is a whole-model hook and takes no layers"}},
 		{"missing hook", op("write: {at: {layers: 1}, kernel: scale}"), []string{`s.yaml:5:13: ops[0].write.at: missing key "hook"`}},
+		{"per-request layers on a whole-model hook", op("write: {at: {hook: logits, per_request: true}, kernel: scale}"),
+			[]string{"s.yaml:5:45: ops[0].write.at: hook logits is a whole-model hook: a request has no layers of it to choose (per_request: lets"}},
+		{"per-request layers not a bool", op("write: {at: {layers: 1, hook: resid_post, per_request: 1}, kernel: scale}"),
+			[]string{"s.yaml:5:60: ops[0].write.at.per_request: expected a boolean"}},
+		{"per-request param not a bool", "app: a\nparams: {v: {values: [1], per_request: yes}}\nops:\n  - write: {at: {hook: logits}, kernel: scale}\n",
+			[]string{"s.yaml:2:40: params.v.per_request: expected a boolean"}},
 		{"unknown kernel", op("write: {at: {hook: logits}, kernel: steer_ad}"),
 			[]string{`s.yaml:5:41: ops[0].write: unknown kernel "steer_ad" (did you mean "steer_add"? kernels: capture,`}},
 		{"read without into", op("read: {at: {hook: logits}, kernel: capture}"), []string{"s.yaml:5:5: ops[0].read: a read needs into (add into: naming one of buffers:)"}},

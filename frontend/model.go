@@ -25,7 +25,7 @@ var (
 	modelKeys       = []string{"model", "family", "hf", "dims", "config", "weights", "dtype", "kv_dtype", "tokenizer", "bos", "eos", "chat_template", "serving"}
 	dimsKeys        = []string{"hidden", "intermediate", "layers", "heads", "kv_heads", "head_dim", "vocab", "rope_theta", "rms_eps", "tie_embeddings", "rope_scaling", "experts", "experts_per_token"}
 	ropeScalingKeys = []string{"type", "factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}
-	servingKeys     = []string{"decode_buckets", "prefill_chunks", "max_batched_tokens", "max_seq_len", "max_seqs", "kv_block_size"}
+	servingKeys     = []string{"decode_buckets", "prefill_chunks", "max_batched_tokens", "max_seq_len", "max_seqs", "kv_block_size", "vector_slots"}
 	weightDtypes    = []string{"bf16", "f32"}
 	kvDtypes        = []string{"f32", "bf16"}
 )
@@ -704,6 +704,15 @@ func (p *parser) serving(top *mapping, m *Model) {
 	if t := int64(m.MaxSeqs) * int64(m.MaxSeqLen); t > maxResidentTokens {
 		p.errorAt(maxSeqsAt, fmt.Sprintf("at most %d tokens: lower max_seqs or max_seq_len", maxResidentTokens),
 			"serving: max_seqs %d x max_seq_len %d = %d tokens of KV cache is more than this compiler supports", m.MaxSeqs, m.MaxSeqLen, t)
+	}
+	m.VectorSlots = m.MaxSeqs
+	if n := sm.get("vector_slots"); n != nil {
+		if v, good := bounded(n, "serving.vector_slots", maxRows); good && v > m.MaxSeqs {
+			p.errorf(n, fmt.Sprintf("at most max_seqs (%d): a running request holds at most one", m.MaxSeqs),
+				"serving.vector_slots %d is more than max_seqs %d", v, m.MaxSeqs)
+		} else if good {
+			m.VectorSlots = v
+		}
 	}
 	if m.MaxSeqLen%m.KVBlockSize != 0 {
 		p.errorAt(sm.keyPos(p, "kv_block_size"), "KV pages must tile the sequence exactly",

@@ -73,6 +73,9 @@ type Model struct {
 	MaxSeqLen        int
 	MaxSeqs          int // requests resident at once (default: largest decode bucket)
 	KVBlockSize      int // tokens per KV page (default 16)
+	// VectorSlots is how many requests may hold per-request vectors at once (default
+	// MaxSeqs): the size of the device pool of each per_request param.
+	VectorSlots int
 	// LayersPos is where the layer count was given, for "layer out of range" hints.
 	LayersPos Pos
 
@@ -128,6 +131,9 @@ type Param struct {
 	// Random, when set, makes the param a deterministic random unit vector of whatever width
 	// the hook it is used at has (seeded; the paper's overhead measurements use such vectors).
 	Random *uint64
+	// PerRequest (per_request: true) lets a request bring its own value of the vector for its
+	// lifetime; the param's data is the default of requests that do not.
+	PerRequest bool
 }
 
 // Buffer is a named MI buffer an app writes (reads land here) and may export.
@@ -146,14 +152,17 @@ type Op struct {
 	Layers    []int  // nil for whole-model hooks
 	LayersPos Pos
 	AllLayers bool // layers: all
-	Hook      string
-	HookPos   Pos
-	Kernel    string
-	KernelPos Pos
-	Args      []Arg // in file order
-	Into      string
-	IntoPos   Pos
-	When      []Cond // all must hold
+	// LayersPerRequest (at: {per_request: true}) lets a request run the op at a subset of
+	// its layers.
+	LayersPerRequest bool
+	Hook             string
+	HookPos          Pos
+	Kernel           string
+	KernelPos        Pos
+	Args             []Arg // in file order
+	Into             string
+	IntoPos          Pos
+	When             []Cond // all must hold
 }
 
 // Arg is one kernel argument: a number, or a name (a param reference or an enum word).

@@ -36,6 +36,15 @@ type Request struct {
 	// scalar's manifest name ("steer.op0.alpha", "cast.op3.threshold"). An override for an
 	// app the request does not enable changes nothing.
 	Overrides map[string]float32
+	// Vectors bring this request's own values of per_request vector params, by app and
+	// param name ("steer.v"; Engine.PerRequestVectors lists them), for apps the request
+	// enables: each has the param's width and finite values (a direction is normalised). A
+	// request with any holds a vector slot while it runs (Engine.VectorSlots).
+	Vectors map[string][]float32
+	// Layers narrow, for this request, the layers an op marked at: {per_request: true} runs
+	// at, by app and op ("steer.op0"): a subset of its compiled layers (none: the op does
+	// not run). Ops not named run at all their layers.
+	Layers map[string][]int
 }
 
 // Row is one forward row of a request: the token it fed in, its position, and what the
@@ -163,6 +172,7 @@ type Engine struct {
 	tmplIdx    map[string]int
 	freePage   []uint32
 	padPages   int
+	pool       vectorPool
 	queue      []*seqState
 	slots      []*seqState
 	nextID     int
@@ -178,6 +188,8 @@ type Engine struct {
 type Stats struct {
 	Steps, DecodeSteps, PrefillSteps, Rows, PaddedRows int
 	DecodeTime, PrefillTime                            time.Duration
+	// FirstToken is when the first token the engine sampled came back to the host.
+	FirstToken time.Time
 }
 
 // appCtl is what the engine controls of one app at run time: its scalar table and the
@@ -185,10 +197,12 @@ type Stats struct {
 type appCtl struct {
 	name     string
 	bit      int
-	table    string         // control buffer of [max_seqs+1, len(defaults)] f32, or ""
-	defaults []float32      // by table column; SetDefault changes them
+	table    string         // control buffer of [max_seqs+1, width] f32, or ""
+	width    int            // columns of a table row: scalars, then layer-mask words
+	defaults []float32      // by table column, scalars only; SetDefault changes them
 	scalars  map[string]int // manifest scalar name -> column
 	vectors  []bundle.Vector
+	masks    []bundle.LayerMask
 }
 
 type latchInfo struct {
@@ -267,6 +281,9 @@ func NewEngine(b *bundle.Bundle, be Backend) (*Engine, error) {
 			return nil, fmt.Errorf("bundle has after_token latches but no u32 control buffer ctl.latch")
 		}
 	}
+	if err := e.initVectors(bufs); err != nil {
+		return nil, err
+	}
 	e.blocks = (c.MaxSeqLen + c.KVBlockSize - 1) / c.KVBlockSize
 	// The last pages belong to the padding sequence (row MaxSeqs of the block table).
 	e.padPages = max(1, c.KVPadPages)
@@ -286,13 +303,26 @@ func NewEngine(b *bundle.Bundle, be Backend) (*Engine, error) {
 
 // newAppCtl checks an app's scalar table and vectors against the buffers that hold them.
 func newAppCtl(a bundle.App, bufs map[string]bundle.Buffer, maxSeqs int) (*appCtl, error) {
-	ac := &appCtl{name: a.Name, bit: a.Bit, table: a.ScalarTable, scalars: map[string]int{}, vectors: a.Vectors}
+	ac := &appCtl{name: a.Name, bit: a.Bit, table: a.ScalarTable, scalars: map[string]int{}, vectors: a.Vectors,
+		masks: a.LayerMasks, width: a.TableWidth()}
 	n := len(a.Scalars)
-	if n > 0 || a.ScalarTable != "" {
+	if ac.width > 0 || a.ScalarTable != "" {
 		tb, ok := bufs[a.ScalarTable]
-		if !ok || tb.Kind != bundle.KindControl || tb.Dtype != "f32" || len(tb.Shape) != 2 || tb.Shape[0] != maxSeqs+1 || tb.Shape[1] != n {
-			return nil, fmt.Errorf("scalar table %q is not a control buffer of [%d, %d] f32", a.ScalarTable, maxSeqs+1, n)
+		if !ok || tb.Kind != bundle.KindControl || tb.Dtype != "f32" || len(tb.Shape) != 2 || tb.Shape[0] != maxSeqs+1 || tb.Shape[1] != ac.width {
+			return nil, fmt.Errorf("scalar table %q is not a control buffer of [%d, %d] f32", a.ScalarTable, maxSeqs+1, ac.width)
 		}
+	}
+	col := n
+	for _, m := range a.LayerMasks {
+		if m.Column != col || m.Words <= 0 || len(m.Layers) == 0 {
+			return nil, fmt.Errorf("layer mask of op %d: %d words at column %d, want column %d", m.Op, m.Words, m.Column, col)
+		}
+		for _, l := range m.Layers {
+			if l < 0 || l >= 32*m.Words {
+				return nil, fmt.Errorf("layer mask of op %d: layer %d outside its %d words", m.Op, l, m.Words)
+			}
+		}
+		col += m.Words
 	}
 	ac.defaults = make([]float32, n)
 	for _, s := range a.Scalars {
@@ -382,6 +412,9 @@ func (e *Engine) SetVector(app, param string, v []float32) error {
 		if err := e.Be.Write(x.Buffer, 0, putF32s(data)); err != nil {
 			return fmt.Errorf("app %s param %s: %w", app, param, err)
 		}
+		if err := e.setDefaultVector(x.Buffer, data); err != nil {
+			return fmt.Errorf("app %s param %s: %w", app, param, err)
+		}
 	}
 	if !found {
 		slices.Sort(params)
@@ -428,16 +461,31 @@ func (e *Engine) resolveOverrides(m map[string]float32) ([]override, error) {
 }
 
 // writeScalars writes slot's row of the scalar table of every app s enables: the current
-// defaults with the request's overrides.
+// defaults with the request's overrides, then the words of its layer masks (every compiled
+// layer on, or those the request names).
 func (e *Engine) writeScalars(s *seqState) error {
 	for _, a := range e.apps {
 		if a.table == "" || s.mask&(1<<uint(a.bit)) == 0 {
 			continue
 		}
-		row := append([]float32(nil), a.defaults...)
+		row := make([]float32, a.width)
+		copy(row, a.defaults)
 		for _, o := range s.overrides {
 			if o.app == a {
 				row[o.col] = o.v
+			}
+		}
+		for _, m := range a.masks {
+			layers, own := s.layers[layerKey(a, m)]
+			if !own {
+				layers = m.Layers
+			}
+			words := make([]uint32, m.Words)
+			for _, l := range layers {
+				words[l/32] |= 1 << uint(l%32)
+			}
+			for i, w := range words {
+				row[m.Column+i] = math.Float32frombits(w)
 			}
 		}
 		if err := e.Be.Write(a.table, int64(4*s.slot*len(row)), putF32s(row)); err != nil {
@@ -503,6 +551,11 @@ type seqState struct {
 	overrides []override
 	latchAt   []int
 	scanned   int
+	// Per-request vectors (nil: none, no slot needed) and the slot held (-1: none); layer
+	// masks the request narrows, by layerKey.
+	vecs   map[*prVector][]float32
+	vslot  int
+	layers map[string][]int
 }
 
 // Handle follows one submitted request.
@@ -521,7 +574,7 @@ func (e *Engine) Submit(r Request) (*Handle, error) {
 	c := e.cfg
 	e.nextID++
 	h := &Handle{ID: e.nextID, Submitted: time.Now()}
-	s := &seqState{h: h, req: &r, res: &h.Result, slot: -1, rng: rand.New(rand.NewPCG(r.Seed, 0x786d6978))}
+	s := &seqState{h: h, req: &r, res: &h.Result, slot: -1, vslot: -1, rng: rand.New(rand.NewPCG(r.Seed, 0x786d6978))}
 	s.tokens = append(make([]int, 0, 1+len(r.Prompt)+max(0, r.MaxTokens)), InputIDs(c, r)...)
 	s.promptN = len(s.tokens)
 	h.Result.PromptTokens = s.promptN
@@ -552,6 +605,12 @@ func (e *Engine) Submit(r Request) (*Handle, error) {
 		return nil, err
 	}
 	s.overrides = ov
+	if s.vecs, err = e.resolveVectors(&r, s.mask); err != nil {
+		return nil, err
+	}
+	if s.layers, err = e.resolveLayers(r.Layers, s.mask); err != nil {
+		return nil, err
+	}
 	if r.MaxTokens <= 0 {
 		h.Done, h.Result.Reason = true, ReasonLength
 		return h, nil
@@ -640,8 +699,11 @@ func (e *Engine) admit() error {
 			}
 		}
 		need := (s.promptN + s.req.MaxTokens + c.KVBlockSize - 1) / c.KVBlockSize
-		if free < 0 || need > len(e.freePage) {
+		if free < 0 || need > len(e.freePage) || s.vecs != nil && len(e.pool.free) == 0 {
 			return nil
+		}
+		if _, err := e.takeVectorSlot(s); err != nil {
+			return err
 		}
 		s.pages = append([]uint32(nil), e.freePage[len(e.freePage)-need:]...)
 		e.freePage = e.freePage[:len(e.freePage)-need]
@@ -686,10 +748,10 @@ func (e *Engine) run(t bundle.Template, rows []stepRow) error {
 	c := e.cfg
 	n, ns := t.Tokens, t.Samples
 	sc := &e.scratch
-	words := sc.words(7*n + 2*ns)
+	words := sc.words(8*n + 2*ns)
 	tokens, pos, seq, mask := words[:n], words[n:2*n], words[2*n:3*n], words[3*n:4*n]
-	gen, outRow, latch := words[4*n:5*n], words[5*n:6*n], words[6*n:7*n]
-	rng, sRow := words[7*n:7*n+ns], words[7*n+ns:]
+	gen, outRow, latch, vslot := words[4*n:5*n], words[5*n:6*n], words[6*n:7*n], words[7*n:8*n]
+	rng, sRow := words[8*n:8*n+ns], words[8*n+ns:]
 	floats := sc.floats(2 * ns)
 	temp, topP := floats[:ns], floats[ns:]
 	for i := range sRow {
@@ -700,6 +762,7 @@ func (e *Engine) run(t bundle.Template, rows []stepRow) error {
 		pos[i] = uint32(min(i, e.padPages*c.KVBlockSize-1))
 		gen[i] = 0xFFFFFFFF
 		outRow[i] = 0xFFFFFFFF
+		vslot[i] = 0xFFFFFFFF
 	}
 	sampled := sc.sampled[:0]
 	for i, r := range rows {
@@ -710,6 +773,9 @@ func (e *Engine) run(t bundle.Template, rows []stepRow) error {
 		mask[i] = s.mask
 		if len(e.latches) > 0 {
 			latch[i] = e.latchWord(s, r.pos)
+		}
+		if s.vslot >= 0 {
+			vslot[i] = uint32(s.vslot)
 		}
 		if r.pos >= s.promptN {
 			gen[i] = uint32(r.pos - s.promptN)
@@ -748,6 +814,11 @@ func (e *Engine) run(t bundle.Template, rows []stepRow) error {
 			return err
 		}
 	}
+	if e.pool.total > 0 {
+		if err := e.Be.Write("ctl.vslot", 0, sc.encode(vslot)); err != nil {
+			return err
+		}
+	}
 	if e.hasAny {
 		var any uint32
 		for _, m := range mask {
@@ -771,6 +842,9 @@ func (e *Engine) run(t bundle.Template, rows []stepRow) error {
 	}
 	ids := sc.decode(out)
 	now := time.Now()
+	if e.Stats.FirstToken.IsZero() && len(sampled) > 0 {
+		e.Stats.FirstToken = now
+	}
 	if err := e.collectExports(rows, n); err != nil {
 		return err
 	}

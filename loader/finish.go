@@ -32,10 +32,12 @@ func (e *Engine) Cancel(h *Handle) bool {
 	return false
 }
 
-// retire frees sequence slot i, whose request has finished: its pages go back to the pool.
+// retire frees sequence slot i, whose request has finished: its pages and its vector slot
+// go back to their pools.
 func (e *Engine) retire(i int) {
 	s := e.slots[i]
 	e.freePage = append(e.freePage, s.pages...)
+	e.releaseVectorSlot(s)
 	e.slots[i] = nil
 	s.h.Done = true
 }
@@ -47,12 +49,16 @@ type Load struct {
 	Slots     int // sequence slots (the bundle's max_seqs)
 	FreePages int // KV pages in the pool
 	Pages     int // KV pages requests can use (the padding sequence's excluded)
+	// Per-request vector slots free and in all (0 when the bundle has no per_request params).
+	FreeVectorSlots, VectorSlots int
 }
 
-// Load counts the engine's running and queued requests and its free KV pages; an idle engine
-// has Running and Queued 0 and FreePages == Pages.
+// Load counts the engine's running and queued requests, its free KV pages and vector slots;
+// an idle engine has Running and Queued 0, FreePages == Pages and FreeVectorSlots ==
+// VectorSlots.
 func (e *Engine) Load() Load {
-	l := Load{Queued: len(e.queue), Slots: len(e.slots), FreePages: len(e.freePage), Pages: e.cfg.KVBlocks - e.padPages}
+	l := Load{Queued: len(e.queue), Slots: len(e.slots), FreePages: len(e.freePage), Pages: e.cfg.KVBlocks - e.padPages,
+		FreeVectorSlots: len(e.pool.free), VectorSlots: e.pool.total}
 	for _, s := range e.slots {
 		if s != nil {
 			l.Running++

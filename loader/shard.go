@@ -87,33 +87,16 @@ func checkSharded(buf bundle.Buffer, ts []*safetensors.Tensor) error {
 	return nil
 }
 
-// fillParts converts the parts of tensors ts into dst, whose elements are of dtype dt.
+// fillParts converts the parts of tensors ts into dst, which holds buffer buf.
 func fillParts(buf bundle.Buffer, ts []*safetensors.Tensor, parts []part, dst []byte) error {
-	esz, err := DtypeSize(buf.Dtype)
+	s, err := partsSource(buf, ts, parts)
 	if err != nil {
 		return err
 	}
-	off := 0
-	for _, p := range parts {
-		t := ts[p.t]
-		tsz, ok := safetensors.DtypeSize(t.Dtype)
-		if !ok || (p.lo+p.n)*tsz > len(t.Data) {
-			return fmt.Errorf("weight tensor %s: elements [%d,%d) outside its %d bytes of %s", t.Name, p.lo, p.lo+p.n, len(t.Data), t.Dtype)
-		}
-		n := p.n * esz
-		if off+n > len(dst) {
-			return fmt.Errorf("buffer %s of shape %v: %d bytes given, its tensors need more", buf.Name, buf.Shape, len(dst))
-		}
-		view := &safetensors.Tensor{Name: t.Name, Dtype: t.Dtype, Shape: []int{p.n}, Data: t.Data[p.lo*tsz : (p.lo+p.n)*tsz]}
-		if err := convert(view, buf.Dtype, dst[off:off+n]); err != nil {
-			return fmt.Errorf("weight tensor %s: %w", t.Name, err)
-		}
-		off += n
+	if int64(len(dst)) != s.size {
+		return fmt.Errorf("buffer %s of shape %v: %d bytes given, it has %d", buf.Name, buf.Shape, len(dst), s.size)
 	}
-	if off != len(dst) {
-		return fmt.Errorf("buffer %s of shape %v: %d bytes given, its tensors fill %d", buf.Name, buf.Shape, len(dst), off)
-	}
-	return nil
+	return s.fill(0, dst)
 }
 
 // synthParts is shardParts over the unsharded synthetic buffer, with each part's first

@@ -36,6 +36,8 @@ type Weights struct {
 	// tp is the bundle's tensor-parallel degree (1 without): sharded buffers are filled
 	// with one rank's part of their tensors.
 	tp int
+	// origin says where the weights come from, for progress lines.
+	origin string
 }
 
 // IndexFile is the Hugging Face index of a sharded checkpoint: it maps every tensor to the
@@ -62,8 +64,10 @@ func OpenWeights(b *bundle.Bundle, baseDir string) (*Weights, error) {
 			return nil, fmt.Errorf("weights embedded in the bundle: %w", err)
 		}
 		w.tensors = f.Tensors
+		w.origin = "the bundle"
 	case ref.Synthetic != nil:
 		w.synth = ref.Synthetic
+		w.origin = "synthetic weights"
 		return w, nil
 	case ref.Path != "":
 		path := ref.Path
@@ -125,6 +129,10 @@ func (w *Weights) open(path string) error {
 		return err
 	}
 	w.index = index
+	w.origin = path
+	if len(files) > 1 {
+		w.origin = fmt.Sprintf("%d files in %s", len(files), path)
+	}
 	for _, fp := range files {
 		f, c, err := safetensors.Open(fp)
 		if err != nil {
@@ -260,6 +268,9 @@ func headerDigest(ts map[string]*safetensors.Tensor) string {
 	return hex.EncodeToString(h.Sum(nil))
 }
 
+// Origin says where the weights come from: a path, the bundle, synthetic weights.
+func (w *Weights) Origin() string { return w.origin }
+
 // Synthetic returns the synthetic-weights recipe, or nil for weights from files.
 func (w *Weights) Synthetic() *bundle.Synth { return w.synth }
 
@@ -286,16 +297,14 @@ func (w *Weights) FillRank(buf bundle.Buffer, rank int, dst []byte) error {
 	if w.synth != nil {
 		return fillSynthetic(buf, dst, w.synth, w.tp, rank)
 	}
-	if err := w.check(buf); err != nil {
+	s, err := w.source(buf, rank)
+	if err != nil {
 		return err
 	}
-	ts := make([]*safetensors.Tensor, len(buf.Tensors))
-	ms := make([]matrix, len(buf.Tensors))
-	for i, name := range buf.Tensors {
-		ts[i] = w.tensors[name]
-		ms[i] = asMatrix(ts[i].Shape)
+	if int64(len(dst)) != s.size {
+		return fmt.Errorf("buffer %s of shape %v: %d bytes given, it has %d", buf.Name, buf.Shape, len(dst), s.size)
 	}
-	return fillParts(buf, ts, shardParts(buf.Shard, ms, w.tp, rank), dst)
+	return s.fill(0, dst)
 }
 
 // check validates buf's source tensors: each present, of a supported dtype, and together
@@ -401,22 +410,15 @@ func f32ToBF16(f float32) uint16 {
 	return uint16((b + 0x7fff + (b>>16)&1) >> 16)
 }
 
-// fillSynthetic generates rank's part of buf: element i of the unsharded buffer is
-// SynthValue(seed ^ hash(name), i), so every rank's part equals the same slice at tp 1.
+// fillSynthetic generates rank's part of buf (synthRange), in parallel chunks: real-size
+// models have billions of weights.
 func fillSynthetic(buf bundle.Buffer, dst []byte, s *bundle.Synth, tp, rank int) error {
 	esz, err := DtypeSize(buf.Dtype)
 	if err != nil {
 		return err
 	}
-	name := buf.Name
-	if buf.Shard != nil && buf.Shard.Global != "" {
-		name = buf.Shard.Global
-	}
-	key, scale := s.Seed^ops.NameHash(name), ops.SynthScale(s.Std)
-	oneD := len(buf.Shape) == 1
 	n := len(dst) / esz
-	idx := newGlobalIndexer(synthParts(buf, tp, rank))
-	// Real-size models have billions of weights: fill in parallel chunks.
+	g := newSynthGen(buf, s, tp, rank)
 	workers := runtime.GOMAXPROCS(0)
 	chunk := (n + workers - 1) / workers
 	var wg sync.WaitGroup
@@ -425,21 +427,45 @@ func fillSynthetic(buf bundle.Buffer, dst []byte, s *bundle.Synth, tp, rank int)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			idx.walk(lo, hi, func(i, g int) {
-				v := float32(1) // norm weights
-				if !oneD {
-					v = ops.SynthValue(key, scale, uint64(g))
-				}
-				if esz == 2 {
-					binary.LittleEndian.PutUint16(dst[2*i:], f32ToBF16(v))
-				} else {
-					binary.LittleEndian.PutUint32(dst[4*i:], math.Float32bits(v))
-				}
-			})
+			g.fill(lo, esz, dst[lo*esz:hi*esz])
 		}()
 	}
 	wg.Wait()
 	return nil
+}
+
+// synthGen makes synthetic values of rank's part of a buffer: element i of the unsharded
+// buffer is SynthValue(seed ^ hash(name), i), so every rank's part equals the same slice at
+// tp 1; a vector (norm weights) is all ones.
+type synthGen struct {
+	key   uint64
+	scale float64
+	oneD  bool
+	idx   globalIndexer
+}
+
+func newSynthGen(buf bundle.Buffer, s *bundle.Synth, tp, rank int) synthGen {
+	name := buf.Name
+	if buf.Shard != nil && buf.Shard.Global != "" {
+		name = buf.Shard.Global
+	}
+	return synthGen{key: s.Seed ^ ops.NameHash(name), scale: ops.SynthScale(s.Std), oneD: len(buf.Shape) == 1,
+		idx: newGlobalIndexer(synthParts(buf, tp, rank))}
+}
+
+// fill writes the rank's elements from lo on into dst, esz bytes each.
+func (g synthGen) fill(lo, esz int, dst []byte) {
+	g.idx.walk(lo, lo+len(dst)/esz, func(i, gi int) {
+		v := float32(1)
+		if !g.oneD {
+			v = ops.SynthValue(g.key, g.scale, uint64(gi))
+		}
+		if esz == 2 {
+			binary.LittleEndian.PutUint16(dst[2*(i-lo):], f32ToBF16(v))
+		} else {
+			binary.LittleEndian.PutUint32(dst[4*(i-lo):], math.Float32bits(v))
+		}
+	})
 }
 
 // ParamTensors maps each param buffer of a bundle to its bytes in the params section (rank

@@ -22,6 +22,10 @@ type MIOp struct {
 	// Scal[ctl_seq[r]*ScalStride + idx]. With 0, every row reads the one row Scal holds.
 	ScalStride int `json:"scal_stride,omitempty"`
 	ScalRows   int `json:"scal_rows,omitempty"`
+	// Pool > 0: the op's vector is per-request. Its kernel also takes Pool slots of [Width]
+	// f32 (mi<i>_pool) and ctl_vslot; a row whose ctl_vslot is not NoRow reads the vector of
+	// that slot instead of mi<i>_vec.
+	Pool int `json:"pool,omitempty"`
 }
 
 // MIGate is one per-row condition of an MIOp (see codegen.Gate for the meaning of each field).
@@ -39,6 +43,10 @@ type MIGate struct {
 	From      int    `json:"from,omitempty"`
 	To        int    `json:"to,omitempty"`
 	Positions string `json:"positions,omitempty"`
+	// layers: bit Bit of the u32 at Scal[Word] of the row (its request's layer mask of the
+	// op, bits stored in the f32 table as they are).
+	Word int `json:"word,omitempty"`
+	Bit  int `json:"bit,omitempty"`
 }
 
 // MIUse says whether a template reads one of its scalars.
@@ -111,12 +119,18 @@ func (o MIOp) Validate(rowWidth int) error {
 	if n := o.scalLen(); o.ScalStride > 0 && n > o.ScalStride {
 		return fmt.Errorf("%s: reads %d scalars from rows of %d", o.Template, n, o.ScalStride)
 	}
+	if o.Pool < 0 || o.Pool > 0 && !o.hasVec() {
+		return fmt.Errorf("%s: a pool of %d per-request vectors for an op without one", o.Template, o.Pool)
+	}
 	if n := o.outLen(); n > 0 && (o.OutCol < 0 || o.OutCol+n > o.OutWidth) {
 		return fmt.Errorf("%s: %d output columns at %d do not fit an output row of %d", o.Template, n, o.OutCol, o.OutWidth)
 	}
 	for j, g := range o.Gates {
 		if err := g.validate(); err != nil {
 			return fmt.Errorf("%s: gate %d: %w", o.Template, j, err)
+		}
+		if g.Kind == "layers" && o.ScalStride == 0 {
+			return fmt.Errorf("%s: gate %d: a layer mask needs a per-request scalar table", o.Template, j)
 		}
 	}
 	return nil
@@ -168,6 +182,10 @@ func (g MIGate) validate() error {
 		if g.Positions != "prompt" && g.Positions != "generated" && g.Positions != "all" {
 			return fmt.Errorf("positions %q is not prompt, generated or all", g.Positions)
 		}
+	case "layers":
+		if g.Word < 0 || g.Bit < 0 || g.Bit > 31 {
+			return fmt.Errorf("layer mask word %d bit %d", g.Word, g.Bit)
+		}
 	default:
 		return fmt.Errorf("unknown gate kind %q", g.Kind)
 	}
@@ -195,8 +213,11 @@ func (o MIOp) scalLen() int {
 		n = max(n, o.Bias+1)
 	}
 	for _, g := range o.Gates {
-		if g.Kind == "activation" {
+		switch g.Kind {
+		case "activation":
 			n = max(n, g.Thresh)
+		case "layers":
+			n = max(n, g.Word+1)
 		}
 	}
 	return n
@@ -211,7 +232,7 @@ func (o MIOp) hasVec() bool {
 // MIParam is one buffer parameter of an MI op. In a kernel, op i's parameter is named
 // mi<i>_<Suffix>; the reference receives them in the order Params gives.
 type MIParam struct {
-	Suffix string // vec, scal, out or g<j>
+	Suffix string // vec, pool, scal, out or g<j>
 	Gate   int    // j for g<j> (the buffer activation gate j reads); -1 otherwise
 }
 
@@ -220,6 +241,9 @@ func (o MIOp) Params() []MIParam {
 	var ps []MIParam
 	if o.hasVec() {
 		ps = append(ps, MIParam{"vec", -1})
+		if o.Pool > 0 {
+			ps = append(ps, MIParam{"pool", -1})
+		}
 	}
 	if o.scalLen() > 0 {
 		ps = append(ps, MIParam{"scal", -1})
@@ -240,6 +264,8 @@ func (o MIOp) bytes(p MIParam, rows int) int {
 	switch p.Suffix {
 	case "vec":
 		return 4 * o.Width
+	case "pool":
+		return 4 * o.Width * o.Pool
 	case "scal":
 		if o.ScalStride > 0 {
 			return 4 * o.ScalStride * o.ScalRows
@@ -271,30 +297,42 @@ func MIControl(groups ...[]MIOp) (tokens, gen bool) {
 
 // MIRequestControl says which per-request control arrays a kernel with these ops takes after
 // those of MIControl: ctl_seq (the row's sequence slot, when an op reads per-request
-// scalars) and ctl_latch (the row's after_token latch bits).
-func MIRequestControl(groups ...[]MIOp) (seq, latch bool) {
+// scalars), ctl_latch (the row's after_token latch bits) and ctl_vslot (the row's vector
+// slot, when an op has a per-request vector), in that order.
+func MIRequestControl(groups ...[]MIOp) (seq, latch, vslot bool) {
 	for _, ops := range groups {
 		for _, o := range ops {
 			seq = seq || (o.ScalStride > 0 && o.scalLen() > 0)
+			vslot = vslot || o.Pool > 0
 			for _, g := range o.Gates {
 				latch = latch || g.Kind == "after_token"
 			}
 		}
 	}
-	return seq, latch
+	return seq, latch, vslot
 }
 
 // miCtl is the per-row control block a kernel reads: app mask, current token, generation step
-// (as int32; negative on prompt rows), sequence slot and latch bits.
+// (as int32; negative on prompt rows), sequence slot, latch bits and vector slot.
 type miCtl struct {
-	mask, tokens, gen, seq, latch []uint32
+	mask, tokens, gen, seq, latch, vslot []uint32
 }
 
 // miBound is an MIOp with its buffers.
 type miBound struct {
 	MIOp
-	vec, scal, out []float32
-	gates          [][]float32 // indexed like Gates; nil for gates without a buffer
+	vec, pool, scal, out []float32
+	gates                [][]float32 // indexed like Gates; nil for gates without a buffer
+}
+
+// vecAt is the vector row reads: its request's slot of the pool, or the compiled one.
+func (b *miBound) vecAt(row int, ctl miCtl) []float32 {
+	if b.Pool > 0 {
+		if s := ctl.vslot[row]; s != NoRow {
+			return b.pool[int(s)*b.Width : (int(s)+1)*b.Width]
+		}
+	}
+	return b.vec
 }
 
 // argCursor hands out a kernel's arguments in order, checking sizes as it goes.
@@ -343,7 +381,7 @@ func bindCtl(c *argCursor, rows int, groups ...[]MIOp) (miCtl, error) {
 		}
 		ctl.gen = a.U32()
 	}
-	seq, latch := MIRequestControl(groups...)
+	seq, latch, vslot := MIRequestControl(groups...)
 	if seq {
 		if a, err = c.take("ctl_seq", 4*rows); err != nil {
 			return ctl, err
@@ -370,6 +408,25 @@ func bindCtl(c *argCursor, rows int, groups ...[]MIOp) (miCtl, error) {
 		}
 		ctl.latch = a.U32()
 	}
+	if vslot {
+		if a, err = c.take("ctl_vslot", 4*rows); err != nil {
+			return ctl, err
+		}
+		ctl.vslot = a.U32()
+		// A row with a slot reads that slot of every per-request pool of its ops.
+		for _, ops := range groups {
+			for _, o := range ops {
+				if o.Pool == 0 {
+					continue
+				}
+				for r, s := range ctl.vslot[:rows] {
+					if s != NoRow && int64(s) >= int64(o.Pool) {
+						return ctl, fmt.Errorf("ctl_vslot[%d] = %d outside a pool of %d vector slots", r, s, o.Pool)
+					}
+				}
+			}
+		}
+	}
 	return ctl, nil
 }
 
@@ -389,6 +446,8 @@ func bindMI(c *argCursor, rows, rowWidth, first int, ops []MIOp) ([]miBound, err
 			switch p.Suffix {
 			case "vec":
 				b.vec = a.F32()
+			case "pool":
+				b.pool = a.F32()
 			case "scal":
 				b.scal = a.F32()
 			case "out":
@@ -447,6 +506,8 @@ func (g MIGate) holds(row int, ctl miCtl, buf, sc []float32) bool {
 		}
 	case "after_token":
 		return ctl.latch[row]>>g.Latch&1 != 0
+	case "layers":
+		return math.Float32bits(sc[g.Word])>>g.Bit&1 != 0
 	case "token_in":
 		for _, t := range g.Tokens {
 			if uint32(t) == ctl.tokens[row] {
@@ -479,11 +540,12 @@ func applyMI(ops []miBound, row int, ctl miCtl, x []float32) {
 		if !b.enabled(row, ctl, sc) {
 			continue
 		}
+		vec := b.vecAt(row, ctl)
 		switch b.Template {
 		case "capture":
 			copy(b.out[row*b.OutWidth+b.OutCol:], x[:b.Width])
 		case "probe_linear":
-			s := dot64(x, b.vec)
+			s := dot64(x, vec)
 			if b.Bias >= 0 {
 				s += float64(sc[b.Bias])
 			}
@@ -494,19 +556,19 @@ func applyMI(ops []miBound, row int, ctl miCtl, x []float32) {
 		case "steer_add":
 			alpha := sc[b.Alpha]
 			for k := range b.Width {
-				x[k] += float32(alpha * b.vec[k])
+				x[k] += float32(alpha * vec[k])
 			}
 		case "project_out":
-			d := float32(dot64(x, b.vec))
+			d := float32(dot64(x, vec))
 			for k := range b.Width {
-				x[k] -= float32(d * b.vec[k])
+				x[k] -= float32(d * vec[k])
 			}
 		case "steer_set", "clamp_projection":
-			p := float32(dot64(x, b.vec))
+			p := float32(dot64(x, vec))
 			c := b.target(p, sc)
 			a := c - p
 			for k := range b.Width {
-				x[k] += float32(a * b.vec[k])
+				x[k] += float32(a * vec[k])
 			}
 		case "scale":
 			if b.Alpha >= 0 {
@@ -516,18 +578,18 @@ func applyMI(ops []miBound, row int, ctl miCtl, x []float32) {
 				}
 			} else {
 				for k := range b.Width {
-					x[k] *= b.vec[k]
+					x[k] *= vec[k]
 				}
 			}
 		case "head_ablate":
 			alpha := sc[b.Alpha]
 			for k := range b.Width {
-				if b.vec[k] != 0 {
+				if vec[k] != 0 {
 					x[k] *= alpha
 				}
 			}
 		case "patch":
-			copy(x[:b.Width], b.vec)
+			copy(x[:b.Width], vec)
 		}
 	}
 }

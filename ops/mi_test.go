@@ -338,8 +338,8 @@ func TestMIPerRequestScalars(t *testing.T) {
 	latch := []uint32{0b10, 0b10, 0b10, 0b01}
 	op := MIOp{Template: "steer_add", Bit: 0, Width: w, Alpha: 0, Bias: -1, ScalStride: 2, ScalRows: 3,
 		Gates: []MIGate{{Kind: "activation", Width: 1, Cmp: ">", Thresh: 2}, {Kind: "after_token", Latch: 1}}}
-	if seqOn, latchOn := MIRequestControl([]MIOp{op}); !seqOn || !latchOn {
-		t.Fatalf("MIRequestControl = %v, %v; want both", seqOn, latchOn)
+	if seqOn, latchOn, vslotOn := MIRequestControl([]MIOp{op}); !seqOn || !latchOn || vslotOn {
+		t.Fatalf("MIRequestControl = %v, %v, %v; want seq and latch", seqOn, latchOn, vslotOn)
 	}
 	ones := make([]float32, w)
 	for i := range ones {
@@ -371,6 +371,28 @@ func TestMIPerRequestScalars(t *testing.T) {
 	} {
 		if err := bad.Validate(w); err == nil {
 			t.Errorf("%+v validated", bad)
+		}
+	}
+}
+
+// TestMIVectorSlotOutOfPool: a row naming a vector slot past the pool is refused, not read
+// out of bounds; NoRow (no slot) is fine.
+func TestMIVectorSlotOutOfPool(t *testing.T) {
+	const rows, w = 2, 4
+	op := MIOp{Template: "steer_add", Bit: 0, Width: w, Alpha: 0, Bias: -1, Pool: 2}
+	r, err := Build("mi", EncodeAttrs(MIKernelAttrs{Width: w, Stride: w, Ops: []MIOp{op}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		vslot []uint32
+		err   string
+	}{{[]uint32{NoRow, 1}, ""}, {[]uint32{0, 2}, "ctl_vslot[1] = 2 outside a pool of 2 vector slots"}} {
+		args := []Arg{miArgF32(make([]float32, rows*w)), miArgU32([]uint32{1, 1}), miArgU32(c.vslot),
+			miArgF32(make([]float32, w)), miArgF32(make([]float32, 2*w)), miArgF32([]float32{1})}
+		err := r.Run(args, Launch{Grid: [3]int{rows, 1, 1}, Block: [3]int{128, 1, 1}})
+		if c.err == "" && err != nil || c.err != "" && (err == nil || !strings.Contains(err.Error(), c.err)) {
+			t.Errorf("slots %v: %v, want %q", c.vslot, err, c.err)
 		}
 	}
 }

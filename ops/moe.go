@@ -225,15 +225,16 @@ func applyRouterMI(ops []miBound, row int, ctl miCtl, x []float32) {
 		case "router_bias":
 			sc := b.scalars(row, ctl)
 			if b.enabled(row, ctl, sc) {
-				alpha := sc[b.Alpha]
+				alpha, vec := sc[b.Alpha], b.vecAt(row, ctl)
 				for k := range b.Width {
-					x[k] += float32(alpha * b.vec[k])
+					x[k] += float32(alpha * vec[k])
 				}
 			}
 		case "router_mask":
 			if b.enabled(row, ctl, b.scalars(row, ctl)) {
+				vec := b.vecAt(row, ctl)
 				for k := range b.Width {
-					if b.vec[k] != 0 {
+					if vec[k] != 0 {
 						x[k] = float32(math.Inf(-1))
 					}
 				}

@@ -60,7 +60,7 @@ func OverrideControl(ovs []TokenOverride) (tokens, gen, latch bool) {
 		shells[i] = MIOp{Gates: o.Gates}
 	}
 	tokens, gen = MIControl(shells)
-	_, latch = MIRequestControl(shells)
+	_, latch, _ = MIRequestControl(shells)
 	return tokens, gen, latch
 }
 

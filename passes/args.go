@@ -264,7 +264,7 @@ func bindOp(p *Program, a *AppPlan, op *MIOp, spec frontend.Op, files map[string
 			if err != nil {
 				return err
 			}
-			op.Vec = buf
+			op.Vec, op.VecPerRequest = buf, a.vector(buf).PerRequest
 		case argHead:
 			buf, err := bindHead(p, a, op, arg, vectorIndex)
 			if err != nil {
@@ -407,9 +407,30 @@ func bindVector(p *Program, a *AppPlan, op *MIOp, arg frontend.Arg, unit bool,
 		data = unitData
 	}
 	buf := "app." + a.Name + ".param." + key
-	a.Vectors = append(a.Vectors, Vector{Name: key, Buffer: buf, Data: data, Param: arg.Word, Unit: unit})
+	a.Vectors = append(a.Vectors, Vector{Name: key, Buffer: buf, Data: data, Param: arg.Word, Unit: unit,
+		PerRequest: param(a, arg.Word).PerRequest})
 	index[key] = buf
 	return buf, nil
+}
+
+// vector is the app's vector held in buffer buf.
+func (a *AppPlan) vector(buf string) *Vector {
+	for i := range a.Vectors {
+		if a.Vectors[i].Buffer == buf {
+			return &a.Vectors[i]
+		}
+	}
+	return nil
+}
+
+// param is the app's param called name, or nil.
+func param(a *AppPlan, name string) *frontend.Param {
+	for i := range a.Spec.Params {
+		if a.Spec.Params[i].Name == name {
+			return &a.Spec.Params[i]
+		}
+	}
+	return nil
 }
 
 // bindHead turns a head index into a 0/1 mask over that head's columns of attn.z
@@ -458,6 +479,10 @@ func scalarValue(a *AppPlan, arg frontend.Arg, files map[string]*safetensors.Fil
 	if arg.Number != nil {
 		return float32(*arg.Number), nil
 	}
+	if prm := param(a, arg.Word); prm != nil && prm.PerRequest {
+		return 0, frontend.Errorf(arg.Pos, "requests override scalars by name (app.opN.arg); drop per_request: from the param",
+			"param %s is per_request, but argument %s is a scalar: only vector arguments take per-request values", arg.Word, arg.Name)
+	}
 	data, err := paramData(a, arg, files, 1)
 	if err != nil {
 		return 0, err
@@ -471,12 +496,7 @@ func scalarValue(a *AppPlan, arg frontend.Arg, files map[string]*safetensors.Fil
 
 // paramData loads the tensor a param reference names; a random param is drawn at width.
 func paramData(a *AppPlan, arg frontend.Arg, files map[string]*safetensors.File, width int) ([]float32, error) {
-	var prm *frontend.Param
-	for i := range a.Spec.Params {
-		if a.Spec.Params[i].Name == arg.Word {
-			prm = &a.Spec.Params[i]
-		}
-	}
+	prm := param(a, arg.Word)
 	if prm == nil {
 		names := make([]string, len(a.Spec.Params))
 		for i, q := range a.Spec.Params {

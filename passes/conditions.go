@@ -92,3 +92,38 @@ func (a *AppPlan) scalar(name string, v float32) int {
 	a.Scalars = append(a.Scalars, Scalar{Name: name, Value: v})
 	return len(a.Scalars) - 1
 }
+
+// planLayerMasks gives each op marked at: {per_request: true} a layer mask in its app's
+// scalar table, after the scalars, and each of its sites a "layers" gate on its layer's bit:
+// a request runs the op at the layers whose bits its table row sets (all by default).
+func planLayerMasks(p *Program) error {
+	var errs []error
+	words := (p.Model.Layers + 31) / 32
+	for _, a := range p.Apps {
+		col := len(a.Scalars)
+		for i, spec := range a.Spec.Ops {
+			if !spec.LayersPerRequest {
+				continue
+			}
+			m := LayerMask{OpIndex: i, Col: col, Words: words, Pos: spec.LayersPos}
+			for _, op := range p.Ops {
+				if op.App == a && op.OpIndex == i {
+					if op.Custom != nil || Templates[op.Template].Heavy {
+						errs = append(errs, frontend.Errorf(spec.HookPos, "enable the app per request instead",
+							"kernel %s takes no per-request layers in this version of xmixc", spec.Kernel))
+						break
+					}
+					m.Layers = append(m.Layers, op.Layer)
+					op.Gates = append(op.Gates, Gate{Kind: "layers", Word: col + op.Layer/32, Bit: op.Layer % 32})
+				}
+			}
+			if len(m.Layers) == 0 {
+				continue
+			}
+			slices.Sort(m.Layers)
+			a.LayerMasks = append(a.LayerMasks, m)
+			col += words
+		}
+	}
+	return errors.Join(errs...)
+}

@@ -197,6 +197,10 @@ func bindCustom(p *Program, a *AppPlan, op *MIOp, spec frontend.Op, files map[st
 		ca := CustomArg{Name: s.Name, Type: s.T}
 		switch s.T {
 		case ptx.U64:
+			if prm := param(a, arg.Word); prm != nil && prm.PerRequest {
+				return frontend.Errorf(arg.Pos, "use the param in a built-in kernel, or drop per_request:",
+					"param %s is per_request: custom kernels take compiled vectors only (their ABI has no per-request slot)", arg.Word)
+			}
 			buf, err := bindVector(p, a, op, arg, false, files, vectorIndex)
 			if err != nil {
 				return err

@@ -89,6 +89,11 @@ func TestCustomOpErrors(t *testing.T) {
 			"param short has 2 elements, hook resid_post needs 8"},
 		{"hook", customApp("sm_90", "k", nil, nil, "write: {at: {layers: [0], hook: attn.z}, kernel: k}"),
 			"custom kernel k cannot sit at hook attn.z"},
+		{"per-request vector", strings.Replace(customApp("sm_90", "k", ptxParams("v u64"), []string{"v u64"},
+			"write: {at: {layers: [0], hook: resid_post}, kernel: k, args: {v: v}}"), "8]}", "8], per_request: true}", 1),
+			"param v is per_request: custom kernels take compiled vectors only"},
+		{"per-request layers", customApp("sm_90", "k", nil, nil, "write: {at: {layers: [0], hook: resid_post, per_request: true}, kernel: k}"),
+			"kernel custom:k takes no per-request layers"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -198,6 +198,16 @@ buffers: {h: {shape: [1]}}
 ops:
   - read: {at: {hook: logits}, kernel: probe_linear, args: {w: v}, into: h}
 `, "kernel probe_linear cannot sit at hook logits"},
+		{"per-request scalar", `app: a
+params: {s: {values: [2], per_request: true}, v: {random: 1}}
+ops:
+  - write: {at: {layers: [0], hook: resid_post}, kernel: steer_add, args: {vector: v, alpha: s}}
+`, "param s is per_request, but argument alpha is a scalar: only vector arguments take per-request values"},
+		{"per-request lens layers", `app: a
+buffers: {h: {shape: [4]}}
+ops:
+  - read: {at: {layers: [0, 1], hook: resid_post, per_request: true}, kernel: logit_lens, args: {k: 1}, into: h}
+`, "kernel logit_lens takes no per-request layers in this version of xmixc"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -447,5 +457,40 @@ ops:
 	want := "L1#5:a.op0 L1#1:a.op1 L1#2:a.op2 L1#3:a.op3 L1#4:b.op0 L2#1:b.op0"
 	if strings.Join(got, " ") != want {
 		t.Fatalf("hook order\n got %s\nwant %s", strings.Join(got, " "), want)
+	}
+}
+
+// TestPerRequestPlan: a per_request param's vectors (raw and unit) are marked and the ops
+// that read them say so; an op with per-request layers gets a mask after the app's scalars
+// and a layers gate per site on its layer's bit.
+func TestPerRequestPlan(t *testing.T) {
+	p, err := plan(t, `app: a
+params: {v: {random: 1, per_request: true}, w: {random: 2}}
+ops:
+  - write: {at: {layers: [1, 3], hook: resid_post, per_request: true}, kernel: steer_add, args: {vector: v, alpha: 2}}
+  - write: {at: {layers: [2], hook: resid_post}, kernel: project_out, args: {direction: v}}
+  - write: {at: {layers: [2], hook: resid_post}, kernel: steer_add, args: {vector: w}}
+`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := p.Apps[0]
+	var pr []string
+	for _, v := range a.Vectors {
+		if v.PerRequest {
+			pr = append(pr, v.Name)
+		}
+	}
+	if strings.Join(pr, " ") != "v v.unit" || !p.PerRequestVectors() || p.VectorSlots != 8 {
+		t.Fatalf("per-request vectors %v, slots %d", pr, p.VectorSlots)
+	}
+	if len(a.LayerMasks) != 1 || a.LayerMasks[0].Col != len(a.Scalars) || a.LayerMasks[0].Words != 1 || fmt.Sprint(a.LayerMasks[0].Layers) != "[1 3]" || a.TableWidth() != len(a.Scalars)+1 {
+		t.Fatalf("layer masks %+v, %d scalars, table width %d", a.LayerMasks, len(a.Scalars), a.TableWidth())
+	}
+	for _, op := range p.Ops {
+		gated := len(op.Gates) == 1 && op.Gates[0].Kind == "layers" && op.Gates[0].Word == len(a.Scalars) && op.Gates[0].Bit == op.Layer
+		if op.VecPerRequest != (op.OpIndex != 2) || gated != (op.OpIndex == 0) {
+			t.Errorf("op %d at layer %d: per-request vector %v, gates %+v", op.OpIndex, op.Layer, op.VecPerRequest, op.Gates)
+		}
 	}
 }

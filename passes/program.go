@@ -25,6 +25,22 @@ type Program struct {
 	// TP is the tensor-parallel degree to compile for (0 or 1: one device); check-tp
 	// refuses what cannot be split.
 	TP int
+	// VectorSlots is how many requests may hold per-request vectors at once: each
+	// per_request vector gets a device pool of that many slots.
+	VectorSlots int
+}
+
+// PerRequestVectors says whether some app has a per_request vector (the bundle then
+// reserves vector slots).
+func (p *Program) PerRequestVectors() bool {
+	for _, a := range p.Apps {
+		for _, v := range a.Vectors {
+			if v.PerRequest {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // AppPlan is one app as deployed: its bit, its scalar table, its vectors and exports.
@@ -35,6 +51,30 @@ type AppPlan struct {
 	Scalars []Scalar
 	Vectors []Vector
 	Exports []Export
+	// LayerMasks are the ops a request may run at fewer of their layers (at: {per_request:
+	// true}); their mask words sit in the scalar table after Scalars.
+	LayerMasks []LayerMask
+}
+
+// LayerMask is one app op's per-request layer mask: Words words of 32 bits in the app's
+// scalar table from column Col, bit l%32 of word Col+l/32 set when the request runs the op
+// at layer l (every bit by default). Layers are the op's compiled layers, ascending.
+type LayerMask struct {
+	OpIndex int
+	Col     int
+	Words   int
+	Layers  []int
+	Pos     frontend.Pos
+}
+
+// TableWidth is how many columns a row of the app's scalar table has: its scalars, then
+// the words of its layer masks.
+func (a *AppPlan) TableWidth() int {
+	n := len(a.Scalars)
+	for _, m := range a.LayerMasks {
+		n += m.Words
+	}
+	return n
 }
 
 // Scalar is one entry of an app's scalar table (run-time replaceable).
@@ -45,13 +85,15 @@ type Scalar struct {
 
 // Vector is an app parameter tensor loaded at compile time; Buffer is its device buffer.
 // Param names the app param it holds ("" for vectors the compiler builds, like head masks);
-// Unit says it holds that param normalised to unit length.
+// Unit says it holds that param normalised to unit length. PerRequest: the param is
+// per_request, so requests may bring their own value (Data is the default).
 type Vector struct {
-	Name   string
-	Buffer string
-	Data   []float32
-	Param  string
-	Unit   bool
+	Name       string
+	Buffer     string
+	Data       []float32
+	Param      string
+	Unit       bool
+	PerRequest bool
 }
 
 // Export is an app buffer that reads write into; Buffer is its device buffer name.
@@ -76,15 +118,18 @@ type MIOp struct {
 	Key      SiteKey
 
 	// Bound arguments.
-	Vec        string // buffer of the op's vector
-	Alpha      int    // scalar index or -1
-	Bias       int    // scalar index or -1
-	Activation string
-	K          int    // logit_lens: how many top tokens it reports
-	Out        string // buffer reads land in
-	OutCol     int
-	OutWidth   int
-	Gates      []Gate
+	Vec string // buffer of the op's vector
+	// VecPerRequest: Vec is a per_request vector; a request holding a vector slot reads its
+	// own value from the slot instead.
+	VecPerRequest bool
+	Alpha         int // scalar index or -1
+	Bias          int // scalar index or -1
+	Activation    string
+	K             int    // logit_lens: how many top tokens it reports
+	Out           string // buffer reads land in
+	OutCol        int
+	OutWidth      int
+	Gates         []Gate
 
 	// Custom kernels (Template CustomTemplate): the kernel and its arguments past the ABI head.
 	Custom     *frontend.CustomKernel
@@ -109,6 +154,9 @@ type Gate struct {
 	Tokens    []int
 	From, To  int
 	Positions string
+	// layers: bit Bit of word Word of the row's scalar table row (the op's per-request layer
+	// mask, LayerMask) is set.
+	Word, Bit int
 }
 
 // Pass is one named transformation of a Program.
@@ -124,6 +172,7 @@ var Passes = []Pass{
 	{"plan-buffers", planBuffers},
 	{"bind-args", bindArgs},
 	{"check-conditions", checkConditions},
+	{"plan-layer-masks", planLayerMasks},
 	{"plan-fusion", planFusion},
 	{"check-tp", checkTP},
 }
@@ -136,6 +185,9 @@ type Options struct {
 	Trace func(pass string, p *Program)
 	// TP is the tensor-parallel degree (Program.TP).
 	TP int
+	// VectorSlots, when > 0, replaces the model spec's serving.vector_slots
+	// (Program.VectorSlots); it must not exceed max_seqs.
+	VectorSlots int
 }
 
 // MaxApps is how many apps one bundle can deploy (bits of the per-row u32 app mask).
@@ -147,7 +199,16 @@ const MaxLatches = 32
 
 // Run builds the program for m and apps and runs every pass.
 func Run(m *frontend.Model, apps []*frontend.App, opt Options) (*Program, error) {
-	p := &Program{Model: m, TP: opt.TP}
+	p := &Program{Model: m, TP: opt.TP, VectorSlots: m.VectorSlots}
+	if opt.VectorSlots > 0 {
+		if opt.VectorSlots > m.MaxSeqs {
+			return nil, fmt.Errorf("--vector-slots %d is more than max_seqs %d (a running request holds at most one)", opt.VectorSlots, m.MaxSeqs)
+		}
+		p.VectorSlots = opt.VectorSlots
+	}
+	if p.VectorSlots <= 0 {
+		p.VectorSlots = max(1, m.MaxSeqs)
+	}
 	seen := map[string]frontend.Pos{}
 	for _, a := range apps {
 		if prev, dup := seen[a.Name]; dup {
@@ -204,12 +265,18 @@ func Verify(p *Program) error {
 		if op.Alpha >= len(op.App.Scalars) || op.Bias >= len(op.App.Scalars) {
 			errs = append(errs, fmt.Errorf("%s: scalar index out of the app's table", where))
 		}
+		if op.VecPerRequest && (op.Vec == "" || op.App.vector(op.Vec) == nil || !op.App.vector(op.Vec).PerRequest) {
+			errs = append(errs, fmt.Errorf("%s: per-request vector %q is not a per_request vector of the app", where, op.Vec))
+		}
 		for j, g := range op.Gates {
 			if g.Kind == "activation" && (g.Scalar < 0 || g.Scalar >= len(op.App.Scalars)) {
 				errs = append(errs, fmt.Errorf("%s: gate %d: threshold index %d out of the app's table", where, j, g.Scalar))
 			}
 			if g.Kind == "after_token" && (g.Latch < 0 || g.Latch >= len(p.Latches)) {
 				errs = append(errs, fmt.Errorf("%s: gate %d: latch %d of %d", where, j, g.Latch, len(p.Latches)))
+			}
+			if g.Kind == "layers" && (g.Word < len(op.App.Scalars) || g.Word >= op.App.TableWidth() || g.Bit != op.Layer%32) {
+				errs = append(errs, fmt.Errorf("%s: gate %d: layer mask word %d bit %d outside the app's mask columns", where, j, g.Word, g.Bit))
 			}
 		}
 		if op.Kind == "read" && op.Out != "" && op.OutCol+Templates[op.Template].outWidth(op) > op.OutWidth {

@@ -616,6 +616,8 @@ var Checks = []struct {
 	{"threshold_override", CheckThresholdOverride},
 	{"after_token", CheckAfterToken},
 	{"set_vector", CheckSetVector},
+	{"per_request_vectors", CheckPerRequestVectors},
+	{"per_request_layers", CheckPerRequestLayers},
 	{"router_bias", CheckRouterBias},
 	{"router_mask", CheckRouterMask},
 	{"logits_steer", CheckLogitsSteer},

@@ -33,6 +33,8 @@ type Options struct {
 	MoE          string // codegen.Options.MoE
 	// TP is the tensor-parallel degree: N > 1 shards the model over N ranks (bundle.Manifest.TP).
 	TP int
+	// VectorSlots, when > 0, replaces the model spec's serving.vector_slots.
+	VectorSlots int
 }
 
 // Frontend parses the model and app specs.
@@ -58,7 +60,7 @@ func Plan(modelPath string, appPaths []string, opt Options) (*passes.Program, er
 	if err != nil {
 		return nil, err
 	}
-	return passes.Run(m, apps, passes.Options{Verify: opt.Verify, Trace: opt.Trace, TP: opt.TP})
+	return passes.Run(m, apps, passes.Options{Verify: opt.Verify, Trace: opt.Trace, TP: opt.TP, VectorSlots: opt.VectorSlots})
 }
 
 // Build compiles the specs into a bundle.

@@ -25,6 +25,10 @@ import (
 	"xmix/specs"
 )
 
+// started is when the process started (near enough: when this package was initialised),
+// the zero of `xmix run`'s time to first token.
+var started = time.Now()
+
 func main() {
 	if err := rootCmd().Execute(); err != nil {
 		os.Exit(1)
@@ -58,6 +62,7 @@ type runFlags struct {
 	backend     string
 	gemm        string // who serves tensor-core GEMMs on cuda: auto, ptx, cublaslt
 	maxBatched  int    // token budget per step; 0: the bundle's
+	loadReaders int    // goroutines reading weights into pinned staging on cuda; 0: default
 	quiet       bool
 	chat        bool
 	sets        []string // app.scalar=value overrides for every prompt
@@ -121,6 +126,7 @@ func (f *runFlags) addBackendFlags(fl *pflag.FlagSet) {
 	fl.StringVar(&f.backend, "backend", "auto", "auto | cuda | cpu (auto: cuda when a GPU is present)")
 	fl.StringVar(&f.gemm, "gemm", cuda.GemmAuto, "cuda: who serves the tensor-core GEMMs (batches of 8+ rows, prefill): auto (cuBLASLt when it loads, else the bundle's PTX) | ptx | cublaslt")
 	fl.IntVar(&f.maxBatched, "max-batched-tokens", 0, "rows one step runs at most, decode and prompt rows together (vLLM's max_num_batched_tokens); 0: the bundle's serving.max_batched_tokens")
+	fl.IntVar(&f.loadReaders, "load-readers", 0, "cuda: goroutines reading the checkpoint into pinned staging while earlier chunks are copied to the GPU (0: min(8, CPUs))")
 	fl.BoolVarP(&f.quiet, "quiet", "q", false, "no progress output on stderr")
 	f.addTPFlags(fl)
 }
@@ -147,6 +153,9 @@ func openBackend(kind string, b *bundle.Bundle, w *loader.Weights, f runFlags) (
 	default:
 		return nil, fmt.Errorf("unknown --gemm %q: use auto, ptx or cublaslt", f.gemm)
 	}
+	if f.loadReaders < 0 || f.loadReaders > 256 {
+		return nil, fmt.Errorf("--load-readers %d: give 1-256 reader goroutines, or 0 for the default", f.loadReaders)
+	}
 	if f.tpAddr != "" {
 		return openGroup(kind, b, w, f)
 	}
@@ -154,7 +163,7 @@ func openBackend(kind string, b *bundle.Bundle, w *loader.Weights, f runFlags) (
 	case "cpu":
 		return cpu.New(b, w, f.progress)
 	case "cuda":
-		return cuda.New(b, w, cuda.Options{Progress: f.progress, Gemm: f.gemm})
+		return cuda.New(b, w, cuda.Options{Progress: f.progress, Gemm: f.gemm, LoadReaders: f.loadReaders})
 	case "auto":
 		dev, err := cuda.Probe()
 		if err != nil {
@@ -162,7 +171,7 @@ func openBackend(kind string, b *bundle.Bundle, w *loader.Weights, f runFlags) (
 			return cpu.New(b, w, f.progress)
 		}
 		f.progress("backend: cuda on %s", dev)
-		return cuda.New(b, w, cuda.Options{Progress: f.progress, Gemm: f.gemm})
+		return cuda.New(b, w, cuda.Options{Progress: f.progress, Gemm: f.gemm, LoadReaders: f.loadReaders})
 	}
 	return nil, fmt.Errorf("unknown backend %q: use auto, cuda or cpu", kind)
 }
@@ -356,6 +365,9 @@ func (s *session) generate(w io.Writer, f runFlags, prompts []string, apps [][]s
 	st := s.eng.Stats
 	f.progress("generated %d tokens for %d prompts in %.2fs (%.0f tok/s; %d steps: %d prefill, %d decode)",
 		n, len(prompts), el.Seconds(), float64(n)/el.Seconds(), st.Steps, st.PrefillSteps, st.DecodeSteps)
+	if !st.FirstToken.IsZero() {
+		f.progress("first token %.2f s after start (prompts submitted at %.2f s)", st.FirstToken.Sub(started).Seconds(), start.Sub(started).Seconds())
+	}
 	if f.asJSON {
 		out := make([]jsonResult, len(res))
 		for i, r := range res {

@@ -41,7 +41,7 @@ func buildCmd() *cobra.Command {
 	var out string
 	var embed, verify, quiet bool
 	var gemm, attention, moe string
-	var tp int
+	var tp, vectorSlots int
 	c := &cobra.Command{
 		Use:   "build MODEL.yaml [APP.yaml...] -o OUT.xmb",
 		Short: "Compile specs into a bundle",
@@ -59,7 +59,7 @@ func buildCmd() *cobra.Command {
 					fmt.Fprintf(os.Stderr, "[%6.2fs] %s\n", time.Since(start).Seconds(), fmt.Sprintf(f, a...))
 				}
 			}
-			b, err := driver.Build(args[0], args[1:], driver.Options{EmbedWeights: embed, Verify: verify, Progress: progress, GEMM: gemm, Attention: attention, MoE: moe, TP: tp})
+			b, err := driver.Build(args[0], args[1:], driver.Options{EmbedWeights: embed, Verify: verify, Progress: progress, GEMM: gemm, Attention: attention, MoE: moe, TP: tp, VectorSlots: vectorSlots})
 			if err != nil {
 				return err
 			}
@@ -87,6 +87,7 @@ func buildCmd() *cobra.Command {
 	c.Flags().StringVar(&attention, "attention", "standard", "attention kernel: standard, or split (flash-decoding, K/V read once per kv head; for measuring)")
 	c.Flags().StringVar(&moe, "moe", "", "Mixtral experts in buckets from 8 rows: dense (the default: every expert as a tensor-core GEMM, then a weighted sum of each row's top-k), or grouped (expert kernels that read only the chosen experts, on CUDA cores; for measuring)")
 	c.Flags().IntVar(&tp, "tp", 1, "tensor-parallel degree: shard the model over N ranks (GPUs, or goroutines on the cpu backend)")
+	c.Flags().IntVar(&vectorSlots, "vector-slots", 0, "how many requests may hold per_request vectors at once (default: the spec's serving.vector_slots, else max_seqs)")
 	return c
 }
 
@@ -229,10 +230,17 @@ func printBundle(w io.Writer, b *bundle.Bundle) {
 			if v.Unit {
 				unit = ", unit length"
 			}
-			fmt.Fprintf(w, "          vector %s [%d]%s (replaceable at run time)\n", v.Param, v.Width, unit)
+			perRequest := ""
+			if v.Slots != "" {
+				perRequest = fmt.Sprintf("; per request: %s.%s, %d slots", a.Name, v.Param, m.VectorSlots)
+			}
+			fmt.Fprintf(w, "          vector %s [%d]%s (replaceable at run time%s)\n", v.Param, v.Width, unit, perRequest)
 		}
 		for _, l := range a.Latches {
 			fmt.Fprintf(w, "          after_token latch bit %d: tokens %v\n", l.Bit, l.Tokens)
+		}
+		for _, l := range a.LayerMasks {
+			fmt.Fprintf(w, "          op%d layers %v (a request may narrow them: layers %s.op%d)\n", l.Op, l.Layers, a.Name, l.Op)
 		}
 		for _, x := range a.Exports {
 			fmt.Fprintf(w, "          export %s (%d per token)\n", x.Name, x.Width)

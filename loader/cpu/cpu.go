@@ -82,6 +82,8 @@ func newRank(b *bundle.Bundle, w *loader.Weights, id, tp int, progress Progress)
 		return nil, err
 	}
 	var total int64
+	var weights []bundle.Buffer
+	var dsts [][]byte
 	for _, buf := range b.Manifest.Buffers {
 		n, err := loader.BufferBytes(buf)
 		if err != nil {
@@ -91,15 +93,17 @@ func newRank(b *bundle.Bundle, w *loader.Weights, id, tp int, progress Progress)
 		mem := alignedBytes(n)
 		switch buf.Kind {
 		case bundle.KindWeight:
-			if err := w.FillRank(buf, id, mem); err != nil {
-				return nil, err
-			}
+			weights, dsts = append(weights, buf), append(dsts, mem)
 		case bundle.KindParam:
 			copy(mem, params[buf.Name])
 		}
 		rk.bufs[buf.Name] = mem
 	}
 	progress("cpu: %s%d buffers, %.1f MB", rankPrefix(b, id), len(b.Manifest.Buffers), float64(total)/1e6)
+	prefix := rankPrefix(b, id)
+	if err := w.FillAll(weights, id, dsts, loader.LoadOptions{Progress: func(f string, a ...any) { progress("cpu: "+prefix+f, a...) }}); err != nil {
+		return nil, err
+	}
 	// Runners are built per rank: ranks run concurrently and must share no op state.
 	runners := map[string]ops.Runner{}
 	kernels := map[string]*bundle.Kernel{}

@@ -7,10 +7,12 @@
 package cuda
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"runtime"
 	"strings"
+	"time"
 	"unsafe"
 
 	"xmix/bundle"
@@ -173,6 +175,9 @@ type Options struct {
 	// Gemm picks who serves the bundle's tensor-core GEMM nodes: GemmAuto (the default),
 	// GemmPTX or GemmCublasLt.
 	Gemm string
+	// LoadReaders is how many goroutines read the checkpoint into pinned staging while
+	// earlier chunks are copied (0: loader.DefaultReaders).
+	LoadReaders int
 }
 
 // New loads a bundle onto GPU 0: modules, buffers, weights, params and graphs.
@@ -199,7 +204,7 @@ func New(b *bundle.Bundle, w *loader.Weights, opt Options) (*Backend, error) {
 	if err := <-ready; err != nil {
 		return nil, err
 	}
-	if err := be.do(func() error { return be.load(b, w, opt.Gemm, progress) }); err != nil {
+	if err := be.do(func() error { return be.load(b, w, opt, progress) }); err != nil {
 		be.Close()
 		return nil, err
 	}
@@ -239,7 +244,7 @@ func (be *Backend) loop(ready chan<- error) {
 	close(be.done)
 }
 
-func (be *Backend) load(b *bundle.Bundle, w *loader.Weights, gemm string, progress Progress) error {
+func (be *Backend) load(b *bundle.Bundle, w *loader.Weights, opt Options, progress Progress) error {
 	d := be.d
 	// Memory plan: control and output buffers go to arenas, the rest get one allocation each.
 	var need int64
@@ -286,16 +291,19 @@ func (be *Backend) load(b *bundle.Bundle, w *loader.Weights, gemm string, progre
 		}
 	}
 	be.outCopies, be.outFresh = planOutCopies(b, be.out), map[string]int64{}
+	start := time.Now()
 	if err := be.loadModules(b); err != nil {
 		return err
 	}
-	if err := be.allocAndFill(b, w, progress); err != nil {
+	progress("cuda: %d kernels compiled by the driver in %.2f s", len(b.Kernels), time.Since(start).Seconds())
+	if err := be.allocAndFill(b, w, opt.LoadReaders, progress); err != nil {
 		return err
 	}
-	if err := be.initCublasLt(b, gemm, progress); err != nil {
+	if err := be.initCublasLt(b, opt.Gemm, progress); err != nil {
 		return err
 	}
 	graphs := 0
+	start = time.Now()
 	for _, t := range b.Templates {
 		g, err := be.captureVariants(t)
 		if err != nil {
@@ -304,7 +312,7 @@ func (be *Backend) load(b *bundle.Bundle, w *loader.Weights, gemm string, progre
 		be.steps = append(be.steps, g)
 		graphs += len(g.execs)
 	}
-	progress("cuda: %d graphs instantiated for %d templates", graphs, len(b.Templates))
+	progress("cuda: %d graphs instantiated for %d templates in %.2f s", graphs, len(b.Templates), time.Since(start).Seconds())
 	if be.lt != nil && be.lt.fallbacks > 0 {
 		progress("cuda: %d GEMM nodes kept their PTX kernel (cuBLASLt refused them; first: %v)", be.lt.fallbacks, be.lt.fallbackErr)
 	}
@@ -346,20 +354,17 @@ func (be *Backend) loadModules(b *bundle.Bundle) error {
 	return nil
 }
 
-// allocAndFill allocates the device buffers and uploads weights and params.
-func (be *Backend) allocAndFill(b *bundle.Bundle, w *loader.Weights, progress Progress) error {
+// allocAndFill allocates the device buffers, generates synthetic weight matrices on the
+// device, streams the other weights through pinned staging (upload.go) and uploads params.
+func (be *Backend) allocAndFill(b *bundle.Bundle, w *loader.Weights, readers int, progress Progress) error {
 	d := be.d
 	params, err := loader.ParamTensors(b)
 	if err != nil {
 		return err
 	}
-	var weightBytes, done int64
-	for _, buf := range b.Manifest.Buffers {
-		if buf.Kind == bundle.KindWeight {
-			weightBytes += be.sizes[buf.Name]
-		}
-	}
-	next := int64(0)
+	var upload []bundle.Buffer
+	var dst []uintptr
+	var uploadBytes int64
 	for _, buf := range b.Manifest.Buffers {
 		if buf.Kind == bundle.KindControl || buf.Kind == bundle.KindOutput {
 			continue
@@ -377,21 +382,10 @@ func (be *Backend) allocAndFill(b *bundle.Bundle, w *loader.Weights, progress Pr
 				if err := be.synthesize(synth, buf, p, n); err != nil {
 					return err
 				}
-				done += n
 				continue
 			}
-			host := make([]byte, n)
-			if err := w.Fill(buf, host); err != nil {
-				return err
-			}
-			if err := d.call("cuMemcpyHtoD_v2", p, uintptr(unsafe.Pointer(&host[0])), uintptr(n)); err != nil {
-				return fmt.Errorf("uploading %s: %w", buf.Name, err)
-			}
-			done += n
-			if done >= next {
-				progress("cuda: weights %.0f%% (%.2f of %.2f GB)", 100*float64(done)/float64(weightBytes), float64(done)/1e9, float64(weightBytes)/1e9)
-				next += weightBytes / 10
-			}
+			upload, dst = append(upload, buf), append(dst, p)
+			uploadBytes += n
 		case bundle.KindParam:
 			data, ok := params[buf.Name]
 			if !ok || int64(len(data)) != n {
@@ -406,7 +400,20 @@ func (be *Backend) allocAndFill(b *bundle.Bundle, w *loader.Weights, progress Pr
 			}
 		}
 	}
-	return nil
+	if len(upload) == 0 {
+		return nil
+	}
+	if readers <= 0 {
+		readers = loader.DefaultReaders()
+	}
+	progress("cuda: weights: %.2f GB from %s, %d readers, %d pinned chunks of %d MiB",
+		float64(uploadBytes)/1e9, w.Origin(), readers, stagingChunks(readers), loader.ChunkBytes>>20)
+	u, err := be.newStagedUpload(dst, readers)
+	if err != nil {
+		return err
+	}
+	err = w.Upload(upload, 0, u, loader.LoadOptions{Readers: readers, Progress: func(f string, a ...any) { progress("cuda: "+f, a...) }})
+	return errors.Join(err, u.close())
 }
 
 // synthesize generates a synthetic weight matrix on the device with the bundle's synth

@@ -26,7 +26,7 @@ var driverSymbols = []string{
 	"cuMemsetD8_v2", "cuStreamCreate", "cuStreamDestroy_v2", "cuStreamSynchronize",
 	"cuStreamBeginCapture_v2", "cuStreamEndCapture", "cuLaunchKernel",
 	"cuGraphInstantiateWithFlags", "cuGraphLaunch", "cuGraphDestroy", "cuGraphExecDestroy",
-	"cuGraphGetNodes", "cuEventCreate", "cuEventRecord", "cuEventSynchronize",
+	"cuGraphGetNodes", "cuEventCreate", "cuEventRecord", "cuEventSynchronize", "cuEventQuery",
 	"cuEventElapsedTime", "cuEventDestroy_v2", "cuGetErrorName", "cuGetErrorString",
 }
 
@@ -118,4 +118,5 @@ func (e *Error) Is(target error) bool {
 var (
 	ErrOutOfMemory = &Error{Code: 2}
 	ErrNoDevice    = &Error{Code: 100}
+	errNotReady    = &Error{Code: 600} // CUDA_ERROR_NOT_READY: cuEventQuery of work still running
 )
