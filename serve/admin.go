@@ -86,13 +86,16 @@ type opInfo struct {
 	Layers []int  `json:"layers,omitempty"` // absent for whole-model hooks
 	Fused  bool   `json:"fused"`            // run inside the model kernel that makes the hooked value
 	Host   string `json:"host"`             // the bundle kernel that runs it
+	// PerRequestLayers: a request may run it at fewer of its layers (xmix.layers "app.opN").
+	PerRequestLayers bool `json:"per_request_layers"`
 }
 
 type vectorInfo struct {
 	Name     string `json:"name"` // app.param, as PATCH and xmix.vectors name it
 	Width    int    `json:"width"`
-	Unit     bool   `json:"unit"`     // a direction: normalised to unit length when replaced
-	Replaced bool   `json:"replaced"` // replaced since the server started
+	Unit     bool   `json:"unit"`        // a direction: normalised to unit length when replaced
+	Replaced bool   `json:"replaced"`    // replaced since the server started
+	PerReq   bool   `json:"per_request"` // a request may bring its own (xmix.vectors)
 }
 
 type exportInfo struct {
@@ -112,7 +115,8 @@ func (sv *Server) appInfo(st *appState) appInfo {
 	for _, v := range a.Vectors {
 		if !seen[v.Param] {
 			seen[v.Param] = true
-			ai.Vectors = append(ai.Vectors, vectorInfo{Name: a.Name + "." + v.Param, Width: v.Width, Unit: v.Unit, Replaced: st.replaced[v.Param]})
+			ai.Vectors = append(ai.Vectors, vectorInfo{Name: a.Name + "." + v.Param, Width: v.Width, Unit: v.Unit,
+				Replaced: st.replaced[v.Param], PerReq: v.Slots != ""})
 		}
 	}
 	for _, x := range a.Exports {
@@ -132,6 +136,9 @@ func (sv *Server) appInfo(st *appState) appInfo {
 		}
 	}
 	sort.SliceStable(ai.Ops, func(i, j int) bool { return ai.Ops[i].Op < ai.Ops[j].Op })
+	for i := range ai.Ops {
+		ai.Ops[i].PerRequestLayers = slices.ContainsFunc(a.LayerMasks, func(m bundle.LayerMask) bool { return m.Op == ai.Ops[i].Op })
+	}
 	return ai
 }
 

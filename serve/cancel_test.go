@@ -22,12 +22,13 @@ func endless(t *testing.T) *bundle.Bundle {
 }
 
 // waitIdle waits until the engine holds nothing: no request running or waiting, every KV
-// page free.
+// page and vector slot free.
 func (ts *testServer) waitIdle(t *testing.T) {
 	t.Helper()
 	m := ts.metrics
 	waitFor(t, "the engine to be idle", func() bool {
-		return testutil.ToFloat64(m.running) == 0 && testutil.ToFloat64(m.waiting) == 0 && testutil.ToFloat64(m.kvUsage) == 0
+		return testutil.ToFloat64(m.running) == 0 && testutil.ToFloat64(m.waiting) == 0 && testutil.ToFloat64(m.kvUsage) == 0 &&
+			testutil.ToFloat64(m.vectorSlots) == 0
 	})
 }
 

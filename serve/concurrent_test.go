@@ -1,7 +1,9 @@
 package serve
 
 import (
+	"encoding/json"
 	"fmt"
+	"math"
 	"net/http"
 	"runtime"
 	"strings"
@@ -12,12 +14,12 @@ import (
 	"xmix/loader"
 )
 
-// 64 streaming requests at once, mixing apps (with and without scalar overrides) and plain
-// rows, greedy and sampled: each streams exactly what it generates alone (the CPU backend's
-// rows are independent of their batch), and afterwards no goroutine, slot or KV page is
-// left behind.
+// 64 streaming requests at once, mixing apps (with and without scalar overrides, with
+// per-request vectors and layers) and plain rows, greedy and sampled: each streams exactly
+// what it generates alone (the CPU backend's rows are independent of their batch), and
+// afterwards no goroutine, sequence slot, KV page or vector slot is left behind.
 func TestConcurrentStreamsEqualAlone(t *testing.T) {
-	b := tinyBundle(t)
+	b := tinyPRBundle(t)
 	ts := startServer(t, b, nil)
 	tr := &http.Transport{}
 	hc := &http.Client{Transport: tr}
@@ -32,15 +34,25 @@ func TestConcurrentStreamsEqualAlone(t *testing.T) {
 	baseline := runtime.NumGoroutine()
 
 	prompts := []string{"Once upon a time", "Tom was sad.", "The old man", "A cat sat", "Lily found a box"}
+	v := make([]float32, 256)
+	for i := range v {
+		v[i] = float32(math.Sin(float64(7 * i)))
+	}
+	list, _ := json.Marshal(v)
 	mixes := []struct {
-		xmix string
-		apps []string
-		set  map[string]float32
+		xmix   string
+		apps   []string
+		set    map[string]float32
+		vecs   map[string][]float32
+		layers map[string][]int
 	}{
-		{"", nil, nil},
-		{`, "xmix": {"apps": ["tiny-steer"]}`, []string{"tiny-steer"}, nil},
-		{`, "xmix": {"apps": ["tiny-probe"]}`, []string{"tiny-probe"}, nil},
-		{`, "xmix": {"apps": ["tiny-steer", "tiny-probe"], "set": {"tiny-steer.op0.alpha": -12}}`, []string{"tiny-steer", "tiny-probe"}, map[string]float32{"tiny-steer.op0.alpha": -12}},
+		{"", nil, nil, nil, nil},
+		{`, "xmix": {"apps": ["tiny-steer"]}`, []string{"tiny-steer"}, nil, nil, nil},
+		{`, "xmix": {"apps": ["tiny-probe"]}`, []string{"tiny-probe"}, nil, nil, nil},
+		{`, "xmix": {"apps": ["tiny-steer", "tiny-probe"], "set": {"tiny-steer.op0.alpha": -12}}`, []string{"tiny-steer", "tiny-probe"}, map[string]float32{"tiny-steer.op0.alpha": -12}, nil, nil},
+		{`, "xmix": {"apps": ["tiny-pr", "tiny-probe"], "vectors": {"tiny-pr.happy": ` + string(list) + `}}`, []string{"tiny-probe", "tiny-pr"}, nil, map[string][]float32{"tiny-pr.happy": v}, nil},
+		{`, "xmix": {"apps": ["tiny-pr"]}`, []string{"tiny-pr"}, nil, nil, nil},
+		{`, "xmix": {"apps": ["tiny-pr"], "layers": {"tiny-pr.op0": [2]}, "vectors": {"tiny-pr.happy": ` + string(list) + `}}`, []string{"tiny-pr"}, nil, map[string][]float32{"tiny-pr.happy": v}, map[string][]int{"tiny-pr.op0": {2}}},
 	}
 	type req struct {
 		body string
@@ -50,7 +62,7 @@ func TestConcurrentStreamsEqualAlone(t *testing.T) {
 	for i := range 64 {
 		p, m := prompts[i%len(prompts)], mixes[i%len(mixes)]
 		n := 4 + (i*5)%13
-		r := loader.Request{Prompt: ts.tok.Encode(p), MaxTokens: n, TopP: 1, Apps: m.apps, Overrides: m.set}
+		r := loader.Request{Prompt: ts.tok.Encode(p), MaxTokens: n, TopP: 1, Apps: m.apps, Overrides: m.set, Vectors: m.vecs, Layers: m.layers}
 		sampling := `"temperature": 0`
 		if i%3 == 2 {
 			r.Temperature, r.TopP, r.Seed = 0.9, 0.95, uint64(i)

@@ -23,39 +23,66 @@ import (
 	"xmix/specs"
 )
 
-var tiny struct {
+// built is a bundle compiled once per test binary.
+type built struct {
 	once sync.Once
 	data []byte // the marshalled bundle: each test reads its own copy
 	err  error
 }
 
+var tiny, tinyPR built
+
 // tinyBundle is the embedded default model with its two demo apps (tiny-steer, tiny-probe),
 // built once per test binary; every call returns a fresh copy to change freely.
-func tinyBundle(t testing.TB) *bundle.Bundle {
+func tinyBundle(t testing.TB) *bundle.Bundle { return tiny.get(t, nil) }
+
+// tinyPRApp steers like tiny-steer, but its vector is per_request (a request may bring its
+// own) and it sits at layers 2 and 3, of which a request may keep fewer.
+const tinyPRApp = `app: tiny-pr
+params:
+  happy: {file: ../models/tiny/vectors.safetensors, tensor: happy_dir, per_request: true}
+ops:
+  - write: {at: {layers: [2, 3], hook: resid_post, per_request: true}, kernel: steer_add, args: {vector: happy, alpha: 8.0}}
+`
+
+// tinyPRBundle is tiny with its demo apps and tiny-pr.
+func tinyPRBundle(t testing.TB) *bundle.Bundle {
+	return tinyPR.get(t, map[string]string{"apps/tiny-pr.yaml": tinyPRApp})
+}
+
+// get builds the embedded model with its demo apps and the extra app specs (path under
+// the extracted tree -> text) once, and returns a fresh copy.
+func (c *built) get(t testing.TB, extra map[string]string) *bundle.Bundle {
 	t.Helper()
-	tiny.once.Do(func() {
+	c.once.Do(func() {
 		dir, err := os.MkdirTemp("", "xmix-serve-test-")
 		if err != nil {
-			tiny.err = err
+			c.err = err
 			return
 		}
 		defer os.RemoveAll(dir)
-		if tiny.err = specs.Extract(dir); tiny.err != nil {
+		if c.err = specs.Extract(dir); c.err != nil {
 			return
 		}
-		b, err := driver.Build(filepath.Join(dir, specs.Default.Model),
-			[]string{filepath.Join(dir, specs.Default.Steer), filepath.Join(dir, specs.Default.Probe)},
-			driver.Options{EmbedWeights: true})
+		apps := []string{filepath.Join(dir, specs.Default.Steer), filepath.Join(dir, specs.Default.Probe)}
+		for _, name := range sortedKeys(extra) {
+			p := filepath.Join(dir, name)
+			if c.err = os.WriteFile(p, []byte(extra[name]), 0o644); c.err != nil {
+				return
+			}
+			apps = append(apps, p)
+		}
+		b, err := driver.Build(filepath.Join(dir, specs.Default.Model), apps, driver.Options{EmbedWeights: true})
 		if err != nil {
-			tiny.err = err
+			c.err = err
 			return
 		}
-		tiny.data, tiny.err = bundle.Marshal(b)
+		c.data, c.err = bundle.Marshal(b)
 	})
-	if tiny.err != nil {
-		t.Fatal(tiny.err)
+	if c.err != nil {
+		t.Fatal(c.err)
 	}
-	b, err := bundle.Unmarshal(tiny.data)
+	b, err := bundle.Unmarshal(c.data)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -23,6 +23,7 @@ type metrics struct {
 	ttft, itl, e2e   prometheus.Histogram
 	running, waiting prometheus.Gauge
 	kvUsage          prometheus.Gauge
+	vectorSlots      prometheus.Gauge
 	step             *prometheus.HistogramVec // bucket
 	appRequests      *prometheus.CounterVec   // app
 	// bucketName names a template by its kind and rows.
@@ -53,6 +54,8 @@ func newMetrics(reg *prometheus.Registry, b *bundle.Bundle) (*metrics, error) {
 			Help: "Requests waiting for a slot or KV pages."}),
 		kvUsage: prometheus.NewGauge(prometheus.GaugeOpts{Name: "xmix_kv_cache_usage_ratio",
 			Help: "Share of the KV-cache pages held by requests (0-1)."}),
+		vectorSlots: prometheus.NewGauge(prometheus.GaugeOpts{Name: "xmix_vector_slots_used",
+			Help: "Per-request vector slots held by requests (xmix.vectors)."}),
 		step: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "xmix_step_duration_seconds",
 			Help: "Engine step time by template (batch bucket).", Buckets: latency}, []string{"bucket"}),
 		appRequests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "xmix_app_enabled_requests_total",
@@ -60,7 +63,7 @@ func newMetrics(reg *prometheus.Registry, b *bundle.Bundle) (*metrics, error) {
 		bucketName: map[[2]int]string{},
 	}
 	for _, c := range []prometheus.Collector{m.requests, m.aborted, m.promptTokens, m.generationTokens, m.ttft, m.itl, m.e2e,
-		m.running, m.waiting, m.kvUsage, m.step, m.appRequests} {
+		m.running, m.waiting, m.kvUsage, m.vectorSlots, m.step, m.appRequests} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("metrics: %w", err)
 		}
@@ -114,6 +117,7 @@ func (sv *Server) observeLoad(l loader.Load) {
 	if l.Pages > 0 {
 		sv.metrics.kvUsage.Set(1 - float64(l.FreePages)/float64(l.Pages))
 	}
+	sv.metrics.vectorSlots.Set(float64(l.VectorSlots - l.FreeVectorSlots))
 }
 
 // record counts a finished request and writes its log line.

@@ -107,6 +107,22 @@ func (sv *Server) plan(gr *genRequest) (*plan, error) {
 		}
 	}
 	p.req.Apps = p.apps
+	p.req.Layers = gr.ext.layers
+	if len(gr.ext.vectors) > 0 {
+		p.req.Vectors = map[string][]float32{}
+		for _, name := range sortedKeys(gr.ext.vectors) {
+			v, ok := sv.perRequest[name]
+			if !ok {
+				return nil, badRequest("xmix.vectors", "xmix.vectors %q: not a per_request vector param of a deployed app (per_request params: %s)",
+					name, orNone(sortedKeys(sv.perRequest)))
+			}
+			vals, err := decodeVector(gr.ext.vectors[name], "xmix.vectors."+name, v)
+			if err != nil {
+				return nil, err
+			}
+			p.req.Vectors[name] = vals
+		}
+	}
 	var available []exportRef
 	for _, a := range sv.b.Manifest.Apps {
 		if slices.Contains(p.apps, a.Name) {

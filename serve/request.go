@@ -40,8 +40,13 @@ type genRequest struct {
 
 // extension is the request's "xmix" object: MI on an OpenAI request.
 type extension struct {
-	apps          []string
-	set           map[string]float32
+	apps []string
+	set  map[string]float32
+	// vectors are per_request vector params' values, by "app.param", as given (a list of
+	// numbers or base64 of f32): decoded against the param's width when the request is planned.
+	vectors map[string]json.RawMessage
+	// layers narrow the layers of ops marked at: {per_request: true}, by "app.opN".
+	layers        map[string][]int
 	exports       []string // nil: every export of the enabled apps
 	promptExports bool
 	// defaultApps false opts the request out of the apps the control plane turned on for
@@ -460,11 +465,11 @@ func (r *genRequest) check() error {
 }
 
 // extensionFields are the keys of the "xmix" object.
-var extensionFields = []string{"apps", "set", "exports", "prompt_exports", "default_apps"}
+var extensionFields = []string{"apps", "set", "vectors", "layers", "exports", "prompt_exports", "default_apps"}
 
 // pendingExtension are extension keys that wait for the engine (issue 15b), accepted at
 // their empty value.
-var pendingExtension = map[string][]string{"vectors": {"{}"}, "stop_when": {}}
+var pendingExtension = map[string][]string{"stop_when": {}}
 
 func (x *extension) parse(raw json.RawMessage) error {
 	var o map[string]json.RawMessage
@@ -492,6 +497,10 @@ func (x *extension) parse(raw json.RawMessage) error {
 			err = decodeField(v, name, &x.apps)
 		case "set":
 			err = decodeField(v, name, &x.set)
+		case "vectors":
+			err = decodeField(v, name, &x.vectors)
+		case "layers":
+			err = decodeField(v, name, &x.layers)
 		case "exports":
 			err = decodeField(v, name, &x.exports)
 			if err == nil && x.exports == nil {

@@ -66,6 +66,8 @@ type Server struct {
 	// without a chat template).
 	chat    *loader.Chat
 	chatErr error
+	// perRequest are the per_request vector params requests may bring, by "app.param".
+	perRequest map[string]bundle.Vector
 
 	inbox chan message
 	// stopped is closed when the loop ends; err says why when a step failed.
@@ -113,6 +115,14 @@ func New(cfg Config) (*Server, error) {
 		sv.model = m.Name
 	}
 	sv.chat, sv.chatErr = loader.NewChat(m, cfg.Tokenizer)
+	sv.perRequest = map[string]bundle.Vector{}
+	for _, a := range cfg.Bundle.Manifest.Apps {
+		for _, v := range a.Vectors {
+			if v.Slots != "" {
+				sv.perRequest[a.Name+"."+v.Param] = v
+			}
+		}
+	}
 	for _, e := range m.EOS {
 		sv.eos[e] = true
 	}
