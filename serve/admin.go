@@ -227,7 +227,11 @@ func (sv *Server) patchApp(w http.ResponseWriter, r *http.Request) {
 		writeError(w, sv.stoppedErr())
 		return
 	}
-	if err := <-ch.done; err != nil {
+	if err := sv.answer(ch.done); err != nil {
+		if ae, ok := err.(*apiError); ok {
+			writeError(w, ae)
+			return
+		}
 		writeError(w, &apiError{status: http.StatusInternalServerError, message: err.Error()})
 		return
 	}

@@ -207,8 +207,23 @@ func (sv *Server) submit(ctx context.Context, j *job) error {
 		}
 		return sv.stoppedErr()
 	}
-	// Once taken, the loop answers before it looks at another message or stops.
-	return <-j.accepted
+	return sv.answer(j.accepted)
+}
+
+// answer waits for the loop's reply to a message it was sent; a loop that stopped before it
+// took the message from the inbox answers that it stopped.
+func (sv *Server) answer(reply chan error) error {
+	select {
+	case err := <-reply:
+		return err
+	case <-sv.stopped:
+		select {
+		case err := <-reply:
+			return err
+		default:
+			return sv.stoppedErr()
+		}
+	}
 }
 
 // cancel asks the loop to drop j at the next step boundary.
@@ -271,6 +286,7 @@ func (sv *Server) whole(ctx context.Context, w http.ResponseWriter, r *http.Requ
 	} else {
 		resp.Choices = []any{completionChoice{Text: s, FinishReason: &fr, StopReason: stopReason}}
 	}
+	http.NewResponseController(w).SetWriteDeadline(time.Now().Add(timeouts.Write))
 	writeJSON(w, http.StatusOK, resp)
 	return nil
 }

@@ -145,7 +145,7 @@ func (sv *Server) Serve(ctx context.Context, ln net.Listener, grace time.Duratio
 	defer stopLoop()
 	loopDone := make(chan error, 1)
 	go func() { loopDone <- sv.loop(loopCtx) }()
-	hs := &http.Server{Handler: sv.Handler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
+	hs := &http.Server{Handler: sv.Handler(), ReadHeaderTimeout: timeouts.ReadHeader, ReadTimeout: timeouts.Read, IdleTimeout: timeouts.Idle}
 	httpDone := make(chan error, 1)
 	go func() { httpDone <- hs.Serve(ln) }()
 	var loopErr error
@@ -173,6 +173,15 @@ func (sv *Server) Serve(ctx context.Context, ln net.Listener, grace time.Duratio
 		return fmt.Errorf("shutdown: %w (in-flight requests cut off after %v)", shutErr, grace)
 	}
 	return nil
+}
+
+// timeouts are the server's. A client has Read for its whole request (headers within
+// ReadHeader; a body is at most maxBodyBytes) and Idle between requests on a kept-alive
+// connection. There is no http.Server.WriteTimeout, which would cut a long stream: each
+// write of a response gets Write instead (http.ResponseController), so a client that stops
+// reading is cut off while one that reads a stream for an hour is not.
+var timeouts = struct{ ReadHeader, Read, Idle, Write time.Duration }{
+	ReadHeader: 10 * time.Second, Read: 60 * time.Second, Idle: 120 * time.Second, Write: 60 * time.Second,
 }
 
 // Endpoints lists what the server answers, for --help and the 404 message.

@@ -4,12 +4,14 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"time"
 )
 
 // sse writes server-sent events: "data: {json}\n\n" per chunk, "data: [DONE]" at the end.
+// Each write has timeouts.Write to complete: a client that stops reading is cut off there.
 type sse struct {
 	w   http.ResponseWriter
-	fl  http.Flusher
+	rc  *http.ResponseController
 	buf []byte
 	err error // the first write error: the client left
 }
@@ -25,10 +27,11 @@ func (s *sse) event(v any) {
 // flush sends the buffered events; false once the client is gone.
 func (s *sse) flush() bool {
 	if s.err == nil && len(s.buf) > 0 {
+		s.rc.SetWriteDeadline(time.Now().Add(timeouts.Write))
 		_, s.err = s.w.Write(s.buf)
 		s.buf = s.buf[:0]
-		if s.err == nil && s.fl != nil {
-			s.fl.Flush()
+		if s.err == nil {
+			s.err = s.rc.Flush()
 		}
 	}
 	return s.err == nil
@@ -42,9 +45,9 @@ func (sv *Server) stream(ctx context.Context, w http.ResponseWriter, r *http.Req
 	h.Set("Content-Type", "text/event-stream")
 	h.Set("Cache-Control", "no-cache")
 	h.Set("X-Accel-Buffering", "no")
+	out := &sse{w: w, rc: http.NewResponseController(w)}
+	out.rc.SetWriteDeadline(time.Now().Add(timeouts.Write))
 	w.WriteHeader(http.StatusOK)
-	fl, _ := w.(http.Flusher)
-	out := &sse{w: w, fl: fl}
 	if c.gr.chat {
 		empty := ""
 		out.event(c.chunk("", false, &chatMessage{Role: "assistant", Content: &empty}, nil, view{}, -1))
