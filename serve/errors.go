@@ -34,7 +34,6 @@ var errorType = map[int]string{
 	http.StatusNotFound:              "not_found_error",
 	http.StatusMethodNotAllowed:      "invalid_request_error",
 	http.StatusRequestEntityTooLarge: "invalid_request_error",
-	http.StatusUnsupportedMediaType:  "invalid_request_error",
 	http.StatusTooManyRequests:       "rate_limit_error",
 	http.StatusInternalServerError:   "server_error",
 	http.StatusServiceUnavailable:    "server_error",
