@@ -38,7 +38,8 @@ batching. Endpoints:
   ` + strings.Join(serve.Endpoints, "\n  ") + `
 
 MI rides on OpenAI requests in the "xmix" extension object (OpenAI SDKs pass it through as
-an extra body field): {"apps": [...], "set": {"app.op0.alpha": 20}, "exports": [...],
+an extra body field): {"apps": [...], "set": {"app.op0.alpha": 20}, "vectors":
+{"app.param": [floats] or base64 f32}, "layers": {"app.op0": [3]}, "exports": [...],
 "prompt_exports": true, "default_apps": false}. Responses carry "xmix": {"apps", "exports":
 one value or row per generated token}, and every SSE chunk the exports of its token.
 
