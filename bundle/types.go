@@ -131,6 +131,23 @@ type App struct {
 	Exports     []Export `json:"exports"`
 	// LayerMasks are the app's ops a request may run at fewer of their layers.
 	LayerMasks []LayerMask `json:"layer_masks,omitempty"`
+	// Fired lists every site (op, layer) of the app; FiredBuffer ([max_tokens, columns] u32,
+	// KindOutput) holds, per token row with the app's bit, a word per site the kernels count:
+	// 1 where the op fired there (changed or read the row), 0 where its conditions left the
+	// row alone.
+	FiredBuffer string      `json:"fired_buffer,omitempty"`
+	Fired       []FiredSite `json:"fired,omitempty"`
+}
+
+// FiredSite is one site of an app op: column Column of FiredBuffer, or -1 for ops the host
+// counts itself (custom kernels and logit lenses, which take no conditions: they fire on
+// every row with the bit). Samples: the kernel runs on the sampled token rows only (hooks
+// logits and sampled, final_norm), so only those rows' words mean anything.
+type FiredSite struct {
+	Op      int  `json:"op"`
+	Layer   int  `json:"layer"`
+	Column  int  `json:"column"`
+	Samples bool `json:"samples,omitempty"`
 }
 
 // LayerMask is one app op whose layers a request may narrow: Words u32 words stored, as

@@ -291,6 +291,16 @@ func verifyApps(apps []App, bufBytes map[string]int64) error {
 				return fmt.Errorf("%s: vector %q keeps its per-request slots in buffer %q, which does not exist in the manifest", where, v.Param, v.Slots)
 			}
 		}
+		if a.FiredBuffer != "" {
+			n, ok := bufBytes[a.FiredBuffer]
+			width := 0
+			for _, f := range a.Fired {
+				width = max(width, f.Column+1)
+			}
+			if !ok || width == 0 || n%int64(4*width) != 0 {
+				return fmt.Errorf("%s: fired buffer %q does not hold rows of %d words", where, a.FiredBuffer, width)
+			}
+		}
 		col := len(a.Scalars)
 		for _, m := range a.LayerMasks {
 			if m.Column != col || m.Words <= 0 || len(m.Layers) == 0 {

@@ -314,6 +314,9 @@ func (g *gen) declareBuffers() {
 		for _, e := range a.Exports {
 			g.buf(e.Buffer, bundle.KindOutput, "f32", []int{g.maxT, e.Width})
 		}
+		if w := g.firedWidth(a); w > 0 {
+			g.buf(firedBuf(a), bundle.KindOutput, "u32", []int{g.maxT, w})
+		}
 	}
 	for _, c := range []string{"ctl.tokens", "ctl.pos", "ctl.seq", "ctl.mask", "ctl.gen", "ctl.out_row"} {
 		g.buf(c, bundle.KindControl, "u32", []int{g.maxT})
@@ -428,6 +431,46 @@ func (g *gen) shardedVectors() map[string]bool {
 func layerBuf(l int, what string) string { return fmt.Sprintf("L%d.%s", l, what) }
 func scalBuf(a *passes.AppPlan) string   { return "app." + a.Name + ".scalars" }
 func slotsBuf(vector string) string      { return vector + ".slots" }
+func firedBuf(a *passes.AppPlan) string  { return "app." + a.Name + ".fired" }
+
+// countedOnDevice says whether op's kernel writes its fired words: every fused MI op does;
+// custom kernels (a fixed ABI) and logit lenses (no conditions) are counted by the host.
+func countedOnDevice(op *passes.MIOp) bool {
+	return op.Host != passes.HostCustom && op.Host != passes.HostLens
+}
+
+// firedColumn is op's column of its app's fired buffer: its place among the app's
+// device-counted sites ordered by op, then layer, so that the host sums each op's columns
+// as one run; -1 for ops the host counts.
+func (g *gen) firedColumn(op *passes.MIOp) int {
+	if !countedOnDevice(op) {
+		return -1
+	}
+	col := 0
+	for _, o := range g.p.Ops {
+		if o.App == op.App && countedOnDevice(o) && (o.OpIndex < op.OpIndex || o.OpIndex == op.OpIndex && o.Layer < op.Layer) {
+			col++
+		}
+	}
+	return col
+}
+
+// firedWidth is how many columns the app's fired buffer has (0: no op counted on device).
+func (g *gen) firedWidth(a *passes.AppPlan) int {
+	n := 0
+	for _, o := range g.p.Ops {
+		if o.App == a && countedOnDevice(o) {
+			n++
+		}
+	}
+	return n
+}
+
+// sampleRows says whether op's kernel runs on sampled token rows only.
+func (g *gen) sampleRows(op *passes.MIOp) bool {
+	final := op.Host == passes.HostAddNorm && op.Role == passes.RoleNorm
+	return op.Host == passes.HostLogits || op.Host == passes.HostSampler || final
+}
 
 // params builds the params section: RoPE tables and every app's vectors. Scalar tables are
 // control buffers: the host fills them from the manifest's defaults.
@@ -490,6 +533,14 @@ func (g *gen) apps() []bundle.App {
 			if e.Export {
 				ba.Exports = append(ba.Exports, bundle.Export{Name: e.Name, Buffer: e.Buffer, Width: e.Width, Samples: g.sampleSpace(e.Buffer)})
 			}
+		}
+		for _, op := range g.p.Ops {
+			if op.App == a {
+				ba.Fired = append(ba.Fired, bundle.FiredSite{Op: op.OpIndex, Layer: op.Layer, Column: g.firedColumn(op), Samples: g.sampleRows(op)})
+			}
+		}
+		if g.firedWidth(a) > 0 {
+			ba.FiredBuffer = firedBuf(a)
 		}
 		out = append(out, ba)
 	}
@@ -586,6 +637,9 @@ func (g *gen) miOps(host string, hostLayer int, role, hook string) []MIOp {
 		}
 		if op.VecPerRequest {
 			mo.Pool, mo.PoolSlots = slotsBuf(op.Vec), g.p.VectorSlots
+		}
+		if col := g.firedColumn(op); col >= 0 {
+			mo.Fired, mo.FiredCol, mo.FiredWidth = firedBuf(op.App), col, g.firedWidth(op.App)
 		}
 		scal := op.Alpha >= 0 || op.Bias >= 0
 		for _, gt := range op.Gates {

@@ -3,6 +3,7 @@ package codegen
 import (
 	"fmt"
 
+	"xmix/bundle"
 	"xmix/ops"
 	"xmix/ptx"
 )
@@ -33,9 +34,12 @@ type miBound struct {
 	MIOp
 	ref     ops.MIOp
 	index   int                // i in mi<i>_*
-	params  map[string]ptx.Reg // suffix (vec, scal, out, g<j>) -> pointer
+	params  map[string]ptx.Reg // suffix (vec, pool, scal, out, fired, g<j>) -> pointer
 	scal    ptx.Reg            // this row's scalars: params["scal"], at its sequence's row
 	barrier bool               // a later op's gate reads what this op writes
+	// changed, set by an emitter whose op may leave the row alone (clamp_projection), holds
+	// whether it changed the row: what the op's fired word records.
+	changed *ptx.Reg
 }
 
 // miSet is every MI op of one kernel, grouped by where the kernel applies them.
@@ -45,6 +49,9 @@ type miSet struct {
 	tokens, gen, seq, latch, vslot bool
 	mask, tok, genReg              ptx.Reg // per-row control values, loaded by loadCtl
 	seqReg, latchReg, vslotReg     ptx.Reg
+	// lead is true in the one thread of a row that stores the ops' fired words (thread 0;
+	// the logits kernel narrows it to its row's first block). Set by loadCtl.
+	lead ptx.Reg
 }
 
 // toRef converts an op to its reference form.
@@ -53,6 +60,9 @@ func (o MIOp) toRef() ops.MIOp {
 		Activation: o.Activation, OutCol: o.OutCol, OutWidth: o.OutWidth, ScalStride: o.ScalStride, ScalRows: o.ScalRows}
 	if o.Pool != "" {
 		r.Pool = o.PoolSlots
+	}
+	if o.Fired != "" {
+		r.Fired = o.FiredWidth
 	}
 	for _, g := range o.Gates {
 		r.Gates = append(r.Gates, ops.MIGate{Kind: g.Kind, Col: g.Col, Width: g.Width, Cmp: g.Cmp, Value: g.Value,
@@ -73,6 +83,8 @@ func (o MIOp) buffer(p ops.MIParam) string {
 		return o.Scal
 	case "out":
 		return o.Out
+	case "fired":
+		return o.Fired
 	}
 	return o.Gates[p.Gate].Buf
 }
@@ -87,6 +99,21 @@ func MIBindings(miops []MIOp) map[string]string {
 		}
 	}
 	return m
+}
+
+// miSlots binds each MI parameter of miops to its buffer; an op's fired parameter points at
+// its column of the app's fired buffer.
+func miSlots(miops []MIOp) slots {
+	s := slots{}
+	for n, b := range MIBindings(miops) {
+		s[n] = buf(b)
+	}
+	for i, o := range miops {
+		if o.Fired != "" {
+			s[fmt.Sprintf("mi%d_fired", i)] = bundle.Slot{Buffer: o.Fired, Offset: int64(4 * o.FiredCol)}
+		}
+	}
+	return s
 }
 
 // declareMI validates the ops of each group against the row width and declares ctl_mask,
@@ -177,6 +204,14 @@ func (m *miSet) loadCtl(r *rowEmitter) {
 	if m.vslot {
 		m.vslotReg = load(m.vslotReg)
 	}
+	for _, group := range m.groups {
+		for _, b := range group {
+			if _, ok := b.params["fired"]; ok && m.lead.T == 0 {
+				m.lead = r.Reg(ptx.Pred)
+				r.Emit("setp.eq.u32", m.lead, r.tid, ptx.Imm(0))
+			}
+		}
+	}
 }
 
 // prefetchVectors asks L2 for every op's vector at once, whether or not a row enables the op
@@ -223,16 +258,32 @@ func (m *miSet) emit(r *rowEmitter, g int, x []ptx.Reg, dirty *ptx.Reg) {
 			r.Emit("add.u64", base, base, b.scal)
 			b.scal = base
 		}
+		// With a fired word the op records on every row with its bit whether it fired: a row
+		// whose gates fail jumps to the store with 0.
+		firedPtr, counts := b.params["fired"]
+		done, fired := skip, ptx.Reg{}
+		if counts {
+			done = r.NewLabel(fmt.Sprintf("mi%d_fired", b.index))
+			fired = r.imm32(0)
+		}
 		if p := m.gates(r, b); p != nil {
-			r.EmitIf(*p, true, "bra.uni", ptx.Sym(skip))
+			r.EmitIf(*p, true, "bra.uni", ptx.Sym(done))
 		}
 		compiled, perRequest := b.params["vec"], b.params["pool"]
 		if perRequest.T != 0 {
 			// A row whose request holds a vector slot reads the op's vector from it.
 			b.params["vec"] = m.slotVector(r, b, compiled, perRequest)
 		}
+		b.changed = nil
 		miEmitters[b.Template](r, b, x)
 		b.params["vec"] = compiled
+		if counts {
+			if b.changed != nil {
+				r.Emit("selp.u32", fired, ptx.Imm(1), ptx.Imm(0), *b.changed)
+			} else {
+				r.Emit("mov.u32", fired, ptx.Imm(1))
+			}
+		}
 		if dirty != nil && ops.MITemplates[b.Template].Writes {
 			r.Emit("mov.u32", *dirty, ptx.Imm(1))
 		}
@@ -244,6 +295,13 @@ func (m *miSet) emit(r *rowEmitter, g int, x []ptx.Reg, dirty *ptx.Reg) {
 			// The op's output is read by a later gate of this kernel: make it visible to
 			// every thread of the block first.
 			r.Emit("bar.sync", ptx.Imm(0))
+		}
+		if counts {
+			r.Label(done)
+			a := r.Reg(ptx.U64)
+			r.Emit("mul.wide.u32", a, r.row, ptx.Imm(int64(4*b.FiredWidth)))
+			r.Emit("add.u64", a, a, firedPtr)
+			r.EmitIf(m.lead, false, "st.global.u32", ptx.Addr{Base: a}, fired)
 		}
 		r.Label(skip)
 	}
@@ -443,6 +501,10 @@ func emitSetProjection(r *rowEmitter, b *miBound, x []ptx.Reg) {
 		if b.Bias >= 0 {
 			r.Emit("min.f32", c, c, r.scalar(b, b.Bias))
 		}
+		// Inside its bounds the clamp leaves the row alone (and does not count as fired).
+		moved := r.Reg(ptx.Pred)
+		r.Emit("setp.neu.f32", moved, c, p)
+		b.changed = &moved
 	}
 	r.Emit("sub.rn.f32", c, c, p)
 	r.axpy(b, c, x, false)

@@ -181,7 +181,8 @@ func TestLogitsMIPerRequestVector(t *testing.T) {
 	}
 }
 
-// TestRouterPerRequestBias: router_bias reads its request's slot too.
+// TestRouterPerRequestBias: router_bias reads its request's slot too (and counts where it
+// fired).
 func TestRouterPerRequestBias(t *testing.T) {
 	const hidden, E, topK, slots = 64, 8, 2, 2
 	rng := rand.New(rand.NewPCG(49, 50))
@@ -189,7 +190,8 @@ func TestRouterPerRequestBias(t *testing.T) {
 	w := randF32(rng, E*hidden, 0.5)
 	bias, pool := make([]float32, E), make([]float32, slots*E)
 	bias[E-1], pool[0], pool[E+1] = 100, 100, 100 // default: expert E-1; slot 0: expert 0; slot 1: expert 1
-	op := MIOp{Template: "router_bias", Bit: testBit, Width: E, Vec: "b", Pool: "bp", PoolSlots: slots, Scal: "s", Alpha: 0, Bias: -1}
+	op := MIOp{Template: "router_bias", Bit: testBit, Width: E, Vec: "b", Pool: "bp", PoolSlots: slots, Scal: "s", Alpha: 0, Bias: -1,
+		Fired: "f", FiredWidth: 1}
 	rc := RouterConfig{Hidden: hidden, Experts: E, TopK: topK, WDtype: ptx.F32, Ops: []MIOp{op}}
 	k := must(t)(Router("router_pool", rc))
 	vslot := testVSlot
@@ -210,4 +212,102 @@ func f64s(v []float32) []float64 {
 		out[i] = float64(x)
 	}
 	return out
+}
+
+// firedArg is an op's fired words for rows rows of width words, all 7 at first (untouched
+// words keep it).
+func firedArg(name string, rows, width int) targ {
+	v := make([]uint32, rows*width)
+	for i := range v {
+		v[i] = 7
+	}
+	return targ{name: name, u32: v, out: len(v), dtype: "u32"}
+}
+
+// TestMIFiredWords: an op with a fired word writes, on every row with its app bit, 1 where
+// it fired and 0 where its gate failed or a clamp found the projection inside its bounds;
+// rows without the bit keep what they had. Emulated and on the reference, in the MI kernel,
+// the gathered final norm (rows nobody samples are skipped), the logits kernel (one block
+// of a row's many writes) and the sampler's overrides.
+func TestMIFiredWords(t *testing.T) {
+	const w, fw = 200, 3
+	rng := rand.New(rand.NewPCG(51, 52))
+	steer := MIOp{Template: "steer_add", Bit: testBit, Width: w, Vec: "v", Scal: "s", Alpha: 0, Bias: -1,
+		Gates: []Gate{{Kind: "token_in", Tokens: []int{7}}}, Fired: "f", FiredCol: 0, FiredWidth: fw}
+	clamp := MIOp{Template: "clamp_projection", Bit: testBit, Width: w, Vec: "d", Scal: "s", Alpha: 1, Bias: 2, Fired: "f", FiredCol: 1, FiredWidth: fw}
+	capt := MIOp{Template: "capture", Bit: testBit, Width: w, Alpha: -1, Bias: -1, Out: "o", OutWidth: w, Fired: "f", FiredCol: 2, FiredWidth: fw}
+	c := MIKernelConfig{Width: w, Stride: w, Ops: []MIOp{steer, clamp, capt}}
+	k := must(t)(MIKernel("fired", c))
+	x := randF32(rng, testRows*w, 0.2)
+	d := unitF32(randF32(rng, w, 1))
+	for i := range w { // rows 0 and 4 project far outside [-0.5, 0.5], row 2 inside
+		x[i] += 3 * d[i]
+		x[4*w+i] -= 3 * d[i]
+	}
+	args := []targ{{name: "x", f32: x, out: len(x)}, {name: "ctl_mask", u32: testMask}, {name: "ctl_tokens", u32: testTokens},
+		{name: "mi0_vec", f32: randF32(rng, w, 1)}, {name: "mi0_scal", f32: []float32{1, -0.5, 0.5}}, firedArg("mi0_fired", testRows, fw),
+		{name: "mi1_vec", f32: d}, {name: "mi1_scal", f32: []float32{1, -0.5, 0.5}}, firedArg("mi1_fired", testRows, fw),
+		{name: "mi2_out", f32: make([]float32, testRows*w), out: testRows * w}, firedArg("mi2_fired", testRows, fw)}
+	if fmt.Sprint(paramNames(k)) != "[x ctl_mask ctl_tokens mi0_vec mi0_scal mi0_fired mi1_vec mi1_scal mi1_fired mi2_out mi2_fired]" {
+		t.Fatalf("params %v", paramNames(k))
+	}
+	l := c.Launch(testRows)
+	checkKernel(t, k, l, args)
+	got := emulate(t, k, l, args)
+	// Rows 0, 2 and 4 have the app; their tokens are 7, 9, 8; row 2's projection is inside.
+	want := map[int][]uint32{5: {1, 7, 0, 7, 0}, 8: {1, 7, 0, 7, 1}, 10: {1, 7, 1, 7, 1}}
+	for arg, rows := range want {
+		for r, v := range rows {
+			if g := math.Float32bits(got[arg][r*fw]); g != v {
+				t.Fatalf("%s row %d: fired word %d, want %d", args[arg].name, r, g, v)
+			}
+		}
+	}
+
+	// The final norm's ops run on the rows it gathers (sampled rows) only.
+	rc := RowConfig{Hidden: w, Eps: 1e-5, WDtype: ptx.F32, Load: "add", Gather: true,
+		NormOps: []MIOp{func() MIOp { o := capt; o.Out, o.OutWidth = "o", w; return o }()}}
+	rk := must(t)(RowNorm("final_fired", rc))
+	rargs := rowNormArgs(rng, rc, testRows) // gathers rows 1 and 4 (row 4 with the app)
+	checkKernel(t, rk, rc.Launch(testRows), rargs)
+	rf := emulate(t, rk, rc.Launch(testRows), rargs)[len(rargs)-1]
+	for r, v := range []uint32{7, 7, 7, 7, 1} {
+		if g := math.Float32bits(rf[r*fw]); g != v {
+			t.Fatalf("final norm row %d: fired word %d, want %d", r, g, v)
+		}
+	}
+
+	// The logits kernel spreads a row over blocks; the sampler's override writes its
+	// sample's token row.
+	const vocab, n = 3000, 3
+	lsteer := MIOp{Template: "steer_add", Bit: 1, Width: vocab, Vec: "v", Scal: "s", Alpha: 0, Bias: -1, ScalStride: 1, ScalRows: 2,
+		Gates: []Gate{{Kind: "positions", Positions: "generated"}}, Fired: "f", FiredWidth: 2}
+	lc := LogitsMIConfig{Vocab: vocab, Ops: []MIOp{lsteer}}
+	lk := must(t)(LogitsMI("logits_fired", lc))
+	lmask, lgen, lseq, sRow := []uint32{2, 0, 2, 2}, []uint32{0, 0, 0xFFFFFFFF, 5}, []uint32{0, 1, 1, 0}, []uint32{3, 1, 2}
+	largs := []targ{{name: "x", f32: randF32(rng, n*vocab, 3), out: n * vocab}, {name: "s_row", u32: sRow}, {name: "ctl_mask", u32: lmask},
+		{name: "ctl_gen", u32: lgen}, {name: "ctl_seq", u32: lseq}, {name: "mi0_vec", f32: randF32(rng, vocab, 1)},
+		{name: "mi0_scal", f32: []float32{0.5, 2}}, firedArg("mi0_fired", 4, 2)}
+	checkKernel(t, lk, lc.Launch(n), largs)
+	lf := emulate(t, lk, lc.Launch(n), largs)[7]
+	for r, v := range []uint32{7, 7, 0, 1} { // rows 3 (generated) and 2 (prompt) are sampled with the app
+		if g := math.Float32bits(lf[2*r]); g != v {
+			t.Fatalf("logits row %d: fired word %d, want %d", r, g, v)
+		}
+	}
+	ovr := MIOp{Template: "token_override", Bit: 1, Width: 1, Scal: "s", Alpha: 0, Bias: -1, ScalStride: 1, ScalRows: 2,
+		Gates: []Gate{{Kind: "steps", From: 1, To: 9}}, Fired: "f", FiredWidth: 2}
+	sc := SampleConfig{Vocab: 333, Overrides: []MIOp{ovr}}
+	sk := must(t)(Sample("sample_fired", sc))
+	sargs := []targ{{name: "logits", f32: randF32(rng, n*333, 4)}, {name: "temperature", f32: []float32{0, 0, 0}},
+		{name: "top_p", f32: []float32{1, 1, 1}}, {name: "rng", u32: []uint32{1, 2, 3}}, {name: "out", out: n, dtype: "u32"},
+		{name: "s_row", u32: sRow}, {name: "ctl_mask", u32: lmask}, {name: "ctl_gen", u32: lgen}, {name: "ctl_seq", u32: lseq},
+		{name: "ovr0_scal", f32: []float32{42, 43}}, firedArg("ovr0_fired", 4, 2)}
+	checkKernel(t, sk, sc.Launch(n), sargs)
+	sf := emulate(t, sk, sc.Launch(n), sargs)[10]
+	for r, v := range []uint32{7, 7, 0, 1} { // row 3: step 5; row 2: a prompt row
+		if g := math.Float32bits(sf[2*r]); g != v {
+			t.Fatalf("override row %d: fired word %d, want %d", r, g, v)
+		}
+	}
 }

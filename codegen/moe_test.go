@@ -37,6 +37,8 @@ func routerArgs(t *testing.T, k *Kernel, x, w []float32, wdt ptx.Type, rows, top
 			a.u32 = testMask
 		case "ctl_vslot":
 			a.u32 = testVSlot
+		case "mi0_fired":
+			a = firedArg(p.Name, rows, 1)
 		default:
 			d, ok := data[p.Name]
 			if !ok {

@@ -83,6 +83,8 @@ func miTargs(rng *rand.Rand, miops []MIOp) []targ {
 			case "out":
 				a.f32 = randF32(rng, testRows*o.OutWidth, 1)
 				a.out = len(a.f32)
+			case "fired":
+				a = firedArg(a.name, testRows, o.FiredWidth)
 			default:
 				g := o.Gates[p.Gate]
 				a.f32 = make([]float32, testRows*g.Width)

@@ -20,7 +20,7 @@ func (c SampleConfig) refOverrides() []ops.TokenOverride {
 	var out []ops.TokenOverride
 	for _, o := range c.Overrides {
 		r := o.toRef()
-		out = append(out, ops.TokenOverride{Bit: o.Bit, Token: o.Alpha, ScalStride: o.ScalStride, ScalRows: o.ScalRows, Gates: r.Gates})
+		out = append(out, ops.TokenOverride{Bit: o.Bit, Token: o.Alpha, ScalStride: o.ScalStride, ScalRows: o.ScalRows, Gates: r.Gates, Fired: r.Fired})
 	}
 	return out
 }
@@ -194,9 +194,12 @@ func (g *sampleGen) declareOverrides(refs []ops.TokenOverride) (func(smp ptx.Reg
 	if latch {
 		m.latchReg = g.param("ctl_latch", ptx.U64)
 	}
-	scal := make([]ptx.Reg, len(refs))
-	for i := range refs {
+	scal, fired := make([]ptx.Reg, len(refs)), make([]ptx.Reg, len(refs))
+	for i, o := range refs {
 		scal[i] = g.param(fmt.Sprintf("ovr%d_scal", i), ptx.U64)
+		if o.Fired > 0 {
+			fired[i] = g.param(fmt.Sprintf("ovr%d_fired", i), ptx.U64)
+		}
 	}
 	return func(smp ptx.Reg, outAddr ptx.Addr) {
 		done := g.NewLabel("ovr_done")
@@ -224,8 +227,13 @@ func (g *sampleGen) declareOverrides(refs []ops.TokenOverride) (func(smp ptx.Reg
 			skip := g.NewLabel(fmt.Sprintf("ovr%d_skip", i))
 			bit := g.op3("and.b32", ptx.U32, m.mask, ptx.Imm(int64(1)<<o.Bit))
 			g.EmitIf(g.cmp("eq", ptx.U32, bit, ptx.Imm(0)), false, "bra", ptx.Sym(skip))
+			// The fired word of the sample's token row: 0 unless the override applies.
+			done, on := skip, ptx.Reg{}
+			if refs[i].Fired > 0 {
+				done, on = g.NewLabel(fmt.Sprintf("ovr%d_fired", i)), g.imm32(0)
+			}
 			if p := m.gates(r, &miBound{MIOp: o}); p != nil {
-				g.EmitIf(*p, true, "bra", ptx.Sym(skip))
+				g.EmitIf(*p, true, "bra", ptx.Sym(done))
 			}
 			a := g.Reg(ptx.U64)
 			g.Emit("mul.wide.u32", a, m.seqReg, ptx.Imm(int64(4*o.ScalStride)))
@@ -235,6 +243,14 @@ func (g *sampleGen) declareOverrides(refs []ops.TokenOverride) (func(smp ptx.Reg
 			tok := g.Reg(ptx.U32)
 			g.Emit("cvt.rzi.u32.f32", tok, v)
 			g.Emit("st.global.u32", outAddr, tok)
+			if refs[i].Fired > 0 {
+				g.Emit("mov.u32", on, ptx.Imm(1))
+				g.Label(done)
+				f := g.Reg(ptx.U64)
+				g.Emit("mul.wide.u32", f, row, ptx.Imm(int64(4*refs[i].Fired)))
+				g.Emit("add.u64", f, f, fired[i])
+				g.Emit("st.global.u32", ptx.Addr{Base: f}, on)
+			}
 			g.Label(skip)
 		}
 		g.Label(done)
@@ -376,6 +392,12 @@ func logitsMI(name string, c LogitsMIConfig) (*Kernel, error) {
 	r.Emit("setp.eq.u32", unused, r.row, ptx.Imm(ops.NoRow))
 	r.EmitIf(unused, false, "bra.uni", ptx.Sym(end))
 	mi.loadCtl(r)
+	if mi.lead.T != 0 {
+		// A row spans blocks; its first block stores the fired words.
+		first := r.Reg(ptx.Pred)
+		r.Emit("setp.eq.u32", first, chunk, ptx.Imm(0))
+		r.Emit("and.pred", mi.lead, mi.lead, first)
+	}
 	var bits int64
 	for _, o := range c.Ops {
 		bits |= 1 << o.Bit

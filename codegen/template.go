@@ -27,8 +27,8 @@ func node(label string, k *Kernel, l ops.Launch, s slots, mi []MIOp) (bundle.Nod
 	for n, v := range ctlSlots {
 		all[n] = v
 	}
-	for n, b := range MIBindings(mi) {
-		all[n] = buf(b)
+	for n, b := range miSlots(mi) {
+		all[n] = b
 	}
 	for n, v := range s {
 		all[n] = v
@@ -355,6 +355,9 @@ func (t *tb) sampleTail(samples int) {
 	}
 	for i, o := range ovr {
 		s[fmt.Sprintf("ovr%d_scal", i)] = buf(o.Scal)
+		if o.Fired != "" {
+			s[fmt.Sprintf("ovr%d_fired", i)] = bundle.Slot{Buffer: o.Fired, Offset: int64(4 * o.FiredCol)}
+		}
 	}
 	t.add("sample", k, err, smc.Launch(samples), s, nil)
 }

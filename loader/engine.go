@@ -11,6 +11,7 @@ import (
 	"sort"
 	"strings"
 	"time"
+	"unsafe"
 
 	"xmix/bundle"
 )
@@ -45,6 +46,9 @@ type Request struct {
 	// at, by app and op ("steer.op0"): a subset of its compiled layers (none: the op does
 	// not run). Ops not named run at all their layers.
 	Layers map[string][]int
+	// StopWhen, when set, ends the request once an export crosses a threshold (reason
+	// "stop_when").
+	StopWhen *StopWhen
 }
 
 // Row is one forward row of a request: the token it fed in, its position, and what the
@@ -138,6 +142,9 @@ type Result struct {
 	// PromptTokens is how many rows the prompt fed (its BOS included): Rows[PromptTokens-1]
 	// sampled Tokens[0], Rows[PromptTokens-1+k] sampled Tokens[k].
 	PromptTokens int
+	// Fired counts, for every op of every app the request enables, the (token row, layer)
+	// sites where it changed or read the row (fired.go).
+	Fired Fired
 }
 
 // InputIDs is the prompt the engine feeds for r: the bundle's BOS (when the bundle has one
@@ -173,6 +180,7 @@ type Engine struct {
 	freePage   []uint32
 	padPages   int
 	pool       vectorPool
+	fired      []firedApp // by app, in manifest order
 	queue      []*seqState
 	slots      []*seqState
 	nextID     int
@@ -282,6 +290,9 @@ func NewEngine(b *bundle.Bundle, be Backend) (*Engine, error) {
 		}
 	}
 	if err := e.initVectors(bufs); err != nil {
+		return nil, err
+	}
+	if err := e.initFired(bufs); err != nil {
 		return nil, err
 	}
 	e.blocks = (c.MaxSeqLen + c.KVBlockSize - 1) / c.KVBlockSize
@@ -556,6 +567,10 @@ type seqState struct {
 	vecs   map[*prVector][]float32
 	vslot  int
 	layers map[string][]int
+	// firedAt[i]: where app i's entries start in res.Fired (nil: no app enabled); stop:
+	// the request's resolved StopWhen.
+	firedAt []int
+	stop    *StopWhen
 }
 
 // Handle follows one submitted request.
@@ -611,6 +626,10 @@ func (e *Engine) Submit(r Request) (*Handle, error) {
 	if s.layers, err = e.resolveLayers(r.Layers, s.mask); err != nil {
 		return nil, err
 	}
+	if s.stop, err = e.resolveStop(r.StopWhen, s.mask); err != nil {
+		return nil, err
+	}
+	e.startFired(s)
 	if r.MaxTokens <= 0 {
 		h.Done, h.Result.Reason = true, ReasonLength
 		return h, nil
@@ -702,7 +721,7 @@ func (e *Engine) admit() error {
 		if free < 0 || need > len(e.freePage) || s.vecs != nil && len(e.pool.free) == 0 {
 			return nil
 		}
-		if _, err := e.takeVectorSlot(s); err != nil {
+		if err := e.takeVectorSlot(s); err != nil {
 			return err
 		}
 		s.pages = append([]uint32(nil), e.freePage[len(e.freePage)-need:]...)
@@ -848,6 +867,9 @@ func (e *Engine) run(t bundle.Template, rows []stepRow) error {
 	if err := e.collectExports(rows, n); err != nil {
 		return err
 	}
+	if err := e.collectFired(rows, n); err != nil {
+		return err
+	}
 	for _, r := range sampled {
 		s := r.s
 		tok := int(ids[r.sample])
@@ -864,6 +886,8 @@ func (e *Engine) run(t bundle.Template, rows []stepRow) error {
 		switch {
 		case isEOS(c, fed):
 			s.done, s.res.Reason = true, ReasonStop
+		case s.stop != nil && s.stop.crossed(s.res.Rows[r.pos].Exports):
+			s.done, s.res.Reason = true, ReasonStopWhen
 		case len(s.res.Tokens) >= s.req.MaxTokens:
 			s.done, s.res.Reason = true, ReasonLength
 		}
@@ -879,8 +903,29 @@ type stepScratch struct {
 	is      []int
 	f       []float32
 	b       []byte
+	fired   []byte
+	firedW  []uint32
 	ids     []uint32
 	sampled []stepRow
+}
+
+// firedBytes returns n bytes for a fired buffer, valid until the next call.
+func (sc *stepScratch) firedBytes(n int) []byte {
+	sc.fired = grow(sc.fired, n)
+	return sc.fired
+}
+
+// firedWords views b (from firedBytes) as its little-endian words: in place on a
+// little-endian host, decoded into scratch elsewhere.
+func (sc *stepScratch) firedWords(b []byte) []uint32 {
+	if hostLittleEndian && len(b) > 0 && uintptr(unsafe.Pointer(&b[0]))%4 == 0 {
+		return unsafe.Slice((*uint32)(unsafe.Pointer(&b[0])), len(b)/4)
+	}
+	sc.firedW = grow(sc.firedW, len(b)/4)
+	for i := range sc.firedW {
+		sc.firedW[i] = binary.LittleEndian.Uint32(b[4*i:])
+	}
+	return sc.firedW
 }
 
 // words returns n zeroed words.

@@ -39,6 +39,8 @@ ops:
 		{"scalar index", func(m *bundle.Manifest) { m.Apps[0].Scalars[0].Index = 1 }, "index 1 in a table of 1"},
 		{"vector width", func(m *bundle.Manifest) { m.Apps[0].Vectors[0].Width = 64 }, "not a param buffer of [64] f32"},
 		{"latch bit", func(m *bundle.Manifest) { m.Apps[0].Latches[0].Bit = 32 }, "latch bit 32"},
+		{"fired buffer", func(m *bundle.Manifest) { m.Apps[0].FiredBuffer = "ctl.mask" }, `fired buffer "ctl.mask" is not an output buffer of [16, 1] u32`},
+		{"fired column", func(m *bundle.Manifest) { m.Apps[0].FiredBuffer = "" }, "fired site of op 0 at column 0 without a fired buffer"},
 		{"latch buffer", func(m *bundle.Manifest) {
 			for i := range m.Buffers {
 				if m.Buffers[i].Name == "ctl.latch" {
@@ -88,5 +90,24 @@ func TestExportsJSON(t *testing.T) {
 		if err := json.Unmarshal([]byte(bad), &none); err == nil {
 			t.Fatalf("%s: no error", bad)
 		}
+	}
+}
+
+// Fired counts marshal as one object of op name to count, in order, and read back.
+func TestFiredJSON(t *testing.T) {
+	f := loader.Fired{{Name: "steer.op0", Sites: 12}, {Name: "probe.op0", Sites: 0}}
+	raw, err := json.Marshal(struct{ F loader.Fired }{f})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := `{"F":{"steer.op0":12,"probe.op0":0}}`; string(raw) != want {
+		t.Fatalf("marshal: %s, want %s", raw, want)
+	}
+	var back struct{ F loader.Fired }
+	if err := json.Unmarshal(raw, &back); err != nil || fmt.Sprint(back.F) != fmt.Sprint(f) {
+		t.Fatalf("round trip: %v %v", back.F, err)
+	}
+	if err := json.Unmarshal([]byte(`{"F":[1]}`), &back); err == nil {
+		t.Fatal("a list read as fired counts")
 	}
 }

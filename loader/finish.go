@@ -6,6 +6,7 @@ const (
 	ReasonStop      = "stop"      // it generated an end-of-sequence token
 	ReasonLength    = "length"    // it generated MaxTokens tokens
 	ReasonCancelled = "cancelled" // Cancel removed it
+	ReasonStopWhen  = "stop_when" // a one-value export crossed Request.StopWhen's threshold
 )
 
 // Cancel removes the request h follows, at this step boundary (the engine is driven by one

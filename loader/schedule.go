@@ -7,11 +7,11 @@ import (
 )
 
 // stepCostRows is what a step costs beyond its rows, counted in rows: every step reads all
-// the weights once whatever its rows (Llama-3.1-8B on the H200: about 4 ms, the time of
-// some 60 rows of prefill at 17k tokens/s; on the CPU backend a few rows). It makes a chunk
-// mostly of padding lose to a smaller one filled completely, and a nearly full chunk win
-// over splitting its rows into several smaller steps.
-const stepCostRows = 32
+// the weights once whatever its rows (Llama-3.1-8B on the H200: about 4.5 ms, the time of
+// some 80 rows of prefill at 17k tokens/s; on the CPU backend a few rows). It makes a chunk
+// mostly of padding lose to a smaller one filled completely, and a nearly full chunk win over
+// splitting its rows into several smaller steps.
+const stepCostRows = 64
 
 // plan picks the rows of the next step and the template that runs them. While prompts are
 // pending it runs a prefill chunk: one decode row for every running sequence first (so
@@ -84,20 +84,24 @@ func (e *Engine) plan(active []*seqState) (bundle.Template, []stepRow) {
 }
 
 // prefillChunk picks the prefill template of a step with decode decoding sequences and
-// pending prompt rows: among the chunks that hold a row for every decoding sequence, the
-// one that spends least per useful row, rows / (chunk + stepCostRows), where a step's rows
-// are what the chunk, the token budget and the work allow; a tie goes to more rows. A short
-// prompt alone runs in the smallest chunk that holds it, a burst of prompts fills the
-// largest chunk within the budget, and a remainder just past a chunk runs that chunk full
-// and the rest in the next step instead of a chunk mostly of padding.
+// pending prompt rows: among the chunks that hold a row for every decoding sequence and at
+// least one prompt row, the one that runs the most prompt rows for what it costs, prompt
+// rows / (chunk + stepCostRows), where a step's rows are what the chunk, the token budget and
+// the work allow; a tie goes to more rows. The decode rows run whichever chunk is picked, so
+// only the prompt rows beside them tell chunks apart: a prompt that arrives beside a large
+// decoding batch gets as many rows as the budget holds, not the few left in the smallest chunk
+// above the batch. A short prompt alone runs in the smallest chunk that holds it, a burst of
+// prompts fills the largest chunk within the budget, and a remainder just past a chunk runs
+// that chunk full and the rest in the next step instead of a chunk mostly of padding. The
+// budget holds a prompt row beside every decode row: it is at least max_seqs.
 func (e *Engine) prefillChunk(decode, pending int) bundle.Template {
 	best, bestRows, bestScore := e.prefill[len(e.prefill)-1], 0, -1.0
 	for _, c := range e.prefill {
-		if c.Tokens < decode {
+		if c.Tokens <= decode {
 			continue
 		}
 		rows := min(c.Tokens, e.budget, decode+pending)
-		score := float64(rows) / float64(c.Tokens+stepCostRows)
+		score := float64(rows-decode) / float64(c.Tokens+stepCostRows)
 		if score > bestScore || (score == bestScore && rows > bestRows) {
 			best, bestRows, bestScore = c, rows, score
 		}

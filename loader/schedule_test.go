@@ -270,3 +270,55 @@ ops:
 		}
 	}
 }
+
+// A prompt that arrives while other sequences decode runs all its rows in the next step
+// when the budget holds them, even when a chunk just above the decoding batch exists: that
+// chunk would give it the one or few rows left beside the decode rows, step after step.
+func TestPromptNeverWaitsBehindDecoding(t *testing.T) {
+	const old = "serving: {decode_buckets: [1, 2, 4], prefill_chunks: [16], max_seq_len: 128, max_seqs: 4,"
+	if !strings.Contains(testsuite.SmallModel, old) {
+		t.Fatalf("SmallModel lacks %q", old)
+	}
+	for _, c := range []struct {
+		serving        string
+		decoding, late int // sequences decoding, tokens of the late prompt
+	}{
+		{"serving: {decode_buckets: [1, 2, 4, 8], prefill_chunks: [8, 64], max_seq_len: 128, max_seqs: 9,", 8, 2},
+		{"serving: {decode_buckets: [1, 2, 4, 8, 16], prefill_chunks: [16, 64], max_seq_len: 128, max_seqs: 16,", 15, 9},
+		{"serving: {decode_buckets: [1, 2, 4, 8, 16], prefill_chunks: [16, 64], max_seq_len: 128, max_seqs: 16,", 15, 40},
+	} {
+		b := testsuite.Compile(t, strings.Replace(testsuite.SmallModel, old, c.serving, 1))
+		nb, err := newNullBackend(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		e, err := loader.NewEngine(b, nb)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var running []*loader.Handle
+		for i := range c.decoding {
+			h, err := e.Submit(loader.Request{Prompt: prompt(3, i), MaxTokens: 60})
+			if err != nil {
+				t.Fatal(err)
+			}
+			running = append(running, h)
+		}
+		for len(running[c.decoding-1].Result.Tokens) == 0 { // until every prompt is in
+			if _, err := e.Step(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		late, err := e.Submit(loader.Request{Prompt: prompt(c.late, 99), MaxTokens: 4})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e.Step(); err != nil {
+			t.Fatal(err)
+		}
+		if len(late.Result.Tokens) != 1 {
+			t.Errorf("%s a %d-token prompt beside %d decoding sequences: %d tokens after one step, want its first",
+				c.serving, c.late, c.decoding, len(late.Result.Tokens))
+		}
+	}
+}

@@ -95,6 +95,9 @@ func (s *source) fill(off int64, dst []byte) error {
 		tsz, _ := safetensors.DtypeSize(t.Dtype)
 		from := (p.lo + skip) * tsz
 		view := &safetensors.Tensor{Name: t.Name, Dtype: t.Dtype, Shape: []int{m}, Data: t.Data[from : from+m*tsz]}
+		if len(view.Data) >= prefetchBytes {
+			safetensors.Prefetch(view.Data)
+		}
 		if err := convert(view, s.buf.Dtype, dst[at*s.esz:(at+m)*s.esz]); err != nil {
 			return fmt.Errorf("weight tensor %s: %w", t.Name, err)
 		}
@@ -102,6 +105,12 @@ func (s *source) fill(off int64, dst []byte) error {
 	}
 	return nil
 }
+
+// prefetchBytes is the smallest run of a tensor that fill asks the kernel to read ahead at
+// once (safetensors.Prefetch): a cold checkpoint then reads in runs of up to a chunk instead
+// of a readahead window per page fault; smaller runs (one row of a column-cut shard) are not
+// worth a system call each.
+const prefetchBytes = 1 << 20
 
 // LoadOptions configure FillAll and Upload.
 type LoadOptions struct {
@@ -158,6 +167,9 @@ func (w *Weights) planLoad(bufs []bundle.Buffer, rank int, chunk int) ([]*source
 		}
 		srcs[i] = s
 		step := int64(chunk) / int64(s.esz) * int64(s.esz)
+		if step <= 0 {
+			return nil, nil, 0, fmt.Errorf("load chunks of %d bytes cannot hold an element of buffer %s", chunk, buf.Name)
+		}
 		for off := int64(0); off < s.size; off += step {
 			jobs = append(jobs, loadJob{buf: i, off: off, n: int(min(step, s.size-off))})
 		}

@@ -174,24 +174,22 @@ func checkVector(v []float32, unit bool) ([]float32, error) {
 	return out, nil
 }
 
-// takeVectorSlot gives s a slot and fills it, or reports false when every slot is held.
-func (e *Engine) takeVectorSlot(s *seqState) (bool, error) {
+// takeVectorSlot gives s a slot, when it brings vectors, and fills it; admit has checked
+// that one is free.
+func (e *Engine) takeVectorSlot(s *seqState) error {
 	if s.vecs == nil {
-		return true, nil
-	}
-	if len(e.pool.free) == 0 {
-		return false, nil
+		return nil
 	}
 	s.vslot = e.pool.free[len(e.pool.free)-1]
 	e.pool.free = e.pool.free[:len(e.pool.free)-1]
 	for _, v := range e.pool.vecs {
 		if s.mask&(1<<uint(v.app.bit)) != 0 {
 			if err := e.writeSlot(s, v); err != nil {
-				return true, err
+				return err
 			}
 		}
 	}
-	return true, nil
+	return nil
 }
 
 // writeSlot writes s's value of v into its slot: its own, or the current default.

@@ -22,6 +22,11 @@ type MIOp struct {
 	// Scal[ctl_seq[r]*ScalStride + idx]. With 0, every row reads the one row Scal holds.
 	ScalStride int `json:"scal_stride,omitempty"`
 	ScalRows   int `json:"scal_rows,omitempty"`
+	// Fired > 0: the op counts where it fires. Its kernel takes mi<i>_fired, rows of Fired
+	// u32 (the op's column of its app's fired buffer): on every row with the op's app bit it
+	// writes 1 when the op ran there (its gates held; for clamp_projection, when the clamp
+	// moved the projection) and 0 otherwise. Rows without the bit are left alone.
+	Fired int `json:"fired,omitempty"`
 	// Pool > 0: the op's vector is per-request. Its kernel also takes Pool slots of [Width]
 	// f32 (mi<i>_pool) and ctl_vslot; a row whose ctl_vslot is not NoRow reads the vector of
 	// that slot instead of mi<i>_vec.
@@ -118,6 +123,9 @@ func (o MIOp) Validate(rowWidth int) error {
 	}
 	if n := o.scalLen(); o.ScalStride > 0 && n > o.ScalStride {
 		return fmt.Errorf("%s: reads %d scalars from rows of %d", o.Template, n, o.ScalStride)
+	}
+	if o.Fired < 0 {
+		return fmt.Errorf("%s: fired rows of %d", o.Template, o.Fired)
 	}
 	if o.Pool < 0 || o.Pool > 0 && !o.hasVec() {
 		return fmt.Errorf("%s: a pool of %d per-request vectors for an op without one", o.Template, o.Pool)
@@ -232,7 +240,7 @@ func (o MIOp) hasVec() bool {
 // MIParam is one buffer parameter of an MI op. In a kernel, op i's parameter is named
 // mi<i>_<Suffix>; the reference receives them in the order Params gives.
 type MIParam struct {
-	Suffix string // vec, pool, scal, out or g<j>
+	Suffix string // vec, pool, scal, out, fired or g<j>
 	Gate   int    // j for g<j> (the buffer activation gate j reads); -1 otherwise
 }
 
@@ -250,6 +258,9 @@ func (o MIOp) Params() []MIParam {
 	}
 	if o.outLen() > 0 {
 		ps = append(ps, MIParam{"out", -1})
+	}
+	if o.Fired > 0 {
+		ps = append(ps, MIParam{"fired", -1})
 	}
 	for j, g := range o.Gates {
 		if g.Kind == "activation" {
@@ -273,6 +284,8 @@ func (o MIOp) bytes(p MIParam, rows int) int {
 		return 4 * o.scalLen()
 	case "out":
 		return 4 * rows * o.OutWidth
+	case "fired":
+		return 4 * ((rows-1)*o.Fired + 1)
 	}
 	return 4 * rows * o.Gates[p.Gate].Width
 }
@@ -322,7 +335,19 @@ type miCtl struct {
 type miBound struct {
 	MIOp
 	vec, pool, scal, out []float32
+	fired                []uint32
 	gates                [][]float32 // indexed like Gates; nil for gates without a buffer
+}
+
+// fire records on a row with the op's app bit whether the op fired there.
+func (b *miBound) fire(row int, on bool) {
+	if b.Fired > 0 {
+		v := uint32(0)
+		if on {
+			v = 1
+		}
+		b.fired[row*b.Fired] = v
+	}
 }
 
 // vecAt is the vector row reads: its request's slot of the pool, or the compiled one.
@@ -448,6 +473,8 @@ func bindMI(c *argCursor, rows, rowWidth, first int, ops []MIOp) ([]miBound, err
 				b.vec = a.F32()
 			case "pool":
 				b.pool = a.F32()
+			case "fired":
+				b.fired = a.U32()
 			case "scal":
 				b.scal = a.F32()
 			case "out":
@@ -471,12 +498,14 @@ func (b *miBound) scalars(row int, ctl miCtl) []float32 {
 }
 
 // enabled is the op's row predicate: the app bit and every gate; sc is the row's scalars.
+// On a row with the bit whose gates fail it records that the op did not fire.
 func (b *miBound) enabled(row int, ctl miCtl, sc []float32) bool {
 	if ctl.mask[row]>>b.Bit&1 == 0 {
 		return false
 	}
 	for j, g := range b.Gates {
 		if !g.holds(row, ctl, b.gates[j], sc) {
+			b.fire(row, false)
 			return false
 		}
 	}
@@ -541,6 +570,7 @@ func applyMI(ops []miBound, row int, ctl miCtl, x []float32) {
 			continue
 		}
 		vec := b.vecAt(row, ctl)
+		fired := true
 		switch b.Template {
 		case "capture":
 			copy(b.out[row*b.OutWidth+b.OutCol:], x[:b.Width])
@@ -566,6 +596,8 @@ func applyMI(ops []miBound, row int, ctl miCtl, x []float32) {
 		case "steer_set", "clamp_projection":
 			p := float32(dot64(x, vec))
 			c := b.target(p, sc)
+			// A clamp that finds the projection inside its bounds leaves the row alone.
+			fired = b.Template == "steer_set" || c != p
 			a := c - p
 			for k := range b.Width {
 				x[k] += float32(a * vec[k])
@@ -591,6 +623,7 @@ func applyMI(ops []miBound, row int, ctl miCtl, x []float32) {
 		case "patch":
 			copy(x[:b.Width], vec)
 		}
+		b.fire(row, fired)
 	}
 }
 

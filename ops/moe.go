@@ -229,6 +229,7 @@ func applyRouterMI(ops []miBound, row int, ctl miCtl, x []float32) {
 				for k := range b.Width {
 					x[k] += float32(alpha * vec[k])
 				}
+				b.fire(row, true)
 			}
 		case "router_mask":
 			if b.enabled(row, ctl, b.scalars(row, ctl)) {
@@ -238,6 +239,7 @@ func applyRouterMI(ops []miBound, row int, ctl miCtl, x []float32) {
 						x[k] = float32(math.Inf(-1))
 					}
 				}
+				b.fire(row, true)
 			}
 		default:
 			applyMI(ops[i:i+1], row, ctl, x)

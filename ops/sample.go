@@ -18,19 +18,24 @@ type SampleAttrs struct {
 	// Overrides are the token_override ops fused into the sampler (hook sampled). With any,
 	// the kernel takes after out: s_row (each sample's token row, NoRow for unused samples),
 	// ctl_mask, [ctl_tokens], [ctl_gen] (as MIControl says for their gates), ctl_seq,
-	// [ctl_latch], then ovr<i>_scal per op; the control arrays are indexed by token row.
+	// [ctl_latch], then ovr<i>_scal (and ovr<i>_fired) per op; the control arrays are
+	// indexed by token row.
 	// Enabled ops replace the sample's token in order, so the last one wins.
 	Overrides []TokenOverride `json:"overrides,omitempty"`
 }
 
 // TokenOverride replaces a sample's token by its app's scalar Scal[seq*ScalStride+Token]
-// when the token row's mask has Bit and every gate holds.
+// when the token row's mask has Bit and every gate holds. Fired > 0: the sampler also takes
+// ovr<i>_fired after ovr<i>_scal and writes, on the token row of each sample whose row has
+// Bit, 1 there when the override replaced the token and 0 when its gates failed (rows of
+// Fired u32, as MIOp.Fired).
 type TokenOverride struct {
 	Bit        int      `json:"bit"`
 	Token      int      `json:"token"`
 	ScalStride int      `json:"scal_stride"`
 	ScalRows   int      `json:"scal_rows"`
 	Gates      []MIGate `json:"gates,omitempty"`
+	Fired      int      `json:"fired,omitempty"`
 }
 
 // Validate checks what the kernel relies on; activation gates would need the token row's
@@ -41,6 +46,9 @@ func (o TokenOverride) Validate() error {
 	}
 	if o.Token < 0 || o.ScalStride <= o.Token || o.ScalRows <= 0 {
 		return fmt.Errorf("token scalar %d in a table of %d rows of %d", o.Token, o.ScalRows, o.ScalStride)
+	}
+	if o.Fired < 0 {
+		return fmt.Errorf("fired rows of %d", o.Fired)
 	}
 	for j, g := range o.Gates {
 		if g.Kind == "activation" {
@@ -162,12 +170,19 @@ func (a SampleAttrs) bindOverrides(args []Arg, n int) (func(out []uint32), error
 		*x.dst = arg.U32()[:rows]
 	}
 	scal := make([][]float32, len(a.Overrides))
+	fired := make([][]uint32, len(a.Overrides))
 	for i, o := range a.Overrides {
 		arg, err := c.take(fmt.Sprintf("ovr%d_scal", i), 4*o.ScalStride*o.ScalRows)
 		if err != nil {
 			return nil, err
 		}
 		scal[i] = arg.F32()
+		if o.Fired > 0 {
+			if arg, err = c.take(fmt.Sprintf("ovr%d_fired", i), 4*((rows-1)*o.Fired+1)); err != nil {
+				return nil, err
+			}
+			fired[i] = arg.U32()
+		}
 	}
 	if err := c.done(); err != nil {
 		return nil, err
@@ -203,6 +218,12 @@ func (a SampleAttrs) bindOverrides(args []Arg, n int) (func(out []uint32), error
 				}
 				if on {
 					out[i] = TokenID(scal[j][int(ctl.seq[r])*o.ScalStride+o.Token])
+				}
+				if o.Fired > 0 {
+					fired[j][int(r)*o.Fired] = 0
+					if on {
+						fired[j][int(r)*o.Fired] = 1
+					}
 				}
 			}
 		}

@@ -4,6 +4,7 @@ package safetensors
 
 import (
 	"syscall"
+	"unsafe"
 
 	"xmix/input"
 )
@@ -24,4 +25,17 @@ func mapFile(path string) ([]byte, func() error, error) {
 		return readWhole(path)
 	}
 	return data, func() error { return syscall.Munmap(data) }, nil
+}
+
+// Prefetch asks the kernel to start reading the pages of b, part of a mapped file, now and
+// all at once (MADV_WILLNEED): a copy out of a cold mapping otherwise faults the file in a
+// readahead window at a time. The advice is only advice: an error changes nothing.
+func Prefetch(b []byte) {
+	if len(b) == 0 {
+		return
+	}
+	page := uintptr(syscall.Getpagesize())
+	start := uintptr(unsafe.Pointer(&b[0]))
+	aligned := start &^ (page - 1)
+	_, _, _ = syscall.Syscall(syscall.SYS_MADVISE, aligned, start-aligned+uintptr(len(b)), syscall.MADV_WILLNEED)
 }

@@ -18,7 +18,8 @@ const maxBodyBytes = 8 << 20
 
 // Finish reasons beyond OpenAI's "stop" and "length".
 const (
-	finishTimeout = "timeout" // --request-timeout ended it; the text is what it generated
+	finishTimeout  = "timeout"             // --request-timeout ended it; the text is what it generated
+	finishStopWhen = loader.ReasonStopWhen // xmix.stop_when: an export crossed its threshold
 )
 
 func randomSeed() uint64 { return rand.Uint64() }
@@ -26,7 +27,7 @@ func randomSeed() uint64 { return rand.Uint64() }
 // finishReason maps the engine's reason to the API's.
 func finishReason(engine string) string {
 	switch engine {
-	case loader.ReasonStop, loader.ReasonLength:
+	case loader.ReasonStop, loader.ReasonLength, loader.ReasonStopWhen:
 		return engine
 	case loader.ReasonCancelled:
 		return finishTimeout // the only cancellation a client sees: the client itself left otherwise
@@ -49,6 +50,18 @@ type xmixResult struct {
 	Apps          []string `json:"apps,omitempty"`
 	Exports       *Exports `json:"exports,omitempty"`
 	PromptExports *Exports `json:"prompt_exports,omitempty"`
+	// Fired counts, per op of each enabled app ("app.opN"), the (token, layer) sites where
+	// it changed or read the request's rows: {} without apps.
+	Fired *loader.Fired `json:"fired,omitempty"`
+}
+
+// firedOf is a view's counts, {} rather than null when the request enables no app.
+func firedOf(v view) *loader.Fired {
+	f := v.fired
+	if f == nil {
+		f = loader.Fired{}
+	}
+	return &f
 }
 
 type completionChoice struct {
@@ -276,10 +289,7 @@ func (sv *Server) whole(ctx context.Context, w http.ResponseWriter, r *http.Requ
 	resp.Usage = newUsage(v.promptLen, c.n)
 	resp.Xmix = c.xmixResult(v, 0, c.n, true)
 	fr := c.finish
-	var stopReason *string
-	if c.stop.matched != "" {
-		stopReason = &c.stop.matched
-	}
+	stopReason := c.stopReason()
 	s := text.String()
 	if c.gr.chat {
 		resp.Choices = []any{chatChoice{Message: &chatMessage{Role: "assistant", Content: &s}, FinishReason: &fr, StopReason: stopReason}}
@@ -288,6 +298,20 @@ func (sv *Server) whole(ctx context.Context, w http.ResponseWriter, r *http.Requ
 	}
 	http.NewResponseController(w).SetWriteDeadline(time.Now().Add(timeouts.Write))
 	writeJSON(w, http.StatusOK, resp)
+	return nil
+}
+
+// stopReason is vLLM's stop_reason: the stop string that ended the text, or, after a
+// stop_when, the test that fired ("tiny-probe.happy > 0.9"); nil otherwise.
+func (c *call) stopReason() *string {
+	switch {
+	case c.stop.matched != "":
+		return &c.stop.matched
+	case c.finish == finishStopWhen:
+		w := c.p.req.StopWhen
+		s := fmt.Sprintf("%s %s %g", w.Export, w.Op, w.Value)
+		return &s
+	}
 	return nil
 }
 
@@ -314,6 +338,9 @@ func (c *call) xmixResult(v view, from, to int, whole bool) *xmixResult {
 	if whole && c.gr.ext.promptExports {
 		e := promptExports(c.p.exports, v.rows, v.promptLen)
 		x.PromptExports = &e
+	}
+	if whole {
+		x.Fired = firedOf(v)
 	}
 	return x
 }

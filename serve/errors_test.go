@@ -57,7 +57,7 @@ func TestBadRequestsGetOpenAIErrors(t *testing.T) {
 		{cmpl, `{"prompt": "x", "xmix": {"apps": "tiny-steer"}}`, 400, "xmix.apps", "want a list of strings"},
 		{cmpl, `{"prompt": "x", "xmix": {"apps": ["tiny-steer"], "set": {"tiny-steer.op0.nope": 1}}}`, 400, "", `override "tiny-steer.op0.nope"`},
 		{cmpl, `{"prompt": "x", "xmix": {"apps": ["tiny-steer"], "exports": ["tiny-probe.happy"]}}`, 400, "xmix.exports", `export "tiny-probe.happy" is not an export of the enabled apps (none)`},
-		{cmpl, `{"prompt": "x", "xmix": {"stop_when": {"export": "tiny-probe.happy", "op": ">", "value": 0.9}}}`, 400, "xmix.stop_when", "not implemented yet"},
+		{cmpl, `{"prompt": "x", "xmix": {"stop_when": {"export": "tiny-probe.happy", "op": ">", "value": 0.9}}}`, 400, "", "the request enables no app with exports"},
 		{cmpl, `{"prompt": "x", "stream": true, "xmix": {"apps": ["nope"]}}`, 400, "xmix.apps", `app "nope"`},
 		{cmpl, `{"model": "gpt-4", "prompt": "x"}`, 404, "model", `the model "gpt-4" does not exist`},
 		{cmpl, fmt.Sprintf(`{"prompt": %q}`, strings.Repeat("a", maxBodyBytes)), 413, "", "larger than"},
@@ -98,7 +98,7 @@ func TestBadRequestsGetOpenAIErrors(t *testing.T) {
 	for _, c := range []struct{ path, body string }{
 		{cmpl, `{"prompt": "x", "max_tokens": 2, "user": "u1", "frequency_penalty": 0, "presence_penalty": 0.0, "logit_bias": {}, "n": 1,
 			"echo": false, "best_of": 1, "logprobs": null, "suffix": null, "seed": -5, "stream": false, "top_k": -1, "ignore_eos": false, "min_tokens": 0,
-			"xmix": {"vectors": {}, "stop_when": null, "apps": []}}`},
+			"xmix": {"vectors": {}, "layers": {}, "stop_when": null, "apps": []}}`},
 		{chat, `{"messages": [{"role": "developer", "content": "x"}, {"role": "user", "content": "y", "name": "bob"}, {"role": "assistant", "content": null, "tool_calls": []}],
 			"max_tokens": 2, "metadata": {"a": "b"}, "store": false, "tools": [], "tool_choice": "none", "response_format": {"type": "text"},
 			"logprobs": false, "top_logprobs": 0, "parallel_tool_calls": true, "stream_options": {"include_usage": false}}`},

@@ -233,6 +233,7 @@ type completion struct {
 		Apps          []string                     `json:"apps"`
 		Exports       map[string][]json.RawMessage `json:"exports"`
 		PromptExports map[string][]json.RawMessage `json:"prompt_exports"`
+		Fired         map[string]int               `json:"fired"`
 	} `json:"xmix"`
 }
 
@@ -259,6 +260,7 @@ type streamed struct {
 	stop    *string
 	chunks  int // chunks with a choice
 	exports map[string][]json.RawMessage
+	fired   map[string]int // from the last chunk
 	usage   *usage
 	role    string
 	done    bool // ended with data: [DONE]
@@ -299,6 +301,7 @@ func readStream(t testing.TB, body io.Reader) streamed {
 			Usage *usage `json:"usage"`
 			Xmix  *struct {
 				Exports map[string][]json.RawMessage `json:"exports"`
+				Fired   map[string]int               `json:"fired"`
 			} `json:"xmix"`
 			Error *errorObject `json:"error"`
 		}
@@ -314,6 +317,12 @@ func readStream(t testing.TB, body io.Reader) streamed {
 				t.Fatalf("usage in a chunk with choices, or twice: %q", data)
 			}
 			s.usage = ch.Usage
+		}
+		if ch.Xmix != nil && ch.Xmix.Fired != nil {
+			if s.fired != nil {
+				t.Fatalf("fired counts in two chunks: %q", data)
+			}
+			s.fired = ch.Xmix.Fired
 		}
 		if ch.Xmix != nil {
 			for k, v := range ch.Xmix.Exports {

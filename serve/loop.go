@@ -2,6 +2,7 @@ package serve
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"time"
 
@@ -31,6 +32,7 @@ type job struct {
 	tokens    []int
 	times     []time.Time
 	rows      []loader.Row
+	fired     loader.Fired // a copy: the engine counts in its own
 	reason    string
 	finished  bool
 	promptLen int
@@ -45,6 +47,7 @@ type view struct {
 	tokens    []int
 	times     []time.Time
 	rows      []loader.Row
+	fired     loader.Fired // the counts so far; its backing array is the view's own
 	reason    string
 	finished  bool
 	promptLen int
@@ -53,7 +56,8 @@ type view struct {
 func (j *job) view() view {
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	return view{tokens: j.tokens, times: j.times, rows: j.rows, reason: j.reason, finished: j.finished, promptLen: j.promptLen}
+	return view{tokens: j.tokens, times: j.times, rows: j.rows, fired: slices.Clone(j.fired), reason: j.reason,
+		finished: j.finished, promptLen: j.promptLen}
 }
 
 // publish copies what the engine produced for j since the last call; it reports whether j
@@ -67,6 +71,7 @@ func (j *job) publish() bool {
 	if j.wantRows {
 		j.rows = append(j.rows, r.Rows[len(j.rows):]...)
 	}
+	j.fired = append(j.fired[:0], r.Fired...)
 	if h.Done {
 		j.finished, j.reason = true, r.Reason
 	}

@@ -26,6 +26,7 @@ type metrics struct {
 	vectorSlots      prometheus.Gauge
 	step             *prometheus.HistogramVec // bucket
 	appRequests      *prometheus.CounterVec   // app
+	fired            *prometheus.CounterVec   // op
 	// bucketName names a template by its kind and rows.
 	bucketName map[[2]int]string
 }
@@ -60,10 +61,12 @@ func newMetrics(reg *prometheus.Registry, b *bundle.Bundle) (*metrics, error) {
 			Help: "Engine step time by template (batch bucket).", Buckets: latency}, []string{"bucket"}),
 		appRequests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "xmix_app_enabled_requests_total",
 			Help: "Requests that enabled each app."}, []string{"app"}),
+		fired: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "xmix_app_fired_sites_total",
+			Help: "(token, layer) sites where each op (app.opN) changed or read a request's rows."}, []string{"op"}),
 		bucketName: map[[2]int]string{},
 	}
 	for _, c := range []prometheus.Collector{m.requests, m.aborted, m.promptTokens, m.generationTokens, m.ttft, m.itl, m.e2e,
-		m.running, m.waiting, m.kvUsage, m.vectorSlots, m.step, m.appRequests} {
+		m.running, m.waiting, m.kvUsage, m.vectorSlots, m.step, m.appRequests, m.fired} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("metrics: %w", err)
 		}
@@ -143,6 +146,9 @@ func (sv *Server) record(r *http.Request, c *call, status int) {
 			m.itl.Observe(times[k].Sub(times[k-1]).Seconds())
 		}
 		m.e2e.Observe(el.Seconds())
+		for _, f := range v.fired {
+			m.fired.WithLabelValues(f.Name).Add(float64(f.Sites))
+		}
 	}
 	if w := sv.cfg.RequestLog; w != nil {
 		sv.logLine(w, r, c, v, status, el)

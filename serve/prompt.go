@@ -108,6 +108,7 @@ func (sv *Server) plan(gr *genRequest) (*plan, error) {
 	}
 	p.req.Apps = p.apps
 	p.req.Layers = gr.ext.layers
+	p.req.StopWhen = gr.ext.stopWhen
 	if len(gr.ext.vectors) > 0 {
 		p.req.Vectors = map[string][]float32{}
 		for _, name := range sortedKeys(gr.ext.vectors) {

@@ -13,6 +13,7 @@ import (
 	"strings"
 
 	"xmix/chat"
+	"xmix/loader"
 )
 
 // genRequest is a parsed body of POST /v1/completions or /v1/chat/completions.
@@ -46,7 +47,9 @@ type extension struct {
 	// numbers or base64 of f32): decoded against the param's width when the request is planned.
 	vectors map[string]json.RawMessage
 	// layers narrow the layers of ops marked at: {per_request: true}, by "app.opN".
-	layers        map[string][]int
+	layers map[string][]int
+	// stopWhen ends the request when a one-value export crosses a threshold.
+	stopWhen      *loader.StopWhen
 	exports       []string // nil: every export of the enabled apps
 	promptExports bool
 	// defaultApps false opts the request out of the apps the control plane turned on for
@@ -465,11 +468,7 @@ func (r *genRequest) check() error {
 }
 
 // extensionFields are the keys of the "xmix" object.
-var extensionFields = []string{"apps", "set", "vectors", "layers", "exports", "prompt_exports", "default_apps"}
-
-// pendingExtension are extension keys that wait for the engine (issue 15b), accepted at
-// their empty value.
-var pendingExtension = map[string][]string{"stop_when": {}}
+var extensionFields = []string{"apps", "set", "vectors", "layers", "exports", "prompt_exports", "default_apps", "stop_when"}
 
 func (x *extension) parse(raw json.RawMessage) error {
 	var o map[string]json.RawMessage
@@ -479,12 +478,6 @@ func (x *extension) parse(raw json.RawMessage) error {
 	for _, k := range sortedKeys(o) {
 		v := o[k]
 		name := "xmix." + k
-		if d, ok := pendingExtension[k]; ok {
-			if !isNull(v) && !atDefault(v, d) {
-				return badRequest(name, "%s: not implemented yet by this server", name)
-			}
-			continue
-		}
 		if !slices.Contains(extensionFields, k) {
 			return badRequest(name, "unknown field %s (the extension takes %s)", name, strings.Join(extensionFields, ", "))
 		}
@@ -510,10 +503,46 @@ func (x *extension) parse(raw json.RawMessage) error {
 			err = decodeField(v, name, &x.promptExports)
 		case "default_apps":
 			err = decodeField(v, name, &x.defaultApps)
+		case "stop_when":
+			err = x.parseStopWhen(v)
 		}
 		if err != nil {
 			return err
 		}
 	}
+	return nil
+}
+
+// parseStopWhen reads {"export": "app.buffer", "op": ">", "value": 0.9}; the engine checks
+// the export and the op against the request's apps.
+func (x *extension) parseStopWhen(raw json.RawMessage) error {
+	var o map[string]json.RawMessage
+	if json.Unmarshal(raw, &o) != nil {
+		return badRequest("xmix.stop_when", "xmix.stop_when %s: want {\"export\": \"app.buffer\", \"op\": \">\", \"value\": 0.9}", compact(raw))
+	}
+	w := &loader.StopWhen{}
+	for _, k := range sortedKeys(o) {
+		name := "xmix.stop_when." + k
+		var err error
+		switch k {
+		case "export":
+			err = decodeField(o[k], name, &w.Export)
+		case "op":
+			err = decodeField(o[k], name, &w.Op)
+		case "value":
+			err = decodeField(o[k], name, &w.Value)
+		default:
+			err = badRequest(name, "unknown field %s (stop_when takes export, op, value)", name)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	for _, k := range []string{"export", "op", "value"} {
+		if _, ok := o[k]; !ok {
+			return badRequest("xmix.stop_when."+k, "xmix.stop_when.%s: required", k)
+		}
+	}
+	x.stopWhen = w
 	return nil
 }

@@ -1,6 +1,7 @@
 package serve
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"net/http"
@@ -17,11 +18,14 @@ type sse struct {
 }
 
 func (s *sse) event(v any) {
-	data, err := json.Marshal(v)
-	if err != nil {
-		data, _ = json.Marshal((&apiError{status: http.StatusInternalServerError, message: err.Error()}).body())
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		b.Reset()
+		enc.Encode((&apiError{status: http.StatusInternalServerError, message: err.Error()}).body())
 	}
-	s.buf = append(append(append(s.buf, "data: "...), data...), "\n\n"...)
+	s.buf = append(append(append(s.buf, "data: "...), bytes.TrimSuffix(b.Bytes(), []byte("\n"))...), "\n\n"...)
 }
 
 // flush sends the buffered events; false once the client is gone.
@@ -120,8 +124,8 @@ func (c *call) textChunk(text string, v view, k int) any {
 func (c *call) chunk(text string, completion bool, delta *chatMessage, fin *string, v view, k int) response {
 	resp := c.header(true)
 	var stopReason *string
-	if fin != nil && c.stop.matched != "" {
-		stopReason = &c.stop.matched
+	if fin != nil {
+		stopReason = c.stopReason()
 	}
 	if completion {
 		resp.Choices = []any{completionChoice{Text: text, FinishReason: fin, StopReason: stopReason}}
@@ -131,6 +135,12 @@ func (c *call) chunk(text string, completion bool, delta *chatMessage, fin *stri
 	if k >= 0 && len(c.p.exports) > 0 {
 		e := tokenExports(c.p.exports, v.rows, v.promptLen, k, k+1)
 		resp.Xmix = &xmixResult{Exports: &e}
+	}
+	if fin != nil { // the last chunk: the request's fired counts
+		if resp.Xmix == nil {
+			resp.Xmix = &xmixResult{}
+		}
+		resp.Xmix.Fired = firedOf(v)
 	}
 	if c.gr.includeUsage {
 		resp.Usage = nil // the usage comes in a chunk of its own

@@ -618,6 +618,8 @@ var Checks = []struct {
 	{"set_vector", CheckSetVector},
 	{"per_request_vectors", CheckPerRequestVectors},
 	{"per_request_layers", CheckPerRequestLayers},
+	{"fired", CheckFired},
+	{"stop_when", CheckStopWhen},
 	{"router_bias", CheckRouterBias},
 	{"router_mask", CheckRouterMask},
 	{"logits_steer", CheckLogitsSteer},

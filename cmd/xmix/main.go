@@ -333,6 +333,7 @@ type jsonUsage struct {
 
 type jsonXmix struct {
 	Exports serve.Exports `json:"exports"` // per generated token
+	Fired   loader.Fired  `json:"fired"`   // sites per op of each enabled app
 }
 
 func (s *session) generate(w io.Writer, f runFlags, prompts []string, apps [][]string) error {
@@ -373,7 +374,10 @@ func (s *session) generate(w io.Writer, f runFlags, prompts []string, apps [][]s
 		for i, r := range res {
 			out[i] = jsonResult{Prompt: prompts[i], Apps: apps[i], Text: s.tok.Decode(r.Tokens), Tokens: r.Tokens, Reason: r.Reason,
 				Usage: jsonUsage{PromptTokens: r.PromptTokens, CompletionTokens: len(r.Tokens), TotalTokens: r.PromptTokens + len(r.Tokens)},
-				Xmix:  jsonXmix{Exports: serve.ResultExports(s.b, apps[i], r)}, Rows: r.Rows}
+				Xmix:  jsonXmix{Exports: serve.ResultExports(s.b, apps[i], r), Fired: r.Fired}, Rows: r.Rows}
+			if out[i].Xmix.Fired == nil {
+				out[i].Xmix.Fired = loader.Fired{}
+			}
 			if out[i].Apps == nil {
 				out[i].Apps = []string{}
 			}

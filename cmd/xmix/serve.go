@@ -40,8 +40,9 @@ batching. Endpoints:
 MI rides on OpenAI requests in the "xmix" extension object (OpenAI SDKs pass it through as
 an extra body field): {"apps": [...], "set": {"app.op0.alpha": 20}, "vectors":
 {"app.param": [floats] or base64 f32}, "layers": {"app.op0": [3]}, "exports": [...],
-"prompt_exports": true, "default_apps": false}. Responses carry "xmix": {"apps", "exports":
-one value or row per generated token}, and every SSE chunk the exports of its token.
+"stop_when": {"export": "app.buffer", "op": ">", "value": 0.9}, "prompt_exports": true,
+"default_apps": false}. Responses carry "xmix": {"apps", "exports": one value or row per
+generated token, "fired": sites per op}, every SSE chunk the exports of its token.
 
 A client that disconnects has its request cancelled at the next step; past --max-queue
 waiting requests new ones get 429 with Retry-After. SIGINT/SIGTERM stops taking connections

@@ -365,6 +365,7 @@ func (be *Backend) allocAndFill(b *bundle.Bundle, w *loader.Weights, readers int
 	var upload []bundle.Buffer
 	var dst []uintptr
 	var uploadBytes int64
+	uploadChunks := 0
 	for _, buf := range b.Manifest.Buffers {
 		if buf.Kind == bundle.KindControl || buf.Kind == bundle.KindOutput {
 			continue
@@ -386,6 +387,7 @@ func (be *Backend) allocAndFill(b *bundle.Bundle, w *loader.Weights, readers int
 			}
 			upload, dst = append(upload, buf), append(dst, p)
 			uploadBytes += n
+			uploadChunks += int((n + loader.ChunkBytes - 1) / loader.ChunkBytes)
 		case bundle.KindParam:
 			data, ok := params[buf.Name]
 			if !ok || int64(len(data)) != n {
@@ -406,9 +408,11 @@ func (be *Backend) allocAndFill(b *bundle.Bundle, w *loader.Weights, readers int
 	if readers <= 0 {
 		readers = loader.DefaultReaders()
 	}
+	// A small upload (the norm weights of a synthetic model) pins no more than it needs.
+	chunks := min(stagingChunks(readers), uploadChunks)
 	progress("cuda: weights: %.2f GB from %s, %d readers, %d pinned chunks of %d MiB",
-		float64(uploadBytes)/1e9, w.Origin(), readers, stagingChunks(readers), loader.ChunkBytes>>20)
-	u, err := be.newStagedUpload(dst, readers)
+		float64(uploadBytes)/1e9, w.Origin(), readers, chunks, loader.ChunkBytes>>20)
+	u, err := be.newStagedUpload(dst, chunks)
 	if err != nil {
 		return err
 	}

@@ -63,3 +63,48 @@ func rawComments(g *ast.CommentGroup) string {
 	}
 	return b.String()
 }
+
+// TestEveryCallIsResolved: every driver or cuBLASLt entry point this package calls by name
+// is in the list resolved at load, so a call added without its symbol fails here instead of
+// jumping to address 0 on the GPU machine.
+func TestEveryCallIsResolved(t *testing.T) {
+	files, err := filepath.Glob("*.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	known := map[string]bool{}
+	for _, s := range append(append([]string{}, driverSymbols...), ltSymbols...) {
+		known[s] = true
+	}
+	fset := token.NewFileSet()
+	calls := 0
+	for _, f := range files {
+		if strings.HasSuffix(f, "_test.go") {
+			continue
+		}
+		file, err := parser.ParseFile(fset, f, nil, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ast.Inspect(file, func(n ast.Node) bool {
+			c, ok := n.(*ast.CallExpr)
+			if !ok || len(c.Args) == 0 {
+				return true
+			}
+			sel, ok := c.Fun.(*ast.SelectorExpr)
+			lit, isLit := c.Args[0].(*ast.BasicLit)
+			if !ok || sel.Sel.Name != "call" || !isLit || lit.Kind != token.STRING {
+				return true
+			}
+			name := strings.Trim(lit.Value, `"`)
+			calls++
+			if !known[name] {
+				t.Errorf("%s: %s is called but not in driverSymbols or ltSymbols", fset.Position(c.Pos()), name)
+			}
+			return true
+		})
+	}
+	if calls < 40 {
+		t.Fatalf("found %d calls by name, want the backend's (40 and more)", calls)
+	}
+}

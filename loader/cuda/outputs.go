@@ -22,7 +22,8 @@ type outCopy struct {
 }
 
 // planOutCopies lists, per template, the output ranges a step of it may copy back: the first
-// Tokens rows of each export buffer under its app's bit, every other output buffer whole.
+// Tokens rows of each export and fired buffer under its app's bit, every other output buffer
+// whole.
 func planOutCopies(b *bundle.Bundle, out arena) [][]outCopy {
 	type owner struct {
 		bit      int
@@ -32,6 +33,14 @@ func planOutCopies(b *bundle.Bundle, out arena) [][]outCopy {
 	for _, a := range b.Manifest.Apps {
 		for _, x := range a.Exports {
 			owners[x.Buffer] = owner{bit: a.Bit, rowBytes: 4 * int64(x.Width)}
+		}
+		if a.FiredBuffer != "" {
+			// Rows of one word per counted site (bundle.App.Fired).
+			width := 0
+			for _, f := range a.Fired {
+				width = max(width, f.Column+1)
+			}
+			owners[a.FiredBuffer] = owner{bit: a.Bit, rowBytes: 4 * int64(width)}
 		}
 	}
 	plan := make([][]outCopy, len(b.Templates))

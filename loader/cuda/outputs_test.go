@@ -8,7 +8,8 @@ import (
 )
 
 // TestOutCopiesFollowTheStepsApps: a step copies back the sampled tokens always, and an
-// export buffer only when some row enables its app, and then only the template's rows.
+// export (or fired) buffer only when some row enables its app, and then only the template's
+// rows.
 func TestOutCopiesFollowTheStepsApps(t *testing.T) {
 	b := &bundle.Bundle{Manifest: bundle.Manifest{
 		Buffers: []bundle.Buffer{
@@ -16,9 +17,11 @@ func TestOutCopiesFollowTheStepsApps(t *testing.T) {
 			{Name: "act.resid", Kind: bundle.KindActivation, Dtype: "f32", Shape: []int{512, 64}},
 			{Name: "cap.L3", Kind: bundle.KindOutput, Dtype: "f32", Shape: []int{512, 64}},
 			{Name: "out.sampled", Kind: bundle.KindOutput, Dtype: "u32", Shape: []int{8}},
+			{Name: "probe.fired", Kind: bundle.KindOutput, Dtype: "u32", Shape: []int{512, 3}},
 		},
 		Apps: []bundle.App{
-			{Name: "probe", Bit: 0, Exports: []bundle.Export{{Name: "score", Buffer: "probe.score", Width: 1}}},
+			{Name: "probe", Bit: 0, Exports: []bundle.Export{{Name: "score", Buffer: "probe.score", Width: 1}},
+				FiredBuffer: "probe.fired", Fired: []bundle.FiredSite{{Column: 0}, {Column: 2}, {Column: -1}, {Column: 1}}},
 			{Name: "capture", Bit: 3, Exports: []bundle.Export{{Name: "L3", Buffer: "cap.L3", Width: 64}}},
 		}},
 		Templates: []bundle.Template{{Name: "decode_b8", Tokens: 8}, {Name: "prefill_512", Tokens: 512}},
@@ -43,16 +46,16 @@ func TestOutCopiesFollowTheStepsApps(t *testing.T) {
 		}
 		return got
 	}
-	sampled, score, capture := out.offset["out.sampled"], out.offset["probe.score"], out.offset["cap.L3"]
+	sampled, score, capture, fired := out.offset["out.sampled"], out.offset["probe.score"], out.offset["cap.L3"], out.offset["probe.fired"]
 	for _, c := range []struct {
 		tmpl int
 		any  uint32
 		want map[int64]int64
 	}{
 		{0, 0, map[int64]int64{sampled: 32}},
-		{0, 1 << 0, map[int64]int64{sampled: 32, score: 8 * 4}},
+		{0, 1 << 0, map[int64]int64{sampled: 32, score: 8 * 4, fired: 8 * 3 * 4}},
 		{0, 1 << 3, map[int64]int64{sampled: 32, capture: 8 * 64 * 4}},
-		{0, 1<<0 | 1<<3 | 1<<5, map[int64]int64{sampled: 32, score: 8 * 4, capture: 8 * 64 * 4}},
+		{0, 1<<0 | 1<<3 | 1<<5, map[int64]int64{sampled: 32, score: 8 * 4, capture: 8 * 64 * 4, fired: 8 * 3 * 4}},
 		{1, 1 << 3, map[int64]int64{sampled: 32, capture: 512 * 64 * 4}},
 	} {
 		got := copied(c.tmpl, c.any)

@@ -39,11 +39,10 @@ type stagedUpload struct {
 	head, n int
 }
 
-// newStagedUpload allocates the pinned chunks and the events of a load into dst.
-func (be *Backend) newStagedUpload(dst []uintptr, readers int) (*stagedUpload, error) {
+// newStagedUpload allocates chunks pinned chunks and their events for a load into dst.
+func (be *Backend) newStagedUpload(dst []uintptr, chunks int) (*stagedUpload, error) {
 	d := be.d
 	u := &stagedUpload{d: d, stream: be.stream, dst: dst}
-	chunks := stagingChunks(readers)
 	size := uintptr(chunks) * loader.ChunkBytes
 	if err := d.call("cuMemAllocHost_v2", uintptr(unsafe.Pointer(&u.host)), size); err != nil {
 		return nil, fmt.Errorf("allocating %d MiB of pinned staging memory: %w", size>>20, err)

@@ -73,6 +73,7 @@ async function streamedCompletion(params) {
   let usage = null;
   const exports = {};
   let chunks = 0;
+  let fired = null;
   for await (const chunk of stream) {
     if (chunk.usage) usage = chunk.usage;
     for (const c of chunk.choices) {
@@ -81,8 +82,9 @@ async function streamedCompletion(params) {
       if (c.finish_reason) finish = c.finish_reason;
     }
     for (const [k, v] of Object.entries(chunk.xmix?.exports ?? {})) (exports[k] ??= []).push(...v);
+    if (chunk.xmix?.fired) fired = chunk.xmix.fired;
   }
-  return { text, finish, usage, exports, chunks };
+  return { text, finish, usage, exports, chunks, fired };
 }
 
 test("a completion, whole and streamed, gives the same text", async () => {
@@ -139,6 +141,9 @@ test("the xmix extension steers, and probe scores come per generated token, whol
   assert.notEqual(steered.choices[0].text, plain.choices[0].text, "steering changed nothing");
   assert.deepEqual(steered.xmix.apps, ["tiny-steer"]);
   assert.deepEqual(plain.xmix.exports, {});
+  // Proof of firing: the steering op changed this many (token, layer) sites; none without apps.
+  assert.ok(steered.xmix.fired["tiny-steer.op0"] > 0, JSON.stringify(steered.xmix));
+  assert.deepEqual(plain.xmix.fired, {});
 
   const probed = await client.completions.create({ ...params, xmix: { apps: ["tiny-probe"], prompt_exports: true } });
   const scores = probed.xmix.exports["tiny-probe.happy"];
@@ -147,9 +152,26 @@ test("the xmix extension steers, and probe scores come per generated token, whol
   assert.equal(probed.xmix.prompt_exports["tiny-probe.happy"].length, probed.usage.prompt_tokens);
   assert.equal(probed.choices[0].text, plain.choices[0].text, "a probe reads, it must not change the text");
 
+  assert.ok(probed.xmix.fired["tiny-probe.op0"] > 0);
   const s = await streamedCompletion({ ...params, xmix: { apps: ["tiny-probe"] } });
   assert.deepEqual(s.exports["tiny-probe.happy"], scores);
+  assert.deepEqual(s.fired, probed.xmix.fired);
   assert.equal(s.text, probed.choices[0].text);
+});
+
+test("xmix.stop_when ends a generation when the probe crosses its threshold", async () => {
+  const params = { ...greedy, prompt, max_tokens: 40 };
+  const free = await client.completions.create({ ...params, xmix: { apps: ["tiny-probe"] } });
+  const scores = free.xmix.exports["tiny-probe.happy"];
+  const k = scores.findIndex((v) => v > 0.995);
+  assert.ok(k >= 0 && k < 39, `no score above 0.995 to stop at: ${scores}`);
+  const stopped = await client.completions.create({
+    ...params,
+    xmix: { apps: ["tiny-probe"], stop_when: { export: "tiny-probe.happy", op: ">", value: 0.995 } },
+  });
+  assert.equal(stopped.choices[0].finish_reason, "stop_when");
+  assert.equal(stopped.usage.completion_tokens, k + 1);
+  assert.ok(free.choices[0].text.startsWith(stopped.choices[0].text));
 });
 
 test("an unknown app is a 400 naming it", async () => {

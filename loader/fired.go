@@ -1,0 +1,291 @@
+package loader
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strings"
+
+	"xmix/bundle"
+)
+
+// Proof of firing. For every op of every app a request enables, Result.Fired counts the
+// (token row, layer) sites where the op actually changed or read the row in this request:
+// the MI kernels write, on each row with the app's bit, a word per site (1: fired, 0: its
+// conditions, or a clamp already within bounds, left the row alone) into the app's fired
+// buffer, which the engine reads after the step when some row enables the app. Custom
+// kernels and logit lenses take no conditions; the engine counts their rows itself.
+
+// FiredCount is how many sites one op fired at: Name is "app.opN".
+type FiredCount struct {
+	Name  string
+	Sites int
+}
+
+// Fired are a request's counts, an entry per op of each enabled app, in manifest order.
+type Fired []FiredCount
+
+// Get returns the count of op name ("app.opN"), or -1 when the request has no such op.
+func (f Fired) Get(name string) int {
+	for _, c := range f {
+		if c.Name == name {
+			return c.Sites
+		}
+	}
+	return -1
+}
+
+// MarshalJSON writes the counts as one object, name to count.
+func (f Fired) MarshalJSON() ([]byte, error) {
+	if f == nil {
+		return []byte("null"), nil
+	}
+	b := []byte{'{'}
+	for i, c := range f {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		k, err := json.Marshal(c.Name)
+		if err != nil {
+			return nil, err
+		}
+		b = append(append(append(b, k...), ':'), fmt.Sprint(c.Sites)...)
+	}
+	return append(b, '}'), nil
+}
+
+// UnmarshalJSON reads what MarshalJSON writes, keeping the order.
+func (f *Fired) UnmarshalJSON(b []byte) error {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	tok, err := dec.Token()
+	if err != nil {
+		return err
+	}
+	if tok == nil {
+		*f = nil
+		return nil
+	}
+	if tok != json.Delim('{') {
+		return fmt.Errorf("fired: want an object of op name to count, got %v", tok)
+	}
+	out := Fired{}
+	for dec.More() {
+		k, err := dec.Token()
+		if err != nil {
+			return err
+		}
+		c := FiredCount{}
+		c.Name, _ = k.(string)
+		if err := dec.Decode(&c.Sites); err != nil {
+			return fmt.Errorf("fired: %s: %w", c.Name, err)
+		}
+		out = append(out, c)
+	}
+	*f = out
+	return nil
+}
+
+// firedApp is what the engine counts of one app.
+type firedApp struct {
+	bit    int
+	buffer string // "" when no site is counted on the device
+	width  int    // words per row of buffer
+	ops    []int  // the app's op indices, ascending: a request's entries in this order
+	// The sites, by who counts them: the device on every row (rows) or on sampled rows only
+	// (sampled), as runs of columns per op, and the host on every row with the bit (host).
+	rows, sampled []firedRun
+	host          []int // entries (indices into ops)
+}
+
+// firedRun is an op's device columns [lo, hi): the codegen numbers an app's columns by op,
+// then layer.
+type firedRun struct{ entry, lo, hi int }
+
+// initFired reads the apps' fired sites and checks their buffers.
+func (e *Engine) initFired(bufs map[string]bundle.Buffer) error {
+	for _, a := range e.B.Manifest.Apps {
+		fa := firedApp{bit: a.Bit, buffer: a.FiredBuffer}
+		for _, s := range a.Fired {
+			if !slices.Contains(fa.ops, s.Op) {
+				fa.ops = append(fa.ops, s.Op)
+			}
+			fa.width = max(fa.width, s.Column+1)
+		}
+		slices.Sort(fa.ops)
+		sites := slices.Clone(a.Fired) // by column, so that each op's columns form runs
+		slices.SortStableFunc(sites, func(x, y bundle.FiredSite) int { return x.Column - y.Column })
+		for _, s := range sites {
+			entry := slices.Index(fa.ops, s.Op)
+			runs := &fa.rows
+			if s.Samples {
+				runs = &fa.sampled
+			}
+			switch last := len(*runs) - 1; {
+			case s.Column >= 0 && a.FiredBuffer == "" || s.Column < -1:
+				return fmt.Errorf("app %s: fired site of op %d at column %d without a fired buffer", a.Name, s.Op, s.Column)
+			case s.Column < 0:
+				fa.host = append(fa.host, entry)
+			case last >= 0 && (*runs)[last].entry == entry && (*runs)[last].hi == s.Column:
+				(*runs)[last].hi++
+			default:
+				*runs = append(*runs, firedRun{entry, s.Column, s.Column + 1})
+			}
+		}
+		if a.FiredBuffer != "" {
+			fb, ok := bufs[a.FiredBuffer]
+			if !ok || fb.Kind != bundle.KindOutput || fb.Dtype != "u32" || len(fb.Shape) != 2 || fb.Shape[0] < e.maxT || fb.Shape[1] != fa.width {
+				return fmt.Errorf("app %s: fired buffer %q is not an output buffer of [%d, %d] u32", a.Name, a.FiredBuffer, e.maxT, fa.width)
+			}
+		}
+		e.fired = append(e.fired, fa)
+	}
+	return nil
+}
+
+// startFired gives a request an entry per op of each app it enables.
+func (e *Engine) startFired(s *seqState) {
+	for i, fa := range e.fired {
+		if s.mask&(1<<uint(fa.bit)) == 0 || len(fa.ops) == 0 {
+			continue
+		}
+		if s.firedAt == nil {
+			s.firedAt = make([]int, len(e.fired))
+		}
+		s.firedAt[i] = len(s.res.Fired)
+		for _, op := range fa.ops {
+			s.res.Fired = append(s.res.Fired, FiredCount{Name: fmt.Sprintf("%s.op%d", e.B.Manifest.Apps[i].Name, op)})
+		}
+	}
+}
+
+// collectFired adds the step's fired sites to each row's request. It runs every step for
+// every app some row enables (six apps, 64 rows: a few thousand words), so the words are
+// read once into scratch and summed in place.
+func (e *Engine) collectFired(rows []stepRow, n int) error {
+	for i := range e.fired {
+		fa := &e.fired[i]
+		bit := uint32(1) << uint(fa.bit)
+		on := false
+		for _, r := range rows {
+			if r.s.mask&bit != 0 {
+				on = true
+				break
+			}
+		}
+		if !on {
+			continue
+		}
+		var words []uint32
+		if fa.buffer != "" {
+			raw := e.scratch.firedBytes(4 * n * fa.width)
+			if err := e.Be.Read(fa.buffer, raw); err != nil {
+				return err
+			}
+			words = e.scratch.firedWords(raw)
+		}
+		// A request's rows are consecutive (a prompt chunk) or alone (decode): each run of
+		// them is summed column run by column run, then added to its request once.
+		for lo := 0; lo < len(rows); {
+			s, hi := rows[lo].s, lo+1
+			for hi < len(rows) && rows[hi].s == s {
+				hi++
+			}
+			if s.mask&bit != 0 {
+				counts := s.res.Fired[s.firedAt[i]:]
+				for _, c := range fa.rows {
+					n := 0
+					for ri := lo; ri < hi; ri++ {
+						n += sumWords(words[ri*fa.width+c.lo : ri*fa.width+c.hi])
+					}
+					counts[c.entry].Sites += n
+				}
+				for ri := lo; ri < hi && len(fa.sampled) > 0; ri++ {
+					if rows[ri].sample >= 0 {
+						for _, c := range fa.sampled {
+							counts[c.entry].Sites += sumWords(words[ri*fa.width+c.lo : ri*fa.width+c.hi])
+						}
+					}
+				}
+				for _, entry := range fa.host {
+					counts[entry].Sites += hi - lo
+				}
+			}
+			lo = hi
+		}
+	}
+	return nil
+}
+
+// sumWords adds fired words (each 0 or 1).
+func sumWords(w []uint32) int {
+	var n uint32
+	for _, x := range w {
+		n += x & 1
+	}
+	return int(n)
+}
+
+// StopWhen ends a request when an export of its rows crosses a threshold: Export names a
+// one-value export of an app the request enables ("app.buffer"), Op is one of
+// > >= < <= == !=. It is tested on the rows that sample a token (the last prompt row and
+// every generated one): the token sampled there is the request's last, with reason
+// "stop_when".
+type StopWhen struct {
+	Export string
+	Op     string
+	Value  float32
+}
+
+// resolveStop checks a request's StopWhen and returns a copy of it.
+func (e *Engine) resolveStop(w *StopWhen, mask uint32) (*StopWhen, error) {
+	if w == nil {
+		return nil, nil
+	}
+	switch w.Op {
+	case ">", ">=", "<", "<=", "==", "!=":
+	default:
+		return nil, fmt.Errorf("stop_when: op %q is not one of >, >=, <, <=, ==, !=", w.Op)
+	}
+	var names []string
+	for _, x := range e.exports {
+		if mask&(1<<uint(x.bit)) == 0 {
+			continue
+		}
+		names = append(names, x.key)
+		if x.key != w.Export {
+			continue
+		}
+		if x.width != 1 {
+			return nil, fmt.Errorf("stop_when: export %s has %d values per token; it needs one (a probe's score)", w.Export, x.width)
+		}
+		stop := *w
+		return &stop, nil
+	}
+	if len(names) == 0 {
+		return nil, fmt.Errorf("stop_when: export %s: the request enables no app with exports", w.Export)
+	}
+	return nil, fmt.Errorf("stop_when: export %s is not an export of the apps the request enables (exports: %s)", w.Export, strings.Join(names, ", "))
+}
+
+// crossed says whether the row's export crosses the threshold (false when the row has no
+// value of it).
+func (w *StopWhen) crossed(x Exports) bool {
+	v := x.Get(w.Export)
+	if len(v) == 0 {
+		return false
+	}
+	switch w.Op {
+	case ">":
+		return v[0] > w.Value
+	case ">=":
+		return v[0] >= w.Value
+	case "<":
+		return v[0] < w.Value
+	case "<=":
+		return v[0] <= w.Value
+	case "==":
+		return v[0] == w.Value
+	}
+	return v[0] != w.Value
+}
