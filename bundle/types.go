@@ -87,6 +87,12 @@ type ModelConfig struct {
 	// at once: each per-request Vector has a Slots buffer of that many rows, and a request
 	// holding slot s has ctl.vslot = s on its rows (ops.NoRow on the others).
 	VectorSlots int `json:"vector_slots,omitempty"`
+	// Logprobs is how many top tokens a sample may ask logprobs of: the sampler then reads
+	// ctl.logprobs ([max_samples] u32: 0, or 1 + the top count) and writes out.logprobs
+	// ([max_samples, 1+2*Logprobs] f32: the sampled token's logprob, Logprobs ids, their
+	// logprobs). With EOS ids it also reads ctl.eos_ban ([max_samples] u32; not 0: EOS may
+	// not be sampled, for min_tokens).
+	Logprobs int `json:"logprobs,omitempty"`
 }
 
 // RopeScaling is Llama-3's frequency-dependent RoPE scaling.
@@ -131,15 +137,15 @@ type App struct {
 	Exports     []Export `json:"exports"`
 	// LayerMasks are the app's ops a request may run at fewer of their layers.
 	LayerMasks []LayerMask `json:"layer_masks,omitempty"`
-	// Fired lists every site (op, layer) of the app; FiredBuffer ([max_tokens, columns] u32,
-	// KindOutput) holds, per token row with the app's bit, a word per site the kernels count:
-	// 1 where the op fired there (changed or read the row), 0 where its conditions left the
-	// row alone.
+	// Fired lists every site (op, layer) of the app; FiredBuffer ([max_tokens, words] u32,
+	// KindOutput) holds, per token row with the app's bit, a byte per site the kernels count
+	// (rows of 4*words bytes): 1 where the op fired there (changed or read the row), 0 where
+	// its conditions left the row alone.
 	FiredBuffer string      `json:"fired_buffer,omitempty"`
 	Fired       []FiredSite `json:"fired,omitempty"`
 }
 
-// FiredSite is one site of an app op: column Column of FiredBuffer, or -1 for ops the host
+// FiredSite is one site of an app op: byte Column of FiredBuffer's rows, or -1 for ops the host
 // counts itself (custom kernels and logit lenses, which take no conditions: they fire on
 // every row with the bit). Samples: the kernel runs on the sampled token rows only (hooks
 // logits and sampled, final_norm), so only those rows' words mean anything.
@@ -324,6 +330,26 @@ type Template struct {
 	// enables no app gets exactly what Plain computes, so a backend may run Plain instead of
 	// Nodes for a step in which no row enables an app (ctl.any_mask == 0).
 	Plain []Node `json:"plain,omitempty"`
+	// AttnSplit, when set, says that the template's attention splits each row's context over
+	// up to MaxSplits blocks, and how the host picks the split for a step.
+	AttnSplit *AttnSplit `json:"attn_split,omitempty"`
+}
+
+// AttnSplit is a decode template's run-time context split (codegen/attention.go): before
+// each step the host writes Chunk(the step's longest context) to the u32 control word
+// Buffer; a row of context n then runs in ceil(n/chunk) blocks, and the graph never changes.
+type AttnSplit struct {
+	Buffer    string `json:"buffer"`
+	MaxSplits int    `json:"max_splits"`
+	MinChunk  int    `json:"min_chunk"`
+}
+
+// Chunk is the positions per split for a step whose longest context is maxN: the longest
+// row uses every split the grid has, in multiples of MinChunk (at least MinChunk, so that
+// short contexts do not split at all).
+func (a *AttnSplit) Chunk(maxN int) int {
+	c := (max(maxN, 1) + a.MaxSplits - 1) / a.MaxSplits
+	return (c + a.MinChunk - 1) / a.MinChunk * a.MinChunk
 }
 
 // Node is one kernel launch in a template, or (Collective set, Kernel empty, no launch

@@ -187,6 +187,14 @@ func verifyTemplate(t *Template, kernels map[string]*Kernel, bufBytes map[string
 	if len(t.Plain) > 0 && bufBytes["ctl.any_mask"] == 0 {
 		return fmt.Errorf("plain nodes without a ctl.any_mask buffer to choose them")
 	}
+	if a := t.AttnSplit; a != nil {
+		if a.MaxSplits < 1 || a.MinChunk < 1 {
+			return fmt.Errorf("attention split: max_splits %d, min_chunk %d: want both at least 1", a.MaxSplits, a.MinChunk)
+		}
+		if !controlU32(bufs, a.Buffer) {
+			return fmt.Errorf("attention split: buffer %q is not a u32 control buffer", a.Buffer)
+		}
+	}
 	if err := verifyNodes(t.Nodes, t.Tokens, kernels, bufBytes, bufs, tp); err != nil {
 		return err
 	}
@@ -194,6 +202,16 @@ func verifyTemplate(t *Template, kernels map[string]*Kernel, bufBytes map[string
 		return fmt.Errorf("plain: %w", err)
 	}
 	return nil
+}
+
+// controlU32 reports whether bufs has a u32 control buffer named name.
+func controlU32(bufs []Buffer, name string) bool {
+	for _, b := range bufs {
+		if b.Name == name {
+			return b.Kind == KindControl && b.Dtype == "u32"
+		}
+	}
+	return false
 }
 
 func verifyNodes(nodes []Node, tokens int, kernels map[string]*Kernel, bufBytes map[string]int64, bufs []Buffer, tp int) error {
@@ -297,8 +315,8 @@ func verifyApps(apps []App, bufBytes map[string]int64) error {
 			for _, f := range a.Fired {
 				width = max(width, f.Column+1)
 			}
-			if !ok || width == 0 || n%int64(4*width) != 0 {
-				return fmt.Errorf("%s: fired buffer %q does not hold rows of %d words", where, a.FiredBuffer, width)
+			if row := int64((width + 3) / 4 * 4); !ok || width == 0 || n%row != 0 {
+				return fmt.Errorf("%s: fired buffer %q does not hold rows of %d bytes", where, a.FiredBuffer, row)
 			}
 		}
 		col := len(a.Scalars)

@@ -60,6 +60,12 @@ func TestVerifyFailures(t *testing.T) {
 		{"params missing", func(b *Bundle) { b.Params = nil }, "is loaded from the params section, which is empty"},
 		{"skip without any_mask", func(b *Bundle) { b.Templates[0].Nodes[1].SkipUnless = 1 },
 			`node 1 ("steer"): skip_unless 0x1 without a ctl.any_mask buffer to decide it`},
+		{"attention split buffer", func(b *Bundle) {
+			b.Templates[0].AttnSplit = &AttnSplit{Buffer: "x", MaxSplits: 4, MinChunk: 64}
+		}, `attention split: buffer "x" is not a u32 control buffer`},
+		{"attention split size", func(b *Bundle) {
+			b.Templates[0].AttnSplit = &AttnSplit{Buffer: "tokens", MaxSplits: 0, MinChunk: 64}
+		}, "max_splits 0, min_chunk 64: want both at least 1"},
 		{"embedded weight missing", func(b *Bundle) {
 			b.Weights = safetensorsFile(safetensors.Tensor{Name: "other", Dtype: "F32", Shape: []int{1}, Data: make([]byte, 4)})
 		}, `tensor "model.embed_tokens.weight" is not in the weights section`},
@@ -71,6 +77,19 @@ func TestVerifyFailures(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s: error %v, want it to contain %q", c.name, err, c.want)
 		}
+	}
+}
+
+func TestAttnSplitChunk(t *testing.T) {
+	a := &AttnSplit{MaxSplits: 66, MinChunk: 64}
+	for maxN, want := range map[int]int{0: 64, 1: 64, 64: 64, 4224: 64, 4225: 128, 2048: 64, 8192: 128} {
+		if got := a.Chunk(maxN); got != want {
+			t.Errorf("longest context %d: chunk %d, want %d", maxN, got, want)
+		}
+	}
+	b := &AttnSplit{MaxSplits: 3, MinChunk: 64}
+	if got := b.Chunk(2048); got != 704 || (2048+got-1)/got != 3 {
+		t.Errorf("3 splits of 2048: chunk %d", got)
 	}
 }
 

@@ -8,179 +8,713 @@ import (
 	"xmix/ptx"
 )
 
-// AttnConfig describes paged causal attention over the cache RopeKV fills. HeadDim must be a
-// multiple of 32 (at most 256) and BlockSize a power of two.
+// Decode attention (flash-decoding): the kernel for op "attention" (ops/attention.go) over
+// decode rows, any number of rows and any context, paged KV.
+//
+// Work split. One block per (row, group of hpb query heads of one kv head, context split):
+// grid (rows, Heads/hpb, splits). The block computes every query head of its group from the
+// same K and V loads, so K/V are read once per kv head, not once per query head (hpb is the
+// whole GQA group for Llama-class shapes). With Split, the host writes the step's positions
+// per split to a control word (ctl.attn_chunk, from the step's longest context and the
+// bucket's grid: bundle.AttnSplit): row r's context n = pos+1 is cut into ceil(n/chunk)
+// splits, split s owning positions [s*chunk, min(n, (s+1)*chunk)); blocks past a row's last
+// split exit at once, so one graph serves every context and the split count changes per step
+// with no rebuild. The kernel raises the chunk to ceil(n/grid z) itself, so a short or missing
+// word cannot overrun the grid.
+//
+// Lanes. A position's K (or V) row of one kv head is HeadDim*kvBytes contiguous bytes, read
+// as 16-byte loads by `lanes` lanes (a power of two, 16 for HeadDim 128 bf16), each lane
+// `chunks` loads; a warp covers 32/lanes positions per load instruction and unroll of those
+// per step, every K and V load of the step issued before the first use. Lane l of a position
+// group owns dims [(c*lanes+l)*dpc, +dpc) of chunk c for every head of the block (q in
+// registers, pre-scaled by Scale*log2 e so that scores come out in log2 units), reduces its
+// partial dot products over the group's lanes by shuffles, and keeps an online softmax per
+// head (running max m, sum l, unnormalised acc). The block-table entries of the block's
+// positions are staged in shared memory first, so a K load waits on one shared load instead
+// of a global one.
+//
+// Merge. The position groups of a warp fold by shuffles, the warps through shared memory (a
+// fixed order: the result does not depend on timing). A row with one split writes z. With
+// more, every split writes its unnormalised record (acc[D], m, l) to the workspace, fences and
+// draws a ticket from its (row, head group) counter; the block that draws the last ticket
+// sums the records in split order 0..n-1 (deterministic), writes z and resets the counter so
+// that the next launch finds it zero. Split 0 holds position 0, so the combined max is finite.
+//
+// Workspace `ws` (Split only), c.SplitWorkspaceBytes(rows, splits): rows*Heads/hpb u32
+// counters (rounded up to 16 bytes), then rows*Heads*splits records of HeadDim+4 f32 (acc, m,
+// l, two pad words keeping records 16-byte aligned), record (row, head, split) at index
+// (row*Heads+head)*splits+split, splits being the launch's grid z. Zero before the first launch.
+//
+// Singles (prefill templates): the kernel computes only the rows that are alone of their
+// sequence in the call (decode rows mixed into a prefill step); AttentionPrefill computes the
+// rest on tensor cores. Both follow ops.AttnRowSingle.
+//
+// Bytes per layer at batch B and context n: K and V once per kv head, 2*B*n*KVHeads*HeadDim*kb
+// from HBM, plus the split records (B*Heads*splits*(HeadDim+4)*4 written and read, in L2).
 type AttnConfig struct {
 	Heads, KVHeads, HeadDim, BlockSize, MaxBlocksPerSeq int
 	KVDtype                                             ptx.Type
 	Scale                                               float32
+	// Split: a row's context may span the launch's grid z blocks (parameters ws and chunk).
+	Split bool
+	// Singles: only rows alone of their sequence in the call (ops.AttnRowsSingle).
+	Singles bool
 }
 
-// One block per (row, query head); its warps take positions round-robin, each keeping an
-// online softmax (running max, running sum, running weighted v with HeadDim/32 values per
-// lane), and the warps' partial results are merged through shared memory at the end.
-// Each warp works on attnUnroll positions at a time so that their loads overlap; a decode
-// row at long context is bound by that latency, not by bandwidth.
 const (
-	attnWarps  = 16
-	attnUnroll = 4
+	// Warps per block. Two warps (8 blocks per SM, so that batch 128's 1024 blocks at short
+	// contexts run in one wave) measured the same as four on the H200 (Llama-3.1-8B, batch
+	// 128, 48 positions: 0.691 vs 0.663 ms of attention per step, on runs 2-4% apart).
+	adWarps = 4
+	// Per lane, the block's heads times the lane's dims: q values, and as many accumulators.
+	// Past 64 each the kernel would spill; wider groups get more blocks (smaller hpb).
+	adMaxLaneValues = 64
+	// adTableCap is how many block-table entries a block stages in shared memory at a time.
+	adTableCap = 256
+	// AttnMaxSplits bounds the grid z of a split decode attention (the combine's shared
+	// weights are sized by it).
+	AttnMaxSplits = 128
+	// attnSplitBlocks is how many blocks a decode bucket's full grid aims for on an H200 (132
+	// SMs, four 128-thread blocks each), attnMinChunk the fewest positions a split gets (and
+	// the multiple chunks are rounded to): shorter splits cost more in their merge than they
+	// save, and contexts below it never split, whatever the batch.
+	attnSplitBlocks = 4 * 132
+	attnMinChunk    = 64
 )
 
-// Launch is the grid for rows rows: (row, kv head, query head within the group), so the kernel
-// finds the kv head without a division.
-func (c AttnConfig) Launch(rows int) ops.Launch {
-	return ops.Launch{Grid: [3]int{rows, c.KVHeads, max(1, c.Heads/max(1, c.KVHeads))}, Block: [3]int{32 * attnWarps, 1, 1}}
+// adGeom is the lane layout of the decode kernel for one shape.
+type adGeom struct {
+	lanes, chunks, dpc int // lanes per position, 16-byte loads per lane per row, dims per load
+	pp, unroll         int // positions per warp load, loads of a step
+	dims               int // dims per lane: chunks*dpc
+	hpb                int // query heads per block
 }
 
-// Attention generates the kernel; parameters: qkv, pos, seq, block_table, kcache, vcache, z
-// (all u64).
-func Attention(name string, c AttnConfig) (*Kernel, error) {
-	rc := RopeConfig{Heads: c.Heads, KVHeads: c.KVHeads, HeadDim: c.HeadDim, BlockSize: c.BlockSize,
+func (c AttnConfig) geom() adGeom {
+	kvs := c.KVDtype.Bytes()
+	n16 := c.HeadDim * kvs / 16
+	lanes := 1
+	for lanes < 32 && n16%(2*lanes) == 0 {
+		lanes *= 2
+	}
+	g := adGeom{lanes: lanes, chunks: n16 / lanes, dpc: 16 / kvs, pp: 32 / lanes}
+	g.dims = g.chunks * g.dpc
+	g.unroll = max(1, 4/g.chunks)
+	group := c.Heads / c.KVHeads
+	for h := group; h >= 1; h-- {
+		if group%h == 0 && h*g.dims <= adMaxLaneValues {
+			g.hpb = h
+			break
+		}
+	}
+	return g
+}
+
+func (c AttnConfig) ropeConfig() RopeConfig {
+	return RopeConfig{Heads: c.Heads, KVHeads: c.KVHeads, HeadDim: c.HeadDim, BlockSize: c.BlockSize,
 		MaxBlocksPerSeq: c.MaxBlocksPerSeq, KVDtype: c.KVDtype}
-	attrs, err := kvAttrs(rc)
+}
+
+// Launch is the decode kernel's grid for rows rows and up to splits context splits per row
+// (1 unless c.Split).
+func (c AttnConfig) Launch(rows, splits int) ops.Launch {
+	geo := c.geom()
+	return ops.Launch{Grid: [3]int{rows, c.Heads / geo.hpb, max(1, min(splits, AttnMaxSplits))}, Block: [3]int{32 * adWarps, 1, 1}}
+}
+
+// DecodeSplits is the grid z of a split decode bucket of rows rows: enough splits that the
+// bucket's rows fill the GPU (attnSplitBlocks), 1 when they do without.
+func (c AttnConfig) DecodeSplits(rows int) int {
+	return min(AttnMaxSplits, max(1, (attnSplitBlocks+rows*c.KVHeads-1)/(rows*c.KVHeads)))
+}
+
+// AttnMinChunk is the fewest positions per split (bundle.AttnSplit.MinChunk).
+const AttnMinChunk = attnMinChunk
+
+// SplitWorkspaceBytes is the size of the split kernel's ws for rows rows and splits splits
+// (0 when it takes none).
+func (c AttnConfig) SplitWorkspaceBytes(rows, splits int) int {
+	if !c.Split || splits <= 1 || rows <= 0 {
+		return 0
+	}
+	return adCounterBytes(rows*c.Heads/c.geom().hpb) + rows*c.Heads*splits*(c.HeadDim+4)*4
+}
+
+func adCounterBytes(n int) int { return (n + 3) / 4 * 16 }
+
+// checkAttn checks what every attention kernel needs of c and returns the op's attributes.
+func checkAttn(c AttnConfig) (ops.KVAttrs, error) {
+	attrs, err := kvAttrs(c.ropeConfig())
+	if err != nil {
+		return attrs, err
+	}
+	if c.HeadDim%32 != 0 || c.HeadDim > 256 {
+		return attrs, fmt.Errorf("head dim %d: want a multiple of 32, at most 256", c.HeadDim)
+	}
+	if !(c.Scale > 0) || math.IsInf(float64(c.Scale), 0) {
+		return attrs, fmt.Errorf("scale %g: want positive and finite", c.Scale)
+	}
+	return attrs, nil
+}
+
+// Attention generates the decode kernel; parameters: qkv, pos, seq, block_table, kcache,
+// vcache, z, then with c.Split ws and chunk (all u64; chunk points at the u32 positions per
+// split). Launch it with c.Launch(rows, splits).
+func Attention(name string, c AttnConfig) (*Kernel, error) {
+	attrs, err := checkAttn(c)
 	if err != nil {
 		return nil, fmt.Errorf("attention %s: %w", name, err)
 	}
-	if c.HeadDim%32 != 0 || c.HeadDim > 256 {
-		return nil, fmt.Errorf("attention %s: head dim %d: want a multiple of 32, at most 256", name, c.HeadDim)
+	g := &adGen{emitter: newEmitter(name), c: c, geo: c.geom()}
+	g.MaxNTid = 32 * adWarps
+	g.emit()
+	rows := ""
+	if c.Singles {
+		rows = ops.AttnRowsSingle
 	}
-	if !(c.Scale > 0) || math.IsInf(float64(c.Scale), 0) {
-		return nil, fmt.Errorf("attention %s: scale %g: want positive and finite", name, c.Scale)
-	}
-	e := newEmitter(name)
-	qkv := e.param("qkv", ptx.U64)
-	posP := e.param("pos", ptx.U64)
-	seqP := e.param("seq", ptx.U64)
-	table := e.param("block_table", ptx.U64)
-	kc := e.param("kcache", ptx.U64)
-	vc := e.param("vcache", ptx.U64)
-	z := e.param("z", ptx.U64)
+	return finish(g.Kernel, "attention", ops.AttnAttrs{KVAttrs: attrs, Scale: c.Scale, Rows: rows})
+}
 
-	d, per, kvs := c.HeadDim, c.HeadDim/32, c.KVDtype.Bytes()
+type adGen struct {
+	emitter
+	c   AttnConfig
+	geo adGeom
+
+	qkv, table, kc, vc, z, ws ptx.Reg
+	row, by, split, nsplit    ptx.Reg
+	tid, lane, warp, sub, sl  ptx.Reg
+	head0, kvh, s, dim0       ptx.Reg
+	q, acc                    [][]ptx.Reg // [head][dim of the lane]
+	m, l                      []ptx.Reg
+	sTable                    ptx.Sym
+}
+
+func (g *adGen) emit() {
+	c, geo := g.c, g.geo
+	g.qkv = g.param("qkv", ptx.U64)
+	posP := g.param("pos", ptx.U64)
+	seqP := g.param("seq", ptx.U64)
+	g.table = g.param("block_table", ptx.U64)
+	g.kc = g.param("kcache", ptx.U64)
+	g.vc = g.param("vcache", ptx.U64)
+	g.z = g.param("z", ptx.U64)
+	var chunkP ptx.Reg
+	if c.Split {
+		g.ws = g.param("ws", ptx.U64)
+		chunkP = g.param("chunk", ptx.U64)
+	}
+	g.row = g.special(ptx.CtaidX)
+	g.by = g.special(ptx.CtaidY)
+	g.tid = g.special(ptx.TidX)
+	g.lane = g.op3("and.b32", ptx.U32, g.tid, ptx.Imm(31))
+	g.warp = g.op3("shr.u32", ptx.U32, g.tid, ptx.Imm(5))
+	lanesLog, _ := log2(geo.lanes)
+	g.sl = g.op3("and.b32", ptx.U32, g.lane, ptx.Imm(int64(geo.lanes-1)))
+	g.sub = g.op3("shr.u32", ptx.U32, g.lane, ptx.Imm(int64(lanesLog)))
+	p := loadU32(g.emitter, ptx.Addr{Base: g.byteAddr(posP, g.row, 4)})
+	g.s = loadU32(g.emitter, ptx.Addr{Base: g.byteAddr(seqP, g.row, 4)})
+	if c.Singles {
+		g.exitUnlessSingle(seqP)
+	}
+	n := g.op3("add.u32", ptx.U32, p, ptx.Imm(1))
 	group := c.Heads / c.KVHeads
-	row := e.special(ptx.CtaidX)
-	kvh := e.special(ptx.CtaidY)
-	h := e.Reg(ptx.U32)
-	e.Emit("mad.lo.u32", h, kvh, ptx.Imm(int64(group)), e.special(ptx.CtaidZ))
-	tid := e.special(ptx.TidX)
-	lane := e.op3("and.b32", ptx.U32, tid, ptx.Imm(31))
-	warp := e.op3("shr.u32", ptx.U32, tid, ptx.Imm(5))
-	p := e.Reg(ptx.U32)
-	e.Emit("ld.global.u32", p, ptx.Addr{Base: e.byteAddr(posP, row, 4)})
-	s := e.Reg(ptx.U32)
-	e.Emit("ld.global.u32", s, ptx.Addr{Base: e.byteAddr(seqP, row, 4)})
+	g.head0 = g.op3("mul.lo.u32", ptx.U32, g.by, ptx.Imm(int64(geo.hpb)))
+	g.kvh = g.op3("div.u32", ptx.U32, g.head0, ptx.Imm(int64(group)))
 
-	// Lane l holds dims l, l+32, ...; q is pre-scaled so that scores come out in log2 units.
-	qh := e.Reg(ptx.U32)
-	e.Emit("mad.lo.u32", qh, row, ptx.Imm(int64(c.Heads+2*c.KVHeads)), h)
-	qa := e.byteAddr(e.byteAddr(qkv, qh, 4*d), lane, 4)
-	qs := e.f32(c.Scale * float32(math.Log2E))
-	q := e.Regs(ptx.F32, per)
-	for j := range q {
-		e.Emit("ld.global.f32", q[j], ptx.Addr{Base: qa, Offset: int64(4 * 32 * j)})
-		e.Emit("mul.f32", q[j], q[j], qs)
+	start, end := g.imm32(0), n
+	if c.Split {
+		g.split = g.special(ptx.CtaidZ)
+		nz := g.special(ptx.NCtaidZ)
+		chunk := loadU32(g.emitter, ptx.Addr{Base: chunkP})
+		minc := g.op3("add.u32", ptx.U32, n, nz)
+		g.Emit("sub.u32", minc, minc, ptx.Imm(1))
+		g.Emit("div.u32", minc, minc, nz)
+		g.Emit("max.u32", chunk, chunk, minc)
+		g.nsplit = g.op3("add.u32", ptx.U32, n, chunk)
+		g.Emit("sub.u32", g.nsplit, g.nsplit, ptx.Imm(1))
+		g.Emit("div.u32", g.nsplit, g.nsplit, chunk)
+		g.EmitIf(g.cmp("ge", ptx.U32, g.split, g.nsplit), false, "exit")
+		start = g.op3("mul.lo.u32", ptx.U32, g.split, chunk)
+		end = g.op3("add.u32", ptx.U32, start, chunk)
+		g.Emit("min.u32", end, end, n)
 	}
-	m := e.f32(float32(math.Inf(-1)))
-	l := e.f32(0)
-	acc := make([]ptx.Reg, per)
-	for j := range acc {
-		acc[j] = e.f32(0)
+	g.loadQ()
+	g.scan(start, end)
+	g.merge()
+}
+
+// exitUnlessSingle ends the block unless its row is alone of its sequence among its
+// neighbours (ops.AttnRowSingle).
+func (g *adGen) exitUnlessSingle(seqP ptx.Reg) {
+	rows := g.special(ptx.NCtaidX)
+	for _, d := range []int64{-1, 1} {
+		nb := g.op3("add.u32", ptx.U32, g.row, ptx.Imm(d))
+		inside := g.cmp("lt", ptx.U32, nb, rows) // row-1 of row 0 wraps past rows
+		g.when(inside, false, func() {
+			ns := loadU32(g.emitter, ptx.Addr{Base: g.byteAddr(seqP, nb, 4)})
+			g.EmitIf(g.cmp("eq", ptx.U32, ns, g.s), false, "exit")
+		})
 	}
-	n := e.op3("add.u32", ptx.U32, p, ptx.Imm(1))
-	last := e.op3("sub.u32", ptx.U32, n, ptx.Imm(1))
+}
+
+// dimBase is the first head dim of the lane's chunk 0; chunk c starts c*lanes*dpc dims on.
+func (g *adGen) dimBase() ptx.Reg {
+	if g.dim0 == (ptx.Reg{}) {
+		g.dim0 = g.op3("mul.lo.u32", ptx.U32, g.sl, ptx.Imm(int64(g.geo.dpc)))
+	}
+	return g.dim0
+}
+
+// loadQ loads the block's query heads for the lane's dims, scaled to log2 units, and zeroes
+// the softmax state.
+func (g *adGen) loadQ() {
+	c, geo := g.c, g.geo
+	d := c.HeadDim
+	qrow := g.Reg(ptx.U32)
+	g.Emit("mad.lo.u32", qrow, g.row, ptx.Imm(int64(c.Heads+2*c.KVHeads)), g.head0)
+	qa := g.byteAddr(g.byteAddr(g.qkv, qrow, 4*d), g.dimBase(), 4)
+	qs := ptx.F32Imm(c.Scale * float32(math.Log2E))
+	g.q, g.acc = make([][]ptx.Reg, geo.hpb), make([][]ptx.Reg, geo.hpb)
+	g.m, g.l = make([]ptx.Reg, geo.hpb), make([]ptx.Reg, geo.hpb)
+	for h := range geo.hpb {
+		g.q[h] = g.Regs(ptx.F32, geo.dims)
+		for ch := range geo.chunks {
+			for i := 0; i < geo.dpc; i += 4 {
+				off := int64(4 * (h*d + ch*geo.lanes*geo.dpc + i))
+				g.Emit("ld.global.v4.f32", ptx.Vec(g.q[h][ch*geo.dpc+i:ch*geo.dpc+i+4]), ptx.Addr{Base: qa, Offset: off})
+			}
+		}
+		for _, r := range g.q[h] {
+			g.Emit("mul.f32", r, r, qs)
+		}
+		g.m[h] = g.f32(float32(math.Inf(-1)))
+		g.l[h] = g.f32(0)
+		g.acc[h] = make([]ptx.Reg, geo.dims)
+		for i := range g.acc[h] {
+			g.acc[h][i] = g.f32(0)
+		}
+	}
+}
+
+// scan runs the warps' online softmax over positions [start, end), staging the block-table
+// entries of up to adTableCap KV blocks at a time in shared memory.
+func (g *adGen) scan(start, end ptx.Reg) {
+	c, geo := g.c, g.geo
+	bs, _ := log2(c.BlockSize)
+	tcap := min(c.MaxBlocksPerSeq, adTableCap)
+	g.sTable = g.DeclareShared("ad_table", ptx.U32, tcap)
+	segLo := g.Reg(ptx.U32)
+	g.Emit("mov.u32", segLo, start)
+	top, done := g.NewLabel("seg"), g.NewLabel("seg_done")
+	g.Label(top)
+	g.EmitIf(g.cmp("ge", ptx.U32, segLo, end), false, "bra", ptx.Sym(done))
+	blk0 := g.op3("shr.u32", ptx.U32, segLo, ptx.Imm(int64(bs)))
+	segHi := g.op3("add.u32", ptx.U32, blk0, ptx.Imm(int64(tcap)))
+	g.Emit("shl.b32", segHi, segHi, ptx.Imm(int64(bs)))
+	g.Emit("min.u32", segHi, segHi, end)
+	nblk := g.op3("sub.u32", ptx.U32, segHi, ptx.Imm(1))
+	g.Emit("shr.u32", nblk, nblk, ptx.Imm(int64(bs)))
+	g.Emit("sub.u32", nblk, nblk, blk0)
+	g.Emit("add.u32", nblk, nblk, ptx.Imm(1))
+	trow := g.Reg(ptx.U32)
+	g.Emit("mad.lo.u32", trow, g.s, ptx.Imm(int64(c.MaxBlocksPerSeq)), blk0)
+	tbase := g.byteAddr(g.table, trow, 4)
+	i := g.Reg(ptx.U32)
+	g.forLoop(i, g.tid, nblk, ptx.Imm(int64(32*adWarps)), func() {
+		e := loadU32(g.emitter, ptx.Addr{Base: g.byteAddr(tbase, i, 4)})
+		g.Emit("st.shared.u32", ptx.Addr{Base: g.sharedAddr(g.sTable, i, 4)}, e)
+	})
+	g.Emit("bar.sync", ptx.Imm(0))
+	step := geo.unroll * geo.pp
+	t0 := g.Reg(ptx.U32)
+	g.Emit("mad.lo.u32", t0, g.warp, ptx.Imm(int64(step)), segLo)
+	t := g.Reg(ptx.U32)
+	g.forLoop(t, t0, segHi, ptx.Imm(int64(adWarps*step)), func() { g.step(t, segHi, blk0) })
+	// The next segment overwrites the staged entries.
+	g.Emit("bar.sync", ptx.Imm(0))
+	g.Emit("mov.u32", segLo, segHi)
+	g.Emit("bra", ptx.Sym(top))
+	g.Label(done)
+}
+
+// step is one warp step at positions t + u*pp + sub, u < unroll: every K and V load first,
+// then the scores, the softmax update and the weighted V sums of the block's heads.
+func (g *adGen) step(t, segHi, blk0 ptx.Reg) {
+	c, geo := g.c, g.geo
+	kvs := c.KVDtype.Bytes()
+	bs, _ := log2(c.BlockSize)
+	last := g.op3("sub.u32", ptx.U32, segHi, ptx.Imm(1))
+	dimBase := g.dimBase()
+	valid := make([]ptx.Reg, geo.unroll)
+	kw, vw := make([][]ptx.Reg, geo.unroll), make([][]ptx.Reg, geo.unroll)
+	for u := range geo.unroll {
+		pu := g.op3("add.u32", ptx.U32, t, g.sub)
+		g.Emit("add.u32", pu, pu, ptx.Imm(int64(u*geo.pp)))
+		valid[u] = g.cmp("lt", ptx.U32, pu, segHi)
+		g.Emit("min.u32", pu, pu, last) // past the end: read the last position, score -inf
+		bi := g.op3("shr.u32", ptx.U32, pu, ptx.Imm(int64(bs)))
+		g.Emit("sub.u32", bi, bi, blk0)
+		page := g.Reg(ptx.U32)
+		g.Emit("ld.shared.u32", page, ptx.Addr{Base: g.sharedAddr(g.sTable, bi, 4)})
+		slot := g.op3("and.b32", ptx.U32, pu, ptx.Imm(int64(c.BlockSize-1)))
+		g.Emit("mad.lo.u32", slot, page, ptx.Imm(int64(c.BlockSize)), slot)
+		kvRow := g.Reg(ptx.U32)
+		g.Emit("mad.lo.u32", kvRow, slot, ptx.Imm(int64(c.KVHeads)), g.kvh)
+		elem := g.Reg(ptx.U32)
+		g.Emit("mad.lo.u32", elem, kvRow, ptx.Imm(int64(c.HeadDim)), dimBase)
+		ka, va := g.byteAddr(g.kc, elem, kvs), g.byteAddr(g.vc, elem, kvs)
+		kw[u], vw[u] = g.loadRow(ka), g.loadRow(va)
+	}
 	negInf := ptx.F32Imm(float32(math.Inf(-1)))
-	t := e.Reg(ptx.U32)
-	e.forLoop(t, warp, n, ptx.Imm(attnWarps*attnUnroll), func() {
-		// attnUnroll positions per step, their loads all issued before any reduction; a
-		// position past the end reads the last one (valid memory) and scores -inf.
-		var va [attnUnroll]ptx.Reg
-		var score, valid [attnUnroll]ptx.Reg
-		for u := range attnUnroll {
-			tu := e.op3("add.u32", ptx.U32, t, ptx.Imm(int64(u*attnWarps)))
-			valid[u] = e.cmp("lt", ptx.U32, tu, n)
-			e.Emit("min.u32", tu, tu, last)
-			slot := e.kvSlot(rc, table, s, tu)
-			kvRow := e.Reg(ptx.U32)
-			e.Emit("mad.lo.u32", kvRow, slot, ptx.Imm(int64(c.KVHeads)), kvh)
-			elem := e.Reg(ptx.U32)
-			e.Emit("mad.lo.u32", elem, kvRow, ptx.Imm(int64(d)), lane)
-			ka := e.byteAddr(kc, elem, kvs)
-			va[u] = e.byteAddr(vc, elem, kvs)
-			score[u] = e.f32(0)
-			for j := range q {
-				k := e.loadAt(ptx.Addr{Base: ka, Offset: int64(32 * j * kvs)}, c.KVDtype)
-				e.Emit("fma.rn.f32", score[u], q[j], k, score[u])
+	score := make([][]ptx.Reg, geo.unroll) // [u][head]
+	for u := range geo.unroll {
+		kf := g.widen(kw[u])
+		score[u] = make([]ptx.Reg, geo.hpb)
+		for h := range geo.hpb {
+			s := g.Reg(ptx.F32)
+			g.Emit("mul.f32", s, g.q[h][0], kf[0])
+			for i := 1; i < geo.dims; i++ {
+				g.Emit("fma.rn.f32", s, g.q[h][i], kf[i], s)
+			}
+			score[u][h] = s
+		}
+	}
+	tmp := g.Reg(ptx.F32)
+	for off := geo.lanes / 2; off > 0; off /= 2 {
+		for u := range geo.unroll {
+			for _, s := range score[u] {
+				g.Emit("shfl.sync.bfly.b32", tmp, s, ptx.Imm(int64(off)), ptx.Imm(0x1f), ptx.Imm(-1))
+				g.Emit("add.f32", s, s, tmp)
 			}
 		}
-		mNew := e.Reg(ptx.F32)
-		e.Emit("mov.f32", mNew, m)
-		for u := range attnUnroll {
-			e.warpReduce(score[u], "add")
-			e.Emit("selp.f32", score[u], score[u], negInf, valid[u])
-			e.Emit("max.f32", mNew, mNew, score[u])
+	}
+	for h := range geo.hpb {
+		mNew := g.Reg(ptx.F32)
+		g.Emit("mov.f32", mNew, g.m[h])
+		for u := range geo.unroll {
+			g.Emit("selp.f32", score[u][h], score[u][h], negInf, valid[u])
+			g.Emit("max.f32", mNew, mNew, score[u][h])
 		}
-		alpha := e.exp2(e.op3("sub.f32", ptx.F32, m, mNew))
-		e.Emit("mul.f32", l, l, alpha)
-		for j := range acc {
-			e.Emit("mul.f32", acc[j], acc[j], alpha)
+		ms := g.safeMax(mNew)
+		alpha := g.exp2(g.op3("sub.f32", ptx.F32, g.m[h], ms))
+		g.Emit("mul.f32", g.l[h], g.l[h], alpha)
+		for _, a := range g.acc[h] {
+			g.Emit("mul.f32", a, a, alpha)
 		}
-		for u := range attnUnroll {
-			w := e.exp2(e.op3("sub.f32", ptx.F32, score[u], mNew))
-			e.Emit("add.f32", l, l, w)
-			for j := range acc {
-				v := e.loadAt(ptx.Addr{Base: va[u], Offset: int64(32 * j * kvs)}, c.KVDtype)
-				e.Emit("fma.rn.f32", acc[j], w, v, acc[j])
+		for u := range geo.unroll {
+			w := score[u][h]
+			g.Emit("sub.f32", w, w, ms)
+			g.Emit("ex2.approx.f32", w, w)
+			g.Emit("add.f32", g.l[h], g.l[h], w)
+		}
+		g.Emit("mov.f32", g.m[h], mNew)
+	}
+	for u := range geo.unroll {
+		vf := g.widen(vw[u])
+		for h := range geo.hpb {
+			for i, a := range g.acc[h] {
+				g.Emit("fma.rn.f32", a, score[u][h], vf[i], a)
 			}
 		}
-		e.Emit("mov.f32", m, mNew)
-	})
+	}
+}
 
-	// Merge the warps: out = sum_w acc_w*2^(m_w-M) / sum_w l_w*2^(m_w-M), M the largest m_w.
-	// A warp that saw no position has m_w = -inf and weighs 0; warp 0 always sees position 0.
-	sm := e.DeclareShared("attn_m", ptx.F32, attnWarps)
-	sl := e.DeclareShared("attn_l", ptx.F32, attnWarps)
-	sacc := e.DeclareShared("attn_acc", ptx.F32, attnWarps*d)
-	lane0 := e.cmp("eq", ptx.U32, lane, ptx.Imm(0))
-	mAddr := e.sharedAddr(sm, warp, 4)
-	e.EmitIf(lane0, false, "st.shared.f32", ptx.Addr{Base: mAddr}, m)
-	e.EmitIf(lane0, false, "st.shared.f32", ptx.Addr{Base: e.sharedAddr(sl, warp, 4)}, l)
-	accIdx := e.Reg(ptx.U32)
-	e.Emit("mad.lo.u32", accIdx, warp, ptx.Imm(int64(d)), lane)
-	accAddr := e.sharedAddr(sacc, accIdx, 4)
-	for j := range acc {
-		e.Emit("st.shared.f32", ptx.Addr{Base: accAddr, Offset: int64(4 * 32 * j)}, acc[j])
+// safeMax is m, or 0 where m is -inf (a state that has seen no position): exponents taken
+// against it give 2^-inf = 0 instead of NaN.
+func (e emitter) safeMax(m ptx.Reg) ptx.Reg {
+	r := e.Reg(ptx.F32)
+	e.Emit("selp.f32", r, ptx.F32Imm(0), m, e.cmp("eq", ptx.F32, m, ptx.F32Imm(float32(math.Inf(-1)))))
+	return r
+}
+
+// loadRow issues the lane's 16-byte loads of one K or V row at a (chunk c at c*lanes*16
+// bytes): raw words for bf16, f32 values for f32.
+func (g *adGen) loadRow(a ptx.Reg) []ptx.Reg {
+	geo := g.geo
+	t, op := ptx.B32, "ld.global.v4.b32"
+	if g.c.KVDtype == ptx.F32 {
+		t, op = ptx.F32, "ld.global.v4.f32"
 	}
-	e.Emit("bar.sync", ptx.Imm(0))
-	mw := e.Regs(ptx.F32, attnWarps)
-	big := e.f32(float32(math.Inf(-1)))
-	for w := range mw {
-		e.Emit("ld.shared.f32", mw[w], ptx.Addr{Base: sm, Offset: int64(4 * w)})
-		e.Emit("max.f32", big, big, mw[w])
+	out := make([]ptx.Reg, 0, 4*geo.chunks)
+	for ch := range geo.chunks {
+		w := g.Regs(t, 4)
+		g.Emit(op, ptx.Vec(w), ptx.Addr{Base: a, Offset: int64(ch * geo.lanes * 16)})
+		out = append(out, w...)
 	}
-	sum := e.f32(0)
-	scale := make([]ptx.Reg, attnWarps)
-	for w := range mw {
-		scale[w] = e.exp2(e.op3("sub.f32", ptx.F32, mw[w], big))
-		lw := e.Reg(ptx.F32)
-		e.Emit("ld.shared.f32", lw, ptx.Addr{Base: sl, Offset: int64(4 * w)})
-		e.Emit("fma.rn.f32", sum, lw, scale[w], sum)
+	return out
+}
+
+// widen turns loadRow's registers into the lane's dims as f32: a bf16 pair's even element is
+// the low half of its word and widens by standing in the high half.
+func (g *adGen) widen(w []ptx.Reg) []ptx.Reg {
+	if g.c.KVDtype == ptx.F32 {
+		return w
 	}
-	inv := e.Reg(ptx.F32)
-	e.Emit("rcp.rn.f32", inv, sum)
-	zrow := e.Reg(ptx.U32)
-	e.Emit("mad.lo.u32", zrow, row, ptx.Imm(int64(c.Heads)), h)
-	zbase := e.byteAddr(z, zrow, 4*d)
-	di := e.Reg(ptx.U32)
-	e.forLoop(di, tid, ptx.Imm(int64(d)), ptx.Imm(32*attnWarps), func() {
-		a := e.sharedAddr(sacc, di, 4)
-		o := e.f32(0)
-		for w := range scale {
-			x := e.Reg(ptx.F32)
-			e.Emit("ld.shared.f32", x, ptx.Addr{Base: a, Offset: int64(4 * d * w)})
-			e.Emit("fma.rn.f32", o, x, scale[w], o)
+	out := make([]ptx.Reg, 0, 2*len(w))
+	for _, wd := range w {
+		lo, hi := g.Reg(ptx.B32), g.Reg(ptx.B32)
+		g.Emit("shl.b32", lo, wd, ptx.Imm(16))
+		g.Emit("and.b32", hi, wd, ptx.Imm(-65536))
+		flo, fhi := g.Reg(ptx.F32), g.Reg(ptx.F32)
+		g.Emit("mov.b32", flo, lo)
+		g.Emit("mov.b32", fhi, hi)
+		out = append(out, flo, fhi)
+	}
+	return out
+}
+
+// fold merges state (m2, l2, a2) into (m, l, a): both scaled to their common max.
+func (g *adGen) fold(m, l ptx.Reg, a []ptx.Reg, m2, l2 ptx.Reg, a2 []ptx.Reg) {
+	mx := g.op3("max.f32", ptx.F32, m, m2)
+	ms := g.safeMax(mx)
+	s1 := g.exp2(g.op3("sub.f32", ptx.F32, m, ms))
+	s2 := g.exp2(g.op3("sub.f32", ptx.F32, m2, ms))
+	g.Emit("mul.f32", l, l, s1)
+	g.Emit("fma.rn.f32", l, l2, s2, l)
+	for i := range a {
+		g.Emit("mul.f32", a[i], a[i], s1)
+		g.Emit("fma.rn.f32", a[i], a2[i], s2, a[i])
+	}
+	g.Emit("mov.f32", m, mx)
+}
+
+// merge folds the warp's position groups by shuffles and the warps through shared memory,
+// then writes z or this split's record (and combines, in the last block of a row).
+func (g *adGen) merge() {
+	c, geo := g.c, g.geo
+	d, hpb := c.HeadDim, geo.hpb
+	for off := geo.lanes; off < 32; off *= 2 {
+		for h := range hpb {
+			sh := func(r ptx.Reg) ptx.Reg {
+				o := g.Reg(ptx.F32)
+				g.Emit("shfl.sync.bfly.b32", o, r, ptx.Imm(int64(off)), ptx.Imm(0x1f), ptx.Imm(-1))
+				return o
+			}
+			a2 := make([]ptx.Reg, len(g.acc[h]))
+			for i, a := range g.acc[h] {
+				a2[i] = sh(a)
+			}
+			g.fold(g.m[h], g.l[h], g.acc[h], sh(g.m[h]), sh(g.l[h]), a2)
 		}
-		e.Emit("mul.f32", o, o, inv)
-		e.Emit("st.global.f32", ptx.Addr{Base: e.byteAddr(zbase, di, 4)}, o)
+	}
+	nst := adWarps * hpb
+	sm := g.DeclareShared("ad_m", ptx.F32, nst)
+	sl := g.DeclareShared("ad_l", ptx.F32, nst)
+	sacc := g.DeclareShared("ad_acc", ptx.F32, nst*d)
+	st := g.op3("mul.lo.u32", ptx.U32, g.warp, ptx.Imm(int64(hpb))) // state (warp, head 0)
+	first := g.cmp("eq", ptx.U32, g.sub, ptx.Imm(0))
+	g.when(first, false, func() {
+		idx := g.Reg(ptx.U32)
+		g.Emit("mad.lo.u32", idx, st, ptx.Imm(int64(d)), g.dimBase())
+		base := g.sharedAddr(sacc, idx, 4)
+		for h := range hpb {
+			for ch := range geo.chunks {
+				for i := 0; i < geo.dpc; i += 4 {
+					off := int64(4 * (h*d + ch*geo.lanes*geo.dpc + i))
+					g.Emit("st.shared.v4.f32", ptx.Addr{Base: base, Offset: off}, ptx.Vec(g.acc[h][ch*geo.dpc+i:ch*geo.dpc+i+4]))
+				}
+			}
+		}
+		lane0 := g.cmp("eq", ptx.U32, g.lane, ptx.Imm(0))
+		ma, la := g.sharedAddr(sm, st, 4), g.sharedAddr(sl, st, 4)
+		for h := range hpb {
+			g.EmitIf(lane0, false, "st.shared.f32", ptx.Addr{Base: ma, Offset: int64(4 * h)}, g.m[h])
+			g.EmitIf(lane0, false, "st.shared.f32", ptx.Addr{Base: la, Offset: int64(4 * h)}, g.l[h])
+		}
 	})
-	return finish(e.Kernel, "attention", ops.AttnAttrs{KVAttrs: attrs, Scale: c.Scale})
+	g.Emit("bar.sync", ptx.Imm(0))
+
+	// Head h of the block is query head head0+h: its z row and, with splits, its records.
+	zrow := g.Reg(ptx.U32)
+	g.Emit("mad.lo.u32", zrow, g.row, ptx.Imm(int64(c.Heads)), g.head0)
+	zbase := g.byteAddr(g.z, zrow, 4*d)
+	var recs, mine, one ptx.Reg
+	recBytes := 4 * (d + 4)
+	if c.Split {
+		// Records follow the counters, whose count depends on rows = %nctaid.x.
+		cnt := g.op3("mul.lo.u32", ptx.U32, g.special(ptx.NCtaidX), ptx.Imm(int64(c.Heads/hpb)))
+		g.Emit("add.u32", cnt, cnt, ptx.Imm(3))
+		g.Emit("shr.u32", cnt, cnt, ptx.Imm(2))
+		recs = g.byteAddr(g.ws, cnt, 16)
+		ri := g.Reg(ptx.U32)
+		g.Emit("mad.lo.u32", ri, zrow, g.special(ptx.NCtaidZ), g.split)
+		mine = g.byteAddr(recs, ri, recBytes)
+		one = g.cmp("eq", ptx.U32, g.nsplit, ptx.Imm(1))
+	}
+	e := g.Reg(ptx.U32)
+	g.forLoop(e, g.op3("shl.b32", ptx.U32, g.tid, ptx.Imm(2)), ptx.Imm(int64(hpb*d)), ptx.Imm(int64(4*32*adWarps)), func() {
+		h := g.op3("div.u32", ptx.U32, e, ptx.Imm(int64(d)))
+		dd := g.op3("rem.u32", ptx.U32, e, ptx.Imm(int64(d)))
+		mx := g.f32(float32(math.Inf(-1)))
+		mw := g.Regs(ptx.F32, adWarps)
+		for w := range adWarps {
+			si := g.op3("add.u32", ptx.U32, h, ptx.Imm(int64(w*hpb)))
+			g.Emit("ld.shared.f32", mw[w], ptx.Addr{Base: g.sharedAddr(sm, si, 4)})
+			g.Emit("max.f32", mx, mx, mw[w])
+		}
+		ms := g.safeMax(mx)
+		sum := g.f32(0)
+		o := []ptx.Reg{g.f32(0), g.f32(0), g.f32(0), g.f32(0)}
+		x := g.Regs(ptx.F32, 4)
+		for w := range adWarps {
+			si := g.op3("add.u32", ptx.U32, h, ptx.Imm(int64(w*hpb)))
+			sw := g.exp2(g.op3("sub.f32", ptx.F32, mw[w], ms))
+			lw := g.Reg(ptx.F32)
+			g.Emit("ld.shared.f32", lw, ptx.Addr{Base: g.sharedAddr(sl, si, 4)})
+			g.Emit("fma.rn.f32", sum, lw, sw, sum)
+			ai := g.Reg(ptx.U32)
+			g.Emit("mad.lo.u32", ai, si, ptx.Imm(int64(d)), dd)
+			g.Emit("ld.shared.v4.f32", ptx.Vec(x), ptx.Addr{Base: g.sharedAddr(sacc, ai, 4)})
+			for i := range o {
+				g.Emit("fma.rn.f32", o[i], x[i], sw, o[i])
+			}
+		}
+		write := func() {
+			inv := g.Reg(ptx.F32)
+			g.Emit("rcp.rn.f32", inv, sum)
+			for i := range o {
+				g.Emit("mul.f32", o[i], o[i], inv)
+			}
+			g.Emit("st.global.v4.f32", ptx.Addr{Base: g.byteAddr(zbase, e, 4)}, ptx.Vec(o))
+		}
+		if !c.Split {
+			write()
+			return
+		}
+		skip, end := g.NewLabel("rec"), g.NewLabel("out_done")
+		g.EmitIf(one, true, "bra", ptx.Sym(skip))
+		write()
+		g.Emit("bra", ptx.Sym(end))
+		g.Label(skip)
+		// Record of head h: (head0+h)*splits records after this block's own, whose split
+		// index is already in mine.
+		hr := g.op3("mul.lo.u32", ptx.U32, h, g.special(ptx.NCtaidZ))
+		rec := g.byteAddr(mine, hr, recBytes)
+		g.Emit("st.global.v4.f32", ptx.Addr{Base: g.byteAddr(rec, dd, 4)}, ptx.Vec(o))
+		d0 := g.cmp("eq", ptx.U32, dd, ptx.Imm(0))
+		g.EmitIf(d0, false, "st.global.f32", ptx.Addr{Base: rec, Offset: int64(4 * d)}, mx)
+		g.EmitIf(d0, false, "st.global.f32", ptx.Addr{Base: rec, Offset: int64(4*d + 4)}, sum)
+		g.Label(end)
+	})
+	if c.Split {
+		g.when(one, true, func() { g.combine(recs, zrow, zbase) })
+	}
+}
+
+// combine draws this block's ticket and, in the block that completes its (row, head group),
+// sums the splits' records in split order into z and resets the counter.
+func (g *adGen) combine(recs, zrow, zbase ptx.Reg) {
+	c, geo := g.c, g.geo
+	d, hpb := c.HeadDim, geo.hpb
+	recBytes := 4 * (d + 4)
+	flag := g.DeclareShared("ad_ticket", ptx.U32, 1)
+	cw := g.DeclareShared("ad_w", ptx.F32, hpb*AttnMaxSplits)
+	cinv := g.DeclareShared("ad_inv", ptx.F32, hpb)
+	ci := g.Reg(ptx.U32)
+	g.Emit("mad.lo.u32", ci, g.row, g.special(ptx.NCtaidY), g.by)
+	ctr := g.byteAddr(g.ws, ci, 4)
+	// The last-block pattern: every thread fences its record stores before the barrier, one
+	// thread draws the ticket.
+	g.Emit("membar.gl")
+	g.Emit("bar.sync", ptx.Imm(0))
+	first := g.cmp("eq", ptx.U32, g.tid, ptx.Imm(0))
+	ticket := g.Reg(ptx.U32)
+	g.when(first, false, func() {
+		g.Emit("atom.global.add.u32", ticket, ptx.Addr{Base: ctr}, ptx.Imm(1))
+		g.Emit("st.shared.u32", ptx.Addr{Base: flag}, ticket)
+	})
+	g.Emit("bar.sync", ptx.Imm(0))
+	g.Emit("ld.shared.u32", ticket, ptx.Addr{Base: flag})
+	lastSplit := g.op3("sub.u32", ptx.U32, g.nsplit, ptx.Imm(1))
+	g.EmitIf(g.cmp("ne", ptx.U32, ticket, lastSplit), false, "exit")
+	g.Emit("membar.gl")
+	splits := g.special(ptx.NCtaidZ)
+	ri := g.op3("mul.lo.u32", ptx.U32, zrow, splits)
+	base := g.byteAddr(recs, ri, recBytes) // record (head0, split 0)
+	hstride := g.op3("mul.lo.u32", ptx.U32, splits, ptx.Imm(int64(recBytes)))
+	// Per head (warp w takes heads w, w+warps, ...): M over the splits, each split's weight
+	// 2^(m_s-M) into shared memory, 1/sum l_s 2^(m_s-M). Lane l holds splits l, l+32, ...
+	// (AttnMaxSplits/32 at most), their loads all in flight at once. .cg: other SMs wrote the
+	// records and L1 is not coherent.
+	const perLane = AttnMaxSplits / 32
+	for hh := 0; hh < hpb; hh += adWarps {
+		h := g.op3("add.u32", ptx.U32, g.warp, ptx.Imm(int64(hh)))
+		g.when(g.cmp("lt", ptx.U32, h, ptx.Imm(int64(hpb))), false, func() {
+			hb := g.Reg(ptx.U64)
+			g.Emit("mul.wide.u32", hb, h, hstride)
+			g.Emit("add.u64", hb, hb, base)
+			wrow := g.op3("mul.lo.u32", ptx.U32, h, ptx.Imm(AttnMaxSplits))
+			mx := g.f32(float32(math.Inf(-1)))
+			var ms, ls [perLane]ptx.Reg
+			var in [perLane]ptx.Reg
+			var si [perLane]ptx.Reg
+			for j := range perLane {
+				si[j] = g.op3("add.u32", ptx.U32, g.lane, ptx.Imm(int64(32*j)))
+				in[j] = g.cmp("lt", ptx.U32, si[j], g.nsplit)
+				ms[j], ls[j] = g.f32(float32(math.Inf(-1))), g.f32(0)
+				ra := g.byteAddr(hb, si[j], recBytes)
+				g.EmitIf(in[j], false, "ld.global.cg.f32", ms[j], ptx.Addr{Base: ra, Offset: int64(4 * d)})
+				g.EmitIf(in[j], false, "ld.global.cg.f32", ls[j], ptx.Addr{Base: ra, Offset: int64(4*d + 4)})
+			}
+			for j := range perLane {
+				g.Emit("max.f32", mx, mx, ms[j])
+			}
+			g.warpReduce(mx, "max")
+			sum := g.f32(0)
+			for j := range perLane {
+				w := g.exp2(g.op3("sub.f32", ptx.F32, ms[j], mx)) // 0 past nsplit: m = -inf
+				g.Emit("fma.rn.f32", sum, ls[j], w, sum)
+				wi := g.op3("add.u32", ptx.U32, wrow, si[j])
+				g.EmitIf(in[j], false, "st.shared.f32", ptx.Addr{Base: g.sharedAddr(cw, wi, 4)}, w)
+			}
+			g.warpReduce(sum, "add")
+			inv := g.Reg(ptx.F32)
+			g.Emit("rcp.rn.f32", inv, sum)
+			g.EmitIf(g.cmp("eq", ptx.U32, g.lane, ptx.Imm(0)), false, "st.shared.f32", ptx.Addr{Base: g.sharedAddr(cinv, h, 4)}, inv)
+		})
+	}
+	g.Emit("bar.sync", ptx.Imm(0))
+	// z = sum over splits of acc_s * weight_s, in split order, 16 splits' loads at a time.
+	const batch = 16
+	s := g.Reg(ptx.U32)
+	e := g.Reg(ptx.U32)
+	g.forLoop(e, g.op3("shl.b32", ptx.U32, g.tid, ptx.Imm(2)), ptx.Imm(int64(hpb*d)), ptx.Imm(int64(4*32*adWarps)), func() {
+		h := g.op3("div.u32", ptx.U32, e, ptx.Imm(int64(d)))
+		dd := g.op3("rem.u32", ptx.U32, e, ptx.Imm(int64(d)))
+		hb := g.Reg(ptx.U64)
+		g.Emit("mul.wide.u32", hb, h, hstride)
+		g.Emit("add.u64", hb, hb, base)
+		col := g.byteAddr(hb, dd, 4)
+		wbase := g.sharedAddr(cw, g.op3("mul.lo.u32", ptx.U32, h, ptx.Imm(AttnMaxSplits)), 4)
+		o := []ptx.Reg{g.f32(0), g.f32(0), g.f32(0), g.f32(0)}
+		g.forLoop(s, ptx.Imm(0), g.nsplit, ptx.Imm(batch), func() {
+			xs := make([][]ptx.Reg, batch)
+			ws := make([]ptx.Reg, batch)
+			for b := range batch {
+				sb := g.op3("add.u32", ptx.U32, s, ptx.Imm(int64(b)))
+				in := g.cmp("lt", ptx.U32, sb, g.nsplit)
+				xs[b] = g.Regs(ptx.F32, 4)
+				ws[b] = g.f32(0)
+				for _, x := range xs[b] {
+					g.Emit("mov.f32", x, ptx.F32Imm(0))
+				}
+				g.EmitIf(in, false, "ld.global.cg.v4.f32", ptx.Vec(xs[b]), ptx.Addr{Base: g.byteAddr(col, sb, recBytes)})
+				wa := g.Reg(ptx.U32)
+				g.Emit("mad.lo.u32", wa, sb, ptx.Imm(4), wbase)
+				g.EmitIf(in, false, "ld.shared.f32", ws[b], ptx.Addr{Base: wa})
+			}
+			for b := range batch {
+				for i := range o {
+					g.Emit("fma.rn.f32", o[i], xs[b][i], ws[b], o[i])
+				}
+			}
+		})
+		inv := g.Reg(ptx.F32)
+		g.Emit("ld.shared.f32", inv, ptx.Addr{Base: g.sharedAddr(cinv, h, 4)})
+		for i := range o {
+			g.Emit("mul.f32", o[i], o[i], inv)
+		}
+		g.Emit("st.global.v4.f32", ptx.Addr{Base: g.byteAddr(zbase, e, 4)}, ptx.Vec(o))
+	})
+	g.when(first, false, func() { g.Emit("st.global.u32", ptx.Addr{Base: ctr}, ptx.Imm(0)) })
 }

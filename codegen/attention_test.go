@@ -1,52 +1,329 @@
 package codegen
 
 import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
 	"math"
 	"math/rand/v2"
+	"strings"
 	"testing"
 
+	"xmix/ops"
 	"xmix/ptx"
+	"xmix/ptx/emu"
 )
 
-func TestAttentionKernel(t *testing.T) {
-	r := rand.New(rand.NewPCG(31, 32))
-	for _, c := range []AttnConfig{
-		{Heads: 4, KVHeads: 1, HeadDim: 32, BlockSize: 4, MaxBlocksPerSeq: 6, KVDtype: ptx.F32},
-		{Heads: 2, KVHeads: 2, HeadDim: 64, BlockSize: 8, MaxBlocksPerSeq: 3, KVDtype: ptx.BF16},
-		{Heads: 6, KVHeads: 2, HeadDim: 96, BlockSize: 2, MaxBlocksPerSeq: 4, KVDtype: ptx.F32},
-	} {
-		c.Scale = float32(1 / math.Sqrt(float64(c.HeadDim)))
-		k, err := Attention("attn_test", c)
-		if err != nil {
-			t.Fatal(err)
+// attnCall is one attention kernel call laid out in emulator memory: the reference op's seven
+// arguments, then (split decode kernel) the workspace and the chunk word.
+type attnCall struct {
+	mod    *ptx.Module
+	k      *Kernel
+	launch ops.Launch
+	args   []targ
+	mem    *emu.Memory
+	params []uint64
+	ws     []byte // nil without a workspace
+	z0     []float32
+}
+
+// newAttnCall lays out a call of k over rows at positions pos of sequences seq with a fresh
+// random cache. z starts as z0 when given (kernels that compute some rows leave the others),
+// else poisoned. chunk is the split kernel's positions per split.
+func newAttnCall(t *testing.T, r *rand.Rand, k *Kernel, c AttnConfig, l ops.Launch, pos, seq []uint32, chunk uint32, z0 []float32) *attnCall {
+	t.Helper()
+	if k.Op != "attention" {
+		t.Fatalf("op %q, want attention", k.Op)
+	}
+	mod, err := ptx.Parse(k.PTX)
+	if err != nil {
+		t.Fatalf("parse: %v\n%s", err, k.PTX)
+	}
+	seqs := 0
+	for _, s := range seq {
+		seqs = max(seqs, int(s)+1)
+	}
+	kv := newKVFixture(r, c.ropeConfig(), seqs)
+	kv.kcache.out, kv.vcache.out = 0, 0 // read only
+	rows := len(pos)
+	a := &attnCall{mod: mod, k: k, launch: l, mem: emu.NewMemory(), z0: z0}
+	// Scores of order 1-3 so the softmax is neither flat nor one-hot.
+	a.args = []targ{
+		{name: "qkv", f32: randF32(r, rows*(c.Heads+2*c.KVHeads)*c.HeadDim, 3)},
+		{name: "pos", u32: pos}, {name: "seq", u32: seq}, {name: "block_table", u32: kv.table},
+		kv.kcache, kv.vcache, {name: "z", out: rows * c.Heads * c.HeadDim, f32: z0},
+	}
+	if len(k.Params) == 8 && k.Params[7].Name == "rows" {
+		a.args = append(a.args, scalarU32("rows", uint32(rows)))
+	}
+	for _, arg := range a.args {
+		if arg.isVal {
+			a.params = append(a.params, arg.bits)
+			continue
 		}
-		rc := RopeConfig{Heads: c.Heads, KVHeads: c.KVHeads, HeadDim: c.HeadDim, BlockSize: c.BlockSize,
-			MaxBlocksPerSeq: c.MaxBlocksPerSeq, KVDtype: c.KVDtype}
-		kv := newKVFixture(r, rc, 2)
-		kv.kcache.out, kv.vcache.out = 0, 0 // read only
-		maxPos := uint32(c.BlockSize * c.MaxBlocksPerSeq)
-		// A prefill chunk of sequence 1 (causal through pos) and decode rows of both.
-		pos := []uint32{0, 1, 2, maxPos - 1, maxPos / 2}
-		seq := []uint32{1, 1, 1, 0, 1}
-		rows := len(pos)
-		// Scores of order 1-3 so the softmax is neither flat nor one-hot.
-		qkv := randF32(r, rows*(c.Heads+2*c.KVHeads)*c.HeadDim, 3)
-		checkKernel(t, k, c.Launch(rows), []targ{
-			{name: "qkv", f32: qkv}, {name: "pos", u32: pos}, {name: "seq", u32: seq},
-			{name: "block_table", u32: kv.table}, kv.kcache, kv.vcache,
-			{name: "z", out: rows * c.Heads * c.HeadDim},
+		b := arg.bytesOf()
+		addr := a.mem.Alloc(len(b))
+		copy(a.mem.Bytes(addr), b)
+		a.params = append(a.params, addr)
+	}
+	if c.Split {
+		var wsAddr uint64
+		if n := c.SplitWorkspaceBytes(rows, l.Grid[2]); n > 0 {
+			wsAddr = a.mem.Alloc(n)
+			a.ws = a.mem.Bytes(wsAddr)[:n]
+			clear(a.ws)
+		}
+		ca := a.mem.Alloc(4)
+		binary.LittleEndian.PutUint32(a.mem.Bytes(ca), chunk)
+		a.params = append(a.params, wsAddr, ca)
+	}
+	if len(a.params) != len(k.Params) {
+		t.Fatalf("%d args, kernel has %d params", len(a.params), len(k.Params))
+	}
+	return a
+}
+
+// run emulates the kernel over z's initial contents, checks that the split counters are back
+// at zero and returns z's bytes.
+func (a *attnCall) run(t *testing.T) []byte {
+	t.Helper()
+	z := a.mem.Bytes(a.params[6])[:4*a.args[6].out]
+	copy(z, a.args[6].bytesOf())
+	if err := emu.Run(a.mod, a.k.Name, emu.Launch{Grid: a.launch.Grid, Block: a.launch.Block}, a.mem, a.params); err != nil {
+		t.Fatalf("emulate: %v", err)
+	}
+	if a.ws != nil {
+		for i := range a.launch.Grid[0] * a.launch.Grid[1] {
+			if v := binary.LittleEndian.Uint32(a.ws[4*i:]); v != 0 {
+				t.Fatalf("counter %d left at %d", i, v)
+			}
+		}
+	}
+	return append([]byte(nil), z...)
+}
+
+// reference runs op "attention" on the seven arguments the kernel shares with it.
+func (a *attnCall) reference(t *testing.T) []byte {
+	t.Helper()
+	ref, err := ops.Build(a.k.Op, a.k.Attrs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := make([]ops.Arg, len(a.args))
+	for i, arg := range a.args {
+		args[i] = ops.Arg{Mem: arg.bytesOf(), Bits: arg.bits}
+	}
+	if err := ref.Run(args, a.launch); err != nil {
+		t.Fatalf("reference: %v", err)
+	}
+	return args[6].Mem
+}
+
+func (a *attnCall) check(t *testing.T, tol float64) {
+	t.Helper()
+	g, w := floats(a.run(t), "f32"), floats(a.reference(t), "f32")
+	if e := relL2(g, w); !(e <= tol) {
+		rows := len(a.args[1].u32)
+		per := len(w) / rows
+		for r := range rows {
+			if e := relL2(g[r*per:(r+1)*per], w[r*per:(r+1)*per]); !(e <= tol) {
+				t.Errorf("row %d (pos %d, seq %d): relative L2 error %.3g (got %v want %v)", r, a.args[1].u32[r], a.args[2].u32[r], e, head(g[r*per:]), head(w[r*per:]))
+			}
+		}
+		t.Fatalf("relative L2 error %.3g", e)
+	}
+}
+
+// attnShapes are the attention shapes the kernels are checked on: GQA groups of 1, 4 and 8,
+// head dims 32 to 128 (96: lanes that are not a power of two per row), f32 and bf16 caches.
+var attnShapes = []AttnConfig{
+	{Heads: 8, KVHeads: 2, HeadDim: 32, BlockSize: 16, MaxBlocksPerSeq: 20, KVDtype: ptx.F32},
+	{Heads: 2, KVHeads: 2, HeadDim: 64, BlockSize: 8, MaxBlocksPerSeq: 40, KVDtype: ptx.BF16},
+	{Heads: 8, KVHeads: 2, HeadDim: 128, BlockSize: 16, MaxBlocksPerSeq: 19, KVDtype: ptx.BF16},
+	{Heads: 8, KVHeads: 1, HeadDim: 64, BlockSize: 16, MaxBlocksPerSeq: 19, KVDtype: ptx.BF16},
+	{Heads: 2, KVHeads: 2, HeadDim: 128, BlockSize: 32, MaxBlocksPerSeq: 10, KVDtype: ptx.F32},
+	{Heads: 6, KVHeads: 2, HeadDim: 96, BlockSize: 4, MaxBlocksPerSeq: 75, KVDtype: ptx.F32},
+}
+
+func scaled(c AttnConfig) AttnConfig {
+	c.Scale = float32(1 / math.Sqrt(float64(c.HeadDim)))
+	return c
+}
+
+// TestAttentionDecode: every row computed, one split.
+func TestAttentionDecode(t *testing.T) {
+	r := rand.New(rand.NewPCG(31, 32))
+	for _, c := range attnShapes {
+		c = scaled(c)
+		t.Run(fmt.Sprintf("h%d_kv%d_d%d_%s", c.Heads, c.KVHeads, c.HeadDim, c.KVDtype), func(t *testing.T) {
+			k := must(t)(Attention("attn_test", c))
+			maxPos := uint32(c.BlockSize * c.MaxBlocksPerSeq)
+			// Ragged contexts: the first position, one block, one past, the last position.
+			pos := []uint32{0, uint32(c.BlockSize - 1), uint32(c.BlockSize), maxPos - 1, maxPos / 2}
+			seq := []uint32{1, 0, 2, 0, 1}
+			newAttnCall(t, r, k, c, c.Launch(len(pos), 1), pos, seq, 0, nil).check(t, 1e-5)
 		})
 	}
 }
 
-func TestAttentionRejectsBadShapes(t *testing.T) {
-	for _, c := range []AttnConfig{
-		{Heads: 4, KVHeads: 1, HeadDim: 48, BlockSize: 4, MaxBlocksPerSeq: 1, KVDtype: ptx.F32, Scale: 1},
-		{Heads: 4, KVHeads: 1, HeadDim: 288, BlockSize: 4, MaxBlocksPerSeq: 1, KVDtype: ptx.F32, Scale: 1},
-		{Heads: 4, KVHeads: 1, HeadDim: 32, BlockSize: 4, MaxBlocksPerSeq: 1, KVDtype: ptx.F32},
-	} {
-		if _, err := Attention("a", c); err == nil {
-			t.Errorf("%+v accepted", c)
+// TestAttentionDecodeSplit: contexts at the split boundaries (one position, exactly one split,
+// one past, exactly k splits, the grid's last split) and a chunk word too small for the grid,
+// which the kernel raises.
+func TestAttentionDecodeSplit(t *testing.T) {
+	r := rand.New(rand.NewPCG(41, 42))
+	for _, c := range attnShapes {
+		c = scaled(c)
+		c.Split = true
+		maxPos := c.BlockSize * c.MaxBlocksPerSeq
+		for _, sc := range []struct{ splits, chunk int }{{3, 64}, {8, 32}, {5, 5}, {4, 1}, {40, 2}} {
+			name := fmt.Sprintf("h%d_kv%d_d%d_%s_s%d_c%d", c.Heads, c.KVHeads, c.HeadDim, c.KVDtype, sc.splits, sc.chunk)
+			t.Run(name, func(t *testing.T) {
+				k := must(t)(Attention("attn_split_test", c))
+				ch := sc.chunk
+				var pos []uint32
+				for _, n := range []int{1, ch, ch + 1, 2 * ch, sc.splits * ch, maxPos} {
+					if n <= maxPos {
+						pos = append(pos, uint32(n-1))
+					}
+				}
+				seq := make([]uint32, len(pos))
+				for i := range seq {
+					seq[i] = uint32(i % 3)
+				}
+				a := newAttnCall(t, r, k, c, c.Launch(len(pos), sc.splits), pos, seq, uint32(ch), nil)
+				a.check(t, 1e-5)
+			})
 		}
 	}
+}
+
+// TestAttentionDecodeReplay runs the split kernel twice on the same memory, as a replayed
+// graph does: the second run must find the counters reset and give the same z bit for bit.
+func TestAttentionDecodeReplay(t *testing.T) {
+	c := AttnConfig{Heads: 8, KVHeads: 2, HeadDim: 64, BlockSize: 16, MaxBlocksPerSeq: 16, KVDtype: ptx.BF16, Scale: 0.125, Split: true}
+	r := rand.New(rand.NewPCG(43, 44))
+	k := must(t)(Attention("a", c))
+	a := newAttnCall(t, r, k, c, c.Launch(3, 5), []uint32{255, 3, 100}, []uint32{0, 1, 1}, 48, nil)
+	if a.ws == nil {
+		t.Fatal("5 splits without a workspace")
+	}
+	first := a.run(t)
+	if second := a.run(t); !bytes.Equal(first, second) {
+		t.Fatal("second run's z differs from the first")
+	}
+}
+
+// prefillRows is a prefill step's rows: decode rows of three sequences, a chunk of sequence 3
+// crossing KV blocks, a one-token chunk of sequence 4, a chunk of sequence 5, padding rows.
+func prefillRows(c AttnConfig) (pos, seq []uint32) {
+	add := func(s uint32, ps ...uint32) {
+		for _, p := range ps {
+			pos, seq = append(pos, p), append(seq, s)
+		}
+	}
+	bs := uint32(c.BlockSize)
+	add(0, 3*bs+2)
+	add(1, 0)
+	add(2, 5)
+	for p := bs - 3; p < 3*bs+4; p++ {
+		add(3, p)
+	}
+	add(4, bs)
+	for p := range uint32(19) {
+		add(5, p+7)
+	}
+	for p := range uint32(5) {
+		add(6, p)
+	}
+	return pos, seq
+}
+
+// TestAttentionSingles: the decode kernel of a prefill template computes the rows alone of
+// their sequence and leaves the others.
+func TestAttentionSingles(t *testing.T) {
+	r := rand.New(rand.NewPCG(45, 46))
+	for _, c := range attnShapes[:3] {
+		c = scaled(c)
+		c.Singles = true
+		k := must(t)(Attention("attn_singles", c))
+		pos, seq := prefillRows(c)
+		z0 := randF32(r, len(pos)*c.Heads*c.HeadDim, 1)
+		newAttnCall(t, r, k, c, c.Launch(len(pos), 1), pos, seq, 0, z0).check(t, 1e-5)
+	}
+}
+
+func TestAttentionPublic(t *testing.T) {
+	// Llama-3.1-8B, -3.2-1B and -70B shapes.
+	for _, c := range []struct {
+		cfg    AttnConfig
+		splits int
+		grid   [3]int
+		ws     int // at 2 rows
+	}{
+		{AttnConfig{Heads: 32, KVHeads: 8, HeadDim: 128, BlockSize: 16, MaxBlocksPerSeq: 512, KVDtype: ptx.BF16, Scale: 0.088, Split: true}, 32, [3]int{2, 8, 32}, 64 + 2*32*32*132*4},
+		{AttnConfig{Heads: 32, KVHeads: 8, HeadDim: 64, BlockSize: 16, MaxBlocksPerSeq: 512, KVDtype: ptx.BF16, Scale: 0.125, Split: true}, 16, [3]int{2, 8, 16}, 64 + 2*32*16*68*4},
+		{AttnConfig{Heads: 64, KVHeads: 8, HeadDim: 128, BlockSize: 16, MaxBlocksPerSeq: 512, KVDtype: ptx.BF16, Scale: 0.088}, 1, [3]int{2, 8, 1}, 0},
+	} {
+		l := c.cfg.Launch(2, c.splits)
+		if l.Grid != c.grid || l.Block != [3]int{128, 1, 1} {
+			t.Errorf("%+v: launch %v", c.cfg, l)
+		}
+		if ws := c.cfg.SplitWorkspaceBytes(2, c.splits); ws != c.ws {
+			t.Errorf("%+v: workspace %d, want %d", c.cfg, ws, c.ws)
+		}
+		k := must(t)(Attention("a", c.cfg))
+		want := "qkv,pos,seq,block_table,kcache,vcache,z"
+		if c.cfg.Split {
+			want += ",ws,chunk"
+		}
+		if got := strings.Join(paramNames(k), ","); got != want {
+			t.Errorf("params %s", got)
+		}
+		mod, err := ptx.Parse(k.PTX)
+		if err != nil {
+			t.Fatal(err)
+		}
+		shared := 0
+		for _, s := range mod.Kernels[0].Shared {
+			shared += s.Len * s.T.Bytes()
+		}
+		if shared > 48<<10 {
+			t.Errorf("%+v: %d bytes of static shared memory", c.cfg, shared)
+		}
+	}
+	// Splits per decode bucket on Llama-3.1-8B: the GPU filled, never past the grid bound.
+	c := AttnConfig{Heads: 32, KVHeads: 8}
+	for rows, want := range map[int]int{1: 66, 8: 9, 32: 3, 128: 1} {
+		if got := c.DecodeSplits(rows); got != want {
+			t.Errorf("%d rows: %d splits, want %d", rows, got, want)
+		}
+	}
+	if got := (AttnConfig{Heads: 8, KVHeads: 1}).DecodeSplits(1); got != AttnMaxSplits {
+		t.Errorf("MQA batch 1: %d splits, want %d", got, AttnMaxSplits)
+	}
+}
+
+func TestAttentionRejects(t *testing.T) {
+	ok := AttnConfig{Heads: 4, KVHeads: 1, HeadDim: 32, BlockSize: 4, MaxBlocksPerSeq: 1, KVDtype: ptx.F32, Scale: 1}
+	for _, c := range []struct {
+		name string
+		edit func(*AttnConfig)
+	}{
+		{"head dim 48", func(c *AttnConfig) { c.HeadDim = 48 }},
+		{"head dim 288", func(c *AttnConfig) { c.HeadDim = 288 }},
+		{"no scale", func(c *AttnConfig) { c.Scale = 0 }},
+		{"infinite scale", func(c *AttnConfig) { c.Scale = float32(math.Inf(1)) }},
+		{"f16 cache", func(c *AttnConfig) { c.KVDtype = ptx.F16 }},
+		{"heads not a multiple", func(c *AttnConfig) { c.Heads = 3; c.KVHeads = 2 }},
+		{"block size 3", func(c *AttnConfig) { c.BlockSize = 3 }},
+	} {
+		cfg := ok
+		c.edit(&cfg)
+		if _, err := Attention("a", cfg); err == nil {
+			t.Errorf("%s: accepted", c.name)
+		} else if !strings.Contains(err.Error(), "attention a") {
+			t.Errorf("%s: error %q lacks the kernel name", c.name, err)
+		}
+	}
+	must(t)(Attention("a", ok))
 }

@@ -27,10 +27,6 @@ type Options struct {
 	// cores, x re-read per block), "tc-staged" (x staged once per block, split-K with a
 	// workspace), "cuda-core" (no tensor cores). For measuring one against another.
 	GEMM string
-	// Attention picks the decode attention kernel: "" or "standard" (one block per row and
-	// query head), "split" (flash-decoding: one block per row, kv head and context split,
-	// K/V read once per kv head; attention_split.go). For measuring one against the other.
-	Attention string
 	// MoE picks how Mixtral buckets of tensorCoreRows rows and more run their experts: "" or
 	// "dense" (every expert over every row as ordinary GEMMs, then a weighted sum of each row's
 	// top-k: E/k times the FLOPs, but the GEMMs run on tensor cores, or cuBLASLt on the GPU),
@@ -52,7 +48,6 @@ type gen struct {
 	kernels  map[string]*Kernel // by the name a template asks for
 	bodies   map[string]*Kernel // by what the kernel is (kernel)
 	gemmKind string
-	attnKind string
 	moeKind  string
 	order    []string
 	bufs     []bundle.Buffer
@@ -65,16 +60,11 @@ type gen struct {
 // and the params section.
 func Generate(p *passes.Program, opt Options) (*bundle.Bundle, error) {
 	m := p.Model
-	g := &gen{p: p, m: m, kernels: map[string]*Kernel{}, bodies: map[string]*Kernel{}, wdt: ptx.BF16, kvdt: ptx.F32, gemmKind: opt.GEMM, attnKind: opt.Attention, moeKind: opt.MoE, tp: max(1, p.TP)}
+	g := &gen{p: p, m: m, kernels: map[string]*Kernel{}, bodies: map[string]*Kernel{}, wdt: ptx.BF16, kvdt: ptx.F32, gemmKind: opt.GEMM, moeKind: opt.MoE, tp: max(1, p.TP)}
 	switch opt.GEMM {
 	case "", "tc", "tc-staged", "cuda-core":
 	default:
 		return nil, fmt.Errorf("GEMM kind %q: use tc, tc-staged or cuda-core", opt.GEMM)
-	}
-	switch opt.Attention {
-	case "", "standard", "split":
-	default:
-		return nil, fmt.Errorf("attention kind %q: use standard or split", opt.Attention)
 	}
 	switch opt.MoE {
 	case "":
@@ -202,6 +192,7 @@ func (g *gen) modelConfig() bundle.ModelConfig {
 	if g.p.PerRequestVectors() {
 		c.VectorSlots = g.p.VectorSlots
 	}
+	c.Logprobs = m.MaxLogprobs
 	if s := m.RopeScaling; s != nil {
 		c.RopeScaling = &bundle.RopeScaling{Type: s.Type, Factor: s.Factor, LowFreqFactor: s.LowFreqFactor,
 			HighFreqFactor: s.HighFreqFactor, OriginalMaxPos: s.OriginalMaxPos}
@@ -315,7 +306,7 @@ func (g *gen) declareBuffers() {
 			g.buf(e.Buffer, bundle.KindOutput, "f32", []int{g.maxT, e.Width})
 		}
 		if w := g.firedWidth(a); w > 0 {
-			g.buf(firedBuf(a), bundle.KindOutput, "u32", []int{g.maxT, w})
+			g.buf(firedBuf(a), bundle.KindOutput, "u32", []int{g.maxT, w / 4}) // rows of w bytes
 		}
 	}
 	for _, c := range []string{"ctl.tokens", "ctl.pos", "ctl.seq", "ctl.mask", "ctl.gen", "ctl.out_row"} {
@@ -331,6 +322,14 @@ func (g *gen) declareBuffers() {
 	g.buf("ctl.temperature", bundle.KindControl, "f32", []int{g.maxS})
 	g.buf("ctl.top_p", bundle.KindControl, "f32", []int{g.maxS})
 	g.buf("ctl.rng", bundle.KindControl, "u32", []int{g.maxS})
+	if m.MaxLogprobs > 0 {
+		// Per sample: 0, or 1 + how many top tokens it wants; what the sampler reports.
+		g.buf("ctl.logprobs", bundle.KindControl, "u32", []int{g.maxS})
+		g.buf("out.logprobs", bundle.KindOutput, "f32", []int{g.maxS, 1 + 2*m.MaxLogprobs})
+	}
+	if len(m.EOS) > 0 {
+		g.buf("ctl.eos_ban", bundle.KindControl, "u32", []int{g.maxS}) // min_tokens not reached
+	}
 	// Each sample's token row (ops.NoRow for unused samples): sample-space kernels (logits
 	// MI, the sampler's overrides) read their row's control words through it.
 	g.buf("ctl.s_row", bundle.KindControl, "u32", []int{g.maxS})
@@ -361,14 +360,17 @@ func (g *gen) declareBuffers() {
 		}
 		g.buf("act.gemm_ws", bundle.KindActivation, "u32", []int{max(ws, 16) / 4})
 	}
-	if g.attnKind == "split" {
-		// One workspace serves every layer's attention: they run one after another and each
-		// leaves its counters at zero.
-		ws := 0
-		for _, rows := range append(append([]int(nil), m.DecodeBuckets...), m.PrefillChunks...) {
-			ws = max(ws, g.attnConfig().SplitWorkspaceBytes(rows, g.attnSplits(rows)))
-		}
-		g.buf("act.attn_ws", bundle.KindActivation, "u32", []int{max(ws, 16) / 4})
+	// One split workspace serves every layer's attention: they run one after another and
+	// each leaves its counters at zero. Decode buckets that split read the step's chunk.
+	ws := 0
+	for _, rows := range m.DecodeBuckets {
+		c := g.attnConfig()
+		c.Split = true
+		ws = max(ws, c.SplitWorkspaceBytes(rows, g.attnSplits(rows)))
+	}
+	if ws > 0 {
+		g.buf("act.attn_ws", bundle.KindActivation, "u32", []int{ws / 4})
+		g.buf(attnChunkBuf, bundle.KindControl, "u32", []int{1})
 	}
 	g.buf("act.resid", bundle.KindActivation, "f32", []int{g.maxT, H})
 	g.buf("act.xn", bundle.KindActivation, "f32", []int{g.maxT, H})
@@ -439,7 +441,7 @@ func countedOnDevice(op *passes.MIOp) bool {
 	return op.Host != passes.HostCustom && op.Host != passes.HostLens
 }
 
-// firedColumn is op's column of its app's fired buffer: its place among the app's
+// firedColumn is op's byte of its app's fired rows: its place among the app's
 // device-counted sites ordered by op, then layer, so that the host sums each op's columns
 // as one run; -1 for ops the host counts.
 func (g *gen) firedColumn(op *passes.MIOp) int {
@@ -455,7 +457,8 @@ func (g *gen) firedColumn(op *passes.MIOp) int {
 	return col
 }
 
-// firedWidth is how many columns the app's fired buffer has (0: no op counted on device).
+// firedWidth is how many bytes a row of the app's fired buffer has: a byte per site counted
+// on the device, rounded up to whole words (0: none is).
 func (g *gen) firedWidth(a *passes.AppPlan) int {
 	n := 0
 	for _, o := range g.p.Ops {
@@ -463,7 +466,7 @@ func (g *gen) firedWidth(a *passes.AppPlan) int {
 			n++
 		}
 	}
-	return n
+	return (n + 3) / 4 * 4
 }
 
 // sampleRows says whether op's kernel runs on sampled token rows only.

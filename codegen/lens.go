@@ -204,13 +204,55 @@ func lensTopK(name string, c LensConfig, part bool) (*Kernel, error) {
 	if part {
 		idLogitGap = pk
 	}
+	emitTopK(e, topKLoop{tid: tid, threads: lensThreads, redV: redV, redI: redI, rounds: ptx.Imm(int64(c.K)),
+		lo: lo, hi: hi, none: int64(c.Vocab),
+		load: func(i, ov, oi ptx.Reg) {
+			e.Emit("ld.global.f32", ov, ptx.Addr{Base: e.byteAddr(vals, i, 4)})
+			if part {
+				e.Emit("mov.u32", oi, i)
+			} else {
+				id := e.Reg(ptx.F32)
+				e.Emit("ld.global.f32", id, ptx.Addr{Base: e.byteAddr(ids, i, 4)})
+				e.Emit("cvt.rzi.u32.f32", oi, id)
+			}
+		},
+		store: func(j, bi, bv ptx.Reg) {
+			col := e.op3("add.u32", ptx.U32, j, col0)
+			id := e.Reg(ptx.F32)
+			e.Emit("cvt.rn.f32.u32", id, bi)
+			e.Emit("st.global.f32", ptx.Addr{Base: e.byteAddr(ob, col, 4)}, id)
+			e.Emit("st.global.f32", ptx.Addr{Base: e.byteAddr(ob, col, 4), Offset: int64(4 * idLogitGap)}, bv)
+		}})
+	e.Label(end)
+	return finish(e.Kernel, kind, c.attrs())
+}
+
+// topKLoop configures emitTopK.
+type topKLoop struct {
+	tid        ptx.Reg
+	threads    int
+	redV, redI ptx.Sym // shared, threads/32+1 each
+	rounds     ptx.Operand
+	lo, hi     ptx.Operand // the items: [lo, hi), thread tid taking lo+tid, lo+tid+threads, ...
+	none       int64       // the id a round with nothing left reports (with -inf)
+	// load sets ov and oi to item i's value and id; store writes round j's pick (thread 0).
+	load  func(i, ov, oi ptx.Reg)
+	store func(j, bi, bv ptx.Reg)
+}
+
+// emitTopK emits rounds block-wide arg-max rounds: round j picks the first item after the
+// previous pick in the order value descending, id ascending, so NaN values are never
+// picked and a round with nothing left picks (-inf, none). Every thread of the block runs it.
+func emitTopK(e emitter, c topKLoop) {
+	tid := c.tid
 	lane := e.op3("and.b32", ptx.U32, tid, ptx.Imm(31))
 	warp := e.op3("shr.u32", ptx.U32, tid, ptx.Imm(5))
+	nw := c.threads / 32
 	prevV, prevI := e.f32(float32(math.Inf(1))), e.Reg(ptx.S32)
 	e.Emit("mov.s32", prevI, ptx.Imm(-1))
 	j, i := e.Reg(ptx.U32), e.Reg(ptx.U32)
 	start := e.Reg(ptx.U32)
-	e.Emit("add.u32", start, tid, lo)
+	e.Emit("add.u32", start, tid, c.lo)
 	bv, bi, ov, oi := e.Reg(ptx.F32), e.Reg(ptx.U32), e.Reg(ptx.F32), e.Reg(ptx.U32)
 	better := func() { // (bv, bi) = (ov, oi) when ov is larger, or equal with a lower id
 		gt := e.cmp("gt", ptx.F32, ov, bv)
@@ -220,18 +262,11 @@ func lensTopK(name string, c LensConfig, part bool) (*Kernel, error) {
 		e.Emit("selp.f32", bv, ov, bv, gt)
 		e.Emit("selp.u32", bi, oi, bi, gt)
 	}
-	e.forLoop(j, ptx.Imm(0), ptx.Imm(int64(c.K)), ptx.Imm(1), func() {
+	e.forLoop(j, ptx.Imm(0), c.rounds, ptx.Imm(1), func() {
 		e.Emit("mov.f32", bv, ptx.F32Imm(float32(math.Inf(-1))))
-		e.Emit("mov.u32", bi, ptx.Imm(int64(c.Vocab)))
-		e.forLoop(i, start, hi, ptx.Imm(lensThreads), func() {
-			e.Emit("ld.global.f32", ov, ptx.Addr{Base: e.byteAddr(vals, i, 4)})
-			if part {
-				e.Emit("mov.u32", oi, i)
-			} else {
-				id := e.Reg(ptx.F32)
-				e.Emit("ld.global.f32", id, ptx.Addr{Base: e.byteAddr(ids, i, 4)})
-				e.Emit("cvt.rzi.u32.f32", oi, id)
-			}
+		e.Emit("mov.u32", bi, ptx.Imm(c.none))
+		e.forLoop(i, start, c.hi, ptx.Imm(int64(c.threads)), func() {
+			c.load(i, ov, oi)
 			below := e.cmp("lt", ptx.F32, ov, prevV)
 			tie := e.cmp("eq", ptx.F32, ov, prevV)
 			e.Emit("and.pred", tie, tie, e.cmp("gt", ptx.S32, oi, prevI))
@@ -247,29 +282,23 @@ func lensTopK(name string, c LensConfig, part bool) (*Kernel, error) {
 			better()
 		}
 		lane0 := e.cmp("eq", ptx.U32, lane, ptx.Imm(0))
-		e.EmitIf(lane0, false, "st.shared.f32", ptx.Addr{Base: e.sharedAddr(redV, warp, 4)}, bv)
-		e.EmitIf(lane0, false, "st.shared.u32", ptx.Addr{Base: e.sharedAddr(redI, warp, 4)}, bi)
+		e.EmitIf(lane0, false, "st.shared.f32", ptx.Addr{Base: e.sharedAddr(c.redV, warp, 4)}, bv)
+		e.EmitIf(lane0, false, "st.shared.u32", ptx.Addr{Base: e.sharedAddr(c.redI, warp, 4)}, bi)
 		e.Emit("bar.sync", ptx.Imm(0))
 		e.when(e.cmp("eq", ptx.U32, tid, ptx.Imm(0)), false, func() {
 			for w := 1; w < nw; w++ {
-				e.Emit("ld.shared.f32", ov, ptx.Addr{Base: redV, Offset: int64(4 * w)})
-				e.Emit("ld.shared.u32", oi, ptx.Addr{Base: redI, Offset: int64(4 * w)})
+				e.Emit("ld.shared.f32", ov, ptx.Addr{Base: c.redV, Offset: int64(4 * w)})
+				e.Emit("ld.shared.u32", oi, ptx.Addr{Base: c.redI, Offset: int64(4 * w)})
 				better()
 			}
-			e.Emit("st.shared.f32", ptx.Addr{Base: redV, Offset: int64(4 * nw)}, bv)
-			e.Emit("st.shared.u32", ptx.Addr{Base: redI, Offset: int64(4 * nw)}, bi)
-			col := e.op3("add.u32", ptx.U32, j, col0)
-			id := e.Reg(ptx.F32)
-			e.Emit("cvt.rn.f32.u32", id, bi)
-			e.Emit("st.global.f32", ptx.Addr{Base: e.byteAddr(ob, col, 4)}, id)
-			e.Emit("st.global.f32", ptx.Addr{Base: e.byteAddr(ob, col, 4), Offset: int64(4 * idLogitGap)}, bv)
+			e.Emit("st.shared.f32", ptx.Addr{Base: c.redV, Offset: int64(4 * nw)}, bv)
+			e.Emit("st.shared.u32", ptx.Addr{Base: c.redI, Offset: int64(4 * nw)}, bi)
+			c.store(j, bi, bv)
 		})
 		e.Emit("bar.sync", ptx.Imm(0))
-		e.Emit("ld.shared.f32", prevV, ptx.Addr{Base: redV, Offset: int64(4 * nw)})
-		e.Emit("ld.shared.s32", prevI, ptx.Addr{Base: redI, Offset: int64(4 * nw)})
+		e.Emit("ld.shared.f32", prevV, ptx.Addr{Base: c.redV, Offset: int64(4 * nw)})
+		e.Emit("ld.shared.s32", prevI, ptx.Addr{Base: c.redI, Offset: int64(4 * nw)})
 		// The next round's warp sums overwrite topk_v only after everyone read the pick.
 		e.Emit("bar.sync", ptx.Imm(0))
 	})
-	e.Label(end)
-	return finish(e.Kernel, kind, c.attrs())
 }

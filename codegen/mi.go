@@ -29,10 +29,10 @@ type MIOp struct {
 	Out        string // reads: buffer of [rows, OutWidth] f32 the result lands in
 	OutCol     int    // first column of this op's result in Out
 	OutWidth   int
-	// Fired, when set, is the app's fired buffer ([rows, FiredWidth] u32): the op writes
-	// column FiredCol of each row with its app bit, 1 where it fired and 0 where not
-	// (ops.MIOp.Fired). The kernel parameter points at the column (a slot offset), so that
-	// the kernels of an op's layers stay identical.
+	// Fired, when set, is the app's fired buffer (rows of FiredWidth bytes): the op writes
+	// byte FiredCol of each row with its app bit, 1 where it fired and 0 where not
+	// (ops.MIOp.Fired). The kernel parameter points at the byte (a slot offset), so that the
+	// kernels of an op's layers stay identical.
 	Fired                string
 	FiredCol, FiredWidth int
 	Gates                []Gate // all must hold for the row, besides its app bit

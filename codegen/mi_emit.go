@@ -110,7 +110,7 @@ func miSlots(miops []MIOp) slots {
 	}
 	for i, o := range miops {
 		if o.Fired != "" {
-			s[fmt.Sprintf("mi%d_fired", i)] = bundle.Slot{Buffer: o.Fired, Offset: int64(4 * o.FiredCol)}
+			s[fmt.Sprintf("mi%d_fired", i)] = bundle.Slot{Buffer: o.Fired, Offset: int64(o.FiredCol)}
 		}
 	}
 	return s
@@ -298,13 +298,25 @@ func (m *miSet) emit(r *rowEmitter, g int, x []ptx.Reg, dirty *ptx.Reg) {
 		}
 		if counts {
 			r.Label(done)
-			a := r.Reg(ptx.U64)
-			r.Emit("mul.wide.u32", a, r.row, ptx.Imm(int64(4*b.FiredWidth)))
-			r.Emit("add.u64", a, a, firedPtr)
-			r.EmitIf(m.lead, false, "st.global.u32", ptx.Addr{Base: a}, fired)
+			storeFired(r.emitter, &m.lead, r.row, firedPtr, b.FiredWidth, fired)
 		}
 		r.Label(skip)
 	}
+}
+
+// storeFired stores fired (0 or 1) as the byte of row in rows of width bytes at base, where
+// lead holds (nil: always).
+func storeFired(e emitter, lead *ptx.Reg, row, base ptx.Reg, width int, fired ptx.Reg) {
+	a := e.Reg(ptx.U64)
+	e.Emit("mul.wide.u32", a, row, ptx.Imm(int64(width)))
+	e.Emit("add.u64", a, a, base)
+	h := e.Reg(ptx.U16)
+	e.Emit("cvt.u16.u32", h, fired)
+	if lead == nil {
+		e.Emit("st.global.u8", ptx.Addr{Base: a}, h)
+		return
+	}
+	e.EmitIf(*lead, false, "st.global.u8", ptx.Addr{Base: a}, h)
 }
 
 // slotVector is the vector the row reads: slot ctl_vslot[row] of pool, or compiled when

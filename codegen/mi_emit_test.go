@@ -191,7 +191,7 @@ func TestRouterPerRequestBias(t *testing.T) {
 	bias, pool := make([]float32, E), make([]float32, slots*E)
 	bias[E-1], pool[0], pool[E+1] = 100, 100, 100 // default: expert E-1; slot 0: expert 0; slot 1: expert 1
 	op := MIOp{Template: "router_bias", Bit: testBit, Width: E, Vec: "b", Pool: "bp", PoolSlots: slots, Scal: "s", Alpha: 0, Bias: -1,
-		Fired: "f", FiredWidth: 1}
+		Fired: "f", FiredWidth: 4}
 	rc := RouterConfig{Hidden: hidden, Experts: E, TopK: topK, WDtype: ptx.F32, Ops: []MIOp{op}}
 	k := must(t)(Router("router_pool", rc))
 	vslot := testVSlot
@@ -214,23 +214,26 @@ func f64s(v []float32) []float64 {
 	return out
 }
 
-// firedArg is an op's fired words for rows rows of width words, all 7 at first (untouched
-// words keep it).
+// firedArg is an op's fired bytes for rows rows of width bytes (a multiple of 4), all 7 at
+// first (untouched bytes keep it); compared as words.
 func firedArg(name string, rows, width int) targ {
-	v := make([]uint32, rows*width)
+	v := make([]uint32, rows*width/4)
 	for i := range v {
-		v[i] = 7
+		v[i] = 0x07070707
 	}
 	return targ{name: name, u32: v, out: len(v), dtype: "u32"}
 }
 
-// TestMIFiredWords: an op with a fired word writes, on every row with its app bit, 1 where
+// firedByte is byte i of an emulated fired buffer.
+func firedByte(v []float32, i int) byte { return byte(math.Float32bits(v[i/4]) >> (8 * (i % 4))) }
+
+// TestMIFiredWords: an op with a fired byte writes, on every row with its app bit, 1 where
 // it fired and 0 where its gate failed or a clamp found the projection inside its bounds;
 // rows without the bit keep what they had. Emulated and on the reference, in the MI kernel,
 // the gathered final norm (rows nobody samples are skipped), the logits kernel (one block
 // of a row's many writes) and the sampler's overrides.
 func TestMIFiredWords(t *testing.T) {
-	const w, fw = 200, 3
+	const w, fw = 200, 4
 	rng := rand.New(rand.NewPCG(51, 52))
 	steer := MIOp{Template: "steer_add", Bit: testBit, Width: w, Vec: "v", Scal: "s", Alpha: 0, Bias: -1,
 		Gates: []Gate{{Kind: "token_in", Tokens: []int{7}}}, Fired: "f", FiredCol: 0, FiredWidth: fw}
@@ -258,7 +261,7 @@ func TestMIFiredWords(t *testing.T) {
 	want := map[int][]uint32{5: {1, 7, 0, 7, 0}, 8: {1, 7, 0, 7, 1}, 10: {1, 7, 1, 7, 1}}
 	for arg, rows := range want {
 		for r, v := range rows {
-			if g := math.Float32bits(got[arg][r*fw]); g != v {
+			if g := firedByte(got[arg], r*fw); uint32(g) != v {
 				t.Fatalf("%s row %d: fired word %d, want %d", args[arg].name, r, g, v)
 			}
 		}
@@ -272,7 +275,7 @@ func TestMIFiredWords(t *testing.T) {
 	checkKernel(t, rk, rc.Launch(testRows), rargs)
 	rf := emulate(t, rk, rc.Launch(testRows), rargs)[len(rargs)-1]
 	for r, v := range []uint32{7, 7, 7, 7, 1} {
-		if g := math.Float32bits(rf[r*fw]); g != v {
+		if g := firedByte(rf, r*fw); uint32(g) != v {
 			t.Fatalf("final norm row %d: fired word %d, want %d", r, g, v)
 		}
 	}
@@ -281,32 +284,32 @@ func TestMIFiredWords(t *testing.T) {
 	// sample's token row.
 	const vocab, n = 3000, 3
 	lsteer := MIOp{Template: "steer_add", Bit: 1, Width: vocab, Vec: "v", Scal: "s", Alpha: 0, Bias: -1, ScalStride: 1, ScalRows: 2,
-		Gates: []Gate{{Kind: "positions", Positions: "generated"}}, Fired: "f", FiredWidth: 2}
+		Gates: []Gate{{Kind: "positions", Positions: "generated"}}, Fired: "f", FiredWidth: 4}
 	lc := LogitsMIConfig{Vocab: vocab, Ops: []MIOp{lsteer}}
 	lk := must(t)(LogitsMI("logits_fired", lc))
 	lmask, lgen, lseq, sRow := []uint32{2, 0, 2, 2}, []uint32{0, 0, 0xFFFFFFFF, 5}, []uint32{0, 1, 1, 0}, []uint32{3, 1, 2}
 	largs := []targ{{name: "x", f32: randF32(rng, n*vocab, 3), out: n * vocab}, {name: "s_row", u32: sRow}, {name: "ctl_mask", u32: lmask},
 		{name: "ctl_gen", u32: lgen}, {name: "ctl_seq", u32: lseq}, {name: "mi0_vec", f32: randF32(rng, vocab, 1)},
-		{name: "mi0_scal", f32: []float32{0.5, 2}}, firedArg("mi0_fired", 4, 2)}
+		{name: "mi0_scal", f32: []float32{0.5, 2}}, firedArg("mi0_fired", 4, 4)}
 	checkKernel(t, lk, lc.Launch(n), largs)
 	lf := emulate(t, lk, lc.Launch(n), largs)[7]
 	for r, v := range []uint32{7, 7, 0, 1} { // rows 3 (generated) and 2 (prompt) are sampled with the app
-		if g := math.Float32bits(lf[2*r]); g != v {
+		if g := firedByte(lf, 4*r); uint32(g) != v {
 			t.Fatalf("logits row %d: fired word %d, want %d", r, g, v)
 		}
 	}
 	ovr := MIOp{Template: "token_override", Bit: 1, Width: 1, Scal: "s", Alpha: 0, Bias: -1, ScalStride: 1, ScalRows: 2,
-		Gates: []Gate{{Kind: "steps", From: 1, To: 9}}, Fired: "f", FiredWidth: 2}
+		Gates: []Gate{{Kind: "steps", From: 1, To: 9}}, Fired: "f", FiredWidth: 4}
 	sc := SampleConfig{Vocab: 333, Overrides: []MIOp{ovr}}
 	sk := must(t)(Sample("sample_fired", sc))
 	sargs := []targ{{name: "logits", f32: randF32(rng, n*333, 4)}, {name: "temperature", f32: []float32{0, 0, 0}},
 		{name: "top_p", f32: []float32{1, 1, 1}}, {name: "rng", u32: []uint32{1, 2, 3}}, {name: "out", out: n, dtype: "u32"},
 		{name: "s_row", u32: sRow}, {name: "ctl_mask", u32: lmask}, {name: "ctl_gen", u32: lgen}, {name: "ctl_seq", u32: lseq},
-		{name: "ovr0_scal", f32: []float32{42, 43}}, firedArg("ovr0_fired", 4, 2)}
+		{name: "ovr0_scal", f32: []float32{42, 43}}, firedArg("ovr0_fired", 4, 4)}
 	checkKernel(t, sk, sc.Launch(n), sargs)
 	sf := emulate(t, sk, sc.Launch(n), sargs)[10]
 	for r, v := range []uint32{7, 7, 0, 1} { // row 3: step 5; row 2: a prompt row
-		if g := math.Float32bits(sf[2*r]); g != v {
+		if g := firedByte(sf, 4*r); uint32(g) != v {
 			t.Fatalf("override row %d: fired word %d, want %d", r, g, v)
 		}
 	}

@@ -38,7 +38,7 @@ func routerArgs(t *testing.T, k *Kernel, x, w []float32, wdt ptx.Type, rows, top
 		case "ctl_vslot":
 			a.u32 = testVSlot
 		case "mi0_fired":
-			a = firedArg(p.Name, rows, 1)
+			a = firedArg(p.Name, rows, 4)
 		default:
 			d, ok := data[p.Name]
 			if !ok {

@@ -11,6 +11,11 @@ import (
 // SampleConfig is the sampler over a vocabulary of Vocab logits per sample.
 type SampleConfig struct {
 	Vocab int
+	// Logprobs is how many top tokens a sample may ask for (ops.SampleAttrs.Logprobs; 0:
+	// the kernel reports no logprobs); EOS are the ids a sample under min_tokens may not
+	// pick (none: no ban).
+	Logprobs int
+	EOS      []int
 	// Overrides are token_override ops (hook sampled): MIOp with Template "token_override",
 	// Alpha the index of the token in Scal, and gates other than activation.
 	Overrides []MIOp
@@ -43,10 +48,10 @@ func (c SampleConfig) Launch(samples int) ops.Launch {
 // rng/2^32 * kept mass. ops "sample" forms every sum in the same order, so the two agree on
 // the token. With overrides, the parameters go on as ops.SampleAttrs says.
 func Sample(name string, c SampleConfig) (*Kernel, error) {
-	if c.Vocab <= 0 || c.Vocab >= 1<<24 {
-		return nil, fmt.Errorf("sample %s: vocab %d: want 1 to 2^24-1", name, c.Vocab)
+	attrs := ops.SampleAttrs{Vocab: c.Vocab, Logprobs: c.Logprobs, EOS: c.EOS, Overrides: c.refOverrides()}
+	if err := attrs.Check(); err != nil {
+		return nil, fmt.Errorf("sample %s: %w", name, err)
 	}
-	attrs := ops.SampleAttrs{Vocab: c.Vocab, Overrides: c.refOverrides()}
 	for i, o := range c.Overrides {
 		if o.Template != "token_override" || o.Scal == "" {
 			return nil, fmt.Errorf("sample %s: override %d: template %s with scalar table %q", name, i, o.Template, o.Scal)
@@ -74,6 +79,13 @@ func (g *sampleGen) emit(refs []ops.TokenOverride) error {
 	topP := g.param("top_p", ptx.U64)
 	rngP := g.param("rng", ptx.U64)
 	out := g.param("out", ptx.U64)
+	var lpKP, lpOut, banP ptx.Reg
+	if g.c.Logprobs > 0 {
+		lpKP, lpOut = g.param("lp_k", ptx.U64), g.param("lp_out", ptx.U64)
+	}
+	if len(g.c.EOS) > 0 {
+		banP = g.param("eos_ban", ptx.U64)
+	}
 	override, err := g.declareOverrides(refs)
 	if err != nil {
 		return err
@@ -91,6 +103,15 @@ func (g *sampleGen) emit(refs []ops.TokenOverride) error {
 	}
 	temp, tp, rng := load(tempP, ptx.F32), load(topP, ptx.F32), load(rngP, ptx.U32)
 	outAddr := ptx.Addr{Base: g.byteAddr(out, smp, 4)}
+	// Logprobs come from the logits as given, so they are taken before the EOS ban.
+	var lp *logprobRegs
+	if g.c.Logprobs > 0 {
+		lp = g.logprobStats(load(lpKP, ptx.U32), g.byteAddr(lpOut, smp, 4*(1+2*g.c.Logprobs)))
+	}
+	var ban *eosBan
+	if len(g.c.EOS) > 0 {
+		ban = g.banEOS(load(banP, ptx.U32))
+	}
 	end, greedy := g.NewLabel("end"), g.NewLabel("greedy")
 	g.EmitIf(g.cmp("gt", ptx.F32, temp, ptx.F32Imm(0)), true, "bra", ptx.Sym(greedy))
 
@@ -165,7 +186,114 @@ func (g *sampleGen) emit(refs []ops.TokenOverride) error {
 	g.argmax(outAddr)
 	g.Label(end)
 	override(smp, outAddr)
+	if ban != nil {
+		g.unbanEOS(ban)
+	}
+	if lp != nil {
+		g.sampledLogprob(lp, outAddr)
+	}
 	return nil
+}
+
+// logprobRegs are a sample's log-softmax terms, for the logprob of x = (x - m) - l.
+type logprobRegs struct {
+	on   ptx.Reg // lp_k != 0: the sample wants logprobs
+	m, l ptx.Reg
+	row  ptx.Reg // the sample's row of lp_out
+}
+
+// logprobStats emits, for a sample with lp_k != 0, the max logit m, l = ln(sum 2^((x-m)
+// log2 e)) summed per thread over a stride then across the block, and the lp_k-1 top tokens
+// (emitTopK's rounds over the vocabulary) into the sample's row of lp_out.
+func (g *sampleGen) logprobStats(k, row ptx.Reg) *logprobRegs {
+	lp := &logprobRegs{on: g.cmp("ne", ptx.U32, k, ptx.Imm(0)), m: g.f32(0), l: g.f32(0), row: row}
+	nw := g.nt / 32
+	redV := g.DeclareShared("lp_v", ptx.F32, nw+1)
+	redI := g.DeclareShared("lp_i", ptx.U32, nw+1)
+	g.when(lp.on, false, func() {
+		mx := g.f32(float32(math.Inf(-1)))
+		g.strided(func(i ptx.Reg) { g.Emit("max.f32", mx, mx, g.logit(i)) })
+		g.Emit("mov.f32", lp.m, g.blockReduce(mx, "max", g.red, g.tid, g.nt))
+		sum := g.f32(0)
+		g.strided(func(i ptx.Reg) {
+			y := g.op3("sub.rn.f32", ptx.F32, g.logit(i), lp.m)
+			g.Emit("mul.rn.f32", y, y, ptx.F32Imm(ops.Log2E))
+			g.Emit("add.rn.f32", sum, sum, g.exp2(y))
+		})
+		tot := g.blockReduce(sum, "add", g.red, g.tid, g.nt)
+		g.Emit("lg2.approx.f32", lp.l, tot)
+		g.Emit("mul.rn.f32", lp.l, lp.l, ptx.F32Imm(ops.Ln2))
+		top := g.op3("sub.u32", ptx.U32, k, ptx.Imm(1))
+		emitTopK(g.emitter, topKLoop{tid: g.tid, threads: g.nt, redV: redV, redI: redI, rounds: top,
+			lo: ptx.Imm(0), hi: ptx.Imm(int64(g.c.Vocab)), none: int64(g.c.Vocab),
+			load: func(i, ov, oi ptx.Reg) {
+				g.Emit("ld.global.f32", ov, ptx.Addr{Base: g.byteAddr(g.lb, i, 4)})
+				g.Emit("mov.u32", oi, i)
+			},
+			store: func(j, bi, bv ptx.Reg) {
+				col := g.op3("add.u32", ptx.U32, j, ptx.Imm(1))
+				id := g.Reg(ptx.F32)
+				g.Emit("cvt.rn.f32.u32", id, bi)
+				g.Emit("st.global.f32", ptx.Addr{Base: g.byteAddr(row, col, 4)}, id)
+				g.Emit("st.global.f32", ptx.Addr{Base: g.byteAddr(row, col, 4), Offset: int64(4 * g.c.Logprobs)}, g.logprobOf(lp, bv))
+			}})
+	})
+	return lp
+}
+
+// logprobOf is x's logprob, (x - m) - l.
+func (g *sampleGen) logprobOf(lp *logprobRegs, x ptx.Reg) ptx.Reg {
+	v := g.op3("sub.rn.f32", ptx.F32, x, lp.m)
+	g.Emit("sub.rn.f32", v, v, lp.l)
+	return v
+}
+
+// sampledLogprob stores the logprob of the sample's final token (after the overrides) at
+// column 0 of its row; thread 0 stored the token.
+func (g *sampleGen) sampledLogprob(lp *logprobRegs, outAddr ptx.Addr) {
+	first := g.cmp("eq", ptx.U32, g.tid, ptx.Imm(0))
+	g.Emit("and.pred", first, first, lp.on)
+	g.when(first, false, func() {
+		tok := g.Reg(ptx.U32)
+		g.Emit("ld.global.u32", tok, outAddr)
+		x := g.f32(float32(math.Inf(-1)))
+		g.EmitIf(g.cmp("lt", ptx.U32, tok, ptx.Imm(int64(g.c.Vocab))), false, "ld.global.f32", x, ptx.Addr{Base: g.byteAddr(g.lb, tok, 4)})
+		g.Emit("st.global.f32", ptx.Addr{Base: lp.row}, g.logprobOf(lp, x))
+	})
+}
+
+// eosBan holds, for a sample under min_tokens, its EOS logits while the ban lasts.
+type eosBan struct {
+	on    ptx.Reg
+	saved []ptx.Reg
+}
+
+// banEOS sets a banned sample's EOS logits to -inf before it is sampled (thread 0, then a
+// barrier, so that every thread reads them so).
+func (g *sampleGen) banEOS(flag ptx.Reg) *eosBan {
+	b := &eosBan{on: g.cmp("ne", ptx.U32, flag, ptx.Imm(0))}
+	for range g.c.EOS {
+		b.saved = append(b.saved, g.f32(0))
+	}
+	g.when(b.on, false, func() {
+		first := g.cmp("eq", ptx.U32, g.tid, ptx.Imm(0))
+		for i, e := range g.c.EOS {
+			a := ptx.Addr{Base: g.lb, Offset: int64(4 * e)}
+			g.EmitIf(first, false, "ld.global.f32", b.saved[i], a)
+			g.EmitIf(first, false, "st.global.f32", a, ptx.F32Imm(float32(math.Inf(-1))))
+		}
+		g.Emit("bar.sync", ptx.Imm(0))
+	})
+	return b
+}
+
+// unbanEOS puts a banned sample's EOS logits back (thread 0, after it stored the token).
+func (g *sampleGen) unbanEOS(b *eosBan) {
+	first := g.cmp("eq", ptx.U32, g.tid, ptx.Imm(0))
+	g.Emit("and.pred", first, first, b.on)
+	for i, e := range g.c.EOS {
+		g.EmitIf(first, false, "st.global.f32", ptx.Addr{Base: g.lb, Offset: int64(4 * e)}, b.saved[i])
+	}
 }
 
 // declareOverrides declares the override parameters and returns what emits the overrides
@@ -246,10 +374,7 @@ func (g *sampleGen) declareOverrides(refs []ops.TokenOverride) (func(smp ptx.Reg
 			if refs[i].Fired > 0 {
 				g.Emit("mov.u32", on, ptx.Imm(1))
 				g.Label(done)
-				f := g.Reg(ptx.U64)
-				g.Emit("mul.wide.u32", f, row, ptx.Imm(int64(4*refs[i].Fired)))
-				g.Emit("add.u64", f, f, fired[i])
-				g.Emit("st.global.u32", ptx.Addr{Base: f}, on)
+				storeFired(g.emitter, nil, row, fired[i], refs[i].Fired, on) // thread 0 alone runs this
 			}
 			g.Label(skip)
 		}

@@ -128,3 +128,88 @@ func TestLogitsMI(t *testing.T) {
 		}
 	}
 }
+
+// TestSampleLogprobsAndBan: samples that ask get, from the logits as given, their token's
+// logprob and their top tokens (ids by logit descending, ties to the lower id, and
+// logprobs), emulated as the reference computes them and as log-softmax says; samples that do
+// not ask leave their row alone. A banned sample never picks an EOS id, even where it is
+// the largest logit, and the sampler leaves the logits as it found them.
+func TestSampleLogprobsAndBan(t *testing.T) {
+	const vocab, k = 2500, 4
+	r := rand.New(rand.NewPCG(53, 54))
+	eos := []int{5, 2000}
+	c := SampleConfig{Vocab: vocab, Logprobs: k, EOS: eos}
+	kern := must(t)(Sample("sample_lp", c))
+	if names := paramNames(kern); len(names) != 8 || names[5] != "lp_k" || names[6] != "lp_out" || names[7] != "eos_ban" {
+		t.Fatalf("params %v", names)
+	}
+	// Samples: greedy top 4; nucleus with the token's logprob only; not asking, banned;
+	// greedy top 2, banned, where EOS 2000 is the largest logit; greedy top 2 with a tie at the top.
+	temp := []float32{0, 0.8, 1, 0, 0}
+	topP := []float32{1, 0.9, 1, 1, 1}
+	n := len(temp)
+	logits := randF32(r, n*vocab, 4)
+	logits[3*vocab+2000], logits[3*vocab+7] = 50, 40
+	logits[4*vocab+11], logits[4*vocab+3] = 30, 30
+	lpK := []uint32{5, 1, 0, 3, 3}
+	ban := []uint32{0, 0, 1, 1, 0}
+	lpOut := make([]float32, n*(1+2*k))
+	for i := range lpOut {
+		lpOut[i] = -7
+	}
+	rng := []uint32{r.Uint32(), r.Uint32(), r.Uint32(), r.Uint32(), r.Uint32()}
+	args := []targ{{name: "logits", f32: logits, out: len(logits)}, {name: "temperature", f32: temp}, {name: "top_p", f32: topP},
+		{name: "rng", u32: rng}, {name: "out", out: n, dtype: "u32"}, {name: "lp_k", u32: lpK},
+		{name: "lp_out", f32: lpOut, out: len(lpOut)}, {name: "eos_ban", u32: ban}}
+	checkKernel(t, kern, c.Launch(n), args)
+	res := emulate(t, kern, c.Launch(n), args)
+	got, lp := res[4], res[6]
+	for i, v := range logits {
+		if res[0][i] != v {
+			t.Fatalf("logit %d changed: %v, was %v", i, res[0][i], v)
+		}
+	}
+	for s := range n {
+		tok := int(math.Float32bits(got[s]))
+		row := logits[s*vocab : (s+1)*vocab]
+		if ban[s] != 0 && (tok == eos[0] || tok == eos[1]) {
+			t.Fatalf("sample %d picked EOS %d while banned", s, tok)
+		}
+		out := lp[s*(1+2*k) : (s+1)*(1+2*k)]
+		if lpK[s] == 0 {
+			for _, v := range out {
+				if v != -7 {
+					t.Fatalf("sample %d did not ask but its row was written: %v", s, out)
+				}
+			}
+			continue
+		}
+		var m float64 = math.Inf(-1)
+		for _, v := range row {
+			m = math.Max(m, float64(v))
+		}
+		var sum float64
+		for _, v := range row {
+			sum += math.Exp(float64(v) - m)
+		}
+		logSoftmax := func(v float32) float64 { return float64(v) - m - math.Log(sum) }
+		if d := math.Abs(float64(out[0]) - logSoftmax(row[tok])); d > 1e-4 {
+			t.Fatalf("sample %d: token %d logprob %v, log-softmax %v", s, tok, out[0], logSoftmax(row[tok]))
+		}
+		ids, _ := ops.TopK(row, int(lpK[s])-1)
+		for j, id := range ids {
+			if int(out[1+j]) != id || math.Abs(float64(out[1+k+j])-logSoftmax(row[id])) > 1e-4 {
+				t.Fatalf("sample %d top %d: id %v logprob %v, want %d and %v", s, j, out[1+j], out[1+k+j], id, logSoftmax(row[id]))
+			}
+		}
+	}
+	if tok := math.Float32bits(got[3]); tok != 7 {
+		t.Fatalf("banned greedy sample picked %d, want 7 (the largest non-EOS logit)", tok)
+	}
+	if int(lp[3*(1+2*k)+1]) != 2000 {
+		t.Fatalf("the banned sample's top token is %v: logprobs are of the logits before the ban", lp[3*(1+2*k)+1])
+	}
+	if int(lp[4*(1+2*k)+1]) != 3 || int(lp[4*(1+2*k)+2]) != 11 {
+		t.Fatalf("tie at the top: ids %v, want 3 then 11", lp[4*(1+2*k)+1:4*(1+2*k)+3])
+	}
+}

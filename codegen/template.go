@@ -52,6 +52,7 @@ func node(label string, k *Kernel, l ops.Launch, s slots, mi []MIOp) (bundle.Nod
 // tb accumulates one template's nodes.
 type tb struct {
 	g     *gen
+	kind  string // "decode" or "prefill"
 	rows  int
 	nodes []bundle.Node
 	err   error
@@ -99,7 +100,7 @@ func (t *tb) fail(err error) {
 // template emits the forward for one bucket: `rows` token rows, `samples` sampled rows.
 func (g *gen) template(name, kind string, rows, samples int) (bundle.Template, error) {
 	m := g.m
-	t := &tb{g: g, rows: rows}
+	t := &tb{g: g, kind: kind, rows: rows}
 	H, D := m.Hidden, m.HeadDim
 	r := g.rank()
 	I := r.inter
@@ -182,7 +183,11 @@ func (g *gen) template(name, kind string, rows, samples int) (bundle.Template, e
 	if t.err != nil {
 		return bundle.Template{}, fmt.Errorf("template %s: %w", name, t.err)
 	}
-	return bundle.Template{Name: name, Kind: kind, Tokens: rows, Samples: samples, Nodes: t.nodes}, nil
+	tmpl := bundle.Template{Name: name, Kind: kind, Tokens: rows, Samples: samples, Nodes: t.nodes}
+	if splits := g.attnSplits(rows); kind == "decode" && splits > 1 {
+		tmpl.AttnSplit = &bundle.AttnSplit{Buffer: attnChunkBuf, MaxSplits: splits, MinChunk: AttnMinChunk}
+	}
+	return tmpl, nil
 }
 
 // lmHead emits the LM head: whole on one device; vocab-parallel at tp > 1, each rank
@@ -226,31 +231,43 @@ func (g *gen) attnConfig() AttnConfig {
 		MaxBlocksPerSeq: g.blocks, KVDtype: g.kvdt, Scale: float32(1 / math.Sqrt(float64(g.m.HeadDim)))}
 }
 
-// attnSplitBlocks is the grid the split attention aims for: two blocks per H200 SM.
-const attnSplitBlocks = 2 * 132
-
-// attnSplits is how many context splits the split attention gives each (row, kv head) of a
-// call over rows rows: enough blocks to fill the GPU when rows are few, none when many.
-func (g *gen) attnSplits(rows int) int {
-	return min(asMaxSplits, max(1, attnSplitBlocks/(rows*g.rank().kvHeads)))
-}
-
-// attention emits layer l's attention over the KV cache into act.z.
+// attention emits layer l's attention over the KV cache into act.z. A decode bucket runs the
+// flash-decoding kernel, its context split per step when the bucket's rows alone do not fill
+// the GPU (the host writes the step's chunk, bundle.AttnSplit). A prefill chunk runs the
+// tensor-core kernel over its prompt rows and the decode kernel over the rows alone of their
+// sequence (the decode rows mixed into the step); with a cache the tensor cores cannot read
+// (f32, or head dim past 128), the decode kernel takes every row.
 func (t *tb) attention(l int, kv slots) {
 	g := t.g
 	ac := g.attnConfig()
-	name := fmt.Sprintf("attention_h%d_kv%d_d%d_%s", ac.Heads, ac.KVHeads, ac.HeadDim, g.kvdt)
+	base := fmt.Sprintf("attention_h%d_kv%d_d%d_%s", ac.Heads, ac.KVHeads, ac.HeadDim, g.kvdt)
 	label := fmt.Sprintf("L%d.attention", l)
-	if g.attnKind != "split" {
-		k, err := g.kernel(name, func() (*Kernel, error) { return Attention(name, ac) })
-		t.add(label, k, err, ac.Launch(t.rows), merge(kv, slots{"z": buf("act.z")}), nil)
-		return
+	s := merge(kv, slots{"z": buf("act.z")})
+	decode := func(name string, c AttnConfig, splits int, s slots) {
+		k, err := g.kernel(name, func() (*Kernel, error) { return Attention(name, c) })
+		t.add(label, k, err, c.Launch(t.rows, splits), s, nil)
 	}
-	splits := g.attnSplits(t.rows)
-	name = fmt.Sprintf("%s_split%d", name, splits)
-	k, err := g.kernel(name, func() (*Kernel, error) { return AttentionSplit(name, ac, splits) })
-	t.add(label, k, err, ac.LaunchSplit(t.rows, splits), merge(kv, slots{"z": buf("act.z"), "ws": buf("act.attn_ws")}), nil)
+	switch {
+	case t.kind == "decode" && g.attnSplits(t.rows) > 1:
+		ac.Split = true
+		decode(base+"_split", ac, g.attnSplits(t.rows), merge(s, slots{"ws": buf("act.attn_ws"), "chunk": buf(attnChunkBuf)}))
+	case t.kind == "decode" || !ac.PrefillOK():
+		decode(base, ac, 1, s)
+	default:
+		ac.Singles = true
+		decode(base+"_singles", ac, 1, s)
+		ac.Singles = false
+		name := base + "_prefill"
+		k, err := g.kernel(name, func() (*Kernel, error) { return AttentionPrefill(name, ac) })
+		t.add(fmt.Sprintf("L%d.attention_prefill", l), k, err, ac.LaunchPrefill(t.rows), merge(s, slots{"rows": konst(uint64(t.rows))}), nil)
+	}
 }
+
+// attnChunkBuf is the control word of a split decode attention: positions per split.
+const attnChunkBuf = "ctl.attn_chunk"
+
+// attnSplits is the grid z of a decode bucket's attention (1: no split).
+func (g *gen) attnSplits(rows int) int { return g.attnConfig().DecodeSplits(rows) }
 
 // tensorCoreRows is the bucket size from which GEMMs run on tensor cores (bf16 activations,
 // f32 accumulation): the CUDA-core GEMM's cost grows with rows (on an H200, 4.5x at 8 rows),
@@ -346,17 +363,18 @@ func (t *tb) sampleTail(samples int) {
 		t.add("logits.mi", k, err, c.Launch(samples), slots{"x": buf("act.logits"), "s_row": buf("ctl.s_row")}, lo)
 	}
 	ovr := g.miOps(passes.HostSampler, -1, "", "")
-	smc := SampleConfig{Vocab: m.Vocab, Overrides: ovr}
+	smc := SampleConfig{Vocab: m.Vocab, Logprobs: m.MaxLogprobs, EOS: m.EOS, Overrides: ovr}
 	name := g.sampleKernel(ovr)
 	k, err := g.kernel(name, func() (*Kernel, error) { return Sample(name, smc) })
 	s := slots{
 		"logits": buf("act.logits"), "temperature": buf("ctl.temperature"), "top_p": buf("ctl.top_p"),
 		"rng": buf("ctl.rng"), "out": buf("out.sampled"), "s_row": buf("ctl.s_row"),
+		"lp_k": buf("ctl.logprobs"), "lp_out": buf("out.logprobs"), "eos_ban": buf("ctl.eos_ban"),
 	}
 	for i, o := range ovr {
 		s[fmt.Sprintf("ovr%d_scal", i)] = buf(o.Scal)
 		if o.Fired != "" {
-			s[fmt.Sprintf("ovr%d_fired", i)] = bundle.Slot{Buffer: o.Fired, Offset: int64(4 * o.FiredCol)}
+			s[fmt.Sprintf("ovr%d_fired", i)] = bundle.Slot{Buffer: o.Fired, Offset: int64(o.FiredCol)}
 		}
 	}
 	t.add("sample", k, err, smc.Launch(samples), s, nil)

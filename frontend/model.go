@@ -25,7 +25,7 @@ var (
 	modelKeys       = []string{"model", "family", "hf", "dims", "config", "weights", "dtype", "kv_dtype", "tokenizer", "bos", "eos", "chat_template", "serving"}
 	dimsKeys        = []string{"hidden", "intermediate", "layers", "heads", "kv_heads", "head_dim", "vocab", "rope_theta", "rms_eps", "tie_embeddings", "rope_scaling", "experts", "experts_per_token"}
 	ropeScalingKeys = []string{"type", "factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}
-	servingKeys     = []string{"decode_buckets", "prefill_chunks", "max_batched_tokens", "max_seq_len", "max_seqs", "kv_block_size", "vector_slots"}
+	servingKeys     = []string{"decode_buckets", "prefill_chunks", "max_batched_tokens", "max_seq_len", "max_seqs", "kv_block_size", "vector_slots", "max_logprobs"}
 	weightDtypes    = []string{"bf16", "f32"}
 	kvDtypes        = []string{"f32", "bf16"}
 )
@@ -38,6 +38,10 @@ const (
 	defaultKVBlockSize = 16
 	defaultSyntheticSD = 0.02
 	byteTokens         = 256 // ids 0-255 of the bytes tokenizer are the bytes themselves
+	// defaultMaxLogprobs is how many top tokens a request may ask logprobs of (OpenAI's and
+	// vLLM's limit); maxLogprobs bounds the spec's serving.max_logprobs (ops.MaxLogprobs).
+	defaultMaxLogprobs = 20
+	maxLogprobs        = 64
 )
 
 // LoadModel reads and parses a model spec file.
@@ -704,6 +708,14 @@ func (p *parser) serving(top *mapping, m *Model) {
 	if t := int64(m.MaxSeqs) * int64(m.MaxSeqLen); t > maxResidentTokens {
 		p.errorAt(maxSeqsAt, fmt.Sprintf("at most %d tokens: lower max_seqs or max_seq_len", maxResidentTokens),
 			"serving: max_seqs %d x max_seq_len %d = %d tokens of KV cache is more than this compiler supports", m.MaxSeqs, m.MaxSeqLen, t)
+	}
+	m.MaxLogprobs = defaultMaxLogprobs
+	if n := sm.get("max_logprobs"); n != nil {
+		if v, good := p.natural(n, "serving.max_logprobs"); good && v > maxLogprobs {
+			p.errorf(n, fmt.Sprintf("at most %d (OpenAI allows 20)", maxLogprobs), "serving.max_logprobs %d is more than %d", v, maxLogprobs)
+		} else if good {
+			m.MaxLogprobs = v
+		}
 	}
 	m.VectorSlots = m.MaxSeqs
 	if n := sm.get("vector_slots"); n != nil {

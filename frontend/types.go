@@ -76,6 +76,9 @@ type Model struct {
 	// VectorSlots is how many requests may hold per-request vectors at once (default
 	// MaxSeqs): the size of the device pool of each per_request param.
 	VectorSlots int
+	// MaxLogprobs is how many top tokens a request may ask the logprobs of (default 20; 0:
+	// the sampler reports no logprobs).
+	MaxLogprobs int
 	// LayersPos is where the layer count was given, for "layer out of range" hints.
 	LayersPos Pos
 

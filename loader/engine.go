@@ -11,7 +11,6 @@ import (
 	"sort"
 	"strings"
 	"time"
-	"unsafe"
 
 	"xmix/bundle"
 )
@@ -49,6 +48,15 @@ type Request struct {
 	// StopWhen, when set, ends the request once an export crosses a threshold (reason
 	// "stop_when").
 	StopWhen *StopWhen
+	// Logprobs asks, for every generated token, its logprob (Result.Logprobs), and
+	// TopLogprobs (0 to ModelConfig.Logprobs, and implying Logprobs) the logprobs of that
+	// many most likely tokens at its position. MinTokens keeps the sampler from picking an
+	// EOS id until that many tokens are generated (at most MaxTokens); IgnoreEOS keeps the
+	// request going past a generated EOS (sampling.go).
+	Logprobs    bool
+	TopLogprobs int
+	MinTokens   int
+	IgnoreEOS   bool
 }
 
 // Row is one forward row of a request: the token it fed in, its position, and what the
@@ -145,6 +153,8 @@ type Result struct {
 	// Fired counts, for every op of every app the request enables, the (token row, layer)
 	// sites where it changed or read the row (fired.go).
 	Fired Fired
+	// Logprobs, when the request asked, has an entry per generated token, aligned with Tokens.
+	Logprobs []TokenLogprob
 }
 
 // InputIDs is the prompt the engine feeds for r: the bundle's BOS (when the bundle has one
@@ -187,6 +197,8 @@ type Engine struct {
 	Stats      Stats
 	// hasSRow: the bundle has ctl.s_row (each sample's token row), which the engine fills.
 	hasSRow bool
+	// hasBan: the sampler takes ctl.eos_ban (the bundle has EOS ids), for min_tokens.
+	hasBan bool
 	// hasAny: the bundle has heavy nodes, which read ctl.any_mask (the OR of the step's app
 	// masks) to skip themselves.
 	hasAny bool
@@ -293,6 +305,9 @@ func NewEngine(b *bundle.Bundle, be Backend) (*Engine, error) {
 		return nil, err
 	}
 	if err := e.initFired(bufs); err != nil {
+		return nil, err
+	}
+	if err := e.initSampling(bufs); err != nil {
 		return nil, err
 	}
 	e.blocks = (c.MaxSeqLen + c.KVBlockSize - 1) / c.KVBlockSize
@@ -629,6 +644,9 @@ func (e *Engine) Submit(r Request) (*Handle, error) {
 	if s.stop, err = e.resolveStop(r.StopWhen, s.mask); err != nil {
 		return nil, err
 	}
+	if err := e.checkSampling(&r); err != nil {
+		return nil, err
+	}
 	e.startFired(s)
 	if r.MaxTokens <= 0 {
 		h.Done, h.Result.Reason = true, ReasonLength
@@ -767,10 +785,11 @@ func (e *Engine) run(t bundle.Template, rows []stepRow) error {
 	c := e.cfg
 	n, ns := t.Tokens, t.Samples
 	sc := &e.scratch
-	words := sc.words(8*n + 2*ns)
+	words := sc.words(8*n + 4*ns)
 	tokens, pos, seq, mask := words[:n], words[n:2*n], words[2*n:3*n], words[3*n:4*n]
 	gen, outRow, latch, vslot := words[4*n:5*n], words[5*n:6*n], words[6*n:7*n], words[7*n:8*n]
-	rng, sRow := words[8*n:8*n+ns], words[8*n+ns:]
+	rng, sRow, lpk, ban := words[8*n:8*n+ns], words[8*n+ns:8*n+2*ns], words[8*n+2*ns:8*n+3*ns], words[8*n+3*ns:]
+	asked := false // some sample wants logprobs
 	floats := sc.floats(2 * ns)
 	temp, topP := floats[:ns], floats[ns:]
 	for i := range sRow {
@@ -805,6 +824,11 @@ func (e *Engine) run(t bundle.Template, rows []stepRow) error {
 			topP[r.sample] = s.req.TopP
 			rng[r.sample] = s.rng.Uint32()
 			sRow[r.sample] = uint32(i)
+			lpk[r.sample] = wantsLogprobs(s.req)
+			asked = asked || lpk[r.sample] != 0
+			if len(s.res.Tokens) < s.req.MinTokens {
+				ban[r.sample] = 1
+			}
 			sampled = append(sampled, r)
 		}
 	}
@@ -852,6 +876,26 @@ func (e *Engine) run(t bundle.Template, rows []stepRow) error {
 			return err
 		}
 	}
+	if a := t.AttnSplit; a != nil {
+		// The decode attention's context split for this step, from its longest context.
+		maxN := 0
+		for _, r := range rows {
+			maxN = max(maxN, r.pos+1)
+		}
+		if err := e.Be.Write(a.Buffer, 0, sc.encode([]uint32{uint32(a.Chunk(maxN))})); err != nil {
+			return err
+		}
+	}
+	if e.cfg.Logprobs > 0 {
+		if err := e.Be.Write("ctl.logprobs", 0, sc.encode(lpk)); err != nil {
+			return err
+		}
+	}
+	if e.hasBan {
+		if err := e.Be.Write("ctl.eos_ban", 0, sc.encode(ban)); err != nil {
+			return err
+		}
+	}
 	if err := e.Be.Step(e.tmplIdx[t.Name]); err != nil {
 		return fmt.Errorf("template %s: %w", t.Name, err)
 	}
@@ -870,6 +914,13 @@ func (e *Engine) run(t bundle.Template, rows []stepRow) error {
 	if err := e.collectFired(rows, n); err != nil {
 		return err
 	}
+	var lps []float32
+	if asked {
+		var err error
+		if lps, err = e.readLogprobs(ns); err != nil {
+			return err
+		}
+	}
 	for _, r := range sampled {
 		s := r.s
 		tok := int(ids[r.sample])
@@ -883,8 +934,11 @@ func (e *Engine) run(t bundle.Template, rows []stepRow) error {
 		s.tokens = append(s.tokens, fed)
 		s.res.Tokens = append(s.res.Tokens, tok)
 		s.h.TokenTimes = append(s.h.TokenTimes, now)
+		if lpk[r.sample] != 0 {
+			s.res.Logprobs = append(s.res.Logprobs, e.tokenLogprob(lps, r.sample, tok, s.req))
+		}
 		switch {
-		case isEOS(c, fed):
+		case isEOS(c, fed) && !s.req.IgnoreEOS:
 			s.done, s.res.Reason = true, ReasonStop
 		case s.stop != nil && s.stop.crossed(s.res.Rows[r.pos].Exports):
 			s.done, s.res.Reason = true, ReasonStopWhen
@@ -904,28 +958,27 @@ type stepScratch struct {
 	f       []float32
 	b       []byte
 	fired   []byte
-	firedW  []uint32
+	lpB     []byte
+	lpF     []float32
 	ids     []uint32
 	sampled []stepRow
+}
+
+// lpBytes and lpFloats hold the step's logprob rows.
+func (sc *stepScratch) lpBytes(n int) []byte {
+	sc.lpB = grow(sc.lpB, n)
+	return sc.lpB
+}
+
+func (sc *stepScratch) lpFloats(n int) []float32 {
+	sc.lpF = grow(sc.lpF, n)
+	return sc.lpF
 }
 
 // firedBytes returns n bytes for a fired buffer, valid until the next call.
 func (sc *stepScratch) firedBytes(n int) []byte {
 	sc.fired = grow(sc.fired, n)
 	return sc.fired
-}
-
-// firedWords views b (from firedBytes) as its little-endian words: in place on a
-// little-endian host, decoded into scratch elsewhere.
-func (sc *stepScratch) firedWords(b []byte) []uint32 {
-	if hostLittleEndian && len(b) > 0 && uintptr(unsafe.Pointer(&b[0]))%4 == 0 {
-		return unsafe.Slice((*uint32)(unsafe.Pointer(&b[0])), len(b)/4)
-	}
-	sc.firedW = grow(sc.firedW, len(b)/4)
-	for i := range sc.firedW {
-		sc.firedW[i] = binary.LittleEndian.Uint32(b[4*i:])
-	}
-	return sc.firedW
 }
 
 // words returns n zeroed words.

@@ -2,8 +2,10 @@ package loader
 
 import (
 	"bytes"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"math/bits"
 	"slices"
 	"strings"
 
@@ -12,7 +14,7 @@ import (
 
 // Proof of firing. For every op of every app a request enables, Result.Fired counts the
 // (token row, layer) sites where the op actually changed or read the row in this request:
-// the MI kernels write, on each row with the app's bit, a word per site (1: fired, 0: its
+// the MI kernels write, on each row with the app's bit, a byte per site (1: fired, 0: its
 // conditions, or a clamp already within bounds, left the row alone) into the app's fired
 // buffer, which the engine reads after the step when some row enables the app. Custom
 // kernels and logit lenses take no conditions; the engine counts their rows itself.
@@ -90,7 +92,7 @@ func (f *Fired) UnmarshalJSON(b []byte) error {
 type firedApp struct {
 	bit    int
 	buffer string // "" when no site is counted on the device
-	width  int    // words per row of buffer
+	width  int    // bytes per row of buffer (a byte per device site, in whole words)
 	ops    []int  // the app's op indices, ascending: a request's entries in this order
 	// The sites, by who counts them: the device on every row (rows) or on sampled rows only
 	// (sampled), as runs of columns per op, and the host on every row with the bit (host).
@@ -98,8 +100,8 @@ type firedApp struct {
 	host          []int // entries (indices into ops)
 }
 
-// firedRun is an op's device columns [lo, hi): the codegen numbers an app's columns by op,
-// then layer.
+// firedRun is an op's device bytes [lo, hi) of a row: the codegen numbers an app's sites by
+// op, then layer.
 type firedRun struct{ entry, lo, hi int }
 
 // initFired reads the apps' fired sites and checks their buffers.
@@ -112,6 +114,7 @@ func (e *Engine) initFired(bufs map[string]bundle.Buffer) error {
 			}
 			fa.width = max(fa.width, s.Column+1)
 		}
+		fa.width = (fa.width + 3) / 4 * 4
 		slices.Sort(fa.ops)
 		sites := slices.Clone(a.Fired) // by column, so that each op's columns form runs
 		slices.SortStableFunc(sites, func(x, y bundle.FiredSite) int { return x.Column - y.Column })
@@ -134,8 +137,8 @@ func (e *Engine) initFired(bufs map[string]bundle.Buffer) error {
 		}
 		if a.FiredBuffer != "" {
 			fb, ok := bufs[a.FiredBuffer]
-			if !ok || fb.Kind != bundle.KindOutput || fb.Dtype != "u32" || len(fb.Shape) != 2 || fb.Shape[0] < e.maxT || fb.Shape[1] != fa.width {
-				return fmt.Errorf("app %s: fired buffer %q is not an output buffer of [%d, %d] u32", a.Name, a.FiredBuffer, e.maxT, fa.width)
+			if !ok || fb.Kind != bundle.KindOutput || fb.Dtype != "u32" || len(fb.Shape) != 2 || fb.Shape[0] < e.maxT || 4*fb.Shape[1] != fa.width {
+				return fmt.Errorf("app %s: fired buffer %q is not an output buffer of [%d, %d] u32", a.Name, a.FiredBuffer, e.maxT, fa.width/4)
 			}
 		}
 		e.fired = append(e.fired, fa)
@@ -160,8 +163,8 @@ func (e *Engine) startFired(s *seqState) {
 }
 
 // collectFired adds the step's fired sites to each row's request. It runs every step for
-// every app some row enables (six apps, 64 rows: a few thousand words), so the words are
-// read once into scratch and summed in place.
+// every app some row enables (six apps, 64 rows: about 7000 sites), so each row's bytes are
+// counted eight at a time.
 func (e *Engine) collectFired(rows []stepRow, n int) error {
 	for i := range e.fired {
 		fa := &e.fired[i]
@@ -176,16 +179,15 @@ func (e *Engine) collectFired(rows []stepRow, n int) error {
 		if !on {
 			continue
 		}
-		var words []uint32
+		var bytes []byte
 		if fa.buffer != "" {
-			raw := e.scratch.firedBytes(4 * n * fa.width)
-			if err := e.Be.Read(fa.buffer, raw); err != nil {
+			bytes = e.scratch.firedBytes(n * fa.width)
+			if err := e.Be.Read(fa.buffer, bytes); err != nil {
 				return err
 			}
-			words = e.scratch.firedWords(raw)
 		}
 		// A request's rows are consecutive (a prompt chunk) or alone (decode): each run of
-		// them is summed column run by column run, then added to its request once.
+		// them is counted, then added to its request once.
 		for lo := 0; lo < len(rows); {
 			s, hi := rows[lo].s, lo+1
 			for hi < len(rows) && rows[hi].s == s {
@@ -196,14 +198,14 @@ func (e *Engine) collectFired(rows []stepRow, n int) error {
 				for _, c := range fa.rows {
 					n := 0
 					for ri := lo; ri < hi; ri++ {
-						n += sumWords(words[ri*fa.width+c.lo : ri*fa.width+c.hi])
+						n += countFired(bytes[ri*fa.width+c.lo : ri*fa.width+c.hi])
 					}
 					counts[c.entry].Sites += n
 				}
 				for ri := lo; ri < hi && len(fa.sampled) > 0; ri++ {
 					if rows[ri].sample >= 0 {
 						for _, c := range fa.sampled {
-							counts[c.entry].Sites += sumWords(words[ri*fa.width+c.lo : ri*fa.width+c.hi])
+							counts[c.entry].Sites += countFired(bytes[ri*fa.width+c.lo : ri*fa.width+c.hi])
 						}
 					}
 				}
@@ -217,13 +219,17 @@ func (e *Engine) collectFired(rows []stepRow, n int) error {
 	return nil
 }
 
-// sumWords adds fired words (each 0 or 1).
-func sumWords(w []uint32) int {
-	var n uint32
-	for _, x := range w {
-		n += x & 1
+// countFired counts the fired sites among b's bytes (each 0 or 1), eight at a time.
+func countFired(b []byte) int {
+	n := 0
+	for len(b) >= 8 {
+		n += bits.OnesCount64(binary.LittleEndian.Uint64(b) & 0x0101010101010101)
+		b = b[8:]
 	}
-	return int(n)
+	for _, x := range b {
+		n += int(x & 1)
+	}
+	return n
 }
 
 // StopWhen ends a request when an export of its rows crosses a threshold: Export names a

@@ -114,11 +114,12 @@ func (e *Engine) resolveVectors(r *Request, mask uint32) (map[*prVector][]float3
 	if len(r.Vectors) == 0 {
 		return nil, nil
 	}
-	var names []string
+	var names []string // in manifest order, once each (a direction has a raw and a unit buffer)
 	for _, v := range e.pool.vecs {
-		names = append(names, v.key)
+		if !slices.Contains(names, v.key) {
+			names = append(names, v.key)
+		}
 	}
-	names = slices.Compact(names)
 	out := map[*prVector][]float32{}
 	for name, vals := range r.Vectors {
 		appName, _, _ := strings.Cut(name, ".")

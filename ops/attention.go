@@ -10,10 +10,30 @@ func init() { Register("attention", buildAttention) }
 // AttnAttrs configures op "attention": for each row r and query head h, softmax(q·k*Scale)
 // over positions 0..pos[r] of sequence seq[r] (read from the paged cache, kv head
 // h/(Heads/KVHeads)), weighted sum of v, written to z[r, h*HeadDim:]. Parameters: qkv, pos,
-// seq, block_table, kcache, vcache, z. Rows come from the launch grid (Grid[0]).
+// seq, block_table, kcache, vcache, z; kernels may take more after them (a split workspace,
+// a control word), which the reference ignores. Rows come from the launch grid (Grid[0]),
+// except for AttnRowsRuns, whose eighth argument is the row count.
 type AttnAttrs struct {
 	KVAttrs
 	Scale float32 `json:"scale"`
+	// Rows selects the rows computed (the others' z is left as it was): "" every row,
+	// AttnRowsSingle the rows alone of their sequence in the call, AttnRowsRuns the others.
+	// A prefill step runs one kernel of each, so that decode rows mixed into it take the
+	// decode kernel and prompt chunks the tensor-core one (codegen/attention_prefill.go).
+	Rows string `json:"rows,omitempty"`
+}
+
+// Row selections of op "attention" (AttnAttrs.Rows).
+const (
+	AttnRowsSingle = "single"
+	AttnRowsRuns   = "runs"
+)
+
+// AttnRowSingle reports whether row r of a call over len(seq) rows is the only row of its
+// sequence slot among its neighbours: rows of one sequence in a step are consecutive, so a
+// row whose neighbours hold other sequences is a decode row (or a one-token chunk).
+func AttnRowSingle(seq []uint32, r int) bool {
+	return (r == 0 || seq[r-1] != seq[r]) && (r+1 == len(seq) || seq[r+1] != seq[r])
 }
 
 func buildAttention(attrs []byte) (Runner, error) {
@@ -25,12 +45,23 @@ func buildAttention(attrs []byte) (Runner, error) {
 	if err != nil {
 		return nil, fmt.Errorf("attention: %w", err)
 	}
+	if a.Rows != "" && a.Rows != AttnRowsSingle && a.Rows != AttnRowsRuns {
+		return nil, fmt.Errorf("attention: rows %q: want empty, %q or %q", a.Rows, AttnRowsSingle, AttnRowsRuns)
+	}
 	return RunnerFunc(func(args []Arg, l Launch) error {
 		rows := l.Grid[0]
 		d := a.HeadDim
-		// The split-K kernel (codegen.AttentionSplit) takes a workspace as an eighth argument;
-		// the math is the same.
-		if len(args) == 8 {
+		if a.Rows == AttnRowsRuns {
+			// The tensor-core kernel's grid counts blocks of rows; it takes the rows as an
+			// eighth argument.
+			if len(args) != 8 {
+				return fmt.Errorf("attention: rows %q takes 8 arguments (the last the row count), got %d", a.Rows, len(args))
+			}
+			rows = int(args[7].Bits)
+		}
+		// Kernels' trailing arguments (the split workspace and chunk word of the decode
+		// kernel, the row count) do not change the math.
+		if len(args) > 7 {
 			args = args[:7]
 		}
 		if err := CheckArgs("attention", args, 4*rows*a.rowWidth(), 4*rows, 4*rows, 0, 0, 0, 4*rows*a.Heads*d); err != nil {
@@ -42,11 +73,15 @@ func buildAttention(attrs []byte) (Runner, error) {
 		}
 		qkv, z := args[0].F32(), args[6].F32()
 		group := a.Heads / a.KVHeads
+		seqs := v.seq[:rows]
 		ParallelFor(rows*a.Heads, func(lo, hi int) {
 			var scores []float32
 			kbuf, vbuf := make([]float32, d), make([]float32, d)
 			for job := lo; job < hi; job++ {
 				r, h := job/a.Heads, job%a.Heads
+				if a.Rows != "" && AttnRowSingle(seqs, r) != (a.Rows == AttnRowsSingle) {
+					continue
+				}
 				q := qkv[r*a.rowWidth()+h*d : r*a.rowWidth()+(h+1)*d]
 				out := z[(r*a.Heads+h)*d : (r*a.Heads+h+1)*d]
 				n := int(v.pos[r]) + 1

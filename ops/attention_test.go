@@ -71,6 +71,50 @@ func TestAttentionMatchesFloat64(t *testing.T) {
 	}
 }
 
+// TestAttentionRowSelections: the single and runs selections together compute what the op over
+// every row computes, each leaving the other's rows alone.
+func TestAttentionRowSelections(t *testing.T) {
+	r := rand.New(rand.NewPCG(7, 8))
+	a := AttnAttrs{KVAttrs: KVAttrs{Heads: 4, KVHeads: 2, HeadDim: 8, BlockSize: 4, MaxBlocksPerSeq: 5, KVDtype: "f32"}, Scale: 0.3}
+	pos, seq := []uint32{7, 0, 1, 2, 3, 5, 9, 4}, []uint32{0, 1, 1, 1, 2, 3, 3, 0}
+	rows := len(pos)
+	table := fwdTable(r, 4, a.MaxBlocksPerSeq)
+	cacheLen := 4 * a.MaxBlocksPerSeq * a.BlockSize * a.KVHeads * a.HeadDim
+	qkv := fwdRand(r, rows*a.rowWidth())
+	k, v := fwdF32Arg(fwdRand(r, cacheLen)), fwdF32Arg(fwdRand(r, cacheLen))
+	run := func(sel string, z Arg, extra ...Arg) {
+		t.Helper()
+		b := a
+		b.Rows = sel
+		op, err := Build("attention", EncodeAttrs(b))
+		if err != nil {
+			t.Fatal(err)
+		}
+		args := append([]Arg{fwdF32Arg(qkv), fwdU32Arg(pos), fwdU32Arg(seq), fwdU32Arg(table), k, v, z}, extra...)
+		if err := op.Run(args, Launch{Grid: [3]int{rows, 1, 1}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	all := fwdF32Arg(make([]float32, rows*a.Heads*a.HeadDim))
+	run("", all)
+	parts := fwdF32Arg(make([]float32, rows*a.Heads*a.HeadDim))
+	run(AttnRowsSingle, parts)
+	for i, x := range parts.F32() {
+		if single := AttnRowSingle(seq, i/(a.Heads*a.HeadDim)); (x == 0) == single {
+			t.Fatalf("element %d: %v after the singles (row single: %v)", i, x, single)
+		}
+	}
+	run(AttnRowsRuns, parts, Arg{Bits: uint64(rows)})
+	for i, x := range parts.F32() {
+		if x != all.F32()[i] {
+			t.Fatalf("element %d: %v by parts, %v whole", i, x, all.F32()[i])
+		}
+	}
+	if _, err := Build("attention", EncodeAttrs(AttnAttrs{KVAttrs: a.KVAttrs, Scale: 1, Rows: "some"})); err == nil {
+		t.Fatal("rows \"some\" accepted")
+	}
+}
+
 func TestAttentionRejectsBadPage(t *testing.T) {
 	a := AttnAttrs{KVAttrs: KVAttrs{Heads: 1, KVHeads: 1, HeadDim: 2, BlockSize: 2, MaxBlocksPerSeq: 2, KVDtype: "f32"}, Scale: 1}
 	run, err := Build("attention", EncodeAttrs(a))

@@ -23,9 +23,9 @@ type MIOp struct {
 	ScalStride int `json:"scal_stride,omitempty"`
 	ScalRows   int `json:"scal_rows,omitempty"`
 	// Fired > 0: the op counts where it fires. Its kernel takes mi<i>_fired, rows of Fired
-	// u32 (the op's column of its app's fired buffer): on every row with the op's app bit it
-	// writes 1 when the op ran there (its gates held; for clamp_projection, when the clamp
-	// moved the projection) and 0 otherwise. Rows without the bit are left alone.
+	// bytes (pointing at the op's byte of its app's fired rows): on every row with the op's
+	// app bit it writes 1 when the op ran there (its gates held; for clamp_projection, when
+	// the clamp moved the projection) and 0 otherwise. Rows without the bit are left alone.
 	Fired int `json:"fired,omitempty"`
 	// Pool > 0: the op's vector is per-request. Its kernel also takes Pool slots of [Width]
 	// f32 (mi<i>_pool) and ctl_vslot; a row whose ctl_vslot is not NoRow reads the vector of
@@ -285,7 +285,7 @@ func (o MIOp) bytes(p MIParam, rows int) int {
 	case "out":
 		return 4 * rows * o.OutWidth
 	case "fired":
-		return 4 * ((rows-1)*o.Fired + 1)
+		return (rows-1)*o.Fired + 1
 	}
 	return 4 * rows * o.Gates[p.Gate].Width
 }
@@ -335,14 +335,14 @@ type miCtl struct {
 type miBound struct {
 	MIOp
 	vec, pool, scal, out []float32
-	fired                []uint32
+	fired                []byte
 	gates                [][]float32 // indexed like Gates; nil for gates without a buffer
 }
 
 // fire records on a row with the op's app bit whether the op fired there.
 func (b *miBound) fire(row int, on bool) {
 	if b.Fired > 0 {
-		v := uint32(0)
+		v := byte(0)
 		if on {
 			v = 1
 		}
@@ -474,7 +474,7 @@ func bindMI(c *argCursor, rows, rowWidth, first int, ops []MIOp) ([]miBound, err
 			case "pool":
 				b.pool = a.F32()
 			case "fired":
-				b.fired = a.U32()
+				b.fired = a.Mem
 			case "scal":
 				b.scal = a.F32()
 			case "out":

@@ -15,6 +15,17 @@ func init() {
 // size (Block[0], a multiple of 32) fixes the summation order, as in the kernel.
 type SampleAttrs struct {
 	Vocab int `json:"vocab"`
+	// Logprobs > 0: after out come lp_k ([samples] u32: 0, or 1 + how many top tokens the
+	// sample wants, at most Logprobs) and lp_out ([samples, LogprobRow()] f32). A sample
+	// with lp_k > 0 gets, from the log-softmax of its logits as given (temperature 1, before
+	// the EOS ban): its final token's logprob at column 0, then its lp_k-1 most likely
+	// tokens by logit descending (ties: lower id; NaN never) as ids (f32) from column 1 and
+	// their logprobs from column 1+Logprobs. Other samples' rows are left alone.
+	Logprobs int `json:"logprobs,omitempty"`
+	// EOS, when set, is the end-of-sequence ids: the kernel then takes eos_ban ([samples]
+	// u32, after lp_out) and samples with those logits at -inf where it is not 0 (a request
+	// under min_tokens), leaving the logits as it found them.
+	EOS []int `json:"eos,omitempty"`
 	// Overrides are the token_override ops fused into the sampler (hook sampled). With any,
 	// the kernel takes after out: s_row (each sample's token row, NoRow for unused samples),
 	// ctl_mask, [ctl_tokens], [ctl_gen] (as MIControl says for their gates), ctl_seq,
@@ -28,7 +39,7 @@ type SampleAttrs struct {
 // when the token row's mask has Bit and every gate holds. Fired > 0: the sampler also takes
 // ovr<i>_fired after ovr<i>_scal and writes, on the token row of each sample whose row has
 // Bit, 1 there when the override replaced the token and 0 when its gates failed (rows of
-// Fired u32, as MIOp.Fired).
+// Fired bytes, as MIOp.Fired).
 type TokenOverride struct {
 	Bit        int      `json:"bit"`
 	Token      int      `json:"token"`
@@ -102,31 +113,148 @@ func buildSample(attrs []byte) (Runner, error) {
 	if err := DecodeAttrs(attrs, &a); err != nil {
 		return nil, err
 	}
-	if a.Vocab <= 0 {
-		return nil, fmt.Errorf("sample: vocab %d must be positive", a.Vocab)
+	if err := a.Check(); err != nil {
+		return nil, err
 	}
 	return RunnerFunc(func(args []Arg, l Launch) error {
 		n, nt := l.Grid[0], l.Block[0]
 		if nt <= 0 || nt%32 != 0 || nt > 1024 {
 			return fmt.Errorf("sample: block of %d threads, want a multiple of 32 up to 1024", nt)
 		}
-		if err := CheckArgs("sample", args[:min(5, len(args))], 4*n*a.Vocab, 4*n, 4*n, 4*n, 4*n); err != nil {
+		sizes := []int{4 * n * a.Vocab, 4 * n, 4 * n, 4 * n, 4 * n}
+		if a.Logprobs > 0 {
+			sizes = append(sizes, 4*n, 4*n*a.LogprobRow())
+		}
+		if len(a.EOS) > 0 {
+			sizes = append(sizes, 4*n)
+		}
+		if err := CheckArgs("sample", args[:min(len(sizes), len(args))], sizes...); err != nil {
 			return err
 		}
-		override, err := a.bindOverrides(args[5:], n)
+		override, err := a.bindOverrides(args[len(sizes):], n)
 		if err != nil {
 			return fmt.Errorf("sample: %w", err)
 		}
 		logits, temp, topP, rng, out := args[0].F32(), args[1].F32(), args[2].F32(), args[3].U32(), args[4].U32()
+		var lpK, ban []uint32
+		var lpOut []float32
+		if a.Logprobs > 0 {
+			lpK, lpOut = args[5].U32(), args[6].F32()
+			for i, k := range lpK[:n] {
+				if int64(k) > int64(a.Logprobs)+1 {
+					return fmt.Errorf("sample: lp_k[%d] = %d, the kernel reports at most %d top tokens", i, k, a.Logprobs)
+				}
+			}
+		}
+		if len(a.EOS) > 0 {
+			ban = args[len(sizes)-1].U32()
+		}
+		stats := make([]logprobStats, n)
 		ParallelFor(n, func(lo, hi int) {
 			s := newSampler(a.Vocab, nt)
+			var banned []float32
 			for i := lo; i < hi; i++ {
-				out[i] = uint32(s.sample(logits[i*a.Vocab:(i+1)*a.Vocab], temp[i], topP[i], rng[i]))
+				row := logits[i*a.Vocab : (i+1)*a.Vocab]
+				if lpK != nil && lpK[i] > 0 {
+					stats[i] = a.logprobs(row, int(lpK[i])-1, nt, lpOut[i*a.LogprobRow():(i+1)*a.LogprobRow()])
+				}
+				if ban != nil && ban[i] != 0 {
+					banned = append(banned[:0], row...)
+					for _, e := range a.EOS {
+						banned[e] = float32(math.Inf(-1))
+					}
+					row = banned
+				}
+				out[i] = uint32(s.sample(row, temp[i], topP[i], rng[i]))
 			}
 		})
 		override(out)
+		for i := range lpK[:min(n, len(lpK))] {
+			if lpK[i] > 0 {
+				x := float32(math.Inf(-1))
+				if int(out[i]) < a.Vocab {
+					x = logits[i*a.Vocab+int(out[i])]
+				}
+				lpOut[i*a.LogprobRow()] = stats[i].logprob(x)
+			}
+		}
 		return nil
 	}), nil
+}
+
+// MaxLogprobs bounds SampleAttrs.Logprobs: the top tokens are picked in that many block-wide
+// rounds over the vocabulary.
+const MaxLogprobs = 64
+
+// Ln2 is the f32 ln 2 the sampler turns log2 sums into natural logs with.
+const Ln2 = float32(math.Ln2)
+
+// Check validates the attributes.
+func (a SampleAttrs) Check() error {
+	if a.Vocab <= 0 || a.Vocab >= 1<<24 {
+		return fmt.Errorf("sample: vocab %d: want 1 to 2^24-1 (ids are reported as f32)", a.Vocab)
+	}
+	if a.Logprobs < 0 || a.Logprobs > MaxLogprobs || a.Logprobs > a.Vocab {
+		return fmt.Errorf("sample: %d top logprobs: want 0 to %d, at most the vocabulary", a.Logprobs, MaxLogprobs)
+	}
+	for _, e := range a.EOS {
+		if e < 0 || e >= a.Vocab {
+			return fmt.Errorf("sample: eos id %d outside the vocabulary of %d", e, a.Vocab)
+		}
+	}
+	return nil
+}
+
+// LogprobRow is a row of lp_out: the final token's logprob, then Logprobs ids and logprobs.
+func (a SampleAttrs) LogprobRow() int { return 1 + 2*a.Logprobs }
+
+// logprobStats is what a sample's log-softmax needs: the max logit m (a NaN loses, as
+// max.f32) and L = ln(sum of 2^((x-m) log2 e)), summed in the kernel's block order.
+type logprobStats struct{ m, l float32 }
+
+// logprob is x's log-probability, rounded as the kernel rounds it.
+func (st logprobStats) logprob(x float32) float32 { return float32(x-st.m) - st.l }
+
+// logprobs computes a sample's stats and writes its top k (ids, then logprobs) into lp.
+func (a SampleAttrs) logprobs(row []float32, k, nt int, lp []float32) logprobStats {
+	st := logprobStats{m: float32(math.Inf(-1))}
+	for _, v := range row {
+		if v > st.m {
+			st.m = v
+		}
+	}
+	part := make([]float32, nt)
+	for i, v := range row {
+		part[i%nt] += Exp2(float32(float32(v-st.m) * Log2E))
+	}
+	st.l = float32(float32(math.Log2(float64(blockTotal(part)))) * Ln2)
+	ids, vals := TopK(row, k)
+	for j := range k {
+		lp[1+j], lp[1+a.Logprobs+j] = float32(ids[j]), st.logprob(vals[j])
+	}
+	return st
+}
+
+// blockTotal adds per-thread partial sums as the kernels' block reduction does: a butterfly
+// within each warp of 32, then the warps' totals in order.
+func blockTotal(part []float32) float32 {
+	var acc float32
+	for w := 0; w < len(part); w += 32 {
+		v := part[w : w+32]
+		for off := 16; off > 0; off /= 2 {
+			var next [32]float32
+			for l := range next {
+				next[l] = v[l] + v[l^off]
+			}
+			copy(v, next[:])
+		}
+		if w == 0 {
+			acc = v[0]
+		} else {
+			acc += v[0]
+		}
+	}
+	return acc
 }
 
 // bindOverrides takes the override arguments and returns what applies them to the sampled
@@ -170,7 +298,7 @@ func (a SampleAttrs) bindOverrides(args []Arg, n int) (func(out []uint32), error
 		*x.dst = arg.U32()[:rows]
 	}
 	scal := make([][]float32, len(a.Overrides))
-	fired := make([][]uint32, len(a.Overrides))
+	fired := make([][]byte, len(a.Overrides))
 	for i, o := range a.Overrides {
 		arg, err := c.take(fmt.Sprintf("ovr%d_scal", i), 4*o.ScalStride*o.ScalRows)
 		if err != nil {
@@ -178,10 +306,10 @@ func (a SampleAttrs) bindOverrides(args []Arg, n int) (func(out []uint32), error
 		}
 		scal[i] = arg.F32()
 		if o.Fired > 0 {
-			if arg, err = c.take(fmt.Sprintf("ovr%d_fired", i), 4*((rows-1)*o.Fired+1)); err != nil {
+			if arg, err = c.take(fmt.Sprintf("ovr%d_fired", i), (rows-1)*o.Fired+1); err != nil {
 				return nil, err
 			}
-			fired[i] = arg.U32()
+			fired[i] = arg.Mem
 		}
 	}
 	if err := c.done(); err != nil {
@@ -301,23 +429,7 @@ func (s *sampler) blockSum(thr float64) float32 {
 			s.part[i%s.nt] += s.q[i]
 		}
 	}
-	var acc float32
-	for w := 0; w < s.nt; w += 32 {
-		v := s.part[w : w+32]
-		for off := 16; off > 0; off /= 2 {
-			var next [32]float32
-			for l := range next {
-				next[l] = v[l] + v[l^off]
-			}
-			copy(v, next[:])
-		}
-		if w == 0 {
-			acc = v[0]
-		} else {
-			acc += v[0]
-		}
-	}
-	return acc
+	return blockTotal(s.part)
 }
 
 // pick draws u = rng/2^32 * kept mass and returns the first kept token whose inclusive

@@ -119,3 +119,27 @@ func TestSampleRejectsBadBlock(t *testing.T) {
 		t.Error("block of 48 threads accepted")
 	}
 }
+
+// TestSampleLogprobsRefuses: attributes out of range and a sample asking more top tokens
+// than the kernel reports are refused.
+func TestSampleLogprobsRefuses(t *testing.T) {
+	for _, a := range []SampleAttrs{{Vocab: 4, Logprobs: 5}, {Vocab: 100, Logprobs: MaxLogprobs + 1}, {Vocab: 4, EOS: []int{4}}, {Vocab: 1 << 24}} {
+		if _, err := Build("sample", EncodeAttrs(a)); err == nil {
+			t.Errorf("%+v accepted", a)
+		}
+	}
+	run, err := Build("sample", EncodeAttrs(SampleAttrs{Vocab: 8, Logprobs: 2}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		k  uint32
+		ok bool
+	}{{3, true}, {4, false}} {
+		args := []Arg{fwdF32Arg(make([]float32, 8)), fwdF32Arg([]float32{0}), fwdF32Arg([]float32{1}), fwdU32Arg([]uint32{0}),
+			fwdU32Arg([]uint32{0}), fwdU32Arg([]uint32{c.k}), fwdF32Arg(make([]float32, 5))}
+		if err := run.Run(args, Launch{Grid: [3]int{1, 1, 1}, Block: [3]int{32, 1, 1}}); (err == nil) != c.ok {
+			t.Errorf("lp_k %d: %v", c.k, err)
+		}
+	}
+}

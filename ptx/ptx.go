@@ -142,6 +142,7 @@ const (
 	CtaidZ  Special = "%ctaid.z"
 	NCtaidX Special = "%nctaid.x"
 	NCtaidY Special = "%nctaid.y"
+	NCtaidZ Special = "%nctaid.z"
 	LaneID  Special = "%laneid"
 )
 

@@ -106,11 +106,13 @@ type call struct {
 	id    string
 	start time.Time
 	// The text side: ids to text, stop strings.
-	dec     streamDecoder
-	stop    stopMatcher
-	n       int // generated tokens consumed
-	finish  string
-	outcome string // for metrics and the log: the finish reason, or why it failed
+	dec    streamDecoder
+	stop   stopMatcher
+	n      int // generated tokens consumed
+	finish string
+	// lpOffset is the text offset (in characters) of the next token's logprobs entry.
+	lpOffset int
+	outcome  string // for metrics and the log: the finish reason, or why it failed
 }
 
 // add consumes the next generated token and returns the text it releases. The model's
@@ -121,6 +123,7 @@ func (c *call) add(tok int) string {
 	if !c.sv.eos[tok] {
 		piece = c.dec.Add(tok)
 	}
+	c.stop.unarmed = c.n < c.p.req.MinTokens
 	out := c.stop.feed(piece)
 	if c.stop.matched != "" {
 		c.finish = "stop"
@@ -291,10 +294,11 @@ func (sv *Server) whole(ctx context.Context, w http.ResponseWriter, r *http.Requ
 	fr := c.finish
 	stopReason := c.stopReason()
 	s := text.String()
+	lp := c.logprobs(v, 0, c.n)
 	if c.gr.chat {
-		resp.Choices = []any{chatChoice{Message: &chatMessage{Role: "assistant", Content: &s}, FinishReason: &fr, StopReason: stopReason}}
+		resp.Choices = []any{chatChoice{Message: &chatMessage{Role: "assistant", Content: &s}, Logprobs: lp, FinishReason: &fr, StopReason: stopReason}}
 	} else {
-		resp.Choices = []any{completionChoice{Text: s, FinishReason: &fr, StopReason: stopReason}}
+		resp.Choices = []any{completionChoice{Text: s, Logprobs: lp, FinishReason: &fr, StopReason: stopReason}}
 	}
 	http.NewResponseController(w).SetWriteDeadline(time.Now().Add(timeouts.Write))
 	writeJSON(w, http.StatusOK, resp)

@@ -71,7 +71,13 @@ func TestBadRequestsGetOpenAIErrors(t *testing.T) {
 		{chat, `{"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}`, 400, "messages[0].content[0]", "only text parts"},
 		{chat, `{"messages": [{"role": "user", "content": "hi", "mood": "x"}]}`, 400, "messages[0].mood", "unknown field messages[0].mood"},
 		{chat, `{"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]}`, 400, "tools", "not implemented"},
-		{chat, `{"messages": [{"role": "user", "content": "hi"}], "logprobs": true}`, 400, "logprobs", "not implemented"},
+		{chat, `{"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2}`, 400, "top_logprobs", `top_logprobs 2 needs "logprobs": true`},
+		{chat, `{"messages": [{"role": "user", "content": "hi"}], "logprobs": true, "top_logprobs": 21}`, 400, "", "top_logprobs 21: want 0 to 20"},
+		{cmpl, `{"prompt": "x", "logprobs": -1}`, 400, "logprobs", "logprobs -1"},
+		{cmpl, `{"prompt": "x", "logprobs": true}`, 400, "logprobs", "want an integer"},
+		{cmpl, `{"prompt": "x", "max_tokens": 4, "min_tokens": 5}`, 400, "", "min_tokens 5: want 0 to max_tokens (4)"},
+		{cmpl, `{"prompt": "x", "min_tokens": -1}`, 400, "min_tokens", "min_tokens -1"},
+		{cmpl, `{"prompt": "x", "ignore_eos": 1}`, 400, "ignore_eos", "want true or false"},
 		{chat, `{"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 0}`, 400, "max_tokens", "must be at least 1"},
 	} {
 		code, hdr, data := do(t, "POST", ts.url+c.path, c.body)

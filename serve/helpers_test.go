@@ -362,3 +362,22 @@ func readStream(t testing.TB, body io.Reader) streamed {
 func withField(body, key, value string) string {
 	return strings.TrimSuffix(strings.TrimSpace(body), "}") + `, "` + key + `": ` + value + "}"
 }
+
+func decodeJSON(data []byte, v any) error { return json.Unmarshal(data, v) }
+
+// sseData reads a stream's data lines up to [DONE], without the usage chunk.
+func sseData(t testing.TB, resp *http.Response) []string {
+	t.Helper()
+	defer resp.Body.Close()
+	var out []string
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(nil, 1<<24)
+	for sc.Scan() {
+		d, ok := strings.CutPrefix(sc.Text(), "data: ")
+		if !ok || d == "[DONE]" {
+			continue
+		}
+		out = append(out, d)
+	}
+	return out
+}

@@ -33,6 +33,7 @@ type job struct {
 	times     []time.Time
 	rows      []loader.Row
 	fired     loader.Fired // a copy: the engine counts in its own
+	logprobs  []loader.TokenLogprob
 	reason    string
 	finished  bool
 	promptLen int
@@ -48,6 +49,7 @@ type view struct {
 	times     []time.Time
 	rows      []loader.Row
 	fired     loader.Fired // the counts so far; its backing array is the view's own
+	logprobs  []loader.TokenLogprob
 	reason    string
 	finished  bool
 	promptLen int
@@ -56,8 +58,8 @@ type view struct {
 func (j *job) view() view {
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	return view{tokens: j.tokens, times: j.times, rows: j.rows, fired: slices.Clone(j.fired), reason: j.reason,
-		finished: j.finished, promptLen: j.promptLen}
+	return view{tokens: j.tokens, times: j.times, rows: j.rows, fired: slices.Clone(j.fired), logprobs: j.logprobs,
+		reason: j.reason, finished: j.finished, promptLen: j.promptLen}
 }
 
 // publish copies what the engine produced for j since the last call; it reports whether j
@@ -72,6 +74,7 @@ func (j *job) publish() bool {
 		j.rows = append(j.rows, r.Rows[len(j.rows):]...)
 	}
 	j.fired = append(j.fired[:0], r.Fired...)
+	j.logprobs = append(j.logprobs, r.Logprobs[len(j.logprobs):]...)
 	if h.Done {
 		j.finished, j.reason = true, r.Reason
 	}

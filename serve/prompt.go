@@ -73,6 +73,8 @@ func (sv *Server) plan(gr *genRequest) (*plan, error) {
 	if gr.temperature != nil {
 		p.req.Temperature = *gr.temperature
 	}
+	p.req.Logprobs, p.req.TopLogprobs = gr.logprobs, gr.topLogprobs
+	p.req.MinTokens, p.req.IgnoreEOS = gr.minTokens, gr.ignoreEOS
 	if gr.topP != nil {
 		p.req.TopP = *gr.topP
 	}

@@ -27,16 +27,22 @@ type genRequest struct {
 	addGenerationPrompt bool
 	// addSpecialTokens: completions, put the model's BOS before the prompt.
 	addSpecialTokens bool
-	maxTokens        *int
-	temperature      *float32
-	topP             *float32
-	seed             *int64
-	stop             []string
-	includeStop      bool
-	n                int
-	stream           bool
-	includeUsage     bool
-	ext              extension
+	// The sampler's: logprobs of each token and of the topLogprobs likeliest at its place
+	// (completions' "logprobs": N sets both), EOS banned before minTokens, or never final.
+	logprobs     bool
+	topLogprobs  int
+	minTokens    int
+	ignoreEOS    bool
+	maxTokens    *int
+	temperature  *float32
+	topP         *float32
+	seed         *int64
+	stop         []string
+	includeStop  bool
+	n            int
+	stream       bool
+	includeUsage bool
+	ext          extension
 }
 
 // extension is the request's "xmix" object: MI on an OpenAI request.
@@ -72,7 +78,7 @@ var noEffect = []string{"user", "metadata", "store", "service_tier", "prompt_cac
 	"safety_identifier", "request_id", "priority", "parallel_tool_calls"}
 
 // unimplemented are fields that would change results, with the values at which they do
-// not. ignore_eos, min_tokens and logprobs wait for the engine (issue 15b).
+// not.
 var unimplemented = map[string][]string{
 	"frequency_penalty": {"0"}, "presence_penalty": {"0"}, "repetition_penalty": {"1"},
 	"logit_bias": {"{}"}, "top_k": {"-1", "0"}, "min_p": {"0"}, "stop_token_ids": {"[]"},
@@ -80,7 +86,6 @@ var unimplemented = map[string][]string{
 	"skip_special_tokens": {"true"}, "spaces_between_special_tokens": {"true"},
 	"response_format": {`{"type":"text"}`}, "guided_json": {}, "guided_regex": {},
 	"guided_choice": {}, "guided_grammar": {}, "structured_outputs": {}, "prompt_logprobs": {},
-	"ignore_eos": {"false"}, "min_tokens": {"0"}, "logprobs": {"false"}, "top_logprobs": {"0"},
 	"best_of": {"1"}, "echo": {"false"}, "use_beam_search": {"false"}, "length_penalty": {"1"},
 	"seed_per_choice": {}, "return_tokens_as_token_ids": {"false"}, "return_token_ids": {"false"},
 }
@@ -89,6 +94,18 @@ var unimplemented = map[string][]string{
 var completionOnly = map[string]field{
 	"prompt": {set: func(r *genRequest, raw json.RawMessage) error { return r.parsePrompt(raw) }},
 	"suffix": {defaults: []string{`""`}},
+	// logprobs N: each token's logprob and the N likeliest tokens at its place.
+	"logprobs": {set: func(r *genRequest, raw json.RawMessage) error {
+		var n int
+		if err := decodeField(raw, "logprobs", &n); err != nil {
+			return err
+		}
+		if n < 0 {
+			return badRequest("logprobs", "logprobs %d: want 0 or more top tokens", n)
+		}
+		r.logprobs, r.topLogprobs = true, n
+		return nil
+	}},
 	// add_special_tokens false: the prompt is the model's whole input, no BOS put before it.
 	"add_special_tokens": {set: func(r *genRequest, raw json.RawMessage) error {
 		return decodeField(raw, "add_special_tokens", &r.addSpecialTokens)
@@ -102,6 +119,10 @@ var chatOnly = map[string]field{
 	}},
 	"add_generation_prompt": {set: func(r *genRequest, raw json.RawMessage) error {
 		return decodeField(raw, "add_generation_prompt", &r.addGenerationPrompt)
+	}},
+	"logprobs": {set: func(r *genRequest, raw json.RawMessage) error { return decodeField(raw, "logprobs", &r.logprobs) }},
+	"top_logprobs": {set: func(r *genRequest, raw json.RawMessage) error {
+		return decodeField(raw, "top_logprobs", &r.topLogprobs)
 	}},
 	"tools": {defaults: []string{"[]"}}, "tool_choice": {defaults: []string{`"none"`, `"auto"`}},
 	"functions": {defaults: []string{"[]"}}, "function_call": {defaults: []string{`"none"`, `"auto"`}},
@@ -128,6 +149,8 @@ var shared = map[string]field{
 	"include_stop_str_in_output": {set: func(r *genRequest, raw json.RawMessage) error {
 		return decodeField(raw, "include_stop_str_in_output", &r.includeStop)
 	}},
+	"min_tokens":     {set: func(r *genRequest, raw json.RawMessage) error { return decodeField(raw, "min_tokens", &r.minTokens) }},
+	"ignore_eos":     {set: func(r *genRequest, raw json.RawMessage) error { return decodeField(raw, "ignore_eos", &r.ignoreEOS) }},
 	"stream_options": {set: func(r *genRequest, raw json.RawMessage) error { return r.parseStreamOptions(raw) }},
 	"xmix":           {set: func(r *genRequest, raw json.RawMessage) error { return r.ext.parse(raw) }},
 }
@@ -460,6 +483,15 @@ func (r *genRequest) check() error {
 	}
 	if p := r.topP; p != nil && !(*p > 0 && *p <= 1) {
 		return badRequest("top_p", "top_p %g: want a number in (0, 1]", *p)
+	}
+	if r.chat && r.topLogprobs > 0 && !r.logprobs {
+		return badRequest("top_logprobs", "top_logprobs %d needs \"logprobs\": true", r.topLogprobs)
+	}
+	if r.topLogprobs < 0 {
+		return badRequest("top_logprobs", "top_logprobs %d: want 0 or more", r.topLogprobs)
+	}
+	if r.minTokens < 0 {
+		return badRequest("min_tokens", "min_tokens %d: want 0 or more", r.minTokens)
 	}
 	if len(r.prompt) > maxPromptTokens {
 		return badRequest("prompt", "prompt: %d token ids; at most %d", len(r.prompt), maxPromptTokens)

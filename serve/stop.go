@@ -10,6 +10,9 @@ type stopMatcher struct {
 	includeStop bool   // release the stop string itself (vLLM's include_stop_str_in_output)
 	held        string // decoded, not yet released
 	matched     string // the stop string found, once found
+	// unarmed: the request's min_tokens are not generated yet, so no stop string may end
+	// it; text that could start one is still held, so one that ends after them is found.
+	unarmed bool
 }
 
 // feed adds generated text and returns what can be released. Once a stop string is found,
@@ -21,6 +24,9 @@ func (m *stopMatcher) feed(s string) string {
 	m.held += s
 	at := -1
 	for _, st := range m.stops {
+		if m.unarmed {
+			break
+		}
 		if i := strings.Index(m.held, st); i >= 0 && (at < 0 || i < at || i == at && len(st) > len(m.matched)) {
 			at, m.matched = i, st
 		}

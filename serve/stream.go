@@ -127,10 +127,14 @@ func (c *call) chunk(text string, completion bool, delta *chatMessage, fin *stri
 	if fin != nil {
 		stopReason = c.stopReason()
 	}
+	var lp any
+	if k >= 0 {
+		lp = c.logprobs(v, k, k+1)
+	}
 	if completion {
-		resp.Choices = []any{completionChoice{Text: text, FinishReason: fin, StopReason: stopReason}}
+		resp.Choices = []any{completionChoice{Text: text, Logprobs: lp, FinishReason: fin, StopReason: stopReason}}
 	} else {
-		resp.Choices = []any{chatChoice{Delta: delta, FinishReason: fin, StopReason: stopReason}}
+		resp.Choices = []any{chatChoice{Delta: delta, Logprobs: lp, FinishReason: fin, StopReason: stopReason}}
 	}
 	if k >= 0 && len(c.p.exports) > 0 {
 		e := tokenExports(c.p.exports, v.rows, v.promptLen, k, k+1)

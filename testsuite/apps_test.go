@@ -8,7 +8,8 @@ import (
 )
 
 // TestShippedAppsCompile: the paper's seven apps (specs/apps/app*.yaml) deploy together on
-// their real-size models: apps 1-6 in one Llama-3.1-8B bundle, app 7 on Mixtral-8x7B.
+// their real-size models: apps 1-6 in one Llama-3.1-8B bundle, app 7 on Mixtral-8x7B; the
+// per-request example on Llama-3.1-8B.
 func TestShippedAppsCompile(t *testing.T) {
 	apps, err := filepath.Glob("../specs/apps/app[1-6]-*.yaml")
 	if err != nil || len(apps) != 6 {
@@ -21,6 +22,7 @@ func TestShippedAppsCompile(t *testing.T) {
 	}{
 		{"../specs/models/llama-3.1-8b.yaml", apps, 32 + 32 + 1 + 11 + 1 + 1 + 16 + 16},
 		{"../specs/models/mixtral-8x7b.yaml", []string{"../specs/apps/app7-steermoe.yaml"}, 64},
+		{"../specs/models/llama-3.1-8b.yaml", []string{"../specs/apps/per-request.yaml"}, 17 + 3},
 	} {
 		b, err := driver.Build(c.model, c.apps, driver.Options{Verify: true})
 		if err != nil {

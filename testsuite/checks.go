@@ -557,6 +557,11 @@ func RelL2(a, b []float32) float64 {
 		num += d * d
 		den += float64(b[i]) * float64(b[i])
 	}
+	if den == 0 {
+		// b is all zeros (the logits of a prefill step that samples no row): the absolute
+		// error, 0 when a is zero too.
+		return math.Sqrt(num)
+	}
 	return math.Sqrt(num / den)
 }
 
@@ -620,6 +625,7 @@ var Checks = []struct {
 	{"per_request_layers", CheckPerRequestLayers},
 	{"fired", CheckFired},
 	{"stop_when", CheckStopWhen},
+	{"sampler_features", CheckSamplerFeatures},
 	{"router_bias", CheckRouterBias},
 	{"router_mask", CheckRouterMask},
 	{"logits_steer", CheckLogitsSteer},

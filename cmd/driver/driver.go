@@ -29,7 +29,6 @@ type Options struct {
 	Progress     func(format string, a ...any) // may be nil
 	Trace        func(pass string, p *passes.Program)
 	GEMM         string // codegen.Options.GEMM
-	Attention    string // codegen.Options.Attention
 	MoE          string // codegen.Options.MoE
 	// TP is the tensor-parallel degree: N > 1 shards the model over N ranks (bundle.Manifest.TP).
 	TP int
@@ -160,7 +159,6 @@ func Build(modelPath string, appPaths []string, opt Options) (*bundle.Bundle, er
 		Tokenizer: tok,
 		Progress:  func(f string, a ...any) { progress("codegen: "+f, a...) },
 		GEMM:      opt.GEMM,
-		Attention: opt.Attention,
 		MoE:       opt.MoE,
 	})
 	if err != nil {

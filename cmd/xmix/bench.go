@@ -2,6 +2,7 @@ package main
 
 import (
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
@@ -35,6 +36,7 @@ type benchFlags struct {
 	appFraction float64
 	decodeOnly  []int
 	graphIters  int
+	graphCtx    int
 	profile     bool
 	// Over HTTP (benchurl.go): the server, its model, the workload's vocabulary and the
 	// apps to enable through the xmix extension.
@@ -72,7 +74,8 @@ prompts and temperature 0; reports client-side TTFT (to the first chunk), ITL (b
 chunks: mean, P50, P99) and throughput. The prompts are those the in-process bench draws
 for a model of --vocab ids and the server's max_model_len, so both benches run the same
 requests. --xmix-apps enables apps through the "xmix" extension on an --app-fraction of the
-requests; --ignore-eos asks every request for exactly --output-len tokens.`,
+requests. --ignore-eos (both ways) has every request generate exactly its tokens, past any EOS
+(the paper's setting, vLLM's --ignore-eos).`,
 		Example: `  xmix bench l8.xmb --online --requests 250 --rate 0
   xmix bench --url http://127.0.0.1:8080 --requests 250 --rate 0 --output-len 128 --ignore-eos`,
 		Args: cobra.MaximumNArgs(1),
@@ -102,6 +105,7 @@ requests; --ignore-eos asks every request for exactly --output-len tokens.`,
 	fl.Float64Var(&f.appFraction, "app-fraction", 1, "share of requests that enable --apps")
 	fl.IntSliceVar(&f.decodeOnly, "graph-buckets", nil, "decode buckets to time as bare graph replays (default: all)")
 	fl.IntVar(&f.graphIters, "graph-iters", 50, "replays per bucket for the graph timing")
+	fl.IntVar(&f.graphCtx, "graph-context", 0, "time each decode graph (and --profile) with every row its own sequence at this context, as a full batch at that context runs (0: the rows as the last step left them)")
 	fl.BoolVar(&f.profile, "profile", false, "also time every node of each timed decode bucket, summed by role (cuda)")
 	fl.StringVar(&f.apps, "apps", "", "comma-separated apps to enable")
 	fl.Uint64Var(&f.seed, "seed", 1, "seed for prompts, arrivals and app choice")
@@ -111,7 +115,7 @@ requests; --ignore-eos asks every request for exactly --output-len tokens.`,
 	fl.IntVar(&f.vocab, "vocab", 32000, "--url: the prompts' token ids are drawn below min(this, 32000), as the in-process bench draws them")
 	fl.IntVar(&f.maxModelLen, "max-model-len", 0, "--url: the model's context, bounding the prompts (default: the server's max_model_len)")
 	fl.StringVar(&f.xmixApps, "xmix-apps", "", "--url: comma-separated apps to enable through the xmix extension")
-	fl.BoolVar(&f.ignoreEOS, "ignore-eos", false, "--url: ask for exactly --output-len tokens per request (ignore_eos)")
+	fl.BoolVar(&f.ignoreEOS, "ignore-eos", false, "every request generates exactly its tokens, past any EOS (ignore_eos; in-process and --url)")
 	f.addBackendFlags(fl)
 	return c
 }
@@ -158,8 +162,8 @@ func runBench(w io.Writer, path string, f benchFlags) error {
 			return err
 		}
 	}
-	if f.xmixApps != "" || f.ignoreEOS {
-		return fmt.Errorf("--xmix-apps and --ignore-eos go with --url; in-process, --apps enables apps")
+	if f.xmixApps != "" {
+		return fmt.Errorf("--xmix-apps goes with --url; in-process, --apps enables apps")
 	}
 	s, err := openFile(path, f.runFlags)
 	if err != nil {
@@ -264,7 +268,7 @@ func benchOffline(s *session, f benchFlags, apps []string, rng benchRNG) (offlin
 	vocab := s.b.Manifest.Model.Vocab
 	var reqs []loader.Request
 	for range f.prompts {
-		reqs = append(reqs, loader.Request{Prompt: randomPrompt(rng.work, f.promptLen, vocab), MaxTokens: f.newTokens,
+		reqs = append(reqs, loader.Request{Prompt: randomPrompt(rng.work, f.promptLen, vocab), MaxTokens: f.newTokens, IgnoreEOS: f.ignoreEOS,
 			Apps: appsForRequest(rng.apps, apps, f.appFraction)})
 	}
 	// One short warm-up pass so first-touch costs stay out of the figures.
@@ -316,6 +320,9 @@ func graphTimes(s *session, f benchFlags) (map[string]float64, error) {
 	out := map[string]float64{}
 	for _, i := range timedBuckets(s, f) {
 		t := s.b.Templates[i]
+		if err := fullBatch(s, i, f.graphCtx); err != nil {
+			return nil, err
+		}
 		if _, err := tm.Time(i, 3); err != nil {
 			return nil, err
 		}
@@ -338,6 +345,9 @@ func profileTimes(s *session, f benchFlags) (map[string]map[string]float64, erro
 	out := map[string]map[string]float64{}
 	for _, i := range timedBuckets(s, f) {
 		t := s.b.Templates[i]
+		if err := fullBatch(s, i, f.graphCtx); err != nil {
+			return nil, err
+		}
 		if _, err := p.Profile(i); err != nil { // warm-up
 			return nil, err
 		}
@@ -352,6 +362,81 @@ func profileTimes(s *session, f benchFlags) (map[string]map[string]float64, erro
 		out[t.Name] = roles
 	}
 	return out, nil
+}
+
+// fullBatch (--graph-context n, n > 0) writes the control words of a decode step of template ti
+// in which every row is its own sequence slot at context n, each over its own KV pages: what
+// a full batch at that context runs, which the last step of an offline run is not (requests
+// whose prefill finished first also finish decoding first, and the last steps run few rows).
+// It then runs that step once, which sends the words to the device (graph timing and
+// profiling replay what the device holds). The cache holds whatever earlier steps left
+// there: right for timing only, and the engine must not step afterwards (its block table is
+// overwritten).
+func fullBatch(s *session, ti, n int) error {
+	if n == 0 {
+		return nil
+	}
+	t := s.b.Templates[ti]
+	m := s.b.Manifest.Model
+	rows, perSeq := t.Tokens, (m.MaxSeqLen+m.KVBlockSize-1)/m.KVBlockSize
+	pages := (n + m.KVBlockSize - 1) / m.KVBlockSize
+	switch {
+	case n < 0 || n > m.MaxSeqLen:
+		return fmt.Errorf("--graph-context %d: want 1..%d (the bundle's max_seq_len)", n, m.MaxSeqLen)
+	case rows > m.MaxSeqs:
+		return fmt.Errorf("--graph-context: bucket %s has %d rows, more than the bundle's %d sequence slots", t.Name, rows, m.MaxSeqs)
+	case rows*pages > m.KVBlocks-m.KVPadPages:
+		return fmt.Errorf("--graph-context %d: %d rows need %d KV pages, the bundle has %d", n, rows, rows*pages, m.KVBlocks-m.KVPadPages)
+	}
+	enc := func(v []uint32) []byte {
+		b := make([]byte, 4*len(v))
+		for i, x := range v {
+			binary.LittleEndian.PutUint32(b[4*i:], x)
+		}
+		return b
+	}
+	pos, seq, zero := make([]uint32, rows), make([]uint32, rows), make([]uint32, rows)
+	table := make([]uint32, perSeq)
+	for r := range rows {
+		pos[r], seq[r] = uint32(n-1), uint32(r)
+		for j := range pages {
+			table[j] = uint32(r*pages + j)
+		}
+		if err := s.be.Write("kv.block_table", int64(4*r*perSeq), enc(table)); err != nil {
+			return err
+		}
+	}
+	for _, w := range []struct {
+		buf string
+		v   []uint32
+	}{{"ctl.pos", pos}, {"ctl.seq", seq}, {"ctl.mask", zero}} {
+		if err := s.be.Write(w.buf, 0, enc(w.v)); err != nil {
+			return err
+		}
+	}
+	if hasBuffer(s.b, "ctl.any_mask") {
+		if err := s.be.Write("ctl.any_mask", 0, enc([]uint32{0})); err != nil {
+			return err
+		}
+	}
+	if a := t.AttnSplit; a != nil {
+		if err := s.be.Write(a.Buffer, 0, enc([]uint32{uint32(a.Chunk(n))})); err != nil {
+			return err
+		}
+	}
+	if err := s.be.Step(ti); err != nil {
+		return fmt.Errorf("--graph-context %d: %s: %w", n, t.Name, err)
+	}
+	return nil
+}
+
+func hasBuffer(b *bundle.Bundle, name string) bool {
+	for _, buf := range b.Manifest.Buffers {
+		if buf.Name == name {
+			return true
+		}
+	}
+	return false
 }
 
 // timedBuckets are the decode templates --graph-buckets selects (all when it is empty).
@@ -476,7 +561,7 @@ func onlineWorkload(f benchFlags, apps []string, rng benchRNG, maxSeqLen, vocab 
 			rng.work.ExpFloat64() // the same prompts whatever the rate
 		}
 		work = append(work, arrival{time.Duration(t * float64(time.Second)), loader.Request{
-			Prompt: randomPrompt(rng.work, shareGPTLen(rng.work, maxPrompt), vocab), MaxTokens: f.outputLen,
+			Prompt: randomPrompt(rng.work, shareGPTLen(rng.work, maxPrompt), vocab), MaxTokens: f.outputLen, IgnoreEOS: f.ignoreEOS,
 			Apps: appsForRequest(rng.apps, apps, f.appFraction)}})
 	}
 	return work, nil

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"io"
 	"net"
@@ -220,6 +221,11 @@ func TestBenchURLDrivesTheServer(t *testing.T) {
 		served.CompletionTokens != served.OutputTokens || served.MeanTTFTms <= 0 || served.P50ITLms <= 0 || served.TokPerS <= 0 {
 		t.Fatalf("served %+v, in-process %+v", served, inproc)
 	}
+	full := run("4", "--url", "http://"+ln.Addr().String(), "--vocab", "258", "--ignore-eos")
+	fullIn := run("4", bp, "--backend", "cpu", "--online", "--ignore-eos")
+	if full.OutputTokens != 4*6 || full.CompletionTokens != 4*6 || fullIn.OutputTokens != 4*6 {
+		t.Fatalf("--ignore-eos: served %+v, in-process %+v; want %d tokens", full, fullIn, 4*6)
+	}
 	steered := run("2", "--url", "http://"+ln.Addr().String(), "--vocab", "258", "--xmix-apps", "tiny-steer")
 	if steered.Failed != 0 || steered.Requests != 2 {
 		t.Fatalf("with --xmix-apps: %+v", steered)
@@ -232,7 +238,7 @@ func TestBenchURLDrivesTheServer(t *testing.T) {
 		{[]string{"bench", "--url", "ftp://x"}, "want http://HOST:PORT"},
 		{[]string{"bench", bp, "--url", "http://x"}, "give it or a bundle, not both"},
 		{[]string{"bench"}, "no bundle"},
-		{[]string{"bench", bp, "--online", "--ignore-eos"}, "go with --url"},
+		{[]string{"bench", bp, "--online", "--xmix-apps", "tiny-steer"}, "--xmix-apps goes with --url"},
 		{[]string{"bench", "--url", "http://" + ln.Addr().String(), "--model", "other"}, `--model "other": the server serves tiny`},
 	} {
 		out, err := xmix(t, c.args...)
@@ -240,4 +246,68 @@ func TestBenchURLDrivesTheServer(t *testing.T) {
 			t.Errorf("%v: err %v, output %q, want %q", c.args, err, out, c.want)
 		}
 	}
+}
+
+// --graph-context: every row of the timed bucket becomes its own sequence at the context, over
+// its own pages, and the bucket then runs (here on the CPU backend, which has no graphs to
+// time, so the words are checked directly after the step it runs); a context past
+// max_seq_len or a bucket with more rows than sequence slots are refused.
+func TestBenchFullBatch(t *testing.T) {
+	b, err := driver.Build("../../specs/models/tiny.yaml", nil, driver.Options{EmbedWeights: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := open(b, "../../specs/models", runFlags{backend: "cpu", quiet: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.be.Close()
+	m := b.Manifest.Model
+	for i, tmpl := range b.Templates {
+		if tmpl.Kind != "decode" || tmpl.Tokens != 4 {
+			continue
+		}
+		const n = 100
+		if err := fullBatch(s, i, n); err != nil {
+			t.Fatal(err)
+		}
+		words := func(buf string, k int) []uint32 {
+			raw := make([]byte, 4*k)
+			if err := s.be.Read(buf, raw); err != nil {
+				t.Fatal(err)
+			}
+			out := make([]uint32, k)
+			for j := range out {
+				out[j] = binary.LittleEndian.Uint32(raw[4*j:])
+			}
+			return out
+		}
+		perSeq := (m.MaxSeqLen + m.KVBlockSize - 1) / m.KVBlockSize
+		pages := (n + m.KVBlockSize - 1) / m.KVBlockSize
+		pos, seq, table := words("ctl.pos", 4), words("ctl.seq", 4), words("kv.block_table", 4*perSeq)
+		for r := range 4 {
+			if pos[r] != n-1 || seq[r] != uint32(r) {
+				t.Fatalf("row %d: pos %d seq %d", r, pos[r], seq[r])
+			}
+			for j := range pages {
+				if table[r*perSeq+j] != uint32(r*pages+j) {
+					t.Fatalf("row %d page %d: %d", r, j, table[r*perSeq+j])
+				}
+			}
+		}
+		for _, bad := range []struct {
+			n    int
+			want string
+		}{{m.MaxSeqLen + 1, "want 1..512"}, {-3, "want 1..512"}} {
+			if err := fullBatch(s, i, bad.n); err == nil || !strings.Contains(err.Error(), bad.want) {
+				t.Errorf("context %d: %v", bad.n, err)
+			}
+		}
+		s.b.Templates[i].Tokens = m.MaxSeqs + 1
+		if err := fullBatch(s, i, 10); err == nil || !strings.Contains(err.Error(), "sequence slots") {
+			t.Errorf("%d rows: %v", m.MaxSeqs+1, err)
+		}
+		return
+	}
+	t.Fatal("no decode bucket of 4 rows")
 }

@@ -40,7 +40,7 @@ func rootCmd() *cobra.Command {
 func buildCmd() *cobra.Command {
 	var out string
 	var embed, verify, quiet bool
-	var gemm, attention, moe string
+	var gemm, moe string
 	var tp, vectorSlots int
 	c := &cobra.Command{
 		Use:   "build MODEL.yaml [APP.yaml...] -o OUT.xmb",
@@ -59,7 +59,7 @@ func buildCmd() *cobra.Command {
 					fmt.Fprintf(os.Stderr, "[%6.2fs] %s\n", time.Since(start).Seconds(), fmt.Sprintf(f, a...))
 				}
 			}
-			b, err := driver.Build(args[0], args[1:], driver.Options{EmbedWeights: embed, Verify: verify, Progress: progress, GEMM: gemm, Attention: attention, MoE: moe, TP: tp, VectorSlots: vectorSlots})
+			b, err := driver.Build(args[0], args[1:], driver.Options{EmbedWeights: embed, Verify: verify, Progress: progress, GEMM: gemm, MoE: moe, TP: tp, VectorSlots: vectorSlots})
 			if err != nil {
 				return err
 			}
@@ -84,7 +84,6 @@ func buildCmd() *cobra.Command {
 	c.Flags().BoolVar(&verify, "verify-passes", false, "run the IR verifier after every pass")
 	c.Flags().BoolVarP(&quiet, "quiet", "q", false, "no progress output")
 	c.Flags().StringVar(&gemm, "gemm", "tc", "GEMM kernels from 8 rows: tc, tc-staged or cuda-core (for measuring)")
-	c.Flags().StringVar(&attention, "attention", "standard", "attention kernel: standard, or split (flash-decoding, K/V read once per kv head; for measuring)")
 	c.Flags().StringVar(&moe, "moe", "", "Mixtral experts in buckets from 8 rows: dense (the default: every expert as a tensor-core GEMM, then a weighted sum of each row's top-k), or grouped (expert kernels that read only the chosen experts, on CUDA cores; for measuring)")
 	c.Flags().IntVar(&tp, "tp", 1, "tensor-parallel degree: shard the model over N ranks (GPUs, or goroutines on the cpu backend)")
 	c.Flags().IntVar(&vectorSlots, "vector-slots", 0, "how many requests may hold per_request vectors at once (default: the spec's serving.vector_slots, else max_seqs)")

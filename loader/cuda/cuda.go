@@ -640,7 +640,7 @@ func (be *Backend) Step(t int) error {
 		any := be.anyMask()
 		clear(be.outFresh)
 		for _, c := range be.outCopies[t] {
-			if !c.wanted(any) {
+			if !c.wanted(any, be.askedFor) {
 				continue
 			}
 			if err := d.call("cuMemcpyDtoHAsync_v2", uintptr(be.out.host)+uintptr(c.off), be.out.dev+uintptr(c.off), uintptr(c.bytes), be.stream); err != nil {

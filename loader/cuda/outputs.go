@@ -19,6 +19,11 @@ type outCopy struct {
 	name       string
 	off, bytes int64
 	bit        int
+	// askedBy, when set, is a control buffer of per-sample words: the copy is wanted only
+	// when one of the template's samples has a word that is not 0 (out.logprobs, asked for
+	// through ctl.logprobs).
+	askedBy string
+	samples int
 }
 
 // planOutCopies lists, per template, the output ranges a step of it may copy back: the first
@@ -35,12 +40,12 @@ func planOutCopies(b *bundle.Bundle, out arena) [][]outCopy {
 			owners[x.Buffer] = owner{bit: a.Bit, rowBytes: 4 * int64(x.Width)}
 		}
 		if a.FiredBuffer != "" {
-			// Rows of one word per counted site (bundle.App.Fired).
+			// Rows of a byte per counted site, in whole words (bundle.App.Fired).
 			width := 0
 			for _, f := range a.Fired {
 				width = max(width, f.Column+1)
 			}
-			owners[a.FiredBuffer] = owner{bit: a.Bit, rowBytes: 4 * int64(width)}
+			owners[a.FiredBuffer] = owner{bit: a.Bit, rowBytes: int64((width + 3) / 4 * 4)}
 		}
 	}
 	plan := make([][]outCopy, len(b.Templates))
@@ -55,15 +60,41 @@ func planOutCopies(b *bundle.Bundle, out arena) [][]outCopy {
 				c.bit = o.bit
 				c.bytes = min(c.bytes, int64(t.Tokens)*o.rowBytes)
 			}
+			if buf.Name == "out.logprobs" && len(buf.Shape) == 2 {
+				// Rows of the samples that ask (bundle.ModelConfig.Logprobs).
+				c.askedBy, c.samples = "ctl.logprobs", t.Samples
+				c.bytes = min(c.bytes, int64(t.Samples)*4*int64(buf.Shape[1]))
+			}
 			plan[i] = append(plan[i], c)
 		}
 	}
 	return plan
 }
 
-// wanted reports whether a step whose rows enable the apps of mask any copies c back.
-func (c outCopy) wanted(any uint32) bool {
+// wanted reports whether a step whose rows enable the apps of mask any copies c back;
+// asked reads a control buffer's first words from the pinned mirror (askedBy).
+func (c outCopy) wanted(any uint32, asked func(buf string, words int) bool) bool {
+	if c.askedBy != "" {
+		return asked(c.askedBy, c.samples)
+	}
 	return c.bit < 0 || any&(1<<uint(c.bit)) != 0
+}
+
+// askedFor says whether one of the first words of control buffer buf, as the host last
+// wrote them, is not 0.
+func (be *Backend) askedFor(buf string, words int) bool {
+	off, ok := be.ctl.offset[buf]
+	if !ok {
+		return false
+	}
+	n := min(int64(4*words), be.ctl.sizes[buf])
+	b := unsafe.Slice((*byte)(unsafe.Add(be.ctl.host, off)), n)
+	for i := int64(0); i+4 <= n; i += 4 {
+		if binary.LittleEndian.Uint32(b[i:]) != 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // anyMask is the union of the apps the rows of the next step enable (ctl.any_mask, written by

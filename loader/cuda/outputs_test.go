@@ -17,7 +17,7 @@ func TestOutCopiesFollowTheStepsApps(t *testing.T) {
 			{Name: "act.resid", Kind: bundle.KindActivation, Dtype: "f32", Shape: []int{512, 64}},
 			{Name: "cap.L3", Kind: bundle.KindOutput, Dtype: "f32", Shape: []int{512, 64}},
 			{Name: "out.sampled", Kind: bundle.KindOutput, Dtype: "u32", Shape: []int{8}},
-			{Name: "probe.fired", Kind: bundle.KindOutput, Dtype: "u32", Shape: []int{512, 3}},
+			{Name: "probe.fired", Kind: bundle.KindOutput, Dtype: "u32", Shape: []int{512, 1}}, // 3 sites: a word a row
 		},
 		Apps: []bundle.App{
 			{Name: "probe", Bit: 0, Exports: []bundle.Export{{Name: "score", Buffer: "probe.score", Width: 1}},
@@ -40,7 +40,7 @@ func TestOutCopiesFollowTheStepsApps(t *testing.T) {
 	copied := func(tmpl int, any uint32) map[int64]int64 {
 		got := map[int64]int64{}
 		for _, c := range plan[tmpl] {
-			if c.wanted(any) {
+			if c.wanted(any, func(string, int) bool { return false }) {
 				got[c.off] = c.bytes
 			}
 		}
@@ -53,9 +53,9 @@ func TestOutCopiesFollowTheStepsApps(t *testing.T) {
 		want map[int64]int64
 	}{
 		{0, 0, map[int64]int64{sampled: 32}},
-		{0, 1 << 0, map[int64]int64{sampled: 32, score: 8 * 4, fired: 8 * 3 * 4}},
+		{0, 1 << 0, map[int64]int64{sampled: 32, score: 8 * 4, fired: 8 * 4}},
 		{0, 1 << 3, map[int64]int64{sampled: 32, capture: 8 * 64 * 4}},
-		{0, 1<<0 | 1<<3 | 1<<5, map[int64]int64{sampled: 32, score: 8 * 4, capture: 8 * 64 * 4, fired: 8 * 3 * 4}},
+		{0, 1<<0 | 1<<3 | 1<<5, map[int64]int64{sampled: 32, score: 8 * 4, capture: 8 * 64 * 4, fired: 8 * 4}},
 		{1, 1 << 3, map[int64]int64{sampled: 32, capture: 512 * 64 * 4}},
 	} {
 		got := copied(c.tmpl, c.any)
@@ -66,6 +66,28 @@ func TestOutCopiesFollowTheStepsApps(t *testing.T) {
 			if got[off] != n {
 				t.Fatalf("template %d, apps %b: copies %v, want %v", c.tmpl, c.any, got, c.want)
 			}
+		}
+	}
+}
+
+// TestLogprobsCopiedWhenAsked: out.logprobs comes back only when a sample of the step asks
+// (ctl.logprobs), and then only the template's samples' rows.
+func TestLogprobsCopiedWhenAsked(t *testing.T) {
+	b := &bundle.Bundle{Manifest: bundle.Manifest{Buffers: []bundle.Buffer{
+		{Name: "out.logprobs", Kind: bundle.KindOutput, Dtype: "f32", Shape: []int{128, 41}},
+	}}, Templates: []bundle.Template{{Name: "decode_b8", Tokens: 8, Samples: 8}}}
+	out := arena{offset: map[string]int64{}, sizes: map[string]int64{}}
+	place(&out, "out.logprobs", 128*41*4)
+	plan := planOutCopies(b, out)
+	if len(plan[0]) != 1 || plan[0][0].bytes != 8*41*4 {
+		t.Fatalf("plan %+v, want the 8 samples' rows", plan[0])
+	}
+	for _, asked := range []bool{false, true} {
+		var gotBuf string
+		var gotWords int
+		wanted := plan[0][0].wanted(0xFFFFFFFF, func(buf string, words int) bool { gotBuf, gotWords = buf, words; return asked })
+		if wanted != asked || gotBuf != "ctl.logprobs" || gotWords != 8 {
+			t.Fatalf("asked %v: wanted %v, asked %s for %d words", asked, wanted, gotBuf, gotWords)
 		}
 	}
 }

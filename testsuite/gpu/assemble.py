@@ -69,6 +69,18 @@ def main(work, out):
             pass
     res["run_to_first_token_s"] = ttft
 
+    res["peer"] = peer_rows(work)
+    res["ab"] = ab_rows(work)
+    res["ab_online"] = {v: (load(os.path.join(work, f"ab-online-{v}.json")) or {}).get("online") for v in ("old", "new")}
+    budget = {}
+    for p in glob.glob(os.path.join(work, "budget-*.json")):
+        d = load(p)
+        if d and d.get("online"):
+            budget[os.path.basename(p)[7:-5]] = d["online"]["mean"]
+    if budget and res["ab_online"].get("new"):
+        budget.setdefault("spec", res["ab_online"]["new"]["mean"])
+    res["online_token_budget"] = budget
+
     online = {}
     for p in glob.glob(os.path.join(work, "online-*.json")):
         d = load(p)
@@ -81,6 +93,46 @@ def main(work, out):
         json.dump(res, f, indent=2, sort_keys=True)
     with open(os.path.join(out, "RESULTS.md"), "w") as f:
         f.write(markdown(res))
+
+
+def graph_ms(d):
+    """The one timed decode bucket's graph replay ms and its attention's ms (profile) of a
+    `xmix bench --graph-buckets B --profile --json` result."""
+    if not d:
+        return None, None
+    g = list((d.get("graph_ms") or {}).values())
+    prof = next(iter((d.get("profile_ms") or {}).values()), None) or {}
+    return (g[0] if g else None), prof.get("attention")
+
+
+def peer_rows(work):
+    """run.sh's peer part: xmix bench (peer-MODEL-pP-bB.json) and torch_decode.py
+    (torch-MODEL.json, keys MODEL.pP.bB) on the same shapes."""
+    rows = []
+    for p in sorted(glob.glob(os.path.join(work, "peer-*.json"))):
+        m = re.match(r"peer-(.*)-p(\d+)-b(\d+)\.json", os.path.basename(p))
+        if not m:
+            continue
+        model, plen, bs = m.group(1), int(m.group(2)), int(m.group(3))
+        xmix, attn = graph_ms(load(p))
+        torch = (load(os.path.join(work, f"torch-{model}.json")) or {}).get(f"{model}.p{plen}.b{bs}", {}).get("ms_step")
+        rows.append({"model": model, "prompt_len": plen, "batch": bs, "xmix_ms": xmix, "torch_ms": torch,
+                     "ratio": (xmix / torch) if xmix and torch else None, "xmix_attention_ms": attn})
+    rows.sort(key=lambda r: (r["model"], r["prompt_len"], r["batch"]))
+    return rows
+
+
+def ab_rows(work):
+    """run.sh's A/B of this build against OLD_BIN (ab-old|new-pP-bB.json)."""
+    rows = {}
+    for p in glob.glob(os.path.join(work, "ab-*.json")):
+        m = re.match(r"ab-(old|new)-p(\d+)-b(\d+)\.json", os.path.basename(p))
+        if not m:
+            continue
+        g, attn = graph_ms(load(p))
+        r = rows.setdefault((int(m.group(2)), int(m.group(3))), {"model": "llama-3.1-8b", "prompt_len": int(m.group(2)), "batch": int(m.group(3))})
+        r[m.group(1) + "_ms"], r[m.group(1) + "_attention_ms"] = g, attn
+    return [rows[k] for k in sorted(rows)]
 
 
 def fmt(x, spec=".3f"):
@@ -135,6 +187,36 @@ def markdown(r):
             if prof:
                 parts = ", ".join(f"{k} {v:.3f}" for k, v in sorted(prof.items(), key=lambda kv: -kv[1]))
                 s.append(f"- {model} batch {x['batch']}: {parts}\n")
+    if r.get("peer"):
+        s.append("\n## Against the compiled PyTorch step (testsuite/gpu/torch_decode.py), same run, same shapes\n\n")
+        s.append("Graph replay ms per decode step: xmix with every row of the batch at context prompt + 64 (`--graph-context`), "
+                 "PyTorch the best of three rounds of 64 steps from the prompt on (its attention reads the prompt + 72 positions of "
+                 "its static cache). Ratio = xmix / PyTorch (< 1: xmix faster). xmix attention = the attention nodes' time, "
+                 "launched one by one (`--profile`, launch gaps included).\n\n")
+        s.append("| model | prompt tokens | batch | xmix ms | PyTorch ms | ratio | xmix attention ms |\n|---|---|---|---|---|---|---|\n")
+        for x in r["peer"]:
+            s.append(f"| {x['model']} | {x['prompt_len']} | {x['batch']} | {fmt(x['xmix_ms'])} | {fmt(x['torch_ms'])} | "
+                     f"{fmt(x['ratio'], '.2f')} | {fmt(x['xmix_attention_ms'])} |\n")
+    if r.get("ab"):
+        s.append("\n## This build against the previous one (OLD_BIN), same run, graph replay ms per decode step\n\n")
+        s.append("Both builds time the bucket as their last step left it: compare them with each other, not with the peer grid "
+                 "(whose rows are all at the full context).\n\n")
+        s.append("| model | prompt tokens | batch | before ms | after ms | attention before ms | attention after ms |\n|---|---|---|---|---|---|---|\n")
+        for x in r["ab"]:
+            s.append(f"| {x['model']} | {x['prompt_len']} | {x['batch']} | {fmt(x.get('old_ms'))} | {fmt(x.get('new_ms'))} | "
+                     f"{fmt(x.get('old_attention_ms'))} | {fmt(x.get('new_attention_ms'))} |\n")
+    abo = r.get("ab_online") or {}
+    if abo.get("old") and abo.get("new"):
+        s.append("\n## The paper's online workload on both builds (Llama-3.1-8B, every request at once), same run\n\n")
+        s.append("| build | mean ITL ms | P99 ITL ms | mean TTFT ms | total tok/s |\n|---|---|---|---|---|\n")
+        for v in ("old", "new"):
+            m = abo[v]["mean"]
+            s.append(f"| {'before' if v == 'old' else 'after'} | {m['mean_itl_ms']:.2f} | {m['p99_itl_ms']:.2f} | {m['mean_ttft_ms']:.1f} | {m['total_tok_per_s']:.0f} |\n")
+    if r.get("online_token_budget"):
+        s.append("\n## The same workload at other token budgets per step (this build, `--max-batched-tokens`, same run)\n\n")
+        s.append("| budget | mean ITL ms | P99 ITL ms | mean TTFT ms | total tok/s |\n|---|---|---|---|---|\n")
+        for k, m in sorted(r["online_token_budget"].items(), key=lambda kv: int(kv[0]) if kv[0].isdigit() else 0):
+            s.append(f"| {k} | {m['mean_itl_ms']:.2f} | {m['p99_itl_ms']:.2f} | {m['mean_ttft_ms']:.1f} | {m['total_tok_per_s']:.0f} |\n")
     s.append("\n## `xmix run` start to first token (load, instantiate graphs, one token)\n\n")
     for k, v in sorted(r["run_to_first_token_s"].items()):
         s.append(f"- {k}: {v:.2f} s\n")

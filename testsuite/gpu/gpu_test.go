@@ -38,8 +38,11 @@ func TestMain(m *testing.M) {
 	code := m.Run()
 	if path := os.Getenv("XMIX_GPU_RESULTS"); path != "" && noGPU == nil {
 		results["device"] = device.String()
-		data, _ := json.MarshalIndent(results, "", "  ")
-		if err := os.WriteFile(path, data, 0o644); err != nil {
+		data, err := json.MarshalIndent(results, "", "  ")
+		if err == nil {
+			err = os.WriteFile(path, data, 0o644)
+		}
+		if err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			code = 1
 		}
@@ -123,7 +126,7 @@ func agreementWith(t *testing.T, gemm, key string, b *bundle.Bundle, prompt []in
 	}
 	record("agreement."+key, map[string]any{"steps": len(cpuLogits), "max_logits_rel_err": worst,
 		"greedy_tokens_equal": same, "greedy_tokens": len(cpuTok)})
-	if worst > 2e-2 {
+	if !(worst <= 2e-2) { // NaN fails too
 		t.Errorf("%s: logits relative error %.3g > 2e-2", key, worst)
 	}
 	if sameTokens && same != len(cpuTok) {
@@ -161,14 +164,13 @@ func TestCUDAMatchesCPUOnLlama1BCut(t *testing.T) {
 	b := testsuite.Compile(t, cut)
 	agreement(t, "llama-3.2-1b-2layers", b, []int{791, 4062, 14198, 39935, 35308, 927}, 64, false)
 
-	// The same cut with the split (flash-decoding) attention: 33 context splits per kv head at
-	// batch 1, most of them short or empty at these positions.
-	mp, _ := testsuite.WriteSpecs(t, cut)
-	split, err := driver.Build(mp, nil, driver.Options{Verify: true, Attention: "split"})
-	if err != nil {
-		t.Fatal(err)
+	// A 150-token prompt: three prefill chunks on the tensor-core attention, crossing KV
+	// blocks, then decode at contexts 150-214 split over 3-4 blocks per kv head and combined.
+	long := make([]int, 150)
+	for i := range long {
+		long[i] = (i*7919 + 13) % 32000
 	}
-	agreement(t, "llama-3.2-1b-2layers-split-attention", split, []int{791, 4062, 14198, 39935, 35308, 927}, 64, false)
+	agreement(t, "llama-3.2-1b-2layers-long", b, long, 64, false)
 }
 
 // TestCUDAMatchesCPUOnMixtralExperts: both expert paths on a small Mixtral. Dense (the

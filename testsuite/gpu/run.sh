@@ -1,15 +1,23 @@
 #!/usr/bin/env bash
 # The GPU checks, run on the GPU machine from the repository root with .dev/gpu carried
 # (see build.sh). Writes $OUT/results.json and $OUT/RESULTS.md; copy them to testsuite/gpu/.
-#   PARTS="check bench" (default both): check = ptxas, CUDA-vs-CPU and MI checks (with PTX and
-#   with cuBLASLt GEMMs), the transformers comparison (HF=0 skips it); bench = offline decode
-#   per batch for each GEMM server, start-to-first-token, the online benchmark (ONLINE=0 skips),
-#   standard vs split attention at a LONG_PROMPT-token context (ATTN_AB=0 skips), Mixtral's
-#   grouped vs dense experts (MOE_AB=0 skips).
+#   PARTS="check bench peer" (default all three): check = ptxas, CUDA-vs-CPU and MI checks
+#   (with PTX and with cuBLASLt GEMMs), the transformers comparison (HF=0 skips it); bench =
+#   offline decode per batch for each GEMM server, start-to-first-token, the online benchmark
+#   (ONLINE=0 skips), Mixtral's grouped vs dense experts (MOE_AB=0 skips); peer = xmix bench and
+#   the compiled PyTorch step (torch_decode.py) on the same shapes, one model after the other:
+#   PEER_MODELS x PEER_PROMPTS x PEER_BATCHES (results.json "peer").
+#   PTXAS_GLOB limits ptxas to the bundles it matches (default every bundle).
+#   XMIX_BIN names the binaries' folder (default .dev/gpu). OLD_BIN, when set, names another
+#   build's binaries (the code before a change): its bundle and this one's are timed side by
+#   side at AB_SHAPES (prompt:batch) on Llama-3.1-8B (OLD_SPEC: the spec as that build reads
+#   it, default the shipped one) (results.json "ab"), and on the paper's
+#   online workload, every request at once, with this build also at the token budgets BUDGETS
+#   (ONLINE_AB=0 skips; results.json "ab_online", "online_token_budget").
 #   The work directory persists while the machine stays warm, so two calls (PARTS=check, then
 #   PARTS=bench) assemble into one results.json.
 set -uo pipefail
-bin=.dev/gpu
+bin=${XMIX_BIN:-.dev/gpu}
 OUT=${OUT:-/tmp/xmix-gpu-out}
 work=/tmp/xmix-gpu
 mkdir -p "$OUT" "$work/ptx"
@@ -21,12 +29,11 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=c
 cat "$work/device.txt" >&2
 
 log "bundles"
-has() { [[ " ${PARTS:-check bench} " == *" $1 "* ]]; }
+has() { [[ " ${PARTS:-check bench peer} " == *" $1 "* ]]; }
 "$bin/xmixc" build specs/models/tiny.yaml specs/apps/tiny-steer.yaml specs/apps/tiny-probe.yaml -q --embed-weights -o "$work/tiny.xmb"
 "$bin/xmixc" build specs/models/llama-3.2-1b.yaml -q -o "$work/llama-3.2-1b.xmb"
 "$bin/xmixc" build specs/models/llama-3.1-8b.yaml -q -o "$work/llama-3.1-8b.xmb"
 [ "${GEMM_AB:-1}" = 1 ] && "$bin/xmixc" build specs/models/llama-3.1-8b.yaml --gemm tc-staged -q -o "$work/llama-3.1-8b-staged.xmb"
-[ "${ATTN_AB:-1}" = 1 ] && "$bin/xmixc" build specs/models/llama-3.1-8b.yaml --attention split -q -o "$work/llama-3.1-8b-attnsplit.xmb"
 [ "${MOE_AB:-1}" = 1 ] && "$bin/xmixc" build specs/models/mixtral-8x7b.yaml --moe grouped -q -o "$work/mixtral-8x7b-moegrouped.xmb"
 "$bin/xmixc" build specs/models/qwen3-8b.yaml -q -o "$work/qwen3-8b.xmb"
 "$bin/xmixc" build specs/models/mixtral-8x7b.yaml -q -o "$work/mixtral-8x7b.xmb"
@@ -35,12 +42,14 @@ if has check; then
   "$bin/xmixc" build specs/models/llama-3.1-8b.yaml specs/apps/app[1-6]-*.yaml -q -o "$work/llama-3.1-8b-apps1-6.xmb"
   "$bin/xmixc" build specs/models/mixtral-8x7b.yaml specs/apps/app7-steermoe.yaml -q -o "$work/mixtral-8x7b-app7.xmb"
   "$bin/xmixc" build specs/models/llama-3.1-8b.yaml specs/apps/grid/*.yaml -q -o "$work/llama-3.1-8b-grid.xmb"
+  # Per-request vector slots and layer masks (row, SiLU and standalone MI kernels).
+  "$bin/xmixc" build specs/models/llama-3.1-8b.yaml specs/apps/per-request.yaml -q -o "$work/llama-3.1-8b-per-request.xmb"
 fi
 
 if has check; then
 log "ptxas -arch=sm_90 on every kernel"
 : > "$work/ptxas.txt"
-for b in "$work"/*.xmb; do
+for b in "$work"/${PTXAS_GLOB:-*}.xmb; do
   name=$(basename "$b" .xmb)
   "$bin/xmixc" ptx "$b" -d "$work/ptx/$name" 2>/dev/null
   for f in "$work/ptx/$name"/*.ptx; do
@@ -80,15 +89,6 @@ if has bench; then
     done
     [ "$gemm" = auto ] && /usr/bin/time -f "%e" -o "$work/ttft-$m.txt" "$bin/xmix" run "$work/$m.xmb" --backend cuda -p x -n 1 -q > /dev/null 2>> "$work/bench.log"
   done
-  if [ "${ATTN_AB:-1}" = 1 ]; then
-    # Attention A/B at a long context: standard vs split (flash-decoding) attention.
-    for m in llama-3.1-8b llama-3.1-8b-attnsplit; do
-      for bs in ${LONG_BATCHES:-1 8}; do
-        timeout ${BENCH_TIMEOUT:-150} "$bin/xmix" bench "$work/$m.xmb" --backend cuda --prompts $bs --prompt-len ${LONG_PROMPT:-1984} --new-tokens 32 \
-          --graph-buckets $bs --profile --json -q > "$work/bench-$m-long${LONG_PROMPT:-1984}-b$bs.json" 2>> "$work/bench.log" || echo "bench $m long b$bs failed" >&2
-      done
-    done
-  fi
   if [ "${MOE_AB:-1}" = 1 ]; then
     # Mixtral experts A/B: every expert as GEMMs (the default, --moe dense) vs the grouped
     # expert kernels (--moe grouped), on 512-token prompts (prefill_s in results.json) and the
@@ -105,6 +105,53 @@ if has bench; then
       --json -q > "$work/online-llama-3.1-8b.json" 2>> "$work/bench.log" || echo "online bench failed" >&2
   fi
   tail -5 "$work/bench.log" >&2
+fi
+
+if has peer; then
+  log "peer: xmix bench and the compiled PyTorch step on the same shapes"
+  for m in ${PEER_MODELS:-llama-3.2-1b llama-3.1-8b}; do
+    shapes=""
+    for p in ${PEER_PROMPTS:-16 512 2048}; do
+      for bs in ${PEER_BATCHES:-1 8 32 128}; do
+        # The graph is timed with all bs rows at context p+new, as the peer's step runs them
+        # (the last step of the run itself has fewer: requests prefilled first finish first).
+        timeout ${BENCH_TIMEOUT:-150} "$bin/xmix" bench "$work/$m.xmb" --backend cuda --prompts $bs --prompt-len $p --new-tokens ${PEER_NEW:-64} \
+          --graph-buckets $bs --graph-context $((p + ${PEER_NEW:-64})) --profile --json -q > "$work/peer-$m-p$p-b$bs.json" 2>> "$work/bench.log" || echo "peer: xmix $m p$p b$bs failed" >&2
+        shapes="$shapes,$p:$bs"
+      done
+    done
+    RES="$work" PYTHONUNBUFFERED=1 timeout ${PEER_TIMEOUT:-600} python3 testsuite/gpu/torch_decode.py "$m" "${shapes#,}" >&2 || echo "peer: torch $m failed" >&2
+  done
+fi
+
+if [ -n "${OLD_BIN:-}" ]; then
+  log "A/B: this build against $OLD_BIN on Llama-3.1-8B"
+  "$OLD_BIN/xmixc" build "${OLD_SPEC:-specs/models/llama-3.1-8b.yaml}" -q -o "$work/old-llama-3.1-8b.xmb"
+  # Both builds time the rows as their last step left them (the other build may not know
+  # --graph-context): the same workload and the same 512-row prefill steps, so the same rows.
+  for shape in ${AB_SHAPES:-1984:1 1984:32 4:128}; do
+    p=${shape%:*} bs=${shape#*:}
+    for v in old new; do
+      b=$bin x="$work/llama-3.1-8b.xmb"
+      [ $v = old ] && b=$OLD_BIN x="$work/old-llama-3.1-8b.xmb"
+      timeout ${BENCH_TIMEOUT:-150} "$b/xmix" bench "$x" --backend cuda --prompts $bs --prompt-len $p --new-tokens 32 \
+        --graph-buckets $bs --profile --json -q > "$work/ab-$v-p$p-b$bs.json" 2>> "$work/bench.log" || echo "A/B: $v p$p b$bs failed" >&2
+    done
+  done
+  if [ "${ONLINE_AB:-1}" = 1 ]; then
+    # The paper's online workload (every request at once) on both builds, one round each.
+    for v in old new; do
+      b=$bin x="$work/llama-3.1-8b.xmb"
+      [ $v = old ] && b=$OLD_BIN x="$work/old-llama-3.1-8b.xmb"
+      timeout ${ONLINE_TIMEOUT:-300} "$b/xmix" bench "$x" --backend cuda --online --requests ${REQUESTS:-250} --rate 0 --warmup 1 --runs 1 \
+        --json -q > "$work/ab-online-$v.json" 2>> "$work/bench.log" || echo "A/B: online $v failed" >&2
+    done
+    # This build at other token budgets per step (serving.max_batched_tokens; no rebuild).
+    for n in ${BUDGETS:-1024 2048}; do
+      timeout ${ONLINE_TIMEOUT:-300} "$bin/xmix" bench "$work/llama-3.1-8b.xmb" --backend cuda --online --requests ${REQUESTS:-250} --rate 0 --warmup 1 --runs 1 \
+        --max-batched-tokens $n --json -q > "$work/budget-$n.json" 2>> "$work/bench.log" || echo "budget $n failed" >&2
+    done
+  fi
 fi
 
 log "assemble"
