@@ -94,7 +94,7 @@ func TestSamplerFields(t *testing.T) {
 	var chat struct {
 		Choices []struct {
 			Message  struct{ Content string } `json:"message"`
-			Logprobs chatLogprobs            `json:"logprobs"`
+			Logprobs chatLogprobs             `json:"logprobs"`
 		} `json:"choices"`
 	}
 	if code != 200 || decodeJSON(data, &chat) != nil || len(chat.Choices[0].Logprobs.Content) != 5 {
