@@ -184,6 +184,13 @@ type Scalar struct {
 	Name  string  `json:"name"`
 	Index int     `json:"index"`
 	Value float32 `json:"value"`
+	// Scales, for a scalar that multiplies one of the app's vectors (steer_add's alpha),
+	// names that vector's buffer, and Limit is ProductLimit of the vector (Residual: the
+	// product is added to the residual stream): the loader refuses a value above it, and
+	// recomputes it when the vector is replaced.
+	Scales   string  `json:"scales,omitempty"`
+	Residual bool    `json:"residual,omitempty"`
+	Limit    float32 `json:"limit,omitempty"`
 }
 
 // Vector is an app param living in a param buffer of [Width] f32, replaceable at run time.

@@ -506,7 +506,7 @@ func (g *gen) apps() []bundle.App {
 	for _, a := range g.p.Apps {
 		ba := bundle.App{Name: a.Name, Bit: a.Bit, Source: a.Spec.Path}
 		for i, s := range a.Scalars {
-			ba.Scalars = append(ba.Scalars, bundle.Scalar{Name: s.Name, Index: i, Value: s.Value})
+			ba.Scalars = append(ba.Scalars, bundle.Scalar{Name: s.Name, Index: i, Value: s.Value, Scales: s.Scales, Residual: s.Residual, Limit: s.Limit})
 		}
 		for _, m := range a.LayerMasks {
 			ba.LayerMasks = append(ba.LayerMasks, bundle.LayerMask{Op: m.OpIndex, Column: m.Col, Words: m.Words, Layers: m.Layers})

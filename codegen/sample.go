@@ -46,7 +46,10 @@ func (c SampleConfig) Launch(samples int) ops.Launch {
 // bisecting a threshold on relative log2-probability (ops.SampleIters block reductions), and
 // the token is the first in index order whose prefix of kept probability exceeds
 // rng/2^32 * kept mass. ops "sample" forms every sum in the same order, so the two agree on
-// the token. With overrides, the parameters go on as ops.SampleAttrs says.
+// the token. A sample whose logits are not all finite gets ops.NonFinite, which no override
+// replaces: the pass that reads every logit first (the max, or the greedy arg-max) also adds
+// up x-x, NaN from the first NaN or infinity on. With overrides, the parameters go on as
+// ops.SampleAttrs says.
 func Sample(name string, c SampleConfig) (*Kernel, error) {
 	attrs := ops.SampleAttrs{Vocab: c.Vocab, Logprobs: c.Logprobs, EOS: c.EOS, Overrides: c.refOverrides()}
 	if err := attrs.Check(); err != nil {
@@ -71,6 +74,10 @@ type sampleGen struct {
 	tid, lb   ptx.Reg // thread id, this sample's logits
 	m, scale  ptx.Reg // max logit, log2(e)/T
 	red, redi ptx.Sym
+	// outAddr is this sample's token; finish follows the overrides, where a non-finite
+	// sample goes once ops.NonFinite is stored.
+	outAddr ptx.Addr
+	finish  string
 }
 
 func (g *sampleGen) emit(refs []ops.TokenOverride) error {
@@ -90,7 +97,7 @@ func (g *sampleGen) emit(refs []ops.TokenOverride) error {
 	if err != nil {
 		return err
 	}
-	g.red = g.DeclareShared("smp_red", ptx.F32, g.nt/32)
+	g.red = g.DeclareShared("smp_red", ptx.F32, 2*g.nt/32)
 	g.redi = g.DeclareShared("smp_redi", ptx.U32, g.nt/32)
 	part := g.DeclareShared("smp_part", ptx.F32, g.nt)
 	smp := g.special(ptx.CtaidX)
@@ -112,12 +119,23 @@ func (g *sampleGen) emit(refs []ops.TokenOverride) error {
 	if len(g.c.EOS) > 0 {
 		ban = g.banEOS(load(banP, ptx.U32))
 	}
+	g.outAddr, g.finish = outAddr, g.NewLabel("finish")
 	end, greedy := g.NewLabel("end"), g.NewLabel("greedy")
 	g.EmitIf(g.cmp("gt", ptx.F32, temp, ptx.F32Imm(0)), true, "bra", ptx.Sym(greedy))
 
-	mx := g.f32(float32(math.Inf(-1)))
-	g.strided(func(i ptx.Reg) { g.Emit("max.f32", mx, mx, g.logit(i)) })
-	g.m = g.blockReduce(mx, "max", g.red, g.tid, g.nt)
+	mx, bad := g.f32(float32(math.Inf(-1))), g.f32(0)
+	g.strided(func(i ptx.Reg) {
+		x := g.logit(i)
+		g.Emit("max.f32", mx, mx, x)
+		g.addNonFinite(bad, x)
+	})
+	var flag ptx.Reg
+	g.m, flag = g.blockReduce2(mx, g.nonFiniteFlag(bad), "max", g.red, g.tid, g.nt)
+	// Every thread has the flag: a uniform branch past the barriers below.
+	g.when(g.cmp("gt", ptx.F32, flag, ptx.F32Imm(0)), false, func() {
+		g.EmitIf(g.cmp("eq", ptx.U32, g.tid, ptx.Imm(0)), false, "st.global.u32", outAddr, g.imm32(ops.NonFinite))
+		g.Emit("bra", ptx.Sym(g.finish))
+	})
 	g.scale = g.Reg(ptx.F32)
 	g.Emit("rcp.rn.f32", g.scale, temp)
 	g.Emit("mul.rn.f32", g.scale, g.scale, ptx.F32Imm(ops.Log2E))
@@ -186,6 +204,7 @@ func (g *sampleGen) emit(refs []ops.TokenOverride) error {
 	g.argmax(outAddr)
 	g.Label(end)
 	override(smp, outAddr)
+	g.Label(g.finish)
 	if ban != nil {
 		g.unbanEOS(ban)
 	}
@@ -268,8 +287,9 @@ type eosBan struct {
 	saved []ptx.Reg
 }
 
-// banEOS sets a banned sample's EOS logits to -inf before it is sampled (thread 0, then a
-// barrier, so that every thread reads them so).
+// banEOS sets a banned sample's EOS logits to -MaxFloat32 before it is sampled (thread 0,
+// then a barrier, so that every thread reads them so): finite, so the non-finite check passes
+// them, and as good as -inf for sampling (its exp2 is 0, it never wins an arg-max).
 func (g *sampleGen) banEOS(flag ptx.Reg) *eosBan {
 	b := &eosBan{on: g.cmp("ne", ptx.U32, flag, ptx.Imm(0))}
 	for range g.c.EOS {
@@ -280,7 +300,7 @@ func (g *sampleGen) banEOS(flag ptx.Reg) *eosBan {
 		for i, e := range g.c.EOS {
 			a := ptx.Addr{Base: g.lb, Offset: int64(4 * e)}
 			g.EmitIf(first, false, "ld.global.f32", b.saved[i], a)
-			g.EmitIf(first, false, "st.global.f32", a, ptx.F32Imm(float32(math.Inf(-1))))
+			g.EmitIf(first, false, "st.global.f32", a, ptx.F32Imm(-math.MaxFloat32))
 		}
 		g.Emit("bar.sync", ptx.Imm(0))
 	})
@@ -294,6 +314,19 @@ func (g *sampleGen) unbanEOS(b *eosBan) {
 	for i, e := range g.c.EOS {
 		g.EmitIf(first, false, "st.global.f32", ptx.Addr{Base: g.lb, Offset: int64(4 * e)}, b.saved[i])
 	}
+}
+
+// addNonFinite adds x-x to bad: 0 while every x is finite, NaN from the first that is not.
+func (g *sampleGen) addNonFinite(bad, x ptx.Reg) {
+	d := g.op3("sub.rn.f32", ptx.F32, x, x)
+	g.Emit("add.rn.f32", bad, bad, d)
+}
+
+// nonFiniteFlag is 1 where bad is NaN, else 0: a value max reductions keep (they drop NaN).
+func (g *sampleGen) nonFiniteFlag(bad ptx.Reg) ptx.Reg {
+	f := g.Reg(ptx.F32)
+	g.Emit("selp.f32", f, ptx.F32Imm(1), ptx.F32Imm(0), g.cmp("nan", ptx.F32, bad, bad))
+	return f
 }
 
 // declareOverrides declares the override parameters and returns what emits the overrides
@@ -426,32 +459,44 @@ func (g *sampleGen) segment(s ptx.Reg, seg int, body func(i, w ptx.Reg), thr ptx
 // argmax stores the lowest index of the largest logit: per-thread strided scans keep the
 // first maximum they meet, and merges prefer the lower index on ties.
 func (g *sampleGen) argmax(outAddr ptx.Addr) {
-	bv, bi := g.f32(float32(math.Inf(-1))), g.Reg(ptx.U32)
+	bv, bi, bad := g.f32(float32(math.Inf(-1))), g.Reg(ptx.U32), g.f32(0)
 	g.Emit("mov.u32", bi, g.tid)
 	g.strided(func(i ptx.Reg) {
 		x := g.logit(i)
 		p := g.cmp("gt", ptx.F32, x, bv)
 		g.Emit("selp.f32", bv, x, bv, p)
 		g.Emit("selp.u32", bi, i, bi, p)
+		g.addNonFinite(bad, x)
 	})
-	ov, oi := g.Reg(ptx.F32), g.Reg(ptx.U32)
+	flag := g.nonFiniteFlag(bad)
+	ov, oi, of := g.Reg(ptx.F32), g.Reg(ptx.U32), g.Reg(ptx.F32)
 	for off := 16; off > 0; off /= 2 {
 		g.Emit("shfl.sync.bfly.b32", ov, bv, ptx.Imm(int64(off)), ptx.Imm(0x1f), ptx.Imm(-1))
 		g.Emit("shfl.sync.bfly.b32", oi, bi, ptx.Imm(int64(off)), ptx.Imm(0x1f), ptx.Imm(-1))
+		g.Emit("shfl.sync.bfly.b32", of, flag, ptx.Imm(int64(off)), ptx.Imm(0x1f), ptx.Imm(-1))
 		g.better(bv, bi, ov, oi)
+		g.Emit("max.f32", flag, flag, of)
 	}
 	lane := g.op3("and.b32", ptx.U32, g.tid, ptx.Imm(31))
 	warp := g.op3("shr.u32", ptx.U32, g.tid, ptx.Imm(5))
 	lane0 := g.cmp("eq", ptx.U32, lane, ptx.Imm(0))
+	warps := g.nt / 32
 	g.EmitIf(lane0, false, "st.shared.f32", ptx.Addr{Base: g.sharedAddr(g.red, warp, 4)}, bv)
 	g.EmitIf(lane0, false, "st.shared.u32", ptx.Addr{Base: g.sharedAddr(g.redi, warp, 4)}, bi)
+	g.EmitIf(lane0, false, "st.shared.f32", ptx.Addr{Base: g.sharedAddr(g.red, warp, 4), Offset: int64(4 * warps)}, flag)
 	g.Emit("bar.sync", ptx.Imm(0))
 	g.when(g.cmp("eq", ptx.U32, g.tid, ptx.Imm(0)), false, func() {
-		for w := 1; w < g.nt/32; w++ {
+		for w := 1; w < warps; w++ {
 			g.Emit("ld.shared.f32", ov, ptx.Addr{Base: g.red, Offset: int64(4 * w)})
 			g.Emit("ld.shared.u32", oi, ptx.Addr{Base: g.redi, Offset: int64(4 * w)})
+			g.Emit("ld.shared.f32", of, ptx.Addr{Base: g.red, Offset: int64(4 * (warps + w))})
 			g.better(bv, bi, ov, oi)
+			g.Emit("max.f32", flag, flag, of)
 		}
+		g.when(g.cmp("gt", ptx.F32, flag, ptx.F32Imm(0)), false, func() {
+			g.Emit("st.global.u32", outAddr, g.imm32(ops.NonFinite))
+			g.Emit("bra", ptx.Sym(g.finish))
+		})
 		g.Emit("st.global.u32", outAddr, bi)
 	})
 }

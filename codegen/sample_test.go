@@ -36,6 +36,66 @@ func TestSampleKernel(t *testing.T) {
 	}
 }
 
+// TestSampleNonFinite: a sample with a NaN or an infinite logit anywhere gets ops.NonFinite,
+// greedy or sampled, in the emulated kernel as in the reference op; its neighbours are
+// sampled as ever, and an override enabled on the flagged sample does not hide it.
+func TestSampleNonFinite(t *testing.T) {
+	nan, inf := float32(math.NaN()), float32(math.Inf(1))
+	r := rand.New(rand.NewPCG(47, 48))
+	for _, vocab := range []int{1, 100, 2500} {
+		// One sample per case: a bad value at the start, middle or end of the row.
+		cases := []struct {
+			temp, topP float32
+			bad        float32
+			at         int
+		}{
+			{0, 1, nan, vocab - 1}, {0, 1, inf, 0}, {0, 1, 0, 0}, {0, 1, -inf, vocab / 2},
+			{1, 1, nan, vocab / 3}, {0.7, 0.9, inf, vocab - 1}, {0.7, 0.9, 0, 0}, {1, 0.5, -inf, 0},
+		}
+		n := len(cases)
+		logits := randF32(r, n*vocab, 4)
+		temp, topP, rng := make([]float32, n), make([]float32, n), make([]uint32, n)
+		for i, c := range cases {
+			temp[i], topP[i], rng[i] = c.temp, c.topP, r.Uint32()
+			if c.bad != 0 {
+				logits[i*vocab+c.at] = c.bad
+			}
+		}
+		ovr := MIOp{Template: "token_override", Bit: 0, Width: 1, Scal: "s", Alpha: 0, Bias: -1, ScalStride: 1, ScalRows: 1}
+		for _, sc := range []SampleConfig{{Vocab: vocab}, {Vocab: vocab, Overrides: []MIOp{ovr}}} {
+			k, err := Sample("sample_nonfinite", sc)
+			if err != nil {
+				t.Fatal(err)
+			}
+			args := []targ{
+				{name: "logits", f32: logits}, {name: "temperature", f32: temp}, {name: "top_p", f32: topP},
+				{name: "rng", u32: rng}, {name: "out", out: n, dtype: "u32"},
+			}
+			if len(sc.Overrides) > 0 { // every sample's row enables the override, token 5
+				sRow, ones, zeros := make([]uint32, n), make([]uint32, n), make([]uint32, n)
+				for i := range sRow {
+					sRow[i], ones[i] = uint32(i), 1
+				}
+				args = append(args, targ{name: "s_row", u32: sRow}, targ{name: "ctl_mask", u32: ones},
+					targ{name: "ctl_seq", u32: zeros}, targ{name: "ovr0_scal", f32: []float32{5}})
+			}
+			checkKernel(t, k, sc.Launch(n), args)
+			got := emulate(t, k, sc.Launch(n), args)[4]
+			for i, c := range cases {
+				tok := math.Float32bits(got[i])
+				switch {
+				case c.bad != 0 && tok != ops.NonFinite:
+					t.Errorf("vocab %d sample %d (%v at %d): token %d, want ops.NonFinite", vocab, i, c.bad, c.at, tok)
+				case c.bad == 0 && (tok >= uint32(vocab)) && len(sc.Overrides) == 0:
+					t.Errorf("vocab %d sample %d (finite): token %d", vocab, i, tok)
+				case c.bad == 0 && len(sc.Overrides) > 0 && tok != 5:
+					t.Errorf("vocab %d sample %d (finite, override): token %d, want 5", vocab, i, tok)
+				}
+			}
+		}
+	}
+}
+
 // TestSampleOverride: token_override replaces exactly the samples whose token row enables the
 // app and passes the step window, with the token of the row's sequence; an unused sample
 // (s_row NoRow) keeps what was sampled.

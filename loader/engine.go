@@ -4,15 +4,19 @@ import (
 	"bytes"
 	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"path/filepath"
+	"runtime"
 	"slices"
 	"sort"
 	"strings"
 	"time"
 
 	"xmix/bundle"
+	"xmix/ops"
 )
 
 // Request is one generation request.
@@ -147,6 +151,8 @@ type Result struct {
 	Tokens []int // generated ids (the EOS that stopped it included)
 	Rows   []Row // every forward row, prompt and generated, in position order
 	Reason string
+	// Error says why a request ended early (Reason ReasonNonFinite or ReasonError).
+	Error string
 	// PromptTokens is how many rows the prompt fed (its BOS included): Rows[PromptTokens-1]
 	// sampled Tokens[0], Rows[PromptTokens-1+k] sampled Tokens[k].
 	PromptTokens int
@@ -166,6 +172,22 @@ func InputIDs(c bundle.ModelConfig, r Request) []int {
 	}
 	return append(ids, r.Prompt...)
 }
+
+// Why a request ended (Result.Reason): the OpenAI API's finish reasons where it has one, so
+// the CLI and the server speak one vocabulary.
+const (
+	ReasonStop      = "stop"      // it generated an end-of-sequence token
+	ReasonLength    = "length"    // it generated max_tokens tokens
+	ReasonStopWhen  = "stop_when" // an export crossed the request's StopWhen threshold
+	ReasonCancelled = "cancelled" // Cancel removed it
+	// ReasonNonFinite: the logits of its last row were not all finite (a NaN or an
+	// infinity: the forward overflowed, or an app wrote one), so no token could be sampled;
+	// Error names the step. The tokens before it are what the request generated.
+	ReasonNonFinite = "nonfinite"
+	// ReasonError: the engine failed while serving it (Error says how): a failure of its
+	// own work ends it alone, a failure of a whole step every request in that step.
+	ReasonError = "error"
+)
 
 // Engine runs batched generation of a bundle on a backend.
 type Engine struct {
@@ -222,6 +244,12 @@ type appCtl struct {
 	defaults []float32      // by table column, scalars only; SetDefault changes them
 	scalars  map[string]int // manifest scalar name -> column
 	vectors  []bundle.Vector
+	// By column: the vector buffer a scalar multiplies ("" for none), whether the product
+	// enters the residual stream, and the largest magnitude the scalar may have
+	// (bundle.ProductLimit; 0: unbounded).
+	scales   []string
+	residual []bool
+	limits   []float32
 	masks    []bundle.LayerMask
 }
 
@@ -266,6 +294,9 @@ func NewEngine(b *bundle.Bundle, be Backend) (*Engine, error) {
 	bufs := map[string]bundle.Buffer{}
 	for _, buf := range b.Manifest.Buffers {
 		bufs[buf.Name] = buf
+	}
+	if err := checkConfig(b, bufs); err != nil {
+		return nil, err
 	}
 	_, e.hasSRow = bufs["ctl.s_row"]
 	_, e.hasAny = bufs["ctl.any_mask"]
@@ -350,18 +381,27 @@ func newAppCtl(a bundle.App, bufs map[string]bundle.Buffer, maxSeqs int) (*appCt
 		}
 		col += m.Words
 	}
-	ac.defaults = make([]float32, n)
-	for _, s := range a.Scalars {
-		if _, dup := ac.scalars[s.Name]; dup || s.Index < 0 || s.Index >= n {
-			return nil, fmt.Errorf("scalar %q: index %d in a table of %d (or a duplicate name)", s.Name, s.Index, n)
-		}
-		ac.scalars[s.Name] = s.Index
-		ac.defaults[s.Index] = s.Value
-	}
+	ac.defaults, ac.scales, ac.residual, ac.limits = make([]float32, n), make([]string, n), make([]bool, n), make([]float32, n)
 	for _, v := range a.Vectors {
 		vb, ok := bufs[v.Buffer]
 		if !ok || vb.Kind != bundle.KindParam || vb.Dtype != "f32" || len(vb.Shape) != 1 || vb.Shape[0] != v.Width {
 			return nil, fmt.Errorf("vector %s: buffer %q is not a param buffer of [%d] f32", v.Param, v.Buffer, v.Width)
+		}
+	}
+	for _, s := range a.Scalars {
+		if _, dup := ac.scalars[s.Name]; dup || s.Index < 0 || s.Index >= n {
+			return nil, fmt.Errorf("scalar %q: index %d in a table of %d (or a duplicate name)", s.Name, s.Index, n)
+		}
+		if s.Scales != "" && !slices.ContainsFunc(a.Vectors, func(v bundle.Vector) bool { return v.Buffer == s.Scales }) {
+			return nil, fmt.Errorf("scalar %q scales %q, which is not one of the app's vectors", s.Name, s.Scales)
+		}
+		if l := float64(s.Limit); math.IsNaN(l) || math.IsInf(l, 0) || l < 0 {
+			return nil, fmt.Errorf("scalar %q: limit %v", s.Name, s.Limit)
+		}
+		ac.scalars[s.Name] = s.Index
+		ac.defaults[s.Index], ac.scales[s.Index], ac.residual[s.Index], ac.limits[s.Index] = s.Value, s.Scales, s.Residual, s.Limit
+		if err := ac.checkValue(s.Index, s.Value); err != nil {
+			return nil, fmt.Errorf("scalar %q: %w", s.Name, err)
 		}
 	}
 	return ac, nil
@@ -396,6 +436,9 @@ func (e *Engine) SetDefault(app, scalar string, v float32) error {
 	if !ok {
 		return fmt.Errorf("app %s has no scalar %q (scalars: %s)", app, scalar, strings.Join(a.scalarNames(), ", "))
 	}
+	if err := a.checkValue(i, v); err != nil {
+		return fmt.Errorf("app %s scalar %s: %w", app, scalar, err)
+	}
 	a.defaults[i] = v
 	return nil
 }
@@ -403,7 +446,8 @@ func (e *Engine) SetDefault(app, scalar string, v float32) error {
 // SetVector replaces the value of one of an app's vector params on the device; it takes
 // effect from the next step, for every request that enables the app, without rebuilding
 // anything. A param the app uses as a direction is normalised to unit length first, as the
-// compiler does.
+// compiler does. Values must be finite, and their product with the default of a scalar that
+// scales the vector too.
 func (e *Engine) SetVector(app, param string, v []float32) error {
 	a, err := e.app(app)
 	if err != nil {
@@ -420,19 +464,14 @@ func (e *Engine) SetVector(app, param string, v []float32) error {
 		if len(v) != x.Width {
 			return fmt.Errorf("app %s param %s: %d values, the app's kernels need %d", app, param, len(v), x.Width)
 		}
-		data := v
-		if x.Unit {
-			var n float64
-			for _, f := range v {
-				n += float64(f) * float64(f)
-			}
-			if n == 0 || math.IsInf(n, 0) || math.IsNaN(n) {
-				return fmt.Errorf("app %s param %s is a direction: it needs a finite, non-zero norm", app, param)
-			}
-			inv := 1 / math.Sqrt(n)
-			data = make([]float32, len(v))
-			for i, f := range v {
-				data[i] = float32(float64(f) * inv)
+		data, err := checkVector(v, x.Unit)
+		if err != nil {
+			return fmt.Errorf("app %s param %s: %w", app, param, err)
+		}
+		for col, buf := range a.scales {
+			if l := bundle.ProductLimit(data, a.residual[col]); buf == x.Buffer && math.Abs(float64(a.defaults[col])) > float64(l) {
+				return fmt.Errorf("app %s param %s: the new vector times the default %g of %s overflows float32 (with it, at most %.4g in magnitude)",
+					app, param, a.defaults[col], a.scalarNames()[col], l)
 			}
 		}
 		if err := e.Be.Write(x.Buffer, 0, putF32s(data)); err != nil {
@@ -440,6 +479,11 @@ func (e *Engine) SetVector(app, param string, v []float32) error {
 		}
 		if err := e.setDefaultVector(x.Buffer, data); err != nil {
 			return fmt.Errorf("app %s param %s: %w", app, param, err)
+		}
+		for col, buf := range a.scales {
+			if buf == x.Buffer {
+				a.limits[col] = bundle.ProductLimit(data, a.residual[col])
+			}
 		}
 	}
 	if !found {
@@ -455,35 +499,6 @@ type override struct {
 	app *appCtl
 	col int
 	v   float32
-}
-
-// resolveOverrides maps "app.scalar" names to table columns.
-func (e *Engine) resolveOverrides(m map[string]float32) ([]override, error) {
-	var out []override
-	for name, v := range m {
-		var o *override
-		for _, a := range e.apps {
-			if rest, ok := strings.CutPrefix(name, a.name+"."); ok {
-				if col, ok := a.scalars[rest]; ok {
-					o = &override{app: a, col: col, v: v}
-				}
-			}
-		}
-		if o == nil {
-			var valid []string
-			for _, a := range e.apps {
-				for _, s := range a.scalarNames() {
-					valid = append(valid, a.name+"."+s)
-				}
-			}
-			if len(valid) == 0 {
-				return nil, fmt.Errorf("override %q: no deployed app has scalars", name)
-			}
-			return nil, fmt.Errorf("override %q names no app scalar (valid: %s)", name, strings.Join(valid, ", "))
-		}
-		out = append(out, *o)
-	}
-	return out, nil
 }
 
 // writeScalars writes slot's row of the scalar table of every app s enables: the current
@@ -598,60 +613,28 @@ type Handle struct {
 	Submitted  time.Time
 }
 
-// Submit validates a request and queues it; it joins the running batch at the next step
-// boundary that has a free sequence slot and enough KV pages for it.
-func (e *Engine) Submit(r Request) (*Handle, error) {
-	c := e.cfg
-	e.nextID++
-	h := &Handle{ID: e.nextID, Submitted: time.Now()}
-	s := &seqState{h: h, req: &r, res: &h.Result, slot: -1, vslot: -1, rng: rand.New(rand.NewPCG(r.Seed, 0x786d6978))}
-	s.tokens = append(make([]int, 0, 1+len(r.Prompt)+max(0, r.MaxTokens)), InputIDs(c, r)...)
-	s.promptN = len(s.tokens)
-	h.Result.PromptTokens = s.promptN
-	if s.promptN == 0 {
-		return nil, fmt.Errorf("empty prompt: model %s starts prompts with no BOS, so a request needs at least one token", c.Name)
-	}
-	for _, t := range append(append([]int(nil), r.Prompt...), r.Force...) {
-		if t < 0 || t >= c.Vocab {
-			return nil, fmt.Errorf("token id %d is outside the vocabulary (0-%d)", t, c.Vocab-1)
+// Submit validates a request (Check) and queues it; it joins the running batch at the next
+// step boundary that has a free sequence slot and enough KV pages for it. Nothing is sized
+// from the request before it has passed Check. An internal failure (a panic) is returned
+// as an error that is not a *RequestError.
+func (e *Engine) Submit(r Request) (h *Handle, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			h, err = nil, panicError("submit", p)
 		}
-	}
-	if need := s.promptN + r.MaxTokens; need > c.MaxSeqLen {
-		return nil, fmt.Errorf("prompt (%d tokens, BOS included) + max tokens (%d) = %d exceeds the bundle's max_seq_len %d",
-			s.promptN, r.MaxTokens, need, c.MaxSeqLen)
-	}
-	if pages := (s.promptN + r.MaxTokens + c.KVBlockSize - 1) / c.KVBlockSize; pages > c.KVBlocks-e.padPages {
-		return nil, fmt.Errorf("request needs %d KV pages, the bundle has %d", pages, c.KVBlocks-e.padPages)
-	}
-	for _, name := range r.Apps {
-		bit, ok := e.appBits[name]
-		if !ok {
-			return nil, fmt.Errorf("app %q is not deployed in this bundle (deployed: %s)", name, strings.Join(e.AppNames(), ", "))
-		}
-		s.mask |= 1 << uint(bit)
-	}
-	ov, err := e.resolveOverrides(r.Overrides)
+	}()
+	v, err := e.check(&r)
 	if err != nil {
 		return nil, err
 	}
-	s.overrides = ov
-	if s.vecs, err = e.resolveVectors(&r, s.mask); err != nil {
-		return nil, err
-	}
-	if s.layers, err = e.resolveLayers(r.Layers, s.mask); err != nil {
-		return nil, err
-	}
-	if s.stop, err = e.resolveStop(r.StopWhen, s.mask); err != nil {
-		return nil, err
-	}
-	if err := e.checkSampling(&r); err != nil {
-		return nil, err
-	}
+	e.nextID++
+	h = &Handle{ID: e.nextID, Submitted: time.Now()}
+	s := &seqState{h: h, req: &r, res: &h.Result, slot: -1, vslot: -1, rng: rand.New(rand.NewPCG(r.Seed, 0x786d6978)),
+		mask: v.mask, overrides: v.overrides, vecs: v.vecs, layers: v.layers, stop: v.stop}
+	s.tokens = append(make([]int, 0, v.promptN+r.MaxTokens), InputIDs(e.cfg, r)...)
+	s.promptN = len(s.tokens)
+	h.Result.PromptTokens = s.promptN
 	e.startFired(s)
-	if r.MaxTokens <= 0 {
-		h.Done, h.Result.Reason = true, ReasonLength
-		return h, nil
-	}
 	// Sized for the whole request: nothing regrows on the decode loop's path.
 	s.res.Rows = make([]Row, 0, s.promptN+r.MaxTokens)
 	s.res.Tokens = make([]int, 0, r.MaxTokens)
@@ -675,31 +658,90 @@ func (e *Engine) Busy() bool {
 
 // Step admits queued requests and runs one forward over the running batch. It returns
 // false when there was nothing to do.
-func (e *Engine) Step() (bool, error) {
-	if err := e.admit(); err != nil {
-		return false, err
-	}
-	var active []*seqState
-	for _, s := range e.slots {
-		if s != nil {
-			active = append(active, s)
+//
+// One request's failure never stops the engine. A failure of a request's own work (its
+// admission, its rows' results; a panic there included) ends that request alone with
+// ReasonError; the step goes on for the others. A failure of the step itself (the backend,
+// or a panic outside any one request's work) ends every running request with ReasonError,
+// naming the step, and is returned; the engine stays usable, and queued requests run in
+// later steps.
+func (e *Engine) Step() (ran bool, err error) {
+	ran, err = e.tryStep()
+	if err != nil {
+		err = fmt.Errorf("step %d: %w", e.Stats.Steps, err)
+		for _, s := range e.slots {
+			if s != nil && !s.done {
+				e.fail(s, ReasonError, err)
+			}
 		}
-	}
-	if len(active) == 0 {
-		return false, nil
-	}
-	if err := e.step(active); err != nil {
-		return false, err
 	}
 	for i, s := range e.slots {
 		if s != nil && s.done {
 			e.retire(i)
 		}
 	}
-	return true, nil
+	return ran, err
+}
+
+// tryStep is Step's work, with a panic turned into its error.
+func (e *Engine) tryStep() (ran bool, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			ran, err = true, panicError("step", p)
+		}
+	}()
+	if err := e.admit(); err != nil {
+		return false, err
+	}
+	var active []*seqState
+	for _, s := range e.slots {
+		if s != nil && !s.done {
+			active = append(active, s)
+		}
+	}
+	if len(active) == 0 {
+		return false, nil
+	}
+	return true, e.step(active)
+}
+
+// fail ends s early: Reason why (ReasonNonFinite or ReasonError) and err's message.
+func (e *Engine) fail(s *seqState, why string, err error) {
+	s.done, s.res.Reason, s.res.Error = true, why, err.Error()
+}
+
+// guard runs f, a part of the step's work that concerns s alone: its error, or a panic,
+// ends s and no other request.
+func (e *Engine) guard(s *seqState, f func() error) {
+	defer func() {
+		if p := recover(); p != nil {
+			e.fail(s, ReasonError, panicError("request", p))
+		}
+	}()
+	if err := f(); err != nil {
+		e.fail(s, ReasonError, err)
+	}
+}
+
+// panicError turns a recovered panic into an error naming where it happened: the innermost
+// frame of this module's code.
+func panicError(what string, p any) error {
+	pcs := make([]uintptr, 32)
+	frames := runtime.CallersFrames(pcs[:runtime.Callers(3, pcs)])
+	for {
+		f, more := frames.Next()
+		if !strings.HasPrefix(f.Function, "runtime.") {
+			return fmt.Errorf("internal error in %s: %v (at %s:%d); please report it", what, p, filepath.Base(f.File), f.Line)
+		}
+		if !more {
+			return fmt.Errorf("internal error in %s: %v; please report it", what, p)
+		}
+	}
 }
 
 // Generate runs all requests to completion, batching them; results are in request order.
+// A request that ends early (ReasonNonFinite, ReasonError) does not stop the others: its
+// error is returned, joined with theirs, beside every result.
 func (e *Engine) Generate(reqs []Request) ([]Result, error) {
 	hs := make([]*Handle, len(reqs))
 	for i, r := range reqs {
@@ -715,10 +757,14 @@ func (e *Engine) Generate(reqs []Request) ([]Result, error) {
 		}
 	}
 	out := make([]Result, len(hs))
+	var errs []error
 	for i, h := range hs {
 		out[i] = h.Result
+		if h.Result.Error != "" {
+			errs = append(errs, fmt.Errorf("request %d: %s", i, h.Result.Error))
+		}
 	}
-	return out, nil
+	return out, errors.Join(errs...)
 }
 
 // admit moves queued requests into free slots while pages last. Pages for the whole
@@ -739,22 +785,24 @@ func (e *Engine) admit() error {
 		if free < 0 || need > len(e.freePage) || s.vecs != nil && len(e.pool.free) == 0 {
 			return nil
 		}
-		if err := e.takeVectorSlot(s); err != nil {
-			return err
-		}
 		s.pages = append([]uint32(nil), e.freePage[len(e.freePage)-need:]...)
 		e.freePage = e.freePage[:len(e.freePage)-need]
 		s.slot = free
 		e.slots[free] = s
 		e.queue = e.queue[1:]
-		row := make([]uint32, e.blocks)
-		copy(row, s.pages)
-		if err := e.writeTableRow(free, row); err != nil {
-			return err
-		}
-		if err := e.writeScalars(s); err != nil {
-			return err
-		}
+		// What is written for s concerns s alone: a failure ends it, and Step frees what it
+		// holds (pages, slot, vector slot).
+		e.guard(s, func() error {
+			if err := e.takeVectorSlot(s); err != nil {
+				return err
+			}
+			row := make([]uint32, e.blocks)
+			copy(row, s.pages)
+			if err := e.writeTableRow(free, row); err != nil {
+				return err
+			}
+			return e.writeScalars(s)
+		})
 	}
 	return nil
 }
@@ -922,29 +970,43 @@ func (e *Engine) run(t bundle.Template, rows []stepRow) error {
 		}
 	}
 	for _, r := range sampled {
-		s := r.s
-		tok := int(ids[r.sample])
-		if tok >= c.Vocab {
-			return fmt.Errorf("sampler returned token %d outside the vocabulary %d", tok, c.Vocab)
+		if !r.s.done {
+			e.guard(r.s, func() error { return e.take(r, ids[r.sample], now, lps) })
 		}
-		fed := tok
-		if k := len(s.res.Tokens); k < len(s.req.Force) {
-			fed = s.req.Force[k]
-		}
-		s.tokens = append(s.tokens, fed)
-		s.res.Tokens = append(s.res.Tokens, tok)
-		s.h.TokenTimes = append(s.h.TokenTimes, now)
-		if lpk[r.sample] != 0 {
-			s.res.Logprobs = append(s.res.Logprobs, e.tokenLogprob(lps, r.sample, tok, s.req))
-		}
-		switch {
-		case isEOS(c, fed) && !s.req.IgnoreEOS:
-			s.done, s.res.Reason = true, ReasonStop
-		case s.stop != nil && s.stop.crossed(s.res.Rows[r.pos].Exports):
-			s.done, s.res.Reason = true, ReasonStopWhen
-		case len(s.res.Tokens) >= s.req.MaxTokens:
-			s.done, s.res.Reason = true, ReasonLength
-		}
+	}
+	return nil
+}
+
+// take records the token sampled at r (and its logprobs, from the step's rows lps, when the
+// request asked), or ends r's request when its logits were not finite.
+func (e *Engine) take(r stepRow, id uint32, now time.Time, lps []float32) error {
+	s, c := r.s, e.cfg
+	if id == ops.NonFinite {
+		e.fail(s, ReasonNonFinite, fmt.Errorf("generation step %d: the logits at position %d are not finite (the forward overflowed, or an app wrote a NaN or an infinity), so no token %d was sampled",
+			len(s.res.Tokens), r.pos, len(s.res.Tokens)))
+		return nil
+	}
+	if int64(id) >= int64(c.Vocab) {
+		return fmt.Errorf("the sampler returned token %d outside the vocabulary (0-%d) at position %d", id, c.Vocab-1, r.pos)
+	}
+	tok := int(id)
+	fed := tok
+	if k := len(s.res.Tokens); k < len(s.req.Force) {
+		fed = s.req.Force[k]
+	}
+	s.tokens = append(s.tokens, fed)
+	s.res.Tokens = append(s.res.Tokens, tok)
+	s.h.TokenTimes = append(s.h.TokenTimes, now)
+	if lps != nil && wantsLogprobs(s.req) != 0 {
+		s.res.Logprobs = append(s.res.Logprobs, e.tokenLogprob(lps, r.sample, tok, s.req))
+	}
+	switch {
+	case isEOS(c, fed) && !s.req.IgnoreEOS:
+		s.done, s.res.Reason = true, ReasonStop
+	case s.stop != nil && s.stop.crossed(s.res.Rows[r.pos].Exports):
+		s.done, s.res.Reason = true, ReasonStopWhen
+	case len(s.res.Tokens) >= s.req.MaxTokens:
+		s.done, s.res.Reason = true, ReasonLength
 	}
 	return nil
 }

@@ -1,14 +1,5 @@
 package loader
 
-// Why a request finished (Result.Reason): the OpenAI API's finish reasons where it has one,
-// so the CLI and the server speak one vocabulary.
-const (
-	ReasonStop      = "stop"      // it generated an end-of-sequence token
-	ReasonLength    = "length"    // it generated MaxTokens tokens
-	ReasonCancelled = "cancelled" // Cancel removed it
-	ReasonStopWhen  = "stop_when" // a one-value export crossed Request.StopWhen's threshold
-)
-
 // Cancel removes the request h follows, at this step boundary (the engine is driven by one
 // goroutine, and Cancel is called between its steps): a queued request leaves the queue, a
 // running one leaves its sequence slot and its KV pages return to the pool. Its Result keeps

@@ -57,11 +57,11 @@ func (e *Engine) checkSampling(r *Request) error {
 	k := e.cfg.Logprobs
 	switch {
 	case r.TopLogprobs < 0 || r.TopLogprobs > k && k > 0:
-		return fmt.Errorf("top_logprobs %d: want 0 to %d", r.TopLogprobs, k)
+		return invalid("top_logprobs", "top_logprobs %d: want 0 to %d", r.TopLogprobs, k)
 	case (r.Logprobs || r.TopLogprobs > 0) && k == 0:
-		return fmt.Errorf("logprobs: this bundle was built without them (serving.max_logprobs: 0)")
+		return invalid("logprobs", "logprobs: this bundle was built without them (serving.max_logprobs: 0)")
 	case r.MinTokens < 0 || r.MinTokens > max(0, r.MaxTokens):
-		return fmt.Errorf("min_tokens %d: want 0 to max_tokens (%d)", r.MinTokens, r.MaxTokens)
+		return invalid("min_tokens", "min_tokens %d: want 0 to max_tokens (%d)", r.MinTokens, r.MaxTokens)
 	}
 	return nil
 }

@@ -12,7 +12,9 @@ func init() {
 
 // SampleAttrs configures op "sample": one token per sample from logits [samples, Vocab]
 // (parameters logits, temperature, top_p, rng, out). Samples come from Grid[0] and the block
-// size (Block[0], a multiple of 32) fixes the summation order, as in the kernel.
+// size (Block[0], a multiple of 32) fixes the summation order, as in the kernel. A sample
+// whose logits are not all finite gets NonFinite instead of a token, greedy or not, and no
+// override replaces it.
 type SampleAttrs struct {
 	Vocab int `json:"vocab"`
 	// Logprobs > 0: after out come lp_k ([samples] u32: 0, or 1 + how many top tokens the
@@ -23,7 +25,7 @@ type SampleAttrs struct {
 	// their logprobs from column 1+Logprobs. Other samples' rows are left alone.
 	Logprobs int `json:"logprobs,omitempty"`
 	// EOS, when set, is the end-of-sequence ids: the kernel then takes eos_ban ([samples]
-	// u32, after lp_out) and samples with those logits at -inf where it is not 0 (a request
+	// u32, after lp_out) and samples with those logits at -MaxFloat32 (the lowest finite value, which the non-finite check passes) where it is not 0 (a request
 	// under min_tokens), leaving the logits as it found them.
 	EOS []int `json:"eos,omitempty"`
 	// Overrides are the token_override ops fused into the sampler (hook sampled). With any,
@@ -82,6 +84,12 @@ func OverrideControl(ovs []TokenOverride) (tokens, gen, latch bool) {
 	_, latch, _ = MIRequestControl(shells)
 	return tokens, gen, latch
 }
+
+// NonFinite is the sampler's answer for a sample whose logits are not all finite (a NaN or
+// an infinity: the forward overflowed, or an app wrote one): no token, which the engine
+// reports as the request's end instead of feeding it back. It is above any vocabulary
+// (at most 2^24 ids) and differs from NoRow.
+const NonFinite = 0xFFFFFFFE
 
 // TokenID converts an override's f32 token to the u32 the sampler stores, as PTX
 // cvt.rzi.u32.f32 does: toward zero, saturating, NaN to 0.
@@ -161,11 +169,11 @@ func buildSample(attrs []byte) (Runner, error) {
 				if ban != nil && ban[i] != 0 {
 					banned = append(banned[:0], row...)
 					for _, e := range a.EOS {
-						banned[e] = float32(math.Inf(-1))
+						banned[e] = -math.MaxFloat32
 					}
 					row = banned
 				}
-				out[i] = uint32(s.sample(row, temp[i], topP[i], rng[i]))
+				out[i] = s.sample(row, temp[i], topP[i], rng[i])
 			}
 		})
 		override(out)
@@ -333,7 +341,7 @@ func (a SampleAttrs) bindOverrides(args []Arg, n int) (func(out []uint32), error
 	return func(out []uint32) {
 		for i := range n {
 			r := sRow[i]
-			if r == NoRow {
+			if r == NoRow || out[i] == NonFinite {
 				continue
 			}
 			for j, o := range a.Overrides {
@@ -375,9 +383,17 @@ func newSampler(vocab, nt int) *sampler {
 		part: make([]float32, nt), vocab: vocab, segLen: (vocab + nt - 1) / nt}
 }
 
-func (s *sampler) sample(logits []float32, temp, topP float32, rng uint32) int {
+func (s *sampler) sample(logits []float32, temp, topP float32, rng uint32) uint32 {
+	// The kernel adds x-x over the row, which is NaN as soon as one x is NaN or infinite.
+	var bad float32
+	for _, x := range logits {
+		bad += x - x
+	}
+	if bad != bad {
+		return NonFinite
+	}
 	if !(temp > 0) {
-		return argmax(logits)
+		return uint32(argmax(logits))
 	}
 	m := float32(math.Inf(-1))
 	for _, v := range logits {
@@ -406,7 +422,7 @@ func (s *sampler) sample(logits []float32, temp, topP float32, rng uint32) int {
 		}
 		thr = lo
 	}
-	return s.pick(thr, rng)
+	return uint32(s.pick(thr, rng))
 }
 
 // keepAbove drops candidates below thr: they add nothing to any later sum (adding +0 leaves

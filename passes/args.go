@@ -8,6 +8,7 @@ import (
 	"sort"
 	"strings"
 
+	"xmix/bundle"
 	"xmix/frontend"
 	"xmix/input"
 	"xmix/safetensors"
@@ -40,6 +41,9 @@ type argFact struct {
 	Unit     bool       // vector is normalised to unit length at compile time
 	Omit     bool       // scalar: when absent the op does without it (index -1)
 	Slot     scalarSlot // scalar: the index it binds
+	// Scales, for a scalar, names the vector argument it multiplies: their product must
+	// stay finite in f32, which bounds the scalar (Scalar.Limit).
+	Scales string
 	// Unless names an argument that replaces this scalar: with it given, the scalar is not
 	// bound, and giving both is an error.
 	Unless string
@@ -89,7 +93,7 @@ var Templates = map[string]TemplateFact{
 	}, OutCols: func(*MIOp) int { return 1 }},
 	"steer_add": {Kind: "write", Args: map[string]argFact{
 		"vector": {Kind: argVector, Required: true},
-		"alpha":  {Kind: argScalar, Default: 1},
+		"alpha":  {Kind: argScalar, Default: 1, Scales: "vector"},
 	}},
 	"project_out": {Kind: "write", Args: map[string]argFact{
 		"direction": {Kind: argVector, Required: true, Unit: true},
@@ -122,7 +126,7 @@ var Templates = map[string]TemplateFact{
 	// router_bias: logits += alpha * bias, before softmax and top-k (SteerMoE).
 	"router_bias": {Kind: "write", Hooks: []string{"router_logits"}, Args: map[string]argFact{
 		"bias":  {Kind: argVector, Required: true},
-		"alpha": {Kind: argScalar, Default: 1},
+		"alpha": {Kind: argScalar, Default: 1, Scales: "bias"},
 	}},
 	// token_override: the sampled token becomes `token` (a run-time replaceable scalar, so a
 	// request may override it); fused into the sampler.
@@ -324,6 +328,17 @@ func bindOp(p *Program, a *AppPlan, op *MIOp, spec frontend.Op, files map[string
 			}
 		}
 	}
+	for _, name := range argNames(t) {
+		if f := t.Args[name]; f.Kind == argScalar && f.Scales != "" && op.Alpha >= 0 && op.Vec != "" {
+			at := spec.KernelPos
+			if arg, has := given[name]; has {
+				at = arg.Pos
+			}
+			if err := boundProduct(a, op, given[f.Scales].Word, at); err != nil {
+				return err
+			}
+		}
+	}
 	if op.Template == "token_override" {
 		if v := a.Scalars[op.Alpha].Value; v != float32(math.Trunc(float64(v))) || v < 0 || v >= float32(p.Model.Vocab) {
 			return frontend.Errorf(spec.KernelPos, fmt.Sprintf("model %q has tokens 0-%d", p.Model.Name, p.Model.Vocab-1),
@@ -474,6 +489,43 @@ func checkWidth(a *AppPlan, arg frontend.Arg, buf string, op *MIOp) error {
 	return nil
 }
 
+// boundProduct records that op's scalar Alpha multiplies its vector (param word) and refuses
+// a value whose product with it overflows f32, or, at a hook of the residual stream, whose
+// product makes the next RMSNorm's sum of squares overflow.
+func boundProduct(a *AppPlan, op *MIOp, word string, at frontend.Pos) error {
+	var data []float32
+	for _, v := range a.Vectors {
+		if v.Buffer == op.Vec {
+			data = v.Data
+		}
+	}
+	h := hookFact(op.Hook)
+	residual := h != nil && (h.Role == RoleResid || h.Role == RoleDelta)
+	s := &a.Scalars[op.Alpha]
+	s.Scales, s.Residual, s.Limit = op.Vec, residual, bundle.ProductLimit(data, residual)
+	if v := s.Value; math.Abs(float64(v)) > float64(s.Limit) {
+		_, name, _ := strings.Cut(s.Name, ".")
+		what := "overflows float32"
+		if residual {
+			what = "overflows float32 in the residual stream's next RMSNorm"
+		}
+		return frontend.Errorf(at, fmt.Sprintf("with this %s, at most %.4g in magnitude", word, s.Limit),
+			"%s %g times param %s (largest value %.4g) %s", name, v, word, bundle.MaxAbs(data), what)
+	}
+	return nil
+}
+
+// finite refuses a param whose values are not all finite, naming the first bad one.
+func finite(prm *frontend.Param, v []float32) error {
+	for i, x := range v {
+		if math.IsNaN(float64(x)) || math.IsInf(float64(x), 0) {
+			return frontend.Errorf(prm.Pos, "every value of a param must be finite",
+				"%s: tensor %s: value %d is %v", prm.File, prm.Tensor, i, x)
+		}
+	}
+	return nil
+}
+
 // scalarValue reads a scalar argument: a number, or a param with exactly one element.
 func scalarValue(a *AppPlan, arg frontend.Arg, files map[string]*safetensors.File) (float32, error) {
 	if arg.Number != nil {
@@ -530,6 +582,9 @@ func paramData(a *AppPlan, arg frontend.Arg, files map[string]*safetensors.File,
 	v, err := t.Float32s()
 	if err != nil {
 		return nil, frontend.Errorf(prm.Pos, "store it as F32, F16 or BF16", "tensor %s: %v", prm.Tensor, err)
+	}
+	if err := finite(prm, v); err != nil {
+		return nil, err
 	}
 	return v, nil
 }

@@ -344,7 +344,7 @@ ops:
 		t.Fatal(err)
 	}
 	a := p.Apps[0]
-	if got := fmt.Sprint(a.Scalars); got != "[{op1.alpha 3} {op1.threshold 0.25}]" {
+	if got := fmt.Sprint(a.Scalars); got != "[{op1.alpha 3 app.a.param.v true 1.2915303e+18} {op1.threshold 0.25  false 0}]" {
 		t.Fatalf("app a scalars %s", got)
 	}
 	if got := fmt.Sprint(p.Latches); got != "[[65 66] [70]]" {

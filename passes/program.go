@@ -77,10 +77,16 @@ func (a *AppPlan) TableWidth() int {
 	return n
 }
 
-// Scalar is one entry of an app's scalar table (run-time replaceable).
+// Scalar is one entry of an app's scalar table (run-time replaceable). A scalar that
+// multiplies a vector (steer_add's alpha) names that vector's buffer in Scales, and Limit is
+// bundle.ProductLimit of it (Residual: at a hook of the residual stream); 0: no product is
+// known.
 type Scalar struct {
-	Name  string
-	Value float32
+	Name     string
+	Value    float32
+	Scales   string
+	Residual bool
+	Limit    float32
 }
 
 // Vector is an app parameter tensor loaded at compile time; Buffer is its device buffer.

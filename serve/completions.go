@@ -27,7 +27,7 @@ func randomSeed() uint64 { return rand.Uint64() }
 // finishReason maps the engine's reason to the API's.
 func finishReason(engine string) string {
 	switch engine {
-	case loader.ReasonStop, loader.ReasonLength, loader.ReasonStopWhen:
+	case loader.ReasonStop, loader.ReasonLength, loader.ReasonStopWhen, loader.ReasonNonFinite:
 		return engine
 	case loader.ReasonCancelled:
 		return finishTimeout // the only cancellation a client sees: the client itself left otherwise
@@ -53,6 +53,9 @@ type xmixResult struct {
 	// Fired counts, per op of each enabled app ("app.opN"), the (token, layer) sites where
 	// it changed or read the request's rows: {} without apps.
 	Fired *loader.Fired `json:"fired,omitempty"`
+	// Error says why a request ended early with finish_reason "nonfinite" (its logits held a
+	// NaN or an infinity, so no token could be sampled).
+	Error string `json:"error,omitempty"`
 }
 
 // firedOf is a view's counts, {} rather than null when the request enables no app.
@@ -166,8 +169,8 @@ func (sv *Server) generate(w http.ResponseWriter, r *http.Request, isChat bool) 
 		fail(err)
 		return
 	}
-	c.j = newJob(c.p.req, len(c.p.exports) > 0)
-	if err := sv.submit(r.Context(), c.j); err != nil {
+	j := newJob(c.p.req, len(c.p.exports) > 0)
+	if err := sv.submit(r.Context(), j); err != nil {
 		if errors.Is(err, errClientGone) {
 			c.outcome = "cancelled"
 			return
@@ -175,6 +178,7 @@ func (sv *Server) generate(w http.ResponseWriter, r *http.Request, isChat bool) 
 		fail(err)
 		return
 	}
+	c.j = j // from here on the request runs: it is counted and, if left, cancelled
 	sv.metrics.enabled(c.p.apps)
 	c.dec = newStreamDecoder(sv.tok)
 	c.stop = stopMatcher{stops: gr.stop, includeStop: gr.includeStop}
@@ -271,6 +275,9 @@ func (sv *Server) whole(ctx context.Context, w http.ResponseWriter, r *http.Requ
 			break
 		}
 		if v.finished {
+			if v.reason == loader.ReasonError {
+				return c.failed(v)
+			}
 			text.WriteString(c.end(finishReason(v.reason)))
 			break
 		}
@@ -319,6 +326,19 @@ func (c *call) stopReason() *string {
 	return nil
 }
 
+// failed is the answer to a request the engine failed (loader.ReasonError): a 500 naming it.
+func (c *call) failed(v view) *apiError {
+	return &apiError{status: http.StatusInternalServerError, code: "engine_error", message: fmt.Sprintf("request %s: %s", c.id, v.err)}
+}
+
+// earlyEnd is why a finished request ended without a normal finish ("" when it did not).
+func (c *call) earlyEnd(v view) string {
+	if v.finished && v.reason == loader.ReasonNonFinite && c.finish == loader.ReasonNonFinite {
+		return v.err
+	}
+	return ""
+}
+
 // header is a response (or, chunk, an SSE chunk) without choices.
 func (c *call) header(chunk bool) response {
 	obj := "text_completion"
@@ -345,6 +365,7 @@ func (c *call) xmixResult(v view, from, to int, whole bool) *xmixResult {
 	}
 	if whole {
 		x.Fired = firedOf(v)
+		x.Error = c.earlyEnd(v)
 	}
 	return x
 }

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+
+	"xmix/loader"
 )
 
 // apiError is an error answered as OpenAI's error object: {"error": {"message", "type",
@@ -50,20 +52,31 @@ type errorBody struct {
 	Error errorObject `json:"error"`
 }
 
-// asAPIError turns any error into an apiError; errors that are not one are the request's
-// fault (the engine's refusals: an unknown app, a prompt too long), a 400.
+// asAPIError turns any error into an apiError: the engine's refusals of a request
+// (loader.RequestError: an unknown app, a prompt too long) are a 400 naming the field,
+// anything else a failure of the server's, a 500.
 func asAPIError(err error) *apiError {
 	var ae *apiError
 	if errors.As(err, &ae) {
 		return ae
+	}
+	var re *loader.RequestError
+	if errors.As(err, &re) {
+		return &apiError{status: http.StatusBadRequest, message: re.Msg, param: requestParam[re.Field]}
 	}
 	var mb *http.MaxBytesError
 	if errors.As(err, &mb) {
 		return &apiError{status: http.StatusRequestEntityTooLarge, code: "request_too_large",
 			message: fmt.Sprintf("the request body is larger than %d bytes", mb.Limit)}
 	}
-	return &apiError{status: http.StatusBadRequest, message: err.Error()}
+	return &apiError{status: http.StatusInternalServerError, message: err.Error()}
 }
+
+// requestParam is the API's name of each engine request field (loader.RequestError.Field):
+// the MI ones sit in the xmix object.
+var requestParam = map[string]string{"max_tokens": "max_tokens", "temperature": "temperature", "top_p": "top_p",
+	"logprobs": "logprobs", "top_logprobs": "top_logprobs", "min_tokens": "min_tokens", "prompt": "prompt",
+	"apps": "xmix.apps", "set": "xmix.set", "vectors": "xmix.vectors", "layers": "xmix.layers", "stop_when": "xmix.stop_when"}
 
 func (e *apiError) body() errorBody {
 	o := errorObject{Message: e.message, Type: errorType[e.status]}

@@ -30,7 +30,20 @@ type built struct {
 	err  error
 }
 
-var tiny, tinyPR built
+var tiny, tinyPR, tinyBlowup built
+
+// blowupApp scales the logits by 1e60 from the third generated token on: they overflow, so
+// no token can be sampled there.
+const blowupApp = `app: blowup
+ops:
+  - write: {at: {hook: logits}, kernel: scale, args: {alpha: 1e30}, when: {steps: {from: 2}}}
+  - write: {at: {hook: logits}, kernel: scale, args: {alpha: 1e30}, when: {steps: {from: 2}}}
+`
+
+// tinyBlowupBundle is tiny with its demo apps and blowup.
+func tinyBlowupBundle(t testing.TB) *bundle.Bundle {
+	return tinyBlowup.get(t, map[string]string{"apps/blowup.yaml": blowupApp})
+}
 
 // tinyBundle is the embedded default model with its two demo apps (tiny-steer, tiny-probe),
 // built once per test binary; every call returns a fresh copy to change freely.
@@ -89,8 +102,8 @@ func (c *built) get(t testing.TB, extra map[string]string) *bundle.Bundle {
 	return b
 }
 
-// engineFor loads b on the CPU backend.
-func engineFor(t testing.TB, b *bundle.Bundle) (*loader.Engine, loader.Tokenizer) {
+// backendFor loads b on the CPU backend.
+func backendFor(t testing.TB, b *bundle.Bundle) loader.Backend {
 	t.Helper()
 	w, err := loader.OpenWeights(b, "")
 	if err != nil {
@@ -102,6 +115,18 @@ func engineFor(t testing.TB, b *bundle.Bundle) (*loader.Engine, loader.Tokenizer
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { be.Close() })
+	return be
+}
+
+// engineFor loads b on the CPU backend.
+func engineFor(t testing.TB, b *bundle.Bundle) (*loader.Engine, loader.Tokenizer) {
+	t.Helper()
+	return engineOn(t, b, backendFor(t, b))
+}
+
+// engineOn runs b's engine on be.
+func engineOn(t testing.TB, b *bundle.Bundle, be loader.Backend) (*loader.Engine, loader.Tokenizer) {
+	t.Helper()
 	eng, err := loader.NewEngine(b, be)
 	if err != nil {
 		t.Fatal(err)

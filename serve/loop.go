@@ -35,6 +35,7 @@ type job struct {
 	fired     loader.Fired // a copy: the engine counts in its own
 	logprobs  []loader.TokenLogprob
 	reason    string
+	err       string // why it ended early (loader.Result.Error)
 	finished  bool
 	promptLen int
 }
@@ -51,6 +52,7 @@ type view struct {
 	fired     loader.Fired // the counts so far; its backing array is the view's own
 	logprobs  []loader.TokenLogprob
 	reason    string
+	err       string
 	finished  bool
 	promptLen int
 }
@@ -59,7 +61,7 @@ func (j *job) view() view {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	return view{tokens: j.tokens, times: j.times, rows: j.rows, fired: slices.Clone(j.fired), logprobs: j.logprobs,
-		reason: j.reason, finished: j.finished, promptLen: j.promptLen}
+		reason: j.reason, err: j.err, finished: j.finished, promptLen: j.promptLen}
 }
 
 // publish copies what the engine produced for j since the last call; it reports whether j
@@ -76,7 +78,7 @@ func (j *job) publish() bool {
 	j.fired = append(j.fired[:0], r.Fired...)
 	j.logprobs = append(j.logprobs, r.Logprobs[len(j.logprobs):]...)
 	if h.Done {
-		j.finished, j.reason = true, r.Reason
+		j.finished, j.reason, j.err = true, r.Reason, r.Error
 	}
 	done := j.finished
 	j.mu.Unlock()
@@ -88,8 +90,8 @@ func (j *job) publish() bool {
 }
 
 // loop owns the engine: it takes messages between steps and publishes each step's tokens to
-// their jobs. It returns when ctx ends or a step fails.
-func (sv *Server) loop(ctx context.Context) error {
+// their jobs. It returns when ctx ends.
+func (sv *Server) loop(ctx context.Context) {
 	defer close(sv.stopped)
 	eng := sv.eng
 	var live []*job
@@ -122,7 +124,7 @@ func (sv *Server) loop(ctx context.Context) error {
 			case m := <-sv.inbox:
 				handle(m)
 			case <-ctx.Done():
-				return nil
+				return
 			}
 		}
 	drain:
@@ -137,16 +139,18 @@ func (sv *Server) loop(ctx context.Context) error {
 		// Shutdown cancels ctx once the handlers are done or its time is up; requests still
 		// running then belong to clients that left or ran out of time.
 		if ctx.Err() != nil {
-			return nil
+			return
 		}
 		if eng.Busy() {
 			before := eng.Stats
 			start := time.Now()
-			if _, err := eng.Step(); err != nil {
-				sv.err = err
-				return err
+			// A step that fails has ended its requests (their handlers answer 500) and the
+			// engine goes on with the queue; health reports it until a step succeeds.
+			_, err := eng.Step()
+			sv.failing.Store(&stepError{err})
+			if err == nil {
+				sv.observeStep(before, eng.Stats, time.Since(start))
 			}
-			sv.observeStep(before, eng.Stats, time.Since(start))
 		}
 		sv.observeLoad(eng.Load())
 		kept := live[:0]
@@ -195,3 +199,6 @@ func (sv *Server) wait(ctx context.Context, j *job) bool {
 		return false
 	}
 }
+
+// stepError is the last step's error, nil when it succeeded.
+type stepError struct{ err error }

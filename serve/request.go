@@ -6,7 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
+	"net/http"
 	"reflect"
 	"slices"
 	"sort"
@@ -182,7 +182,11 @@ var fieldTables = [2]map[string]field{fieldsOf(false), fieldsOf(true)}
 func readObject(body io.Reader) (map[string]json.RawMessage, error) {
 	data, err := io.ReadAll(body)
 	if err != nil {
-		return nil, asAPIError(err)
+		var mb *http.MaxBytesError
+		if errors.As(err, &mb) {
+			return nil, asAPIError(err)
+		}
+		return nil, badRequest("", "reading the request body: %v", err)
 	}
 	dec := json.NewDecoder(bytes.NewReader(data))
 	var obj map[string]json.RawMessage
@@ -471,27 +475,10 @@ func (r *genRequest) check() error {
 	if r.n != 1 {
 		return badRequest("n", "n %d: only one choice per request is implemented", r.n)
 	}
-	if r.maxTokens != nil && *r.maxTokens < 1 {
-		name := "max_tokens"
-		if r.chat {
-			name = "max_tokens or max_completion_tokens"
-		}
-		return badRequest("max_tokens", "%s %d: must be at least 1", name, *r.maxTokens)
-	}
-	if t := r.temperature; t != nil && (*t < 0 || math.IsNaN(float64(*t)) || math.IsInf(float64(*t), 0)) {
-		return badRequest("temperature", "temperature %g: want a number >= 0 (0: greedy)", *t)
-	}
-	if p := r.topP; p != nil && !(*p > 0 && *p <= 1) {
-		return badRequest("top_p", "top_p %g: want a number in (0, 1]", *p)
-	}
+	// Sampling values and sizes are the engine's to check (loader.Engine.Check, which xmix run
+	// shares); what is checked here is the API's own: its shapes and combinations.
 	if r.chat && r.topLogprobs > 0 && !r.logprobs {
 		return badRequest("top_logprobs", "top_logprobs %d needs \"logprobs\": true", r.topLogprobs)
-	}
-	if r.topLogprobs < 0 {
-		return badRequest("top_logprobs", "top_logprobs %d: want 0 or more", r.topLogprobs)
-	}
-	if r.minTokens < 0 {
-		return badRequest("min_tokens", "min_tokens %d: want 0 or more", r.minTokens)
 	}
 	if len(r.prompt) > maxPromptTokens {
 		return badRequest("prompt", "prompt: %d token ids; at most %d", len(r.prompt), maxPromptTokens)

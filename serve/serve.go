@@ -70,9 +70,9 @@ type Server struct {
 	perRequest map[string]bundle.Vector
 
 	inbox chan message
-	// stopped is closed when the loop ends; err says why when a step failed.
+	// stopped is closed when the loop ends; failing holds the last step's error.
 	stopped chan struct{}
-	err     error
+	failing atomic.Pointer[stepError]
 	// pending counts requests sent to the loop that it has not yet submitted; queued is
 	// the engine's queue after the last step. Their sum is what --max-queue bounds.
 	pending atomic.Int64
@@ -143,15 +143,13 @@ func New(cfg Config) (*Server, error) {
 func (sv *Server) Serve(ctx context.Context, ln net.Listener, grace time.Duration) error {
 	loopCtx, stopLoop := context.WithCancel(context.Background())
 	defer stopLoop()
-	loopDone := make(chan error, 1)
-	go func() { loopDone <- sv.loop(loopCtx) }()
+	loopDone := make(chan struct{})
+	go func() { sv.loop(loopCtx); close(loopDone) }()
 	hs := &http.Server{Handler: sv.Handler(), ReadHeaderTimeout: timeouts.ReadHeader, ReadTimeout: timeouts.Read, IdleTimeout: timeouts.Idle}
 	httpDone := make(chan error, 1)
 	go func() { httpDone <- hs.Serve(ln) }()
-	var loopErr error
 	select {
 	case <-ctx.Done():
-	case loopErr = <-loopDone:
 	case err := <-httpDone:
 		stopLoop()
 		<-loopDone
@@ -163,12 +161,7 @@ func (sv *Server) Serve(ctx context.Context, ln net.Listener, grace time.Duratio
 	// until they have their results.
 	shutErr := hs.Shutdown(sctx)
 	stopLoop()
-	if loopErr == nil {
-		loopErr = <-loopDone
-	}
-	if loopErr != nil {
-		return fmt.Errorf("engine: %w", loopErr)
-	}
+	<-loopDone
 	if shutErr != nil {
 		return fmt.Errorf("shutdown: %w (in-flight requests cut off after %v)", shutErr, grace)
 	}
@@ -186,7 +179,7 @@ var timeouts = struct{ ReadHeader, Read, Idle, Write time.Duration }{
 
 // Endpoints lists what the server answers, for --help and the 404 message.
 var Endpoints = []string{
-	"GET  /health, /healthz            200 while the engine runs, 503 once it stopped",
+	"GET  /health, /healthz            200 while the engine serves, 503 after a failed step or once shutting down",
 	"GET  /v1/models[/{model}]         the served model (--served-model-name)",
 	"POST /v1/completions              OpenAI completions, \"stream\": true for SSE",
 	"POST /v1/chat/completions         OpenAI chat completions through the model's chat template",
@@ -221,9 +214,15 @@ func (sv *Server) Handler() http.Handler {
 		select {
 		case <-sv.stopped:
 			writeError(w, sv.stoppedErr())
+			return
 		default:
-			writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 		}
+		if f := sv.failing.Load(); f != nil && f.err != nil {
+			writeError(w, &apiError{status: http.StatusServiceUnavailable, code: "step_failed",
+				message: fmt.Sprintf("the engine's last step failed: %v", f.err)})
+			return
+		}
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	}
 	route("/health", map[string]http.HandlerFunc{"GET": health})
 	route("/healthz", map[string]http.HandlerFunc{"GET": health})
@@ -261,9 +260,6 @@ func recoverPanics(h http.Handler, logf func(string, ...any)) http.Handler {
 }
 
 func (sv *Server) stoppedErr() *apiError {
-	if sv.err != nil {
-		return &apiError{status: http.StatusServiceUnavailable, code: "engine_failed", message: fmt.Sprintf("the engine failed: %v", sv.err)}
-	}
 	return &apiError{status: http.StatusServiceUnavailable, code: "shutting_down", message: "the server is shutting down"}
 }
 

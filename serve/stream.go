@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"net/http"
 	"time"
+
+	"xmix/loader"
 )
 
 // sse writes server-sent events: "data: {json}\n\n" per chunk, "data: [DONE]" at the end.
@@ -58,6 +60,11 @@ func (sv *Server) stream(ctx context.Context, w http.ResponseWriter, r *http.Req
 	}
 	for c.finish == "" {
 		v := c.j.view()
+		if v.finished && v.reason == loader.ReasonError {
+			out.event(c.failed(v).body())
+			c.outcome = "error"
+			break
+		}
 		for c.n < len(v.tokens) && c.finish == "" {
 			k := c.n
 			text := c.add(v.tokens[k])
@@ -140,11 +147,12 @@ func (c *call) chunk(text string, completion bool, delta *chatMessage, fin *stri
 		e := tokenExports(c.p.exports, v.rows, v.promptLen, k, k+1)
 		resp.Xmix = &xmixResult{Exports: &e}
 	}
-	if fin != nil { // the last chunk: the request's fired counts
+	if fin != nil { // the last chunk: the request's fired counts, and why it ended early
 		if resp.Xmix == nil {
 			resp.Xmix = &xmixResult{}
 		}
 		resp.Xmix.Fired = firedOf(v)
+		resp.Xmix.Error = c.earlyEnd(v)
 	}
 	if c.gr.includeUsage {
 		resp.Usage = nil // the usage comes in a chunk of its own

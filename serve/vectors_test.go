@@ -55,8 +55,8 @@ func TestPerRequestVectorsAndLayers(t *testing.T) {
 		{`, "vectors": {"tiny-pr.happy": [1, 2]}`, "xmix.vectors.tiny-pr.happy", "2 values; the param has 256"},
 		{`, "vectors": {"tiny-pr.happy": "AAAA"}`, "xmix.vectors.tiny-pr.happy", "3 bytes of base64 f32"},
 		{`, "vectors": ["x"]`, "xmix.vectors", "want an object"},
-		{`, "layers": {"tiny-pr.op0": [1]}`, "", "layer 1 is not one the op was compiled at"},
-		{`, "layers": {"tiny-steer.op0": [3]}`, "", "not an op with per-request layers"},
+		{`, "layers": {"tiny-pr.op0": [1]}`, "xmix.layers", "layer 1 is not one the op was compiled at"},
+		{`, "layers": {"tiny-steer.op0": [3]}`, "xmix.layers", "not an op with per-request layers"},
 	} {
 		code, _, data := do(t, "POST", ts.url+"/v1/completions", fmt.Sprintf(base, c.x))
 		var e errorBody

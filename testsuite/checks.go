@@ -632,6 +632,53 @@ var Checks = []struct {
 	{"token_override", CheckTokenOverride},
 	{"logit_lens", CheckLogitLens},
 	{"custom_kernel", CheckCustomKernel},
+	{"nonfinite_logits", CheckNonFinite},
+}
+
+// CheckNonFinite: a request whose logits stop being finite ends there with ReasonNonFinite
+// and an error naming the step, keeping the tokens before it, greedy or sampled and whatever
+// token_override says; the request beside it in the batch runs on, bit-identical to a bare
+// bundle's.
+func CheckNonFinite(t *testing.T, nb NewBackend) {
+	// Two scales of 1e30 from the row of gen 2 on (position 6, where token 3 is sampled):
+	// every logit that is not 0 overflows.
+	blowup := `app: blowup
+ops:
+  - write: {at: {hook: logits}, kernel: scale, args: {alpha: 1e30}, when: {steps: {from: 2}}}
+  - write: {at: {hook: logits}, kernel: scale, args: {alpha: 1e30}, when: {steps: {from: 2}}}
+`
+	force := `app: force
+ops:
+  - write: {at: {hook: sampled}, kernel: token_override, args: {token: 65}}
+`
+	withApp := Compile(t, SmallModel, blowup, force)
+	bare := Compile(t, SmallModel)
+	prompt := []int{10, 20, 30}
+	be := nb(t, withApp)
+	defer be.Close()
+	eng, err := loader.NewEngine(withApp, be)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := eng.Generate([]loader.Request{
+		{Prompt: prompt, Apps: []string{"blowup"}, MaxTokens: 6},
+		{Prompt: prompt, MaxTokens: 6},
+		{Prompt: prompt, Apps: []string{"blowup", "force"}, MaxTokens: 6, Temperature: 0.8, Seed: 5},
+	})
+	if err == nil || !strings.Contains(err.Error(), "request 0: generation step 3: the logits at position 6 are not finite") ||
+		!strings.Contains(err.Error(), "request 2: generation step 3:") || strings.Contains(err.Error(), "request 1") {
+		t.Fatalf("Generate: %v, want requests 0 and 2 named at generation step 3", err)
+	}
+	ref := Generate(t, nb, bare, []loader.Request{{Prompt: prompt, MaxTokens: 6}})[0]
+	for i, want := range []struct {
+		reason string
+		tokens []int
+	}{{loader.ReasonNonFinite, ref.Tokens[:3]}, {loader.ReasonLength, ref.Tokens}, {loader.ReasonNonFinite, []int{65, 65, 65}}} {
+		r := res[i]
+		if r.Reason != want.reason || !slices.Equal(r.Tokens, want.tokens) || (r.Error != "") != (want.reason == loader.ReasonNonFinite) {
+			t.Errorf("request %d: %s %v (%q), want %s %v", i, r.Reason, r.Tokens, r.Error, want.reason, want.tokens)
+		}
+	}
 }
 
 // routerApp is app "router": kernel (router_bias or router_mask) with its vector argument

@@ -3,8 +3,10 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -83,7 +85,10 @@ func (f runFlags) overrides() (map[string]float32, error) {
 			return nil, fmt.Errorf("--set %q: want app.scalar=value, e.g. tiny-steer.op0.alpha=20", s)
 		}
 		v, err := strconv.ParseFloat(strings.TrimSpace(val), 32)
-		if err != nil {
+		switch {
+		case errors.Is(err, strconv.ErrRange):
+			return nil, fmt.Errorf("--set %q: %s is out of float32 range (at most %.4g in magnitude)", s, val, math.MaxFloat32)
+		case err != nil:
 			return nil, fmt.Errorf("--set %q: %q is not a number", s, val)
 		}
 		m[strings.TrimSpace(name)] = float32(v)
@@ -320,6 +325,7 @@ type jsonResult struct {
 	Text   string       `json:"text"`
 	Tokens []int        `json:"tokens"`
 	Reason string       `json:"finish_reason"`
+	Error  string       `json:"error,omitempty"` // why it ended early (finish_reason nonfinite or error)
 	Usage  jsonUsage    `json:"usage"`
 	Xmix   jsonXmix     `json:"xmix"`
 	Rows   []loader.Row `json:"rows,omitempty"` // every forward row, prompt ones included
@@ -352,11 +358,22 @@ func (s *session) generate(w io.Writer, f runFlags, prompts []string, apps [][]s
 		}
 		reqs[i] = loader.Request{Prompt: ids, Verbatim: f.chat, Apps: apps[i], MaxTokens: f.maxTokens,
 			Temperature: f.temperature, TopP: f.topP, Seed: f.seed + uint64(i), Overrides: overrides}
+		// The check the server makes, reported by the flag that set the field.
+		if err := s.eng.Check(&reqs[i]); err != nil {
+			var bad *loader.RequestError
+			if errors.As(err, &bad) && requestFlags[bad.Field] != "" {
+				if bad.Field == "prompt" || bad.Field == "apps" {
+					return fmt.Errorf("%s (prompt %d): %w", requestFlags[bad.Field], i, err)
+				}
+				return fmt.Errorf("%s: %w", requestFlags[bad.Field], err)
+			}
+			return fmt.Errorf("prompt %d: %w", i, err)
+		}
 	}
 	start := time.Now()
-	res, err := s.eng.Generate(reqs)
-	if err != nil {
-		return err
+	res, genErr := s.eng.Generate(reqs)
+	if res == nil {
+		return genErr
 	}
 	el := time.Since(start)
 	n := 0
@@ -372,7 +389,7 @@ func (s *session) generate(w io.Writer, f runFlags, prompts []string, apps [][]s
 	if f.asJSON {
 		out := make([]jsonResult, len(res))
 		for i, r := range res {
-			out[i] = jsonResult{Prompt: prompts[i], Apps: apps[i], Text: s.tok.Decode(r.Tokens), Tokens: r.Tokens, Reason: r.Reason,
+			out[i] = jsonResult{Prompt: prompts[i], Apps: apps[i], Text: s.tok.Decode(r.Tokens), Tokens: r.Tokens, Reason: r.Reason, Error: r.Error,
 				Usage: jsonUsage{PromptTokens: r.PromptTokens, CompletionTokens: len(r.Tokens), TotalTokens: r.PromptTokens + len(r.Tokens)},
 				Xmix:  jsonXmix{Exports: serve.ResultExports(s.b, apps[i], r), Fired: r.Fired}, Rows: r.Rows}
 			if out[i].Xmix.Fired == nil {
@@ -384,7 +401,10 @@ func (s *session) generate(w io.Writer, f runFlags, prompts []string, apps [][]s
 		}
 		enc := json.NewEncoder(w)
 		enc.SetIndent("", "  ")
-		return enc.Encode(map[string]any{"backend": s.be.Name(), "results": out})
+		if err := enc.Encode(map[string]any{"backend": s.be.Name(), "results": out}); err != nil {
+			return err
+		}
+		return genErr
 	}
 	for i, r := range res {
 		label := "no apps"
@@ -393,10 +413,19 @@ func (s *session) generate(w io.Writer, f runFlags, prompts []string, apps [][]s
 		}
 		text := s.tok.Decode(r.Tokens)
 		fmt.Fprintf(w, "── %s ──\n%s%s\n", label, prompts[i], text)
+		if r.Error != "" {
+			fmt.Fprintf(w, "  [%s: %s]\n", r.Reason, r.Error)
+		}
 		printExports(w, s.tok, r)
 		fmt.Fprintln(w)
 	}
-	return nil
+	return genErr
+}
+
+// requestFlags are the flags of `xmix run` that set each field loader.Engine.Check names.
+var requestFlags = map[string]string{
+	"max_tokens": "--max-tokens", "temperature": "--temperature", "top_p": "--top-p",
+	"prompt": "--prompt", "apps": "--apps", "set": "--set",
 }
 
 // printExports prints each exported scalar read under the text it was read at, one digit

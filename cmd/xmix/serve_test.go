@@ -2,9 +2,11 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -14,17 +16,23 @@ import (
 	"xmix/specs"
 )
 
-// tinySession builds the embedded tiny model with its two demo apps and opens it on the CPU,
-// as `xmix serve` with no bundle does.
-func tinySession(t *testing.T) *session {
+// tinySession builds the embedded tiny model with its two demo apps (and the app specs
+// extra, if any) and opens it on the CPU, as `xmix serve` with no bundle does.
+func tinySession(t *testing.T, extra ...string) *session {
 	t.Helper()
 	dir := t.TempDir()
 	if err := specs.Extract(dir); err != nil {
 		t.Fatal(err)
 	}
-	b, err := driver.Build(filepath.Join(dir, specs.Default.Model),
-		[]string{filepath.Join(dir, specs.Default.Steer), filepath.Join(dir, specs.Default.Probe)},
-		driver.Options{EmbedWeights: true})
+	apps := []string{filepath.Join(dir, specs.Default.Steer), filepath.Join(dir, specs.Default.Probe)}
+	for i, a := range extra {
+		p := filepath.Join(dir, fmt.Sprintf("extra%d.yaml", i))
+		if err := os.WriteFile(p, []byte(a), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		apps = append(apps, p)
+	}
+	b, err := driver.Build(filepath.Join(dir, specs.Default.Model), apps, driver.Options{EmbedWeights: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -34,6 +42,26 @@ func tinySession(t *testing.T) *session {
 	}
 	t.Cleanup(func() { s.be.Close() })
 	return s
+}
+
+// startServe serves s through the serve command's wiring on a loopback port until the test
+// ends; it returns the base URL.
+func startServe(t *testing.T, s *session, f serveFlags, log io.Writer) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- serveSession(ctx, s, ln, f, log) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	})
+	return "http://" + ln.Addr().String()
 }
 
 // The serve command's flags reach the server: the served model name, the admin token, the

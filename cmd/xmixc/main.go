@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"sort"
 	"strings"
 	"time"
@@ -53,6 +54,9 @@ func buildCmd() *cobra.Command {
 			if out == "" {
 				return fmt.Errorf("no output file: add -o OUT.xmb")
 			}
+			if st, err := os.Stat(out); err == nil && st.IsDir() {
+				return fmt.Errorf("-o %s is a directory: give the bundle's file name, e.g. -o %s", out, filepath.Join(out, "model.xmb"))
+			}
 			start := time.Now()
 			progress := func(f string, a ...any) {
 				if !quiet {
@@ -67,12 +71,15 @@ func buildCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			// Write to a temporary file first so that a failed write never leaves half a bundle.
+			// Write to a temporary file first so that a failed write never leaves half a bundle,
+			// and remove it when the write or the rename fails.
 			tmp := out + ".tmp"
 			if err := os.WriteFile(tmp, data, 0o644); err != nil {
+				os.Remove(tmp)
 				return err
 			}
 			if err := os.Rename(tmp, out); err != nil {
+				os.Remove(tmp)
 				return err
 			}
 			progress("wrote %s (%.1f MB, %d kernels, %d templates)", out, float64(len(data))/1e6, len(b.Kernels), len(b.Templates))

@@ -130,3 +130,25 @@ func TestVersion(t *testing.T) {
 		t.Fatalf("%v: %q", err, out)
 	}
 }
+
+// TestBuildIntoADirectoryLeavesNothing: -o naming a directory is refused before the build,
+// with the fix, and leaves no .tmp file behind (it used to write OUT.tmp, then fail to rename
+// it over the directory).
+func TestBuildIntoADirectoryLeavesNothing(t *testing.T) {
+	dir := t.TempDir()
+	m := write(t, dir, "m.yaml", model)
+	out := filepath.Join(dir, "out")
+	if err := os.Mkdir(out, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	_, err := xmixc(t, "build", m, "-q", "-o", out)
+	if err == nil || !strings.Contains(err.Error(), "-o "+out+" is a directory: give the bundle's file name, e.g. -o "+filepath.Join(out, "model.xmb")) {
+		t.Fatalf("build -o DIR: %v", err)
+	}
+	entries, _ := os.ReadDir(dir)
+	for _, e := range entries {
+		if strings.HasSuffix(e.Name(), ".tmp") {
+			t.Fatalf("left behind: %s", e.Name())
+		}
+	}
+}

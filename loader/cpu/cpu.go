@@ -56,6 +56,9 @@ func New(b *bundle.Bundle, w *loader.Weights, progress Progress) (*Backend, erro
 		progress = func(string, ...any) {}
 	}
 	tp := max(1, b.Manifest.TP)
+	if err := checkMemory(b, tp, physicalMemory()); err != nil {
+		return nil, err
+	}
 	be := &Backend{sharded: map[string]bool{}}
 	for _, buf := range b.Manifest.Buffers {
 		if buf.Shard != nil {
@@ -73,6 +76,25 @@ func New(b *bundle.Bundle, w *loader.Weights, progress Progress) (*Backend, erro
 		be.ranks = append(be.ranks, rk)
 	}
 	return be, nil
+}
+
+// checkMemory refuses a bundle whose buffers (tp copies) need more than the machine's
+// memory (mem bytes, 0: unknown) before any is allocated: allocating them would end the
+// process with a fatal out-of-memory error, which no caller can catch.
+func checkMemory(b *bundle.Bundle, tp int, mem int64) error {
+	var total int64
+	for _, buf := range b.Manifest.Buffers {
+		n, err := loader.BufferBytes(buf)
+		if err != nil {
+			return err
+		}
+		total += n
+	}
+	if need := total * int64(tp); mem > 0 && need > mem {
+		return fmt.Errorf("cpu: the bundle's buffers need %.1f GB (%d rank(s)), more than this machine's %.1f GB of memory",
+			float64(need)/1e9, tp, float64(mem)/1e9)
+	}
+	return nil
 }
 
 func newRank(b *bundle.Bundle, w *loader.Weights, id, tp int, progress Progress) (*rank, error) {
