@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"xmix/bundle"
+	"xmix/ir"
 	"xmix/ops"
 	"xmix/passes"
 	"xmix/ptx"
@@ -92,52 +93,48 @@ func renorm(name string, c RenormConfig) (*Kernel, error) {
 
 // customName names an op's kernel in the bundle: one per (app, custom kernel). The app's bit
 // keeps it unique (app names may differ only in - and _, which PTX names cannot hold both of).
-func customName(op *passes.MIOp) string {
-	return fmt.Sprintf("custom_%s_%s_b%d", strings.ReplaceAll(op.App.Name, "-", "_"), op.Custom.Name, op.App.Bit)
+func customName(op *ir.MI) string {
+	return fmt.Sprintf("custom_%s_%s_b%d", strings.ReplaceAll(op.App, "-", "_"), op.Custom.Name, op.Bit)
 }
 
-// custom emits the custom nodes at resid_post of layer l, in forward order, then the renorm
-// that recomputes what the add+norm kernel derived from the residual before they ran.
-func (t *tb) custom(l int) {
+// custom is an app's own kernel over the residual rows, in place.
+func (t *tb) custom(n *ir.Node) {
 	g := t.g
-	m := g.m
-	n := 0
-	for _, op := range g.p.Ops {
-		if op.Host != passes.HostCustom || op.HostLayer != l {
-			continue
-		}
-		n++
-		sig := make([]ptx.Param, len(op.Custom.Signature))
-		for i, s := range op.Custom.Signature {
-			tp, _ := ptx.ParseType(s.Type)
-			sig[i] = ptx.Param{Name: s.Name, T: tp}
-		}
-		c := CustomConfig{PTX: op.Custom.PTX, Entry: op.Custom.Entry, Signature: sig}
-		name := customName(op)
-		k, err := g.kernel(name, func() (*Kernel, error) { return CustomKernel(name, c) })
-		s := slots{"x": buf("act.resid"), "stride": konst(uint64(m.Hidden)), "offset": konst(0),
-			"width": konst(uint64(op.Width)), "ctl_mask": buf(bundle.CtlMask), "bit": konst(uint64(op.App.Bit))}
-		for _, a := range op.CustomArgs {
-			if a.Type == ptx.U64 {
-				s[a.Name] = buf(a.Buf)
-			} else {
-				s[a.Name] = konst(uint64(math.Float32bits(a.Value)))
-			}
-		}
-		t.add(fmt.Sprintf("L%d.resid_post.%s.%s", l, op.App.Name, op.Custom.Name), k, err, c.Launch(t.rows), s, nil)
+	op := n.Attrs.(ir.CustomAttrs).MI
+	x := n.In[0]
+	sig := make([]ptx.Param, len(op.Custom.Signature))
+	for i, s := range op.Custom.Signature {
+		tp, _ := ptx.ParseType(s.Type)
+		sig[i] = ptx.Param{Name: s.Name, T: tp}
 	}
-	if n == 0 {
-		return
+	c := CustomConfig{PTX: op.Custom.PTX, Entry: op.Custom.Entry, Signature: sig}
+	name := customName(op)
+	k, err := g.kernel(name, func() (*Kernel, error) { return CustomKernel(name, c) })
+	g.site(n, name)
+	s := slots{"x": buf(x.Buffer), "stride": konst(uint64(x.Base().Width)), "offset": konst(uint64(x.Offset)),
+		"width": konst(uint64(op.Width)), "ctl_mask": buf(bundle.CtlMask), "bit": konst(uint64(op.Bit))}
+	for _, a := range op.Custom.Args {
+		if a.Type == ptx.U64.String() {
+			s[a.Name] = buf(a.Buf)
+		} else {
+			s[a.Name] = konst(uint64(math.Float32bits(a.Value)))
+		}
 	}
-	c := RenormConfig{Hidden: m.Hidden, Eps: float32(m.RMSEps), WDtype: g.wdt, Gather: l+1 == m.Layers}
-	s := slots{"resid": buf("act.resid")}
-	name := fmt.Sprintf("renorm_h%d", m.Hidden)
+	t.add(n.Name, k, err, c.Launch(t.rows), s, nil)
+}
+
+// renorm recomputes what an add+norm kernel derived from the residual (the next layer's
+// input, or the final norm of the sampled rows) after custom kernels changed the residual.
+func (t *tb) renorm(n *ir.Node) {
+	g := t.g
+	resid, out := n.In[0], n.In[1]
+	c := RenormConfig{Hidden: resid.Width, Eps: n.Attrs.(ir.NormAttrs).Eps, WDtype: g.wdt, Gather: out.Rows == ir.Samples}
+	s := slots{"resid": buf(resid.Buffer), "w": buf(n.Weight("w").Name), "out": buf(out.Buffer)}
+	name := fmt.Sprintf("renorm_h%d", c.Hidden)
 	if c.Gather {
-		name = fmt.Sprintf("final_renorm_h%d", m.Hidden)
-		s["w"], s["out"], s["out_row"] = buf("final_norm"), buf("act.final"), buf(bundle.CtlOutRow)
-	} else {
-		s["w"], s["out"] = buf(layerBuf(l+1, "attn_norm")), buf("act.xn")
+		name = fmt.Sprintf("final_renorm_h%d", c.Hidden)
+		s["out_row"] = buf(bundle.CtlOutRow)
 	}
 	k, err := g.kernel(name, func() (*Kernel, error) { return Renorm(name, c) })
-	t.add(fmt.Sprintf("L%d.renorm", l), k, err, c.Launch(t.rows), s, nil)
+	t.add(n.Name, k, err, c.Launch(t.rows), s, nil)
 }

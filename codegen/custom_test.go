@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"xmix/bundle"
+	"xmix/ir"
 	"xmix/ops"
 	"xmix/passes"
 	"xmix/ptx"
@@ -46,7 +47,7 @@ func TestCustomScaleMatchesBuiltin(t *testing.T) {
 	mask := []uint32{1 << bit, 1, 1<<bit | 1<<5, 0, 1 << bit}
 
 	bc := MIKernelConfig{Width: width, Stride: stride, Offset: offset,
-		Ops: []MIOp{{Template: "scale", Bit: bit, Width: width, Scal: "scal", Alpha: 0, Bias: -1}}}
+		Ops: []ir.MI{{Template: "scale", Bit: bit, Width: width, Scal: "scal", Alpha: 0, Bias: -1}}}
 	builtin, err := MIKernel("mi_scale", bc)
 	if err != nil {
 		t.Fatal(err)

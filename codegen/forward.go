@@ -8,6 +8,7 @@ import (
 
 	"xmix/bundle"
 	"xmix/frontend"
+	"xmix/ir"
 	"xmix/passes"
 	"xmix/ptx"
 	"xmix/safetensors"
@@ -49,16 +50,23 @@ type gen struct {
 	moeKind  string
 	order    []string
 	bufs     []bundle.Buffer
-	// tp is the tensor-parallel degree (1: one device). Every per-rank dimension below
-	// (heads, kv heads, intermediate, vocab of the LM head) is the model's divided by it.
+	// tp is the tensor-parallel degree (1: one device); the graph's widths are a rank's.
 	tp int
+	// siteKernels is the kernel (as a template asks for it) each MI op runs in.
+	siteKernels map[*ir.MI]string
+	// finalNorm and lmHead are the weights a logit lens reads (the model's own).
+	finalNorm, lmHead string
+	// attn is the forward's attention shape: a decode bucket's context split is chosen by it.
+	attn ir.AttentionAttrs
 }
 
 // Generate lowers a planned program to a bundle: kernels, one template per bucket, buffers,
 // and the params section.
 func Generate(p *passes.Program, opt Options) (*bundle.Bundle, error) {
 	m := p.Model
-	g := &gen{p: p, m: m, kernels: map[string]*Kernel{}, bodies: map[string]*Kernel{}, wdt: ptx.BF16, kvdt: ptx.F32, gemmKind: opt.GEMM, moeKind: opt.MoE, tp: max(1, p.TP)}
+	g := &gen{p: p, m: m, kernels: map[string]*Kernel{}, bodies: map[string]*Kernel{}, wdt: ptx.BF16, kvdt: ptx.F32, gemmKind: opt.GEMM, moeKind: opt.MoE,
+		tp: max(1, p.TP), siteKernels: map[*ir.MI]string{}}
+	g.readGraph()
 	switch opt.GEMM {
 	case "", "tc", "tc-staged", "cuda-core":
 	default:
@@ -95,7 +103,7 @@ func Generate(p *passes.Program, opt Options) (*bundle.Bundle, error) {
 	var templates []bundle.Template
 	for _, b := range m.DecodeBuckets {
 		progress("template decode_b%d", b)
-		t, err := g.template(fmt.Sprintf("decode_b%d", b), bundle.Decode, b, b)
+		t, err := g.template(p.Graph, fmt.Sprintf("decode_b%d", b), bundle.Decode, b, b)
 		if err != nil {
 			return nil, err
 		}
@@ -103,7 +111,7 @@ func Generate(p *passes.Program, opt Options) (*bundle.Bundle, error) {
 	}
 	for _, c := range m.PrefillChunks {
 		progress("template prefill_t%d", c)
-		t, err := g.template(fmt.Sprintf("prefill_t%d", c), bundle.Prefill, c, min(c, g.maxS))
+		t, err := g.template(p.Graph, fmt.Sprintf("prefill_t%d", c), bundle.Prefill, c, min(c, g.maxS))
 		if err != nil {
 			return nil, err
 		}
@@ -152,21 +160,17 @@ func Generate(p *passes.Program, opt Options) (*bundle.Bundle, error) {
 }
 
 // plainNodes gives every template of a bundle with apps the node list of the same bucket
-// compiled without them (bundle.Template.Plain). Rows that enable no app compute exactly what
-// the app-free bundle computes, so a step in which no row enables an app may run these nodes
-// instead: apps that are deployed but unused then cost nothing, not even a mask test.
+// lowered from the graph without them (bundle.Template.Plain, passes' app-free). Rows that
+// enable no app compute exactly what the app-free bundle computes, so a step in which no row
+// enables an app may run these nodes instead: apps that are deployed but unused then cost
+// nothing, not even a mask test.
 func (g *gen) plainNodes(templates []bundle.Template) error {
 	if len(g.p.Ops) == 0 {
 		return nil
 	}
-	full := g.p
-	plain := *full
-	plain.Ops = nil
-	g.p = &plain
-	defer func() { g.p = full }()
 	for i := range templates {
 		t := &templates[i]
-		p, err := g.template(t.Name, t.Kind, t.Tokens, t.Samples)
+		p, err := g.template(g.p.Plain, t.Name, t.Kind, t.Tokens, t.Samples)
 		if err != nil {
 			return fmt.Errorf("%s without apps: %w", t.Name, err)
 		}
@@ -212,14 +216,10 @@ func (g *gen) buf(name string, kind bundle.BufferKind, dtype string, shape []int
 	g.bufs = append(g.bufs, bundle.Buffer{Name: name, Kind: kind, Dtype: dtype, Shape: shape, Tensors: tensors})
 }
 
-// sharded declares a weight or param buffer that tensor parallelism cuts along dim: shape
-// is the unsharded shape and extents each tensor's size along dim. At tp 1 it is an
-// ordinary buffer, so bundles without tensor parallelism do not change.
-func (g *gen) sharded(name string, kind bundle.BufferKind, shape []int, dim int, extents []int, tensors ...string) {
-	dtype := g.wdt.String()
-	if kind == bundle.KindParam {
-		dtype = "f32"
-	}
+// sharded declares a buffer that tensor parallelism cuts along dim: shape is the unsharded
+// shape and extents each tensor's size along dim. At tp 1 it is an ordinary buffer, so
+// bundles without tensor parallelism do not change.
+func (g *gen) sharded(name string, kind bundle.BufferKind, dtype string, shape []int, dim int, extents []int, global string, tensors ...string) {
 	if g.tp == 1 {
 		g.buf(name, kind, dtype, shape, tensors...)
 		return
@@ -227,16 +227,25 @@ func (g *gen) sharded(name string, kind bundle.BufferKind, shape []int, dim int,
 	local := append([]int(nil), shape...)
 	local[dim] /= g.tp
 	g.bufs = append(g.bufs, bundle.Buffer{Name: name, Kind: kind, Dtype: dtype, Shape: local, Tensors: tensors,
-		Shard: &bundle.Shard{Dim: dim, Extents: extents}})
+		Shard: &bundle.Shard{Dim: dim, Extents: extents, Global: global}})
 }
 
-// rankDims are the dimensions one tensor-parallel rank computes: its query and KV heads,
-// its MLP (or expert) columns, its LM-head rows (vocabulary).
-type rankDims struct{ heads, kvHeads, inter, vocab int }
-
-func (g *gen) rank() rankDims {
-	m := g.m
-	return rankDims{heads: m.Heads / g.tp, kvHeads: m.KVHeads / g.tp, inter: m.Intermediate / g.tp, vocab: m.Vocab / g.tp}
+// readGraph takes from the graph what the bundle's shape depends on beyond the nodes.
+func (g *gen) readGraph() {
+	for _, n := range g.p.Graph.Nodes {
+		switch a := n.Attrs.(type) {
+		case ir.AttentionAttrs:
+			g.attn = a
+		case ir.NormAttrs:
+			if n.Op == ir.OpAddNorm && n.Out[1].Rows == ir.Samples {
+				g.finalNorm = n.Weight("w").Name
+			}
+		case ir.MatmulAttrs:
+			if a.Split == ir.Vocab {
+				g.lmHead = n.Weight("w").Name
+			}
+		}
+	}
 }
 
 // manifestTP is Manifest.TP: 0 without tensor parallelism, so such bundles keep their bytes.
@@ -249,62 +258,34 @@ func (g *gen) manifestTP() int {
 
 func (g *gen) declareBuffers() {
 	m := g.m
-	wd := g.wdt.String()
-	H, D, I := m.Hidden, m.HeadDim, m.Intermediate
-	qkv := (m.Heads + 2*m.KVHeads) * D
-	r := g.rank()
-	rqkv := (r.heads + 2*r.kvHeads) * D
-	qkvExt := []int{m.Heads * D, m.KVHeads * D, m.KVHeads * D}
-	g.buf("embed", bundle.KindWeight, wd, []int{m.Vocab, H}, "model.embed_tokens.weight")
-	for l := range m.Layers {
-		pre := fmt.Sprintf("model.layers.%d.", l)
-		g.buf(layerBuf(l, "attn_norm"), bundle.KindWeight, wd, []int{H}, pre+"input_layernorm.weight")
-		// Column-parallel: each rank takes its heads of q, of k and of v.
-		g.sharded(layerBuf(l, "wqkv"), bundle.KindWeight, []int{qkv, H}, 0, qkvExt,
-			pre+"self_attn.q_proj.weight", pre+"self_attn.k_proj.weight", pre+"self_attn.v_proj.weight")
-		if m.QKVBias {
-			g.sharded(layerBuf(l, "qkv_bias"), bundle.KindWeight, []int{qkv}, 0, qkvExt,
-				pre+"self_attn.q_proj.bias", pre+"self_attn.k_proj.bias", pre+"self_attn.v_proj.bias")
-		}
-		if m.QKNorm {
-			g.buf(layerBuf(l, "q_norm"), bundle.KindWeight, wd, []int{D}, pre+"self_attn.q_norm.weight")
-			g.buf(layerBuf(l, "k_norm"), bundle.KindWeight, wd, []int{D}, pre+"self_attn.k_norm.weight")
-		}
-		// Row-parallel: each rank multiplies its heads' columns; an all-reduce sums the ranks.
-		g.sharded(layerBuf(l, "wo"), bundle.KindWeight, []int{H, m.Heads * D}, 1, []int{m.Heads * D}, pre+"self_attn.o_proj.weight")
-		g.buf(layerBuf(l, "mlp_norm"), bundle.KindWeight, wd, []int{H}, pre+"post_attention_layernorm.weight")
-		if m.Experts > 0 {
-			g.moeBuffers(l)
-			continue
-		}
-		g.sharded(layerBuf(l, "wgu"), bundle.KindWeight, []int{2 * I, H}, 0, []int{I, I}, pre+"mlp.gate_proj.weight", pre+"mlp.up_proj.weight")
-		g.sharded(layerBuf(l, "wdown"), bundle.KindWeight, []int{H, I}, 1, []int{I}, pre+"mlp.down_proj.weight")
+	gr := g.p.Graph
+	for _, w := range gr.Weights() {
+		g.weight(w, bundle.KindWeight, g.wdt.String())
 	}
-	g.buf("final_norm", bundle.KindWeight, wd, []int{H}, "model.norm.weight")
-	g.lmHeadBuffer()
-	g.buf("rope.cos", bundle.KindParam, "f32", []int{m.MaxSeqLen, D / 2}, "rope.cos")
-	g.buf("rope.sin", bundle.KindParam, "f32", []int{m.MaxSeqLen, D / 2}, "rope.sin")
+	for _, w := range gr.Params() {
+		g.weight(w, bundle.KindParam, "f32")
+	}
 	shardedVecs := g.shardedVectors()
 	for _, a := range g.p.Apps {
 		for _, v := range a.Vectors {
 			if shardedVecs[v.Buffer] {
-				g.sharded(v.Buffer, bundle.KindParam, []int{len(v.Data)}, 0, []int{len(v.Data)}, v.Buffer)
+				g.sharded(v.Buffer, bundle.KindParam, "f32", []int{len(v.Data)}, 0, []int{len(v.Data)}, "", v.Buffer)
 				continue
 			}
 			g.buf(v.Buffer, bundle.KindParam, "f32", []int{len(v.Data)}, v.Buffer)
 			if v.PerRequest {
-				g.buf(slotsBuf(v.Buffer), bundle.KindSlots, "f32", []int{g.p.VectorSlots, len(v.Data)})
+				g.buf(passes.SlotsBuffer(v.Buffer), bundle.KindSlots, "f32", []int{g.p.VectorSlots, len(v.Data)})
 			}
 		}
 		if w := a.TableWidth(); w > 0 {
 			// Written by the host per sequence slot, so that requests carry their own values.
-			g.buf(scalBuf(a), bundle.KindControl, "f32", []int{m.MaxSeqs + 1, w})
+			g.buf(a.ScalarTable(), bundle.KindControl, "f32", []int{m.MaxSeqs + 1, w})
 		}
 		for _, e := range a.Exports {
 			g.buf(e.Buffer, bundle.KindOutput, "f32", []int{g.maxT, e.Width})
 		}
-		if w := g.firedWidth(a); w > 0 {
-			g.buf(firedBuf(a), bundle.KindOutput, "u32", []int{g.maxT, w / 4}) // rows of w bytes
+		if w := g.p.FiredWidth(a); w > 0 {
+			g.buf(a.FiredBuffer(), bundle.KindOutput, "u32", []int{g.maxT, w / 4}) // rows of w bytes
 		}
 	}
 	for _, c := range []string{bundle.CtlTokens, bundle.CtlPos, bundle.CtlSeq, bundle.CtlMask, bundle.CtlGen, bundle.CtlOutRow} {
@@ -344,16 +325,14 @@ func (g *gen) declareBuffers() {
 	}
 	// One row per resident sequence plus the padding sequence.
 	g.buf(bundle.KVBlockTable, bundle.KindControl, "u32", []int{m.MaxSeqs + 1, g.blocks})
-	for l := range m.Layers {
-		shape := []int{g.kvBlocks(), m.KVBlockSize, r.kvHeads, D}
-		g.buf(layerBuf(l, "kcache"), bundle.KindKV, g.kvdt.String(), shape)
-		g.buf(layerBuf(l, "vcache"), bundle.KindKV, g.kvdt.String(), shape)
+	for _, s := range gr.State() {
+		g.buf(s.Name, bundle.KindKV, s.Dtype.String(), []int{g.kvBlocks(), m.KVBlockSize, s.Heads, s.HeadDim})
 	}
 	if g.gemmKind == "tc-staged" {
 		// One split-K workspace serves every GEMM: they run one after another and each
 		// leaves its counters at zero.
 		ws := 0
-		for _, kn := range [][2]int{{H, rqkv}, {r.heads * D, H}, {H, 2 * r.inter}, {r.inter, H}, {H, r.vocab}} {
+		for _, kn := range g.gemmShapes() {
 			ws = max(ws, GemmConfig{K: kn[0], N: kn[1], WDtype: g.wdt}.WorkspaceBytes(g.maxT))
 		}
 		g.buf("act.gemm_ws", bundle.KindActivation, "u32", []int{max(ws, 16) / 4})
@@ -362,7 +341,7 @@ func (g *gen) declareBuffers() {
 	// each leaves its counters at zero. Decode buckets that split read the step's chunk.
 	ws := 0
 	for _, rows := range m.DecodeBuckets {
-		c := g.attnConfig()
+		c := g.attnConfig(g.attn)
 		c.Split = true
 		ws = max(ws, c.SplitWorkspaceBytes(rows, g.attnSplits(rows)))
 	}
@@ -370,51 +349,67 @@ func (g *gen) declareBuffers() {
 		g.buf("act.attn_ws", bundle.KindActivation, "u32", []int{ws / 4})
 		g.buf(bundle.CtlAttnChunk, bundle.KindControl, "u32", []int{1})
 	}
-	g.buf("act.resid", bundle.KindActivation, "f32", []int{g.maxT, H})
-	g.buf("act.xn", bundle.KindActivation, "f32", []int{g.maxT, H})
-	g.buf("act.qkv", bundle.KindActivation, "f32", []int{g.maxT, rqkv})
-	g.buf("act.z", bundle.KindActivation, "f32", []int{g.maxT, r.heads * D})
-	g.buf("act.delta", bundle.KindActivation, "f32", []int{g.maxT, H})
-	if m.Experts > 0 {
-		g.moeActivations()
-	} else {
-		g.buf("act.gu", bundle.KindActivation, "f32", []int{g.maxT, 2 * r.inter})
-		g.buf("act.mlp", bundle.KindActivation, "f32", []int{g.maxT, r.inter})
-	}
-	g.buf("act.final", bundle.KindActivation, "f32", []int{g.maxS, H})
-	if g.tp > 1 {
-		// This rank's vocabulary columns, before the all-gather assembles act.logits.
-		g.buf("act.logits_shard", bundle.KindActivation, "f32", []int{g.maxS, r.vocab})
-	}
-	g.buf(bundle.ActLogits, bundle.KindActivation, "f32", []int{g.maxS, m.Vocab})
+	g.activations()
 	g.buf(bundle.OutSampled, bundle.KindOutput, "u32", []int{g.maxS})
 }
 
-// lmHeadBuffer declares the LM head's own weight buffer: untied, or tied but cut by
-// vocabulary rows across ranks (the embedding itself stays whole on every rank, for the
-// lookup), so its synthetic values are the embedding's.
-func (g *gen) lmHeadBuffer() {
-	m := g.m
-	shape, ext := []int{m.Vocab, m.Hidden}, []int{m.Vocab}
-	switch {
-	case !m.TieEmbeddings:
-		g.sharded("lm_head", bundle.KindWeight, shape, 0, ext, "lm_head.weight")
-	case g.tp > 1:
-		g.sharded("lm_head", bundle.KindWeight, shape, 0, ext, "model.embed_tokens.weight")
-		g.bufs[len(g.bufs)-1].Shard.Global = "embed"
+// weight declares the buffer of graph weight w (a computed table's tensor is its own name).
+func (g *gen) weight(w *ir.Weight, kind bundle.BufferKind, dtype string) {
+	tensors := w.Tensors
+	if w.Computed {
+		tensors = []string{w.Name}
+	}
+	if w.Split == ir.Replicated {
+		g.buf(w.Name, kind, dtype, w.Shape, tensors...)
+		return
+	}
+	dim := 0
+	if w.Split == ir.Row {
+		dim = 1
+	}
+	g.sharded(w.Name, kind, dtype, w.Shape, dim, w.Extents, w.Global, tensors...)
+}
+
+// activations declares the buffer of every value of the graph, in the order the forward
+// first writes them, with the scratch of the nodes that need some.
+func (g *gen) activations() {
+	seen := map[string]bool{bundle.OutSampled: true} // declared last, with the outputs
+	for _, n := range g.p.Graph.Nodes {
+		for _, v := range n.Out {
+			if v.InKernel || seen[v.Buffer] {
+				continue
+			}
+			seen[v.Buffer] = true
+			rows := g.maxT
+			if v.Rows == ir.Samples {
+				rows = g.maxS
+			}
+			g.buf(v.Buffer, bundle.KindActivation, v.Dtype.String(), []int{rows, v.Width})
+		}
+		if n.Op == ir.OpExperts && !seen["act.moe_act"] {
+			seen["act.moe_act"] = true
+			g.moeScratch(n)
+		}
 	}
 }
 
-// lmHead is the LM head's weight buffer.
-func (g *gen) lmHead() string {
-	if g.m.TieEmbeddings && g.tp == 1 {
-		return "embed"
+// gemmShapes are the (K, N) of every GEMM the forward runs.
+func (g *gen) gemmShapes() [][2]int {
+	var out [][2]int
+	for _, n := range g.p.Graph.Nodes {
+		switch a := n.Attrs.(type) {
+		case ir.MatmulAttrs:
+			out = append(out, [2]int{n.In[0].Width, n.Out[0].Width})
+		case ir.ExpertsAttrs:
+			out = append(out, [2]int{n.In[0].Width, 2 * a.Inter}, [2]int{a.Inter, n.In[0].Width})
+		}
 	}
-	return "lm_head"
+	return out
 }
 
 // shardedVectors are the app vectors cut with the heads at tp > 1: those of ops at
-// sharded hooks (head_ablate's column mask at attn.z; check-tp refuses the others).
+// sharded hooks, in standalone MI kernels (head_ablate's column mask at attn.z; check-tp
+// refuses the others).
 func (g *gen) shardedVectors() map[string]bool {
 	out := map[string]bool{}
 	if g.tp == 1 {
@@ -426,45 +421,6 @@ func (g *gen) shardedVectors() map[string]bool {
 		}
 	}
 	return out
-}
-
-func layerBuf(l int, what string) string { return fmt.Sprintf("L%d.%s", l, what) }
-func scalBuf(a *passes.AppPlan) string   { return "app." + a.Name + ".scalars" }
-func slotsBuf(vector string) string      { return vector + ".slots" }
-func firedBuf(a *passes.AppPlan) string  { return "app." + a.Name + ".fired" }
-
-// countedOnDevice says whether op's kernel writes its fired words: every fused MI op does;
-// custom kernels (a fixed ABI) and logit lenses (no conditions) are counted by the host.
-func countedOnDevice(op *passes.MIOp) bool {
-	return op.Host != passes.HostCustom && op.Host != passes.HostLens
-}
-
-// firedColumn is op's byte of its app's fired rows: its place among the app's
-// device-counted sites ordered by op, then layer, so that the host sums each op's columns
-// as one run; -1 for ops the host counts.
-func (g *gen) firedColumn(op *passes.MIOp) int {
-	if !countedOnDevice(op) {
-		return -1
-	}
-	col := 0
-	for _, o := range g.p.Ops {
-		if o.App == op.App && countedOnDevice(o) && (o.OpIndex < op.OpIndex || o.OpIndex == op.OpIndex && o.Layer < op.Layer) {
-			col++
-		}
-	}
-	return col
-}
-
-// firedWidth is how many bytes a row of the app's fired buffer has: a byte per site counted
-// on the device, rounded up to whole words (0: none is).
-func (g *gen) firedWidth(a *passes.AppPlan) int {
-	n := 0
-	for _, o := range g.p.Ops {
-		if o.App == a && countedOnDevice(o) {
-			n++
-		}
-	}
-	return (n + 3) / 4 * 4
 }
 
 // sampleRows says whether op's kernel runs on sampled token rows only.
@@ -502,13 +458,13 @@ func (g *gen) apps() []bundle.App {
 			ba.LayerMasks = append(ba.LayerMasks, bundle.LayerMask{Op: m.OpIndex, Column: m.Col, Words: m.Words, Layers: m.Layers})
 		}
 		if a.TableWidth() > 0 {
-			ba.ScalarTable = scalBuf(a)
+			ba.ScalarTable = a.ScalarTable()
 		}
 		for _, v := range a.Vectors {
 			if v.Param != "" {
 				bv := bundle.Vector{Param: v.Param, Buffer: v.Buffer, Width: len(v.Data), Unit: v.Unit}
 				if v.PerRequest {
-					bv.Slots = slotsBuf(v.Buffer)
+					bv.Slots = passes.SlotsBuffer(v.Buffer)
 				}
 				ba.Vectors = append(ba.Vectors, bv)
 			}
@@ -529,11 +485,11 @@ func (g *gen) apps() []bundle.App {
 		}
 		for _, op := range g.p.Ops {
 			if op.App == a {
-				ba.Fired = append(ba.Fired, bundle.FiredSite{Op: op.OpIndex, Layer: op.Layer, Column: g.firedColumn(op), Samples: g.sampleRows(op)})
+				ba.Fired = append(ba.Fired, bundle.FiredSite{Op: op.OpIndex, Layer: op.Layer, Column: g.p.FiredColumn(op), Samples: g.sampleRows(op)})
 			}
 		}
-		if g.firedWidth(a) > 0 {
-			ba.FiredBuffer = firedBuf(a)
+		if g.p.FiredWidth(a) > 0 {
+			ba.FiredBuffer = a.FiredBuffer()
 		}
 		out = append(out, ba)
 	}
@@ -546,7 +502,7 @@ func (g *gen) lensCandWidth() int {
 	w := 0
 	for _, op := range g.p.Ops {
 		if op.Host == passes.HostLens {
-			w = max(w, g.lensConfig(op).CandWidth())
+			w = max(w, g.lensConfig(op.MI).CandWidth())
 		}
 	}
 	return w
@@ -568,7 +524,7 @@ func (g *gen) sites() []bundle.Site {
 	for _, op := range g.p.Ops {
 		out = append(out, bundle.Site{
 			Layer: op.Layer, Hook: op.Hook, App: op.App.Name, Op: op.OpIndex,
-			Kernel: g.builtName(g.siteKernelName(op)), Fused: op.Host != passes.HostMI && op.Host != passes.HostCustom && op.Host != passes.HostLens, What: op.Template,
+			Kernel: g.builtName(g.siteKernels[op.MI]), Fused: op.Host != passes.HostMI && op.Host != passes.HostCustom && op.Host != passes.HostLens, What: op.Template,
 		})
 	}
 	sort.SliceStable(out, func(i, j int) bool { return out[i].Layer < out[j].Layer })
@@ -582,78 +538,6 @@ func (g *gen) builtName(name string) string {
 		return k.Name
 	}
 	return name
-}
-
-// siteKernelName is the name of the host kernel an op lands in (as template names it).
-func (g *gen) siteKernelName(op *passes.MIOp) string {
-	switch op.Host {
-	case passes.HostEmbed:
-		return miName("embed", []MIOp{{}}, "embed")
-	case passes.HostAddNorm:
-		base := fmt.Sprintf("add_norm_h%d", g.m.Hidden)
-		if op.HostLayer == 2*g.m.Layers-1 {
-			base = fmt.Sprintf("final_norm_h%d", g.m.Hidden)
-		}
-		return miName(base, []MIOp{{}}, fmt.Sprintf("s%d", op.HostLayer))
-	case passes.HostSilu:
-		return miName(fmt.Sprintf("silu_mul_i%d", g.rank().inter), []MIOp{{}}, fmt.Sprintf("L%d", op.HostLayer))
-	case passes.HostRouter:
-		return g.routerName(op.HostLayer, []MIOp{{}})
-	case passes.HostLogits:
-		return logitsKernel
-	case passes.HostLens:
-		return g.lensName("topk", g.lensConfig(op)) // the kernel that writes the op's buffer
-	case passes.HostSampler:
-		return g.sampleKernel([]MIOp{{}})
-	case passes.HostCustom:
-		return customName(op)
-	default:
-		return fmt.Sprintf("mi_L%d_%s", op.HostLayer, strings.ReplaceAll(op.Hook, ".", "_"))
-	}
-}
-
-// miOps returns the codegen MI ops of the given host (and role, "" for any role).
-func (g *gen) miOps(host string, hostLayer int, role, hook string) []MIOp {
-	var out []MIOp
-	for _, op := range g.p.Ops {
-		if op.Host != host || op.HostLayer != hostLayer || (role != "" && op.Role != role) || (hook != "" && op.Hook != hook) {
-			continue
-		}
-		width := op.Width
-		if host == passes.HostMI {
-			width /= g.tp // a rank's heads of attn.q/k/v/z
-		}
-		mo := MIOp{
-			Template: op.Template, Bit: op.App.Bit, Width: width, Vec: op.Vec,
-			Alpha: op.Alpha, Bias: op.Bias, Activation: op.Activation,
-			Out: op.Out, OutCol: op.OutCol, OutWidth: op.OutWidth,
-		}
-		if op.VecPerRequest {
-			mo.Pool, mo.PoolSlots = slotsBuf(op.Vec), g.p.VectorSlots
-		}
-		if col := g.firedColumn(op); col >= 0 {
-			mo.Fired, mo.FiredCol, mo.FiredWidth = firedBuf(op.App), col, g.firedWidth(op.App)
-		}
-		scal := op.Alpha >= 0 || op.Bias >= 0
-		for _, gt := range op.Gates {
-			cg := Gate{Kind: gt.Kind, Buf: gt.Buf, Col: gt.Col, Width: gt.Width, Cmp: gt.Cmp,
-				Latch: gt.Latch, Tokens: gt.Tokens, From: gt.From, To: gt.To, Positions: gt.Positions,
-				Word: gt.Word, Bit: gt.Bit}
-			switch gt.Kind {
-			case "activation":
-				cg.Thresh = gt.Scalar + 1
-				scal = true
-			case "layers":
-				scal = true
-			}
-			mo.Gates = append(mo.Gates, cg)
-		}
-		if scal {
-			mo.Scal, mo.ScalStride, mo.ScalRows = scalBuf(op.App), op.App.TableWidth(), g.m.MaxSeqs+1
-		}
-		out = append(out, mo)
-	}
-	return out
 }
 
 // kernel returns the cached kernel name, building it on first use. A kernel that comes out

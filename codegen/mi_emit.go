@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"xmix/bundle"
+	"xmix/ir"
 	"xmix/ops"
 	"xmix/ptx"
 )
@@ -31,7 +32,7 @@ var miEmitters = map[string]func(r *rowEmitter, op *miBound, x []ptx.Reg){
 
 // miBound is one MI op of a kernel with its parameter registers.
 type miBound struct {
-	MIOp
+	ir.MI
 	ref     ops.MIOp
 	index   int                // i in mi<i>_*
 	params  map[string]ptx.Reg // suffix (vec, pool, scal, out, fired, g<j>) -> pointer
@@ -55,7 +56,7 @@ type miSet struct {
 }
 
 // toRef converts an op to its reference form.
-func (o MIOp) toRef() ops.MIOp {
+func toRef(o ir.MI) ops.MIOp {
 	r := ops.MIOp{Template: o.Template, Bit: o.Bit, Width: o.Width, Alpha: o.Alpha, Bias: o.Bias,
 		Activation: o.Activation, OutCol: o.OutCol, OutWidth: o.OutWidth, ScalStride: o.ScalStride, ScalRows: o.ScalRows}
 	if o.Pool != "" {
@@ -73,7 +74,7 @@ func (o MIOp) toRef() ops.MIOp {
 }
 
 // buffer is the buffer name the op binds to parameter p.
-func (o MIOp) buffer(p ops.MIParam) string {
+func miBuffer(o ir.MI, p ops.MIParam) string {
 	switch p.Suffix {
 	case "vec":
 		return o.Vec
@@ -91,11 +92,11 @@ func (o MIOp) buffer(p ops.MIParam) string {
 
 // MIBindings maps each MI parameter of a kernel whose MI ops are miops (in kernel order, as
 // RowConfig.MIOps lists them) to the buffer it reads or writes.
-func MIBindings(miops []MIOp) map[string]string {
+func MIBindings(miops []ir.MI) map[string]string {
 	m := map[string]string{}
 	for i, o := range miops {
-		for _, p := range o.toRef().Params() {
-			m[fmt.Sprintf("mi%d_%s", i, p.Suffix)] = o.buffer(p)
+		for _, p := range toRef(o).Params() {
+			m[fmt.Sprintf("mi%d_%s", i, p.Suffix)] = miBuffer(o, p)
 		}
 	}
 	return m
@@ -103,7 +104,7 @@ func MIBindings(miops []MIOp) map[string]string {
 
 // miSlots binds each MI parameter of miops to its buffer; an op's fired parameter points at
 // its column of the app's fired buffer.
-func miSlots(miops []MIOp) slots {
+func miSlots(miops []ir.MI) slots {
 	s := slots{}
 	for n, b := range MIBindings(miops) {
 		s[n] = buf(b)
@@ -119,20 +120,20 @@ func miSlots(miops []MIOp) slots {
 // declareMI validates the ops of each group against the row width and declares ctl_mask,
 // then ctl_tokens, ctl_gen, ctl_seq and ctl_latch when an op needs them (see ops.MIControl
 // and ops.MIRequestControl), then every op's parameters, in that order.
-func declareMI(r *rowEmitter, groups ...[]MIOp) (*miSet, error) {
+func declareMI(r *rowEmitter, groups ...[]ir.MI) (*miSet, error) {
 	m := &miSet{groups: make([][]*miBound, len(groups)), ref: make([][]ops.MIOp, len(groups))}
 	var all []*miBound
 	for g, group := range groups {
 		for _, o := range group {
 			i := len(all)
-			ref := o.toRef()
+			ref := toRef(o)
 			if err := ref.Validate(r.width); err != nil {
 				return nil, fmt.Errorf("MI op %d: %w", i, err)
 			}
 			if miEmitters[o.Template] == nil {
 				return nil, fmt.Errorf("MI op %d: template %s has no PTX emitter", i, o.Template)
 			}
-			b := &miBound{MIOp: o, ref: ref, index: i, params: map[string]ptx.Reg{}}
+			b := &miBound{MI: o, ref: ref, index: i, params: map[string]ptx.Reg{}}
 			m.groups[g] = append(m.groups[g], b)
 			m.ref[g] = append(m.ref[g], ref)
 			all = append(all, b)
@@ -162,7 +163,7 @@ func declareMI(r *rowEmitter, groups ...[]MIOp) (*miSet, error) {
 	}
 	for i, b := range all {
 		for _, p := range b.ref.Params() {
-			if b.buffer(p) == "" {
+			if miBuffer(b.MI, p) == "" {
 				return nil, fmt.Errorf("MI op %d (%s): no buffer for %s", i, b.Template, p.Suffix)
 			}
 			b.params[p.Suffix] = r.param(fmt.Sprintf("mi%d_%s", i, p.Suffix), ptx.U64)

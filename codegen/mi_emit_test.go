@@ -8,6 +8,7 @@ import (
 
 	"xmix/bundle"
 
+	"xmix/ir"
 	"xmix/ptx"
 )
 
@@ -22,12 +23,12 @@ func TestMIPerRequestControl(t *testing.T) {
 	latch := []uint32{0b10, 0b11, 0b10, 0b10, 0b01}
 	gate := []float32{0.8, 0.8, 0.95, 0.8, 0.8}
 	table := []float32{1.5, 0.5, -3, 0.9, 7, 7} // per slot: alpha, threshold
-	steer := MIOp{Template: "steer_add", Bit: testBit, Width: w, Vec: "v", Scal: "s", Alpha: 0, Bias: -1,
+	steer := ir.MI{Template: "steer_add", Bit: testBit, Width: w, Vec: "v", Scal: "s", Alpha: 0, Bias: -1,
 		ScalStride: stride, ScalRows: seqs + 1,
-		Gates: []Gate{{Kind: "activation", Buf: "g", Width: 1, Cmp: ">", Thresh: 2}}}
-	latched := MIOp{Template: "scale", Bit: testBit, Width: w, Vec: "s2", Scal: "s", Alpha: 0, Bias: -1,
-		ScalStride: stride, ScalRows: seqs + 1, Gates: []Gate{{Kind: "after_token", Latch: 1}}}
-	c := MIKernelConfig{Width: w, Stride: w, Ops: []MIOp{steer, latched}}
+		Gates: []ir.Gate{{Kind: "activation", Buf: "g", Width: 1, Cmp: ">", Thresh: 2}}}
+	latched := ir.MI{Template: "scale", Bit: testBit, Width: w, Vec: "s2", Scal: "s", Alpha: 0, Bias: -1,
+		ScalStride: stride, ScalRows: seqs + 1, Gates: []ir.Gate{{Kind: "after_token", Latch: 1}}}
+	c := MIKernelConfig{Width: w, Stride: w, Ops: []ir.MI{steer, latched}}
 	k, err := MIKernel("per_request", c)
 	if err != nil {
 		t.Fatal(err)
@@ -89,16 +90,16 @@ func TestMIPerRequestVectors(t *testing.T) {
 	seq := []uint32{0, 0, 2, 1, 1}
 	on, off := math.Float32frombits(1<<5), math.Float32frombits(1<<4)
 	table := []float32{1.5, on, -2, off, 0.5, on} // per slot: alpha, layer-mask word
-	steer := MIOp{Template: "steer_add", Bit: testBit, Width: w, Vec: "v", Pool: "vp", PoolSlots: slots, Scal: "s",
-		Alpha: 0, Bias: -1, ScalStride: 2, ScalRows: 3, Gates: []Gate{{Kind: "layers", Word: 1, Bit: 5}}}
-	proj := MIOp{Template: "project_out", Bit: testBit, Width: w, Vec: "d", Pool: "dp", PoolSlots: slots, Alpha: -1, Bias: -1}
-	plain := MIOp{Template: "steer_add", Bit: testBit, Width: w, Vec: "v", Scal: "s", Alpha: 0, Bias: -1, ScalStride: 2, ScalRows: 3}
+	steer := ir.MI{Template: "steer_add", Bit: testBit, Width: w, Vec: "v", Pool: "vp", PoolSlots: slots, Scal: "s",
+		Alpha: 0, Bias: -1, ScalStride: 2, ScalRows: 3, Gates: []ir.Gate{{Kind: "layers", Word: 1, Bit: 5}}}
+	proj := ir.MI{Template: "project_out", Bit: testBit, Width: w, Vec: "d", Pool: "dp", PoolSlots: slots, Alpha: -1, Bias: -1}
+	plain := ir.MI{Template: "steer_add", Bit: testBit, Width: w, Vec: "v", Scal: "s", Alpha: 0, Bias: -1, ScalStride: 2, ScalRows: 3}
 	x := randF32(rng, testRows*w, 1)
 	v, vPool := randF32(rng, w, 1), randF32(rng, slots*w, 1)
 	d := unitF32(randF32(rng, w, 1))
 	dPool := append(unitF32(randF32(rng, w, 1)), unitF32(randF32(rng, w, 1))...)
 
-	c := MIKernelConfig{Width: w, Stride: w, Ops: []MIOp{steer, proj}}
+	c := MIKernelConfig{Width: w, Stride: w, Ops: []ir.MI{steer, proj}}
 	k := must(t)(MIKernel("per_request_vectors", c))
 	wantNames := []string{"x", "ctl_mask", "ctl_seq", "ctl_vslot", "mi0_vec", "mi0_pool", "mi0_scal", "mi1_vec", "mi1_pool"}
 	if names := paramNames(k); fmt.Sprint(names) != fmt.Sprint(wantNames) {
@@ -137,9 +138,9 @@ func TestMIPerRequestVectors(t *testing.T) {
 	}
 
 	// A row without a slot gets exactly the bits of the same op compiled without a pool.
-	bare := MIKernelConfig{Width: w, Stride: w, Ops: []MIOp{plain}}
+	bare := MIKernelConfig{Width: w, Stride: w, Ops: []ir.MI{plain}}
 	bk := must(t)(MIKernel("compiled_vector", bare))
-	one := MIKernelConfig{Width: w, Stride: w, Ops: []MIOp{func() MIOp { o := steer; o.Gates = nil; return o }()}}
+	one := MIKernelConfig{Width: w, Stride: w, Ops: []ir.MI{func() ir.MI { o := steer; o.Gates = nil; return o }()}}
 	pk := must(t)(MIKernel("pooled_vector", one))
 	gotBare := emulate(t, bk, l, []targ{{name: "x", f32: x, out: len(x)}, {name: "ctl_mask", u32: testMask}, {name: "ctl_seq", u32: seq},
 		{name: "mi0_vec", f32: v}, {name: "mi0_scal", f32: table}})[0]
@@ -157,9 +158,9 @@ func TestMIPerRequestVectors(t *testing.T) {
 func TestLogitsMIPerRequestVector(t *testing.T) {
 	const vocab, n, rows, slots = 3000, 3, 4, 3
 	r := rand.New(rand.NewPCG(47, 48))
-	steer := MIOp{Template: "steer_add", Bit: 1, Width: vocab, Vec: "v", Pool: "vp", PoolSlots: slots, Scal: "s",
+	steer := ir.MI{Template: "steer_add", Bit: 1, Width: vocab, Vec: "v", Pool: "vp", PoolSlots: slots, Scal: "s",
 		Alpha: 0, Bias: -1, ScalStride: 1, ScalRows: 2}
-	c := LogitsMIConfig{Vocab: vocab, Ops: []MIOp{steer}}
+	c := LogitsMIConfig{Vocab: vocab, Ops: []ir.MI{steer}}
 	k := must(t)(LogitsMI("logits_mi_pool", c))
 	x := randF32(r, n*vocab, 3)
 	v, pool := randF32(r, vocab, 1), randF32(r, slots*vocab, 1)
@@ -191,9 +192,9 @@ func TestRouterPerRequestBias(t *testing.T) {
 	w := randF32(rng, E*hidden, 0.5)
 	bias, pool := make([]float32, E), make([]float32, slots*E)
 	bias[E-1], pool[0], pool[E+1] = 100, 100, 100 // default: expert E-1; slot 0: expert 0; slot 1: expert 1
-	op := MIOp{Template: "router_bias", Bit: testBit, Width: E, Vec: "b", Pool: "bp", PoolSlots: slots, Scal: "s", Alpha: 0, Bias: -1,
+	op := ir.MI{Template: "router_bias", Bit: testBit, Width: E, Vec: "b", Pool: "bp", PoolSlots: slots, Scal: "s", Alpha: 0, Bias: -1,
 		Fired: "f", FiredWidth: 4}
-	rc := RouterConfig{Hidden: hidden, Experts: E, TopK: topK, WDtype: ptx.F32, Ops: []MIOp{op}}
+	rc := RouterConfig{Hidden: hidden, Experts: E, TopK: topK, WDtype: ptx.F32, Ops: []ir.MI{op}}
 	k := must(t)(Router("router_pool", rc))
 	vslot := testVSlot
 	args := routerArgs(t, k, x, w, ptx.F32, testRows, topK, map[string][]float32{"mi0_vec": bias, "mi0_pool": pool, "mi0_scal": {1}})
@@ -236,11 +237,11 @@ func firedByte(v []float32, i int) byte { return byte(math.Float32bits(v[i/4]) >
 func TestMIFiredWords(t *testing.T) {
 	const w, fw = 200, 4
 	rng := rand.New(rand.NewPCG(51, 52))
-	steer := MIOp{Template: "steer_add", Bit: testBit, Width: w, Vec: "v", Scal: "s", Alpha: 0, Bias: -1,
-		Gates: []Gate{{Kind: "token_in", Tokens: []int{7}}}, Fired: "f", FiredCol: 0, FiredWidth: fw}
-	clamp := MIOp{Template: "clamp_projection", Bit: testBit, Width: w, Vec: "d", Scal: "s", Alpha: 1, Bias: 2, Fired: "f", FiredCol: 1, FiredWidth: fw}
-	capt := MIOp{Template: "capture", Bit: testBit, Width: w, Alpha: -1, Bias: -1, Out: "o", OutWidth: w, Fired: "f", FiredCol: 2, FiredWidth: fw}
-	c := MIKernelConfig{Width: w, Stride: w, Ops: []MIOp{steer, clamp, capt}}
+	steer := ir.MI{Template: "steer_add", Bit: testBit, Width: w, Vec: "v", Scal: "s", Alpha: 0, Bias: -1,
+		Gates: []ir.Gate{{Kind: "token_in", Tokens: []int{7}}}, Fired: "f", FiredCol: 0, FiredWidth: fw}
+	clamp := ir.MI{Template: "clamp_projection", Bit: testBit, Width: w, Vec: "d", Scal: "s", Alpha: 1, Bias: 2, Fired: "f", FiredCol: 1, FiredWidth: fw}
+	capt := ir.MI{Template: "capture", Bit: testBit, Width: w, Alpha: -1, Bias: -1, Out: "o", OutWidth: w, Fired: "f", FiredCol: 2, FiredWidth: fw}
+	c := MIKernelConfig{Width: w, Stride: w, Ops: []ir.MI{steer, clamp, capt}}
 	k := must(t)(MIKernel("fired", c))
 	x := randF32(rng, testRows*w, 0.2)
 	d := unitF32(randF32(rng, w, 1))
@@ -270,7 +271,7 @@ func TestMIFiredWords(t *testing.T) {
 
 	// The final norm's ops run on the rows it gathers (sampled rows) only.
 	rc := RowConfig{Hidden: w, Eps: 1e-5, WDtype: ptx.F32, Load: "add", Gather: true,
-		NormOps: []MIOp{func() MIOp { o := capt; o.Out, o.OutWidth = "o", w; return o }()}}
+		NormOps: []ir.MI{func() ir.MI { o := capt; o.Out, o.OutWidth = "o", w; return o }()}}
 	rk := must(t)(RowNorm("final_fired", rc))
 	rargs := rowNormArgs(rng, rc, testRows) // gathers rows 1 and 4 (row 4 with the app)
 	checkKernel(t, rk, rc.Launch(testRows), rargs)
@@ -284,9 +285,9 @@ func TestMIFiredWords(t *testing.T) {
 	// The logits kernel spreads a row over blocks; the sampler's override writes its
 	// sample's token row.
 	const vocab, n = 3000, 3
-	lsteer := MIOp{Template: "steer_add", Bit: 1, Width: vocab, Vec: "v", Scal: "s", Alpha: 0, Bias: -1, ScalStride: 1, ScalRows: 2,
-		Gates: []Gate{{Kind: "positions", Positions: "generated"}}, Fired: "f", FiredWidth: 4}
-	lc := LogitsMIConfig{Vocab: vocab, Ops: []MIOp{lsteer}}
+	lsteer := ir.MI{Template: "steer_add", Bit: 1, Width: vocab, Vec: "v", Scal: "s", Alpha: 0, Bias: -1, ScalStride: 1, ScalRows: 2,
+		Gates: []ir.Gate{{Kind: "positions", Positions: "generated"}}, Fired: "f", FiredWidth: 4}
+	lc := LogitsMIConfig{Vocab: vocab, Ops: []ir.MI{lsteer}}
 	lk := must(t)(LogitsMI("logits_fired", lc))
 	lmask, lgen, lseq, sRow := []uint32{2, 0, 2, 2}, []uint32{0, 0, 0xFFFFFFFF, 5}, []uint32{0, 1, 1, 0}, []uint32{3, 1, 2}
 	largs := []targ{{name: "x", f32: randF32(rng, n*vocab, 3), out: n * vocab}, {name: "s_row", u32: sRow}, {name: "ctl_mask", u32: lmask},
@@ -299,9 +300,9 @@ func TestMIFiredWords(t *testing.T) {
 			t.Fatalf("logits row %d: fired word %d, want %d", r, g, v)
 		}
 	}
-	ovr := MIOp{Template: "token_override", Bit: 1, Width: 1, Scal: "s", Alpha: 0, Bias: -1, ScalStride: 1, ScalRows: 2,
-		Gates: []Gate{{Kind: "steps", From: 1, To: 9}}, Fired: "f", FiredWidth: 4}
-	sc := SampleConfig{Vocab: 333, Overrides: []MIOp{ovr}}
+	ovr := ir.MI{Template: "token_override", Bit: 1, Width: 1, Scal: "s", Alpha: 0, Bias: -1, ScalStride: 1, ScalRows: 2,
+		Gates: []ir.Gate{{Kind: "steps", From: 1, To: 9}}, Fired: "f", FiredWidth: 4}
+	sc := SampleConfig{Vocab: 333, Overrides: []ir.MI{ovr}}
 	sk := must(t)(Sample("sample_fired", sc))
 	sargs := []targ{{name: "logits", f32: randF32(rng, n*333, 4)}, {name: "temperature", f32: []float32{0, 0, 0}},
 		{name: "top_p", f32: []float32{1, 1, 1}}, {name: "rng", u32: []uint32{1, 2, 3}}, {name: "out", out: n, dtype: "u32"},

@@ -5,8 +5,8 @@ import (
 	"math"
 
 	"xmix/bundle"
+	"xmix/ir"
 	"xmix/ops"
-	"xmix/passes"
 	"xmix/ptx"
 )
 
@@ -41,7 +41,7 @@ func emitRouterMask(r *rowEmitter, b *miBound, x []ptx.Reg) {
 type RouterConfig struct {
 	Hidden, Experts, TopK int
 	WDtype                ptx.Type
-	Ops                   []MIOp // at router_logits, over rows of Experts logits
+	Ops                   []ir.MI // at router_logits, over rows of Experts logits
 }
 
 // Launch is one block per row.
@@ -538,105 +538,88 @@ func ExpertDown(name string, c MoEConfig) (*Kernel, error) {
 	return finish(g.Kernel, "moe_down", a)
 }
 
-// moeBuffers declares layer l's router and expert weights (Hugging Face names, experts
-// stacked along the first dimension).
-func (g *gen) moeBuffers(l int) {
-	m := g.m
-	wd := g.wdt.String()
-	H, I, E := m.Hidden, m.Intermediate, m.Experts
-	pre := fmt.Sprintf("model.layers.%d.block_sparse_moe.", l)
-	g.buf(layerBuf(l, "router"), bundle.KindWeight, wd, []int{E, H}, pre+"gate.weight")
-	var gu, down []string
-	for e := range E {
-		x := fmt.Sprintf("%sexperts.%d.", pre, e)
-		gu = append(gu, x+"w1.weight", x+"w3.weight")
-		down = append(down, x+"w2.weight")
-	}
-	// Each expert is cut like the dense MLP: its gate and up rows (column-parallel) and its
-	// down columns (row-parallel); the router stays whole on every rank.
-	guExt, downExt := make([]int, 2*E), make([]int, E)
-	for i := range guExt {
-		guExt[i] = I
-	}
-	for i := range downExt {
-		downExt[i] = I
-	}
-	g.sharded(layerBuf(l, "experts_gu"), bundle.KindWeight, []int{E * 2 * I, H}, 0, guExt, gu...)
-	g.sharded(layerBuf(l, "experts_down"), bundle.KindWeight, []int{E * H, I}, 1, downExt, down...)
-}
-
-// moeActivations declares the routing and expert activation buffers.
-func (g *gen) moeActivations() {
-	m := g.m
-	g.buf("act.moe_idx", bundle.KindActivation, "u32", []int{g.maxT, m.TopK})
-	g.buf("act.moe_w", bundle.KindActivation, "f32", []int{g.maxT, m.TopK})
-	g.buf("act.moe_act", bundle.KindActivation, "f32", []int{g.maxT * m.TopK, g.rank().inter})
+// moeScratch declares the buffers the experts of node n use within a step: the grouped
+// kernels' activations of each (row, slot) pair, and with dense experts each expert's
+// gate/up, activation and output rows.
+func (g *gen) moeScratch(n *ir.Node) {
+	a := n.Attrs.(ir.ExpertsAttrs)
+	H, I := n.In[0].Width, a.Inter
+	g.buf("act.moe_act", bundle.KindActivation, "f32", []int{g.maxT * a.TopK, I})
 	if g.moeKind == "dense" {
-		I := g.rank().inter
 		g.buf("act.moe_gu", bundle.KindActivation, "f32", []int{g.maxT, 2 * I})
 		g.buf("act.moe_eact", bundle.KindActivation, "f32", []int{g.maxT, I})
-		g.buf("act.moe_eout", bundle.KindActivation, "f32", []int{m.Experts * g.maxT, m.Hidden})
+		g.buf("act.moe_eout", bundle.KindActivation, "f32", []int{a.Experts * g.maxT, H})
 	}
 }
 
 // routerName is layer l's router kernel: shared by the layers without router_logits ops.
-func (g *gen) routerName(l int, mi []MIOp) string {
-	m := g.m
-	return miName(fmt.Sprintf("moe_router_h%d_e%d_k%d_%s", m.Hidden, m.Experts, m.TopK, g.wdt), mi, fmt.Sprintf("L%d", l))
+func (g *gen) routerName(l, hidden int, a ir.RouterAttrs, mi []ir.MI) string {
+	return miName(fmt.Sprintf("moe_router_h%d_e%d_k%d_%s", hidden, a.Experts, a.TopK, g.wdt), mi, fmt.Sprintf("L%d", l))
 }
 
-// moe emits layer l's mixture-of-experts MLP from act.xn into act.delta.
-func (t *tb) moe(l int) {
+// router is an MoE router with the router_logits ops fused between its logits and top-k.
+func (t *tb) router(n *ir.Node) {
 	g := t.g
-	m := g.m
-	lb := func(w string) bundle.Slot { return buf(layerBuf(l, w)) }
-	mi := g.miOps(passes.HostRouter, l, "", "")
-	rc := RouterConfig{Hidden: m.Hidden, Experts: m.Experts, TopK: m.TopK, WDtype: g.wdt, Ops: mi}
-	name := g.routerName(l, mi)
+	a := n.Attrs.(ir.RouterAttrs)
+	x := n.In[0]
+	mi := group(n, 0)
+	rc := RouterConfig{Hidden: x.Width, Experts: a.Experts, TopK: a.TopK, WDtype: g.wdt, Ops: mi}
+	name := g.routerName(n.Layer, x.Width, a, mi)
 	k, err := g.kernel(name, func() (*Kernel, error) { return Router(name, rc) })
-	route := slots{"idx": buf("act.moe_idx"), "wts": buf("act.moe_w")}
-	t.add(fmt.Sprintf("L%d.router", l), k, err, rc.Launch(t.rows), merge(route, slots{"x": buf("act.xn"), "w": lb("router")}), mi)
+	g.site(n, name)
+	t.add(n.Name, k, err, rc.Launch(t.rows), slots{"idx": buf(n.Out[1].Buffer), "wts": buf(n.Out[2].Buffer),
+		"x": buf(x.Buffer), "w": buf(n.Weight("w").Name)}, mi)
+}
+
+// experts is a layer's mixture-of-experts MLP: dense (Options.MoE "dense", from
+// tensorCoreRows rows) or with the grouped expert kernels.
+func (t *tb) experts(n *ir.Node) {
+	g := t.g
+	a := n.Attrs.(ir.ExpertsAttrs)
+	x, y := n.In[0], n.Out[0]
+	route := slots{"idx": buf(n.In[1].Buffer), "wts": buf(n.In[2].Buffer)}
 	if g.moeKind == "dense" && t.rows >= tensorCoreRows {
-		t.moeDense(l, route)
+		t.moeDense(n, route)
 		return
 	}
-
-	c := MoEConfig{Hidden: m.Hidden, Inter: g.rank().inter, Experts: m.Experts, TopK: m.TopK, WDtype: g.wdt}
-	name = fmt.Sprintf("moe_gate_up_h%d_i%d_e%d_k%d_%s", m.Hidden, c.Inter, m.Experts, m.TopK, g.wdt)
-	k, err = g.kernel(name, func() (*Kernel, error) { return ExpertGateUp(name, c) })
-	t.add(fmt.Sprintf("L%d.experts_gate_up", l), k, err, c.LaunchGateUp(t.rows), merge(route, slots{
-		"x": buf("act.xn"), "w": lb("experts_gu"), "act": buf("act.moe_act")}), nil)
-	name = fmt.Sprintf("moe_down_h%d_i%d_e%d_k%d_%s", m.Hidden, c.Inter, m.Experts, m.TopK, g.wdt)
+	c := MoEConfig{Hidden: x.Width, Inter: a.Inter, Experts: a.Experts, TopK: a.TopK, WDtype: g.wdt}
+	name := fmt.Sprintf("moe_gate_up_h%d_i%d_e%d_k%d_%s", c.Hidden, c.Inter, c.Experts, c.TopK, g.wdt)
+	k, err := g.kernel(name, func() (*Kernel, error) { return ExpertGateUp(name, c) })
+	t.add(fmt.Sprintf("L%d.experts_gate_up", n.Layer), k, err, c.LaunchGateUp(t.rows), merge(route, slots{
+		"x": buf(x.Buffer), "w": buf(n.Weight("gate_up").Name), "act": buf("act.moe_act")}), nil)
+	name = fmt.Sprintf("moe_down_h%d_i%d_e%d_k%d_%s", c.Hidden, c.Inter, c.Experts, c.TopK, g.wdt)
 	k, err = g.kernel(name, func() (*Kernel, error) { return ExpertDown(name, c) })
-	t.add(fmt.Sprintf("L%d.experts_down", l), k, err, c.LaunchDown(t.rows), merge(route, slots{
-		"act": buf("act.moe_act"), "w": lb("experts_down"), "y": buf("act.delta")}), nil)
+	t.add(fmt.Sprintf("L%d.experts_down", n.Layer), k, err, c.LaunchDown(t.rows), merge(route, slots{
+		"act": buf("act.moe_act"), "w": buf(n.Weight("down").Name), "y": buf(y.Buffer)}), nil)
 }
 
-// moeDense runs layer l's experts densely (Options.MoE "dense", the default): expert e's gate/up GEMM,
-// SiLU-gate and down GEMM over every row, into its own rows of act.moe_eout, then one kernel
-// sums each row's top-k outputs weighted by the router. The expert weights are the stacked
-// buffers the grouped kernels read, addressed at expert e's offset.
-func (t *tb) moeDense(l int, route slots) {
+// moeDense runs a layer's experts densely: expert e's gate/up GEMM, SiLU-gate and down GEMM
+// over every row, into its own rows of act.moe_eout, then one kernel sums each row's top-k
+// outputs weighted by the router. The expert weights are the stacked buffers the grouped
+// kernels read, addressed at expert e's offset.
+func (t *tb) moeDense(n *ir.Node, route slots) {
 	g := t.g
-	H, I, E := g.m.Hidden, g.rank().inter, g.m.Experts
+	a := n.Attrs.(ir.ExpertsAttrs)
+	l, x := n.Layer, n.In[0]
+	H, I, E := x.Width, a.Inter, a.Experts
 	ws := int64(g.wdt.Bytes())
 	sc := SiluConfig{Inter: I}
 	sname := fmt.Sprintf("silu_mul_i%d", I)
 	silu, serr := g.kernel(sname, func() (*Kernel, error) { return SiluMul(sname, sc) })
 	for e := range E {
-		gu := buf(layerBuf(l, "experts_gu"))
+		gu := buf(n.Weight("gate_up").Name)
 		gu.Offset = int64(e*2*I*H) * ws
-		t.gemmAt(fmt.Sprintf("L%d.e%d.gate_up", l, e), buf("act.xn"), gu, buf("act.moe_gu"), GemmConfig{K: H, N: 2 * I, WDtype: g.wdt}, t.rows)
+		t.gemmAt(fmt.Sprintf("L%d.e%d.gate_up", l, e), buf(x.Buffer), gu, buf("act.moe_gu"), GemmConfig{K: H, N: 2 * I, WDtype: g.wdt}, t.rows)
 		t.add(fmt.Sprintf("L%d.e%d.silu_mul", l, e), silu, serr, sc.Launch(t.rows), slots{"gu": buf("act.moe_gu"), "act": buf("act.moe_eact")}, nil)
-		down, out := buf(layerBuf(l, "experts_down")), buf("act.moe_eout")
+		down, out := buf(n.Weight("down").Name), buf("act.moe_eout")
 		down.Offset = int64(e*H*I) * ws
 		out.Offset = int64(e*g.maxT*H) * 4
 		t.gemmAt(fmt.Sprintf("L%d.e%d.down", l, e), buf("act.moe_eact"), down, out, GemmConfig{K: I, N: H, WDtype: g.wdt}, t.rows)
 	}
-	c := MoECombineConfig{Hidden: H, Experts: E, TopK: g.m.TopK, Stride: g.maxT}
+	c := MoECombineConfig{Hidden: H, Experts: E, TopK: a.TopK, Stride: g.maxT}
 	name := fmt.Sprintf("moe_combine_h%d_e%d_k%d_s%d", H, E, c.TopK, c.Stride)
 	k, err := g.kernel(name, func() (*Kernel, error) { return MoECombine(name, c) })
-	t.add(fmt.Sprintf("L%d.experts_combine", l), k, err, c.Launch(t.rows), merge(route, slots{"out": buf("act.moe_eout"), "y": buf("act.delta")}), nil)
+	t.add(fmt.Sprintf("L%d.experts_combine", l), k, err, c.Launch(t.rows), merge(route, slots{"out": buf("act.moe_eout"), "y": buf(n.Out[0].Buffer)}), nil)
 }
 
 // MoECombineConfig configures MoECombine.

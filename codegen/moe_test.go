@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"xmix/bundle"
+	"xmix/ir"
 	"xmix/ptx"
 )
 
@@ -70,21 +71,21 @@ func TestRouterKernel(t *testing.T) {
 			for e := 0; e < E-c.topK; e++ {
 				mask[e] = 1 // leave exactly top-k experts unmasked
 			}
-			capture := MIOp{Template: "capture", Bit: testBit, Width: E, Alpha: -1, Bias: -1, Out: "cap", OutWidth: E}
-			biasOp := MIOp{Template: "router_bias", Bit: testBit, Width: E, Vec: "b", Scal: "s", Alpha: 0, Bias: -1}
-			maskOp := MIOp{Template: "router_mask", Bit: testBit, Width: E, Vec: "m", Alpha: -1, Bias: -1}
+			capture := ir.MI{Template: "capture", Bit: testBit, Width: E, Alpha: -1, Bias: -1, Out: "cap", OutWidth: E}
+			biasOp := ir.MI{Template: "router_bias", Bit: testBit, Width: E, Vec: "b", Scal: "s", Alpha: 0, Bias: -1}
+			maskOp := ir.MI{Template: "router_mask", Bit: testBit, Width: E, Vec: "m", Alpha: -1, Bias: -1}
 			var bareIdx []uint32
 			var bareWts []float32
 			for _, set := range []struct {
 				name string
-				ops  []MIOp
+				ops  []ir.MI
 				data map[string][]float32
 			}{
 				{"bare", nil, nil},
-				{"bias", []MIOp{biasOp}, map[string][]float32{"mi0_vec": bias, "mi0_scal": {1}}},
-				{"mask", []MIOp{maskOp}, map[string][]float32{"mi0_vec": mask}},
+				{"bias", []ir.MI{biasOp}, map[string][]float32{"mi0_vec": bias, "mi0_scal": {1}}},
+				{"mask", []ir.MI{maskOp}, map[string][]float32{"mi0_vec": mask}},
 				// The capture sees the logits after the bias, before the mask.
-				{"chain", []MIOp{biasOp, capture, maskOp}, map[string][]float32{"mi0_vec": bias, "mi0_scal": {1},
+				{"chain", []ir.MI{biasOp, capture, maskOp}, map[string][]float32{"mi0_vec": bias, "mi0_scal": {1},
 					"mi1_out": randF32(rng, testRows*E, 1), "mi2_vec": mask}},
 			} {
 				rc := RouterConfig{Hidden: c.hidden, Experts: E, TopK: c.topK, WDtype: c.wdt, Ops: set.ops}

@@ -5,6 +5,7 @@ import (
 	"slices"
 
 	"xmix/bundle"
+	"xmix/ir"
 	"xmix/ops"
 	"xmix/ptx"
 )
@@ -260,7 +261,7 @@ type RowConfig struct {
 	Load          string   // embed | add
 	// DeltaOps apply to delta (Load "add"), ResidOps to the residual before it is stored,
 	// NormOps to the normed row; in a kernel they are numbered in that order.
-	DeltaOps, ResidOps, NormOps []MIOp
+	DeltaOps, ResidOps, NormOps []ir.MI
 	Gather                      bool // out_row[row] picks the output row; NoRow skips the norm
 }
 
@@ -268,8 +269,8 @@ type RowConfig struct {
 func (c RowConfig) Launch(rows int) ops.Launch { return rowLaunch(c.Hidden, rows) }
 
 // MIOps lists the kernel's MI ops in parameter order (the order MIBindings expects).
-func (c RowConfig) MIOps() []MIOp {
-	return append(append(append([]MIOp(nil), c.DeltaOps...), c.ResidOps...), c.NormOps...)
+func (c RowConfig) MIOps() []ir.MI {
+	return append(append(append([]ir.MI(nil), c.DeltaOps...), c.ResidOps...), c.NormOps...)
 }
 
 // RowNorm generates the residual kernel: it loads a residual row (embedding lookup or
@@ -341,7 +342,7 @@ func rowNorm(name string, c RowConfig) (*Kernel, error) {
 			r.Emit("add.rn.f32", x[j], x[j], d[j])
 		}
 	}
-	if slices.ContainsFunc(c.ResidOps, func(o MIOp) bool { return o.Template == "project_out" }) {
+	if slices.ContainsFunc(c.ResidOps, func(o ir.MI) bool { return o.Template == "project_out" }) {
 		r.foldNorm()
 	}
 	mi.emit(r, 1, x, nil)
@@ -360,7 +361,7 @@ func rowNorm(name string, c RowConfig) (*Kernel, error) {
 // SiluConfig configures SiluMul.
 type SiluConfig struct {
 	Inter int
-	Ops   []MIOp // hook mlp.act, applied before the store
+	Ops   []ir.MI // hook mlp.act, applied before the store
 }
 
 // Launch is the grid for rows rows.
@@ -473,7 +474,7 @@ func siluMulChunked(name string, c SiluConfig) (*Kernel, error) {
 // MIKernelConfig configures MIKernel: the hooked row is x[row*Stride+Offset : +Width].
 type MIKernelConfig struct {
 	Width, Stride, Offset int
-	Ops                   []MIOp
+	Ops                   []ir.MI
 }
 
 // Launch is the grid for rows rows.

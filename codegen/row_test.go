@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"xmix/bundle"
+	"xmix/ir"
 	"xmix/ops"
 	"xmix/ptx"
 	"xmix/ptx/emu"
@@ -31,18 +32,18 @@ var (
 // testOps returns the MI op sets the kernel tests place at a hook of width w: each template
 // alone under a gate of a different kind, and all of them chained, where the steer is gated
 // on the probe the same kernel has just written.
-func testOps(w int) map[string][]MIOp {
-	capture := MIOp{Template: "capture", Bit: testBit, Width: w, Alpha: -1, Bias: -1, Out: "cap", OutCol: 3, OutWidth: w + 5,
-		Gates: []Gate{{Kind: "positions", Positions: "generated"}}}
-	probe := MIOp{Template: "probe_linear", Bit: testBit, Width: w, Vec: "probe_w", Scal: "scal", Alpha: -1, Bias: 1,
-		Activation: "sigmoid", Out: "probe", OutCol: 1, OutWidth: 2, Gates: []Gate{{Kind: "token_in", Tokens: []int{7, 9}}}}
-	steer := MIOp{Template: "steer_add", Bit: testBit, Width: w, Vec: "steer_v", Scal: "scal", Alpha: 0, Bias: -1,
-		Gates: []Gate{{Kind: "steps", From: 1, To: 3}}}
-	project := MIOp{Template: "project_out", Bit: testBit, Width: w, Vec: "dir", Alpha: -1, Bias: -1,
-		Gates: []Gate{{Kind: "activation", Buf: "gate", Col: 1, Width: 2, Cmp: ">", Value: 0.5}}}
+func testOps(w int) map[string][]ir.MI {
+	capture := ir.MI{Template: "capture", Bit: testBit, Width: w, Alpha: -1, Bias: -1, Out: "cap", OutCol: 3, OutWidth: w + 5,
+		Gates: []ir.Gate{{Kind: "positions", Positions: "generated"}}}
+	probe := ir.MI{Template: "probe_linear", Bit: testBit, Width: w, Vec: "probe_w", Scal: "scal", Alpha: -1, Bias: 1,
+		Activation: "sigmoid", Out: "probe", OutCol: 1, OutWidth: 2, Gates: []ir.Gate{{Kind: "token_in", Tokens: []int{7, 9}}}}
+	steer := ir.MI{Template: "steer_add", Bit: testBit, Width: w, Vec: "steer_v", Scal: "scal", Alpha: 0, Bias: -1,
+		Gates: []ir.Gate{{Kind: "steps", From: 1, To: 3}}}
+	project := ir.MI{Template: "project_out", Bit: testBit, Width: w, Vec: "dir", Alpha: -1, Bias: -1,
+		Gates: []ir.Gate{{Kind: "activation", Buf: "gate", Col: 1, Width: 2, Cmp: ">", Value: 0.5}}}
 	gatedSteer := steer
-	gatedSteer.Gates = []Gate{{Kind: "activation", Buf: "probe", Col: 1, Width: 2, Cmp: ">", Value: 0}}
-	return map[string][]MIOp{
+	gatedSteer.Gates = []ir.Gate{{Kind: "activation", Buf: "probe", Col: 1, Width: 2, Cmp: ">", Value: 0}}
+	return map[string][]ir.MI{
 		"capture": {capture},
 		"probe":   {probe},
 		"steer":   {steer},
@@ -53,11 +54,11 @@ func testOps(w int) map[string][]MIOp {
 
 // miTargs builds the control and MI arguments of a kernel whose MI ops are miops. Buffers an
 // op writes start with data, so rows it skips must come back unchanged.
-func miTargs(rng *rand.Rand, miops []MIOp) []targ {
+func miTargs(rng *rand.Rand, miops []ir.MI) []targ {
 	args := []targ{{name: "ctl_mask", u32: testMask}}
 	refs := make([]ops.MIOp, len(miops))
 	for i, o := range miops {
-		refs[i] = o.toRef()
+		refs[i] = toRef(o)
 	}
 	if tok, gen := ops.MIControl(refs); tok || gen {
 		if tok {
@@ -313,11 +314,11 @@ func referenceAliased(t *testing.T, k *Kernel, l ops.Launch, args []targ, alias 
 func TestMIGateReadsEarlierOp(t *testing.T) {
 	const w = 512
 	rng := rand.New(rand.NewPCG(21, 22))
-	probe := MIOp{Template: "probe_linear", Bit: testBit, Width: w, Vec: "p", Alpha: -1, Bias: -1,
+	probe := ir.MI{Template: "probe_linear", Bit: testBit, Width: w, Vec: "p", Alpha: -1, Bias: -1,
 		Activation: "sigmoid", Out: "harm", OutWidth: 1}
-	steer := MIOp{Template: "steer_add", Bit: testBit, Width: w, Vec: "v", Scal: "s", Alpha: 0, Bias: -1,
-		Gates: []Gate{{Kind: "activation", Buf: "harm", Width: 1, Cmp: ">", Value: 0.5}}}
-	c := MIKernelConfig{Width: w, Stride: w, Ops: []MIOp{probe, steer}}
+	steer := ir.MI{Template: "steer_add", Bit: testBit, Width: w, Vec: "v", Scal: "s", Alpha: 0, Bias: -1,
+		Gates: []ir.Gate{{Kind: "activation", Buf: "harm", Width: 1, Cmp: ">", Value: 0.5}}}
+	c := MIKernelConfig{Width: w, Stride: w, Ops: []ir.MI{probe, steer}}
 	k, err := MIKernel("cast", c)
 	if err != nil {
 		t.Fatal(err)
@@ -363,14 +364,14 @@ func TestMIGateReadsEarlierOp(t *testing.T) {
 func TestMIExact(t *testing.T) {
 	const w = 1000
 	rng := rand.New(rand.NewPCG(19, 20))
-	steer := MIOp{Template: "steer_add", Bit: testBit, Width: w, Vec: "v", Scal: "s", Alpha: 0, Bias: -1}
-	project := MIOp{Template: "project_out", Bit: testBit, Width: w, Vec: "d", Alpha: -1, Bias: -1}
-	probe := MIOp{Template: "probe_linear", Bit: testBit, Width: w, Vec: "p", Scal: "s", Alpha: -1, Bias: 1,
+	steer := ir.MI{Template: "steer_add", Bit: testBit, Width: w, Vec: "v", Scal: "s", Alpha: 0, Bias: -1}
+	project := ir.MI{Template: "project_out", Bit: testBit, Width: w, Vec: "d", Alpha: -1, Bias: -1}
+	probe := ir.MI{Template: "probe_linear", Bit: testBit, Width: w, Vec: "p", Scal: "s", Alpha: -1, Bias: 1,
 		Activation: "sigmoid", Out: "o", OutWidth: 1}
 	plain := RowConfig{Hidden: w, Eps: 1e-5, WDtype: ptx.BF16, Load: "add"}
 	withMI := plain
-	withMI.ResidOps = []MIOp{steer, project}
-	withMI.NormOps = []MIOp{probe}
+	withMI.ResidOps = []ir.MI{steer, project}
+	withMI.NormOps = []ir.MI{probe}
 	kPlain, err := RowNorm("plain", plain)
 	if err != nil {
 		t.Fatal(err)
@@ -437,7 +438,7 @@ func TestMIExact(t *testing.T) {
 	}
 
 	// The steer alone is bit-exact: an MI kernel adds exactly fl(alpha*v).
-	c := MIKernelConfig{Width: w, Stride: w, Ops: []MIOp{steer}}
+	c := MIKernelConfig{Width: w, Stride: w, Ops: []ir.MI{steer}}
 	k, err := MIKernel("steer_exact", c)
 	if err != nil {
 		t.Fatal(err)
@@ -477,18 +478,18 @@ func TestRowKernelErrors(t *testing.T) {
 		err  func() error
 	}{
 		{"width 0", func() error { _, err := RowNorm("k", RowConfig{WDtype: ptx.F32, Load: "add"}); return err }},
-		{"width too large", func() error { _, err := SiluMul("k", SiluConfig{Inter: 40000, Ops: []MIOp{steer}}); return err }},
+		{"width too large", func() error { _, err := SiluMul("k", SiluConfig{Inter: 40000, Ops: []ir.MI{steer}}); return err }},
 		{"f16 weights", func() error { _, err := RowNorm("k", RowConfig{Hidden: w, WDtype: ptx.F16, Load: "add"}); return err }},
 		{"embed without vocab", func() error { _, err := RowNorm("k", RowConfig{Hidden: w, WDtype: ptx.F32, Load: "embed"}); return err }},
 		{"bad load", func() error {
 			_, err := RowNorm("k", RowConfig{Hidden: w, WDtype: ptx.F32, Load: "gather"})
 			return err
 		}},
-		{"missing buffer", func() error { _, err := SiluMul("k", SiluConfig{Inter: w, Ops: []MIOp{noVec}}); return err }},
-		{"width mismatch", func() error { _, err := SiluMul("k", SiluConfig{Inter: w, Ops: []MIOp{narrow}}); return err }},
+		{"missing buffer", func() error { _, err := SiluMul("k", SiluConfig{Inter: w, Ops: []ir.MI{noVec}}); return err }},
+		{"width mismatch", func() error { _, err := SiluMul("k", SiluConfig{Inter: w, Ops: []ir.MI{narrow}}); return err }},
 		{"no ops", func() error { _, err := MIKernel("k", MIKernelConfig{Width: w, Stride: w}); return err }},
 		{"past stride", func() error {
-			_, err := MIKernel("k", MIKernelConfig{Width: w, Stride: w, Offset: 1, Ops: []MIOp{steer}})
+			_, err := MIKernel("k", MIKernelConfig{Width: w, Stride: w, Offset: 1, Ops: []ir.MI{steer}})
 			return err
 		}},
 	} {
@@ -532,25 +533,25 @@ func TestMIBindings(t *testing.T) {
 // a hook of width w: each alone under a gate (or, for one set, none), and a chain where
 // steer_set is gated on a probe the same kernel has just written. Scalars index miTargs'
 // table {2.5, -0.125, 0.25}.
-func writeOps(w int) map[string][]MIOp {
-	set := MIOp{Template: "steer_set", Bit: testBit, Width: w, Vec: "set_d", Scal: "scal", Alpha: 1, Bias: -1,
-		Gates: []Gate{{Kind: "positions", Positions: "prompt"}}}
-	clamp := MIOp{Template: "clamp_projection", Bit: testBit, Width: w, Vec: "clamp_d", Scal: "scal", Alpha: 1, Bias: 2,
-		Gates: []Gate{{Kind: "activation", Buf: "gate", Col: 1, Width: 2, Cmp: ">", Value: 0.5}}}
+func writeOps(w int) map[string][]ir.MI {
+	set := ir.MI{Template: "steer_set", Bit: testBit, Width: w, Vec: "set_d", Scal: "scal", Alpha: 1, Bias: -1,
+		Gates: []ir.Gate{{Kind: "positions", Positions: "prompt"}}}
+	clamp := ir.MI{Template: "clamp_projection", Bit: testBit, Width: w, Vec: "clamp_d", Scal: "scal", Alpha: 1, Bias: 2,
+		Gates: []ir.Gate{{Kind: "activation", Buf: "gate", Col: 1, Width: 2, Cmp: ">", Value: 0.5}}}
 	clampMax := clamp
 	clampMax.Alpha, clampMax.Gates = -1, nil
-	scale := MIOp{Template: "scale", Bit: testBit, Width: w, Scal: "scal", Alpha: 0, Bias: -1,
-		Gates: []Gate{{Kind: "steps", From: 1, To: 3}}}
-	scaleVec := MIOp{Template: "scale", Bit: testBit, Width: w, Vec: "factors", Alpha: -1, Bias: -1,
-		Gates: []Gate{{Kind: "token_in", Tokens: []int{7, 9}}}}
-	head := MIOp{Template: "head_ablate", Bit: testBit, Width: w, Vec: "mask", Scal: "scal", Alpha: 1, Bias: -1,
-		Gates: []Gate{{Kind: "positions", Positions: "generated"}}}
-	patch := MIOp{Template: "patch", Bit: testBit, Width: w, Vec: "saved", Alpha: -1, Bias: -1,
-		Gates: []Gate{{Kind: "token_in", Tokens: []int{8}}}}
+	scale := ir.MI{Template: "scale", Bit: testBit, Width: w, Scal: "scal", Alpha: 0, Bias: -1,
+		Gates: []ir.Gate{{Kind: "steps", From: 1, To: 3}}}
+	scaleVec := ir.MI{Template: "scale", Bit: testBit, Width: w, Vec: "factors", Alpha: -1, Bias: -1,
+		Gates: []ir.Gate{{Kind: "token_in", Tokens: []int{7, 9}}}}
+	head := ir.MI{Template: "head_ablate", Bit: testBit, Width: w, Vec: "mask", Scal: "scal", Alpha: 1, Bias: -1,
+		Gates: []ir.Gate{{Kind: "positions", Positions: "generated"}}}
+	patch := ir.MI{Template: "patch", Bit: testBit, Width: w, Vec: "saved", Alpha: -1, Bias: -1,
+		Gates: []ir.Gate{{Kind: "token_in", Tokens: []int{8}}}}
 	gatedSet := set
-	gatedSet.Gates = []Gate{{Kind: "activation", Buf: "probe", Col: 1, Width: 2, Cmp: ">", Value: 0}}
+	gatedSet.Gates = []ir.Gate{{Kind: "activation", Buf: "probe", Col: 1, Width: 2, Cmp: ">", Value: 0}}
 	old := testOps(w)
-	return map[string][]MIOp{
+	return map[string][]ir.MI{
 		"steer_set": {set}, "clamp": {clamp}, "clamp_max": {clampMax}, "scale": {scale}, "scale_vec": {scaleVec},
 		"head_ablate": {head}, "patch": {patch},
 		"chain": {patch, old["probe"][0], gatedSet, clampMax, scaleVec, head, old["capture"][0]},
@@ -642,22 +643,22 @@ func TestMIWriteExact(t *testing.T) {
 		}
 	}
 	for _, c := range []struct {
-		op    MIOp
+		op    ir.MI
 		vec   []float32
 		exact exact
 		near  func(in, out []float32) []float64
 	}{
-		{MIOp{Template: "scale", Alpha: 0}, nil, func(_ int, v float32) float32 { return v * alpha }, nil},
-		{MIOp{Template: "scale", Vec: "f", Alpha: -1}, factors, func(i int, v float32) float32 { return v * factors[i] }, nil},
-		{MIOp{Template: "head_ablate", Vec: "m", Alpha: 1}, mask, func(i int, v float32) float32 {
+		{ir.MI{Template: "scale", Alpha: 0}, nil, func(_ int, v float32) float32 { return v * alpha }, nil},
+		{ir.MI{Template: "scale", Vec: "f", Alpha: -1}, factors, func(i int, v float32) float32 { return v * factors[i] }, nil},
+		{ir.MI{Template: "head_ablate", Vec: "m", Alpha: 1}, mask, func(i int, v float32) float32 {
 			if mask[i] != 0 {
 				return v * lo
 			}
 			return v
 		}, nil},
-		{MIOp{Template: "patch", Vec: "s", Alpha: -1}, saved, func(i int, _ float32) float32 { return saved[i] }, nil},
-		{MIOp{Template: "steer_set", Vec: "d", Alpha: 2}, d, nil, projected(func(float64) float64 { return float64(hi) })},
-		{MIOp{Template: "clamp_projection", Vec: "d", Alpha: 1, Bias: 2}, d, nil,
+		{ir.MI{Template: "patch", Vec: "s", Alpha: -1}, saved, func(i int, _ float32) float32 { return saved[i] }, nil},
+		{ir.MI{Template: "steer_set", Vec: "d", Alpha: 2}, d, nil, projected(func(float64) float64 { return float64(hi) })},
+		{ir.MI{Template: "clamp_projection", Vec: "d", Alpha: 1, Bias: 2}, d, nil,
 			projected(func(p float64) float64 { return math.Min(math.Max(p, float64(lo)), float64(hi)) })},
 	} {
 		op := c.op
@@ -665,13 +666,13 @@ func TestMIWriteExact(t *testing.T) {
 		if op.Template != "clamp_projection" {
 			op.Bias = -1
 		}
-		mc := MIKernelConfig{Width: w, Stride: w, Ops: []MIOp{op}}
+		mc := MIKernelConfig{Width: w, Stride: w, Ops: []ir.MI{op}}
 		k, err := MIKernel("exact_"+op.Template, mc)
 		if err != nil {
 			t.Fatal(err)
 		}
 		args := []targ{{name: "x", f32: x, out: len(x)}, {name: "ctl_mask", u32: testMask}}
-		if op.toRef().Params()[0].Suffix == "vec" {
+		if toRef(op).Params()[0].Suffix == "vec" {
 			args = append(args, targ{name: "mi0_vec", f32: c.vec})
 		}
 		if op.Alpha >= 0 {
@@ -727,7 +728,7 @@ func TestWriteTemplatesOffRowsUnchanged(t *testing.T) {
 	plain := RowConfig{Hidden: w, Eps: 1e-5, WDtype: ptx.BF16, Load: "add"}
 	withMI := plain
 	withMI.DeltaOps = sets["scale"]
-	withMI.ResidOps = append(append([]MIOp(nil), sets["chain"]...), sets["steer_set"]...)
+	withMI.ResidOps = append(append([]ir.MI(nil), sets["chain"]...), sets["steer_set"]...)
 	kPlain, err := RowNorm("plain", plain)
 	if err != nil {
 		t.Fatal(err)
@@ -782,16 +783,16 @@ func TestSiluMulChunkedMatchesReference(t *testing.T) {
 func TestRowNormFoldedProjection(t *testing.T) {
 	rng := rand.New(rand.NewPCG(23, 24))
 	for _, w := range []int{256, 1000, 4096} {
-		project := MIOp{Template: "project_out", Bit: testBit, Width: w, Vec: "d", Alpha: -1, Bias: -1}
-		steer := MIOp{Template: "steer_add", Bit: 0, Width: w, Vec: "steer_v", Scal: "scal", Alpha: 0, Bias: -1,
-			Gates: []Gate{{Kind: "steps", From: 1, To: 3}}}
-		for _, resid := range [][]MIOp{{project}, {project, steer}} {
+		project := ir.MI{Template: "project_out", Bit: testBit, Width: w, Vec: "d", Alpha: -1, Bias: -1}
+		steer := ir.MI{Template: "steer_add", Bit: 0, Width: w, Vec: "steer_v", Scal: "scal", Alpha: 0, Bias: -1,
+			Gates: []ir.Gate{{Kind: "steps", From: 1, To: 3}}}
+		for _, resid := range [][]ir.MI{{project}, {project, steer}} {
 			foldedProjection(t, rng, w, resid)
 		}
 	}
 }
 
-func foldedProjection(t *testing.T, rng *rand.Rand, w int, residOps []MIOp) {
+func foldedProjection(t *testing.T, rng *rand.Rand, w int, residOps []ir.MI) {
 	t.Helper()
 	c := RowConfig{Hidden: w, Eps: 1e-5, WDtype: ptx.BF16, Load: "add", ResidOps: residOps}
 	k, err := RowNorm(fmt.Sprintf("row_norm_fold_%d_%d", w, len(residOps)), c)

@@ -5,6 +5,7 @@ import (
 	"math"
 
 	"xmix/bundle"
+	"xmix/ir"
 	"xmix/ops"
 	"xmix/ptx"
 )
@@ -19,13 +20,13 @@ type SampleConfig struct {
 	EOS      []int
 	// Overrides are token_override ops (hook sampled): MIOp with Template "token_override",
 	// Alpha the index of the token in Scal, and gates other than activation.
-	Overrides []MIOp
+	Overrides []ir.MI
 }
 
 func (c SampleConfig) refOverrides() []ops.TokenOverride {
 	var out []ops.TokenOverride
 	for _, o := range c.Overrides {
-		r := o.toRef()
+		r := toRef(o)
 		out = append(out, ops.TokenOverride{Bit: o.Bit, Token: o.Alpha, ScalStride: o.ScalStride, ScalRows: o.ScalRows, Gates: r.Gates, Fired: r.Fired})
 	}
 	return out
@@ -394,7 +395,7 @@ func (g *sampleGen) declareOverrides(refs []ops.TokenOverride) (func(smp ptx.Reg
 			if refs[i].Fired > 0 {
 				done, on = g.NewLabel(fmt.Sprintf("ovr%d_fired", i)), g.imm32(0)
 			}
-			if p := m.gates(r, &miBound{MIOp: o}); p != nil {
+			if p := m.gates(r, &miBound{MI: o}); p != nil {
 				g.EmitIf(*p, true, "bra", ptx.Sym(done))
 			}
 			a := g.Reg(ptx.U64)
@@ -517,7 +518,7 @@ func (g *sampleGen) better(bv, bi, ov, oi ptx.Reg) {
 // logits, one row per sample.
 type LogitsMIConfig struct {
 	Vocab int
-	Ops   []MIOp
+	Ops   []ir.MI
 }
 
 // logitsThreads is LogitsMI's block: one logit per thread, so a vocabulary-wide row spreads

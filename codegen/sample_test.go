@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"xmix/bundle"
+	"xmix/ir"
 	"xmix/ops"
 )
 
@@ -62,8 +63,8 @@ func TestSampleNonFinite(t *testing.T) {
 				logits[i*vocab+c.at] = c.bad
 			}
 		}
-		ovr := MIOp{Template: "token_override", Bit: 0, Width: 1, Scal: "s", Alpha: 0, Bias: -1, ScalStride: 1, ScalRows: 1}
-		for _, sc := range []SampleConfig{{Vocab: vocab}, {Vocab: vocab, Overrides: []MIOp{ovr}}} {
+		ovr := ir.MI{Template: "token_override", Bit: 0, Width: 1, Scal: "s", Alpha: 0, Bias: -1, ScalStride: 1, ScalRows: 1}
+		for _, sc := range []SampleConfig{{Vocab: vocab}, {Vocab: vocab, Overrides: []ir.MI{ovr}}} {
 			k, err := Sample("sample_nonfinite", sc)
 			if err != nil {
 				t.Fatal(err)
@@ -103,9 +104,9 @@ func TestSampleNonFinite(t *testing.T) {
 func TestSampleOverride(t *testing.T) {
 	const vocab, n = 333, 5
 	r := rand.New(rand.NewPCG(43, 44))
-	ovr := MIOp{Template: "token_override", Bit: 2, Width: 1, Scal: "s", Alpha: 1, Bias: -1, ScalStride: 2, ScalRows: 3,
-		Gates: []Gate{{Kind: "steps", From: 2, To: 4}}}
-	c := SampleConfig{Vocab: vocab, Overrides: []MIOp{ovr}}
+	ovr := ir.MI{Template: "token_override", Bit: 2, Width: 1, Scal: "s", Alpha: 1, Bias: -1, ScalStride: 2, ScalRows: 3,
+		Gates: []ir.Gate{{Kind: "steps", From: 2, To: 4}}}
+	c := SampleConfig{Vocab: vocab, Overrides: []ir.MI{ovr}}
 	k, err := Sample("sample_ovr", c)
 	if err != nil {
 		t.Fatal(err)
@@ -146,10 +147,10 @@ func TestSampleOverride(t *testing.T) {
 func TestLogitsMI(t *testing.T) {
 	const vocab, n, rows = 40000, 3, 4
 	r := rand.New(rand.NewPCG(45, 46))
-	steer := MIOp{Template: "steer_add", Bit: 1, Width: vocab, Vec: "v", Scal: "s", Alpha: 0, Bias: -1, ScalStride: 1, ScalRows: 2}
-	capt := MIOp{Template: "capture", Bit: 1, Width: vocab, Alpha: -1, Bias: -1, Out: "o", OutWidth: vocab,
-		Gates: []Gate{{Kind: "positions", Positions: "generated"}}}
-	c := LogitsMIConfig{Vocab: vocab, Ops: []MIOp{steer, capt}}
+	steer := ir.MI{Template: "steer_add", Bit: 1, Width: vocab, Vec: "v", Scal: "s", Alpha: 0, Bias: -1, ScalStride: 1, ScalRows: 2}
+	capt := ir.MI{Template: "capture", Bit: 1, Width: vocab, Alpha: -1, Bias: -1, Out: "o", OutWidth: vocab,
+		Gates: []ir.Gate{{Kind: "positions", Positions: "generated"}}}
+	c := LogitsMIConfig{Vocab: vocab, Ops: []ir.MI{steer, capt}}
 	k, err := LogitsMI("logits_mi", c)
 	if err != nil {
 		t.Fatal(err)

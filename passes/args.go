@@ -11,6 +11,7 @@ import (
 	"xmix/bundle"
 	"xmix/frontend"
 	"xmix/input"
+	"xmix/ir"
 	"xmix/safetensors"
 )
 
@@ -217,13 +218,6 @@ func bindOp(p *Program, a *AppPlan, op *MIOp, spec frontend.Op, files map[string
 			"kernel %s cannot sit at hook %s", op.Template, op.Hook)
 	}
 	switch m := p.Model; {
-	case op.Hook == "router_logits" && m.Experts == 0:
-		return frontend.Errorf(spec.HookPos, "router_logits fires on mixture-of-experts models (family mixtral)",
-			"model %q (family %s) has no router", m.Name, m.Family)
-	case op.Hook == "mlp.act" && m.Experts > 0:
-		// The experts' activations are k rows per token: no per-token hook yet.
-		return frontend.Errorf(spec.HookPos, "hook mlp_out or router_logits instead",
-			"hook mlp.act on a mixture-of-experts model is not supported yet")
 	case op.Hook == "logits" && !contains(elementwise, op.Template):
 		return frontend.Errorf(spec.KernelPos, "templates at logits: "+strings.Join(elementwise, ", "),
 			"kernel %s cannot sit at hook logits (its rows are vocabulary-wide, %d columns)", op.Template, m.Vocab)
@@ -499,8 +493,7 @@ func boundProduct(a *AppPlan, op *MIOp, word string, at frontend.Pos) error {
 			data = v.Data
 		}
 	}
-	h := hookFact(op.Hook)
-	residual := h != nil && (h.Role == RoleResid || h.Role == RoleDelta)
+	residual := op.Value.Class == ir.Residual || op.Value.Class == ir.Delta
 	s := &a.Scalars[op.Alpha]
 	s.Scales, s.Residual, s.Limit = op.Vec, residual, bundle.ProductLimit(data, residual)
 	if v := s.Value; math.Abs(float64(v)) > float64(s.Limit) {

@@ -54,7 +54,7 @@ func TestCustomOpBinds(t *testing.T) {
 			t.Fatalf("%d ops, want 2", len(p.Ops))
 		}
 		for _, op := range p.Ops {
-			if op.Template != CustomTemplate || op.Host != HostCustom || op.HostLayer != op.Layer || op.Custom.Name != "k" {
+			if op.Template != CustomTemplate || op.Host != HostCustom || op.Node.Layer != op.Layer || op.Custom.Name != "k" {
 				t.Fatalf("op %+v not placed as a custom node", op)
 			}
 			a := op.CustomArgs

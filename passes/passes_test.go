@@ -75,8 +75,9 @@ ops:
 	if len(a.Scalars) != 3 || a.Scalars[0].Value != 2 || a.Scalars[1].Value != 0.5 || a.Scalars[2].Value != 1 {
 		t.Fatalf("scalars: %+v", a.Scalars)
 	}
-	if p.Ops[4].HostLayer != 2*4-1 || p.Ops[3].HostLayer != 2*2+1 {
-		t.Fatalf("host slots: final %d, resid_post(2) %d", p.Ops[4].HostLayer, p.Ops[3].HostLayer)
+	// final_norm is the last add+norm kernel's normalised output, resid_post(2) its residual.
+	if p.Ops[4].Node.Name != "L3.mlp_residual" || p.Ops[3].Node.Name != "L2.mlp_residual" {
+		t.Fatalf("host nodes: final %s, resid_post(2) %s", p.Ops[4].Node.Name, p.Ops[3].Node.Name)
 	}
 }
 
@@ -410,17 +411,16 @@ ops:
 		t.Fatal(err)
 	}
 	want := []struct {
-		host      string
-		hostLayer int
-		width     int
-	}{{HostLens, 2, 8}, {HostLogits, -1, 300}, {HostLogits, -1, 300}, {HostSampler, -1, 1}}
+		host, node string
+		width      int
+	}{{HostLens, "L2.resid_post.a.op0", 8}, {HostLogits, "logits", 300}, {HostLogits, "logits", 300}, {HostSampler, "sample", 1}}
 	if len(p.Ops) != len(want) {
 		t.Fatalf("%d ops, want %d", len(p.Ops), len(want))
 	}
 	for i, w := range want {
 		op := p.Ops[i]
-		if op.Host != w.host || op.HostLayer != w.hostLayer || op.Width != w.width {
-			t.Errorf("op %d (%s): host %s/%d width %d, want %s/%d width %d", i, op.Template, op.Host, op.HostLayer, op.Width, w.host, w.hostLayer, w.width)
+		if op.Host != w.host || op.Node.Name != w.node || op.Width != w.width {
+			t.Errorf("op %d (%s): host %s/%s width %d, want %s/%s width %d", i, op.Template, op.Host, op.Node.Name, op.Width, w.host, w.node, w.width)
 		}
 	}
 	if p.Ops[0].K != 3 || p.Ops[0].OutWidth != 6 || len(p.Ops[3].Gates) != 1 || p.Ops[3].Alpha < 0 {

@@ -1,8 +1,10 @@
-// Package passes turns parsed specs into a planned program: MI ops resolved to hook sites,
-// their arguments bound and checked, app bits and buffers assigned, and every op placed in
-// the kernel it is fused into. The pass list is data (see Passes); a verifier can run after
-// each pass. Nothing here generates PTX; a custom kernel's PTX is only parsed and checked
-// against its signature (custom.go).
+// Package passes turns parsed specs into a planned program: the model's forward as a graph
+// (package ir, from its family's builder), MI ops resolved to hook values of it, their
+// arguments bound and checked, app bits and buffers assigned, then the graph rewritten:
+// row kernels fused, sharded for tensor parallelism, MI ops attached and placed in the
+// kernels that host them, heavy ops guarded, buffers planned. The pass list is data (see
+// Passes); the verifiers can run after each pass. Nothing here generates PTX; a custom
+// kernel's PTX is only parsed and checked against its signature (custom.go).
 package passes
 
 import (
@@ -11,13 +13,18 @@ import (
 	"sort"
 
 	"xmix/frontend"
+	"xmix/ir"
 )
 
-// Program is the IR the passes transform.
+// Program is what the passes transform: the model's forward and the apps on it.
 type Program struct {
 	Model *frontend.Model
-	Apps  []*AppPlan
-	Ops   []*MIOp // one per (app op, layer), sorted into forward order by plan-fusion
+	// Graph is the forward (build-graph), with the MI ops once attach-mi and place-mi ran;
+	// Plain is the same forward without them (app-free), which a step that enables no app
+	// runs instead.
+	Graph, Plain *ir.Graph
+	Apps         []*AppPlan
+	Ops          []*MIOp // one per (app op, layer), sorted into forward order by attach-mi
 	// Latches are the token sets of the after_token conditions, indexed by latch bit: the
 	// host sets bit i of a row's latch word once a token of Latches[i] has appeared in the
 	// request at or before the row's position.
@@ -77,6 +84,48 @@ func (a *AppPlan) TableWidth() int {
 	return n
 }
 
+// ScalarTable is the control buffer of the app's scalar table (rows of TableWidth, one per
+// sequence slot), FiredBuffer the output buffer of its fired bytes.
+func (a *AppPlan) ScalarTable() string { return "app." + a.Name + ".scalars" }
+func (a *AppPlan) FiredBuffer() string { return "app." + a.Name + ".fired" }
+
+// SlotsBuffer is the buffer of the per-request slots of the vector in buffer vector.
+func SlotsBuffer(vector string) string { return vector + ".slots" }
+
+// CountedOnDevice says whether op's kernel writes its fired bytes: every fused MI op does;
+// custom kernels (a fixed ABI) and logit lenses (no conditions) are counted by the host.
+func CountedOnDevice(op *MIOp) bool {
+	return op.Custom == nil && !Templates[op.Template].Heavy
+}
+
+// FiredColumn is op's byte of its app's fired rows: its place among the app's
+// device-counted sites ordered by op, then layer, so that the host sums each op's columns
+// as one run; -1 for ops the host counts.
+func (p *Program) FiredColumn(op *MIOp) int {
+	if !CountedOnDevice(op) {
+		return -1
+	}
+	col := 0
+	for _, o := range p.Ops {
+		if o.App == op.App && CountedOnDevice(o) && (o.OpIndex < op.OpIndex || o.OpIndex == op.OpIndex && o.Layer < op.Layer) {
+			col++
+		}
+	}
+	return col
+}
+
+// FiredWidth is how many bytes a row of the app's fired buffer has: a byte per site counted
+// on the device, rounded up to whole words (0: none is).
+func (p *Program) FiredWidth(a *AppPlan) int {
+	n := 0
+	for _, o := range p.Ops {
+		if o.App == a && CountedOnDevice(o) {
+			n++
+		}
+	}
+	return (n + 3) / 4 * 4
+}
+
 // Scalar is one entry of an app's scalar table (run-time replaceable). A scalar that
 // multiplies a vector (steer_add's alpha) names that vector's buffer in Scales, and Limit is
 // bundle.ProductLimit of it (Residual: at a hook of the residual stream); 0: no product is
@@ -122,6 +171,7 @@ type MIOp struct {
 	Layer    int // -1 for whole-model hooks
 	Width    int // elements of the hooked vector
 	Key      SiteKey
+	Value    *ir.Value // the hook's value in the graph
 
 	// Bound arguments.
 	Vec string // buffer of the op's vector
@@ -141,10 +191,12 @@ type MIOp struct {
 	Custom     *frontend.CustomKernel
 	CustomArgs []CustomArg
 
-	// Placement.
-	Host      string // HostEmbed, HostAddNorm, HostSilu, HostMI, HostCustom
-	HostLayer int    // the forward layer slot that launches the host kernel
-	Role      string // RoleDelta, RoleResid, RoleNorm, RoleWhole
+	// Placement (place-mi): the op as its kernel takes it, the node it runs in, the kind of
+	// that node (HostEmbed, HostAddNorm, ...) and the op's group there (RoleDelta, ...).
+	MI   *ir.MI
+	Node *ir.Node
+	Host string
+	Role string
 }
 
 // Gate is one per-row condition, resolved (buffers named, tokens listed).
@@ -173,14 +225,30 @@ type Pass struct {
 
 // Passes is the pipeline, in order. Each pass may rely on the ones before it.
 var Passes = []Pass{
+	{"build-graph", buildGraph},
 	{"resolve-hooks", resolveHooks},
 	{"assign-app-bits", assignAppBits},
-	{"plan-buffers", planBuffers},
+	{"declare-app-buffers", declareAppBuffers},
 	{"bind-args", bindArgs},
 	{"check-conditions", checkConditions},
 	{"plan-layer-masks", planLayerMasks},
-	{"plan-fusion", planFusion},
 	{"check-tp", checkTP},
+	{"fuse-rows", fuseRows},
+	{"shard-tp", shardTP},
+	{"app-free", appFree},
+	{"attach-mi", attachMI},
+	{"place-mi", placeMI},
+	{"guard-heavy", guardHeavy},
+	{"plan-buffers", planBuffers},
+}
+
+// PassNames lists the passes in order.
+func PassNames() []string {
+	ns := make([]string, len(Passes))
+	for i, ps := range Passes {
+		ns[i] = ps.Name
+	}
+	return ns
 }
 
 // Options control a compile.
@@ -243,11 +311,18 @@ func Run(m *frontend.Model, apps []*frontend.App, opt Options) (*Program, error)
 	return p, nil
 }
 
-// Verify checks the program's invariants. It reports programming errors in passes, not
-// user errors: every op has a width, a known template, a placement once planned, and gates
-// that read buffers written before them.
+// Verify checks the program's invariants: its graphs' (ir.Verify), and its ops'. It
+// reports programming errors in passes, not user errors: every op has a width, a known
+// template, a placement once planned, and gates that read buffers written before them.
 func Verify(p *Program) error {
 	var errs []error
+	for _, g := range []*ir.Graph{p.Graph, p.Plain} {
+		if g != nil {
+			if err := ir.Verify(g); err != nil {
+				errs = append(errs, fmt.Errorf("graph %s: %w", g.Name, err))
+			}
+		}
+	}
 	bits := map[int]string{}
 	for _, a := range p.Apps {
 		if a.Bit == -1 { // not assigned yet
@@ -284,6 +359,9 @@ func Verify(p *Program) error {
 			if g.Kind == "layers" && (g.Word < len(op.App.Scalars) || g.Word >= op.App.TableWidth() || g.Bit != op.Layer%32) {
 				errs = append(errs, fmt.Errorf("%s: gate %d: layer mask word %d bit %d outside the app's mask columns", where, j, g.Word, g.Bit))
 			}
+		}
+		if op.Value == nil {
+			errs = append(errs, fmt.Errorf("%s: not at a hook value of its width", where))
 		}
 		if op.Kind == "read" && op.Out != "" && op.OutCol+Templates[op.Template].outWidth(op) > op.OutWidth {
 			errs = append(errs, fmt.Errorf("%s: output columns exceed buffer width %d", where, op.OutWidth))

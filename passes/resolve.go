@@ -6,18 +6,35 @@ import (
 	"strings"
 
 	"xmix/frontend"
+	"xmix/ir"
+	"xmix/models"
 )
 
-// resolveHooks expands every app op into one MIOp per layer at a hook this compiler fires.
+// buildGraph writes the model's forward with its family's builder.
+func buildGraph(p *Program) error {
+	g, err := models.Build(p.Model)
+	if err != nil {
+		return frontend.Errorf(p.Model.Pos, "families: "+strings.Join(models.Families(), ", "), "%v", err)
+	}
+	p.Graph = g
+	return nil
+}
+
+// resolveHooks expands every app op into one MIOp per layer at a hook value of the graph.
 func resolveHooks(p *Program) error {
-	m := p.Model
+	m, g := p.Model, p.Graph
+	names, perLayer := hookNames(g)
 	var errs []error
 	for _, a := range p.Apps {
 		for i, op := range a.Spec.Ops {
-			h := hookFact(op.Hook)
-			if h == nil {
+			if why, refused := g.Refused[op.Hook]; refused {
+				errs = append(errs, frontend.Errorf(op.HookPos, why,
+					"hook %s cannot be fired on model %q (family %s) in this version of xmixc", op.Hook, m.Name, m.Family))
+				continue
+			}
+			if !contains(names, op.Hook) {
 				errs = append(errs, frontend.Errorf(op.HookPos,
-					"hooks this compiler fires: "+strings.Join(HookNames(), ", "),
+					"hooks this compiler fires: "+strings.Join(names, ", "),
 					"hook %q cannot be fired by family %s in this version of xmixc", op.Hook, m.Family))
 				continue
 			}
@@ -32,7 +49,7 @@ func resolveHooks(p *Program) error {
 			}
 			var layers []int
 			switch {
-			case !h.PerLayer:
+			case !perLayer[op.Hook]:
 				if len(op.Layers) > 0 || op.AllLayers {
 					errs = append(errs, frontend.Errorf(op.LayersPos, "remove layers: for whole-model hooks",
 						"hook %s is a whole-model hook and takes no layers", op.Hook))
@@ -59,12 +76,15 @@ func resolveHooks(p *Program) error {
 				}
 			}
 			for _, l := range layers {
-				mo := &MIOp{
-					App: a, OpIndex: i, Pos: op.Pos, Kind: op.Kind, Template: template, Custom: custom,
-					Hook: op.Hook, Layer: l, Width: h.Width(m), Key: siteKey(h, l, m),
-					Alpha: -1, Bias: -1,
+				v, key := hookSite(g, ir.Hook{Name: op.Hook, Layer: l})
+				if v == nil {
+					return fmt.Errorf("graph of %s: no value is hook %s of layer %d", m.Name, op.Hook, l)
 				}
-				p.Ops = append(p.Ops, mo)
+				p.Ops = append(p.Ops, &MIOp{
+					App: a, OpIndex: i, Pos: op.Pos, Kind: op.Kind, Template: template, Custom: custom,
+					Hook: op.Hook, Layer: l, Width: v.Width, Key: key, Value: v,
+					Alpha: -1, Bias: -1,
+				})
 			}
 		}
 	}
@@ -83,8 +103,8 @@ func assignAppBits(p *Program) error {
 	return nil
 }
 
-// planBuffers gives every declared app buffer a device buffer; reads fill its columns.
-func planBuffers(p *Program) error {
+// declareAppBuffers gives every declared app buffer a device buffer; reads fill its columns.
+func declareAppBuffers(p *Program) error {
 	var errs []error
 	for _, a := range p.Apps {
 		for _, b := range a.Spec.Buffers {
@@ -111,22 +131,6 @@ func (a *AppPlan) export(name string) *Export {
 		}
 	}
 	return nil
-}
-
-// planFusion places every op in its host kernel and sorts ops into forward order.
-func planFusion(p *Program) error {
-	for _, op := range p.Ops {
-		op.Host, op.HostLayer = HostOf(op.Hook, op.Layer, p.Model.Layers)
-		if op.Custom != nil {
-			op.Host, op.HostLayer = HostCustom, op.Layer
-		}
-		if Templates[op.Template].Heavy {
-			op.Host, op.HostLayer = HostLens, op.Layer
-		}
-		op.Role = hookFact(op.Hook).Role
-	}
-	sortOps(p)
-	return checkPlacement(p)
 }
 
 // checkPlacement refuses what the placement cannot order: a buffer filled both at hook

@@ -346,7 +346,7 @@ func checkForwardReference(t *testing.T, b *bundle.Bundle) {
 }
 
 // TestBiasedModelRefusesQKVHooks: Qwen2's biases are added in RopeKV, after the attn.q/k/v
-// hooks, so an op there is refused rather than shown unbiased values.
+// hooks, so an op there is refused at its position rather than shown unbiased values.
 func TestBiasedModelRefusesQKVHooks(t *testing.T) {
 	dir := t.TempDir()
 	mp, ap := filepath.Join(dir, "m.yaml"), filepath.Join(dir, "a.yaml")
@@ -357,7 +357,7 @@ func TestBiasedModelRefusesQKVHooks(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err := compile.Build(mp, []string{ap}, compile.Options{Verify: true})
-	if err == nil || !strings.Contains(err.Error(), "layer 1: hook attn.k on a model with q/k/v biases is not supported") {
+	if err == nil || !strings.Contains(err.Error(), `a.yaml:4:36: hook attn.k cannot be fired on model "small-qwen2" (family qwen2) in this version of xmixc (the q/k/v biases are added after this hook`) {
 		t.Fatalf("got %v, want a refusal of attn.k", err)
 	}
 	// Qwen3 has no biases: the same hook compiles.
@@ -376,7 +376,7 @@ func TestMixtralRefusesMlpAct(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err := compile.Build(mp, []string{ap}, compile.Options{Verify: true})
-	if err == nil || !strings.Contains(err.Error(), "hook mlp.act on a mixture-of-experts model is not supported yet") {
+	if err == nil || !strings.Contains(err.Error(), `a.yaml:4:36: hook mlp.act cannot be fired on model "small-mixtral" (family mixtral) in this version of xmixc (a mixture-of-experts layer's activations are top-k rows per token`) {
 		t.Fatalf("got %v, want a refusal of mlp.act", err)
 	}
 	Compile(t, SmallMixtral, captureAt("router_logits", 0, 4))

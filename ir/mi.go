@@ -1,14 +1,18 @@
-package codegen
+package ir
 
-// MIOp is one MI primitive placed at a hook, as passes hand it to codegen. It is fused into
-// the kernel that produces the hooked value (or run by a standalone MI kernel over it). In a
-// kernel, op i takes parameters named mi<i>_vec, mi<i>_scal, mi<i>_out and mi<i>_g<j> (the
-// buffer an activation gate j reads); the template builder binds them to the buffers named
-// here.
-type MIOp struct {
+// MI is one MI op at one hook site as the graph carries it: what its kernel needs (template,
+// app bit, scalar indices, gates) and the buffers it reads and writes. In a kernel, op i
+// takes parameters named mi<i>_vec, mi<i>_scal, mi<i>_out and mi<i>_g<j> (the buffer an
+// activation gate j reads); lowering binds them to the buffers named here.
+type MI struct {
+	// Site: the op's app, its index in the app's ops, and the hook it sits at.
+	App     string
+	OpIndex int
+	Hook    Hook
+
 	Template string // a key of ops.MITemplates
 	Bit      int    // the app's bit in the per-row app mask (ctl_mask)
-	Width    int    // elements of the hooked vector per row
+	Width    int    // elements of the hooked vector per row (per rank)
 	// Vec is the buffer of the op's vector: probe w, steer v, unit direction d (project_out,
 	// steer_set, clamp_projection), scale factors, head_ablate's 0/1 column mask, patch values.
 	Vec string
@@ -26,6 +30,7 @@ type MIOp struct {
 	Alpha      int
 	Bias       int
 	Activation string // probe_linear: "" (identity) or "sigmoid"
+	K          int    // logit_lens: how many top tokens it reports
 	Out        string // reads: buffer of [rows, OutWidth] f32 the result lands in
 	OutCol     int    // first column of this op's result in Out
 	OutWidth   int
@@ -36,11 +41,13 @@ type MIOp struct {
 	Fired                string
 	FiredCol, FiredWidth int
 	Gates                []Gate // all must hold for the row, besides its app bit
+	// Custom is the app's own kernel (Template "custom").
+	Custom *Custom
 }
 
 // Gate is one per-row condition evaluated on the device inside the kernel.
 type Gate struct {
-	Kind string // activation | token_in | after_token | steps | positions
+	Kind string // activation | token_in | after_token | steps | positions | layers
 	// activation: Buf[row*Width+Col] Cmp threshold (Buf written earlier in the same forward);
 	// the threshold is Scal[Thresh-1] of the row when Thresh > 0, else Value.
 	Buf    string
@@ -61,4 +68,28 @@ type Gate struct {
 	// layers: bit Bit of the u32 at Scal[Word] of the row's scalars (the op's per-request
 	// layer mask).
 	Word, Bit int
+}
+
+// Custom is an app's PTX kernel: its text, entry and declared signature, and the op's
+// arguments past the fixed head of the signature.
+type Custom struct {
+	Name      string // the app's name for the kernel
+	PTX       string
+	Entry     string
+	Signature []Param
+	Args      []CustomArg
+}
+
+// Param is one declared kernel parameter: its name and PTX type name.
+type Param struct {
+	Name, Type string
+}
+
+// CustomArg is one argument of a custom op beyond the ABI head: a vector (Buf, Type u64)
+// or an f32 scalar (Value).
+type CustomArg struct {
+	Name  string
+	Type  string
+	Buf   string
+	Value float32
 }

@@ -1,0 +1,483 @@
+package codegen
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+
+	"xmix/bundle"
+	"xmix/ir"
+	"xmix/ops"
+	"xmix/ptx"
+)
+
+// Lowering: each node of a graph becomes kernel launches (or a collective) of one template.
+// The table below says, for each IR op, what lowers it and the reference ops its kernels are
+// bound to; init checks that every op has an entry and every reference op exists.
+
+// lowering is what one IR op becomes.
+type lowering struct {
+	// refs are the reference ops (package ops) of the kernels it emits.
+	refs []string
+	emit func(t *tb, n *ir.Node)
+}
+
+var lowerings = map[ir.Op]lowering{
+	ir.OpEmbed:      {nil, (*tb).unfused},
+	ir.OpNorm:       {nil, (*tb).unfused},
+	ir.OpAdd:        {nil, (*tb).unfused},
+	ir.OpEmbedNorm:  {[]string{"row_norm"}, (*tb).embedNorm},
+	ir.OpAddNorm:    {[]string{"row_norm"}, (*tb).addNorm},
+	ir.OpMatmul:     {[]string{"gemm", bundle.OpGemmTC}, (*tb).matmul},
+	ir.OpRope:       {[]string{"rope_kv"}, (*tb).rope},
+	ir.OpAttention:  {[]string{"attention"}, (*tb).attention},
+	ir.OpActivation: {[]string{"silu_mul"}, (*tb).activation},
+	ir.OpRouter:     {[]string{"moe_router"}, (*tb).router},
+	ir.OpExperts:    {[]string{"moe_gate_up", "moe_down", "gemm", bundle.OpGemmTC, "silu_mul", "moe_combine"}, (*tb).experts},
+	ir.OpSample:     {[]string{"sample"}, (*tb).sample},
+	ir.OpCollective: {nil, (*tb).collective},
+	ir.OpMI:         {[]string{"mi", "mi_samples"}, (*tb).mi},
+	ir.OpCustom:     {[]string{"custom_ptx"}, (*tb).custom},
+	ir.OpRenorm:     {[]string{"row_renorm"}, (*tb).renorm},
+	ir.OpLens:       {[]string{"lens_norm", "gemm", bundle.OpGemmTC, "lens_topk_part", "lens_topk"}, (*tb).lens},
+}
+
+func init() {
+	known := ops.Names()
+	for i := range ir.Ops {
+		op := ir.Op(i)
+		if op == ir.OpInvalid {
+			continue
+		}
+		l, ok := lowerings[op]
+		if !ok || l.emit == nil {
+			panic(fmt.Sprintf("codegen: IR op %s has no lowering", op)) // a programming error
+		}
+		for _, r := range l.refs {
+			if !slices.Contains(known, r) {
+				panic(fmt.Sprintf("codegen: IR op %s lowers to reference op %s, which package ops does not register", op, r))
+			}
+		}
+	}
+}
+
+// slots maps kernel parameter names to what they are bound to in one node.
+type slots map[string]bundle.Slot
+
+func buf(name string) bundle.Slot { return bundle.Slot{Buffer: name} }
+func konst(v uint64) bundle.Slot  { return bundle.Slot{Const: v} }
+
+// ctlSlots are the control-block parameters every MI-carrying kernel may take.
+var ctlSlots = slots{"ctl_mask": buf(bundle.CtlMask), "ctl_tokens": buf(bundle.CtlTokens), "ctl_gen": buf(bundle.CtlGen), "ctl_seq": buf(bundle.CtlSeq),
+	"ctl_latch": buf(bundle.CtlLatch), "ctl_vslot": buf(bundle.CtlVSlot)}
+
+// node binds k's parameters by name and makes a launch.
+func node(label string, k *Kernel, l ops.Launch, s slots, mi []ir.MI) (bundle.Node, error) {
+	all := slots{}
+	for n, v := range ctlSlots {
+		all[n] = v
+	}
+	for n, b := range miSlots(mi) {
+		all[n] = b
+	}
+	for n, v := range s {
+		all[n] = v
+	}
+	n := bundle.Node{Label: label, Kernel: k.Name, Grid: l.Grid, Block: l.Block, Shared: l.Shared}
+	var missing []string
+	for _, q := range k.Params {
+		v, ok := all[q.Name]
+		if !ok {
+			missing = append(missing, q.Name)
+			continue
+		}
+		n.Args = append(n.Args, v)
+	}
+	if len(missing) > 0 {
+		return n, fmt.Errorf("%s: kernel %s: no binding for parameters %s", label, k.Name, strings.Join(missing, ", "))
+	}
+	return n, nil
+}
+
+// tb accumulates one template's nodes.
+type tb struct {
+	g       *gen
+	kind    bundle.TemplateKind
+	rows    int // token rows
+	samples int // sampled rows
+	nodes   []bundle.Node
+	err     error
+	// addNorms counts the graph's add+norm nodes lowered so far: they are named by it
+	// ("slot3.add_norm", "add_norm_h4096_mi_s3").
+	addNorms int
+}
+
+func (t *tb) add(label string, k *Kernel, err error, l ops.Launch, s slots, mi []ir.MI) {
+	if t.err != nil {
+		return
+	}
+	if err != nil {
+		t.err = fmt.Errorf("%s: %w", label, err)
+		return
+	}
+	n, err := node(label, k, l, s, mi)
+	if err != nil {
+		t.err = err
+		return
+	}
+	t.nodes = append(t.nodes, n)
+}
+
+// fail records the template's first error.
+func (t *tb) fail(err error) {
+	if t.err == nil {
+		t.err = err
+	}
+}
+
+// rowsOf is how many rows v has in this template.
+func (t *tb) rowsOf(v *ir.Value) int {
+	if v.Rows == ir.Samples {
+		return t.samples
+	}
+	return t.rows
+}
+
+// template lowers graph gr for one bucket: `rows` token rows, `samples` sampled rows.
+func (g *gen) template(gr *ir.Graph, name string, kind bundle.TemplateKind, rows, samples int) (bundle.Template, error) {
+	t := &tb{g: g, kind: kind, rows: rows, samples: samples}
+	for _, n := range gr.Nodes {
+		lowerings[n.Op].emit(t, n)
+		if t.err != nil {
+			break
+		}
+	}
+	if t.err != nil {
+		return bundle.Template{}, fmt.Errorf("template %s: %w", name, t.err)
+	}
+	tmpl := bundle.Template{Name: name, Kind: kind, Tokens: rows, Samples: samples, Nodes: t.nodes}
+	if splits := g.attnSplits(rows); kind == bundle.Decode && splits > 1 {
+		tmpl.AttnSplit = &bundle.AttnSplit{Buffer: bundle.CtlAttnChunk, MaxSplits: splits, MinChunk: AttnMinChunk}
+	}
+	return tmpl, nil
+}
+
+// group is n's MI ops of group i, as the kernel generators take them.
+func group(n *ir.Node, i int) []ir.MI {
+	if i >= len(n.MI) {
+		return nil
+	}
+	out := make([]ir.MI, len(n.MI[i]))
+	for j, m := range n.MI[i] {
+		out[j] = *m
+	}
+	return out
+}
+
+// site records the kernel that runs n's MI ops (for the manifest's sites).
+func (g *gen) site(n *ir.Node, kernel string) {
+	for _, m := range n.AllMI() {
+		if _, ok := g.siteKernels[m]; !ok {
+			g.siteKernels[m] = kernel
+		}
+	}
+}
+
+// miName names a kernel: shared by every layer when it carries no MI ops, specific to its
+// site when it does.
+func miName(base string, mi []ir.MI, site string) string {
+	if len(mi) == 0 {
+		return base
+	}
+	return base + "_mi_" + site
+}
+
+func (t *tb) unfused(n *ir.Node) {
+	t.fail(fmt.Errorf("node %s: op %s has no kernel of its own (fuse-rows puts it in a row kernel)", n.Name, n.Op))
+}
+
+// embedNorm is the embedding gather with layer 0's input norm, and the MI ops of its
+// residual (hooks embed, resid_pre of layer 0).
+func (t *tb) embedNorm(n *ir.Node) {
+	g := t.g
+	a := n.Attrs.(ir.NormAttrs)
+	mi := group(n, 0)
+	c := RowConfig{Hidden: n.Out[0].Width, Vocab: a.Vocab, Eps: a.Eps, WDtype: g.wdt, Load: "embed", ResidOps: mi}
+	name := miName("embed", mi, "embed")
+	k, err := g.kernel(name, func() (*Kernel, error) { return RowNorm(name, c) })
+	g.site(n, name)
+	t.add(n.Name, k, err, c.Launch(t.rows), slots{
+		"tokens": buf(bundle.CtlTokens), "table": buf(n.Weight("table").Name), "resid": buf(n.Out[0].Buffer),
+		"w": buf(n.Weight("w").Name), "out": buf(n.Out[1].Buffer),
+	}, mi)
+}
+
+// addNorm is a residual add + RMSNorm with the MI ops placed in it (delta, residual, norm
+// groups). The norm of sampled rows is the final norm: it writes only those rows.
+func (t *tb) addNorm(n *ir.Node) {
+	g := t.g
+	a := n.Attrs.(ir.NormAttrs)
+	slot := t.addNorms
+	t.addNorms++
+	resid, delta, out := n.Out[0], n.In[1], n.Out[1]
+	final := out.Rows == ir.Samples
+	c := RowConfig{Hidden: resid.Width, Vocab: g.m.Vocab, Eps: a.Eps, WDtype: g.wdt, Load: "add", Gather: final,
+		DeltaOps: group(n, 0), ResidOps: group(n, 1), NormOps: group(n, 2)}
+	all := c.MIOps()
+	base := fmt.Sprintf("add_norm_h%d", resid.Width)
+	if final {
+		base = fmt.Sprintf("final_norm_h%d", resid.Width)
+	}
+	name := miName(base, all, fmt.Sprintf("s%d", slot))
+	k, err := g.kernel(name, func() (*Kernel, error) { return RowNorm(name, c) })
+	g.site(n, name)
+	s := slots{"resid": buf(resid.Buffer), "delta": buf(delta.Buffer), "w": buf(n.Weight("w").Name), "out": buf(out.Buffer)}
+	if final {
+		s["out_row"] = buf(bundle.CtlOutRow)
+	}
+	t.add(fmt.Sprintf("slot%d.add_norm", slot), k, err, c.Launch(t.rows), s, all)
+}
+
+func (t *tb) matmul(n *ir.Node) {
+	x, y := n.In[0], n.Out[0]
+	t.gemm(n.Name, x.Buffer, buf(n.Weight("w").Name), y.Buffer, x.Width, y.Width, t.rowsOf(x))
+}
+
+// tensorCoreRows is the bucket size from which GEMMs run on tensor cores (bf16 activations,
+// f32 accumulation): the CUDA-core GEMM's cost grows with rows (on an H200, 4.5x at 8 rows),
+// mma's is flat up to 128. Below it, the CUDA-core GEMM keeps f32 activations.
+const tensorCoreRows = 8
+
+func (t *tb) gemm(label, x string, w bundle.Slot, y string, k, n, rows int) {
+	t.gemmAt(label, buf(x), w, buf(y), GemmConfig{K: k, N: n, WDtype: t.g.wdt}, rows)
+}
+
+// gemmAt is gemm with x and y given as slots, which may start inside their buffers, and the
+// whole configuration (a guarded GEMM takes ctl.any_mask too).
+func (t *tb) gemmAt(label string, x, w, y bundle.Slot, c GemmConfig, rows int) {
+	g := t.g
+	k, n := c.K, c.N
+	s := slots{"x": x, "w": w, "y": y, "rows": konst(uint64(rows))}
+	guard := ""
+	if c.Guard != 0 {
+		s["any_mask"] = buf(bundle.CtlAnyMask)
+		guard = fmt.Sprintf("_g%x", c.Guard)
+	}
+	if rows >= tensorCoreRows && g.wdt == ptx.BF16 && k%16 == 0 && n%16 == 0 && g.gemmKind != "cuda-core" {
+		if g.gemmKind == "tc-staged" {
+			name := fmt.Sprintf("gemm_tcs_k%d_n%d%s", k, n, guard)
+			kern, err := g.kernel(name, func() (*Kernel, error) { return GemmTCStaged(name, c) })
+			s["ws"] = buf("act.gemm_ws")
+			t.add(label, kern, err, c.LaunchTCStaged(rows), s, nil)
+			return
+		}
+		name := fmt.Sprintf("gemm_tc_k%d_n%d%s", k, n, guard)
+		kern, err := g.kernel(name, func() (*Kernel, error) { return GemmTC(name, c) })
+		t.add(label, kern, err, c.LaunchTC(rows), s, nil)
+		return
+	}
+	name := fmt.Sprintf("gemm_k%d_n%d_%s%s", k, n, g.wdt, guard)
+	kern, err := g.kernel(name, func() (*Kernel, error) { return Gemm(name, c) })
+	t.add(label, kern, err, c.Launch(rows), s, nil)
+}
+
+// kvSlots are the KV cache and page table parameters of the rotation and attention kernels.
+func kvSlots(n *ir.Node, qkv string) slots {
+	return slots{"pos": buf(bundle.CtlPos), "seq": buf(bundle.CtlSeq), "block_table": buf(bundle.KVBlockTable),
+		"kcache": buf(n.State[0].Name), "vcache": buf(n.State[1].Name), "qkv": buf(qkv)}
+}
+
+func (t *tb) rope(n *ir.Node) {
+	g := t.g
+	a := n.Attrs.(ir.RopeAttrs)
+	rc := RopeConfig{Heads: a.Heads, KVHeads: a.KVHeads, HeadDim: a.HeadDim, BlockSize: g.m.KVBlockSize, MaxBlocksPerSeq: g.blocks,
+		KVDtype: g.kvdt, Bias: a.Bias, QKNorm: a.QKNorm, WDtype: g.wdt}
+	kname := fmt.Sprintf("rope_kv_h%d_kv%d_d%d_%s", a.Heads, a.KVHeads, a.HeadDim, g.kvdt)
+	rs := slots{"cos": buf(n.Weight("cos").Name), "sin": buf(n.Weight("sin").Name)}
+	if a.Bias {
+		kname += "_bias"
+		rs["bias"] = buf(n.Weight("bias").Name)
+	}
+	if a.QKNorm {
+		kname += "_qknorm"
+		rc.Eps = a.Eps
+		rs["q_norm"], rs["k_norm"] = buf(n.Weight("q_norm").Name), buf(n.Weight("k_norm").Name)
+	}
+	k, err := g.kernel(kname, func() (*Kernel, error) { return RopeKV(kname, rc) })
+	t.add(n.Name, k, err, rc.Launch(t.rows), merge(kvSlots(n, n.In[0].Buffer), rs), nil)
+}
+
+// attnConfig is an attention node's shape.
+func (g *gen) attnConfig(a ir.AttentionAttrs) AttnConfig {
+	return AttnConfig{Heads: a.Heads, KVHeads: a.KVHeads, HeadDim: a.HeadDim, BlockSize: g.m.KVBlockSize,
+		MaxBlocksPerSeq: g.blocks, KVDtype: g.kvdt, Scale: a.Scale}
+}
+
+// attention emits layer l's attention over the KV cache into z. A decode bucket runs the
+// flash-decoding kernel, its context split per step when the bucket's rows alone do not fill
+// the GPU (the host writes the step's chunk, bundle.AttnSplit). A prefill chunk runs the
+// tensor-core kernel over its prompt rows and the decode kernel over the rows alone of their
+// sequence (the decode rows mixed into the step); with a cache the tensor cores cannot read
+// (f32, or head dim past 128), the decode kernel takes every row.
+func (t *tb) attention(n *ir.Node) {
+	g := t.g
+	ac := g.attnConfig(n.Attrs.(ir.AttentionAttrs))
+	base := fmt.Sprintf("attention_h%d_kv%d_d%d_%s", ac.Heads, ac.KVHeads, ac.HeadDim, g.kvdt)
+	s := merge(kvSlots(n, n.In[0].Buffer), slots{"z": buf(n.Out[0].Buffer)})
+	decode := func(name string, c AttnConfig, splits int, s slots) {
+		k, err := g.kernel(name, func() (*Kernel, error) { return Attention(name, c) })
+		t.add(n.Name, k, err, c.Launch(t.rows, splits), s, nil)
+	}
+	switch {
+	case t.kind == bundle.Decode && g.attnSplits(t.rows) > 1:
+		ac.Split = true
+		decode(base+"_split", ac, g.attnSplits(t.rows), merge(s, slots{"ws": buf("act.attn_ws"), "chunk": buf(bundle.CtlAttnChunk)}))
+	case t.kind == bundle.Decode || !ac.PrefillOK():
+		decode(base, ac, 1, s)
+	default:
+		ac.Singles = true
+		decode(base+"_singles", ac, 1, s)
+		ac.Singles = false
+		name := base + "_prefill"
+		k, err := g.kernel(name, func() (*Kernel, error) { return AttentionPrefill(name, ac) })
+		t.add(n.Name+"_prefill", k, err, ac.LaunchPrefill(t.rows), merge(s, slots{"rows": konst(uint64(t.rows))}), nil)
+	}
+}
+
+// activation is the gated MLP's silu(gate) * up, with the mlp.act ops fused.
+func (t *tb) activation(n *ir.Node) {
+	g := t.g
+	mi := group(n, 0)
+	sc := SiluConfig{Inter: n.Out[0].Width, Ops: mi}
+	name := miName(fmt.Sprintf("silu_mul_i%d", sc.Inter), mi, fmt.Sprintf("L%d", n.Layer))
+	k, err := g.kernel(name, func() (*Kernel, error) { return SiluMul(name, sc) })
+	g.site(n, name)
+	t.add(n.Name, k, err, sc.Launch(t.rows), slots{"gu": buf(n.In[0].Buffer), "act": buf(n.Out[0].Buffer)}, mi)
+}
+
+// collective exchanges an activation between tensor-parallel ranks: an all-reduce sums a
+// row-parallel projection's partial output in place, an all-gather assembles the LM head's
+// vocabulary shards.
+func (t *tb) collective(n *ir.Node) {
+	in, out := n.In[0], n.Out[0]
+	if t.err == nil {
+		t.nodes = append(t.nodes, bundle.Node{Label: n.Name, Collective: &bundle.Collective{
+			Op: n.Attrs.(ir.CollectiveAttrs).Op, In: in.Buffer, Out: out.Buffer, Rows: t.rowsOf(in), Cols: in.Width}})
+	}
+}
+
+// logitsKernel and sampleKernel name the kernels of the model's tail.
+const logitsKernel = "mi_logits"
+
+func (g *gen) sampleKernel(ovr []ir.MI) string {
+	return miName(fmt.Sprintf("sample_v%d", g.m.Vocab), ovr, "sampled")
+}
+
+// mi is a standalone MI kernel: over a view of a GEMM's or attention's output, or over the
+// logits (one row per sample, each finding its token row's control words through ctl.s_row).
+func (t *tb) mi(n *ir.Node) {
+	g := t.g
+	x := n.In[0]
+	mi := group(n, 0)
+	if x.Rows == ir.Samples {
+		c := LogitsMIConfig{Vocab: x.Width, Ops: mi}
+		k, err := g.kernel(logitsKernel, func() (*Kernel, error) { return LogitsMI(logitsKernel, c) })
+		g.site(n, logitsKernel)
+		t.add("logits.mi", k, err, c.Launch(t.samples), slots{"x": buf(x.Buffer), "s_row": buf(bundle.CtlSRow)}, mi)
+		return
+	}
+	c := MIKernelConfig{Width: x.Width, Stride: x.Base().Width, Offset: x.Offset, Ops: mi}
+	name := fmt.Sprintf("mi_L%d_%s", n.Layer, strings.ReplaceAll(x.Hooks[0].Name, ".", "_"))
+	k, err := g.kernel(name, func() (*Kernel, error) { return MIKernel(name, c) })
+	g.site(n, name)
+	t.add(n.Name, k, err, c.Launch(t.rows), slots{"x": buf(x.Buffer)}, mi)
+}
+
+// sample is the sampler with the token_override ops of hook sampled fused in.
+func (t *tb) sample(n *ir.Node) {
+	g := t.g
+	a := n.Attrs.(ir.SampleAttrs)
+	ovr := group(n, 0)
+	smc := SampleConfig{Vocab: a.Vocab, Logprobs: a.Logprobs, EOS: a.EOS, Overrides: ovr}
+	name := g.sampleKernel(ovr)
+	k, err := g.kernel(name, func() (*Kernel, error) { return Sample(name, smc) })
+	g.site(n, name)
+	s := slots{
+		"logits": buf(n.In[0].Buffer), "temperature": buf(bundle.CtlTemperature), "top_p": buf(bundle.CtlTopP),
+		"rng": buf(bundle.CtlRNG), "out": buf(n.Out[0].Buffer), "s_row": buf(bundle.CtlSRow),
+		"lp_k": buf(bundle.CtlLogprobs), "lp_out": buf(bundle.OutLogprobs), "eos_ban": buf(bundle.CtlEOSBan),
+	}
+	for i, o := range ovr {
+		s[fmt.Sprintf("ovr%d_scal", i)] = buf(o.Scal)
+		if o.Fired != "" {
+			s[fmt.Sprintf("ovr%d_fired", i)] = bundle.Slot{Buffer: o.Fired, Offset: int64(o.FiredCol)}
+		}
+	}
+	t.add(n.Name, k, err, smc.Launch(t.samples), s, nil)
+}
+
+// lensName names op i's lens kernels: they depend on the app bit and the output columns.
+func (g *gen) lensName(kind string, c LensConfig) string {
+	return fmt.Sprintf("lens_%s_h%d_v%d_b%d_k%d_c%d_w%d", kind, c.Hidden, c.Vocab, c.Bit, c.K, c.OutCol, c.OutWidth)
+}
+
+// lensConfig is a logit-lens op's configuration.
+func (g *gen) lensConfig(op *ir.MI) LensConfig {
+	m := g.m
+	return LensConfig{Hidden: m.Hidden, Vocab: m.Vocab, Eps: float32(m.RMSEps), WDtype: g.wdt, Bit: op.Bit,
+		K: op.K, OutWidth: op.OutWidth, OutCol: op.OutCol}
+}
+
+// lens is a logit lens's heavy nodes over the residual as the add+norm kernel (and any custom
+// kernels) left it: the final norm, the LM head, a top-k in two rounds. Each is skipped
+// unless a row of the step enables the app (guard-heavy).
+func (t *tb) lens(n *ir.Node) {
+	g := t.g
+	m := g.m
+	op := n.Attrs.(ir.LensAttrs).MI
+	c := g.lensConfig(op)
+	label := func(kind string) string { return fmt.Sprintf("L%d.%s.%s", n.Layer, kind, op.App) }
+	nn, pn, tn := g.lensName("norm", c), g.lensName("topk_part", c), g.lensName("topk", c)
+	g.site(n, tn) // the kernel that writes the op's buffer
+	k, err := g.kernel(nn, func() (*Kernel, error) { return LensNorm(nn, c) })
+	t.add(label("lens_norm"), k, err, c.RowsLaunch(t.rows), slots{
+		"any_mask": buf(bundle.CtlAnyMask), "resid": buf(n.In[0].Buffer), "w": buf(g.finalNorm), "out": buf("act.lens_x"),
+	}, nil)
+	t.skipUnless(n.SkipUnless)
+	t.gemmAt(label("lens_logits"), buf("act.lens_x"), buf(g.lmHead), buf("act.lens"),
+		GemmConfig{K: m.Hidden, N: m.Vocab, WDtype: g.wdt, Guard: n.SkipUnless}, t.rows)
+	t.skipUnless(n.SkipUnless)
+	k, err = g.kernel(pn, func() (*Kernel, error) { return LensTopKPart(pn, c) })
+	t.add(label("lens_topk_part"), k, err, c.PartLaunch(t.rows), slots{
+		"any_mask": buf(bundle.CtlAnyMask), "logits": buf("act.lens"), "cand": buf("act.lens_cand"),
+	}, nil)
+	t.skipUnless(n.SkipUnless)
+	k, err = g.kernel(tn, func() (*Kernel, error) { return LensTopK(tn, c) })
+	t.add(label("lens_topk"), k, err, c.RowsLaunch(t.rows), slots{
+		"any_mask": buf(bundle.CtlAnyMask), "cand": buf("act.lens_cand"), "out": buf(op.Out),
+	}, nil)
+	t.skipUnless(n.SkipUnless)
+}
+
+// skipUnless marks the node just added as one that does nothing unless a row of the step
+// enables an app of mask (its kernel exits early on ctl.any_mask), so that a backend may
+// leave it out of the step (bundle.Node.SkipUnless).
+func (t *tb) skipUnless(mask uint32) {
+	if t.err == nil {
+		t.nodes[len(t.nodes)-1].SkipUnless = mask
+	}
+}
+
+func merge(a, b slots) slots {
+	out := slots{}
+	for k, v := range a {
+		out[k] = v
+	}
+	for k, v := range b {
+		out[k] = v
+	}
+	return out
+}
+
+// attnSplits is the grid z of a decode bucket's attention (1: no split).
+func (g *gen) attnSplits(rows int) int { return g.attnConfig(g.attn).DecodeSplits(rows) }

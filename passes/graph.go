@@ -1,0 +1,378 @@
+package passes
+
+import (
+	"fmt"
+
+	"xmix/ir"
+)
+
+// The passes over the graph, in the order Passes runs them.
+
+// fuseRows puts each norm in the row kernel of the value it normalises: the embedding's
+// (embed + norm: one kernel gathers and normalises each row) and each residual add's (add +
+// norm). The fused node keeps the first one's name and defines both values.
+func fuseRows(p *Program) error {
+	g := p.Graph
+	var nodes []*ir.Node
+	for i := 0; i < len(g.Nodes); i++ {
+		n := g.Nodes[i]
+		if (n.Op == ir.OpEmbed || n.Op == ir.OpAdd) && i+1 < len(g.Nodes) {
+			if nx := g.Nodes[i+1]; nx.Op == ir.OpNorm && nx.In[0] == n.Out[0] {
+				a := nx.Attrs.(ir.NormAttrs)
+				f := &ir.Node{Op: ir.OpAddNorm, Name: n.Name, Layer: n.Layer, In: n.In, Out: []*ir.Value{n.Out[0], nx.Out[0]},
+					W: append(append([]ir.Use(nil), n.W...), nx.W...)}
+				if n.Op == ir.OpEmbed {
+					f.Op, a.Vocab = ir.OpEmbedNorm, n.Attrs.(ir.EmbedAttrs).Vocab
+				}
+				f.Attrs = a
+				for _, v := range f.Out {
+					v.Def = f
+				}
+				nodes = append(nodes, f)
+				i++
+				continue
+			}
+		}
+		if n.Op == ir.OpEmbed || n.Op == ir.OpAdd || n.Op == ir.OpNorm {
+			return fmt.Errorf("node %s (%s): no row kernel of an embedding or a residual add with its norm", n.Name, n.Op)
+		}
+		nodes = append(nodes, n)
+	}
+	g.Nodes = nodes
+	return nil
+}
+
+// shardTP cuts the forward for p.TP ranks, Megatron-style: the column-parallel projections
+// (q, k, v; gate and up; each expert's) keep a rank's output features, so attention keeps
+// its heads and the MLP its columns; the row-parallel ones (o, down) sum the ranks' partial
+// outputs in an all-reduce inserted after them, before the add+norm kernel that carries the
+// residual hooks' MI ops; the LM head keeps a rank's vocabulary rows and an all-gather
+// assembles whole logits rows. Embedding, norms and the router are whole on every rank. A
+// hook moves to the value the collective defines.
+func shardTP(p *Program) error {
+	g := p.Graph
+	tp := max(1, p.TP)
+	g.TP = tp
+	if tp == 1 {
+		return nil
+	}
+	for _, s := range g.State() {
+		s.Heads /= tp
+	}
+	for i := 0; i < len(g.Nodes); i++ {
+		n := g.Nodes[i]
+		switch a := n.Attrs.(type) {
+		case ir.MatmulAttrs:
+			w := n.Weight("w")
+			switch a.Split {
+			case ir.Column:
+				cutColumns(n.Out[0], tp)
+				shard(w, ir.Column)
+			case ir.Row:
+				shard(w, ir.Row)
+				i = insertCollective(g, i, a.Reduce, ir.AllReduceSum, "")
+			case ir.Vocab:
+				cutColumns(n.Out[0], tp)
+				if usedElsewhere(g, w, n) { // tied: the embedding stays whole for the lookup
+					lm := &ir.Weight{Name: "lm_head", Tensors: w.Tensors, Shape: w.Shape, Dtype: w.Dtype, Global: w.Name}
+					n.W[0].Weight, w = lm, lm
+				}
+				shard(w, ir.Vocab)
+				i = insertCollective(g, i, a.Gather, ir.AllGatherCols, a.Shard)
+			}
+		case ir.RopeAttrs:
+			a.Heads, a.KVHeads = a.Heads/tp, a.KVHeads/tp
+			n.Attrs = a
+			if b := n.Weight("bias"); b != nil {
+				shard(b, ir.Column)
+			}
+		case ir.AttentionAttrs:
+			a.Heads, a.KVHeads = a.Heads/tp, a.KVHeads/tp
+			n.Attrs = a
+			cutColumns(n.Out[0], tp)
+		case ir.ActivationAttrs:
+			a.Inter /= tp
+			n.Attrs = a
+			cutColumns(n.Out[0], tp)
+		case ir.ExpertsAttrs:
+			a.Inter /= tp
+			n.Attrs = a
+			shard(n.Weight("gate_up"), ir.Column)
+			shard(n.Weight("down"), ir.Row)
+			i = insertCollective(g, i, a.Reduce, ir.AllReduceSum, "")
+		}
+	}
+	return nil
+}
+
+// cutColumns makes v and its views one rank's share of their columns.
+func cutColumns(v *ir.Value, tp int) {
+	v.Width /= tp
+	for _, w := range v.Views {
+		w.Offset, w.Width = w.Offset/tp, w.Width/tp
+	}
+}
+
+// shard marks w as cut by split: each tensor's extent along the cut dimension is recorded,
+// so that a rank finds its part of each.
+func shard(w *ir.Weight, split ir.Split) {
+	w.Split = split
+	n := len(w.Tensors)
+	w.Extents = make([]int, n)
+	for i := range w.Extents {
+		switch {
+		case split == ir.Row:
+			w.Extents[i] = w.Shape[1]
+		case w.Parts != nil:
+			w.Extents[i] = w.Parts[i]
+		default:
+			w.Extents[i] = w.Shape[0] / n
+		}
+	}
+}
+
+// usedElsewhere says whether a node of g other than n reads w.
+func usedElsewhere(g *ir.Graph, w *ir.Weight, n *ir.Node) bool {
+	for _, m := range g.Nodes {
+		for _, u := range m.W {
+			if m != n && u.Weight == w {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// insertCollective puts a collective of op after node i over its output, which keeps the
+// rank's part (renamed, in buffer part when given); the collective's output takes the
+// value's name, hooks and readers. It returns the collective's index.
+func insertCollective(g *ir.Graph, i int, name, op, part string) int {
+	n := g.Nodes[i]
+	v := n.Out[0]
+	whole := g.NewValue(v.Name, v.Rows, v.Width, v.Class)
+	if op == ir.AllGatherCols {
+		whole.Width *= g.TP
+	}
+	whole.Hooks, v.Hooks = v.Hooks, nil
+	v.Name += ".part"
+	if part != "" {
+		v.Class = part
+	}
+	for _, u := range g.Nodes[i+1:] {
+		for j, in := range u.In {
+			if in == v {
+				u.In[j] = whole
+			}
+		}
+	}
+	c := &ir.Node{Op: ir.OpCollective, Name: name, Layer: n.Layer, In: []*ir.Value{v}, Out: []*ir.Value{whole}, Attrs: ir.CollectiveAttrs{Op: op}}
+	g.Insert(i+1, c)
+	return i + 1
+}
+
+// appFree keeps the forward as it is before any MI op joins it (Program.Plain).
+func appFree(p *Program) error {
+	p.Plain = p.Graph.Clone()
+	return nil
+}
+
+// attachMI puts every op, in forward order (sortOps), at its hook value as its kernel will
+// take it: width per rank, buffers, scalar table, fired column, gates.
+func attachMI(p *Program) error {
+	sortOps(p)
+	for _, op := range p.Ops {
+		// shard-tp may have moved the hook to a collective's output.
+		op.Value, _ = hookSite(p.Graph, ir.Hook{Name: op.Hook, Layer: op.Layer})
+		op.MI = p.kernelOp(op)
+		op.Value.MI = append(op.Value.MI, op.MI)
+	}
+	return nil
+}
+
+// kernelOp is op as its kernel takes it.
+func (p *Program) kernelOp(op *MIOp) *ir.MI {
+	a := op.App
+	mo := &ir.MI{
+		App: a.Name, OpIndex: op.OpIndex, Hook: ir.Hook{Name: op.Hook, Layer: op.Layer},
+		Template: op.Template, Bit: a.Bit, Width: op.Value.Width, Vec: op.Vec,
+		Alpha: op.Alpha, Bias: op.Bias, Activation: op.Activation, K: op.K,
+		Out: op.Out, OutCol: op.OutCol, OutWidth: op.OutWidth,
+	}
+	if op.VecPerRequest {
+		mo.Pool, mo.PoolSlots = SlotsBuffer(op.Vec), p.VectorSlots
+	}
+	if col := p.FiredColumn(op); col >= 0 {
+		mo.Fired, mo.FiredCol, mo.FiredWidth = a.FiredBuffer(), col, p.FiredWidth(a)
+	}
+	scal := op.Alpha >= 0 || op.Bias >= 0
+	for _, gt := range op.Gates {
+		// The threshold of an activation gate is its scalar (Thresh), which requests may
+		// override; the kernel takes no constant.
+		cg := ir.Gate{Kind: gt.Kind, Buf: gt.Buf, Col: gt.Col, Width: gt.Width, Cmp: gt.Cmp,
+			Latch: gt.Latch, Tokens: gt.Tokens, From: gt.From, To: gt.To, Positions: gt.Positions,
+			Word: gt.Word, Bit: gt.Bit}
+		switch gt.Kind {
+		case "activation":
+			cg.Thresh = gt.Scalar + 1
+			scal = true
+		case "layers":
+			scal = true
+		}
+		mo.Gates = append(mo.Gates, cg)
+	}
+	if scal {
+		mo.Scal, mo.ScalStride, mo.ScalRows = a.ScalarTable(), a.TableWidth(), p.Model.MaxSeqs+1
+	}
+	if k := op.Custom; k != nil {
+		mo.Custom = &ir.Custom{Name: k.Name, PTX: k.PTX, Entry: k.Entry}
+		for _, s := range k.Signature {
+			mo.Custom.Signature = append(mo.Custom.Signature, ir.Param{Name: s.Name, Type: s.Type})
+		}
+		for _, ca := range op.CustomArgs {
+			mo.Custom.Args = append(mo.Custom.Args, ir.CustomArg{Name: ca.Name, Type: ca.Type.String(), Buf: ca.Buf, Value: ca.Value})
+		}
+	}
+	return mo
+}
+
+// placeMI puts the ops attached at each value in the kernel that hosts them: fused into the
+// row kernel that defines the value (embedding, add+norm, the gated activation, the router,
+// the sampler) or that takes it as its delta (add+norm); else a standalone MI kernel right
+// after the value's definition (GEMM and attention outputs; the logits). An app's own
+// kernels and heavy reads get nodes of their own after the add+norm kernel of their
+// resid_post, custom kernels first and a renorm after them.
+func placeMI(p *Program) error {
+	g := p.Graph
+	place := map[*ir.MI]*MIOp{}
+	for _, op := range p.Ops {
+		place[op.MI] = op
+	}
+	for _, v := range g.Values() {
+		if len(v.MI) == 0 {
+			continue
+		}
+		var fused, custom, heavy []*ir.MI
+		for _, m := range v.MI {
+			switch {
+			case m.Custom != nil:
+				custom = append(custom, m)
+			case Templates[m.Template].Heavy:
+				heavy = append(heavy, m)
+			default:
+				fused = append(fused, m)
+			}
+		}
+		v.MI = nil
+		if len(fused) > 0 {
+			n, group := host(g, v)
+			for len(n.MI) <= group {
+				n.MI = append(n.MI, nil)
+			}
+			n.MI[group] = append(n.MI[group], fused...)
+			for _, m := range fused {
+				place[m].placed(n, ir.Ops[n.Op].Groups[group].Name, v.Rows)
+			}
+		}
+		at := g.Index(v.Def) + 1
+		for _, m := range custom {
+			n := &ir.Node{Op: ir.OpCustom, Name: fmt.Sprintf("%s.%s.%s", v.Name, m.App, m.Custom.Name), Layer: v.Def.Layer,
+				In: []*ir.Value{v}, Attrs: ir.CustomAttrs{MI: m}}
+			g.Insert(at, n)
+			at++
+			place[m].placed(n, RoleWhole, v.Rows)
+		}
+		if len(custom) > 0 {
+			// The add+norm kernel normalised the residual before the custom kernels changed it.
+			d := v.Def
+			g.Insert(at, &ir.Node{Op: ir.OpRenorm, Name: fmt.Sprintf("L%d.renorm", d.Layer), Layer: d.Layer,
+				In: []*ir.Value{v, d.Out[1]}, W: d.W[len(d.W)-1:], Attrs: d.Attrs})
+			at++
+		}
+		for _, m := range heavy {
+			n := &ir.Node{Op: ir.OpLens, Name: fmt.Sprintf("%s.%s.op%d", v.Name, m.App, m.OpIndex), Layer: v.Def.Layer,
+				In: []*ir.Value{v}, Attrs: ir.LensAttrs{MI: m}}
+			g.Insert(at, n)
+			at++
+			place[m].placed(n, RoleWhole, v.Rows)
+		}
+	}
+	return checkPlacement(p)
+}
+
+// host is the node whose kernel runs v's fused ops, and the group: v's defining node when
+// one of its groups is over v, else a reader's whose group is over v as an input, else a
+// standalone MI node made after v's definition (and after those made before it for other
+// views of the same value).
+func host(g *ir.Graph, v *ir.Value) (*ir.Node, int) {
+	if d := v.Def; v.Of == nil {
+		if gi := groupOf(d, v, true); gi >= 0 {
+			return d, gi
+		}
+		for _, u := range g.Users(v) {
+			if gi := groupOf(u, v, false); gi >= 0 {
+				return u, gi
+			}
+		}
+	}
+	at := g.Index(v.Def) + 1
+	for at < len(g.Nodes) && g.Nodes[at].Op == ir.OpMI && g.Nodes[at].In[0].Base() == v.Base() {
+		at++
+	}
+	n := &ir.Node{Op: ir.OpMI, Name: v.Name, Layer: v.Def.Layer, In: []*ir.Value{v}}
+	g.Insert(at, n)
+	return n, 0
+}
+
+// groupOf is the index of n's group over v (as an output or an input), or -1.
+func groupOf(n *ir.Node, v *ir.Value, out bool) int {
+	for i, gr := range ir.Ops[n.Op].Groups {
+		vs := n.In
+		if gr.Out {
+			vs = n.Out
+		}
+		if gr.Out == out && gr.Index < len(vs) && vs[gr.Index] == v {
+			return i
+		}
+	}
+	return -1
+}
+
+// placed records where op runs: node n, in group role, over rows.
+func (op *MIOp) placed(n *ir.Node, role string, rows ir.Rows) {
+	op.Node, op.Role = n, role
+	op.Host = hostKinds[n.Op]
+	if n.Op == ir.OpMI && rows == ir.Samples {
+		op.Host = HostLogits
+	}
+	switch role {
+	case RoleDelta, RoleResid, RoleNorm:
+	default:
+		op.Role = RoleWhole
+	}
+}
+
+// guardHeavy marks every heavy node with its app's bit: it does nothing unless a row of the
+// step enables the app (its kernels exit at once on ctl.any_mask), so a backend may leave it
+// out of the step.
+func guardHeavy(p *Program) error {
+	for _, n := range p.Graph.Nodes {
+		if a, ok := n.Attrs.(ir.LensAttrs); ok {
+			n.SkipUnless = 1 << a.MI.Bit
+		}
+	}
+	return nil
+}
+
+// planBuffers gives every value of both graphs its buffer: its class's (a view its base's;
+// values kept in a kernel none). The verifier checks that no value's buffer is written while
+// it is still to be read.
+func planBuffers(p *Program) error {
+	for _, g := range []*ir.Graph{p.Graph, p.Plain} {
+		for _, v := range g.Values() {
+			if !v.InKernel {
+				v.Buffer = v.Base().Class
+			}
+		}
+	}
+	return nil
+}
