@@ -87,8 +87,8 @@ func (b *Builder) Embed(node string, table *Weight, class string) *Value {
 }
 
 // Norm is RMSNorm(x) * w into rows of rows (Samples: the sampled rows only).
-func (b *Builder) Norm(node string, x *Value, w *Weight, eps float32, rows Rows, class string) *Value {
-	y := b.value(node, rows, x.Width, class)
+func (b *Builder) Norm(node, value string, x *Value, w *Weight, eps float32, rows Rows, class string) *Value {
+	y := b.value(value, rows, x.Width, class)
 	b.add(&Node{Op: OpNorm, Name: b.name(node), In: []*Value{x}, Out: []*Value{y}, W: []Use{{"w", w}}, Attrs: NormAttrs{Eps: eps}})
 	return y
 }

@@ -121,13 +121,6 @@ func (v *Value) decl() string {
 	if v.Buffer != "" {
 		s += "@" + v.Buffer
 	}
-	if v.Of == nil && len(v.Hooks) > 0 && !(len(v.Hooks) == 1 && v.Hooks[0].String() == v.Name) {
-		var hs []string
-		for _, h := range v.Hooks {
-			hs = append(hs, h.String())
-		}
-		s += "{" + strings.Join(hs, " ") + "}"
-	}
 	return s
 }
 

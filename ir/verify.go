@@ -123,8 +123,7 @@ func checkMatmul(g *Graph, n *Node, fail func(*Node, string, ...any)) {
 }
 
 // checkBuffers checks a planned graph: every value but those kept in a kernel has a buffer,
-// and no node writes a value's buffer between the value's definition and its last read
-// (in-place nodes update their own input, which is fine).
+// and no node writes a value's buffer between the value's definition and its last read.
 func checkBuffers(g *Graph) []error {
 	planned := false
 	for _, v := range g.Values() {
@@ -154,9 +153,11 @@ func checkBuffers(g *Graph) []error {
 			if v.InKernel {
 				continue
 			}
-			for j := i + 1; j <= last[v]; j++ {
+			// The last reader may write the buffer: it reads before it writes (a residual add
+			// replacing the residual, a collective in place).
+			for j := i + 1; j < last[v]; j++ {
 				for _, x := range g.Nodes[j].Out {
-					if x.Buffer == v.Buffer && !readsOnly(g.Nodes[j], v) {
+					if x.Buffer == v.Buffer {
 						errs = append(errs, fmt.Errorf("value %%%s (buffer %s) is overwritten by %%%s of node %s before node %s reads it",
 							v.Name, v.Buffer, x.Name, g.Nodes[j].Name, lastReader(g, v, last[v])))
 					}
@@ -165,12 +166,6 @@ func checkBuffers(g *Graph) []error {
 		}
 	}
 	return errs
-}
-
-// readsOnly says whether n's write of v's buffer is v's own update: n reads v as the value
-// its output replaces (a residual add's in-place sum, a collective in place).
-func readsOnly(n *Node, v *Value) bool {
-	return len(n.In) > 0 && n.In[0].Base() == v && len(n.Out) > 0 && n.Out[0].Buffer == v.Buffer
 }
 
 func lastReader(g *Graph, v *Value, i int) string {

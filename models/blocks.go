@@ -37,9 +37,10 @@ func embed(b *ir.Builder, m *frontend.Model) *ir.Value {
 	return b.HookAt(x, "resid_pre", 0)
 }
 
-// norm is an RMSNorm of the residual x with the current layer's weight.
-func norm(b *ir.Builder, m *frontend.Model, node string, x *ir.Value, tensor string) *ir.Value {
-	return b.Norm(node, x, b.Weight(node, []int{m.Hidden}, tensor), float32(m.RMSEps), ir.Tokens, "act.xn")
+// norm is an RMSNorm of the residual x with the current layer's weight of the same name: the
+// input of the block that follows (value).
+func norm(b *ir.Builder, m *frontend.Model, node, value string, x *ir.Value, tensor string) *ir.Value {
+	return b.Norm(node, value, x, b.Weight(node, []int{m.Hidden}, tensor), float32(m.RMSEps), ir.Tokens, "act.xn")
 }
 
 // residual adds a block's output delta to the residual stream x: the sum is hook name.
@@ -129,7 +130,7 @@ func moeBlock(b *ir.Builder, m *frontend.Model, l int, h *ir.Value) *ir.Value {
 // vocab-parallel under tensor parallelism) and the sampler (hook sampled).
 func head(b *ir.Builder, m *frontend.Model, x *ir.Value) {
 	b.Layer(-1)
-	fin := b.Norm("final_norm", x, b.Weight("final_norm", []int{m.Hidden}, "model.norm.weight"), float32(m.RMSEps), ir.Samples, "act.final")
+	fin := b.Norm("final_norm", "final_norm", x, b.Weight("final_norm", []int{m.Hidden}, "model.norm.weight"), float32(m.RMSEps), ir.Samples, "act.final")
 	b.Hook(fin, "final_norm")
 	lm := b.Weight("embed", []int{m.Vocab, m.Hidden}, "model.embed_tokens.weight")
 	if !m.TieEmbeddings {

@@ -26,9 +26,9 @@ func decoder(b *ir.Builder, m *frontend.Model, o attnOptions, mlp func(*ir.Build
 	for l := range m.Layers {
 		b.Layer(l)
 		t := layerTensor(l)
-		h := norm(b, m, "attn_norm", x, t+"input_layernorm.weight")
+		h := norm(b, m, "attn_norm", "attn_in", x, t+"input_layernorm.weight")
 		x = residual(b, "attn_residual", "resid_mid", x, attention(b, m, l, h, rope, o))
-		h = norm(b, m, "mlp_norm", x, t+"post_attention_layernorm.weight")
+		h = norm(b, m, "mlp_norm", "mlp_in", x, t+"post_attention_layernorm.weight")
 		x = residual(b, "mlp_residual", "resid_post", x, mlp(b, m, l, h))
 		if l+1 < m.Layers {
 			b.HookAt(x, "resid_pre", l+1)

@@ -21,8 +21,18 @@ eos: [257]
 
 func plan(t *testing.T, apps ...string) (*Program, error) {
 	t.Helper()
+	m, as, err := parseSpecs(t, testModel, apps...)
+	if err != nil {
+		return nil, err
+	}
+	return Run(m, as, Options{Verify: true})
+}
+
+// parseSpecs parses a model spec text and app spec texts against it.
+func parseSpecs(t *testing.T, model string, apps ...string) (*frontend.Model, []*frontend.App, error) {
+	t.Helper()
 	dir := t.TempDir()
-	m, err := frontend.ParseModel(filepath.Join(dir, "m.yaml"), []byte(testModel))
+	m, err := frontend.ParseModel(filepath.Join(dir, "m.yaml"), []byte(model))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -30,11 +40,11 @@ func plan(t *testing.T, apps ...string) (*Program, error) {
 	for i, src := range apps {
 		a, err := frontend.ParseApp(filepath.Join(dir, "a"+string(rune('0'+i))+".yaml"), []byte(src), m)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		as = append(as, a)
 	}
-	return Run(m, as, Options{Verify: true})
+	return m, as, nil
 }
 
 func TestPlanPlacesOpsInForwardOrder(t *testing.T) {

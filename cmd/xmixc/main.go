@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -98,28 +99,51 @@ func buildCmd() *cobra.Command {
 }
 
 func checkCmd() *cobra.Command {
-	var trace bool
+	var trace, dumpIR bool
+	var dumpAfter string
 	var tp int
 	c := &cobra.Command{
 		Use:   "check MODEL.yaml [APP.yaml...]",
-		Short: "Validate specs and print the resolved plan (which MI op is fused into which kernel)",
-		Args:  cobra.MinimumNArgs(1),
+		Short: "Validate specs and print the resolved plan (which MI op is fused into which kernel), or the IR",
+		Long: `check runs the compiler's passes (with the verifiers after each) without generating
+code, and prints where each MI op runs. --dump-ir prints the forward as the passes leave it
+(the graph of nodes, values and MI ops codegen lowers), --dump-after PASS as it stands after
+one pass; the passes are: ` + strings.Join(passes.PassNames(), ", ") + ".",
+		Example: `  xmixc check specs/models/tiny.yaml specs/apps/tiny-steer.yaml
+  xmixc check specs/models/tiny.yaml --dump-ir
+  xmixc check specs/models/tiny.yaml specs/apps/tiny-steer.yaml --dump-after attach-mi`,
+		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if dumpAfter != "" && !slices.Contains(passes.PassNames(), dumpAfter) {
+				return fmt.Errorf("--dump-after %s: no such pass (passes: %s)", dumpAfter, strings.Join(passes.PassNames(), ", "))
+			}
+			out := cmd.OutOrStdout()
 			opt := compile.Options{Verify: true, TP: tp}
-			if trace {
-				opt.Trace = func(pass string, p *passes.Program) {
-					fmt.Fprintf(cmd.OutOrStdout(), "after %s: %d op site(s)\n", pass, len(p.Ops))
+			opt.Trace = func(pass string, p *passes.Program) {
+				if trace {
+					fmt.Fprintf(out, "after %s: %d op site(s)\n", pass, len(p.Ops))
+				}
+				if pass == dumpAfter {
+					fmt.Fprintf(out, "after %s:\n%s", pass, p.Graph)
 				}
 			}
 			p, err := compile.Plan(args[0], args[1:], opt)
 			if err != nil {
 				return err
 			}
-			printPlan(cmd.OutOrStdout(), p)
+			if dumpIR {
+				fmt.Fprint(out, p.Graph)
+				return nil
+			}
+			if dumpAfter == "" {
+				printPlan(out, p)
+			}
 			return nil
 		},
 	}
 	c.Flags().BoolVar(&trace, "trace", false, "print a line after each pass")
+	c.Flags().BoolVar(&dumpIR, "dump-ir", false, "print the IR (the forward graph) after the last pass instead of the plan")
+	c.Flags().StringVar(&dumpAfter, "dump-after", "", "print the IR after pass `PASS` instead of the plan")
 	c.Flags().IntVar(&tp, "tp", 1, "check the plan for this tensor-parallel degree")
 	return c
 }

@@ -152,3 +152,23 @@ func TestBuildIntoADirectoryLeavesNothing(t *testing.T) {
 		}
 	}
 }
+
+// check --dump-ir prints the forward as the passes leave it, --dump-after PASS as one pass
+// left it; a pass that does not exist is refused with the list.
+func TestCheckDumpsTheIR(t *testing.T) {
+	dir := t.TempDir()
+	m := write(t, dir, "m.yaml", model)
+	a := write(t, dir, "a.yaml", "app: a\nops:\n  - write: {at: {layers: [1], hook: resid_post}, kernel: scale, args: {alpha: 2}}\n")
+	out, err := xmixc(t, "check", m, a, "--dump-ir")
+	if err != nil || !strings.Contains(out, "L1.mlp_residual: %L1.resid_post:") || !strings.Contains(out, "mi[resid] a.op0 scale bit=0 at=L1.resid_post") ||
+		!strings.Contains(out, "@act.resid") {
+		t.Fatalf("--dump-ir: %v\n%s", err, out)
+	}
+	out, err = xmixc(t, "check", m, a, "--dump-after", "attach-mi")
+	if err != nil || !strings.HasPrefix(out, "after attach-mi:\n") || !strings.Contains(out, "mi@L1.resid_post a.op0 scale") || strings.Contains(out, "@act.") {
+		t.Fatalf("--dump-after attach-mi: %v\n%s", err, out)
+	}
+	if out, err = xmixc(t, "check", m, "--dump-after", "fusion"); err == nil || !strings.Contains(out, "--dump-after fusion: no such pass (passes: build-graph, resolve-hooks,") {
+		t.Fatalf("unknown pass: %v\n%s", err, out)
+	}
+}
