@@ -326,7 +326,7 @@ ops:
 `), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	b, err := driver.Build("../../specs/models/tiny.yaml", []string{app}, driver.Options{EmbedWeights: true})
+	b, err := compile.Build("../../specs/models/tiny.yaml", []string{app}, compile.Options{EmbedWeights: true})
 	if err != nil {
 		t.Fatal(err)
 	}
