@@ -5,6 +5,7 @@ import (
 
 	"xmix/bundle"
 	"xmix/ir"
+	"xmix/mi"
 	"xmix/ops"
 	"xmix/ptx"
 )
@@ -12,23 +13,9 @@ import (
 // MI ops fused into row kernels. Each op is guarded twice by uniform branches: first on the
 // app bit (a row without it pays the mask test and a branch), then on its gates. Everything
 // a predicate reads is per row, so a block never diverges and the reductions inside probe and
-// projection templates may use bar.sync. The emitters below are the one place templates are
-// spelled in PTX; ops.MITemplates holds their parameter facts and ops/mi.go their reference.
-
-// miEmitters maps each template to the code it becomes. x is the thread's part of the row;
-// writing templates change it in place and must keep tail elements (outside the row) zero.
-var miEmitters = map[string]func(r *rowEmitter, op *miBound, x []ptx.Reg){
-	"capture":      emitCapture,
-	"probe_linear": emitProbeLinear,
-	"steer_add":    emitSteerAdd,
-	"project_out":  emitProjectOut,
-	"steer_set":    emitSetProjection,
-	// clamp_projection shares steer_set's shape: only the target projection differs.
-	"clamp_projection": emitSetProjection,
-	"scale":            emitScale,
-	"head_ablate":      emitHeadAblate,
-	"patch":            emitPatch,
-}
+// projection templates may use bar.sync. Each template's own code is its emitter (package mi,
+// one file per template), over the row kernel through miRow; writing templates change x in
+// place and must keep tail elements (outside the row) zero.
 
 // miBound is one MI op of a kernel with its parameter registers.
 type miBound struct {
@@ -130,7 +117,7 @@ func declareMI(r *rowEmitter, groups ...[]ir.MI) (*miSet, error) {
 			if err := ref.Validate(r.width); err != nil {
 				return nil, fmt.Errorf("MI op %d: %w", i, err)
 			}
-			if miEmitters[o.Template] == nil {
+			if t, ok := mi.Lookup(o.Template); !ok || t.Emit == nil {
 				return nil, fmt.Errorf("MI op %d: template %s has no PTX emitter", i, o.Template)
 			}
 			b := &miBound{MI: o, ref: ref, index: i, params: map[string]ptx.Reg{}}
@@ -276,7 +263,8 @@ func (m *miSet) emit(r *rowEmitter, g int, x []ptx.Reg, dirty *ptx.Reg) {
 			b.params["vec"] = m.slotVector(r, b, compiled, perRequest)
 		}
 		b.changed = nil
-		miEmitters[b.Template](r, b, x)
+		t, _ := mi.Lookup(b.Template)
+		t.Emit(miRow{r, b}, mi.Op{Alpha: b.Alpha, Bias: b.Bias, Activation: b.Activation, Index: b.index}, x)
 		b.params["vec"] = compiled
 		if counts {
 			if b.changed != nil {
@@ -285,10 +273,10 @@ func (m *miSet) emit(r *rowEmitter, g int, x []ptx.Reg, dirty *ptx.Reg) {
 				r.Emit("mov.u32", fired, ptx.Imm(1))
 			}
 		}
-		if dirty != nil && ops.MITemplates[b.Template].Writes {
+		if dirty != nil && t.Writes {
 			r.Emit("mov.u32", *dirty, ptx.Imm(1))
 		}
-		if r.fold != nil && ops.MITemplates[b.Template].Writes && b.Template != "project_out" {
+		if r.fold != nil && t.Writes && !t.FoldsNorm {
 			// The row changed after a projection summed its squares: the norm sums again.
 			r.Emit("setp.ne.u32", r.fold.have, r.tid, r.tid)
 		}
@@ -444,119 +432,57 @@ func (r *rowEmitter) axpy(b *miBound, a ptx.Reg, x []ptx.Reg, sub bool) {
 	}
 }
 
-func emitCapture(r *rowEmitter, b *miBound, x []ptx.Reg) {
-	r.storeRow(r.outPtr(b), x)
+// foldsNorm says whether o, at the residual of an add+norm kernel, computes the norm's sum
+// of squares with its own reduction (mi.Template.FoldsNorm).
+func foldsNorm(o ir.MI) bool {
+	t, ok := mi.Lookup(o.Template)
+	return ok && t.FoldsNorm
 }
 
-func emitProbeLinear(r *rowEmitter, b *miBound, x []ptx.Reg) {
-	s := r.dotVec(b, x)
-	if b.Bias >= 0 {
-		r.Emit("add.rn.f32", s, s, r.scalar(b, b.Bias))
+// miRow is a row kernel as an op's emitter sees it (mi.Emitter): the kernel, the op's
+// parameter registers, the thread's part of the row.
+type miRow struct {
+	r *rowEmitter
+	b *miBound
+}
+
+func (m miRow) Kernel() *ptx.Kernel                   { return m.r.Kernel }
+func (m miRow) Scalar(idx int) ptx.Reg                { return m.r.scalar(m.b, idx) }
+func (m miRow) Dot(x []ptx.Reg) ptx.Reg               { return m.r.dotVec(m.b, x) }
+func (m miRow) Axpy(a ptx.Reg, x []ptx.Reg, sub bool) { m.r.axpy(m.b, a, x, sub) }
+func (m miRow) Pred(j int) *ptx.Reg                   { return m.r.elemPred(j, nil) }
+func (m miRow) Tid() ptx.Reg                          { return m.r.tid }
+func (m miRow) Changed(p ptx.Reg)                     { m.b.changed = &p }
+func (m miRow) StoreOut(x []ptx.Reg)                  { m.r.storeRow(m.r.outPtr(m.b), x) }
+func (m miRow) Squares(x []ptx.Reg) ptx.Reg           { return m.r.reduce(m.r.squares(x)) }
+
+func (m miRow) Maybe(p *ptx.Reg, op string, args ...ptx.Operand) { m.r.emitMaybe(p, op, args...) }
+
+func (m miRow) Vec() func(j int) (ptx.Reg, *ptx.Reg) {
+	vp := m.r.vecPtr(m.b.params["vec"], ptx.F32)
+	return func(j int) (ptx.Reg, *ptx.Reg) {
+		p := m.r.elemPred(j, nil)
+		return m.r.loadElem(vp, j, p), p
 	}
-	if b.Activation == "sigmoid" {
-		// 1 / (1 + 2^(-s*log2 e))
-		t := r.Reg(ptx.F32)
-		r.Emit("mul.rn.f32", t, s, ptx.F32Imm(-1.4426950408889634))
-		r.Emit("ex2.approx.f32", t, t)
-		r.Emit("add.rn.f32", t, t, ptx.F32Imm(1))
-		r.Emit("rcp.rn.f32", s, t)
-	}
+}
+
+func (m miRow) StoreFirst(v ptx.Reg) {
+	r, b := m.r, m.b
 	first := r.Reg(ptx.Pred)
 	r.Emit("setp.eq.u32", first, r.tid, ptx.Imm(0))
 	a := r.Reg(ptx.U64)
 	r.Emit("mul.wide.u32", a, r.row, ptx.Imm(4*b.OutWidth))
 	r.Emit("add.u64", a, a, b.params["out"])
-	r.EmitIf(first, false, "st.global.f32", ptx.Addr{Base: a, Offset: int64(4 * b.OutCol)}, s)
+	r.EmitIf(first, false, "st.global.f32", ptx.Addr{Base: a, Offset: int64(4 * b.OutCol)}, v)
 }
 
-func emitSteerAdd(r *rowEmitter, b *miBound, x []ptx.Reg) {
-	r.axpy(b, r.scalar(b, b.Alpha), x, false)
+func (m miRow) NormTotal() (tot, have ptx.Reg, ok bool) {
+	if f := m.r.fold; f != nil {
+		return f.tot, f.have, true
+	}
+	return ptx.Reg{}, ptx.Reg{}, false
 }
 
-func emitProjectOut(r *rowEmitter, b *miBound, x []ptx.Reg) {
-	if r.fold == nil {
-		r.axpy(b, r.dotVec(b, x), x, true)
-		return
-	}
-	// The residual op right before the add+norm kernel's norm (refusal ablation at every
-	// layer): one reduction yields both x·d and ‖x‖², and ‖x − (x·d)d‖² = ‖x‖² − (x·d)² for
-	// the unit d, so the norm needs no reduction of its own. When the projection removes most
-	// of the row that difference loses precision, and the squares are summed again.
-	p, ss := r.reduce2(r.dotPartial(b, x), r.squares(x))
-	r.axpy(b, p, x, true)
-	f := r.fold
-	t := r.Reg(ptx.F32)
-	r.Emit("mul.rn.f32", t, p, p)
-	r.Emit("sub.rn.f32", f.tot, ss, t)
-	r.Emit("mul.rn.f32", t, ss, ptx.F32Imm(0.25))
-	exact := r.Reg(ptx.Pred)
-	r.Emit("setp.ge.f32", exact, f.tot, t)
-	done := r.NewLabel(fmt.Sprintf("mi%d_norm", b.index))
-	r.EmitIf(exact, false, "bra.uni", ptx.Sym(done))
-	r.Emit("mov.f32", f.tot, r.reduce(r.squares(x)))
-	r.Label(done)
-	r.Emit("setp.eq.u32", f.have, r.tid, r.tid)
-}
-
-// emitSetProjection moves the row along the unit direction d so that its projection becomes
-// the target: value (steer_set) or the projection clamped to [min, max] (clamp_projection).
-func emitSetProjection(r *rowEmitter, b *miBound, x []ptx.Reg) {
-	p := r.dotVec(b, x)
-	var c ptx.Reg
-	if b.Template == "steer_set" {
-		c = r.scalar(b, b.Alpha)
-	} else {
-		c = r.Reg(ptx.F32)
-		r.Emit("mov.f32", c, p)
-		if b.Alpha >= 0 {
-			r.Emit("max.f32", c, c, r.scalar(b, b.Alpha))
-		}
-		if b.Bias >= 0 {
-			r.Emit("min.f32", c, c, r.scalar(b, b.Bias))
-		}
-		// Inside its bounds the clamp leaves the row alone (and does not count as fired).
-		moved := r.Reg(ptx.Pred)
-		r.Emit("setp.neu.f32", moved, c, p)
-		b.changed = &moved
-	}
-	r.Emit("sub.rn.f32", c, c, p)
-	r.axpy(b, c, x, false)
-}
-
-// emitScale multiplies the row by Scal[Alpha], or element-wise by the vector when the op has
-// no alpha. The tail element is left alone so that it stays zero whatever the factor.
-func emitScale(r *rowEmitter, b *miBound, x []ptx.Reg) {
-	if b.Alpha >= 0 {
-		alpha := r.scalar(b, b.Alpha)
-		for j := range x {
-			r.emitMaybe(r.elemPred(j, nil), "mul.rn.f32", x[j], x[j], alpha)
-		}
-		return
-	}
-	vp := r.vecPtr(b.params["vec"], ptx.F32)
-	for j := range x {
-		p := r.elemPred(j, nil)
-		r.emitMaybe(p, "mul.rn.f32", x[j], x[j], r.loadElem(vp, j, p))
-	}
-}
-
-// emitHeadAblate multiplies by Scal[Alpha] the columns where the mask vector is non-zero (one
-// head's slice of attn.z). The tail's mask loads as zero, so the tail is never touched.
-func emitHeadAblate(r *rowEmitter, b *miBound, x []ptx.Reg) {
-	alpha := r.scalar(b, b.Alpha)
-	vp := r.vecPtr(b.params["vec"], ptx.F32)
-	for j := range x {
-		m := r.loadElem(vp, j, r.elemPred(j, nil))
-		on := r.Reg(ptx.Pred)
-		r.Emit("setp.neu.f32", on, m, ptx.F32Imm(0))
-		r.EmitIf(on, false, "mul.rn.f32", x[j], x[j], alpha)
-	}
-}
-
-// emitPatch replaces the row by the vector; the tail loads as zero.
-func emitPatch(r *rowEmitter, b *miBound, x []ptx.Reg) {
-	vp := r.vecPtr(b.params["vec"], ptx.F32)
-	for j := range x {
-		r.Emit("mov.f32", x[j], r.loadElem(vp, j, r.elemPred(j, nil)))
-	}
+func (m miRow) DotSquares(x []ptx.Reg) (ptx.Reg, ptx.Reg) {
+	return m.r.reduce2(m.r.dotPartial(m.b, x), m.r.squares(x))
 }

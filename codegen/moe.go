@@ -20,23 +20,6 @@ import (
 // batches up to moeGroup rows), where reading per (row, slot) read B*k experts' weights;
 // experts no row picked are not read at all.
 
-func init() {
-	// router_bias is steer_add over the logits; router_mask writes -inf where its mask is set.
-	miEmitters["router_bias"] = emitSteerAdd
-	miEmitters["router_mask"] = emitRouterMask
-}
-
-// emitRouterMask sets the logits of masked experts to -inf. The tail's mask loads as zero.
-func emitRouterMask(r *rowEmitter, b *miBound, x []ptx.Reg) {
-	vp := r.vecPtr(b.params["vec"], ptx.F32)
-	for j := range x {
-		m := r.loadElem(vp, j, r.elemPred(j, nil))
-		on := r.Reg(ptx.Pred)
-		r.Emit("setp.neu.f32", on, m, ptx.F32Imm(0))
-		r.EmitIf(on, false, "mov.b32", x[j], ptx.Imm(-8388608)) // 0xFF800000, -inf
-	}
-}
-
 // RouterConfig configures Router.
 type RouterConfig struct {
 	Hidden, Experts, TopK int

@@ -342,7 +342,7 @@ func rowNorm(name string, c RowConfig) (*Kernel, error) {
 			r.Emit("add.rn.f32", x[j], x[j], d[j])
 		}
 	}
-	if slices.ContainsFunc(c.ResidOps, func(o ir.MI) bool { return o.Template == "project_out" }) {
+	if slices.ContainsFunc(c.ResidOps, foldsNorm) {
 		r.foldNorm()
 	}
 	mi.emit(r, 1, x, nil)

@@ -6,6 +6,7 @@ import (
 
 	"xmix/bundle"
 	"xmix/ir"
+	"xmix/mi"
 	"xmix/ops"
 	"xmix/ptx"
 )
@@ -543,7 +544,7 @@ func logitsMI(name string, c LogitsMIConfig) (*Kernel, error) {
 		return nil, fmt.Errorf("%d ops over %d logits", len(c.Ops), c.Vocab)
 	}
 	for i, o := range c.Ops {
-		if !ops.MIElementwise[o.Template] {
+		if t, ok := mi.Lookup(o.Template); !ok || !t.Elementwise {
 			return nil, fmt.Errorf("op %d: template %s is not elementwise", i, o.Template)
 		}
 	}

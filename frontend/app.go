@@ -11,13 +11,8 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"xmix/input"
+	"xmix/mi"
 )
-
-// Kernels are the MI kernel templates an op may name.
-var Kernels = []string{
-	"capture", "probe_linear", "steer_add", "steer_set", "project_out", "clamp_projection",
-	"scale", "head_ablate", "router_bias", "router_mask", "token_override", "patch", "logit_lens",
-}
 
 var (
 	layerHooks = []string{"resid_pre", "attn.q", "attn.k", "attn.v", "attn.z", "attn_out",
@@ -310,14 +305,14 @@ func (p *appParser) op(e entry, what string) (Op, bool) {
 	op.KernelPos = p.pos(kn)
 	if s, ok := p.str(kn, what+".kernel"); ok {
 		switch name, isCustom := strings.CutPrefix(s, CustomPrefix); {
-		case contains(Kernels, s):
+		case contains(mi.Names(), s):
 			op.Kernel = s
 		case contains(p.custom, name):
 			op.Kernel = CustomPrefix + name
 		case isCustom:
 			p.errorf(kn, suggest(name, p.custom, "kernels: of this app"), "%s: custom kernel %q is not declared under kernels:", what, name)
 		default:
-			p.errorf(kn, suggest(s, Kernels, "kernels"), "%s: unknown kernel %q", what, s)
+			p.errorf(kn, suggest(s, mi.Names(), "kernels"), "%s: unknown kernel %q", what, s)
 		}
 	}
 
@@ -630,7 +625,7 @@ func (p *appParser) kernels(n *yaml.Node) []CustomKernel {
 			continue
 		}
 		what := "kernels." + e.key.Value
-		if contains(Kernels, e.key.Value) {
+		if contains(mi.Names(), e.key.Value) {
 			p.errorf(e.key, "pick a name that is not a built-in kernel", "%s: %q is a built-in kernel", what, e.key.Value)
 			continue
 		}

@@ -179,3 +179,5 @@ func TopK(x []float32, k int) ([]int, []float32) {
 	}
 	return ids, vals
 }
+
+func isNaN(v float32) bool { return math.IsNaN(float64(v)) }

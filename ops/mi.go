@@ -3,8 +3,10 @@ package ops
 import (
 	"fmt"
 	"math"
+	"slices"
 
 	"xmix/bundle"
+	"xmix/mi"
 )
 
 // MIOp is one fused MI op as its reference sees it: codegen's MIOp without the buffer names,
@@ -56,53 +58,14 @@ type MIGate struct {
 	Bit  int `json:"bit,omitempty"`
 }
 
-// MIUse says whether a template reads one of its scalars.
-type MIUse int
-
-const (
-	MIUnused   MIUse = iota
-	MIOptional       // read when its index is >= 0
-	MIRequired
-)
-
-// MITemplate holds the facts about one MI template that both its reference and its PTX
-// emitter rely on. Adding a template means an entry here, its case in applyMI,
-// and its emitter in codegen/mi_emit.go.
-type MITemplate struct {
-	Vec    bool // reads a [Width] f32 vector (mi<i>_vec)
-	Out    int  // writes this many f32 per row into Out (mi<i>_out); -1 = Width, 0 = none
-	Writes bool // rewrites the hooked row
-	// The op's two scalars, Scal[Alpha] and Scal[Bias]. Alpha is alpha (steer_add, scale,
-	// head_ablate), the target value (steer_set) or the lower bound (clamp_projection); Bias
-	// is probe_linear's bias or clamp_projection's upper bound.
-	Alpha, Bias MIUse
-	// VecOrAlpha: the op reads its vector or Scal[Alpha], never both; it has the vector
-	// exactly when Alpha is -1 (scale).
-	VecOrAlpha bool
-}
-
-// MITemplates is the table of known templates. head_ablate's vector is a 0/1 mask over the
-// head's columns, built at compile time, so that the kernel needs no head geometry.
-var MITemplates = map[string]MITemplate{
-	"capture":          {Out: -1},
-	"probe_linear":     {Vec: true, Out: 1, Bias: MIOptional},
-	"steer_add":        {Vec: true, Writes: true, Alpha: MIRequired},
-	"project_out":      {Vec: true, Writes: true},
-	"steer_set":        {Vec: true, Writes: true, Alpha: MIRequired},
-	"clamp_projection": {Vec: true, Writes: true, Alpha: MIOptional, Bias: MIOptional},
-	"scale":            {Vec: true, Writes: true, Alpha: MIOptional, VecOrAlpha: true},
-	"head_ablate":      {Vec: true, Writes: true, Alpha: MIRequired},
-	"patch":            {Vec: true, Writes: true},
-}
-
 // MICmps maps an activation gate's comparison to the PTX setp condition with the same NaN
 // behaviour as Go's operator (only != is true on NaN, hence the unordered "neu").
 var MICmps = map[string]string{">": "gt", ">=": "ge", "<": "lt", "<=": "le", "==": "eq", "!=": "neu"}
 
 // Validate checks everything the kernels rely on; rowWidth is the width of the hooked row.
 func (o MIOp) Validate(rowWidth int) error {
-	t, ok := MITemplates[o.Template]
-	if !ok {
+	t, ok := mi.Lookup(o.Template)
+	if !ok || t.RunsIn != "" {
 		return fmt.Errorf("unknown MI template %q", o.Template)
 	}
 	if o.Bit < 0 || o.Bit > 31 {
@@ -117,7 +80,7 @@ func (o MIOp) Validate(rowWidth int) error {
 	if err := checkScalar("bias", t.Bias, o.Bias); err != nil {
 		return fmt.Errorf("%s: %w", o.Template, err)
 	}
-	if o.Activation != "" && (o.Template != "probe_linear" || o.Activation != "sigmoid") {
+	if o.Activation != "" && !slices.Contains(t.Activations, o.Activation) {
 		return fmt.Errorf("%s: activation %q not supported", o.Template, o.Activation)
 	}
 	if o.ScalStride < 0 || o.ScalRows < 0 || (o.ScalStride > 0) != (o.ScalRows > 0) {
@@ -147,13 +110,13 @@ func (o MIOp) Validate(rowWidth int) error {
 }
 
 // checkScalar checks one scalar index against the template's use of it.
-func checkScalar(name string, u MIUse, idx int) error {
+func checkScalar(name string, u mi.Use, idx int) error {
 	switch {
 	case idx < -1:
 		return fmt.Errorf("%s index %d not allowed", name, idx)
-	case u == MIRequired && idx < 0:
+	case u == mi.Required && idx < 0:
 		return fmt.Errorf("no %s index", name)
-	case u == MIUnused && idx >= 0:
+	case u == mi.Unused && idx >= 0:
 		return fmt.Errorf("takes no %s (index %d)", name, idx)
 	}
 	return nil
@@ -204,7 +167,7 @@ func (g MIGate) validate() error {
 
 // outLen is how many f32 the op writes per row into Out.
 func (o MIOp) outLen() int {
-	switch n := MITemplates[o.Template].Out; n {
+	switch n := o.template().Out; n {
 	case -1:
 		return o.Width
 	default:
@@ -214,12 +177,12 @@ func (o MIOp) outLen() int {
 
 // scalLen is how many leading Scal entries the op may read (0 = no Scal parameter).
 func (o MIOp) scalLen() int {
-	t := MITemplates[o.Template]
+	t := o.template()
 	n := 0
-	if t.Alpha != MIUnused {
+	if t.Alpha != mi.Unused {
 		n = max(n, o.Alpha+1)
 	}
-	if t.Bias != MIUnused {
+	if t.Bias != mi.Unused {
 		n = max(n, o.Bias+1)
 	}
 	for _, g := range o.Gates {
@@ -233,9 +196,17 @@ func (o MIOp) scalLen() int {
 	return n
 }
 
+// template is the op's template (the zero template for an unknown one: Validate refuses it).
+func (o MIOp) template() *mi.Template {
+	if t, ok := mi.Lookup(o.Template); ok {
+		return t
+	}
+	return &mi.Template{}
+}
+
 // hasVec says whether the op reads a vector.
 func (o MIOp) hasVec() bool {
-	t := MITemplates[o.Template]
+	t := o.template()
 	return t.Vec && !(t.VecOrAlpha && o.Alpha >= 0)
 }
 
@@ -560,10 +531,9 @@ func (g MIGate) holds(row int, ctl miCtl, buf, sc []float32) bool {
 	}
 }
 
-// applyMI runs ops in order on row x of row index row. Float32 conversions around products
-// keep Go from fusing them into FMAs, so results match the PTX's separately rounded mul.rn
-// and add.rn bit for bit where the kernels promise that (steer_add, scale, head_ablate,
-// patch).
+// applyMI runs ops in order on row x of row index row: each enabled op's template's
+// reference (package mi), which matches the PTX bit for bit where the kernels promise that
+// (steer_add, scale, head_ablate, patch).
 func applyMI(ops []miBound, row int, ctl miCtl, x []float32) {
 	for i := range ops {
 		b := &ops[i]
@@ -571,93 +541,13 @@ func applyMI(ops []miBound, row int, ctl miCtl, x []float32) {
 		if !b.enabled(row, ctl, sc) {
 			continue
 		}
-		vec := b.vecAt(row, ctl)
-		fired := true
-		switch b.Template {
-		case "capture":
-			copy(b.out[row*b.OutWidth+b.OutCol:], x[:b.Width])
-		case "probe_linear":
-			s := dot64(x, vec)
-			if b.Bias >= 0 {
-				s += float64(sc[b.Bias])
-			}
-			if b.Activation == "sigmoid" {
-				s = 1 / (1 + math.Exp(-s))
-			}
-			b.out[row*b.OutWidth+b.OutCol] = float32(s)
-		case "steer_add":
-			alpha := sc[b.Alpha]
-			for k := range b.Width {
-				x[k] += float32(alpha * vec[k])
-			}
-		case "project_out":
-			d := float32(dot64(x, vec))
-			for k := range b.Width {
-				x[k] -= float32(d * vec[k])
-			}
-		case "steer_set", "clamp_projection":
-			p := float32(dot64(x, vec))
-			c := b.target(p, sc)
-			// A clamp that finds the projection inside its bounds leaves the row alone.
-			fired = b.Template == "steer_set" || c != p
-			a := c - p
-			for k := range b.Width {
-				x[k] += float32(a * vec[k])
-			}
-		case "scale":
-			if b.Alpha >= 0 {
-				alpha := sc[b.Alpha]
-				for k := range b.Width {
-					x[k] *= alpha
-				}
-			} else {
-				for k := range b.Width {
-					x[k] *= vec[k]
-				}
-			}
-		case "head_ablate":
-			alpha := sc[b.Alpha]
-			for k := range b.Width {
-				if vec[k] != 0 {
-					x[k] *= alpha
-				}
-			}
-		case "patch":
-			copy(x[:b.Width], vec)
+		r := mi.Row{Op: mi.Op{Alpha: b.Alpha, Bias: b.Bias, Activation: b.Activation, Index: i},
+			X: x[:b.Width], Vec: b.vecAt(row, ctl), Scal: sc}
+		if b.out != nil {
+			r.Out = b.out[row*b.OutWidth+b.OutCol : (row+1)*b.OutWidth]
 		}
-		b.fire(row, fired)
+		b.fire(row, b.template().Ref(r))
 	}
-}
-
-// target is the projection steer_set and clamp_projection leave along their direction, given
-// the current one p and the row's scalars sc. The clamp follows PTX max/min, where a NaN
-// operand loses to the other.
-func (b *miBound) target(p float32, sc []float32) float32 {
-	if b.Template == "steer_set" {
-		return sc[b.Alpha]
-	}
-	c := p
-	if b.Alpha >= 0 {
-		if lo := sc[b.Alpha]; c < lo || isNaN(c) {
-			c = lo
-		}
-	}
-	if b.Bias >= 0 {
-		if hi := sc[b.Bias]; c > hi || isNaN(c) {
-			c = hi
-		}
-	}
-	return c
-}
-
-func isNaN(v float32) bool { return math.IsNaN(float64(v)) }
-
-func dot64(x, v []float32) float64 {
-	var s float64
-	for k := range v {
-		s += float64(x[k]) * float64(v[k])
-	}
-	return s
 }
 
 // MIKernelAttrs are the attributes of op "mi": MI ops applied in place to

@@ -317,18 +317,6 @@ func TestMIScaleParams(t *testing.T) {
 	}
 }
 
-// TestMIClampNaN: the reference clamp follows PTX max/min, where a NaN operand loses.
-func TestMIClampNaN(t *testing.T) {
-	nan := float32(math.NaN())
-	b := miBound{MIOp: MIOp{Template: "clamp_projection", Alpha: 0, Bias: 1}}
-	if got := b.target(nan, []float32{-1, 1}); got != -1 {
-		t.Errorf("clamp(NaN, -1, 1) = %v, want -1 (max.f32 picks the number)", got)
-	}
-	if got := b.target(0.5, []float32{nan, 1}); got != 0.5 {
-		t.Errorf("clamp(0.5, NaN, 1) = %v, want 0.5", got)
-	}
-}
-
 // TestMIPerRequestScalars: with a per-sequence scalar table, each row reads its sequence's
 // alpha and threshold, and the latch gate tests the row's own bit.
 func TestMIPerRequestScalars(t *testing.T) {
@@ -397,4 +385,13 @@ func TestMIVectorSlotOutOfPool(t *testing.T) {
 			t.Errorf("slots %v: %v, want %q", c.vslot, err, c.err)
 		}
 	}
+}
+
+// dot64 is x·v in float64.
+func dot64(x, v []float32) float64 {
+	var s float64
+	for k := range v {
+		s += float64(x[k]) * float64(v[k])
+	}
+	return s
 }

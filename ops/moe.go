@@ -15,15 +15,6 @@ import (
 // index read from moe_idx is clamped to E-1, as the kernels do, so that a corrupt index can
 // never read outside the weights.
 
-// The router_logits templates. router_bias adds alpha*bias[e] to each logit (the math of
-// steer_add); router_mask sets the logits of experts whose mask entry is non-zero to -inf, so
-// that softmax gives them probability 0 and top-k passes them over. Only the router kernel
-// applies them (passes allows them at router_logits alone), so applyMI never sees them.
-func init() {
-	MITemplates["router_bias"] = MITemplate{Vec: true, Writes: true, Alpha: MIRequired}
-	MITemplates["router_mask"] = MITemplate{Vec: true, Writes: true}
-}
-
 // MaxExperts bounds the experts of a MoE layer: the router keeps a row's logits in one block's
 // shared memory and selects with one thread.
 const MaxExperts = 64
@@ -209,42 +200,11 @@ func (a MoERouterAttrs) run(args []Arg, l Launch) error {
 				}
 				logits[e] = float32(s)
 			}
-			applyRouterMI(bound, r, ctl, logits)
+			applyMI(bound, r, ctl, logits)
 			Route(logits, K, idx[r*K:(r+1)*K], wts[r*K:(r+1)*K])
 		}
 	})
 	return nil
-}
-
-// applyRouterMI runs the MI ops at router_logits in order: the router templates here, the
-// generic ones (capture, scale, ...) through applyMI.
-func applyRouterMI(ops []miBound, row int, ctl miCtl, x []float32) {
-	for i := range ops {
-		b := &ops[i]
-		switch b.Template {
-		case "router_bias":
-			sc := b.scalars(row, ctl)
-			if b.enabled(row, ctl, sc) {
-				alpha, vec := sc[b.Alpha], b.vecAt(row, ctl)
-				for k := range b.Width {
-					x[k] += float32(alpha * vec[k])
-				}
-				b.fire(row, true)
-			}
-		case "router_mask":
-			if b.enabled(row, ctl, b.scalars(row, ctl)) {
-				vec := b.vecAt(row, ctl)
-				for k := range b.Width {
-					if vec[k] != 0 {
-						x[k] = float32(math.Inf(-1))
-					}
-				}
-				b.fire(row, true)
-			}
-		default:
-			applyMI(ops[i:i+1], row, ctl, x)
-		}
-	}
 }
 
 // Route turns one row's router logits into its top-k experts and their weights, with the

@@ -5,6 +5,7 @@ import (
 	"math"
 
 	"xmix/bundle"
+	"xmix/mi"
 )
 
 func init() {
@@ -515,10 +516,6 @@ type MISamplesAttrs struct {
 	Ops   []MIOp `json:"ops"`
 }
 
-// MIElementwise are the templates op mi_samples runs: none reduces over the row, so its
-// kernel may spread a row over many blocks.
-var MIElementwise = map[string]bool{"capture": true, "steer_add": true, "scale": true, "patch": true}
-
 func buildMISamples(attrs []byte) (Runner, error) {
 	var a MISamplesAttrs
 	if err := DecodeAttrs(attrs, &a); err != nil {
@@ -528,7 +525,7 @@ func buildMISamples(attrs []byte) (Runner, error) {
 		return nil, fmt.Errorf("mi_samples: width %d", a.Width)
 	}
 	for i, o := range a.Ops {
-		if !MIElementwise[o.Template] {
+		if t, ok := mi.Lookup(o.Template); !ok || !t.Elementwise {
 			return nil, fmt.Errorf("mi_samples: op %d: template %s is not elementwise", i, o.Template)
 		}
 	}

@@ -12,159 +12,35 @@ import (
 	"xmix/frontend"
 	"xmix/input"
 	"xmix/ir"
+	"xmix/mi"
 	"xmix/safetensors"
 )
 
-// argKind says what an argument of a template accepts.
-type argKind int
-
-const (
-	argVector argKind = iota // a param of the hook's width
-	argScalar                // a number, or a param of one element; lives in the scalar table
-	argWord                  // one of Words
-	argHead                  // an attention head index of the model; becomes a column mask
-	argCount                 // a whole number fixed at compile time (logit_lens's k): MIOp.K
-)
-
-// scalarSlot says which scalar index of an op a scalar argument binds.
-type scalarSlot int
-
-const (
-	slotAlpha scalarSlot = iota // MIOp.Alpha: the template's first scalar
-	slotBias                    // MIOp.Bias: its second
-)
-
-type argFact struct {
-	Kind     argKind
-	Required bool
-	Default  float32
-	Words    []string
-	Unit     bool       // vector is normalised to unit length at compile time
-	Omit     bool       // scalar: when absent the op does without it (index -1)
-	Slot     scalarSlot // scalar: the index it binds
-	// Scales, for a scalar, names the vector argument it multiplies: their product must
-	// stay finite in f32, which bounds the scalar (Scalar.Limit).
-	Scales string
-	// Unless names an argument that replaces this scalar: with it given, the scalar is not
-	// bound, and giving both is an error.
-	Unless string
+// templateOf is op's template; a custom kernel's is empty (no facts: its kernel is its own).
+func templateOf(op *MIOp) *mi.Template {
+	if t, ok := mi.Lookup(op.Template); ok {
+		return t
+	}
+	return &mi.Template{Name: op.Template}
 }
 
-// TemplateFact is what the compiler knows about one MI kernel template.
-type TemplateFact struct {
-	Kind string // read or write
-	Args map[string]argFact
-	// OutCols is how many columns a read writes per row (0 for writes).
-	OutCols func(op *MIOp) int
-	// Max bounds an argCount argument.
-	Max int
-	// Heavy ops are not fused: they run as their own nodes, which exit at once when no row
-	// of the batch enables the app (HostLens).
-	Heavy bool
-	// Hooks, when set, are the only hooks the template may sit at.
-	Hooks []string
-	// Check, when set, validates the bound op against its scalars; it returns a message and
-	// a hint, or "" when the op is fine.
-	Check func(op *MIOp, scalars []Scalar) (msg, hint string)
-}
-
-func (t TemplateFact) outWidth(op *MIOp) int {
+// outWidth is how many columns of its buffer a read writes per row.
+func outWidth(t *mi.Template, op *MIOp) int {
 	if t.OutCols == nil {
 		return 0
 	}
-	return t.OutCols(op)
+	return t.OutCols(op.Width, op.K)
 }
 
-// elementwise are the templates the logits hook takes: its rows are vocabulary-wide, so its
-// kernel spreads a row over many blocks and nothing may reduce over the whole row.
-var elementwise = []string{"capture", "steer_add", "scale", "patch"}
-
-// MaxLensK bounds logit_lens's k: its top-k runs k block-wide arg-max rounds.
-const MaxLensK = 64
-
-// Templates is the table of MI templates this compiler fuses. Names the frontend accepts
-// but that are missing here are rejected with a hint.
-var Templates = map[string]TemplateFact{
-	"capture": {Kind: "read", Args: map[string]argFact{},
-		OutCols: func(op *MIOp) int { return op.Width }},
-	"probe_linear": {Kind: "read", Args: map[string]argFact{
-		"w":          {Kind: argVector, Required: true},
-		"bias":       {Kind: argScalar, Omit: true, Slot: slotBias},
-		"activation": {Kind: argWord, Words: []string{"none", "sigmoid"}},
-	}, OutCols: func(*MIOp) int { return 1 }},
-	"steer_add": {Kind: "write", Args: map[string]argFact{
-		"vector": {Kind: argVector, Required: true},
-		"alpha":  {Kind: argScalar, Default: 1, Scales: "vector"},
-	}},
-	"project_out": {Kind: "write", Args: map[string]argFact{
-		"direction": {Kind: argVector, Required: true, Unit: true},
-	}},
-	// steer_set: x += (value - x·d) d.
-	"steer_set": {Kind: "write", Args: map[string]argFact{
-		"direction": {Kind: argVector, Required: true, Unit: true},
-		"value":     {Kind: argScalar},
-	}},
-	// clamp_projection: x += (clamp(x·d, min, max) - x·d) d; a missing bound is open.
-	"clamp_projection": {Kind: "write", Args: map[string]argFact{
-		"direction": {Kind: argVector, Required: true, Unit: true},
-		"min":       {Kind: argScalar, Omit: true},
-		"max":       {Kind: argScalar, Omit: true, Slot: slotBias},
-	}, Check: checkClampBounds},
-	// scale: x *= alpha, or x[i] *= vector[i].
-	"scale": {Kind: "write", Args: map[string]argFact{
-		"alpha":  {Kind: argScalar, Unless: "vector"},
-		"vector": {Kind: argVector},
-	}},
-	// head_ablate: x[head*D : (head+1)*D] *= alpha on attn.z rows [heads*D].
-	"head_ablate": {Kind: "write", Hooks: []string{"attn.z"}, Args: map[string]argFact{
-		"head":  {Kind: argHead, Required: true},
-		"alpha": {Kind: argScalar},
-	}},
-	// patch: x = vector.
-	"patch": {Kind: "write", Args: map[string]argFact{
-		"vector": {Kind: argVector, Required: true},
-	}},
-	// router_bias: logits += alpha * bias, before softmax and top-k (SteerMoE).
-	"router_bias": {Kind: "write", Hooks: []string{"router_logits"}, Args: map[string]argFact{
-		"bias":  {Kind: argVector, Required: true},
-		"alpha": {Kind: argScalar, Default: 1, Scales: "bias"},
-	}},
-	// token_override: the sampled token becomes `token` (a run-time replaceable scalar, so a
-	// request may override it); fused into the sampler.
-	"token_override": {Kind: "write", Hooks: []string{"sampled"}, Args: map[string]argFact{
-		"token": {Kind: argScalar, Required: true},
-	}},
-	// logit_lens: RMSNorm with the final norm's weight, the LM head, then the k largest
-	// logits: into holds [2k] f32, the k token ids (as floats, exact below 2^24) by
-	// descending logit (ties: lower id first), then their k logits.
-	"logit_lens": {Kind: "read", Hooks: []string{"resid_post"}, Heavy: true, Max: MaxLensK, Args: map[string]argFact{
-		"k": {Kind: argCount, Default: 5},
-	}, OutCols: func(op *MIOp) int { return 2 * op.K }},
-	// router_mask: logits[e] = -inf where mask[e] != 0: the expert is never picked.
-	"router_mask": {Kind: "write", Hooks: []string{"router_logits"}, Args: map[string]argFact{
-		"mask": {Kind: argVector, Required: true},
-	}},
-}
-
-func checkClampBounds(op *MIOp, scalars []Scalar) (string, string) {
-	switch {
-	case op.Alpha < 0 && op.Bias < 0:
-		return "clamp_projection needs min, max or both", "add args: {min: ..., max: ...}"
-	case op.Alpha >= 0 && op.Bias >= 0 && scalars[op.Alpha].Value > scalars[op.Bias].Value:
-		return fmt.Sprintf("clamp_projection: min %v is above max %v", scalars[op.Alpha].Value, scalars[op.Bias].Value),
-			"swap min and max"
+// templatesAt lists the templates that name hook among theirs, sorted.
+func templatesAt(hook string) []string {
+	var out []string
+	for _, n := range mi.Names() {
+		if t, _ := mi.Lookup(n); contains(t.Hooks, hook) {
+			out = append(out, n)
+		}
 	}
-	return "", ""
-}
-
-// TemplateNames lists the fused templates, sorted.
-func TemplateNames() []string {
-	ns := make([]string, 0, len(Templates))
-	for n := range Templates {
-		ns = append(ns, n)
-	}
-	sort.Strings(ns)
-	return ns
+	return out
 }
 
 // bindArgs checks each op's arguments against its template, loads the vectors it names,
@@ -208,8 +84,8 @@ func bindArgs(p *Program) error {
 
 func bindOp(p *Program, a *AppPlan, op *MIOp, spec frontend.Op, files map[string]*safetensors.File,
 	scalarIndex map[string]int, vectorIndex map[string]string, cols map[*Export]int) error {
-	t := Templates[op.Template]
-	if t.Kind != op.Kind {
+	t := templateOf(op)
+	if string(t.Kind) != op.Kind {
 		return frontend.Errorf(spec.Pos, fmt.Sprintf("use `%s:` for %s", t.Kind, op.Template),
 			"kernel %s is a %s, not a %s", op.Template, t.Kind, op.Kind)
 	}
@@ -218,11 +94,12 @@ func bindOp(p *Program, a *AppPlan, op *MIOp, spec frontend.Op, files map[string
 			"kernel %s cannot sit at hook %s", op.Template, op.Hook)
 	}
 	switch m := p.Model; {
-	case op.Hook == "logits" && !contains(elementwise, op.Template):
-		return frontend.Errorf(spec.KernelPos, "templates at logits: "+strings.Join(elementwise, ", "),
+	case op.Hook == "logits" && !t.Elementwise:
+		return frontend.Errorf(spec.KernelPos, "templates at logits: "+strings.Join(mi.ElementwiseNames(), ", "),
 			"kernel %s cannot sit at hook logits (its rows are vocabulary-wide, %d columns)", op.Template, m.Vocab)
-	case op.Hook == "sampled" && op.Template != "token_override":
-		return frontend.Errorf(spec.KernelPos, "templates at sampled: token_override",
+	case op.Hook == "sampled" && !contains(t.Hooks, op.Hook):
+		// The sampler's output: only templates made for the sampler sit there.
+		return frontend.Errorf(spec.KernelPos, "templates at sampled: "+strings.Join(templatesAt(op.Hook), ", "),
 			"kernel %s cannot sit at hook sampled", op.Template)
 	}
 	for _, c := range spec.When {
@@ -254,7 +131,7 @@ func bindOp(p *Program, a *AppPlan, op *MIOp, spec frontend.Op, files map[string
 			}
 		}
 		switch f.Kind {
-		case argVector:
+		case mi.Vector:
 			if !has {
 				continue
 			}
@@ -263,13 +140,13 @@ func bindOp(p *Program, a *AppPlan, op *MIOp, spec frontend.Op, files map[string
 				return err
 			}
 			op.Vec, op.VecPerRequest = buf, a.vector(buf).PerRequest
-		case argHead:
+		case mi.Head:
 			buf, err := bindHead(p, a, op, arg, vectorIndex)
 			if err != nil {
 				return err
 			}
 			op.Vec = buf
-		case argScalar:
+		case mi.Scalar:
 			if _, replaced := given[f.Unless]; f.Unless != "" && replaced {
 				if has {
 					return frontend.Errorf(arg.Pos, "give "+name+" or "+f.Unless,
@@ -294,12 +171,12 @@ func bindOp(p *Program, a *AppPlan, op *MIOp, spec frontend.Op, files map[string
 				scalarIndex[key] = idx
 				a.Scalars = append(a.Scalars, Scalar{Name: key, Value: v})
 			}
-			if f.Slot == slotBias {
+			if f.Slot == mi.SlotBias {
 				op.Bias = idx
 			} else {
 				op.Alpha = idx
 			}
-		case argCount:
+		case mi.Count:
 			n := float64(f.Default)
 			if has {
 				if arg.Number == nil || *arg.Number != math.Trunc(*arg.Number) || *arg.Number < 1 || *arg.Number > float64(t.Max) {
@@ -309,7 +186,7 @@ func bindOp(p *Program, a *AppPlan, op *MIOp, spec frontend.Op, files map[string
 				n = *arg.Number
 			}
 			op.K = int(n)
-		case argWord:
+		case mi.Word:
 			if !has {
 				continue
 			}
@@ -323,7 +200,7 @@ func bindOp(p *Program, a *AppPlan, op *MIOp, spec frontend.Op, files map[string
 		}
 	}
 	for _, name := range argNames(t) {
-		if f := t.Args[name]; f.Kind == argScalar && f.Scales != "" && op.Alpha >= 0 && op.Vec != "" {
+		if f := t.Args[name]; f.Kind == mi.Scalar && f.Scales != "" && op.Alpha >= 0 && op.Vec != "" {
 			at := spec.KernelPos
 			if arg, has := given[name]; has {
 				at = arg.Pos
@@ -333,23 +210,21 @@ func bindOp(p *Program, a *AppPlan, op *MIOp, spec frontend.Op, files map[string
 			}
 		}
 	}
-	if op.Template == "token_override" {
-		if v := a.Scalars[op.Alpha].Value; v != float32(math.Trunc(float64(v))) || v < 0 || v >= float32(p.Model.Vocab) {
-			return frontend.Errorf(spec.KernelPos, fmt.Sprintf("model %q has tokens 0-%d", p.Model.Name, p.Model.Vocab-1),
-				"token_override: token %v is not a token id", v)
-		}
-	}
 	if t.Check != nil {
-		if msg, hint := t.Check(op, a.Scalars); msg != "" {
+		c := mi.CheckArgs{Alpha: op.Alpha, Bias: op.Bias, Model: p.Model.Name, Vocab: p.Model.Vocab}
+		for _, s := range a.Scalars {
+			c.Scalars = append(c.Scalars, s.Value)
+		}
+		if msg, hint := t.Check(c); msg != "" {
 			return frontend.Errorf(spec.KernelPos, hint, "%s", msg)
 		}
 	}
-	if t.Kind == "read" {
+	if t.Kind == mi.Read {
 		e := a.export(spec.Into)
 		if e == nil {
 			return frontend.Errorf(spec.IntoPos, "declare it under buffers:", "buffer %q is not declared", spec.Into)
 		}
-		n := t.outWidth(op)
+		n := outWidth(t, op)
 		op.Out, op.OutCol, op.OutWidth = e.Buffer, cols[e], e.Width
 		cols[e] += n
 		if cols[e] > e.Width {
@@ -360,7 +235,7 @@ func bindOp(p *Program, a *AppPlan, op *MIOp, spec frontend.Op, files map[string
 	return nil
 }
 
-func argNames(t TemplateFact) []string {
+func argNames(t *mi.Template) []string {
 	ns := make([]string, 0, len(t.Args))
 	for n := range t.Args {
 		ns = append(ns, n)

@@ -108,7 +108,7 @@ func planLayerMasks(p *Program) error {
 			m := LayerMask{OpIndex: i, Col: col, Words: words, Pos: spec.LayersPos}
 			for _, op := range p.Ops {
 				if op.App == a && op.OpIndex == i {
-					if op.Custom != nil || Templates[op.Template].Heavy {
+					if op.Custom != nil || templateOf(op).Heavy {
 						errs = append(errs, frontend.Errorf(spec.HookPos, "enable the app per request instead",
 							"kernel %s takes no per-request layers in this version of xmixc", spec.Kernel))
 						break

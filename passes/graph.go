@@ -256,7 +256,7 @@ func placeMI(p *Program) error {
 			switch {
 			case m.Custom != nil:
 				custom = append(custom, m)
-			case Templates[m.Template].Heavy:
+			case templateOf(place[m]).Heavy:
 				heavy = append(heavy, m)
 			default:
 				fused = append(fused, m)

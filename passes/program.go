@@ -14,6 +14,7 @@ import (
 
 	"xmix/frontend"
 	"xmix/ir"
+	"xmix/mi"
 )
 
 // Program is what the passes transform: the model's forward and the apps on it.
@@ -95,7 +96,7 @@ func SlotsBuffer(vector string) string { return vector + ".slots" }
 // CountedOnDevice says whether op's kernel writes its fired bytes: every fused MI op does;
 // custom kernels (a fixed ABI) and logit lenses (no conditions) are counted by the host.
 func CountedOnDevice(op *MIOp) bool {
-	return op.Custom == nil && !Templates[op.Template].Heavy
+	return op.Custom == nil && !templateOf(op).Heavy
 }
 
 // FiredColumn is op's byte of its app's fired rows: its place among the app's
@@ -340,7 +341,7 @@ func Verify(p *Program) error {
 		if op.Width <= 0 {
 			errs = append(errs, fmt.Errorf("%s: width %d", where, op.Width))
 		}
-		if _, ok := Templates[op.Template]; !ok && (op.Template != CustomTemplate || op.Custom == nil) {
+		if _, ok := mi.Lookup(op.Template); !ok && (op.Template != CustomTemplate || op.Custom == nil) {
 			errs = append(errs, fmt.Errorf("%s: unknown template", where))
 		}
 		if op.Alpha >= len(op.App.Scalars) || op.Bias >= len(op.App.Scalars) {
@@ -363,7 +364,7 @@ func Verify(p *Program) error {
 		if op.Value == nil {
 			errs = append(errs, fmt.Errorf("%s: not at a hook value of its width", where))
 		}
-		if op.Kind == "read" && op.Out != "" && op.OutCol+Templates[op.Template].outWidth(op) > op.OutWidth {
+		if op.Kind == string(mi.Read) && op.Out != "" && op.OutCol+outWidth(templateOf(op), op) > op.OutWidth {
 			errs = append(errs, fmt.Errorf("%s: output columns exceed buffer width %d", where, op.OutWidth))
 		}
 	}

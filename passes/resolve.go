@@ -7,6 +7,7 @@ import (
 
 	"xmix/frontend"
 	"xmix/ir"
+	"xmix/mi"
 	"xmix/models"
 )
 
@@ -42,8 +43,8 @@ func resolveHooks(p *Program) error {
 			template := op.Kernel
 			if custom != nil {
 				template = CustomTemplate
-			} else if _, ok := Templates[op.Kernel]; !ok {
-				errs = append(errs, frontend.Errorf(op.KernelPos, "templates this compiler fuses: "+strings.Join(TemplateNames(), ", "),
+			} else if _, ok := mi.Lookup(op.Kernel); !ok {
+				errs = append(errs, frontend.Errorf(op.KernelPos, "templates this compiler fuses: "+strings.Join(mi.Names(), ", "),
 					"kernel %s is not supported by this version of xmixc", op.Kernel))
 				continue
 			}

@@ -14,7 +14,7 @@ const (
 	HostLogits  = "logits"
 	HostSampler = "sampler" // the sampler kernel, after it picks each sample's token
 	// HostLens is a heavy read's own node(s) after the add+norm kernel of the layer's
-	// resid_post (see Heavy in TemplateFact): not fused, skipped whole when no row enables it.
+	// resid_post (mi.Template.Heavy): not fused, skipped whole when no row enables it.
 	HostLens = "lens"
 )
 

@@ -64,11 +64,11 @@ func checkTP(p *Program) error {
 
 // tpUnsupported says why op cannot run tensor-parallel, or "" when it can.
 func tpUnsupported(op *MIOp) string {
-	if Templates[op.Template].Heavy {
+	if templateOf(op).Heavy {
 		return "it multiplies by the whole LM head, which tensor parallelism cuts by vocabulary rows across ranks"
 	}
 	why, sharded := shardedHooks[op.Hook]
-	if !sharded || (op.Template == "head_ablate" && op.Hook == "attn.z") {
+	if !sharded || op.Custom == nil && contains(templateOf(op).Sharded, op.Hook) {
 		return ""
 	}
 	return why + ", so the op would see a part of the vector"
