@@ -8,6 +8,7 @@ import (
 
 	"xmix/bundle"
 	"xmix/ir"
+	"xmix/mi"
 	"xmix/ops"
 	"xmix/passes"
 	"xmix/ptx"
@@ -47,7 +48,7 @@ func TestCustomScaleMatchesBuiltin(t *testing.T) {
 	mask := []uint32{1 << bit, 1, 1<<bit | 1<<5, 0, 1 << bit}
 
 	bc := MIKernelConfig{Width: width, Stride: stride, Offset: offset,
-		Ops: []ir.MI{{Template: "scale", Bit: bit, Width: width, Scal: "scal", Alpha: 0, Bias: -1}}}
+		Ops: []ir.MI{{Op: mi.Op{Template: "scale", Bit: bit, Width: width, Alpha: 0, Bias: -1}, Scal: "scal"}}}
 	builtin, err := MIKernel("mi_scale", bc)
 	if err != nil {
 		t.Fatal(err)

@@ -502,7 +502,7 @@ func (g *gen) lensCandWidth() int {
 	w := 0
 	for _, op := range g.p.Ops {
 		if op.Host == passes.HostLens {
-			w = max(w, g.lensConfig(op.MI).CandWidth())
+			w = max(w, g.lensConfig(&op.MI).CandWidth())
 		}
 	}
 	return w
@@ -524,7 +524,7 @@ func (g *gen) sites() []bundle.Site {
 	for _, op := range g.p.Ops {
 		out = append(out, bundle.Site{
 			Layer: op.Layer, Hook: op.Hook, App: op.App.Name, Op: op.OpIndex,
-			Kernel: g.builtName(g.siteKernels[op.MI]), Fused: op.Host != passes.HostMI && op.Host != passes.HostCustom && op.Host != passes.HostLens, What: op.Template,
+			Kernel: g.builtName(g.siteKernels[&op.MI]), Fused: op.Host != passes.HostMI && op.Host != passes.HostCustom && op.Host != passes.HostLens, What: op.Template,
 		})
 	}
 	sort.SliceStable(out, func(i, j int) bool { return out[i].Layer < out[j].Layer })

@@ -6,7 +6,6 @@ import (
 	"xmix/bundle"
 	"xmix/ir"
 	"xmix/mi"
-	"xmix/ops"
 	"xmix/ptx"
 )
 
@@ -20,7 +19,7 @@ import (
 // miBound is one MI op of a kernel with its parameter registers.
 type miBound struct {
 	ir.MI
-	ref     ops.MIOp
+	ref     mi.Op
 	index   int                // i in mi<i>_*
 	params  map[string]ptx.Reg // suffix (vec, pool, scal, out, fired, g<j>) -> pointer
 	scal    ptx.Reg            // this row's scalars: params["scal"], at its sequence's row
@@ -33,7 +32,7 @@ type miBound struct {
 // miSet is every MI op of one kernel, grouped by where the kernel applies them.
 type miSet struct {
 	groups                         [][]*miBound
-	ref                            [][]ops.MIOp // reference attributes, per group
+	ref                            [][]mi.Op // reference attributes, per group
 	tokens, gen, seq, latch, vslot bool
 	mask, tok, genReg              ptx.Reg // per-row control values, loaded by loadCtl
 	seqReg, latchReg, vslotReg     ptx.Reg
@@ -42,26 +41,8 @@ type miSet struct {
 	lead ptx.Reg
 }
 
-// toRef converts an op to its reference form.
-func toRef(o ir.MI) ops.MIOp {
-	r := ops.MIOp{Template: o.Template, Bit: o.Bit, Width: o.Width, Alpha: o.Alpha, Bias: o.Bias,
-		Activation: o.Activation, OutCol: o.OutCol, OutWidth: o.OutWidth, ScalStride: o.ScalStride, ScalRows: o.ScalRows}
-	if o.Pool != "" {
-		r.Pool = o.PoolSlots
-	}
-	if o.Fired != "" {
-		r.Fired = o.FiredWidth
-	}
-	for _, g := range o.Gates {
-		r.Gates = append(r.Gates, ops.MIGate{Kind: g.Kind, Col: g.Col, Width: g.Width, Cmp: g.Cmp, Value: g.Value,
-			Thresh: g.Thresh, Latch: g.Latch, Tokens: g.Tokens, From: g.From, To: g.To, Positions: g.Positions,
-			Word: g.Word, Bit: g.Bit})
-	}
-	return r
-}
-
-// buffer is the buffer name the op binds to parameter p.
-func miBuffer(o ir.MI, p ops.MIParam) string {
+// miBuffer is the buffer the op binds to parameter p.
+func miBuffer(o ir.MI, p mi.Param) string {
 	switch p.Suffix {
 	case "vec":
 		return o.Vec
@@ -82,7 +63,7 @@ func miBuffer(o ir.MI, p ops.MIParam) string {
 func MIBindings(miops []ir.MI) map[string]string {
 	m := map[string]string{}
 	for i, o := range miops {
-		for _, p := range toRef(o).Params() {
+		for _, p := range o.Op.Params() {
 			m[fmt.Sprintf("mi%d_%s", i, p.Suffix)] = miBuffer(o, p)
 		}
 	}
@@ -108,12 +89,12 @@ func miSlots(miops []ir.MI) slots {
 // then ctl_tokens, ctl_gen, ctl_seq and ctl_latch when an op needs them (see ops.MIControl
 // and ops.MIRequestControl), then every op's parameters, in that order.
 func declareMI(r *rowEmitter, groups ...[]ir.MI) (*miSet, error) {
-	m := &miSet{groups: make([][]*miBound, len(groups)), ref: make([][]ops.MIOp, len(groups))}
+	m := &miSet{groups: make([][]*miBound, len(groups)), ref: make([][]mi.Op, len(groups))}
 	var all []*miBound
 	for g, group := range groups {
 		for _, o := range group {
 			i := len(all)
-			ref := toRef(o)
+			ref := o.Op
 			if err := ref.Validate(r.width); err != nil {
 				return nil, fmt.Errorf("MI op %d: %w", i, err)
 			}
@@ -126,7 +107,7 @@ func declareMI(r *rowEmitter, groups ...[]ir.MI) (*miSet, error) {
 			all = append(all, b)
 		}
 	}
-	m.tokens, m.gen = ops.MIControl(m.ref...)
+	m.tokens, m.gen = mi.Control(m.ref...)
 	if len(all) > 0 {
 		m.mask = r.param("ctl_mask", ptx.U64)
 	} else {
@@ -138,7 +119,7 @@ func declareMI(r *rowEmitter, groups ...[]ir.MI) (*miSet, error) {
 	if m.gen {
 		m.genReg = r.param("ctl_gen", ptx.U64)
 	}
-	m.seq, m.latch, m.vslot = ops.MIRequestControl(m.ref...)
+	m.seq, m.latch, m.vslot = mi.RequestControl(m.ref...)
 	if m.seq {
 		m.seqReg = r.param("ctl_seq", ptx.U64)
 	}
@@ -264,7 +245,7 @@ func (m *miSet) emit(r *rowEmitter, g int, x []ptx.Reg, dirty *ptx.Reg) {
 		}
 		b.changed = nil
 		t, _ := mi.Lookup(b.Template)
-		t.Emit(miRow{r, b}, mi.Op{Alpha: b.Alpha, Bias: b.Bias, Activation: b.Activation, Index: b.index}, x)
+		t.Emit(miRow{r, b}, &b.Op, x)
 		b.params["vec"] = compiled
 		if counts {
 			if b.changed != nil {
@@ -351,7 +332,7 @@ func (m *miSet) gates(r *rowEmitter, b *miBound) *ptx.Reg {
 				thresh = r.scalar(b, g.Thresh-1)
 			}
 			p := r.Reg(ptx.Pred)
-			r.Emit("setp."+ops.MICmps[g.Cmp]+".f32", p, v, thresh)
+			r.Emit("setp."+mi.Cmps[g.Cmp]+".f32", p, v, thresh)
 			and(p)
 		case "after_token":
 			bit := r.Reg(ptx.U32)
@@ -452,6 +433,7 @@ func (m miRow) Dot(x []ptx.Reg) ptx.Reg               { return m.r.dotVec(m.b, x
 func (m miRow) Axpy(a ptx.Reg, x []ptx.Reg, sub bool) { m.r.axpy(m.b, a, x, sub) }
 func (m miRow) Pred(j int) *ptx.Reg                   { return m.r.elemPred(j, nil) }
 func (m miRow) Tid() ptx.Reg                          { return m.r.tid }
+func (m miRow) Index() int                            { return m.b.index }
 func (m miRow) Changed(p ptx.Reg)                     { m.b.changed = &p }
 func (m miRow) StoreOut(x []ptx.Reg)                  { m.r.storeRow(m.r.outPtr(m.b), x) }
 func (m miRow) Squares(x []ptx.Reg) ptx.Reg           { return m.r.reduce(m.r.squares(x)) }

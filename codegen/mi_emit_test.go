@@ -7,8 +7,8 @@ import (
 	"testing"
 
 	"xmix/bundle"
-
 	"xmix/ir"
+	"xmix/mi"
 	"xmix/ptx"
 )
 
@@ -23,11 +23,8 @@ func TestMIPerRequestControl(t *testing.T) {
 	latch := []uint32{0b10, 0b11, 0b10, 0b10, 0b01}
 	gate := []float32{0.8, 0.8, 0.95, 0.8, 0.8}
 	table := []float32{1.5, 0.5, -3, 0.9, 7, 7} // per slot: alpha, threshold
-	steer := ir.MI{Template: "steer_add", Bit: testBit, Width: w, Vec: "v", Scal: "s", Alpha: 0, Bias: -1,
-		ScalStride: stride, ScalRows: seqs + 1,
-		Gates: []ir.Gate{{Kind: "activation", Buf: "g", Width: 1, Cmp: ">", Thresh: 2}}}
-	latched := ir.MI{Template: "scale", Bit: testBit, Width: w, Vec: "s2", Scal: "s", Alpha: 0, Bias: -1,
-		ScalStride: stride, ScalRows: seqs + 1, Gates: []ir.Gate{{Kind: "after_token", Latch: 1}}}
+	steer := ir.MI{Op: mi.Op{Template: "steer_add", Bit: testBit, Width: w, Alpha: 0, Bias: -1, ScalStride: stride, ScalRows: seqs + 1, Gates: []mi.Gate{{Kind: "activation", Buf: "g", Width: 1, Cmp: ">", Thresh: 2}}}, Vec: "v", Scal: "s"}
+	latched := ir.MI{Op: mi.Op{Template: "scale", Bit: testBit, Width: w, Alpha: 0, Bias: -1, ScalStride: stride, ScalRows: seqs + 1, Gates: []mi.Gate{{Kind: "after_token", Latch: 1}}}, Vec: "s2", Scal: "s"}
 	c := MIKernelConfig{Width: w, Stride: w, Ops: []ir.MI{steer, latched}}
 	k, err := MIKernel("per_request", c)
 	if err != nil {
@@ -90,10 +87,9 @@ func TestMIPerRequestVectors(t *testing.T) {
 	seq := []uint32{0, 0, 2, 1, 1}
 	on, off := math.Float32frombits(1<<5), math.Float32frombits(1<<4)
 	table := []float32{1.5, on, -2, off, 0.5, on} // per slot: alpha, layer-mask word
-	steer := ir.MI{Template: "steer_add", Bit: testBit, Width: w, Vec: "v", Pool: "vp", PoolSlots: slots, Scal: "s",
-		Alpha: 0, Bias: -1, ScalStride: 2, ScalRows: 3, Gates: []ir.Gate{{Kind: "layers", Word: 1, Bit: 5}}}
-	proj := ir.MI{Template: "project_out", Bit: testBit, Width: w, Vec: "d", Pool: "dp", PoolSlots: slots, Alpha: -1, Bias: -1}
-	plain := ir.MI{Template: "steer_add", Bit: testBit, Width: w, Vec: "v", Scal: "s", Alpha: 0, Bias: -1, ScalStride: 2, ScalRows: 3}
+	steer := ir.MI{Op: mi.Op{Template: "steer_add", Bit: testBit, Width: w, PoolSlots: slots, Alpha: 0, Bias: -1, ScalStride: 2, ScalRows: 3, Gates: []mi.Gate{{Kind: "layers", Word: 1, Bit: 5}}}, Vec: "v", Pool: "vp", Scal: "s"}
+	proj := ir.MI{Op: mi.Op{Template: "project_out", Bit: testBit, Width: w, PoolSlots: slots, Alpha: -1, Bias: -1}, Vec: "d", Pool: "dp"}
+	plain := ir.MI{Op: mi.Op{Template: "steer_add", Bit: testBit, Width: w, Alpha: 0, Bias: -1, ScalStride: 2, ScalRows: 3}, Vec: "v", Scal: "s"}
 	x := randF32(rng, testRows*w, 1)
 	v, vPool := randF32(rng, w, 1), randF32(rng, slots*w, 1)
 	d := unitF32(randF32(rng, w, 1))
@@ -158,8 +154,7 @@ func TestMIPerRequestVectors(t *testing.T) {
 func TestLogitsMIPerRequestVector(t *testing.T) {
 	const vocab, n, rows, slots = 3000, 3, 4, 3
 	r := rand.New(rand.NewPCG(47, 48))
-	steer := ir.MI{Template: "steer_add", Bit: 1, Width: vocab, Vec: "v", Pool: "vp", PoolSlots: slots, Scal: "s",
-		Alpha: 0, Bias: -1, ScalStride: 1, ScalRows: 2}
+	steer := ir.MI{Op: mi.Op{Template: "steer_add", Bit: 1, Width: vocab, PoolSlots: slots, Alpha: 0, Bias: -1, ScalStride: 1, ScalRows: 2}, Vec: "v", Pool: "vp", Scal: "s"}
 	c := LogitsMIConfig{Vocab: vocab, Ops: []ir.MI{steer}}
 	k := must(t)(LogitsMI("logits_mi_pool", c))
 	x := randF32(r, n*vocab, 3)
@@ -192,8 +187,7 @@ func TestRouterPerRequestBias(t *testing.T) {
 	w := randF32(rng, E*hidden, 0.5)
 	bias, pool := make([]float32, E), make([]float32, slots*E)
 	bias[E-1], pool[0], pool[E+1] = 100, 100, 100 // default: expert E-1; slot 0: expert 0; slot 1: expert 1
-	op := ir.MI{Template: "router_bias", Bit: testBit, Width: E, Vec: "b", Pool: "bp", PoolSlots: slots, Scal: "s", Alpha: 0, Bias: -1,
-		Fired: "f", FiredWidth: 4}
+	op := ir.MI{Op: mi.Op{Template: "router_bias", Bit: testBit, Width: E, PoolSlots: slots, Alpha: 0, Bias: -1, FiredWidth: 4}, Vec: "b", Pool: "bp", Scal: "s", Fired: "f"}
 	rc := RouterConfig{Hidden: hidden, Experts: E, TopK: topK, WDtype: ptx.F32, Ops: []ir.MI{op}}
 	k := must(t)(Router("router_pool", rc))
 	vslot := testVSlot
@@ -237,10 +231,9 @@ func firedByte(v []float32, i int) byte { return byte(math.Float32bits(v[i/4]) >
 func TestMIFiredWords(t *testing.T) {
 	const w, fw = 200, 4
 	rng := rand.New(rand.NewPCG(51, 52))
-	steer := ir.MI{Template: "steer_add", Bit: testBit, Width: w, Vec: "v", Scal: "s", Alpha: 0, Bias: -1,
-		Gates: []ir.Gate{{Kind: "token_in", Tokens: []int{7}}}, Fired: "f", FiredCol: 0, FiredWidth: fw}
-	clamp := ir.MI{Template: "clamp_projection", Bit: testBit, Width: w, Vec: "d", Scal: "s", Alpha: 1, Bias: 2, Fired: "f", FiredCol: 1, FiredWidth: fw}
-	capt := ir.MI{Template: "capture", Bit: testBit, Width: w, Alpha: -1, Bias: -1, Out: "o", OutWidth: w, Fired: "f", FiredCol: 2, FiredWidth: fw}
+	steer := ir.MI{Op: mi.Op{Template: "steer_add", Bit: testBit, Width: w, Alpha: 0, Bias: -1, Gates: []mi.Gate{{Kind: "token_in", Tokens: []int{7}}}, FiredWidth: fw}, Vec: "v", Scal: "s", Fired: "f", FiredCol: 0}
+	clamp := ir.MI{Op: mi.Op{Template: "clamp_projection", Bit: testBit, Width: w, Alpha: 1, Bias: 2, FiredWidth: fw}, Vec: "d", Scal: "s", Fired: "f", FiredCol: 1}
+	capt := ir.MI{Op: mi.Op{Template: "capture", Bit: testBit, Width: w, Alpha: -1, Bias: -1, OutWidth: w, FiredWidth: fw}, Out: "o", Fired: "f", FiredCol: 2}
 	c := MIKernelConfig{Width: w, Stride: w, Ops: []ir.MI{steer, clamp, capt}}
 	k := must(t)(MIKernel("fired", c))
 	x := randF32(rng, testRows*w, 0.2)
@@ -285,8 +278,7 @@ func TestMIFiredWords(t *testing.T) {
 	// The logits kernel spreads a row over blocks; the sampler's override writes its
 	// sample's token row.
 	const vocab, n = 3000, 3
-	lsteer := ir.MI{Template: "steer_add", Bit: 1, Width: vocab, Vec: "v", Scal: "s", Alpha: 0, Bias: -1, ScalStride: 1, ScalRows: 2,
-		Gates: []ir.Gate{{Kind: "positions", Positions: "generated"}}, Fired: "f", FiredWidth: 4}
+	lsteer := ir.MI{Op: mi.Op{Template: "steer_add", Bit: 1, Width: vocab, Alpha: 0, Bias: -1, ScalStride: 1, ScalRows: 2, Gates: []mi.Gate{{Kind: "positions", Positions: "generated"}}, FiredWidth: 4}, Vec: "v", Scal: "s", Fired: "f"}
 	lc := LogitsMIConfig{Vocab: vocab, Ops: []ir.MI{lsteer}}
 	lk := must(t)(LogitsMI("logits_fired", lc))
 	lmask, lgen, lseq, sRow := []uint32{2, 0, 2, 2}, []uint32{0, 0, 0xFFFFFFFF, 5}, []uint32{0, 1, 1, 0}, []uint32{3, 1, 2}
@@ -300,8 +292,7 @@ func TestMIFiredWords(t *testing.T) {
 			t.Fatalf("logits row %d: fired word %d, want %d", r, g, v)
 		}
 	}
-	ovr := ir.MI{Template: "token_override", Bit: 1, Width: 1, Scal: "s", Alpha: 0, Bias: -1, ScalStride: 1, ScalRows: 2,
-		Gates: []ir.Gate{{Kind: "steps", From: 1, To: 9}}, Fired: "f", FiredWidth: 4}
+	ovr := ir.MI{Op: mi.Op{Template: "token_override", Bit: 1, Width: 1, Alpha: 0, Bias: -1, ScalStride: 1, ScalRows: 2, Gates: []mi.Gate{{Kind: "steps", From: 1, To: 9}}, FiredWidth: 4}, Scal: "s", Fired: "f"}
 	sc := SampleConfig{Vocab: 333, Overrides: []ir.MI{ovr}}
 	sk := must(t)(Sample("sample_fired", sc))
 	sargs := []targ{{name: "logits", f32: randF32(rng, n*333, 4)}, {name: "temperature", f32: []float32{0, 0, 0}},

@@ -8,6 +8,7 @@ import (
 
 	"xmix/bundle"
 	"xmix/ir"
+	"xmix/mi"
 	"xmix/ptx"
 )
 
@@ -71,9 +72,9 @@ func TestRouterKernel(t *testing.T) {
 			for e := 0; e < E-c.topK; e++ {
 				mask[e] = 1 // leave exactly top-k experts unmasked
 			}
-			capture := ir.MI{Template: "capture", Bit: testBit, Width: E, Alpha: -1, Bias: -1, Out: "cap", OutWidth: E}
-			biasOp := ir.MI{Template: "router_bias", Bit: testBit, Width: E, Vec: "b", Scal: "s", Alpha: 0, Bias: -1}
-			maskOp := ir.MI{Template: "router_mask", Bit: testBit, Width: E, Vec: "m", Alpha: -1, Bias: -1}
+			capture := ir.MI{Op: mi.Op{Template: "capture", Bit: testBit, Width: E, Alpha: -1, Bias: -1, OutWidth: E}, Out: "cap"}
+			biasOp := ir.MI{Op: mi.Op{Template: "router_bias", Bit: testBit, Width: E, Alpha: 0, Bias: -1}, Vec: "b", Scal: "s"}
+			maskOp := ir.MI{Op: mi.Op{Template: "router_mask", Bit: testBit, Width: E, Alpha: -1, Bias: -1}, Vec: "m"}
 			var bareIdx []uint32
 			var bareWts []float32
 			for _, set := range []struct {

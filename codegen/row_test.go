@@ -9,6 +9,7 @@ import (
 
 	"xmix/bundle"
 	"xmix/ir"
+	"xmix/mi"
 	"xmix/ops"
 	"xmix/ptx"
 	"xmix/ptx/emu"
@@ -33,16 +34,12 @@ var (
 // alone under a gate of a different kind, and all of them chained, where the steer is gated
 // on the probe the same kernel has just written.
 func testOps(w int) map[string][]ir.MI {
-	capture := ir.MI{Template: "capture", Bit: testBit, Width: w, Alpha: -1, Bias: -1, Out: "cap", OutCol: 3, OutWidth: w + 5,
-		Gates: []ir.Gate{{Kind: "positions", Positions: "generated"}}}
-	probe := ir.MI{Template: "probe_linear", Bit: testBit, Width: w, Vec: "probe_w", Scal: "scal", Alpha: -1, Bias: 1,
-		Activation: "sigmoid", Out: "probe", OutCol: 1, OutWidth: 2, Gates: []ir.Gate{{Kind: "token_in", Tokens: []int{7, 9}}}}
-	steer := ir.MI{Template: "steer_add", Bit: testBit, Width: w, Vec: "steer_v", Scal: "scal", Alpha: 0, Bias: -1,
-		Gates: []ir.Gate{{Kind: "steps", From: 1, To: 3}}}
-	project := ir.MI{Template: "project_out", Bit: testBit, Width: w, Vec: "dir", Alpha: -1, Bias: -1,
-		Gates: []ir.Gate{{Kind: "activation", Buf: "gate", Col: 1, Width: 2, Cmp: ">", Value: 0.5}}}
+	capture := ir.MI{Op: mi.Op{Template: "capture", Bit: testBit, Width: w, Alpha: -1, Bias: -1, OutCol: 3, OutWidth: w + 5, Gates: []mi.Gate{{Kind: "positions", Positions: "generated"}}}, Out: "cap"}
+	probe := ir.MI{Op: mi.Op{Template: "probe_linear", Bit: testBit, Width: w, Alpha: -1, Bias: 1, Activation: "sigmoid", OutCol: 1, OutWidth: 2, Gates: []mi.Gate{{Kind: "token_in", Tokens: []int{7, 9}}}}, Vec: "probe_w", Scal: "scal", Out: "probe"}
+	steer := ir.MI{Op: mi.Op{Template: "steer_add", Bit: testBit, Width: w, Alpha: 0, Bias: -1, Gates: []mi.Gate{{Kind: "steps", From: 1, To: 3}}}, Vec: "steer_v", Scal: "scal"}
+	project := ir.MI{Op: mi.Op{Template: "project_out", Bit: testBit, Width: w, Alpha: -1, Bias: -1, Gates: []mi.Gate{{Kind: "activation", Buf: "gate", Col: 1, Width: 2, Cmp: ">", Value: 0.5}}}, Vec: "dir"}
 	gatedSteer := steer
-	gatedSteer.Gates = []ir.Gate{{Kind: "activation", Buf: "probe", Col: 1, Width: 2, Cmp: ">", Value: 0}}
+	gatedSteer.Gates = []mi.Gate{{Kind: "activation", Buf: "probe", Col: 1, Width: 2, Cmp: ">", Value: 0}}
 	return map[string][]ir.MI{
 		"capture": {capture},
 		"probe":   {probe},
@@ -56,11 +53,11 @@ func testOps(w int) map[string][]ir.MI {
 // op writes start with data, so rows it skips must come back unchanged.
 func miTargs(rng *rand.Rand, miops []ir.MI) []targ {
 	args := []targ{{name: "ctl_mask", u32: testMask}}
-	refs := make([]ops.MIOp, len(miops))
+	refs := make([]mi.Op, len(miops))
 	for i, o := range miops {
-		refs[i] = toRef(o)
+		refs[i] = o.Op
 	}
-	if tok, gen := ops.MIControl(refs); tok || gen {
+	if tok, gen := mi.Control(refs); tok || gen {
 		if tok {
 			args = append(args, targ{name: "ctl_tokens", u32: testTokens})
 		}
@@ -314,10 +311,8 @@ func referenceAliased(t *testing.T, k *Kernel, l ops.Launch, args []targ, alias 
 func TestMIGateReadsEarlierOp(t *testing.T) {
 	const w = 512
 	rng := rand.New(rand.NewPCG(21, 22))
-	probe := ir.MI{Template: "probe_linear", Bit: testBit, Width: w, Vec: "p", Alpha: -1, Bias: -1,
-		Activation: "sigmoid", Out: "harm", OutWidth: 1}
-	steer := ir.MI{Template: "steer_add", Bit: testBit, Width: w, Vec: "v", Scal: "s", Alpha: 0, Bias: -1,
-		Gates: []ir.Gate{{Kind: "activation", Buf: "harm", Width: 1, Cmp: ">", Value: 0.5}}}
+	probe := ir.MI{Op: mi.Op{Template: "probe_linear", Bit: testBit, Width: w, Alpha: -1, Bias: -1, Activation: "sigmoid", OutWidth: 1}, Vec: "p", Out: "harm"}
+	steer := ir.MI{Op: mi.Op{Template: "steer_add", Bit: testBit, Width: w, Alpha: 0, Bias: -1, Gates: []mi.Gate{{Kind: "activation", Buf: "harm", Width: 1, Cmp: ">", Value: 0.5}}}, Vec: "v", Scal: "s"}
 	c := MIKernelConfig{Width: w, Stride: w, Ops: []ir.MI{probe, steer}}
 	k, err := MIKernel("cast", c)
 	if err != nil {
@@ -364,10 +359,9 @@ func TestMIGateReadsEarlierOp(t *testing.T) {
 func TestMIExact(t *testing.T) {
 	const w = 1000
 	rng := rand.New(rand.NewPCG(19, 20))
-	steer := ir.MI{Template: "steer_add", Bit: testBit, Width: w, Vec: "v", Scal: "s", Alpha: 0, Bias: -1}
-	project := ir.MI{Template: "project_out", Bit: testBit, Width: w, Vec: "d", Alpha: -1, Bias: -1}
-	probe := ir.MI{Template: "probe_linear", Bit: testBit, Width: w, Vec: "p", Scal: "s", Alpha: -1, Bias: 1,
-		Activation: "sigmoid", Out: "o", OutWidth: 1}
+	steer := ir.MI{Op: mi.Op{Template: "steer_add", Bit: testBit, Width: w, Alpha: 0, Bias: -1}, Vec: "v", Scal: "s"}
+	project := ir.MI{Op: mi.Op{Template: "project_out", Bit: testBit, Width: w, Alpha: -1, Bias: -1}, Vec: "d"}
+	probe := ir.MI{Op: mi.Op{Template: "probe_linear", Bit: testBit, Width: w, Alpha: -1, Bias: 1, Activation: "sigmoid", OutWidth: 1}, Vec: "p", Scal: "s", Out: "o"}
 	plain := RowConfig{Hidden: w, Eps: 1e-5, WDtype: ptx.BF16, Load: "add"}
 	withMI := plain
 	withMI.ResidOps = []ir.MI{steer, project}
@@ -534,22 +528,16 @@ func TestMIBindings(t *testing.T) {
 // steer_set is gated on a probe the same kernel has just written. Scalars index miTargs'
 // table {2.5, -0.125, 0.25}.
 func writeOps(w int) map[string][]ir.MI {
-	set := ir.MI{Template: "steer_set", Bit: testBit, Width: w, Vec: "set_d", Scal: "scal", Alpha: 1, Bias: -1,
-		Gates: []ir.Gate{{Kind: "positions", Positions: "prompt"}}}
-	clamp := ir.MI{Template: "clamp_projection", Bit: testBit, Width: w, Vec: "clamp_d", Scal: "scal", Alpha: 1, Bias: 2,
-		Gates: []ir.Gate{{Kind: "activation", Buf: "gate", Col: 1, Width: 2, Cmp: ">", Value: 0.5}}}
+	set := ir.MI{Op: mi.Op{Template: "steer_set", Bit: testBit, Width: w, Alpha: 1, Bias: -1, Gates: []mi.Gate{{Kind: "positions", Positions: "prompt"}}}, Vec: "set_d", Scal: "scal"}
+	clamp := ir.MI{Op: mi.Op{Template: "clamp_projection", Bit: testBit, Width: w, Alpha: 1, Bias: 2, Gates: []mi.Gate{{Kind: "activation", Buf: "gate", Col: 1, Width: 2, Cmp: ">", Value: 0.5}}}, Vec: "clamp_d", Scal: "scal"}
 	clampMax := clamp
 	clampMax.Alpha, clampMax.Gates = -1, nil
-	scale := ir.MI{Template: "scale", Bit: testBit, Width: w, Scal: "scal", Alpha: 0, Bias: -1,
-		Gates: []ir.Gate{{Kind: "steps", From: 1, To: 3}}}
-	scaleVec := ir.MI{Template: "scale", Bit: testBit, Width: w, Vec: "factors", Alpha: -1, Bias: -1,
-		Gates: []ir.Gate{{Kind: "token_in", Tokens: []int{7, 9}}}}
-	head := ir.MI{Template: "head_ablate", Bit: testBit, Width: w, Vec: "mask", Scal: "scal", Alpha: 1, Bias: -1,
-		Gates: []ir.Gate{{Kind: "positions", Positions: "generated"}}}
-	patch := ir.MI{Template: "patch", Bit: testBit, Width: w, Vec: "saved", Alpha: -1, Bias: -1,
-		Gates: []ir.Gate{{Kind: "token_in", Tokens: []int{8}}}}
+	scale := ir.MI{Op: mi.Op{Template: "scale", Bit: testBit, Width: w, Alpha: 0, Bias: -1, Gates: []mi.Gate{{Kind: "steps", From: 1, To: 3}}}, Scal: "scal"}
+	scaleVec := ir.MI{Op: mi.Op{Template: "scale", Bit: testBit, Width: w, Alpha: -1, Bias: -1, Gates: []mi.Gate{{Kind: "token_in", Tokens: []int{7, 9}}}}, Vec: "factors"}
+	head := ir.MI{Op: mi.Op{Template: "head_ablate", Bit: testBit, Width: w, Alpha: 1, Bias: -1, Gates: []mi.Gate{{Kind: "positions", Positions: "generated"}}}, Vec: "mask", Scal: "scal"}
+	patch := ir.MI{Op: mi.Op{Template: "patch", Bit: testBit, Width: w, Alpha: -1, Bias: -1, Gates: []mi.Gate{{Kind: "token_in", Tokens: []int{8}}}}, Vec: "saved"}
 	gatedSet := set
-	gatedSet.Gates = []ir.Gate{{Kind: "activation", Buf: "probe", Col: 1, Width: 2, Cmp: ">", Value: 0}}
+	gatedSet.Gates = []mi.Gate{{Kind: "activation", Buf: "probe", Col: 1, Width: 2, Cmp: ">", Value: 0}}
 	old := testOps(w)
 	return map[string][]ir.MI{
 		"steer_set": {set}, "clamp": {clamp}, "clamp_max": {clampMax}, "scale": {scale}, "scale_vec": {scaleVec},
@@ -648,17 +636,17 @@ func TestMIWriteExact(t *testing.T) {
 		exact exact
 		near  func(in, out []float32) []float64
 	}{
-		{ir.MI{Template: "scale", Alpha: 0}, nil, func(_ int, v float32) float32 { return v * alpha }, nil},
-		{ir.MI{Template: "scale", Vec: "f", Alpha: -1}, factors, func(i int, v float32) float32 { return v * factors[i] }, nil},
-		{ir.MI{Template: "head_ablate", Vec: "m", Alpha: 1}, mask, func(i int, v float32) float32 {
+		{ir.MI{Op: mi.Op{Template: "scale", Alpha: 0}}, nil, func(_ int, v float32) float32 { return v * alpha }, nil},
+		{ir.MI{Op: mi.Op{Template: "scale", Alpha: -1}, Vec: "f"}, factors, func(i int, v float32) float32 { return v * factors[i] }, nil},
+		{ir.MI{Op: mi.Op{Template: "head_ablate", Alpha: 1}, Vec: "m"}, mask, func(i int, v float32) float32 {
 			if mask[i] != 0 {
 				return v * lo
 			}
 			return v
 		}, nil},
-		{ir.MI{Template: "patch", Vec: "s", Alpha: -1}, saved, func(i int, _ float32) float32 { return saved[i] }, nil},
-		{ir.MI{Template: "steer_set", Vec: "d", Alpha: 2}, d, nil, projected(func(float64) float64 { return float64(hi) })},
-		{ir.MI{Template: "clamp_projection", Vec: "d", Alpha: 1, Bias: 2}, d, nil,
+		{ir.MI{Op: mi.Op{Template: "patch", Alpha: -1}, Vec: "s"}, saved, func(i int, _ float32) float32 { return saved[i] }, nil},
+		{ir.MI{Op: mi.Op{Template: "steer_set", Alpha: 2}, Vec: "d"}, d, nil, projected(func(float64) float64 { return float64(hi) })},
+		{ir.MI{Op: mi.Op{Template: "clamp_projection", Alpha: 1, Bias: 2}, Vec: "d"}, d, nil,
 			projected(func(p float64) float64 { return math.Min(math.Max(p, float64(lo)), float64(hi)) })},
 	} {
 		op := c.op
@@ -672,7 +660,7 @@ func TestMIWriteExact(t *testing.T) {
 			t.Fatal(err)
 		}
 		args := []targ{{name: "x", f32: x, out: len(x)}, {name: "ctl_mask", u32: testMask}}
-		if toRef(op).Params()[0].Suffix == "vec" {
+		if op.Op.Params()[0].Suffix == "vec" {
 			args = append(args, targ{name: "mi0_vec", f32: c.vec})
 		}
 		if op.Alpha >= 0 {
@@ -783,9 +771,8 @@ func TestSiluMulChunkedMatchesReference(t *testing.T) {
 func TestRowNormFoldedProjection(t *testing.T) {
 	rng := rand.New(rand.NewPCG(23, 24))
 	for _, w := range []int{256, 1000, 4096} {
-		project := ir.MI{Template: "project_out", Bit: testBit, Width: w, Vec: "d", Alpha: -1, Bias: -1}
-		steer := ir.MI{Template: "steer_add", Bit: 0, Width: w, Vec: "steer_v", Scal: "scal", Alpha: 0, Bias: -1,
-			Gates: []ir.Gate{{Kind: "steps", From: 1, To: 3}}}
+		project := ir.MI{Op: mi.Op{Template: "project_out", Bit: testBit, Width: w, Alpha: -1, Bias: -1}, Vec: "d"}
+		steer := ir.MI{Op: mi.Op{Template: "steer_add", Bit: 0, Width: w, Alpha: 0, Bias: -1, Gates: []mi.Gate{{Kind: "steps", From: 1, To: 3}}}, Vec: "steer_v", Scal: "scal"}
 		for _, resid := range [][]ir.MI{{project}, {project, steer}} {
 			foldedProjection(t, rng, w, resid)
 		}

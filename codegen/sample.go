@@ -19,7 +19,7 @@ type SampleConfig struct {
 	// pick (none: no ban).
 	Logprobs int
 	EOS      []int
-	// Overrides are token_override ops (hook sampled): MIOp with Template "token_override",
+	// Overrides are token_override ops (hook sampled): ops with Template "token_override",
 	// Alpha the index of the token in Scal, and gates other than activation.
 	Overrides []ir.MI
 }
@@ -27,8 +27,7 @@ type SampleConfig struct {
 func (c SampleConfig) refOverrides() []ops.TokenOverride {
 	var out []ops.TokenOverride
 	for _, o := range c.Overrides {
-		r := toRef(o)
-		out = append(out, ops.TokenOverride{Bit: o.Bit, Token: o.Alpha, ScalStride: o.ScalStride, ScalRows: o.ScalRows, Gates: r.Gates, Fired: r.Fired})
+		out = append(out, ops.TokenOverride{Bit: o.Bit, Token: o.Alpha, ScalStride: o.ScalStride, ScalRows: o.ScalRows, Gates: o.Gates, Fired: o.FiredWidth})
 	}
 	return out
 }

@@ -7,6 +7,7 @@ import (
 
 	"xmix/bundle"
 	"xmix/ir"
+	"xmix/mi"
 	"xmix/ops"
 )
 
@@ -63,7 +64,7 @@ func TestSampleNonFinite(t *testing.T) {
 				logits[i*vocab+c.at] = c.bad
 			}
 		}
-		ovr := ir.MI{Template: "token_override", Bit: 0, Width: 1, Scal: "s", Alpha: 0, Bias: -1, ScalStride: 1, ScalRows: 1}
+		ovr := ir.MI{Op: mi.Op{Template: "token_override", Bit: 0, Width: 1, Alpha: 0, Bias: -1, ScalStride: 1, ScalRows: 1}, Scal: "s"}
 		for _, sc := range []SampleConfig{{Vocab: vocab}, {Vocab: vocab, Overrides: []ir.MI{ovr}}} {
 			k, err := Sample("sample_nonfinite", sc)
 			if err != nil {
@@ -104,8 +105,7 @@ func TestSampleNonFinite(t *testing.T) {
 func TestSampleOverride(t *testing.T) {
 	const vocab, n = 333, 5
 	r := rand.New(rand.NewPCG(43, 44))
-	ovr := ir.MI{Template: "token_override", Bit: 2, Width: 1, Scal: "s", Alpha: 1, Bias: -1, ScalStride: 2, ScalRows: 3,
-		Gates: []ir.Gate{{Kind: "steps", From: 2, To: 4}}}
+	ovr := ir.MI{Op: mi.Op{Template: "token_override", Bit: 2, Width: 1, Alpha: 1, Bias: -1, ScalStride: 2, ScalRows: 3, Gates: []mi.Gate{{Kind: "steps", From: 2, To: 4}}}, Scal: "s"}
 	c := SampleConfig{Vocab: vocab, Overrides: []ir.MI{ovr}}
 	k, err := Sample("sample_ovr", c)
 	if err != nil {
@@ -147,9 +147,8 @@ func TestSampleOverride(t *testing.T) {
 func TestLogitsMI(t *testing.T) {
 	const vocab, n, rows = 40000, 3, 4
 	r := rand.New(rand.NewPCG(45, 46))
-	steer := ir.MI{Template: "steer_add", Bit: 1, Width: vocab, Vec: "v", Scal: "s", Alpha: 0, Bias: -1, ScalStride: 1, ScalRows: 2}
-	capt := ir.MI{Template: "capture", Bit: 1, Width: vocab, Alpha: -1, Bias: -1, Out: "o", OutWidth: vocab,
-		Gates: []ir.Gate{{Kind: "positions", Positions: "generated"}}}
+	steer := ir.MI{Op: mi.Op{Template: "steer_add", Bit: 1, Width: vocab, Alpha: 0, Bias: -1, ScalStride: 1, ScalRows: 2}, Vec: "v", Scal: "s"}
+	capt := ir.MI{Op: mi.Op{Template: "capture", Bit: 1, Width: vocab, Alpha: -1, Bias: -1, OutWidth: vocab, Gates: []mi.Gate{{Kind: "positions", Positions: "generated"}}}, Out: "o"}
 	c := LogitsMIConfig{Vocab: vocab, Ops: []ir.MI{steer, capt}}
 	k, err := LogitsMI("logits_mi", c)
 	if err != nil {

@@ -1,73 +1,36 @@
 package ir
 
-// MI is one MI op at one hook site as the graph carries it: what its kernel needs (template,
-// app bit, scalar indices, gates) and the buffers it reads and writes. In a kernel, op i
-// takes parameters named mi<i>_vec, mi<i>_scal, mi<i>_out and mi<i>_g<j> (the buffer an
-// activation gate j reads); lowering binds them to the buffers named here.
+import "xmix/mi"
+
+// MI is one MI op at one hook site as the graph carries it: the op as its kernel takes it
+// (mi.Op: template, app bit, width per rank, scalar indices, output columns, gates), its
+// site, and the buffers it reads and writes. In a kernel, op i takes parameters named
+// mi<i>_vec, mi<i>_pool, mi<i>_scal, mi<i>_out, mi<i>_fired and mi<i>_g<j> (the buffer
+// activation gate j reads, Gates[j].Buf); lowering binds them to the buffers named here.
 type MI struct {
+	mi.Op
 	// Site: the op's app, its index in the app's ops, and the hook it sits at.
 	App     string
 	OpIndex int
-	Hook    Hook
-
-	Template string // a key of ops.MITemplates
-	Bit      int    // the app's bit in the per-row app mask (ctl_mask)
-	Width    int    // elements of the hooked vector per row (per rank)
+	Site    Hook
 	// Vec is the buffer of the op's vector: probe w, steer v, unit direction d (project_out,
 	// steer_set, clamp_projection), scale factors, head_ablate's 0/1 column mask, patch values.
 	Vec string
-	// Pool, when set, is the buffer of PoolSlots per-request values of the vector: a row whose
-	// ctl_vslot is not bundle.NoRow reads that slot's instead of Vec.
-	Pool      string
-	PoolSlots int
-	Scal      string // buffer of the app's f32 scalar table
-	// ScalStride > 0: Scal holds ScalRows rows of ScalStride scalars, one per sequence slot,
-	// and a row reads its sequence's (ctl_seq); 0: Scal is one row for every row.
-	ScalStride, ScalRows int
-	// Alpha and Bias index the op's scalars in Scal, -1 when unused: Alpha is alpha
-	// (steer_add, scale, head_ablate), value (steer_set) or min (clamp_projection); Bias is
-	// bias (probe_linear) or max (clamp_projection).
-	Alpha      int
-	Bias       int
-	Activation string // probe_linear: "" (identity) or "sigmoid"
-	K          int    // logit_lens: how many top tokens it reports
-	Out        string // reads: buffer of [rows, OutWidth] f32 the result lands in
-	OutCol     int    // first column of this op's result in Out
-	OutWidth   int
+	// Pool, when set, is the buffer of the PoolSlots per-request values of the vector.
+	Pool string
+	// Scal is the buffer of the app's f32 scalar table (ScalRows rows of ScalStride).
+	Scal string
+	// Out is the buffer of [rows, OutWidth] f32 a read's result lands in (from OutCol).
+	Out string
 	// Fired, when set, is the app's fired buffer (rows of FiredWidth bytes): the op writes
-	// byte FiredCol of each row with its app bit, 1 where it fired and 0 where not
-	// (ops.MIOp.Fired). The kernel parameter points at the byte (a slot offset), so that the
-	// kernels of an op's layers stay identical.
-	Fired                string
-	FiredCol, FiredWidth int
-	Gates                []Gate // all must hold for the row, besides its app bit
+	// byte FiredCol of each row with its app bit, 1 where it fired and 0 where not. The
+	// kernel parameter points at the byte (a slot offset), so that the kernels of an op's
+	// layers stay identical.
+	Fired    string
+	FiredCol int
+	K        int // logit_lens: how many top tokens it reports
 	// Custom is the app's own kernel (Template "custom").
 	Custom *Custom
-}
-
-// Gate is one per-row condition evaluated on the device inside the kernel.
-type Gate struct {
-	Kind string // activation | token_in | after_token | steps | positions | layers
-	// activation: Buf[row*Width+Col] Cmp threshold (Buf written earlier in the same forward);
-	// the threshold is Scal[Thresh-1] of the row when Thresh > 0, else Value.
-	Buf    string
-	Col    int
-	Width  int
-	Cmp    string // > >= < <= == !=
-	Value  float32
-	Thresh int
-	// after_token: bit Latch of the row's ctl_latch, which the host sets once a token of the
-	// latch's set has appeared in the request at or before the row's position.
-	Latch int
-	// token_in: the row's current token (ctl_tokens) is one of Tokens
-	Tokens []int
-	// steps: From <= ctl_gen[row] < To (To 0 = open); positions: prompt | generated | all,
-	// where ctl_gen[row] is -1 on prompt rows and the generation step otherwise.
-	From, To  int
-	Positions string
-	// layers: bit Bit of the u32 at Scal[Word] of the row's scalars (the op's per-request
-	// layer mask).
-	Word, Bit int
 }
 
 // Custom is an app's PTX kernel: its text, entry and declared signature, and the op's

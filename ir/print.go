@@ -173,7 +173,7 @@ func attrsText(a any) string {
 
 // String prints the op as one line: app.opN template, app bit, site, what it binds.
 func (m *MI) String() string {
-	s := fmt.Sprintf("%s.op%d %s bit=%d at=%s width=%d", m.App, m.OpIndex, m.Template, m.Bit, m.Hook, m.Width)
+	s := fmt.Sprintf("%s.op%d %s bit=%d at=%s width=%d", m.App, m.OpIndex, m.Template, m.Bit, m.Site, m.Width)
 	if m.Vec != "" {
 		s += " vec=" + m.Vec
 	}

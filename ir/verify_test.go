@@ -3,6 +3,8 @@ package ir
 import (
 	"strings"
 	"testing"
+
+	"xmix/mi"
 )
 
 // small is a graph of an embedding, a projection and a norm, planned into buffers.
@@ -39,7 +41,7 @@ func TestVerifyRefuses(t *testing.T) {
 			"node proj (matmul): 2 inputs and 1 outputs, want 1 and 1"},
 		{"attributes", func(g *Graph, x, y *Value) { g.Nodes[1].Attrs = NormAttrs{} },
 			"node proj (matmul): attributes ir.NormAttrs, want ir.MatmulAttrs"},
-		{"MI op width", func(g *Graph, x, y *Value) { x.MI = []*MI{{App: "a", Width: 3}} },
+		{"MI op width", func(g *Graph, x, y *Value) { x.MI = []*MI{{App: "a", Op: mi.Op{Width: 3}}} },
 			"node embed (embed): MI op a.op0 of width 3 attached at %embed of 4"},
 		{"a buffer overwritten while live", func(g *Graph, x, y *Value) { y.Buffer = "act.resid" },
 			"value %embed (buffer act.resid) is overwritten by %y of node proj before node norm reads it"},

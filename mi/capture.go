@@ -11,6 +11,6 @@ func init() {
 			copy(r.Out, r.X)
 			return true
 		},
-		Emit: func(e Emitter, _ Op, x []ptx.Reg) { e.StoreOut(x) },
+		Emit: func(e Emitter, _ *Op, x []ptx.Reg) { e.StoreOut(x) },
 	})
 }

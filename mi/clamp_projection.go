@@ -24,7 +24,7 @@ func init() {
 			axpy(r.X, c-p, r.Vec)
 			return c != p
 		},
-		Emit: func(e Emitter, o Op, x []ptx.Reg) {
+		Emit: func(e Emitter, o *Op, x []ptx.Reg) {
 			k := e.Kernel()
 			p := e.Dot(x)
 			c := k.Reg(ptx.F32)

@@ -9,7 +9,7 @@ import (
 // its bounds the row is left alone and the op does not fire; its bounds are checked.
 func TestClampProjection(t *testing.T) {
 	nan := float32(math.NaN())
-	r := Row{Op: Op{Alpha: 0, Bias: 1}, Scal: []float32{-1, 1}}
+	r := Row{Op: &Op{Alpha: 0, Bias: 1}, Scal: []float32{-1, 1}}
 	if got := clamp(nan, r); got != -1 {
 		t.Errorf("clamp(NaN, -1, 1) = %v, want -1 (max.f32 picks the number)", got)
 	}
@@ -18,7 +18,7 @@ func TestClampProjection(t *testing.T) {
 		t.Errorf("clamp(0.5, NaN, 1) = %v, want 0.5", got)
 	}
 	ref, _ := Lookup("clamp_projection")
-	in := Row{Op: Op{Alpha: 0, Bias: 1}, X: []float32{0.3, 0.4}, Vec: []float32{1, 0}, Scal: []float32{-1, 1}}
+	in := Row{Op: &Op{Alpha: 0, Bias: 1}, X: []float32{0.3, 0.4}, Vec: []float32{1, 0}, Scal: []float32{-1, 1}}
 	if ref.Ref(in) || in.X[0] != 0.3 {
 		t.Errorf("a projection inside the bounds fired or moved: %v", in.X)
 	}

@@ -24,7 +24,7 @@ func init() {
 			return true
 		},
 		// The tail's mask loads as zero, so the tail is never touched.
-		Emit: func(e Emitter, o Op, x []ptx.Reg) {
+		Emit: func(e Emitter, o *Op, x []ptx.Reg) {
 			k := e.Kernel()
 			alpha := e.Scalar(o.Alpha)
 			vec := e.Vec()

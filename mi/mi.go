@@ -115,20 +115,12 @@ type Template struct {
 	// Ref applies the op to one row (the reference; ops runs it) and says whether it fired.
 	Ref func(r Row) bool
 	// Emit writes the op's PTX into a row kernel over x, the thread's part of the row.
-	Emit func(e Emitter, o Op, x []ptx.Reg)
-}
-
-// Op is what an op's reference and emitter take beyond the row: its scalar indices (-1:
-// none) and activation.
-type Op struct {
-	Alpha, Bias int
-	Activation  string
-	Index       int // the op's place in its kernel (names its labels)
+	Emit func(e Emitter, o *Op, x []ptx.Reg)
 }
 
 // Row is one row as a reference sees it.
 type Row struct {
-	Op
+	*Op
 	X    []float32 // the hooked row, width elements, changed in place by a write
 	Vec  []float32 // the op's vector (the row's request's, when it brings one)
 	Scal []float32 // the row's scalars
@@ -176,6 +168,8 @@ type Emitter interface {
 	Squares(x []ptx.Reg) ptx.Reg
 	// Tid is the thread's index in the block.
 	Tid() ptx.Reg
+	// Index is the op's place among its kernel's ops (it names the op's labels).
+	Index() int
 }
 
 var templates = map[string]*Template{}

@@ -12,7 +12,7 @@ func init() {
 			return true
 		},
 		// The tail loads as zero.
-		Emit: func(e Emitter, _ Op, x []ptx.Reg) {
+		Emit: func(e Emitter, _ *Op, x []ptx.Reg) {
 			vec := e.Vec()
 			for j := range x {
 				v, _ := vec(j)

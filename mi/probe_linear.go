@@ -27,7 +27,7 @@ func init() {
 			r.Out[0] = float32(s)
 			return true
 		},
-		Emit: func(e Emitter, o Op, x []ptx.Reg) {
+		Emit: func(e Emitter, o *Op, x []ptx.Reg) {
 			k := e.Kernel()
 			s := e.Dot(x)
 			if o.Bias >= 0 {

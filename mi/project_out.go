@@ -22,7 +22,7 @@ func init() {
 	})
 }
 
-func emitProjectOut(e Emitter, o Op, x []ptx.Reg) {
+func emitProjectOut(e Emitter, o *Op, x []ptx.Reg) {
 	tot, have, fold := e.NormTotal()
 	if !fold {
 		e.Axpy(e.Dot(x), x, true)
@@ -41,7 +41,7 @@ func emitProjectOut(e Emitter, o Op, x []ptx.Reg) {
 	k.Emit("mul.rn.f32", t, ss, ptx.F32Imm(0.25))
 	exact := k.Reg(ptx.Pred)
 	k.Emit("setp.ge.f32", exact, tot, t)
-	done := k.NewLabel(fmt.Sprintf("mi%d_norm", o.Index))
+	done := k.NewLabel(fmt.Sprintf("mi%d_norm", e.Index()))
 	k.EmitIf(exact, false, "bra.uni", ptx.Sym(done))
 	k.Emit("mov.f32", tot, e.Squares(x))
 	k.Label(done)

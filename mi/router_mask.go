@@ -19,7 +19,7 @@ func init() {
 			}
 			return true
 		},
-		Emit: func(e Emitter, _ Op, x []ptx.Reg) {
+		Emit: func(e Emitter, _ *Op, x []ptx.Reg) {
 			k := e.Kernel()
 			vec := e.Vec() // the tail's mask loads as zero
 			for j := range x {

@@ -24,7 +24,7 @@ func init() {
 			return true
 		},
 		// The tail element is left alone, so that it stays zero whatever the factor.
-		Emit: func(e Emitter, o Op, x []ptx.Reg) {
+		Emit: func(e Emitter, o *Op, x []ptx.Reg) {
 			if o.Alpha >= 0 {
 				alpha := e.Scalar(o.Alpha)
 				for j := range x {

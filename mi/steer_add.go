@@ -20,4 +20,4 @@ func steerAdd(r Row) bool {
 	return true
 }
 
-func emitSteerAdd(e Emitter, o Op, x []ptx.Reg) { e.Axpy(e.Scalar(o.Alpha), x, false) }
+func emitSteerAdd(e Emitter, o *Op, x []ptx.Reg) { e.Axpy(e.Scalar(o.Alpha), x, false) }

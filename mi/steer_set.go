@@ -15,7 +15,7 @@ func init() {
 			axpy(r.X, r.Scal[r.Alpha]-p, r.Vec)
 			return true
 		},
-		Emit: func(e Emitter, o Op, x []ptx.Reg) {
+		Emit: func(e Emitter, o *Op, x []ptx.Reg) {
 			p := e.Dot(x)
 			c := e.Scalar(o.Alpha)
 			moveProjection(e, c, p, x)

@@ -3,299 +3,30 @@ package ops
 import (
 	"fmt"
 	"math"
-	"slices"
 
 	"xmix/bundle"
 	"xmix/mi"
 )
 
-// MIOp is one fused MI op as its reference sees it: codegen's MIOp without the buffer names,
-// because the buffers arrive as positional arguments in the order ParamSuffixes gives.
-type MIOp struct {
-	Template   string   `json:"template"`
-	Bit        int      `json:"bit"`
-	Width      int      `json:"width"`
-	Alpha      int      `json:"alpha"`
-	Bias       int      `json:"bias"`
-	Activation string   `json:"activation,omitempty"`
-	OutCol     int      `json:"out_col,omitempty"`
-	OutWidth   int      `json:"out_width,omitempty"`
-	Gates      []MIGate `json:"gates,omitempty"`
-	// ScalStride > 0 makes Scal a table of ScalRows rows of ScalStride scalars, one row per
-	// sequence slot, so that each request carries its own values: row r reads
-	// Scal[ctl_seq[r]*ScalStride + idx]. With 0, every row reads the one row Scal holds.
-	ScalStride int `json:"scal_stride,omitempty"`
-	ScalRows   int `json:"scal_rows,omitempty"`
-	// Fired > 0: the op counts where it fires. Its kernel takes mi<i>_fired, rows of Fired
-	// bytes (pointing at the op's byte of its app's fired rows): on every row with the op's
-	// app bit it writes 1 when the op ran there (its gates held; for clamp_projection, when
-	// the clamp moved the projection) and 0 otherwise. Rows without the bit are left alone.
-	Fired int `json:"fired,omitempty"`
-	// Pool > 0: the op's vector is per-request. Its kernel also takes Pool slots of [Width]
-	// f32 (mi<i>_pool) and ctl_vslot; a row whose ctl_vslot is not NoRow reads the vector of
-	// that slot instead of mi<i>_vec.
-	Pool int `json:"pool,omitempty"`
-}
-
-// MIGate is one per-row condition of an MIOp (see codegen.Gate for the meaning of each field).
-type MIGate struct {
-	Kind  string  `json:"kind"`
-	Col   int     `json:"col,omitempty"`
-	Width int     `json:"width,omitempty"`
-	Cmp   string  `json:"cmp,omitempty"`
-	Value float32 `json:"value,omitempty"`
-	// Thresh is 1 + the index in Scal of an activation gate's threshold, which then replaces
-	// the constant Value (0: Value is the threshold).
-	Thresh    int    `json:"thresh,omitempty"`
-	Latch     int    `json:"latch,omitempty"` // after_token: the bit of ctl_latch it tests
-	Tokens    []int  `json:"tokens,omitempty"`
-	From      int    `json:"from,omitempty"`
-	To        int    `json:"to,omitempty"`
-	Positions string `json:"positions,omitempty"`
-	// layers: bit Bit of the u32 at Scal[Word] of the row (its request's layer mask of the
-	// op, bits stored in the f32 table as they are).
-	Word int `json:"word,omitempty"`
-	Bit  int `json:"bit,omitempty"`
-}
-
-// MICmps maps an activation gate's comparison to the PTX setp condition with the same NaN
-// behaviour as Go's operator (only != is true on NaN, hence the unordered "neu").
-var MICmps = map[string]string{">": "gt", ">=": "ge", "<": "lt", "<=": "le", "==": "eq", "!=": "neu"}
-
-// Validate checks everything the kernels rely on; rowWidth is the width of the hooked row.
-func (o MIOp) Validate(rowWidth int) error {
-	t, ok := mi.Lookup(o.Template)
-	if !ok || t.RunsIn != "" {
-		return fmt.Errorf("unknown MI template %q", o.Template)
-	}
-	if o.Bit < 0 || o.Bit > 31 {
-		return fmt.Errorf("%s: app bit %d outside 0..31", o.Template, o.Bit)
-	}
-	if o.Width != rowWidth {
-		return fmt.Errorf("%s: width %d, but the hooked row has %d elements", o.Template, o.Width, rowWidth)
-	}
-	if err := checkScalar("alpha", t.Alpha, o.Alpha); err != nil {
-		return fmt.Errorf("%s: %w", o.Template, err)
-	}
-	if err := checkScalar("bias", t.Bias, o.Bias); err != nil {
-		return fmt.Errorf("%s: %w", o.Template, err)
-	}
-	if o.Activation != "" && !slices.Contains(t.Activations, o.Activation) {
-		return fmt.Errorf("%s: activation %q not supported", o.Template, o.Activation)
-	}
-	if o.ScalStride < 0 || o.ScalRows < 0 || (o.ScalStride > 0) != (o.ScalRows > 0) {
-		return fmt.Errorf("%s: scalar table of %d rows of %d", o.Template, o.ScalRows, o.ScalStride)
-	}
-	if n := o.scalLen(); o.ScalStride > 0 && n > o.ScalStride {
-		return fmt.Errorf("%s: reads %d scalars from rows of %d", o.Template, n, o.ScalStride)
-	}
-	if o.Fired < 0 {
-		return fmt.Errorf("%s: fired rows of %d", o.Template, o.Fired)
-	}
-	if o.Pool < 0 || o.Pool > 0 && !o.hasVec() {
-		return fmt.Errorf("%s: a pool of %d per-request vectors for an op without one", o.Template, o.Pool)
-	}
-	if n := o.outLen(); n > 0 && (o.OutCol < 0 || o.OutCol+n > o.OutWidth) {
-		return fmt.Errorf("%s: %d output columns at %d do not fit an output row of %d", o.Template, n, o.OutCol, o.OutWidth)
-	}
-	for j, g := range o.Gates {
-		if err := g.validate(); err != nil {
-			return fmt.Errorf("%s: gate %d: %w", o.Template, j, err)
-		}
-		if g.Kind == "layers" && o.ScalStride == 0 {
-			return fmt.Errorf("%s: gate %d: a layer mask needs a per-request scalar table", o.Template, j)
-		}
-	}
-	return nil
-}
-
-// checkScalar checks one scalar index against the template's use of it.
-func checkScalar(name string, u mi.Use, idx int) error {
-	switch {
-	case idx < -1:
-		return fmt.Errorf("%s index %d not allowed", name, idx)
-	case u == mi.Required && idx < 0:
-		return fmt.Errorf("no %s index", name)
-	case u == mi.Unused && idx >= 0:
-		return fmt.Errorf("takes no %s (index %d)", name, idx)
-	}
-	return nil
-}
-
-func (g MIGate) validate() error {
-	switch g.Kind {
-	case "activation":
-		if _, ok := MICmps[g.Cmp]; !ok {
-			return fmt.Errorf("unknown comparison %q", g.Cmp)
-		}
-		if g.Width <= 0 || g.Col < 0 || g.Col >= g.Width {
-			return fmt.Errorf("column %d outside a buffer row of %d", g.Col, g.Width)
-		}
-		if g.Thresh < 0 {
-			return fmt.Errorf("threshold index %d not allowed", g.Thresh-1)
-		}
-	case "after_token":
-		if g.Latch < 0 || g.Latch > 31 {
-			return fmt.Errorf("latch bit %d outside 0..31", g.Latch)
-		}
-	case "token_in":
-		if len(g.Tokens) == 0 {
-			return fmt.Errorf("token_in with no tokens")
-		}
-		for _, t := range g.Tokens {
-			if t < 0 || t > math.MaxUint32 {
-				return fmt.Errorf("token %d out of range", t)
-			}
-		}
-	case "steps":
-		if g.From < 0 || g.From > math.MaxInt32 || g.To < 0 || g.To > math.MaxInt32 || (g.To != 0 && g.To <= g.From) {
-			return fmt.Errorf("empty or invalid step window [%d, %d)", g.From, g.To)
-		}
-	case "positions":
-		if g.Positions != "prompt" && g.Positions != "generated" && g.Positions != "all" {
-			return fmt.Errorf("positions %q is not prompt, generated or all", g.Positions)
-		}
-	case "layers":
-		if g.Word < 0 || g.Bit < 0 || g.Bit > 31 {
-			return fmt.Errorf("layer mask word %d bit %d", g.Word, g.Bit)
-		}
-	default:
-		return fmt.Errorf("unknown gate kind %q", g.Kind)
-	}
-	return nil
-}
-
-// outLen is how many f32 the op writes per row into Out.
-func (o MIOp) outLen() int {
-	switch n := o.template().Out; n {
-	case -1:
-		return o.Width
-	default:
-		return n
-	}
-}
-
-// scalLen is how many leading Scal entries the op may read (0 = no Scal parameter).
-func (o MIOp) scalLen() int {
-	t := o.template()
-	n := 0
-	if t.Alpha != mi.Unused {
-		n = max(n, o.Alpha+1)
-	}
-	if t.Bias != mi.Unused {
-		n = max(n, o.Bias+1)
-	}
-	for _, g := range o.Gates {
-		switch g.Kind {
-		case "activation":
-			n = max(n, g.Thresh)
-		case "layers":
-			n = max(n, g.Word+1)
-		}
-	}
-	return n
-}
-
-// template is the op's template (the zero template for an unknown one: Validate refuses it).
-func (o MIOp) template() *mi.Template {
-	if t, ok := mi.Lookup(o.Template); ok {
-		return t
-	}
-	return &mi.Template{}
-}
-
-// hasVec says whether the op reads a vector.
-func (o MIOp) hasVec() bool {
-	t := o.template()
-	return t.Vec && !(t.VecOrAlpha && o.Alpha >= 0)
-}
-
-// MIParam is one buffer parameter of an MI op. In a kernel, op i's parameter is named
-// mi<i>_<Suffix>; the reference receives them in the order Params gives.
-type MIParam struct {
-	Suffix string // vec, pool, scal, out, fired or g<j>
-	Gate   int    // j for g<j> (the buffer activation gate j reads); -1 otherwise
-}
-
-// Params lists the op's buffer parameters in kernel order.
-func (o MIOp) Params() []MIParam {
-	var ps []MIParam
-	if o.hasVec() {
-		ps = append(ps, MIParam{"vec", -1})
-		if o.Pool > 0 {
-			ps = append(ps, MIParam{"pool", -1})
-		}
-	}
-	if o.scalLen() > 0 {
-		ps = append(ps, MIParam{"scal", -1})
-	}
-	if o.outLen() > 0 {
-		ps = append(ps, MIParam{"out", -1})
-	}
-	if o.Fired > 0 {
-		ps = append(ps, MIParam{"fired", -1})
-	}
-	for j, g := range o.Gates {
-		if g.Kind == "activation" {
-			ps = append(ps, MIParam{fmt.Sprintf("g%d", j), j})
-		}
-	}
-	return ps
-}
-
-// bytes is how large the buffer behind p must be for a kernel over rows rows.
-func (o MIOp) bytes(p MIParam, rows int) int {
+// paramBytes is how large the buffer behind o's parameter p must be for a kernel over rows
+// rows.
+func paramBytes(o mi.Op, p mi.Param, rows int) int {
 	switch p.Suffix {
 	case "vec":
 		return 4 * o.Width
 	case "pool":
-		return 4 * o.Width * o.Pool
+		return 4 * o.Width * o.PoolSlots
 	case "scal":
 		if o.ScalStride > 0 {
 			return 4 * o.ScalStride * o.ScalRows
 		}
-		return 4 * o.scalLen()
+		return 4 * o.ScalLen()
 	case "out":
 		return 4 * rows * o.OutWidth
 	case "fired":
-		return (rows-1)*o.Fired + 1
+		return (rows-1)*o.FiredWidth + 1
 	}
 	return 4 * rows * o.Gates[p.Gate].Width
-}
-
-// MIControl says which optional control arrays (ctl_tokens, ctl_gen) a kernel with these ops
-// takes.
-func MIControl(groups ...[]MIOp) (tokens, gen bool) {
-	for _, ops := range groups {
-		for _, o := range ops {
-			for _, g := range o.Gates {
-				switch {
-				case g.Kind == "token_in":
-					tokens = true
-				case g.Kind == "steps", g.Kind == "positions" && g.Positions != "all":
-					gen = true
-				}
-			}
-		}
-	}
-	return tokens, gen
-}
-
-// MIRequestControl says which per-request control arrays a kernel with these ops takes after
-// those of MIControl: ctl_seq (the row's sequence slot, when an op reads per-request
-// scalars), ctl_latch (the row's after_token latch bits) and ctl_vslot (the row's vector
-// slot, when an op has a per-request vector), in that order.
-func MIRequestControl(groups ...[]MIOp) (seq, latch, vslot bool) {
-	for _, ops := range groups {
-		for _, o := range ops {
-			seq = seq || (o.ScalStride > 0 && o.scalLen() > 0)
-			vslot = vslot || o.Pool > 0
-			for _, g := range o.Gates {
-				latch = latch || g.Kind == "after_token"
-			}
-		}
-	}
-	return seq, latch, vslot
 }
 
 // miCtl is the per-row control block a kernel reads: app mask, current token, generation step
@@ -304,9 +35,9 @@ type miCtl struct {
 	mask, tokens, gen, seq, latch, vslot []uint32
 }
 
-// miBound is an MIOp with its buffers.
+// miBound is an mi.Op with its buffers.
 type miBound struct {
-	MIOp
+	mi.Op
 	vec, pool, scal, out []float32
 	fired                []byte
 	gates                [][]float32 // indexed like Gates; nil for gates without a buffer
@@ -314,18 +45,18 @@ type miBound struct {
 
 // fire records on a row with the op's app bit whether the op fired there.
 func (b *miBound) fire(row int, on bool) {
-	if b.Fired > 0 {
+	if b.FiredWidth > 0 {
 		v := byte(0)
 		if on {
 			v = 1
 		}
-		b.fired[row*b.Fired] = v
+		b.fired[row*b.FiredWidth] = v
 	}
 }
 
 // vecAt is the vector row reads: its request's slot of the pool, or the compiled one.
 func (b *miBound) vecAt(row int, ctl miCtl) []float32 {
-	if b.Pool > 0 {
+	if b.PoolSlots > 0 {
 		if s := ctl.vslot[row]; s != bundle.NoRow {
 			return b.pool[int(s)*b.Width : (int(s)+1)*b.Width]
 		}
@@ -359,14 +90,14 @@ func (c *argCursor) done() error {
 }
 
 // bindCtl takes ctl_mask and the optional control arrays for a kernel over rows rows.
-func bindCtl(c *argCursor, rows int, groups ...[]MIOp) (miCtl, error) {
+func bindCtl(c *argCursor, rows int, groups ...[]mi.Op) (miCtl, error) {
 	var ctl miCtl
 	a, err := c.take("ctl_mask", 4*rows)
 	if err != nil {
 		return ctl, err
 	}
 	ctl.mask = a.U32()
-	tok, gen := MIControl(groups...)
+	tok, gen := mi.Control(groups...)
 	if tok {
 		if a, err = c.take("ctl_tokens", 4*rows); err != nil {
 			return ctl, err
@@ -379,7 +110,7 @@ func bindCtl(c *argCursor, rows int, groups ...[]MIOp) (miCtl, error) {
 		}
 		ctl.gen = a.U32()
 	}
-	seq, latch, vslot := MIRequestControl(groups...)
+	seq, latch, vslot := mi.RequestControl(groups...)
 	if seq {
 		if a, err = c.take("ctl_seq", 4*rows); err != nil {
 			return ctl, err
@@ -414,12 +145,12 @@ func bindCtl(c *argCursor, rows int, groups ...[]MIOp) (miCtl, error) {
 		// A row with a slot reads that slot of every per-request pool of its ops.
 		for _, ops := range groups {
 			for _, o := range ops {
-				if o.Pool == 0 {
+				if o.PoolSlots == 0 {
 					continue
 				}
 				for r, s := range ctl.vslot[:rows] {
-					if s != bundle.NoRow && int64(s) >= int64(o.Pool) {
-						return ctl, fmt.Errorf("ctl_vslot[%d] = %d outside a pool of %d vector slots", r, s, o.Pool)
+					if s != bundle.NoRow && int64(s) >= int64(o.PoolSlots) {
+						return ctl, fmt.Errorf("ctl_vslot[%d] = %d outside a pool of %d vector slots", r, s, o.PoolSlots)
 					}
 				}
 			}
@@ -429,15 +160,15 @@ func bindCtl(c *argCursor, rows int, groups ...[]MIOp) (miCtl, error) {
 }
 
 // bindMI validates ops (numbered from first for messages) and takes their buffers.
-func bindMI(c *argCursor, rows, rowWidth, first int, ops []MIOp) ([]miBound, error) {
+func bindMI(c *argCursor, rows, rowWidth, first int, ops []mi.Op) ([]miBound, error) {
 	bound := make([]miBound, len(ops))
 	for i, o := range ops {
 		if err := o.Validate(rowWidth); err != nil {
 			return nil, fmt.Errorf("MI op %d: %w", first+i, err)
 		}
-		b := miBound{MIOp: o, gates: make([][]float32, len(o.Gates))}
+		b := miBound{Op: o, gates: make([][]float32, len(o.Gates))}
 		for _, p := range o.Params() {
-			a, err := c.take(fmt.Sprintf("mi%d_%s", first+i, p.Suffix), o.bytes(p, rows))
+			a, err := c.take(fmt.Sprintf("mi%d_%s", first+i, p.Suffix), paramBytes(o, p, rows))
 			if err != nil {
 				return nil, err
 			}
@@ -477,7 +208,7 @@ func (b *miBound) enabled(row int, ctl miCtl, sc []float32) bool {
 		return false
 	}
 	for j, g := range b.Gates {
-		if !g.holds(row, ctl, b.gates[j], sc) {
+		if !holds(g, row, ctl, b.gates[j], sc) {
 			b.fire(row, false)
 			return false
 		}
@@ -485,7 +216,9 @@ func (b *miBound) enabled(row int, ctl miCtl, sc []float32) bool {
 	return true
 }
 
-func (g MIGate) holds(row int, ctl miCtl, buf, sc []float32) bool {
+// holds says whether gate g lets row run (buf: the buffer an activation gate reads; sc: the
+// row's scalars).
+func holds(g mi.Gate, row int, ctl miCtl, buf, sc []float32) bool {
 	switch g.Kind {
 	case "activation":
 		v, t := buf[row*g.Width+g.Col], g.Value
@@ -541,22 +274,22 @@ func applyMI(ops []miBound, row int, ctl miCtl, x []float32) {
 		if !b.enabled(row, ctl, sc) {
 			continue
 		}
-		r := mi.Row{Op: mi.Op{Alpha: b.Alpha, Bias: b.Bias, Activation: b.Activation, Index: i},
-			X: x[:b.Width], Vec: b.vecAt(row, ctl), Scal: sc}
+		r := mi.Row{Op: &b.Op, X: x[:b.Width], Vec: b.vecAt(row, ctl), Scal: sc}
 		if b.out != nil {
 			r.Out = b.out[row*b.OutWidth+b.OutCol : (row+1)*b.OutWidth]
 		}
-		b.fire(row, b.template().Ref(r))
+		t, _ := mi.Lookup(b.Template) // Validate checked it
+		b.fire(row, t.Ref(r))
 	}
 }
 
 // MIKernelAttrs are the attributes of op "mi": MI ops applied in place to
 // x[row*Stride+Offset : +Width] for every row of the grid.
 type MIKernelAttrs struct {
-	Width  int    `json:"width"`
-	Stride int    `json:"stride"`
-	Offset int    `json:"offset"`
-	Ops    []MIOp `json:"ops"`
+	Width  int     `json:"width"`
+	Stride int     `json:"stride"`
+	Offset int     `json:"offset"`
+	Ops    []mi.Op `json:"ops"`
 }
 
 func init() {

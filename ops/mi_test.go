@@ -9,6 +9,7 @@ import (
 	"unsafe"
 
 	"xmix/bundle"
+	"xmix/mi"
 )
 
 func miArgF32(v []float32) Arg {
@@ -54,9 +55,9 @@ func TestMISteerAddExact(t *testing.T) {
 	v := miRand(rng, w)
 	alpha := float32(3.7)
 	mask := []uint32{1 << 5, 0, 1<<5 | 1, 1}
-	op := MIOp{Template: "steer_add", Bit: 5, Width: w, Alpha: 1, Bias: -1}
+	op := mi.Op{Template: "steer_add", Bit: 5, Width: w, Alpha: 1, Bias: -1}
 	args := []Arg{miArgF32(x), miArgU32(mask), miArgF32(v), miArgF32([]float32{9, alpha})}
-	runMI(t, MIKernelAttrs{Width: w, Stride: w, Offset: 0, Ops: []MIOp{op}}, rows, args)
+	runMI(t, MIKernelAttrs{Width: w, Stride: w, Offset: 0, Ops: []mi.Op{op}}, rows, args)
 	got := args[0].F32()
 	for r := range rows {
 		on := mask[r]>>5&1 == 1
@@ -80,7 +81,7 @@ func TestMIProjectOutProbeCapture(t *testing.T) {
 	d := miUnit(miRand(rng, w))
 	pw := miRand(rng, w)
 	mask := []uint32{1, 1, 0}
-	ops := []MIOp{
+	ops := []mi.Op{
 		{Template: "capture", Bit: 0, Width: w, Alpha: -1, Bias: -1, OutCol: 2, OutWidth: w + 3},
 		{Template: "project_out", Bit: 0, Width: w, Alpha: -1, Bias: -1},
 		{Template: "probe_linear", Bit: 0, Width: w, Alpha: -1, Bias: 0, Activation: "sigmoid", OutCol: 1, OutWidth: 2},
@@ -137,25 +138,25 @@ func TestMIGates(t *testing.T) {
 		ug[i] = uint32(g)
 	}
 	cases := []struct {
-		gate MIGate
+		gate mi.Gate
 		want []bool
 	}{
-		{MIGate{Kind: "token_in", Tokens: []int{9, 7}}, []bool{true, false, true, true, true, true}},
-		{MIGate{Kind: "steps", From: 3, To: 9}, []bool{false, false, true, true, false, false}},
-		{MIGate{Kind: "steps", From: 0}, []bool{false, true, true, true, true, false}},
-		{MIGate{Kind: "positions", Positions: "prompt"}, []bool{true, false, false, false, false, true}},
-		{MIGate{Kind: "positions", Positions: "generated"}, []bool{false, true, true, true, true, false}},
-		{MIGate{Kind: "positions", Positions: "all"}, []bool{true, true, true, true, true, true}},
-		{MIGate{Kind: "activation", Width: 1, Cmp: ">", Value: 0.5}, []bool{true, false, true, false, false, false}},
-		{MIGate{Kind: "activation", Width: 1, Cmp: "<=", Value: 0.5}, []bool{false, true, false, true, true, false}},
-		{MIGate{Kind: "activation", Width: 1, Cmp: "!=", Value: 0.5}, []bool{true, true, true, false, true, true}},
+		{mi.Gate{Kind: "token_in", Tokens: []int{9, 7}}, []bool{true, false, true, true, true, true}},
+		{mi.Gate{Kind: "steps", From: 3, To: 9}, []bool{false, false, true, true, false, false}},
+		{mi.Gate{Kind: "steps", From: 0}, []bool{false, true, true, true, true, false}},
+		{mi.Gate{Kind: "positions", Positions: "prompt"}, []bool{true, false, false, false, false, true}},
+		{mi.Gate{Kind: "positions", Positions: "generated"}, []bool{false, true, true, true, true, false}},
+		{mi.Gate{Kind: "positions", Positions: "all"}, []bool{true, true, true, true, true, true}},
+		{mi.Gate{Kind: "activation", Width: 1, Cmp: ">", Value: 0.5}, []bool{true, false, true, false, false, false}},
+		{mi.Gate{Kind: "activation", Width: 1, Cmp: "<=", Value: 0.5}, []bool{false, true, false, true, true, false}},
+		{mi.Gate{Kind: "activation", Width: 1, Cmp: "!=", Value: 0.5}, []bool{true, true, true, false, true, true}},
 	}
 	for _, c := range cases {
 		x := make([]float32, rows*w)
-		op := MIOp{Template: "steer_add", Bit: 2, Width: w, Alpha: 0, Bias: -1, Gates: []MIGate{c.gate}}
+		op := mi.Op{Template: "steer_add", Bit: 2, Width: w, Alpha: 0, Bias: -1, Gates: []mi.Gate{c.gate}}
 		mask := []uint32{4, 4, 4, 4, 4, 4}
 		args := []Arg{miArgF32(x), miArgU32(mask)}
-		tok, g := MIControl([]MIOp{op})
+		tok, g := mi.Control([]mi.Op{op})
 		if tok {
 			args = append(args, miArgU32(tokens))
 		}
@@ -170,7 +171,7 @@ func TestMIGates(t *testing.T) {
 		if c.gate.Kind == "activation" {
 			args = append(args, miArgF32(act))
 		}
-		runMI(t, MIKernelAttrs{Width: w, Stride: w, Ops: []MIOp{op}}, rows, args)
+		runMI(t, MIKernelAttrs{Width: w, Stride: w, Ops: []mi.Op{op}}, rows, args)
 		for r := range rows {
 			if on := args[0].F32()[r*w] == 1; on != c.want[r] {
 				t.Errorf("gate %+v row %d: enabled %v, want %v", c.gate, r, on, c.want[r])
@@ -181,22 +182,22 @@ func TestMIGates(t *testing.T) {
 
 func TestMIValidate(t *testing.T) {
 	bad := []struct {
-		op   MIOp
+		op   mi.Op
 		want string
 	}{
-		{MIOp{Template: "nope", Width: 4, Alpha: -1, Bias: -1}, "unknown MI template"},
-		{MIOp{Template: "steer_add", Width: 4, Alpha: -1, Bias: -1}, "no alpha"},
-		{MIOp{Template: "capture", Width: 4, Alpha: -1, Bias: -1, OutCol: 2, OutWidth: 5}, "do not fit"},
-		{MIOp{Template: "capture", Width: 3, Alpha: -1, Bias: -1, OutWidth: 5}, "hooked row has 4"},
-		{MIOp{Template: "project_out", Bit: 32, Width: 4, Alpha: -1, Bias: -1}, "app bit"},
-		{MIOp{Template: "project_out", Width: 4, Alpha: -1, Bias: -1, Gates: []MIGate{{Kind: "token_in"}}}, "no tokens"},
-		{MIOp{Template: "project_out", Width: 4, Alpha: -1, Bias: -1, Gates: []MIGate{{Kind: "steps", From: 5, To: 5}}}, "step window"},
-		{MIOp{Template: "project_out", Width: 4, Alpha: -1, Bias: -1, Gates: []MIGate{{Kind: "activation", Cmp: "=~", Width: 1}}}, "comparison"},
-		{MIOp{Template: "steer_add", Width: 4, Alpha: 0, Bias: -1, Activation: "sigmoid"}, "activation"},
-		{MIOp{Template: "steer_set", Width: 4, Alpha: -1, Bias: -1}, "no alpha"},
-		{MIOp{Template: "clamp_projection", Width: 4, Alpha: -2, Bias: -1}, "alpha index -2"},
-		{MIOp{Template: "patch", Width: 4, Alpha: 0, Bias: -1}, "takes no alpha"},
-		{MIOp{Template: "head_ablate", Width: 4, Alpha: 0, Bias: 1}, "takes no bias"},
+		{mi.Op{Template: "nope", Width: 4, Alpha: -1, Bias: -1}, "unknown MI template"},
+		{mi.Op{Template: "steer_add", Width: 4, Alpha: -1, Bias: -1}, "no alpha"},
+		{mi.Op{Template: "capture", Width: 4, Alpha: -1, Bias: -1, OutCol: 2, OutWidth: 5}, "do not fit"},
+		{mi.Op{Template: "capture", Width: 3, Alpha: -1, Bias: -1, OutWidth: 5}, "hooked row has 4"},
+		{mi.Op{Template: "project_out", Bit: 32, Width: 4, Alpha: -1, Bias: -1}, "app bit"},
+		{mi.Op{Template: "project_out", Width: 4, Alpha: -1, Bias: -1, Gates: []mi.Gate{{Kind: "token_in"}}}, "no tokens"},
+		{mi.Op{Template: "project_out", Width: 4, Alpha: -1, Bias: -1, Gates: []mi.Gate{{Kind: "steps", From: 5, To: 5}}}, "step window"},
+		{mi.Op{Template: "project_out", Width: 4, Alpha: -1, Bias: -1, Gates: []mi.Gate{{Kind: "activation", Cmp: "=~", Width: 1}}}, "comparison"},
+		{mi.Op{Template: "steer_add", Width: 4, Alpha: 0, Bias: -1, Activation: "sigmoid"}, "activation"},
+		{mi.Op{Template: "steer_set", Width: 4, Alpha: -1, Bias: -1}, "no alpha"},
+		{mi.Op{Template: "clamp_projection", Width: 4, Alpha: -2, Bias: -1}, "alpha index -2"},
+		{mi.Op{Template: "patch", Width: 4, Alpha: 0, Bias: -1}, "takes no alpha"},
+		{mi.Op{Template: "head_ablate", Width: 4, Alpha: 0, Bias: 1}, "takes no bias"},
 	}
 	for _, b := range bad {
 		err := b.op.Validate(4)
@@ -207,8 +208,8 @@ func TestMIValidate(t *testing.T) {
 }
 
 func TestMIArgErrors(t *testing.T) {
-	op := MIOp{Template: "steer_add", Width: 4, Alpha: 0, Bias: -1}
-	r, err := Build("mi", EncodeAttrs(MIKernelAttrs{Width: 4, Stride: 4, Ops: []MIOp{op}}))
+	op := mi.Op{Template: "steer_add", Width: 4, Alpha: 0, Bias: -1}
+	r, err := Build("mi", EncodeAttrs(MIKernelAttrs{Width: 4, Stride: 4, Ops: []mi.Op{op}}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -224,7 +225,7 @@ func TestMIArgErrors(t *testing.T) {
 	if err := r.Run([]Arg{x, mask, miArgF32(make([]float32, 4)), miArgF32([]float32{1}), x}, l); err == nil {
 		t.Error("extra argument accepted")
 	}
-	if _, err := Build("mi", EncodeAttrs(MIKernelAttrs{Width: 4, Stride: 4, Offset: 1, Ops: []MIOp{op}})); err == nil {
+	if _, err := Build("mi", EncodeAttrs(MIKernelAttrs{Width: 4, Stride: 4, Offset: 1, Ops: []mi.Op{op}})); err == nil {
 		t.Error("row past the stride accepted")
 	}
 }
@@ -243,23 +244,23 @@ func TestMIWriteTemplates(t *testing.T) {
 	bits := []uint32{2, 0, 2}
 	scal := []float32{0.5, -0.2, 0.3}
 	cases := []struct {
-		op   MIOp
+		op   mi.Op
 		v    []float32
 		want func(in []float32, i int) float32 // nil: check the projection on d instead
 		proj func(p float32) float32
 	}{
-		{MIOp{Template: "scale", Alpha: 0, Bias: -1}, nil, func(in []float32, i int) float32 { return in[i] * 0.5 }, nil},
-		{MIOp{Template: "scale", Alpha: -1, Bias: -1}, vec, func(in []float32, i int) float32 { return in[i] * vec[i] }, nil},
-		{MIOp{Template: "head_ablate", Alpha: 0, Bias: -1}, mask, func(in []float32, i int) float32 {
+		{mi.Op{Template: "scale", Alpha: 0, Bias: -1}, nil, func(in []float32, i int) float32 { return in[i] * 0.5 }, nil},
+		{mi.Op{Template: "scale", Alpha: -1, Bias: -1}, vec, func(in []float32, i int) float32 { return in[i] * vec[i] }, nil},
+		{mi.Op{Template: "head_ablate", Alpha: 0, Bias: -1}, mask, func(in []float32, i int) float32 {
 			if i >= 32 && i < 64 {
 				return in[i] * 0.5
 			}
 			return in[i]
 		}, nil},
-		{MIOp{Template: "patch", Alpha: -1, Bias: -1}, vec, func(_ []float32, i int) float32 { return vec[i] }, nil},
-		{MIOp{Template: "steer_set", Alpha: 1, Bias: -1}, d, nil, func(float32) float32 { return -0.2 }},
-		{MIOp{Template: "clamp_projection", Alpha: 1, Bias: 2}, d, nil, func(p float32) float32 { return min(max(p, -0.2), 0.3) }},
-		{MIOp{Template: "clamp_projection", Alpha: -1, Bias: 2}, d, nil, func(p float32) float32 { return min(p, 0.3) }},
+		{mi.Op{Template: "patch", Alpha: -1, Bias: -1}, vec, func(_ []float32, i int) float32 { return vec[i] }, nil},
+		{mi.Op{Template: "steer_set", Alpha: 1, Bias: -1}, d, nil, func(float32) float32 { return -0.2 }},
+		{mi.Op{Template: "clamp_projection", Alpha: 1, Bias: 2}, d, nil, func(p float32) float32 { return min(max(p, -0.2), 0.3) }},
+		{mi.Op{Template: "clamp_projection", Alpha: -1, Bias: 2}, d, nil, func(p float32) float32 { return min(p, 0.3) }},
 	}
 	for _, c := range cases {
 		op := c.op
@@ -274,7 +275,7 @@ func TestMIWriteTemplates(t *testing.T) {
 				args = append(args, miArgF32(scal))
 			}
 		}
-		runMI(t, MIKernelAttrs{Width: w, Stride: stride, Offset: off, Ops: []MIOp{op}}, rows, args)
+		runMI(t, MIKernelAttrs{Width: w, Stride: stride, Offset: off, Ops: []mi.Op{op}}, rows, args)
 		got := args[0].F32()
 		for r := range rows {
 			for i := range stride {
@@ -310,7 +311,7 @@ func TestMIScaleParams(t *testing.T) {
 		alpha int
 		want  string
 	}{{0, "[{scal -1}]"}, {-1, "[{vec -1}]"}} {
-		op := MIOp{Template: "scale", Width: 4, Alpha: c.alpha, Bias: -1}
+		op := mi.Op{Template: "scale", Width: 4, Alpha: c.alpha, Bias: -1}
 		if got := fmt.Sprint(op.Params()); got != c.want {
 			t.Errorf("alpha %d: params %s, want %s", c.alpha, got, c.want)
 		}
@@ -326,9 +327,9 @@ func TestMIPerRequestScalars(t *testing.T) {
 	seq := []uint32{1, 0, 2, 1}
 	act := []float32{0.9, 0.9, 0.9, 0.9}
 	latch := []uint32{0b10, 0b10, 0b10, 0b01}
-	op := MIOp{Template: "steer_add", Bit: 0, Width: w, Alpha: 0, Bias: -1, ScalStride: 2, ScalRows: 3,
-		Gates: []MIGate{{Kind: "activation", Width: 1, Cmp: ">", Thresh: 2}, {Kind: "after_token", Latch: 1}}}
-	if seqOn, latchOn, vslotOn := MIRequestControl([]MIOp{op}); !seqOn || !latchOn || vslotOn {
+	op := mi.Op{Template: "steer_add", Bit: 0, Width: w, Alpha: 0, Bias: -1, ScalStride: 2, ScalRows: 3,
+		Gates: []mi.Gate{{Kind: "activation", Width: 1, Cmp: ">", Thresh: 2}, {Kind: "after_token", Latch: 1}}}
+	if seqOn, latchOn, vslotOn := mi.RequestControl([]mi.Op{op}); !seqOn || !latchOn || vslotOn {
 		t.Fatalf("MIRequestControl = %v, %v, %v; want seq and latch", seqOn, latchOn, vslotOn)
 	}
 	ones := make([]float32, w)
@@ -337,7 +338,7 @@ func TestMIPerRequestScalars(t *testing.T) {
 	}
 	args := []Arg{miArgF32(make([]float32, rows*w)), miArgU32([]uint32{1, 1, 1, 1}), miArgU32(seq), miArgU32(latch),
 		miArgF32(ones), miArgF32(table), miArgF32(act)}
-	runMI(t, MIKernelAttrs{Width: w, Stride: w, Ops: []MIOp{op}}, rows, args)
+	runMI(t, MIKernelAttrs{Width: w, Stride: w, Ops: []mi.Op{op}}, rows, args)
 	// Row 2's threshold (0.95) holds the gate off; row 3 lacks latch bit 1.
 	want := []float32{2, 1, 0, 0}
 	for r := range rows {
@@ -347,17 +348,17 @@ func TestMIPerRequestScalars(t *testing.T) {
 	}
 	seq[3] = 3
 	args[2] = miArgU32(seq)
-	r, err := Build("mi", EncodeAttrs(MIKernelAttrs{Width: w, Stride: w, Ops: []MIOp{op}}))
+	r, err := Build("mi", EncodeAttrs(MIKernelAttrs{Width: w, Stride: w, Ops: []mi.Op{op}}))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := r.Run(args, Launch{Grid: [3]int{rows, 1, 1}}); err == nil || !strings.Contains(err.Error(), "ctl_seq[3] = 3") {
 		t.Errorf("sequence outside the table: %v", err)
 	}
-	for _, bad := range []MIOp{
+	for _, bad := range []mi.Op{
 		{Template: "steer_add", Width: w, Alpha: 2, Bias: -1, ScalStride: 2, ScalRows: 3},
 		{Template: "steer_add", Width: w, Alpha: 0, Bias: -1, ScalStride: 2},
-		{Template: "steer_add", Width: w, Alpha: 0, Bias: -1, Gates: []MIGate{{Kind: "after_token", Latch: 32}}},
+		{Template: "steer_add", Width: w, Alpha: 0, Bias: -1, Gates: []mi.Gate{{Kind: "after_token", Latch: 32}}},
 	} {
 		if err := bad.Validate(w); err == nil {
 			t.Errorf("%+v validated", bad)
@@ -369,8 +370,8 @@ func TestMIPerRequestScalars(t *testing.T) {
 // out of bounds; NoRow (no slot) is fine.
 func TestMIVectorSlotOutOfPool(t *testing.T) {
 	const rows, w = 2, 4
-	op := MIOp{Template: "steer_add", Bit: 0, Width: w, Alpha: 0, Bias: -1, Pool: 2}
-	r, err := Build("mi", EncodeAttrs(MIKernelAttrs{Width: w, Stride: w, Ops: []MIOp{op}}))
+	op := mi.Op{Template: "steer_add", Bit: 0, Width: w, Alpha: 0, Bias: -1, PoolSlots: 2}
+	r, err := Build("mi", EncodeAttrs(MIKernelAttrs{Width: w, Stride: w, Ops: []mi.Op{op}}))
 	if err != nil {
 		t.Fatal(err)
 	}

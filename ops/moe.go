@@ -3,6 +3,8 @@ package ops
 import (
 	"fmt"
 	"math"
+
+	"xmix/mi"
 )
 
 // Mixture-of-experts (Mixtral) reference ops. A layer's MLP becomes three kernels:
@@ -26,11 +28,11 @@ const MaxExperts = 64
 // idx, wts, ctl_mask, [ctl_tokens], [ctl_gen], [ctl_seq], [ctl_latch], MI parameters; one
 // block per row.
 type MoERouterAttrs struct {
-	Hidden  int    `json:"hidden"`
-	Experts int    `json:"experts"`
-	TopK    int    `json:"top_k"`
-	WDtype  string `json:"w_dtype"`
-	Ops     []MIOp `json:"ops,omitempty"`
+	Hidden  int     `json:"hidden"`
+	Experts int     `json:"experts"`
+	TopK    int     `json:"top_k"`
+	WDtype  string  `json:"w_dtype"`
+	Ops     []mi.Op `json:"ops,omitempty"`
 }
 
 // MoEAttrs configure ops "moe_gate_up" and "moe_down".

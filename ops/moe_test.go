@@ -4,6 +4,8 @@ import (
 	"math"
 	"math/rand/v2"
 	"testing"
+
+	"xmix/mi"
 )
 
 func TestRoute(t *testing.T) {
@@ -74,7 +76,7 @@ func TestMoEOpsMatchFloat64(t *testing.T) {
 		}
 	}
 	ra := MoERouterAttrs{Hidden: H, Experts: E, TopK: K, WDtype: "f32",
-		Ops: []MIOp{{Template: "router_bias", Width: E, Alpha: 0, Bias: -1}}}
+		Ops: []mi.Op{{Template: "router_bias", Width: E, Alpha: 0, Bias: -1}}}
 	run("moe_router", ra, Launch{Grid: [3]int{rows, 1, 1}}, f32(x), f32(wg), idx, wts,
 		Arg{Mem: bytesOfU32(mask)}, f32(bias), f32([]float32{1}))
 	ma := MoEAttrs{Hidden: H, Inter: I, Experts: E, TopK: K, WDtype: "f32"}

@@ -5,6 +5,7 @@ import (
 	"math"
 
 	"xmix/bundle"
+	"xmix/mi"
 )
 
 // RowNormAttrs are the attributes of op "row_norm": load a residual row (embedding lookup or
@@ -17,9 +18,9 @@ type RowNormAttrs struct {
 	WDtype   string  `json:"wdtype"` // f32 | bf16: storage of table and w
 	Load     string  `json:"load"`   // embed | add
 	Gather   bool    `json:"gather,omitempty"`
-	DeltaOps []MIOp  `json:"delta_ops,omitempty"`
-	ResidOps []MIOp  `json:"resid_ops,omitempty"`
-	NormOps  []MIOp  `json:"norm_ops,omitempty"`
+	DeltaOps []mi.Op `json:"delta_ops,omitempty"`
+	ResidOps []mi.Op `json:"resid_ops,omitempty"`
+	NormOps  []mi.Op `json:"norm_ops,omitempty"`
 }
 
 // checkRow checks the attributes every row kernel (row_norm, row_renorm) shares.
@@ -213,8 +214,8 @@ func rmsNorm(x []float32, w weights, eps float32) {
 // SiluMulAttrs are the attributes of op "silu_mul": act = silu(gate) * up, where gate and up
 // are the two halves of each gu row, then MI ops on act's row.
 type SiluMulAttrs struct {
-	Inter int    `json:"inter"`
-	Ops   []MIOp `json:"ops,omitempty"`
+	Inter int     `json:"inter"`
+	Ops   []mi.Op `json:"ops,omitempty"`
 	// Chunked: the kernel spreads each row over blocks (grid y = rows) and takes no control
 	// or MI parameters (it carries no MI ops).
 	Chunked bool `json:"chunked,omitempty"`

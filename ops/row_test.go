@@ -7,6 +7,7 @@ import (
 	"unsafe"
 
 	"xmix/bundle"
+	"xmix/mi"
 )
 
 func miArgBF16(v []float32) Arg {
@@ -57,8 +58,8 @@ func TestRowNormAdd(t *testing.T) {
 	resid, delta, w := miRand(rng, rows*h), miRand(rng, rows*h), miRand(rng, h)
 	v := miRand(rng, h)
 	mask := []uint32{2, 0, 2}
-	steer := MIOp{Template: "steer_add", Bit: 1, Width: h, Alpha: 0, Bias: -1}
-	a := RowNormAttrs{Hidden: h, Eps: 1e-5, WDtype: "f32", Load: "add", DeltaOps: []MIOp{steer}}
+	steer := mi.Op{Template: "steer_add", Bit: 1, Width: h, Alpha: 0, Bias: -1}
+	a := RowNormAttrs{Hidden: h, Eps: 1e-5, WDtype: "f32", Load: "add", DeltaOps: []mi.Op{steer}}
 	args := []Arg{miArgF32(resid), miArgF32(delta), miArgF32(w), miArgF32(make([]float32, rows*h)), miArgU32(mask),
 		miArgF32(v), miArgF32([]float32{2})}
 	runRowOp(t, "row_norm", a, rows, args)
@@ -132,9 +133,9 @@ func TestSiluMul(t *testing.T) {
 		gu[i] *= 8
 	}
 	mask := []uint32{0, 1}
-	capt := MIOp{Template: "capture", Bit: 0, Width: n, Alpha: -1, Bias: -1, OutWidth: n}
+	capt := mi.Op{Template: "capture", Bit: 0, Width: n, Alpha: -1, Bias: -1, OutWidth: n}
 	args := []Arg{miArgF32(gu), miArgF32(make([]float32, rows*n)), miArgU32(mask), miArgF32(make([]float32, rows*n))}
-	runRowOp(t, "silu_mul", SiluMulAttrs{Inter: n, Ops: []MIOp{capt}}, rows, args)
+	runRowOp(t, "silu_mul", SiluMulAttrs{Inter: n, Ops: []mi.Op{capt}}, rows, args)
 	for r := range rows {
 		want := make([]float64, n)
 		for i := range want {

@@ -44,14 +44,14 @@ type SampleAttrs struct {
 // when the token row's mask has Bit and every gate holds. Fired > 0: the sampler also takes
 // ovr<i>_fired after ovr<i>_scal and writes, on the token row of each sample whose row has
 // Bit, 1 there when the override replaced the token and 0 when its gates failed (rows of
-// Fired bytes, as MIOp.Fired).
+// Fired bytes, as mi.Op.Fired).
 type TokenOverride struct {
-	Bit        int      `json:"bit"`
-	Token      int      `json:"token"`
-	ScalStride int      `json:"scal_stride"`
-	ScalRows   int      `json:"scal_rows"`
-	Gates      []MIGate `json:"gates,omitempty"`
-	Fired      int      `json:"fired,omitempty"`
+	Bit        int       `json:"bit"`
+	Token      int       `json:"token"`
+	ScalStride int       `json:"scal_stride"`
+	ScalRows   int       `json:"scal_rows"`
+	Gates      []mi.Gate `json:"gates,omitempty"`
+	Fired      int       `json:"fired,omitempty"`
 }
 
 // Validate checks what the kernel relies on; activation gates would need the token row's
@@ -70,7 +70,7 @@ func (o TokenOverride) Validate() error {
 		if g.Kind == "activation" {
 			return fmt.Errorf("gate %d: activation gates are not supported in the sampler", j)
 		}
-		if err := g.validate(); err != nil {
+		if err := g.Validate(); err != nil {
 			return fmt.Errorf("gate %d: %w", j, err)
 		}
 	}
@@ -79,12 +79,12 @@ func (o TokenOverride) Validate() error {
 
 // OverrideControl says which optional control arrays a sampler with these overrides takes.
 func OverrideControl(ovs []TokenOverride) (tokens, gen, latch bool) {
-	shells := make([]MIOp, len(ovs))
+	shells := make([]mi.Op, len(ovs))
 	for i, o := range ovs {
-		shells[i] = MIOp{Gates: o.Gates}
+		shells[i] = mi.Op{Gates: o.Gates}
 	}
-	tokens, gen = MIControl(shells)
-	_, latch, _ = MIRequestControl(shells)
+	tokens, gen = mi.Control(shells)
+	_, latch, _ = mi.RequestControl(shells)
 	return tokens, gen, latch
 }
 
@@ -347,7 +347,7 @@ func (a SampleAttrs) bindOverrides(args []Arg, n int) (func(out []uint32), error
 				}
 				on := true
 				for _, g := range o.Gates {
-					on = on && g.holds(int(r), ctl, nil, nil)
+					on = on && holds(g, int(r), ctl, nil, nil)
 				}
 				if on {
 					out[i] = TokenID(scal[j][int(ctl.seq[r])*o.ScalStride+o.Token])
@@ -512,8 +512,8 @@ func argmax(v []float32) int {
 // scalars and reads see the token row the sample came from, so exported reads land in that
 // row of their buffer.
 type MISamplesAttrs struct {
-	Width int    `json:"width"`
-	Ops   []MIOp `json:"ops"`
+	Width int     `json:"width"`
+	Ops   []mi.Op `json:"ops"`
 }
 
 func buildMISamples(attrs []byte) (Runner, error) {

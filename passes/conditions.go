@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"xmix/frontend"
+	"xmix/mi"
 )
 
 // checkConditions resolves each op's `when` into device-evaluated gates. An activation gate
@@ -30,10 +31,10 @@ func checkConditions(p *Program) error {
 	return errors.Join(errs...)
 }
 
-func resolveGate(p *Program, op *MIOp, c frontend.Cond, latches map[string]int) (Gate, error) {
+func resolveGate(p *Program, op *MIOp, c frontend.Cond, latches map[string]int) (mi.Gate, error) {
 	switch c.Kind {
 	case "token_in":
-		return Gate{Kind: c.Kind, Tokens: c.Tokens}, nil
+		return mi.Gate{Kind: c.Kind, Tokens: c.Tokens}, nil
 	case "after_token":
 		set := slices.Clone(c.Tokens)
 		slices.Sort(set)
@@ -42,22 +43,22 @@ func resolveGate(p *Program, op *MIOp, c frontend.Cond, latches map[string]int) 
 		bit, ok := latches[key]
 		if !ok {
 			if len(p.Latches) == MaxLatches {
-				return Gate{}, frontend.Errorf(c.Pos, "share token sets between after_token conditions",
+				return mi.Gate{}, frontend.Errorf(c.Pos, "share token sets between after_token conditions",
 					"more than %d distinct after_token token sets in one deployment", MaxLatches)
 			}
 			bit = len(p.Latches)
 			latches[key] = bit
 			p.Latches = append(p.Latches, set)
 		}
-		return Gate{Kind: c.Kind, Tokens: set, Latch: bit}, nil
+		return mi.Gate{Kind: c.Kind, Tokens: set, Latch: bit}, nil
 	case "steps":
-		return Gate{Kind: c.Kind, From: c.From, To: c.To}, nil
+		return mi.Gate{Kind: c.Kind, From: c.From, To: c.To}, nil
 	case "positions":
-		return Gate{Kind: c.Kind, Positions: c.Positions}, nil
+		return mi.Gate{Kind: c.Kind, Positions: c.Positions}, nil
 	case "activation":
 		e := op.App.export(c.Buffer)
 		if e == nil {
-			return Gate{}, frontend.Errorf(c.Pos, "declare it under buffers: and fill it with a read", "buffer %q is not declared", c.Buffer)
+			return mi.Gate{}, frontend.Errorf(c.Pos, "declare it under buffers: and fill it with a read", "buffer %q is not declared", c.Buffer)
 		}
 		var writer *MIOp
 		for _, w := range p.Ops {
@@ -66,14 +67,15 @@ func resolveGate(p *Program, op *MIOp, c frontend.Cond, latches map[string]int) 
 			}
 		}
 		if writer == nil {
-			return Gate{}, frontend.Errorf(c.Pos, "read into it at an earlier layer or hook than this op",
+			return mi.Gate{}, frontend.Errorf(c.Pos, "read into it at an earlier layer or hook than this op",
 				"buffer %s is not written before %s at layer %d in the forward", c.Buffer, op.Hook, op.Layer)
 		}
-		v := float32(c.Value)
-		return Gate{Kind: c.Kind, Buf: e.Buffer, Col: 0, Width: e.Width, Cmp: c.Cmp, Value: v,
-			Scalar: op.App.scalar(fmt.Sprintf("op%d.threshold", op.OpIndex), v)}, nil
+		// The threshold is a scalar of the app (requests may override it): the kernel reads
+		// it from the scalar table, Thresh its index plus one.
+		thresh := op.App.scalar(fmt.Sprintf("op%d.threshold", op.OpIndex), float32(c.Value))
+		return mi.Gate{Kind: c.Kind, Buf: e.Buffer, Col: 0, Width: e.Width, Cmp: c.Cmp, Thresh: thresh + 1}, nil
 	default:
-		return Gate{}, frontend.Errorf(c.Pos, "conditions this compiler evaluates: "+strings.Join(gateKinds, ", "),
+		return mi.Gate{}, frontend.Errorf(c.Pos, "conditions this compiler evaluates: "+strings.Join(gateKinds, ", "),
 			"condition %s is not supported by this version of xmixc", c.Kind)
 	}
 }
@@ -114,7 +116,7 @@ func planLayerMasks(p *Program) error {
 						break
 					}
 					m.Layers = append(m.Layers, op.Layer)
-					op.Gates = append(op.Gates, Gate{Kind: "layers", Word: col + op.Layer/32, Bit: op.Layer % 32})
+					op.Gates = append(op.Gates, mi.Gate{Kind: "layers", Word: col + op.Layer/32, Bit: op.Layer % 32})
 				}
 			}
 			if len(m.Layers) == 0 {

@@ -177,62 +177,44 @@ func appFree(p *Program) error {
 }
 
 // attachMI puts every op, in forward order (sortOps), at its hook value as its kernel will
-// take it: width per rank, buffers, scalar table, fired column, gates.
+// take it: width per rank, app bit and site, per-request pool, scalar table, fired column.
 func attachMI(p *Program) error {
 	sortOps(p)
 	for _, op := range p.Ops {
 		// shard-tp may have moved the hook to a collective's output.
 		op.Value, _ = hookSite(p.Graph, ir.Hook{Name: op.Hook, Layer: op.Layer})
-		op.MI = p.kernelOp(op)
-		op.Value.MI = append(op.Value.MI, op.MI)
+		p.complete(op)
+		op.Value.MI = append(op.Value.MI, &op.MI)
 	}
 	return nil
 }
 
-// kernelOp is op as its kernel takes it.
-func (p *Program) kernelOp(op *MIOp) *ir.MI {
-	a := op.App
-	mo := &ir.MI{
-		App: a.Name, OpIndex: op.OpIndex, Hook: ir.Hook{Name: op.Hook, Layer: op.Layer},
-		Template: op.Template, Bit: a.Bit, Width: op.Value.Width, Vec: op.Vec,
-		Alpha: op.Alpha, Bias: op.Bias, Activation: op.Activation, K: op.K,
-		Out: op.Out, OutCol: op.OutCol, OutWidth: op.OutWidth,
-	}
+// complete fills in what op's kernel takes beyond what binding found.
+func (p *Program) complete(op *MIOp) {
+	a, m := op.App, &op.MI
+	m.App, m.Site, m.Bit, m.Width = a.Name, ir.Hook{Name: op.Hook, Layer: op.Layer}, a.Bit, op.Value.Width
 	if op.VecPerRequest {
-		mo.Pool, mo.PoolSlots = SlotsBuffer(op.Vec), p.VectorSlots
+		m.Pool, m.PoolSlots = SlotsBuffer(op.Vec), p.VectorSlots
 	}
 	if col := p.FiredColumn(op); col >= 0 {
-		mo.Fired, mo.FiredCol, mo.FiredWidth = a.FiredBuffer(), col, p.FiredWidth(a)
+		m.Fired, m.FiredCol, m.FiredWidth = a.FiredBuffer(), col, p.FiredWidth(a)
 	}
 	scal := op.Alpha >= 0 || op.Bias >= 0
-	for _, gt := range op.Gates {
-		// The threshold of an activation gate is its scalar (Thresh), which requests may
-		// override; the kernel takes no constant.
-		cg := ir.Gate{Kind: gt.Kind, Buf: gt.Buf, Col: gt.Col, Width: gt.Width, Cmp: gt.Cmp,
-			Latch: gt.Latch, Tokens: gt.Tokens, From: gt.From, To: gt.To, Positions: gt.Positions,
-			Word: gt.Word, Bit: gt.Bit}
-		switch gt.Kind {
-		case "activation":
-			cg.Thresh = gt.Scalar + 1
-			scal = true
-		case "layers":
-			scal = true
-		}
-		mo.Gates = append(mo.Gates, cg)
+	for _, g := range op.Gates {
+		scal = scal || g.Kind == "activation" || g.Kind == "layers"
 	}
 	if scal {
-		mo.Scal, mo.ScalStride, mo.ScalRows = a.ScalarTable(), a.TableWidth(), p.Model.MaxSeqs+1
+		m.Scal, m.ScalStride, m.ScalRows = a.ScalarTable(), a.TableWidth(), p.Model.MaxSeqs+1
 	}
 	if k := op.Custom; k != nil {
-		mo.Custom = &ir.Custom{Name: k.Name, PTX: k.PTX, Entry: k.Entry}
+		m.Custom = &ir.Custom{Name: k.Name, PTX: k.PTX, Entry: k.Entry}
 		for _, s := range k.Signature {
-			mo.Custom.Signature = append(mo.Custom.Signature, ir.Param{Name: s.Name, Type: s.Type})
+			m.Custom.Signature = append(m.Custom.Signature, ir.Param{Name: s.Name, Type: s.Type})
 		}
 		for _, ca := range op.CustomArgs {
-			mo.Custom.Args = append(mo.Custom.Args, ir.CustomArg{Name: ca.Name, Type: ca.Type.String(), Buf: ca.Buf, Value: ca.Value})
+			m.Custom.Args = append(m.Custom.Args, ir.CustomArg{Name: ca.Name, Type: ca.Type.String(), Buf: ca.Buf, Value: ca.Value})
 		}
 	}
-	return mo
 }
 
 // placeMI puts the ops attached at each value in the kernel that hosts them: fused into the
@@ -245,7 +227,7 @@ func placeMI(p *Program) error {
 	g := p.Graph
 	place := map[*ir.MI]*MIOp{}
 	for _, op := range p.Ops {
-		place[op.MI] = op
+		place[&op.MI] = op
 	}
 	for _, v := range g.Values() {
 		if len(v.MI) == 0 {

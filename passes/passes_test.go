@@ -364,8 +364,8 @@ ops:
 	for _, op := range p.Ops {
 		for _, g := range op.Gates {
 			switch {
-			case g.Kind == "activation" && g.Scalar != 1:
-				t.Errorf("%s layer %d: threshold scalar %d, want 1", op.App.Name, op.Layer, g.Scalar)
+			case g.Kind == "activation" && g.Thresh != 2:
+				t.Errorf("%s layer %d: threshold scalar %d, want 1", op.App.Name, op.Layer, g.Thresh-1)
 			case g.Kind == "after_token" && g.Latch != map[string]int{"project_out": 1}[op.Template]:
 				t.Errorf("%s %s layer %d: latch %d", op.App.Name, op.Template, op.Layer, g.Latch)
 			}

@@ -161,61 +161,33 @@ type Export struct {
 	Pos    frontend.Pos
 }
 
-// MIOp is one MI primitive at one hook site.
+// MIOp is one MI primitive at one hook site: the op as its kernel will take it (ir.MI, which
+// the passes fill: resolve-hooks its template and site, bind-args its buffers, scalars and
+// output columns, check-conditions and plan-layer-masks its gates, attach-mi the rest), and
+// what the passes need of its spec beyond that.
 type MIOp struct {
-	App      *AppPlan
-	OpIndex  int // index in the app's ops list
-	Pos      frontend.Pos
-	Kind     string // read | write
-	Template string
-	Hook     string
-	Layer    int // -1 for whole-model hooks
-	Width    int // elements of the hooked vector
-	Key      SiteKey
-	Value    *ir.Value // the hook's value in the graph
+	ir.MI
+	App   *AppPlan
+	Pos   frontend.Pos
+	Kind  string // read | write
+	Hook  string
+	Layer int // -1 for whole-model hooks
+	Key   SiteKey
+	Value *ir.Value // the hook's value in the graph
 
-	// Bound arguments.
-	Vec string // buffer of the op's vector
 	// VecPerRequest: Vec is a per_request vector; a request holding a vector slot reads its
 	// own value from the slot instead.
 	VecPerRequest bool
-	Alpha         int // scalar index or -1
-	Bias          int // scalar index or -1
-	Activation    string
-	K             int    // logit_lens: how many top tokens it reports
-	Out           string // buffer reads land in
-	OutCol        int
-	OutWidth      int
-	Gates         []Gate
 
 	// Custom kernels (Template CustomTemplate): the kernel and its arguments past the ABI head.
 	Custom     *frontend.CustomKernel
 	CustomArgs []CustomArg
 
-	// Placement (place-mi): the op as its kernel takes it, the node it runs in, the kind of
-	// that node (HostEmbed, HostAddNorm, ...) and the op's group there (RoleDelta, ...).
-	MI   *ir.MI
+	// Placement (place-mi): the node the op runs in, the kind of that node (HostEmbed,
+	// HostAddNorm, ...) and the op's group there (RoleDelta, ...).
 	Node *ir.Node
 	Host string
 	Role string
-}
-
-// Gate is one per-row condition, resolved (buffers named, tokens listed).
-type Gate struct {
-	Kind      string
-	Buf       string
-	Col       int
-	Width     int
-	Cmp       string
-	Value     float32
-	Scalar    int // activation: index of the threshold (Value by default) in the app's scalar table
-	Latch     int // after_token: the latch bit (index in Program.Latches)
-	Tokens    []int
-	From, To  int
-	Positions string
-	// layers: bit Bit of word Word of the row's scalar table row (the op's per-request layer
-	// mask, LayerMask) is set.
-	Word, Bit int
 }
 
 // Pass is one named transformation of a Program.
@@ -351,8 +323,8 @@ func Verify(p *Program) error {
 			errs = append(errs, fmt.Errorf("%s: per-request vector %q is not a per_request vector of the app", where, op.Vec))
 		}
 		for j, g := range op.Gates {
-			if g.Kind == "activation" && (g.Scalar < 0 || g.Scalar >= len(op.App.Scalars)) {
-				errs = append(errs, fmt.Errorf("%s: gate %d: threshold index %d out of the app's table", where, j, g.Scalar))
+			if g.Kind == "activation" && (g.Thresh < 1 || g.Thresh > len(op.App.Scalars)) {
+				errs = append(errs, fmt.Errorf("%s: gate %d: threshold index %d out of the app's table", where, j, g.Thresh-1))
 			}
 			if g.Kind == "after_token" && (g.Latch < 0 || g.Latch >= len(p.Latches)) {
 				errs = append(errs, fmt.Errorf("%s: gate %d: latch %d of %d", where, j, g.Latch, len(p.Latches)))

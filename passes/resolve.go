@@ -81,11 +81,9 @@ func resolveHooks(p *Program) error {
 				if v == nil {
 					return fmt.Errorf("graph of %s: no value is hook %s of layer %d", m.Name, op.Hook, l)
 				}
-				p.Ops = append(p.Ops, &MIOp{
-					App: a, OpIndex: i, Pos: op.Pos, Kind: op.Kind, Template: template, Custom: custom,
-					Hook: op.Hook, Layer: l, Width: v.Width, Key: key, Value: v,
-					Alpha: -1, Bias: -1,
-				})
+				mo := &MIOp{App: a, Pos: op.Pos, Kind: op.Kind, Custom: custom, Hook: op.Hook, Layer: l, Key: key, Value: v}
+				mo.Template, mo.OpIndex, mo.Width, mo.Alpha, mo.Bias = template, i, v.Width, -1, -1
+				p.Ops = append(p.Ops, mo)
 			}
 		}
 	}
