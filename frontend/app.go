@@ -15,11 +15,6 @@ import (
 )
 
 var (
-	layerHooks = []string{"resid_pre", "attn.q", "attn.k", "attn.v", "attn.z", "attn_out",
-		"resid_mid", "mlp.act", "mlp_out", "resid_post"}
-	moeHooks   = []string{"router_logits"}
-	modelHooks = []string{"embed", "final_norm", "logits", "sampled"}
-
 	appKeys        = []string{"app", "params", "buffers", "kernels", "ops"}
 	kernelKeys     = []string{"ptx", "entry", "signature"}
 	paramKeys      = []string{"file", "tensor", "values", "random", "per_request"}
@@ -45,15 +40,6 @@ const maxLayers = 1 << 12
 
 // maxElems bounds a buffer's element count.
 const maxElems = 1 << 30
-
-// HookNames lists the per-layer and whole-model hooks a model of family can fire.
-func HookNames(family string) (perLayer, wholeModel []string) {
-	perLayer = append([]string(nil), layerHooks...)
-	if family == "mixtral" {
-		perLayer = append(perLayer, moeHooks...)
-	}
-	return perLayer, append([]string(nil), modelHooks...)
-}
 
 // LoadApp reads and parses an app spec file against model m.
 func LoadApp(path string, m *Model) (*App, error) {
@@ -86,11 +72,9 @@ func ParseApp(path string, data []byte, m *Model) (*App, error) {
 // appParser holds what ops are checked against.
 type appParser struct {
 	*parser
-	model    *Model // may be nil
-	perLayer []string
-	whole    []string
-	buffers  []string
-	custom   []string // names of the app's custom kernels
+	model   *Model // may be nil
+	buffers []string
+	custom  []string // names of the app's custom kernels
 }
 
 func (p *parser) app(root *yaml.Node, m *Model) *App {
@@ -109,14 +93,6 @@ func (p *parser) app(root *yaml.Node, m *Model) *App {
 		}
 	}
 	ap := &appParser{parser: p, model: m}
-	if m != nil {
-		ap.perLayer, ap.whole = HookNames(m.Family)
-	} else {
-		// Without a model, accept a hook any family fires; resolving against a model rejects
-		// the rest later.
-		ap.perLayer = append(append([]string(nil), layerHooks...), moeHooks...)
-		ap.whole = modelHooks
-	}
 	if n := top.get("params"); n != nil {
 		a.Params = ap.params(n)
 	}
@@ -310,9 +286,9 @@ func (p *appParser) op(e entry, what string) (Op, bool) {
 		case contains(p.custom, name):
 			op.Kernel = CustomPrefix + name
 		case isCustom:
-			p.errorf(kn, suggest(name, p.custom, "kernels: of this app"), "%s: custom kernel %q is not declared under kernels:", what, name)
+			p.errorf(kn, Suggest(name, p.custom, "kernels: of this app"), "%s: custom kernel %q is not declared under kernels:", what, name)
 		default:
-			p.errorf(kn, suggest(s, mi.Names(), "kernels"), "%s: unknown kernel %q", what, s)
+			p.errorf(kn, Suggest(s, mi.Names(), "kernels"), "%s: unknown kernel %q", what, s)
 		}
 	}
 
@@ -346,7 +322,7 @@ func (p *appParser) buffer(n *yaml.Node, what string) (string, bool) {
 	if !contains(p.buffers, s) {
 		hint := "declare it under buffers:"
 		if len(p.buffers) > 0 {
-			hint = suggest(s, p.buffers, "buffers")
+			hint = Suggest(s, p.buffers, "buffers")
 		}
 		p.errorf(n, hint, "%s: unknown buffer %q", what, s)
 		return "", false
@@ -365,29 +341,16 @@ func (p *appParser) at(n *yaml.Node, what string, op *Op) {
 	if !ok {
 		return
 	}
-	all := append(append([]string(nil), p.perLayer...), p.whole...)
-	if !contains(all, hook) {
-		p.errorf(hn, suggest(hook, all, "hooks the model can fire"), "%s: unknown hook %q", what, hook)
-		return
-	}
+	// Which hooks there are, and which are per layer, is the model family's graph's to say
+	// (package models); resolve-hooks checks the name against it.
 	op.Hook = hook
-	ln := am.get("layers")
-	perLayer := contains(p.perLayer, hook)
-	switch {
-	case perLayer && ln == nil:
-		p.errorf(hn, `add layers: N, [N, M], "A-B" or all`, "%s: hook %s is per layer and needs layers", what, hook)
-	case !perLayer && ln != nil:
-		p.errorAt(am.keyPos(p.parser, "layers"), "remove layers:", "%s: hook %s is a whole-model hook and takes no layers", what, hook)
-	case ln != nil:
+	if ln := am.get("layers"); ln != nil {
 		op.LayersPos = p.pos(ln)
 		op.Layers, op.AllLayers = p.layers(ln, what+".layers")
 	}
 	if n := am.get("per_request"); n != nil {
+		op.PerRequestPos = p.pos(n)
 		op.LayersPerRequest, _ = p.boolean(n, what+".per_request")
-		if op.LayersPerRequest && !perLayer {
-			p.errorf(n, "per_request: lets a request narrow an op's layers; remove it here",
-				"%s: hook %s is a whole-model hook: a request has no layers of it to choose", what, hook)
-		}
 	}
 }
 

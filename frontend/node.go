@@ -275,7 +275,7 @@ func (p *parser) mapping(n *yaml.Node, what string, allowed []string) *mapping {
 			continue
 		}
 		if allowed != nil && !contains(allowed, k.Value) {
-			p.errorf(k, suggest(k.Value, allowed, "valid keys"), "%s: unknown key %q", what, k.Value)
+			p.errorf(k, Suggest(k.Value, allowed, "valid keys"), "%s: unknown key %q", what, k.Value)
 			continue
 		}
 		e := entry{key: k, val: deref(v)}
@@ -312,7 +312,7 @@ func (p *parser) oneOf(n *yaml.Node, what string, choices []string) (string, boo
 		return "", false
 	}
 	if !contains(choices, s) {
-		p.errorf(n, suggest(s, choices, "choose from"), "%s: unknown value %q", what, s)
+		p.errorf(n, Suggest(s, choices, "choose from"), "%s: unknown value %q", what, s)
 		return "", false
 	}
 	return s, true
@@ -441,9 +441,9 @@ func contains(list []string, s string) bool {
 	return false
 }
 
-// suggest builds a hint naming the nearest of choices to s (when it is plausibly a typo) and
+// Suggest builds a hint naming the nearest of choices to s (when it is plausibly a typo) and
 // listing all of them.
-func suggest(s string, choices []string, listName string) string {
+func Suggest(s string, choices []string, listName string) string {
 	all := listName + ": " + strings.Join(choices, ", ")
 	if near := nearest(s, choices); near != "" {
 		return fmt.Sprintf("did you mean %q? %s", near, all)

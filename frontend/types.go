@@ -158,6 +158,7 @@ type Op struct {
 	// LayersPerRequest (at: {per_request: true}) lets a request run the op at a subset of
 	// its layers.
 	LayersPerRequest bool
+	PerRequestPos    Pos
 	Hook             string
 	HookPos          Pos
 	Kernel           string

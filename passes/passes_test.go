@@ -93,6 +93,26 @@ ops:
 
 func TestPlanErrors(t *testing.T) {
 	cases := []struct{ name, app, want string }{
+		{"unknown hook", `app: a
+ops:
+  - write: {at: {layers: [1], hook: resid_pots}, kernel: scale}
+`, `a0.yaml:3:37: unknown hook "resid_pots" (model "t", family llama) (did you mean "resid_post"? hooks the model can fire: embed, resid_pre, attn.q, attn.k, attn.v, attn.z, attn_out, resid_mid, mlp.act, mlp_out, resid_post, final_norm, logits, sampled)`},
+		{"moe hook on llama", `app: a
+ops:
+  - write: {at: {layers: [1], hook: router_logits}, kernel: router_bias}
+`, `unknown hook "router_logits"`},
+		{"per-layer hook without layers", `app: a
+ops:
+  - write: {at: {hook: mlp.act}, kernel: scale}
+`, "a0.yaml:3:24: hook mlp.act is per layer and needs layers"},
+		{"whole-model hook with layers", `app: a
+ops:
+  - write: {at: {layers: 1, hook: logits}, kernel: scale}
+`, "a0.yaml:3:26: hook logits is a whole-model hook and takes no layers"},
+		{"per-request layers on a whole-model hook", `app: a
+ops:
+  - write: {at: {hook: logits, per_request: true}, kernel: scale}
+`, "a0.yaml:3:45: hook logits is a whole-model hook: a request has no layers of it to choose"},
 		{"wrong vector length", `app: a
 params: {v: {values: [1, 2, 3]}}
 ops:

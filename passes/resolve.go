@@ -34,9 +34,13 @@ func resolveHooks(p *Program) error {
 				continue
 			}
 			if !contains(names, op.Hook) {
-				errs = append(errs, frontend.Errorf(op.HookPos,
-					"hooks this compiler fires: "+strings.Join(names, ", "),
-					"hook %q cannot be fired by family %s in this version of xmixc", op.Hook, m.Family))
+				errs = append(errs, frontend.Errorf(op.HookPos, frontend.Suggest(op.Hook, names, "hooks the model can fire"),
+					"unknown hook %q (model %q, family %s)", op.Hook, m.Name, m.Family))
+				continue
+			}
+			if op.LayersPerRequest && !perLayer[op.Hook] {
+				errs = append(errs, frontend.Errorf(op.PerRequestPos, "per_request: lets a request narrow an op's layers; remove it here",
+					"hook %s is a whole-model hook: a request has no layers of it to choose", op.Hook))
 				continue
 			}
 			custom := customKernel(a.Spec, op.Kernel)
@@ -63,8 +67,8 @@ func resolveHooks(p *Program) error {
 				}
 			default:
 				if len(op.Layers) == 0 {
-					errs = append(errs, frontend.Errorf(op.HookPos, "add layers: [N], \"A-B\" or all",
-						"hook %s is per layer: say at which layers", op.Hook))
+					errs = append(errs, frontend.Errorf(op.HookPos, `add layers: N, [N, M], "A-B" or all`,
+						"hook %s is per layer and needs layers", op.Hook))
 					continue
 				}
 				for _, l := range op.Layers {
