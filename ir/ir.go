@@ -372,3 +372,19 @@ func (g *Graph) Clone() *Graph {
 	}
 	return &c
 }
+
+// HookNames lists the hooks g fires by name, in forward order, and which are per layer.
+func (g *Graph) HookNames() (names []string, perLayer map[string]bool) {
+	perLayer = map[string]bool{}
+	seen := map[string]bool{}
+	for _, v := range g.Values() {
+		for _, h := range v.Hooks {
+			if !seen[h.Name] {
+				seen[h.Name] = true
+				names = append(names, h.Name)
+			}
+			perLayer[h.Name] = perLayer[h.Name] || h.Layer >= 0
+		}
+	}
+	return names, perLayer
+}

@@ -31,21 +31,6 @@ tokenizer: bytes
 	return g
 }
 
-// hooks lists the hook names of g, per layer as one name, in forward order.
-func hooks(g *ir.Graph) string {
-	var out []string
-	seen := map[string]bool{}
-	for _, v := range g.Values() {
-		for _, h := range v.Hooks {
-			if !seen[h.Name] {
-				seen[h.Name] = true
-				out = append(out, h.Name)
-			}
-		}
-	}
-	return strings.Join(out, " ")
-}
-
 // Each family's builder names the hook surface transformers' hidden states give it; what it
 // cannot fire yet it refuses with the reason, and its checkpoint tensors are Hugging Face's.
 func TestFamiliesHooksAndTensors(t *testing.T) {
@@ -62,7 +47,8 @@ func TestFamiliesHooksAndTensors(t *testing.T) {
 			"mlp.act", "model.layers.1.block_sparse_moe.experts.3.w3.weight"},
 	} {
 		g := build(t, c.family, c.extra)
-		if got := hooks(g); got != c.hooks {
+		if names, _ := g.HookNames(); strings.Join(names, " ") != c.hooks {
+			got := strings.Join(names, " ")
 			t.Errorf("%s hooks:\n got %s\nwant %s", c.family, got, c.hooks)
 		}
 		var refused []string

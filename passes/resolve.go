@@ -24,7 +24,7 @@ func buildGraph(p *Program) error {
 // resolveHooks expands every app op into one MIOp per layer at a hook value of the graph.
 func resolveHooks(p *Program) error {
 	m, g := p.Model, p.Graph
-	names, perLayer := hookNames(g)
+	names, perLayer := g.HookNames()
 	var errs []error
 	for _, a := range p.Apps {
 		for i, op := range a.Spec.Ops {

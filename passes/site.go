@@ -60,19 +60,3 @@ func hookSite(g *ir.Graph, h ir.Hook) (*ir.Value, SiteKey) {
 	}
 	return nil, SiteKey{}
 }
-
-// hookNames lists the hooks g fires by name, in forward order, and which are per layer.
-func hookNames(g *ir.Graph) (names []string, perLayer map[string]bool) {
-	perLayer = map[string]bool{}
-	seen := map[string]bool{}
-	for _, v := range g.Values() {
-		for _, h := range v.Hooks {
-			if !seen[h.Name] {
-				seen[h.Name] = true
-				names = append(names, h.Name)
-			}
-			perLayer[h.Name] = perLayer[h.Name] || h.Layer >= 0
-		}
-	}
-	return names, perLayer
-}
