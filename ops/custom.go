@@ -127,7 +127,7 @@ func (a RenormAttrs) run(args []Arg, l Launch) error {
 				o = int(outRow[r])
 			}
 			copy(x, rs[r*h:(r+1)*h])
-			rmsNorm(x, w, a.Eps)
+			rmsNorm(x, w, a.Eps, 0)
 			copy(out[o*h:], x)
 		}
 	})

@@ -87,7 +87,7 @@ func (a LensAttrs) runNorm(args []Arg, l Launch) error {
 	for r := range rows {
 		x := out[r*h : (r+1)*h]
 		copy(x, resid[r*h:(r+1)*h])
-		rmsNorm(x, w, a.Eps)
+		rmsNorm(x, w, a.Eps, 0)
 	}
 	return nil
 }
