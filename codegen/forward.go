@@ -60,6 +60,9 @@ type gen struct {
 // and the params section.
 func Generate(p *passes.Program, opt Options) (*bundle.Bundle, error) {
 	m := p.Model
+	if !builtFamily(m.Family) {
+		return nil, fmt.Errorf("model %s: family %s: its forward builder is not written yet (its kernels are: codegen/gemma2_parts.go)", m.Name, m.Family)
+	}
 	g := &gen{p: p, m: m, kernels: map[string]*Kernel{}, bodies: map[string]*Kernel{}, wdt: ptx.BF16, kvdt: ptx.F32, gemmKind: opt.GEMM, moeKind: opt.MoE, tp: max(1, p.TP)}
 	switch opt.GEMM {
 	case "", "tc", "tc-staged", "cuda-core":
@@ -193,6 +196,7 @@ func (g *gen) modelConfig() bundle.ModelConfig {
 		c.VectorSlots = g.p.VectorSlots
 	}
 	c.Logprobs = m.MaxLogprobs
+	gemma2ModelConfig(m, &c)
 	if s := m.RopeScaling; s != nil {
 		c.RopeScaling = &bundle.RopeScaling{Type: s.Type, Factor: s.Factor, LowFreqFactor: s.LowFreqFactor,
 			HighFreqFactor: s.HighFreqFactor, OriginalMaxPos: s.OriginalMaxPos}
