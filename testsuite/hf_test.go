@@ -134,19 +134,13 @@ func writeHFCheckpoint(t *testing.T, b *bundle.Bundle, dir string, opt hfOptions
 	return bufs
 }
 
-// tensorRows splits a weight buffer's first dimension among its Hugging Face tensors:
-// q/k/v projections (or biases) and gate/up are stacked.
+// tensorRows is StackedRows, failing t on a buffer it cannot split.
 func tensorRows(t *testing.T, buf bundle.Buffer, mc bundle.ModelConfig) []int {
-	switch len(buf.Tensors) {
-	case 1:
-		return []int{buf.Shape[0]}
-	case 2:
-		return []int{mc.Intermediate, mc.Intermediate}
-	case 3:
-		return []int{mc.Heads * mc.HeadDim, mc.KVHeads * mc.HeadDim, mc.KVHeads * mc.HeadDim}
+	rows, err := StackedRows(buf, mc)
+	if err != nil {
+		t.Fatal(err)
 	}
-	t.Fatalf("buffer %s stacks %d tensors", buf.Name, len(buf.Tensors))
-	return nil
+	return rows
 }
 
 // exactInAll rounds v to bf16, then to zero where F16 could not hold it exactly (below its
