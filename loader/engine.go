@@ -66,9 +66,9 @@ type Request struct {
 // Row is one forward row of a request: the token it fed in, its position, and what the
 // request's exported reads produced there.
 type Row struct {
-	Pos     int
-	Token   int
-	Exports Exports
+	Pos     int     `json:"pos"`
+	Token   int     `json:"token"`
+	Exports Exports `json:"exports,omitempty"`
 }
 
 // Export is one exported read at one row: its name (app.buffer) and values.
@@ -173,11 +173,13 @@ func InputIDs(c bundle.ModelConfig, r Request) []int {
 	return append(ids, r.Prompt...)
 }
 
-// Why a request ended (Result.Reason).
+// Why a request ended (Result.Reason): the OpenAI API's finish reasons where it has one, so
+// the CLI and the server speak one vocabulary.
 const (
-	ReasonEOS       = "eos"        // it generated an end-of-sequence token
-	ReasonMaxTokens = "max_tokens" // it generated max_tokens tokens
-	ReasonStopWhen  = "stop_when"  // an export crossed the request's StopWhen threshold
+	ReasonStop      = "stop"      // it generated an end-of-sequence token
+	ReasonLength    = "length"    // it generated max_tokens tokens
+	ReasonStopWhen  = "stop_when" // an export crossed the request's StopWhen threshold
+	ReasonCancelled = "cancelled" // Cancel removed it
 	// ReasonNonFinite: the logits of its last row were not all finite (a NaN or an
 	// infinity: the forward overflowed, or an app wrote one), so no token could be sampled;
 	// Error names the step. The tokens before it are what the request generated.
@@ -675,10 +677,7 @@ func (e *Engine) Step() (ran bool, err error) {
 	}
 	for i, s := range e.slots {
 		if s != nil && s.done {
-			e.freePage = append(e.freePage, s.pages...)
-			e.releaseVectorSlot(s)
-			e.slots[i] = nil
-			s.h.Done = true
+			e.retire(i)
 		}
 	}
 	return ran, err
@@ -1003,11 +1002,11 @@ func (e *Engine) take(r stepRow, id uint32, now time.Time, lps []float32) error 
 	}
 	switch {
 	case isEOS(c, fed) && !s.req.IgnoreEOS:
-		s.done, s.res.Reason = true, ReasonEOS
+		s.done, s.res.Reason = true, ReasonStop
 	case s.stop != nil && s.stop.crossed(s.res.Rows[r.pos].Exports):
 		s.done, s.res.Reason = true, ReasonStopWhen
 	case len(s.res.Tokens) >= s.req.MaxTokens:
-		s.done, s.res.Reason = true, ReasonMaxTokens
+		s.done, s.res.Reason = true, ReasonLength
 	}
 	return nil
 }

@@ -673,7 +673,7 @@ ops:
 	for i, want := range []struct {
 		reason string
 		tokens []int
-	}{{loader.ReasonNonFinite, ref.Tokens[:3]}, {loader.ReasonMaxTokens, ref.Tokens}, {loader.ReasonNonFinite, []int{65, 65, 65}}} {
+	}{{loader.ReasonNonFinite, ref.Tokens[:3]}, {loader.ReasonLength, ref.Tokens}, {loader.ReasonNonFinite, []int{65, 65, 65}}} {
 		r := res[i]
 		if r.Reason != want.reason || !slices.Equal(r.Tokens, want.tokens) || (r.Error != "") != (want.reason == loader.ReasonNonFinite) {
 			t.Errorf("request %d: %s %v (%q), want %s %v", i, r.Reason, r.Tokens, r.Error, want.reason, want.tokens)

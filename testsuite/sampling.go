@@ -65,10 +65,10 @@ func CheckSamplerFeatures(t *testing.T, nb NewBackend) {
 	minTok.MinTokens, minTok.Logprobs, minTok.TopLogprobs = 3, true, 1
 	ignore.IgnoreEOS = true
 	res := Generate(t, nb, b, []loader.Request{eos, minTok, ignore, ask})
-	if !slices.Equal(res[0].Tokens, []int{257}) || res[0].Reason != "eos" {
+	if !slices.Equal(res[0].Tokens, []int{257}) || res[0].Reason != loader.ReasonStop {
 		t.Fatalf("with the EOS push: tokens %v (%s), want [257] (eos)", res[0].Tokens, res[0].Reason)
 	}
-	if m := res[1].Tokens; len(m) != 4 || slices.Contains(m[:3], 257) || m[3] != 257 || res[1].Reason != "eos" {
+	if m := res[1].Tokens; len(m) != 4 || slices.Contains(m[:3], 257) || m[3] != 257 || res[1].Reason != loader.ReasonStop {
 		t.Fatalf("min_tokens 3: tokens %v (%s), want 3 tokens then EOS", m, res[1].Reason)
 	}
 	for i, lp := range res[1].Logprobs[:3] {
@@ -76,7 +76,7 @@ func CheckSamplerFeatures(t *testing.T, nb NewBackend) {
 			t.Fatalf("min_tokens token %d: top %+v: the banned EOS is still the most likely", i, lp.Top)
 		}
 	}
-	if len(res[2].Tokens) != 6 || res[2].Tokens[0] != 257 || res[2].Reason != "max_tokens" {
+	if len(res[2].Tokens) != 6 || res[2].Tokens[0] != 257 || res[2].Reason != loader.ReasonLength {
 		t.Fatalf("ignore_eos: tokens %v (%s), want 6 tokens from EOS on", res[2].Tokens, res[2].Reason)
 	}
 	if !slices.Equal(res[3].Tokens, got.Tokens) || fmt.Sprint(res[3].Logprobs) != fmt.Sprint(got.Logprobs) {

@@ -38,6 +38,14 @@ type benchFlags struct {
 	graphIters  int
 	graphCtx    int
 	profile     bool
+	// Over HTTP (benchurl.go): the server, its model, the workload's vocabulary and the
+	// apps to enable through the xmix extension.
+	url         string
+	model       string
+	vocab       int
+	maxModelLen int
+	xmixApps    string
+	ignoreEOS   bool
 }
 
 func benchCmd() *cobra.Command {
@@ -58,9 +66,29 @@ generates exactly --output-len tokens. Reports mean and P99 inter-token latency,
 first token and total token throughput (prompt + generated tokens / wall time). --warmup
 runs are discarded, --runs are measured and averaged.
 
---apps enables apps on a --app-fraction of the requests (chosen at random, seeded).`,
-		Args: cobra.ExactArgs(1),
+--apps enables apps on a --app-fraction of the requests (chosen at random, seeded).
+
+Over HTTP (--url http://HOST:PORT, no bundle): the online workload against any
+OpenAI-compatible server (xmix serve, vLLM), streamed from /v1/completions with token-id
+prompts and temperature 0; reports client-side TTFT (to the first chunk), ITL (between
+chunks: mean, P50, P99) and throughput. The prompts are those the in-process bench draws
+for a model of --vocab ids and the server's max_model_len, so both benches run the same
+requests. --xmix-apps enables apps through the "xmix" extension on an --app-fraction of the
+requests. --ignore-eos (both ways) has every request generate exactly its tokens, past any EOS
+(the paper's setting, vLLM's --ignore-eos).`,
+		Example: `  xmix bench l8.xmb --online --requests 250 --rate 0
+  xmix bench --url http://127.0.0.1:8080 --requests 250 --rate 0 --output-len 128 --ignore-eos`,
+		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if f.url != "" {
+				if len(args) > 0 {
+					return fmt.Errorf("--url drives a server: give it or a bundle, not both")
+				}
+				return benchURL(cmd.OutOrStdout(), f)
+			}
+			if len(args) == 0 {
+				return fmt.Errorf("no bundle: give BUNDLE.xmb, or --url http://HOST:PORT to drive a server")
+			}
 			return runBench(cmd.OutOrStdout(), args[0], f)
 		},
 	}
@@ -82,6 +110,12 @@ runs are discarded, --runs are measured and averaged.
 	fl.StringVar(&f.apps, "apps", "", "comma-separated apps to enable")
 	fl.Uint64Var(&f.seed, "seed", 1, "seed for prompts, arrivals and app choice")
 	fl.BoolVar(&f.asJSON, "json", false, "print results as JSON")
+	fl.StringVar(&f.url, "url", "", "drive the OpenAI-compatible server at this URL instead of a bundle in-process (the online workload)")
+	fl.StringVar(&f.model, "model", "", "--url: the model to ask for (default: the first of the server's /v1/models)")
+	fl.IntVar(&f.vocab, "vocab", 32000, "--url: the prompts' token ids are drawn below min(this, 32000), as the in-process bench draws them")
+	fl.IntVar(&f.maxModelLen, "max-model-len", 0, "--url: the model's context, bounding the prompts (default: the server's max_model_len)")
+	fl.StringVar(&f.xmixApps, "xmix-apps", "", "--url: comma-separated apps to enable through the xmix extension")
+	fl.BoolVar(&f.ignoreEOS, "ignore-eos", false, "every request generates exactly its tokens, past any EOS (ignore_eos; in-process and --url)")
 	f.addBackendFlags(fl)
 	return c
 }
@@ -105,14 +139,31 @@ func nodeRole(label string) string {
 	return label
 }
 
+// checkRate reads --rate: a positive rate, or 0 and inf for every request at once.
+func (f *benchFlags) checkRate() error {
+	if math.IsNaN(f.rate) || f.rate < 0 {
+		return fmt.Errorf("--rate %v: give the mean arrival rate in requests per second, or 0 (inf) for every request at once", f.rate)
+	}
+	if math.IsInf(f.rate, 1) {
+		f.rate = 0
+	}
+	return nil
+}
+
+// rngs are the benchmark's two random streams. Prompts and arrivals draw from one, the app
+// coin from another, so a run with apps replays exactly the workload of a run without.
+func (f benchFlags) rngs() benchRNG {
+	return benchRNG{work: rand.New(rand.NewPCG(f.seed, 1)), apps: rand.New(rand.NewPCG(f.seed, 2))}
+}
+
 func runBench(w io.Writer, path string, f benchFlags) error {
 	if f.online {
-		if math.IsNaN(f.rate) || f.rate < 0 {
-			return fmt.Errorf("--rate %v: give the mean arrival rate in requests per second, or 0 (inf) for every request at once", f.rate)
+		if err := f.checkRate(); err != nil {
+			return err
 		}
-		if math.IsInf(f.rate, 1) {
-			f.rate = 0
-		}
+	}
+	if f.xmixApps != "" {
+		return fmt.Errorf("--xmix-apps goes with --url; in-process, --apps enables apps")
 	}
 	s, err := openFile(path, f.runFlags)
 	if err != nil {
@@ -124,9 +175,7 @@ func runBench(w io.Writer, path string, f benchFlags) error {
 	if f.apps != "" {
 		apps = strings.Split(f.apps, ",")
 	}
-	// Prompts and arrivals draw from one stream, the app coin from another, so a run with
-	// --apps replays exactly the workload of a run without it.
-	rng := benchRNG{work: rand.New(rand.NewPCG(f.seed, 1)), apps: rand.New(rand.NewPCG(f.seed, 2))}
+	rng := f.rngs()
 	out := map[string]any{"bundle": filepath.Base(path), "backend": s.be.Name(), "model": b.Manifest.Model.Name, "apps": apps, "app_fraction": f.appFraction}
 	if f.online {
 		res, err := benchOnline(s, f, apps, rng)
@@ -151,14 +200,14 @@ func runBench(w io.Writer, path string, f benchFlags) error {
 			out["profile_ms"] = p
 		}
 	}
-	if f.asJSON {
-		enc := json.NewEncoder(w)
-		enc.SetIndent("", "  ")
-		return enc.Encode(out)
-	}
-	data, _ := json.MarshalIndent(out, "", "  ")
-	fmt.Fprintln(w, string(data))
-	return nil
+	return writeResults(w, out)
+}
+
+// writeResults prints a benchmark's results as indented JSON.
+func writeResults(w io.Writer, out any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(out)
 }
 
 func randomPrompt(rng *rand.Rand, n, vocab int) []int {
@@ -219,7 +268,7 @@ func benchOffline(s *session, f benchFlags, apps []string, rng benchRNG) (offlin
 	vocab := s.b.Manifest.Model.Vocab
 	var reqs []loader.Request
 	for range f.prompts {
-		reqs = append(reqs, loader.Request{Prompt: randomPrompt(rng.work, f.promptLen, vocab), MaxTokens: f.newTokens,
+		reqs = append(reqs, loader.Request{Prompt: randomPrompt(rng.work, f.promptLen, vocab), MaxTokens: f.newTokens, IgnoreEOS: f.ignoreEOS,
 			Apps: appsForRequest(rng.apps, apps, f.appFraction)})
 	}
 	// One short warm-up pass so first-touch costs stay out of the figures.
@@ -401,8 +450,10 @@ func timedBuckets(s *session, f benchFlags) []int {
 	return out
 }
 
-type onlineRun struct {
+// latency is what one run of the online workload measured, in-process or over HTTP.
+type latency struct {
 	MeanITLms    float64 `json:"mean_itl_ms"`
+	P50ITLms     float64 `json:"p50_itl_ms"`
 	P99ITLms     float64 `json:"p99_itl_ms"`
 	MeanTTFTms   float64 `json:"mean_ttft_ms"`
 	TokPerS      float64 `json:"total_tok_per_s"`
@@ -410,6 +461,58 @@ type onlineRun struct {
 	Seconds      float64 `json:"seconds"`
 	Requests     int     `json:"requests"`
 	PromptTokens int     `json:"prompt_tokens"`
+	OutputTokens int     `json:"output_tokens"`
+}
+
+// timing is what one request of a run saw: when it was submitted and when each generated
+// token came back.
+type timing struct {
+	submitted time.Time
+	tokens    []time.Time
+	prompt    int // prompt tokens, as the workload drew them
+}
+
+// measure summarizes a run of el seconds: ITL over every pair of consecutive tokens of a
+// request, TTFT from submission, throughput over prompt and generated tokens.
+func measure(ts []timing, el float64) latency {
+	var itls, ttfts []float64
+	total, prompts := 0, 0
+	for _, t := range ts {
+		prompts += t.prompt
+		total += t.prompt + len(t.tokens)
+		if len(t.tokens) > 0 {
+			ttfts = append(ttfts, t.tokens[0].Sub(t.submitted).Seconds()*1000)
+		}
+		for k := 1; k < len(t.tokens); k++ {
+			itls = append(itls, t.tokens[k].Sub(t.tokens[k-1]).Seconds()*1000)
+		}
+	}
+	return latency{MeanITLms: mean(itls), P50ITLms: percentile(itls, 0.5), P99ITLms: percentile(itls, 0.99), MeanTTFTms: mean(ttfts),
+		TokPerS: float64(total) / el, OutTokPerS: float64(total-prompts) / el, Seconds: el, Requests: len(ts), PromptTokens: prompts,
+		OutputTokens: total - prompts}
+}
+
+// meanLatency averages the measured runs.
+func meanLatency(runs []latency) latency {
+	var m latency
+	n := float64(len(runs))
+	for _, r := range runs {
+		m.MeanITLms += r.MeanITLms / n
+		m.P50ITLms += r.P50ITLms / n
+		m.P99ITLms += r.P99ITLms / n
+		m.MeanTTFTms += r.MeanTTFTms / n
+		m.TokPerS += r.TokPerS / n
+		m.OutTokPerS += r.OutTokPerS / n
+		m.Seconds += r.Seconds / n
+		m.Requests = r.Requests
+		m.PromptTokens = r.PromptTokens
+		m.OutputTokens = r.OutputTokens
+	}
+	return m
+}
+
+type onlineRun struct {
+	latency
 	// What the scheduler ran: steps, the prefill ones among them, and padding rows.
 	Steps        int `json:"steps"`
 	PrefillSteps int `json:"prefill_steps"`
@@ -436,16 +539,18 @@ func shareGPTLen(rng *rand.Rand, maxLen int) int {
 	return max(8, min(n, 1024, maxLen))
 }
 
-func benchOnline(s *session, f benchFlags, apps []string, rng benchRNG) (onlineResult, error) {
-	m := s.b.Manifest.Model
-	maxPrompt := m.MaxSeqLen - f.outputLen - 1
+// arrival is one request of the online workload: when it arrives and what it asks.
+type arrival struct {
+	at  time.Duration
+	req loader.Request
+}
+
+// onlineWorkload draws the paper's workload for a model of maxSeqLen tokens and vocab ids,
+// once, so every run (in-process or over HTTP) replays the same requests and arrival times.
+func onlineWorkload(f benchFlags, apps []string, rng benchRNG, maxSeqLen, vocab int) ([]arrival, error) {
+	maxPrompt := maxSeqLen - f.outputLen - 1
 	if maxPrompt < 8 {
-		return onlineResult{}, fmt.Errorf("max_seq_len %d leaves no room for prompts with --output-len %d", m.MaxSeqLen, f.outputLen)
-	}
-	// The workload is drawn once, so every run replays the same requests and arrival times.
-	type arrival struct {
-		at  time.Duration
-		req loader.Request
+		return nil, fmt.Errorf("max_seq_len %d leaves no room for prompts with --output-len %d", maxSeqLen, f.outputLen)
 	}
 	var work []arrival
 	var t float64
@@ -456,8 +561,17 @@ func benchOnline(s *session, f benchFlags, apps []string, rng benchRNG) (onlineR
 			rng.work.ExpFloat64() // the same prompts whatever the rate
 		}
 		work = append(work, arrival{time.Duration(t * float64(time.Second)), loader.Request{
-			Prompt: randomPrompt(rng.work, shareGPTLen(rng.work, maxPrompt), m.Vocab), MaxTokens: f.outputLen,
+			Prompt: randomPrompt(rng.work, shareGPTLen(rng.work, maxPrompt), vocab), MaxTokens: f.outputLen, IgnoreEOS: f.ignoreEOS,
 			Apps: appsForRequest(rng.apps, apps, f.appFraction)}})
+	}
+	return work, nil
+}
+
+func benchOnline(s *session, f benchFlags, apps []string, rng benchRNG) (onlineResult, error) {
+	m := s.b.Manifest.Model
+	work, err := onlineWorkload(f, apps, rng, m.MaxSeqLen, m.Vocab)
+	if err != nil {
+		return onlineResult{}, err
 	}
 	res := onlineResult{Rate: f.rate, Requests: f.requests, OutputLen: f.outputLen, Warmup: f.warmup, MaxBatchedTokens: s.eng.MaxBatchedTokens()}
 	for run := 0; run < f.warmup+f.runs; run++ {
@@ -485,22 +599,13 @@ func benchOnline(s *session, f benchFlags, apps []string, rng benchRNG) (onlineR
 			}
 		}
 		el := time.Since(start).Seconds()
-		var itls, ttfts []float64
-		total, prompts := 0, 0
+		ts := make([]timing, len(hs))
 		digest := sha256.New()
 		for i, h := range hs {
 			fmt.Fprintln(digest, h.Result.Tokens)
-			prompts += len(work[i].req.Prompt)
-			total += len(work[i].req.Prompt) + len(h.TokenTimes)
-			if len(h.TokenTimes) > 0 {
-				ttfts = append(ttfts, h.TokenTimes[0].Sub(h.Submitted).Seconds()*1000)
-			}
-			for k := 1; k < len(h.TokenTimes); k++ {
-				itls = append(itls, h.TokenTimes[k].Sub(h.TokenTimes[k-1]).Seconds()*1000)
-			}
+			ts[i] = timing{submitted: h.Submitted, tokens: h.TokenTimes, prompt: len(work[i].req.Prompt)}
 		}
-		r := onlineRun{MeanITLms: mean(itls), P99ITLms: percentile(itls, 0.99), MeanTTFTms: mean(ttfts),
-			TokPerS: float64(total) / el, OutTokPerS: float64(total-prompts) / el, Seconds: el, Requests: len(hs), PromptTokens: prompts,
+		r := onlineRun{latency: measure(ts, el),
 			Steps: s.eng.Stats.Steps - before.Steps, PrefillSteps: s.eng.Stats.PrefillSteps - before.PrefillSteps,
 			PaddedRows: s.eng.Stats.PaddedRows - before.PaddedRows, TokensSHA256: hex.EncodeToString(digest.Sum(nil))}
 		kind := "measured"
@@ -512,20 +617,14 @@ func benchOnline(s *session, f benchFlags, apps []string, rng benchRNG) (onlineR
 		f.progress("online run %d (%s): mean ITL %.3f ms, P99 ITL %.3f ms, mean TTFT %.2f ms, %.0f tok/s",
 			run, kind, r.MeanITLms, r.P99ITLms, r.MeanTTFTms, r.TokPerS)
 	}
+	var lats []latency
 	for _, r := range res.Runs {
-		n := float64(len(res.Runs))
-		res.Mean.MeanITLms += r.MeanITLms / n
-		res.Mean.P99ITLms += r.P99ITLms / n
-		res.Mean.MeanTTFTms += r.MeanTTFTms / n
-		res.Mean.TokPerS += r.TokPerS / n
-		res.Mean.OutTokPerS += r.OutTokPerS / n
-		res.Mean.Seconds += r.Seconds / n
-		res.Mean.Requests = r.Requests
-		res.Mean.PromptTokens = r.PromptTokens
+		lats = append(lats, r.latency)
 		res.Mean.Steps += r.Steps
 		res.Mean.PrefillSteps += r.PrefillSteps
 		res.Mean.PaddedRows += r.PaddedRows
 	}
+	res.Mean.latency = meanLatency(lats)
 	if n := len(res.Runs); n > 0 {
 		res.Mean.TokensSHA256 = res.Runs[0].TokensSHA256 // the mean has a digest when every run agrees
 		for _, r := range res.Runs {

@@ -1,13 +1,17 @@
 package main
 
 import (
+	"context"
 	"encoding/binary"
 	"encoding/json"
+	"io"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"xmix/bundle"
 	"xmix/cmd/driver"
@@ -154,6 +158,93 @@ func TestOnlineBenchTokensUnchangedBySchedule(t *testing.T) {
 	if out, err := xmix(t, "bench", buckets, "-q", "--backend", "cpu", "--online", "--max-batched-tokens", "128"); err == nil ||
 		!strings.Contains(out, "--max-batched-tokens: max_batched_tokens 128 is more than the largest prefill chunk 64") {
 		t.Fatalf("budget above the largest chunk: err %v, output %q", err, out)
+	}
+}
+
+// xmix bench --url drives xmix serve with the in-process bench's workload: the same
+// requests (prompt tokens), and on the CPU backend the same generated tokens, greedy, with
+// every request served and its stream's chunks counted as the usage says.
+func TestBenchURLDrivesTheServer(t *testing.T) {
+	s := tinySession(t)
+	b, err := bundle.Marshal(s.b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bp := filepath.Join(t.TempDir(), "tiny.xmb")
+	if err := os.WriteFile(bp, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- serveSession(ctx, s, ln, serveFlags{runFlags: runFlags{quiet: true}, grace: 5 * time.Second}, io.Discard)
+	}()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	workload := []string{"-q", "--rate", "0", "--output-len", "6", "--warmup", "0", "--runs", "1", "--seed", "3"}
+	type mean struct {
+		PromptTokens     int     `json:"prompt_tokens"`
+		OutputTokens     int     `json:"output_tokens"`
+		CompletionTokens int     `json:"completion_tokens"`
+		Failed           int     `json:"failed"`
+		Requests         int     `json:"requests"`
+		MeanTTFTms       float64 `json:"mean_ttft_ms"`
+		P50ITLms         float64 `json:"p50_itl_ms"`
+		TokPerS          float64 `json:"total_tok_per_s"`
+	}
+	run := func(requests string, args ...string) mean {
+		out, err := xmix(t, append(append([]string{"bench", "--requests", requests}, args...), workload...)...)
+		if err != nil {
+			t.Fatalf("%v: %v\n%s", args, err, out)
+		}
+		var res struct {
+			Online struct {
+				Mean mean `json:"mean"`
+			} `json:"online"`
+		}
+		if err := json.Unmarshal([]byte(out), &res); err != nil {
+			t.Fatalf("%v\n%s", err, out)
+		}
+		return res.Online.Mean
+	}
+	served := run("4", "--url", "http://"+ln.Addr().String(), "--vocab", "258")
+	inproc := run("4", bp, "--backend", "cpu", "--online")
+	if served.Requests != 4 || served.Failed != 0 || served.PromptTokens != inproc.PromptTokens || served.OutputTokens != inproc.OutputTokens ||
+		served.CompletionTokens != served.OutputTokens || served.MeanTTFTms <= 0 || served.P50ITLms <= 0 || served.TokPerS <= 0 {
+		t.Fatalf("served %+v, in-process %+v", served, inproc)
+	}
+	full := run("4", "--url", "http://"+ln.Addr().String(), "--vocab", "258", "--ignore-eos")
+	fullIn := run("4", bp, "--backend", "cpu", "--online", "--ignore-eos")
+	if full.OutputTokens != 4*6 || full.CompletionTokens != 4*6 || fullIn.OutputTokens != 4*6 {
+		t.Fatalf("--ignore-eos: served %+v, in-process %+v; want %d tokens", full, fullIn, 4*6)
+	}
+	steered := run("2", "--url", "http://"+ln.Addr().String(), "--vocab", "258", "--xmix-apps", "tiny-steer")
+	if steered.Failed != 0 || steered.Requests != 2 {
+		t.Fatalf("with --xmix-apps: %+v", steered)
+	}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"bench", "--url", "http://" + ln.Addr().String(), "--vocab", "258", "--xmix-apps", "nope", "-q", "--requests", "2", "--warmup", "0", "--runs", "1"}, `every request failed; the first: request 0: 400 Bad Request: {"error":{"message":"app \"nope\" is not deployed`},
+		{[]string{"bench", "--url", "ftp://x"}, "want http://HOST:PORT"},
+		{[]string{"bench", bp, "--url", "http://x"}, "give it or a bundle, not both"},
+		{[]string{"bench"}, "no bundle"},
+		{[]string{"bench", bp, "--online", "--xmix-apps", "tiny-steer"}, "--xmix-apps goes with --url"},
+		{[]string{"bench", "--url", "http://" + ln.Addr().String(), "--model", "other"}, `--model "other": the server serves tiny`},
+	} {
+		out, err := xmix(t, c.args...)
+		if err == nil || !strings.Contains(out, c.want) {
+			t.Errorf("%v: err %v, output %q, want %q", c.args, err, out, c.want)
+		}
 	}
 }
 

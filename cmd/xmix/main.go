@@ -23,6 +23,7 @@ import (
 	"xmix/loader"
 	"xmix/loader/cpu"
 	"xmix/loader/cuda"
+	"xmix/serve"
 	"xmix/specs"
 )
 
@@ -38,8 +39,9 @@ func main() {
 
 func rootCmd() *cobra.Command {
 	root := &cobra.Command{
-		Use:   "xmix",
-		Short: "Run LLM bundles with mechanistic-interpretability apps in the decode loop",
+		Version: driver.Version(),
+		Use:     "xmix",
+		Short:   "Run LLM bundles with mechanistic-interpretability apps in the decode loop",
 		Long: `xmix runs .xmb bundles built by xmixc. Every request names the apps it wants; apps
 are switched per request inside one batch, without rebuilding anything.
 
@@ -264,22 +266,10 @@ func runBundle(w io.Writer, path string, f runFlags) error {
 // runDefault builds the embedded default model with its demo apps and shows one prompt
 // generated three ways in one batch: no app, the steering app, the probe.
 func runDefault(w io.Writer, f runFlags) error {
-	dir, err := os.MkdirTemp("", "xmix-default-")
-	if err != nil {
-		return err
+	s, cleanup, err := openDefault(f)
+	if cleanup != nil {
+		defer cleanup()
 	}
-	defer os.RemoveAll(dir)
-	if err := specs.Extract(dir); err != nil {
-		return err
-	}
-	f.progress("compiling the embedded default model (tiny) with tiny-steer and tiny-probe")
-	b, err := driver.Build(filepath.Join(dir, specs.Default.Model),
-		[]string{filepath.Join(dir, specs.Default.Steer), filepath.Join(dir, specs.Default.Probe)},
-		driver.Options{EmbedWeights: true})
-	if err != nil {
-		return err
-	}
-	s, err := open(b, dir, f)
 	if err != nil {
 		return err
 	}
@@ -305,15 +295,51 @@ func runDefault(w io.Writer, f runFlags) error {
 	return s.generate(w, f, all, apps)
 }
 
+// openDefault compiles the embedded default model with its two demo apps and loads it;
+// cleanup removes the files it extracted.
+func openDefault(f runFlags) (*session, func(), error) {
+	dir, err := os.MkdirTemp("", "xmix-default-")
+	if err != nil {
+		return nil, nil, err
+	}
+	cleanup := func() { os.RemoveAll(dir) }
+	if err := specs.Extract(dir); err != nil {
+		return nil, cleanup, err
+	}
+	f.progress("compiling the embedded default model (tiny) with tiny-steer and tiny-probe")
+	b, err := driver.Build(filepath.Join(dir, specs.Default.Model),
+		[]string{filepath.Join(dir, specs.Default.Steer), filepath.Join(dir, specs.Default.Probe)},
+		driver.Options{EmbedWeights: true})
+	if err != nil {
+		return nil, cleanup, err
+	}
+	s, err := open(b, dir, f)
+	return s, cleanup, err
+}
+
+// jsonResult is one prompt's result under --json, in the server's vocabulary: its keys,
+// finish reasons, usage and "xmix" object are those of a completion's response.
 type jsonResult struct {
-	Prompt string        `json:"prompt"`
-	Apps   []string      `json:"apps"`
-	Text   string        `json:"text"`
-	Tokens []int         `json:"tokens"`
-	Reason string        `json:"finish_reason"`
-	Error  string        `json:"error,omitempty"`
-	Rows   []loader.Row  `json:"rows,omitempty"`
-	Stats  *loader.Stats `json:"-"`
+	Prompt string       `json:"prompt"`
+	Apps   []string     `json:"apps"`
+	Text   string       `json:"text"`
+	Tokens []int        `json:"tokens"`
+	Reason string       `json:"finish_reason"`
+	Error  string       `json:"error,omitempty"` // why it ended early (finish_reason nonfinite or error)
+	Usage  jsonUsage    `json:"usage"`
+	Xmix   jsonXmix     `json:"xmix"`
+	Rows   []loader.Row `json:"rows,omitempty"` // every forward row, prompt ones included
+}
+
+type jsonUsage struct {
+	PromptTokens     int `json:"prompt_tokens"`
+	CompletionTokens int `json:"completion_tokens"`
+	TotalTokens      int `json:"total_tokens"`
+}
+
+type jsonXmix struct {
+	Exports serve.Exports `json:"exports"` // per generated token
+	Fired   loader.Fired  `json:"fired"`   // sites per op of each enabled app
 }
 
 func (s *session) generate(w io.Writer, f runFlags, prompts []string, apps [][]string) error {
@@ -363,7 +389,12 @@ func (s *session) generate(w io.Writer, f runFlags, prompts []string, apps [][]s
 	if f.asJSON {
 		out := make([]jsonResult, len(res))
 		for i, r := range res {
-			out[i] = jsonResult{Prompt: prompts[i], Apps: apps[i], Text: s.tok.Decode(r.Tokens), Tokens: r.Tokens, Reason: r.Reason, Error: r.Error, Rows: r.Rows}
+			out[i] = jsonResult{Prompt: prompts[i], Apps: apps[i], Text: s.tok.Decode(r.Tokens), Tokens: r.Tokens, Reason: r.Reason, Error: r.Error,
+				Usage: jsonUsage{PromptTokens: r.PromptTokens, CompletionTokens: len(r.Tokens), TotalTokens: r.PromptTokens + len(r.Tokens)},
+				Xmix:  jsonXmix{Exports: serve.ResultExports(s.b, apps[i], r), Fired: r.Fired}, Rows: r.Rows}
+			if out[i].Xmix.Fired == nil {
+				out[i].Xmix.Fired = loader.Fired{}
+			}
 			if out[i].Apps == nil {
 				out[i].Apps = []string{}
 			}

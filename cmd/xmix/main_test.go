@@ -200,3 +200,10 @@ func TestLogitsMatchTheReference(t *testing.T) {
 		t.Fatalf("logits file: %v %v", st, err)
 	}
 }
+
+func TestVersion(t *testing.T) {
+	out, err := xmix(t, "--version")
+	if err != nil || !strings.HasPrefix(out, "xmix version 0.1") || !strings.Contains(out, "go1.") {
+		t.Fatalf("%v: %q", err, out)
+	}
+}

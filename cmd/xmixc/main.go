@@ -26,8 +26,9 @@ func main() {
 
 func rootCmd() *cobra.Command {
 	root := &cobra.Command{
-		Use:   "xmixc",
-		Short: "Compile LLM models with mechanistic-interpretability apps into xmix bundles",
+		Version: driver.Version(),
+		Use:     "xmixc",
+		Short:   "Compile LLM models with mechanistic-interpretability apps into xmix bundles",
 		Long: `xmixc reads a model spec (specs/models/*.yaml) and any number of app specs
 (specs/apps/*.yaml), fuses the apps' MI operations into generated PTX kernels, and writes one
 .xmb bundle that 'xmix run' executes on a GPU or the CPU.`,

@@ -124,6 +124,13 @@ func TestBuildIsDeterministic(t *testing.T) {
 	}
 }
 
+func TestVersion(t *testing.T) {
+	out, err := xmixc(t, "--version")
+	if err != nil || !strings.HasPrefix(out, "xmixc version 0.1") || !strings.Contains(out, "go1.") {
+		t.Fatalf("%v: %q", err, out)
+	}
+}
+
 // TestBuildIntoADirectoryLeavesNothing: -o naming a directory is refused before the build,
 // with the fix, and leaves no .tmp file behind (it used to write OUT.tmp, then fail to rename
 // it over the directory).

@@ -83,10 +83,10 @@ fi
 ls -l "$ckpt" | tee -a "$logf" >&2
 gb=$(du -sb --exclude=.complete "$ckpt" | awk '{printf "%.2f", $1 / 1e9}')
 
-log "bundle: hf: $ckpt with the shipped Llama-3.1-8B serving section"
+log "bundle: hf: $ckpt with the shipped Llama-3.1-8B dtypes and serving section (an f32 KV cache of 128 x 4096 positions would not fit)"
 spec="$dir/llama-3.1-8b-hf.yaml"
 {
-  printf 'hf: %s\nfamily: llama\ntokenizer: bytes\nbos: 128000\n' "$ckpt"
+  printf 'hf: %s\nfamily: llama\ndtype: bf16\nkv_dtype: bf16\ntokenizer: bytes\nbos: 128000\n' "$ckpt"
   sed -n '/^serving:/,$p' specs/models/llama-3.1-8b.yaml
 } > "$spec"
 timeout 300 "$bin/xmixc" build "$spec" -q -o "$dir/l8-hf.xmb" >> "$logf" 2>&1 || die "xmixc build (see $logf)"

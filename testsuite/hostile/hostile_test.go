@@ -56,7 +56,7 @@ type cliCase struct {
 	want string // in stderr (or stdout)
 }
 
-// httpCase is one request body to POST to /v1/generate, repeated n times (1 if 0).
+// httpCase is one request body to POST to /v1/completions, repeated n times (1 if 0).
 type httpCase struct {
 	name string
 	body string
@@ -104,14 +104,14 @@ var httpCases = []httpCase{
 	{"max_tokens 9223372036854775807", `{"prompt": "hi", "max_tokens": 9223372036854775807}`, 0, 400, "max_tokens (9223372036854775807)"},
 	{"max_tokens 1e10", `{"prompt": "hi", "max_tokens": 10000000000}`, 0, 400, "max_tokens (10000000000)"},
 	{"max_tokens 3e8, ten times", `{"prompt": "hi", "max_tokens": 300000000}`, 10, 400, "max_tokens (300000000)"},
-	{"body null", `null`, 0, 400, "request body: want a JSON object"},
-	{"body []", `[]`, 0, 400, "request body: want a JSON object"},
-	{"body \"x\"", `"x"`, 0, 400, "request body: want a JSON object"},
+	{"body null", `null`, 0, 400, "the request body is null; it must be a JSON object"},
+	{"body []", `[]`, 0, 400, "the request body is a JSON array; it must be an object"},
+	{"body \"x\"", `"x"`, 0, 400, "the request body is a JSON string; it must be an object"},
 	{"temperature -1", `{"prompt": "hi", "temperature": -1}`, 0, 400, "temperature -1"},
 	{"top_p 2", `{"prompt": "hi", "top_p": 2}`, 0, 400, "top_p 2"},
-	{"set alpha 3e38", `{"prompt": "hi", "apps": ["tiny-steer"], "set": {"tiny-steer.op0.alpha": 3e38}}`, 0, 400, "3e+38 times the app's param happy overflows float32"},
-	{"set alpha 1e38", `{"prompt": "hi", "apps": ["tiny-steer"], "set": {"tiny-steer.op0.alpha": 1e38}}`, 0, 400, "1e+38 times the app's param happy overflows float32"},
-	{"body of 2 MB", `{"prompt": "` + strings.Repeat("a", 2<<20) + `"}`, 0, 413, "request body too large"},
+	{"set alpha 3e38", `{"prompt": "hi", "xmix": {"apps": ["tiny-steer"], "set": {"tiny-steer.op0.alpha": 3e38}}}`, 0, 400, "3e+38 times the app's param happy overflows float32"},
+	{"set alpha 1e38", `{"prompt": "hi", "xmix": {"apps": ["tiny-steer"], "set": {"tiny-steer.op0.alpha": 1e38}}}`, 0, 400, "1e+38 times the app's param happy overflows float32"},
+	{"body of 9 MB", `{"prompt": "` + strings.Repeat("a", 9<<20) + `"}`, 0, 413, "the request body is larger than"},
 }
 
 // TestHostileInputs: see the package comment.
@@ -412,7 +412,7 @@ func (s *server) rss() int64 {
 
 func (s *server) postBody(body string) (int, string) {
 	c := http.Client{Timeout: caseTimeout}
-	resp, err := c.Post("http://"+s.addr+"/v1/generate", "application/json", strings.NewReader(body))
+	resp, err := c.Post("http://"+s.addr+"/v1/completions", "application/json", strings.NewReader(body))
 	if err != nil {
 		return 0, err.Error()
 	}
@@ -469,7 +469,7 @@ func (s *server) halfBody(t *testing.T, wait time.Duration) string {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	fmt.Fprintf(conn, "POST /v1/generate HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"prompt\": ")
+	fmt.Fprintf(conn, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"prompt\": ")
 	start := time.Now()
 	conn.SetReadDeadline(start.Add(wait))
 	reply, err := io.ReadAll(conn)

@@ -1,0 +1,162 @@
+package serve
+
+import (
+	"slices"
+	"strings"
+
+	"xmix/chat"
+	"xmix/loader"
+)
+
+func (sv *Server) chatIDs(msgs []chat.Message, addGenerationPrompt bool) ([]int, error) {
+	if sv.chatErr != nil {
+		return nil, badRequest("messages", "%v", sv.chatErr)
+	}
+	ids, err := sv.chat.Prompt(msgs, addGenerationPrompt)
+	if err != nil {
+		return nil, badRequest("messages", "%v", err)
+	}
+	return ids, nil
+}
+
+// plan is a parsed request made ready for the engine: its engine request and what the
+// response reports.
+type plan struct {
+	req     loader.Request
+	apps    []string // enabled, in manifest order
+	exports []exportRef
+}
+
+// exportRef is one export the response reports.
+type exportRef struct {
+	name  string // app.buffer
+	width int
+}
+
+// defaultCompletionTokens is OpenAI's default max_tokens for completions; chat completions
+// default to the rest of the context.
+const defaultCompletionTokens = 16
+
+// plan turns a parsed request into an engine request: the prompt's ids, the apps (the
+// request's and, unless it opts out, those the control plane turned on for every request),
+// sampling, the exports to report.
+func (sv *Server) plan(gr *genRequest) (*plan, error) {
+	m := sv.b.Manifest.Model
+	p := &plan{req: loader.Request{TopP: 1, Temperature: 1, Overrides: gr.ext.set}}
+	switch {
+	case gr.chat:
+		// The rendered template is the model's whole input: it writes its own BOS.
+		ids, err := sv.chatIDs(gr.messages, gr.addGenerationPrompt)
+		if err != nil {
+			return nil, err
+		}
+		p.req.Prompt, p.req.Verbatim = ids, true
+	case gr.text != nil:
+		p.req.Prompt, p.req.Verbatim = sv.tok.Encode(*gr.text), !gr.addSpecialTokens
+	default:
+		p.req.Prompt, p.req.Verbatim = gr.prompt, !gr.addSpecialTokens
+	}
+	fed := len(loader.InputIDs(m, p.req))
+	room := m.MaxSeqLen - fed
+	if room < 1 {
+		return nil, badRequest("prompt", "the prompt is %d tokens (BOS included); the model's context is %d, which leaves no room to generate",
+			fed, m.MaxSeqLen)
+	}
+	switch {
+	case gr.maxTokens != nil:
+		p.req.MaxTokens = *gr.maxTokens
+	case gr.chat:
+		p.req.MaxTokens = room
+	default:
+		p.req.MaxTokens = min(defaultCompletionTokens, room)
+	}
+	if gr.temperature != nil {
+		p.req.Temperature = *gr.temperature
+	}
+	p.req.Logprobs, p.req.TopLogprobs = gr.logprobs, gr.topLogprobs
+	p.req.MinTokens, p.req.IgnoreEOS = gr.minTokens, gr.ignoreEOS
+	if gr.topP != nil {
+		p.req.TopP = *gr.topP
+	}
+	if gr.seed != nil {
+		p.req.Seed = uint64(*gr.seed)
+	} else {
+		p.req.Seed = randomSeed()
+	}
+	want := map[string]bool{}
+	for _, a := range gr.ext.apps {
+		want[a] = true
+	}
+	if gr.ext.defaultApps {
+		for _, a := range sv.ctl.onByDefault() {
+			want[a] = true
+		}
+	}
+	var deployed []string
+	for _, a := range sv.b.Manifest.Apps {
+		deployed = append(deployed, a.Name)
+		if want[a.Name] {
+			p.apps = append(p.apps, a.Name)
+		}
+	}
+	for _, a := range gr.ext.apps {
+		if !slices.Contains(deployed, a) {
+			list := strings.Join(deployed, ", ")
+			if list == "" {
+				list = "none"
+			}
+			return nil, badRequest("xmix.apps", "app %q is not deployed in this bundle (deployed: %s)", a, list)
+		}
+	}
+	p.req.Apps = p.apps
+	p.req.Layers = gr.ext.layers
+	p.req.StopWhen = gr.ext.stopWhen
+	if len(gr.ext.vectors) > 0 {
+		p.req.Vectors = map[string][]float32{}
+		for _, name := range sortedKeys(gr.ext.vectors) {
+			v, ok := sv.perRequest[name]
+			if !ok {
+				return nil, badRequest("xmix.vectors", "xmix.vectors %q: not a per_request vector param of a deployed app (per_request params: %s)",
+					name, orNone(sortedKeys(sv.perRequest)))
+			}
+			vals, err := decodeVector(gr.ext.vectors[name], "xmix.vectors."+name, v)
+			if err != nil {
+				return nil, err
+			}
+			p.req.Vectors[name] = vals
+		}
+	}
+	var available []exportRef
+	for _, a := range sv.b.Manifest.Apps {
+		if slices.Contains(p.apps, a.Name) {
+			for _, x := range a.Exports {
+				available = append(available, exportRef{name: a.Name + "." + x.Name, width: x.Width})
+			}
+		}
+	}
+	if gr.ext.exports == nil {
+		p.exports = available
+	} else {
+		for _, name := range gr.ext.exports {
+			i := slices.IndexFunc(available, func(x exportRef) bool { return x.name == name })
+			if i < 0 {
+				var names []string
+				for _, x := range available {
+					names = append(names, x.name)
+				}
+				return nil, badRequest("xmix.exports", "export %q is not an export of the enabled apps (%s)", name, orNone(names))
+			}
+			if !slices.ContainsFunc(p.exports, func(x exportRef) bool { return x.name == name }) {
+				p.exports = append(p.exports, available[i])
+			}
+		}
+	}
+	return p, nil
+}
+
+func orNone(xs []string) string {
+	if len(xs) == 0 {
+		return "none"
+	}
+	return strings.Join(xs, ", ")
+}

@@ -1,0 +1,392 @@
+package serve
+
+import (
+	"encoding/json"
+	"fmt"
+	"math"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+
+	"xmix/bundle"
+	"xmix/chat"
+	"xmix/loader"
+)
+
+// servedCase is a request body with the engine request it must run as.
+type servedCase struct {
+	path string
+	body string
+	req  loader.Request
+}
+
+func tinyCases(tok loader.Tokenizer) []servedCase {
+	enc := tok.Encode
+	return []servedCase{
+		{"/v1/completions", `{"prompt": "Once upon a time", "max_tokens": 12, "temperature": 0}`,
+			loader.Request{Prompt: enc("Once upon a time"), MaxTokens: 12, TopP: 1}},
+		{"/v1/completions", `{"prompt": "Once upon a time", "max_tokens": 12, "temperature": 0, "xmix": {"apps": ["tiny-steer"], "set": {"tiny-steer.op0.alpha": 20}}}`,
+			loader.Request{Prompt: enc("Once upon a time"), MaxTokens: 12, TopP: 1, Apps: []string{"tiny-steer"},
+				Overrides: map[string]float32{"tiny-steer.op0.alpha": 20}}},
+		{"/v1/completions", `{"prompt": "The old man", "max_tokens": 10, "temperature": 0.8, "top_p": 0.9, "seed": 7, "xmix": {"apps": ["tiny-probe"]}}`,
+			loader.Request{Prompt: enc("The old man"), MaxTokens: 10, Apps: []string{"tiny-probe"}, Temperature: 0.8, TopP: 0.9, Seed: 7}},
+		{"/v1/completions", `{"prompt": [84, 111, 109], "max_tokens": 8, "temperature": 0, "xmix": {"apps": ["tiny-steer", "tiny-probe"]}}`,
+			loader.Request{Prompt: []int{84, 111, 109}, MaxTokens: 8, TopP: 1, Apps: []string{"tiny-steer", "tiny-probe"}}},
+		{"/v1/completions", `{"prompt": "Tom was sad.", "max_tokens": 300, "temperature": 0}`,
+			loader.Request{Prompt: enc("Tom was sad."), MaxTokens: 300, TopP: 1}},
+		{"/v1/completions", `{"prompt": [256, 84, 111, 109], "add_special_tokens": false, "max_tokens": 6, "temperature": 0}`,
+			loader.Request{Prompt: []int{256, 84, 111, 109}, Verbatim: true, MaxTokens: 6, TopP: 1}},
+	}
+}
+
+// alone runs each request by itself on an engine of its own.
+func alone(t *testing.T, b *bundle.Bundle, reqs ...loader.Request) []loader.Result {
+	t.Helper()
+	eng, _ := engineFor(t, b)
+	out := make([]loader.Result, len(reqs))
+	for i, r := range reqs {
+		res, err := eng.Generate([]loader.Request{r})
+		if err != nil {
+			t.Fatal(err)
+		}
+		out[i] = res[0]
+	}
+	return out
+}
+
+// checkAgainst compares a response (whole or streamed, put together) with the engine's
+// result for the same request alone: text, finish reason, token count and every export
+// per generated token.
+func checkAgainst(t *testing.T, what string, tok loader.Tokenizer, want loader.Result, text, finish string, completionTokens int, exports map[string][]json.RawMessage, apps []string) {
+	t.Helper()
+	if wantText := tok.Decode(want.Tokens); text != wantText || finish != want.Reason || completionTokens != len(want.Tokens) {
+		t.Errorf("%s: %q (%s, %d tokens), alone %q (%s, %d tokens)", what, text, finish, completionTokens, wantText, want.Reason, len(want.Tokens))
+		return
+	}
+	if !slices.Contains(apps, "tiny-probe") {
+		if len(exports) != 0 {
+			t.Errorf("%s: exports without an app that has one: %v", what, exports)
+		}
+		return
+	}
+	got := exports["tiny-probe.happy"]
+	if len(got) != len(want.Tokens) {
+		t.Fatalf("%s: %d probe values for %d tokens", what, len(got), len(want.Tokens))
+	}
+	for k := range want.Tokens {
+		w := want.Rows[want.PromptTokens-1+k].Exports.Get("tiny-probe.happy")
+		var g float64
+		if err := json.Unmarshal(got[k], &g); err != nil || len(w) != 1 || math.Abs(g-float64(w[0])) > 1e-4 {
+			t.Errorf("%s: token %d probe %s, alone %v", what, k, got[k], w)
+		}
+	}
+}
+
+func TestCompletionsMatchTheEngineAlone(t *testing.T) {
+	b := tinyBundle(t)
+	ts := startServer(t, b, nil)
+	cases := tinyCases(ts.tok)
+	var reqs []loader.Request
+	for _, c := range cases {
+		reqs = append(reqs, c.req)
+	}
+	want := alone(t, b, reqs...)
+	if slices.Equal(want[0].Tokens, want[1].Tokens) {
+		t.Fatal("the steered request generates what the plain one does; the test would prove nothing")
+	}
+	if want[4].Reason != loader.ReasonStop {
+		t.Fatalf("case 4 should end at EOS, ended %s", want[4].Reason)
+	}
+	got := make([]completion, len(cases))
+	var wg sync.WaitGroup
+	for i, c := range cases {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			code, body := post(t, ts.url+c.path, c.body)
+			if code != http.StatusOK {
+				t.Errorf("case %d: status %d: %s", i, code, body)
+				return
+			}
+			got[i] = decodeCompletion(t, body)
+		}()
+	}
+	wg.Wait()
+	for i, w := range want {
+		g := got[i]
+		if t.Failed() {
+			return
+		}
+		checkAgainst(t, fmt.Sprint("case ", i), ts.tok, w, g.text(), g.Choices[0].FinishReason, g.Usage.CompletionTokens, g.Xmix.Exports, cases[i].req.Apps)
+		if g.Usage.PromptTokens != w.PromptTokens || g.Usage.TotalTokens != w.PromptTokens+len(w.Tokens) {
+			t.Errorf("case %d: usage %+v, prompt of %d", i, g.Usage, w.PromptTokens)
+		}
+		if g.Object != "text_completion" || !strings.HasPrefix(g.ID, "cmpl-") || g.Model != "tiny" {
+			t.Errorf("case %d: object %q id %q model %q", i, g.Object, g.ID, g.Model)
+		}
+		if !slices.Equal(g.Xmix.Apps, cases[i].req.Apps) {
+			t.Errorf("case %d: xmix.apps %v, want %v", i, g.Xmix.Apps, cases[i].req.Apps)
+		}
+	}
+}
+
+// A streamed response equals the whole one: text, finish reason, usage, and the exports its
+// chunks carry, one per generated token.
+func TestStreamEqualsWhole(t *testing.T) {
+	b := tinyBundle(t)
+	ts := startServer(t, b, nil)
+	cases := tinyCases(ts.tok)
+	for i, c := range cases {
+		code, body := post(t, ts.url+c.path, c.body)
+		if code != http.StatusOK {
+			t.Fatalf("case %d: %d %s", i, code, body)
+		}
+		whole := decodeCompletion(t, body)
+		resp, err := client.Post(ts.url+c.path, "application/json",
+			strings.NewReader(withField(withField(c.body, "stream", "true"), "stream_options", `{"include_usage": true}`)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ct := resp.Header.Get("Content-Type"); ct != "text/event-stream" {
+			t.Errorf("content type %q", ct)
+		}
+		s := readStream(t, resp.Body)
+		resp.Body.Close()
+		if !s.done || s.text != whole.text() || s.finish != whole.Choices[0].FinishReason || s.usage == nil || *s.usage != whole.Usage {
+			t.Errorf("case %d: streamed %q %s %+v (done %v), whole %q %s %+v", i, s.text, s.finish, s.usage, s.done, whole.text(), whole.Choices[0].FinishReason, whole.Usage)
+		}
+		if s.chunks != whole.Usage.CompletionTokens {
+			t.Errorf("case %d: %d chunks for %d tokens", i, s.chunks, whole.Usage.CompletionTokens)
+		}
+		for name, v := range whole.Xmix.Exports {
+			if fmt.Sprint(s.exports[name]) != fmt.Sprint(v) {
+				t.Errorf("case %d: streamed %s %s, whole %s", i, name, s.exports[name], v)
+			}
+		}
+		if len(s.exports) != len(whole.Xmix.Exports) {
+			t.Errorf("case %d: streamed exports %v, whole %v", i, s.exports, whole.Xmix.Exports)
+		}
+	}
+	// Without include_usage no chunk carries usage.
+	resp, err := client.Post(ts.url+"/v1/completions", "application/json", strings.NewReader(`{"prompt": "Hi", "max_tokens": 3, "stream": true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if s := readStream(t, resp.Body); s.usage != nil || s.chunks != 3 || !s.done || s.finish != "length" {
+		t.Errorf("without include_usage: %+v", s)
+	}
+}
+
+// Chat: messages through the chat template, multi-turn, streaming with a role chunk first.
+func TestChatCompletions(t *testing.T) {
+	b := tinyBundle(t)
+	ts := startServer(t, b, nil)
+	// The embedded model's template: a "Role: text" line per turn, then "Assistant:".
+	prompt := loader.InputIDs(b.Manifest.Model, loader.Request{Prompt: ts.tok.Encode(
+		"System: Be kind.\nUser: Tell a story.\nAssistant: Once upon a time.\nUser: Another.\nAssistant:")})
+	want := alone(t, b,
+		loader.Request{Prompt: prompt, Verbatim: true, MaxTokens: 20, TopP: 1},
+		loader.Request{Prompt: prompt, Verbatim: true, MaxTokens: 20, TopP: 1, Apps: []string{"tiny-probe"}})
+	body := `{"model": "tiny", "messages": [{"role": "system", "content": "Be kind."}, {"role": "user", "content": "Tell a story."},
+		{"role": "assistant", "content": "Once upon a time."}, {"role": "user", "content": [{"type": "text", "text": "Ano"}, {"type": "text", "text": "ther."}]}],
+		"max_completion_tokens": 20, "temperature": 0}`
+	for i, b := range []string{body, withField(body, "xmix", `{"apps": ["tiny-probe"]}`)} {
+		code, data := post(t, ts.url+"/v1/chat/completions", b)
+		if code != http.StatusOK {
+			t.Fatalf("%d %s", code, data)
+		}
+		whole := decodeCompletion(t, data)
+		if whole.Object != "chat.completion" || whole.Choices[0].Message.Role != "assistant" || !strings.HasPrefix(whole.ID, "chatcmpl-") {
+			t.Errorf("response %s", data)
+		}
+		checkAgainst(t, "chat", ts.tok, want[i], whole.text(), whole.Choices[0].FinishReason, whole.Usage.CompletionTokens, whole.Xmix.Exports, whole.Xmix.Apps)
+		resp, err := client.Post(ts.url+"/v1/chat/completions", "application/json", strings.NewReader(withField(b, "stream", "true")))
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := readStream(t, resp.Body)
+		resp.Body.Close()
+		if s.role != "assistant" || s.text != whole.text() || s.finish != whole.Choices[0].FinishReason || !s.done {
+			t.Errorf("streamed chat %+v, whole %q", s, whole.text())
+		}
+		checkAgainst(t, "streamed chat", ts.tok, want[i], s.text, s.finish, s.chunks, s.exports, whole.Xmix.Apps)
+	}
+	// max_tokens is the older name of max_completion_tokens; without either, the rest of the context.
+	code, data := post(t, ts.url+"/v1/chat/completions", `{"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}`)
+	if code != http.StatusOK || decodeCompletion(t, data).Usage.CompletionTokens != 2 {
+		t.Errorf("max_tokens: %d %s", code, data)
+	}
+	// A model without a chat template says so.
+	none := tinyBundle(t)
+	none.Manifest.Model.ChatTemplate = ""
+	plain := startServer(t, none, nil)
+	code, data = post(t, plain.url+"/v1/chat/completions", `{"messages": [{"role": "user", "content": "Hi"}]}`)
+	if code != http.StatusBadRequest || !strings.Contains(string(data), "no chat template") {
+		t.Errorf("no template: %d %s", code, data)
+	}
+}
+
+// Stop strings end the text where they start, across token boundaries and while streaming,
+// with finish_reason "stop" and the string as stop_reason; usage counts the tokens up to the
+// one that completed it.
+func TestStopStrings(t *testing.T) {
+	b := tinyBundle(t)
+	ts := startServer(t, b, nil)
+	full := alone(t, b, loader.Request{Prompt: ts.tok.Encode("Once upon a time"), MaxTokens: 40, TopP: 1})[0]
+	text := ts.tok.Decode(full.Tokens)
+	if len(text) < 30 {
+		t.Fatalf("too short to test: %q", text)
+	}
+	stop := text[10:14] // four byte tokens: a match across token boundaries
+	first := strings.Index(text, stop)
+	base := `{"prompt": "Once upon a time", "max_tokens": 40, "temperature": 0`
+	for _, c := range []struct {
+		stops, extra string
+		text         string
+		finish       string
+		tokens       int
+		stopReason   string
+	}{
+		{fmt.Sprintf("%q", stop), "", text[:first], "stop", first + len(stop), stop},
+		{fmt.Sprintf("[%q, %q]", "zzzz", stop), `, "include_stop_str_in_output": true`, text[:first+len(stop)], "stop", first + len(stop), stop},
+		// A prefix held back that never completes is released at the end.
+		{fmt.Sprintf("%q", text[len(text)-2:]+"\u00e9"), "", text, "length", 40, ""},
+	} {
+		body := base + `, "stop": ` + c.stops + c.extra + "}"
+		code, data := post(t, ts.url+"/v1/completions", body)
+		if code != http.StatusOK {
+			t.Fatalf("%s: %d %s", body, code, data)
+		}
+		g := decodeCompletion(t, data)
+		sr := ""
+		if g.Choices[0].StopReason != nil {
+			sr = *g.Choices[0].StopReason
+		}
+		if g.text() != c.text || g.Choices[0].FinishReason != c.finish || g.Usage.CompletionTokens != c.tokens || sr != c.stopReason {
+			t.Errorf("stop %s: %q %s %d tokens (stop_reason %q), want %q %s %d (%q)", c.stops, g.text(), g.Choices[0].FinishReason,
+				g.Usage.CompletionTokens, sr, c.text, c.finish, c.tokens, c.stopReason)
+		}
+		resp, err := client.Post(ts.url+"/v1/completions", "application/json", strings.NewReader(withField(withField(body, "stream", "true"), "stream_options", `{"include_usage": true}`)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := readStream(t, resp.Body)
+		resp.Body.Close()
+		ssr := ""
+		if s.stop != nil {
+			ssr = *s.stop
+		}
+		if s.text != c.text || s.finish != c.finish || s.usage == nil || s.usage.CompletionTokens != c.tokens || ssr != c.stopReason || s.chunks != c.tokens {
+			t.Errorf("streamed stop %s: %q %s %+v %d chunks (stop_reason %q), want %q %s %d", c.stops, s.text, s.finish, s.usage, s.chunks, ssr, c.text, c.finish, c.tokens)
+		}
+	}
+}
+
+func TestStopMatcher(t *testing.T) {
+	for _, c := range []struct {
+		stops  []string
+		pieces []string
+		want   []string // released per piece
+		match  string
+	}{
+		{[]string{"abc"}, []string{"xa", "b", "c", "d"}, []string{"x", "", "", "d"}, "abc"},
+		{[]string{"abc"}, []string{"xa", "b", "x"}, []string{"x", "", "abx"}, ""},
+		{[]string{"bc", "abcd"}, []string{"a", "bc"}, []string{"", "a"}, "bc"},
+		{[]string{"é!"}, []string{"a", "é", "?"}, []string{"a", "", "é?"}, ""},
+		{nil, []string{"a", "b"}, []string{"a", "b"}, ""},
+	} {
+		m := stopMatcher{stops: c.stops}
+		var got []string
+		for _, p := range c.pieces {
+			if m.matched != "" {
+				got = append(got, p) // past the match the caller stops feeding; feed passes text through
+				continue
+			}
+			got = append(got, m.feed(p))
+		}
+		if !slices.Equal(got, c.want) || m.matched != c.match {
+			t.Errorf("%v %v: released %q, matched %q; want %q, %q", c.stops, c.pieces, got, m.matched, c.want, c.match)
+		}
+	}
+}
+
+func TestModelsHealthAndRouting(t *testing.T) {
+	ts := startServer(t, nil, func(c *Config) { c.ModelName = "my-tiny" })
+	code, _, data := do(t, "GET", ts.url+"/v1/models", "")
+	var list struct {
+		Object string      `json:"object"`
+		Data   []modelCard `json:"data"`
+	}
+	if err := json.Unmarshal(data, &list); err != nil || code != 200 || list.Object != "list" || len(list.Data) != 1 ||
+		list.Data[0].ID != "my-tiny" || list.Data[0].Object != "model" || list.Data[0].MaxModelLen != 512 {
+		t.Errorf("models: %d %s", code, data)
+	}
+	if code, _, data := do(t, "GET", ts.url+"/v1/models/my-tiny", ""); code != 200 || !strings.Contains(string(data), `"id":"my-tiny"`) {
+		t.Errorf("model by id: %d %s", code, data)
+	}
+	for _, c := range []struct {
+		method, path, body string
+		code               int
+		want               string
+	}{
+		{"GET", "/v1/models/tiny", "", 404, `"model_not_found"`},
+		{"POST", "/v1/completions", `{"model": "tiny", "prompt": "x"}`, 404, `the model \"tiny\" does not exist`},
+		{"GET", "/health", "", 200, `"ok"`},
+		{"GET", "/healthz", "", 200, `"ok"`},
+		{"GET", "/v1/nothing", "", 404, `no endpoint GET /v1/nothing`},
+		{"GET", "/v1/completions", "", 405, `takes [POST]`},
+		{"POST", "/v1/models", "", 405, `takes [GET]`},
+		{"POST", "/v1/completions", `{"model": "my-tiny", "prompt": "x", "max_tokens": 2}`, 200, `"model":"my-tiny"`},
+	} {
+		code, hdr, data := do(t, c.method, ts.url+c.path, c.body)
+		if code != c.code || !strings.Contains(string(data), c.want) {
+			t.Errorf("%s %s: %d %s, want %d with %s", c.method, c.path, code, data, c.code, c.want)
+		}
+		if ct := hdr.Get("Content-Type"); ct != "application/json" {
+			t.Errorf("%s %s: content type %q", c.method, c.path, ct)
+		}
+	}
+}
+
+func TestTokenizeDetokenize(t *testing.T) {
+	ts := startServer(t, nil, nil)
+	chatIDs, err := ts.chat.Prompt([]chat.Message{{Role: "user", Content: "Hi"}}, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		path, body string
+		code       int
+		want       string
+	}{
+		{"/tokenize", `{"prompt": "Hi!"}`, 200, `{"count":4,"max_model_len":512,"tokens":[256,72,105,33],"token_strs":null}`},
+		{"/tokenize", `{"model": "tiny", "prompt": "Hi", "add_special_tokens": false}`, 200, `"tokens":[72,105]`},
+		{"/tokenize", `{"messages": [{"role": "user", "content": "Hi"}], "add_generation_prompt": false}`, 200,
+			fmt.Sprintf(`"tokens":%s`, mustJSON(chatIDs))},
+		{"/tokenize", `{"prompt": "a", "messages": []}`, 400, "messages"},
+		{"/tokenize", `{"prompt": 3}`, 400, `"param":"prompt"`},
+		{"/tokenize", `{"text": "a"}`, 400, `unknown field \"text\"`},
+		{"/tokenize", `{}`, 400, "required"},
+		{"/tokenize", `{"model": "other", "prompt": "a"}`, 404, "does not exist"},
+		{"/detokenize", `{"tokens": [256, 72, 105, 257]}`, 200, `{"prompt":"Hi"}`},
+		{"/detokenize", `{"tokens": [72, 999]}`, 400, `tokens[1] = 999 is outside the vocabulary`},
+		{"/detokenize", `{}`, 400, "tokens: required"},
+		{"/detokenize", `[1]`, 400, "must be an object"},
+	} {
+		code, data := post(t, ts.url+c.path, c.body)
+		if code != c.code || !strings.Contains(string(data), c.want) {
+			t.Errorf("%s %s: %d %s, want %d with %s", c.path, c.body, code, data, c.code, c.want)
+		}
+	}
+}
+
+func mustJSON(v any) string {
+	data, err := json.Marshal(v)
+	if err != nil {
+		panic(err)
+	}
+	return string(data)
+}
