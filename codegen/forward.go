@@ -60,8 +60,8 @@ type gen struct {
 // and the params section.
 func Generate(p *passes.Program, opt Options) (*bundle.Bundle, error) {
 	m := p.Model
-	if !builtFamily(m.Family) {
-		return nil, fmt.Errorf("model %s: family %s: its forward builder is not written yet (its kernels are: codegen/gemma2_parts.go)", m.Name, m.Family)
+	if err := gemma2Unsupported(p); err != nil {
+		return nil, err
 	}
 	g := &gen{p: p, m: m, kernels: map[string]*Kernel{}, bodies: map[string]*Kernel{}, wdt: ptx.BF16, kvdt: ptx.F32, gemmKind: opt.GEMM, moeKind: opt.MoE, tp: max(1, p.TP)}
 	switch opt.GEMM {
@@ -264,6 +264,10 @@ func (g *gen) declareBuffers() {
 	g.buf("embed", bundle.KindWeight, wd, []int{m.Vocab, H}, "model.embed_tokens.weight")
 	for l := range m.Layers {
 		pre := fmt.Sprintf("model.layers.%d.", l)
+		if m.PostNorms {
+			g.gemma2LayerWeights(l)
+			continue
+		}
 		g.buf(layerBuf(l, "attn_norm"), bundle.KindWeight, wd, []int{H}, pre+"input_layernorm.weight")
 		// Column-parallel: each rank takes its heads of q, of k and of v.
 		g.sharded(layerBuf(l, "wqkv"), bundle.KindWeight, []int{qkv, H}, 0, qkvExt,
@@ -610,7 +614,7 @@ func (g *gen) siteKernelName(op *passes.MIOp) string {
 		}
 		return miName(base, []MIOp{{}}, fmt.Sprintf("s%d", op.HostLayer))
 	case passes.HostSilu:
-		return miName(fmt.Sprintf("silu_mul_i%d", g.rank().inter), []MIOp{{}}, fmt.Sprintf("L%d", op.HostLayer))
+		return miName(GatedKernelName(GemmaSilu(g.m, SiluConfig{Inter: g.rank().inter})), []MIOp{{}}, fmt.Sprintf("L%d", op.HostLayer))
 	case passes.HostRouter:
 		return g.routerName(op.HostLayer, []MIOp{{}})
 	case passes.HostLogits:

@@ -5,11 +5,13 @@ import (
 
 	"xmix/bundle"
 	"xmix/frontend"
+	"xmix/passes"
 )
 
-// The parts of Gemma 2's forward (family gemma2) for its builder: the Hugging Face tensor
-// names, and what each kernel of the Llama forward takes on for Gemma. The forward is the
-// Llama one with these changes, in forward order:
+// The parts of Gemma 2's forward (family gemma2): the Hugging Face tensor names, and what
+// each kernel of the Llama forward takes on for Gemma. The template applies them to every
+// family (each setter leaves other families' configs as they are); a per-family builder
+// composes the same. The forward is the Llama one with these changes, in forward order:
 //
 //	embed:       RowNorm Load embed, EmbedScale sqrt(hidden) (GemmaRow)
 //	per layer:   input_layernorm (the previous add+norm, (1 + w))
@@ -75,8 +77,58 @@ func Gemma2Tensors(layers int) map[string][]string {
 	return out
 }
 
-// builtFamily says whether Generate has a forward for family.
-func builtFamily(family string) bool { return family != "gemma2" }
+// gemma2Unsupported refuses what Gemma 2's forward does not have yet: the logit lens (its
+// norm would need (1 + w) and the final soft-cap) and custom kernels (their renorm is a
+// plain RMSNorm).
+func gemma2Unsupported(p *passes.Program) error {
+	if p.Model.Family != "gemma2" {
+		return nil
+	}
+	for _, op := range p.Ops {
+		if op.Host == passes.HostLens || op.Host == passes.HostCustom {
+			return fmt.Errorf("app %s: %s at layer %d on family gemma2 is not supported yet", op.App.Name, op.Template, op.Layer)
+		}
+	}
+	return nil
+}
+
+// gemma2LayerWeights declares layer l's weight buffers with their tensors
+// (Gemma2LayerTensors): the Llama layer's, sharded alike, plus the two post-norms.
+func (g *gen) gemma2LayerWeights(l int) {
+	m, wd := g.m, g.wdt.String()
+	H, D, I := m.Hidden, m.HeadDim, m.Intermediate
+	tensors := Gemma2Tensors(l + 1)
+	names := func(b string) []string { return tensors[layerBuf(l, b)] }
+	qkvExt := []int{m.Heads * D, m.KVHeads * D, m.KVHeads * D}
+	for _, norm := range []string{"attn_norm", "attn_post_norm", "mlp_norm", "mlp_post_norm"} {
+		g.buf(layerBuf(l, norm), bundle.KindWeight, wd, []int{H}, names(norm)...)
+	}
+	g.sharded(layerBuf(l, "wqkv"), bundle.KindWeight, []int{(m.Heads + 2*m.KVHeads) * D, H}, 0, qkvExt, names("wqkv")...)
+	g.sharded(layerBuf(l, "wo"), bundle.KindWeight, []int{H, m.Heads * D}, 1, []int{m.Heads * D}, names("wo")...)
+	g.sharded(layerBuf(l, "wgu"), bundle.KindWeight, []int{2 * I, H}, 0, []int{I, I}, names("wgu")...)
+	g.sharded(layerBuf(l, "wdown"), bundle.KindWeight, []int{H, I}, 1, []int{I}, names("wdown")...)
+}
+
+// gemma2PostNorm is the post-norm weight of add+norm slot s: 2L ends layer L's attention
+// (attn_post_norm), 2L+1 its MLP (mlp_post_norm).
+func gemma2PostNorm(slot int) string {
+	if slot%2 == 0 {
+		return layerBuf(slot/2, "attn_post_norm")
+	}
+	return layerBuf(slot/2, "mlp_post_norm")
+}
+
+// finalSoftcap caps the logits of the sampled rows in place, after the LM head (and its
+// all-gather) and before the logits hook's ops and the sampler, when the model caps them.
+func (t *tb) finalSoftcap(samples int) {
+	c, ok := GemmaFinalSoftcap(t.g.m)
+	if !ok {
+		return
+	}
+	name := fmt.Sprintf("softcap_v%d", c.Width)
+	k, err := t.g.kernel(name, func() (*Kernel, error) { return Softcap(name, c) })
+	t.add("logits.softcap", k, err, c.Launch(samples), slots{"x": buf("act.logits")}, nil)
+}
 
 // gemma2ModelConfig records what Gemma 2 adds in the manifest (nothing for other families).
 func gemma2ModelConfig(m *frontend.Model, c *bundle.ModelConfig) {

@@ -109,7 +109,7 @@ func (g *gen) template(name, kind string, rows, samples int) (bundle.Template, e
 
 	// Embedding + layer 0's input norm, with embed / resid_pre(0) ops fused.
 	embedOps := g.miOps(passes.HostEmbed, -1, "", "")
-	ec := RowConfig{Hidden: H, Vocab: m.Vocab, Eps: eps, WDtype: g.wdt, Load: "embed", ResidOps: embedOps}
+	ec := GemmaRow(m, RowConfig{Hidden: H, Vocab: m.Vocab, Eps: eps, WDtype: g.wdt, Load: "embed", ResidOps: embedOps})
 	k, err := g.kernel(miName("embed", embedOps, "embed"), func() (*Kernel, error) { return RowNorm(miName("embed", embedOps, "embed"), ec) })
 	t.add("embed", k, err, ec.Launch(rows), slots{
 		"tokens": buf("ctl.tokens"), "table": buf("embed"), "resid": buf("act.resid"),
@@ -162,8 +162,8 @@ func (g *gen) template(name, kind string, rows, samples int) (bundle.Template, e
 			t.gemm(fmt.Sprintf("L%d.gate_up", l), "act.xn", lb("wgu"), "act.gu", H, 2*I, rows)
 
 			siluOps := g.miOps(passes.HostSilu, l, "", "")
-			sc := SiluConfig{Inter: I, Ops: siluOps}
-			sname := miName(fmt.Sprintf("silu_mul_i%d", I), siluOps, fmt.Sprintf("L%d", l))
+			sc := GemmaSilu(m, SiluConfig{Inter: I, Ops: siluOps})
+			sname := miName(GatedKernelName(sc), siluOps, fmt.Sprintf("L%d", l))
 			k, err = g.kernel(sname, func() (*Kernel, error) { return SiluMul(sname, sc) })
 			t.add(fmt.Sprintf("L%d.silu_mul", l), k, err, sc.Launch(rows), slots{"gu": buf("act.gu"), "act": buf("act.mlp")}, siluOps)
 
@@ -179,6 +179,7 @@ func (g *gen) template(name, kind string, rows, samples int) (bundle.Template, e
 		t.lens(l)
 	}
 	t.lmHead(samples)
+	t.finalSoftcap(samples)
 	t.sampleTail(samples)
 	if t.err != nil {
 		return bundle.Template{}, fmt.Errorf("template %s: %w", name, t.err)
@@ -239,8 +240,8 @@ func (g *gen) attnConfig() AttnConfig {
 // (f32, or head dim past 128), the decode kernel takes every row.
 func (t *tb) attention(l int, kv slots) {
 	g := t.g
-	ac := g.attnConfig()
-	base := fmt.Sprintf("attention_h%d_kv%d_d%d_%s", ac.Heads, ac.KVHeads, ac.HeadDim, g.kvdt)
+	ac := GemmaAttention(g.m, l, g.attnConfig())
+	base := fmt.Sprintf("attention_h%d_kv%d_d%d_%s", ac.Heads, ac.KVHeads, ac.HeadDim, g.kvdt) + AttnKernelSuffix(ac)
 	label := fmt.Sprintf("L%d.attention", l)
 	s := merge(kv, slots{"z": buf("act.z")})
 	decode := func(name string, c AttnConfig, splits int, s slots) {
@@ -313,10 +314,10 @@ func (t *tb) gemmAt(label string, x, w, y bundle.Slot, c GemmConfig, rows int) {
 func (t *tb) addNorm(slot int, w bundle.Slot, out string, final bool) {
 	g := t.g
 	m := g.m
-	c := RowConfig{Hidden: m.Hidden, Vocab: m.Vocab, Eps: float32(m.RMSEps), WDtype: g.wdt, Load: "add", Gather: final,
+	c := GemmaRow(m, RowConfig{Hidden: m.Hidden, Vocab: m.Vocab, Eps: float32(m.RMSEps), WDtype: g.wdt, Load: "add", Gather: final,
 		DeltaOps: g.miOps(passes.HostAddNorm, slot, passes.RoleDelta, ""),
 		ResidOps: g.miOps(passes.HostAddNorm, slot, passes.RoleResid, ""),
-		NormOps:  g.miOps(passes.HostAddNorm, slot, passes.RoleNorm, "")}
+		NormOps:  g.miOps(passes.HostAddNorm, slot, passes.RoleNorm, "")})
 	all := append(append(append([]MIOp(nil), c.DeltaOps...), c.ResidOps...), c.NormOps...)
 	base := fmt.Sprintf("add_norm_h%d", m.Hidden)
 	if final {
@@ -327,6 +328,9 @@ func (t *tb) addNorm(slot int, w bundle.Slot, out string, final bool) {
 	s := slots{"resid": buf("act.resid"), "delta": buf("act.delta"), "w": w, "out": buf(out)}
 	if final {
 		s["out_row"] = buf("ctl.out_row")
+	}
+	if c.DeltaNorm {
+		s["delta_w"] = buf(gemma2PostNorm(slot))
 	}
 	t.add(fmt.Sprintf("slot%d.add_norm", slot), k, err, c.Launch(t.rows), s, all)
 }
