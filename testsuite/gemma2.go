@@ -164,7 +164,7 @@ func CheckGemma2Reference(t *testing.T, b *bundle.Bundle, be loader.Backend, buf
 	}
 	seq := append([]int{b.Manifest.Model.BOS}, prompt...)
 	seq = append(seq, res[0].Tokens...)
-	logits, hidden := ref.Forward(seq[:len(seq)-1])
+	logits, layers := ref.Forward(seq[:len(seq)-1])
 	if len(rec.Steps) != len(res[0].Tokens) {
 		t.Fatalf("%d steps recorded for %d tokens", len(rec.Steps), len(res[0].Tokens))
 	}
@@ -188,8 +188,8 @@ func CheckGemma2Reference(t *testing.T, b *bundle.Bundle, be loader.Backend, buf
 			t.Fatalf("position %d: no cap.x export", row.Pos)
 		}
 		x := row.Exports[i].Values
-		for l := range hidden {
-			if e := relL2To64(x[l*H:(l+1)*H], hidden[l][row.Pos]); !(e <= tol) {
+		for l, ly := range layers {
+			if e := relL2To64(x[l*H:(l+1)*H], ly.Out[row.Pos]); !(e <= tol) {
 				t.Errorf("position %d layer %d: resid_post relative error %.3g > %.3g", row.Pos, l, e, tol)
 			}
 		}
@@ -214,4 +214,110 @@ func argmax(v []float64) int {
 		}
 	}
 	return best
+}
+
+// gemma2HooksApp captures one hook of each kind of SmallGemma2, at the layers named in its
+// buffers: what gemma2Hooks says each must equal.
+const gemma2HooksApp = `app: hooks
+buffers:
+  embed: {shape: [96], dtype: f32, export: true}
+  pre1: {shape: [96], dtype: f32, export: true}
+  attn1: {shape: [96], dtype: f32, export: true}
+  mid1: {shape: [96], dtype: f32, export: true}
+  act2: {shape: [160], dtype: f32, export: true}
+  mlp0: {shape: [96], dtype: f32, export: true}
+  post2: {shape: [96], dtype: f32, export: true}
+ops:
+  - read: {at: {hook: embed}, kernel: capture, into: embed}
+  - read: {at: {layers: [1], hook: resid_pre}, kernel: capture, into: pre1}
+  - read: {at: {layers: [1], hook: attn_out}, kernel: capture, into: attn1}
+  - read: {at: {layers: [1], hook: resid_mid}, kernel: capture, into: mid1}
+  - read: {at: {layers: [2], hook: mlp.act}, kernel: capture, into: act2}
+  - read: {at: {layers: [0], hook: mlp_out}, kernel: capture, into: mlp0}
+  - read: {at: {layers: [2], hook: resid_post}, kernel: capture, into: post2}
+`
+
+// gemma2Hooks is what each export of gemma2HooksApp holds at a position, in the
+// reference's terms (transformers' modules: the scaled embedding, the decoder layer's
+// input, post_attention_layernorm's output, the residual after it, act_fn(gate) * up,
+// post_feedforward_layernorm's output, the layer's output).
+var gemma2Hooks = map[string]func(ls []Gemma2Layer, p int) []float64{
+	"hooks.embed": func(ls []Gemma2Layer, p int) []float64 { return ls[0].In[p] },
+	"hooks.pre1":  func(ls []Gemma2Layer, p int) []float64 { return ls[1].In[p] },
+	"hooks.attn1": func(ls []Gemma2Layer, p int) []float64 { return ls[1].AttnOut[p] },
+	"hooks.mid1":  func(ls []Gemma2Layer, p int) []float64 { return ls[1].Mid[p] },
+	"hooks.act2":  func(ls []Gemma2Layer, p int) []float64 { return ls[2].Act[p] },
+	"hooks.mlp0":  func(ls []Gemma2Layer, p int) []float64 { return ls[0].MLPOut[p] },
+	"hooks.post2": func(ls []Gemma2Layer, p int) []float64 { return ls[2].Out[p] },
+}
+
+// referenceTol is how close a backend's Gemma 2 comes to the float64 reference: the CPU's
+// f32 reference ops within 1e-4; a GPU's bf16 tensor-core GEMMs (cuBLASLt rounds x to
+// bf16) within the 2e-2 the GPU checks hold every model to.
+func referenceTol(be loader.Backend) float64 {
+	if _, ok := be.(interface{ Buffer(string) []byte }); ok {
+		return 1e-4
+	}
+	return 2e-2
+}
+
+// CheckGemma2Forward: SmallGemma2's logits and every layer's resid_post, at every row of a
+// prefill and the decode steps after it, match the float64 reference over the bundle's
+// weights (read from the CPU backend's synthetic fill, bit-identical on every backend).
+func CheckGemma2Forward(t *testing.T, nb NewBackend) {
+	b := CompileGemma2(t, SmallGemma2, CaptureAllApp(3, 96))
+	w := NewCPU(t, b).(interface {
+		loader.Backend
+		Buffer(string) []byte
+	})
+	defer w.Close()
+	be := nb(t, b)
+	defer be.Close()
+	CheckGemma2Reference(t, b, be, w.Buffer, referenceTol(be))
+}
+
+// CheckGemma2Hooks: each hook of Gemma 2 reads what transformers' module of that name
+// computes (gemma2Hooks), at every row.
+func CheckGemma2Hooks(t *testing.T, nb NewBackend) {
+	b := CompileGemma2(t, SmallGemma2, gemma2HooksApp)
+	w := NewCPU(t, b).(interface {
+		loader.Backend
+		Buffer(string) []byte
+	})
+	defer w.Close()
+	be := nb(t, b)
+	defer be.Close()
+	tol := referenceTol(be)
+	prompt := []int{72, 101, 108, 108, 111, 32, 119, 111, 114, 108, 100}
+	eng, err := loader.NewEngine(b, be)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := eng.Generate([]loader.Request{{Prompt: prompt, MaxTokens: 4, Apps: []string{"hooks"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := out[0]
+	ref, err := Gemma2RefFromBundle(b, w.Buffer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seq := append(append([]int{b.Manifest.Model.BOS}, prompt...), res.Tokens...)
+	_, layers := ref.Forward(seq[:len(seq)-1])
+	seen := 0
+	for _, row := range res.Rows {
+		for _, e := range row.Exports {
+			want, ok := gemma2Hooks[e.Name]
+			if !ok {
+				t.Fatalf("export %s", e.Name)
+			}
+			seen++
+			if err := relL2To64(e.Values, want(layers, row.Pos)); !(err <= tol) {
+				t.Errorf("position %d %s: relative error %.3g > %.3g", row.Pos, e.Name, err, tol)
+			}
+		}
+	}
+	if want := len(gemma2Hooks) * (len(seq) - 1); seen != want {
+		t.Fatalf("%d exports compared, want %d", seen, want)
+	}
 }

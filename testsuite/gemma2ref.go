@@ -101,10 +101,19 @@ func ropeHalf(x []float64, pos int, theta float64) {
 	}
 }
 
+// Gemma2Layer is what one layer computes at every position ([position][column]), named as
+// the hooks that read it: In its input (resid_pre; the scaled embedding at layer 0),
+// AttnOut the post-normed attention output (attn_out), Mid the residual after it
+// (resid_mid), Act the GeGLU activation (mlp.act), MLPOut the post-normed MLP output
+// (mlp_out), Out the layer's output (resid_post: transformers' hidden_states[l+1], before
+// the final norm at the last layer).
+type Gemma2Layer struct {
+	In, AttnOut, Mid, Act, MLPOut, Out [][]float64
+}
+
 // Forward runs tokens through the model. logits[t] are the (soft-capped) next-token logits
-// after tokens[:t+1]; hidden[l][t] is layer l's output at position t (transformers'
-// hidden_states[l+1], before the final norm at the last layer).
-func (r *Gemma2Ref) Forward(tokens []int) (logits [][]float64, hidden [][][]float64) {
+// after tokens[:t+1]; layers[l] holds layer l's values.
+func (r *Gemma2Ref) Forward(tokens []int) (logits [][]float64, layers []Gemma2Layer) {
 	c := r.C
 	H, D, T := c.Hidden, c.HeadDim, len(tokens)
 	emb := r.W["model.embed_tokens.weight"]
@@ -117,7 +126,15 @@ func (r *Gemma2Ref) Forward(tokens []int) (logits [][]float64, hidden [][][]floa
 	}
 	scale := 1 / math.Sqrt(c.QueryPreAttnScalar)
 	group := c.Heads / c.KVHeads
+	snap := func() [][]float64 {
+		out := make([][]float64, T)
+		for t := range T {
+			out[t] = append([]float64(nil), x[t]...)
+		}
+		return out
+	}
 	for l := range c.Layers {
+		ly := Gemma2Layer{In: snap(), AttnOut: make([][]float64, T), Act: make([][]float64, T), MLPOut: make([][]float64, T)}
 		q, k, v := make([][]float64, T), make([][]float64, T), make([][]float64, T)
 		for t := range T {
 			h := Gemma2Norm(x[t], r.layer(l, "input_layernorm"), c.RMSEps)
@@ -158,25 +175,29 @@ func (r *Gemma2Ref) Forward(tokens []int) (logits [][]float64, hidden [][][]floa
 					}
 				}
 			}
-			o := Gemma2Norm(linear(r.layer(l, "self_attn.o_proj"), z), r.layer(l, "post_attention_layernorm"), c.RMSEps)
+			ly.AttnOut[t] = Gemma2Norm(linear(r.layer(l, "self_attn.o_proj"), z), r.layer(l, "post_attention_layernorm"), c.RMSEps)
+		}
+		// Every position's attention read the layer's input; the residual moves on after.
+		for t := range T {
 			for i := range H {
-				x[t][i] += o[i]
+				x[t][i] += ly.AttnOut[t][i]
 			}
+		}
+		ly.Mid = snap()
+		for t := range T {
 			h := Gemma2Norm(x[t], r.layer(l, "pre_feedforward_layernorm"), c.RMSEps)
 			gate, up := linear(r.layer(l, "mlp.gate_proj"), h), linear(r.layer(l, "mlp.up_proj"), h)
 			for i := range gate {
 				gate[i] = GeluTanh(gate[i]) * up[i]
 			}
-			d := Gemma2Norm(linear(r.layer(l, "mlp.down_proj"), gate), r.layer(l, "post_feedforward_layernorm"), c.RMSEps)
+			ly.Act[t] = gate
+			ly.MLPOut[t] = Gemma2Norm(linear(r.layer(l, "mlp.down_proj"), gate), r.layer(l, "post_feedforward_layernorm"), c.RMSEps)
 			for i := range H {
-				x[t][i] += d[i]
+				x[t][i] += ly.MLPOut[t][i]
 			}
 		}
-		layerOut := make([][]float64, T)
-		for t := range T {
-			layerOut[t] = append([]float64(nil), x[t]...)
-		}
-		hidden = append(hidden, layerOut)
+		ly.Out = snap()
+		layers = append(layers, ly)
 	}
 	head := r.W["lm_head.weight"]
 	if c.Tied {
@@ -189,5 +210,5 @@ func (r *Gemma2Ref) Forward(tokens []int) (logits [][]float64, hidden [][][]floa
 		}
 		logits = append(logits, y)
 	}
-	return logits, hidden
+	return logits, layers
 }

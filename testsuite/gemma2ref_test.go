@@ -82,7 +82,7 @@ func TestGemma2RefCausal(t *testing.T) {
 	logits, hidden := ref.Forward(tokens)
 	for n := 1; n < len(tokens); n += 3 {
 		pl, ph := ref.Forward(tokens[:n])
-		if !slices.Equal(pl[n-1], logits[n-1]) || !slices.Equal(ph[1][n-1], hidden[1][n-1]) {
+		if !slices.Equal(pl[n-1], logits[n-1]) || !slices.Equal(ph[1].Out[n-1], hidden[1].Out[n-1]) {
 			t.Fatalf("position %d depends on later tokens", n-1)
 		}
 	}
@@ -215,7 +215,7 @@ func TestGemma2RefWithoutLayers(t *testing.T) {
 		}
 	}
 	for i := range c.Hidden {
-		if hidden[1][1][i] != emb[tok*c.Hidden+i]*c.EmbedScale {
+		if hidden[1].Out[1][i] != emb[tok*c.Hidden+i]*c.EmbedScale {
 			t.Fatalf("layer 1's output differs from the scaled embedding at %d", i)
 		}
 	}
