@@ -113,6 +113,8 @@ type RenormConfig struct {
 	Eps    float32
 	WDtype ptx.Type // storage of w: F32 or BF16
 	Gather bool     // out_row[row] picks the output row; NoRow skips
+	// WOffset is added to w as in RowConfig (1: Gemma's (1 + w)).
+	WOffset float32
 }
 
 // Launch is the grid for rows rows.
@@ -143,10 +145,10 @@ func renorm(name string, c RenormConfig) (*Kernel, error) {
 	end := r.NewLabel("end")
 	dst := r.outRow(c.Gather, outRow, end)
 	x := r.loadRow(r.ptr(resid, r.row, c.Hidden, 0, ptx.F32, true), nil)
-	r.rmsNorm(x, r.loadRow(r.vecPtr(w, c.WDtype), nil), c.Eps)
+	r.rmsNorm(x, r.loadNormWeight(w, RowConfig{WDtype: c.WDtype, WOffset: c.WOffset}), c.Eps)
 	r.storeRow(r.ptr(out, dst, c.Hidden, 0, ptx.F32, false), x)
 	r.Label(end)
-	return finish(r.Kernel, "row_renorm", ops.RenormAttrs{Hidden: c.Hidden, Eps: c.Eps, WDtype: c.WDtype.String(), Gather: c.Gather})
+	return finish(r.Kernel, "row_renorm", ops.RenormAttrs{Hidden: c.Hidden, Eps: c.Eps, WDtype: c.WDtype.String(), Gather: c.Gather, WOffset: c.WOffset})
 }
 
 // customName names an op's kernel in the bundle: one per (app, custom kernel). The app's bit
@@ -188,7 +190,7 @@ func (t *tb) custom(l int) {
 	if n == 0 {
 		return
 	}
-	c := RenormConfig{Hidden: m.Hidden, Eps: float32(m.RMSEps), WDtype: g.wdt, Gather: l+1 == m.Layers}
+	c := RenormConfig{Hidden: m.Hidden, Eps: float32(m.RMSEps), WDtype: g.wdt, Gather: l+1 == m.Layers, WOffset: float32(m.NormOffset)}
 	s := slots{"resid": buf("act.resid")}
 	name := fmt.Sprintf("renorm_h%d", m.Hidden)
 	if c.Gather {

@@ -60,9 +60,6 @@ type gen struct {
 // and the params section.
 func Generate(p *passes.Program, opt Options) (*bundle.Bundle, error) {
 	m := p.Model
-	if err := gemma2Unsupported(p); err != nil {
-		return nil, err
-	}
 	g := &gen{p: p, m: m, kernels: map[string]*Kernel{}, bodies: map[string]*Kernel{}, wdt: ptx.BF16, kvdt: ptx.F32, gemmKind: opt.GEMM, moeKind: opt.MoE, tp: max(1, p.TP)}
 	switch opt.GEMM {
 	case "", "tc", "tc-staged", "cuda-core":

@@ -168,3 +168,37 @@ func TestSoftcapRejects(t *testing.T) {
 		}
 	}
 }
+
+// TestGemmaLensAndRenorm: the logit lens's norm by (1 + w) and its soft-capped top-k
+// logits, and the renorm after a custom kernel by (1 + w), each against its reference.
+func TestGemmaLensAndRenorm(t *testing.T) {
+	const rows, outW = 3, 12
+	r := rand.New(rand.NewPCG(69, 70))
+	c := LensConfig{Hidden: 96, Vocab: lensTopKSlice + 300, Eps: 1e-6, WDtype: ptx.BF16, Bit: 2, K: 5, OutWidth: outW, OutCol: 1,
+		WOffset: 1, Softcap: 3}
+	nk := must(t)(LensNorm("lens_norm_gemma", c))
+	checkKernel(t, nk, c.RowsLaunch(rows), []targ{{name: "any_mask", u32: []uint32{1 << 2}}, {name: "resid", f32: randF32(r, rows*c.Hidden, 2)},
+		{name: "w", bf16: randF32(r, c.Hidden, 0.5)}, {name: "out", out: rows * c.Hidden}})
+	pk, mk := must(t)(LensTopKPart("lens_part_gemma", c)), must(t)(LensTopK("lens_topk_gemma", c))
+	mask := []uint32{1 << 2, 1 << 2, 1 << 2}
+	pa := []targ{{name: "any_mask", u32: []uint32{1 << 2}}, {name: "ctl_mask", u32: mask},
+		{name: "logits", f32: randF32(r, rows*c.Vocab, 6)}, {name: "cand", f32: fill(rows*c.CandWidth(), -9), out: rows * c.CandWidth()}}
+	cand := reference(t, pk, c.PartLaunch(rows), pa)[3]
+	sameBits(t, "candidates (uncapped)", emulate(t, pk, c.PartLaunch(rows), pa)[3], cand)
+	ma := []targ{{name: "any_mask", u32: []uint32{1 << 2}}, {name: "ctl_mask", u32: mask},
+		{name: "cand", f32: cand}, {name: "out", f32: fill(rows*outW, -9), out: rows * outW}}
+	checkKernel(t, mk, c.RowsLaunch(rows), ma)
+	out := emulate(t, mk, c.RowsLaunch(rows), ma)[3]
+	for row := range rows {
+		for j := range c.K {
+			if v := out[row*outW+1+c.K+j]; !(v < 3 && v > 2) { // logits of up to 6, capped at 3
+				t.Fatalf("row %d pick %d: capped logit %v", row, j, v)
+			}
+		}
+	}
+
+	rc := RenormConfig{Hidden: 160, Eps: 1e-6, WDtype: ptx.BF16, WOffset: 1}
+	k := must(t)(Renorm("renorm_gemma", rc))
+	checkKernel(t, k, rc.Launch(rows), []targ{{name: "resid", f32: randF32(r, rows*160, 2)}, {name: "w", bf16: randF32(r, 160, 0.5)},
+		{name: "out", out: rows * 160}})
+}

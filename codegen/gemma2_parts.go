@@ -5,7 +5,6 @@ import (
 
 	"xmix/bundle"
 	"xmix/frontend"
-	"xmix/passes"
 )
 
 // The parts of Gemma 2's forward (family gemma2): the Hugging Face tensor names, and what
@@ -75,21 +74,6 @@ func Gemma2Tensors(layers int) map[string][]string {
 		}
 	}
 	return out
-}
-
-// gemma2Unsupported refuses what Gemma 2's forward does not have yet: the logit lens (its
-// norm would need (1 + w) and the final soft-cap) and custom kernels (their renorm is a
-// plain RMSNorm).
-func gemma2Unsupported(p *passes.Program) error {
-	if p.Model.Family != "gemma2" {
-		return nil
-	}
-	for _, op := range p.Ops {
-		if op.Host == passes.HostLens || op.Host == passes.HostCustom {
-			return fmt.Errorf("app %s: %s at layer %d on family gemma2 is not supported yet", op.App.Name, op.Template, op.Layer)
-		}
-	}
-	return nil
 }
 
 // gemma2LayerWeights declares layer l's weight buffers with their tensors

@@ -393,7 +393,7 @@ func (g *gen) lensName(kind string, c LensConfig) string {
 func (g *gen) lensConfig(op *passes.MIOp) LensConfig {
 	m := g.m
 	return LensConfig{Hidden: m.Hidden, Vocab: m.Vocab, Eps: float32(m.RMSEps), WDtype: g.wdt, Bit: op.App.Bit,
-		K: op.K, OutWidth: op.OutWidth, OutCol: op.OutCol}
+		K: op.K, OutWidth: op.OutWidth, OutCol: op.OutCol, WOffset: float32(m.NormOffset), Softcap: float32(m.FinalSoftcap)}
 }
 
 // lens emits the heavy logit-lens nodes of the ops at resid_post of layer l: they read

@@ -11,6 +11,7 @@ import (
 	"xmix/cmd/driver"
 	"xmix/loader"
 	"xmix/ops"
+	"xmix/specs"
 )
 
 // SmallGemma2 is a random Gemma 2: head dim 256 apart from hidden/heads, GQA groups of 2,
@@ -331,4 +332,85 @@ func CheckGemma2Hooks(t *testing.T, nb NewBackend) {
 	if want := len(gemma2Hooks) * (len(seq) - 1); seen != want {
 		t.Fatalf("%d exports compared, want %d", seen, want)
 	}
+}
+
+// CheckGemma2LensAndCustom: on Gemma 2 the logit lens at layer 1 gives the top 5 of
+// softcap(head . norm(resid_post)) with the final norm's (1 + w), as the reference computes
+// them; and a custom kernel doubling resid_post at layer 1 (then its renorm by (1 + w))
+// gives the bits of the built-in scale there.
+func CheckGemma2LensAndCustom(t *testing.T, nb NewBackend) {
+	const k = 5
+	lens := "app: lens\nbuffers: {top: {shape: [10], export: true}}\nops:\n" +
+		"  - read: {at: {layers: [1], hook: resid_post}, kernel: logit_lens, args: {k: 5}, into: top}\n"
+	custom := "app: cust\nkernels:\n  scale2:\n    entry: scale2\n" +
+		"    signature: [x u64, stride u32, offset u32, width u32, ctl_mask u64, bit u32]\n" +
+		"    ptx: |\n      " + strings.ReplaceAll(specs.ScaleTwoPTX, "\n", "\n      ") + "\n" +
+		"ops:\n  - write: {at: {layers: [1], hook: resid_post}, kernel: custom:scale2}\n"
+	builtin := "app: ref\nops:\n  - write: {at: {layers: [1], hook: resid_post}, kernel: scale, args: {alpha: 2}}\n"
+	b := CompileGemma2(t, SmallGemma2, lens, custom, builtin, captureAt("resid_mid", 2, 96))
+	w := NewCPU(t, b).(interface {
+		loader.Backend
+		Buffer(string) []byte
+	})
+	defer w.Close()
+	probe := nb(t, b)
+	tol := referenceTol(probe)
+	probe.Close()
+	prompt := []int{10, 20, 30, 40, 50, 60, 70}
+	res := Generate(t, nb, b, []loader.Request{
+		{Prompt: prompt, Apps: []string{"lens"}, MaxTokens: 4},
+		{Prompt: prompt, Apps: []string{"cust", "cap"}, MaxTokens: 4},
+		{Prompt: prompt, Apps: []string{"ref", "cap"}, MaxTokens: 4},
+	})
+	ref, err := Gemma2RefFromBundle(b, w.Buffer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seq := append(append([]int{b.Manifest.Model.BOS}, prompt...), res[0].Tokens...)
+	_, layers := ref.Forward(seq[:len(seq)-1])
+	head := ref.W["model.embed_tokens.weight"]
+	if len(res[0].Rows) != len(seq)-1 {
+		t.Fatalf("lens rows %d, want %d", len(res[0].Rows), len(seq)-1)
+	}
+	for _, row := range res[0].Rows {
+		top := row.Exports.Get("lens.top")
+		logits := linear(head, Gemma2Norm(layers[1].Out[row.Pos], ref.W["model.norm.weight"], ref.C.RMSEps))
+		for i := range logits {
+			logits[i] = softcap64(logits[i], ref.C.FinalSoftcap)
+		}
+		order := make([]int, len(logits))
+		for i := range order {
+			order[i] = i
+		}
+		slices.SortStableFunc(order, func(a, b int) int { return cmpDesc(logits[a], logits[b]) })
+		for j := range k {
+			want := logits[order[j]]
+			if got := float64(top[k+j]); math.Abs(got-want) > tol*math.Abs(want)+1e-6 {
+				t.Errorf("position %d lens pick %d: logit %v, reference %v", row.Pos, j, got, want)
+			}
+			// An id may differ only where the reference's own logits tie within the tolerance.
+			if id := int(top[j]); id != order[j] && math.Abs(logits[id]-want) > tol*math.Abs(want)+1e-6 {
+				t.Errorf("position %d lens pick %d: id %d, reference %d", row.Pos, j, id, order[j])
+			}
+		}
+	}
+	if !slices.Equal(res[1].Tokens, res[2].Tokens) {
+		t.Fatalf("tokens %v with the custom kernel, %v with scale", res[1].Tokens, res[2].Tokens)
+	}
+	g, o := captured(res[1]), captured(res[2])
+	for r := range o {
+		if !slices.Equal(g[r], o[r]) {
+			t.Fatalf("resid_mid(2) row %d: the custom kernel and scale differ", r)
+		}
+	}
+}
+
+func cmpDesc(a, b float64) int {
+	switch {
+	case a > b:
+		return -1
+	case a < b:
+		return 1
+	}
+	return 0
 }
