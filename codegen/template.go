@@ -237,7 +237,7 @@ func (g *gen) attnConfig() AttnConfig {
 // the GPU (the host writes the step's chunk, bundle.AttnSplit). A prefill chunk runs the
 // tensor-core kernel over its prompt rows and the decode kernel over the rows alone of their
 // sequence (the decode rows mixed into the step); with a cache the tensor cores cannot read
-// (f32, or head dim past 128), the decode kernel takes every row.
+// (f32), the decode kernel takes every row.
 func (t *tb) attention(l int, kv slots) {
 	g := t.g
 	ac := GemmaAttention(g.m, l, g.attnConfig())
