@@ -1,7 +1,6 @@
 package loader
 
 import (
-	"bytes"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -94,53 +93,25 @@ func (x Exports) Get(name string) []float32 {
 
 // MarshalJSON writes the reads as one object, name to values.
 func (x Exports) MarshalJSON() ([]byte, error) {
-	if x == nil {
-		return []byte("null"), nil
-	}
-	b := []byte{'{'}
-	for i, e := range x {
-		if i > 0 {
-			b = append(b, ',')
-		}
-		k, err := json.Marshal(e.Name)
-		if err != nil {
-			return nil, err
-		}
-		v, err := json.Marshal(e.Values)
-		if err != nil {
-			return nil, err
-		}
-		b = append(append(append(b, k...), ':'), v...)
-	}
-	return append(b, '}'), nil
+	return marshalNamed(x == nil, len(x), func(i int) string { return x[i].Name }, func(i int) any { return x[i].Values })
 }
 
 // UnmarshalJSON reads what MarshalJSON writes, keeping the reads' order.
 func (x *Exports) UnmarshalJSON(b []byte) error {
-	dec := json.NewDecoder(bytes.NewReader(b))
-	tok, err := dec.Token()
+	out := Exports{}
+	ok, err := unmarshalNamed(b, "exports", "name to values", func(name string, dec *json.Decoder) error {
+		e := Export{Name: name}
+		if err := dec.Decode(&e.Values); err != nil {
+			return err
+		}
+		out = append(out, e)
+		return nil
+	})
 	if err != nil {
 		return err
 	}
-	if tok == nil {
-		*x = nil
-		return nil
-	}
-	if tok != json.Delim('{') {
-		return fmt.Errorf("exports: want an object of name to values, got %v", tok)
-	}
-	out := Exports{}
-	for dec.More() {
-		k, err := dec.Token()
-		if err != nil {
-			return err
-		}
-		var e Export
-		e.Name, _ = k.(string)
-		if err := dec.Decode(&e.Values); err != nil {
-			return fmt.Errorf("exports: %s: %w", e.Name, err)
-		}
-		out = append(out, e)
+	if !ok {
+		out = nil
 	}
 	*x = out
 	return nil

@@ -1,7 +1,6 @@
 package loader
 
 import (
-	"bytes"
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
@@ -40,49 +39,25 @@ func (f Fired) Get(name string) int {
 
 // MarshalJSON writes the counts as one object, name to count.
 func (f Fired) MarshalJSON() ([]byte, error) {
-	if f == nil {
-		return []byte("null"), nil
-	}
-	b := []byte{'{'}
-	for i, c := range f {
-		if i > 0 {
-			b = append(b, ',')
-		}
-		k, err := json.Marshal(c.Name)
-		if err != nil {
-			return nil, err
-		}
-		b = append(append(append(b, k...), ':'), fmt.Sprint(c.Sites)...)
-	}
-	return append(b, '}'), nil
+	return marshalNamed(f == nil, len(f), func(i int) string { return f[i].Name }, func(i int) any { return f[i].Sites })
 }
 
 // UnmarshalJSON reads what MarshalJSON writes, keeping the order.
 func (f *Fired) UnmarshalJSON(b []byte) error {
-	dec := json.NewDecoder(bytes.NewReader(b))
-	tok, err := dec.Token()
+	out := Fired{}
+	ok, err := unmarshalNamed(b, "fired", "op name to count", func(name string, dec *json.Decoder) error {
+		c := FiredCount{Name: name}
+		if err := dec.Decode(&c.Sites); err != nil {
+			return err
+		}
+		out = append(out, c)
+		return nil
+	})
 	if err != nil {
 		return err
 	}
-	if tok == nil {
-		*f = nil
-		return nil
-	}
-	if tok != json.Delim('{') {
-		return fmt.Errorf("fired: want an object of op name to count, got %v", tok)
-	}
-	out := Fired{}
-	for dec.More() {
-		k, err := dec.Token()
-		if err != nil {
-			return err
-		}
-		c := FiredCount{}
-		c.Name, _ = k.(string)
-		if err := dec.Decode(&c.Sites); err != nil {
-			return fmt.Errorf("fired: %s: %w", c.Name, err)
-		}
-		out = append(out, c)
+	if !ok {
+		out = nil
 	}
 	*f = out
 	return nil

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"math/rand/v2"
 	"path/filepath"
@@ -46,6 +47,7 @@ type benchFlags struct {
 	maxModelLen int
 	xmixApps    string
 	ignoreEOS   bool
+	vectors     bool
 }
 
 func benchCmd() *cobra.Command {
@@ -84,6 +86,9 @@ requests. --ignore-eos (both ways) has every request generate exactly its tokens
 				if len(args) > 0 {
 					return fmt.Errorf("--url drives a server: give it or a bundle, not both")
 				}
+				if f.vectors {
+					return fmt.Errorf("--vectors is for the in-process bench; over HTTP, per-request vectors ride the xmix extension")
+				}
 				return benchURL(cmd.OutOrStdout(), f)
 			}
 			if len(args) == 0 {
@@ -115,6 +120,7 @@ requests. --ignore-eos (both ways) has every request generate exactly its tokens
 	fl.IntVar(&f.vocab, "vocab", 32000, "--url: the prompts' token ids are drawn below min(this, 32000), as the in-process bench draws them")
 	fl.IntVar(&f.maxModelLen, "max-model-len", 0, "--url: the model's context, bounding the prompts (default: the server's max_model_len)")
 	fl.StringVar(&f.xmixApps, "xmix-apps", "", "--url: comma-separated apps to enable through the xmix extension")
+	fl.BoolVar(&f.vectors, "vectors", false, "in-process: requests that enable apps bring their own random value for each per_request vector param of those apps (rows read the bundle's vector slots, not the compiled values)")
 	fl.BoolVar(&f.ignoreEOS, "ignore-eos", false, "every request generates exactly its tokens, past any EOS (ignore_eos; in-process and --url)")
 	f.addBackendFlags(fl)
 	return c
@@ -164,6 +170,9 @@ func runBench(w io.Writer, path string, f benchFlags) error {
 	}
 	if f.xmixApps != "" {
 		return fmt.Errorf("--xmix-apps goes with --url; in-process, --apps enables apps")
+	}
+	if f.vectors && f.apps == "" {
+		return fmt.Errorf("--vectors gives per-request values to the apps of --apps: name them")
 	}
 	s, err := openFile(path, f.runFlags)
 	if err != nil {
@@ -228,6 +237,29 @@ func appsForRequest(rng *rand.Rand, apps []string, frac float64) []string {
 	return nil
 }
 
+// addVectors gives every request that enables an app a random value (seeded; norm about 1)
+// for each per_request vector param of that app, widths by "app.param" as the engine lists
+// them: --vectors, so that rows read the bundle's vector slots rather than the compiled values.
+func addVectors(rng *rand.Rand, widths map[string]int, reqs []loader.Request) {
+	keys := slices.Sorted(maps.Keys(widths))
+	for i := range reqs {
+		r := &reqs[i]
+		for _, key := range keys {
+			if !slices.Contains(r.Apps, key[:strings.LastIndex(key, ".")]) {
+				continue
+			}
+			v := make([]float32, widths[key])
+			for j := range v {
+				v[j] = float32(rng.NormFloat64() / math.Sqrt(float64(len(v))))
+			}
+			if r.Vectors == nil {
+				r.Vectors = map[string][]float32{}
+			}
+			r.Vectors[key] = v
+		}
+	}
+}
+
 type offlineResult struct {
 	Prompts        int     `json:"prompts"`
 	PromptLen      int     `json:"prompt_len"`
@@ -270,6 +302,9 @@ func benchOffline(s *session, f benchFlags, apps []string, rng benchRNG) (offlin
 	for range f.prompts {
 		reqs = append(reqs, loader.Request{Prompt: randomPrompt(rng.work, f.promptLen, vocab), MaxTokens: f.newTokens, IgnoreEOS: f.ignoreEOS,
 			Apps: appsForRequest(rng.apps, apps, f.appFraction)})
+	}
+	if f.vectors {
+		addVectors(rng.apps, s.eng.PerRequestVectors(), reqs)
 	}
 	// One short warm-up pass so first-touch costs stay out of the figures.
 	if _, err := s.eng.Generate(reqs[:1]); err != nil {
@@ -572,6 +607,16 @@ func benchOnline(s *session, f benchFlags, apps []string, rng benchRNG) (onlineR
 	work, err := onlineWorkload(f, apps, rng, m.MaxSeqLen, m.Vocab)
 	if err != nil {
 		return onlineResult{}, err
+	}
+	if f.vectors {
+		reqs := make([]loader.Request, len(work))
+		for i := range work {
+			reqs[i] = work[i].req
+		}
+		addVectors(rng.apps, s.eng.PerRequestVectors(), reqs)
+		for i := range work {
+			work[i].req = reqs[i]
+		}
 	}
 	res := onlineResult{Rate: f.rate, Requests: f.requests, OutputLen: f.outputLen, Warmup: f.warmup, MaxBatchedTokens: s.eng.MaxBatchedTokens()}
 	for run := 0; run < f.warmup+f.runs; run++ {

@@ -311,3 +311,53 @@ func TestBenchFullBatch(t *testing.T) {
 	}
 	t.Fatal("no decode bucket of 4 rows")
 }
+
+// bench --vectors gives each request that enables an app its own value of the app's
+// per_request params: the rows read those slots, so the greedy tokens differ from the run
+// on the compiled values; without --apps there is nothing to give them to.
+func TestBenchVectorsReachTheRows(t *testing.T) {
+	dir := t.TempDir()
+	app := filepath.Join(dir, "pr.yaml")
+	if err := os.WriteFile(app, []byte(`app: pr
+params:
+  v: {random: 21, per_request: true}
+ops:
+  - write: {at: {layers: [3], hook: resid_post}, kernel: steer_add, args: {vector: v, alpha: 8.0}}
+`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	b, err := driver.Build("../../specs/models/tiny.yaml", []string{app}, driver.Options{EmbedWeights: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bp := filepath.Join(dir, "pr.xmb")
+	raw, _ := bundle.Marshal(b)
+	if err := os.WriteFile(bp, raw, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	digest := func(extra ...string) string {
+		args := append([]string{"bench", bp, "-q", "--backend", "cpu", "--online", "--requests", "4", "--rate", "0",
+			"--output-len", "6", "--warmup", "0", "--runs", "1", "--json", "--apps", "pr"}, extra...)
+		out, err := xmix(t, args...)
+		if err != nil {
+			t.Fatalf("%v: %v\n%s", args, err, out)
+		}
+		var res struct {
+			Online struct {
+				Mean struct {
+					Digest string `json:"tokens_sha256"`
+				} `json:"mean"`
+			} `json:"online"`
+		}
+		if err := json.Unmarshal([]byte(out), &res); err != nil || len(res.Online.Mean.Digest) != 64 {
+			t.Fatalf("%v: %v\n%s", args, err, out)
+		}
+		return res.Online.Mean.Digest
+	}
+	if compiled, own := digest(), digest("--vectors"); compiled == own {
+		t.Fatalf("--vectors: the same tokens as the compiled vector (%s): the requests' values did not reach the rows", own)
+	}
+	if out, err := xmix(t, "bench", bp, "-q", "--backend", "cpu", "--vectors"); err == nil || !strings.Contains(out, "--vectors gives per-request values to the apps of --apps") {
+		t.Fatalf("--vectors without --apps: err %v, output %q", err, out)
+	}
+}
