@@ -136,11 +136,14 @@ func GemmaRow(m *frontend.Model, c RowConfig) RowConfig {
 }
 
 // GemmaAttention sets layer l's scale (query_pre_attn_scalar^-1/2, or head_dim's),
-// soft-cap and sliding window on c.
+// soft-cap and sliding window on c. A window no sequence can outgrow (max_seq_len at most
+// the window) is left out: the layer's kernels are the full ones.
 func GemmaAttention(m *frontend.Model, l int, c AttnConfig) AttnConfig {
 	c.Scale = float32(m.AttnScale())
 	c.Softcap = float32(m.AttnSoftcap)
-	c.Window = m.AttnWindow(l)
+	if w := m.AttnWindow(l); w < m.MaxSeqLen {
+		c.Window = w
+	}
 	return c
 }
 

@@ -74,6 +74,12 @@ func TestGemma2Parts(t *testing.T) {
 		}
 	}
 
+	short := *m
+	short.MaxSeqLen = 4096 // no sequence outgrows the window: layer 0 runs the full kernels
+	if c := GemmaAttention(&short, 0, base); c.Window != 0 || AttnKernelSuffix(c) != "_cap50" {
+		t.Errorf("max_seq_len 4096: %+v", c)
+	}
+
 	sc := GemmaSilu(m, SiluConfig{Inter: m.Intermediate})
 	if sc.Act != ActGeluTanh || GatedKernelName(sc) != "gelu_tanh_mul_i9216" {
 		t.Errorf("gated config %+v, name %s", sc, GatedKernelName(sc))
