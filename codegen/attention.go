@@ -276,6 +276,16 @@ func (g *adGen) emit() {
 		g.split = g.special(ptx.CtaidZ)
 		nz := g.special(ptx.NCtaidZ)
 		chunk := loadU32(g.emitter, ptx.Addr{Base: chunkP})
+		if c.Window > 0 {
+			// The host sizes the word from the step's longest context (bundle.AttnSplit.Chunk);
+			// a span of at most Window positions takes at most Chunk(Window), so that a sliding
+			// layer spreads its window over the whole grid too.
+			cw := g.op3("add.u32", ptx.U32, nz, ptx.Imm(int64(c.Window-1)))
+			g.Emit("div.u32", cw, cw, nz)
+			g.Emit("add.u32", cw, cw, ptx.Imm(attnMinChunk-1))
+			g.Emit("and.b32", cw, cw, ptx.Imm(-attnMinChunk))
+			g.Emit("min.u32", chunk, chunk, cw)
+		}
 		minc := g.op3("add.u32", ptx.U32, span, nz)
 		g.Emit("sub.u32", minc, minc, ptx.Imm(1))
 		g.Emit("div.u32", minc, minc, nz)

@@ -2,7 +2,9 @@ package codegen
 
 import (
 	"bytes"
+	"encoding/binary"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"testing"
 
@@ -186,5 +188,23 @@ func TestGemmaAttentionRejects(t *testing.T) {
 		if _, err := Attention("a", c); err == nil {
 			t.Errorf("%+v accepted", c)
 		}
+	}
+}
+
+// TestGemmaAttentionDecodeSplitWindowCap: a chunk word sized for a long context (512 per
+// split) is capped at the window's own chunk (200 positions over 3 splits: 128), so the
+// window spans two splits; contexts inside and past the window.
+func TestGemmaAttentionDecodeSplitWindowCap(t *testing.T) {
+	c := scaled(AttnConfig{Heads: 4, KVHeads: 2, HeadDim: 64, BlockSize: 16, MaxBlocksPerSeq: 20, KVDtype: ptx.BF16, Softcap: 50, Window: 200, Split: true})
+	k := must(t)(Attention("attn_window_cap", c))
+	pos := []uint32{150, 199, 200, 260, 319}
+	seq := []uint32{0, 1, 2, 0, 1}
+	a := newAttnCall(t, rand.New(rand.NewPCG(83, 84)), k, c, c.Launch(len(pos), 3), pos, seq, 512, nil)
+	a.check(t, 1e-5)
+	// Row 3 (context 261, window 200) ran in two splits: split 1 wrote its record's sum l.
+	const row, splits = 3, 3
+	rec := adCounterBytes(len(pos)*c.Heads/c.geom().hpb) + (row*c.Heads*splits+1)*(c.HeadDim+4)*4
+	if l := math.Float32frombits(binary.LittleEndian.Uint32(a.ws[rec+4*(c.HeadDim+1):])); !(l > 0) {
+		t.Fatalf("split 1 of row %d left no record (l = %v): the window's chunk was not capped", row, l)
 	}
 }
