@@ -239,25 +239,12 @@ type Export struct {
 	Samples bool `json:"samples,omitempty"`
 }
 
-// Buffer kinds.
-const (
-	KindWeight     = "weight"     // model weight, loaded from Tensor of the weights file
-	KindActivation = "activation" // scratch written and read within a step
-	KindKV         = "kv"         // KV-cache pool
-	KindControl    = "control"    // written by the host before each step
-	KindOutput     = "output"     // written by kernels, read by the host after each step
-	KindParam      = "param"      // initialised from Tensor of the bundle's Params section
-	// KindSlots buffers hold per-request values the host writes when it admits a request
-	// (per-request vector slots); zero at load, read by kernels, never by the host.
-	KindSlots = "slots"
-)
-
 // Buffer is a symbolic device buffer that template slots name.
 type Buffer struct {
-	Name  string `json:"name"`
-	Kind  string `json:"kind"`
-	Dtype string `json:"dtype"` // f32, bf16, u32
-	Shape []int  `json:"shape"`
+	Name  string     `json:"name"`
+	Kind  BufferKind `json:"kind"`
+	Dtype string     `json:"dtype"` // f32, bf16, u32
+	Shape []int      `json:"shape"`
 	// Tensors name the source tensors of a weight or param buffer; several are concatenated
 	// along their first dimension (a fused QKV projection is q_proj, k_proj, v_proj).
 	Tensors []string `json:"tensors,omitempty"`
@@ -280,16 +267,6 @@ type Shard struct {
 	// from "embed").
 	Global string `json:"global,omitempty"`
 }
-
-// Collective operations (Collective.Op).
-const (
-	// AllReduceSum replaces In ([Rows, Cols] f32, In == Out) on every rank by the sum over
-	// ranks, added in rank order so that every rank and every run gets the same bits.
-	AllReduceSum = "all_reduce_sum"
-	// AllGatherCols writes Out[row, r*Cols+c] = In of rank r [row, c] on every rank: the
-	// vocab-parallel LM head's column shards assembled into whole logits rows.
-	AllGatherCols = "all_gather_cols"
-)
 
 // Collective is a node that exchanges an f32 activation between tensor-parallel ranks
 // instead of launching a kernel. In and Out are read and written from offset 0 with row
@@ -343,11 +320,11 @@ type Param struct {
 
 // Template is the ordered node list for one bucket: Tokens rows in, Samples rows sampled.
 type Template struct {
-	Name    string `json:"name"`
-	Kind    string `json:"kind"` // "decode" or "prefill"
-	Tokens  int    `json:"tokens"`
-	Samples int    `json:"samples"`
-	Nodes   []Node `json:"nodes"`
+	Name    string       `json:"name"`
+	Kind    TemplateKind `json:"kind"`
+	Tokens  int          `json:"tokens"`
+	Samples int          `json:"samples"`
+	Nodes   []Node       `json:"nodes"`
 	// Plain, in a bundle with apps, is the same bucket compiled without them. A row that
 	// enables no app gets exactly what Plain computes, so a backend may run Plain instead of
 	// Nodes for a step in which no row enables an app (ctl.any_mask == 0).

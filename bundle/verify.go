@@ -21,7 +21,7 @@ func DtypeSize(dtype string) (int, bool) {
 func (b *Bundle) PrefillChunks() []int {
 	var chunks []int
 	for _, t := range b.Templates {
-		if t.Kind == "prefill" {
+		if t.Kind == Prefill {
 			chunks = append(chunks, t.Tokens)
 		}
 	}
@@ -55,7 +55,7 @@ var paramSizes = map[string]int{
 	"u64": 8, "s64": 8, "b64": 8, "f64": 8,
 }
 
-var bufferKinds = map[string]bool{
+var bufferKinds = map[BufferKind]bool{
 	KindWeight: true, KindActivation: true, KindKV: true,
 	KindControl: true, KindOutput: true, KindParam: true, KindSlots: true,
 }
@@ -178,14 +178,14 @@ func verifyTemplate(t *Template, kernels map[string]*Kernel, bufBytes map[string
 	if t.Name == "" {
 		return fmt.Errorf("empty name")
 	}
-	if t.Kind != "decode" && t.Kind != "prefill" {
+	if t.Kind != Decode && t.Kind != Prefill {
 		return fmt.Errorf("kind %q is neither decode nor prefill", t.Kind)
 	}
 	if t.Tokens <= 0 || t.Samples < 0 || t.Samples > t.Tokens {
 		return fmt.Errorf("tokens %d, samples %d: want tokens >= 1 and 0 <= samples <= tokens", t.Tokens, t.Samples)
 	}
-	if len(t.Plain) > 0 && bufBytes["ctl.any_mask"] == 0 {
-		return fmt.Errorf("plain nodes without a ctl.any_mask buffer to choose them")
+	if len(t.Plain) > 0 && bufBytes[CtlAnyMask] == 0 {
+		return fmt.Errorf("plain nodes without a %s buffer to choose them", CtlAnyMask)
 	}
 	if a := t.AttnSplit; a != nil {
 		if a.MaxSplits < 1 || a.MinChunk < 1 {
@@ -226,8 +226,8 @@ func verifyNodes(nodes []Node, tokens int, kernels map[string]*Kernel, bufBytes 
 		if err == nil && n.SkipUnless != 0 && n.Collective != nil {
 			err = fmt.Errorf("a collective cannot be skipped (skip_unless %#x)", n.SkipUnless)
 		}
-		if err == nil && n.SkipUnless != 0 && bufBytes["ctl.any_mask"] == 0 {
-			err = fmt.Errorf("skip_unless %#x without a ctl.any_mask buffer to decide it", n.SkipUnless)
+		if err == nil && n.SkipUnless != 0 && bufBytes[CtlAnyMask] == 0 {
+			err = fmt.Errorf("skip_unless %#x without a %s buffer to decide it", n.SkipUnless, CtlAnyMask)
 		}
 		if err != nil {
 			return fmt.Errorf("node %d (%q): %w", i, n.Label, err)
@@ -282,7 +282,8 @@ func verifyNode(n *Node, kernels map[string]*Kernel, bufBytes map[string]int64) 
 			return fmt.Errorf("arg %d (%s): offset %d is outside buffer %q of %d bytes", j, p.Name, s.Offset, s.Buffer, size)
 		}
 	}
-	return nil
+	_, _, err := GemmOf(*n, *k) // a GEMM node must read as one
+	return err
 }
 
 func verifyApps(apps []App, bufBytes map[string]int64) error {
@@ -341,7 +342,7 @@ func verifyApps(apps []App, bufBytes map[string]int64) error {
 // verifySources checks that param buffers, and weight buffers when the weights are embedded,
 // name tensors that exist and together hold as many elements as the buffer.
 func verifySources(b *Bundle) error {
-	check := func(section string, data []byte, kind string) error {
+	check := func(section string, data []byte, kind BufferKind) error {
 		var file *safetensors.File
 		for i, buf := range b.Manifest.Buffers {
 			if buf.Kind != kind {

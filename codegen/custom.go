@@ -5,22 +5,20 @@ import (
 	"math"
 	"strings"
 
+	"xmix/bundle"
 	"xmix/ops"
 	"xmix/passes"
 	"xmix/ptx"
-	"xmix/ptx/emu"
 )
 
 // Custom kernels are user PTX with a declared signature (passes.CustomABI: x, stride, offset,
 // width, ctl_mask, bit, then the op's vector pointers and f32 scalars). passes checks the text
 // against the signature at compile time; here the entry is renamed to a bundle-unique name and
 // reprinted, and the kernel is bound to op custom_ptx, whose CPU reference is the same PTX run
-// in ptx/emu. A custom node runs right after the host kernel of its hook; at resid_post that is
+// in ptx/emu (ops/custom.go). A custom node runs right after the host kernel of its hook; at resid_post that is
 // the add+norm kernel, which has already normalised the residual, so a renorm node follows the
 // layer's custom nodes and recomputes the next layer's input (or the final norm) from the
 // residual as the custom kernels left it.
-
-func init() { ops.SetPTXExecutor(newEmuRunner) }
 
 // CustomConfig configures CustomKernel.
 type CustomConfig struct {
@@ -48,63 +46,6 @@ func CustomKernel(name string, c CustomConfig) (*Kernel, error) {
 	}
 	return &Kernel{Name: name, PTX: text, Params: k.Params, Op: "custom_ptx",
 		Attrs: ops.EncodeAttrs(ops.CustomPTXAttrs{PTX: text, Entry: name})}, nil
-}
-
-// emuRunner runs a PTX entry in the emulator on the CPU backend's buffers.
-type emuRunner struct {
-	mod   *ptx.Module
-	entry string
-}
-
-func newEmuRunner(text, entry string) (ops.Runner, error) {
-	m, err := ptx.Parse(text)
-	if err != nil {
-		return nil, err
-	}
-	if m.Kernel(entry) == nil {
-		return nil, fmt.Errorf("no .entry %s", entry)
-	}
-	return &emuRunner{mod: m, entry: entry}, nil
-}
-
-// Run copies every pointer argument into emulator memory, runs the grid, and copies them
-// back. Arguments that start at the same address share one copy, so a buffer bound twice
-// sees its own writes.
-func (r *emuRunner) Run(args []ops.Arg, l ops.Launch) error {
-	k := r.mod.Kernel(r.entry)
-	if len(args) != len(k.Params) {
-		return fmt.Errorf("custom %s: %d arguments, want %d", r.entry, len(args), len(k.Params))
-	}
-	mem := emu.NewMemory()
-	params := make([]uint64, len(args))
-	owner := make([]int, len(args)) // index of the argument whose copy this one uses; -1: scalar
-	for i, a := range args {
-		owner[i] = -1
-		if a.Mem == nil {
-			params[i] = a.Bits
-			continue
-		}
-		owner[i] = i
-		for j := range i {
-			if owner[j] >= 0 && len(args[j].Mem) == len(a.Mem) && (len(a.Mem) == 0 || &args[j].Mem[0] == &a.Mem[0]) {
-				owner[i], params[i] = j, params[j]
-				break
-			}
-		}
-		if owner[i] == i {
-			params[i] = mem.Alloc(len(a.Mem))
-			copy(mem.Bytes(params[i]), a.Mem)
-		}
-	}
-	if err := emu.Run(r.mod, r.entry, emu.Launch{Grid: l.Grid, Block: l.Block}, mem, params); err != nil {
-		return fmt.Errorf("custom %s: %w", r.entry, err)
-	}
-	for i, a := range args {
-		if owner[i] == i {
-			copy(a.Mem, mem.Bytes(params[i]))
-		}
-	}
-	return nil
 }
 
 // RenormConfig configures Renorm.
@@ -177,7 +118,7 @@ func (t *tb) custom(l int) {
 		name := customName(op)
 		k, err := g.kernel(name, func() (*Kernel, error) { return CustomKernel(name, c) })
 		s := slots{"x": buf("act.resid"), "stride": konst(uint64(m.Hidden)), "offset": konst(0),
-			"width": konst(uint64(op.Width)), "ctl_mask": buf("ctl.mask"), "bit": konst(uint64(op.App.Bit))}
+			"width": konst(uint64(op.Width)), "ctl_mask": buf(bundle.CtlMask), "bit": konst(uint64(op.App.Bit))}
 		for _, a := range op.CustomArgs {
 			if a.Type == ptx.U64 {
 				s[a.Name] = buf(a.Buf)
@@ -195,7 +136,7 @@ func (t *tb) custom(l int) {
 	name := fmt.Sprintf("renorm_h%d", m.Hidden)
 	if c.Gather {
 		name = fmt.Sprintf("final_renorm_h%d", m.Hidden)
-		s["w"], s["out"], s["out_row"] = buf("final_norm"), buf("act.final"), buf("ctl.out_row")
+		s["w"], s["out"], s["out_row"] = buf("final_norm"), buf("act.final"), buf(bundle.CtlOutRow)
 	} else {
 		s["w"], s["out"] = buf(layerBuf(l+1, "attn_norm")), buf("act.xn")
 	}

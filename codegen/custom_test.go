@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"xmix/bundle"
 	"xmix/ops"
 	"xmix/passes"
 	"xmix/ptx"
@@ -143,7 +144,7 @@ func TestRenorm(t *testing.T) {
 			args := []targ{{name: "resid", f32: randF32(r, rows*h, 2)}, w}
 			if gather {
 				args = append(args, targ{name: "out", f32: make([]float32, 2*h), out: 2 * h},
-					targ{name: "out_row", u32: []uint32{1, ops.NoRow, 0}})
+					targ{name: "out_row", u32: []uint32{1, bundle.NoRow, 0}})
 			} else {
 				args = append(args, targ{name: "out", out: rows * h})
 			}

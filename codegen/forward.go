@@ -2,9 +2,7 @@ package codegen
 
 import (
 	"bytes"
-	"encoding/binary"
 	"fmt"
-	"math"
 	"sort"
 	"strings"
 
@@ -97,7 +95,7 @@ func Generate(p *passes.Program, opt Options) (*bundle.Bundle, error) {
 	var templates []bundle.Template
 	for _, b := range m.DecodeBuckets {
 		progress("template decode_b%d", b)
-		t, err := g.template(fmt.Sprintf("decode_b%d", b), "decode", b, b)
+		t, err := g.template(fmt.Sprintf("decode_b%d", b), bundle.Decode, b, b)
 		if err != nil {
 			return nil, err
 		}
@@ -105,7 +103,7 @@ func Generate(p *passes.Program, opt Options) (*bundle.Bundle, error) {
 	}
 	for _, c := range m.PrefillChunks {
 		progress("template prefill_t%d", c)
-		t, err := g.template(fmt.Sprintf("prefill_t%d", c), "prefill", c, min(c, g.maxS))
+		t, err := g.template(fmt.Sprintf("prefill_t%d", c), bundle.Prefill, c, min(c, g.maxS))
 		if err != nil {
 			return nil, err
 		}
@@ -211,14 +209,14 @@ func (g *gen) padPages() int {
 	return min(g.blocks, (g.maxT+g.m.KVBlockSize-1)/g.m.KVBlockSize)
 }
 
-func (g *gen) buf(name, kind, dtype string, shape []int, tensors ...string) {
+func (g *gen) buf(name string, kind bundle.BufferKind, dtype string, shape []int, tensors ...string) {
 	g.bufs = append(g.bufs, bundle.Buffer{Name: name, Kind: kind, Dtype: dtype, Shape: shape, Tensors: tensors})
 }
 
 // sharded declares a weight or param buffer that tensor parallelism cuts along dim: shape
 // is the unsharded shape and extents each tensor's size along dim. At tp 1 it is an
 // ordinary buffer, so bundles without tensor parallelism do not change.
-func (g *gen) sharded(name, kind string, shape []int, dim int, extents []int, tensors ...string) {
+func (g *gen) sharded(name string, kind bundle.BufferKind, shape []int, dim int, extents []int, tensors ...string) {
 	dtype := g.wdt.String()
 	if kind == bundle.KindParam {
 		dtype = "f32"
@@ -314,34 +312,34 @@ func (g *gen) declareBuffers() {
 			g.buf(firedBuf(a), bundle.KindOutput, "u32", []int{g.maxT, w / 4}) // rows of w bytes
 		}
 	}
-	for _, c := range []string{"ctl.tokens", "ctl.pos", "ctl.seq", "ctl.mask", "ctl.gen", "ctl.out_row"} {
+	for _, c := range []string{bundle.CtlTokens, bundle.CtlPos, bundle.CtlSeq, bundle.CtlMask, bundle.CtlGen, bundle.CtlOutRow} {
 		g.buf(c, bundle.KindControl, "u32", []int{g.maxT})
 	}
 	if len(g.p.Latches) > 0 {
-		g.buf("ctl.latch", bundle.KindControl, "u32", []int{g.maxT})
+		g.buf(bundle.CtlLatch, bundle.KindControl, "u32", []int{g.maxT})
 	}
 	if g.p.PerRequestVectors() {
-		// Each row's vector slot (ops.NoRow: its request holds none and reads the defaults).
-		g.buf("ctl.vslot", bundle.KindControl, "u32", []int{g.maxT})
+		// Each row's vector slot (bundle.NoRow: its request holds none and reads the defaults).
+		g.buf(bundle.CtlVSlot, bundle.KindControl, "u32", []int{g.maxT})
 	}
-	g.buf("ctl.temperature", bundle.KindControl, "f32", []int{g.maxS})
-	g.buf("ctl.top_p", bundle.KindControl, "f32", []int{g.maxS})
-	g.buf("ctl.rng", bundle.KindControl, "u32", []int{g.maxS})
+	g.buf(bundle.CtlTemperature, bundle.KindControl, "f32", []int{g.maxS})
+	g.buf(bundle.CtlTopP, bundle.KindControl, "f32", []int{g.maxS})
+	g.buf(bundle.CtlRNG, bundle.KindControl, "u32", []int{g.maxS})
 	if m.MaxLogprobs > 0 {
 		// Per sample: 0, or 1 + how many top tokens it wants; what the sampler reports.
-		g.buf("ctl.logprobs", bundle.KindControl, "u32", []int{g.maxS})
-		g.buf("out.logprobs", bundle.KindOutput, "f32", []int{g.maxS, 1 + 2*m.MaxLogprobs})
+		g.buf(bundle.CtlLogprobs, bundle.KindControl, "u32", []int{g.maxS})
+		g.buf(bundle.OutLogprobs, bundle.KindOutput, "f32", []int{g.maxS, 1 + 2*m.MaxLogprobs})
 	}
 	if len(m.EOS) > 0 {
-		g.buf("ctl.eos_ban", bundle.KindControl, "u32", []int{g.maxS}) // min_tokens not reached
+		g.buf(bundle.CtlEOSBan, bundle.KindControl, "u32", []int{g.maxS}) // min_tokens not reached
 	}
-	// Each sample's token row (ops.NoRow for unused samples): sample-space kernels (logits
+	// Each sample's token row (bundle.NoRow for unused samples): sample-space kernels (logits
 	// MI, the sampler's overrides) read their row's control words through it.
-	g.buf("ctl.s_row", bundle.KindControl, "u32", []int{g.maxS})
+	g.buf(bundle.CtlSRow, bundle.KindControl, "u32", []int{g.maxS})
 	if len(g.p.Ops) > 0 {
 		// The OR of the step's app masks: heavy nodes exit at once when their bit is clear,
 		// and a step that enables no app may run the template's app-free nodes (Plain).
-		g.buf("ctl.any_mask", bundle.KindControl, "u32", []int{1})
+		g.buf(bundle.CtlAnyMask, bundle.KindControl, "u32", []int{1})
 	}
 	if w := g.lensCandWidth(); w > 0 {
 		// The logit lens's scratch (codegen/lens.go): normalised rows, logits, top-k candidates.
@@ -350,7 +348,7 @@ func (g *gen) declareBuffers() {
 		g.buf("act.lens_cand", bundle.KindActivation, "f32", []int{g.maxT, w})
 	}
 	// One row per resident sequence plus the padding sequence.
-	g.buf("kv.block_table", bundle.KindControl, "u32", []int{m.MaxSeqs + 1, g.blocks})
+	g.buf(bundle.KVBlockTable, bundle.KindControl, "u32", []int{m.MaxSeqs + 1, g.blocks})
 	for l := range m.Layers {
 		shape := []int{g.kvBlocks(), m.KVBlockSize, r.kvHeads, D}
 		g.buf(layerBuf(l, "kcache"), bundle.KindKV, g.kvdt.String(), shape)
@@ -375,7 +373,7 @@ func (g *gen) declareBuffers() {
 	}
 	if ws > 0 {
 		g.buf("act.attn_ws", bundle.KindActivation, "u32", []int{ws / 4})
-		g.buf(attnChunkBuf, bundle.KindControl, "u32", []int{1})
+		g.buf(bundle.CtlAttnChunk, bundle.KindControl, "u32", []int{1})
 	}
 	g.buf("act.resid", bundle.KindActivation, "f32", []int{g.maxT, H})
 	g.buf("act.xn", bundle.KindActivation, "f32", []int{g.maxT, H})
@@ -393,8 +391,8 @@ func (g *gen) declareBuffers() {
 		// This rank's vocabulary columns, before the all-gather assembles act.logits.
 		g.buf("act.logits_shard", bundle.KindActivation, "f32", []int{g.maxS, r.vocab})
 	}
-	g.buf("act.logits", bundle.KindActivation, "f32", []int{g.maxS, m.Vocab})
-	g.buf("out.sampled", bundle.KindOutput, "u32", []int{g.maxS})
+	g.buf(bundle.ActLogits, bundle.KindActivation, "f32", []int{g.maxS, m.Vocab})
+	g.buf(bundle.OutSampled, bundle.KindOutput, "u32", []int{g.maxS})
 }
 
 // lmHeadBuffer declares the LM head's own weight buffer: untied, or tied but cut by
@@ -485,10 +483,10 @@ func (g *gen) sampleRows(op *passes.MIOp) bool {
 func (g *gen) params() ([]byte, error) {
 	m := g.m
 	cos, sin := RopeTables(m.RopeTheta, m.HeadDim, m.MaxSeqLen, g.modelConfig().RopeScaling)
-	ts := []safetensors.Tensor{f32Tensor("rope.cos", cos, m.MaxSeqLen, m.HeadDim/2), f32Tensor("rope.sin", sin, m.MaxSeqLen, m.HeadDim/2)}
+	ts := []safetensors.Tensor{safetensors.FromF32("rope.cos", cos, m.MaxSeqLen, m.HeadDim/2), safetensors.FromF32("rope.sin", sin, m.MaxSeqLen, m.HeadDim/2)}
 	for _, a := range g.p.Apps {
 		for _, v := range a.Vectors {
-			ts = append(ts, f32Tensor(v.Buffer, v.Data, len(v.Data)))
+			ts = append(ts, safetensors.FromF32(v.Buffer, v.Data, len(v.Data)))
 		}
 	}
 	var out bytes.Buffer
@@ -496,14 +494,6 @@ func (g *gen) params() ([]byte, error) {
 		return nil, fmt.Errorf("params section: %w", err)
 	}
 	return out.Bytes(), nil
-}
-
-func f32Tensor(name string, v []float32, shape ...int) safetensors.Tensor {
-	data := make([]byte, 4*len(v))
-	for i, x := range v {
-		binary.LittleEndian.PutUint32(data[4*i:], math.Float32bits(x))
-	}
-	return safetensors.Tensor{Name: name, Dtype: "F32", Shape: shape, Data: data}
 }
 
 func (g *gen) apps() []bundle.App {

@@ -3,6 +3,7 @@ package codegen
 import (
 	"fmt"
 
+	"xmix/bundle"
 	"xmix/ops"
 	"xmix/ptx"
 )
@@ -84,7 +85,7 @@ func gemmTC(name string, c GemmConfig, wc int) (*Kernel, error) {
 	g := tcGen{emitter: newEmitter(name), c: c, wc: wc, wk: tcWarps / wc}
 	g.MaxNTid = 32 * tcWarps
 	g.emit()
-	return finish(g.Kernel, "gemm_tc", ops.GemmTCAttrs{K: c.K, N: c.N, Guard: c.Guard})
+	return finish(g.Kernel, "gemm_tc", bundle.GemmTCAttrs{K: c.K, N: c.N, Guard: c.Guard})
 }
 
 type tcGen struct {

@@ -3,6 +3,7 @@ package codegen
 import (
 	"fmt"
 
+	"xmix/bundle"
 	"xmix/ops"
 	"xmix/ptx"
 )
@@ -134,7 +135,7 @@ func gemmTCStaged(name string, c GemmConfig, l tsLayout) (*Kernel, error) {
 	g := tsGen{emitter: newEmitter(name), c: c, l: l}
 	g.MaxNTid = 32 * tsWarps
 	g.emit()
-	return finish(g.Kernel, "gemm_tc", ops.GemmTCAttrs{K: c.K, N: c.N, Guard: c.Guard})
+	return finish(g.Kernel, "gemm_tc", bundle.GemmTCAttrs{K: c.K, N: c.N, Guard: c.Guard})
 }
 
 type tsGen struct {

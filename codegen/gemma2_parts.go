@@ -111,7 +111,7 @@ func (t *tb) finalSoftcap(samples int) {
 	}
 	name := fmt.Sprintf("softcap_v%d", c.Width)
 	k, err := t.g.kernel(name, func() (*Kernel, error) { return Softcap(name, c) })
-	t.add("logits.softcap", k, err, c.Launch(samples), slots{"x": buf("act.logits")}, nil)
+	t.add("logits.softcap", k, err, c.Launch(samples), slots{"x": buf(bundle.ActLogits)}, nil)
 }
 
 // gemma2ModelConfig records what Gemma 2 adds in the manifest (nothing for other families).

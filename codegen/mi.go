@@ -13,7 +13,7 @@ type MIOp struct {
 	// steer_set, clamp_projection), scale factors, head_ablate's 0/1 column mask, patch values.
 	Vec string
 	// Pool, when set, is the buffer of PoolSlots per-request values of the vector: a row whose
-	// ctl_vslot is not ops.NoRow reads that slot's instead of Vec.
+	// ctl_vslot is not bundle.NoRow reads that slot's instead of Vec.
 	Pool      string
 	PoolSlots int
 	Scal      string // buffer of the app's f32 scalar table

@@ -320,13 +320,13 @@ func storeFired(e emitter, lead *ptx.Reg, row, base ptx.Reg, width int, fired pt
 }
 
 // slotVector is the vector the row reads: slot ctl_vslot[row] of pool, or compiled when
-// the row holds no slot (ops.NoRow).
+// the row holds no slot (bundle.NoRow).
 func (m *miSet) slotVector(r *rowEmitter, b *miBound, compiled, pool ptx.Reg) ptx.Reg {
 	slot := r.Reg(ptx.U64)
 	r.Emit("mul.wide.u32", slot, m.vslotReg, ptx.Imm(int64(4*b.Width)))
 	r.Emit("add.u64", slot, slot, pool)
 	none := r.Reg(ptx.Pred)
-	r.Emit("setp.eq.u32", none, m.vslotReg, ptx.Imm(ops.NoRow))
+	r.Emit("setp.eq.u32", none, m.vslotReg, ptx.Imm(bundle.NoRow))
 	v := r.Reg(ptx.U64)
 	r.Emit("selp.b64", v, compiled, slot, none)
 	return v

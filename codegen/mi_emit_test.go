@@ -6,7 +6,8 @@ import (
 	"math/rand/v2"
 	"testing"
 
-	"xmix/ops"
+	"xmix/bundle"
+
 	"xmix/ptx"
 )
 
@@ -79,12 +80,12 @@ func TestMIPerRequestControl(t *testing.T) {
 
 // TestMIPerRequestVectors runs, emulated and on the reference, kernels whose ops read a
 // per-request vector: a row whose ctl_vslot names a slot reads that slot of the pool, a row
-// with ops.NoRow reads the compiled vector, bit for bit as a kernel without a pool does;
+// with bundle.NoRow reads the compiled vector, bit for bit as a kernel without a pool does;
 // the steer also has a per-request layer mask, a bit of its row's scalar table row.
 func TestMIPerRequestVectors(t *testing.T) {
 	const w, slots = 200, 2
 	rng := rand.New(rand.NewPCG(41, 42))
-	vslot := []uint32{1, ops.NoRow, ops.NoRow, 0, 0}
+	vslot := []uint32{1, bundle.NoRow, bundle.NoRow, 0, 0}
 	seq := []uint32{0, 0, 2, 1, 1}
 	on, off := math.Float32frombits(1<<5), math.Float32frombits(1<<4)
 	table := []float32{1.5, on, -2, off, 0.5, on} // per slot: alpha, layer-mask word
@@ -114,7 +115,7 @@ func TestMIPerRequestVectors(t *testing.T) {
 		want := append([]float32(nil), row...)
 		if testMask[r]>>testBit&1 == 1 {
 			sv, sd := v, d
-			if vslot[r] != ops.NoRow {
+			if vslot[r] != bundle.NoRow {
 				sv, sd = vPool[vslot[r]*w:(vslot[r]+1)*w], dPool[vslot[r]*w:(vslot[r]+1)*w]
 			}
 			if s := seq[r]; math.Float32bits(table[2*s+1])&(1<<5) != 0 {
@@ -164,7 +165,7 @@ func TestLogitsMIPerRequestVector(t *testing.T) {
 	v, pool := randF32(r, vocab, 1), randF32(r, slots*vocab, 1)
 	args := []targ{{name: "x", f32: x, out: len(x)}, {name: "s_row", u32: []uint32{3, 0, 2}},
 		{name: "ctl_mask", u32: []uint32{0, 0, 2, 2}}, {name: "ctl_seq", u32: []uint32{0, 1, 1, 0}},
-		{name: "ctl_vslot", u32: []uint32{ops.NoRow, 0, ops.NoRow, 2}},
+		{name: "ctl_vslot", u32: []uint32{bundle.NoRow, 0, bundle.NoRow, 2}},
 		{name: "mi0_vec", f32: v}, {name: "mi0_pool", f32: pool}, {name: "mi0_scal", f32: []float32{0.5, 2}}}
 	checkKernel(t, k, c.Launch(n), args)
 	gx := emulate(t, k, c.Launch(n), args)[0]

@@ -6,12 +6,12 @@ import (
 	"math/rand/v2"
 	"testing"
 
-	"xmix/ops"
+	"xmix/bundle"
 	"xmix/ptx"
 )
 
 // testVSlot are the vector slots of the rows of router tests with a per-request vector.
-var testVSlot = []uint32{1, 0, ops.NoRow, 0, 0}
+var testVSlot = []uint32{1, 0, bundle.NoRow, 0, 0}
 
 // routerArgs lays out the router kernel's arguments for k: x, w, idx, wts, the control
 // block, then each op's parameters (vec, scal, out) from the given data.

@@ -5,6 +5,7 @@ import (
 	"math"
 	"slices"
 
+	"xmix/bundle"
 	"xmix/ops"
 	"xmix/ptx"
 )
@@ -110,7 +111,7 @@ func (r *rowEmitter) begin() {
 }
 
 // outRow is the row a norm stores to: this block's row, or with gather the row out_row
-// names, jumping to end when that is ops.NoRow (a row whose norm nobody reads).
+// names, jumping to end when that is bundle.NoRow (a row whose norm nobody reads).
 func (r *rowEmitter) outRow(gather bool, outRow ptx.Reg, end string) ptx.Reg {
 	if !gather {
 		return r.row
@@ -118,7 +119,7 @@ func (r *rowEmitter) outRow(gather bool, outRow ptx.Reg, end string) ptx.Reg {
 	dst := r.Reg(ptx.U32)
 	r.Emit("ld.global.nc.u32", dst, ptx.Addr{Base: r.elemAddr(outRow, r.row, 4)})
 	skip := r.Reg(ptx.Pred)
-	r.Emit("setp.eq.u32", skip, dst, ptx.Imm(ops.NoRow))
+	r.Emit("setp.eq.u32", skip, dst, ptx.Imm(bundle.NoRow))
 	r.EmitIf(skip, false, "bra.uni", ptx.Sym(end))
 	return dst
 }

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"xmix/bundle"
 	"xmix/ops"
 	"xmix/ptx"
 	"xmix/ptx/emu"
@@ -149,7 +150,7 @@ func rowNormArgs(rng *rand.Rand, c RowConfig, rows int) []targ {
 	if c.Gather {
 		outRow := make([]uint32, rows)
 		for r := range outRow {
-			outRow[r] = ops.NoRow
+			outRow[r] = bundle.NoRow
 		}
 		outRow[1], outRow[rows-1] = 0, 1
 		args = append(args, targ{name: "out", f32: randF32(rng, 2*h, 1), out: 2 * h}, targ{name: "out_row", u32: outRow})

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 
+	"xmix/bundle"
 	"xmix/ops"
 	"xmix/ptx"
 )
@@ -46,7 +47,7 @@ func (c SampleConfig) Launch(samples int) ops.Launch {
 // bisecting a threshold on relative log2-probability (ops.SampleIters block reductions), and
 // the token is the first in index order whose prefix of kept probability exceeds
 // rng/2^32 * kept mass. ops "sample" forms every sum in the same order, so the two agree on
-// the token. A sample whose logits are not all finite gets ops.NonFinite, which no override
+// the token. A sample whose logits are not all finite gets bundle.NonFinite, which no override
 // replaces: the pass that reads every logit first (the max, or the greedy arg-max) also adds
 // up x-x, NaN from the first NaN or infinity on. With overrides, the parameters go on as
 // ops.SampleAttrs says.
@@ -75,7 +76,7 @@ type sampleGen struct {
 	m, scale  ptx.Reg // max logit, log2(e)/T
 	red, redi ptx.Sym
 	// outAddr is this sample's token; finish follows the overrides, where a non-finite
-	// sample goes once ops.NonFinite is stored.
+	// sample goes once bundle.NonFinite is stored.
 	outAddr ptx.Addr
 	finish  string
 }
@@ -133,7 +134,7 @@ func (g *sampleGen) emit(refs []ops.TokenOverride) error {
 	g.m, flag = g.blockReduce2(mx, g.nonFiniteFlag(bad), "max", g.red, g.tid, g.nt)
 	// Every thread has the flag: a uniform branch past the barriers below.
 	g.when(g.cmp("gt", ptx.F32, flag, ptx.F32Imm(0)), false, func() {
-		g.EmitIf(g.cmp("eq", ptx.U32, g.tid, ptx.Imm(0)), false, "st.global.u32", outAddr, g.imm32(ops.NonFinite))
+		g.EmitIf(g.cmp("eq", ptx.U32, g.tid, ptx.Imm(0)), false, "st.global.u32", outAddr, g.imm32(bundle.NonFinite))
 		g.Emit("bra", ptx.Sym(g.finish))
 	})
 	g.scale = g.Reg(ptx.F32)
@@ -367,7 +368,7 @@ func (g *sampleGen) declareOverrides(refs []ops.TokenOverride) (func(smp ptx.Reg
 		g.EmitIf(g.cmp("ne", ptx.U32, g.tid, ptx.Imm(0)), false, "bra", ptx.Sym(done))
 		row := g.Reg(ptx.U32)
 		g.Emit("ld.global.nc.u32", row, ptx.Addr{Base: g.byteAddr(sRow, smp, 4)})
-		g.EmitIf(g.cmp("eq", ptx.U32, row, ptx.Imm(ops.NoRow)), false, "bra", ptx.Sym(done))
+		g.EmitIf(g.cmp("eq", ptx.U32, row, ptx.Imm(bundle.NoRow)), false, "bra", ptx.Sym(done))
 		load := func(p ptx.Reg) ptx.Reg {
 			v := g.Reg(ptx.U32)
 			g.Emit("ld.global.nc.u32", v, ptx.Addr{Base: g.byteAddr(p, row, 4)})
@@ -494,7 +495,7 @@ func (g *sampleGen) argmax(outAddr ptx.Addr) {
 			g.Emit("max.f32", flag, flag, of)
 		}
 		g.when(g.cmp("gt", ptx.F32, flag, ptx.F32Imm(0)), false, func() {
-			g.Emit("st.global.u32", outAddr, g.imm32(ops.NonFinite))
+			g.Emit("st.global.u32", outAddr, g.imm32(bundle.NonFinite))
 			g.Emit("bra", ptx.Sym(g.finish))
 		})
 		g.Emit("st.global.u32", outAddr, bi)
@@ -559,7 +560,7 @@ func logitsMI(name string, c LogitsMIConfig) (*Kernel, error) {
 	r.row = r.Reg(ptx.U32)
 	r.Emit("ld.global.nc.u32", r.row, ptx.Addr{Base: r.elemAddr(sRow, smp, 4)})
 	unused := r.Reg(ptx.Pred)
-	r.Emit("setp.eq.u32", unused, r.row, ptx.Imm(ops.NoRow))
+	r.Emit("setp.eq.u32", unused, r.row, ptx.Imm(bundle.NoRow))
 	r.EmitIf(unused, false, "bra.uni", ptx.Sym(end))
 	mi.loadCtl(r)
 	if mi.lead.T != 0 {

@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"testing"
 
+	"xmix/bundle"
 	"xmix/ops"
 )
 
@@ -36,7 +37,7 @@ func TestSampleKernel(t *testing.T) {
 	}
 }
 
-// TestSampleNonFinite: a sample with a NaN or an infinite logit anywhere gets ops.NonFinite,
+// TestSampleNonFinite: a sample with a NaN or an infinite logit anywhere gets bundle.NonFinite,
 // greedy or sampled, in the emulated kernel as in the reference op; its neighbours are
 // sampled as ever, and an override enabled on the flagged sample does not hide it.
 func TestSampleNonFinite(t *testing.T) {
@@ -84,8 +85,8 @@ func TestSampleNonFinite(t *testing.T) {
 			for i, c := range cases {
 				tok := math.Float32bits(got[i])
 				switch {
-				case c.bad != 0 && tok != ops.NonFinite:
-					t.Errorf("vocab %d sample %d (%v at %d): token %d, want ops.NonFinite", vocab, i, c.bad, c.at, tok)
+				case c.bad != 0 && tok != bundle.NonFinite:
+					t.Errorf("vocab %d sample %d (%v at %d): token %d, want bundle.NonFinite", vocab, i, c.bad, c.at, tok)
 				case c.bad == 0 && (tok >= uint32(vocab)) && len(sc.Overrides) == 0:
 					t.Errorf("vocab %d sample %d (finite): token %d", vocab, i, tok)
 				case c.bad == 0 && len(sc.Overrides) > 0 && tok != 5:
@@ -117,7 +118,7 @@ func TestSampleOverride(t *testing.T) {
 	mask := []uint32{1 << 2, 1 << 2, 0, 1<<2 | 1, 1 << 2, 1 << 2}
 	gen := []uint32{2, 3, 2, 0xFFFFFFFF, 1, 4}
 	seq := []uint32{0, 1, 2, 0, 1, 2}
-	sRow := []uint32{1, 0, 2, ops.NoRow, 4}
+	sRow := []uint32{1, 0, 2, bundle.NoRow, 4}
 	table := []float32{0, 7, 0, 42, 0, 99} // per slot: (unused, token)
 	args := []targ{
 		{name: "logits", f32: logits}, {name: "temperature", f32: temp}, {name: "top_p", f32: topP},
@@ -158,7 +159,7 @@ func TestLogitsMI(t *testing.T) {
 	mask := []uint32{2, 0, 2, 2}
 	gen := []uint32{0, 0, 0xFFFFFFFF, 5}
 	seq := []uint32{0, 1, 1, 0}
-	sRow := []uint32{3, 1, ops.NoRow}
+	sRow := []uint32{3, 1, bundle.NoRow}
 	out := make([]float32, rows*vocab)
 	for i := range out {
 		out[i] = -7 // untouched rows keep it

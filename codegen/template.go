@@ -18,8 +18,8 @@ func buf(name string) bundle.Slot { return bundle.Slot{Buffer: name} }
 func konst(v uint64) bundle.Slot  { return bundle.Slot{Const: v} }
 
 // ctlSlots are the control-block parameters every MI-carrying kernel may take.
-var ctlSlots = slots{"ctl_mask": buf("ctl.mask"), "ctl_tokens": buf("ctl.tokens"), "ctl_gen": buf("ctl.gen"), "ctl_seq": buf("ctl.seq"),
-	"ctl_latch": buf("ctl.latch"), "ctl_vslot": buf("ctl.vslot")}
+var ctlSlots = slots{"ctl_mask": buf(bundle.CtlMask), "ctl_tokens": buf(bundle.CtlTokens), "ctl_gen": buf(bundle.CtlGen), "ctl_seq": buf(bundle.CtlSeq),
+	"ctl_latch": buf(bundle.CtlLatch), "ctl_vslot": buf(bundle.CtlVSlot)}
 
 // node binds k's parameters by name and makes a launch.
 func node(label string, k *Kernel, l ops.Launch, s slots, mi []MIOp) (bundle.Node, error) {
@@ -52,7 +52,7 @@ func node(label string, k *Kernel, l ops.Launch, s slots, mi []MIOp) (bundle.Nod
 // tb accumulates one template's nodes.
 type tb struct {
 	g     *gen
-	kind  string // "decode" or "prefill"
+	kind  bundle.TemplateKind
 	rows  int
 	nodes []bundle.Node
 	err   error
@@ -98,7 +98,7 @@ func (t *tb) fail(err error) {
 }
 
 // template emits the forward for one bucket: `rows` token rows, `samples` sampled rows.
-func (g *gen) template(name, kind string, rows, samples int) (bundle.Template, error) {
+func (g *gen) template(name string, kind bundle.TemplateKind, rows, samples int) (bundle.Template, error) {
 	m := g.m
 	t := &tb{g: g, kind: kind, rows: rows}
 	H, D := m.Hidden, m.HeadDim
@@ -112,7 +112,7 @@ func (g *gen) template(name, kind string, rows, samples int) (bundle.Template, e
 	ec := GemmaRow(m, RowConfig{Hidden: H, Vocab: m.Vocab, Eps: eps, WDtype: g.wdt, Load: "embed", ResidOps: embedOps})
 	k, err := g.kernel(miName("embed", embedOps, "embed"), func() (*Kernel, error) { return RowNorm(miName("embed", embedOps, "embed"), ec) })
 	t.add("embed", k, err, ec.Launch(rows), slots{
-		"tokens": buf("ctl.tokens"), "table": buf("embed"), "resid": buf("act.resid"),
+		"tokens": buf(bundle.CtlTokens), "table": buf("embed"), "resid": buf("act.resid"),
 		"w": buf(layerBuf(0, "attn_norm")), "out": buf("act.xn"),
 	}, embedOps)
 
@@ -146,7 +146,7 @@ func (g *gen) template(name, kind string, rows, samples int) (bundle.Template, e
 			rs["q_norm"], rs["k_norm"] = lb("q_norm"), lb("k_norm")
 		}
 		k, err := g.kernel(kname, func() (*Kernel, error) { return RopeKV(kname, rc) })
-		kv := slots{"pos": buf("ctl.pos"), "seq": buf("ctl.seq"), "block_table": buf("kv.block_table"),
+		kv := slots{"pos": buf(bundle.CtlPos), "seq": buf(bundle.CtlSeq), "block_table": buf(bundle.KVBlockTable),
 			"kcache": lb("kcache"), "vcache": lb("vcache"), "qkv": buf("act.qkv")}
 		t.add(fmt.Sprintf("L%d.rope_kv", l), k, err, rc.Launch(rows), merge(kv, rs), nil)
 
@@ -185,8 +185,8 @@ func (g *gen) template(name, kind string, rows, samples int) (bundle.Template, e
 		return bundle.Template{}, fmt.Errorf("template %s: %w", name, t.err)
 	}
 	tmpl := bundle.Template{Name: name, Kind: kind, Tokens: rows, Samples: samples, Nodes: t.nodes}
-	if splits := g.attnSplits(rows); kind == "decode" && splits > 1 {
-		tmpl.AttnSplit = &bundle.AttnSplit{Buffer: attnChunkBuf, MaxSplits: splits, MinChunk: AttnMinChunk}
+	if splits := g.attnSplits(rows); kind == bundle.Decode && splits > 1 {
+		tmpl.AttnSplit = &bundle.AttnSplit{Buffer: bundle.CtlAttnChunk, MaxSplits: splits, MinChunk: AttnMinChunk}
 	}
 	return tmpl, nil
 }
@@ -197,12 +197,12 @@ func (g *gen) template(name, kind string, rows, samples int) (bundle.Template, e
 func (t *tb) lmHead(samples int) {
 	g := t.g
 	if g.tp == 1 {
-		t.gemm("lm_head", "act.final", buf(g.lmHead()), "act.logits", g.m.Hidden, g.m.Vocab, samples)
+		t.gemm("lm_head", "act.final", buf(g.lmHead()), bundle.ActLogits, g.m.Hidden, g.m.Vocab, samples)
 		return
 	}
 	cols := g.rank().vocab
 	t.gemm("lm_head", "act.final", buf(g.lmHead()), "act.logits_shard", g.m.Hidden, cols, samples)
-	t.collective("lm_head.all_gather", bundle.Collective{Op: bundle.AllGatherCols, In: "act.logits_shard", Out: "act.logits", Rows: samples, Cols: cols})
+	t.collective("lm_head.all_gather", bundle.Collective{Op: bundle.AllGatherCols, In: "act.logits_shard", Out: bundle.ActLogits, Rows: samples, Cols: cols})
 }
 
 func merge(a, b slots) slots {
@@ -249,10 +249,10 @@ func (t *tb) attention(l int, kv slots) {
 		t.add(label, k, err, c.Launch(t.rows, splits), s, nil)
 	}
 	switch {
-	case t.kind == "decode" && g.attnSplits(t.rows) > 1:
+	case t.kind == bundle.Decode && g.attnSplits(t.rows) > 1:
 		ac.Split = true
-		decode(base+"_split", ac, g.attnSplits(t.rows), merge(s, slots{"ws": buf("act.attn_ws"), "chunk": buf(attnChunkBuf)}))
-	case t.kind == "decode" || !ac.PrefillOK():
+		decode(base+"_split", ac, g.attnSplits(t.rows), merge(s, slots{"ws": buf("act.attn_ws"), "chunk": buf(bundle.CtlAttnChunk)}))
+	case t.kind == bundle.Decode || !ac.PrefillOK():
 		decode(base, ac, 1, s)
 	default:
 		ac.Singles = true
@@ -263,9 +263,6 @@ func (t *tb) attention(l int, kv slots) {
 		t.add(fmt.Sprintf("L%d.attention_prefill", l), k, err, ac.LaunchPrefill(t.rows), merge(s, slots{"rows": konst(uint64(t.rows))}), nil)
 	}
 }
-
-// attnChunkBuf is the control word of a split decode attention: positions per split.
-const attnChunkBuf = "ctl.attn_chunk"
 
 // attnSplits is the grid z of a decode bucket's attention (1: no split).
 func (g *gen) attnSplits(rows int) int { return g.attnConfig().DecodeSplits(rows) }
@@ -287,7 +284,7 @@ func (t *tb) gemmAt(label string, x, w, y bundle.Slot, c GemmConfig, rows int) {
 	s := slots{"x": x, "w": w, "y": y, "rows": konst(uint64(rows))}
 	guard := ""
 	if c.Guard != 0 {
-		s["any_mask"] = buf("ctl.any_mask")
+		s["any_mask"] = buf(bundle.CtlAnyMask)
 		guard = fmt.Sprintf("_g%x", c.Guard)
 	}
 	if rows >= tensorCoreRows && g.wdt == ptx.BF16 && k%16 == 0 && n%16 == 0 && g.gemmKind != "cuda-core" {
@@ -327,7 +324,7 @@ func (t *tb) addNorm(slot int, w bundle.Slot, out string, final bool) {
 	k, err := g.kernel(name, func() (*Kernel, error) { return RowNorm(name, c) })
 	s := slots{"resid": buf("act.resid"), "delta": buf("act.delta"), "w": w, "out": buf(out)}
 	if final {
-		s["out_row"] = buf("ctl.out_row")
+		s["out_row"] = buf(bundle.CtlOutRow)
 	}
 	if c.DeltaNorm {
 		s["delta_w"] = buf(gemma2PostNorm(slot))
@@ -364,16 +361,16 @@ func (t *tb) sampleTail(samples int) {
 	if lo := g.miOps(passes.HostLogits, -1, "", ""); len(lo) > 0 {
 		c := LogitsMIConfig{Vocab: m.Vocab, Ops: lo}
 		k, err := g.kernel(logitsKernel, func() (*Kernel, error) { return LogitsMI(logitsKernel, c) })
-		t.add("logits.mi", k, err, c.Launch(samples), slots{"x": buf("act.logits"), "s_row": buf("ctl.s_row")}, lo)
+		t.add("logits.mi", k, err, c.Launch(samples), slots{"x": buf(bundle.ActLogits), "s_row": buf(bundle.CtlSRow)}, lo)
 	}
 	ovr := g.miOps(passes.HostSampler, -1, "", "")
 	smc := SampleConfig{Vocab: m.Vocab, Logprobs: m.MaxLogprobs, EOS: m.EOS, Overrides: ovr}
 	name := g.sampleKernel(ovr)
 	k, err := g.kernel(name, func() (*Kernel, error) { return Sample(name, smc) })
 	s := slots{
-		"logits": buf("act.logits"), "temperature": buf("ctl.temperature"), "top_p": buf("ctl.top_p"),
-		"rng": buf("ctl.rng"), "out": buf("out.sampled"), "s_row": buf("ctl.s_row"),
-		"lp_k": buf("ctl.logprobs"), "lp_out": buf("out.logprobs"), "eos_ban": buf("ctl.eos_ban"),
+		"logits": buf(bundle.ActLogits), "temperature": buf(bundle.CtlTemperature), "top_p": buf(bundle.CtlTopP),
+		"rng": buf(bundle.CtlRNG), "out": buf(bundle.OutSampled), "s_row": buf(bundle.CtlSRow),
+		"lp_k": buf(bundle.CtlLogprobs), "lp_out": buf(bundle.OutLogprobs), "eos_ban": buf(bundle.CtlEOSBan),
 	}
 	for i, o := range ovr {
 		s[fmt.Sprintf("ovr%d_scal", i)] = buf(o.Scal)
@@ -412,7 +409,7 @@ func (t *tb) lens(l int) {
 		nn, pn, tn := name("norm"), name("topk_part"), name("topk")
 		k, err := g.kernel(nn, func() (*Kernel, error) { return LensNorm(nn, c) })
 		t.add(label("lens_norm"), k, err, c.RowsLaunch(t.rows), slots{
-			"any_mask": buf("ctl.any_mask"), "resid": buf("act.resid"), "w": buf("final_norm"), "out": buf("act.lens_x"),
+			"any_mask": buf(bundle.CtlAnyMask), "resid": buf("act.resid"), "w": buf("final_norm"), "out": buf("act.lens_x"),
 		}, nil)
 		t.skipUnless(bit)
 		t.gemmAt(label("lens_logits"), buf("act.lens_x"), buf(g.lmHead()), buf("act.lens"),
@@ -420,12 +417,12 @@ func (t *tb) lens(l int) {
 		t.skipUnless(bit)
 		k, err = g.kernel(pn, func() (*Kernel, error) { return LensTopKPart(pn, c) })
 		t.add(label("lens_topk_part"), k, err, c.PartLaunch(t.rows), slots{
-			"any_mask": buf("ctl.any_mask"), "logits": buf("act.lens"), "cand": buf("act.lens_cand"),
+			"any_mask": buf(bundle.CtlAnyMask), "logits": buf("act.lens"), "cand": buf("act.lens_cand"),
 		}, nil)
 		t.skipUnless(bit)
 		k, err = g.kernel(tn, func() (*Kernel, error) { return LensTopK(tn, c) })
 		t.add(label("lens_topk"), k, err, c.RowsLaunch(t.rows), slots{
-			"any_mask": buf("ctl.any_mask"), "cand": buf("act.lens_cand"), "out": buf(op.Out),
+			"any_mask": buf(bundle.CtlAnyMask), "cand": buf("act.lens_cand"), "out": buf(op.Out),
 		}, nil)
 		t.skipUnless(bit)
 	}

@@ -567,7 +567,7 @@ func (p *parser) tokenizer(n *yaml.Node, t *Tokenizer) {
 
 // specialTokens sets BOS and EOS from the spec, falling back to generation_config.json (for
 // eos) and config.json. BOS stays -1 when neither gives one. Whether prompts start with the
-// BOS is the tokenizer's business (cmd/driver decides it for a tokenizer.json); a bos: in the
+// BOS is the tokenizer's business (compile.PromptBOS decides it for a tokenizer.json); a bos: in the
 // spec always is (BOSGiven).
 func (p *parser) specialTokens(top *mapping, m *Model, src *configSource) {
 	if cfg := src.cfg; cfg != nil {

@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"xmix/bundle"
-	"xmix/ops"
 )
 
 // Request is one generation request.
@@ -242,7 +241,7 @@ func NewEngine(b *bundle.Bundle, be Backend) (*Engine, error) {
 	e := &Engine{B: b, Be: be, cfg: b.Manifest.Model, appBits: map[string]int{}, tmplIdx: map[string]int{}}
 	for i, t := range b.Templates {
 		e.tmplIdx[t.Name] = i
-		if t.Kind == "decode" {
+		if t.Kind == bundle.Decode {
 			e.decode = append(e.decode, t)
 		} else {
 			e.prefill = append(e.prefill, t)
@@ -269,8 +268,8 @@ func NewEngine(b *bundle.Bundle, be Backend) (*Engine, error) {
 	if err := checkConfig(b, bufs); err != nil {
 		return nil, err
 	}
-	_, e.hasSRow = bufs["ctl.s_row"]
-	_, e.hasAny = bufs["ctl.any_mask"]
+	_, e.hasSRow = bufs[bundle.CtlSRow]
+	_, e.hasAny = bufs[bundle.CtlAnyMask]
 	latchBits := map[int]bool{}
 	for _, a := range b.Manifest.Apps {
 		e.appBits[a.Name] = a.Bit
@@ -299,8 +298,8 @@ func NewEngine(b *bundle.Bundle, be Backend) (*Engine, error) {
 		}
 	}
 	if len(e.latches) > 0 {
-		if lb, ok := bufs["ctl.latch"]; !ok || lb.Kind != bundle.KindControl || lb.Dtype != "u32" {
-			return nil, fmt.Errorf("bundle has after_token latches but no u32 control buffer ctl.latch")
+		if lb, ok := bufs[bundle.CtlLatch]; !ok || lb.Kind != bundle.KindControl || lb.Dtype != "u32" {
+			return nil, fmt.Errorf("bundle has after_token latches but no u32 control buffer %s", bundle.CtlLatch)
 		}
 	}
 	if err := e.initVectors(bufs); err != nil {
@@ -534,7 +533,7 @@ func (e *Engine) latchWord(s *seqState, pos int) uint32 {
 }
 
 func (e *Engine) writeTableRow(seq int, pages []uint32) error {
-	return e.Be.Write("kv.block_table", int64(4*seq*e.blocks), putU32s(pages))
+	return e.Be.Write(bundle.KVBlockTable, int64(4*seq*e.blocks), putU32s(pages))
 }
 
 // AppNames lists the deployed apps.
@@ -792,7 +791,7 @@ func (e *Engine) step(active []*seqState) error {
 	e.Stats.PaddedRows += t.Tokens - len(rows)
 	start := time.Now()
 	err := e.run(t, rows)
-	if t.Kind == "decode" {
+	if t.Kind == bundle.Decode {
 		e.Stats.DecodeTime += time.Since(start)
 	} else {
 		e.Stats.PrefillTime += time.Since(start)
@@ -856,8 +855,8 @@ func (e *Engine) run(t bundle.Template, rows []stepRow) error {
 		buf string
 		v   []uint32
 	}{
-		{"ctl.tokens", tokens}, {"ctl.pos", pos}, {"ctl.seq", seq}, {"ctl.mask", mask}, {"ctl.gen", gen},
-		{"ctl.out_row", outRow}, {"ctl.rng", rng},
+		{bundle.CtlTokens, tokens}, {bundle.CtlPos, pos}, {bundle.CtlSeq, seq}, {bundle.CtlMask, mask}, {bundle.CtlGen, gen},
+		{bundle.CtlOutRow, outRow}, {bundle.CtlRNG, rng},
 	} {
 		if err := e.Be.Write(w.buf, 0, sc.encode(w.v)); err != nil {
 			return err
@@ -866,18 +865,18 @@ func (e *Engine) run(t bundle.Template, rows []stepRow) error {
 	for _, w := range []struct {
 		buf string
 		v   []float32
-	}{{"ctl.temperature", temp}, {"ctl.top_p", topP}} {
+	}{{bundle.CtlTemperature, temp}, {bundle.CtlTopP, topP}} {
 		if err := e.Be.Write(w.buf, 0, sc.encodeF32(w.v)); err != nil {
 			return err
 		}
 	}
 	if len(e.latches) > 0 {
-		if err := e.Be.Write("ctl.latch", 0, sc.encode(latch)); err != nil {
+		if err := e.Be.Write(bundle.CtlLatch, 0, sc.encode(latch)); err != nil {
 			return err
 		}
 	}
 	if e.pool.total > 0 {
-		if err := e.Be.Write("ctl.vslot", 0, sc.encode(vslot)); err != nil {
+		if err := e.Be.Write(bundle.CtlVSlot, 0, sc.encode(vslot)); err != nil {
 			return err
 		}
 	}
@@ -886,12 +885,12 @@ func (e *Engine) run(t bundle.Template, rows []stepRow) error {
 		for _, m := range mask {
 			any |= m
 		}
-		if err := e.Be.Write("ctl.any_mask", 0, sc.encode([]uint32{any})); err != nil {
+		if err := e.Be.Write(bundle.CtlAnyMask, 0, sc.encode([]uint32{any})); err != nil {
 			return err
 		}
 	}
 	if e.hasSRow {
-		if err := e.Be.Write("ctl.s_row", 0, sc.encode(sRow)); err != nil {
+		if err := e.Be.Write(bundle.CtlSRow, 0, sc.encode(sRow)); err != nil {
 			return err
 		}
 	}
@@ -906,12 +905,12 @@ func (e *Engine) run(t bundle.Template, rows []stepRow) error {
 		}
 	}
 	if e.cfg.Logprobs > 0 {
-		if err := e.Be.Write("ctl.logprobs", 0, sc.encode(lpk)); err != nil {
+		if err := e.Be.Write(bundle.CtlLogprobs, 0, sc.encode(lpk)); err != nil {
 			return err
 		}
 	}
 	if e.hasBan {
-		if err := e.Be.Write("ctl.eos_ban", 0, sc.encode(ban)); err != nil {
+		if err := e.Be.Write(bundle.CtlEOSBan, 0, sc.encode(ban)); err != nil {
 			return err
 		}
 	}
@@ -919,7 +918,7 @@ func (e *Engine) run(t bundle.Template, rows []stepRow) error {
 		return fmt.Errorf("template %s: %w", t.Name, err)
 	}
 	out := sc.bytes(4 * ns)
-	if err := e.Be.Read("out.sampled", out); err != nil {
+	if err := e.Be.Read(bundle.OutSampled, out); err != nil {
 		return err
 	}
 	ids := sc.decode(out)
@@ -952,7 +951,7 @@ func (e *Engine) run(t bundle.Template, rows []stepRow) error {
 // request asked), or ends r's request when its logits were not finite.
 func (e *Engine) take(r stepRow, id uint32, now time.Time, lps []float32) error {
 	s, c := r.s, e.cfg
-	if id == ops.NonFinite {
+	if id == bundle.NonFinite {
 		e.fail(s, ReasonNonFinite, fmt.Errorf("generation step %d: the logits at position %d are not finite (the forward overflowed, or an app wrote a NaN or an infinity), so no token %d was sampled",
 			len(s.res.Tokens), r.pos, len(s.res.Tokens)))
 		return nil

@@ -35,15 +35,15 @@ ops:
 		tamper func(m *bundle.Manifest)
 		want   string
 	}{
-		{"table", func(m *bundle.Manifest) { m.Apps[0].ScalarTable = "ctl.mask" }, "not a control buffer of [5, 1] f32"},
+		{"table", func(m *bundle.Manifest) { m.Apps[0].ScalarTable = bundle.CtlMask }, "not a control buffer of [5, 1] f32"},
 		{"scalar index", func(m *bundle.Manifest) { m.Apps[0].Scalars[0].Index = 1 }, "index 1 in a table of 1"},
 		{"vector width", func(m *bundle.Manifest) { m.Apps[0].Vectors[0].Width = 64 }, "not a param buffer of [64] f32"},
 		{"latch bit", func(m *bundle.Manifest) { m.Apps[0].Latches[0].Bit = 32 }, "latch bit 32"},
-		{"fired buffer", func(m *bundle.Manifest) { m.Apps[0].FiredBuffer = "ctl.mask" }, `fired buffer "ctl.mask" is not an output buffer of [16, 1] u32`},
+		{"fired buffer", func(m *bundle.Manifest) { m.Apps[0].FiredBuffer = bundle.CtlMask }, `fired buffer "ctl.mask" is not an output buffer of [16, 1] u32`},
 		{"fired column", func(m *bundle.Manifest) { m.Apps[0].FiredBuffer = "" }, "fired site of op 0 at column 0 without a fired buffer"},
 		{"latch buffer", func(m *bundle.Manifest) {
 			for i := range m.Buffers {
-				if m.Buffers[i].Name == "ctl.latch" {
+				if m.Buffers[i].Name == bundle.CtlLatch {
 					m.Buffers[i].Name = "ctl.other"
 				}
 			}

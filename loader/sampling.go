@@ -37,15 +37,15 @@ func (e *Engine) initSampling(bufs map[string]bundle.Buffer) error {
 		return fmt.Errorf("bundle reports %d top logprobs", k)
 	}
 	if k > 0 {
-		lk, lo := bufs["ctl.logprobs"], bufs["out.logprobs"]
+		lk, lo := bufs[bundle.CtlLogprobs], bufs[bundle.OutLogprobs]
 		if lk.Kind != bundle.KindControl || lk.Dtype != "u32" || len(lk.Shape) != 1 || lk.Shape[0] < e.maxS ||
 			lo.Kind != bundle.KindOutput || lo.Dtype != "f32" || len(lo.Shape) != 2 || lo.Shape[0] < e.maxS || lo.Shape[1] != 1+2*k {
-			return fmt.Errorf("bundle reports %d top logprobs but has no u32 control buffer ctl.logprobs and f32 output out.logprobs of [%d, %d]", k, e.maxS, 1+2*k)
+			return fmt.Errorf("bundle reports %d top logprobs but has no u32 control buffer %s and f32 output %s of [%d, %d]", k, bundle.CtlLogprobs, bundle.OutLogprobs, e.maxS, 1+2*k)
 		}
 	}
-	if b, ok := bufs["ctl.eos_ban"]; ok {
+	if b, ok := bufs[bundle.CtlEOSBan]; ok {
 		if b.Kind != bundle.KindControl || b.Dtype != "u32" || len(b.Shape) != 1 || b.Shape[0] < e.maxS {
-			return fmt.Errorf("ctl.eos_ban is not a u32 control buffer of %d samples", e.maxS)
+			return fmt.Errorf("%s is not a u32 control buffer of %d samples", bundle.CtlEOSBan, e.maxS)
 		}
 		e.hasBan = true
 	}
@@ -78,7 +78,7 @@ func wantsLogprobs(r *Request) uint32 {
 func (e *Engine) readLogprobs(ns int) ([]float32, error) {
 	row := 1 + 2*e.cfg.Logprobs
 	raw := e.scratch.lpBytes(4 * ns * row)
-	if err := e.Be.Read("out.logprobs", raw); err != nil {
+	if err := e.Be.Read(bundle.OutLogprobs, raw); err != nil {
 		return nil, err
 	}
 	v := e.scratch.lpFloats(ns * row)

@@ -30,7 +30,7 @@ type loggedStep struct {
 }
 
 func (l *stepLog) Write(name string, off int64, data []byte) error {
-	if name == "ctl.seq" || name == "ctl.pos" || name == "ctl.out_row" {
+	if name == bundle.CtlSeq || name == bundle.CtlPos || name == bundle.CtlOutRow {
 		var v []uint32
 		for i := 0; i+4 <= len(data); i += 4 {
 			v = append(v, binary.LittleEndian.Uint32(data[i:]))
@@ -42,11 +42,11 @@ func (l *stepLog) Write(name string, off int64, data []byte) error {
 
 func (l *stepLog) Step(t int) error {
 	s := loggedStep{template: l.b.Templates[t].Name}
-	for i, q := range l.ctl["ctl.seq"] {
+	for i, q := range l.ctl[bundle.CtlSeq] {
 		if int(q) != l.b.Manifest.Model.MaxSeqs {
 			s.slots = append(s.slots, int(q))
-			s.pos = append(s.pos, int(l.ctl["ctl.pos"][i]))
-			s.sampled = append(s.sampled, l.ctl["ctl.out_row"][i] != 0xFFFFFFFF)
+			s.pos = append(s.pos, int(l.ctl[bundle.CtlPos][i]))
+			s.sampled = append(s.sampled, l.ctl[bundle.CtlOutRow][i] != 0xFFFFFFFF)
 		}
 	}
 	l.steps = append(l.steps, s)

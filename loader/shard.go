@@ -2,7 +2,6 @@ package loader
 
 import (
 	"fmt"
-	"slices"
 	"sort"
 
 	"xmix/bundle"
@@ -54,35 +53,6 @@ func shardParts(s *bundle.Shard, ms []matrix, tp, rank int) []part {
 func checkRank(rank, tp int) error {
 	if rank < 0 || rank >= tp {
 		return fmt.Errorf("rank %d of a bundle with tensor-parallel degree %d", rank, tp)
-	}
-	return nil
-}
-
-// checkSharded validates the source tensors of a sharded weight buffer: each tensor's
-// extent along the cut dimension is the one the bundle recorded, and the rank parts stack
-// into the buffer's shape.
-func checkSharded(buf bundle.Buffer, ts []*safetensors.Tensor) error {
-	s := buf.Shard
-	if len(s.Extents) != len(ts) {
-		return fmt.Errorf("weight buffer %s: %d shard extents for %d tensors: the bundle is malformed", buf.Name, len(s.Extents), len(ts))
-	}
-	rows := 0
-	for i, t := range ts {
-		if s.Dim >= len(t.Shape) || t.Shape[s.Dim] != s.Extents[i] {
-			return fmt.Errorf("weight tensor %s has shape %v; buffer %s cuts a dimension %d of %d across ranks (do the dims in the config match the checkpoint?)",
-				t.Name, t.Shape, buf.Name, s.Dim, s.Extents[i])
-		}
-		if s.Dim == 0 && !slices.Equal(t.Shape[1:], buf.Shape[1:]) {
-			return fmt.Errorf("weight tensor %s has shape %v, expected [%d%s] (rows cut across ranks into buffer %s of shape %v)",
-				t.Name, t.Shape, s.Extents[i], shapeTail(buf.Shape), buf.Name, buf.Shape)
-		}
-		if s.Dim == 1 && len(t.Shape) != 2 {
-			return fmt.Errorf("weight tensor %s has shape %v; buffer %s cuts its columns, so it must be a matrix", t.Name, t.Shape, buf.Name)
-		}
-		rows += t.Shape[0]
-	}
-	if s.Dim == 1 && rows != buf.Shape[0] {
-		return fmt.Errorf("buffer %s of shape %v stacks tensors %v of %d rows in all, expected %d", buf.Name, buf.Shape, buf.Tensors, rows, buf.Shape[0])
 	}
 	return nil
 }

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"xmix/bundle"
+	"xmix/checkpoint"
 	"xmix/safetensors"
 )
 
@@ -70,7 +71,7 @@ func TestFillRankSlicesCheckpointTensors(t *testing.T) {
 		for n, x := range ts {
 			vals[n], _ = x.Float32s()
 		}
-		w := &Weights{tensors: ts, tp: tp}
+		w := &Weights{ck: &checkpoint.Checkpoint{Tensors: ts}, tp: tp}
 		for _, c := range shardCases(tp) {
 			for r := range tp {
 				n, _ := BufferBytes(c.buf)
@@ -127,7 +128,7 @@ func TestFillRankSyntheticSlicesTP1(t *testing.T) {
 }
 
 func TestFillRankRefuses(t *testing.T) {
-	w := &Weights{tensors: map[string]*safetensors.Tensor{"o": seqTensor("o", 0, 4, 6)}, tp: 2}
+	w := &Weights{ck: &checkpoint.Checkpoint{Tensors: map[string]*safetensors.Tensor{"o": seqTensor("o", 0, 4, 6)}}, tp: 2}
 	o := bundle.Buffer{Name: "wo", Kind: bundle.KindWeight, Dtype: "f32", Shape: []int{4, 4}, Tensors: []string{"o"}, Shard: &bundle.Shard{Dim: 1, Extents: []int{8}}}
 	for _, c := range []struct {
 		rank int

@@ -39,14 +39,13 @@ func (w *Weights) source(buf bundle.Buffer, rank int) (*source, error) {
 		g := newSynthGen(buf, w.synth, w.tp, rank)
 		return &source{buf: buf, esz: esz, size: size, synth: &g}, nil
 	}
-	if err := w.check(buf); err != nil {
+	ts, err := w.ck.Sources(buf)
+	if err != nil {
 		return nil, err
 	}
-	ts := make([]*safetensors.Tensor, len(buf.Tensors))
-	ms := make([]matrix, len(buf.Tensors))
-	for i, name := range buf.Tensors {
-		ts[i] = w.tensors[name]
-		ms[i] = asMatrix(ts[i].Shape)
+	ms := make([]matrix, len(ts))
+	for i, t := range ts {
+		ms[i] = asMatrix(t.Shape)
 	}
 	return partsSource(buf, ts, shardParts(buf.Shard, ms, w.tp, rank))
 }

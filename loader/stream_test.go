@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"xmix/bundle"
+	"xmix/checkpoint"
 	"xmix/safetensors"
 )
 
@@ -54,7 +55,7 @@ func streamCheckpoint(t *testing.T) (*bundle.Bundle, []bundle.Buffer) {
 		}
 	}
 	raw, _ := json.Marshal(index)
-	if err := os.WriteFile(filepath.Join(dir, IndexFile), raw, 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, checkpoint.IndexFile), raw, 0o644); err != nil {
 		t.Fatal(err)
 	}
 	bufs := []bundle.Buffer{
@@ -94,7 +95,7 @@ func TestSourceFillsAnyRange(t *testing.T) {
 	}
 	defer w.Close()
 	ts := map[string]*safetensors.Tensor{"q": seqTensor("q", 0, 8, 4), "k": seqTensor("k", 100, 4, 4), "v": seqTensor("v", 200, 4, 4), "o": seqTensor("o", 300, 4, 8)}
-	sharded := &Weights{tensors: ts, tp: 2}
+	sharded := &Weights{ck: &checkpoint.Checkpoint{Tensors: ts}, tp: 2}
 	synth := &Weights{synth: &bundle.Synth{Seed: 3, Std: 0.02}, tp: 1}
 	rng := rand.New(rand.NewPCG(1, 2))
 	type tc struct {

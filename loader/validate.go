@@ -191,9 +191,9 @@ func checkConfig(b *bundle.Bundle, bufs map[string]bundle.Buffer) error {
 			c.MaxSeqs, c.MaxSeqLen, c.KVBlockSize, c.Vocab, c.KVPadPages)
 	}
 	blocks := (c.MaxSeqLen + c.KVBlockSize - 1) / c.KVBlockSize
-	bt, ok := bufs["kv.block_table"]
+	bt, ok := bufs[bundle.KVBlockTable]
 	if !ok || bt.Kind != bundle.KindControl || bt.Dtype != "u32" || len(bt.Shape) != 2 || bt.Shape[0] != c.MaxSeqs+1 || bt.Shape[1] != blocks {
-		return fmt.Errorf("model config: kv.block_table is not a u32 control buffer of [max_seqs+1, max_seq_len/kv_block_size] = [%d, %d]", c.MaxSeqs+1, blocks)
+		return fmt.Errorf("model config: %s is not a u32 control buffer of [max_seqs+1, max_seq_len/kv_block_size] = [%d, %d]", bundle.KVBlockTable, c.MaxSeqs+1, blocks)
 	}
 	if pad := max(1, c.KVPadPages); c.KVBlocks <= pad || c.KVBlocks-pad < blocks {
 		return fmt.Errorf("model config: %d KV pages leave fewer than the %d one sequence needs beside %d padding pages", c.KVBlocks, blocks, pad)
@@ -205,9 +205,9 @@ func checkConfig(b *bundle.Bundle, bufs map[string]bundle.Buffer) error {
 		return 0
 	}
 	for _, t := range b.Templates {
-		if t.Tokens > rows("ctl.tokens") || t.Samples > rows("ctl.rng") {
+		if t.Tokens > rows(bundle.CtlTokens) || t.Samples > rows(bundle.CtlRNG) {
 			return fmt.Errorf("template %s: %d tokens and %d samples, the control buffers hold %d and %d",
-				t.Name, t.Tokens, t.Samples, rows("ctl.tokens"), rows("ctl.rng"))
+				t.Name, t.Tokens, t.Samples, rows(bundle.CtlTokens), rows(bundle.CtlRNG))
 		}
 	}
 	return nil

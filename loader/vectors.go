@@ -69,8 +69,8 @@ func (e *Engine) initVectors(bufs map[string]bundle.Buffer) error {
 	if len(e.pool.vecs) == 0 {
 		return nil
 	}
-	if vs, ok := bufs["ctl.vslot"]; !ok || vs.Kind != bundle.KindControl || vs.Dtype != "u32" {
-		return fmt.Errorf("bundle has per-request vectors but no u32 control buffer ctl.vslot")
+	if vs, ok := bufs[bundle.CtlVSlot]; !ok || vs.Kind != bundle.KindControl || vs.Dtype != "u32" {
+		return fmt.Errorf("bundle has per-request vectors but no u32 control buffer %s", bundle.CtlVSlot)
 	}
 	if c.VectorSlots <= 0 || c.VectorSlots > c.MaxSeqs {
 		return fmt.Errorf("bundle has %d vector slots for %d sequences", c.VectorSlots, c.MaxSeqs)

@@ -2,12 +2,9 @@ package loader
 
 import (
 	"encoding/binary"
-	"encoding/json"
 	"fmt"
 	"math"
-	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"testing"
 
@@ -18,12 +15,7 @@ import (
 
 func writeST(t *testing.T, path string, ts ...safetensors.Tensor) {
 	t.Helper()
-	f, err := os.Create(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	if err := safetensors.Write(f, ts, nil); err != nil {
+	if err := safetensors.WriteFile(path, ts, nil); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -187,144 +179,6 @@ func TestWeightsConvertEveryDtype(t *testing.T) {
 				}
 			}
 		}
-	}
-}
-
-// writeSharded writes a two-shard checkpoint with an index into dir: a [2,2] and b [3] in
-// shard 1, c [4] in shard 2. edit changes the index's weight_map before it is written.
-func writeSharded(t *testing.T, dir string, edit func(map[string]string)) {
-	t.Helper()
-	s1, s2 := "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"
-	a := f32T("a", 2, 2)
-	copy(a.Data, putF32s([]float32{1, 2, 3, 4}))
-	writeST(t, filepath.Join(dir, s1), a, f32T("b", 3))
-	writeST(t, filepath.Join(dir, s2), f32T("c", 4))
-	wm := map[string]string{"a": s1, "b": s1, "c": s2}
-	if edit != nil {
-		edit(wm)
-	}
-	data, err := json.Marshal(map[string]any{"metadata": map[string]int{"total_size": 64}, "weight_map": wm})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, IndexFile), data, 0o644); err != nil {
-		t.Fatal(err)
-	}
-}
-
-func openDir(dir string, bufs ...bundle.Buffer) (*Weights, error) {
-	return OpenWeights(&bundle.Bundle{Manifest: bundle.Manifest{Weights: bundle.WeightsRef{Path: dir}, Buffers: bufs}}, "")
-}
-
-func TestShardedCheckpoint(t *testing.T) {
-	dir := t.TempDir()
-	writeSharded(t, dir, nil)
-	// A stray file beside the shards (Mistral ships consolidated.safetensors) is not read.
-	writeST(t, filepath.Join(dir, "consolidated.safetensors"), f32T("a", 9))
-	files, err := WeightFiles(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(files) != 2 || filepath.Base(files[0]) != "model-00001-of-00002.safetensors" || filepath.Base(files[1]) != "model-00002-of-00002.safetensors" {
-		t.Fatalf("WeightFiles = %v, want the two shards in order", files)
-	}
-	ac := bundle.Buffer{Name: "ac", Kind: bundle.KindWeight, Dtype: "f32", Shape: []int{4}, Tensors: []string{"c"}}
-	w, err := openDir(dir, ac)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Close()
-	dst := make([]byte, 16)
-	if err := w.Fill(bundle.Buffer{Name: "a", Dtype: "f32", Shape: []int{2, 2}, Tensors: []string{"a"}}, dst); err != nil {
-		t.Fatal(err)
-	}
-	if got := getF32s(dst); !slices.Equal(got, []float32{1, 2, 3, 4}) {
-		t.Fatalf("a = %v, want the shard's values, not the stray file's", got)
-	}
-	d1, err := WeightsDigest(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// The digest is of the tensors the index maps: the stray file does not change it.
-	if err := os.Remove(filepath.Join(dir, "consolidated.safetensors")); err != nil {
-		t.Fatal(err)
-	}
-	if d2, err := WeightsDigest(dir); err != nil || d2 != d1 {
-		t.Fatalf("digest changed with a file the index does not name: %s vs %s (%v)", d1, d2, err)
-	}
-}
-
-func TestShardedCheckpointErrors(t *testing.T) {
-	need := func(name string) bundle.Buffer {
-		return bundle.Buffer{Name: "buf." + name, Kind: bundle.KindWeight, Dtype: "f32", Shape: []int{3}, Tensors: []string{name}}
-	}
-	cases := []struct {
-		name  string
-		setup func(t *testing.T, dir string)
-		buf   bundle.Buffer
-		want  []string
-	}{
-		{"shard missing", func(t *testing.T, dir string) {
-			writeSharded(t, dir, func(wm map[string]string) { wm["c"] = "model-00003-of-00002.safetensors" })
-		}, need("b"), []string{IndexFile + " names shard model-00003-of-00002.safetensors (for tensor c)", "does not exist"}},
-		{"tensor not in its shard", func(t *testing.T, dir string) {
-			writeSharded(t, dir, func(wm map[string]string) { wm["d"] = "model-00002-of-00002.safetensors" })
-		}, need("b"), []string{"maps tensor d to model-00002-of-00002.safetensors, but that file has no such tensor"}},
-		{"tensor missing from the index", func(t *testing.T, dir string) {
-			writeSharded(t, dir, func(wm map[string]string) { delete(wm, "b") })
-		}, need("b"), []string{"weight tensor b (for buffer buf.b) is missing from", IndexFile + " (it maps no such tensor)"}},
-		{"shard outside the directory", func(t *testing.T, dir string) {
-			writeSharded(t, dir, func(wm map[string]string) { wm["c"] = "../elsewhere.safetensors" })
-		}, need("b"), []string{`maps tensor c to "../elsewhere.safetensors", which is not a file name in`}},
-		{"index not JSON", func(t *testing.T, dir string) {
-			writeSharded(t, dir, nil)
-			os.WriteFile(filepath.Join(dir, IndexFile), []byte("{\"weight_map\": ["), 0o644)
-		}, need("b"), []string{IndexFile + " is not a checkpoint index"}},
-		{"index without weight_map", func(t *testing.T, dir string) {
-			writeSharded(t, dir, nil)
-			os.WriteFile(filepath.Join(dir, IndexFile), []byte(`{"metadata": {}}`), 0o644)
-		}, need("b"), []string{"has no weight_map entries"}},
-		{"truncated shard", func(t *testing.T, dir string) {
-			writeSharded(t, dir, nil)
-			p := filepath.Join(dir, "model-00002-of-00002.safetensors")
-			st, _ := os.Stat(p)
-			os.Truncate(p, st.Size()-4)
-		}, need("b"), []string{"model-00002-of-00002.safetensors: tensor c: data_offsets [0, 16] reach past the data area of 12 bytes; the file is truncated or its header lies"}},
-		{"header lies about offsets", func(t *testing.T, dir string) {
-			writeSharded(t, dir, nil)
-			p := filepath.Join(dir, "model-00002-of-00002.safetensors")
-			data, _ := os.ReadFile(p)
-			os.WriteFile(p, []byte(strings.Replace(string(data), "[0,16]", "[0,12]", 1)), 0o644)
-		}, need("b"), []string{"model-00002-of-00002.safetensors: tensor c: data_offsets [0, 12] but shape [4] of F32 needs 16 bytes"}},
-		{"empty directory", func(t *testing.T, dir string) {}, need("b"),
-			[]string{"no *.safetensors files in directory", "a Hugging Face checkpoint has model.safetensors, or shards listed in " + IndexFile}},
-	}
-	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			dir := t.TempDir()
-			c.setup(t, dir)
-			w, err := openDir(dir, c.buf)
-			if err == nil {
-				w.Close()
-				t.Fatal("opened a broken checkpoint")
-			}
-			for _, want := range c.want {
-				if !strings.Contains(err.Error(), want) {
-					t.Errorf("error %q lacks %q", err, want)
-				}
-			}
-		})
-	}
-}
-
-// TestSingleFileCheckpointPreferred: a directory with model.safetensors reads that file only.
-func TestSingleFileCheckpointPreferred(t *testing.T) {
-	dir := t.TempDir()
-	writeST(t, filepath.Join(dir, "model.safetensors"), f32T("a", 2))
-	writeST(t, filepath.Join(dir, "adapter.safetensors"), f32T("a", 3))
-	files, err := WeightFiles(dir)
-	if err != nil || len(files) != 1 || filepath.Base(files[0]) != "model.safetensors" {
-		t.Fatalf("WeightFiles = %v, %v; want model.safetensors alone", files, err)
 	}
 }
 

@@ -2,32 +2,18 @@ package ops
 
 import (
 	"fmt"
-	"sync"
+
+	"xmix/bundle"
+	"xmix/ptx"
+	"xmix/ptx/emu"
 )
 
 // CustomPTXAttrs are the attributes of op "custom_ptx": a user kernel given as PTX text in an
 // app spec (see passes.CustomABI for its parameters). Go has no implementation of it, so its
-// reference is the PTX itself, run by a CPU PTX executor.
+// reference is the PTX itself, run in the PTX emulator.
 type CustomPTXAttrs struct {
 	PTX   string `json:"ptx"`
 	Entry string `json:"entry"`
-}
-
-// PTXExecutor builds a Runner that executes entry of a PTX module on the CPU: it maps each
-// pointer Arg to executor memory, runs the grid and copies the buffers back.
-type PTXExecutor func(text, entry string) (Runner, error)
-
-var (
-	ptxMu   sync.RWMutex
-	ptxExec PTXExecutor
-)
-
-// SetPTXExecutor installs the executor custom_ptx runs with. ops cannot import the emulator
-// itself (the emulator's tests import ops), so the package that links both installs it.
-func SetPTXExecutor(f PTXExecutor) {
-	ptxMu.Lock()
-	defer ptxMu.Unlock()
-	ptxExec = f
 }
 
 func init() {
@@ -39,18 +25,61 @@ func init() {
 		if a.PTX == "" || a.Entry == "" {
 			return nil, fmt.Errorf("custom kernel without PTX text or entry")
 		}
-		ptxMu.RLock()
-		exec := ptxExec
-		ptxMu.RUnlock()
-		if exec == nil {
-			return nil, fmt.Errorf("entry %s: no CPU PTX executor installed (link xmix/codegen)", a.Entry)
-		}
-		r, err := exec(a.PTX, a.Entry)
+		m, err := ptx.Parse(a.PTX)
 		if err != nil {
 			return nil, fmt.Errorf("entry %s: %w", a.Entry, err)
 		}
-		return r, nil
+		if m.Kernel(a.Entry) == nil {
+			return nil, fmt.Errorf("entry %s: no .entry %s", a.Entry, a.Entry)
+		}
+		return &emuRunner{mod: m, entry: a.Entry}, nil
 	})
+}
+
+// emuRunner runs a PTX entry in the emulator on the CPU backend's buffers.
+type emuRunner struct {
+	mod   *ptx.Module
+	entry string
+}
+
+// Run copies every pointer argument into emulator memory, runs the grid, and copies them
+// back. Arguments that start at the same address share one copy, so a buffer bound twice
+// sees its own writes.
+func (r *emuRunner) Run(args []Arg, l Launch) error {
+	k := r.mod.Kernel(r.entry)
+	if len(args) != len(k.Params) {
+		return fmt.Errorf("custom %s: %d arguments, want %d", r.entry, len(args), len(k.Params))
+	}
+	mem := emu.NewMemory()
+	params := make([]uint64, len(args))
+	owner := make([]int, len(args)) // index of the argument whose copy this one uses; -1: scalar
+	for i, a := range args {
+		owner[i] = -1
+		if a.Mem == nil {
+			params[i] = a.Bits
+			continue
+		}
+		owner[i] = i
+		for j := range i {
+			if owner[j] >= 0 && len(args[j].Mem) == len(a.Mem) && (len(a.Mem) == 0 || &args[j].Mem[0] == &a.Mem[0]) {
+				owner[i], params[i] = j, params[j]
+				break
+			}
+		}
+		if owner[i] == i {
+			params[i] = mem.Alloc(len(a.Mem))
+			copy(mem.Bytes(params[i]), a.Mem)
+		}
+	}
+	if err := emu.Run(r.mod, r.entry, emu.Launch{Grid: l.Grid, Block: l.Block}, mem, params); err != nil {
+		return fmt.Errorf("custom %s: %w", r.entry, err)
+	}
+	for i, a := range args {
+		if owner[i] == i {
+			copy(a.Mem, mem.Bytes(params[i]))
+		}
+	}
+	return nil
 }
 
 // RenormAttrs are the attributes of op "row_renorm": RMSNorm the residual rows into out, as
@@ -107,7 +136,7 @@ func (a RenormAttrs) run(args []Arg, l Launch) error {
 		}
 		outRow = o.U32()
 		for r, o := range outRow[:rows] {
-			if o != NoRow && (int(o)+1)*h > len(out) {
+			if o != bundle.NoRow && (int(o)+1)*h > len(out) {
 				return fmt.Errorf("out_row[%d] = %d, but out holds %d rows", r, o, len(out)/h)
 			}
 		}
@@ -123,7 +152,7 @@ func (a RenormAttrs) run(args []Arg, l Launch) error {
 		for r := lo; r < hi; r++ {
 			o := r
 			if a.Gather {
-				if outRow[r] == NoRow {
+				if outRow[r] == bundle.NoRow {
 					continue
 				}
 				o = int(outRow[r])

@@ -1,33 +1,67 @@
 package ops
 
 import (
-	"errors"
+	"encoding/binary"
 	"math"
 	"strings"
 	"testing"
+
+	"xmix/bundle"
 )
 
-func TestCustomPTXNeedsAnExecutor(t *testing.T) {
-	attrs := EncodeAttrs(CustomPTXAttrs{PTX: ".version 8.0", Entry: "k"})
-	SetPTXExecutor(nil)
-	if _, err := Build("custom_ptx", attrs); err == nil || !strings.Contains(err.Error(), "no CPU PTX executor") {
-		t.Fatalf("without an executor: %v", err)
+// doublePTX doubles x[i] for the block's thread i.
+const doublePTX = `.version 8.0
+.target sm_90
+.address_size 64
+
+.visible .entry double(.param .u64 x)
+{
+	.reg .b32 %r<2>;
+	.reg .b64 %rd<4>;
+	.reg .f32 %f<2>;
+	ld.param.u64 %rd1, [x];
+	mov.u32 %r1, %tid.x;
+	mul.wide.u32 %rd2, %r1, 4;
+	add.u64 %rd3, %rd1, %rd2;
+	ld.global.f32 %f1, [%rd3];
+	add.f32 %f1, %f1, %f1;
+	st.global.f32 [%rd3], %f1;
+	ret;
+}
+`
+
+// custom_ptx runs its PTX in the emulator, on the arguments' own memory, and refuses PTX it
+// cannot run.
+func TestCustomPTXRunsInTheEmulator(t *testing.T) {
+	r, err := Build("custom_ptx", EncodeAttrs(CustomPTXAttrs{PTX: doublePTX, Entry: "double"}))
+	if err != nil {
+		t.Fatal(err)
 	}
-	var gotText, gotEntry string
-	SetPTXExecutor(func(text, entry string) (Runner, error) {
-		gotText, gotEntry = text, entry
-		return RunnerFunc(func([]Arg, Launch) error { return errors.New("ran") }), nil
-	})
-	defer SetPTXExecutor(nil)
-	r, err := Build("custom_ptx", attrs)
-	if err != nil || gotText != ".version 8.0" || gotEntry != "k" {
-		t.Fatalf("build: %v (executor saw %q, %q)", err, gotText, gotEntry)
+	x := []float32{1, -2.5, 3}
+	mem := make([]byte, 4*len(x))
+	for i, v := range x {
+		binary.LittleEndian.PutUint32(mem[4*i:], math.Float32bits(v))
 	}
-	if err := r.Run(nil, Launch{}); err == nil || err.Error() != "ran" {
-		t.Fatalf("run: %v", err)
+	if err := r.Run([]Arg{{Mem: mem}}, Launch{Grid: [3]int{1, 1, 1}, Block: [3]int{3, 1, 1}}); err != nil {
+		t.Fatal(err)
 	}
-	if _, err := Build("custom_ptx", EncodeAttrs(CustomPTXAttrs{Entry: "k"})); err == nil {
-		t.Fatal("a kernel without PTX text was accepted")
+	if got := (Arg{Mem: mem}).F32(); got[0] != 2 || got[1] != -5 || got[2] != 6 {
+		t.Fatalf("doubled: %v", got)
+	}
+	if err := r.Run(nil, Launch{}); err == nil || err.Error() != "custom double: 0 arguments, want 1" {
+		t.Fatalf("no arguments: %v", err)
+	}
+	for _, c := range []struct {
+		attrs CustomPTXAttrs
+		want  string
+	}{
+		{CustomPTXAttrs{Entry: "k"}, "custom kernel without PTX text or entry"},
+		{CustomPTXAttrs{PTX: doublePTX, Entry: "triple"}, "entry triple: no .entry triple"},
+		{CustomPTXAttrs{PTX: "not ptx", Entry: "k"}, "entry k: "},
+	} {
+		if _, err := Build("custom_ptx", EncodeAttrs(c.attrs)); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%+v: %v, want %q", c.attrs, err, c.want)
+		}
 	}
 }
 
@@ -44,7 +78,7 @@ func TestRenormMatchesRowNorm(t *testing.T) {
 		w[i] = 1 + float32(i)/10
 	}
 	for _, gather := range []bool{false, true} {
-		outRow := []uint32{2, NoRow, 0}
+		outRow := []uint32{2, bundle.NoRow, 0}
 		norm, err := Build("row_norm", EncodeAttrs(RowNormAttrs{Hidden: h, Eps: 1e-5, WDtype: "f32", Load: "add", Gather: gather}))
 		if err != nil {
 			t.Fatal(err)

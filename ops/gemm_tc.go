@@ -1,24 +1,22 @@
 package ops
 
-import "fmt"
+import (
+	"fmt"
 
-func init() { Register("gemm_tc", buildGemmTC) }
+	"xmix/bundle"
+)
 
-// GemmTCAttrs configures op "gemm_tc", the tensor-core GEMM: y[rows,N] = x'[rows,K] @
-// w[N,K]^T, with x and y in f32 and w in bf16. Tensor cores take bf16 operands, so x is split
-// into hi = bf16(x) and lo = bf16(x - hi) (both rounded to nearest even) and x' = hi + lo
-// carries 16 bits of x's mantissa (and is exact in f32); products are summed in f32, here in
-// the CUDA-core reference's order, on the GPU in the tensor cores'. Parameters: x, w, y
+// Op bundle.OpGemmTC is the tensor-core GEMM: y[rows,N] = x'[rows,K] @ w[N,K]^T, with x and y
+// in f32 and w in bf16 (attributes bundle.GemmTCAttrs). Tensor cores take bf16 operands, so x
+// is split into hi = bf16(x) and lo = bf16(x - hi) (both rounded to nearest even) and x' = hi
+// + lo carries 16 bits of x's mantissa (and is exact in f32); products are summed in f32, here
+// in the CUDA-core reference's order, on the GPU in the tensor cores'. Parameters: x, w, y
 // (pointers), rows (u32), for the staged kernel a workspace ws the reference ignores, and for
 // a guarded GEMM any_mask last (GemmAttrs).
-type GemmTCAttrs struct {
-	K     int    `json:"k"`
-	N     int    `json:"n"`
-	Guard uint32 `json:"guard,omitempty"`
-}
+func init() { Register(bundle.OpGemmTC, buildGemmTC) }
 
 func buildGemmTC(attrs []byte) (Runner, error) {
-	var a GemmTCAttrs
+	var a bundle.GemmTCAttrs
 	if err := DecodeAttrs(attrs, &a); err != nil {
 		return nil, err
 	}

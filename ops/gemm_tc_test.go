@@ -4,6 +4,8 @@ import (
 	"math"
 	"math/rand/v2"
 	"testing"
+
+	"xmix/bundle"
 )
 
 func TestGemmTCReference(t *testing.T) {
@@ -21,7 +23,7 @@ func TestGemmTCReference(t *testing.T) {
 	}
 	xArg, yArg := Arg{Mem: make([]byte, 4*rows*k)}, Arg{Mem: make([]byte, 4*rows*n)}
 	copy(xArg.F32(), x)
-	run, err := Build("gemm_tc", EncodeAttrs(GemmTCAttrs{K: k, N: n}))
+	run, err := Build("gemm_tc", EncodeAttrs(bundle.GemmTCAttrs{K: k, N: n}))
 	if err != nil {
 		t.Fatal(err)
 	}

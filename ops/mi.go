@@ -3,6 +3,8 @@ package ops
 import (
 	"fmt"
 	"math"
+
+	"xmix/bundle"
 )
 
 // MIOp is one fused MI op as its reference sees it: codegen's MIOp without the buffer names,
@@ -353,7 +355,7 @@ func (b *miBound) fire(row int, on bool) {
 // vecAt is the vector row reads: its request's slot of the pool, or the compiled one.
 func (b *miBound) vecAt(row int, ctl miCtl) []float32 {
 	if b.Pool > 0 {
-		if s := ctl.vslot[row]; s != NoRow {
+		if s := ctl.vslot[row]; s != bundle.NoRow {
 			return b.pool[int(s)*b.Width : (int(s)+1)*b.Width]
 		}
 	}
@@ -445,7 +447,7 @@ func bindCtl(c *argCursor, rows int, groups ...[]MIOp) (miCtl, error) {
 					continue
 				}
 				for r, s := range ctl.vslot[:rows] {
-					if s != NoRow && int64(s) >= int64(o.Pool) {
+					if s != bundle.NoRow && int64(s) >= int64(o.Pool) {
 						return ctl, fmt.Errorf("ctl_vslot[%d] = %d outside a pool of %d vector slots", r, s, o.Pool)
 					}
 				}

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"unsafe"
+
+	"xmix/bundle"
 )
 
 func miArgF32(v []float32) Arg {
@@ -387,7 +389,7 @@ func TestMIVectorSlotOutOfPool(t *testing.T) {
 	for _, c := range []struct {
 		vslot []uint32
 		err   string
-	}{{[]uint32{NoRow, 1}, ""}, {[]uint32{0, 2}, "ctl_vslot[1] = 2 outside a pool of 2 vector slots"}} {
+	}{{[]uint32{bundle.NoRow, 1}, ""}, {[]uint32{0, 2}, "ctl_vslot[1] = 2 outside a pool of 2 vector slots"}} {
 		args := []Arg{miArgF32(make([]float32, rows*w)), miArgU32([]uint32{1, 1}), miArgU32(c.vslot),
 			miArgF32(make([]float32, w)), miArgF32(make([]float32, 2*w)), miArgF32([]float32{1})}
 		err := r.Run(args, Launch{Grid: [3]int{rows, 1, 1}, Block: [3]int{128, 1, 1}})

@@ -3,6 +3,8 @@ package ops
 import (
 	"fmt"
 	"math"
+
+	"xmix/bundle"
 )
 
 // RowNormAttrs are the attributes of op "row_norm": load a residual row (embedding lookup or
@@ -40,9 +42,6 @@ func checkRow(hidden int, wdtype string) error {
 	}
 	return nil
 }
-
-// NoRow marks a row that a gathered norm skips (out_row[row] == NoRow).
-const NoRow = 0xFFFFFFFF
 
 func init() {
 	Register("row_norm", func(attrs []byte) (Runner, error) {
@@ -185,7 +184,7 @@ func (a RowNormAttrs) run(args []Arg, l Launch) error {
 	}
 	out := outArg.F32()
 	for r := range outRow {
-		if o := outRow[r]; o != NoRow && (int(o)+1)*h > len(out) {
+		if o := outRow[r]; o != bundle.NoRow && (int(o)+1)*h > len(out) {
 			return fmt.Errorf("out_row[%d] = %d, but out holds %d rows", r, o, len(out)/h)
 		}
 	}
@@ -218,7 +217,7 @@ func (a RowNormAttrs) run(args []Arg, l Launch) error {
 			copy(rs[r*h:], x)
 			o := r
 			if a.Gather {
-				if outRow[r] == NoRow {
+				if outRow[r] == bundle.NoRow {
 					continue
 				}
 				o = int(outRow[r])

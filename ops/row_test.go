@@ -5,6 +5,8 @@ import (
 	"math/rand/v2"
 	"testing"
 	"unsafe"
+
+	"xmix/bundle"
 )
 
 func miArgBF16(v []float32) Arg {
@@ -90,7 +92,7 @@ func TestRowNormEmbedGather(t *testing.T) {
 		return o
 	}
 	tokens := []uint32{3, 12, 0, 9} // 12 is outside the vocabulary: zeros
-	outRow := []uint32{1, NoRow, 0, NoRow}
+	outRow := []uint32{1, bundle.NoRow, 0, bundle.NoRow}
 	a := RowNormAttrs{Hidden: h, Vocab: vocab, Eps: 1e-6, WDtype: "bf16", Load: "embed", Gather: true}
 	out := make([]float32, 2*h)
 	for i := range out {
@@ -110,12 +112,12 @@ func TestRowNormEmbedGather(t *testing.T) {
 				t.Fatalf("row %d: resid[%d] = %v, want %v", r, i, args[2].F32()[r*h+i], x[i])
 			}
 		}
-		if outRow[r] != NoRow {
+		if outRow[r] != bundle.NoRow {
 			rowClose(t, "out", args[4].F32()[int(outRow[r])*h:], rowNaiveNorm(x, ww, 1e-6), 1e-6)
 		}
 	}
 	bad := append([]Arg(nil), args...)
-	bad[5] = miArgU32([]uint32{1, 2, 0, NoRow})
+	bad[5] = miArgU32([]uint32{1, 2, 0, bundle.NoRow})
 	r, _ := Build("row_norm", EncodeAttrs(a))
 	if err := r.Run(bad, Launch{Grid: [3]int{rows, 1, 1}}); err == nil {
 		t.Error("out_row past the end of out accepted")

@@ -3,6 +3,8 @@ package ops
 import (
 	"fmt"
 	"math"
+
+	"xmix/bundle"
 )
 
 func init() {
@@ -84,12 +86,6 @@ func OverrideControl(ovs []TokenOverride) (tokens, gen, latch bool) {
 	_, latch, _ = MIRequestControl(shells)
 	return tokens, gen, latch
 }
-
-// NonFinite is the sampler's answer for a sample whose logits are not all finite (a NaN or
-// an infinity: the forward overflowed, or an app wrote one): no token, which the engine
-// reports as the request's end instead of feeding it back. It is above any vocabulary
-// (at most 2^24 ids) and differs from NoRow.
-const NonFinite = 0xFFFFFFFE
 
 // TokenID converts an override's f32 token to the u32 the sampler stores, as PTX
 // cvt.rzi.u32.f32 does: toward zero, saturating, NaN to 0.
@@ -326,7 +322,7 @@ func (a SampleAttrs) bindOverrides(args []Arg, n int) (func(out []uint32), error
 	sRow := sr.U32()
 	for i := range n {
 		r := sRow[i]
-		if r == NoRow {
+		if r == bundle.NoRow {
 			continue
 		}
 		if int(r) >= rows {
@@ -341,7 +337,7 @@ func (a SampleAttrs) bindOverrides(args []Arg, n int) (func(out []uint32), error
 	return func(out []uint32) {
 		for i := range n {
 			r := sRow[i]
-			if r == NoRow || out[i] == NonFinite {
+			if r == bundle.NoRow || out[i] == bundle.NonFinite {
 				continue
 			}
 			for j, o := range a.Overrides {
@@ -390,7 +386,7 @@ func (s *sampler) sample(logits []float32, temp, topP float32, rng uint32) uint3
 		bad += x - x
 	}
 	if bad != bad {
-		return NonFinite
+		return bundle.NonFinite
 	}
 	if !(temp > 0) {
 		return uint32(argmax(logits))
@@ -567,7 +563,7 @@ func (a MISamplesAttrs) run(args []Arg, l Launch) error {
 	}
 	xs, sRow := x.F32(), sr.U32()
 	for i := range n {
-		if r := sRow[i]; r != NoRow && int(r) >= rows {
+		if r := sRow[i]; r != bundle.NoRow && int(r) >= rows {
 			return fmt.Errorf("mi_samples: s_row[%d] = %d outside %d token rows", i, r, rows)
 		}
 	}
@@ -575,7 +571,7 @@ func (a MISamplesAttrs) run(args []Arg, l Launch) error {
 	// output row.
 	ParallelFor(n, func(lo, hi int) {
 		for i := lo; i < hi; i++ {
-			if r := sRow[i]; r != NoRow {
+			if r := sRow[i]; r != bundle.NoRow {
 				applyMI(bound, int(r), ctl, xs[i*a.Width:(i+1)*a.Width])
 			}
 		}

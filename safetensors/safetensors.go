@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"os"
 	"slices"
 	"sort"
 
@@ -193,6 +194,28 @@ func checkEntry(h *headerEntry, bodyLen uint64) error {
 		return fmt.Errorf("data_offsets [%d, %d] but shape %v of %s needs %d bytes", begin, end, h.Shape, h.Dtype, need)
 	}
 	return nil
+}
+
+// WriteFile writes tensors as the safetensors file path (Write), creating or replacing it.
+func WriteFile(path string, tensors []Tensor, metadata map[string]string) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := Write(f, tensors, metadata); err != nil {
+		f.Close()
+		return fmt.Errorf("writing %s: %w", path, err)
+	}
+	return f.Close()
+}
+
+// FromF32 is an F32 tensor holding v in the given shape.
+func FromF32(name string, v []float32, shape ...int) Tensor {
+	data := make([]byte, 4*len(v))
+	for i, x := range v {
+		binary.LittleEndian.PutUint32(data[4*i:], math.Float32bits(x))
+	}
+	return Tensor{Name: name, Dtype: "F32", Shape: shape, Data: data}
 }
 
 // Write writes tensors as a safetensors file. The output is deterministic: tensors are laid

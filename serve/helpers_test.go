@@ -17,7 +17,7 @@ import (
 	"time"
 
 	"xmix/bundle"
-	"xmix/cmd/driver"
+	"xmix/compile"
 	"xmix/loader"
 	"xmix/loader/cpu"
 	"xmix/specs"
@@ -85,7 +85,7 @@ func (c *built) get(t testing.TB, extra map[string]string) *bundle.Bundle {
 			}
 			apps = append(apps, p)
 		}
-		b, err := driver.Build(filepath.Join(dir, specs.Default.Model), apps, driver.Options{EmbedWeights: true})
+		b, err := compile.Build(filepath.Join(dir, specs.Default.Model), apps, compile.Options{EmbedWeights: true})
 		if err != nil {
 			c.err = err
 			return

@@ -80,8 +80,8 @@ func newMetrics(reg *prometheus.Registry, b *bundle.Bundle) (*metrics, error) {
 	return m, nil
 }
 
-func kindIndex(kind string) int {
-	if kind == "decode" {
+func kindIndex(kind bundle.TemplateKind) int {
+	if kind == bundle.Decode {
 		return 0
 	}
 	return 1

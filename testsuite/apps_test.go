@@ -4,7 +4,7 @@ import (
 	"path/filepath"
 	"testing"
 
-	"xmix/cmd/driver"
+	"xmix/compile"
 )
 
 // TestShippedAppsCompile: the paper's seven apps (specs/apps/app*.yaml) deploy together on
@@ -24,7 +24,7 @@ func TestShippedAppsCompile(t *testing.T) {
 		{"../specs/models/mixtral-8x7b.yaml", []string{"../specs/apps/app7-steermoe.yaml"}, 64},
 		{"../specs/models/llama-3.1-8b.yaml", []string{"../specs/apps/per-request.yaml"}, 17 + 3},
 	} {
-		b, err := driver.Build(c.model, c.apps, driver.Options{Verify: true})
+		b, err := compile.Build(c.model, c.apps, compile.Options{Verify: true})
 		if err != nil {
 			t.Fatal(err)
 		}

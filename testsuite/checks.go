@@ -16,7 +16,7 @@ import (
 	"testing"
 
 	"xmix/bundle"
-	"xmix/cmd/driver"
+	"xmix/compile"
 	"xmix/loader"
 	"xmix/loader/cpu"
 	"xmix/ops"
@@ -94,15 +94,15 @@ func NewCPU(t testing.TB, b *bundle.Bundle) loader.Backend {
 // Compile builds a bundle from spec texts through the real pipeline and the .xmb format.
 func Compile(t testing.TB, model string, apps ...string) *bundle.Bundle {
 	t.Helper()
-	return CompileWith(t, driver.Options{}, model, apps...)
+	return CompileWith(t, compile.Options{}, model, apps...)
 }
 
 // CompileWith is Compile with build options (Verify is always on).
-func CompileWith(t testing.TB, opt driver.Options, model string, apps ...string) *bundle.Bundle {
+func CompileWith(t testing.TB, opt compile.Options, model string, apps ...string) *bundle.Bundle {
 	t.Helper()
 	mp, aps := WriteSpecs(t, model, apps...)
 	opt.Verify = true
-	b, err := driver.Build(mp, aps, opt)
+	b, err := compile.Build(mp, aps, opt)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -542,7 +542,7 @@ func (r *LogitRecorder) Step(t int) error {
 		return err
 	}
 	raw := make([]byte, 4*r.Vocab)
-	if err := r.Backend.Read("act.logits", raw); err != nil {
+	if err := r.Backend.Read(bundle.ActLogits, raw); err != nil {
 		return err
 	}
 	r.Steps = append(r.Steps, append([]float32(nil), ops.Arg{Mem: raw}.F32()...))

@@ -44,7 +44,7 @@ func (s *emuShadow) Step(ti int) error {
 	}
 	tmpl := s.b.Templates[ti]
 	nodes := tmpl.Nodes
-	if m, ok := addr["ctl.any_mask"]; ok && tmpl.Plain != nil && (ops.Arg{Mem: mem.Bytes(m)}).U32()[0] == 0 {
+	if m, ok := addr[bundle.CtlAnyMask]; ok && tmpl.Plain != nil && (ops.Arg{Mem: mem.Bytes(m)}).U32()[0] == 0 {
 		nodes = tmpl.Plain // what the CPU runs too: the step enables no app
 	}
 	if err := s.Backend.Step(ti); err != nil {
@@ -88,7 +88,7 @@ func (s *emuShadow) Step(ti int) error {
 		got, want := mem.Bytes(addr[buf.Name])[:len(s.Buffer(buf.Name))], s.Buffer(buf.Name)
 		var d float64
 		switch {
-		case buf.Name == "out.sampled" || buf.Dtype == "u32":
+		case buf.Name == bundle.OutSampled || buf.Dtype == "u32":
 			for i := 0; i+4 <= len(want); i += 4 {
 				if (ops.Arg{Mem: got[i : i+4]}).U32()[0] != (ops.Arg{Mem: want[i : i+4]}).U32()[0] {
 					d = math.Inf(1)

@@ -8,7 +8,7 @@ import (
 	"testing"
 
 	"xmix/bundle"
-	"xmix/cmd/driver"
+	"xmix/compile"
 	"xmix/loader"
 	"xmix/ops"
 	"xmix/specs"
@@ -49,7 +49,7 @@ const ErrNoGemma2Builder = "its forward builder is not written yet"
 func CompileGemma2(t testing.TB, model string, apps ...string) *bundle.Bundle {
 	t.Helper()
 	mp, aps := WriteSpecs(t, model, apps...)
-	b, err := driver.Build(mp, aps, driver.Options{Verify: true})
+	b, err := compile.Build(mp, aps, compile.Options{Verify: true})
 	if err != nil && strings.Contains(err.Error(), ErrNoGemma2Builder) {
 		t.Skipf("no gemma2 builder yet: %v", err)
 	}

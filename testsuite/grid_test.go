@@ -7,7 +7,7 @@ import (
 	"testing"
 
 	"xmix/bundle"
-	"xmix/cmd/driver"
+	"xmix/compile"
 )
 
 // gridRow is what one specs/apps/grid/ spec must deploy on Llama-3.1-8B: its MI sites
@@ -67,7 +67,7 @@ func TestGridSpecs(t *testing.T) {
 	for _, f := range files {
 		row := gridRows[filepath.Base(f)]
 		t.Run(row.app, func(t *testing.T) {
-			b, err := driver.Build(model, []string{f}, driver.Options{Verify: true})
+			b, err := compile.Build(model, []string{f}, compile.Options{Verify: true})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -79,7 +79,7 @@ func TestGridSpecs(t *testing.T) {
 			total += len(row.layers)
 		}
 	}
-	b, err := driver.Build(model, files, driver.Options{Verify: true})
+	b, err := compile.Build(model, files, compile.Options{Verify: true})
 	if err != nil {
 		t.Fatal(err)
 	}

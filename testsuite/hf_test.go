@@ -14,7 +14,8 @@ import (
 	"testing"
 
 	"xmix/bundle"
-	"xmix/cmd/driver"
+	"xmix/checkpoint"
+	"xmix/compile"
 	"xmix/loader"
 	"xmix/loader/cpu"
 	"xmix/ops"
@@ -88,14 +89,7 @@ func writeHFCheckpoint(t *testing.T, b *bundle.Bundle, dir string, opt hfOptions
 	half := len(tensors) / 2
 	for i, part := range [][]safetensors.Tensor{tensors[:half], tensors[half:]} {
 		shard := fmt.Sprintf("model-%05d-of-00002.safetensors", i+1)
-		f, err := os.Create(filepath.Join(dir, shard))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := safetensors.Write(f, part, map[string]string{"format": "pt"}); err != nil {
-			t.Fatal(err)
-		}
-		if err := f.Close(); err != nil {
+		if err := safetensors.WriteFile(filepath.Join(dir, shard), part, map[string]string{"format": "pt"}); err != nil {
 			t.Fatal(err)
 		}
 		for _, ts := range part {
@@ -141,7 +135,7 @@ func writeHFCheckpoint(t *testing.T, b *bundle.Bundle, dir string, opt hfOptions
 	}
 	writeJSON(t, filepath.Join(dir, "config.json"), cfg)
 	writeJSON(t, filepath.Join(dir, "generation_config.json"), map[string]any{"bos_token_id": mc.BOS, "eos_token_id": mc.EOS})
-	writeJSON(t, filepath.Join(dir, loader.IndexFile), map[string]any{"metadata": map[string]any{"total_size": 0}, "weight_map": weightMap})
+	writeJSON(t, filepath.Join(dir, checkpoint.IndexFile), map[string]any{"metadata": map[string]any{"total_size": 0}, "weight_map": weightMap})
 	return bufs
 }
 
@@ -288,7 +282,7 @@ func TestHFCheckpointErrors(t *testing.T) {
 		want []string
 	}{
 		{"untied without lm_head", hfOptions{drop: "lm_head.weight"}, nil,
-			[]string{"weight tensor lm_head.weight (for buffer lm_head) is missing from", loader.IndexFile, "embeddings are not tied"}},
+			[]string{"weight tensor lm_head.weight (for buffer lm_head) is missing from", checkpoint.IndexFile, "embeddings are not tied"}},
 		{"missing layer tensor", hfOptions{drop: "model.layers.2.mlp.down_proj.weight"}, nil,
 			[]string{"weight tensor model.layers.2.mlp.down_proj.weight (for buffer L2.wdown) is missing"}},
 		{"kv heads disagree", hfOptions{config: map[string]any{"num_key_value_heads": 4}}, nil,
@@ -299,7 +293,7 @@ func TestHFCheckpointErrors(t *testing.T) {
 			if err := os.Remove(filepath.Join(dir, "model-00002-of-00002.safetensors")); err != nil {
 				t.Fatal(err)
 			}
-		}, []string{loader.IndexFile + " names shard model-00002-of-00002.safetensors (for tensor ", "does not exist"}},
+		}, []string{checkpoint.IndexFile + " names shard model-00002-of-00002.safetensors (for tensor ", "does not exist"}},
 		{"truncated shard", hfOptions{}, func(t *testing.T, dir string) {
 			p := filepath.Join(dir, "model-00001-of-00002.safetensors")
 			st, err := os.Stat(p)
@@ -325,7 +319,7 @@ func TestHFCheckpointErrors(t *testing.T) {
 			}
 			// Every problem fails the build: the driver checks the checkpoint's headers
 			// against every weight buffer.
-			_, err := driver.Build(spec, nil, driver.Options{})
+			_, err := compile.Build(spec, nil, compile.Options{})
 			if err == nil {
 				t.Fatal("built from a broken checkpoint")
 			}

@@ -13,7 +13,7 @@ import (
 	"testing"
 
 	"xmix/chat"
-	"xmix/cmd/driver"
+	"xmix/compile"
 	"xmix/frontend"
 	"xmix/loader"
 )
@@ -106,7 +106,7 @@ eos: [0]
 serving: {decode_buckets: [1], prefill_chunks: [16], max_seq_len: 128, max_seqs: 1, kv_block_size: 16}
 `, c.family, c.vocab, c.extra, checkpointTokenizer(t, c.tokenizer))
 			mp, _ := WriteSpecs(t, spec)
-			b, err := driver.Build(mp, nil, driver.Options{})
+			b, err := compile.Build(mp, nil, compile.Options{})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -179,7 +179,7 @@ func TestShippedSpecsBOS(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got, err := driver.PromptBOS(m, nil, nil); err != nil || got != want {
+		if got, err := compile.PromptBOS(m, nil, nil); err != nil || got != want {
 			t.Errorf("%s: BOS %d (%v), want %d", spec, got, err, want)
 		}
 	}
@@ -190,7 +190,7 @@ func TestShippedSpecsBOS(t *testing.T) {
 // it, so the template cannot write it), and the prompt generates. A bundle without a
 // template says how to give it one.
 func TestTinyChat(t *testing.T) {
-	b, err := driver.Build("../specs/models/tiny.yaml", nil, driver.Options{})
+	b, err := compile.Build("../specs/models/tiny.yaml", nil, compile.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

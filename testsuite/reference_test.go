@@ -12,7 +12,7 @@ import (
 	"testing"
 
 	"xmix/bundle"
-	"xmix/cmd/driver"
+	"xmix/compile"
 	"xmix/loader"
 	"xmix/loader/cpu"
 	"xmix/ops"
@@ -260,15 +260,15 @@ func layerName(l int, s string) string { return "L" + strconv.Itoa(l) + "." + s 
 func TestForwardMatchesFloat64Reference(t *testing.T) {
 	for _, c := range []struct {
 		name, spec string
-		opt        driver.Options
+		opt        compile.Options
 	}{
-		{"llama", SmallModel, driver.Options{}}, {"qwen2", SmallQwen2, driver.Options{}}, {"qwen3", SmallQwen3, driver.Options{}},
+		{"llama", SmallModel, compile.Options{}}, {"qwen2", SmallQwen2, compile.Options{}}, {"qwen3", SmallQwen3, compile.Options{}},
 		// Mistral is Llama's forward under another name (no QK-norm here).
-		{"mistral", strings.Replace(SmallQwen3, "family: qwen3", "family: mistral", 1), driver.Options{}},
+		{"mistral", strings.Replace(SmallQwen3, "family: qwen3", "family: mistral", 1), compile.Options{}},
 		// The prefill chunk (16 rows) runs every expert densely by default, the decode buckets
 		// grouped; --moe grouped runs the expert kernels everywhere.
-		{"mixtral", SmallMixtral, driver.Options{}},
-		{"mixtral-grouped", SmallMixtral, driver.Options{MoE: "grouped"}},
+		{"mixtral", SmallMixtral, compile.Options{}},
+		{"mixtral-grouped", SmallMixtral, compile.Options{MoE: "grouped"}},
 	} {
 		t.Run(c.name, func(t *testing.T) { checkForwardReference(t, CompileWith(t, c.opt, c.spec)) })
 	}
@@ -356,7 +356,7 @@ func TestBiasedModelRefusesQKVHooks(t *testing.T) {
 	if err := os.WriteFile(ap, []byte(captureAt("attn.k", 1, 64)), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	_, err := driver.Build(mp, []string{ap}, driver.Options{Verify: true})
+	_, err := compile.Build(mp, []string{ap}, compile.Options{Verify: true})
 	if err == nil || !strings.Contains(err.Error(), "layer 1: hook attn.k on a model with q/k/v biases is not supported") {
 		t.Fatalf("got %v, want a refusal of attn.k", err)
 	}
@@ -375,7 +375,7 @@ func TestMixtralRefusesMlpAct(t *testing.T) {
 	if err := os.WriteFile(ap, []byte(captureAt("mlp.act", 1, 96)), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	_, err := driver.Build(mp, []string{ap}, driver.Options{Verify: true})
+	_, err := compile.Build(mp, []string{ap}, compile.Options{Verify: true})
 	if err == nil || !strings.Contains(err.Error(), "hook mlp.act on a mixture-of-experts model is not supported yet") {
 		t.Fatalf("got %v, want a refusal of mlp.act", err)
 	}
@@ -390,7 +390,7 @@ func TestMixtralDenseExperts(t *testing.T) {
 	spec := strings.Replace(SmallMixtral, "decode_buckets: [1, 2], prefill_chunks: [16], max_seq_len: 64, max_seqs: 2",
 		"decode_buckets: [1, 8], prefill_chunks: [16], max_seq_len: 64, max_seqs: 8", 1)
 	dense := Compile(t, spec, smallSteerMoE)
-	grouped := CompileWith(t, driver.Options{MoE: "grouped"}, spec, smallSteerMoE)
+	grouped := CompileWith(t, compile.Options{MoE: "grouped"}, spec, smallSteerMoE)
 	for _, tp := range dense.Templates {
 		combines, experts := 0, 0
 		for _, n := range tp.Nodes {

@@ -6,7 +6,7 @@ import (
 	"slices"
 	"testing"
 
-	"xmix/cmd/driver"
+	"xmix/compile"
 	"xmix/loader"
 )
 
@@ -35,7 +35,7 @@ func TestTinyMatchesTransformers(t *testing.T) {
 	if err := json.Unmarshal(data, &ref); err != nil {
 		t.Fatal(err)
 	}
-	b, err := driver.Build("../specs/models/tiny.yaml", []string{"../specs/apps/tiny-probe.yaml"}, driver.Options{})
+	b, err := compile.Build("../specs/models/tiny.yaml", []string{"../specs/apps/tiny-probe.yaml"}, compile.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

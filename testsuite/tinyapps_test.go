@@ -9,7 +9,7 @@ import (
 	"testing"
 
 	"xmix/bundle"
-	"xmix/cmd/driver"
+	"xmix/compile"
 	"xmix/loader"
 	"xmix/safetensors"
 )
@@ -33,7 +33,7 @@ func buildTiny(t *testing.T, apps ...string) *bundle.Bundle {
 	if err := os.WriteFile(capPath, []byte(captureApp(5, 256)), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	b, err := driver.Build("../specs/models/tiny.yaml", append(apps, capPath), driver.Options{Verify: true})
+	b, err := compile.Build("../specs/models/tiny.yaml", append(apps, capPath), compile.Options{Verify: true})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,7 +8,7 @@ import (
 	"testing"
 
 	"xmix/bundle"
-	"xmix/cmd/driver"
+	"xmix/compile"
 	"xmix/loader"
 )
 
@@ -100,7 +100,7 @@ func runTP(t *testing.T, b *bundle.Bundle) tpRun {
 
 func buildTP(t *testing.T, model string, apps []string, tp int) *bundle.Bundle {
 	t.Helper()
-	b, err := driver.Build(model, apps, driver.Options{Verify: true, TP: tp})
+	b, err := compile.Build(model, apps, compile.Options{Verify: true, TP: tp})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -195,7 +195,7 @@ ops:
 				apps = []string{c.app}
 			}
 			mp, aps := WriteSpecs(t, SmallModel, apps...)
-			_, err := driver.Build(mp, aps, driver.Options{TP: c.tp})
+			_, err := compile.Build(mp, aps, compile.Options{TP: c.tp})
 			if err == nil {
 				t.Fatal("built")
 			}
@@ -213,7 +213,7 @@ func TestTP1IsTheOneDeviceBundle(t *testing.T) {
 	mp, aps := WriteSpecs(t, SmallModel, tpApps(128, 4, 300)...)
 	var out [][]byte
 	for _, tp := range []int{0, 1} {
-		b, err := driver.Build(mp, aps, driver.Options{TP: tp})
+		b, err := compile.Build(mp, aps, compile.Options{TP: tp})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -437,20 +437,20 @@ func fullBatch(s *session, ti, n int) error {
 		for j := range pages {
 			table[j] = uint32(r*pages + j)
 		}
-		if err := s.be.Write("kv.block_table", int64(4*r*perSeq), enc(table)); err != nil {
+		if err := s.be.Write(bundle.KVBlockTable, int64(4*r*perSeq), enc(table)); err != nil {
 			return err
 		}
 	}
 	for _, w := range []struct {
 		buf string
 		v   []uint32
-	}{{"ctl.pos", pos}, {"ctl.seq", seq}, {"ctl.mask", zero}} {
+	}{{bundle.CtlPos, pos}, {bundle.CtlSeq, seq}, {bundle.CtlMask, zero}} {
 		if err := s.be.Write(w.buf, 0, enc(w.v)); err != nil {
 			return err
 		}
 	}
-	if hasBuffer(s.b, "ctl.any_mask") {
-		if err := s.be.Write("ctl.any_mask", 0, enc([]uint32{0})); err != nil {
+	if hasBuffer(s.b, bundle.CtlAnyMask) {
+		if err := s.be.Write(bundle.CtlAnyMask, 0, enc([]uint32{0})); err != nil {
 			return err
 		}
 	}
@@ -478,7 +478,7 @@ func hasBuffer(b *bundle.Bundle, name string) bool {
 func timedBuckets(s *session, f benchFlags) []int {
 	var out []int
 	for i, t := range s.b.Templates {
-		if t.Kind == "decode" && (len(f.decodeOnly) == 0 || slices.Contains(f.decodeOnly, t.Tokens)) {
+		if t.Kind == bundle.Decode && (len(f.decodeOnly) == 0 || slices.Contains(f.decodeOnly, t.Tokens)) {
 			out = append(out, i)
 		}
 	}

@@ -14,13 +14,13 @@ import (
 	"time"
 
 	"xmix/bundle"
-	"xmix/cmd/driver"
+	"xmix/compile"
 )
 
 // An app-vs-no-app comparison is only fair on one workload: enabling apps must not change
 // the prompts or arrival times the benchmark draws.
 func TestBenchAppsKeepTheWorkload(t *testing.T) {
-	b, err := driver.Build("../../specs/models/tiny.yaml", []string{"../../specs/apps/tiny-steer.yaml"}, driver.Options{EmbedWeights: true})
+	b, err := compile.Build("../../specs/models/tiny.yaml", []string{"../../specs/apps/tiny-steer.yaml"}, compile.Options{EmbedWeights: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -101,7 +101,7 @@ func TestOnlineBenchTokensUnchangedBySchedule(t *testing.T) {
 		if err := os.WriteFile(sp, []byte(strings.Join(lines, "\n")), 0o644); err != nil {
 			t.Fatal(err)
 		}
-		b, err := driver.Build(sp, nil, driver.Options{EmbedWeights: true})
+		b, err := compile.Build(sp, nil, compile.Options{EmbedWeights: true})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -253,7 +253,7 @@ func TestBenchURLDrivesTheServer(t *testing.T) {
 // time, so the words are checked directly after the step it runs); a context past
 // max_seq_len or a bucket with more rows than sequence slots are refused.
 func TestBenchFullBatch(t *testing.T) {
-	b, err := driver.Build("../../specs/models/tiny.yaml", nil, driver.Options{EmbedWeights: true})
+	b, err := compile.Build("../../specs/models/tiny.yaml", nil, compile.Options{EmbedWeights: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -284,7 +284,7 @@ func TestBenchFullBatch(t *testing.T) {
 		}
 		perSeq := (m.MaxSeqLen + m.KVBlockSize - 1) / m.KVBlockSize
 		pages := (n + m.KVBlockSize - 1) / m.KVBlockSize
-		pos, seq, table := words("ctl.pos", 4), words("ctl.seq", 4), words("kv.block_table", 4*perSeq)
+		pos, seq, table := words(bundle.CtlPos, 4), words(bundle.CtlSeq, 4), words(bundle.KVBlockTable, 4*perSeq)
 		for r := range 4 {
 			if pos[r] != n-1 || seq[r] != uint32(r) {
 				t.Fatalf("row %d: pos %d seq %d", r, pos[r], seq[r])
@@ -326,7 +326,7 @@ ops:
 `), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	b, err := driver.Build("../../specs/models/tiny.yaml", []string{app}, driver.Options{EmbedWeights: true})
+	b, err := compile.Build("../../specs/models/tiny.yaml", []string{app}, compile.Options{EmbedWeights: true})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -154,7 +154,7 @@ func (r *logitSteps) Step(t int) error {
 		return err
 	}
 	raw := make([]byte, 4*r.vocab)
-	if err := r.Backend.Read("act.logits", raw); err != nil {
+	if err := r.Backend.Read(bundle.ActLogits, raw); err != nil {
 		return err
 	}
 	l := make([]float32, r.vocab)

@@ -19,7 +19,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"xmix/bundle"
-	"xmix/cmd/driver"
+	"xmix/compile"
 	"xmix/loader"
 	"xmix/loader/cpu"
 	"xmix/loader/cuda"
@@ -39,7 +39,7 @@ func main() {
 
 func rootCmd() *cobra.Command {
 	root := &cobra.Command{
-		Version: driver.Version(),
+		Version: compile.Version(),
 		Use:     "xmix",
 		Short:   "Run LLM bundles with mechanistic-interpretability apps in the decode loop",
 		Long: `xmix runs .xmb bundles built by xmixc. Every request names the apps it wants; apps
@@ -307,9 +307,9 @@ func openDefault(f runFlags) (*session, func(), error) {
 		return nil, cleanup, err
 	}
 	f.progress("compiling the embedded default model (tiny) with tiny-steer and tiny-probe")
-	b, err := driver.Build(filepath.Join(dir, specs.Default.Model),
+	b, err := compile.Build(filepath.Join(dir, specs.Default.Model),
 		[]string{filepath.Join(dir, specs.Default.Steer), filepath.Join(dir, specs.Default.Probe)},
-		driver.Options{EmbedWeights: true})
+		compile.Options{EmbedWeights: true})
 	if err != nil {
 		return nil, cleanup, err
 	}
@@ -472,7 +472,7 @@ func infoCmd() *cobra.Command {
 		Short: "Show what this xmix can run on this machine",
 		RunE: func(cmd *cobra.Command, args []string) error {
 			w := cmd.OutOrStdout()
-			fmt.Fprintf(w, "xmix (%s), %s/%s, %d CPU threads\n", driver.Compiler, runtime.GOOS, runtime.GOARCH, runtime.GOMAXPROCS(0))
+			fmt.Fprintf(w, "xmix (%s), %s/%s, %d CPU threads\n", compile.Compiler, runtime.GOOS, runtime.GOARCH, runtime.GOMAXPROCS(0))
 			if dev, err := cuda.Probe(); err != nil {
 				fmt.Fprintf(w, "gpu: none usable (%v)\nbackends: cpu\n", err)
 			} else {

@@ -14,7 +14,7 @@ import (
 	"testing"
 
 	"xmix/bundle"
-	"xmix/cmd/driver"
+	"xmix/compile"
 	"xmix/testsuite"
 	"xmix/tokenizer"
 )
@@ -124,7 +124,7 @@ bos: 128000
 eos: [128001, 128009]
 serving: {decode_buckets: [1], prefill_chunks: [32], max_seq_len: 128}
 `), 0o644)
-	b, err := driver.Build(spec, nil, driver.Options{})
+	b, err := compile.Build(spec, nil, compile.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -174,7 +174,7 @@ func TestLogitsMatchTheReference(t *testing.T) {
 	}
 	dir := t.TempDir()
 	bp := filepath.Join(dir, "tiny.xmb")
-	b, err := driver.Build("../../specs/models/tiny.yaml", nil, driver.Options{EmbedWeights: true})
+	b, err := compile.Build("../../specs/models/tiny.yaml", nil, compile.Options{EmbedWeights: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -225,7 +225,7 @@ ops:
 `), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	b, err := driver.Build("../../specs/models/tiny.yaml", []string{app}, driver.Options{EmbedWeights: true})
+	b, err := compile.Build("../../specs/models/tiny.yaml", []string{app}, compile.Options{EmbedWeights: true})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"xmix/cmd/driver"
+	"xmix/compile"
 	"xmix/specs"
 )
 
@@ -32,7 +32,7 @@ func tinySession(t *testing.T, extra ...string) *session {
 		}
 		apps = append(apps, p)
 	}
-	b, err := driver.Build(filepath.Join(dir, specs.Default.Model), apps, driver.Options{EmbedWeights: true})
+	b, err := compile.Build(filepath.Join(dir, specs.Default.Model), apps, compile.Options{EmbedWeights: true})
 	if err != nil {
 		t.Fatal(err)
 	}

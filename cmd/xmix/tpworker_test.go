@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"xmix/bundle"
-	"xmix/cmd/driver"
+	"xmix/compile"
 )
 
 // asXmix, set in a child's environment, makes the test binary run as the xmix command, so
@@ -50,9 +50,9 @@ func freeAddr(t *testing.T) string {
 // tinyTP2 writes the embedded model with its two demo apps, built at tp 2, to a file.
 func tinyTP2(t *testing.T) string {
 	t.Helper()
-	b, err := driver.Build("../../specs/models/tiny.yaml",
+	b, err := compile.Build("../../specs/models/tiny.yaml",
 		[]string{"../../specs/apps/tiny-steer.yaml", "../../specs/apps/tiny-probe.yaml"},
-		driver.Options{TP: 2, EmbedWeights: true})
+		compile.Options{TP: 2, EmbedWeights: true})
 	if err != nil {
 		t.Fatal(err)
 	}

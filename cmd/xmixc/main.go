@@ -14,7 +14,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"xmix/bundle"
-	"xmix/cmd/driver"
+	"xmix/compile"
 	"xmix/passes"
 )
 
@@ -26,7 +26,7 @@ func main() {
 
 func rootCmd() *cobra.Command {
 	root := &cobra.Command{
-		Version: driver.Version(),
+		Version: compile.Version(),
 		Use:     "xmixc",
 		Short:   "Compile LLM models with mechanistic-interpretability apps into xmix bundles",
 		Long: `xmixc reads a model spec (specs/models/*.yaml) and any number of app specs
@@ -63,7 +63,7 @@ func buildCmd() *cobra.Command {
 					fmt.Fprintf(os.Stderr, "[%6.2fs] %s\n", time.Since(start).Seconds(), fmt.Sprintf(f, a...))
 				}
 			}
-			b, err := driver.Build(args[0], args[1:], driver.Options{EmbedWeights: embed, Verify: verify, Progress: progress, GEMM: gemm, MoE: moe, TP: tp, VectorSlots: vectorSlots})
+			b, err := compile.Build(args[0], args[1:], compile.Options{EmbedWeights: embed, Verify: verify, Progress: progress, GEMM: gemm, MoE: moe, TP: tp, VectorSlots: vectorSlots})
 			if err != nil {
 				return err
 			}
@@ -105,13 +105,13 @@ func checkCmd() *cobra.Command {
 		Short: "Validate specs and print the resolved plan (which MI op is fused into which kernel)",
 		Args:  cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			opt := driver.Options{Verify: true, TP: tp}
+			opt := compile.Options{Verify: true, TP: tp}
 			if trace {
 				opt.Trace = func(pass string, p *passes.Program) {
 					fmt.Fprintf(cmd.OutOrStdout(), "after %s: %d op site(s)\n", pass, len(p.Ops))
 				}
 			}
-			p, err := driver.Plan(args[0], args[1:], opt)
+			p, err := compile.Plan(args[0], args[1:], opt)
 			if err != nil {
 				return err
 			}

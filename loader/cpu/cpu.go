@@ -168,7 +168,7 @@ func (rk *rank) bindAll(nodes []bundle.Node, kernels map[string]*bundle.Kernel, 
 // enables an app (ctl.any_mask is zero), else all of them.
 func (rk *rank) nodes(t int) []boundNode {
 	if t < len(rk.plain) && rk.plain[t] != nil {
-		if m := rk.bufs["ctl.any_mask"]; len(m) >= 4 && binary.LittleEndian.Uint32(m) == 0 {
+		if m := rk.bufs[bundle.CtlAnyMask]; len(m) >= 4 && binary.LittleEndian.Uint32(m) == 0 {
 			return rk.plain[t]
 		}
 	}

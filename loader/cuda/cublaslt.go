@@ -1,7 +1,6 @@
 package cuda
 
 import (
-	"encoding/json"
 	"fmt"
 	"runtime"
 	"unsafe"
@@ -9,11 +8,10 @@ import (
 	"github.com/ebitengine/purego"
 
 	"xmix/bundle"
-	"xmix/ops"
 )
 
-// The bundle names every tensor-core GEMM as its own node kind (op gemm_tc: x f32 [rows,K],
-// w bf16 [N,K], y f32 [rows,N]), so the backend may serve it with its PTX kernel or with
+// The bundle names every tensor-core GEMM as its own node kind (bundle.GemmOf: x f32 [M,K],
+// w bf16 [N,K], y f32 [M,N]), so the backend may serve it with its PTX kernel or with
 // cuBLASLt captured into the same step graph (DESIGN.md, "Backends"). cuBLASLt takes x as
 // bf16: a cast kernel (castPTX, below) rounds x to bf16 into a scratch buffer, then one
 // cublasLtMatmul computes y = bf16(x) . w^T with f32 accumulation. That is the precision of
@@ -136,7 +134,7 @@ type cublasLt struct {
 
 // ltKey identifies one GEMM call: the same shape on the same buffers is the same launch.
 type ltKey struct {
-	g       gemmShape
+	g       bundle.GEMM
 	x, w, y uintptr
 }
 
@@ -201,8 +199,8 @@ func (be *Backend) initCublasLt(b *bundle.Bundle, mode string, progress Progress
 	var xbBytes int64
 	for _, t := range b.Templates {
 		for _, n := range t.Nodes {
-			if g, ok := be.gemmShape(n); ok {
-				xbBytes = max(xbBytes, int64(g.rows)*int64(g.k)*2)
+			if g, ok := be.gemm(n); ok {
+				xbBytes = max(xbBytes, int64(g.M)*int64(g.K)*2)
 			}
 		}
 	}
@@ -252,35 +250,33 @@ func (be *Backend) setupCublasLt(lt *cublasLt, xbBytes int64) error {
 	return d.call("cuModuleGetFunction", uintptr(unsafe.Pointer(&lt.cast)), lt.castMod, uintptr(unsafe.Pointer(&name[0])))
 }
 
-// gemmShape is a gemm_tc node's dimensions, when n is one.
-type gemmShape struct{ rows, k, n int }
-
-func (be *Backend) gemmShape(n bundle.Node) (gemmShape, bool) {
+// gemm reads node n as a GEMM cuBLASLt can serve: a GEMM node (bundle.GemmOf) with an even
+// K. A guarded GEMM (a logit lens's LM head) is only taken when its node is skipped on the
+// same bits: the library call has no early exit, so the graph variants must leave it out
+// (prepare checks that they do).
+func (be *Backend) gemm(n bundle.Node) (bundle.GEMM, bool) {
 	k, ok := be.kernels[n.Kernel]
-	if !ok || k.Op != "gemm_tc" || len(n.Args) < 4 || n.Args[3].Buffer != "" {
-		return gemmShape{}, false
+	if !ok {
+		return bundle.GEMM{}, false
 	}
-	var a ops.GemmTCAttrs
-	// A guarded GEMM (a logit lens's LM head) is only taken when its node is skipped on the
-	// same bits: the library call has no early exit, so the graph variants must leave it
-	// out (prepare checks that they do).
-	if json.Unmarshal(k.Attrs, &a) != nil || a.K <= 0 || a.N <= 0 || a.K%2 != 0 || a.Guard != n.SkipUnless {
-		return gemmShape{}, false
+	g, ok, err := bundle.GemmOf(n, k)
+	if err != nil || !ok || g.K%2 != 0 || g.Guard != n.SkipUnless {
+		return bundle.GEMM{}, false
 	}
-	return gemmShape{rows: int(uint32(n.Args[3].Const)), k: a.K, n: a.N}, true
+	return g, true
 }
 
-// ltNode prepares node n (x, w, y at device addresses vals[0..2]) for cuBLASLt: the cast
+// ltNode prepares node n (vals: its arguments' device addresses and constants) for cuBLASLt: the cast
 // launch and the matmul with its heuristic algorithm, run once outside any graph so that a
 // failure surfaces here, not inside a capture. ok is false when cuBLASLt does not take it
 // (the node then runs its PTX kernel).
 func (be *Backend) ltNode(n bundle.Node, vals []uint64) (*launch, bool, error) {
-	g, ok := be.gemmShape(n)
-	if !ok || be.lt == nil || g.rows <= 0 {
+	g, ok := be.gemm(n)
+	if !ok || be.lt == nil || g.M <= 0 {
 		return nil, false, nil
 	}
 	lt := be.lt
-	key := ltKey{g: g, x: uintptr(vals[0]), w: uintptr(vals[1]), y: uintptr(vals[2])}
+	key := ltKey{g: g, x: uintptr(vals[g.X]), w: uintptr(vals[g.W]), y: uintptr(vals[g.Y])}
 	if l, ok := lt.served[key]; ok {
 		return l, true, nil
 	}
@@ -307,7 +303,7 @@ func (be *Backend) ltNode(n bundle.Node, vals []uint64) (*launch, bool, error) {
 		p          *uintptr
 		dtype      uintptr
 		rows, cols int
-	}{{&m.a, cudaR16BF, g.k, g.n}, {&m.b, cudaR16BF, g.k, g.rows}, {&m.c, cudaR32F, g.n, g.rows}} {
+	}{{&m.a, cudaR16BF, g.K, g.N}, {&m.b, cudaR16BF, g.K, g.M}, {&m.c, cudaR32F, g.N, g.M}} {
 		if err := lt.call("cublasLtMatrixLayoutCreate", uintptr(unsafe.Pointer(l.p)), l.dtype, uintptr(l.rows), uintptr(l.cols), uintptr(l.rows)); err != nil {
 			return nil, false, err
 		}
@@ -334,11 +330,11 @@ func (be *Backend) ltNode(n bundle.Node, vals []uint64) (*launch, bool, error) {
 		return nil, false, err
 	}
 	if found < 1 {
-		return nil, false, fmt.Errorf("cuBLASLt has no algorithm for %dx%dx%d bf16", g.rows, g.n, g.k)
+		return nil, false, fmt.Errorf("cuBLASLt has no algorithm for %dx%dx%d bf16", g.M, g.N, g.K)
 	}
-	grid, block := castLaunch(g.rows * g.k)
+	grid, block := castLaunch(g.M * g.K)
 	l := &launch{label: n.Label, kernel: "cublasLt:" + n.Kernel, f: lt.cast, grid: [3]int{grid, 1, 1},
-		block: [3]int{block, 1, 1}, params: be.keepParams([]uint64{vals[0], uint64(lt.xb), uint64(g.rows * g.k / 2)}), matmul: m}
+		block: [3]int{block, 1, 1}, params: be.keepParams([]uint64{vals[g.X], uint64(lt.xb), uint64(g.M * g.K / 2)}), matmul: m}
 	if err := be.issue(*l); err != nil {
 		return nil, false, err
 	}

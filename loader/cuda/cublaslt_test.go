@@ -73,11 +73,15 @@ func TestUnknownGemmServerIsAnError(t *testing.T) {
 // when its node is skipped on the guard's bits and those bits have graph variants, since the
 // library call cannot exit early.
 func TestCublasLtTakesGuardedGemmsOnlyWhereVariantsSkipThem(t *testing.T) {
-	attrs := func(guard uint32) []byte { return ops.EncodeAttrs(ops.GemmTCAttrs{K: 64, N: 32, Guard: guard}) }
+	attrs := func(guard uint32) []byte { return ops.EncodeAttrs(bundle.GemmTCAttrs{K: 64, N: 32, Guard: guard}) }
+	params := []bundle.Param{{Name: bundle.GemmX, Type: "u64"}, {Name: bundle.GemmW, Type: "u64"}, {Name: bundle.GemmY, Type: "u64"}, {Name: bundle.GemmRows, Type: "u32"}}
+	guarded := append(params, bundle.Param{Name: "any_mask", Type: "u64"})
 	be := &Backend{kernels: map[string]bundle.Kernel{
-		"tc": {Op: "gemm_tc", Attrs: attrs(0)}, "tc_g8": {Op: "gemm_tc", Attrs: attrs(8)}, "gemv": {Op: "gemm", Attrs: attrs(0)},
+		"tc":    {Op: bundle.OpGemmTC, Attrs: attrs(0), Params: params},
+		"tc_g8": {Op: bundle.OpGemmTC, Attrs: attrs(8), Params: guarded},
+		"gemv":  {Op: "gemm", Attrs: attrs(0), Params: params},
 	}}
-	args := []bundle.Slot{{Buffer: "x"}, {Buffer: "w"}, {Buffer: "y"}, {Const: 8}, {Buffer: "ctl.any_mask"}}
+	args := []bundle.Slot{{Buffer: "x"}, {Buffer: "w"}, {Buffer: "y"}, {Const: 8}, {Buffer: bundle.CtlAnyMask}}
 	for _, c := range []struct {
 		kernel     string
 		skipUnless uint32
@@ -95,7 +99,7 @@ func TestCublasLtTakesGuardedGemmsOnlyWhereVariantsSkipThem(t *testing.T) {
 		if c.kernel == "tc_g8" {
 			n.Args = args
 		}
-		_, shape := be.gemmShape(n)
+		_, shape := be.gemm(n)
 		if got := shape && ltMayServe(n, c.variants); got != c.want {
 			t.Errorf("%s skip_unless %#x variants %#x: cuBLASLt serves it %v, want %v", c.kernel, c.skipUnless, c.variants, got, c.want)
 		}

@@ -60,9 +60,9 @@ func planOutCopies(b *bundle.Bundle, out arena) [][]outCopy {
 				c.bit = o.bit
 				c.bytes = min(c.bytes, int64(t.Tokens)*o.rowBytes)
 			}
-			if buf.Name == "out.logprobs" && len(buf.Shape) == 2 {
+			if buf.Name == bundle.OutLogprobs && len(buf.Shape) == 2 {
 				// Rows of the samples that ask (bundle.ModelConfig.Logprobs).
-				c.askedBy, c.samples = "ctl.logprobs", t.Samples
+				c.askedBy, c.samples = bundle.CtlLogprobs, t.Samples
 				c.bytes = min(c.bytes, int64(t.Samples)*4*int64(buf.Shape[1]))
 			}
 			plan[i] = append(plan[i], c)
@@ -100,7 +100,7 @@ func (be *Backend) askedFor(buf string, words int) bool {
 // anyMask is the union of the apps the rows of the next step enable (ctl.any_mask, written by
 // the engine before Step); 0 when the bundle deploys no apps.
 func (be *Backend) anyMask() uint32 {
-	off, ok := be.ctl.offset["ctl.any_mask"]
+	off, ok := be.ctl.offset[bundle.CtlAnyMask]
 	if !ok {
 		return 0
 	}

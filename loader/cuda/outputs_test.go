@@ -16,7 +16,7 @@ func TestOutCopiesFollowTheStepsApps(t *testing.T) {
 			{Name: "probe.score", Kind: bundle.KindOutput, Dtype: "f32", Shape: []int{512, 1}},
 			{Name: "act.resid", Kind: bundle.KindActivation, Dtype: "f32", Shape: []int{512, 64}},
 			{Name: "cap.L3", Kind: bundle.KindOutput, Dtype: "f32", Shape: []int{512, 64}},
-			{Name: "out.sampled", Kind: bundle.KindOutput, Dtype: "u32", Shape: []int{8}},
+			{Name: bundle.OutSampled, Kind: bundle.KindOutput, Dtype: "u32", Shape: []int{8}},
 			{Name: "probe.fired", Kind: bundle.KindOutput, Dtype: "u32", Shape: []int{512, 1}}, // 3 sites: a word a row
 		},
 		Apps: []bundle.App{
@@ -46,7 +46,7 @@ func TestOutCopiesFollowTheStepsApps(t *testing.T) {
 		}
 		return got
 	}
-	sampled, score, capture, fired := out.offset["out.sampled"], out.offset["probe.score"], out.offset["cap.L3"], out.offset["probe.fired"]
+	sampled, score, capture, fired := out.offset[bundle.OutSampled], out.offset["probe.score"], out.offset["cap.L3"], out.offset["probe.fired"]
 	for _, c := range []struct {
 		tmpl int
 		any  uint32
@@ -74,10 +74,10 @@ func TestOutCopiesFollowTheStepsApps(t *testing.T) {
 // (ctl.logprobs), and then only the template's samples' rows.
 func TestLogprobsCopiedWhenAsked(t *testing.T) {
 	b := &bundle.Bundle{Manifest: bundle.Manifest{Buffers: []bundle.Buffer{
-		{Name: "out.logprobs", Kind: bundle.KindOutput, Dtype: "f32", Shape: []int{128, 41}},
+		{Name: bundle.OutLogprobs, Kind: bundle.KindOutput, Dtype: "f32", Shape: []int{128, 41}},
 	}}, Templates: []bundle.Template{{Name: "decode_b8", Tokens: 8, Samples: 8}}}
 	out := arena{offset: map[string]int64{}, sizes: map[string]int64{}}
-	place(&out, "out.logprobs", 128*41*4)
+	place(&out, bundle.OutLogprobs, 128*41*4)
 	plan := planOutCopies(b, out)
 	if len(plan[0]) != 1 || plan[0][0].bytes != 8*41*4 {
 		t.Fatalf("plan %+v, want the 8 samples' rows", plan[0])
@@ -86,7 +86,7 @@ func TestLogprobsCopiedWhenAsked(t *testing.T) {
 		var gotBuf string
 		var gotWords int
 		wanted := plan[0][0].wanted(0xFFFFFFFF, func(buf string, words int) bool { gotBuf, gotWords = buf, words; return asked })
-		if wanted != asked || gotBuf != "ctl.logprobs" || gotWords != 8 {
+		if wanted != asked || gotBuf != bundle.CtlLogprobs || gotWords != 8 {
 			t.Fatalf("asked %v: wanted %v, asked %s for %d words", asked, wanted, gotBuf, gotWords)
 		}
 	}

@@ -68,7 +68,7 @@ func variantNodes(all []launch, vbits []uint32, v int) []launch {
 // variant picks the graph of template t for the step's app union in the control arena.
 func (be *Backend) variant(t int) int {
 	g := be.steps[t]
-	if _, ok := be.ctl.offset["ctl.any_mask"]; !ok {
+	if _, ok := be.ctl.offset[bundle.CtlAnyMask]; !ok {
 		return 0 // no apps: one variant
 	}
 	any := be.anyMask()

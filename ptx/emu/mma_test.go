@@ -5,8 +5,6 @@ import (
 	"math/rand/v2"
 	"strings"
 	"testing"
-
-	"xmix/ops"
 )
 
 // mmaKernel loads each lane's fragments from per-lane slots (a: 4 words, b: 2 words, c: 4
@@ -45,7 +43,7 @@ const mmaKernel = `.visible .entry k(.param .u64 a, .param .u64 b, .param .u64 c
 //
 // (low half first in each register).
 func packBF16(lo, hi float32) uint32 {
-	return uint32(ops.F32ToBF16(lo)) | uint32(ops.F32ToBF16(hi))<<16
+	return uint32(bf16Nearest(lo)) | uint32(bf16Nearest(hi))<<16
 }
 
 func mmaFragments(A [16][16]float32, B [16][8]float32, C [16][8]float32) (a, b []uint32, c []float32) {
@@ -83,7 +81,7 @@ func runMma(t *testing.T, a, b []uint32, c []float32) [16][8]float32 {
 	return D
 }
 
-func bf(x float32) float64 { return float64(ops.BF16ToF32(ops.F32ToBF16(x))) }
+func bf(x float32) float64 { return float64(math.Float32frombits(uint32(bf16Nearest(x)) << 16)) }
 
 // maxMmaErr is the largest |D - (A.B + C)| relative to the row's magnitude, with A and B
 // rounded to bf16 and the product formed naively in float64.

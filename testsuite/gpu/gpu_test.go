@@ -14,7 +14,7 @@ import (
 	"testing"
 
 	"xmix/bundle"
-	"xmix/cmd/driver"
+	"xmix/compile"
 	"xmix/loader"
 	"xmix/loader/cuda"
 	"xmix/specs"
@@ -141,7 +141,7 @@ func TestCUDAMatchesCPUOnEmbeddedModel(t *testing.T) {
 	if err := specs.Extract(dir); err != nil {
 		t.Fatal(err)
 	}
-	b, err := driver.Build(filepath.Join(dir, specs.Default.Model), nil, driver.Options{EmbedWeights: true})
+	b, err := compile.Build(filepath.Join(dir, specs.Default.Model), nil, compile.Options{EmbedWeights: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -209,7 +209,7 @@ func TestCUDAMatchesCPUOnGemma2Cut(t *testing.T) {
 func TestCUDAMatchesCPUOnMixtralExperts(t *testing.T) {
 	needGPU(t)
 	for _, moe := range []string{"dense", "grouped"} {
-		b := testsuite.CompileWith(t, driver.Options{MoE: moe}, testsuite.SmallMixtral)
+		b := testsuite.CompileWith(t, compile.Options{MoE: moe}, testsuite.SmallMixtral)
 		agreement(t, "small-mixtral-"+moe+"-experts", b, []int{72, 101, 108, 108, 111, 32, 119, 111, 114, 108, 100}, 32, false)
 	}
 }

@@ -17,7 +17,7 @@ import (
 	"strings"
 
 	"xmix/bundle"
-	"xmix/cmd/driver"
+	"xmix/compile"
 	"xmix/loader"
 	"xmix/loader/cpu"
 	"xmix/safetensors"
@@ -184,15 +184,7 @@ func run(dir string) error {
 	}
 
 	path := filepath.Join(dir, "apps.safetensors")
-	f, err := os.Create(path)
-	if err != nil {
-		return err
-	}
-	if err := safetensors.Write(f, out, map[string]string{"derived_by": "go run ./specs/models/tiny/derive"}); err != nil {
-		f.Close()
-		return fmt.Errorf("writing %s: %w", path, err)
-	}
-	if err := f.Close(); err != nil {
+	if err := safetensors.WriteFile(path, out, map[string]string{"derived_by": "go run ./specs/models/tiny/derive"}); err != nil {
 		return err
 	}
 	fmt.Fprintf(os.Stderr, "wrote %s (%d tensors)\n", path, len(out))
@@ -223,7 +215,7 @@ func newCapturer(dir string) (*capturer, error) {
 	if err := os.WriteFile(ap, []byte(app.String()), 0o644); err != nil {
 		return nil, err
 	}
-	b, err := driver.Build(filepath.Join(dir, "..", "tiny.yaml"), []string{ap}, driver.Options{})
+	b, err := compile.Build(filepath.Join(dir, "..", "tiny.yaml"), []string{ap}, compile.Options{})
 	if err != nil {
 		return nil, err
 	}

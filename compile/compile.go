@@ -1,6 +1,7 @@
-// Package driver is the compile pipeline both CLIs share: specs -> frontend -> passes ->
-// codegen -> bundle. Each stage's error is wrapped with the stage's name.
-package driver
+// Package compile is the compiler's pipeline: specs -> frontend -> passes -> codegen ->
+// bundle, checked against the checkpoint it names. xmixc builds with it, and xmix with the
+// default model. Each stage's error is wrapped with the stage's name.
+package compile
 
 import (
 	"crypto/sha256"
@@ -11,11 +12,12 @@ import (
 
 	"xmix/bundle"
 	"xmix/chat"
+	"xmix/checkpoint"
 	"xmix/codegen"
 	"xmix/frontend"
 	"xmix/input"
-	"xmix/loader"
 	"xmix/passes"
+	"xmix/safetensors"
 	"xmix/tokenizer"
 )
 
@@ -89,7 +91,7 @@ func Build(modelPath string, appPaths []string, opt Options) (*bundle.Bundle, er
 	case m.Weights.Synthetic:
 		weights.Synthetic = &bundle.Synth{Seed: m.Weights.Seed, Std: m.Weights.Std}
 	case opt.EmbedWeights:
-		files, err := loader.WeightFiles(m.Weights.Path)
+		files, err := checkpoint.Files(m.Weights.Path)
 		if err != nil {
 			return nil, err
 		}
@@ -100,7 +102,7 @@ func Build(modelPath string, appPaths []string, opt Options) (*bundle.Bundle, er
 			return nil, fmt.Errorf("weights: %w", err)
 		}
 	default:
-		d, err := loader.WeightsDigest(m.Weights.Path)
+		d, err := checkpoint.Digest(m.Weights.Path)
 		if err != nil {
 			return nil, err
 		}
@@ -170,14 +172,33 @@ func Build(modelPath string, appPaths []string, opt Options) (*bundle.Bundle, er
 	if err := bundle.Verify(b); err != nil {
 		return nil, fmt.Errorf("bundle: %w", err)
 	}
-	// Check the checkpoint against every weight buffer now (headers only), so a missing or
-	// misshapen tensor fails the build, not the first run.
-	w, err := loader.OpenWeights(b, "")
-	if err != nil {
+	if err := checkWeights(b, m); err != nil {
 		return nil, err
 	}
-	w.Close()
 	return b, nil
+}
+
+// checkWeights checks the checkpoint against every weight buffer (headers only), so that a
+// missing or misshapen tensor fails the build, not the first run.
+func checkWeights(b *bundle.Bundle, m *frontend.Model) error {
+	var ck *checkpoint.Checkpoint
+	switch {
+	case m.Weights.Synthetic:
+		return nil
+	case len(b.Weights) > 0:
+		f, err := safetensors.Parse(b.Weights)
+		if err != nil {
+			return fmt.Errorf("weights: %w", err)
+		}
+		ck = checkpoint.FromFile(f, m.Weights.Path)
+	default:
+		var err error
+		if ck, err = checkpoint.Open(m.Weights.Path); err != nil {
+			return err
+		}
+		defer ck.Close()
+	}
+	return ck.Check(b.Manifest.Buffers)
 }
 
 // PromptBOS is the token every prompt starts with (-1: none), as Hugging Face's

@@ -1,0 +1,159 @@
+package bundle
+
+import (
+	"encoding/json"
+	"fmt"
+)
+
+// The run-time ABI: every name and number that the generated kernels, the compiler and the
+// runtime share. The compiler writes them into templates and buffers, the backends and the
+// engine read them; nothing outside this file spells them.
+
+// BufferKind says who writes a buffer and when (Buffer.Kind).
+type BufferKind string
+
+// Buffer kinds.
+const (
+	KindWeight     BufferKind = "weight"     // model weight, loaded from Tensors of the weights file
+	KindActivation BufferKind = "activation" // scratch written and read within a step
+	KindKV         BufferKind = "kv"         // KV-cache pool
+	KindControl    BufferKind = "control"    // written by the host before each step
+	KindOutput     BufferKind = "output"     // written by kernels, read by the host after each step
+	KindParam      BufferKind = "param"      // initialised from Tensors of the bundle's Params section
+	// KindSlots buffers hold per-request values the host writes when it admits a request
+	// (per-request vector slots); zero at load, read by kernels, never by the host.
+	KindSlots BufferKind = "slots"
+)
+
+// TemplateKind says which steps a template serves (Template.Kind).
+type TemplateKind string
+
+// Template kinds.
+const (
+	Decode  TemplateKind = "decode"  // one row per running sequence, each sampled
+	Prefill TemplateKind = "prefill" // prompt chunks, with the decode rows of the step
+)
+
+// The control block: buffers of kind control that the host writes before each step. Per
+// token row ([max_tokens] u32 unless said otherwise):
+const (
+	CtlTokens = "ctl.tokens" // the row's token
+	CtlPos    = "ctl.pos"    // its position in its sequence
+	CtlSeq    = "ctl.seq"    // its sequence slot (max_seqs: the padding sequence)
+	CtlMask   = "ctl.mask"   // its app mask: bit App.Bit set when the row's request enables the app
+	CtlGen    = "ctl.gen"    // the generation step as int32; -1 on prompt rows
+	CtlOutRow = "ctl.out_row"
+	CtlLatch  = "ctl.latch" // after_token latch bits (Latch), in bundles with latches
+	CtlVSlot  = "ctl.vslot" // the request's vector slot (NoRow: none), with per-request vectors
+)
+
+// Per sample ([max_samples]):
+const (
+	CtlTemperature = "ctl.temperature" // f32; <= 0 is greedy
+	CtlTopP        = "ctl.top_p"       // f32
+	CtlRNG         = "ctl.rng"         // u32 random bits of the sample's draw
+	CtlSRow        = "ctl.s_row"       // u32: the sample's token row, NoRow for unused samples
+	CtlLogprobs    = "ctl.logprobs"    // u32: 0, or 1 + how many top logprobs (ModelConfig.Logprobs)
+	CtlEOSBan      = "ctl.eos_ban"     // u32: not 0 while EOS may not be sampled (min_tokens)
+)
+
+// One word per step, and the page table:
+const (
+	// CtlAnyMask is the OR of the step's app masks ([1] u32), in bundles with apps: heavy
+	// nodes (Node.SkipUnless) exit when it lacks their bits, and a step with none runs
+	// Template.Plain.
+	CtlAnyMask = "ctl.any_mask"
+	// CtlAttnChunk is a split decode attention's positions per split ([1] u32, AttnSplit).
+	CtlAttnChunk = "ctl.attn_chunk"
+	// KVBlockTable maps each sequence slot's positions to KV pages ([max_seqs+1, pages] u32).
+	KVBlockTable = "kv.block_table"
+)
+
+// Buffers the host reads after a step:
+const (
+	OutSampled  = "out.sampled"  // [max_samples] u32: each sample's token (NonFinite: none)
+	OutLogprobs = "out.logprobs" // [max_samples, 1+2*Logprobs] f32 (ModelConfig.Logprobs)
+	ActLogits   = "act.logits"   // [max_samples, vocab] f32, as the sampler saw them (tests and tools)
+)
+
+// Sentinels in u32 control and output words.
+const (
+	// NoRow marks a row that is not there: an unused sample (ctl.s_row), a row whose norm
+	// nobody reads (ctl.out_row), a request without a vector slot (ctl.vslot).
+	NoRow = 0xFFFFFFFF
+	// NonFinite is the sampler's answer for a sample whose logits are not all finite (a NaN
+	// or an infinity: the forward overflowed, or an app wrote one): no token, which the
+	// engine reports as the request's end. It is above any vocabulary (at most 2^24 ids).
+	NonFinite = 0xFFFFFFFE
+)
+
+// Collective operations (Collective.Op).
+const (
+	// AllReduceSum replaces In ([Rows, Cols] f32, In == Out) on every rank by the sum over
+	// ranks, added in rank order so that every rank and every run gets the same bits.
+	AllReduceSum = "all_reduce_sum"
+	// AllGatherCols writes Out[row, r*Cols+c] = In of rank r [row, c] on every rank: the
+	// vocab-parallel LM head's column shards assembled into whole logits rows.
+	AllGatherCols = "all_gather_cols"
+)
+
+// OpGemmTC is the reference op of the tensor-core GEMM kernels (y[M,N] = x[M,K] · w[N,K]^T,
+// x and y f32, w bf16). A node whose kernel has it is a GEMM node (GemmOf): a backend may
+// serve it with a library GEMM instead of the kernel.
+const OpGemmTC = "gemm_tc"
+
+// GemmTCAttrs are the attributes of an OpGemmTC kernel. Guard != 0 makes it a heavy app's
+// GEMM: it takes ctl.any_mask as its last parameter and does nothing unless that has a bit
+// of Guard.
+type GemmTCAttrs struct {
+	K     int    `json:"k"`
+	N     int    `json:"n"`
+	Guard uint32 `json:"guard,omitempty"`
+}
+
+// The operand roles of a GEMM kernel: its parameters by name.
+const (
+	GemmX    = "x"    // [M,K] f32
+	GemmW    = "w"    // [N,K] bf16
+	GemmY    = "y"    // [M,N] f32
+	GemmRows = "rows" // M, a u32 constant
+)
+
+// GEMM is a GEMM node as a backend serves it: Y[M,N] = X[M,K] · W[N,K]^T, X, W and Y
+// indexing the node's Args.
+type GEMM struct {
+	M, N, K int
+	X, W, Y int
+	Guard   uint32
+}
+
+// GemmOf reads node n, whose kernel is k, as a GEMM: ok is false when k is not an OpGemmTC
+// kernel, and an error says how a node that claims to be one is malformed.
+func GemmOf(n Node, k Kernel) (g GEMM, ok bool, err error) {
+	if k.Op != OpGemmTC {
+		return GEMM{}, false, nil
+	}
+	var a GemmTCAttrs
+	if err := json.Unmarshal(k.Attrs, &a); err != nil || a.K <= 0 || a.N <= 0 {
+		return GEMM{}, false, fmt.Errorf("node %s: kernel %s: GEMM attributes %s: want positive k and n", n.Label, k.Name, k.Attrs)
+	}
+	g = GEMM{N: a.N, K: a.K, Guard: a.Guard, X: -1, W: -1, Y: -1}
+	rows := -1
+	for i, p := range k.Params {
+		switch p.Name {
+		case GemmX:
+			g.X = i
+		case GemmW:
+			g.W = i
+		case GemmY:
+			g.Y = i
+		case GemmRows:
+			rows = i
+		}
+	}
+	if g.X < 0 || g.W < 0 || g.Y < 0 || rows < 0 || len(n.Args) != len(k.Params) || n.Args[rows].Buffer != "" {
+		return GEMM{}, false, fmt.Errorf("node %s: kernel %s: a GEMM needs parameters x, w, y and a constant rows", n.Label, k.Name)
+	}
+	g.M = int(uint32(n.Args[rows].Const))
+	return g, true, nil
+}
