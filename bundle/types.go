@@ -83,6 +83,21 @@ type ModelConfig struct {
 	Experts int `json:"experts,omitempty"`
 	TopK    int `json:"top_k,omitempty"`
 
+	// What Gemma 2 (family gemma2) adds to the Llama forward; zero for the others (see
+	// frontend.Model): the MLP's activation ("gelu_tanh": GeGLU), the offset added to every
+	// RMSNorm weight (1: (1 + w)), norms on the attention and MLP outputs before their adds,
+	// the embedding scale, query_pre_attn_scalar (scores scaled by its inverse square root),
+	// the attention and final-logit soft-caps, and the sliding window of the layers marked.
+	Activation         string  `json:"activation,omitempty"`
+	NormOffset         float64 `json:"norm_offset,omitempty"`
+	PostNorms          bool    `json:"post_norms,omitempty"`
+	EmbedScale         float32 `json:"embed_scale,omitempty"`
+	QueryPreAttnScalar float64 `json:"query_pre_attn_scalar,omitempty"`
+	AttnSoftcap        float64 `json:"attn_softcap,omitempty"`
+	FinalSoftcap       float64 `json:"final_softcap,omitempty"`
+	SlidingWindow      int     `json:"sliding_window,omitempty"`
+	SlidingLayers      []bool  `json:"sliding_layers,omitempty"`
+
 	// VectorSlots, in a bundle with per-request vectors, is how many requests may hold them
 	// at once: each per-request Vector has a Slots buffer of that many rows, and a request
 	// holding slot s has ctl.vslot = s on its rows (ops.NoRow on the others).

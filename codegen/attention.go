@@ -59,6 +59,11 @@ type AttnConfig struct {
 	Split bool
 	// Singles: only rows alone of their sequence in the call (ops.AttnRowsSingle).
 	Singles bool
+	// Softcap, when not 0, caps the scaled scores at Softcap * tanh(s / Softcap) (Gemma 2:
+	// 50). Window, when not 0, is a sliding window: a row attends to its last Window
+	// positions only (Gemma 2: 4096 on every other layer). Both as ops.AttnAttrs.
+	Softcap float32
+	Window  int
 }
 
 const (
@@ -154,7 +159,43 @@ func checkAttn(c AttnConfig) (ops.KVAttrs, error) {
 	if !(c.Scale > 0) || math.IsInf(float64(c.Scale), 0) {
 		return attrs, fmt.Errorf("scale %g: want positive and finite", c.Scale)
 	}
+	if c.Window < 0 || !(c.Softcap >= 0) || math.IsInf(float64(c.Softcap), 0) {
+		return attrs, fmt.Errorf("window %d, softcap %g: want both at least 0 (0: none) and finite", c.Window, c.Softcap)
+	}
 	return attrs, nil
+}
+
+// attnAttrs are the reference op's attributes of kernel c computing rows.
+func (c AttnConfig) attnAttrs(kv ops.KVAttrs, rows string) ops.AttnAttrs {
+	return ops.AttnAttrs{KVAttrs: kv, Scale: c.Scale, Rows: rows, Softcap: c.Softcap, Window: c.Window}
+}
+
+// qScale is what q is multiplied by so that q.k comes out in the units the kernels take the
+// softmax in: log2 units (Scale * log2 e), or with a softcap capTanh's (Scale * 2 log2 e /
+// Softcap), whose result is in log2 units again (c = Softcap * log2 e, softcapScores).
+func (c AttnConfig) qScale() float32 {
+	if c.Softcap > 0 {
+		return c.Scale * capScale(c.Softcap)
+	}
+	return c.Scale * float32(math.Log2E)
+}
+
+// softcapScores caps scores computed with qScale, leaving them in log2 units.
+func (e emitter) softcapScores(c AttnConfig, s ...ptx.Reg) {
+	if c.Softcap == 0 {
+		return
+	}
+	for _, x := range s {
+		e.capTanh(x, c.Softcap*float32(math.Log2E))
+	}
+}
+
+// windowStart is the first position a row of context n attends to: 0, or with a sliding
+// window max(n, Window) - Window.
+func (e emitter) windowStart(c AttnConfig, n ptx.Reg) ptx.Reg {
+	lo := e.op3("max.u32", ptx.U32, n, ptx.Imm(int64(c.Window)))
+	e.Emit("sub.u32", lo, lo, ptx.Imm(int64(c.Window)))
+	return lo
 }
 
 // Attention generates the decode kernel; parameters: qkv, pos, seq, block_table, kcache,
@@ -172,7 +213,7 @@ func Attention(name string, c AttnConfig) (*Kernel, error) {
 	if c.Singles {
 		rows = ops.AttnRowsSingle
 	}
-	return finish(g.Kernel, "attention", ops.AttnAttrs{KVAttrs: attrs, Scale: c.Scale, Rows: rows})
+	return finish(g.Kernel, "attention", c.attnAttrs(attrs, rows))
 }
 
 type adGen struct {
@@ -221,20 +262,42 @@ func (g *adGen) emit() {
 	g.head0 = g.op3("mul.lo.u32", ptx.U32, g.by, ptx.Imm(int64(geo.hpb)))
 	g.kvh = g.op3("div.u32", ptx.U32, g.head0, ptx.Imm(int64(group)))
 
+	// The row attends to positions [lo, n): lo 0, or with a window n-Window when n is more.
+	// Splits cut that span.
 	start, end := g.imm32(0), n
+	span := n
+	var lo ptx.Reg
+	if c.Window > 0 {
+		lo = g.windowStart(c, n)
+		start = lo
+		span = g.op3("sub.u32", ptx.U32, n, lo)
+	}
 	if c.Split {
 		g.split = g.special(ptx.CtaidZ)
 		nz := g.special(ptx.NCtaidZ)
 		chunk := loadU32(g.emitter, ptx.Addr{Base: chunkP})
-		minc := g.op3("add.u32", ptx.U32, n, nz)
+		if c.Window > 0 {
+			// The host sizes the word from the step's longest context (bundle.AttnSplit.Chunk);
+			// a span of at most Window positions takes at most Chunk(Window), so that a sliding
+			// layer spreads its window over the whole grid too.
+			cw := g.op3("add.u32", ptx.U32, nz, ptx.Imm(int64(c.Window-1)))
+			g.Emit("div.u32", cw, cw, nz)
+			g.Emit("add.u32", cw, cw, ptx.Imm(attnMinChunk-1))
+			g.Emit("and.b32", cw, cw, ptx.Imm(-attnMinChunk))
+			g.Emit("min.u32", chunk, chunk, cw)
+		}
+		minc := g.op3("add.u32", ptx.U32, span, nz)
 		g.Emit("sub.u32", minc, minc, ptx.Imm(1))
 		g.Emit("div.u32", minc, minc, nz)
 		g.Emit("max.u32", chunk, chunk, minc)
-		g.nsplit = g.op3("add.u32", ptx.U32, n, chunk)
+		g.nsplit = g.op3("add.u32", ptx.U32, span, chunk)
 		g.Emit("sub.u32", g.nsplit, g.nsplit, ptx.Imm(1))
 		g.Emit("div.u32", g.nsplit, g.nsplit, chunk)
 		g.EmitIf(g.cmp("ge", ptx.U32, g.split, g.nsplit), false, "exit")
 		start = g.op3("mul.lo.u32", ptx.U32, g.split, chunk)
+		if c.Window > 0 {
+			g.Emit("add.u32", start, start, lo)
+		}
 		end = g.op3("add.u32", ptx.U32, start, chunk)
 		g.Emit("min.u32", end, end, n)
 	}
@@ -273,7 +336,7 @@ func (g *adGen) loadQ() {
 	qrow := g.Reg(ptx.U32)
 	g.Emit("mad.lo.u32", qrow, g.row, ptx.Imm(int64(c.Heads+2*c.KVHeads)), g.head0)
 	qa := g.byteAddr(g.byteAddr(g.qkv, qrow, 4*d), g.dimBase(), 4)
-	qs := ptx.F32Imm(c.Scale * float32(math.Log2E))
+	qs := ptx.F32Imm(c.qScale())
 	g.q, g.acc = make([][]ptx.Reg, geo.hpb), make([][]ptx.Reg, geo.hpb)
 	g.m, g.l = make([]ptx.Reg, geo.hpb), make([]ptx.Reg, geo.hpb)
 	for h := range geo.hpb {
@@ -387,6 +450,9 @@ func (g *adGen) step(t, segHi, blk0 ptx.Reg) {
 				g.Emit("add.f32", s, s, tmp)
 			}
 		}
+	}
+	for u := range geo.unroll {
+		g.softcapScores(c, score[u]...)
 	}
 	for h := range geo.hpb {
 		mNew := g.Reg(ptx.F32)
@@ -717,4 +783,17 @@ func (g *adGen) combine(recs, zrow, zbase ptx.Reg) {
 		g.Emit("st.global.v4.f32", ptx.Addr{Base: g.byteAddr(zbase, e, 4)}, ptx.Vec(o))
 	})
 	g.when(first, false, func() { g.Emit("st.global.u32", ptx.Addr{Base: ctr}, ptx.Imm(0)) })
+}
+
+// AttnKernelSuffix names what c sets beyond a Llama kernel (a soft-cap, a window), so that
+// layers with and without the window get kernels of their own: "" for none.
+func AttnKernelSuffix(c AttnConfig) string {
+	s := ""
+	if c.Softcap > 0 {
+		s += fmt.Sprintf("_cap%g", c.Softcap)
+	}
+	if c.Window > 0 {
+		s += fmt.Sprintf("_w%d", c.Window)
+	}
+	return s
 }

@@ -35,21 +35,35 @@ import (
 // a row's position are masked to zero weight and leave its state exactly as it was, so rows
 // give the same bits whatever shares their block.
 //
+// Head dims past 128 (Gemma 2's 256) split O: ds = ceil(HeadDim/128) warps share a (row
+// tile, head), each computing S and the softmax state whole (the same bits in each) and the
+// O columns of its HeadDim/ds dims, so that a lane holds at most 64 O registers. The K/V
+// tiles in shared memory serve them all.
+//
+// Soft-capped scores (Softcap, Gemma 2) go through capTanh right after S = Q.K^T, Q scaled
+// for it (AttnConfig.qScale); a sliding window (Window) masks positions before each row's
+// pos-Window+1 as the causal mask masks those after pos, and the K/V stream of a segment
+// starts at the tile of its first row's window.
+//
 // Shared memory per block: the K tile 32 x (HeadDim/2+4) words, the transposed V tile
 // HeadDim x 20 words (pitches = 4 mod 32 words: the fragment loads of a warp hit 32 banks),
-// 19 KB at HeadDim 128. Registers per lane: Q HeadDim/4 words, O HeadDim/2 f32, S 16 f32.
+// 19 KB at HeadDim 128, 37 KB at 256. Registers per lane: Q HeadDim/4 words, O
+// HeadDim/(2 ds) f32, S 16 f32.
 //
 // Bytes: K and V of each segment's positions are read once per block (from L2 for all but
 // the first of the sequence's blocks); z written once.
 const (
 	apTile   = 32 // positions per K/V tile
 	apPitchV = apTile/2 + 4
-	// apMaxDim bounds the head dim (O's registers: HeadDim/2 per lane).
-	apMaxDim = 128
+	// apMaxDim bounds the head dim (the K and V tiles in static shared memory: 37 KB at 256).
+	apMaxDim = 256
+	// apWarpDims bounds the O dims of one warp (HeadDim/(2 ds) registers per lane).
+	apWarpDims = 128
 )
 
 type apGeom struct {
 	hb, rt, warps int
+	ds            int // warps sharing a (row tile, head), each with HeadDim/ds dims of O
 	pitchK        int // words per K row in shared memory
 }
 
@@ -63,7 +77,8 @@ func (c AttnConfig) prefillGeom() apGeom {
 		}
 	}
 	rt := max(1, 4/hb)
-	return apGeom{hb: hb, rt: rt, warps: hb * rt, pitchK: c.HeadDim/2 + 4}
+	ds := (c.HeadDim + apWarpDims - 1) / apWarpDims
+	return apGeom{hb: hb, rt: rt, ds: ds, warps: hb * rt * ds, pitchK: c.HeadDim/2 + 4}
 }
 
 // LaunchPrefill is AttentionPrefill's grid for rows rows.
@@ -73,7 +88,7 @@ func (c AttnConfig) LaunchPrefill(rows int) ops.Launch {
 	return ops.Launch{Grid: [3]int{(rows + br - 1) / br, c.Heads / g.hb, 1}, Block: [3]int{32 * g.warps, 1, 1}}
 }
 
-// PrefillOK reports whether AttentionPrefill serves c (a bf16 cache, head dim at most 128).
+// PrefillOK reports whether AttentionPrefill serves c (a bf16 cache, head dim at most 256).
 func (c AttnConfig) PrefillOK() bool { return c.KVDtype == ptx.BF16 && c.HeadDim <= apMaxDim }
 
 // AttentionPrefill generates the tensor-core prefill kernel; parameters: qkv, pos, seq,
@@ -84,14 +99,14 @@ func AttentionPrefill(name string, c AttnConfig) (*Kernel, error) {
 	if err != nil {
 		return nil, fmt.Errorf("attention_prefill %s: %w", name, err)
 	}
-	if !c.PrefillOK() {
+	if !c.PrefillOK() || c.HeadDim/c.prefillGeom().ds%8 != 0 {
 		return nil, fmt.Errorf("attention_prefill %s: %s cache, head dim %d: the tensor-core kernel needs a bf16 cache and head dim at most %d",
 			name, c.KVDtype, c.HeadDim, apMaxDim)
 	}
 	g := &apGen{emitter: newEmitter(name), c: c, geo: c.prefillGeom()}
 	g.MaxNTid = 32 * g.geo.warps
 	g.emit()
-	return finish(g.Kernel, "attention", ops.AttnAttrs{KVAttrs: attrs, Scale: c.Scale, Rows: ops.AttnRowsRuns})
+	return finish(g.Kernel, "attention", c.attnAttrs(attrs, ops.AttnRowsRuns))
 }
 
 type apGen struct {
@@ -101,7 +116,7 @@ type apGen struct {
 
 	qkv, posP, seqP, table, kc, vc, z, rows ptx.Reg
 	tid, lane, warp, g4, t4                 ptx.Reg
-	r0, kvh, hq, tr0                        ptx.Reg
+	r0, kvh, hq, tr0, dp                    ptx.Reg      // dp: the warp's part of O (geo.ds > 1)
 	qa                                      [][4]ptx.Reg // [k step]: the A fragment of Q
 	sSeq, sPos, sRun, sK, sV                ptx.Sym
 }
@@ -131,8 +146,13 @@ func (g *apGen) emit() {
 	g.r0 = g.op3("mul.lo.u32", ptx.U32, g.special(ptx.CtaidX), ptx.Imm(int64(br)))
 	head0 := g.op3("mul.lo.u32", ptx.U32, g.special(ptx.CtaidY), ptx.Imm(int64(geo.hb)))
 	g.kvh = g.op3("div.u32", ptx.U32, head0, ptx.Imm(int64(c.Heads/c.KVHeads)))
-	g.hq = g.op3("add.u32", ptx.U32, head0, g.op3("rem.u32", ptx.U32, g.warp, ptx.Imm(int64(geo.hb))))
-	g.tr0 = g.op3("div.u32", ptx.U32, g.warp, ptx.Imm(int64(geo.hb)))
+	w := g.warp // warp w: O part w%ds, then head and row tile of w/ds
+	if geo.ds > 1 {
+		g.dp = g.op3("rem.u32", ptx.U32, g.warp, ptx.Imm(int64(geo.ds)))
+		w = g.op3("div.u32", ptx.U32, g.warp, ptx.Imm(int64(geo.ds)))
+	}
+	g.hq = g.op3("add.u32", ptx.U32, head0, g.op3("rem.u32", ptx.U32, w, ptx.Imm(int64(geo.hb))))
+	g.tr0 = g.op3("div.u32", ptx.U32, w, ptx.Imm(int64(geo.hb)))
 	g.Emit("shl.b32", g.tr0, g.tr0, ptx.Imm(4))
 
 	g.rowTable(br)
@@ -173,7 +193,7 @@ func (g *apGen) loadQ() {
 	c := g.c
 	d := c.HeadDim
 	last := g.op3("sub.u32", ptx.U32, g.rows, ptx.Imm(1))
-	qs := ptx.F32Imm(c.Scale * float32(math.Log2E))
+	qs := ptx.F32Imm(c.qScale())
 	var base [2]ptx.Reg
 	for i := range base {
 		r := g.op3("add.u32", ptx.U32, g.r0, g.tr0)
@@ -202,6 +222,10 @@ func (g *apGen) segments(br int) {
 	i := g.imm32(0)
 	v := g.Reg(ptx.U32)
 	lo, sq, maxp := g.Reg(ptx.U32), g.Reg(ptx.U32), g.Reg(ptx.U32)
+	var minp ptx.Reg // the segment's lowest position (sliding window only)
+	if g.c.Window > 0 {
+		minp = g.Reg(ptx.U32)
+	}
 	ld := func(arr ptx.Sym, idx ptx.Reg) {
 		g.Emit("ld.shared.u32", v, ptx.Addr{Base: g.sharedAddr(arr, idx, 4)})
 	}
@@ -217,6 +241,9 @@ func (g *apGen) segments(br int) {
 	g.Emit("mov.u32", sq, v)
 	ld(g.sPos, lo)
 	g.Emit("mov.u32", maxp, v)
+	if g.c.Window > 0 {
+		g.Emit("mov.u32", minp, v)
+	}
 	g.Label(ext)
 	g.EmitIf(g.cmp("ge", ptx.U32, i, ptx.Imm(int64(br))), false, "bra", ptx.Sym(extDone))
 	ld(g.sRun, i)
@@ -225,17 +252,20 @@ func (g *apGen) segments(br int) {
 	g.EmitIf(g.cmp("ne", ptx.U32, v, sq), false, "bra", ptx.Sym(extDone))
 	ld(g.sPos, i)
 	g.Emit("max.u32", maxp, maxp, v)
+	if g.c.Window > 0 {
+		g.Emit("min.u32", minp, minp, v)
+	}
 	g.Emit("add.u32", i, i, ptx.Imm(1))
 	g.Emit("bra", ptx.Sym(ext))
 	g.Label(extDone)
-	g.pass(lo, i, sq, maxp)
+	g.pass(lo, i, sq, maxp, minp)
 	g.Emit("bra", ptx.Sym(top))
 	g.Label(done)
 }
 
 // pass computes the rows [lo, hi) of the block's row table, all of sequence sq, over
-// positions 0..maxp.
-func (g *apGen) pass(lo, hi, sq, maxp ptx.Reg) {
+// positions 0..maxp (with a window, from the tile of minp's window start).
+func (g *apGen) pass(lo, hi, sq, maxp, minp ptx.Reg) {
 	c := g.c
 	d := c.HeadDim
 	// The warp takes part when its row tile meets [lo, hi); its lanes' rows g and g+8.
@@ -243,7 +273,7 @@ func (g *apGen) pass(lo, hi, sq, maxp ptx.Reg) {
 	tileEnd := g.op3("add.u32", ptx.U32, g.tr0, ptx.Imm(16))
 	g.Emit("setp.gt.and.u32", active, tileEnd, lo, active)
 	var in [2]ptx.Reg
-	var lim [2]ptx.Reg
+	var lim, first [2]ptx.Reg // positions first[i] <= p < lim[i] (first only with a window)
 	for i := range in {
 		a := g.op3("add.u32", ptx.U32, g.tr0, g.g4)
 		g.Emit("add.u32", a, a, ptx.Imm(int64(8*i)))
@@ -254,8 +284,11 @@ func (g *apGen) pass(lo, hi, sq, maxp ptx.Reg) {
 			g.Emit("ld.shared.u32", lim[i], ptx.Addr{Base: g.sharedAddr(g.sPos, a, 4)})
 			g.Emit("add.u32", lim[i], lim[i], ptx.Imm(1))
 		})
+		if c.Window > 0 {
+			first[i] = g.windowStart(c, lim[i])
+		}
 	}
-	o := make([][]ptx.Reg, d/8)
+	o := make([][]ptx.Reg, d/g.geo.ds/8)
 	for j := range o {
 		o[j] = g.Regs(ptx.F32, 4)
 		for _, r := range o[j] {
@@ -267,9 +300,18 @@ func (g *apGen) pass(lo, hi, sq, maxp ptx.Reg) {
 	nt := g.op3("add.u32", ptx.U32, maxp, ptx.Imm(apTile))
 	g.Emit("shr.u32", nt, nt, ptx.Imm(5))
 	pf := g.newPrefetch()
-	pf.load(g, g.imm32(0), sq, maxp)
+	var kt0 ptx.Operand = ptx.Imm(0) // the first tile: 0, or that of minp's window start
+	if c.Window > 0 {
+		t0 := g.op3("add.u32", ptx.U32, minp, ptx.Imm(1))
+		t0 = g.windowStart(c, t0)
+		g.Emit("shr.u32", t0, t0, ptx.Imm(5))
+		pf.load(g, g.op3("shl.b32", ptx.U32, t0, ptx.Imm(5)), sq, maxp)
+		kt0 = t0
+	} else {
+		pf.load(g, g.imm32(0), sq, maxp)
+	}
 	kt := g.Reg(ptx.U32)
-	g.forLoop(kt, ptx.Imm(0), nt, ptx.Imm(1), func() {
+	g.forLoop(kt, kt0, nt, ptx.Imm(1), func() {
 		g.Emit("bar.sync", ptx.Imm(0)) // every warp is done with the previous tile
 		pf.store(g)
 		g.Emit("bar.sync", ptx.Imm(0))
@@ -277,7 +319,7 @@ func (g *apGen) pass(lo, hi, sq, maxp ptx.Reg) {
 		g.when(g.cmp("lt", ptx.U32, next, nt), false, func() {
 			pf.load(g, g.op3("shl.b32", ptx.U32, next, ptx.Imm(5)), sq, maxp)
 		})
-		g.when(active, false, func() { g.tile(kt, lim, m, l, o) })
+		g.when(active, false, func() { g.tile(kt, lim, first, m, l, o) })
 	})
 	g.when(active, false, func() { g.writeRows(in, l, o) })
 }
@@ -392,7 +434,7 @@ func (pf *apPrefetch) store(g *apGen) {
 
 // tile multiplies the warp's rows with the K/V tile kt in shared memory and updates their
 // softmax state (m, l per row g and g+8; l is the lane's partial sum) and O.
-func (g *apGen) tile(kt ptx.Reg, lim [2]ptx.Reg, m, l [2]ptx.Reg, o [][]ptx.Reg) {
+func (g *apGen) tile(kt ptx.Reg, lim, first [2]ptx.Reg, m, l [2]ptx.Reg, o [][]ptx.Reg) {
 	c, geo := g.c, g.geo
 	d := c.HeadDim
 	// S = Q.K^T over the tile's 4 n-tiles of 8 positions: B word (k 2t.., n g) is K row
@@ -414,6 +456,9 @@ func (g *apGen) tile(kt ptx.Reg, lim [2]ptx.Reg, m, l [2]ptx.Reg, o [][]ptx.Reg)
 			g.Emit(mmaOp, ptx.Vec(s[j]), ptx.Vec(g.qa[kk][:]), ptx.Vec(b), ptx.Vec(s[j]))
 		}
 	}
+	for _, sj := range s {
+		g.softcapScores(c, sj...)
+	}
 	// Mask: element i of n-tile j is row g + 8*(i>>1), position kt*32 + 8j + 2t + (i&1).
 	col := g.op3("shl.b32", ptx.U32, kt, ptx.Imm(5))
 	g.Emit("add.u32", col, col, g.op3("shl.b32", ptx.U32, g.t4, ptx.Imm(1)))
@@ -426,7 +471,11 @@ func (g *apGen) tile(kt ptx.Reg, lim [2]ptx.Reg, m, l [2]ptx.Reg, o [][]ptx.Reg)
 	for j := range s {
 		for i, x := range s[j] {
 			g.Emit("add.u32", p, col, ptx.Imm(int64(8*j+i&1)))
-			g.Emit("selp.f32", x, x, negInf, g.cmp("lt", ptx.U32, p, lim[i>>1]))
+			keep := g.cmp("lt", ptx.U32, p, lim[i>>1])
+			if c.Window > 0 {
+				g.Emit("setp.ge.and.u32", keep, p, first[i>>1], keep)
+			}
+			g.Emit("selp.f32", x, x, negInf, keep)
 			g.Emit("max.f32", mx[i>>1], mx[i>>1], x)
 		}
 	}
@@ -459,6 +508,9 @@ func (g *apGen) tile(kt ptx.Reg, lim [2]ptx.Reg, m, l [2]ptx.Reg, o [][]ptx.Reg)
 	// (k 2t.., n g) is V^T row 8jd+g, word 8k2+t.
 	vw := g.Reg(ptx.U32)
 	g.Emit("mad.lo.u32", vw, g.g4, ptx.Imm(apPitchV), g.t4)
+	if geo.ds > 1 { // V^T rows of the warp's dims
+		g.Emit("mad.lo.u32", vw, g.dp, ptx.Imm(int64(d/geo.ds*apPitchV)), vw)
+	}
 	va := g.sharedAddr(g.sV, vw, 4)
 	a := g.Regs(ptx.B32, 4)
 	for k2 := range apTile / 16 {
@@ -494,6 +546,9 @@ func (g *apGen) writeRows(in [2]ptx.Reg, l [2]ptx.Reg, o [][]ptx.Reg) {
 		zr := g.Reg(ptx.U32)
 		g.Emit("mad.lo.u32", zr, row, ptx.Imm(int64(c.Heads)), g.hq)
 		za := g.byteAddr(g.byteAddr(g.z, zr, 4*d), g.op3("shl.b32", ptx.U32, g.t4, ptx.Imm(1)), 4)
+		if g.geo.ds > 1 {
+			za = g.byteAddr(za, g.dp, 4*d/g.geo.ds)
+		}
 		v := g.Regs(ptx.F32, 2)
 		for jd, oj := range o {
 			g.Emit("mul.f32", v[0], oj[2*r], inv)

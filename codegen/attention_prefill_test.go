@@ -115,7 +115,8 @@ func TestAttentionPrefillRejects(t *testing.T) {
 	must(t)(AttentionPrefill("p", ok))
 	for _, c := range []func(*AttnConfig){
 		func(c *AttnConfig) { c.KVDtype = ptx.F32 },
-		func(c *AttnConfig) { c.HeadDim = 256 },
+		func(c *AttnConfig) { c.HeadDim = 288 },
+		func(c *AttnConfig) { c.Window = -1 },
 		func(c *AttnConfig) { c.Scale = 0 },
 	} {
 		cfg := ok

@@ -55,6 +55,8 @@ type RenormConfig struct {
 	Eps    float32
 	WDtype ptx.Type // storage of w: F32 or BF16
 	Gather bool     // out_row[row] picks the output row; NoRow skips
+	// WOffset is added to w as in RowConfig (1: Gemma's (1 + w)).
+	WOffset float32
 }
 
 // Launch is the grid for rows rows.
@@ -85,10 +87,10 @@ func renorm(name string, c RenormConfig) (*Kernel, error) {
 	end := r.NewLabel("end")
 	dst := r.outRow(c.Gather, outRow, end)
 	x := r.loadRow(r.ptr(resid, r.row, c.Hidden, 0, ptx.F32, true), nil)
-	r.rmsNorm(x, r.loadRow(r.vecPtr(w, c.WDtype), nil), c.Eps)
+	r.rmsNorm(x, r.loadNormWeight(w, RowConfig{WDtype: c.WDtype, WOffset: c.WOffset}), c.Eps)
 	r.storeRow(r.ptr(out, dst, c.Hidden, 0, ptx.F32, false), x)
 	r.Label(end)
-	return finish(r.Kernel, "row_renorm", ops.RenormAttrs{Hidden: c.Hidden, Eps: c.Eps, WDtype: c.WDtype.String(), Gather: c.Gather})
+	return finish(r.Kernel, "row_renorm", ops.RenormAttrs{Hidden: c.Hidden, Eps: c.Eps, WDtype: c.WDtype.String(), Gather: c.Gather, WOffset: c.WOffset})
 }
 
 // customName names an op's kernel in the bundle: one per (app, custom kernel). The app's bit
@@ -128,7 +130,8 @@ func (t *tb) custom(n *ir.Node) {
 func (t *tb) renorm(n *ir.Node) {
 	g := t.g
 	resid, out := n.In[0], n.In[1]
-	c := RenormConfig{Hidden: resid.Width, Eps: n.Attrs.(ir.NormAttrs).Eps, WDtype: g.wdt, Gather: out.Rows == ir.Samples}
+	a := n.Attrs.(ir.NormAttrs)
+	c := RenormConfig{Hidden: resid.Width, Eps: a.Eps, WDtype: g.wdt, Gather: out.Rows == ir.Samples, WOffset: a.Offset}
 	s := slots{"resid": buf(resid.Buffer), "w": buf(n.Weight("w").Name), "out": buf(out.Buffer)}
 	name := fmt.Sprintf("renorm_h%d", c.Hidden)
 	if c.Gather {

@@ -54,8 +54,11 @@ type gen struct {
 	tp int
 	// siteKernels is the kernel (as a template asks for it) each MI op runs in.
 	siteKernels map[*ir.MI]string
-	// finalNorm and lmHead are the weights a logit lens reads (the model's own).
-	finalNorm, lmHead string
+	// finalNorm and lmHead are the weights a logit lens reads (the model's own), finalOffset
+	// the norm's weight offset and finalSoftcap the logits' cap (0: none) it applies as the
+	// model does.
+	finalNorm, lmHead         string
+	finalOffset, finalSoftcap float32
 	// attn is the forward's attention shape: a decode bucket's context split is chosen by it.
 	attn ir.AttentionAttrs
 }
@@ -195,6 +198,10 @@ func (g *gen) modelConfig() bundle.ModelConfig {
 		c.VectorSlots = g.p.VectorSlots
 	}
 	c.Logprobs = m.MaxLogprobs
+	// What Gemma 2 adds to the Llama forward (zero for the other families).
+	c.Activation, c.NormOffset, c.PostNorms, c.EmbedScale = m.Activation, m.NormOffset, m.PostNorms, m.EmbedScale()
+	c.QueryPreAttnScalar, c.AttnSoftcap, c.FinalSoftcap = m.QueryPreAttnScalar, m.AttnSoftcap, m.FinalSoftcap
+	c.SlidingWindow, c.SlidingLayers = m.SlidingWindow, m.SlidingLayers
 	if s := m.RopeScaling; s != nil {
 		c.RopeScaling = &bundle.RopeScaling{Type: s.Type, Factor: s.Factor, LowFreqFactor: s.LowFreqFactor,
 			HighFreqFactor: s.HighFreqFactor, OriginalMaxPos: s.OriginalMaxPos}
@@ -238,8 +245,10 @@ func (g *gen) readGraph() {
 			g.attn = a
 		case ir.NormAttrs:
 			if n.Op == ir.OpAddNorm && n.Out[1].Rows == ir.Samples {
-				g.finalNorm = n.Weight("w").Name
+				g.finalNorm, g.finalOffset = n.Weight("w").Name, a.Offset
 			}
+		case ir.SoftcapAttrs:
+			g.finalSoftcap = a.Cap
 		case ir.MatmulAttrs:
 			if a.Split == ir.Vocab {
 				g.lmHead = n.Weight("w").Name

@@ -45,6 +45,10 @@ type LensConfig struct {
 	K             int      // top-k
 	OutWidth      int      // the export buffer's row
 	OutCol        int      // first column of the op's 2K
+	// WOffset is added to the final norm's weight (1: Gemma's (1 + w)); Softcap, when not 0,
+	// caps the top K's logits as the model's own are (Gemma 2's final soft-cap: the order,
+	// and so the ids, are the same capped or not).
+	WOffset, Softcap float32
 }
 
 func (c LensConfig) check() error {
@@ -63,7 +67,7 @@ func (c LensConfig) check() error {
 
 func (c LensConfig) attrs() ops.LensAttrs {
 	return ops.LensAttrs{Hidden: c.Hidden, Vocab: c.Vocab, Eps: c.Eps, WDtype: c.WDtype.String(), Bit: c.Bit,
-		K: c.K, OutWidth: c.OutWidth, OutCol: c.OutCol, Slice: lensTopKSlice}
+		K: c.K, OutWidth: c.OutWidth, OutCol: c.OutCol, Slice: lensTopKSlice, WOffset: c.WOffset, Softcap: c.Softcap}
 }
 
 // Parts is how many slices lens_topk_part cuts a row's logits into.
@@ -126,7 +130,11 @@ func LensNorm(name string, c LensConfig) (*Kernel, error) {
 	e.forLoop(i, tid, ptx.Imm(int64(c.Hidden)), ptx.Imm(lensThreads), func() {
 		x := e.loadAt(ptx.Addr{Base: e.byteAddr(rb, i, 4)}, ptx.F32)
 		e.Emit("mul.rn.f32", x, x, rs)
-		e.Emit("mul.rn.f32", x, x, e.loadF32(w, i, c.WDtype))
+		wi := e.loadF32(w, i, c.WDtype)
+		if c.WOffset != 0 {
+			e.Emit("add.rn.f32", wi, wi, ptx.F32Imm(c.WOffset))
+		}
+		e.Emit("mul.rn.f32", x, x, wi)
 		e.Emit("st.global.f32", ptx.Addr{Base: e.byteAddr(ob, i, 4)}, x)
 	})
 	e.Label(end)
@@ -221,6 +229,11 @@ func lensTopK(name string, c LensConfig, part bool) (*Kernel, error) {
 			id := e.Reg(ptx.F32)
 			e.Emit("cvt.rn.f32.u32", id, bi)
 			e.Emit("st.global.f32", ptx.Addr{Base: e.byteAddr(ob, col, 4)}, id)
+			if c.Softcap > 0 && !part { // the merge writes the export: its logits capped
+				v := e.op3("mul.rn.f32", ptx.F32, bv, ptx.F32Imm(capScale(c.Softcap)))
+				e.capTanh(v, c.Softcap)
+				bv = v
+			}
 			e.Emit("st.global.f32", ptx.Addr{Base: e.byteAddr(ob, col, 4), Offset: int64(4 * idLogitGap)}, bv)
 		}})
 	e.Label(end)

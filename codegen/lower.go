@@ -31,10 +31,11 @@ var lowerings = map[ir.Op]lowering{
 	ir.OpMatmul:     {[]string{"gemm", bundle.OpGemmTC}, (*tb).matmul},
 	ir.OpRope:       {[]string{"rope_kv"}, (*tb).rope},
 	ir.OpAttention:  {[]string{"attention"}, (*tb).attention},
-	ir.OpActivation: {[]string{"silu_mul"}, (*tb).activation},
+	ir.OpActivation: {[]string{"silu_mul", "gelu_tanh_mul"}, (*tb).activation},
 	ir.OpRouter:     {[]string{"moe_router"}, (*tb).router},
 	ir.OpExperts:    {[]string{"moe_gate_up", "moe_down", "gemm", bundle.OpGemmTC, "silu_mul", "moe_combine"}, (*tb).experts},
 	ir.OpSample:     {[]string{"sample"}, (*tb).sample},
+	ir.OpSoftcap:    {[]string{"softcap"}, (*tb).softcap},
 	ir.OpCollective: {nil, (*tb).collective},
 	ir.OpMI:         {[]string{"mi", "mi_samples"}, (*tb).mi},
 	ir.OpCustom:     {[]string{"custom_ptx"}, (*tb).custom},
@@ -202,7 +203,8 @@ func (t *tb) embedNorm(n *ir.Node) {
 	g := t.g
 	a := n.Attrs.(ir.NormAttrs)
 	mi := group(n, 0)
-	c := RowConfig{Hidden: n.Out[0].Width, Vocab: a.Vocab, Eps: a.Eps, WDtype: g.wdt, Load: "embed", ResidOps: mi}
+	c := RowConfig{Hidden: n.Out[0].Width, Vocab: a.Vocab, Eps: a.Eps, WDtype: g.wdt, Load: "embed", ResidOps: mi,
+		WOffset: a.Offset, EmbedScale: a.EmbedScale}
 	name := miName("embed", mi, "embed")
 	k, err := g.kernel(name, func() (*Kernel, error) { return RowNorm(name, c) })
 	g.site(n, name)
@@ -213,7 +215,8 @@ func (t *tb) embedNorm(n *ir.Node) {
 }
 
 // addNorm is a residual add + RMSNorm with the MI ops placed in it (delta, residual, norm
-// groups). The norm of sampled rows is the final norm: it writes only those rows.
+// groups; the delta's are on its normalised value when the kernel normalises it first). The
+// norm of sampled rows is the final norm: it writes only those rows.
 func (t *tb) addNorm(n *ir.Node) {
 	g := t.g
 	a := n.Attrs.(ir.NormAttrs)
@@ -221,8 +224,10 @@ func (t *tb) addNorm(n *ir.Node) {
 	t.addNorms++
 	resid, delta, out := n.Out[0], n.In[1], n.Out[1]
 	final := out.Rows == ir.Samples
+	deltaW := n.Weight("delta_w")
 	c := RowConfig{Hidden: resid.Width, Vocab: g.m.Vocab, Eps: a.Eps, WDtype: g.wdt, Load: "add", Gather: final,
-		DeltaOps: group(n, 0), ResidOps: group(n, 1), NormOps: group(n, 2)}
+		DeltaOps: append(group(n, 0), group(n, 3)...), ResidOps: group(n, 1), NormOps: group(n, 2),
+		WOffset: a.Offset, DeltaNorm: deltaW != nil}
 	all := c.MIOps()
 	base := fmt.Sprintf("add_norm_h%d", resid.Width)
 	if final {
@@ -234,6 +239,9 @@ func (t *tb) addNorm(n *ir.Node) {
 	s := slots{"resid": buf(resid.Buffer), "delta": buf(delta.Buffer), "w": buf(n.Weight("w").Name), "out": buf(out.Buffer)}
 	if final {
 		s["out_row"] = buf(bundle.CtlOutRow)
+	}
+	if deltaW != nil {
+		s["delta_w"] = buf(deltaW.Name)
 	}
 	t.add(fmt.Sprintf("slot%d.add_norm", slot), k, err, c.Launch(t.rows), s, all)
 }
@@ -310,7 +318,7 @@ func (t *tb) rope(n *ir.Node) {
 // attnConfig is an attention node's shape.
 func (g *gen) attnConfig(a ir.AttentionAttrs) AttnConfig {
 	return AttnConfig{Heads: a.Heads, KVHeads: a.KVHeads, HeadDim: a.HeadDim, BlockSize: g.m.KVBlockSize,
-		MaxBlocksPerSeq: g.blocks, KVDtype: g.kvdt, Scale: a.Scale}
+		MaxBlocksPerSeq: g.blocks, KVDtype: g.kvdt, Scale: a.Scale, Softcap: a.Softcap, Window: a.Window}
 }
 
 // attention emits layer l's attention over the KV cache into z. A decode bucket runs the
@@ -322,7 +330,7 @@ func (g *gen) attnConfig(a ir.AttentionAttrs) AttnConfig {
 func (t *tb) attention(n *ir.Node) {
 	g := t.g
 	ac := g.attnConfig(n.Attrs.(ir.AttentionAttrs))
-	base := fmt.Sprintf("attention_h%d_kv%d_d%d_%s", ac.Heads, ac.KVHeads, ac.HeadDim, g.kvdt)
+	base := fmt.Sprintf("attention_h%d_kv%d_d%d_%s", ac.Heads, ac.KVHeads, ac.HeadDim, g.kvdt) + AttnKernelSuffix(ac)
 	s := merge(kvSlots(n, n.In[0].Buffer), slots{"z": buf(n.Out[0].Buffer)})
 	decode := func(name string, c AttnConfig, splits int, s slots) {
 		k, err := g.kernel(name, func() (*Kernel, error) { return Attention(name, c) })
@@ -344,12 +352,21 @@ func (t *tb) attention(n *ir.Node) {
 	}
 }
 
-// activation is the gated MLP's silu(gate) * up, with the mlp.act ops fused.
+// activations are the gated MLP's functions, by ir.ActivationAttrs.Fn, as SiluConfig.Act.
+var activations = map[string]string{"silu": "", "gelu_tanh": ActGeluTanh}
+
+// activation is the gated MLP's fn(gate) * up, with the mlp.act ops fused.
 func (t *tb) activation(n *ir.Node) {
 	g := t.g
 	mi := group(n, 0)
-	sc := SiluConfig{Inter: n.Out[0].Width, Ops: mi}
-	name := miName(fmt.Sprintf("silu_mul_i%d", sc.Inter), mi, fmt.Sprintf("L%d", n.Layer))
+	fn := n.Attrs.(ir.ActivationAttrs).Fn
+	act, ok := activations[fn]
+	if !ok {
+		t.fail(fmt.Errorf("node %s: activation %q has no kernel", n.Name, fn))
+		return
+	}
+	sc := SiluConfig{Inter: n.Out[0].Width, Ops: mi, Act: act}
+	name := miName(GatedKernelName(sc), mi, fmt.Sprintf("L%d", n.Layer))
 	k, err := g.kernel(name, func() (*Kernel, error) { return SiluMul(name, sc) })
 	g.site(n, name)
 	t.add(n.Name, k, err, sc.Launch(t.rows), slots{"gu": buf(n.In[0].Buffer), "act": buf(n.Out[0].Buffer)}, mi)
@@ -364,6 +381,15 @@ func (t *tb) collective(n *ir.Node) {
 		t.nodes = append(t.nodes, bundle.Node{Label: n.Name, Collective: &bundle.Collective{
 			Op: n.Attrs.(ir.CollectiveAttrs).Op, In: in.Buffer, Out: out.Buffer, Rows: t.rowsOf(in), Cols: in.Width}})
 	}
+}
+
+// softcap caps the logits of the sampled rows in place, after the LM head (and its
+// all-gather) and before the logits hook's ops and the sampler.
+func (t *tb) softcap(n *ir.Node) {
+	c := SoftcapConfig{Width: n.In[0].Width, Cap: n.Attrs.(ir.SoftcapAttrs).Cap}
+	name := fmt.Sprintf("softcap_v%d", c.Width)
+	k, err := t.g.kernel(name, func() (*Kernel, error) { return Softcap(name, c) })
+	t.add(n.Name, k, err, c.Launch(t.rowsOf(n.In[0])), slots{"x": buf(n.In[0].Buffer)}, nil)
 }
 
 // logitsKernel and sampleKernel name the kernels of the model's tail.
@@ -425,7 +451,7 @@ func (g *gen) lensName(kind string, c LensConfig) string {
 func (g *gen) lensConfig(op *ir.MI) LensConfig {
 	m := g.m
 	return LensConfig{Hidden: m.Hidden, Vocab: m.Vocab, Eps: float32(m.RMSEps), WDtype: g.wdt, Bit: op.Bit,
-		K: op.K, OutWidth: op.OutWidth, OutCol: op.OutCol}
+		K: op.K, OutWidth: op.OutWidth, OutCol: op.OutCol, WOffset: g.finalOffset, Softcap: g.finalSoftcap}
 }
 
 // lens is a logit lens's heavy nodes over the residual as the add+norm kernel (and any custom

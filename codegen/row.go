@@ -2,6 +2,7 @@ package codegen
 
 import (
 	"fmt"
+	"math"
 	"slices"
 
 	"xmix/bundle"
@@ -228,7 +229,7 @@ func (r *rowEmitter) reduce(v ptx.Reg) ptx.Reg {
 }
 
 // rmsNorm turns x into x * rsqrt(mean(x²) + eps) * w, in place (HF LlamaRMSNorm order); w
-// holds this thread's weights, loaded by loadRow.
+// holds this thread's weights, loaded by loadNormWeight.
 func (r *rowEmitter) rmsNorm(x, w []ptx.Reg, eps float32) {
 	var tot ptx.Reg
 	if r.fold == nil {
@@ -263,6 +264,16 @@ type RowConfig struct {
 	// NormOps to the normed row; in a kernel they are numbered in that order.
 	DeltaOps, ResidOps, NormOps []ir.MI
 	Gather                      bool // out_row[row] picks the output row; NoRow skips the norm
+	// WOffset is added (in f32) to every norm weight before it scales: 1 for Gemma's
+	// RMSNorm, which multiplies by (1 + w); 0 for Llama's w.
+	WOffset float32
+	// DeltaNorm (Load "add") RMS-normalises delta with its own weight delta_w (plus WOffset)
+	// before anything else sees it: Gemma 2's post-attention and post-feedforward norms, so
+	// that the delta ops (attn_out, mlp_out) see what is added to the residual.
+	DeltaNorm bool
+	// EmbedScale (Load "embed"), when not 0, multiplies the embedded row before its ops:
+	// Gemma's sqrt(hidden) (rounded to the model's dtype, as transformers does).
+	EmbedScale float32
 }
 
 // Launch is the grid for rows rows.
@@ -275,7 +286,7 @@ func (c RowConfig) MIOps() []ir.MI {
 
 // RowNorm generates the residual kernel: it loads a residual row (embedding lookup or
 // resid + delta), applies MI ops, stores it back, and RMS-normalises it into out. Parameters:
-// [tokens, table, resid | resid, delta], w, out, [out_row], ctl_mask, [ctl_tokens],
+// [tokens, table, resid | resid, delta, [delta_w]], w, out, [out_row], ctl_mask, [ctl_tokens],
 // [ctl_gen], MI parameters. A token id >= Vocab embeds as zeros.
 func RowNorm(name string, c RowConfig) (*Kernel, error) {
 	return named("row_norm", name, c, rowNorm)
@@ -285,13 +296,17 @@ func rowNorm(name string, c RowConfig) (*Kernel, error) {
 	if c.WDtype != ptx.F32 && c.WDtype != ptx.BF16 {
 		return nil, fmt.Errorf("weight dtype %s is not f32 or bf16", c.WDtype)
 	}
-	attrs := ops.RowNormAttrs{Hidden: c.Hidden, Eps: c.Eps, WDtype: c.WDtype.String(), Load: c.Load, Gather: c.Gather}
+	attrs := ops.RowNormAttrs{Hidden: c.Hidden, Eps: c.Eps, WDtype: c.WDtype.String(), Load: c.Load, Gather: c.Gather,
+		WOffset: c.WOffset, DeltaNorm: c.DeltaNorm, EmbedScale: c.EmbedScale}
 	switch {
-	case c.Load == "embed" && c.Vocab > 0 && len(c.DeltaOps) == 0:
+	case c.Load == "embed" && c.Vocab > 0 && len(c.DeltaOps) == 0 && !c.DeltaNorm:
 		attrs.Vocab = c.Vocab
-	case c.Load == "add":
+	case c.Load == "add" && c.EmbedScale == 0:
 	default:
-		return nil, fmt.Errorf("load %q with vocab %d and %d delta ops", c.Load, c.Vocab, len(c.DeltaOps))
+		return nil, fmt.Errorf("load %q with vocab %d, %d delta ops, delta norm %v, embed scale %g", c.Load, c.Vocab, len(c.DeltaOps), c.DeltaNorm, c.EmbedScale)
+	}
+	if !finite32(c.WOffset) || !finite32(c.EmbedScale) {
+		return nil, fmt.Errorf("weight offset %g, embed scale %g: want finite", c.WOffset, c.EmbedScale)
 	}
 	r, err := newRowEmitter(name, c.Hidden)
 	if err != nil {
@@ -305,6 +320,10 @@ func rowNorm(name string, c RowConfig) (*Kernel, error) {
 	} else {
 		resid = r.param("resid", ptx.U64)
 		delta = r.param("delta", ptx.U64)
+	}
+	var deltaW ptx.Reg
+	if c.DeltaNorm {
+		deltaW = r.param("delta_w", ptx.U64)
 	}
 	w := r.param("w", ptx.U64)
 	out := r.param("out", ptx.U64)
@@ -324,7 +343,11 @@ func rowNorm(name string, c RowConfig) (*Kernel, error) {
 	// vectors come from HBM, and a load issued after the block reduction (or after an op's
 	// branch) would add its whole latency to a kernel that is latency-bound at small batches.
 	mi.prefetchVectors(r)
-	wv := r.loadRow(r.vecPtr(w, c.WDtype), nil)
+	wv := r.loadNormWeight(w, c)
+	var dw []ptx.Reg
+	if c.DeltaNorm {
+		dw = r.loadNormWeight(deltaW, c)
+	}
 
 	var x []ptx.Reg
 	residPtr := r.ptr(resid, r.row, c.Hidden, 0, ptx.F32, false)
@@ -334,8 +357,16 @@ func rowNorm(name string, c RowConfig) (*Kernel, error) {
 		inVocab := r.Reg(ptx.Pred)
 		r.Emit("setp.lt.u32", inVocab, tok, ptx.Imm(c.Vocab))
 		x = r.loadRow(r.ptr(table, tok, c.Hidden, 0, c.WDtype, true), &inVocab)
+		if c.EmbedScale != 0 {
+			for _, v := range x {
+				r.Emit("mul.rn.f32", v, v, ptx.F32Imm(c.EmbedScale))
+			}
+		}
 	} else {
 		d := r.loadRow(r.ptr(delta, r.row, c.Hidden, 0, ptx.F32, true), nil)
+		if c.DeltaNorm {
+			r.rmsNorm(d, dw, c.Eps)
+		}
 		mi.emit(r, 0, d, nil)
 		x = r.loadRow(residPtr, nil)
 		for j := range x {
@@ -358,10 +389,64 @@ func rowNorm(name string, c RowConfig) (*Kernel, error) {
 	return finish(r.Kernel, "row_norm", attrs)
 }
 
+func finite32(v float32) bool { return !math.IsNaN(float64(v)) && !math.IsInf(float64(v), 0) }
+
+// loadNormWeight loads this thread's elements of a norm weight, WOffset added.
+func (r *rowEmitter) loadNormWeight(w ptx.Reg, c RowConfig) []ptx.Reg {
+	wv := r.loadRow(r.vecPtr(w, c.WDtype), nil)
+	if c.WOffset != 0 {
+		for _, v := range wv {
+			r.Emit("add.rn.f32", v, v, ptx.F32Imm(c.WOffset))
+		}
+	}
+	return wv
+}
+
 // SiluConfig configures SiluMul.
 type SiluConfig struct {
 	Inter int
 	Ops   []ir.MI // hook mlp.act, applied before the store
+	// Act is the gate's activation: "" for SiLU (SwiGLU, op silu_mul) or ActGeluTanh (GeGLU,
+	// op gelu_tanh_mul).
+	Act string
+}
+
+// ActGeluTanh is SiluConfig.Act of Gemma 2's GeGLU: GELU's tanh approximation
+// (transformers' gelu_pytorch_tanh).
+const ActGeluTanh = "gelu_tanh"
+
+// op is the reference op of c's kernel (ops.GatedActivations).
+func (c SiluConfig) op() (string, error) {
+	switch c.Act {
+	case "":
+		return "silu_mul", nil
+	case ActGeluTanh:
+		return "gelu_tanh_mul", nil
+	}
+	return "", fmt.Errorf("activation %q: want empty (SiLU) or %q", c.Act, ActGeluTanh)
+}
+
+// gateAct emits act(g) * u into a new register. SiLU: g / (1 + 2^(-g*log2 e)). GELU (tanh):
+// 0.5 g (1 + tanh(k)) = g / (1 + e^(-2k)) with k = sqrt(2/pi) (g + 0.044715 g³), the same
+// form with the exponent -2k: no tanh instruction (tanh.approx.f32 is 2^-11 relative), and
+// 0 or g at the ends (an infinite exponent gives 0, a vanishing one g). ex2.approx is within
+// 2 ulp, the division exact.
+func gateAct(e emitter, act string, g, u ptx.Reg) ptx.Reg {
+	const negLog2e = -1.4426950408889634
+	t := e.Reg(ptx.F32)
+	if act == ActGeluTanh {
+		e.Emit("mul.rn.f32", t, g, g)
+		e.Emit("mul.rn.f32", t, t, g)
+		e.Emit("fma.rn.f32", t, t, ptx.F32Imm(0.044715), g)
+		e.Emit("mul.rn.f32", t, t, ptx.F32Imm(float32(2*math.Sqrt(2/math.Pi)*negLog2e)))
+	} else {
+		e.Emit("mul.rn.f32", t, g, ptx.F32Imm(negLog2e))
+	}
+	e.Emit("ex2.approx.f32", t, t)
+	e.Emit("add.rn.f32", t, t, ptx.F32Imm(1))
+	e.Emit("div.rn.f32", t, g, t)
+	e.Emit("mul.rn.f32", t, t, u)
+	return t
 }
 
 // Launch is the grid for rows rows.
@@ -381,15 +466,20 @@ const (
 	siluChunk   = siluThreads * siluPer
 )
 
-// SiluMul generates act = silu(gate) * up over gu rows [gate | up] of 2*Inter columns, with
-// MI ops on act. Parameters: gu, act, ctl_mask, [ctl_tokens], [ctl_gen], MI parameters.
+// SiluMul generates act = f(gate) * up over gu rows [gate | up] of 2*Inter columns (f SiLU,
+// or c.Act), with MI ops on act. Parameters: gu, act, ctl_mask, [ctl_tokens], [ctl_gen], MI
+// parameters.
 func SiluMul(name string, c SiluConfig) (*Kernel, error) {
 	return named("silu_mul", name, c, siluMul)
 }
 
 func siluMul(name string, c SiluConfig) (*Kernel, error) {
+	op, err := c.op()
+	if err != nil {
+		return nil, err
+	}
 	if len(c.Ops) == 0 {
-		return siluMulChunked(name, c)
+		return siluMulChunked(name, c, op)
 	}
 	r, err := newRowEmitter(name, c.Inter)
 	if err != nil {
@@ -407,28 +497,20 @@ func siluMul(name string, c SiluConfig) (*Kernel, error) {
 	up := gate
 	up.off = int64(4 * c.Inter)
 	x := make([]ptx.Reg, r.per)
-	// silu(g) = g / (1 + 2^(-g*log2 e)); ex2.approx is within 2 ulp, the division exact.
-	const negLog2e = -1.4426950408889634
 	for j := range x {
 		p := r.elemPred(j, nil)
 		g := r.loadElem(gate, j, p)
 		u := r.loadElem(up, j, p)
-		t := r.Reg(ptx.F32)
-		r.Emit("mul.rn.f32", t, g, ptx.F32Imm(negLog2e))
-		r.Emit("ex2.approx.f32", t, t)
-		r.Emit("add.rn.f32", t, t, ptx.F32Imm(1))
-		r.Emit("div.rn.f32", t, g, t)
-		r.Emit("mul.rn.f32", t, t, u)
-		x[j] = t
+		x[j] = gateAct(r.emitter, c.Act, g, u)
 	}
 	mi.emit(r, 0, x, nil)
 	r.storeRow(r.ptr(act, r.row, c.Inter, 0, ptx.F32, false), x)
-	return finish(r.Kernel, "silu_mul", ops.SiluMulAttrs{Inter: c.Inter, Ops: mi.ref[0]})
+	return finish(r.Kernel, op, ops.SiluMulAttrs{Inter: c.Inter, Ops: mi.ref[0]})
 }
 
-// siluMulChunked is SiLU*up over a (chunk, row) grid: thread t of block (b, r) handles
+// siluMulChunked is act(gate)*up over a (chunk, row) grid: thread t of block (b, r) handles
 // elements b*siluChunk + j*siluThreads + t, j < siluPer. Parameters: gu, act.
-func siluMulChunked(name string, c SiluConfig) (*Kernel, error) {
+func siluMulChunked(name string, c SiluConfig, op string) (*Kernel, error) {
 	if c.Inter <= 0 {
 		return nil, fmt.Errorf("inter %d", c.Inter)
 	}
@@ -443,7 +525,6 @@ func siluMulChunked(name string, c SiluConfig) (*Kernel, error) {
 	e.Emit("mul.lo.u32", gRow, row, ptx.Imm(2*c.Inter))
 	aRow := e.Reg(ptx.U32)
 	e.Emit("mul.lo.u32", aRow, row, ptx.Imm(c.Inter))
-	const negLog2e = -1.4426950408889634
 	for j := range siluPer {
 		col := e.Reg(ptx.U32)
 		e.Emit("add.u32", col, base, ptx.Imm(j*siluThreads))
@@ -457,18 +538,13 @@ func siluMulChunked(name string, c SiluConfig) (*Kernel, error) {
 		ui := e.Reg(ptx.U32)
 		e.Emit("add.u32", ui, gi, ptx.Imm(c.Inter))
 		u := e.loadF32(gu, ui, ptx.F32)
-		t := e.Reg(ptx.F32)
-		e.Emit("mul.rn.f32", t, g, ptx.F32Imm(negLog2e))
-		e.Emit("ex2.approx.f32", t, t)
-		e.Emit("add.rn.f32", t, t, ptx.F32Imm(1))
-		e.Emit("div.rn.f32", t, g, t)
-		e.Emit("mul.rn.f32", t, t, u)
+		t := gateAct(e, c.Act, g, u)
 		ai := e.Reg(ptx.U32)
 		e.Emit("add.u32", ai, aRow, col)
 		e.storeF32(act, ai, t, ptx.F32)
 		e.Label(skip)
 	}
-	return finish(e.Kernel, "silu_mul", ops.SiluMulAttrs{Inter: c.Inter, Chunked: true})
+	return finish(e.Kernel, op, ops.SiluMulAttrs{Inter: c.Inter, Chunked: true})
 }
 
 // MIKernelConfig configures MIKernel: the hooked row is x[row*Stride+Offset : +Width].
@@ -528,4 +604,14 @@ func miKernel(name string, c MIKernelConfig) (*Kernel, error) {
 	r.Label(end)
 	attrs := ops.MIKernelAttrs{Width: c.Width, Stride: c.Stride, Offset: c.Offset, Ops: mi.ref[0]}
 	return finish(r.Kernel, "mi", attrs)
+}
+
+// GatedKernelName is the gated-MLP kernel's base name at inter columns: silu_mul_i.. or
+// gelu_tanh_mul_i.. (its op's name).
+func GatedKernelName(c SiluConfig) string {
+	op, err := c.op()
+	if err != nil {
+		op = "gated_mul"
+	}
+	return fmt.Sprintf("%s_i%d", op, c.Inter)
 }

@@ -100,7 +100,7 @@ func TestParseModelHFErrors(t *testing.T) {
 		{"bad generation_config.json", "hf: badgen\n", []string{"generation_config.json:2:3: eos_token_id is neither an integer nor a list of integers",
 			"s.yaml:1:5: hf: ", "generation_config.json is not usable"}},
 		{"unsupported model_type", "model: m\nhf: gpt2\n", []string{`s.yaml:2:1: config.json model_type "gpt2" is not a supported family (supported: llama, mistral, qwen2, qwen3`}},
-		{"unsupported architecture", "hf: cls\n", []string{"s.yaml:1:1: config.json architecture Qwen3ForSequenceClassification is not supported (supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MixtralForCausalLM)"}},
+		{"unsupported architecture", "hf: cls\n", []string{"s.yaml:1:1: config.json architecture Qwen3ForSequenceClassification is not supported (supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MixtralForCausalLM, Gemma2ForCausalLM)"}},
 		{"no hf and no keys", "dtype: bf16\n", []string{`missing key "model"`, `missing key "weights"`, `missing key "tokenizer"`, "hf: path/to/checkpoint"}},
 		{"family clash", "family: llama\nhf: good\n", []string{"s.yaml:1:9: family llama, but config.json model_type is qwen3"}},
 	} {

@@ -36,6 +36,15 @@ type HFConfig struct {
 	UseSlidingWindow  *bool
 	NumLocalExperts   *int // mixtral
 	NumExpertsPerTok  *int
+	// SlidingWindowGiven: the file has sliding_window, maybe null (SlidingWindow nil): Gemma
+	// 2 then has no window, where a config.json without the key has Gemma2Config's 4096.
+	SlidingWindowGiven bool
+	// Gemma 2 (family gemma2). A soft-cap of 0 is null in the file: no capping.
+	QueryPreAttnScalar        *float64
+	AttnSoftcap, FinalSoftcap *float64
+	HiddenActivation          *string
+	LayerTypes                []string // sliding_attention | full_attention per layer
+	UseBidirectionalAttention *bool
 }
 
 // hfConfigJSON mirrors the JSON; the fields whose JSON type varies are decoded by hand.
@@ -63,6 +72,13 @@ type hfConfigJSON struct {
 	UseSlidingWindow *bool           `json:"use_sliding_window"`
 	NumLocalExperts  *int            `json:"num_local_experts"`
 	NumExpertsPerTok *int            `json:"num_experts_per_tok"`
+	// Gemma 2.
+	QueryPreAttnScalar        *float64        `json:"query_pre_attn_scalar"`
+	AttnLogitSoftcapping      json.RawMessage `json:"attn_logit_softcapping"`
+	FinalLogitSoftcapping     json.RawMessage `json:"final_logit_softcapping"`
+	HiddenActivation          *string         `json:"hidden_activation"`
+	LayerTypes                []string        `json:"layer_types"`
+	UseBidirectionalAttention *bool           `json:"use_bidirectional_attention"`
 }
 
 type ropeScalingJSON struct {
@@ -137,8 +153,23 @@ func parseHFConfig(path string, data []byte) (*HFConfig, error) {
 		UseSlidingWindow:  raw.UseSlidingWindow,
 		NumLocalExperts:   raw.NumLocalExperts,
 		NumExpertsPerTok:  raw.NumExpertsPerTok,
+
+		QueryPreAttnScalar:        raw.QueryPreAttnScalar,
+		HiddenActivation:          raw.HiddenActivation,
+		LayerTypes:                raw.LayerTypes,
+		UseBidirectionalAttention: raw.UseBidirectionalAttention,
+	}
+	var keys map[string]json.RawMessage
+	if err := json.Unmarshal(data, &keys); err == nil {
+		_, c.SlidingWindowGiven = keys["sliding_window"]
 	}
 	var err error
+	if c.AttnSoftcap, err = softcapJSON(raw.AttnLogitSoftcapping); err != nil {
+		return nil, fieldError(path, data, "attn_logit_softcapping", err.Error(), "give a number, or null for no capping")
+	}
+	if c.FinalSoftcap, err = softcapJSON(raw.FinalLogitSoftcapping); err != nil {
+		return nil, fieldError(path, data, "final_logit_softcapping", err.Error(), "give a number, or null for no capping")
+	}
 	if c.EOSTokenIDs, err = eosIDs(raw.EOSTokenID); err != nil {
 		return nil, fieldError(path, data, "eos_token_id", err.Error(), "give an integer or a list of integers")
 	}

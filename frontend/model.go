@@ -17,13 +17,13 @@ import (
 // Families this version can compile, and the Hugging Face architectures (config.json
 // "architectures") of theirs it can load.
 var (
-	families      = []string{"llama", "mistral", "qwen2", "qwen3", "mixtral"}
+	families      = []string{"llama", "mistral", "qwen2", "qwen3", "mixtral", "gemma2"}
 	architectures = causalLMs(families)
 )
 
 var (
 	modelKeys       = []string{"model", "family", "hf", "dims", "config", "weights", "dtype", "kv_dtype", "tokenizer", "bos", "eos", "chat_template", "serving"}
-	dimsKeys        = []string{"hidden", "intermediate", "layers", "heads", "kv_heads", "head_dim", "vocab", "rope_theta", "rms_eps", "tie_embeddings", "rope_scaling", "experts", "experts_per_token"}
+	dimsKeys        = append([]string{"hidden", "intermediate", "layers", "heads", "kv_heads", "head_dim", "vocab", "rope_theta", "rms_eps", "tie_embeddings", "rope_scaling", "experts", "experts_per_token"}, gemma2DimsKeys...)
 	ropeScalingKeys = []string{"type", "factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}
 	servingKeys     = []string{"decode_buckets", "prefill_chunks", "max_batched_tokens", "max_seq_len", "max_seqs", "kv_block_size", "vector_slots", "max_logprobs"}
 	weightDtypes    = []string{"bf16", "f32"}
@@ -132,6 +132,7 @@ func (p *parser) model(root *yaml.Node) *Model {
 	p.serving(top, m)
 	p.family(top, m, cfg)
 	p.moe(top, m, cfg.cfg, cfg.keyAt)
+	p.gemma2(top, m, cfg)
 	return m
 }
 

@@ -246,7 +246,7 @@ func TestParseModelErrors(t *testing.T) {
 		{"huge", with("  layers: 6", "  layers: 99999999999999999999"), []string{"s.yaml:6:11: dims.layers:"}},
 		{"missing name", with("model: tiny\n", ""), []string{`s.yaml:1:1: model spec: missing key "model"`}},
 		{"missing dims", "model: a\nfamily: llama\nweights: w\ntokenizer: bytes\nbos: 1\n", []string{`missing key "dims" (give dims:`}},
-		{"family", with("family: llama", "family: lama"), []string{`s.yaml:2:9: family: unknown value "lama" (did you mean "llama"? choose from: llama, mistral, qwen2, qwen3, mixtral)`}},
+		{"family", with("family: llama", "family: lama"), []string{`s.yaml:2:9: family: unknown value "lama" (did you mean "llama"? choose from: llama, mistral, qwen2, qwen3, mixtral, gemma2)`}},
 		{"no family", with("family: llama\n", ""), []string{`s.yaml:1:1: model spec: missing key "family"`}},
 		{"kv heads", with("kv_heads: 2", "kv_heads: 3"), []string{"s.yaml:8:13: dims.kv_heads 3 does not divide dims.heads 8"}},
 		{"head dim default", with("hidden: 256", "hidden: 250"), []string{"s.yaml:7:10: dims.heads 8 does not divide dims.hidden 250", "set dims.head_dim"}},
@@ -367,7 +367,7 @@ func TestParseModelFamilies(t *testing.T) {
 	}{
 		{"mismatch", config("mis", "family: llama\n"), []string{"s.yaml:2:9: family llama, but config.json model_type is qwen3"}},
 		{"unknown type", config("gpt2", "", `"model_type": "qwen3"`, `"model_type": "gpt2"`),
-			[]string{`s.yaml:2:1: config.json model_type "gpt2" is not a supported family (supported: llama, mistral, qwen2, qwen3, mixtral)`}},
+			[]string{`s.yaml:2:1: config.json model_type "gpt2" is not a supported family (supported: llama, mistral, qwen2, qwen3, mixtral, gemma2)`}},
 		{"no family anywhere", config("none", "", `"model_type": "qwen3",`, ""),
 			[]string{`model spec: missing key "family" (config.json has no model_type either)`}},
 		{"o_proj bias", config("obias", "", `"attention_bias": false`, `"attention_bias": true`),

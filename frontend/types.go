@@ -38,7 +38,7 @@ type Model struct {
 	Path          string
 	Dir           string // directory of the spec; relative paths resolve against it
 	Name          string
-	Family        string // "llama", "mistral", "qwen2" or "qwen3"
+	Family        string // "llama", "mistral", "qwen2", "qwen3", "mixtral" or "gemma2"
 	Hidden        int
 	Intermediate  int
 	Layers        int
@@ -85,6 +85,26 @@ type Model struct {
 	// Experts > 0 makes every layer's MLP a mixture of Experts SwiGLU experts of Intermediate
 	// columns, TopK of them per token (mixtral).
 	Experts, TopK int
+
+	// What Gemma 2 (family gemma2) changes; the zero values are the Llama forward.
+	// Activation is the gated MLP's: "" SiLU (SwiGLU), ActGeluTanh (GeGLU).
+	Activation string
+	// NormOffset is added to every RMSNorm weight: 1 for Gemma's (1 + w).
+	NormOffset float64
+	// PostNorms: the attention and MLP outputs are RMS-normalised before their residual add
+	// (post_attention_layernorm, post_feedforward_layernorm; the MLP's input norm is
+	// pre_feedforward_layernorm).
+	PostNorms bool
+	// QueryPreAttnScalar, when set, scales scores by its inverse square root instead of
+	// head_dim's (AttnScale).
+	QueryPreAttnScalar float64
+	// AttnSoftcap and FinalSoftcap cap attention scores and final logits at c*tanh(x/c); 0:
+	// no capping.
+	AttnSoftcap, FinalSoftcap float64
+	// SlidingWindow is how many of its last positions a row attends to in the layers
+	// SlidingLayers marks (AttnWindow); 0: every layer attends to every position.
+	SlidingWindow int
+	SlidingLayers []bool
 }
 
 // RopeScaling mirrors HF's rope_scaling for rope_type llama3.

@@ -78,18 +78,26 @@ func (b *Builder) value(name string, rows Rows, width int, class string) *Value 
 	return b.G.NewValue(b.name(name), rows, width, class)
 }
 
-// Embed is the embedding lookup of the step's tokens in table [vocab, hidden].
-func (b *Builder) Embed(node string, table *Weight, class string) *Value {
+// Embed is the embedding lookup of the step's tokens in table [vocab, hidden], times scale
+// (0: not scaled).
+func (b *Builder) Embed(node string, table *Weight, scale float32, class string) *Value {
 	x := b.value(node, Tokens, table.Shape[1], class)
 	b.add(&Node{Op: OpEmbed, Name: b.name(node), Out: []*Value{x}, W: []Use{{"table", table}},
-		Attrs: EmbedAttrs{Vocab: table.Shape[0]}})
+		Attrs: EmbedAttrs{Vocab: table.Shape[0], Scale: scale}})
 	return x
 }
 
-// Norm is RMSNorm(x) * w into rows of rows (Samples: the sampled rows only).
-func (b *Builder) Norm(node, value string, x *Value, w *Weight, eps float32, rows Rows, class string) *Value {
+// Norm is RMSNorm(x) * (a.Offset + w) into rows of rows (Samples: the sampled rows only).
+func (b *Builder) Norm(node, value string, x *Value, w *Weight, a NormAttrs, rows Rows, class string) *Value {
 	y := b.value(value, rows, x.Width, class)
-	b.add(&Node{Op: OpNorm, Name: b.name(node), In: []*Value{x}, Out: []*Value{y}, W: []Use{{"w", w}}, Attrs: NormAttrs{Eps: eps}})
+	b.add(&Node{Op: OpNorm, Name: b.name(node), In: []*Value{x}, Out: []*Value{y}, W: []Use{{"w", w}}, Attrs: a})
+	return y
+}
+
+// Softcap caps x at cap*tanh(x/cap).
+func (b *Builder) Softcap(node, value string, x *Value, limit float32) *Value {
+	y := b.value(value, x.Rows, x.Width, x.Class)
+	b.add(&Node{Op: OpSoftcap, Name: b.name(node), In: []*Value{x}, Out: []*Value{y}, Attrs: SoftcapAttrs{Cap: limit}})
 	return y
 }
 

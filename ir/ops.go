@@ -34,10 +34,14 @@ const (
 	OpExperts
 	// OpSample: logits -> the sampled tokens.
 	OpSample
+	// OpSoftcap: x -> cap * tanh(x / cap) (Gemma 2's final logits).
+	OpSoftcap
 
 	// OpEmbedNorm (fuse-rows): embed, then the first layer's input norm, in one row kernel.
 	OpEmbedNorm
-	// OpAddNorm (fuse-rows): the residual add, then a norm, in one row kernel.
+	// OpAddNorm (fuse-rows): the residual add, then a norm, in one row kernel; with a norm of
+	// the delta before the add (W "delta_w", Gemma 2's post-norms), the normalised delta is a
+	// third output, kept in the kernel.
 	OpAddNorm
 	// OpCollective (shard-tp): an exchange of an activation between tensor-parallel ranks.
 	OpCollective
@@ -66,8 +70,8 @@ type Group struct {
 // OpFact is what the compiler knows about an op.
 type OpFact struct {
 	Name string
-	// In and Out are how many values it reads and defines (-1: any).
-	In, Out int
+	// In and Out are how many values it reads and defines; it may define up to MoreOut more.
+	In, Out, MoreOut int
 	// Attrs is the type of Node.Attrs (nil: none).
 	Attrs any
 	// Groups are where the op's kernel runs fused MI ops, in kernel order.
@@ -88,9 +92,10 @@ var Ops = [numOps]OpFact{
 	OpRouter:     {Name: "router", In: 1, Out: 3, Attrs: RouterAttrs{}, Groups: []Group{{"logits", true, 0}}},
 	OpExperts:    {Name: "experts", In: 3, Out: 1, Attrs: ExpertsAttrs{}},
 	OpSample:     {Name: "sample", In: 1, Out: 1, Attrs: SampleAttrs{}, Groups: []Group{{"sampled", true, 0}}},
+	OpSoftcap:    {Name: "softcap", In: 1, Out: 1, Attrs: SoftcapAttrs{}},
 	OpEmbedNorm:  {Name: "embed_norm", In: 0, Out: 2, Attrs: NormAttrs{}, Groups: []Group{{"resid", true, 0}}},
-	OpAddNorm: {Name: "add_norm", In: 2, Out: 2, Attrs: NormAttrs{},
-		Groups: []Group{{"delta", false, 1}, {"resid", true, 0}, {"norm", true, 1}}},
+	OpAddNorm: {Name: "add_norm", In: 2, Out: 2, MoreOut: 1, Attrs: NormAttrs{},
+		Groups: []Group{{"delta", false, 1}, {"resid", true, 0}, {"norm", true, 1}, {"delta", true, 2}}},
 	OpCollective: {Name: "collective", In: 1, Out: 1, Attrs: CollectiveAttrs{}},
 	OpMI:         {Name: "mi", In: 1, Out: 0, Groups: []Group{{"x", false, 0}}, InPlace: true},
 	OpCustom:     {Name: "custom", In: 1, Out: 0, Attrs: CustomAttrs{}, InPlace: true},
@@ -122,16 +127,26 @@ func (o Op) attrsOK(a any) bool {
 	return a != nil && reflect.TypeOf(a) == reflect.TypeOf(want)
 }
 
-// EmbedAttrs are OpEmbed's (and, with the norm's, OpEmbedNorm's through Embed).
+// EmbedAttrs are OpEmbed's. Scale, when not 0, multiplies the embedded rows (Gemma's
+// sqrt(hidden)).
 type EmbedAttrs struct {
 	Vocab int
+	Scale float32
 }
 
-// NormAttrs are an RMSNorm's.
+// NormAttrs are an RMSNorm's: x * rsqrt(mean(x²) + Eps) * (Offset + w) (Offset 1: Gemma's
+// (1 + w)).
 type NormAttrs struct {
-	Eps float32
-	// Vocab, in an OpEmbedNorm, is the embedding's (EmbedAttrs).
-	Vocab int
+	Eps    float32
+	Offset float32
+	// Vocab and EmbedScale, in an OpEmbedNorm, are the embedding's (EmbedAttrs).
+	Vocab      int
+	EmbedScale float32
+}
+
+// SoftcapAttrs are OpSoftcap's.
+type SoftcapAttrs struct {
+	Cap float32
 }
 
 // MatmulAttrs are OpMatmul's: its tensor-parallel cut and, for a row-parallel one, the name
@@ -152,15 +167,17 @@ type RopeAttrs struct {
 	Eps                     float32 // QK-norm's
 }
 
-// AttentionAttrs are OpAttention's.
+// AttentionAttrs are OpAttention's: scores scaled by Scale, soft-capped at Softcap (0:
+// not), over the last Window positions (0: all).
 type AttentionAttrs struct {
 	Heads, KVHeads, HeadDim int
-	Scale                   float32
+	Scale, Softcap          float32
+	Window                  int
 }
 
 // ActivationAttrs are OpActivation's: Fn over the gate, times the up half.
 type ActivationAttrs struct {
-	Fn    string // "silu"
+	Fn    string // "silu" or "gelu_tanh"
 	Inter int
 }
 

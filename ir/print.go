@@ -130,12 +130,24 @@ func attrsText(a any) string {
 	case nil:
 		return ""
 	case EmbedAttrs:
+		if a.Scale != 0 {
+			return fmt.Sprintf("vocab=%d scale=%g", a.Vocab, a.Scale)
+		}
 		return fmt.Sprintf("vocab=%d", a.Vocab)
 	case NormAttrs:
-		if a.Vocab > 0 {
-			return fmt.Sprintf("eps=%g vocab=%d", a.Eps, a.Vocab)
+		s := fmt.Sprintf("eps=%g", a.Eps)
+		if a.Offset != 0 {
+			s += fmt.Sprintf(" offset=%g", a.Offset)
 		}
-		return fmt.Sprintf("eps=%g", a.Eps)
+		if a.Vocab > 0 {
+			s += fmt.Sprintf(" vocab=%d", a.Vocab)
+		}
+		if a.EmbedScale != 0 {
+			s += fmt.Sprintf(" scale=%g", a.EmbedScale)
+		}
+		return s
+	case SoftcapAttrs:
+		return fmt.Sprintf("cap=%g", a.Cap)
 	case MatmulAttrs:
 		s := "split=" + a.Split.String()
 		if a.Reduce != "" {
@@ -152,7 +164,14 @@ func attrsText(a any) string {
 		}
 		return s
 	case AttentionAttrs:
-		return fmt.Sprintf("heads=%d/%d dim=%d scale=%g", a.Heads, a.KVHeads, a.HeadDim, a.Scale)
+		s := fmt.Sprintf("heads=%d/%d dim=%d scale=%g", a.Heads, a.KVHeads, a.HeadDim, a.Scale)
+		if a.Softcap != 0 {
+			s += fmt.Sprintf(" softcap=%g", a.Softcap)
+		}
+		if a.Window != 0 {
+			s += fmt.Sprintf(" window=%d", a.Window)
+		}
+		return s
 	case ActivationAttrs:
 		return fmt.Sprintf("fn=%s inter=%d", a.Fn, a.Inter)
 	case RouterAttrs:

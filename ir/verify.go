@@ -29,7 +29,7 @@ func Verify(g *Graph) error {
 			fail(n, "a second node of this name")
 		}
 		nodes[n.Name] = true
-		if f.In >= 0 && len(n.In) != f.In || f.Out >= 0 && len(n.Out) != f.Out {
+		if len(n.In) != f.In || len(n.Out) < f.Out || len(n.Out) > f.Out+f.MoreOut {
 			fail(n, "%d inputs and %d outputs, want %d and %d", len(n.In), len(n.Out), f.In, f.Out)
 		}
 		if !n.Op.attrsOK(n.Attrs) {

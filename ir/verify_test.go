@@ -10,9 +10,9 @@ import (
 // small is a graph of an embedding, a projection and a norm, planned into buffers.
 func small() (*Graph, *Value, *Value) {
 	b := NewBuilder("t", "llama", BF16)
-	x := b.Embed("embed", b.Weight("embed", []int{10, 4}), "act.resid")
+	x := b.Embed("embed", b.Weight("embed", []int{10, 4}), 0, "act.resid")
 	y := b.Matmul("proj", "y", x, b.Weight("w", []int{6, 4}), MatmulAttrs{}, "act.y")
-	b.Norm("norm", "n", x, b.Weight("norm", []int{4}), 1e-5, Tokens, "act.xn")
+	b.Norm("norm", "n", x, b.Weight("norm", []int{4}), NormAttrs{Eps: 1e-5}, Tokens, "act.xn")
 	for _, v := range b.G.Values() {
 		v.Buffer = v.Class
 	}

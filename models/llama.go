@@ -15,21 +15,26 @@ import (
 //	      h = post_attention_layernorm(x)                            mlp.act, mlp_out, resid_post (= L(l+1).resid_pre)
 //	logits = lm_head(norm(x))                                        final_norm, logits; sampled
 func llama(b *ir.Builder, m *frontend.Model) *ir.Graph {
-	return decoder(b, m, attnOptions{}, gatedMLP)
+	return decoder(b, m, attnOptions{}, swiGLU)
+}
+
+// swiGLU is the SiLU-gated MLP.
+func swiGLU(b *ir.Builder, m *frontend.Model, l int, h *ir.Value) *ir.Value {
+	return gatedMLP(b, m, l, h, "silu")
 }
 
 // decoder is the pre-norm decoder every family here shares, with the family's attention
 // options and MLP block.
 func decoder(b *ir.Builder, m *frontend.Model, o attnOptions, mlp func(*ir.Builder, *frontend.Model, int, *ir.Value) *ir.Value) *ir.Graph {
 	rope := ropeTables(b, m)
-	x := embed(b, m)
+	x := embed(b, m, 0)
 	for l := range m.Layers {
 		b.Layer(l)
 		t := layerTensor(l)
-		h := norm(b, m, "attn_norm", "attn_in", x, t+"input_layernorm.weight")
-		x = residual(b, "attn_residual", "resid_mid", x, attention(b, m, l, h, rope, o))
-		h = norm(b, m, "mlp_norm", "mlp_in", x, t+"post_attention_layernorm.weight")
-		x = residual(b, "mlp_residual", "resid_post", x, mlp(b, m, l, h))
+		h := norm(b, m, "attn_norm", "attn_in", x, t+"input_layernorm.weight", "act.xn")
+		x = residual(b, "attn_residual", "resid_mid", x, b.Hook(attention(b, m, l, h, rope, o), "attn_out"))
+		h = norm(b, m, "mlp_norm", "mlp_in", x, t+"post_attention_layernorm.weight", "act.xn")
+		x = residual(b, "mlp_residual", "resid_post", x, b.Hook(mlp(b, m, l, h), "mlp_out"))
 		if l+1 < m.Layers {
 			b.HookAt(x, "resid_pre", l+1)
 		}

@@ -20,6 +20,7 @@ var builders = map[string]func(*ir.Builder, *frontend.Model) *ir.Graph{
 	"qwen2":   qwen2,
 	"qwen3":   qwen3,
 	"mixtral": mixtral,
+	"gemma2":  gemma2,
 }
 
 // Build writes m's forward as a graph.

@@ -45,6 +45,7 @@ func TestFamiliesHooksAndTensors(t *testing.T) {
 		{"mixtral", ", experts: 4, experts_per_token: 2",
 			"embed resid_pre attn.q attn.k attn.v attn.z attn_out resid_mid router_logits mlp_out resid_post final_norm logits sampled",
 			"mlp.act", "model.layers.1.block_sparse_moe.experts.3.w3.weight"},
+		{"gemma2", ", query_pre_attn_scalar: 8, sliding_window: 4", dense, "", "model.layers.1.post_feedforward_layernorm.weight"},
 	} {
 		g := build(t, c.family, c.extra)
 		if names, _ := g.HookNames(); strings.Join(names, " ") != c.hooks {
@@ -74,7 +75,7 @@ func TestFamiliesHooksAndTensors(t *testing.T) {
 
 func TestBuildRefusesAnUnknownFamily(t *testing.T) {
 	m := &frontend.Model{Name: "m", Family: "gpt2"}
-	if _, err := Build(m); err == nil || !strings.Contains(err.Error(), "model m: family gpt2 has no graph builder (families: llama, mistral, mixtral, qwen2, qwen3)") {
+	if _, err := Build(m); err == nil || !strings.Contains(err.Error(), "model m: family gpt2 has no graph builder (families: gemma2, llama, mistral, mixtral, qwen2, qwen3)") {
 		t.Fatalf("got %v", err)
 	}
 }

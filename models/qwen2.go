@@ -14,5 +14,5 @@ func qwen2(b *ir.Builder, m *frontend.Model) *ir.Graph {
 	for _, h := range []string{"attn.q", "attn.k", "attn.v"} {
 		b.Refuse(h, why)
 	}
-	return decoder(b, m, attnOptions{bias: true}, gatedMLP)
+	return decoder(b, m, attnOptions{bias: true}, swiGLU)
 }

@@ -9,5 +9,5 @@ import (
 // the rotation (model.layers.l.self_attn.{q,k}_norm.weight, eps rms_norm_eps). Hooks attn.q
 // and attn.k are the projection's output, before that norm.
 func qwen3(b *ir.Builder, m *frontend.Model) *ir.Graph {
-	return decoder(b, m, attnOptions{qkNorm: true}, gatedMLP)
+	return decoder(b, m, attnOptions{qkNorm: true}, swiGLU)
 }

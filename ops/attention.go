@@ -21,6 +21,12 @@ type AttnAttrs struct {
 	// A prefill step runs one kernel of each, so that decode rows mixed into it take the
 	// decode kernel and prompt chunks the tensor-core one (codegen/attention_prefill.go).
 	Rows string `json:"rows,omitempty"`
+	// Softcap, when not 0, caps every scaled score s at Softcap * tanh(s / Softcap) before
+	// the softmax (Gemma 2's attn_logit_softcapping).
+	Softcap float32 `json:"softcap,omitempty"`
+	// Window, when not 0, limits row r to its last Window positions, pos[r]-Window+1 ..
+	// pos[r] (a sliding window: transformers' kv_idx > q_idx - sliding_window).
+	Window int `json:"window,omitempty"`
 }
 
 // Row selections of op "attention" (AttnAttrs.Rows).
@@ -47,6 +53,9 @@ func buildAttention(attrs []byte) (Runner, error) {
 	}
 	if a.Rows != "" && a.Rows != AttnRowsSingle && a.Rows != AttnRowsRuns {
 		return nil, fmt.Errorf("attention: rows %q: want empty, %q or %q", a.Rows, AttnRowsSingle, AttnRowsRuns)
+	}
+	if a.Window < 0 || !(a.Softcap >= 0) || math.IsInf(float64(a.Softcap), 0) {
+		return nil, fmt.Errorf("attention: window %d, softcap %g: want both at least 0 (0: none) and finite", a.Window, a.Softcap)
 	}
 	return RunnerFunc(func(args []Arg, l Launch) error {
 		rows := l.Grid[0]
@@ -85,13 +94,20 @@ func buildAttention(attrs []byte) (Runner, error) {
 				q := qkv[r*a.rowWidth()+h*d : r*a.rowWidth()+(h+1)*d]
 				out := z[(r*a.Heads+h)*d : (r*a.Heads+h+1)*d]
 				n := int(v.pos[r]) + 1
+				first := 0 // the first position the row attends to
+				if a.Window > 0 && n > a.Window {
+					first = n - a.Window
+				}
 				s := int(v.seq[r])
 				kvOff := h / group * d
 				scores = scores[:0]
 				m := float32(math.Inf(-1))
-				for t := 0; t < n; t++ {
+				for t := first; t < n; t++ {
 					v.load(kbuf, v.kcache, v.slot(s, t)*a.KVHeads*d+kvOff)
 					sc := dot(q, kbuf) * a.Scale
+					if a.Softcap > 0 {
+						sc = Softcap(sc, a.Softcap)
+					}
 					scores = append(scores, sc)
 					m = max(m, sc)
 				}
@@ -103,7 +119,7 @@ func buildAttention(attrs []byte) (Runner, error) {
 				}
 				clear(out)
 				for t, e := range scores {
-					v.load(vbuf, v.vcache, v.slot(s, t)*a.KVHeads*d+kvOff)
+					v.load(vbuf, v.vcache, v.slot(s, first+t)*a.KVHeads*d+kvOff)
 					for i, x := range vbuf {
 						out[i] += e * x
 					}

@@ -90,6 +90,8 @@ type RenormAttrs struct {
 	Eps    float32 `json:"eps"`
 	WDtype string  `json:"wdtype"` // f32 | bf16
 	Gather bool    `json:"gather,omitempty"`
+	// WOffset is added to every weight, as in row_norm.
+	WOffset float32 `json:"w_offset,omitempty"`
 }
 
 func init() {
@@ -156,7 +158,7 @@ func (a RenormAttrs) run(args []Arg, l Launch) error {
 				o = int(outRow[r])
 			}
 			copy(x, rs[r*h:(r+1)*h])
-			rmsNorm(x, w, a.Eps)
+			rmsNorm(x, w, a.Eps, a.WOffset)
 			copy(out[o*h:], x)
 		}
 	})

@@ -45,6 +45,10 @@ type LensAttrs struct {
 	OutWidth int     `json:"out_width"`
 	OutCol   int     `json:"out_col"`
 	Slice    int     `json:"slice"`
+	// WOffset is added to the final norm's weight (lens_norm); Softcap, when not 0, caps the
+	// logits lens_topk writes (the order is the uncapped one's).
+	WOffset float32 `json:"w_offset,omitempty"`
+	Softcap float32 `json:"softcap,omitempty"`
 }
 
 func decodeLens(attrs []byte) (LensAttrs, error) {
@@ -87,7 +91,7 @@ func (a LensAttrs) runNorm(args []Arg, l Launch) error {
 	for r := range rows {
 		x := out[r*h : (r+1)*h]
 		copy(x, resid[r*h:(r+1)*h])
-		rmsNorm(x, w, a.Eps)
+		rmsNorm(x, w, a.Eps, a.WOffset)
 	}
 	return nil
 }
@@ -154,6 +158,9 @@ func (a LensAttrs) runTopK(args []Arg, l Launch) error {
 			o[j], o[a.K+j] = float32(a.Vocab), float32(math.Inf(-1))
 			if j < len(ps) {
 				o[j], o[a.K+j] = float32(ps[j].id), ps[j].v
+			}
+			if a.Softcap > 0 {
+				o[a.K+j] = Softcap(o[a.K+j], a.Softcap)
 			}
 		}
 	}

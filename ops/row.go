@@ -21,6 +21,16 @@ type RowNormAttrs struct {
 	DeltaOps []mi.Op `json:"delta_ops,omitempty"`
 	ResidOps []mi.Op `json:"resid_ops,omitempty"`
 	NormOps  []mi.Op `json:"norm_ops,omitempty"`
+	// WOffset is added to every norm weight: the norms multiply by (WOffset + w), Gemma's
+	// (1 + w) with 1.
+	WOffset float32 `json:"w_offset,omitempty"`
+	// DeltaNorm (load add): delta is RMS-normalised with weight delta_w (the argument after
+	// delta) before the delta ops and the add (Gemma 2's post-attention and post-feedforward
+	// norms).
+	DeltaNorm bool `json:"delta_norm,omitempty"`
+	// EmbedScale (load embed), when not 0, multiplies the embedded row before the residual
+	// ops (Gemma's sqrt(hidden)).
+	EmbedScale float32 `json:"embed_scale,omitempty"`
 }
 
 // checkRow checks the attributes every row kernel (row_norm, row_renorm) shares.
@@ -44,23 +54,32 @@ func init() {
 			return nil, err
 		}
 		switch {
-		case a.Load == "embed" && a.Vocab > 0 && len(a.DeltaOps) == 0:
-		case a.Load == "add" && a.Vocab == 0:
+		case a.Load == "embed" && a.Vocab > 0 && len(a.DeltaOps) == 0 && !a.DeltaNorm:
+		case a.Load == "add" && a.Vocab == 0 && a.EmbedScale == 0:
 		default:
-			return nil, fmt.Errorf("load %q with vocab %d and %d delta ops", a.Load, a.Vocab, len(a.DeltaOps))
+			return nil, fmt.Errorf("load %q with vocab %d, %d delta ops, delta norm %v, embed scale %g", a.Load, a.Vocab, len(a.DeltaOps), a.DeltaNorm, a.EmbedScale)
 		}
 		return named("row_norm", a.run), nil
 	})
-	Register("silu_mul", func(attrs []byte) (Runner, error) {
-		var a SiluMulAttrs
-		if err := DecodeAttrs(attrs, &a); err != nil {
-			return nil, err
-		}
-		if a.Inter <= 0 {
-			return nil, fmt.Errorf("inter %d", a.Inter)
-		}
-		return RunnerFunc(a.run), nil
-	})
+	for op, act := range GatedActivations {
+		Register(op, func(attrs []byte) (Runner, error) {
+			var a SiluMulAttrs
+			if err := DecodeAttrs(attrs, &a); err != nil {
+				return nil, err
+			}
+			if a.Inter <= 0 {
+				return nil, fmt.Errorf("inter %d", a.Inter)
+			}
+			return named(op, func(args []Arg, l Launch) error { return a.run(args, l, act) }), nil
+		})
+	}
+}
+
+// GatedActivations are the gated-MLP ops, act(gate) * up, by op name: SwiGLU's SiLU (Llama,
+// Qwen, Mistral) and GeGLU's tanh-approximated GELU (Gemma 2's gelu_pytorch_tanh).
+var GatedActivations = map[string]func(float32) float32{
+	"silu_mul":      Silu,
+	"gelu_tanh_mul": GeluTanh,
 }
 
 // weights views a weight argument as float32 values widened from its storage type.
@@ -118,6 +137,14 @@ func (a RowNormAttrs) run(args []Arg, l Launch) error {
 			return err
 		}
 	}
+	var deltaW weights
+	if a.DeltaNorm {
+		dw, err := c.take("delta_w", wsize*h)
+		if err != nil {
+			return err
+		}
+		deltaW = a.weights(dw)
+	}
 	wArg, err := c.take("w", wsize*h)
 	if err != nil {
 		return err
@@ -170,12 +197,18 @@ func (a RowNormAttrs) run(args []Arg, l Launch) error {
 				if tok := int(tokens[r]); tok < a.Vocab {
 					for i := range x {
 						x[i] = table.at(tok*h + i)
+						if a.EmbedScale != 0 {
+							x[i] *= a.EmbedScale
+						}
 					}
 				} else {
 					clear(x)
 				}
 			} else {
 				copy(d, ds[r*h:(r+1)*h])
+				if a.DeltaNorm {
+					rmsNorm(d, deltaW, a.Eps, a.WOffset)
+				}
 				applyMI(deltaOps, r, ctl, d)
 				for i := range x {
 					x[i] = rs[r*h+i] + d[i]
@@ -190,7 +223,7 @@ func (a RowNormAttrs) run(args []Arg, l Launch) error {
 				}
 				o = int(outRow[r])
 			}
-			rmsNorm(x, w, a.Eps)
+			rmsNorm(x, w, a.Eps, a.WOffset)
 			applyMI(normOps, r, ctl, x)
 			copy(out[o*h:], x)
 		}
@@ -198,8 +231,9 @@ func (a RowNormAttrs) run(args []Arg, l Launch) error {
 	return nil
 }
 
-// rmsNorm replaces x by x * rsqrt(mean(x²) + eps) * w, the order HF's LlamaRMSNorm uses.
-func rmsNorm(x []float32, w weights, eps float32) {
+// rmsNorm replaces x by x * rsqrt(mean(x²) + eps) * (off + w), the order HF's LlamaRMSNorm
+// uses (off 0) and Gemma2RMSNorm's (off 1, the sum in f32).
+func rmsNorm(x []float32, w weights, eps, off float32) {
 	var ss float64
 	for _, v := range x {
 		ss += float64(v) * float64(v)
@@ -207,12 +241,13 @@ func rmsNorm(x []float32, w weights, eps float32) {
 	mean := float32(ss) * (1 / float32(len(x)))
 	r := float32(1 / math.Sqrt(float64(mean+eps)))
 	for i, v := range x {
-		x[i] = float32(v*r) * w.at(i)
+		x[i] = float32(v*r) * (w.at(i) + off)
 	}
 }
 
-// SiluMulAttrs are the attributes of op "silu_mul": act = silu(gate) * up, where gate and up
-// are the two halves of each gu row, then MI ops on act's row.
+// SiluMulAttrs are the attributes of the gated-MLP ops (GatedActivations: "silu_mul",
+// "gelu_tanh_mul"): act = f(gate) * up, where gate and up are the two halves of each gu row,
+// then MI ops on act's row.
 type SiluMulAttrs struct {
 	Inter int     `json:"inter"`
 	Ops   []mi.Op `json:"ops,omitempty"`
@@ -221,7 +256,7 @@ type SiluMulAttrs struct {
 	Chunked bool `json:"chunked,omitempty"`
 }
 
-func (a SiluMulAttrs) run(args []Arg, l Launch) error {
+func (a SiluMulAttrs) run(args []Arg, l Launch, f func(float32) float32) error {
 	rows, n := l.Grid[0], a.Inter
 	if a.Chunked {
 		rows = l.Grid[1]
@@ -229,25 +264,25 @@ func (a SiluMulAttrs) run(args []Arg, l Launch) error {
 	c := &argCursor{args: args}
 	gu, err := c.take("gu", 8*rows*n)
 	if err != nil {
-		return fmt.Errorf("silu_mul: %w", err)
+		return err
 	}
 	act, err := c.take("act", 4*rows*n)
 	if err != nil {
-		return fmt.Errorf("silu_mul: %w", err)
+		return err
 	}
 	// A chunked kernel carries no MI ops and takes no control parameters.
 	var ctl miCtl
 	var bound []miBound
 	if !a.Chunked {
 		if ctl, err = bindCtl(c, rows, a.Ops); err != nil {
-			return fmt.Errorf("silu_mul: %w", err)
+			return err
 		}
 		if bound, err = bindMI(c, rows, n, 0, a.Ops); err != nil {
-			return fmt.Errorf("silu_mul: %w", err)
+			return err
 		}
 	}
 	if err := c.done(); err != nil {
-		return fmt.Errorf("silu_mul: %w", err)
+		return err
 	}
 	g, y := gu.F32(), act.F32()
 	ParallelFor(rows, func(lo, hi int) {
@@ -255,7 +290,7 @@ func (a SiluMulAttrs) run(args []Arg, l Launch) error {
 			x := y[r*n : (r+1)*n]
 			for i := range x {
 				gate, up := g[2*r*n+i], g[2*r*n+n+i]
-				x[i] = Silu(gate) * up
+				x[i] = f(gate) * up
 			}
 			if !a.Chunked {
 				applyMI(bound, r, ctl, x)
@@ -268,4 +303,11 @@ func (a SiluMulAttrs) run(args []Arg, l Launch) error {
 // Silu is g / (1 + exp(-g)).
 func Silu(g float32) float32 {
 	return float32(float64(g) / (1 + math.Exp(-float64(g))))
+}
+
+// GeluTanh is GELU's tanh approximation, 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g³))):
+// PyTorch's gelu(approximate="tanh"), transformers' gelu_pytorch_tanh.
+func GeluTanh(g float32) float32 {
+	x := float64(g)
+	return float32(0.5 * x * (1 + math.Tanh(math.Sqrt(2/math.Pi)*(x+0.044715*x*x*x))))
 }

@@ -10,33 +10,56 @@ import (
 
 // fuseRows puts each norm in the row kernel of the value it normalises: the embedding's
 // (embed + norm: one kernel gathers and normalises each row) and each residual add's (add +
-// norm). The fused node keeps the first one's name and defines both values.
+// norm), taking in a norm of the delta right before the add (Gemma 2's post-norms: the
+// normalised delta is then a value of the kernel's, where its hooks are). The fused node
+// keeps the add's (or the embedding's) name.
 func fuseRows(p *Program) error {
 	g := p.Graph
 	var nodes []*ir.Node
+	at := func(i int, op ir.Op) *ir.Node {
+		if i < len(g.Nodes) && g.Nodes[i].Op == op {
+			return g.Nodes[i]
+		}
+		return nil
+	}
 	for i := 0; i < len(g.Nodes); i++ {
 		n := g.Nodes[i]
-		if (n.Op == ir.OpEmbed || n.Op == ir.OpAdd) && i+1 < len(g.Nodes) {
-			if nx := g.Nodes[i+1]; nx.Op == ir.OpNorm && nx.In[0] == n.Out[0] {
-				a := nx.Attrs.(ir.NormAttrs)
-				f := &ir.Node{Op: ir.OpAddNorm, Name: n.Name, Layer: n.Layer, In: n.In, Out: []*ir.Value{n.Out[0], nx.Out[0]},
-					W: append(append([]ir.Use(nil), n.W...), nx.W...)}
-				if n.Op == ir.OpEmbed {
-					f.Op, a.Vocab = ir.OpEmbedNorm, n.Attrs.(ir.EmbedAttrs).Vocab
-				}
-				f.Attrs = a
-				for _, v := range f.Out {
-					v.Def = f
-				}
-				nodes = append(nodes, f)
-				i++
-				continue
+		var post *ir.Node // the delta's norm
+		if add := at(i+1, ir.OpAdd); n.Op == ir.OpNorm && add != nil && add.In[1] == n.Out[0] {
+			post, n = n, add
+			i++
+		}
+		norm := at(i+1, ir.OpNorm)
+		if n.Op != ir.OpEmbed && n.Op != ir.OpAdd || norm == nil || norm.In[0] != n.Out[0] {
+			if post != nil || n.Op == ir.OpEmbed || n.Op == ir.OpAdd || n.Op == ir.OpNorm {
+				return fmt.Errorf("node %s (%s): no row kernel of an embedding or a residual add with its norm", n.Name, n.Op)
 			}
+			nodes = append(nodes, n)
+			continue
 		}
-		if n.Op == ir.OpEmbed || n.Op == ir.OpAdd || n.Op == ir.OpNorm {
-			return fmt.Errorf("node %s (%s): no row kernel of an embedding or a residual add with its norm", n.Name, n.Op)
+		i++
+		a := norm.Attrs.(ir.NormAttrs)
+		f := &ir.Node{Op: ir.OpAddNorm, Name: n.Name, Layer: n.Layer, In: n.In, Out: []*ir.Value{n.Out[0], norm.Out[0]},
+			W: append(append([]ir.Use(nil), n.W...), norm.W...), Attrs: a}
+		switch {
+		case n.Op == ir.OpEmbed:
+			e := n.Attrs.(ir.EmbedAttrs)
+			f.Op, a.Vocab, a.EmbedScale = ir.OpEmbedNorm, e.Vocab, e.Scale
+			f.Attrs = a
+		case post != nil:
+			if post.Attrs != norm.Attrs {
+				return fmt.Errorf("node %s: the delta's norm (%s) and the residual's (%s) differ: one row kernel takes one eps and weight offset", n.Name, post.Name, norm.Name)
+			}
+			d := post.Out[0]
+			d.InKernel = true
+			f.In = []*ir.Value{n.In[0], post.In[0]}
+			f.Out = append(f.Out, d)
+			f.W = append(f.W, ir.Use{Role: "delta_w", Weight: post.Weight("w")})
 		}
-		nodes = append(nodes, n)
+		for _, v := range f.Out {
+			v.Def = f
+		}
+		nodes = append(nodes, f)
 	}
 	g.Nodes = nodes
 	return nil
@@ -267,7 +290,7 @@ func placeMI(p *Program) error {
 			// The add+norm kernel normalised the residual before the custom kernels changed it.
 			d := v.Def
 			g.Insert(at, &ir.Node{Op: ir.OpRenorm, Name: fmt.Sprintf("L%d.renorm", d.Layer), Layer: d.Layer,
-				In: []*ir.Value{v, d.Out[1]}, W: d.W[len(d.W)-1:], Attrs: d.Attrs})
+				In: []*ir.Value{v, d.Out[1]}, W: []ir.Use{{Role: "w", Weight: d.Weight("w")}}, Attrs: d.Attrs})
 			at++
 		}
 		for _, m := range heavy {

@@ -30,11 +30,17 @@ ops:
   - read: {at: {layers: [0], hook: resid_post}, kernel: logit_lens, args: {k: 1}, into: top}
 `
 
-// irAfter runs the passes over oneLayer and apps at tensor-parallel degree tp and returns the
-// graph's text after pass, without its weight lines unless weights.
+// irAfter is irOf over oneLayer.
 func irAfter(t *testing.T, tp int, pass string, weights bool, apps ...string) string {
 	t.Helper()
-	m, as, err := parseSpecs(t, oneLayer, apps...)
+	return irOf(t, oneLayer, tp, pass, weights, apps...)
+}
+
+// irOf runs the passes over model and apps at tensor-parallel degree tp and returns the
+// graph's text after pass, without its weight lines unless weights.
+func irOf(t *testing.T, model string, tp int, pass string, weights bool, apps ...string) string {
+	t.Helper()
+	m, as, err := parseSpecs(t, model, apps...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -81,6 +87,27 @@ func TestFuseRows(t *testing.T) {
 	sameIR(t, "after fuse-rows", irAfter(t, 1, "fuse-rows", false), fusedIR)
 }
 
+// oneGemmaLayer is a one-layer Gemma 2: scaled embedding, four norms by (1 + w), GeGLU,
+// soft-capped and windowed attention, soft-capped logits.
+const oneGemmaLayer = `model: g
+family: gemma2
+dims: {hidden: 8, intermediate: 16, layers: 1, heads: 2, kv_heads: 1, head_dim: 4, vocab: 300,
+       query_pre_attn_scalar: 8, attn_logit_softcapping: 2.0, final_logit_softcapping: 3.0, sliding_window: 5}
+weights: {synthetic: {seed: 1, std: 0.02}}
+tokenizer: bytes
+bos: 256
+eos: [257]
+serving: {decode_buckets: [1], prefill_chunks: [8], max_seq_len: 16, max_seqs: 1}
+`
+
+// fuse-rows takes a norm of the delta right before its add into the add+norm kernel (Gemma
+// 2's post-norms): the normalised delta, where hooks attn_out and mlp_out are, becomes a value
+// of that kernel's.
+func TestFuseRowsGemma2(t *testing.T) {
+	sameIR(t, "after build-graph", irOf(t, oneGemmaLayer, 1, "build-graph", false), gemmaBuiltIR)
+	sameIR(t, "after fuse-rows", irOf(t, oneGemmaLayer, 1, "fuse-rows", false), gemmaFusedIR)
+}
+
 // shard-tp halves the column-parallel widths (q, k, v heads; gate and up; the vocabulary),
 // records each weight's cut and the extents of its tensors, and inserts an all-reduce after
 // each row-parallel projection and an all-gather after the LM head; the hooks move to the
@@ -105,13 +132,13 @@ const builtIR = `graph t (llama), tp 1
   L0.qkv: %L0.qkv:T24 = matmul %L0.attn_in w=L0.wqkv split=column   # %L0.attn.q:T8=%L0.qkv[0:8] %L0.attn.k:T8=%L0.qkv[8:16] %L0.attn.v:T8=%L0.qkv[16:24]
   L0.rope_kv: rope %L0.qkv cos=rope.cos sin=rope.sin cache=L0.kcache cache=L0.vcache heads=2/2 dim=4
   L0.attention: %L0.attn.z:T8 = attention %L0.qkv cache=L0.kcache cache=L0.vcache heads=2/2 dim=4 scale=0.5   # L0.attn.z
-  L0.o: %L0.attn_out:T8 = matmul %L0.attn.z w=L0.wo split=row reduce=L0.o.all_reduce   # L0.attn_out
-  L0.attn_residual: %L0.resid_mid:T8 = add %embed, %L0.attn_out   # L0.resid_mid
+  L0.o: %L0.attn_o:T8 = matmul %L0.attn.z w=L0.wo split=row reduce=L0.o.all_reduce   # L0.attn_out
+  L0.attn_residual: %L0.resid_mid:T8 = add %embed, %L0.attn_o   # L0.resid_mid
   L0.mlp_norm: %L0.mlp_in:T8 = norm %L0.resid_mid w=L0.mlp_norm eps=1e-05
   L0.gate_up: %L0.gate_up:T32 = matmul %L0.mlp_in w=L0.wgu split=column
   L0.silu_mul: %L0.mlp.act:T16 = activation %L0.gate_up fn=silu inter=16   # L0.mlp.act
-  L0.down: %L0.mlp_out:T8 = matmul %L0.mlp.act w=L0.wdown split=row reduce=L0.mlp.all_reduce   # L0.mlp_out
-  L0.mlp_residual: %L0.resid_post:T8 = add %L0.resid_mid, %L0.mlp_out   # L0.resid_post
+  L0.down: %L0.mlp_down:T8 = matmul %L0.mlp.act w=L0.wdown split=row reduce=L0.mlp.all_reduce   # L0.mlp_out
+  L0.mlp_residual: %L0.resid_post:T8 = add %L0.resid_mid, %L0.mlp_down   # L0.resid_post
   final_norm: %final_norm:S8 = norm %L0.resid_post w=final_norm eps=1e-05   # final_norm
   lm_head: %logits:S300 = matmul %final_norm w=lm_head split=vocab   # logits
   sample: %sampled:S1u32 = sample %logits vocab=300 eos=[257] logprobs=20   # sampled
@@ -122,12 +149,12 @@ const fusedIR = `graph t (llama), tp 1
   L0.qkv: %L0.qkv:T24 = matmul %L0.attn_in w=L0.wqkv split=column   # %L0.attn.q:T8=%L0.qkv[0:8] %L0.attn.k:T8=%L0.qkv[8:16] %L0.attn.v:T8=%L0.qkv[16:24]
   L0.rope_kv: rope %L0.qkv cos=rope.cos sin=rope.sin cache=L0.kcache cache=L0.vcache heads=2/2 dim=4
   L0.attention: %L0.attn.z:T8 = attention %L0.qkv cache=L0.kcache cache=L0.vcache heads=2/2 dim=4 scale=0.5   # L0.attn.z
-  L0.o: %L0.attn_out:T8 = matmul %L0.attn.z w=L0.wo split=row reduce=L0.o.all_reduce   # L0.attn_out
-  L0.attn_residual: %L0.resid_mid:T8, %L0.mlp_in:T8 = add_norm %embed, %L0.attn_out w=L0.mlp_norm eps=1e-05   # L0.resid_mid
+  L0.o: %L0.attn_o:T8 = matmul %L0.attn.z w=L0.wo split=row reduce=L0.o.all_reduce   # L0.attn_out
+  L0.attn_residual: %L0.resid_mid:T8, %L0.mlp_in:T8 = add_norm %embed, %L0.attn_o w=L0.mlp_norm eps=1e-05   # L0.resid_mid
   L0.gate_up: %L0.gate_up:T32 = matmul %L0.mlp_in w=L0.wgu split=column
   L0.silu_mul: %L0.mlp.act:T16 = activation %L0.gate_up fn=silu inter=16   # L0.mlp.act
-  L0.down: %L0.mlp_out:T8 = matmul %L0.mlp.act w=L0.wdown split=row reduce=L0.mlp.all_reduce   # L0.mlp_out
-  L0.mlp_residual: %L0.resid_post:T8, %final_norm:S8 = add_norm %L0.resid_mid, %L0.mlp_out w=final_norm eps=1e-05   # L0.resid_post final_norm
+  L0.down: %L0.mlp_down:T8 = matmul %L0.mlp.act w=L0.wdown split=row reduce=L0.mlp.all_reduce   # L0.mlp_out
+  L0.mlp_residual: %L0.resid_post:T8, %final_norm:S8 = add_norm %L0.resid_mid, %L0.mlp_down w=final_norm eps=1e-05   # L0.resid_post final_norm
   lm_head: %logits:S300 = matmul %final_norm w=lm_head split=vocab   # logits
   sample: %sampled:S1u32 = sample %logits vocab=300 eos=[257] logprobs=20   # sampled
 `
@@ -148,14 +175,14 @@ const shardedIR = `graph t (llama), tp 2
   L0.qkv: %L0.qkv:T12 = matmul %L0.attn_in w=L0.wqkv split=column   # %L0.attn.q:T4=%L0.qkv[0:4] %L0.attn.k:T4=%L0.qkv[4:8] %L0.attn.v:T4=%L0.qkv[8:12]
   L0.rope_kv: rope %L0.qkv cos=rope.cos sin=rope.sin cache=L0.kcache cache=L0.vcache heads=1/1 dim=4
   L0.attention: %L0.attn.z:T4 = attention %L0.qkv cache=L0.kcache cache=L0.vcache heads=1/1 dim=4 scale=0.5   # L0.attn.z
-  L0.o: %L0.attn_out.part:T8 = matmul %L0.attn.z w=L0.wo split=row reduce=L0.o.all_reduce
-  L0.o.all_reduce: %L0.attn_out:T8 = collective %L0.attn_out.part all_reduce_sum   # L0.attn_out
-  L0.attn_residual: %L0.resid_mid:T8, %L0.mlp_in:T8 = add_norm %embed, %L0.attn_out w=L0.mlp_norm eps=1e-05   # L0.resid_mid
+  L0.o: %L0.attn_o.part:T8 = matmul %L0.attn.z w=L0.wo split=row reduce=L0.o.all_reduce
+  L0.o.all_reduce: %L0.attn_o:T8 = collective %L0.attn_o.part all_reduce_sum   # L0.attn_out
+  L0.attn_residual: %L0.resid_mid:T8, %L0.mlp_in:T8 = add_norm %embed, %L0.attn_o w=L0.mlp_norm eps=1e-05   # L0.resid_mid
   L0.gate_up: %L0.gate_up:T16 = matmul %L0.mlp_in w=L0.wgu split=column
   L0.silu_mul: %L0.mlp.act:T8 = activation %L0.gate_up fn=silu inter=8   # L0.mlp.act
-  L0.down: %L0.mlp_out.part:T8 = matmul %L0.mlp.act w=L0.wdown split=row reduce=L0.mlp.all_reduce
-  L0.mlp.all_reduce: %L0.mlp_out:T8 = collective %L0.mlp_out.part all_reduce_sum   # L0.mlp_out
-  L0.mlp_residual: %L0.resid_post:T8, %final_norm:S8 = add_norm %L0.resid_mid, %L0.mlp_out w=final_norm eps=1e-05   # L0.resid_post final_norm
+  L0.down: %L0.mlp_down.part:T8 = matmul %L0.mlp.act w=L0.wdown split=row reduce=L0.mlp.all_reduce
+  L0.mlp.all_reduce: %L0.mlp_down:T8 = collective %L0.mlp_down.part all_reduce_sum   # L0.mlp_out
+  L0.mlp_residual: %L0.resid_post:T8, %final_norm:S8 = add_norm %L0.resid_mid, %L0.mlp_down w=final_norm eps=1e-05   # L0.resid_post final_norm
   lm_head: %logits.part:S150 = matmul %final_norm w=lm_head split=vocab
   lm_head.all_gather: %logits:S300 = collective %logits.part all_gather_cols   # logits
   sample: %sampled:S1u32 = sample %logits vocab=300 eos=[257] logprobs=20   # sampled
@@ -167,13 +194,13 @@ const attachedIR = `graph t (llama), tp 1
   L0.rope_kv: rope %L0.qkv cos=rope.cos sin=rope.sin cache=L0.kcache cache=L0.vcache heads=2/2 dim=4
   L0.attention: %L0.attn.z:T8 = attention %L0.qkv cache=L0.kcache cache=L0.vcache heads=2/2 dim=4 scale=0.5   # L0.attn.z
       mi@L0.attn.z a.op2 head_ablate bit=0 at=L0.attn.z width=8 vec=app.a.param.head1.mask alpha=scal[1]
-  L0.o: %L0.attn_out:T8 = matmul %L0.attn.z w=L0.wo split=row reduce=L0.o.all_reduce   # L0.attn_out
-      mi@L0.attn_out a.op0 steer_add bit=0 at=L0.attn_out width=8 vec=app.a.param.v alpha=scal[0]
-  L0.attn_residual: %L0.resid_mid:T8, %L0.mlp_in:T8 = add_norm %embed, %L0.attn_out w=L0.mlp_norm eps=1e-05   # L0.resid_mid
+  L0.o: %L0.attn_o:T8 = matmul %L0.attn.z w=L0.wo split=row reduce=L0.o.all_reduce   # L0.attn_out
+      mi@L0.attn_o a.op0 steer_add bit=0 at=L0.attn_out width=8 vec=app.a.param.v alpha=scal[0]
+  L0.attn_residual: %L0.resid_mid:T8, %L0.mlp_in:T8 = add_norm %embed, %L0.attn_o w=L0.mlp_norm eps=1e-05   # L0.resid_mid
   L0.gate_up: %L0.gate_up:T32 = matmul %L0.mlp_in w=L0.wgu split=column
   L0.silu_mul: %L0.mlp.act:T16 = activation %L0.gate_up fn=silu inter=16   # L0.mlp.act
-  L0.down: %L0.mlp_out:T8 = matmul %L0.mlp.act w=L0.wdown split=row reduce=L0.mlp.all_reduce   # L0.mlp_out
-  L0.mlp_residual: %L0.resid_post:T8, %final_norm:S8 = add_norm %L0.resid_mid, %L0.mlp_out w=final_norm eps=1e-05   # L0.resid_post final_norm
+  L0.down: %L0.mlp_down:T8 = matmul %L0.mlp.act w=L0.wdown split=row reduce=L0.mlp.all_reduce   # L0.mlp_out
+  L0.mlp_residual: %L0.resid_post:T8, %final_norm:S8 = add_norm %L0.resid_mid, %L0.mlp_down w=final_norm eps=1e-05   # L0.resid_post final_norm
       mi@L0.resid_post a.op1 probe_linear bit=0 at=L0.resid_post width=8 vec=app.a.param.v out=app.a.buffer.p@0
       mi@L0.resid_post a.op3 logit_lens bit=0 at=L0.resid_post width=8 out=app.a.buffer.top@0
   lm_head: %logits:S300 = matmul %final_norm w=lm_head split=vocab   # logits
@@ -187,13 +214,13 @@ const placedIR = `graph t (llama), tp 1
   L0.attention: %L0.attn.z:T8 = attention %L0.qkv cache=L0.kcache cache=L0.vcache heads=2/2 dim=4 scale=0.5   # L0.attn.z
   L0.attn.z: mi %L0.attn.z
       mi[x] a.op2 head_ablate bit=0 at=L0.attn.z width=8 vec=app.a.param.head1.mask alpha=scal[1]
-  L0.o: %L0.attn_out:T8 = matmul %L0.attn.z w=L0.wo split=row reduce=L0.o.all_reduce   # L0.attn_out
-  L0.attn_residual: %L0.resid_mid:T8, %L0.mlp_in:T8 = add_norm %embed, %L0.attn_out w=L0.mlp_norm eps=1e-05   # L0.resid_mid
+  L0.o: %L0.attn_o:T8 = matmul %L0.attn.z w=L0.wo split=row reduce=L0.o.all_reduce   # L0.attn_out
+  L0.attn_residual: %L0.resid_mid:T8, %L0.mlp_in:T8 = add_norm %embed, %L0.attn_o w=L0.mlp_norm eps=1e-05   # L0.resid_mid
       mi[delta] a.op0 steer_add bit=0 at=L0.attn_out width=8 vec=app.a.param.v alpha=scal[0]
   L0.gate_up: %L0.gate_up:T32 = matmul %L0.mlp_in w=L0.wgu split=column
   L0.silu_mul: %L0.mlp.act:T16 = activation %L0.gate_up fn=silu inter=16   # L0.mlp.act
-  L0.down: %L0.mlp_out:T8 = matmul %L0.mlp.act w=L0.wdown split=row reduce=L0.mlp.all_reduce   # L0.mlp_out
-  L0.mlp_residual: %L0.resid_post:T8, %final_norm:S8 = add_norm %L0.resid_mid, %L0.mlp_out w=final_norm eps=1e-05   # L0.resid_post final_norm
+  L0.down: %L0.mlp_down:T8 = matmul %L0.mlp.act w=L0.wdown split=row reduce=L0.mlp.all_reduce   # L0.mlp_out
+  L0.mlp_residual: %L0.resid_post:T8, %final_norm:S8 = add_norm %L0.resid_mid, %L0.mlp_down w=final_norm eps=1e-05   # L0.resid_post final_norm
       mi[resid] a.op1 probe_linear bit=0 at=L0.resid_post width=8 vec=app.a.param.v out=app.a.buffer.p@0
   L0.resid_post.a.op3: lens %L0.resid_post a.op3 logit_lens bit=0 at=L0.resid_post width=8 out=app.a.buffer.top@0
   lm_head: %logits:S300 = matmul %final_norm w=lm_head split=vocab   # logits
@@ -207,15 +234,52 @@ const plannedIR = `graph t (llama), tp 1
   L0.attention: %L0.attn.z:T8@act.z = attention %L0.qkv cache=L0.kcache cache=L0.vcache heads=2/2 dim=4 scale=0.5   # L0.attn.z
   L0.attn.z: mi %L0.attn.z
       mi[x] a.op2 head_ablate bit=0 at=L0.attn.z width=8 vec=app.a.param.head1.mask alpha=scal[1]
-  L0.o: %L0.attn_out:T8@act.delta = matmul %L0.attn.z w=L0.wo split=row reduce=L0.o.all_reduce   # L0.attn_out
-  L0.attn_residual: %L0.resid_mid:T8@act.resid, %L0.mlp_in:T8@act.xn = add_norm %embed, %L0.attn_out w=L0.mlp_norm eps=1e-05   # L0.resid_mid
+  L0.o: %L0.attn_o:T8@act.delta = matmul %L0.attn.z w=L0.wo split=row reduce=L0.o.all_reduce   # L0.attn_out
+  L0.attn_residual: %L0.resid_mid:T8@act.resid, %L0.mlp_in:T8@act.xn = add_norm %embed, %L0.attn_o w=L0.mlp_norm eps=1e-05   # L0.resid_mid
       mi[delta] a.op0 steer_add bit=0 at=L0.attn_out width=8 vec=app.a.param.v alpha=scal[0]
   L0.gate_up: %L0.gate_up:T32@act.gu = matmul %L0.mlp_in w=L0.wgu split=column
   L0.silu_mul: %L0.mlp.act:T16@act.mlp = activation %L0.gate_up fn=silu inter=16   # L0.mlp.act
-  L0.down: %L0.mlp_out:T8@act.delta = matmul %L0.mlp.act w=L0.wdown split=row reduce=L0.mlp.all_reduce   # L0.mlp_out
-  L0.mlp_residual: %L0.resid_post:T8@act.resid, %final_norm:S8@act.final = add_norm %L0.resid_mid, %L0.mlp_out w=final_norm eps=1e-05   # L0.resid_post final_norm
+  L0.down: %L0.mlp_down:T8@act.delta = matmul %L0.mlp.act w=L0.wdown split=row reduce=L0.mlp.all_reduce   # L0.mlp_out
+  L0.mlp_residual: %L0.resid_post:T8@act.resid, %final_norm:S8@act.final = add_norm %L0.resid_mid, %L0.mlp_down w=final_norm eps=1e-05   # L0.resid_post final_norm
       mi[resid] a.op1 probe_linear bit=0 at=L0.resid_post width=8 vec=app.a.param.v out=app.a.buffer.p@0
   L0.resid_post.a.op3: lens %L0.resid_post a.op3 logit_lens bit=0 at=L0.resid_post width=8 out=app.a.buffer.top@0 skip_unless=0x1
   lm_head: %logits:S300@act.logits = matmul %final_norm w=lm_head split=vocab   # logits
   sample: %sampled:S1u32@out.sampled = sample %logits vocab=300 eos=[257] logprobs=20   # sampled
+`
+
+const gemmaBuiltIR = `graph g (gemma2), tp 1
+  embed: %embed:T8 = embed table=embed vocab=300 scale=2.828125   # embed L0.resid_pre
+  L0.attn_norm: %L0.attn_in:T8 = norm %embed w=L0.attn_norm eps=1e-06 offset=1
+  L0.qkv: %L0.qkv:T16 = matmul %L0.attn_in w=L0.wqkv split=column   # %L0.attn.q:T8=%L0.qkv[0:8] %L0.attn.k:T4=%L0.qkv[8:12] %L0.attn.v:T4=%L0.qkv[12:16]
+  L0.rope_kv: rope %L0.qkv cos=rope.cos sin=rope.sin cache=L0.kcache cache=L0.vcache heads=2/1 dim=4
+  L0.attention: %L0.attn.z:T8 = attention %L0.qkv cache=L0.kcache cache=L0.vcache heads=2/1 dim=4 scale=0.35355338 softcap=2 window=5   # L0.attn.z
+  L0.o: %L0.attn_o:T8 = matmul %L0.attn.z w=L0.wo split=row reduce=L0.o.all_reduce
+  L0.attn_post_norm: %L0.attn_out:T8 = norm %L0.attn_o w=L0.attn_post_norm eps=1e-06 offset=1   # L0.attn_out
+  L0.attn_residual: %L0.resid_mid:T8 = add %embed, %L0.attn_out   # L0.resid_mid
+  L0.mlp_norm: %L0.mlp_in:T8 = norm %L0.resid_mid w=L0.mlp_norm eps=1e-06 offset=1
+  L0.gate_up: %L0.gate_up:T32 = matmul %L0.mlp_in w=L0.wgu split=column
+  L0.silu_mul: %L0.mlp.act:T16 = activation %L0.gate_up fn=gelu_tanh inter=16   # L0.mlp.act
+  L0.down: %L0.mlp_down:T8 = matmul %L0.mlp.act w=L0.wdown split=row reduce=L0.mlp.all_reduce
+  L0.mlp_post_norm: %L0.mlp_out:T8 = norm %L0.mlp_down w=L0.mlp_post_norm eps=1e-06 offset=1   # L0.mlp_out
+  L0.mlp_residual: %L0.resid_post:T8 = add %L0.resid_mid, %L0.mlp_out   # L0.resid_post
+  final_norm: %final_norm:S8 = norm %L0.resid_post w=final_norm eps=1e-06 offset=1   # final_norm
+  lm_head: %logits_uncapped:S300 = matmul %final_norm w=embed split=vocab
+  logits.softcap: %logits:S300 = softcap %logits_uncapped cap=3   # logits
+  sample: %sampled:S1u32 = sample %logits vocab=300 eos=[257] logprobs=20   # sampled
+`
+
+const gemmaFusedIR = `graph g (gemma2), tp 1
+  embed: %embed:T8, %L0.attn_in:T8 = embed_norm table=embed w=L0.attn_norm eps=1e-06 offset=1 vocab=300 scale=2.828125   # embed L0.resid_pre
+  L0.qkv: %L0.qkv:T16 = matmul %L0.attn_in w=L0.wqkv split=column   # %L0.attn.q:T8=%L0.qkv[0:8] %L0.attn.k:T4=%L0.qkv[8:12] %L0.attn.v:T4=%L0.qkv[12:16]
+  L0.rope_kv: rope %L0.qkv cos=rope.cos sin=rope.sin cache=L0.kcache cache=L0.vcache heads=2/1 dim=4
+  L0.attention: %L0.attn.z:T8 = attention %L0.qkv cache=L0.kcache cache=L0.vcache heads=2/1 dim=4 scale=0.35355338 softcap=2 window=5   # L0.attn.z
+  L0.o: %L0.attn_o:T8 = matmul %L0.attn.z w=L0.wo split=row reduce=L0.o.all_reduce
+  L0.attn_residual: %L0.resid_mid:T8, %L0.mlp_in:T8, %L0.attn_out:T8(in kernel) = add_norm %embed, %L0.attn_o w=L0.mlp_norm delta_w=L0.attn_post_norm eps=1e-06 offset=1   # L0.resid_mid L0.attn_out
+  L0.gate_up: %L0.gate_up:T32 = matmul %L0.mlp_in w=L0.wgu split=column
+  L0.silu_mul: %L0.mlp.act:T16 = activation %L0.gate_up fn=gelu_tanh inter=16   # L0.mlp.act
+  L0.down: %L0.mlp_down:T8 = matmul %L0.mlp.act w=L0.wdown split=row reduce=L0.mlp.all_reduce
+  L0.mlp_residual: %L0.resid_post:T8, %final_norm:S8, %L0.mlp_out:T8(in kernel) = add_norm %L0.resid_mid, %L0.mlp_down w=final_norm delta_w=L0.mlp_post_norm eps=1e-06 offset=1   # L0.resid_post final_norm L0.mlp_out
+  lm_head: %logits_uncapped:S300 = matmul %final_norm w=embed split=vocab
+  logits.softcap: %logits:S300 = softcap %logits_uncapped cap=3   # logits
+  sample: %sampled:S1u32 = sample %logits vocab=300 eos=[257] logprobs=20   # sampled
 `

@@ -633,6 +633,9 @@ var Checks = []struct {
 	{"logit_lens", CheckLogitLens},
 	{"custom_kernel", CheckCustomKernel},
 	{"nonfinite_logits", CheckNonFinite},
+	{"gemma2_forward", CheckGemma2Forward},
+	{"gemma2_hooks", CheckGemma2Hooks},
+	{"gemma2_lens_custom", CheckGemma2LensAndCustom},
 }
 
 // CheckNonFinite: a request whose logits stop being finite ends there with ReasonNonFinite

@@ -25,6 +25,7 @@ import (
 // hfArchitectures is the config.json "architectures" entry of each family.
 var hfArchitectures = map[string]string{
 	"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+	"gemma2": "Gemma2ForCausalLM",
 }
 
 // hfOptions break a written checkpoint on purpose.
@@ -115,6 +116,16 @@ func writeHFCheckpoint(t *testing.T, b *bundle.Bundle, dir string, opt hfOptions
 		"attention_bias":     false,
 		"use_sliding_window": false,
 	}
+	if mc.Family == "gemma2" { // Gemma2Config's own keys, as save_pretrained writes them
+		types := make([]string, mc.Layers)
+		for l, s := range mc.SlidingLayers {
+			types[l] = map[bool]string{true: "sliding_attention", false: "full_attention"}[s]
+		}
+		cfg["query_pre_attn_scalar"], cfg["attn_logit_softcapping"], cfg["final_logit_softcapping"] = mc.QueryPreAttnScalar, mc.AttnSoftcap, mc.FinalSoftcap
+		cfg["sliding_window"], cfg["layer_types"], cfg["hidden_activation"] = mc.SlidingWindow, types, "gelu_pytorch_tanh"
+		cfg["hidden_act"], cfg["cache_implementation"], cfg["use_bidirectional_attention"] = "gelu_pytorch_tanh", "hybrid", nil
+		delete(cfg, "use_sliding_window")
+	}
 	if rs := mc.RopeScaling; rs != nil {
 		cfg["rope_scaling"] = map[string]any{"rope_type": rs.Type, "factor": rs.Factor, "low_freq_factor": rs.LowFreqFactor,
 			"high_freq_factor": rs.HighFreqFactor, "original_max_position_embeddings": rs.OriginalMaxPos}
@@ -128,19 +139,13 @@ func writeHFCheckpoint(t *testing.T, b *bundle.Bundle, dir string, opt hfOptions
 	return bufs
 }
 
-// tensorRows splits a weight buffer's first dimension among its Hugging Face tensors:
-// q/k/v projections (or biases) and gate/up are stacked.
+// tensorRows is StackedRows, failing t on a buffer it cannot split.
 func tensorRows(t *testing.T, buf bundle.Buffer, mc bundle.ModelConfig) []int {
-	switch len(buf.Tensors) {
-	case 1:
-		return []int{buf.Shape[0]}
-	case 2:
-		return []int{mc.Intermediate, mc.Intermediate}
-	case 3:
-		return []int{mc.Heads * mc.HeadDim, mc.KVHeads * mc.HeadDim, mc.KVHeads * mc.HeadDim}
+	rows, err := StackedRows(buf, mc)
+	if err != nil {
+		t.Fatal(err)
 	}
-	t.Fatalf("buffer %s stacks %d tensors", buf.Name, len(buf.Tensors))
-	return nil
+	return rows
 }
 
 // exactInAll rounds v to bf16, then to zero where F16 could not hold it exactly (below its
@@ -207,7 +212,7 @@ func hfSpec(t *testing.T, spec, dir string) string {
 // compiles to the model of the synthetic spec and its CPU logits, step by step, are the bits
 // of the synthetic bundle's with the same weights written into its buffers.
 func TestHFCheckpointMatchesBitForBit(t *testing.T) {
-	for _, c := range []struct{ name, spec string }{{"llama", SmallModel}, {"qwen3", SmallQwen3}} {
+	for _, c := range []struct{ name, spec string }{{"llama", SmallModel}, {"qwen3", SmallQwen3}, {"gemma2", SmallGemma2}} {
 		t.Run(c.name, func(t *testing.T) {
 			syn := Compile(t, c.spec)
 			dir := t.TempDir()

@@ -112,13 +112,14 @@ func buildTP(t *testing.T, model string, apps []string, tp int) *bundle.Bundle {
 
 // TestTensorParallelMatchesOneDevice: at tp 2 and 4 (each rank a goroutine of the CPU
 // backend, exchanging through the in-process all-reduce and all-gather) the embedded
-// model, a Llama, a Mixtral and a Qwen2 give the tokens, logits and app exports of tp 1, to float
+// model, a Llama, a Mixtral, a Qwen2 and a Gemma 2 give the tokens, logits and app exports of tp 1, to float
 // rounding (the row-parallel sums are added in another order).
 func TestTensorParallelMatchesOneDevice(t *testing.T) {
 	small, smallApps := WriteSpecs(t, SmallTP4, tpApps(128, 8, 300)...)
 	mixtral, mixtralApps := WriteSpecs(t, MixtralTP4, tpApps(64, 4, 300)...)
 	_, tinyApps := WriteSpecs(t, "", tpApps(256, 8, 258)...)
 	qwen2, qwen2Apps := WriteSpecs(t, SmallQwen2, tpApps(96, 4, 300)...)
+	gemma2, gemma2Apps := WriteSpecs(t, SmallGemma2, tpApps(96, 4, 300)...)
 	for _, c := range []struct {
 		name  string
 		model string
@@ -129,6 +130,8 @@ func TestTensorParallelMatchesOneDevice(t *testing.T) {
 		{"llama", small, smallApps, []int{2, 4}},
 		{"mixtral", mixtral, mixtralApps, []int{2, 4}},
 		{"qwen2", qwen2, qwen2Apps, []int{2}}, // q/k/v biases cut with the heads; synthetic tied LM head
+		// Post-norms replicated, the logits' soft-cap after the all-gather, head dim 256.
+		{"gemma2", gemma2, gemma2Apps, []int{2}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			ref := runTP(t, buildTP(t, c.model, c.apps, 1))

@@ -3,8 +3,10 @@ package main
 import (
 	"bytes"
 	"compress/gzip"
+	"encoding/binary"
 	"encoding/json"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -13,6 +15,7 @@ import (
 
 	"xmix/bundle"
 	"xmix/compile"
+	"xmix/testsuite"
 	"xmix/tokenizer"
 )
 
@@ -205,5 +208,76 @@ func TestVersion(t *testing.T) {
 	out, err := xmix(t, "--version")
 	if err != nil || !strings.HasPrefix(out, "xmix version 0.1") || !strings.Contains(out, "go1.") {
 		t.Fatalf("%v: %q", err, out)
+	}
+}
+
+// TestLogitsPromptAndExports: `xmix logits --prompt-len N` prefills N ids and reports the
+// positions from N-1 on, the same as feeding every id alone; --exports writes an enabled
+// app's reads at every position, prompt rows included.
+func TestLogitsPromptAndExports(t *testing.T) {
+	dir := t.TempDir()
+	app := filepath.Join(dir, "cap.yaml")
+	if err := os.WriteFile(app, []byte(`app: cap
+buffers:
+  x: {shape: [256], dtype: f32, export: true}
+ops:
+  - read: {at: {layers: [2], hook: resid_post}, kernel: capture, into: x}
+`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	b, err := compile.Build("../../specs/models/tiny.yaml", []string{app}, compile.Options{EmbedWeights: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bp := filepath.Join(dir, "tiny.xmb")
+	raw, _ := bundle.Marshal(b)
+	if err := os.WriteFile(bp, raw, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ids := `[256, 72, 101, 108, 108, 111, 32, 119]`
+	type result struct {
+		Positions, First int
+		Argmax           []int
+		Exports          map[string]int
+	}
+	run := func(args ...string) (result, []float32) {
+		t.Helper()
+		ex := filepath.Join(t.TempDir(), "ex")
+		out, err := xmix(t, append([]string{"logits", bp, "-q", "--backend", "cpu", "--ids", ids, "--apps", "cap", "--exports", ex}, args...)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var r result
+		if err := json.Unmarshal([]byte(out), &r); err != nil {
+			t.Fatalf("%v: %s", err, out)
+		}
+		data, err := os.ReadFile(filepath.Join(ex, "cap.x.f32"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		v := make([]float32, len(data)/4)
+		for i := range v {
+			v[i] = math.Float32frombits(binary.LittleEndian.Uint32(data[4*i:]))
+		}
+		return r, v
+	}
+	one, oneX := run()
+	five, fiveX := run("--prompt-len", "5")
+	if one.Positions != 8 || one.First != 0 || five.Positions != 4 || five.First != 4 || five.Exports["cap.x"] != 256 {
+		t.Fatalf("prompt-len 1: %+v; 5: %+v", one, five)
+	}
+	if !slices.Equal(five.Argmax, one.Argmax[4:]) {
+		t.Errorf("argmax from a 5-id prefill %v, one id at a time %v", five.Argmax, one.Argmax[4:])
+	}
+	if len(oneX) != 8*256 || len(fiveX) != 8*256 || testsuite.RelL2(fiveX, oneX) > 1e-5 {
+		t.Errorf("captures: %d and %d values, relative difference %g", len(oneX), len(fiveX), testsuite.RelL2(fiveX, oneX))
+	}
+	for _, bad := range [][]string{{"--prompt-len", "0"}, {"--prompt-len", "9"}} {
+		if _, err := xmix(t, append([]string{"logits", bp, "-q", "--backend", "cpu", "--ids", ids}, bad...)...); err == nil || !strings.Contains(err.Error(), "--prompt-len") {
+			t.Errorf("%v: %v", bad, err)
+		}
+	}
+	if _, err := xmix(t, "logits", bp, "-q", "--backend", "cpu", "--ids", ids, "--exports", dir); err == nil || !strings.Contains(err.Error(), "--apps") {
+		t.Errorf("--exports without --apps: %v", err)
 	}
 }

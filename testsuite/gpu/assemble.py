@@ -88,6 +88,7 @@ def main(work, out):
             online[os.path.basename(p)[7:-5]] = d.get("online")
     res["online"] = online
     res["transformers_comparison"] = load(os.path.join(work, "hf_compare.json"))
+    res["gemma2_comparison"] = load(os.path.join(work, "gemma2_compare.json"))
 
     with open(os.path.join(out, "results.json"), "w") as f:
         json.dump(res, f, indent=2, sort_keys=True)
@@ -225,6 +226,19 @@ def markdown(r):
         for k, v in sorted(r["transformers_comparison"].items()):
             if isinstance(v, dict):
                 s.append(f"- {k}: {json.dumps(v, sort_keys=True)}\n")
+    if r.get("gemma2_comparison"):
+        g = r["gemma2_comparison"]
+        s.append(f"\n## Gemma 2 against transformers (fp32, same bf16 weights; bound {g.get('bound')}): "
+                 f"{'pass' if g.get('pass') else 'FAIL'}\n\n")
+        for cut, v in sorted(g.items()):
+            if not isinstance(v, dict):
+                continue
+            for run, c in sorted(v.items()):
+                if isinstance(c, dict):
+                    s.append(f"- {cut} {run}: logits {c.get('max_logits_rel_err', float('nan')):.3g}, "
+                             f"hidden {c.get('max_hidden_rel_err', float('nan')):.3g}, "
+                             f"top-1 mismatches {len(c.get('top1_mismatches', []))} (ties {len(c.get('top1_ties', []))})"
+                             f"{'' if c.get('pass') else ' FAIL ' + c.get('error', '')}\n")
     s.append("\n## Online (Poisson arrivals, ShareGPT-like prompts, 128 output tokens)\n\n")
     for k, v in sorted(r["online"].items()):
         if not v:

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strings"
 	"sync"
 	"testing"
 
@@ -171,6 +172,34 @@ func TestCUDAMatchesCPUOnLlama1BCut(t *testing.T) {
 		long[i] = (i*7919 + 13) % 32000
 	}
 	agreement(t, "llama-3.2-1b-2layers-long", b, long, 64, false)
+}
+
+// TestCUDAMatchesCPUOnGemma2Cut: a 2-layer cut of Gemma-2-2B (head dim 256, GeGLU,
+// post-norms, both soft-caps; layer 0 sliding) agrees with the CPU on a short prompt and on
+// a 150-token one (three prefill chunks on the tensor-core attention at head dim 256), and
+// again with a window of 64 that the long prompt outgrows in prefill and decode.
+func TestCUDAMatchesCPUOnGemma2Cut(t *testing.T) {
+	needGPU(t)
+	root, err := repoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec, err := os.ReadFile(filepath.Join(root, "specs/models/gemma-2-2b.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cut := regexp.MustCompile(`layers: \d+`).ReplaceAllString(string(spec), "layers: 2")
+	cut = regexp.MustCompile(`(?s)serving:.*`).ReplaceAllString(cut,
+		"serving: {decode_buckets: [1, 2, 4], prefill_chunks: [64], max_seq_len: 256, max_seqs: 4, kv_block_size: 16}\n")
+	long := make([]int, 150)
+	for i := range long {
+		long[i] = (i*7919 + 13) % 256000
+	}
+	for _, w := range []string{"4096", "64"} {
+		b := testsuite.Compile(t, strings.Replace(cut, "sliding_window: 4096", "sliding_window: "+w, 1))
+		agreement(t, "gemma-2-2b-2layers-w"+w, b, []int{2, 651, 6037, 8426, 603, 476}, 64, false)
+		agreement(t, "gemma-2-2b-2layers-w"+w+"-long", b, long, 64, false)
+	}
 }
 
 // TestCUDAMatchesCPUOnMixtralExperts: both expert paths on a small Mixtral. Dense (the

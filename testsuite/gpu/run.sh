@@ -42,6 +42,11 @@ if has check; then
   "$bin/xmixc" build specs/models/llama-3.1-8b.yaml specs/apps/app[1-6]-*.yaml -q -o "$work/llama-3.1-8b-apps1-6.xmb"
   "$bin/xmixc" build specs/models/mixtral-8x7b.yaml specs/apps/app7-steermoe.yaml -q -o "$work/mixtral-8x7b-app7.xmb"
   "$bin/xmixc" build specs/models/llama-3.1-8b.yaml specs/apps/grid/*.yaml -q -o "$work/llama-3.1-8b-grid.xmb"
+  # Gemma 2's kernels (GeGLU, post-norms, soft-capped and sliding-window attention at head
+  # dim 256, the logits' soft-cap), bare and with ops fused into GeGLU and the post-normed adds.
+  "$bin/xmixc" build specs/models/gemma-2-2b.yaml -q -o "$work/gemma-2-2b.xmb"
+  "$bin/xmixc" build specs/models/gemma-2-9b.yaml -q -o "$work/gemma-2-9b.xmb"
+  "$bin/xmixc" build specs/models/gemma-2-2b.yaml testsuite/gpu/gemma2-apps.yaml -q -o "$work/gemma-2-2b-apps.xmb"
   # Per-request vector slots and layer masks (row, SiLU and standalone MI kernels).
   "$bin/xmixc" build specs/models/llama-3.1-8b.yaml specs/apps/per-request.yaml -q -o "$work/llama-3.1-8b-per-request.xmb"
 fi
@@ -72,6 +77,10 @@ tail -30 "$work/checks.log" >&2
 if [ "${HF:-1}" = 1 ]; then
   log "transformers comparison (2-layer cuts of Llama-3.1-8B and Qwen3-8B)"
   PYTHONUNBUFFERED=1 python3 testsuite/gpu/hf_compare.py "$work" >&2 || echo "hf_compare failed" >&2
+fi
+if [ "${GEMMA2:-1}" = 1 ]; then
+  log "Gemma 2 against transformers (2-layer cuts and full depth of Gemma-2-2B)"
+  PYTHONUNBUFFERED=1 python3 testsuite/gpu/gemma2_compare.py "$work" >&2 || echo "gemma2_compare failed" >&2
 fi
 fi
 
