@@ -19,7 +19,8 @@ import (
 // The acceptance of the compiler's redesign (issue 16): every bundle that shipped before it
 // builds with the same content. TestBundleDigests builds each case below and compares its
 // digest with testdata/bundle_digests.golden, which was written by this test at tag pre-ir
-// (the last commit before the redesign) and is rewritten only by -update-digests.
+// (the last commit before the redesign; the cases added since, Gemma 2's, when they were
+// added) and is rewritten only by -update-digests.
 var (
 	updateDigests = flag.Bool("update-digests", false, "rewrite testdata/bundle_digests.golden from this build")
 	dumpBundles   = flag.String("dump-bundles", "", "write each case's bundle as indented JSON to DIR/NAME.json, to diff two builds")
@@ -156,6 +157,11 @@ func digestCases(t *testing.T) []digestCase {
 		{name: "small-qwen2-tp2", model: SmallQwen2, apps: familyApps(96), opt: compile.Options{TP: 2}},
 		{name: "small-qwen3", model: SmallQwen3, apps: familyApps(128)},
 		{name: "small-mistral", model: strings.Replace(SmallQwen3, "family: qwen3", "family: mistral", 1), apps: familyApps(128)},
+		// Added after the redesign (no pre-ir digest): Gemma 2.
+		{name: "gemma-2-2b", model: m + "gemma-2-2b.yaml"},
+		{name: "gemma-2-9b", model: m + "gemma-2-9b.yaml"},
+		{name: "gemma-2-2b-tp2", model: m + "gemma-2-2b.yaml", opt: compile.Options{TP: 2}},
+		{name: "small-gemma2", model: SmallGemma2, apps: familyApps(96)},
 	}
 	for _, app := range apps16 {
 		cases = append(cases, digestCase{name: "llama-3.1-8b-" + strings.TrimSuffix(filepath.Base(app), ".yaml"), model: l8, apps: []string{app}})
