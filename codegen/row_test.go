@@ -71,11 +71,14 @@ func miTargs(rng *rand.Rand, miops []ir.MI) []targ {
 			switch p.Suffix {
 			case "vec":
 				a.f32 = randF32(rng, o.Width, 1)
-				switch o.Template {
-				case "project_out", "steer_set", "clamp_projection":
-					a.f32 = unitF32(a.f32)
-				case "head_ablate":
-					a.f32 = headMask(o.Width)
+				t, _ := mi.Lookup(o.Template)
+				for _, arg := range t.Args { // the vector as the compiler binds it
+					switch {
+					case arg.Kind == mi.Vector && arg.Unit:
+						a.f32 = unitF32(a.f32)
+					case arg.Kind == mi.Head:
+						a.f32 = headMask(o.Width)
+					}
 				}
 			case "scal":
 				a.f32 = []float32{2.5, -0.125, 0.25}
