@@ -93,9 +93,9 @@ func (a *AppPlan) FiredBuffer() string { return "app." + a.Name + ".fired" }
 // SlotsBuffer is the buffer of the per-request slots of the vector in buffer vector.
 func SlotsBuffer(vector string) string { return vector + ".slots" }
 
-// CountedOnDevice says whether op's kernel writes its fired bytes: every fused MI op does;
+// countedOnDevice says whether op's kernel writes its fired bytes: every fused MI op does;
 // custom kernels (a fixed ABI) and logit lenses (no conditions) are counted by the host.
-func CountedOnDevice(op *MIOp) bool {
+func countedOnDevice(op *MIOp) bool {
 	return op.Custom == nil && !templateOf(op).Heavy
 }
 
@@ -103,12 +103,12 @@ func CountedOnDevice(op *MIOp) bool {
 // device-counted sites ordered by op, then layer, so that the host sums each op's columns
 // as one run; -1 for ops the host counts.
 func (p *Program) FiredColumn(op *MIOp) int {
-	if !CountedOnDevice(op) {
+	if !countedOnDevice(op) {
 		return -1
 	}
 	col := 0
 	for _, o := range p.Ops {
-		if o.App == op.App && CountedOnDevice(o) && (o.OpIndex < op.OpIndex || o.OpIndex == op.OpIndex && o.Layer < op.Layer) {
+		if o.App == op.App && countedOnDevice(o) && (o.OpIndex < op.OpIndex || o.OpIndex == op.OpIndex && o.Layer < op.Layer) {
 			col++
 		}
 	}
@@ -120,7 +120,7 @@ func (p *Program) FiredColumn(op *MIOp) int {
 func (p *Program) FiredWidth(a *AppPlan) int {
 	n := 0
 	for _, o := range p.Ops {
-		if o.App == a && CountedOnDevice(o) {
+		if o.App == a && countedOnDevice(o) {
 			n++
 		}
 	}
