@@ -295,6 +295,9 @@ type Site struct {
 type BuildInfo struct {
 	Compiler string        `json:"compiler"`
 	Inputs   []InputDigest `json:"inputs"`
+	// Fuse names the decode-kernel fusions it was built with (xmixc build --fuse), in pass
+	// order.
+	Fuse []string `json:"fuse,omitempty"`
 }
 
 // InputDigest is the hash of one input file of the build.

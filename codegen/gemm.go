@@ -29,26 +29,38 @@ func (c GemmConfig) Launch(rows int) ops.Launch {
 
 // Gemm generates the kernel; parameters: x, w, y (u64), rows (u32).
 func Gemm(name string, c GemmConfig) (*Kernel, error) {
-	dt, ok := dtypeName(c.WDtype)
-	if !ok {
-		return nil, fmt.Errorf("gemm %s: weight dtype %s: want f32 or bf16", name, c.WDtype)
-	}
-	if c.K <= 0 || c.N <= 0 {
-		return nil, fmt.Errorf("gemm %s: K=%d N=%d must be positive", name, c.K, c.N)
+	attrs, err := gemmAttrs(c)
+	if err != nil {
+		return nil, fmt.Errorf("gemm %s: %w", name, err)
 	}
 	g := gemmGen{emitter: newEmitter(name), c: c}
 	g.emit()
-	return finish(g.Kernel, "gemm", ops.GemmAttrs{K: c.K, N: c.N, WDtype: dt, Guard: c.Guard})
+	return finish(g.Kernel, "gemm", attrs)
+}
+
+// gemmAttrs checks c and returns op gemm's attributes of it.
+func gemmAttrs(c GemmConfig) (ops.GemmAttrs, error) {
+	dt, ok := dtypeName(c.WDtype)
+	if !ok {
+		return ops.GemmAttrs{}, fmt.Errorf("weight dtype %s: want f32 or bf16", c.WDtype)
+	}
+	if c.K <= 0 || c.N <= 0 {
+		return ops.GemmAttrs{}, fmt.Errorf("K=%d N=%d must be positive", c.K, c.N)
+	}
+	return ops.GemmAttrs{K: c.K, N: c.N, WDtype: dt, Guard: c.Guard}, nil
 }
 
 type gemmGen struct {
 	emitter
-	c    GemmConfig
-	vec  int     // elements per lane per K step: 8 (bf16) or 4 (f32) when K allows, else 1
-	wrow ptx.Reg // this warp's weight row
-	x, y ptx.Reg
-	lane ptx.Reg
-	col  ptx.Reg
+	c     GemmConfig
+	vec   int       // elements per lane per K step: 8 (bf16) or 4 (f32) when K allows, else 1
+	wrows []ptx.Reg // this warp's weight rows: its column's, or its unit's (epi)
+	x, y  ptx.Reg
+	lane  ptx.Reg
+	col   ptx.Reg // this warp's column, or its unit (epi)
+	// epi, when set, makes the kernel a fused GEMV (gemm_fused.go): each warp computes the
+	// columns of one unit and the epilogue writes what the kernel after the GEMM would have.
+	epi gemvEpilogue
 }
 
 func (g *gemmGen) emit() {
@@ -57,6 +69,11 @@ func (g *gemmGen) emit() {
 	w := g.param("w", ptx.U64)
 	g.y = g.param("y", ptx.U64)
 	rows := g.param("rows", ptx.U32)
+	units := c.N
+	if g.epi != nil {
+		g.epi.params(g)
+		units = g.epi.units()
+	}
 	g.guard(c.Guard)
 	g.vec = 1
 	if v := 16 / c.WDtype.Bytes(); c.K%v == 0 {
@@ -70,8 +87,14 @@ func (g *gemmGen) emit() {
 	g.Emit("mad.lo.u32", g.col, cta, ptx.Imm(gemmWarps), warp)
 	done := g.NewLabel("done")
 	// Whole warps leave together, so the shuffles below always see 32 live lanes.
-	g.EmitIf(g.cmp("ge", ptx.U32, g.col, ptx.Imm(int64(c.N))), false, "bra", ptx.Sym(done))
-	g.wrow = g.byteAddr(w, g.col, c.K*c.WDtype.Bytes())
+	g.EmitIf(g.cmp("ge", ptx.U32, g.col, ptx.Imm(int64(units))), false, "bra", ptx.Sym(done))
+	cols := []ptx.Reg{g.col}
+	if g.epi != nil {
+		cols = g.epi.columns(g, g.col)
+	}
+	for _, col := range cols {
+		g.wrows = append(g.wrows, g.byteAddr(w, col, c.K*c.WDtype.Bytes()))
+	}
 
 	r0 := g.imm32(0)
 	left := g.Reg(ptx.U32)
@@ -94,7 +117,9 @@ func (g *gemmGen) emit() {
 	g.Label(done)
 }
 
-// tile computes rows r0..r0+t-1 of this warp's column and advances r0 by t.
+// tile computes rows r0..r0+t-1 of this warp's columns and advances r0 by t. Each column's
+// sum takes the same instructions in the same order whatever else the warp computes, so a
+// fused GEMV's columns have the plain GEMV's bits.
 func (g *gemmGen) tile(r0 ptx.Reg, t int) {
 	c := g.c
 	xrow := make([]ptx.Reg, t)
@@ -102,13 +127,22 @@ func (g *gemmGen) tile(r0 ptx.Reg, t int) {
 		r := g.op3("add.u32", ptx.U32, r0, ptx.Imm(int64(j)))
 		xrow[j] = g.byteAddr(g.x, r, 4*c.K)
 	}
-	acc := make([]ptx.Reg, t)
-	for j := range acc {
-		acc[j] = g.f32(0)
+	if g.epi != nil {
+		g.epi.prepare(g, r0, t)
+	}
+	acc := make([][]ptx.Reg, len(g.wrows)) // [column][row]
+	for ci := range acc {
+		acc[ci] = make([]ptx.Reg, t)
+		for j := range t {
+			acc[ci][j] = g.f32(0)
+		}
 	}
 	k := g.Reg(ptx.U32)
 	g.forLoop(k, g.lane, ptx.Imm(int64(c.K/g.vec)), ptx.Imm(32), func() {
-		wv := g.loadW(k)
+		wv := make([][]ptx.Reg, len(g.wrows))
+		for ci, wrow := range g.wrows {
+			wv[ci] = g.loadW(wrow, k)
+		}
 		for j := range t {
 			xa := g.byteAddr(xrow[j], k, 4*g.vec)
 			for q := 0; q < g.vec; q += 4 {
@@ -121,24 +155,30 @@ func (g *gemmGen) tile(r0 ptx.Reg, t int) {
 					g.Emit("ld.global.v4.f32", ptx.Vec(xs), ptx.Addr{Base: xa, Offset: int64(4 * q)})
 				}
 				for i, xv := range xs {
-					g.Emit("fma.rn.f32", acc[j], xv, wv[q+i], acc[j])
+					for ci := range acc {
+						g.Emit("fma.rn.f32", acc[ci][j], xv, wv[ci][q+i], acc[ci][j])
+					}
 				}
 			}
 		}
 	})
-	isLane0 := g.cmp("eq", ptx.U32, g.lane, ptx.Imm(0))
-	for j := range acc {
-		g.warpReduce(acc[j], "add")
-		r := g.op3("add.u32", ptx.U32, r0, ptx.Imm(int64(j)))
-		idx := g.Reg(ptx.U32)
-		g.Emit("mad.lo.u32", idx, r, ptx.Imm(int64(c.N)), g.col)
-		g.EmitIf(isLane0, false, "st.global.f32", ptx.Addr{Base: g.byteAddr(g.y, idx, 4)}, acc[j])
+	if g.epi != nil {
+		g.epi.store(g, r0, t, acc)
+	} else {
+		isLane0 := g.cmp("eq", ptx.U32, g.lane, ptx.Imm(0))
+		for j, a := range acc[0] {
+			g.warpReduce(a, "add")
+			r := g.op3("add.u32", ptx.U32, r0, ptx.Imm(int64(j)))
+			idx := g.Reg(ptx.U32)
+			g.Emit("mad.lo.u32", idx, r, ptx.Imm(int64(c.N)), g.col)
+			g.EmitIf(isLane0, false, "st.global.f32", ptx.Addr{Base: g.byteAddr(g.y, idx, 4)}, a)
+		}
 	}
 	g.Emit("add.u32", r0, r0, ptx.Imm(int64(t)))
 }
 
-// loadW loads weight chunk k (vec elements) of this warp's row as f32 registers.
-func (g *gemmGen) loadW(k ptx.Reg) []ptx.Reg {
-	a := ptx.Addr{Base: g.byteAddr(g.wrow, k, g.vec*g.c.WDtype.Bytes())}
+// loadW loads weight chunk k (vec elements) of weight row wrow as f32 registers.
+func (g *gemmGen) loadW(wrow, k ptx.Reg) []ptx.Reg {
+	a := ptx.Addr{Base: g.byteAddr(wrow, k, g.vec*g.c.WDtype.Bytes())}
 	return loadChunk(g.emitter, a, g.c.WDtype, g.vec)
 }

@@ -22,28 +22,36 @@ type lowering struct {
 	emit func(t *tb, n *ir.Node)
 }
 
-var lowerings = map[ir.Op]lowering{
-	ir.OpEmbed:      {nil, (*tb).unfused},
-	ir.OpNorm:       {nil, (*tb).unfused},
-	ir.OpAdd:        {nil, (*tb).unfused},
-	ir.OpEmbedNorm:  {[]string{"row_norm"}, (*tb).embedNorm},
-	ir.OpAddNorm:    {[]string{"row_norm"}, (*tb).addNorm},
-	ir.OpMatmul:     {[]string{"gemm", bundle.OpGemmTC}, (*tb).matmul},
-	ir.OpRope:       {[]string{"rope_kv"}, (*tb).rope},
-	ir.OpAttention:  {[]string{"attention"}, (*tb).attention},
-	ir.OpActivation: {[]string{"silu_mul", "gelu_tanh_mul"}, (*tb).activation},
-	ir.OpRouter:     {[]string{"moe_router"}, (*tb).router},
-	ir.OpExperts:    {[]string{"moe_gate_up", "moe_down", "gemm", bundle.OpGemmTC, "silu_mul", "moe_combine"}, (*tb).experts},
-	ir.OpSample:     {[]string{"sample"}, (*tb).sample},
-	ir.OpSoftcap:    {[]string{"softcap"}, (*tb).softcap},
-	ir.OpCollective: {nil, (*tb).collective},
-	ir.OpMI:         {[]string{"mi", "mi_samples"}, (*tb).mi},
-	ir.OpCustom:     {[]string{"custom_ptx"}, (*tb).custom},
-	ir.OpRenorm:     {[]string{"row_renorm"}, (*tb).renorm},
-	ir.OpLens:       {[]string{"lens_norm", "gemm", bundle.OpGemmTC, "lens_topk_part", "lens_topk"}, (*tb).lens},
+// lowerings is set at init: a fused node's lowering lowers its parts through it.
+var lowerings map[ir.Op]lowering
+
+func loweringTable() map[ir.Op]lowering {
+	return map[ir.Op]lowering{
+		ir.OpEmbed:      {nil, (*tb).unfused},
+		ir.OpNorm:       {nil, (*tb).unfused},
+		ir.OpAdd:        {nil, (*tb).unfused},
+		ir.OpEmbedNorm:  {[]string{"row_norm"}, (*tb).embedNorm},
+		ir.OpAddNorm:    {[]string{"row_norm"}, (*tb).addNorm},
+		ir.OpMatmul:     {[]string{"gemm", bundle.OpGemmTC}, (*tb).matmul},
+		ir.OpRope:       {[]string{"rope_kv"}, (*tb).rope},
+		ir.OpAttention:  {[]string{"attention"}, (*tb).attention},
+		ir.OpActivation: {[]string{"silu_mul", "gelu_tanh_mul"}, (*tb).activation},
+		ir.OpRouter:     {[]string{"moe_router"}, (*tb).router},
+		ir.OpExperts:    {[]string{"moe_gate_up", "moe_down", "gemm", bundle.OpGemmTC, "silu_mul", "moe_combine"}, (*tb).experts},
+		ir.OpSample:     {[]string{"sample"}, (*tb).sample},
+		ir.OpSoftcap:    {[]string{"softcap"}, (*tb).softcap},
+		ir.OpCollective: {nil, (*tb).collective},
+		ir.OpMI:         {[]string{"mi", "mi_samples"}, (*tb).mi},
+		ir.OpCustom:     {[]string{"custom_ptx"}, (*tb).custom},
+		ir.OpRenorm:     {[]string{"row_renorm"}, (*tb).renorm},
+		ir.OpLens:       {[]string{"lens_norm", "gemm", bundle.OpGemmTC, "lens_topk_part", "lens_topk"}, (*tb).lens},
+		// A fused node's parts lower by their own entries where it does not fuse.
+		ir.OpMatmulRope: {[]string{"gemm_rope_kv"}, (*tb).matmulRope},
+	}
 }
 
 func init() {
+	lowerings = loweringTable()
 	known := ops.Names()
 	for i := range ir.Ops {
 		op := ir.Op(i)
@@ -251,6 +259,44 @@ func (t *tb) matmul(n *ir.Node) {
 	t.gemm(n.Name, x.Buffer, buf(n.Weight("w").Name), y.Buffer, x.Width, y.Width, t.rowsOf(x))
 }
 
+// parts lowers a fused node as the nodes it fuses.
+func (t *tb) parts(n *ir.Node) {
+	for _, p := range n.Parts {
+		lowerings[p.Op].emit(t, p)
+	}
+}
+
+// fusedGemv is what a fused node's GEMV needs (its matmul part mm): its configuration, its
+// rows in this template, and its x, w and y slots; ok false where this bucket runs the GEMM
+// on tensor cores, which take no epilogue (nor does cuBLASLt, which serves them on the GPU).
+func (t *tb) fusedGemv(mm *ir.Node, y *ir.Value) (c GemmConfig, rows int, s slots, ok bool) {
+	x := mm.In[0]
+	c, rows = GemmConfig{K: x.Width, N: mm.Out[0].Width, WDtype: t.g.wdt}, t.rowsOf(x)
+	s = slots{"x": buf(x.Buffer), "w": buf(mm.Weight("w").Name), "y": buf(y.Buffer), "rows": konst(uint64(rows))}
+	return c, rows, s, !t.tensorCores(c, rows)
+}
+
+// gemvName is the name of the plain GEMV of c (a fused one adds its epilogue's).
+func (g *gen) gemvName(c GemmConfig) string {
+	return fmt.Sprintf("gemm_k%d_n%d_%s", c.K, c.N, g.wdt)
+}
+
+// matmulRope is the q/k/v projection with the rotation and the KV write in its epilogue
+// (fuse-qkv-rope), or the GEMM and the rotation kernel where the GEMM runs on tensor cores.
+func (t *tb) matmulRope(n *ir.Node) {
+	mm, rope := n.Parts[0], n.Parts[1]
+	gc, rows, s, ok := t.fusedGemv(mm, mm.Out[0])
+	if !ok {
+		t.parts(n)
+		return
+	}
+	rc, rname, rs := t.g.ropeKernel(rope)
+	c := GemmRopeConfig{Gemm: gc, Rope: rc}
+	name := t.g.gemvName(gc) + "_" + rname
+	k, err := t.g.kernel(name, func() (*Kernel, error) { return GemmRope(name, c) })
+	t.add(n.Name, k, err, c.Launch(rows), merge(merge(kvSlots(rope, mm.Out[0].Buffer), rs), s), nil)
+}
+
 // tensorCoreRows is the bucket size from which GEMMs run on tensor cores (bf16 activations,
 // f32 accumulation): the CUDA-core GEMM's cost grows with rows (on an H200, 4.5x at 8 rows),
 // mma's is flat up to 128. Below it, the CUDA-core GEMM keeps f32 activations.
@@ -271,7 +317,7 @@ func (t *tb) gemmAt(label string, x, w, y bundle.Slot, c GemmConfig, rows int) {
 		s["any_mask"] = buf(bundle.CtlAnyMask)
 		guard = fmt.Sprintf("_g%x", c.Guard)
 	}
-	if rows >= tensorCoreRows && g.wdt == ptx.BF16 && k%16 == 0 && n%16 == 0 && g.gemmKind != "cuda-core" {
+	if t.tensorCores(c, rows) {
 		if g.gemmKind == "tc-staged" {
 			name := fmt.Sprintf("gemm_tcs_k%d_n%d%s", k, n, guard)
 			kern, err := g.kernel(name, func() (*Kernel, error) { return GemmTCStaged(name, c) })
@@ -284,9 +330,15 @@ func (t *tb) gemmAt(label string, x, w, y bundle.Slot, c GemmConfig, rows int) {
 		t.add(label, kern, err, c.LaunchTC(rows), s, nil)
 		return
 	}
-	name := fmt.Sprintf("gemm_k%d_n%d_%s%s", k, n, g.wdt, guard)
+	name := g.gemvName(c) + guard
 	kern, err := g.kernel(name, func() (*Kernel, error) { return Gemm(name, c) })
 	t.add(label, kern, err, c.Launch(rows), s, nil)
+}
+
+// tensorCores says whether a GEMM of c over rows rows runs on tensor cores here.
+func (t *tb) tensorCores(c GemmConfig, rows int) bool {
+	g := t.g
+	return rows >= tensorCoreRows && g.wdt == ptx.BF16 && c.K%16 == 0 && c.N%16 == 0 && g.gemmKind != "cuda-core"
 }
 
 // kvSlots are the KV cache and page table parameters of the rotation and attention kernels.
@@ -296,7 +348,13 @@ func kvSlots(n *ir.Node, qkv string) slots {
 }
 
 func (t *tb) rope(n *ir.Node) {
-	g := t.g
+	rc, kname, rs := t.g.ropeKernel(n)
+	k, err := t.g.kernel(kname, func() (*Kernel, error) { return RopeKV(kname, rc) })
+	t.add(n.Name, k, err, rc.Launch(t.rows), merge(kvSlots(n, n.In[0].Buffer), rs), nil)
+}
+
+// ropeKernel is rope node n's kernel: its configuration, name and weight slots.
+func (g *gen) ropeKernel(n *ir.Node) (RopeConfig, string, slots) {
 	a := n.Attrs.(ir.RopeAttrs)
 	rc := RopeConfig{Heads: a.Heads, KVHeads: a.KVHeads, HeadDim: a.HeadDim, BlockSize: g.m.KVBlockSize, MaxBlocksPerSeq: g.blocks,
 		KVDtype: g.kvdt, Bias: a.Bias, QKNorm: a.QKNorm, WDtype: g.wdt}
@@ -311,8 +369,7 @@ func (t *tb) rope(n *ir.Node) {
 		rc.Eps = a.Eps
 		rs["q_norm"], rs["k_norm"] = buf(n.Weight("q_norm").Name), buf(n.Weight("k_norm").Name)
 	}
-	k, err := g.kernel(kname, func() (*Kernel, error) { return RopeKV(kname, rc) })
-	t.add(n.Name, k, err, rc.Launch(t.rows), merge(kvSlots(n, n.In[0].Buffer), rs), nil)
+	return rc, kname, rs
 }
 
 // attnConfig is an attention node's shape.

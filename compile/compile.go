@@ -36,6 +36,8 @@ type Options struct {
 	TP int
 	// VectorSlots, when > 0, replaces the model spec's serving.vector_slots.
 	VectorSlots int
+	// Fuse names the decode-kernel fusions to apply (passes.Fusions, or "all").
+	Fuse []string
 }
 
 // Frontend parses the model and app specs.
@@ -61,7 +63,7 @@ func Plan(modelPath string, appPaths []string, opt Options) (*passes.Program, er
 	if err != nil {
 		return nil, err
 	}
-	return passes.Run(m, apps, passes.Options{Verify: opt.Verify, Trace: opt.Trace, TP: opt.TP, VectorSlots: opt.VectorSlots})
+	return passes.Run(m, apps, passes.Options{Verify: opt.Verify, Trace: opt.Trace, TP: opt.TP, VectorSlots: opt.VectorSlots, Fuse: opt.Fuse})
 }
 
 // Build compiles the specs into a bundle.
@@ -156,7 +158,7 @@ func Build(modelPath string, appPaths []string, opt Options) (*bundle.Bundle, er
 		chatSrc = string(data)
 	}
 	b, err := codegen.Generate(p, codegen.Options{
-		Build:     bundle.BuildInfo{Compiler: Compiler, Inputs: inputs},
+		Build:     bundle.BuildInfo{Compiler: Compiler, Inputs: inputs, Fuse: p.Fused()},
 		Weights:   weights,
 		Tokenizer: tok,
 		Progress:  func(f string, a ...any) { progress("codegen: "+f, a...) },

@@ -219,6 +219,13 @@ type Node struct {
 	// SkipUnless marks a heavy node that does nothing unless a row of the step enables an
 	// app of these bits (guard-heavy).
 	SkipUnless uint32
+	// Parts, in a fused node (OpFact.Parts), are the nodes it fuses as they were, over the
+	// same values: where a bucket's kernels cannot fuse them (a GEMM on tensor cores),
+	// lowering emits the parts instead.
+	Parts []*Node
+	// Unfused says which fusions the fuse passes left undone at this node, and why (an MI op
+	// at a value the fused kernel would not hold): `xmixc check --dump-ir` prints it.
+	Unfused []string
 }
 
 // W returns the weight of role, or nil.
@@ -265,6 +272,20 @@ func (g *Graph) Values() []*Value {
 			out = append(out, v)
 			out = append(out, v.Views...)
 		}
+	}
+	return out
+}
+
+// Unfolded lists the nodes as they were before the fuse passes: each fused node's parts in
+// its place.
+func (g *Graph) Unfolded() []*Node {
+	var out []*Node
+	for _, n := range g.Nodes {
+		if len(n.Parts) > 0 {
+			out = append(out, n.Parts...)
+			continue
+		}
+		out = append(out, n)
 	}
 	return out
 }
@@ -344,15 +365,15 @@ func (g *Graph) Clone() *Graph {
 		}
 		return &w
 	}
-	for i, n := range g.Nodes {
+	var node func(n *Node) *Node
+	node = func(n *Node) *Node {
 		m := *n
-		m.In, m.Out = nil, nil
+		m.In, m.Out, m.Parts = nil, nil, nil
 		for _, v := range n.In {
 			m.In = append(m.In, val(v))
 		}
 		for _, v := range n.Out {
-			w := val(v)
-			m.Out = append(m.Out, w)
+			m.Out = append(m.Out, val(v))
 		}
 		m.W = append([]Use(nil), n.W...)
 		m.State = append([]*State(nil), n.State...)
@@ -360,7 +381,14 @@ func (g *Graph) Clone() *Graph {
 		for _, group := range n.MI {
 			m.MI = append(m.MI, append([]*MI(nil), group...))
 		}
-		c.Nodes[i] = &m
+		for _, p := range n.Parts {
+			m.Parts = append(m.Parts, node(p))
+		}
+		m.Unfused = append([]string(nil), n.Unfused...)
+		return &m
+	}
+	for i, n := range g.Nodes {
+		c.Nodes[i] = node(n)
 	}
 	for _, n := range c.Nodes {
 		for _, v := range n.Out {

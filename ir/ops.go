@@ -56,6 +56,10 @@ const (
 	// OpLens (place-mi): a logit lens, a heavy read: the final norm, the LM head and a top-k
 	// of the residual, into the op's buffer.
 	OpLens
+	// OpMatmulRope (fuse-qkv-rope): the q/k/v projection and the rotation with the KV write
+	// after it (Parts: the matmul, the rope), in one kernel where the bucket's GEMM can take
+	// an epilogue. Out: the rotated q, k, v rows.
+	OpMatmulRope
 	numOps
 )
 
@@ -78,6 +82,8 @@ type OpFact struct {
 	Groups []Group
 	// InPlace: the node updates its first input instead of defining a value.
 	InPlace bool
+	// Parts, for a fused op, are the ops of the nodes it fuses (Node.Parts), in order.
+	Parts []Op
 }
 
 // Ops is the table of ops, by Op.
@@ -101,6 +107,8 @@ var Ops = [numOps]OpFact{
 	OpCustom:     {Name: "custom", In: 1, Out: 0, Attrs: CustomAttrs{}, InPlace: true},
 	OpRenorm:     {Name: "renorm", In: 2, Out: 0, Attrs: NormAttrs{}, InPlace: true},
 	OpLens:       {Name: "lens", In: 1, Out: 0, Attrs: LensAttrs{}},
+	// Fused ops keep their parts' attributes in their parts.
+	OpMatmulRope: {Name: "matmul+rope", In: 1, Out: 1, Parts: []Op{OpMatmul, OpRope}},
 }
 
 func init() {

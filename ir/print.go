@@ -43,6 +43,9 @@ func (g *Graph) String() string {
 	for _, n := range g.Nodes {
 		b.WriteString(n.String())
 		b.WriteByte('\n')
+		for _, u := range n.Unfused {
+			fmt.Fprintf(&b, "      unfused %s\n", u)
+		}
 		for gi, group := range n.MI {
 			for _, m := range group {
 				fmt.Fprintf(&b, "      mi[%s] %s\n", Ops[n.Op].Groups[gi].Name, m)
@@ -87,6 +90,11 @@ func (n *Node) String() string {
 	}
 	if a := attrsText(n.Attrs); a != "" {
 		b.WriteString(" " + a)
+	}
+	for _, p := range n.Parts {
+		if a := attrsText(p.Attrs); a != "" {
+			b.WriteString(" " + a)
+		}
 	}
 	if n.SkipUnless != 0 {
 		fmt.Fprintf(&b, " skip_unless=%#x", n.SkipUnless)

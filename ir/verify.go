@@ -3,6 +3,7 @@ package ir
 import (
 	"errors"
 	"fmt"
+	"slices"
 )
 
 // Verify checks the graph's invariants; it reports mistakes of builders and passes, not of
@@ -81,6 +82,7 @@ func Verify(g *Graph) error {
 		if n.Op == OpMatmul {
 			checkMatmul(g, n, fail)
 		}
+		checkParts(g, n, fail)
 	}
 	errs = append(errs, checkBuffers(g)...)
 	return errors.Join(errs...)
@@ -108,6 +110,28 @@ func (g *Graph) Local(w *Weight) []int {
 		s[1] /= g.TP
 	}
 	return s
+}
+
+// checkParts checks a fused node's parts: the ops its fact names, each with its attributes
+// (a matmul's widths too), the first reading the node's inputs.
+func checkParts(g *Graph, n *Node, fail func(*Node, string, ...any)) {
+	want := Ops[n.Op].Parts
+	if len(n.Parts) != len(want) {
+		fail(n, "%d parts, want %d", len(n.Parts), len(want))
+		return
+	}
+	for i, part := range n.Parts {
+		if part.Op != want[i] || !part.Op.attrsOK(part.Attrs) {
+			fail(n, "part %d is %s with attributes %T, want %s", i, part.Op, part.Attrs, want[i])
+			continue
+		}
+		if part.Op == OpMatmul {
+			checkMatmul(g, part, fail)
+		}
+	}
+	if len(n.Parts) > 0 && !slices.Equal(n.Parts[0].In, n.In) {
+		fail(n, "its first part reads other values than the node")
+	}
 }
 
 func checkMatmul(g *Graph, n *Node, fail func(*Node, string, ...any)) {

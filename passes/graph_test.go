@@ -40,19 +40,34 @@ func irAfter(t *testing.T, tp int, pass string, weights bool, apps ...string) st
 // graph's text after pass, without its weight lines unless weights.
 func irOf(t *testing.T, model string, tp int, pass string, weights bool, apps ...string) string {
 	t.Helper()
+	return irWith(t, model, Options{TP: tp}, pass, weights, apps...)[0]
+}
+
+// irWith is irOf with options: the text of the graph and of the app-free graph after pass.
+func irWith(t *testing.T, model string, opt Options, pass string, weights bool, apps ...string) [2]string {
+	t.Helper()
 	m, as, err := parseSpecs(t, model, apps...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var text string
-	_, err = Run(m, as, Options{Verify: true, TP: tp, Trace: func(name string, p *Program) {
+	var text [2]string
+	opt.Verify = true
+	opt.Trace = func(name string, p *Program) {
 		if name == pass {
-			text = p.Graph.String()
+			text[0] = p.Graph.String()
+			if p.Plain != nil {
+				text[1] = p.Plain.String()
+			}
 		}
-	}})
-	if err != nil {
+	}
+	if _, err = Run(m, as, opt); err != nil {
 		t.Fatal(err)
 	}
+	return [2]string{withoutWeights(text[0], weights), withoutWeights(text[1], weights)}
+}
+
+// withoutWeights is a graph's text without its weight lines unless weights.
+func withoutWeights(text string, weights bool) string {
 	var keep []string
 	for _, line := range strings.Split(text, "\n") {
 		if weights || !strings.HasPrefix(line, "  weight ") {

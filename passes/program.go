@@ -36,6 +36,8 @@ type Program struct {
 	// VectorSlots is how many requests may hold per-request vectors at once: each
 	// per_request vector gets a device pool of that many slots.
 	VectorSlots int
+	// Fuse is the set of fusions (Fusions) the fuse passes apply.
+	Fuse map[string]bool
 }
 
 // PerRequestVectors says whether some app has a per_request vector (the bundle then
@@ -210,6 +212,7 @@ var Passes = []Pass{
 	{"shard-tp", shardTP},
 	{"app-free", appFree},
 	{"attach-mi", attachMI},
+	{"fuse-qkv-rope", fusePass("qkv-rope")},
 	{"place-mi", placeMI},
 	{"guard-heavy", guardHeavy},
 	{"plan-buffers", planBuffers},
@@ -235,6 +238,8 @@ type Options struct {
 	// VectorSlots, when > 0, replaces the model spec's serving.vector_slots
 	// (Program.VectorSlots); it must not exceed max_seqs.
 	VectorSlots int
+	// Fuse names the fusions to apply (Fusions' names, or "all"; Program.Fuse).
+	Fuse []string
 }
 
 // MaxApps is how many apps one bundle can deploy (bits of the per-row u32 app mask).
@@ -246,7 +251,11 @@ const MaxLatches = 32
 
 // Run builds the program for m and apps and runs every pass.
 func Run(m *frontend.Model, apps []*frontend.App, opt Options) (*Program, error) {
-	p := &Program{Model: m, TP: opt.TP, VectorSlots: m.VectorSlots}
+	fuse, err := fusionSet(opt.Fuse)
+	if err != nil {
+		return nil, err
+	}
+	p := &Program{Model: m, TP: opt.TP, VectorSlots: m.VectorSlots, Fuse: fuse}
 	if opt.VectorSlots > 0 {
 		if opt.VectorSlots > m.MaxSeqs {
 			return nil, fmt.Errorf("--vector-slots %d is more than max_seqs %d (a running request holds at most one)", opt.VectorSlots, m.MaxSeqs)

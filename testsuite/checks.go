@@ -97,11 +97,19 @@ func Compile(t testing.TB, model string, apps ...string) *bundle.Bundle {
 	return CompileWith(t, compile.Options{}, model, apps...)
 }
 
+// Fuse, when set, names the fusions (compile.Options.Fuse) of every bundle Compile and
+// CompileWith build without fusions of their own: the suite runs again on fused bundles
+// (TestCPUFused; the GPU suite takes it from XMIX_FUSE).
+var Fuse []string
+
 // CompileWith is Compile with build options (Verify is always on).
 func CompileWith(t testing.TB, opt compile.Options, model string, apps ...string) *bundle.Bundle {
 	t.Helper()
 	mp, aps := WriteSpecs(t, model, apps...)
 	opt.Verify = true
+	if opt.Fuse == nil {
+		opt.Fuse = Fuse
+	}
 	b, err := compile.Build(mp, aps, opt)
 	if err != nil {
 		t.Fatal(err)

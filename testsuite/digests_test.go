@@ -111,6 +111,9 @@ ops:
 `, hidden)}
 }
 
+// fuseAll builds with every decode fusion.
+var fuseAll = compile.Options{Fuse: []string{"all"}}
+
 func digestCases(t *testing.T) []digestCase {
 	glob := func(pattern string) []string {
 		fs, err := filepath.Glob(pattern)
@@ -162,6 +165,19 @@ func digestCases(t *testing.T) []digestCase {
 		{name: "gemma-2-9b", model: m + "gemma-2-9b.yaml"},
 		{name: "gemma-2-2b-tp2", model: m + "gemma-2-2b.yaml", opt: compile.Options{TP: 2}},
 		{name: "small-gemma2", model: SmallGemma2, apps: familyApps(96)},
+		// Added with the decode fusions (xmixc build --fuse, issue 14): the bundles the GPU
+		// A/B builds, and every family and host with them.
+		{name: "llama-3.1-8b-fuse-all", model: l8, opt: fuseAll},
+		{name: "llama-3.2-1b-fuse-all", model: l1, opt: fuseAll},
+		{name: "llama-3.1-8b-apps1-6-fuse-all", model: l8, apps: apps16, opt: fuseAll},
+		{name: "llama-3.1-8b-fuse-qkv-rope", model: l8, opt: compile.Options{Fuse: []string{"qkv-rope"}}},
+		{name: "tiny-fuse-all", model: tiny, opt: fuseAll},
+		{name: "small-coverage-fuse-all", model: SmallModel, apps: coverageApps, opt: fuseAll},
+		{name: "small-qwen2-fuse-all", model: SmallQwen2, apps: familyApps(96), opt: fuseAll},
+		{name: "small-qwen3-fuse-all", model: SmallQwen3, apps: familyApps(128), opt: fuseAll},
+		{name: "small-gemma2-fuse-all", model: SmallGemma2, apps: familyApps(96), opt: fuseAll},
+		{name: "small-mixtral-fuse-all", model: SmallMixtral, apps: []string{smallSteerMoE}, opt: fuseAll},
+		{name: "small-seven-apps-tp2-fuse-all", model: SmallModel, apps: smallSevenApps, opt: compile.Options{TP: 2, Fuse: []string{"all"}}},
 	}
 	for _, app := range apps16 {
 		cases = append(cases, digestCase{name: "llama-3.1-8b-" + strings.TrimSuffix(filepath.Base(app), ".yaml"), model: l8, apps: []string{app}})

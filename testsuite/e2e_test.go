@@ -16,6 +16,17 @@ func TestCPU(t *testing.T) {
 	}
 }
 
+// TestCPUFused runs the suite on bundles built with every fusion: the layers whose hooks
+// carry an app's ops keep their kernels apart and the others fuse, and every check (exact
+// writes, rows without apps as the app-free bundle's, batch as solo) holds as it does unfused.
+func TestCPUFused(t *testing.T) {
+	Fuse = []string{"all"}
+	defer func() { Fuse = nil }()
+	for _, c := range Checks {
+		t.Run(c.Name, func(t *testing.T) { c.Run(t, newCPU) })
+	}
+}
+
 func TestCPUExportsOnlyForAppRows(t *testing.T) {
 	b := Compile(t, SmallModel, captureApp(0, 128))
 	res := Generate(t, newCPU, b, []loader.Request{

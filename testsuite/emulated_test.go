@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"xmix/bundle"
+	"xmix/compile"
 	"xmix/loader"
 	"xmix/loader/cpu"
 	"xmix/ops"
@@ -130,7 +131,10 @@ func relBytes(got, want []byte, size int) float64 {
 
 // TestEmulatedBundleMatchesReferenceOps: Gemma 2 (prefill with the sliding window binding,
 // decode, a split decode attention at batch 1, the apps of the hooks check) and a Llama run
-// with every node's PTX emulated beside the reference ops. Tensor-core prefill attention
+// with every node's PTX emulated beside the reference ops; then with every fusion (the fused
+// GEMVs of the decode buckets): a Llama whose app's op at attn.q (layer 1) keeps that layer's
+// kernels apart, in a batch with a row without the app, Gemma 2 and Qwen2 (the q/k/v bias in
+// the fused rotation). Tensor-core prefill attention
 // rounds Q and P to bf16, the rest is f32 math: every buffer within 1e-2, the sampled tokens
 // equal.
 func TestEmulatedBundleMatchesReferenceOps(t *testing.T) {
@@ -140,19 +144,30 @@ func TestEmulatedBundleMatchesReferenceOps(t *testing.T) {
 	hello := []int{72, 101, 108, 108, 111, 32, 119, 111, 114, 108, 100}
 	lens := "app: lens\nbuffers: {top: {shape: [10], export: true}}\nops:\n" +
 		"  - read: {at: {layers: [1], hook: resid_post}, kernel: logit_lens, args: {k: 5}, into: top}\n"
+	split := `app: split
+buffers: {q: {shape: [128]}, act: {shape: [192]}}
+ops:
+  - read: {at: {layers: [1], hook: attn.q}, kernel: capture, into: q}
+  - write: {at: {layers: [2], hook: mlp.act}, kernel: scale, args: {alpha: 0.5}}
+`
 	for _, c := range []struct {
 		name, spec string
 		apps       []string
 		reqs       []loader.Request
+		fuse       []string
 	}{
 		// Two requests (decode bucket 2), one with the hooks' captures and the lens.
 		{"gemma2", SmallGemma2, []string{gemma2HooksApp, lens}, []loader.Request{
-			{Prompt: hello, MaxTokens: 5, Apps: []string{"hooks", "lens"}}, {Prompt: hello[:4], MaxTokens: 6}}},
-		{"gemma2-bf16-kv", SmallGemma2 + "kv_dtype: bf16\n", nil, []loader.Request{{Prompt: hello, MaxTokens: 4}}},
-		{"llama", SmallModel, nil, []loader.Request{{Prompt: []int{3, 1, 4, 1, 5, 9, 2, 6}, MaxTokens: 4}}},
+			{Prompt: hello, MaxTokens: 5, Apps: []string{"hooks", "lens"}}, {Prompt: hello[:4], MaxTokens: 6}}, nil},
+		{"gemma2-bf16-kv", SmallGemma2 + "kv_dtype: bf16\n", nil, []loader.Request{{Prompt: hello, MaxTokens: 4}}, nil},
+		{"llama", SmallModel, nil, []loader.Request{{Prompt: []int{3, 1, 4, 1, 5, 9, 2, 6}, MaxTokens: 4}}, nil},
+		{"llama-fused", SmallModel, []string{split}, []loader.Request{
+			{Prompt: []int{3, 1, 4, 1, 5, 9, 2, 6}, MaxTokens: 4, Apps: []string{"split"}}, {Prompt: []int{2, 7, 1}, MaxTokens: 5}}, []string{"all"}},
+		{"gemma2-fused", SmallGemma2, nil, []loader.Request{{Prompt: hello, MaxTokens: 4}}, []string{"all"}},
+		{"qwen2-fused", SmallQwen2, nil, []loader.Request{{Prompt: hello, MaxTokens: 4}}, []string{"all"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			b := Compile(t, c.spec, c.apps...)
+			b := CompileWith(t, compile.Options{Fuse: c.fuse}, c.spec, c.apps...)
 			s := newEmuShadow(t, b)
 			defer s.Close()
 			eng, err := loader.NewEngine(b, s)

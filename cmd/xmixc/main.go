@@ -43,6 +43,7 @@ func buildCmd() *cobra.Command {
 	var out string
 	var embed, verify, quiet bool
 	var gemm, moe string
+	var fuse []string
 	var tp, vectorSlots int
 	c := &cobra.Command{
 		Use:   "build MODEL.yaml [APP.yaml...] -o OUT.xmb",
@@ -64,7 +65,7 @@ func buildCmd() *cobra.Command {
 					fmt.Fprintf(os.Stderr, "[%6.2fs] %s\n", time.Since(start).Seconds(), fmt.Sprintf(f, a...))
 				}
 			}
-			b, err := compile.Build(args[0], args[1:], compile.Options{EmbedWeights: embed, Verify: verify, Progress: progress, GEMM: gemm, MoE: moe, TP: tp, VectorSlots: vectorSlots})
+			b, err := compile.Build(args[0], args[1:], compile.Options{EmbedWeights: embed, Verify: verify, Progress: progress, GEMM: gemm, MoE: moe, TP: tp, VectorSlots: vectorSlots, Fuse: fuse})
 			if err != nil {
 				return err
 			}
@@ -95,12 +96,23 @@ func buildCmd() *cobra.Command {
 	c.Flags().StringVar(&moe, "moe", "", "Mixtral experts in buckets from 8 rows: dense (the default: every expert as a tensor-core GEMM, then a weighted sum of each row's top-k), or grouped (expert kernels that read only the chosen experts, on CUDA cores; for measuring)")
 	c.Flags().IntVar(&tp, "tp", 1, "tensor-parallel degree: shard the model over N ranks (GPUs, or goroutines on the cpu backend)")
 	c.Flags().IntVar(&vectorSlots, "vector-slots", 0, "how many requests may hold per_request vectors at once (default: the spec's serving.vector_slots, else max_seqs)")
+	fuseFlag(c, &fuse)
 	return c
+}
+
+// fuseFlag declares --fuse, the decode-kernel fusions (passes.Fusions).
+func fuseFlag(c *cobra.Command, fuse *[]string) {
+	var what []string
+	for _, f := range passes.Fusions {
+		what = append(what, f.Name+": "+f.What)
+	}
+	c.Flags().StringSliceVar(fuse, "fuse", nil, "decode-kernel fusions to apply, or all (off by default until measured on the GPU; layers whose MI ops sit between the kernels keep them apart): "+strings.Join(what, "; "))
 }
 
 func checkCmd() *cobra.Command {
 	var trace, dumpIR bool
 	var dumpAfter string
+	var fuse []string
 	var tp int
 	c := &cobra.Command{
 		Use:   "check MODEL.yaml [APP.yaml...]",
@@ -118,7 +130,7 @@ one pass; the passes are: ` + strings.Join(passes.PassNames(), ", ") + ".",
 				return fmt.Errorf("--dump-after %s: no such pass (passes: %s)", dumpAfter, strings.Join(passes.PassNames(), ", "))
 			}
 			out := cmd.OutOrStdout()
-			opt := compile.Options{Verify: true, TP: tp}
+			opt := compile.Options{Verify: true, TP: tp, Fuse: fuse}
 			opt.Trace = func(pass string, p *passes.Program) {
 				if trace {
 					fmt.Fprintf(out, "after %s: %d op site(s)\n", pass, len(p.Ops))
@@ -145,6 +157,7 @@ one pass; the passes are: ` + strings.Join(passes.PassNames(), ", ") + ".",
 	c.Flags().BoolVar(&dumpIR, "dump-ir", false, "print the IR (the forward graph) after the last pass instead of the plan")
 	c.Flags().StringVar(&dumpAfter, "dump-after", "", "print the IR after pass `PASS` instead of the plan")
 	c.Flags().IntVar(&tp, "tp", 1, "check the plan for this tensor-parallel degree")
+	fuseFlag(c, &fuse)
 	return c
 }
 
@@ -246,6 +259,9 @@ func printBundle(w io.Writer, b *bundle.Bundle) {
 		fmt.Fprintf(w, "weights   %s (digest %s)\n", wr.Path, wr.SHA256)
 	}
 	fmt.Fprintf(w, "build     %s\n", b.Manifest.Build.Compiler)
+	if f := b.Manifest.Build.Fuse; len(f) > 0 {
+		fmt.Fprintf(w, "          fused: %s\n", strings.Join(f, ", "))
+	}
 	for _, in := range b.Manifest.Build.Inputs {
 		fmt.Fprintf(w, "          %s sha256=%s\n", in.Path, in.SHA256[:16])
 	}

@@ -1,0 +1,47 @@
+package ops
+
+import "fmt"
+
+// The fused decode GEMVs (codegen/gemm_fused.go): a projection and the kernel after it in
+// one. Each reference runs the two ops it fuses one after the other, so that a fused kernel
+// gives exactly the unfused pair's results on the CPU backend.
+func init() {
+	Register("gemm_rope_kv", buildGemmRopeKV)
+}
+
+// GemmRopeKVAttrs are the attributes of op "gemm_rope_kv": op "gemm" (Gemm) writes the q, k
+// and v rows into y, then op "rope_kv" (Rope) rotates them there and writes the KV cache.
+// Parameters: gemm's x, w, y, rows, then rope_kv's after its qkv (cos, sin, pos, seq,
+// block_table, kcache, vcache, [bias]). No kernel fuses Rope.QKNorm.
+type GemmRopeKVAttrs struct {
+	Gemm GemmAttrs   `json:"gemm"`
+	Rope RopeKVAttrs `json:"rope"`
+}
+
+func buildGemmRopeKV(attrs []byte) (Runner, error) {
+	var a GemmRopeKVAttrs
+	if err := DecodeAttrs(attrs, &a); err != nil {
+		return nil, err
+	}
+	if a.Rope.QKNorm || a.Gemm.Guard != 0 || a.Gemm.N != a.Rope.rowWidth() {
+		return nil, fmt.Errorf("gemm_rope_kv: qk_norm %v, guard %#x, %d columns for rows of %d: want no QK-norm, no guard, the q/k/v row's width",
+			a.Rope.QKNorm, a.Gemm.Guard, a.Gemm.N, a.Rope.rowWidth())
+	}
+	gemm, err := Build("gemm", EncodeAttrs(a.Gemm))
+	if err != nil {
+		return nil, err
+	}
+	rope, err := Build("rope_kv", EncodeAttrs(a.Rope))
+	if err != nil {
+		return nil, err
+	}
+	return named("gemm_rope_kv", func(args []Arg, l Launch) error {
+		if len(args) < 4 {
+			return fmt.Errorf("%d arguments, want gemm's four, then rope_kv's", len(args))
+		}
+		if err := gemm.Run(args[:4], l); err != nil {
+			return err
+		}
+		return rope.Run(append([]Arg{args[2]}, args[4:]...), Launch{Grid: [3]int{args[3].Int(), 1, 1}})
+	}), nil
+}

@@ -1,0 +1,146 @@
+package passes
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+
+	"xmix/ir"
+)
+
+// The fuse passes fold a node into the one before it, so that a decode step launches fewer
+// kernels (issue 14; `xmixc build --fuse`, off by default until measured on the GPU). They run
+// after attach-mi, when every MI op sits at its hook value: an op at a value that the fused
+// kernel would keep to itself (attn.q/k/v between the projection and the rotation) keeps its layer's kernels apart, so the
+// op's host kernel stays what it is, and the node says why (ir.Node.Unfused, printed by
+// `xmixc check --dump-ir`). They fuse the app-free graph (Plain) everywhere: a step in which
+// no row enables an app runs every fusion. Fused kernels compute the bits of the pair they
+// replace (codegen's tests check it), so rows without an app are the app-free bundle's bits
+// whichever layers fused.
+
+// Fusion is one fuse pass: the name `--fuse` takes and what it folds.
+type Fusion struct {
+	Name, What string
+	// fold returns the fused node of a and b (b right after a), or nil; and, when it does not
+	// fold a pair it would, why (a note on a).
+	fold func(a, b *ir.Node) (*ir.Node, string)
+}
+
+// Fusions are the fuse passes, in pass order.
+var Fusions = []Fusion{
+	{"qkv-rope", "RoPE and the KV-cache write in the q/k/v projection's GEMV epilogue (buckets under 8 rows)", foldQKVRope},
+}
+
+// FusionNames lists the fusions' names in pass order.
+func FusionNames() []string {
+	var out []string
+	for _, f := range Fusions {
+		out = append(out, f.Name)
+	}
+	return out
+}
+
+// Fused lists the fusions p applies, in pass order.
+func (p *Program) Fused() []string {
+	var out []string
+	for _, f := range Fusions {
+		if p.Fuse[f.Name] {
+			out = append(out, f.Name)
+		}
+	}
+	return out
+}
+
+// fusionSet checks names (each a fusion, or "all") and returns the set they turn on.
+func fusionSet(names []string) (map[string]bool, error) {
+	set := map[string]bool{}
+	for _, n := range names {
+		switch {
+		case n == "all":
+			for _, f := range Fusions {
+				set[f.Name] = true
+			}
+		case slices.Contains(FusionNames(), n):
+			set[n] = true
+		default:
+			return nil, fmt.Errorf("--fuse %q: no such fusion (fusions: %s; or all)", n, strings.Join(FusionNames(), ", "))
+		}
+	}
+	return set, nil
+}
+
+// fusePass is the pass of the fusion named name: both graphs' pairs folded, when p turns it
+// on.
+func fusePass(name string) func(*Program) error {
+	i := slices.IndexFunc(Fusions, func(f Fusion) bool { return f.Name == name })
+	if i < 0 {
+		panic("passes: no fusion " + name) // a programming error
+	}
+	f := Fusions[i]
+	return func(p *Program) error {
+		if !p.Fuse[f.Name] {
+			return nil
+		}
+		for _, g := range []*ir.Graph{p.Graph, p.Plain} {
+			var nodes []*ir.Node
+			for i := 0; i < len(g.Nodes); i++ {
+				a := g.Nodes[i]
+				if i+1 < len(g.Nodes) {
+					fused, why := f.fold(a, g.Nodes[i+1])
+					if fused != nil {
+						nodes = append(nodes, fused)
+						i++
+						continue
+					}
+					if why != "" {
+						a.Unfused = append(a.Unfused, f.Name+": "+why)
+					}
+				}
+				nodes = append(nodes, a)
+			}
+			g.Nodes = nodes
+		}
+		return nil
+	}
+}
+
+// fused makes the node of op that runs a, then b: a's name, inputs and layer, the outputs
+// out, the parts' weights and caches.
+func fused(op ir.Op, a, b *ir.Node, out ...*ir.Value) *ir.Node {
+	n := &ir.Node{Op: op, Name: a.Name, Layer: a.Layer, In: a.In, Out: out, Parts: []*ir.Node{a, b},
+		W: append(append([]ir.Use(nil), a.W...), b.W...), State: append(append([]*ir.State(nil), a.State...), b.State...)}
+	for _, v := range out {
+		v.Def = n
+		for _, w := range v.Views {
+			w.Def = n
+		}
+	}
+	return n
+}
+
+// withMI names the first of vs (or of their views) that carries MI ops, "" when none does.
+func withMI(vs ...*ir.Value) string {
+	for _, v := range vs {
+		for _, w := range append([]*ir.Value{v}, v.Views...) {
+			if len(w.MI) > 0 {
+				return fmt.Sprintf("MI ops at %%%s run between the two kernels", w.Name)
+			}
+		}
+	}
+	return ""
+}
+
+// foldQKVRope folds the rotation into the projection of the q, k and v heads it rotates.
+// Qwen3's QK-norm stays apart: it sums each head over columns the GEMV's warps compute apart.
+func foldQKVRope(a, b *ir.Node) (*ir.Node, string) {
+	if a.Op != ir.OpMatmul || b.Op != ir.OpRope || b.In[0] != a.Out[0] {
+		return nil, ""
+	}
+	if b.Attrs.(ir.RopeAttrs).QKNorm {
+		return nil, "QK-norm sums each head over columns that the GEMV's warps compute apart"
+	}
+	if why := withMI(a.Out[0]); why != "" {
+		return nil, why
+	}
+	return fused(ir.OpMatmulRope, a, b, a.Out[0]), ""
+}

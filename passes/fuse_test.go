@@ -1,0 +1,97 @@
+package passes
+
+import (
+	"strings"
+	"testing"
+)
+
+// fuseApp puts ops at attn.k, which the fused q/k/v GEMV keeps inside its kernel, at
+// mlp.act, and in the residual, which it does not touch.
+const fuseApp = `app: a
+params: {v: {random: 1}}
+buffers: {k: {shape: [8]}}
+ops:
+  - read: {at: {layers: [0], hook: attn.k}, kernel: capture, into: k}
+  - write: {at: {layers: [0], hook: mlp.act}, kernel: scale, args: {alpha: 0.5}}
+  - write: {at: {layers: [0], hook: resid_post}, kernel: steer_add, args: {vector: v}}
+`
+
+// fuse-qkv-rope folds the rotation into the q/k/v projection (the fused node keeps its
+// parts).
+func TestFuseDecode(t *testing.T) {
+	got := irWith(t, oneLayer, Options{Fuse: []string{"all"}}, "fuse-qkv-rope", false)
+	sameIR(t, "after fuse-qkv-rope", got[0], fusedDecodeIR)
+	sameIR(t, "the app-free graph after fuse-qkv-rope", got[1], fusedDecodeIR)
+}
+
+// A layer whose app ops sit at attn.k keeps those kernels apart, and says why; the app-free
+// graph fuses them, and ops elsewhere (mlp.act, resid_post) do not stop the fusion.
+func TestFuseKeepsMIHostsApart(t *testing.T) {
+	got := irWith(t, oneLayer, Options{Fuse: []string{"all"}}, "place-mi", false, fuseApp)
+	sameIR(t, "after place-mi", got[0], keptApartIR)
+	sameIR(t, "the app-free graph after place-mi", got[1], fusedDecodeIR)
+	// The ops at layer 0 leave layer 1 fused.
+	two := strings.Replace(oneLayer, "layers: 1", "layers: 2", 1)
+	ir := irWith(t, two, Options{Fuse: []string{"all"}}, "place-mi", false, fuseApp)[0]
+	for _, want := range []string{"L0.qkv: %L0.qkv:T24 = matmul ", "L0.rope_kv: rope", "L1.qkv: %L1.qkv:T24 = matmul+rope"} {
+		if !strings.Contains(ir, want) {
+			t.Errorf("two layers, ops at layer 0: no %q in\n%s", want, ir)
+		}
+	}
+}
+
+// Qwen3's QK-norm keeps the rotation apart, with the reason.
+func TestFuseQwen3(t *testing.T) {
+	qwen3 := strings.Replace(oneLayer, "family: llama", "family: qwen3", 1)
+	ir := irWith(t, qwen3, Options{Fuse: []string{"all"}}, "fuse-qkv-rope", false)[0]
+	for _, want := range []string{"L0.rope_kv: rope", "unfused qkv-rope: QK-norm sums each head over columns"} {
+		if !strings.Contains(ir, want) {
+			t.Errorf("no %q in\n%s", want, ir)
+		}
+	}
+}
+
+func TestFuseRefusesUnknown(t *testing.T) {
+	m, as, err := parseSpecs(t, oneLayer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = Run(m, as, Options{Fuse: []string{"qkv-rope", "rope-qkv"}})
+	if err == nil || !strings.Contains(err.Error(), `--fuse "rope-qkv": no such fusion (fusions: qkv-rope; or all)`) {
+		t.Fatalf("got %v", err)
+	}
+}
+
+const fusedDecodeIR = `graph t (llama), tp 1
+  embed: %embed:T8, %L0.attn_in:T8 = embed_norm table=embed w=L0.attn_norm eps=1e-05 vocab=300   # embed L0.resid_pre
+  L0.qkv: %L0.qkv:T24 = matmul+rope %L0.attn_in w=L0.wqkv cos=rope.cos sin=rope.sin cache=L0.kcache cache=L0.vcache split=column heads=2/2 dim=4   # %L0.attn.q:T8=%L0.qkv[0:8] %L0.attn.k:T8=%L0.qkv[8:16] %L0.attn.v:T8=%L0.qkv[16:24]
+  L0.attention: %L0.attn.z:T8 = attention %L0.qkv cache=L0.kcache cache=L0.vcache heads=2/2 dim=4 scale=0.5   # L0.attn.z
+  L0.o: %L0.attn_o:T8 = matmul %L0.attn.z w=L0.wo split=row reduce=L0.o.all_reduce   # L0.attn_out
+  L0.attn_residual: %L0.resid_mid:T8, %L0.mlp_in:T8 = add_norm %embed, %L0.attn_o w=L0.mlp_norm eps=1e-05   # L0.resid_mid
+  L0.gate_up: %L0.gate_up:T32 = matmul %L0.mlp_in w=L0.wgu split=column
+  L0.silu_mul: %L0.mlp.act:T16 = activation %L0.gate_up fn=silu inter=16   # L0.mlp.act
+  L0.down: %L0.mlp_down:T8 = matmul %L0.mlp.act w=L0.wdown split=row reduce=L0.mlp.all_reduce   # L0.mlp_out
+  L0.mlp_residual: %L0.resid_post:T8, %final_norm:S8 = add_norm %L0.resid_mid, %L0.mlp_down w=final_norm eps=1e-05   # L0.resid_post final_norm
+  lm_head: %logits:S300 = matmul %final_norm w=lm_head split=vocab   # logits
+  sample: %sampled:S1u32 = sample %logits vocab=300 eos=[257] logprobs=20   # sampled
+`
+
+const keptApartIR = `graph t (llama), tp 1
+  embed: %embed:T8, %L0.attn_in:T8 = embed_norm table=embed w=L0.attn_norm eps=1e-05 vocab=300   # embed L0.resid_pre
+  L0.qkv: %L0.qkv:T24 = matmul %L0.attn_in w=L0.wqkv split=column   # %L0.attn.q:T8=%L0.qkv[0:8] %L0.attn.k:T8=%L0.qkv[8:16] %L0.attn.v:T8=%L0.qkv[16:24]
+      unfused qkv-rope: MI ops at %L0.attn.k run between the two kernels
+  L0.attn.k: mi %L0.attn.k
+      mi[x] a.op0 capture bit=0 at=L0.attn.k width=8 out=app.a.buffer.k@0
+  L0.rope_kv: rope %L0.qkv cos=rope.cos sin=rope.sin cache=L0.kcache cache=L0.vcache heads=2/2 dim=4
+  L0.attention: %L0.attn.z:T8 = attention %L0.qkv cache=L0.kcache cache=L0.vcache heads=2/2 dim=4 scale=0.5   # L0.attn.z
+  L0.o: %L0.attn_o:T8 = matmul %L0.attn.z w=L0.wo split=row reduce=L0.o.all_reduce   # L0.attn_out
+  L0.attn_residual: %L0.resid_mid:T8, %L0.mlp_in:T8 = add_norm %embed, %L0.attn_o w=L0.mlp_norm eps=1e-05   # L0.resid_mid
+  L0.gate_up: %L0.gate_up:T32 = matmul %L0.mlp_in w=L0.wgu split=column
+  L0.silu_mul: %L0.mlp.act:T16 = activation %L0.gate_up fn=silu inter=16   # L0.mlp.act
+      mi[act] a.op1 scale bit=0 at=L0.mlp.act width=16 alpha=scal[0]
+  L0.down: %L0.mlp_down:T8 = matmul %L0.mlp.act w=L0.wdown split=row reduce=L0.mlp.all_reduce   # L0.mlp_out
+  L0.mlp_residual: %L0.resid_post:T8, %final_norm:S8 = add_norm %L0.resid_mid, %L0.mlp_down w=final_norm eps=1e-05   # L0.resid_post final_norm
+      mi[resid] a.op2 steer_add bit=0 at=L0.resid_post width=8 vec=app.a.param.v alpha=scal[1]
+  lm_head: %logits:S300 = matmul %final_norm w=lm_head split=vocab   # logits
+  sample: %sampled:S1u32 = sample %logits vocab=300 eos=[257] logprobs=20   # sampled
+`

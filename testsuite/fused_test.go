@@ -1,0 +1,92 @@
+package testsuite
+
+import (
+	"bytes"
+	"testing"
+
+	"xmix/bundle"
+	"xmix/compile"
+	"xmix/loader"
+	"xmix/loader/cpu"
+)
+
+// stepBuffers runs a CPU backend and keeps what every step left in the activations, the KV
+// cache and the outputs.
+type stepBuffers struct {
+	*cpu.Backend
+	b     *bundle.Bundle
+	steps []map[string][]byte
+}
+
+func (s *stepBuffers) Step(ti int) error {
+	if err := s.Backend.Step(ti); err != nil {
+		return err
+	}
+	m := map[string][]byte{}
+	for _, buf := range s.b.Manifest.Buffers {
+		switch buf.Kind {
+		case bundle.KindActivation, bundle.KindKV, bundle.KindOutput:
+			m[buf.Name] = bytes.Clone(s.Buffer(buf.Name))
+		}
+	}
+	s.steps = append(s.steps, m)
+	return nil
+}
+
+// TestFusedBundlesComputeTheUnfusedBits: on the CPU backend a bundle built with every fusion
+// leaves, after every step, the bits the unfused bundle leaves in every activation, cache and
+// output (prefill chunks, which keep their kernels apart, and decode buckets of 1, 2 and 4
+// rows, which fuse), for each family the fusions touch. Its decode templates launch a kernel
+// a layer fewer (none where the family cannot fuse the rotation).
+func TestFusedBundlesComputeTheUnfusedBits(t *testing.T) {
+	reqs := []loader.Request{{Prompt: []int{3, 1, 4, 1, 5, 9, 2, 6}, MaxTokens: 6}, {Prompt: []int{2, 7}, MaxTokens: 4},
+		{Prompt: []int{1, 8, 2, 8}, MaxTokens: 5}, {Prompt: []int{6}, MaxTokens: 3}}
+	for _, c := range []struct {
+		name, spec string
+		perLayer   int // kernels a decode step's layer loses
+	}{
+		{"llama", SmallModel, 1},
+		{"qwen2", SmallQwen2, 1},
+		{"qwen3", SmallQwen3, 0}, // QK-norm keeps the rotation apart
+		{"gemma2", SmallGemma2, 1},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			plain := Compile(t, c.spec)
+			fused := CompileWith(t, compile.Options{Fuse: []string{"all"}}, c.spec)
+			layers := plain.Manifest.Model.Layers
+			for i, tp := range plain.Templates {
+				tf := fused.Templates[i]
+				want := len(tp.Nodes)
+				if tp.Kind == bundle.Decode {
+					want -= c.perLayer * layers
+				}
+				if len(tf.Nodes) != want {
+					t.Errorf("%s: %d nodes fused, %d unfused; want %d", tp.Name, len(tf.Nodes), len(tp.Nodes), want)
+				}
+			}
+			run := func(b *bundle.Bundle) *stepBuffers {
+				s := &stepBuffers{Backend: NewCPU(t, b).(*cpu.Backend), b: b}
+				defer s.Close()
+				eng, err := loader.NewEngine(b, s)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, err := eng.Generate(reqs); err != nil {
+					t.Fatal(err)
+				}
+				return s
+			}
+			a, f := run(plain), run(fused)
+			if len(a.steps) != len(f.steps) || len(a.steps) < 6 {
+				t.Fatalf("%d steps unfused, %d fused", len(a.steps), len(f.steps))
+			}
+			for i := range a.steps {
+				for name, want := range a.steps[i] {
+					if !bytes.Equal(f.steps[i][name], want) {
+						t.Fatalf("step %d: %s differs from the unfused bundle's", i, name)
+					}
+				}
+			}
+		})
+	}
+}
