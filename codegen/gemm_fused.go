@@ -7,10 +7,10 @@ import (
 	"xmix/ptx"
 )
 
-// Fused decode GEMVs (ops/gemm_fused.go, passes' fuse-qkv-rope): the CUDA-core GEMV of
-// gemm.go with the kernel that follows the projection in its epilogue. A warp computes a
-// unit of two columns, the pair the next kernel combines (elements i and i+HeadDim/2 of a
-// head, which RoPE rotates together), each
+// Fused decode GEMVs (ops/gemm_fused.go, passes' fuse-qkv-rope and fuse-gate-act): the
+// CUDA-core GEMV of gemm.go with the kernel that follows the projection in its epilogue. A
+// warp computes a unit of two columns, the pair the next kernel combines (elements i and
+// i+HeadDim/2 of a head, which RoPE rotates together; column j of gate and of up), each
 // column's sum exactly as the plain GEMV computes it, so the pair is the plain GEMV's bits
 // and the epilogue does the next kernel's arithmetic on them: the fused kernel writes what
 // the two kernels wrote, bit for bit. The x loads of a K step serve both columns.
@@ -21,8 +21,8 @@ import (
 // weight stream instead of after it.
 //
 // Per decode step this removes a launch and the round trip of the projection's output
-// through memory: at batch 1 on Llama-3.1-8B, 32 rope_kv launches (RATIONALE.md has the
-// estimate).
+// through memory: at batch 1 on Llama-3.1-8B, 32 rope_kv and 32 silu_mul launches (RATIONALE.md
+// has the estimate).
 
 // gemvEpilogue makes a GEMV a fused one.
 type gemvEpilogue interface {
@@ -218,4 +218,56 @@ func (e *ropeEpilogue) store(g *gemmGen, r0 ptx.Reg, t int, acc [][]ptx.Reg) {
 		})
 		g.Label(rotated)
 	})
+}
+
+// GemmGatedConfig is the gate/up projection's GEMV (Gemm, N = 2*Inter columns: gate, then
+// up) with the gated activation Act (SiluConfig.Act) in its epilogue.
+type GemmGatedConfig struct {
+	Gemm GemmConfig
+	Act  string
+}
+
+// Launch is the grid for rows rows.
+func (c GemmGatedConfig) Launch(rows int) ops.Launch { return fusedLaunch(c.Gemm.N / 2) }
+
+// GemmGated generates the fused kernel (op gemm_gated); parameters: x, w, y (the activation,
+// rows of N/2), rows. Unit j is columns j of gate and of up: y[row, j] = act(gate) * up, with
+// SiluMul's arithmetic.
+func GemmGated(name string, c GemmGatedConfig) (*Kernel, error) {
+	ga, err := gemmAttrs(c.Gemm)
+	if err != nil {
+		return nil, fmt.Errorf("gemm_gated %s: %w", name, err)
+	}
+	op, err := SiluConfig{Act: c.Act}.op()
+	if err != nil || c.Gemm.N <= 0 || c.Gemm.N%2 != 0 {
+		return nil, fmt.Errorf("gemm_gated %s: %d columns, %v: want an even width and a known activation", name, c.Gemm.N, err)
+	}
+	return fusedGemv(name, c.Gemm, &gatedEpilogue{act: c.Act, inter: c.Gemm.N / 2}, "gemm_gated", ops.GemmGatedAttrs{Gemm: ga, Act: op})
+}
+
+// gatedEpilogue is SiluMul over a unit's pair.
+type gatedEpilogue struct {
+	act       string
+	inter     int
+	unit, row ptx.Reg
+	mine      ptx.Reg
+}
+
+func (e *gatedEpilogue) params(g *gemmGen) {}
+
+func (e *gatedEpilogue) units() int { return e.inter }
+
+func (e *gatedEpilogue) columns(g *gemmGen, u ptx.Reg) []ptx.Reg {
+	e.unit = u
+	return []ptx.Reg{u, g.op3("add.u32", ptx.U32, u, ptx.Imm(int64(e.inter)))}
+}
+
+func (e *gatedEpilogue) prepare(g *gemmGen, r0 ptx.Reg, t int) { e.row, e.mine = g.laneRow(r0, t) }
+
+func (e *gatedEpilogue) store(g *gemmGen, r0 ptx.Reg, t int, acc [][]ptx.Reg) {
+	x := g.rowSums(acc)
+	a := gateAct(g.emitter, e.act, x[0], x[1])
+	idx := g.Reg(ptx.U32)
+	g.Emit("mad.lo.u32", idx, e.row, ptx.Imm(int64(e.inter)), e.unit)
+	g.EmitIf(e.mine, false, "st.global.f32", ptx.Addr{Base: g.byteAddr(g.y, idx, 4)}, a)
 }

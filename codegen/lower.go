@@ -46,7 +46,8 @@ func loweringTable() map[ir.Op]lowering {
 		ir.OpRenorm:     {[]string{"row_renorm"}, (*tb).renorm},
 		ir.OpLens:       {[]string{"lens_norm", "gemm", bundle.OpGemmTC, "lens_topk_part", "lens_topk"}, (*tb).lens},
 		// A fused node's parts lower by their own entries where it does not fuse.
-		ir.OpMatmulRope: {[]string{"gemm_rope_kv"}, (*tb).matmulRope},
+		ir.OpMatmulRope:  {[]string{"gemm_rope_kv"}, (*tb).matmulRope},
+		ir.OpMatmulGated: {[]string{"gemm_gated"}, (*tb).matmulGated},
 	}
 }
 
@@ -297,6 +298,26 @@ func (t *tb) matmulRope(n *ir.Node) {
 	t.add(n.Name, k, err, c.Launch(rows), merge(merge(kvSlots(rope, mm.Out[0].Buffer), rs), s), nil)
 }
 
+// matmulGated is the gate/up projection with the gated activation in its epilogue
+// (fuse-gate-act), or the GEMM and the activation kernel where the GEMM runs on tensor cores.
+func (t *tb) matmulGated(n *ir.Node) {
+	mm, act := n.Parts[0], n.Parts[1]
+	gc, rows, s, ok := t.fusedGemv(mm, act.Out[0])
+	if !ok {
+		t.parts(n)
+		return
+	}
+	sc, err := activationConfig(act)
+	if err != nil {
+		t.fail(err)
+		return
+	}
+	c := GemmGatedConfig{Gemm: gc, Act: sc.Act}
+	name := t.g.gemvName(gc) + "_" + GatedKernelName(sc)
+	k, err := t.g.kernel(name, func() (*Kernel, error) { return GemmGated(name, c) })
+	t.add(n.Name, k, err, c.Launch(rows), s, nil)
+}
+
 // tensorCoreRows is the bucket size from which GEMMs run on tensor cores (bf16 activations,
 // f32 accumulation): the CUDA-core GEMM's cost grows with rows (on an H200, 4.5x at 8 rows),
 // mma's is flat up to 128. Below it, the CUDA-core GEMM keeps f32 activations.
@@ -412,17 +433,26 @@ func (t *tb) attention(n *ir.Node) {
 // activations are the gated MLP's functions, by ir.ActivationAttrs.Fn, as SiluConfig.Act.
 var activations = map[string]string{"silu": "", "gelu_tanh": ActGeluTanh}
 
+// activationConfig is activation node n's kernel configuration (without its MI ops).
+func activationConfig(n *ir.Node) (SiluConfig, error) {
+	fn := n.Attrs.(ir.ActivationAttrs).Fn
+	act, ok := activations[fn]
+	if !ok {
+		return SiluConfig{}, fmt.Errorf("node %s: activation %q has no kernel", n.Name, fn)
+	}
+	return SiluConfig{Inter: n.Out[0].Width, Act: act}, nil
+}
+
 // activation is the gated MLP's fn(gate) * up, with the mlp.act ops fused.
 func (t *tb) activation(n *ir.Node) {
 	g := t.g
 	mi := group(n, 0)
-	fn := n.Attrs.(ir.ActivationAttrs).Fn
-	act, ok := activations[fn]
-	if !ok {
-		t.fail(fmt.Errorf("node %s: activation %q has no kernel", n.Name, fn))
+	sc, err := activationConfig(n)
+	if err != nil {
+		t.fail(err)
 		return
 	}
-	sc := SiluConfig{Inter: n.Out[0].Width, Ops: mi, Act: act}
+	sc.Ops = mi
 	name := miName(GatedKernelName(sc), mi, fmt.Sprintf("L%d", n.Layer))
 	k, err := g.kernel(name, func() (*Kernel, error) { return SiluMul(name, sc) })
 	g.site(n, name)

@@ -60,6 +60,10 @@ const (
 	// after it (Parts: the matmul, the rope), in one kernel where the bucket's GEMM can take
 	// an epilogue. Out: the rotated q, k, v rows.
 	OpMatmulRope
+	// OpMatmulGated (fuse-gate-act): the gate/up projection and the gated activation after
+	// it (Parts: the matmul, the activation). Out: the activation, then the [gate | up] rows,
+	// which only the unfused kernels write (where the bucket's GEMM takes no epilogue).
+	OpMatmulGated
 	numOps
 )
 
@@ -108,7 +112,8 @@ var Ops = [numOps]OpFact{
 	OpRenorm:     {Name: "renorm", In: 2, Out: 0, Attrs: NormAttrs{}, InPlace: true},
 	OpLens:       {Name: "lens", In: 1, Out: 0, Attrs: LensAttrs{}},
 	// Fused ops keep their parts' attributes in their parts.
-	OpMatmulRope: {Name: "matmul+rope", In: 1, Out: 1, Parts: []Op{OpMatmul, OpRope}},
+	OpMatmulRope:  {Name: "matmul+rope", In: 1, Out: 1, Parts: []Op{OpMatmul, OpRope}},
+	OpMatmulGated: {Name: "matmul+activation", In: 1, Out: 2, Parts: []Op{OpMatmul, OpActivation}},
 }
 
 func init() {

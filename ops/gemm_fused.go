@@ -7,6 +7,7 @@ import "fmt"
 // gives exactly the unfused pair's results on the CPU backend.
 func init() {
 	Register("gemm_rope_kv", buildGemmRopeKV)
+	Register("gemm_gated", buildGemmGated)
 }
 
 // GemmRopeKVAttrs are the attributes of op "gemm_rope_kv": op "gemm" (Gemm) writes the q, k
@@ -43,5 +44,46 @@ func buildGemmRopeKV(attrs []byte) (Runner, error) {
 			return err
 		}
 		return rope.Run(append([]Arg{args[2]}, args[4:]...), Launch{Grid: [3]int{args[3].Int(), 1, 1}})
+	}), nil
+}
+
+// GemmGatedAttrs are the attributes of op "gemm_gated": op "gemm" (Gemm, 2*Inter columns:
+// gate, then up) into rows the kernel keeps to itself, then the gated op Act
+// (GatedActivations: act(gate) * up) into act. Parameters: x, w, act, rows.
+type GemmGatedAttrs struct {
+	Gemm GemmAttrs `json:"gemm"`
+	Act  string    `json:"act"`
+}
+
+func buildGemmGated(attrs []byte) (Runner, error) {
+	var a GemmGatedAttrs
+	if err := DecodeAttrs(attrs, &a); err != nil {
+		return nil, err
+	}
+	f, ok := GatedActivations[a.Act]
+	if !ok || a.Gemm.Guard != 0 || a.Gemm.N <= 0 || a.Gemm.N%2 != 0 {
+		return nil, fmt.Errorf("gemm_gated: act %q, guard %#x, %d columns: want a gated op, no guard, an even width", a.Act, a.Gemm.Guard, a.Gemm.N)
+	}
+	gemm, err := Build("gemm", EncodeAttrs(a.Gemm))
+	if err != nil {
+		return nil, err
+	}
+	return named("gemm_gated", func(args []Arg, l Launch) error {
+		if err := CheckArgs("gemm_gated", args, 0, 0, 0, -1); err != nil {
+			return err
+		}
+		rows, n := args[3].Int(), a.Gemm.N/2
+		if len(args[2].Mem) < 4*rows*n {
+			return fmt.Errorf("act holds %d bytes, needs %d", len(args[2].Mem), 4*rows*n)
+		}
+		gu := Arg{Mem: make([]byte, 4*rows*2*n)}
+		if err := gemm.Run([]Arg{args[0], args[1], gu, args[3]}, l); err != nil {
+			return err
+		}
+		g, y := gu.F32(), args[2].F32()
+		for r := range rows {
+			gatedRow(y[r*n:(r+1)*n], g[2*r*n:2*(r+1)*n], f)
+		}
+		return nil
 	}), nil
 }

@@ -288,16 +288,21 @@ func (a SiluMulAttrs) run(args []Arg, l Launch, f func(float32) float32) error {
 	ParallelFor(rows, func(lo, hi int) {
 		for r := lo; r < hi; r++ {
 			x := y[r*n : (r+1)*n]
-			for i := range x {
-				gate, up := g[2*r*n+i], g[2*r*n+n+i]
-				x[i] = f(gate) * up
-			}
+			gatedRow(x, g[2*r*n:2*(r+1)*n], f)
 			if !a.Chunked {
 				applyMI(bound, r, ctl, x)
 			}
 		}
 	})
 	return nil
+}
+
+// gatedRow is x = f(gate) * up over one row gu = [gate | up] of 2*len(x) values.
+func gatedRow(x, gu []float32, f func(float32) float32) {
+	n := len(x)
+	for i := range x {
+		x[i] = f(gu[i]) * gu[n+i]
+	}
 }
 
 // Silu is g / (1 + exp(-g)).

@@ -11,7 +11,8 @@ import (
 // The fuse passes fold a node into the one before it, so that a decode step launches fewer
 // kernels (issue 14; `xmixc build --fuse`, off by default until measured on the GPU). They run
 // after attach-mi, when every MI op sits at its hook value: an op at a value that the fused
-// kernel would keep to itself (attn.q/k/v between the projection and the rotation) keeps its layer's kernels apart, so the
+// kernel would keep to itself (attn.q/k/v between the projection and the rotation, mlp.act
+// between the projection and the down projection) keeps its layer's kernels apart, so the
 // op's host kernel stays what it is, and the node says why (ir.Node.Unfused, printed by
 // `xmixc check --dump-ir`). They fuse the app-free graph (Plain) everywhere: a step in which
 // no row enables an app runs every fusion. Fused kernels compute the bits of the pair they
@@ -29,6 +30,7 @@ type Fusion struct {
 // Fusions are the fuse passes, in pass order.
 var Fusions = []Fusion{
 	{"qkv-rope", "RoPE and the KV-cache write in the q/k/v projection's GEMV epilogue (buckets under 8 rows)", foldQKVRope},
+	{"gate-act", "SiLU(gate)*up (GeGLU's GELU) in the gate/up projection's GEMV epilogue (buckets under 8 rows)", foldGateAct},
 }
 
 // FusionNames lists the fusions' names in pass order.
@@ -143,4 +145,15 @@ func foldQKVRope(a, b *ir.Node) (*ir.Node, string) {
 		return nil, why
 	}
 	return fused(ir.OpMatmulRope, a, b, a.Out[0]), ""
+}
+
+// foldGateAct folds the gated activation into the projection of its gate and up halves.
+func foldGateAct(a, b *ir.Node) (*ir.Node, string) {
+	if a.Op != ir.OpMatmul || b.Op != ir.OpActivation || b.In[0] != a.Out[0] {
+		return nil, ""
+	}
+	if why := withMI(a.Out[0], b.Out[0]); why != "" {
+		return nil, why
+	}
+	return fused(ir.OpMatmulGated, a, b, b.Out[0], a.Out[0]), ""
 }

@@ -5,8 +5,8 @@ import (
 	"testing"
 )
 
-// fuseApp puts ops at attn.k, which the fused q/k/v GEMV keeps inside its kernel, at
-// mlp.act, and in the residual, which it does not touch.
+// fuseApp puts ops at the two values the fusions keep inside their kernels, attn.k and
+// mlp.act, and one in the residual, which no fusion touches.
 const fuseApp = `app: a
 params: {v: {random: 1}}
 buffers: {k: {shape: [8]}}
@@ -16,16 +16,21 @@ ops:
   - write: {at: {layers: [0], hook: resid_post}, kernel: steer_add, args: {vector: v}}
 `
 
-// fuse-qkv-rope folds the rotation into the q/k/v projection (the fused node keeps its
-// parts).
+// fuse-qkv-rope and fuse-gate-act fold the rotation into the q/k/v projection and the gated
+// activation into the gate/up projection (each fused node keeps its parts).
 func TestFuseDecode(t *testing.T) {
-	got := irWith(t, oneLayer, Options{Fuse: []string{"all"}}, "fuse-qkv-rope", false)
-	sameIR(t, "after fuse-qkv-rope", got[0], fusedDecodeIR)
-	sameIR(t, "the app-free graph after fuse-qkv-rope", got[1], fusedDecodeIR)
+	got := irWith(t, oneLayer, Options{Fuse: []string{"all"}}, "fuse-gate-act", false)
+	sameIR(t, "after fuse-gate-act", got[0], fusedDecodeIR)
+	sameIR(t, "the app-free graph after fuse-gate-act", got[1], fusedDecodeIR)
+	// One fusion alone.
+	got = irWith(t, oneLayer, Options{Fuse: []string{"gate-act"}}, "fuse-gate-act", false)
+	if strings.Contains(got[0], "matmul+rope") || !strings.Contains(got[0], "matmul+activation") {
+		t.Errorf("--fuse gate-act:\n%s", got[0])
+	}
 }
 
-// A layer whose app ops sit at attn.k keeps those kernels apart, and says why; the app-free
-// graph fuses them, and ops elsewhere (mlp.act, resid_post) do not stop the fusion.
+// A layer whose app ops sit at attn.k or mlp.act keeps those kernels apart, and says why;
+// the app-free graph fuses them, and ops elsewhere (resid_post) do not stop a fusion.
 func TestFuseKeepsMIHostsApart(t *testing.T) {
 	got := irWith(t, oneLayer, Options{Fuse: []string{"all"}}, "place-mi", false, fuseApp)
 	sameIR(t, "after place-mi", got[0], keptApartIR)
@@ -33,18 +38,19 @@ func TestFuseKeepsMIHostsApart(t *testing.T) {
 	// The ops at layer 0 leave layer 1 fused.
 	two := strings.Replace(oneLayer, "layers: 1", "layers: 2", 1)
 	ir := irWith(t, two, Options{Fuse: []string{"all"}}, "place-mi", false, fuseApp)[0]
-	for _, want := range []string{"L0.qkv: %L0.qkv:T24 = matmul ", "L0.rope_kv: rope", "L1.qkv: %L1.qkv:T24 = matmul+rope"} {
+	for _, want := range []string{"L0.qkv: %L0.qkv:T24 = matmul ", "L0.rope_kv: rope", "L1.qkv: %L1.qkv:T24 = matmul+rope",
+		"L0.silu_mul:", "L1.gate_up: %L1.mlp.act:T16, %L1.gate_up:T32 = matmul+activation"} {
 		if !strings.Contains(ir, want) {
 			t.Errorf("two layers, ops at layer 0: no %q in\n%s", want, ir)
 		}
 	}
 }
 
-// Qwen3's QK-norm keeps the rotation apart, with the reason.
+// Qwen3's QK-norm keeps the rotation apart, with the reason; its MLP fuses.
 func TestFuseQwen3(t *testing.T) {
 	qwen3 := strings.Replace(oneLayer, "family: llama", "family: qwen3", 1)
-	ir := irWith(t, qwen3, Options{Fuse: []string{"all"}}, "fuse-qkv-rope", false)[0]
-	for _, want := range []string{"L0.rope_kv: rope", "unfused qkv-rope: QK-norm sums each head over columns"} {
+	ir := irWith(t, qwen3, Options{Fuse: []string{"all"}}, "fuse-gate-act", false)[0]
+	for _, want := range []string{"L0.rope_kv: rope", "unfused qkv-rope: QK-norm sums each head over columns", "= matmul+activation"} {
 		if !strings.Contains(ir, want) {
 			t.Errorf("no %q in\n%s", want, ir)
 		}
@@ -57,7 +63,7 @@ func TestFuseRefusesUnknown(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = Run(m, as, Options{Fuse: []string{"qkv-rope", "rope-qkv"}})
-	if err == nil || !strings.Contains(err.Error(), `--fuse "rope-qkv": no such fusion (fusions: qkv-rope; or all)`) {
+	if err == nil || !strings.Contains(err.Error(), `--fuse "rope-qkv": no such fusion (fusions: qkv-rope, gate-act; or all)`) {
 		t.Fatalf("got %v", err)
 	}
 }
@@ -68,8 +74,7 @@ const fusedDecodeIR = `graph t (llama), tp 1
   L0.attention: %L0.attn.z:T8 = attention %L0.qkv cache=L0.kcache cache=L0.vcache heads=2/2 dim=4 scale=0.5   # L0.attn.z
   L0.o: %L0.attn_o:T8 = matmul %L0.attn.z w=L0.wo split=row reduce=L0.o.all_reduce   # L0.attn_out
   L0.attn_residual: %L0.resid_mid:T8, %L0.mlp_in:T8 = add_norm %embed, %L0.attn_o w=L0.mlp_norm eps=1e-05   # L0.resid_mid
-  L0.gate_up: %L0.gate_up:T32 = matmul %L0.mlp_in w=L0.wgu split=column
-  L0.silu_mul: %L0.mlp.act:T16 = activation %L0.gate_up fn=silu inter=16   # L0.mlp.act
+  L0.gate_up: %L0.mlp.act:T16, %L0.gate_up:T32 = matmul+activation %L0.mlp_in w=L0.wgu split=column fn=silu inter=16   # L0.mlp.act
   L0.down: %L0.mlp_down:T8 = matmul %L0.mlp.act w=L0.wdown split=row reduce=L0.mlp.all_reduce   # L0.mlp_out
   L0.mlp_residual: %L0.resid_post:T8, %final_norm:S8 = add_norm %L0.resid_mid, %L0.mlp_down w=final_norm eps=1e-05   # L0.resid_post final_norm
   lm_head: %logits:S300 = matmul %final_norm w=lm_head split=vocab   # logits
@@ -87,6 +92,7 @@ const keptApartIR = `graph t (llama), tp 1
   L0.o: %L0.attn_o:T8 = matmul %L0.attn.z w=L0.wo split=row reduce=L0.o.all_reduce   # L0.attn_out
   L0.attn_residual: %L0.resid_mid:T8, %L0.mlp_in:T8 = add_norm %embed, %L0.attn_o w=L0.mlp_norm eps=1e-05   # L0.resid_mid
   L0.gate_up: %L0.gate_up:T32 = matmul %L0.mlp_in w=L0.wgu split=column
+      unfused gate-act: MI ops at %L0.mlp.act run between the two kernels
   L0.silu_mul: %L0.mlp.act:T16 = activation %L0.gate_up fn=silu inter=16   # L0.mlp.act
       mi[act] a.op1 scale bit=0 at=L0.mlp.act width=16 alpha=scal[0]
   L0.down: %L0.mlp_down:T8 = matmul %L0.mlp.act w=L0.wdown split=row reduce=L0.mlp.all_reduce   # L0.mlp_out

@@ -213,6 +213,7 @@ var Passes = []Pass{
 	{"app-free", appFree},
 	{"attach-mi", attachMI},
 	{"fuse-qkv-rope", fusePass("qkv-rope")},
+	{"fuse-gate-act", fusePass("gate-act")},
 	{"place-mi", placeMI},
 	{"guard-heavy", guardHeavy},
 	{"plan-buffers", planBuffers},

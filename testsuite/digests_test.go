@@ -171,6 +171,7 @@ func digestCases(t *testing.T) []digestCase {
 		{name: "llama-3.2-1b-fuse-all", model: l1, opt: fuseAll},
 		{name: "llama-3.1-8b-apps1-6-fuse-all", model: l8, apps: apps16, opt: fuseAll},
 		{name: "llama-3.1-8b-fuse-qkv-rope", model: l8, opt: compile.Options{Fuse: []string{"qkv-rope"}}},
+		{name: "llama-3.1-8b-fuse-gate-act", model: l8, opt: compile.Options{Fuse: []string{"gate-act"}}},
 		{name: "tiny-fuse-all", model: tiny, opt: fuseAll},
 		{name: "small-coverage-fuse-all", model: SmallModel, apps: coverageApps, opt: fuseAll},
 		{name: "small-qwen2-fuse-all", model: SmallQwen2, apps: familyApps(96), opt: fuseAll},

@@ -132,9 +132,9 @@ func relBytes(got, want []byte, size int) float64 {
 // TestEmulatedBundleMatchesReferenceOps: Gemma 2 (prefill with the sliding window binding,
 // decode, a split decode attention at batch 1, the apps of the hooks check) and a Llama run
 // with every node's PTX emulated beside the reference ops; then with every fusion (the fused
-// GEMVs of the decode buckets): a Llama whose app's op at attn.q (layer 1) keeps that layer's
-// kernels apart, in a batch with a row without the app, Gemma 2 and Qwen2 (the q/k/v bias in
-// the fused rotation). Tensor-core prefill attention
+// GEMVs of the decode buckets): a Llama whose app's ops at attn.q (layer 1) and mlp.act
+// (layer 2) keep those layers' kernels apart, in a batch with a row without the app, Gemma 2
+// (GeGLU) and Qwen2 (the q/k/v bias in the fused rotation). Tensor-core prefill attention
 // rounds Q and P to bf16, the rest is f32 math: every buffer within 1e-2, the sampled tokens
 // equal.
 func TestEmulatedBundleMatchesReferenceOps(t *testing.T) {
