@@ -98,8 +98,9 @@ func Compile(t testing.TB, model string, apps ...string) *bundle.Bundle {
 }
 
 // Fuse, when set, names the fusions (compile.Options.Fuse) of every bundle Compile and
-// CompileWith build without fusions of their own: the suite runs again on fused bundles
-// (TestCPUFused; the GPU suite takes it from XMIX_FUSE).
+// CompileWith build whose options name none (nil; an empty list builds without fusions):
+// the suite runs again on fused bundles (TestCPUFused; the GPU suite takes it from
+// XMIX_FUSE).
 var Fuse []string
 
 // CompileWith is Compile with build options (Verify is always on).

@@ -1,9 +1,13 @@
 // Package gpu runs the end-to-end checks against the CUDA backend. Without a GPU (CI) every
 // test skips. On the GPU machine testsuite/gpu/run.sh runs the compiled test binary and
-// collects what it records (XMIX_GPU_RESULTS names the JSON file to write).
+// collects what it records (XMIX_GPU_RESULTS names the JSON file to write). XMIX_FUSE (a
+// comma-separated --fuse list) builds every bundle of the checks with those fusions
+// (testsuite/gpu/fuse_ab.sh), and TestCUDAFusedMatchesUnfused then compares the fused
+// bundle with the unfused one on the GPU.
 package gpu
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -36,9 +40,13 @@ func record(key string, v any) {
 
 func TestMain(m *testing.M) {
 	device, noGPU = cuda.Probe()
+	if f := os.Getenv("XMIX_FUSE"); f != "" {
+		testsuite.Fuse = strings.Split(f, ",")
+	}
 	code := m.Run()
 	if path := os.Getenv("XMIX_GPU_RESULTS"); path != "" && noGPU == nil {
 		results["device"] = device.String()
+		results["fuse"] = testsuite.Fuse
 		data, err := json.MarshalIndent(results, "", "  ")
 		if err == nil {
 			err = os.WriteFile(path, data, 0o644)
@@ -141,7 +149,7 @@ func TestCUDAMatchesCPUOnEmbeddedModel(t *testing.T) {
 	if err := specs.Extract(dir); err != nil {
 		t.Fatal(err)
 	}
-	b, err := compile.Build(filepath.Join(dir, specs.Default.Model), nil, compile.Options{EmbedWeights: true})
+	b, err := compile.Build(filepath.Join(dir, specs.Default.Model), nil, compile.Options{EmbedWeights: true, Fuse: testsuite.Fuse})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -149,8 +157,8 @@ func TestCUDAMatchesCPUOnEmbeddedModel(t *testing.T) {
 	agreement(t, "tiny", b, prompt, 64, true)
 }
 
-func TestCUDAMatchesCPUOnLlama1BCut(t *testing.T) {
-	needGPU(t)
+// llama1BCut is Llama-3.2-1B's spec cut to 2 layers and small buckets.
+func llama1BCut(t *testing.T) string {
 	root, err := repoRoot()
 	if err != nil {
 		t.Fatal(err)
@@ -160,9 +168,13 @@ func TestCUDAMatchesCPUOnLlama1BCut(t *testing.T) {
 		t.Fatal(err)
 	}
 	cut := regexp.MustCompile(`layers: \d+`).ReplaceAllString(string(spec), "layers: 2")
-	cut = regexp.MustCompile(`(?s)serving:.*`).ReplaceAllString(cut,
+	return regexp.MustCompile(`(?s)serving:.*`).ReplaceAllString(cut,
 		"serving: {decode_buckets: [1, 2, 4], prefill_chunks: [64], max_seq_len: 256, max_seqs: 4, kv_block_size: 16}\n")
-	b := testsuite.Compile(t, cut)
+}
+
+func TestCUDAMatchesCPUOnLlama1BCut(t *testing.T) {
+	needGPU(t)
+	b := testsuite.Compile(t, llama1BCut(t))
 	agreement(t, "llama-3.2-1b-2layers", b, []int{791, 4062, 14198, 39935, 35308, 927}, 64, false)
 
 	// A 150-token prompt: three prefill chunks on the tensor-core attention, crossing KV
@@ -212,6 +224,82 @@ func TestCUDAMatchesCPUOnMixtralExperts(t *testing.T) {
 		b := testsuite.CompileWith(t, compile.Options{MoE: moe}, testsuite.SmallMixtral)
 		agreement(t, "small-mixtral-"+moe+"-experts", b, []int{72, 101, 108, 108, 111, 32, 119, 111, 114, 108, 100}, 32, false)
 	}
+}
+
+// TestCUDAFusedMatchesUnfused (with XMIX_FUSE): the fused kernels compute the unfused pairs'
+// bits, so on the GPU a fused bundle's logits are the unfused bundle's bit for bit, for the
+// same tokens (teacher-forced) at decode batches 1 and 4 and through prefill, under both GEMM
+// servers.
+func TestCUDAFusedMatchesUnfused(t *testing.T) {
+	needGPU(t)
+	if testsuite.Fuse == nil {
+		t.Skip("XMIX_FUSE is not set")
+	}
+	cut := llama1BCut(t)
+	fused, plain := testsuite.Compile(t, cut), testsuite.CompileWith(t, compile.Options{Fuse: []string{}}, cut)
+	prompts := [][]int{{791, 4062, 14198, 39935, 35308, 927}, {128000, 9906}, {40, 1093, 311, 1373}, {2028}}
+	for _, g := range gemmServers {
+		run := func(b *bundle.Bundle, force [][]int) ([][]int, [][]byte) {
+			rec := &logitRows{Backend: newCUDA(g.mode)(t, b)}
+			defer rec.Close()
+			for _, buf := range b.Manifest.Buffers {
+				if buf.Name == bundle.ActLogits {
+					n, _ := loader.BufferBytes(buf)
+					rec.size = int(n)
+				}
+			}
+			eng, err := loader.NewEngine(b, rec)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var reqs []loader.Request
+			for i, p := range prompts {
+				r := loader.Request{Prompt: p, MaxTokens: 24}
+				if force != nil {
+					r.Force = force[i]
+				}
+				reqs = append(reqs, r)
+			}
+			res, err := eng.Generate(reqs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var toks [][]int
+			for _, r := range res {
+				toks = append(toks, r.Tokens)
+			}
+			return toks, rec.steps
+		}
+		toks, want := run(plain, nil)
+		_, got := run(fused, toks)
+		equal := len(got) == len(want)
+		for i := 0; equal && i < len(want); i++ {
+			equal = bytes.Equal(got[i], want[i])
+		}
+		record("fused_bits.llama-3.2-1b-2layers"+g.suffix, map[string]any{"steps": len(want), "equal": equal})
+		if !equal {
+			t.Errorf("%s: the fused bundle's logits differ from the unfused bundle's", g.mode)
+		}
+	}
+}
+
+// logitRows records every step's whole logits buffer, every sampled row.
+type logitRows struct {
+	loader.Backend
+	size  int
+	steps [][]byte
+}
+
+func (r *logitRows) Step(t int) error {
+	if err := r.Backend.Step(t); err != nil {
+		return err
+	}
+	raw := make([]byte, r.size)
+	if err := r.Backend.Read(bundle.ActLogits, raw); err != nil {
+		return err
+	}
+	r.steps = append(r.steps, raw)
+	return nil
 }
 
 func repoRoot() (string, error) {

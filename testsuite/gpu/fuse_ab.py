@@ -1,0 +1,117 @@
+#!/usr/bin/env python3
+"""Assemble fuse_ab.sh's raw files (RAW) into OUT/fuse_ab.json and OUT/FUSE_AB.md: graph
+replay ms per decode step of each variant beside the unfused bundle's (variant "none"), the
+same run, per model and batch; the issue's batch-1 targets; time per node role at batch 1
+(round 1, --profile); ptxas; the checks on fused bundles. Standard library only."""
+import datetime
+import glob
+import json
+import os
+import re
+import statistics
+import sys
+
+# Issue 14 item 3's targets: graph replay ms per decode step at batch 1.
+TARGETS = {"llama-3.1-8b": 4.05, "llama-3.2-1b": 0.80}
+
+
+def load(path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def text(path, default=""):
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return default
+
+
+def main(raw, out):
+    res = {"date": datetime.date.today().isoformat(), "device": text(os.path.join(raw, "device.txt"), "unknown"),
+           "commit": text(os.path.join(raw, "commit.txt"), "unknown")}
+    runs = {}  # (model, batch, variant) -> [ms per round]
+    profile = {}
+    for p in sorted(glob.glob(os.path.join(raw, "bench__*.json"))):
+        m = re.match(r"bench__(.+)__(.+)__b(\d+)__r(\d+)\.json$", os.path.basename(p))
+        d = load(p)
+        if not m or not d:
+            continue
+        model, variant, bs = m.group(1), m.group(2), int(m.group(3))
+        g = list((d.get("graph_ms") or {}).values())
+        if g:
+            runs.setdefault((model, bs, variant), []).append(g[0])
+        prof = next(iter((d.get("profile_ms") or {}).values()), None)
+        if prof:
+            profile.setdefault(model, {}).setdefault(str(bs), {})[variant] = prof
+    res["graph"] = [{"model": k[0], "batch": k[1], "variant": k[2], "rounds_ms": v, "mean_ms": statistics.mean(v)}
+                    for k, v in sorted(runs.items())]
+    ab = []
+    for (model, bs, variant), v in sorted(runs.items()):
+        base = runs.get((model, bs, "none"))
+        if variant == "none" or not base:
+            continue
+        b, f = statistics.mean(base), statistics.mean(v)
+        ab.append({"model": model, "batch": bs, "variant": variant, "base_ms": b, "variant_ms": f,
+                   "ratio": f / b, "saved_ms": b - f})
+    res["ab"] = ab
+    res["profile_ms"] = profile
+    res["targets"] = []
+    for r in ab:
+        if r["batch"] == 1 and r["model"] in TARGETS:
+            t = TARGETS[r["model"]]
+            res["targets"].append({"model": r["model"], "variant": r["variant"], "target_ms": t, "ms": r["variant_ms"], "met": r["variant_ms"] <= t})
+
+    lines = text(os.path.join(raw, "ptxas.txt")).splitlines()
+    fails = [l for l in lines if l.startswith("FAIL")]
+    spills = [l for l in lines if l.startswith("ok") and "spill_stores=0" not in l]
+    res["ptxas"] = {"kernels": len(lines), "ok": len(lines) - len(fails), "failed": fails, "spilling": spills}
+    log = text(os.path.join(raw, "checks.log"))
+    res["checks"] = load(os.path.join(raw, "checks.json")) or {}
+    res["checks_tests"] = {m.group(2): m.group(1) for m in re.finditer(r"--- (PASS|FAIL|SKIP): (\S+)", log)}
+
+    with open(os.path.join(out, "fuse_ab.json"), "w") as f:
+        json.dump(res, f, indent=1)
+    with open(os.path.join(out, "FUSE_AB.md"), "w") as f:
+        f.write(markdown(res))
+
+
+def markdown(res):
+    md = [f"# Decode fusions A/B ({res['date']}, {res['device']}, commit {res['commit']})", "",
+          "Graph replay ms per decode step, every row at context prompt + 64, both builds in this run "
+          "(mean of the rounds; ratio < 1: the fused build is faster).", "",
+          "| model | batch | variant | unfused ms | fused ms | ratio | saved ms | rounds (fused) |", "|---|---|---|---|---|---|---|---|"]
+    for r in res["ab"]:
+        rounds = next((g["rounds_ms"] for g in res["graph"] if (g["model"], g["batch"], g["variant"]) == (r["model"], r["batch"], r["variant"])), [])
+        md.append(f"| {r['model']} | {r['batch']} | {r['variant']} | {r['base_ms']:.3f} | {r['variant_ms']:.3f} | {r['ratio']:.3f} | "
+                  f"{r['saved_ms']:.3f} | {' '.join(f'{x:.3f}' for x in rounds)} |")
+    md.append("")
+    for t in res["targets"]:
+        md.append(f"- target {t['model']} b1 <= {t['target_ms']} ms: {t['variant']} {t['ms']:.3f} ms, {'met' if t['met'] else 'not met'}")
+    for model, by in sorted(res["profile_ms"].items()):
+        prof = by.get("1")
+        if not prof:
+            continue
+        variants = sorted(prof, key=lambda v: (v != "none", v))
+        roles = sorted({k for v in prof.values() for k in v}, key=lambda k: -max(v.get(k, 0) for v in prof.values()))
+        md += ["", f"Time per node role, {model} batch 1 (nodes launched one by one, ms):", "",
+               "| role | " + " | ".join(variants) + " |", "|---|" + "---|" * len(variants)]
+        for k in roles:
+            md.append(f"| {k} | " + " | ".join(f"{prof[v].get(k, 0):.3f}" for v in variants) + " |")
+    p = res["ptxas"]
+    md += ["", f"ptxas: {p['ok']} of {p['kernels']} kernels of the fused bundles assemble, {len(p['failed'])} fail, {len(p['spilling'])} spill."]
+    tests = res["checks_tests"]
+    failed = sorted(k for k, v in tests.items() if v == "FAIL")
+    md.append(f"Checks on fused bundles: {sum(v == 'PASS' for v in tests.values())} tests pass, {len(failed)} fail{': ' + ', '.join(failed) if failed else ''}.")
+    for k, v in sorted(res["checks"].items()):
+        if k.startswith(("agreement.", "fused_bits.")):
+            md.append(f"- {k}: {json.dumps(v)}")
+    return "\n".join(md) + "\n"
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])

@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# The decode fusions' A/B (issue 14 item 3: xmixc build --fuse), one device call on the GPU
+# machine from the repository root, after testsuite/gpu/build.sh here:
+#   run(command="bash testsuite/gpu/fuse_ab.sh", carry=[".dev/gpu"])
+# For Llama-3.2-1B and Llama-3.1-8B it builds one bundle per variant of VARIANTS (default
+# "none all": no --fuse, then --fuse all; any --fuse list works, e.g. "none qkv-rope gate-act
+# all" to see each fusion's share) and times their graph replays side by side in this one
+# run: xmix bench --graph-buckets B --graph-context PROMPT_LEN+64 (every row at that context,
+# as the peer grid of RESULTS.md runs) at BATCHES (default 1 8 32 128), ROUNDS rounds
+# (default 2) with the variants' order reversed every other round, --profile (time per node
+# role) in the first. Then (PARTS check) ptxas on the fused bundles' kernels, and the GPU
+# suite with XMIX_FUSE=FUSE (default all): the CUDA-vs-CPU agreement and every MI check on
+# fused bundles under both GEMM servers, and TestCUDAFusedMatchesUnfused (the fused bundle's
+# logits against the unfused one's, bit for bit). Writes $OUT/fuse_ab.json and
+# $OUT/FUSE_AB.md (fuse_ab.py), each raw file also under $OUT/raw as it comes (a call that
+# runs out of time still brings back what it measured). PARTS="bench
+# check" (default both); if one call cannot hold both, run PARTS=bench, then PARTS=check:
+# the raw files of the first stay in the work directory while the machine is warm.
+set -uo pipefail
+bin=${XMIX_BIN:-.dev/gpu}
+OUT=${OUT:-/tmp/xmix-gpu-out}
+work=/tmp/xmix-fuse-ab
+raw=$work/raw
+mkdir -p "$OUT/raw" "$raw" "$work/ptx"
+export PATH=/usr/local/cuda/bin:$PATH
+log() { echo "[$(date +%T)] $*" >&2; }
+has() { [[ " ${PARTS:-bench check} " == *" $1 "* ]]; }
+keep() { cp "$@" "$OUT/raw/"; }
+MODELS=${MODELS:-llama-3.2-1b llama-3.1-8b}
+VARIANTS=${VARIANTS:-none all}
+FUSE=${FUSE:-all}
+PROMPT_LEN=${PROMPT_LEN:-16}
+
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader > "$raw/device.txt" 2>&1
+git rev-parse --short HEAD > "$raw/commit.txt" 2>/dev/null || echo unknown > "$raw/commit.txt"
+keep "$raw/device.txt" "$raw/commit.txt"
+
+log "bundles"
+for m in $MODELS; do
+  for v in $VARIANTS; do
+    if [ "$v" = none ]; then
+      "$bin/xmixc" build "specs/models/$m.yaml" -q -o "$work/$m-$v.xmb"
+    else
+      "$bin/xmixc" build "specs/models/$m.yaml" --fuse "$v" -q -o "$work/$m-$v.xmb"
+    fi || echo "build $m --fuse $v failed" >&2
+  done
+done
+
+if has bench; then
+  log "graph replay, side by side"
+  for r in $(seq 1 "${ROUNDS:-2}"); do
+    order=$VARIANTS
+    [ $((r % 2)) = 0 ] && order=$(echo "$VARIANTS" | tr ' ' '\n' | tac | tr '\n' ' ')
+    prof=""
+    [ "$r" = 1 ] && prof=--profile
+    for m in $MODELS; do
+      for bs in ${BATCHES:-1 8 32 128}; do
+        for v in $order; do
+          timeout "${BENCH_TIMEOUT:-120}" "$bin/xmix" bench "$work/$m-$v.xmb" --backend cuda --prompts "$bs" --prompt-len "$PROMPT_LEN" --new-tokens 8 \
+            --graph-buckets "$bs" --graph-context $((PROMPT_LEN + 64)) $prof --json -q > "$raw/bench__${m}__${v}__b${bs}__r${r}.json" 2>> "$raw/bench.log" \
+            || echo "bench $m $v b$bs round $r failed" >&2
+          keep "$raw/bench__${m}__${v}__b${bs}__r${r}.json"
+        done
+      done
+    done
+  done
+  tail -3 "$raw/bench.log" >&2
+fi
+
+if has check; then
+  log "ptxas -arch=sm_90 on the fused bundles' kernels"
+  : > "$raw/ptxas.txt"
+  for m in $MODELS; do
+    for v in $VARIANTS; do
+      [ "$v" = none ] && continue
+      "$bin/xmixc" ptx "$work/$m-$v.xmb" -d "$work/ptx/$m-$v" 2>/dev/null
+      for f in "$work/ptx/$m-$v"/*.ptx; do
+        if msg=$(ptxas -arch=sm_90 -v "$f" -o /dev/null 2>&1); then
+          regs=$(echo "$msg" | grep -o 'Used [0-9]* registers' | head -1 | grep -o '[0-9]*')
+          spill=$(echo "$msg" | grep -o '[0-9]* bytes spill stores' | head -1 | grep -o '^[0-9]*')
+          echo "ok $m-$v $(basename "$f" .ptx) regs=${regs:-?} spill_stores=${spill:-0}" >> "$raw/ptxas.txt"
+        else
+          echo "FAIL $m-$v $(basename "$f" .ptx) $(echo "$msg" | head -3 | tr '\n' ' ')" >> "$raw/ptxas.txt"
+        fi
+      done
+    done
+  done
+  keep "$raw/ptxas.txt"
+  grep -c '^ok' "$raw/ptxas.txt" >&2; grep '^FAIL' "$raw/ptxas.txt" >&2
+
+  log "CUDA vs CPU, MI checks and fused-vs-unfused bits on bundles built with --fuse $FUSE"
+  XMIX_FUSE=$FUSE XMIX_GPU_RESULTS="$raw/checks.json" timeout "${CHECK_TIMEOUT:-420}" "$bin/gpu.test" -test.v -test.timeout 400s > "$raw/checks.log" 2>&1
+  echo "exit $?" >> "$raw/checks.log"
+  keep "$raw/checks.log" "$raw"/checks.json 2>/dev/null
+  tail -5 "$raw/checks.log" >&2
+fi
+
+log "assemble"
+cp "$raw"/* "$OUT/raw/" 2>/dev/null
+python3 testsuite/gpu/fuse_ab.py "$raw" "$OUT"
+cat "$OUT/FUSE_AB.md" >&2
