@@ -12,7 +12,7 @@
 # suite with XMIX_FUSE=FUSE (default all): the CUDA-vs-CPU agreement and every MI check on
 # fused bundles under both GEMM servers, and TestCUDAFusedMatchesUnfused (the fused bundle's
 # logits against the unfused one's, bit for bit). Writes $OUT/fuse_ab.json and
-# $OUT/FUSE_AB.md (fuse_ab.py), each raw file also under $OUT/raw as it comes (a call that
+# $OUT/FUSE_AB.md (fuse_ab.py), the raw files as $OUT/raw.tgz, renewed as each comes (a call that
 # runs out of time still brings back what it measured). PARTS="bench
 # check" (default both); if one call cannot hold both, run PARTS=bench, then PARTS=check:
 # the raw files of the first stay in the work directory while the machine is warm.
@@ -21,11 +21,12 @@ bin=${XMIX_BIN:-.dev/gpu}
 OUT=${OUT:-/tmp/xmix-gpu-out}
 work=/tmp/xmix-fuse-ab
 raw=$work/raw
-mkdir -p "$OUT/raw" "$raw" "$work/ptx"
+mkdir -p "$OUT" "$raw" "$work/ptx"
 export PATH=/usr/local/cuda/bin:$PATH
 log() { echo "[$(date +%T)] $*" >&2; }
 has() { [[ " ${PARTS:-bench check} " == *" $1 "* ]]; }
-keep() { cp "$@" "$OUT/raw/"; }
+# What is measured so far goes back as one tarball (the device returns at most 8 files).
+keep() { tar -czf "$OUT/raw.tgz" -C "$raw" .; }
 MODELS=${MODELS:-llama-3.2-1b llama-3.1-8b}
 VARIANTS=${VARIANTS:-none all}
 FUSE=${FUSE:-all}
@@ -96,6 +97,6 @@ if has check; then
 fi
 
 log "assemble"
-cp "$raw"/* "$OUT/raw/" 2>/dev/null
+keep
 python3 testsuite/gpu/fuse_ab.py "$raw" "$OUT"
 cat "$OUT/FUSE_AB.md" >&2
