@@ -25,6 +25,14 @@ const (
 	KindSlots BufferKind = "slots"
 )
 
+// Programmatic dependent launch (Kernel.EarlyLaunch): a kernel built for it begins with
+// PriorGridLaunch, which lets the grid after it launch at once, then PriorGridWait, which
+// holds it until the grid ahead has ended and its writes are visible.
+const (
+	PriorGridLaunch = "griddepcontrol.launch_dependents"
+	PriorGridWait   = "griddepcontrol.wait"
+)
+
 // TemplateKind says which steps a template serves (Template.Kind).
 type TemplateKind string
 

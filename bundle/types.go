@@ -298,6 +298,8 @@ type BuildInfo struct {
 	// Fuse names the decode-kernel fusions it was built with (xmixc build --fuse), in pass
 	// order.
 	Fuse []string `json:"fuse,omitempty"`
+	// PDL: the generated kernels may launch early (Kernel.EarlyLaunch; xmixc build --pdl).
+	PDL bool `json:"pdl,omitempty"`
 }
 
 // InputDigest is the hash of one input file of the build.
@@ -313,6 +315,10 @@ type Kernel struct {
 	Params []Param         `json:"params"`
 	Op     string          `json:"op"`
 	Attrs  json.RawMessage `json:"attrs"`
+	// EarlyLaunch: the kernel waits for the grid ahead of it to end (PriorGridWait) before it
+	// touches memory, so a backend may launch it while that grid still runs (Hopper's
+	// programmatic dependent launch; xmixc build --pdl).
+	EarlyLaunch bool `json:"early_launch,omitempty"`
 }
 
 // Param is one kernel parameter: Type is a PTX type name (u64 for pointers, u32, f32).

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
+	"strings"
 
 	"xmix/safetensors"
 )
@@ -170,6 +171,9 @@ func verifyKernel(k *Kernel) error {
 	}
 	if len(k.Attrs) > 0 && !json.Valid(k.Attrs) {
 		return fmt.Errorf("attrs are not valid JSON")
+	}
+	if k.EarlyLaunch && !strings.Contains(k.PTX, PriorGridWait+";") {
+		return fmt.Errorf("early_launch is set but the PTX never waits for the grid ahead (%s): launched early it would read what that grid has not written yet; rebuild the bundle", PriorGridWait)
 	}
 	return nil
 }

@@ -43,6 +43,7 @@ func TestVerifyFailures(t *testing.T) {
 		{"huge shape", func(b *Bundle) { b.Manifest.Buffers[1].Shape = []int{1 << 30, 1 << 30, 1 << 30} }, "exceeds 1099511627776 bytes"},
 		{"unknown param type", func(b *Bundle) { b.Kernels[0].Params[3].Type = "int" }, `param 3 ("n"): unknown PTX type "int"`},
 		{"no PTX", func(b *Bundle) { b.Kernels[0].PTX = "" }, "no PTX text"},
+		{"early launch without a wait", func(b *Bundle) { b.Kernels[0].EarlyLaunch = true }, "early_launch is set but the PTX never waits for the grid ahead (griddepcontrol.wait)"},
 		{"template kind", func(b *Bundle) { b.Templates[0].Kind = "train" }, `kind "train" is neither decode nor prefill`},
 		{"samples", func(b *Bundle) { b.Templates[0].Samples = 5 }, "tokens 4, samples 5"},
 		{"zero grid", func(b *Bundle) { b.Templates[0].Nodes[0].Grid[2] = 0 }, "every dimension must be at least 1"},

@@ -45,7 +45,7 @@ func CustomKernel(name string, c CustomConfig) (*Kernel, error) {
 	if err != nil {
 		return nil, fmt.Errorf("custom %s: %w", name, err)
 	}
-	return &Kernel{Name: name, PTX: text, Params: k.Params, Op: "custom_ptx",
+	return &Kernel{Name: name, PTX: text, Params: k.Params, Op: customOp,
 		Attrs: ops.EncodeAttrs(ops.CustomPTXAttrs{PTX: text, Entry: name})}, nil
 }
 

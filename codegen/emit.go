@@ -15,6 +15,8 @@ type Kernel struct {
 	Params []ptx.Param
 	Op     string
 	Attrs  []byte
+	// EarlyLaunch: rewritten by earlyLaunch (bundle.Kernel.EarlyLaunch).
+	EarlyLaunch bool
 }
 
 // named runs a kernel generator and prefixes its error with the kernel's kind and name, so

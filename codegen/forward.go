@@ -33,6 +33,9 @@ type Options struct {
 	// once, computed on CUDA cores). Dense measured 15x faster on 512-token prefill chunks on
 	// the H200 (RATIONALE.md); smaller buckets always run grouped.
 	MoE string
+	// PDL rewrites every generated kernel (not an app's own PTX, not the weight synthesiser,
+	// which runs outside the graphs) for programmatic dependent launch (earlyLaunch).
+	PDL bool
 }
 
 // gen is the state of one Generate call.
@@ -48,6 +51,7 @@ type gen struct {
 	bodies   map[string]*Kernel // by what the kernel is (kernel)
 	gemmKind string
 	moeKind  string
+	pdl      bool
 	order    []string
 	bufs     []bundle.Buffer
 	// tp is the tensor-parallel degree (1: one device); the graph's widths are a rank's.
@@ -67,7 +71,7 @@ type gen struct {
 // and the params section.
 func Generate(p *passes.Program, opt Options) (*bundle.Bundle, error) {
 	m := p.Model
-	g := &gen{p: p, m: m, kernels: map[string]*Kernel{}, bodies: map[string]*Kernel{}, wdt: ptx.BF16, kvdt: ptx.F32, gemmKind: opt.GEMM, moeKind: opt.MoE,
+	g := &gen{p: p, m: m, kernels: map[string]*Kernel{}, bodies: map[string]*Kernel{}, wdt: ptx.BF16, kvdt: ptx.F32, gemmKind: opt.GEMM, moeKind: opt.MoE, pdl: opt.PDL,
 		tp: max(1, p.TP), siteKernels: map[*ir.MI]string{}}
 	g.readGraph()
 	switch opt.GEMM {
@@ -156,7 +160,7 @@ func Generate(p *passes.Program, opt Options) (*bundle.Bundle, error) {
 		for i, q := range k.Params {
 			bp[i] = bundle.Param{Name: q.Name, Type: q.T.String()}
 		}
-		b.Kernels = append(b.Kernels, bundle.Kernel{Name: k.Name, PTX: k.PTX, Params: bp, Op: k.Op, Attrs: k.Attrs})
+		b.Kernels = append(b.Kernels, bundle.Kernel{Name: k.Name, PTX: k.PTX, Params: bp, Op: k.Op, Attrs: k.Attrs, EarlyLaunch: k.EarlyLaunch})
 	}
 	progress("%d kernels, %d templates", len(b.Kernels), len(templates))
 	return b, nil
@@ -561,6 +565,11 @@ func (g *gen) kernel(name string, build func() (*Kernel, error)) (*Kernel, error
 	k, err := build()
 	if err != nil {
 		return nil, fmt.Errorf("kernel %s: %w", name, err)
+	}
+	if g.pdl && k.Op != customOp && k.Op != synthOp {
+		if k, err = earlyLaunch(k); err != nil {
+			return nil, fmt.Errorf("kernel %s: %w", name, err)
+		}
 	}
 	body := k.Op + "\x00" + string(k.Attrs) + "\x00" + strings.ReplaceAll(k.PTX, k.Name, "")
 	if same, ok := g.bodies[body]; ok {

@@ -42,7 +42,7 @@ func loweringTable() map[ir.Op]lowering {
 		ir.OpSoftcap:    {[]string{"softcap"}, (*tb).softcap},
 		ir.OpCollective: {nil, (*tb).collective},
 		ir.OpMI:         {[]string{"mi", "mi_samples"}, (*tb).mi},
-		ir.OpCustom:     {[]string{"custom_ptx"}, (*tb).custom},
+		ir.OpCustom:     {[]string{customOp}, (*tb).custom},
 		ir.OpRenorm:     {[]string{"row_renorm"}, (*tb).renorm},
 		ir.OpLens:       {[]string{"lens_norm", "gemm", bundle.OpGemmTC, "lens_topk_part", "lens_topk"}, (*tb).lens},
 		// A fused node's parts lower by their own entries where it does not fuse.

@@ -55,7 +55,7 @@ func Synth(name string, dt ptx.Type) (*Kernel, error) {
 	e.Emit("cvt.rn.f32.f64", v, d)
 	e.storeF32(out, i, v, dt)
 	e.Label(end)
-	return finish(e.Kernel, "synth", ops.SynthAttrs{Dtype: dt.String()})
+	return finish(e.Kernel, synthOp, ops.SynthAttrs{Dtype: dt.String()})
 }
 
 // SynthLaunch covers n elements.

@@ -38,6 +38,8 @@ type Options struct {
 	VectorSlots int
 	// Fuse names the decode-kernel fusions to apply (passes.Fusions, or "all").
 	Fuse []string
+	// PDL builds the kernels for programmatic dependent launch (codegen.Options.PDL).
+	PDL bool
 }
 
 // Frontend parses the model and app specs.
@@ -158,12 +160,13 @@ func Build(modelPath string, appPaths []string, opt Options) (*bundle.Bundle, er
 		chatSrc = string(data)
 	}
 	b, err := codegen.Generate(p, codegen.Options{
-		Build:     bundle.BuildInfo{Compiler: Compiler, Inputs: inputs, Fuse: p.Fused()},
+		Build:     bundle.BuildInfo{Compiler: Compiler, Inputs: inputs, Fuse: p.Fused(), PDL: opt.PDL},
 		Weights:   weights,
 		Tokenizer: tok,
 		Progress:  func(f string, a ...any) { progress("codegen: "+f, a...) },
 		GEMM:      opt.GEMM,
 		MoE:       opt.MoE,
+		PDL:       opt.PDL,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("codegen: %w", err)

@@ -144,6 +144,8 @@ var opTable = map[string]opFacts{
 	"bra":      {[]int{1}, 0, 0, 0, -1, " uni "},
 	"ret":      {[]int{0}, 0, 0, 0, -1, " uni "},
 	"exit":     {[]int{0}, 0, 0, 0, -1, ""},
+	// Programmatic dependent launch (sm_90): let the next grid launch / wait for the one ahead.
+	"griddepcontrol": {[]int{0}, 0, 0, 0, -1, " launch_dependents wait "},
 	// Only the tensor-core shape the GEMM uses: m16n8k16, A row-major bf16, B column-major
 	// bf16, f32 accumulators (modRule pins the rest).
 	"mma": {[]int{4}, 1, 4, types(F32, BF16), -1, " sync aligned m16n8k16 row col "},
@@ -234,6 +236,8 @@ func modRule(o Opcode) string {
 		return ""
 	}
 	switch o.Base {
+	case "griddepcontrol":
+		return one("launch_dependents wait", "action")
 	case "setp":
 		if s := one(strings.TrimSpace(cmpMods), "comparison"); s != "" {
 			return s

@@ -9,6 +9,11 @@ func TestValidateAcceptsSample(t *testing.T) {
 	if err := Validate(NewModule(sampleKernel())); err != nil {
 		t.Fatal(err)
 	}
+	k := sampleKernel()
+	k.Body = append([]Instr{{Op: "griddepcontrol.launch_dependents"}, {Op: "griddepcontrol.wait"}}, k.Body...)
+	if err := Validate(NewModule(k)); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // TestValidateCatches breaks a valid kernel in one way per case and checks the complaint.
@@ -57,6 +62,12 @@ func TestValidateCatches(t *testing.T) {
 		{"integer mul without mode", func(k *Kernel) {
 			k.Emit("mul.u32", k.Reg(U32), k.Reg(U32), k.Reg(U32))
 		}, "mul needs exactly one mode"},
+		{"griddepcontrol without action", func(k *Kernel) {
+			k.Emit("griddepcontrol")
+		}, "griddepcontrol needs exactly one action"},
+		{"griddepcontrol with two actions", func(k *Kernel) {
+			k.Emit("griddepcontrol.wait.launch_dependents")
+		}, "griddepcontrol needs exactly one action"},
 		{"setp without comparison", func(k *Kernel) {
 			k.Emit("setp.f32", k.Reg(Pred), k.Reg(F32), k.Reg(F32))
 		}, "setp needs exactly one comparison"},

@@ -103,6 +103,10 @@ func Compile(t testing.TB, model string, apps ...string) *bundle.Bundle {
 // XMIX_FUSE).
 var Fuse []string
 
+// PDL, when set, builds every bundle of Compile and CompileWith for programmatic dependent
+// launch (compile.Options.PDL; the GPU suite takes it from XMIX_PDL=1).
+var PDL bool
+
 // CompileWith is Compile with build options (Verify is always on).
 func CompileWith(t testing.TB, opt compile.Options, model string, apps ...string) *bundle.Bundle {
 	t.Helper()
@@ -111,6 +115,7 @@ func CompileWith(t testing.TB, opt compile.Options, model string, apps ...string
 	if opt.Fuse == nil {
 		opt.Fuse = Fuse
 	}
+	opt.PDL = opt.PDL || PDL
 	b, err := compile.Build(mp, aps, opt)
 	if err != nil {
 		t.Fatal(err)

@@ -64,6 +64,7 @@ type launch struct {
 	params        uintptr
 	skipUnless    uint32    // bundle.Node.SkipUnless (variants.go)
 	matmul        *ltMatmul // non-nil: f casts x to bf16, then cuBLASLt multiplies (cublaslt.go)
+	early         bool      // bundle.Kernel.EarlyLaunch: launched with programmatic stream serialization
 }
 
 // Backend runs a bundle on one GPU. All driver calls happen on one OS-locked goroutine,
@@ -525,7 +526,7 @@ func (be *Backend) prepare(n bundle.Node, variants uint32) (launch, error) {
 		}
 	}
 	return launch{label: n.Label, kernel: n.Kernel, f: f, grid: n.Grid, block: n.Block, shared: n.Shared,
-		params: be.keepParams(vals), skipUnless: n.SkipUnless}, nil
+		params: be.keepParams(vals), skipUnless: n.SkipUnless, early: be.kernels[n.Kernel].EarlyLaunch}, nil
 }
 
 // keepParams holds a launch's parameter values and the pointer array cuLaunchKernel takes for
@@ -546,7 +547,11 @@ func (be *Backend) keepParams(vals []uint64) uintptr {
 // issue enqueues one recorded node on the backend's stream: its kernel and, for a node that
 // cuBLASLt serves, the matmul after the cast.
 func (be *Backend) issue(n launch) error {
-	if err := be.d.call("cuLaunchKernel", n.f, uintptr(n.grid[0]), uintptr(n.grid[1]), uintptr(n.grid[2]),
+	if n.early {
+		if err := be.launchEarly(n); err != nil {
+			return err
+		}
+	} else if err := be.d.call("cuLaunchKernel", n.f, uintptr(n.grid[0]), uintptr(n.grid[1]), uintptr(n.grid[2]),
 		uintptr(n.block[0]), uintptr(n.block[1]), uintptr(n.block[2]), uintptr(n.shared), be.stream, n.params, 0); err != nil {
 		return err
 	}
@@ -554,6 +559,41 @@ func (be *Backend) issue(n launch) error {
 		return be.lt.run(n.matmul, be.stream)
 	}
 	return nil
+}
+
+// launchAttribute is the driver's CUlaunchAttribute: an id, padding to 8 bytes, a 64-byte
+// value union; launchConfig is CUlaunchConfig (the stream at offset 32, as in C).
+type launchAttribute struct {
+	id    uint32
+	_     uint32
+	value [64]byte
+}
+
+type launchConfig struct {
+	grid, block [3]uint32
+	shared      uint32
+	stream      uintptr
+	attrs       *launchAttribute
+	numAttrs    uint32
+}
+
+// launchProgrammaticSerialization is CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION.
+const launchProgrammaticSerialization = 6
+
+// launchEarly launches a kernel built for programmatic dependent launch (bundle.Kernel.
+// EarlyLaunch) so that it may start while the kernel ahead of it on the stream still runs,
+// once that one's blocks have all asked for it; the kernel itself waits for that one to end
+// before touching memory. Captured into a graph, the pair keeps the programmatic edge.
+func (be *Backend) launchEarly(n launch) error {
+	attr := launchAttribute{id: launchProgrammaticSerialization}
+	attr.value[0] = 1 // programmaticStreamSerializationAllowed (an int)
+	cfg := launchConfig{shared: uint32(n.shared), stream: be.stream, attrs: &attr, numAttrs: 1}
+	for i := range 3 {
+		cfg.grid[i], cfg.block[i] = uint32(n.grid[i]), uint32(n.block[i])
+	}
+	err := be.d.call("cuLaunchKernelEx", uintptr(unsafe.Pointer(&cfg)), n.f, n.params, 0)
+	runtime.KeepAlive(&attr)
+	return err
 }
 
 // Name implements loader.Backend.

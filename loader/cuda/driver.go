@@ -24,7 +24,7 @@ var driverSymbols = []string{
 	"cuMemAlloc_v2", "cuMemFree_v2", "cuMemAllocHost_v2", "cuMemFreeHost",
 	"cuMemcpyHtoD_v2", "cuMemcpyDtoH_v2", "cuMemcpyHtoDAsync_v2", "cuMemcpyDtoHAsync_v2",
 	"cuMemsetD8_v2", "cuStreamCreate", "cuStreamDestroy_v2", "cuStreamSynchronize",
-	"cuStreamBeginCapture_v2", "cuStreamEndCapture", "cuLaunchKernel",
+	"cuStreamBeginCapture_v2", "cuStreamEndCapture", "cuLaunchKernel", "cuLaunchKernelEx",
 	"cuGraphInstantiateWithFlags", "cuGraphLaunch", "cuGraphDestroy", "cuGraphExecDestroy",
 	"cuGraphGetNodes", "cuEventCreate", "cuEventRecord", "cuEventSynchronize", "cuEventQuery",
 	"cuEventElapsedTime", "cuEventDestroy_v2", "cuGetErrorName", "cuGetErrorString",

@@ -5,8 +5,10 @@ import (
 	"go/parser"
 	"go/token"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
+	"unsafe"
 )
 
 // TestUintptrArgumentsEscape: every function of this package that takes ...uintptr forwards
@@ -106,5 +108,19 @@ func TestEveryCallIsResolved(t *testing.T) {
 	}
 	if calls < 40 {
 		t.Fatalf("found %d calls by name, want the backend's (40 and more)", calls)
+	}
+}
+
+// TestLaunchConfigLayout: the structs cuLaunchKernelEx reads have the C layout of cuda.h
+// (CUlaunchConfig: the stream at 32, the attributes at 40, their count at 48; CUlaunchAttribute:
+// 72 bytes, the value at 8).
+func TestLaunchConfigLayout(t *testing.T) {
+	var c launchConfig
+	var a launchAttribute
+	got := []uintptr{unsafe.Offsetof(c.shared), unsafe.Offsetof(c.stream), unsafe.Offsetof(c.attrs), unsafe.Offsetof(c.numAttrs), unsafe.Sizeof(c),
+		unsafe.Offsetof(a.value), unsafe.Sizeof(a)}
+	want := []uintptr{24, 32, 40, 48, 56, 8, 72}
+	if !slices.Equal(got, want) {
+		t.Fatalf("offsets and sizes %v, want %v", got, want)
 	}
 }

@@ -67,7 +67,7 @@ var simple = map[string]code{
 	"rsqrt": cRsqrt, "rcp": cRcp, "ex2": cEx2, "lg2": cLg2, "sin": cSin, "cos": cCos,
 	"tanh": cTanh, "setp": cSetp, "selp": cSelp, "cvt": cCvt, "shfl": cShfl, "bar": cBar,
 	"barrier": cBar, "atom": cAtom, "red": cAtom, "bra": cBra, "ret": cExit, "exit": cExit,
-	"membar": cNop, "fence": cNop, "prefetch": cNop, "ld": cLd, "st": cSt, "mma": cMma,
+	"membar": cNop, "fence": cNop, "griddepcontrol": cNop, "prefetch": cNop, "ld": cLd, "st": cSt, "mma": cMma,
 }
 
 // Modes of setp, shfl, atom and cvt, kept in inst.mode.

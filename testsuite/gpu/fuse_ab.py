@@ -108,7 +108,7 @@ def markdown(res):
     failed = sorted(k for k, v in tests.items() if v == "FAIL")
     md.append(f"Checks on fused bundles: {sum(v == 'PASS' for v in tests.values())} tests pass, {len(failed)} fail{': ' + ', '.join(failed) if failed else ''}.")
     for k, v in sorted(res["checks"].items()):
-        if k.startswith(("agreement.", "fused_bits.")):
+        if k.startswith(("agreement.", "build_bits.")):
             md.append(f"- {k}: {json.dumps(v)}")
     return "\n".join(md) + "\n"
 

@@ -2,8 +2,9 @@
 // test skips. On the GPU machine testsuite/gpu/run.sh runs the compiled test binary and
 // collects what it records (XMIX_GPU_RESULTS names the JSON file to write). XMIX_FUSE (a
 // comma-separated --fuse list) builds every bundle of the checks with those fusions
-// (testsuite/gpu/fuse_ab.sh), and TestCUDAFusedMatchesUnfused then compares the fused
-// bundle with the unfused one on the GPU.
+// (testsuite/gpu/fuse_ab.sh), XMIX_PDL=1 builds them for programmatic dependent launch
+// (--pdl), and TestCUDABuildKeepsBits then compares such a bundle with the plain one on the
+// GPU.
 package gpu
 
 import (
@@ -43,10 +44,11 @@ func TestMain(m *testing.M) {
 	if f := os.Getenv("XMIX_FUSE"); f != "" {
 		testsuite.Fuse = strings.Split(f, ",")
 	}
+	testsuite.PDL = os.Getenv("XMIX_PDL") == "1"
 	code := m.Run()
 	if path := os.Getenv("XMIX_GPU_RESULTS"); path != "" && noGPU == nil {
 		results["device"] = device.String()
-		results["fuse"] = testsuite.Fuse
+		results["fuse"], results["pdl"] = testsuite.Fuse, testsuite.PDL
 		data, err := json.MarshalIndent(results, "", "  ")
 		if err == nil {
 			err = os.WriteFile(path, data, 0o644)
@@ -135,8 +137,16 @@ func agreementWith(t *testing.T, gemm, key string, b *bundle.Bundle, prompt []in
 	}
 	record("agreement."+key, map[string]any{"steps": len(cpuLogits), "max_logits_rel_err": worst,
 		"greedy_tokens_equal": same, "greedy_tokens": len(cpuTok)})
-	if !(worst <= 2e-2) { // NaN fails too
-		t.Errorf("%s: logits relative error %.3g > 2e-2", key, worst)
+	// The bundle's GEMMs carry x as a bf16 hi+lo pair (16 bits of mantissa); cuBLASLt takes
+	// bf16(x), one rounding of every GEMM input as in PyTorch's bf16 path, and lands 2-3x
+	// farther from the CPU's f32 (session 7 call 1: 0.0202 on Gemma 2's 150-token prompt with
+	// a window of 64, 0.0092 on Llama's; the PTX GEMMs 0.0092 and 0.0037 there).
+	bound := 2e-2
+	if gemm == cuda.GemmCublasLt {
+		bound = 3e-2
+	}
+	if !(worst <= bound) { // NaN fails too
+		t.Errorf("%s: logits relative error %.3g > %.0e", key, worst, bound)
 	}
 	if sameTokens && same != len(cpuTok) {
 		t.Errorf("%s: %d of %d greedy tokens agree", key, same, len(cpuTok))
@@ -226,17 +236,21 @@ func TestCUDAMatchesCPUOnMixtralExperts(t *testing.T) {
 	}
 }
 
-// TestCUDAFusedMatchesUnfused (with XMIX_FUSE): the fused kernels compute the unfused pairs'
-// bits, so on the GPU a fused bundle's logits are the unfused bundle's bit for bit, for the
-// same tokens (teacher-forced) at decode batches 1 and 4 and through prefill, under both GEMM
-// servers.
-func TestCUDAFusedMatchesUnfused(t *testing.T) {
+// TestCUDABuildKeepsBits (with XMIX_FUSE or XMIX_PDL): the fused kernels compute the
+// unfused pairs' bits, and kernels launched early wait for the grid ahead before reading, so on
+// the GPU such a bundle's logits are the plain bundle's bit for bit, for the same tokens
+// (teacher-forced) at decode batches 1 and 4 and through prefill, under both GEMM servers.
+func TestCUDABuildKeepsBits(t *testing.T) {
 	needGPU(t)
-	if testsuite.Fuse == nil {
-		t.Skip("XMIX_FUSE is not set")
+	if testsuite.Fuse == nil && !testsuite.PDL {
+		t.Skip("neither XMIX_FUSE nor XMIX_PDL is set")
 	}
 	cut := llama1BCut(t)
-	fused, plain := testsuite.Compile(t, cut), testsuite.CompileWith(t, compile.Options{Fuse: []string{}}, cut)
+	pdl := testsuite.PDL
+	testsuite.PDL = false
+	plain := testsuite.CompileWith(t, compile.Options{Fuse: []string{}}, cut)
+	testsuite.PDL = pdl
+	fused := testsuite.Compile(t, cut)
 	prompts := [][]int{{791, 4062, 14198, 39935, 35308, 927}, {128000, 9906}, {40, 1093, 311, 1373}, {2028}}
 	for _, g := range gemmServers {
 		run := func(b *bundle.Bundle, force [][]int) ([][]int, [][]byte) {
@@ -276,9 +290,9 @@ func TestCUDAFusedMatchesUnfused(t *testing.T) {
 		for i := 0; equal && i < len(want); i++ {
 			equal = bytes.Equal(got[i], want[i])
 		}
-		record("fused_bits.llama-3.2-1b-2layers"+g.suffix, map[string]any{"steps": len(want), "equal": equal})
+		record("build_bits.llama-3.2-1b-2layers"+g.suffix, map[string]any{"steps": len(want), "equal": equal, "fuse": testsuite.Fuse, "pdl": testsuite.PDL})
 		if !equal {
-			t.Errorf("%s: the fused bundle's logits differ from the unfused bundle's", g.mode)
+			t.Errorf("%s: the logits of the bundle built with --fuse %v --pdl=%v differ from the plain bundle's", g.mode, testsuite.Fuse, testsuite.PDL)
 		}
 	}
 }
