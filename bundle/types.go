@@ -298,7 +298,7 @@ type BuildInfo struct {
 	// Fuse names the decode-kernel fusions it was built with (xmixc build --fuse), in pass
 	// order.
 	Fuse []string `json:"fuse,omitempty"`
-	// PDL: the generated kernels may launch early (Kernel.EarlyLaunch; xmixc build --pdl).
+	// PDL: the generated kernels may launch early (Kernel.EarlyLaunch; xmixc build --pdl, the default).
 	PDL bool `json:"pdl,omitempty"`
 }
 

@@ -38,8 +38,9 @@ type Options struct {
 	VectorSlots int
 	// Fuse names the decode-kernel fusions to apply (passes.Fusions, or "all").
 	Fuse []string
-	// PDL builds the kernels for programmatic dependent launch (codegen.Options.PDL).
-	PDL bool
+	// SerialLaunch builds kernels that run strictly one after another: without it (the
+	// default) they are built for programmatic dependent launch (codegen.Options.PDL).
+	SerialLaunch bool
 }
 
 // Frontend parses the model and app specs.
@@ -160,13 +161,13 @@ func Build(modelPath string, appPaths []string, opt Options) (*bundle.Bundle, er
 		chatSrc = string(data)
 	}
 	b, err := codegen.Generate(p, codegen.Options{
-		Build:     bundle.BuildInfo{Compiler: Compiler, Inputs: inputs, Fuse: p.Fused(), PDL: opt.PDL},
+		Build:     bundle.BuildInfo{Compiler: Compiler, Inputs: inputs, Fuse: p.Fused(), PDL: !opt.SerialLaunch},
 		Weights:   weights,
 		Tokenizer: tok,
 		Progress:  func(f string, a ...any) { progress("codegen: "+f, a...) },
 		GEMM:      opt.GEMM,
 		MoE:       opt.MoE,
-		PDL:       opt.PDL,
+		PDL:       !opt.SerialLaunch,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("codegen: %w", err)

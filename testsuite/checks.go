@@ -103,9 +103,9 @@ func Compile(t testing.TB, model string, apps ...string) *bundle.Bundle {
 // XMIX_FUSE).
 var Fuse []string
 
-// PDL, when set, builds every bundle of Compile and CompileWith for programmatic dependent
-// launch (compile.Options.PDL; the GPU suite takes it from XMIX_PDL=1).
-var PDL bool
+// SerialLaunch, when set, builds every bundle of Compile and CompileWith without programmatic
+// dependent launch (compile.Options.SerialLaunch; the GPU suite takes it from XMIX_SERIAL=1).
+var SerialLaunch bool
 
 // CompileWith is Compile with build options (Verify is always on).
 func CompileWith(t testing.TB, opt compile.Options, model string, apps ...string) *bundle.Bundle {
@@ -115,7 +115,7 @@ func CompileWith(t testing.TB, opt compile.Options, model string, apps ...string
 	if opt.Fuse == nil {
 		opt.Fuse = Fuse
 	}
-	opt.PDL = opt.PDL || PDL
+	opt.SerialLaunch = opt.SerialLaunch || SerialLaunch
 	b, err := compile.Build(mp, aps, opt)
 	if err != nil {
 		t.Fatal(err)

@@ -155,7 +155,7 @@ ops:
 		apps       []string
 		reqs       []loader.Request
 		fuse       []string
-		pdl        bool
+		serial     bool // --pdl=false
 	}{
 		// Two requests (decode bucket 2), one with the hooks' captures and the lens.
 		{"gemma2", SmallGemma2, []string{gemma2HooksApp, lens}, []loader.Request{
@@ -166,13 +166,12 @@ ops:
 			{Prompt: []int{3, 1, 4, 1, 5, 9, 2, 6}, MaxTokens: 4, Apps: []string{"split"}}, {Prompt: []int{2, 7, 1}, MaxTokens: 5}}, []string{"all"}, false},
 		{"gemma2-fused", SmallGemma2, nil, []loader.Request{{Prompt: hello, MaxTokens: 4}}, []string{"all"}, false},
 		{"qwen2-fused", SmallQwen2, nil, []loader.Request{{Prompt: hello, MaxTokens: 4}}, []string{"all"}, false},
-		// Built for programmatic dependent launch, fused, with an app: the grid-dependency
-		// instructions at the head of every kernel leave every buffer as it was.
-		{"llama-fused-pdl", SmallModel, []string{split}, []loader.Request{
-			{Prompt: []int{3, 1, 4, 1, 5, 9, 2, 6}, MaxTokens: 4, Apps: []string{"split"}}, {Prompt: []int{2, 7, 1}, MaxTokens: 5}}, []string{"all"}, true},
+		// Built without programmatic dependent launch (the others are built for it: the
+		// grid-dependency instructions at the head of every kernel leave every buffer as it was).
+		{"llama-serial", SmallModel, nil, []loader.Request{{Prompt: []int{3, 1, 4, 1, 5, 9, 2, 6}, MaxTokens: 4}}, nil, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			b := CompileWith(t, compile.Options{Fuse: c.fuse, PDL: c.pdl}, c.spec, c.apps...)
+			b := CompileWith(t, compile.Options{Fuse: c.fuse, SerialLaunch: c.serial}, c.spec, c.apps...)
 			s := newEmuShadow(t, b)
 			defer s.Close()
 			eng, err := loader.NewEngine(b, s)

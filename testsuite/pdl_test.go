@@ -10,27 +10,28 @@ import (
 	"xmix/specs"
 )
 
-// TestPDLBundle (xmixc build --pdl): every generated kernel begins by releasing the next grid
-// and then waiting for the one ahead, and is marked for early launch; an app's own PTX and the
-// weight synthesiser (outside the graphs) are left as written. The emulated run of such a
-// bundle is in TestEmulatedBundleMatchesReferenceOps.
+// TestPDLBundle (xmixc build --pdl, the default): every generated kernel begins by releasing
+// the next grid and then waiting for the one ahead, and is marked for early launch; an app's
+// own PTX and the weight synthesiser (outside the graphs) are left as written; --pdl=false
+// marks none. Every emulated run of TestEmulatedBundleMatchesReferenceOps but one is of such
+// bundles.
 func TestPDLBundle(t *testing.T) {
 	custom := "app: cust\nkernels:\n  scale2:\n    entry: scale2\n" +
 		"    signature: [x u64, stride u32, offset u32, width u32, ctl_mask u64, bit u32]\n" +
 		"    ptx: |\n      " + strings.ReplaceAll(specs.ScaleTwoPTX, "\n", "\n      ") + "\n" +
 		"ops:\n  - write: {at: {layers: [1], hook: resid_post}, kernel: custom:scale2}\n"
-	plain := Compile(t, SmallModel, custom)
-	b := CompileWith(t, compile.Options{PDL: true}, SmallModel, custom)
+	plain := CompileWith(t, compile.Options{SerialLaunch: true}, SmallModel, custom)
+	b := Compile(t, SmallModel, custom)
 	if !b.Manifest.Build.PDL || plain.Manifest.Build.PDL {
-		t.Fatalf("build info pdl: %v with --pdl, %v without", b.Manifest.Build.PDL, plain.Manifest.Build.PDL)
+		t.Fatalf("build info pdl: %v by default, %v with --pdl=false", b.Manifest.Build.PDL, plain.Manifest.Build.PDL)
 	}
 	if len(b.Kernels) != len(plain.Kernels) {
-		t.Fatalf("%d kernels with --pdl, %d without", len(b.Kernels), len(plain.Kernels))
+		t.Fatalf("%d kernels by default, %d with --pdl=false", len(b.Kernels), len(plain.Kernels))
 	}
 	early, kept := 0, 0
 	for i, k := range b.Kernels {
 		if plain.Kernels[i].EarlyLaunch {
-			t.Errorf("kernel %s is marked for early launch in a build without --pdl", k.Name)
+			t.Errorf("kernel %s is marked for early launch in a build with --pdl=false", k.Name)
 		}
 		m, err := ptx.Parse(k.PTX)
 		if err != nil {
@@ -47,6 +48,11 @@ func TestPDLBundle(t *testing.T) {
 		default:
 			if !k.EarlyLaunch || !starts {
 				t.Errorf("kernel %s (%s): early launch %v, body starts %v", k.Name, k.Op, k.EarlyLaunch, body[:2])
+			}
+			// The two instructions are the whole difference.
+			head := "\t" + bundle.PriorGridLaunch + ";\n\t" + bundle.PriorGridWait + ";\n"
+			if strings.Replace(k.PTX, head, "", 1) != plain.Kernels[i].PTX {
+				t.Errorf("kernel %s: the PTX differs from --pdl=false's beyond the two instructions", k.Name)
 			}
 			early++
 		}

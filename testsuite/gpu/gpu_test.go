@@ -2,9 +2,9 @@
 // test skips. On the GPU machine testsuite/gpu/run.sh runs the compiled test binary and
 // collects what it records (XMIX_GPU_RESULTS names the JSON file to write). XMIX_FUSE (a
 // comma-separated --fuse list) builds every bundle of the checks with those fusions
-// (testsuite/gpu/fuse_ab.sh), XMIX_PDL=1 builds them for programmatic dependent launch
-// (--pdl), and TestCUDABuildKeepsBits then compares such a bundle with the plain one on the
-// GPU.
+// (testsuite/gpu/fuse_ab.sh), XMIX_SERIAL=1 builds them without programmatic dependent launch
+// (--pdl=false), and TestCUDABuildKeepsBits compares the bundle so built with a plain one
+// (no fusions, --pdl=false) on the GPU.
 package gpu
 
 import (
@@ -44,11 +44,11 @@ func TestMain(m *testing.M) {
 	if f := os.Getenv("XMIX_FUSE"); f != "" {
 		testsuite.Fuse = strings.Split(f, ",")
 	}
-	testsuite.PDL = os.Getenv("XMIX_PDL") == "1"
+	testsuite.SerialLaunch = os.Getenv("XMIX_SERIAL") == "1"
 	code := m.Run()
 	if path := os.Getenv("XMIX_GPU_RESULTS"); path != "" && noGPU == nil {
 		results["device"] = device.String()
-		results["fuse"], results["pdl"] = testsuite.Fuse, testsuite.PDL
+		results["fuse"], results["serial_launch"] = testsuite.Fuse, testsuite.SerialLaunch
 		data, err := json.MarshalIndent(results, "", "  ")
 		if err == nil {
 			err = os.WriteFile(path, data, 0o644)
@@ -236,20 +236,18 @@ func TestCUDAMatchesCPUOnMixtralExperts(t *testing.T) {
 	}
 }
 
-// TestCUDABuildKeepsBits (with XMIX_FUSE or XMIX_PDL): the fused kernels compute the
-// unfused pairs' bits, and kernels launched early wait for the grid ahead before reading, so on
-// the GPU such a bundle's logits are the plain bundle's bit for bit, for the same tokens
-// (teacher-forced) at decode batches 1 and 4 and through prefill, under both GEMM servers.
+// TestCUDABuildKeepsBits: the fused kernels (XMIX_FUSE) compute the unfused pairs' bits, and
+// kernels launched early (the default) wait for the grid ahead before reading, so on the GPU
+// the suite's bundle's logits are those of a plain one (no fusions, --pdl=false) bit for bit,
+// for the same tokens (teacher-forced) at decode batches 1 and 4 and through prefill, under
+// both GEMM servers.
 func TestCUDABuildKeepsBits(t *testing.T) {
 	needGPU(t)
-	if testsuite.Fuse == nil && !testsuite.PDL {
-		t.Skip("neither XMIX_FUSE nor XMIX_PDL is set")
+	if testsuite.Fuse == nil && testsuite.SerialLaunch {
+		t.Skip("the suite's bundles are plain (XMIX_SERIAL=1, no XMIX_FUSE)")
 	}
 	cut := llama1BCut(t)
-	pdl := testsuite.PDL
-	testsuite.PDL = false
-	plain := testsuite.CompileWith(t, compile.Options{Fuse: []string{}}, cut)
-	testsuite.PDL = pdl
+	plain := testsuite.CompileWith(t, compile.Options{Fuse: []string{}, SerialLaunch: true}, cut)
 	fused := testsuite.Compile(t, cut)
 	prompts := [][]int{{791, 4062, 14198, 39935, 35308, 927}, {128000, 9906}, {40, 1093, 311, 1373}, {2028}}
 	for _, g := range gemmServers {
@@ -290,9 +288,9 @@ func TestCUDABuildKeepsBits(t *testing.T) {
 		for i := 0; equal && i < len(want); i++ {
 			equal = bytes.Equal(got[i], want[i])
 		}
-		record("build_bits.llama-3.2-1b-2layers"+g.suffix, map[string]any{"steps": len(want), "equal": equal, "fuse": testsuite.Fuse, "pdl": testsuite.PDL})
+		record("build_bits.llama-3.2-1b-2layers"+g.suffix, map[string]any{"steps": len(want), "equal": equal, "fuse": testsuite.Fuse, "serial_launch": testsuite.SerialLaunch})
 		if !equal {
-			t.Errorf("%s: the logits of the bundle built with --fuse %v --pdl=%v differ from the plain bundle's", g.mode, testsuite.Fuse, testsuite.PDL)
+			t.Errorf("%s: the logits of the bundle built with --fuse %v --pdl=%v differ from the plain bundle's", g.mode, testsuite.Fuse, !testsuite.SerialLaunch)
 		}
 	}
 }
