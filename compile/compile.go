@@ -36,7 +36,8 @@ type Options struct {
 	TP int
 	// VectorSlots, when > 0, replaces the model spec's serving.vector_slots.
 	VectorSlots int
-	// Fuse names the decode-kernel fusions to apply (passes.Fusions, or "all").
+	// Fuse names the decode-kernel fusions to apply (passes.Fusions, "all" or "none"; nil:
+	// passes.DefaultFusions).
 	Fuse []string
 	// SerialLaunch builds kernels that run strictly one after another: without it (the
 	// default) they are built for programmatic dependent launch (codegen.Options.PDL).

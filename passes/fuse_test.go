@@ -1,6 +1,7 @@
 package passes
 
 import (
+	"slices"
 	"strings"
 	"testing"
 )
@@ -63,7 +64,7 @@ func TestFuseRefusesUnknown(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = Run(m, as, Options{Fuse: []string{"qkv-rope", "rope-qkv"}})
-	if err == nil || !strings.Contains(err.Error(), `--fuse "rope-qkv": no such fusion (fusions: qkv-rope, gate-act; or all)`) {
+	if err == nil || !strings.Contains(err.Error(), `--fuse "rope-qkv": no such fusion (fusions: qkv-rope, gate-act; or all, or none alone)`) {
 		t.Fatalf("got %v", err)
 	}
 }
@@ -101,3 +102,36 @@ const keptApartIR = `graph t (llama), tp 1
   lm_head: %logits:S300 = matmul %final_norm w=lm_head split=vocab   # logits
   sample: %sampled:S1u32 = sample %logits vocab=300 eos=[257] logprobs=20   # sampled
 `
+
+// TestFusionSetDefaults: no list applies DefaultFusions, none alone applies nothing, none with
+// another name is refused.
+func TestFusionSetDefaults(t *testing.T) {
+	for _, c := range []struct {
+		names []string
+		want  []string
+		err   string
+	}{
+		{nil, DefaultFusions, ""},
+		{[]string{"none"}, nil, ""},
+		{[]string{}, nil, ""},
+		{[]string{"all"}, FusionNames(), ""},
+		{[]string{"none", "qkv-rope"}, nil, `--fuse "none": no such fusion`},
+	} {
+		set, err := fusionSet(c.names)
+		if c.err != "" {
+			if err == nil || !strings.Contains(err.Error(), c.err) {
+				t.Errorf("%v: got %v, want %q", c.names, err, c.err)
+			}
+			continue
+		}
+		var got []string
+		for _, n := range FusionNames() {
+			if set[n] {
+				got = append(got, n)
+			}
+		}
+		if err != nil || !slices.Equal(got, c.want) {
+			t.Errorf("%v: got %v %v, want %v", c.names, got, err, c.want)
+		}
+	}
+}

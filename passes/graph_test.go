@@ -37,10 +37,11 @@ func irAfter(t *testing.T, tp int, pass string, weights bool, apps ...string) st
 }
 
 // irOf runs the passes over model and apps at tensor-parallel degree tp and returns the
-// graph's text after pass, without its weight lines unless weights.
+// graph's text after pass, without its weight lines unless weights; without the decode
+// fusions (their own tests name them).
 func irOf(t *testing.T, model string, tp int, pass string, weights bool, apps ...string) string {
 	t.Helper()
-	return irWith(t, model, Options{TP: tp}, pass, weights, apps...)[0]
+	return irWith(t, model, Options{TP: tp, Fuse: []string{"none"}}, pass, weights, apps...)[0]
 }
 
 // irWith is irOf with options: the text of the graph and of the app-free graph after pass.

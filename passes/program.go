@@ -239,7 +239,8 @@ type Options struct {
 	// VectorSlots, when > 0, replaces the model spec's serving.vector_slots
 	// (Program.VectorSlots); it must not exceed max_seqs.
 	VectorSlots int
-	// Fuse names the fusions to apply (Fusions' names, or "all"; Program.Fuse).
+	// Fuse names the fusions to apply (Fusions' names, "all", or "none"; Program.Fuse); nil
+	// applies DefaultFusions.
 	Fuse []string
 }
 

@@ -20,11 +20,14 @@ import (
 // builds with the same content. TestBundleDigests builds each case below and compares its
 // digest with testdata/bundle_digests.golden, which was written by this test at tag pre-ir
 // (the last commit before the redesign; the cases added since, Gemma 2's, when they were
-// added) and is rewritten only by -update-digests. Programmatic dependent launch became the
-// default after that (xmixc build --pdl): it adds two instructions at the head of every
-// generated kernel and marks it early_launch, nothing else, so the cases build with
-// --pdl=false, which is the bundle that shipped byte for byte, and the -pdl cases hold the
-// defaults' digests.
+// added) and is rewritten only by -update-digests. Two defaults changed after that, both
+// measured on the GPU (session 7): programmatic dependent launch (xmixc build --pdl: two
+// instructions at the head of every generated kernel, which is marked early_launch, nothing
+// else; TestPDLBundle) and the qkv-rope fusion (passes.DefaultFusions; the fused kernel
+// computes the unfused pair's bits, TestEmulatedBundleMatchesReferenceOps and the GPU's
+// TestCUDABuildKeepsBits). So the cases build with --pdl=false and, where they name no
+// fusion, --fuse none, which is the bundle that shipped byte for byte; the -default cases
+// hold the defaults' digests.
 var (
 	updateDigests = flag.Bool("update-digests", false, "rewrite testdata/bundle_digests.golden from this build")
 	dumpBundles   = flag.String("dump-bundles", "", "write each case's bundle as indented JSON to DIR/NAME.json, to diff two builds")
@@ -39,7 +42,9 @@ type digestCase struct {
 	model string
 	apps  []string
 	opt   compile.Options
-	pdl   bool // build for programmatic dependent launch (the default since); off: --pdl=false
+	// defaults: build with today's defaults; otherwise --pdl=false and, where opt names no
+	// fusion, --fuse none.
+	defaults bool
 }
 
 // coverageApps put an op of every template at every hook the small models fire, and every
@@ -184,16 +189,16 @@ func digestCases(t *testing.T) []digestCase {
 		{name: "small-gemma2-fuse-all", model: SmallGemma2, apps: familyApps(96), opt: fuseAll},
 		{name: "small-mixtral-fuse-all", model: SmallMixtral, apps: []string{smallSteerMoE}, opt: fuseAll},
 		{name: "small-seven-apps-tp2-fuse-all", model: SmallModel, apps: smallSevenApps, opt: compile.Options{TP: 2, Fuse: []string{"all"}}},
-		// Added when programmatic dependent launch became the default: default builds.
-		{name: "tiny-pdl", model: tiny, pdl: true},
-		{name: "tiny-custom-pdl", model: tiny, apps: []string{a + "custom/custom-scale2.yaml"}, pdl: true},
-		{name: "llama-3.2-1b-pdl", model: l1, pdl: true},
-		{name: "llama-3.1-8b-pdl", model: l8, pdl: true},
-		{name: "llama-3.1-8b-apps1-6-pdl", model: l8, apps: apps16, pdl: true},
-		{name: "llama-3.1-8b-fuse-all-pdl", model: l8, opt: fuseAll, pdl: true},
-		{name: "small-coverage-pdl", model: SmallModel, apps: coverageApps, pdl: true},
-		{name: "small-gemma2-pdl", model: SmallGemma2, apps: familyApps(96), pdl: true},
-		{name: "small-mixtral-pdl", model: SmallMixtral, apps: []string{smallSteerMoE}, pdl: true},
+		// Added when programmatic dependent launch and qkv-rope became the defaults.
+		{name: "tiny-default", model: tiny, defaults: true},
+		{name: "tiny-custom-default", model: tiny, apps: []string{a + "custom/custom-scale2.yaml"}, defaults: true},
+		{name: "llama-3.2-1b-default", model: l1, defaults: true},
+		{name: "llama-3.1-8b-default", model: l8, defaults: true},
+		{name: "llama-3.1-8b-apps1-6-default", model: l8, apps: apps16, defaults: true},
+		{name: "llama-3.1-8b-fuse-all-default", model: l8, opt: fuseAll, defaults: true},
+		{name: "small-coverage-default", model: SmallModel, apps: coverageApps, defaults: true},
+		{name: "small-gemma2-default", model: SmallGemma2, apps: familyApps(96), defaults: true},
+		{name: "small-mixtral-default", model: SmallMixtral, apps: []string{smallSteerMoE}, defaults: true},
 	}
 	for _, app := range apps16 {
 		cases = append(cases, digestCase{name: "llama-3.1-8b-" + strings.TrimSuffix(filepath.Base(app), ".yaml"), model: l8, apps: []string{app}})
@@ -257,7 +262,12 @@ func caseDigest(t *testing.T, c digestCase) string {
 		apps = c.apps
 	}
 	opt := c.opt
-	opt.SerialLaunch = !c.pdl
+	if !c.defaults {
+		opt.SerialLaunch = true
+		if opt.Fuse == nil {
+			opt.Fuse = []string{"none"}
+		}
+	}
 	b, err := compile.Build(model, apps, opt)
 	if err != nil {
 		t.Fatalf("%s: %v", c.name, err)

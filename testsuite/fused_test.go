@@ -52,7 +52,7 @@ func TestFusedBundlesComputeTheUnfusedBits(t *testing.T) {
 		{"gemma2", SmallGemma2, 2},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			plain := Compile(t, c.spec)
+			plain := CompileWith(t, compile.Options{Fuse: []string{"none"}}, c.spec)
 			fused := CompileWith(t, compile.Options{Fuse: []string{"all"}}, c.spec)
 			layers := plain.Manifest.Model.Layers
 			for i, tp := range plain.Templates {

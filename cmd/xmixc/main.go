@@ -107,7 +107,7 @@ func fuseFlag(c *cobra.Command, fuse *[]string) {
 	for _, f := range passes.Fusions {
 		what = append(what, f.Name+": "+f.What)
 	}
-	c.Flags().StringSliceVar(fuse, "fuse", nil, "decode-kernel fusions to apply, or all (off by default until measured on the GPU; layers whose MI ops sit between the kernels keep them apart): "+strings.Join(what, "; "))
+	c.Flags().StringSliceVar(fuse, "fuse", nil, "decode-kernel fusions to apply, all, or none (default "+strings.Join(passes.DefaultFusions, ",")+", the one measured to pay on the H200; layers whose MI ops sit between the kernels keep them apart): "+strings.Join(what, "; "))
 }
 
 func checkCmd() *cobra.Command {

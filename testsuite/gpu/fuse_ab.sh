@@ -3,9 +3,9 @@
 # machine from the repository root, after testsuite/gpu/build.sh here:
 #   run(command="bash testsuite/gpu/fuse_ab.sh", carry=[".dev/gpu"])
 # For Llama-3.2-1B and Llama-3.1-8B it builds one bundle per variant of VARIANTS (default
-# "none all"; a variant is none (the defaults), serial (--pdl=false), FUSE+serial (--fuse FUSE
-# --pdl=false) or a --fuse list, e.g. "none qkv-rope gate-act all serial all+serial" to see
-# each one's share) and times their
+# "none default all"; a variant is default (no flags), serial (--fuse none --pdl=false),
+# FUSE+serial (--fuse FUSE --pdl=false) or a --fuse list (none: no fusion), e.g. "none
+# qkv-rope gate-act all serial" to see each one's share; every variant is timed against none) and times their
 # graph replays side by side in this one run: xmix bench --graph-buckets B --graph-context
 # PROMPT_LEN+64 (every row at that context, as the peer grid of RESULTS.md runs) at BATCHES
 # (default 1 8 32 128), ROUNDS rounds (default 2) with the variants' order reversed every
@@ -29,18 +29,19 @@ log() { echo "[$(date +%T)] $*" >&2; }
 has() { [[ " ${PARTS:-bench check} " == *" $1 "* ]]; }
 # What is measured so far goes back as one tarball (the device returns at most 8 files).
 keep() { tar -czf "$OUT/raw.tgz" -C "$raw" .; }
-# variant_flags: a variant's xmixc build flags: none (the defaults), serial (--pdl=false),
-# FUSE+serial (--fuse FUSE --pdl=false), else --fuse VARIANT.
+# variant_flags: a variant's xmixc build flags: default (none), serial (--fuse none
+# --pdl=false: the kernels as they ran before either), FUSE+serial (--fuse FUSE --pdl=false),
+# else --fuse VARIANT (none: no fusion).
 variant_flags() {
   case "$1" in
-    none) ;;
-    serial) echo --pdl=false ;;
+    default) ;;
+    serial) echo --fuse none --pdl=false ;;
     *+serial) echo --fuse "${1%+serial}" --pdl=false ;;
     *) echo --fuse "$1" ;;
   esac
 }
 MODELS=${MODELS:-llama-3.2-1b llama-3.1-8b}
-VARIANTS=${VARIANTS:-none all}
+VARIANTS=${VARIANTS:-none default all}
 FUSE=${FUSE:-all}
 PROMPT_LEN=${PROMPT_LEN:-16}
 
@@ -81,7 +82,7 @@ if has check; then
   : > "$raw/ptxas.txt"
   for m in $MODELS; do
     for v in $VARIANTS; do
-      [ "$v" = none ] && continue
+      [ "$v" = none ] && continue # ptxas on every other variant's kernels
       "$bin/xmixc" ptx "$work/$m-$v.xmb" -d "$work/ptx/$m-$v" 2>/dev/null
       for f in "$work/ptx/$m-$v"/*.ptx; do
         if msg=$(ptxas -arch=sm_90 -v "$f" -o /dev/null 2>&1); then
