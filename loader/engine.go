@@ -187,6 +187,11 @@ type Engine struct {
 	slots      []*seqState
 	nextID     int
 	Stats      Stats
+	// AfterStep, when set, is called after each step's template has run on the backend and
+	// before its outputs are read, with the template's index; an error fails the step.
+	// xmix bench --profile times a prefill step's nodes there, with the step's own control
+	// words on the device.
+	AfterStep func(template int) error
 	// hasSRow: the bundle has ctl.s_row (each sample's token row), which the engine fills.
 	hasSRow bool
 	// hasBan: the sampler takes ctl.eos_ban (the bundle has EOS ids), for min_tokens.
@@ -916,6 +921,11 @@ func (e *Engine) run(t bundle.Template, rows []stepRow) error {
 	}
 	if err := e.Be.Step(e.tmplIdx[t.Name]); err != nil {
 		return fmt.Errorf("template %s: %w", t.Name, err)
+	}
+	if e.AfterStep != nil {
+		if err := e.AfterStep(e.tmplIdx[t.Name]); err != nil {
+			return fmt.Errorf("template %s: after the step: %w", t.Name, err)
+		}
 	}
 	out := sc.bytes(4 * ns)
 	if err := e.Be.Read(bundle.OutSampled, out); err != nil {

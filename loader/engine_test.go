@@ -111,3 +111,31 @@ func TestFiredJSON(t *testing.T) {
 		t.Fatal("a list read as fired counts")
 	}
 }
+
+// TestAfterStepSeesEveryStep: AfterStep is called once per step with the template that ran,
+// prefill and decode, and its error fails the step with the template named.
+func TestAfterStepSeesEveryStep(t *testing.T) {
+	b := testsuite.Compile(t, testsuite.SmallModel)
+	be := testsuite.NewCPU(t, b)
+	defer be.Close()
+	eng, err := loader.NewEngine(b, be)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kinds := map[bundle.TemplateKind]int{}
+	eng.AfterStep = func(ti int) error {
+		kinds[b.Templates[ti].Kind]++
+		return nil
+	}
+	if _, err := eng.Generate([]loader.Request{{Prompt: []int{3, 1, 4, 1, 5, 9, 2, 6}, MaxTokens: 4}}); err != nil {
+		t.Fatal(err)
+	}
+	if kinds[bundle.Prefill] != eng.Stats.PrefillSteps || kinds[bundle.Decode] != eng.Stats.DecodeSteps || kinds[bundle.Prefill] == 0 || kinds[bundle.Decode] == 0 {
+		t.Fatalf("AfterStep saw %v, the engine ran %d prefill and %d decode steps", kinds, eng.Stats.PrefillSteps, eng.Stats.DecodeSteps)
+	}
+	eng.AfterStep = func(int) error { return fmt.Errorf("profiler gone") }
+	_, err = eng.Generate([]loader.Request{{Prompt: []int{3, 1, 4}, MaxTokens: 2}})
+	if err == nil || !strings.Contains(err.Error(), "after the step: profiler gone") || !strings.Contains(err.Error(), "template prefill_t") {
+		t.Fatalf("got %v", err)
+	}
+}

@@ -111,7 +111,7 @@ requests. --ignore-eos (both ways) has every request generate exactly its tokens
 	fl.IntSliceVar(&f.decodeOnly, "graph-buckets", nil, "decode buckets to time as bare graph replays (default: all)")
 	fl.IntVar(&f.graphIters, "graph-iters", 50, "replays per bucket for the graph timing")
 	fl.IntVar(&f.graphCtx, "graph-context", 0, "time each decode graph (and --profile) with every row its own sequence at this context, as a full batch at that context runs (0: the rows as the last step left them)")
-	fl.BoolVar(&f.profile, "profile", false, "also time every node of each timed decode bucket, summed by role (cuda)")
+	fl.BoolVar(&f.profile, "profile", false, "also time every node of each timed decode bucket, summed by role, and of the warm-up request's prefill steps, with their GEMMs' TFLOP/s (cuda)")
 	fl.StringVar(&f.apps, "apps", "", "comma-separated apps to enable")
 	fl.Uint64Var(&f.seed, "seed", 1, "seed for prompts, arrivals and app choice")
 	fl.BoolVar(&f.asJSON, "json", false, "print results as JSON")
@@ -277,6 +277,62 @@ type offlineResult struct {
 	KVBytesPerStep int64   `json:"kv_bytes_per_step"`
 	FloorMs        float64 `json:"floor_ms"`
 	PctOfFloor     float64 `json:"pct_of_floor"`
+	// PrefillProfile (--profile, cuda): the warm-up request's prefill steps, each template's
+	// nodes timed one by one, by template name.
+	PrefillProfile map[string]prefillProfile `json:"prefill_profile,omitempty"`
+}
+
+// MeasuredBF16Peak is the H200's dense bf16 matmul rate of FACTS.md (770-800 TFLOP/s on
+// random data; the lower end), which prefill GEMMs are held against (issue 14: >= 60%).
+const MeasuredBF16Peak = 770e12
+
+// prefillProfile is one prefill step's nodes timed one by one (launch gaps included): time by
+// role, and its tensor-core GEMMs alone: their time, the FLOPs they do (2*M*N*K over every row
+// of the template, padding included) and the rate, also as a share of MeasuredBF16Peak.
+type prefillProfile struct {
+	Tokens      int                `json:"tokens"`
+	Roles       map[string]float64 `json:"roles_ms"`
+	StepMs      float64            `json:"step_ms"`
+	GemmMs      float64            `json:"gemm_ms"`
+	GemmTFLOPs  float64            `json:"gemm_tflop"`
+	GemmTFLOPS  float64            `json:"gemm_tflop_per_s"`
+	GemmPctPeak float64            `json:"gemm_pct_of_peak"`
+}
+
+// summarizePrefill folds node times of template ti into a prefillProfile, reading each GEMM
+// node's M, N and K from the bundle (bundle.GemmOf).
+func summarizePrefill(b *bundle.Bundle, ti int, nodes []cuda.NodeTime) (prefillProfile, error) {
+	t := b.Templates[ti]
+	kernels := map[string]bundle.Kernel{}
+	for _, k := range b.Kernels {
+		kernels[k.Name] = k
+	}
+	flops := map[string]float64{}
+	for _, n := range t.Nodes {
+		g, ok, err := bundle.GemmOf(n, kernels[n.Kernel])
+		if err != nil {
+			return prefillProfile{}, err
+		}
+		if ok {
+			flops[n.Label] = 2 * float64(g.M) * float64(g.N) * float64(g.K)
+		}
+	}
+	p := prefillProfile{Tokens: t.Tokens, Roles: map[string]float64{}}
+	var gemmFlops float64
+	for _, n := range nodes {
+		p.Roles[nodeRole(n.Label)] += n.Ms
+		p.StepMs += n.Ms
+		if f, ok := flops[n.Label]; ok {
+			p.GemmMs += n.Ms
+			gemmFlops += f
+		}
+	}
+	p.GemmTFLOPs = gemmFlops / 1e12
+	if p.GemmMs > 0 {
+		p.GemmTFLOPS = gemmFlops / (p.GemmMs / 1000) / 1e12
+		p.GemmPctPeak = 100 * p.GemmTFLOPS * 1e12 / MeasuredBF16Peak
+	}
+	return p, nil
 }
 
 // MeasuredBandwidth is the H200 device-to-device copy bandwidth of FACTS.md (bytes/s).
@@ -306,8 +362,33 @@ func benchOffline(s *session, f benchFlags, apps []string, rng benchRNG) (offlin
 	if f.vectors {
 		addVectors(rng.apps, s.eng.PerRequestVectors(), reqs)
 	}
-	// One short warm-up pass so first-touch costs stay out of the figures.
-	if _, err := s.eng.Generate(reqs[:1]); err != nil {
+	// One short warm-up pass so first-touch costs stay out of the figures. With --profile, its
+	// prefill steps (a lone prompt of --prompt-len tokens) are also timed node by node, once
+	// per template, after the step has run once with its own control words.
+	pre := map[string]prefillProfile{}
+	if p, ok := s.be.(profiler); ok && f.profile {
+		s.eng.AfterStep = func(ti int) error {
+			t := s.b.Templates[ti]
+			if _, done := pre[t.Name]; done || t.Kind != bundle.Prefill {
+				return nil
+			}
+			if _, err := p.Profile(ti); err != nil { // warm-up
+				return err
+			}
+			nodes, err := p.Profile(ti)
+			if err != nil {
+				return err
+			}
+			if pre[t.Name], err = summarizePrefill(s.b, ti, nodes); err != nil {
+				return err
+			}
+			f.progress("prefill %s: GEMMs %.1f TFLOP/s (%.0f%% of %.0f)", t.Name, pre[t.Name].GemmTFLOPS, pre[t.Name].GemmPctPeak, MeasuredBF16Peak/1e12)
+			return nil
+		}
+	}
+	_, err := s.eng.Generate(reqs[:1])
+	s.eng.AfterStep = nil
+	if err != nil {
 		return offlineResult{}, err
 	}
 	s.eng.Stats = loader.Stats{}
@@ -325,6 +406,9 @@ func benchOffline(s *session, f benchFlags, apps []string, rng benchRNG) (offlin
 	r := offlineResult{Prompts: f.prompts, PromptLen: f.promptLen, NewTokens: f.newTokens, Seconds: el,
 		TokensPerSec: float64(n) / el, DecodeSteps: st.DecodeSteps, PrefillSteps: st.PrefillSteps,
 		PrefillSeconds: st.PrefillTime.Seconds()}
+	if len(pre) > 0 {
+		r.PrefillProfile = pre
+	}
 	m := s.b.Manifest.Model
 	batch := min(f.prompts, m.MaxSeqs)
 	if st.DecodeSteps > 0 {

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"io"
+	"math"
 	"net"
 	"os"
 	"path/filepath"
@@ -15,6 +16,7 @@ import (
 
 	"xmix/bundle"
 	"xmix/compile"
+	"xmix/loader/cuda"
 )
 
 // An app-vs-no-app comparison is only fair on one workload: enabling apps must not change
@@ -359,5 +361,42 @@ ops:
 	}
 	if out, err := xmix(t, "bench", bp, "-q", "--backend", "cpu", "--vectors"); err == nil || !strings.Contains(out, "--vectors gives per-request values to the apps of --apps") {
 		t.Fatalf("--vectors without --apps: err %v, output %q", err, out)
+	}
+}
+
+// TestSummarizePrefill: a prefill step's profile counts every tensor-core GEMM of the
+// template at 2*M*N*K over the template's rows (M, N, K as the model's dimensions give them),
+// sums node times by role, and states the GEMMs' rate against the measured bf16 peak.
+func TestSummarizePrefill(t *testing.T) {
+	b, err := compile.Build("../../specs/models/tiny.yaml", nil, compile.Options{EmbedWeights: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ti := slices.IndexFunc(b.Templates, func(t bundle.Template) bool { return t.Name == "prefill_t8" })
+	if ti < 0 {
+		t.Fatal("no prefill_t8 template")
+	}
+	var nodes []cuda.NodeTime
+	for _, n := range b.Templates[ti].Nodes {
+		nodes = append(nodes, cuda.NodeTime{Label: n.Label, Kernel: n.Kernel, Ms: 0.5})
+	}
+	p, err := summarizePrefill(b, ti, nodes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := b.Manifest.Model
+	T, h, qkv := 8.0, float64(m.Hidden), float64((m.Heads+2*m.KVHeads)*m.HeadDim)
+	perLayer := 2 * T * (h*qkv + float64(m.Heads*m.HeadDim)*h + h*2*float64(m.Intermediate) + float64(m.Intermediate)*h)
+	want := float64(m.Layers) * perLayer // the tied LM head runs the sampled rows' own kernel
+	if math.Abs(p.GemmTFLOPs*1e12-want) > 1 {
+		t.Fatalf("GEMM FLOPs %v, want %v", p.GemmTFLOPs*1e12, want)
+	}
+	gemms := 4 * m.Layers
+	if p.GemmMs != 0.5*float64(gemms) || p.StepMs != 0.5*float64(len(nodes)) || p.Roles["qkv"] != 0.5*float64(m.Layers) || p.Tokens != 8 {
+		t.Fatalf("profile %+v: want %d GEMMs of 0.5 ms among %d nodes, qkv %v ms", p, gemms, len(nodes), 0.5*float64(m.Layers))
+	}
+	rate := want / (p.GemmMs / 1000) / 1e12
+	if math.Abs(p.GemmTFLOPS-rate) > 1e-9 || math.Abs(p.GemmPctPeak-100*rate*1e12/MeasuredBF16Peak) > 1e-9 {
+		t.Fatalf("rate %v TFLOP/s (%v%%), want %v", p.GemmTFLOPS, p.GemmPctPeak, rate)
 	}
 }

@@ -70,6 +70,7 @@ def main(work, out):
     res["run_to_first_token_s"] = ttft
 
     res["peer"] = peer_rows(work)
+    res["prefill"] = prefill_rows(work)
     res["ab"] = ab_rows(work)
     res["ab_online"] = {v: (load(os.path.join(work, f"ab-online-{v}.json")) or {}).get("online") for v in ("old", "new")}
     budget = {}
@@ -120,6 +121,22 @@ def peer_rows(work):
         rows.append({"model": model, "prompt_len": plen, "batch": bs, "xmix_ms": xmix, "torch_ms": torch,
                      "ratio": (xmix / torch) if xmix and torch else None, "xmix_attention_ms": attn})
     rows.sort(key=lambda r: (r["model"], r["prompt_len"], r["batch"]))
+    return rows
+
+
+def prefill_rows(work):
+    """run.sh's prefill part: per lone prompt, the host-timed run (one prefill, one token) and
+    each prefill template's profile (GEMM TFLOP/s, share of the bf16 peak, time by role)."""
+    rows = []
+    for p in sorted(glob.glob(os.path.join(work, "prefill-*.json"))):
+        d = load(p)
+        m = re.match(r"prefill-(.*)-p(\d+)\.json", os.path.basename(p))
+        if not d or not m:
+            continue
+        off = d.get("offline", {})
+        for name, prof in sorted((off.get("prefill_profile") or {}).items(), key=lambda kv: -kv[1].get("tokens", 0)):
+            rows.append({"model": m.group(1), "prompt_len": int(m.group(2)), "first_token_ms": 1000 * off.get("seconds", float("nan")),
+                         "template": name, **prof})
     return rows
 
 
@@ -198,6 +215,15 @@ def markdown(r):
         for x in r["peer"]:
             s.append(f"| {x['model']} | {x['prompt_len']} | {x['batch']} | {fmt(x['xmix_ms'])} | {fmt(x['torch_ms'])} | "
                      f"{fmt(x['ratio'], '.2f')} | {fmt(x['xmix_attention_ms'])} |\n")
+    if r.get("prefill"):
+        s.append("\n## A lone prompt: first token and prefill GEMMs (Llama-3.1-8B)\n\n")
+        s.append("First token ms = the offline bench's one request, one generated token, host-timed after a warm-up request. "
+                 "The prefill templates of the warm-up request, nodes launched one by one: step ms (their sum), the tensor-core "
+                 "GEMMs' ms and rate (2*M*N*K over every row of the template), and that rate as a share of the measured 770 TFLOP/s.\n\n")
+        s.append("| prompt tokens | first token ms | template | step ms | GEMM ms | GEMM TFLOP/s | % of peak | attention ms |\n|---|---|---|---|---|---|---|---|\n")
+        for x in r["prefill"]:
+            s.append(f"| {x['prompt_len']} | {fmt(x['first_token_ms'], '.1f')} | {x['template']} | {fmt(x.get('step_ms'))} | {fmt(x.get('gemm_ms'))} | "
+                     f"{fmt(x.get('gemm_tflop_per_s'), '.0f')} | {fmt(x.get('gemm_pct_of_peak'), '.0f')} | {fmt((x.get('roles_ms') or {}).get('attention'))} |\n")
     if r.get("ab"):
         s.append("\n## This build against the previous one (OLD_BIN), same run, graph replay ms per decode step\n\n")
         s.append("Both builds time the bucket as their last step left it: compare them with each other, not with the peer grid "

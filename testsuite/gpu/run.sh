@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # The GPU checks, run on the GPU machine from the repository root with .dev/gpu carried
 # (see build.sh). Writes $OUT/results.json and $OUT/RESULTS.md; copy them to testsuite/gpu/.
-#   PARTS="check bench peer" (default all three): check = ptxas, CUDA-vs-CPU and MI checks
+#   PARTS="check bench peer prefill" (default all four): check = ptxas, CUDA-vs-CPU and MI checks
 #   (with PTX and with cuBLASLt GEMMs), the transformers comparison (HF=0 skips it); bench =
 #   offline decode per batch for each GEMM server, start-to-first-token, the online benchmark
 #   (ONLINE=0 skips), Mixtral's grouped vs dense experts (MOE_AB=0 skips); peer = xmix bench and
 #   the compiled PyTorch step (torch_decode.py) on the same shapes, one model after the other:
-#   PEER_MODELS x PEER_PROMPTS x PEER_BATCHES (results.json "peer").
+#   PEER_MODELS x PEER_PROMPTS x PEER_BATCHES (results.json "peer"); prefill = a lone prompt of
+#   each of PREFILL_LENS tokens (default 512 2048) on Llama-3.1-8B: its time to first token
+#   (offline bench, one request, one token) and its prefill steps node by node with the
+#   tensor-core GEMMs' TFLOP/s against the measured bf16 peak (results.json "prefill").
 #   PTXAS_GLOB limits ptxas to the bundles it matches (default every bundle).
 #   XMIX_BIN names the binaries' folder (default .dev/gpu). OLD_BIN, when set, names another
 #   build's binaries (the code before a change): its bundle and this one's are timed side by
@@ -29,7 +32,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=c
 cat "$work/device.txt" >&2
 
 log "bundles"
-has() { [[ " ${PARTS:-check bench peer} " == *" $1 "* ]]; }
+has() { [[ " ${PARTS:-check bench peer prefill} " == *" $1 "* ]]; }
 "$bin/xmixc" build specs/models/tiny.yaml specs/apps/tiny-steer.yaml specs/apps/tiny-probe.yaml -q --embed-weights -o "$work/tiny.xmb"
 "$bin/xmixc" build specs/models/llama-3.2-1b.yaml -q -o "$work/llama-3.2-1b.xmb"
 "$bin/xmixc" build specs/models/llama-3.1-8b.yaml -q -o "$work/llama-3.1-8b.xmb"
@@ -130,6 +133,14 @@ if has peer; then
       done
     done
     RES="$work" PYTHONUNBUFFERED=1 timeout ${PEER_TIMEOUT:-600} python3 testsuite/gpu/torch_decode.py "$m" "${shapes#,}" >&2 || echo "peer: torch $m failed" >&2
+  done
+fi
+
+if has prefill; then
+  log "prefill: a lone prompt's first token and its GEMMs' rate"
+  for p in ${PREFILL_LENS:-512 2048}; do
+    timeout ${BENCH_TIMEOUT:-150} "$bin/xmix" bench "$work/llama-3.1-8b.xmb" --backend cuda --prompts 1 --prompt-len $p --new-tokens 1 \
+      --profile --json -q > "$work/prefill-llama-3.1-8b-p$p.json" 2>> "$work/bench.log" || echo "prefill p$p failed" >&2
   done
 fi
 
