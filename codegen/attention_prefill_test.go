@@ -75,11 +75,19 @@ func TestAttentionPrefillPlusSingles(t *testing.T) {
 // TestAttentionPrefillRowsIndependent: a chunk's rows give the same bits when the chunk sits
 // at another offset of the step (other rows in its row tiles, other tile boundaries).
 func TestAttentionPrefillRowsIndependent(t *testing.T) {
-	c := scaled(prefillShapes[1])
+	checkPrefillRowsIndependent(t, scaled(prefillShapes[1]), 20, 55, 57)
+}
+
+// checkPrefillRowsIndependent runs a 40-row chunk of sequence 0 at positions first.. with five
+// decode rows of sequences 1..5 before it, then after it, and wants the chunk's rows to give
+// the same bits both times; the cache is drawn from seeds (cacheSeed, cacheSeed+1), the
+// chunk's q/k/v from (qSeed, qSeed+1).
+func checkPrefillRowsIndependent(t *testing.T, c AttnConfig, first uint32, cacheSeed, qSeed uint64) {
+	t.Helper()
 	k := must(t)(AttentionPrefill("p", c))
 	const chunk, others = 40, 5
 	qkvRow := (c.Heads + 2*c.KVHeads) * c.HeadDim
-	qs := randF32(rand.New(rand.NewPCG(57, 58)), chunk*qkvRow, 3)
+	qs := randF32(rand.New(rand.NewPCG(qSeed, qSeed+1)), chunk*qkvRow, 3)
 	var outs [][]byte
 	for _, lead := range []int{0, others} {
 		// The same rows in another order: decode rows of sequences 1..5 before or after
@@ -94,12 +102,12 @@ func TestAttentionPrefillRowsIndependent(t *testing.T) {
 			decode()
 		}
 		for p := range uint32(chunk) {
-			pos, seq = append(pos, p+20), append(seq, 0)
+			pos, seq = append(pos, p+first), append(seq, 0)
 		}
 		if lead == 0 {
 			decode()
 		}
-		a := newAttnCall(t, rand.New(rand.NewPCG(55, 56)), k, c, c.LaunchPrefill(len(pos)), pos, seq, 0, nil)
+		a := newAttnCall(t, rand.New(rand.NewPCG(cacheSeed, cacheSeed+1)), k, c, c.LaunchPrefill(len(pos)), pos, seq, 0, nil)
 		copy(a.mem.Bytes(a.params[0])[4*lead*qkvRow:], targ{f32: qs}.bytesOf())
 		row := c.Heads * c.HeadDim * 4
 		z := a.run(t)

@@ -919,11 +919,12 @@ func (e *Engine) run(t bundle.Template, rows []stepRow) error {
 			return err
 		}
 	}
-	if err := e.Be.Step(e.tmplIdx[t.Name]); err != nil {
+	ti := e.tmplIdx[t.Name]
+	if err := e.Be.Step(ti); err != nil {
 		return fmt.Errorf("template %s: %w", t.Name, err)
 	}
 	if e.AfterStep != nil {
-		if err := e.AfterStep(e.tmplIdx[t.Name]); err != nil {
+		if err := e.AfterStep(ti); err != nil {
 			return fmt.Errorf("template %s: after the step: %w", t.Name, err)
 		}
 	}

@@ -1338,15 +1338,21 @@ ops:
 	}
 }
 
+// customScaleApp is app "cust": the custom PTX kernel specs.ScaleTwoPTX doubling resid_post at
+// the layers listed (YAML list items, e.g. "1, 2").
+func customScaleApp(layers string) string {
+	return "app: cust\nkernels:\n  scale2:\n    entry: scale2\n" +
+		"    signature: [x u64, stride u32, offset u32, width u32, ctl_mask u64, bit u32]\n" +
+		"    ptx: |\n      " + strings.ReplaceAll(specs.ScaleTwoPTX, "\n", "\n      ") + "\n" +
+		"ops:\n  - write: {at: {layers: [" + layers + "], hook: resid_post}, kernel: custom:scale2}\n"
+}
+
 // CheckCustomKernel: a custom PTX kernel scaling resid_post by 2 at layers 1 and 2 (the last:
 // its renorm is the final norm) gives the built-in scale template's bits: the residual the
 // next layer sees, every step's logits and the tokens; in a batch, a row without the app is
 // bit-identical to the same request alone.
 func CheckCustomKernel(t *testing.T, nb NewBackend) {
-	custom := "app: cust\nkernels:\n  scale2:\n    entry: scale2\n" +
-		"    signature: [x u64, stride u32, offset u32, width u32, ctl_mask u64, bit u32]\n" +
-		"    ptx: |\n      " + strings.ReplaceAll(specs.ScaleTwoPTX, "\n", "\n      ") + "\n" +
-		"ops:\n  - write: {at: {layers: [1, 2], hook: resid_post}, kernel: custom:scale2}\n"
+	custom := customScaleApp("1, 2")
 	builtin := `app: ref
 ops:
   - write: {at: {layers: [1, 2], hook: resid_post}, kernel: scale, args: {alpha: 2}}

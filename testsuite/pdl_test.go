@@ -7,7 +7,6 @@ import (
 	"xmix/bundle"
 	"xmix/compile"
 	"xmix/ptx"
-	"xmix/specs"
 )
 
 // TestPDLBundle (xmixc build --pdl, the default): every generated kernel begins by releasing
@@ -16,10 +15,7 @@ import (
 // marks none. Every emulated run of TestEmulatedBundleMatchesReferenceOps but one is of such
 // bundles.
 func TestPDLBundle(t *testing.T) {
-	custom := "app: cust\nkernels:\n  scale2:\n    entry: scale2\n" +
-		"    signature: [x u64, stride u32, offset u32, width u32, ctl_mask u64, bit u32]\n" +
-		"    ptx: |\n      " + strings.ReplaceAll(specs.ScaleTwoPTX, "\n", "\n      ") + "\n" +
-		"ops:\n  - write: {at: {layers: [1], hook: resid_post}, kernel: custom:scale2}\n"
+	custom := customScaleApp("1")
 	plain := CompileWith(t, compile.Options{SerialLaunch: true}, SmallModel, custom)
 	b := Compile(t, SmallModel, custom)
 	if !b.Manifest.Build.PDL || plain.Manifest.Build.PDL {

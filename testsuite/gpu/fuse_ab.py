@@ -11,16 +11,10 @@ import re
 import statistics
 import sys
 
+from assemble import load  # beside this script: run.sh's assembler
+
 # Issue 14 item 3's targets: graph replay ms per decode step at batch 1.
 TARGETS = {"llama-3.1-8b": 4.05, "llama-3.2-1b": 0.80}
-
-
-def load(path):
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
 
 
 def text(path, default=""):

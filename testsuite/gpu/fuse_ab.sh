@@ -19,6 +19,7 @@
 # PARTS=bench, then PARTS=check: the raw files of the first stay in the work directory while
 # the machine is warm.
 set -uo pipefail
+. testsuite/gpu/ptxas.sh
 bin=${XMIX_BIN:-.dev/gpu}
 OUT=${OUT:-/tmp/xmix-gpu-out}
 work=/tmp/xmix-fuse-ab
@@ -83,16 +84,7 @@ if has check; then
   for m in $MODELS; do
     for v in $VARIANTS; do
       [ "$v" = none ] && continue # ptxas on every other variant's kernels
-      "$bin/xmixc" ptx "$work/$m-$v.xmb" -d "$work/ptx/$m-$v" 2>/dev/null
-      for f in "$work/ptx/$m-$v"/*.ptx; do
-        if msg=$(ptxas -arch=sm_90 -v "$f" -o /dev/null 2>&1); then
-          regs=$(echo "$msg" | grep -o 'Used [0-9]* registers' | head -1 | grep -o '[0-9]*')
-          spill=$(echo "$msg" | grep -o '[0-9]* bytes spill stores' | head -1 | grep -o '^[0-9]*')
-          echo "ok $m-$v $(basename "$f" .ptx) regs=${regs:-?} spill_stores=${spill:-0}" >> "$raw/ptxas.txt"
-        else
-          echo "FAIL $m-$v $(basename "$f" .ptx) $(echo "$msg" | head -3 | tr '\n' ' ')" >> "$raw/ptxas.txt"
-        fi
-      done
+      ptxas_bundle "$work/$m-$v.xmb" "$work/ptx/$m-$v" "$raw/ptxas.txt"
     done
   done
   keep "$raw/ptxas.txt"

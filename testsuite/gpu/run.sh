@@ -20,6 +20,7 @@
 #   The work directory persists while the machine stays warm, so two calls (PARTS=check, then
 #   PARTS=bench) assemble into one results.json.
 set -uo pipefail
+. testsuite/gpu/ptxas.sh
 bin=${XMIX_BIN:-.dev/gpu}
 OUT=${OUT:-/tmp/xmix-gpu-out}
 work=/tmp/xmix-gpu
@@ -58,17 +59,7 @@ if has check; then
 log "ptxas -arch=sm_90 on every kernel"
 : > "$work/ptxas.txt"
 for b in "$work"/${PTXAS_GLOB:-*}.xmb; do
-  name=$(basename "$b" .xmb)
-  "$bin/xmixc" ptx "$b" -d "$work/ptx/$name" 2>/dev/null
-  for f in "$work/ptx/$name"/*.ptx; do
-    if msg=$(ptxas -arch=sm_90 -v "$f" -o /dev/null 2>&1); then
-      regs=$(echo "$msg" | grep -o 'Used [0-9]* registers' | head -1 | grep -o '[0-9]*')
-      spill=$(echo "$msg" | grep -o '[0-9]* bytes spill stores' | head -1 | grep -o '^[0-9]*')
-      echo "ok $name $(basename "$f" .ptx) regs=${regs:-?} spill_stores=${spill:-0}" >> "$work/ptxas.txt"
-    else
-      echo "FAIL $name $(basename "$f" .ptx) $(echo "$msg" | head -3 | tr '\n' ' ')" >> "$work/ptxas.txt"
-    fi
-  done
+  ptxas_bundle "$b" "$work/ptx/$(basename "$b" .xmb)" "$work/ptxas.txt"
 done
 grep -c '^ok' "$work/ptxas.txt" >&2; grep '^FAIL' "$work/ptxas.txt" >&2
 
