@@ -300,6 +300,9 @@ type BuildInfo struct {
 	Fuse []string `json:"fuse,omitempty"`
 	// PDL: the generated kernels may launch early (Kernel.EarlyLaunch; xmixc build --pdl, the default).
 	PDL bool `json:"pdl,omitempty"`
+	// Prefetch: bytes of each weight row a decode GEMV asks L2 for before it waits for the
+	// grid ahead (xmixc build --prefetch; 0: none).
+	Prefetch int `json:"prefetch,omitempty"`
 }
 
 // InputDigest is the hash of one input file of the build.

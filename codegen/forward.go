@@ -36,6 +36,8 @@ type Options struct {
 	// PDL rewrites every generated kernel (not an app's own PTX, not the weight synthesiser,
 	// which runs outside the graphs) for programmatic dependent launch (earlyLaunch).
 	PDL bool
+	// Prefetch (with PDL; 0: none) is GemmConfig.Prefetch of every CUDA-core GEMV.
+	Prefetch int
 }
 
 // gen is the state of one Generate call.
@@ -52,6 +54,7 @@ type gen struct {
 	gemmKind string
 	moeKind  string
 	pdl      bool
+	prefetch int // GemmConfig.Prefetch of the CUDA-core GEMVs
 	order    []string
 	bufs     []bundle.Buffer
 	// tp is the tensor-parallel degree (1: one device); the graph's widths are a rank's.
@@ -73,6 +76,9 @@ func Generate(p *passes.Program, opt Options) (*bundle.Bundle, error) {
 	m := p.Model
 	g := &gen{p: p, m: m, kernels: map[string]*Kernel{}, bodies: map[string]*Kernel{}, wdt: ptx.BF16, kvdt: ptx.F32, gemmKind: opt.GEMM, moeKind: opt.MoE, pdl: opt.PDL,
 		tp: max(1, p.TP), siteKernels: map[*ir.MI]string{}}
+	if opt.PDL {
+		g.prefetch = opt.Prefetch
+	}
 	g.readGraph()
 	switch opt.GEMM {
 	case "", "tc", "tc-staged", "cuda-core":

@@ -3,6 +3,7 @@ package codegen
 import (
 	"fmt"
 
+	"xmix/bundle"
 	"xmix/ops"
 	"xmix/ptx"
 )
@@ -12,6 +13,13 @@ type GemmConfig struct {
 	K, N   int
 	WDtype ptx.Type
 	Guard  uint32 // not zero: a heavy app's GEMM, run only when ctl.any_mask has one of these bits
+	// Prefetch, when not 0, is how many bytes of each of its weight rows a warp asks L2 for
+	// before the kernel waits for the grid ahead (a kernel built for early launch, Options.PDL:
+	// it then waits itself, after the prefetch; earlyLaunch adds only the launch). The weights
+	// never change, so reading them early is safe, and a GEMV launched early starts streaming
+	// them while the small kernels ahead of it (attention, add+norm, SiLU) run, instead of after.
+	// It changes no result: the op's attributes leave it out.
+	Prefetch int
 }
 
 // The decode GEMM gives each warp one output column: lanes stride K with 16-byte loads, and
@@ -74,7 +82,9 @@ func (g *gemmGen) emit() {
 		g.epi.params(g)
 		units = g.epi.units()
 	}
-	g.guard(c.Guard)
+	if c.Prefetch == 0 {
+		g.guard(c.Guard)
+	}
 	g.vec = 1
 	if v := 16 / c.WDtype.Bytes(); c.K%v == 0 {
 		g.vec = v
@@ -94,6 +104,11 @@ func (g *gemmGen) emit() {
 	}
 	for _, col := range cols {
 		g.wrows = append(g.wrows, g.byteAddr(w, col, c.K*c.WDtype.Bytes()))
+	}
+	if c.Prefetch > 0 {
+		g.prefetchWeights(c.Prefetch)
+		g.Emit(bundle.PriorGridWait)
+		g.guard(c.Guard) // ctl.any_mask is read after the wait, as every other word is
 	}
 
 	r0 := g.imm32(0)
@@ -175,6 +190,35 @@ func (g *gemmGen) tile(r0 ptx.Reg, t int) {
 		}
 	}
 	g.Emit("add.u32", r0, r0, ptx.Imm(int64(t)))
+}
+
+// prefetchWeights asks L2 for the first n bytes of each of the warp's weight rows, as whole
+// 128-byte lines inside the row (lane l takes lines l, l+32, ...), so no request reaches past
+// the weight.
+func (g *gemmGen) prefetchWeights(n int) {
+	lines := min(n, g.c.K*g.c.WDtype.Bytes()) / 128
+	if lines == 0 {
+		return
+	}
+	off := g.Reg(ptx.U64)
+	g.Emit("mul.wide.u32", off, g.lane, ptx.Imm(128))
+	var part *ptx.Reg // the lanes of the last, partial round of lines
+	if lines%32 != 0 {
+		p := g.cmp("lt", ptx.U32, g.lane, ptx.Imm(int64(lines%32)))
+		part = &p
+	}
+	for _, wrow := range g.wrows {
+		a := g.Reg(ptx.U64)
+		g.Emit("add.u64", a, wrow, off)
+		for i := 0; i*32 < lines; i++ {
+			at := ptx.Addr{Base: a, Offset: int64(i * 32 * 128)}
+			if (i+1)*32 > lines {
+				g.EmitIf(*part, false, "prefetch.global.L2", at)
+			} else {
+				g.Emit("prefetch.global.L2", at)
+			}
+		}
+	}
 }
 
 // loadW loads weight chunk k (vec elements) of weight row wrow as f32 registers.

@@ -272,7 +272,7 @@ func (t *tb) parts(n *ir.Node) {
 // on tensor cores, which take no epilogue (nor does cuBLASLt, which serves them on the GPU).
 func (t *tb) fusedGemv(mm *ir.Node, y *ir.Value) (c GemmConfig, rows int, s slots, ok bool) {
 	x := mm.In[0]
-	c, rows = GemmConfig{K: x.Width, N: mm.Out[0].Width, WDtype: t.g.wdt}, t.rowsOf(x)
+	c, rows = GemmConfig{K: x.Width, N: mm.Out[0].Width, WDtype: t.g.wdt, Prefetch: t.g.prefetch}, t.rowsOf(x)
 	s = slots{"x": buf(x.Buffer), "w": buf(mm.Weight("w").Name), "y": buf(y.Buffer), "rows": konst(uint64(rows))}
 	return c, rows, s, !t.tensorCores(c, rows)
 }
@@ -351,6 +351,7 @@ func (t *tb) gemmAt(label string, x, w, y bundle.Slot, c GemmConfig, rows int) {
 		t.add(label, kern, err, c.LaunchTC(rows), s, nil)
 		return
 	}
+	c.Prefetch = g.prefetch
 	name := g.gemvName(c) + guard
 	kern, err := g.kernel(name, func() (*Kernel, error) { return Gemm(name, c) })
 	t.add(label, kern, err, c.Launch(rows), s, nil)

@@ -2,6 +2,7 @@ package codegen
 
 import (
 	"fmt"
+	"slices"
 
 	"xmix/bundle"
 	"xmix/ptx"
@@ -21,7 +22,9 @@ const (
 // are resident and waiting when this one ends, and the gap between two launches (a few µs,
 // some 300 times per decode step of an 8B model) no longer adds to the step. The wait keeps
 // every kernel's view of memory what it is when the launches run one after another, so the
-// result is the same bit for bit; the emulator runs both instructions as no-ops.
+// result is the same bit for bit; the emulator runs both instructions as no-ops. A kernel that
+// waits itself (a GEMV that first prefetches its weights, GemmConfig.Prefetch) gets only the
+// launch.
 func earlyLaunch(k *Kernel) (*Kernel, error) {
 	m, err := ptx.Parse(k.PTX)
 	if err != nil {
@@ -31,7 +34,11 @@ func earlyLaunch(k *Kernel) (*Kernel, error) {
 		return nil, fmt.Errorf("early launch: %d entries in one kernel's module", len(m.Kernels))
 	}
 	e := m.Kernels[0]
-	e.Body = append([]ptx.Instr{{Op: bundle.PriorGridLaunch}, {Op: bundle.PriorGridWait}}, e.Body...)
+	head := []ptx.Instr{{Op: bundle.PriorGridLaunch}}
+	if !slices.ContainsFunc(e.Body, func(in ptx.Instr) bool { return in.Op == bundle.PriorGridWait }) {
+		head = append(head, ptx.Instr{Op: bundle.PriorGridWait})
+	}
+	e.Body = append(head, e.Body...)
 	text, err := m.Print()
 	if err != nil {
 		return nil, fmt.Errorf("early launch: %w", err)

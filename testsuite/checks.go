@@ -107,6 +107,10 @@ var Fuse []string
 // dependent launch (compile.Options.SerialLaunch; the GPU suite takes it from XMIX_SERIAL=1).
 var SerialLaunch bool
 
+// Prefetch, when not 0, is compile.Options.Prefetch of every bundle of Compile and CompileWith
+// whose options leave it 0 (the GPU suite takes it from XMIX_PREFETCH).
+var Prefetch int
+
 // CompileWith is Compile with build options (Verify is always on).
 func CompileWith(t testing.TB, opt compile.Options, model string, apps ...string) *bundle.Bundle {
 	t.Helper()
@@ -116,6 +120,9 @@ func CompileWith(t testing.TB, opt compile.Options, model string, apps ...string
 		opt.Fuse = Fuse
 	}
 	opt.SerialLaunch = opt.SerialLaunch || SerialLaunch
+	if opt.Prefetch == 0 {
+		opt.Prefetch = Prefetch
+	}
 	b, err := compile.Build(mp, aps, opt)
 	if err != nil {
 		t.Fatal(err)

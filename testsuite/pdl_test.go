@@ -57,3 +57,51 @@ func TestPDLBundle(t *testing.T) {
 		t.Fatalf("%d kernels rewritten, %d kept (want the custom kernel and the synthesiser)", early, kept)
 	}
 }
+
+// TestPrefetchBundle (xmixc build --prefetch): with early launch, every CUDA-core GEMV (the
+// fused ones too) asks L2 for its weights before it waits for the grid ahead, the build info
+// says how much, and every other kernel is the one of a build without it; without early
+// launch nothing prefetches, whatever was asked.
+func TestPrefetchBundle(t *testing.T) {
+	const bytes = 2048
+	none := CompileWith(t, compile.Options{Prefetch: -1, Fuse: []string{"all"}}, SmallModel)
+	b := CompileWith(t, compile.Options{Prefetch: bytes, Fuse: []string{"all"}}, SmallModel)
+	serial := CompileWith(t, compile.Options{Prefetch: bytes, SerialLaunch: true}, SmallModel)
+	if b.Manifest.Build.Prefetch != bytes || none.Manifest.Build.Prefetch != 0 || serial.Manifest.Build.Prefetch != 0 {
+		t.Fatalf("build info prefetch: %d, %d without, %d with --pdl=false", b.Manifest.Build.Prefetch, none.Manifest.Build.Prefetch, serial.Manifest.Build.Prefetch)
+	}
+	if len(b.Kernels) != len(none.Kernels) {
+		t.Fatalf("%d kernels, %d without prefetch", len(b.Kernels), len(none.Kernels))
+	}
+	gemvs := map[string]int{}
+	for i, k := range b.Kernels {
+		prefetches := strings.Contains(k.PTX, "prefetch.global.L2")
+		gemv := strings.HasPrefix(k.Name, "gemm_k")
+		switch {
+		case gemv && !prefetches:
+			t.Errorf("GEMV %s (%s) does not prefetch", k.Name, k.Op)
+		case !gemv && k.PTX != none.Kernels[i].PTX:
+			t.Errorf("kernel %s (%s) differs from a build without prefetch", k.Name, k.Op)
+		case gemv:
+			m, err := ptx.Parse(k.PTX)
+			if err != nil {
+				t.Fatalf("kernel %s: %v", k.Name, err)
+			}
+			body := m.Kernels[0].Body
+			if body[0].Op != bundle.PriorGridLaunch || strings.Count(k.PTX, bundle.PriorGridWait+";") != 1 {
+				t.Errorf("GEMV %s: starts %s, %d waits", k.Name, body[0].Op, strings.Count(k.PTX, bundle.PriorGridWait+";"))
+			}
+			gemvs[k.Op]++
+		}
+	}
+	for _, op := range []string{"gemm", "gemm_rope_kv", "gemm_gated"} {
+		if gemvs[op] == 0 {
+			t.Errorf("no %s GEMV in the bundle (%v)", op, gemvs)
+		}
+	}
+	for _, k := range serial.Kernels {
+		if strings.HasPrefix(k.Name, "gemm_k") && strings.Contains(k.PTX, "prefetch.global.L2") || strings.Contains(k.PTX, bundle.PriorGridWait) {
+			t.Errorf("kernel %s of a --pdl=false build prefetches or waits", k.Name)
+		}
+	}
+}

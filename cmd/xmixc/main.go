@@ -44,7 +44,7 @@ func buildCmd() *cobra.Command {
 	var embed, verify, quiet, pdl bool
 	var gemm, moe string
 	var fuse []string
-	var tp, vectorSlots int
+	var tp, vectorSlots, prefetch int
 	c := &cobra.Command{
 		Use:   "build MODEL.yaml [APP.yaml...] -o OUT.xmb",
 		Short: "Compile specs into a bundle",
@@ -59,13 +59,16 @@ func buildCmd() *cobra.Command {
 			if st, err := os.Stat(out); err == nil && st.IsDir() {
 				return fmt.Errorf("-o %s is a directory: give the bundle's file name, e.g. -o %s", out, filepath.Join(out, "model.xmb"))
 			}
+			if prefetch < 0 {
+				return fmt.Errorf("--prefetch %d: want a byte count, or 0 for none", prefetch)
+			}
 			start := time.Now()
 			progress := func(f string, a ...any) {
 				if !quiet {
 					fmt.Fprintf(os.Stderr, "[%6.2fs] %s\n", time.Since(start).Seconds(), fmt.Sprintf(f, a...))
 				}
 			}
-			b, err := compile.Build(args[0], args[1:], compile.Options{EmbedWeights: embed, Verify: verify, Progress: progress, GEMM: gemm, MoE: moe, TP: tp, VectorSlots: vectorSlots, Fuse: fuse, SerialLaunch: !pdl})
+			b, err := compile.Build(args[0], args[1:], compile.Options{EmbedWeights: embed, Verify: verify, Progress: progress, GEMM: gemm, MoE: moe, TP: tp, VectorSlots: vectorSlots, Fuse: fuse, SerialLaunch: !pdl, Prefetch: prefetchOption(prefetch)})
 			if err != nil {
 				return err
 			}
@@ -98,7 +101,17 @@ func buildCmd() *cobra.Command {
 	c.Flags().IntVar(&vectorSlots, "vector-slots", 0, "how many requests may hold per_request vectors at once (default: the spec's serving.vector_slots, else max_seqs)")
 	fuseFlag(c, &fuse)
 	c.Flags().BoolVar(&pdl, "pdl", true, "programmatic dependent launch (Hopper): each generated kernel lets the next one launch at once and waits for the one ahead before touching memory, so the gaps between launches overlap the kernels (same results bit for bit; 1-4% faster decode steps on the H200); --pdl=false builds kernels that run one after another")
+	c.Flags().IntVar(&prefetch, "prefetch", compile.DefaultPrefetch, "bytes of each weight row a decode GEMV asks L2 for before it waits for the kernel ahead (with --pdl), so that its weights stream in while the small kernels ahead of it run; 0: none (same results bit for bit)")
 	return c
+}
+
+// prefetchOption maps --prefetch (0: none) to compile.Options.Prefetch (0: the default,
+// negative: none).
+func prefetchOption(bytes int) int {
+	if bytes == 0 {
+		return -1
+	}
+	return bytes
 }
 
 // fuseFlag declares --fuse, the decode-kernel fusions (passes.Fusions).

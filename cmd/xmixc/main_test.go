@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"xmix/bundle"
 )
 
 const model = `model: m
@@ -121,6 +123,36 @@ func TestBuildIsDeterministic(t *testing.T) {
 	if err != nil || !strings.Contains(out, "fused into the residual-add + RMSNorm kernel") ||
 		!strings.Contains(out, "resid_post   #1  steer_add   a.op0") || !strings.Contains(out, "apps in build-line order, then each app's ops in spec order") {
 		t.Fatalf("check: %v\n%s", err, out)
+	}
+}
+
+// TestBuildPrefetch: --prefetch N goes into the build info (and only GEMVs change, as
+// testsuite's TestPrefetchBundle checks); 0 builds none; a negative size is refused.
+func TestBuildPrefetch(t *testing.T) {
+	dir := t.TempDir()
+	m := write(t, dir, "m.yaml", model)
+	for _, c := range []struct {
+		flag string
+		want int
+	}{{"4096", 4096}, {"0", 0}} {
+		out := filepath.Join(dir, "p"+c.flag+".xmb")
+		if _, err := xmixc(t, "build", m, "-q", "--prefetch", c.flag, "-o", out); err != nil {
+			t.Fatal(err)
+		}
+		b, err := bundle.ReadFile(out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if b.Manifest.Build.Prefetch != c.want {
+			t.Fatalf("--prefetch %s: build info prefetch %d", c.flag, b.Manifest.Build.Prefetch)
+		}
+	}
+	_, err := xmixc(t, "build", m, "-q", "--prefetch", "-1", "-o", filepath.Join(dir, "bad.xmb"))
+	if err == nil || !strings.Contains(err.Error(), "--prefetch -1: want a byte count") {
+		t.Fatalf("--prefetch -1: %v", err)
+	}
+	if _, statErr := os.Stat(filepath.Join(dir, "bad.xmb")); statErr == nil {
+		t.Fatal("a refused build left a bundle behind")
 	}
 }
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Assemble fuse_ab.sh's raw files (RAW) into OUT/fuse_ab.json and OUT/FUSE_AB.md: graph
-replay ms per decode step of each variant beside the unfused bundle's (variant "none"), the
+replay ms per decode step of each variant beside the base variant's (BASE, default "none": no fusion), the
 same run, per model and batch; the issue's batch-1 targets; time per node role at batch 1
 (round 1, --profile); ptxas; the checks on fused bundles. Standard library only."""
 import datetime
@@ -25,8 +25,11 @@ def text(path, default=""):
         return default
 
 
+BASE = os.environ.get("BASE", "none")
+
+
 def main(raw, out):
-    res = {"date": datetime.date.today().isoformat(), "device": text(os.path.join(raw, "device.txt"), "unknown"),
+    res = {"base": BASE, "date": datetime.date.today().isoformat(), "device": text(os.path.join(raw, "device.txt"), "unknown"),
            "commit": text(os.path.join(raw, "commit.txt"), "unknown")}
     runs = {}  # (model, batch, variant) -> [ms per round]
     profile = {}
@@ -46,8 +49,8 @@ def main(raw, out):
                     for k, v in sorted(runs.items())]
     ab = []
     for (model, bs, variant), v in sorted(runs.items()):
-        base = runs.get((model, bs, "none"))
-        if variant == "none" or not base:
+        base = runs.get((model, bs, BASE))
+        if variant == BASE or not base:
             continue
         b, f = statistics.mean(base), statistics.mean(v)
         ab.append({"model": model, "batch": bs, "variant": variant, "base_ms": b, "variant_ms": f,
@@ -76,9 +79,9 @@ def main(raw, out):
 
 def markdown(res):
     md = [f"# Decode fusions A/B ({res['date']}, {res['device']}, commit {res['commit']})", "",
-          "Graph replay ms per decode step, every row at context prompt + 64, both builds in this run "
-          "(mean of the rounds; ratio < 1: the fused build is faster).", "",
-          "| model | batch | variant | unfused ms | fused ms | ratio | saved ms | rounds (fused) |", "|---|---|---|---|---|---|---|---|"]
+          f"Graph replay ms per decode step, every row at context prompt + 64, each variant and the base ({res['base']}) in this run "
+          "(mean of the rounds; ratio < 1: the variant is faster).", "",
+          "| model | batch | variant | base ms | variant ms | ratio | saved ms | rounds (variant) |", "|---|---|---|---|---|---|---|---|"]
     for r in res["ab"]:
         rounds = next((g["rounds_ms"] for g in res["graph"] if (g["model"], g["batch"], g["variant"]) == (r["model"], r["batch"], r["variant"])), [])
         md.append(f"| {r['model']} | {r['batch']} | {r['variant']} | {r['base_ms']:.3f} | {r['variant_ms']:.3f} | {r['ratio']:.3f} | "
@@ -90,17 +93,17 @@ def markdown(res):
         prof = by.get("1")
         if not prof:
             continue
-        variants = sorted(prof, key=lambda v: (v != "none", v))
+        variants = sorted(prof, key=lambda v: (v != res["base"], v))
         roles = sorted({k for v in prof.values() for k in v}, key=lambda k: -max(v.get(k, 0) for v in prof.values()))
         md += ["", f"Time per node role, {model} batch 1 (nodes launched one by one, ms):", "",
                "| role | " + " | ".join(variants) + " |", "|---|" + "---|" * len(variants)]
         for k in roles:
             md.append(f"| {k} | " + " | ".join(f"{prof[v].get(k, 0):.3f}" for v in variants) + " |")
     p = res["ptxas"]
-    md += ["", f"ptxas: {p['ok']} of {p['kernels']} kernels of the fused bundles assemble, {len(p['failed'])} fail, {len(p['spilling'])} spill."]
+    md += ["", f"ptxas: {p['ok']} of {p['kernels']} kernels of the variants' bundles assemble, {len(p['failed'])} fail, {len(p['spilling'])} spill."]
     tests = res["checks_tests"]
     failed = sorted(k for k, v in tests.items() if v == "FAIL")
-    md.append(f"Checks on fused bundles: {sum(v == 'PASS' for v in tests.values())} tests pass, {len(failed)} fail{': ' + ', '.join(failed) if failed else ''}.")
+    md.append(f"Checks on the XMIX_FUSE/XMIX_PREFETCH bundles: {sum(v == 'PASS' for v in tests.values())} tests pass, {len(failed)} fail{': ' + ', '.join(failed) if failed else ''}.")
     for k, v in sorted(res["checks"].items()):
         if k.startswith(("agreement.", "build_bits.")):
             md.append(f"- {k}: {json.dumps(v)}")

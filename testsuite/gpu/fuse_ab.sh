@@ -4,14 +4,17 @@
 #   run(command="bash testsuite/gpu/fuse_ab.sh", carry=[".dev/gpu"])
 # For Llama-3.2-1B and Llama-3.1-8B it builds one bundle per variant of VARIANTS (default
 # "none default all"; a variant is default (no flags), serial (--fuse none --pdl=false),
-# FUSE+serial (--fuse FUSE --pdl=false) or a --fuse list (none: no fusion), e.g. "none
-# qkv-rope gate-act all serial" to see each one's share; every variant is timed against none) and times their
+# FUSE+serial (--fuse FUSE --pdl=false), pfN (--prefetch N: the default fusions, GEMVs that
+# prefetch N bytes of each weight row; pf0: none) or a --fuse list (none: no fusion), e.g.
+# "none qkv-rope gate-act all serial" to see each one's share; every variant is timed against
+# BASE, default none) and times their
 # graph replays side by side in this one run: xmix bench --graph-buckets B --graph-context
 # PROMPT_LEN+64 (every row at that context, as the peer grid of RESULTS.md runs) at BATCHES
 # (default 1 8 32 128), ROUNDS rounds (default 2) with the variants' order reversed every
 # other round, --profile (time per node role) in the first. Then (PARTS check) ptxas on the
 # variants' kernels, and the GPU suite with XMIX_FUSE=FUSE (default all) and XMIX_SERIAL=CHECK_SERIAL
-# (default 0: kernels built for programmatic dependent launch, the default): the CUDA-vs-CPU agreement and every MI check on such bundles under both GEMM
+# (default 0: kernels built for programmatic dependent launch, the default) and
+# XMIX_PREFETCH=CHECK_PREFETCH (default: the build's default): the CUDA-vs-CPU agreement and every MI check on such bundles under both GEMM
 # servers, and TestCUDABuildKeepsBits (their logits against a plain bundle's, no fusions
 # and --pdl=false, bit for bit). Writes $OUT/fuse_ab.json and $OUT/FUSE_AB.md (fuse_ab.py), the raw files as
 # $OUT/raw.tgz, renewed as each comes (a call that runs out of time still brings back what it
@@ -38,6 +41,7 @@ variant_flags() {
     default) ;;
     serial) echo --fuse none --pdl=false ;;
     *+serial) echo --fuse "${1%+serial}" --pdl=false ;;
+    pf[0-9]*) echo --prefetch "${1#pf}" ;;
     *) echo --fuse "$1" ;;
   esac
 }
@@ -91,7 +95,7 @@ if has check; then
   grep -c '^ok' "$raw/ptxas.txt" >&2; grep '^FAIL' "$raw/ptxas.txt" >&2
 
   log "CUDA vs CPU, MI checks and fused-vs-unfused bits on bundles built with --fuse $FUSE"
-  XMIX_FUSE=$FUSE XMIX_SERIAL=${CHECK_SERIAL:-0} XMIX_GPU_RESULTS="$raw/checks.json" timeout "${CHECK_TIMEOUT:-420}" "$bin/gpu.test" -test.v -test.timeout 400s > "$raw/checks.log" 2>&1
+  XMIX_FUSE=$FUSE XMIX_SERIAL=${CHECK_SERIAL:-0} XMIX_PREFETCH=${CHECK_PREFETCH:-} XMIX_GPU_RESULTS="$raw/checks.json" timeout "${CHECK_TIMEOUT:-420}" "$bin/gpu.test" -test.v -test.timeout 400s > "$raw/checks.log" 2>&1
   echo "exit $?" >> "$raw/checks.log"
   keep "$raw/checks.log" "$raw"/checks.json 2>/dev/null
   tail -5 "$raw/checks.log" >&2
@@ -99,5 +103,5 @@ fi
 
 log "assemble"
 keep
-python3 testsuite/gpu/fuse_ab.py "$raw" "$OUT"
+BASE=${BASE:-none} python3 testsuite/gpu/fuse_ab.py "$raw" "$OUT"
 cat "$OUT/FUSE_AB.md" >&2

@@ -3,7 +3,8 @@
 // collects what it records (XMIX_GPU_RESULTS names the JSON file to write). XMIX_FUSE (a
 // comma-separated --fuse list) builds every bundle of the checks with those fusions
 // (testsuite/gpu/fuse_ab.sh), XMIX_SERIAL=1 builds them without programmatic dependent launch
-// (--pdl=false), and TestCUDABuildKeepsBits compares the bundle so built with a plain one
+// (--pdl=false), XMIX_PREFETCH=N with GEMVs that prefetch N bytes of each weight row
+// (--prefetch; -1: none), and TestCUDABuildKeepsBits compares the bundle so built with a plain one
 // (no fusions, --pdl=false) on the GPU.
 package gpu
 
@@ -14,6 +15,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -45,10 +47,18 @@ func TestMain(m *testing.M) {
 		testsuite.Fuse = strings.Split(f, ",")
 	}
 	testsuite.SerialLaunch = os.Getenv("XMIX_SERIAL") == "1"
+	if p := os.Getenv("XMIX_PREFETCH"); p != "" {
+		n, err := strconv.Atoi(p)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "XMIX_PREFETCH=%s: want a byte count (compile.Options.Prefetch)\n", p)
+			os.Exit(2)
+		}
+		testsuite.Prefetch = n
+	}
 	code := m.Run()
 	if path := os.Getenv("XMIX_GPU_RESULTS"); path != "" && noGPU == nil {
 		results["device"] = device.String()
-		results["fuse"], results["serial_launch"] = testsuite.Fuse, testsuite.SerialLaunch
+		results["fuse"], results["serial_launch"], results["prefetch"] = testsuite.Fuse, testsuite.SerialLaunch, testsuite.Prefetch
 		data, err := json.MarshalIndent(results, "", "  ")
 		if err == nil {
 			err = os.WriteFile(path, data, 0o644)

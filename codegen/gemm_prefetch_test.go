@@ -1,0 +1,114 @@
+package codegen
+
+import (
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"testing"
+
+	"xmix/bundle"
+	"xmix/ptx"
+)
+
+// TestGemmPrefetch: a GEMV that prefetches its weights (GemmConfig.Prefetch) asks L2 for the
+// lines it is told to, waits for the grid ahead after them and before it reads anything else
+// from memory (the guard's word included), keeps its parameters in place, and computes the
+// plain GEMV's bits; earlyLaunch gives it the launch and no second wait.
+func TestGemmPrefetch(t *testing.T) {
+	r := rand.New(rand.NewPCG(71, 72))
+	for _, c := range []struct {
+		k, n, rows, prefetch int
+		guard                uint32
+		dt                   ptx.Type
+		lines                int // prefetches per weight row the warp asks for
+	}{
+		{256, 24, 1, 256, 0, ptx.BF16, 2},             // the first 256 bytes of 512: lanes 0-1
+		{256, 24, 3, 1 << 20, 0, ptx.BF16, 4},         // past the row: the whole row, 4 lines
+		{2304, 16, 2, 1 << 20, 0, ptx.BF16, 36},       // 4608-byte rows: a full round of 32 lanes and 4 more
+		{96, 40, 9, 4096, 1 << 2, ptx.F32, 3},         // guarded, f32 weights, tiles of 8 and 1
+		{20, 8, 1, 4096, 0, ptx.BF16, 0},              // a 40-byte row holds no whole line: no prefetch
+		{2304, 16, 1, 4096 + 128, 0, ptx.BF16, 33},    // one past a round
+		{2304, 16, 1, 4096 - 128, 0, ptx.BF16, 31},    // one short of a round
+		{2304, 16, 1, 4096 + 100, 0, ptx.BF16, 32},    // a part of a line is no line
+		{2304, 16, 1, 4096, 0, ptx.BF16, 32},          // exactly a round
+		{2304, 16, 1, 127, 0, ptx.BF16, 0},            // less than a line
+		{2304, 16, 1, 128, 0, ptx.BF16, 1},            // exactly a line
+		{2304, 16, 1, 256 * 128, 0, ptx.BF16, 36},     // more than the row
+		{4608 / 4, 16, 1, 1 << 30, 0, ptx.F32, 36},    // f32 rows of the same bytes
+		{2304, 16, 1, 36*128 - 1, 0, ptx.BF16, 35},    // one byte short of the row
+		{2304, 16, 1, 36 * 128, 0, ptx.BF16, 36},      // exactly the row
+		{2304, 16, 1, 36*128 + 1, 0, ptx.BF16, 36},    // one byte past it
+		{2304, 16, 1, 64 * 128, 1 << 5, ptx.BF16, 36}, // guarded, whole row
+	} {
+		plainCfg := GemmConfig{K: c.k, N: c.n, WDtype: c.dt, Guard: c.guard}
+		cfg := plainCfg
+		cfg.Prefetch = c.prefetch
+		plain, k := must(t)(Gemm("gemm_test", plainCfg)), must(t)(Gemm("gemm_test", cfg))
+		if !slices.Equal(paramNames(plain), paramNames(k)) {
+			t.Fatalf("%+v: parameters %v, without prefetch %v", c, paramNames(k), paramNames(plain))
+		}
+		checkWaitsAfterPrefetch(t, k, c.lines)
+		early, err := earlyLaunch(k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := strings.Count(early.PTX, bundle.PriorGridWait+";"); n != 1 || !strings.Contains(early.PTX, bundle.PriorGridLaunch+";") {
+			t.Fatalf("%+v: early launch: %d waits, launch %v", c, n, strings.Contains(early.PTX, bundle.PriorGridLaunch))
+		}
+
+		w := targ{name: "w", f32: randF32(r, c.n*c.k, 1)}
+		if c.dt == ptx.BF16 {
+			w = targ{name: "w", bf16: w.f32}
+		}
+		args := []targ{{name: "x", f32: randF32(r, c.rows*c.k, 1)}, w, {name: "y", out: c.rows * c.n}, scalarU32("rows", uint32(c.rows))}
+		if c.guard != 0 {
+			args = append(args, targ{name: "any_mask", u32: []uint32{c.guard}})
+		}
+		checkKernel(t, early, cfg.Launch(c.rows), args)
+		one, two := newEmuBufs(), newEmuBufs()
+		one.run(t, early, cfg.Launch(c.rows), args)
+		two.run(t, plain, plainCfg.Launch(c.rows), args)
+		samePair(t, k, "y", one, two)
+	}
+}
+
+// checkWaitsAfterPrefetch checks that k prefetches lines lines of its one weight row per lane
+// round, then waits, and touches memory only after the wait.
+func checkWaitsAfterPrefetch(t *testing.T, k *Kernel, lines int) {
+	t.Helper()
+	m, err := ptx.Parse(k.PTX)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := m.Kernels[0].Body
+	wait := slices.IndexFunc(body, func(in ptx.Instr) bool { return in.Op == bundle.PriorGridWait })
+	if wait < 0 {
+		t.Fatalf("%s: prefetches but never waits for the grid ahead", k.Name)
+	}
+	var prefetches []ptx.Instr
+	for i, in := range body {
+		touches := strings.HasPrefix(in.Op, "ld.global") || strings.HasPrefix(in.Op, "st.global") || strings.HasPrefix(in.Op, "atom")
+		if touches && i < wait {
+			t.Fatalf("%s: %s before the wait", k.Name, in.Op)
+		}
+		if in.Op == "prefetch.global.L2" {
+			if i > wait {
+				t.Fatalf("%s: a prefetch after the wait", k.Name)
+			}
+			prefetches = append(prefetches, in)
+		}
+	}
+	rounds := (lines + 31) / 32
+	if len(prefetches) != rounds {
+		t.Fatalf("%s: %d prefetch instructions, want %d for %d lines", k.Name, len(prefetches), rounds, lines)
+	}
+	// Round i is lines 32i.. (4096 bytes on), every lane's but the last round's when it is partial.
+	for i, in := range prefetches {
+		if off := in.Args[0].(ptx.Addr).Offset; off != int64(i*4096) {
+			t.Fatalf("%s: prefetch %d at offset %d, want %d", k.Name, i, off, i*4096)
+		}
+		if partial := i == rounds-1 && lines%32 != 0; (in.Guard != nil) != partial {
+			t.Fatalf("%s: prefetch %d of %d lines guarded %v", k.Name, i, lines, in.Guard != nil)
+		}
+	}
+}
