@@ -303,6 +303,9 @@ type BuildInfo struct {
 	// Prefetch: bytes of each weight row a decode GEMV asks L2 for before it waits for the
 	// grid ahead (xmixc build --prefetch; 0: none).
 	Prefetch int `json:"prefetch,omitempty"`
+	// GemvCols: columns per warp of the CUDA-core GEMVs of buckets of 2-7 rows (xmixc build
+	// --gemv-cols; 0 or 1: one).
+	GemvCols int `json:"gemv_cols,omitempty"`
 }
 
 // InputDigest is the hash of one input file of the build.

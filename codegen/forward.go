@@ -38,6 +38,9 @@ type Options struct {
 	PDL bool
 	// Prefetch (with PDL; 0: none) is GemmConfig.Prefetch of every CUDA-core GEMV.
 	Prefetch int
+	// GemvCols is GemmConfig.Cols of the plain CUDA-core GEMVs of buckets of more than one row
+	// (0 or 1: a column per warp).
+	GemvCols int
 }
 
 // gen is the state of one Generate call.
@@ -55,6 +58,7 @@ type gen struct {
 	moeKind  string
 	pdl      bool
 	prefetch int // GemmConfig.Prefetch of the CUDA-core GEMVs
+	gemvCols int // GemmConfig.Cols of the plain GEMVs of more than one row
 	order    []string
 	bufs     []bundle.Buffer
 	// tp is the tensor-parallel degree (1: one device); the graph's widths are a rank's.
@@ -79,6 +83,10 @@ func Generate(p *passes.Program, opt Options) (*bundle.Bundle, error) {
 	if opt.PDL {
 		g.prefetch = opt.Prefetch
 	}
+	if opt.GemvCols < 0 || opt.GemvCols > gemmTile {
+		return nil, fmt.Errorf("GEMV columns per warp %d: want 1 to %d", opt.GemvCols, gemmTile)
+	}
+	g.gemvCols = opt.GemvCols
 	g.readGraph()
 	switch opt.GEMM {
 	case "", "tc", "tc-staged", "cuda-core":

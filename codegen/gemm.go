@@ -20,6 +20,21 @@ type GemmConfig struct {
 	// them while the small kernels ahead of it (attention, add+norm, SiLU) run, instead of after.
 	// It changes no result: the op's attributes leave it out.
 	Prefetch int
+	// Cols (> 1, dividing N) gives each warp Cols adjacent columns instead of one, so that the
+	// x loads of a K step serve them all: at rows > 1 the x loads, not the weights, bound the
+	// one-column GEMV (every weight chunk takes two 16-byte x loads per row). Each column's sum
+	// takes the same instructions in the same order as in the one-column GEMV, so the bits are
+	// the same and a row's result does not depend on the bucket it runs in. It changes no
+	// result: the op's attributes leave it out.
+	Cols int
+}
+
+// colsPerWarp is how many columns a warp of the plain GEMV computes (GemmConfig.Cols).
+func (c GemmConfig) colsPerWarp() int {
+	if c.Cols > 1 && c.N%c.Cols == 0 {
+		return c.Cols
+	}
+	return 1
 }
 
 // The decode GEMM gives each warp one output column: lanes stride K with 16-byte loads, and
@@ -32,7 +47,8 @@ const (
 
 // Launch is the grid for a call over rows rows.
 func (c GemmConfig) Launch(rows int) ops.Launch {
-	return ops.Launch{Grid: [3]int{(c.N + gemmWarps - 1) / gemmWarps, 1, 1}, Block: [3]int{32 * gemmWarps, 1, 1}}
+	warps := c.N / c.colsPerWarp()
+	return ops.Launch{Grid: [3]int{(warps + gemmWarps - 1) / gemmWarps, 1, 1}, Block: [3]int{32 * gemmWarps, 1, 1}}
 }
 
 // Gemm generates the kernel; parameters: x, w, y (u64), rows (u32).
@@ -55,6 +71,9 @@ func gemmAttrs(c GemmConfig) (ops.GemmAttrs, error) {
 	if c.K <= 0 || c.N <= 0 {
 		return ops.GemmAttrs{}, fmt.Errorf("K=%d N=%d must be positive", c.K, c.N)
 	}
+	if c.Cols < 0 || c.Cols > gemmTile {
+		return ops.GemmAttrs{}, fmt.Errorf("%d columns per warp: want 0 to %d", c.Cols, gemmTile)
+	}
 	return ops.GemmAttrs{K: c.K, N: c.N, WDtype: dt, Guard: c.Guard}, nil
 }
 
@@ -62,7 +81,8 @@ type gemmGen struct {
 	emitter
 	c     GemmConfig
 	vec   int       // elements per lane per K step: 8 (bf16) or 4 (f32) when K allows, else 1
-	wrows []ptx.Reg // this warp's weight rows: its column's, or its unit's (epi)
+	wrows []ptx.Reg // this warp's weight rows: its columns', or its unit's (epi)
+	cols  []ptx.Reg // the output columns of wrows (the plain GEMV's)
 	x, y  ptx.Reg
 	lane  ptx.Reg
 	col   ptx.Reg // this warp's column, or its unit (epi)
@@ -77,7 +97,7 @@ func (g *gemmGen) emit() {
 	w := g.param("w", ptx.U64)
 	g.y = g.param("y", ptx.U64)
 	rows := g.param("rows", ptx.U32)
-	units := c.N
+	units := c.N / c.colsPerWarp()
 	if g.epi != nil {
 		g.epi.params(g)
 		units = g.epi.units()
@@ -99,9 +119,17 @@ func (g *gemmGen) emit() {
 	// Whole warps leave together, so the shuffles below always see 32 live lanes.
 	g.EmitIf(g.cmp("ge", ptx.U32, g.col, ptx.Imm(int64(units))), false, "bra", ptx.Sym(done))
 	cols := []ptx.Reg{g.col}
-	if g.epi != nil {
+	switch n := c.colsPerWarp(); {
+	case g.epi != nil:
 		cols = g.epi.columns(g, g.col)
+	case n > 1:
+		cols = make([]ptx.Reg, n)
+		for i := range cols {
+			cols[i] = g.Reg(ptx.U32)
+			g.Emit("mad.lo.u32", cols[i], g.col, ptx.Imm(int64(n)), ptx.Imm(int64(i)))
+		}
 	}
+	g.cols = cols
 	for _, col := range cols {
 		g.wrows = append(g.wrows, g.byteAddr(w, col, c.K*c.WDtype.Bytes()))
 	}
@@ -181,12 +209,14 @@ func (g *gemmGen) tile(r0 ptx.Reg, t int) {
 		g.epi.store(g, r0, t, acc)
 	} else {
 		isLane0 := g.cmp("eq", ptx.U32, g.lane, ptx.Imm(0))
-		for j, a := range acc[0] {
-			g.warpReduce(a, "add")
-			r := g.op3("add.u32", ptx.U32, r0, ptx.Imm(int64(j)))
-			idx := g.Reg(ptx.U32)
-			g.Emit("mad.lo.u32", idx, r, ptx.Imm(int64(c.N)), g.col)
-			g.EmitIf(isLane0, false, "st.global.f32", ptx.Addr{Base: g.byteAddr(g.y, idx, 4)}, a)
+		for ci, col := range g.cols {
+			for j, a := range acc[ci] {
+				g.warpReduce(a, "add")
+				r := g.op3("add.u32", ptx.U32, r0, ptx.Imm(int64(j)))
+				idx := g.Reg(ptx.U32)
+				g.Emit("mad.lo.u32", idx, r, ptx.Imm(int64(c.N)), col)
+				g.EmitIf(isLane0, false, "st.global.f32", ptx.Addr{Base: g.byteAddr(g.y, idx, 4)}, a)
+			}
 		}
 	}
 	g.Emit("add.u32", r0, r0, ptx.Imm(int64(t)))

@@ -80,3 +80,46 @@ func TestGemmGuard(t *testing.T) {
 		}
 	}
 }
+
+// TestGemmColumnsPerWarp: a GEMV whose warps compute several columns (GemmConfig.Cols)
+// against its reference and bit for bit against the one-column GEMV, at every tile size and
+// past a full tile; a Cols that does not divide N falls back to one column.
+func TestGemmColumnsPerWarp(t *testing.T) {
+	r := rand.New(rand.NewPCG(73, 74))
+	for _, c := range []struct {
+		k, n, rows, cols int
+		dt               ptx.Type
+	}{
+		{96, 40, 2, 4, ptx.BF16}, {96, 40, 3, 2, ptx.F32}, {96, 40, 7, 8, ptx.BF16},
+		{96, 48, 9, 4, ptx.BF16}, {37, 12, 5, 3, ptx.F32}, {64, 72, 17, 8, ptx.BF16},
+		{64, 30, 4, 4, ptx.BF16}, // 4 does not divide 30: one column per warp
+	} {
+		one := GemmConfig{K: c.k, N: c.n, WDtype: c.dt}
+		cfg := one
+		cfg.Cols = c.cols
+		k, plain := must(t)(Gemm("gemm_test", cfg)), must(t)(Gemm("gemm_test", one))
+		wantGrid := (c.n/c.cols + gemmWarps - 1) / gemmWarps
+		if c.n%c.cols != 0 {
+			wantGrid = one.Launch(c.rows).Grid[0]
+			if k.PTX != plain.PTX {
+				t.Fatalf("%+v: columns that do not divide N changed the kernel", c)
+			}
+		}
+		if g := cfg.Launch(c.rows).Grid[0]; g != wantGrid {
+			t.Fatalf("%+v: grid %d, want %d", c, g, wantGrid)
+		}
+		w := targ{name: "w", f32: randF32(r, c.n*c.k, 1)}
+		if c.dt == ptx.BF16 {
+			w = targ{name: "w", bf16: w.f32}
+		}
+		args := []targ{{name: "x", f32: randF32(r, c.rows*c.k, 1)}, w, {name: "y", out: c.rows * c.n}, scalarU32("rows", uint32(c.rows))}
+		checkKernel(t, k, cfg.Launch(c.rows), args)
+		a, b := newEmuBufs(), newEmuBufs()
+		a.run(t, k, cfg.Launch(c.rows), args)
+		b.run(t, plain, one.Launch(c.rows), args)
+		samePair(t, k, "y", a, b)
+	}
+	if _, err := Gemm("g", GemmConfig{K: 8, N: 16, WDtype: ptx.BF16, Cols: 9}); err == nil {
+		t.Error("9 columns per warp accepted")
+	}
+}

@@ -279,7 +279,11 @@ func (t *tb) fusedGemv(mm *ir.Node, y *ir.Value) (c GemmConfig, rows int, s slot
 
 // gemvName is the name of the plain GEMV of c (a fused one adds its epilogue's).
 func (g *gen) gemvName(c GemmConfig) string {
-	return fmt.Sprintf("gemm_k%d_n%d_%s", c.K, c.N, g.wdt)
+	name := fmt.Sprintf("gemm_k%d_n%d_%s", c.K, c.N, g.wdt)
+	if n := c.colsPerWarp(); n > 1 {
+		name += fmt.Sprintf("_c%d", n)
+	}
+	return name
 }
 
 // matmulRope is the q/k/v projection with the rotation and the KV write in its epilogue
@@ -352,6 +356,9 @@ func (t *tb) gemmAt(label string, x, w, y bundle.Slot, c GemmConfig, rows int) {
 		return
 	}
 	c.Prefetch = g.prefetch
+	if rows > 1 {
+		c.Cols = g.gemvCols
+	}
 	name := g.gemvName(c) + guard
 	kern, err := g.kernel(name, func() (*Kernel, error) { return Gemm(name, c) })
 	t.add(label, kern, err, c.Launch(rows), s, nil)

@@ -4,6 +4,7 @@
 package compile
 
 import (
+	"cmp"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
@@ -46,7 +47,13 @@ type Options struct {
 	// L2 for before it waits for the kernel ahead (codegen.Options.Prefetch): 0 takes
 	// DefaultPrefetch, a negative value none.
 	Prefetch int
+	// GemvCols is how many columns a warp of a CUDA-core GEMV computes in buckets of 2-7 rows
+	// (codegen.Options.GemvCols; 0: DefaultGemvCols).
+	GemvCols int
 }
+
+// DefaultGemvCols is Options.GemvCols's default, measured on the H200.
+const DefaultGemvCols = 1
 
 // DefaultPrefetch is Options.Prefetch's default, the size measured best on the H200.
 const DefaultPrefetch = 0
@@ -175,8 +182,13 @@ func Build(modelPath string, appPaths []string, opt Options) (*bundle.Bundle, er
 	if prefetch < 0 || opt.SerialLaunch { // kernels that run one after another have nothing to overlap
 		prefetch = 0
 	}
+	gemvCols := cmp.Or(opt.GemvCols, DefaultGemvCols)
+	recorded := gemvCols // the build info names only a GEMV of more than one column
+	if recorded == 1 {
+		recorded = 0
+	}
 	b, err := codegen.Generate(p, codegen.Options{
-		Build:     bundle.BuildInfo{Compiler: Compiler, Inputs: inputs, Fuse: p.Fused(), PDL: !opt.SerialLaunch, Prefetch: prefetch},
+		Build:     bundle.BuildInfo{Compiler: Compiler, Inputs: inputs, Fuse: p.Fused(), PDL: !opt.SerialLaunch, Prefetch: prefetch, GemvCols: recorded},
 		Weights:   weights,
 		Tokenizer: tok,
 		Progress:  func(f string, a ...any) { progress("codegen: "+f, a...) },
@@ -184,6 +196,7 @@ func Build(modelPath string, appPaths []string, opt Options) (*bundle.Bundle, er
 		MoE:       opt.MoE,
 		PDL:       !opt.SerialLaunch,
 		Prefetch:  prefetch,
+		GemvCols:  gemvCols,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("codegen: %w", err)

@@ -154,28 +154,28 @@ ops:
 		name, spec string
 		apps       []string
 		reqs       []loader.Request
-		fuse       []string
-		serial     bool // --pdl=false
-		prefetch   int  // compile.Options.Prefetch
+		opt        compile.Options
 	}{
 		// Two requests (decode bucket 2), one with the hooks' captures and the lens.
 		{"gemma2", SmallGemma2, []string{gemma2HooksApp, lens}, []loader.Request{
-			{Prompt: hello, MaxTokens: 5, Apps: []string{"hooks", "lens"}}, {Prompt: hello[:4], MaxTokens: 6}}, nil, false, 0},
-		{"gemma2-bf16-kv", SmallGemma2 + "kv_dtype: bf16\n", nil, []loader.Request{{Prompt: hello, MaxTokens: 4}}, nil, false, 0},
-		{"llama", SmallModel, nil, []loader.Request{{Prompt: []int{3, 1, 4, 1, 5, 9, 2, 6}, MaxTokens: 4}}, nil, false, 0},
+			{Prompt: hello, MaxTokens: 5, Apps: []string{"hooks", "lens"}}, {Prompt: hello[:4], MaxTokens: 6}}, compile.Options{}},
+		{"gemma2-bf16-kv", SmallGemma2 + "kv_dtype: bf16\n", nil, []loader.Request{{Prompt: hello, MaxTokens: 4}}, compile.Options{}},
+		{"llama", SmallModel, nil, []loader.Request{{Prompt: []int{3, 1, 4, 1, 5, 9, 2, 6}, MaxTokens: 4}}, compile.Options{}},
 		{"llama-fused", SmallModel, []string{split}, []loader.Request{
-			{Prompt: []int{3, 1, 4, 1, 5, 9, 2, 6}, MaxTokens: 4, Apps: []string{"split"}}, {Prompt: []int{2, 7, 1}, MaxTokens: 5}}, []string{"all"}, false, 0},
-		{"gemma2-fused", SmallGemma2, nil, []loader.Request{{Prompt: hello, MaxTokens: 4}}, []string{"all"}, false, 0},
-		{"qwen2-fused", SmallQwen2, nil, []loader.Request{{Prompt: hello, MaxTokens: 4}}, []string{"all"}, false, 0},
+			{Prompt: []int{3, 1, 4, 1, 5, 9, 2, 6}, MaxTokens: 4, Apps: []string{"split"}}, {Prompt: []int{2, 7, 1}, MaxTokens: 5}}, compile.Options{Fuse: []string{"all"}}},
+		{"gemma2-fused", SmallGemma2, nil, []loader.Request{{Prompt: hello, MaxTokens: 4}}, compile.Options{Fuse: []string{"all"}}},
+		{"qwen2-fused", SmallQwen2, nil, []loader.Request{{Prompt: hello, MaxTokens: 4}}, compile.Options{Fuse: []string{"all"}}},
 		// Built without programmatic dependent launch (the others are built for it: the
 		// grid-dependency instructions at the head of every kernel leave every buffer as it was).
-		{"llama-serial", SmallModel, nil, []loader.Request{{Prompt: []int{3, 1, 4, 1, 5, 9, 2, 6}, MaxTokens: 4}}, nil, true, 0},
-		// GEMVs that prefetch their weights and then wait (fused ones too).
-		{"llama-prefetch", SmallModel, []string{split}, []loader.Request{
-			{Prompt: []int{3, 1, 4, 1, 5, 9, 2, 6}, MaxTokens: 4, Apps: []string{"split"}}, {Prompt: []int{2, 7, 1}, MaxTokens: 5}}, []string{"all"}, false, 1 << 20},
+		{"llama-serial", SmallModel, nil, []loader.Request{{Prompt: []int{3, 1, 4, 1, 5, 9, 2, 6}, MaxTokens: 4}}, compile.Options{SerialLaunch: true}},
+		// GEMVs that prefetch their weights and then wait (fused ones too), and (decode bucket
+		// 2) warps of four columns.
+		{"llama-gemv", SmallModel, []string{split}, []loader.Request{
+			{Prompt: []int{3, 1, 4, 1, 5, 9, 2, 6}, MaxTokens: 4, Apps: []string{"split"}}, {Prompt: []int{2, 7, 1}, MaxTokens: 5}},
+			compile.Options{Fuse: []string{"all"}, Prefetch: 1 << 20, GemvCols: 4}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			b := CompileWith(t, compile.Options{Fuse: c.fuse, SerialLaunch: c.serial, Prefetch: c.prefetch}, c.spec, c.apps...)
+			b := CompileWith(t, c.opt, c.spec, c.apps...)
 			s := newEmuShadow(t, b)
 			defer s.Close()
 			eng, err := loader.NewEngine(b, s)

@@ -44,7 +44,7 @@ func buildCmd() *cobra.Command {
 	var embed, verify, quiet, pdl bool
 	var gemm, moe string
 	var fuse []string
-	var tp, vectorSlots, prefetch int
+	var tp, vectorSlots, prefetch, gemvCols int
 	c := &cobra.Command{
 		Use:   "build MODEL.yaml [APP.yaml...] -o OUT.xmb",
 		Short: "Compile specs into a bundle",
@@ -59,6 +59,9 @@ func buildCmd() *cobra.Command {
 			if st, err := os.Stat(out); err == nil && st.IsDir() {
 				return fmt.Errorf("-o %s is a directory: give the bundle's file name, e.g. -o %s", out, filepath.Join(out, "model.xmb"))
 			}
+			if gemvCols < 1 || gemvCols > 8 {
+				return fmt.Errorf("--gemv-cols %d: want 1 to 8 columns per warp", gemvCols)
+			}
 			if prefetch < 0 {
 				return fmt.Errorf("--prefetch %d: want a byte count, or 0 for none", prefetch)
 			}
@@ -68,7 +71,7 @@ func buildCmd() *cobra.Command {
 					fmt.Fprintf(os.Stderr, "[%6.2fs] %s\n", time.Since(start).Seconds(), fmt.Sprintf(f, a...))
 				}
 			}
-			b, err := compile.Build(args[0], args[1:], compile.Options{EmbedWeights: embed, Verify: verify, Progress: progress, GEMM: gemm, MoE: moe, TP: tp, VectorSlots: vectorSlots, Fuse: fuse, SerialLaunch: !pdl, Prefetch: prefetchOption(prefetch)})
+			b, err := compile.Build(args[0], args[1:], compile.Options{EmbedWeights: embed, Verify: verify, Progress: progress, GEMM: gemm, MoE: moe, TP: tp, VectorSlots: vectorSlots, Fuse: fuse, SerialLaunch: !pdl, Prefetch: prefetchOption(prefetch), GemvCols: gemvCols})
 			if err != nil {
 				return err
 			}
@@ -102,6 +105,7 @@ func buildCmd() *cobra.Command {
 	fuseFlag(c, &fuse)
 	c.Flags().BoolVar(&pdl, "pdl", true, "programmatic dependent launch (Hopper): each generated kernel lets the next one launch at once and waits for the one ahead before touching memory, so the gaps between launches overlap the kernels (same results bit for bit; 1-4% faster decode steps on the H200); --pdl=false builds kernels that run one after another")
 	c.Flags().IntVar(&prefetch, "prefetch", compile.DefaultPrefetch, "bytes of each weight row a decode GEMV asks L2 for before it waits for the kernel ahead (with --pdl), so that its weights stream in while the small kernels ahead of it run; 0: none (same results bit for bit)")
+	c.Flags().IntVar(&gemvCols, "gemv-cols", compile.DefaultGemvCols, "columns each warp of a CUDA-core decode GEMV computes in buckets of 2-7 rows, 1 to 8 (more columns share each x load; same results bit for bit)")
 	return c
 }
 

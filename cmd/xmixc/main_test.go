@@ -126,9 +126,10 @@ func TestBuildIsDeterministic(t *testing.T) {
 	}
 }
 
-// TestBuildPrefetch: --prefetch N goes into the build info (and only GEMVs change, as
-// testsuite's TestPrefetchBundle checks); 0 builds none; a negative size is refused.
-func TestBuildPrefetch(t *testing.T) {
+// TestBuildGemvFlags: --prefetch N goes into the build info (and only GEMVs change, as
+// testsuite's TestPrefetchBundle checks); 0 builds none; a negative size, and a number of
+// GEMV columns per warp outside 1-8, are refused.
+func TestBuildGemvFlags(t *testing.T) {
 	dir := t.TempDir()
 	m := write(t, dir, "m.yaml", model)
 	for _, c := range []struct {
@@ -147,12 +148,18 @@ func TestBuildPrefetch(t *testing.T) {
 			t.Fatalf("--prefetch %s: build info prefetch %d", c.flag, b.Manifest.Build.Prefetch)
 		}
 	}
-	_, err := xmixc(t, "build", m, "-q", "--prefetch", "-1", "-o", filepath.Join(dir, "bad.xmb"))
-	if err == nil || !strings.Contains(err.Error(), "--prefetch -1: want a byte count") {
-		t.Fatalf("--prefetch -1: %v", err)
-	}
-	if _, statErr := os.Stat(filepath.Join(dir, "bad.xmb")); statErr == nil {
-		t.Fatal("a refused build left a bundle behind")
+	for _, c := range []struct{ flag, value, want string }{
+		{"--prefetch", "-1", "--prefetch -1: want a byte count"},
+		{"--gemv-cols", "0", "--gemv-cols 0: want 1 to 8"},
+		{"--gemv-cols", "9", "--gemv-cols 9: want 1 to 8"},
+	} {
+		_, err := xmixc(t, "build", m, "-q", c.flag, c.value, "-o", filepath.Join(dir, "bad.xmb"))
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Fatalf("%s %s: %v", c.flag, c.value, err)
+		}
+		if _, statErr := os.Stat(filepath.Join(dir, "bad.xmb")); statErr == nil {
+			t.Fatalf("%s %s: a refused build left a bundle behind", c.flag, c.value)
+		}
 	}
 }
 

@@ -5,7 +5,8 @@
 # For Llama-3.2-1B and Llama-3.1-8B it builds one bundle per variant of VARIANTS (default
 # "none default all"; a variant is default (no flags), serial (--fuse none --pdl=false),
 # FUSE+serial (--fuse FUSE --pdl=false), pfN (--prefetch N: the default fusions, GEMVs that
-# prefetch N bytes of each weight row; pf0: none) or a --fuse list (none: no fusion), e.g.
+# prefetch N bytes of each weight row; pf0: none), gcN (--gemv-cols N: the default fusions,
+# GEMV warps of N columns in buckets of 2-7 rows) or a --fuse list (none: no fusion), e.g.
 # "none qkv-rope gate-act all serial" to see each one's share; every variant is timed against
 # BASE, default none) and times their
 # graph replays side by side in this one run: xmix bench --graph-buckets B --graph-context
@@ -42,6 +43,7 @@ variant_flags() {
     serial) echo --fuse none --pdl=false ;;
     *+serial) echo --fuse "${1%+serial}" --pdl=false ;;
     pf[0-9]*) echo --prefetch "${1#pf}" ;;
+    gc[0-9]*) echo --gemv-cols "${1#gc}" ;;
     *) echo --fuse "$1" ;;
   esac
 }
