@@ -1,6 +1,7 @@
 package testsuite
 
 import (
+	"cmp"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -20,14 +21,17 @@ import (
 // builds with the same content. TestBundleDigests builds each case below and compares its
 // digest with testdata/bundle_digests.golden, which was written by this test at tag pre-ir
 // (the last commit before the redesign; the cases added since, Gemma 2's, when they were
-// added) and is rewritten only by -update-digests. Two defaults changed after that, both
-// measured on the GPU (session 7): programmatic dependent launch (xmixc build --pdl: two
+// added) and is rewritten only by -update-digests. Defaults changed after that, each
+// measured on the GPU: programmatic dependent launch (session 7; xmixc build --pdl: two
 // instructions at the head of every generated kernel, which is marked early_launch, nothing
-// else; TestPDLBundle) and the qkv-rope fusion (passes.DefaultFusions; the fused kernel
-// computes the unfused pair's bits, TestEmulatedBundleMatchesReferenceOps and the GPU's
-// TestCUDABuildKeepsBits). So the cases build with --pdl=false and, where they name no
-// fusion, --fuse none, which is the bundle that shipped byte for byte; the -default cases
-// hold the defaults' digests.
+// else; TestPDLBundle), the qkv-rope fusion (session 7; passes.DefaultFusions; the fused
+// kernel computes the unfused pair's bits, TestEmulatedBundleMatchesReferenceOps and the
+// GPU's TestCUDABuildKeepsBits), GEMVs that prefetch their weights before they wait (session
+// 8, --prefetch, which needs --pdl; TestPrefetchBundle) and GEMVs of two columns per warp in
+// buckets of 2-7 rows (session 8, --gemv-cols; the one-column bits, TestGemmColumnsPerWarp).
+// So the cases build with --pdl=false, --gemv-cols 1 and, where they name no fusion, --fuse
+// none, which is the bundle that shipped byte for byte; the -default cases hold the
+// defaults' digests.
 var (
 	updateDigests = flag.Bool("update-digests", false, "rewrite testdata/bundle_digests.golden from this build")
 	dumpBundles   = flag.String("dump-bundles", "", "write each case's bundle as indented JSON to DIR/NAME.json, to diff two builds")
@@ -264,6 +268,7 @@ func caseDigest(t *testing.T, c digestCase) string {
 	opt := c.opt
 	if !c.defaults {
 		opt.SerialLaunch = true
+		opt.GemvCols = cmp.Or(opt.GemvCols, 1)
 		if opt.Fuse == nil {
 			opt.Fuse = []string{"none"}
 		}

@@ -16,8 +16,9 @@ import (
 // bundles.
 func TestPDLBundle(t *testing.T) {
 	custom := customScaleApp("1")
+	// Without prefetching GEMVs (TestPrefetchBundle), early launch is the two instructions.
 	plain := CompileWith(t, compile.Options{SerialLaunch: true}, SmallModel, custom)
-	b := Compile(t, SmallModel, custom)
+	b := CompileWith(t, compile.Options{Prefetch: -1}, SmallModel, custom)
 	if !b.Manifest.Build.PDL || plain.Manifest.Build.PDL {
 		t.Fatalf("build info pdl: %v by default, %v with --pdl=false", b.Manifest.Build.PDL, plain.Manifest.Build.PDL)
 	}
