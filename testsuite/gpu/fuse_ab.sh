@@ -49,7 +49,7 @@ variant_flags() {
 }
 MODELS=${MODELS:-llama-3.2-1b llama-3.1-8b}
 VARIANTS=${VARIANTS:-none default all}
-FUSE=${FUSE:-all}
+FUSE=${FUSE-all} # FUSE= (empty): the default fusions
 PROMPT_LEN=${PROMPT_LEN:-16}
 
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader > "$raw/device.txt" 2>&1
