@@ -13,7 +13,7 @@
 # PROMPT_LEN+64 (every row at that context, as the peer grid of RESULTS.md runs) at BATCHES
 # (default 1 8 32 128), ROUNDS rounds (default 2) with the variants' order reversed every
 # other round, --profile (time per node role) in the first. Then (PARTS check) ptxas on the
-# variants' kernels, and the GPU suite with XMIX_FUSE=FUSE (default all) and XMIX_SERIAL=CHECK_SERIAL
+# variants' kernels, and the GPU suite with XMIX_FUSE=FUSE (default all; FUSE= empty: the default fusions) and XMIX_SERIAL=CHECK_SERIAL
 # (default 0: kernels built for programmatic dependent launch, the default) and
 # XMIX_PREFETCH=CHECK_PREFETCH (default: the build's default): the CUDA-vs-CPU agreement and every MI check on such bundles under both GEMM
 # servers, and TestCUDABuildKeepsBits (their logits against a plain bundle's, no fusions
