@@ -41,6 +41,8 @@ type Options struct {
 	// GemvCols is GemmConfig.Cols of the plain CUDA-core GEMVs of buckets of more than one row
 	// (0 or 1: a column per warp).
 	GemvCols int
+	// GemvUnroll is GemmConfig.Unroll of every CUDA-core GEMV (0 or 1: a chunk per step).
+	GemvUnroll int
 }
 
 // gen is the state of one Generate call.
@@ -59,6 +61,7 @@ type gen struct {
 	pdl      bool
 	prefetch int // GemmConfig.Prefetch of the CUDA-core GEMVs
 	gemvCols int // GemmConfig.Cols of the plain GEMVs of more than one row
+	unroll   int // GemmConfig.Unroll of the CUDA-core GEMVs
 	order    []string
 	bufs     []bundle.Buffer
 	// tp is the tensor-parallel degree (1: one device); the graph's widths are a rank's.
@@ -86,7 +89,10 @@ func Generate(p *passes.Program, opt Options) (*bundle.Bundle, error) {
 	if opt.GemvCols < 0 || opt.GemvCols > gemmTile {
 		return nil, fmt.Errorf("GEMV columns per warp %d: want 1 to %d", opt.GemvCols, gemmTile)
 	}
-	g.gemvCols = opt.GemvCols
+	if opt.GemvUnroll < 0 || opt.GemvUnroll > MaxGemvUnroll {
+		return nil, fmt.Errorf("GEMV unroll %d: want 1 to %d", opt.GemvUnroll, MaxGemvUnroll)
+	}
+	g.gemvCols, g.unroll = opt.GemvCols, opt.GemvUnroll
 	g.readGraph()
 	switch opt.GEMM {
 	case "", "tc", "tc-staged", "cuda-core":

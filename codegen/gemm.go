@@ -27,6 +27,12 @@ type GemmConfig struct {
 	// the same and a row's result does not depend on the bucket it runs in. It changes no
 	// result: the op's attributes leave it out.
 	Cols int
+	// Unroll (> 1) makes each K step of a lane Unroll chunks, every weight load of them issued
+	// before the first is used: a warp then has Unroll times the bytes in flight. A GEMV of few
+	// columns (Llama-3.1-8B's o projection: 4096, one wave of 512 blocks) keeps too few loads in
+	// flight to cover HBM's latency at one chunk a step. The chunks are summed in the order of
+	// the loop without it, so the bits are the same; the op's attributes leave it out.
+	Unroll int
 }
 
 // colsPerWarp is how many columns a warp of the plain GEMV computes (GemmConfig.Cols).
@@ -43,6 +49,8 @@ func (c GemmConfig) colsPerWarp() int {
 const (
 	gemmWarps = 8
 	gemmTile  = 8
+	// MaxGemvUnroll bounds GemmConfig.Unroll: the weight registers of a step grow with it.
+	MaxGemvUnroll = 8
 )
 
 // Launch is the grid for a call over rows rows.
@@ -73,6 +81,9 @@ func gemmAttrs(c GemmConfig) (ops.GemmAttrs, error) {
 	}
 	if c.Cols < 0 || c.Cols > gemmTile {
 		return ops.GemmAttrs{}, fmt.Errorf("%d columns per warp: want 0 to %d", c.Cols, gemmTile)
+	}
+	if c.Unroll < 0 || c.Unroll > MaxGemvUnroll {
+		return ops.GemmAttrs{}, fmt.Errorf("unroll %d: want 0 to %d", c.Unroll, MaxGemvUnroll)
 	}
 	return ops.GemmAttrs{K: c.K, N: c.N, WDtype: dt, Guard: c.Guard}, nil
 }
@@ -180,12 +191,8 @@ func (g *gemmGen) tile(r0 ptx.Reg, t int) {
 			acc[ci][j] = g.f32(0)
 		}
 	}
-	k := g.Reg(ptx.U32)
-	g.forLoop(k, g.lane, ptx.Imm(int64(c.K/g.vec)), ptx.Imm(32), func() {
-		wv := make([][]ptx.Reg, len(g.wrows))
-		for ci, wrow := range g.wrows {
-			wv[ci] = g.loadW(wrow, k)
-		}
+	// chunk applies the weights wv of chunk k (every column's) to the tile's rows.
+	chunk := func(k ptx.Reg, wv [][]ptx.Reg) {
 		for j := range t {
 			xa := g.byteAddr(xrow[j], k, 4*g.vec)
 			for q := 0; q < g.vec; q += 4 {
@@ -204,7 +211,36 @@ func (g *gemmGen) tile(r0 ptx.Reg, t int) {
 				}
 			}
 		}
-	})
+	}
+	load := func(k ptx.Reg) [][]ptx.Reg {
+		wv := make([][]ptx.Reg, len(g.wrows))
+		for ci, wrow := range g.wrows {
+			wv[ci] = g.loadW(wrow, k)
+		}
+		return wv
+	}
+	chunks := c.K / g.vec
+	k := g.Reg(ptx.U32)
+	start := ptx.Operand(g.lane)
+	if u := max(1, c.Unroll); u > 1 && chunks > 32*(u-1) {
+		// Steps of u chunks (k, k+32, ...) while the last of them is inside the row, then
+		// single chunks from where they stop: each lane's chunks in the same order as without.
+		g.forLoop(k, g.lane, ptx.Imm(int64(chunks-32*(u-1))), ptx.Imm(int64(32*u)), func() {
+			ks, wvs := make([]ptx.Reg, u), make([][][]ptx.Reg, u)
+			for i := range u {
+				ks[i] = k
+				if i > 0 {
+					ks[i] = g.op3("add.u32", ptx.U32, k, ptx.Imm(int64(32*i)))
+				}
+				wvs[i] = load(ks[i])
+			}
+			for i := range u {
+				chunk(ks[i], wvs[i])
+			}
+		})
+		start = k
+	}
+	g.forLoop(k, start, ptx.Imm(int64(chunks)), ptx.Imm(32), func() { chunk(k, load(k)) })
 	if g.epi != nil {
 		g.epi.store(g, r0, t, acc)
 	} else {

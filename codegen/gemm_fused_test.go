@@ -124,6 +124,19 @@ func TestGemmRopeKernel(t *testing.T) {
 			for _, b := range []string{"qkv", "kcache", "vcache"} {
 				samePair(t, fk, b, one, two)
 			}
+			// Unrolled K steps (GemmConfig.Unroll) keep the fused GEMV's bits: K = 264 is 33
+			// chunks of 8 (or 66 of 4), so lane 0 (and 1) runs an unrolled step of 2.
+			long := c
+			long.Gemm.K = 264
+			unrolled := long
+			unrolled.Gemm.Unroll = 2
+			args, _, _ := ropeArgs(r, tc.rope, long.Gemm.K, tc.rows, wdt)
+			three, four := newEmuBufs(), newEmuBufs()
+			three.run(t, must(t)(GemmRope("gemm_rope_test", unrolled)), unrolled.Launch(tc.rows), args)
+			four.run(t, must(t)(GemmRope("gemm_rope_test", long)), long.Launch(tc.rows), args)
+			for _, b := range []string{"qkv", "kcache", "vcache"} {
+				samePair(t, fk, b, three, four)
+			}
 		}
 	}
 }

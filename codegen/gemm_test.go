@@ -123,3 +123,39 @@ func TestGemmColumnsPerWarp(t *testing.T) {
 		t.Error("9 columns per warp accepted")
 	}
 }
+
+// TestGemmUnroll: a GEMV whose lanes load several K chunks before using them
+// (GemmConfig.Unroll) against its reference and bit for bit against one chunk a step: K
+// steps that do not fill one unrolled step (none of it runs), fill it exactly, and leave one
+// chunk over; with one and two columns per warp, one row, a partial tile and a tile plus one.
+func TestGemmUnroll(t *testing.T) {
+	r := rand.New(rand.NewPCG(75, 76))
+	for _, c := range []struct {
+		k, unroll int
+		dt        ptx.Type
+	}{
+		{512, 2, ptx.BF16}, {520, 2, ptx.BF16}, {264, 2, ptx.BF16}, // 64, 65 and 33 chunks
+		{768, 4, ptx.BF16}, {776, 4, ptx.BF16}, {1024, 4, ptx.BF16}, // 96 (no unrolled step), 97, 128
+		{260, 3, ptx.F32}, {70, 2, ptx.F32}, {37 * 3, 3, ptx.BF16}, // f32 chunks of 4; K not a multiple of the vector: chunks of 1
+	} {
+		for _, shape := range []struct{ rows, cols int }{{1, 1}, {3, 2}, {9, 1}} {
+			one := GemmConfig{K: c.k, N: 16, WDtype: c.dt, Cols: shape.cols}
+			cfg := one
+			cfg.Unroll = c.unroll
+			k, plain := must(t)(Gemm("gemm_test", cfg)), must(t)(Gemm("gemm_test", one))
+			w := targ{name: "w", f32: randF32(r, one.N*c.k, 1)}
+			if c.dt == ptx.BF16 {
+				w = targ{name: "w", bf16: w.f32}
+			}
+			args := []targ{{name: "x", f32: randF32(r, shape.rows*c.k, 1)}, w, {name: "y", out: shape.rows * one.N}, scalarU32("rows", uint32(shape.rows))}
+			checkKernel(t, k, cfg.Launch(shape.rows), args)
+			a, b := newEmuBufs(), newEmuBufs()
+			a.run(t, k, cfg.Launch(shape.rows), args)
+			b.run(t, plain, one.Launch(shape.rows), args)
+			samePair(t, k, "y", a, b)
+		}
+	}
+	if _, err := Gemm("g", GemmConfig{K: 8, N: 16, WDtype: ptx.BF16, Unroll: MaxGemvUnroll + 1}); err == nil {
+		t.Errorf("unroll %d accepted", MaxGemvUnroll+1)
+	}
+}

@@ -272,7 +272,7 @@ func (t *tb) parts(n *ir.Node) {
 // on tensor cores, which take no epilogue (nor does cuBLASLt, which serves them on the GPU).
 func (t *tb) fusedGemv(mm *ir.Node, y *ir.Value) (c GemmConfig, rows int, s slots, ok bool) {
 	x := mm.In[0]
-	c, rows = GemmConfig{K: x.Width, N: mm.Out[0].Width, WDtype: t.g.wdt, Prefetch: t.g.prefetch}, t.rowsOf(x)
+	c, rows = GemmConfig{K: x.Width, N: mm.Out[0].Width, WDtype: t.g.wdt, Prefetch: t.g.prefetch, Unroll: t.g.unroll}, t.rowsOf(x)
 	s = slots{"x": buf(x.Buffer), "w": buf(mm.Weight("w").Name), "y": buf(y.Buffer), "rows": konst(uint64(rows))}
 	return c, rows, s, !t.tensorCores(c, rows)
 }
@@ -282,6 +282,9 @@ func (g *gen) gemvName(c GemmConfig) string {
 	name := fmt.Sprintf("gemm_k%d_n%d_%s", c.K, c.N, g.wdt)
 	if n := c.colsPerWarp(); n > 1 {
 		name += fmt.Sprintf("_c%d", n)
+	}
+	if c.Unroll > 1 {
+		name += fmt.Sprintf("_u%d", c.Unroll)
 	}
 	return name
 }
@@ -355,7 +358,7 @@ func (t *tb) gemmAt(label string, x, w, y bundle.Slot, c GemmConfig, rows int) {
 		t.add(label, kern, err, c.LaunchTC(rows), s, nil)
 		return
 	}
-	c.Prefetch = g.prefetch
+	c.Prefetch, c.Unroll = g.prefetch, g.unroll
 	if rows > 1 {
 		c.Cols = g.gemvCols
 	}

@@ -50,6 +50,9 @@ type Options struct {
 	// GemvCols is how many columns a warp of a CUDA-core GEMV computes in buckets of 2-7 rows
 	// (codegen.Options.GemvCols; 0: DefaultGemvCols).
 	GemvCols int
+	// GemvUnroll is how many K chunks a lane of a CUDA-core GEMV loads before it uses the
+	// first (codegen.Options.GemvUnroll; 0: DefaultGemvUnroll).
+	GemvUnroll int
 }
 
 // DefaultGemvCols is Options.GemvCols's default, measured on the H200 (testsuite/gpu/GEMV_AB.md,
@@ -57,6 +60,9 @@ type Options struct {
 // batch 2 and 34% at batch 4, of Llama-3.2-1B by 1% and 22%; four or eight are slower at
 // batch 2 (fewer warps stream the weights) and within 2% of two at batch 4.
 const DefaultGemvCols = 2
+
+// DefaultGemvUnroll is Options.GemvUnroll's default.
+const DefaultGemvUnroll = 1
 
 // DefaultPrefetch is Options.Prefetch's default, measured on the H200 (GEMV_AB.md, session 8
 // calls 2 and 3): 512 bytes per weight row shorten the batch-1 step by 1.1% on Llama-3.1-8B
@@ -190,20 +196,26 @@ func Build(modelPath string, appPaths []string, opt Options) (*bundle.Bundle, er
 		prefetch = 0
 	}
 	gemvCols := cmp.Or(opt.GemvCols, DefaultGemvCols)
-	recorded := gemvCols // the build info names only a GEMV of more than one column
+	unroll := cmp.Or(opt.GemvUnroll, DefaultGemvUnroll)
+	// The build info names only GEMVs other than one column, one chunk a step.
+	recorded, recordedUnroll := gemvCols, unroll
 	if recorded == 1 {
 		recorded = 0
 	}
+	if recordedUnroll == 1 {
+		recordedUnroll = 0
+	}
 	b, err := codegen.Generate(p, codegen.Options{
-		Build:     bundle.BuildInfo{Compiler: Compiler, Inputs: inputs, Fuse: p.Fused(), PDL: !opt.SerialLaunch, Prefetch: prefetch, GemvCols: recorded},
-		Weights:   weights,
-		Tokenizer: tok,
-		Progress:  func(f string, a ...any) { progress("codegen: "+f, a...) },
-		GEMM:      opt.GEMM,
-		MoE:       opt.MoE,
-		PDL:       !opt.SerialLaunch,
-		Prefetch:  prefetch,
-		GemvCols:  gemvCols,
+		Build:      bundle.BuildInfo{Compiler: Compiler, Inputs: inputs, Fuse: p.Fused(), PDL: !opt.SerialLaunch, Prefetch: prefetch, GemvCols: recorded, GemvUnroll: recordedUnroll},
+		Weights:    weights,
+		Tokenizer:  tok,
+		Progress:   func(f string, a ...any) { progress("codegen: "+f, a...) },
+		GEMM:       opt.GEMM,
+		MoE:        opt.MoE,
+		PDL:        !opt.SerialLaunch,
+		Prefetch:   prefetch,
+		GemvCols:   gemvCols,
+		GemvUnroll: unroll,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("codegen: %w", err)

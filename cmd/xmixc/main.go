@@ -15,6 +15,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"xmix/bundle"
+	"xmix/codegen"
 	"xmix/compile"
 	"xmix/passes"
 )
@@ -44,7 +45,7 @@ func buildCmd() *cobra.Command {
 	var embed, verify, quiet, pdl bool
 	var gemm, moe string
 	var fuse []string
-	var tp, vectorSlots, prefetch, gemvCols int
+	var tp, vectorSlots, prefetch, gemvCols, gemvUnroll int
 	c := &cobra.Command{
 		Use:   "build MODEL.yaml [APP.yaml...] -o OUT.xmb",
 		Short: "Compile specs into a bundle",
@@ -62,6 +63,9 @@ func buildCmd() *cobra.Command {
 			if gemvCols < 1 || gemvCols > 8 {
 				return fmt.Errorf("--gemv-cols %d: want 1 to 8 columns per warp", gemvCols)
 			}
+			if gemvUnroll < 1 || gemvUnroll > codegen.MaxGemvUnroll {
+				return fmt.Errorf("--gemv-unroll %d: want 1 to %d chunks per step", gemvUnroll, codegen.MaxGemvUnroll)
+			}
 			if prefetch < 0 {
 				return fmt.Errorf("--prefetch %d: want a byte count, or 0 for none", prefetch)
 			}
@@ -71,7 +75,7 @@ func buildCmd() *cobra.Command {
 					fmt.Fprintf(os.Stderr, "[%6.2fs] %s\n", time.Since(start).Seconds(), fmt.Sprintf(f, a...))
 				}
 			}
-			b, err := compile.Build(args[0], args[1:], compile.Options{EmbedWeights: embed, Verify: verify, Progress: progress, GEMM: gemm, MoE: moe, TP: tp, VectorSlots: vectorSlots, Fuse: fuse, SerialLaunch: !pdl, Prefetch: prefetchOption(prefetch), GemvCols: gemvCols})
+			b, err := compile.Build(args[0], args[1:], compile.Options{EmbedWeights: embed, Verify: verify, Progress: progress, GEMM: gemm, MoE: moe, TP: tp, VectorSlots: vectorSlots, Fuse: fuse, SerialLaunch: !pdl, Prefetch: prefetchOption(prefetch), GemvCols: gemvCols, GemvUnroll: gemvUnroll})
 			if err != nil {
 				return err
 			}
@@ -106,6 +110,7 @@ func buildCmd() *cobra.Command {
 	c.Flags().BoolVar(&pdl, "pdl", true, "programmatic dependent launch (Hopper): each generated kernel lets the next one launch at once and waits for the one ahead before touching memory, so the gaps between launches overlap the kernels (same results bit for bit; 1-4% faster decode steps on the H200); --pdl=false builds kernels that run one after another")
 	c.Flags().IntVar(&prefetch, "prefetch", compile.DefaultPrefetch, "bytes of each weight row a decode GEMV asks L2 for before it waits for the kernel ahead (with --pdl), so that its weights stream in while the small kernels ahead of it run; 0: none (same results bit for bit)")
 	c.Flags().IntVar(&gemvCols, "gemv-cols", compile.DefaultGemvCols, "columns each warp of a CUDA-core decode GEMV computes in buckets of 2-7 rows, 1 to 8 (more columns share each x load; same results bit for bit)")
+	c.Flags().IntVar(&gemvUnroll, "gemv-unroll", compile.DefaultGemvUnroll, "K chunks each lane of a CUDA-core decode GEMV loads before it uses the first, 1 to 8 (more bytes in flight per warp; same results bit for bit)")
 	return c
 }
 

@@ -152,6 +152,8 @@ func TestBuildGemvFlags(t *testing.T) {
 		{"--prefetch", "-1", "--prefetch -1: want a byte count"},
 		{"--gemv-cols", "0", "--gemv-cols 0: want 1 to 8"},
 		{"--gemv-cols", "9", "--gemv-cols 9: want 1 to 8"},
+		{"--gemv-unroll", "0", "--gemv-unroll 0: want 1 to 8"},
+		{"--gemv-unroll", "9", "--gemv-unroll 9: want 1 to 8"},
 	} {
 		_, err := xmixc(t, "build", m, "-q", c.flag, c.value, "-o", filepath.Join(dir, "bad.xmb"))
 		if err == nil || !strings.Contains(err.Error(), c.want) {

@@ -6,7 +6,8 @@
 # "none default all"; a variant is default (no flags), serial (--fuse none --pdl=false),
 # FUSE+serial (--fuse FUSE --pdl=false), pfN (--prefetch N: the default fusions, GEMVs that
 # prefetch N bytes of each weight row; pf0: none), gcN (--gemv-cols N: the default fusions,
-# GEMV warps of N columns in buckets of 2-7 rows) or a --fuse list (none: no fusion), e.g.
+# GEMV warps of N columns in buckets of 2-7 rows), guN (--gemv-unroll N: GEMV lanes loading N
+# K chunks per step) or a --fuse list (none: no fusion), e.g.
 # "none qkv-rope gate-act all serial" to see each one's share; every variant is timed against
 # BASE, default none) and times their
 # graph replays side by side in this one run: xmix bench --graph-buckets B --graph-context
@@ -44,6 +45,7 @@ variant_flags() {
     *+serial) echo --fuse "${1%+serial}" --pdl=false ;;
     pf[0-9]*) echo --prefetch "${1#pf}" ;;
     gc[0-9]*) echo --gemv-cols "${1#gc}" ;;
+    gu[0-9]*) echo --gemv-unroll "${1#gu}" ;;
     *) echo --fuse "$1" ;;
   esac
 }
