@@ -306,8 +306,8 @@ type BuildInfo struct {
 	// GemvCols: columns per warp of the CUDA-core GEMVs of buckets of 2-7 rows (xmixc build
 	// --gemv-cols; 0 or 1: one).
 	GemvCols int `json:"gemv_cols,omitempty"`
-	// GemvUnroll: K chunks a lane of a CUDA-core GEMV loads before it uses the first (xmixc
-	// build --gemv-unroll; 0 or 1: one).
+	// GemvUnroll: K chunks a lane of a CUDA-core GEMV of a bucket of 2-7 rows loads before it
+	// uses the first (xmixc build --gemv-unroll; 0 or 1: one).
 	GemvUnroll int `json:"gemv_unroll,omitempty"`
 }
 

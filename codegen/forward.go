@@ -41,7 +41,8 @@ type Options struct {
 	// GemvCols is GemmConfig.Cols of the plain CUDA-core GEMVs of buckets of more than one row
 	// (0 or 1: a column per warp).
 	GemvCols int
-	// GemvUnroll is GemmConfig.Unroll of every CUDA-core GEMV (0 or 1: a chunk per step).
+	// GemvUnroll is GemmConfig.Unroll of the CUDA-core GEMVs of buckets of more than one row
+	// (0 or 1: a chunk per step).
 	GemvUnroll int
 }
 
@@ -61,7 +62,7 @@ type gen struct {
 	pdl      bool
 	prefetch int // GemmConfig.Prefetch of the CUDA-core GEMVs
 	gemvCols int // GemmConfig.Cols of the plain GEMVs of more than one row
-	unroll   int // GemmConfig.Unroll of the CUDA-core GEMVs
+	unroll   int // GemmConfig.Unroll of the CUDA-core GEMVs of more than one row
 	order    []string
 	bufs     []bundle.Buffer
 	// tp is the tensor-parallel degree (1: one device); the graph's widths are a rank's.

@@ -272,7 +272,10 @@ func (t *tb) parts(n *ir.Node) {
 // on tensor cores, which take no epilogue (nor does cuBLASLt, which serves them on the GPU).
 func (t *tb) fusedGemv(mm *ir.Node, y *ir.Value) (c GemmConfig, rows int, s slots, ok bool) {
 	x := mm.In[0]
-	c, rows = GemmConfig{K: x.Width, N: mm.Out[0].Width, WDtype: t.g.wdt, Prefetch: t.g.prefetch, Unroll: t.g.unroll}, t.rowsOf(x)
+	c, rows = GemmConfig{K: x.Width, N: mm.Out[0].Width, WDtype: t.g.wdt, Prefetch: t.g.prefetch}, t.rowsOf(x)
+	if rows > 1 {
+		c.Unroll = t.g.unroll
+	}
 	s = slots{"x": buf(x.Buffer), "w": buf(mm.Weight("w").Name), "y": buf(y.Buffer), "rows": konst(uint64(rows))}
 	return c, rows, s, !t.tensorCores(c, rows)
 }
@@ -358,9 +361,9 @@ func (t *tb) gemmAt(label string, x, w, y bundle.Slot, c GemmConfig, rows int) {
 		t.add(label, kern, err, c.LaunchTC(rows), s, nil)
 		return
 	}
-	c.Prefetch, c.Unroll = g.prefetch, g.unroll
+	c.Prefetch = g.prefetch
 	if rows > 1 {
-		c.Cols = g.gemvCols
+		c.Cols, c.Unroll = g.gemvCols, g.unroll
 	}
 	name := g.gemvName(c) + guard
 	kern, err := g.kernel(name, func() (*Kernel, error) { return Gemm(name, c) })

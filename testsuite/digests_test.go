@@ -27,9 +27,10 @@ import (
 // else; TestPDLBundle), the qkv-rope fusion (session 7; passes.DefaultFusions; the fused
 // kernel computes the unfused pair's bits, TestEmulatedBundleMatchesReferenceOps and the
 // GPU's TestCUDABuildKeepsBits), GEMVs that prefetch their weights before they wait (session
-// 8, --prefetch, which needs --pdl; TestPrefetchBundle) and GEMVs of two columns per warp in
-// buckets of 2-7 rows (session 8, --gemv-cols; the one-column bits, TestGemmColumnsPerWarp).
-// So the cases build with --pdl=false, --gemv-cols 1 and, where they name no fusion, --fuse
+// 8, --prefetch, which needs --pdl; TestPrefetchBundle), and GEMVs of two columns per warp in
+// buckets of 2-7 rows (session 8, --gemv-cols; the one-column bits, TestGemmColumnsPerWarp),
+// unrolled four chunks a step (session 8, --gemv-unroll; TestGemmUnroll). So the cases build
+// with --pdl=false, --gemv-cols 1, --gemv-unroll 1 and, where they name no fusion, --fuse
 // none, which is the bundle that shipped byte for byte; the -default cases hold the
 // defaults' digests.
 var (
@@ -269,6 +270,7 @@ func caseDigest(t *testing.T, c digestCase) string {
 	if !c.defaults {
 		opt.SerialLaunch = true
 		opt.GemvCols = cmp.Or(opt.GemvCols, 1)
+		opt.GemvUnroll = cmp.Or(opt.GemvUnroll, 1)
 		if opt.Fuse == nil {
 			opt.Fuse = []string{"none"}
 		}
