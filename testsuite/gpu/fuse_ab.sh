@@ -3,13 +3,9 @@
 # machine from the repository root, after testsuite/gpu/build.sh here:
 #   run(command="bash testsuite/gpu/fuse_ab.sh", carry=[".dev/gpu"])
 # For Llama-3.2-1B and Llama-3.1-8B it builds one bundle per variant of VARIANTS (default
-# "none default all"; a variant is default (no flags), serial (--fuse none --pdl=false),
-# FUSE+serial (--fuse FUSE --pdl=false), pfN (--prefetch N: the default fusions, GEMVs that
-# prefetch N bytes of each weight row; pf0: none), gcN (--gemv-cols N: the default fusions,
-# GEMV warps of N columns in buckets of 2-7 rows), guN (--gemv-unroll N: GEMV lanes loading N
-# K chunks per step) or a --fuse list (none: no fusion), e.g.
-# "none qkv-rope gate-act all serial" to see each one's share; every variant is timed against
-# BASE, default none) and times their
+# "none default all"; variants.sh says what each name builds, e.g. "none qkv-rope gate-act
+# all serial" to see each fusion's share; every variant is timed against BASE, default none)
+# and times their
 # graph replays side by side in this one run: xmix bench --graph-buckets B --graph-context
 # PROMPT_LEN+64 (every row at that context, as the peer grid of RESULTS.md runs) at BATCHES
 # (default 1 8 32 128), ROUNDS rounds (default 2) with the variants' order reversed every
@@ -25,6 +21,7 @@
 # the machine is warm.
 set -uo pipefail
 . testsuite/gpu/ptxas.sh
+. testsuite/gpu/variants.sh
 bin=${XMIX_BIN:-.dev/gpu}
 OUT=${OUT:-/tmp/xmix-gpu-out}
 work=/tmp/xmix-fuse-ab
@@ -35,20 +32,6 @@ log() { echo "[$(date +%T)] $*" >&2; }
 has() { [[ " ${PARTS:-bench check} " == *" $1 "* ]]; }
 # What is measured so far goes back as one tarball (the device returns at most 8 files).
 keep() { tar -czf "$OUT/raw.tgz" -C "$raw" .; }
-# variant_flags: a variant's xmixc build flags: default (none), serial (--fuse none
-# --pdl=false: the kernels as they ran before either), FUSE+serial (--fuse FUSE --pdl=false),
-# else --fuse VARIANT (none: no fusion).
-variant_flags() {
-  case "$1" in
-    default) ;;
-    serial) echo --fuse none --pdl=false ;;
-    *+serial) echo --fuse "${1%+serial}" --pdl=false ;;
-    pf[0-9]*) echo --prefetch "${1#pf}" ;;
-    gc[0-9]*) echo --gemv-cols "${1#gc}" ;;
-    gu[0-9]*) echo --gemv-unroll "${1#gu}" ;;
-    *) echo --fuse "$1" ;;
-  esac
-}
 MODELS=${MODELS:-llama-3.2-1b llama-3.1-8b}
 VARIANTS=${VARIANTS:-none default all}
 FUSE=${FUSE-all} # FUSE= (empty): the default fusions

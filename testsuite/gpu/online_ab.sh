@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# The online workload on build variants of one spec, side by side in one device call on the
+# GPU machine from the repository root, after testsuite/gpu/build.sh here:
+#   run(command="bash testsuite/gpu/online_ab.sh", carry=[".dev/gpu"])
+# Builds MODEL (default llama-3.1-8b) once per variant of VARIANTS (default "s7 default": the
+# session-7 GEMVs against today's defaults; variants.sh says what each name builds) and runs
+# xmix bench --online (ShareGPT-like prompts, OUTPUT_LEN tokens, REQUESTS requests arriving at
+# RATE per second, 0: all at once) on each, one process per run, ROUNDS rounds with the order
+# reversed every other round, after one discarded warm-up run of the first variant. The greedy
+# tokens' digest (tokens_sha256) says whether the variants computed the same tokens. Writes
+# $OUT/online_ab.json and $OUT/ONLINE_AB.md. BACKEND=cpu MODEL=tiny REQUESTS=4 OUTPUT_LEN=4 tries it without a GPU.
+set -uo pipefail
+. testsuite/gpu/variants.sh
+bin=${XMIX_BIN:-.dev/gpu}
+OUT=${OUT:-/tmp/xmix-gpu-out}
+work=/tmp/xmix-online-ab
+mkdir -p "$OUT" "$work"
+log() { echo "[$(date +%T)] $*" >&2; }
+MODEL=${MODEL:-llama-3.1-8b}
+VARIANTS=${VARIANTS:-s7 default}
+bench() { # bench VARIANT OUTFILE
+  timeout "${BENCH_TIMEOUT:-200}" "$bin/xmix" bench "$work/$1.xmb" --backend "${BACKEND:-cuda}" --online --rate "${RATE:-8}" \
+    --requests "${REQUESTS:-160}" --output-len "${OUTPUT_LEN:-128}" --warmup 0 --runs 1 --json -q > "$2" 2>> "$work/bench.log" \
+    || echo "online $1 failed" >&2
+}
+
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader > "$work/device.txt" 2>&1
+for v in $VARIANTS; do
+  "$bin/xmixc" build "specs/models/$MODEL.yaml" $(variant_flags "$v") -q -o "$work/$v.xmb" || echo "build $v failed" >&2
+done
+log "warm-up"
+bench "${VARIANTS%% *}" "$work/warmup.json"
+for r in $(seq 1 "${ROUNDS:-2}"); do
+  order=$VARIANTS
+  [ $((r % 2)) = 0 ] && order=$(echo "$VARIANTS" | tr ' ' '\n' | tac | tr '\n' ' ')
+  for v in $order; do
+    log "round $r: $v"
+    bench "$v" "$work/online__${v}__r$r.json"
+  done
+done
+python3 - "$work" "$OUT" "$MODEL" <<'PY'
+import glob, json, os, re, statistics, sys
+work, out, model = sys.argv[1:4]
+runs = {}
+for p in sorted(glob.glob(os.path.join(work, "online__*__r*.json"))):
+    v = re.match(r"online__(.+)__r\d+\.json$", os.path.basename(p)).group(1)
+    try:
+        runs.setdefault(v, []).append(json.load(open(p))["online"]["runs"][0])
+    except (OSError, ValueError, KeyError, IndexError):
+        pass
+keys = ["mean_itl_ms", "p99_itl_ms", "mean_ttft_ms", "total_tok_per_s"]
+res = {"model": model, "device": open(os.path.join(work, "device.txt")).read().strip(), "variants": {}}
+for v, rs in runs.items():
+    if not rs:
+        continue
+    res["variants"][v] = {k: statistics.mean(r[k] for r in rs) for k in keys}
+    res["variants"][v]["rounds"] = len(rs)
+    res["variants"][v]["tokens_sha256"] = sorted({r.get("tokens_sha256", "") for r in rs})
+json.dump(res, open(os.path.join(out, "online_ab.json"), "w"), indent=1)
+md = [f"# Online workload on build variants ({model}, {res['device']})", "",
+      "| variant | mean ITL ms | P99 ITL ms | mean TTFT ms | total tok/s | rounds | greedy tokens sha256 |", "|---|---|---|---|---|---|---|"]
+for v, x in res["variants"].items():
+    md.append(f"| {v} | {x['mean_itl_ms']:.3f} | {x['p99_itl_ms']:.3f} | {x['mean_ttft_ms']:.1f} | {x['total_tok_per_s']:.0f} | {x['rounds']} | {' '.join(s[:12] for s in x['tokens_sha256'])} |")
+open(os.path.join(out, "ONLINE_AB.md"), "w").write("\n".join(md) + "\n")
+print("\n".join(md))
+PY
