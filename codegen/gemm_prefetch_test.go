@@ -56,19 +56,7 @@ func TestGemmPrefetch(t *testing.T) {
 			t.Fatalf("%+v: early launch: %d waits, launch %v", c, n, strings.Contains(early.PTX, bundle.PriorGridLaunch))
 		}
 
-		w := targ{name: "w", f32: randF32(r, c.n*c.k, 1)}
-		if c.dt == ptx.BF16 {
-			w = targ{name: "w", bf16: w.f32}
-		}
-		args := []targ{{name: "x", f32: randF32(r, c.rows*c.k, 1)}, w, {name: "y", out: c.rows * c.n}, scalarU32("rows", uint32(c.rows))}
-		if c.guard != 0 {
-			args = append(args, targ{name: "any_mask", u32: []uint32{c.guard}})
-		}
-		checkKernel(t, early, cfg.Launch(c.rows), args)
-		one, two := newEmuBufs(), newEmuBufs()
-		one.run(t, early, cfg.Launch(c.rows), args)
-		two.run(t, plain, plainCfg.Launch(c.rows), args)
-		samePair(t, k, "y", one, two)
+		sameGemvBits(t, r, early, plain, cfg, plainCfg, c.rows)
 	}
 }
 

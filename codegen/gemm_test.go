@@ -108,16 +108,7 @@ func TestGemmColumnsPerWarp(t *testing.T) {
 		if g := cfg.Launch(c.rows).Grid[0]; g != wantGrid {
 			t.Fatalf("%+v: grid %d, want %d", c, g, wantGrid)
 		}
-		w := targ{name: "w", f32: randF32(r, c.n*c.k, 1)}
-		if c.dt == ptx.BF16 {
-			w = targ{name: "w", bf16: w.f32}
-		}
-		args := []targ{{name: "x", f32: randF32(r, c.rows*c.k, 1)}, w, {name: "y", out: c.rows * c.n}, scalarU32("rows", uint32(c.rows))}
-		checkKernel(t, k, cfg.Launch(c.rows), args)
-		a, b := newEmuBufs(), newEmuBufs()
-		a.run(t, k, cfg.Launch(c.rows), args)
-		b.run(t, plain, one.Launch(c.rows), args)
-		samePair(t, k, "y", a, b)
+		sameGemvBits(t, r, k, plain, cfg, one, c.rows)
 	}
 	if _, err := Gemm("g", GemmConfig{K: 8, N: 16, WDtype: ptx.BF16, Cols: 9}); err == nil {
 		t.Error("9 columns per warp accepted")
@@ -142,20 +133,30 @@ func TestGemmUnroll(t *testing.T) {
 			one := GemmConfig{K: c.k, N: 16, WDtype: c.dt, Cols: shape.cols}
 			cfg := one
 			cfg.Unroll = c.unroll
-			k, plain := must(t)(Gemm("gemm_test", cfg)), must(t)(Gemm("gemm_test", one))
-			w := targ{name: "w", f32: randF32(r, one.N*c.k, 1)}
-			if c.dt == ptx.BF16 {
-				w = targ{name: "w", bf16: w.f32}
-			}
-			args := []targ{{name: "x", f32: randF32(r, shape.rows*c.k, 1)}, w, {name: "y", out: shape.rows * one.N}, scalarU32("rows", uint32(shape.rows))}
-			checkKernel(t, k, cfg.Launch(shape.rows), args)
-			a, b := newEmuBufs(), newEmuBufs()
-			a.run(t, k, cfg.Launch(shape.rows), args)
-			b.run(t, plain, one.Launch(shape.rows), args)
-			samePair(t, k, "y", a, b)
+			sameGemvBits(t, r, must(t)(Gemm("gemm_test", cfg)), must(t)(Gemm("gemm_test", one)), cfg, one, shape.rows)
 		}
 	}
 	if _, err := Gemm("g", GemmConfig{K: 8, N: 16, WDtype: ptx.BF16, Unroll: MaxGemvUnroll + 1}); err == nil {
 		t.Errorf("unroll %d accepted", MaxGemvUnroll+1)
 	}
+}
+
+// sameGemvBits runs GEMV kernel k (of cfg) over random x and w against its reference, and
+// bit for bit against kernel base (of baseCfg: the same product computed another way), over
+// rows rows; a guarded cfg gets an any_mask that runs it.
+func sameGemvBits(t *testing.T, r *rand.Rand, k, base *Kernel, cfg, baseCfg GemmConfig, rows int) {
+	t.Helper()
+	w := targ{name: "w", f32: randF32(r, cfg.N*cfg.K, 1)}
+	if cfg.WDtype == ptx.BF16 {
+		w = targ{name: "w", bf16: w.f32}
+	}
+	args := []targ{{name: "x", f32: randF32(r, rows*cfg.K, 1)}, w, {name: "y", out: rows * cfg.N}, scalarU32("rows", uint32(rows))}
+	if cfg.Guard != 0 {
+		args = append(args, targ{name: "any_mask", u32: []uint32{cfg.Guard}})
+	}
+	checkKernel(t, k, cfg.Launch(rows), args)
+	a, b := newEmuBufs(), newEmuBufs()
+	a.run(t, k, cfg.Launch(rows), args)
+	b.run(t, base, baseCfg.Launch(rows), args)
+	samePair(t, k, "y", a, b)
 }
