@@ -285,6 +285,13 @@ func printBundle(w io.Writer, b *bundle.Bundle) {
 	if f := b.Manifest.Build.Fuse; len(f) > 0 {
 		fmt.Fprintf(w, "          fused: %s\n", strings.Join(f, ", "))
 	}
+	if bi := b.Manifest.Build; bi.PDL {
+		fmt.Fprintf(w, "          early launch; GEMVs prefetch %d bytes of each weight row; GEMVs at 2-7 rows: %d columns per warp, K loop unrolled %dx\n",
+			bi.Prefetch, max(1, bi.GemvCols), max(1, bi.GemvUnroll))
+	} else {
+		fmt.Fprintf(w, "          kernels launched one after another (--pdl=false); GEMVs at 2-7 rows: %d columns per warp, K loop unrolled %dx\n",
+			max(1, bi.GemvCols), max(1, bi.GemvUnroll))
+	}
 	for _, in := range b.Manifest.Build.Inputs {
 		fmt.Fprintf(w, "          %s sha256=%s\n", in.Path, in.SHA256[:16])
 	}

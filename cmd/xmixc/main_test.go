@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/binary"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -146,6 +147,10 @@ func TestBuildGemvFlags(t *testing.T) {
 		}
 		if b.Manifest.Build.Prefetch != c.want {
 			t.Fatalf("--prefetch %s: build info prefetch %d", c.flag, b.Manifest.Build.Prefetch)
+		}
+		text, err := xmixc(t, "inspect", out)
+		if want := fmt.Sprintf("GEMVs prefetch %d bytes of each weight row; GEMVs at 2-7 rows: 2 columns per warp, K loop unrolled 4x", c.want); err != nil || !strings.Contains(text, want) {
+			t.Fatalf("inspect: %v; output lacks %q:\n%s", err, want, text)
 		}
 	}
 	for _, c := range []struct{ flag, value, want string }{
