@@ -44,6 +44,9 @@ type Options struct {
 	// GemvUnroll is GemmConfig.Unroll of the CUDA-core GEMVs of buckets of more than one row
 	// (0 or 1: a chunk per step).
 	GemvUnroll int
+	// GemvFitRows builds each CUDA-core GEMV of a bucket with code for the bucket's rows only
+	// (GemmConfig.Tile): fewer registers, more warps in flight.
+	GemvFitRows bool
 }
 
 // gen is the state of one Generate call.
@@ -63,6 +66,7 @@ type gen struct {
 	prefetch int // GemmConfig.Prefetch of the CUDA-core GEMVs
 	gemvCols int // GemmConfig.Cols of the plain GEMVs of more than one row
 	unroll   int // GemmConfig.Unroll of the CUDA-core GEMVs of more than one row
+	fitRows  bool
 	order    []string
 	bufs     []bundle.Buffer
 	// tp is the tensor-parallel degree (1: one device); the graph's widths are a rank's.
@@ -93,7 +97,7 @@ func Generate(p *passes.Program, opt Options) (*bundle.Bundle, error) {
 	if opt.GemvUnroll < 0 || opt.GemvUnroll > MaxGemvUnroll {
 		return nil, fmt.Errorf("GEMV unroll %d: want 1 to %d", opt.GemvUnroll, MaxGemvUnroll)
 	}
-	g.gemvCols, g.unroll = opt.GemvCols, opt.GemvUnroll
+	g.gemvCols, g.unroll, g.fitRows = opt.GemvCols, opt.GemvUnroll, opt.GemvFitRows
 	g.readGraph()
 	switch opt.GEMM {
 	case "", "tc", "tc-staged", "cuda-core":

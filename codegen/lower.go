@@ -276,6 +276,7 @@ func (t *tb) fusedGemv(mm *ir.Node, y *ir.Value) (c GemmConfig, rows int, s slot
 	if rows > 1 {
 		c.Unroll = t.g.unroll
 	}
+	c.Tile = t.g.gemvTile(rows)
 	s = slots{"x": buf(x.Buffer), "w": buf(mm.Weight("w").Name), "y": buf(y.Buffer), "rows": konst(uint64(rows))}
 	return c, rows, s, !t.tensorCores(c, rows)
 }
@@ -289,7 +290,19 @@ func (g *gen) gemvName(c GemmConfig) string {
 	if c.Unroll > 1 {
 		name += fmt.Sprintf("_u%d", c.Unroll)
 	}
+	if t := c.tile(); t < gemmTile {
+		name += fmt.Sprintf("_t%d", t)
+	}
 	return name
+}
+
+// gemvTile is GemmConfig.Tile of a GEMV over rows rows: the rows themselves with
+// Options.GemvFitRows (at most a full tile), else 0 (code for every tile size).
+func (g *gen) gemvTile(rows int) int {
+	if !g.fitRows {
+		return 0
+	}
+	return min(max(rows, 1), gemmTile)
 }
 
 // matmulRope is the q/k/v projection with the rotation and the KV write in its epilogue
@@ -361,7 +374,7 @@ func (t *tb) gemmAt(label string, x, w, y bundle.Slot, c GemmConfig, rows int) {
 		t.add(label, kern, err, c.LaunchTC(rows), s, nil)
 		return
 	}
-	c.Prefetch = g.prefetch
+	c.Prefetch, c.Tile = g.prefetch, g.gemvTile(rows)
 	if rows > 1 {
 		c.Cols, c.Unroll = g.gemvCols, g.unroll
 	}
