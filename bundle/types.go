@@ -310,7 +310,7 @@ type BuildInfo struct {
 	// uses the first (xmixc build --gemv-unroll; 0 or 1: one).
 	GemvUnroll int `json:"gemv_unroll,omitempty"`
 	// GemvFitRows: each CUDA-core GEMV has code for its bucket's rows only (xmixc build
-	// --gemv-fit-rows, the default).
+	// --gemv-fit-rows).
 	GemvFitRows bool `json:"gemv_fit_rows,omitempty"`
 }
 

@@ -53,10 +53,10 @@ type Options struct {
 	// GemvUnroll is how many K chunks a lane of a CUDA-core GEMV of a bucket of 2-7 rows
 	// loads before it uses the first (codegen.Options.GemvUnroll; 0: DefaultGemvUnroll).
 	GemvUnroll int
-	// GemvEveryTile builds each CUDA-core GEMV with code for every tile size (1-8 rows), as
-	// before session 8; by default a bucket's GEMV has code for its own rows only
-	// (codegen.Options.GemvFitRows).
-	GemvEveryTile bool
+	// GemvFitRows builds each CUDA-core GEMV of a bucket with code for the bucket's rows only
+	// (codegen.Options.GemvFitRows); off, every GEMV has code for 1-8 rows. Opt-in until it is
+	// measured on the GPU (testsuite/gpu/fuse_ab.sh variant fitrows).
+	GemvFitRows bool
 }
 
 // DefaultGemvCols is Options.GemvCols's default, measured on the H200 (testsuite/gpu/GEMV_AB.md,
@@ -214,7 +214,7 @@ func Build(modelPath string, appPaths []string, opt Options) (*bundle.Bundle, er
 		recordedUnroll = 0
 	}
 	b, err := codegen.Generate(p, codegen.Options{
-		Build:       bundle.BuildInfo{Compiler: Compiler, Inputs: inputs, Fuse: p.Fused(), PDL: !opt.SerialLaunch, Prefetch: prefetch, GemvCols: recorded, GemvUnroll: recordedUnroll, GemvFitRows: !opt.GemvEveryTile},
+		Build:       bundle.BuildInfo{Compiler: Compiler, Inputs: inputs, Fuse: p.Fused(), PDL: !opt.SerialLaunch, Prefetch: prefetch, GemvCols: recorded, GemvUnroll: recordedUnroll, GemvFitRows: opt.GemvFitRows},
 		Weights:     weights,
 		Tokenizer:   tok,
 		Progress:    func(f string, a ...any) { progress("codegen: "+f, a...) },
@@ -224,7 +224,7 @@ func Build(modelPath string, appPaths []string, opt Options) (*bundle.Bundle, er
 		Prefetch:    prefetch,
 		GemvCols:    gemvCols,
 		GemvUnroll:  unroll,
-		GemvFitRows: !opt.GemvEveryTile,
+		GemvFitRows: opt.GemvFitRows,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("codegen: %w", err)

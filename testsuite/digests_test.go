@@ -271,7 +271,6 @@ func caseDigest(t *testing.T, c digestCase) string {
 		opt.SerialLaunch = true
 		opt.GemvCols = cmp.Or(opt.GemvCols, 1)
 		opt.GemvUnroll = cmp.Or(opt.GemvUnroll, 1)
-		opt.GemvEveryTile = true
 		if opt.Fuse == nil {
 			opt.Fuse = []string{"none"}
 		}

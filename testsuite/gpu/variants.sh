@@ -1,9 +1,8 @@
 # variant_flags VARIANT (sourced by fuse_ab.sh and online_ab.sh): a build variant's xmixc build
 # flags: default (none), serial (--fuse none --pdl=false: the kernels as they ran before
 # either), FUSE+serial (--fuse FUSE --pdl=false), pfN (--prefetch N), gcN (--gemv-cols N), guN
-# (--gemv-unroll N), everytile (--gemv-fit-rows=false), s7 (the session-7 defaults: no
-# prefetch, one GEMV column per warp, one K chunk a step, code for every tile size), else
-# --fuse VARIANT (none: no fusion).
+# (--gemv-unroll N), fitrows (--gemv-fit-rows), s7 (the session-7 defaults: no prefetch, one
+# GEMV column per warp, one K chunk a step), else --fuse VARIANT (none: no fusion).
 variant_flags() {
   case "$1" in
     default) ;;
@@ -12,8 +11,8 @@ variant_flags() {
     pf[0-9]*) echo --prefetch "${1#pf}" ;;
     gc[0-9]*) echo --gemv-cols "${1#gc}" ;;
     gu[0-9]*) echo --gemv-unroll "${1#gu}" ;;
-    s7) echo --prefetch 0 --gemv-cols 1 --gemv-unroll 1 --gemv-fit-rows=false ;;
-    everytile) echo --gemv-fit-rows=false ;;
+    s7) echo --prefetch 0 --gemv-cols 1 --gemv-unroll 1 ;;
+    fitrows) echo --gemv-fit-rows ;;
     *) echo --fuse "$1" ;;
   esac
 }
