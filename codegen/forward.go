@@ -16,6 +16,13 @@ import (
 
 // Options are the parts of a bundle that do not come from the program.
 type Options struct {
+	// Build is the record of how the bundle is made. Its kernel settings also steer the
+	// kernels, so what it says is what was built: PDL rewrites every generated kernel (not an
+	// app's own PTX, not the weight synthesiser, which runs outside the graphs) for
+	// programmatic dependent launch (earlyLaunch); with it, Prefetch is GemmConfig.Prefetch of
+	// every CUDA-core GEMV; GemvCols and GemvUnroll are GemmConfig.Cols and Unroll of the
+	// CUDA-core GEMVs of buckets of more than one row (0 or 1: one); GemvFitRows gives each
+	// CUDA-core GEMV code for its bucket's rows only (GemmConfig.Tile).
 	Build   bundle.BuildInfo
 	Weights bundle.WeightsRef
 	// Tokenizer is the tokenizer definition to embed (empty for a byte tokenizer).
@@ -33,20 +40,6 @@ type Options struct {
 	// once, computed on CUDA cores). Dense measured 15x faster on 512-token prefill chunks on
 	// the H200 (RATIONALE.md); smaller buckets always run grouped.
 	MoE string
-	// PDL rewrites every generated kernel (not an app's own PTX, not the weight synthesiser,
-	// which runs outside the graphs) for programmatic dependent launch (earlyLaunch).
-	PDL bool
-	// Prefetch (with PDL; 0: none) is GemmConfig.Prefetch of every CUDA-core GEMV.
-	Prefetch int
-	// GemvCols is GemmConfig.Cols of the plain CUDA-core GEMVs of buckets of more than one row
-	// (0 or 1: a column per warp).
-	GemvCols int
-	// GemvUnroll is GemmConfig.Unroll of the CUDA-core GEMVs of buckets of more than one row
-	// (0 or 1: a chunk per step).
-	GemvUnroll int
-	// GemvFitRows builds each CUDA-core GEMV of a bucket with code for the bucket's rows only
-	// (GemmConfig.Tile): fewer registers, more warps in flight.
-	GemvFitRows bool
 }
 
 // gen is the state of one Generate call.
@@ -86,18 +79,18 @@ type gen struct {
 // and the params section.
 func Generate(p *passes.Program, opt Options) (*bundle.Bundle, error) {
 	m := p.Model
-	g := &gen{p: p, m: m, kernels: map[string]*Kernel{}, bodies: map[string]*Kernel{}, wdt: ptx.BF16, kvdt: ptx.F32, gemmKind: opt.GEMM, moeKind: opt.MoE, pdl: opt.PDL,
+	g := &gen{p: p, m: m, kernels: map[string]*Kernel{}, bodies: map[string]*Kernel{}, wdt: ptx.BF16, kvdt: ptx.F32, gemmKind: opt.GEMM, moeKind: opt.MoE, pdl: opt.Build.PDL,
 		tp: max(1, p.TP), siteKernels: map[*ir.MI]string{}}
-	if opt.PDL {
-		g.prefetch = opt.Prefetch
+	bi := opt.Build
+	switch {
+	case bi.Prefetch < 0 || bi.Prefetch > 0 && !bi.PDL:
+		return nil, fmt.Errorf("GEMV prefetch %d bytes: want 0, or a byte count with early launch", bi.Prefetch)
+	case bi.GemvCols < 0 || bi.GemvCols > gemmTile:
+		return nil, fmt.Errorf("GEMV columns per warp %d: want 1 to %d", bi.GemvCols, gemmTile)
+	case bi.GemvUnroll < 0 || bi.GemvUnroll > MaxGemvUnroll:
+		return nil, fmt.Errorf("GEMV unroll %d: want 1 to %d", bi.GemvUnroll, MaxGemvUnroll)
 	}
-	if opt.GemvCols < 0 || opt.GemvCols > gemmTile {
-		return nil, fmt.Errorf("GEMV columns per warp %d: want 1 to %d", opt.GemvCols, gemmTile)
-	}
-	if opt.GemvUnroll < 0 || opt.GemvUnroll > MaxGemvUnroll {
-		return nil, fmt.Errorf("GEMV unroll %d: want 1 to %d", opt.GemvUnroll, MaxGemvUnroll)
-	}
-	g.gemvCols, g.unroll, g.fitRows = opt.GemvCols, opt.GemvUnroll, opt.GemvFitRows
+	g.prefetch, g.gemvCols, g.unroll, g.fitRows = bi.Prefetch, bi.GemvCols, bi.GemvUnroll, bi.GemvFitRows
 	g.readGraph()
 	switch opt.GEMM {
 	case "", "tc", "tc-staged", "cuda-core":

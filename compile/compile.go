@@ -203,28 +203,16 @@ func Build(modelPath string, appPaths []string, opt Options) (*bundle.Bundle, er
 	if prefetch < 0 || opt.SerialLaunch { // kernels that run one after another have nothing to overlap
 		prefetch = 0
 	}
-	gemvCols := cmp.Or(opt.GemvCols, DefaultGemvCols)
-	unroll := cmp.Or(opt.GemvUnroll, DefaultGemvUnroll)
-	// The build info names only GEMVs other than one column, one chunk a step.
-	recorded, recordedUnroll := gemvCols, unroll
-	if recorded == 1 {
-		recorded = 0
-	}
-	if recordedUnroll == 1 {
-		recordedUnroll = 0
-	}
+	build := bundle.BuildInfo{Compiler: Compiler, Inputs: inputs, Fuse: p.Fused(), PDL: !opt.SerialLaunch, Prefetch: prefetch,
+		GemvCols: beyondOne(cmp.Or(opt.GemvCols, DefaultGemvCols)), GemvUnroll: beyondOne(cmp.Or(opt.GemvUnroll, DefaultGemvUnroll)),
+		GemvFitRows: opt.GemvFitRows}
 	b, err := codegen.Generate(p, codegen.Options{
-		Build:       bundle.BuildInfo{Compiler: Compiler, Inputs: inputs, Fuse: p.Fused(), PDL: !opt.SerialLaunch, Prefetch: prefetch, GemvCols: recorded, GemvUnroll: recordedUnroll, GemvFitRows: opt.GemvFitRows},
-		Weights:     weights,
-		Tokenizer:   tok,
-		Progress:    func(f string, a ...any) { progress("codegen: "+f, a...) },
-		GEMM:        opt.GEMM,
-		MoE:         opt.MoE,
-		PDL:         !opt.SerialLaunch,
-		Prefetch:    prefetch,
-		GemvCols:    gemvCols,
-		GemvUnroll:  unroll,
-		GemvFitRows: opt.GemvFitRows,
+		Build:     build,
+		Weights:   weights,
+		Tokenizer: tok,
+		Progress:  func(f string, a ...any) { progress("codegen: "+f, a...) },
+		GEMM:      opt.GEMM,
+		MoE:       opt.MoE,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("codegen: %w", err)
@@ -308,4 +296,13 @@ func fileDigest(path string) (string, error) {
 	}
 	sum := sha256.Sum256(data)
 	return hex.EncodeToString(sum[:]), nil
+}
+
+// beyondOne is n as the build info records a GEMV setting: 0 for 1 (one column, one chunk a
+// step: what a bundle built before the setting existed has, so its bytes stay the same).
+func beyondOne(n int) int {
+	if n == 1 {
+		return 0
+	}
+	return n
 }
