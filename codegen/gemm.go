@@ -14,7 +14,7 @@ type GemmConfig struct {
 	WDtype ptx.Type
 	Guard  uint32 // not zero: a heavy app's GEMM, run only when ctl.any_mask has one of these bits
 	// Prefetch, when not 0, is how many bytes of each of its weight rows a warp asks L2 for
-	// before the kernel waits for the grid ahead (a kernel built for early launch, Options.PDL:
+	// before the kernel waits for the grid ahead (a kernel built for early launch, BuildInfo.PDL:
 	// it then waits itself, after the prefetch; earlyLaunch adds only the launch). The weights
 	// never change, so reading them early is safe, and a GEMV launched early starts streaming
 	// them while the small kernels ahead of it (attention, add+norm, SiLU) run, instead of after.
@@ -28,10 +28,10 @@ type GemmConfig struct {
 	// result: the op's attributes leave it out.
 	Cols int
 	// Unroll (> 1) makes each K step of a lane Unroll chunks, every weight load of them issued
-	// before the first is used: a warp then has Unroll times the bytes in flight. A GEMV of few
-	// columns (Llama-3.1-8B's o projection: 4096, one wave of 512 blocks) keeps too few loads in
-	// flight to cover HBM's latency at one chunk a step. The chunks are summed in the order of
-	// the loop without it, so the bits are the same; the op's attributes leave it out.
+	// before the first is used: a warp then has Unroll times the bytes in flight (on the H200
+	// that shortens steps of 2-7 rows by 3-12%; at one row the extra registers cost more warps
+	// than the loads gain). The chunks are summed in the order of the loop without it, so the
+	// bits are the same; the op's attributes leave it out.
 	Unroll int
 	// Tile (1 to gemmTile; 0: gemmTile) is the most rows one pass over the weights computes.
 	// The kernel holds code for every tile size up to it, and its registers are those of the
@@ -58,9 +58,10 @@ func (c GemmConfig) colsPerWarp() int {
 	return 1
 }
 
-// The decode GEMM gives each warp one output column: lanes stride K with 16-byte loads, and
-// each weight chunk, loaded once, is applied to a tile of up to gemmTile rows of x. Each
-// tile size has its own code, so no lane ever computes a row that does not exist.
+// The decode GEMM gives each warp one output column (or Cols adjacent ones): lanes stride K
+// with 16-byte loads, and each weight chunk, loaded once, is applied to a tile of up to
+// gemmTile (or Tile) rows of x. Each tile size has its own code, so no lane ever computes a
+// row that does not exist.
 const (
 	gemmWarps = 8
 	gemmTile  = 8

@@ -297,7 +297,7 @@ func (g *gen) gemvName(c GemmConfig) string {
 }
 
 // gemvTile is GemmConfig.Tile of a GEMV over rows rows: the rows themselves with
-// Options.GemvFitRows (at most a full tile), else 0 (code for every tile size).
+// BuildInfo.GemvFitRows (at most a full tile), else 0 (code for every tile size).
 func (g *gen) gemvTile(rows int) int {
 	if !g.fitRows {
 		return 0

@@ -41,20 +41,20 @@ type Options struct {
 	// passes.DefaultFusions).
 	Fuse []string
 	// SerialLaunch builds kernels that run strictly one after another: without it (the
-	// default) they are built for programmatic dependent launch (codegen.Options.PDL).
+	// default) they are built for programmatic dependent launch (bundle.BuildInfo.PDL).
 	SerialLaunch bool
 	// Prefetch is how many bytes of each weight row a decode GEMV built for early launch asks
-	// L2 for before it waits for the kernel ahead (codegen.Options.Prefetch): 0 takes
+	// L2 for before it waits for the kernel ahead (bundle.BuildInfo.Prefetch): 0 takes
 	// DefaultPrefetch, a negative value none.
 	Prefetch int
 	// GemvCols is how many columns a warp of a CUDA-core GEMV computes in buckets of 2-7 rows
-	// (codegen.Options.GemvCols; 0: DefaultGemvCols).
+	// (bundle.BuildInfo.GemvCols; 0: DefaultGemvCols).
 	GemvCols int
 	// GemvUnroll is how many K chunks a lane of a CUDA-core GEMV of a bucket of 2-7 rows
-	// loads before it uses the first (codegen.Options.GemvUnroll; 0: DefaultGemvUnroll).
+	// loads before it uses the first (bundle.BuildInfo.GemvUnroll; 0: DefaultGemvUnroll).
 	GemvUnroll int
 	// GemvFitRows builds each CUDA-core GEMV of a bucket with code for the bucket's rows only
-	// (codegen.Options.GemvFitRows); off, every GEMV has code for 1-8 rows. Opt-in until it is
+	// (bundle.BuildInfo.GemvFitRows); off, every GEMV has code for 1-8 rows. Opt-in until it is
 	// measured on the GPU (testsuite/gpu/fuse_ab.sh variant fitrows).
 	GemvFitRows bool
 }
