@@ -16,7 +16,7 @@ const (
 )
 
 // earlyLaunch rewrites a generated kernel for Hopper's programmatic dependent launch
-// (Options.PDL): its body starts by letting the grid after it launch (bundle.PriorGridLaunch)
+// (BuildInfo.PDL): its body starts by letting the grid after it launch (bundle.PriorGridLaunch)
 // and then waits, before it reads a parameter or touches memory, for the grid ahead to end
 // and its writes to be visible (bundle.PriorGridWait). Launched so, the next kernel's blocks
 // are resident and waiting when this one ends, and the gap between two launches (a few µs,
