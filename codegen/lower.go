@@ -272,11 +272,8 @@ func (t *tb) parts(n *ir.Node) {
 // on tensor cores, which take no epilogue (nor does cuBLASLt, which serves them on the GPU).
 func (t *tb) fusedGemv(mm *ir.Node, y *ir.Value) (c GemmConfig, rows int, s slots, ok bool) {
 	x := mm.In[0]
-	c, rows = GemmConfig{K: x.Width, N: mm.Out[0].Width, WDtype: t.g.wdt, Prefetch: t.g.prefetch}, t.rowsOf(x)
-	if rows > 1 {
-		c.Unroll = t.g.unroll
-	}
-	c.Tile = t.g.gemvTile(rows)
+	rows = t.rowsOf(x)
+	c = t.g.gemvSettings(GemmConfig{K: x.Width, N: mm.Out[0].Width, WDtype: t.g.wdt}, rows, false)
 	s = slots{"x": buf(x.Buffer), "w": buf(mm.Weight("w").Name), "y": buf(y.Buffer), "rows": konst(uint64(rows))}
 	return c, rows, s, !t.tensorCores(c, rows)
 }
@@ -296,13 +293,22 @@ func (g *gen) gemvName(c GemmConfig) string {
 	return name
 }
 
-// gemvTile is GemmConfig.Tile of a GEMV over rows rows: the rows themselves with
-// BuildInfo.GemvFitRows (at most a full tile), else 0 (code for every tile size).
-func (g *gen) gemvTile(rows int) int {
-	if !g.fitRows {
-		return 0
+// gemvSettings is c, a CUDA-core GEMV over rows rows, with the build's GEMV settings: the
+// prefetch; with BuildInfo.GemvFitRows, code for its rows only (at most a full tile); from
+// two rows, the unroll, and for a plain GEMV (not a fused one, whose warps compute the
+// column pairs of its epilogue) the columns per warp.
+func (g *gen) gemvSettings(c GemmConfig, rows int, plain bool) GemmConfig {
+	c.Prefetch = g.prefetch
+	if g.fitRows {
+		c.Tile = min(max(rows, 1), gemmTile)
 	}
-	return min(max(rows, 1), gemmTile)
+	if rows > 1 {
+		c.Unroll = g.unroll
+		if plain {
+			c.Cols = g.gemvCols
+		}
+	}
+	return c
 }
 
 // matmulRope is the q/k/v projection with the rotation and the KV write in its epilogue
@@ -374,10 +380,7 @@ func (t *tb) gemmAt(label string, x, w, y bundle.Slot, c GemmConfig, rows int) {
 		t.add(label, kern, err, c.LaunchTC(rows), s, nil)
 		return
 	}
-	c.Prefetch, c.Tile = g.prefetch, g.gemvTile(rows)
-	if rows > 1 {
-		c.Cols, c.Unroll = g.gemvCols, g.unroll
-	}
+	c = g.gemvSettings(c, rows, true)
 	name := g.gemvName(c) + guard
 	kern, err := g.kernel(name, func() (*Kernel, error) { return Gemm(name, c) })
 	t.add(label, kern, err, c.Launch(rows), s, nil)

@@ -254,16 +254,8 @@ func TestHFCheckpointMatchesBitForBit(t *testing.T) {
 
 func recordRun(t *testing.T, b *bundle.Bundle, be loader.Backend, reqs []loader.Request) ([][]int, [][]float32) {
 	t.Helper()
-	defer be.Close()
 	rec := &LogitRecorder{Backend: be, Vocab: b.Manifest.Model.Vocab}
-	eng, err := loader.NewEngine(b, rec)
-	if err != nil {
-		t.Fatal(err)
-	}
-	res, err := eng.Generate(reqs)
-	if err != nil {
-		t.Fatal(err)
-	}
+	res := Generate(t, func(testing.TB, *bundle.Bundle) loader.Backend { return rec }, b, reqs)
 	var toks [][]int
 	for _, r := range res {
 		toks = append(toks, r.Tokens)

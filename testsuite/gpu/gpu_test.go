@@ -262,18 +262,6 @@ func TestCUDABuildKeepsBits(t *testing.T) {
 	prompts := [][]int{{791, 4062, 14198, 39935, 35308, 927}, {128000, 9906}, {40, 1093, 311, 1373}, {2028}}
 	for _, g := range gemmServers {
 		run := func(b *bundle.Bundle, force [][]int) ([][]int, [][]byte) {
-			rec := &logitRows{Backend: newCUDA(g.mode)(t, b)}
-			defer rec.Close()
-			for _, buf := range b.Manifest.Buffers {
-				if buf.Name == bundle.ActLogits {
-					n, _ := loader.BufferBytes(buf)
-					rec.size = int(n)
-				}
-			}
-			eng, err := loader.NewEngine(b, rec)
-			if err != nil {
-				t.Fatal(err)
-			}
 			var reqs []loader.Request
 			for i, p := range prompts {
 				r := loader.Request{Prompt: p, MaxTokens: 24}
@@ -282,10 +270,17 @@ func TestCUDABuildKeepsBits(t *testing.T) {
 				}
 				reqs = append(reqs, r)
 			}
-			res, err := eng.Generate(reqs)
-			if err != nil {
-				t.Fatal(err)
-			}
+			var rec *logitRows
+			res := testsuite.Generate(t, func(t testing.TB, b *bundle.Bundle) loader.Backend {
+				rec = &logitRows{Backend: newCUDA(g.mode)(t, b)}
+				for _, buf := range b.Manifest.Buffers {
+					if buf.Name == bundle.ActLogits {
+						n, _ := loader.BufferBytes(buf)
+						rec.size = int(n)
+					}
+				}
+				return rec
+			}, b, reqs)
 			var toks [][]int
 			for _, r := range res {
 				toks = append(toks, r.Tokens)
