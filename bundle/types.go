@@ -309,9 +309,6 @@ type BuildInfo struct {
 	// GemvUnroll: K chunks a lane of a CUDA-core GEMV of a bucket of 2-7 rows loads before it
 	// uses the first (xmixc build --gemv-unroll; 0 or 1: one).
 	GemvUnroll int `json:"gemv_unroll,omitempty"`
-	// GemvFitRows: each CUDA-core GEMV has code for its bucket's rows only (xmixc build
-	// --gemv-fit-rows).
-	GemvFitRows bool `json:"gemv_fit_rows,omitempty"`
 }
 
 // InputDigest is the hash of one input file of the build.

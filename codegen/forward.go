@@ -21,8 +21,7 @@ type Options struct {
 	// app's own PTX, not the weight synthesiser, which runs outside the graphs) for
 	// programmatic dependent launch (earlyLaunch); with it, Prefetch is GemmConfig.Prefetch of
 	// every CUDA-core GEMV; GemvCols and GemvUnroll are GemmConfig.Cols and Unroll of the
-	// CUDA-core GEMVs of buckets of more than one row (0 or 1: one); GemvFitRows gives each
-	// CUDA-core GEMV code for its bucket's rows only (GemmConfig.Tile).
+	// CUDA-core GEMVs of buckets of more than one row (0 or 1: one).
 	Build   bundle.BuildInfo
 	Weights bundle.WeightsRef
 	// Tokenizer is the tokenizer definition to embed (empty for a byte tokenizer).
@@ -59,7 +58,6 @@ type gen struct {
 	prefetch int // GemmConfig.Prefetch of the CUDA-core GEMVs
 	gemvCols int // GemmConfig.Cols of the plain GEMVs of more than one row
 	unroll   int // GemmConfig.Unroll of the CUDA-core GEMVs of more than one row
-	fitRows  bool
 	order    []string
 	bufs     []bundle.Buffer
 	// tp is the tensor-parallel degree (1: one device); the graph's widths are a rank's.
@@ -90,7 +88,7 @@ func Generate(p *passes.Program, opt Options) (*bundle.Bundle, error) {
 	case bi.GemvUnroll < 0 || bi.GemvUnroll > MaxGemvUnroll:
 		return nil, fmt.Errorf("GEMV unroll %d: want 1 to %d", bi.GemvUnroll, MaxGemvUnroll)
 	}
-	g.prefetch, g.gemvCols, g.unroll, g.fitRows = bi.Prefetch, bi.GemvCols, bi.GemvUnroll, bi.GemvFitRows
+	g.prefetch, g.gemvCols, g.unroll = bi.Prefetch, bi.GemvCols, bi.GemvUnroll
 	g.readGraph()
 	switch opt.GEMM {
 	case "", "tc", "tc-staged", "cuda-core":
@@ -231,9 +229,9 @@ func (g *gen) modelConfig() bundle.ModelConfig {
 	return c
 }
 
-// kvBlocks sizes the page pool: every resident sequence can reach max_seq_len, plus the
-// pages of the padding sequence.
-func (g *gen) kvBlocks() int { return g.m.MaxSeqs*g.blocks + g.padPages() }
+// kvBlocks sizes the page pool: the spec's kv_cache_tokens (by default every resident
+// sequence at max_seq_len), plus the pages of the padding sequence.
+func (g *gen) kvBlocks() int { return g.m.KVCacheTokens/g.m.KVBlockSize + g.padPages() }
 
 // padPages gives the padding rows of the largest bucket a slot each (row i writes position i),
 // so no two rows of a step ever write the same KV element.

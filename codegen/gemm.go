@@ -33,21 +33,6 @@ type GemmConfig struct {
 	// than the loads gain). The chunks are summed in the order of the loop without it, so the
 	// bits are the same; the op's attributes leave it out.
 	Unroll int
-	// Tile (1 to gemmTile; 0: gemmTile) is the most rows one pass over the weights computes.
-	// The kernel holds code for every tile size up to it, and its registers are those of the
-	// largest: with code for 8 rows a warp takes 80 registers, three blocks per SM, which at
-	// batch 1 keeps too few weight loads in flight. A bucket's GEMV gets code for its own rows
-	// only. Every row's sums take the same instructions whatever the tile, so the bits are the
-	// same; the op's attributes leave it out.
-	Tile int
-}
-
-// tile is how many rows one pass computes (GemmConfig.Tile).
-func (c GemmConfig) tile() int {
-	if c.Tile <= 0 {
-		return gemmTile
-	}
-	return c.Tile
 }
 
 // colsPerWarp is how many columns a warp of the plain GEMV computes (GemmConfig.Cols).
@@ -60,7 +45,7 @@ func (c GemmConfig) colsPerWarp() int {
 
 // The decode GEMM gives each warp one output column (or Cols adjacent ones): lanes stride K
 // with 16-byte loads, and each weight chunk, loaded once, is applied to a tile of up to
-// gemmTile (or Tile) rows of x. Each tile size has its own code, so no lane ever computes a
+// gemmTile rows of x. Each tile size has its own code, so no lane ever computes a
 // row that does not exist.
 const (
 	gemmWarps = 8
@@ -97,9 +82,6 @@ func gemmAttrs(c GemmConfig) (ops.GemmAttrs, error) {
 	}
 	if c.Cols < 0 || c.Cols > gemmTile {
 		return ops.GemmAttrs{}, fmt.Errorf("%d columns per warp: want 0 to %d", c.Cols, gemmTile)
-	}
-	if c.Tile < 0 || c.Tile > gemmTile {
-		return ops.GemmAttrs{}, fmt.Errorf("tile of %d rows: want 0 to %d", c.Tile, gemmTile)
 	}
 	if c.Unroll < 0 || c.Unroll > MaxGemvUnroll {
 		return ops.GemmAttrs{}, fmt.Errorf("unroll %d: want 0 to %d", c.Unroll, MaxGemvUnroll)
@@ -174,15 +156,14 @@ func (g *gemmGen) emit() {
 	full := g.NewLabel("full_tiles")
 	g.Label(full)
 	g.Emit("sub.u32", left, rows, r0)
-	tile := c.tile()
-	g.when(g.cmp("ge", ptx.U32, left, ptx.Imm(int64(tile))), false, func() {
-		g.tile(r0, tile)
+	g.when(g.cmp("ge", ptx.U32, left, ptx.Imm(gemmTile)), false, func() {
+		g.tile(r0, gemmTile)
 		g.Emit("bra", ptx.Sym(full))
 	})
 	// The remaining rows (fewer than a tile) take one more pass over the weights, with
 	// code specialised to their count.
 	g.Emit("sub.u32", left, rows, r0)
-	for t := 1; t < tile; t++ {
+	for t := 1; t < gemmTile; t++ {
 		g.when(g.cmp("eq", ptx.U32, left, ptx.Imm(int64(t))), false, func() {
 			g.tile(r0, t)
 			g.Emit("bra", ptx.Sym(done))

@@ -160,25 +160,3 @@ func sameGemvBits(t *testing.T, r *rand.Rand, k, base *Kernel, cfg, baseCfg Gemm
 	b.run(t, base, baseCfg.Launch(rows), args)
 	samePair(t, k, "y", a, b)
 }
-
-// TestGemmTile: a GEMV with code for at most Tile rows a pass against its reference and bit
-// for bit against code for every tile size, over rows below, at and past the tile (several
-// passes and a remainder); with two columns per warp too.
-func TestGemmTile(t *testing.T) {
-	r := rand.New(rand.NewPCG(77, 78))
-	for _, c := range []struct{ tile, rows, cols int }{
-		{1, 1, 1}, {1, 3, 1}, {2, 2, 2}, {2, 5, 1}, {4, 4, 2}, {4, 9, 1}, {7, 7, 1}, {3, 17, 2},
-	} {
-		one := GemmConfig{K: 96, N: 32, WDtype: ptx.BF16, Cols: c.cols}
-		cfg := one
-		cfg.Tile = c.tile
-		k := must(t)(Gemm("gemm_test", cfg))
-		sameGemvBits(t, r, k, must(t)(Gemm("gemm_test", one)), cfg, one, c.rows)
-		if all := must(t)(Gemm("gemm_test", one)); len(k.PTX) >= len(all.PTX) {
-			t.Fatalf("%+v: the kernel of a %d-row tile is no shorter than the one of every tile size", c, c.tile)
-		}
-	}
-	if _, err := Gemm("g", GemmConfig{K: 8, N: 16, WDtype: ptx.BF16, Tile: gemmTile + 1}); err == nil {
-		t.Errorf("a tile of %d rows accepted", gemmTile+1)
-	}
-}

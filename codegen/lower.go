@@ -287,21 +287,14 @@ func (g *gen) gemvName(c GemmConfig) string {
 	if c.Unroll > 1 {
 		name += fmt.Sprintf("_u%d", c.Unroll)
 	}
-	if t := c.tile(); t < gemmTile {
-		name += fmt.Sprintf("_t%d", t)
-	}
 	return name
 }
 
 // gemvSettings is c, a CUDA-core GEMV over rows rows, with the build's GEMV settings: the
-// prefetch; with BuildInfo.GemvFitRows, code for its rows only (at most a full tile); from
-// two rows, the unroll, and for a plain GEMV (not a fused one, whose warps compute the
+// prefetch; from two rows, the unroll, and for a plain GEMV (not a fused one, whose warps compute the
 // column pairs of its epilogue) the columns per warp.
 func (g *gen) gemvSettings(c GemmConfig, rows int, plain bool) GemmConfig {
 	c.Prefetch = g.prefetch
-	if g.fitRows {
-		c.Tile = min(max(rows, 1), gemmTile)
-	}
 	if rows > 1 {
 		c.Unroll = g.unroll
 		if plain {

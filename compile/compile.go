@@ -53,10 +53,6 @@ type Options struct {
 	// GemvUnroll is how many K chunks a lane of a CUDA-core GEMV of a bucket of 2-7 rows
 	// loads before it uses the first (bundle.BuildInfo.GemvUnroll; 0: DefaultGemvUnroll).
 	GemvUnroll int
-	// GemvFitRows builds each CUDA-core GEMV of a bucket with code for the bucket's rows only
-	// (bundle.BuildInfo.GemvFitRows); off, every GEMV has code for 1-8 rows. Opt-in until it is
-	// measured on the GPU (testsuite/gpu/fuse_ab.sh variant fitrows).
-	GemvFitRows bool
 }
 
 // DefaultGemvCols is Options.GemvCols's default, measured on the H200 (testsuite/gpu/GEMV_AB.md,
@@ -204,8 +200,7 @@ func Build(modelPath string, appPaths []string, opt Options) (*bundle.Bundle, er
 		prefetch = 0
 	}
 	build := bundle.BuildInfo{Compiler: Compiler, Inputs: inputs, Fuse: p.Fused(), PDL: !opt.SerialLaunch, Prefetch: prefetch,
-		GemvCols: beyondOne(cmp.Or(opt.GemvCols, DefaultGemvCols)), GemvUnroll: beyondOne(cmp.Or(opt.GemvUnroll, DefaultGemvUnroll)),
-		GemvFitRows: opt.GemvFitRows}
+		GemvCols: beyondOne(cmp.Or(opt.GemvCols, DefaultGemvCols)), GemvUnroll: beyondOne(cmp.Or(opt.GemvUnroll, DefaultGemvUnroll))}
 	b, err := codegen.Generate(p, codegen.Options{
 		Build:     build,
 		Weights:   weights,

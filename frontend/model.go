@@ -25,7 +25,7 @@ var (
 	modelKeys       = []string{"model", "family", "hf", "dims", "config", "weights", "dtype", "kv_dtype", "tokenizer", "bos", "eos", "chat_template", "serving"}
 	dimsKeys        = append([]string{"hidden", "intermediate", "layers", "heads", "kv_heads", "head_dim", "vocab", "rope_theta", "rms_eps", "tie_embeddings", "rope_scaling", "experts", "experts_per_token"}, gemma2DimsKeys...)
 	ropeScalingKeys = []string{"type", "factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}
-	servingKeys     = []string{"decode_buckets", "prefill_chunks", "max_batched_tokens", "max_seq_len", "max_seqs", "kv_block_size", "vector_slots", "max_logprobs"}
+	servingKeys     = []string{"decode_buckets", "prefill_chunks", "max_batched_tokens", "max_seq_len", "max_seqs", "kv_block_size", "kv_cache_tokens", "vector_slots", "max_logprobs"}
 	weightDtypes    = []string{"bf16", "f32"}
 	kvDtypes        = []string{"f32", "bf16"}
 )
@@ -706,9 +706,34 @@ func (p *parser) serving(top *mapping, m *Model) {
 			return
 		}
 	}
-	if t := int64(m.MaxSeqs) * int64(m.MaxSeqLen); t > maxResidentTokens {
-		p.errorAt(maxSeqsAt, fmt.Sprintf("at most %d tokens: lower max_seqs or max_seq_len", maxResidentTokens),
-			"serving: max_seqs %d x max_seq_len %d = %d tokens of KV cache is more than this compiler supports", m.MaxSeqs, m.MaxSeqLen, t)
+	// The page pool: every resident sequence at max_seq_len unless kv_cache_tokens says less
+	// (requests reserve their pages on admission, so a smaller pool makes requests wait in
+	// the queue, never fail mid-way).
+	full := int64(m.MaxSeqs) * int64(m.MaxSeqLen)
+	if n := sm.get("kv_cache_tokens"); n != nil {
+		v, good := p.positive(n, "serving.kv_cache_tokens")
+		switch {
+		case !good:
+			return
+		case int64(v) > full:
+			p.errorf(n, fmt.Sprintf("at most max_seqs x max_seq_len = %d (more is never used), or leave it out", full),
+				"serving.kv_cache_tokens %d is more than every resident sequence can hold", v)
+		case v < m.MaxSeqLen:
+			p.errorf(n, fmt.Sprintf("at least max_seq_len (%d), so that one request of that length fits", m.MaxSeqLen),
+				"serving.kv_cache_tokens %d is less than max_seq_len", v)
+		case v%m.KVBlockSize != 0:
+			p.errorf(n, fmt.Sprintf("a multiple of kv_block_size: %d", (v+m.KVBlockSize-1)/m.KVBlockSize*m.KVBlockSize),
+				"serving.kv_cache_tokens %d is not a whole number of %d-token pages", v, m.KVBlockSize)
+		case v > maxResidentTokens:
+			p.errorf(n, fmt.Sprintf("at most %d", maxResidentTokens), "serving.kv_cache_tokens %d is more than this compiler supports", v)
+		default:
+			m.KVCacheTokens = v
+		}
+	} else if full > maxResidentTokens {
+		p.errorAt(maxSeqsAt, fmt.Sprintf("at most %d tokens: lower max_seqs or max_seq_len, or set kv_cache_tokens", maxResidentTokens),
+			"serving: max_seqs %d x max_seq_len %d = %d tokens of KV cache is more than this compiler supports", m.MaxSeqs, m.MaxSeqLen, full)
+	} else {
+		m.KVCacheTokens = int(full)
 	}
 	m.MaxLogprobs = defaultMaxLogprobs
 	if n := sm.get("max_logprobs"); n != nil {

@@ -46,7 +46,7 @@ func TestParseModelValid(t *testing.T) {
 		BOS:       256, BOSGiven: true,
 		EOS:           []int{257},
 		DecodeBuckets: []int{1, 2, 4, 8}, PrefillChunks: []int{64}, MaxBatchedTokens: 64,
-		MaxSeqLen: 512, MaxSeqs: 8, KVBlockSize: 16, VectorSlots: 8, MaxLogprobs: 20,
+		MaxSeqLen: 512, MaxSeqs: 8, KVBlockSize: 16, KVCacheTokens: 4096, VectorSlots: 8, MaxLogprobs: 20,
 		LayersPos: Pos{File: path, Line: 6, Col: 11},
 	}
 	if !reflect.DeepEqual(m, want) {
@@ -109,6 +109,7 @@ serving: {decode_buckets: [1, 16], prefill_chunks: [32, 128], kv_block_size: 32}
 		{"MaxSeqLen", m.MaxSeqLen, 2048},
 		{"MaxSeqs", m.MaxSeqs, 16},
 		{"KVBlockSize", m.KVBlockSize, 32},
+		{"KVCacheTokens", m.KVCacheTokens, 16 * 2048}, // every resident sequence at max_seq_len by default
 	}
 	for _, c := range checks {
 		if !reflect.DeepEqual(c.got, c.want) {
@@ -262,6 +263,14 @@ func TestParseModelErrors(t *testing.T) {
 		{"kv block", with("max_seq_len: 512", "max_seq_len: 500"), []string{"serving.kv_block_size 16 does not divide max_seq_len 500"}},
 		{"vector slots", with("max_seqs: 8", "max_seqs: 8\n  vector_slots: 9"), []string{"s.yaml:19:17: serving.vector_slots 9 is more than max_seqs 8 (at most max_seqs (8)"}},
 		{"vector slots zero", with("max_seqs: 8", "max_seqs: 8\n  vector_slots: 0"), []string{"serving.vector_slots: must be a positive integer"}},
+		{"kv cache above the sequences", with("max_seqs: 8", "max_seqs: 8\n  kv_cache_tokens: 4112"),
+			[]string{"s.yaml:19:20: serving.kv_cache_tokens 4112 is more than every resident sequence can hold (at most max_seqs x max_seq_len = 4096"}},
+		{"kv cache below a sequence", with("max_seqs: 8", "max_seqs: 8\n  kv_cache_tokens: 496"),
+			[]string{"serving.kv_cache_tokens 496 is less than max_seq_len (at least max_seq_len (512)"}},
+		{"kv cache partial page", with("max_seqs: 8", "max_seqs: 8\n  kv_cache_tokens: 1000"),
+			[]string{"serving.kv_cache_tokens 1000 is not a whole number of 16-token pages (a multiple of kv_block_size: 1008"}},
+		{"kv cache zero", with("max_seqs: 8", "max_seqs: 8\n  kv_cache_tokens: 0"),
+			[]string{"serving.kv_cache_tokens: must be a positive integer"}},
 		{"max logprobs", with("max_seqs: 8", "max_seqs: 8\n  max_logprobs: 65"), []string{"s.yaml:19:17: serving.max_logprobs 65 is more than 64 (at most 64"}},
 		{"budget above chunks", with("max_seqs: 8", "max_seqs: 8\n  prefill_chunks: [16, 64]\n  max_batched_tokens: 128"),
 			[]string{"s.yaml:20:23: serving.max_batched_tokens 128 is more than the largest prefill chunk 64", "add a chunk of 128 to prefill_chunks"}},

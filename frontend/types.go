@@ -73,6 +73,9 @@ type Model struct {
 	MaxSeqLen        int
 	MaxSeqs          int // requests resident at once (default: largest decode bucket)
 	KVBlockSize      int // tokens per KV page (default 16)
+	// KVCacheTokens is how many tokens the KV page pool holds, every sequence together
+	// (default MaxSeqs x MaxSeqLen): a multiple of KVBlockSize, at least MaxSeqLen.
+	KVCacheTokens int
 	// VectorSlots is how many requests may hold per-request vectors at once (default
 	// MaxSeqs): the size of the device pool of each per_request param.
 	VectorSlots int

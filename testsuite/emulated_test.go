@@ -169,10 +169,10 @@ ops:
 		// grid-dependency instructions at the head of every kernel leave every buffer as it was).
 		{"llama-serial", SmallModel, nil, []loader.Request{{Prompt: []int{3, 1, 4, 1, 5, 9, 2, 6}, MaxTokens: 4}}, compile.Options{SerialLaunch: true}},
 		// GEMVs that prefetch their weights and then wait (fused ones too), and (decode bucket
-		// 2) warps of four columns, each GEMV with code for its bucket's rows only.
+		// 2) warps of four columns.
 		{"llama-gemv", SmallModel, []string{split}, []loader.Request{
 			{Prompt: []int{3, 1, 4, 1, 5, 9, 2, 6}, MaxTokens: 4, Apps: []string{"split"}}, {Prompt: []int{2, 7, 1}, MaxTokens: 5}},
-			compile.Options{Fuse: []string{"all"}, Prefetch: 1 << 20, GemvCols: 4, GemvFitRows: true}},
+			compile.Options{Fuse: []string{"all"}, Prefetch: 1 << 20, GemvCols: 4}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			b := CompileWith(t, c.opt, c.spec, c.apps...)

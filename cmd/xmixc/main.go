@@ -42,7 +42,7 @@ func rootCmd() *cobra.Command {
 
 func buildCmd() *cobra.Command {
 	var out string
-	var embed, verify, quiet, pdl, fitRows bool
+	var embed, verify, quiet, pdl bool
 	var gemm, moe string
 	var fuse []string
 	var tp, vectorSlots, prefetch, gemvCols, gemvUnroll int
@@ -75,7 +75,7 @@ func buildCmd() *cobra.Command {
 					fmt.Fprintf(os.Stderr, "[%6.2fs] %s\n", time.Since(start).Seconds(), fmt.Sprintf(f, a...))
 				}
 			}
-			b, err := compile.Build(args[0], args[1:], compile.Options{EmbedWeights: embed, Verify: verify, Progress: progress, GEMM: gemm, MoE: moe, TP: tp, VectorSlots: vectorSlots, Fuse: fuse, SerialLaunch: !pdl, Prefetch: prefetchOption(prefetch), GemvCols: gemvCols, GemvUnroll: gemvUnroll, GemvFitRows: fitRows})
+			b, err := compile.Build(args[0], args[1:], compile.Options{EmbedWeights: embed, Verify: verify, Progress: progress, GEMM: gemm, MoE: moe, TP: tp, VectorSlots: vectorSlots, Fuse: fuse, SerialLaunch: !pdl, Prefetch: prefetchOption(prefetch), GemvCols: gemvCols, GemvUnroll: gemvUnroll})
 			if err != nil {
 				return err
 			}
@@ -111,7 +111,6 @@ func buildCmd() *cobra.Command {
 	c.Flags().IntVar(&prefetch, "prefetch", compile.DefaultPrefetch, "bytes of each weight row a decode GEMV asks L2 for before it waits for the kernel ahead (with --pdl), so that its weights stream in while the small kernels ahead of it run; 0: none (same results bit for bit)")
 	c.Flags().IntVar(&gemvCols, "gemv-cols", compile.DefaultGemvCols, "columns each warp of a CUDA-core decode GEMV computes in buckets of 2-7 rows, 1 to 8 (more columns share each x load; same results bit for bit)")
 	c.Flags().IntVar(&gemvUnroll, "gemv-unroll", compile.DefaultGemvUnroll, "K chunks each lane of a CUDA-core decode GEMV loads before it uses the first in buckets of 2-7 rows, 1 to 8 (more bytes in flight per warp; same results bit for bit)")
-	c.Flags().BoolVar(&fitRows, "gemv-fit-rows", false, "build each CUDA-core decode GEMV with code for its bucket's rows only, not for 1-8 rows: fewer registers, more warps in flight (same results bit for bit; not yet measured on the GPU)")
 	return c
 }
 
@@ -287,11 +286,11 @@ func printBundle(w io.Writer, b *bundle.Bundle) {
 		fmt.Fprintf(w, "          fused: %s\n", strings.Join(f, ", "))
 	}
 	if bi := b.Manifest.Build; bi.PDL {
-		fmt.Fprintf(w, "          early launch; GEMVs prefetch %d bytes of each weight row; GEMVs at 2-7 rows: %d columns per warp, K loop unrolled %dx; fit to their rows %v\n",
-			bi.Prefetch, max(1, bi.GemvCols), max(1, bi.GemvUnroll), bi.GemvFitRows)
+		fmt.Fprintf(w, "          early launch; GEMVs prefetch %d bytes of each weight row; GEMVs at 2-7 rows: %d columns per warp, K loop unrolled %dx\n",
+			bi.Prefetch, max(1, bi.GemvCols), max(1, bi.GemvUnroll))
 	} else {
-		fmt.Fprintf(w, "          kernels launched one after another (--pdl=false); GEMVs at 2-7 rows: %d columns per warp, K loop unrolled %dx; fit to their rows %v\n",
-			max(1, bi.GemvCols), max(1, bi.GemvUnroll), bi.GemvFitRows)
+		fmt.Fprintf(w, "          kernels launched one after another (--pdl=false); GEMVs at 2-7 rows: %d columns per warp, K loop unrolled %dx\n",
+			max(1, bi.GemvCols), max(1, bi.GemvUnroll))
 	}
 	for _, in := range b.Manifest.Build.Inputs {
 		fmt.Fprintf(w, "          %s sha256=%s\n", in.Path, in.SHA256[:16])

@@ -60,7 +60,9 @@ var ltLibraryPaths = []string{
 
 // castPTX rounds n f32 values (n even) to bf16, two per thread per iteration of a grid-stride
 // loop. cvt.rn.bf16x2.f32 puts its first source in the upper half, so the pair is stored in
-// memory order.
+// memory order. It waits for the grid ahead before reading x, so where the node's own kernel
+// is built for programmatic dependent launch the cast is launched early as that kernel would
+// be (its launch overlaps the tail of the kernel ahead); launched plainly, the wait is a no-op.
 const castPTX = `.version 8.0
 .target sm_90
 .address_size 64
@@ -78,6 +80,7 @@ const castPTX = `.version 8.0
 	ld.param.u64 %rd1, [src];
 	ld.param.u64 %rd2, [dst];
 	ld.param.u32 %r1, [pairs];
+	griddepcontrol.wait;
 	mov.u32 %r2, %ctaid.x;
 	mov.u32 %r3, %ntid.x;
 	mov.u32 %r4, %tid.x;
@@ -334,7 +337,8 @@ func (be *Backend) ltNode(n bundle.Node, vals []uint64) (*launch, bool, error) {
 	}
 	grid, block := castLaunch(g.M * g.K)
 	l := &launch{label: n.Label, kernel: "cublasLt:" + n.Kernel, f: lt.cast, grid: [3]int{grid, 1, 1},
-		block: [3]int{block, 1, 1}, params: be.keepParams([]uint64{vals[g.X], uint64(lt.xb), uint64(g.M * g.K / 2)}), matmul: m}
+		block: [3]int{block, 1, 1}, params: be.keepParams([]uint64{vals[g.X], uint64(lt.xb), uint64(g.M * g.K / 2)}), matmul: m,
+		early: be.kernels[n.Kernel].EarlyLaunch}
 	if err := be.issue(*l); err != nil {
 		return nil, false, err
 	}

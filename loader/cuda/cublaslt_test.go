@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"math"
 	"math/rand/v2"
+	"strings"
 	"testing"
 
 	"xmix/bundle"
@@ -49,6 +50,20 @@ func TestCastKernelRoundsToBF16(t *testing.T) {
 		}
 		if binary.LittleEndian.Uint16(out[2*n:]) != 0xdead {
 			t.Fatalf("n=%d: wrote past the end", n)
+		}
+	}
+}
+
+// The cast is launched early where the GEMM node's own kernel is (ltNode), so it must wait for
+// the grid ahead before it reads x or writes its scratch.
+func TestCastKernelWaitsBeforeMemory(t *testing.T) {
+	wait := strings.Index(castPTX, bundle.PriorGridWait+";")
+	if wait < 0 {
+		t.Fatalf("the cast kernel never waits for the grid ahead (%s)", bundle.PriorGridWait)
+	}
+	for _, op := range []string{"ld.global", "st.global"} {
+		if i := strings.Index(castPTX, op); i < wait {
+			t.Errorf("%s at byte %d, before the wait at %d", op, i, wait)
 		}
 	}
 }

@@ -41,10 +41,15 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=c
 git rev-parse --short HEAD > "$raw/commit.txt" 2>/dev/null || echo unknown > "$raw/commit.txt"
 keep "$raw/device.txt" "$raw/commit.txt"
 
+# The variant prev is the bundle at the defaults run by the previous runtime, PREV_BIN's xmix
+# (default .dev/prev): a change to the runtime alone, timed against the one before it.
+PREV_BIN=${PREV_BIN:-.dev/prev}
+runtime_of() { if [ "$1" = prev ]; then echo "$PREV_BIN"; else echo "$bin"; fi; }
+
 log "bundles"
 for m in $MODELS; do
   for v in $VARIANTS; do
-    "$bin/xmixc" build "specs/models/$m.yaml" $(variant_flags "$v") -q -o "$work/$m-$v.xmb" || echo "build $m $(variant_flags "$v") failed" >&2
+    "$bin/xmixc" build "specs/models/$m.yaml" $([ "$v" = prev ] || variant_flags "$v") -q -o "$work/$m-$v.xmb" || echo "build $m $(variant_flags "$v") failed" >&2
   done
 done
 
@@ -58,7 +63,7 @@ if has bench; then
     for m in $MODELS; do
       for bs in ${BATCHES:-1 8 32 128}; do
         for v in $order; do
-          timeout "${BENCH_TIMEOUT:-120}" "$bin/xmix" bench "$work/$m-$v.xmb" --backend cuda --prompts "$bs" --prompt-len "$PROMPT_LEN" --new-tokens 8 \
+          timeout "${BENCH_TIMEOUT:-120}" "$(runtime_of "$v")/xmix" bench "$work/$m-$v.xmb" --backend cuda --prompts "$bs" --prompt-len "$PROMPT_LEN" --new-tokens 8 \
             --graph-buckets "$bs" --graph-context $((PROMPT_LEN + 64)) $prof --json -q > "$raw/bench__${m}__${v}__b${bs}__r${r}.json" 2>> "$raw/bench.log" \
             || echo "bench $m $v b$bs round $r failed" >&2
           keep "$raw/bench__${m}__${v}__b${bs}__r${r}.json"

@@ -2,31 +2,63 @@
 # The online workload on build variants of one spec, side by side in one device call on the
 # GPU machine from the repository root, after testsuite/gpu/build.sh here:
 #   run(command="bash testsuite/gpu/online_ab.sh", carry=[".dev/gpu"])
-# Builds MODEL (default llama-3.1-8b) once per variant of VARIANTS (default "s7 default": the
-# session-7 GEMVs against today's defaults; variants.sh says what each name builds) and runs
-# xmix bench --online (ShareGPT-like prompts, OUTPUT_LEN tokens, REQUESTS requests arriving at
-# RATE per second, 0: all at once) on each, one process per run, ROUNDS rounds with the order
-# reversed every other round, after one discarded warm-up run of the first variant. The greedy
-# tokens' digest (tokens_sha256) says whether the variants computed the same tokens. Writes
-# $OUT/online_ab.json and $OUT/ONLINE_AB.md. BACKEND=cpu MODEL=tiny REQUESTS=4 OUTPUT_LEN=4 tries it without a GPU.
+# Builds MODEL (default llama-3.1-8b) once per build of VARIANTS (default "s7 default": the
+# session-7 GEMVs against today's defaults) and runs xmix bench --online (ShareGPT-like
+# prompts, OUTPUT_LEN tokens, REQUESTS requests arriving at RATE per second, 0: all at once) on
+# each, one process per run, ROUNDS rounds with the order reversed every other round, after
+# one discarded warm-up run of the first variant. A variant is BUILD or BUILD+tN (run with
+# --max-batched-tokens N). BUILD is old (the binaries in OLD_BIN, default .dev/old, with the
+# spec they were built for, OLD_BIN/MODEL.yaml), seqsN (the spec with max_seqs N, its decode
+# buckets up to N and no kv_cache_tokens: every resident sequence gets max_seq_len of pages),
+# or a name of variants.sh (xmixc build flags). The greedy tokens' digest (tokens_sha256) says
+# whether the variants computed the same tokens. Writes $OUT/online_ab.json and
+# $OUT/ONLINE_AB.md. BACKEND=cpu MODEL=tiny REQUESTS=4 OUTPUT_LEN=4 tries it without a GPU.
 set -uo pipefail
 . testsuite/gpu/variants.sh
 bin=${XMIX_BIN:-.dev/gpu}
 OUT=${OUT:-/tmp/xmix-gpu-out}
 work=/tmp/xmix-online-ab
-mkdir -p "$OUT" "$work"
+rm -rf "$work"; mkdir -p "$OUT" "$work"
 log() { echo "[$(date +%T)] $*" >&2; }
 MODEL=${MODEL:-llama-3.1-8b}
 VARIANTS=${VARIANTS:-s7 default}
+OLD_BIN=${OLD_BIN:-.dev/old}
+binof() { if [ "$1" = old ]; then echo "$OLD_BIN"; else echo "$bin"; fi; }
 bench() { # bench VARIANT OUTFILE
-  timeout "${BENCH_TIMEOUT:-200}" "$bin/xmix" bench "$work/$1.xmb" --backend "${BACKEND:-cuda}" --online --rate "${RATE:-8}" \
-    --requests "${REQUESTS:-160}" --output-len "${OUTPUT_LEN:-128}" --warmup 0 --runs 1 --json -q > "$2" 2>> "$work/bench.log" \
+  local build=${1%%+t*} budget=()
+  [ "$build" != "$1" ] && budget=(--max-batched-tokens "${1##*+t}")
+  timeout "${BENCH_TIMEOUT:-200}" "$(binof "$build")/xmix" bench "$work/$build.xmb" --backend "${BACKEND:-cuda}" --online --rate "${RATE:-8}" \
+    --requests "${REQUESTS:-160}" --output-len "${OUTPUT_LEN:-128}" --warmup 0 --runs 1 "${budget[@]}" --json -q > "$2" 2>> "$work/bench.log" \
     || echo "online $1 failed" >&2
+}
+# spec_of BUILD: the spec file BUILD compiles.
+spec_of() {
+  case "$1" in
+    old) echo "$OLD_BIN/$MODEL.yaml" ;;
+    seqs[0-9]*) python3 - "specs/models/$MODEL.yaml" "${1#seqs}" "specs/models/.$MODEL-$1.yaml" <<'PY'
+import re, sys
+src, n, dst = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+text = open(src).read()
+def buckets(m):
+    b = [int(x) for x in m.group(1).split(",") if int(x) <= n]
+    return "decode_buckets: [" + ", ".join(str(x) for x in sorted(set(b + [n]))) + "]"
+text = re.sub(r"decode_buckets: \[([^\]]*)\]", buckets, text)
+text = re.sub(r"max_seqs: \d+", f"max_seqs: {n}", text)
+text = re.sub(r"^[ \t]*kv_cache_tokens: \d+\n", "", text, flags=re.M)  # block style
+text = re.sub(r",? *kv_cache_tokens: \d+", "", text)  # flow style
+open(dst, "w").write(text)
+PY
+      echo "specs/models/.$MODEL-$1.yaml" ;; # beside the spec: its relative paths still hold
+    *) echo "specs/models/$MODEL.yaml" ;;
+  esac
 }
 
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader > "$work/device.txt" 2>&1
-for v in $VARIANTS; do
-  "$bin/xmixc" build "specs/models/$MODEL.yaml" $(variant_flags "$v") -q -o "$work/$v.xmb" || echo "build $v failed" >&2
+flags_of() { case "$1" in old | seqs[0-9]*) ;; *) variant_flags "$1" ;; esac; }
+for b in $(for v in $VARIANTS; do echo "${v%%+t*}"; done | sort -u); do
+  spec=$(spec_of "$b")
+  "$(binof "$b")/xmixc" build "$spec" $(flags_of "$b") -q -o "$work/$b.xmb" || echo "build $b failed" >&2
+  case "$spec" in specs/models/.*) rm -f "$spec" ;; esac
 done
 log "warm-up"
 bench "${VARIANTS%% *}" "$work/warmup.json"
