@@ -49,7 +49,9 @@ runtime_of() { if [ "$1" = prev ]; then echo "$PREV_BIN"; else echo "$bin"; fi; 
 log "bundles"
 for m in $MODELS; do
   for v in $VARIANTS; do
-    "$bin/xmixc" build "specs/models/$m.yaml" $([ "$v" = prev ] || variant_flags "$v") -q -o "$work/$m-$v.xmb" || echo "build $m $(variant_flags "$v") failed" >&2
+    spec=$(variant_spec "$m" "$v")
+    "$bin/xmixc" build "$spec" $([ "$v" = prev ] || variant_flags "$v") -q -o "$work/$m-$v.xmb" || echo "build $m $v failed" >&2
+    drop_variant_spec "$spec"
   done
 done
 

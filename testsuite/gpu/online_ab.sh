@@ -32,33 +32,14 @@ bench() { # bench VARIANT OUTFILE
     || echo "online $1 failed" >&2
 }
 # spec_of BUILD: the spec file BUILD compiles.
-spec_of() {
-  case "$1" in
-    old) echo "$OLD_BIN/$MODEL.yaml" ;;
-    seqs[0-9]*) python3 - "specs/models/$MODEL.yaml" "${1#seqs}" "specs/models/.$MODEL-$1.yaml" <<'PY'
-import re, sys
-src, n, dst = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-text = open(src).read()
-def buckets(m):
-    b = [int(x) for x in m.group(1).split(",") if int(x) <= n]
-    return "decode_buckets: [" + ", ".join(str(x) for x in sorted(set(b + [n]))) + "]"
-text = re.sub(r"decode_buckets: \[([^\]]*)\]", buckets, text)
-text = re.sub(r"max_seqs: \d+", f"max_seqs: {n}", text)
-text = re.sub(r"^[ \t]*kv_cache_tokens: \d+\n", "", text, flags=re.M)  # block style
-text = re.sub(r",? *kv_cache_tokens: \d+", "", text)  # flow style
-open(dst, "w").write(text)
-PY
-      echo "specs/models/.$MODEL-$1.yaml" ;; # beside the spec: its relative paths still hold
-    *) echo "specs/models/$MODEL.yaml" ;;
-  esac
-}
+spec_of() { if [ "$1" = old ]; then echo "$OLD_BIN/$MODEL.yaml"; else variant_spec "$MODEL" "$1"; fi; }
+flags_of() { [ "$1" = old ] || variant_flags "$1"; }
 
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader > "$work/device.txt" 2>&1
-flags_of() { case "$1" in old | seqs[0-9]*) ;; *) variant_flags "$1" ;; esac; }
 for b in $(for v in $VARIANTS; do echo "${v%%+t*}"; done | sort -u); do
   spec=$(spec_of "$b")
   "$(binof "$b")/xmixc" build "$spec" $(flags_of "$b") -q -o "$work/$b.xmb" || echo "build $b failed" >&2
-  case "$spec" in specs/models/.*) rm -f "$spec" ;; esac
+  drop_variant_spec "$spec"
 done
 log "warm-up"
 bench "${VARIANTS%% *}" "$work/warmup.json"

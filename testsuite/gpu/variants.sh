@@ -2,8 +2,8 @@
 # flags: default (none), serial (--fuse none --pdl=false: the kernels as they ran before
 # either), FUSE+serial (--fuse FUSE --pdl=false), pfN (--prefetch N), gcN (--gemv-cols N), guN
 # (--gemv-unroll N), s7 (the session-7 defaults: no prefetch, one GEMV column per warp, one K
-# chunk a step), A,B,... (the flags of each, e.g. pf0,gate-act),
-# else --fuse VARIANT (none: no fusion).
+# chunk a step), A,B,... (the flags of each, e.g. pf0,gate-act), seqsN (no flags: a spec, see
+# variant_spec), else --fuse VARIANT (none: no fusion).
 variant_flags() {
   case "$1" in
     *,*) local part
@@ -14,7 +14,33 @@ variant_flags() {
     pf[0-9]*) echo --prefetch "${1#pf}" ;;
     gc[0-9]*) echo --gemv-cols "${1#gc}" ;;
     gu[0-9]*) echo --gemv-unroll "${1#gu}" ;;
+    seqs[0-9]*) ;;
     s7) echo --prefetch 0 --gemv-cols 1 --gemv-unroll 1 ;;
     *) echo --fuse "$1" ;;
   esac
 }
+
+# variant_spec MODEL VARIANT: the spec file VARIANT compiles. seqsN is specs/models/MODEL.yaml
+# with max_seqs N, its decode buckets up to N and no kv_cache_tokens (every resident sequence
+# gets max_seq_len of pages), written beside it so that its relative paths still hold (remove
+# it with drop_variant_spec); every other variant compiles specs/models/MODEL.yaml.
+variant_spec() {
+  case "$2" in
+    seqs[0-9]*) python3 - "specs/models/$1.yaml" "${2#seqs}" "specs/models/.$1-$2.yaml" <<'PY'
+import re, sys
+src, n, dst = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+text = open(src).read()
+def buckets(m):
+    b = [int(x) for x in m.group(1).split(",") if int(x) <= n]
+    return "decode_buckets: [" + ", ".join(str(x) for x in sorted(set(b + [n]))) + "]"
+text = re.sub(r"decode_buckets: \[([^\]]*)\]", buckets, text)
+text = re.sub(r"max_seqs: \d+", f"max_seqs: {n}", text)
+text = re.sub(r"^[ \t]*kv_cache_tokens: \d+\n", "", text, flags=re.M)  # block style
+text = re.sub(r",? *kv_cache_tokens: \d+", "", text)  # flow style
+open(dst, "w").write(text)
+PY
+      echo "specs/models/.$1-$2.yaml" ;;
+    *) echo "specs/models/$1.yaml" ;;
+  esac
+}
+drop_variant_spec() { case "$1" in specs/models/.*) rm -f "$1" ;; esac; }
