@@ -25,16 +25,24 @@ type RopeConfig struct {
 	WDtype ptx.Type
 }
 
-// ropeThreads is the block size RopeKV aims for (1024: at batch 1 the one block per row must
-// cover every head at once; 128 took 10 us a layer on an H200): HeadDim/2 lanes per head, as many heads side
-// by side as fill it.
+// ropeThreads is the block size RopeKV aims for (1024; 128 took 10 us a layer on an H200):
+// HeadDim/2 lanes per head, as many heads side by side as fill it.
 const ropeThreads = 1024
 
 func (c RopeConfig) headsPerBlock() int { return max(1, ropeThreads/(c.HeadDim/2)) }
 
-// Launch is the grid for rows rows: one block per row, threads (HeadDim/2, heads in flight).
+// headGroups is how many blocks share a row: enough that each thread has at most one of the
+// row's q, k and v heads, so a row's loads are issued at once rather than one group of heads
+// after another (Llama-3.1-8B: 48 heads, three blocks of 16).
+func (c RopeConfig) headGroups() int {
+	hpb := c.headsPerBlock()
+	return (c.Heads + 2*c.KVHeads + hpb - 1) / hpb
+}
+
+// Launch is the grid for rows rows: headGroups blocks per row, threads (HeadDim/2, heads in
+// flight).
 func (c RopeConfig) Launch(rows int) ops.Launch {
-	return ops.Launch{Grid: [3]int{rows, 1, 1}, Block: [3]int{c.HeadDim / 2, c.headsPerBlock(), 1}}
+	return ops.Launch{Grid: [3]int{rows, c.headGroups(), 1}, Block: [3]int{c.HeadDim / 2, c.headsPerBlock(), 1}}
 }
 
 // kvAttrs checks the shape shared by RopeKV and Attention and returns its ops attributes.
@@ -132,7 +140,11 @@ func RopeKV(name string, c RopeConfig) (*Kernel, error) {
 	hpb := c.headsPerBlock()
 	row := e.special(ptx.CtaidX)
 	i := e.special(ptx.TidX)
-	hy := e.special(ptx.TidY)
+	// Heads are numbered q, then k, then v: block y of the row starts at head y*hpb, each
+	// thread of it at its own tid.y, and strides the whole grid's heads.
+	first := e.Reg(ptx.U32)
+	e.Emit("mad.lo.u32", first, e.special(ptx.CtaidY), ptx.Imm(int64(hpb)), e.special(ptx.TidY))
+	stride := ptx.Imm(int64(hpb * c.headGroups()))
 	p := e.Reg(ptx.U32)
 	e.Emit("ld.global.u32", p, ptx.Addr{Base: e.byteAddr(posP, row, 4)})
 	s := e.Reg(ptx.U32)
@@ -187,25 +199,26 @@ func RopeKV(name string, c RopeConfig) (*Kernel, error) {
 	h := e.Reg(ptx.U32)
 	qk := c.Heads + c.KVHeads
 	if c.QKNorm {
-		e.qkNormLoop(c, h, hy, i, qnP, knP, load, rotate)
+		e.qkNormLoop(c, h, first, stride, i, qnP, knP, load, rotate)
 	} else {
-		e.forLoop(h, hy, ptx.Imm(int64(qk)), ptx.Imm(int64(hpb)), func() {
+		e.forLoop(h, first, ptx.Imm(int64(qk)), stride, func() {
 			x0, x1 := e.Reg(ptx.F32), e.Reg(ptx.F32)
 			a := load(h, x0, x1)
 			rotate(h, a, x0, x1)
 		})
 	}
-	e.forLoop(h, hy, ptx.Imm(int64(c.KVHeads)), ptx.Imm(int64(hpb)), func() {
-		vh := e.op3("add.u32", ptx.U32, h, ptx.Imm(int64(qk)))
-		v0, v1 := e.Reg(ptx.F32), e.Reg(ptx.F32)
-		a := load(vh, v0, v1)
-		if c.Bias {
-			e.Emit("st.global.f32", a, v0)
-			e.Emit("st.global.f32", ptx.Addr{Base: a.Base, Offset: int64(4 * half)}, v1)
-		}
-		va := e.byteAddr(vbase, h, d*kvs)
-		e.storeAt(ptx.Addr{Base: va}, v0, c.KVDtype)
-		e.storeAt(ptx.Addr{Base: va, Offset: int64(half * kvs)}, v1, c.KVDtype)
+	e.forLoop(h, first, ptx.Imm(int64(qk+c.KVHeads)), stride, func() {
+		e.when(e.cmp("ge", ptx.U32, h, ptx.Imm(int64(qk))), false, func() {
+			v0, v1 := e.Reg(ptx.F32), e.Reg(ptx.F32)
+			a := load(h, v0, v1)
+			if c.Bias {
+				e.Emit("st.global.f32", a, v0)
+				e.Emit("st.global.f32", ptx.Addr{Base: a.Base, Offset: int64(4 * half)}, v1)
+			}
+			va := e.byteAddr(vbase, e.op3("sub.u32", ptx.U32, h, ptx.Imm(int64(qk))), d*kvs)
+			e.storeAt(ptx.Addr{Base: va}, v0, c.KVDtype)
+			e.storeAt(ptx.Addr{Base: va, Offset: int64(half * kvs)}, v1, c.KVDtype)
+		})
 	})
 	return finish(e.Kernel, "rope_kv", attrs)
 }
@@ -215,10 +228,11 @@ func RopeKV(name string, c RopeConfig) (*Kernel, error) {
 // number of iterations (heads past the last are idle) and meets the same barriers. Each thread
 // stores x0²+x1² and then adds its head's HeadDim/2 partial sums in order: the reference
 // op's exact order, for every head dim (a warp shuffle would need the head to fill whole warps).
-func (e emitter) qkNormLoop(c RopeConfig, h, hy, i, qn, kn ptx.Reg,
+func (e emitter) qkNormLoop(c RopeConfig, h, first ptx.Reg, stride ptx.Operand, i, qn, kn ptx.Reg,
 	load func(h, x0, x1 ptx.Reg) ptx.Addr, rotate func(h ptx.Reg, a ptx.Addr, x0, x1 ptx.Reg)) {
 	d, half, hpb, ws := c.HeadDim, c.HeadDim/2, c.headsPerBlock(), c.WDtype.Bytes()
 	red := e.DeclareShared("qk_ss", ptx.F32, hpb*half)
+	hy := e.special(ptx.TidY)
 	seg := e.Reg(ptx.U32) // this thread's head's partial sums
 	e.Emit("mul.lo.u32", seg, hy, ptx.Imm(int64(half)))
 	segAddr := e.sharedAddr(red, seg, 4)
@@ -226,7 +240,10 @@ func (e emitter) qkNormLoop(c RopeConfig, h, hy, i, qn, kn ptx.Reg,
 	b := e.Reg(ptx.U32)
 	x0, x1 := e.Reg(ptx.F32), e.Reg(ptx.F32)
 	var a ptx.Addr
-	e.forLoop(b, ptx.Imm(0), ptx.Imm(int64(c.Heads+c.KVHeads)), ptx.Imm(int64(hpb)), func() {
+	// b, the block's first head of the iteration, is the same for all its threads, so every
+	// thread meets the same barriers.
+	e.Emit("sub.u32", b, first, hy)
+	e.forLoop(b, b, ptx.Imm(int64(c.Heads+c.KVHeads)), stride, func() {
 		e.Emit("add.u32", h, b, hy)
 		active := e.cmp("lt", ptx.U32, h, ptx.Imm(int64(c.Heads+c.KVHeads)))
 		e.when(active, false, func() {

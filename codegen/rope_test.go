@@ -39,6 +39,10 @@ func TestRopeKVKernel(t *testing.T) {
 		{Heads: 4, KVHeads: 1, HeadDim: 32, BlockSize: 4, MaxBlocksPerSeq: 4, KVDtype: ptx.F32},
 		{Heads: 2, KVHeads: 2, HeadDim: 64, BlockSize: 8, MaxBlocksPerSeq: 2, KVDtype: ptx.BF16},
 		{Heads: 3, KVHeads: 1, HeadDim: 96, BlockSize: 2, MaxBlocksPerSeq: 8, KVDtype: ptx.F32},
+		// Llama-3.1-8B's heads: 48 over three blocks of 16 per row (q; q; k and v).
+		{Heads: 32, KVHeads: 8, HeadDim: 128, BlockSize: 4, MaxBlocksPerSeq: 8, KVDtype: ptx.BF16},
+		// 24 heads over two blocks of 16: the second has k, v and 8 idle head slots.
+		{Heads: 20, KVHeads: 2, HeadDim: 128, BlockSize: 4, MaxBlocksPerSeq: 8, KVDtype: ptx.F32},
 	} {
 		k, err := RopeKV("rope_test", c)
 		if err != nil {
@@ -57,6 +61,18 @@ func TestRopeKVKernel(t *testing.T) {
 			{name: "pos", u32: pos}, {name: "seq", u32: seq}, {name: "block_table", u32: kv.table},
 			kv.kcache, kv.vcache,
 		})
+	}
+}
+
+// A row's heads spread over blocks of headsPerBlock heads, one head per thread at most.
+func TestRopeKVHeadGroups(t *testing.T) {
+	for _, c := range []struct {
+		heads, kvHeads, headDim, groups int
+	}{{32, 8, 128, 3}, {20, 2, 128, 2}, {4, 1, 32, 1}, {64, 8, 64, 3}} {
+		rc := RopeConfig{Heads: c.heads, KVHeads: c.kvHeads, HeadDim: c.headDim}
+		if l := rc.Launch(5); l.Grid != [3]int{5, c.groups, 1} || l.Block[0]*l.Block[1] > ropeThreads {
+			t.Errorf("%+v: grid %v block %v, want %d blocks per row", c, l.Grid, l.Block, c.groups)
+		}
 	}
 }
 
@@ -116,7 +132,8 @@ func TestRopeKVQwenKernel(t *testing.T) {
 		{Heads: 4, KVHeads: 1, HeadDim: 32, BlockSize: 4, MaxBlocksPerSeq: 4, KVDtype: ptx.F32, Bias: true, WDtype: ptx.BF16},
 		{Heads: 4, KVHeads: 2, HeadDim: 64, BlockSize: 8, MaxBlocksPerSeq: 2, KVDtype: ptx.BF16, QKNorm: true, Eps: 1e-6, WDtype: ptx.BF16},
 		{Heads: 3, KVHeads: 1, HeadDim: 96, BlockSize: 2, MaxBlocksPerSeq: 8, KVDtype: ptx.F32, Bias: true, QKNorm: true, Eps: 1e-5, WDtype: ptx.F32},
-		// 40 q/k heads over 16 heads per block: the last iteration leaves most heads idle.
+		// 48 heads over three blocks of 16: the third normalises and rotates 8 k heads while
+		// its other threads copy the v heads.
 		{Heads: 32, KVHeads: 8, HeadDim: 128, BlockSize: 4, MaxBlocksPerSeq: 2, KVDtype: ptx.F32, QKNorm: true, Eps: 1e-6, WDtype: ptx.BF16},
 	} {
 		k, err := RopeKV("rope_qwen_test", c)

@@ -41,16 +41,16 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=c
 git rev-parse --short HEAD > "$raw/commit.txt" 2>/dev/null || echo unknown > "$raw/commit.txt"
 keep "$raw/device.txt" "$raw/commit.txt"
 
-# The variant prev is the bundle at the defaults run by the previous runtime, PREV_BIN's xmix
-# (default .dev/prev): a change to the runtime alone, timed against the one before it.
+# The variant prev is the previous build: the bundle at the defaults built and run by the
+# binaries in PREV_BIN (default .dev/prev), timed against this build's.
 PREV_BIN=${PREV_BIN:-.dev/prev}
-runtime_of() { if [ "$1" = prev ]; then echo "$PREV_BIN"; else echo "$bin"; fi; }
+binaries_of() { if [ "$1" = prev ]; then echo "$PREV_BIN"; else echo "$bin"; fi; }
 
 log "bundles"
 for m in $MODELS; do
   for v in $VARIANTS; do
     spec=$(variant_spec "$m" "$v")
-    "$bin/xmixc" build "$spec" $([ "$v" = prev ] || variant_flags "$v") -q -o "$work/$m-$v.xmb" || echo "build $m $v failed" >&2
+    "$(binaries_of "$v")/xmixc" build "$spec" $([ "$v" = prev ] || variant_flags "$v") -q -o "$work/$m-$v.xmb" || echo "build $m $v failed" >&2
     drop_variant_spec "$spec"
   done
 done
@@ -65,7 +65,7 @@ if has bench; then
     for m in $MODELS; do
       for bs in ${BATCHES:-1 8 32 128}; do
         for v in $order; do
-          timeout "${BENCH_TIMEOUT:-120}" "$(runtime_of "$v")/xmix" bench "$work/$m-$v.xmb" --backend cuda --prompts "$bs" --prompt-len "$PROMPT_LEN" --new-tokens 8 \
+          timeout "${BENCH_TIMEOUT:-120}" "$(binaries_of "$v")/xmix" bench "$work/$m-$v.xmb" --backend cuda --prompts "$bs" --prompt-len "$PROMPT_LEN" --new-tokens 8 \
             --graph-buckets "$bs" --graph-context $((PROMPT_LEN + 64)) $prof --json -q > "$raw/bench__${m}__${v}__b${bs}__r${r}.json" 2>> "$raw/bench.log" \
             || echo "bench $m $v b$bs round $r failed" >&2
           keep "$raw/bench__${m}__${v}__b${bs}__r${r}.json"
