@@ -4,9 +4,9 @@
 #   run(command="bash testsuite/gpu/fuse_ab.sh", carry=[".dev/gpu"])
 # For Llama-3.2-1B and Llama-3.1-8B it builds one bundle per variant of VARIANTS (default
 # "none default all"; variants.sh says what each name builds, e.g. "none qkv-rope gate-act
-# all serial" to see each fusion's share; every variant is timed against BASE, default none)
-# and times their
-# graph replays side by side in this one run: xmix bench --graph-buckets B --graph-context
+# all serial" to see each fusion's share; seqsN builds a spec variant; prev is the previous
+# build, the binaries in PREV_BIN; every variant is timed against BASE, default none) and
+# times their graph replays side by side in this one run: xmix bench --graph-buckets B --graph-context
 # PROMPT_LEN+64 (every row at that context, as the peer grid of RESULTS.md runs) at BATCHES
 # (default 1 8 32 128), ROUNDS rounds (default 2) with the variants' order reversed every
 # other round, --profile (time per node role) in the first. Then (PARTS check) ptxas on the
