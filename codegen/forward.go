@@ -83,8 +83,8 @@ func Generate(p *passes.Program, opt Options) (*bundle.Bundle, error) {
 	switch {
 	case bi.Prefetch < 0 || bi.Prefetch > 0 && !bi.PDL:
 		return nil, fmt.Errorf("GEMV prefetch %d bytes: want 0, or a byte count with early launch", bi.Prefetch)
-	case bi.GemvCols < 0 || bi.GemvCols > gemmTile:
-		return nil, fmt.Errorf("GEMV columns per warp %d: want 1 to %d", bi.GemvCols, gemmTile)
+	case bi.GemvCols < 0 || bi.GemvCols > MaxGemvCols:
+		return nil, fmt.Errorf("GEMV columns per warp %d: want 1 to %d", bi.GemvCols, MaxGemvCols)
 	case bi.GemvUnroll < 0 || bi.GemvUnroll > MaxGemvUnroll:
 		return nil, fmt.Errorf("GEMV unroll %d: want 1 to %d", bi.GemvUnroll, MaxGemvUnroll)
 	}

@@ -52,6 +52,8 @@ const (
 	gemmTile  = 8
 	// MaxGemvUnroll bounds GemmConfig.Unroll: the weight registers of a step grow with it.
 	MaxGemvUnroll = 8
+	// MaxGemvCols bounds GemmConfig.Cols: a warp's columns share its tile of x rows.
+	MaxGemvCols = gemmTile
 )
 
 // Launch is the grid for a call over rows rows.
@@ -80,8 +82,8 @@ func gemmAttrs(c GemmConfig) (ops.GemmAttrs, error) {
 	if c.K <= 0 || c.N <= 0 {
 		return ops.GemmAttrs{}, fmt.Errorf("K=%d N=%d must be positive", c.K, c.N)
 	}
-	if c.Cols < 0 || c.Cols > gemmTile {
-		return ops.GemmAttrs{}, fmt.Errorf("%d columns per warp: want 0 to %d", c.Cols, gemmTile)
+	if c.Cols < 0 || c.Cols > MaxGemvCols {
+		return ops.GemmAttrs{}, fmt.Errorf("%d columns per warp: want 0 to %d", c.Cols, MaxGemvCols)
 	}
 	if c.Unroll < 0 || c.Unroll > MaxGemvUnroll {
 		return ops.GemmAttrs{}, fmt.Errorf("unroll %d: want 0 to %d", c.Unroll, MaxGemvUnroll)

@@ -60,8 +60,8 @@ func buildCmd() *cobra.Command {
 			if st, err := os.Stat(out); err == nil && st.IsDir() {
 				return fmt.Errorf("-o %s is a directory: give the bundle's file name, e.g. -o %s", out, filepath.Join(out, "model.xmb"))
 			}
-			if gemvCols < 1 || gemvCols > 8 {
-				return fmt.Errorf("--gemv-cols %d: want 1 to 8 columns per warp", gemvCols)
+			if gemvCols < 1 || gemvCols > codegen.MaxGemvCols {
+				return fmt.Errorf("--gemv-cols %d: want 1 to %d columns per warp", gemvCols, codegen.MaxGemvCols)
 			}
 			if gemvUnroll < 1 || gemvUnroll > codegen.MaxGemvUnroll {
 				return fmt.Errorf("--gemv-unroll %d: want 1 to %d chunks per step", gemvUnroll, codegen.MaxGemvUnroll)

@@ -9,12 +9,13 @@
 package gpu
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -261,7 +262,7 @@ func TestCUDABuildKeepsBits(t *testing.T) {
 	fused := testsuite.Compile(t, cut)
 	prompts := [][]int{{791, 4062, 14198, 39935, 35308, 927}, {128000, 9906}, {40, 1093, 311, 1373}, {2028}}
 	for _, g := range gemmServers {
-		run := func(b *bundle.Bundle, force [][]int) ([][]int, [][]byte) {
+		run := func(b *bundle.Bundle, force [][]int) ([][]int, [][]float32) {
 			var reqs []loader.Request
 			for i, p := range prompts {
 				r := loader.Request{Prompt: p, MaxTokens: 24}
@@ -270,13 +271,14 @@ func TestCUDABuildKeepsBits(t *testing.T) {
 				}
 				reqs = append(reqs, r)
 			}
-			var rec *logitRows
+			// Every sampled row's logits: the recorder's "vocab" is the whole buffer.
+			var rec *testsuite.LogitRecorder
 			res := testsuite.Generate(t, func(t testing.TB, b *bundle.Bundle) loader.Backend {
-				rec = &logitRows{Backend: newCUDA(g.mode)(t, b)}
+				rec = &testsuite.LogitRecorder{Backend: newCUDA(g.mode)(t, b)}
 				for _, buf := range b.Manifest.Buffers {
 					if buf.Name == bundle.ActLogits {
 						n, _ := loader.BufferBytes(buf)
-						rec.size = int(n)
+						rec.Vocab = int(n / 4)
 					}
 				}
 				return rec
@@ -285,38 +287,19 @@ func TestCUDABuildKeepsBits(t *testing.T) {
 			for _, r := range res {
 				toks = append(toks, r.Tokens)
 			}
-			return toks, rec.steps
+			return toks, rec.Steps
 		}
 		toks, want := run(plain, nil)
 		_, got := run(fused, toks)
 		equal := len(got) == len(want)
 		for i := 0; equal && i < len(want); i++ {
-			equal = bytes.Equal(got[i], want[i])
+			equal = slices.EqualFunc(got[i], want[i], func(a, b float32) bool { return math.Float32bits(a) == math.Float32bits(b) })
 		}
 		record("build_bits.llama-3.2-1b-2layers"+g.suffix, map[string]any{"steps": len(want), "equal": equal, "fuse": testsuite.Fuse, "serial_launch": testsuite.SerialLaunch})
 		if !equal {
 			t.Errorf("%s: the logits of the bundle built with --fuse %v --pdl=%v differ from the plain bundle's", g.mode, testsuite.Fuse, !testsuite.SerialLaunch)
 		}
 	}
-}
-
-// logitRows records every step's whole logits buffer, every sampled row.
-type logitRows struct {
-	loader.Backend
-	size  int
-	steps [][]byte
-}
-
-func (r *logitRows) Step(t int) error {
-	if err := r.Backend.Step(t); err != nil {
-		return err
-	}
-	raw := make([]byte, r.size)
-	if err := r.Backend.Read(bundle.ActLogits, raw); err != nil {
-		return err
-	}
-	r.steps = append(r.steps, raw)
-	return nil
 }
 
 func repoRoot() (string, error) {
