@@ -192,8 +192,9 @@ func verifyTemplate(t *Template, kernels map[string]*Kernel, bufBytes map[string
 		return fmt.Errorf("plain nodes without a %s buffer to choose them", CtlAnyMask)
 	}
 	if a := t.AttnSplit; a != nil {
-		if a.MaxSplits < 1 || a.MinChunk < 1 {
-			return fmt.Errorf("attention split: max_splits %d, min_chunk %d: want both at least 1", a.MaxSplits, a.MinChunk)
+		if a.MaxSplits < 1 || a.Step < 1 || a.MinChunk < 1 || a.MinChunk%a.Step != 0 || a.RowBlocks < 1 || a.WaveBlocks < 1 {
+			return fmt.Errorf("attention split: max_splits %d, step %d, min_chunk %d, row_blocks %d, wave_blocks %d: want each at least 1 and min_chunk a multiple of step (a bundle from before they were written: rebuild it)",
+				a.MaxSplits, a.Step, a.MinChunk, a.RowBlocks, a.WaveBlocks)
 		}
 		if !controlU32(bufs, a.Buffer) {
 			return fmt.Errorf("attention split: buffer %q is not a u32 control buffer", a.Buffer)

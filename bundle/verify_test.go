@@ -62,11 +62,17 @@ func TestVerifyFailures(t *testing.T) {
 		{"skip without any_mask", func(b *Bundle) { b.Templates[0].Nodes[1].SkipUnless = 1 },
 			`node 1 ("steer"): skip_unless 0x1 without a ctl.any_mask buffer to decide it`},
 		{"attention split buffer", func(b *Bundle) {
-			b.Templates[0].AttnSplit = &AttnSplit{Buffer: "x", MaxSplits: 4, MinChunk: 64}
+			b.Templates[0].AttnSplit = &AttnSplit{Buffer: "x", MaxSplits: 4, MinChunk: 64, Step: 32, RowBlocks: 8, WaveBlocks: 528}
 		}, `attention split: buffer "x" is not a u32 control buffer`},
 		{"attention split size", func(b *Bundle) {
-			b.Templates[0].AttnSplit = &AttnSplit{Buffer: "tokens", MaxSplits: 0, MinChunk: 64}
-		}, "max_splits 0, min_chunk 64: want both at least 1"},
+			b.Templates[0].AttnSplit = &AttnSplit{Buffer: "tokens", MaxSplits: 0, MinChunk: 64, Step: 32, RowBlocks: 8, WaveBlocks: 528}
+		}, "max_splits 0, step 32, min_chunk 64, row_blocks 8, wave_blocks 528: want each at least 1"},
+		{"attention split step", func(b *Bundle) {
+			b.Templates[0].AttnSplit = &AttnSplit{Buffer: "tokens", MaxSplits: 4, MinChunk: 48, Step: 32, RowBlocks: 8, WaveBlocks: 528}
+		}, "min_chunk a multiple of step"},
+		{"attention split waves (an old bundle)", func(b *Bundle) {
+			b.Templates[0].AttnSplit = &AttnSplit{Buffer: "tokens", MaxSplits: 4, MinChunk: 64}
+		}, "rebuild it"},
 		{"embedded weight missing", func(b *Bundle) {
 			b.Weights = safetensorsFile(safetensors.Tensor{Name: "other", Dtype: "F32", Shape: []int{1}, Data: make([]byte, 4)})
 		}, `tensor "model.embed_tokens.weight" is not in the weights section`},
@@ -82,15 +88,31 @@ func TestVerifyFailures(t *testing.T) {
 }
 
 func TestAttnSplitChunk(t *testing.T) {
-	a := &AttnSplit{MaxSplits: 66, MinChunk: 64}
-	for maxN, want := range map[int]int{0: 64, 1: 64, 64: 64, 4224: 64, 4225: 128, 2048: 64, 8192: 128} {
-		if got := a.Chunk(maxN); got != want {
-			t.Errorf("longest context %d: chunk %d, want %d", maxN, got, want)
-		}
+	// Llama-3.1-8B's split decode buckets on an H200: 8 head groups a row, 528 blocks a wave.
+	split := func(maxSplits int) *AttnSplit {
+		return &AttnSplit{MaxSplits: maxSplits, MinChunk: 64, Step: 32, RowBlocks: 8, WaveBlocks: 528}
 	}
-	b := &AttnSplit{MaxSplits: 3, MinChunk: 64}
-	if got := b.Chunk(2048); got != 704 || (2048+got-1)/got != 3 {
-		t.Errorf("3 splits of 2048: chunk %d", got)
+	for _, c := range []struct {
+		rows, maxSplits, maxN, want int
+	}{
+		{1, 66, 0, 64}, {1, 66, 1, 64}, {1, 66, 64, 64}, // never below MinChunk
+		{1, 66, 65, 64},     // two splits, the second of one position
+		{1, 66, 2112, 64},   // 33 of the 66 splits: every one gets MinChunk
+		{1, 66, 8192, 128},  // 64 splits of 128
+		{32, 3, 2112, 1056}, // 2 splits, one wave of 512 blocks, not 3 in two waves
+		{32, 3, 100, 64},
+		{8, 9, 2112, 288},  // 8 splits (512 blocks), not 9 (576: two waves)
+		{4, 17, 2112, 160}, // 14 splits (448 blocks), not 17 (544)
+		{20, 3, 2112, 704}, // 20 rows: 3 splits are 480 blocks, one wave
+	} {
+		a := split(c.maxSplits)
+		got := a.Chunk(c.maxN, c.rows)
+		if got != c.want {
+			t.Errorf("%d rows, %d splits at most, longest context %d: chunk %d, want %d", c.rows, c.maxSplits, c.maxN, got, c.want)
+		}
+		if got%a.Step != 0 || got < a.MinChunk || (max(c.maxN, 1)+got-1)/got > c.maxSplits {
+			t.Errorf("%d rows, longest context %d: chunk %d is not a multiple of the step, or too short, or needs more splits than the grid has", c.rows, c.maxN, got)
+		}
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 
+	"xmix/bundle"
 	"xmix/ops"
 	"xmix/ptx"
 )
@@ -64,6 +65,10 @@ type AttnConfig struct {
 	// positions only (Gemma 2: 4096 on every other layer). Both as ops.AttnAttrs.
 	Softcap float32
 	Window  int
+	// EarlyLaunch: the kernel is built for programmatic dependent launch (BuildInfo.PDL) and
+	// waits for the grid ahead itself (bundle.PriorGridWait), once it has read the control
+	// block and staged its first block-table entries, which the host wrote before the step.
+	EarlyLaunch bool
 }
 
 const (
@@ -133,8 +138,15 @@ func (c AttnConfig) DecodeSplits(rows int) int {
 	return min(AttnMaxSplits, max(1, (attnSplitBlocks+rows*c.KVHeads-1)/(rows*c.KVHeads)))
 }
 
-// AttnMinChunk is the fewest positions per split (bundle.AttnSplit.MinChunk).
-const AttnMinChunk = attnMinChunk
+// splitPlan is how the host cuts a split decode bucket's contexts over its grid of splits
+// splits (bundle.AttnSplit): chunks in multiples of the positions a block covers in one
+// pass (every warp's step), at least attnMinChunk, on a GPU holding attnSplitBlocks blocks.
+func (c AttnConfig) splitPlan(splits int) *bundle.AttnSplit {
+	geo := c.geom()
+	step := adWarps * geo.unroll * geo.pp
+	return &bundle.AttnSplit{Buffer: bundle.CtlAttnChunk, MaxSplits: splits, Step: step,
+		MinChunk: (attnMinChunk + step - 1) / step * step, RowBlocks: c.Heads / geo.hpb, WaveBlocks: attnSplitBlocks}
+}
 
 // SplitWorkspaceBytes is the size of the split kernel's ws for rows rows and splits splits
 // (0 when it takes none).
@@ -301,8 +313,15 @@ func (g *adGen) emit() {
 		end = g.op3("add.u32", ptx.U32, start, chunk)
 		g.Emit("min.u32", end, end, n)
 	}
+	// Everything above reads only the control block, which the host wrote before the step:
+	// launched early, the block does it while the kernel ahead still runs, and waits for
+	// that kernel's q and K/V only now.
+	seg := g.stage(start, end)
+	if c.EarlyLaunch {
+		g.Emit(bundle.PriorGridWait)
+	}
 	g.loadQ()
-	g.scan(start, end)
+	g.scan(seg, end)
 	g.merge()
 }
 
@@ -359,28 +378,37 @@ func (g *adGen) loadQ() {
 	}
 }
 
-// scan runs the warps' online softmax over positions [start, end), staging the block-table
-// entries of up to adTableCap KV blocks at a time in shared memory.
-func (g *adGen) scan(start, end ptx.Reg) {
-	c, geo := g.c, g.geo
+// segment is the span of positions [lo, hi) whose block-table entries, from KV block blk0
+// on, the block holds in shared memory (sTable).
+type segment struct{ lo, hi, blk0 ptx.Reg }
+
+// stage starts the segment at start: the block-table entries of up to adTableCap KV blocks
+// from start's on (at most to end), stored to shared memory by the block's threads.
+func (g *adGen) stage(start, end ptx.Reg) segment {
+	if g.sTable == "" {
+		g.sTable = g.DeclareShared("ad_table", ptx.U32, min(g.c.MaxBlocksPerSeq, adTableCap))
+	}
+	seg := segment{lo: g.Reg(ptx.U32), hi: g.Reg(ptx.U32), blk0: g.Reg(ptx.U32)}
+	g.Emit("mov.u32", seg.lo, start)
+	g.restage(seg, end)
+	return seg
+}
+
+// restage moves seg's table entries on to those of the KV blocks from seg.lo's on.
+func (g *adGen) restage(seg segment, end ptx.Reg) {
+	c := g.c
 	bs, _ := log2(c.BlockSize)
 	tcap := min(c.MaxBlocksPerSeq, adTableCap)
-	g.sTable = g.DeclareShared("ad_table", ptx.U32, tcap)
-	segLo := g.Reg(ptx.U32)
-	g.Emit("mov.u32", segLo, start)
-	top, done := g.NewLabel("seg"), g.NewLabel("seg_done")
-	g.Label(top)
-	g.EmitIf(g.cmp("ge", ptx.U32, segLo, end), false, "bra", ptx.Sym(done))
-	blk0 := g.op3("shr.u32", ptx.U32, segLo, ptx.Imm(int64(bs)))
-	segHi := g.op3("add.u32", ptx.U32, blk0, ptx.Imm(int64(tcap)))
-	g.Emit("shl.b32", segHi, segHi, ptx.Imm(int64(bs)))
-	g.Emit("min.u32", segHi, segHi, end)
-	nblk := g.op3("sub.u32", ptx.U32, segHi, ptx.Imm(1))
+	g.Emit("shr.u32", seg.blk0, seg.lo, ptx.Imm(int64(bs)))
+	g.Emit("add.u32", seg.hi, seg.blk0, ptx.Imm(int64(tcap)))
+	g.Emit("shl.b32", seg.hi, seg.hi, ptx.Imm(int64(bs)))
+	g.Emit("min.u32", seg.hi, seg.hi, end)
+	nblk := g.op3("sub.u32", ptx.U32, seg.hi, ptx.Imm(1))
 	g.Emit("shr.u32", nblk, nblk, ptx.Imm(int64(bs)))
-	g.Emit("sub.u32", nblk, nblk, blk0)
+	g.Emit("sub.u32", nblk, nblk, seg.blk0)
 	g.Emit("add.u32", nblk, nblk, ptx.Imm(1))
 	trow := g.Reg(ptx.U32)
-	g.Emit("mad.lo.u32", trow, g.s, ptx.Imm(int64(c.MaxBlocksPerSeq)), blk0)
+	g.Emit("mad.lo.u32", trow, g.s, ptx.Imm(int64(c.MaxBlocksPerSeq)), seg.blk0)
 	tbase := g.byteAddr(g.table, trow, 4)
 	i := g.Reg(ptx.U32)
 	g.forLoop(i, g.tid, nblk, ptx.Imm(int64(32*adWarps)), func() {
@@ -388,14 +416,25 @@ func (g *adGen) scan(start, end ptx.Reg) {
 		g.Emit("st.shared.u32", ptx.Addr{Base: g.sharedAddr(g.sTable, i, 4)}, e)
 	})
 	g.Emit("bar.sync", ptx.Imm(0))
+}
+
+// scan runs the warps' online softmax over positions [seg.lo, end), the first segment's
+// entries staged (a span is never empty: a row attends to at least its own position), the
+// next segment's staged as each ends.
+func (g *adGen) scan(seg segment, end ptx.Reg) {
+	geo := g.geo
+	top, done := g.NewLabel("seg"), g.NewLabel("seg_done")
+	g.Label(top)
 	step := geo.unroll * geo.pp
 	t0 := g.Reg(ptx.U32)
-	g.Emit("mad.lo.u32", t0, g.warp, ptx.Imm(int64(step)), segLo)
+	g.Emit("mad.lo.u32", t0, g.warp, ptx.Imm(int64(step)), seg.lo)
 	t := g.Reg(ptx.U32)
-	g.forLoop(t, t0, segHi, ptx.Imm(int64(adWarps*step)), func() { g.step(t, segHi, blk0) })
+	g.forLoop(t, t0, seg.hi, ptx.Imm(int64(adWarps*step)), func() { g.step(t, seg.hi, seg.blk0) })
 	// The next segment overwrites the staged entries.
 	g.Emit("bar.sync", ptx.Imm(0))
-	g.Emit("mov.u32", segLo, segHi)
+	g.Emit("mov.u32", seg.lo, seg.hi)
+	g.EmitIf(g.cmp("ge", ptx.U32, seg.lo, end), false, "bra", ptx.Sym(done))
+	g.restage(seg, end)
 	g.Emit("bra", ptx.Sym(top))
 	g.Label(done)
 }

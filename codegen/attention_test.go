@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"xmix/bundle"
 	"xmix/ops"
 	"xmix/ptx"
 	"xmix/ptx/emu"
@@ -326,4 +327,108 @@ func TestAttentionRejects(t *testing.T) {
 		}
 	}
 	must(t)(Attention("a", ok))
+}
+
+// TestAttentionDecodeSegments: contexts past one segment of staged block-table entries
+// (adTableCap KV blocks), whose next segments are staged as the scan reaches them, without
+// and with splits, built for early launch.
+func TestAttentionDecodeSegments(t *testing.T) {
+	r := rand.New(rand.NewPCG(47, 48))
+	c := AttnConfig{Heads: 4, KVHeads: 2, HeadDim: 32, BlockSize: 2, MaxBlocksPerSeq: 2*adTableCap + 40, KVDtype: ptx.F32,
+		Scale: 0.125, EarlyLaunch: true}
+	seg := c.BlockSize * adTableCap
+	pos := []uint32{uint32(seg - 1), uint32(seg), uint32(2*seg + 7), 3}
+	seq := []uint32{0, 1, 2, 1}
+	k := must(t)(Attention("attn_segments", c))
+	newAttnCall(t, r, k, c, c.Launch(len(pos), 1), pos, seq, 0, nil).check(t, 1e-5)
+	c.Split = true
+	k = must(t)(Attention("attn_segments_split", c))
+	// Splits of 300 positions: the second starts inside the first segment and ends in the second.
+	newAttnCall(t, r, k, c, c.Launch(len(pos), 4), pos, seq, 300, nil).check(t, 1e-5)
+}
+
+// TestAttentionWaitsAfterControl: built for early launch, a decode kernel waits for the grid
+// ahead exactly once, and before that touches no memory but the control block (pos, seq,
+// block_table, chunk) and shared memory: no address derived from qkv, the caches, z or the
+// split workspace is loaded or stored, and nothing global is written.
+func TestAttentionWaitsAfterControl(t *testing.T) {
+	c := scaled(attnShapes[2])
+	c.EarlyLaunch = true
+	for _, v := range []struct {
+		name           string
+		split, singles bool
+	}{{"plain", false, false}, {"split", true, false}, {"singles", false, true}} {
+		c.Split, c.Singles = v.split, v.singles
+		k := must(t)(Attention("attn_"+v.name, c))
+		m, err := ptx.Parse(k.PTX)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body := m.Kernels[0].Body
+		if n := strings.Count(k.PTX, bundle.PriorGridWait+";"); n != 1 {
+			t.Fatalf("%s: %d waits, want 1", v.name, n)
+		}
+		dependent := map[string]bool{"qkv": true, "kcache": true, "vcache": true, "z": true, "ws": true}
+		tainted := map[ptx.Reg]bool{}
+		regs := func(o ptx.Operand) []ptx.Reg {
+			switch o := o.(type) {
+			case ptx.Reg:
+				return []ptx.Reg{o}
+			case ptx.Vec:
+				return o
+			case ptx.Addr:
+				if r, ok := o.Base.(ptx.Reg); ok {
+					return []ptx.Reg{r}
+				}
+			}
+			return nil
+		}
+		for i, in := range body {
+			if in.Op == bundle.PriorGridWait {
+				if i < 5 {
+					t.Errorf("%s: the wait is instruction %d, before the control block is read", v.name, i)
+				}
+				break
+			}
+			if strings.HasPrefix(in.Op, "st.global") || strings.HasPrefix(in.Op, "atom") || strings.HasPrefix(in.Op, "red") {
+				t.Errorf("%s: %s before the wait", v.name, in.Op)
+			}
+			if strings.HasPrefix(in.Op, "ld.param") {
+				if a, ok := in.Args[1].(ptx.Addr); ok {
+					if s, ok := a.Base.(ptx.Sym); ok && dependent[string(s)] {
+						for _, r := range regs(in.Args[0]) {
+							tainted[r] = true
+						}
+					}
+				}
+				continue
+			}
+			if len(in.Args) == 0 {
+				continue
+			}
+			from := in.Args[1:]
+			if strings.HasPrefix(in.Op, "st.") {
+				from = in.Args
+			}
+			dirty := false
+			for _, o := range from {
+				for _, r := range regs(o) {
+					dirty = dirty || tainted[r]
+				}
+			}
+			if dirty && (strings.HasPrefix(in.Op, "ld.") || strings.HasPrefix(in.Op, "st.")) {
+				t.Errorf("%s: %s through an address of the grid ahead's data before the wait", v.name, in.Op)
+			}
+			if dirty && !strings.HasPrefix(in.Op, "st.") {
+				for _, r := range regs(in.Args[0]) {
+					tainted[r] = true
+				}
+			}
+		}
+	}
+	// Without early launch the kernel never waits (a --pdl=false bundle is launched serially).
+	c.EarlyLaunch, c.Split, c.Singles = false, true, false
+	if k := must(t)(Attention("attn_serial", c)); strings.Contains(k.PTX, bundle.PriorGridWait) {
+		t.Error("a kernel built without early launch waits for the grid ahead")
+	}
 }

@@ -167,7 +167,7 @@ func (g *gen) template(gr *ir.Graph, name string, kind bundle.TemplateKind, rows
 	}
 	tmpl := bundle.Template{Name: name, Kind: kind, Tokens: rows, Samples: samples, Nodes: t.nodes}
 	if splits := g.attnSplits(rows); kind == bundle.Decode && splits > 1 {
-		tmpl.AttnSplit = &bundle.AttnSplit{Buffer: bundle.CtlAttnChunk, MaxSplits: splits, MinChunk: AttnMinChunk}
+		tmpl.AttnSplit = g.attnConfig(g.attn).splitPlan(splits)
 	}
 	return tmpl, nil
 }
@@ -419,7 +419,7 @@ func (g *gen) ropeKernel(n *ir.Node) (RopeConfig, string, slots) {
 // attnConfig is an attention node's shape.
 func (g *gen) attnConfig(a ir.AttentionAttrs) AttnConfig {
 	return AttnConfig{Heads: a.Heads, KVHeads: a.KVHeads, HeadDim: a.HeadDim, BlockSize: g.m.KVBlockSize,
-		MaxBlocksPerSeq: g.blocks, KVDtype: g.kvdt, Scale: a.Scale, Softcap: a.Softcap, Window: a.Window}
+		MaxBlocksPerSeq: g.blocks, KVDtype: g.kvdt, Scale: a.Scale, Softcap: a.Softcap, Window: a.Window, EarlyLaunch: g.pdl}
 }
 
 // attention emits layer l's attention over the KV cache into z. A decode bucket runs the

@@ -905,7 +905,7 @@ func (e *Engine) run(t bundle.Template, rows []stepRow) error {
 		for _, r := range rows {
 			maxN = max(maxN, r.pos+1)
 		}
-		if err := e.Be.Write(a.Buffer, 0, sc.encode([]uint32{uint32(a.Chunk(maxN))})); err != nil {
+		if err := e.Be.Write(a.Buffer, 0, sc.encode([]uint32{uint32(a.Chunk(maxN, len(rows)))})); err != nil {
 			return err
 		}
 	}

@@ -40,11 +40,11 @@ func TestAttentionWiring(t *testing.T) {
 	var split *bundle.AttnSplit
 	for _, tmpl := range b.Templates {
 		var kernels []string
-		grid := 0
+		var grid [3]int
 		for _, n := range tmpl.Nodes {
 			if strings.HasPrefix(n.Label, "L0.attention") {
 				kernels = append(kernels, n.Kernel)
-				grid = n.Grid[2]
+				grid = n.Grid
 			}
 		}
 		switch {
@@ -53,7 +53,9 @@ func TestAttentionWiring(t *testing.T) {
 				t.Fatalf("%s: layer 0 attention kernels %v, want the singles and the prefill kernel", tmpl.Name, kernels)
 			}
 		case tmpl.AttnSplit != nil:
-			if tmpl.AttnSplit.MaxSplits != grid || grid < 2 || !strings.HasSuffix(kernels[0], "_split") {
+			// The host's plan counts the grid's blocks: splits in z, a row's head groups in y.
+			a := tmpl.AttnSplit
+			if a.MaxSplits != grid[2] || grid[2] < 2 || a.RowBlocks != grid[1] || grid[0] != tmpl.Tokens || !strings.HasSuffix(kernels[0], "_split") {
 				t.Fatalf("%s: split %+v over a grid of %d splits, kernel %v", tmpl.Name, *tmpl.AttnSplit, grid, kernels)
 			}
 			if tmpl.Tokens == 1 {
@@ -87,7 +89,7 @@ func TestAttentionWiring(t *testing.T) {
 		t.Fatalf("%d split words for %d decode steps", len(rec.chunks), len(prompt)-1+n-1)
 	}
 	for i, c := range rec.chunks {
-		if want := split.Chunk(i + 2); int(c) != want {
+		if want := split.Chunk(i+2, 1); int(c) != want {
 			t.Fatalf("step %d: chunk %d, want %d", i, c, want)
 		}
 	}

@@ -539,7 +539,7 @@ func fullBatch(s *session, ti, n int) error {
 		}
 	}
 	if a := t.AttnSplit; a != nil {
-		if err := s.be.Write(a.Buffer, 0, enc([]uint32{uint32(a.Chunk(n))})); err != nil {
+		if err := s.be.Write(a.Buffer, 0, enc([]uint32{uint32(a.Chunk(n, rows))})); err != nil {
 			return err
 		}
 	}

@@ -30,7 +30,7 @@ BASE = os.environ.get("BASE", "none")
 
 def main(raw, out):
     res = {"base": BASE, "date": datetime.date.today().isoformat(), "device": text(os.path.join(raw, "device.txt"), "unknown"),
-           "commit": text(os.path.join(raw, "commit.txt"), "unknown")}
+           "commit": text(os.path.join(raw, "commit.txt"), "unknown"), "prompt_len": int(os.environ.get("PROMPT_LEN", "16"))}
     runs = {}  # (model, batch, variant) -> [ms per round]
     profile = {}
     for p in sorted(glob.glob(os.path.join(raw, "bench__*.json"))):
@@ -79,7 +79,7 @@ def main(raw, out):
 
 def markdown(res):
     md = [f"# Decode fusions A/B ({res['date']}, {res['device']}, commit {res['commit']})", "",
-          f"Graph replay ms per decode step, every row at context prompt + 64, each variant and the base ({res['base']}) in this run "
+          f"Graph replay ms per decode step, every row at context {res['prompt_len']} + 64 ({res['prompt_len']}-token prompts), each variant and the base ({res['base']}) in this run "
           "(mean of the rounds; ratio < 1: the variant is faster).", "",
           "| model | batch | variant | base ms | variant ms | ratio | saved ms | rounds (variant) |", "|---|---|---|---|---|---|---|---|"]
     for r in res["ab"]:

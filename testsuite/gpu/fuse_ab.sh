@@ -19,7 +19,17 @@
 # measured). PARTS="bench check" (default both); if one call cannot hold both, run
 # PARTS=bench, then PARTS=check: the raw files of the first stay in the work directory while
 # the machine is warm.
+# PROMPT_LENS="2048 16" runs the whole script once per prompt length, each into $OUT/pLEN, with
+# batches BATCHES_LEN where set (BATCHES_2048="1 8 32"), else BATCHES.
 set -uo pipefail
+if [ -n "${PROMPT_LENS:-}" ]; then
+  for len in $PROMPT_LENS; do
+    rm -rf /tmp/xmix-fuse-ab/raw
+    b=BATCHES_$len
+    OUT=${OUT:-/tmp/xmix-gpu-out}/p$len PROMPT_LEN=$len BATCHES=${!b:-${BATCHES:-1 8 32 128}} PROMPT_LENS= bash "$0"
+  done
+  exit 0
+fi
 . testsuite/gpu/ptxas.sh
 . testsuite/gpu/variants.sh
 bin=${XMIX_BIN:-.dev/gpu}
@@ -97,5 +107,5 @@ fi
 
 log "assemble"
 keep
-BASE=${BASE:-none} python3 testsuite/gpu/fuse_ab.py "$raw" "$OUT"
+BASE=${BASE:-none} PROMPT_LEN=$PROMPT_LEN python3 testsuite/gpu/fuse_ab.py "$raw" "$OUT"
 cat "$OUT/FUSE_AB.md" >&2
