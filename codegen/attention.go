@@ -16,8 +16,9 @@ import (
 // grid (rows, Heads/hpb, splits). The block computes every query head of its group from the
 // same K and V loads, so K/V are read once per kv head, not once per query head (hpb is the
 // whole GQA group for Llama-class shapes). With Split, the host writes the step's positions
-// per split to a control word (ctl.attn_chunk, from the step's longest context and the
-// bucket's grid: bundle.AttnSplit): row r's context n = pos+1 is cut into ceil(n/chunk)
+// per split to a control word (ctl.attn_chunk, from the step's longest context, its rows and
+// the bucket's grid, choosing the split count whose waves of blocks end first:
+// bundle.AttnSplit, splitPlan): row r's context n = pos+1 is cut into ceil(n/chunk)
 // splits, split s owning positions [s*chunk, min(n, (s+1)*chunk)); blocks past a row's last
 // split exit at once, so one graph serves every context and the split count changes per step
 // with no rebuild. The kernel raises the chunk to ceil(n/grid z) itself, so a short or missing
