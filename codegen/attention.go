@@ -386,9 +386,7 @@ type segment struct{ lo, hi, blk0 ptx.Reg }
 // stage starts the segment at start: the block-table entries of up to adTableCap KV blocks
 // from start's on (at most to end), stored to shared memory by the block's threads.
 func (g *adGen) stage(start, end ptx.Reg) segment {
-	if g.sTable == "" {
-		g.sTable = g.DeclareShared("ad_table", ptx.U32, min(g.c.MaxBlocksPerSeq, adTableCap))
-	}
+	g.sTable = g.DeclareShared("ad_table", ptx.U32, min(g.c.MaxBlocksPerSeq, adTableCap))
 	seg := segment{lo: g.Reg(ptx.U32), hi: g.Reg(ptx.U32), blk0: g.Reg(ptx.U32)}
 	g.Emit("mov.u32", seg.lo, start)
 	g.restage(seg, end)

@@ -22,20 +22,20 @@
 # PROMPT_LENS="2048 16" runs the whole script once per prompt length, each into $OUT/pLEN, with
 # batches BATCHES_LEN where set (BATCHES_2048="1 8 32"), else BATCHES.
 set -uo pipefail
-if [ -n "${PROMPT_LENS:-}" ]; then
-  for len in $PROMPT_LENS; do
-    rm -rf /tmp/xmix-fuse-ab/raw
-    b=BATCHES_$len
-    OUT=${OUT:-/tmp/xmix-gpu-out}/p$len PROMPT_LEN=$len BATCHES=${!b:-${BATCHES:-1 8 32 128}} PROMPT_LENS= bash "$0"
-  done
-  exit 0
-fi
 . testsuite/gpu/ptxas.sh
 . testsuite/gpu/variants.sh
 bin=${XMIX_BIN:-.dev/gpu}
 OUT=${OUT:-/tmp/xmix-gpu-out}
 work=/tmp/xmix-fuse-ab
 raw=$work/raw
+if [ -n "${PROMPT_LENS:-}" ]; then
+  for len in $PROMPT_LENS; do
+    rm -rf "$raw"
+    b=BATCHES_$len
+    OUT=$OUT/p$len PROMPT_LEN=$len BATCHES=${!b:-${BATCHES:-1 8 32 128}} PROMPT_LENS= bash "$0"
+  done
+  exit 0
+fi
 mkdir -p "$OUT" "$raw" "$work/ptx"
 export PATH=/usr/local/cuda/bin:$PATH
 log() { echo "[$(date +%T)] $*" >&2; }
