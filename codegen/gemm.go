@@ -31,8 +31,13 @@ type GemmConfig struct {
 	// before the first is used: a warp then has Unroll times the bytes in flight (on the H200
 	// that shortens steps of 2-7 rows by 3-12%; at one row the extra registers cost more warps
 	// than the loads gain). The chunks are summed in the order of the loop without it, so the
-	// bits are the same; the op's attributes leave it out.
+	// bits are the same; the op's attributes leave it out. In a tensor-core GEMM (GemmTC) it is
+	// the K chunks each K group takes per step (gemm_tc.go, "Loads in flight").
 	Unroll int
+	// Rows, when not 0, is the most rows a call has (its decode bucket): the tensor-core GEMM
+	// then keeps accumulators for only that many rows per pass over W (more rows still work,
+	// in more passes). The bits are the same; the op's attributes leave it out.
+	Rows int
 }
 
 // colsPerWarp is how many columns a warp of the plain GEMV computes (GemmConfig.Cols).

@@ -34,18 +34,33 @@ import (
 //
 // Rows. A warp keeps up to 16 row tiles (128 rows) of accumulators (64 f32 per lane); tiles
 // past ceil(rows/8) are skipped, x rows past rows read as zero and are never stored. More
-// than 128 rows loop over groups of 128 and stream W again per group (correct, not fast).
+// than 128 rows loop over groups of 128 and stream W again per group (correct, not fast). A
+// kernel built for a decode bucket (GemmConfig.Rows) keeps only that bucket's tiles: an
+// 8-row call then needs 4 accumulators, not 64, and the registers go to loads in flight.
+//
+// Loads in flight. Each step of a K group takes U chunks (GemmConfig.Unroll; tcChunks picks
+// it per bucket), chunks ch, ch+Wk, ..., ch+(U-1)Wk: the W of the next step's U chunks loads
+// while this step's are multiplied, and per row tile the x of all U chunks is loaded before
+// the first is used, so a warp keeps U KiB of W in flight. At one chunk and 16 row tiles, 150
+// registers left one 8-warp block per SM and 8 KiB of W in flight per SM, a quarter of what
+// the H200's 4.25 TB/s needs at its memory latency: Llama-3.1-8B's gate/up GEMM at 8 rows
+// streamed W at 1.4 TB/s. Every accumulator still sums its chunks in the same order, so the
+// bits depend on neither U nor Rows.
 //
 // Bytes moved per call (rows <= 128): W is read from HBM exactly once, N*K*2 bytes, and y is
 // written once, rows*N*4. Every block reads x for its columns' whole K range, so L2 serves
 // (N/(16*tcWc)) * rows*K*4 bytes of x (a block's column warps share it through L1): at
 // N = 4096 (tcWc = 1) that equals W's bytes at rows = 8 and is 16x them at rows = 128. L1
-// serves each warp rows*128 bytes of x per KiB of W it streams. The next chunk's W is
-// prefetched into registers while the current one is multiplied (64 bytes per lane in
-// flight). What to measure first: achieved HBM bandwidth per row count; if x traffic
-// dominates at large rows, stage x once per block as bf16 in shared memory and widen blocks.
+// serves each warp rows*128 bytes of x per KiB of W it streams. The hi/lo split of x is redone
+// by every warp for every chunk, so from 16 rows the kernel is bound by that ALU work, not by
+// W: on the H200 cuBLASLt (bf16 x, no split) is 1.6x faster at 16 rows and 2x at 32, while at
+// 8 rows the two are even (testsuite/gpu/RESULTS.md, "The tensor-core GEMM's loads in
+// flight").
 const (
-	tcWarps     = 8
+	tcWarps = 8
+	// MaxTCChunks bounds the chunks a step takes (GemmConfig.Unroll of a tensor-core GEMM):
+	// W registers grow with it.
+	MaxTCChunks = 4
 	tcRowTiles  = 16 // row tiles (of 8) a warp accumulates at once: 128 rows
 	tcMinBlocks = 132
 	tcRedStride = 20 // f32 per row in the reduction buffer: 16 columns + pad against bank conflicts
@@ -82,7 +97,13 @@ func gemmTC(name string, c GemmConfig, wc int) (*Kernel, error) {
 	if c.K <= 0 || c.N <= 0 || c.K%16 != 0 || c.N%16 != 0 {
 		return nil, fmt.Errorf("gemm_tc %s: K=%d N=%d must be positive multiples of 16", name, c.K, c.N)
 	}
-	g := tcGen{emitter: newEmitter(name), c: c, wc: wc, wk: tcWarps / wc}
+	if c.Rows < 0 || c.Unroll < 0 || c.Unroll > MaxTCChunks {
+		return nil, fmt.Errorf("gemm_tc %s: %d rows, %d chunks a step: want rows >= 0 and 0 to %d chunks", name, c.Rows, c.Unroll, MaxTCChunks)
+	}
+	g := tcGen{emitter: newEmitter(name), c: c, wc: wc, wk: tcWarps / wc, tiles: tcRowTiles, unroll: max(1, c.Unroll)}
+	if c.Rows > 0 {
+		g.tiles = min(tcRowTiles, (c.Rows+7)/8)
+	}
 	g.MaxNTid = 32 * tcWarps
 	g.emit()
 	return finish(g.Kernel, "gemm_tc", bundle.GemmTCAttrs{K: c.K, N: c.N, Guard: c.Guard})
@@ -93,10 +114,12 @@ type tcGen struct {
 	c              GemmConfig
 	wc, wk         int
 	x, w, y, rows  ptx.Reg
-	g, t, kg, wcol ptx.Reg // lane group, lane in group, K group, column warp
-	colBase        ptx.Reg // first output column of this warp's tile
-	acc            [tcRowTiles][]ptx.Reg
+	g, t, kg, wcol ptx.Reg     // lane group, lane in group, K group, column warp
+	colBase        ptx.Reg     // first output column of this warp's tile
+	acc            [][]ptx.Reg // [row tile] the 4 accumulators of its m16n8 tile
 	red            ptx.Sym
+	tiles          int // row tiles a pass over W computes
+	unroll         int // chunks a K group takes per step
 }
 
 const mmaOp = "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"
@@ -109,7 +132,7 @@ func (g *tcGen) emit() {
 	g.rows = g.param("rows", ptx.U32)
 	g.guard(c.Guard)
 	if g.wk > 1 {
-		g.red = g.DeclareShared("red", ptx.F32, g.wc*8*tcRowTiles*tcRedStride)
+		g.red = g.DeclareShared("red", ptx.F32, g.wc*8*g.tiles*tcRedStride)
 	}
 	tid := g.special(ptx.TidX)
 	lane := g.op3("and.b32", ptx.U32, tid, ptx.Imm(31))
@@ -123,6 +146,7 @@ func (g *tcGen) emit() {
 	g.colBase = g.op3("shl.b32", ptx.U32, mt, ptx.Imm(4))
 	// Warps past N (the last block's) do no math but still meet every barrier.
 	active := g.cmp("lt", ptx.U32, g.colBase, ptx.Imm(int64(c.N)))
+	g.acc = make([][]ptx.Reg, g.tiles)
 	for rt := range g.acc {
 		g.acc[rt] = g.Regs(ptx.F32, 4)
 	}
@@ -134,7 +158,7 @@ func (g *tcGen) emit() {
 	left := g.op3("sub.u32", ptx.U32, g.rows, r0)
 	ntiles := g.op3("add.u32", ptx.U32, left, ptx.Imm(7))
 	g.Emit("shr.u32", ntiles, ntiles, ptx.Imm(3))
-	var skip, valid [tcRowTiles]ptx.Reg
+	skip, valid := make([]ptx.Reg, g.tiles), make([]ptx.Reg, g.tiles)
 	for rt := range skip {
 		skip[rt] = g.cmp("le", ptx.U32, ntiles, ptx.Imm(int64(rt)))
 		r := g.op3("add.u32", ptx.U32, g.g, ptx.Imm(int64(8*rt)))
@@ -142,13 +166,13 @@ func (g *tcGen) emit() {
 	}
 	g.when(active, false, func() { g.mainLoop(r0, skip, valid) })
 	g.reduce(r0, left, skip, active)
-	g.Emit("add.u32", r0, r0, ptx.Imm(8*tcRowTiles))
+	g.Emit("add.u32", r0, r0, ptx.Imm(int64(8*g.tiles)))
 	g.Emit("bra", ptx.Sym(top))
 	g.Label(done)
 }
 
 // mainLoop accumulates this warp's tile over its K group's chunks for the row group at r0.
-func (g *tcGen) mainLoop(r0 ptx.Reg, skip, valid [tcRowTiles]ptx.Reg) {
+func (g *tcGen) mainLoop(r0 ptx.Reg, skip, valid []ptx.Reg) {
 	c := g.c
 	for _, a := range g.acc {
 		for _, r := range a {
@@ -165,14 +189,33 @@ func (g *tcGen) mainLoop(r0 ptx.Reg, skip, valid [tcRowTiles]ptx.Reg) {
 		off := g.op3("shl.b32", ptx.U32, g.t, ptx.Imm(3)) // 8t
 		wl := g.byteAddr(wbase, off, 2)
 		xl := g.byteAddr(xbase, off, 4)
-		// Software pipelining: W of chunk ch+Wk loads while chunk ch is multiplied.
-		cur, nxt := g.Regs(ptx.B32, 8), g.Regs(ptx.B32, 8)
-		g.loadW(cur, g.cmp("lt", ptx.U32, g.kg, ptx.Imm(int64(chunks))), wl, g.kg, 4)
+		// Software pipelining: the W of the next step's chunks loads while this step's are
+		// multiplied.
+		u, step := g.unroll, g.wk*g.unroll
+		// at is the step at chunk ch, its W in wv; load issues its W loads.
+		at := func(wv []ptx.Reg, ch ptx.Reg) []tcChunk {
+			cs := make([]tcChunk, u)
+			for i := range cs {
+				ci := g.op3("add.u32", ptx.U32, ch, ptx.Imm(int64(i*g.wk)))
+				cs[i] = tcChunk{w: wv[8*i : 8*i+8], ch: ci, ok: g.cmp("lt", ptx.U32, ci, ptx.Imm(int64(chunks)))}
+			}
+			return cs
+		}
+		load := func(cs []tcChunk) {
+			for _, ch := range cs {
+				g.loadW(ch.w, ch.ok, wl, ch.ch, 4)
+			}
+		}
+		cur, nxt := g.Regs(ptx.B32, 8*u), g.Regs(ptx.B32, 8*u)
+		load(at(cur, g.kg))
 		ch := g.Reg(ptx.U32)
-		g.forLoop(ch, g.kg, ptx.Imm(int64(chunks)), ptx.Imm(int64(g.wk)), func() {
-			nch := g.op3("add.u32", ptx.U32, ch, ptx.Imm(int64(g.wk)))
-			g.loadW(nxt, g.cmp("lt", ptx.U32, nch, ptx.Imm(int64(chunks))), wl, nch, 4)
-			g.chunk(cur, g.byteAddr(xl, ch, 128), 4, skip, valid)
+		g.forLoop(ch, g.kg, ptx.Imm(int64(chunks)), ptx.Imm(int64(step)), func() {
+			load(at(nxt, g.op3("add.u32", ptx.U32, ch, ptx.Imm(int64(step)))))
+			cs := at(cur, ch)
+			for i := range cs {
+				cs[i].xa = g.byteAddr(xl, cs[i].ch, 128)
+			}
+			g.multiply(cs, 4, skip, valid)
 			for i := range cur {
 				g.Emit("mov.b32", cur[i], nxt[i])
 			}
@@ -185,7 +228,7 @@ func (g *tcGen) mainLoop(r0 ptx.Reg, skip, valid [tcRowTiles]ptx.Reg) {
 			k0 := g.op3("add.u32", ptx.U32, off, ptx.Imm(int64(32*chunks)))
 			wv := g.Regs(ptx.B32, 4)
 			g.loadW(wv, ptx.Reg{}, g.byteAddr(wbase, k0, 2), ptx.Reg{}, 2)
-			g.chunk(wv, g.byteAddr(xbase, k0, 4), 2, skip, valid)
+			g.multiply([]tcChunk{{w: wv, xa: g.byteAddr(xbase, k0, 4)}}, 2, skip, valid)
 		})
 	}
 }
@@ -209,41 +252,73 @@ func (g *tcGen) loadW(wv []ptx.Reg, p, base, ch ptx.Reg, nw int) {
 	}
 }
 
-// chunk issues the x loads and the mmas of one K chunk: w holds the lane's nw W words of row
-// g then nw of row g+8 (loadW), xa is the lane's x address in row g of row tile 0.
-func (g *tcGen) chunk(w []ptx.Reg, xa ptx.Reg, nw int, skip, valid [tcRowTiles]ptx.Reg) {
+// tcChunk is one K chunk of a step: the lane's W words (nw of row g, then nw of row g+8;
+// loadW), the chunk's index, its x address in row g of row tile 0, and whether the chunk
+// exists (ok; a zero Reg: it always does).
+type tcChunk struct {
+	w          []ptx.Reg
+	ch, xa, ok ptx.Reg
+}
+
+// multiply issues the x loads and the mmas of a step's chunks (nw words of W per row each):
+// per row tile, every chunk's x loads before the first chunk's mmas.
+func (g *tcGen) multiply(cs []tcChunk, nw int, skip, valid []ptx.Reg) {
 	c := g.c
-	wv, wv8 := w[:nw], w[nw:]
-	xf := g.Regs(ptx.F32, 2*nw)
+	xf := make([][]ptx.Reg, len(cs))
+	for i := range xf {
+		xf[i] = g.Regs(ptx.F32, 2*nw)
+	}
 	hi := g.Regs(ptx.B32, nw)
 	lo := g.Regs(ptx.B32, nw)
 	bits, part := g.Reg(ptx.B32), g.Regs(ptx.F32, 2)
+	load := g.Reg(ptx.Pred)
 	end := g.NewLabel("tiles_done")
-	for rt := range tcRowTiles {
+	for rt := range g.tiles {
 		g.EmitIf(skip[rt], false, "bra", ptx.Sym(end))
 		off := int64(rt * 8 * 4 * c.K)
-		for q := 0; q < len(xf); q += 4 {
-			g.EmitIf(valid[rt], false, "ld.global.v4.f32", ptx.Vec(xf[q:q+4]), ptx.Addr{Base: xa, Offset: off + int64(4*q)})
+		for i, ch := range cs {
+			p := valid[rt]
+			if ch.ok != (ptx.Reg{}) {
+				g.Emit("and.pred", load, ch.ok, valid[rt])
+				p = load
+			}
+			for q := 0; q < len(xf[i]); q += 4 {
+				g.EmitIf(p, false, "ld.global.v4.f32", ptx.Vec(xf[i][q:q+4]), ptx.Addr{Base: ch.xa, Offset: off + int64(4*q)})
+			}
 		}
-		// x = hi + lo with hi = bf16(x), lo = bf16(x - hi): two bf16 mmas carry 16 bits of
-		// x's mantissa, so the product is within ~1e-5 of f32 math at no bandwidth cost.
-		for j := range hi {
-			g.Emit("cvt.rn.bf16x2.f32", hi[j], xf[2*j+1], xf[2*j])
-			g.Emit("shl.b32", bits, hi[j], ptx.Imm(16))
-			g.Emit("mov.b32", part[0], bits)
-			g.Emit("sub.rn.f32", part[0], xf[2*j], part[0])
-			g.Emit("and.b32", bits, hi[j], ptx.Imm(-65536))
-			g.Emit("mov.b32", part[1], bits)
-			g.Emit("sub.rn.f32", part[1], xf[2*j+1], part[1])
-			g.Emit("cvt.rn.bf16x2.f32", lo[j], part[1], part[0])
-			g.EmitIf(valid[rt], true, "mov.b32", hi[j], ptx.Imm(0))
-			g.EmitIf(valid[rt], true, "mov.b32", lo[j], ptx.Imm(0))
-		}
-		acc := ptx.Vec(g.acc[rt])
-		for m := 0; m < nw; m += 2 {
-			a := ptx.Vec{wv[m], wv8[m], wv[m+1], wv8[m+1]}
-			g.Emit(mmaOp, acc, a, ptx.Vec{hi[m], hi[m+1]}, acc)
-			g.Emit(mmaOp, acc, a, ptx.Vec{lo[m], lo[m+1]}, acc)
+		for i, ch := range cs {
+			mma := func() {
+				// x = hi + lo with hi = bf16(x), lo = bf16(x - hi): two bf16 mmas carry 16 bits
+				// of x's mantissa, so the product is within ~1e-5 of f32 math at no bandwidth
+				// cost.
+				x := xf[i]
+				for j := range hi {
+					g.Emit("cvt.rn.bf16x2.f32", hi[j], x[2*j+1], x[2*j])
+					g.Emit("shl.b32", bits, hi[j], ptx.Imm(16))
+					g.Emit("mov.b32", part[0], bits)
+					g.Emit("sub.rn.f32", part[0], x[2*j], part[0])
+					g.Emit("and.b32", bits, hi[j], ptx.Imm(-65536))
+					g.Emit("mov.b32", part[1], bits)
+					g.Emit("sub.rn.f32", part[1], x[2*j+1], part[1])
+					g.Emit("cvt.rn.bf16x2.f32", lo[j], part[1], part[0])
+					g.EmitIf(valid[rt], true, "mov.b32", hi[j], ptx.Imm(0))
+					g.EmitIf(valid[rt], true, "mov.b32", lo[j], ptx.Imm(0))
+				}
+				acc := ptx.Vec(g.acc[rt])
+				wv, wv8 := ch.w[:nw], ch.w[nw:]
+				for m := 0; m < nw; m += 2 {
+					a := ptx.Vec{wv[m], wv8[m], wv[m+1], wv8[m+1]}
+					g.Emit(mmaOp, acc, a, ptx.Vec{hi[m], hi[m+1]}, acc)
+					g.Emit(mmaOp, acc, a, ptx.Vec{lo[m], lo[m+1]}, acc)
+				}
+			}
+			// A chunk past K is skipped whole (its W registers hold no weights); the branch is
+			// uniform, since ok depends only on the warp's K group and step.
+			if ch.ok == (ptx.Reg{}) {
+				mma()
+			} else {
+				g.when(ch.ok, false, mma)
+			}
 		}
 	}
 	g.Label(end)
@@ -251,7 +326,7 @@ func (g *tcGen) chunk(w []ptx.Reg, xa ptx.Reg, nw int, skip, valid [tcRowTiles]p
 
 // reduce combines the K groups' accumulators in a fixed order and stores y for the row group
 // at r0. Accumulator i of row tile rt is D[col g + 8*(i>>1)][row 2t + (i&1)].
-func (g *tcGen) reduce(r0, left ptx.Reg, skip [tcRowTiles]ptx.Reg, active ptx.Reg) {
+func (g *tcGen) reduce(r0, left ptx.Reg, skip []ptx.Reg, active ptx.Reg) {
 	c := g.c
 	// ybase: y[r0+2t][colBase+g]; row 2t+j of tile rt is left-relative 8rt+2t+j.
 	t2 := g.op3("shl.b32", ptx.U32, g.t, ptx.Imm(1))
@@ -264,7 +339,7 @@ func (g *tcGen) reduce(r0, left ptx.Reg, skip [tcRowTiles]ptx.Reg, active ptx.Re
 	if g.wk > 1 {
 		// red[wcol][row][col] with row = 8rt + 2t + j, col = g + 8h.
 		srow := g.Reg(ptx.U32)
-		g.Emit("mad.lo.u32", srow, g.wcol, ptx.Imm(8*tcRowTiles), t2)
+		g.Emit("mad.lo.u32", srow, g.wcol, ptx.Imm(int64(8*g.tiles)), t2)
 		sidx := g.Reg(ptx.U32)
 		g.Emit("mad.lo.u32", sidx, srow, ptx.Imm(tcRedStride), g.g)
 		sbase = g.sharedAddr(g.red, sidx, 4)
@@ -278,7 +353,7 @@ func (g *tcGen) reduce(r0, left ptx.Reg, skip [tcRowTiles]ptx.Reg, active ptx.Re
 		g.Emit("and.pred", mine, mine, active)
 		g.when(mine, false, func() {
 			end := g.NewLabel("reduce_done")
-			for rt := range tcRowTiles {
+			for rt := range g.tiles {
 				g.EmitIf(skip[rt], false, "bra", ptx.Sym(end))
 				for i, a := range g.acc[rt] {
 					j, h := i&1, i>>1

@@ -31,6 +31,59 @@ func TestGemmTCKernel(t *testing.T) {
 	}
 }
 
+// TestGemmTCBucket: a tensor-core GEMM built for a bucket (GemmConfig.Rows, its row tiles
+// only) taking 1-4 chunks a step (GemmConfig.Unroll) against the reference and bit for bit
+// against the kernel for any row count at one chunk: steps that K fills exactly, that leave
+// chunks over and that K does not fill once; the 16-wide tail; fewer rows than the bucket,
+// exactly as many, and more (a second pass over W); one and several K groups.
+func TestGemmTCBucket(t *testing.T) {
+	r := rand.New(rand.NewPCG(25, 26))
+	for _, c := range []struct{ k, n, rows, bucket, unroll, wc int }{
+		{256, 16, 8, 8, 4, 1},  // 8 chunks over 8 K groups: one step, three of its chunks past K
+		{1024, 32, 5, 8, 4, 2}, // 32 chunks over 4 groups: two full steps
+		{1040, 16, 8, 8, 4, 1}, // 32 chunks and the 16-wide tail
+		{448, 48, 9, 16, 3, 1}, // 14 chunks over 8 groups: a partial step
+		{192, 16, 16, 16, 3, 8},
+		{320, 32, 20, 16, 2, 2}, // more rows than the bucket: two passes over W
+		{128, 16, 30, 32, 2, 1},
+		{96, 16, 3, 8, 1, 1}, // one chunk a step, tiles capped
+	} {
+		one := GemmConfig{K: c.k, N: c.n, WDtype: ptx.BF16}
+		cfg := one
+		cfg.Rows, cfg.Unroll = c.bucket, c.unroll
+		k := must(t)(gemmTC("gemm_tc_test", cfg, c.wc))
+		base := must(t)(gemmTC("gemm_tc_test", one, c.wc))
+		l := one.LaunchTC(c.rows)
+		l.Grid[0] = (c.n/16 + c.wc - 1) / c.wc
+		args := []targ{{name: "x", f32: randF32(r, c.rows*c.k, 1)}, {name: "w", bf16: randF32(r, c.n*c.k, 1)},
+			{name: "y", out: c.rows * c.n}, scalarU32("rows", uint32(c.rows))}
+		checkKernel(t, k, l, args)
+		a, b := newEmuBufs(), newEmuBufs()
+		a.run(t, k, l, args)
+		b.run(t, base, l, args)
+		samePair(t, k, "y", a, b)
+	}
+	for _, bad := range []GemmConfig{{K: 64, N: 16, WDtype: ptx.BF16, Unroll: MaxTCChunks + 1}, {K: 64, N: 16, WDtype: ptx.BF16, Rows: -1}} {
+		if _, err := GemmTC("g", bad); err == nil {
+			t.Errorf("%+v accepted", bad)
+		}
+	}
+}
+
+// TestTCSettings: decode buckets get their row count and chunks per step, larger calls the
+// kernel for any row count, and the kernel's name says which.
+func TestTCSettings(t *testing.T) {
+	for _, c := range []struct {
+		rows, want, unroll int
+		suffix             string
+	}{{8, 8, 4, "_r8u4"}, {16, 16, 3, "_r16u3"}, {32, 32, 3, "_r32u3"}, {64, 64, 0, "_r64u1"}, {128, 0, 0, ""}, {512, 0, 0, ""}} {
+		got := tcSettings(GemmConfig{K: 64, N: 16, WDtype: ptx.BF16}, c.rows)
+		if got.Rows != c.want || got.Unroll != c.unroll || tcSuffix(got) != c.suffix {
+			t.Errorf("%d rows: Rows %d Unroll %d suffix %q, want %d %d %q", c.rows, got.Rows, got.Unroll, tcSuffix(got), c.want, c.unroll, c.suffix)
+		}
+	}
+}
+
 func TestGemmTCPublic(t *testing.T) {
 	r := rand.New(rand.NewPCG(23, 24))
 	cfg := GemmConfig{K: 64, N: 48, WDtype: ptx.BF16}

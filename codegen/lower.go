@@ -368,7 +368,8 @@ func (t *tb) gemmAt(label string, x, w, y bundle.Slot, c GemmConfig, rows int) {
 			t.add(label, kern, err, c.LaunchTCStaged(rows), s, nil)
 			return
 		}
-		name := fmt.Sprintf("gemm_tc_k%d_n%d%s", k, n, guard)
+		c = tcSettings(c, rows)
+		name := fmt.Sprintf("gemm_tc_k%d_n%d%s%s", k, n, tcSuffix(c), guard)
 		kern, err := g.kernel(name, func() (*Kernel, error) { return GemmTC(name, c) })
 		t.add(label, kern, err, c.LaunchTC(rows), s, nil)
 		return
@@ -377,6 +378,37 @@ func (t *tb) gemmAt(label string, x, w, y bundle.Slot, c GemmConfig, rows int) {
 	name := g.gemvName(c) + guard
 	kern, err := g.kernel(name, func() (*Kernel, error) { return Gemm(name, c) })
 	t.add(label, kern, err, c.Launch(rows), s, nil)
+}
+
+// tcBucketRows is the largest decode bucket whose tensor-core GEMMs are built for its row
+// count (GemmConfig.Rows); larger calls (prefill chunks, batch 128) keep the kernel for any
+// row count, whose 16 row tiles they fill.
+const tcBucketRows = 64
+
+// tcSettings gives a tensor-core GEMM over rows rows its row count and its K chunks per step
+// (gemm_tc.go, "Loads in flight"): at 8 rows four (measured best of 1-4 on the H200 at
+// Llama-3.1-8B and -3.2-1B dims), at 9-32 three (two row tiles or more leave fewer registers
+// for W), past 32 one.
+func tcSettings(c GemmConfig, rows int) GemmConfig {
+	if rows > tcBucketRows {
+		return c
+	}
+	c.Rows = rows
+	switch {
+	case rows <= 8:
+		c.Unroll = 4
+	case rows <= 32:
+		c.Unroll = 3
+	}
+	return c
+}
+
+// tcSuffix names a tensor-core GEMM's bucket settings in its kernel's name.
+func tcSuffix(c GemmConfig) string {
+	if c.Rows == 0 {
+		return ""
+	}
+	return fmt.Sprintf("_r%du%d", c.Rows, max(1, c.Unroll))
 }
 
 // tensorCores says whether a GEMM of c over rows rows runs on tensor cores here.

@@ -29,7 +29,9 @@ import (
 // GPU's TestCUDABuildKeepsBits), GEMVs that prefetch their weights before they wait (session
 // 8, --prefetch, which needs --pdl; TestPrefetchBundle), and GEMVs of two columns per warp in
 // buckets of 2-7 rows (session 8, --gemv-cols; the one-column bits, TestGemmColumnsPerWarp),
-// unrolled four chunks a step (session 8, --gemv-unroll; TestGemmUnroll). So the cases build
+// unrolled four chunks a step (session 8, --gemv-unroll; TestGemmUnroll). Kernel changes that
+// keep every bit rewrote the golden file instead, e.g. the tensor-core GEMMs of decode buckets
+// built for their row count with chunks in flight (session 11; TestGemmTCBucket). So the cases build
 // with --pdl=false, --gemv-cols 1, --gemv-unroll 1 and, where they name no fusion, --fuse
 // none, which is the bundle that shipped byte for byte; the -default cases hold the
 // defaults' digests.

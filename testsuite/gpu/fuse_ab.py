@@ -30,7 +30,8 @@ BASE = os.environ.get("BASE", "none")
 
 def main(raw, out):
     res = {"base": BASE, "date": datetime.date.today().isoformat(), "device": text(os.path.join(raw, "device.txt"), "unknown"),
-           "commit": text(os.path.join(raw, "commit.txt"), "unknown"), "prompt_len": int(os.environ.get("PROMPT_LEN", "16"))}
+           "commit": text(os.path.join(raw, "commit.txt"), "unknown"), "prompt_len": int(os.environ.get("PROMPT_LEN", "16")),
+           "gemm": os.environ.get("BENCH_GEMM", "auto")}
     runs = {}  # (model, batch, variant) -> [ms per round]
     profile = {}
     for p in sorted(glob.glob(os.path.join(raw, "bench__*.json"))):

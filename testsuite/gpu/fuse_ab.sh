@@ -19,6 +19,8 @@
 # measured). PARTS="bench check" (default both); if one call cannot hold both, run
 # PARTS=bench, then PARTS=check: the raw files of the first stay in the work directory while
 # the machine is warm.
+# BENCH_GEMM=ptx times the bundles' own tensor-core GEMMs (xmix bench --gemm; default auto:
+# cuBLASLt where it loads).
 # PROMPT_LENS="2048 16" runs the whole script once per prompt length, each into $OUT/pLEN, with
 # batches BATCHES_LEN where set (BATCHES_2048="1 8 32"), else BATCHES.
 set -uo pipefail
@@ -75,7 +77,7 @@ if has bench; then
     for m in $MODELS; do
       for bs in ${BATCHES:-1 8 32 128}; do
         for v in $order; do
-          timeout "${BENCH_TIMEOUT:-120}" "$(binaries_of "$v")/xmix" bench "$work/$m-$v.xmb" --backend cuda --prompts "$bs" --prompt-len "$PROMPT_LEN" --new-tokens 8 \
+          timeout "${BENCH_TIMEOUT:-120}" "$(binaries_of "$v")/xmix" bench "$work/$m-$v.xmb" --backend cuda --gemm "${BENCH_GEMM:-auto}" --prompts "$bs" --prompt-len "$PROMPT_LEN" --new-tokens 8 \
             --graph-buckets "$bs" --graph-context $((PROMPT_LEN + 64)) $prof --json -q > "$raw/bench__${m}__${v}__b${bs}__r${r}.json" 2>> "$raw/bench.log" \
             || echo "bench $m $v b$bs round $r failed" >&2
           keep "$raw/bench__${m}__${v}__b${bs}__r${r}.json"
