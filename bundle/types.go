@@ -300,8 +300,8 @@ type BuildInfo struct {
 	Fuse []string `json:"fuse,omitempty"`
 	// PDL: the generated kernels may launch early (Kernel.EarlyLaunch; xmixc build --pdl, the default).
 	PDL bool `json:"pdl,omitempty"`
-	// Prefetch: bytes of each weight row a decode GEMV asks L2 for before it waits for the
-	// grid ahead (xmixc build --prefetch; 0: none).
+	// Prefetch: bytes of each weight row a decode GEMV or a tensor-core GEMM asks L2 for
+	// before it waits for the grid ahead (xmixc build --prefetch; 0: none).
 	Prefetch int `json:"prefetch,omitempty"`
 	// GemvCols: columns per warp of the CUDA-core GEMVs of buckets of 2-7 rows (xmixc build
 	// --gemv-cols; 0 or 1: one).

@@ -130,7 +130,9 @@ func (g *tcGen) emit() {
 	g.w = g.param("w", ptx.U64)
 	g.y = g.param("y", ptx.U64)
 	g.rows = g.param("rows", ptx.U32)
-	g.guard(c.Guard)
+	if c.Prefetch == 0 {
+		g.guard(c.Guard)
+	}
 	if g.wk > 1 {
 		g.red = g.DeclareShared("red", ptx.F32, g.wc*8*g.tiles*tcRedStride)
 	}
@@ -146,6 +148,11 @@ func (g *tcGen) emit() {
 	g.colBase = g.op3("shl.b32", ptx.U32, mt, ptx.Imm(4))
 	// Warps past N (the last block's) do no math but still meet every barrier.
 	active := g.cmp("lt", ptx.U32, g.colBase, ptx.Imm(int64(c.N)))
+	if c.Prefetch > 0 {
+		g.prefetchWeights(active)
+		g.Emit(bundle.PriorGridWait)
+		g.guard(c.Guard) // ctl.any_mask is read after the wait, as every other word is
+	}
 	g.acc = make([][]ptx.Reg, g.tiles)
 	for rt := range g.acc {
 		g.acc[rt] = g.Regs(ptx.F32, 4)
@@ -248,6 +255,30 @@ func (g *tcGen) loadW(wv []ptx.Reg, p, base, ch ptx.Reg, nw int) {
 			g.EmitIf(p, false, ld, ptx.Vec(wv[i*nw:(i+1)*nw]), ptx.Addr{Base: a, Offset: off})
 		} else {
 			g.Emit(ld, ptx.Vec(wv[i*nw:(i+1)*nw]), ptx.Addr{Base: a, Offset: off})
+		}
+	}
+}
+
+// prefetchWeights asks L2 for the first GemmConfig.Prefetch bytes (whole 128-byte lines) of
+// each of this warp's 16 W rows, the 4 lanes of a row taking every fourth line, before the
+// kernel waits for the grid ahead (as the GEMV does, gemm.go): its first steps' W then streams
+// in while the kernels ahead still run.
+func (g *tcGen) prefetchWeights(active ptx.Reg) {
+	c := g.c
+	lines := min(c.Prefetch, 2*c.K) / 128
+	if lines == 0 {
+		return
+	}
+	wrow := g.op3("add.u32", ptx.U32, g.colBase, g.g)
+	a := g.byteAddr(g.byteAddr(g.w, wrow, 2*c.K), g.t, 128)
+	for i := 0; 4*i < lines; i++ {
+		on := active
+		if 4*(i+1) > lines { // the last round's lines are fewer than its lanes
+			on = g.cmp("lt", ptx.U32, g.t, ptx.Imm(int64(lines-4*i)))
+			g.Emit("and.pred", on, on, active)
+		}
+		for _, row := range []int{0, 8} {
+			g.EmitIf(on, false, "prefetch.global.L2", ptx.Addr{Base: a, Offset: int64(row*2*c.K + 512*i)})
 		}
 	}
 }

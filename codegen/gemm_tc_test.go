@@ -2,9 +2,11 @@ package codegen
 
 import (
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 
+	"xmix/bundle"
 	"xmix/ptx"
 )
 
@@ -71,16 +73,82 @@ func TestGemmTCBucket(t *testing.T) {
 }
 
 // TestTCSettings: decode buckets get their row count and chunks per step, larger calls the
-// kernel for any row count, and the kernel's name says which.
+// kernel for any row count, and the kernel's name says which; every call gets the build's
+// prefetch.
 func TestTCSettings(t *testing.T) {
 	for _, c := range []struct {
 		rows, want, unroll int
 		suffix             string
 	}{{8, 8, 4, "_r8u4"}, {16, 16, 3, "_r16u3"}, {32, 32, 3, "_r32u3"}, {64, 64, 0, "_r64u1"}, {128, 0, 0, ""}, {512, 0, 0, ""}} {
-		got := tcSettings(GemmConfig{K: 64, N: 16, WDtype: ptx.BF16}, c.rows)
-		if got.Rows != c.want || got.Unroll != c.unroll || tcSuffix(got) != c.suffix {
+		got := (&gen{prefetch: 512}).tcSettings(GemmConfig{K: 64, N: 16, WDtype: ptx.BF16}, c.rows)
+		if got.Rows != c.want || got.Unroll != c.unroll || tcSuffix(got) != c.suffix || got.Prefetch != 512 {
 			t.Errorf("%d rows: Rows %d Unroll %d suffix %q, want %d %d %q", c.rows, got.Rows, got.Unroll, tcSuffix(got), c.want, c.unroll, c.suffix)
 		}
+	}
+}
+
+// TestGemmTCPrefetch: a tensor-core GEMM that prefetches its weights (GemmConfig.Prefetch)
+// asks L2 for the first lines of each of a warp's 16 W rows (rows g and g+8 per lane, every
+// fourth line per lane), waits for the grid ahead after them and before it touches memory (the
+// guard's word included), and computes the bits of the kernel without prefetch.
+func TestGemmTCPrefetch(t *testing.T) {
+	r := rand.New(rand.NewPCG(27, 28))
+	for _, c := range []struct {
+		k, prefetch, rows, rounds int
+		guard                     uint32
+	}{
+		{1024, 512, 8, 1, 0},      // 4 lines: one round of the 4 lanes
+		{1024, 640, 9, 2, 0},      // 5 lines: a second, partial round
+		{1024, 1 << 20, 3, 4, 0},  // past the 2048-byte row: its 16 lines
+		{64, 512, 8, 1, 1 << 3},   // a 128-byte row: one line; guarded
+		{1024, 100, 8, 0, 1 << 3}, // no whole line: no prefetch, but the wait
+	} {
+		plainCfg := GemmConfig{K: c.k, N: 32, WDtype: ptx.BF16, Guard: c.guard, Rows: 16, Unroll: 2}
+		cfg := plainCfg
+		cfg.Prefetch = c.prefetch
+		plain, k := must(t)(GemmTC("gemm_tc_test", plainCfg)), must(t)(GemmTC("gemm_tc_test", cfg))
+		if !slices.Equal(paramNames(plain), paramNames(k)) {
+			t.Fatalf("%+v: parameters %v, without prefetch %v", c, paramNames(k), paramNames(plain))
+		}
+		m, err := ptx.Parse(k.PTX)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body := m.Kernels[0].Body
+		wait := slices.IndexFunc(body, func(in ptx.Instr) bool { return in.Op == bundle.PriorGridWait })
+		if wait < 0 {
+			t.Fatalf("%+v: no wait", c)
+		}
+		var offs []int64
+		for i, in := range body {
+			if (strings.HasPrefix(in.Op, "ld.global") || strings.HasPrefix(in.Op, "st.global")) && i < wait {
+				t.Fatalf("%+v: %s before the wait", c, in.Op)
+			}
+			if in.Op == "prefetch.global.L2" {
+				if i > wait {
+					t.Fatalf("%+v: a prefetch after the wait", c)
+				}
+				offs = append(offs, in.Args[0].(ptx.Addr).Offset)
+			}
+		}
+		var want []int64
+		for i := range c.rounds {
+			want = append(want, int64(512*i), int64(8*2*c.k+512*i))
+		}
+		if !slices.Equal(offs, want) {
+			t.Fatalf("%+v: prefetch offsets %v, want %v", c, offs, want)
+		}
+		l := cfg.LaunchTC(c.rows)
+		args := []targ{{name: "x", f32: randF32(r, c.rows*c.k, 1)}, {name: "w", bf16: randF32(r, 32*c.k, 1)},
+			{name: "y", out: c.rows * 32}, scalarU32("rows", uint32(c.rows))}
+		if c.guard != 0 {
+			args = append(args, targ{name: "any_mask", u32: []uint32{c.guard}})
+		}
+		checkKernel(t, k, l, args)
+		a, b := newEmuBufs(), newEmuBufs()
+		a.run(t, k, l, args)
+		b.run(t, plain, l, args)
+		samePair(t, k, "y", a, b)
 	}
 }
 

@@ -368,7 +368,7 @@ func (t *tb) gemmAt(label string, x, w, y bundle.Slot, c GemmConfig, rows int) {
 			t.add(label, kern, err, c.LaunchTCStaged(rows), s, nil)
 			return
 		}
-		c = tcSettings(c, rows)
+		c = g.tcSettings(c, rows)
 		name := fmt.Sprintf("gemm_tc_k%d_n%d%s%s", k, n, tcSuffix(c), guard)
 		kern, err := g.kernel(name, func() (*Kernel, error) { return GemmTC(name, c) })
 		t.add(label, kern, err, c.LaunchTC(rows), s, nil)
@@ -385,11 +385,13 @@ func (t *tb) gemmAt(label string, x, w, y bundle.Slot, c GemmConfig, rows int) {
 // row count, whose 16 row tiles they fill.
 const tcBucketRows = 64
 
-// tcSettings gives a tensor-core GEMM over rows rows its row count and its K chunks per step
+// tcSettings gives a tensor-core GEMM over rows rows the build's weight prefetch, as every
+// decode GEMV has it, and, in a decode bucket, its row count and its K chunks per step
 // (gemm_tc.go, "Loads in flight"): at 8 rows four (measured best of 1-4 on the H200 at
 // Llama-3.1-8B and -3.2-1B dims), at 9-32 three (two row tiles or more leave fewer registers
 // for W), past 32 one.
-func tcSettings(c GemmConfig, rows int) GemmConfig {
+func (g *gen) tcSettings(c GemmConfig, rows int) GemmConfig {
+	c.Prefetch = g.prefetch
 	if rows > tcBucketRows {
 		return c
 	}

@@ -43,9 +43,9 @@ type Options struct {
 	// SerialLaunch builds kernels that run strictly one after another: without it (the
 	// default) they are built for programmatic dependent launch (bundle.BuildInfo.PDL).
 	SerialLaunch bool
-	// Prefetch is how many bytes of each weight row a decode GEMV built for early launch asks
-	// L2 for before it waits for the kernel ahead (bundle.BuildInfo.Prefetch): 0 takes
-	// DefaultPrefetch, a negative value none.
+	// Prefetch is how many bytes of each weight row a decode GEMV or a tensor-core GEMM built
+	// for early launch asks L2 for before it waits for the kernel ahead
+	// (bundle.BuildInfo.Prefetch): 0 takes DefaultPrefetch, a negative value none.
 	Prefetch int
 	// GemvCols is how many columns a warp of a CUDA-core GEMV computes in buckets of 2-7 rows
 	// (bundle.BuildInfo.GemvCols; 0: DefaultGemvCols).

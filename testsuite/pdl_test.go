@@ -68,7 +68,7 @@ func TestPDLBundle(t *testing.T) {
 }
 
 // TestPrefetchBundle (xmixc build --prefetch): with early launch, every CUDA-core GEMV (the
-// fused ones too) asks L2 for its weights before it waits for the grid ahead, the build info
+// fused ones too) and every tensor-core GEMM asks L2 for its weights before it waits for the grid ahead, the build info
 // says how much, and every other kernel is the one of a build without it; without early
 // launch nothing prefetches, whatever was asked.
 func TestPrefetchBundle(t *testing.T) {
@@ -85,7 +85,8 @@ func TestPrefetchBundle(t *testing.T) {
 	gemvs := map[string]int{}
 	for i, k := range b.Kernels {
 		prefetches := strings.Contains(k.PTX, "prefetch.global.L2")
-		gemv := strings.HasPrefix(k.Name, "gemm_k")
+		// The CUDA-core GEMVs and the tensor-core GEMMs both prefetch.
+		gemv := strings.HasPrefix(k.Name, "gemm_k") || k.Op == bundle.OpGemmTC
 		switch {
 		case gemv && !prefetches:
 			t.Errorf("GEMV %s (%s) does not prefetch", k.Name, k.Op)
@@ -103,13 +104,13 @@ func TestPrefetchBundle(t *testing.T) {
 			gemvs[k.Op]++
 		}
 	}
-	for _, op := range []string{"gemm", "gemm_rope_kv", "gemm_gated"} {
+	for _, op := range []string{"gemm", "gemm_rope_kv", "gemm_gated", bundle.OpGemmTC} {
 		if gemvs[op] == 0 {
 			t.Errorf("no %s GEMV in the bundle (%v)", op, gemvs)
 		}
 	}
 	for _, k := range serial.Kernels {
-		if strings.HasPrefix(k.Name, "gemm_k") && strings.Contains(k.PTX, "prefetch.global.L2") || strings.Contains(k.PTX, bundle.PriorGridWait) {
+		if strings.Contains(k.PTX, "prefetch.global.L2") || strings.Contains(k.PTX, bundle.PriorGridWait) {
 			t.Errorf("kernel %s of a --pdl=false build prefetches or waits", k.Name)
 		}
 	}

@@ -108,7 +108,7 @@ func buildCmd() *cobra.Command {
 	c.Flags().IntVar(&vectorSlots, "vector-slots", 0, "how many requests may hold per_request vectors at once (default: the spec's serving.vector_slots, else max_seqs)")
 	fuseFlag(c, &fuse)
 	c.Flags().BoolVar(&pdl, "pdl", true, "programmatic dependent launch (Hopper): each generated kernel lets the next one launch at once and waits for the one ahead before touching memory, so the gaps between launches overlap the kernels (same results bit for bit; 1-4% faster decode steps on the H200); --pdl=false builds kernels that run one after another")
-	c.Flags().IntVar(&prefetch, "prefetch", compile.DefaultPrefetch, "bytes of each weight row a decode GEMV asks L2 for before it waits for the kernel ahead (with --pdl), so that its weights stream in while the small kernels ahead of it run; 0: none (same results bit for bit)")
+	c.Flags().IntVar(&prefetch, "prefetch", compile.DefaultPrefetch, "bytes of each weight row a decode GEMV or a bundle's tensor-core GEMM asks L2 for before it waits for the kernel ahead (with --pdl), so that its weights stream in while the small kernels ahead of it run; 0: none (same results bit for bit)")
 	c.Flags().IntVar(&gemvCols, "gemv-cols", compile.DefaultGemvCols, "columns each warp of a CUDA-core decode GEMV computes in buckets of 2-7 rows, 1 to 8 (more columns share each x load; same results bit for bit)")
 	c.Flags().IntVar(&gemvUnroll, "gemv-unroll", compile.DefaultGemvUnroll, "K chunks each lane of a CUDA-core decode GEMV loads before it uses the first in buckets of 2-7 rows, 1 to 8 (more bytes in flight per warp; same results bit for bit)")
 	return c
@@ -286,7 +286,7 @@ func printBundle(w io.Writer, b *bundle.Bundle) {
 		fmt.Fprintf(w, "          fused: %s\n", strings.Join(f, ", "))
 	}
 	if bi := b.Manifest.Build; bi.PDL {
-		fmt.Fprintf(w, "          early launch; GEMVs prefetch %d bytes of each weight row; GEMVs at 2-7 rows: %d columns per warp, K loop unrolled %dx\n",
+		fmt.Fprintf(w, "          early launch; GEMVs and tensor-core GEMMs prefetch %d bytes of each weight row; GEMVs at 2-7 rows: %d columns per warp, K loop unrolled %dx\n",
 			bi.Prefetch, max(1, bi.GemvCols), max(1, bi.GemvUnroll))
 	} else {
 		fmt.Fprintf(w, "          kernels launched one after another (--pdl=false); GEMVs at 2-7 rows: %d columns per warp, K loop unrolled %dx\n",

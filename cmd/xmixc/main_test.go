@@ -149,7 +149,7 @@ func TestBuildGemvFlags(t *testing.T) {
 			t.Fatalf("--prefetch %s: build info prefetch %d", c.flag, b.Manifest.Build.Prefetch)
 		}
 		text, err := xmixc(t, "inspect", out)
-		if want := fmt.Sprintf("GEMVs prefetch %d bytes of each weight row; GEMVs at 2-7 rows: 2 columns per warp, K loop unrolled 4x", c.want); err != nil || !strings.Contains(text, want) {
+		if want := fmt.Sprintf("GEMVs and tensor-core GEMMs prefetch %d bytes of each weight row; GEMVs at 2-7 rows: 2 columns per warp, K loop unrolled 4x", c.want); err != nil || !strings.Contains(text, want) {
 			t.Fatalf("inspect: %v; output lacks %q:\n%s", err, want, text)
 		}
 	}
