@@ -322,16 +322,8 @@ func (g *tcGen) multiply(cs []tcChunk, nw int, skip, valid []ptx.Reg) {
 				// x = hi + lo with hi = bf16(x), lo = bf16(x - hi): two bf16 mmas carry 16 bits
 				// of x's mantissa, so the product is within ~1e-5 of f32 math at no bandwidth
 				// cost.
-				x := xf[i]
+				g.splitBF16(hi, lo, xf[i], bits, part)
 				for j := range hi {
-					g.Emit("cvt.rn.bf16x2.f32", hi[j], x[2*j+1], x[2*j])
-					g.Emit("shl.b32", bits, hi[j], ptx.Imm(16))
-					g.Emit("mov.b32", part[0], bits)
-					g.Emit("sub.rn.f32", part[0], x[2*j], part[0])
-					g.Emit("and.b32", bits, hi[j], ptx.Imm(-65536))
-					g.Emit("mov.b32", part[1], bits)
-					g.Emit("sub.rn.f32", part[1], x[2*j+1], part[1])
-					g.Emit("cvt.rn.bf16x2.f32", lo[j], part[1], part[0])
 					g.EmitIf(valid[rt], true, "mov.b32", hi[j], ptx.Imm(0))
 					g.EmitIf(valid[rt], true, "mov.b32", lo[j], ptx.Imm(0))
 				}
@@ -353,6 +345,23 @@ func (g *tcGen) multiply(cs []tcChunk, nw int, skip, valid []ptx.Reg) {
 		}
 	}
 	g.Label(end)
+}
+
+// splitBF16 splits the f32 pairs (x[2j], x[2j+1]) into hi[j] = bf16(x) and lo[j] = bf16(x -
+// hi), bf16x2 words in memory order (cvt puts its first source in the upper half), so that x =
+// hi + lo carries 16 bits of x's mantissa: the split of op gemm_tc (ops/gemm_tc.go). bits (b32)
+// and part (two f32) are the caller's scratch registers, reused across calls.
+func (e emitter) splitBF16(hi, lo, x []ptx.Reg, bits ptx.Reg, part []ptx.Reg) {
+	for j := range hi {
+		e.Emit("cvt.rn.bf16x2.f32", hi[j], x[2*j+1], x[2*j])
+		e.Emit("shl.b32", bits, hi[j], ptx.Imm(16))
+		e.Emit("mov.b32", part[0], bits)
+		e.Emit("sub.rn.f32", part[0], x[2*j], part[0])
+		e.Emit("and.b32", bits, hi[j], ptx.Imm(-65536))
+		e.Emit("mov.b32", part[1], bits)
+		e.Emit("sub.rn.f32", part[1], x[2*j+1], part[1])
+		e.Emit("cvt.rn.bf16x2.f32", lo[j], part[1], part[0])
+	}
 }
 
 // reduce combines the K groups' accumulators in a fixed order and stores y for the row group

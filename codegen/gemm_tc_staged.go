@@ -310,16 +310,7 @@ func (g *tsGen) stage(xa, st, left ptx.Reg) {
 				ptx.Addr{Base: a, Offset: int64(32*pass*4*c.K + 4*q)})
 		}
 		// hi = bf16(x), lo = bf16(x - hi), as GemmTC and the reference split.
-		for j := range hi {
-			g.Emit("cvt.rn.bf16x2.f32", hi[j], xf[2*j+1], xf[2*j])
-			g.Emit("shl.b32", bits, hi[j], ptx.Imm(16))
-			g.Emit("mov.b32", part[0], bits)
-			g.Emit("sub.rn.f32", part[0], xf[2*j], part[0])
-			g.Emit("and.b32", bits, hi[j], ptx.Imm(-65536))
-			g.Emit("mov.b32", part[1], bits)
-			g.Emit("sub.rn.f32", part[1], xf[2*j+1], part[1])
-			g.Emit("cvt.rn.bf16x2.f32", lo[j], part[1], part[0])
-		}
+		g.splitBF16(hi, lo, xf, bits, part)
 		so := int64(32 * pass * tsRowBytes)
 		g.Emit("st.shared.v4.b32", ptx.Addr{Base: g.stOff, Offset: so}, ptx.Vec(hi))
 		g.Emit("st.shared.v4.b32", ptx.Addr{Base: g.stOff, Offset: so + 64}, ptx.Vec(lo))
