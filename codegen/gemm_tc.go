@@ -38,14 +38,15 @@ import (
 // kernel built for a decode bucket (GemmConfig.Rows) keeps only that bucket's tiles: an
 // 8-row call then needs 4 accumulators, not 64, and the registers go to loads in flight.
 //
-// Loads in flight. Each step of a K group takes U chunks (GemmConfig.Unroll; tcChunks picks
-// it per bucket), chunks ch, ch+Wk, ..., ch+(U-1)Wk: the W of the next step's U chunks loads
-// while this step's are multiplied, and per row tile the x of all U chunks is loaded before
-// the first is used, so a warp keeps U KiB of W in flight. At one chunk and 16 row tiles, 150
-// registers left one 8-warp block per SM and 8 KiB of W in flight per SM, a quarter of what
-// the H200's 4.25 TB/s needs at its memory latency: Llama-3.1-8B's gate/up GEMM at 8 rows
-// streamed W at 1.4 TB/s. Every accumulator still sums its chunks in the same order, so the
-// bits depend on neither U nor Rows.
+// Loads in flight. Each step of a K group takes U chunks (GemmConfig.Unroll; tcSettings in
+// lower.go picks it per bucket), chunks ch, ch+Wk, ..., ch+(U-1)Wk: the W of the next step's
+// U chunks loads while this step's are multiplied, and per row tile the x of all U chunks is
+// loaded before the first is used, so a warp keeps U KiB of W in flight. At one chunk and 16
+// row tiles, 150-160 registers left one 8-warp block per SM and 8 KiB of W in flight per SM,
+// a quarter of what the H200's 4.25 TB/s needs at its memory latency: Llama-3.1-8B's gate/up
+// GEMM at 8 rows streamed W at 1.4 TB/s. Two blocks fit from 128 registers down. Every
+// accumulator still sums its chunks in the same order, so the bits depend on neither U nor
+// Rows.
 //
 // Bytes moved per call (rows <= 128): W is read from HBM exactly once, N*K*2 bytes, and y is
 // written once, rows*N*4. Every block reads x for its columns' whole K range, so L2 serves
