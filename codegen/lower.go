@@ -380,16 +380,16 @@ func (t *tb) gemmAt(label string, x, w, y bundle.Slot, c GemmConfig, rows int) {
 	t.add(label, kern, err, c.Launch(rows), s, nil)
 }
 
-// tcBucketRows is the largest decode bucket whose tensor-core GEMMs are built for its row
-// count (GemmConfig.Rows); larger calls (prefill chunks, batch 128) keep the kernel for any
-// row count, whose 16 row tiles they fill.
+// tcBucketRows is the largest template (decode bucket or prefill chunk) whose tensor-core
+// GEMMs are built for its row count (GemmConfig.Rows); larger ones (batch 128, prefill chunks
+// of 128 rows and more) keep the kernel for any row count, whose 16 row tiles they fill.
 const tcBucketRows = 64
 
 // tcSettings gives a tensor-core GEMM over rows rows the build's weight prefetch, as every
-// decode GEMV has it, and, in a decode bucket, its row count and its K chunks per step
-// (gemm_tc.go, "Loads in flight"): at 8 rows four (measured best of 1-4 on the H200 at
-// Llama-3.1-8B and -3.2-1B dims), at 9-32 three (two row tiles or more leave fewer registers
-// for W), past 32 one.
+// decode GEMV has it, and, in a template of at most tcBucketRows rows, its row count and its
+// K chunks per step (gemm_tc.go, "Loads in flight"): at 8 rows four (on the H200 at
+// Llama-3.1-8B and -3.2-1B dims, faster than one, two or three), at 9-32 three (two row tiles
+// or more leave fewer registers for W; faster than two or four), past 32 one.
 func (g *gen) tcSettings(c GemmConfig, rows int) GemmConfig {
 	c.Prefetch = g.prefetch
 	if rows > tcBucketRows {
