@@ -52,11 +52,13 @@ import (
 // written once, rows*N*4. Every block reads x for its columns' whole K range, so L2 serves
 // (N/(16*tcWc)) * rows*K*4 bytes of x (a block's column warps share it through L1): at
 // N = 4096 (tcWc = 1) that equals W's bytes at rows = 8 and is 16x them at rows = 128. L1
-// serves each warp rows*128 bytes of x per KiB of W it streams. The hi/lo split of x is redone
-// by every warp for every chunk, so from 16 rows that ALU work, not W, bounds the kernel: on
-// the H200 a Llama-3.1-8B decode step served by these kernels takes 1.03x the step served by
-// cuBLASLt (bf16 x, no split) at 8 rows, 1.45x at 16 and about 2.3x at 32
-// (testsuite/gpu/RESULTS.md, "The tensor-core GEMM's loads in flight").
+// serves each warp rows*128 bytes of x per KiB of W it streams, and every warp loads its x in
+// f32 and splits it into hi/lo for every chunk, so the work per KiB of W grows with the rows:
+// on the H200 a Llama-3.1-8B decode step served by these kernels takes 1.03x the step served
+// by cuBLASLt at 8 rows, 1.45x at 16 and about 2.3x at 32. Without the split (bf16 x, one mma
+// per chunk instead of two; measured only) it would still take 1.36x and 2.0x, so the per-warp
+// x loads, not the split, are most of it (testsuite/gpu/RESULTS.md, "The tensor-core GEMM's
+// loads in flight").
 const (
 	tcWarps = 8
 	// MaxTCChunks bounds the chunks a step takes (GemmConfig.Unroll of a tensor-core GEMM):
