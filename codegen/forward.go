@@ -20,8 +20,8 @@ type Options struct {
 	// kernels, so what it says is what was built: PDL rewrites every generated kernel (not an
 	// app's own PTX, not the weight synthesiser, which runs outside the graphs) for
 	// programmatic dependent launch (earlyLaunch); with it, Prefetch is GemmConfig.Prefetch of
-	// every CUDA-core GEMV and tensor-core GEMM; GemvCols and GemvUnroll are GemmConfig.Cols and Unroll of the
-	// CUDA-core GEMVs of buckets of more than one row (0 or 1: one).
+	// every CUDA-core GEMV and tensor-core GEMM; GemvCols and GemvUnroll are GemmConfig.Cols
+	// and Unroll of the CUDA-core GEMVs of buckets of more than one row (0 or 1: one).
 	Build   bundle.BuildInfo
 	Weights bundle.WeightsRef
 	// Tokenizer is the tokenizer definition to embed (empty for a byte tokenizer).

@@ -64,6 +64,27 @@ func TestGemmPrefetch(t *testing.T) {
 // round, then waits, and touches memory only after the wait.
 func checkWaitsAfterPrefetch(t *testing.T, k *Kernel, lines int) {
 	t.Helper()
+	prefetches := prefetchesBeforeWait(t, k)
+	rounds := (lines + 31) / 32
+	if len(prefetches) != rounds {
+		t.Fatalf("%s: %d prefetch instructions, want %d for %d lines", k.Name, len(prefetches), rounds, lines)
+	}
+	// Round i is lines 32i.. (4096 bytes on), every lane's but the last round's when it is partial.
+	for i, in := range prefetches {
+		if off := in.Args[0].(ptx.Addr).Offset; off != int64(i*4096) {
+			t.Fatalf("%s: prefetch %d at offset %d, want %d", k.Name, i, off, i*4096)
+		}
+		if partial := i == rounds-1 && lines%32 != 0; (in.Guard != nil) != partial {
+			t.Fatalf("%s: prefetch %d of %d lines guarded %v", k.Name, i, lines, in.Guard != nil)
+		}
+	}
+}
+
+// prefetchesBeforeWait checks that k, a kernel that prefetches its weights, waits for the grid
+// ahead, prefetches only before the wait and touches memory only after it, and returns its
+// prefetch instructions in order.
+func prefetchesBeforeWait(t *testing.T, k *Kernel) []ptx.Instr {
+	t.Helper()
 	m, err := ptx.Parse(k.PTX)
 	if err != nil {
 		t.Fatal(err)
@@ -86,17 +107,5 @@ func checkWaitsAfterPrefetch(t *testing.T, k *Kernel, lines int) {
 			prefetches = append(prefetches, in)
 		}
 	}
-	rounds := (lines + 31) / 32
-	if len(prefetches) != rounds {
-		t.Fatalf("%s: %d prefetch instructions, want %d for %d lines", k.Name, len(prefetches), rounds, lines)
-	}
-	// Round i is lines 32i.. (4096 bytes on), every lane's but the last round's when it is partial.
-	for i, in := range prefetches {
-		if off := in.Args[0].(ptx.Addr).Offset; off != int64(i*4096) {
-			t.Fatalf("%s: prefetch %d at offset %d, want %d", k.Name, i, off, i*4096)
-		}
-		if partial := i == rounds-1 && lines%32 != 0; (in.Guard != nil) != partial {
-			t.Fatalf("%s: prefetch %d of %d lines guarded %v", k.Name, i, lines, in.Guard != nil)
-		}
-	}
+	return prefetches
 }

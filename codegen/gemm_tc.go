@@ -202,7 +202,10 @@ func (g *tcGen) mainLoop(r0 ptx.Reg, skip, valid []ptx.Reg) {
 		// Software pipelining: the W of the next step's chunks loads while this step's are
 		// multiplied.
 		u, step := g.unroll, g.wk*g.unroll
-		// at is the step at chunk ch, its W in wv; load issues its W loads.
+		// at is the step at chunk ch, its W in wv; load issues its W loads. A step's chunk
+		// indices and x addresses are recomputed where they are used rather than carried from
+		// the load a step earlier: carried, they cost 13 registers at 8 rows (139-141), which
+		// leaves one block per SM instead of two.
 		at := func(wv []ptx.Reg, ch ptx.Reg) []tcChunk {
 			cs := make([]tcChunk, u)
 			for i := range cs {

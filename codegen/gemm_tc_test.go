@@ -6,7 +6,6 @@ import (
 	"strings"
 	"testing"
 
-	"xmix/bundle"
 	"xmix/ptx"
 )
 
@@ -110,26 +109,9 @@ func TestGemmTCPrefetch(t *testing.T) {
 		if !slices.Equal(paramNames(plain), paramNames(k)) {
 			t.Fatalf("%+v: parameters %v, without prefetch %v", c, paramNames(k), paramNames(plain))
 		}
-		m, err := ptx.Parse(k.PTX)
-		if err != nil {
-			t.Fatal(err)
-		}
-		body := m.Kernels[0].Body
-		wait := slices.IndexFunc(body, func(in ptx.Instr) bool { return in.Op == bundle.PriorGridWait })
-		if wait < 0 {
-			t.Fatalf("%+v: no wait", c)
-		}
 		var offs []int64
-		for i, in := range body {
-			if (strings.HasPrefix(in.Op, "ld.global") || strings.HasPrefix(in.Op, "st.global")) && i < wait {
-				t.Fatalf("%+v: %s before the wait", c, in.Op)
-			}
-			if in.Op == "prefetch.global.L2" {
-				if i > wait {
-					t.Fatalf("%+v: a prefetch after the wait", c)
-				}
-				offs = append(offs, in.Args[0].(ptx.Addr).Offset)
-			}
+		for _, in := range prefetchesBeforeWait(t, k) {
+			offs = append(offs, in.Args[0].(ptx.Addr).Offset)
 		}
 		var want []int64
 		for i := range c.rounds {
