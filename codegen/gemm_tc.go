@@ -123,6 +123,10 @@ type tcGen struct {
 	red            ptx.Sym
 	tiles          int // row tiles a pass over W computes
 	unroll         int // chunks a K group takes per step
+	// pre: the W of the K group's first step, loaded before the wait (preloadWeights); fresh:
+	// it is loaded and not yet used. pre is nil without early launch.
+	pre   []ptx.Reg
+	fresh ptx.Reg
 }
 
 const mmaOp = "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"
@@ -152,6 +156,7 @@ func (g *tcGen) emit() {
 	// Warps past N (the last block's) do no math but still meet every barrier.
 	active := g.cmp("lt", ptx.U32, g.colBase, ptx.Imm(int64(c.N)))
 	if c.Prefetch > 0 {
+		g.preloadWeights(active)
 		g.prefetchWeights(active)
 		g.Emit(bundle.PriorGridWait)
 		g.guard(c.Guard) // ctl.any_mask is read after the wait, as every other word is
@@ -220,7 +225,16 @@ func (g *tcGen) mainLoop(r0 ptx.Reg, skip, valid []ptx.Reg) {
 			}
 		}
 		cur, nxt := g.Regs(ptx.B32, 8*u), g.Regs(ptx.B32, 8*u)
-		load(at(cur, g.kg))
+		if g.pre != nil {
+			// The first row group's first step is in pre already.
+			cur = g.pre
+			for _, ch := range at(cur, g.kg) {
+				g.loadW(ch.w, g.unlessFresh(ch.ok), wl, ch.ch, 4)
+			}
+			g.Emit("mov.pred", g.fresh, ptx.Imm(0))
+		} else {
+			load(at(cur, g.kg))
+		}
 		ch := g.Reg(ptx.U32)
 		g.forLoop(ch, g.kg, ptx.Imm(int64(chunks)), ptx.Imm(int64(step)), func() {
 			load(at(nxt, g.op3("add.u32", ptx.U32, ch, ptx.Imm(int64(step)))))
@@ -265,14 +279,53 @@ func (g *tcGen) loadW(wv []ptx.Reg, p, base, ch ptx.Reg, nw int) {
 	}
 }
 
+// preloadWeights loads the W of this warp's first step (its K group's first U chunks, as
+// mainLoop's first load would) into pre before the kernel waits for the grid ahead: W never
+// changes, and a block launched early then holds its first W when the wait ends. The first
+// row group's first step uses it; every later load is mainLoop's own, so the bits are the
+// same. Warps past N load nothing.
+func (g *tcGen) preloadWeights(active ptx.Reg) {
+	chunks := g.c.K / 32
+	if chunks == 0 {
+		return
+	}
+	g.pre = g.Regs(ptx.B32, 8*g.unroll)
+	g.fresh = g.Reg(ptx.Pred)
+	g.Emit("mov.pred", g.fresh, active)
+	wrow := g.op3("add.u32", ptx.U32, g.colBase, g.g)
+	wl := g.byteAddr(g.byteAddr(g.w, wrow, 2*g.c.K), g.op3("shl.b32", ptx.U32, g.t, ptx.Imm(3)), 2)
+	for i := range g.unroll {
+		ci := g.op3("add.u32", ptx.U32, g.kg, ptx.Imm(int64(i*g.wk)))
+		ok := g.cmp("lt", ptx.U32, ci, ptx.Imm(int64(chunks)))
+		g.Emit("and.pred", ok, ok, active)
+		g.loadW(g.pre[8*i:8*i+8], ok, wl, ci, 4)
+	}
+}
+
+// unlessFresh is ok (a zero Reg: always) and not fresh: a load of mainLoop's first step that
+// the preload has not made already.
+func (g *tcGen) unlessFresh(ok ptx.Reg) ptx.Reg {
+	p := g.Reg(ptx.Pred)
+	g.Emit("not.pred", p, g.fresh)
+	if ok != (ptx.Reg{}) {
+		g.Emit("and.pred", p, p, ok)
+	}
+	return p
+}
+
 // prefetchWeights asks L2 for the first GemmConfig.Prefetch bytes (whole 128-byte lines) of
-// each of this warp's 16 W rows, the 4 lanes of a row taking every fourth line, before the
-// kernel waits for the grid ahead (as the GEMV does, gemm.go): its first steps' W then streams
-// in while the kernels ahead still run.
+// each of this warp's 16 W rows that the block's preloads do not load (its K groups' first
+// steps: the first Wk*U chunks of 64 bytes), the 4 lanes of a row taking every fourth line,
+// before the kernel waits for the grid ahead (as the GEMV does, gemm.go): its first steps' W
+// then streams in while the kernels ahead still run.
 func (g *tcGen) prefetchWeights(active ptx.Reg) {
 	c := g.c
-	lines := min(c.Prefetch, 2*c.K) / 128
-	if lines == 0 {
+	first := 0
+	if g.pre != nil {
+		first = (64*g.wk*g.unroll + 127) / 128
+	}
+	lines := min(c.Prefetch, 2*c.K)/128 - first
+	if lines <= 0 {
 		return
 	}
 	wrow := g.op3("add.u32", ptx.U32, g.colBase, g.g)
@@ -284,7 +337,7 @@ func (g *tcGen) prefetchWeights(active ptx.Reg) {
 			g.Emit("and.pred", on, on, active)
 		}
 		for _, row := range []int{0, 8} {
-			g.EmitIf(on, false, "prefetch.global.L2", ptx.Addr{Base: a, Offset: int64(row*2*c.K + 512*i)})
+			g.EmitIf(on, false, "prefetch.global.L2", ptx.Addr{Base: a, Offset: int64(row*2*c.K + 128*first + 512*i)})
 		}
 	}
 }

@@ -86,23 +86,28 @@ func TestTCSettings(t *testing.T) {
 	}
 }
 
-// TestGemmTCPrefetch: a tensor-core GEMM that prefetches its weights (GemmConfig.Prefetch)
-// asks L2 for the first lines of each of a warp's 16 W rows (rows g and g+8 per lane, every
-// fourth line per lane), waits for the grid ahead after them and before it touches memory (the
-// guard's word included), and computes the bits of the kernel without prefetch.
+// TestGemmTCPrefetch: a tensor-core GEMM built for early launch (GemmConfig.Prefetch) loads
+// its K group's first step of W into registers (two loads per chunk: rows g and g+8), asks L2
+// for the first lines of each of a warp's 16 W rows past what the block's K groups preload
+// (rows g and g+8 per lane, every fourth line per lane), waits for the grid ahead after both
+// and before it touches memory otherwise (the guard's word included), and computes the bits of
+// the kernel without either.
 func TestGemmTCPrefetch(t *testing.T) {
 	r := rand.New(rand.NewPCG(27, 28))
 	for _, c := range []struct {
-		k, prefetch, rows, rounds int
+		k, prefetch, rows, unroll int
+		first, rounds             int // lines the 8 K groups preload; prefetch rounds past them
 		guard                     uint32
 	}{
-		{1024, 512, 8, 1, 0},      // 4 lines: one round of the 4 lanes
-		{1024, 640, 9, 2, 0},      // 5 lines: a second, partial round
-		{1024, 1 << 20, 3, 4, 0},  // past the 2048-byte row: its 16 lines
-		{64, 512, 8, 1, 1 << 3},   // a 128-byte row: one line; guarded
-		{1024, 100, 8, 0, 1 << 3}, // no whole line: no prefetch, but the wait
+		{1024, 512, 8, 1, 4, 0, 0},      // 4 lines, all preloaded
+		{1024, 640, 9, 1, 4, 1, 0},      // 5 lines: one more, a partial round
+		{1024, 1 << 20, 3, 1, 4, 3, 0},  // past the 2048-byte row: its 12 lines past the preload
+		{1024, 1 << 20, 16, 2, 8, 2, 0}, // two chunks a step: 8 lines preloaded
+		{64, 512, 8, 2, 8, 0, 1 << 3},   // a 128-byte row, preloaded whole; guarded
+		{1024, 100, 8, 1, 4, 0, 1 << 3}, // no whole line: no prefetch, but the preload and the wait
+		{1024, 512, 40, 2, 8, 0, 0},     // three passes over W: only the first uses the preload
 	} {
-		plainCfg := GemmConfig{K: c.k, N: 32, WDtype: ptx.BF16, Guard: c.guard, Rows: 16, Unroll: 2}
+		plainCfg := GemmConfig{K: c.k, N: 32, WDtype: ptx.BF16, Guard: c.guard, Rows: 16, Unroll: c.unroll}
 		cfg := plainCfg
 		cfg.Prefetch = c.prefetch
 		plain, k := must(t)(GemmTC("gemm_tc_test", plainCfg)), must(t)(GemmTC("gemm_tc_test", cfg))
@@ -110,15 +115,20 @@ func TestGemmTCPrefetch(t *testing.T) {
 			t.Fatalf("%+v: parameters %v, without prefetch %v", c, paramNames(k), paramNames(plain))
 		}
 		var offs []int64
-		for _, in := range prefetchesBeforeWait(t, k) {
+		prefetches, preloads := prefetchesBeforeWait(t, k)
+		for _, in := range prefetches {
 			offs = append(offs, in.Args[0].(ptx.Addr).Offset)
 		}
 		var want []int64
 		for i := range c.rounds {
-			want = append(want, int64(512*i), int64(8*2*c.k+512*i))
+			at := int64(128*c.first + 512*i)
+			want = append(want, at, int64(8*2*c.k)+at)
 		}
 		if !slices.Equal(offs, want) {
 			t.Fatalf("%+v: prefetch offsets %v, want %v", c, offs, want)
+		}
+		if len(preloads) != 2*c.unroll {
+			t.Fatalf("%+v: %d preloads, want %d", c, len(preloads), 2*c.unroll)
 		}
 		l := cfg.LaunchTC(c.rows)
 		args := []targ{{name: "x", f32: randF32(r, c.rows*c.k, 1)}, {name: "w", bf16: randF32(r, 32*c.k, 1)},
