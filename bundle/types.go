@@ -309,6 +309,13 @@ type BuildInfo struct {
 	// GemvUnroll: K chunks a lane of a CUDA-core GEMV of a bucket of 2-7 rows loads before it
 	// uses the first (xmixc build --gemv-unroll; 0 or 1: one).
 	GemvUnroll int `json:"gemv_unroll,omitempty"`
+	// TCChunks: K chunks each K group of a tensor-core GEMM keeps in flight in buckets of up
+	// to 8 rows and of 9-32 rows (xmixc build --tc-chunks; empty: the measured defaults,
+	// codegen.DefaultTCChunks).
+	TCChunks []int `json:"tc_chunks,omitempty"`
+	// TCRing: those chunks sit in a ring of registers, each refilled as soon as it is
+	// multiplied, instead of a buffer loaded a whole step ahead (xmixc build --tc-ring).
+	TCRing bool `json:"tc_ring,omitempty"`
 }
 
 // InputDigest is the hash of one input file of the build.

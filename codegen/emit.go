@@ -194,44 +194,17 @@ func loadChunk(e emitter, a ptx.Addr, dt ptx.Type, vec int) []ptx.Reg {
 	if vec == 1 {
 		return []ptx.Reg{e.loadAt(a, dt)}
 	}
-	words := chunkWords(e, dt, vec)
-	loadWords(e, words, a, dt, "ld.global", ptx.Reg{}, false)
-	return widenWords(e, words, dt)
-}
-
-// chunkWords allocates the registers a 16-byte-load chunk of vec elements of dt arrives in:
-// vec f32, or four b32 words of eight bf16.
-func chunkWords(e emitter, dt ptx.Type, vec int) []ptx.Reg {
 	if dt == ptx.F32 {
-		return e.Regs(ptx.F32, vec)
-	}
-	return e.Regs(ptx.B32, 4)
-}
-
-// loadWords issues the 16-byte loads (ld, e.g. "ld.global" or "ld.global.nc") of a chunk
-// into words (chunkWords), only where p holds (or fails, with neg; a zero p: always).
-func loadWords(e emitter, words []ptx.Reg, a ptx.Addr, dt ptx.Type, ld string, p ptx.Reg, neg bool) {
-	op, step := ld+".v4.b32", 4
-	if dt == ptx.F32 {
-		op = ld + ".v4.f32"
-	}
-	for i := 0; i < len(words); i += step {
-		at := ptx.Addr{Base: a.Base, Offset: a.Offset + int64(4*i)}
-		if p == (ptx.Reg{}) {
-			e.Emit(op, ptx.Vec(words[i:i+step]), at)
-		} else {
-			e.EmitIf(p, neg, op, ptx.Vec(words[i:i+step]), at)
+		vs := e.Regs(ptx.F32, vec)
+		for i := 0; i < vec; i += 4 {
+			e.Emit("ld.global.v4.f32", ptx.Vec(vs[i:i+4]), ptx.Addr{Base: a.Base, Offset: a.Offset + int64(4*i)})
 		}
-	}
-}
-
-// widenWords returns a chunk's elements (chunkWords, loaded) as f32 registers.
-func widenWords(e emitter, words []ptx.Reg, dt ptx.Type) []ptx.Reg {
-	if dt == ptx.F32 {
-		return words
+		return vs
 	}
 	// Eight bf16 in four words: the even element is the low half, and a bf16 widens to f32 by
 	// standing in the high half of the word.
+	words := e.Regs(ptx.B32, 4)
+	e.Emit("ld.global.v4.b32", ptx.Vec(words), a)
 	vs := make([]ptx.Reg, 0, 8)
 	for _, wd := range words {
 		lo, hi := e.Reg(ptx.B32), e.Reg(ptx.B32)

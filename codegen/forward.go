@@ -21,7 +21,9 @@ type Options struct {
 	// app's own PTX, not the weight synthesiser, which runs outside the graphs) for
 	// programmatic dependent launch (earlyLaunch); with it, Prefetch is GemmConfig.Prefetch of
 	// every CUDA-core GEMV and tensor-core GEMM; GemvCols and GemvUnroll are GemmConfig.Cols
-	// and Unroll of the CUDA-core GEMVs of buckets of more than one row (0 or 1: one).
+	// and Unroll of the CUDA-core GEMVs of buckets of more than one row (0 or 1: one);
+	// TCChunks and TCRing are GemmConfig.Unroll and Ring of the tensor-core GEMMs of buckets
+	// of up to 8 and of 9-32 rows (tcSettings).
 	Build   bundle.BuildInfo
 	Weights bundle.WeightsRef
 	// Tokenizer is the tokenizer definition to embed (empty for a byte tokenizer).
@@ -55,9 +57,11 @@ type gen struct {
 	gemmKind string
 	moeKind  string
 	pdl      bool
-	prefetch int // GemmConfig.Prefetch of the CUDA-core GEMVs
-	gemvCols int // GemmConfig.Cols of the plain GEMVs of more than one row
-	unroll   int // GemmConfig.Unroll of the CUDA-core GEMVs of more than one row
+	prefetch int    // GemmConfig.Prefetch of the CUDA-core GEMVs
+	gemvCols int    // GemmConfig.Cols of the plain GEMVs of more than one row
+	unroll   int    // GemmConfig.Unroll of the CUDA-core GEMVs of more than one row
+	tcChunks [2]int // GemmConfig.Unroll of the tensor-core GEMMs of up to 8, of 9-32 rows
+	tcRing   bool   // GemmConfig.Ring of those
 	order    []string
 	bufs     []bundle.Buffer
 	// tp is the tensor-parallel degree (1: one device); the graph's widths are a rank's.
@@ -89,6 +93,11 @@ func Generate(p *passes.Program, opt Options) (*bundle.Bundle, error) {
 		return nil, fmt.Errorf("GEMV unroll %d: want 1 to %d", bi.GemvUnroll, MaxGemvUnroll)
 	}
 	g.prefetch, g.gemvCols, g.unroll = bi.Prefetch, bi.GemvCols, bi.GemvUnroll
+	tc, err := tcChunks(bi.TCChunks)
+	if err != nil {
+		return nil, err
+	}
+	g.tcChunks, g.tcRing = tc, bi.TCRing
 	g.readGraph()
 	switch opt.GEMM {
 	case "", "tc", "tc-staged", "cuda-core":

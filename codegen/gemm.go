@@ -18,7 +18,10 @@ type GemmConfig struct {
 	// it then waits itself, after the prefetch; earlyLaunch adds only the launch). The weights
 	// never change, so reading them early is safe, and a GEMV launched early starts streaming
 	// them while the small kernels ahead of it (attention, add+norm, SiLU) run, instead of after.
-	// It changes no result: the op's attributes leave it out.
+	// A tensor-core GEMM (GemmTC) also loads its first step's weights into registers before
+	// the wait and prefetches only the bytes past them; loaded so, the GEMV's batch-1 step
+	// took 10% longer on the H200 (session 12). It changes no result: the op's attributes leave
+	// it out.
 	Prefetch int
 	// Cols (> 1, dividing N) gives each warp Cols adjacent columns instead of one, so that the
 	// x loads of a K step serve them all: at rows > 1 the x loads, not the weights, bound the
@@ -38,6 +41,10 @@ type GemmConfig struct {
 	// then keeps accumulators for only that many rows per pass over W (more rows still work,
 	// in more passes). The bits are the same; the op's attributes leave it out.
 	Rows int
+	// Ring makes a tensor-core GEMM keep its Unroll chunks in a ring of W registers, each
+	// refilled as soon as it is multiplied, instead of loading a whole step ahead
+	// (gemm_tc.go, ringLoop). The bits are the same; the op's attributes leave it out.
+	Ring bool
 }
 
 // colsPerWarp is how many columns a warp of the plain GEMV computes (GemmConfig.Cols).
@@ -108,11 +115,6 @@ type gemmGen struct {
 	// epi, when set, makes the kernel a fused GEMV (gemm_fused.go): each warp computes the
 	// columns of one unit and the epilogue writes what the kernel after the GEMM would have.
 	epi gemvEpilogue
-	// pre[i][column]: the words of chunk i of the lane's first K step, loaded before the wait
-	// (preloadWeights); fresh: they are loaded and not yet used. pre is nil without early
-	// launch.
-	pre   [][][]ptx.Reg
-	fresh ptx.Reg
 }
 
 func (g *gemmGen) emit() {
@@ -158,7 +160,6 @@ func (g *gemmGen) emit() {
 		g.wrows = append(g.wrows, g.byteAddr(w, col, c.K*c.WDtype.Bytes()))
 	}
 	if c.Prefetch > 0 {
-		g.preloadWeights()
 		g.prefetchWeights(c.Prefetch)
 		g.Emit(bundle.PriorGridWait)
 		g.guard(c.Guard) // ctl.any_mask is read after the wait, as every other word is
@@ -226,50 +227,35 @@ func (g *gemmGen) tile(r0 ptx.Reg, t int) {
 			}
 		}
 	}
-	// load loads the weights of chunk k, the step's i-th; in the first loop, into the
-	// preloaded registers, skipping the loads while they still hold the first step's.
-	load := func(k ptx.Reg, i int, first bool) [][]ptx.Reg {
+	load := func(k ptx.Reg) [][]ptx.Reg {
 		wv := make([][]ptx.Reg, len(g.wrows))
 		for ci, wrow := range g.wrows {
-			if first && g.pre != nil {
-				a := ptx.Addr{Base: g.byteAddr(wrow, k, g.vec*c.WDtype.Bytes())}
-				loadWords(g.emitter, g.pre[i][ci], a, c.WDtype, "ld.global", g.fresh, true)
-				wv[ci] = widenWords(g.emitter, g.pre[i][ci], c.WDtype)
-				continue
-			}
 			wv[ci] = g.loadW(wrow, k)
 		}
 		return wv
 	}
-	u, bound := g.firstStep()
+	chunks := c.K / g.vec
 	k := g.Reg(ptx.U32)
 	start := ptx.Operand(g.lane)
-	if u > 1 {
+	if u := max(1, c.Unroll); u > 1 && chunks > 32*(u-1) {
 		// Steps of u chunks (k, k+32, ...) while the last of them is inside the row, then
 		// single chunks from where they stop: each lane's chunks in the same order as without.
-		g.forLoop(k, g.lane, ptx.Imm(int64(bound)), ptx.Imm(int64(32*u)), func() {
+		g.forLoop(k, g.lane, ptx.Imm(int64(chunks-32*(u-1))), ptx.Imm(int64(32*u)), func() {
 			ks, wvs := make([]ptx.Reg, u), make([][][]ptx.Reg, u)
 			for i := range u {
 				ks[i] = k
 				if i > 0 {
 					ks[i] = g.op3("add.u32", ptx.U32, k, ptx.Imm(int64(32*i)))
 				}
-				wvs[i] = load(ks[i], i, true)
+				wvs[i] = load(ks[i])
 			}
-			g.spend()
 			for i := range u {
 				chunk(ks[i], wvs[i])
 			}
 		})
 		start = k
 	}
-	g.forLoop(k, start, ptx.Imm(int64(c.K/g.vec)), ptx.Imm(32), func() {
-		wv := load(k, 0, u == 1)
-		if u == 1 {
-			g.spend()
-		}
-		chunk(k, wv)
-	})
+	g.forLoop(k, start, ptx.Imm(int64(chunks)), ptx.Imm(32), func() { chunk(k, load(k)) })
 	if g.epi != nil {
 		g.epi.store(g, r0, t, acc)
 	} else {
@@ -287,66 +273,12 @@ func (g *gemmGen) tile(r0 ptx.Reg, t int) {
 	g.Emit("add.u32", r0, r0, ptx.Imm(int64(t)))
 }
 
-// firstStep is tile's first K loop: u chunks a step (GemmConfig.Unroll, when the unrolled
-// loop runs at all) while k < bound.
-func (g *gemmGen) firstStep() (u, bound int) {
-	chunks := g.c.K / g.vec
-	if u := max(1, g.c.Unroll); u > 1 && chunks > 32*(u-1) {
-		return u, chunks - 32*(u-1)
-	}
-	return 1, chunks
-}
-
-// preloadWeights loads the lane's chunks of the first K step into registers (pre) before the
-// kernel waits for the grid ahead: weights never change, and a warp launched early then holds
-// its first weights when the wait ends instead of only asking L2 for them. The first tile's
-// first step uses them (tile's load skips its loads while fresh holds); every later step
-// loads as before, so the arithmetic and its order are unchanged. Plain GEMVs of 16-byte
-// chunks and single-chunk steps only: the predicated loads keep pre live around the K loop,
-// which took the GEMVs of buckets of 2-7 rows (four chunks of two columns a step) from 94
-// registers to 154 and the batch-1 q/k/v GEMV with its rotation (gemm_fused.go) from 76 to
-// 92, one block less per SM (local ptxas, sm_90); the batch-1 plain GEMV went from 80 to 66.
-func (g *gemmGen) preloadWeights() {
-	u, bound := g.firstStep()
-	if g.vec == 1 || u > 1 || g.epi != nil {
-		return
-	}
-	g.fresh = g.cmp("lt", ptx.U32, g.lane, ptx.Imm(int64(bound)))
-	g.pre = make([][][]ptx.Reg, u)
-	for i := range g.pre {
-		k := g.op3("add.u32", ptx.U32, g.lane, ptx.Imm(int64(32*i)))
-		for _, wrow := range g.wrows {
-			words := chunkWords(g.emitter, g.c.WDtype, g.vec)
-			a := ptx.Addr{Base: g.byteAddr(wrow, k, g.vec*g.c.WDtype.Bytes())}
-			loadWords(g.emitter, words, a, g.c.WDtype, "ld.global.nc", g.fresh, false)
-			g.pre[i] = append(g.pre[i], words)
-		}
-	}
-}
-
-// spend marks the preloaded weights used, after the first step's loads (a no-op without
-// them).
-func (g *gemmGen) spend() {
-	if g.pre != nil {
-		g.Emit("mov.pred", g.fresh, ptx.Imm(0))
-	}
-}
-
-// preloadBytes is how many bytes of each weight row preloadWeights loads.
-func (g *gemmGen) preloadBytes() int {
-	if g.pre == nil {
-		return 0
-	}
-	return 32 * len(g.pre) * g.vec * g.c.WDtype.Bytes()
-}
-
-// prefetchWeights asks L2 for the first n bytes of each of the warp's weight rows that the
-// preload does not load, as whole 128-byte lines inside the row (lane l takes lines l, l+32,
-// ... of them), so no request reaches past the weight.
+// prefetchWeights asks L2 for the first n bytes of each of the warp's weight rows, as whole
+// 128-byte lines inside the row (lane l takes lines l, l+32, ...), so no request reaches past
+// the weight.
 func (g *gemmGen) prefetchWeights(n int) {
-	first := g.preloadBytes() / 128
-	lines := min(n, g.c.K*g.c.WDtype.Bytes())/128 - first
-	if lines <= 0 {
+	lines := min(n, g.c.K*g.c.WDtype.Bytes()) / 128
+	if lines == 0 {
 		return
 	}
 	off := g.Reg(ptx.U64)
@@ -360,7 +292,7 @@ func (g *gemmGen) prefetchWeights(n int) {
 		a := g.Reg(ptx.U64)
 		g.Emit("add.u64", a, wrow, off)
 		for i := 0; i*32 < lines; i++ {
-			at := ptx.Addr{Base: a, Offset: int64((first + i*32) * 128)}
+			at := ptx.Addr{Base: a, Offset: int64(i * 32 * 128)}
 			if (i+1)*32 > lines {
 				g.EmitIf(*part, false, "prefetch.global.L2", at)
 			} else {

@@ -46,7 +46,12 @@ import (
 // a quarter of what the H200's 4.25 TB/s needs at its memory latency: Llama-3.1-8B's gate/up
 // GEMM at 8 rows streamed W at 1.4 TB/s. Two blocks fit from 128 registers down. Every
 // accumulator still sums its chunks in the same order, so the bits depend on neither U nor
-// Rows.
+// Rows. With GemmConfig.Ring (xmixc build --tc-ring) the U chunks sit in a ring of 8U W
+// registers instead of two buffers of 8U, each slot refilled with the chunk U*Wk further on
+// as soon as it is multiplied: at 4 chunks and 8 rows 94 registers instead of 126 (local
+// ptxas), so 6 chunks fit in 122. Not measured on the GPU yet (session 12 lost the device).
+// Built for early launch, a K group loads its first step's W before it waits for the grid
+// ahead (preloadWeights): -0.2% to -1.5% a step on the H200 under --gemm ptx (session 12).
 //
 // Bytes moved per call (rows <= 128): W is read from HBM exactly once, N*K*2 bytes, and y is
 // written once, rows*N*4. Every block reads x for its columns' whole K range, so L2 serves
@@ -63,7 +68,7 @@ const (
 	tcWarps = 8
 	// MaxTCChunks bounds the chunks a step takes (GemmConfig.Unroll of a tensor-core GEMM):
 	// W registers grow with it.
-	MaxTCChunks = 4
+	MaxTCChunks = 8
 	tcRowTiles  = 16 // row tiles (of 8) a warp accumulates at once: 128 rows
 	tcMinBlocks = 132
 	tcRedStride = 20 // f32 per row in the reduction buffer: 16 columns + pad against bank conflicts
@@ -204,49 +209,11 @@ func (g *tcGen) mainLoop(r0 ptx.Reg, skip, valid []ptx.Reg) {
 		off := g.op3("shl.b32", ptx.U32, g.t, ptx.Imm(3)) // 8t
 		wl := g.byteAddr(wbase, off, 2)
 		xl := g.byteAddr(xbase, off, 4)
-		// Software pipelining: the W of the next step's chunks loads while this step's are
-		// multiplied.
-		u, step := g.unroll, g.wk*g.unroll
-		// at is the step at chunk ch, its W in wv; load issues its W loads. A step's chunk
-		// indices and x addresses are recomputed where they are used rather than carried from
-		// the load a step earlier: carried, they cost 13 registers at 8 rows (139-141), which
-		// leaves one block per SM instead of two.
-		at := func(wv []ptx.Reg, ch ptx.Reg) []tcChunk {
-			cs := make([]tcChunk, u)
-			for i := range cs {
-				ci := g.op3("add.u32", ptx.U32, ch, ptx.Imm(int64(i*g.wk)))
-				cs[i] = tcChunk{w: wv[8*i : 8*i+8], ch: ci, ok: g.cmp("lt", ptx.U32, ci, ptx.Imm(int64(chunks)))}
-			}
-			return cs
-		}
-		load := func(cs []tcChunk) {
-			for _, ch := range cs {
-				g.loadW(ch.w, ch.ok, wl, ch.ch, 4)
-			}
-		}
-		cur, nxt := g.Regs(ptx.B32, 8*u), g.Regs(ptx.B32, 8*u)
-		if g.pre != nil {
-			// The first row group's first step is in pre already.
-			cur = g.pre
-			for _, ch := range at(cur, g.kg) {
-				g.loadW(ch.w, g.unlessFresh(ch.ok), wl, ch.ch, 4)
-			}
-			g.Emit("mov.pred", g.fresh, ptx.Imm(0))
+		if c.Ring {
+			g.ringLoop(wl, xl, chunks, skip, valid)
 		} else {
-			load(at(cur, g.kg))
+			g.stepLoop(wl, xl, chunks, skip, valid)
 		}
-		ch := g.Reg(ptx.U32)
-		g.forLoop(ch, g.kg, ptx.Imm(int64(chunks)), ptx.Imm(int64(step)), func() {
-			load(at(nxt, g.op3("add.u32", ptx.U32, ch, ptx.Imm(int64(step)))))
-			cs := at(cur, ch)
-			for i := range cs {
-				cs[i].xa = g.byteAddr(xl, cs[i].ch, 128)
-			}
-			g.multiply(cs, 4, skip, valid)
-			for i := range cur {
-				g.Emit("mov.b32", cur[i], nxt[i])
-			}
-		})
 	}
 	if c.K%32 != 0 {
 		// The 16-wide tail goes to the K group next in the interleave.
@@ -258,6 +225,62 @@ func (g *tcGen) mainLoop(r0 ptx.Reg, skip, valid []ptx.Reg) {
 			g.multiply([]tcChunk{{w: wv, xa: g.byteAddr(xbase, k0, 4)}}, 2, skip, valid)
 		})
 	}
+}
+
+// stepLoop is mainLoop's K loop in steps of U chunks: the W of the next step's chunks loads
+// while this step's are multiplied.
+func (g *tcGen) stepLoop(wl, xl ptx.Reg, chunks int, skip, valid []ptx.Reg) {
+	u, step := g.unroll, g.wk*g.unroll
+	// at is the step at chunk ch, its W in wv; load issues its W loads. A step's chunk
+	// indices and x addresses are recomputed where they are used rather than carried from
+	// the load a step earlier: carried, they cost 13 registers at 8 rows (139-141), which
+	// leaves one block per SM instead of two.
+	at := func(wv []ptx.Reg, ch ptx.Reg) []tcChunk {
+		cs := make([]tcChunk, u)
+		for i := range cs {
+			ci := g.op3("add.u32", ptx.U32, ch, ptx.Imm(int64(i*g.wk)))
+			cs[i] = tcChunk{w: wv[8*i : 8*i+8], ch: ci, ok: g.cmp("lt", ptx.U32, ci, ptx.Imm(int64(chunks)))}
+		}
+		return cs
+	}
+	load := func(cs []tcChunk) {
+		for _, ch := range cs {
+			g.loadW(ch.w, ch.ok, wl, ch.ch, 4)
+		}
+	}
+	cur, nxt := g.firstLoads(wl, chunks), g.Regs(ptx.B32, 8*u)
+	ch := g.Reg(ptx.U32)
+	g.forLoop(ch, g.kg, ptx.Imm(int64(chunks)), ptx.Imm(int64(step)), func() {
+		load(at(nxt, g.op3("add.u32", ptx.U32, ch, ptx.Imm(int64(step)))))
+		cs := at(cur, ch)
+		for i := range cs {
+			cs[i].xa = g.byteAddr(xl, cs[i].ch, 128)
+		}
+		g.multiply(cs, 4, skip, valid)
+		for i := range cur {
+			g.Emit("mov.b32", cur[i], nxt[i])
+		}
+	})
+}
+
+// ringLoop is mainLoop's K loop with the K group's U chunks in a ring of W registers: slot i
+// holds chunk ch+i*Wk of the round at ch and is refilled with the next round's chunk as soon
+// as it is multiplied, so U chunks stay in flight with 8U registers of W (the step loop needs
+// 16U: this step's and the next's).
+func (g *tcGen) ringLoop(wl, xl ptx.Reg, chunks int, skip, valid []ptx.Reg) {
+	u, round := g.unroll, g.wk*g.unroll
+	slots := g.firstLoads(wl, chunks)
+	ch := g.Reg(ptx.U32)
+	g.forLoop(ch, g.kg, ptx.Imm(int64(chunks)), ptx.Imm(int64(round)), func() {
+		for i := range u {
+			ci := g.op3("add.u32", ptx.U32, ch, ptx.Imm(int64(i*g.wk)))
+			cs := []tcChunk{{w: slots[8*i : 8*i+8], ch: ci, ok: g.cmp("lt", ptx.U32, ci, ptx.Imm(int64(chunks)))}}
+			cs[0].xa = g.byteAddr(xl, ci, 128)
+			g.multiply(cs, 4, skip, valid)
+			next := g.op3("add.u32", ptx.U32, ci, ptx.Imm(int64(round)))
+			g.loadW(cs[0].w, g.cmp("lt", ptx.U32, next, ptx.Imm(int64(chunks))), wl, next, 4)
+		}
+	})
 }
 
 // loadW loads this lane's W words of one chunk into wv: nw words (4 for a 32-wide chunk, 2
@@ -280,7 +303,7 @@ func (g *tcGen) loadW(wv []ptx.Reg, p, base, ch ptx.Reg, nw int) {
 }
 
 // preloadWeights loads the W of this warp's first step (its K group's first U chunks, as
-// mainLoop's first load would) into pre before the kernel waits for the grid ahead: W never
+// mainLoop's first loads would) into pre before the kernel waits for the grid ahead: W never
 // changes, and a block launched early then holds its first W when the wait ends. The first
 // row group's first step uses it; every later load is mainLoop's own, so the bits are the
 // same. Warps past N load nothing.
@@ -294,22 +317,40 @@ func (g *tcGen) preloadWeights(active ptx.Reg) {
 	g.Emit("mov.pred", g.fresh, active)
 	wrow := g.op3("add.u32", ptx.U32, g.colBase, g.g)
 	wl := g.byteAddr(g.byteAddr(g.w, wrow, 2*g.c.K), g.op3("shl.b32", ptx.U32, g.t, ptx.Imm(3)), 2)
+	g.loadFirst(g.pre, wl, chunks, func(ok ptx.Reg) ptx.Reg {
+		g.Emit("and.pred", ok, ok, active)
+		return ok
+	})
+}
+
+// firstLoads loads the K group's first U chunks for mainLoop's K loop and returns their W
+// registers: pre, where the first row group finds them loaded already (fresh).
+func (g *tcGen) firstLoads(wl ptx.Reg, chunks int) []ptx.Reg {
+	if g.pre == nil {
+		w := g.Regs(ptx.B32, 8*g.unroll)
+		g.loadFirst(w, wl, chunks, func(ok ptx.Reg) ptx.Reg { return ok })
+		return w
+	}
+	g.loadFirst(g.pre, wl, chunks, g.unlessFresh)
+	g.Emit("mov.pred", g.fresh, ptx.Imm(0))
+	return g.pre
+}
+
+// loadFirst loads chunks kg, kg+Wk, ... (U of them) of this lane's W rows into w, 8 words
+// each (loadW), where on(ok) holds; ok says the chunk is inside K.
+func (g *tcGen) loadFirst(w []ptx.Reg, wl ptx.Reg, chunks int, on func(ok ptx.Reg) ptx.Reg) {
 	for i := range g.unroll {
 		ci := g.op3("add.u32", ptx.U32, g.kg, ptx.Imm(int64(i*g.wk)))
-		ok := g.cmp("lt", ptx.U32, ci, ptx.Imm(int64(chunks)))
-		g.Emit("and.pred", ok, ok, active)
-		g.loadW(g.pre[8*i:8*i+8], ok, wl, ci, 4)
+		g.loadW(w[8*i:8*i+8], on(g.cmp("lt", ptx.U32, ci, ptx.Imm(int64(chunks)))), wl, ci, 4)
 	}
 }
 
-// unlessFresh is ok (a zero Reg: always) and not fresh: a load of mainLoop's first step that
-// the preload has not made already.
+// unlessFresh is ok and not fresh: a load of mainLoop's first step that the preload has not
+// made already.
 func (g *tcGen) unlessFresh(ok ptx.Reg) ptx.Reg {
 	p := g.Reg(ptx.Pred)
 	g.Emit("not.pred", p, g.fresh)
-	if ok != (ptx.Reg{}) {
-		g.Emit("and.pred", p, p, ok)
-	}
+	g.Emit("and.pred", p, p, ok)
 	return p
 }
 

@@ -387,9 +387,8 @@ const tcBucketRows = 64
 
 // tcSettings gives a tensor-core GEMM over rows rows the build's weight prefetch, as every
 // decode GEMV has it, and, in a template of at most tcBucketRows rows, its row count and its
-// K chunks per step (gemm_tc.go, "Loads in flight"): at 8 rows four (on the H200 at
-// Llama-3.1-8B and -3.2-1B dims, faster than one, two or three), at 9-32 three (two row tiles
-// or more leave fewer registers for W; faster than two or four), past 32 one.
+// K chunks in flight (gemm_tc.go, "Loads in flight"): the build's TCChunks (by default
+// DefaultTCChunks) at up to 8 and at 9-32 rows, in a ring with TCRing; past 32 one.
 func (g *gen) tcSettings(c GemmConfig, rows int) GemmConfig {
 	c.Prefetch = g.prefetch
 	if rows > tcBucketRows {
@@ -398,17 +397,37 @@ func (g *gen) tcSettings(c GemmConfig, rows int) GemmConfig {
 	c.Rows = rows
 	switch {
 	case rows <= 8:
-		c.Unroll = 4
+		c.Unroll, c.Ring = g.tcChunks[0], g.tcRing
 	case rows <= 32:
-		c.Unroll = 3
+		c.Unroll, c.Ring = g.tcChunks[1], g.tcRing
 	}
 	return c
 }
 
+// DefaultTCChunks are the K chunks in flight of the tensor-core GEMMs of buckets of up to 8
+// and of 9-32 rows, measured on the H200 at Llama-3.1-8B and -3.2-1B dims (session 11): at 8
+// rows four beat one, two and three; at 9-32 three beat two and four (two row tiles or more
+// leave fewer registers for W).
+var DefaultTCChunks = [2]int{4, 3}
+
+// tcChunks checks a build's TCChunks (empty: DefaultTCChunks).
+func tcChunks(n []int) ([2]int, error) {
+	switch {
+	case len(n) == 0:
+		return DefaultTCChunks, nil
+	case len(n) != 2 || min(n[0], n[1]) < 1 || max(n[0], n[1]) > MaxTCChunks:
+		return [2]int{}, fmt.Errorf("tensor-core GEMM chunks %v: want two counts of 1 to %d, for buckets of up to 8 rows and of 9-32 rows", n, MaxTCChunks)
+	}
+	return [2]int{n[0], n[1]}, nil
+}
+
 // tcSuffix names a tensor-core GEMM's bucket settings in its kernel's name.
 func tcSuffix(c GemmConfig) string {
-	if c.Rows == 0 {
+	switch {
+	case c.Rows == 0:
 		return ""
+	case c.Ring:
+		return fmt.Sprintf("_r%dring%d", c.Rows, max(1, c.Unroll))
 	}
 	return fmt.Sprintf("_r%du%d", c.Rows, max(1, c.Unroll))
 }

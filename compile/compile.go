@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 
 	"xmix/bundle"
 	"xmix/chat"
@@ -53,6 +54,11 @@ type Options struct {
 	// GemvUnroll is how many K chunks a lane of a CUDA-core GEMV of a bucket of 2-7 rows
 	// loads before it uses the first (bundle.BuildInfo.GemvUnroll; 0: DefaultGemvUnroll).
 	GemvUnroll int
+	// TCChunks are the K chunks in flight of the tensor-core GEMMs of buckets of up to 8 and
+	// of 9-32 rows, TCRing whether they sit in a ring of registers (bundle.BuildInfo.TCChunks,
+	// TCRing; nil: codegen.DefaultTCChunks, recorded as nil).
+	TCChunks []int
+	TCRing   bool
 }
 
 // DefaultGemvCols is Options.GemvCols's default, measured on the H200 (testsuite/gpu/GEMV_AB.md,
@@ -200,7 +206,11 @@ func Build(modelPath string, appPaths []string, opt Options) (*bundle.Bundle, er
 		prefetch = 0
 	}
 	build := bundle.BuildInfo{Compiler: Compiler, Inputs: inputs, Fuse: p.Fused(), PDL: !opt.SerialLaunch, Prefetch: prefetch,
-		GemvCols: beyondOne(cmp.Or(opt.GemvCols, DefaultGemvCols)), GemvUnroll: beyondOne(cmp.Or(opt.GemvUnroll, DefaultGemvUnroll))}
+		GemvCols: beyondOne(cmp.Or(opt.GemvCols, DefaultGemvCols)), GemvUnroll: beyondOne(cmp.Or(opt.GemvUnroll, DefaultGemvUnroll)),
+		TCRing: opt.TCRing}
+	if !slices.Equal(opt.TCChunks, codegen.DefaultTCChunks[:]) {
+		build.TCChunks = opt.TCChunks
+	}
 	b, err := codegen.Generate(p, codegen.Options{
 		Build:     build,
 		Weights:   weights,

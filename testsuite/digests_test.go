@@ -31,9 +31,9 @@ import (
 // buckets of 2-7 rows (session 8, --gemv-cols; the one-column bits, TestGemmColumnsPerWarp),
 // unrolled four chunks a step (session 8, --gemv-unroll; TestGemmUnroll). Kernel changes that
 // keep every bit rewrote the golden file instead, e.g. the tensor-core GEMMs of decode buckets
-// built for their row count with chunks in flight (session 11; TestGemmTCBucket) and the GEMVs
-// and tensor-core GEMMs that load their first step's weights before the wait (session 12;
-// TestGemmPrefetch, TestGemmTCPrefetch). So the cases build
+// built for their row count with chunks in flight (session 11; TestGemmTCBucket) and the
+// tensor-core GEMMs that load their first step's weights before the wait (session 12;
+// TestGemmTCPrefetch). So the cases build
 // with --pdl=false, --gemv-cols 1, --gemv-unroll 1 and, where they name no fusion, --fuse
 // none, which is the bundle that shipped byte for byte; the -default cases hold the
 // defaults' digests.

@@ -69,10 +69,10 @@ func TestPDLBundle(t *testing.T) {
 
 // TestPrefetchBundle (xmixc build --prefetch): with early launch, every CUDA-core GEMV (the
 // fused ones too) and every tensor-core GEMM reads weights before it waits for the grid ahead
-// (its first step into registers, ld.global.nc, and L2 prefetches for the rest of the bytes
-// asked for; this small model's rows are mostly within the first step), the build info says
-// how much, and every other kernel is the one of a build without it; without early launch
-// nothing prefetches, whatever was asked.
+// (the GEMVs as L2 prefetches; the tensor-core GEMMs their first step into registers,
+// ld.global.nc, and L2 prefetches for the rest of the bytes asked for, none at this small
+// model's rows), the build info says how much, and every other kernel is the one of a build
+// without it; without early launch nothing prefetches, whatever was asked.
 func TestPrefetchBundle(t *testing.T) {
 	const bytes = 2048
 	none := CompileWith(t, compile.Options{Prefetch: -1, Fuse: []string{"all"}}, SmallModel)

@@ -46,6 +46,8 @@ func buildCmd() *cobra.Command {
 	var gemm, moe string
 	var fuse []string
 	var tp, vectorSlots, prefetch, gemvCols, gemvUnroll int
+	var tcChunks []int
+	var tcRing bool
 	c := &cobra.Command{
 		Use:   "build MODEL.yaml [APP.yaml...] -o OUT.xmb",
 		Short: "Compile specs into a bundle",
@@ -69,13 +71,17 @@ func buildCmd() *cobra.Command {
 			if prefetch < 0 {
 				return fmt.Errorf("--prefetch %d: want a byte count, or 0 for none", prefetch)
 			}
+			if len(tcChunks) != 2 || min(tcChunks[0], tcChunks[1]) < 1 || max(tcChunks[0], tcChunks[1]) > codegen.MaxTCChunks {
+				return fmt.Errorf("--tc-chunks %s: want two counts of 1 to %d, for buckets of up to 8 rows and of 9-32 rows (e.g. --tc-chunks %d,%d)",
+					cmd.Flags().Lookup("tc-chunks").Value, codegen.MaxTCChunks, codegen.DefaultTCChunks[0], codegen.DefaultTCChunks[1])
+			}
 			start := time.Now()
 			progress := func(f string, a ...any) {
 				if !quiet {
 					fmt.Fprintf(os.Stderr, "[%6.2fs] %s\n", time.Since(start).Seconds(), fmt.Sprintf(f, a...))
 				}
 			}
-			b, err := compile.Build(args[0], args[1:], compile.Options{EmbedWeights: embed, Verify: verify, Progress: progress, GEMM: gemm, MoE: moe, TP: tp, VectorSlots: vectorSlots, Fuse: fuse, SerialLaunch: !pdl, Prefetch: prefetchOption(prefetch), GemvCols: gemvCols, GemvUnroll: gemvUnroll})
+			b, err := compile.Build(args[0], args[1:], compile.Options{EmbedWeights: embed, Verify: verify, Progress: progress, GEMM: gemm, MoE: moe, TP: tp, VectorSlots: vectorSlots, Fuse: fuse, SerialLaunch: !pdl, Prefetch: prefetchOption(prefetch), GemvCols: gemvCols, GemvUnroll: gemvUnroll, TCChunks: tcChunks, TCRing: tcRing})
 			if err != nil {
 				return err
 			}
@@ -108,9 +114,11 @@ func buildCmd() *cobra.Command {
 	c.Flags().IntVar(&vectorSlots, "vector-slots", 0, "how many requests may hold per_request vectors at once (default: the spec's serving.vector_slots, else max_seqs)")
 	fuseFlag(c, &fuse)
 	c.Flags().BoolVar(&pdl, "pdl", true, "programmatic dependent launch (Hopper): each generated kernel lets the next one launch at once and waits for the one ahead before touching memory, so the gaps between launches overlap the kernels (same results bit for bit; 1-4% faster decode steps on the H200); --pdl=false builds kernels that run one after another")
-	c.Flags().IntVar(&prefetch, "prefetch", compile.DefaultPrefetch, "bytes of each weight row a decode GEMV or a bundle's tensor-core GEMM asks L2 for before it waits for the kernel ahead (with --pdl), so that its weights stream in while the small kernels ahead of it run; 0: none (same results bit for bit)")
+	c.Flags().IntVar(&prefetch, "prefetch", compile.DefaultPrefetch, "bytes of each weight row a decode GEMV or a bundle's tensor-core GEMM reads before it waits for the kernel ahead (with --pdl), so that its weights stream in while the small kernels ahead of it run: GEMVs ask L2 for them, tensor-core GEMMs load their first step into registers and ask L2 for the rest; 0: none (same results bit for bit)")
 	c.Flags().IntVar(&gemvCols, "gemv-cols", compile.DefaultGemvCols, "columns each warp of a CUDA-core decode GEMV computes in buckets of 2-7 rows, 1 to 8 (more columns share each x load; same results bit for bit)")
 	c.Flags().IntVar(&gemvUnroll, "gemv-unroll", compile.DefaultGemvUnroll, "K chunks each lane of a CUDA-core decode GEMV loads before it uses the first in buckets of 2-7 rows, 1 to 8 (more bytes in flight per warp; same results bit for bit)")
+	c.Flags().IntSliceVar(&tcChunks, "tc-chunks", codegen.DefaultTCChunks[:], fmt.Sprintf("K chunks (of 32) each K group of a bundle's tensor-core GEMM keeps in flight, in buckets of up to 8 rows and of 9-32 rows, 1 to %d each (more bytes in flight, more registers; same results bit for bit; for measuring)", codegen.MaxTCChunks))
+	c.Flags().BoolVar(&tcRing, "tc-ring", false, "keep those chunks in a ring of registers, each refilled as soon as it is multiplied, instead of loading a whole step ahead (half the weight registers; same results bit for bit; for measuring)")
 	return c
 }
 
@@ -284,6 +292,17 @@ func printBundle(w io.Writer, b *bundle.Bundle) {
 	fmt.Fprintf(w, "build     %s\n", b.Manifest.Build.Compiler)
 	if f := b.Manifest.Build.Fuse; len(f) > 0 {
 		fmt.Fprintf(w, "          fused: %s\n", strings.Join(f, ", "))
+	}
+	if bi := b.Manifest.Build; len(bi.TCChunks) > 0 || bi.TCRing {
+		loop := "a step ahead"
+		if bi.TCRing {
+			loop = "in a ring"
+		}
+		chunks := bi.TCChunks
+		if len(chunks) == 0 {
+			chunks = codegen.DefaultTCChunks[:]
+		}
+		fmt.Fprintf(w, "          tensor-core GEMMs: %d / %d K chunks in flight %s at up to 8 / 9-32 rows\n", chunks[0], chunks[1], loop)
 	}
 	if bi := b.Manifest.Build; bi.PDL {
 		fmt.Fprintf(w, "          early launch; GEMVs and tensor-core GEMMs prefetch %d bytes of each weight row; GEMVs at 2-7 rows: %d columns per warp, K loop unrolled %dx\n",

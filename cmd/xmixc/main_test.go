@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -128,8 +129,10 @@ func TestBuildIsDeterministic(t *testing.T) {
 }
 
 // TestBuildGemvFlags: --prefetch N goes into the build info (and only GEMVs change, as
-// testsuite's TestPrefetchBundle checks); 0 builds none; a negative size, and a number of
-// GEMV columns per warp outside 1-8, are refused.
+// testsuite's TestPrefetchBundle checks); 0 builds none; --tc-chunks and --tc-ring go into it
+// too, and inspect says what they are, but only where they differ from the defaults; a
+// negative size, a number of GEMV columns per warp or chunks outside 1-8, and a chunk list
+// that is not two counts, are refused.
 func TestBuildGemvFlags(t *testing.T) {
 	dir := t.TempDir()
 	m := write(t, dir, "m.yaml", model)
@@ -153,12 +156,49 @@ func TestBuildGemvFlags(t *testing.T) {
 			t.Fatalf("inspect: %v; output lacks %q:\n%s", err, want, text)
 		}
 	}
+	for _, c := range []struct {
+		flags  []string
+		chunks []int
+		ring   bool
+		text   string // inspect's line; "" where there should be none
+	}{
+		{nil, nil, false, ""},
+		{[]string{"--tc-chunks", "4,3"}, nil, false, ""},
+		{[]string{"--tc-chunks", "6,4", "--tc-ring"}, []int{6, 4}, true, "tensor-core GEMMs: 6 / 4 K chunks in flight in a ring at up to 8 / 9-32 rows"},
+		{[]string{"--tc-ring"}, nil, true, "tensor-core GEMMs: 4 / 3 K chunks in flight in a ring"},
+		{[]string{"--tc-chunks", "2,2"}, []int{2, 2}, false, "tensor-core GEMMs: 2 / 2 K chunks in flight a step ahead"},
+	} {
+		out := filepath.Join(dir, "tc.xmb")
+		if _, err := xmixc(t, append([]string{"build", m, "-q", "-o", out}, c.flags...)...); err != nil {
+			t.Fatal(err)
+		}
+		b, err := bundle.ReadFile(out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if bi := b.Manifest.Build; !slices.Equal(bi.TCChunks, c.chunks) || bi.TCRing != c.ring {
+			t.Fatalf("%v: build info chunks %v ring %v", c.flags, bi.TCChunks, bi.TCRing)
+		}
+		rings := slices.ContainsFunc(b.Kernels, func(k bundle.Kernel) bool { return strings.Contains(k.Name, "ring") })
+		if rings != c.ring {
+			t.Fatalf("%v: ring kernels %v", c.flags, rings)
+		}
+		text, err := xmixc(t, "inspect", out)
+		if err != nil || c.text != "" && !strings.Contains(text, c.text) || c.text == "" && strings.Contains(text, "tensor-core GEMMs:") {
+			t.Fatalf("%v: inspect: %v; want %q in:\n%s", c.flags, err, c.text, text)
+		}
+	}
 	for _, c := range []struct{ flag, value, want string }{
 		{"--prefetch", "-1", "--prefetch -1: want a byte count"},
 		{"--gemv-cols", "0", "--gemv-cols 0: want 1 to 8"},
 		{"--gemv-cols", "9", "--gemv-cols 9: want 1 to 8"},
 		{"--gemv-unroll", "0", "--gemv-unroll 0: want 1 to 8"},
 		{"--gemv-unroll", "9", "--gemv-unroll 9: want 1 to 8"},
+		{"--tc-chunks", "4", "--tc-chunks [4]: want two counts of 1 to 8"},
+		{"--tc-chunks", "0,3", "--tc-chunks [0,3]: want two counts of 1 to 8"},
+		{"--tc-chunks", "4,9", "--tc-chunks [4,9]: want two counts of 1 to 8"},
+		{"--tc-chunks", "4,3,2", "--tc-chunks [4,3,2]: want two counts"},
+		{"--tc-chunks", "four", `invalid argument "four" for "--tc-chunks"`},
 	} {
 		_, err := xmixc(t, "build", m, "-q", c.flag, c.value, "-o", filepath.Join(dir, "bad.xmb"))
 		if err == nil || !strings.Contains(err.Error(), c.want) {
