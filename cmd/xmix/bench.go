@@ -39,6 +39,7 @@ type benchFlags struct {
 	graphIters  int
 	graphCtx    int
 	profile     bool
+	roleCosts   bool
 	// Over HTTP (benchurl.go): the server, its model, the workload's vocabulary and the
 	// apps to enable through the xmix extension.
 	url         string
@@ -112,6 +113,7 @@ requests. --ignore-eos (both ways) has every request generate exactly its tokens
 	fl.IntVar(&f.graphIters, "graph-iters", 50, "replays per bucket for the graph timing")
 	fl.IntVar(&f.graphCtx, "graph-context", 0, "time each decode graph (and --profile) with every row its own sequence at this context, as a full batch at that context runs (0: the rows as the last step left them)")
 	fl.BoolVar(&f.profile, "profile", false, "also time every node of each timed decode bucket, summed by role, and of the warm-up request's prefill steps, with their GEMMs' TFLOP/s (cuda)")
+	fl.BoolVar(&f.roleCosts, "role-costs", false, "also time each timed decode bucket's graph captured without each node role in turn: a role's cost inside the graph, early launch's overlap included, is the graph's time less that (cuda; the replays without a role compute garbage, the times are real)")
 	fl.StringVar(&f.apps, "apps", "", "comma-separated apps to enable")
 	fl.Uint64Var(&f.seed, "seed", 1, "seed for prompts, arrivals and app choice")
 	fl.BoolVar(&f.asJSON, "json", false, "print results as JSON")
@@ -129,6 +131,13 @@ requests. --ignore-eos (both ways) has every request generate exactly its tokens
 // timer is implemented by backends that can time bare graph replays (cuda).
 type timer interface {
 	Time(template, n int) (float64, error)
+}
+
+// roleTimer is implemented by backends that can time a template's graph captured without
+// some of its nodes (cuda).
+type roleTimer interface {
+	timer
+	TimeWithout(template, n int, leave func(label string) bool) (float64, error)
 }
 
 // profiler is implemented by backends that can time each node of a template (cuda).
@@ -174,11 +183,17 @@ func runBench(w io.Writer, path string, f benchFlags) error {
 	if f.vectors && f.apps == "" {
 		return fmt.Errorf("--vectors gives per-request values to the apps of --apps: name them")
 	}
+	if f.roleCosts && f.online {
+		return fmt.Errorf("--role-costs times the offline bench's decode graphs: leave out --online")
+	}
 	s, err := openFile(path, f.runFlags)
 	if err != nil {
 		return err
 	}
 	defer s.be.Close()
+	if _, ok := s.be.(roleTimer); f.roleCosts && !ok {
+		return fmt.Errorf("--role-costs: the %s backend cannot time graphs (use --backend cuda)", f.backend)
+	}
 	b := s.b
 	var apps []string
 	if f.apps != "" {
@@ -207,6 +222,11 @@ func runBench(w io.Writer, path string, f benchFlags) error {
 			return err
 		} else if p != nil {
 			out["profile_ms"] = p
+		}
+		if c, err := roleCosts(s, f); err != nil {
+			return err
+		} else if c != nil {
+			out["role_cost_ms"] = c
 		}
 	}
 	return writeResults(w, out)
@@ -481,6 +501,70 @@ func profileTimes(s *session, f benchFlags) (map[string]map[string]float64, erro
 		out[t.Name] = roles
 	}
 	return out, nil
+}
+
+// roleCosts (--role-costs) times each timed decode bucket's graph, then the graph captured
+// without each node role in turn (roles in the order their first nodes run), then the whole
+// graph again, and returns each role's cost: the mean of the two whole-graph times less the
+// time without it.
+func roleCosts(s *session, f benchFlags) (map[string]map[string]float64, error) {
+	if !f.roleCosts {
+		return nil, nil
+	}
+	rt := s.be.(roleTimer) // runBench checked it
+	out := map[string]map[string]float64{}
+	for _, i := range timedBuckets(s, f) {
+		t := s.b.Templates[i]
+		if err := fullBatch(s, i, f.graphCtx); err != nil {
+			return nil, err
+		}
+		var roles []string
+		for _, n := range t.Nodes {
+			if r := nodeRole(n.Label); !slices.Contains(roles, r) {
+				roles = append(roles, r)
+			}
+		}
+		costs, err := roleCostsOf(rt, i, f.graphIters, roles)
+		if err != nil {
+			return nil, fmt.Errorf("--role-costs, template %s: %w", t.Name, err)
+		}
+		out[t.Name] = costs
+		f.progress("role costs %s: %v", t.Name, costs)
+	}
+	return out, nil
+}
+
+// roleCostsOf is roleCosts for template ti: n replays per timing, after a warm-up of each.
+func roleCostsOf(rt roleTimer, ti, n int, roles []string) (map[string]float64, error) {
+	whole := func() (float64, error) {
+		if _, err := rt.Time(ti, 3); err != nil {
+			return 0, err
+		}
+		return rt.Time(ti, n)
+	}
+	before, err := whole()
+	if err != nil {
+		return nil, err
+	}
+	without := make([]float64, len(roles))
+	for k, role := range roles {
+		leave := func(label string) bool { return nodeRole(label) == role }
+		if _, err := rt.TimeWithout(ti, 3, leave); err != nil {
+			return nil, fmt.Errorf("role %s: %w", role, err)
+		}
+		if without[k], err = rt.TimeWithout(ti, n, leave); err != nil {
+			return nil, fmt.Errorf("role %s: %w", role, err)
+		}
+	}
+	after, err := whole()
+	if err != nil {
+		return nil, err
+	}
+	costs := map[string]float64{}
+	for k, role := range roles {
+		costs[role] = (before+after)/2 - without[k]
+	}
+	return costs, nil
 }
 
 // fullBatch (--graph-context n, n > 0) writes the control words of a decode step of template ti

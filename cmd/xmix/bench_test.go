@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"io"
+	"maps"
 	"math"
 	"net"
 	"os"
@@ -398,5 +399,55 @@ func TestSummarizePrefill(t *testing.T) {
 	rate := want / (p.GemmMs / 1000) / 1e12
 	if math.Abs(p.GemmTFLOPS-rate) > 1e-9 || math.Abs(p.GemmPctPeak-100*rate*1e12/MeasuredBF16Peak) > 1e-9 {
 		t.Fatalf("rate %v TFLOP/s (%v%%), want %v", p.GemmTFLOPS, p.GemmPctPeak, rate)
+	}
+}
+
+// fakeGraph times a template as the sum of its kept nodes' costs: roleCostsOf must give each
+// role the sum of its own nodes, whatever the others cost.
+type fakeGraph struct{ cost map[string]float64 }
+
+func (g fakeGraph) sum(leave func(string) bool) float64 {
+	var ms float64
+	for label, c := range g.cost {
+		if !leave(label) {
+			ms += c
+		}
+	}
+	return ms
+}
+
+func (g fakeGraph) Time(int, int) (float64, error) {
+	return g.sum(func(string) bool { return false }), nil
+}
+
+func (g fakeGraph) TimeWithout(_, _ int, leave func(string) bool) (float64, error) {
+	return g.sum(leave), nil
+}
+
+// TestRoleCosts: a role's cost is the whole graph's time less the time without the role's
+// nodes, every layer's at once; a CPU-backend bench refuses --role-costs before it runs.
+func TestRoleCosts(t *testing.T) {
+	g := fakeGraph{map[string]float64{"L0.qkv": 0.5, "L1.qkv": 0.25, "L0.attention": 1, "L1.attention": 2, "lm_head": 0.125}}
+	got, err := roleCostsOf(g, 0, 10, []string{"qkv", "attention", "lm_head"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := map[string]float64{"qkv": 0.75, "attention": 3, "lm_head": 0.125}; !maps.Equal(got, want) {
+		t.Fatalf("role costs %v, want %v", got, want)
+	}
+	b, err := compile.Build("../../specs/models/tiny.yaml", nil, compile.Options{EmbedWeights: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bp := filepath.Join(t.TempDir(), "tiny.xmb")
+	raw, _ := bundle.Marshal(b)
+	if err := os.WriteFile(bp, raw, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := xmix(t, "bench", bp, "-q", "--backend", "cpu", "--role-costs"); err == nil || !strings.Contains(out, "--role-costs: the cpu backend cannot time graphs (use --backend cuda)") {
+		t.Fatalf("cpu --role-costs: err %v, output %q", err, out)
+	}
+	if out, err := xmix(t, "bench", bp, "-q", "--backend", "cpu", "--role-costs", "--online"); err == nil || !strings.Contains(out, "leave out --online") {
+		t.Fatalf("--online --role-costs: err %v, output %q", err, out)
 	}
 }

@@ -704,36 +704,77 @@ func (be *Backend) Time(t, n int) (float64, error) {
 	if t < 0 || t >= len(be.steps) {
 		return 0, fmt.Errorf("no template %d", t)
 	}
-	var ms float32
+	var ms float64
+	err := be.do(func() (err error) {
+		ms, err = be.timeGraph(be.steps[t].execs[be.variant(t)], n)
+		return err
+	})
+	return ms, err
+}
+
+// TimeWithout is Time for template t's graph captured again without the nodes whose labels
+// leave picks: Time's figure less this one is what those nodes cost inside the replayed
+// graph, the overlap of early launch included (Profile's node times each hold a launch and
+// none of it). The replays compute garbage, since what the left-out nodes write stays stale;
+// the template's own graphs are untouched, and the one captured here is destroyed.
+func (be *Backend) TimeWithout(t, n int, leave func(label string) bool) (float64, error) {
+	if t < 0 || t >= len(be.steps) {
+		return 0, fmt.Errorf("no template %d", t)
+	}
+	var ms float64
 	err := be.do(func() error {
-		d := be.d
-		graph := be.steps[t].execs[be.variant(t)]
-		var start, stop uintptr
-		if err := d.call("cuEventCreate", uintptr(unsafe.Pointer(&start)), 0); err != nil {
-			return err
-		}
-		defer d.call("cuEventDestroy_v2", start)
-		if err := d.call("cuEventCreate", uintptr(unsafe.Pointer(&stop)), 0); err != nil {
-			return err
-		}
-		defer d.call("cuEventDestroy_v2", stop)
-		if err := d.call("cuEventRecord", start, be.stream); err != nil {
-			return err
-		}
-		for range n {
-			if err := d.call("cuGraphLaunch", graph, be.stream); err != nil {
-				return err
+		var kept []launch
+		for _, l := range be.steps[t].nodes[be.variant(t)] {
+			if !leave(l.label) {
+				kept = append(kept, l)
 			}
 		}
-		if err := d.call("cuEventRecord", stop, be.stream); err != nil {
+		if len(kept) == 0 {
+			return fmt.Errorf("template %d: every node left out, nothing to time", t)
+		}
+		exec, err := be.capture(kept)
+		if err != nil {
 			return err
 		}
-		if err := d.call("cuEventSynchronize", stop); err != nil {
-			return err
-		}
-		return d.call("cuEventElapsedTime", uintptr(unsafe.Pointer(&ms)), start, stop)
+		defer be.d.call("cuGraphExecDestroy", exec)
+		ms, err = be.timeGraph(exec, n)
+		return err
 	})
-	return float64(ms) / float64(n), err
+	return ms, err
+}
+
+// timeGraph replays exec n times back to back and returns the mean milliseconds per replay,
+// measured with CUDA events (on the context's thread).
+func (be *Backend) timeGraph(exec uintptr, n int) (float64, error) {
+	d := be.d
+	var start, stop uintptr
+	if err := d.call("cuEventCreate", uintptr(unsafe.Pointer(&start)), 0); err != nil {
+		return 0, err
+	}
+	defer d.call("cuEventDestroy_v2", start)
+	if err := d.call("cuEventCreate", uintptr(unsafe.Pointer(&stop)), 0); err != nil {
+		return 0, err
+	}
+	defer d.call("cuEventDestroy_v2", stop)
+	if err := d.call("cuEventRecord", start, be.stream); err != nil {
+		return 0, err
+	}
+	for range n {
+		if err := d.call("cuGraphLaunch", exec, be.stream); err != nil {
+			return 0, err
+		}
+	}
+	if err := d.call("cuEventRecord", stop, be.stream); err != nil {
+		return 0, err
+	}
+	if err := d.call("cuEventSynchronize", stop); err != nil {
+		return 0, err
+	}
+	var ms float32
+	if err := d.call("cuEventElapsedTime", uintptr(unsafe.Pointer(&ms)), start, stop); err != nil {
+		return 0, err
+	}
+	return float64(ms) / float64(n), nil
 }
 
 // NodeTime is one node's measured time.

@@ -33,7 +33,7 @@ def main(raw, out):
            "commit": text(os.path.join(raw, "commit.txt"), "unknown"), "prompt_len": int(os.environ.get("PROMPT_LEN", "16")),
            "gemm": os.environ.get("BENCH_GEMM", "auto")}
     runs = {}  # (model, batch, variant) -> [ms per round]
-    profile = {}
+    profile, role_costs = {}, {}
     for p in sorted(glob.glob(os.path.join(raw, "bench__*.json"))):
         m = re.match(r"bench__(.+)__(.+)__b(\d+)__r(\d+)\.json$", os.path.basename(p))
         d = load(p)
@@ -46,6 +46,9 @@ def main(raw, out):
         prof = next(iter((d.get("profile_ms") or {}).values()), None)
         if prof:
             profile.setdefault(model, {}).setdefault(str(bs), {})[variant] = prof
+        costs = next(iter((d.get("role_cost_ms") or {}).values()), None)
+        if costs:
+            role_costs.setdefault(model, {}).setdefault(str(bs), {})[variant] = costs
     res["graph"] = [{"model": k[0], "batch": k[1], "variant": k[2], "rounds_ms": v, "mean_ms": statistics.mean(v)}
                     for k, v in sorted(runs.items())]
     ab = []
@@ -58,6 +61,7 @@ def main(raw, out):
                    "ratio": f / b, "saved_ms": b - f})
     res["ab"] = ab
     res["profile_ms"] = profile
+    res["role_cost_ms"] = role_costs
     res["targets"] = []
     for r in ab:
         if r["batch"] == 1 and r["model"] in TARGETS:
@@ -100,6 +104,14 @@ def markdown(res):
                "| role | " + " | ".join(variants) + " |", "|---|" + "---|" * len(variants)]
         for k in roles:
             md.append(f"| {k} | " + " | ".join(f"{prof[v].get(k, 0):.3f}" for v in variants) + " |")
+    for model, by in sorted(res["role_cost_ms"].items()):
+        for bs, costs in sorted(by.items(), key=lambda kv: int(kv[0])):
+            variants = sorted(costs, key=lambda v: (v != res["base"], v))
+            roles = sorted({k for v in costs.values() for k in v}, key=lambda k: -max(v.get(k, 0) for v in costs.values()))
+            md += ["", f"What each node role costs inside the graph, {model} batch {bs} (xmix bench --role-costs: the graph's time less its time without the role, ms):", "",
+                   "| role | " + " | ".join(variants) + " |", "|---|" + "---|" * len(variants)]
+            for k in roles:
+                md.append(f"| {k} | " + " | ".join(f"{costs[v].get(k, 0):.3f}" for v in variants) + " |")
     p = res["ptxas"]
     md += ["", f"ptxas: {p['ok']} of {p['kernels']} kernels of the variants' bundles assemble, {len(p['failed'])} fail, {len(p['spilling'])} spill."]
     tests = res["checks_tests"]

@@ -20,7 +20,9 @@
 # PARTS=bench, then PARTS=check: the raw files of the first stay in the work directory while
 # the machine is warm.
 # BENCH_GEMM=ptx times the bundles' own tensor-core GEMMs (xmix bench --gemm; default auto:
-# cuBLASLt where it loads).
+# cuBLASLt where it loads). ROLE_COSTS=1 adds xmix bench --role-costs to the first round: what
+# each node role costs inside the replayed graph (the graph's time less its time without the
+# role), in FUSE_AB.md beside --profile's one-by-one times.
 # PROMPT_LENS="2048 16" runs the whole script once per prompt length, each into $OUT/pLEN, with
 # batches BATCHES_LEN where set (BATCHES_2048="1 8 32"), else BATCHES.
 set -uo pipefail
@@ -73,7 +75,7 @@ if has bench; then
     order=$VARIANTS
     [ $((r % 2)) = 0 ] && order=$(echo "$VARIANTS" | tr ' ' '\n' | tac | tr '\n' ' ')
     prof=""
-    [ "$r" = 1 ] && prof=--profile
+    [ "$r" = 1 ] && prof="--profile${ROLE_COSTS:+ --role-costs}"
     for m in $MODELS; do
       for bs in ${BATCHES:-1 8 32 128}; do
         for v in $order; do

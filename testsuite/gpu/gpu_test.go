@@ -178,6 +178,44 @@ func TestCUDAMatchesCPUOnEmbeddedModel(t *testing.T) {
 	agreement(t, "tiny", b, prompt, 64, true)
 }
 
+// TestCUDATimeWithout (xmix bench --role-costs): a decode graph captured without all its
+// nodes but the first replays faster than the whole graph, leaving out nothing takes about
+// the whole graph's time, and leaving out every node is refused.
+func TestCUDATimeWithout(t *testing.T) {
+	needGPU(t)
+	dir := t.TempDir()
+	if err := specs.Extract(dir); err != nil {
+		t.Fatal(err)
+	}
+	b, err := compile.Build(filepath.Join(dir, specs.Default.Model), nil, compile.Options{EmbedWeights: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	be := newCUDA(cuda.GemmPTX)(t, b).(*cuda.Backend)
+	defer be.Close()
+	ti := slices.IndexFunc(b.Templates, func(t bundle.Template) bool { return t.Kind == bundle.Decode })
+	first := b.Templates[ti].Nodes[0].Label
+	whole, err := be.Time(ti, 200)
+	if err != nil {
+		t.Fatal(err)
+	}
+	same, err := be.TimeWithout(ti, 200, func(string) bool { return false })
+	if err != nil {
+		t.Fatal(err)
+	}
+	one, err := be.TimeWithout(ti, 200, func(label string) bool { return label != first })
+	if err != nil {
+		t.Fatal(err)
+	}
+	record("time_without.tiny", map[string]float64{"whole_ms": whole, "nothing_left_out_ms": same, "first_node_only_ms": one})
+	if !(one < whole) || !(same > whole/2 && same < 2*whole) {
+		t.Errorf("whole graph %.4f ms, leaving out nothing %.4f, all but %s %.4f", whole, same, first, one)
+	}
+	if _, err := be.TimeWithout(ti, 1, func(string) bool { return true }); err == nil || !strings.Contains(err.Error(), "every node left out") {
+		t.Errorf("every node left out: %v", err)
+	}
+}
+
 // llama1BCut is Llama-3.2-1B's spec cut to 2 layers and small buckets.
 func llama1BCut(t *testing.T) string {
 	root, err := repoRoot()
