@@ -62,8 +62,10 @@ type gen struct {
 	unroll   int    // GemmConfig.Unroll of the CUDA-core GEMVs of more than one row
 	tcChunks [2]int // GemmConfig.Unroll of the tensor-core GEMMs of up to 8, of 9-32 rows
 	tcRing   bool   // GemmConfig.Ring of those
-	order    []string
-	bufs     []bundle.Buffer
+	// gemmTickets is GemmConfig.Tickets of every staged tensor-core GEMM (--gemm tc-staged).
+	gemmTickets int
+	order       []string
+	bufs        []bundle.Buffer
 	// tp is the tensor-parallel degree (1: one device); the graph's widths are a rank's.
 	tp int
 	// siteKernels is the kernel (as a template asks for it) each MI op runs in.
@@ -367,13 +369,15 @@ func (g *gen) declareBuffers() {
 		g.buf(s.Name, bundle.KindKV, s.Dtype.String(), []int{g.kvBlocks(), m.KVBlockSize, s.Heads, s.HeadDim})
 	}
 	if g.gemmKind == "tc-staged" {
-		// One split-K workspace serves every GEMM: they run one after another and each
-		// leaves its counters at zero.
-		ws := 0
+		// One split-K workspace serves every GEMM: they run one after another, each leaves
+		// its counters at zero, and the counters sit apart from every GEMM's partials.
+		partials := 0
 		for _, kn := range g.gemmShapes() {
-			ws = max(ws, GemmConfig{K: kn[0], N: kn[1], WDtype: g.wdt}.WorkspaceBytes(g.maxT))
+			c := GemmConfig{K: kn[0], N: kn[1], WDtype: g.wdt}
+			g.gemmTickets = max(g.gemmTickets, c.StagedTickets(g.maxT))
+			partials = max(partials, c.StagedPartialBytes(g.maxT))
 		}
-		g.buf("act.gemm_ws", bundle.KindActivation, "u32", []int{max(ws, 16) / 4})
+		g.buf("act.gemm_ws", bundle.KindActivation, "u32", []int{max(ticketBytes(g.gemmTickets)+partials, 16) / 4})
 	}
 	// One split workspace serves every layer's attention: they run one after another and
 	// each leaves its counters at zero. Decode buckets that split read the step's chunk.

@@ -45,6 +45,10 @@ type GemmConfig struct {
 	// refilled as soon as it is multiplied, instead of loading a whole step ahead
 	// (gemm_tc.go, ringLoop). The bits are the same; the op's attributes leave it out.
 	Ring bool
+	// Tickets is how many u32 ticket counters open a staged tensor-core GEMM's workspace
+	// (GemmTCStaged), the same for every staged GEMM of a bundle, at least StagedTickets of
+	// each (gemm_tc_staged.go, "Workspace"). It changes no result.
+	Tickets int
 }
 
 // colsPerWarp is how many columns a warp of the plain GEMV computes (GemmConfig.Cols).

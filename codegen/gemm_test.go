@@ -54,6 +54,7 @@ func TestGemmUsesWideLoads(t *testing.T) {
 func TestGemmGuard(t *testing.T) {
 	const k, n, rows, bit = 64, 48, 9, uint32(1) << 3
 	cfg := GemmConfig{K: k, N: n, WDtype: ptx.BF16, Guard: bit}
+	cfg.Tickets = cfg.StagedTickets(rows)
 	gen := must(t)
 	plain, tc, staged := gen(Gemm("gemm_guard", cfg)), gen(GemmTC("gemm_tc_guard", cfg)), gen(GemmTCStaged("gemm_tcs_guard", cfg))
 	r := rand.New(rand.NewPCG(13, 14))
@@ -69,7 +70,7 @@ func TestGemmGuard(t *testing.T) {
 			args := []targ{{name: "x", f32: randF32(r, rows*k, 1)}, {name: "w", bf16: randF32(r, n*k, 1)},
 				{name: "y", f32: fill(rows*n, -3), out: rows * n}, scalarU32("rows", rows)}
 			if c.ws {
-				args = append(args, targ{name: "ws", u32: make([]uint32, max(tsLayoutFor(k, n).workspace(rows, n), 16)/4)})
+				args = append(args, targ{name: "ws", u32: make([]uint32, max(cfg.WorkspaceBytes(rows), 16)/4)})
 			}
 			args = append(args, targ{name: "any_mask", u32: []uint32{any}})
 			checkKernel(t, c.k, c.launch, args)

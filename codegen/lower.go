@@ -362,7 +362,11 @@ func (t *tb) gemmAt(label string, x, w, y bundle.Slot, c GemmConfig, rows int) {
 	}
 	if t.tensorCores(c, rows) {
 		if g.gemmKind == "tc-staged" {
-			name := fmt.Sprintf("gemm_tcs_k%d_n%d%s", k, n, guard)
+			// The staged kernel's W is a ring of stages already; its chunks in flight come
+			// from the same settings.
+			c = g.tcSettings(c, rows)
+			c.Ring, c.Tickets = false, g.gemmTickets
+			name := fmt.Sprintf("gemm_tcs_k%d_n%d%s%s", k, n, tcSuffix(c), guard)
 			kern, err := g.kernel(name, func() (*Kernel, error) { return GemmTCStaged(name, c) })
 			s["ws"] = buf("act.gemm_ws")
 			t.add(label, kern, err, c.LaunchTCStaged(rows), s, nil)

@@ -31,9 +31,11 @@ import (
 // buckets of 2-7 rows (session 8, --gemv-cols; the one-column bits, TestGemmColumnsPerWarp),
 // unrolled four chunks a step (session 8, --gemv-unroll; TestGemmUnroll). Kernel changes that
 // keep every bit rewrote the golden file instead, e.g. the tensor-core GEMMs of decode buckets
-// built for their row count with chunks in flight (session 11; TestGemmTCBucket) and the
+// built for their row count with chunks in flight (session 11; TestGemmTCBucket), the
 // tensor-core GEMMs that load their first step's weights before the wait (session 12;
-// TestGemmTCPrefetch). So the cases build
+// TestGemmTCPrefetch), and the staged kernels of --gemm tc-staged built per bucket with a
+// ring of W stages and their ticket counters at the workspace's head (session 12;
+// TestGemmTCStagedBucket, TestEmulatedBundleMatchesReferenceOps). So the cases build
 // with --pdl=false, --gemv-cols 1, --gemv-unroll 1 and, where they name no fusion, --fuse
 // none, which is the bundle that shipped byte for byte; the -default cases hold the
 // defaults' digests.

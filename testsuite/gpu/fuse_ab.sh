@@ -20,7 +20,9 @@
 # PARTS=bench, then PARTS=check: the raw files of the first stay in the work directory while
 # the machine is warm.
 # BENCH_GEMM=ptx times the bundles' own tensor-core GEMMs (xmix bench --gemm; default auto:
-# cuBLASLt where it loads). ROLE_COSTS=1 adds xmix bench --role-costs to the first round: what
+# cuBLASLt where it loads); the variant cublaslt, the default bundle, is timed with --gemm auto
+# whatever BENCH_GEMM says, so that VARIANTS="cublaslt default staged" BASE=cublaslt
+# BENCH_GEMM=ptx sets the bundle's kernels against cuBLASLt in one run. ROLE_COSTS=1 adds xmix bench --role-costs to the first round: what
 # each node role costs inside the replayed graph (the graph's time less its time without the
 # role), in FUSE_AB.md beside --profile's one-by-one times.
 # PROMPT_LENS="2048 16" runs the whole script once per prompt length, each into $OUT/pLEN, with
@@ -79,7 +81,9 @@ if has bench; then
     for m in $MODELS; do
       for bs in ${BATCHES:-1 8 32 128}; do
         for v in $order; do
-          timeout "${BENCH_TIMEOUT:-120}" "$(binaries_of "$v")/xmix" bench "$work/$m-$v.xmb" --backend cuda --gemm "${BENCH_GEMM:-auto}" --prompts "$bs" --prompt-len "$PROMPT_LEN" --new-tokens 8 \
+          gemm=${BENCH_GEMM:-auto}
+          [ "$v" = cublaslt ] && gemm=auto
+          timeout "${BENCH_TIMEOUT:-120}" "$(binaries_of "$v")/xmix" bench "$work/$m-$v.xmb" --backend cuda --gemm "$gemm" --prompts "$bs" --prompt-len "$PROMPT_LEN" --new-tokens 8 \
             --graph-buckets "$bs" --graph-context $((PROMPT_LEN + 64)) $prof --json -q > "$raw/bench__${m}__${v}__b${bs}__r${r}.json" 2>> "$raw/bench.log" \
             || echo "bench $m $v b$bs round $r failed" >&2
           keep "$raw/bench__${m}__${v}__b${bs}__r${r}.json"

@@ -178,6 +178,21 @@ func TestCUDAMatchesCPUOnEmbeddedModel(t *testing.T) {
 	agreement(t, "tiny", b, prompt, 64, true)
 }
 
+// TestCUDAStagedGEMMMatchesCPU (xmixc build --gemm tc-staged): the staged kernels, built per
+// bucket with a ring of W stages, agree with the CPU on the 1B cut as the default kernels do.
+// Prefill chunks of 32 and 64 rows run them (two and one stages in flight; the decode buckets
+// of this cut are GEMVs); a 150-token prompt crosses chunks.
+func TestCUDAStagedGEMMMatchesCPU(t *testing.T) {
+	needGPU(t)
+	spec := strings.Replace(llama1BCut(t), "prefill_chunks: [64]", "prefill_chunks: [32, 64]", 1)
+	b := testsuite.CompileWith(t, compile.Options{GEMM: "tc-staged"}, spec)
+	long := make([]int, 150)
+	for i := range long {
+		long[i] = (i*7919 + 13) % 32000
+	}
+	agreementWith(t, cuda.GemmPTX, "llama-3.2-1b-2layers-long-staged", b, long, 32, false)
+}
+
 // TestCUDATimeWithout (xmix bench --role-costs): a decode graph captured without all its
 // nodes but the first replays faster than the whole graph, leaving out nothing takes about
 // the whole graph's time, and leaving out every node is refused.
