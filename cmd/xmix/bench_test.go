@@ -23,15 +23,7 @@ import (
 // An app-vs-no-app comparison is only fair on one workload: enabling apps must not change
 // the prompts or arrival times the benchmark draws.
 func TestBenchAppsKeepTheWorkload(t *testing.T) {
-	b, err := compile.Build("../../specs/models/tiny.yaml", []string{"../../specs/apps/tiny-steer.yaml"}, compile.Options{EmbedWeights: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	bp := filepath.Join(t.TempDir(), "tiny.xmb")
-	raw, _ := bundle.Marshal(b)
-	if err := os.WriteFile(bp, raw, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	bp := tinyBundleFile(t, filepath.Join(t.TempDir(), "tiny.xmb"), "../../specs/apps/tiny-steer.yaml")
 	promptTokens := func(extra ...string) int {
 		args := append([]string{"bench", bp, "-q", "--backend", "cpu", "--online", "--requests", "6",
 			"--output-len", "2", "--warmup", "0", "--runs", "1", "--json"}, extra...)
@@ -329,15 +321,7 @@ ops:
 `), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	b, err := compile.Build("../../specs/models/tiny.yaml", []string{app}, compile.Options{EmbedWeights: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	bp := filepath.Join(dir, "pr.xmb")
-	raw, _ := bundle.Marshal(b)
-	if err := os.WriteFile(bp, raw, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	bp := tinyBundleFile(t, filepath.Join(dir, "pr.xmb"), app)
 	digest := func(extra ...string) string {
 		args := append([]string{"bench", bp, "-q", "--backend", "cpu", "--online", "--requests", "4", "--rate", "0",
 			"--output-len", "6", "--warmup", "0", "--runs", "1", "--json", "--apps", "pr"}, extra...)
@@ -435,19 +419,29 @@ func TestRoleCosts(t *testing.T) {
 	if want := map[string]float64{"qkv": 0.75, "attention": 3, "lm_head": 0.125}; !maps.Equal(got, want) {
 		t.Fatalf("role costs %v, want %v", got, want)
 	}
-	b, err := compile.Build("../../specs/models/tiny.yaml", nil, compile.Options{EmbedWeights: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	bp := filepath.Join(t.TempDir(), "tiny.xmb")
-	raw, _ := bundle.Marshal(b)
-	if err := os.WriteFile(bp, raw, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	bp := tinyBundleFile(t, filepath.Join(t.TempDir(), "tiny.xmb"))
 	if out, err := xmix(t, "bench", bp, "-q", "--backend", "cpu", "--role-costs"); err == nil || !strings.Contains(out, "--role-costs: the cpu backend cannot time graphs (use --backend cuda)") {
 		t.Fatalf("cpu --role-costs: err %v, output %q", err, out)
 	}
 	if out, err := xmix(t, "bench", bp, "-q", "--backend", "cpu", "--role-costs", "--online"); err == nil || !strings.Contains(out, "leave out --online") {
 		t.Fatalf("--online --role-costs: err %v, output %q", err, out)
 	}
+}
+
+// tinyBundleFile builds the embedded tiny model with apps (spec paths), weights embedded, and
+// writes the bundle to path, which it returns.
+func tinyBundleFile(t *testing.T, path string, apps ...string) string {
+	t.Helper()
+	b, err := compile.Build("../../specs/models/tiny.yaml", apps, compile.Options{EmbedWeights: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := bundle.Marshal(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, raw, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
 }

@@ -173,15 +173,7 @@ func TestLogitsMatchTheReference(t *testing.T) {
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
-	bp := filepath.Join(dir, "tiny.xmb")
-	b, err := compile.Build("../../specs/models/tiny.yaml", nil, compile.Options{EmbedWeights: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	raw, _ := bundle.Marshal(b)
-	if err := os.WriteFile(bp, raw, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	bp := tinyBundleFile(t, filepath.Join(dir, "tiny.xmb"))
 	c := ref.Cases[0]
 	ids, _ := json.Marshal(c.IDs)
 	lf := filepath.Join(dir, "l.f32")

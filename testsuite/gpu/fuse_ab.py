@@ -82,6 +82,16 @@ def main(raw, out):
         f.write(markdown(res))
 
 
+def role_table(title, by_variant, base):
+    """A table of ms per role (rows, largest first) and variant (columns, the base first)."""
+    variants = sorted(by_variant, key=lambda v: (v != base, v))
+    roles = sorted({k for v in by_variant.values() for k in v}, key=lambda k: -max(v.get(k, 0) for v in by_variant.values()))
+    md = ["", title, "", "| role | " + " | ".join(variants) + " |", "|---|" + "---|" * len(variants)]
+    for k in roles:
+        md.append(f"| {k} | " + " | ".join(f"{by_variant[v].get(k, 0):.3f}" for v in variants) + " |")
+    return md
+
+
 def markdown(res):
     md = [f"# Decode fusions A/B ({res['date']}, {res['device']}, commit {res['commit']})", "",
           f"Graph replay ms per decode step, every row at context {res['prompt_len']} + 64 ({res['prompt_len']}-token prompts), each variant and the base ({res['base']}) in this run "
@@ -95,23 +105,12 @@ def markdown(res):
     for t in res["targets"]:
         md.append(f"- target {t['model']} b1 <= {t['target_ms']} ms: {t['variant']} {t['ms']:.3f} ms, {'met' if t['met'] else 'not met'}")
     for model, by in sorted(res["profile_ms"].items()):
-        prof = by.get("1")
-        if not prof:
-            continue
-        variants = sorted(prof, key=lambda v: (v != res["base"], v))
-        roles = sorted({k for v in prof.values() for k in v}, key=lambda k: -max(v.get(k, 0) for v in prof.values()))
-        md += ["", f"Time per node role, {model} batch 1 (nodes launched one by one, ms):", "",
-               "| role | " + " | ".join(variants) + " |", "|---|" + "---|" * len(variants)]
-        for k in roles:
-            md.append(f"| {k} | " + " | ".join(f"{prof[v].get(k, 0):.3f}" for v in variants) + " |")
+        if by.get("1"):
+            md += role_table(f"Time per node role, {model} batch 1 (nodes launched one by one, ms):", by["1"], res["base"])
     for model, by in sorted(res["role_cost_ms"].items()):
         for bs, costs in sorted(by.items(), key=lambda kv: int(kv[0])):
-            variants = sorted(costs, key=lambda v: (v != res["base"], v))
-            roles = sorted({k for v in costs.values() for k in v}, key=lambda k: -max(v.get(k, 0) for v in costs.values()))
-            md += ["", f"What each node role costs inside the graph, {model} batch {bs} (xmix bench --role-costs: the graph's time less its time without the role, ms):", "",
-                   "| role | " + " | ".join(variants) + " |", "|---|" + "---|" * len(variants)]
-            for k in roles:
-                md.append(f"| {k} | " + " | ".join(f"{costs[v].get(k, 0):.3f}" for v in variants) + " |")
+            md += role_table(f"What each node role costs inside the graph, {model} batch {bs} (xmix bench --role-costs: "
+                             "the graph's time less its time without the role, ms):", costs, res["base"])
     p = res["ptxas"]
     md += ["", f"ptxas: {p['ok']} of {p['kernels']} kernels of the variants' bundles assemble, {len(p['failed'])} fail, {len(p['spilling'])} spill."]
     tests = res["checks_tests"]
