@@ -208,6 +208,19 @@ func TestBuildGemvFlags(t *testing.T) {
 			t.Fatalf("%s %s: a refused build left a bundle behind", c.flag, c.value)
 		}
 	}
+	for _, c := range []struct {
+		flags []string
+		want  string
+	}{
+		{[]string{"--gemm", "tc-staged", "--tc-ring"}, "keeps its W stages in a ring already; leave --tc-ring out"},
+		{[]string{"--gemm", "cuda-core", "--tc-chunks", "4,3"}, "which --gemm cuda-core does not build"},
+		{[]string{"--gemm", "cuda-core", "--tc-ring"}, "which --gemm cuda-core does not build"},
+	} {
+		_, err := xmixc(t, append([]string{"build", m, "-q", "-o", filepath.Join(dir, "bad.xmb")}, c.flags...)...)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Fatalf("%v: %v", c.flags, err)
+		}
+	}
 }
 
 func TestVersion(t *testing.T) {
