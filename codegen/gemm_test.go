@@ -161,3 +161,52 @@ func sameGemvBits(t *testing.T, r *rand.Rand, k, base *Kernel, cfg, baseCfg Gemm
 	b.run(t, base, baseCfg.Launch(rows), args)
 	samePair(t, k, "y", a, b)
 }
+
+// TestGemvRows: a GEMV built for a bucket of fewer than gemmTile rows (GemmConfig.Rows: no code
+// for larger tiles) gives the bits of the kernel for any row count, for calls of the bucket's
+// rows, fewer, and more (passes of the bucket's size), with columns per warp and unrolled
+// steps, and fused (the q/k/v rotation, the gated activation); its PTX is smaller.
+func TestGemvRows(t *testing.T) {
+	r := rand.New(rand.NewPCG(91, 92))
+	for _, c := range []struct {
+		bucket, rows, cols, unroll int
+	}{{1, 1, 0, 0}, {1, 3, 0, 0}, {2, 2, 2, 4}, {4, 3, 2, 4}, {4, 11, 2, 4}, {7, 7, 0, 2}} {
+		base := GemmConfig{K: 264, N: 32, WDtype: ptx.BF16, Cols: c.cols, Unroll: c.unroll}
+		cfg := base
+		cfg.Rows = c.bucket
+		k, plain := must(t)(Gemm("gemm_rows_test", cfg)), must(t)(Gemm("gemm_rows_test", base))
+		if len(k.PTX) >= len(plain.PTX) {
+			t.Errorf("%+v: %d bytes of PTX, the kernel for any row count %d", c, len(k.PTX), len(plain.PTX))
+		}
+		sameGemvBits(t, r, k, plain, cfg, base, c.rows)
+
+		gated := GemmGatedConfig{Gemm: GemmConfig{K: 96, N: 48, WDtype: ptx.BF16, Unroll: c.unroll}}
+		bucketGated := gated
+		bucketGated.Gemm.Rows = c.bucket
+		x := targ{name: "x", f32: randF32(r, c.rows*96, 2)}
+		w := targ{name: "w", bf16: randF32(r, 48*96, 0.5)}
+		args := []targ{x, w, {name: "act", out: c.rows * 24}, scalarU32("rows", uint32(c.rows))}
+		one, two := newEmuBufs(), newEmuBufs()
+		fk := must(t)(GemmGated("gemm_gated_rows", bucketGated))
+		one.run(t, fk, bucketGated.Launch(c.rows), args)
+		two.run(t, must(t)(GemmGated("gemm_gated_rows", gated)), gated.Launch(c.rows), args)
+		samePair(t, fk, "act", one, two)
+	}
+	for _, tc := range fusedRopeCases {
+		n := (tc.rope.Heads + 2*tc.rope.KVHeads) * tc.rope.HeadDim
+		c := GemmRopeConfig{Gemm: GemmConfig{K: tc.k, N: n, WDtype: ptx.BF16}, Rope: tc.rope}
+		bucket := c
+		bucket.Gemm.Rows = max(1, tc.rows/2) // calls of more rows than the bucket
+		if bucket.Gemm.Rows >= gemmTile {
+			continue
+		}
+		fused, _, _ := ropeArgs(r, tc.rope, tc.k, tc.rows, ptx.BF16)
+		one, two := newEmuBufs(), newEmuBufs()
+		fk := must(t)(GemmRope("gemm_rope_rows", bucket))
+		one.run(t, fk, bucket.Launch(tc.rows), fused)
+		two.run(t, must(t)(GemmRope("gemm_rope_rows", c)), c.Launch(tc.rows), fused)
+		for _, b := range []string{"qkv", "kcache", "vcache"} {
+			samePair(t, fk, b, one, two)
+		}
+	}
+}

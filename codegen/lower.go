@@ -287,14 +287,21 @@ func (g *gen) gemvName(c GemmConfig) string {
 	if c.Unroll > 1 {
 		name += fmt.Sprintf("_u%d", c.Unroll)
 	}
+	if c.Rows > 0 {
+		name += fmt.Sprintf("_r%d", c.Rows)
+	}
 	return name
 }
 
 // gemvSettings is c, a CUDA-core GEMV over rows rows, with the build's GEMV settings: the
-// prefetch; from two rows, the unroll, and for a plain GEMV (not a fused one, whose warps compute the
-// column pairs of its epilogue) the columns per warp.
+// prefetch; with GemvRows, under gemmTile rows, the bucket's row count; from two rows, the
+// unroll, and for a plain GEMV (not a fused one, whose warps compute the column pairs of its
+// epilogue) the columns per warp.
 func (g *gen) gemvSettings(c GemmConfig, rows int, plain bool) GemmConfig {
 	c.Prefetch = g.prefetch
+	if g.gemvRows && rows < gemmTile {
+		c.Rows = rows
+	}
 	if rows > 1 {
 		c.Unroll = g.unroll
 		if plain {

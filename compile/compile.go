@@ -54,6 +54,9 @@ type Options struct {
 	// GemvUnroll is how many K chunks a lane of a CUDA-core GEMV of a bucket of 2-7 rows
 	// loads before it uses the first (bundle.BuildInfo.GemvUnroll; 0: DefaultGemvUnroll).
 	GemvUnroll int
+	// GemvRows builds the CUDA-core GEMVs of buckets under 8 rows for their row count
+	// (bundle.BuildInfo.GemvRows).
+	GemvRows bool
 	// TCChunks are the K chunks in flight of the tensor-core GEMMs of buckets of up to 8 and
 	// of 9-32 rows, TCRing whether they sit in a ring of registers (bundle.BuildInfo.TCChunks,
 	// TCRing; nil: codegen.DefaultTCChunks, recorded as nil).
@@ -207,7 +210,7 @@ func Build(modelPath string, appPaths []string, opt Options) (*bundle.Bundle, er
 	}
 	build := bundle.BuildInfo{Compiler: Compiler, Inputs: inputs, Fuse: p.Fused(), PDL: !opt.SerialLaunch, Prefetch: prefetch,
 		GemvCols: beyondOne(cmp.Or(opt.GemvCols, DefaultGemvCols)), GemvUnroll: beyondOne(cmp.Or(opt.GemvUnroll, DefaultGemvUnroll)),
-		TCRing: opt.TCRing}
+		GemvRows: opt.GemvRows, TCRing: opt.TCRing}
 	if !slices.Equal(opt.TCChunks, codegen.DefaultTCChunks[:]) {
 		build.TCChunks = opt.TCChunks
 	}

@@ -167,6 +167,7 @@ func TestBuildGemvFlags(t *testing.T) {
 		{[]string{"--tc-chunks", "6,4", "--tc-ring"}, []int{6, 4}, true, "tensor-core GEMMs: 6 / 4 K chunks in flight in a ring at up to 8 / 9-32 rows"},
 		{[]string{"--tc-ring"}, nil, true, "tensor-core GEMMs: 4 / 3 K chunks in flight in a ring"},
 		{[]string{"--tc-chunks", "2,2"}, []int{2, 2}, false, "tensor-core GEMMs: 2 / 2 K chunks in flight a step ahead"},
+		{[]string{"--gemv-rows"}, nil, false, "GEMVs under 8 rows built for their bucket's rows"},
 	} {
 		out := filepath.Join(dir, "tc.xmb")
 		if _, err := xmixc(t, append([]string{"build", m, "-q", "-o", out}, c.flags...)...); err != nil {
@@ -176,15 +177,21 @@ func TestBuildGemvFlags(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if bi := b.Manifest.Build; !slices.Equal(bi.TCChunks, c.chunks) || bi.TCRing != c.ring {
-			t.Fatalf("%v: build info chunks %v ring %v", c.flags, bi.TCChunks, bi.TCRing)
+		gemvRows := slices.Contains(c.flags, "--gemv-rows")
+		if bi := b.Manifest.Build; !slices.Equal(bi.TCChunks, c.chunks) || bi.TCRing != c.ring || bi.GemvRows != gemvRows {
+			t.Fatalf("%v: build info chunks %v ring %v GEMV rows %v", c.flags, bi.TCChunks, bi.TCRing, bi.GemvRows)
+		}
+		if bucketed := slices.ContainsFunc(b.Kernels, func(k bundle.Kernel) bool {
+			return strings.HasPrefix(k.Name, "gemm_k") && strings.Contains(k.Name, "_r1")
+		}); bucketed != gemvRows {
+			t.Fatalf("%v: batch-1 GEMV kernels built for their rows %v", c.flags, bucketed)
 		}
 		rings := slices.ContainsFunc(b.Kernels, func(k bundle.Kernel) bool { return strings.Contains(k.Name, "ring") })
 		if rings != c.ring {
 			t.Fatalf("%v: ring kernels %v", c.flags, rings)
 		}
 		text, err := xmixc(t, "inspect", out)
-		if err != nil || c.text != "" && !strings.Contains(text, c.text) || c.text == "" && strings.Contains(text, "tensor-core GEMMs:") {
+		if err != nil || c.text != "" && !strings.Contains(text, c.text) || c.text == "" && (strings.Contains(text, "tensor-core GEMMs:") || strings.Contains(text, "bucket's rows")) {
 			t.Fatalf("%v: inspect: %v; want %q in:\n%s", c.flags, err, c.text, text)
 		}
 	}
