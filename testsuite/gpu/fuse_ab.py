@@ -15,6 +15,8 @@ from assemble import load  # beside this script: run.sh's assembler
 
 # Issue 14 item 3's targets: graph replay ms per decode step at batch 1.
 TARGETS = {"llama-3.1-8b": 4.05, "llama-3.2-1b": 0.80}
+# The card's measured read bandwidth (FACTS.md; xmix's MeasuredBandwidth), bytes per second.
+READ_BW = 4.25e12
 
 
 def text(path, default=""):
@@ -33,7 +35,7 @@ def main(raw, out):
            "commit": text(os.path.join(raw, "commit.txt"), "unknown"), "prompt_len": int(os.environ.get("PROMPT_LEN", "16")),
            "gemm": os.environ.get("BENCH_GEMM", "auto")}
     runs = {}  # (model, batch, variant) -> [ms per round]
-    profile, role_costs = {}, {}
+    profile, role_costs, attention = {}, {}, []
     for p in sorted(glob.glob(os.path.join(raw, "bench__*.json"))):
         m = re.match(r"bench__(.+)__(.+)__b(\d+)__r(\d+)\.json$", os.path.basename(p))
         d = load(p)
@@ -49,6 +51,15 @@ def main(raw, out):
         costs = next(iter((d.get("role_cost_ms") or {}).values()), None)
         if costs:
             role_costs.setdefault(model, {}).setdefault(str(bs), {})[variant] = costs
+            off = d.get("offline") or {}
+            # The bench's KV bytes are at its mean context; per position they scale to the
+            # graph's context, PROMPT_LEN + 64 for every row.
+            positions = off.get("prompts", 0) * (off.get("prompt_len", 0) + 1 + off.get("new_tokens", 0) // 2)
+            if positions and "attention" in costs:
+                ctx = int(os.environ.get("PROMPT_LEN", "16")) + 64
+                floor = off["kv_bytes_per_step"] / positions * bs * ctx / READ_BW * 1e3
+                attention.append({"model": model, "batch": bs, "variant": variant, "context": ctx,
+                                  "attention_ms": costs["attention"], "kv_floor_ms": floor, "ratio": costs["attention"] / floor})
     res["graph"] = [{"model": k[0], "batch": k[1], "variant": k[2], "rounds_ms": v, "mean_ms": statistics.mean(v)}
                     for k, v in sorted(runs.items())]
     ab = []
@@ -62,6 +73,7 @@ def main(raw, out):
     res["ab"] = ab
     res["profile_ms"] = profile
     res["role_cost_ms"] = role_costs
+    res["attention_in_graph"] = attention
     res["targets"] = []
     for r in ab:
         if r["batch"] == 1 and r["model"] in TARGETS:
@@ -111,6 +123,11 @@ def markdown(res):
         for bs, costs in sorted(by.items(), key=lambda kv: int(kv[0])):
             md += role_table(f"What each node role costs inside the graph, {model} batch {bs} (xmix bench --role-costs: "
                              "the graph's time less its time without the role, ms):", costs, res["base"])
+    if res["attention_in_graph"]:
+        md += ["", f"Decode attention inside the graph (--role-costs) against its KV-read floor at {READ_BW / 1e12:.2f} TB/s (issue 14 item 1):", "",
+               "| model | batch | variant | context | attention ms | KV floor ms | ratio |", "|---|---|---|---|---|---|---|"]
+        for a in sorted(res["attention_in_graph"], key=lambda a: (a["model"], a["batch"], a["variant"])):
+            md.append(f"| {a['model']} | {a['batch']} | {a['variant']} | {a['context']} | {a['attention_ms']:.3f} | {a['kv_floor_ms']:.3f} | {a['ratio']:.2f} |")
     p = res["ptxas"]
     md += ["", f"ptxas: {p['ok']} of {p['kernels']} kernels of the variants' bundles assemble, {len(p['failed'])} fail, {len(p['spilling'])} spill."]
     tests = res["checks_tests"]
