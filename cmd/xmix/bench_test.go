@@ -419,6 +419,9 @@ func TestRoleCosts(t *testing.T) {
 	if want := map[string]float64{"qkv": 0.75, "attention": 3, "lm_head": 0.125}; !maps.Equal(got, want) {
 		t.Fatalf("role costs %v, want %v", got, want)
 	}
+	if text := costsText(got); text != "attention 3.000, qkv 0.750, lm_head 0.125" {
+		t.Fatalf("costs text %q", text)
+	}
 	bp := tinyBundleFile(t, filepath.Join(t.TempDir(), "tiny.xmb"))
 	if out, err := xmix(t, "bench", bp, "-q", "--backend", "cpu", "--role-costs"); err == nil || !strings.Contains(out, "--role-costs: the cpu backend cannot time graphs (use --backend cuda)") {
 		t.Fatalf("cpu --role-costs: err %v, output %q", err, out)
