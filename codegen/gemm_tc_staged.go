@@ -30,7 +30,7 @@ import (
 // before stage s multiplies and is stored after it. A kernel built for a bucket
 // (GemmConfig.Rows: its row tiles only) has two stage buffers, so one barrier a stage keeps
 // stores and reads apart; the kernel for any row count (128 rows a pass, 40 KiB a buffer)
-// has one and two barriers. Every accumulator sums its stages in order, hi before lo, so the
+// has one buffer and two barriers a stage. Every accumulator sums its stages in order, hi before lo, so the
 // bits depend on none of this (TestGemmTCStagedBucket).
 //
 // Shared layout. Per staged row, 320 bytes: for chunk c (0, 1) and lane slot t, the 16 bytes
