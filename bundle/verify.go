@@ -78,6 +78,10 @@ func Verify(b *Bundle) error {
 	if tp < 0 || tp > MaxTP {
 		return fmt.Errorf("manifest: tensor-parallel degree %d is outside 0..%d", tp, MaxTP)
 	}
+	if c := b.Manifest.Build.TCChunks; len(c) != 0 && (len(c) != 2 || min(c[0], c[1]) < 1) {
+		// Only a record of how the kernels were built, but tools print it.
+		return fmt.Errorf("manifest: build tc_chunks %v: want none or two positive counts; rebuild the bundle", c)
+	}
 	bufBytes, err := verifyBuffers(b.Manifest.Buffers)
 	if err != nil {
 		return err
