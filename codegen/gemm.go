@@ -175,20 +175,20 @@ func (g *gemmGen) emit() {
 	r0 := g.imm32(0)
 	left := g.Reg(ptx.U32)
 	full := g.NewLabel("full_tiles")
-	tile := gemmTile
+	maxTile := gemmTile
 	if c.Rows > 0 && c.Rows < gemmTile {
-		tile = c.Rows // a bucket's kernel: no code for larger tiles
+		maxTile = c.Rows // a bucket's kernel: no code for larger tiles
 	}
 	g.Label(full)
 	g.Emit("sub.u32", left, rows, r0)
-	g.when(g.cmp("ge", ptx.U32, left, ptx.Imm(int64(tile))), false, func() {
-		g.tile(r0, tile)
+	g.when(g.cmp("ge", ptx.U32, left, ptx.Imm(int64(maxTile))), false, func() {
+		g.tile(r0, maxTile)
 		g.Emit("bra", ptx.Sym(full))
 	})
 	// The remaining rows (fewer than a tile) take one more pass over the weights, with
 	// code specialised to their count.
 	g.Emit("sub.u32", left, rows, r0)
-	for t := 1; t < tile; t++ {
+	for t := 1; t < maxTile; t++ {
 		g.when(g.cmp("eq", ptx.U32, left, ptx.Imm(int64(t))), false, func() {
 			g.tile(r0, t)
 			g.Emit("bra", ptx.Sym(done))

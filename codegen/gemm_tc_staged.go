@@ -210,9 +210,12 @@ type tsGen struct {
 	wl, xsl            ptx.Reg // lane's W address (row colBase+g, column 8t); its shared B address
 	stRow, stOff, stXa ptx.Reg // staging: first row, shared offset, x address of row 0 column 8j
 	stCol              ptx.Reg // staging: column 8j within a stage
-	acc                [][]ptx.Reg
-	ring               []ptx.Reg // depth slots of one stage's W (loadW layout, 16 words)
-	fresh              ptx.Reg   // the ring holds the first stages, loaded before the wait (preload)
+	// stIn[pass]: this thread's row of a 32-row staging pass lies inside a stage buffer (the
+	// bucket's 8*rowTiles rows), where the pass reaches past it; a zero Reg where it does not.
+	stIn  []ptx.Reg
+	acc   [][]ptx.Reg
+	ring  []ptx.Reg // depth slots of one stage's W (loadW layout, 16 words)
+	fresh ptx.Reg   // the ring holds the first stages, loaded before the wait (preload)
 }
 
 // tsSharedBytes is the static shared memory a launch gets without an attribute.
@@ -270,6 +273,12 @@ func (g *tsGen) emit() {
 	g.Emit("mad.lo.u32", slot, g.op3("shr.u32", ptx.U32, j, ptx.Imm(2)), ptx.Imm(8), slot)
 	g.stOff = g.sharedAddr(g.xs, slot, 16)
 	g.stXa = g.byteAddr(g.byteAddr(g.x, g.stRow, 4*c.K), g.stCol, 4)
+	g.stIn = make([]ptx.Reg, (8*g.rowTiles+31)/32)
+	for pass := range g.stIn {
+		if 32*(pass+1) > 8*g.rowTiles {
+			g.stIn[pass] = g.cmp("lt", ptx.U32, g.stRow, ptx.Imm(int64(8*g.rowTiles-32*pass)))
+		}
+	}
 	g.acc = make([][]ptx.Reg, g.rowTiles)
 	for rt := range g.acc {
 		g.acc[rt] = g.Regs(ptx.F32, 4)
@@ -416,13 +425,13 @@ func (g *tsGen) loadX(xa, st, left, more ptx.Reg) [][]ptx.Reg {
 		g.Emit("and.pred", colOK, colOK, more)
 	}
 	a := g.byteAddr(xa, st, 4*tsStage)
-	xv := make([][]ptx.Reg, (8*g.rowTiles+31)/32)
+	xv := make([][]ptx.Reg, len(g.stIn))
 	for pass := range xv {
 		xv[pass] = g.Regs(ptx.F32, 8)
 		row := g.op3("add.u32", ptx.U32, g.stRow, ptx.Imm(int64(32*pass)))
 		ok := g.cmp("lt", ptx.U32, row, left)
 		g.Emit("and.pred", ok, ok, colOK)
-		if in := g.stagesRow(pass); in != (ptx.Reg{}) {
+		if in := g.stIn[pass]; in != (ptx.Reg{}) {
 			g.Emit("and.pred", ok, ok, in)
 		}
 		for _, r := range xv[pass] {
@@ -448,7 +457,7 @@ func (g *tsGen) storeX(xv [][]ptx.Reg, buf, left ptx.Reg) {
 		// hi = bf16(x), lo = bf16(x - hi), as GemmTC and the reference split.
 		g.splitBF16(hi, lo, x, bits, part)
 		so := int64(32 * pass * tsRowBytes)
-		in := g.stagesRow(pass)
+		in := g.stIn[pass]
 		for _, h := range []struct {
 			off int64
 			v   []ptx.Reg
@@ -461,15 +470,6 @@ func (g *tsGen) storeX(xv [][]ptx.Reg, buf, left ptx.Reg) {
 		}
 	}
 	g.Label(end)
-}
-
-// stagesRow is whether this thread's row of 32-row pass pass lies inside a stage buffer (the
-// bucket's 8*rowTiles rows), where the pass reaches past it; a zero Reg where it does not.
-func (g *tsGen) stagesRow(pass int) ptx.Reg {
-	if 32*(pass+1) <= 8*g.rowTiles {
-		return ptx.Reg{}
-	}
-	return g.cmp("lt", ptx.U32, g.stRow, ptx.Imm(int64(8*g.rowTiles-32*pass)))
 }
 
 // multiply runs the mmas of one staged stage from the buffer at byte offset buf: w is the

@@ -421,13 +421,22 @@ func (g *gen) tcSettings(c GemmConfig, rows int) GemmConfig {
 // leave fewer registers for W).
 var DefaultTCChunks = [2]int{4, 3}
 
+// CheckTCChunks checks chunk counts for the tensor-core GEMMs (bundle.BuildInfo.TCChunks,
+// xmixc build --tc-chunks): two, of 1 to MaxTCChunks.
+func CheckTCChunks(n []int) error {
+	if len(n) != 2 || min(n[0], n[1]) < 1 || max(n[0], n[1]) > MaxTCChunks {
+		return fmt.Errorf("want two counts of 1 to %d, for buckets of up to 8 rows and of 9-32 rows", MaxTCChunks)
+	}
+	return nil
+}
+
 // tcChunks checks a build's TCChunks (empty: DefaultTCChunks).
 func tcChunks(n []int) ([2]int, error) {
-	switch {
-	case len(n) == 0:
+	if len(n) == 0 {
 		return DefaultTCChunks, nil
-	case len(n) != 2 || min(n[0], n[1]) < 1 || max(n[0], n[1]) > MaxTCChunks:
-		return [2]int{}, fmt.Errorf("tensor-core GEMM chunks %v: want two counts of 1 to %d, for buckets of up to 8 rows and of 9-32 rows", n, MaxTCChunks)
+	}
+	if err := CheckTCChunks(n); err != nil {
+		return [2]int{}, fmt.Errorf("tensor-core GEMM chunks %v: %w", n, err)
 	}
 	return [2]int{n[0], n[1]}, nil
 }

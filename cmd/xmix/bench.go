@@ -545,7 +545,8 @@ func costsText(costs map[string]float64) string {
 	return strings.Join(parts, ", ")
 }
 
-// roleCostsOf is roleCosts for template ti: n replays per timing, after a warm-up of each.
+// roleCostsOf is roleCosts for template ti: n replays per timing, after a warm-up of each
+// (TimeWithout warms up on the graph it captures).
 func roleCostsOf(rt roleTimer, ti, n int, roles []string) (map[string]float64, error) {
 	whole := func() (float64, error) {
 		if _, err := rt.Time(ti, 3); err != nil {
@@ -560,9 +561,6 @@ func roleCostsOf(rt roleTimer, ti, n int, roles []string) (map[string]float64, e
 	without := make([]float64, len(roles))
 	for k, role := range roles {
 		leave := func(label string) bool { return nodeRole(label) == role }
-		if _, err := rt.TimeWithout(ti, 3, leave); err != nil {
-			return nil, fmt.Errorf("role %s: %w", role, err)
-		}
 		if without[k], err = rt.TimeWithout(ti, n, leave); err != nil {
 			return nil, fmt.Errorf("role %s: %w", role, err)
 		}

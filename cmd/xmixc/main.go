@@ -77,9 +77,9 @@ func buildCmd() *cobra.Command {
 			case gemm == "cuda-core" && (tcRing || cmd.Flags().Changed("tc-chunks")):
 				return fmt.Errorf("--tc-chunks and --tc-ring set the tensor-core GEMMs, which --gemm cuda-core does not build; leave them out")
 			}
-			if len(tcChunks) != 2 || min(tcChunks[0], tcChunks[1]) < 1 || max(tcChunks[0], tcChunks[1]) > codegen.MaxTCChunks {
-				return fmt.Errorf("--tc-chunks %s: want two counts of 1 to %d, for buckets of up to 8 rows and of 9-32 rows (e.g. --tc-chunks %d,%d)",
-					cmd.Flags().Lookup("tc-chunks").Value, codegen.MaxTCChunks, codegen.DefaultTCChunks[0], codegen.DefaultTCChunks[1])
+			if err := codegen.CheckTCChunks(tcChunks); err != nil {
+				return fmt.Errorf("--tc-chunks %s: %w (e.g. --tc-chunks %d,%d)",
+					cmd.Flags().Lookup("tc-chunks").Value, err, codegen.DefaultTCChunks[0], codegen.DefaultTCChunks[1])
 			}
 			start := time.Now()
 			progress := func(f string, a ...any) {

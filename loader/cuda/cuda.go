@@ -713,10 +713,11 @@ func (be *Backend) Time(t, n int) (float64, error) {
 }
 
 // TimeWithout is Time for template t's graph captured again without the nodes whose labels
-// leave picks: Time's figure less this one is what those nodes cost inside the replayed
-// graph, the overlap of early launch included (Profile's node times each hold a launch and
-// none of it). The replays compute garbage, since what the left-out nodes write stays stale;
-// the template's own graphs are untouched, and the one captured here is destroyed.
+// leave picks, after warm replays of it: Time's figure less this one is what those nodes cost
+// inside the replayed graph, the overlap of early launch included (Profile's node times each
+// hold a launch and none of it). The replays compute garbage, since what the left-out nodes
+// write stays stale; the template's own graphs are untouched, and the one captured here is
+// destroyed.
 func (be *Backend) TimeWithout(t, n int, leave func(label string) bool) (float64, error) {
 	if t < 0 || t >= len(be.steps) {
 		return 0, fmt.Errorf("no template %d", t)
@@ -737,11 +738,17 @@ func (be *Backend) TimeWithout(t, n int, leave func(label string) bool) (float64
 			return err
 		}
 		defer be.d.call("cuGraphExecDestroy", exec)
+		if _, err := be.timeGraph(exec, timeWithoutWarmup); err != nil {
+			return err
+		}
 		ms, err = be.timeGraph(exec, n)
 		return err
 	})
 	return ms, err
 }
+
+// timeWithoutWarmup is how many replays of its graph TimeWithout discards first.
+const timeWithoutWarmup = 3
 
 // timeGraph replays exec n times back to back and returns the mean milliseconds per replay,
 // measured with CUDA events (on the context's thread).
