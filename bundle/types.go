@@ -319,6 +319,10 @@ type BuildInfo struct {
 	// TCRing: those chunks sit in a ring of registers, each refilled as soon as it is
 	// multiplied, instead of a buffer loaded a whole step ahead (xmixc build --tc-ring).
 	TCRing bool `json:"tc_ring,omitempty"`
+	// AttnWarps and AttnUnroll: warps per block and position loads per warp step of the
+	// decode buckets' attention (xmixc build --attn-warps, --attn-unroll; 0: the defaults).
+	AttnWarps  int `json:"attn_warps,omitempty"`
+	AttnUnroll int `json:"attn_unroll,omitempty"`
 }
 
 // InputDigest is the hash of one input file of the build.

@@ -1,6 +1,7 @@
 package codegen
 
 import (
+	"cmp"
 	"fmt"
 	"math"
 
@@ -66,6 +67,11 @@ type AttnConfig struct {
 	// positions only (Gemma 2: 4096 on every other layer). Both as ops.AttnAttrs.
 	Softcap float32
 	Window  int
+	// Warps, when not 0, is the warps per block (adWarps when 0), Unroll the position loads of
+	// a warp's step (adGeom.unroll when 0): more of either covers more positions in one pass of
+	// a block (a split's fixed cost, its start and merge, then serves more of them). Both change
+	// only the order of the sums, not what is summed (xmixc build --attn-warps, --attn-unroll).
+	Warps, Unroll int
 	// EarlyLaunch: the kernel is built for programmatic dependent launch (BuildInfo.PDL) and
 	// waits for the grid ahead itself (bundle.PriorGridWait), once it has read the control
 	// block and staged its first block-table entries, which the host wrote before the step.
@@ -91,7 +97,16 @@ const (
 	// save, and contexts below it never split, whatever the batch.
 	attnSplitBlocks = 4 * 132
 	attnMinChunk    = 64
+	// MaxAttnWarps and MaxAttnUnroll bound AttnConfig.Warps and Unroll: a block's threads, and
+	// the K/V registers of a step.
+	MaxAttnWarps  = 16
+	MaxAttnUnroll = 8
+	// adMaxShared bounds the static shared memory of a decode block (the warps' merge states).
+	adMaxShared = 48 << 10
 )
+
+// warps is the kernel's warps per block.
+func (c AttnConfig) warps() int { return cmp.Or(c.Warps, adWarps) }
 
 // adGeom is the lane layout of the decode kernel for one shape.
 type adGeom struct {
@@ -110,7 +125,7 @@ func (c AttnConfig) geom() adGeom {
 	}
 	g := adGeom{lanes: lanes, chunks: n16 / lanes, dpc: 16 / kvs, pp: 32 / lanes}
 	g.dims = g.chunks * g.dpc
-	g.unroll = max(1, 4/g.chunks)
+	g.unroll = cmp.Or(c.Unroll, max(1, 4/g.chunks))
 	group := c.Heads / c.KVHeads
 	for h := group; h >= 1; h-- {
 		if group%h == 0 && h*g.dims <= adMaxLaneValues {
@@ -130,7 +145,7 @@ func (c AttnConfig) ropeConfig() RopeConfig {
 // (1 unless c.Split).
 func (c AttnConfig) Launch(rows, splits int) ops.Launch {
 	geo := c.geom()
-	return ops.Launch{Grid: [3]int{rows, c.Heads / geo.hpb, max(1, min(splits, AttnMaxSplits))}, Block: [3]int{32 * adWarps, 1, 1}}
+	return ops.Launch{Grid: [3]int{rows, c.Heads / geo.hpb, max(1, min(splits, AttnMaxSplits))}, Block: [3]int{32 * c.warps(), 1, 1}}
 }
 
 // DecodeSplits is the grid z of a split decode bucket of rows rows: enough splits that the
@@ -144,9 +159,10 @@ func (c AttnConfig) DecodeSplits(rows int) int {
 // pass (every warp's step), at least attnMinChunk, on a GPU holding attnSplitBlocks blocks.
 func (c AttnConfig) splitPlan(splits int) *bundle.AttnSplit {
 	geo := c.geom()
-	step := adWarps * geo.unroll * geo.pp
+	step := c.warps() * geo.unroll * geo.pp
 	return &bundle.AttnSplit{Buffer: bundle.CtlAttnChunk, MaxSplits: splits, Step: step,
-		MinChunk: (attnMinChunk + step - 1) / step * step, RowBlocks: c.Heads / geo.hpb, WaveBlocks: attnSplitBlocks}
+		MinChunk: (attnMinChunk + step - 1) / step * step, RowBlocks: c.Heads / geo.hpb,
+		WaveBlocks: max(1, attnSplitBlocks*adWarps/c.warps())}
 }
 
 // SplitWorkspaceBytes is the size of the split kernel's ws for rows rows and splits splits
@@ -168,6 +184,12 @@ func checkAttn(c AttnConfig) (ops.KVAttrs, error) {
 	}
 	if c.HeadDim%32 != 0 || c.HeadDim > 256 {
 		return attrs, fmt.Errorf("head dim %d: want a multiple of 32, at most 256", c.HeadDim)
+	}
+	if c.Warps < 0 || c.Warps > MaxAttnWarps || c.Unroll < 0 || c.Unroll > MaxAttnUnroll {
+		return attrs, fmt.Errorf("%d warps a block, %d loads a step: want 0 (the default) to %d and to %d", c.Warps, c.Unroll, MaxAttnWarps, MaxAttnUnroll)
+	}
+	if geo := c.geom(); c.warps()*geo.hpb*(c.HeadDim+2)*4+min(c.MaxBlocksPerSeq, adTableCap)*4+geo.hpb*(AttnMaxSplits+1)*4 > adMaxShared {
+		return attrs, fmt.Errorf("%d warps a block of %d heads of dim %d: their merge states pass %d bytes of shared memory; use fewer warps", c.warps(), geo.hpb, c.HeadDim, adMaxShared)
 	}
 	if !(c.Scale > 0) || math.IsInf(float64(c.Scale), 0) {
 		return attrs, fmt.Errorf("scale %g: want positive and finite", c.Scale)
@@ -220,7 +242,7 @@ func Attention(name string, c AttnConfig) (*Kernel, error) {
 		return nil, fmt.Errorf("attention %s: %w", name, err)
 	}
 	g := &adGen{emitter: newEmitter(name), c: c, geo: c.geom()}
-	g.MaxNTid = 32 * adWarps
+	g.MaxNTid = 32 * c.warps()
 	g.emit()
 	rows := ""
 	if c.Singles {
@@ -410,7 +432,7 @@ func (g *adGen) restage(seg segment, end ptx.Reg) {
 	g.Emit("mad.lo.u32", trow, g.s, ptx.Imm(int64(c.MaxBlocksPerSeq)), seg.blk0)
 	tbase := g.byteAddr(g.table, trow, 4)
 	i := g.Reg(ptx.U32)
-	g.forLoop(i, g.tid, nblk, ptx.Imm(int64(32*adWarps)), func() {
+	g.forLoop(i, g.tid, nblk, ptx.Imm(int64(32*g.c.warps())), func() {
 		e := loadU32(g.emitter, ptx.Addr{Base: g.byteAddr(tbase, i, 4)})
 		g.Emit("st.shared.u32", ptx.Addr{Base: g.sharedAddr(g.sTable, i, 4)}, e)
 	})
@@ -428,7 +450,7 @@ func (g *adGen) scan(seg segment, end ptx.Reg) {
 	t0 := g.Reg(ptx.U32)
 	g.Emit("mad.lo.u32", t0, g.warp, ptx.Imm(int64(step)), seg.lo)
 	t := g.Reg(ptx.U32)
-	g.forLoop(t, t0, seg.hi, ptx.Imm(int64(adWarps*step)), func() { g.step(t, seg.hi, seg.blk0) })
+	g.forLoop(t, t0, seg.hi, ptx.Imm(int64(g.c.warps()*step)), func() { g.step(t, seg.hi, seg.blk0) })
 	// The next segment overwrites the staged entries.
 	g.Emit("bar.sync", ptx.Imm(0))
 	g.Emit("mov.u32", seg.lo, seg.hi)
@@ -601,7 +623,7 @@ func (g *adGen) merge() {
 			g.fold(g.m[h], g.l[h], g.acc[h], sh(g.m[h]), sh(g.l[h]), a2)
 		}
 	}
-	nst := adWarps * hpb
+	nst := c.warps() * hpb
 	sm := g.DeclareShared("ad_m", ptx.F32, nst)
 	sl := g.DeclareShared("ad_l", ptx.F32, nst)
 	sacc := g.DeclareShared("ad_acc", ptx.F32, nst*d)
@@ -646,12 +668,12 @@ func (g *adGen) merge() {
 		one = g.cmp("eq", ptx.U32, g.nsplit, ptx.Imm(1))
 	}
 	e := g.Reg(ptx.U32)
-	g.forLoop(e, g.op3("shl.b32", ptx.U32, g.tid, ptx.Imm(2)), ptx.Imm(int64(hpb*d)), ptx.Imm(int64(4*32*adWarps)), func() {
+	g.forLoop(e, g.op3("shl.b32", ptx.U32, g.tid, ptx.Imm(2)), ptx.Imm(int64(hpb*d)), ptx.Imm(int64(4*32*c.warps())), func() {
 		h := g.op3("div.u32", ptx.U32, e, ptx.Imm(int64(d)))
 		dd := g.op3("rem.u32", ptx.U32, e, ptx.Imm(int64(d)))
 		mx := g.f32(float32(math.Inf(-1)))
-		mw := g.Regs(ptx.F32, adWarps)
-		for w := range adWarps {
+		mw := g.Regs(ptx.F32, c.warps())
+		for w := range c.warps() {
 			si := g.op3("add.u32", ptx.U32, h, ptx.Imm(int64(w*hpb)))
 			g.Emit("ld.shared.f32", mw[w], ptx.Addr{Base: g.sharedAddr(sm, si, 4)})
 			g.Emit("max.f32", mx, mx, mw[w])
@@ -660,7 +682,7 @@ func (g *adGen) merge() {
 		sum := g.f32(0)
 		o := []ptx.Reg{g.f32(0), g.f32(0), g.f32(0), g.f32(0)}
 		x := g.Regs(ptx.F32, 4)
-		for w := range adWarps {
+		for w := range c.warps() {
 			si := g.op3("add.u32", ptx.U32, h, ptx.Imm(int64(w*hpb)))
 			sw := g.exp2(g.op3("sub.f32", ptx.F32, mw[w], ms))
 			lw := g.Reg(ptx.F32)
@@ -741,7 +763,7 @@ func (g *adGen) combine(recs, zrow, zbase ptx.Reg) {
 	// (AttnMaxSplits/32 at most), their loads all in flight at once. .cg: other SMs wrote the
 	// records and L1 is not coherent.
 	const perLane = AttnMaxSplits / 32
-	for hh := 0; hh < hpb; hh += adWarps {
+	for hh := 0; hh < hpb; hh += c.warps() {
 		h := g.op3("add.u32", ptx.U32, g.warp, ptx.Imm(int64(hh)))
 		g.when(g.cmp("lt", ptx.U32, h, ptx.Imm(int64(hpb))), false, func() {
 			hb := g.Reg(ptx.U64)
@@ -782,7 +804,7 @@ func (g *adGen) combine(recs, zrow, zbase ptx.Reg) {
 	const batch = 16
 	s := g.Reg(ptx.U32)
 	e := g.Reg(ptx.U32)
-	g.forLoop(e, g.op3("shl.b32", ptx.U32, g.tid, ptx.Imm(2)), ptx.Imm(int64(hpb*d)), ptx.Imm(int64(4*32*adWarps)), func() {
+	g.forLoop(e, g.op3("shl.b32", ptx.U32, g.tid, ptx.Imm(2)), ptx.Imm(int64(hpb*d)), ptx.Imm(int64(4*32*c.warps())), func() {
 		h := g.op3("div.u32", ptx.U32, e, ptx.Imm(int64(d)))
 		dd := g.op3("rem.u32", ptx.U32, e, ptx.Imm(int64(d)))
 		hb := g.Reg(ptx.U64)
@@ -832,6 +854,12 @@ func AttnKernelSuffix(c AttnConfig) string {
 	}
 	if c.Window > 0 {
 		s += fmt.Sprintf("_w%d", c.Window)
+	}
+	if c.Warps > 0 {
+		s += fmt.Sprintf("_warps%d", c.Warps)
+	}
+	if c.Unroll > 0 {
+		s += fmt.Sprintf("_u%d", c.Unroll)
 	}
 	return s
 }

@@ -198,6 +198,47 @@ func TestAttentionDecodeSplit(t *testing.T) {
 	}
 }
 
+// TestAttentionDecodeWarps: blocks of other warp counts and steps of other load counts
+// (xmixc build --attn-warps, --attn-unroll) compute the same attention, split and not, and
+// their split plan counts a pass's positions and a wave's blocks by them.
+func TestAttentionDecodeWarps(t *testing.T) {
+	r := rand.New(rand.NewPCG(47, 48))
+	for _, base := range []AttnConfig{attnShapes[0], attnShapes[2]} {
+		base = scaled(base)
+		maxPos := base.BlockSize * base.MaxBlocksPerSeq
+		for _, wu := range [][2]int{{1, 1}, {8, 0}, {16, 0}, {0, 8}, {16, 2}} {
+			c := base
+			c.Warps, c.Unroll = wu[0], wu[1]
+			for _, split := range []bool{false, true} {
+				c.Split = split
+				t.Run(fmt.Sprintf("d%d_%s_w%d_u%d_split%v", c.HeadDim, c.KVDtype, c.Warps, c.Unroll, split), func(t *testing.T) {
+					k := must(t)(Attention("attn_warps_test", c))
+					if !strings.Contains(k.PTX, fmt.Sprintf(".maxntid %d", 32*c.warps())) {
+						t.Errorf("kernel not built for %d threads", 32*c.warps())
+					}
+					pos := []uint32{0, 37, uint32(maxPos - 1), uint32(maxPos / 3)}
+					seq := []uint32{0, 1, 2, 1}
+					splits, chunk := 1, 0
+					if split {
+						splits, chunk = 5, 48
+					}
+					newAttnCall(t, r, k, c, c.Launch(len(pos), splits), pos, seq, uint32(chunk), nil).check(t, 1e-5)
+				})
+			}
+		}
+	}
+	c := AttnConfig{Heads: 32, KVHeads: 8, HeadDim: 128, BlockSize: 16, MaxBlocksPerSeq: 512, KVDtype: ptx.BF16, Scale: 0.088, Split: true}
+	for _, wu := range [][4]int{{0, 0, 32, 4 * 132}, {16, 0, 128, 132}, {8, 8, 128, 2 * 132}} {
+		c.Warps, c.Unroll = wu[0], wu[1]
+		if p := c.splitPlan(8); p.Step != wu[2] || p.MinChunk != max(64, wu[2]) || p.WaveBlocks != wu[3] {
+			t.Errorf("warps %d unroll %d: plan %+v, want step %d, wave %d", wu[0], wu[1], *p, wu[2], wu[3])
+		}
+		if l := c.Launch(1, 8); l.Block[0] != 32*c.warps() {
+			t.Errorf("warps %d: block %v", wu[0], l.Block)
+		}
+	}
+}
+
 // TestAttentionDecodeReplay runs the split kernel twice on the same memory, as a replayed
 // graph does: the second run must find the counters reset and give the same z bit for bit.
 func TestAttentionDecodeReplay(t *testing.T) {
@@ -317,6 +358,12 @@ func TestAttentionRejects(t *testing.T) {
 		{"f16 cache", func(c *AttnConfig) { c.KVDtype = ptx.F16 }},
 		{"heads not a multiple", func(c *AttnConfig) { c.Heads = 3; c.KVHeads = 2 }},
 		{"block size 3", func(c *AttnConfig) { c.BlockSize = 3 }},
+		{"17 warps", func(c *AttnConfig) { c.Warps = MaxAttnWarps + 1 }},
+		{"negative warps", func(c *AttnConfig) { c.Warps = -1 }},
+		{"unroll 9", func(c *AttnConfig) { c.Unroll = MaxAttnUnroll + 1 }},
+		{"merge states past shared memory", func(c *AttnConfig) {
+			c.Heads, c.KVHeads, c.HeadDim, c.KVDtype, c.Warps = 16, 2, 256, ptx.BF16, MaxAttnWarps
+		}},
 	} {
 		cfg := ok
 		c.edit(&cfg)

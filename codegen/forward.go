@@ -24,7 +24,8 @@ type Options struct {
 	// and Unroll of the CUDA-core GEMVs of buckets of more than one row (0 or 1: one), and
 	// GemvRows gives the GEMVs of buckets under 8 rows their row count (GemmConfig.Rows);
 	// TCChunks and TCRing are GemmConfig.Unroll and Ring of the tensor-core GEMMs of buckets
-	// of up to 8 and of 9-32 rows (tcSettings).
+	// of up to 8 and of 9-32 rows (tcSettings); AttnWarps and AttnUnroll are AttnConfig.Warps
+	// and Unroll of the decode buckets' attention.
 	Build   bundle.BuildInfo
 	Weights bundle.WeightsRef
 	// Tokenizer is the tokenizer definition to embed (empty for a byte tokenizer).
@@ -64,6 +65,8 @@ type gen struct {
 	gemvRows bool   // GEMVs of buckets under gemmTile rows built for their rows (GemmConfig.Rows)
 	tcChunks [2]int // GemmConfig.Unroll of the tensor-core GEMMs of up to 8, of 9-32 rows
 	tcRing   bool   // GemmConfig.Ring of those
+	// attnWarps and attnUnroll are AttnConfig.Warps and Unroll of the decode buckets' attention.
+	attnWarps, attnUnroll int
 	// gemmTickets is GemmConfig.Tickets of every staged tensor-core GEMM (--gemm tc-staged).
 	gemmTickets int
 	order       []string
@@ -95,7 +98,10 @@ func Generate(p *passes.Program, opt Options) (*bundle.Bundle, error) {
 		return nil, fmt.Errorf("GEMV columns per warp %d: want 1 to %d", bi.GemvCols, MaxGemvCols)
 	case bi.GemvUnroll < 0 || bi.GemvUnroll > MaxGemvUnroll:
 		return nil, fmt.Errorf("GEMV unroll %d: want 1 to %d", bi.GemvUnroll, MaxGemvUnroll)
+	case bi.AttnWarps < 0 || bi.AttnWarps > MaxAttnWarps || bi.AttnUnroll < 0 || bi.AttnUnroll > MaxAttnUnroll:
+		return nil, fmt.Errorf("decode attention: %d warps a block, %d loads a step: want 1 to %d and 1 to %d", bi.AttnWarps, bi.AttnUnroll, MaxAttnWarps, MaxAttnUnroll)
 	}
+	g.attnWarps, g.attnUnroll = bi.AttnWarps, bi.AttnUnroll
 	g.prefetch, g.gemvCols, g.unroll, g.gemvRows = bi.Prefetch, bi.GemvCols, bi.GemvUnroll, bi.GemvRows
 	tc, err := tcChunks(bi.TCChunks)
 	if err != nil {
@@ -385,7 +391,7 @@ func (g *gen) declareBuffers() {
 	// each leaves its counters at zero. Decode buckets that split read the step's chunk.
 	ws := 0
 	for _, rows := range m.DecodeBuckets {
-		c := g.attnConfig(g.attn)
+		c := g.decodeAttnConfig(g.attn)
 		c.Split = true
 		ws = max(ws, c.SplitWorkspaceBytes(rows, g.attnSplits(rows)))
 	}

@@ -167,7 +167,7 @@ func (g *gen) template(gr *ir.Graph, name string, kind bundle.TemplateKind, rows
 	}
 	tmpl := bundle.Template{Name: name, Kind: kind, Tokens: rows, Samples: samples, Nodes: t.nodes}
 	if splits := g.attnSplits(rows); kind == bundle.Decode && splits > 1 {
-		tmpl.AttnSplit = g.attnConfig(g.attn).splitPlan(splits)
+		tmpl.AttnSplit = g.decodeAttnConfig(g.attn).splitPlan(splits)
 	}
 	return tmpl, nil
 }
@@ -495,6 +495,14 @@ func (g *gen) attnConfig(a ir.AttentionAttrs) AttnConfig {
 		MaxBlocksPerSeq: g.blocks, KVDtype: g.kvdt, Scale: a.Scale, Softcap: a.Softcap, Window: a.Window, EarlyLaunch: g.pdl}
 }
 
+// decodeAttnConfig is a decode bucket's attention kernel: the build's warps and loads a step
+// (BuildInfo.AttnWarps, AttnUnroll).
+func (g *gen) decodeAttnConfig(a ir.AttentionAttrs) AttnConfig {
+	c := g.attnConfig(a)
+	c.Warps, c.Unroll = g.attnWarps, g.attnUnroll
+	return c
+}
+
 // attention emits layer l's attention over the KV cache into z. A decode bucket runs the
 // flash-decoding kernel, its context split per step when the bucket's rows alone do not fill
 // the GPU (the host writes the step's chunk, bundle.AttnSplit). A prefill chunk runs the
@@ -504,6 +512,9 @@ func (g *gen) attnConfig(a ir.AttentionAttrs) AttnConfig {
 func (t *tb) attention(n *ir.Node) {
 	g := t.g
 	ac := g.attnConfig(n.Attrs.(ir.AttentionAttrs))
+	if t.kind == bundle.Decode {
+		ac = g.decodeAttnConfig(n.Attrs.(ir.AttentionAttrs))
+	}
 	base := fmt.Sprintf("attention_h%d_kv%d_d%d_%s", ac.Heads, ac.KVHeads, ac.HeadDim, g.kvdt) + AttnKernelSuffix(ac)
 	s := merge(kvSlots(n, n.In[0].Buffer), slots{"z": buf(n.Out[0].Buffer)})
 	decode := func(name string, c AttnConfig, splits int, s slots) {
@@ -689,4 +700,4 @@ func merge(a, b slots) slots {
 }
 
 // attnSplits is the grid z of a decode bucket's attention (1: no split).
-func (g *gen) attnSplits(rows int) int { return g.attnConfig(g.attn).DecodeSplits(rows) }
+func (g *gen) attnSplits(rows int) int { return g.decodeAttnConfig(g.attn).DecodeSplits(rows) }

@@ -57,6 +57,9 @@ type Options struct {
 	// GemvRows builds the CUDA-core GEMVs of buckets under 8 rows for their row count
 	// (bundle.BuildInfo.GemvRows).
 	GemvRows bool
+	// AttnWarps and AttnUnroll are the decode attention's warps per block and loads per warp
+	// step (bundle.BuildInfo.AttnWarps, AttnUnroll; 0: the defaults).
+	AttnWarps, AttnUnroll int
 	// TCChunks are the K chunks in flight of the tensor-core GEMMs of buckets of up to 8 and
 	// of 9-32 rows, TCRing whether they sit in a ring of registers (bundle.BuildInfo.TCChunks,
 	// TCRing; nil: codegen.DefaultTCChunks, recorded as nil).
@@ -210,7 +213,7 @@ func Build(modelPath string, appPaths []string, opt Options) (*bundle.Bundle, er
 	}
 	build := bundle.BuildInfo{Compiler: Compiler, Inputs: inputs, Fuse: p.Fused(), PDL: !opt.SerialLaunch, Prefetch: prefetch,
 		GemvCols: beyondOne(cmp.Or(opt.GemvCols, DefaultGemvCols)), GemvUnroll: beyondOne(cmp.Or(opt.GemvUnroll, DefaultGemvUnroll)),
-		GemvRows: opt.GemvRows, TCRing: opt.TCRing}
+		GemvRows: opt.GemvRows, TCRing: opt.TCRing, AttnWarps: opt.AttnWarps, AttnUnroll: opt.AttnUnroll}
 	if !slices.Equal(opt.TCChunks, codegen.DefaultTCChunks[:]) {
 		build.TCChunks = opt.TCChunks
 	}

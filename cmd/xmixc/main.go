@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -45,7 +46,7 @@ func buildCmd() *cobra.Command {
 	var embed, verify, quiet, pdl bool
 	var gemm, moe string
 	var fuse []string
-	var tp, vectorSlots, prefetch, gemvCols, gemvUnroll int
+	var tp, vectorSlots, prefetch, gemvCols, gemvUnroll, attnWarps, attnUnroll int
 	var tcChunks []int
 	var tcRing, gemvRows bool
 	c := &cobra.Command{
@@ -71,6 +72,12 @@ func buildCmd() *cobra.Command {
 			if prefetch < 0 {
 				return fmt.Errorf("--prefetch %d: want a byte count, or 0 for none", prefetch)
 			}
+			if attnWarps < 0 || attnWarps > codegen.MaxAttnWarps {
+				return fmt.Errorf("--attn-warps %d: want 1 to %d warps a block, or 0 for the default", attnWarps, codegen.MaxAttnWarps)
+			}
+			if attnUnroll < 0 || attnUnroll > codegen.MaxAttnUnroll {
+				return fmt.Errorf("--attn-unroll %d: want 1 to %d loads a step, or 0 for the default", attnUnroll, codegen.MaxAttnUnroll)
+			}
 			switch {
 			case tcRing && gemm == "tc-staged":
 				return fmt.Errorf("--tc-ring: the staged kernel (--gemm tc-staged) keeps its W stages in a ring already; leave --tc-ring out")
@@ -87,7 +94,7 @@ func buildCmd() *cobra.Command {
 					fmt.Fprintf(os.Stderr, "[%6.2fs] %s\n", time.Since(start).Seconds(), fmt.Sprintf(f, a...))
 				}
 			}
-			b, err := compile.Build(args[0], args[1:], compile.Options{EmbedWeights: embed, Verify: verify, Progress: progress, GEMM: gemm, MoE: moe, TP: tp, VectorSlots: vectorSlots, Fuse: fuse, SerialLaunch: !pdl, Prefetch: prefetchOption(prefetch), GemvCols: gemvCols, GemvUnroll: gemvUnroll, GemvRows: gemvRows, TCChunks: tcChunks, TCRing: tcRing})
+			b, err := compile.Build(args[0], args[1:], compile.Options{EmbedWeights: embed, Verify: verify, Progress: progress, GEMM: gemm, MoE: moe, TP: tp, VectorSlots: vectorSlots, Fuse: fuse, SerialLaunch: !pdl, Prefetch: prefetchOption(prefetch), GemvCols: gemvCols, GemvUnroll: gemvUnroll, GemvRows: gemvRows, TCChunks: tcChunks, TCRing: tcRing, AttnWarps: attnWarps, AttnUnroll: attnUnroll})
 			if err != nil {
 				return err
 			}
@@ -126,6 +133,8 @@ func buildCmd() *cobra.Command {
 	c.Flags().BoolVar(&gemvRows, "gemv-rows", false, "build each CUDA-core decode GEMV of a bucket under 8 rows for its row count, without the code of larger tiles (on Llama-3.1-8B 36 registers instead of 80 at batch 1, 54-62 instead of 94 at 2-4 rows: more warps per SM; same results bit for bit; for measuring)")
 	c.Flags().IntSliceVar(&tcChunks, "tc-chunks", codegen.DefaultTCChunks[:], fmt.Sprintf("K chunks (of 32) each K group of a bundle's tensor-core GEMM keeps in flight, in buckets of up to 8 rows and of 9-32 rows, 1 to %d each (the staged kernel of --gemm tc-staged: half as many stages of two chunks; more bytes in flight, more registers; same results bit for bit; for measuring)", codegen.MaxTCChunks))
 	c.Flags().BoolVar(&tcRing, "tc-ring", false, "keep those chunks in a ring of registers, each refilled as soon as it is multiplied, instead of loading a whole step ahead (half the weight registers; same results bit for bit; for measuring)")
+	c.Flags().IntVar(&attnWarps, "attn-warps", 0, fmt.Sprintf("warps per block of the decode buckets' attention, 1 to %d (0: the default, 4); more warps cover more positions in one pass, so a context needs fewer splits and merges (for measuring)", codegen.MaxAttnWarps))
+	c.Flags().IntVar(&attnUnroll, "attn-unroll", 0, fmt.Sprintf("position loads each warp of the decode attention issues before the first is used, 1 to %d (0: the default, 4 at head dim 128 bf16); more bytes in flight, more registers (for measuring)", codegen.MaxAttnUnroll))
 	return c
 }
 
@@ -303,6 +312,9 @@ func printBundle(w io.Writer, b *bundle.Bundle) {
 	if b.Manifest.Build.GemvRows {
 		fmt.Fprintf(w, "          GEMVs under 8 rows built for their bucket's rows\n")
 	}
+	if bi := b.Manifest.Build; bi.AttnWarps > 0 || bi.AttnUnroll > 0 {
+		fmt.Fprintf(w, "          decode attention: %s warps a block, %s loads a step\n", orDefault(bi.AttnWarps), orDefault(bi.AttnUnroll))
+	}
 	if bi := b.Manifest.Build; len(bi.TCChunks) > 0 || bi.TCRing {
 		loop := "a step ahead"
 		if bi.TCRing {
@@ -397,4 +409,12 @@ func ptxCmd() *cobra.Command {
 	}
 	c.Flags().StringVarP(&dir, "dir", "d", "ptx", "directory to write the kernels to")
 	return c
+}
+
+// orDefault prints a build count, 0 as "default".
+func orDefault(n int) string {
+	if n == 0 {
+		return "default"
+	}
+	return strconv.Itoa(n)
 }

@@ -168,6 +168,8 @@ func TestBuildGemvFlags(t *testing.T) {
 		{[]string{"--tc-ring"}, nil, true, "tensor-core GEMMs: 4 / 3 K chunks in flight in a ring"},
 		{[]string{"--tc-chunks", "2,2"}, []int{2, 2}, false, "tensor-core GEMMs: 2 / 2 K chunks in flight a step ahead"},
 		{[]string{"--gemv-rows"}, nil, false, "GEMVs under 8 rows built for their bucket's rows"},
+		{[]string{"--attn-warps", "16"}, nil, false, "decode attention: 16 warps a block, default loads a step"},
+		{[]string{"--attn-unroll", "8"}, nil, false, "decode attention: default warps a block, 8 loads a step"},
 	} {
 		out := filepath.Join(dir, "tc.xmb")
 		if _, err := xmixc(t, append([]string{"build", m, "-q", "-o", out}, c.flags...)...); err != nil {
@@ -181,6 +183,12 @@ func TestBuildGemvFlags(t *testing.T) {
 		if bi := b.Manifest.Build; !slices.Equal(bi.TCChunks, c.chunks) || bi.TCRing != c.ring || bi.GemvRows != gemvRows {
 			t.Fatalf("%v: build info chunks %v ring %v GEMV rows %v", c.flags, bi.TCChunks, bi.TCRing, bi.GemvRows)
 		}
+		attnWarps := slices.ContainsFunc(b.Kernels, func(k bundle.Kernel) bool {
+			return strings.HasPrefix(k.Name, "attention") && (strings.Contains(k.Name, "_warps16") || strings.Contains(k.Name, "_u8"))
+		})
+		if want := len(c.flags) > 0 && strings.HasPrefix(c.flags[0], "--attn"); attnWarps != want {
+			t.Fatalf("%v: decode attention kernels of other warps or loads %v", c.flags, attnWarps)
+		}
 		if bucketed := slices.ContainsFunc(b.Kernels, func(k bundle.Kernel) bool {
 			return strings.HasPrefix(k.Name, "gemm_k") && strings.Contains(k.Name, "_r1")
 		}); bucketed != gemvRows {
@@ -191,13 +199,15 @@ func TestBuildGemvFlags(t *testing.T) {
 			t.Fatalf("%v: ring kernels %v", c.flags, rings)
 		}
 		text, err := xmixc(t, "inspect", out)
-		if err != nil || c.text != "" && !strings.Contains(text, c.text) || c.text == "" && (strings.Contains(text, "tensor-core GEMMs:") || strings.Contains(text, "bucket's rows")) {
+		if err != nil || c.text != "" && !strings.Contains(text, c.text) || c.text == "" && (strings.Contains(text, "tensor-core GEMMs:") || strings.Contains(text, "bucket's rows") || strings.Contains(text, "decode attention:")) {
 			t.Fatalf("%v: inspect: %v; want %q in:\n%s", c.flags, err, c.text, text)
 		}
 	}
 	for _, c := range []struct{ flag, value, want string }{
 		{"--prefetch", "-1", "--prefetch -1: want a byte count"},
 		{"--gemv-cols", "0", "--gemv-cols 0: want 1 to 8"},
+		{"--attn-warps", "17", "--attn-warps 17: want 1 to 16 warps a block"},
+		{"--attn-unroll", "-1", "--attn-unroll -1: want 1 to 8 loads a step"},
 		{"--gemv-cols", "9", "--gemv-cols 9: want 1 to 8"},
 		{"--gemv-unroll", "0", "--gemv-unroll 0: want 1 to 8"},
 		{"--gemv-unroll", "9", "--gemv-unroll 9: want 1 to 8"},
