@@ -391,7 +391,7 @@ func (g *gen) declareBuffers() {
 	// each leaves its counters at zero. Decode buckets that split read the step's chunk.
 	ws := 0
 	for _, rows := range m.DecodeBuckets {
-		c := g.decodeAttnConfig(g.attn)
+		c := g.decodeAttnConfig(g.attn, rows)
 		c.Split = true
 		ws = max(ws, c.SplitWorkspaceBytes(rows, g.attnSplits(rows)))
 	}

@@ -1,6 +1,7 @@
 package codegen
 
 import (
+	"cmp"
 	"fmt"
 	"slices"
 	"strings"
@@ -167,7 +168,7 @@ func (g *gen) template(gr *ir.Graph, name string, kind bundle.TemplateKind, rows
 	}
 	tmpl := bundle.Template{Name: name, Kind: kind, Tokens: rows, Samples: samples, Nodes: t.nodes}
 	if splits := g.attnSplits(rows); kind == bundle.Decode && splits > 1 {
-		tmpl.AttnSplit = g.decodeAttnConfig(g.attn).splitPlan(splits)
+		tmpl.AttnSplit = g.decodeAttnConfig(g.attn, rows).splitPlan(splits)
 	}
 	return tmpl, nil
 }
@@ -495,11 +496,11 @@ func (g *gen) attnConfig(a ir.AttentionAttrs) AttnConfig {
 		MaxBlocksPerSeq: g.blocks, KVDtype: g.kvdt, Scale: a.Scale, Softcap: a.Softcap, Window: a.Window, EarlyLaunch: g.pdl}
 }
 
-// decodeAttnConfig is a decode bucket's attention kernel: the build's warps and loads a step
-// (BuildInfo.AttnWarps, AttnUnroll).
-func (g *gen) decodeAttnConfig(a ir.AttentionAttrs) AttnConfig {
+// decodeAttnConfig is the attention kernel of a decode bucket of rows rows: DecodeWarps(rows)
+// warps a block, or the build's (BuildInfo.AttnWarps), and the build's loads a step.
+func (g *gen) decodeAttnConfig(a ir.AttentionAttrs, rows int) AttnConfig {
 	c := g.attnConfig(a)
-	c.Warps, c.Unroll = g.attnWarps, g.attnUnroll
+	c.Warps, c.Unroll = cmp.Or(g.attnWarps, DecodeWarps(rows)), g.attnUnroll
 	return c
 }
 
@@ -513,7 +514,7 @@ func (t *tb) attention(n *ir.Node) {
 	g := t.g
 	ac := g.attnConfig(n.Attrs.(ir.AttentionAttrs))
 	if t.kind == bundle.Decode {
-		ac = g.decodeAttnConfig(n.Attrs.(ir.AttentionAttrs))
+		ac = g.decodeAttnConfig(n.Attrs.(ir.AttentionAttrs), t.rows)
 	}
 	base := fmt.Sprintf("attention_h%d_kv%d_d%d_%s", ac.Heads, ac.KVHeads, ac.HeadDim, g.kvdt) + AttnKernelSuffix(ac)
 	s := merge(kvSlots(n, n.In[0].Buffer), slots{"z": buf(n.Out[0].Buffer)})
@@ -700,4 +701,4 @@ func merge(a, b slots) slots {
 }
 
 // attnSplits is the grid z of a decode bucket's attention (1: no split).
-func (g *gen) attnSplits(rows int) int { return g.decodeAttnConfig(g.attn).DecodeSplits(rows) }
+func (g *gen) attnSplits(rows int) int { return g.decodeAttnConfig(g.attn, rows).DecodeSplits(rows) }
