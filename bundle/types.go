@@ -309,16 +309,10 @@ type BuildInfo struct {
 	// GemvUnroll: K chunks a lane of a CUDA-core GEMV of a bucket of 2-7 rows loads before it
 	// uses the first (xmixc build --gemv-unroll; 0 or 1: one).
 	GemvUnroll int `json:"gemv_unroll,omitempty"`
-	// GemvRows: the CUDA-core GEMVs of buckets under 8 rows are built for their bucket's row
-	// count (xmixc build --gemv-rows).
-	GemvRows bool `json:"gemv_rows,omitempty"`
 	// TCChunks: K chunks each K group of a tensor-core GEMM keeps in flight in buckets of up
 	// to 8 rows and of 9-32 rows (xmixc build --tc-chunks; empty: the measured defaults,
 	// codegen.DefaultTCChunks).
 	TCChunks []int `json:"tc_chunks,omitempty"`
-	// TCRing: those chunks sit in a ring of registers, each refilled as soon as it is
-	// multiplied, instead of a buffer loaded a whole step ahead (xmixc build --tc-ring).
-	TCRing bool `json:"tc_ring,omitempty"`
 	// AttnWarps and AttnUnroll: warps per block and position loads per warp step of the
 	// decode buckets' attention (xmixc build --attn-warps, --attn-unroll; 0: the defaults).
 	AttnWarps  int `json:"attn_warps,omitempty"`

@@ -21,11 +21,10 @@ type Options struct {
 	// app's own PTX, not the weight synthesiser, which runs outside the graphs) for
 	// programmatic dependent launch (earlyLaunch); with it, Prefetch is GemmConfig.Prefetch of
 	// every CUDA-core GEMV and tensor-core GEMM; GemvCols and GemvUnroll are GemmConfig.Cols
-	// and Unroll of the CUDA-core GEMVs of buckets of more than one row (0 or 1: one), and
-	// GemvRows gives the GEMVs of buckets under 8 rows their row count (GemmConfig.Rows);
-	// TCChunks and TCRing are GemmConfig.Unroll and Ring of the tensor-core GEMMs of buckets
-	// of up to 8 and of 9-32 rows (tcSettings); AttnWarps and AttnUnroll are AttnConfig.Warps
-	// and Unroll of the decode buckets' attention.
+	// and Unroll of the CUDA-core GEMVs of buckets of more than one row (0 or 1: one);
+	// TCChunks are GemmConfig.Unroll of the tensor-core GEMMs of buckets of up to 8 and of
+	// 9-32 rows (tcSettings); AttnWarps and AttnUnroll are AttnConfig.Warps and Unroll of
+	// the decode buckets' attention.
 	Build   bundle.BuildInfo
 	Weights bundle.WeightsRef
 	// Tokenizer is the tokenizer definition to embed (empty for a byte tokenizer).
@@ -62,9 +61,7 @@ type gen struct {
 	prefetch int    // GemmConfig.Prefetch of the CUDA-core GEMVs
 	gemvCols int    // GemmConfig.Cols of the plain GEMVs of more than one row
 	unroll   int    // GemmConfig.Unroll of the CUDA-core GEMVs of more than one row
-	gemvRows bool   // GEMVs of buckets under gemmTile rows built for their rows (GemmConfig.Rows)
 	tcChunks [2]int // GemmConfig.Unroll of the tensor-core GEMMs of up to 8, of 9-32 rows
-	tcRing   bool   // GemmConfig.Ring of those
 	// attnWarps and attnUnroll are AttnConfig.Warps and Unroll of the decode buckets' attention.
 	attnWarps, attnUnroll int
 	// gemmTickets is GemmConfig.Tickets of every staged tensor-core GEMM (--gemm tc-staged).
@@ -102,12 +99,12 @@ func Generate(p *passes.Program, opt Options) (*bundle.Bundle, error) {
 		return nil, fmt.Errorf("decode attention: %d warps a block, %d loads a step: want 1 to %d and 1 to %d", bi.AttnWarps, bi.AttnUnroll, MaxAttnWarps, MaxAttnUnroll)
 	}
 	g.attnWarps, g.attnUnroll = bi.AttnWarps, bi.AttnUnroll
-	g.prefetch, g.gemvCols, g.unroll, g.gemvRows = bi.Prefetch, bi.GemvCols, bi.GemvUnroll, bi.GemvRows
+	g.prefetch, g.gemvCols, g.unroll = bi.Prefetch, bi.GemvCols, bi.GemvUnroll
 	tc, err := tcChunks(bi.TCChunks)
 	if err != nil {
 		return nil, err
 	}
-	g.tcChunks, g.tcRing = tc, bi.TCRing
+	g.tcChunks = tc
 	g.readGraph()
 	switch opt.GEMM {
 	case "", "tc", "tc-staged", "cuda-core":

@@ -37,17 +37,12 @@ type GemmConfig struct {
 	// bits are the same; the op's attributes leave it out. In a tensor-core GEMM (GemmTC) it is
 	// the K chunks each K group takes per step (gemm_tc.go, "Loads in flight").
 	Unroll int
-	// Rows, when not 0, is the most rows a call has (its decode bucket): the tensor-core GEMM
-	// then keeps accumulators for only that many rows per pass over W, and a CUDA-core GEMV of
-	// fewer than gemmTile rows has code for tiles of at most that many rows, so the registers
-	// of the 8-row tile no longer bound its occupancy (local ptxas, Llama-3.1-8B: 36 registers
-	// instead of 80 at batch 1, 54-62 instead of 94 at 2-4 rows). More rows still work, in more passes. The bits are the
-	// same; the op's attributes leave it out.
+	// Rows, when not 0, is the most rows a call of a tensor-core GEMM has (its decode bucket):
+	// it then keeps accumulators for only that many rows per pass over W. More rows still work,
+	// in more passes. The bits are the same; the op's attributes leave it out. (CUDA-core
+	// GEMVs built so for buckets under gemmTile rows, 36 registers instead of 80 at batch 1 on
+	// Llama-3.1-8B, made the step 4-23% longer on the H200, session 13: fewer loads in flight.)
 	Rows int
-	// Ring makes a tensor-core GEMM keep its Unroll chunks in a ring of W registers, each
-	// refilled as soon as it is multiplied, instead of loading a whole step ahead
-	// (gemm_tc.go, ringLoop). The bits are the same; the op's attributes leave it out.
-	Ring bool
 	// Tickets is how many u32 ticket counters open a staged tensor-core GEMM's workspace
 	// (GemmTCStaged), the same for every staged GEMM of a bundle, at least StagedTickets of
 	// each (gemm_tc_staged.go, "Workspace"). It changes no result.
@@ -175,20 +170,16 @@ func (g *gemmGen) emit() {
 	r0 := g.imm32(0)
 	left := g.Reg(ptx.U32)
 	full := g.NewLabel("full_tiles")
-	maxTile := gemmTile
-	if c.Rows > 0 && c.Rows < gemmTile {
-		maxTile = c.Rows // a bucket's kernel: no code for larger tiles
-	}
 	g.Label(full)
 	g.Emit("sub.u32", left, rows, r0)
-	g.when(g.cmp("ge", ptx.U32, left, ptx.Imm(int64(maxTile))), false, func() {
-		g.tile(r0, maxTile)
+	g.when(g.cmp("ge", ptx.U32, left, ptx.Imm(int64(gemmTile))), false, func() {
+		g.tile(r0, gemmTile)
 		g.Emit("bra", ptx.Sym(full))
 	})
 	// The remaining rows (fewer than a tile) take one more pass over the weights, with
 	// code specialised to their count.
 	g.Emit("sub.u32", left, rows, r0)
-	for t := 1; t < maxTile; t++ {
+	for t := 1; t < gemmTile; t++ {
 		g.when(g.cmp("eq", ptx.U32, left, ptx.Imm(int64(t))), false, func() {
 			g.tile(r0, t)
 			g.Emit("bra", ptx.Sym(done))

@@ -46,10 +46,10 @@ import (
 // a quarter of what the H200's 4.25 TB/s needs at its memory latency: Llama-3.1-8B's gate/up
 // GEMM at 8 rows streamed W at 1.4 TB/s. Two blocks fit from 128 registers down. Every
 // accumulator still sums its chunks in the same order, so the bits depend on neither U nor
-// Rows. With GemmConfig.Ring (xmixc build --tc-ring) the U chunks sit in a ring of 8U W
-// registers instead of two buffers of 8U, each slot refilled with the chunk U*Wk further on
-// as soon as it is multiplied: at 4 chunks and 8 rows 94 registers instead of 126 (local
-// ptxas), so 6 chunks fit in 122. Not measured on the GPU yet (session 12 lost the device).
+// Rows. A ring of 8U W registers, each slot refilled with the chunk U*Wk further on as soon
+// as it was multiplied (94 registers instead of 126 at 4 chunks and 8 rows), made the step
+// 42-281% longer on the H200 at 8-32 rows (session 13): each chunk's x then loads right
+// before its multiply.
 // Built for early launch, a K group loads its first step's W before it waits for the grid
 // ahead (preloadWeights): -0.2% to -1.5% a step on the H200 under --gemm ptx (session 12).
 //
@@ -209,11 +209,7 @@ func (g *tcGen) mainLoop(r0 ptx.Reg, skip, valid []ptx.Reg) {
 		off := g.op3("shl.b32", ptx.U32, g.t, ptx.Imm(3)) // 8t
 		wl := g.byteAddr(wbase, off, 2)
 		xl := g.byteAddr(xbase, off, 4)
-		if c.Ring {
-			g.ringLoop(wl, xl, chunks, skip, valid)
-		} else {
-			g.stepLoop(wl, xl, chunks, skip, valid)
-		}
+		g.stepLoop(wl, xl, chunks, skip, valid)
 	}
 	if c.K%32 != 0 {
 		// The 16-wide tail goes to the K group next in the interleave.
@@ -259,26 +255,6 @@ func (g *tcGen) stepLoop(wl, xl ptx.Reg, chunks int, skip, valid []ptx.Reg) {
 		g.multiply(cs, 4, skip, valid)
 		for i := range cur {
 			g.Emit("mov.b32", cur[i], nxt[i])
-		}
-	})
-}
-
-// ringLoop is mainLoop's K loop with the K group's U chunks in a ring of W registers: slot i
-// holds chunk ch+i*Wk of the round at ch and is refilled with the next round's chunk as soon
-// as it is multiplied, so U chunks stay in flight with 8U registers of W (the step loop needs
-// 16U: this step's and the next's).
-func (g *tcGen) ringLoop(wl, xl ptx.Reg, chunks int, skip, valid []ptx.Reg) {
-	u, round := g.unroll, g.wk*g.unroll
-	slots := g.firstLoads(wl, chunks)
-	ch := g.Reg(ptx.U32)
-	g.forLoop(ch, g.kg, ptx.Imm(int64(chunks)), ptx.Imm(int64(round)), func() {
-		for i := range u {
-			ci := g.op3("add.u32", ptx.U32, ch, ptx.Imm(int64(i*g.wk)))
-			cs := []tcChunk{{w: slots[8*i : 8*i+8], ch: ci, ok: g.cmp("lt", ptx.U32, ci, ptx.Imm(int64(chunks)))}}
-			cs[0].xa = g.byteAddr(xl, ci, 128)
-			g.multiply(cs, 4, skip, valid)
-			next := g.op3("add.u32", ptx.U32, ci, ptx.Imm(int64(round)))
-			g.loadW(cs[0].w, g.cmp("lt", ptx.U32, next, ptx.Imm(int64(chunks))), wl, next, 4)
 		}
 	})
 }

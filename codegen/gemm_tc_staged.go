@@ -81,8 +81,9 @@ import (
 // Measured (session 2, before buckets and the ring: one stage in flight, two barriers a
 // stage): the 8B step at 8 / 32 / 128 rows took 9.88 / 14.75 / 43.0 ms against cuBLASLt's
 // 5.02 / 5.68 / 7.85 (testsuite/gpu/RESULTS.md, "GEMM servers side by side"). The bucket
-// kernels with the ring (session 12) are not measured yet: xmixc build --gemm tc-staged,
-// timed with xmix bench --gemm ptx (fuse_ab.sh variant staged). Local ptxas (sm_90): 79-94
+// kernels with the ring (session 12), timed in session 13 (fuse_ab.sh variant staged under
+// --gemm ptx): 6.03 / 7.18 / 10.35 ms at 8 / 16 / 32 rows against cuBLASLt's 4.80 / 4.82 /
+// 5.10, and the default tensor-core kernel's 4.87 / 6.92 / 11.53. Local ptxas (sm_90): 79-94
 // registers at 8-32 rows with the default chunks (two stages in flight, three blocks per SM),
 // 102-128 with --tc-chunks 8,6. The LM head's 2 GiB of x at 128 rows (as in GemmTC) wants
 // 256-column blocks next.

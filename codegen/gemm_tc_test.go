@@ -41,27 +41,22 @@ func TestGemmTCBucket(t *testing.T) {
 	r := rand.New(rand.NewPCG(25, 26))
 	for _, c := range []struct {
 		k, n, rows, bucket, unroll, wc int
-		ring                           bool
 	}{
-		{256, 16, 8, 8, 4, 1, false},  // 8 chunks over 8 K groups: one step, three of its chunks past K
-		{1024, 32, 5, 8, 4, 2, false}, // 32 chunks over 4 groups: two full steps
-		{1040, 16, 8, 8, 4, 1, false}, // 32 chunks and the 16-wide tail
-		{448, 48, 9, 16, 3, 1, false}, // 14 chunks over 8 groups: a partial step
-		{192, 16, 16, 16, 3, 8, false},
-		{320, 32, 20, 16, 2, 2, false}, // more rows than the bucket: two passes over W
-		{128, 16, 30, 32, 2, 1, false},
-		{96, 16, 3, 8, 1, 1, false}, // one chunk a step, tiles capped
-		// A ring of chunks (GemmConfig.Ring): rounds that K fills, leaves chunks over, does
-		// not fill once; 8 slots; the tail; two passes.
-		{1024, 32, 8, 8, 8, 2, true},   // 32 chunks over 4 groups: one full round of 8
-		{1024, 16, 6, 8, 6, 1, true},   // 32 chunks over 8 groups: 4 each, a round of 6 not filled
-		{2560, 16, 8, 8, 4, 1, true},   // 80 chunks over 8 groups: two rounds and a partial one
-		{1040, 48, 16, 16, 3, 1, true}, // the 16-wide tail
-		{320, 32, 20, 16, 5, 2, true},  // two passes over W: the second refills the ring
+		{256, 16, 8, 8, 4, 1},  // 8 chunks over 8 K groups: one step, three of its chunks past K
+		{1024, 32, 5, 8, 4, 2}, // 32 chunks over 4 groups: two full steps
+		{1040, 16, 8, 8, 4, 1}, // 32 chunks and the 16-wide tail
+		{448, 48, 9, 16, 3, 1}, // 14 chunks over 8 groups: a partial step
+		{192, 16, 16, 16, 3, 8},
+		{320, 32, 20, 16, 2, 2}, // more rows than the bucket: two passes over W
+		{128, 16, 30, 32, 2, 1},
+		{96, 16, 3, 8, 1, 1},    // one chunk a step, tiles capped
+		{1024, 32, 8, 8, 8, 2},  // 8 chunks a step: one full step per group
+		{2560, 16, 8, 8, 4, 1},  // 80 chunks over 8 groups: two steps and a partial one
+		{320, 32, 20, 16, 5, 2}, // 5 chunks a step, two passes over W
 	} {
 		one := GemmConfig{K: c.k, N: c.n, WDtype: ptx.BF16}
 		cfg := one
-		cfg.Rows, cfg.Unroll, cfg.Ring = c.bucket, c.unroll, c.ring
+		cfg.Rows, cfg.Unroll = c.bucket, c.unroll
 		k := must(t)(gemmTC("gemm_tc_test", cfg, c.wc))
 		base := must(t)(gemmTC("gemm_tc_test", one, c.wc))
 		l := one.LaunchTC(c.rows)
@@ -87,19 +82,17 @@ func TestGemmTCBucket(t *testing.T) {
 func TestTCSettings(t *testing.T) {
 	for _, c := range []struct {
 		chunks             [2]int
-		ring               bool
 		rows, want, unroll int
 		suffix             string
 	}{
-		{DefaultTCChunks, false, 8, 8, 4, "_r8u4"}, {DefaultTCChunks, false, 16, 16, 3, "_r16u3"}, {DefaultTCChunks, false, 32, 32, 3, "_r32u3"},
-		{DefaultTCChunks, false, 64, 64, 0, "_r64u1"}, {DefaultTCChunks, false, 128, 0, 0, ""}, {DefaultTCChunks, false, 512, 0, 0, ""},
-		// --tc-chunks 6,4 --tc-ring: the ring up to 32 rows, the kernel for any row count past 64.
-		{[2]int{6, 4}, true, 8, 8, 6, "_r8ring6"}, {[2]int{6, 4}, true, 9, 9, 4, "_r9ring4"}, {[2]int{6, 4}, true, 64, 64, 0, "_r64u1"}, {[2]int{6, 4}, true, 128, 0, 0, ""},
+		{DefaultTCChunks, 8, 8, 4, "_r8u4"}, {DefaultTCChunks, 16, 16, 3, "_r16u3"}, {DefaultTCChunks, 32, 32, 3, "_r32u3"},
+		{DefaultTCChunks, 64, 64, 0, "_r64u1"}, {DefaultTCChunks, 128, 0, 0, ""}, {DefaultTCChunks, 512, 0, 0, ""},
+		// --tc-chunks 6,4: up to 32 rows; the kernel for any row count past 64.
+		{[2]int{6, 4}, 8, 8, 6, "_r8u6"}, {[2]int{6, 4}, 9, 9, 4, "_r9u4"}, {[2]int{6, 4}, 64, 64, 0, "_r64u1"}, {[2]int{6, 4}, 128, 0, 0, ""},
 	} {
-		got := (&gen{prefetch: 512, tcChunks: c.chunks, tcRing: c.ring}).tcSettings(GemmConfig{K: 64, N: 16, WDtype: ptx.BF16}, c.rows)
-		ring := c.ring && c.unroll > 0
-		if got.Rows != c.want || got.Unroll != c.unroll || got.Ring != ring || tcSuffix(got) != c.suffix || got.Prefetch != 512 {
-			t.Errorf("%+v: Rows %d Unroll %d ring %v suffix %q", c, got.Rows, got.Unroll, got.Ring, tcSuffix(got))
+		got := (&gen{prefetch: 512, tcChunks: c.chunks}).tcSettings(GemmConfig{K: 64, N: 16, WDtype: ptx.BF16}, c.rows)
+		if got.Rows != c.want || got.Unroll != c.unroll || tcSuffix(got) != c.suffix || got.Prefetch != 512 {
+			t.Errorf("%+v: Rows %d Unroll %d suffix %q", c, got.Rows, got.Unroll, tcSuffix(got))
 		}
 	}
 	for _, bad := range [][]int{{4}, {4, 3, 2}, {0, 3}, {4, MaxTCChunks + 1}} {
@@ -121,19 +114,18 @@ func TestGemmTCPrefetch(t *testing.T) {
 		k, prefetch, rows, unroll int
 		first, rounds             int // lines the 8 K groups preload; prefetch rounds past them
 		guard                     uint32
-		ring                      bool
 	}{
-		{1024, 512, 8, 1, 4, 0, 0, false},      // 4 lines, all preloaded
-		{1024, 640, 9, 1, 4, 1, 0, false},      // 5 lines: one more, a partial round
-		{1024, 1 << 20, 3, 1, 4, 3, 0, false},  // past the 2048-byte row: its 12 lines past the preload
-		{1024, 1 << 20, 16, 2, 8, 2, 0, false}, // two chunks a step: 8 lines preloaded
-		{64, 512, 8, 2, 8, 0, 1 << 3, false},   // a 128-byte row, preloaded whole; guarded
-		{1024, 100, 8, 1, 4, 0, 1 << 3, false}, // no whole line: no prefetch, but the preload and the wait
-		{1024, 512, 40, 2, 8, 0, 0, false},     // three passes over W: only the first uses the preload
-		{1024, 1 << 20, 40, 4, 16, 0, 0, true}, // a ring of 4 preloaded (the whole row), three passes
-		{2048, 1 << 20, 9, 3, 12, 5, 0, true},  // a ring of 3: 12 of 32 lines preloaded
+		{1024, 512, 8, 1, 4, 0, 0},       // 4 lines, all preloaded
+		{1024, 640, 9, 1, 4, 1, 0},       // 5 lines: one more, a partial round
+		{1024, 1 << 20, 3, 1, 4, 3, 0},   // past the 2048-byte row: its 12 lines past the preload
+		{1024, 1 << 20, 16, 2, 8, 2, 0},  // two chunks a step: 8 lines preloaded
+		{64, 512, 8, 2, 8, 0, 1 << 3},    // a 128-byte row, preloaded whole; guarded
+		{1024, 100, 8, 1, 4, 0, 1 << 3},  // no whole line: no prefetch, but the preload and the wait
+		{1024, 512, 40, 2, 8, 0, 0},      // three passes over W: only the first uses the preload
+		{1024, 1 << 20, 40, 4, 16, 0, 0}, // 4 chunks preloaded (the whole row), three passes
+		{2048, 1 << 20, 9, 3, 12, 5, 0},  // 3 chunks: 12 of 32 lines preloaded
 	} {
-		plainCfg := GemmConfig{K: c.k, N: 32, WDtype: ptx.BF16, Guard: c.guard, Rows: 16, Unroll: c.unroll, Ring: c.ring}
+		plainCfg := GemmConfig{K: c.k, N: 32, WDtype: ptx.BF16, Guard: c.guard, Rows: 16, Unroll: c.unroll}
 		cfg := plainCfg
 		cfg.Prefetch = c.prefetch
 		plain, k := must(t)(GemmTC("gemm_tc_test", plainCfg)), must(t)(GemmTC("gemm_tc_test", cfg))

@@ -288,21 +288,14 @@ func (g *gen) gemvName(c GemmConfig) string {
 	if c.Unroll > 1 {
 		name += fmt.Sprintf("_u%d", c.Unroll)
 	}
-	if c.Rows > 0 {
-		name += fmt.Sprintf("_r%d", c.Rows)
-	}
 	return name
 }
 
 // gemvSettings is c, a CUDA-core GEMV over rows rows, with the build's GEMV settings: the
-// prefetch; with GemvRows, under gemmTile rows, the bucket's row count; from two rows, the
-// unroll, and for a plain GEMV (not a fused one, whose warps compute the column pairs of its
+// prefetch; from two rows, the unroll, and for a plain GEMV (not a fused one, whose warps compute the column pairs of its
 // epilogue) the columns per warp.
 func (g *gen) gemvSettings(c GemmConfig, rows int, plain bool) GemmConfig {
 	c.Prefetch = g.prefetch
-	if g.gemvRows && rows < gemmTile {
-		c.Rows = rows
-	}
 	if rows > 1 {
 		c.Unroll = g.unroll
 		if plain {
@@ -373,7 +366,7 @@ func (t *tb) gemmAt(label string, x, w, y bundle.Slot, c GemmConfig, rows int) {
 			// The staged kernel's W is a ring of stages already; its chunks in flight come
 			// from the same settings.
 			c = g.tcSettings(c, rows)
-			c.Ring, c.Tickets = false, g.gemmTickets
+			c.Tickets = g.gemmTickets
 			name := fmt.Sprintf("gemm_tcs_k%d_n%d%s%s", k, n, tcSuffix(c), guard)
 			kern, err := g.kernel(name, func() (*Kernel, error) { return GemmTCStaged(name, c) })
 			s["ws"] = buf("act.gemm_ws")
@@ -400,7 +393,7 @@ const tcBucketRows = 64
 // tcSettings gives a tensor-core GEMM over rows rows the build's weight prefetch, as every
 // decode GEMV has it, and, in a template of at most tcBucketRows rows, its row count and its
 // K chunks in flight (gemm_tc.go, "Loads in flight"): the build's TCChunks (by default
-// DefaultTCChunks) at up to 8 and at 9-32 rows, in a ring with TCRing; past 32 one.
+// DefaultTCChunks) at up to 8 and at 9-32 rows; past 32 one.
 func (g *gen) tcSettings(c GemmConfig, rows int) GemmConfig {
 	c.Prefetch = g.prefetch
 	if rows > tcBucketRows {
@@ -409,9 +402,9 @@ func (g *gen) tcSettings(c GemmConfig, rows int) GemmConfig {
 	c.Rows = rows
 	switch {
 	case rows <= 8:
-		c.Unroll, c.Ring = g.tcChunks[0], g.tcRing
+		c.Unroll = g.tcChunks[0]
 	case rows <= 32:
-		c.Unroll, c.Ring = g.tcChunks[1], g.tcRing
+		c.Unroll = g.tcChunks[1]
 	}
 	return c
 }
@@ -444,11 +437,8 @@ func tcChunks(n []int) ([2]int, error) {
 
 // tcSuffix names a tensor-core GEMM's bucket settings in its kernel's name.
 func tcSuffix(c GemmConfig) string {
-	switch {
-	case c.Rows == 0:
+	if c.Rows == 0 {
 		return ""
-	case c.Ring:
-		return fmt.Sprintf("_r%dring%d", c.Rows, max(1, c.Unroll))
 	}
 	return fmt.Sprintf("_r%du%d", c.Rows, max(1, c.Unroll))
 }

@@ -54,17 +54,12 @@ type Options struct {
 	// GemvUnroll is how many K chunks a lane of a CUDA-core GEMV of a bucket of 2-7 rows
 	// loads before it uses the first (bundle.BuildInfo.GemvUnroll; 0: DefaultGemvUnroll).
 	GemvUnroll int
-	// GemvRows builds the CUDA-core GEMVs of buckets under 8 rows for their row count
-	// (bundle.BuildInfo.GemvRows).
-	GemvRows bool
 	// AttnWarps and AttnUnroll are the decode attention's warps per block and loads per warp
 	// step (bundle.BuildInfo.AttnWarps, AttnUnroll; 0: the defaults).
 	AttnWarps, AttnUnroll int
 	// TCChunks are the K chunks in flight of the tensor-core GEMMs of buckets of up to 8 and
-	// of 9-32 rows, TCRing whether they sit in a ring of registers (bundle.BuildInfo.TCChunks,
-	// TCRing; nil: codegen.DefaultTCChunks, recorded as nil).
+	// of 9-32 rows (bundle.BuildInfo.TCChunks; nil: codegen.DefaultTCChunks, recorded as nil).
 	TCChunks []int
-	TCRing   bool
 }
 
 // DefaultGemvCols is Options.GemvCols's default, measured on the H200 (testsuite/gpu/GEMV_AB.md,
@@ -213,7 +208,7 @@ func Build(modelPath string, appPaths []string, opt Options) (*bundle.Bundle, er
 	}
 	build := bundle.BuildInfo{Compiler: Compiler, Inputs: inputs, Fuse: p.Fused(), PDL: !opt.SerialLaunch, Prefetch: prefetch,
 		GemvCols: beyondOne(cmp.Or(opt.GemvCols, DefaultGemvCols)), GemvUnroll: beyondOne(cmp.Or(opt.GemvUnroll, DefaultGemvUnroll)),
-		GemvRows: opt.GemvRows, TCRing: opt.TCRing, AttnWarps: opt.AttnWarps, AttnUnroll: opt.AttnUnroll}
+		AttnWarps: opt.AttnWarps, AttnUnroll: opt.AttnUnroll}
 	if !slices.Equal(opt.TCChunks, codegen.DefaultTCChunks[:]) {
 		build.TCChunks = opt.TCChunks
 	}

@@ -181,14 +181,6 @@ ops:
 		{"llama-staged", SmallModel, nil, []loader.Request{
 			{Prompt: []int{3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7}, MaxTokens: 4}, {Prompt: []int{2, 7, 1, 8, 2, 8, 1, 8, 2}, MaxTokens: 3}},
 			compile.Options{GEMM: "tc-staged", TCChunks: []int{8, 6}}},
-		// GEMVs built for their buckets' rows (--gemv-rows), fused ones too, at batch 1 and 2.
-		{"llama-gemv-rows", SmallModel, nil, []loader.Request{
-			{Prompt: []int{3, 1, 4, 1, 5, 9, 2, 6}, MaxTokens: 4}, {Prompt: []int{2, 7, 1}, MaxTokens: 6}},
-			compile.Options{Fuse: []string{"all"}, GemvRows: true}},
-		// The tensor-core GEMMs' chunks in a ring (--tc-ring --tc-chunks 6,4).
-		{"llama-tc-ring", SmallModel, nil, []loader.Request{
-			{Prompt: []int{3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7}, MaxTokens: 4}},
-			compile.Options{TCChunks: []int{6, 4}, TCRing: true}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			b := CompileWith(t, c.opt, c.spec, c.apps...)

@@ -48,7 +48,6 @@ func buildCmd() *cobra.Command {
 	var fuse []string
 	var tp, vectorSlots, prefetch, gemvCols, gemvUnroll, attnWarps, attnUnroll int
 	var tcChunks []int
-	var tcRing, gemvRows bool
 	c := &cobra.Command{
 		Use:   "build MODEL.yaml [APP.yaml...] -o OUT.xmb",
 		Short: "Compile specs into a bundle",
@@ -79,10 +78,8 @@ func buildCmd() *cobra.Command {
 				return fmt.Errorf("--attn-unroll %d: want 1 to %d loads a step, or 0 for the default", attnUnroll, codegen.MaxAttnUnroll)
 			}
 			switch {
-			case tcRing && gemm == "tc-staged":
-				return fmt.Errorf("--tc-ring: the staged kernel (--gemm tc-staged) keeps its W stages in a ring already; leave --tc-ring out")
-			case gemm == "cuda-core" && (tcRing || cmd.Flags().Changed("tc-chunks")):
-				return fmt.Errorf("--tc-chunks and --tc-ring set the tensor-core GEMMs, which --gemm cuda-core does not build; leave them out")
+			case gemm == "cuda-core" && cmd.Flags().Changed("tc-chunks"):
+				return fmt.Errorf("--tc-chunks sets the tensor-core GEMMs, which --gemm cuda-core does not build; leave it out")
 			}
 			if err := codegen.CheckTCChunks(tcChunks); err != nil {
 				return fmt.Errorf("--tc-chunks %s: %w (e.g. --tc-chunks %d,%d)",
@@ -94,7 +91,7 @@ func buildCmd() *cobra.Command {
 					fmt.Fprintf(os.Stderr, "[%6.2fs] %s\n", time.Since(start).Seconds(), fmt.Sprintf(f, a...))
 				}
 			}
-			b, err := compile.Build(args[0], args[1:], compile.Options{EmbedWeights: embed, Verify: verify, Progress: progress, GEMM: gemm, MoE: moe, TP: tp, VectorSlots: vectorSlots, Fuse: fuse, SerialLaunch: !pdl, Prefetch: prefetchOption(prefetch), GemvCols: gemvCols, GemvUnroll: gemvUnroll, GemvRows: gemvRows, TCChunks: tcChunks, TCRing: tcRing, AttnWarps: attnWarps, AttnUnroll: attnUnroll})
+			b, err := compile.Build(args[0], args[1:], compile.Options{EmbedWeights: embed, Verify: verify, Progress: progress, GEMM: gemm, MoE: moe, TP: tp, VectorSlots: vectorSlots, Fuse: fuse, SerialLaunch: !pdl, Prefetch: prefetchOption(prefetch), GemvCols: gemvCols, GemvUnroll: gemvUnroll, TCChunks: tcChunks, AttnWarps: attnWarps, AttnUnroll: attnUnroll})
 			if err != nil {
 				return err
 			}
@@ -130,9 +127,7 @@ func buildCmd() *cobra.Command {
 	c.Flags().IntVar(&prefetch, "prefetch", compile.DefaultPrefetch, "bytes of each weight row a decode GEMV or a bundle's tensor-core GEMM reads before it waits for the kernel ahead (with --pdl), so that its weights stream in while the small kernels ahead of it run: GEMVs ask L2 for them, tensor-core GEMMs load their first step into registers and ask L2 for the rest; 0: none (same results bit for bit)")
 	c.Flags().IntVar(&gemvCols, "gemv-cols", compile.DefaultGemvCols, "columns each warp of a CUDA-core decode GEMV computes in buckets of 2-7 rows, 1 to 8 (more columns share each x load; same results bit for bit)")
 	c.Flags().IntVar(&gemvUnroll, "gemv-unroll", compile.DefaultGemvUnroll, "K chunks each lane of a CUDA-core decode GEMV loads before it uses the first in buckets of 2-7 rows, 1 to 8 (more bytes in flight per warp; same results bit for bit)")
-	c.Flags().BoolVar(&gemvRows, "gemv-rows", false, "build each CUDA-core decode GEMV of a bucket under 8 rows for its row count, without the code of larger tiles (on Llama-3.1-8B 36 registers instead of 80 at batch 1, 54-62 instead of 94 at 2-4 rows: more warps per SM; same results bit for bit; for measuring)")
 	c.Flags().IntSliceVar(&tcChunks, "tc-chunks", codegen.DefaultTCChunks[:], fmt.Sprintf("K chunks (of 32) each K group of a bundle's tensor-core GEMM keeps in flight, in buckets of up to 8 rows and of 9-32 rows, 1 to %d each (the staged kernel of --gemm tc-staged: half as many stages of two chunks; more bytes in flight, more registers; same results bit for bit; for measuring)", codegen.MaxTCChunks))
-	c.Flags().BoolVar(&tcRing, "tc-ring", false, "keep those chunks in a ring of registers, each refilled as soon as it is multiplied, instead of loading a whole step ahead (half the weight registers; same results bit for bit; for measuring)")
 	c.Flags().IntVar(&attnWarps, "attn-warps", 0, fmt.Sprintf("warps per block of the decode buckets' attention, 1 to %d (0: the default, 8 in buckets of up to 32 rows, 4 past them); more warps cover more positions in one pass, so a context needs fewer splits and merges (for measuring)", codegen.MaxAttnWarps))
 	c.Flags().IntVar(&attnUnroll, "attn-unroll", 0, fmt.Sprintf("position loads each warp of the decode attention issues before the first is used, 1 to %d (0: the default, 4 at head dim 128 bf16); more bytes in flight, more registers (for measuring)", codegen.MaxAttnUnroll))
 	return c
@@ -309,22 +304,11 @@ func printBundle(w io.Writer, b *bundle.Bundle) {
 	if f := b.Manifest.Build.Fuse; len(f) > 0 {
 		fmt.Fprintf(w, "          fused: %s\n", strings.Join(f, ", "))
 	}
-	if b.Manifest.Build.GemvRows {
-		fmt.Fprintf(w, "          GEMVs under 8 rows built for their bucket's rows\n")
-	}
 	if bi := b.Manifest.Build; bi.AttnWarps > 0 || bi.AttnUnroll > 0 {
 		fmt.Fprintf(w, "          decode attention: %s warps a block, %s loads a step\n", orDefault(bi.AttnWarps), orDefault(bi.AttnUnroll))
 	}
-	if bi := b.Manifest.Build; len(bi.TCChunks) > 0 || bi.TCRing {
-		loop := "a step ahead"
-		if bi.TCRing {
-			loop = "in a ring"
-		}
-		chunks := bi.TCChunks
-		if len(chunks) == 0 {
-			chunks = codegen.DefaultTCChunks[:]
-		}
-		fmt.Fprintf(w, "          tensor-core GEMMs: %d / %d K chunks in flight %s at up to 8 / 9-32 rows\n", chunks[0], chunks[1], loop)
+	if c := b.Manifest.Build.TCChunks; len(c) > 0 {
+		fmt.Fprintf(w, "          tensor-core GEMMs: %d / %d K chunks in flight at up to 8 / 9-32 rows\n", c[0], c[1])
 	}
 	if bi := b.Manifest.Build; bi.PDL {
 		fmt.Fprintf(w, "          early launch; GEMVs and tensor-core GEMMs prefetch %d bytes of each weight row; GEMVs at 2-7 rows: %d columns per warp, K loop unrolled %dx\n",

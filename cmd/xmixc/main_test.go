@@ -129,10 +129,10 @@ func TestBuildIsDeterministic(t *testing.T) {
 }
 
 // TestBuildGemvFlags: --prefetch N goes into the build info (and only GEMVs change, as
-// testsuite's TestPrefetchBundle checks); 0 builds none; --tc-chunks and --tc-ring go into it
-// too, and inspect says what they are, but only where they differ from the defaults; a
-// negative size, a number of GEMV columns per warp or chunks outside 1-8, and a chunk list
-// that is not two counts, are refused.
+// testsuite's TestPrefetchBundle checks); 0 builds none; --tc-chunks, --attn-warps and
+// --attn-unroll go into it too, and inspect says what they are, but only where they differ
+// from the defaults; a negative size, GEMV columns per warp or chunks outside 1-8, a chunk
+// list that is not two counts, and warps or loads a step out of range are refused.
 func TestBuildGemvFlags(t *testing.T) {
 	dir := t.TempDir()
 	m := write(t, dir, "m.yaml", model)
@@ -159,17 +159,15 @@ func TestBuildGemvFlags(t *testing.T) {
 	for _, c := range []struct {
 		flags  []string
 		chunks []int
-		ring   bool
+		attn   string // a decode attention kernel's name has it; "" for the default kernels
 		text   string // inspect's line; "" where there should be none
 	}{
-		{nil, nil, false, ""},
-		{[]string{"--tc-chunks", "4,3"}, nil, false, ""},
-		{[]string{"--tc-chunks", "6,4", "--tc-ring"}, []int{6, 4}, true, "tensor-core GEMMs: 6 / 4 K chunks in flight in a ring at up to 8 / 9-32 rows"},
-		{[]string{"--tc-ring"}, nil, true, "tensor-core GEMMs: 4 / 3 K chunks in flight in a ring"},
-		{[]string{"--tc-chunks", "2,2"}, []int{2, 2}, false, "tensor-core GEMMs: 2 / 2 K chunks in flight a step ahead"},
-		{[]string{"--gemv-rows"}, nil, false, "GEMVs under 8 rows built for their bucket's rows"},
-		{[]string{"--attn-warps", "16"}, nil, false, "decode attention: 16 warps a block, default loads a step"},
-		{[]string{"--attn-unroll", "8"}, nil, false, "decode attention: default warps a block, 8 loads a step"},
+		{nil, nil, "", ""},
+		{[]string{"--tc-chunks", "4,3"}, nil, "", ""},
+		{[]string{"--tc-chunks", "6,4"}, []int{6, 4}, "", "tensor-core GEMMs: 6 / 4 K chunks in flight at up to 8 / 9-32 rows"},
+		{[]string{"--tc-chunks", "2,2"}, []int{2, 2}, "", "tensor-core GEMMs: 2 / 2 K chunks in flight"},
+		{[]string{"--attn-warps", "16"}, nil, "_warps16", "decode attention: 16 warps a block, default loads a step"},
+		{[]string{"--attn-unroll", "8"}, nil, "_u8", "decode attention: default warps a block, 8 loads a step"},
 	} {
 		out := filepath.Join(dir, "tc.xmb")
 		if _, err := xmixc(t, append([]string{"build", m, "-q", "-o", out}, c.flags...)...); err != nil {
@@ -179,27 +177,19 @@ func TestBuildGemvFlags(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		gemvRows := slices.Contains(c.flags, "--gemv-rows")
-		if bi := b.Manifest.Build; !slices.Equal(bi.TCChunks, c.chunks) || bi.TCRing != c.ring || bi.GemvRows != gemvRows {
-			t.Fatalf("%v: build info chunks %v ring %v GEMV rows %v", c.flags, bi.TCChunks, bi.TCRing, bi.GemvRows)
+		if bi := b.Manifest.Build; !slices.Equal(bi.TCChunks, c.chunks) {
+			t.Fatalf("%v: build info chunks %v", c.flags, bi.TCChunks)
 		}
-		attnWarps := slices.ContainsFunc(b.Kernels, func(k bundle.Kernel) bool {
-			return strings.HasPrefix(k.Name, "attention") && (strings.Contains(k.Name, "_warps16") || strings.Contains(k.Name, "_u8"))
-		})
-		if want := len(c.flags) > 0 && strings.HasPrefix(c.flags[0], "--attn"); attnWarps != want {
-			t.Fatalf("%v: decode attention kernels of other warps or loads %v", c.flags, attnWarps)
+		attnNamed := func(part string) bool {
+			return slices.ContainsFunc(b.Kernels, func(k bundle.Kernel) bool {
+				return strings.HasPrefix(k.Name, "attention") && strings.Contains(k.Name, part)
+			})
 		}
-		if bucketed := slices.ContainsFunc(b.Kernels, func(k bundle.Kernel) bool {
-			return strings.HasPrefix(k.Name, "gemm_k") && strings.Contains(k.Name, "_r1")
-		}); bucketed != gemvRows {
-			t.Fatalf("%v: batch-1 GEMV kernels built for their rows %v", c.flags, bucketed)
-		}
-		rings := slices.ContainsFunc(b.Kernels, func(k bundle.Kernel) bool { return strings.Contains(k.Name, "ring") })
-		if rings != c.ring {
-			t.Fatalf("%v: ring kernels %v", c.flags, rings)
+		if other := attnNamed("_warps16") || attnNamed("_u8"); other != (c.attn != "") || c.attn != "" && !attnNamed(c.attn) {
+			t.Fatalf("%v: decode attention kernels of other warps or loads %v, want %q", c.flags, other, c.attn)
 		}
 		text, err := xmixc(t, "inspect", out)
-		if err != nil || c.text != "" && !strings.Contains(text, c.text) || c.text == "" && (strings.Contains(text, "tensor-core GEMMs:") || strings.Contains(text, "bucket's rows") || strings.Contains(text, "decode attention:")) {
+		if err != nil || c.text != "" && !strings.Contains(text, c.text) || c.text == "" && (strings.Contains(text, "tensor-core GEMMs:") || strings.Contains(text, "decode attention:")) {
 			t.Fatalf("%v: inspect: %v; want %q in:\n%s", c.flags, err, c.text, text)
 		}
 	}
@@ -229,9 +219,7 @@ func TestBuildGemvFlags(t *testing.T) {
 		flags []string
 		want  string
 	}{
-		{[]string{"--gemm", "tc-staged", "--tc-ring"}, "keeps its W stages in a ring already; leave --tc-ring out"},
 		{[]string{"--gemm", "cuda-core", "--tc-chunks", "4,3"}, "which --gemm cuda-core does not build"},
-		{[]string{"--gemm", "cuda-core", "--tc-ring"}, "which --gemm cuda-core does not build"},
 	} {
 		_, err := xmixc(t, append([]string{"build", m, "-q", "-o", filepath.Join(dir, "bad.xmb")}, c.flags...)...)
 		if err == nil || !strings.Contains(err.Error(), c.want) {

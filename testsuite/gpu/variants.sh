@@ -1,12 +1,12 @@
 # variant_flags VARIANT (sourced by fuse_ab.sh and online_ab.sh): a build variant's xmixc build
 # flags: default and cublaslt (none; fuse_ab.sh times cublaslt with --gemm auto), serial
 # (--fuse none --pdl=false: the kernels as they ran before either), FUSE+serial (--fuse FUSE
-# --pdl=false), pfN (--prefetch N), gcN (--gemv-cols N), guN (--gemv-unroll N), gr
-# (--gemv-rows), awN (--attn-warps N), auN (--attn-unroll N), tcA-B (--tc-chunks A,B), tcrA-B
-# (--tc-ring --tc-chunks A,B), staged (--gemm tc-staged: time it with BENCH_GEMM=ptx;
-# staged,tc8-6 with more in flight), s7 (the session-7 defaults: no prefetch, one GEMV column
-# per warp, one K chunk a step), A,B,... (the flags of each, e.g. pf0,gate-act), seqsN (no
-# flags: a spec, see variant_spec), else --fuse VARIANT (none: no fusion).
+# --pdl=false), pfN (--prefetch N), gcN (--gemv-cols N), guN (--gemv-unroll N), awN
+# (--attn-warps N), auN (--attn-unroll N), tcA-B (--tc-chunks A,B), staged (--gemm tc-staged:
+# time it with BENCH_GEMM=ptx; staged,tc8-6 with more in flight), s7 (the session-7 defaults:
+# no prefetch, one GEMV column per warp, one K chunk a step), A,B,... (the flags of each, e.g.
+# pf0,gate-act), seqsN (no flags: a spec, see variant_spec), else --fuse VARIANT (none: no
+# fusion).
 variant_flags() {
   case "$1" in
     *,*) local part
@@ -18,9 +18,7 @@ variant_flags() {
     gc[0-9]*) echo --gemv-cols "${1#gc}" ;;
     gu[0-9]*) echo --gemv-unroll "${1#gu}" ;;
     tc[0-9]*-[0-9]*) local n=${1#tc}; echo --tc-chunks "${n/-/,}" ;;
-    tcr[0-9]*-[0-9]*) local n=${1#tcr}; echo --tc-ring --tc-chunks "${n/-/,}" ;;
     staged) echo --gemm tc-staged ;;
-    gr) echo --gemv-rows ;;
     aw[0-9]*) echo --attn-warps "${1#aw}" ;;
     au[0-9]*) echo --attn-unroll "${1#au}" ;;
     seqs[0-9]*) ;;
