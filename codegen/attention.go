@@ -68,10 +68,10 @@ type AttnConfig struct {
 	Softcap float32
 	Window  int
 	// Warps, when not 0, is the warps per block (adWarps when 0; a decode bucket's by default
-	// DecodeWarps), Unroll the position loads of
-	// a warp's step (adGeom.unroll when 0): more of either covers more positions in one pass of
-	// a block (a split's fixed cost, its start and merge, then serves more of them). Both change
-	// only the order of the sums, not what is summed (xmixc build --attn-warps, --attn-unroll).
+	// DecodeWarps), Unroll the position loads of a warp's step (adGeom.unroll when 0): more of
+	// either covers more positions in one pass of a block (a split's fixed cost, its start and
+	// merge, then serves more of them). Both change only the order of the sums, not what is
+	// summed (xmixc build --attn-warps, --attn-unroll).
 	Warps, Unroll int
 	// EarlyLaunch: the kernel is built for programmatic dependent launch (BuildInfo.PDL) and
 	// waits for the grid ahead itself (bundle.PriorGridWait), once it has read the control
@@ -80,7 +80,8 @@ type AttnConfig struct {
 }
 
 const (
-	// Warps per block. Two warps (8 blocks per SM, so that batch 128's 1024 blocks at short
+	// Warps per block, unless set (AttnConfig.Warps; decode buckets of up to adWideRows rows:
+	// 8, DecodeWarps). Two warps (8 blocks per SM, so that batch 128's 1024 blocks at short
 	// contexts run in one wave) measured the same as four on the H200 (Llama-3.1-8B, batch
 	// 128, 48 positions: 0.691 vs 0.663 ms of attention per step, on runs 2-4% apart).
 	adWarps = 4
@@ -111,18 +112,33 @@ const (
 // warps is the kernel's warps per block.
 func (c AttnConfig) warps() int { return cmp.Or(c.Warps, adWarps) }
 
-// DecodeWarps is the warps per block of a decode bucket's attention of rows rows: 8 up to
-// adWideRows rows, adWarps past them. A bucket of few rows has few blocks even split, and a
-// wider block covers twice the positions in one pass, so a context takes fewer splits and the
-// cross-block merge less often; past it the grid fills the GPU anyway and narrower blocks
-// pack the SMs better. On the H200 (session 13, graph replay per decode step, 8 against 4
-// warps): 1-4.5% shorter steps at 1-32 rows and contexts 80-2112 on Llama-3.1-8B and -3.2-1B
-// (none longer by more than 0.7%), 0-6.6% longer at 128 rows.
-func DecodeWarps(rows int) int {
-	if rows <= adWideRows {
-		return 8
+// DecodeWarps is the warps per block of c's attention in a decode bucket of rows rows: 8 up
+// to adWideRows rows (where their merge states fit in shared memory), adWarps past them. A
+// bucket of few rows has few blocks even split, and a wider block covers twice the positions
+// in one pass, so a context takes fewer splits and the cross-block merge less often; past it
+// the grid fills the GPU anyway and narrower blocks pack the SMs better. On the H200 (session
+// 13, graph replay per decode step, 8 against 4 warps): steps up to 4.5% shorter at 1-32 rows
+// and contexts 80-2112 on Llama-3.1-8B and -3.2-1B (none longer by more than 1.0%), 0-6.6%
+// longer at 128 rows.
+func (c AttnConfig) DecodeWarps(rows int) int {
+	wide := c
+	wide.Warps = 8
+	if rows <= adWideRows && wide.sharedBytes() <= adMaxShared {
+		return wide.Warps
 	}
 	return adWarps
+}
+
+// sharedBytes is the static shared memory of c's decode kernel: the staged block-table
+// entries, every warp's merge state per head (m, l and HeadDim sums), and with splits the
+// combine's ticket, split weights and inverse sums.
+func (c AttnConfig) sharedBytes() int {
+	hpb := c.geom().hpb
+	n := 4 * (min(c.MaxBlocksPerSeq, adTableCap) + c.warps()*hpb*(c.HeadDim+2))
+	if c.Split {
+		n += 4 * (1 + hpb*(AttnMaxSplits+1))
+	}
+	return n
 }
 
 // adGeom is the lane layout of the decode kernel for one shape.
@@ -205,8 +221,8 @@ func checkAttn(c AttnConfig) (ops.KVAttrs, error) {
 	if c.Warps < 0 || c.Warps > MaxAttnWarps || c.Unroll < 0 || c.Unroll > MaxAttnUnroll {
 		return attrs, fmt.Errorf("%d warps a block, %d loads a step: want 0 (the default) to %d and to %d", c.Warps, c.Unroll, MaxAttnWarps, MaxAttnUnroll)
 	}
-	if geo := c.geom(); c.warps()*geo.hpb*(c.HeadDim+2)*4+min(c.MaxBlocksPerSeq, adTableCap)*4+geo.hpb*(AttnMaxSplits+1)*4 > adMaxShared {
-		return attrs, fmt.Errorf("%d warps a block of %d heads of dim %d: their merge states pass %d bytes of shared memory; use fewer warps", c.warps(), geo.hpb, c.HeadDim, adMaxShared)
+	if n := c.sharedBytes(); n > adMaxShared {
+		return attrs, fmt.Errorf("%d warps a block of %d heads of dim %d: %d bytes of shared memory, past %d; use fewer warps", c.warps(), c.geom().hpb, c.HeadDim, n, adMaxShared)
 	}
 	if !(c.Scale > 0) || math.IsInf(float64(c.Scale), 0) {
 		return attrs, fmt.Errorf("scale %g: want positive and finite", c.Scale)

@@ -216,6 +216,9 @@ func TestAttentionDecodeWarps(t *testing.T) {
 					if !strings.Contains(k.PTX, fmt.Sprintf(".maxntid %d", 32*c.warps())) {
 						t.Errorf("kernel not built for %d threads", 32*c.warps())
 					}
+					if shared := sharedBytes(t, k); shared != c.sharedBytes() || shared > adMaxShared {
+						t.Errorf("%d bytes of static shared memory (sharedBytes %d, at most %d)", shared, c.sharedBytes(), adMaxShared)
+					}
 					pos := []uint32{0, 37, uint32(maxPos - 1), uint32(maxPos / 3)}
 					seq := []uint32{0, 1, 2, 1}
 					splits, chunk := 1, 0
@@ -236,6 +239,42 @@ func TestAttentionDecodeWarps(t *testing.T) {
 		if l := c.Launch(1, 8); l.Block[0] != 32*c.warps() {
 			t.Errorf("warps %d: block %v", wu[0], l.Block)
 		}
+	}
+}
+
+// sharedBytes is the static shared memory k declares.
+func sharedBytes(t *testing.T, k *Kernel) int {
+	t.Helper()
+	mod, err := ptx.Parse(k.PTX)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, s := range mod.Kernels[0].Shared {
+		n += s.Len * s.T.Bytes()
+	}
+	return n
+}
+
+// TestDecodeWarps: decode buckets of up to 32 rows get 8 warps where their merge states fit
+// in shared memory, larger ones 4.
+func TestDecodeWarps(t *testing.T) {
+	llama := AttnConfig{Heads: 32, KVHeads: 8, HeadDim: 128, BlockSize: 16, MaxBlocksPerSeq: 512, KVDtype: ptx.BF16, Scale: 0.088, Split: true}
+	wide := AttnConfig{Heads: 16, KVHeads: 2, HeadDim: 256, BlockSize: 16, MaxBlocksPerSeq: 512, KVDtype: ptx.BF16, Scale: 0.0625, Split: true}
+	for _, c := range []struct {
+		cfg        AttnConfig
+		rows, want int
+	}{{llama, 1, 8}, {llama, 32, 8}, {llama, 64, 4}, {llama, 128, 4}, {wide, 1, 4}, {wide, 128, 4}} {
+		if got := c.cfg.DecodeWarps(c.rows); got != c.want {
+			t.Errorf("h%d kv%d d%d, %d rows: %d warps, want %d", c.cfg.Heads, c.cfg.KVHeads, c.cfg.HeadDim, c.rows, got, c.want)
+		}
+		cfg := c.cfg
+		cfg.Warps = c.want
+		must(t)(Attention("a", cfg))
+	}
+	wide.Warps = 8
+	if _, err := Attention("a", wide); err == nil || !strings.Contains(err.Error(), "past 49152; use fewer warps") {
+		t.Errorf("8 warps of 8 heads of dim 256: %v", err)
 	}
 }
 
@@ -321,16 +360,8 @@ func TestAttentionPublic(t *testing.T) {
 		if got := strings.Join(paramNames(k), ","); got != want {
 			t.Errorf("params %s", got)
 		}
-		mod, err := ptx.Parse(k.PTX)
-		if err != nil {
-			t.Fatal(err)
-		}
-		shared := 0
-		for _, s := range mod.Kernels[0].Shared {
-			shared += s.Len * s.T.Bytes()
-		}
-		if shared > 48<<10 {
-			t.Errorf("%+v: %d bytes of static shared memory", c.cfg, shared)
+		if shared := sharedBytes(t, k); shared != c.cfg.sharedBytes() || shared > 48<<10 {
+			t.Errorf("%+v: %d bytes of static shared memory (sharedBytes %d)", c.cfg, shared, c.cfg.sharedBytes())
 		}
 	}
 	// Splits per decode bucket on Llama-3.1-8B: the GPU filled, never past the grid bound.

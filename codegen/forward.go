@@ -96,7 +96,7 @@ func Generate(p *passes.Program, opt Options) (*bundle.Bundle, error) {
 	case bi.GemvUnroll < 0 || bi.GemvUnroll > MaxGemvUnroll:
 		return nil, fmt.Errorf("GEMV unroll %d: want 1 to %d", bi.GemvUnroll, MaxGemvUnroll)
 	case bi.AttnWarps < 0 || bi.AttnWarps > MaxAttnWarps || bi.AttnUnroll < 0 || bi.AttnUnroll > MaxAttnUnroll:
-		return nil, fmt.Errorf("decode attention: %d warps a block, %d loads a step: want 1 to %d and 1 to %d", bi.AttnWarps, bi.AttnUnroll, MaxAttnWarps, MaxAttnUnroll)
+		return nil, fmt.Errorf("decode attention: %d warps a block, %d loads a step: want 0 (the default) or 1 to %d and 1 to %d", bi.AttnWarps, bi.AttnUnroll, MaxAttnWarps, MaxAttnUnroll)
 	}
 	g.attnWarps, g.attnUnroll = bi.AttnWarps, bi.AttnUnroll
 	g.prefetch, g.gemvCols, g.unroll = bi.Prefetch, bi.GemvCols, bi.GemvUnroll

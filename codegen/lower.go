@@ -486,11 +486,11 @@ func (g *gen) attnConfig(a ir.AttentionAttrs) AttnConfig {
 		MaxBlocksPerSeq: g.blocks, KVDtype: g.kvdt, Scale: a.Scale, Softcap: a.Softcap, Window: a.Window, EarlyLaunch: g.pdl}
 }
 
-// decodeAttnConfig is the attention kernel of a decode bucket of rows rows: DecodeWarps(rows)
-// warps a block, or the build's (BuildInfo.AttnWarps), and the build's loads a step.
+// decodeAttnConfig is the attention kernel of a decode bucket of rows rows: the build's
+// warps a block (BuildInfo.AttnWarps), else DecodeWarps(rows), and the build's loads a step.
 func (g *gen) decodeAttnConfig(a ir.AttentionAttrs, rows int) AttnConfig {
 	c := g.attnConfig(a)
-	c.Warps, c.Unroll = cmp.Or(g.attnWarps, DecodeWarps(rows)), g.attnUnroll
+	c.Warps, c.Unroll = cmp.Or(g.attnWarps, c.DecodeWarps(rows)), g.attnUnroll
 	return c
 }
 
