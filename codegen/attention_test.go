@@ -216,7 +216,7 @@ func TestAttentionDecodeWarps(t *testing.T) {
 					if !strings.Contains(k.PTX, fmt.Sprintf(".maxntid %d", 32*c.warps())) {
 						t.Errorf("kernel not built for %d threads", 32*c.warps())
 					}
-					if shared := sharedBytes(t, k); shared != c.sharedBytes() || shared > adMaxShared {
+					if shared := staticShared(t, k); shared != c.sharedBytes() || shared > adMaxShared {
 						t.Errorf("%d bytes of static shared memory (sharedBytes %d, at most %d)", shared, c.sharedBytes(), adMaxShared)
 					}
 					pos := []uint32{0, 37, uint32(maxPos - 1), uint32(maxPos / 3)}
@@ -240,20 +240,6 @@ func TestAttentionDecodeWarps(t *testing.T) {
 			t.Errorf("warps %d: block %v", wu[0], l.Block)
 		}
 	}
-}
-
-// sharedBytes is the static shared memory k declares.
-func sharedBytes(t *testing.T, k *Kernel) int {
-	t.Helper()
-	mod, err := ptx.Parse(k.PTX)
-	if err != nil {
-		t.Fatal(err)
-	}
-	n := 0
-	for _, s := range mod.Kernels[0].Shared {
-		n += s.Len * s.T.Bytes()
-	}
-	return n
 }
 
 // TestDecodeWarps: decode buckets of up to 32 rows get 8 warps where their merge states fit
@@ -360,7 +346,7 @@ func TestAttentionPublic(t *testing.T) {
 		if got := strings.Join(paramNames(k), ","); got != want {
 			t.Errorf("params %s", got)
 		}
-		if shared := sharedBytes(t, k); shared != c.cfg.sharedBytes() || shared > 48<<10 {
+		if shared := staticShared(t, k); shared != c.cfg.sharedBytes() || shared > adMaxShared {
 			t.Errorf("%+v: %d bytes of static shared memory (sharedBytes %d)", c.cfg, shared, c.cfg.sharedBytes())
 		}
 	}
