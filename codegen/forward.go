@@ -388,7 +388,7 @@ func (g *gen) declareBuffers() {
 	// each leaves its counters at zero. Decode buckets that split read the step's chunk.
 	ws := 0
 	for _, rows := range m.DecodeBuckets {
-		c := g.decodeAttnConfig(g.attn, rows)
+		c := g.attnConfig(g.attn)
 		c.Split = true
 		ws = max(ws, c.SplitWorkspaceBytes(rows, g.attnSplits(rows)))
 	}

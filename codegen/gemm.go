@@ -172,7 +172,7 @@ func (g *gemmGen) emit() {
 	full := g.NewLabel("full_tiles")
 	g.Label(full)
 	g.Emit("sub.u32", left, rows, r0)
-	g.when(g.cmp("ge", ptx.U32, left, ptx.Imm(int64(gemmTile))), false, func() {
+	g.when(g.cmp("ge", ptx.U32, left, ptx.Imm(gemmTile)), false, func() {
 		g.tile(r0, gemmTile)
 		g.Emit("bra", ptx.Sym(full))
 	})

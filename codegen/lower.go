@@ -168,7 +168,7 @@ func (g *gen) template(gr *ir.Graph, name string, kind bundle.TemplateKind, rows
 	}
 	tmpl := bundle.Template{Name: name, Kind: kind, Tokens: rows, Samples: samples, Nodes: t.nodes}
 	if splits := g.attnSplits(rows); kind == bundle.Decode && splits > 1 {
-		tmpl.AttnSplit = g.decodeAttnConfig(g.attn, rows).splitPlan(splits)
+		tmpl.AttnSplit = g.decodeAttn(g.attnConfig(g.attn), rows).splitPlan(splits)
 	}
 	return tmpl, nil
 }
@@ -292,8 +292,8 @@ func (g *gen) gemvName(c GemmConfig) string {
 }
 
 // gemvSettings is c, a CUDA-core GEMV over rows rows, with the build's GEMV settings: the
-// prefetch; from two rows, the unroll, and for a plain GEMV (not a fused one, whose warps compute the column pairs of its
-// epilogue) the columns per warp.
+// prefetch; from two rows, the unroll, and for a plain GEMV (not a fused one, whose warps
+// compute the column pairs of its epilogue) the columns per warp.
 func (g *gen) gemvSettings(c GemmConfig, rows int, plain bool) GemmConfig {
 	c.Prefetch = g.prefetch
 	if rows > 1 {
@@ -486,10 +486,10 @@ func (g *gen) attnConfig(a ir.AttentionAttrs) AttnConfig {
 		MaxBlocksPerSeq: g.blocks, KVDtype: g.kvdt, Scale: a.Scale, Softcap: a.Softcap, Window: a.Window, EarlyLaunch: g.pdl}
 }
 
-// decodeAttnConfig is the attention kernel of a decode bucket of rows rows: the build's
-// warps a block (BuildInfo.AttnWarps), else DecodeWarps(rows), and the build's loads a step.
-func (g *gen) decodeAttnConfig(a ir.AttentionAttrs, rows int) AttnConfig {
-	c := g.attnConfig(a)
+// decodeAttn is attention kernel c in a decode bucket of rows rows: the build's warps a block
+// (BuildInfo.AttnWarps), else DecodeWarps(rows), and the build's loads a step. Only the
+// kernel and its split plan change with them, not the split count or the workspace.
+func (g *gen) decodeAttn(c AttnConfig, rows int) AttnConfig {
 	c.Warps, c.Unroll = cmp.Or(g.attnWarps, c.DecodeWarps(rows)), g.attnUnroll
 	return c
 }
@@ -504,7 +504,7 @@ func (t *tb) attention(n *ir.Node) {
 	g := t.g
 	ac := g.attnConfig(n.Attrs.(ir.AttentionAttrs))
 	if t.kind == bundle.Decode {
-		ac = g.decodeAttnConfig(n.Attrs.(ir.AttentionAttrs), t.rows)
+		ac = g.decodeAttn(ac, t.rows)
 	}
 	base := fmt.Sprintf("attention_h%d_kv%d_d%d_%s", ac.Heads, ac.KVHeads, ac.HeadDim, g.kvdt) + AttnKernelSuffix(ac)
 	s := merge(kvSlots(n, n.In[0].Buffer), slots{"z": buf(n.Out[0].Buffer)})
@@ -691,4 +691,4 @@ func merge(a, b slots) slots {
 }
 
 // attnSplits is the grid z of a decode bucket's attention (1: no split).
-func (g *gen) attnSplits(rows int) int { return g.decodeAttnConfig(g.attn, rows).DecodeSplits(rows) }
+func (g *gen) attnSplits(rows int) int { return g.attnConfig(g.attn).DecodeSplits(rows) }
