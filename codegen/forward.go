@@ -61,6 +61,7 @@ type gen struct {
 	prefetch int    // GemmConfig.Prefetch of the CUDA-core GEMVs
 	gemvCols int    // GemmConfig.Cols of the plain GEMVs of more than one row
 	unroll   int    // GemmConfig.Unroll of the CUDA-core GEMVs of more than one row
+	split    int    // the most warps a CUDA-core GEMV splits a column's K over (splitFor)
 	tcChunks [2]int // GemmConfig.Unroll of the tensor-core GEMMs of up to 8, of 9-32 rows
 	// attnWarps and attnUnroll are AttnConfig.Warps and Unroll of the decode buckets' attention.
 	attnWarps, attnUnroll int
@@ -95,11 +96,13 @@ func Generate(p *passes.Program, opt Options) (*bundle.Bundle, error) {
 		return nil, fmt.Errorf("GEMV columns per warp %d: want 1 to %d", bi.GemvCols, MaxGemvCols)
 	case bi.GemvUnroll < 0 || bi.GemvUnroll > MaxGemvUnroll:
 		return nil, fmt.Errorf("GEMV unroll %d: want 1 to %d", bi.GemvUnroll, MaxGemvUnroll)
+	case CheckGemvSplit(bi.GemvSplit) != nil:
+		return nil, CheckGemvSplit(bi.GemvSplit)
 	case bi.AttnWarps < 0 || bi.AttnWarps > MaxAttnWarps || bi.AttnUnroll < 0 || bi.AttnUnroll > MaxAttnUnroll:
 		return nil, fmt.Errorf("decode attention: %d warps a block, %d loads a step: want 0 (the default) or 1 to %d and 1 to %d", bi.AttnWarps, bi.AttnUnroll, MaxAttnWarps, MaxAttnUnroll)
 	}
 	g.attnWarps, g.attnUnroll = bi.AttnWarps, bi.AttnUnroll
-	g.prefetch, g.gemvCols, g.unroll = bi.Prefetch, bi.GemvCols, bi.GemvUnroll
+	g.prefetch, g.gemvCols, g.unroll, g.split = bi.Prefetch, bi.GemvCols, bi.GemvUnroll, bi.GemvSplit
 	tc, err := tcChunks(bi.TCChunks)
 	if err != nil {
 		return nil, err

@@ -43,6 +43,15 @@ type GemmConfig struct {
 	// GEMVs built so for buckets under gemmTile rows, 36 registers instead of 80 at batch 1 on
 	// Llama-3.1-8B, made the step 4-23% longer on the H200, session 13: fewer loads in flight.)
 	Rows int
+	// Split (2, 4 or 8), when not 0 or 1, splits each column's K over Split warps of a block,
+	// which sum their warps' totals through shared memory in warp order: a GEMM of few
+	// columns then has Split times the warps, so its last wave of blocks is a smaller share
+	// of the kernel (on the H200 Llama-3.1-8B's o and down projections, 4096 columns at
+	// batch 1, fill 1.3 waves of resident warps). It changes the order of each column's sum,
+	// so every GEMV of a weight takes the same Split (splitFor), which keeps a row's result
+	// independent of its bucket; the op's attributes leave it out, as the reference's
+	// tolerance covers any order.
+	Split int
 	// Tickets is how many u32 ticket counters open a staged tensor-core GEMM's workspace
 	// (GemmTCStaged), the same for every staged GEMM of a bundle, at least StagedTickets of
 	// each (gemm_tc_staged.go, "Workspace"). It changes no result.
@@ -56,6 +65,9 @@ func (c GemmConfig) colsPerWarp() int {
 	}
 	return 1
 }
+
+// splitWarps is how many warps share each column's K (GemmConfig.Split; 1: one).
+func (c GemmConfig) splitWarps() int { return max(1, c.Split) }
 
 // The decode GEMM gives each warp one output column (or Cols adjacent ones): lanes stride K
 // with 16-byte loads, and each weight chunk, loaded once, is applied to a tile of up to
@@ -72,7 +84,12 @@ const (
 
 // Launch is the grid for a call over rows rows.
 func (c GemmConfig) Launch(rows int) ops.Launch {
-	warps := c.N / c.colsPerWarp()
+	return gemvLaunch(c.N/c.colsPerWarp(), c.splitWarps())
+}
+
+// gemvLaunch is the grid of a GEMV computing units units, each by split warps.
+func gemvLaunch(units, split int) ops.Launch {
+	warps := units * split
 	return ops.Launch{Grid: [3]int{(warps + gemmWarps - 1) / gemmWarps, 1, 1}, Block: [3]int{32 * gemmWarps, 1, 1}}
 }
 
@@ -83,7 +100,9 @@ func Gemm(name string, c GemmConfig) (*Kernel, error) {
 		return nil, fmt.Errorf("gemm %s: %w", name, err)
 	}
 	g := gemmGen{emitter: newEmitter(name), c: c}
-	g.emit()
+	if err := g.emit(); err != nil {
+		return nil, fmt.Errorf("gemm %s: %w", name, err)
+	}
 	return finish(g.Kernel, "gemm", attrs)
 }
 
@@ -102,6 +121,9 @@ func gemmAttrs(c GemmConfig) (ops.GemmAttrs, error) {
 	if c.Unroll < 0 || c.Unroll > MaxGemvUnroll {
 		return ops.GemmAttrs{}, fmt.Errorf("unroll %d: want 0 to %d", c.Unroll, MaxGemvUnroll)
 	}
+	if s := c.Split; s < 0 || s > gemmWarps || gemmWarps%max(1, s) != 0 {
+		return ops.GemmAttrs{}, fmt.Errorf("split %d: want 0, 1, 2, 4 or 8 warps a column", s)
+	}
 	return ops.GemmAttrs{K: c.K, N: c.N, WDtype: dt, Guard: c.Guard}, nil
 }
 
@@ -114,12 +136,16 @@ type gemmGen struct {
 	x, y  ptx.Reg
 	lane  ptx.Reg
 	col   ptx.Reg // this warp's column, or its unit (epi)
+	// first is the lane's first K chunk: the lane, plus 32 per part before the warp's in a
+	// split GEMV (GemmConfig.Split), whose part-0 warp alone writes (part0); partials is the
+	// warp's slots of the shared array the parts' totals pass through.
+	first, part0, partials ptx.Reg
 	// epi, when set, makes the kernel a fused GEMV (gemm_fused.go): each warp computes the
 	// columns of one unit and the epilogue writes what the kernel after the GEMM would have.
 	epi gemvEpilogue
 }
 
-func (g *gemmGen) emit() {
+func (g *gemmGen) emit() error {
 	c := g.c
 	g.x = g.param("x", ptx.U64)
 	w := g.param("w", ptx.U64)
@@ -129,6 +155,11 @@ func (g *gemmGen) emit() {
 	if g.epi != nil {
 		g.epi.params(g)
 		units = g.epi.units()
+	}
+	split := c.splitWarps()
+	if per := gemmWarps / split; split > 1 && units%per != 0 {
+		// A block's warps meet at barriers, so none of them may leave early.
+		return fmt.Errorf("split %d: %d units of columns do not fill blocks of %d", split, units, per)
 	}
 	if c.Prefetch == 0 {
 		g.guard(c.Guard)
@@ -142,7 +173,18 @@ func (g *gemmGen) emit() {
 	warp := g.op3("shr.u32", ptx.U32, tid, ptx.Imm(5))
 	cta := g.special(ptx.CtaidX)
 	g.col = g.Reg(ptx.U32)
-	g.Emit("mad.lo.u32", g.col, cta, ptx.Imm(gemmWarps), warp)
+	g.first = g.lane
+	if split > 1 {
+		// Warp w computes part w%split of unit w/split of the block's.
+		sh, _ := log2(split)
+		part := g.op3("and.b32", ptx.U32, warp, ptx.Imm(int64(split-1)))
+		g.Emit("mad.lo.u32", g.col, cta, ptx.Imm(int64(gemmWarps/split)), g.op3("shr.u32", ptx.U32, warp, ptx.Imm(int64(sh))))
+		g.first = g.Reg(ptx.U32)
+		g.Emit("mad.lo.u32", g.first, part, ptx.Imm(32), g.lane)
+		g.part0 = g.cmp("eq", ptx.U32, part, ptx.Imm(0))
+	} else {
+		g.Emit("mad.lo.u32", g.col, cta, ptx.Imm(gemmWarps), warp)
+	}
 	done := g.NewLabel("done")
 	// Whole warps leave together, so the shuffles below always see 32 live lanes.
 	g.EmitIf(g.cmp("ge", ptx.U32, g.col, ptx.Imm(int64(units))), false, "bra", ptx.Sym(done))
@@ -160,6 +202,11 @@ func (g *gemmGen) emit() {
 	g.cols = cols
 	for _, col := range cols {
 		g.wrows = append(g.wrows, g.byteAddr(w, col, c.K*c.WDtype.Bytes()))
+	}
+	if split > 1 {
+		// Each warp's totals: a slot per column and row of a tile.
+		per := len(cols) * gemmTile
+		g.partials = g.sharedAddr(g.DeclareShared("gemv_parts", ptx.F32, gemmWarps*per), warp, 4*per)
 	}
 	if c.Prefetch > 0 {
 		g.prefetchWeights(c.Prefetch)
@@ -186,6 +233,7 @@ func (g *gemmGen) emit() {
 		})
 	}
 	g.Label(done)
+	return nil
 }
 
 // tile computes rows r0..r0+t-1 of this warp's columns and advances r0 by t. Each column's
@@ -237,17 +285,20 @@ func (g *gemmGen) tile(r0 ptx.Reg, t int) {
 		return wv
 	}
 	chunks := c.K / g.vec
+	// A lane's chunks are first, first+stride, ...: the warps of a split column take turns
+	// at 32 chunks each.
+	stride := 32 * c.splitWarps()
 	k := g.Reg(ptx.U32)
-	start := ptx.Operand(g.lane)
-	if u := max(1, c.Unroll); u > 1 && chunks > 32*(u-1) {
-		// Steps of u chunks (k, k+32, ...) while the last of them is inside the row, then
+	start := ptx.Operand(g.first)
+	if u := max(1, c.Unroll); u > 1 && chunks > stride*(u-1) {
+		// Steps of u chunks (k, k+stride, ...) while the last of them is inside the row, then
 		// single chunks from where they stop: each lane's chunks in the same order as without.
-		g.forLoop(k, g.lane, ptx.Imm(int64(chunks-32*(u-1))), ptx.Imm(int64(32*u)), func() {
+		g.forLoop(k, g.first, ptx.Imm(int64(chunks-stride*(u-1))), ptx.Imm(int64(stride*u)), func() {
 			ks, wvs := make([]ptx.Reg, u), make([][][]ptx.Reg, u)
 			for i := range u {
 				ks[i] = k
 				if i > 0 {
-					ks[i] = g.op3("add.u32", ptx.U32, k, ptx.Imm(int64(32*i)))
+					ks[i] = g.op3("add.u32", ptx.U32, k, ptx.Imm(int64(stride*i)))
 				}
 				wvs[i] = load(ks[i])
 			}
@@ -257,14 +308,27 @@ func (g *gemmGen) tile(r0 ptx.Reg, t int) {
 		})
 		start = k
 	}
-	g.forLoop(k, start, ptx.Imm(int64(chunks)), ptx.Imm(32), func() { chunk(k, load(k)) })
+	g.forLoop(k, start, ptx.Imm(int64(chunks)), ptx.Imm(int64(stride)), func() { chunk(k, load(k)) })
+	split := c.splitWarps() > 1
+	if split {
+		g.sumParts(acc)
+	}
 	if g.epi != nil {
-		g.epi.store(g, r0, t, acc)
+		if split {
+			g.when(g.part0, false, func() { g.epi.store(g, r0, t, acc) })
+		} else {
+			g.epi.store(g, r0, t, acc)
+		}
 	} else {
 		isLane0 := g.cmp("eq", ptx.U32, g.lane, ptx.Imm(0))
+		if split {
+			g.Emit("and.pred", isLane0, isLane0, g.part0)
+		}
 		for ci, col := range g.cols {
 			for j, a := range acc[ci] {
-				g.warpReduce(a, "add")
+				if !split {
+					g.warpReduce(a, "add")
+				}
 				r := g.op3("add.u32", ptx.U32, r0, ptx.Imm(int64(j)))
 				idx := g.Reg(ptx.U32)
 				g.Emit("mad.lo.u32", idx, r, ptx.Imm(int64(c.N)), col)
@@ -275,27 +339,67 @@ func (g *gemmGen) tile(r0 ptx.Reg, t int) {
 	g.Emit("add.u32", r0, r0, ptx.Imm(int64(t)))
 }
 
+// sumParts makes the part-0 warp's sums of a split GEMV's tile the columns' totals (the
+// sums of every lane, as rowSums and the plain store expect them after their butterflies): every
+// warp folds its sums over its lanes, the other parts leave theirs in shared memory, and the
+// part-0 warp adds them in part order, every lane the same. The second barrier keeps the next
+// tile's totals from overwriting these before they are read.
+func (g *gemmGen) sumParts(acc [][]ptx.Reg) {
+	split := g.c.splitWarps()
+	for _, col := range acc {
+		for _, a := range col {
+			g.warpReduce(a, "add")
+		}
+	}
+	slot := func(part, ci, j int) ptx.Addr {
+		return ptx.Addr{Base: g.partials, Offset: int64(4 * ((part*len(acc)+ci)*gemmTile + j))}
+	}
+	writer, others := g.cmp("eq", ptx.U32, g.lane, ptx.Imm(0)), g.Reg(ptx.Pred)
+	g.Emit("not.pred", others, g.part0)
+	g.Emit("and.pred", writer, writer, others)
+	for ci, col := range acc {
+		for j, a := range col {
+			g.EmitIf(writer, false, "st.shared.f32", slot(0, ci, j), a)
+		}
+	}
+	g.Emit("bar.sync", ptx.Imm(0))
+	g.when(g.part0, false, func() {
+		v := g.Reg(ptx.F32)
+		for p := 1; p < split; p++ {
+			for ci, col := range acc {
+				for j, a := range col {
+					g.Emit("ld.shared.f32", v, slot(p, ci, j))
+					g.Emit("add.f32", a, a, v)
+				}
+			}
+		}
+	})
+	g.Emit("bar.sync", ptx.Imm(0))
+}
+
 // prefetchWeights asks L2 for the first n bytes of each of the warp's weight rows, as whole
-// 128-byte lines inside the row (lane l takes lines l, l+32, ...), so no request reaches past
-// the weight.
+// 128-byte lines inside the row (lane l takes lines l, l+32, ...; in a split GEMV the lanes
+// of a column's warps take turns as they do at its chunks), so no request reaches past the
+// weight.
 func (g *gemmGen) prefetchWeights(n int) {
 	lines := min(n, g.c.K*g.c.WDtype.Bytes()) / 128
 	if lines == 0 {
 		return
 	}
+	round := 32 * g.c.splitWarps() // lines a round of the column's lanes asks for
 	off := g.Reg(ptx.U64)
-	g.Emit("mul.wide.u32", off, g.lane, ptx.Imm(128))
+	g.Emit("mul.wide.u32", off, g.first, ptx.Imm(128))
 	var part *ptx.Reg // the lanes of the last, partial round of lines
-	if lines%32 != 0 {
-		p := g.cmp("lt", ptx.U32, g.lane, ptx.Imm(int64(lines%32)))
+	if lines%round != 0 {
+		p := g.cmp("lt", ptx.U32, g.first, ptx.Imm(int64(lines%round)))
 		part = &p
 	}
 	for _, wrow := range g.wrows {
 		a := g.Reg(ptx.U64)
 		g.Emit("add.u64", a, wrow, off)
-		for i := 0; i*32 < lines; i++ {
-			at := ptx.Addr{Base: a, Offset: int64(i * 32 * 128)}
-			if (i+1)*32 > lines {
+		for i := 0; i*round < lines; i++ {
+			at := ptx.Addr{Base: a, Offset: int64(i * round * 128)}
+			if (i+1)*round > lines {
 				g.EmitIf(*part, false, "prefetch.global.L2", at)
 			} else {
 				g.Emit("prefetch.global.L2", at)

@@ -28,7 +28,7 @@ import (
 type gemvEpilogue interface {
 	// params declares the epilogue's parameters (after x, w, y and rows).
 	params(g *gemmGen)
-	// units is how many units the kernel computes, one per warp.
+	// units is how many units the kernel computes, one per warp (Split warps in a split GEMV).
 	units() int
 	// columns emits the output columns (weight rows) of unit u, and what the epilogue needs
 	// of the unit.
@@ -40,18 +40,15 @@ type gemvEpilogue interface {
 	store(g *gemmGen, r0 ptx.Reg, t int, acc [][]ptx.Reg)
 }
 
-// fusedLaunch is the grid of a fused GEMV computing units units: a warp each.
-func fusedLaunch(units int) ops.Launch {
-	return ops.Launch{Grid: [3]int{(units + gemmWarps - 1) / gemmWarps, 1, 1}, Block: [3]int{32 * gemmWarps, 1, 1}}
-}
-
 // fusedGemv generates the fused GEMV of c with epilogue epi, bound to reference op op.
 func fusedGemv(name string, c GemmConfig, epi gemvEpilogue, op string, attrs any) (*Kernel, error) {
 	if c.Guard != 0 {
 		return nil, fmt.Errorf("%s %s: guard %#x: a fused GEMV is no heavy app's", op, name, c.Guard)
 	}
 	g := gemmGen{emitter: newEmitter(name), c: c, epi: epi}
-	g.emit()
+	if err := g.emit(); err != nil {
+		return nil, fmt.Errorf("%s %s: %w", op, name, err)
+	}
 	return finish(g.Kernel, op, attrs)
 }
 
@@ -63,12 +60,15 @@ func (g *gemmGen) laneRow(r0 ptx.Reg, t int) (ptx.Reg, ptx.Reg) {
 	return row, g.cmp("lt", ptx.U32, g.lane, ptx.Imm(int64(t)))
 }
 
-// rowSums reduces every partial sum over the warp and returns, per column, the total of the
-// lane's row (laneRow's; lanes past the tile get row r0's).
+// rowSums reduces every partial sum over the warp (a split GEMV's are totals already:
+// sumParts) and returns, per column, the total of the lane's row (laneRow's; lanes past the
+// tile get row r0's).
 func (g *gemmGen) rowSums(acc [][]ptx.Reg) []ptx.Reg {
-	for _, col := range acc {
-		for _, a := range col {
-			g.warpReduce(a, "add")
+	if g.c.splitWarps() == 1 {
+		for _, col := range acc {
+			for _, a := range col {
+				g.warpReduce(a, "add")
+			}
 		}
 	}
 	is := make([]ptx.Reg, len(acc[0]))
@@ -96,7 +96,9 @@ type GemmRopeConfig struct {
 func (c GemmRopeConfig) units() int { return (c.Rope.Heads + 2*c.Rope.KVHeads) * c.Rope.HeadDim / 2 }
 
 // Launch is the grid for rows rows.
-func (c GemmRopeConfig) Launch(rows int) ops.Launch { return fusedLaunch(c.units()) }
+func (c GemmRopeConfig) Launch(rows int) ops.Launch {
+	return gemvLaunch(c.units(), c.Gemm.splitWarps())
+}
 
 // GemmRope generates the fused kernel (op gemm_rope_kv); parameters: x, w, y (the q/k/v
 // rows), rows, then RopeKV's after its qkv: cos, sin, pos, seq, block_table, kcache, vcache,
@@ -228,7 +230,9 @@ type GemmGatedConfig struct {
 }
 
 // Launch is the grid for rows rows.
-func (c GemmGatedConfig) Launch(rows int) ops.Launch { return fusedLaunch(c.Gemm.N / 2) }
+func (c GemmGatedConfig) Launch(rows int) ops.Launch {
+	return gemvLaunch(c.Gemm.N/2, c.Gemm.splitWarps())
+}
 
 // GemmGated generates the fused kernel (op gemm_gated); parameters: x, w, y (the activation,
 // rows of N/2), rows. Unit j is columns j of gate and of up: y[row, j] = act(gate) * up, with

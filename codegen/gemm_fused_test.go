@@ -105,13 +105,17 @@ func ropeArgs(r *rand.Rand, c RopeConfig, k, rows int, wdt ptx.Type) (fused, gem
 
 // TestGemmRopeKernel: the fused q/k/v GEMV against its reference (op gemm, then op rope_kv),
 // and bit for bit against the GEMV and the RopeKV kernel it replaces, in the q/k/v rows and
-// both caches.
+// both caches; with each column's K over one warp and split over four (GemmConfig.Split).
 func TestGemmRopeKernel(t *testing.T) {
 	r := rand.New(rand.NewPCG(61, 62))
 	for _, tc := range fusedRopeCases {
-		for _, wdt := range []ptx.Type{ptx.F32, ptx.BF16} {
+		for _, v := range []struct {
+			wdt   ptx.Type
+			split int
+		}{{ptx.F32, 1}, {ptx.BF16, 1}, {ptx.BF16, 4}} {
+			wdt := v.wdt
 			n := (tc.rope.Heads + 2*tc.rope.KVHeads) * tc.rope.HeadDim
-			gc := GemmConfig{K: tc.k, N: n, WDtype: wdt}
+			gc := GemmConfig{K: tc.k, N: n, WDtype: wdt, Split: v.split}
 			c := GemmRopeConfig{Gemm: gc, Rope: tc.rope}
 			fk := must(t)(GemmRope("gemm_rope_test", c))
 			fused, gemm, rope := ropeArgs(r, tc.rope, tc.k, tc.rows, wdt)
@@ -153,15 +157,20 @@ func TestGemmRopeRefusesQKNorm(t *testing.T) {
 }
 
 // TestGemmGatedKernel: the fused gate/up GEMV against its reference (op gemm, then the gated
-// op) and bit for bit against the GEMV and the SiLU*up (GELU*up) kernel it replaces.
+// op) and bit for bit against the GEMV and the SiLU*up (GELU*up) kernel it replaces, with
+// each column's K over one warp and split over two, four or eight (GemmConfig.Split).
 func TestGemmGatedKernel(t *testing.T) {
 	r := rand.New(rand.NewPCG(63, 64))
 	for _, c := range []struct {
 		k, inter, rows int
 		wdt            ptx.Type
 		act            string
-	}{{64, 40, 1, ptx.BF16, ""}, {37, 24, 3, ptx.F32, ActGeluTanh}, {96, 56, 8, ptx.BF16, ActGeluTanh}, {48, 20, 9, ptx.F32, ""}} {
-		gc := GemmConfig{K: c.k, N: 2 * c.inter, WDtype: c.wdt}
+		split          int
+	}{
+		{64, 40, 1, ptx.BF16, "", 1}, {37, 24, 3, ptx.F32, ActGeluTanh, 1}, {96, 56, 8, ptx.BF16, ActGeluTanh, 1}, {48, 20, 9, ptx.F32, "", 1},
+		{512, 40, 1, ptx.BF16, "", 2}, {37, 24, 3, ptx.F32, ActGeluTanh, 8}, {2056, 20, 9, ptx.BF16, "", 4},
+	} {
+		gc := GemmConfig{K: c.k, N: 2 * c.inter, WDtype: c.wdt, Split: c.split}
 		fc := GemmGatedConfig{Gemm: gc, Act: c.act}
 		fk := must(t)(GemmGated("gemm_gated_test", fc))
 		w := targ{name: "w", f32: randF32(r, gc.N*c.k, 0.5)}

@@ -16,38 +16,44 @@ import (
 // plain GEMV's bits; earlyLaunch gives it the launch and no second wait.
 func TestGemmPrefetch(t *testing.T) {
 	r := rand.New(rand.NewPCG(71, 72))
-	for _, c := range []struct {
+	type prefetchCase struct {
 		k, n, rows, prefetch int
 		guard                uint32
 		dt                   ptx.Type
-		lines                int // prefetches per weight row the warp asks for
-	}{
-		{256, 24, 1, 256, 0, ptx.BF16, 2},             // the first 256 bytes of 512: lanes 0-1
-		{256, 24, 3, 1 << 20, 0, ptx.BF16, 4},         // past the row: the whole row, 4 lines
-		{2304, 16, 2, 1 << 20, 0, ptx.BF16, 36},       // 4608-byte rows: a full round of 32 lanes and 4 more
-		{96, 40, 9, 4096, 1 << 2, ptx.F32, 3},         // guarded, f32 weights, tiles of 8 and 1
-		{20, 8, 1, 4096, 0, ptx.BF16, 0},              // a 40-byte row holds no whole line: no prefetch
-		{2304, 16, 1, 4096 + 128, 0, ptx.BF16, 33},    // one past a round
-		{2304, 16, 1, 4096 - 128, 0, ptx.BF16, 31},    // one short of a round
-		{2304, 16, 1, 4096 + 100, 0, ptx.BF16, 32},    // a part of a line is no line
-		{2304, 16, 1, 4096, 0, ptx.BF16, 32},          // exactly a round
-		{2304, 16, 1, 127, 0, ptx.BF16, 0},            // less than a line
-		{2304, 16, 1, 128, 0, ptx.BF16, 1},            // exactly a line
-		{2304, 16, 1, 256 * 128, 0, ptx.BF16, 36},     // more than the row
-		{4608 / 4, 16, 1, 1 << 30, 0, ptx.F32, 36},    // f32 rows of the same bytes
-		{2304, 16, 1, 36*128 - 1, 0, ptx.BF16, 35},    // one byte short of the row
-		{2304, 16, 1, 36 * 128, 0, ptx.BF16, 36},      // exactly the row
-		{2304, 16, 1, 36*128 + 1, 0, ptx.BF16, 36},    // one byte past it
-		{2304, 16, 1, 64 * 128, 1 << 5, ptx.BF16, 36}, // guarded, whole row
+		lines                int // prefetches per weight row the column's warps ask for
+		split                int // GemmConfig.Split: the column's warps take turns at its lines
+	}
+	for _, c := range []prefetchCase{
+		{256, 24, 1, 256, 0, ptx.BF16, 2, 0},             // the first 256 bytes of 512: lanes 0-1
+		{256, 24, 3, 1 << 20, 0, ptx.BF16, 4, 0},         // past the row: the whole row, 4 lines
+		{2304, 16, 2, 1 << 20, 0, ptx.BF16, 36, 0},       // 4608-byte rows: a full round of 32 lanes and 4 more
+		{96, 40, 9, 4096, 1 << 2, ptx.F32, 3, 0},         // guarded, f32 weights, tiles of 8 and 1
+		{20, 8, 1, 4096, 0, ptx.BF16, 0, 0},              // a 40-byte row holds no whole line: no prefetch
+		{2304, 16, 1, 4096 + 128, 0, ptx.BF16, 33, 0},    // one past a round
+		{2304, 16, 1, 4096 - 128, 0, ptx.BF16, 31, 0},    // one short of a round
+		{2304, 16, 1, 4096 + 100, 0, ptx.BF16, 32, 0},    // a part of a line is no line
+		{2304, 16, 1, 4096, 0, ptx.BF16, 32, 0},          // exactly a round
+		{2304, 16, 1, 127, 0, ptx.BF16, 0, 0},            // less than a line
+		{2304, 16, 1, 128, 0, ptx.BF16, 1, 0},            // exactly a line
+		{2304, 16, 1, 256 * 128, 0, ptx.BF16, 36, 0},     // more than the row
+		{4608 / 4, 16, 1, 1 << 30, 0, ptx.F32, 36, 0},    // f32 rows of the same bytes
+		{2304, 16, 1, 36*128 - 1, 0, ptx.BF16, 35, 0},    // one byte short of the row
+		{2304, 16, 1, 36 * 128, 0, ptx.BF16, 36, 0},      // exactly the row
+		{2304, 16, 1, 36*128 + 1, 0, ptx.BF16, 36, 0},    // one byte past it
+		{2304, 16, 1, 64 * 128, 1 << 5, ptx.BF16, 36, 0}, // guarded, whole row
+		{2304, 16, 1, 1 << 20, 0, ptx.BF16, 36, 2},       // two warps a column: one round of 64 lines, partial
+		{9216, 16, 3, 1 << 20, 0, ptx.BF16, 144, 2},      // 144 lines: rounds of 64, 64 and 16
+		{2304, 16, 9, 32 * 128, 1 << 5, ptx.BF16, 32, 8}, // guarded, eight warps: 32 of a round of 256
+		{9216, 16, 1, 128 * 128, 0, ptx.BF16, 128, 4},    // exactly a round of four warps
 	} {
-		plainCfg := GemmConfig{K: c.k, N: c.n, WDtype: c.dt, Guard: c.guard}
+		plainCfg := GemmConfig{K: c.k, N: c.n, WDtype: c.dt, Guard: c.guard, Split: c.split}
 		cfg := plainCfg
 		cfg.Prefetch = c.prefetch
 		plain, k := must(t)(Gemm("gemm_test", plainCfg)), must(t)(Gemm("gemm_test", cfg))
 		if !slices.Equal(paramNames(plain), paramNames(k)) {
 			t.Fatalf("%+v: parameters %v, without prefetch %v", c, paramNames(k), paramNames(plain))
 		}
-		checkWaitsAfterPrefetch(t, k, c.lines)
+		checkWaitsAfterPrefetch(t, k, c.lines, 32*max(1, c.split))
 		early, err := earlyLaunch(k)
 		if err != nil {
 			t.Fatal(err)
@@ -60,9 +66,10 @@ func TestGemmPrefetch(t *testing.T) {
 	}
 }
 
-// checkWaitsAfterPrefetch checks that k prefetches lines lines of its one weight row per lane
-// round, then waits, and touches memory only after the wait.
-func checkWaitsAfterPrefetch(t *testing.T, k *Kernel, lines int) {
+// checkWaitsAfterPrefetch checks that k prefetches lines lines of its one weight row per
+// lane, round lines a round (32 lanes of each warp of a column), then waits, and touches
+// memory only after the wait.
+func checkWaitsAfterPrefetch(t *testing.T, k *Kernel, lines, round int) {
 	t.Helper()
 	prefetches, preloads := prefetchesBeforeWait(t, k)
 	if len(preloads) != 0 {
@@ -70,16 +77,17 @@ func checkWaitsAfterPrefetch(t *testing.T, k *Kernel, lines int) {
 		// step 10% on the H200 (session 12, testsuite/gpu/RESULTS.md).
 		t.Fatalf("%s: %d weight loads before the wait", k.Name, len(preloads))
 	}
-	rounds := (lines + 31) / 32
+	rounds := (lines + round - 1) / round
 	if len(prefetches) != rounds {
 		t.Fatalf("%s: %d prefetch instructions, want %d for %d lines", k.Name, len(prefetches), rounds, lines)
 	}
-	// Round i is lines 32i.. (4096 bytes on), every lane's but the last round's when it is partial.
+	// Round i is lines round*i.. (128*round*i bytes on), every lane's but the last round's
+	// when it is partial.
 	for i, in := range prefetches {
-		if off := in.Args[0].(ptx.Addr).Offset; off != int64(i*4096) {
-			t.Fatalf("%s: prefetch %d at offset %d, want %d", k.Name, i, off, i*4096)
+		if off := in.Args[0].(ptx.Addr).Offset; off != int64(i*round*128) {
+			t.Fatalf("%s: prefetch %d at offset %d, want %d", k.Name, i, off, i*round*128)
 		}
-		if partial := i == rounds-1 && lines%32 != 0; (in.Guard != nil) != partial {
+		if partial := i == rounds-1 && lines%round != 0; (in.Guard != nil) != partial {
 			t.Fatalf("%s: prefetch %d of %d lines guarded %v", k.Name, i, lines, in.Guard != nil)
 		}
 	}

@@ -142,6 +142,50 @@ func TestGemmUnroll(t *testing.T) {
 	}
 }
 
+// TestGemmSplit: a GEMV whose columns' K is split over warps (GemmConfig.Split) against its
+// reference, and bit for bit across what a bucket's GEMV changes (one column or two per warp,
+// one chunk a step or four, the prefetch), so that a row's result is the same in every
+// bucket of a build. K of fewer chunks than a round of a column's lanes (some warps sum
+// nothing), exactly one round, one chunk past; one row, a partial tile, a tile plus one (the
+// shared slots filled twice); f32 chunks of 4 and of 1.
+func TestGemmSplit(t *testing.T) {
+	r := rand.New(rand.NewPCG(77, 78))
+	for _, c := range []struct {
+		k, n, split int
+		dt          ptx.Type
+	}{
+		{8 * 64, 16, 2, ptx.BF16},         // 64 chunks: one round of two warps
+		{8 * 129, 16, 4, ptx.BF16},        // 129 chunks: one round of four warps and one chunk
+		{8 * 40, 16, 8, ptx.BF16},         // 40 chunks: warps 2-7 of a column sum nothing
+		{37 * 5, 16, 2, ptx.F32},          // chunks of one element
+		{4 * 300, 32, 4, ptx.F32},         // chunks of 4: 300
+		{8 * 14336 / 64, 64, 4, ptx.BF16}, // a K of the 8B's down projection scaled down 64x
+	} {
+		base := GemmConfig{K: c.k, N: c.n, WDtype: c.dt, Split: c.split}
+		for _, bucket := range []struct{ rows, cols, unroll, prefetch int }{{1, 1, 1, 0}, {3, 2, 4, 0}, {9, 1, 1, 0}, {7, 2, 4, 4096 + 128}} {
+			cfg := base
+			cfg.Cols, cfg.Unroll, cfg.Prefetch = bucket.cols, bucket.unroll, bucket.prefetch
+			k := must(t)(Gemm("gemm_test", cfg))
+			if want := c.n / bucket.cols * c.split / gemmWarps; cfg.Launch(bucket.rows).Grid[0] != want {
+				t.Fatalf("%+v %+v: grid %d, want %d blocks", c, bucket, cfg.Launch(bucket.rows).Grid[0], want)
+			}
+			sameGemvBits(t, r, k, must(t)(Gemm("gemm_test", base)), cfg, base, bucket.rows)
+		}
+	}
+	for _, c := range []struct {
+		n, split int
+		want     string
+	}{
+		{16, 3, "split 3: want 0, 1, 2, 4 or 8"}, {16, 16, "split 16"}, {16, -1, "split -1"},
+		{10, 2, "10 units of columns do not fill blocks of 4"},
+	} {
+		_, err := Gemm("g", GemmConfig{K: 64, N: c.n, WDtype: ptx.BF16, Split: c.split})
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("N %d split %d: error %v, want %q", c.n, c.split, err, c.want)
+		}
+	}
+}
+
 // sameGemvBits runs GEMV kernel k (of cfg) over random x and w against its reference, and
 // bit for bit against kernel base (of baseCfg: the same product computed another way), over
 // rows rows; a guarded cfg gets an any_mask that runs it.
@@ -160,4 +204,26 @@ func sameGemvBits(t *testing.T, r *rand.Rand, k, base *Kernel, cfg, baseCfg Gemm
 	a.run(t, k, cfg.Launch(rows), args)
 	b.run(t, base, baseCfg.Launch(rows), args)
 	samePair(t, k, "y", a, b)
+}
+
+// TestSplitFor: the split each weight's GEMVs take (splitFor), at Llama-3.1-8B's and
+// -3.2-1B's widths: the fewest warps a column that reach splitColumns, up to the build's
+// most; none where the build asks for none or the columns do not fill blocks.
+func TestSplitFor(t *testing.T) {
+	for _, c := range []struct{ most, n, want int }{
+		{8, 4096, 4}, {8, 6144, 4}, {8, 28672, 1}, {8, 128256, 1}, // 8B: o and down, q/k/v, gate/up, LM head
+		{8, 2048, 8}, {8, 3072, 8}, {8, 16384, 1}, // 1B: o and down, q/k/v, gate/up
+		{2, 4096, 2}, {4, 2048, 4}, {1, 4096, 1}, {0, 4096, 1},
+		{8, 4096 + 32, 1}, {8, 300, 1},
+	} {
+		g := gen{split: c.most}
+		if got := g.splitFor(c.n); got != c.want {
+			t.Errorf("at most %d warps, %d columns: split %d, want %d", c.most, c.n, got, c.want)
+		}
+	}
+	for _, n := range []int{3, 16, -1} {
+		if err := CheckGemvSplit(n); err == nil || !strings.Contains(err.Error(), "want 1, 2, 4 or 8 warps a column") {
+			t.Errorf("split %d: %v", n, err)
+		}
+	}
 }

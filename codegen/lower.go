@@ -288,14 +288,19 @@ func (g *gen) gemvName(c GemmConfig) string {
 	if c.Unroll > 1 {
 		name += fmt.Sprintf("_u%d", c.Unroll)
 	}
+	if s := c.splitWarps(); s > 1 {
+		name += fmt.Sprintf("_s%d", s)
+	}
 	return name
 }
 
 // gemvSettings is c, a CUDA-core GEMV over rows rows, with the build's GEMV settings: the
-// prefetch; from two rows, the unroll, and for a plain GEMV (not a fused one, whose warps
-// compute the column pairs of its epilogue) the columns per warp.
+// prefetch and the split of its weight's columns; from two rows, the unroll, and for a plain
+// GEMV (not a fused one, whose warps compute the column pairs of its epilogue) the columns
+// per warp.
 func (g *gen) gemvSettings(c GemmConfig, rows int, plain bool) GemmConfig {
 	c.Prefetch = g.prefetch
+	c.Split = g.splitFor(c.N)
 	if rows > 1 {
 		c.Unroll = g.unroll
 		if plain {
@@ -303,6 +308,37 @@ func (g *gen) gemvSettings(c GemmConfig, rows int, plain bool) GemmConfig {
 		}
 	}
 	return c
+}
+
+// splitColumns is the column count times warps a column that splitFor aims a GEMV's weight
+// at: about five waves of the batch-1 GEMV's resident warps on an H200 (132 SMs, 24 warps of
+// 80 registers each), so the last wave is at most a fifth of the kernel.
+const splitColumns = 16384
+
+// splitFor is GemmConfig.Split of every GEMV of a weight of n columns, whatever its bucket,
+// so that a row's result does not depend on the bucket: the fewest warps a column, up to the
+// build's most (BuildInfo.GemvSplit), that give n*split at least splitColumns. A weight
+// whose columns do not fill blocks at every columns per warp (n not a multiple of 64) keeps
+// one warp a column.
+func (g *gen) splitFor(n int) int {
+	if g.split <= 1 || n%(gemmWarps*MaxGemvCols) != 0 {
+		return 1
+	}
+	s := 1
+	for s < g.split && n*s < splitColumns {
+		s *= 2
+	}
+	return s
+}
+
+// CheckGemvSplit checks the most warps a GEMV column's K may be split over
+// (bundle.BuildInfo.GemvSplit, xmixc build --gemv-split): 0 or 1 (none), 2, 4 or 8.
+func CheckGemvSplit(n int) error {
+	switch n {
+	case 0, 1, 2, 4, 8:
+		return nil
+	}
+	return fmt.Errorf("GEMV split %d: want 1, 2, 4 or 8 warps a column", n)
 }
 
 // matmulRope is the q/k/v projection with the rotation and the KV write in its epilogue

@@ -57,6 +57,9 @@ type Options struct {
 	// AttnWarps and AttnUnroll are the decode attention's warps per block and loads per warp
 	// step (bundle.BuildInfo.AttnWarps, AttnUnroll; 0: the defaults).
 	AttnWarps, AttnUnroll int
+	// GemvSplit is the most warps a CUDA-core GEMV splits each column's K over
+	// (bundle.BuildInfo.GemvSplit; 0: one).
+	GemvSplit int
 	// TCChunks are the K chunks in flight of the tensor-core GEMMs of buckets of up to 8 and
 	// of 9-32 rows (bundle.BuildInfo.TCChunks; nil: codegen.DefaultTCChunks, recorded as nil).
 	TCChunks []int
@@ -208,7 +211,8 @@ func Build(modelPath string, appPaths []string, opt Options) (*bundle.Bundle, er
 	}
 	build := bundle.BuildInfo{Compiler: Compiler, Inputs: inputs, Fuse: p.Fused(), PDL: !opt.SerialLaunch, Prefetch: prefetch,
 		GemvCols: beyondOne(cmp.Or(opt.GemvCols, DefaultGemvCols)), GemvUnroll: beyondOne(cmp.Or(opt.GemvUnroll, DefaultGemvUnroll)),
-		AttnWarps: opt.AttnWarps, AttnUnroll: opt.AttnUnroll}
+		AttnWarps: opt.AttnWarps, AttnUnroll: opt.AttnUnroll,
+		GemvSplit: beyondOne(opt.GemvSplit)}
 	if !slices.Equal(opt.TCChunks, codegen.DefaultTCChunks[:]) {
 		build.TCChunks = opt.TCChunks
 	}

@@ -176,6 +176,11 @@ ops:
 		{"llama-gemv", SmallModel, []string{split}, []loader.Request{
 			{Prompt: []int{3, 1, 4, 1, 5, 9, 2, 6}, MaxTokens: 4, Apps: []string{"split"}}, {Prompt: []int{2, 7, 1}, MaxTokens: 5}},
 			compile.Options{Fuse: []string{"all"}, Prefetch: 1 << 20, GemvCols: 4}},
+		// GEMVs whose columns' K is split over eight warps (--gemv-split 8: every weight of
+		// this model but the LM head), fused ones too, at decode buckets 1 and 2.
+		{"llama-split", SmallModel, []string{split}, []loader.Request{
+			{Prompt: []int{3, 1, 4, 1, 5, 9, 2, 6}, MaxTokens: 4, Apps: []string{"split"}}, {Prompt: []int{2, 7, 1}, MaxTokens: 5}},
+			compile.Options{Fuse: []string{"all"}, GemvSplit: 8}},
 		// The staged tensor-core GEMMs (--gemm tc-staged, bucket kernels with a ring of W
 		// stages, preloaded before the wait) in the prefill chunks.
 		{"llama-staged", SmallModel, nil, []loader.Request{

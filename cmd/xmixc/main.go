@@ -46,7 +46,7 @@ func buildCmd() *cobra.Command {
 	var embed, verify, quiet, pdl bool
 	var gemm, moe string
 	var fuse []string
-	var tp, vectorSlots, prefetch, gemvCols, gemvUnroll, attnWarps, attnUnroll int
+	var tp, vectorSlots, prefetch, gemvCols, gemvUnroll, gemvSplit, attnWarps, attnUnroll int
 	var tcChunks []int
 	c := &cobra.Command{
 		Use:   "build MODEL.yaml [APP.yaml...] -o OUT.xmb",
@@ -71,6 +71,9 @@ func buildCmd() *cobra.Command {
 			if prefetch < 0 {
 				return fmt.Errorf("--prefetch %d: want a byte count, or 0 for none", prefetch)
 			}
+			if err := codegen.CheckGemvSplit(gemvSplit); err != nil {
+				return fmt.Errorf("--gemv-split: %w", err)
+			}
 			if attnWarps < 0 || attnWarps > codegen.MaxAttnWarps {
 				return fmt.Errorf("--attn-warps %d: want 1 to %d warps a block, or 0 for the default", attnWarps, codegen.MaxAttnWarps)
 			}
@@ -91,7 +94,7 @@ func buildCmd() *cobra.Command {
 					fmt.Fprintf(os.Stderr, "[%6.2fs] %s\n", time.Since(start).Seconds(), fmt.Sprintf(f, a...))
 				}
 			}
-			b, err := compile.Build(args[0], args[1:], compile.Options{EmbedWeights: embed, Verify: verify, Progress: progress, GEMM: gemm, MoE: moe, TP: tp, VectorSlots: vectorSlots, Fuse: fuse, SerialLaunch: !pdl, Prefetch: prefetchOption(prefetch), GemvCols: gemvCols, GemvUnroll: gemvUnroll, TCChunks: tcChunks, AttnWarps: attnWarps, AttnUnroll: attnUnroll})
+			b, err := compile.Build(args[0], args[1:], compile.Options{EmbedWeights: embed, Verify: verify, Progress: progress, GEMM: gemm, MoE: moe, TP: tp, VectorSlots: vectorSlots, Fuse: fuse, SerialLaunch: !pdl, Prefetch: prefetchOption(prefetch), GemvCols: gemvCols, GemvUnroll: gemvUnroll, GemvSplit: gemvSplit, TCChunks: tcChunks, AttnWarps: attnWarps, AttnUnroll: attnUnroll})
 			if err != nil {
 				return err
 			}
@@ -127,6 +130,7 @@ func buildCmd() *cobra.Command {
 	c.Flags().IntVar(&prefetch, "prefetch", compile.DefaultPrefetch, "bytes of each weight row a decode GEMV or a bundle's tensor-core GEMM reads before it waits for the kernel ahead (with --pdl), so that its weights stream in while the small kernels ahead of it run: GEMVs ask L2 for them, tensor-core GEMMs load their first step into registers and ask L2 for the rest; 0: none (same results bit for bit)")
 	c.Flags().IntVar(&gemvCols, "gemv-cols", compile.DefaultGemvCols, "columns each warp of a CUDA-core decode GEMV computes in buckets of 2-7 rows, 1 to 8 (more columns share each x load; same results bit for bit)")
 	c.Flags().IntVar(&gemvUnroll, "gemv-unroll", compile.DefaultGemvUnroll, "K chunks each lane of a CUDA-core decode GEMV loads before it uses the first in buckets of 2-7 rows, 1 to 8 (more bytes in flight per warp; same results bit for bit)")
+	c.Flags().IntVar(&gemvSplit, "gemv-split", 1, "the most warps a CUDA-core decode GEMV splits each column's K over, 1, 2, 4 or 8: a weight of few columns (Llama-3.1-8B's q/k/v, o and down) takes the fewest that give it 16384 warps, so the last wave of blocks is a small part of the kernel; the warps' totals add in warp order, so results change in the last bits, the same in every bucket (for measuring)")
 	c.Flags().IntSliceVar(&tcChunks, "tc-chunks", codegen.DefaultTCChunks[:], fmt.Sprintf("K chunks (of 32) each K group of a bundle's tensor-core GEMM keeps in flight, in buckets of up to 8 rows and of 9-32 rows, 1 to %d each (the staged kernel of --gemm tc-staged: half as many stages of two chunks; more bytes in flight, more registers; same results bit for bit; for measuring)", codegen.MaxTCChunks))
 	c.Flags().IntVar(&attnWarps, "attn-warps", 0, fmt.Sprintf("warps per block of the decode buckets' attention, 1 to %d (0: the default, 8 in buckets of up to 32 rows, 4 past them); more warps cover more positions in one pass, so a context needs fewer splits and merges (for measuring)", codegen.MaxAttnWarps))
 	c.Flags().IntVar(&attnUnroll, "attn-unroll", 0, fmt.Sprintf("position loads each warp of the decode attention issues before the first is used, 1 to %d (0: the default, 4 at head dim 128 bf16); more bytes in flight, more registers (for measuring)", codegen.MaxAttnUnroll))
@@ -306,6 +310,9 @@ func printBundle(w io.Writer, b *bundle.Bundle) {
 	}
 	if bi := b.Manifest.Build; bi.AttnWarps > 0 || bi.AttnUnroll > 0 {
 		fmt.Fprintf(w, "          decode attention: %s warps a block, %s loads a step\n", orDefault(bi.AttnWarps), orDefault(bi.AttnUnroll))
+	}
+	if s := b.Manifest.Build.GemvSplit; s > 1 {
+		fmt.Fprintf(w, "          GEMVs of few columns split each column over up to %d warps\n", s)
 	}
 	if c := b.Manifest.Build.TCChunks; len(c) > 0 {
 		fmt.Fprintf(w, "          tensor-core GEMMs: %d / %d K chunks in flight at up to 8 / 9-32 rows\n", c[0], c[1])

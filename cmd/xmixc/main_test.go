@@ -129,10 +129,11 @@ func TestBuildIsDeterministic(t *testing.T) {
 }
 
 // TestBuildGemvFlags: --prefetch N goes into the build info (and only GEMVs change, as
-// testsuite's TestPrefetchBundle checks); 0 builds none; --tc-chunks, --attn-warps and
-// --attn-unroll go into it too, and inspect says what they are, but only where they differ
-// from the defaults; a negative size, GEMV columns per warp or chunks outside 1-8, a chunk
-// list that is not two counts, and warps or loads a step out of range are refused.
+// testsuite's TestPrefetchBundle checks); 0 builds none; --tc-chunks, --attn-warps,
+// --attn-unroll and --gemv-split go into it too, and inspect says what they are, but only
+// where they differ from the defaults; a negative size, GEMV columns per warp or chunks
+// outside 1-8, a chunk list that is not two counts, warps or loads a step out of range and a
+// split that is not a power of two up to 8 are refused.
 func TestBuildGemvFlags(t *testing.T) {
 	dir := t.TempDir()
 	m := write(t, dir, "m.yaml", model)
@@ -161,13 +162,16 @@ func TestBuildGemvFlags(t *testing.T) {
 		chunks []int
 		attn   string // a decode attention kernel's name has it; "" for the default kernels
 		text   string // inspect's line; "" where there should be none
+		split  int    // the build info's GEMV split, and the split of the GEMVs of the model's o projection
 	}{
-		{nil, nil, "", ""},
-		{[]string{"--tc-chunks", "4,3"}, nil, "", ""},
-		{[]string{"--tc-chunks", "6,4"}, []int{6, 4}, "", "tensor-core GEMMs: 6 / 4 K chunks in flight at up to 8 / 9-32 rows"},
-		{[]string{"--tc-chunks", "2,2"}, []int{2, 2}, "", "tensor-core GEMMs: 2 / 2 K chunks in flight"},
-		{[]string{"--attn-warps", "16"}, nil, "_warps16", "decode attention: 16 warps a block, default loads a step"},
-		{[]string{"--attn-unroll", "8"}, nil, "_u8", "decode attention: default warps a block, 8 loads a step"},
+		{nil, nil, "", "", 0},
+		{[]string{"--tc-chunks", "4,3"}, nil, "", "", 0},
+		{[]string{"--tc-chunks", "6,4"}, []int{6, 4}, "", "tensor-core GEMMs: 6 / 4 K chunks in flight at up to 8 / 9-32 rows", 0},
+		{[]string{"--tc-chunks", "2,2"}, []int{2, 2}, "", "tensor-core GEMMs: 2 / 2 K chunks in flight", 0},
+		{[]string{"--attn-warps", "16"}, nil, "_warps16", "decode attention: 16 warps a block, default loads a step", 0},
+		{[]string{"--attn-unroll", "8"}, nil, "_u8", "decode attention: default warps a block, 8 loads a step", 0},
+		{[]string{"--gemv-split", "1"}, nil, "", "", 0},
+		{[]string{"--gemv-split", "4"}, nil, "", "GEMVs of few columns split each column over up to 4 warps", 4},
 	} {
 		out := filepath.Join(dir, "tc.xmb")
 		if _, err := xmixc(t, append([]string{"build", m, "-q", "-o", out}, c.flags...)...); err != nil {
@@ -188,8 +192,12 @@ func TestBuildGemvFlags(t *testing.T) {
 		if other := attnNamed("_warps16") || attnNamed("_u8"); other != (c.attn != "") || c.attn != "" && !attnNamed(c.attn) {
 			t.Fatalf("%v: decode attention kernels of other warps or loads %v, want %q", c.flags, other, c.attn)
 		}
+		splitGemvs := slices.ContainsFunc(b.Kernels, func(k bundle.Kernel) bool { return strings.HasSuffix(k.Name, "_s4") })
+		if b.Manifest.Build.GemvSplit != c.split || splitGemvs != (c.split == 4) {
+			t.Fatalf("%v: build info split %d, GEMVs split over 4 warps %v", c.flags, b.Manifest.Build.GemvSplit, splitGemvs)
+		}
 		text, err := xmixc(t, "inspect", out)
-		if err != nil || c.text != "" && !strings.Contains(text, c.text) || c.text == "" && (strings.Contains(text, "tensor-core GEMMs:") || strings.Contains(text, "decode attention:")) {
+		if err != nil || c.text != "" && !strings.Contains(text, c.text) || c.text == "" && (strings.Contains(text, "tensor-core GEMMs:") || strings.Contains(text, "decode attention:") || strings.Contains(text, "split each column")) {
 			t.Fatalf("%v: inspect: %v; want %q in:\n%s", c.flags, err, c.text, text)
 		}
 	}
@@ -199,6 +207,8 @@ func TestBuildGemvFlags(t *testing.T) {
 		{"--attn-warps", "17", "--attn-warps 17: want 1 to 16 warps a block"},
 		{"--attn-unroll", "-1", "--attn-unroll -1: want 1 to 8 loads a step"},
 		{"--gemv-cols", "9", "--gemv-cols 9: want 1 to 8"},
+		{"--gemv-split", "3", "--gemv-split: GEMV split 3: want 1, 2, 4 or 8 warps a column"},
+		{"--gemv-split", "16", "--gemv-split: GEMV split 16"},
 		{"--gemv-unroll", "0", "--gemv-unroll 0: want 1 to 8"},
 		{"--gemv-unroll", "9", "--gemv-unroll 9: want 1 to 8"},
 		{"--tc-chunks", "4", "--tc-chunks [4]: want two counts of 1 to 8"},

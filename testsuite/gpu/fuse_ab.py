@@ -30,10 +30,15 @@ def text(path, default=""):
 BASE = os.environ.get("BASE", "none")
 
 
+def graph_context():
+    """Every row's context in the timed graphs (fuse_ab.sh's GRAPH_CONTEXT, else PROMPT_LEN + 64)."""
+    return int(os.environ.get("GRAPH_CONTEXT") or int(os.environ.get("PROMPT_LEN", "16")) + 64)
+
+
 def main(raw, out):
     res = {"base": BASE, "date": datetime.date.today().isoformat(), "device": text(os.path.join(raw, "device.txt"), "unknown"),
            "commit": text(os.path.join(raw, "commit.txt"), "unknown"), "prompt_len": int(os.environ.get("PROMPT_LEN", "16")),
-           "gemm": os.environ.get("BENCH_GEMM", "auto")}
+           "graph_context": graph_context(), "gemm": os.environ.get("BENCH_GEMM", "auto")}
     runs = {}  # (model, batch, variant) -> [ms per round]
     profile, role_costs, attention = {}, {}, []
     for p in sorted(glob.glob(os.path.join(raw, "bench__*.json"))):
@@ -53,10 +58,10 @@ def main(raw, out):
             role_costs.setdefault(model, {}).setdefault(str(bs), {})[variant] = costs
             off = d.get("offline") or {}
             # The bench's KV bytes are at its mean context; per position they scale to the
-            # graph's context, PROMPT_LEN + 64 for every row.
+            # graph's context, the same for every row.
             positions = off.get("prompts", 0) * (off.get("prompt_len", 0) + 1 + off.get("new_tokens", 0) // 2)
             if positions and "attention" in costs:
-                ctx = int(os.environ.get("PROMPT_LEN", "16")) + 64
+                ctx = graph_context()
                 floor = off["kv_bytes_per_step"] / positions * bs * ctx / READ_BW * 1e3
                 attention.append({"model": model, "batch": bs, "variant": variant, "context": ctx,
                                   "attention_ms": costs["attention"], "kv_floor_ms": floor, "ratio": costs["attention"] / floor})
@@ -106,7 +111,7 @@ def role_table(title, by_variant, base):
 
 def markdown(res):
     md = [f"# Decode fusions A/B ({res['date']}, {res['device']}, commit {res['commit']})", "",
-          f"Graph replay ms per decode step, every row at context {res['prompt_len']} + 64 ({res['prompt_len']}-token prompts), each variant and the base ({res['base']}) in this run "
+          f"Graph replay ms per decode step, every row at context {res['graph_context']} ({res['prompt_len']}-token prompts), each variant and the base ({res['base']}) in this run "
           "(mean of the rounds; ratio < 1: the variant is faster).", "",
           "| model | batch | variant | base ms | variant ms | ratio | saved ms | rounds (variant) |", "|---|---|---|---|---|---|---|---|"]
     for r in res["ab"]:

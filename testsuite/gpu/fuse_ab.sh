@@ -26,7 +26,9 @@
 # each node role costs inside the replayed graph (the graph's time less its time without the
 # role), in FUSE_AB.md beside --profile's one-by-one times.
 # PROMPT_LENS="2048 16" runs the whole script once per prompt length, each into $OUT/pLEN, with
-# batches BATCHES_LEN where set (BATCHES_2048="1 8 32"), else BATCHES.
+# batches BATCHES_LEN where set (BATCHES_2048="1 8 32"), else BATCHES. GRAPH_CONTEXT=N times
+# every row at context N instead of PROMPT_LEN+64 (issue 14 item 1's ~50-token contexts at
+# batch 128: GRAPH_CONTEXT=50 BATCHES=128 ROLE_COSTS=1).
 set -uo pipefail
 . testsuite/gpu/ptxas.sh
 . testsuite/gpu/variants.sh
@@ -52,6 +54,7 @@ MODELS=${MODELS:-llama-3.2-1b llama-3.1-8b}
 VARIANTS=${VARIANTS:-none default all}
 FUSE=${FUSE-all} # FUSE= (empty): the default fusions
 PROMPT_LEN=${PROMPT_LEN:-16}
+GRAPH_CONTEXT=${GRAPH_CONTEXT:-$((PROMPT_LEN + 64))}
 
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader > "$raw/device.txt" 2>&1
 git rev-parse --short HEAD > "$raw/commit.txt" 2>/dev/null || echo unknown > "$raw/commit.txt"
@@ -84,7 +87,7 @@ if has bench; then
           gemm=${BENCH_GEMM:-auto}
           [ "$v" = cublaslt ] && gemm=auto
           timeout "${BENCH_TIMEOUT:-120}" "$(binaries_of "$v")/xmix" bench "$work/$m-$v.xmb" --backend cuda --gemm "$gemm" --prompts "$bs" --prompt-len "$PROMPT_LEN" --new-tokens 8 \
-            --graph-buckets "$bs" --graph-context $((PROMPT_LEN + 64)) $prof --json -q > "$raw/bench__${m}__${v}__b${bs}__r${r}.json" 2>> "$raw/bench.log" \
+            --graph-buckets "$bs" --graph-context "$GRAPH_CONTEXT" $prof --json -q > "$raw/bench__${m}__${v}__b${bs}__r${r}.json" 2>> "$raw/bench.log" \
             || echo "bench $m $v b$bs round $r failed" >&2
           keep "$raw/bench__${m}__${v}__b${bs}__r${r}.json"
         done
@@ -115,5 +118,5 @@ fi
 
 log "assemble"
 keep
-BASE=${BASE:-none} PROMPT_LEN=$PROMPT_LEN python3 testsuite/gpu/fuse_ab.py "$raw" "$OUT"
+BASE=${BASE:-none} PROMPT_LEN=$PROMPT_LEN GRAPH_CONTEXT=$GRAPH_CONTEXT python3 testsuite/gpu/fuse_ab.py "$raw" "$OUT"
 cat "$OUT/FUSE_AB.md" >&2

@@ -1,7 +1,8 @@
 # variant_flags VARIANT (sourced by fuse_ab.sh and online_ab.sh): a build variant's xmixc build
 # flags: default and cublaslt (none; fuse_ab.sh times cublaslt with --gemm auto), serial
 # (--fuse none --pdl=false: the kernels as they ran before either), FUSE+serial (--fuse FUSE
-# --pdl=false), pfN (--prefetch N), gcN (--gemv-cols N), guN (--gemv-unroll N), awN
+# --pdl=false), pfN (--prefetch N), gcN (--gemv-cols N), guN (--gemv-unroll N), gsN
+# (--gemv-split N), awN
 # (--attn-warps N), auN (--attn-unroll N), tcA-B (--tc-chunks A,B), staged (--gemm tc-staged:
 # time it with BENCH_GEMM=ptx; staged,tc8-6 with more in flight), s7 (the session-7 defaults:
 # no prefetch, one GEMV column per warp, one K chunk a step), A,B,... (the flags of each, e.g.
@@ -17,6 +18,7 @@ variant_flags() {
     pf[0-9]*) echo --prefetch "${1#pf}" ;;
     gc[0-9]*) echo --gemv-cols "${1#gc}" ;;
     gu[0-9]*) echo --gemv-unroll "${1#gu}" ;;
+    gs[0-9]*) echo --gemv-split "${1#gs}" ;;
     tc[0-9]*-[0-9]*) local n=${1#tc}; echo --tc-chunks "${n/-/,}" ;;
     staged) echo --gemm tc-staged ;;
     aw[0-9]*) echo --attn-warps "${1#aw}" ;;
