@@ -39,6 +39,7 @@ type benchFlags struct {
 	decodeOnly  []int
 	graphIters  int
 	graphCtx    int
+	attnSplits  int
 	profile     bool
 	roleCosts   bool
 	// Over HTTP (benchurl.go): the server, its model, the workload's vocabulary and the
@@ -113,6 +114,7 @@ requests. --ignore-eos (both ways) has every request generate exactly its tokens
 	fl.IntSliceVar(&f.decodeOnly, "graph-buckets", nil, "decode buckets to time as bare graph replays (default: all)")
 	fl.IntVar(&f.graphIters, "graph-iters", 50, "replays per bucket for the graph timing")
 	fl.IntVar(&f.graphCtx, "graph-context", 0, "time each decode graph (and --profile) with every row its own sequence at this context, as a full batch at that context runs (0: the rows as the last step left them)")
+	fl.IntVar(&f.attnSplits, "attn-splits", 0, "with --graph-context: cut every row's context over this many splits of the decode attention (1: none) instead of the split the engine picks (for measuring that choice; 0: the engine's)")
 	fl.BoolVar(&f.profile, "profile", false, "also time every node of each timed decode bucket, summed by role, and of the warm-up request's prefill steps, with their GEMMs' TFLOP/s (cuda)")
 	fl.BoolVar(&f.roleCosts, "role-costs", false, "also time each timed decode bucket's graph captured without each node role in turn: a role's cost inside the graph, early launch's overlap included, is the graph's time less that (cuda; the replays without a role compute garbage, the times are real)")
 	fl.StringVar(&f.apps, "apps", "", "comma-separated apps to enable")
@@ -460,7 +462,7 @@ func graphTimes(s *session, f benchFlags) (map[string]float64, error) {
 	out := map[string]float64{}
 	for _, i := range timedBuckets(s, f) {
 		t := s.b.Templates[i]
-		if err := fullBatch(s, i, f.graphCtx); err != nil {
+		if err := fullBatch(s, i, f.graphCtx, f.attnSplits); err != nil {
 			return nil, err
 		}
 		if _, err := tm.Time(i, 3); err != nil {
@@ -485,7 +487,7 @@ func profileTimes(s *session, f benchFlags) (map[string]map[string]float64, erro
 	out := map[string]map[string]float64{}
 	for _, i := range timedBuckets(s, f) {
 		t := s.b.Templates[i]
-		if err := fullBatch(s, i, f.graphCtx); err != nil {
+		if err := fullBatch(s, i, f.graphCtx, f.attnSplits); err != nil {
 			return nil, err
 		}
 		if _, err := p.Profile(i); err != nil { // warm-up
@@ -516,7 +518,7 @@ func roleCosts(s *session, f benchFlags) (map[string]map[string]float64, error) 
 	out := map[string]map[string]float64{}
 	for _, i := range timedBuckets(s, f) {
 		t := s.b.Templates[i]
-		if err := fullBatch(s, i, f.graphCtx); err != nil {
+		if err := fullBatch(s, i, f.graphCtx, f.attnSplits); err != nil {
 			return nil, err
 		}
 		var roles []string
@@ -583,9 +585,13 @@ func roleCostsOf(rt roleTimer, ti, n int, roles []string) (map[string]float64, e
 // It then runs that step once, which sends the words to the device (graph timing and
 // profiling replay what the device holds). The cache holds whatever earlier steps left
 // there: right for timing only, and the engine must not step afterwards (its block table is
-// overwritten).
-func fullBatch(s *session, ti, n int) error {
+// overwritten). splits > 0 (--attn-splits) cuts each context over that many splits of the
+// attention instead of the engine's choice (AttnSplit.Chunk).
+func fullBatch(s *session, ti, n, splits int) error {
 	if n == 0 {
+		if splits != 0 {
+			return fmt.Errorf("--attn-splits %d: the splits of a full batch, so give --graph-context too", splits)
+		}
 		return nil
 	}
 	t := s.b.Templates[ti]
@@ -632,7 +638,16 @@ func fullBatch(s *session, ti, n int) error {
 		}
 	}
 	if a := t.AttnSplit; a != nil {
-		if err := s.be.Write(a.Buffer, 0, enc([]uint32{uint32(a.Chunk(n, rows))})); err != nil {
+		chunk := a.Chunk(n, rows)
+		if splits != 0 {
+			if splits < 0 || splits > a.MaxSplits {
+				return fmt.Errorf("--attn-splits %d: bucket %s's attention takes 1..%d splits", splits, t.Name, a.MaxSplits)
+			}
+			// Positions per split in whole passes of a block, as Chunk cuts them.
+			step := max(1, a.Step)
+			chunk = ((n+splits-1)/splits + step - 1) / step * step
+		}
+		if err := s.be.Write(a.Buffer, 0, enc([]uint32{uint32(chunk)})); err != nil {
 			return err
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"encoding/json"
+	"fmt"
 	"io"
 	"maps"
 	"math"
@@ -263,7 +264,7 @@ func TestBenchFullBatch(t *testing.T) {
 			continue
 		}
 		const n = 100
-		if err := fullBatch(s, i, n); err != nil {
+		if err := fullBatch(s, i, n, 0); err != nil {
 			t.Fatal(err)
 		}
 		words := func(buf string, k int) []uint32 {
@@ -294,12 +295,38 @@ func TestBenchFullBatch(t *testing.T) {
 			n    int
 			want string
 		}{{m.MaxSeqLen + 1, "want 1..512"}, {-3, "want 1..512"}} {
-			if err := fullBatch(s, i, bad.n); err == nil || !strings.Contains(err.Error(), bad.want) {
+			if err := fullBatch(s, i, bad.n, 0); err == nil || !strings.Contains(err.Error(), bad.want) {
 				t.Errorf("context %d: %v", bad.n, err)
 			}
 		}
+		// --attn-splits: the chunk word cuts the context in that many splits of whole passes.
+		a := tmpl.AttnSplit
+		if a == nil || a.MaxSplits < 2 || a.Step <= 0 {
+			t.Fatalf("bucket %s: split plan %+v", tmpl.Name, a)
+		}
+		for _, c := range []struct{ splits, chunk int }{
+			{0, a.Chunk(n, 4)}, {1, (n + a.Step - 1) / a.Step * a.Step}, {2, (n/2 + a.Step - 1) / a.Step * a.Step},
+		} {
+			if err := fullBatch(s, i, n, c.splits); err != nil {
+				t.Fatal(err)
+			}
+			if got := words(a.Buffer, 1)[0]; got != uint32(c.chunk) {
+				t.Errorf("--attn-splits %d: chunk %d, want %d", c.splits, got, c.chunk)
+			}
+		}
+		for _, bad := range []struct {
+			n, splits int
+			want      string
+		}{
+			{n, a.MaxSplits + 1, fmt.Sprintf("takes 1..%d splits", a.MaxSplits)}, {n, -1, "--attn-splits -1"},
+			{0, 2, "give --graph-context too"},
+		} {
+			if err := fullBatch(s, i, bad.n, bad.splits); err == nil || !strings.Contains(err.Error(), bad.want) {
+				t.Errorf("context %d, %d splits: %v", bad.n, bad.splits, err)
+			}
+		}
 		s.b.Templates[i].Tokens = m.MaxSeqs + 1
-		if err := fullBatch(s, i, 10); err == nil || !strings.Contains(err.Error(), "sequence slots") {
+		if err := fullBatch(s, i, 10, 0); err == nil || !strings.Contains(err.Error(), "sequence slots") {
 			t.Errorf("%d rows: %v", m.MaxSeqs+1, err)
 		}
 		return

@@ -87,7 +87,7 @@ if has bench; then
           gemm=${BENCH_GEMM:-auto}
           [ "$v" = cublaslt ] && gemm=auto
           timeout "${BENCH_TIMEOUT:-120}" "$(binaries_of "$v")/xmix" bench "$work/$m-$v.xmb" --backend cuda --gemm "$gemm" --prompts "$bs" --prompt-len "$PROMPT_LEN" --new-tokens 8 \
-            --graph-buckets "$bs" --graph-context "$GRAPH_CONTEXT" $prof --json -q > "$raw/bench__${m}__${v}__b${bs}__r${r}.json" 2>> "$raw/bench.log" \
+            --graph-buckets "$bs" --graph-context "$GRAPH_CONTEXT" $(variant_bench_flags "$v") $prof --json -q > "$raw/bench__${m}__${v}__b${bs}__r${r}.json" 2>> "$raw/bench.log" \
             || echo "bench $m $v b$bs round $r failed" >&2
           keep "$raw/bench__${m}__${v}__b${bs}__r${r}.json"
         done
