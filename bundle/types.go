@@ -383,8 +383,13 @@ type AttnSplit struct {
 // Chunk is the positions per split for a step of rows rows whose longest context is maxN.
 // Blocks of one kernel run in waves of WaveBlocks, and a wave lasts as long as its longest
 // block, so of the split counts the grid allows Chunk takes the one whose waves end first:
-// waves times (chunk + MinChunk), MinChunk standing for a block's fixed cost (its start and
-// its merge), the fewer splits on a tie. Batch 32 of a model with 8 head groups at context
+// waves times (chunk + merge), the fewer splits on a tie. The merge, what a context that
+// splits pays over one that does not (the split's partial state written and combined),
+// counts as 2*MinChunk positions: on the H200 a split of Llama-3.1-8B's context of 80 in
+// two cost more than the one split's second pass of 64 positions (batch 1: 4.317 against
+// 4.288 ms a step; batch 8: 4.835 against 4.760), while at 576 and 2112 the splits this
+// picks were the fastest of 1, 2, 4 and 8 or within 0.1% of them (testsuite/gpu/RESULTS.md,
+// "The decode attention's split plan"). Batch 32 of a model with 8 head groups at context
 // 2112, on a GPU holding 528 blocks: 2 splits of 1056 (512 blocks, one wave), where the
 // grid's 3 would take two waves of 704 (768 blocks).
 func (a *AttnSplit) Chunk(maxN, rows int) int {
@@ -394,7 +399,11 @@ func (a *AttnSplit) Chunk(maxN, rows int) int {
 		c := max(a.MinChunk, ceilTo((maxN+s-1)/s, a.Step))
 		used := (maxN + c - 1) / c
 		waves := (rows*a.RowBlocks*used + a.WaveBlocks - 1) / a.WaveBlocks
-		if cost := waves * (c + a.MinChunk); best == 0 || cost < bestCost {
+		merge := 0
+		if used > 1 {
+			merge = 2 * a.MinChunk
+		}
+		if cost := waves * (c + merge); best == 0 || cost < bestCost {
 			best, bestCost = c, cost
 		}
 	}

@@ -100,11 +100,13 @@ func TestAttnSplitChunk(t *testing.T) {
 		rows, maxSplits, maxN, want int
 	}{
 		{1, 66, 0, 64}, {1, 66, 1, 64}, {1, 66, 64, 64}, // never below MinChunk
-		{1, 66, 65, 64},     // two splits, the second of one position
+		{1, 66, 65, 96},     // one split of three passes: two would cost a merge for one position
+		{1, 66, 192, 192},   // one split: three of 64 and their merge cost as much, a tie
+		{1, 66, 224, 64},    // four splits of 64 and their merge, against one of 224
 		{1, 66, 2112, 64},   // 33 of the 66 splits: every one gets MinChunk
 		{1, 66, 8192, 128},  // 64 splits of 128
 		{32, 3, 2112, 1056}, // 2 splits, one wave of 512 blocks, not 3 in two waves
-		{32, 3, 100, 64},
+		{32, 3, 100, 128},   // one split: two in one wave would add a merge for 36 positions
 		{8, 9, 2112, 288},  // 8 splits (512 blocks), not 9 (576: two waves)
 		{4, 17, 2112, 160}, // 14 splits (448 blocks), not 17 (544)
 		{20, 3, 2112, 704}, // 20 rows: 3 splits are 480 blocks, one wave
@@ -116,6 +118,18 @@ func TestAttnSplitChunk(t *testing.T) {
 		}
 		if got%a.Step != 0 || got < a.MinChunk || (max(c.maxN, 1)+got-1)/got > c.maxSplits {
 			t.Errorf("%d rows, longest context %d: chunk %d is not a multiple of the step, or too short, or needs more splits than the grid has", c.rows, c.maxN, got)
+		}
+	}
+	// The choices measured on the H200 in buckets of up to 32 rows (8-warp blocks, 264 a
+	// wave, 8 head groups a row; Llama-3.1-8B's 64 positions a pass, Llama-3.2-1B's 128): at
+	// context 80 one split, at 576 and 2112 the counts that were the fastest.
+	for _, c := range []struct{ step, rows, maxN, want int }{
+		{64, 1, 80, 128}, {64, 8, 80, 128}, {64, 1, 576, 64}, {64, 8, 576, 192}, {64, 1, 2112, 64}, {64, 8, 2112, 576},
+		{128, 1, 576, 128}, {128, 8, 576, 256}, {128, 1, 2112, 128}, {128, 8, 2112, 640},
+	} {
+		wide := &AttnSplit{MaxSplits: 66, MinChunk: c.step, Step: c.step, RowBlocks: 8, WaveBlocks: 264}
+		if got := wide.Chunk(c.maxN, c.rows); got != c.want {
+			t.Errorf("%d positions a pass, %d rows at context %d: chunk %d, want %d", c.step, c.rows, c.maxN, got, c.want)
 		}
 	}
 }
