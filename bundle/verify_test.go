@@ -107,9 +107,9 @@ func TestAttnSplitChunk(t *testing.T) {
 		{1, 66, 8192, 128},  // 64 splits of 128
 		{32, 3, 2112, 1056}, // 2 splits, one wave of 512 blocks, not 3 in two waves
 		{32, 3, 100, 128},   // one split: two in one wave would add a merge for 36 positions
-		{8, 9, 2112, 288},  // 8 splits (512 blocks), not 9 (576: two waves)
-		{4, 17, 2112, 160}, // 14 splits (448 blocks), not 17 (544)
-		{20, 3, 2112, 704}, // 20 rows: 3 splits are 480 blocks, one wave
+		{8, 9, 2112, 288},   // 8 splits (512 blocks), not 9 (576: two waves)
+		{4, 17, 2112, 160},  // 14 splits (448 blocks), not 17 (544)
+		{20, 3, 2112, 704},  // 20 rows: 3 splits are 480 blocks, one wave
 	} {
 		a := split(c.maxSplits)
 		got := a.Chunk(c.maxN, c.rows)
