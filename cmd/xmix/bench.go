@@ -189,6 +189,9 @@ func runBench(w io.Writer, path string, f benchFlags) error {
 	if f.roleCosts && f.online {
 		return fmt.Errorf("--role-costs times the offline bench's decode graphs: leave out --online")
 	}
+	if f.attnSplits != 0 && (f.attnSplits < 0 || f.graphCtx <= 0) {
+		return fmt.Errorf("--attn-splits %d: give a count of at least 1, and --graph-context N: it sets the splits of a full batch at that context", f.attnSplits)
+	}
 	s, err := openFile(path, f.runFlags)
 	if err != nil {
 		return err
