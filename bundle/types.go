@@ -396,7 +396,7 @@ func (a *AttnSplit) Chunk(maxN, rows int) int {
 	maxN, rows = max(maxN, 1), max(rows, 1)
 	best, bestCost := 0, 0
 	for s := 1; s <= a.MaxSplits; s++ {
-		c := max(a.MinChunk, ceilTo((maxN+s-1)/s, a.Step))
+		c := max(a.MinChunk, a.SplitChunk(maxN, s))
 		used := (maxN + c - 1) / c
 		waves := (rows*a.RowBlocks*used + a.WaveBlocks - 1) / a.WaveBlocks
 		merge := 0
@@ -408,6 +408,12 @@ func (a *AttnSplit) Chunk(maxN, rows int) int {
 		}
 	}
 	return best
+}
+
+// SplitChunk is the positions per split of a context of maxN positions cut into splits
+// splits, in whole passes of a block (Step).
+func (a *AttnSplit) SplitChunk(maxN, splits int) int {
+	return ceilTo((max(maxN, 1)+splits-1)/splits, a.Step)
 }
 
 func ceilTo(n, m int) int { return (n + m - 1) / m * m }

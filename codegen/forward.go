@@ -89,6 +89,9 @@ func Generate(p *passes.Program, opt Options) (*bundle.Bundle, error) {
 	g := &gen{p: p, m: m, kernels: map[string]*Kernel{}, bodies: map[string]*Kernel{}, wdt: ptx.BF16, kvdt: ptx.F32, gemmKind: opt.GEMM, moeKind: opt.MoE, pdl: opt.Build.PDL,
 		tp: max(1, p.TP), siteKernels: map[*ir.MI]string{}}
 	bi := opt.Build
+	if err := CheckGemvSplit(bi.GemvSplit); err != nil {
+		return nil, err
+	}
 	switch {
 	case bi.Prefetch < 0 || bi.Prefetch > 0 && !bi.PDL:
 		return nil, fmt.Errorf("GEMV prefetch %d bytes: want 0, or a byte count with early launch", bi.Prefetch)
@@ -96,8 +99,6 @@ func Generate(p *passes.Program, opt Options) (*bundle.Bundle, error) {
 		return nil, fmt.Errorf("GEMV columns per warp %d: want 1 to %d", bi.GemvCols, MaxGemvCols)
 	case bi.GemvUnroll < 0 || bi.GemvUnroll > MaxGemvUnroll:
 		return nil, fmt.Errorf("GEMV unroll %d: want 1 to %d", bi.GemvUnroll, MaxGemvUnroll)
-	case CheckGemvSplit(bi.GemvSplit) != nil:
-		return nil, CheckGemvSplit(bi.GemvSplit)
 	case bi.AttnWarps < 0 || bi.AttnWarps > MaxAttnWarps || bi.AttnUnroll < 0 || bi.AttnUnroll > MaxAttnUnroll:
 		return nil, fmt.Errorf("decode attention: %d warps a block, %d loads a step: want 0 (the default) or 1 to %d and 1 to %d", bi.AttnWarps, bi.AttnUnroll, MaxAttnWarps, MaxAttnUnroll)
 	}

@@ -646,9 +646,7 @@ func fullBatch(s *session, ti, n, splits int) error {
 			if splits < 0 || splits > a.MaxSplits {
 				return fmt.Errorf("--attn-splits %d: bucket %s's attention takes 1..%d splits", splits, t.Name, a.MaxSplits)
 			}
-			// Positions per split in whole passes of a block, as Chunk cuts them.
-			step := max(1, a.Step)
-			chunk = ((n+splits-1)/splits + step - 1) / step * step
+			chunk = a.SplitChunk(n, splits)
 		}
 		if err := s.be.Write(a.Buffer, 0, enc([]uint32{uint32(chunk)})); err != nil {
 			return err
