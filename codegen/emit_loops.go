@@ -19,6 +19,37 @@ func (e emitter) forLoop(i ptx.Reg, start, end, step ptx.Operand, body func()) {
 	e.Label(done)
 }
 
+// unrolled emits `for i = start; i < end; i += step { use(i, load(i, 0)) }` with the loads
+// of u consecutive iterations issued before the first of them is used: load(i, j) loads the
+// element of iteration i + j*step. The uses run in the loop's order, one iteration at a time,
+// so a sum keeps its order bit for bit, and a use may branch out of the loop. The iterations
+// after the last whole group of u run one by one.
+func (e emitter) unrolled(i ptx.Reg, start, end ptx.Operand, step, u int, load func(i ptx.Reg, j int) ptx.Reg, use func(i, x ptx.Reg)) {
+	group, tail, done := e.NewLabel("unrolled"), e.NewLabel("unrolled_tail"), e.NewLabel("unrolled_end")
+	last, p := e.Reg(ptx.U32), e.Reg(ptx.Pred)
+	e.Emit("mov.u32", i, start)
+	e.Label(group)
+	e.Emit("add.u32", last, i, ptx.Imm(int64((u-1)*step)))
+	e.Emit("setp.ge.u32", p, last, end)
+	e.EmitIf(p, false, "bra", ptx.Sym(tail))
+	xs := make([]ptx.Reg, u)
+	for j := range xs {
+		xs[j] = load(i, j)
+	}
+	for _, x := range xs {
+		use(i, x)
+		e.Emit("add.u32", i, i, ptx.Imm(int64(step)))
+	}
+	e.Emit("bra", ptx.Sym(group))
+	e.Label(tail)
+	e.Emit("setp.ge.u32", p, i, end)
+	e.EmitIf(p, false, "bra", ptx.Sym(done))
+	use(i, load(i, 0))
+	e.Emit("add.u32", i, i, ptx.Imm(int64(step)))
+	e.Emit("bra", ptx.Sym(tail))
+	e.Label(done)
+}
+
 // when emits body guarded by a branch over it: it runs only where p holds (or fails, if neg).
 func (e emitter) when(p ptx.Reg, neg bool, body func()) {
 	skip := e.NewLabel("skip")

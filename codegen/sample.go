@@ -126,8 +126,7 @@ func (g *sampleGen) emit(refs []ops.TokenOverride) error {
 	g.EmitIf(g.cmp("gt", ptx.F32, temp, ptx.F32Imm(0)), true, "bra", ptx.Sym(greedy))
 
 	mx, bad := g.f32(float32(math.Inf(-1))), g.f32(0)
-	g.strided(func(i ptx.Reg) {
-		x := g.logit(i)
+	g.strided(func(_, x ptx.Reg) {
 		g.Emit("max.f32", mx, mx, x)
 		g.addNonFinite(bad, x)
 	})
@@ -167,10 +166,13 @@ func (g *sampleGen) emit(refs []ops.TokenOverride) error {
 	g.Emit("bar.sync", ptx.Imm(0))
 	g.EmitIf(g.cmp("ne", ptx.U32, g.tid, ptx.Imm(0)), false, "bra", ptx.Sym(end))
 	// Thread 0 scans the segment sums, then walks the segment the draw falls in.
-	total, pj := g.f32(0), g.Reg(ptx.F32)
-	j := g.Reg(ptx.U32)
-	g.forLoop(j, ptx.Imm(0), ptx.Imm(int64(g.nt)), ptx.Imm(1), func() {
-		g.Emit("ld.shared.f32", pj, ptx.Addr{Base: g.sharedAddr(part, j, 4)})
+	total, j := g.f32(0), g.Reg(ptx.U32)
+	partAt := func(j ptx.Reg, k int) ptx.Reg {
+		v := g.Reg(ptx.F32)
+		g.Emit("ld.shared.f32", v, ptx.Addr{Base: g.sharedAddr(part, j, 4), Offset: int64(4 * k)})
+		return v
+	}
+	g.unrolled(j, ptx.Imm(0), ptx.Imm(int64(g.nt)), 1, sampleUnroll, partAt, func(_, pj ptx.Reg) {
 		g.Emit("add.rn.f32", total, total, pj)
 	})
 	u := g.Reg(ptx.F32)
@@ -179,8 +181,7 @@ func (g *sampleGen) emit(refs []ops.TokenOverride) error {
 	g.Emit("mul.rn.f32", u, u, total)
 	run, base, prev, segIdx := g.f32(0), g.f32(0), g.Reg(ptx.F32), g.imm32(0)
 	found := g.NewLabel("found")
-	g.forLoop(j, ptx.Imm(0), ptx.Imm(int64(g.nt)), ptx.Imm(1), func() {
-		g.Emit("ld.shared.f32", pj, ptx.Addr{Base: g.sharedAddr(part, j, 4)})
+	g.unrolled(j, ptx.Imm(0), ptx.Imm(int64(g.nt)), 1, sampleUnroll, partAt, func(j, pj ptx.Reg) {
 		g.Emit("mov.f32", prev, run)
 		g.Emit("add.rn.f32", run, run, pj)
 		nz := g.cmp("gt", ptx.F32, pj, ptx.F32Imm(0))
@@ -233,11 +234,11 @@ func (g *sampleGen) logprobStats(k, row ptx.Reg) *logprobRegs {
 	redI := g.DeclareShared("lp_i", ptx.U32, nw+1)
 	g.when(lp.on, false, func() {
 		mx := g.f32(float32(math.Inf(-1)))
-		g.strided(func(i ptx.Reg) { g.Emit("max.f32", mx, mx, g.logit(i)) })
+		g.strided(func(_, x ptx.Reg) { g.Emit("max.f32", mx, mx, x) })
 		g.Emit("mov.f32", lp.m, g.blockReduce(mx, "max", g.red, g.tid, g.nt))
 		sum := g.f32(0)
-		g.strided(func(i ptx.Reg) {
-			y := g.op3("sub.rn.f32", ptx.F32, g.logit(i), lp.m)
+		g.strided(func(_, x ptx.Reg) {
+			y := g.op3("sub.rn.f32", ptx.F32, x, lp.m)
 			g.Emit("mul.rn.f32", y, y, ptx.F32Imm(ops.Log2E))
 			g.Emit("add.rn.f32", sum, sum, g.exp2(y))
 		})
@@ -417,23 +418,30 @@ func (g *sampleGen) declareOverrides(refs []ops.TokenOverride) (func(smp ptx.Reg
 	}, nil
 }
 
-// logit loads this sample's logit i.
-func (g *sampleGen) logit(i ptx.Reg) ptx.Reg {
+// sampleUnroll is how many logits each thread of the sampler loads before it uses the first.
+// A block reads its sample's whole row (128256 logits for Llama 3) on one SM, once per pass,
+// and the nucleus search makes over twenty passes: with one load in flight per thread the
+// passes wait on L2's latency, not its bandwidth.
+const sampleUnroll = 16
+
+// logitAt loads logit i + j*stride of this sample (the byte offset is an immediate).
+func (g *sampleGen) logitAt(i ptx.Reg, j, stride int) ptx.Reg {
 	x := g.Reg(ptx.F32)
-	g.Emit("ld.global.f32", x, ptx.Addr{Base: g.byteAddr(g.lb, i, 4)})
+	g.Emit("ld.global.f32", x, ptx.Addr{Base: g.byteAddr(g.lb, i, 4), Offset: int64(4 * j * stride)})
 	return x
 }
 
-// strided runs body for i = tid, tid+threads, ... below Vocab.
-func (g *sampleGen) strided(body func(i ptx.Reg)) {
+// strided runs body(i, logit i) for i = tid, tid+threads, ... below Vocab, in that order.
+func (g *sampleGen) strided(body func(i, x ptx.Reg)) {
 	i := g.Reg(ptx.U32)
-	g.forLoop(i, g.tid, ptx.Imm(int64(g.c.Vocab)), ptx.Imm(int64(g.nt)), func() { body(i) })
+	g.unrolled(i, g.tid, ptx.Imm(int64(g.c.Vocab)), g.nt, sampleUnroll,
+		func(i ptx.Reg, j int) ptx.Reg { return g.logitAt(i, j, g.nt) }, body)
 }
 
-// kept returns token i's relative probability 2^y if y >= thr, else 0, where
-// y = (logit-max)*log2(e)/T, rounded step by step exactly as ops "sample" does.
-func (g *sampleGen) kept(i, thr ptx.Reg) ptx.Reg {
-	y := g.op3("sub.rn.f32", ptx.F32, g.logit(i), g.m)
+// kept returns a token's relative probability 2^y if y >= thr, else 0, where
+// y = (logit x - max)*log2(e)/T, rounded step by step exactly as ops "sample" does.
+func (g *sampleGen) kept(x, thr ptx.Reg) ptx.Reg {
+	y := g.op3("sub.rn.f32", ptx.F32, x, g.m)
 	g.Emit("mul.rn.f32", y, y, g.scale)
 	q := g.exp2(y)
 	w := g.Reg(ptx.F32)
@@ -444,7 +452,7 @@ func (g *sampleGen) kept(i, thr ptx.Reg) ptx.Reg {
 // keptSum is the block-wide sum of kept(i, thr) over the vocabulary.
 func (g *sampleGen) keptSum(thr ptx.Reg) ptx.Reg {
 	acc := g.f32(0)
-	g.strided(func(i ptx.Reg) { g.Emit("add.rn.f32", acc, acc, g.kept(i, thr)) })
+	g.strided(func(_, x ptx.Reg) { g.Emit("add.rn.f32", acc, acc, g.kept(x, thr)) })
 	return g.blockReduce(acc, "add", g.red, g.tid, g.nt)
 }
 
@@ -455,7 +463,8 @@ func (g *sampleGen) segment(s ptx.Reg, seg int, body func(i, w ptx.Reg), thr ptx
 	stop := g.op3("add.u32", ptx.U32, start, ptx.Imm(int64(seg)))
 	g.Emit("min.u32", stop, stop, ptx.Imm(int64(g.c.Vocab)))
 	i := g.Reg(ptx.U32)
-	g.forLoop(i, start, stop, ptx.Imm(1), func() { body(i, g.kept(i, thr)) })
+	g.unrolled(i, start, stop, 1, sampleUnroll, func(i ptx.Reg, j int) ptx.Reg { return g.logitAt(i, j, 1) },
+		func(i, x ptx.Reg) { body(i, g.kept(x, thr)) })
 }
 
 // argmax stores the lowest index of the largest logit: per-thread strided scans keep the
@@ -463,8 +472,7 @@ func (g *sampleGen) segment(s ptx.Reg, seg int, body func(i, w ptx.Reg), thr ptx
 func (g *sampleGen) argmax(outAddr ptx.Addr) {
 	bv, bi, bad := g.f32(float32(math.Inf(-1))), g.Reg(ptx.U32), g.f32(0)
 	g.Emit("mov.u32", bi, g.tid)
-	g.strided(func(i ptx.Reg) {
-		x := g.logit(i)
+	g.strided(func(i, x ptx.Reg) {
 		p := g.cmp("gt", ptx.F32, x, bv)
 		g.Emit("selp.f32", bv, x, bv, p)
 		g.Emit("selp.u32", bi, i, bi, p)

@@ -13,7 +13,7 @@ import (
 
 func TestSampleKernel(t *testing.T) {
 	r := rand.New(rand.NewPCG(41, 42))
-	for _, vocab := range []int{1, 100, 333, 2500} {
+	for _, vocab := range []int{1, 100, 333, 2500, 9000} {
 		c := SampleConfig{Vocab: vocab}
 		k, err := Sample("sample_test", c)
 		if err != nil {

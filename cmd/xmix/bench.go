@@ -72,10 +72,12 @@ first token and total token throughput (prompt + generated tokens / wall time). 
 runs are discarded, --runs are measured and averaged.
 
 --apps enables apps on a --app-fraction of the requests (chosen at random, seeded).
+Requests are greedy unless --temperature (and --top-p) say otherwise: the sampler's cost
+grows with them (a nucleus search reads every logit some twenty times).
 
 Over HTTP (--url http://HOST:PORT, no bundle): the online workload against any
 OpenAI-compatible server (xmix serve, vLLM), streamed from /v1/completions with token-id
-prompts and temperature 0; reports client-side TTFT (to the first chunk), ITL (between
+prompts and temperature 0 (or --temperature, --top-p); reports client-side TTFT (to the first chunk), ITL (between
 chunks: mean, P50, P99) and throughput. The prompts are those the in-process bench draws
 for a model of --vocab ids and the server's max_model_len, so both benches run the same
 requests. --xmix-apps enables apps through the "xmix" extension on an --app-fraction of the
@@ -85,6 +87,9 @@ requests. --ignore-eos (both ways) has every request generate exactly its tokens
   xmix bench --url http://127.0.0.1:8080 --requests 250 --rate 0 --output-len 128 --ignore-eos`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := f.checkSampling(); err != nil {
+				return err
+			}
 			if f.url != "" {
 				if len(args) > 0 {
 					return fmt.Errorf("--url drives a server: give it or a bundle, not both")
@@ -126,6 +131,8 @@ requests. --ignore-eos (both ways) has every request generate exactly its tokens
 	fl.IntVar(&f.maxModelLen, "max-model-len", 0, "--url: the model's context, bounding the prompts (default: the server's max_model_len)")
 	fl.StringVar(&f.xmixApps, "xmix-apps", "", "--url: comma-separated apps to enable through the xmix extension")
 	fl.BoolVar(&f.vectors, "vectors", false, "in-process: requests that enable apps bring their own random value for each per_request vector param of those apps (rows read the bundle's vector slots, not the compiled values)")
+	fl.Float32Var(&f.temperature, "temperature", 0, "every request's sampling temperature (0: greedy), in-process and --url; the decode graphs are timed with every row sampling so")
+	fl.Float32Var(&f.topP, "top-p", 1, "every request's nucleus mass (0 or 1: no nucleus cut); with --temperature above 0 the sampler searches the nucleus each step")
 	fl.BoolVar(&f.ignoreEOS, "ignore-eos", false, "every request generates exactly its tokens, past any EOS (ignore_eos; in-process and --url)")
 	f.addBackendFlags(fl)
 	return c
@@ -155,6 +162,18 @@ func nodeRole(label string) string {
 		return label[i+1:]
 	}
 	return label
+}
+
+// checkSampling checks --temperature and --top-p as the engine checks a request's, naming the
+// flags.
+func (f benchFlags) checkSampling() error {
+	if t := float64(f.temperature); math.IsNaN(t) || math.IsInf(t, 0) || t < 0 {
+		return fmt.Errorf("--temperature %v: want a finite number >= 0 (0: greedy)", f.temperature)
+	}
+	if p := float64(f.topP); math.IsNaN(p) || p < 0 || p > 1 {
+		return fmt.Errorf("--top-p %v: want a number in [0, 1] (0 or 1: no nucleus cut)", f.topP)
+	}
+	return nil
 }
 
 // checkRate reads --rate: a positive rate, or 0 and inf for every request at once.
@@ -206,7 +225,8 @@ func runBench(w io.Writer, path string, f benchFlags) error {
 		apps = strings.Split(f.apps, ",")
 	}
 	rng := f.rngs()
-	out := map[string]any{"bundle": filepath.Base(path), "backend": s.be.Name(), "model": b.Manifest.Model.Name, "apps": apps, "app_fraction": f.appFraction}
+	out := map[string]any{"bundle": filepath.Base(path), "backend": s.be.Name(), "model": b.Manifest.Model.Name, "apps": apps, "app_fraction": f.appFraction,
+		"temperature": f.temperature, "top_p": f.topP}
 	if f.online {
 		res, err := benchOnline(s, f, apps, rng)
 		if err != nil {
@@ -383,7 +403,7 @@ func benchOffline(s *session, f benchFlags, apps []string, rng benchRNG) (offlin
 	var reqs []loader.Request
 	for range f.prompts {
 		reqs = append(reqs, loader.Request{Prompt: randomPrompt(rng.work, f.promptLen, vocab), MaxTokens: f.newTokens, IgnoreEOS: f.ignoreEOS,
-			Apps: appsForRequest(rng.apps, apps, f.appFraction)})
+			Temperature: f.temperature, TopP: f.topP, Apps: appsForRequest(rng.apps, apps, f.appFraction)})
 	}
 	if f.vectors {
 		addVectors(rng.apps, s.eng.PerRequestVectors(), reqs)
@@ -465,7 +485,7 @@ func graphTimes(s *session, f benchFlags) (map[string]float64, error) {
 	out := map[string]float64{}
 	for _, i := range timedBuckets(s, f) {
 		t := s.b.Templates[i]
-		if err := fullBatch(s, i, f.graphCtx, f.attnSplits); err != nil {
+		if err := fullBatch(s, i, f); err != nil {
 			return nil, err
 		}
 		if _, err := tm.Time(i, 3); err != nil {
@@ -490,7 +510,7 @@ func profileTimes(s *session, f benchFlags) (map[string]map[string]float64, erro
 	out := map[string]map[string]float64{}
 	for _, i := range timedBuckets(s, f) {
 		t := s.b.Templates[i]
-		if err := fullBatch(s, i, f.graphCtx, f.attnSplits); err != nil {
+		if err := fullBatch(s, i, f); err != nil {
 			return nil, err
 		}
 		if _, err := p.Profile(i); err != nil { // warm-up
@@ -521,7 +541,7 @@ func roleCosts(s *session, f benchFlags) (map[string]map[string]float64, error) 
 	out := map[string]map[string]float64{}
 	for _, i := range timedBuckets(s, f) {
 		t := s.b.Templates[i]
-		if err := fullBatch(s, i, f.graphCtx, f.attnSplits); err != nil {
+		if err := fullBatch(s, i, f); err != nil {
 			return nil, err
 		}
 		var roles []string
@@ -588,9 +608,11 @@ func roleCostsOf(rt roleTimer, ti, n int, roles []string) (map[string]float64, e
 // It then runs that step once, which sends the words to the device (graph timing and
 // profiling replay what the device holds). The cache holds whatever earlier steps left
 // there: right for timing only, and the engine must not step afterwards (its block table is
-// overwritten). splits > 0 (--attn-splits) cuts each context over that many splits of the
-// attention instead of the engine's choice (AttnSplit.Chunk).
-func fullBatch(s *session, ti, n, splits int) error {
+// overwritten). f.attnSplits > 0 (--attn-splits) cuts each context over that many splits of
+// the attention instead of the engine's choice (AttnSplit.Chunk). Every row samples with
+// --temperature and --top-p.
+func fullBatch(s *session, ti int, f benchFlags) error {
+	n, splits := f.graphCtx, f.attnSplits
 	if n == 0 {
 		if splits != 0 {
 			return fmt.Errorf("--attn-splits %d: the splits of a full batch, so give --graph-context too", splits)
@@ -631,6 +653,18 @@ func fullBatch(s *session, ti, n, splits int) error {
 		buf string
 		v   []uint32
 	}{{bundle.CtlPos, pos}, {bundle.CtlSeq, seq}, {bundle.CtlMask, zero}} {
+		if err := s.be.Write(w.buf, 0, enc(w.v)); err != nil {
+			return err
+		}
+	}
+	temp, topP := make([]uint32, rows), make([]uint32, rows)
+	for r := range rows {
+		temp[r], topP[r] = math.Float32bits(f.temperature), math.Float32bits(f.topP)
+	}
+	for _, w := range []struct {
+		buf string
+		v   []uint32
+	}{{bundle.CtlTemperature, temp}, {bundle.CtlTopP, topP}} {
 		if err := s.be.Write(w.buf, 0, enc(w.v)); err != nil {
 			return err
 		}
@@ -790,7 +824,7 @@ func onlineWorkload(f benchFlags, apps []string, rng benchRNG, maxSeqLen, vocab 
 		}
 		work = append(work, arrival{time.Duration(t * float64(time.Second)), loader.Request{
 			Prompt: randomPrompt(rng.work, shareGPTLen(rng.work, maxPrompt), vocab), MaxTokens: f.outputLen, IgnoreEOS: f.ignoreEOS,
-			Apps: appsForRequest(rng.apps, apps, f.appFraction)}})
+			Temperature: f.temperature, TopP: f.topP, Apps: appsForRequest(rng.apps, apps, f.appFraction)}})
 	}
 	return work, nil
 }

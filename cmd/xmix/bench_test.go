@@ -18,6 +18,7 @@ import (
 
 	"xmix/bundle"
 	"xmix/compile"
+	"xmix/loader"
 	"xmix/loader/cuda"
 )
 
@@ -264,7 +265,7 @@ func TestBenchFullBatch(t *testing.T) {
 			continue
 		}
 		const n = 100
-		if err := fullBatch(s, i, n, 0); err != nil {
+		if err := fullBatch(s, i, benchFlags{graphCtx: n, runFlags: runFlags{temperature: 0.7, topP: 0.9}}); err != nil {
 			t.Fatal(err)
 		}
 		words := func(buf string, k int) []uint32 {
@@ -291,11 +292,22 @@ func TestBenchFullBatch(t *testing.T) {
 				}
 			}
 		}
+		// Every row samples with the bench's --temperature and --top-p.
+		for _, w := range []struct {
+			buf  string
+			want float32
+		}{{bundle.CtlTemperature, 0.7}, {bundle.CtlTopP, 0.9}} {
+			for r, v := range words(w.buf, 4) {
+				if math.Float32frombits(v) != w.want {
+					t.Errorf("%s row %d: %v, want %v", w.buf, r, math.Float32frombits(v), w.want)
+				}
+			}
+		}
 		for _, bad := range []struct {
 			n    int
 			want string
 		}{{m.MaxSeqLen + 1, "want 1..512"}, {-3, "want 1..512"}} {
-			if err := fullBatch(s, i, bad.n, 0); err == nil || !strings.Contains(err.Error(), bad.want) {
+			if err := fullBatch(s, i, benchFlags{graphCtx: bad.n}); err == nil || !strings.Contains(err.Error(), bad.want) {
 				t.Errorf("context %d: %v", bad.n, err)
 			}
 		}
@@ -307,7 +319,7 @@ func TestBenchFullBatch(t *testing.T) {
 		for _, c := range []struct{ splits, chunk int }{
 			{0, a.Chunk(n, 4)}, {1, (n + a.Step - 1) / a.Step * a.Step}, {2, (n/2 + a.Step - 1) / a.Step * a.Step},
 		} {
-			if err := fullBatch(s, i, n, c.splits); err != nil {
+			if err := fullBatch(s, i, benchFlags{graphCtx: n, attnSplits: c.splits}); err != nil {
 				t.Fatal(err)
 			}
 			if got := words(a.Buffer, 1)[0]; got != uint32(c.chunk) {
@@ -321,12 +333,12 @@ func TestBenchFullBatch(t *testing.T) {
 			{n, a.MaxSplits + 1, fmt.Sprintf("takes 1..%d splits", a.MaxSplits)}, {n, -1, "--attn-splits -1"},
 			{0, 2, "give --graph-context too"},
 		} {
-			if err := fullBatch(s, i, bad.n, bad.splits); err == nil || !strings.Contains(err.Error(), bad.want) {
+			if err := fullBatch(s, i, benchFlags{graphCtx: bad.n, attnSplits: bad.splits}); err == nil || !strings.Contains(err.Error(), bad.want) {
 				t.Errorf("context %d, %d splits: %v", bad.n, bad.splits, err)
 			}
 		}
 		s.b.Templates[i].Tokens = m.MaxSeqs + 1
-		if err := fullBatch(s, i, 10, 0); err == nil || !strings.Contains(err.Error(), "sequence slots") {
+		if err := fullBatch(s, i, benchFlags{graphCtx: 10}); err == nil || !strings.Contains(err.Error(), "sequence slots") {
 			t.Errorf("%d rows: %v", m.MaxSeqs+1, err)
 		}
 		return
@@ -479,4 +491,53 @@ func tinyBundleFile(t *testing.T, path string, apps ...string) string {
 		t.Fatal(err)
 	}
 	return path
+}
+
+// TestBenchSampling: --temperature and --top-p are checked before a bundle or a server is
+// reached, the in-process bench runs sampled requests and reports what it sampled with, and
+// over HTTP every completion asks for them.
+func TestBenchSampling(t *testing.T) {
+	bp := tinyBundleFile(t, filepath.Join(t.TempDir(), "tiny.xmb"))
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{bp, "--temperature", "-1"}, "--temperature -1: want a finite number >= 0 (0: greedy)"},
+		{[]string{bp, "--temperature", "NaN"}, "--temperature NaN: want a finite number >= 0"},
+		{[]string{bp, "--top-p", "1.5"}, "--top-p 1.5: want a number in [0, 1] (0 or 1: no nucleus cut)"},
+		{[]string{"--url", "http://127.0.0.1:1", "--temperature", "+Inf"}, "--temperature +Inf: want a finite number >= 0"},
+	} {
+		if out, err := xmix(t, append([]string{"bench", "-q", "--backend", "cpu"}, c.args...)...); err == nil || !strings.Contains(out, c.want) {
+			t.Errorf("%v: err %v, output %q", c.args, err, out)
+		}
+	}
+	out, err := xmix(t, "bench", bp, "-q", "--backend", "cpu", "--prompts", "2", "--prompt-len", "4", "--new-tokens", "3",
+		"--temperature", "0.8", "--top-p", "0.9", "--json")
+	if err != nil {
+		t.Fatalf("sampled bench: %v\n%s", err, out)
+	}
+	var res struct {
+		Temperature float32 `json:"temperature"`
+		TopP        float32 `json:"top_p"`
+		Offline     struct {
+			DecodeSteps int `json:"decode_steps"`
+		}
+	}
+	if err := json.Unmarshal([]byte(out[strings.Index(out, "{"):]), &res); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if res.Temperature != 0.8 || res.TopP != 0.9 || res.Offline.DecodeSteps == 0 {
+		t.Fatalf("sampled bench reported %+v:\n%s", res, out)
+	}
+	body, err := completionBody("m", arrival{req: loader.Request{Prompt: []int{1, 2}, MaxTokens: 4}}, benchFlags{runFlags: runFlags{temperature: 0.8, topP: 0.9}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sent map[string]any
+	if err := json.Unmarshal(body, &sent); err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(sent["temperature"], sent["top_p"]) != "0.8 0.9" {
+		t.Fatalf("completion body %s", body)
+	}
 }

@@ -171,10 +171,10 @@ func remoteModel(hc *http.Client, base, want string) (string, int, error) {
 }
 
 // completionBody is the streamed completion request for one arrival, as vLLM's bench sends
-// it: token ids, greedy, the usage at the end.
+// it: token ids, greedy unless --temperature says otherwise, the usage at the end.
 func completionBody(model string, a arrival, f benchFlags) ([]byte, error) {
-	body := map[string]any{"model": model, "prompt": a.req.Prompt, "max_tokens": a.req.MaxTokens, "temperature": 0,
-		"stream": true, "stream_options": map[string]bool{"include_usage": true}}
+	body := map[string]any{"model": model, "prompt": a.req.Prompt, "max_tokens": a.req.MaxTokens, "temperature": f.temperature,
+		"top_p": f.topP, "stream": true, "stream_options": map[string]bool{"include_usage": true}}
 	if f.ignoreEOS {
 		body["ignore_eos"] = true
 	}

@@ -28,7 +28,8 @@
 # PROMPT_LENS="2048 16" runs the whole script once per prompt length, each into $OUT/pLEN, with
 # batches BATCHES_LEN where set (BATCHES_2048="1 8 32"), else BATCHES. GRAPH_CONTEXT=N times
 # every row at context N instead of PROMPT_LEN+64 (issue 14 item 1's ~50-token contexts at
-# batch 128: GRAPH_CONTEXT=50 BATCHES=128 ROLE_COSTS=1).
+# batch 128: GRAPH_CONTEXT=50 BATCHES=128 ROLE_COSTS=1). BENCH_FLAGS are added to every
+# xmix bench (BENCH_FLAGS="--temperature 1 --top-p 0.9": every row samples from a nucleus).
 set -uo pipefail
 . testsuite/gpu/ptxas.sh
 . testsuite/gpu/variants.sh
@@ -61,15 +62,18 @@ git rev-parse --short HEAD > "$raw/commit.txt" 2>/dev/null || echo unknown > "$r
 keep "$raw/device.txt" "$raw/commit.txt"
 
 # The variant prev is the previous build: the bundle at the defaults built and run by the
-# binaries in PREV_BIN (default .dev/prev), timed against this build's.
+# binaries in PREV_BIN (default .dev/prev), timed against this build's. prevc is the previous
+# compiler's bundle run by this build's xmix (a kernel change timed with flags only this xmix
+# has, e.g. BENCH_FLAGS="--temperature 1").
 PREV_BIN=${PREV_BIN:-.dev/prev}
-binaries_of() { if [ "$1" = prev ]; then echo "$PREV_BIN"; else echo "$bin"; fi; }
+compiler_of() { case "$1" in prev | prevc) echo "$PREV_BIN" ;; *) echo "$bin" ;; esac; }
+runner_of() { if [ "$1" = prev ]; then echo "$PREV_BIN"; else echo "$bin"; fi; }
 
 log "bundles"
 for m in $MODELS; do
   for v in $VARIANTS; do
     spec=$(variant_spec "$m" "$v")
-    "$(binaries_of "$v")/xmixc" build "$spec" $([ "$v" = prev ] || variant_flags "$v") -q -o "$work/$m-$v.xmb" || echo "build $m $v failed" >&2
+    "$(compiler_of "$v")/xmixc" build "$spec" $(variant_flags "$v") -q -o "$work/$m-$v.xmb" || echo "build $m $v failed" >&2
     drop_variant_spec "$spec"
   done
 done
@@ -86,8 +90,8 @@ if has bench; then
         for v in $order; do
           gemm=${BENCH_GEMM:-auto}
           [ "$v" = cublaslt ] && gemm=auto
-          timeout "${BENCH_TIMEOUT:-120}" "$(binaries_of "$v")/xmix" bench "$work/$m-$v.xmb" --backend cuda --gemm "$gemm" --prompts "$bs" --prompt-len "$PROMPT_LEN" --new-tokens 8 \
-            --graph-buckets "$bs" --graph-context "$GRAPH_CONTEXT" $(variant_bench_flags "$v") $prof --json -q > "$raw/bench__${m}__${v}__b${bs}__r${r}.json" 2>> "$raw/bench.log" \
+          timeout "${BENCH_TIMEOUT:-120}" "$(runner_of "$v")/xmix" bench "$work/$m-$v.xmb" --backend cuda --gemm "$gemm" --prompts "$bs" --prompt-len "$PROMPT_LEN" --new-tokens 8 \
+            --graph-buckets "$bs" --graph-context "$GRAPH_CONTEXT" $(variant_bench_flags "$v") ${BENCH_FLAGS:-} $prof --json -q > "$raw/bench__${m}__${v}__b${bs}__r${r}.json" 2>> "$raw/bench.log" \
             || echo "bench $m $v b$bs round $r failed" >&2
           keep "$raw/bench__${m}__${v}__b${bs}__r${r}.json"
         done

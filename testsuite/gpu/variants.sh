@@ -1,5 +1,6 @@
 # variant_flags VARIANT (sourced by fuse_ab.sh and online_ab.sh): a build variant's xmixc build
-# flags: default and cublaslt (none; fuse_ab.sh times cublaslt with --gemm auto), serial
+# flags: default, prev, prevc and cublaslt (none; fuse_ab.sh builds prev and prevc with the
+# previous build's xmixc and times cublaslt with --gemm auto), serial
 # (--fuse none --pdl=false: the kernels as they ran before either), FUSE+serial (--fuse FUSE
 # --pdl=false), pfN (--prefetch N), gcN (--gemv-cols N), guN (--gemv-unroll N), gsN
 # (--gemv-split N), awN
@@ -13,7 +14,7 @@ variant_flags() {
   case "$1" in
     *,*) local part
       for part in ${1//,/ }; do variant_flags "$part"; done ;;
-    default | cublaslt) ;;
+    default | cublaslt | prev | prevc) ;;
     serial) echo --fuse none --pdl=false ;;
     *+serial) echo --fuse "${1%+serial}" --pdl=false ;;
     pf[0-9]*) echo --prefetch "${1#pf}" ;;
