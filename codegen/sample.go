@@ -99,7 +99,7 @@ func (g *sampleGen) emit(refs []ops.TokenOverride) error {
 	if err != nil {
 		return err
 	}
-	g.red = g.DeclareShared("smp_red", ptx.F32, 2*g.nt/32)
+	g.red = g.DeclareShared("smp_red", ptx.F32, 4*g.nt/32)
 	g.redi = g.DeclareShared("smp_redi", ptx.U32, g.nt/32)
 	part := g.DeclareShared("smp_part", ptx.F32, g.nt)
 	smp := g.special(ptx.CtaidX)
@@ -144,16 +144,10 @@ func (g *sampleGen) emit(refs []ops.TokenOverride) error {
 	thr := g.f32(float32(math.Inf(-1)))
 	g.when(g.cmp("gt", ptx.F32, tp, ptx.F32Imm(0)), false, func() {
 		g.when(g.cmp("lt", ptx.F32, tp, ptx.F32Imm(1)), false, func() {
-			target := g.op3("mul.rn.f32", ptx.F32, tp, g.keptSum(g.f32(float32(math.Inf(-1)))))
-			lo, hi, mid := g.f32(ops.SampleFloor), g.f32(0), g.Reg(ptx.F32)
+			lo, hi, target := g.f32(ops.SampleFloor), g.f32(0), g.Reg(ptx.F32)
+			g.bisectTwice(lo, hi, target, tp)
 			it := g.Reg(ptx.U32)
-			g.forLoop(it, ptx.Imm(0), ptx.Imm(ops.SampleIters), ptx.Imm(1), func() {
-				g.Emit("add.rn.f32", mid, lo, hi)
-				g.Emit("mul.rn.f32", mid, mid, ptx.F32Imm(0.5))
-				ok := g.cmp("ge", ptx.F32, g.keptSum(mid), target)
-				g.Emit("selp.f32", lo, mid, lo, ok)
-				g.Emit("selp.f32", hi, hi, mid, ok)
-			})
+			g.forLoop(it, ptx.Imm(1), ptx.Imm(ops.SampleIters/2), ptx.Imm(1), func() { g.bisectTwice(lo, hi, target, ptx.Reg{}) })
 			g.Emit("mov.f32", thr, lo)
 		})
 	})
@@ -438,22 +432,72 @@ func (g *sampleGen) strided(body func(i, x ptx.Reg)) {
 		func(i ptx.Reg, j int) ptx.Reg { return g.logitAt(i, j, g.nt) }, body)
 }
 
-// kept returns a token's relative probability 2^y if y >= thr, else 0, where
-// y = (logit x - max)*log2(e)/T, rounded step by step exactly as ops "sample" does.
-func (g *sampleGen) kept(x, thr ptx.Reg) ptx.Reg {
-	y := g.op3("sub.rn.f32", ptx.F32, x, g.m)
+// relProb returns y = (logit x - max)*log2(e)/T and the token's probability relative to the
+// most likely one, 2^y, rounded step by step exactly as ops "sample" does.
+func (g *sampleGen) relProb(x ptx.Reg) (y, q ptx.Reg) {
+	y = g.op3("sub.rn.f32", ptx.F32, x, g.m)
 	g.Emit("mul.rn.f32", y, y, g.scale)
-	q := g.exp2(y)
+	return y, g.exp2(y)
+}
+
+// kept returns a token's relative probability 2^y if y >= thr, else 0.
+func (g *sampleGen) kept(x, thr ptx.Reg) ptx.Reg {
+	y, q := g.relProb(x)
 	w := g.Reg(ptx.F32)
 	g.Emit("selp.f32", w, q, ptx.F32Imm(0), g.cmp("ge", ptx.F32, y, thr))
 	return w
 }
 
-// keptSum is the block-wide sum of kept(i, thr) over the vocabulary.
-func (g *sampleGen) keptSum(thr ptx.Reg) ptx.Reg {
-	acc := g.f32(0)
-	g.strided(func(_, x ptx.Reg) { g.Emit("add.rn.f32", acc, acc, g.kept(x, thr)) })
-	return g.blockReduce(acc, "add", g.red, g.tid, g.nt)
+// keptSums are the block-wide sums of kept(x, thr) over the vocabulary for each of thrs, in
+// one pass over the logits; each sum is formed as a pass of its own would form it.
+func (g *sampleGen) keptSums(thrs ...ptx.Reg) []ptx.Reg {
+	accs := make([]ptx.Reg, len(thrs))
+	for k := range accs {
+		accs[k] = g.f32(0)
+	}
+	g.strided(func(_, x ptx.Reg) {
+		y, q := g.relProb(x)
+		for k, thr := range thrs {
+			w := g.Reg(ptx.F32)
+			g.Emit("selp.f32", w, q, ptx.F32Imm(0), g.cmp("ge", ptx.F32, y, thr))
+			g.Emit("add.rn.f32", accs[k], accs[k], w)
+		}
+	})
+	return g.blockReduceN(accs, "add", g.red, g.tid, g.nt)
+}
+
+// Two bisection steps a pass over the logits: the nucleus search takes SampleIters/2 passes.
+var _ [1 - ops.SampleIters%2]struct{}
+
+// bisectTwice runs two of the nucleus search's bisection steps on [lo, hi] in one pass: it
+// sums the kept mass at the midpoint m2 and at the midpoints m1 and m3 of the halves, the
+// only thresholds the second step can test, then keeps those the steps pick. So lo and hi
+// take the bits of ops "sample"'s one-step-a-pass search. With tp set (the first pass, lo and
+// hi at their start) it also sums the whole mass and sets target = tp times it.
+func (g *sampleGen) bisectTwice(lo, hi, target, tp ptx.Reg) {
+	m1, m2, m3 := g.Reg(ptx.F32), g.Reg(ptx.F32), g.Reg(ptx.F32)
+	for _, m := range []struct{ dst, a, b ptx.Reg }{{m2, lo, hi}, {m1, lo, m2}, {m3, m2, hi}} {
+		g.Emit("add.rn.f32", m.dst, m.a, m.b)
+		g.Emit("mul.rn.f32", m.dst, m.dst, ptx.F32Imm(0.5))
+	}
+	thrs := []ptx.Reg{m1, m2, m3}
+	if tp.T != 0 {
+		thrs = append(thrs, g.f32(float32(math.Inf(-1))))
+	}
+	sums := g.keptSums(thrs...)
+	if tp.T != 0 {
+		g.Emit("mul.rn.f32", target, tp, sums[3])
+	}
+	// The first step tests m2; the second m3 if m2 held, else m1.
+	first := g.cmp("ge", ptx.F32, sums[1], target)
+	g.Emit("selp.f32", lo, m2, lo, first)
+	g.Emit("selp.f32", hi, hi, m2, first)
+	mid, sum := g.Reg(ptx.F32), g.Reg(ptx.F32)
+	g.Emit("selp.f32", mid, m3, m1, first)
+	g.Emit("selp.f32", sum, sums[2], sums[0], first)
+	second := g.cmp("ge", ptx.F32, sum, target)
+	g.Emit("selp.f32", lo, mid, lo, second)
+	g.Emit("selp.f32", hi, hi, mid, second)
 }
 
 // segment runs body(i, kept(i, thr)) over segment s: tokens s*seg .. min((s+1)*seg, Vocab)-1.
