@@ -23,7 +23,7 @@ func (e emitter) forLoop(i ptx.Reg, start, end, step ptx.Operand, body func()) {
 // of u consecutive iterations issued before the first of them is used: load(i, j) loads the
 // element of iteration i + j*step. The uses run in the loop's order, one iteration at a time,
 // so a sum keeps its order bit for bit, and a use may branch out of the loop. The iterations
-// after the last whole group of u run one by one.
+// after the last whole group of u run one by one. end + (u-1)*step must fit in a u32.
 func (e emitter) unrolled(i ptx.Reg, start, end ptx.Operand, step, u int, load func(i ptx.Reg, j int) ptx.Reg, use func(i, x ptx.Reg)) {
 	group, tail, done := e.NewLabel("unrolled"), e.NewLabel("unrolled_tail"), e.NewLabel("unrolled_end")
 	last, p := e.Reg(ptx.U32), e.Reg(ptx.Pred)

@@ -443,6 +443,11 @@ func (g *sampleGen) relProb(x ptx.Reg) (y, q ptx.Reg) {
 // kept returns a token's relative probability 2^y if y >= thr, else 0.
 func (g *sampleGen) kept(x, thr ptx.Reg) ptx.Reg {
 	y, q := g.relProb(x)
+	return g.keep(y, q, thr)
+}
+
+// keep returns q if y >= thr, else 0.
+func (g *sampleGen) keep(y, q, thr ptx.Reg) ptx.Reg {
 	w := g.Reg(ptx.F32)
 	g.Emit("selp.f32", w, q, ptx.F32Imm(0), g.cmp("ge", ptx.F32, y, thr))
 	return w
@@ -458,9 +463,7 @@ func (g *sampleGen) keptSums(thrs ...ptx.Reg) []ptx.Reg {
 	g.strided(func(_, x ptx.Reg) {
 		y, q := g.relProb(x)
 		for k, thr := range thrs {
-			w := g.Reg(ptx.F32)
-			g.Emit("selp.f32", w, q, ptx.F32Imm(0), g.cmp("ge", ptx.F32, y, thr))
-			g.Emit("add.rn.f32", accs[k], accs[k], w)
+			g.Emit("add.rn.f32", accs[k], accs[k], g.keep(y, q, thr))
 		}
 	})
 	return g.blockReduceN(accs, "add", g.red, g.tid, g.nt)
