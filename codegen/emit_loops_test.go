@@ -1,13 +1,12 @@
 package codegen
 
 import (
-	"encoding/binary"
 	"math"
 	"math/rand/v2"
 	"testing"
 
+	"xmix/ops"
 	"xmix/ptx"
-	"xmix/ptx/emu"
 )
 
 // TestUnrolled: the loop with its loads run ahead visits i = start, start+step, ... below end
@@ -72,18 +71,8 @@ func runUnrolled(t *testing.T, x []float32, start, end, step, u int, bound float
 	if err != nil {
 		t.Fatal(err)
 	}
-	mod, err := ptx.Parse(k.PTX)
-	if err != nil {
-		t.Fatalf("parse: %v\n%s", err, k.PTX)
-	}
-	mem := emu.NewMemory()
-	xa, oa := mem.Alloc(4*len(x)), mem.Alloc(12)
-	for j, v := range x {
-		binary.LittleEndian.PutUint32(mem.Bytes(xa)[4*j:], math.Float32bits(v))
-	}
-	if err := emu.Run(mod, k.Name, emu.Launch{Grid: [3]int{1, 1, 1}, Block: [3]int{1, 1, 1}}, mem, []uint64{xa, oa}); err != nil {
-		t.Fatalf("emulate: %v", err)
-	}
-	o := mem.Bytes(oa)
-	return [3]uint32{binary.LittleEndian.Uint32(o), binary.LittleEndian.Uint32(o[4:]), binary.LittleEndian.Uint32(o[8:])}
+	b := newEmuBufs()
+	b.run(t, k, ops.Launch{Grid: [3]int{1, 1, 1}, Block: [3]int{1, 1, 1}}, []targ{{name: "x", f32: x}, {name: "out", out: 3, dtype: "u32"}})
+	o := ops.Arg{Mem: b.mem.Bytes(b.addr["out"])[:12]}.U32()
+	return [3]uint32{o[0], o[1], o[2]}
 }
