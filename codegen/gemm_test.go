@@ -93,7 +93,8 @@ func TestGemmColumnsPerWarp(t *testing.T) {
 	}{
 		{96, 40, 2, 4, ptx.BF16}, {96, 40, 3, 2, ptx.F32}, {96, 40, 7, 8, ptx.BF16},
 		{96, 48, 9, 4, ptx.BF16}, {37, 12, 5, 3, ptx.F32}, {64, 72, 17, 8, ptx.BF16},
-		{64, 30, 4, 4, ptx.BF16}, // 4 does not divide 30: one column per warp
+		{64, 30, 4, 4, ptx.BF16},  // 4 does not divide 30: one column per warp
+		{128, 32, 1, 2, ptx.BF16}, // one row, as oneWaveCols gives the one-row GEMVs of few columns
 	} {
 		one := GemmConfig{K: c.k, N: c.n, WDtype: c.dt}
 		cfg := one

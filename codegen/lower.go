@@ -297,22 +297,47 @@ func (g *gen) gemvName(c GemmConfig) string {
 // gemvSettings is c, a CUDA-core GEMV over rows rows, with the build's GEMV settings: the
 // prefetch and the split of its weight's columns; from two rows, the unroll, and for a plain
 // GEMV (not a fused one, whose warps compute the column pairs of its epilogue) the columns
-// per warp.
+// per warp; at one row, for a plain GEMV, the columns per warp that fit it in one wave
+// (oneWaveCols).
 func (g *gen) gemvSettings(c GemmConfig, rows int, plain bool) GemmConfig {
 	c.Prefetch = g.prefetch
 	c.Split = g.splitFor(c.N)
-	if rows > 1 {
+	switch {
+	case rows > 1:
 		c.Unroll = g.unroll
 		if plain {
 			c.Cols = g.gemvCols
 		}
+	case plain:
+		c.Cols = oneWaveCols(c.N)
 	}
 	return c
 }
 
+// gemvResidentWarps is how many warps of the one-row GEMV an H200 holds at once: 132 SMs, 24
+// warps of 80 registers each (three blocks of eight).
+const gemvResidentWarps = 132 * 24
+
+// oneWaveCols is GemmConfig.Cols of a plain one-row GEMV over a weight of n columns: two
+// where one warp a column needs more warps than the card holds and two fit them, else one.
+// One warp a column, Llama-3.1-8B's o and down (4096 columns) fill 1.3 waves, and the last
+// 0.3 streams from one block an SM, too few loads in flight for the card's bandwidth; two
+// columns a warp keep 80 registers (ptxas 11.8) and take 2048 warps, one wave. On the H200
+// that shortened the 8B's batch-1 step from 4.214 to 4.073 ms, the down projection inside the
+// graph from 1.051 to 0.929 ms (session 16, testsuite/gpu/RESULTS.md "One wave"). Four
+// columns a warp (146 registers, one block an SM) lose, and where one column a warp already
+// fits one wave two lose too: 0.859 to 0.960 ms on Llama-3.2-1B (2048 columns). The columns
+// keep the one-column GEMV's bits (TestGemmColumnsPerWarp), so the choice changes no result.
+func oneWaveCols(n int) int {
+	if n > gemvResidentWarps && n <= 2*gemvResidentWarps && n%2 == 0 {
+		return 2
+	}
+	return 1
+}
+
 // splitColumns is the column count times warps a column that splitFor aims a GEMV's weight
-// at: about five waves of the batch-1 GEMV's resident warps on an H200 (132 SMs, 24 warps of
-// 80 registers each), so the last wave is at most a fifth of the kernel.
+// at: about five waves of the batch-1 GEMV's resident warps (gemvResidentWarps), so the last
+// wave is at most a fifth of the kernel.
 const splitColumns = 16384
 
 // splitFor is GemmConfig.Split of every GEMV of a weight of n columns, whatever its bucket,
