@@ -210,6 +210,20 @@ func (c AttnConfig) SplitWorkspaceBytes(rows, splits int) int {
 func adCounterBytes(n int) int { return (n + 3) / 4 * 16 }
 
 // checkAttn checks what every attention kernel needs of c and returns the op's attributes.
+// CheckAttnSettings checks the decode attention's warps a block and position loads a step
+// (AttnConfig.Warps and Unroll, bundle.BuildInfo.AttnWarps and AttnUnroll, xmixc build
+// --attn-warps and --attn-unroll): 0 for the default, else 1 to MaxAttnWarps and 1 to
+// MaxAttnUnroll.
+func CheckAttnSettings(warps, unroll int) error {
+	if warps < 0 || warps > MaxAttnWarps {
+		return fmt.Errorf("%d warps a block: want 1 to %d, or 0 for the default", warps, MaxAttnWarps)
+	}
+	if unroll < 0 || unroll > MaxAttnUnroll {
+		return fmt.Errorf("%d loads a step: want 1 to %d, or 0 for the default", unroll, MaxAttnUnroll)
+	}
+	return nil
+}
+
 func checkAttn(c AttnConfig) (ops.KVAttrs, error) {
 	attrs, err := kvAttrs(c.ropeConfig())
 	if err != nil {
@@ -218,8 +232,8 @@ func checkAttn(c AttnConfig) (ops.KVAttrs, error) {
 	if c.HeadDim%32 != 0 || c.HeadDim > 256 {
 		return attrs, fmt.Errorf("head dim %d: want a multiple of 32, at most 256", c.HeadDim)
 	}
-	if c.Warps < 0 || c.Warps > MaxAttnWarps || c.Unroll < 0 || c.Unroll > MaxAttnUnroll {
-		return attrs, fmt.Errorf("%d warps a block, %d loads a step: want 0 (the default) to %d and to %d", c.Warps, c.Unroll, MaxAttnWarps, MaxAttnUnroll)
+	if err := CheckAttnSettings(c.Warps, c.Unroll); err != nil {
+		return attrs, err
 	}
 	if n := c.sharedBytes(); n > adMaxShared {
 		return attrs, fmt.Errorf("%d warps a block of %d heads of dim %d: %d bytes of shared memory, past %d; use fewer warps", c.warps(), c.geom().hpb, c.HeadDim, n, adMaxShared)

@@ -496,3 +496,30 @@ func TestAttentionWaitsAfterControl(t *testing.T) {
 		t.Error("a kernel built without early launch waits for the grid ahead")
 	}
 }
+
+// TestCheckAttnSettings: the decode attention's warps and loads a step, as xmixc, Generate and
+// the kernel check them: 0 (the default) and the bounds pass, one past either bound or a
+// negative count is refused naming the setting and the range.
+func TestCheckAttnSettings(t *testing.T) {
+	for _, ok := range [][2]int{{0, 0}, {1, 1}, {MaxAttnWarps, MaxAttnUnroll}} {
+		if err := CheckAttnSettings(ok[0], ok[1]); err != nil {
+			t.Errorf("%v: %v", ok, err)
+		}
+	}
+	for _, c := range []struct {
+		warps, unroll int
+		want          string
+	}{
+		{MaxAttnWarps + 1, 0, "17 warps a block: want 1 to 16, or 0 for the default"},
+		{-1, 0, "-1 warps a block"},
+		{0, MaxAttnUnroll + 1, "9 loads a step: want 1 to 8, or 0 for the default"},
+		{0, -2, "-2 loads a step"},
+	} {
+		if err := CheckAttnSettings(c.warps, c.unroll); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%d warps, %d loads: %v, want %q", c.warps, c.unroll, err, c.want)
+		}
+		if _, err := Attention("a", AttnConfig{Heads: 8, KVHeads: 2, HeadDim: 64, BlockSize: 16, MaxBlocksPerSeq: 4, KVDtype: ptx.BF16, Scale: 0.125, Warps: c.warps, Unroll: c.unroll}); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("kernel with %d warps, %d loads: %v, want %q", c.warps, c.unroll, err, c.want)
+		}
+	}
+}

@@ -99,8 +99,9 @@ func Generate(p *passes.Program, opt Options) (*bundle.Bundle, error) {
 		return nil, fmt.Errorf("GEMV columns per warp %d: want 1 to %d", bi.GemvCols, MaxGemvCols)
 	case bi.GemvUnroll < 0 || bi.GemvUnroll > MaxGemvUnroll:
 		return nil, fmt.Errorf("GEMV unroll %d: want 1 to %d", bi.GemvUnroll, MaxGemvUnroll)
-	case bi.AttnWarps < 0 || bi.AttnWarps > MaxAttnWarps || bi.AttnUnroll < 0 || bi.AttnUnroll > MaxAttnUnroll:
-		return nil, fmt.Errorf("decode attention: %d warps a block, %d loads a step: want 0 (the default) or 1 to %d and 1 to %d", bi.AttnWarps, bi.AttnUnroll, MaxAttnWarps, MaxAttnUnroll)
+	}
+	if err := CheckAttnSettings(bi.AttnWarps, bi.AttnUnroll); err != nil {
+		return nil, fmt.Errorf("decode attention: %w", err)
 	}
 	g.attnWarps, g.attnUnroll = bi.AttnWarps, bi.AttnUnroll
 	g.prefetch, g.gemvCols, g.unroll, g.split = bi.Prefetch, bi.GemvCols, bi.GemvUnroll, bi.GemvSplit

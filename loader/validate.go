@@ -30,6 +30,19 @@ func (e *Engine) Check(r *Request) error {
 	return err
 }
 
+// CheckSampling checks a request's temperature and top_p, as Check does; the error is a
+// *RequestError. It needs no engine: `xmix bench` checks its flags with it before it loads a
+// bundle or reaches a server.
+func CheckSampling(temperature, topP float32) error {
+	if t := float64(temperature); math.IsNaN(t) || math.IsInf(t, 0) || t < 0 {
+		return invalid("temperature", "temperature %g: want a finite number >= 0 (0: greedy)", temperature)
+	}
+	if p := float64(topP); math.IsNaN(p) || p < 0 || p > 1 {
+		return invalid("top_p", "top_p %g: want a number in [0, 1] (0 or 1: no nucleus cut)", topP)
+	}
+	return nil
+}
+
 // checked is what check resolves from a valid request.
 type checked struct {
 	promptN   int // rows the prompt feeds (len(InputIDs))
@@ -61,11 +74,8 @@ func (e *Engine) check(r *Request) (*checked, error) {
 	if pages := (v.promptN + r.MaxTokens + c.KVBlockSize - 1) / c.KVBlockSize; pages > c.KVBlocks-e.padPages {
 		return nil, invalid("max_tokens", "request needs %d KV pages, the bundle has %d", pages, c.KVBlocks-e.padPages)
 	}
-	if t := float64(r.Temperature); math.IsNaN(t) || math.IsInf(t, 0) || t < 0 {
-		return nil, invalid("temperature", "temperature %g: want a finite number >= 0 (0: greedy)", r.Temperature)
-	}
-	if p := float64(r.TopP); math.IsNaN(p) || p < 0 || p > 1 {
-		return nil, invalid("top_p", "top_p %g: want a number in [0, 1] (0 or 1: no nucleus cut)", r.TopP)
+	if err := CheckSampling(r.Temperature, r.TopP); err != nil {
+		return nil, err
 	}
 	if err := e.checkSampling(r); err != nil {
 		return nil, err

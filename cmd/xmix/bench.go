@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"maps"
@@ -164,14 +165,12 @@ func nodeRole(label string) string {
 	return label
 }
 
-// checkSampling checks --temperature and --top-p as the engine checks a request's, naming the
-// flags.
+// checkSampling checks --temperature and --top-p as the engine checks a request's
+// (loader.CheckSampling), naming the flag as `xmix run` does.
 func (f benchFlags) checkSampling() error {
-	if t := float64(f.temperature); math.IsNaN(t) || math.IsInf(t, 0) || t < 0 {
-		return fmt.Errorf("--temperature %v: want a finite number >= 0 (0: greedy)", f.temperature)
-	}
-	if p := float64(f.topP); math.IsNaN(p) || p < 0 || p > 1 {
-		return fmt.Errorf("--top-p %v: want a number in [0, 1] (0 or 1: no nucleus cut)", f.topP)
+	var bad *loader.RequestError
+	if err := loader.CheckSampling(f.temperature, f.topP); errors.As(err, &bad) {
+		return fmt.Errorf("%s: %w", requestFlags[bad.Field], err)
 	}
 	return nil
 }

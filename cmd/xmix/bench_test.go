@@ -502,10 +502,10 @@ func TestBenchSampling(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{bp, "--temperature", "-1"}, "--temperature -1: want a finite number >= 0 (0: greedy)"},
-		{[]string{bp, "--temperature", "NaN"}, "--temperature NaN: want a finite number >= 0"},
-		{[]string{bp, "--top-p", "1.5"}, "--top-p 1.5: want a number in [0, 1] (0 or 1: no nucleus cut)"},
-		{[]string{"--url", "http://127.0.0.1:1", "--temperature", "+Inf"}, "--temperature +Inf: want a finite number >= 0"},
+		{[]string{bp, "--temperature", "-1"}, "--temperature: temperature -1: want a finite number >= 0 (0: greedy)"},
+		{[]string{bp, "--temperature", "NaN"}, "--temperature: temperature NaN: want a finite number >= 0"},
+		{[]string{bp, "--top-p", "1.5"}, "--top-p: top_p 1.5: want a number in [0, 1] (0 or 1: no nucleus cut)"},
+		{[]string{"--url", "http://127.0.0.1:1", "--temperature", "+Inf"}, "--temperature: temperature +Inf: want a finite number >= 0"},
 	} {
 		if out, err := xmix(t, append([]string{"bench", "-q", "--backend", "cpu"}, c.args...)...); err == nil || !strings.Contains(out, c.want) {
 			t.Errorf("%v: err %v, output %q", c.args, err, out)

@@ -74,11 +74,11 @@ func buildCmd() *cobra.Command {
 			if err := codegen.CheckGemvSplit(gemvSplit); err != nil {
 				return fmt.Errorf("--gemv-split: %w", err)
 			}
-			if attnWarps < 0 || attnWarps > codegen.MaxAttnWarps {
-				return fmt.Errorf("--attn-warps %d: want 1 to %d warps a block, or 0 for the default", attnWarps, codegen.MaxAttnWarps)
+			if err := codegen.CheckAttnSettings(attnWarps, 0); err != nil {
+				return fmt.Errorf("--attn-warps: %w", err)
 			}
-			if attnUnroll < 0 || attnUnroll > codegen.MaxAttnUnroll {
-				return fmt.Errorf("--attn-unroll %d: want 1 to %d loads a step, or 0 for the default", attnUnroll, codegen.MaxAttnUnroll)
+			if err := codegen.CheckAttnSettings(0, attnUnroll); err != nil {
+				return fmt.Errorf("--attn-unroll: %w", err)
 			}
 			switch {
 			case gemm == "cuda-core" && cmd.Flags().Changed("tc-chunks"):

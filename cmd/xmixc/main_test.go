@@ -204,8 +204,8 @@ func TestBuildGemvFlags(t *testing.T) {
 	for _, c := range []struct{ flag, value, want string }{
 		{"--prefetch", "-1", "--prefetch -1: want a byte count"},
 		{"--gemv-cols", "0", "--gemv-cols 0: want 1 to 8"},
-		{"--attn-warps", "17", "--attn-warps 17: want 1 to 16 warps a block"},
-		{"--attn-unroll", "-1", "--attn-unroll -1: want 1 to 8 loads a step"},
+		{"--attn-warps", "17", "--attn-warps: 17 warps a block: want 1 to 16, or 0 for the default"},
+		{"--attn-unroll", "-1", "--attn-unroll: -1 loads a step: want 1 to 8, or 0 for the default"},
 		{"--gemv-cols", "9", "--gemv-cols 9: want 1 to 8"},
 		{"--gemv-split", "3", "--gemv-split: GEMV split 3: want 1, 2, 4 or 8 warps a column"},
 		{"--gemv-split", "16", "--gemv-split: GEMV split 16"},
