@@ -228,3 +228,32 @@ func TestSplitFor(t *testing.T) {
 		}
 	}
 }
+
+// TestOneWaveCols: the columns a warp of a plain one-row GEMV computes (oneWaveCols), and
+// what gemvSettings gives each kind of GEMV: two where one column a warp overflows one wave
+// of gemvResidentWarps and two fit it (Llama-3.1-8B's o and down, an unfused q/k/v), one
+// where one wave already holds the weight (Llama-3.2-1B's o and down, its q/k/v), where it
+// fills many waves (gate/up, the LM head), past two waves and for odd widths; a fused GEMV
+// keeps its epilogue's columns, and buckets of more rows the build's.
+func TestOneWaveCols(t *testing.T) {
+	for _, c := range []struct{ n, want int }{
+		{4096, 2}, {6144, 2}, {gemvResidentWarps + 2, 2}, {2 * gemvResidentWarps, 2},
+		{2048, 1}, {3072, 1}, {gemvResidentWarps, 1}, {28672, 1}, {128256, 1}, {16384, 1},
+		{2*gemvResidentWarps + 2, 1}, {4097, 1}, {1, 1},
+	} {
+		if got := oneWaveCols(c.n); got != c.want {
+			t.Errorf("%d columns: %d a warp, want %d", c.n, got, c.want)
+		}
+	}
+	g := gen{gemvCols: 2, unroll: 4}
+	for _, c := range []struct {
+		rows        int
+		plain       bool
+		cols, unrll int
+	}{{1, true, 2, 0}, {1, false, 0, 0}, {4, true, 2, 4}, {4, false, 0, 4}} {
+		got := g.gemvSettings(GemmConfig{K: 4096, N: 4096}, c.rows, c.plain)
+		if got.Cols != c.cols || got.Unroll != c.unrll {
+			t.Errorf("%d rows, plain %v: %d columns, unroll %d; want %d, %d", c.rows, c.plain, got.Cols, got.Unroll, c.cols, c.unrll)
+		}
+	}
+}
