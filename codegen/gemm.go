@@ -121,10 +121,21 @@ func gemmAttrs(c GemmConfig) (ops.GemmAttrs, error) {
 	if c.Unroll < 0 || c.Unroll > MaxGemvUnroll {
 		return ops.GemmAttrs{}, fmt.Errorf("unroll %d: want 0 to %d", c.Unroll, MaxGemvUnroll)
 	}
-	if s := c.Split; s < 0 || s > gemmWarps || gemmWarps%max(1, s) != 0 {
-		return ops.GemmAttrs{}, fmt.Errorf("split %d: want 0, 1, 2, 4 or 8 warps a column", s)
+	if err := CheckGemvSplit(c.Split); err != nil {
+		return ops.GemmAttrs{}, err
 	}
 	return ops.GemmAttrs{K: c.K, N: c.N, WDtype: dt, Guard: c.Guard}, nil
+}
+
+// CheckGemvSplit checks the most warps a GEMV column's K may be split over
+// (GemmConfig.Split, bundle.BuildInfo.GemvSplit, xmixc build --gemv-split): 0 or 1 (none),
+// 2, 4 or 8, each a divisor of a block's gemmWarps.
+func CheckGemvSplit(n int) error {
+	switch n {
+	case 0, 1, 2, 4, 8:
+		return nil
+	}
+	return fmt.Errorf("GEMV split %d: want 1, 2, 4 or 8 warps a column", n)
 }
 
 type gemmGen struct {

@@ -177,7 +177,7 @@ func TestGemmSplit(t *testing.T) {
 		n, split int
 		want     string
 	}{
-		{16, 3, "split 3: want 0, 1, 2, 4 or 8"}, {16, 16, "split 16"}, {16, -1, "split -1"},
+		{16, 3, "GEMV split 3: want 1, 2, 4 or 8 warps a column"}, {16, 16, "split 16"}, {16, -1, "split -1"},
 		{10, 2, "10 units of columns do not fill blocks of 4"},
 	} {
 		_, err := Gemm("g", GemmConfig{K: 64, N: c.n, WDtype: ptx.BF16, Split: c.split})

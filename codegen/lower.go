@@ -356,16 +356,6 @@ func (g *gen) splitFor(n int) int {
 	return s
 }
 
-// CheckGemvSplit checks the most warps a GEMV column's K may be split over
-// (bundle.BuildInfo.GemvSplit, xmixc build --gemv-split): 0 or 1 (none), 2, 4 or 8.
-func CheckGemvSplit(n int) error {
-	switch n {
-	case 0, 1, 2, 4, 8:
-		return nil
-	}
-	return fmt.Errorf("GEMV split %d: want 1, 2, 4 or 8 warps a column", n)
-}
-
 // matmulRope is the q/k/v projection with the rotation and the KV write in its epilogue
 // (fuse-qkv-rope), or the GEMM and the rotation kernel where the GEMM runs on tensor cores.
 func (t *tb) matmulRope(n *ir.Node) {
