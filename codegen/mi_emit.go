@@ -183,10 +183,25 @@ func (m *miSet) loadCtl(r *rowEmitter) {
 	}
 }
 
+// readsVectors says whether an op of the kernel reads a vector (what prefetchVectors asks
+// L2 for).
+func (m *miSet) readsVectors() bool {
+	for _, group := range m.groups {
+		for _, b := range group {
+			if _, ok := b.params["vec"]; ok {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // prefetchVectors asks L2 for every op's vector at once, whether or not a row enables the op
 // (its branch would otherwise wait for the row's mask, then for HBM). Lane 0 of each warp
 // asks for the warp's 128-byte line of each of its elements; rows without the app cost an
-// L2 hit after the first block.
+// L2 hit after the first block. These are the compiled vectors (params, never written during
+// a step), so a kernel launched early asks for them before it waits (RowConfig.EarlyLaunch);
+// a row's per-request slot is read where its op runs.
 func (m *miSet) prefetchVectors(r *rowEmitter) {
 	var lane0 *ptx.Reg
 	for _, group := range m.groups {

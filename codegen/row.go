@@ -274,6 +274,14 @@ type RowConfig struct {
 	// EmbedScale (Load "embed"), when not 0, multiplies the embedded row before its ops:
 	// Gemma's sqrt(hidden) (rounded to the model's dtype, as transformers does).
 	EmbedScale float32
+	// EarlyLaunch: the kernel is built for programmatic dependent launch (BuildInfo.PDL). One
+	// with MI ops that read a vector then asks L2 for those vectors before it waits for the
+	// grid ahead (bundle.PriorGridWait, which earlyLaunch then leaves to it): the vectors
+	// never change during a step, and a kernel launched early is resident while the GEMM
+	// ahead streams a layer's weights through L2, which evicts them. An op then finds its
+	// vector in L2 when it needs it, right after the residual add. It changes no result: the
+	// op's attributes leave it out.
+	EarlyLaunch bool
 }
 
 // Launch is the grid for rows rows.
@@ -337,12 +345,20 @@ func rowNorm(name string, c RowConfig) (*Kernel, error) {
 	}
 	attrs.DeltaOps, attrs.ResidOps, attrs.NormOps = mi.ref[0], mi.ref[1], mi.ref[2]
 	r.begin()
-	mi.loadCtl(r)
 	// Everything this kernel reads from beyond L2 is asked for up front: between two add+norm
 	// kernels the GEMMs stream a layer's weights through L2, so the norm weight and the MI
 	// vectors come from HBM, and a load issued after the block reduction (or after an op's
 	// branch) would add its whole latency to a kernel that is latency-bound at small batches.
-	mi.prefetchVectors(r)
+	// Launched early, the kernel asks for the vectors before it waits (RowConfig.EarlyLaunch).
+	early := c.EarlyLaunch && mi.readsVectors()
+	if early {
+		mi.prefetchVectors(r)
+		r.Emit(bundle.PriorGridWait)
+	}
+	mi.loadCtl(r)
+	if !early {
+		mi.prefetchVectors(r)
+	}
 	wv := r.loadNormWeight(w, c)
 	var dw []ptx.Reg
 	if c.DeltaNorm {

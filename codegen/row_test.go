@@ -829,3 +829,43 @@ func foldedProjection(t *testing.T, rng *rand.Rand, w int, residOps []ir.MI) {
 		}
 	}
 }
+
+// TestRowNormVectorsEarly: launched early (RowConfig.EarlyLaunch), a row kernel whose MI ops
+// read vectors asks L2 for them before it waits for the grid ahead, and reads nothing before
+// the wait (the control words, the tokens, the residual, the delta and the norm weight all
+// come after); its results match the reference. A kernel without such ops is the same kernel
+// launched early or not (earlyLaunch adds its wait).
+func TestRowNormVectorsEarly(t *testing.T) {
+	rng := rand.New(rand.NewPCG(13, 14))
+	sets := testOps(300)
+	wait := "\t" + bundle.PriorGridWait + ";\n"
+	for _, c := range []RowConfig{
+		{Hidden: 300, Vocab: 50, Eps: 1e-5, WDtype: ptx.BF16, Load: "embed", ResidOps: sets["steer"]},
+		{Hidden: 300, Eps: 1e-5, WDtype: ptx.BF16, Load: "add", ResidOps: sets["project"], NormOps: sets["probe"], Gather: true},
+		{Hidden: 300, Eps: 1e-6, WDtype: ptx.F32, Load: "add", DeltaOps: sets["steer"], DeltaNorm: true, WOffset: 1},
+	} {
+		c.EarlyLaunch = true
+		k := must(t)(RowNorm("row_early", c))
+		before, after, ok := strings.Cut(k.PTX, wait)
+		if !ok || strings.Contains(after, wait) {
+			t.Fatalf("%s: want one wait for the grid ahead:\n%s", c.Load, k.PTX)
+		}
+		if !strings.Contains(before, "prefetch.global.L2") || strings.Contains(after, "prefetch.global.L2") {
+			t.Fatalf("%s: the vectors' prefetches are not all before the wait:\n%s", c.Load, k.PTX)
+		}
+		if strings.Contains(before, "ld.global") {
+			t.Fatalf("%s: a load comes before the wait:\n%s", c.Load, before)
+		}
+		checkKernel(t, k, c.Launch(testRows), gemmaRowArgs(rng, c, testRows))
+	}
+	for _, c := range []RowConfig{
+		{Hidden: 300, Eps: 1e-5, WDtype: ptx.BF16, Load: "add"},
+		{Hidden: 300, Eps: 1e-5, WDtype: ptx.BF16, Load: "add", NormOps: sets["capture"], Gather: true},
+	} {
+		plain := must(t)(RowNorm("row_early", c))
+		c.EarlyLaunch = true
+		if early := must(t)(RowNorm("row_early", c)); early.PTX != plain.PTX {
+			t.Errorf("%+v: a kernel with no vector to ask for changed when launched early", c.NormOps)
+		}
+	}
+}
