@@ -183,17 +183,52 @@ func (m *miSet) loadCtl(r *rowEmitter) {
 	}
 }
 
-// readsVectors says whether an op of the kernel reads a vector (what prefetchVectors asks
-// L2 for).
-func (m *miSet) readsVectors() bool {
+// prefetches says whether an op of the kernel reads a vector or a scalar table (what
+// prefetchVectors and prefetchScalars ask L2 for).
+func (m *miSet) prefetches() bool {
 	for _, group := range m.groups {
 		for _, b := range group {
-			if _, ok := b.params["vec"]; ok {
+			_, vec := b.params["vec"]
+			_, scal := b.params["scal"]
+			if vec || scal {
 				return true
 			}
 		}
 	}
 	return false
+}
+
+// prefetchScalars asks L2 for every op's scalar table (its alpha, bias, thresholds and layer
+// words), whether or not a row enables the op: every sequence slot's row of a table with
+// slots (ScalRows x ScalStride), the line of the first scalar of one without (a template's
+// scalars sit at its first few indices). The host writes the tables only between steps, so a
+// kernel launched early asks before it waits (RowConfig.EarlyLaunch), and the scalars an op
+// reads after its branch or its reduction are L2 hits, not HBM reads on the row's path.
+// Thread t asks for the line at byte min(128t, the table's last element): the table's lines,
+// the last one too where the table does not start on a line, no byte outside it.
+func (m *miSet) prefetchScalars(r *rowEmitter) {
+	for _, group := range m.groups {
+		for _, b := range group {
+			scal, ok := b.params["scal"]
+			if !ok {
+				continue
+			}
+			bytes, lines := 4, 1
+			if b.ScalStride > 0 {
+				bytes = 4 * b.ScalRows * b.ScalStride
+				lines = min(r.threads, (bytes+127)/128+1)
+			}
+			off := r.Reg(ptx.U32)
+			r.Emit("mul.lo.u32", off, r.tid, ptx.Imm(128))
+			r.Emit("min.u32", off, off, ptx.Imm(int64(bytes-4)))
+			a := r.Reg(ptx.U64)
+			r.Emit("cvt.u64.u32", a, off)
+			r.Emit("add.u64", a, a, scal)
+			p := r.Reg(ptx.Pred)
+			r.Emit("setp.lt.u32", p, r.tid, ptx.Imm(int64(lines)))
+			r.EmitIf(p, false, "prefetch.global.L2", ptx.Addr{Base: a})
+		}
+	}
 }
 
 // prefetchVectors asks L2 for every op's vector at once, whether or not a row enables the op

@@ -275,12 +275,12 @@ type RowConfig struct {
 	// Gemma's sqrt(hidden) (rounded to the model's dtype, as transformers does).
 	EmbedScale float32
 	// EarlyLaunch: the kernel is built for programmatic dependent launch (BuildInfo.PDL). One
-	// with MI ops that read a vector then asks L2 for those vectors before it waits for the
-	// grid ahead (bundle.PriorGridWait, which earlyLaunch then leaves to it): the vectors
-	// never change during a step, and a kernel launched early is resident while the GEMM
-	// ahead streams a layer's weights through L2, which evicts them. An op then finds its
-	// vector in L2 when it needs it, right after the residual add. It changes no result: the
-	// op's attributes leave it out.
+	// with MI ops that read a vector or scalars then asks L2 for them before it waits for the
+	// grid ahead (bundle.PriorGridWait, which earlyLaunch then leaves to it): they never
+	// change during a step, and a kernel launched early is resident while the GEMM ahead
+	// streams a layer's weights through L2, which evicts them. An op then finds them in L2
+	// when it needs them, right after the residual add. It changes no result: the op's
+	// attributes leave it out.
 	EarlyLaunch bool
 }
 
@@ -349,15 +349,18 @@ func rowNorm(name string, c RowConfig) (*Kernel, error) {
 	// kernels the GEMMs stream a layer's weights through L2, so the norm weight and the MI
 	// vectors come from HBM, and a load issued after the block reduction (or after an op's
 	// branch) would add its whole latency to a kernel that is latency-bound at small batches.
-	// Launched early, the kernel asks for the vectors before it waits (RowConfig.EarlyLaunch).
-	early := c.EarlyLaunch && mi.readsVectors()
+	// Launched early, the kernel asks for the vectors and scalar tables before it waits
+	// (RowConfig.EarlyLaunch).
+	early := c.EarlyLaunch && mi.prefetches()
 	if early {
 		mi.prefetchVectors(r)
+		mi.prefetchScalars(r)
 		r.Emit(bundle.PriorGridWait)
 	}
 	mi.loadCtl(r)
 	if !early {
 		mi.prefetchVectors(r)
+		mi.prefetchScalars(r)
 	}
 	wv := r.loadNormWeight(w, c)
 	var dw []ptx.Reg

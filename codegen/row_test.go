@@ -830,19 +830,22 @@ func foldedProjection(t *testing.T, rng *rand.Rand, w int, residOps []ir.MI) {
 	}
 }
 
-// TestRowNormVectorsEarly: launched early (RowConfig.EarlyLaunch), a row kernel whose MI ops
-// read vectors asks L2 for them before it waits for the grid ahead, and reads nothing before
-// the wait (the control words, the tokens, the residual, the delta and the norm weight all
-// come after); its results match the reference. A kernel without such ops is the same kernel
+// TestRowNormPrefetchEarly: launched early (RowConfig.EarlyLaunch), a row kernel whose MI
+// ops read vectors or scalar tables asks L2 for them before it waits for the grid ahead, and
+// reads nothing before the wait (the control words, the tokens, the residual, the delta and
+// the norm weight all come after); its results match the reference, with a table of one row
+// and with one of a row per sequence slot. A kernel without such ops is the same kernel
 // launched early or not (earlyLaunch adds its wait).
-func TestRowNormVectorsEarly(t *testing.T) {
+func TestRowNormPrefetchEarly(t *testing.T) {
 	rng := rand.New(rand.NewPCG(13, 14))
 	sets := testOps(300)
+	perSeq := ir.MI{Op: mi.Op{Template: "steer_add", Bit: testBit, Width: 300, Alpha: 0, Bias: -1, ScalStride: 2, ScalRows: 3}, Vec: "v", Scal: "s"}
 	wait := "\t" + bundle.PriorGridWait + ";\n"
 	for _, c := range []RowConfig{
 		{Hidden: 300, Vocab: 50, Eps: 1e-5, WDtype: ptx.BF16, Load: "embed", ResidOps: sets["steer"]},
 		{Hidden: 300, Eps: 1e-5, WDtype: ptx.BF16, Load: "add", ResidOps: sets["project"], NormOps: sets["probe"], Gather: true},
 		{Hidden: 300, Eps: 1e-6, WDtype: ptx.F32, Load: "add", DeltaOps: sets["steer"], DeltaNorm: true, WOffset: 1},
+		{Hidden: 300, Eps: 1e-5, WDtype: ptx.BF16, Load: "add", ResidOps: []ir.MI{perSeq}},
 	} {
 		c.EarlyLaunch = true
 		k := must(t)(RowNorm("row_early", c))
@@ -851,12 +854,27 @@ func TestRowNormVectorsEarly(t *testing.T) {
 			t.Fatalf("%s: want one wait for the grid ahead:\n%s", c.Load, k.PTX)
 		}
 		if !strings.Contains(before, "prefetch.global.L2") || strings.Contains(after, "prefetch.global.L2") {
-			t.Fatalf("%s: the vectors' prefetches are not all before the wait:\n%s", c.Load, k.PTX)
+			t.Fatalf("%s: the prefetches are not all before the wait:\n%s", c.Load, k.PTX)
 		}
 		if strings.Contains(before, "ld.global") {
 			t.Fatalf("%s: a load comes before the wait:\n%s", c.Load, before)
 		}
-		checkKernel(t, k, c.Launch(testRows), gemmaRowArgs(rng, c, testRows))
+		args := gemmaRowArgs(rng, c, testRows)
+		if len(c.ResidOps) > 0 && c.ResidOps[0].ScalStride > 0 {
+			// the per-slot table (alpha of slots 0-2) and each row's slot
+			byName := map[string]targ{"ctl_seq": {name: "ctl_seq", u32: []uint32{2, 0, 1, 1, 0}[:testRows]},
+				"mi0_scal": {name: "mi0_scal", f32: []float32{1.5, 0, -2, 0, 0.5, 0}}}
+			for _, a := range args {
+				if _, set := byName[a.name]; !set {
+					byName[a.name] = a
+				}
+			}
+			args = args[:0]
+			for _, name := range paramNames(k) {
+				args = append(args, byName[name])
+			}
+		}
+		checkKernel(t, k, c.Launch(testRows), args)
 	}
 	for _, c := range []RowConfig{
 		{Hidden: 300, Eps: 1e-5, WDtype: ptx.BF16, Load: "add"},
@@ -865,7 +883,7 @@ func TestRowNormVectorsEarly(t *testing.T) {
 		plain := must(t)(RowNorm("row_early", c))
 		c.EarlyLaunch = true
 		if early := must(t)(RowNorm("row_early", c)); early.PTX != plain.PTX {
-			t.Errorf("%+v: a kernel with no vector to ask for changed when launched early", c.NormOps)
+			t.Errorf("%+v: a kernel with nothing to ask for changed when launched early", c.NormOps)
 		}
 	}
 }
