@@ -198,6 +198,33 @@ func (m *miSet) prefetches() bool {
 	return false
 }
 
+// prefetchGates asks L2 for the value each activation gate of the kernel's ops tests: the
+// row's element of a buffer an earlier kernel of the step wrote (a probe's score), which the
+// op's branch would otherwise read from HBM after the residual add. Thread 0 asks, after the
+// wait for the grid ahead (the writer may be the kernel just before), whether or not the row
+// enables the op.
+func (m *miSet) prefetchGates(r *rowEmitter) {
+	var first *ptx.Reg
+	for _, group := range m.groups {
+		for _, b := range group {
+			for j, g := range b.Gates {
+				if g.Kind != "activation" {
+					continue
+				}
+				if first == nil {
+					p := r.Reg(ptx.Pred)
+					r.Emit("setp.eq.u32", p, r.tid, ptx.Imm(0))
+					first = &p
+				}
+				a := r.Reg(ptx.U64)
+				r.Emit("mul.wide.u32", a, r.row, ptx.Imm(int64(4*g.Width)))
+				r.Emit("add.u64", a, a, b.params[fmt.Sprintf("g%d", j)])
+				r.EmitIf(*first, false, "prefetch.global.L2", ptx.Addr{Base: a, Offset: int64(4 * g.Col)})
+			}
+		}
+	}
+}
+
 // prefetchScalars asks L2 for every op's scalar table (its alpha, bias, thresholds and layer
 // words), whether or not a row enables the op: every sequence slot's row of a table with
 // slots (ScalRows x ScalStride), the line of the first scalar of one without (a template's

@@ -358,6 +358,7 @@ func rowNorm(name string, c RowConfig) (*Kernel, error) {
 		r.Emit(bundle.PriorGridWait)
 	}
 	mi.loadCtl(r)
+	mi.prefetchGates(r)
 	if !early {
 		mi.prefetchVectors(r)
 		mi.prefetchScalars(r)
