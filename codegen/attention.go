@@ -209,7 +209,6 @@ func (c AttnConfig) SplitWorkspaceBytes(rows, splits int) int {
 
 func adCounterBytes(n int) int { return (n + 3) / 4 * 16 }
 
-// checkAttn checks what every attention kernel needs of c and returns the op's attributes.
 // CheckAttnSettings checks the decode attention's warps a block and position loads a step
 // (AttnConfig.Warps and Unroll, bundle.BuildInfo.AttnWarps and AttnUnroll, xmixc build
 // --attn-warps and --attn-unroll): 0 for the default, else 1 to MaxAttnWarps and 1 to
@@ -224,6 +223,7 @@ func CheckAttnSettings(warps, unroll int) error {
 	return nil
 }
 
+// checkAttn checks what every attention kernel needs of c and returns the op's attributes.
 func checkAttn(c AttnConfig) (ops.KVAttrs, error) {
 	attrs, err := kvAttrs(c.ropeConfig())
 	if err != nil {

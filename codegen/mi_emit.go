@@ -183,8 +183,15 @@ func (m *miSet) loadCtl(r *rowEmitter) {
 	}
 }
 
+// prefetchParams asks L2 for the ops' params, which never change during a step: their
+// vectors and scalar tables.
+func (m *miSet) prefetchParams(r *rowEmitter) {
+	m.prefetchVectors(r)
+	m.prefetchScalars(r)
+}
+
 // prefetches says whether an op of the kernel reads a vector or a scalar table (what
-// prefetchVectors and prefetchScalars ask L2 for).
+// prefetchParams asks L2 for).
 func (m *miSet) prefetches() bool {
 	for _, group := range m.groups {
 		for _, b := range group {

@@ -353,15 +353,13 @@ func rowNorm(name string, c RowConfig) (*Kernel, error) {
 	// (RowConfig.EarlyLaunch).
 	early := c.EarlyLaunch && mi.prefetches()
 	if early {
-		mi.prefetchVectors(r)
-		mi.prefetchScalars(r)
+		mi.prefetchParams(r)
 		r.Emit(bundle.PriorGridWait)
 	}
 	mi.loadCtl(r)
 	mi.prefetchGates(r)
 	if !early {
-		mi.prefetchVectors(r)
-		mi.prefetchScalars(r)
+		mi.prefetchParams(r)
 	}
 	wv := r.loadNormWeight(w, c)
 	var dw []ptx.Reg
