@@ -86,7 +86,7 @@ func renorm(name string, c RenormConfig) (*Kernel, error) {
 	r.begin()
 	end := r.NewLabel("end")
 	dst := r.outRow(c.Gather, outRow, end)
-	x := r.loadRow(r.ptr(resid, r.row, c.Hidden, 0, ptx.F32, true), nil)
+	x := r.loadRow(r.ptr(resid, r.row, c.Hidden, 0, ptx.F32, false), nil)
 	r.rmsNorm(x, r.loadNormWeight(w, RowConfig{WDtype: c.WDtype, WOffset: c.WOffset}), c.Eps)
 	r.storeRow(r.ptr(out, dst, c.Hidden, 0, ptx.F32, false), x)
 	r.Label(end)

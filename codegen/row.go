@@ -128,10 +128,15 @@ func (r *rowEmitter) outRow(gather bool, outRow ptx.Reg, end string) ptx.Reg {
 // rowPtr addresses this thread's elements of one row: element j is at reg + off +
 // j*threads*size.
 type rowPtr struct {
-	reg  ptx.Reg
-	off  int64
-	dt   ptx.Type // storage type: F32 or BF16
-	nc   bool     // read-only for the kernel's lifetime: loads may use the non-coherent path
+	reg ptx.Reg
+	off int64
+	dt  ptx.Type // storage type: F32 or BF16
+	// nc: never written during a step (weights, compiled vectors): loads may take the
+	// non-coherent path. Not for what an earlier kernel of the step wrote: ptxas moves
+	// ld.global.nc above griddepcontrol.wait, so a kernel launched early would read its
+	// input before the grid that writes it has ended (session 17: the delta of an add+norm
+	// with an app's prefetches ahead of its wait).
+	nc   bool
 	size int
 }
 
@@ -381,7 +386,7 @@ func rowNorm(name string, c RowConfig) (*Kernel, error) {
 			}
 		}
 	} else {
-		d := r.loadRow(r.ptr(delta, r.row, c.Hidden, 0, ptx.F32, true), nil)
+		d := r.loadRow(r.ptr(delta, r.row, c.Hidden, 0, ptx.F32, false), nil)
 		if c.DeltaNorm {
 			r.rmsNorm(d, dw, c.Eps)
 		}
@@ -511,7 +516,7 @@ func siluMul(name string, c SiluConfig) (*Kernel, error) {
 	}
 	r.begin()
 	mi.loadCtl(r)
-	gate := r.ptr(gu, r.row, 2*c.Inter, 0, ptx.F32, true)
+	gate := r.ptr(gu, r.row, 2*c.Inter, 0, ptx.F32, false)
 	up := gate
 	up.off = int64(4 * c.Inter)
 	x := make([]ptx.Reg, r.per)

@@ -1,6 +1,7 @@
 package testsuite
 
 import (
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -135,4 +136,171 @@ func readsBeforeWait(t *testing.T, src, op string) bool {
 		}
 	}
 	return false
+}
+
+// TestPDLNonCoherentInputs: a kernel launched early reads through the non-coherent path
+// (ld.global.nc) only buffers that no node of its template writes: weights, compiled vectors,
+// the host's control words and tables. ptxas moves ld.global.nc above griddepcontrol.wait (it
+// may: the path promises the bytes do not change while the kernel runs), and a kernel
+// launched early runs while the grid ahead still writes. An add+norm whose app prefetches
+// came before its wait read the down projection's delta so, stale, on the H200 (session 17);
+// the CPU backend and the emulator, which run the grids one after another, cannot see it.
+func TestPDLNonCoherentInputs(t *testing.T) {
+	tiny, err := filepath.Glob("../specs/apps/tiny/tiny-app*.yaml")
+	if err != nil || len(tiny) == 0 {
+		t.Fatalf("tiny apps: %v (%d)", err, len(tiny))
+	}
+	tinyBundle, err := compile.Build("../specs/models/tiny.yaml", tiny, compile.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	patch := "app: patch\nparams: {s: {random: 3}}\nops:\n" +
+		"  - write: {at: {layers: [1], hook: resid_post}, kernel: patch, args: {vector: s}, when: {positions: generated}}\n"
+	lens := "app: lens\nbuffers: {top: {shape: [10], export: true}}\nops:\n" +
+		"  - read: {at: {layers: [1], hook: resid_post}, kernel: logit_lens, args: {k: 5}, into: top}\n"
+	bundles := map[string]*bundle.Bundle{
+		"tiny with its six apps":                tinyBundle,
+		"small with a custom kernel and a lens": Compile(t, SmallModel, customScaleApp("1, 2"), patch, lens),
+		"small-mixtral with router ops":         Compile(t, SmallMixtral, routerApp("router_bias", "bias", []float32{0.25, 0, -0.5, 30})),
+	}
+	for name, b := range bundles {
+		flows := map[string]paramFlow{}
+		early := map[string]bool{}
+		for _, k := range b.Kernels {
+			flows[k.Name] = traceParams(t, k.Name, k.PTX)
+			early[k.Name] = k.EarlyLaunch
+		}
+		checked := 0
+		for _, tpl := range b.Templates {
+			for _, nodes := range [][]bundle.Node{tpl.Nodes, tpl.Plain} {
+				written := map[string]string{}
+				for _, n := range nodes {
+					for i := range flows[n.Kernel].stored {
+						if i < len(n.Args) && n.Args[i].Buffer != "" {
+							written[n.Args[i].Buffer] = n.Label
+						}
+					}
+				}
+				for _, n := range nodes {
+					if !early[n.Kernel] {
+						continue
+					}
+					for i, param := range flows[n.Kernel].ncRead {
+						if i >= len(n.Args) {
+							continue
+						}
+						if by, ok := written[n.Args[i].Buffer]; ok {
+							t.Errorf("%s, template %s: node %s (%s) reads %s (buffer %s, written by node %s) with ld.global.nc", name, tpl.Name, n.Label, n.Kernel, param, n.Args[i].Buffer, by)
+						}
+						checked++
+					}
+				}
+			}
+		}
+		if checked == 0 {
+			t.Errorf("%s: no ld.global.nc read of a node launched early: the check shows nothing", name)
+		}
+	}
+}
+
+// paramFlow is what a kernel does with the buffers its parameters point at: the parameters
+// (by index, with their names) an address of ld.global.nc derives from, and those a store or
+// an atomic's address derives from.
+type paramFlow struct {
+	ncRead, stored map[int]string
+}
+
+// traceParams follows each u64 parameter through the registers computed from it (every
+// definition of a register counts, so a register reused in a loop carries all its sources).
+func traceParams(t *testing.T, name, src string) paramFlow {
+	t.Helper()
+	m, err := ptx.Parse(src)
+	if err != nil {
+		t.Fatalf("kernel %s: %v", name, err)
+	}
+	k := m.Kernels[0]
+	index := map[string]int{}
+	for i, p := range k.Params {
+		index[p.Name] = i
+	}
+	from := map[ptx.Reg]map[int]bool{}
+	sources := func(o ptx.Operand) map[int]bool {
+		out := map[int]bool{}
+		var add func(o ptx.Operand)
+		add = func(o ptx.Operand) {
+			switch v := o.(type) {
+			case ptx.Reg:
+				for i := range from[v] {
+					out[i] = true
+				}
+			case ptx.Addr:
+				add(v.Base)
+			case ptx.Vec:
+				for _, r := range v {
+					add(r)
+				}
+			}
+		}
+		add(o)
+		return out
+	}
+	for changed := true; changed; {
+		changed = false
+		for _, in := range k.Body {
+			if len(in.Args) == 0 {
+				continue
+			}
+			dst, ok := in.Args[0].(ptx.Reg)
+			if !ok || strings.HasPrefix(in.Op, "ld.global") || strings.HasPrefix(in.Op, "ld.shared") {
+				continue // a value loaded from memory is no parameter's pointer
+			}
+			var got map[int]bool
+			if strings.HasPrefix(in.Op, "ld.param") {
+				a, _ := in.Args[1].(ptx.Addr)
+				if s, ok := a.Base.(ptx.Sym); ok {
+					if i, ok := index[string(s)]; ok {
+						got = map[int]bool{i: true}
+					}
+				}
+			} else {
+				got = map[int]bool{}
+				for _, o := range in.Args[1:] {
+					for i := range sources(o) {
+						got[i] = true
+					}
+				}
+			}
+			if from[dst] == nil {
+				from[dst] = map[int]bool{}
+			}
+			for i := range got {
+				if !from[dst][i] {
+					from[dst][i], changed = true, true
+				}
+			}
+		}
+	}
+	f := paramFlow{ncRead: map[int]string{}, stored: map[int]string{}}
+	for _, in := range k.Body {
+		var into map[int]string
+		var addr ptx.Operand
+		switch {
+		case strings.HasPrefix(in.Op, "ld.global.nc"):
+			into, addr = f.ncRead, in.Args[1]
+		case strings.HasPrefix(in.Op, "st.global"):
+			into, addr = f.stored, in.Args[0]
+		case strings.HasPrefix(in.Op, "atom.global"), strings.HasPrefix(in.Op, "red.global"):
+			into = f.stored
+			addr = in.Args[0]
+			if strings.HasPrefix(in.Op, "atom") {
+				addr = in.Args[1]
+			}
+		default:
+			continue
+		}
+		for i := range sources(addr) {
+			into[i] = k.Params[i].Name
+		}
+	}
+	return f
 }
