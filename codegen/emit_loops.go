@@ -25,6 +25,12 @@ func (e emitter) forLoop(i ptx.Reg, start, end, step ptx.Operand, body func()) {
 // so a sum keeps its order bit for bit, and a use may branch out of the loop. The iterations
 // after the last whole group of u run one by one. end + (u-1)*step must fit in a u32.
 func (e emitter) unrolled(i ptx.Reg, start, end ptx.Operand, step, u int, load func(i ptx.Reg, j int) ptx.Reg, use func(i, x ptx.Reg)) {
+	unrolledOf(e, i, start, end, step, u, load, use)
+}
+
+// unrolledOf is unrolled for loads of any shape: T is what one iteration loads (a register,
+// or the registers of one vector load).
+func unrolledOf[T any](e emitter, i ptx.Reg, start, end ptx.Operand, step, u int, load func(i ptx.Reg, j int) T, use func(i ptx.Reg, x T)) {
 	group, tail, done := e.NewLabel("unrolled"), e.NewLabel("unrolled_tail"), e.NewLabel("unrolled_end")
 	last, p := e.Reg(ptx.U32), e.Reg(ptx.Pred)
 	e.Emit("mov.u32", i, start)
@@ -32,7 +38,7 @@ func (e emitter) unrolled(i ptx.Reg, start, end ptx.Operand, step, u int, load f
 	e.Emit("add.u32", last, i, ptx.Imm(int64((u-1)*step)))
 	e.Emit("setp.ge.u32", p, last, end)
 	e.EmitIf(p, false, "bra", ptx.Sym(tail))
-	xs := make([]ptx.Reg, u)
+	xs := make([]T, u)
 	for j := range xs {
 		xs[j] = load(i, j)
 	}

@@ -13,7 +13,9 @@ import (
 
 func TestSampleKernel(t *testing.T) {
 	r := rand.New(rand.NewPCG(41, 42))
-	for _, vocab := range []int{1, 100, 333, 2500, 9000} {
+	// 36000 and 36003: the greedy and max passes' whole groups of quads, then one by one, and
+	// (36003) the scalar pass of a vocabulary not a multiple of 4.
+	for _, vocab := range []int{1, 100, 333, 2500, 9000, 36000, 36003} {
 		c := SampleConfig{Vocab: vocab}
 		k, err := Sample("sample_test", c)
 		if err != nil {
@@ -26,6 +28,7 @@ func TestSampleKernel(t *testing.T) {
 		logits := randF32(r, n*vocab, 4)
 		if vocab > 3 {
 			logits[vocab+1], logits[vocab+2] = 10, 10 // a tie for sample 1
+			logits[vocab-2], logits[5] = 11, 11       // sample 0's: its threads' last and first quads
 		}
 		rng := make([]uint32, n)
 		for i := range rng {

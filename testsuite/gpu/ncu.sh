@@ -8,14 +8,15 @@
 # defaults and, with APP set to an app spec (e.g. APP=specs/apps/app1-refusal-ablation.yaml),
 # a second bundle with that app, run with it enabled on the request. It runs one request of
 # PROMPT_LEN tokens (16) and NEW_TOKENS (8) under ncu and profiles COUNT launches (default
-# 300, about one 8B decode step) from launch SKIP (600: past the prefill and the first decode
+# 150: a 1B decode step and a half, half an 8B one) from launch SKIP (600: past the prefill and the first decode
 # step) of the kernels whose names match KERNELS (the decode step's own: CUDA-core GEMVs,
 # decode attention, add+norm, SiLU, the sampler, the embedding and the final norm; add+norm
-# and SiLU also run in the prefill, which SKIP passes). SET is ncu's section set (default
-# detailed: speed of light, launch, occupancy, memory and warp-state sections; full adds more
-# passes per kernel). The clocks are left alone (--clock-control none). Not yet timed on the
-# device: each kernel is replayed once per pass of its sections, so a first call might start
-# with MODELS=llama-3.2-1b. ncu serialises the kernels and
+# and SiLU also run in the prefill, which SKIP passes). SECTIONS are ncu's sections (default
+# "SpeedOfLight LaunchStats Occupancy WarpStateStats": time, DRAM, occupancy and the warp
+# stalls per issued instruction; SET=detailed or full instead takes a whole set). The clocks
+# are left alone (--clock-control none). Each kernel is replayed once per pass of its
+# sections: the detailed set's 20 passes profiled about 230 launches of the 1B in 240 s
+# (session 17). ncu serialises the kernels and
 # flushes the caches between them (its default), so each time is the kernel alone, without
 # early launch's overlap: compare kernels with each other and with their bytes, not with the
 # graph's step (xmix bench --role-costs measures inside the graph).
@@ -29,7 +30,7 @@ MODELS=${MODELS:-llama-3.2-1b llama-3.1-8b}
 PROMPT_LEN=${PROMPT_LEN:-16}
 NEW_TOKENS=${NEW_TOKENS:-8}
 SKIP=${SKIP:-600}
-COUNT=${COUNT:-300}
+COUNT=${COUNT:-150}
 KERNELS=${KERNELS:-^(gemm_k|attention_h[0-9]+_kv[0-9]+_d[0-9]+_[a-z0-9]+_(warps|split|singles)|add_norm|final_norm|silu_mul|sample_v|embed)}
 export PATH=/usr/local/cuda/bin:$PATH
 NCU=${NCU:-ncu}
@@ -48,7 +49,13 @@ run() { # run NAME BUNDLE [xmix bench flags...]: profile one bundle's request
   local name=$1 b=$2
   shift 2
   log "ncu $name"
-  timeout "${NCU_TIMEOUT:-400}" "$NCU" --clock-control none --set "${SET:-detailed}" --kernel-name "regex:$KERNELS" \
+  local what=()
+  if [ -n "${SET:-}" ]; then
+    what=(--set "$SET")
+  else
+    for s in ${SECTIONS:-SpeedOfLight LaunchStats Occupancy WarpStateStats}; do what+=(--section "$s"); done
+  fi
+  timeout "${NCU_TIMEOUT:-400}" "$NCU" --clock-control none "${what[@]}" --kernel-name "regex:$KERNELS" \
     --launch-skip "$SKIP" --launch-count "$COUNT" -f -o "$work/$name" \
     "$bin/xmix" bench "$b" --backend cuda --prompts 1 --prompt-len "$PROMPT_LEN" --new-tokens "$NEW_TOKENS" -q "$@" \
     > "$work/$name.log" 2>&1 || echo "ncu $name failed: see $name.log in ncu.tgz" >&2
