@@ -15,8 +15,8 @@
 # "SpeedOfLight LaunchStats Occupancy WarpStateStats": time, DRAM, occupancy and the warp
 # stalls per issued instruction; SET=detailed or full instead takes a whole set). The clocks
 # are left alone (--clock-control none). Each kernel is replayed once per pass of its
-# sections: the detailed set's 20 passes profiled about 230 launches of the 1B in 240 s
-# (session 17). ncu serialises the kernels and
+# sections: the detailed set's 20 passes profiled about 230 launches of the 1B in 240 s, the
+# four default sections the 1B's 150 in about 80 s (session 17). ncu serialises the kernels and
 # flushes the caches between them (its default), so each time is the kernel alone, without
 # early launch's overlap: compare kernels with each other and with their bytes, not with the
 # graph's step (xmix bench --role-costs measures inside the graph).
