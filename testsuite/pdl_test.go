@@ -140,7 +140,8 @@ func readsBeforeWait(t *testing.T, src, op string) bool {
 
 // TestPDLNonCoherentInputs: a kernel launched early reads through the non-coherent path
 // (ld.global.nc) only buffers that no node of its template writes: weights, compiled vectors,
-// the host's control words and tables. ptxas moves ld.global.nc above griddepcontrol.wait (it
+// the host's control words and tables; before its wait it reads only such buffers too, and
+// writes nothing. ptxas moves ld.global.nc above griddepcontrol.wait (it
 // may: the path promises the bytes do not change while the kernel runs), and a kernel
 // launched early runs while the grid ahead still writes. An add+norm whose app prefetches
 // came before its wait read the down projection's delta so, stale, on the H200 (session 17);
@@ -170,7 +171,7 @@ func TestPDLNonCoherentInputs(t *testing.T) {
 			flows[k.Name] = traceParams(t, k.Name, k.PTX)
 			early[k.Name] = k.EarlyLaunch
 		}
-		checked := 0
+		checked, earlyChecked := 0, 0
 		for _, tpl := range b.Templates {
 			for _, nodes := range [][]bundle.Node{tpl.Nodes, tpl.Plain} {
 				written := map[string]string{}
@@ -185,7 +186,20 @@ func TestPDLNonCoherentInputs(t *testing.T) {
 					if !early[n.Kernel] {
 						continue
 					}
-					for i, param := range flows[n.Kernel].ncRead {
+					f := flows[n.Kernel]
+					if f.earlyStore {
+						t.Errorf("%s, template %s: node %s (%s) writes to global memory before it waits", name, tpl.Name, n.Label, n.Kernel)
+					}
+					for i, param := range f.early {
+						if i >= len(n.Args) {
+							continue
+						}
+						if by, ok := written[n.Args[i].Buffer]; ok {
+							t.Errorf("%s, template %s: node %s (%s) reads %s (buffer %s, written by node %s) before it waits", name, tpl.Name, n.Label, n.Kernel, param, n.Args[i].Buffer, by)
+						}
+						earlyChecked++
+					}
+					for i, param := range f.ncRead {
 						if i >= len(n.Args) {
 							continue
 						}
@@ -200,6 +214,9 @@ func TestPDLNonCoherentInputs(t *testing.T) {
 		if checked == 0 {
 			t.Errorf("%s: no ld.global.nc read of a node launched early: the check shows nothing", name)
 		}
+		if earlyChecked == 0 {
+			t.Errorf("%s: no read before a wait (the decode attention's control block): the check shows nothing", name)
+		}
 	}
 }
 
@@ -208,6 +225,10 @@ func TestPDLNonCoherentInputs(t *testing.T) {
 // an atomic's address derives from.
 type paramFlow struct {
 	ncRead, stored map[int]string
+	// early are the parameters read (ld.global) or written before the kernel's first
+	// griddepcontrol.wait in program order; earlyStore says whether anything is written there.
+	early      map[int]string
+	earlyStore bool
 }
 
 // traceParams follows each u64 parameter through the registers computed from it (every
@@ -280,27 +301,36 @@ func traceParams(t *testing.T, name, src string) paramFlow {
 			}
 		}
 	}
-	f := paramFlow{ncRead: map[int]string{}, stored: map[int]string{}}
+	f := paramFlow{ncRead: map[int]string{}, stored: map[int]string{}, early: map[int]string{}}
+	waited := false
 	for _, in := range k.Body {
 		var into map[int]string
 		var addr ptx.Operand
+		store := false
 		switch {
+		case in.Op == bundle.PriorGridWait:
+			waited = true
+			continue
 		case strings.HasPrefix(in.Op, "ld.global.nc"):
 			into, addr = f.ncRead, in.Args[1]
+		case strings.HasPrefix(in.Op, "ld.global"):
+			into, addr = map[int]string{}, in.Args[1]
 		case strings.HasPrefix(in.Op, "st.global"):
-			into, addr = f.stored, in.Args[0]
-		case strings.HasPrefix(in.Op, "atom.global"), strings.HasPrefix(in.Op, "red.global"):
-			into = f.stored
-			addr = in.Args[0]
-			if strings.HasPrefix(in.Op, "atom") {
-				addr = in.Args[1]
-			}
+			into, addr, store = f.stored, in.Args[0], true
+		case strings.HasPrefix(in.Op, "atom.global"):
+			into, addr, store = f.stored, in.Args[1], true
+		case strings.HasPrefix(in.Op, "red.global"):
+			into, addr, store = f.stored, in.Args[0], true
 		default:
 			continue
 		}
 		for i := range sources(addr) {
 			into[i] = k.Params[i].Name
+			if !waited {
+				f.early[i] = k.Params[i].Name
+			}
 		}
+		f.earlyStore = f.earlyStore || store && !waited
 	}
 	return f
 }
