@@ -8,7 +8,7 @@
 # defaults and, with APP set to an app spec (e.g. APP=specs/apps/app1-refusal-ablation.yaml),
 # a second bundle with that app, run with it enabled on the request. It runs one request of
 # PROMPT_LEN tokens (16) and NEW_TOKENS (8) under ncu and profiles COUNT launches (default
-# 150: a 1B decode step and a half, half an 8B one) from launch SKIP (600: past the prefill and the first decode
+# 150: a 1B decode step of 132 launches and more, 0.6 of an 8B one) from launch SKIP (600: past the prefill and the first decode
 # step) of the kernels whose names match KERNELS (the decode step's own: CUDA-core GEMVs,
 # decode attention, add+norm, SiLU, the sampler, the embedding and the final norm; add+norm
 # and SiLU also run in the prefill, which SKIP passes). SECTIONS are ncu's sections (default
