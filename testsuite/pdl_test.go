@@ -190,24 +190,22 @@ func TestPDLNonCoherentInputs(t *testing.T) {
 					if f.earlyStore {
 						t.Errorf("%s, template %s: node %s (%s) writes to global memory before it waits", name, tpl.Name, n.Label, n.Kernel)
 					}
-					for i, param := range f.early {
-						if i >= len(n.Args) {
-							continue
+					// notWritten fails each of reads (parameters by index) bound to a buffer a
+					// node of the template writes, and counts the reads it checked.
+					notWritten := func(reads map[int]string, how string) (count int) {
+						for i, param := range reads {
+							if i >= len(n.Args) {
+								continue
+							}
+							if by, ok := written[n.Args[i].Buffer]; ok {
+								t.Errorf("%s, template %s: node %s (%s) reads %s (buffer %s, written by node %s) %s", name, tpl.Name, n.Label, n.Kernel, param, n.Args[i].Buffer, by, how)
+							}
+							count++
 						}
-						if by, ok := written[n.Args[i].Buffer]; ok {
-							t.Errorf("%s, template %s: node %s (%s) reads %s (buffer %s, written by node %s) before it waits", name, tpl.Name, n.Label, n.Kernel, param, n.Args[i].Buffer, by)
-						}
-						earlyChecked++
+						return count
 					}
-					for i, param := range f.ncRead {
-						if i >= len(n.Args) {
-							continue
-						}
-						if by, ok := written[n.Args[i].Buffer]; ok {
-							t.Errorf("%s, template %s: node %s (%s) reads %s (buffer %s, written by node %s) with ld.global.nc", name, tpl.Name, n.Label, n.Kernel, param, n.Args[i].Buffer, by)
-						}
-						checked++
-					}
+					earlyChecked += notWritten(f.early, "before it waits")
+					checked += notWritten(f.ncRead, "with ld.global.nc")
 				}
 			}
 		}
@@ -314,7 +312,7 @@ func traceParams(t *testing.T, name, src string) paramFlow {
 		case strings.HasPrefix(in.Op, "ld.global.nc"):
 			into, addr = f.ncRead, in.Args[1]
 		case strings.HasPrefix(in.Op, "ld.global"):
-			into, addr = map[int]string{}, in.Args[1]
+			addr = in.Args[1] // counts only before the wait
 		case strings.HasPrefix(in.Op, "st.global"):
 			into, addr, store = f.stored, in.Args[0], true
 		case strings.HasPrefix(in.Op, "atom.global"):
@@ -325,7 +323,9 @@ func traceParams(t *testing.T, name, src string) paramFlow {
 			continue
 		}
 		for i := range sources(addr) {
-			into[i] = k.Params[i].Name
+			if into != nil {
+				into[i] = k.Params[i].Name
+			}
 			if !waited {
 				f.early[i] = k.Params[i].Name
 			}

@@ -49,7 +49,7 @@ run() { # run NAME BUNDLE [xmix bench flags...]: profile one bundle's request
   local name=$1 b=$2
   shift 2
   log "ncu $name"
-  local what=()
+  local what=() s
   if [ -n "${SET:-}" ]; then
     what=(--set "$SET")
   else
