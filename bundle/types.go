@@ -317,6 +317,9 @@ type BuildInfo struct {
 	// decode buckets' attention (xmixc build --attn-warps, --attn-unroll; 0: the defaults).
 	AttnWarps  int `json:"attn_warps,omitempty"`
 	AttnUnroll int `json:"attn_unroll,omitempty"`
+	// AttnPrefetch: passes of K and V rows each block of the decode attention asks L2 for
+	// before it waits for the grid ahead (xmixc build --attn-prefetch; 0: none; needs PDL).
+	AttnPrefetch int `json:"attn_prefetch,omitempty"`
 	// GemvSplit: the most warps a CUDA-core GEMV splits each column's K over, for weights of
 	// few columns (xmixc build --gemv-split; 0 or 1: one warp a column).
 	GemvSplit int `json:"gemv_split,omitempty"`

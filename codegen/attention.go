@@ -77,6 +77,9 @@ type AttnConfig struct {
 	// waits for the grid ahead itself (bundle.PriorGridWait), once it has read the control
 	// block and staged its first block-table entries, which the host wrote before the step.
 	EarlyLaunch bool
+	// Prefetch, with EarlyLaunch, is how many of its passes' K and V rows a block asks L2 for
+	// before it waits (prefetchKV; 0: none). It changes no result.
+	Prefetch int
 }
 
 const (
@@ -105,6 +108,9 @@ const (
 	// the K/V registers of a step.
 	MaxAttnWarps  = 16
 	MaxAttnUnroll = 8
+	// MaxAttnPrefetch bounds AttnConfig.Prefetch: each pass asks L2 for about one line a
+	// thread, and L2 (50 MiB) holds what the resident blocks ask for.
+	MaxAttnPrefetch = 8
 	// adMaxShared bounds the static shared memory of a decode block (the warps' merge states).
 	adMaxShared = 48 << 10
 )
@@ -223,6 +229,19 @@ func CheckAttnSettings(warps, unroll int) error {
 	return nil
 }
 
+// CheckAttnPrefetch checks the passes of K and V rows a decode attention block asks L2 for
+// before its wait (AttnConfig.Prefetch, bundle.BuildInfo.AttnPrefetch, xmixc build
+// --attn-prefetch): 0 (none) to MaxAttnPrefetch, and only in kernels launched early (pdl).
+func CheckAttnPrefetch(passes int, pdl bool) error {
+	switch {
+	case passes < 0 || passes > MaxAttnPrefetch:
+		return fmt.Errorf("K/V prefetch of %d passes: want 0 (none) to %d", passes, MaxAttnPrefetch)
+	case passes > 0 && !pdl:
+		return fmt.Errorf("K/V prefetch of %d passes needs early launch (--pdl): a kernel that starts after the one ahead has ended has nothing to overlap", passes)
+	}
+	return nil
+}
+
 // checkAttn checks what every attention kernel needs of c and returns the op's attributes.
 func checkAttn(c AttnConfig) (ops.KVAttrs, error) {
 	attrs, err := kvAttrs(c.ropeConfig())
@@ -233,6 +252,9 @@ func checkAttn(c AttnConfig) (ops.KVAttrs, error) {
 		return attrs, fmt.Errorf("head dim %d: want a multiple of 32, at most 256", c.HeadDim)
 	}
 	if err := CheckAttnSettings(c.Warps, c.Unroll); err != nil {
+		return attrs, err
+	}
+	if err := CheckAttnPrefetch(c.Prefetch, c.EarlyLaunch); err != nil {
 		return attrs, err
 	}
 	if n := c.sharedBytes(); n > adMaxShared {
@@ -388,11 +410,59 @@ func (g *adGen) emit() {
 	// that kernel's q and K/V only now.
 	seg := g.stage(start, end)
 	if c.EarlyLaunch {
+		g.prefetchKV(seg, start)
 		g.Emit(bundle.PriorGridWait)
 	}
 	g.loadQ()
 	g.scan(seg, end)
 	g.merge()
+}
+
+// prefetchKV asks L2 for the K and V rows of the block's first c.Prefetch passes (positions
+// [start, start + Prefetch*pass) of its staged segment, pass = the positions its warps load
+// in one step each), every 128-byte line of each row once, spread over the block's threads.
+// It runs before the block waits for the kernel ahead: the rows of past positions were
+// written by earlier steps, so their first loads after the wait find L2 instead of HBM. The
+// row's newest position is the one the kernel ahead writes now; its line may be asked for
+// before that write lands, which is harmless: L2 is where every write goes, a prefetch fills
+// no L1, and only the loads after the wait read. A row whose size is not whole lines (head
+// dim 96 in bf16, say) is not asked for.
+func (g *adGen) prefetchKV(seg segment, start ptx.Reg) {
+	c, geo := g.c, g.geo
+	rowBytes := c.HeadDim * c.KVDtype.Bytes()
+	if c.Prefetch <= 0 || rowBytes%128 != 0 {
+		return
+	}
+	rowLines := rowBytes / 128
+	positions := c.Prefetch * c.warps() * geo.unroll * geo.pp
+	threads := 32 * c.warps()
+	bs, _ := log2(c.BlockSize)
+	hi := g.op3("add.u32", ptx.U32, start, ptx.Imm(int64(positions)))
+	g.Emit("min.u32", hi, hi, seg.hi)
+	// Line l of the span is line l % (2*rowLines) of position start + l / (2*rowLines): its
+	// K row's lines, then its V row's.
+	for l0 := 0; l0 < positions*2*rowLines; l0 += threads {
+		l := g.op3("add.u32", ptx.U32, g.tid, ptx.Imm(int64(l0)))
+		pos := g.op3("div.u32", ptx.U32, l, ptx.Imm(int64(2*rowLines)))
+		g.Emit("add.u32", pos, pos, start)
+		g.when(g.cmp("lt", ptx.U32, pos, hi), false, func() {
+			bi := g.op3("shr.u32", ptx.U32, pos, ptx.Imm(int64(bs)))
+			g.Emit("sub.u32", bi, bi, seg.blk0)
+			page := g.Reg(ptx.U32)
+			g.Emit("ld.shared.u32", page, ptx.Addr{Base: g.sharedAddr(g.sTable, bi, 4)})
+			slot := g.op3("and.b32", ptx.U32, pos, ptx.Imm(int64(c.BlockSize-1)))
+			g.Emit("mad.lo.u32", slot, page, ptx.Imm(int64(c.BlockSize)), slot)
+			part := g.op3("rem.u32", ptx.U32, l, ptx.Imm(int64(2*rowLines)))
+			isV := g.cmp("ge", ptx.U32, part, ptx.Imm(int64(rowLines)))
+			line := g.op3("rem.u32", ptx.U32, part, ptx.Imm(int64(rowLines)))
+			kvRow := g.Reg(ptx.U32)
+			g.Emit("mad.lo.u32", kvRow, slot, ptx.Imm(int64(c.KVHeads)), g.kvh)
+			g.Emit("mad.lo.u32", line, kvRow, ptx.Imm(int64(rowLines)), line)
+			base := g.Reg(ptx.U64)
+			g.Emit("selp.b64", base, g.vc, g.kc, isV)
+			g.Emit("prefetch.global.L2", ptx.Addr{Base: g.byteAddr(base, line, 128)})
+		})
+	}
 }
 
 // exitUnlessSingle ends the block unless its row is alone of its sequence among its

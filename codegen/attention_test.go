@@ -523,3 +523,92 @@ func TestCheckAttnSettings(t *testing.T) {
 		}
 	}
 }
+
+// TestAttentionPrefetchKV: built for early launch with Prefetch passes, every block of the
+// decode kernel asks L2, before its wait, for exactly the 128-byte lines of the K and V rows
+// of its first Prefetch passes (positions [start, start + Prefetch*pass) of its split, no
+// line twice, none past its context), and computes the bits of the kernel without it. Rows of
+// 1, 2, 3 and 4 lines, one split and several (a chunk word too small for the grid too).
+func TestAttentionPrefetchKV(t *testing.T) {
+	r := rand.New(rand.NewPCG(53, 54))
+	for _, base := range attnShapes {
+		base = scaled(base)
+		base.EarlyLaunch = true
+		maxPos := base.BlockSize * base.MaxBlocksPerSeq
+		rowLines := base.HeadDim * base.KVDtype.Bytes() / 128
+		for _, sc := range []struct{ passes, splits, chunk int }{{1, 1, 0}, {3, 1, 0}, {1, 4, 64}, {2, 5, 5}} {
+			c := base
+			c.Prefetch, c.Split = sc.passes, sc.splits > 1
+			name := fmt.Sprintf("h%d_kv%d_d%d_%s_p%d_s%d", c.Heads, c.KVHeads, c.HeadDim, c.KVDtype, sc.passes, sc.splits)
+			t.Run(name, func(t *testing.T) {
+				k := must(t)(Attention("attn_pf", c))
+				plainCfg := c
+				plainCfg.Prefetch = 0
+				plain := must(t)(Attention("attn_pf", plainCfg))
+				if !strings.Contains(k.PTX, "prefetch.global.L2") || strings.Contains(plain.PTX, "prefetch.global") {
+					t.Fatal("the prefetching kernel does not prefetch, or the plain one does")
+				}
+				pos := []uint32{0, 9, 70, uint32(maxPos - 1), uint32(maxPos / 3)}
+				seq := []uint32{0, 1, 2, 3, 1}
+				a := newAttnCall(t, r, k, c, c.Launch(len(pos), sc.splits), pos, seq, uint32(sc.chunk), nil)
+				a.mem.RecordPrefetches()
+				got := a.run(t)
+				lines := map[uint64]int{}
+				for _, addr := range a.mem.Prefetched() {
+					lines[addr]++
+				}
+				plainMod, err := ptx.Parse(plain.PTX)
+				if err != nil {
+					t.Fatal(err)
+				}
+				a.mod, a.k = plainMod, plain
+				if want := a.run(t); !bytes.Equal(got, want) {
+					t.Fatal("z differs from the kernel's without the prefetch")
+				}
+
+				geo := c.geom()
+				pass := c.warps() * geo.unroll * geo.pp
+				table, kc, vc := a.args[3].u32, a.params[4], a.params[5]
+				want := map[uint64]int{}
+				for row, p := range pos {
+					n := int(p) + 1
+					chunk := n
+					if c.Split {
+						chunk = max(sc.chunk, (n+sc.splits-1)/sc.splits)
+					}
+					for y := range c.Heads / geo.hpb {
+						kvh := y * geo.hpb / (c.Heads / c.KVHeads)
+						for start := 0; start < n; start += chunk {
+							for q := start; q < min(n, start+chunk, start+sc.passes*pass); q++ {
+								page := int(table[int(seq[row])*c.MaxBlocksPerSeq+q/c.BlockSize])
+								kvRow := (page*c.BlockSize+q%c.BlockSize)*c.KVHeads + kvh
+								for ln := range rowLines {
+									want[kc+uint64((kvRow*rowLines+ln)*128)]++
+									want[vc+uint64((kvRow*rowLines+ln)*128)]++
+								}
+							}
+						}
+					}
+				}
+				if len(lines) != len(want) {
+					t.Errorf("%d lines asked for, want %d", len(lines), len(want))
+				}
+				for addr, n := range want {
+					if lines[addr] != n {
+						t.Errorf("line 0x%x asked for %d times, want %d", addr, lines[addr], n)
+						break
+					}
+				}
+			})
+		}
+	}
+	c := scaled(attnShapes[2])
+	c.Prefetch = 1
+	if _, err := Attention("attn_serial_prefetch", c); err == nil || !strings.Contains(err.Error(), "needs early launch") {
+		t.Errorf("prefetch without early launch: %v", err)
+	}
+	c.EarlyLaunch, c.Prefetch = true, MaxAttnPrefetch+1
+	if _, err := Attention("attn_prefetch_bound", c); err == nil || !strings.Contains(err.Error(), "want 0 (none) to 8") {
+		t.Errorf("prefetch past its bound: %v", err)
+	}
+}

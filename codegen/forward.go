@@ -24,7 +24,7 @@ type Options struct {
 	// and Unroll of the CUDA-core GEMVs of buckets of more than one row (0 or 1: one);
 	// TCChunks are GemmConfig.Unroll of the tensor-core GEMMs of buckets of up to 8 and of
 	// 9-32 rows (tcSettings); AttnWarps and AttnUnroll are AttnConfig.Warps and Unroll of
-	// the decode buckets' attention.
+	// the decode buckets' attention, AttnPrefetch AttnConfig.Prefetch of every decode attention.
 	Build   bundle.BuildInfo
 	Weights bundle.WeightsRef
 	// Tokenizer is the tokenizer definition to embed (empty for a byte tokenizer).
@@ -65,6 +65,8 @@ type gen struct {
 	tcChunks [2]int // GemmConfig.Unroll of the tensor-core GEMMs of up to 8, of 9-32 rows
 	// attnWarps and attnUnroll are AttnConfig.Warps and Unroll of the decode buckets' attention.
 	attnWarps, attnUnroll int
+	// attnPrefetch is AttnConfig.Prefetch of every decode attention kernel.
+	attnPrefetch int
 	// gemmTickets is GemmConfig.Tickets of every staged tensor-core GEMM (--gemm tc-staged).
 	gemmTickets int
 	order       []string
@@ -104,6 +106,10 @@ func Generate(p *passes.Program, opt Options) (*bundle.Bundle, error) {
 		return nil, fmt.Errorf("decode attention: %w", err)
 	}
 	g.attnWarps, g.attnUnroll = bi.AttnWarps, bi.AttnUnroll
+	if err := CheckAttnPrefetch(bi.AttnPrefetch, bi.PDL); err != nil {
+		return nil, fmt.Errorf("decode attention: %w", err)
+	}
+	g.attnPrefetch = bi.AttnPrefetch
 	g.prefetch, g.gemvCols, g.unroll, g.split = bi.Prefetch, bi.GemvCols, bi.GemvUnroll, bi.GemvSplit
 	tc, err := tcChunks(bi.TCChunks)
 	if err != nil {

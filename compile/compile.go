@@ -57,6 +57,10 @@ type Options struct {
 	// AttnWarps and AttnUnroll are the decode attention's warps per block and loads per warp
 	// step (bundle.BuildInfo.AttnWarps, AttnUnroll; 0: the defaults).
 	AttnWarps, AttnUnroll int
+	// AttnPrefetch is how many passes of K and V rows each block of a decode attention built
+	// for early launch asks L2 for before it waits (bundle.BuildInfo.AttnPrefetch): 0 takes
+	// DefaultAttnPrefetch, a negative value none.
+	AttnPrefetch int
 	// GemvSplit is the most warps a CUDA-core GEMV splits each column's K over
 	// (bundle.BuildInfo.GemvSplit; 0: one).
 	GemvSplit int
@@ -84,6 +88,9 @@ const DefaultGemvUnroll = 4
 // (+5% at 4096, +14% at 16384 on the 8B: the prefetches crowd out the weights the kernel
 // ahead is still streaming, we think).
 const DefaultPrefetch = 512
+
+// DefaultAttnPrefetch is Options.AttnPrefetch's default.
+const DefaultAttnPrefetch = 0
 
 // Frontend parses the model and app specs.
 func Frontend(modelPath string, appPaths []string) (*frontend.Model, []*frontend.App, error) {
@@ -206,12 +213,16 @@ func Build(modelPath string, appPaths []string, opt Options) (*bundle.Bundle, er
 	if prefetch == 0 {
 		prefetch = DefaultPrefetch
 	}
+	attnPrefetch := cmp.Or(opt.AttnPrefetch, DefaultAttnPrefetch)
 	if prefetch < 0 || opt.SerialLaunch { // kernels that run one after another have nothing to overlap
 		prefetch = 0
 	}
+	if attnPrefetch < 0 || opt.SerialLaunch {
+		attnPrefetch = 0
+	}
 	build := bundle.BuildInfo{Compiler: Compiler, Inputs: inputs, Fuse: p.Fused(), PDL: !opt.SerialLaunch, Prefetch: prefetch,
 		GemvCols: beyondOne(cmp.Or(opt.GemvCols, DefaultGemvCols)), GemvUnroll: beyondOne(cmp.Or(opt.GemvUnroll, DefaultGemvUnroll)),
-		AttnWarps: opt.AttnWarps, AttnUnroll: opt.AttnUnroll,
+		AttnWarps: opt.AttnWarps, AttnUnroll: opt.AttnUnroll, AttnPrefetch: attnPrefetch,
 		GemvSplit: beyondOne(opt.GemvSplit)}
 	if !slices.Equal(opt.TCChunks, codegen.DefaultTCChunks[:]) {
 		build.TCChunks = opt.TCChunks

@@ -111,6 +111,10 @@ var SerialLaunch bool
 // whose options leave it 0 (the GPU suite takes it from XMIX_PREFETCH).
 var Prefetch int
 
+// AttnPrefetch, when not 0, is compile.Options.AttnPrefetch of every bundle of Compile and
+// CompileWith whose options leave it 0 (the GPU suite takes it from XMIX_ATTN_PREFETCH).
+var AttnPrefetch int
+
 // CompileWith is Compile with build options (Verify is always on).
 func CompileWith(t testing.TB, opt compile.Options, model string, apps ...string) *bundle.Bundle {
 	t.Helper()
@@ -122,6 +126,9 @@ func CompileWith(t testing.TB, opt compile.Options, model string, apps ...string
 	opt.SerialLaunch = opt.SerialLaunch || SerialLaunch
 	if opt.Prefetch == 0 {
 		opt.Prefetch = Prefetch
+	}
+	if opt.AttnPrefetch == 0 {
+		opt.AttnPrefetch = AttnPrefetch
 	}
 	b, err := compile.Build(mp, aps, opt)
 	if err != nil {

@@ -46,7 +46,7 @@ func buildCmd() *cobra.Command {
 	var embed, verify, quiet, pdl bool
 	var gemm, moe string
 	var fuse []string
-	var tp, vectorSlots, prefetch, gemvCols, gemvUnroll, gemvSplit, attnWarps, attnUnroll int
+	var tp, vectorSlots, prefetch, gemvCols, gemvUnroll, gemvSplit, attnWarps, attnUnroll, attnPrefetch int
 	var tcChunks []int
 	c := &cobra.Command{
 		Use:   "build MODEL.yaml [APP.yaml...] -o OUT.xmb",
@@ -80,6 +80,9 @@ func buildCmd() *cobra.Command {
 			if err := codegen.CheckAttnSettings(0, attnUnroll); err != nil {
 				return fmt.Errorf("--attn-unroll: %w", err)
 			}
+			if err := codegen.CheckAttnPrefetch(attnPrefetch, true); err != nil {
+				return fmt.Errorf("--attn-prefetch: %w", err)
+			}
 			switch {
 			case gemm == "cuda-core" && cmd.Flags().Changed("tc-chunks"):
 				return fmt.Errorf("--tc-chunks sets the tensor-core GEMMs, which --gemm cuda-core does not build; leave it out")
@@ -94,7 +97,7 @@ func buildCmd() *cobra.Command {
 					fmt.Fprintf(os.Stderr, "[%6.2fs] %s\n", time.Since(start).Seconds(), fmt.Sprintf(f, a...))
 				}
 			}
-			b, err := compile.Build(args[0], args[1:], compile.Options{EmbedWeights: embed, Verify: verify, Progress: progress, GEMM: gemm, MoE: moe, TP: tp, VectorSlots: vectorSlots, Fuse: fuse, SerialLaunch: !pdl, Prefetch: prefetchOption(prefetch), GemvCols: gemvCols, GemvUnroll: gemvUnroll, GemvSplit: gemvSplit, TCChunks: tcChunks, AttnWarps: attnWarps, AttnUnroll: attnUnroll})
+			b, err := compile.Build(args[0], args[1:], compile.Options{EmbedWeights: embed, Verify: verify, Progress: progress, GEMM: gemm, MoE: moe, TP: tp, VectorSlots: vectorSlots, Fuse: fuse, SerialLaunch: !pdl, Prefetch: prefetchOption(prefetch), GemvCols: gemvCols, GemvUnroll: gemvUnroll, GemvSplit: gemvSplit, TCChunks: tcChunks, AttnWarps: attnWarps, AttnUnroll: attnUnroll, AttnPrefetch: prefetchOption(attnPrefetch)})
 			if err != nil {
 				return err
 			}
@@ -134,16 +137,17 @@ func buildCmd() *cobra.Command {
 	c.Flags().IntSliceVar(&tcChunks, "tc-chunks", codegen.DefaultTCChunks[:], fmt.Sprintf("K chunks (of 32) each K group of a bundle's tensor-core GEMM keeps in flight, in buckets of up to 8 rows and of 9-32 rows, 1 to %d each (the staged kernel of --gemm tc-staged: half as many stages of two chunks; more bytes in flight, more registers; same results bit for bit; for measuring)", codegen.MaxTCChunks))
 	c.Flags().IntVar(&attnWarps, "attn-warps", 0, fmt.Sprintf("warps per block of the decode buckets' attention, 1 to %d (0: the default, 8 in buckets of up to 32 rows, 4 past them); more warps cover more positions in one pass, so a context needs fewer splits and merges (for measuring)", codegen.MaxAttnWarps))
 	c.Flags().IntVar(&attnUnroll, "attn-unroll", 0, fmt.Sprintf("position loads each warp of the decode attention issues before the first is used, 1 to %d (0: the default, 4 at head dim 128 bf16); more bytes in flight, more registers (for measuring)", codegen.MaxAttnUnroll))
+	c.Flags().IntVar(&attnPrefetch, "attn-prefetch", compile.DefaultAttnPrefetch, fmt.Sprintf("passes of K and V rows each block of the decode attention asks L2 for before it waits for the kernel ahead (with --pdl), 0 (none) to %d: a pass is the positions its warps load in one step each (64 at head dim 128 in bf16, 8 warps), so the first loads after the wait find L2 instead of HBM (same results bit for bit)", codegen.MaxAttnPrefetch))
 	return c
 }
 
-// prefetchOption maps --prefetch (0: none) to compile.Options.Prefetch (0: the default,
-// negative: none).
-func prefetchOption(bytes int) int {
-	if bytes == 0 {
+// prefetchOption maps --prefetch or --attn-prefetch (0: none) to compile.Options.Prefetch or
+// AttnPrefetch (0: the default, negative: none).
+func prefetchOption(n int) int {
+	if n == 0 {
 		return -1
 	}
-	return bytes
+	return n
 }
 
 // fuseFlag declares --fuse, the decode-kernel fusions (passes.Fusions).
@@ -310,6 +314,9 @@ func printBundle(w io.Writer, b *bundle.Bundle) {
 	}
 	if bi := b.Manifest.Build; bi.AttnWarps > 0 || bi.AttnUnroll > 0 {
 		fmt.Fprintf(w, "          decode attention: %s warps a block, %s loads a step\n", orDefault(bi.AttnWarps), orDefault(bi.AttnUnroll))
+	}
+	if n := b.Manifest.Build.AttnPrefetch; n > 0 {
+		fmt.Fprintf(w, "          decode attention: %d passes of K and V asked of L2 before the wait\n", n)
 	}
 	if s := b.Manifest.Build.GemvSplit; s > 1 {
 		fmt.Fprintf(w, "          GEMVs of few columns split each column over up to %d warps\n", s)

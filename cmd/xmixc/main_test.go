@@ -130,7 +130,7 @@ func TestBuildIsDeterministic(t *testing.T) {
 
 // TestBuildGemvFlags: --prefetch N goes into the build info (and only GEMVs change, as
 // testsuite's TestPrefetchBundle checks); 0 builds none; --tc-chunks, --attn-warps,
-// --attn-unroll and --gemv-split go into it too, and inspect says what they are, but only
+// --attn-unroll, --attn-prefetch and --gemv-split go into it too, and inspect says what they are, but only
 // where they differ from the defaults; a negative size, GEMV columns per warp or chunks
 // outside 1-8, a chunk list that is not two counts, warps or loads a step out of range and a
 // split that is not a power of two up to 8 are refused.
@@ -172,6 +172,7 @@ func TestBuildGemvFlags(t *testing.T) {
 		{[]string{"--attn-unroll", "8"}, nil, "_u8", "decode attention: default warps a block, 8 loads a step", 0},
 		{[]string{"--gemv-split", "1"}, nil, "", "", 0},
 		{[]string{"--gemv-split", "4"}, nil, "", "GEMVs of few columns split each column over up to 4 warps", 4},
+		{[]string{"--attn-prefetch", "2"}, nil, "", "decode attention: 2 passes of K and V asked of L2 before the wait", 0},
 	} {
 		out := filepath.Join(dir, "tc.xmb")
 		if _, err := xmixc(t, append([]string{"build", m, "-q", "-o", out}, c.flags...)...); err != nil {
@@ -196,6 +197,12 @@ func TestBuildGemvFlags(t *testing.T) {
 		if b.Manifest.Build.GemvSplit != c.split || splitGemvs != (c.split == 4) {
 			t.Fatalf("%v: build info split %d, GEMVs split over 4 warps %v", c.flags, b.Manifest.Build.GemvSplit, splitGemvs)
 		}
+		attnPrefetch := slices.ContainsFunc(b.Kernels, func(k bundle.Kernel) bool {
+			return strings.HasPrefix(k.Name, "attention") && strings.Contains(k.PTX, "prefetch.global.L2")
+		})
+		if want := slices.Contains(c.flags, "--attn-prefetch"); attnPrefetch != want || (b.Manifest.Build.AttnPrefetch == 2) != want {
+			t.Fatalf("%v: decode attention prefetching %v (build info %d), want %v", c.flags, attnPrefetch, b.Manifest.Build.AttnPrefetch, want)
+		}
 		text, err := xmixc(t, "inspect", out)
 		if err != nil || c.text != "" && !strings.Contains(text, c.text) || c.text == "" && (strings.Contains(text, "tensor-core GEMMs:") || strings.Contains(text, "decode attention:") || strings.Contains(text, "split each column")) {
 			t.Fatalf("%v: inspect: %v; want %q in:\n%s", c.flags, err, c.text, text)
@@ -206,6 +213,8 @@ func TestBuildGemvFlags(t *testing.T) {
 		{"--gemv-cols", "0", "--gemv-cols 0: want 1 to 8"},
 		{"--attn-warps", "17", "--attn-warps: 17 warps a block: want 1 to 16, or 0 for the default"},
 		{"--attn-unroll", "-1", "--attn-unroll: -1 loads a step: want 1 to 8, or 0 for the default"},
+		{"--attn-prefetch", "-1", "--attn-prefetch: K/V prefetch of -1 passes: want 0 (none) to 8"},
+		{"--attn-prefetch", "9", "--attn-prefetch: K/V prefetch of 9 passes: want 0 (none) to 8"},
 		{"--gemv-cols", "9", "--gemv-cols 9: want 1 to 8"},
 		{"--gemv-split", "3", "--gemv-split: GEMV split 3: want 1, 2, 4 or 8 warps a column"},
 		{"--gemv-split", "16", "--gemv-split: GEMV split 16"},

@@ -536,6 +536,10 @@ func (b *block) load(in *inst, r []uint64) error {
 	return nil
 }
 
+func (b *block) prefetch(in *inst, r []uint64) error {
+	return b.mem.prefetch(rv(r, in.base) + uint64(in.off))
+}
+
 func (b *block) store(in *inst, r []uint64) error {
 	es := elemBytes(in.t)
 	if in.nvec == 0 {

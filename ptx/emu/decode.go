@@ -16,6 +16,7 @@ const (
 	cMov
 	cLd
 	cSt
+	cPrefetch
 	cAdd
 	cSub
 	cMul
@@ -67,7 +68,7 @@ var simple = map[string]code{
 	"rsqrt": cRsqrt, "rcp": cRcp, "ex2": cEx2, "lg2": cLg2, "sin": cSin, "cos": cCos,
 	"tanh": cTanh, "setp": cSetp, "selp": cSelp, "cvt": cCvt, "shfl": cShfl, "bar": cBar,
 	"barrier": cBar, "atom": cAtom, "red": cAtom, "bra": cBra, "ret": cExit, "exit": cExit,
-	"membar": cNop, "fence": cNop, "griddepcontrol": cNop, "prefetch": cNop, "ld": cLd, "st": cSt, "mma": cMma,
+	"membar": cNop, "fence": cNop, "griddepcontrol": cNop, "prefetch": cPrefetch, "ld": cLd, "st": cSt, "mma": cMma,
 }
 
 // Modes of setp, shfl, atom and cvt, kept in inst.mode.
@@ -417,6 +418,11 @@ func (d *decoder) instr(src ptx.Instr) (inst, error) {
 			return in, err
 		}
 		return in, d.addr(&in, args[1], o)
+	case cPrefetch:
+		if !o.Has("global") {
+			return in, fmt.Errorf("prefetch: only prefetch.global is supported")
+		}
+		return in, d.addr(&in, args[0], o)
 	case cSt:
 		if err := d.addr(&in, args[0], o); err != nil {
 			return in, err

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 
@@ -528,6 +529,7 @@ func TestFaults(t *testing.T) {
 		{"out of bounds", `mov.u32 %r1, %tid.x; mul.wide.u32 %rd2, %r1, 4; add.u64 %rd2, %rd2, %rd1; st.global.u32 [%rd2], %r1;`,
 			[]string{"instr 4 (st.global.u32 [%rd2], %r1)", "block (0,0,0) thread (32,0,0)", "outside every allocation"}},
 		{"misaligned", `ld.global.u32 %r1, [%rd1+2];`, []string{"misaligned 4-byte"}},
+		{"prefetch out of bounds", `prefetch.global.L2 [%rd1+128];`, []string{"prefetch at 0x", "outside every allocation"}},
 		{"shared out of window", `mov.u32 %r1, 64; st.shared.u32 [%r1], %r1;`, []string{"outside the 16-byte shared window"}},
 		{"division by zero", `mov.u32 %r1, 0; div.u32 %r1, %r1, %r1;`, []string{"division by zero"}},
 		{"deadlock", `mov.u32 %r1, %laneid; setp.lt.u32 %p1, %r1, 16; @%p1 bra SH; bar.sync 0; ret; SH: shfl.sync.bfly.b32 %r2, %r1, 1, 0x1f, -1;`,
@@ -574,6 +576,45 @@ func TestBuiltModule(t *testing.T) {
 	}
 	if got := readF32(mem, c, 2); got[0] != 4 || got[1] != 6 {
 		t.Fatalf("got %v", got)
+	}
+}
+
+// TestPrefetchRecorded: a prefetch inside an allocation changes nothing and, while the memory
+// records, leaves its address (any byte of the allocation, its last one too); before
+// RecordPrefetches and after a new call of it nothing old is kept.
+func TestPrefetchRecorded(t *testing.T) {
+	src := `.visible .entry k(.param .u64 buf)
+{
+	.reg .b32 %r<2>;
+	.reg .b64 %rd<4>;
+	ld.param.u64 %rd1, [buf];
+	mov.u32 %r1, %tid.x;
+	mul.wide.u32 %rd2, %r1, 40;
+	add.u64 %rd2, %rd2, %rd1;
+	prefetch.global.L2 [%rd2+3];
+	ret;
+}`
+	mem := NewMemory()
+	buf := mem.Alloc(84) // thread 2 asks for byte 83, the last
+	l := Launch{Grid: [3]int{1, 1, 1}, Block: [3]int{3, 1, 1}}
+	if err := runText(t, src, l, mem, buf); err != nil {
+		t.Fatal(err)
+	}
+	if got := mem.Prefetched(); len(got) != 0 {
+		t.Fatalf("recorded %v before RecordPrefetches", got)
+	}
+	mem.RecordPrefetches()
+	if err := runText(t, src, l, mem, buf); err != nil {
+		t.Fatal(err)
+	}
+	got := mem.Prefetched()
+	slices.Sort(got)
+	if want := []uint64{buf + 3, buf + 43, buf + 83}; !slices.Equal(got, want) {
+		t.Fatalf("prefetched %x, want %x", got, want)
+	}
+	mem.RecordPrefetches()
+	if got := mem.Prefetched(); len(got) != 0 {
+		t.Fatalf("RecordPrefetches kept %v", got)
 	}
 }
 

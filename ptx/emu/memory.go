@@ -6,6 +6,7 @@ package emu
 import (
 	"fmt"
 	"sort"
+	"sync"
 )
 
 // Memory is a flat global address space made of separate allocations. Addresses start well
@@ -14,6 +15,11 @@ import (
 type Memory struct {
 	allocs []alloc // sorted by base
 	next   uint64
+	// prefetched holds the address of every prefetch.global run over the memory while
+	// recording (RecordPrefetches); blocks run in parallel, so mu guards it.
+	mu         sync.Mutex
+	recording  bool
+	prefetched []uint64
 }
 
 type alloc struct {
@@ -52,6 +58,37 @@ func (m *Memory) find(addr uint64) *alloc {
 		return nil
 	}
 	return a
+}
+
+// RecordPrefetches starts keeping the address of every prefetch.global that kernels run over m
+// issue (a prefetch changes no result, so this is how a test sees what a kernel asks L2 for),
+// forgetting those kept before.
+func (m *Memory) RecordPrefetches() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.recording, m.prefetched = true, nil
+}
+
+// Prefetched is the addresses prefetched since RecordPrefetches, in no particular order
+// across threads.
+func (m *Memory) Prefetched() []uint64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return append([]uint64(nil), m.prefetched...)
+}
+
+// prefetch checks that a prefetch's address lies in an allocation (on the GPU a hint to a
+// wrong address is dropped silently; here it is the bug it shows) and records it.
+func (m *Memory) prefetch(addr uint64) error {
+	if m.find(addr) == nil {
+		return fmt.Errorf("prefetch at 0x%x is outside every allocation", addr)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.recording {
+		m.prefetched = append(m.prefetched, addr)
+	}
+	return nil
 }
 
 // span returns the n bytes at addr, checking bounds and natural alignment of size align.

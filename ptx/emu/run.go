@@ -340,6 +340,10 @@ func (b *block) thread(t int) error {
 			if err := b.load(in, r); err != nil {
 				return b.errorAt(t, pc, err)
 			}
+		case cPrefetch:
+			if err := b.prefetch(in, r); err != nil {
+				return b.errorAt(t, pc, err)
+			}
 		case cSt:
 			if err := b.store(in, r); err != nil {
 				return b.errorAt(t, pc, err)

@@ -4,7 +4,8 @@
 // comma-separated --fuse list) builds every bundle of the checks with those fusions
 // (testsuite/gpu/fuse_ab.sh), XMIX_SERIAL=1 builds them without programmatic dependent launch
 // (--pdl=false), XMIX_PREFETCH=N with GEMVs that prefetch N bytes of each weight row
-// (--prefetch; -1: none), and TestCUDABuildKeepsBits compares the bundle so built with a plain one
+// (--prefetch; -1: none), XMIX_ATTN_PREFETCH=N with decode attention that asks L2 for N passes of
+// K and V before its wait (--attn-prefetch; -1: none), and TestCUDABuildKeepsBits compares the bundle so built with a plain one
 // (no fusions, --pdl=false) on the GPU.
 package gpu
 
@@ -56,10 +57,18 @@ func TestMain(m *testing.M) {
 		}
 		testsuite.Prefetch = n
 	}
+	if p := os.Getenv("XMIX_ATTN_PREFETCH"); p != "" {
+		n, err := strconv.Atoi(p)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "XMIX_ATTN_PREFETCH=%s: want a count of passes (compile.Options.AttnPrefetch)\n", p)
+			os.Exit(2)
+		}
+		testsuite.AttnPrefetch = n
+	}
 	code := m.Run()
 	if path := os.Getenv("XMIX_GPU_RESULTS"); path != "" && noGPU == nil {
 		results["device"] = device.String()
-		results["fuse"], results["serial_launch"], results["prefetch"] = testsuite.Fuse, testsuite.SerialLaunch, testsuite.Prefetch
+		results["fuse"], results["serial_launch"], results["prefetch"], results["attn_prefetch"] = testsuite.Fuse, testsuite.SerialLaunch, testsuite.Prefetch, testsuite.AttnPrefetch
 		data, err := json.MarshalIndent(results, "", "  ")
 		if err == nil {
 			err = os.WriteFile(path, data, 0o644)
