@@ -436,7 +436,6 @@ func (g *adGen) prefetchKV(seg segment, start ptx.Reg) {
 	rowLines := rowBytes / 128
 	positions := c.Prefetch * c.warps() * geo.unroll * geo.pp
 	threads := 32 * c.warps()
-	bs, _ := log2(c.BlockSize)
 	hi := g.op3("add.u32", ptx.U32, start, ptx.Imm(int64(positions)))
 	g.Emit("min.u32", hi, hi, seg.hi)
 	// Line l of the span is line l % (2*rowLines) of position start + l / (2*rowLines): its
@@ -446,23 +445,33 @@ func (g *adGen) prefetchKV(seg segment, start ptx.Reg) {
 		pos := g.op3("div.u32", ptx.U32, l, ptx.Imm(int64(2*rowLines)))
 		g.Emit("add.u32", pos, pos, start)
 		g.when(g.cmp("lt", ptx.U32, pos, hi), false, func() {
-			bi := g.op3("shr.u32", ptx.U32, pos, ptx.Imm(int64(bs)))
-			g.Emit("sub.u32", bi, bi, seg.blk0)
-			page := g.Reg(ptx.U32)
-			g.Emit("ld.shared.u32", page, ptx.Addr{Base: g.sharedAddr(g.sTable, bi, 4)})
-			slot := g.op3("and.b32", ptx.U32, pos, ptx.Imm(int64(c.BlockSize-1)))
-			g.Emit("mad.lo.u32", slot, page, ptx.Imm(int64(c.BlockSize)), slot)
+			kvRow := g.kvRow(pos, seg.blk0)
 			part := g.op3("rem.u32", ptx.U32, l, ptx.Imm(int64(2*rowLines)))
 			isV := g.cmp("ge", ptx.U32, part, ptx.Imm(int64(rowLines)))
 			line := g.op3("rem.u32", ptx.U32, part, ptx.Imm(int64(rowLines)))
-			kvRow := g.Reg(ptx.U32)
-			g.Emit("mad.lo.u32", kvRow, slot, ptx.Imm(int64(c.KVHeads)), g.kvh)
 			g.Emit("mad.lo.u32", line, kvRow, ptx.Imm(int64(rowLines)), line)
 			base := g.Reg(ptx.U64)
 			g.Emit("selp.b64", base, g.vc, g.kc, isV)
 			g.Emit("prefetch.global.L2", ptx.Addr{Base: g.byteAddr(base, line, 128)})
 		})
 	}
+}
+
+// kvRow is the row of position pos's K (or V) of the block's kv head in the paged cache:
+// its page from the staged block-table entries (the segment's from KV block blk0 on), its
+// slot in the page, then the head.
+func (g *adGen) kvRow(pos, blk0 ptx.Reg) ptx.Reg {
+	c := g.c
+	bs, _ := log2(c.BlockSize)
+	bi := g.op3("shr.u32", ptx.U32, pos, ptx.Imm(int64(bs)))
+	g.Emit("sub.u32", bi, bi, blk0)
+	page := g.Reg(ptx.U32)
+	g.Emit("ld.shared.u32", page, ptx.Addr{Base: g.sharedAddr(g.sTable, bi, 4)})
+	slot := g.op3("and.b32", ptx.U32, pos, ptx.Imm(int64(c.BlockSize-1)))
+	g.Emit("mad.lo.u32", slot, page, ptx.Imm(int64(c.BlockSize)), slot)
+	row := g.Reg(ptx.U32)
+	g.Emit("mad.lo.u32", row, slot, ptx.Imm(int64(c.KVHeads)), g.kvh)
+	return row
 }
 
 // exitUnlessSingle ends the block unless its row is alone of its sequence among its
@@ -582,7 +591,6 @@ func (g *adGen) scan(seg segment, end ptx.Reg) {
 func (g *adGen) step(t, segHi, blk0 ptx.Reg) {
 	c, geo := g.c, g.geo
 	kvs := c.KVDtype.Bytes()
-	bs, _ := log2(c.BlockSize)
 	last := g.op3("sub.u32", ptx.U32, segHi, ptx.Imm(1))
 	dimBase := g.dimBase()
 	valid := make([]ptx.Reg, geo.unroll)
@@ -592,14 +600,7 @@ func (g *adGen) step(t, segHi, blk0 ptx.Reg) {
 		g.Emit("add.u32", pu, pu, ptx.Imm(int64(u*geo.pp)))
 		valid[u] = g.cmp("lt", ptx.U32, pu, segHi)
 		g.Emit("min.u32", pu, pu, last) // past the end: read the last position, score -inf
-		bi := g.op3("shr.u32", ptx.U32, pu, ptx.Imm(int64(bs)))
-		g.Emit("sub.u32", bi, bi, blk0)
-		page := g.Reg(ptx.U32)
-		g.Emit("ld.shared.u32", page, ptx.Addr{Base: g.sharedAddr(g.sTable, bi, 4)})
-		slot := g.op3("and.b32", ptx.U32, pu, ptx.Imm(int64(c.BlockSize-1)))
-		g.Emit("mad.lo.u32", slot, page, ptx.Imm(int64(c.BlockSize)), slot)
-		kvRow := g.Reg(ptx.U32)
-		g.Emit("mad.lo.u32", kvRow, slot, ptx.Imm(int64(c.KVHeads)), g.kvh)
+		kvRow := g.kvRow(pu, blk0)
 		elem := g.Reg(ptx.U32)
 		g.Emit("mad.lo.u32", elem, kvRow, ptx.Imm(int64(c.HeadDim)), dimBase)
 		ka, va := g.byteAddr(g.kc, elem, kvs), g.byteAddr(g.vc, elem, kvs)

@@ -43,28 +43,29 @@ func record(key string, v any) {
 	results[key] = v
 }
 
+// envInt sets *into from the environment variable name when it is set, and exits the test
+// binary naming the variable and what it wants when it is not an integer.
+func envInt(name, want string, into *int) {
+	v := os.Getenv(name)
+	if v == "" {
+		return
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "%s=%s: want %s\n", name, v, want)
+		os.Exit(2)
+	}
+	*into = n
+}
+
 func TestMain(m *testing.M) {
 	device, noGPU = cuda.Probe()
 	if f := os.Getenv("XMIX_FUSE"); f != "" {
 		testsuite.Fuse = strings.Split(f, ",")
 	}
 	testsuite.SerialLaunch = os.Getenv("XMIX_SERIAL") == "1"
-	if p := os.Getenv("XMIX_PREFETCH"); p != "" {
-		n, err := strconv.Atoi(p)
-		if err != nil {
-			fmt.Fprintf(os.Stderr, "XMIX_PREFETCH=%s: want a byte count (compile.Options.Prefetch)\n", p)
-			os.Exit(2)
-		}
-		testsuite.Prefetch = n
-	}
-	if p := os.Getenv("XMIX_ATTN_PREFETCH"); p != "" {
-		n, err := strconv.Atoi(p)
-		if err != nil {
-			fmt.Fprintf(os.Stderr, "XMIX_ATTN_PREFETCH=%s: want a count of passes (compile.Options.AttnPrefetch)\n", p)
-			os.Exit(2)
-		}
-		testsuite.AttnPrefetch = n
-	}
+	envInt("XMIX_PREFETCH", "a byte count (compile.Options.Prefetch)", &testsuite.Prefetch)
+	envInt("XMIX_ATTN_PREFETCH", "a count of passes (compile.Options.AttnPrefetch)", &testsuite.AttnPrefetch)
 	code := m.Run()
 	if path := os.Getenv("XMIX_GPU_RESULTS"); path != "" && noGPU == nil {
 		results["device"] = device.String()
