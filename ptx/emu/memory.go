@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"sort"
 	"sync"
+	"sync/atomic"
 )
 
 // Memory is a flat global address space made of separate allocations. Addresses start well
@@ -18,7 +19,7 @@ type Memory struct {
 	// prefetched holds the address of every prefetch.global run over the memory while
 	// recording (RecordPrefetches); blocks run in parallel, so mu guards it.
 	mu         sync.Mutex
-	recording  bool
+	recording  atomic.Bool
 	prefetched []uint64
 }
 
@@ -66,7 +67,8 @@ func (m *Memory) find(addr uint64) *alloc {
 func (m *Memory) RecordPrefetches() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.recording, m.prefetched = true, nil
+	m.recording.Store(true)
+	m.prefetched = nil
 }
 
 // Prefetched is the addresses prefetched since RecordPrefetches, in no particular order
@@ -83,10 +85,10 @@ func (m *Memory) prefetch(addr uint64) error {
 	if m.find(addr) == nil {
 		return fmt.Errorf("prefetch at 0x%x is outside every allocation", addr)
 	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.recording {
+	if m.recording.Load() {
+		m.mu.Lock()
 		m.prefetched = append(m.prefetched, addr)
+		m.mu.Unlock()
 	}
 	return nil
 }
