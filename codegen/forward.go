@@ -46,23 +46,24 @@ type Options struct {
 
 // gen is the state of one Generate call.
 type gen struct {
-	p        *passes.Program
-	m        *frontend.Model
-	wdt      ptx.Type
-	kvdt     ptx.Type
-	maxT     int
-	maxS     int
-	blocks   int                // KV pages per sequence
-	kernels  map[string]*Kernel // by the name a template asks for
-	bodies   map[string]*Kernel // by what the kernel is (kernel)
-	gemmKind string
-	moeKind  string
-	pdl      bool
-	prefetch int    // GemmConfig.Prefetch of the CUDA-core GEMVs
-	gemvCols int    // GemmConfig.Cols of the plain GEMVs of more than one row
-	unroll   int    // GemmConfig.Unroll of the CUDA-core GEMVs of more than one row
-	split    int    // the most warps a CUDA-core GEMV splits a column's K over (splitFor)
-	tcChunks [2]int // GemmConfig.Unroll of the tensor-core GEMMs of up to 8, of 9-32 rows
+	p         *passes.Program
+	m         *frontend.Model
+	wdt       ptx.Type
+	kvdt      ptx.Type
+	maxT      int
+	maxS      int
+	blocks    int                // KV pages per sequence
+	kernels   map[string]*Kernel // by the name a template asks for
+	bodies    map[string]*Kernel // by what the kernel is (kernel)
+	gemmKind  string
+	moeKind   string
+	pdl       bool
+	prefetch  int    // GemmConfig.Prefetch of the CUDA-core GEMVs
+	gemvCols  int    // GemmConfig.Cols of the plain GEMVs of more than one row
+	unroll    int    // GemmConfig.Unroll of the CUDA-core GEMVs of more than one row
+	split     int    // the most warps a CUDA-core GEMV splits a column's K over (splitFor)
+	gemvWarps int    // a CUDA-core GEMV block's warps (GemmConfig.Warps; 0: gemmWarps)
+	tcChunks  [2]int // GemmConfig.Unroll of the tensor-core GEMMs of up to 8, of 9-32 rows
 	// attnWarps and attnUnroll are AttnConfig.Warps and Unroll of the decode buckets' attention.
 	attnWarps, attnUnroll int
 	// attnPrefetch is AttnConfig.Prefetch of every decode attention kernel.
@@ -94,6 +95,9 @@ func Generate(p *passes.Program, opt Options) (*bundle.Bundle, error) {
 	if err := CheckGemvSplit(bi.GemvSplit); err != nil {
 		return nil, err
 	}
+	if err := CheckGemvWarps(bi.GemvWarps, bi.GemvSplit); err != nil {
+		return nil, err
+	}
 	switch {
 	case bi.Prefetch < 0 || bi.Prefetch > 0 && !bi.PDL:
 		return nil, fmt.Errorf("GEMV prefetch %d bytes: want 0, or a byte count with early launch", bi.Prefetch)
@@ -110,7 +114,7 @@ func Generate(p *passes.Program, opt Options) (*bundle.Bundle, error) {
 		return nil, fmt.Errorf("decode attention: %w", err)
 	}
 	g.attnPrefetch = bi.AttnPrefetch
-	g.prefetch, g.gemvCols, g.unroll, g.split = bi.Prefetch, bi.GemvCols, bi.GemvUnroll, bi.GemvSplit
+	g.prefetch, g.gemvCols, g.unroll, g.split, g.gemvWarps = bi.Prefetch, bi.GemvCols, bi.GemvUnroll, bi.GemvSplit, bi.GemvWarps
 	tc, err := tcChunks(bi.TCChunks)
 	if err != nil {
 		return nil, err

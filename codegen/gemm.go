@@ -1,6 +1,7 @@
 package codegen
 
 import (
+	"cmp"
 	"fmt"
 
 	"xmix/bundle"
@@ -52,6 +53,11 @@ type GemmConfig struct {
 	// independent of its bucket; the op's attributes leave it out, as the reference's
 	// tolerance covers any order.
 	Split int
+	// Warps (1, 2, 4 or 8; 0: gemmWarps) is the warps of a CUDA-core GEMV's block. A warp's
+	// work does not depend on its block, so the bits are the same; smaller blocks end more
+	// evenly at the kernel's tail (a block of a many-wave GEMV streams Warps times a warp's
+	// columns). The op's attributes leave it out.
+	Warps int
 	// Tickets is how many u32 ticket counters open a staged tensor-core GEMM's workspace
 	// (GemmTCStaged), the same for every staged GEMM of a bundle, at least StagedTickets of
 	// each (gemm_tc_staged.go, "Workspace"). It changes no result.
@@ -69,11 +75,15 @@ func (c GemmConfig) colsPerWarp() int {
 // splitWarps is how many warps share each column's K (GemmConfig.Split; 1: one).
 func (c GemmConfig) splitWarps() int { return max(1, c.Split) }
 
+// blockWarps is the warps of a CUDA-core GEMV's block (GemmConfig.Warps).
+func (c GemmConfig) blockWarps() int { return cmp.Or(c.Warps, gemmWarps) }
+
 // The decode GEMM gives each warp one output column (or Cols adjacent ones): lanes stride K
 // with 16-byte loads, and each weight chunk, loaded once, is applied to a tile of up to
 // gemmTile rows of x. Each tile size has its own code, so no lane ever computes a
 // row that does not exist.
 const (
+	// gemmWarps is a CUDA-core GEMV block's warps unless GemmConfig.Warps says otherwise.
 	gemmWarps = 8
 	gemmTile  = 8
 	// MaxGemvUnroll bounds GemmConfig.Unroll: the weight registers of a step grow with it.
@@ -84,13 +94,13 @@ const (
 
 // Launch is the grid for a call over rows rows.
 func (c GemmConfig) Launch(rows int) ops.Launch {
-	return gemvLaunch(c.N/c.colsPerWarp(), c.splitWarps())
+	return c.gemvLaunch(c.N / c.colsPerWarp())
 }
 
-// gemvLaunch is the grid of a GEMV computing units units, each by split warps.
-func gemvLaunch(units, split int) ops.Launch {
-	warps := units * split
-	return ops.Launch{Grid: [3]int{(warps + gemmWarps - 1) / gemmWarps, 1, 1}, Block: [3]int{32 * gemmWarps, 1, 1}}
+// gemvLaunch is the grid of a GEMV of c computing units units, each by c's split warps.
+func (c GemmConfig) gemvLaunch(units int) ops.Launch {
+	warps, per := units*c.splitWarps(), c.blockWarps()
+	return ops.Launch{Grid: [3]int{(warps + per - 1) / per, 1, 1}, Block: [3]int{32 * per, 1, 1}}
 }
 
 // Gemm generates the kernel; parameters: x, w, y (u64), rows (u32).
@@ -124,6 +134,9 @@ func gemmAttrs(c GemmConfig) (ops.GemmAttrs, error) {
 	if err := CheckGemvSplit(c.Split); err != nil {
 		return ops.GemmAttrs{}, err
 	}
+	if err := CheckGemvWarps(c.Warps, c.Split); err != nil {
+		return ops.GemmAttrs{}, err
+	}
 	return ops.GemmAttrs{K: c.K, N: c.N, WDtype: dt, Guard: c.Guard}, nil
 }
 
@@ -136,6 +149,19 @@ func CheckGemvSplit(n int) error {
 		return nil
 	}
 	return fmt.Errorf("GEMV split %d: want 1, 2, 4 or 8 warps a column", n)
+}
+
+// CheckGemvWarps checks the warps of a CUDA-core GEMV's block (GemmConfig.Warps,
+// bundle.BuildInfo.GemvWarps, xmixc build --gemv-warps): 0 (gemmWarps), 1, 2, 4 or 8, and at
+// least the warps a column's K is split over (split, GemmConfig.Split).
+func CheckGemvWarps(n, split int) error {
+	switch {
+	case n != 0 && n != 1 && n != 2 && n != 4 && n != 8:
+		return fmt.Errorf("GEMV block of %d warps: want 1, 2, 4 or 8", n)
+	case n != 0 && n < split:
+		return fmt.Errorf("GEMV block of %d warps cannot hold a column split over %d", n, split)
+	}
+	return nil
 }
 
 type gemmGen struct {
@@ -167,8 +193,8 @@ func (g *gemmGen) emit() error {
 		g.epi.params(g)
 		units = g.epi.units()
 	}
-	split := c.splitWarps()
-	if per := gemmWarps / split; split > 1 && units%per != 0 {
+	split, bw := c.splitWarps(), c.blockWarps()
+	if per := bw / split; split > 1 && units%per != 0 {
 		// A block's warps meet at barriers, so none of them may leave early.
 		return fmt.Errorf("split %d: %d units of columns do not fill blocks of %d", split, units, per)
 	}
@@ -189,12 +215,12 @@ func (g *gemmGen) emit() error {
 		// Warp w computes part w%split of unit w/split of the block's.
 		sh, _ := log2(split)
 		part := g.op3("and.b32", ptx.U32, warp, ptx.Imm(int64(split-1)))
-		g.Emit("mad.lo.u32", g.col, cta, ptx.Imm(int64(gemmWarps/split)), g.op3("shr.u32", ptx.U32, warp, ptx.Imm(int64(sh))))
+		g.Emit("mad.lo.u32", g.col, cta, ptx.Imm(int64(bw/split)), g.op3("shr.u32", ptx.U32, warp, ptx.Imm(int64(sh))))
 		g.first = g.Reg(ptx.U32)
 		g.Emit("mad.lo.u32", g.first, part, ptx.Imm(32), g.lane)
 		g.part0 = g.cmp("eq", ptx.U32, part, ptx.Imm(0))
 	} else {
-		g.Emit("mad.lo.u32", g.col, cta, ptx.Imm(gemmWarps), warp)
+		g.Emit("mad.lo.u32", g.col, cta, ptx.Imm(int64(bw)), warp)
 	}
 	done := g.NewLabel("done")
 	// Whole warps leave together, so the shuffles below always see 32 live lanes.
@@ -217,7 +243,7 @@ func (g *gemmGen) emit() error {
 	if split > 1 {
 		// Each warp's totals: a slot per column and row of a tile.
 		per := len(cols) * gemmTile
-		g.partials = g.sharedAddr(g.DeclareShared("gemv_parts", ptx.F32, gemmWarps*per), warp, 4*per)
+		g.partials = g.sharedAddr(g.DeclareShared("gemv_parts", ptx.F32, c.blockWarps()*per), warp, 4*per)
 	}
 	if c.Prefetch > 0 {
 		g.prefetchWeights(c.Prefetch)

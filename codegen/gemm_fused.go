@@ -97,7 +97,7 @@ func (c GemmRopeConfig) units() int { return (c.Rope.Heads + 2*c.Rope.KVHeads) *
 
 // Launch is the grid for rows rows.
 func (c GemmRopeConfig) Launch(rows int) ops.Launch {
-	return gemvLaunch(c.units(), c.Gemm.splitWarps())
+	return c.Gemm.gemvLaunch(c.units())
 }
 
 // GemmRope generates the fused kernel (op gemm_rope_kv); parameters: x, w, y (the q/k/v
@@ -231,7 +231,7 @@ type GemmGatedConfig struct {
 
 // Launch is the grid for rows rows.
 func (c GemmGatedConfig) Launch(rows int) ops.Launch {
-	return gemvLaunch(c.Gemm.N/2, c.Gemm.splitWarps())
+	return c.Gemm.gemvLaunch(c.Gemm.N / 2)
 }
 
 // GemmGated generates the fused kernel (op gemm_gated); parameters: x, w, y (the activation,

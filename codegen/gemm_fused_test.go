@@ -158,20 +158,25 @@ func TestGemmRopeRefusesQKNorm(t *testing.T) {
 
 // TestGemmGatedKernel: the fused gate/up GEMV against its reference (op gemm, then the gated
 // op) and bit for bit against the GEMV and the SiLU*up (GELU*up) kernel it replaces, with
-// each column's K over one warp and split over two, four or eight (GemmConfig.Split).
+// each column's K over one warp and split over two, four or eight (GemmConfig.Split), in
+// blocks of the default eight warps and of fewer (GemmConfig.Warps; the GEMV it replaces
+// keeps eight).
 func TestGemmGatedKernel(t *testing.T) {
 	r := rand.New(rand.NewPCG(63, 64))
 	for _, c := range []struct {
 		k, inter, rows int
 		wdt            ptx.Type
 		act            string
-		split          int
+		split, warps   int
 	}{
-		{64, 40, 1, ptx.BF16, "", 1}, {37, 24, 3, ptx.F32, ActGeluTanh, 1}, {96, 56, 8, ptx.BF16, ActGeluTanh, 1}, {48, 20, 9, ptx.F32, "", 1},
-		{512, 40, 1, ptx.BF16, "", 2}, {37, 24, 3, ptx.F32, ActGeluTanh, 8}, {2056, 20, 9, ptx.BF16, "", 4},
+		{64, 40, 1, ptx.BF16, "", 1, 0}, {37, 24, 3, ptx.F32, ActGeluTanh, 1, 0}, {96, 56, 8, ptx.BF16, ActGeluTanh, 1, 0}, {48, 20, 9, ptx.F32, "", 1, 0},
+		{512, 40, 1, ptx.BF16, "", 2, 0}, {37, 24, 3, ptx.F32, ActGeluTanh, 8, 0}, {2056, 20, 9, ptx.BF16, "", 4, 0},
+		{64, 40, 1, ptx.BF16, "", 1, 4}, {96, 56, 3, ptx.BF16, ActGeluTanh, 1, 2}, {37, 24, 9, ptx.F32, "", 1, 1}, {512, 40, 1, ptx.BF16, "", 2, 4},
 	} {
 		gc := GemmConfig{K: c.k, N: 2 * c.inter, WDtype: c.wdt, Split: c.split}
-		fc := GemmGatedConfig{Gemm: gc, Act: c.act}
+		fgc := gc
+		fgc.Warps = c.warps
+		fc := GemmGatedConfig{Gemm: fgc, Act: c.act}
 		fk := must(t)(GemmGated("gemm_gated_test", fc))
 		w := targ{name: "w", f32: randF32(r, gc.N*c.k, 0.5)}
 		if c.wdt == ptx.BF16 {

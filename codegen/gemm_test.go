@@ -187,6 +187,35 @@ func TestGemmSplit(t *testing.T) {
 	}
 }
 
+// TestGemmBlockWarps: GEMVs in blocks of 1, 2 and 4 warps (GemmConfig.Warps) against their
+// reference, and bit for bit against the default eight, with one and two columns a warp,
+// a column's K split over warps, and column counts that leave the last block part empty.
+func TestGemmBlockWarps(t *testing.T) {
+	r := rand.New(rand.NewPCG(79, 80))
+	for _, c := range []struct{ k, n, rows, cols, split, warps int }{
+		{256, 40, 1, 1, 1, 4}, {256, 40, 3, 2, 1, 2}, {96, 13, 9, 1, 1, 1}, {512, 24, 1, 2, 1, 4},
+		{8 * 64, 16, 1, 1, 2, 4}, {8 * 129, 16, 3, 1, 4, 4}, {8 * 64, 16, 7, 2, 2, 2},
+	} {
+		base := GemmConfig{K: c.k, N: c.n, WDtype: ptx.BF16, Cols: c.cols, Split: c.split}
+		cfg := base
+		cfg.Warps = c.warps
+		l := cfg.Launch(c.rows)
+		if want := (c.n/base.colsPerWarp()*c.split + c.warps - 1) / c.warps; l.Grid[0] != want || l.Block[0] != 32*c.warps {
+			t.Fatalf("%+v: launch %v, want %d blocks of %d threads", c, l, want, 32*c.warps)
+		}
+		sameGemvBits(t, r, must(t)(Gemm("gemm_test", cfg)), must(t)(Gemm("gemm_test", base)), cfg, base, c.rows)
+	}
+	for _, c := range []struct {
+		warps, split int
+		want         string
+	}{{3, 1, "block of 3 warps: want 1, 2, 4 or 8"}, {16, 1, "want 1, 2, 4 or 8"}, {-1, 1, "want 1, 2, 4 or 8"}, {2, 4, "block of 2 warps cannot hold a column split over 4"}} {
+		_, err := Gemm("g", GemmConfig{K: 64, N: 16, WDtype: ptx.BF16, Warps: c.warps, Split: c.split})
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("warps %d split %d: error %v, want %q", c.warps, c.split, err, c.want)
+		}
+	}
+}
+
 // sameGemvBits runs GEMV kernel k (of cfg) over random x and w against its reference, and
 // bit for bit against kernel base (of baseCfg: the same product computed another way), over
 // rows rows; a guarded cfg gets an any_mask that runs it.

@@ -291,17 +291,21 @@ func (g *gen) gemvName(c GemmConfig) string {
 	if s := c.splitWarps(); s > 1 {
 		name += fmt.Sprintf("_s%d", s)
 	}
+	if w := c.blockWarps(); w != gemmWarps {
+		name += fmt.Sprintf("_w%d", w)
+	}
 	return name
 }
 
 // gemvSettings is c, a CUDA-core GEMV over rows rows, with the build's GEMV settings: the
-// prefetch and the split of its weight's columns; from two rows, the unroll, and for a plain
+// prefetch, the warps of a block and the split of its weight's columns; from two rows, the unroll, and for a plain
 // GEMV (not a fused one, whose warps compute the column pairs of its epilogue) the columns
 // per warp; at one row, for a plain GEMV, the columns per warp that fit it in one wave
 // (oneWaveCols).
 func (g *gen) gemvSettings(c GemmConfig, rows int, plain bool) GemmConfig {
 	c.Prefetch = g.prefetch
 	c.Split = g.splitFor(c.N)
+	c.Warps = g.gemvWarps
 	switch {
 	case rows > 1:
 		c.Unroll = g.unroll

@@ -64,6 +64,8 @@ type Options struct {
 	// GemvSplit is the most warps a CUDA-core GEMV splits each column's K over
 	// (bundle.BuildInfo.GemvSplit; 0: one).
 	GemvSplit int
+	// GemvWarps is the warps of a CUDA-core GEMV's block (bundle.BuildInfo.GemvWarps; 0: 8).
+	GemvWarps int
 	// TCChunks are the K chunks in flight of the tensor-core GEMMs of buckets of up to 8 and
 	// of 9-32 rows (bundle.BuildInfo.TCChunks; nil: codegen.DefaultTCChunks, recorded as nil).
 	TCChunks []int
@@ -227,7 +229,7 @@ func Build(modelPath string, appPaths []string, opt Options) (*bundle.Bundle, er
 	build := bundle.BuildInfo{Compiler: Compiler, Inputs: inputs, Fuse: p.Fused(), PDL: !opt.SerialLaunch, Prefetch: prefetch,
 		GemvCols: beyondOne(cmp.Or(opt.GemvCols, DefaultGemvCols)), GemvUnroll: beyondOne(cmp.Or(opt.GemvUnroll, DefaultGemvUnroll)),
 		AttnWarps: opt.AttnWarps, AttnUnroll: opt.AttnUnroll, AttnPrefetch: attnPrefetch,
-		GemvSplit: beyondOne(opt.GemvSplit)}
+		GemvSplit: beyondOne(opt.GemvSplit), GemvWarps: opt.GemvWarps}
 	if !slices.Equal(opt.TCChunks, codegen.DefaultTCChunks[:]) {
 		build.TCChunks = opt.TCChunks
 	}

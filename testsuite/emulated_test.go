@@ -171,11 +171,11 @@ ops:
 		// Built without programmatic dependent launch (the others are built for it: the
 		// grid-dependency instructions at the head of every kernel leave every buffer as it was).
 		{"llama-serial", SmallModel, nil, []loader.Request{{Prompt: []int{3, 1, 4, 1, 5, 9, 2, 6}, MaxTokens: 4}}, compile.Options{SerialLaunch: true}},
-		// GEMVs that prefetch their weights and then wait (fused ones too), and (decode bucket
-		// 2) warps of four columns.
+		// GEMVs that prefetch their weights and then wait (fused ones too), in blocks of two
+		// warps, and (decode bucket 2) warps of four columns.
 		{"llama-gemv", SmallModel, []string{split}, []loader.Request{
 			{Prompt: []int{3, 1, 4, 1, 5, 9, 2, 6}, MaxTokens: 4, Apps: []string{"split"}}, {Prompt: []int{2, 7, 1}, MaxTokens: 5}},
-			compile.Options{Fuse: []string{"all"}, Prefetch: 1 << 20, GemvCols: 4}},
+			compile.Options{Fuse: []string{"all"}, Prefetch: 1 << 20, GemvCols: 4, GemvWarps: 2}},
 		// GEMVs whose columns' K is split over eight warps (--gemv-split 8: every weight of
 		// this model but the LM head), fused ones too, at decode buckets 1 and 2.
 		{"llama-split", SmallModel, []string{split}, []loader.Request{

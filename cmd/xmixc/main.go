@@ -46,7 +46,7 @@ func buildCmd() *cobra.Command {
 	var embed, verify, quiet, pdl bool
 	var gemm, moe string
 	var fuse []string
-	var tp, vectorSlots, prefetch, gemvCols, gemvUnroll, gemvSplit, attnWarps, attnUnroll, attnPrefetch int
+	var tp, vectorSlots, prefetch, gemvCols, gemvUnroll, gemvSplit, gemvWarps, attnWarps, attnUnroll, attnPrefetch int
 	var tcChunks []int
 	c := &cobra.Command{
 		Use:   "build MODEL.yaml [APP.yaml...] -o OUT.xmb",
@@ -74,6 +74,9 @@ func buildCmd() *cobra.Command {
 			if err := codegen.CheckGemvSplit(gemvSplit); err != nil {
 				return fmt.Errorf("--gemv-split: %w", err)
 			}
+			if err := codegen.CheckGemvWarps(gemvWarps, gemvSplit); err != nil {
+				return fmt.Errorf("--gemv-warps: %w", err)
+			}
 			if err := codegen.CheckAttnSettings(attnWarps, 0); err != nil {
 				return fmt.Errorf("--attn-warps: %w", err)
 			}
@@ -97,7 +100,7 @@ func buildCmd() *cobra.Command {
 					fmt.Fprintf(os.Stderr, "[%6.2fs] %s\n", time.Since(start).Seconds(), fmt.Sprintf(f, a...))
 				}
 			}
-			b, err := compile.Build(args[0], args[1:], compile.Options{EmbedWeights: embed, Verify: verify, Progress: progress, GEMM: gemm, MoE: moe, TP: tp, VectorSlots: vectorSlots, Fuse: fuse, SerialLaunch: !pdl, Prefetch: prefetchOption(prefetch), GemvCols: gemvCols, GemvUnroll: gemvUnroll, GemvSplit: gemvSplit, TCChunks: tcChunks, AttnWarps: attnWarps, AttnUnroll: attnUnroll, AttnPrefetch: prefetchOption(attnPrefetch)})
+			b, err := compile.Build(args[0], args[1:], compile.Options{EmbedWeights: embed, Verify: verify, Progress: progress, GEMM: gemm, MoE: moe, TP: tp, VectorSlots: vectorSlots, Fuse: fuse, SerialLaunch: !pdl, Prefetch: prefetchOption(prefetch), GemvCols: gemvCols, GemvUnroll: gemvUnroll, GemvSplit: gemvSplit, GemvWarps: gemvWarps, TCChunks: tcChunks, AttnWarps: attnWarps, AttnUnroll: attnUnroll, AttnPrefetch: prefetchOption(attnPrefetch)})
 			if err != nil {
 				return err
 			}
@@ -134,6 +137,7 @@ func buildCmd() *cobra.Command {
 	c.Flags().IntVar(&gemvCols, "gemv-cols", compile.DefaultGemvCols, "columns each warp of a CUDA-core decode GEMV computes in buckets of 2-7 rows, 1 to 8 (more columns share each x load; same results bit for bit)")
 	c.Flags().IntVar(&gemvUnroll, "gemv-unroll", compile.DefaultGemvUnroll, "K chunks each lane of a CUDA-core decode GEMV loads before it uses the first in buckets of 2-7 rows, 1 to 8 (more bytes in flight per warp; same results bit for bit)")
 	c.Flags().IntVar(&gemvSplit, "gemv-split", 1, "the most warps a CUDA-core decode GEMV splits each column's K over, 1, 2, 4 or 8: a weight of few columns (Llama-3.1-8B's q/k/v, o and down) takes the fewest that give it 16384 warps, so the last wave of blocks is a small part of the kernel; the warps' totals add in warp order, so results change in the last bits, the same in every bucket. Off by default: on the H200, 4 made Llama-3.2-1B's steps of 4 rows 10-12% shorter and of 1 row 3-4% longer, Llama-3.1-8B's 1 row 0.8% shorter and 4 rows 3% longer")
+	c.Flags().IntVar(&gemvWarps, "gemv-warps", 0, "warps per block of the CUDA-core decode GEMVs, 1, 2, 4 or 8 (0: the default, 8), at least --gemv-split: a block streams its warps' columns, so smaller blocks end more evenly at a many-wave GEMV's tail (same results bit for bit; for measuring)")
 	c.Flags().IntSliceVar(&tcChunks, "tc-chunks", codegen.DefaultTCChunks[:], fmt.Sprintf("K chunks (of 32) each K group of a bundle's tensor-core GEMM keeps in flight, in buckets of up to 8 rows and of 9-32 rows, 1 to %d each (the staged kernel of --gemm tc-staged: half as many stages of two chunks; more bytes in flight, more registers; same results bit for bit; for measuring)", codegen.MaxTCChunks))
 	c.Flags().IntVar(&attnWarps, "attn-warps", 0, fmt.Sprintf("warps per block of the decode buckets' attention, 1 to %d (0: the default, 8 in buckets of up to 32 rows, 4 past them); more warps cover more positions in one pass, so a context needs fewer splits and merges (for measuring)", codegen.MaxAttnWarps))
 	c.Flags().IntVar(&attnUnroll, "attn-unroll", 0, fmt.Sprintf("position loads each warp of the decode attention issues before the first is used, 1 to %d (0: the default, 4 at head dim 128 bf16); more bytes in flight, more registers (for measuring)", codegen.MaxAttnUnroll))
@@ -320,6 +324,9 @@ func printBundle(w io.Writer, b *bundle.Bundle) {
 	}
 	if s := b.Manifest.Build.GemvSplit; s > 1 {
 		fmt.Fprintf(w, "          GEMVs of few columns split each column over up to %d warps\n", s)
+	}
+	if n := b.Manifest.Build.GemvWarps; n > 0 {
+		fmt.Fprintf(w, "          GEMV blocks of %d warps\n", n)
 	}
 	if c := b.Manifest.Build.TCChunks; len(c) > 0 {
 		fmt.Fprintf(w, "          tensor-core GEMMs: %d / %d K chunks in flight at up to 8 / 9-32 rows\n", c[0], c[1])

@@ -130,10 +130,10 @@ func TestBuildIsDeterministic(t *testing.T) {
 
 // TestBuildGemvFlags: --prefetch N goes into the build info (and only GEMVs change, as
 // testsuite's TestPrefetchBundle checks); 0 builds none; --tc-chunks, --attn-warps,
-// --attn-unroll, --attn-prefetch and --gemv-split go into it too, and inspect says what they are, but only
+// --attn-unroll, --attn-prefetch, --gemv-split and --gemv-warps go into it too, and inspect says what they are, but only
 // where they differ from the defaults; a negative size, GEMV columns per warp or chunks
 // outside 1-8, a chunk list that is not two counts, warps or loads a step out of range and a
-// split that is not a power of two up to 8 are refused.
+// split or block of warps that is not a power of two up to 8 are refused.
 func TestBuildGemvFlags(t *testing.T) {
 	dir := t.TempDir()
 	m := write(t, dir, "m.yaml", model)
@@ -173,6 +173,7 @@ func TestBuildGemvFlags(t *testing.T) {
 		{[]string{"--gemv-split", "1"}, nil, "", "", 0},
 		{[]string{"--gemv-split", "4"}, nil, "", "GEMVs of few columns split each column over up to 4 warps", 4},
 		{[]string{"--attn-prefetch", "2"}, nil, "", "decode attention: 2 passes of K and V asked of L2 before the wait", 0},
+		{[]string{"--gemv-warps", "4"}, nil, "", "GEMV blocks of 4 warps", 0},
 	} {
 		out := filepath.Join(dir, "tc.xmb")
 		if _, err := xmixc(t, append([]string{"build", m, "-q", "-o", out}, c.flags...)...); err != nil {
@@ -197,6 +198,12 @@ func TestBuildGemvFlags(t *testing.T) {
 		if b.Manifest.Build.GemvSplit != c.split || splitGemvs != (c.split == 4) {
 			t.Fatalf("%v: build info split %d, GEMVs split over 4 warps %v", c.flags, b.Manifest.Build.GemvSplit, splitGemvs)
 		}
+		blockGemvs := slices.ContainsFunc(b.Kernels, func(k bundle.Kernel) bool {
+			return strings.HasPrefix(k.Name, "gemm_") && strings.Contains(k.Name, "_w4")
+		})
+		if want := slices.Contains(c.flags, "--gemv-warps"); blockGemvs != want || (b.Manifest.Build.GemvWarps == 4) != want {
+			t.Fatalf("%v: GEMVs in blocks of 4 warps %v (build info %d), want %v", c.flags, blockGemvs, b.Manifest.Build.GemvWarps, want)
+		}
 		attnPrefetch := slices.ContainsFunc(b.Kernels, func(k bundle.Kernel) bool {
 			return strings.HasPrefix(k.Name, "attention") && strings.Contains(k.PTX, "prefetch.global.L2")
 		})
@@ -204,7 +211,7 @@ func TestBuildGemvFlags(t *testing.T) {
 			t.Fatalf("%v: decode attention prefetching %v (build info %d), want %v", c.flags, attnPrefetch, b.Manifest.Build.AttnPrefetch, want)
 		}
 		text, err := xmixc(t, "inspect", out)
-		if err != nil || c.text != "" && !strings.Contains(text, c.text) || c.text == "" && (strings.Contains(text, "tensor-core GEMMs:") || strings.Contains(text, "decode attention:") || strings.Contains(text, "split each column")) {
+		if err != nil || c.text != "" && !strings.Contains(text, c.text) || c.text == "" && (strings.Contains(text, "tensor-core GEMMs:") || strings.Contains(text, "decode attention:") || strings.Contains(text, "split each column") || strings.Contains(text, "GEMV blocks")) {
 			t.Fatalf("%v: inspect: %v; want %q in:\n%s", c.flags, err, c.text, text)
 		}
 	}
@@ -218,6 +225,8 @@ func TestBuildGemvFlags(t *testing.T) {
 		{"--gemv-cols", "9", "--gemv-cols 9: want 1 to 8"},
 		{"--gemv-split", "3", "--gemv-split: GEMV split 3: want 1, 2, 4 or 8 warps a column"},
 		{"--gemv-split", "16", "--gemv-split: GEMV split 16"},
+		{"--gemv-warps", "3", "--gemv-warps: GEMV block of 3 warps: want 1, 2, 4 or 8"},
+		{"--gemv-warps", "16", "--gemv-warps: GEMV block of 16 warps: want 1, 2, 4 or 8"},
 		{"--gemv-unroll", "0", "--gemv-unroll 0: want 1 to 8"},
 		{"--gemv-unroll", "9", "--gemv-unroll 9: want 1 to 8"},
 		{"--tc-chunks", "4", "--tc-chunks [4]: want two counts of 1 to 8"},
