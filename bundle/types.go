@@ -323,8 +323,8 @@ type BuildInfo struct {
 	// GemvSplit: the most warps a CUDA-core GEMV splits each column's K over, for weights of
 	// few columns (xmixc build --gemv-split; 0 or 1: one warp a column).
 	GemvSplit int `json:"gemv_split,omitempty"`
-	// GemvWarps: the warps of a CUDA-core GEMV's block (xmixc build --gemv-warps; 0: the
-	// default, 8).
+	// GemvWarps: the warps of a CUDA-core GEMV's block (xmixc build --gemv-warps; 0: eight,
+	// which bundles built before the setting have).
 	GemvWarps int `json:"gemv_warps,omitempty"`
 }
 

@@ -31,11 +31,11 @@ type Options struct {
 	Tokenizer []byte
 	// Progress, when set, is told about each phase.
 	Progress func(format string, args ...any)
-	// GEMM picks the GEMM kernels of buckets from tensorCoreRows rows: "" or "tc" (tensor
+	// GEMM picks the GEMM kernels of buckets from TensorCoreRows rows: "" or "tc" (tensor
 	// cores, x re-read per block), "tc-staged" (x staged once per block, split-K with a
 	// workspace), "cuda-core" (no tensor cores). For measuring one against another.
 	GEMM string
-	// MoE picks how Mixtral buckets of tensorCoreRows rows and more run their experts: "" or
+	// MoE picks how Mixtral buckets of TensorCoreRows rows and more run their experts: "" or
 	// "dense" (every expert over every row as ordinary GEMMs, then a weighted sum of each row's
 	// top-k: E/k times the FLOPs, but the GEMMs run on tensor cores, or cuBLASLt on the GPU),
 	// "grouped" (the expert kernels of moe.go, rows grouped by expert: each chosen expert read
@@ -455,10 +455,15 @@ func (g *gen) activations() {
 	}
 }
 
-// gemmShapes are the (K, N) of every GEMM the forward runs.
+// gemmShapes are the (K, N) of every GEMM the forward runs, those of fused nodes too (a
+// bucket that runs a fused node's GEMM on tensor cores runs its parts).
 func (g *gen) gemmShapes() [][2]int {
 	var out [][2]int
+	var nodes []*ir.Node
 	for _, n := range g.p.Graph.Nodes {
+		nodes = append(append(nodes, n), n.Parts...)
+	}
+	for _, n := range nodes {
 		switch a := n.Attrs.(type) {
 		case ir.MatmulAttrs:
 			out = append(out, [2]int{n.In[0].Width, n.Out[0].Width})

@@ -151,6 +151,16 @@ func CheckGemvSplit(n int) error {
 	return fmt.Errorf("GEMV split %d: want 1, 2, 4 or 8 warps a column", n)
 }
 
+// GemvWarpsRecord is n, a CUDA-core GEMV block's warps, as the build info records it
+// (bundle.BuildInfo.GemvWarps): 0 for gemmWarps, what a bundle built before the setting
+// existed has, so its bytes stay the same.
+func GemvWarpsRecord(n int) int {
+	if n == gemmWarps {
+		return 0
+	}
+	return n
+}
+
 // CheckGemvWarps checks the warps of a CUDA-core GEMV's block (GemmConfig.Warps,
 // bundle.BuildInfo.GemvWarps, xmixc build --gemv-warps): 0 (gemmWarps), 1, 2, 4 or 8, and at
 // least the warps a column's K is split over (split, GemmConfig.Split).

@@ -396,10 +396,14 @@ func (t *tb) matmulGated(n *ir.Node) {
 	t.add(n.Name, k, err, c.Launch(rows), s, nil)
 }
 
-// tensorCoreRows is the bucket size from which GEMMs run on tensor cores (bf16 activations,
-// f32 accumulation): the CUDA-core GEMM's cost grows with rows (on an H200, 4.5x at 8 rows),
-// mma's is flat up to 128. Below it, the CUDA-core GEMM keeps f32 activations.
-const tensorCoreRows = 8
+// TensorCoreRows is the bucket size from which GEMMs run on tensor cores (bf16 activations,
+// f32 accumulation; cuBLASLt on the GPU): the CUDA-core GEMM's cost grows with rows (on an
+// H200, 4.5x at 8 rows), mma's is flat up to 128. Below it, the CUDA-core GEMM keeps f32
+// activations, and every bucket computes a row's bits the same, so a request of up to
+// TensorCoreRows-1 rows in a batch gets what it gets alone (batch_equals_solo,
+// per_request_vectors). At 4 rows tensor cores would be faster on the H200 (Llama-3.1-8B
+// 4.66 ms a step against 5.80, testsuite/gpu/RESULTS.md session 19), at the price of that.
+const TensorCoreRows = 8
 
 func (t *tb) gemm(label, x string, w bundle.Slot, y string, k, n, rows int) {
 	t.gemmAt(label, buf(x), w, buf(y), GemmConfig{K: k, N: n, WDtype: t.g.wdt}, rows)
@@ -501,7 +505,7 @@ func tcSuffix(c GemmConfig) string {
 // tensorCores says whether a GEMM of c over rows rows runs on tensor cores here.
 func (t *tb) tensorCores(c GemmConfig, rows int) bool {
 	g := t.g
-	return rows >= tensorCoreRows && g.wdt == ptx.BF16 && c.K%16 == 0 && c.N%16 == 0 && g.gemmKind != "cuda-core"
+	return rows >= TensorCoreRows && g.wdt == ptx.BF16 && c.K%16 == 0 && c.N%16 == 0 && g.gemmKind != "cuda-core"
 }
 
 // kvSlots are the KV cache and page table parameters of the rotation and attention kernels.

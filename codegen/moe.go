@@ -555,13 +555,13 @@ func (t *tb) router(n *ir.Node) {
 }
 
 // experts is a layer's mixture-of-experts MLP: dense (Options.MoE "dense", from
-// tensorCoreRows rows) or with the grouped expert kernels.
+// TensorCoreRows rows) or with the grouped expert kernels.
 func (t *tb) experts(n *ir.Node) {
 	g := t.g
 	a := n.Attrs.(ir.ExpertsAttrs)
 	x, y := n.In[0], n.Out[0]
 	route := slots{"idx": buf(n.In[1].Buffer), "wts": buf(n.In[2].Buffer)}
-	if g.moeKind == "dense" && t.rows >= tensorCoreRows {
+	if g.moeKind == "dense" && t.rows >= TensorCoreRows {
 		t.moeDense(n, route)
 		return
 	}

@@ -64,7 +64,8 @@ type Options struct {
 	// GemvSplit is the most warps a CUDA-core GEMV splits each column's K over
 	// (bundle.BuildInfo.GemvSplit; 0: one).
 	GemvSplit int
-	// GemvWarps is the warps of a CUDA-core GEMV's block (bundle.BuildInfo.GemvWarps; 0: 8).
+	// GemvWarps is the warps of a CUDA-core GEMV's block (bundle.BuildInfo.GemvWarps; 0:
+	// DefaultGemvWarps, or GemvSplit where that is more: a block holds a column's warps).
 	GemvWarps int
 	// TCChunks are the K chunks in flight of the tensor-core GEMMs of buckets of up to 8 and
 	// of 9-32 rows (bundle.BuildInfo.TCChunks; nil: codegen.DefaultTCChunks, recorded as nil).
@@ -81,8 +82,16 @@ const DefaultGemvCols = 2
 // 8 call 5): four chunks a step shorten the decode step of Llama-3.1-8B by 7.3% at batch 2 and
 // 3.4% at batch 4, of Llama-3.2-1B by 12% and 4%. At batch 1 unrolling does not pay (two
 // chunks: +9% on the 8B; four: -0.5% on the 8B, +0.9% on the 1B), so it applies to buckets of
-// 2-7 rows only.
+// 2-7 rows only (from codegen.TensorCoreRows rows GEMMs run on tensor cores).
 const DefaultGemvUnroll = 4
+
+// DefaultGemvWarps is Options.GemvWarps's default, measured on the H200 (testsuite/gpu/RESULTS.md,
+// session 19): a block streams its warps' columns, so at the end of a many-wave GEMV the
+// SMs whose last blocks end first idle for up to a block's time. Two-warp blocks shorten the
+// batch-1 step by 1.1% on Llama-3.1-8B and 1.7% on Llama-3.2-1B, and they make the gate-act
+// fusion pay (its warps stream two columns each, so its eight-warp blocks took twice as
+// long). One warp a block: the same on the 8B, 11% slower on the 1B.
+const DefaultGemvWarps = 2
 
 // DefaultPrefetch is Options.Prefetch's default, measured on the H200 (GEMV_AB.md, session 8
 // calls 2 and 3): 512 bytes per weight row shorten the batch-1 step by 1.1% on Llama-3.1-8B
@@ -229,7 +238,7 @@ func Build(modelPath string, appPaths []string, opt Options) (*bundle.Bundle, er
 	build := bundle.BuildInfo{Compiler: Compiler, Inputs: inputs, Fuse: p.Fused(), PDL: !opt.SerialLaunch, Prefetch: prefetch,
 		GemvCols: beyondOne(cmp.Or(opt.GemvCols, DefaultGemvCols)), GemvUnroll: beyondOne(cmp.Or(opt.GemvUnroll, DefaultGemvUnroll)),
 		AttnWarps: opt.AttnWarps, AttnUnroll: opt.AttnUnroll, AttnPrefetch: attnPrefetch,
-		GemvSplit: beyondOne(opt.GemvSplit), GemvWarps: opt.GemvWarps}
+		GemvSplit: beyondOne(opt.GemvSplit), GemvWarps: codegen.GemvWarpsRecord(cmp.Or(opt.GemvWarps, max(DefaultGemvWarps, opt.GemvSplit)))}
 	if !slices.Equal(opt.TCChunks, codegen.DefaultTCChunks[:]) {
 		build.TCChunks = opt.TCChunks
 	}

@@ -33,12 +33,15 @@ var Fusions = []Fusion{
 	{"gate-act", "SiLU(gate)*up (GeGLU's GELU) in the gate/up projection's GEMV epilogue (buckets under 8 rows)", foldGateAct},
 }
 
-// DefaultFusions are the fusions a build applies when it names none (Options.Fuse nil):
-// measured on the H200 with the kernels launched early (testsuite/gpu/FUSE_AB.md, session 7
-// call 6), qkv-rope shortens the batch-1 step by 0.8% on Llama-3.1-8B and 3.1% on
-// Llama-3.2-1B; gate-act lengthens it by 1.4% on the 8B (its GEMV reads gate and up a column
-// pair per warp, slower than the plain GEMV), so it stays opt-in.
-var DefaultFusions = []string{"qkv-rope"}
+// DefaultFusions are the fusions a build applies when it names none (Options.Fuse nil),
+// measured on the H200 with the kernels launched early. qkv-rope (testsuite/gpu/FUSE_AB.md,
+// session 7 call 6) shortens the batch-1 step by 0.8% on Llama-3.1-8B and 3.1% on
+// Llama-3.2-1B. gate-act lengthened it by 1.6% on the 8B as long as GEMV blocks had eight
+// warps (its warps stream a column pair each, so its blocks took twice as long and the
+// kernel's tail grew); with the default two-warp blocks (compile.DefaultGemvWarps) it
+// shortens the step by 0.8% more on the 8B and 1.7% on the 1B at batch 1, and by 2.5% and
+// 5.3% at batch 2 (testsuite/gpu/RESULTS.md, session 19).
+var DefaultFusions = []string{"qkv-rope", "gate-act"}
 
 // FusionNames lists the fusions' names in pass order.
 func FusionNames() []string {

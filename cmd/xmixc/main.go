@@ -2,6 +2,7 @@
 package main
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -74,7 +75,9 @@ func buildCmd() *cobra.Command {
 			if err := codegen.CheckGemvSplit(gemvSplit); err != nil {
 				return fmt.Errorf("--gemv-split: %w", err)
 			}
-			if err := codegen.CheckGemvWarps(gemvWarps, gemvSplit); err != nil {
+			if !cmd.Flags().Changed("gemv-warps") {
+				gemvWarps = 0 // the default, or the split's warps where those are more
+			} else if err := codegen.CheckGemvWarps(gemvWarps, gemvSplit); err != nil {
 				return fmt.Errorf("--gemv-warps: %w", err)
 			}
 			if err := codegen.CheckAttnSettings(attnWarps, 0); err != nil {
@@ -127,7 +130,7 @@ func buildCmd() *cobra.Command {
 	c.Flags().BoolVar(&embed, "embed-weights", false, "copy the weights into the bundle instead of referencing them")
 	c.Flags().BoolVar(&verify, "verify-passes", false, "run the IR verifier after every pass")
 	c.Flags().BoolVarP(&quiet, "quiet", "q", false, "no progress output")
-	c.Flags().StringVar(&gemm, "gemm", "tc", "GEMM kernels from 8 rows: tc, tc-staged or cuda-core (for measuring)")
+	c.Flags().StringVar(&gemm, "gemm", "tc", fmt.Sprintf("GEMM kernels from %d rows: tc, tc-staged or cuda-core (for measuring)", codegen.TensorCoreRows))
 	c.Flags().StringVar(&moe, "moe", "", "Mixtral experts in buckets from 8 rows: dense (the default: every expert as a tensor-core GEMM, then a weighted sum of each row's top-k), or grouped (expert kernels that read only the chosen experts, on CUDA cores; for measuring)")
 	c.Flags().IntVar(&tp, "tp", 1, "tensor-parallel degree: shard the model over N ranks (GPUs, or goroutines on the cpu backend)")
 	c.Flags().IntVar(&vectorSlots, "vector-slots", 0, "how many requests may hold per_request vectors at once (default: the spec's serving.vector_slots, else max_seqs)")
@@ -137,7 +140,7 @@ func buildCmd() *cobra.Command {
 	c.Flags().IntVar(&gemvCols, "gemv-cols", compile.DefaultGemvCols, "columns each warp of a CUDA-core decode GEMV computes in buckets of 2-7 rows, 1 to 8 (more columns share each x load; same results bit for bit)")
 	c.Flags().IntVar(&gemvUnroll, "gemv-unroll", compile.DefaultGemvUnroll, "K chunks each lane of a CUDA-core decode GEMV loads before it uses the first in buckets of 2-7 rows, 1 to 8 (more bytes in flight per warp; same results bit for bit)")
 	c.Flags().IntVar(&gemvSplit, "gemv-split", 1, "the most warps a CUDA-core decode GEMV splits each column's K over, 1, 2, 4 or 8: a weight of few columns (Llama-3.1-8B's q/k/v, o and down) takes the fewest that give it 16384 warps, so the last wave of blocks is a small part of the kernel; the warps' totals add in warp order, so results change in the last bits, the same in every bucket. Off by default: on the H200, 4 made Llama-3.2-1B's steps of 4 rows 10-12% shorter and of 1 row 3-4% longer, Llama-3.1-8B's 1 row 0.8% shorter and 4 rows 3% longer")
-	c.Flags().IntVar(&gemvWarps, "gemv-warps", 0, "warps per block of the CUDA-core decode GEMVs, 1, 2, 4 or 8 (0: the default, 8), at least --gemv-split: a block streams its warps' columns, so smaller blocks end more evenly at a many-wave GEMV's tail (same results bit for bit; for measuring)")
+	c.Flags().IntVar(&gemvWarps, "gemv-warps", compile.DefaultGemvWarps, "warps per block of the CUDA-core decode GEMVs, 1, 2, 4 or 8, at least --gemv-split (unset: the default, or --gemv-split where that is more): a block streams its warps' columns, so smaller blocks end more evenly at a many-wave GEMV's tail (same results bit for bit)")
 	c.Flags().IntSliceVar(&tcChunks, "tc-chunks", codegen.DefaultTCChunks[:], fmt.Sprintf("K chunks (of 32) each K group of a bundle's tensor-core GEMM keeps in flight, in buckets of up to 8 rows and of 9-32 rows, 1 to %d each (the staged kernel of --gemm tc-staged: half as many stages of two chunks; more bytes in flight, more registers; same results bit for bit; for measuring)", codegen.MaxTCChunks))
 	c.Flags().IntVar(&attnWarps, "attn-warps", 0, fmt.Sprintf("warps per block of the decode buckets' attention, 1 to %d (0: the default, 8 in buckets of up to 32 rows, 4 past them); more warps cover more positions in one pass, so a context needs fewer splits and merges (for measuring)", codegen.MaxAttnWarps))
 	c.Flags().IntVar(&attnUnroll, "attn-unroll", 0, fmt.Sprintf("position loads each warp of the decode attention issues before the first is used, 1 to %d (0: the default, 4 at head dim 128 bf16); more bytes in flight, more registers (for measuring)", codegen.MaxAttnUnroll))
@@ -325,18 +328,16 @@ func printBundle(w io.Writer, b *bundle.Bundle) {
 	if s := b.Manifest.Build.GemvSplit; s > 1 {
 		fmt.Fprintf(w, "          GEMVs of few columns split each column over up to %d warps\n", s)
 	}
-	if n := b.Manifest.Build.GemvWarps; n > 0 {
-		fmt.Fprintf(w, "          GEMV blocks of %d warps\n", n)
-	}
 	if c := b.Manifest.Build.TCChunks; len(c) > 0 {
 		fmt.Fprintf(w, "          tensor-core GEMMs: %d / %d K chunks in flight at up to 8 / 9-32 rows\n", c[0], c[1])
 	}
-	if bi := b.Manifest.Build; bi.PDL {
-		fmt.Fprintf(w, "          early launch; GEMVs and tensor-core GEMMs prefetch %d bytes of each weight row; GEMVs at 2-7 rows: %d columns per warp, K loop unrolled %dx\n",
-			bi.Prefetch, max(1, bi.GemvCols), max(1, bi.GemvUnroll))
+	bi := b.Manifest.Build
+	gemvs := fmt.Sprintf("GEMVs in blocks of %d warps, at 2-%d rows %d columns per warp and the K loop unrolled %dx",
+		cmp.Or(bi.GemvWarps, 8), codegen.TensorCoreRows-1, max(1, bi.GemvCols), max(1, bi.GemvUnroll))
+	if bi.PDL {
+		fmt.Fprintf(w, "          early launch; GEMVs and tensor-core GEMMs prefetch %d bytes of each weight row; %s\n", bi.Prefetch, gemvs)
 	} else {
-		fmt.Fprintf(w, "          kernels launched one after another (--pdl=false); GEMVs at 2-7 rows: %d columns per warp, K loop unrolled %dx\n",
-			max(1, bi.GemvCols), max(1, bi.GemvUnroll))
+		fmt.Fprintf(w, "          kernels launched one after another (--pdl=false); %s\n", gemvs)
 	}
 	for _, in := range b.Manifest.Build.Inputs {
 		fmt.Fprintf(w, "          %s sha256=%s\n", in.Path, in.SHA256[:16])

@@ -153,7 +153,7 @@ func TestBuildGemvFlags(t *testing.T) {
 			t.Fatalf("--prefetch %s: build info prefetch %d", c.flag, b.Manifest.Build.Prefetch)
 		}
 		text, err := xmixc(t, "inspect", out)
-		if want := fmt.Sprintf("GEMVs and tensor-core GEMMs prefetch %d bytes of each weight row; GEMVs at 2-7 rows: 2 columns per warp, K loop unrolled 4x", c.want); err != nil || !strings.Contains(text, want) {
+		if want := fmt.Sprintf("GEMVs and tensor-core GEMMs prefetch %d bytes of each weight row; GEMVs in blocks of 2 warps, at 2-7 rows 2 columns per warp and the K loop unrolled 4x", c.want); err != nil || !strings.Contains(text, want) {
 			t.Fatalf("inspect: %v; output lacks %q:\n%s", err, want, text)
 		}
 	}
@@ -162,7 +162,7 @@ func TestBuildGemvFlags(t *testing.T) {
 		chunks []int
 		attn   string // a decode attention kernel's name has it; "" for the default kernels
 		text   string // inspect's line; "" where there should be none
-		split  int    // the build info's GEMV split, and the split of the GEMVs of the model's o projection
+		split  int    // the build info's GEMV split, and the split of the GEMVs of the model's o projection (a block holds its warps)
 	}{
 		{nil, nil, "", "", 0},
 		{[]string{"--tc-chunks", "4,3"}, nil, "", "", 0},
@@ -173,7 +173,8 @@ func TestBuildGemvFlags(t *testing.T) {
 		{[]string{"--gemv-split", "1"}, nil, "", "", 0},
 		{[]string{"--gemv-split", "4"}, nil, "", "GEMVs of few columns split each column over up to 4 warps", 4},
 		{[]string{"--attn-prefetch", "2"}, nil, "", "decode attention: 2 passes of K and V asked of L2 before the wait", 0},
-		{[]string{"--gemv-warps", "4"}, nil, "", "GEMV blocks of 4 warps", 0},
+		{[]string{"--gemv-warps", "4"}, nil, "", "GEMVs in blocks of 4 warps", 0},
+		{[]string{"--gemv-split", "8"}, nil, "", "GEMVs in blocks of 8 warps", 8},
 	} {
 		out := filepath.Join(dir, "tc.xmb")
 		if _, err := xmixc(t, append([]string{"build", m, "-q", "-o", out}, c.flags...)...); err != nil {
@@ -194,14 +195,16 @@ func TestBuildGemvFlags(t *testing.T) {
 		if other := attnNamed("_warps16") || attnNamed("_u8"); other != (c.attn != "") || c.attn != "" && !attnNamed(c.attn) {
 			t.Fatalf("%v: decode attention kernels of other warps or loads %v, want %q", c.flags, other, c.attn)
 		}
-		splitGemvs := slices.ContainsFunc(b.Kernels, func(k bundle.Kernel) bool { return strings.HasSuffix(k.Name, "_s4") })
-		if b.Manifest.Build.GemvSplit != c.split || splitGemvs != (c.split == 4) {
-			t.Fatalf("%v: build info split %d, GEMVs split over 4 warps %v", c.flags, b.Manifest.Build.GemvSplit, splitGemvs)
+		splitOver := func(n int) bool {
+			return slices.ContainsFunc(b.Kernels, func(k bundle.Kernel) bool { return strings.Contains(k.Name, fmt.Sprintf("_s%d", n)) })
+		}
+		if b.Manifest.Build.GemvSplit != c.split || splitOver(4) != (c.split == 4) || splitOver(8) != (c.split == 8) {
+			t.Fatalf("%v: build info split %d, GEMVs split over 4 warps %v, over 8 %v", c.flags, b.Manifest.Build.GemvSplit, splitOver(4), splitOver(8))
 		}
 		blockGemvs := slices.ContainsFunc(b.Kernels, func(k bundle.Kernel) bool {
 			return strings.HasPrefix(k.Name, "gemm_") && strings.Contains(k.Name, "_w4")
 		})
-		if want := slices.Contains(c.flags, "--gemv-warps"); blockGemvs != want || (b.Manifest.Build.GemvWarps == 4) != want {
+		if want := slices.Contains(c.flags, "--gemv-warps") || c.split == 4; blockGemvs != want || (b.Manifest.Build.GemvWarps == 4) != want {
 			t.Fatalf("%v: GEMVs in blocks of 4 warps %v (build info %d), want %v", c.flags, blockGemvs, b.Manifest.Build.GemvWarps, want)
 		}
 		attnPrefetch := slices.ContainsFunc(b.Kernels, func(k bundle.Kernel) bool {
@@ -211,7 +214,7 @@ func TestBuildGemvFlags(t *testing.T) {
 			t.Fatalf("%v: decode attention prefetching %v (build info %d), want %v", c.flags, attnPrefetch, b.Manifest.Build.AttnPrefetch, want)
 		}
 		text, err := xmixc(t, "inspect", out)
-		if err != nil || c.text != "" && !strings.Contains(text, c.text) || c.text == "" && (strings.Contains(text, "tensor-core GEMMs:") || strings.Contains(text, "decode attention:") || strings.Contains(text, "split each column") || strings.Contains(text, "GEMV blocks")) {
+		if err != nil || c.text != "" && !strings.Contains(text, c.text) || c.text == "" && (strings.Contains(text, "tensor-core GEMMs:") || strings.Contains(text, "decode attention:") || strings.Contains(text, "split each column")) {
 			t.Fatalf("%v: inspect: %v; want %q in:\n%s", c.flags, err, c.text, text)
 		}
 	}
