@@ -319,7 +319,7 @@ func (g *gen) gemvSettings(c GemmConfig, rows int, plain bool) GemmConfig {
 }
 
 // gemvResidentWarps is how many warps of the one-row GEMV an H200 holds at once: 132 SMs, 24
-// warps of 80 registers each (three blocks of eight).
+// warps of 80 registers each (three blocks of eight warps, or twelve of two).
 const gemvResidentWarps = 132 * 24
 
 // oneWaveCols is GemmConfig.Cols of a plain one-row GEMV over a weight of n columns: two

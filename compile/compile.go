@@ -82,15 +82,16 @@ const DefaultGemvCols = 2
 // 8 call 5): four chunks a step shorten the decode step of Llama-3.1-8B by 7.3% at batch 2 and
 // 3.4% at batch 4, of Llama-3.2-1B by 12% and 4%. At batch 1 unrolling does not pay (two
 // chunks: +9% on the 8B; four: -0.5% on the 8B, +0.9% on the 1B), so it applies to buckets of
-// 2-7 rows only (from codegen.TensorCoreRows rows GEMMs run on tensor cores).
+// 2-7 rows only.
 const DefaultGemvUnroll = 4
 
 // DefaultGemvWarps is Options.GemvWarps's default, measured on the H200 (testsuite/gpu/RESULTS.md,
 // session 19): a block streams its warps' columns, so at the end of a many-wave GEMV the
 // SMs whose last blocks end first idle for up to a block's time. Two-warp blocks shorten the
-// batch-1 step by 1.1% on Llama-3.1-8B and 1.7% on Llama-3.2-1B, and they make the gate-act
-// fusion pay (its warps stream two columns each, so its eight-warp blocks took twice as
-// long). One warp a block: the same on the 8B, 11% slower on the 1B.
+// batch-1 step by 1.0-1.1% on Llama-3.1-8B and 1.8% on Llama-3.2-1B, and they make the
+// gate-act fusion pay (its warps stream two columns each, so its eight-warp blocks took
+// twice as long). One warp a block: the same as two on the 8B, 11% slower than eight on
+// the 1B.
 const DefaultGemvWarps = 2
 
 // DefaultPrefetch is Options.Prefetch's default, measured on the H200 (GEMV_AB.md, session 8

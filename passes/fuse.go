@@ -39,8 +39,8 @@ var Fusions = []Fusion{
 // Llama-3.2-1B. gate-act lengthened it by 1.6% on the 8B as long as GEMV blocks had eight
 // warps (its warps stream a column pair each, so its blocks took twice as long and the
 // kernel's tail grew); with the default two-warp blocks (compile.DefaultGemvWarps) it
-// shortens the step by 0.8% more on the 8B and 1.7% on the 1B at batch 1, and by 2.5% and
-// 5.3% at batch 2 (testsuite/gpu/RESULTS.md, session 19).
+// shortens the step by 0.7-0.9% more on the 8B and 1.6-1.7% on the 1B at batch 1, and by
+// 2.5% and 5.3% at batch 2 (testsuite/gpu/RESULTS.md, session 19).
 var DefaultFusions = []string{"qkv-rope", "gate-act"}
 
 // FusionNames lists the fusions' names in pass order.
