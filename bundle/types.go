@@ -326,6 +326,9 @@ type BuildInfo struct {
 	// GemvWarps: the warps of a CUDA-core GEMV's block (xmixc build --gemv-warps; 0: eight,
 	// which bundles built before the setting have).
 	GemvWarps int `json:"gemv_warps,omitempty"`
+	// TensorCoreRows: the decode bucket size from which GEMMs run on tensor cores (xmixc build
+	// --tensor-core-rows; 0: the default, codegen.TensorCoreRows).
+	TensorCoreRows int `json:"tensor_core_rows,omitempty"`
 }
 
 // InputDigest is the hash of one input file of the build.

@@ -85,6 +85,9 @@ func Verify(b *Bundle) error {
 	if bi := b.Manifest.Build; bi.AttnWarps < 0 || bi.AttnUnroll < 0 || bi.GemvSplit < 0 || bi.AttnPrefetch < 0 || bi.GemvWarps < 0 {
 		return fmt.Errorf("manifest: build attn_warps %d, attn_unroll %d, gemv_split %d, attn_prefetch %d, gemv_warps %d: want counts of at least 0 (0: the default, or none); rebuild the bundle", bi.AttnWarps, bi.AttnUnroll, bi.GemvSplit, bi.AttnPrefetch, bi.GemvWarps)
 	}
+	if n := b.Manifest.Build.TensorCoreRows; n < 0 {
+		return fmt.Errorf("manifest: build tensor_core_rows %d: want a bucket size, or 0 for the default; rebuild the bundle", n)
+	}
 	bufBytes, err := verifyBuffers(b.Manifest.Buffers)
 	if err != nil {
 		return err

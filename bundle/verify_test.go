@@ -79,6 +79,7 @@ func TestVerifyFailures(t *testing.T) {
 		{"build gemv_split", func(b *Bundle) { b.Manifest.Build.GemvSplit = -4 }, "gemv_split -4, attn_prefetch 0, gemv_warps 0: want counts of at least 0"},
 		{"build attn_prefetch", func(b *Bundle) { b.Manifest.Build.AttnPrefetch = -1 }, "attn_prefetch -1, gemv_warps 0: want counts of at least 0"},
 		{"build gemv_warps", func(b *Bundle) { b.Manifest.Build.GemvWarps = -2 }, "gemv_warps -2: want counts of at least 0"},
+		{"build tensor_core_rows", func(b *Bundle) { b.Manifest.Build.TensorCoreRows = -8 }, "build tensor_core_rows -8: want a bucket size, or 0 for the default"},
 		{"embedded weight missing", func(b *Bundle) {
 			b.Weights = safetensorsFile(safetensors.Tensor{Name: "other", Dtype: "F32", Shape: []int{1}, Data: make([]byte, 4)})
 		}, `tensor "model.embed_tokens.weight" is not in the weights section`},

@@ -2,6 +2,7 @@ package codegen
 
 import (
 	"bytes"
+	"cmp"
 	"fmt"
 	"sort"
 	"strings"
@@ -31,7 +32,7 @@ type Options struct {
 	Tokenizer []byte
 	// Progress, when set, is told about each phase.
 	Progress func(format string, args ...any)
-	// GEMM picks the GEMM kernels of buckets from TensorCoreRows rows: "" or "tc" (tensor
+	// GEMM picks the GEMM kernels of buckets from Build.TensorCoreRows rows: "" or "tc" (tensor
 	// cores, x re-read per block), "tc-staged" (x staged once per block, split-K with a
 	// workspace), "cuda-core" (no tensor cores). For measuring one against another.
 	GEMM string
@@ -63,6 +64,7 @@ type gen struct {
 	unroll    int    // GemmConfig.Unroll of the CUDA-core GEMVs of more than one row
 	split     int    // the most warps a CUDA-core GEMV splits a column's K over (splitFor)
 	gemvWarps int    // a CUDA-core GEMV block's warps (GemmConfig.Warps; 0: gemmWarps)
+	tcRows    int    // the bucket size from which GEMMs run on tensor cores (tensorCores)
 	tcChunks  [2]int // GemmConfig.Unroll of the tensor-core GEMMs of up to 8, of 9-32 rows
 	// attnWarps and attnUnroll are AttnConfig.Warps and Unroll of the decode buckets' attention.
 	attnWarps, attnUnroll int
@@ -98,6 +100,10 @@ func Generate(p *passes.Program, opt Options) (*bundle.Bundle, error) {
 	if err := CheckGemvWarps(bi.GemvWarps, bi.GemvSplit); err != nil {
 		return nil, err
 	}
+	if err := CheckTensorCoreRows(bi.TensorCoreRows); err != nil {
+		return nil, err
+	}
+	g.tcRows = cmp.Or(bi.TensorCoreRows, TensorCoreRows)
 	switch {
 	case bi.Prefetch < 0 || bi.Prefetch > 0 && !bi.PDL:
 		return nil, fmt.Errorf("GEMV prefetch %d bytes: want 0, or a byte count with early launch", bi.Prefetch)

@@ -153,13 +153,16 @@ func CheckGemvSplit(n int) error {
 
 // GemvWarpsRecord is n, a CUDA-core GEMV block's warps, as the build info records it
 // (bundle.BuildInfo.GemvWarps): 0 for gemmWarps, what a bundle built before the setting
-// existed has, so its bytes stay the same.
+// existed has, so its bytes stay the same. GemvWarpsOf reads the record back.
 func GemvWarpsRecord(n int) int {
 	if n == gemmWarps {
 		return 0
 	}
 	return n
 }
+
+// GemvWarpsOf is the block warps that build info record n stands for (GemvWarpsRecord).
+func GemvWarpsOf(n int) int { return GemmConfig{Warps: n}.blockWarps() }
 
 // CheckGemvWarps checks the warps of a CUDA-core GEMV's block (GemmConfig.Warps,
 // bundle.BuildInfo.GemvWarps, xmixc build --gemv-warps): 0 (gemmWarps), 1, 2, 4 or 8, and at
@@ -253,7 +256,7 @@ func (g *gemmGen) emit() error {
 	if split > 1 {
 		// Each warp's totals: a slot per column and row of a tile.
 		per := len(cols) * gemmTile
-		g.partials = g.sharedAddr(g.DeclareShared("gemv_parts", ptx.F32, c.blockWarps()*per), warp, 4*per)
+		g.partials = g.sharedAddr(g.DeclareShared("gemv_parts", ptx.F32, bw*per), warp, 4*per)
 	}
 	if c.Prefetch > 0 {
 		g.prefetchWeights(c.Prefetch)

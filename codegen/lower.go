@@ -396,14 +396,26 @@ func (t *tb) matmulGated(n *ir.Node) {
 	t.add(n.Name, k, err, c.Launch(rows), s, nil)
 }
 
-// TensorCoreRows is the bucket size from which GEMMs run on tensor cores (bf16 activations,
-// f32 accumulation; cuBLASLt on the GPU): the CUDA-core GEMM's cost grows with rows (on an
-// H200, 4.5x at 8 rows), mma's is flat up to 128. Below it, the CUDA-core GEMM keeps f32
-// activations, and every bucket computes a row's bits the same, so a request of up to
-// TensorCoreRows-1 rows in a batch gets what it gets alone (batch_equals_solo,
-// per_request_vectors). At 4 rows tensor cores would be faster on the H200 (Llama-3.1-8B
-// 4.66 ms a step against 5.80, testsuite/gpu/RESULTS.md session 19), at the price of that.
+// TensorCoreRows is the default bucket size from which GEMMs run on tensor cores (bf16
+// activations, f32 accumulation; cuBLASLt on the GPU; a build may choose another,
+// BuildInfo.TensorCoreRows): the CUDA-core GEMM's cost grows with rows (on an H200, 4.5x at
+// 8 rows), mma's is flat up to 128. Below it, the CUDA-core GEMM keeps f32 activations, and
+// every bucket computes a row's bits the same, so a batch of up to TensorCoreRows-1 rows
+// gives each request what it gets alone (batch_equals_solo, per_request_vectors). From 4
+// rows tensor cores are faster on the H200 (Llama-3.1-8B 4.66 ms a step against 5.80,
+// testsuite/gpu/RESULTS.md session 19), at the price of that.
 const TensorCoreRows = 8
+
+// CheckTensorCoreRows checks a build's bucket size from which GEMMs run on tensor cores
+// (BuildInfo.TensorCoreRows, xmixc build --tensor-core-rows): 0 (TensorCoreRows) or 2 to
+// TensorCoreRows. A batch of one row always runs the CUDA-core GEMV, and buckets past the
+// default would run it at more rows than it was measured at.
+func CheckTensorCoreRows(n int) error {
+	if n != 0 && (n < 2 || n > TensorCoreRows) {
+		return fmt.Errorf("tensor cores from %d rows: want 2 to %d", n, TensorCoreRows)
+	}
+	return nil
+}
 
 func (t *tb) gemm(label, x string, w bundle.Slot, y string, k, n, rows int) {
 	t.gemmAt(label, buf(x), w, buf(y), GemmConfig{K: k, N: n, WDtype: t.g.wdt}, rows)
@@ -505,7 +517,7 @@ func tcSuffix(c GemmConfig) string {
 // tensorCores says whether a GEMM of c over rows rows runs on tensor cores here.
 func (t *tb) tensorCores(c GemmConfig, rows int) bool {
 	g := t.g
-	return rows >= TensorCoreRows && g.wdt == ptx.BF16 && c.K%16 == 0 && c.N%16 == 0 && g.gemmKind != "cuda-core"
+	return rows >= g.tcRows && g.wdt == ptx.BF16 && c.K%16 == 0 && c.N%16 == 0 && g.gemmKind != "cuda-core"
 }
 
 // kvSlots are the KV cache and page table parameters of the rotation and attention kernels.

@@ -67,6 +67,9 @@ type Options struct {
 	// GemvWarps is the warps of a CUDA-core GEMV's block (bundle.BuildInfo.GemvWarps; 0:
 	// DefaultGemvWarps, or GemvSplit where that is more: a block holds a column's warps).
 	GemvWarps int
+	// TensorCoreRows is the decode bucket size from which GEMMs run on tensor cores
+	// (bundle.BuildInfo.TensorCoreRows; 0: codegen.TensorCoreRows).
+	TensorCoreRows int
 	// TCChunks are the K chunks in flight of the tensor-core GEMMs of buckets of up to 8 and
 	// of 9-32 rows (bundle.BuildInfo.TCChunks; nil: codegen.DefaultTCChunks, recorded as nil).
 	TCChunks []int
@@ -240,6 +243,9 @@ func Build(modelPath string, appPaths []string, opt Options) (*bundle.Bundle, er
 		GemvCols: beyondOne(cmp.Or(opt.GemvCols, DefaultGemvCols)), GemvUnroll: beyondOne(cmp.Or(opt.GemvUnroll, DefaultGemvUnroll)),
 		AttnWarps: opt.AttnWarps, AttnUnroll: opt.AttnUnroll, AttnPrefetch: attnPrefetch,
 		GemvSplit: beyondOne(opt.GemvSplit), GemvWarps: codegen.GemvWarpsRecord(cmp.Or(opt.GemvWarps, max(DefaultGemvWarps, opt.GemvSplit)))}
+	if opt.TensorCoreRows != codegen.TensorCoreRows {
+		build.TensorCoreRows = opt.TensorCoreRows // the default is recorded as 0, as bundles built before the setting have it
+	}
 	if !slices.Equal(opt.TCChunks, codegen.DefaultTCChunks[:]) {
 		build.TCChunks = opt.TCChunks
 	}

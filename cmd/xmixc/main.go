@@ -47,7 +47,7 @@ func buildCmd() *cobra.Command {
 	var embed, verify, quiet, pdl bool
 	var gemm, moe string
 	var fuse []string
-	var tp, vectorSlots, prefetch, gemvCols, gemvUnroll, gemvSplit, gemvWarps, attnWarps, attnUnroll, attnPrefetch int
+	var tp, vectorSlots, prefetch, gemvCols, gemvUnroll, gemvSplit, gemvWarps, tcRows, attnWarps, attnUnroll, attnPrefetch int
 	var tcChunks []int
 	c := &cobra.Command{
 		Use:   "build MODEL.yaml [APP.yaml...] -o OUT.xmb",
@@ -80,6 +80,9 @@ func buildCmd() *cobra.Command {
 			} else if err := codegen.CheckGemvWarps(gemvWarps, gemvSplit); err != nil {
 				return fmt.Errorf("--gemv-warps: %w", err)
 			}
+			if err := codegen.CheckTensorCoreRows(tcRows); err != nil {
+				return fmt.Errorf("--tensor-core-rows: %w", err)
+			}
 			if err := codegen.CheckAttnSettings(attnWarps, 0); err != nil {
 				return fmt.Errorf("--attn-warps: %w", err)
 			}
@@ -103,7 +106,7 @@ func buildCmd() *cobra.Command {
 					fmt.Fprintf(os.Stderr, "[%6.2fs] %s\n", time.Since(start).Seconds(), fmt.Sprintf(f, a...))
 				}
 			}
-			b, err := compile.Build(args[0], args[1:], compile.Options{EmbedWeights: embed, Verify: verify, Progress: progress, GEMM: gemm, MoE: moe, TP: tp, VectorSlots: vectorSlots, Fuse: fuse, SerialLaunch: !pdl, Prefetch: prefetchOption(prefetch), GemvCols: gemvCols, GemvUnroll: gemvUnroll, GemvSplit: gemvSplit, GemvWarps: gemvWarps, TCChunks: tcChunks, AttnWarps: attnWarps, AttnUnroll: attnUnroll, AttnPrefetch: prefetchOption(attnPrefetch)})
+			b, err := compile.Build(args[0], args[1:], compile.Options{EmbedWeights: embed, Verify: verify, Progress: progress, GEMM: gemm, MoE: moe, TP: tp, VectorSlots: vectorSlots, Fuse: fuse, SerialLaunch: !pdl, Prefetch: prefetchOption(prefetch), GemvCols: gemvCols, GemvUnroll: gemvUnroll, GemvSplit: gemvSplit, GemvWarps: gemvWarps, TensorCoreRows: tcRows, TCChunks: tcChunks, AttnWarps: attnWarps, AttnUnroll: attnUnroll, AttnPrefetch: prefetchOption(attnPrefetch)})
 			if err != nil {
 				return err
 			}
@@ -130,7 +133,8 @@ func buildCmd() *cobra.Command {
 	c.Flags().BoolVar(&embed, "embed-weights", false, "copy the weights into the bundle instead of referencing them")
 	c.Flags().BoolVar(&verify, "verify-passes", false, "run the IR verifier after every pass")
 	c.Flags().BoolVarP(&quiet, "quiet", "q", false, "no progress output")
-	c.Flags().StringVar(&gemm, "gemm", "tc", fmt.Sprintf("GEMM kernels from %d rows: tc, tc-staged or cuda-core (for measuring)", codegen.TensorCoreRows))
+	c.Flags().StringVar(&gemm, "gemm", "tc", "GEMM kernels from --tensor-core-rows rows: tc, tc-staged or cuda-core (for measuring)")
+	c.Flags().IntVar(&tcRows, "tensor-core-rows", codegen.TensorCoreRows, fmt.Sprintf("the decode bucket size from which GEMMs run on tensor cores (cuBLASLt on the GPU), 2 to %d: below it CUDA-core GEMVs keep f32 activations and every bucket computes a row's bits the same, so a batch of fewer rows gives each request exactly what it gets alone; 4 makes steps of 3-4 rows about 20%% shorter on the H200, and their rows then differ from a lone request's in the last bits", codegen.TensorCoreRows))
 	c.Flags().StringVar(&moe, "moe", "", "Mixtral experts in buckets from 8 rows: dense (the default: every expert as a tensor-core GEMM, then a weighted sum of each row's top-k), or grouped (expert kernels that read only the chosen experts, on CUDA cores; for measuring)")
 	c.Flags().IntVar(&tp, "tp", 1, "tensor-parallel degree: shard the model over N ranks (GPUs, or goroutines on the cpu backend)")
 	c.Flags().IntVar(&vectorSlots, "vector-slots", 0, "how many requests may hold per_request vectors at once (default: the spec's serving.vector_slots, else max_seqs)")
@@ -332,8 +336,16 @@ func printBundle(w io.Writer, b *bundle.Bundle) {
 		fmt.Fprintf(w, "          tensor-core GEMMs: %d / %d K chunks in flight at up to 8 / 9-32 rows\n", c[0], c[1])
 	}
 	bi := b.Manifest.Build
-	gemvs := fmt.Sprintf("GEMVs in blocks of %d warps, at 2-%d rows %d columns per warp and the K loop unrolled %dx",
-		cmp.Or(bi.GemvWarps, 8), codegen.TensorCoreRows-1, max(1, bi.GemvCols), max(1, bi.GemvUnroll))
+	gemvs := fmt.Sprintf("GEMVs in blocks of %d warps", codegen.GemvWarpsOf(bi.GemvWarps))
+	switch tc := cmp.Or(bi.TensorCoreRows, codegen.TensorCoreRows); tc {
+	case 2:
+		gemvs += ", tensor cores from 2 rows"
+	default:
+		gemvs += fmt.Sprintf(", at 2-%d rows %d columns per warp and the K loop unrolled %dx", tc-1, max(1, bi.GemvCols), max(1, bi.GemvUnroll))
+		if tc != codegen.TensorCoreRows {
+			gemvs += fmt.Sprintf(", tensor cores from %d rows", tc)
+		}
+	}
 	if bi.PDL {
 		fmt.Fprintf(w, "          early launch; GEMVs and tensor-core GEMMs prefetch %d bytes of each weight row; %s\n", bi.Prefetch, gemvs)
 	} else {

@@ -130,7 +130,7 @@ func TestBuildIsDeterministic(t *testing.T) {
 
 // TestBuildGemvFlags: --prefetch N goes into the build info (and only GEMVs change, as
 // testsuite's TestPrefetchBundle checks); 0 builds none; --tc-chunks, --attn-warps,
-// --attn-unroll, --attn-prefetch, --gemv-split and --gemv-warps go into it too, and inspect says what they are, but only
+// --attn-unroll, --attn-prefetch, --gemv-split, --gemv-warps and --tensor-core-rows go into it too, and inspect says what they are, but only
 // where they differ from the defaults; a negative size, GEMV columns per warp or chunks
 // outside 1-8, a chunk list that is not two counts, warps or loads a step out of range and a
 // split or block of warps that is not a power of two up to 8 are refused.
@@ -175,6 +175,8 @@ func TestBuildGemvFlags(t *testing.T) {
 		{[]string{"--attn-prefetch", "2"}, nil, "", "decode attention: 2 passes of K and V asked of L2 before the wait", 0},
 		{[]string{"--gemv-warps", "4"}, nil, "", "GEMVs in blocks of 4 warps", 0},
 		{[]string{"--gemv-split", "8"}, nil, "", "GEMVs in blocks of 8 warps", 8},
+		{[]string{"--tensor-core-rows", "4"}, nil, "", "at 2-3 rows 2 columns per warp and the K loop unrolled 4x, tensor cores from 4 rows", 0},
+		{[]string{"--tensor-core-rows", "2"}, nil, "", "GEMVs in blocks of 2 warps, tensor cores from 2 rows", 0},
 	} {
 		out := filepath.Join(dir, "tc.xmb")
 		if _, err := xmixc(t, append([]string{"build", m, "-q", "-o", out}, c.flags...)...); err != nil {
@@ -194,6 +196,12 @@ func TestBuildGemvFlags(t *testing.T) {
 		}
 		if other := attnNamed("_warps16") || attnNamed("_u8"); other != (c.attn != "") || c.attn != "" && !attnNamed(c.attn) {
 			t.Fatalf("%v: decode attention kernels of other warps or loads %v, want %q", c.flags, other, c.attn)
+		}
+		tcAt2 := slices.ContainsFunc(b.Templates, func(tp bundle.Template) bool {
+			return tp.Name == "decode_b2" && slices.ContainsFunc(tp.Nodes, func(n bundle.Node) bool { return strings.HasPrefix(n.Kernel, "gemm_tc") })
+		})
+		if want := slices.Contains(c.flags, "--tensor-core-rows") && c.flags[1] == "2"; tcAt2 != want || (b.Manifest.Build.TensorCoreRows != 0) != slices.Contains(c.flags, "--tensor-core-rows") {
+			t.Fatalf("%v: tensor-core GEMMs at 2 rows %v, want %v (build info %d)", c.flags, tcAt2, want, b.Manifest.Build.TensorCoreRows)
 		}
 		splitOver := func(n int) bool {
 			return slices.ContainsFunc(b.Kernels, func(k bundle.Kernel) bool { return strings.Contains(k.Name, fmt.Sprintf("_s%d", n)) })
@@ -230,6 +238,8 @@ func TestBuildGemvFlags(t *testing.T) {
 		{"--gemv-split", "16", "--gemv-split: GEMV split 16"},
 		{"--gemv-warps", "3", "--gemv-warps: GEMV block of 3 warps: want 1, 2, 4 or 8"},
 		{"--gemv-warps", "16", "--gemv-warps: GEMV block of 16 warps: want 1, 2, 4 or 8"},
+		{"--tensor-core-rows", "1", "--tensor-core-rows: tensor cores from 1 rows: want 2 to 8"},
+		{"--tensor-core-rows", "16", "--tensor-core-rows: tensor cores from 16 rows: want 2 to 8"},
 		{"--gemv-unroll", "0", "--gemv-unroll 0: want 1 to 8"},
 		{"--gemv-unroll", "9", "--gemv-unroll 9: want 1 to 8"},
 		{"--tc-chunks", "4", "--tc-chunks [4]: want two counts of 1 to 8"},

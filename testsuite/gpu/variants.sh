@@ -3,7 +3,7 @@
 # previous build's xmixc and times cublaslt with --gemm auto), serial
 # (--fuse none --pdl=false: the kernels as they ran before either), FUSE+serial (--fuse FUSE
 # --pdl=false), pfN (--prefetch N), gcN (--gemv-cols N), guN (--gemv-unroll N), gsN
-# (--gemv-split N), gwN (--gemv-warps N), awN
+# (--gemv-split N), gwN (--gemv-warps N), tcrN (--tensor-core-rows N), awN
 # (--attn-warps N), auN (--attn-unroll N), apN (--attn-prefetch N), tcA-B (--tc-chunks A,B), staged (--gemm tc-staged:
 # time it with BENCH_GEMM=ptx; staged,tc8-6 with more in flight), s7 (the session-7 defaults:
 # no prefetch, one GEMV column per warp, one K chunk a step), A,B,... (the flags of each, e.g.
@@ -22,6 +22,7 @@ variant_flags() {
     gu[0-9]*) echo --gemv-unroll "${1#gu}" ;;
     gs[0-9]*) echo --gemv-split "${1#gs}" ;;
     gw[0-9]*) echo --gemv-warps "${1#gw}" ;;
+    tcr[0-9]*) echo --tensor-core-rows "${1#tcr}" ;;
     tc[0-9]*-[0-9]*) local n=${1#tc}; echo --tc-chunks "${n/-/,}" ;;
     staged) echo --gemm tc-staged ;;
     aw[0-9]*) echo --attn-warps "${1#aw}" ;;
