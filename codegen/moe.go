@@ -555,7 +555,9 @@ func (t *tb) router(n *ir.Node) {
 }
 
 // experts is a layer's mixture-of-experts MLP: dense (Options.MoE "dense", from
-// TensorCoreRows rows) or with the grouped expert kernels.
+// TensorCoreRows rows, the default, whatever the build's --tensor-core-rows: below 8 rows a
+// bucket's rows choose few experts, which the grouped kernels alone read) or with the
+// grouped expert kernels.
 func (t *tb) experts(n *ir.Node) {
 	g := t.g
 	a := n.Attrs.(ir.ExpertsAttrs)
