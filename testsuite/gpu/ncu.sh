@@ -19,7 +19,9 @@
 # four default sections the 1B's 150 in about 80 s (session 17). ncu serialises the kernels and
 # flushes the caches between them (its default), so each time is the kernel alone, without
 # early launch's overlap: compare kernels with each other and with their bytes, not with the
-# graph's step (xmix bench --role-costs measures inside the graph).
+# graph's step (xmix bench --role-costs measures inside the graph). BENCH_FLAGS are added to the
+# app-free bundle's xmix bench (BENCH_FLAGS="--prompts 8 --gemm ptx" KERNELS=_r8u4 SKIP=0: the
+# bundle's tensor-core GEMMs of bucket 8).
 # Writes $OUT/NCU.md and $OUT/ncu.json (ncu.py) and $OUT/ncu.tgz (the .ncu-rep reports, their
 # details and raw pages as CSV, the logs), renewed after each run.
 set -u
@@ -69,7 +71,8 @@ run() { # run NAME BUNDLE [xmix bench flags...]: profile one bundle's request
 
 for m in $MODELS; do
   "$bin/xmixc" build "specs/models/$m.yaml" -q -o "$work/$m.xmb" || { echo "build $m failed" >&2; continue; }
-  run "$m" "$work/$m.xmb"
+  # shellcheck disable=SC2086 # BENCH_FLAGS is a list of flags
+  run "$m" "$work/$m.xmb" ${BENCH_FLAGS:-}
   if [ -n "${APP:-}" ]; then
     app=$(sed -n 's/^app: *//p' "$APP" | head -1)
     "$bin/xmixc" build "specs/models/$m.yaml" "$APP" -q -o "$work/$m-$app.xmb" || { echo "build $m with $APP failed" >&2; continue; }
