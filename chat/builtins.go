@@ -31,6 +31,14 @@ func wantString(v value, what string) (string, error) {
 	return s, nil
 }
 
+// substringArg is the one argument of str.find and str.count.
+func substringArg(args []value) (string, error) {
+	if err := wantArgs(args, 1, 1); err != nil {
+		return "", err
+	}
+	return wantString(args[0], "substring")
+}
+
 // method returns the bound method obj.name, or nil when obj has none.
 // Only side-effect-free methods exist, as in transformers' immutable sandbox.
 func method(obj value, name string) *function {
@@ -122,10 +130,7 @@ func stringMethod(s, name string) *function {
 		return fn(name, func(args []value, _ *dict) (value, error) { return replace(s, args) })
 	case "find":
 		return fn(name, func(args []value, _ *dict) (value, error) {
-			if err := wantArgs(args, 1, 1); err != nil {
-				return nil, err
-			}
-			sub, err := wantString(args[0], "substring")
+			sub, err := substringArg(args)
 			if err != nil {
 				return nil, err
 			}
@@ -137,10 +142,7 @@ func stringMethod(s, name string) *function {
 		})
 	case "count":
 		return fn(name, func(args []value, _ *dict) (value, error) {
-			if err := wantArgs(args, 1, 1); err != nil {
-				return nil, err
-			}
-			sub, err := wantString(args[0], "substring")
+			sub, err := substringArg(args)
 			if err != nil {
 				return nil, err
 			}

@@ -130,17 +130,8 @@ func bindNames(s *scope, names []string, unpacked bool, v value, at pos) error {
 }
 
 func unpack(v value, n int) ([]value, error) {
-	var items []value
-	switch x := v.(type) {
-	case list:
-		items = x
-	case tuple:
-		items = x
-	case string:
-		for _, c := range x {
-			items = append(items, string(c))
-		}
-	default:
+	items, ok := sequence(v)
+	if !ok {
 		return nil, fmt.Errorf("cannot unpack %s into %d names", typeName(v), n)
 	}
 	if len(items) != n {
@@ -248,28 +239,38 @@ func (l *loopState) attr(name string) value {
 	return undefined{"loop." + name}
 }
 
+// sequence is the items of a list or a tuple, or a string's characters, as Python indexes,
+// slices and unpacks them; ok is false for any other value.
+func sequence(v value) (items []value, ok bool) {
+	switch x := v.(type) {
+	case list:
+		return x, true
+	case tuple:
+		return x, true
+	case string:
+		for _, c := range x {
+			items = append(items, string(c))
+		}
+		return items, true
+	}
+	return nil, false
+}
+
 // iterate lists what a for loop walks over: dicts yield their keys and
 // strings their characters, as in Python.
 func iterate(v value) ([]value, error) {
 	switch x := v.(type) {
 	case undefined:
 		return nil, nil
-	case list:
-		return x, nil
-	case tuple:
-		return x, nil
 	case *dict:
 		out := make([]value, len(x.keys))
 		for i, k := range x.keys {
 			out[i] = k
 		}
 		return out, nil
-	case string:
-		var out []value
-		for _, c := range x {
-			out = append(out, string(c))
-		}
-		return out, nil
+	}
+	if items, ok := sequence(v); ok {
+		return items, nil
 	}
 	return nil, fmt.Errorf("%s object is not iterable", typeName(v))
 }
@@ -522,17 +523,8 @@ func (r *renderer) slice(s *scope, e *sliceExpr) (value, error) {
 		}
 		bounds[i] = &n
 	}
-	var items []value
-	switch x := obj.(type) {
-	case list:
-		items = x
-	case tuple:
-		items = x
-	case string:
-		for _, c := range x {
-			items = append(items, string(c))
-		}
-	default:
+	items, ok := sequence(obj)
+	if !ok {
 		return nil, errAt(e.p, "%s object is not sliceable", typeName(obj))
 	}
 	idx, err := pySlice(len(items), bounds)

@@ -857,18 +857,7 @@ func (g *adGen) combine(recs, zrow, zbase ptx.Reg) {
 	ci := g.Reg(ptx.U32)
 	g.Emit("mad.lo.u32", ci, g.row, g.special(ptx.NCtaidY), g.by)
 	ctr := g.byteAddr(g.ws, ci, 4)
-	// The last-block pattern: every thread fences its record stores before the barrier, one
-	// thread draws the ticket.
-	g.Emit("membar.gl")
-	g.Emit("bar.sync", ptx.Imm(0))
-	first := g.cmp("eq", ptx.U32, g.tid, ptx.Imm(0))
-	ticket := g.Reg(ptx.U32)
-	g.when(first, false, func() {
-		g.Emit("atom.global.add.u32", ticket, ptx.Addr{Base: ctr}, ptx.Imm(1))
-		g.Emit("st.shared.u32", ptx.Addr{Base: flag}, ticket)
-	})
-	g.Emit("bar.sync", ptx.Imm(0))
-	g.Emit("ld.shared.u32", ticket, ptx.Addr{Base: flag})
+	ticket, first := g.drawTicket(ctr, flag, g.tid)
 	lastSplit := g.op3("sub.u32", ptx.U32, g.nsplit, ptx.Imm(1))
 	g.EmitIf(g.cmp("ne", ptx.U32, ticket, lastSplit), false, "exit")
 	g.Emit("membar.gl")

@@ -64,6 +64,25 @@ func (e emitter) when(p ptx.Reg, neg bool, body func()) {
 	e.Label(skip)
 }
 
+// drawTicket is the last-block pattern's draw, for every thread of a block: each fences its
+// stores before the barrier, thread 0 (tid) adds 1 to the u32 counter at ctr and passes the
+// old count through the shared word flag, and every thread gets it (and first, the predicate
+// of thread 0, which resets the counter once the last block is done with it). The block that
+// draws the last count sees every other block's stores once it fences again.
+func (e emitter) drawTicket(ctr ptx.Reg, flag ptx.Sym, tid ptx.Reg) (ticket, first ptx.Reg) {
+	e.Emit("membar.gl")
+	e.Emit("bar.sync", ptx.Imm(0))
+	first = e.cmp("eq", ptx.U32, tid, ptx.Imm(0))
+	ticket = e.Reg(ptx.U32)
+	e.when(first, false, func() {
+		e.Emit("atom.global.add.u32", ticket, ptx.Addr{Base: ctr}, ptx.Imm(1))
+		e.Emit("st.shared.u32", ptx.Addr{Base: flag}, ticket)
+	})
+	e.Emit("bar.sync", ptx.Imm(0))
+	e.Emit("ld.shared.u32", ticket, ptx.Addr{Base: flag})
+	return ticket, first
+}
+
 // cmp emits setp.<cmp>.<t> and returns the predicate.
 func (e emitter) cmp(cmp string, t ptx.Type, a, b ptx.Operand) ptx.Reg {
 	p := e.Reg(ptx.Pred)

@@ -99,14 +99,8 @@ func GemmTC(name string, c GemmConfig) (*Kernel, error) {
 }
 
 func gemmTC(name string, c GemmConfig, wc int) (*Kernel, error) {
-	if c.WDtype != ptx.BF16 {
-		return nil, fmt.Errorf("gemm_tc %s: weight dtype %s: tensor-core GEMM needs bf16", name, c.WDtype)
-	}
-	if c.K <= 0 || c.N <= 0 || c.K%16 != 0 || c.N%16 != 0 {
-		return nil, fmt.Errorf("gemm_tc %s: K=%d N=%d must be positive multiples of 16", name, c.K, c.N)
-	}
-	if c.Rows < 0 || c.Unroll < 0 || c.Unroll > MaxTCChunks {
-		return nil, fmt.Errorf("gemm_tc %s: %d rows, %d chunks a step: want rows >= 0 and 0 to %d chunks", name, c.Rows, c.Unroll, MaxTCChunks)
+	if err := checkTC(c); err != nil {
+		return nil, fmt.Errorf("gemm_tc %s: %w", name, err)
 	}
 	g := tcGen{emitter: newEmitter(name), c: c, wc: wc, wk: tcWarps / wc, tiles: tcRowTiles, unroll: max(1, c.Unroll)}
 	if c.Rows > 0 {
@@ -115,6 +109,21 @@ func gemmTC(name string, c GemmConfig, wc int) (*Kernel, error) {
 	g.MaxNTid = 32 * tcWarps
 	g.emit()
 	return finish(g.Kernel, "gemm_tc", bundle.GemmTCAttrs{K: c.K, N: c.N, Guard: c.Guard})
+}
+
+// checkTC checks what both tensor-core GEMMs (GemmTC, GemmTCStaged) need of c: bf16 weights,
+// K and N positive multiples of 16 (the mma tiles), a row count of at least 0 and at most
+// MaxTCChunks K chunks in flight.
+func checkTC(c GemmConfig) error {
+	switch {
+	case c.WDtype != ptx.BF16:
+		return fmt.Errorf("weight dtype %s: tensor-core GEMM needs bf16", c.WDtype)
+	case c.K <= 0 || c.N <= 0 || c.K%16 != 0 || c.N%16 != 0:
+		return fmt.Errorf("K=%d N=%d must be positive multiples of 16", c.K, c.N)
+	case c.Rows < 0 || c.Unroll < 0 || c.Unroll > MaxTCChunks:
+		return fmt.Errorf("%d rows, %d chunks in flight: want rows >= 0 and 0 to %d chunks", c.Rows, c.Unroll, MaxTCChunks)
+	}
+	return nil
 }
 
 type tcGen struct {

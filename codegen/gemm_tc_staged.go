@@ -171,14 +171,8 @@ func GemmTCStaged(name string, c GemmConfig) (*Kernel, error) {
 }
 
 func gemmTCStaged(name string, c GemmConfig, l tsLayout) (*Kernel, error) {
-	if c.WDtype != ptx.BF16 {
-		return nil, fmt.Errorf("gemm_tc_staged %s: weight dtype %s: tensor-core GEMM needs bf16", name, c.WDtype)
-	}
-	if c.K <= 0 || c.N <= 0 || c.K%16 != 0 || c.N%16 != 0 {
-		return nil, fmt.Errorf("gemm_tc_staged %s: K=%d N=%d must be positive multiples of 16", name, c.K, c.N)
-	}
-	if c.Rows < 0 || c.Unroll < 0 || c.Unroll > MaxTCChunks {
-		return nil, fmt.Errorf("gemm_tc_staged %s: %d rows, %d chunks in flight: want rows >= 0 and 0 to %d chunks", name, c.Rows, c.Unroll, MaxTCChunks)
+	if err := checkTC(c); err != nil {
+		return nil, fmt.Errorf("gemm_tc_staged %s: %w", name, err)
 	}
 	if need := l.tickets(max(1, c.Rows)); l.splits > 1 && c.Tickets < need {
 		return nil, fmt.Errorf("gemm_tc_staged %s: %d ticket counters, want at least %d (GemmConfig.StagedTickets of the calls' rows)", name, c.Tickets, need)
@@ -548,18 +542,7 @@ func (g *tsGen) combine(r0, left ptx.Reg, skip []ptx.Reg) {
 	ctrIdx := g.op3("shr.u32", ptx.U32, r0, ptx.Imm(3))
 	g.Emit("mad.lo.u32", ctrIdx, ctrIdx, ptx.Imm(int64(g.l.tiles)), g.special(ptx.CtaidX))
 	ctr := g.byteAddr(g.ws, ctrIdx, 4)
-	// Classic last-block pattern: every thread fences its stores before the barrier, one
-	// thread draws the ticket.
-	g.Emit("membar.gl")
-	g.Emit("bar.sync", ptx.Imm(0))
-	first := g.cmp("eq", ptx.U32, g.tid, ptx.Imm(0))
-	ticket := g.Reg(ptx.U32)
-	g.when(first, false, func() {
-		g.Emit("atom.global.add.u32", ticket, ptx.Addr{Base: ctr}, ptx.Imm(1))
-		g.Emit("st.shared.u32", ptx.Addr{Base: g.flag}, ticket)
-	})
-	g.Emit("bar.sync", ptx.Imm(0))
-	g.Emit("ld.shared.u32", ticket, ptx.Addr{Base: g.flag})
+	ticket, first := g.drawTicket(ctr, g.flag, g.tid)
 	last := g.cmp("eq", ptx.U32, ticket, ptx.Imm(int64(g.l.splits-1)))
 	g.when(last, false, func() {
 		g.Emit("membar.gl")

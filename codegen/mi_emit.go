@@ -183,6 +183,33 @@ func (m *miSet) loadCtl(r *rowEmitter) {
 	}
 }
 
+// skipWithoutApps branches to label end in a row whose app mask (loadCtl) holds none of ops'
+// app bits: a kernel that exists only for MI ops costs such a row the mask test and the branch.
+func (m *miSet) skipWithoutApps(r *rowEmitter, ops []ir.MI, end string) {
+	var bits int64
+	for _, o := range ops {
+		bits |= 1 << o.Bit
+	}
+	on := r.Reg(ptx.U32)
+	r.Emit("and.b32", on, m.mask, ptx.Imm(bits))
+	none := r.Reg(ptx.Pred)
+	r.Emit("setp.eq.u32", none, on, ptx.Imm(0))
+	r.EmitIf(none, false, "bra.uni", ptx.Sym(end))
+}
+
+// applyInPlace loads the row at p, applies the first group's ops to it and stores it back
+// only where one of them changed it, then places label end (where skipWithoutApps branches).
+func (m *miSet) applyInPlace(r *rowEmitter, p rowPtr, end string) {
+	x := r.loadRow(p, nil)
+	dirty := r.imm32(0)
+	m.emit(r, 0, x, &dirty)
+	clean := r.Reg(ptx.Pred)
+	r.Emit("setp.eq.u32", clean, dirty, ptx.Imm(0))
+	r.EmitIf(clean, false, "bra.uni", ptx.Sym(end))
+	r.storeRow(p, x)
+	r.Label(end)
+}
+
 // prefetchParams asks L2 for the ops' params, which never change during a step: their
 // vectors and scalar tables.
 func (m *miSet) prefetchParams(r *rowEmitter) {

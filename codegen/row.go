@@ -606,25 +606,10 @@ func miKernel(name string, c MIKernelConfig) (*Kernel, error) {
 	r.begin()
 	mi.loadCtl(r)
 	end := r.NewLabel("end")
-	var bits int64
-	for _, o := range c.Ops {
-		bits |= 1 << o.Bit
-	}
-	on := r.Reg(ptx.U32)
-	r.Emit("and.b32", on, mi.mask, ptx.Imm(bits))
-	none := r.Reg(ptx.Pred)
-	r.Emit("setp.eq.u32", none, on, ptx.Imm(0))
-	r.EmitIf(none, false, "bra.uni", ptx.Sym(end))
+	mi.skipWithoutApps(r, c.Ops, end)
 
 	p := r.ptr(xp, r.row, c.Stride, c.Offset, ptx.F32, false)
-	x := r.loadRow(p, nil)
-	dirty := r.imm32(0)
-	mi.emit(r, 0, x, &dirty)
-	clean := r.Reg(ptx.Pred)
-	r.Emit("setp.eq.u32", clean, dirty, ptx.Imm(0))
-	r.EmitIf(clean, false, "bra.uni", ptx.Sym(end))
-	r.storeRow(p, x)
-	r.Label(end)
+	mi.applyInPlace(r, p, end)
 	attrs := ops.MIKernelAttrs{Width: c.Width, Stride: c.Stride, Offset: c.Offset, Ops: mi.ref[0]}
 	return finish(r.Kernel, "mi", attrs)
 }

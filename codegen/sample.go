@@ -666,15 +666,7 @@ func logitsMI(name string, c LogitsMIConfig) (*Kernel, error) {
 		r.Emit("setp.eq.u32", first, chunk, ptx.Imm(0))
 		r.Emit("and.pred", mi.lead, mi.lead, first)
 	}
-	var bits int64
-	for _, o := range c.Ops {
-		bits |= 1 << o.Bit
-	}
-	on := r.Reg(ptx.U32)
-	r.Emit("and.b32", on, mi.mask, ptx.Imm(bits))
-	none := r.Reg(ptx.Pred)
-	r.Emit("setp.eq.u32", none, on, ptx.Imm(0))
-	r.EmitIf(none, false, "bra.uni", ptx.Sym(end))
+	mi.skipWithoutApps(r, c.Ops, end)
 
 	// This thread's column; the row emitter's tail predicate becomes "inside the row".
 	first := r.Reg(ptx.U32)
@@ -699,13 +691,6 @@ func logitsMI(name string, c LogitsMIConfig) (*Kernel, error) {
 	rowStart := r.Reg(ptx.U32)
 	r.Emit("mul.lo.u32", rowStart, smp, ptx.Imm(int64(c.Vocab)))
 	p := rowPtr{reg: r.elemAddr(xp, r.op3("add.u32", ptx.U32, rowStart, col), 4), dt: ptx.F32, size: 4}
-	x := r.loadRow(p, nil)
-	dirty := r.imm32(0)
-	mi.emit(r, 0, x, &dirty)
-	clean := r.Reg(ptx.Pred)
-	r.Emit("setp.eq.u32", clean, dirty, ptx.Imm(0))
-	r.EmitIf(clean, false, "bra.uni", ptx.Sym(end))
-	r.storeRow(p, x)
-	r.Label(end)
+	mi.applyInPlace(r, p, end)
 	return finish(r.Kernel, "mi_samples", ops.MISamplesAttrs{Width: c.Vocab, Ops: mi.ref[0]})
 }

@@ -97,20 +97,13 @@ func (x Exports) MarshalJSON() ([]byte, error) {
 
 // UnmarshalJSON reads what MarshalJSON writes, keeping the reads' order.
 func (x *Exports) UnmarshalJSON(b []byte) error {
-	out := Exports{}
-	ok, err := unmarshalNamed(b, "exports", "name to values", func(name string, dec *json.Decoder) error {
+	out, err := unmarshalNamed(b, "exports", "name to values", func(name string, dec *json.Decoder) (Export, error) {
 		e := Export{Name: name}
-		if err := dec.Decode(&e.Values); err != nil {
-			return err
-		}
-		out = append(out, e)
-		return nil
+		err := dec.Decode(&e.Values)
+		return e, err
 	})
 	if err != nil {
 		return err
-	}
-	if !ok {
-		out = nil
 	}
 	*x = out
 	return nil

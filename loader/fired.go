@@ -44,20 +44,13 @@ func (f Fired) MarshalJSON() ([]byte, error) {
 
 // UnmarshalJSON reads what MarshalJSON writes, keeping the order.
 func (f *Fired) UnmarshalJSON(b []byte) error {
-	out := Fired{}
-	ok, err := unmarshalNamed(b, "fired", "op name to count", func(name string, dec *json.Decoder) error {
+	out, err := unmarshalNamed(b, "fired", "op name to count", func(name string, dec *json.Decoder) (FiredCount, error) {
 		c := FiredCount{Name: name}
-		if err := dec.Decode(&c.Sites); err != nil {
-			return err
-		}
-		out = append(out, c)
-		return nil
+		err := dec.Decode(&c.Sites)
+		return c, err
 	})
 	if err != nil {
 		return err
-	}
-	if !ok {
-		out = nil
 	}
 	*f = out
 	return nil

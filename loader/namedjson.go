@@ -33,30 +33,33 @@ func marshalNamed(isNil bool, n int, name func(int) string, value func(int) any)
 	return append(b, '}'), nil
 }
 
-// unmarshalNamed reads what marshalNamed writes, calling add for each entry in order with
-// a decoder positioned at its value; it reports false for null. what names the object in
-// errors ("exports").
-func unmarshalNamed(b []byte, what, want string, add func(name string, dec *json.Decoder) error) (bool, error) {
+// unmarshalNamed reads what marshalNamed writes: entry decodes each entry in order from a
+// decoder positioned at its value, and null reads as nil. what names the object in errors
+// ("exports"), want what it should hold ("name to values").
+func unmarshalNamed[E any](b []byte, what, want string, entry func(name string, dec *json.Decoder) (E, error)) ([]E, error) {
 	dec := json.NewDecoder(bytes.NewReader(b))
 	tok, err := dec.Token()
 	if err != nil {
-		return false, err
+		return nil, err
 	}
 	if tok == nil {
-		return false, nil
+		return nil, nil
 	}
 	if tok != json.Delim('{') {
-		return false, fmt.Errorf("%s: want an object of %s, got %v", what, want, tok)
+		return nil, fmt.Errorf("%s: want an object of %s, got %v", what, want, tok)
 	}
+	out := []E{}
 	for dec.More() {
 		k, err := dec.Token()
 		if err != nil {
-			return false, err
+			return nil, err
 		}
 		name, _ := k.(string)
-		if err := add(name, dec); err != nil {
-			return false, fmt.Errorf("%s: %s: %w", what, name, err)
+		e, err := entry(name, dec)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %s: %w", what, name, err)
 		}
+		out = append(out, e)
 	}
-	return true, nil
+	return out, nil
 }

@@ -6,6 +6,7 @@ package safetensors
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -121,13 +122,7 @@ func Parse(data []byte) (*File, error) {
 	// Writers may pad between tensors for alignment, so gaps are fine; overlaps are not.
 	// Ties on begin are broken by name so the reported pair does not depend on map order.
 	slices.SortFunc(spans, func(a, b span) int {
-		if a.begin != b.begin {
-			return cmpU64(a.begin, b.begin)
-		}
-		if a.end != b.end {
-			return cmpU64(a.end, b.end)
-		}
-		return cmpString(a.name, b.name)
+		return cmp.Or(cmp.Compare(a.begin, b.begin), cmp.Compare(a.end, b.end), cmp.Compare(a.name, b.name))
 	})
 	for i := 1; i < len(spans); i++ {
 		prev, cur := spans[i-1], spans[i]
@@ -138,26 +133,6 @@ func Parse(data []byte) (*File, error) {
 		}
 	}
 	return f, nil
-}
-
-func cmpU64(a, b uint64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
-}
-
-func cmpString(a, b string) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // checkEntry validates one header entry against a data area of bodyLen bytes.
@@ -228,7 +203,7 @@ func Write(w io.Writer, tensors []Tensor, metadata map[string]string) error {
 	for i := range tensors {
 		sorted[i] = &tensors[i]
 	}
-	slices.SortFunc(sorted, func(a, b *Tensor) int { return cmpString(a.Name, b.Name) })
+	slices.SortFunc(sorted, func(a, b *Tensor) int { return cmp.Compare(a.Name, b.Name) })
 
 	header := make(map[string]any, len(tensors)+1)
 	if len(metadata) > 0 {
