@@ -320,6 +320,9 @@ type BuildInfo struct {
 	// AttnPrefetch: passes of K and V rows each block of the decode attention asks L2 for
 	// before it waits for the grid ahead (xmixc build --attn-prefetch; 0: none; needs PDL).
 	AttnPrefetch int `json:"attn_prefetch,omitempty"`
+	// AttnTC: the decode attention's warp step runs on tensor cores where the shape allows
+	// (xmixc build --attn-tc; codegen.AttnConfig.TensorCores).
+	AttnTC bool `json:"attn_tc,omitempty"`
 	// GemvSplit: the most warps a CUDA-core GEMV splits each column's K over, for weights of
 	// few columns (xmixc build --gemv-split; 0 or 1: one warp a column).
 	GemvSplit int `json:"gemv_split,omitempty"`

@@ -80,6 +80,9 @@ type AttnConfig struct {
 	// Prefetch, with EarlyLaunch, is how many of its passes' K and V rows a block asks L2 for
 	// before it waits (prefetchKV; 0: none). It changes no result.
 	Prefetch int
+	// TensorCores: the warp step runs on tensor cores where the shape allows (tcOK,
+	// attention_tc.go; xmixc build --attn-tc), Unroll then counting 16-position tiles.
+	TensorCores bool
 }
 
 const (
@@ -149,13 +152,17 @@ func (c AttnConfig) sharedBytes() int {
 
 // adGeom is the lane layout of the decode kernel for one shape.
 type adGeom struct {
-	lanes, chunks, dpc int // lanes per position, 16-byte loads per lane per row, dims per load
-	pp, unroll         int // positions per warp load, loads of a step
-	dims               int // dims per lane: chunks*dpc
-	hpb                int // query heads per block
+	tc                 bool // the tensor-core step (tcGeom): pp is a tile, the lane fields unused
+	lanes, chunks, dpc int  // lanes per position, 16-byte loads per lane per row, dims per load
+	pp, unroll         int  // positions per warp load, loads of a step
+	dims               int  // dims per lane: chunks*dpc
+	hpb                int  // query heads per block
 }
 
 func (c AttnConfig) geom() adGeom {
+	if c.tcOK() {
+		return c.tcGeom()
+	}
 	kvs := c.KVDtype.Bytes()
 	n16 := c.HeadDim * kvs / 16
 	lanes := 1
@@ -329,9 +336,12 @@ type adGen struct {
 	row, by, split, nsplit    ptx.Reg
 	tid, lane, warp, sub, sl  ptx.Reg
 	head0, kvh, s, dim0       ptx.Reg
-	q, acc                    [][]ptx.Reg // [head][dim of the lane]
+	q, acc                    [][]ptx.Reg // [head][dim of the lane]; tensor cores: [m-tile][O^T fragment]
 	m, l                      []ptx.Reg
 	sTable                    ptx.Sym
+	// Tensor cores only: the lane's quad coordinates, a zero word, Q's A fragments.
+	tg, tt, tzero ptx.Reg
+	qa            [][2]ptx.Reg
 }
 
 func (g *adGen) emit() {
@@ -394,6 +404,10 @@ func (g *adGen) emit() {
 		g.Emit("sub.u32", minc, minc, ptx.Imm(1))
 		g.Emit("div.u32", minc, minc, nz)
 		g.Emit("max.u32", chunk, chunk, minc)
+		if g.geo.tc { // splits start at whole tiles
+			g.Emit("add.u32", chunk, chunk, ptx.Imm(tcAttnTile-1))
+			g.Emit("and.b32", chunk, chunk, ptx.Imm(-tcAttnTile))
+		}
 		g.nsplit = g.op3("add.u32", ptx.U32, span, chunk)
 		g.Emit("sub.u32", g.nsplit, g.nsplit, ptx.Imm(1))
 		g.Emit("div.u32", g.nsplit, g.nsplit, chunk)
@@ -413,7 +427,11 @@ func (g *adGen) emit() {
 		g.prefetchKV(seg, start)
 		g.Emit(bundle.PriorGridWait)
 	}
-	g.loadQ()
+	if geo.tc {
+		g.loadQTC()
+	} else {
+		g.loadQ()
+	}
 	g.scan(seg, end)
 	g.merge()
 }
@@ -576,7 +594,13 @@ func (g *adGen) scan(seg segment, end ptx.Reg) {
 	t0 := g.Reg(ptx.U32)
 	g.Emit("mad.lo.u32", t0, g.warp, ptx.Imm(int64(step)), seg.lo)
 	t := g.Reg(ptx.U32)
-	g.forLoop(t, t0, seg.hi, ptx.Imm(int64(g.c.warps()*step)), func() { g.step(t, seg.hi, seg.blk0) })
+	g.forLoop(t, t0, seg.hi, ptx.Imm(int64(g.c.warps()*step)), func() {
+		if geo.tc {
+			g.stepTC(t, seg.hi, seg.blk0)
+		} else {
+			g.step(t, seg.hi, seg.blk0)
+		}
+	})
 	// The next segment overwrites the staged entries.
 	g.Emit("bar.sync", ptx.Imm(0))
 	g.Emit("mov.u32", seg.lo, seg.hi)
@@ -722,9 +746,36 @@ func (g *adGen) fold(m, l ptx.Reg, a []ptx.Reg, m2, l2 ptx.Reg, a2 []ptx.Reg) {
 	g.Emit("mov.f32", m, mx)
 }
 
-// merge folds the warp's position groups by shuffles and the warps through shared memory,
-// then writes z or this split's record (and combines, in the last block of a row).
+// merge gathers the warps' states in shared memory and folds them, then writes z or this
+// split's record (and combines, in the last block of a row).
 func (g *adGen) merge() {
+	var ms mergeArrays
+	if g.geo.tc {
+		ms = g.storeStateTC()
+	} else {
+		ms = g.storeState()
+	}
+	g.Emit("bar.sync", ptx.Imm(0))
+	g.mergeStates(ms)
+}
+
+// mergeArrays are the block's shared arrays of the warps' softmax states, (warp, head) at
+// index warp*hpb+head: m, l and the HeadDim sums; st is the warp's first index.
+type mergeArrays struct {
+	m, l, acc ptx.Sym
+	st        ptx.Reg
+}
+
+func (g *adGen) declareMergeArrays() mergeArrays {
+	nst := g.c.warps() * g.geo.hpb
+	return mergeArrays{m: g.DeclareShared("ad_m", ptx.F32, nst), l: g.DeclareShared("ad_l", ptx.F32, nst),
+		acc: g.DeclareShared("ad_acc", ptx.F32, nst*g.c.HeadDim),
+		st:  g.op3("mul.lo.u32", ptx.U32, g.warp, ptx.Imm(int64(g.geo.hpb)))}
+}
+
+// storeState folds the warp's position groups by shuffles and writes the warp's state to the
+// merge arrays.
+func (g *adGen) storeState() mergeArrays {
 	c, geo := g.c, g.geo
 	d, hpb := c.HeadDim, geo.hpb
 	for off := geo.lanes; off < 32; off *= 2 {
@@ -741,11 +792,8 @@ func (g *adGen) merge() {
 			g.fold(g.m[h], g.l[h], g.acc[h], sh(g.m[h]), sh(g.l[h]), a2)
 		}
 	}
-	nst := c.warps() * hpb
-	sm := g.DeclareShared("ad_m", ptx.F32, nst)
-	sl := g.DeclareShared("ad_l", ptx.F32, nst)
-	sacc := g.DeclareShared("ad_acc", ptx.F32, nst*d)
-	st := g.op3("mul.lo.u32", ptx.U32, g.warp, ptx.Imm(int64(hpb))) // state (warp, head 0)
+	ms := g.declareMergeArrays()
+	sm, sl, sacc, st := ms.m, ms.l, ms.acc, ms.st
 	first := g.cmp("eq", ptx.U32, g.sub, ptx.Imm(0))
 	g.when(first, false, func() {
 		idx := g.Reg(ptx.U32)
@@ -766,7 +814,15 @@ func (g *adGen) merge() {
 			g.EmitIf(lane0, false, "st.shared.f32", ptx.Addr{Base: la, Offset: int64(4 * h)}, g.l[h])
 		}
 	})
-	g.Emit("bar.sync", ptx.Imm(0))
+	return ms
+}
+
+// mergeStates folds the warps' states in warp order and writes z or this split's record (and
+// combines, in the last block of a row).
+func (g *adGen) mergeStates(ms mergeArrays) {
+	c, geo := g.c, g.geo
+	d, hpb := c.HeadDim, geo.hpb
+	sm, sl, sacc := ms.m, ms.l, ms.acc
 
 	// Head h of the block is query head head0+h: its z row and, with splits, its records.
 	zrow := g.Reg(ptx.U32)
@@ -967,6 +1023,9 @@ func AttnKernelSuffix(c AttnConfig) string {
 	}
 	if c.Unroll > 0 {
 		s += fmt.Sprintf("_u%d", c.Unroll)
+	}
+	if c.tcOK() {
+		s += "_tc"
 	}
 	return s
 }

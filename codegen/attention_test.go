@@ -612,3 +612,70 @@ func TestAttentionPrefetchKV(t *testing.T) {
 		t.Errorf("prefetch past its bound: %v", err)
 	}
 }
+
+// attnTCShapes are the shapes the tensor-core decode step serves: GQA groups of 1, 4 and 8
+// (8: one block of 8 heads; 16: two blocks a kv head), head dims 64 and 128, KV blocks of
+// one and two tiles.
+var attnTCShapes = []AttnConfig{
+	{Heads: 2, KVHeads: 2, HeadDim: 64, BlockSize: 16, MaxBlocksPerSeq: 20, KVDtype: ptx.BF16, TensorCores: true},
+	{Heads: 8, KVHeads: 2, HeadDim: 128, BlockSize: 16, MaxBlocksPerSeq: 19, KVDtype: ptx.BF16, TensorCores: true},
+	{Heads: 8, KVHeads: 1, HeadDim: 64, BlockSize: 32, MaxBlocksPerSeq: 10, KVDtype: ptx.BF16, TensorCores: true},
+	{Heads: 16, KVHeads: 1, HeadDim: 128, BlockSize: 16, MaxBlocksPerSeq: 12, KVDtype: ptx.BF16, TensorCores: true},
+}
+
+// TestAttentionDecodeTC: the tensor-core step over ragged contexts (one position, a tile,
+// one past, a KV block, the last position), split at the split boundaries (chunks that are
+// not whole tiles, which the kernel rounds up), two tiles a step, and the singles of a
+// prefill step, within bf16 rounding of the reference (Q and P are rounded for the mma).
+func TestAttentionDecodeTC(t *testing.T) {
+	r := rand.New(rand.NewPCG(61, 62))
+	for _, c := range attnTCShapes {
+		c = scaled(c)
+		maxPos := c.BlockSize * c.MaxBlocksPerSeq
+		for _, sc := range []struct{ splits, chunk, unroll int }{{1, 0, 0}, {1, 0, 2}, {3, 64, 0}, {5, 5, 0}, {8, 32, 2}, {40, 1, 0}} {
+			c := c
+			c.Split, c.Unroll = sc.splits > 1, sc.unroll
+			name := fmt.Sprintf("h%d_kv%d_d%d_bs%d_s%d_c%d_u%d", c.Heads, c.KVHeads, c.HeadDim, c.BlockSize, sc.splits, sc.chunk, sc.unroll)
+			t.Run(name, func(t *testing.T) {
+				k := must(t)(Attention("attn_tc_test", c))
+				if !strings.Contains(k.PTX, "mma.sync") {
+					t.Fatal("no mma in the tensor-core kernel")
+				}
+				var pos []uint32
+				for _, n := range []int{1, 16, 17, c.BlockSize, c.BlockSize + 9, 2*sc.chunk + 3, maxPos / 2, maxPos} {
+					if n >= 1 && n <= maxPos {
+						pos = append(pos, uint32(n-1))
+					}
+				}
+				seq := make([]uint32, len(pos))
+				for i := range seq {
+					seq[i] = uint32(i % 3)
+				}
+				newAttnCall(t, r, k, c, c.Launch(len(pos), sc.splits), pos, seq, uint32(sc.chunk), nil).check(t, 4e-3)
+			})
+		}
+	}
+	c := scaled(attnTCShapes[1])
+	c.Singles = true
+	k := must(t)(Attention("attn_tc_singles", c))
+	pos, seq := prefillRows(c)
+	z0 := randF32(r, len(pos)*c.Heads*c.HeadDim, 1)
+	newAttnCall(t, r, k, c, c.Launch(len(pos), 1), pos, seq, 0, z0).check(t, 1e-2)
+}
+
+// TestAttentionTCFallback: shapes the tensor-core step cannot take (an f32 cache, head dim
+// 32 or 96, KV blocks of 8, a sliding window) keep the CUDA-core step and its kernel name.
+func TestAttentionTCFallback(t *testing.T) {
+	for _, c := range []AttnConfig{attnShapes[0], attnShapes[1], attnShapes[5],
+		{Heads: 8, KVHeads: 2, HeadDim: 128, BlockSize: 16, MaxBlocksPerSeq: 19, KVDtype: ptx.BF16, Window: 64}} {
+		c = scaled(c)
+		c.TensorCores = true
+		k := must(t)(Attention("a", c))
+		if c.tcOK() || strings.Contains(k.PTX, "mma.sync") || strings.Contains(AttnKernelSuffix(c), "tc") {
+			t.Errorf("h%d kv%d d%d %s bs%d window %d: tensor cores taken", c.Heads, c.KVHeads, c.HeadDim, c.KVDtype, c.BlockSize, c.Window)
+		}
+	}
+	if s := AttnKernelSuffix(scaled(attnTCShapes[1])); s != "_tc" {
+		t.Errorf("suffix %q, want _tc", s)
+	}
+}

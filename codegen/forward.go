@@ -25,7 +25,8 @@ type Options struct {
 	// and Unroll of the CUDA-core GEMVs of buckets of more than one row (0 or 1: one);
 	// TCChunks are GemmConfig.Unroll of the tensor-core GEMMs of buckets of up to 8 and of
 	// 9-32 rows (tcSettings); AttnWarps and AttnUnroll are AttnConfig.Warps and Unroll of
-	// the decode buckets' attention, AttnPrefetch AttnConfig.Prefetch of every decode attention.
+	// the decode buckets' attention, AttnPrefetch AttnConfig.Prefetch and AttnTC
+	// AttnConfig.TensorCores of every decode attention.
 	Build   bundle.BuildInfo
 	Weights bundle.WeightsRef
 	// Tokenizer is the tokenizer definition to embed (empty for a byte tokenizer).
@@ -68,8 +69,10 @@ type gen struct {
 	tcChunks  [2]int // GemmConfig.Unroll of the tensor-core GEMMs of up to 8, of 9-32 rows
 	// attnWarps and attnUnroll are AttnConfig.Warps and Unroll of the decode buckets' attention.
 	attnWarps, attnUnroll int
-	// attnPrefetch is AttnConfig.Prefetch of every decode attention kernel.
+	// attnPrefetch and attnTC are AttnConfig.Prefetch and TensorCores of every decode
+	// attention kernel.
 	attnPrefetch int
+	attnTC       bool
 	// gemmTickets is GemmConfig.Tickets of every staged tensor-core GEMM (--gemm tc-staged).
 	gemmTickets int
 	order       []string
@@ -119,7 +122,7 @@ func Generate(p *passes.Program, opt Options) (*bundle.Bundle, error) {
 	if err := CheckAttnPrefetch(bi.AttnPrefetch, bi.PDL); err != nil {
 		return nil, fmt.Errorf("decode attention: %w", err)
 	}
-	g.attnPrefetch = bi.AttnPrefetch
+	g.attnPrefetch, g.attnTC = bi.AttnPrefetch, bi.AttnTC
 	g.prefetch, g.gemvCols, g.unroll, g.split, g.gemvWarps = bi.Prefetch, bi.GemvCols, bi.GemvUnroll, bi.GemvSplit, bi.GemvWarps
 	tc, err := tcChunks(bi.TCChunks)
 	if err != nil {

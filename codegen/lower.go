@@ -555,7 +555,7 @@ func (g *gen) ropeKernel(n *ir.Node) (RopeConfig, string, slots) {
 func (g *gen) attnConfig(a ir.AttentionAttrs) AttnConfig {
 	return AttnConfig{Heads: a.Heads, KVHeads: a.KVHeads, HeadDim: a.HeadDim, BlockSize: g.m.KVBlockSize,
 		MaxBlocksPerSeq: g.blocks, KVDtype: g.kvdt, Scale: a.Scale, Softcap: a.Softcap, Window: a.Window, EarlyLaunch: g.pdl,
-		Prefetch: g.attnPrefetch}
+		Prefetch: g.attnPrefetch, TensorCores: g.attnTC}
 }
 
 // decodeAttn is attention kernel c in a decode bucket of rows rows: the build's warps a block

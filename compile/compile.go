@@ -61,6 +61,8 @@ type Options struct {
 	// for early launch asks L2 for before it waits (bundle.BuildInfo.AttnPrefetch): 0 takes
 	// DefaultAttnPrefetch, a negative value none.
 	AttnPrefetch int
+	// AttnTC runs the decode attention's warp step on tensor cores (bundle.BuildInfo.AttnTC).
+	AttnTC bool
 	// GemvSplit is the most warps a CUDA-core GEMV splits each column's K over
 	// (bundle.BuildInfo.GemvSplit; 0: one).
 	GemvSplit int
@@ -241,7 +243,7 @@ func Build(modelPath string, appPaths []string, opt Options) (*bundle.Bundle, er
 	attnPrefetch := earlyReads(opt.AttnPrefetch, DefaultAttnPrefetch, opt.SerialLaunch)
 	build := bundle.BuildInfo{Compiler: Compiler, Inputs: inputs, Fuse: p.Fused(), PDL: !opt.SerialLaunch, Prefetch: prefetch,
 		GemvCols: beyondOne(cmp.Or(opt.GemvCols, DefaultGemvCols)), GemvUnroll: beyondOne(cmp.Or(opt.GemvUnroll, DefaultGemvUnroll)),
-		AttnWarps: opt.AttnWarps, AttnUnroll: opt.AttnUnroll, AttnPrefetch: attnPrefetch,
+		AttnWarps: opt.AttnWarps, AttnUnroll: opt.AttnUnroll, AttnPrefetch: attnPrefetch, AttnTC: opt.AttnTC,
 		GemvSplit: beyondOne(opt.GemvSplit), GemvWarps: codegen.GemvWarpsRecord(cmp.Or(opt.GemvWarps, max(DefaultGemvWarps, opt.GemvSplit)))}
 	if opt.TensorCoreRows != codegen.TensorCoreRows {
 		build.TensorCoreRows = opt.TensorCoreRows // the default is recorded as 0, as bundles built before the setting have it

@@ -149,6 +149,9 @@ var opTable = map[string]opFacts{
 	// Only the tensor-core shape the GEMM uses: m16n8k16, A row-major bf16, B column-major
 	// bf16, f32 accumulators (modRule pins the rest).
 	"mma": {[]int{4}, 1, 4, types(F32, BF16), -1, " sync aligned m16n8k16 row col "},
+	// Byte permute, default mode only: d's byte i is byte c[4i+3:4i] of {b, a} (the decode
+	// attention packs two positions' bf16 of one dim into one word with it).
+	"prmt": {[]int{4}, 1, 1, types(B32), -1, ""},
 }
 
 // typeCount is how many type suffixes o must carry: cvt to a packed pair (.bf16x2, a

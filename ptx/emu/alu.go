@@ -212,8 +212,30 @@ func alu(in *inst, r []uint64) (uint64, error) {
 	case cPack:
 		h := uint(w / 2)
 		return (a&(1<<h-1) | b<<h) & m, nil
+	case cPrmt:
+		return prmt(a, b, rv(r, in.c)), nil
 	}
 	return 0, fmt.Errorf("not supported for type .%s", t)
+}
+
+// prmt is PTX's default-mode byte permute: byte i of the result is byte s of {b, a} (a bytes
+// 0-3, b bytes 4-7), s the low three bits of selector nibble i, or that byte's sign bit
+// replicated when the nibble's high bit is set.
+func prmt(a, b, sel uint64) uint64 {
+	src := b<<32 | a&0xFFFFFFFF
+	var d uint64
+	for i := range 4 {
+		n := sel >> (4 * i) & 0xF
+		x := src >> (8 * (n & 7)) & 0xFF
+		if n&8 != 0 {
+			x = 0
+			if src>>(8*(n&7)+7)&1 != 0 {
+				x = 0xFF
+			}
+		}
+		d |= x << (8 * i)
+	}
+	return d
 }
 
 func sel(in *inst, r []uint64, a, b uint64) uint64 {

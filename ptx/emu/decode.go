@@ -59,6 +59,7 @@ const (
 	cMma     // warp-collective, resolved with shfl in block.collective
 	cPack    // mov.b32 d, {lo, hi}
 	cCvtPack // cvt.rn.bf16x2.f32 d, hi, lo
+	cPrmt    // prmt.b32 d, a, b, selector
 )
 
 var simple = map[string]code{
@@ -69,6 +70,7 @@ var simple = map[string]code{
 	"tanh": cTanh, "setp": cSetp, "selp": cSelp, "cvt": cCvt, "shfl": cShfl, "bar": cBar,
 	"barrier": cBar, "atom": cAtom, "red": cAtom, "bra": cBra, "ret": cExit, "exit": cExit,
 	"membar": cNop, "fence": cNop, "griddepcontrol": cNop, "prefetch": cPrefetch, "ld": cLd, "st": cSt, "mma": cMma,
+	"prmt": cPrmt,
 }
 
 // Modes of setp, shfl, atom and cvt, kept in inst.mode.

@@ -276,6 +276,11 @@ func TestInstructions(t *testing.T) {
 		{"mov.f32 %f1, 0.1; cvt.f64.f32 %fd1, %f1; add.f64 %fd1, %fd1, %fd1; cvt.rn.f32.f64 %f2, %fd1; mov.b32 %r1, %f2;", math.Float32bits(0.2)},
 		{"mov.u32 %r2, 3; mov.u32 %r3, 4; st.global.v2.u32 [%rd1+8], {%r2, %r3}; ld.global.v2.u32 {%r4, %r1}, [%rd1+8]; add.u32 %r1, %r1, %r4;", 7},
 		{"mov.u32 %r1, 9; mov.u32 %r2, 1; setp.gt.u32 %p1, %r2, 0; @%p1 mov.u32 %r1, 5; @!%p1 mov.u32 %r1, 6;", 5},
+		// prmt: the low halves of two words, the high halves, bytes reversed, a sign replicated.
+		{"mov.b32 %r2, 0x44332211; mov.b32 %r3, 0x88776655; prmt.b32 %r1, %r2, %r3, 0x5410;", 0x66552211},
+		{"mov.b32 %r2, 0x44332211; mov.b32 %r3, 0x88776655; prmt.b32 %r1, %r2, %r3, 0x7632;", 0x88774433},
+		{"mov.b32 %r2, 0x44332211; mov.b32 %r3, 0x88776655; prmt.b32 %r1, %r2, %r3, 0x0123;", 0x11223344},
+		{"mov.b32 %r2, 0x44332211; mov.b32 %r3, 0x88776655; prmt.b32 %r1, %r2, %r3, 0x8F70;", 0x00FF8811},
 	}
 	for _, c := range cases {
 		mod := parseText(t, scalarKernel(c.body))

@@ -1,0 +1,308 @@
+package codegen
+
+import (
+	"math"
+
+	"xmix/ptx"
+)
+
+// Decode attention on tensor cores (AttnConfig.TensorCores, xmixc build --attn-tc): the
+// decode kernel's warp step as mma.sync, everything around it (splits, block-table staging,
+// prefetch, the merge across warps and splits) as in attention.go.
+//
+// Why. The CUDA-core step spends some 80 instructions a position on a Llama-3.1-8B kv head
+// (16 lanes a K row: the q.k products, four levels of shuffles per head, bf16 widening, the
+// softmax repeated on every lane, the p.v products). At 32-128 rows and long contexts that
+// many instructions, not the K/V bytes, bound the kernel: it reads K/V at 1.1-1.4x the
+// HBM floor inside the graph. On tensor cores a 16-position tile takes 16 + HeadDim/16 mmas.
+//
+// Tiles. A warp step takes unroll tiles of 16 positions, each within one KV block (tile
+// starts are multiples of 16: splits are cut at multiples of 16, segments at KV blocks, and
+// BlockSize is a multiple of 16), so a tile needs one block-table entry. Lane (g, t) =
+// (lane>>2, lane&3):
+//
+//	S = Q.K^T, m16n8k16 with Q the A operand (rows: the block's hpb query heads, the rest
+//	    zero) and K the B operand, n-tile j the positions 8j..8j+7. K is the .col layout as
+//	    stored; the 32 dims of chunk c are permuted (logical k {2t, 2t+1, 2t+8, 2t+9} of the
+//	    chunk's first mma are dims 8t..8t+3, of its second 8t+4..8t+7, for Q and K alike), so
+//	    that a lane loads 16 contiguous bytes of K row g (and 8+g) per chunk.
+//	O^T += V^T.P^T, with V^T the A operand (rows: dims) and P^T the B operand (columns: heads,
+//	    so at most 8 heads a block): S's accumulators of head g at positions 2t, 2t+1 (and
+//	    8+2t, 8+2t+1) are exactly P^T's B fragment, so P never leaves the lane. Dims are
+//	    permuted as well: m-tile i's row g is dim 2Mg+i and row g+8 dim 2Mg+M+i (M =
+//	    HeadDim/16 m-tiles), so a lane loads the 2M contiguous dims 2Mg.. of its four
+//	    positions 2t, 2t+1, 2t+8, 2t+9 and packs two positions' bf16 of one dim per word with
+//	    one prmt.
+//
+// Softmax. Lane (g, t) keeps the running max and its partial sum of head g; the max is the
+// quad's (two shuffles), and the accumulators of heads 2t, 2t+1 take their scale from the
+// lanes of those heads (two shuffles a step). Q and P are rounded to bf16 for the tensor
+// cores, K and V already are: results are within bf16 rounding of the f32 reference, like
+// the prefill kernel's, and depend on neither the bucket nor the row's neighbours.
+//
+// Registers per lane at head dim 128: Q 16 words, O 32 f32, and per tile 32 words of K and
+// 32 of V in flight (8 KiB of K/V a warp).
+const (
+	tcAttnTile     = 16 // positions of a tile
+	tcAttnMaxHeads = 8  // the n of O^T's mma
+	tcAttnMaxDim   = 128
+	prmtLowHalves  = 0x5410 // prmt selector: {b.lo, a.lo}
+	prmtHighHalves = 0x7632 // {b.hi, a.hi}
+)
+
+// tcOK reports whether c's decode kernel runs on tensor cores: asked for, a bf16 cache, head
+// dim 64 or 128, no sliding window (whose spans start anywhere) and KV blocks of whole tiles.
+func (c AttnConfig) tcOK() bool {
+	return c.TensorCores && c.KVDtype == ptx.BF16 && c.HeadDim%64 == 0 && c.HeadDim <= tcAttnMaxDim &&
+		c.Window == 0 && c.BlockSize%tcAttnTile == 0
+}
+
+// tcGeom is the tensor-core kernel's geometry: tiles of 16 positions a warp step, the most
+// query heads of the GQA group up to 8 a block.
+func (c AttnConfig) tcGeom() adGeom {
+	group := c.Heads / c.KVHeads
+	g := adGeom{tc: true, lanes: 32, pp: tcAttnTile, unroll: max(1, c.Unroll)}
+	for h := min(group, tcAttnMaxHeads); h >= 1; h-- {
+		if group%h == 0 {
+			g.hpb = h
+			break
+		}
+	}
+	return g
+}
+
+// tcLanes sets the lane's quad coordinates (g, t) and the zero word of Q's padding rows.
+func (g *adGen) tcLanes() (gq, tq, zero ptx.Reg) {
+	gq = g.op3("shr.u32", ptx.U32, g.lane, ptx.Imm(2))
+	tq = g.op3("and.b32", ptx.U32, g.lane, ptx.Imm(3))
+	zero = g.Reg(ptx.B32)
+	g.Emit("mov.b32", zero, ptx.Imm(0))
+	return gq, tq, zero
+}
+
+// loadQTC loads Q as the A fragments of S's mmas (words 0 and 2 of each; rows g+8 are zero,
+// as are rows past the block's heads), scaled to log2 units and rounded to bf16, and zeroes
+// the lane's softmax state and O.
+func (g *adGen) loadQTC() {
+	c, geo := g.c, g.geo
+	d := c.HeadDim
+	g.tg, g.tt, g.tzero = g.tcLanes()
+	g.qa = make([][2]ptx.Reg, d/16)
+	for kk := range g.qa {
+		for j := range 2 {
+			g.qa[kk][j] = g.Reg(ptx.B32)
+			g.Emit("mov.b32", g.qa[kk][j], ptx.Imm(0))
+		}
+	}
+	g.when(g.cmp("lt", ptx.U32, g.tg, ptx.Imm(int64(geo.hpb))), false, func() {
+		qrow := g.Reg(ptx.U32)
+		g.Emit("mad.lo.u32", qrow, g.row, ptx.Imm(int64(c.Heads+2*c.KVHeads)), g.head0)
+		g.Emit("add.u32", qrow, qrow, g.tg)
+		qa := g.byteAddr(g.byteAddr(g.qkv, qrow, 4*d), g.op3("shl.b32", ptx.U32, g.tt, ptx.Imm(3)), 4)
+		qs := ptx.F32Imm(c.qScale())
+		x := g.Regs(ptx.F32, 4)
+		for kk := range g.qa {
+			g.Emit("ld.global.v4.f32", ptx.Vec(x), ptx.Addr{Base: qa, Offset: int64(4 * (32*(kk/2) + 4*(kk%2)))})
+			for _, r := range x {
+				g.Emit("mul.f32", r, r, qs)
+			}
+			g.Emit("cvt.rn.bf16x2.f32", g.qa[kk][0], x[1], x[0])
+			g.Emit("cvt.rn.bf16x2.f32", g.qa[kk][1], x[3], x[2])
+		}
+	})
+	g.m = []ptx.Reg{g.f32(float32(math.Inf(-1)))}
+	g.l = []ptx.Reg{g.f32(0)}
+	g.acc = make([][]ptx.Reg, d/16)
+	for i := range g.acc {
+		g.acc[i] = make([]ptx.Reg, 4)
+		for j := range g.acc[i] {
+			g.acc[i][j] = g.f32(0)
+		}
+	}
+}
+
+// tcTile is one tile's K and V words in flight: K rows g and 8+g (HeadDim/8 words each), V
+// rows 2t, 2t+1, 2t+8, 2t+9 (M words each: dims 2Mg..2Mg+2M).
+type tcTile struct {
+	k [2][]ptx.Reg
+	v [4][]ptx.Reg
+}
+
+// loadTileTC issues the lane's loads of the tile at base. Positions past last (a span's end)
+// read last's rows instead and are masked later; a tile starting past last reads only last's.
+func (g *adGen) loadTileTC(base, last, blk0 ptx.Reg) tcTile {
+	c := g.c
+	d, m := c.HeadDim, c.HeadDim/16
+	b := g.op3("min.u32", ptx.U32, base, last)
+	lim := g.op3("sub.u32", ptx.U32, last, b)
+	row0 := g.kvRow(b, blk0)
+	// Element offsets of the lane's K and V dims.
+	kDim := g.op3("shl.b32", ptx.U32, g.tt, ptx.Imm(3))
+	vDim := g.op3("mul.lo.u32", ptx.U32, g.tg, ptx.Imm(int64(2*m)))
+	addr := func(cache, x, dim ptx.Reg, off int) ptx.Reg {
+		xe := g.op3("add.u32", ptx.U32, x, ptx.Imm(int64(off)))
+		g.Emit("min.u32", xe, xe, lim)
+		row := g.Reg(ptx.U32)
+		g.Emit("mad.lo.u32", row, xe, ptx.Imm(int64(c.KVHeads)), row0)
+		elem := g.Reg(ptx.U32)
+		g.Emit("mad.lo.u32", elem, row, ptx.Imm(int64(d)), dim)
+		return g.byteAddr(cache, elem, 2)
+	}
+	var tl tcTile
+	for j := range tl.k {
+		a := addr(g.kc, g.tg, kDim, 8*j)
+		tl.k[j] = make([]ptx.Reg, 0, d/8)
+		for ch := range d / 32 {
+			w := g.Regs(ptx.B32, 4)
+			g.Emit("ld.global.v4.b32", ptx.Vec(w), ptx.Addr{Base: a, Offset: int64(64 * ch)})
+			tl.k[j] = append(tl.k[j], w...)
+		}
+	}
+	t2 := g.op3("shl.b32", ptx.U32, g.tt, ptx.Imm(1))
+	for q, off := range []int{0, 1, 8, 9} {
+		a := addr(g.vc, t2, vDim, off)
+		tl.v[q] = make([]ptx.Reg, 0, m)
+		for ch := range m / 4 {
+			w := g.Regs(ptx.B32, 4)
+			g.Emit("ld.global.v4.b32", ptx.Vec(w), ptx.Addr{Base: a, Offset: int64(16 * ch)})
+			tl.v[q] = append(tl.v[q], w...)
+		}
+	}
+	return tl
+}
+
+// stepTC is one warp step over the tiles at t + 16u, u < unroll: every load first, then S,
+// the softmax update and O of each tile.
+func (g *adGen) stepTC(t, segHi, blk0 ptx.Reg) {
+	c, geo := g.c, g.geo
+	d, m := c.HeadDim, c.HeadDim/16
+	last := g.op3("sub.u32", ptx.U32, segHi, ptx.Imm(1))
+	bases := make([]ptx.Reg, geo.unroll)
+	tiles := make([]tcTile, geo.unroll)
+	for u := range tiles {
+		bases[u] = g.op3("add.u32", ptx.U32, t, ptx.Imm(int64(u*tcAttnTile)))
+		tiles[u] = g.loadTileTC(bases[u], last, blk0)
+	}
+	// S: [tile][n-tile] accumulators; d0, d1 are head g at positions 8j+2t, 8j+2t+1.
+	negInf := ptx.F32Imm(float32(math.Inf(-1)))
+	s := make([][2][]ptx.Reg, geo.unroll)
+	mx := g.f32(float32(math.Inf(-1)))
+	col := g.op3("shl.b32", ptx.U32, g.tt, ptx.Imm(1))
+	p := g.Reg(ptx.U32)
+	for u, tl := range tiles {
+		for j := range 2 {
+			s[u][j] = g.Regs(ptx.F32, 4)
+			for _, r := range s[u][j] {
+				g.Emit("mov.f32", r, ptx.F32Imm(0))
+			}
+			for kk := range d / 16 {
+				a := []ptx.Reg{g.qa[kk][0], g.tzero, g.qa[kk][1], g.tzero}
+				b := tl.k[j][4*(kk/2)+2*(kk%2) : 4*(kk/2)+2*(kk%2)+2]
+				g.Emit(mmaOp, ptx.Vec(s[u][j]), ptx.Vec(a), ptx.Vec(b), ptx.Vec(s[u][j]))
+			}
+			g.softcapScores(c, s[u][j][:2]...)
+			for i := range 2 {
+				g.Emit("add.u32", p, bases[u], col)
+				g.Emit("add.u32", p, p, ptx.Imm(int64(8*j+i)))
+				g.Emit("selp.f32", s[u][j][i], s[u][j][i], negInf, g.cmp("lt", ptx.U32, p, segHi))
+				g.Emit("max.f32", mx, mx, s[u][j][i])
+			}
+		}
+	}
+	tmp := g.Reg(ptx.F32)
+	for _, off := range []int{1, 2} {
+		g.Emit("shfl.sync.bfly.b32", tmp, mx, ptx.Imm(int64(off)), ptx.Imm(0x1f), ptx.Imm(-1))
+		g.Emit("max.f32", mx, mx, tmp)
+	}
+	g.Emit("max.f32", mx, mx, g.m[0])
+	ms := g.safeMax(mx)
+	alpha := g.exp2(g.op3("sub.f32", ptx.F32, g.m[0], ms))
+	g.Emit("mov.f32", g.m[0], mx)
+	g.Emit("mul.f32", g.l[0], g.l[0], alpha)
+	for u := range s {
+		for j := range 2 {
+			for _, x := range s[u][j][:2] {
+				g.Emit("sub.f32", x, x, ms)
+				g.Emit("ex2.approx.f32", x, x)
+				g.Emit("add.f32", g.l[0], g.l[0], x)
+			}
+		}
+	}
+	// O^T's columns 2t, 2t+1 are heads 2t, 2t+1: their scales from those heads' lanes.
+	var hs [2]ptx.Reg
+	for b := range hs {
+		src := g.op3("shl.b32", ptx.U32, g.tt, ptx.Imm(3))
+		g.Emit("add.u32", src, src, ptx.Imm(int64(4*b)))
+		hs[b] = g.Reg(ptx.F32)
+		g.Emit("shfl.sync.idx.b32", hs[b], alpha, src, ptx.Imm(0x1f), ptx.Imm(-1))
+	}
+	for _, o := range g.acc {
+		for i, r := range o {
+			g.Emit("mul.f32", r, r, hs[i&1])
+		}
+	}
+	pb := g.Regs(ptx.B32, 2)
+	a := g.Regs(ptx.B32, 4)
+	for u, tl := range tiles {
+		for j := range 2 {
+			g.Emit("cvt.rn.bf16x2.f32", pb[j], s[u][j][1], s[u][j][0])
+		}
+		for i, o := range g.acc {
+			sel := ptx.Imm(prmtLowHalves)
+			if i&1 == 1 {
+				sel = ptx.Imm(prmtHighHalves)
+			}
+			lo, hi := i/2, m/2+i/2 // words of dims 2Mg+i and 2Mg+M+i
+			g.Emit("prmt.b32", a[0], tl.v[0][lo], tl.v[1][lo], sel)
+			g.Emit("prmt.b32", a[1], tl.v[0][hi], tl.v[1][hi], sel)
+			g.Emit("prmt.b32", a[2], tl.v[2][lo], tl.v[3][lo], sel)
+			g.Emit("prmt.b32", a[3], tl.v[2][hi], tl.v[3][hi], sel)
+			g.Emit(mmaOp, ptx.Vec(o), ptx.Vec(a), ptx.Vec(pb), ptx.Vec(o))
+		}
+	}
+}
+
+// storeStateTC writes the warp's softmax state to the block's merge arrays: m and the quad's
+// summed l of head g from lane (g, 0), and O^T's columns 2t, 2t+1 (heads) as rows of dims.
+func (g *adGen) storeStateTC() mergeArrays {
+	c, geo := g.c, g.geo
+	d, m := c.HeadDim, c.HeadDim/16
+	ms := g.declareMergeArrays()
+	sm, sl, sacc, st := ms.m, ms.l, ms.acc, ms.st
+	tmp := g.Reg(ptx.F32)
+	for _, off := range []int{1, 2} {
+		g.Emit("shfl.sync.bfly.b32", tmp, g.l[0], ptx.Imm(int64(off)), ptx.Imm(0x1f), ptx.Imm(-1))
+		g.Emit("add.f32", g.l[0], g.l[0], tmp)
+	}
+	head := g.op3("add.u32", ptx.U32, st, g.tg)
+	lead := g.cmp("lt", ptx.U32, g.tg, ptx.Imm(int64(geo.hpb)))
+	g.Emit("setp.eq.and.u32", lead, g.tt, ptx.Imm(0), lead)
+	g.when(lead, false, func() {
+		g.Emit("st.shared.f32", ptx.Addr{Base: g.sharedAddr(sm, head, 4)}, g.m[0])
+		g.Emit("st.shared.f32", ptx.Addr{Base: g.sharedAddr(sl, head, 4)}, g.l[0])
+	})
+	for b := range 2 {
+		h := g.op3("shl.b32", ptx.U32, g.tt, ptx.Imm(1))
+		g.Emit("add.u32", h, h, ptx.Imm(int64(b)))
+		g.when(g.cmp("lt", ptx.U32, h, ptx.Imm(int64(geo.hpb))), false, func() {
+			idx := g.op3("add.u32", ptx.U32, st, h)
+			g.Emit("mul.lo.u32", idx, idx, ptx.Imm(int64(d)))
+			g.Emit("mad.lo.u32", idx, g.tg, ptx.Imm(int64(2*m)), idx)
+			base := g.sharedAddr(sacc, idx, 4)
+			// Dim 2Mg+e is m-tile e's row g (e < M), else m-tile e-M's row g+8.
+			for e0 := 0; e0 < 2*m; e0 += 4 {
+				v := make([]ptx.Reg, 4)
+				for k := range v {
+					e := e0 + k
+					if e < m {
+						v[k] = g.acc[e][b]
+					} else {
+						v[k] = g.acc[e-m][2+b]
+					}
+				}
+				g.Emit("st.shared.v4.f32", ptx.Addr{Base: base, Offset: int64(4 * e0)}, ptx.Vec(v))
+			}
+		})
+	}
+	return ms
+}
