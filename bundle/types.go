@@ -321,7 +321,8 @@ type BuildInfo struct {
 	// before it waits for the grid ahead (xmixc build --attn-prefetch; 0: none; needs PDL).
 	AttnPrefetch int `json:"attn_prefetch,omitempty"`
 	// AttnTC: the decode attention's warp step runs on tensor cores where the shape allows
-	// (xmixc build --attn-tc; codegen.AttnConfig.TensorCores).
+	// (codegen.AttnConfig.TensorCores; the default since session 22, xmixc build
+	// --attn-tc=false leaves it out, as in bundles built before).
 	AttnTC bool `json:"attn_tc,omitempty"`
 	// GemvSplit: the most warps a CUDA-core GEMV splits each column's K over, for weights of
 	// few columns (xmixc build --gemv-split; 0 or 1: one warp a column).

@@ -319,6 +319,9 @@ func Attention(name string, c AttnConfig) (*Kernel, error) {
 	}
 	g := &adGen{emitter: newEmitter(name), c: c, geo: c.geom()}
 	g.MaxNTid = 32 * c.warps()
+	if g.geo.tc {
+		g.MinBlocks = max(1, tcAttnWarpsPerSM/c.warps())
+	}
 	g.emit()
 	rows := ""
 	if c.Singles {

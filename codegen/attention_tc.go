@@ -46,8 +46,12 @@ const (
 	tcAttnTile     = 16 // positions of a tile
 	tcAttnMaxHeads = 8  // the n of O^T's mma
 	tcAttnMaxDim   = 128
-	prmtLowHalves  = 0x5410 // prmt selector: {b.lo, a.lo}
-	prmtHighHalves = 0x7632 // {b.hi, a.hi}
+	// tcAttnWarpsPerSM is the warps an SM should hold (.minnctapersm): at head dim 128 ptxas
+	// gives the step 146-148 registers unasked, one block of 8 warps an SM, and Llama-3.1-8B's
+	// batch 32 at 2k contexts then lost 1-2% to the CUDA-core step (session 22 call 1).
+	tcAttnWarpsPerSM = 16
+	prmtLowHalves    = 0x5410 // prmt selector: {b.lo, a.lo}
+	prmtHighHalves   = 0x7632 // {b.hi, a.hi}
 )
 
 // tcOK reports whether c's decode kernel runs on tensor cores: asked for, a bf16 cache, head

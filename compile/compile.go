@@ -61,8 +61,10 @@ type Options struct {
 	// for early launch asks L2 for before it waits (bundle.BuildInfo.AttnPrefetch): 0 takes
 	// DefaultAttnPrefetch, a negative value none.
 	AttnPrefetch int
-	// AttnTC runs the decode attention's warp step on tensor cores (bundle.BuildInfo.AttnTC).
-	AttnTC bool
+	// AttnCUDACores keeps the decode attention's warp step on CUDA cores, the kernels before
+	// the tensor-core step became the default (bundle.BuildInfo.AttnTC false; xmixc build
+	// --attn-tc=false): for measuring, and for rebuilding older bundles.
+	AttnCUDACores bool
 	// GemvSplit is the most warps a CUDA-core GEMV splits each column's K over
 	// (bundle.BuildInfo.GemvSplit; 0: one).
 	GemvSplit int
@@ -243,7 +245,7 @@ func Build(modelPath string, appPaths []string, opt Options) (*bundle.Bundle, er
 	attnPrefetch := earlyReads(opt.AttnPrefetch, DefaultAttnPrefetch, opt.SerialLaunch)
 	build := bundle.BuildInfo{Compiler: Compiler, Inputs: inputs, Fuse: p.Fused(), PDL: !opt.SerialLaunch, Prefetch: prefetch,
 		GemvCols: beyondOne(cmp.Or(opt.GemvCols, DefaultGemvCols)), GemvUnroll: beyondOne(cmp.Or(opt.GemvUnroll, DefaultGemvUnroll)),
-		AttnWarps: opt.AttnWarps, AttnUnroll: opt.AttnUnroll, AttnPrefetch: attnPrefetch, AttnTC: opt.AttnTC,
+		AttnWarps: opt.AttnWarps, AttnUnroll: opt.AttnUnroll, AttnPrefetch: attnPrefetch, AttnTC: !opt.AttnCUDACores,
 		GemvSplit: beyondOne(opt.GemvSplit), GemvWarps: codegen.GemvWarpsRecord(cmp.Or(opt.GemvWarps, max(DefaultGemvWarps, opt.GemvSplit)))}
 	if opt.TensorCoreRows != codegen.TensorCoreRows {
 		build.TensorCoreRows = opt.TensorCoreRows // the default is recorded as 0, as bundles built before the setting have it

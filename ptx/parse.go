@@ -281,8 +281,12 @@ func (p *parser) kernel() (*Kernel, error) {
 				}
 			}
 		case ".minnctapersm", ".maxnreg":
-			if _, _, err := p.int("count"); err != nil {
+			n, _, err := p.int("count")
+			if err != nil {
 				return nil, err
+			}
+			if t.text == ".minnctapersm" {
+				k.MinBlocks = n
 			}
 		default:
 			return nil, p.errAt(t, "expected \"{\" or a performance directive, found %s", t)

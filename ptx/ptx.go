@@ -205,7 +205,10 @@ type Kernel struct {
 	Params  []Param
 	Shared  []Shared
 	MaxNTid int // .maxntid hint; 0 = none
-	Body    []Instr
+	// MinBlocks is the .minnctapersm hint (with MaxNTid): ptxas keeps the registers low enough
+	// for that many blocks an SM. 0 = none.
+	MinBlocks int
+	Body      []Instr
 	// RegDecls is filled by the parser (class -> count); the builder derives it from next.
 	RegDecls map[string]int
 	next     map[string]int
@@ -319,6 +322,9 @@ func (k *Kernel) print(b *strings.Builder) error {
 	b.WriteString("\n)")
 	if k.MaxNTid > 0 {
 		fmt.Fprintf(b, "\n.maxntid %d, 1, 1", k.MaxNTid)
+		if k.MinBlocks > 0 {
+			fmt.Fprintf(b, "\n.minnctapersm %d", k.MinBlocks)
+		}
 	}
 	b.WriteString("\n{\n")
 	counts := k.regCounts()

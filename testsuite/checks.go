@@ -115,11 +115,6 @@ var Prefetch int
 // CompileWith whose options leave it 0 (the GPU suite takes it from XMIX_ATTN_PREFETCH).
 var AttnPrefetch int
 
-// AttnTC, when set, builds every bundle of Compile and CompileWith with the decode
-// attention's step on tensor cores (compile.Options.AttnTC; the GPU suite takes it from
-// XMIX_ATTN_TC=1).
-var AttnTC bool
-
 // CompileWith is Compile with build options (Verify is always on).
 func CompileWith(t testing.TB, opt compile.Options, model string, apps ...string) *bundle.Bundle {
 	t.Helper()
@@ -135,7 +130,6 @@ func CompileWith(t testing.TB, opt compile.Options, model string, apps ...string
 	if opt.AttnPrefetch == 0 {
 		opt.AttnPrefetch = AttnPrefetch
 	}
-	opt.AttnTC = opt.AttnTC || AttnTC
 	b, err := compile.Build(mp, aps, opt)
 	if err != nil {
 		t.Fatal(err)

@@ -31,14 +31,15 @@ import (
 // buckets of 2-7 rows (session 8, --gemv-cols; the one-column bits, TestGemmColumnsPerWarp),
 // unrolled four chunks a step (session 8, --gemv-unroll; TestGemmUnroll), the gate-act
 // fusion and GEMV blocks of two warps (session 19; --gemv-warps; TestGemmGatedKernel,
-// TestGemmBlockWarps). Kernel changes that
+// TestGemmBlockWarps), and the decode attention's step on tensor cores (session 22;
+// --attn-tc; TestAttentionDecodeTC). Kernel changes that
 // keep every bit rewrote the golden file instead, e.g. the tensor-core GEMMs of decode buckets
 // built for their row count with chunks in flight (session 11; TestGemmTCBucket), the
 // tensor-core GEMMs that load their first step's weights before the wait (session 12;
 // TestGemmTCPrefetch), and the staged kernels of --gemm tc-staged built per bucket with a
 // ring of W stages and their ticket counters at the workspace's head (session 12;
 // TestGemmTCStagedBucket, TestEmulatedBundleMatchesReferenceOps). So the cases build
-// with --pdl=false, --gemv-cols 1, --gemv-unroll 1, --gemv-warps 8 and, where they name no fusion, --fuse
+// with --pdl=false, --gemv-cols 1, --gemv-unroll 1, --gemv-warps 8, --attn-tc=false and, where they name no fusion, --fuse
 // none, which is the bundle that shipped byte for byte; the -default cases hold the
 // defaults' digests.
 var (
@@ -280,6 +281,7 @@ func caseDigest(t *testing.T, c digestCase) string {
 		opt.GemvCols = cmp.Or(opt.GemvCols, 1)
 		opt.GemvUnroll = cmp.Or(opt.GemvUnroll, 1)
 		opt.GemvWarps = cmp.Or(opt.GemvWarps, 8)
+		opt.AttnCUDACores = true
 		if opt.Fuse == nil {
 			opt.Fuse = []string{"none"}
 		}

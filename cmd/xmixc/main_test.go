@@ -130,7 +130,7 @@ func TestBuildIsDeterministic(t *testing.T) {
 
 // TestBuildGemvFlags: --prefetch N goes into the build info (and only GEMVs change, as
 // testsuite's TestPrefetchBundle checks); 0 builds none; --tc-chunks, --attn-warps,
-// --attn-unroll, --attn-prefetch, --attn-tc, --gemv-split, --gemv-warps and --tensor-core-rows go into it too, and inspect says what they are, but only
+// --attn-unroll, --attn-prefetch, --attn-tc=false, --gemv-split, --gemv-warps and --tensor-core-rows go into it too, and inspect says what they are, but only
 // where they differ from the defaults; a negative size, GEMV columns per warp or chunks
 // outside 1-8, a chunk list that is not two counts, warps or loads a step out of range and a
 // split or block of warps that is not a power of two up to 8 are refused.
@@ -170,8 +170,9 @@ func TestBuildGemvFlags(t *testing.T) {
 		{[]string{"--tc-chunks", "2,2"}, []int{2, 2}, "", "tensor-core GEMMs: 2 / 2 K chunks in flight", 0},
 		{[]string{"--attn-warps", "16"}, nil, "_warps16", "decode attention: 16 warps a block, default loads a step", 0},
 		{[]string{"--attn-unroll", "8"}, nil, "_u8", "decode attention: default warps a block, 8 loads a step", 0},
-		// Head dim 32 keeps the CUDA-core step (codegen's TestAttentionTCFallback): no _tc kernel.
-		{[]string{"--attn-tc"}, nil, "", "decode attention on tensor cores", 0},
+		// Head dim 32 keeps the CUDA-core step anyway (codegen's TestAttentionTCFallback): no
+		// _tc kernel either way, only the build info says.
+		{[]string{"--attn-tc=false"}, nil, "", "decode attention on CUDA cores", 0},
 		{[]string{"--gemv-split", "1"}, nil, "", "", 0},
 		{[]string{"--gemv-split", "4"}, nil, "", "GEMVs of few columns split each column over up to 4 warps", 4},
 		{[]string{"--attn-prefetch", "2"}, nil, "", "decode attention: 2 passes of K and V asked of L2 before the wait", 0},
@@ -223,7 +224,7 @@ func TestBuildGemvFlags(t *testing.T) {
 		if want := slices.Contains(c.flags, "--attn-prefetch"); attnPrefetch != want || (b.Manifest.Build.AttnPrefetch == 2) != want {
 			t.Fatalf("%v: decode attention prefetching %v (build info %d), want %v", c.flags, attnPrefetch, b.Manifest.Build.AttnPrefetch, want)
 		}
-		if b.Manifest.Build.AttnTC != slices.Contains(c.flags, "--attn-tc") {
+		if b.Manifest.Build.AttnTC == slices.Contains(c.flags, "--attn-tc=false") {
 			t.Fatalf("%v: build info attn_tc %v", c.flags, b.Manifest.Build.AttnTC)
 		}
 		text, err := xmixc(t, "inspect", out)

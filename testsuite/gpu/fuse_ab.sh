@@ -12,8 +12,7 @@
 # other round, --profile (time per node role) in the first. Then (PARTS check) ptxas on the
 # variants' kernels, and the GPU suite with XMIX_FUSE=FUSE (default all; FUSE= empty: the default fusions) and XMIX_SERIAL=CHECK_SERIAL
 # (default 0: kernels built for programmatic dependent launch, the default) and
-# XMIX_PREFETCH=CHECK_PREFETCH, XMIX_ATTN_PREFETCH=CHECK_ATTN_PREFETCH (default: the build's defaults) and
-# XMIX_ATTN_TC=CHECK_ATTN_TC (default 0; 1: --attn-tc): the CUDA-vs-CPU agreement and every MI check on such bundles under both GEMM
+# XMIX_PREFETCH=CHECK_PREFETCH and XMIX_ATTN_PREFETCH=CHECK_ATTN_PREFETCH (default: the build's defaults): the CUDA-vs-CPU agreement and every MI check on such bundles under both GEMM
 # servers, and TestCUDABuildKeepsBits (their logits against a plain bundle's, no fusions
 # and --pdl=false, bit for bit). Writes $OUT/fuse_ab.json and $OUT/FUSE_AB.md (fuse_ab.py), the raw files as
 # $OUT/raw.tgz, renewed as each comes (a call that runs out of time still brings back what it
@@ -116,7 +115,7 @@ if has check; then
   grep -c '^ok' "$raw/ptxas.txt" >&2; grep '^FAIL' "$raw/ptxas.txt" >&2
 
   log "CUDA vs CPU, MI checks and fused-vs-unfused bits on bundles built with --fuse $FUSE"
-  XMIX_FUSE=$FUSE XMIX_SERIAL=${CHECK_SERIAL:-0} XMIX_PREFETCH=${CHECK_PREFETCH:-} XMIX_ATTN_PREFETCH=${CHECK_ATTN_PREFETCH:-} XMIX_ATTN_TC=${CHECK_ATTN_TC:-0} XMIX_GPU_RESULTS="$raw/checks.json" timeout "${CHECK_TIMEOUT:-420}" "$bin/gpu.test" -test.v -test.timeout 400s > "$raw/checks.log" 2>&1
+  XMIX_FUSE=$FUSE XMIX_SERIAL=${CHECK_SERIAL:-0} XMIX_PREFETCH=${CHECK_PREFETCH:-} XMIX_ATTN_PREFETCH=${CHECK_ATTN_PREFETCH:-} XMIX_GPU_RESULTS="$raw/checks.json" timeout "${CHECK_TIMEOUT:-420}" "$bin/gpu.test" -test.v -test.timeout 400s > "$raw/checks.log" 2>&1
   echo "exit $?" >> "$raw/checks.log"
   keep "$raw/checks.log" "$raw"/checks.json 2>/dev/null
   tail -5 "$raw/checks.log" >&2

@@ -5,8 +5,7 @@
 // (testsuite/gpu/fuse_ab.sh), XMIX_SERIAL=1 builds them without programmatic dependent launch
 // (--pdl=false), XMIX_PREFETCH=N with GEMVs that prefetch N bytes of each weight row
 // (--prefetch; -1: none), XMIX_ATTN_PREFETCH=N with decode attention that asks L2 for N passes of
-// K and V before its wait (--attn-prefetch; -1: none), XMIX_ATTN_TC=1 with the decode attention's
-// step on tensor cores (--attn-tc; the plain bundle too, whose bits it changes), and TestCUDABuildKeepsBits compares the bundle so built with a plain one
+// K and V before its wait (--attn-prefetch; -1: none), and TestCUDABuildKeepsBits compares the bundle so built with a plain one
 // (no fusions, --pdl=false) on the GPU.
 package gpu
 
@@ -65,14 +64,12 @@ func TestMain(m *testing.M) {
 		testsuite.Fuse = strings.Split(f, ",")
 	}
 	testsuite.SerialLaunch = os.Getenv("XMIX_SERIAL") == "1"
-	testsuite.AttnTC = os.Getenv("XMIX_ATTN_TC") == "1"
 	envInt("XMIX_PREFETCH", "a byte count (compile.Options.Prefetch)", &testsuite.Prefetch)
 	envInt("XMIX_ATTN_PREFETCH", "a count of passes (compile.Options.AttnPrefetch)", &testsuite.AttnPrefetch)
 	code := m.Run()
 	if path := os.Getenv("XMIX_GPU_RESULTS"); path != "" && noGPU == nil {
 		results["device"] = device.String()
 		results["fuse"], results["serial_launch"], results["prefetch"], results["attn_prefetch"] = testsuite.Fuse, testsuite.SerialLaunch, testsuite.Prefetch, testsuite.AttnPrefetch
-		results["attn_tc"] = testsuite.AttnTC
 		data, err := json.MarshalIndent(results, "", "  ")
 		if err == nil {
 			err = os.WriteFile(path, data, 0o644)
