@@ -320,6 +320,10 @@ type BuildInfo struct {
 	// AttnPrefetch: passes of K and V rows each block of the decode attention asks L2 for
 	// before it waits for the grid ahead (xmixc build --attn-prefetch; 0: none; needs PDL).
 	AttnPrefetch int `json:"attn_prefetch,omitempty"`
+	// AttnPrefetchOneRow: the same for the attention of the decode bucket of one row, where it
+	// is more than AttnPrefetch (xmixc build --attn-prefetch-one-row; 0: none, as in bundles
+	// built before session 22).
+	AttnPrefetchOneRow int `json:"attn_prefetch_one_row,omitempty"`
 	// AttnTC: the decode attention's warp step runs on tensor cores where the shape allows
 	// (codegen.AttnConfig.TensorCores; the default since session 22, xmixc build
 	// --attn-tc=false leaves it out, as in bundles built before).

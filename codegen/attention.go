@@ -1030,5 +1030,8 @@ func AttnKernelSuffix(c AttnConfig) string {
 	if c.tcOK() {
 		s += "_tc"
 	}
+	if c.Prefetch > 0 {
+		s += fmt.Sprintf("_pf%d", c.Prefetch)
+	}
 	return s
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 
@@ -528,10 +529,11 @@ func TestCheckAttnSettings(t *testing.T) {
 // decode kernel asks L2, before its wait, for exactly the 128-byte lines of the K and V rows
 // of its first Prefetch passes (positions [start, start + Prefetch*pass) of its split, no
 // line twice, none past its context), and computes the bits of the kernel without it. Rows of
-// 1, 2, 3 and 4 lines, one split and several (a chunk word too small for the grid too).
+// 1, 2, 3 and 4 lines, one split and several (a chunk word too small for the grid too), the
+// CUDA-core step and the tensor-core one (a pass of 16-position tiles, splits at whole tiles).
 func TestAttentionPrefetchKV(t *testing.T) {
 	r := rand.New(rand.NewPCG(53, 54))
-	for _, base := range attnShapes {
+	for _, base := range append(slices.Clone(attnShapes), attnTCShapes[:2]...) {
 		base = scaled(base)
 		base.EarlyLaunch = true
 		maxPos := base.BlockSize * base.MaxBlocksPerSeq
@@ -539,7 +541,7 @@ func TestAttentionPrefetchKV(t *testing.T) {
 		for _, sc := range []struct{ passes, splits, chunk int }{{1, 1, 0}, {3, 1, 0}, {1, 4, 64}, {2, 5, 5}} {
 			c := base
 			c.Prefetch, c.Split = sc.passes, sc.splits > 1
-			name := fmt.Sprintf("h%d_kv%d_d%d_%s_p%d_s%d", c.Heads, c.KVHeads, c.HeadDim, c.KVDtype, sc.passes, sc.splits)
+			name := fmt.Sprintf("h%d_kv%d_d%d_%s%s_p%d_s%d", c.Heads, c.KVHeads, c.HeadDim, c.KVDtype, AttnKernelSuffix(c), sc.passes, sc.splits)
 			t.Run(name, func(t *testing.T) {
 				k := must(t)(Attention("attn_pf", c))
 				plainCfg := c
@@ -575,6 +577,9 @@ func TestAttentionPrefetchKV(t *testing.T) {
 					chunk := n
 					if c.Split {
 						chunk = max(sc.chunk, (n+sc.splits-1)/sc.splits)
+						if geo.tc {
+							chunk = (chunk + tcAttnTile - 1) / tcAttnTile * tcAttnTile
+						}
 					}
 					for y := range c.Heads / geo.hpb {
 						kvh := y * geo.hpb / (c.Heads / c.KVHeads)

@@ -26,7 +26,8 @@ type Options struct {
 	// TCChunks are GemmConfig.Unroll of the tensor-core GEMMs of buckets of up to 8 and of
 	// 9-32 rows (tcSettings); AttnWarps and AttnUnroll are AttnConfig.Warps and Unroll of
 	// the decode buckets' attention, AttnPrefetch AttnConfig.Prefetch and AttnTC
-	// AttnConfig.TensorCores of every decode attention.
+	// AttnConfig.TensorCores of every decode attention, AttnPrefetchOneRow the Prefetch of the
+	// one-row decode bucket's.
 	Build   bundle.BuildInfo
 	Weights bundle.WeightsRef
 	// Tokenizer is the tokenizer definition to embed (empty for a byte tokenizer).
@@ -70,9 +71,10 @@ type gen struct {
 	// attnWarps and attnUnroll are AttnConfig.Warps and Unroll of the decode buckets' attention.
 	attnWarps, attnUnroll int
 	// attnPrefetch and attnTC are AttnConfig.Prefetch and TensorCores of every decode
-	// attention kernel.
-	attnPrefetch int
-	attnTC       bool
+	// attention kernel, attnPrefetchOneRow the Prefetch of the one-row decode bucket's where
+	// it is more.
+	attnPrefetch, attnPrefetchOneRow int
+	attnTC                           bool
 	// gemmTickets is GemmConfig.Tickets of every staged tensor-core GEMM (--gemm tc-staged).
 	gemmTickets int
 	order       []string
@@ -119,10 +121,12 @@ func Generate(p *passes.Program, opt Options) (*bundle.Bundle, error) {
 		return nil, fmt.Errorf("decode attention: %w", err)
 	}
 	g.attnWarps, g.attnUnroll = bi.AttnWarps, bi.AttnUnroll
-	if err := CheckAttnPrefetch(bi.AttnPrefetch, bi.PDL); err != nil {
-		return nil, fmt.Errorf("decode attention: %w", err)
+	for _, n := range []int{bi.AttnPrefetch, bi.AttnPrefetchOneRow} {
+		if err := CheckAttnPrefetch(n, bi.PDL); err != nil {
+			return nil, fmt.Errorf("decode attention: %w", err)
+		}
 	}
-	g.attnPrefetch, g.attnTC = bi.AttnPrefetch, bi.AttnTC
+	g.attnPrefetch, g.attnPrefetchOneRow, g.attnTC = bi.AttnPrefetch, bi.AttnPrefetchOneRow, bi.AttnTC
 	g.prefetch, g.gemvCols, g.unroll, g.split, g.gemvWarps = bi.Prefetch, bi.GemvCols, bi.GemvUnroll, bi.GemvSplit, bi.GemvWarps
 	tc, err := tcChunks(bi.TCChunks)
 	if err != nil {

@@ -559,10 +559,14 @@ func (g *gen) attnConfig(a ir.AttentionAttrs) AttnConfig {
 }
 
 // decodeAttn is attention kernel c in a decode bucket of rows rows: the build's warps a block
-// (BuildInfo.AttnWarps), else DecodeWarps(rows), and the build's loads a step. Only the
-// kernel and its split plan change with them, not the split count or the workspace.
+// (BuildInfo.AttnWarps), else DecodeWarps(rows), and the build's loads a step; in the bucket
+// of one row the prefetch of BuildInfo.AttnPrefetchOneRow where it is more. Only the kernel
+// and its split plan change with them, not the split count or the workspace.
 func (g *gen) decodeAttn(c AttnConfig, rows int) AttnConfig {
 	c.Warps, c.Unroll = cmp.Or(g.attnWarps, c.DecodeWarps(rows)), g.attnUnroll
+	if rows == 1 {
+		c.Prefetch = max(c.Prefetch, g.attnPrefetchOneRow)
+	}
 	return c
 }
 

@@ -61,6 +61,10 @@ type Options struct {
 	// for early launch asks L2 for before it waits (bundle.BuildInfo.AttnPrefetch): 0 takes
 	// DefaultAttnPrefetch, a negative value none.
 	AttnPrefetch int
+	// AttnPrefetchOneRow is the same for the decode bucket of one row
+	// (bundle.BuildInfo.AttnPrefetchOneRow): 0 takes DefaultAttnPrefetchOneRow, a negative
+	// value none; where AttnPrefetch asks for more, that.
+	AttnPrefetchOneRow int
 	// AttnCUDACores keeps the decode attention's warp step on CUDA cores, the kernels before
 	// the tensor-core step became the default (bundle.BuildInfo.AttnTC false; xmixc build
 	// --attn-tc=false): for measuring, and for rebuilding older bundles.
@@ -112,6 +116,14 @@ const DefaultPrefetch = 512
 // session 18 call 2) one or two passes shortened steps by at most 0.5% at contexts of 80 and
 // made them up to 0.9% longer at batch 8 with contexts of 2112.
 const DefaultAttnPrefetch = 0
+
+// DefaultAttnPrefetchOneRow is Options.AttnPrefetchOneRow's default: one pass. With the
+// attention on tensor cores a pass is 128 positions, a context of 80 all of it. On the H200
+// (RESULTS.md, session 22 call 5) it shortened the batch-1 step of Llama-3.2-1B by 0.8% at
+// contexts of 80 and 0.4% at 2112, of Llama-3.1-8B by 0.3% at 80 (+0.3% at 2112); two passes
+// gained less. Only the one-row bucket takes it: at batch 8 the CUDA-core step's prefetch
+// lengthened steps at long contexts (session 18).
+const DefaultAttnPrefetchOneRow = 1
 
 // earlyReads is what a kernel built for early launch reads before its wait, as built: the
 // option n, def where n is 0, none where n is negative or the kernels run one after another
@@ -243,9 +255,10 @@ func Build(modelPath string, appPaths []string, opt Options) (*bundle.Bundle, er
 	}
 	prefetch := earlyReads(opt.Prefetch, DefaultPrefetch, opt.SerialLaunch)
 	attnPrefetch := earlyReads(opt.AttnPrefetch, DefaultAttnPrefetch, opt.SerialLaunch)
+	attnPrefetchOneRow := earlyReads(opt.AttnPrefetchOneRow, DefaultAttnPrefetchOneRow, opt.SerialLaunch)
 	build := bundle.BuildInfo{Compiler: Compiler, Inputs: inputs, Fuse: p.Fused(), PDL: !opt.SerialLaunch, Prefetch: prefetch,
 		GemvCols: beyondOne(cmp.Or(opt.GemvCols, DefaultGemvCols)), GemvUnroll: beyondOne(cmp.Or(opt.GemvUnroll, DefaultGemvUnroll)),
-		AttnWarps: opt.AttnWarps, AttnUnroll: opt.AttnUnroll, AttnPrefetch: attnPrefetch, AttnTC: !opt.AttnCUDACores,
+		AttnWarps: opt.AttnWarps, AttnUnroll: opt.AttnUnroll, AttnPrefetch: attnPrefetch, AttnPrefetchOneRow: attnPrefetchOneRow, AttnTC: !opt.AttnCUDACores,
 		GemvSplit: beyondOne(opt.GemvSplit), GemvWarps: codegen.GemvWarpsRecord(cmp.Or(opt.GemvWarps, max(DefaultGemvWarps, opt.GemvSplit)))}
 	if opt.TensorCoreRows != codegen.TensorCoreRows {
 		build.TensorCoreRows = opt.TensorCoreRows // the default is recorded as 0, as bundles built before the setting have it

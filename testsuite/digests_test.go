@@ -31,8 +31,9 @@ import (
 // buckets of 2-7 rows (session 8, --gemv-cols; the one-column bits, TestGemmColumnsPerWarp),
 // unrolled four chunks a step (session 8, --gemv-unroll; TestGemmUnroll), the gate-act
 // fusion and GEMV blocks of two warps (session 19; --gemv-warps; TestGemmGatedKernel,
-// TestGemmBlockWarps), and the decode attention's step on tensor cores (session 22;
-// --attn-tc; TestAttentionDecodeTC). Kernel changes that
+// TestGemmBlockWarps), the decode attention's step on tensor cores (session 22; --attn-tc;
+// TestAttentionDecodeTC) and the one-row bucket's attention asking L2 for its first pass
+// (session 22; --attn-prefetch-one-row, which needs --pdl; TestAttentionPrefetchKV). Kernel changes that
 // keep every bit rewrote the golden file instead, e.g. the tensor-core GEMMs of decode buckets
 // built for their row count with chunks in flight (session 11; TestGemmTCBucket), the
 // tensor-core GEMMs that load their first step's weights before the wait (session 12;

@@ -18,9 +18,10 @@ import (
 // bundles.
 func TestPDLBundle(t *testing.T) {
 	custom := customScaleApp("1")
-	// Without prefetching GEMVs (TestPrefetchBundle), early launch is the two instructions.
+	// Without prefetching GEMVs (TestPrefetchBundle) and the one-row bucket's K/V prefetch
+	// (TestAttentionPrefetchKV), early launch is the two instructions.
 	plain := CompileWith(t, compile.Options{SerialLaunch: true}, SmallModel, custom)
-	b := CompileWith(t, compile.Options{Prefetch: -1}, SmallModel, custom)
+	b := CompileWith(t, compile.Options{Prefetch: -1, AttnPrefetchOneRow: -1}, SmallModel, custom)
 	if !b.Manifest.Build.PDL || plain.Manifest.Build.PDL {
 		t.Fatalf("build info pdl: %v by default, %v with --pdl=false", b.Manifest.Build.PDL, plain.Manifest.Build.PDL)
 	}

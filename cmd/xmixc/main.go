@@ -49,6 +49,7 @@ func buildCmd() *cobra.Command {
 	var fuse []string
 	var tp, vectorSlots, prefetch, gemvCols, gemvUnroll, gemvSplit, gemvWarps, tcRows, attnWarps, attnUnroll, attnPrefetch int
 	var attnTC bool
+	var attnPrefetchOneRow int
 	var tcChunks []int
 	c := &cobra.Command{
 		Use:   "build MODEL.yaml [APP.yaml...] -o OUT.xmb",
@@ -93,6 +94,9 @@ func buildCmd() *cobra.Command {
 			if err := codegen.CheckAttnPrefetch(attnPrefetch, true); err != nil {
 				return fmt.Errorf("--attn-prefetch: %w", err)
 			}
+			if err := codegen.CheckAttnPrefetch(attnPrefetchOneRow, true); err != nil {
+				return fmt.Errorf("--attn-prefetch-one-row: %w", err)
+			}
 			switch {
 			case gemm == "cuda-core" && cmd.Flags().Changed("tc-chunks"):
 				return fmt.Errorf("--tc-chunks sets the tensor-core GEMMs, which --gemm cuda-core does not build; leave it out")
@@ -107,7 +111,7 @@ func buildCmd() *cobra.Command {
 					fmt.Fprintf(os.Stderr, "[%6.2fs] %s\n", time.Since(start).Seconds(), fmt.Sprintf(f, a...))
 				}
 			}
-			b, err := compile.Build(args[0], args[1:], compile.Options{EmbedWeights: embed, Verify: verify, Progress: progress, GEMM: gemm, MoE: moe, TP: tp, VectorSlots: vectorSlots, Fuse: fuse, SerialLaunch: !pdl, Prefetch: prefetchOption(prefetch), GemvCols: gemvCols, GemvUnroll: gemvUnroll, GemvSplit: gemvSplit, GemvWarps: gemvWarps, TensorCoreRows: tcRows, TCChunks: tcChunks, AttnWarps: attnWarps, AttnUnroll: attnUnroll, AttnPrefetch: prefetchOption(attnPrefetch), AttnCUDACores: !attnTC})
+			b, err := compile.Build(args[0], args[1:], compile.Options{EmbedWeights: embed, Verify: verify, Progress: progress, GEMM: gemm, MoE: moe, TP: tp, VectorSlots: vectorSlots, Fuse: fuse, SerialLaunch: !pdl, Prefetch: prefetchOption(prefetch), GemvCols: gemvCols, GemvUnroll: gemvUnroll, GemvSplit: gemvSplit, GemvWarps: gemvWarps, TensorCoreRows: tcRows, TCChunks: tcChunks, AttnWarps: attnWarps, AttnUnroll: attnUnroll, AttnPrefetch: prefetchOption(attnPrefetch), AttnPrefetchOneRow: prefetchOption(attnPrefetchOneRow), AttnCUDACores: !attnTC})
 			if err != nil {
 				return err
 			}
@@ -150,6 +154,7 @@ func buildCmd() *cobra.Command {
 	c.Flags().IntVar(&attnWarps, "attn-warps", 0, fmt.Sprintf("warps per block of the decode buckets' attention, 1 to %d (0: the default, 8 in buckets of up to 32 rows, 4 past them); more warps cover more positions in one pass, so a context needs fewer splits and merges (for measuring)", codegen.MaxAttnWarps))
 	c.Flags().IntVar(&attnUnroll, "attn-unroll", 0, fmt.Sprintf("position loads each warp of the decode attention issues before the first is used, 1 to %d (0: the default, 4 at head dim 128 bf16); more bytes in flight, more registers (for measuring)", codegen.MaxAttnUnroll))
 	c.Flags().IntVar(&attnPrefetch, "attn-prefetch", compile.DefaultAttnPrefetch, fmt.Sprintf("passes of K and V rows each block of the decode attention asks L2 for before it waits for the kernel ahead (with --pdl), 0 (none) to %d: a pass is the positions its warps load in one step each (64 at head dim 128 in bf16, 8 warps), so the first loads after the wait find L2 instead of HBM (same results bit for bit)", codegen.MaxAttnPrefetch))
+	c.Flags().IntVar(&attnPrefetchOneRow, "attn-prefetch-one-row", compile.DefaultAttnPrefetchOneRow, fmt.Sprintf("the same for the attention of the decode bucket of one row, 0 (none) to %d, where --attn-prefetch asks for fewer (same results bit for bit)", codegen.MaxAttnPrefetch))
 	c.Flags().BoolVar(&attnTC, "attn-tc", true, "run the decode attention's warp step on tensor cores where the layer allows it (bf16 cache, head dim 64 or 128, KV blocks a multiple of 16, no sliding window; other layers keep the CUDA-core step). Q and the softmax weights are rounded to bf16 for the mma, within bf16 rounding of the CUDA-core step's results, the same in every bucket. --attn-tc=false builds the CUDA-core step everywhere, as bundles before it had (for measuring)")
 	return c
 }
@@ -330,6 +335,9 @@ func printBundle(w io.Writer, b *bundle.Bundle) {
 	}
 	if !b.Manifest.Build.AttnTC {
 		fmt.Fprintf(w, "          decode attention on CUDA cores\n")
+	}
+	if bi := b.Manifest.Build; bi.PDL && bi.AttnPrefetchOneRow != compile.DefaultAttnPrefetchOneRow {
+		fmt.Fprintf(w, "          decode attention at one row: %d passes of K and V asked of L2 before the wait\n", bi.AttnPrefetchOneRow)
 	}
 	if n := b.Manifest.Build.AttnPrefetch; n > 0 {
 		fmt.Fprintf(w, "          decode attention: %d passes of K and V asked of L2 before the wait\n", n)

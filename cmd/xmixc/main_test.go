@@ -130,7 +130,7 @@ func TestBuildIsDeterministic(t *testing.T) {
 
 // TestBuildGemvFlags: --prefetch N goes into the build info (and only GEMVs change, as
 // testsuite's TestPrefetchBundle checks); 0 builds none; --tc-chunks, --attn-warps,
-// --attn-unroll, --attn-prefetch, --attn-tc=false, --gemv-split, --gemv-warps and --tensor-core-rows go into it too, and inspect says what they are, but only
+// --attn-unroll, --attn-prefetch, --attn-prefetch-one-row, --attn-tc=false, --gemv-split, --gemv-warps and --tensor-core-rows go into it too, and inspect says what they are, but only
 // where they differ from the defaults; a negative size, GEMV columns per warp or chunks
 // outside 1-8, a chunk list that is not two counts, warps or loads a step out of range and a
 // split or block of warps that is not a power of two up to 8 are refused.
@@ -176,6 +176,7 @@ func TestBuildGemvFlags(t *testing.T) {
 		{[]string{"--gemv-split", "1"}, nil, "", "", 0},
 		{[]string{"--gemv-split", "4"}, nil, "", "GEMVs of few columns split each column over up to 4 warps", 4},
 		{[]string{"--attn-prefetch", "2"}, nil, "", "decode attention: 2 passes of K and V asked of L2 before the wait", 0},
+		{[]string{"--attn-prefetch-one-row", "0"}, nil, "", "decode attention at one row: 0 passes of K and V asked of L2 before the wait", 0},
 		{[]string{"--gemv-warps", "4"}, nil, "", "GEMVs in blocks of 4 warps", 0},
 		{[]string{"--gemv-split", "8"}, nil, "", "GEMVs in blocks of 8 warps", 8},
 		{[]string{"--tensor-core-rows", "4"}, nil, "", "at 2-3 rows 2 columns per warp and the K loop unrolled 4x, tensor cores from 4 rows", 0},
@@ -218,11 +219,18 @@ func TestBuildGemvFlags(t *testing.T) {
 		if want := slices.Contains(c.flags, "--gemv-warps") || c.split == 4; blockGemvs != want || (b.Manifest.Build.GemvWarps == 4) != want {
 			t.Fatalf("%v: GEMVs in blocks of 4 warps %v (build info %d), want %v", c.flags, blockGemvs, b.Manifest.Build.GemvWarps, want)
 		}
-		attnPrefetch := slices.ContainsFunc(b.Kernels, func(k bundle.Kernel) bool {
-			return strings.HasPrefix(k.Name, "attention") && strings.Contains(k.PTX, "prefetch.global.L2")
-		})
-		if want := slices.Contains(c.flags, "--attn-prefetch"); attnPrefetch != want || (b.Manifest.Build.AttnPrefetch == 2) != want {
-			t.Fatalf("%v: decode attention prefetching %v (build info %d), want %v", c.flags, attnPrefetch, b.Manifest.Build.AttnPrefetch, want)
+		// Every decode attention prefetches 2 passes with --attn-prefetch 2; by default only the
+		// one-row bucket's, 1 pass; with --attn-prefetch-one-row 0 none.
+		prefetching := func(suffix string) bool {
+			return slices.ContainsFunc(b.Kernels, func(k bundle.Kernel) bool {
+				return strings.HasPrefix(k.Name, "attention") && strings.Contains(k.PTX, "prefetch.global.L2") && strings.Contains(k.Name, suffix)
+			})
+		}
+		all := slices.Contains(c.flags, "--attn-prefetch")
+		oneRow := !all && !slices.Contains(c.flags, "--attn-prefetch-one-row")
+		if bi := b.Manifest.Build; prefetching("_pf2") != all || prefetching("_pf1") != oneRow || prefetching("") != (all || oneRow) ||
+			(bi.AttnPrefetch == 2) != all || (bi.AttnPrefetchOneRow == 1) != (c.flags == nil || c.flags[0] != "--attn-prefetch-one-row") {
+			t.Fatalf("%v: decode attention prefetching 2 passes %v, 1 pass %v (build info %d, one row %d)", c.flags, prefetching("_pf2"), prefetching("_pf1"), bi.AttnPrefetch, bi.AttnPrefetchOneRow)
 		}
 		if b.Manifest.Build.AttnTC == slices.Contains(c.flags, "--attn-tc=false") {
 			t.Fatalf("%v: build info attn_tc %v", c.flags, b.Manifest.Build.AttnTC)
@@ -239,6 +247,7 @@ func TestBuildGemvFlags(t *testing.T) {
 		{"--attn-unroll", "-1", "--attn-unroll: -1 loads a step: want 1 to 8, or 0 for the default"},
 		{"--attn-prefetch", "-1", "--attn-prefetch: K/V prefetch of -1 passes: want 0 (none) to 8"},
 		{"--attn-prefetch", "9", "--attn-prefetch: K/V prefetch of 9 passes: want 0 (none) to 8"},
+		{"--attn-prefetch-one-row", "9", "--attn-prefetch-one-row: K/V prefetch of 9 passes: want 0 (none) to 8"},
 		{"--gemv-cols", "9", "--gemv-cols 9: want 1 to 8"},
 		{"--gemv-split", "3", "--gemv-split: GEMV split 3: want 1, 2, 4 or 8 warps a column"},
 		{"--gemv-split", "16", "--gemv-split: GEMV split 16"},
