@@ -25,16 +25,17 @@ import (
 // with no rebuild. The kernel raises the chunk to ceil(n/grid z) itself, so a short or missing
 // word cannot overrun the grid.
 //
-// Lanes. A position's K (or V) row of one kv head is HeadDim*kvBytes contiguous bytes, read
-// as 16-byte loads by `lanes` lanes (a power of two, 16 for HeadDim 128 bf16), each lane
-// `chunks` loads; a warp covers 32/lanes positions per load instruction and unroll of those
-// per step, every K and V load of the step issued before the first use. Lane l of a position
-// group owns dims [(c*lanes+l)*dpc, +dpc) of chunk c for every head of the block (q in
-// registers, pre-scaled by Scale*log2 e so that scores come out in log2 units), reduces its
-// partial dot products over the group's lanes by shuffles, and keeps an online softmax per
-// head (running max m, sum l, unnormalised acc). The block-table entries of the block's
-// positions are staged in shared memory first, so a K load waits on one shared load instead
-// of a global one.
+// Lanes (the CUDA-core step; where the layer allows it, the default is the tensor-core step of
+// attention_tc.go, which shares everything else here). A position's K (or V) row of one kv
+// head is HeadDim*kvBytes contiguous bytes, read as 16-byte loads by `lanes` lanes (a power
+// of two, 16 for HeadDim 128 bf16), each lane `chunks` loads; a warp covers 32/lanes
+// positions per load instruction and unroll of those per step, every K and V load of the step
+// issued before the first use. Lane l of a position group owns dims [(c*lanes+l)*dpc, +dpc)
+// of chunk c for every head of the block (q in registers, pre-scaled by Scale*log2 e so that
+// scores come out in log2 units), reduces its partial dot products over the group's lanes by
+// shuffles, and keeps an online softmax per head (running max m, sum l, unnormalised acc).
+// The block-table entries of the block's positions are staged in shared memory first, so a K
+// load waits on one shared load instead of a global one.
 //
 // Merge. The position groups of a warp fold by shuffles, the warps through shared memory (a
 // fixed order: the result does not depend on timing). A row with one split writes z. With
@@ -81,7 +82,8 @@ type AttnConfig struct {
 	// before it waits (prefetchKV; 0: none). It changes no result.
 	Prefetch int
 	// TensorCores: the warp step runs on tensor cores where the shape allows (tcOK,
-	// attention_tc.go; xmixc build --attn-tc), Unroll then counting 16-position tiles.
+	// attention_tc.go; xmixc build --attn-tc, the default), Unroll then counting 16-position
+	// tiles.
 	TensorCores bool
 }
 
@@ -128,7 +130,8 @@ func (c AttnConfig) warps() int { return cmp.Or(c.Warps, adWarps) }
 // the grid fills the GPU anyway and narrower blocks pack the SMs better. On the H200 (session
 // 13, graph replay per decode step, 8 against 4 warps): steps up to 4.5% shorter at 1-32 rows
 // and contexts 80-2112 on Llama-3.1-8B and -3.2-1B (none longer by more than 1.0%), 0-6.6%
-// longer at 128 rows.
+// longer at 128 rows. With the tensor-core step, 4 warps at 1-32 rows were 0.1-1.3% longer at
+// most shapes (session 22 call 4).
 func (c AttnConfig) DecodeWarps(rows int) int {
 	wide := c
 	wide.Warps = 8
