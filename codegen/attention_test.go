@@ -651,8 +651,8 @@ func TestAttentionDecodeTC(t *testing.T) {
 			name := fmt.Sprintf("h%d_kv%d_d%d_bs%d_s%d_c%d_u%d", c.Heads, c.KVHeads, c.HeadDim, c.BlockSize, sc.splits, sc.chunk, sc.unroll)
 			t.Run(name, func(t *testing.T) {
 				k := must(t)(Attention("attn_tc_test", c))
-				if !strings.Contains(k.PTX, "mma.sync") {
-					t.Fatal("no mma in the tensor-core kernel")
+				if !strings.Contains(k.PTX, "mma.sync") || !strings.Contains(k.PTX, fmt.Sprintf(".minnctapersm %d", tcAttnWarpsPerSM/c.warps())) {
+					t.Fatal("no mma in the tensor-core kernel, or no ask for 16 warps an SM")
 				}
 				var pos []uint32
 				for _, n := range []int{1, 16, 17, c.BlockSize, c.BlockSize + 9, 2*sc.chunk + 3, maxPos / 2, maxPos} {
