@@ -345,9 +345,9 @@ type adGen struct {
 	q, acc                    [][]ptx.Reg // [head][dim of the lane]; tensor cores: [m-tile][O^T fragment]
 	m, l                      []ptx.Reg
 	sTable                    ptx.Sym
-	// Tensor cores only: the lane's quad coordinates, a zero word, Q's A fragments.
-	tg, tt, tzero ptx.Reg
-	qa            [][2]ptx.Reg
+	// Tensor cores only: what the step needs of the lane, Q's A fragments.
+	tl tcLane
+	qa [][2]ptx.Reg
 }
 
 func (g *adGen) emit() {

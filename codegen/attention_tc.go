@@ -75,13 +75,22 @@ func (c AttnConfig) tcGeom() adGeom {
 	return g
 }
 
-// tcLanes sets the lane's quad coordinates (g, t) and the zero word of Q's padding rows.
-func (g *adGen) tcLanes() (gq, tq, zero ptx.Reg) {
-	gq = g.op3("shr.u32", ptx.U32, g.lane, ptx.Imm(2))
-	tq = g.op3("and.b32", ptx.U32, g.lane, ptx.Imm(3))
-	zero = g.Reg(ptx.B32)
-	g.Emit("mov.b32", zero, ptx.Imm(0))
-	return gq, tq, zero
+// tcLane is what the tensor-core step needs of the lane, computed once: its quad coordinates
+// (g, t); 2t (its first column of an S tile, and the first of its heads in O^T); 8t (its
+// first dim of a 32-dim chunk of Q and K, and the lane that holds head 2t's softmax state);
+// 2Mg (its first dim of V); and the zero word of Q's padding rows.
+type tcLane struct {
+	g, t, t2, t8, dimV, zero ptx.Reg
+}
+
+func (g *adGen) tcLanes() tcLane {
+	l := tcLane{g: g.op3("shr.u32", ptx.U32, g.lane, ptx.Imm(2)), t: g.op3("and.b32", ptx.U32, g.lane, ptx.Imm(3))}
+	l.t2 = g.op3("shl.b32", ptx.U32, l.t, ptx.Imm(1))
+	l.t8 = g.op3("shl.b32", ptx.U32, l.t, ptx.Imm(3))
+	l.dimV = g.op3("mul.lo.u32", ptx.U32, l.g, ptx.Imm(int64(2*g.c.HeadDim/16)))
+	l.zero = g.Reg(ptx.B32)
+	g.Emit("mov.b32", l.zero, ptx.Imm(0))
+	return l
 }
 
 // loadQTC loads Q as the A fragments of S's mmas (words 0 and 2 of each; rows g+8 are zero,
@@ -90,7 +99,7 @@ func (g *adGen) tcLanes() (gq, tq, zero ptx.Reg) {
 func (g *adGen) loadQTC() {
 	c, geo := g.c, g.geo
 	d := c.HeadDim
-	g.tg, g.tt, g.tzero = g.tcLanes()
+	g.tl = g.tcLanes()
 	g.qa = make([][2]ptx.Reg, d/16)
 	for kk := range g.qa {
 		for j := range 2 {
@@ -98,11 +107,11 @@ func (g *adGen) loadQTC() {
 			g.Emit("mov.b32", g.qa[kk][j], ptx.Imm(0))
 		}
 	}
-	g.when(g.cmp("lt", ptx.U32, g.tg, ptx.Imm(int64(geo.hpb))), false, func() {
+	g.when(g.cmp("lt", ptx.U32, g.tl.g, ptx.Imm(int64(geo.hpb))), false, func() {
 		qrow := g.Reg(ptx.U32)
 		g.Emit("mad.lo.u32", qrow, g.row, ptx.Imm(int64(c.Heads+2*c.KVHeads)), g.head0)
-		g.Emit("add.u32", qrow, qrow, g.tg)
-		qa := g.byteAddr(g.byteAddr(g.qkv, qrow, 4*d), g.op3("shl.b32", ptx.U32, g.tt, ptx.Imm(3)), 4)
+		g.Emit("add.u32", qrow, qrow, g.tl.g)
+		qa := g.byteAddr(g.byteAddr(g.qkv, qrow, 4*d), g.tl.t8, 4)
 		qs := ptx.F32Imm(c.qScale())
 		x := g.Regs(ptx.F32, 4)
 		for kk := range g.qa {
@@ -140,9 +149,6 @@ func (g *adGen) loadTileTC(base, last, blk0 ptx.Reg) tcTile {
 	b := g.op3("min.u32", ptx.U32, base, last)
 	lim := g.op3("sub.u32", ptx.U32, last, b)
 	row0 := g.kvRow(b, blk0)
-	// Element offsets of the lane's K and V dims.
-	kDim := g.op3("shl.b32", ptx.U32, g.tt, ptx.Imm(3))
-	vDim := g.op3("mul.lo.u32", ptx.U32, g.tg, ptx.Imm(int64(2*m)))
 	addr := func(cache, x, dim ptx.Reg, off int) ptx.Reg {
 		xe := g.op3("add.u32", ptx.U32, x, ptx.Imm(int64(off)))
 		g.Emit("min.u32", xe, xe, lim)
@@ -154,7 +160,7 @@ func (g *adGen) loadTileTC(base, last, blk0 ptx.Reg) tcTile {
 	}
 	var tl tcTile
 	for j := range tl.k {
-		a := addr(g.kc, g.tg, kDim, 8*j)
+		a := addr(g.kc, g.tl.g, g.tl.t8, 8*j)
 		tl.k[j] = make([]ptx.Reg, 0, d/8)
 		for ch := range d / 32 {
 			w := g.Regs(ptx.B32, 4)
@@ -162,9 +168,8 @@ func (g *adGen) loadTileTC(base, last, blk0 ptx.Reg) tcTile {
 			tl.k[j] = append(tl.k[j], w...)
 		}
 	}
-	t2 := g.op3("shl.b32", ptx.U32, g.tt, ptx.Imm(1))
 	for q, off := range []int{0, 1, 8, 9} {
-		a := addr(g.vc, t2, vDim, off)
+		a := addr(g.vc, g.tl.t2, g.tl.dimV, off)
 		tl.v[q] = make([]ptx.Reg, 0, m)
 		for ch := range m / 4 {
 			w := g.Regs(ptx.B32, 4)
@@ -191,7 +196,6 @@ func (g *adGen) stepTC(t, segHi, blk0 ptx.Reg) {
 	negInf := ptx.F32Imm(float32(math.Inf(-1)))
 	s := make([][2][]ptx.Reg, geo.unroll)
 	mx := g.f32(float32(math.Inf(-1)))
-	col := g.op3("shl.b32", ptx.U32, g.tt, ptx.Imm(1))
 	p := g.Reg(ptx.U32)
 	for u, tl := range tiles {
 		for j := range 2 {
@@ -200,13 +204,13 @@ func (g *adGen) stepTC(t, segHi, blk0 ptx.Reg) {
 				g.Emit("mov.f32", r, ptx.F32Imm(0))
 			}
 			for kk := range d / 16 {
-				a := []ptx.Reg{g.qa[kk][0], g.tzero, g.qa[kk][1], g.tzero}
+				a := []ptx.Reg{g.qa[kk][0], g.tl.zero, g.qa[kk][1], g.tl.zero}
 				b := tl.k[j][4*(kk/2)+2*(kk%2) : 4*(kk/2)+2*(kk%2)+2]
 				g.Emit(mmaOp, ptx.Vec(s[u][j]), ptx.Vec(a), ptx.Vec(b), ptx.Vec(s[u][j]))
 			}
 			g.softcapScores(c, s[u][j][:2]...)
 			for i := range 2 {
-				g.Emit("add.u32", p, bases[u], col)
+				g.Emit("add.u32", p, bases[u], g.tl.t2)
 				g.Emit("add.u32", p, p, ptx.Imm(int64(8*j+i)))
 				g.Emit("selp.f32", s[u][j][i], s[u][j][i], negInf, g.cmp("lt", ptx.U32, p, segHi))
 				g.Emit("max.f32", mx, mx, s[u][j][i])
@@ -235,8 +239,7 @@ func (g *adGen) stepTC(t, segHi, blk0 ptx.Reg) {
 	// O^T's columns 2t, 2t+1 are heads 2t, 2t+1: their scales from those heads' lanes.
 	var hs [2]ptx.Reg
 	for b := range hs {
-		src := g.op3("shl.b32", ptx.U32, g.tt, ptx.Imm(3))
-		g.Emit("add.u32", src, src, ptx.Imm(int64(4*b)))
+		src := g.op3("add.u32", ptx.U32, g.tl.t8, ptx.Imm(int64(4*b)))
 		hs[b] = g.Reg(ptx.F32)
 		g.Emit("shfl.sync.idx.b32", hs[b], alpha, src, ptx.Imm(0x1f), ptx.Imm(-1))
 	}
@@ -278,20 +281,18 @@ func (g *adGen) storeStateTC() mergeArrays {
 		g.Emit("shfl.sync.bfly.b32", tmp, g.l[0], ptx.Imm(int64(off)), ptx.Imm(0x1f), ptx.Imm(-1))
 		g.Emit("add.f32", g.l[0], g.l[0], tmp)
 	}
-	head := g.op3("add.u32", ptx.U32, st, g.tg)
-	lead := g.cmp("lt", ptx.U32, g.tg, ptx.Imm(int64(geo.hpb)))
-	g.Emit("setp.eq.and.u32", lead, g.tt, ptx.Imm(0), lead)
+	head := g.op3("add.u32", ptx.U32, st, g.tl.g)
+	lead := g.cmp("lt", ptx.U32, g.tl.g, ptx.Imm(int64(geo.hpb)))
+	g.Emit("setp.eq.and.u32", lead, g.tl.t, ptx.Imm(0), lead)
 	g.when(lead, false, func() {
 		g.Emit("st.shared.f32", ptx.Addr{Base: g.sharedAddr(sm, head, 4)}, g.m[0])
 		g.Emit("st.shared.f32", ptx.Addr{Base: g.sharedAddr(sl, head, 4)}, g.l[0])
 	})
 	for b := range 2 {
-		h := g.op3("shl.b32", ptx.U32, g.tt, ptx.Imm(1))
-		g.Emit("add.u32", h, h, ptx.Imm(int64(b)))
+		h := g.op3("add.u32", ptx.U32, g.tl.t2, ptx.Imm(int64(b)))
 		g.when(g.cmp("lt", ptx.U32, h, ptx.Imm(int64(geo.hpb))), false, func() {
 			idx := g.op3("add.u32", ptx.U32, st, h)
-			g.Emit("mul.lo.u32", idx, idx, ptx.Imm(int64(d)))
-			g.Emit("mad.lo.u32", idx, g.tg, ptx.Imm(int64(2*m)), idx)
+			g.Emit("mad.lo.u32", idx, idx, ptx.Imm(int64(d)), g.tl.dimV)
 			base := g.sharedAddr(sacc, idx, 4)
 			// Dim 2Mg+e is m-tile e's row g (e < M), else m-tile e-M's row g+8.
 			for e0 := 0; e0 < 2*m; e0 += 4 {
