@@ -24,7 +24,7 @@ type Options struct {
 	// every CUDA-core GEMV and tensor-core GEMM; GemvCols and GemvUnroll are GemmConfig.Cols
 	// and Unroll of the CUDA-core GEMVs of buckets of more than one row (0 or 1: one);
 	// TCChunks are GemmConfig.Unroll of the tensor-core GEMMs of buckets of up to 8 and of
-	// 9-32 rows (tcSettings); AttnWarps and AttnUnroll are AttnConfig.Warps and Unroll of
+	// 9-32 rows and TCRing their GemmConfig.Ring (tcSettings); AttnWarps and AttnUnroll are AttnConfig.Warps and Unroll of
 	// the decode buckets' attention, AttnPrefetch AttnConfig.Prefetch and AttnTC
 	// AttnConfig.TensorCores of every decode attention, AttnPrefetchOneRow the Prefetch of the
 	// one-row decode bucket's.
@@ -68,6 +68,7 @@ type gen struct {
 	gemvWarps int    // a CUDA-core GEMV block's warps (GemmConfig.Warps; 0: gemmWarps)
 	tcRows    int    // the bucket size from which GEMMs run on tensor cores (tensorCores)
 	tcChunks  [2]int // GemmConfig.Unroll of the tensor-core GEMMs of up to 8, of 9-32 rows
+	tcRing    int    // GemmConfig.Ring of the decode buckets' tensor-core GEMMs
 	// attnWarps and attnUnroll are AttnConfig.Warps and Unroll of the decode buckets' attention.
 	attnWarps, attnUnroll int
 	// attnPrefetch and attnTC are AttnConfig.Prefetch and TensorCores of every decode
@@ -132,7 +133,10 @@ func Generate(p *passes.Program, opt Options) (*bundle.Bundle, error) {
 	if err != nil {
 		return nil, err
 	}
-	g.tcChunks = tc
+	if err := CheckTCRing(bi.TCRing, tc); err != nil {
+		return nil, err
+	}
+	g.tcChunks, g.tcRing = tc, bi.TCRing
 	g.readGraph()
 	switch opt.GEMM {
 	case "", "tc", "tc-staged", "cuda-core":

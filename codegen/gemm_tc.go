@@ -102,9 +102,12 @@ func gemmTC(name string, c GemmConfig, wc int) (*Kernel, error) {
 	if err := checkTC(c); err != nil {
 		return nil, fmt.Errorf("gemm_tc %s: %w", name, err)
 	}
-	g := tcGen{emitter: newEmitter(name), c: c, wc: wc, wk: tcWarps / wc, tiles: tcRowTiles, unroll: max(1, c.Unroll)}
+	g := tcGen{emitter: newEmitter(name), c: c, wc: wc, wk: tcWarps / wc, tiles: tcRowTiles, unroll: max(1, c.Unroll), ring: c.Ring}
 	if c.Rows > 0 {
 		g.tiles = min(tcRowTiles, (c.Rows+7)/8)
+	}
+	if err := g.checkRing(); err != nil {
+		return nil, fmt.Errorf("gemm_tc %s: %w", name, err)
 	}
 	g.MaxNTid = 32 * tcWarps
 	g.emit()
@@ -137,10 +140,14 @@ type tcGen struct {
 	red            ptx.Sym
 	tiles          int // row tiles a pass over W computes
 	unroll         int // chunks a K group takes per step
+	ring           int // steps of the weight ring (GemmConfig.Ring; 0: W in registers)
 	// pre: the W of the K group's first step, loaded before the wait (preloadWeights); fresh:
 	// it is loaded and not yet used. pre is nil without early launch.
 	pre   []ptx.Reg
 	fresh ptx.Reg
+	// ringLane: this lane's address in slot 0 of its warp's ring; primed: the ring's first
+	// steps were copied before the wait and not yet used (a zero Reg without early launch).
+	ringLane, primed ptx.Reg
 }
 
 const mmaOp = "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"
@@ -154,12 +161,14 @@ func (g *tcGen) emit() {
 	if c.Prefetch == 0 {
 		g.guard(c.Guard)
 	}
-	if g.wk > 1 {
-		g.red = g.DeclareShared("red", ptx.F32, g.wc*8*g.tiles*tcRedStride)
-	}
 	tid := g.special(ptx.TidX)
 	lane := g.op3("and.b32", ptx.U32, tid, ptx.Imm(31))
 	warp := g.op3("shr.u32", ptx.U32, tid, ptx.Imm(5))
+	if g.ring > 0 {
+		g.declareRing(warp, lane)
+	} else if g.wk > 1 {
+		g.red = g.DeclareShared("red", ptx.F32, g.wc*8*g.tiles*tcRedStride)
+	}
 	g.g = g.op3("shr.u32", ptx.U32, lane, ptx.Imm(2))
 	g.t = g.op3("and.b32", ptx.U32, lane, ptx.Imm(3))
 	g.wcol = g.op3("rem.u32", ptx.U32, warp, ptx.Imm(int64(g.wc)))
@@ -170,7 +179,11 @@ func (g *tcGen) emit() {
 	// Warps past N (the last block's) do no math but still meet every barrier.
 	active := g.cmp("lt", ptx.U32, g.colBase, ptx.Imm(int64(c.N)))
 	if c.Prefetch > 0 {
-		g.preloadWeights(active)
+		if g.ring > 0 {
+			g.primeRing(active)
+		} else {
+			g.preloadWeights(active)
+		}
 		g.prefetchWeights(active)
 		g.Emit(bundle.PriorGridWait)
 		g.guard(c.Guard) // ctl.any_mask is read after the wait, as every other word is
@@ -218,7 +231,11 @@ func (g *tcGen) mainLoop(r0 ptx.Reg, skip, valid []ptx.Reg) {
 		off := g.op3("shl.b32", ptx.U32, g.t, ptx.Imm(3)) // 8t
 		wl := g.byteAddr(wbase, off, 2)
 		xl := g.byteAddr(xbase, off, 4)
-		g.stepLoop(wl, xl, chunks, skip, valid)
+		if g.ring > 0 {
+			g.ringLoop(wl, xl, chunks, skip, valid)
+		} else {
+			g.stepLoop(wl, xl, chunks, skip, valid)
+		}
 	}
 	if c.K%32 != 0 {
 		// The 16-wide tail goes to the K group next in the interleave.
@@ -236,18 +253,6 @@ func (g *tcGen) mainLoop(r0 ptx.Reg, skip, valid []ptx.Reg) {
 // while this step's are multiplied.
 func (g *tcGen) stepLoop(wl, xl ptx.Reg, chunks int, skip, valid []ptx.Reg) {
 	u, step := g.unroll, g.wk*g.unroll
-	// at is the step at chunk ch, its W in wv; load issues its W loads. A step's chunk
-	// indices and x addresses are recomputed where they are used rather than carried from
-	// the load a step earlier: carried, they cost 13 registers at 8 rows (139-141), which
-	// leaves one block per SM instead of two.
-	at := func(wv []ptx.Reg, ch ptx.Reg) []tcChunk {
-		cs := make([]tcChunk, u)
-		for i := range cs {
-			ci := g.op3("add.u32", ptx.U32, ch, ptx.Imm(int64(i*g.wk)))
-			cs[i] = tcChunk{w: wv[8*i : 8*i+8], ch: ci, ok: g.cmp("lt", ptx.U32, ci, ptx.Imm(int64(chunks)))}
-		}
-		return cs
-	}
 	load := func(cs []tcChunk) {
 		for _, ch := range cs {
 			g.loadW(ch.w, ch.ok, wl, ch.ch, 4)
@@ -256,8 +261,8 @@ func (g *tcGen) stepLoop(wl, xl ptx.Reg, chunks int, skip, valid []ptx.Reg) {
 	cur, nxt := g.firstLoads(wl, chunks), g.Regs(ptx.B32, 8*u)
 	ch := g.Reg(ptx.U32)
 	g.forLoop(ch, g.kg, ptx.Imm(int64(chunks)), ptx.Imm(int64(step)), func() {
-		load(at(nxt, g.op3("add.u32", ptx.U32, ch, ptx.Imm(int64(step)))))
-		cs := at(cur, ch)
+		load(g.stepChunks(nxt, g.op3("add.u32", ptx.U32, ch, ptx.Imm(int64(step))), chunks))
+		cs := g.stepChunks(cur, ch, chunks)
 		for i := range cs {
 			cs[i].xa = g.byteAddr(xl, cs[i].ch, 128)
 		}
@@ -266,6 +271,19 @@ func (g *tcGen) stepLoop(wl, xl ptx.Reg, chunks int, skip, valid []ptx.Reg) {
 			g.Emit("mov.b32", cur[i], nxt[i])
 		}
 	})
+}
+
+// stepChunks is the step of U chunks at chunk ch (of chunks), its W in wv. A step's chunk
+// indices and x addresses are recomputed where they are used rather than carried from the
+// load a step earlier: carried, they cost 13 registers at 8 rows (139-141), which leaves one
+// block per SM instead of two.
+func (g *tcGen) stepChunks(wv []ptx.Reg, ch ptx.Reg, chunks int) []tcChunk {
+	cs := make([]tcChunk, g.unroll)
+	for i := range cs {
+		ci := g.op3("add.u32", ptx.U32, ch, ptx.Imm(int64(i*g.wk)))
+		cs[i] = tcChunk{w: wv[8*i : 8*i+8], ch: ci, ok: g.cmp("lt", ptx.U32, ci, ptx.Imm(int64(chunks)))}
+	}
+	return cs
 }
 
 // loadW loads this lane's W words of one chunk into wv: nw words (4 for a 32-wide chunk, 2
@@ -285,6 +303,20 @@ func (g *tcGen) loadW(wv []ptx.Reg, p, base, ch ptx.Reg, nw int) {
 			g.Emit(ld, ptx.Vec(wv[i*nw:(i+1)*nw]), ptx.Addr{Base: a, Offset: off})
 		}
 	}
+}
+
+// primeRing copies the ring's first steps (ringFill) before the kernel waits for the grid
+// ahead, as preloadWeights loads the register pipeline's; warps past N copy nothing.
+func (g *tcGen) primeRing(active ptx.Reg) {
+	chunks := g.c.K / 32
+	if chunks == 0 {
+		return
+	}
+	g.primed = g.Reg(ptx.Pred)
+	g.Emit("mov.pred", g.primed, active)
+	wrow := g.op3("add.u32", ptx.U32, g.colBase, g.g)
+	wl := g.byteAddr(g.byteAddr(g.w, wrow, 2*g.c.K), g.op3("shl.b32", ptx.U32, g.t, ptx.Imm(3)), 2)
+	g.ringFill(wl, chunks, active)
 }
 
 // preloadWeights loads the W of this warp's first step (its K group's first U chunks, as
@@ -347,8 +379,11 @@ func (g *tcGen) unlessFresh(ok ptx.Reg) ptx.Reg {
 func (g *tcGen) prefetchWeights(active ptx.Reg) {
 	c := g.c
 	first := 0
-	if g.pre != nil {
+	switch {
+	case g.pre != nil:
 		first = (64*g.wk*g.unroll + 127) / 128
+	case g.primed != (ptx.Reg{}):
+		first = (64*g.wk*g.unroll*(g.ring-1) + 127) / 128
 	}
 	lines := min(c.Prefetch, 2*c.K)/128 - first
 	if lines <= 0 {
@@ -470,6 +505,10 @@ func (g *tcGen) reduce(r0, left ptx.Reg, skip []ptx.Reg, active ptx.Reg) {
 		sbase = g.sharedAddr(g.red, sidx, 4)
 	}
 	tmp := g.Reg(ptx.F32)
+	if g.ring > 0 && g.wk > 1 {
+		// The reduction buffer is the rings' memory: every warp must be done with its ring.
+		g.Emit("bar.sync", ptx.Imm(0))
+	}
 	for s := range g.wk {
 		if s > 0 {
 			g.Emit("bar.sync", ptx.Imm(0))

@@ -643,3 +643,55 @@ func (b *block) atomic(in *inst, r []uint64) error {
 	}
 	return nil
 }
+
+// asyncCopy is one queued cp.async: 16 bytes from global src to shared dst, both checked when
+// the copy was issued.
+type asyncCopy struct {
+	dst, src []byte
+}
+
+// asyncCopies are one thread's cp.async copies not yet done: the open group, and the
+// committed groups, oldest first.
+type asyncCopies struct {
+	open      []asyncCopy
+	committed [][]asyncCopy
+}
+
+// cpAsync queues thread t's copy in its open group. The addresses are checked now, so a bad
+// one is reported at the cp.async.
+func (b *block) cpAsync(t int, in *inst, r []uint64) error {
+	dst, err := b.access(in, r, 16)
+	if err != nil {
+		return err
+	}
+	src, err := b.mem.span(rv(r, in.a)+in.b.imm, 16, 16, &b.last)
+	if err != nil {
+		return err
+	}
+	q := &b.copies[t]
+	q.open = append(q.open, asyncCopy{dst: dst, src: src})
+	return nil
+}
+
+// commitCopies closes thread t's open group (cp.async.commit_group; an empty one is a group too).
+func (b *block) commitCopies(t int) {
+	q := &b.copies[t]
+	q.committed = append(q.committed, q.open)
+	q.open = nil
+}
+
+// waitCopies does thread t's oldest committed groups until at most in.mode are pending
+// (cp.async.wait_group), or commits the open group and does them all (wait_all, in.bop).
+func (b *block) waitCopies(t int, in *inst) {
+	if in.bop == 1 {
+		b.commitCopies(t)
+	}
+	q := &b.copies[t]
+	done := max(0, len(q.committed)-int(in.mode))
+	for _, g := range q.committed[:done] {
+		for _, c := range g {
+			copy(c.dst, c.src)
+		}
+	}
+	q.committed = q.committed[done:]
+}

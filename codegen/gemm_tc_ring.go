@@ -1,0 +1,134 @@
+package codegen
+
+import (
+	"fmt"
+
+	"xmix/ptx"
+)
+
+// The tensor-core GEMM's weight ring (GemmConfig.Ring = D > 0): W reaches the mma fragments
+// through shared memory instead of straight from global memory.
+//
+// Why. In the register pipeline (stepLoop) a warp has one step of W in flight, U KiB, and
+// the registers that hold it bound how many warps fit an SM: at 8 rows the kernel streams W
+// 10-29% slower than the one-row GEMV (session 21, Nsight Compute), and more chunks a step
+// cost a block per SM. cp.async copies a lane's 16-byte pieces into shared memory without
+// registers, so a warp keeps D-1 steps in flight while it multiplies the oldest.
+//
+// Layout. Every lane copies exactly the bytes it later reads (its W words of rows g and g+8
+// of each chunk, as loadW loads them), so no other thread's copies need waiting for:
+// cp.async.wait_group alone orders a lane's copies before its own ld.shared, and no barrier
+// is needed. Warp w's ring is D slots of one step each; in a slot, chunk i's row-g pieces of
+// the 32 lanes sit at 1024i + 16*lane and its row-(g+8) pieces 512 bytes on, so a warp's
+// 16-byte shared loads are contiguous (conflict-free).
+//
+// Pipeline. Steps 0..D-2 are copied first, one commit group each (before the wait for the
+// grid ahead when the kernel is built for early launch: W never changes). Step j then copies
+// step j+D-1 into the slot step j-1 used, commits it, waits until at most D-1 groups are
+// pending (so step j's have landed), loads its W from its slot and multiplies it as stepLoop
+// does. Chunks past K copy nothing (their groups are empty), and every chunk is summed in
+// the same order as in the register pipeline, so the bits are the same (TestGemmTCRing).
+//
+// The K groups' reduction reuses the ring's shared memory after a barrier.
+
+// MaxTCRing bounds GemmConfig.Ring, the steps of a tensor-core GEMM's weight ring.
+const MaxTCRing = 8
+
+// ringStepBytes is the shared memory of one slot of a warp's ring: the step's U chunks, two
+// 16-byte pieces (rows g and g+8) for each of 32 lanes.
+func (g *tcGen) ringStepBytes() int { return g.unroll * 2 * 512 }
+
+// ringBytes is the shared memory of the block's rings.
+func (g *tcGen) ringBytes() int { return tcWarps * g.ring * g.ringStepBytes() }
+
+// checkRing checks that the block's rings fit the static shared memory of a launch.
+func (g *tcGen) checkRing() error {
+	if g.ring == 0 {
+		return nil
+	}
+	if g.ring < 2 || g.ring > MaxTCRing {
+		return fmt.Errorf("weight ring of %d steps: want 2 to %d", g.ring, MaxTCRing)
+	}
+	if n := g.ringBytes(); n > maxStaticShared {
+		return fmt.Errorf("weight ring of %d steps of %d chunks: %d bytes of shared memory, past %d; use fewer steps or chunks", g.ring, g.unroll, n, maxStaticShared)
+	}
+	return nil
+}
+
+// declareRing declares the rings (and the reduction buffer inside them) and sets ringLane,
+// this lane's address in slot 0 of its warp's ring.
+func (g *tcGen) declareRing(warp, lane ptx.Reg) {
+	words := g.ringBytes() / 4
+	if g.wk > 1 {
+		words = max(words, g.wc*8*g.tiles*tcRedStride)
+	}
+	ring := g.DeclareShared("wring", ptx.B32, words)
+	g.red = ring
+	idx := g.Reg(ptx.U32)
+	g.Emit("mad.lo.u32", idx, warp, ptx.Imm(int64(g.ring*g.ringStepBytes()/16)), lane)
+	g.ringLane = g.sharedAddr(ring, idx, 16)
+}
+
+// ringFill copies the K group's first D-1 steps into slots 0..D-2, one commit group each,
+// where on holds (a zero Reg: always).
+func (g *tcGen) ringFill(wl ptx.Reg, chunks int, on ptx.Reg) {
+	for j := range g.ring - 1 {
+		first := g.op3("add.u32", ptx.U32, g.kg, ptx.Imm(int64(j*g.wk*g.unroll)))
+		g.ringCopy(wl, first, chunks, g.imm32(int64(j*g.ringStepBytes())), on)
+		g.Emit("cp.async.commit_group")
+	}
+}
+
+// ringCopy copies the step whose first chunk is first into the slot at byte offset slot of
+// the lane's ring: each chunk inside K (and where on holds) its lane's two 16-byte pieces.
+func (g *tcGen) ringCopy(wl, first ptx.Reg, chunks int, slot, on ptx.Reg) {
+	dst := g.op3("add.u32", ptx.U32, g.ringLane, slot)
+	for i := range g.unroll {
+		ci := g.op3("add.u32", ptx.U32, first, ptx.Imm(int64(i*g.wk)))
+		ok := g.cmp("lt", ptx.U32, ci, ptx.Imm(int64(chunks)))
+		if on != (ptx.Reg{}) {
+			g.Emit("and.pred", ok, ok, on)
+		}
+		src := g.byteAddr(wl, ci, 64)
+		for p, off := range []int64{0, int64(8 * 2 * g.c.K)} {
+			g.EmitIf(ok, false, "cp.async.cg.shared.global", ptx.Addr{Base: dst, Offset: int64((2*i + p) * 512)}, ptx.Addr{Base: src, Offset: off}, ptx.Imm(16))
+		}
+	}
+}
+
+// ringLoop is mainLoop's K loop with W through the ring (stepLoop's counterpart).
+func (g *tcGen) ringLoop(wl, xl ptx.Reg, chunks int, skip, valid []ptx.Reg) {
+	step, stepBytes := g.wk*g.unroll, g.ringStepBytes()
+	if g.primed == (ptx.Reg{}) {
+		g.ringFill(wl, chunks, ptx.Reg{})
+	} else {
+		// The first row group finds its first steps copied before the wait.
+		g.when(g.primed, true, func() { g.ringFill(wl, chunks, ptx.Reg{}) })
+		g.Emit("mov.pred", g.primed, ptx.Imm(0))
+	}
+	rd, wr := g.imm32(0), g.imm32(int64((g.ring-1)*stepBytes))
+	wv := g.Regs(ptx.B32, 8*g.unroll)
+	ch := g.Reg(ptx.U32)
+	wrap := g.Reg(ptx.Pred)
+	g.forLoop(ch, g.kg, ptx.Imm(int64(chunks)), ptx.Imm(int64(step)), func() {
+		g.ringCopy(wl, g.op3("add.u32", ptx.U32, ch, ptx.Imm(int64((g.ring-1)*step))), chunks, wr, ptx.Reg{})
+		g.Emit("cp.async.commit_group")
+		g.Emit("cp.async.wait_group", ptx.Imm(int64(g.ring-1)))
+		src := g.op3("add.u32", ptx.U32, g.ringLane, rd)
+		cs := g.stepChunks(wv, ch, chunks)
+		for i := range cs {
+			for p := range 2 {
+				g.Emit("ld.shared.v4.b32", ptx.Vec(cs[i].w[4*p:4*p+4]), ptx.Addr{Base: src, Offset: int64((2*i + p) * 512)})
+			}
+			cs[i].xa = g.byteAddr(xl, cs[i].ch, 128)
+		}
+		g.multiply(cs, 4, skip, valid)
+		for _, s := range []ptx.Reg{rd, wr} {
+			g.Emit("add.u32", s, s, ptx.Imm(int64(stepBytes)))
+			g.Emit("setp.ge.u32", wrap, s, ptx.Imm(int64(g.ring*stepBytes)))
+			g.EmitIf(wrap, false, "sub.u32", s, s, ptx.Imm(int64(g.ring*stepBytes)))
+		}
+	})
+	// Only empty groups (steps past K) can be pending; the next row group starts clean.
+	g.Emit("cp.async.wait_all")
+}
