@@ -25,12 +25,13 @@ import (
 // are {8t+4, ..., 8t+7}, for A and B alike. A K % 32 == 16 tail uses the 16-wide variant
 // (8-byte W loads, logical {2t, 2t+1, 2t+8, 2t+9} = physical {4t, ..., 4t+3}).
 //
-// Work split. A block is 8 warps: tcWc column warps (one 16-column tile each) times
-// tcWk = 8/tcWc K groups; K group j takes 32-chunks j, j+Wk, ... The K groups' partial sums
+// Work split. A block is 8 warps (fewer with a weight ring, gemm_tc_ring.go): tcWc column
+// warps (one 16-column tile each) times tcWk = 8/tcWc K groups; K group j takes 32-chunks j, j+Wk, ... The K groups' partial sums
 // meet in shared memory in a fixed order (group 0 stores, 1..Wk-1 add, the last adds and
 // writes y), so the result is deterministic and no y pre-zeroing or atomics are needed. The
 // generator picks the widest tcWc that still gives at least tcMinBlocks blocks (one per SM
-// on an H200), so small N (4096) fills the GPU by splitting K inside blocks.
+// on an H200; with smaller blocks, as many warps), so small N (4096) fills the GPU by
+// splitting K inside blocks.
 //
 // Rows. A warp keeps up to 16 row tiles (128 rows) of accumulators (64 f32 per lane); tiles
 // past ceil(rows/8) are skipped, x rows past rows read as zero and are never stored. More
@@ -74,12 +75,12 @@ const (
 	tcRedStride = 20 // f32 per row in the reduction buffer: 16 columns + pad against bank conflicts
 )
 
-// tcColumnWarps is how many 16-column tiles a block covers for N columns: the most (sharing
-// x best) that still leaves tcMinBlocks blocks.
-func tcColumnWarps(n int) int {
+// tcColumnWarps is how many 16-column tiles a block of warps warps covers for N columns: the
+// most (sharing x best) that still leaves as many warps as tcMinBlocks blocks of tcWarps.
+func tcColumnWarps(n, warps int) int {
 	tiles := n / 16
 	for _, wc := range []int{8, 4, 2} {
-		if (tiles+wc-1)/wc >= tcMinBlocks {
+		if wc <= warps && (tiles+wc-1)/wc*warps >= tcMinBlocks*tcWarps {
 			return wc
 		}
 	}
@@ -88,28 +89,30 @@ func tcColumnWarps(n int) int {
 
 // LaunchTC is the grid of the tensor-core GEMM (GemmTC) for a call over rows rows.
 func (c GemmConfig) LaunchTC(rows int) ops.Launch {
-	wc := tcColumnWarps(c.N)
-	return ops.Launch{Grid: [3]int{(c.N/16 + wc - 1) / wc, 1, 1}, Block: [3]int{32 * tcWarps, 1, 1}}
+	warps := c.tcBlockWarps()
+	wc := tcColumnWarps(c.N, warps)
+	return ops.Launch{Grid: [3]int{(c.N/16 + wc - 1) / wc, 1, 1}, Block: [3]int{32 * warps, 1, 1}}
 }
 
 // GemmTC generates the tensor-core GEMM; parameters: x, w, y (u64), rows (u32). W must be
 // bf16 and K and N multiples of 16. Launch it with c.LaunchTC(rows).
 func GemmTC(name string, c GemmConfig) (*Kernel, error) {
-	return gemmTC(name, c, tcColumnWarps(c.N))
+	return gemmTC(name, c, tcColumnWarps(c.N, c.tcBlockWarps()))
 }
 
 func gemmTC(name string, c GemmConfig, wc int) (*Kernel, error) {
 	if err := checkTC(c); err != nil {
 		return nil, fmt.Errorf("gemm_tc %s: %w", name, err)
 	}
-	g := tcGen{emitter: newEmitter(name), c: c, wc: wc, wk: tcWarps / wc, tiles: tcRowTiles, unroll: max(1, c.Unroll), ring: c.Ring}
+	warps := c.tcBlockWarps()
+	g := tcGen{emitter: newEmitter(name), c: c, warps: warps, wc: wc, wk: warps / wc, tiles: tcRowTiles, unroll: max(1, c.Unroll), ring: c.Ring}
 	if c.Rows > 0 {
 		g.tiles = min(tcRowTiles, (c.Rows+7)/8)
 	}
 	if err := g.checkRing(); err != nil {
 		return nil, fmt.Errorf("gemm_tc %s: %w", name, err)
 	}
-	g.MaxNTid = 32 * tcWarps
+	g.MaxNTid = 32 * warps
 	g.emit()
 	return finish(g.Kernel, "gemm_tc", bundle.GemmTCAttrs{K: c.K, N: c.N, Guard: c.Guard})
 }
@@ -132,7 +135,7 @@ func checkTC(c GemmConfig) error {
 type tcGen struct {
 	emitter
 	c              GemmConfig
-	wc, wk         int
+	warps, wc, wk  int // the block's warps: wc column warps times wk K groups
 	x, w, y, rows  ptx.Reg
 	g, t, kg, wcol ptx.Reg     // lane group, lane in group, K group, column warp
 	colBase        ptx.Reg     // first output column of this warp's tile

@@ -15,6 +15,17 @@ import (
 // cost a block per SM. cp.async copies a lane's 16-byte pieces into shared memory without
 // registers, so a warp keeps D-1 steps in flight while it multiplies the oldest.
 //
+// Blocks. A warp's ring is D*U KiB and a block's static shared memory 48 KiB, so a block
+// takes as many warps (8, 4, 2 or 1) as their rings fit (GemmConfig.tcBlockWarps), and the
+// grid as many more blocks as keep the warps of 132 blocks of 8 where N has the column tiles
+// (tcColumnWarps): 3 steps of 4 chunks give blocks of 4 warps and 8 KiB of W in flight a warp.
+//
+// Measured (H200, session 23, rings in blocks of 8 warps only): 3 steps of 2 chunks, 6 and 4
+// of 1, made the 8-row step 6-55% longer than W in registers (4 chunks a step), the more the
+// fewer chunks a step: those rings kept 3-5 KiB in flight a warp, against the registers' 4,
+// and every step still waits for its x (L2) after its wait and shared loads. Deeper rings of
+// 4-chunk steps in smaller blocks are not measured yet. For measuring only (--tc-ring).
+//
 // Layout. Every lane copies exactly the bytes it later reads (its W words of rows g and g+8
 // of each chunk, as loadW loads them), so no other thread's copies need waiting for:
 // cp.async.wait_group alone orders a lane's copies before its own ld.shared, and no barrier
@@ -36,12 +47,27 @@ const MaxTCRing = 8
 
 // ringStepBytes is the shared memory of one slot of a warp's ring: the step's U chunks, two
 // 16-byte pieces (rows g and g+8) for each of 32 lanes.
-func (g *tcGen) ringStepBytes() int { return g.unroll * 2 * 512 }
+func (g *tcGen) ringStepBytes() int { return ringWarpBytes(1, g.unroll) }
 
 // ringBytes is the shared memory of the block's rings.
-func (g *tcGen) ringBytes() int { return tcWarps * g.ring * g.ringStepBytes() }
+func (g *tcGen) ringBytes() int { return g.warps * g.ring * g.ringStepBytes() }
 
-// checkRing checks that the block's rings fit the static shared memory of a launch.
+// ringWarpBytes is the shared memory of one warp's ring of ring steps of unroll chunks.
+func ringWarpBytes(ring, unroll int) int { return ring * max(1, unroll) * 2 * 512 }
+
+// tcBlockWarps is the warps of a tensor-core GEMM's block: tcWarps, or with a weight ring the
+// most of 8, 4, 2 and 1 whose rings fit a block's static shared memory, so that a deeper ring
+// takes its memory from fewer warps (the grid then has more blocks, tcColumnWarps).
+func (c GemmConfig) tcBlockWarps() int {
+	w := tcWarps
+	for c.Ring > 0 && w > 1 && w*ringWarpBytes(c.Ring, c.Unroll) > maxStaticShared {
+		w /= 2
+	}
+	return w
+}
+
+// checkRing checks the ring's steps and that one warp's ring fits the static shared memory
+// of a launch.
 func (g *tcGen) checkRing() error {
 	if g.ring == 0 {
 		return nil
@@ -50,7 +76,7 @@ func (g *tcGen) checkRing() error {
 		return fmt.Errorf("weight ring of %d steps: want 2 to %d", g.ring, MaxTCRing)
 	}
 	if n := g.ringBytes(); n > maxStaticShared {
-		return fmt.Errorf("weight ring of %d steps of %d chunks: %d bytes of shared memory, past %d; use fewer steps or chunks", g.ring, g.unroll, n, maxStaticShared)
+		return fmt.Errorf("weight ring of %d steps of %d chunks: %d bytes of shared memory a warp, past %d; use fewer steps or chunks", g.ring, g.unroll, n, maxStaticShared)
 	}
 	return nil
 }

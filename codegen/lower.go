@@ -497,7 +497,8 @@ func CheckTCChunks(n []int) error {
 
 // CheckTCRing checks a weight ring of ring steps (bundle.BuildInfo.TCRing, xmixc build
 // --tc-ring; 0: none) for tensor-core GEMMs taking chunks chunks a step: 2 to MaxTCRing
-// steps whose rings fit a block's static shared memory at either chunk count.
+// steps, a warp's ring within a block's static shared memory at either chunk count (blocks
+// take as many warps as fit, GemmConfig.tcBlockWarps).
 func CheckTCRing(ring int, chunks [2]int) error {
 	if ring == 0 {
 		return nil
@@ -506,8 +507,8 @@ func CheckTCRing(ring int, chunks [2]int) error {
 		return fmt.Errorf("weight ring of %d steps: want 0 (none) or 2 to %d", ring, MaxTCRing)
 	}
 	for _, u := range chunks {
-		if g := (tcGen{ring: ring, unroll: u}); g.ringBytes() > maxStaticShared {
-			return fmt.Errorf("weight ring of %d steps of %d chunks needs %d bytes of shared memory a block, past %d; fewer steps, or fewer chunks (--tc-chunks)", ring, u, g.ringBytes(), maxStaticShared)
+		if n := ringWarpBytes(ring, u); n > maxStaticShared {
+			return fmt.Errorf("weight ring of %d steps of %d chunks needs %d bytes of shared memory a warp, past %d; fewer steps, or fewer chunks (--tc-chunks)", ring, u, n, maxStaticShared)
 		}
 	}
 	return nil

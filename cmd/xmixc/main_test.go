@@ -265,7 +265,6 @@ func TestBuildGemvFlags(t *testing.T) {
 		{"--tc-chunks", "four", `invalid argument "four" for "--tc-chunks"`},
 		{"--tc-ring", "1", "--tc-ring 1: weight ring of 1 steps: want 0 (none) or 2 to 8"},
 		{"--tc-ring", "9", "--tc-ring 9: weight ring of 9 steps: want 0 (none) or 2 to 8"},
-		{"--tc-ring", "4", "--tc-ring 4: weight ring of 4 steps of 4 chunks needs 131072 bytes of shared memory a block, past 49152"},
 	} {
 		_, err := xmixc(t, "build", m, "-q", c.flag, c.value, "-o", filepath.Join(dir, "bad.xmb"))
 		if err == nil || !strings.Contains(err.Error(), c.want) {
@@ -274,6 +273,11 @@ func TestBuildGemvFlags(t *testing.T) {
 		if _, statErr := os.Stat(filepath.Join(dir, "bad.xmb")); statErr == nil {
 			t.Fatalf("%s %s: a refused build left a bundle behind", c.flag, c.value)
 		}
+	// A ring too deep for one warp's share of a block's shared memory.
+	if _, err := xmixc(t, "build", m, "-q", "--tc-ring", "7", "--tc-chunks", "8,8", "-o", filepath.Join(dir, "bad.xmb")); err == nil ||
+		!strings.Contains(err.Error(), "--tc-ring 7: weight ring of 7 steps of 8 chunks needs 57344 bytes of shared memory a warp, past 49152") {
+		t.Fatalf("--tc-ring 7 --tc-chunks 8,8: %v", err)
+	}
 	}
 	for _, c := range []struct {
 		flags []string
