@@ -24,8 +24,9 @@ type Options struct {
 	// every CUDA-core GEMV and tensor-core GEMM; GemvCols and GemvUnroll are GemmConfig.Cols
 	// and Unroll of the CUDA-core GEMVs of buckets of more than one row (0 or 1: one);
 	// TCChunks are GemmConfig.Unroll of the tensor-core GEMMs of buckets of up to 8 and of
-	// 9-32 rows and TCRing their GemmConfig.Ring (tcSettings); AttnWarps and AttnUnroll are AttnConfig.Warps and Unroll of
-	// the decode buckets' attention, AttnPrefetch AttnConfig.Prefetch and AttnTC
+	// 9-32 rows and TCRing their GemmConfig.Ring (tcSettings); AttnWarps and AttnUnroll are
+	// AttnConfig.Warps and Unroll of the decode buckets' attention, AttnPrefetch
+	// AttnConfig.Prefetch and AttnTC
 	// AttnConfig.TensorCores of every decode attention, AttnPrefetchOneRow the Prefetch of the
 	// one-row decode bucket's.
 	Build   bundle.BuildInfo
@@ -135,6 +136,9 @@ func Generate(p *passes.Program, opt Options) (*bundle.Bundle, error) {
 	}
 	if err := CheckTCRing(bi.TCRing, tc); err != nil {
 		return nil, err
+	}
+	if bi.TCRing > 0 && opt.GEMM != "" && opt.GEMM != "tc" {
+		return nil, fmt.Errorf("a weight ring (TCRing %d) is the tensor-core GEMM's (GEMM kind tc), not GEMM kind %q's", bi.TCRing, opt.GEMM)
 	}
 	g.tcChunks, g.tcRing = tc, bi.TCRing
 	g.readGraph()

@@ -26,9 +26,9 @@ import (
 // (8-byte W loads, logical {2t, 2t+1, 2t+8, 2t+9} = physical {4t, ..., 4t+3}).
 //
 // Work split. A block is 8 warps (fewer with a weight ring, gemm_tc_ring.go): tcWc column
-// warps (one 16-column tile each) times tcWk = 8/tcWc K groups; K group j takes 32-chunks j, j+Wk, ... The K groups' partial sums
-// meet in shared memory in a fixed order (group 0 stores, 1..Wk-1 add, the last adds and
-// writes y), so the result is deterministic and no y pre-zeroing or atomics are needed. The
+// warps (one 16-column tile each) times tcWk = 8/tcWc K groups; K group j takes 32-chunks
+// j, j+Wk, ... The K groups' partial sums meet in shared memory in a fixed order (group 0
+// stores, 1..Wk-1 add, the last adds and writes y), so the result is deterministic and no y pre-zeroing or atomics are needed. The
 // generator picks the widest tcWc that still gives at least tcMinBlocks blocks (one per SM
 // on an H200; with smaller blocks, as many warps), so small N (4096) fills the GPU by
 // splitting K inside blocks.

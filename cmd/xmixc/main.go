@@ -99,6 +99,8 @@ func buildCmd() *cobra.Command {
 			switch {
 			case gemm == "cuda-core" && cmd.Flags().Changed("tc-chunks"):
 				return fmt.Errorf("--tc-chunks sets the tensor-core GEMMs, which --gemm cuda-core does not build; leave it out")
+			case gemm != "tc" && tcRing > 0:
+				return fmt.Errorf("--tc-ring sets the ring of --gemm tc's kernel, not of --gemm %s's; leave one out", gemm)
 			}
 			if err := codegen.CheckTCChunks(tcChunks); err != nil {
 				return fmt.Errorf("--tc-chunks %s: %w (e.g. --tc-chunks %d,%d)",

@@ -279,6 +279,7 @@ func TestBuildGemvFlags(t *testing.T) {
 		want  string
 	}{
 		{[]string{"--gemm", "cuda-core", "--tc-chunks", "4,3"}, "which --gemm cuda-core does not build"},
+		{[]string{"--gemm", "tc-staged", "--tc-ring", "3"}, "--tc-ring sets the ring of --gemm tc's kernel, not of --gemm tc-staged's"},
 		// A ring too deep for one warp's share of a block's shared memory.
 		{[]string{"--tc-ring", "7", "--tc-chunks", "8,8"}, "--tc-ring 7: weight ring of 7 steps of 8 chunks needs 57344 bytes of shared memory a warp, past 49152"},
 	} {
