@@ -38,7 +38,10 @@ import (
 // step j+D-1 into the slot step j-1 used, commits it, waits until at most D-1 groups are
 // pending (so step j's have landed), loads its W from its slot and multiplies it as stepLoop
 // does. Chunks past K copy nothing (their groups are empty), and every chunk is summed in
-// the same order as in the register pipeline, so the bits are the same (TestGemmTCRing).
+// the same order as in the register pipeline, so the bits are those of the register
+// pipeline with as many K groups (TestGemmTCRing): the same in blocks of 8 warps, and in
+// smaller blocks wherever N leaves the K groups as they were (Llama-3.1-8B's q/k/v and
+// gate/up at 3 steps of 4 chunks; its o and down get 4 K groups instead of 8).
 //
 // The K groups' reduction reuses the ring's shared memory after a barrier.
 
