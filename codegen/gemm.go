@@ -48,6 +48,9 @@ type GemmConfig struct {
 	// fragments through a ring of Ring steps in shared memory, filled by cp.async, instead of
 	// registers (gemm_tc_ring.go). The bits are the same; the op's attributes leave it out.
 	Ring int
+	// RingX makes the ring carry each chunk's x as well (one row tile only: GemmConfig.Rows
+	// 1 to 8), copied D-1 steps ahead like W instead of loaded by the step that uses it.
+	RingX bool
 	// Split (2, 4 or 8), when not 0 or 1, splits each column's K over Split warps of a block,
 	// which sum their warps' totals through shared memory in warp order: a GEMM of few
 	// columns then has Split times the warps, so its last wave of blocks is a smaller share

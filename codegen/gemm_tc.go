@@ -105,7 +105,7 @@ func gemmTC(name string, c GemmConfig, wc int) (*Kernel, error) {
 		return nil, fmt.Errorf("gemm_tc %s: %w", name, err)
 	}
 	warps := c.tcBlockWarps()
-	g := tcGen{emitter: newEmitter(name), c: c, warps: warps, wc: wc, wk: warps / wc, tiles: tcRowTiles, unroll: max(1, c.Unroll), ring: c.Ring}
+	g := tcGen{emitter: newEmitter(name), c: c, warps: warps, wc: wc, wk: warps / wc, tiles: tcRowTiles, unroll: max(1, c.Unroll), ring: c.Ring, ringX: c.RingX}
 	if c.Rows > 0 {
 		g.tiles = min(tcRowTiles, (c.Rows+7)/8)
 	}
@@ -143,7 +143,8 @@ type tcGen struct {
 	red            ptx.Sym
 	tiles          int // row tiles a pass over W computes
 	unroll         int // chunks a K group takes per step
-	ring           int // steps of the weight ring (GemmConfig.Ring; 0: W in registers)
+	ring           int  // steps of the weight ring (GemmConfig.Ring; 0: W in registers)
+	ringX          bool // the ring carries each chunk's x too (GemmConfig.RingX)
 	// pre: the W of the K group's first step, loaded before the wait (preloadWeights); fresh:
 	// it is loaded and not yet used. pre is nil without early launch.
 	pre   []ptx.Reg
@@ -235,7 +236,7 @@ func (g *tcGen) mainLoop(r0 ptx.Reg, skip, valid []ptx.Reg) {
 		wl := g.byteAddr(wbase, off, 2)
 		xl := g.byteAddr(xbase, off, 4)
 		if g.ring > 0 {
-			g.ringLoop(wl, xl, chunks, skip, valid)
+			g.ringLoop(wl, xl, chunks, skip, valid, valid[0])
 		} else {
 			g.stepLoop(wl, xl, chunks, skip, valid)
 		}
@@ -319,7 +320,7 @@ func (g *tcGen) primeRing(active ptx.Reg) {
 	g.Emit("mov.pred", g.primed, active)
 	wrow := g.op3("add.u32", ptx.U32, g.colBase, g.g)
 	wl := g.byteAddr(g.byteAddr(g.w, wrow, 2*g.c.K), g.op3("shl.b32", ptx.U32, g.t, ptx.Imm(3)), 2)
-	g.ringFill(wl, chunks, active)
+	g.ringFill(wl, ptx.Reg{}, chunks, ringCopies{w: true, on: active})
 }
 
 // preloadWeights loads the W of this warp's first step (its K group's first U chunks, as
@@ -407,11 +408,12 @@ func (g *tcGen) prefetchWeights(active ptx.Reg) {
 }
 
 // tcChunk is one K chunk of a step: the lane's W words (nw of row g, then nw of row g+8;
-// loadW), the chunk's index, its x address in row g of row tile 0, and whether the chunk
-// exists (ok; a zero Reg: it always does).
+// loadW), the chunk's index, its x address in row g of row tile 0 (or xs, its shared
+// address in a weight ring that carries x, GemmConfig.RingX), and whether the chunk exists
+// (ok; a zero Reg: it always does).
 type tcChunk struct {
-	w          []ptx.Reg
-	ch, xa, ok ptx.Reg
+	w              []ptx.Reg
+	ch, xa, xs, ok ptx.Reg
 }
 
 // multiply issues the x loads and the mmas of a step's chunks (nw words of W per row each):
@@ -437,6 +439,13 @@ func (g *tcGen) multiply(cs []tcChunk, nw int, skip, valid []ptx.Reg) {
 				p = load
 			}
 			for q := 0; q < len(xf[i]); q += 4 {
+				if ch.xs != (ptx.Reg{}) {
+					// The lane's two pieces sit 512 bytes apart in the ring. A row past rows
+					// or a chunk past K finds stale bytes there; both are zeroed or skipped
+					// below, as their unloaded registers are.
+					g.Emit("ld.shared.v4.f32", ptx.Vec(xf[i][q:q+4]), ptx.Addr{Base: ch.xs, Offset: int64(512 * q / 4)})
+					continue
+				}
 				g.EmitIf(p, false, "ld.global.v4.f32", ptx.Vec(xf[i][q:q+4]), ptx.Addr{Base: ch.xa, Offset: off + int64(4*q)})
 			}
 		}

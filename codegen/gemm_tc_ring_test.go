@@ -14,28 +14,36 @@ import (
 // 2-6 steps of 1-3 chunks; K groups of 1, 2 and 8 (the reduction inside the rings' memory);
 // steps that K fills exactly, partly and not at all; the 16-wide tail; more rows than the
 // bucket (a second pass, whose ring fills after the wait); built for early launch (the first
-// steps copied before the wait, and L2 asked only for the lines past them) or not; guarded.
+// steps copied before the wait, and L2 asked only for the lines past them) or not; guarded;
+// rings that carry x too (GemmConfig.RingX).
 func TestGemmTCRing(t *testing.T) {
 	r := rand.New(rand.NewPCG(29, 30))
 	for _, c := range []struct {
 		k, n, rows, bucket, unroll, wk, ring, prefetch int
 		guard                                          uint32
+		x                                              bool // x through the ring too
 	}{
-		{1024, 32, 8, 8, 1, 4, 4, 0, 0},       // 32 chunks over 4 groups: 8 steps through 4 slots
-		{1024, 16, 8, 8, 1, 8, 6, 512, 0},     // 4 chunks a group, 5 primed steps: the ring outlasts K
-		{2560, 16, 5, 8, 2, 8, 3, 1 << 20, 0}, // 80 chunks over 8 groups, 2 a step: a partial step
-		{1040, 32, 8, 8, 1, 1, 4, 512, 0},     // one K group, 32 chunks and the 16-wide tail
-		{448, 48, 20, 16, 1, 8, 2, 512, 0},    // two passes over W: the second fills its own ring
-		{4096, 16, 8, 8, 3, 8, 2, 4096, 1 << 3},
-		{320, 32, 30, 32, 1, 4, 5, 0, 0},       // 10 chunks, 4 row tiles
-		{4096, 32, 8, 8, 4, 4, 3, 512, 0},      // 12 KiB a warp: blocks of 4 warps
-		{2048, 64, 8, 8, 4, 1, 3, 1 << 20, 0},  // 4 column warps, one K group
-		{1024, 32, 16, 16, 4, 2, 6, 0, 0},      // 24 KiB a warp: blocks of 2 warps
-		{2048, 16, 8, 8, 8, 1, 6, 512, 1 << 3}, // 48 KiB: one warp a block
+		{1024, 32, 8, 8, 1, 4, 4, 0, 0, false},       // 32 chunks over 4 groups: 8 steps through 4 slots
+		{1024, 16, 8, 8, 1, 8, 6, 512, 0, false},     // 4 chunks a group, 5 primed steps: the ring outlasts K
+		{2560, 16, 5, 8, 2, 8, 3, 1 << 20, 0, false}, // 80 chunks over 8 groups, 2 a step: a partial step
+		{1040, 32, 8, 8, 1, 1, 4, 512, 0, false},     // one K group, 32 chunks and the 16-wide tail
+		{448, 48, 20, 16, 1, 8, 2, 512, 0, false},    // two passes over W: the second fills its own ring
+		{4096, 16, 8, 8, 3, 8, 2, 4096, 1 << 3, false},
+		{320, 32, 30, 32, 1, 4, 5, 0, 0, false},       // 10 chunks, 4 row tiles
+		{4096, 32, 8, 8, 4, 4, 3, 512, 0, false},      // 12 KiB a warp: blocks of 4 warps
+		{2048, 64, 8, 8, 4, 1, 3, 1 << 20, 0, false},  // 4 column warps, one K group
+		{1024, 32, 16, 16, 4, 2, 6, 0, 0, false},      // 24 KiB a warp: blocks of 2 warps
+		{2048, 16, 8, 8, 8, 1, 6, 512, 1 << 3, false}, // 48 KiB: one warp a block
+		// x through the ring: copied after the wait (the first steps' W before it), rows
+		// past rows read stale bytes and are zeroed, the tail chunk loads its x from L2.
+		{1024, 32, 5, 8, 4, 2, 3, 512, 0, true},          // 24 KiB a warp: blocks of 2
+		{2048, 64, 8, 8, 2, 1, 3, 1 << 20, 1 << 3, true}, // 4 column warps
+		{1040, 16, 3, 8, 1, 4, 4, 0, 0, true},            // no early launch; the 16-wide tail
+		{448, 48, 20, 8, 1, 2, 2, 512, 0, true},          // three passes: the later ones fill x and W
 	} {
 		plain := GemmConfig{K: c.k, N: c.n, WDtype: ptx.BF16, Rows: c.bucket, Unroll: c.unroll, Prefetch: c.prefetch, Guard: c.guard}
 		cfg := plain
-		cfg.Ring = c.ring
+		cfg.Ring, cfg.RingX = c.ring, c.x
 		// The K groups set each column's order of summation: the register kernel with as many
 		// (in blocks of 8 warps) computes the same bits.
 		warps := cfg.tcBlockWarps()
@@ -74,14 +82,17 @@ func TestGemmTCRing(t *testing.T) {
 		samePair(t, k, "y", a, b)
 	}
 	for _, bad := range []struct {
-		ring, unroll int
-		want         string
+		ring, unroll, rows int
+		x                  bool
+		want               string
 	}{
-		{1, 1, "want 2 to 8"}, {MaxTCRing + 1, 1, "want 2 to 8"}, {7, 7, "past 49152"},
+		{1, 1, 8, false, "want 2 to 8"}, {MaxTCRing + 1, 1, 8, false, "want 2 to 8"}, {7, 7, 8, false, "past 49152"},
+		{5, 5, 8, true, "past 49152"}, {0, 1, 8, true, "needs a ring"}, {3, 1, 16, true, "want a bucket of 1 to 8"},
+		{3, 1, 0, true, "want a bucket of 1 to 8"},
 	} {
-		cfg := GemmConfig{K: 1024, N: 16, WDtype: ptx.BF16, Rows: 8, Unroll: bad.unroll, Ring: bad.ring}
+		cfg := GemmConfig{K: 1024, N: 16, WDtype: ptx.BF16, Rows: bad.rows, Unroll: bad.unroll, Ring: bad.ring, RingX: bad.x}
 		if _, err := GemmTC("g", cfg); err == nil || !strings.Contains(err.Error(), bad.want) {
-			t.Errorf("ring %d of %d chunks: %v, want %q", bad.ring, bad.unroll, err, bad.want)
+			t.Errorf("%+v: %v, want %q", bad, err, bad.want)
 		}
 	}
 }

@@ -189,16 +189,21 @@ func TestGemmTCPublic(t *testing.T) {
 // 48 KiB of rings a block), split into column warps so that the grid keeps the warps of 132
 // blocks of 8 where N allows.
 func TestGemmTCLayout(t *testing.T) {
-	for _, c := range []struct{ n, ring, unroll, warps, wc, blocks int }{
-		{4096, 0, 4, 8, 1, 256}, {6144, 0, 4, 8, 2, 192}, {14336, 0, 4, 8, 4, 224}, {28672, 0, 4, 8, 8, 224}, {128256, 0, 4, 8, 8, 1002}, {64, 0, 4, 8, 1, 4},
-		{28672, 6, 1, 8, 8, 224}, // 6 KiB a warp: 8 warps
-		{28672, 3, 4, 4, 4, 448}, // 12 KiB a warp: 4 warps, 1792 of them as without the ring
-		{6144, 3, 4, 4, 1, 384},
-		{4096, 3, 4, 4, 1, 256}, // as many blocks as column tiles: half the warps
-		{28672, 6, 4, 2, 2, 896},
-		{28672, 6, 8, 1, 1, 1792},
+	for _, c := range []struct {
+		n, ring, unroll, warps, wc, blocks int
+		x                                  bool // x through the ring too
+	}{
+		{4096, 0, 4, 8, 1, 256, false}, {6144, 0, 4, 8, 2, 192, false}, {14336, 0, 4, 8, 4, 224, false},
+		{28672, 0, 4, 8, 8, 224, false}, {128256, 0, 4, 8, 8, 1002, false}, {64, 0, 4, 8, 1, 4, false},
+		{28672, 6, 1, 8, 8, 224, false}, // 6 KiB a warp: 8 warps
+		{28672, 3, 4, 4, 4, 448, false}, // 12 KiB a warp: 4 warps, 1792 of them as without the ring
+		{6144, 3, 4, 4, 1, 384, false},
+		{4096, 3, 4, 4, 1, 256, false}, // as many blocks as column tiles: half the warps
+		{28672, 6, 4, 2, 2, 896, false},
+		{28672, 6, 8, 1, 1, 1792, false},
+		{28672, 3, 4, 2, 2, 896, true}, // x too: 24 KiB a warp
 	} {
-		cfg := GemmConfig{K: 4096, N: c.n, WDtype: ptx.BF16, Rows: 8, Unroll: c.unroll, Ring: c.ring}
+		cfg := GemmConfig{K: 4096, N: c.n, WDtype: ptx.BF16, Rows: 8, Unroll: c.unroll, Ring: c.ring, RingX: c.x}
 		if w := cfg.tcBlockWarps(); w != c.warps {
 			t.Errorf("N=%d ring %d of %d chunks: %d warps, want %d", c.n, c.ring, c.unroll, w, c.warps)
 		}

@@ -197,6 +197,10 @@ ops:
 		{"llama-ring", SmallModel, nil, []loader.Request{
 			{Prompt: []int{3, 1, 4, 1, 5, 9, 2, 6}, MaxTokens: 4}, {Prompt: []int{2, 7, 1}, MaxTokens: 5}, {Prompt: []int{8, 2}, MaxTokens: 2}},
 			compile.Options{TensorCoreRows: 2, TCRing: 3, TCChunks: []int{4, 1}}},
+		// The same with x through the ring too (--tc-ring-x: blocks of 2 warps at up to 8 rows).
+		{"llama-ring-x", SmallModel, nil, []loader.Request{
+			{Prompt: []int{3, 1, 4, 1, 5, 9, 2, 6}, MaxTokens: 4}, {Prompt: []int{2, 7, 1}, MaxTokens: 5}, {Prompt: []int{8, 2}, MaxTokens: 2}},
+			compile.Options{TensorCoreRows: 2, TCRing: 3, TCRingX: true, TCChunks: []int{4, 1}}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			b := CompileWith(t, c.opt, c.spec, c.apps...)
