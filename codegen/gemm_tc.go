@@ -141,8 +141,8 @@ type tcGen struct {
 	colBase        ptx.Reg     // first output column of this warp's tile
 	acc            [][]ptx.Reg // [row tile] the 4 accumulators of its m16n8 tile
 	red            ptx.Sym
-	tiles          int // row tiles a pass over W computes
-	unroll         int // chunks a K group takes per step
+	tiles          int  // row tiles a pass over W computes
+	unroll         int  // chunks a K group takes per step
 	ring           int  // steps of the weight ring (GemmConfig.Ring; 0: W in registers)
 	ringX          bool // the ring carries each chunk's x too (GemmConfig.RingX)
 	// pre: the W of the K group's first step, loaded before the wait (preloadWeights); fresh:
