@@ -31,8 +31,8 @@ import (
 // of each chunk, as loadW loads them), so no other thread's copies need waiting for:
 // cp.async.wait_group alone orders a lane's copies before its own ld.shared, and no barrier
 // is needed. Warp w's ring is D slots of one step each; in a slot, chunk i's row-g pieces of
-// the 32 lanes sit at 1024i + 16*lane and its row-(g+8) pieces 512 bytes on, so a warp's
-// 16-byte shared loads are contiguous (conflict-free).
+// the 32 lanes sit at 512*P*i + 16*lane (P = 2 pieces a chunk, 4 with x) and its row-(g+8)
+// pieces 512 bytes on, so a warp's 16-byte shared loads are contiguous (conflict-free).
 //
 // Pipeline. Steps 0..D-2 are copied first, one commit group each (before the wait for the
 // grid ahead when the kernel is built for early launch: W never changes). Step j then copies
