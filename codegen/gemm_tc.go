@@ -318,9 +318,14 @@ func (g *tcGen) primeRing(active ptx.Reg) {
 	}
 	g.primed = g.Reg(ptx.Pred)
 	g.Emit("mov.pred", g.primed, active)
+	g.ringFill(g.laneWeights(), ptx.Reg{}, chunks, ringCopies{w: true, on: active})
+}
+
+// laneWeights is the lane's first W bytes, element 8t of row colBase+g: what its loads of a
+// chunk start from before the wait (the mainLoop of a row group computes its own).
+func (g *tcGen) laneWeights() ptx.Reg {
 	wrow := g.op3("add.u32", ptx.U32, g.colBase, g.g)
-	wl := g.byteAddr(g.byteAddr(g.w, wrow, 2*g.c.K), g.op3("shl.b32", ptx.U32, g.t, ptx.Imm(3)), 2)
-	g.ringFill(wl, ptx.Reg{}, chunks, ringCopies{w: true, on: active})
+	return g.byteAddr(g.byteAddr(g.w, wrow, 2*g.c.K), g.op3("shl.b32", ptx.U32, g.t, ptx.Imm(3)), 2)
 }
 
 // preloadWeights loads the W of this warp's first step (its K group's first U chunks, as
@@ -336,9 +341,7 @@ func (g *tcGen) preloadWeights(active ptx.Reg) {
 	g.pre = g.Regs(ptx.B32, 8*g.unroll)
 	g.fresh = g.Reg(ptx.Pred)
 	g.Emit("mov.pred", g.fresh, active)
-	wrow := g.op3("add.u32", ptx.U32, g.colBase, g.g)
-	wl := g.byteAddr(g.byteAddr(g.w, wrow, 2*g.c.K), g.op3("shl.b32", ptx.U32, g.t, ptx.Imm(3)), 2)
-	g.loadFirst(g.pre, wl, chunks, func(ok ptx.Reg) ptx.Reg {
+	g.loadFirst(g.pre, g.laneWeights(), chunks, func(ok ptx.Reg) ptx.Reg {
 		g.Emit("and.pred", ok, ok, active)
 		return ok
 	})
@@ -382,13 +385,14 @@ func (g *tcGen) unlessFresh(ok ptx.Reg) ptx.Reg {
 // then streams in while the kernels ahead still run.
 func (g *tcGen) prefetchWeights(active ptx.Reg) {
 	c := g.c
-	first := 0
+	steps := 0 // the K groups' steps loaded before the wait: one in registers, D-1 in a ring
 	switch {
 	case g.pre != nil:
-		first = (64*g.wk*g.unroll + 127) / 128
+		steps = 1
 	case g.primed != (ptx.Reg{}):
-		first = (64*g.wk*g.unroll*(g.ring-1) + 127) / 128
+		steps = g.ring - 1
 	}
+	first := (64*g.wk*g.unroll*steps + 127) / 128
 	lines := min(c.Prefetch, 2*c.K)/128 - first
 	if lines <= 0 {
 		return
