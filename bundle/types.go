@@ -313,11 +313,6 @@ type BuildInfo struct {
 	// to 8 rows and of 9-32 rows (xmixc build --tc-chunks; empty: the measured defaults,
 	// codegen.DefaultTCChunks).
 	TCChunks []int `json:"tc_chunks,omitempty"`
-	// TCRing: steps of the shared-memory weight ring of the decode buckets' tensor-core GEMMs
-	// (xmixc build --tc-ring; 0: W in registers).
-	TCRing int `json:"tc_ring,omitempty"`
-	// TCRingX: the rings of buckets of up to 8 rows carry x too (xmixc build --tc-ring-x).
-	TCRingX bool `json:"tc_ring_x,omitempty"`
 	// AttnWarps and AttnUnroll: warps per block and position loads per warp step of the
 	// decode buckets' attention (xmixc build --attn-warps, --attn-unroll; 0: the defaults).
 	AttnWarps  int `json:"attn_warps,omitempty"`

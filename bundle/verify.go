@@ -82,8 +82,8 @@ func Verify(b *Bundle) error {
 		// Only a record of how the kernels were built, but tools print it.
 		return fmt.Errorf("manifest: build tc_chunks %v: want none or two positive counts; rebuild the bundle", c)
 	}
-	if bi := b.Manifest.Build; bi.AttnWarps < 0 || bi.AttnUnroll < 0 || bi.GemvSplit < 0 || bi.AttnPrefetch < 0 || bi.AttnPrefetchOneRow < 0 || bi.GemvWarps < 0 || bi.TCRing < 0 {
-		return fmt.Errorf("manifest: build attn_warps %d, attn_unroll %d, gemv_split %d, attn_prefetch %d (%d at one row), gemv_warps %d, tc_ring %d: want counts of at least 0 (0: the default, or none); rebuild the bundle", bi.AttnWarps, bi.AttnUnroll, bi.GemvSplit, bi.AttnPrefetch, bi.AttnPrefetchOneRow, bi.GemvWarps, bi.TCRing)
+	if bi := b.Manifest.Build; bi.AttnWarps < 0 || bi.AttnUnroll < 0 || bi.GemvSplit < 0 || bi.AttnPrefetch < 0 || bi.AttnPrefetchOneRow < 0 || bi.GemvWarps < 0 {
+		return fmt.Errorf("manifest: build attn_warps %d, attn_unroll %d, gemv_split %d, attn_prefetch %d (%d at one row), gemv_warps %d: want counts of at least 0 (0: the default, or none); rebuild the bundle", bi.AttnWarps, bi.AttnUnroll, bi.GemvSplit, bi.AttnPrefetch, bi.AttnPrefetchOneRow, bi.GemvWarps)
 	}
 	if n := b.Manifest.Build.TensorCoreRows; n < 0 {
 		return fmt.Errorf("manifest: build tensor_core_rows %d: want a bucket size, or 0 for the default; rebuild the bundle", n)

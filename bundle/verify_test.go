@@ -75,12 +75,11 @@ func TestVerifyFailures(t *testing.T) {
 		}, "rebuild it"},
 		{"build tc_chunks", func(b *Bundle) { b.Manifest.Build.TCChunks = []int{5} }, "build tc_chunks [5]: want none or two positive counts"},
 		{"build tc_chunks zero", func(b *Bundle) { b.Manifest.Build.TCChunks = []int{4, 0} }, "build tc_chunks [4 0]"},
-		{"build attn_warps", func(b *Bundle) { b.Manifest.Build.AttnWarps = -2 }, "build attn_warps -2, attn_unroll 0, gemv_split 0, attn_prefetch 0 (0 at one row), gemv_warps 0, tc_ring 0: want counts of at least 0"},
-		{"build gemv_split", func(b *Bundle) { b.Manifest.Build.GemvSplit = -4 }, "gemv_split -4, attn_prefetch 0 (0 at one row), gemv_warps 0, tc_ring 0: want counts of at least 0"},
-		{"build attn_prefetch", func(b *Bundle) { b.Manifest.Build.AttnPrefetch = -1 }, "attn_prefetch -1 (0 at one row), gemv_warps 0, tc_ring 0: want counts of at least 0"},
-		{"build attn_prefetch_one_row", func(b *Bundle) { b.Manifest.Build.AttnPrefetchOneRow = -1 }, "attn_prefetch 0 (-1 at one row), gemv_warps 0, tc_ring 0: want counts of at least 0"},
-		{"build gemv_warps", func(b *Bundle) { b.Manifest.Build.GemvWarps = -2 }, "gemv_warps -2, tc_ring 0: want counts of at least 0"},
-		{"build tc_ring", func(b *Bundle) { b.Manifest.Build.TCRing = -3 }, "tc_ring -3: want counts of at least 0"},
+		{"build attn_warps", func(b *Bundle) { b.Manifest.Build.AttnWarps = -2 }, "build attn_warps -2, attn_unroll 0, gemv_split 0, attn_prefetch 0 (0 at one row), gemv_warps 0: want counts of at least 0"},
+		{"build gemv_split", func(b *Bundle) { b.Manifest.Build.GemvSplit = -4 }, "gemv_split -4, attn_prefetch 0 (0 at one row), gemv_warps 0: want counts of at least 0"},
+		{"build attn_prefetch", func(b *Bundle) { b.Manifest.Build.AttnPrefetch = -1 }, "attn_prefetch -1 (0 at one row), gemv_warps 0: want counts of at least 0"},
+		{"build attn_prefetch_one_row", func(b *Bundle) { b.Manifest.Build.AttnPrefetchOneRow = -1 }, "attn_prefetch 0 (-1 at one row), gemv_warps 0: want counts of at least 0"},
+		{"build gemv_warps", func(b *Bundle) { b.Manifest.Build.GemvWarps = -2 }, "gemv_warps -2: want counts of at least 0"},
 		{"build tensor_core_rows", func(b *Bundle) { b.Manifest.Build.TensorCoreRows = -8 }, "build tensor_core_rows -8: want a bucket size, or 0 for the default"},
 		{"embedded weight missing", func(b *Bundle) {
 			b.Weights = safetensorsFile(safetensors.Tensor{Name: "other", Dtype: "F32", Shape: []int{1}, Data: make([]byte, 4)})

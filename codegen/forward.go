@@ -24,9 +24,8 @@ type Options struct {
 	// every CUDA-core GEMV and tensor-core GEMM; GemvCols and GemvUnroll are GemmConfig.Cols
 	// and Unroll of the CUDA-core GEMVs of buckets of more than one row (0 or 1: one);
 	// TCChunks are GemmConfig.Unroll of the tensor-core GEMMs of buckets of up to 8 and of
-	// 9-32 rows, TCRing their GemmConfig.Ring and TCRingX its RingX (tcSettings); AttnWarps and AttnUnroll are
-	// AttnConfig.Warps and Unroll of the decode buckets' attention, AttnPrefetch
-	// AttnConfig.Prefetch and AttnTC
+	// 9-32 rows (tcSettings); AttnWarps and AttnUnroll are AttnConfig.Warps and Unroll of
+	// the decode buckets' attention, AttnPrefetch AttnConfig.Prefetch and AttnTC
 	// AttnConfig.TensorCores of every decode attention, AttnPrefetchOneRow the Prefetch of the
 	// one-row decode bucket's.
 	Build   bundle.BuildInfo
@@ -69,8 +68,6 @@ type gen struct {
 	gemvWarps int    // a CUDA-core GEMV block's warps (GemmConfig.Warps; 0: gemmWarps)
 	tcRows    int    // the bucket size from which GEMMs run on tensor cores (tensorCores)
 	tcChunks  [2]int // GemmConfig.Unroll of the tensor-core GEMMs of up to 8, of 9-32 rows
-	tcRing    int    // GemmConfig.Ring of the decode buckets' tensor-core GEMMs
-	tcRingX   bool   // GemmConfig.RingX of those of up to 8 rows
 	// attnWarps and attnUnroll are AttnConfig.Warps and Unroll of the decode buckets' attention.
 	attnWarps, attnUnroll int
 	// attnPrefetch and attnTC are AttnConfig.Prefetch and TensorCores of every decode
@@ -135,13 +132,7 @@ func Generate(p *passes.Program, opt Options) (*bundle.Bundle, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := CheckTCRing(bi.TCRing, tc, bi.TCRingX); err != nil {
-		return nil, err
-	}
-	if bi.TCRing > 0 && opt.GEMM != "" && opt.GEMM != "tc" {
-		return nil, fmt.Errorf("a weight ring (TCRing %d) is the tensor-core GEMM's (GEMM kind tc), not GEMM kind %q's", bi.TCRing, opt.GEMM)
-	}
-	g.tcChunks, g.tcRing, g.tcRingX = tc, bi.TCRing, bi.TCRingX
+	g.tcChunks = tc
 	g.readGraph()
 	switch opt.GEMM {
 	case "", "tc", "tc-staged", "cuda-core":

@@ -44,13 +44,6 @@ type GemmConfig struct {
 	// GEMVs built so for buckets under gemmTile rows, 36 registers instead of 80 at batch 1 on
 	// Llama-3.1-8B, made the step 4-23% longer on the H200, session 13: fewer loads in flight.)
 	Rows int
-	// Ring (2 to MaxTCRing), when not 0, makes a tensor-core GEMM (GemmTC) bring W to its
-	// fragments through a ring of Ring steps in shared memory, filled by cp.async, instead of
-	// registers (gemm_tc_ring.go). The bits are the same; the op's attributes leave it out.
-	Ring int
-	// RingX makes the ring carry each chunk's x as well (one row tile only: GemmConfig.Rows
-	// 1 to 8), copied D-1 steps ahead like W instead of loaded by the step that uses it.
-	RingX bool
 	// Split (2, 4 or 8), when not 0 or 1, splits each column's K over Split warps of a block,
 	// which sum their warps' totals through shared memory in warp order: a GEMM of few
 	// columns then has Split times the warps, so its last wave of blocks is a smaller share

@@ -111,7 +111,7 @@ func prefetchesBeforeWait(t *testing.T, k *Kernel) (prefetches, preloads []ptx.I
 	for i, in := range body {
 		touches := strings.HasPrefix(in.Op, "ld.global") || strings.HasPrefix(in.Op, "st.global") || strings.HasPrefix(in.Op, "atom")
 		switch {
-		case i < wait && (strings.HasPrefix(in.Op, "ld.global.nc.") || strings.HasPrefix(in.Op, "cp.async.cg.")):
+		case i < wait && strings.HasPrefix(in.Op, "ld.global.nc."):
 			preloads = append(preloads, in)
 		case touches && i < wait:
 			t.Fatalf("%s: %s before the wait", k.Name, in.Op)

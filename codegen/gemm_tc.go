@@ -25,13 +25,12 @@ import (
 // are {8t+4, ..., 8t+7}, for A and B alike. A K % 32 == 16 tail uses the 16-wide variant
 // (8-byte W loads, logical {2t, 2t+1, 2t+8, 2t+9} = physical {4t, ..., 4t+3}).
 //
-// Work split. A block is 8 warps (fewer with a weight ring, gemm_tc_ring.go): tcWc column
-// warps (one 16-column tile each) times tcWk = 8/tcWc K groups; K group j takes 32-chunks
-// j, j+Wk, ... The K groups' partial sums meet in shared memory in a fixed order (group 0
-// stores, 1..Wk-1 add, the last adds and writes y), so the result is deterministic and no y pre-zeroing or atomics are needed. The
+// Work split. A block is 8 warps: tcWc column warps (one 16-column tile each) times
+// tcWk = 8/tcWc K groups; K group j takes 32-chunks j, j+Wk, ... The K groups' partial sums
+// meet in shared memory in a fixed order (group 0 stores, 1..Wk-1 add, the last adds and
+// writes y), so the result is deterministic and no y pre-zeroing or atomics are needed. The
 // generator picks the widest tcWc that still gives at least tcMinBlocks blocks (one per SM
-// on an H200; with smaller blocks, as many warps), so small N (4096) fills the GPU by
-// splitting K inside blocks.
+// on an H200), so small N (4096) fills the GPU by splitting K inside blocks.
 //
 // Rows. A warp keeps up to 16 row tiles (128 rows) of accumulators (64 f32 per lane); tiles
 // past ceil(rows/8) are skipped, x rows past rows read as zero and are never stored. More
@@ -75,12 +74,12 @@ const (
 	tcRedStride = 20 // f32 per row in the reduction buffer: 16 columns + pad against bank conflicts
 )
 
-// tcColumnWarps is how many 16-column tiles a block of warps warps covers for N columns: the
-// most (sharing x best) that still leaves as many warps as tcMinBlocks blocks of tcWarps.
-func tcColumnWarps(n, warps int) int {
+// tcColumnWarps is how many 16-column tiles a block covers for N columns: the most (sharing
+// x best) that still leaves tcMinBlocks blocks.
+func tcColumnWarps(n int) int {
 	tiles := n / 16
 	for _, wc := range []int{8, 4, 2} {
-		if wc <= warps && (tiles+wc-1)/wc*warps >= tcMinBlocks*tcWarps {
+		if (tiles+wc-1)/wc >= tcMinBlocks {
 			return wc
 		}
 	}
@@ -89,30 +88,25 @@ func tcColumnWarps(n, warps int) int {
 
 // LaunchTC is the grid of the tensor-core GEMM (GemmTC) for a call over rows rows.
 func (c GemmConfig) LaunchTC(rows int) ops.Launch {
-	warps := c.tcBlockWarps()
-	wc := tcColumnWarps(c.N, warps)
-	return ops.Launch{Grid: [3]int{(c.N/16 + wc - 1) / wc, 1, 1}, Block: [3]int{32 * warps, 1, 1}}
+	wc := tcColumnWarps(c.N)
+	return ops.Launch{Grid: [3]int{(c.N/16 + wc - 1) / wc, 1, 1}, Block: [3]int{32 * tcWarps, 1, 1}}
 }
 
 // GemmTC generates the tensor-core GEMM; parameters: x, w, y (u64), rows (u32). W must be
 // bf16 and K and N multiples of 16. Launch it with c.LaunchTC(rows).
 func GemmTC(name string, c GemmConfig) (*Kernel, error) {
-	return gemmTC(name, c, tcColumnWarps(c.N, c.tcBlockWarps()))
+	return gemmTC(name, c, tcColumnWarps(c.N))
 }
 
 func gemmTC(name string, c GemmConfig, wc int) (*Kernel, error) {
 	if err := checkTC(c); err != nil {
 		return nil, fmt.Errorf("gemm_tc %s: %w", name, err)
 	}
-	warps := c.tcBlockWarps()
-	g := tcGen{emitter: newEmitter(name), c: c, warps: warps, wc: wc, wk: warps / wc, tiles: tcRowTiles, unroll: max(1, c.Unroll), ring: c.Ring, ringX: c.RingX}
+	g := tcGen{emitter: newEmitter(name), c: c, wc: wc, wk: tcWarps / wc, tiles: tcRowTiles, unroll: max(1, c.Unroll)}
 	if c.Rows > 0 {
 		g.tiles = min(tcRowTiles, (c.Rows+7)/8)
 	}
-	if err := g.checkRing(); err != nil {
-		return nil, fmt.Errorf("gemm_tc %s: %w", name, err)
-	}
-	g.MaxNTid = 32 * warps
+	g.MaxNTid = 32 * tcWarps
 	g.emit()
 	return finish(g.Kernel, "gemm_tc", bundle.GemmTCAttrs{K: c.K, N: c.N, Guard: c.Guard})
 }
@@ -135,23 +129,18 @@ func checkTC(c GemmConfig) error {
 type tcGen struct {
 	emitter
 	c              GemmConfig
-	warps, wc, wk  int // the block's warps: wc column warps times wk K groups
+	wc, wk         int
 	x, w, y, rows  ptx.Reg
 	g, t, kg, wcol ptx.Reg     // lane group, lane in group, K group, column warp
 	colBase        ptx.Reg     // first output column of this warp's tile
 	acc            [][]ptx.Reg // [row tile] the 4 accumulators of its m16n8 tile
 	red            ptx.Sym
-	tiles          int  // row tiles a pass over W computes
-	unroll         int  // chunks a K group takes per step
-	ring           int  // steps of the weight ring (GemmConfig.Ring; 0: W in registers)
-	ringX          bool // the ring carries each chunk's x too (GemmConfig.RingX)
+	tiles          int // row tiles a pass over W computes
+	unroll         int // chunks a K group takes per step
 	// pre: the W of the K group's first step, loaded before the wait (preloadWeights); fresh:
 	// it is loaded and not yet used. pre is nil without early launch.
 	pre   []ptx.Reg
 	fresh ptx.Reg
-	// ringLane: this lane's address in slot 0 of its warp's ring; primed: the ring's first
-	// steps were copied before the wait and not yet used (a zero Reg without early launch).
-	ringLane, primed ptx.Reg
 }
 
 const mmaOp = "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"
@@ -165,14 +154,12 @@ func (g *tcGen) emit() {
 	if c.Prefetch == 0 {
 		g.guard(c.Guard)
 	}
+	if g.wk > 1 {
+		g.red = g.DeclareShared("red", ptx.F32, g.wc*8*g.tiles*tcRedStride)
+	}
 	tid := g.special(ptx.TidX)
 	lane := g.op3("and.b32", ptx.U32, tid, ptx.Imm(31))
 	warp := g.op3("shr.u32", ptx.U32, tid, ptx.Imm(5))
-	if g.ring > 0 {
-		g.declareRing(warp, lane)
-	} else if g.wk > 1 {
-		g.red = g.DeclareShared("red", ptx.F32, g.wc*8*g.tiles*tcRedStride)
-	}
 	g.g = g.op3("shr.u32", ptx.U32, lane, ptx.Imm(2))
 	g.t = g.op3("and.b32", ptx.U32, lane, ptx.Imm(3))
 	g.wcol = g.op3("rem.u32", ptx.U32, warp, ptx.Imm(int64(g.wc)))
@@ -183,11 +170,7 @@ func (g *tcGen) emit() {
 	// Warps past N (the last block's) do no math but still meet every barrier.
 	active := g.cmp("lt", ptx.U32, g.colBase, ptx.Imm(int64(c.N)))
 	if c.Prefetch > 0 {
-		if g.ring > 0 {
-			g.primeRing(active)
-		} else {
-			g.preloadWeights(active)
-		}
+		g.preloadWeights(active)
 		g.prefetchWeights(active)
 		g.Emit(bundle.PriorGridWait)
 		g.guard(c.Guard) // ctl.any_mask is read after the wait, as every other word is
@@ -235,11 +218,7 @@ func (g *tcGen) mainLoop(r0 ptx.Reg, skip, valid []ptx.Reg) {
 		off := g.op3("shl.b32", ptx.U32, g.t, ptx.Imm(3)) // 8t
 		wl := g.byteAddr(wbase, off, 2)
 		xl := g.byteAddr(xbase, off, 4)
-		if g.ring > 0 {
-			g.ringLoop(wl, xl, chunks, skip, valid, valid[0])
-		} else {
-			g.stepLoop(wl, xl, chunks, skip, valid)
-		}
+		g.stepLoop(wl, xl, chunks, skip, valid)
 	}
 	if c.K%32 != 0 {
 		// The 16-wide tail goes to the K group next in the interleave.
@@ -257,6 +236,18 @@ func (g *tcGen) mainLoop(r0 ptx.Reg, skip, valid []ptx.Reg) {
 // while this step's are multiplied.
 func (g *tcGen) stepLoop(wl, xl ptx.Reg, chunks int, skip, valid []ptx.Reg) {
 	u, step := g.unroll, g.wk*g.unroll
+	// at is the step at chunk ch, its W in wv; load issues its W loads. A step's chunk
+	// indices and x addresses are recomputed where they are used rather than carried from
+	// the load a step earlier: carried, they cost 13 registers at 8 rows (139-141), which
+	// leaves one block per SM instead of two.
+	at := func(wv []ptx.Reg, ch ptx.Reg) []tcChunk {
+		cs := make([]tcChunk, u)
+		for i := range cs {
+			ci := g.op3("add.u32", ptx.U32, ch, ptx.Imm(int64(i*g.wk)))
+			cs[i] = tcChunk{w: wv[8*i : 8*i+8], ch: ci, ok: g.cmp("lt", ptx.U32, ci, ptx.Imm(int64(chunks)))}
+		}
+		return cs
+	}
 	load := func(cs []tcChunk) {
 		for _, ch := range cs {
 			g.loadW(ch.w, ch.ok, wl, ch.ch, 4)
@@ -265,8 +256,8 @@ func (g *tcGen) stepLoop(wl, xl ptx.Reg, chunks int, skip, valid []ptx.Reg) {
 	cur, nxt := g.firstLoads(wl, chunks), g.Regs(ptx.B32, 8*u)
 	ch := g.Reg(ptx.U32)
 	g.forLoop(ch, g.kg, ptx.Imm(int64(chunks)), ptx.Imm(int64(step)), func() {
-		load(g.stepChunks(nxt, g.op3("add.u32", ptx.U32, ch, ptx.Imm(int64(step))), chunks))
-		cs := g.stepChunks(cur, ch, chunks)
+		load(at(nxt, g.op3("add.u32", ptx.U32, ch, ptx.Imm(int64(step)))))
+		cs := at(cur, ch)
 		for i := range cs {
 			cs[i].xa = g.byteAddr(xl, cs[i].ch, 128)
 		}
@@ -275,19 +266,6 @@ func (g *tcGen) stepLoop(wl, xl ptx.Reg, chunks int, skip, valid []ptx.Reg) {
 			g.Emit("mov.b32", cur[i], nxt[i])
 		}
 	})
-}
-
-// stepChunks is the step of U chunks at chunk ch (of chunks), its W in wv. A step's chunk
-// indices and x addresses are recomputed where they are used rather than carried from the
-// load a step earlier: carried, they cost 13 registers at 8 rows (139-141), which leaves one
-// block per SM instead of two.
-func (g *tcGen) stepChunks(wv []ptx.Reg, ch ptx.Reg, chunks int) []tcChunk {
-	cs := make([]tcChunk, g.unroll)
-	for i := range cs {
-		ci := g.op3("add.u32", ptx.U32, ch, ptx.Imm(int64(i*g.wk)))
-		cs[i] = tcChunk{w: wv[8*i : 8*i+8], ch: ci, ok: g.cmp("lt", ptx.U32, ci, ptx.Imm(int64(chunks)))}
-	}
-	return cs
 }
 
 // loadW loads this lane's W words of one chunk into wv: nw words (4 for a 32-wide chunk, 2
@@ -309,25 +287,6 @@ func (g *tcGen) loadW(wv []ptx.Reg, p, base, ch ptx.Reg, nw int) {
 	}
 }
 
-// primeRing copies the ring's first steps (ringFill) before the kernel waits for the grid
-// ahead, as preloadWeights loads the register pipeline's; warps past N copy nothing.
-func (g *tcGen) primeRing(active ptx.Reg) {
-	chunks := g.c.K / 32
-	if chunks == 0 {
-		return
-	}
-	g.primed = g.Reg(ptx.Pred)
-	g.Emit("mov.pred", g.primed, active)
-	g.ringFill(g.laneWeights(), ptx.Reg{}, chunks, ringCopies{w: true, on: active})
-}
-
-// laneWeights is the lane's first W bytes, element 8t of row colBase+g: what its loads of a
-// chunk start from before the wait (the mainLoop of a row group computes its own).
-func (g *tcGen) laneWeights() ptx.Reg {
-	wrow := g.op3("add.u32", ptx.U32, g.colBase, g.g)
-	return g.byteAddr(g.byteAddr(g.w, wrow, 2*g.c.K), g.op3("shl.b32", ptx.U32, g.t, ptx.Imm(3)), 2)
-}
-
 // preloadWeights loads the W of this warp's first step (its K group's first U chunks, as
 // mainLoop's first loads would) into pre before the kernel waits for the grid ahead: W never
 // changes, and a block launched early then holds its first W when the wait ends. The first
@@ -341,7 +300,9 @@ func (g *tcGen) preloadWeights(active ptx.Reg) {
 	g.pre = g.Regs(ptx.B32, 8*g.unroll)
 	g.fresh = g.Reg(ptx.Pred)
 	g.Emit("mov.pred", g.fresh, active)
-	g.loadFirst(g.pre, g.laneWeights(), chunks, func(ok ptx.Reg) ptx.Reg {
+	wrow := g.op3("add.u32", ptx.U32, g.colBase, g.g)
+	wl := g.byteAddr(g.byteAddr(g.w, wrow, 2*g.c.K), g.op3("shl.b32", ptx.U32, g.t, ptx.Imm(3)), 2)
+	g.loadFirst(g.pre, wl, chunks, func(ok ptx.Reg) ptx.Reg {
 		g.Emit("and.pred", ok, ok, active)
 		return ok
 	})
@@ -385,14 +346,10 @@ func (g *tcGen) unlessFresh(ok ptx.Reg) ptx.Reg {
 // then streams in while the kernels ahead still run.
 func (g *tcGen) prefetchWeights(active ptx.Reg) {
 	c := g.c
-	steps := 0 // the K groups' steps loaded before the wait: one in registers, D-1 in a ring
-	switch {
-	case g.pre != nil:
-		steps = 1
-	case g.primed != (ptx.Reg{}):
-		steps = g.ring - 1
+	first := 0
+	if g.pre != nil {
+		first = (64*g.wk*g.unroll + 127) / 128
 	}
-	first := (64*g.wk*g.unroll*steps + 127) / 128
 	lines := min(c.Prefetch, 2*c.K)/128 - first
 	if lines <= 0 {
 		return
@@ -412,12 +369,11 @@ func (g *tcGen) prefetchWeights(active ptx.Reg) {
 }
 
 // tcChunk is one K chunk of a step: the lane's W words (nw of row g, then nw of row g+8;
-// loadW), the chunk's index, its x address in row g of row tile 0 (or xs, its shared
-// address in a weight ring that carries x, GemmConfig.RingX), and whether the chunk exists
-// (ok; a zero Reg: it always does).
+// loadW), the chunk's index, its x address in row g of row tile 0, and whether the chunk
+// exists (ok; a zero Reg: it always does).
 type tcChunk struct {
-	w              []ptx.Reg
-	ch, xa, xs, ok ptx.Reg
+	w          []ptx.Reg
+	ch, xa, ok ptx.Reg
 }
 
 // multiply issues the x loads and the mmas of a step's chunks (nw words of W per row each):
@@ -443,13 +399,6 @@ func (g *tcGen) multiply(cs []tcChunk, nw int, skip, valid []ptx.Reg) {
 				p = load
 			}
 			for q := 0; q < len(xf[i]); q += 4 {
-				if ch.xs != (ptx.Reg{}) {
-					// The lane's two pieces sit 512 bytes apart in the ring. A row past rows
-					// or a chunk past K finds stale bytes there; both are zeroed or skipped
-					// below, as their unloaded registers are.
-					g.Emit("ld.shared.v4.f32", ptx.Vec(xf[i][q:q+4]), ptx.Addr{Base: ch.xs, Offset: int64(512 * q / 4)})
-					continue
-				}
 				g.EmitIf(p, false, "ld.global.v4.f32", ptx.Vec(xf[i][q:q+4]), ptx.Addr{Base: ch.xa, Offset: off + int64(4*q)})
 			}
 		}
@@ -521,10 +470,6 @@ func (g *tcGen) reduce(r0, left ptx.Reg, skip []ptx.Reg, active ptx.Reg) {
 		sbase = g.sharedAddr(g.red, sidx, 4)
 	}
 	tmp := g.Reg(ptx.F32)
-	if g.ring > 0 && g.wk > 1 {
-		// The reduction buffer is the rings' memory: every warp must be done with its ring.
-		g.Emit("bar.sync", ptx.Imm(0))
-	}
 	for s := range g.wk {
 		if s > 0 {
 			g.Emit("bar.sync", ptx.Imm(0))

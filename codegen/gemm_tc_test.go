@@ -185,33 +185,16 @@ func TestGemmTCPublic(t *testing.T) {
 	}
 }
 
-// TestGemmTCLayout: blocks of 8 warps, or with a weight ring as many as fit (GemmConfig.Ring:
-// 48 KiB of rings a block), split into column warps so that the grid keeps the warps of 132
-// blocks of 8 where N allows.
 func TestGemmTCLayout(t *testing.T) {
-	for _, c := range []struct {
-		n, ring, unroll, warps, wc, blocks int
-		x                                  bool // x through the ring too
-	}{
-		{4096, 0, 4, 8, 1, 256, false}, {6144, 0, 4, 8, 2, 192, false}, {14336, 0, 4, 8, 4, 224, false},
-		{28672, 0, 4, 8, 8, 224, false}, {128256, 0, 4, 8, 8, 1002, false}, {64, 0, 4, 8, 1, 4, false},
-		{28672, 6, 1, 8, 8, 224, false}, // 6 KiB a warp: 8 warps
-		{28672, 3, 4, 4, 4, 448, false}, // 12 KiB a warp: 4 warps, 1792 of them as without the ring
-		{6144, 3, 4, 4, 1, 384, false},
-		{4096, 3, 4, 4, 1, 256, false}, // as many blocks as column tiles: half the warps
-		{28672, 6, 4, 2, 2, 896, false},
-		{28672, 6, 8, 1, 1, 1792, false},
-		{28672, 3, 4, 2, 2, 896, true}, // x too: 24 KiB a warp
+	for _, c := range []struct{ n, wc, blocks int }{
+		{4096, 1, 256}, {6144, 2, 192}, {14336, 4, 224}, {28672, 8, 224}, {128256, 8, 1002}, {64, 1, 4},
 	} {
-		cfg := GemmConfig{K: 4096, N: c.n, WDtype: ptx.BF16, Rows: 8, Unroll: c.unroll, Ring: c.ring, RingX: c.x}
-		if w := cfg.tcBlockWarps(); w != c.warps {
-			t.Errorf("N=%d ring %d of %d chunks: %d warps, want %d", c.n, c.ring, c.unroll, w, c.warps)
-		}
-		if wc := tcColumnWarps(c.n, c.warps); wc != c.wc {
+		cfg := GemmConfig{K: 4096, N: c.n, WDtype: ptx.BF16}
+		if wc := tcColumnWarps(c.n); wc != c.wc {
 			t.Errorf("N=%d: %d column warps, want %d", c.n, wc, c.wc)
 		}
-		if l := cfg.LaunchTC(8); l.Grid[0] != c.blocks || l.Block[0] != 32*c.warps {
-			t.Errorf("N=%d ring %d of %d chunks: launch %v", c.n, c.ring, c.unroll, l)
+		if l := cfg.LaunchTC(8); l.Grid[0] != c.blocks || l.Block[0] != 256 {
+			t.Errorf("N=%d: launch %v", c.n, l)
 		}
 	}
 }

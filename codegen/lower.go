@@ -462,15 +462,15 @@ func (t *tb) gemmAt(label string, x, w, y bundle.Slot, c GemmConfig, rows int) {
 const tcBucketRows = 64
 
 // tcSettings gives a tensor-core GEMM over rows rows the build's weight prefetch, as every
-// decode GEMV has it, and, in a template of at most tcBucketRows rows, its row count, the
-// build's weight ring (TCRing; TCRingX up to 8 rows) and its K chunks in flight (gemm_tc.go, "Loads in flight"):
-// the build's TCChunks (by default DefaultTCChunks) at up to 8 and at 9-32 rows; past 32 one.
+// decode GEMV has it, and, in a template of at most tcBucketRows rows, its row count and its
+// K chunks in flight (gemm_tc.go, "Loads in flight"): the build's TCChunks (by default
+// DefaultTCChunks) at up to 8 and at 9-32 rows; past 32 one.
 func (g *gen) tcSettings(c GemmConfig, rows int) GemmConfig {
 	c.Prefetch = g.prefetch
 	if rows > tcBucketRows {
 		return c
 	}
-	c.Rows, c.Ring, c.RingX = rows, g.tcRing, g.tcRingX && rows <= 8
+	c.Rows = rows
 	switch {
 	case rows <= 8:
 		c.Unroll = g.tcChunks[0]
@@ -495,29 +495,6 @@ func CheckTCChunks(n []int) error {
 	return nil
 }
 
-// CheckTCRing checks a weight ring of ring steps (bundle.BuildInfo.TCRing, xmixc build
-// --tc-ring; 0: none) for tensor-core GEMMs taking chunks chunks a step: 2 to MaxTCRing
-// steps, a warp's ring within a block's static shared memory at either chunk count (blocks
-// take as many warps as fit, GemmConfig.tcBlockWarps); with x (bundle.BuildInfo.TCRingX) the
-// rings of buckets of up to 8 rows carry x too.
-func CheckTCRing(ring int, chunks [2]int, x bool) error {
-	if ring == 0 {
-		if x {
-			return fmt.Errorf("x through the weight ring needs a ring")
-		}
-		return nil
-	}
-	if ring < 2 || ring > MaxTCRing {
-		return fmt.Errorf("weight ring of %d steps: want 0 (none) or 2 to %d", ring, MaxTCRing)
-	}
-	for j, u := range chunks {
-		if n := ringWarpBytes(ring, u, x && j == 0); n > maxStaticShared {
-			return fmt.Errorf("weight ring of %d steps of %d chunks needs %d bytes of shared memory a warp, past %d; fewer steps, or fewer chunks (--tc-chunks)", ring, u, n, maxStaticShared)
-		}
-	}
-	return nil
-}
-
 // tcChunks checks a build's TCChunks (empty: DefaultTCChunks).
 func tcChunks(n []int) ([2]int, error) {
 	if len(n) == 0 {
@@ -534,14 +511,7 @@ func tcSuffix(c GemmConfig) string {
 	if c.Rows == 0 {
 		return ""
 	}
-	s := fmt.Sprintf("_r%du%d", c.Rows, max(1, c.Unroll))
-	if c.Ring > 0 {
-		s += fmt.Sprintf("w%d", c.Ring)
-	}
-	if c.RingX {
-		s += "x"
-	}
-	return s
+	return fmt.Sprintf("_r%du%d", c.Rows, max(1, c.Unroll))
 }
 
 // tensorCores says whether a GEMM of c over rows rows runs on tensor cores here.

@@ -81,11 +81,6 @@ type Options struct {
 	// TCChunks are the K chunks in flight of the tensor-core GEMMs of buckets of up to 8 and
 	// of 9-32 rows (bundle.BuildInfo.TCChunks; nil: codegen.DefaultTCChunks, recorded as nil).
 	TCChunks []int
-	// TCRing is the steps of the decode buckets' tensor-core GEMMs' weight ring
-	// (bundle.BuildInfo.TCRing; 0: none).
-	TCRing int
-	// TCRingX makes the rings of buckets of up to 8 rows carry x too (bundle.BuildInfo.TCRingX).
-	TCRingX bool
 }
 
 // DefaultGemvCols is Options.GemvCols's default, measured on the H200 (testsuite/gpu/GEMV_AB.md,
@@ -264,7 +259,7 @@ func Build(modelPath string, appPaths []string, opt Options) (*bundle.Bundle, er
 	build := bundle.BuildInfo{Compiler: Compiler, Inputs: inputs, Fuse: p.Fused(), PDL: !opt.SerialLaunch, Prefetch: prefetch,
 		GemvCols: beyondOne(cmp.Or(opt.GemvCols, DefaultGemvCols)), GemvUnroll: beyondOne(cmp.Or(opt.GemvUnroll, DefaultGemvUnroll)),
 		AttnWarps: opt.AttnWarps, AttnUnroll: opt.AttnUnroll, AttnPrefetch: attnPrefetch, AttnPrefetchOneRow: attnPrefetchOneRow, AttnTC: !opt.AttnCUDACores,
-		GemvSplit: beyondOne(opt.GemvSplit), TCRing: opt.TCRing, TCRingX: opt.TCRingX, GemvWarps: codegen.GemvWarpsRecord(cmp.Or(opt.GemvWarps, max(DefaultGemvWarps, opt.GemvSplit)))}
+		GemvSplit: beyondOne(opt.GemvSplit), GemvWarps: codegen.GemvWarpsRecord(cmp.Or(opt.GemvWarps, max(DefaultGemvWarps, opt.GemvSplit)))}
 	if opt.TensorCoreRows != codegen.TensorCoreRows {
 		build.TensorCoreRows = opt.TensorCoreRows // the default is recorded as 0, as bundles built before the setting have it
 	}

@@ -152,19 +152,6 @@ var opTable = map[string]opFacts{
 	// Byte permute, default mode only: d's byte i is byte c[4i+3:4i] of {b, a} (the decode
 	// attention packs two positions' bf16 of one dim into one word with it).
 	"prmt": {[]int{4}, 1, 1, types(B32), -1, ""},
-	// Asynchronous copies global -> shared (sm_80), only the forms a shared-memory ring of
-	// weights needs: cp.async.cg.shared.global [dst], [src], 16; cp.async.commit_group;
-	// cp.async.wait_group N; cp.async.wait_all (cpAsyncForms).
-	"cp": {[]int{0, 1, 3}, 0, 0, 0, -1, " async cg shared global commit_group wait_group wait_all "},
-}
-
-// cpAsyncForms are the cp.async instructions the model knows, by their modifiers, and how many
-// operands each takes.
-var cpAsyncForms = map[string]int{
-	"async.cg.shared.global": 3,
-	"async.commit_group":     0,
-	"async.wait_group":       1,
-	"async.wait_all":         0,
 }
 
 // typeCount is how many type suffixes o must carry: cvt to a packed pair (.bf16x2, a
@@ -315,10 +302,6 @@ func modRule(o Opcode) string {
 		}
 	case "cvt":
 		return cvtRule(o)
-	case "cp":
-		if _, ok := cpAsyncForms[strings.Join(o.Mods, ".")]; !ok {
-			return "supports only .async.cg.shared.global, .async.commit_group, .async.wait_group and .async.wait_all"
-		}
 	case "mma":
 		if strings.Join(o.Mods, ".") != "sync.aligned.m16n8k16.row.col" {
 			return "supports only .sync.aligned.m16n8k16.row.col"

@@ -137,10 +137,6 @@ func (c *kernelCheck) instr(i int, in Instr) {
 		c.ierr(i, in, "%s takes %v operands, has %d", o.Base, f.nargs, len(in.Args))
 		return
 	}
-	if o.Base == "cp" {
-		c.cpAsync(i, in, o)
-		return
-	}
 	if o.Base == "cvt" && (len(in.Args) == 3) != o.Has("bf16x2") {
 		c.ierr(i, in, "cvt takes three operands exactly when it packs (.bf16x2)")
 		return
@@ -297,38 +293,6 @@ func (c *kernelCheck) operand(i int, in Instr, o Opcode, f opFacts, j int, a Ope
 		case Reg, Vec:
 		default:
 			c.ierr(i, in, "destination operand %d must be a register", j)
-		}
-	}
-}
-
-// cpAsync checks the operands of a cp.async form (cpAsyncForms): the copy's shared destination
-// and global source addresses and its 16-byte size, wait_group's immediate group count.
-func (c *kernelCheck) cpAsync(i int, in Instr, o Opcode) {
-	form := strings.Join(o.Mods, ".")
-	n, ok := cpAsyncForms[form]
-	if !ok {
-		return // modRule has said so
-	}
-	if len(in.Args) != n {
-		c.ierr(i, in, "cp.%s takes %d operands, has %d", form, n, len(in.Args))
-		return
-	}
-	switch form {
-	case "async.cg.shared.global":
-		for j, space := range []string{"shared", "global"} {
-			ad, ok := in.Args[j].(Addr)
-			if !ok {
-				c.ierr(i, in, "operand %d must be an address [..]", j)
-				continue
-			}
-			c.addr(i, in, Opcode{Base: "ld", Mods: []string{space}}, ad)
-		}
-		if v, ok := in.Args[2].(Imm); !ok || v != 16 {
-			c.ierr(i, in, "cp.async.cg copies 16 bytes: operand 2 must be the immediate 16")
-		}
-	case "async.wait_group":
-		if v, ok := in.Args[0].(Imm); !ok || v < 0 {
-			c.ierr(i, in, "cp.async.wait_group needs a non-negative immediate group count")
 		}
 	}
 }

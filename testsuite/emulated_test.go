@@ -191,16 +191,6 @@ ops:
 		{"llama-staged", SmallModel, nil, []loader.Request{
 			{Prompt: []int{3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7}, MaxTokens: 4}, {Prompt: []int{2, 7, 1, 8, 2, 8, 1, 8, 2}, MaxTokens: 3}},
 			compile.Options{GEMM: "tc-staged", TCChunks: []int{8, 6}}},
-		// Tensor cores from 2 rows with the weights through a ring of 3 steps of 4 chunks
-		// (--tc-ring 3 --tc-chunks 4,1: blocks of 4 warps): three requests decode in buckets 4
-		// and 2.
-		{"llama-ring", SmallModel, nil, []loader.Request{
-			{Prompt: []int{3, 1, 4, 1, 5, 9, 2, 6}, MaxTokens: 4}, {Prompt: []int{2, 7, 1}, MaxTokens: 5}, {Prompt: []int{8, 2}, MaxTokens: 2}},
-			compile.Options{TensorCoreRows: 2, TCRing: 3, TCChunks: []int{4, 1}}},
-		// The same with x through the ring too (--tc-ring-x: blocks of 2 warps at up to 8 rows).
-		{"llama-ring-x", SmallModel, nil, []loader.Request{
-			{Prompt: []int{3, 1, 4, 1, 5, 9, 2, 6}, MaxTokens: 4}, {Prompt: []int{2, 7, 1}, MaxTokens: 5}, {Prompt: []int{8, 2}, MaxTokens: 2}},
-			compile.Options{TensorCoreRows: 2, TCRing: 3, TCRingX: true, TCChunks: []int{4, 1}}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			b := CompileWith(t, c.opt, c.spec, c.apps...)

@@ -364,19 +364,6 @@ func TestBiasedModelRefusesQKVHooks(t *testing.T) {
 	Compile(t, SmallQwen3, captureAt("attn.k", 1, 64))
 }
 
-// TestWeightRingNeedsTCKernel: a weight ring (compile.Options.TCRing) is the plain tensor-core
-// GEMM's; a build that asks it of the staged kernel is refused, not built without it.
-func TestWeightRingNeedsTCKernel(t *testing.T) {
-	mp := filepath.Join(t.TempDir(), "m.yaml")
-	if err := os.WriteFile(mp, []byte(SmallModel), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	_, err := compile.Build(mp, nil, compile.Options{GEMM: "tc-staged", TCRing: 3, TCChunks: []int{4, 3}})
-	if err == nil || !strings.Contains(err.Error(), `a weight ring (TCRing 3) is the tensor-core GEMM's (GEMM kind tc), not GEMM kind "tc-staged"'s`) {
-		t.Fatalf("got %v, want a refusal of the ring", err)
-	}
-}
-
 // TestMixtralRefusesMlpAct: a MoE layer's activations are k rows per token, so mlp.act is
 // refused there; router_logits compiles.
 func TestMixtralRefusesMlpAct(t *testing.T) {

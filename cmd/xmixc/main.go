@@ -47,8 +47,8 @@ func buildCmd() *cobra.Command {
 	var embed, verify, quiet, pdl bool
 	var gemm, moe string
 	var fuse []string
-	var tp, vectorSlots, prefetch, gemvCols, gemvUnroll, gemvSplit, gemvWarps, tcRows, tcRing, attnWarps, attnUnroll, attnPrefetch, attnPrefetchOneRow int
-	var attnTC, tcRingX bool
+	var tp, vectorSlots, prefetch, gemvCols, gemvUnroll, gemvSplit, gemvWarps, tcRows, attnWarps, attnUnroll, attnPrefetch, attnPrefetchOneRow int
+	var attnTC bool
 	var tcChunks []int
 	c := &cobra.Command{
 		Use:   "build MODEL.yaml [APP.yaml...] -o OUT.xmb",
@@ -99,19 +99,10 @@ func buildCmd() *cobra.Command {
 			switch {
 			case gemm == "cuda-core" && cmd.Flags().Changed("tc-chunks"):
 				return fmt.Errorf("--tc-chunks sets the tensor-core GEMMs, which --gemm cuda-core does not build; leave it out")
-			case gemm != "tc" && tcRing > 0:
-				return fmt.Errorf("--tc-ring sets the ring of --gemm tc's kernel, not of --gemm %s's; leave one out", gemm)
 			}
 			if err := codegen.CheckTCChunks(tcChunks); err != nil {
 				return fmt.Errorf("--tc-chunks %s: %w (e.g. --tc-chunks %d,%d)",
 					cmd.Flags().Lookup("tc-chunks").Value, err, codegen.DefaultTCChunks[0], codegen.DefaultTCChunks[1])
-			}
-			if err := codegen.CheckTCRing(tcRing, [2]int(tcChunks), tcRingX); err != nil {
-				flags := fmt.Sprintf("--tc-ring %d", tcRing)
-				if tcRingX {
-					flags += " --tc-ring-x"
-				}
-				return fmt.Errorf("%s: %w (e.g. --tc-ring 3 --tc-chunks 4,3)", flags, err)
 			}
 			start := time.Now()
 			progress := func(f string, a ...any) {
@@ -119,7 +110,7 @@ func buildCmd() *cobra.Command {
 					fmt.Fprintf(os.Stderr, "[%6.2fs] %s\n", time.Since(start).Seconds(), fmt.Sprintf(f, a...))
 				}
 			}
-			b, err := compile.Build(args[0], args[1:], compile.Options{EmbedWeights: embed, Verify: verify, Progress: progress, GEMM: gemm, MoE: moe, TP: tp, VectorSlots: vectorSlots, Fuse: fuse, SerialLaunch: !pdl, Prefetch: prefetchOption(prefetch), GemvCols: gemvCols, GemvUnroll: gemvUnroll, GemvSplit: gemvSplit, GemvWarps: gemvWarps, TensorCoreRows: tcRows, TCChunks: tcChunks, TCRing: tcRing, TCRingX: tcRingX, AttnWarps: attnWarps, AttnUnroll: attnUnroll, AttnPrefetch: prefetchOption(attnPrefetch), AttnPrefetchOneRow: prefetchOption(attnPrefetchOneRow), AttnCUDACores: !attnTC})
+			b, err := compile.Build(args[0], args[1:], compile.Options{EmbedWeights: embed, Verify: verify, Progress: progress, GEMM: gemm, MoE: moe, TP: tp, VectorSlots: vectorSlots, Fuse: fuse, SerialLaunch: !pdl, Prefetch: prefetchOption(prefetch), GemvCols: gemvCols, GemvUnroll: gemvUnroll, GemvSplit: gemvSplit, GemvWarps: gemvWarps, TensorCoreRows: tcRows, TCChunks: tcChunks, AttnWarps: attnWarps, AttnUnroll: attnUnroll, AttnPrefetch: prefetchOption(attnPrefetch), AttnPrefetchOneRow: prefetchOption(attnPrefetchOneRow), AttnCUDACores: !attnTC})
 			if err != nil {
 				return err
 			}
@@ -159,8 +150,6 @@ func buildCmd() *cobra.Command {
 	c.Flags().IntVar(&gemvSplit, "gemv-split", 1, "the most warps a CUDA-core decode GEMV splits each column's K over, 1, 2, 4 or 8: a weight of few columns (Llama-3.1-8B's q/k/v, o and down) takes the fewest that give it 16384 warps, so the last wave of blocks is a small part of the kernel; the warps' totals add in warp order, so results change in the last bits, the same in every bucket. Off by default: on the H200, 4 made Llama-3.2-1B's steps of 4 rows 10-12% shorter and of 1 row 3-4% longer, Llama-3.1-8B's 1 row 0.8% shorter and 4 rows 3% longer")
 	c.Flags().IntVar(&gemvWarps, "gemv-warps", compile.DefaultGemvWarps, "warps per block of the CUDA-core decode GEMVs, 1, 2, 4 or 8, at least --gemv-split (unset: the default, or --gemv-split where that is more): a block streams its warps' columns, so smaller blocks end more evenly at a many-wave GEMV's tail (same results bit for bit)")
 	c.Flags().IntSliceVar(&tcChunks, "tc-chunks", codegen.DefaultTCChunks[:], fmt.Sprintf("K chunks (of 32) each K group of a bundle's tensor-core GEMM keeps in flight, in buckets of up to 8 rows and of 9-32 rows, 1 to %d each (the staged kernel of --gemm tc-staged: half as many stages of two chunks; more bytes in flight, more registers; same results bit for bit; for measuring)", codegen.MaxTCChunks))
-	c.Flags().IntVar(&tcRing, "tc-ring", 0, fmt.Sprintf("steps (of --tc-chunks chunks) of the shared-memory ring through which the decode buckets' tensor-core GEMMs bring their weights, filled by cp.async, 2 to %d (0: none, the weights go straight to registers); a warp's ring takes 1 KiB per step and chunk, at most 48, and a block takes as many warps (8, 4, 2 or 1) as fit 48 KiB (e.g. --tc-ring 3 --tc-chunks 4,3: blocks of 4 warps, 8 KiB in flight a warp at up to 8 rows); more bytes in flight, fewer registers; the same results bit for bit where the blocks keep their K groups (smaller blocks give a weight of few columns fewer, e.g. Llama-3.1-8B's o and down) (for measuring)", codegen.MaxTCRing))
-	c.Flags().BoolVar(&tcRingX, "tc-ring-x", false, "with --tc-ring, the rings of buckets of up to 8 rows carry each chunk's x too, copied steps ahead like the weights instead of loaded from L2 by the step that uses it; a warp's ring then takes 2 KiB per step and chunk (for measuring)")
 	c.Flags().IntVar(&attnWarps, "attn-warps", 0, fmt.Sprintf("warps per block of the decode buckets' attention, 1 to %d (0: the default, 8 in buckets of up to 32 rows, 4 past them); more warps cover more positions in one pass, so a context needs fewer splits and merges (for measuring)", codegen.MaxAttnWarps))
 	c.Flags().IntVar(&attnUnroll, "attn-unroll", 0, fmt.Sprintf("position loads each warp of the decode attention issues before the first is used, 1 to %d (0: the default: 4 at head dim 128 bf16 on CUDA cores, one tile of 16 positions on tensor cores, where it counts tiles); more bytes in flight, more registers (for measuring)", codegen.MaxAttnUnroll))
 	c.Flags().IntVar(&attnPrefetch, "attn-prefetch", compile.DefaultAttnPrefetch, fmt.Sprintf("passes of K and V rows each block of the decode attention asks L2 for before it waits for the kernel ahead (with --pdl), 0 (none) to %d: a pass is the positions its warps load in one step each (128 on tensor cores, 64 on CUDA cores at head dim 128 in bf16, 8 warps), so the first loads after the wait find L2 instead of HBM (same results bit for bit)", codegen.MaxAttnPrefetch))
@@ -357,13 +346,6 @@ func printBundle(w io.Writer, b *bundle.Bundle) {
 	}
 	if c := b.Manifest.Build.TCChunks; len(c) > 0 {
 		fmt.Fprintf(w, "          tensor-core GEMMs: %d / %d K chunks in flight at up to 8 / 9-32 rows\n", c[0], c[1])
-	}
-	if n := b.Manifest.Build.TCRing; n > 0 {
-		x := ""
-		if b.Manifest.Build.TCRingX {
-			x = ", x too at up to 8 rows"
-		}
-		fmt.Fprintf(w, "          tensor-core GEMMs of the decode buckets: weights through a shared-memory ring of %d steps%s\n", n, x)
 	}
 	bi := b.Manifest.Build
 	gemvs := fmt.Sprintf("GEMVs in blocks of %d warps", codegen.GemvWarpsOf(bi.GemvWarps))

@@ -168,8 +168,6 @@ func TestBuildGemvFlags(t *testing.T) {
 		{[]string{"--tc-chunks", "4,3"}, nil, "", "", 0},
 		{[]string{"--tc-chunks", "6,4"}, []int{6, 4}, "", "tensor-core GEMMs: 6 / 4 K chunks in flight at up to 8 / 9-32 rows", 0},
 		{[]string{"--tc-chunks", "2,2"}, []int{2, 2}, "", "tensor-core GEMMs: 2 / 2 K chunks in flight", 0},
-		{[]string{"--tc-ring", "6", "--tc-chunks", "1,1"}, []int{1, 1}, "", "weights through a shared-memory ring of 6 steps\n", 0},
-		{[]string{"--tc-ring", "3", "--tc-chunks", "4,3", "--tc-ring-x"}, nil, "", "weights through a shared-memory ring of 3 steps, x too at up to 8 rows", 0},
 		{[]string{"--attn-warps", "16"}, nil, "_warps16", "decode attention: 16 warps a block, default loads a step", 0},
 		{[]string{"--attn-unroll", "8"}, nil, "_u8", "decode attention: default warps a block, 8 loads a step", 0},
 		// Head dim 32 keeps the CUDA-core step anyway (codegen's TestAttentionTCFallback): no
@@ -264,8 +262,6 @@ func TestBuildGemvFlags(t *testing.T) {
 		{"--tc-chunks", "4,9", "--tc-chunks [4,9]: want two counts of 1 to 8"},
 		{"--tc-chunks", "4,3,2", "--tc-chunks [4,3,2]: want two counts"},
 		{"--tc-chunks", "four", `invalid argument "four" for "--tc-chunks"`},
-		{"--tc-ring", "1", "--tc-ring 1: weight ring of 1 steps: want 0 (none) or 2 to 8"},
-		{"--tc-ring", "9", "--tc-ring 9: weight ring of 9 steps: want 0 (none) or 2 to 8"},
 	} {
 		_, err := xmixc(t, "build", m, "-q", c.flag, c.value, "-o", filepath.Join(dir, "bad.xmb"))
 		if err == nil || !strings.Contains(err.Error(), c.want) {
@@ -280,11 +276,6 @@ func TestBuildGemvFlags(t *testing.T) {
 		want  string
 	}{
 		{[]string{"--gemm", "cuda-core", "--tc-chunks", "4,3"}, "which --gemm cuda-core does not build"},
-		{[]string{"--gemm", "tc-staged", "--tc-ring", "3"}, "--tc-ring sets the ring of --gemm tc's kernel, not of --gemm tc-staged's"},
-		{[]string{"--tc-ring-x"}, "--tc-ring 0 --tc-ring-x: x through the weight ring needs a ring"},
-		{[]string{"--tc-ring", "5", "--tc-chunks", "5,5", "--tc-ring-x"}, "--tc-ring 5 --tc-ring-x: weight ring of 5 steps of 5 chunks needs 51200 bytes of shared memory a warp, past 49152"},
-		// A ring too deep for one warp's share of a block's shared memory.
-		{[]string{"--tc-ring", "7", "--tc-chunks", "8,8"}, "--tc-ring 7: weight ring of 7 steps of 8 chunks needs 57344 bytes of shared memory a warp, past 49152"},
 	} {
 		_, err := xmixc(t, append([]string{"build", m, "-q", "-o", filepath.Join(dir, "bad.xmb")}, c.flags...)...)
 		if err == nil || !strings.Contains(err.Error(), c.want) {

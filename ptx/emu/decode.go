@@ -60,9 +60,6 @@ const (
 	cPack    // mov.b32 d, {lo, hi}
 	cCvtPack // cvt.rn.bf16x2.f32 d, hi, lo
 	cPrmt    // prmt.b32 d, a, b, selector
-	cCpAsync // cp.async.cg.shared.global [base+off], [a+b], 16: queued, done at a wait
-	cCpCommit
-	cCpWait // cp.async.wait_group mode (wait_all: commit, then wait_group 0)
 )
 
 var simple = map[string]code{
@@ -73,7 +70,7 @@ var simple = map[string]code{
 	"tanh": cTanh, "setp": cSetp, "selp": cSelp, "cvt": cCvt, "shfl": cShfl, "bar": cBar,
 	"barrier": cBar, "atom": cAtom, "red": cAtom, "bra": cBra, "ret": cExit, "exit": cExit,
 	"membar": cNop, "fence": cNop, "griddepcontrol": cNop, "prefetch": cPrefetch, "ld": cLd, "st": cSt, "mma": cMma,
-	"prmt": cPrmt, "cp": cCpAsync,
+	"prmt": cPrmt,
 }
 
 // Modes of setp, shfl, atom and cvt, kept in inst.mode.
@@ -481,8 +478,6 @@ func (d *decoder) instr(src ptx.Instr) (inst, error) {
 		return in, nil
 	case cBar:
 		return in, nil
-	case cCpAsync:
-		return in, d.cpAsync(&in, o, args)
 	case cMma:
 		if err := d.dst(&in, args[0]); err != nil {
 			return in, err
@@ -605,37 +600,6 @@ func (d *decoder) instr(src ptx.Instr) (inst, error) {
 		return in, srcs(1, in.t, in.t, wideOf(in.t))
 	}
 	return in, srcs(1)
-}
-
-// cpAsync decodes the cp.async forms: the copy keeps its shared destination in base/off and
-// its global source address in a (register) and b (offset).
-func (d *decoder) cpAsync(in *inst, o ptx.Opcode, args []ptx.Operand) error {
-	switch {
-	case o.Has("commit_group"):
-		in.op = cCpCommit
-	case o.Has("wait_all"):
-		in.op, in.bop = cCpWait, 1
-	case o.Has("wait_group"):
-		n, ok := args[0].(ptx.Imm)
-		if !ok || n < 0 || n > 255 {
-			return fmt.Errorf("cp.async.wait_group needs an immediate count of 0 to 255")
-		}
-		in.op, in.mode = cCpWait, uint8(n)
-	default:
-		if err := d.addr(in, args[0], ptx.Opcode{Base: "st", Mods: []string{"shared"}}); err != nil {
-			return err
-		}
-		src, ok := args[1].(ptx.Addr)
-		if !ok {
-			return fmt.Errorf("cp.async: operand 1 must be an address")
-		}
-		var err error
-		if in.a, err = d.value(src.Base, ptx.U64); err != nil {
-			return err
-		}
-		in.b = opnd{reg: -1, imm: uint64(src.Offset)}
-	}
-	return nil
 }
 
 func wideOf(t ptx.Type) ptx.Type {

@@ -541,13 +541,6 @@ func TestFaults(t *testing.T) {
 			[]string{"deadlock", "waits at a barrier", "waits at a shuffle"}},
 		{"runaway loop", `L: bra L;`, []string{"runaway loop"}},
 		{"undeclared register", `mov.u32 %r9, 1;`, []string{"register %r9 is not declared"}},
-		// cp.async: bad addresses are reported at the copy, not at the wait that does it; the
-		// model takes only the 16-byte .cg copy.
-		{"cp.async source out of bounds", `mov.u32 %r1, sm; cp.async.cg.shared.global [%r1], [%rd1+128], 16;`, []string{"instr 2 (cp.async.cg.shared.global", "outside every allocation"}},
-		{"cp.async destination out of window", `mov.u32 %r1, 16; cp.async.cg.shared.global [%r1], [%rd1], 16;`, []string{"outside the 16-byte shared window"}},
-		{"cp.async size", `mov.u32 %r1, sm; cp.async.cg.shared.global [%r1], [%rd1], 8;`, []string{"operand 2 must be the immediate 16"}},
-		{"cp.async form", `cp.async.ca.shared.global [%r1], [%rd1], 16;`, []string{"supports only .async.cg.shared.global"}},
-		{"cp.async source register", `mov.u32 %r1, sm; cp.async.cg.shared.global [%r1], [%r1], 16;`, []string{"must be 64-bit"}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -695,60 +688,4 @@ L:
 		}
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/(4*256*4000), "ns/thread-instr")
-}
-
-// TestCpAsync: a thread's cp.async copies land in shared memory only when a wait needs them.
-// Each thread copies two 16-byte pieces (one group each) into its own shared slots; it reads
-// slot 0 before any wait (still zero), then after wait_group 1 (the first group only), then
-// after wait_group 0 (both). wait_all also does the open, uncommitted copies.
-func TestCpAsync(t *testing.T) {
-	src := `.visible .entry k(.param .u64 in, .param .u64 out)
-{
-	.reg .b32 %r<12>;
-	.reg .b64 %rd<6>;
-	.shared .align 16 .b32 sm[128];
-	ld.param.u64 %rd1, [in];
-	ld.param.u64 %rd2, [out];
-	mov.u32 %r1, %tid.x;
-	mul.wide.u32 %rd3, %r1, 32;
-	add.u64 %rd3, %rd3, %rd1;
-	mov.u32 %r2, sm;
-	mad.lo.u32 %r2, %r1, 32, %r2;
-	cp.async.cg.shared.global [%r2], [%rd3], 16;
-	cp.async.commit_group;
-	cp.async.cg.shared.global [%r2+16], [%rd3+16], 16;
-	cp.async.commit_group;
-	ld.shared.b32 %r3, [%r2];
-	cp.async.wait_group 1;
-	ld.shared.b32 %r4, [%r2];
-	ld.shared.b32 %r5, [%r2+16];
-	cp.async.wait_group 0;
-	ld.shared.b32 %r6, [%r2+16];
-	cp.async.cg.shared.global [%r2], [%rd3+16], 16;
-	cp.async.wait_all;
-	ld.shared.b32 %r7, [%r2];
-	mul.wide.u32 %rd4, %r1, 32;
-	add.u64 %rd4, %rd4, %rd2;
-	st.global.v4.b32 [%rd4], {%r3, %r4, %r5, %r6};
-	st.global.b32 [%rd4+16], %r7;
-	ret;
-}`
-	const n = 4
-	mem := NewMemory()
-	vals := make([]float32, 8*n)
-	for i := range vals {
-		vals[i] = float32(i + 1)
-	}
-	in, out := allocF32(mem, vals), mem.Alloc(32*n)
-	if err := runText(t, src, Launch{Grid: [3]int{1, 1, 1}, Block: [3]int{n, 1, 1}}, mem, in, out); err != nil {
-		t.Fatal(err)
-	}
-	got := readU32(mem, out, 8*n)
-	for tid := range n {
-		first, second := math.Float32bits(vals[8*tid]), math.Float32bits(vals[8*tid+4])
-		want := []uint32{0, first, 0, second, second}
-		if !slices.Equal(got[8*tid:8*tid+5], want) {
-			t.Errorf("thread %d: got %x want %x", tid, got[8*tid:8*tid+5], want)
-		}
-	}
 }

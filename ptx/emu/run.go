@@ -108,10 +108,6 @@ type block struct {
 	state  []uint8
 	steps  []int32
 	shared []byte
-	// copies holds each thread's cp.async copies not yet done. A copy is done only when a wait
-	// needs it, so a kernel that reads its shared memory before the wait reads what was there
-	// before.
-	copies []asyncCopies
 	last   *alloc
 	cta    [3]int
 }
@@ -125,7 +121,6 @@ func newBlock(p *program, l Launch, mem *Memory, atomMu *sync.Mutex) *block {
 		state:  make([]uint8, n),
 		steps:  make([]int32, n),
 		shared: make([]byte, p.sharedLen),
-		copies: make([]asyncCopies, n),
 	}
 }
 
@@ -154,7 +149,6 @@ func (b *block) run(cta [3]int) error {
 	clear(b.pc)
 	clear(b.state)
 	clear(b.steps)
-	clear(b.copies)
 	bx := b.l.Block
 	nwarps := (b.n + 31) / 32
 	for t := range b.n {
@@ -358,14 +352,6 @@ func (b *block) thread(t int) error {
 			if err := b.atomic(in, r); err != nil {
 				return b.errorAt(t, pc, err)
 			}
-		case cCpAsync:
-			if err := b.cpAsync(t, in, r); err != nil {
-				return b.errorAt(t, pc, err)
-			}
-		case cCpCommit:
-			b.commitCopies(t)
-		case cCpWait:
-			b.waitCopies(t, in)
 		default:
 			v, err := alu(in, r)
 			if err != nil {

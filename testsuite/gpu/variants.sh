@@ -4,7 +4,7 @@
 # (--fuse none --pdl=false: the kernels as they ran before either), FUSE+serial (--fuse FUSE
 # --pdl=false), pfN (--prefetch N), gcN (--gemv-cols N), guN (--gemv-unroll N), gsN
 # (--gemv-split N), gwN (--gemv-warps N), tcrN (--tensor-core-rows N), awN
-# (--attn-warps N), auN (--attn-unroll N), apN (--attn-prefetch N), acc (--attn-tc=false: the decode attention on CUDA cores), tcA-B (--tc-chunks A,B), ringN (--tc-ring N, e.g. ring3,tc4-3), ringx (--tc-ring-x, e.g. ring3,ringx,tc4-3), staged (--gemm tc-staged:
+# (--attn-warps N), auN (--attn-unroll N), apN (--attn-prefetch N), acc (--attn-tc=false: the decode attention on CUDA cores), tcA-B (--tc-chunks A,B), staged (--gemm tc-staged:
 # time it with BENCH_GEMM=ptx; staged,tc8-6 with more in flight), s7 (the session-7 defaults:
 # no prefetch, one GEMV column per warp, one K chunk a step), A,B,... (the flags of each, e.g.
 # pf0,gate-act), seqsN (no flags: a spec, see variant_spec), asN (no flags: the default bundle
@@ -25,8 +25,6 @@ variant_flags() {
     tcr[0-9]*) echo --tensor-core-rows "${1#tcr}" ;;
     tc[0-9]*-[0-9]*) local n=${1#tc}; echo --tc-chunks "${n/-/,}" ;;
     staged) echo --gemm tc-staged ;;
-    ring[0-9]*) echo --tc-ring "${1#ring}" ;;
-    ringx) echo --tc-ring-x ;;
     aw[0-9]*) echo --attn-warps "${1#aw}" ;;
     au[0-9]*) echo --attn-unroll "${1#au}" ;;
     ap[0-9]*) echo --attn-prefetch "${1#ap}" ;;
