@@ -2,7 +2,6 @@ package codegen
 
 import (
 	"fmt"
-	"slices"
 
 	"xmix/ops"
 	"xmix/ptx"
@@ -175,45 +174,18 @@ func (e emitter) blockReduceN(vs []ptx.Reg, op string, scratch ptx.Sym, tid ptx.
 		e.EmitIf(p, false, "st.shared.f32", ptx.Addr{Base: slot, Offset: int64(4 * warps * i)}, v)
 	}
 	e.Emit("bar.sync", ptx.Imm(0))
-	// Every thread reads every warp's total: up to four in one shared load, so that a block
-	// of 32 warps issues 8 loads a warp instead of 32 (the shared-memory pipe, not the adds,
-	// bounds this round at 1024 threads). The adds keep warp order, and so the bits.
 	accs := e.Regs(ptx.F32, len(vs))
-	t := e.Regs(ptx.F32, 4)
+	t := e.Reg(ptx.F32)
 	for i, acc := range accs {
-		for w := 0; w < warps; {
-			n := sharedVecWidth(warps*i+w, warps-w)
-			got := slices.Clone(t[:n])
-			if w == 0 {
-				got[0] = acc
-			}
-			a := ptx.Addr{Base: scratch, Offset: int64(4 * (warps*i + w))}
-			if n == 1 {
-				e.Emit("ld.shared.f32", got[0], a)
-			} else {
-				e.Emit(fmt.Sprintf("ld.shared.v%d.f32", n), ptx.Vec(got), a)
-			}
-			for _, v := range got {
-				if v != acc {
-					e.Emit(op+".f32", acc, acc, v)
-				}
-			}
-			w += n
+		off := int64(4 * warps * i)
+		e.Emit("ld.shared.f32", acc, ptx.Addr{Base: scratch, Offset: off})
+		for w := 1; w < warps; w++ {
+			e.Emit("ld.shared.f32", t, ptx.Addr{Base: scratch, Offset: off + int64(4*w)})
+			e.Emit(op+".f32", acc, acc, t)
 		}
 	}
 	e.Emit("bar.sync", ptx.Imm(0))
 	return accs
-}
-
-// sharedVecWidth is the widest shared load (4, 2 or 1 f32) that starts at element at of a
-// 16-byte aligned array and takes at most left elements.
-func sharedVecWidth(at, left int) int {
-	for _, n := range []int{4, 2} {
-		if at%n == 0 && left >= n {
-			return n
-		}
-	}
-	return 1
 }
 
 // loadChunk loads vec consecutive elements of storage type dt at a as f32 registers: one
