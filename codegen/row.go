@@ -358,7 +358,6 @@ func rowNorm(name string, c RowConfig) (*Kernel, error) {
 	// (RowConfig.EarlyLaunch).
 	early := c.EarlyLaunch && mi.prefetches()
 	if early {
-		mi.preloadVectors(r)
 		mi.prefetchParams(r)
 		r.Emit(bundle.PriorGridWait)
 	}
