@@ -116,8 +116,6 @@ const (
 	// MaxAttnPrefetch bounds AttnConfig.Prefetch: each pass asks L2 for about one line a
 	// thread, and L2 (50 MiB) holds what the resident blocks ask for.
 	MaxAttnPrefetch = 8
-	// adMaxShared bounds the static shared memory of a decode block (the warps' merge states).
-	adMaxShared = 48 << 10
 )
 
 // warps is the kernel's warps per block.
@@ -135,7 +133,7 @@ func (c AttnConfig) warps() int { return cmp.Or(c.Warps, adWarps) }
 func (c AttnConfig) DecodeWarps(rows int) int {
 	wide := c
 	wide.Warps = 8
-	if rows <= adWideRows && wide.sharedBytes() <= adMaxShared {
+	if rows <= adWideRows && wide.sharedBytes() <= maxStaticShared {
 		return wide.Warps
 	}
 	return adWarps
@@ -267,8 +265,8 @@ func checkAttn(c AttnConfig) (ops.KVAttrs, error) {
 	if err := CheckAttnPrefetch(c.Prefetch, c.EarlyLaunch); err != nil {
 		return attrs, err
 	}
-	if n := c.sharedBytes(); n > adMaxShared {
-		return attrs, fmt.Errorf("%d warps a block of %d heads of dim %d: %d bytes of shared memory, past %d; use fewer warps", c.warps(), c.geom().hpb, c.HeadDim, n, adMaxShared)
+	if n := c.sharedBytes(); n > maxStaticShared {
+		return attrs, fmt.Errorf("%d warps a block of %d heads of dim %d: %d bytes of shared memory, past %d; use fewer warps", c.warps(), c.geom().hpb, c.HeadDim, n, maxStaticShared)
 	}
 	if !(c.Scale > 0) || math.IsInf(float64(c.Scale), 0) {
 		return attrs, fmt.Errorf("scale %g: want positive and finite", c.Scale)

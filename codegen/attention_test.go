@@ -217,8 +217,8 @@ func TestAttentionDecodeWarps(t *testing.T) {
 					if !strings.Contains(k.PTX, fmt.Sprintf(".maxntid %d", 32*c.warps())) {
 						t.Errorf("kernel not built for %d threads", 32*c.warps())
 					}
-					if shared := staticShared(t, k); shared != c.sharedBytes() || shared > adMaxShared {
-						t.Errorf("%d bytes of static shared memory (sharedBytes %d, at most %d)", shared, c.sharedBytes(), adMaxShared)
+					if shared := staticShared(t, k); shared != c.sharedBytes() || shared > maxStaticShared {
+						t.Errorf("%d bytes of static shared memory (sharedBytes %d, at most %d)", shared, c.sharedBytes(), maxStaticShared)
 					}
 					pos := []uint32{0, 37, uint32(maxPos - 1), uint32(maxPos / 3)}
 					seq := []uint32{0, 1, 2, 1}
@@ -351,7 +351,7 @@ func TestAttentionPublic(t *testing.T) {
 		if got := strings.Join(paramNames(k), ","); got != want {
 			t.Errorf("params %s", got)
 		}
-		if shared := staticShared(t, k); shared != c.cfg.sharedBytes() || shared > adMaxShared {
+		if shared := staticShared(t, k); shared != c.cfg.sharedBytes() || shared > maxStaticShared {
 			t.Errorf("%+v: %d bytes of static shared memory (sharedBytes %d)", c.cfg, shared, c.cfg.sharedBytes())
 		}
 	}

@@ -44,6 +44,11 @@ type emitter struct{ *ptx.Kernel }
 
 func newEmitter(name string) emitter { return emitter{ptx.NewKernel(name)} }
 
+// maxStaticShared is the static shared memory a kernel may declare: what a launch gets
+// without a function attribute (the runtime sets none). It bounds the decode attention's
+// merge states and the staged GEMM's x stages.
+const maxStaticShared = 48 << 10
+
 // param declares a parameter and loads it into a register.
 func (e emitter) param(name string, t ptx.Type) ptx.Reg {
 	s := e.Param(name, t)

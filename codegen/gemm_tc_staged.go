@@ -182,7 +182,7 @@ func gemmTCStaged(name string, c GemmConfig, l tsLayout) (*Kernel, error) {
 		g.rowTiles = min(tcRowTiles, (c.Rows+7)/8)
 	}
 	g.bufs = 1
-	if 2*g.bufBytes() <= tsSharedBytes {
+	if 2*g.bufBytes() <= maxStaticShared {
 		g.bufs = 2
 	}
 	g.MaxNTid = 32 * tsWarps
@@ -212,9 +212,6 @@ type tsGen struct {
 	ring  []ptx.Reg // depth slots of one stage's W (loadW layout, 16 words)
 	fresh ptx.Reg   // the ring holds the first stages, loaded before the wait (preload)
 }
-
-// tsSharedBytes is the static shared memory a launch gets without an attribute.
-const tsSharedBytes = 48 << 10
 
 // bufBytes is the shared memory of one staged x stage.
 func (g *tsGen) bufBytes() int { return g.rowTiles * 8 * tsRowBytes }
