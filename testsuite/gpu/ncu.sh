@@ -16,7 +16,9 @@
 # stalls per issued instruction; SET=detailed or full instead takes a whole set). The clocks
 # are left alone (--clock-control none). Each kernel is replayed once per pass of its
 # sections: the detailed set's 20 passes profiled about 230 launches of the 1B in 240 s, the
-# four default sections the 1B's 150 in about 80 s (session 17). ncu serialises the kernels and
+# four default sections the 1B's 150 in about 80 s (session 17), the 1B's add+norm kernels of
+# a bundle with and without APP (KERNELS='^add_norm' COUNT=40) in 60 s; the 8B with APP and
+# SET=detailed did not finish in 400 s (session 24). ncu serialises the kernels and
 # flushes the caches between them (its default), so each time is the kernel alone, without
 # early launch's overlap: compare kernels with each other and with their bytes, not with the
 # graph's step (xmix bench --role-costs measures inside the graph). BENCH_FLAGS are added to the
