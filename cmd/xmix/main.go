@@ -49,7 +49,7 @@ With no bundle, 'xmix run' runs the embedded default model (a small Llama traine
 project) with its two demo apps: a steering vector and a probe.`,
 		SilenceUsage: true,
 	}
-	root.AddCommand(runCmd(), benchCmd(), tokenizeCmd(), logitsCmd(), infoCmd(), serveCmd(), tpWorkerCmd())
+	root.AddCommand(runCmd(), benchCmd(), tokenizeCmd(), logitsCmd(), infoCmd(), serveCmd(), tpWorkerCmd(), tuneGemmCmd())
 	return root
 }
 
@@ -63,6 +63,7 @@ type runFlags struct {
 	asJSON      bool
 	backend     string
 	gemm        string // who serves tensor-core GEMMs on cuda: auto, ptx, cublaslt
+	gemmPicks   string // cuBLASLt's tuned algorithms: a file of xmix tune-gemm, none, or "" (the shipped table)
 	maxBatched  int    // token budget per step; 0: the bundle's
 	loadReaders int    // goroutines reading weights into pinned staging on cuda; 0: default
 	quiet       bool
@@ -130,6 +131,7 @@ func runCmd() *cobra.Command {
 func (f *runFlags) addBackendFlags(fl *pflag.FlagSet) {
 	fl.StringVar(&f.backend, "backend", "auto", "auto | cuda | cpu (auto: cuda when a GPU is present)")
 	fl.StringVar(&f.gemm, "gemm", cuda.GemmAuto, "cuda: who serves the tensor-core GEMMs (batches of 8+ rows, prefill): auto (cuBLASLt when it loads, else the bundle's PTX) | ptx | cublaslt")
+	fl.StringVar(&f.gemmPicks, "gemm-picks", "", "cuda: cuBLASLt's algorithm per GEMM shape, a file `xmix tune-gemm` wrote, or none (the library's first choice everywhere); default: the table xmix ships, for the GPUs it was tuned on")
 	fl.IntVar(&f.maxBatched, "max-batched-tokens", 0, "rows one step runs at most, decode and prompt rows together (vLLM's max_num_batched_tokens); 0: the bundle's serving.max_batched_tokens")
 	fl.IntVar(&f.loadReaders, "load-readers", 0, "cuda: goroutines reading the checkpoint into pinned staging while earlier chunks are copied to the GPU (0: min(8, CPUs))")
 	fl.BoolVarP(&f.quiet, "quiet", "q", false, "no progress output on stderr")
@@ -161,6 +163,10 @@ func openBackend(kind string, b *bundle.Bundle, w *loader.Weights, f runFlags) (
 	if f.loadReaders < 0 || f.loadReaders > 256 {
 		return nil, fmt.Errorf("--load-readers %d: give 1-256 reader goroutines, or 0 for the default", f.loadReaders)
 	}
+	picks, err := f.readGemmPicks()
+	if err != nil {
+		return nil, err
+	}
 	if f.tpAddr != "" {
 		return openGroup(kind, b, w, f)
 	}
@@ -168,7 +174,7 @@ func openBackend(kind string, b *bundle.Bundle, w *loader.Weights, f runFlags) (
 	case "cpu":
 		return cpu.New(b, w, f.progress)
 	case "cuda":
-		return cuda.New(b, w, cuda.Options{Progress: f.progress, Gemm: f.gemm, LoadReaders: f.loadReaders})
+		return cuda.New(b, w, cuda.Options{Progress: f.progress, Gemm: f.gemm, LoadReaders: f.loadReaders, GemmPicks: picks})
 	case "auto":
 		dev, err := cuda.Probe()
 		if err != nil {
@@ -176,9 +182,24 @@ func openBackend(kind string, b *bundle.Bundle, w *loader.Weights, f runFlags) (
 			return cpu.New(b, w, f.progress)
 		}
 		f.progress("backend: cuda on %s", dev)
-		return cuda.New(b, w, cuda.Options{Progress: f.progress, Gemm: f.gemm, LoadReaders: f.loadReaders})
+		return cuda.New(b, w, cuda.Options{Progress: f.progress, Gemm: f.gemm, LoadReaders: f.loadReaders, GemmPicks: picks})
 	}
 	return nil, fmt.Errorf("unknown backend %q: use auto, cuda or cpu", kind)
+}
+
+// readGemmPicks reads --gemm-picks: nil for the shipped table, empty for none.
+func (f runFlags) readGemmPicks() ([]cuda.GemmPick, error) {
+	switch f.gemmPicks {
+	case "":
+		return nil, nil
+	case "none":
+		return []cuda.GemmPick{}, nil
+	}
+	picks, err := cuda.ReadGemmPicks(f.gemmPicks)
+	if err != nil {
+		return nil, fmt.Errorf("--gemm-picks: %w", err)
+	}
+	return picks, nil
 }
 
 // openFile reads the bundle at path and loads it, with weights resolved beside it.

@@ -273,3 +273,30 @@ ops:
 		t.Errorf("--exports without --apps: %v", err)
 	}
 }
+
+// --gemm-picks is read, and refused with the file's problem, before any weight is loaded;
+// tune-gemm checks its flags before it looks for a GPU.
+func TestGemmPicksFlags(t *testing.T) {
+	dir := t.TempDir()
+	bad := filepath.Join(dir, "picks.json")
+	os.WriteFile(bad, []byte(`[{"device": "x", "cublaslt": 1, "m": 8, "n": 8, "k": 8, "split": 0}]`), 0o644)
+	if _, err := xmix(t, "run", "-q", "--backend", "cpu", "--gemm-picks", bad); err == nil ||
+		!strings.Contains(err.Error(), "--gemm-picks: "+bad+": pick 0: split 0: must be 1 to 64") {
+		t.Errorf("bad picks: %v", err)
+	}
+	if out, err := xmix(t, "run", "-q", "-n", "4", "--backend", "cpu", "--gemm-picks", "none"); err != nil || !strings.Contains(out, "tiny-steer") {
+		t.Errorf("--gemm-picks none: %v\n%s", err, out)
+	}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"tune-gemm", "x.xmb"}, "no output: add -o PICKS.json"},
+		{[]string{"tune-gemm", "x.xmb", "-o", "p.json", "--max-rows", "0"}, "--max-rows 0: give 1 to 65536"},
+		{[]string{"tune-gemm", filepath.Join(dir, "absent.xmb"), "-o", "p.json"}, "absent.xmb"},
+	} {
+		if _, err := xmix(t, c.args...); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("xmix %v: %v, want %q", c.args, err, c.want)
+		}
+	}
+}

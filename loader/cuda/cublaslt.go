@@ -42,6 +42,21 @@ const (
 	ltPrefMaxWorkspace   = 1
 	ltPrefMinAlignmentA  = 5 // then B, C, D at 6, 7, 8
 	ltHeuristicResultLen = 96
+	// cublasLtMatmulAlgoConfigAttributes_t, and the heuristic result's fields past its algo.
+	ltConfigID        = 0
+	ltConfigTile      = 1
+	ltConfigSplitK    = 2
+	ltConfigReduction = 3
+	ltConfigSwizzle   = 4
+	ltConfigCustom    = 5
+	ltConfigStages    = 6
+	ltConfigInner     = 7
+	ltConfigCluster   = 8
+	ltResultWorkspace = 64 // size_t
+	ltReductionNone   = 0
+	ltReductionF32    = 2 // split-K partial sums in the compute type, in the workspace
+	// ltCandidates is how many heuristic results ltNode asks for, to find a pick among them.
+	ltCandidates = 32
 )
 
 var ltSymbols = []string{
@@ -49,6 +64,8 @@ var ltSymbols = []string{
 	"cublasLtMatmulDescDestroy", "cublasLtMatmulDescSetAttribute", "cublasLtMatrixLayoutCreate",
 	"cublasLtMatrixLayoutDestroy", "cublasLtMatmulPreferenceCreate", "cublasLtMatmulPreferenceDestroy",
 	"cublasLtMatmulPreferenceSetAttribute", "cublasLtMatmulAlgoGetHeuristic", "cublasLtMatmul",
+	"cublasLtMatmulAlgoConfigGetAttribute", "cublasLtMatmulAlgoConfigSetAttribute", "cublasLtMatmulAlgoCheck",
+	"cublasLtGetVersion",
 }
 
 // ltLibraryPaths: the soname first (ld.so.conf, LD_LIBRARY_PATH), then the CUDA toolkit's
@@ -132,8 +149,18 @@ type cublasLt struct {
 	fallbackErr error
 	// served holds each prepared matmul launch by its shape and pointers: a template's graph
 	// variants and its app-free nodes share their GEMM nodes, prepared once.
-	served map[ltKey]*launch
+	served  map[ltKey]*launch
+	version int // cublasLtGetVersion
+	// picks are the tuned algorithms for this GPU and version (gemm_picks.go); picked and
+	// missed count the prepared GEMMs that found theirs and those whose pick the library no
+	// longer offers (they take its first result).
+	picks          gemmPicks
+	picked, missed int
 }
+
+// ltResult is one cublasLtMatmulHeuristicResult_t: the algo (64 bytes), the workspace it
+// needs, its status and the waves it fills.
+type ltResult [ltHeuristicResultLen]byte
 
 // ltKey identifies one GEMM call: the same shape on the same buffers is the same launch.
 type ltKey struct {
@@ -145,8 +172,8 @@ type ltKey struct {
 // pointers, fixed for the life of the graph.
 type ltMatmul struct {
 	desc, a, b, c uintptr
-	algo          [ltHeuristicResultLen]byte // the heuristic result; its first 64 bytes are the algo
-	w, x, y       uintptr
+	algo          ltResult // the heuristic result; its first 64 bytes are the algo
+	w, y          uintptr
 }
 
 func loadCublasLt() (*cublasLt, error) {
@@ -170,6 +197,8 @@ func loadCublasLt() (*cublasLt, error) {
 		lt.fn[s] = p
 	}
 	purego.RegisterFunc(&lt.statusName, lt.fn["cublasLtGetStatusName"])
+	v, _, _ := purego.SyscallN(lt.fn["cublasLtGetVersion"])
+	lt.version = int(v)
 	return lt, nil
 }
 
@@ -198,7 +227,7 @@ func (lt *cublasLt) call(name string, args ...uintptr) error {
 
 // initCublasLt loads cuBLASLt for the bundle's gemm_tc nodes when the options ask for it:
 // nil (and no error) when PTX serves every GEMM.
-func (be *Backend) initCublasLt(b *bundle.Bundle, mode string, progress Progress) error {
+func (be *Backend) initCublasLt(b *bundle.Bundle, mode string, picks []GemmPick, progress Progress) error {
 	var xbBytes int64
 	for _, t := range b.Templates {
 		for _, n := range t.Nodes {
@@ -222,8 +251,10 @@ func (be *Backend) initCublasLt(b *bundle.Bundle, mode string, progress Progress
 		return nil
 	}
 	lt.strict = mode == GemmCublasLt
+	lt.picks = picksFor(picks, be.Dev.Name, lt.version)
 	be.lt = lt
-	progress("cuda: tensor-core GEMMs served by cuBLASLt (%d MiB scratch)", (xbBytes+ltWorkspaceBytes)>>20)
+	progress("cuda: tensor-core GEMMs served by cuBLASLt %d (%d MiB scratch; %d tuned shapes for this GPU)",
+		lt.version, (xbBytes+ltWorkspaceBytes)>>20, len(lt.picks))
 	return nil
 }
 
@@ -270,7 +301,7 @@ func (be *Backend) gemm(n bundle.Node) (bundle.GEMM, bool) {
 }
 
 // ltNode prepares node n (vals: its arguments' device addresses and constants) for cuBLASLt: the cast
-// launch and the matmul with its heuristic algorithm, run once outside any graph so that a
+// launch and the matmul with its algorithm (choose), run once outside any graph so that a
 // failure surfaces here, not inside a capture. ok is false when cuBLASLt does not take it
 // (the node then runs its PTX kernel).
 func (be *Backend) ltNode(n bundle.Node, vals []uint64) (*launch, bool, error) {
@@ -283,61 +314,25 @@ func (be *Backend) ltNode(n bundle.Node, vals []uint64) (*launch, bool, error) {
 	if l, ok := lt.served[key]; ok {
 		return l, true, nil
 	}
-	m := &ltMatmul{x: key.x, w: key.w, y: key.y}
-	for _, p := range []uintptr{m.x, m.w, m.y} {
+	for _, p := range []uintptr{key.x, key.w, key.y} {
 		if p%16 != 0 {
 			return nil, false, nil
 		}
 	}
-	if err := lt.call("cublasLtMatmulDescCreate", uintptr(unsafe.Pointer(&m.desc)), cublasCompute32F, cudaR32F); err != nil {
+	m, err := lt.newMatmul(g, key.w, key.y)
+	if err != nil {
 		return nil, false, err
 	}
-	lt.descs = append(lt.descs, m.desc)
-	transA, transB := int32(cublasOpT), int32(cublasOpN)
-	if err := lt.call("cublasLtMatmulDescSetAttribute", m.desc, ltDescTransA, uintptr(unsafe.Pointer(&transA)), 4); err != nil {
+	res, err := lt.heuristics(m, g, ltCandidates)
+	if err != nil {
 		return nil, false, err
 	}
-	if err := lt.call("cublasLtMatmulDescSetAttribute", m.desc, ltDescTransB, uintptr(unsafe.Pointer(&transB)), 4); err != nil {
+	if m.algo, err = lt.choose(m, g, res); err != nil {
 		return nil, false, err
-	}
-	// Column-major views of the row-major tensors: w [N,K] is a K x N matrix (op T gives
-	// N x K), x [rows,K] is K x rows, y [rows,N] is N x rows.
-	for _, l := range []struct {
-		p          *uintptr
-		dtype      uintptr
-		rows, cols int
-	}{{&m.a, cudaR16BF, g.K, g.N}, {&m.b, cudaR16BF, g.K, g.M}, {&m.c, cudaR32F, g.N, g.M}} {
-		if err := lt.call("cublasLtMatrixLayoutCreate", uintptr(unsafe.Pointer(l.p)), l.dtype, uintptr(l.rows), uintptr(l.cols), uintptr(l.rows)); err != nil {
-			return nil, false, err
-		}
-		lt.layouts = append(lt.layouts, *l.p)
-	}
-	var pref uintptr
-	if err := lt.call("cublasLtMatmulPreferenceCreate", uintptr(unsafe.Pointer(&pref))); err != nil {
-		return nil, false, err
-	}
-	defer lt.call("cublasLtMatmulPreferenceDestroy", pref)
-	wsBytes := uint64(ltWorkspaceBytes)
-	if err := lt.call("cublasLtMatmulPreferenceSetAttribute", pref, ltPrefMaxWorkspace, uintptr(unsafe.Pointer(&wsBytes)), 8); err != nil {
-		return nil, false, err
-	}
-	for i, p := range []uintptr{m.w, lt.xb, m.y, m.y} {
-		align := uint32(min(256, p&-p))
-		if err := lt.call("cublasLtMatmulPreferenceSetAttribute", pref, uintptr(ltPrefMinAlignmentA+i), uintptr(unsafe.Pointer(&align)), 4); err != nil {
-			return nil, false, err
-		}
-	}
-	var found int32
-	if err := lt.call("cublasLtMatmulAlgoGetHeuristic", lt.handle, m.desc, m.a, m.b, m.c, m.c, pref, 1,
-		uintptr(unsafe.Pointer(&m.algo[0])), uintptr(unsafe.Pointer(&found))); err != nil {
-		return nil, false, err
-	}
-	if found < 1 {
-		return nil, false, fmt.Errorf("cuBLASLt has no algorithm for %dx%dx%d bf16", g.M, g.N, g.K)
 	}
 	grid, block := castLaunch(g.M * g.K)
 	l := &launch{label: n.Label, kernel: "cublasLt:" + n.Kernel, f: lt.cast, grid: [3]int{grid, 1, 1},
-		block: [3]int{block, 1, 1}, params: be.keepParams([]uint64{vals[g.X], uint64(lt.xb), uint64(g.M * g.K / 2)}), matmul: m,
+		block: [3]int{block, 1, 1}, params: be.keepParams([]uint64{uint64(key.x), uint64(lt.xb), uint64(g.M * g.K / 2)}), matmul: m,
 		early: be.kernels[n.Kernel].EarlyLaunch}
 	if err := be.issue(*l); err != nil {
 		return nil, false, err
@@ -347,6 +342,150 @@ func (be *Backend) ltNode(n bundle.Node, vals []uint64) (*launch, bool, error) {
 	}
 	lt.served[key] = l
 	return l, true, nil
+}
+
+// newMatmul describes y = bf16(x) . w^T for g: its matmul descriptor and matrix layouts,
+// destroyed at close. x is the cast's scratch (lt.xb).
+func (lt *cublasLt) newMatmul(g bundle.GEMM, w, y uintptr) (*ltMatmul, error) {
+	m := &ltMatmul{w: w, y: y}
+	if err := lt.call("cublasLtMatmulDescCreate", uintptr(unsafe.Pointer(&m.desc)), cublasCompute32F, cudaR32F); err != nil {
+		return nil, err
+	}
+	lt.descs = append(lt.descs, m.desc)
+	transA, transB := int32(cublasOpT), int32(cublasOpN)
+	if err := lt.call("cublasLtMatmulDescSetAttribute", m.desc, ltDescTransA, uintptr(unsafe.Pointer(&transA)), 4); err != nil {
+		return nil, err
+	}
+	if err := lt.call("cublasLtMatmulDescSetAttribute", m.desc, ltDescTransB, uintptr(unsafe.Pointer(&transB)), 4); err != nil {
+		return nil, err
+	}
+	// Column-major views of the row-major tensors: w [N,K] is a K x N matrix (op T gives
+	// N x K), x [rows,K] is K x rows, y [rows,N] is N x rows.
+	for _, l := range []struct {
+		p          *uintptr
+		dtype      uintptr
+		rows, cols int
+	}{{&m.a, cudaR16BF, g.K, g.N}, {&m.b, cudaR16BF, g.K, g.M}, {&m.c, cudaR32F, g.N, g.M}} {
+		if err := lt.call("cublasLtMatrixLayoutCreate", uintptr(unsafe.Pointer(l.p)), l.dtype, uintptr(l.rows), uintptr(l.cols), uintptr(l.rows)); err != nil {
+			return nil, err
+		}
+		lt.layouts = append(lt.layouts, *l.p)
+	}
+	return m, nil
+}
+
+// heuristics returns up to want of cuBLASLt's algorithms for m, best estimate first, for
+// its pointers' alignments and the workspace it has.
+func (lt *cublasLt) heuristics(m *ltMatmul, g bundle.GEMM, want int) ([]ltResult, error) {
+	var pref uintptr
+	if err := lt.call("cublasLtMatmulPreferenceCreate", uintptr(unsafe.Pointer(&pref))); err != nil {
+		return nil, err
+	}
+	defer lt.call("cublasLtMatmulPreferenceDestroy", pref)
+	wsBytes := uint64(ltWorkspaceBytes)
+	if err := lt.call("cublasLtMatmulPreferenceSetAttribute", pref, ltPrefMaxWorkspace, uintptr(unsafe.Pointer(&wsBytes)), 8); err != nil {
+		return nil, err
+	}
+	for i, p := range []uintptr{m.w, lt.xb, m.y, m.y} {
+		align := uint32(min(256, p&-p))
+		if err := lt.call("cublasLtMatmulPreferenceSetAttribute", pref, uintptr(ltPrefMinAlignmentA+i), uintptr(unsafe.Pointer(&align)), 4); err != nil {
+			return nil, err
+		}
+	}
+	res := make([]ltResult, want)
+	var found int32
+	if err := lt.call("cublasLtMatmulAlgoGetHeuristic", lt.handle, m.desc, m.a, m.b, m.c, m.c, pref, uintptr(want),
+		uintptr(unsafe.Pointer(&res[0][0])), uintptr(unsafe.Pointer(&found))); err != nil {
+		return nil, err
+	}
+	if found < 1 {
+		return nil, fmt.Errorf("cuBLASLt has no algorithm for %dx%dx%d bf16", g.M, g.N, g.K)
+	}
+	return res[:found], nil
+}
+
+// config reads the configuration of a result's algo.
+func (lt *cublasLt) config(r *ltResult) (ltConfig, error) {
+	var c ltConfig
+	for _, a := range []struct {
+		attr uintptr
+		size uintptr // the attribute's bytes: 4, or 2 for the inner and cluster shapes
+		v    *int
+	}{
+		{ltConfigID, 4, &c.algo}, {ltConfigTile, 4, &c.tile}, {ltConfigStages, 4, &c.stages}, {ltConfigSplitK, 4, &c.split},
+		{ltConfigSwizzle, 4, &c.swizzle}, {ltConfigCustom, 4, &c.custom}, {ltConfigInner, 2, &c.inner}, {ltConfigCluster, 2, &c.cluster},
+	} {
+		var v uint32
+		var n uint64
+		if err := lt.call("cublasLtMatmulAlgoConfigGetAttribute", uintptr(unsafe.Pointer(&r[0])), a.attr,
+			uintptr(unsafe.Pointer(&v)), a.size, uintptr(unsafe.Pointer(&n))); err != nil {
+			return ltConfig{}, err
+		}
+		*a.v = int(v)
+	}
+	return c, nil
+}
+
+// withSplit returns r with its K cut into split parts (1: none) and checks that cuBLASLt
+// takes it for m within the workspace.
+func (lt *cublasLt) withSplit(m *ltMatmul, r ltResult, split int) (ltResult, error) {
+	var red uint32
+	var n uint64
+	if err := lt.call("cublasLtMatmulAlgoConfigGetAttribute", uintptr(unsafe.Pointer(&r[0])), ltConfigReduction,
+		uintptr(unsafe.Pointer(&red)), 4, uintptr(unsafe.Pointer(&n))); err != nil {
+		return r, err
+	}
+	switch {
+	case split == 1:
+		red = ltReductionNone
+	case red == ltReductionNone:
+		red = ltReductionF32
+	}
+	sk := uint32(split)
+	for _, a := range []struct {
+		attr uintptr
+		v    *uint32
+	}{{ltConfigSplitK, &sk}, {ltConfigReduction, &red}} {
+		if err := lt.call("cublasLtMatmulAlgoConfigSetAttribute", uintptr(unsafe.Pointer(&r[0])), a.attr, uintptr(unsafe.Pointer(a.v)), 4); err != nil {
+			return r, err
+		}
+	}
+	var chk ltResult
+	if err := lt.call("cublasLtMatmulAlgoCheck", lt.handle, m.desc, m.a, m.b, m.c, m.c, uintptr(unsafe.Pointer(&r[0])), uintptr(unsafe.Pointer(&chk[0]))); err != nil {
+		return r, err
+	}
+	if ws := *(*uint64)(unsafe.Pointer(&chk[ltResultWorkspace])); ws > ltWorkspaceBytes {
+		return r, fmt.Errorf("split %d needs %d bytes of workspace, more than %d", split, ws, ltWorkspaceBytes)
+	}
+	return chk, nil
+}
+
+// choose is the algorithm for g among cuBLASLt's results: the tuned pick where the table has
+// one and the library still offers it, else the library's first.
+func (lt *cublasLt) choose(m *ltMatmul, g bundle.GEMM, res []ltResult) (ltResult, error) {
+	p, ok := lt.picks[[3]int{g.M, g.N, g.K}]
+	if !ok {
+		return res[0], nil
+	}
+	for i := range res {
+		c, err := lt.config(&res[i])
+		if err != nil {
+			return res[0], err
+		}
+		if !p.matches(c) {
+			continue
+		}
+		r := res[i]
+		if c.split != p.Split {
+			if r, err = lt.withSplit(m, r, p.Split); err != nil {
+				break
+			}
+		}
+		lt.picked++
+		return r, nil
+	}
+	lt.missed++
+	return res[0], nil
 }
 
 // run enqueues the matmul on stream (inside a capture, it records it).

@@ -179,6 +179,9 @@ type Options struct {
 	// LoadReaders is how many goroutines read the checkpoint into pinned staging while
 	// earlier chunks are copied (0: loader.DefaultReaders).
 	LoadReaders int
+	// GemmPicks are cuBLASLt's tuned algorithms (gemm_picks.go); nil: the shipped table
+	// (DefaultGemmPicks), empty: none (the library's first choice everywhere).
+	GemmPicks []GemmPick
 }
 
 // New loads a bundle onto GPU 0: modules, buffers, weights, params and graphs.
@@ -194,6 +197,27 @@ func New(b *bundle.Bundle, w *loader.Weights, opt Options) (*Backend, error) {
 	default:
 		return nil, fmt.Errorf("unknown GEMM server %q: use auto, ptx or cublaslt", opt.Gemm)
 	}
+	if opt.GemmPicks == nil {
+		picks, err := DefaultGemmPicks()
+		if err != nil {
+			return nil, err
+		}
+		opt.GemmPicks = picks
+	}
+	be, err := start()
+	if err != nil {
+		return nil, err
+	}
+	if err := be.do(func() error { return be.load(b, w, opt, progress) }); err != nil {
+		be.Close()
+		return nil, err
+	}
+	return be, nil
+}
+
+// start opens GPU 0: a backend with its context and stream on its locked thread, nothing
+// loaded yet.
+func start() (*Backend, error) {
 	d, err := loadDriver()
 	if err != nil {
 		return nil, err
@@ -203,10 +227,6 @@ func New(b *bundle.Bundle, w *loader.Weights, opt Options) (*Backend, error) {
 	ready := make(chan error)
 	go be.loop(ready)
 	if err := <-ready; err != nil {
-		return nil, err
-	}
-	if err := be.do(func() error { return be.load(b, w, opt, progress) }); err != nil {
-		be.Close()
 		return nil, err
 	}
 	return be, nil
@@ -300,7 +320,7 @@ func (be *Backend) load(b *bundle.Bundle, w *loader.Weights, opt Options, progre
 	if err := be.allocAndFill(b, w, opt.LoadReaders, progress); err != nil {
 		return err
 	}
-	if err := be.initCublasLt(b, opt.Gemm, progress); err != nil {
+	if err := be.initCublasLt(b, opt.Gemm, opt.GemmPicks, progress); err != nil {
 		return err
 	}
 	graphs := 0
@@ -316,6 +336,12 @@ func (be *Backend) load(b *bundle.Bundle, w *loader.Weights, opt Options, progre
 	progress("cuda: %d graphs instantiated for %d templates in %.2f s", graphs, len(b.Templates), time.Since(start).Seconds())
 	if be.lt != nil && be.lt.fallbacks > 0 {
 		progress("cuda: %d GEMM nodes kept their PTX kernel (cuBLASLt refused them; first: %v)", be.lt.fallbacks, be.lt.fallbackErr)
+	}
+	if be.lt != nil && be.lt.picked > 0 {
+		progress("cuda: %d GEMMs run their tuned cuBLASLt algorithm", be.lt.picked)
+	}
+	if be.lt != nil && be.lt.missed > 0 {
+		progress("cuda: %d GEMMs take cuBLASLt's first algorithm: their tuned one is not among its results (rerun xmix tune-gemm)", be.lt.missed)
 	}
 	return d.call("cuCtxSynchronize")
 }

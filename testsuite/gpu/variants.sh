@@ -7,9 +7,9 @@
 # (--attn-warps N), auN (--attn-unroll N), apN (--attn-prefetch N), acc (--attn-tc=false: the decode attention on CUDA cores), tcA-B (--tc-chunks A,B), staged (--gemm tc-staged:
 # time it with BENCH_GEMM=ptx; staged,tc8-6 with more in flight), s7 (the session-7 defaults:
 # no prefetch, one GEMV column per warp, one K chunk a step), A,B,... (the flags of each, e.g.
-# pf0,gate-act), seqsN (no flags: a spec, see variant_spec), asN (no flags: the default bundle
-# timed with xmix bench --attn-splits N, see variant_bench_flags), else --fuse VARIANT (none:
-# no fusion).
+# pf0,gate-act), seqsN (no flags: a spec, see variant_spec), asN, nopicks and picks (no
+# flags: the default bundle timed with other xmix bench flags, see variant_bench_flags), else
+# --fuse VARIANT (none: no fusion).
 variant_flags() {
   case "$1" in
     *,*) local part
@@ -29,7 +29,7 @@ variant_flags() {
     au[0-9]*) echo --attn-unroll "${1#au}" ;;
     ap[0-9]*) echo --attn-prefetch "${1#ap}" ;;
     acc) echo --attn-tc=false ;;
-    seqs[0-9]* | as[0-9]*) ;;
+    seqs[0-9]* | as[0-9]* | nopicks | picks) ;;
     s7) echo --prefetch 0 --gemv-cols 1 --gemv-unroll 1 ;;
     *) echo --fuse "$1" ;;
   esac
@@ -37,10 +37,13 @@ variant_flags() {
 
 # variant_bench_flags VARIANT: the xmix bench flags a variant is timed with: asN cuts every
 # row's context over N splits of the decode attention (--attn-splits N; 1: none) instead of
-# the engine's choice; every other variant none.
+# the engine's choice; nopicks gives cuBLASLt no tuned algorithm (--gemm-picks none), picks
+# those of the file PICKS (xmix tune-gemm); every other variant none.
 variant_bench_flags() {
   case "$1" in
     as[0-9]*) echo --attn-splits "${1#as}" ;;
+    nopicks) echo --gemm-picks none ;;
+    picks) echo --gemm-picks "${PICKS:?picks: set PICKS to a file of xmix tune-gemm}" ;;
   esac
 }
 
