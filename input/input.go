@@ -42,6 +42,9 @@ var (
 	Bundle = Kind{"bundle", 64 << 30}
 	// Weights is a safetensors weights file (memory-mapped where the platform can).
 	Weights = Kind{"weights file", 1 << 40}
+	// GemmPicks is a table of cuBLASLt algorithms `xmix tune-gemm` wrote (about 400 bytes a
+	// GEMM shape).
+	GemmPicks = Kind{"GEMM picks file", 16 << 20}
 )
 
 // Open opens path for reading after checking that it is a regular file of at most k.Max

@@ -24,11 +24,15 @@ func tuneGemmCmd() *cobra.Command {
 		Use:   "tune-gemm BUNDLE.xmb... -o PICKS.json",
 		Short: "Time cuBLASLt's algorithms for the bundles' GEMMs on this GPU and write the fastest",
 		Long: `tune-gemm times, on GPU 0, each tensor-core GEMM shape of the bundles (decode buckets up
-to --max-rows rows) with every algorithm cuBLASLt's heuristic offers and split-K variants
-of its first two, the weights cold as in a decode step, and writes the shapes where one
-beats the library's first choice by 1% or more. xmix run, serve and bench take the file
+to --max-rows rows) with the first 32 algorithms cuBLASLt's heuristic offers and split-K
+variants of its first two, the weights cold as in a decode step, and writes the shapes where
+one beats the library's first choice by 1% or more. xmix run, serve and bench take the file
 with --gemm-picks; without it they use the table xmix ships for the GPUs it was tuned on.
-A pick applies only on the GPU and cuBLASLt version it was measured with.`,
+A pick applies only on the GPU and cuBLASLt version it was measured with.
+
+A GEMM that is faster alone can still make the step longer (on the H200 some buckets of
+Llama-3.1-8B did): compare xmix bench --gemm-picks FILE with --gemm-picks none, or run
+testsuite/gpu/tune_gemm.sh, which keeps the picks of the buckets whose step they shortened.`,
 		Example: `  xmix tune-gemm llama8b.xmb -o picks.json
   xmix bench llama8b.xmb --gemm-picks picks.json`,
 		Args: cobra.MinimumNArgs(1),

@@ -55,7 +55,8 @@ const (
 	ltResultWorkspace = 64 // size_t
 	ltReductionNone   = 0
 	ltReductionF32    = 2 // split-K partial sums in the compute type, in the workspace
-	// ltCandidates is how many heuristic results ltNode asks for, to find a pick among them.
+	// ltCandidates is how many heuristic results ltNode asks for where a pick is to be found
+	// among them, and how many tuning times.
 	ltCandidates = 32
 )
 
@@ -323,7 +324,11 @@ func (be *Backend) ltNode(n bundle.Node, vals []uint64) (*launch, bool, error) {
 	if err != nil {
 		return nil, false, err
 	}
-	res, err := lt.heuristics(m, g, ltCandidates)
+	want := 1
+	if _, ok := lt.picks[[3]int{g.M, g.N, g.K}]; ok {
+		want = ltCandidates // the pick is among them
+	}
+	res, err := lt.heuristics(m, g, want)
 	if err != nil {
 		return nil, false, err
 	}

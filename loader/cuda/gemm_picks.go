@@ -4,8 +4,9 @@ import (
 	_ "embed"
 	"encoding/json"
 	"fmt"
-	"os"
 	"strings"
+
+	"xmix/input"
 )
 
 // GemmPick is cuBLASLt's algorithm for one GEMM shape on one GPU and library version, chosen
@@ -69,7 +70,7 @@ func DefaultGemmPicks() ([]GemmPick, error) {
 
 // ReadGemmPicks reads a table `xmix tune-gemm` wrote.
 func ReadGemmPicks(path string) ([]GemmPick, error) {
-	data, err := os.ReadFile(path)
+	data, err := input.Read(path, input.GemmPicks)
 	if err != nil {
 		return nil, err
 	}

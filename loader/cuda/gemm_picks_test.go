@@ -48,6 +48,10 @@ func TestReadGemmPicksRejectsBadTables(t *testing.T) {
 	if _, err := ReadGemmPicks(filepath.Join(dir, "absent.json")); err == nil {
 		t.Error("a missing file reads")
 	}
+	// A device is refused by name before anything is read from it (input.Read).
+	if _, err := ReadGemmPicks("/dev/zero"); err == nil || !strings.Contains(err.Error(), "/dev/zero") {
+		t.Errorf("/dev/zero: %v", err)
+	}
 }
 
 // A pick serves only its GPU and library version, and matches a heuristic result by every
