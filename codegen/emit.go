@@ -156,14 +156,8 @@ func (e emitter) blockReduce2(a, b ptx.Reg, op string, scratch ptx.Sym, tid ptx.
 }
 
 // blockReduceN folds each of vs across the block: warp butterflies, then one shared-memory
-// round (value i's warp totals at scratch[i*warps:]) summed in warp order. With several
-// values (at most 32) lane l sums value l mod len(vs) alone and every lane takes value i from
-// lane i: each sum keeps its order, so its bits, and a thread issues one value's loads and
-// adds instead of all of them.
+// round (value i's warp totals at scratch[i*warps:]) summed in warp order.
 func (e emitter) blockReduceN(vs []ptx.Reg, op string, scratch ptx.Sym, tid ptx.Reg, nthreads int) []ptx.Reg {
-	if len(vs) > 32 {
-		panic(fmt.Sprintf("codegen: blockReduceN of %d values", len(vs))) // generator bug, not input
-	}
 	for _, v := range vs {
 		e.warpReduce(v, op)
 	}
@@ -185,31 +179,17 @@ func (e emitter) blockReduceN(vs []ptx.Reg, op string, scratch ptx.Sym, tid ptx.
 		e.EmitIf(p, false, "st.shared.f32", ptx.Addr{Base: slot, Offset: int64(4 * warps * i)}, v)
 	}
 	e.Emit("bar.sync", ptx.Imm(0))
-	// src: this lane's value's warp totals, scratch + 4*warps*(lane mod len(vs)).
-	var src ptx.Addr
-	if len(vs) == 1 {
-		src = ptx.Addr{Base: scratch}
-	} else {
-		i := e.Reg(ptx.U32)
-		e.Emit("rem.u32", i, lane, ptx.Imm(int64(len(vs))))
-		a := e.Reg(ptx.U32)
-		e.Emit("mad.lo.u32", a, i, ptx.Imm(int64(4*warps)), base)
-		src = ptx.Addr{Base: a}
-	}
-	acc, t := e.Reg(ptx.F32), e.Reg(ptx.F32)
-	e.Emit("ld.shared.f32", acc, src)
-	for w := 1; w < warps; w++ {
-		e.Emit("ld.shared.f32", t, ptx.Addr{Base: src.Base, Offset: src.Offset + int64(4*w)})
-		e.Emit(op+".f32", acc, acc, t)
+	accs := e.Regs(ptx.F32, len(vs))
+	t := e.Reg(ptx.F32)
+	for i, acc := range accs {
+		off := int64(4 * warps * i)
+		e.Emit("ld.shared.f32", acc, ptx.Addr{Base: scratch, Offset: off})
+		for w := 1; w < warps; w++ {
+			e.Emit("ld.shared.f32", t, ptx.Addr{Base: scratch, Offset: off + int64(4*w)})
+			e.Emit(op+".f32", acc, acc, t)
+		}
 	}
 	e.Emit("bar.sync", ptx.Imm(0))
-	if len(vs) == 1 {
-		return []ptx.Reg{acc}
-	}
-	accs := e.Regs(ptx.F32, len(vs))
-	for i, r := range accs {
-		e.Emit("shfl.sync.idx.b32", r, acc, ptx.Imm(int64(i)), ptx.Imm(0x1f), ptx.Imm(-1))
-	}
 	return accs
 }
 
