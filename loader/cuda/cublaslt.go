@@ -462,6 +462,9 @@ func (lt *cublasLt) withSplit(m *ltMatmul, r ltResult, split int) (ltResult, err
 	if ws := *(*uint64)(unsafe.Pointer(&chk[ltResultWorkspace])); ws > ltWorkspaceBytes {
 		return r, fmt.Errorf("split %d needs %d bytes of workspace, more than %d", split, ws, ltWorkspaceBytes)
 	}
+	// The check reports the workspace and waves; the algo is the one checked, whatever the
+	// library leaves in the result's copy of it.
+	copy(chk[:ltResultWorkspace], r[:ltResultWorkspace])
 	return chk, nil
 }
 
