@@ -547,7 +547,6 @@ func (m miRow) Tid() ptx.Reg                          { return m.r.tid }
 func (m miRow) Index() int                            { return m.b.index }
 func (m miRow) Changed(p ptx.Reg)                     { m.b.changed = &p }
 func (m miRow) StoreOut(x []ptx.Reg)                  { m.r.storeRow(m.r.outPtr(m.b), x) }
-func (m miRow) Squares(x []ptx.Reg) ptx.Reg           { return m.r.reduce(m.r.squares(x)) }
 
 func (m miRow) Maybe(p *ptx.Reg, op string, args ...ptx.Operand) { m.r.emitMaybe(p, op, args...) }
 

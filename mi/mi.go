@@ -164,8 +164,6 @@ type Emitter interface {
 	NormTotal() (tot, have ptx.Reg, ok bool)
 	// DotSquares is Dot and the block-wide sum of squares of x, reduced together.
 	DotSquares(x []ptx.Reg) (dot, squares ptx.Reg)
-	// Squares is the block-wide sum of squares of x.
-	Squares(x []ptx.Reg) ptx.Reg
 	// Tid is the thread's index in the block.
 	Tid() ptx.Reg
 	// Index is the op's place among its kernel's ops (it names the op's labels).

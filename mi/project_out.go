@@ -1,10 +1,6 @@
 package mi
 
-import (
-	"fmt"
-
-	"xmix/ptx"
-)
+import "xmix/ptx"
 
 // project_out: x -= (x·d) d for the unit direction d (directional ablation).
 func init() {
@@ -31,7 +27,8 @@ func emitProjectOut(e Emitter, o *Op, x []ptx.Reg) {
 	// The residual op right before the add+norm kernel's norm (refusal ablation at every
 	// layer): one reduction yields both x·d and ‖x‖², and ‖x − (x·d)d‖² = ‖x‖² − (x·d)² for
 	// the unit d, so the norm needs no reduction of its own. When the projection removes most
-	// of the row that difference loses precision, and the squares are summed again.
+	// of the row that difference loses precision: have is then false, and the norm sums the
+	// squares itself, as it does on rows without the op.
 	k := e.Kernel()
 	p, ss := e.DotSquares(x)
 	e.Axpy(p, x, true)
@@ -39,11 +36,5 @@ func emitProjectOut(e Emitter, o *Op, x []ptx.Reg) {
 	k.Emit("mul.rn.f32", t, p, p)
 	k.Emit("sub.rn.f32", tot, ss, t)
 	k.Emit("mul.rn.f32", t, ss, ptx.F32Imm(0.25))
-	exact := k.Reg(ptx.Pred)
-	k.Emit("setp.ge.f32", exact, tot, t)
-	done := k.NewLabel(fmt.Sprintf("mi%d_norm", e.Index()))
-	k.EmitIf(exact, false, "bra.uni", ptx.Sym(done))
-	k.Emit("mov.f32", tot, e.Squares(x))
-	k.Label(done)
-	k.Emit("setp.eq.u32", have, e.Tid(), e.Tid())
+	k.Emit("setp.ge.f32", have, tot, t)
 }
