@@ -302,7 +302,7 @@ func (be *Backend) gemm(n bundle.Node) (bundle.GEMM, bool) {
 }
 
 // ltNode prepares node n (vals: its arguments' device addresses and constants) for cuBLASLt: the cast
-// launch and the matmul with its algorithm (choose), run once outside any graph so that a
+// launch and the matmul with its algorithm, run once outside any graph so that a
 // failure surfaces here, not inside a capture. ok is false when cuBLASLt does not take it
 // (the node then runs its PTX kernel).
 func (be *Backend) ltNode(n bundle.Node, vals []uint64) (*launch, bool, error) {
@@ -324,15 +324,7 @@ func (be *Backend) ltNode(n bundle.Node, vals []uint64) (*launch, bool, error) {
 	if err != nil {
 		return nil, false, err
 	}
-	want := 1
-	if _, ok := lt.picks[[3]int{g.M, g.N, g.K}]; ok {
-		want = ltCandidates // the pick is among them
-	}
-	res, err := lt.heuristics(m, g, want)
-	if err != nil {
-		return nil, false, err
-	}
-	if m.algo, err = lt.choose(m, g, res); err != nil {
+	if m.algo, err = lt.algorithm(m, g); err != nil {
 		return nil, false, err
 	}
 	grid, block := castLaunch(g.M * g.K)
@@ -468,12 +460,20 @@ func (lt *cublasLt) withSplit(m *ltMatmul, r ltResult, split int) (ltResult, err
 	return chk, nil
 }
 
-// choose is the algorithm for g among cuBLASLt's results: the tuned pick where the table has
-// one and the library still offers it, else the library's first.
-func (lt *cublasLt) choose(m *ltMatmul, g bundle.GEMM, res []ltResult) (ltResult, error) {
-	p, ok := lt.picks[[3]int{g.M, g.N, g.K}]
+// algorithm is the algorithm m runs for g: the tuned pick where the table has one and
+// cuBLASLt still offers it among its first ltCandidates results, else the library's first.
+func (lt *cublasLt) algorithm(m *ltMatmul, g bundle.GEMM) (ltResult, error) {
+	p, ok := lt.picks[GemmShape{g.M, g.N, g.K}]
 	if !ok {
+		res, err := lt.heuristics(m, g, 1)
+		if err != nil {
+			return ltResult{}, err
+		}
 		return res[0], nil
+	}
+	res, err := lt.heuristics(m, g, ltCandidates)
+	if err != nil {
+		return ltResult{}, err
 	}
 	for i := range res {
 		c, err := lt.config(&res[i])

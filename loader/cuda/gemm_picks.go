@@ -113,14 +113,14 @@ func (p GemmPick) check() error {
 }
 
 // gemmPicks indexes the picks for one GPU and library version.
-type gemmPicks map[[3]int]GemmPick
+type gemmPicks map[GemmShape]GemmPick
 
 // picksFor keeps the picks tuned on device with cuBLASLt version.
 func picksFor(all []GemmPick, device string, version int) gemmPicks {
 	m := gemmPicks{}
 	for _, p := range all {
 		if p.Device == device && p.CublasLt == version {
-			m[[3]int{p.M, p.N, p.K}] = p
+			m[GemmShape{p.M, p.N, p.K}] = p
 		}
 	}
 	return m

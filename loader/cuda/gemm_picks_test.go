@@ -68,7 +68,7 @@ func TestGemmPickLookupAndMatch(t *testing.T) {
 		t.Errorf("another cuBLASLt gets %d picks", n)
 	}
 	got := picksFor(picks, "NVIDIA H200", 130100)
-	p, ok := got[[3]int{8, 4096, 4096}]
+	p, ok := got[GemmShape{8, 4096, 4096}]
 	if !ok {
 		t.Fatalf("pick not found: %v", got)
 	}
