@@ -32,7 +32,8 @@ A pick applies only on the GPU and cuBLASLt version it was measured with.
 
 A GEMM that is faster alone can still make the step longer (on the H200 some buckets of
 Llama-3.1-8B did): compare xmix bench --gemm-picks FILE with --gemm-picks none, or run
-testsuite/gpu/tune_gemm.sh, which keeps the picks of the buckets whose step they shortened.`,
+testsuite/gpu/tune_gemm.sh, which keeps a bucket's picks where they shortened its step
+together, or else the one pick that shortened it most alone.`,
 		Example: `  xmix tune-gemm llama8b.xmb -o picks.json
   xmix bench llama8b.xmb --gemm-picks picks.json`,
 		Args: cobra.MinimumNArgs(1),

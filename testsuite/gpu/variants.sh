@@ -7,8 +7,9 @@
 # (--attn-warps N), auN (--attn-unroll N), apN (--attn-prefetch N), acc (--attn-tc=false: the decode attention on CUDA cores), tcA-B (--tc-chunks A,B), staged (--gemm tc-staged:
 # time it with BENCH_GEMM=ptx; staged,tc8-6 with more in flight), s7 (the session-7 defaults:
 # no prefetch, one GEMV column per warp, one K chunk a step), A,B,... (the flags of each, e.g.
-# pf0,gate-act), seqsN (no flags: a spec, see variant_spec), asN, nopicks and picks (no
-# flags: the default bundle timed with other xmix bench flags, see variant_bench_flags), else
+# pf0,gate-act), seqsN (no flags: a spec, see variant_spec), asN, nopicks, picks and
+# picks-NAME (no flags: the default bundle timed with other xmix bench flags, see
+# variant_bench_flags), else
 # --fuse VARIANT (none: no fusion).
 variant_flags() {
   case "$1" in
@@ -29,7 +30,7 @@ variant_flags() {
     au[0-9]*) echo --attn-unroll "${1#au}" ;;
     ap[0-9]*) echo --attn-prefetch "${1#ap}" ;;
     acc) echo --attn-tc=false ;;
-    seqs[0-9]* | as[0-9]* | nopicks | picks) ;;
+    seqs[0-9]* | as[0-9]* | nopicks | picks | picks-*) ;;
     s7) echo --prefetch 0 --gemv-cols 1 --gemv-unroll 1 ;;
     *) echo --fuse "$1" ;;
   esac
@@ -38,12 +39,14 @@ variant_flags() {
 # variant_bench_flags VARIANT: the xmix bench flags a variant is timed with: asN cuts every
 # row's context over N splits of the decode attention (--attn-splits N; 1: none) instead of
 # the engine's choice; nopicks gives cuBLASLt no tuned algorithm (--gemm-picks none), picks
-# those of the file PICKS (xmix tune-gemm); every other variant none.
+# those of the file PICKS (xmix tune-gemm), picks-NAME those of PICKS_DIR/NAME.json
+# (tune_gemm.sh's tables with one pick more); every other variant none.
 variant_bench_flags() {
   case "$1" in
     as[0-9]*) echo --attn-splits "${1#as}" ;;
     nopicks) echo --gemm-picks none ;;
     picks) echo --gemm-picks "${PICKS:?picks: set PICKS to a file of xmix tune-gemm}" ;;
+    picks-*) echo --gemm-picks "${PICKS_DIR:?$1: set PICKS_DIR to a folder of picks tables}/${1#picks-}.json" ;;
   esac
 }
 
