@@ -12,8 +12,8 @@
 #    length (keep_picks.py sets). KEPT=FILE skips this and starts from that table.
 # 3. For each bucket whose set was dropped, times each of its picks alone on top of the kept
 #    table (fuse_ab.sh, variants picks-NAME against picks-kept, that bucket only), into
-#    $OUT/ab1, and adds the one that shortens the step most, if by KEEP_RATIO at every prompt
-#    length (keep_picks.py singles, best). SINGLES=0 skips this.
+#    $OUT/ab1, and adds the one that shortens the step most, if to at most KEEP_RATIO at every
+#    prompt length (keep_picks.py singles, best). SINGLES=0 skips this.
 # The result is $OUT/gemm_picks.json: the table xmix ships is loader/cuda/gemm_picks.json;
 # copy this file there and commit it.
 set -euo pipefail
@@ -26,7 +26,7 @@ rm -rf "$work"
 mkdir -p "$OUT" "$work"
 : > "$OUT/tune_gemm.txt"
 note() { echo "$*" >> "$OUT/tune_gemm.txt"; }
-ab() { # ab OUT_DIR VARIANTS BASE BATCHES MODELS [PICKS]
+ab() { # ab OUT_DIR VARIANTS BASE BATCHES MODELS; PICKS or PICKS_DIR come from the caller's environment
   OUT=$1 VARIANTS=$2 BASE=$3 BATCHES=$4 MODELS=$5 PROMPT_LENS="${PROMPT_LENS:-16 512}" ROUNDS="${ROUNDS:-2}" PARTS=bench \
     bash testsuite/gpu/fuse_ab.sh
   find "$1" -name raw.tgz -delete # fuse_ab.json holds what they measured; the device returns at most 8 files
