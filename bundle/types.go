@@ -22,6 +22,15 @@ type Bundle struct {
 	Weights []byte
 }
 
+// KernelsByName indexes b's kernels by name (Verify checks that names are unique).
+func (b *Bundle) KernelsByName() map[string]Kernel {
+	m := make(map[string]Kernel, len(b.Kernels))
+	for _, k := range b.Kernels {
+		m[k.Name] = k
+	}
+	return m
+}
+
 // Manifest describes everything in the bundle except bulk data.
 type Manifest struct {
 	Model   ModelConfig `json:"model"`

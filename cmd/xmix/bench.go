@@ -348,10 +348,7 @@ type prefillProfile struct {
 // node's M, N and K from the bundle (bundle.GemmOf).
 func summarizePrefill(b *bundle.Bundle, ti int, nodes []cuda.NodeTime) (prefillProfile, error) {
 	t := b.Templates[ti]
-	kernels := map[string]bundle.Kernel{}
-	for _, k := range b.Kernels {
-		kernels[k.Name] = k
-	}
+	kernels := b.KernelsByName()
 	flops := map[string]float64{}
 	for _, n := range t.Nodes {
 		g, ok, err := bundle.GemmOf(n, kernels[n.Kernel])

@@ -95,8 +95,8 @@ func tuneGemm(w io.Writer, paths []string, out string, maxRows int, progress cud
 		}
 		p := *t.Pick
 		picks = append(picks, p)
-		fmt.Fprintf(w, "%-22s %10.2f %10.2f %+6.1f%%  algo %d tile %d stages %d split %d (of %d timed)\n", shape, p.HeuristicUs, p.Us,
-			100*(p.Us/p.HeuristicUs-1), p.Algo, p.Tile, p.Stages, p.Split, t.Candidates)
+		fmt.Fprintf(w, "%-22s %10.2f %10.2f %+6.1f%%  %s (of %d timed)\n", shape, p.HeuristicUs, p.Us,
+			100*(p.Us/p.HeuristicUs-1), p.Algorithm(), t.Candidates)
 	}
 	data, err := json.MarshalIndent(picks, "", " ")
 	if err != nil {

@@ -401,21 +401,28 @@ func (lt *cublasLt) heuristics(m *ltMatmul, g bundle.GEMM, want int) ([]ltResult
 	return res[:found], nil
 }
 
+// configAttr reads one configuration attribute of a result's algo, of size bytes (4, or 2
+// for the inner and cluster shapes).
+func (lt *cublasLt) configAttr(r *ltResult, attr, size uintptr) (uint32, error) {
+	var v uint32
+	var n uint64
+	err := lt.call("cublasLtMatmulAlgoConfigGetAttribute", uintptr(unsafe.Pointer(&r[0])), attr,
+		uintptr(unsafe.Pointer(&v)), size, uintptr(unsafe.Pointer(&n)))
+	return v, err
+}
+
 // config reads the configuration of a result's algo.
 func (lt *cublasLt) config(r *ltResult) (ltConfig, error) {
 	var c ltConfig
 	for _, a := range []struct {
-		attr uintptr
-		size uintptr // the attribute's bytes: 4, or 2 for the inner and cluster shapes
-		v    *int
+		attr, size uintptr
+		v          *int
 	}{
 		{ltConfigID, 4, &c.algo}, {ltConfigTile, 4, &c.tile}, {ltConfigStages, 4, &c.stages}, {ltConfigSplitK, 4, &c.split},
 		{ltConfigSwizzle, 4, &c.swizzle}, {ltConfigCustom, 4, &c.custom}, {ltConfigInner, 2, &c.inner}, {ltConfigCluster, 2, &c.cluster},
 	} {
-		var v uint32
-		var n uint64
-		if err := lt.call("cublasLtMatmulAlgoConfigGetAttribute", uintptr(unsafe.Pointer(&r[0])), a.attr,
-			uintptr(unsafe.Pointer(&v)), a.size, uintptr(unsafe.Pointer(&n))); err != nil {
+		v, err := lt.configAttr(r, a.attr, a.size)
+		if err != nil {
 			return ltConfig{}, err
 		}
 		*a.v = int(v)
@@ -426,10 +433,8 @@ func (lt *cublasLt) config(r *ltResult) (ltConfig, error) {
 // withSplit returns r with its K cut into split parts (1: none) and checks that cuBLASLt
 // takes it for m within the workspace.
 func (lt *cublasLt) withSplit(m *ltMatmul, r ltResult, split int) (ltResult, error) {
-	var red uint32
-	var n uint64
-	if err := lt.call("cublasLtMatmulAlgoConfigGetAttribute", uintptr(unsafe.Pointer(&r[0])), ltConfigReduction,
-		uintptr(unsafe.Pointer(&red)), 4, uintptr(unsafe.Pointer(&n))); err != nil {
+	red, err := lt.configAttr(&r, ltConfigReduction, 4)
+	if err != nil {
 		return r, err
 	}
 	switch {

@@ -1,10 +1,10 @@
 package cuda
 
 import (
+	"bytes"
 	_ "embed"
 	"encoding/json"
 	"fmt"
-	"strings"
 
 	"xmix/input"
 )
@@ -79,7 +79,7 @@ func ReadGemmPicks(path string) ([]GemmPick, error) {
 
 func parseGemmPicks(name string, data []byte) ([]GemmPick, error) {
 	var picks []GemmPick
-	dec := json.NewDecoder(strings.NewReader(string(data)))
+	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&picks); err != nil {
 		return nil, fmt.Errorf("%s: %w (want a JSON list of picks as xmix tune-gemm writes it)", name, err)
@@ -136,6 +136,17 @@ func (c ltConfig) String() string {
 // config is the configuration p names.
 func (p GemmPick) config() ltConfig {
 	return ltConfig{p.Algo, p.Tile, p.Stages, p.Split, p.Swizzle, p.Custom, p.Inner, p.Cluster}
+}
+
+// Algorithm names p's algorithm, as tune-gemm prints it.
+func (p GemmPick) Algorithm() string { return p.config().String() }
+
+// pick is the GemmPick of configuration c for shape s on device with cuBLASLt version, with
+// what tuning measured (config's inverse).
+func (c ltConfig) pick(device string, version int, s GemmShape, us, heuristicUs float64) GemmPick {
+	return GemmPick{Device: device, CublasLt: version, M: s.M, N: s.N, K: s.K,
+		Algo: c.algo, Tile: c.tile, Stages: c.stages, Split: c.split, Swizzle: c.swizzle, Custom: c.custom,
+		Inner: c.inner, Cluster: c.cluster, Us: us, HeuristicUs: heuristicUs}
 }
 
 // matches says whether a heuristic result of configuration c serves pick p: the same but

@@ -14,10 +14,7 @@ type GemmShape struct{ M, N, K int }
 // GemmShapes lists the distinct shapes of b's tensor-core GEMM nodes of at most maxRows rows
 // that cuBLASLt may serve (even K), in the order the templates first run them.
 func GemmShapes(b *bundle.Bundle, maxRows int) ([]GemmShape, error) {
-	kernels := map[string]bundle.Kernel{}
-	for _, k := range b.Kernels {
-		kernels[k.Name] = k
-	}
+	kernels := b.KernelsByName()
 	var shapes []GemmShape
 	for _, t := range b.Templates {
 		for _, n := range t.Nodes {
@@ -98,8 +95,8 @@ func TuneGemms(shapes []GemmShape, progress Progress) ([]GemmTiming, error) {
 				continue
 			}
 			p := t.Pick
-			progress("tune-gemm %d/%d %dx%dx%d: algo %d tile %d stages %d split %d, %.2f µs against %.2f (%+.1f%%) of %d candidates",
-				i+1, len(shapes), s.M, s.N, s.K, p.Algo, p.Tile, p.Stages, p.Split, p.Us, p.HeuristicUs, 100*(p.Us/p.HeuristicUs-1), t.Candidates)
+			progress("tune-gemm %d/%d %dx%dx%d: %s, %.2f µs against %.2f (%+.1f%%) of %d candidates",
+				i+1, len(shapes), s.M, s.N, s.K, p.Algorithm(), p.Us, p.HeuristicUs, 100*(p.Us/p.HeuristicUs-1), t.Candidates)
 		}
 		return nil
 	})
@@ -168,7 +165,7 @@ func (be *Backend) tuneShape(s GemmShape) (GemmTiming, error) {
 	calls = (calls + copies - 1) / copies * copies
 	t := GemmTiming{Shape: s}
 	seen := map[ltConfig]bool{}
-	best, bestUs := -1, 0.0
+	best, bestUs, bestCfg := -1, 0.0, ltConfig{}
 	for i := range cands {
 		c, err := lt.config(&cands[i])
 		if err != nil {
@@ -190,14 +187,12 @@ func (be *Backend) tuneShape(s GemmShape) (GemmTiming, error) {
 			t.HeuristicUs = us
 		}
 		if best < 0 || us < bestUs {
-			best, bestUs = i, us
+			best, bestUs, bestCfg = i, us, c
 		}
 	}
 	if best > 0 && bestUs < t.HeuristicUs*(1-pickMargin) {
-		c, _ := lt.config(&cands[best])
-		t.Pick = &GemmPick{Device: be.Dev.Name, CublasLt: lt.version, M: s.M, N: s.N, K: s.K,
-			Algo: c.algo, Tile: c.tile, Stages: c.stages, Split: c.split, Swizzle: c.swizzle, Custom: c.custom,
-			Inner: c.inner, Cluster: c.cluster, Us: bestUs, HeuristicUs: t.HeuristicUs}
+		p := bestCfg.pick(be.Dev.Name, lt.version, s, bestUs, t.HeuristicUs)
+		t.Pick = &p
 	}
 	return t, nil
 }
