@@ -88,11 +88,16 @@ type AttnConfig struct {
 }
 
 const (
-	// Warps per block, unless set (AttnConfig.Warps; decode buckets of up to adWideRows rows:
-	// 8, DecodeWarps). Two warps (8 blocks per SM, so that batch 128's 1024 blocks at short
-	// contexts run in one wave) measured the same as four on the H200 (Llama-3.1-8B, batch
-	// 128, 48 positions: 0.691 vs 0.663 ms of attention per step, on runs 2-4% apart).
+	// Warps per block, unless set (AttnConfig.Warps) or the bucket is small or large
+	// (DecodeWarps: adWideRows, adNarrowWarps).
 	adWarps = 4
+	// adNarrowWarps is the warps per block of a decode bucket whose blocks of adWarps warps
+	// would take more than one wave (attnSplitBlocks): blocks half as wide, twice as many an
+	// SM, so that batch 128's 1024 blocks of a Llama run in one wave. On the H200 with the
+	// tensor-core step (session 27 call 1, Llama-3.2-1B, 128 rows, graph replay per decode
+	// step): 1.889 -> 1.858 ms at context 576, 3.300 -> 3.264 ms at 2112; 8 warps were 4-5%
+	// longer. (With the CUDA-core step, session 13, two warps had measured the same as four.)
+	adNarrowWarps = 2
 	// Per lane, the block's heads times the lane's dims: q values, and as many accumulators.
 	// Past 64 each the kernel would spill; wider groups get more blocks (smaller hpb).
 	adMaxLaneValues = 64
@@ -122,7 +127,8 @@ const (
 func (c AttnConfig) warps() int { return cmp.Or(c.Warps, adWarps) }
 
 // DecodeWarps is the warps per block of c's attention in a decode bucket of rows rows: 8 up
-// to adWideRows rows (where their merge states fit in shared memory), adWarps past them. A
+// to adWideRows rows (where their merge states fit in shared memory), adNarrowWarps where
+// the bucket's blocks of adWarps warps would take more than one wave, adWarps between. A
 // bucket of few rows has few blocks even split, and a wider block covers twice the positions
 // in one pass, so a context takes fewer splits and the cross-block merge less often; past it
 // the grid fills the GPU anyway and narrower blocks pack the SMs better. On the H200 (session
@@ -133,8 +139,11 @@ func (c AttnConfig) warps() int { return cmp.Or(c.Warps, adWarps) }
 func (c AttnConfig) DecodeWarps(rows int) int {
 	wide := c
 	wide.Warps = 8
-	if rows <= adWideRows && wide.sharedBytes() <= maxStaticShared {
+	switch {
+	case rows <= adWideRows && wide.sharedBytes() <= maxStaticShared:
 		return wide.Warps
+	case rows*c.Heads/c.geom().hpb > attnSplitBlocks:
+		return adNarrowWarps
 	}
 	return adWarps
 }

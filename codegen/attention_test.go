@@ -244,14 +244,14 @@ func TestAttentionDecodeWarps(t *testing.T) {
 }
 
 // TestDecodeWarps: decode buckets of up to 32 rows get 8 warps where their merge states fit
-// in shared memory, larger ones 4.
+// in shared memory, those whose blocks of 4 warps would take more than one wave 2, the rest 4.
 func TestDecodeWarps(t *testing.T) {
 	llama := AttnConfig{Heads: 32, KVHeads: 8, HeadDim: 128, BlockSize: 16, MaxBlocksPerSeq: 512, KVDtype: ptx.BF16, Scale: 0.088, Split: true}
 	wide := AttnConfig{Heads: 16, KVHeads: 2, HeadDim: 256, BlockSize: 16, MaxBlocksPerSeq: 512, KVDtype: ptx.BF16, Scale: 0.0625, Split: true}
 	for _, c := range []struct {
 		cfg        AttnConfig
 		rows, want int
-	}{{llama, 1, 8}, {llama, 32, 8}, {llama, 64, 4}, {llama, 128, 4}, {wide, 1, 4}, {wide, 128, 4}} {
+	}{{llama, 1, 8}, {llama, 32, 8}, {llama, 64, 4}, {llama, 66, 4}, {llama, 67, 2}, {llama, 128, 2}, {wide, 1, 4}, {wide, 264, 4}, {wide, 265, 2}} {
 		if got := c.cfg.DecodeWarps(c.rows); got != c.want {
 			t.Errorf("h%d kv%d d%d, %d rows: %d warps, want %d", c.cfg.Heads, c.cfg.KVHeads, c.cfg.HeadDim, c.rows, got, c.want)
 		}
