@@ -661,12 +661,13 @@ func (e *Engine) tryStep() (ran bool, err error) {
 	if err := e.admit(); err != nil {
 		return false, err
 	}
-	var active []*seqState
+	active := emptied(e.scratch.active)
 	for _, s := range e.slots {
 		if s != nil && !s.done {
 			active = append(active, s)
 		}
 	}
+	e.scratch.active = active
 	if len(active) == 0 {
 		return false, nil
 	}
@@ -954,7 +955,7 @@ func (e *Engine) run(t bundle.Template, rows []stepRow) error {
 // take records the token sampled at r (and its logprobs, from the step's rows lps, when the
 // request asked), or ends r's request when its logits were not finite.
 func (e *Engine) take(r stepRow, id uint32, now time.Time, lps []float32) error {
-	s, c := r.s, e.cfg
+	s, c := r.s, &e.cfg // a pointer: the config is copied per sampled row otherwise
 	if id == bundle.NonFinite {
 		e.fail(s, ReasonNonFinite, fmt.Errorf("generation step %d: the logits at position %d are not finite (the forward overflowed, or an app wrote a NaN or an infinity), so no token %d was sampled",
 			len(s.res.Tokens), r.pos, len(s.res.Tokens)))
@@ -975,7 +976,7 @@ func (e *Engine) take(r stepRow, id uint32, now time.Time, lps []float32) error 
 		s.res.Logprobs = append(s.res.Logprobs, e.tokenLogprob(lps, r.sample, tok, s.req))
 	}
 	switch {
-	case isEOS(c, fed) && !s.req.IgnoreEOS:
+	case isEOS(c.EOS, fed) && !s.req.IgnoreEOS:
 		s.done, s.res.Reason = true, ReasonStop
 	case s.stop != nil && s.stop.crossed(s.res.Rows[r.pos].Exports):
 		s.done, s.res.Reason = true, ReasonStopWhen
@@ -998,6 +999,17 @@ type stepScratch struct {
 	lpF     []float32
 	ids     []uint32
 	sampled []stepRow
+	// The scheduler's lists (tryStep, plan): kept from step to step so that a step allocates
+	// none of them (the step's rows alone were 24 bytes times the largest template's tokens).
+	rows                         []stepRow
+	active, decoding, prefilling []*seqState
+}
+
+// emptied returns s with no elements, its old ones cleared so that a kept list holds no
+// finished request alive; the caller stores the list back after appending to it.
+func emptied[T any](s []T) []T {
+	clear(s)
+	return s[:0]
 }
 
 // lpBytes and lpFloats hold the step's logprob rows.
@@ -1072,8 +1084,8 @@ func grow[T any](s []T, n int) []T {
 	return s[:n]
 }
 
-func isEOS(c bundle.ModelConfig, tok int) bool {
-	for _, e := range c.EOS {
+func isEOS(eos []int, tok int) bool {
+	for _, e := range eos {
 		if e == tok {
 			return true
 		}

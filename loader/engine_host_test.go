@@ -52,12 +52,18 @@ func (be *nullBackend) Close() error   { return nil }
 // the six shipped apps deployed, for requests that enable none, one app that exports a value
 // per token, or all six; 64 requests of 200 prompt tokens and 128 generated ones (prefill
 // chunks and full decode batches). Reported as host microseconds per step.
-func BenchmarkEngineHostStep(b *testing.B) {
+func BenchmarkEngineHostStep(b *testing.B) { benchShippedApps(b, 64) }
+
+// BenchmarkEngineHostStepBurst: the same for 256 requests, the size of apps.sh's online burst
+// (250 requests at once), where every decode step runs the largest bucket.
+func BenchmarkEngineHostStepBurst(b *testing.B) { benchShippedApps(b, 256) }
+
+func benchShippedApps(b *testing.B, requests int) {
 	bun := compileWithApps(b, "specs/apps/app[1-6]-*.yaml", 6)
 	reqs := func(apps []string) []loader.Request {
 		rng := rand.New(rand.NewPCG(1, 2))
 		var reqs []loader.Request
-		for range 64 {
+		for range requests {
 			p := make([]int, 200)
 			for i := range p {
 				p[i] = rng.IntN(1000) + 1000

@@ -19,8 +19,10 @@ const stepCostRows = 64
 // step's token budget, in the chunk prefillChunk picks. Otherwise a decode template with one
 // row per running sequence, in the smallest bucket that holds them.
 func (e *Engine) plan(active []*seqState) (bundle.Template, []stepRow) {
-	rows := make([]stepRow, 0, e.maxT)
-	decoding, prefilling := make([]*seqState, 0, len(active)), make([]*seqState, 0, len(active))
+	sc := &e.scratch
+	rows := emptied(sc.rows)
+	defer func() { sc.rows = rows }() // rows grown past the scratch's capacity are kept too
+	decoding, prefilling := emptied(sc.decoding), emptied(sc.prefilling)
 	pending := 0 // prompt rows not yet run
 	for _, s := range active {
 		if s.fed < s.promptN {
@@ -30,6 +32,7 @@ func (e *Engine) plan(active []*seqState) (bundle.Template, []stepRow) {
 			decoding = append(decoding, s)
 		}
 	}
+	sc.decoding, sc.prefilling = decoding, prefilling
 	if len(prefilling) == 0 {
 		t := e.decode[len(e.decode)-1]
 		for _, c := range e.decode {
