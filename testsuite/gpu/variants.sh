@@ -9,8 +9,7 @@
 # no prefetch, one GEMV column per warp, one K chunk a step), A,B,... (the flags of each, e.g.
 # pf0,gate-act), seqsN (no flags: a spec, see variant_spec), asN, nopicks, picks and
 # picks-NAME (no flags: the default bundle timed with other xmix bench flags, see
-# variant_bench_flags), else
-# --fuse VARIANT (none: no fusion).
+# variant_bench_flags), else --fuse VARIANT (none: no fusion).
 variant_flags() {
   case "$1" in
     *,*) local part
