@@ -270,6 +270,20 @@ func TestCUDAMatchesCPUOnLlama1BCut(t *testing.T) {
 	agreement(t, "llama-3.2-1b-2layers-long", b, long, 64, false)
 }
 
+// TestCUDAAttentionWarpsMatchCPU: decode attention blocks of 2 warps, which a bucket gets where
+// blocks of 4 would take more than one wave (more than 66 rows on these Llamas, a bucket the
+// suite's small specs do not have), agree with the CPU on the 1B cut: --attn-warps 2 gives
+// every bucket the same kernel, and the 150-token prompt's decode splits its context.
+func TestCUDAAttentionWarpsMatchCPU(t *testing.T) {
+	needGPU(t)
+	b := testsuite.CompileWith(t, compile.Options{AttnWarps: 2}, llama1BCut(t))
+	long := make([]int, 150)
+	for i := range long {
+		long[i] = (i*7919 + 13) % 32000
+	}
+	agreement(t, "llama-3.2-1b-2layers-long-attn-warps-2", b, long, 64, false)
+}
+
 // TestCUDAMatchesCPUOnGemma2Cut: a 2-layer cut of Gemma-2-2B (head dim 256, GeGLU,
 // post-norms, both soft-caps; layer 0 sliding) agrees with the CPU on a short prompt and on
 // a 150-token one (three prefill chunks on the tensor-core attention at head dim 256), and
