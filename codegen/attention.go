@@ -725,23 +725,12 @@ func (g *adGen) loadRow(a ptx.Reg) []ptx.Reg {
 	return out
 }
 
-// widen turns loadRow's registers into the lane's dims as f32: a bf16 pair's even element is
-// the low half of its word and widens by standing in the high half.
+// widen turns loadRow's registers into the lane's dims as f32 (bf16 pairs widened).
 func (g *adGen) widen(w []ptx.Reg) []ptx.Reg {
 	if g.c.KVDtype == ptx.F32 {
 		return w
 	}
-	out := make([]ptx.Reg, 0, 2*len(w))
-	for _, wd := range w {
-		lo, hi := g.Reg(ptx.B32), g.Reg(ptx.B32)
-		g.Emit("shl.b32", lo, wd, ptx.Imm(16))
-		g.Emit("and.b32", hi, wd, ptx.Imm(-65536))
-		flo, fhi := g.Reg(ptx.F32), g.Reg(ptx.F32)
-		g.Emit("mov.b32", flo, lo)
-		g.Emit("mov.b32", fhi, hi)
-		out = append(out, flo, fhi)
-	}
-	return out
+	return g.widenBF16(w)
 }
 
 // fold merges state (m2, l2, a2) into (m, l, a): both scaled to their common max.

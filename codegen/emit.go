@@ -206,11 +206,17 @@ func loadChunk(e emitter, a ptx.Addr, dt ptx.Type, vec int) []ptx.Reg {
 		}
 		return vs
 	}
-	// Eight bf16 in four words: the even element is the low half, and a bf16 widens to f32 by
-	// standing in the high half of the word.
+	// Eight bf16 in four words.
 	words := e.Regs(ptx.B32, 4)
 	e.Emit("ld.global.v4.b32", ptx.Vec(words), a)
-	vs := make([]ptx.Reg, 0, 8)
+	return e.widenBF16(words)
+}
+
+// widenBF16 turns words of two bf16 each into their elements as f32, in memory order: the
+// even element is the low half of its word, and a bf16 widens to f32 by standing in the high
+// half of a word.
+func (e emitter) widenBF16(words []ptx.Reg) []ptx.Reg {
+	out := make([]ptx.Reg, 0, 2*len(words))
 	for _, wd := range words {
 		lo, hi := e.Reg(ptx.B32), e.Reg(ptx.B32)
 		e.Emit("shl.b32", lo, wd, ptx.Imm(16))
@@ -218,7 +224,7 @@ func loadChunk(e emitter, a ptx.Addr, dt ptx.Type, vec int) []ptx.Reg {
 		flo, fhi := e.Reg(ptx.F32), e.Reg(ptx.F32)
 		e.Emit("mov.b32", flo, lo)
 		e.Emit("mov.b32", fhi, hi)
-		vs = append(vs, flo, fhi)
+		out = append(out, flo, fhi)
 	}
-	return vs
+	return out
 }
