@@ -196,10 +196,7 @@ func TestCUDAStagedGEMMMatchesCPU(t *testing.T) {
 	needGPU(t)
 	spec := strings.Replace(llama1BCut(t), "prefill_chunks: [64]", "prefill_chunks: [32, 64]", 1)
 	b := testsuite.CompileWith(t, compile.Options{GEMM: "tc-staged"}, spec)
-	long := make([]int, 150)
-	for i := range long {
-		long[i] = (i*7919 + 13) % 32000
-	}
+	long := longPrompt(32000)
 	agreementWith(t, cuda.GemmPTX, "llama-3.2-1b-2layers-long-staged", b, long, 32, false)
 }
 
@@ -241,6 +238,16 @@ func TestCUDATimeWithout(t *testing.T) {
 	}
 }
 
+// longPrompt is a 150-token prompt of token ids below vocab: it crosses prefill chunks and KV
+// blocks, and the decode after it splits its context.
+func longPrompt(vocab int) []int {
+	long := make([]int, 150)
+	for i := range long {
+		long[i] = (i*7919 + 13) % vocab
+	}
+	return long
+}
+
 // llama1BCut is Llama-3.2-1B's spec cut to 2 layers and small buckets.
 func llama1BCut(t *testing.T) string {
 	root, err := repoRoot()
@@ -263,10 +270,7 @@ func TestCUDAMatchesCPUOnLlama1BCut(t *testing.T) {
 
 	// A 150-token prompt: three prefill chunks on the tensor-core attention, crossing KV
 	// blocks, then decode at contexts 150-214 split over 3-4 blocks per kv head and combined.
-	long := make([]int, 150)
-	for i := range long {
-		long[i] = (i*7919 + 13) % 32000
-	}
+	long := longPrompt(32000)
 	agreement(t, "llama-3.2-1b-2layers-long", b, long, 64, false)
 }
 
@@ -277,10 +281,7 @@ func TestCUDAMatchesCPUOnLlama1BCut(t *testing.T) {
 func TestCUDAAttentionWarpsMatchCPU(t *testing.T) {
 	needGPU(t)
 	b := testsuite.CompileWith(t, compile.Options{AttnWarps: 2}, llama1BCut(t))
-	long := make([]int, 150)
-	for i := range long {
-		long[i] = (i*7919 + 13) % 32000
-	}
+	long := longPrompt(32000)
 	agreement(t, "llama-3.2-1b-2layers-long-attn-warps-2", b, long, 64, false)
 }
 
@@ -301,10 +302,7 @@ func TestCUDAMatchesCPUOnGemma2Cut(t *testing.T) {
 	cut := regexp.MustCompile(`layers: \d+`).ReplaceAllString(string(spec), "layers: 2")
 	cut = regexp.MustCompile(`(?s)serving:.*`).ReplaceAllString(cut,
 		"serving: {decode_buckets: [1, 2, 4], prefill_chunks: [64], max_seq_len: 256, max_seqs: 4, kv_block_size: 16}\n")
-	long := make([]int, 150)
-	for i := range long {
-		long[i] = (i*7919 + 13) % 256000
-	}
+	long := longPrompt(256000)
 	for _, w := range []string{"4096", "64"} {
 		b := testsuite.Compile(t, strings.Replace(cut, "sliding_window: 4096", "sliding_window: "+w, 1))
 		agreement(t, "gemma-2-2b-2layers-w"+w, b, []int{2, 651, 6037, 8426, 603, 476}, 64, false)
