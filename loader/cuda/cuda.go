@@ -10,7 +10,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"os"
 	"runtime"
 	"strings"
 	"time"
@@ -95,8 +94,6 @@ type Backend struct {
 	params    [][]uint64
 	paramP    [][]uintptr
 	closed    bool
-	tmaFuncs  map[string]uintptr // EXPERIMENT
-	tmaHost   [256]byte          // EXPERIMENT
 }
 
 // do runs f on the backend's locked thread and waits for it.
@@ -552,15 +549,6 @@ func (be *Backend) prepare(n bundle.Node, variants uint32) (launch, error) {
 			served := *l // one cuBLASLt launch may serve several nodes of one shape and buffers
 			served.label, served.skipUnless = n.Label, n.SkipUnless
 			return served, nil
-		}
-	}
-	if be.lt == nil && os.Getenv("XMIX_EXP_TMA") != "" {
-		l, ok, err := be.tmaNode(n, vals)
-		if err != nil {
-			return launch{}, err
-		}
-		if ok {
-			return *l, nil
 		}
 	}
 	return launch{label: n.Label, kernel: n.Kernel, f: f, grid: n.Grid, block: n.Block, shared: n.Shared,
