@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"os"
 	"runtime"
 	"strings"
 	"time"
@@ -94,6 +95,8 @@ type Backend struct {
 	params    [][]uint64
 	paramP    [][]uintptr
 	closed    bool
+	tmaFuncs  map[string]uintptr // EXPERIMENT
+	tmaHost   [256]byte          // EXPERIMENT
 }
 
 // do runs f on the backend's locked thread and waits for it.
@@ -375,6 +378,9 @@ func (be *Backend) loadModules(b *bundle.Bundle) error {
 		if err := d.call("cuModuleGetFunction", uintptr(unsafe.Pointer(&f)), mod, uintptr(unsafe.Pointer(&name[0]))); err != nil {
 			return fmt.Errorf("kernel %s: %w", k.Name, err)
 		}
+		if err := expCarveout(d, f); err != nil {
+			return err
+		}
 		be.funcs[k.Name] = f
 		be.kernels[k.Name] = k
 	}
@@ -549,6 +555,15 @@ func (be *Backend) prepare(n bundle.Node, variants uint32) (launch, error) {
 			served := *l // one cuBLASLt launch may serve several nodes of one shape and buffers
 			served.label, served.skipUnless = n.Label, n.SkipUnless
 			return served, nil
+		}
+	}
+	if be.lt == nil && os.Getenv("XMIX_EXP_TMA") != "" {
+		l, ok, err := be.tmaNode(n, vals)
+		if err != nil {
+			return launch{}, err
+		}
+		if ok {
+			return *l, nil
 		}
 	}
 	return launch{label: n.Label, kernel: n.Kernel, f: f, grid: n.Grid, block: n.Block, shared: n.Shared,
