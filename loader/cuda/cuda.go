@@ -540,6 +540,15 @@ func (be *Backend) prepare(n bundle.Node, variants uint32) (launch, error) {
 		}
 		vals[i] = uint64(base) + uint64(s.Offset)
 	}
+	if os.Getenv("XMIX_EXP_TMA") != "" && (be.lt == nil || os.Getenv("XMIX_EXP_TMA_N") != "") {
+		l, ok, err := be.tmaNode(n, vals)
+		if err != nil {
+			return launch{}, err
+		}
+		if ok {
+			return *l, nil
+		}
+	}
 	if ltMayServe(n, variants) {
 		l, ok, err := be.ltNode(n, vals)
 		switch {
@@ -555,15 +564,6 @@ func (be *Backend) prepare(n bundle.Node, variants uint32) (launch, error) {
 			served := *l // one cuBLASLt launch may serve several nodes of one shape and buffers
 			served.label, served.skipUnless = n.Label, n.SkipUnless
 			return served, nil
-		}
-	}
-	if be.lt == nil && os.Getenv("XMIX_EXP_TMA") != "" {
-		l, ok, err := be.tmaNode(n, vals)
-		if err != nil {
-			return launch{}, err
-		}
-		if ok {
-			return *l, nil
 		}
 	}
 	return launch{label: n.Label, kernel: n.Kernel, f: f, grid: n.Grid, block: n.Block, shared: n.Shared,

@@ -276,6 +276,9 @@ func (be *Backend) tmaNode(n bundle.Node, vals []uint64) (*launch, bool, error) 
 	if err != nil || !ok || g.Guard != 0 || g.M > 8 || g.M < 1 {
 		return nil, false, nil
 	}
+	if only := os.Getenv("XMIX_EXP_TMA_N"); only != "" && !strings.Contains(","+only+",", fmt.Sprintf(",%d,", g.N)) {
+		return nil, false, nil
+	}
 	s, ok := tmaPick(g.N, g.K)
 	if !ok {
 		return nil, false, nil
