@@ -282,10 +282,7 @@ func (be *Backend) setupCublasLt(lt *cublasLt, xbBytes int64) error {
 	}
 	be.modules = append(be.modules, lt.castMod)
 	name := append([]byte(castEntry), 0)
-	if err := d.call("cuModuleGetFunction", uintptr(unsafe.Pointer(&lt.cast)), lt.castMod, uintptr(unsafe.Pointer(&name[0]))); err != nil {
-		return err
-	}
-	return expCarveout(d, lt.cast)
+	return d.call("cuModuleGetFunction", uintptr(unsafe.Pointer(&lt.cast)), lt.castMod, uintptr(unsafe.Pointer(&name[0])))
 }
 
 // gemm reads node n as a GEMM cuBLASLt can serve: a GEMM node (bundle.GemmOf) with an even

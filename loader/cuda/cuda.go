@@ -10,7 +10,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"os"
 	"runtime"
 	"strings"
 	"time"
@@ -95,8 +94,6 @@ type Backend struct {
 	params    [][]uint64
 	paramP    [][]uintptr
 	closed    bool
-	tmaFuncs  map[string]uintptr // EXPERIMENT
-	tmaHost   [256]byte          // EXPERIMENT
 }
 
 // do runs f on the backend's locked thread and waits for it.
@@ -378,9 +375,6 @@ func (be *Backend) loadModules(b *bundle.Bundle) error {
 		if err := d.call("cuModuleGetFunction", uintptr(unsafe.Pointer(&f)), mod, uintptr(unsafe.Pointer(&name[0]))); err != nil {
 			return fmt.Errorf("kernel %s: %w", k.Name, err)
 		}
-		if err := expCarveout(d, f); err != nil {
-			return err
-		}
 		be.funcs[k.Name] = f
 		be.kernels[k.Name] = k
 	}
@@ -539,15 +533,6 @@ func (be *Backend) prepare(n bundle.Node, variants uint32) (launch, error) {
 			return launch{}, fmt.Errorf("unknown buffer %s", s.Buffer)
 		}
 		vals[i] = uint64(base) + uint64(s.Offset)
-	}
-	if os.Getenv("XMIX_EXP_TMA") != "" && (be.lt == nil || os.Getenv("XMIX_EXP_TMA_N") != "") {
-		l, ok, err := be.tmaNode(n, vals)
-		if err != nil {
-			return launch{}, err
-		}
-		if ok {
-			return *l, nil
-		}
 	}
 	if ltMayServe(n, variants) {
 		l, ok, err := be.ltNode(n, vals)

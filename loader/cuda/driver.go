@@ -27,7 +27,7 @@ var driverSymbols = []string{
 	"cuStreamBeginCapture_v2", "cuStreamEndCapture", "cuLaunchKernel", "cuLaunchKernelEx",
 	"cuGraphInstantiateWithFlags", "cuGraphLaunch", "cuGraphDestroy", "cuGraphExecDestroy",
 	"cuGraphGetNodes", "cuEventCreate", "cuEventRecord", "cuEventSynchronize", "cuEventQuery",
-	"cuEventElapsedTime", "cuEventDestroy_v2", "cuGetErrorName", "cuGetErrorString", "cuTensorMapEncodeTiled",
+	"cuEventElapsedTime", "cuEventDestroy_v2", "cuGetErrorName", "cuGetErrorString",
 }
 
 // ErrNoDriver means libcuda could not be loaded: no NVIDIA driver on this machine.
