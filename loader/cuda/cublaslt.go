@@ -2,9 +2,7 @@ package cuda
 
 import (
 	"fmt"
-	"os"
 	"runtime"
-	"strings"
 	"unsafe"
 
 	"github.com/ebitengine/purego"
@@ -276,14 +274,7 @@ func (be *Backend) setupCublasLt(lt *cublasLt, xbBytes int64) error {
 		be.allocs = append(be.allocs, *a.p)
 	}
 	lt.xbBytes = xbBytes
-	text := castPTX
-	switch os.Getenv("XMIX_EXP_LTPDL") { // EXPERIMENT: the GEMM behind the cast may launch early
-	case "start":
-		text = strings.Replace(text, "\tgriddepcontrol.wait;", "\tgriddepcontrol.launch_dependents;\n\tgriddepcontrol.wait;", 1)
-	case "end":
-		text = strings.Replace(text, "DONE:\n\tret;", "DONE:\n\tmembar.gl;\n\tgriddepcontrol.launch_dependents;\n\tret;", 1)
-	}
-	src := append([]byte(text), 0)
+	src := append([]byte(castPTX), 0)
 	err := d.call("cuModuleLoadDataEx", uintptr(unsafe.Pointer(&lt.castMod)), uintptr(unsafe.Pointer(&src[0])), 0, 0, 0)
 	runtime.KeepAlive(src)
 	if err != nil {

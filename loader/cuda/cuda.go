@@ -10,7 +10,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"os"
 	"runtime"
 	"strings"
 	"time"
@@ -494,9 +493,6 @@ func (be *Backend) capture(nodes []launch) (uintptr, error) {
 	}
 	var graph uintptr
 	endErr := d.call("cuStreamEndCapture", be.stream, uintptr(unsafe.Pointer(&graph)))
-	if expLtPDL {
-		fmt.Fprintf(os.Stderr, "exp-ltpdl: %d programmatic edges so far\n", expLtEdges)
-	}
 	if launchErr != nil {
 		if graph != 0 {
 			d.call("cuGraphDestroy", graph)
@@ -577,9 +573,6 @@ func (be *Backend) keepParams(vals []uint64) uintptr {
 // issue enqueues one recorded node on the backend's stream: its kernel and, for a node that
 // cuBLASLt serves, the matmul after the cast.
 func (be *Backend) issue(n launch) error {
-	if n.matmul != nil && expNoCast {
-		return be.lt.run(n.matmul, be.stream)
-	}
 	if n.early {
 		if err := be.launchEarly(n); err != nil {
 			return err
@@ -589,11 +582,6 @@ func (be *Backend) issue(n launch) error {
 		return err
 	}
 	if n.matmul != nil {
-		if expLtPDL {
-			if err := be.programmaticNext(); err != nil {
-				return err
-			}
-		}
 		return be.lt.run(n.matmul, be.stream)
 	}
 	return nil
@@ -909,45 +897,3 @@ func (be *Backend) Close() error {
 	<-be.done
 	return err
 }
-
-// EXPERIMENT (XMIX_EXP_LTPDL): the next node captured on the stream (cuBLASLt's kernel) takes
-// programmatic edges from the stream's current nodes (the cast), as a launch with
-// programmatic stream serialization would.
-var expLtPDL = os.Getenv("XMIX_EXP_LTPDL") != ""
-
-type graphEdgeData struct {
-	fromPort, toPort, typ byte
-	_                     [5]byte
-}
-
-func (be *Backend) programmaticNext() error {
-	var status int32
-	var id uint64
-	var graph, edges uintptr
-	var deps *uintptr
-	var n uintptr
-	if err := be.d.call("cuStreamGetCaptureInfo_v3", be.stream, uintptr(unsafe.Pointer(&status)), uintptr(unsafe.Pointer(&id)),
-		uintptr(unsafe.Pointer(&graph)), uintptr(unsafe.Pointer(&deps)), uintptr(unsafe.Pointer(&edges)), uintptr(unsafe.Pointer(&n))); err != nil {
-		return err
-	}
-	if status != 1 || n == 0 {
-		return nil
-	}
-	nodes := make([]uintptr, n)
-	copy(nodes, unsafe.Slice(deps, n))
-	data := make([]graphEdgeData, n)
-	for i := range data {
-		data[i] = graphEdgeData{fromPort: 1, typ: 1} // CU_GRAPH_KERNEL_NODE_PORT_PROGRAMMATIC, CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC
-	}
-	err := be.d.call("cuStreamUpdateCaptureDependencies_v2", be.stream, uintptr(unsafe.Pointer(&nodes[0])),
-		uintptr(unsafe.Pointer(&data[0])), n, 1) // CU_STREAM_SET_CAPTURE_DEPENDENCIES
-	runtime.KeepAlive(nodes)
-	runtime.KeepAlive(data)
-	expLtEdges++
-	return err
-}
-
-var expLtEdges int
-
-// EXPERIMENT (XMIX_EXP_NOCAST): no cast before cuBLASLt (timing only: the GEMMs read stale x).
-var expNoCast = os.Getenv("XMIX_EXP_NOCAST") != ""

@@ -28,7 +28,6 @@ var driverSymbols = []string{
 	"cuGraphInstantiateWithFlags", "cuGraphLaunch", "cuGraphDestroy", "cuGraphExecDestroy",
 	"cuGraphGetNodes", "cuEventCreate", "cuEventRecord", "cuEventSynchronize", "cuEventQuery",
 	"cuEventElapsedTime", "cuEventDestroy_v2", "cuGetErrorName", "cuGetErrorString",
-	"cuStreamGetCaptureInfo_v3", "cuStreamUpdateCaptureDependencies_v2",
 }
 
 // ErrNoDriver means libcuda could not be loaded: no NVIDIA driver on this machine.
