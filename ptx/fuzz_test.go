@@ -14,6 +14,7 @@ func FuzzParse(f *testing.F) {
 		f.Fatal(err)
 	}
 	f.Add(text)
+	f.Add(hopperSrc)
 	for _, pattern := range []string{"../codegen/testdata/*.ptx", "../specs/apps/custom/*.ptx"} {
 		files, _ := filepath.Glob(pattern)
 		for _, p := range files {

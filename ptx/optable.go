@@ -100,8 +100,8 @@ const (
 
 var opTable = map[string]opFacts{
 	"mov":      {[]int{2}, 1, 1, intTypes | floatTypes | types(Pred), -1, ""},
-	"ld":       {[]int{2}, 1, 1, memTypes, 1, " global shared param local const v2 v4 " + cacheMods + ordering},
-	"st":       {[]int{2}, 0, 1, memTypes, 0, " global shared local v2 v4 " + cacheMods + ordering},
+	"ld":       {[]int{2}, 1, 1, memTypes, 1, " global shared shared::cta shared::cluster param local const v2 v4 " + cacheMods + ordering},
+	"st":       {[]int{2}, 0, 1, memTypes, 0, " global shared shared::cta shared::cluster local v2 v4 " + cacheMods + ordering},
 	"cvta":     {[]int{2}, 1, 1, types(U32, U64), -1, " to global shared local const param "},
 	"add":      {[]int{3}, 1, 1, intTypes | floatTypes, -1, roundMods + " cc "},
 	"sub":      {[]int{3}, 1, 1, intTypes | floatTypes, -1, roundMods + " cc "},
@@ -294,7 +294,7 @@ func modRule(o Opcode) string {
 		}
 		return one("add min max exch cas and or xor inc dec", "operation")
 	case "ld", "st":
-		if o.count("global shared param local const") > 1 {
+		if o.count("global shared shared::cta shared::cluster param local const") > 1 {
 			return "names more than one state space"
 		}
 		if o.count("v2 v4") > 1 {

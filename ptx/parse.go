@@ -96,6 +96,10 @@ func lex(text string) ([]token, error) {
 			j := i + 1
 			for j < len(text) && isIdentChar(text[j]) {
 				j++
+				// "::" inside a name joins it (state spaces such as .shared::cluster).
+				if strings.HasPrefix(text[j:], "::") && j+2 < len(text) && isIdentChar(text[j+2]) && text[j+2] != '.' {
+					j += 2
+				}
 			}
 			toks = append(toks, token{tIdent, text[i:j], line, col})
 			i = j
@@ -280,6 +284,10 @@ func (p *parser) kernel() (*Kernel, error) {
 					return nil, err
 				}
 			}
+		case ".reqnctapercluster":
+			if err := p.cluster(k); err != nil {
+				return nil, err
+			}
 		case ".minnctapersm", ".maxnreg":
 			n, _, err := p.int("count")
 			if err != nil {
@@ -315,9 +323,14 @@ func (p *parser) body(k *Kernel) error {
 			if err := p.regDecl(k); err != nil {
 				return err
 			}
-		case t.text == ".shared":
+		case t.text == ".shared", t.text == ".extern":
 			p.next()
-			if err := p.sharedDecl(k); err != nil {
+			if t.text == ".extern" {
+				if err := p.expect(".shared"); err != nil {
+					return err
+				}
+			}
+			if err := p.sharedDecl(k, t.text == ".extern"); err != nil {
 				return err
 			}
 		case t.kind == tIdent && p.toks[p.i+1].text == ":":
@@ -379,9 +392,31 @@ func (p *parser) regDecl(k *Kernel) error {
 	}
 }
 
-// sharedDecl reads `[.align A] .type name[N];`.
-func (p *parser) sharedDecl(k *Kernel) error {
-	s := Shared{Align: 0, Len: 1}
+// cluster reads the sizes after .reqnctapercluster: clusters run along x only.
+func (p *parser) cluster(k *Kernel) error {
+	n, _, err := p.int("cluster size")
+	if err != nil {
+		return err
+	}
+	k.ClusterX = n
+	for p.accept(",") {
+		m, t, err := p.int("cluster size")
+		if err != nil {
+			return err
+		}
+		if m != 1 {
+			return p.errAt(t, "clusters are supported along x only (y and z sizes must be 1)")
+		}
+	}
+	return nil
+}
+
+// sharedDecl reads `[.align A] .type name[N];`, or `[.align A] .type name[];` after .extern.
+func (p *parser) sharedDecl(k *Kernel, extern bool) error {
+	s := Shared{Align: 0, Len: 1, Extern: extern}
+	if extern {
+		s.Len = 0
+	}
 	if p.accept(".align") {
 		a, _, err := p.int("alignment")
 		if err != nil {
@@ -402,7 +437,14 @@ func (p *parser) sharedDecl(k *Kernel) error {
 		return err
 	}
 	s.Name = n.text
-	if p.accept("[") {
+	if extern {
+		if err := p.expect("["); err != nil {
+			return err
+		}
+		if err := p.expect("]"); err != nil {
+			return err
+		}
+	} else if p.accept("[") {
 		if s.Len, _, err = p.int("array length"); err != nil {
 			return err
 		}
@@ -457,24 +499,7 @@ func (p *parser) operand() (Operand, error) {
 	case t.text == "[":
 		return p.address()
 	case t.text == "{":
-		var v Vec
-		for {
-			rt, err := p.ident("a register")
-			if err != nil {
-				return nil, err
-			}
-			r, err := regOperand(rt.text)
-			if err != nil {
-				return nil, p.errAt(rt, "%v", err)
-			}
-			v = append(v, r)
-			if p.accept("}") {
-				return v, nil
-			}
-			if err := p.expect(","); err != nil {
-				return nil, err
-			}
-		}
+		return p.vector()
 	case t.text == "-":
 		n := p.next()
 		if n.kind != tNum {
@@ -517,7 +542,8 @@ func (p *parser) operand() (Operand, error) {
 	return nil, p.errAt(t, "expected an operand, found %s", t)
 }
 
-// address reads the rest of `[base]`, `[base+off]` or `[base+-off]`.
+// address reads the rest of `[base]`, `[base+off]`, `[base+-off]` or a tensor source
+// `[map, {c0, c1}]`.
 func (p *parser) address() (Operand, error) {
 	bt, err := p.ident("an address base (register or symbol)")
 	if err != nil {
@@ -532,6 +558,16 @@ func (p *parser) address() (Operand, error) {
 		base = r
 	} else if strings.HasPrefix(bt.text, ".") {
 		return nil, p.errAt(bt, "bad address base %s", bt)
+	}
+	if p.accept(",") {
+		if err := p.expect("{"); err != nil {
+			return nil, err
+		}
+		v, err := p.vector()
+		if err != nil {
+			return nil, err
+		}
+		return TensorAddr{Map: base, Coords: v}, p.expect("]")
 	}
 	a := Addr{Base: base}
 	if t := p.peek(); t.text == "+" || t.text == "-" {
@@ -552,6 +588,28 @@ func (p *parser) address() (Operand, error) {
 		a.Offset = int64(off)
 	}
 	return a, p.expect("]")
+}
+
+// vector reads the rest of `{%r1, %r2, ...}`.
+func (p *parser) vector() (Vec, error) {
+	var v Vec
+	for {
+		rt, err := p.ident("a register")
+		if err != nil {
+			return nil, err
+		}
+		r, err := regOperand(rt.text)
+		if err != nil {
+			return nil, p.errAt(rt, "%v", err)
+		}
+		v = append(v, r)
+		if p.accept("}") {
+			return v, nil
+		}
+		if err := p.expect(","); err != nil {
+			return nil, err
+		}
+	}
 }
 
 // number parses an integer (decimal, 0x hex, optional U suffix) or a float (0fXXXXXXXX or
@@ -590,6 +648,7 @@ func number(s string) (Operand, error) {
 var specials = map[string]bool{
 	"%laneid": true, "%warpid": true, "%nwarpid": true, "%smid": true, "%nsmid": true,
 	"%clock": true, "%clock64": true, "%lanemask_lt": true, "%lanemask_eq": true,
+	"%cluster_ctarank": true, "%cluster_nctarank": true,
 }
 
 func isSpecial(s string) bool {

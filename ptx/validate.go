@@ -51,14 +51,27 @@ func validateKernel(k *Kernel) []error {
 		}
 		c.params[p.Name] = p.T
 	}
+	if k.ClusterX < 0 || k.ClusterX > maxCluster {
+		c.kerr("cluster size %d is outside 1..%d", k.ClusterX, maxCluster)
+	}
+	extern := 0
 	for _, s := range k.Shared {
 		if c.shared[s.Name] || c.params[s.Name] != 0 {
 			c.kerr("duplicate symbol %s", s.Name)
 		}
-		if s.Len < 1 || s.Align < 1 || s.Align&(s.Align-1) != 0 {
+		switch {
+		case s.Extern:
+			extern++
+			if s.Len != 0 || s.Align < 1 || s.Align&(s.Align-1) != 0 {
+				c.kerr("dynamic shared %s: bad length %d (want 0) or alignment %d", s.Name, s.Len, s.Align)
+			}
+		case s.Len < 1 || s.Align < 1 || s.Align&(s.Align-1) != 0:
 			c.kerr("shared %s: bad length %d or alignment %d", s.Name, s.Len, s.Align)
 		}
 		c.shared[s.Name] = true
+	}
+	if extern > 1 {
+		c.kerr("%d dynamic shared arrays; a kernel has at most one", extern)
 	}
 	for i, in := range k.Body {
 		if in.Label == "" {
@@ -103,6 +116,10 @@ func (c *kernelCheck) instr(i int, in Instr) {
 		c.ierr(i, in, "guard %s is not a predicate", *in.Guard)
 	}
 	o := ParseOpcode(in.Op)
+	if isAsync(o) {
+		c.asyncInstr(i, in, o)
+		return
+	}
 	f, ok := opTable[o.Base]
 	if !ok {
 		c.ierr(i, in, "unknown opcode %s", o.Base)
@@ -249,7 +266,7 @@ func (c *kernelCheck) operand(i int, in Instr, o Opcode, f opFacts, j int, a Ope
 				c.ierr(i, in, "register %s does not fit type .%s of operand %d", r, t, j)
 			}
 		}
-	case Addr:
+	case Addr, TensorAddr:
 		c.ierr(i, in, "operand %d must not be an address", j)
 	case Imm, F32Imm:
 		if isDst {
@@ -311,7 +328,7 @@ func (c *kernelCheck) addr(i int, in Instr, o Opcode, a Addr) {
 		if o.Has("param") {
 			c.ierr(i, in, "ld.param needs a parameter name, not a register")
 		}
-		if !o.Has("shared") && b.T != B64 && b.T != U64 && b.T != S64 {
+		if !isSharedSpace(o) && b.T != B64 && b.T != U64 && b.T != S64 {
 			c.ierr(i, in, "address register %s of a global access must be 64-bit", b)
 		}
 	case Sym:
@@ -320,7 +337,7 @@ func (c *kernelCheck) addr(i int, in Instr, o Opcode, a Addr) {
 			if _, ok := c.params[string(b)]; !ok {
 				c.ierr(i, in, "parameter %s does not exist", b)
 			}
-		case o.Has("shared"):
+		case isSharedSpace(o):
 			if !c.shared[string(b)] {
 				c.ierr(i, in, "shared array %s does not exist", b)
 			}
