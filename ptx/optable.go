@@ -144,6 +144,7 @@ var opTable = map[string]opFacts{
 	"bra":      {[]int{1}, 0, 0, 0, -1, " uni "},
 	"ret":      {[]int{0}, 0, 0, 0, -1, " uni "},
 	"exit":     {[]int{0}, 0, 0, 0, -1, ""},
+	"trap":     {[]int{0}, 0, 0, 0, -1, ""},
 	// Programmatic dependent launch (sm_90): let the next grid launch / wait for the one ahead.
 	"griddepcontrol": {[]int{0}, 0, 0, 0, -1, " launch_dependents wait "},
 	// Only the tensor-core shape the GEMM uses: m16n8k16, A row-major bf16, B column-major

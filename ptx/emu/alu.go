@@ -500,15 +500,8 @@ func f32ToF16(f float32) uint16 {
 // access returns the bytes of in's memory operand: n bytes, naturally aligned.
 func (b *block) access(in *inst, r []uint64, n int) ([]byte, error) {
 	addr := rv(r, in.base) + uint64(in.off)
-	if in.space == spShared {
-		addr &= 0xffffffff
-		if addr%uint64(n) != 0 {
-			return nil, fmt.Errorf("misaligned %d-byte shared access at 0x%x", n, addr)
-		}
-		if addr+uint64(n) > uint64(len(b.shared)) {
-			return nil, fmt.Errorf("shared access of %d bytes at 0x%x is outside the %d-byte shared window", n, addr, len(b.shared))
-		}
-		return b.shared[addr : addr+uint64(n)], nil
+	if in.space != spGlobal {
+		return b.sharedSpan(addr, n, n, in.space == spCluster)
 	}
 	return b.mem.span(addr, n, n, &b.last)
 }

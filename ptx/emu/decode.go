@@ -60,6 +60,15 @@ const (
 	cPack    // mov.b32 d, {lo, hi}
 	cCvtPack // cvt.rn.bf16x2.f32 d, hi, lo
 	cPrmt    // prmt.b32 d, a, b, selector
+	cClusterArrive
+	cClusterWait
+	cMbarInit
+	cMbarArrive
+	cMbarWait
+	cBulk   // cp.async.bulk global -> shared
+	cTensor // cp.async.bulk.tensor.2d global -> shared
+	cMapa
+	cTrap
 )
 
 var simple = map[string]code{
@@ -70,7 +79,7 @@ var simple = map[string]code{
 	"tanh": cTanh, "setp": cSetp, "selp": cSelp, "cvt": cCvt, "shfl": cShfl, "bar": cBar,
 	"barrier": cBar, "atom": cAtom, "red": cAtom, "bra": cBra, "ret": cExit, "exit": cExit,
 	"membar": cNop, "fence": cNop, "griddepcontrol": cNop, "prefetch": cPrefetch, "ld": cLd, "st": cSt, "mma": cMma,
-	"prmt": cPrmt,
+	"prmt": cPrmt, "mbarrier": cMbarInit, "cp": cBulk, "mapa": cMapa, "trap": cTrap,
 }
 
 // Modes of setp, shfl, atom and cvt, kept in inst.mode.
@@ -135,8 +144,9 @@ const (
 
 // Memory spaces.
 const (
-	spGlobal uint8 = iota
-	spShared
+	spGlobal  uint8 = iota
+	spShared        // this block's shared memory
+	spCluster       // any block of the cluster's (an address from mapa, or this block's)
 )
 
 // opnd is a source value: a register slot, or an immediate when reg < 0.
@@ -169,6 +179,15 @@ type inst struct {
 	target int32
 	src    int32   // index in the kernel body, for messages
 	frag   []int32 // mma's source slots: a0..a3, b0, b1, c0..c3
+	ext    *asyncArgs
+}
+
+// asyncArgs holds the further memory operands of bulk copies: base/off is the shared
+// destination, src the global source or the tensor map, mbar the mbarrier to complete.
+type asyncArgs struct {
+	src, mbar       opnd
+	srcOff, mbarOff int64
+	coords          [2]opnd
 }
 
 // Special-register slots follow the kernel's registers in each thread's register file.
@@ -188,6 +207,8 @@ const (
 	sLane
 	sWarp
 	sNWarp
+	sClusterRank
+	sClusterSize
 	nSpecial
 )
 
@@ -197,6 +218,7 @@ var specialSlot = map[ptx.Special]int{
 	"%ctaid.x": sCtaidX, "%ctaid.y": sCtaidY, "%ctaid.z": sCtaidZ,
 	"%nctaid.x": sNCtaidX, "%nctaid.y": sNCtaidY, "%nctaid.z": sNCtaidZ,
 	"%laneid": sLane, "%warpid": sWarp, "%nwarpid": sNWarp,
+	ptx.ClusterCtaRank: sClusterRank, ptx.ClusterNCtaRank: sClusterSize,
 }
 
 // program is a kernel decoded for one launch: the parameters are folded into ld.param.
@@ -219,7 +241,8 @@ type decoder struct {
 
 var classOrder = []string{"p", "rs", "r", "rd", "f", "fd"}
 
-func decode(k *ptx.Kernel, params []uint64) (*program, error) {
+// decode prepares k for a launch with params and dyn bytes of dynamic shared memory.
+func decode(k *ptx.Kernel, params []uint64, dyn int) (*program, error) {
 	d := &decoder{k: k, classOf: map[string]int{}, shared: map[string]uint64{}, params: map[string]uint64{}, labels: map[string]int32{}, p: &program{k: k}}
 	decls := k.RegDecls
 	if decls == nil {
@@ -234,11 +257,19 @@ func decode(k *ptx.Kernel, params []uint64) (*program, error) {
 	d.p.nregs = slots + nSpecial
 	off := 0
 	for _, s := range k.Shared {
-		off = (off + s.Align - 1) / s.Align * s.Align
-		d.shared[s.Name] = uint64(off)
-		off += s.Len * s.T.Bytes()
+		if !s.Extern {
+			off = (off + s.Align - 1) / s.Align * s.Align
+			d.shared[s.Name] = uint64(off)
+			off += s.Len * s.T.Bytes()
+		}
 	}
-	d.p.sharedLen = off
+	for _, s := range k.Shared {
+		if s.Extern {
+			off = (off + s.Align - 1) / s.Align * s.Align
+			d.shared[s.Name] = uint64(off)
+		}
+	}
+	d.p.sharedLen = off + dyn
 	for i, p := range k.Params {
 		d.params[p.Name] = params[i]
 	}
@@ -286,6 +317,13 @@ func usedRegs(k *ptx.Kernel) map[string]int {
 				}
 			case ptx.Addr:
 				if r, ok := a.Base.(ptx.Reg); ok {
+					see(r)
+				}
+			case ptx.TensorAddr:
+				if r, ok := a.Map.(ptx.Reg); ok {
+					see(r)
+				}
+				for _, r := range a.Coords {
 					see(r)
 				}
 			}
@@ -368,8 +406,10 @@ func (d *decoder) addr(in *inst, a ptx.Operand, o ptx.Opcode) error {
 	in.off = ad.Offset
 	in.space = spGlobal
 	switch {
-	case o.Has("shared"):
+	case o.Has("shared"), o.Has("shared::cta"):
 		in.space = spShared
+	case o.Has("shared::cluster"):
+		in.space = spCluster
 	case o.Has("local"), o.Has("const"):
 		return fmt.Errorf("local and const memory are not supported")
 	}
@@ -477,7 +517,17 @@ func (d *decoder) instr(src ptx.Instr) (inst, error) {
 		in.target = target
 		return in, nil
 	case cBar:
+		switch {
+		case o.Has("cluster") && o.Has("arrive"):
+			in.op = cClusterArrive
+		case o.Has("cluster"):
+			in.op = cClusterWait
+		case o.Has("warp"):
+			in.op = cNop // bar.warp.sync: the lanes of a warp run in order here anyway
+		}
 		return in, nil
+	case cMbarInit, cBulk, cMapa:
+		return in, d.async(&in, o, args)
 	case cMma:
 		if err := d.dst(&in, args[0]); err != nil {
 			return in, err
@@ -500,7 +550,7 @@ func (d *decoder) instr(src ptx.Instr) (inst, error) {
 			in.op, in.a, in.b = cPack, opnd{reg: d.slot(v[0])}, opnd{reg: d.slot(v[1])}
 			return in, d.dst(&in, args[0])
 		}
-	case cExit, cNop:
+	case cExit, cNop, cTrap:
 		return in, nil
 	case cMul, cMad:
 		switch {

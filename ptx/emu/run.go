@@ -10,18 +10,27 @@ import (
 	"xmix/ptx"
 )
 
-// Launch is a kernel's grid and block shape.
-type Launch struct{ Grid, Block [3]int }
+// Launch is a kernel's grid and block shape, and its dynamic shared memory.
+type Launch struct {
+	Grid, Block [3]int
+	// Shared is the dynamic shared memory in bytes: the kernel's extern shared array, placed
+	// after its static arrays at its own alignment, has this size.
+	Shared int
+}
 
 // maxSteps bounds the instructions one thread may execute, so that a kernel that never
 // terminates fails its test instead of hanging it.
 const maxSteps = 1 << 24
 
+// maxShared is the most shared memory (static and dynamic) a block may have on sm_90.
+const maxShared = 227 << 10
+
 // Run executes entry of mod over the whole grid. params[i] is the raw bits of parameter i
 // (pointers are addresses from Alloc; 32-bit scalars in the low bits, f32 as its bits).
-// Blocks run in parallel; global atomics are serialised, so they are atomic across blocks.
-// Any fault (out-of-bounds or misaligned access, deadlock, a runaway loop) stops the run
-// with an error naming the kernel, the instruction, the block and the thread.
+// Blocks run in parallel (the blocks of one cluster together on one goroutine, interleaved,
+// so that they can wait for each other); global atomics are serialised, so they are atomic
+// across blocks. Any fault (out-of-bounds or misaligned access, deadlock, a runaway loop)
+// stops the run with an error naming the kernel, the instruction, the block and the thread.
 func Run(mod *ptx.Module, entry string, l Launch, mem *Memory, params []uint64) error {
 	k := mod.Kernel(entry)
 	if k == nil {
@@ -45,9 +54,19 @@ func Run(mod *ptx.Module, entry string, l Launch, mem *Memory, params []uint64) 
 	if nthreads > 1024 {
 		return fmt.Errorf("emu: kernel %s: block of %d threads exceeds 1024", k.Name, nthreads)
 	}
-	p, err := decode(k, params)
+	csize := max(k.ClusterX, 1)
+	if l.Grid[0]%csize != 0 {
+		return fmt.Errorf("emu: kernel %s: grid x %d is not a multiple of its cluster size %d", k.Name, l.Grid[0], csize)
+	}
+	if l.Shared < 0 {
+		return fmt.Errorf("emu: kernel %s: negative dynamic shared memory %d", k.Name, l.Shared)
+	}
+	p, err := decode(k, params, l.Shared)
 	if err != nil {
 		return fmt.Errorf("emu: %w", err)
+	}
+	if l.Shared > 0 && p.sharedLen > maxShared {
+		return fmt.Errorf("emu: kernel %s: %d bytes of shared memory exceed the %d a block may have", k.Name, p.sharedLen, maxShared)
 	}
 	var (
 		next     atomic.Int64
@@ -58,19 +77,19 @@ func Run(mod *ptx.Module, entry string, l Launch, mem *Memory, params []uint64) 
 		atomMu   sync.Mutex
 		wg       sync.WaitGroup
 	)
-	workers := min(runtime.GOMAXPROCS(0), nblocks)
+	nclusters := nblocks / csize
+	workers := min(runtime.GOMAXPROCS(0), nclusters)
 	for range workers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			b := newBlock(p, l, mem, &atomMu)
+			cl := newCluster(p, l, mem, &atomMu, csize)
 			for !failed.Load() {
-				i := int(next.Add(1) - 1)
+				i := int(next.Add(1)-1) * csize
 				if i >= nblocks {
 					return
 				}
-				cta := [3]int{i % l.Grid[0], i / l.Grid[0] % l.Grid[1], i / (l.Grid[0] * l.Grid[1])}
-				if err := b.run(cta); err != nil {
+				if err := cl.run(i); err != nil {
 					errMu.Lock()
 					if i < firstBlk {
 						firstBlk, firstErr = i, err
@@ -88,12 +107,22 @@ func Run(mod *ptx.Module, entry string, l Launch, mem *Memory, params []uint64) 
 	return nil
 }
 
-// Thread states. stShfl covers every warp-collective instruction (shfl, mma).
+// Thread states. stShfl covers every warp-collective instruction (shfl, mma); stCWait is a
+// wait at barrier.cluster, stMbar a wait for an mbarrier's phase (try_wait).
 const (
 	stRun uint8 = iota
 	stBar
 	stShfl
 	stExit
+	stCWait
+	stMbar
+)
+
+// Cluster-barrier arrival of a thread, in block.carr.
+const (
+	cNone    uint8 = iota // not arrived in the current phase
+	cPending              // arrived, the phase not complete
+	cDone                 // arrived, the phase completed before the thread waited
 )
 
 // block holds one thread block's state; a worker reuses it for block after block.
@@ -102,14 +131,20 @@ type block struct {
 	l      Launch
 	mem    *Memory
 	atomMu *sync.Mutex
+	cl     *cluster
+	rank   int
 	n      int
 	regs   []uint64
 	pc     []int32
 	state  []uint8
+	carr   []uint8
 	steps  []int32
 	shared []byte
 	last   *alloc
 	cta    [3]int
+	// progress is set when a thread executes anything beyond re-checking an mbarrier that
+	// still blocks it, or a collective resolves.
+	progress bool
 }
 
 func newBlock(p *program, l Launch, mem *Memory, atomMu *sync.Mutex) *block {
@@ -119,9 +154,23 @@ func newBlock(p *program, l Launch, mem *Memory, atomMu *sync.Mutex) *block {
 		regs:   make([]uint64, n*p.nregs),
 		pc:     make([]int32, n),
 		state:  make([]uint8, n),
+		carr:   make([]uint8, n),
 		steps:  make([]int32, n),
 		shared: make([]byte, p.sharedLen),
 	}
+}
+
+// cluster is the blocks that run together: one without a cluster, ClusterX with one.
+type cluster struct{ blocks []*block }
+
+func newCluster(p *program, l Launch, mem *Memory, atomMu *sync.Mutex, size int) *cluster {
+	cl := &cluster{}
+	for r := range size {
+		b := newBlock(p, l, mem, atomMu)
+		b.cl, b.rank = cl, r
+		cl.blocks = append(cl.blocks, b)
+	}
+	return cl
 }
 
 func (b *block) threadRegs(t int) []uint64 { return b.regs[t*b.p.nregs : (t+1)*b.p.nregs] }
@@ -139,15 +188,60 @@ func (b *block) errorAt(t int, pc int32, err error) error {
 		k.Name, src, text, b.cta[0], b.cta[1], b.cta[2], t%bx[0], t/bx[0]%bx[1], t/(bx[0]*bx[1]), err)
 }
 
-// run executes one block: every thread runs until it waits at a barrier or a shuffle or
-// exits; a warp's shuffle resolves once all its live lanes wait on it, a barrier once all the
-// block's live threads do. If neither can happen while threads still wait, it is a deadlock.
-func (b *block) run(cta [3]int) error {
+// run executes the cluster whose first block has linear index first. Each round runs every
+// runnable thread of every block until it waits (at a barrier, a shuffle, barrier.cluster or
+// an mbarrier) or exits; then a warp's shuffle resolves once all its live lanes wait on it, a
+// block's barrier once all its live threads do, the cluster barrier once all the cluster's
+// live threads have arrived, and mbarrier waiters look again. A round in which nothing moves
+// while threads still wait is a deadlock.
+func (cl *cluster) run(first int) error {
+	g := cl.blocks[0].l.Grid
+	for r, b := range cl.blocks {
+		i := first + r
+		b.init([3]int{i % g[0], i / g[0] % g[1], i / (g[0] * g[1])})
+	}
+	for {
+		progress := false
+		for _, b := range cl.blocks {
+			if err := b.runWarps(); err != nil {
+				return err
+			}
+			progress = progress || b.progress
+			b.progress = false
+		}
+		live := 0
+		for _, b := range cl.blocks {
+			n, released := b.releaseBar()
+			live += n
+			progress = progress || released
+		}
+		if live == 0 {
+			return nil
+		}
+		if cl.releaseClusterBarrier() {
+			progress = true
+		}
+		if !progress {
+			return cl.deadlock()
+		}
+		for _, b := range cl.blocks {
+			for t := range b.n {
+				if b.state[t] == stMbar {
+					b.state[t] = stRun
+				}
+			}
+		}
+	}
+}
+
+// init readies the block to run CTA cta.
+func (b *block) init(cta [3]int) {
 	b.cta = cta
 	clear(b.regs)
 	clear(b.shared)
 	clear(b.pc)
 	clear(b.state)
+	clear(b.carr)
 	clear(b.steps)
 	bx := b.l.Block
 	nwarps := (b.n + 31) / 32
@@ -158,76 +252,127 @@ func (b *block) run(cta [3]int) error {
 		s[sCtaidX], s[sCtaidY], s[sCtaidZ] = uint64(cta[0]), uint64(cta[1]), uint64(cta[2])
 		s[sNCtaidX], s[sNCtaidY], s[sNCtaidZ] = uint64(b.l.Grid[0]), uint64(b.l.Grid[1]), uint64(b.l.Grid[2])
 		s[sLane], s[sWarp], s[sNWarp] = uint64(t%32), uint64(t/32), uint64(nwarps)
-	}
-	for {
-		for w := range nwarps {
-			lo, hi := w*32, min(w*32+32, b.n)
-			for {
-				for t := lo; t < hi; t++ {
-					if b.state[t] == stRun {
-						if err := b.thread(t); err != nil {
-							return err
-						}
-					}
-				}
-				resolved, err := b.shuffle(lo, hi)
-				if err != nil {
-					return err
-				}
-				if !resolved {
-					break
-				}
-			}
-		}
-		live, atBar := 0, 0
-		for t := range b.n {
-			switch b.state[t] {
-			case stBar:
-				atBar++
-				live++
-			case stShfl:
-				live++
-			}
-		}
-		if live == 0 {
-			return nil
-		}
-		if atBar != live {
-			return b.deadlock()
-		}
-		for t := range b.n {
-			if b.state[t] == stBar {
-				b.state[t] = stRun
-				b.pc[t]++
-			}
-		}
+		s[sClusterRank], s[sClusterSize] = uint64(b.rank), uint64(len(b.cl.blocks))
 	}
 }
 
-// deadlock describes a block whose threads all wait and none can be released: it names the
-// first thread waiting at a shuffle and the first at a barrier.
-func (b *block) deadlock() error {
-	first := [2]int{-1, -1}
-	var count [2]int
-	for t := range b.n {
-		k := -1
-		switch b.state[t] {
-		case stShfl:
-			k = 0
-		case stBar:
-			k = 1
+// runWarps runs every runnable thread of the block, warp by warp, resolving each warp's
+// shuffles as they become complete.
+func (b *block) runWarps() error {
+	nwarps := (b.n + 31) / 32
+	for w := range nwarps {
+		lo, hi := w*32, min(w*32+32, b.n)
+		for {
+			for t := lo; t < hi; t++ {
+				if b.state[t] == stRun {
+					if err := b.thread(t); err != nil {
+						return err
+					}
+				}
+			}
+			resolved, err := b.shuffle(lo, hi)
+			if err != nil {
+				return err
+			}
+			if !resolved {
+				break
+			}
+			b.progress = true
 		}
-		if k >= 0 {
-			count[k]++
-			if first[k] < 0 {
-				first[k] = t
+	}
+	return nil
+}
+
+// releaseBar releases the block's barrier when every live thread waits at it. It returns
+// the number of live threads and whether it released them.
+func (b *block) releaseBar() (int, bool) {
+	live, atBar := 0, 0
+	for t := range b.n {
+		switch b.state[t] {
+		case stExit:
+		case stBar:
+			atBar++
+			live++
+		default:
+			live++
+		}
+	}
+	if atBar == 0 || atBar != live {
+		return live, false
+	}
+	for t := range b.n {
+		if b.state[t] == stBar {
+			b.state[t] = stRun
+			b.pc[t]++
+		}
+	}
+	return live, true
+}
+
+// releaseClusterBarrier completes the cluster barrier's phase when every live thread of the
+// cluster has arrived: waiting threads resume, the others find the phase complete when they
+// wait.
+func (cl *cluster) releaseClusterBarrier() bool {
+	any := false
+	for _, b := range cl.blocks {
+		for t := range b.n {
+			if b.state[t] == stExit {
+				continue
+			}
+			if b.carr[t] != cPending {
+				return false
+			}
+			any = true
+		}
+	}
+	if !any {
+		return false
+	}
+	for _, b := range cl.blocks {
+		for t := range b.n {
+			switch {
+			case b.state[t] == stCWait:
+				b.state[t], b.carr[t] = stRun, cNone
+				b.pc[t]++
+			case b.carr[t] == cPending:
+				b.carr[t] = cDone
+			}
+		}
+	}
+	return true
+}
+
+// deadlock describes a cluster whose threads all wait and none can be released: it names
+// the first thread waiting at each kind of wait.
+func (cl *cluster) deadlock() error {
+	kinds := []struct {
+		st   uint8
+		what string
+	}{{stShfl, "a shuffle"}, {stBar, "a barrier"}, {stCWait, "barrier.cluster"}, {stMbar, "an mbarrier phase that never completes"}}
+	type where struct {
+		b *block
+		t int
+	}
+	first := make([]where, len(kinds))
+	count := make([]int, len(kinds))
+	for _, b := range cl.blocks {
+		for t := range b.n {
+			for k, kd := range kinds {
+				if b.state[t] == kd.st {
+					if count[k] == 0 {
+						first[k] = where{b, t}
+					}
+					count[k]++
+				}
 			}
 		}
 	}
 	var errs []error
-	for k, what := range []string{"a shuffle", "a barrier"} {
-		if t := first[k]; t >= 0 {
-			errs = append(errs, b.errorAt(t, b.pc[t], fmt.Errorf("deadlock: waits at %s forever (%d threads wait at shuffles, %d at barriers)", what, count[0], count[1])))
+	for k, kd := range kinds {
+		if count[k] > 0 {
+			w := first[k]
+			errs = append(errs, w.b.errorAt(w.t, w.b.pc[w.t], fmt.Errorf("deadlock: waits at %s forever (%d threads wait at shuffles, %d at barriers, %d at barrier.cluster, %d at mbarriers)",
+				kd.what, count[0], count[1], count[2], count[3])))
 		}
 	}
 	return errors.Join(errs...)
@@ -311,8 +456,14 @@ func (b *block) thread(t int) error {
 	r := b.threadRegs(t)
 	code := b.p.code
 	pc := b.pc[t]
-	steps := b.steps[t]
-	defer func() { b.steps[t] = steps }()
+	steps, start := b.steps[t], b.steps[t]
+	blockedAgain := false // resumed at a try_wait that blocks it again: no progress
+	defer func() {
+		b.steps[t] = steps
+		if !blockedAgain {
+			b.progress = true
+		}
+	}()
 	for {
 		in := &code[pc]
 		if steps++; steps > maxSteps {
@@ -336,6 +487,36 @@ func (b *block) thread(t int) error {
 			b.pc[t], b.state[t] = pc, stShfl
 			return nil
 		case cNop:
+		case cTrap:
+			return b.errorAt(t, pc, errors.New("trap"))
+		case cClusterArrive:
+			if b.carr[t] != cNone {
+				return b.errorAt(t, pc, errors.New("arrives at barrier.cluster twice in one phase"))
+			}
+			b.carr[t] = cPending
+		case cClusterWait:
+			switch b.carr[t] {
+			case cNone:
+				return b.errorAt(t, pc, errors.New("barrier.cluster.wait without a barrier.cluster.arrive before it"))
+			case cPending:
+				b.pc[t], b.state[t] = pc, stCWait
+				return nil
+			}
+			b.carr[t] = cNone
+		case cMbarWait:
+			done, err := b.mbarWait(in, r)
+			if err != nil {
+				return b.errorAt(t, pc, err)
+			}
+			if !done {
+				b.pc[t], b.state[t] = pc, stMbar
+				blockedAgain = steps == start+1
+				return nil
+			}
+		case cMbarInit, cMbarArrive, cBulk, cTensor, cMapa:
+			if err := b.async(in, r); err != nil {
+				return b.errorAt(t, pc, err)
+			}
 		case cLd:
 			if err := b.load(in, r); err != nil {
 				return b.errorAt(t, pc, err)

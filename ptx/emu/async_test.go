@@ -1,0 +1,444 @@
+package emu
+
+import (
+	"encoding/binary"
+	"strings"
+	"testing"
+
+	"xmix/ptx"
+)
+
+const (
+	bulkOp   = "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"
+	tensorOp = "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+)
+
+// clusterExchange: in clusters of two, thread t of each block writes ctaid*100+t into its
+// partner's buf[t] (mapa + st.shared::cluster), both wait at barrier.cluster, then each
+// block stores its own buf to out.
+func clusterExchange() *ptx.Kernel {
+	k := ptx.NewKernel("xchg")
+	k.ClusterX = 2
+	out := k.Reg(ptx.U64)
+	k.Emit("ld.param.u64", out, ptx.Addr{Base: k.Param("out", ptx.U64)})
+	buf := k.DeclareShared("buf", ptx.U32, 32)
+	r := k.Regs(ptx.U32, 8)
+	tid, cta, rank, partner, local, remote, v, idx := r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7]
+	k.Emit("mov.u32", tid, ptx.TidX)
+	k.Emit("mov.u32", cta, ptx.CtaidX)
+	k.Emit("mov.u32", rank, ptx.ClusterCtaRank)
+	k.Emit("xor.b32", partner, rank, ptx.Imm(1))
+	k.Emit("mov.u32", local, buf)
+	k.Emit("mad.lo.u32", local, tid, ptx.Imm(4), local)
+	k.Emit("mapa.shared::cluster.u32", remote, local, partner)
+	k.Emit("mad.lo.u32", v, cta, ptx.Imm(100), tid)
+	k.Emit("st.shared::cluster.u32", ptx.Addr{Base: remote}, v)
+	k.Emit("barrier.cluster.arrive.release")
+	k.Emit("barrier.cluster.wait.acquire")
+	k.Emit("ld.shared::cta.u32", v, ptx.Addr{Base: local})
+	k.Emit("mad.lo.u32", idx, cta, ptx.Imm(32), tid)
+	a := k.Reg(ptx.U64)
+	k.Emit("mul.wide.u32", a, idx, ptx.Imm(4))
+	k.Emit("add.u64", a, a, out)
+	k.Emit("st.global.u32", ptx.Addr{Base: a}, v)
+	return k
+}
+
+func TestClusterExchange(t *testing.T) {
+	const blocks = 6
+	mem := NewMemory()
+	out := mem.Alloc(4 * 32 * blocks)
+	l := Launch{Grid: [3]int{blocks, 1, 1}, Block: [3]int{32, 1, 1}}
+	if err := Run(compile(t, clusterExchange()), "xchg", l, mem, []uint64{out}); err != nil {
+		t.Fatal(err)
+	}
+	got := readU32(mem, out, 32*blocks)
+	for c := range blocks {
+		for th := range 32 {
+			if want := uint32((c^1)*100 + th); got[c*32+th] != want {
+				t.Fatalf("block %d thread %d: got %d want %d", c, th, got[c*32+th], want)
+			}
+		}
+	}
+}
+
+// clusterIDs stores %cluster_ctarank and %cluster_nctarank of each block.
+func clusterIDs(cluster int) *ptx.Kernel {
+	k := ptx.NewKernel("ids")
+	k.ClusterX = cluster
+	out := k.Reg(ptx.U64)
+	k.Emit("ld.param.u64", out, ptx.Addr{Base: k.Param("out", ptx.U64)})
+	r := k.Regs(ptx.U32, 3)
+	k.Emit("mov.u32", r[0], ptx.CtaidX)
+	k.Emit("mov.u32", r[1], ptx.ClusterCtaRank)
+	k.Emit("mov.u32", r[2], ptx.ClusterNCtaRank)
+	a := k.Reg(ptx.U64)
+	k.Emit("mul.wide.u32", a, r[0], ptx.Imm(8))
+	k.Emit("add.u64", a, a, out)
+	k.Emit("st.global.v2.u32", ptx.Addr{Base: a}, ptx.Vec{r[1], r[2]})
+	return k
+}
+
+func TestClusterSpecials(t *testing.T) {
+	for _, c := range []int{0, 1, 4} {
+		mem := NewMemory()
+		out := mem.Alloc(8 * 8)
+		l := Launch{Grid: [3]int{8, 1, 1}, Block: [3]int{2, 1, 1}}
+		if err := Run(compile(t, clusterIDs(c)), "ids", l, mem, []uint64{out}); err != nil {
+			t.Fatal(err)
+		}
+		got := readU32(mem, out, 16)
+		n := max(c, 1)
+		for b := range 8 {
+			if got[2*b] != uint32(b%n) || got[2*b+1] != uint32(n) {
+				t.Fatalf("cluster %d block %d: rank %d of %d", c, b, got[2*b], got[2*b+1])
+			}
+		}
+	}
+}
+
+// ring is a producer/consumer kernel over S=2 stages of 128 bytes (64 used) in dynamic shared
+// memory: thread 0 fills chunk i (of n) into stage i%2 with a bulk copy of x+64i, or with a
+// tensor copy of the box at (8(i&1)-4, (i>>1)-1); warp 1 waits for each stage, adds element
+// lane%16 of it and releases the stage. out[lane] is each consumer's sum.
+func ring(tensor bool, n int) *ptx.Kernel {
+	k := ptx.NewKernel("ring")
+	x, out := k.Reg(ptx.U64), k.Reg(ptx.U64)
+	k.Emit("ld.param.u64", x, ptx.Addr{Base: k.Param("x", ptx.U64)})
+	k.Emit("ld.param.u64", out, ptx.Addr{Base: k.Param("out", ptx.U64)})
+	bars := k.DeclareShared("bars", ptx.B64, 4) // full[0..1], empty[0..1]
+	smem := k.DeclareDynamicShared("smem", 128)
+	u := func() ptx.Reg { return k.Reg(ptx.U32) }
+	tid, warp, lane, i, s, kk, par, a, b := u(), u(), u(), u(), u(), u(), u(), u(), u()
+	p, q := k.Reg(ptx.Pred), k.Reg(ptx.Pred)
+	st := k.Reg(ptx.B64)
+	k.Emit("mov.u32", tid, ptx.TidX)
+	k.Emit("shr.u32", warp, tid, ptx.Imm(5))
+	k.Emit("and.b32", lane, tid, ptx.Imm(31))
+	k.Emit("setp.eq.u32", p, tid, ptx.Imm(0))
+	init := k.NewLabel("init")
+	k.EmitIf(p, true, "bra", ptx.Sym(init))
+	for j, cnt := range []int64{1, 1, 32, 32} {
+		k.Emit("mbarrier.init.shared::cta.b64", ptx.Addr{Base: bars, Offset: int64(8 * j)}, ptx.Imm(cnt))
+	}
+	k.Emit("fence.mbarrier_init.release.cluster")
+	k.Label(init)
+	k.Emit("bar.sync", ptx.Imm(0))
+	k.Emit("setp.eq.u32", q, warp, ptx.Imm(1))
+	consume, done := k.NewLabel("consume"), k.NewLabel("done")
+	k.EmitIf(q, false, "bra", ptx.Sym(consume))
+	k.EmitIf(p, true, "bra", ptx.Sym(done))
+
+	// Producer.
+	loop, fill, wait := k.NewLabel("ploop"), k.NewLabel("fill"), k.NewLabel("pwait")
+	k.Emit("mov.u32", i, ptx.Imm(0))
+	k.Label(loop)
+	k.Emit("setp.ge.u32", p, i, ptx.Imm(int64(n)))
+	k.EmitIf(p, false, "bra", ptx.Sym(done))
+	k.Emit("and.b32", s, i, ptx.Imm(1))
+	k.Emit("shr.u32", kk, i, ptx.Imm(1))
+	k.Emit("setp.lt.u32", p, i, ptx.Imm(2))
+	k.EmitIf(p, false, "bra", ptx.Sym(fill))
+	k.Emit("sub.u32", par, kk, ptx.Imm(1))
+	k.Emit("and.b32", par, par, ptx.Imm(1))
+	k.Emit("mov.u32", a, bars)
+	k.Emit("mad.lo.u32", a, s, ptx.Imm(8), a)
+	k.Label(wait)
+	k.Emit("mbarrier.try_wait.parity.shared::cta.b64", p, ptx.Addr{Base: a, Offset: 16}, par)
+	k.EmitIf(p, true, "bra", ptx.Sym(wait))
+	k.Label(fill)
+	k.Emit("mov.u32", a, bars)
+	k.Emit("mad.lo.u32", a, s, ptx.Imm(8), a)
+	k.Emit("mbarrier.arrive.expect_tx.shared::cta.b64", st, ptx.Addr{Base: a}, ptx.Imm(64))
+	k.Emit("mov.u32", b, smem)
+	k.Emit("mad.lo.u32", b, s, ptx.Imm(128), b)
+	if tensor {
+		c0, c1 := u(), u()
+		k.Emit("and.b32", c0, i, ptx.Imm(1))
+		k.Emit("mad.lo.u32", c0, c0, ptx.Imm(8), ptx.Imm(-4))
+		k.Emit("sub.u32", c1, kk, ptx.Imm(1))
+		k.Emit(tensorOp, ptx.Addr{Base: b}, ptx.TensorAddr{Map: x, Coords: ptx.Vec{c0, c1}}, ptx.Addr{Base: a})
+	} else {
+		src := k.Reg(ptx.U64)
+		k.Emit("mul.wide.u32", src, i, ptx.Imm(64))
+		k.Emit("add.u64", src, src, x)
+		k.Emit(bulkOp, ptx.Addr{Base: b}, ptx.Addr{Base: src}, ptx.Imm(64), ptx.Addr{Base: a})
+	}
+	k.Emit("add.u32", i, i, ptx.Imm(1))
+	k.Emit("bra", ptx.Sym(loop))
+
+	// Consumers.
+	k.Label(consume)
+	cloop, cwait := k.NewLabel("cloop"), k.NewLabel("cwait")
+	acc, v := k.Reg(ptx.F32), k.Reg(ptx.F32)
+	k.Emit("mov.f32", acc, ptx.F32Imm(0))
+	k.Emit("mov.u32", i, ptx.Imm(0))
+	k.Label(cloop)
+	k.Emit("setp.ge.u32", p, i, ptx.Imm(int64(n)))
+	store := k.NewLabel("store")
+	k.EmitIf(p, false, "bra", ptx.Sym(store))
+	k.Emit("and.b32", s, i, ptx.Imm(1))
+	k.Emit("shr.u32", par, i, ptx.Imm(1))
+	k.Emit("and.b32", par, par, ptx.Imm(1))
+	k.Emit("mov.u32", a, bars)
+	k.Emit("mad.lo.u32", a, s, ptx.Imm(8), a)
+	k.Label(cwait)
+	k.Emit("mbarrier.try_wait.parity.shared::cta.b64", p, ptx.Addr{Base: a}, par)
+	k.EmitIf(p, true, "bra", ptx.Sym(cwait))
+	k.Emit("mov.u32", b, smem)
+	k.Emit("mad.lo.u32", b, s, ptx.Imm(128), b)
+	k.Emit("and.b32", kk, lane, ptx.Imm(15))
+	k.Emit("mad.lo.u32", b, kk, ptx.Imm(4), b)
+	k.Emit("ld.shared.f32", v, ptx.Addr{Base: b})
+	k.Emit("add.f32", acc, acc, v)
+	k.Emit("mbarrier.arrive.shared::cta.b64", st, ptx.Addr{Base: a, Offset: 16})
+	k.Emit("add.u32", i, i, ptx.Imm(1))
+	k.Emit("bra", ptx.Sym(cloop))
+	k.Label(store)
+	o := k.Reg(ptx.U64)
+	k.Emit("mul.wide.u32", o, lane, ptx.Imm(4))
+	k.Emit("add.u64", o, o, out)
+	k.Emit("st.global.f32", ptx.Addr{Base: o}, acc)
+	k.Label(done)
+	return k
+}
+
+var ringLaunch = Launch{Grid: [3]int{3, 1, 1}, Block: [3]int{64, 1, 1}, Shared: 256}
+
+func TestRingBulkCopy(t *testing.T) {
+	const n = 7
+	xv := make([]float32, 16*n)
+	for j := range xv {
+		xv[j] = float32(j)
+	}
+	mem := NewMemory()
+	x, out := allocF32(mem, xv), mem.Alloc(4*32)
+	if err := Run(compile(t, ring(false, n)), "ring", ringLaunch, mem, []uint64{x, out}); err != nil {
+		t.Fatal(err)
+	}
+	got := readF32(mem, out, 32)
+	for lane := range 32 {
+		var want float32
+		for i := range n {
+			want += xv[16*i+lane%16]
+		}
+		if got[lane] != want {
+			t.Fatalf("lane %d: %v, want %v", lane, got[lane], want)
+		}
+	}
+}
+
+// putTensorMap stores a map made by TensorMap2D in global memory and returns its address.
+func putTensorMap(t *testing.T, mem *Memory, base uint64, dims [2]int, stride int, box [2]int, eb int) uint64 {
+	t.Helper()
+	m, err := TensorMap2D(base, dims, stride, box, eb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := mem.Alloc(128)
+	copy(mem.Bytes(a), m[:])
+	return a
+}
+
+func TestRingTensorCopyZeroFills(t *testing.T) {
+	const n, cols, rows, pitch = 8, 12, 3, 16 // rows of 12 f32, 16 apart: 64 bytes
+	xv := make([]float32, rows*pitch)
+	for j := range xv {
+		xv[j] = float32(j + 1)
+	}
+	mem := NewMemory()
+	x, out := allocF32(mem, xv), mem.Alloc(4*32)
+	mp := putTensorMap(t, mem, x, [2]int{cols, rows}, 4*pitch, [2]int{8, 2}, 4)
+	if err := Run(compile(t, ring(true, n)), "ring", ringLaunch, mem, []uint64{mp, out}); err != nil {
+		t.Fatal(err)
+	}
+	at := func(c, r int) float32 {
+		if c < 0 || c >= cols || r < 0 || r >= rows {
+			return 0
+		}
+		return xv[r*pitch+c]
+	}
+	got := readF32(mem, out, 32)
+	for lane := range 32 {
+		var want float32
+		e := lane % 16
+		for i := range n {
+			c0, c1 := 8*(i&1)-4, i>>1-1
+			want += at(c0+e%8, c1+e/8)
+		}
+		if got[lane] != want {
+			t.Fatalf("lane %d: %v, want %v", lane, got[lane], want)
+		}
+	}
+}
+
+func TestTensorMap2DRejects(t *testing.T) {
+	cases := []struct {
+		base   uint64
+		dims   [2]int
+		stride int
+		box    [2]int
+		eb     int
+		want   string
+	}{
+		{0x1008, [2]int{8, 8}, 32, [2]int{8, 8}, 4, "not 16-byte aligned"},
+		{0x1000, [2]int{8, 8}, 24, [2]int{8, 8}, 4, "row stride 24"},
+		{0x1000, [2]int{8, 8}, 16, [2]int{8, 8}, 4, "row stride 16"},
+		{0x1000, [2]int{8, 8}, 32, [2]int{8, 300}, 4, "box [8 300]"},
+		{0x1000, [2]int{8, 8}, 32, [2]int{3, 8}, 4, "box row of 12 bytes"},
+		{0x1000, [2]int{0, 8}, 32, [2]int{4, 8}, 4, "dimensions [0 8]"},
+		{0x1000, [2]int{8, 8}, 32, [2]int{4, 8}, 3, "element size 3"},
+	}
+	for _, c := range cases {
+		_, err := TensorMap2D(c.base, c.dims, c.stride, c.box, c.eb)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%+v: error %v, want %q", c, err, c.want)
+		}
+	}
+}
+
+// asyncFault runs a one-block kernel built by body (given the dynamic shared symbol, the
+// out pointer and an mbarrier address register already initialised with count 1) and
+// returns its error.
+func asyncFault(t *testing.T, cluster int, l Launch, setup func(mem *Memory, out uint64), body func(k *ptx.Kernel, smem ptx.Sym, out, bar ptx.Reg)) error {
+	t.Helper()
+	k := ptx.NewKernel("f")
+	k.ClusterX = cluster
+	out := k.Reg(ptx.U64)
+	k.Emit("ld.param.u64", out, ptx.Addr{Base: k.Param("out", ptx.U64)})
+	bars := k.DeclareShared("bars", ptx.B64, 1)
+	smem := k.DeclareDynamicShared("smem", 128)
+	bar := k.Reg(ptx.U32)
+	k.Emit("mov.u32", bar, bars)
+	k.Emit("mbarrier.init.shared::cta.b64", ptx.Addr{Base: bar}, ptx.Imm(1))
+	body(k, smem, out, bar)
+	mem := NewMemory()
+	o := mem.Alloc(4096)
+	if setup != nil {
+		setup(mem, o)
+	}
+	return Run(compile(t, k), "f", l, mem, []uint64{o})
+}
+
+func TestAsyncFaults(t *testing.T) {
+	one := Launch{Grid: [3]int{1, 1, 1}, Block: [3]int{32, 1, 1}, Shared: 1024}
+	cases := []struct {
+		name    string
+		cluster int
+		l       Launch
+		setup   func(mem *Memory, out uint64)
+		body    func(k *ptx.Kernel, smem ptx.Sym, out, bar ptx.Reg)
+		want    []string
+	}{
+		{"try_wait never completes", 0, one, nil, func(k *ptx.Kernel, _ ptx.Sym, _, bar ptx.Reg) {
+			p := k.Reg(ptx.Pred)
+			w := k.NewLabel("w")
+			k.Label(w)
+			k.Emit("mbarrier.try_wait.parity.shared::cta.b64", p, ptx.Addr{Base: bar}, ptx.Imm(0))
+			k.EmitIf(p, true, "bra", ptx.Sym(w))
+		}, []string{"deadlock: waits at an mbarrier phase that never completes", "32 at mbarriers", "instr 4 (mbarrier.try_wait"}},
+		{"grid not a multiple of the cluster", 2, Launch{Grid: [3]int{3, 1, 1}, Block: [3]int{32, 1, 1}}, nil, func(*ptx.Kernel, ptx.Sym, ptx.Reg, ptx.Reg) {},
+			[]string{"kernel f: grid x 3 is not a multiple of its cluster size 2"}},
+		{"plain shared with a mapa'd address", 2, Launch{Grid: [3]int{2, 1, 1}, Block: [3]int{32, 1, 1}}, nil, func(k *ptx.Kernel, smem ptx.Sym, _, _ ptx.Reg) {
+			r := k.Reg(ptx.U32)
+			k.Emit("mapa.shared::cluster.u32", r, smem, ptx.Imm(1))
+			k.Emit("st.shared.u32", ptx.Addr{Base: r}, r)
+		}, []string{"uses a cluster address (from mapa): it needs .shared::cluster", "st.shared.u32"}},
+		{"mapa past the cluster", 2, Launch{Grid: [3]int{2, 1, 1}, Block: [3]int{32, 1, 1}}, nil, func(k *ptx.Kernel, smem ptx.Sym, _, _ ptx.Reg) {
+			r := k.Reg(ptx.U32)
+			k.Emit("mapa.shared::cluster.u32", r, smem, ptx.Imm(2))
+		}, []string{"mapa to rank 2 of a 2-block cluster"}},
+		{"shared::cluster past the window", 2, Launch{Grid: [3]int{2, 1, 1}, Block: [3]int{32, 1, 1}, Shared: 64}, nil, func(k *ptx.Kernel, smem ptx.Sym, _, _ ptx.Reg) {
+			r := k.Reg(ptx.U32)
+			k.Emit("mapa.shared::cluster.u32", r, smem, ptx.Imm(1))
+			k.Emit("st.shared::cluster.u32", ptx.Addr{Base: r, Offset: 64}, r)
+		}, []string{"outside the 192-byte shared window"}},
+		{"misaligned bulk copy", 0, one, nil, func(k *ptx.Kernel, smem ptx.Sym, out, bar ptx.Reg) {
+			k.Emit(bulkOp, ptx.Addr{Base: smem}, ptx.Addr{Base: out, Offset: 8}, ptx.Imm(64), ptx.Addr{Base: bar})
+		}, []string{"bulk copy from misaligned global address"}},
+		{"bulk copy to misaligned shared", 0, one, nil, func(k *ptx.Kernel, smem ptx.Sym, out, bar ptx.Reg) {
+			k.Emit(bulkOp, ptx.Addr{Base: smem, Offset: 8}, ptx.Addr{Base: out}, ptx.Imm(64), ptx.Addr{Base: bar})
+		}, []string{"misaligned 64-byte shared access", "needs 16-byte alignment"}},
+		{"bulk copy of an odd size", 0, one, nil, func(k *ptx.Kernel, smem ptx.Sym, out, bar ptx.Reg) {
+			k.Emit(bulkOp, ptx.Addr{Base: smem}, ptx.Addr{Base: out}, ptx.Imm(40), ptx.Addr{Base: bar})
+		}, []string{"bulk copy of 40 bytes"}},
+		{"bad tensor map", 0, one, func(mem *Memory, out uint64) { copy(mem.Bytes(out), "garbage!") }, func(k *ptx.Kernel, smem ptx.Sym, out, bar ptx.Reg) {
+			c := k.Reg(ptx.U32)
+			k.Emit("mov.u32", c, ptx.Imm(0))
+			k.Emit(tensorOp, ptx.Addr{Base: smem}, ptx.TensorAddr{Map: out, Coords: ptx.Vec{c, c}}, ptx.Addr{Base: bar})
+		}, []string{"not a map made by emu.TensorMap2D (bad magic)"}},
+		{"corrupt tensor map", 0, one, func(mem *Memory, out uint64) {
+			m, _ := TensorMap2D(out+256, [2]int{8, 8}, 32, [2]int{8, 8}, 4)
+			binary.LittleEndian.PutUint32(m[32:], 1000)
+			copy(mem.Bytes(out), m[:])
+		}, func(k *ptx.Kernel, smem ptx.Sym, out, bar ptx.Reg) {
+			c := k.Reg(ptx.U32)
+			k.Emit("mov.u32", c, ptx.Imm(0))
+			k.Emit(tensorOp, ptx.Addr{Base: smem}, ptx.TensorAddr{Map: out, Coords: ptx.Vec{c, c}}, ptx.Addr{Base: bar})
+		}, []string{"corrupt: box [1000 8]"}},
+		{"uninitialised mbarrier", 0, one, nil, func(k *ptx.Kernel, smem ptx.Sym, _, _ ptx.Reg) {
+			k.Emit("mbarrier.arrive.shared::cta.b64", k.Reg(ptx.B64), ptx.Addr{Base: smem})
+		}, []string{"mbarrier is not initialized"}},
+		{"too many arrivals", 0, one, nil, func(k *ptx.Kernel, _ ptx.Sym, _, bar ptx.Reg) {
+			k.Emit("mbarrier.arrive.expect_tx.shared::cta.b64", k.Reg(ptx.B64), ptx.Addr{Base: bar}, ptx.Imm(16))
+			k.Emit("mbarrier.arrive.shared::cta.b64", k.Reg(ptx.B64), ptx.Addr{Base: bar})
+		}, []string{"mbarrier arrival beyond its expected count"}},
+		{"cluster wait without arrive", 0, one, nil, func(k *ptx.Kernel, _ ptx.Sym, _, _ ptx.Reg) {
+			k.Emit("barrier.cluster.wait")
+		}, []string{"barrier.cluster.wait without a barrier.cluster.arrive"}},
+		{"cluster barrier missing a block", 2, Launch{Grid: [3]int{2, 1, 1}, Block: [3]int{32, 1, 1}}, nil, func(k *ptx.Kernel, _ ptx.Sym, _, _ ptx.Reg) {
+			// Half of rank 1 waits at a block barrier the other half never reaches.
+			r, tid, p, q := k.Reg(ptx.U32), k.Reg(ptx.U32), k.Reg(ptx.Pred), k.Reg(ptx.Pred)
+			k.Emit("mov.u32", r, ptx.ClusterCtaRank)
+			k.Emit("mov.u32", tid, ptx.TidX)
+			k.Emit("setp.eq.u32", p, r, ptx.Imm(0))
+			k.Emit("setp.ge.or.u32", q, tid, ptx.Imm(16), p)
+			skip := k.NewLabel("skip")
+			k.EmitIf(q, false, "bra", ptx.Sym(skip))
+			k.Emit("bar.sync", ptx.Imm(0))
+			k.Label(skip)
+			k.Emit("barrier.cluster.arrive")
+			k.Emit("barrier.cluster.wait")
+		}, []string{"deadlock", "block (0,0,0) thread (0,0,0): deadlock: waits at barrier.cluster forever", "block (1,0,0) thread (0,0,0): deadlock: waits at a barrier forever", "16 at barriers, 48 at barrier.cluster"}},
+		{"trap", 0, one, nil, func(k *ptx.Kernel, _ ptx.Sym, _, _ ptx.Reg) { k.Emit("trap") }, []string{"(trap): block (0,0,0) thread (0,0,0): trap"}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			err := asyncFault(t, c.cluster, c.l, c.setup, c.body)
+			if err == nil {
+				t.Fatal("no error")
+			}
+			for _, w := range c.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q lacks %q", err, w)
+				}
+			}
+		})
+	}
+}
+
+// TestMbarrierPhases: arrivals and bytes in either order complete a phase, and the state an
+// arrive returns is the barrier before it.
+func TestMbarrierPhases(t *testing.T) {
+	m := mbar{pending: 2, expected: 2}
+	if err := m.addTx(-64); err != nil { // a copy's bytes land before the expect_tx
+		t.Fatal(err)
+	}
+	m.pending--
+	m.complete()
+	if m.phase != 0 {
+		t.Fatal("phase completed with an arrival and bytes outstanding")
+	}
+	_ = m.addTx(64)
+	m.pending--
+	m.complete()
+	if m.phase != 1 || m.pending != 2 || m.tx != 0 {
+		t.Fatalf("after the phase: %+v", m)
+	}
+	for _, v := range []mbar{{1, 3, -5, 1}, {maxArrivals, maxArrivals, maxTx, 0}, {0, 1, -maxTx, 1}} {
+		got, err := decodeMbar(v.encode())
+		if err != nil || got != v {
+			t.Fatalf("encode/decode %+v: %+v %v", v, got, err)
+		}
+	}
+}
