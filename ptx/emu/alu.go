@@ -501,6 +501,10 @@ func f32ToF16(f float32) uint16 {
 func (b *block) access(in *inst, r []uint64, n int) ([]byte, error) {
 	addr := rv(r, in.base) + uint64(in.off)
 	if in.space != spGlobal {
+		addr &= 0xffffffff
+		if addr%uint64(n) == 0 && addr+uint64(n) <= uint64(len(b.shared)) {
+			return b.shared[addr : addr+uint64(n)], nil // this block's, aligned, inside
+		}
 		return b.sharedSpan(addr, n, n, in.space == spCluster)
 	}
 	return b.mem.span(addr, n, n, &b.last)

@@ -138,10 +138,12 @@ type block struct {
 	pc     []int32
 	state  []uint8
 	carr   []uint8
-	steps  []int32
-	shared []byte
-	last   *alloc
-	cta    [3]int
+	// arrived counts the threads with carr cPending.
+	arrived int
+	steps   []int32
+	shared  []byte
+	last    *alloc
+	cta     [3]int
 	// progress is set when a thread executes anything beyond re-checking an mbarrier that
 	// still blocks it, or a collective resolves.
 	progress bool
@@ -209,20 +211,23 @@ func (cl *cluster) run(first int) error {
 			progress = progress || b.progress
 			b.progress = false
 		}
-		live := 0
+		live, mbar, arrived := 0, 0, 0
 		for _, b := range cl.blocks {
-			n, released := b.releaseBar()
-			live += n
+			n, m, released := b.releaseBar()
+			live, mbar, arrived = live+n, mbar+m, arrived+b.arrived
 			progress = progress || released
 		}
 		if live == 0 {
 			return nil
 		}
-		if cl.releaseClusterBarrier() {
+		if arrived > 0 && cl.releaseClusterBarrier() {
 			progress = true
 		}
 		if !progress {
 			return cl.deadlock()
+		}
+		if mbar == 0 {
+			continue
 		}
 		for _, b := range cl.blocks {
 			for t := range b.n {
@@ -242,6 +247,7 @@ func (b *block) init(cta [3]int) {
 	clear(b.pc)
 	clear(b.state)
 	clear(b.carr)
+	b.arrived = 0
 	clear(b.steps)
 	bx := b.l.Block
 	nwarps := (b.n + 31) / 32
@@ -284,21 +290,24 @@ func (b *block) runWarps() error {
 }
 
 // releaseBar releases the block's barrier when every live thread waits at it. It returns
-// the number of live threads and whether it released them.
-func (b *block) releaseBar() (int, bool) {
-	live, atBar := 0, 0
+// the number of live threads, how many wait at an mbarrier and whether it released them.
+func (b *block) releaseBar() (live, mbar int, released bool) {
+	atBar := 0
 	for t := range b.n {
 		switch b.state[t] {
 		case stExit:
 		case stBar:
 			atBar++
 			live++
+		case stMbar:
+			mbar++
+			live++
 		default:
 			live++
 		}
 	}
 	if atBar == 0 || atBar != live {
-		return live, false
+		return live, mbar, false
 	}
 	for t := range b.n {
 		if b.state[t] == stBar {
@@ -306,7 +315,7 @@ func (b *block) releaseBar() (int, bool) {
 			b.pc[t]++
 		}
 	}
-	return live, true
+	return live, 0, true
 }
 
 // releaseClusterBarrier completes the cluster barrier's phase when every live thread of the
@@ -329,6 +338,7 @@ func (cl *cluster) releaseClusterBarrier() bool {
 		return false
 	}
 	for _, b := range cl.blocks {
+		b.arrived = 0
 		for t := range b.n {
 			switch {
 			case b.state[t] == stCWait:
@@ -494,6 +504,7 @@ func (b *block) thread(t int) error {
 				return b.errorAt(t, pc, errors.New("arrives at barrier.cluster twice in one phase"))
 			}
 			b.carr[t] = cPending
+			b.arrived++
 		case cClusterWait:
 			switch b.carr[t] {
 			case cNone:
