@@ -463,21 +463,26 @@ func rv(r []uint64, o opnd) uint64 {
 
 // thread runs thread t until it blocks or exits.
 func (b *block) thread(t int) error {
+	steps, blockedAgain, err := b.exec(t, b.steps[t])
+	b.steps[t] = steps
+	if !blockedAgain {
+		b.progress = true
+	}
+	return err
+}
+
+// exec is thread's loop (without a defer, which would cost more than a short run); it
+// returns the thread's step count and whether it only re-checked an mbarrier that still
+// blocks it.
+func (b *block) exec(t int, steps int32) (int32, bool, error) {
 	r := b.threadRegs(t)
 	code := b.p.code
 	pc := b.pc[t]
-	steps, start := b.steps[t], b.steps[t]
-	blockedAgain := false // resumed at a try_wait that blocks it again: no progress
-	defer func() {
-		b.steps[t] = steps
-		if !blockedAgain {
-			b.progress = true
-		}
-	}()
+	start := steps
 	for {
 		in := &code[pc]
 		if steps++; steps > maxSteps {
-			return b.errorAt(t, pc, fmt.Errorf("more than %d instructions executed; runaway loop?", maxSteps))
+			return steps, false, b.errorAt(t, pc, fmt.Errorf("more than %d instructions executed; runaway loop?", maxSteps))
 		}
 		if in.guard >= 0 && (r[in.guard]&1 != 0) == in.gneg {
 			pc++
@@ -489,65 +494,64 @@ func (b *block) thread(t int) error {
 			continue
 		case cExit:
 			b.pc[t], b.state[t] = pc, stExit
-			return nil
+			return steps, false, nil
 		case cBar:
 			b.pc[t], b.state[t] = pc, stBar
-			return nil
+			return steps, false, nil
 		case cShfl, cMma:
 			b.pc[t], b.state[t] = pc, stShfl
-			return nil
+			return steps, false, nil
 		case cNop:
 		case cTrap:
-			return b.errorAt(t, pc, errors.New("trap"))
+			return steps, false, b.errorAt(t, pc, errors.New("trap"))
 		case cClusterArrive:
 			if b.carr[t] != cNone {
-				return b.errorAt(t, pc, errors.New("arrives at barrier.cluster twice in one phase"))
+				return steps, false, b.errorAt(t, pc, errors.New("arrives at barrier.cluster twice in one phase"))
 			}
 			b.carr[t] = cPending
 			b.arrived++
 		case cClusterWait:
 			switch b.carr[t] {
 			case cNone:
-				return b.errorAt(t, pc, errors.New("barrier.cluster.wait without a barrier.cluster.arrive before it"))
+				return steps, false, b.errorAt(t, pc, errors.New("barrier.cluster.wait without a barrier.cluster.arrive before it"))
 			case cPending:
 				b.pc[t], b.state[t] = pc, stCWait
-				return nil
+				return steps, false, nil
 			}
 			b.carr[t] = cNone
 		case cMbarWait:
 			done, err := b.mbarWait(in, r)
 			if err != nil {
-				return b.errorAt(t, pc, err)
+				return steps, false, b.errorAt(t, pc, err)
 			}
 			if !done {
 				b.pc[t], b.state[t] = pc, stMbar
-				blockedAgain = steps == start+1
-				return nil
+				return steps, steps == start+1, nil
 			}
 		case cMbarInit, cMbarArrive, cBulk, cTensor, cMapa:
 			if err := b.async(in, r); err != nil {
-				return b.errorAt(t, pc, err)
+				return steps, false, b.errorAt(t, pc, err)
 			}
 		case cLd:
 			if err := b.load(in, r); err != nil {
-				return b.errorAt(t, pc, err)
+				return steps, false, b.errorAt(t, pc, err)
 			}
 		case cPrefetch:
 			if err := b.prefetch(in, r); err != nil {
-				return b.errorAt(t, pc, err)
+				return steps, false, b.errorAt(t, pc, err)
 			}
 		case cSt:
 			if err := b.store(in, r); err != nil {
-				return b.errorAt(t, pc, err)
+				return steps, false, b.errorAt(t, pc, err)
 			}
 		case cAtom:
 			if err := b.atomic(in, r); err != nil {
-				return b.errorAt(t, pc, err)
+				return steps, false, b.errorAt(t, pc, err)
 			}
 		default:
 			v, err := alu(in, r)
 			if err != nil {
-				return b.errorAt(t, pc, err)
+				return steps, false, b.errorAt(t, pc, err)
 			}
 			r[in.d[0]] = v
 		}
