@@ -125,7 +125,7 @@ func TestHopperBuilder(t *testing.T) {
 	for _, want := range []string{
 		".version 8.3\n",
 		"\n)\n.reqnctapercluster 2, 1, 1\n{",
-		"\t.extern .shared .align 128 .b8 smem[];\n",
+		"\n.extern .shared .align 128 .b8 smem[];\n\n.visible .entry K(", // at module scope, where the JIT takes it
 		"\tcp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%r2+32768], [%rd1, {%r4, %r5}], [%r2+8];\n",
 		"\tmov.u32 %r1, %cluster_ctarank;\n",
 	} {

@@ -181,6 +181,9 @@ func (p *parser) typ() (Type, error) {
 
 func (p *parser) module() (*Module, error) {
 	m := &Module{}
+	// Dynamic shared arrays declared at module scope (`.extern .shared ... name[];`, where
+	// the JIT wants them) belong to the entry that follows them.
+	pending := &Kernel{}
 	for {
 		t := p.next()
 		switch t.text {
@@ -230,9 +233,18 @@ func (p *parser) module() (*Module, error) {
 			if m.Kernel(k.Name) != nil {
 				return nil, p.errAt(t, "duplicate entry %s", k.Name)
 			}
+			k.Shared = append(pending.Shared, k.Shared...)
+			pending = &Kernel{}
 			m.Kernels = append(m.Kernels, k)
+		case ".extern":
+			if err := p.expect(".shared"); err != nil {
+				return nil, err
+			}
+			if err := p.sharedDecl(pending, true); err != nil {
+				return nil, err
+			}
 		default:
-			return nil, p.errAt(t, "unsupported module-level statement %s (expected .version, .target, .address_size or .entry)", t)
+			return nil, p.errAt(t, "unsupported module-level statement %s (expected .version, .target, .address_size, .extern .shared or .entry)", t)
 		}
 	}
 }

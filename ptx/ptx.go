@@ -13,7 +13,9 @@ import (
 )
 
 // Version and Target are what every generated module declares. PTX ISA 8.0 is the first to
-// know sm_90 well and is accepted by every CUDA 12+ driver.
+// know sm_90 well and is accepted by every CUDA 12+ driver. Print raises a module's version
+// to what its instructions need (MinVersion: 8.3 for the tensor-map fence), so that modules
+// without them print exactly as before.
 const (
 	Version = "8.0"
 	Target  = "sm_90"
@@ -324,6 +326,13 @@ func (k *Kernel) regCounts() map[string]int {
 }
 
 func (k *Kernel) print(b *strings.Builder) error {
+	// Dynamic shared memory is declared at module scope, where the JIT takes it; the parser
+	// gives it back to the entry that follows.
+	for _, s := range k.Shared {
+		if s.Extern {
+			fmt.Fprintf(b, "\n.extern .shared .align %d .%s %s[];\n", s.Align, s.T, s.Name)
+		}
+	}
 	fmt.Fprintf(b, "\n.visible .entry %s(", k.Name)
 	for i, p := range k.Params {
 		if i > 0 {
@@ -355,7 +364,6 @@ func (k *Kernel) print(b *strings.Builder) error {
 	}
 	for _, s := range k.Shared {
 		if s.Extern {
-			fmt.Fprintf(b, "\t.extern .shared .align %d .%s %s[];\n", s.Align, s.T, s.Name)
 			continue
 		}
 		fmt.Fprintf(b, "\t.shared .align %d .%s %s[%d];\n", s.Align, s.T, s.Name, s.Len)
