@@ -165,3 +165,72 @@ func GemmOf(n Node, k Kernel) (g GEMM, ok bool, err error) {
 	g.M = int(uint32(n.Args[rows].Const))
 	return g, true, nil
 }
+
+// OpGemmCopy is the reference op of the copy-engine GEMM: y[M,N] = bf16(x)[M,K] · w[N,K]^T,
+// x and y f32, w bf16, f32 sums: x rounded to bf16 as a library GEMM's cast rounds it. No
+// node names such a kernel. A bundle carries one beside its GEMM nodes' own kernels for each
+// GEMM shape where it beats the library inside a decode step (codegen/gemm_copy.go), and a
+// backend that serves GEMM nodes with a library may serve a node of the same K and N and at
+// most Rows rows with it instead. Its parameters are GemmX, GemmWMap, GemmY and GemmRows.
+const OpGemmCopy = "gemm_copy"
+
+// GemmWMap is the copy-engine GEMM's w parameter: the address of a 128-byte tensor map of
+// W ([N,K] bf16, K innermost) with boxes of Box[0] elements of K by Box[1] rows, 64-byte
+// aligned, which the backend encodes for the node's W (on the GPU the driver's encoding,
+// cuTensorMapEncodeTiled; in the emulator ptx/emu's).
+const GemmWMap = "w_map"
+
+// GemmCopyAttrs are the attributes of an OpGemmCopy kernel, with the launch it needs: Grid
+// CTAs along x in clusters of Cluster (declared by the kernel), Block threads, Shared bytes
+// of dynamic shared memory (past the 48 KiB a launch gets without asking: a backend raises
+// the kernel's limit to it).
+type GemmCopyAttrs struct {
+	K       int    `json:"k"`
+	N       int    `json:"n"`
+	Rows    int    `json:"rows"`
+	Box     [2]int `json:"box"`
+	Grid    int    `json:"grid"`
+	Cluster int    `json:"cluster"`
+	Block   int    `json:"block"`
+	Shared  int    `json:"shared"`
+}
+
+// GemmCopyKernels indexes a bundle's copy-engine GEMMs by K and N, checking each kernel's
+// attributes and parameters: a malformed one is an error naming it.
+func GemmCopyKernels(kernels []Kernel) (map[[2]int]GemmCopy, error) {
+	out := map[[2]int]GemmCopy{}
+	for _, k := range kernels {
+		if k.Op != OpGemmCopy {
+			continue
+		}
+		var a GemmCopyAttrs
+		if err := json.Unmarshal(k.Attrs, &a); err != nil {
+			return nil, fmt.Errorf("kernel %s: copy-engine GEMM attributes %s: %w", k.Name, k.Attrs, err)
+		}
+		if a.K <= 0 || a.N <= 0 || a.Rows <= 0 || a.Box[0] <= 0 || a.Box[1] <= 0 || a.Grid <= 0 || a.Cluster <= 0 ||
+			a.Grid%a.Cluster != 0 || a.Block <= 0 || a.Block > 1024 || a.Shared < 0 {
+			return nil, fmt.Errorf("kernel %s: copy-engine GEMM attributes %s: want positive k, n, rows, box, grid (a multiple of cluster), block (at most 1024)", k.Name, k.Attrs)
+		}
+		want := []string{GemmX, GemmWMap, GemmY, GemmRows}
+		if len(k.Params) != len(want) {
+			return nil, fmt.Errorf("kernel %s: a copy-engine GEMM takes parameters %v", k.Name, want)
+		}
+		for i, p := range k.Params {
+			if p.Name != want[i] {
+				return nil, fmt.Errorf("kernel %s: a copy-engine GEMM takes parameters %v", k.Name, want)
+			}
+		}
+		key := [2]int{a.K, a.N}
+		if _, dup := out[key]; dup {
+			return nil, fmt.Errorf("kernel %s: a second copy-engine GEMM for k %d, n %d", k.Name, a.K, a.N)
+		}
+		out[key] = GemmCopy{Kernel: k.Name, Attrs: a}
+	}
+	return out, nil
+}
+
+// GemmCopy is one copy-engine GEMM of a bundle: its kernel's name and attributes.
+type GemmCopy struct {
+	Kernel string
+	Attrs  GemmCopyAttrs
+}

@@ -109,6 +109,9 @@ func Verify(b *Bundle) error {
 		}
 		kernels[k.Name] = k
 	}
+	if _, err := GemmCopyKernels(b.Kernels); err != nil {
+		return err
+	}
 	templates := map[string]bool{}
 	for i := range b.Templates {
 		t := &b.Templates[i]

@@ -3,6 +3,7 @@ package codegen
 import (
 	"fmt"
 
+	"xmix/bundle"
 	"xmix/ops"
 	"xmix/ptx"
 )
@@ -17,6 +18,15 @@ type Kernel struct {
 	Attrs  []byte
 	// EarlyLaunch: rewritten by earlyLaunch (bundle.Kernel.EarlyLaunch).
 	EarlyLaunch bool
+}
+
+// bundleKernel is k as a bundle holds it.
+func (k *Kernel) bundleKernel() bundle.Kernel {
+	bp := make([]bundle.Param, len(k.Params))
+	for i, q := range k.Params {
+		bp[i] = bundle.Param{Name: q.Name, Type: q.T.String()}
+	}
+	return bundle.Kernel{Name: k.Name, PTX: k.PTX, Params: bp, Op: k.Op, Attrs: k.Attrs, EarlyLaunch: k.EarlyLaunch}
 }
 
 // named runs a kernel generator and prefixes its error with the kernel's kind and name, so

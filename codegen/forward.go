@@ -187,6 +187,9 @@ func Generate(p *passes.Program, opt Options) (*bundle.Bundle, error) {
 	if err := g.plainNodes(templates); err != nil {
 		return nil, err
 	}
+	if err := g.copyGemms(templates); err != nil {
+		return nil, err
+	}
 	params, err := g.params()
 	if err != nil {
 		return nil, err
@@ -215,12 +218,7 @@ func Generate(p *passes.Program, opt Options) (*bundle.Bundle, error) {
 		Tokenizer: opt.Tokenizer,
 	}
 	for _, name := range g.order {
-		k := g.kernels[name]
-		bp := make([]bundle.Param, len(k.Params))
-		for i, q := range k.Params {
-			bp[i] = bundle.Param{Name: q.Name, Type: q.T.String()}
-		}
-		b.Kernels = append(b.Kernels, bundle.Kernel{Name: k.Name, PTX: k.PTX, Params: bp, Op: k.Op, Attrs: k.Attrs, EarlyLaunch: k.EarlyLaunch})
+		b.Kernels = append(b.Kernels, g.kernels[name].bundleKernel())
 	}
 	progress("%d kernels, %d templates", len(b.Kernels), len(templates))
 	return b, nil

@@ -22,7 +22,7 @@ import (
 
 // Gemm servers for Options.Gemm.
 const (
-	GemmAuto     = "auto"     // cuBLASLt for every gemm_tc node when the library loads, else PTX
+	GemmAuto     = "auto"     // the bundle's copy-engine GEMMs where it has one, cuBLASLt for the other gemm_tc nodes when the library loads, else PTX
 	GemmPTX      = "ptx"      // the bundle's kernels only
 	GemmCublasLt = "cublaslt" // cuBLASLt for every gemm_tc node; an error when it cannot load
 )

@@ -85,6 +85,7 @@ type Backend struct {
 	modules []uintptr
 	funcs   map[string]uintptr
 	kernels map[string]bundle.Kernel
+	copy    *copyServer  // non-nil: GEMM nodes the bundle's copy-engine kernels serve (gemm_copy.go)
 	lt      *cublasLt    // nil: PTX kernels serve every GEMM
 	steps   []stepGraphs // each template's graph variants (variants.go)
 	// outCopies: per template, what of the output arena a step copies back (outputs.go);
@@ -323,6 +324,9 @@ func (be *Backend) load(b *bundle.Bundle, w *loader.Weights, opt Options, progre
 	if err := be.initCublasLt(b, opt.Gemm, opt.GemmPicks, progress); err != nil {
 		return err
 	}
+	if err := be.initCopyGemms(b, opt.Gemm); err != nil {
+		return err
+	}
 	graphs := 0
 	start = time.Now()
 	for _, t := range b.Templates {
@@ -336,6 +340,9 @@ func (be *Backend) load(b *bundle.Bundle, w *loader.Weights, opt Options, progre
 	progress("cuda: %d graphs instantiated for %d templates in %.2f s", graphs, len(b.Templates), time.Since(start).Seconds())
 	if be.lt != nil && be.lt.fallbacks > 0 {
 		progress("cuda: %d GEMM nodes kept their PTX kernel (cuBLASLt refused them; first: %v)", be.lt.fallbacks, be.lt.fallbackErr)
+	}
+	if be.copy != nil {
+		progress("cuda: %d GEMM nodes served by the bundle's copy-engine kernels (%d weights)", be.copy.nodes, len(be.copy.maps))
 	}
 	if be.lt != nil && be.lt.picked > 0 {
 		progress("cuda: %d GEMMs run their tuned cuBLASLt algorithm", be.lt.picked)
@@ -533,6 +540,17 @@ func (be *Backend) prepare(n bundle.Node, variants uint32) (launch, error) {
 			return launch{}, fmt.Errorf("unknown buffer %s", s.Buffer)
 		}
 		vals[i] = uint64(base) + uint64(s.Offset)
+	}
+	if be.copy != nil && ltMayServe(n, variants) {
+		l, ok, err := be.copyNode(n, vals)
+		if err != nil {
+			return launch{}, fmt.Errorf("copy-engine GEMM: %w", err)
+		}
+		if ok {
+			served := *l
+			served.label, served.skipUnless = n.Label, n.SkipUnless
+			return served, nil
+		}
 	}
 	if ltMayServe(n, variants) {
 		l, ok, err := be.ltNode(n, vals)

@@ -28,6 +28,7 @@ var driverSymbols = []string{
 	"cuGraphInstantiateWithFlags", "cuGraphLaunch", "cuGraphDestroy", "cuGraphExecDestroy",
 	"cuGraphGetNodes", "cuEventCreate", "cuEventRecord", "cuEventSynchronize", "cuEventQuery",
 	"cuEventElapsedTime", "cuEventDestroy_v2", "cuGetErrorName", "cuGetErrorString",
+	"cuTensorMapEncodeTiled",
 }
 
 // ErrNoDriver means libcuda could not be loaded: no NVIDIA driver on this machine.

@@ -1,0 +1,133 @@
+package cuda
+
+import (
+	"fmt"
+	"unsafe"
+
+	"xmix/bundle"
+)
+
+// The copy-engine GEMMs (bundle.OpGemmCopy, codegen/gemm_copy.go): under GemmAuto a GEMM node
+// of at most a few rows whose K and N the bundle carries such a kernel for runs it instead of
+// cuBLASLt. Its W arrives through a tensor map, which the driver encodes here
+// (cuTensorMapEncodeTiled) once per weight; the maps live in device memory, and the kernel
+// acquires each before its first copy.
+
+// copyServer holds the bundle's copy-engine GEMMs and what serving them needs.
+type copyServer struct {
+	kernels map[[2]int]bundle.GemmCopy
+	checked map[string]bool           // kernels whose shared-memory limit is raised and whose first launch ran
+	maps    map[copyMapKey]uintptr    // device tensor maps by weight and shape
+	served  map[copyLaunchKey]*launch // one launch per node shape and buffers, as cuBLASLt's
+	nodes   int
+}
+
+type copyMapKey struct {
+	w    uintptr
+	k, n int
+}
+
+type copyLaunchKey struct {
+	g       bundle.GEMM
+	x, w, y uintptr
+}
+
+// initCopyGemms indexes the bundle's copy-engine GEMMs; mode GemmAuto only serves with them.
+func (be *Backend) initCopyGemms(b *bundle.Bundle, mode string) error {
+	if mode != GemmAuto {
+		return nil
+	}
+	kernels, err := bundle.GemmCopyKernels(b.Kernels)
+	if err != nil || len(kernels) == 0 {
+		return err
+	}
+	be.copy = &copyServer{kernels: kernels, checked: map[string]bool{}, maps: map[copyMapKey]uintptr{}, served: map[copyLaunchKey]*launch{}}
+	return nil
+}
+
+// copyNode serves GEMM node n (vals: its arguments' device addresses and constants) with the
+// bundle's copy-engine GEMM of its shape, or says no (ok false): none for its K and N, more
+// rows than it takes, a heavy app's GEMM, or x or W not 16-byte aligned.
+func (be *Backend) copyNode(n bundle.Node, vals []uint64) (*launch, bool, error) {
+	g, ok, err := bundle.GemmOf(n, be.kernels[n.Kernel])
+	if err != nil || !ok || g.Guard != 0 || g.M < 1 {
+		return nil, false, nil
+	}
+	c, ok := be.copy.kernels[[2]int{g.K, g.N}]
+	if !ok || g.M > c.Attrs.Rows {
+		return nil, false, nil
+	}
+	key := copyLaunchKey{g: g, x: uintptr(vals[g.X]), w: uintptr(vals[g.W]), y: uintptr(vals[g.Y])}
+	if l, ok := be.copy.served[key]; ok {
+		return l, true, nil
+	}
+	if key.x%16 != 0 || key.w%16 != 0 {
+		return nil, false, nil
+	}
+	wmap, err := be.tensorMap(key.w, g.K, g.N, c.Attrs.Box)
+	if err != nil {
+		return nil, false, fmt.Errorf("node %s: %w", n.Label, err)
+	}
+	a := c.Attrs
+	l := &launch{label: n.Label, kernel: c.Kernel, f: be.funcs[c.Kernel], grid: [3]int{a.Grid, 1, 1}, block: [3]int{a.Block, 1, 1},
+		shared: a.Shared, params: be.keepParams([]uint64{uint64(key.x), uint64(wmap), uint64(key.y), uint64(g.M)}),
+		early: be.kernels[c.Kernel].EarlyLaunch}
+	if !be.copy.checked[c.Kernel] {
+		// Raise the kernel's dynamic shared memory to what it takes, and run it once outside
+		// any graph so that a failure surfaces here, not inside a capture.
+		if err := be.d.call("cuFuncSetAttribute", l.f, 8, uintptr(a.Shared)); err != nil { // CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+			return nil, false, fmt.Errorf("kernel %s: %d bytes of shared memory: %w", c.Kernel, a.Shared, err)
+		}
+		if err := be.issue(*l); err != nil {
+			return nil, false, fmt.Errorf("kernel %s: %w", c.Kernel, err)
+		}
+		if err := be.d.call("cuStreamSynchronize", be.stream); err != nil {
+			return nil, false, fmt.Errorf("kernel %s: %w", c.Kernel, err)
+		}
+		be.copy.checked[c.Kernel] = true
+	}
+	be.copy.served[key] = l
+	be.copy.nodes++
+	return l, true, nil
+}
+
+// tensorMap is the device address of the tensor map of W ([n,k] bf16 at w) with boxes of
+// box[0] x box[1] elements, encoded by the driver on first use.
+func (be *Backend) tensorMap(w uintptr, k, n int, box [2]int) (uintptr, error) {
+	key := copyMapKey{w: w, k: k, n: n}
+	if m, ok := be.copy.maps[key]; ok {
+		return m, nil
+	}
+	// CUtensorMap is 128 bytes, 64-byte aligned.
+	var host [192]byte
+	mp := unsafe.Pointer((uintptr(unsafe.Pointer(&host[0])) + 63) &^ 63)
+	dims := []uint64{uint64(k), uint64(n)}
+	strides := []uint64{uint64(2 * k)}
+	boxDims := []uint32{uint32(box[0]), uint32(box[1])}
+	elemStrides := []uint32{1, 1}
+	// bf16 (9), rank 2, no interleave, no swizzle, L2 promotion of 256 bytes (3), no OOB fill.
+	if err := be.d.call("cuTensorMapEncodeTiled", uintptr(mp), 9, 2, w, uintptr(unsafe.Pointer(&dims[0])),
+		uintptr(unsafe.Pointer(&strides[0])), uintptr(unsafe.Pointer(&boxDims[0])), uintptr(unsafe.Pointer(&elemStrides[0])),
+		0, 0, 3, 0); err != nil {
+		return 0, fmt.Errorf("tensor map of a %d x %d weight: %w", n, k, err)
+	}
+	var dev uintptr
+	if err := be.d.call("cuMemAlloc_v2", uintptr(unsafe.Pointer(&dev)), 128); err != nil {
+		return 0, err
+	}
+	be.allocs = append(be.allocs, dev)
+	if err := be.d.call("cuMemcpyHtoD_v2", dev, uintptr(mp), 128); err != nil {
+		return 0, err
+	}
+	be.copy.maps[key] = dev
+	return dev, nil
+}
+
+// CopyGemmNodes is how many GEMM nodes of the loaded templates the bundle's copy-engine
+// kernels serve (0 unless --gemm auto and the bundle carries some).
+func (be *Backend) CopyGemmNodes() int {
+	if be.copy == nil {
+		return 0
+	}
+	return be.copy.nodes
+}

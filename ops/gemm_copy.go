@@ -1,0 +1,42 @@
+package ops
+
+import (
+	"fmt"
+
+	"xmix/bundle"
+)
+
+// Op bundle.OpGemmCopy is the copy-engine GEMM: y[rows,N] = bf16(x)[rows,K] @ w[N,K]^T, with
+// x and y in f32, w in bf16 and every x rounded to bf16 (nearest even) first, as a library
+// GEMM's cast rounds it; products are summed in f32, here in the CUDA-core reference's order,
+// on the GPU in the tensor cores'. Parameters: x, w (the kernel's is a tensor map of w, the
+// reference's w itself), y (pointers), rows (u32), at most the attributes' Rows.
+func init() { Register(bundle.OpGemmCopy, buildGemmCopy) }
+
+func buildGemmCopy(attrs []byte) (Runner, error) {
+	var a bundle.GemmCopyAttrs
+	if err := DecodeAttrs(attrs, &a); err != nil {
+		return nil, err
+	}
+	if a.K <= 0 || a.N <= 0 || a.Rows <= 0 {
+		return nil, fmt.Errorf("gemm_copy: K=%d N=%d rows=%d must be positive", a.K, a.N, a.Rows)
+	}
+	return RunnerFunc(func(args []Arg, _ Launch) error {
+		if len(args) != 4 {
+			return fmt.Errorf("gemm_copy: %d arguments, want 4 (x, w, y, rows)", len(args))
+		}
+		rows := args[3].Int()
+		if rows > a.Rows {
+			return fmt.Errorf("gemm_copy: %d rows, the kernel takes at most %d", rows, a.Rows)
+		}
+		if err := CheckArgs("gemm_copy", args, 4*rows*a.K, 2*a.N*a.K, 4*rows*a.N, -1); err != nil {
+			return err
+		}
+		x := make([]float32, rows*a.K)
+		for i, v := range args[0].F32()[:rows*a.K] {
+			x[i] = BF16ToF32(F32ToBF16(v))
+		}
+		gemm(x, args[1], args[2].F32(), rows, a.K, a.N, true)
+		return nil
+	}), nil
+}

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# The copy-engine GEMMs (codegen/gemm_copy.go) on the GPU, in one device call: the GPU tests
+# that run them against the CPU (TestCUDACopyGemmMatchesCPU) and the 1B cut that has none,
+# then the Llama-3.1-8B 8-row decode step with them (--gemm auto) and without (--gemm
+# cublaslt, the library for every GEMM), rounds alternating, at contexts 80 / 576 / 2112, the
+# compiled PyTorch step at the same shapes, and the online workload's greedy tokens under both.
+# Build first (bash testsuite/gpu/build.sh), then:
+#   run(command="OUT=\$OUT bash testsuite/gpu/copy_gemm.sh", carry=[".dev/gpu"])
+# Writes $OUT/copy_gemm.json and $OUT/summary.txt.
+set -u
+export PATH=/usr/local/cuda/bin:$PATH
+B=${BIN:-.dev/gpu}
+OUT=${OUT:?set OUT}
+mkdir -p "$OUT"
+W=$(mktemp -d)
+S=$OUT/summary.txt
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader | tee -a "$S"
+git rev-parse HEAD 2>/dev/null | tee -a "$S"
+if [ "${TESTS:-1}" = 1 ]; then
+  XMIX_GPU_RESULTS=$OUT/tests.json timeout 400 "$B/gpu.test" -test.run "${TEST_RUN:-TestCUDACopyGemmMatchesCPU|TestCUDAMatchesCPUOnLlama1BCut}" -test.v > "$W/test.txt" 2>&1
+  echo "tests rc=$?" | tee -a "$S"
+  grep -E "^(=== RUN|--- |ok|FAIL|PASS)|rror|panic" "$W/test.txt" | cut -c1-300 | head -40 | tee -a "$S"
+fi
+"$B/xmixc" build specs/models/llama-3.1-8b.yaml -q -o "$W/l8.xmb" || { echo "build failed" | tee -a "$S"; exit 1; }
+for ctx in ${CONTEXTS:-80 576 2112}; do
+  for round in $(seq ${ROUNDS:-2}); do
+    for g in cublaslt auto; do
+      timeout 120 "$B/xmix" bench "$W/l8.xmb" --backend cuda --gemm $g --prompts 8 --prompt-len 16 --new-tokens 8 \
+        --graph-buckets 8 --graph-context $ctx --json -q > "$W/b_${ctx}_${g}_$round.json" 2> "$W/e_${ctx}_${g}_$round.txt"
+      echo "bench ctx $ctx $g round $round rc=$? $(python3 -c "import json;print(json.load(open('$W/b_${ctx}_${g}_$round.json')).get('graph_ms'))" 2>&1 | tail -1)" | tee -a "$S"
+    done
+  done
+done
+grep -h "copy-engine" "$W"/e_80_auto_1.txt | head -3 | tee -a "$S"
+if [ "${PEER:-1}" = 1 ]; then
+  RES=$W timeout 300 python3 testsuite/gpu/torch_decode.py llama-3.1-8b 16:8,512:8,2048:8 > "$W/peer.txt" 2>&1
+  echo "peer rc=$?" | tee -a "$S"; tail -4 "$W/peer.txt" | tee -a "$S"
+fi
+if [ "${ONLINE:-1}" = 1 ]; then
+  for g in cublaslt auto; do
+    timeout 200 "$B/xmix" bench "$W/l8.xmb" --backend cuda --gemm $g --online --requests 96 --rate 0 --output-len 32 --runs 1 --warmup 0 --json -q > "$W/online_$g.json" 2> "$W/online_$g.txt"
+    echo "online $g rc=$? $(python3 -c "import json;d=json.load(open('$W/online_$g.json'));print({k:v for k,v in d.items() if k in ('mean_itl_ms','tokens_sha256','throughput_tok_s')})" 2>&1 | tail -1)" | tee -a "$S"
+  done
+fi
+python3 - "$W" "$OUT/copy_gemm.json" <<'PY'
+import glob, json, os, sys
+w, out = sys.argv[1], sys.argv[2]
+d = {"bench": {}, "peer": None, "online": {}}
+for f in sorted(glob.glob(os.path.join(w, "b_*.json"))):
+    try:
+        d["bench"][os.path.basename(f)[2:-5]] = json.load(open(f)).get("graph_ms")
+    except Exception as e:
+        d["bench"][os.path.basename(f)[2:-5]] = str(e)
+p = os.path.join(w, "torch-llama-3.1-8b.json")
+if os.path.exists(p):
+    d["peer"] = json.load(open(p))
+for g in ("cublaslt", "auto"):
+    try:
+        o = json.load(open(os.path.join(w, f"online_{g}.json")))
+        d["online"][g] = {k: o.get(k) for k in ("mean_itl_ms", "tokens_sha256", "throughput_tok_s")}
+    except Exception as e:
+        d["online"][g] = str(e)
+json.dump(d, open(out, "w"), indent=1)
+PY
+tar -czf "$OUT/logs.tgz" -C "$W" --exclude='*.xmb' .
