@@ -199,8 +199,8 @@ func (g *gcGen) emit() {
 	})
 	g.Emit("bar.sync", ptx.Imm(0))
 	// A stage's bytes: the W box and the x rows there are.
-	g.tx = g.Reg(ptx.U32)
-	g.Emit("mad.lo.u32", g.tx, g.rows, ptx.Imm(4*gcStage), ptx.Imm(gcWBox))
+	g.tx = g.op3("mul.lo.u32", ptx.U32, g.rows, ptx.Imm(4*gcStage))
+	g.Emit("add.u32", g.tx, g.tx, ptx.Imm(gcWBox))
 	for i := range c.Stages {
 		g.when(g.thread0, false, func() { g.askW(g.imm32(int64(i)), ptx.Imm(int64(i))) })
 	}
@@ -221,15 +221,21 @@ func (g *gcGen) emit() {
 
 // slotAddr is base + slot*slotBytes.
 func (g *gcGen) slotAddr(base ptx.Reg, slot ptx.Operand) ptx.Reg {
-	r := g.Reg(ptx.U32)
-	g.Emit("mad.lo.u32", r, slot, ptx.Imm(int64(g.c.slotBytes())), base)
-	return r
+	return g.scaled(base, slot, g.c.slotBytes())
 }
 
 // barAddr is the shared address of slot's mbarrier.
-func (g *gcGen) barAddr(slot ptx.Operand) ptx.Reg {
+func (g *gcGen) barAddr(slot ptx.Operand) ptx.Reg { return g.scaled(g.bars, slot, 8) }
+
+// scaled is base + i*size, i a register or an immediate (folded: a multiply's first source
+// must be a register).
+func (g *gcGen) scaled(base ptx.Reg, i ptx.Operand, size int) ptx.Reg {
 	r := g.Reg(ptx.U32)
-	g.Emit("mad.lo.u32", r, slot, ptx.Imm(8), g.bars)
+	if imm, ok := i.(ptx.Imm); ok {
+		g.Emit("add.u32", r, base, ptx.Imm(int64(imm)*int64(size)))
+		return r
+	}
+	g.Emit("mad.lo.u32", r, i, ptx.Imm(int64(size)), base)
 	return r
 }
 
