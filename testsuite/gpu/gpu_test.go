@@ -349,7 +349,7 @@ func TestCUDACopyGemmMatchesCPU(t *testing.T) {
 			served = be.(*cuda.Backend).CopyGemmNodes()
 			return be
 		}
-		agreementOn(t, nb, true, c.key, b, c.prompt, 32, false)
+		agreementOn(t, nb, true, c.key, b, c.prompt, 16, false)
 		if served != 6 {
 			t.Errorf("%s: %d GEMM nodes served by the copy-engine kernels, want 6 (o, q/k/v and down of 2 layers)", c.key, served)
 		}
