@@ -3,6 +3,7 @@ package bundle
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
 )
 
 // The run-time ABI: every name and number that the generated kernels, the compiler and the
@@ -174,11 +175,18 @@ func GemmOf(n Node, k Kernel) (g GEMM, ok bool, err error) {
 // most Rows rows with it instead. Its parameters are GemmX, GemmWMap, GemmY and GemmRows.
 const OpGemmCopy = "gemm_copy"
 
-// GemmWMap is the copy-engine GEMM's w parameter: the address of a 128-byte tensor map of
-// W ([N,K] bf16, K innermost) with boxes of Box[0] elements of K by Box[1] rows, 64-byte
-// aligned, which the backend encodes for the node's W (on the GPU the driver's encoding,
-// cuTensorMapEncodeTiled; in the emulator ptx/emu's).
+// GemmWMap is the copy-engine GEMM's w parameter: a tensor map of W ([N,K] bf16, K
+// innermost) with boxes of Box[0] elements of K by Box[1] rows, TensorMapBytes passed by
+// value (type TensorMapParam), which the backend encodes for the node's W (on the GPU the
+// driver's encoding, cuTensorMapEncodeTiled; the emulator takes the address of its own).
 const GemmWMap = "w_map"
+
+// TensorMapBytes is a tensor map's size, and TensorMapParam the type of a parameter that
+// carries one by value (`.param .align 64 .b8 name[128]`).
+const (
+	TensorMapBytes = 128
+	TensorMapParam = "b8[128]"
+)
 
 // GemmCopyAttrs are the attributes of an OpGemmCopy kernel, with the launch it needs: Grid
 // CTAs along x in clusters of Cluster (declared by the kernel), Block threads, Shared bytes
@@ -211,14 +219,9 @@ func GemmCopyKernels(kernels []Kernel) (map[[2]int]GemmCopy, error) {
 			a.Grid%a.Cluster != 0 || a.Block <= 0 || a.Block > 1024 || a.Shared < 0 {
 			return nil, fmt.Errorf("kernel %s: copy-engine GEMM attributes %s: want positive k, n, rows, box, grid (a multiple of cluster), block (at most 1024)", k.Name, k.Attrs)
 		}
-		want := []string{GemmX, GemmWMap, GemmY, GemmRows}
-		if len(k.Params) != len(want) {
-			return nil, fmt.Errorf("kernel %s: a copy-engine GEMM takes parameters %v", k.Name, want)
-		}
-		for i, p := range k.Params {
-			if p.Name != want[i] {
-				return nil, fmt.Errorf("kernel %s: a copy-engine GEMM takes parameters %v", k.Name, want)
-			}
+		want := []Param{{GemmX, "u64"}, {GemmWMap, TensorMapParam}, {GemmY, "u64"}, {GemmRows, "u32"}}
+		if !slices.Equal(k.Params, want) {
+			return nil, fmt.Errorf("kernel %s: a copy-engine GEMM takes parameters %v, not %v", k.Name, want, k.Params)
 		}
 		key := [2]int{a.K, a.N}
 		if _, dup := out[key]; dup {

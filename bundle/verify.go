@@ -54,6 +54,7 @@ var paramSizes = map[string]int{
 	"u16": 2, "s16": 2, "b16": 2, "f16": 2, "bf16": 2,
 	"u32": 4, "s32": 4, "b32": 4, "f32": 4,
 	"u64": 8, "s64": 8, "b64": 8, "f64": 8,
+	TensorMapParam: TensorMapBytes,
 }
 
 var bufferKinds = map[BufferKind]bool{

@@ -25,6 +25,9 @@ func (k *Kernel) bundleKernel() bundle.Kernel {
 	bp := make([]bundle.Param, len(k.Params))
 	for i, q := range k.Params {
 		bp[i] = bundle.Param{Name: q.Name, Type: q.T.String()}
+		if q.Len > 0 {
+			bp[i].Type = fmt.Sprintf("%s[%d]", q.T, q.Len)
+		}
 	}
 	return bundle.Kernel{Name: k.Name, PTX: k.PTX, Params: bp, Op: k.Op, Attrs: k.Attrs, EarlyLaunch: k.EarlyLaunch}
 }

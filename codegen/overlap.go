@@ -24,7 +24,8 @@ const (
 // every kernel's view of memory what it is when the launches run one after another, so the
 // result is the same bit for bit; the emulator runs both instructions as no-ops. A kernel that
 // waits itself (a GEMV that first prefetches its weights, GemmConfig.Prefetch) gets only the
-// launch.
+// launch, and one that lets the next grid launch itself (the copy-engine GEMM, once its W is
+// read) keeps both where they are.
 func earlyLaunch(k *Kernel) (*Kernel, error) {
 	m, err := ptx.Parse(k.PTX)
 	if err != nil {
@@ -34,6 +35,14 @@ func earlyLaunch(k *Kernel) (*Kernel, error) {
 		return nil, fmt.Errorf("early launch: %d entries in one kernel's module", len(m.Kernels))
 	}
 	e := m.Kernels[0]
+	if slices.ContainsFunc(e.Body, func(in ptx.Instr) bool { return in.Op == bundle.PriorGridLaunch }) {
+		if !slices.ContainsFunc(e.Body, func(in ptx.Instr) bool { return in.Op == bundle.PriorGridWait }) {
+			return nil, fmt.Errorf("early launch: the kernel lets the next grid launch but never waits for the one ahead")
+		}
+		out := *k
+		out.EarlyLaunch = true
+		return &out, nil
+	}
 	head := []ptx.Instr{{Op: bundle.PriorGridLaunch}}
 	if !slices.ContainsFunc(e.Body, func(in ptx.Instr) bool { return in.Op == bundle.PriorGridWait }) {
 		head = append(head, ptx.Instr{Op: bundle.PriorGridWait})

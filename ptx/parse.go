@@ -267,6 +267,14 @@ func (p *parser) kernel() (*Kernel, error) {
 		if err := p.expect(".param"); err != nil {
 			return nil, err
 		}
+		align := 0
+		if p.accept(".align") {
+			a, _, err := p.int("alignment")
+			if err != nil {
+				return nil, err
+			}
+			align = a
+		}
 		ty, err := p.typ()
 		if err != nil {
 			return nil, err
@@ -275,10 +283,23 @@ func (p *parser) kernel() (*Kernel, error) {
 		if err != nil {
 			return nil, err
 		}
+		q := Param{Name: pn.text, T: ty}
 		if t := p.peek(); t.text == "[" {
-			return nil, p.errAt(t, "array parameters are not supported")
+			p.next()
+			if q.Len, _, err = p.int("parameter length"); err != nil {
+				return nil, err
+			}
+			if err := p.expect("]"); err != nil {
+				return nil, err
+			}
+			if ty != B8 || q.Len <= 0 {
+				return nil, p.errAt(t, "array parameters must be .b8 with a positive length")
+			}
+			q.Align = max(align, 1)
+		} else if align != 0 {
+			return nil, p.errAt(pn, "only array parameters take .align")
 		}
-		k.Params = append(k.Params, Param{Name: pn.text, T: ty})
+		k.Params = append(k.Params, q)
 	}
 	for !p.accept("{") {
 		t := p.next()

@@ -187,10 +187,13 @@ type Instr struct {
 	Args     []Operand
 }
 
-// Param is a kernel parameter.
+// Param is a kernel parameter. One with Len > 0 is a byte array passed by value (`.param
+// .align A .b8 name[Len]`, a tensor map): a kernel takes its address with mov and cvta.param.
 type Param struct {
-	Name string
-	T    Type
+	Name  string
+	T     Type
+	Align int
+	Len   int
 }
 
 // Shared is a block-shared array declaration. An Extern one is the kernel's dynamic shared
@@ -252,6 +255,13 @@ func (k *Kernel) Regs(t Type, n int) []Reg {
 // DeclareShared declares a shared array of n elements of type t and returns its symbol.
 func (k *Kernel) DeclareShared(name string, t Type, n int) Sym {
 	k.Shared = append(k.Shared, Shared{Name: name, Align: 16, T: t, Len: n})
+	return Sym(name)
+}
+
+// ByteParam declares a parameter of n bytes aligned to align, passed by value, and returns
+// its symbol (mov.u64 of it and cvta.param.u64 give its generic address).
+func (k *Kernel) ByteParam(name string, align, n int) Sym {
+	k.Params = append(k.Params, Param{Name: name, T: B8, Align: align, Len: n})
 	return Sym(name)
 }
 
@@ -337,6 +347,10 @@ func (k *Kernel) print(b *strings.Builder) error {
 	for i, p := range k.Params {
 		if i > 0 {
 			b.WriteString(",")
+		}
+		if p.Len > 0 {
+			fmt.Fprintf(b, "\n\t.param .align %d .%s %s[%d]", p.Align, p.T, p.Name, p.Len)
+			continue
 		}
 		fmt.Fprintf(b, "\n\t.param .%s %s", p.T, p.Name)
 	}

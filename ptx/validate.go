@@ -35,13 +35,15 @@ type kernelCheck struct {
 	k      *Kernel
 	counts map[string]int
 	params map[string]Type
-	shared map[string]bool
-	labels map[string]bool
-	errs   []error
+	// byteParams are the array parameters (Param.Len > 0): mov.u64 takes their address.
+	byteParams map[string]bool
+	shared     map[string]bool
+	labels     map[string]bool
+	errs       []error
 }
 
 func validateKernel(k *Kernel) []error {
-	c := &kernelCheck{k: k, counts: k.regCounts(), params: map[string]Type{}, shared: map[string]bool{}, labels: map[string]bool{}}
+	c := &kernelCheck{k: k, counts: k.regCounts(), params: map[string]Type{}, byteParams: map[string]bool{}, shared: map[string]bool{}, labels: map[string]bool{}}
 	if k.Name == "" {
 		c.errs = append(c.errs, errors.New("kernel with no name"))
 	}
@@ -50,6 +52,12 @@ func validateKernel(k *Kernel) []error {
 			c.kerr("duplicate parameter %s", p.Name)
 		}
 		c.params[p.Name] = p.T
+		if p.Len > 0 {
+			c.byteParams[p.Name] = true
+			if p.T != B8 || p.Align <= 0 || p.Align&(p.Align-1) != 0 {
+				c.kerr("parameter %s: an array parameter is .b8 with a power-of-two alignment", p.Name)
+			}
+		}
 	}
 	if k.ClusterX < 0 || k.ClusterX > maxCluster {
 		c.kerr("cluster size %d is outside 1..%d", k.ClusterX, maxCluster)
@@ -288,8 +296,8 @@ func (c *kernelCheck) operand(i int, in Instr, o Opcode, f opFacts, j int, a Ope
 				c.ierr(i, in, "label %s does not exist", a)
 			}
 		case o.Base == "mov" && j == 1:
-			if !c.shared[string(a)] {
-				c.ierr(i, in, "symbol %s is not a shared array", a)
+			if !c.shared[string(a)] && !(c.byteParams[string(a)] && o.Type() == U64) {
+				c.ierr(i, in, "symbol %s is not a shared array (or, for mov.u64, a byte-array parameter)", a)
 			}
 		default:
 			c.ierr(i, in, "symbol %s cannot be operand %d of %s", a, j, o.Base)

@@ -10,14 +10,13 @@ import (
 // The copy-engine GEMMs (bundle.OpGemmCopy, codegen/gemm_copy.go): under GemmAuto a GEMM node
 // of at most a few rows whose K and N the bundle carries such a kernel for runs it instead of
 // cuBLASLt. Its W arrives through a tensor map, which the driver encodes here
-// (cuTensorMapEncodeTiled) once per weight; the maps live in device memory, and the kernel
-// acquires each before its first copy.
+// (cuTensorMapEncodeTiled) once per weight and the launch passes by value.
 
 // copyServer holds the bundle's copy-engine GEMMs and what serving them needs.
 type copyServer struct {
 	kernels map[[2]int]bundle.GemmCopy
 	checked map[string]bool           // kernels whose shared-memory limit is raised and whose first launch ran
-	maps    map[copyMapKey]uintptr    // device tensor maps by weight and shape
+	maps    map[copyMapKey]*tensorMap // encoded tensor maps by weight and shape
 	served  map[copyLaunchKey]*launch // one launch per node shape and buffers, as cuBLASLt's
 	nodes   int
 }
@@ -41,7 +40,7 @@ func (be *Backend) initCopyGemms(b *bundle.Bundle, mode string) error {
 	if err != nil || len(kernels) == 0 {
 		return err
 	}
-	be.copy = &copyServer{kernels: kernels, checked: map[string]bool{}, maps: map[copyMapKey]uintptr{}, served: map[copyLaunchKey]*launch{}}
+	be.copy = &copyServer{kernels: kernels, checked: map[string]bool{}, maps: map[copyMapKey]*tensorMap{}, served: map[copyLaunchKey]*launch{}}
 	return nil
 }
 
@@ -69,9 +68,13 @@ func (be *Backend) copyNode(n bundle.Node, vals []uint64) (*launch, bool, error)
 		return nil, false, fmt.Errorf("node %s: %w", n.Label, err)
 	}
 	a := c.Attrs
+	// The launch's parameters: x, the map's 128 bytes, y, rows.
+	args := []uint64{uint64(key.x), uint64(key.y), uint64(g.M)}
+	ptrs := []uintptr{uintptr(unsafe.Pointer(&args[0])), wmap.addr(), uintptr(unsafe.Pointer(&args[1])), uintptr(unsafe.Pointer(&args[2]))}
+	be.params = append(be.params, args)
+	be.paramP = append(be.paramP, ptrs)
 	l := &launch{label: n.Label, kernel: c.Kernel, f: be.funcs[c.Kernel], grid: [3]int{a.Grid, 1, 1}, block: [3]int{a.Block, 1, 1},
-		shared: a.Shared, params: be.keepParams([]uint64{uint64(key.x), uint64(wmap), uint64(key.y), uint64(g.M)}),
-		early: be.kernels[c.Kernel].EarlyLaunch}
+		shared: a.Shared, params: uintptr(unsafe.Pointer(&ptrs[0])), early: be.kernels[c.Kernel].EarlyLaunch}
 	if !be.copy.checked[c.Kernel] {
 		// Raise the kernel's dynamic shared memory to what it takes, and run it once outside
 		// any graph so that a failure surfaces here, not inside a capture.
@@ -91,36 +94,34 @@ func (be *Backend) copyNode(n bundle.Node, vals []uint64) (*launch, bool, error)
 	return l, true, nil
 }
 
-// tensorMap is the device address of the tensor map of W ([n,k] bf16 at w) with boxes of
-// box[0] x box[1] elements, encoded by the driver on first use.
-func (be *Backend) tensorMap(w uintptr, k, n int, box [2]int) (uintptr, error) {
+// tensorMap is one encoded CUtensorMap: 128 bytes at a 64-byte boundary of buf, which the
+// backend keeps (launches read it when they are issued or captured).
+type tensorMap struct {
+	buf [bundle.TensorMapBytes + 64]byte
+}
+
+func (m *tensorMap) addr() uintptr { return (uintptr(unsafe.Pointer(&m.buf[0])) + 63) &^ 63 }
+
+// tensorMap is the tensor map of W ([n,k] bf16 at w) with boxes of box[0] x box[1] elements,
+// encoded by the driver on first use.
+func (be *Backend) tensorMap(w uintptr, k, n int, box [2]int) (*tensorMap, error) {
 	key := copyMapKey{w: w, k: k, n: n}
 	if m, ok := be.copy.maps[key]; ok {
 		return m, nil
 	}
-	// CUtensorMap is 128 bytes, 64-byte aligned.
-	var host [192]byte
-	mp := unsafe.Pointer((uintptr(unsafe.Pointer(&host[0])) + 63) &^ 63)
+	m := &tensorMap{}
 	dims := []uint64{uint64(k), uint64(n)}
 	strides := []uint64{uint64(2 * k)}
 	boxDims := []uint32{uint32(box[0]), uint32(box[1])}
 	elemStrides := []uint32{1, 1}
 	// bf16 (9), rank 2, no interleave, no swizzle, L2 promotion of 256 bytes (3), no OOB fill.
-	if err := be.d.call("cuTensorMapEncodeTiled", uintptr(mp), 9, 2, w, uintptr(unsafe.Pointer(&dims[0])),
+	if err := be.d.call("cuTensorMapEncodeTiled", m.addr(), 9, 2, w, uintptr(unsafe.Pointer(&dims[0])),
 		uintptr(unsafe.Pointer(&strides[0])), uintptr(unsafe.Pointer(&boxDims[0])), uintptr(unsafe.Pointer(&elemStrides[0])),
 		0, 0, 3, 0); err != nil {
-		return 0, fmt.Errorf("tensor map of a %d x %d weight: %w", n, k, err)
+		return nil, fmt.Errorf("tensor map of a %d x %d weight: %w", n, k, err)
 	}
-	var dev uintptr
-	if err := be.d.call("cuMemAlloc_v2", uintptr(unsafe.Pointer(&dev)), 128); err != nil {
-		return 0, err
-	}
-	be.allocs = append(be.allocs, dev)
-	if err := be.d.call("cuMemcpyHtoD_v2", dev, uintptr(mp), 128); err != nil {
-		return 0, err
-	}
-	be.copy.maps[key] = dev
-	return dev, nil
+	be.copy.maps[key] = m
+	return m, nil
 }
 
 // CopyGemmNodes is how many GEMM nodes of the loaded templates the bundle's copy-engine

@@ -231,19 +231,20 @@ type program struct {
 }
 
 type decoder struct {
-	k       *ptx.Kernel
-	classOf map[string]int // class -> first slot
-	shared  map[string]uint64
-	params  map[string]uint64
-	labels  map[string]int32
-	p       *program
+	k          *ptx.Kernel
+	classOf    map[string]int // class -> first slot
+	shared     map[string]uint64
+	params     map[string]uint64
+	byteParams map[string]uint64
+	labels     map[string]int32
+	p          *program
 }
 
 var classOrder = []string{"p", "rs", "r", "rd", "f", "fd"}
 
 // decode prepares k for a launch with params and dyn bytes of dynamic shared memory.
 func decode(k *ptx.Kernel, params []uint64, dyn int) (*program, error) {
-	d := &decoder{k: k, classOf: map[string]int{}, shared: map[string]uint64{}, params: map[string]uint64{}, labels: map[string]int32{}, p: &program{k: k}}
+	d := &decoder{k: k, classOf: map[string]int{}, shared: map[string]uint64{}, params: map[string]uint64{}, byteParams: map[string]uint64{}, labels: map[string]int32{}, p: &program{k: k}}
 	decls := k.RegDecls
 	if decls == nil {
 		decls = usedRegs(k)
@@ -271,6 +272,13 @@ func decode(k *ptx.Kernel, params []uint64, dyn int) (*program, error) {
 	}
 	d.p.sharedLen = off + dyn
 	for i, p := range k.Params {
+		if p.Len > 0 {
+			// A byte-array parameter (a tensor map) stands in global memory, where the
+			// launch's value points: mov of its symbol gives that address and cvta.param
+			// keeps it, so the kernel reads the bytes where a GPU would read its copy.
+			d.byteParams[p.Name] = params[i]
+			continue
+		}
 		d.params[p.Name] = params[i]
 	}
 	n := int32(0)
@@ -374,7 +382,10 @@ func (d *decoder) value(a ptx.Operand, t ptx.Type) (opnd, error) {
 		if off, ok := d.shared[string(a)]; ok {
 			return opnd{reg: -1, imm: off}, nil
 		}
-		return opnd{}, fmt.Errorf("symbol %s is not a shared array", a)
+		if addr, ok := d.byteParams[string(a)]; ok {
+			return opnd{reg: -1, imm: addr}, nil
+		}
+		return opnd{}, fmt.Errorf("symbol %s is not a shared array or a byte-array parameter", a)
 	}
 	return opnd{}, fmt.Errorf("unsupported operand %T", a)
 }
