@@ -216,8 +216,8 @@ func GemmCopyKernels(kernels []Kernel) (map[[2]int]GemmCopy, error) {
 			return nil, fmt.Errorf("kernel %s: copy-engine GEMM attributes %s: %w", k.Name, k.Attrs, err)
 		}
 		if a.K <= 0 || a.N <= 0 || a.Rows <= 0 || a.Box[0] <= 0 || a.Box[1] <= 0 || a.Grid <= 0 || a.Cluster <= 0 ||
-			a.Grid%a.Cluster != 0 || a.Block <= 0 || a.Block > 1024 || a.Shared < 0 {
-			return nil, fmt.Errorf("kernel %s: copy-engine GEMM attributes %s: want positive k, n, rows, box, grid (a multiple of cluster), block (at most 1024)", k.Name, k.Attrs)
+			a.Grid%a.Cluster != 0 || a.Block <= 0 || a.Block > 1024 || a.Shared < 0 || a.Shared > MaxDynamicShared {
+			return nil, fmt.Errorf("kernel %s: copy-engine GEMM attributes %s: want positive k, n, rows, box, grid (a multiple of cluster), block (at most 1024) and shared (at most %d)", k.Name, k.Attrs, MaxDynamicShared)
 		}
 		want := []Param{{GemmX, "u64"}, {GemmWMap, TensorMapParam}, {GemmY, "u64"}, {GemmRows, "u32"}}
 		if !slices.Equal(k.Params, want) {
@@ -231,6 +231,9 @@ func GemmCopyKernels(kernels []Kernel) (map[[2]int]GemmCopy, error) {
 	}
 	return out, nil
 }
+
+// MaxDynamicShared is the most shared memory a CTA may ask for on sm_90 (227 KiB).
+const MaxDynamicShared = 227 << 10
 
 // GemmCopy is one copy-engine GEMM of a bundle: its kernel's name and attributes.
 type GemmCopy struct {

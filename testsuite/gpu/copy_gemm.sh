@@ -15,7 +15,6 @@ mkdir -p "$OUT"
 W=$(mktemp -d)
 S=$OUT/summary.txt
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader | tee -a "$S"
-git rev-parse HEAD 2>/dev/null | tee -a "$S"
 if [ "${TESTS:-1}" = 1 ]; then
   XMIX_GPU_RESULTS=$OUT/tests.json timeout 400 "$B/gpu.test" -test.run "${TEST_RUN:-TestCUDACopyGemmMatchesCPU|TestCUDAMatchesCPUOnLlama1BCut}" -test.v > "$W/test.txt" 2>&1
   echo "tests rc=$?" | tee -a "$S"

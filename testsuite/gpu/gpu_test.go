@@ -254,20 +254,26 @@ func longPrompt(vocab int) []int {
 	return long
 }
 
-// llama1BCut is Llama-3.2-1B's spec cut to 2 layers and small buckets.
-func llama1BCut(t *testing.T) string {
+// smallServing is the serving section of the cuts: small buckets, short contexts.
+const smallServing = "serving: {decode_buckets: [1, 2, 4], prefill_chunks: [64], max_seq_len: 256, max_seqs: 4, kv_block_size: 16}\n"
+
+// specCut is the shipped spec of model (specs/models/MODEL.yaml) cut to 2 layers, with
+// serving as its serving section.
+func specCut(t *testing.T, model, serving string) string {
 	root, err := repoRoot()
 	if err != nil {
 		t.Fatal(err)
 	}
-	spec, err := os.ReadFile(filepath.Join(root, "specs/models/llama-3.2-1b.yaml"))
+	spec, err := os.ReadFile(filepath.Join(root, "specs/models", model+".yaml"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	cut := regexp.MustCompile(`layers: \d+`).ReplaceAllString(string(spec), "layers: 2")
-	return regexp.MustCompile(`(?s)serving:.*`).ReplaceAllString(cut,
-		"serving: {decode_buckets: [1, 2, 4], prefill_chunks: [64], max_seq_len: 256, max_seqs: 4, kv_block_size: 16}\n")
+	return regexp.MustCompile(`(?s)serving:.*`).ReplaceAllString(cut, serving)
 }
+
+// llama1BCut is Llama-3.2-1B's spec cut to 2 layers and small buckets.
+func llama1BCut(t *testing.T) string { return specCut(t, "llama-3.2-1b", smallServing) }
 
 func TestCUDAMatchesCPUOnLlama1BCut(t *testing.T) {
 	needGPU(t)
@@ -297,17 +303,7 @@ func TestCUDAAttentionWarpsMatchCPU(t *testing.T) {
 // again with a window of 64 that the long prompt outgrows in prefill and decode.
 func TestCUDAMatchesCPUOnGemma2Cut(t *testing.T) {
 	needGPU(t)
-	root, err := repoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	spec, err := os.ReadFile(filepath.Join(root, "specs/models/gemma-2-2b.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cut := regexp.MustCompile(`layers: \d+`).ReplaceAllString(string(spec), "layers: 2")
-	cut = regexp.MustCompile(`(?s)serving:.*`).ReplaceAllString(cut,
-		"serving: {decode_buckets: [1, 2, 4], prefill_chunks: [64], max_seq_len: 256, max_seqs: 4, kv_block_size: 16}\n")
+	cut := specCut(t, "gemma-2-2b", smallServing)
 	long := longPrompt(256000)
 	for _, w := range []string{"4096", "64"} {
 		b := testsuite.Compile(t, strings.Replace(cut, "sliding_window: 4096", "sliding_window: "+w, 1))
@@ -323,17 +319,7 @@ func TestCUDAMatchesCPUOnGemma2Cut(t *testing.T) {
 // 8-row bucket, the cut's only decode bucket; the 150-token prompt's decode splits its context.
 func TestCUDACopyGemmMatchesCPU(t *testing.T) {
 	needGPU(t)
-	root, err := repoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	spec, err := os.ReadFile(filepath.Join(root, "specs/models/llama-3.1-8b.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cut := regexp.MustCompile(`layers: \d+`).ReplaceAllString(string(spec), "layers: 2")
-	cut = regexp.MustCompile(`(?s)serving:.*`).ReplaceAllString(cut,
-		"serving: {decode_buckets: [8], prefill_chunks: [64], max_seq_len: 256, max_seqs: 8, kv_block_size: 16}\n")
+	cut := specCut(t, "llama-3.1-8b", "serving: {decode_buckets: [8], prefill_chunks: [64], max_seq_len: 256, max_seqs: 8, kv_block_size: 16}\n")
 	b := testsuite.Compile(t, cut)
 	kernels, err := bundle.GemmCopyKernels(b.Kernels)
 	if err != nil || len(kernels) != 3 {
