@@ -150,6 +150,7 @@ type gcGen struct {
 	c                GemmCopyConfig
 	x, wmap, y, rows ptx.Reg
 	tid, warp, lane  ptx.Reg
+	gg, t, cg, q     ptx.Reg // the lane's mma group and thread; the warp's column group and K quarter
 	rank, col0, k0   ptx.Reg // cluster rank; the CTA's first column and first K
 	bars, slot0      ptx.Reg // shared addresses: mbarrier 0, slot 0
 	thread0, xLane   ptx.Reg // thread 0 asks for W; lane r < rows of warp 0 for x row r
@@ -183,6 +184,10 @@ func (g *gcGen) emit() {
 	g.tid = g.special(ptx.TidX)
 	g.warp = g.op3("shr.u32", ptx.U32, g.tid, ptx.Imm(5))
 	g.lane = g.op3("and.b32", ptx.U32, g.tid, ptx.Imm(31))
+	g.gg = g.op3("shr.u32", ptx.U32, g.lane, ptx.Imm(2))
+	g.t = g.op3("and.b32", ptx.U32, g.lane, ptx.Imm(3))
+	g.cg = g.op3("shr.u32", ptx.U32, g.warp, ptx.Imm(2))
+	g.q = g.op3("and.b32", ptx.U32, g.warp, ptx.Imm(3))
 	g.rank = g.imm32(0)
 	tile := g.special(ptx.CtaidX)
 	if c.Split > 1 {
@@ -268,10 +273,7 @@ func (g *gcGen) askX(stage ptx.Reg, slot ptx.Operand) {
 // stage Stages ahead once every warp is past it.
 func (g *gcGen) mainLoop() {
 	c := g.c
-	gg := g.op3("shr.u32", ptx.U32, g.lane, ptx.Imm(2))
-	t := g.op3("and.b32", ptx.U32, g.lane, ptx.Imm(3))
-	cg := g.op3("shr.u32", ptx.U32, g.warp, ptx.Imm(2))
-	q := g.op3("and.b32", ptx.U32, g.warp, ptx.Imm(3))
+	gg, t, cg, q := g.gg, g.t, g.cg, g.q
 	// kq = q*64 + 8t: the lane's first K of the stage; W row cg*16+g; x row g.
 	kq := g.Reg(ptx.U32)
 	g.Emit("shl.b32", kq, t, ptx.Imm(3))
@@ -347,8 +349,7 @@ func (g *gcGen) reduce() {
 	g.Emit("mad.lo.u32", red, g.tid, ptx.Imm(16), g.slot0)
 	g.Emit("st.shared.v4.f32", ptx.Addr{Base: red}, ptx.Vec(g.acc))
 	g.Emit("bar.sync", ptx.Imm(0))
-	q := g.op3("and.b32", ptx.U32, g.warp, ptx.Imm(3))
-	cg := g.op3("shr.u32", ptx.U32, g.warp, ptx.Imm(2))
+	q, cg := g.q, g.cg
 	lead := g.cmp("eq", ptx.U32, q, ptx.Imm(0))
 	part := g.Regs(ptx.F32, 4)
 	add := func(a ptx.Addr) {
@@ -389,8 +390,7 @@ func (g *gcGen) reduce() {
 		add(ptx.Addr{Base: recv, Offset: int64((r - 1) * gcCols / 16 * gcRedBytes)})
 	}
 	// acc: (column g, tokens 2t, 2t+1), (column g+8, tokens 2t, 2t+1).
-	gg := g.op3("shr.u32", ptx.U32, g.lane, ptx.Imm(2))
-	t := g.op3("and.b32", ptx.U32, g.lane, ptx.Imm(3))
+	gg, t := g.gg, g.t
 	col := g.Reg(ptx.U32)
 	g.Emit("mad.lo.u32", col, cg, ptx.Imm(16), gg)
 	g.Emit("add.u32", col, col, g.col0)

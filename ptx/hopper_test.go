@@ -133,6 +133,12 @@ func TestHopperBuilder(t *testing.T) {
 			t.Errorf("printed text lacks %q:\n%s", want, text)
 		}
 	}
+	reprints(t, text)
+}
+
+// reprints checks that text parses, validates and prints back as itself.
+func reprints(t *testing.T, text string) {
+	t.Helper()
 	again, err := Parse(text)
 	if err != nil {
 		t.Fatal(err)

@@ -21,16 +21,7 @@ func TestByteParam(t *testing.T) {
 	if !strings.Contains(text, "\t.param .align 64 .b8 w_map[128]\n") {
 		t.Fatalf("printed:\n%s", text)
 	}
-	again, err := Parse(text)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := Validate(again); err != nil {
-		t.Fatal(err)
-	}
-	if text2, _ := again.Print(); text2 != text {
-		t.Fatalf("round trip differs:\n%s\n---\n%s", text, text2)
-	}
+	reprints(t, text)
 	bad := NewKernel("k")
 	b := bad.ByteParam("w_map", 64, 128)
 	bad.Emit("mov.u32", bad.Reg(U32), b)

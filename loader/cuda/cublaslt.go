@@ -331,10 +331,7 @@ func (be *Backend) ltNode(n bundle.Node, vals []uint64) (*launch, bool, error) {
 	l := &launch{label: n.Label, kernel: "cublasLt:" + n.Kernel, f: lt.cast, grid: [3]int{grid, 1, 1},
 		block: [3]int{block, 1, 1}, params: be.keepParams([]uint64{uint64(key.x), uint64(lt.xb), uint64(g.M * g.K / 2)}), matmul: m,
 		early: be.kernels[n.Kernel].EarlyLaunch}
-	if err := be.issue(*l); err != nil {
-		return nil, false, err
-	}
-	if err := be.d.call("cuStreamSynchronize", be.stream); err != nil {
+	if err := be.runOnce(*l); err != nil {
 		return nil, false, err
 	}
 	lt.served[key] = l

@@ -605,6 +605,15 @@ func (be *Backend) issue(n launch) error {
 	return nil
 }
 
+// runOnce issues n and waits for it: a server's first launch, run outside any graph so that a
+// failure surfaces at load, not inside a capture.
+func (be *Backend) runOnce(n launch) error {
+	if err := be.issue(n); err != nil {
+		return err
+	}
+	return be.d.call("cuStreamSynchronize", be.stream)
+}
+
 // launchAttribute is the driver's CUlaunchAttribute: an id, padding to 8 bytes, a 64-byte
 // value union; launchConfig is CUlaunchConfig (the stream at offset 32, as in C).
 type launchAttribute struct {

@@ -81,10 +81,7 @@ func (be *Backend) copyNode(n bundle.Node, vals []uint64) (*launch, bool, error)
 		if err := be.d.call("cuFuncSetAttribute", l.f, 8, uintptr(a.Shared)); err != nil { // CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 			return nil, false, fmt.Errorf("kernel %s: %d bytes of shared memory: %w", c.Kernel, a.Shared, err)
 		}
-		if err := be.issue(*l); err != nil {
-			return nil, false, fmt.Errorf("kernel %s: %w", c.Kernel, err)
-		}
-		if err := be.d.call("cuStreamSynchronize", be.stream); err != nil {
+		if err := be.runOnce(*l); err != nil {
 			return nil, false, fmt.Errorf("kernel %s: %w", c.Kernel, err)
 		}
 		be.copy.checked[c.Kernel] = true
