@@ -203,10 +203,10 @@ type GemmCopyAttrs struct {
 	Shared  int    `json:"shared"`
 }
 
-// GemmCopyKernels indexes a bundle's copy-engine GEMMs by K and N, checking each kernel's
-// attributes and parameters: a malformed one is an error naming it.
-func GemmCopyKernels(kernels []Kernel) (map[[2]int]GemmCopy, error) {
-	out := map[[2]int]GemmCopy{}
+// GemmCopyKernels indexes a bundle's copy-engine GEMMs by K and N, fewest rows first,
+// checking each kernel's attributes and parameters: a malformed one is an error naming it.
+func GemmCopyKernels(kernels []Kernel) (map[[2]int][]GemmCopy, error) {
+	out := map[[2]int][]GemmCopy{}
 	for _, k := range kernels {
 		if k.Op != OpGemmCopy {
 			continue
@@ -224,12 +224,24 @@ func GemmCopyKernels(kernels []Kernel) (map[[2]int]GemmCopy, error) {
 			return nil, fmt.Errorf("kernel %s: a copy-engine GEMM takes parameters %v, not %v", k.Name, want, k.Params)
 		}
 		key := [2]int{a.K, a.N}
-		if _, dup := out[key]; dup {
-			return nil, fmt.Errorf("kernel %s: a second copy-engine GEMM for k %d, n %d", k.Name, a.K, a.N)
+		if slices.ContainsFunc(out[key], func(c GemmCopy) bool { return c.Attrs.Rows == a.Rows }) {
+			return nil, fmt.Errorf("kernel %s: a second copy-engine GEMM for k %d, n %d, %d rows", k.Name, a.K, a.N, a.Rows)
 		}
-		out[key] = GemmCopy{Kernel: k.Name, Attrs: a}
+		out[key] = append(out[key], GemmCopy{Kernel: k.Name, Attrs: a})
+		slices.SortFunc(out[key], func(x, y GemmCopy) int { return x.Attrs.Rows - y.Attrs.Rows })
 	}
 	return out, nil
+}
+
+// GemmCopyFor is the copy-engine GEMM of kernels (one shape's, fewest rows first) that takes
+// m rows with the fewest rows, or false if none takes that many.
+func GemmCopyFor(kernels []GemmCopy, m int) (GemmCopy, bool) {
+	for _, c := range kernels {
+		if m <= c.Attrs.Rows {
+			return c, true
+		}
+	}
+	return GemmCopy{}, false
 }
 
 // MaxDynamicShared is the most shared memory a CTA may ask for on sm_90 (227 KiB).

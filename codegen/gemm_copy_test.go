@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"testing"
 
+	"xmix/bundle"
 	"xmix/ops"
 	"xmix/ptx"
 	"xmix/ptx/emu"
@@ -51,15 +52,21 @@ func runGemmCopy(t *testing.T, k *Kernel, c GemmCopyConfig, rows int, seed uint6
 }
 
 func TestGemmCopyMatchesReference(t *testing.T) {
-	for _, c := range []GemmCopyConfig{
-		{K: 2048, N: 64, Split: 2, Stages: 2},  // four stages a CTA through two slots: refills and a phase flip
-		{K: 1024, N: 128, Split: 1, Stages: 4}, // no cluster, every stage asked for before the wait
-		{K: 512, N: 64, Split: 2, Stages: 1},   // one slot: every stage waits for its refill
+	for _, c := range []struct {
+		GemmCopyConfig
+		rows []int
+	}{
+		{GemmCopyConfig{K: 2048, N: 64, Rows: 8, Split: 2, Stages: 2}, []int{1, 3, 8}},  // four stages a CTA through two slots: refills and a phase flip
+		{GemmCopyConfig{K: 1024, N: 128, Rows: 8, Split: 1, Stages: 4}, []int{1, 3, 8}}, // no cluster, every stage asked for before the wait
+		{GemmCopyConfig{K: 512, N: 64, Rows: 8, Split: 2, Stages: 1}, []int{1, 3, 8}},   // one slot: every stage waits for its refill
+		{GemmCopyConfig{K: 1024, N: 64, Rows: 16, Split: 2, Stages: 2}, []int{9, 16}},   // two row tiles, the second partly filled
+		{GemmCopyConfig{K: 1024, N: 128, Rows: 32, Split: 1, Stages: 3}, []int{17, 32}}, // four row tiles, a ring that wraps
+		{GemmCopyConfig{K: 1024, N: 64, Rows: 32, Split: 2, Stages: 1}, []int{25, 32}},  // four row tiles' sums through the cluster
 	} {
-		for _, rows := range []int{1, 3, 8} {
-			t.Run(fmt.Sprintf("k%d_n%d_split%d_stages%d_rows%d", c.K, c.N, c.Split, c.Stages, rows), func(t *testing.T) {
-				k := must(t)(GemmCopy("gemm_copy_test", c))
-				got, want := runGemmCopy(t, k, c, rows, uint64(rows))
+		for _, rows := range c.rows {
+			t.Run(fmt.Sprintf("k%d_n%d_r%d_split%d_stages%d_rows%d", c.K, c.N, c.Rows, c.Split, c.Stages, rows), func(t *testing.T) {
+				k := must(t)(GemmCopy("gemm_copy_test", c.GemmCopyConfig))
+				got, want := runGemmCopy(t, k, c.GemmCopyConfig, rows, uint64(rows))
 				if e := relL2(got, want); !(e <= 1e-5) {
 					t.Fatalf("relative L2 error %.3g > 1e-5 (first values got %v want %v)", e, head(got), head(want))
 				}
@@ -70,32 +77,41 @@ func TestGemmCopyMatchesReference(t *testing.T) {
 
 func TestGemmCopyFor(t *testing.T) {
 	for _, c := range []struct {
-		k, n          int
+		k, n, rows    int
 		split, stages int
 		err           bool
 	}{
-		{4096, 4096, 2, 4, false},  // the 8B's o: 64 column tiles, split
-		{14336, 4096, 2, 4, false}, // down
-		{4096, 6144, 1, 4, false},  // q/k/v: 96 tiles, not split
-		{256, 6144, 1, 1, false},
-		{4096, 100, 0, 0, true}, // N not a multiple of 64
-		{384, 4096, 0, 0, true}, // K not a multiple of 512 under a split
+		{4096, 4096, 8, 2, 4, false},  // the 8B's o: 64 column tiles, split
+		{14336, 4096, 8, 2, 4, false}, // down
+		{4096, 6144, 8, 1, 4, false},  // q/k/v: 96 tiles, not split
+		{4096, 6144, 16, 1, 4, false}, // 16 rows: four slots still fit
+		{4096, 4096, 32, 2, 3, false}, // 32 rows: x takes a fourth slot's room
+		{256, 6144, 8, 1, 1, false},
+		{4096, 4096, 12, 0, 0, true}, // rows not one of gcRowsFor
+		{4096, 100, 8, 0, 0, true},   // N not a multiple of 64
+		{384, 4096, 8, 0, 0, true},   // K not a multiple of 512 under a split
 	} {
-		got, err := GemmCopyFor(c.k, c.n)
+		got, err := GemmCopyFor(c.k, c.n, c.rows)
 		if (err != nil) != c.err {
-			t.Fatalf("GemmCopyFor(%d, %d): error %v, want error %v", c.k, c.n, err, c.err)
+			t.Fatalf("GemmCopyFor(%d, %d, %d): error %v, want error %v", c.k, c.n, c.rows, err, c.err)
 		}
 		if err != nil {
 			continue
 		}
 		if got.Split != c.split || got.Stages != c.stages {
-			t.Errorf("GemmCopyFor(%d, %d) = %+v, want split %d, stages %d", c.k, c.n, got, c.split, c.stages)
+			t.Errorf("GemmCopyFor(%d, %d, %d) = %+v, want split %d, stages %d", c.k, c.n, c.rows, got, c.split, c.stages)
 		}
-		if s := got.Attrs().Shared; s > gcShared {
-			t.Errorf("GemmCopyFor(%d, %d): %d bytes of shared memory, past %d", c.k, c.n, s, gcShared)
+		if s := got.Attrs().Shared; s > bundle.MaxDynamicShared {
+			t.Errorf("GemmCopyFor(%d, %d, %d): %d bytes of shared memory, past %d", c.k, c.n, c.rows, s, bundle.MaxDynamicShared)
 		}
 	}
-	if _, err := GemmCopy("bad", GemmCopyConfig{K: 4096, N: 4096, Split: 2, Stages: 9}); err == nil {
-		t.Error("GemmCopy took 9 stages past the shared memory")
+	for _, c := range []GemmCopyConfig{
+		{K: 4096, N: 4096, Rows: 8, Split: 2, Stages: 9}, // past the shared memory
+		{K: 4096, N: 4096, Rows: 32, Split: 2, Stages: 4},
+		{K: 4096, N: 4096, Rows: 24, Split: 2, Stages: 2}, // rows not one of gcRowsFor
+	} {
+		if _, err := GemmCopy("bad", c); err == nil {
+			t.Errorf("GemmCopy took %+v", c)
+		}
 	}
 }

@@ -14,7 +14,7 @@ import (
 
 // copyServer holds the bundle's copy-engine GEMMs and what serving them needs.
 type copyServer struct {
-	kernels map[[2]int]bundle.GemmCopy
+	kernels map[[2]int][]bundle.GemmCopy
 	checked map[string]bool           // kernels whose shared-memory limit is raised and whose first launch ran
 	maps    map[copyMapKey]*tensorMap // encoded tensor maps by weight and shape
 	served  map[copyLaunchKey]*launch // one launch per node shape and buffers, as cuBLASLt's
@@ -52,8 +52,8 @@ func (be *Backend) copyNode(n bundle.Node, vals []uint64) (*launch, bool, error)
 	if err != nil || !ok || g.Guard != 0 || g.M < 1 {
 		return nil, false, nil
 	}
-	c, ok := be.copy.kernels[[2]int{g.K, g.N}]
-	if !ok || g.M > c.Attrs.Rows {
+	c, ok := bundle.GemmCopyFor(be.copy.kernels[[2]int{g.K, g.N}], g.M)
+	if !ok {
 		return nil, false, nil
 	}
 	key := copyLaunchKey{g: g, x: uintptr(vals[g.X]), w: uintptr(vals[g.W]), y: uintptr(vals[g.Y])}

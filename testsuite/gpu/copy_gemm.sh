@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The copy-engine GEMMs (codegen/gemm_copy.go) on the GPU, in one device call: the GPU tests
 # that run them against the CPU (TestCUDACopyGemmMatchesCPU) and the 1B cut that has none,
-# then the Llama-3.1-8B 8-row decode step with them (--gemm auto) and without (--gemm
-# cublaslt, the library for every GEMM), rounds alternating, at contexts 80 / 576 / 2112, the
-# compiled PyTorch step at the same shapes, and the online workload's greedy tokens under both.
+# then the Llama-3.1-8B decode step of each bucket of BUCKETS (default 8; every row live)
+# with them (--gemm auto) and without (--gemm cublaslt, the library for every GEMM), rounds
+# alternating, at contexts 80 / 576 / 2112, the compiled PyTorch step at the same shapes, and
+# the online workload under both.
 # Build first (bash testsuite/gpu/build.sh), then:
 #   run(command="OUT=\$OUT bash testsuite/gpu/copy_gemm.sh", carry=[".dev/gpu"])
 # Writes $OUT/copy_gemm.json and $OUT/summary.txt.
@@ -21,18 +22,23 @@ if [ "${TESTS:-1}" = 1 ]; then
   grep -E "^(=== RUN|--- |ok|FAIL|PASS)|rror|panic" "$W/test.txt" | cut -c1-300 | head -40 | tee -a "$S"
 fi
 "$B/xmixc" build specs/models/llama-3.1-8b.yaml -q -o "$W/l8.xmb" || { echo "build failed" | tee -a "$S"; exit 1; }
-for ctx in ${CONTEXTS:-80 576 2112}; do
-  for round in $(seq ${ROUNDS:-2}); do
-    for g in cublaslt auto; do
-      timeout 120 "$B/xmix" bench "$W/l8.xmb" --backend cuda --gemm $g --prompts 8 --prompt-len 16 --new-tokens 8 \
-        --graph-buckets 8 --graph-context $ctx --json -q > "$W/b_${ctx}_${g}_$round.json" 2> "$W/e_${ctx}_${g}_$round.txt"
-      echo "bench ctx $ctx $g round $round rc=$? $(python3 -c "import json;print(json.load(open('$W/b_${ctx}_${g}_$round.json')).get('graph_ms'))" 2>&1 | tail -1)" | tee -a "$S"
+shapes=""
+for bucket in ${BUCKETS:-8}; do
+  for ctx in ${CONTEXTS:-80 576 2112}; do
+    shapes="$shapes,$((ctx - 64)):$bucket"
+    for round in $(seq ${ROUNDS:-2}); do
+      for g in cublaslt auto; do
+        f=${bucket}_${ctx}_${g}_$round
+        timeout 120 "$B/xmix" bench "$W/l8.xmb" --backend cuda --gemm $g --prompts $bucket --prompt-len 16 --new-tokens 8 \
+          --graph-buckets $bucket --graph-context $ctx --json -q > "$W/b_$f.json" 2> "$W/e_$f.txt"
+        echo "bench bucket $bucket ctx $ctx $g round $round rc=$? $(python3 -c "import json;print(json.load(open('$W/b_$f.json')).get('graph_ms'))" 2>&1 | tail -1)" | tee -a "$S"
+      done
     done
   done
+  grep -h "copy-engine" "$W"/e_${bucket}_*_auto_1.txt | head -1 | tee -a "$S"
 done
-grep -h "copy-engine" "$W"/e_80_auto_1.txt | head -3 | tee -a "$S"
 if [ "${PEER:-1}" = 1 ]; then
-  RES=$W timeout 300 python3 testsuite/gpu/torch_decode.py llama-3.1-8b 16:8,512:8,2048:8 > "$W/peer.txt" 2>&1
+  RES=$W timeout 300 python3 testsuite/gpu/torch_decode.py llama-3.1-8b "${shapes#,}" > "$W/peer.txt" 2>&1
   echo "peer rc=$?" | tee -a "$S"; tail -4 "$W/peer.txt" | tee -a "$S"
 fi
 if [ "${ONLINE:-1}" = 1 ]; then

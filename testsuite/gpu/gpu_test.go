@@ -26,6 +26,7 @@ import (
 	"xmix/compile"
 	"xmix/loader"
 	"xmix/loader/cuda"
+	"xmix/ops"
 	"xmix/specs"
 	"xmix/testsuite"
 )
@@ -313,32 +314,115 @@ func TestCUDAMatchesCPUOnGemma2Cut(t *testing.T) {
 }
 
 // TestCUDACopyGemmMatchesCPU: the bundle's copy-engine GEMMs (bundle.OpGemmCopy: W through
-// the copy engine, K split over a cluster of 2 CTAs for o and down) serve the 8-row bucket's
-// o, q/k/v and down of a 2-layer cut of Llama-3.1-8B under --gemm auto, cuBLASLt the other
-// GEMMs, and the logits agree with the CPU's as cuBLASLt's do. A lone request runs in the
-// 8-row bucket, the cut's only decode bucket; the 150-token prompt's decode splits its context.
+// the copy engine, K split over a cluster of 2 CTAs for o and down) serve o, q/k/v and down of
+// a 2-layer cut of Llama-3.1-8B under --gemm auto, cuBLASLt the other GEMMs, and the logits
+// agree with the CPU's as cuBLASLt's do. With an 8-row bucket alone, a lone request runs in
+// it, and the 150-token prompt's decode splits its context. With a 32-row bucket alone, 25
+// requests at once fill every row tile of its kernels (the last one row), and every live row's
+// logits of every decode step are compared.
 func TestCUDACopyGemmMatchesCPU(t *testing.T) {
 	needGPU(t)
-	cut := specCut(t, "llama-3.1-8b", "serving: {decode_buckets: [8], prefill_chunks: [64], max_seq_len: 256, max_seqs: 8, kv_block_size: 16}\n")
-	b := testsuite.Compile(t, cut)
-	kernels, err := bundle.GemmCopyKernels(b.Kernels)
-	if err != nil || len(kernels) != 3 {
-		t.Fatalf("copy-engine GEMMs %v (%v), want o, q/k/v and down's", kernels, err)
+	served := 0
+	nb := func(t testing.TB, b *bundle.Bundle) loader.Backend {
+		be := newCUDA(cuda.GemmAuto)(t, b)
+		served = be.(*cuda.Backend).CopyGemmNodes()
+		return be
 	}
+	const wantServed = 6 // o, q/k/v and down of 2 layers
+	copyCut := func(bucket int) *bundle.Bundle {
+		cut := specCut(t, "llama-3.1-8b", fmt.Sprintf("serving: {decode_buckets: [%d], prefill_chunks: [64], max_seq_len: 256, max_seqs: 32, kv_block_size: 16}\n", bucket))
+		b := testsuite.Compile(t, cut)
+		kernels, err := bundle.GemmCopyKernels(b.Kernels)
+		if err != nil || len(kernels) != 3 {
+			t.Fatalf("bucket %d: copy-engine GEMMs %v (%v), want o, q/k/v and down's", bucket, kernels, err)
+		}
+		return b
+	}
+	b := copyCut(8)
 	for _, c := range []struct {
 		key    string
 		prompt []int
 	}{{"llama-3.1-8b-2layers-copy-gemm", []int{791, 4062, 14198, 39935, 35308, 927}}, {"llama-3.1-8b-2layers-copy-gemm-long", longPrompt(128000)}} {
-		served := 0
-		nb := func(t testing.TB, b *bundle.Bundle) loader.Backend {
-			be := newCUDA(cuda.GemmAuto)(t, b)
-			served = be.(*cuda.Backend).CopyGemmNodes()
-			return be
-		}
 		agreementOn(t, nb, true, c.key, b, c.prompt, 16, false)
-		if served != 6 {
-			t.Errorf("%s: %d GEMM nodes served by the copy-engine kernels, want 6 (o, q/k/v and down of 2 layers)", c.key, served)
+		if served != wantServed {
+			t.Errorf("%s: %d GEMM nodes served by the copy-engine kernels, want %d", c.key, served, wantServed)
 		}
+	}
+	var prompts [][]int
+	for i := range 25 {
+		prompts = append(prompts, []int{791 + 7*i, 4062, 14198 + i, 39935, 35308, 927 + 3*i})
+	}
+	agreementRows(t, nb, "llama-3.1-8b-2layers-copy-gemm-r32", copyCut(32), prompts, 4)
+	if served != wantServed {
+		t.Errorf("32-row bucket: %d GEMM nodes served by the copy-engine kernels, want %d", served, wantServed)
+	}
+}
+
+// decodeRows records the logits of the first rows rows of every decode step.
+type decodeRows struct {
+	loader.Backend
+	b     *bundle.Bundle
+	rows  int
+	steps [][]float32
+}
+
+// Step implements loader.Backend.
+func (r *decodeRows) Step(t int) error {
+	if err := r.Backend.Step(t); err != nil || r.b.Templates[t].Kind != bundle.Decode {
+		return err
+	}
+	raw := make([]byte, 4*r.rows*r.b.Manifest.Model.Vocab)
+	if err := r.Backend.Read(bundle.ActLogits, raw); err != nil {
+		return err
+	}
+	r.steps = append(r.steps, ops.Arg{Mem: raw}.F32())
+	return nil
+}
+
+// agreementRows runs prompts (of one length, so that every request is live in every decode
+// step) on the CPU, then teacher-forced to the CPU's tokens on nb's backend, and compares the
+// logits of every request's row in every decode step, within cuBLASLt's bound.
+func agreementRows(t *testing.T, nb testsuite.NewBackend, key string, b *bundle.Bundle, prompts [][]int, n int) {
+	run := func(nb testsuite.NewBackend, force [][]int) ([][]int, [][]float32) {
+		rec := &decodeRows{Backend: nb(t, b), b: b, rows: len(prompts)}
+		defer rec.Close()
+		eng, err := loader.NewEngine(b, rec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var reqs []loader.Request
+		for i, p := range prompts {
+			r := loader.Request{Prompt: p, MaxTokens: n}
+			if force != nil {
+				r.Force = force[i]
+			}
+			reqs = append(reqs, r)
+		}
+		res, err := eng.Generate(reqs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var toks [][]int
+		for _, r := range res {
+			toks = append(toks, r.Tokens)
+		}
+		return toks, rec.steps
+	}
+	cpuTok, cpuLogits := run(testsuite.NewCPU, nil)
+	_, gpuLogits := run(nb, cpuTok)
+	if len(cpuLogits) == 0 || len(gpuLogits) != len(cpuLogits) {
+		t.Fatalf("%s: %d decode steps on the GPU, %d on the CPU", key, len(gpuLogits), len(cpuLogits))
+	}
+	vocab := b.Manifest.Model.Vocab
+	worst := 0.0
+	for i := range cpuLogits {
+		for r := range prompts {
+			worst = max(worst, testsuite.RelL2(gpuLogits[i][r*vocab:(r+1)*vocab], cpuLogits[i][r*vocab:(r+1)*vocab]))
+		}
+	}
+	record("agreement."+key, map[string]any{"steps": len(cpuLogits), "rows": len(prompts), "max_logits_rel_err": worst})
+	if !(worst <= 3e-2) { // NaN fails too
+		t.Errorf("%s: logits relative error %.3g > 3e-2 over %d rows of %d decode steps", key, worst, len(prompts), len(cpuLogits))
 	}
 }
 
