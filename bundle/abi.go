@@ -168,7 +168,8 @@ func GemmOf(n Node, k Kernel) (g GEMM, ok bool, err error) {
 }
 
 // OpGemmCopy is the reference op of the copy-engine GEMM: y[M,N] = bf16(x)[M,K] · w[N,K]^T,
-// x and y f32, w bf16, f32 sums: x rounded to bf16 as a library GEMM's cast rounds it. No
+// x and y f32, w bf16, f32 sums: x rounded to bf16 as a library GEMM's cast rounds it (by the
+// kernel, or by the backend first where the attributes' X says bf16). No
 // node names such a kernel. A bundle carries one beside its GEMM nodes' own kernels for each
 // GEMM shape where it beats the library inside a decode step (codegen/gemm_copy.go), and a
 // backend that serves GEMM nodes with a library may serve a node of the same K and N and at
@@ -196,12 +197,20 @@ type GemmCopyAttrs struct {
 	K       int    `json:"k"`
 	N       int    `json:"n"`
 	Rows    int    `json:"rows"`
+	X       string `json:"x,omitempty"` // x's type: GemmCopyXF32 (the default) or GemmCopyXBF16
 	Box     [2]int `json:"box"`
 	Grid    int    `json:"grid"`
 	Cluster int    `json:"cluster"`
 	Block   int    `json:"block"`
 	Shared  int    `json:"shared"`
 }
+
+// The copy-engine GEMM's x: the node's own f32 x (rounded by the kernel), or bf16(x), which
+// the backend makes first as a library GEMM's cast does (rows K*2 bytes apart).
+const (
+	GemmCopyXF32  = "f32"
+	GemmCopyXBF16 = "bf16"
+)
 
 // GemmCopyKernels indexes a bundle's copy-engine GEMMs by K and N, fewest rows first,
 // checking each kernel's attributes and parameters: a malformed one is an error naming it.
@@ -218,6 +227,12 @@ func GemmCopyKernels(kernels []Kernel) (map[[2]int][]GemmCopy, error) {
 		if a.K <= 0 || a.N <= 0 || a.Rows <= 0 || a.Box[0] <= 0 || a.Box[1] <= 0 || a.Grid <= 0 || a.Cluster <= 0 ||
 			a.Grid%a.Cluster != 0 || a.Block <= 0 || a.Block > 1024 || a.Shared < 0 || a.Shared > MaxDynamicShared {
 			return nil, fmt.Errorf("kernel %s: copy-engine GEMM attributes %s: want positive k, n, rows, box, grid (a multiple of cluster), block (at most 1024) and shared (at most %d)", k.Name, k.Attrs, MaxDynamicShared)
+		}
+		if a.X == "" {
+			a.X = GemmCopyXF32
+		}
+		if a.X != GemmCopyXF32 && a.X != GemmCopyXBF16 {
+			return nil, fmt.Errorf("kernel %s: copy-engine GEMM x %q, want %q or %q", k.Name, a.X, GemmCopyXF32, GemmCopyXBF16)
 		}
 		want := []Param{{GemmX, "u64"}, {GemmWMap, TensorMapParam}, {GemmY, "u64"}, {GemmRows, "u32"}}
 		if !slices.Equal(k.Params, want) {

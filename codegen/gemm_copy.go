@@ -44,7 +44,6 @@ const (
 	gcWarps      = gcCols / 16 * 4
 	gcTile       = 8                    // token rows of one m16n8k16's B
 	gcWRow       = 2 * gcStage          // shared bytes of one W row of a stage (the box's rows)
-	gcXStride    = 4*gcStage + 16       // shared bytes of one staged x row: 16 bytes of pad against bank conflicts
 	gcBars       = 128                  // the mbarriers, before slot 0
 	gcMaxStages  = 4                    // slots of a ring (more measured no faster at 8 rows)
 	gcSplitBelow = 90                   // column tiles below which K splits over a cluster
@@ -60,10 +59,23 @@ var gcRowsFor = []int{8, 16, 32}
 
 // GemmCopyConfig is one copy-engine GEMM: K x N, at most Rows token rows, K split over Split
 // CTAs, Stages slots.
-type GemmCopyConfig struct{ K, N, Rows, Split, Stages int }
+type GemmCopyConfig struct {
+	K, N, Rows, Split, Stages int
+	XBF16                     bool // x arrives as bf16 (the backend's cast), not f32
+}
+
+func (c GemmCopyConfig) xBytes() int {
+	if c.XBF16 {
+		return 2
+	}
+	return 4
+}
+
+// xStride is the shared bytes of one staged x row: 16 bytes of pad against bank conflicts.
+func (c GemmCopyConfig) xStride() int { return c.xBytes()*gcStage + 16 }
 
 func (c GemmCopyConfig) tiles() int     { return c.Rows / gcTile }
-func (c GemmCopyConfig) slotBytes() int { return (gcWBox + c.Rows*gcXStride + 127) &^ 127 }
+func (c GemmCopyConfig) slotBytes() int { return (gcWBox + c.Rows*c.xStride() + 127) &^ 127 }
 func (c GemmCopyConfig) kStages() int   { return c.K / c.Split / gcStage }
 func (c GemmCopyConfig) redBytes() int  { return c.tiles() * gcRedBytes } // one warp's partial sums
 func (c GemmCopyConfig) recvOff() int   { return gcBars + c.Stages*c.slotBytes() }
@@ -79,7 +91,7 @@ func GemmCopyFor(k, n, rows int) (GemmCopyConfig, error) {
 	if k <= 0 || n <= 0 || n%gcCols != 0 {
 		return GemmCopyConfig{}, fmt.Errorf("copy-engine GEMM: N=%d must be a positive multiple of %d", n, gcCols)
 	}
-	c := GemmCopyConfig{K: k, N: n, Rows: rows, Split: 1}
+	c := GemmCopyConfig{K: k, N: n, Rows: rows, Split: 1, XBF16: rows > gcTile}
 	if n/gcCols < gcSplitBelow {
 		c.Split = gcSplit
 	}
@@ -92,7 +104,11 @@ func GemmCopyFor(k, n, rows int) (GemmCopyConfig, error) {
 
 // Attrs are the kernel's reference attributes and launch.
 func (c GemmCopyConfig) Attrs() bundle.GemmCopyAttrs {
-	return bundle.GemmCopyAttrs{K: c.K, N: c.N, Rows: c.Rows, Box: [2]int{gcStage, gcCols},
+	x := bundle.GemmCopyXF32
+	if c.XBF16 {
+		x = bundle.GemmCopyXBF16
+	}
+	return bundle.GemmCopyAttrs{K: c.K, N: c.N, Rows: c.Rows, X: x, Box: [2]int{gcStage, gcCols},
 		Grid: c.N / gcCols * c.Split, Cluster: c.Split, Block: 32 * gcWarps, Shared: c.shared()}
 }
 
@@ -236,16 +252,16 @@ func (g *gcGen) emit() {
 	})
 	g.Emit("bar.sync", ptx.Imm(0))
 	// A stage's bytes: the W box and the x rows there are.
-	g.tx = g.op3("mul.lo.u32", ptx.U32, g.rows, ptx.Imm(4*gcStage))
+	g.tx = g.op3("mul.lo.u32", ptx.U32, g.rows, ptx.Imm(int64(c.xBytes()*gcStage)))
 	g.Emit("add.u32", g.tx, g.tx, ptx.Imm(gcWBox))
 	for i := range c.Stages {
 		g.when(g.thread0, false, func() { g.askW(g.imm32(int64(i)), ptx.Imm(int64(i))) })
 	}
 	g.Emit(bundle.PriorGridWait)
 	g.xLane = g.cmp("lt", ptx.U32, g.tid, g.rows) // warp 0's lanes: rows <= 32
-	g.xSrc = g.byteAddr(g.byteAddr(g.x, g.lane, 4*c.K), g.k0, 4)
+	g.xSrc = g.byteAddr(g.byteAddr(g.x, g.lane, c.xBytes()*c.K), g.k0, c.xBytes())
 	g.xDst = g.Reg(ptx.U32)
-	g.Emit("mad.lo.u32", g.xDst, g.lane, ptx.Imm(gcXStride), g.slot0)
+	g.Emit("mad.lo.u32", g.xDst, g.lane, ptx.Imm(int64(c.xStride())), g.slot0)
 	g.Emit("add.u32", g.xDst, g.xDst, ptx.Imm(gcWBox))
 	g.when(g.xLane, false, func() {
 		for i := range c.Stages {
@@ -292,9 +308,9 @@ func (g *gcGen) askW(stage ptx.Reg, slot ptx.Operand) {
 
 // askX (lane r < rows of warp 0) asks for x row r of a stage.
 func (g *gcGen) askX(stage ptx.Reg, slot ptx.Operand) {
-	src := g.byteAddr(g.xSrc, stage, 4*gcStage)
+	src := g.byteAddr(g.xSrc, stage, g.c.xBytes()*gcStage)
 	g.Emit("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes",
-		ptx.Addr{Base: g.slotAddr(g.xDst, slot)}, ptx.Addr{Base: src}, ptx.Imm(4*gcStage), ptx.Addr{Base: g.barAddr(slot)})
+		ptx.Addr{Base: g.slotAddr(g.xDst, slot)}, ptx.Addr{Base: src}, ptx.Imm(int64(g.c.xBytes()*gcStage)), ptx.Addr{Base: g.barAddr(slot)})
 }
 
 // mainLoop multiplies the CTA's stages in order, slot by slot, refilling each slot with the
@@ -312,8 +328,8 @@ func (g *gcGen) mainLoop() {
 	g.Emit("mad.lo.u32", wOff, wrow, ptx.Imm(gcWRow), g.slot0)
 	g.Emit("mad.lo.u32", wOff, kq, ptx.Imm(2), wOff)
 	xOff := g.Reg(ptx.U32)
-	g.Emit("mad.lo.u32", xOff, gg, ptx.Imm(gcXStride), g.slot0)
-	g.Emit("mad.lo.u32", xOff, kq, ptx.Imm(4), xOff)
+	g.Emit("mad.lo.u32", xOff, gg, ptx.Imm(int64(c.xStride())), g.slot0)
+	g.Emit("mad.lo.u32", xOff, kq, ptx.Imm(int64(c.xBytes())), xOff)
 	g.Emit("add.u32", xOff, xOff, ptx.Imm(gcWBox))
 	g.acc = g.Regs(ptx.F32, 4*c.tiles())
 	for _, a := range g.acc {
@@ -331,11 +347,15 @@ func (g *gcGen) mainLoop() {
 		g.Emit("ld.shared.v4.b32", ptx.Vec(a), ptx.Addr{Base: wa, Offset: int64(64 * ch)})
 		g.Emit("ld.shared.v4.b32", ptx.Vec(b), ptx.Addr{Base: wa, Offset: int64(64*ch + 8*gcWRow)})
 		for tile := range c.tiles() {
-			at := int64(128*ch + tile*gcTile*gcXStride)
-			g.Emit("ld.shared.v4.f32", ptx.Vec(xs[:4]), ptx.Addr{Base: xa, Offset: at})
-			g.Emit("ld.shared.v4.f32", ptx.Vec(xs[4:]), ptx.Addr{Base: xa, Offset: at + 16})
-			for i := range xb {
-				g.Emit("cvt.rn.bf16x2.f32", xb[i], xs[2*i+1], xs[2*i])
+			at := int64(32*c.xBytes()*ch + tile*gcTile*c.xStride())
+			if c.XBF16 {
+				g.Emit("ld.shared.v4.b32", ptx.Vec(xb), ptx.Addr{Base: xa, Offset: at})
+			} else {
+				g.Emit("ld.shared.v4.f32", ptx.Vec(xs[:4]), ptx.Addr{Base: xa, Offset: at})
+				g.Emit("ld.shared.v4.f32", ptx.Vec(xs[4:]), ptx.Addr{Base: xa, Offset: at + 16})
+				for i := range xb {
+					g.Emit("cvt.rn.bf16x2.f32", xb[i], xs[2*i+1], xs[2*i])
+				}
 			}
 			acc := ptx.Vec(g.acc[4*tile : 4*tile+4])
 			g.Emit("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32", acc, ptx.Vec{a[0], b[0], a[1], b[1]}, ptx.Vec(xb[:2]), acc)

@@ -44,7 +44,7 @@ fi
 if [ "${ONLINE:-1}" = 1 ]; then
   for g in cublaslt auto; do
     timeout 200 "$B/xmix" bench "$W/l8.xmb" --backend cuda --gemm $g --online --requests 96 --rate 0 --output-len 32 --runs 1 --warmup 0 --json -q > "$W/online_$g.json" 2> "$W/online_$g.txt"
-    echo "online $g rc=$? $(python3 -c "import json;d=json.load(open('$W/online_$g.json'));print({k:v for k,v in d.items() if not isinstance(v,(list,dict))})" 2>&1 | tail -1)" | tee -a "$S"
+    echo "online $g rc=$? $(python3 -c "import json;d=json.load(open('$W/online_$g.json'));m=d['online']['mean'];print({k:round(m[k],3) for k in ('mean_itl_ms','p99_itl_ms','mean_ttft_ms','total_tok_per_s')})" 2>&1 | tail -1)" | tee -a "$S"
   done
 fi
 python3 - "$W" "$OUT/copy_gemm.json" <<'PY'
@@ -62,7 +62,7 @@ if os.path.exists(p):
 for g in ("cublaslt", "auto"):
     try:
         o = json.load(open(os.path.join(w, f"online_{g}.json")))
-        d["online"][g] = {k: v for k, v in o.items() if not isinstance(v, (list, dict))}
+        d["online"][g] = o["online"]["mean"]
     except Exception as e:
         d["online"][g] = str(e)
 json.dump(d, open(out, "w"), indent=1)
