@@ -168,8 +168,7 @@ func GemmOf(n Node, k Kernel) (g GEMM, ok bool, err error) {
 }
 
 // OpGemmCopy is the reference op of the copy-engine GEMM: y[M,N] = bf16(x)[M,K] · w[N,K]^T,
-// x and y f32, w bf16, f32 sums: x rounded to bf16 as a library GEMM's cast rounds it (by the
-// kernel, or by the backend first where the attributes' X says bf16). No
+// x and y f32, w bf16, f32 sums: x rounded to bf16 as a library GEMM's cast rounds it. No
 // node names such a kernel. A bundle carries one beside its GEMM nodes' own kernels for each
 // GEMM shape where it beats the library inside a decode step (codegen/gemm_copy.go), and a
 // backend that serves GEMM nodes with a library may serve a node of the same K and N and at
@@ -197,7 +196,6 @@ type GemmCopyAttrs struct {
 	K       int    `json:"k"`
 	N       int    `json:"n"`
 	Rows    int    `json:"rows"`
-	X       string `json:"x,omitempty"` // x's type: GemmCopyXF32 (the default) or GemmCopyXBF16
 	Box     [2]int `json:"box"`
 	Grid    int    `json:"grid"`
 	Cluster int    `json:"cluster"`
@@ -205,17 +203,10 @@ type GemmCopyAttrs struct {
 	Shared  int    `json:"shared"`
 }
 
-// The copy-engine GEMM's x: the node's own f32 x (rounded by the kernel), or bf16(x), which
-// the backend makes first as a library GEMM's cast does (rows K*2 bytes apart).
-const (
-	GemmCopyXF32  = "f32"
-	GemmCopyXBF16 = "bf16"
-)
-
-// GemmCopyKernels indexes a bundle's copy-engine GEMMs by K and N, fewest rows first,
-// checking each kernel's attributes and parameters: a malformed one is an error naming it.
-func GemmCopyKernels(kernels []Kernel) (map[[2]int][]GemmCopy, error) {
-	out := map[[2]int][]GemmCopy{}
+// GemmCopyKernels indexes a bundle's copy-engine GEMMs by K and N, checking each kernel's
+// attributes and parameters: a malformed one is an error naming it.
+func GemmCopyKernels(kernels []Kernel) (map[[2]int]GemmCopy, error) {
+	out := map[[2]int]GemmCopy{}
 	for _, k := range kernels {
 		if k.Op != OpGemmCopy {
 			continue
@@ -228,35 +219,17 @@ func GemmCopyKernels(kernels []Kernel) (map[[2]int][]GemmCopy, error) {
 			a.Grid%a.Cluster != 0 || a.Block <= 0 || a.Block > 1024 || a.Shared < 0 || a.Shared > MaxDynamicShared {
 			return nil, fmt.Errorf("kernel %s: copy-engine GEMM attributes %s: want positive k, n, rows, box, grid (a multiple of cluster), block (at most 1024) and shared (at most %d)", k.Name, k.Attrs, MaxDynamicShared)
 		}
-		if a.X == "" {
-			a.X = GemmCopyXF32
-		}
-		if a.X != GemmCopyXF32 && a.X != GemmCopyXBF16 {
-			return nil, fmt.Errorf("kernel %s: copy-engine GEMM x %q, want %q or %q", k.Name, a.X, GemmCopyXF32, GemmCopyXBF16)
-		}
 		want := []Param{{GemmX, "u64"}, {GemmWMap, TensorMapParam}, {GemmY, "u64"}, {GemmRows, "u32"}}
 		if !slices.Equal(k.Params, want) {
 			return nil, fmt.Errorf("kernel %s: a copy-engine GEMM takes parameters %v, not %v", k.Name, want, k.Params)
 		}
 		key := [2]int{a.K, a.N}
-		if slices.ContainsFunc(out[key], func(c GemmCopy) bool { return c.Attrs.Rows == a.Rows }) {
-			return nil, fmt.Errorf("kernel %s: a second copy-engine GEMM for k %d, n %d, %d rows", k.Name, a.K, a.N, a.Rows)
+		if _, dup := out[key]; dup {
+			return nil, fmt.Errorf("kernel %s: a second copy-engine GEMM for k %d, n %d", k.Name, a.K, a.N)
 		}
-		out[key] = append(out[key], GemmCopy{Kernel: k.Name, Attrs: a})
-		slices.SortFunc(out[key], func(x, y GemmCopy) int { return x.Attrs.Rows - y.Attrs.Rows })
+		out[key] = GemmCopy{Kernel: k.Name, Attrs: a}
 	}
 	return out, nil
-}
-
-// GemmCopyFor is the copy-engine GEMM of kernels (one shape's, fewest rows first) that takes
-// m rows with the fewest rows, or false if none takes that many.
-func GemmCopyFor(kernels []GemmCopy, m int) (GemmCopy, bool) {
-	for _, c := range kernels {
-		if m <= c.Attrs.Rows {
-			return c, true
-		}
-	}
-	return GemmCopy{}, false
 }
 
 // MaxDynamicShared is the most shared memory a CTA may ask for on sm_90 (227 KiB).

@@ -10,8 +10,8 @@ import (
 )
 
 // The copy-engine GEMM (op bundle.OpGemmCopy): y[rows,N] = bf16(x)[rows,K] . w[N,K]^T for
-// decode buckets of at most 8, 16 or 32 rows (Rows), served beside a library GEMM (the backend
-// picks it per node; bundle.GemmCopyKernels). Inside a decode step such a GEMM is a read of W, and
+// decode buckets of at most 8 rows, served beside a library GEMM (the backend picks it per
+// node; bundle.GemmCopyKernels). Inside a decode step a GEMM of 8 rows is a read of W, and
 // what decides its time is how much of W is on its way before the grid ahead ends: this
 // kernel asks the copy engine (TMA: cp.async.bulk.tensor with mbarrier completion) for its
 // first stages of W before griddepcontrol.wait, up to ~160 KiB a CTA, which no register ring
@@ -22,17 +22,16 @@ import (
 // the Split CTAs of a cluster where the column tiles alone would leave most SMs idle (N/64 <
 // gcSplitBelow: the 8B's o and down, 64 tiles), so that twice as many SMs pull W. Its 16 warps
 // are four 16-column groups (cg) by four quarters of a stage's K (q); each warp multiplies its
-// 16 columns by each 8 token rows (a row tile) with m16n8k16 (A = W, row-major; B = x,
-// column-major).
+// 16 columns by the 8 token rows with m16n8k16 (A = W, row-major; B = x, column-major).
 //
 // Stages. A stage is gcStage = 256 of the CTA's K: one tensor-map box of W (64 rows x 256,
-// 32 KiB, rows 512 bytes apart) and the rows' x (Rows rows of 256 f32, gcXStride apart, one
-// bulk copy each by lane r of warp 0), completing one mbarrier. Thread 0 asks for W of the first
+// 32 KiB, rows 512 bytes apart) and the rows' x (8 rows of 256 f32, gcXStride apart, one bulk
+// copy each by lane r of warp 0), completing one mbarrier. Thread 0 asks for W of the first
 // Stages stages, then every thread waits for the grid ahead; warp 0 then asks for their x.
 // Each stage's slot refills with stage i+Stages once every warp is past it (bar.sync).
 //
 // Sums. In a warp, lane (g, t) reads W elements [8t, 8t+8) of its quarter's 32-element chunks
-// for rows g and g+8 and the same x elements of token row g of each row tile; the K permutation is the same for
+// for rows g and g+8 and the same x elements of token row g; the K permutation is the same for
 // both operands, so the products are W . x. The four quarters meet in shared memory (added in
 // quarter order); with a split, ranks 1.. store their sums into rank 0's shared memory
 // (mapa, st.shared::cluster) and rank 0 adds them in rank order after the cluster barrier, so
@@ -42,73 +41,46 @@ const (
 	gcCols       = 64
 	gcStage      = 256
 	gcWarps      = gcCols / 16 * 4
-	gcTile       = 8                    // token rows of one m16n8k16's B
+	gcRows       = 8
 	gcWRow       = 2 * gcStage          // shared bytes of one W row of a stage (the box's rows)
+	gcXStride    = 4*gcStage + 16       // shared bytes of one staged x row: 16 bytes of pad against bank conflicts
 	gcBars       = 128                  // the mbarriers, before slot 0
-	gcMaxStages  = 4                    // slots of a ring (more measured no faster at 8 rows)
+	gcShared     = 200000               // dynamic shared memory a CTA may take (of 227 KiB)
 	gcSplitBelow = 90                   // column tiles below which K splits over a cluster
 	gcSplit      = 2                    // CTAs of such a cluster (4 measured slower)
 	gcPolls      = 1 << 22              // mbarrier polls before a stage that never lands traps
-	gcRedBytes   = 32 * 16              // one warp's partial sums of a row tile: 32 lanes x 4 f32
+	gcRedBytes   = 32 * 16              // one warp's partial sums: 32 lanes x 4 f32
 	gcWBox       = gcCols * 2 * gcStage // bytes of one stage's W box
 )
 
-// gcRowsFor are the row counts a copy-engine GEMM is generated for (Rows), each a whole
-// number of row tiles whose x rows warp 0's lanes ask for, one each.
-var gcRowsFor = []int{8, 16, 32}
+// GemmCopyConfig is one copy-engine GEMM: K x N, K split over Split CTAs, Stages slots.
+type GemmCopyConfig struct{ K, N, Split, Stages int }
 
-// GemmCopyConfig is one copy-engine GEMM: K x N, at most Rows token rows, K split over Split
-// CTAs, Stages slots.
-type GemmCopyConfig struct {
-	K, N, Rows, Split, Stages int
-	XBF16                     bool // x arrives as bf16 (the backend's cast), not f32
-}
-
-func (c GemmCopyConfig) xBytes() int {
-	if c.XBF16 {
-		return 2
-	}
-	return 4
-}
-
-// xStride is the shared bytes of one staged x row: 16 bytes of pad against bank conflicts.
-func (c GemmCopyConfig) xStride() int { return c.xBytes()*gcStage + 16 }
-
-func (c GemmCopyConfig) tiles() int     { return c.Rows / gcTile }
-func (c GemmCopyConfig) slotBytes() int { return (gcWBox + c.Rows*c.xStride() + 127) &^ 127 }
+func (c GemmCopyConfig) slotBytes() int { return (gcWBox + gcRows*gcXStride + 127) &^ 127 }
 func (c GemmCopyConfig) kStages() int   { return c.K / c.Split / gcStage }
-func (c GemmCopyConfig) redBytes() int  { return c.tiles() * gcRedBytes } // one warp's partial sums
 func (c GemmCopyConfig) recvOff() int   { return gcBars + c.Stages*c.slotBytes() }
-func (c GemmCopyConfig) shared() int    { return c.recvOff() + (c.Split-1)*gcCols/16*c.redBytes() }
+func (c GemmCopyConfig) shared() int    { return c.recvOff() + (c.Split-1)*gcCols/16*gcRedBytes }
 
-// GemmCopyFor is the copy-engine GEMM of at most rows token rows for a K x N weight, or an
-// error saying why there is none: rows one of gcRowsFor's, N a multiple of 64, K of 256 (times
-// the split). Its ring takes as many slots as fit the shared memory, at most gcMaxStages.
-func GemmCopyFor(k, n, rows int) (GemmCopyConfig, error) {
-	if !slices.Contains(gcRowsFor, rows) {
-		return GemmCopyConfig{}, fmt.Errorf("copy-engine GEMM: %d rows, want one of %v", rows, gcRowsFor)
-	}
+// GemmCopyFor is the copy-engine GEMM for a K x N weight, or an error saying why there is
+// none: N a multiple of 64, K of 256 (times the split).
+func GemmCopyFor(k, n int) (GemmCopyConfig, error) {
 	if k <= 0 || n <= 0 || n%gcCols != 0 {
 		return GemmCopyConfig{}, fmt.Errorf("copy-engine GEMM: N=%d must be a positive multiple of %d", n, gcCols)
 	}
-	c := GemmCopyConfig{K: k, N: n, Rows: rows, Split: 1, XBF16: rows > gcTile}
+	c := GemmCopyConfig{K: k, N: n, Split: 1}
 	if n/gcCols < gcSplitBelow {
 		c.Split = gcSplit
 	}
 	if k%(c.Split*gcStage) != 0 {
 		return GemmCopyConfig{}, fmt.Errorf("copy-engine GEMM: K=%d must be a positive multiple of %d", k, c.Split*gcStage)
 	}
-	c.Stages = min(c.kStages(), gcMaxStages, (bundle.MaxDynamicShared-c.shared())/c.slotBytes())
+	c.Stages = min(c.kStages(), (gcShared-c.shared())/c.slotBytes())
 	return c, nil
 }
 
 // Attrs are the kernel's reference attributes and launch.
 func (c GemmCopyConfig) Attrs() bundle.GemmCopyAttrs {
-	x := bundle.GemmCopyXF32
-	if c.XBF16 {
-		x = bundle.GemmCopyXBF16
-	}
-	return bundle.GemmCopyAttrs{K: c.K, N: c.N, Rows: c.Rows, X: x, Box: [2]int{gcStage, gcCols},
+	return bundle.GemmCopyAttrs{K: c.K, N: c.N, Rows: gcRows, Box: [2]int{gcStage, gcCols},
 		Grid: c.N / gcCols * c.Split, Cluster: c.Split, Block: 32 * gcWarps, Shared: c.shared()}
 }
 
@@ -118,35 +90,20 @@ func (c GemmCopyConfig) Launch() ops.Launch {
 	return ops.Launch{Grid: [3]int{a.Grid, 1, 1}, Block: [3]int{a.Block, 1, 1}, Shared: a.Shared}
 }
 
-// copyGemmShapes are the GEMMs (K, N, rows) a bundle carries a copy-engine kernel for: those
+// copyGemmShapes are the GEMMs (K, N) a bundle carries a copy-engine kernel for: those
 // measured faster inside the decode step than cuBLASLt's, on the H200 at Llama-3.1-8B's o
-// (4096 x 4096), q/k/v (6144 x 4096) and down (4096 x 14336) at 8 rows. Its gate/up (28672
-// columns: enough CTAs for the library's kernel to stream W at full speed) made the step
-// longer; other shapes (the 1B's, a tensor-parallel rank's, Qwen3's down) were not measured.
-var copyGemmShapes = [][3]int{
-	{4096, 4096, 8}, {4096, 6144, 8}, {14336, 4096, 8},
-	{4096, 4096, 16}, {4096, 6144, 16}, {14336, 4096, 16},
-	{4096, 4096, 32}, {4096, 6144, 32}, {14336, 4096, 32},
-}
+// (4096 x 4096), q/k/v (6144 x 4096) and down (4096 x 14336). Its gate/up (28672 columns:
+// enough CTAs for the library's kernel to stream W at full speed) made the step longer; other
+// shapes (the 1B's, a tensor-parallel rank's, Qwen3's down) were not measured.
+var copyGemmShapes = [][2]int{{4096, 4096}, {4096, 6144}, {14336, 4096}}
 
-// copyRows is the fewest rows of gcRowsFor that hold m rows, or 0 if none does.
-func copyRows(m int) int {
-	for _, r := range gcRowsFor {
-		if m <= r {
-			return r
-		}
-	}
-	return 0
-}
-
-// copyGemms adds to the bundle a copy-engine GEMM for each GEMM that a decode bucket runs on
-// tensor cores (a node a backend may give a library) whose shape and rows (the fewest of
-// gcRowsFor that hold the bucket's) copyGemmShapes lists; guarded GEMMs (heavy apps') are
-// left alone.
+// copyGemms adds to the bundle a copy-engine GEMM for each GEMM shape that a decode bucket
+// of at most gcRows rows runs on tensor cores (a node a backend may give a library) and
+// copyGemmShapes lists; guarded GEMMs (heavy apps') are left alone.
 func (g *gen) copyGemms(templates []bundle.Template) error {
-	seen := map[[3]int]bool{}
+	seen := map[[2]int]bool{}
 	for _, t := range templates {
-		if t.Kind != bundle.Decode || copyRows(t.Tokens) == 0 {
+		if t.Kind != bundle.Decode || t.Tokens > gcRows {
 			continue
 		}
 		for _, n := range append(slices.Clone(t.Nodes), t.Plain...) {
@@ -158,16 +115,16 @@ func (g *gen) copyGemms(templates []bundle.Template) error {
 			if err != nil {
 				return fmt.Errorf("template %s: %w", t.Name, err)
 			}
-			key := [3]int{m.K, m.N, copyRows(m.M)}
-			if !ok || m.Guard != 0 || key[2] == 0 || seen[key] || !slices.Contains(copyGemmShapes, key) {
+			key := [2]int{m.K, m.N}
+			if !ok || m.Guard != 0 || m.M > gcRows || seen[key] || !slices.Contains(copyGemmShapes, key) {
 				continue
 			}
 			seen[key] = true
-			c, err := GemmCopyFor(m.K, m.N, key[2])
+			c, err := GemmCopyFor(m.K, m.N)
 			if err != nil {
 				return fmt.Errorf("template %s: node %s: %w", t.Name, n.Label, err)
 			}
-			name := fmt.Sprintf("gemm_copy_k%d_n%d_r%d", m.K, m.N, c.Rows)
+			name := fmt.Sprintf("gemm_copy_k%d_n%d", m.K, m.N)
 			if _, err := g.kernel(name, func() (*Kernel, error) { return GemmCopy(name, c) }); err != nil {
 				return err
 			}
@@ -177,11 +134,10 @@ func (g *gen) copyGemms(templates []bundle.Template) error {
 }
 
 // GemmCopy generates the copy-engine GEMM; parameters x (u64), w_map (128 bytes by value: a
-// tensor map of W with boxes of 256 x 64, bundle.GemmWMap), y (u64), rows (u32, at most
-// c.Rows). x must be 16-byte aligned. Launch it with c.Launch().
+// tensor map of W with boxes of 256 x 64, bundle.GemmWMap), y (u64), rows (u32, at most 8). x must be 16-byte
+// aligned. Launch it with c.Launch().
 func GemmCopy(name string, c GemmCopyConfig) (*Kernel, error) {
-	if !slices.Contains(gcRowsFor, c.Rows) || c.Split < 1 || c.K%(c.Split*gcStage) != 0 || c.N%gcCols != 0 || c.Stages < 1 ||
-		c.Stages > c.kStages() || c.Stages > gcBars/8 || c.shared() > bundle.MaxDynamicShared {
+	if c.Split < 1 || c.K%(c.Split*gcStage) != 0 || c.N%gcCols != 0 || c.Stages < 1 || c.Stages > c.kStages() || c.Stages > gcBars/8 || c.shared() > gcShared {
 		return nil, fmt.Errorf("copy-engine GEMM %s: bad configuration %+v (use GemmCopyFor)", name, c)
 	}
 	g := gcGen{emitter: newEmitter(name), c: c}
@@ -252,16 +208,16 @@ func (g *gcGen) emit() {
 	})
 	g.Emit("bar.sync", ptx.Imm(0))
 	// A stage's bytes: the W box and the x rows there are.
-	g.tx = g.op3("mul.lo.u32", ptx.U32, g.rows, ptx.Imm(int64(c.xBytes()*gcStage)))
+	g.tx = g.op3("mul.lo.u32", ptx.U32, g.rows, ptx.Imm(4*gcStage))
 	g.Emit("add.u32", g.tx, g.tx, ptx.Imm(gcWBox))
 	for i := range c.Stages {
 		g.when(g.thread0, false, func() { g.askW(g.imm32(int64(i)), ptx.Imm(int64(i))) })
 	}
 	g.Emit(bundle.PriorGridWait)
-	g.xLane = g.cmp("lt", ptx.U32, g.tid, g.rows) // warp 0's lanes: rows <= 32
-	g.xSrc = g.byteAddr(g.byteAddr(g.x, g.lane, c.xBytes()*c.K), g.k0, c.xBytes())
+	g.xLane = g.cmp("lt", ptx.U32, g.tid, g.rows) // warp 0's lanes: rows <= 8
+	g.xSrc = g.byteAddr(g.byteAddr(g.x, g.lane, 4*c.K), g.k0, 4)
 	g.xDst = g.Reg(ptx.U32)
-	g.Emit("mad.lo.u32", g.xDst, g.lane, ptx.Imm(int64(c.xStride())), g.slot0)
+	g.Emit("mad.lo.u32", g.xDst, g.lane, ptx.Imm(gcXStride), g.slot0)
 	g.Emit("add.u32", g.xDst, g.xDst, ptx.Imm(gcWBox))
 	g.when(g.xLane, false, func() {
 		for i := range c.Stages {
@@ -308,9 +264,9 @@ func (g *gcGen) askW(stage ptx.Reg, slot ptx.Operand) {
 
 // askX (lane r < rows of warp 0) asks for x row r of a stage.
 func (g *gcGen) askX(stage ptx.Reg, slot ptx.Operand) {
-	src := g.byteAddr(g.xSrc, stage, g.c.xBytes()*gcStage)
+	src := g.byteAddr(g.xSrc, stage, 4*gcStage)
 	g.Emit("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes",
-		ptx.Addr{Base: g.slotAddr(g.xDst, slot)}, ptx.Addr{Base: src}, ptx.Imm(int64(g.c.xBytes()*gcStage)), ptx.Addr{Base: g.barAddr(slot)})
+		ptx.Addr{Base: g.slotAddr(g.xDst, slot)}, ptx.Addr{Base: src}, ptx.Imm(4*gcStage), ptx.Addr{Base: g.barAddr(slot)})
 }
 
 // mainLoop multiplies the CTA's stages in order, slot by slot, refilling each slot with the
@@ -328,10 +284,10 @@ func (g *gcGen) mainLoop() {
 	g.Emit("mad.lo.u32", wOff, wrow, ptx.Imm(gcWRow), g.slot0)
 	g.Emit("mad.lo.u32", wOff, kq, ptx.Imm(2), wOff)
 	xOff := g.Reg(ptx.U32)
-	g.Emit("mad.lo.u32", xOff, gg, ptx.Imm(int64(c.xStride())), g.slot0)
-	g.Emit("mad.lo.u32", xOff, kq, ptx.Imm(int64(c.xBytes())), xOff)
+	g.Emit("mad.lo.u32", xOff, gg, ptx.Imm(gcXStride), g.slot0)
+	g.Emit("mad.lo.u32", xOff, kq, ptx.Imm(4), xOff)
 	g.Emit("add.u32", xOff, xOff, ptx.Imm(gcWBox))
-	g.acc = g.Regs(ptx.F32, 4*c.tiles())
+	g.acc = g.Regs(ptx.F32, 4)
 	for _, a := range g.acc {
 		g.Emit("mov.f32", a, ptx.F32Imm(0))
 	}
@@ -346,21 +302,14 @@ func (g *gcGen) mainLoop() {
 	for ch := range gcStage / 128 {
 		g.Emit("ld.shared.v4.b32", ptx.Vec(a), ptx.Addr{Base: wa, Offset: int64(64 * ch)})
 		g.Emit("ld.shared.v4.b32", ptx.Vec(b), ptx.Addr{Base: wa, Offset: int64(64*ch + 8*gcWRow)})
-		for tile := range c.tiles() {
-			at := int64(32*c.xBytes()*ch + tile*gcTile*c.xStride())
-			if c.XBF16 {
-				g.Emit("ld.shared.v4.b32", ptx.Vec(xb), ptx.Addr{Base: xa, Offset: at})
-			} else {
-				g.Emit("ld.shared.v4.f32", ptx.Vec(xs[:4]), ptx.Addr{Base: xa, Offset: at})
-				g.Emit("ld.shared.v4.f32", ptx.Vec(xs[4:]), ptx.Addr{Base: xa, Offset: at + 16})
-				for i := range xb {
-					g.Emit("cvt.rn.bf16x2.f32", xb[i], xs[2*i+1], xs[2*i])
-				}
-			}
-			acc := ptx.Vec(g.acc[4*tile : 4*tile+4])
-			g.Emit("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32", acc, ptx.Vec{a[0], b[0], a[1], b[1]}, ptx.Vec(xb[:2]), acc)
-			g.Emit("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32", acc, ptx.Vec{a[2], b[2], a[3], b[3]}, ptx.Vec(xb[2:]), acc)
+		g.Emit("ld.shared.v4.f32", ptx.Vec(xs[:4]), ptx.Addr{Base: xa, Offset: int64(128 * ch)})
+		g.Emit("ld.shared.v4.f32", ptx.Vec(xs[4:]), ptx.Addr{Base: xa, Offset: int64(128*ch + 16)})
+		for i := range xb {
+			g.Emit("cvt.rn.bf16x2.f32", xb[i], xs[2*i+1], xs[2*i])
 		}
+		acc := ptx.Vec(g.acc)
+		g.Emit("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32", acc, ptx.Vec{a[0], b[0], a[1], b[1]}, ptx.Vec(xb[:2]), acc)
+		g.Emit("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32", acc, ptx.Vec{a[2], b[2], a[3], b[3]}, ptx.Vec(xb[2:]), acc)
 	}
 	g.Emit("bar.sync", ptx.Imm(0))
 	next := g.op3("add.u32", ptx.U32, stage, ptx.Imm(int64(c.Stages)))
@@ -393,36 +342,28 @@ func (g *gcGen) wait(bar, phase ptx.Reg) {
 }
 
 // reduce adds the four K quarters of each column group, then the cluster's ranks in rank
-// order, and rank 0's quarter-0 warps store y. Every warp's sums fit the ring's first slot,
-// free once the main loop ends: row tile j's of thread i at slot0 + j*gcWarps*gcRedBytes + 16i.
+// order, and rank 0's quarter-0 warps store y.
 func (g *gcGen) reduce() {
 	c := g.c
-	const tileRed = gcWarps * gcRedBytes // one row tile's sums of every warp
 	red := g.Reg(ptx.U32)
 	g.Emit("mad.lo.u32", red, g.tid, ptx.Imm(16), g.slot0)
-	for j := range c.tiles() {
-		g.Emit("st.shared.v4.f32", ptx.Addr{Base: red, Offset: int64(j * tileRed)}, ptx.Vec(g.acc[4*j:4*j+4]))
-	}
+	g.Emit("st.shared.v4.f32", ptx.Addr{Base: red}, ptx.Vec(g.acc))
 	g.Emit("bar.sync", ptx.Imm(0))
 	q, cg := g.q, g.cg
 	lead := g.cmp("eq", ptx.U32, q, ptx.Imm(0))
 	part := g.Regs(ptx.F32, 4)
-	add := func(a ptx.Addr, j int) {
+	add := func(a ptx.Addr) {
 		g.Emit("ld.shared.v4.f32", ptx.Vec(part), a)
 		for i := range part {
-			g.Emit("add.f32", g.acc[4*j+i], g.acc[4*j+i], part[i])
+			g.Emit("add.f32", g.acc[i], g.acc[i], part[i])
 		}
 	}
 	g.when(lead, false, func() {
-		for j := range c.tiles() {
-			for qq := 1; qq < 4; qq++ {
-				add(ptx.Addr{Base: red, Offset: int64(j*tileRed + qq*gcRedBytes)}, j)
-			}
+		for qq := 1; qq < 4; qq++ {
+			add(ptx.Addr{Base: red, Offset: int64(qq * gcRedBytes)})
 		}
 	})
-	// recv: where rank r's sums of row tile j, column group cg, lane l land in rank 0: row
-	// ((r-1)*tiles + j)*4 + cg.
-	const groupRed = gcCols / 16 * gcRedBytes // one row tile's sums of every column group
+	// recv: where rank r's sums of column group cg, lane l land in rank 0: row (r-1)*4 + cg.
 	recv := g.Reg(ptx.U32)
 	g.Emit("mad.lo.u32", recv, cg, ptx.Imm(gcRedBytes), g.bars)
 	g.Emit("mad.lo.u32", recv, g.lane, ptx.Imm(16), recv)
@@ -435,12 +376,10 @@ func (g *gcGen) reduce() {
 		g.when(send, false, func() {
 			at := g.Reg(ptx.U32)
 			g.Emit("add.u32", at, g.rank, ptx.Imm(-1))
-			g.Emit("mad.lo.u32", at, at, ptx.Imm(int64(c.tiles()*groupRed)), recv)
+			g.Emit("mad.lo.u32", at, at, ptx.Imm(gcCols/16*gcRedBytes), recv)
 			remote := g.Reg(ptx.U32)
 			g.Emit("mapa.shared::cluster.u32", remote, at, ptx.Imm(0))
-			for j := range c.tiles() {
-				g.Emit("st.shared::cluster.v4.f32", ptx.Addr{Base: remote, Offset: int64(j * groupRed)}, ptx.Vec(g.acc[4*j:4*j+4]))
-			}
+			g.Emit("st.shared::cluster.v4.f32", ptx.Addr{Base: remote}, ptx.Vec(g.acc))
 		})
 		g.Emit("barrier.cluster.arrive.release")
 		g.Emit("barrier.cluster.wait.acquire")
@@ -448,25 +387,21 @@ func (g *gcGen) reduce() {
 	}
 	g.EmitIf(lead, true, "exit")
 	for r := 1; r < c.Split; r++ {
-		for j := range c.tiles() {
-			add(ptx.Addr{Base: recv, Offset: int64(((r-1)*c.tiles() + j) * groupRed)}, j)
-		}
+		add(ptx.Addr{Base: recv, Offset: int64((r - 1) * gcCols / 16 * gcRedBytes)})
 	}
-	// Row tile j's acc: (column g, tokens 8j+2t, 8j+2t+1), (column g+8, the same tokens).
+	// acc: (column g, tokens 2t, 2t+1), (column g+8, tokens 2t, 2t+1).
 	gg, t := g.gg, g.t
 	col := g.Reg(ptx.U32)
 	g.Emit("mad.lo.u32", col, cg, ptx.Imm(16), gg)
 	g.Emit("add.u32", col, col, g.col0)
 	tok := g.op3("shl.b32", ptx.U32, t, ptx.Imm(1))
-	for j := range c.tiles() {
-		for i := range 2 {
-			row := g.op3("add.u32", ptx.U32, tok, ptx.Imm(int64(j*gcTile+i)))
-			idx := g.Reg(ptx.U32)
-			g.Emit("mad.lo.u32", idx, row, ptx.Imm(int64(c.N)), col)
-			at := g.byteAddr(g.y, idx, 4)
-			in := g.cmp("lt", ptx.U32, row, g.rows)
-			g.EmitIf(in, false, "st.global.f32", ptx.Addr{Base: at}, g.acc[4*j+i])
-			g.EmitIf(in, false, "st.global.f32", ptx.Addr{Base: at, Offset: 32}, g.acc[4*j+2+i])
-		}
+	for i := range 2 {
+		row := g.op3("add.u32", ptx.U32, tok, ptx.Imm(int64(i)))
+		idx := g.Reg(ptx.U32)
+		g.Emit("mad.lo.u32", idx, row, ptx.Imm(int64(c.N)), col)
+		at := g.byteAddr(g.y, idx, 4)
+		in := g.cmp("lt", ptx.U32, row, g.rows)
+		g.EmitIf(in, false, "st.global.f32", ptx.Addr{Base: at}, g.acc[i])
+		g.EmitIf(in, false, "st.global.f32", ptx.Addr{Base: at, Offset: 32}, g.acc[2+i])
 	}
 }

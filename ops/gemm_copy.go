@@ -10,8 +10,7 @@ import (
 // x and y in f32, w in bf16 and every x rounded to bf16 (nearest even) first, as a library
 // GEMM's cast rounds it; products are summed in f32, here in the CUDA-core reference's order,
 // on the GPU in the tensor cores'. Parameters: x, w (the kernel's is a tensor map of w, the
-// reference's w itself), y (pointers), rows (u32), at most the attributes' Rows. Where the
-// attributes' X is bf16, x holds bf16(x) already.
+// reference's w itself), y (pointers), rows (u32), at most the attributes' Rows.
 func init() { Register(bundle.OpGemmCopy, buildGemmCopy) }
 
 func buildGemmCopy(attrs []byte) (Runner, error) {
@@ -22,9 +21,6 @@ func buildGemmCopy(attrs []byte) (Runner, error) {
 	if a.K <= 0 || a.N <= 0 || a.Rows <= 0 {
 		return nil, fmt.Errorf("gemm_copy: K=%d N=%d rows=%d must be positive", a.K, a.N, a.Rows)
 	}
-	if a.X != "" && a.X != bundle.GemmCopyXF32 && a.X != bundle.GemmCopyXBF16 {
-		return nil, fmt.Errorf("gemm_copy: x %q, want %q or %q", a.X, bundle.GemmCopyXF32, bundle.GemmCopyXBF16)
-	}
 	return RunnerFunc(func(args []Arg, _ Launch) error {
 		if len(args) != 4 {
 			return fmt.Errorf("gemm_copy: %d arguments, want 4 (x, w, y, rows)", len(args))
@@ -33,22 +29,12 @@ func buildGemmCopy(attrs []byte) (Runner, error) {
 		if rows > a.Rows {
 			return fmt.Errorf("gemm_copy: %d rows, the kernel takes at most %d", rows, a.Rows)
 		}
-		xBytes := 4
-		if a.X == bundle.GemmCopyXBF16 {
-			xBytes = 2
-		}
-		if err := CheckArgs("gemm_copy", args, xBytes*rows*a.K, 2*a.N*a.K, 4*rows*a.N, -1); err != nil {
+		if err := CheckArgs("gemm_copy", args, 4*rows*a.K, 2*a.N*a.K, 4*rows*a.N, -1); err != nil {
 			return err
 		}
 		x := make([]float32, rows*a.K)
-		if xBytes == 2 {
-			for i, v := range args[0].U16()[:rows*a.K] {
-				x[i] = BF16ToF32(v)
-			}
-		} else {
-			for i, v := range args[0].F32()[:rows*a.K] {
-				x[i] = BF16ToF32(F32ToBF16(v))
-			}
+		for i, v := range args[0].F32()[:rows*a.K] {
+			x[i] = BF16ToF32(F32ToBF16(v))
 		}
 		gemm(x, args[1], args[2].F32(), rows, a.K, a.N, true)
 		return nil

@@ -327,22 +327,15 @@ func (be *Backend) ltNode(n bundle.Node, vals []uint64) (*launch, bool, error) {
 	if m.algo, err = lt.algorithm(m, g); err != nil {
 		return nil, false, err
 	}
-	l := be.castNode(n, key.x, g.M*g.K)
-	l.matmul = m
-	if err := be.runOnce(l); err != nil {
+	grid, block := castLaunch(g.M * g.K)
+	l := &launch{label: n.Label, kernel: "cublasLt:" + n.Kernel, f: lt.cast, grid: [3]int{grid, 1, 1},
+		block: [3]int{block, 1, 1}, params: be.keepParams([]uint64{uint64(key.x), uint64(lt.xb), uint64(g.M * g.K / 2)}), matmul: m,
+		early: be.kernels[n.Kernel].EarlyLaunch}
+	if err := be.runOnce(*l); err != nil {
 		return nil, false, err
 	}
-	lt.served[key] = &l
-	return &l, true, nil
-}
-
-// castNode is the launch that rounds node n's x (count f32 values at x) to bf16 into the
-// library's scratch (lt.xb), launched early where n's kernel is.
-func (be *Backend) castNode(n bundle.Node, x uintptr, count int) launch {
-	grid, block := castLaunch(count)
-	return launch{label: n.Label, kernel: "cublasLt:" + n.Kernel, f: be.lt.cast, grid: [3]int{grid, 1, 1},
-		block: [3]int{block, 1, 1}, params: be.keepParams([]uint64{uint64(x), uint64(be.lt.xb), uint64(count / 2)}),
-		early: be.kernels[n.Kernel].EarlyLaunch}
+	lt.served[key] = l
+	return l, true, nil
 }
 
 // newMatmul describes y = bf16(x) . w^T for g: its matmul descriptor and matrix layouts,

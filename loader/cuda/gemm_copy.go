@@ -14,7 +14,7 @@ import (
 
 // copyServer holds the bundle's copy-engine GEMMs and what serving them needs.
 type copyServer struct {
-	kernels map[[2]int][]bundle.GemmCopy
+	kernels map[[2]int]bundle.GemmCopy
 	checked map[string]bool           // kernels whose shared-memory limit is raised and whose first launch ran
 	maps    map[copyMapKey]*tensorMap // encoded tensor maps by weight and shape
 	served  map[copyLaunchKey]*launch // one launch per node shape and buffers, as cuBLASLt's
@@ -46,15 +46,14 @@ func (be *Backend) initCopyGemms(b *bundle.Bundle, mode string) error {
 
 // copyNode serves GEMM node n (vals: its arguments' device addresses and constants) with the
 // bundle's copy-engine GEMM of its shape, or says no (ok false): none for its K and N, more
-// rows than it takes, a heavy app's GEMM, x or W not 16-byte aligned, or a kernel taking
-// bf16(x) without cuBLASLt's cast. Such a kernel's launch is the cast's, then its own.
+// rows than it takes, a heavy app's GEMM, or x or W not 16-byte aligned.
 func (be *Backend) copyNode(n bundle.Node, vals []uint64) (*launch, bool, error) {
 	g, ok, err := bundle.GemmOf(n, be.kernels[n.Kernel])
 	if err != nil || !ok || g.Guard != 0 || g.M < 1 {
 		return nil, false, nil
 	}
-	c, ok := bundle.GemmCopyFor(be.copy.kernels[[2]int{g.K, g.N}], g.M)
-	if !ok {
+	c, ok := be.copy.kernels[[2]int{g.K, g.N}]
+	if !ok || g.M > c.Attrs.Rows {
 		return nil, false, nil
 	}
 	key := copyLaunchKey{g: g, x: uintptr(vals[g.X]), w: uintptr(vals[g.W]), y: uintptr(vals[g.Y])}
@@ -64,21 +63,13 @@ func (be *Backend) copyNode(n bundle.Node, vals []uint64) (*launch, bool, error)
 	if key.x%16 != 0 || key.w%16 != 0 {
 		return nil, false, nil
 	}
-	a := c.Attrs
-	x := key.x
-	if a.X == bundle.GemmCopyXBF16 {
-		// x arrives as bf16(x): cuBLASLt's cast makes it, into the library's scratch.
-		if be.lt == nil || int64(2*g.M*g.K) > be.lt.xbBytes {
-			return nil, false, nil
-		}
-		x = be.lt.xb
-	}
-	wmap, err := be.tensorMap(key.w, g.K, g.N, a.Box)
+	wmap, err := be.tensorMap(key.w, g.K, g.N, c.Attrs.Box)
 	if err != nil {
 		return nil, false, fmt.Errorf("node %s: %w", n.Label, err)
 	}
+	a := c.Attrs
 	// The launch's parameters: x, the map's 128 bytes, y, rows.
-	args := []uint64{uint64(x), uint64(key.y), uint64(g.M)}
+	args := []uint64{uint64(key.x), uint64(key.y), uint64(g.M)}
 	ptrs := []uintptr{uintptr(unsafe.Pointer(&args[0])), wmap.addr(), uintptr(unsafe.Pointer(&args[1])), uintptr(unsafe.Pointer(&args[2]))}
 	be.params = append(be.params, args)
 	be.paramP = append(be.paramP, ptrs)
@@ -94,11 +85,6 @@ func (be *Backend) copyNode(n bundle.Node, vals []uint64) (*launch, bool, error)
 			return nil, false, fmt.Errorf("kernel %s: %w", c.Kernel, err)
 		}
 		be.copy.checked[c.Kernel] = true
-	}
-	if a.X == bundle.GemmCopyXBF16 {
-		cast := be.castNode(n, key.x, g.M*g.K)
-		cast.then = l
-		l = &cast
 	}
 	be.copy.served[key] = l
 	be.copy.nodes++
