@@ -3,8 +3,9 @@
 # that run them against the CPU (TestCUDACopyGemmMatchesCPU) and the 1B cut that has none,
 # then the Llama-3.1-8B decode step of each bucket of BUCKETS (default 8; every row live)
 # with them (--gemm auto) and without (--gemm cublaslt, the library for every GEMM), rounds
-# alternating, at contexts 80 / 576 / 2112, the compiled PyTorch step at the same shapes, and
-# the online workload under both.
+# alternating, at contexts CONTEXTS (default 80 576 2112), the compiled PyTorch step at the
+# same shapes (prompts of CONTEXT - 64 tokens, its 64 steps on top), and the online workload
+# under both (ONLINE=0 skips it; PEER=0 the peer, TESTS=0 the tests).
 # Build first (bash testsuite/gpu/build.sh), then:
 #   run(command="OUT=\$OUT bash testsuite/gpu/copy_gemm.sh", carry=[".dev/gpu"])
 # Writes $OUT/copy_gemm.json and $OUT/summary.txt.
