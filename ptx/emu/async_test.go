@@ -404,15 +404,7 @@ func TestAsyncFaults(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			err := asyncFault(t, c.cluster, c.l, c.setup, c.body)
-			if err == nil {
-				t.Fatal("no error")
-			}
-			for _, w := range c.want {
-				if !strings.Contains(err.Error(), w) {
-					t.Errorf("error %q lacks %q", err, w)
-				}
-			}
+			wantError(t, asyncFault(t, c.cluster, c.l, c.setup, c.body), c.want...)
 		})
 	}
 }

@@ -556,16 +556,21 @@ func TestFaults(t *testing.T) {
 }`
 			mem := NewMemory()
 			out := mem.Alloc(4 * 32)
-			err := runText(t, src, one, mem, out)
-			if err == nil {
-				t.Fatal("no error")
-			}
-			for _, w := range c.want {
-				if !strings.Contains(err.Error(), w) {
-					t.Errorf("error %q lacks %q", err, w)
-				}
-			}
+			wantError(t, runText(t, src, one, mem, out), c.want...)
 		})
+	}
+}
+
+// wantError fails t unless err is an error whose text holds every one of want.
+func wantError(t *testing.T, err error, want ...string) {
+	t.Helper()
+	if err == nil {
+		t.Fatal("no error")
+	}
+	for _, w := range want {
+		if !strings.Contains(err.Error(), w) {
+			t.Errorf("error %q lacks %q", err, w)
+		}
 	}
 }
 
