@@ -5,7 +5,8 @@
 # with them (--gemm auto) and without (--gemm cublaslt, the library for every GEMM), rounds
 # alternating, at contexts CONTEXTS (default 80 576 2112), the compiled PyTorch step at the
 # same shapes (prompts of CONTEXT - 64 tokens, its 64 steps on top), and the online workload
-# under both (ONLINE=0 skips it; PEER=0 the peer, TESTS=0 the tests).
+# under both (ONLINE=0 skips it; PEER=0 the peer, TESTS=0 the tests); first, ptxas's
+# registers and spills for the copy-engine kernels.
 # Build first (bash testsuite/gpu/build.sh), then:
 #   run(command="OUT=\$OUT bash testsuite/gpu/copy_gemm.sh", carry=[".dev/gpu"])
 # Writes $OUT/copy_gemm.json and $OUT/summary.txt.
@@ -23,6 +24,10 @@ if [ "${TESTS:-1}" = 1 ]; then
   grep -E "^(=== RUN|--- |ok|FAIL|PASS)|rror|panic" "$W/test.txt" | cut -c1-300 | head -40 | tee -a "$S"
 fi
 "$B/xmixc" build specs/models/llama-3.1-8b.yaml -q -o "$W/l8.xmb" || { echo "build failed" | tee -a "$S"; exit 1; }
+# The copy-engine kernels through ptxas: registers and spills.
+. "$(dirname "$0")/ptxas.sh"
+bin=$B ptxas_bundle "$W/l8.xmb" "$W/ptx" "$W/ptxas.txt"
+grep gemm_copy "$W/ptxas.txt" | tee -a "$S"
 shapes=""
 for bucket in ${BUCKETS:-8}; do
   for ctx in ${CONTEXTS:-80 576 2112}; do
