@@ -42,39 +42,43 @@ import (
 // run gives the same bits. x is rounded to bf16 as the library's cast rounds it: the op is
 // gemm_copy, not gemm_tc's exact split.
 const (
-	gcCols       = 64
-	gcStage      = 256
-	gcBoxK       = 64                   // K of one W box: 128-byte rows, the swizzle's span
-	gcSwizzle    = 128                  // bytes: the tensor map's CU_TENSOR_MAP_SWIZZLE_128B
-	gcBoxBytes   = gcCols * 2 * gcBoxK  // bytes of one W box
-	gcWBox       = gcCols * 2 * gcStage // bytes of one stage's W boxes
+	gcBoxK       = 64  // K of one W box: 128-byte rows, the swizzle's span
+	gcSwizzle    = 128 // bytes: the tensor map's CU_TENSOR_MAP_SWIZZLE_128B
 	gcWarps      = 16
-	gcTile       = 8              // token rows of one m16n8k16's B
-	gcColTile    = 16             // W rows of one m16n8k16's A
-	gcChunk      = 32             // K a warp multiplies at once: lane t's elements [8t, 8t+8)
-	gcXStride    = 4*gcStage + 16 // shared bytes of one staged x row: 16 bytes of pad against bank conflicts
-	gcBars       = 128            // the mbarriers, at the start of the shared memory
-	gcAlign      = 1024           // the slots' alignment: the swizzle's pattern repeats every 1024 bytes
-	gcMaxStages  = 4              // slots of a ring (more measured no faster at 8 rows)
-	gcSplitBelow = 90             // column tiles below which K splits over a cluster
-	gcSplit      = 2              // CTAs of such a cluster (4 measured slower)
-	gcPolls      = 1 << 22        // mbarrier polls before a stage that never lands traps
-	gcEntry      = 16             // one lane's sums of one column tile and row tile: 4 f32
+	gcTile       = 8       // token rows of one m16n8k16's B
+	gcColTile    = 16      // W rows of one m16n8k16's A
+	gcChunk      = 32      // K a warp multiplies at once: lane t's elements [8t, 8t+8)
+	gcBars       = 128     // the mbarriers, at the start of the shared memory
+	gcAlign      = 1024    // the slots' alignment: the swizzle's pattern repeats every 1024 bytes
+	gcMaxStages  = 4       // slots of a ring (more measured no faster at 8 rows)
+	gcSplitBelow = 90      // CTAs below which K splits over a cluster, twice as many a step
+	gcMaxSplit   = 4       // CTAs of a cluster at most
+	gcPolls      = 1 << 22 // mbarrier polls before a stage that never lands traps
+	gcEntry      = 16      // one lane's sums of one column tile and row tile: 4 f32
 )
 
-// gcLayouts are the row counts a copy-engine GEMM is made for, and for each how many column
-// groups its warps form (the other warps split a stage's K): each column group reads the
-// staged x once a stage, and each K part's sums are added at the end, so more rows want
-// fewer groups. Checked at init.
-var gcLayouts = []struct{ rows, groups int }{{8, 4}, {16, 2}, {32, 2}}
+// gcLayout is how a copy-engine GEMM of at most rows token rows splits its work: cols
+// output columns a CTA, stage elements of K a stage, and its warps in groups column groups
+// (the other warps split a stage's K). Each CTA reads x once a stage from L2 and each column
+// group reads it once from shared memory, and each K part's sums are added at the end: more
+// rows want more columns a CTA and fewer groups.
+type gcLayout struct{ rows, cols, stage, groups int }
+
+// gcLayouts are the row counts a copy-engine GEMM is made for, fewest first, with their
+// layouts. Checked at init.
+var gcLayouts = []gcLayout{
+	{rows: 8, cols: 64, stage: 256, groups: 4},
+	{rows: 16, cols: 128, stage: 128, groups: 4},
+	{rows: 32, cols: 128, stage: 128, groups: 4},
+}
 
 func init() {
 	for _, l := range gcLayouts {
-		parts := gcWarps / max(l.groups, 1)
-		if l.rows%gcTile != 0 || l.rows > 32 || l.groups < 1 || gcCols/gcColTile%l.groups != 0 ||
-			gcWarps%l.groups != 0 || gcStage%(parts*gcChunk) != 0 {
-			panic(fmt.Sprintf("codegen: copy-engine GEMM layout %+v: rows a multiple of %d up to 32 (warp 0's lanes ask for x), groups dividing %d column tiles and %d warps, K parts of whole %d-element chunks",
-				l, gcTile, gcCols/gcColTile, gcWarps, gcChunk))
+		tiles := l.cols / gcColTile
+		if l.rows%gcTile != 0 || l.rows > 32 || l.cols%gcColTile != 0 || l.cols > 256 || l.stage%gcBoxK != 0 || l.groups < 1 ||
+			tiles%l.groups != 0 || gcWarps%l.groups != 0 || l.stage%(gcWarps/l.groups*gcChunk) != 0 {
+			panic(fmt.Sprintf("codegen: copy-engine GEMM layout %+v: rows a multiple of %d up to 32 (warp 0's lanes ask for x), cols a multiple of %d up to 256 (a box's rows), stage a multiple of %d, groups dividing the column tiles and %d warps, K parts of whole %d-element chunks",
+				l, gcTile, gcColTile, gcBoxK, gcWarps, gcChunk))
 		}
 	}
 }
@@ -83,25 +87,31 @@ func init() {
 // CTAs, Stages slots.
 type GemmCopyConfig struct{ K, N, Rows, Split, Stages int }
 
-// groups is the column groups of the config's layout, 0 if Rows has none.
-func (c GemmCopyConfig) groups() int {
-	i := slices.IndexFunc(gcLayouts, func(l struct{ rows, groups int }) bool { return l.rows == c.Rows })
+// layout is the config's row count's layout, the zero layout if it has none.
+func (c GemmCopyConfig) layout() gcLayout {
+	i := slices.IndexFunc(gcLayouts, func(l gcLayout) bool { return l.rows == c.Rows })
 	if i < 0 {
-		return 0
+		return gcLayout{}
 	}
-	return gcLayouts[i].groups
+	return gcLayouts[i]
 }
 
-func (c GemmCopyConfig) parts() int     { return gcWarps / c.groups() }            // K parts of a stage
-func (c GemmCopyConfig) colTiles() int  { return gcCols / gcColTile / c.groups() } // a warp's
+func (c GemmCopyConfig) cols() int      { return c.layout().cols }
+func (c GemmCopyConfig) stage() int     { return c.layout().stage }
+func (c GemmCopyConfig) groups() int    { return c.layout().groups }
+func (c GemmCopyConfig) boxBytes() int  { return c.cols() * 2 * gcBoxK }             // one W box
+func (c GemmCopyConfig) wBytes() int    { return c.cols() * 2 * c.stage() }          // a stage's W boxes
+func (c GemmCopyConfig) xStride() int   { return 4*c.stage() + 16 }                  // a staged x row: 16 bytes of pad against bank conflicts
+func (c GemmCopyConfig) parts() int     { return gcWarps / c.groups() }              // K parts of a stage
+func (c GemmCopyConfig) colTiles() int  { return c.cols() / gcColTile / c.groups() } // a warp's
 func (c GemmCopyConfig) rowTiles() int  { return c.Rows / gcTile }
-func (c GemmCopyConfig) chunks() int    { return gcStage / c.parts() / gcChunk } // a warp's, a stage
-func (c GemmCopyConfig) entries() int   { return gcCols / gcColTile * c.rowTiles() * 32 }
+func (c GemmCopyConfig) chunks() int    { return c.stage() / c.parts() / gcChunk } // a warp's, a stage
+func (c GemmCopyConfig) entries() int   { return c.cols() / gcColTile * c.rowTiles() * 32 }
 func (c GemmCopyConfig) partBytes() int { return c.entries() * gcEntry } // one K part's sums
 func (c GemmCopyConfig) slotBytes() int {
-	return (gcWBox + c.Rows*gcXStride + gcAlign - 1) &^ (gcAlign - 1)
+	return (c.wBytes() + c.Rows*c.xStride() + gcAlign - 1) &^ (gcAlign - 1)
 }
-func (c GemmCopyConfig) kStages() int   { return c.K / c.Split / gcStage }
+func (c GemmCopyConfig) kStages() int   { return c.K / c.Split / c.stage() }
 func (c GemmCopyConfig) recvBytes() int { return (c.Split - 1) * c.partBytes() }
 
 // shared: the mbarriers, up to gcAlign bytes until the first slot (the base's alignment is
@@ -117,14 +127,14 @@ func GemmCopyFor(k, n, rows int) (GemmCopyConfig, error) {
 	if c.groups() == 0 {
 		return GemmCopyConfig{}, fmt.Errorf("copy-engine GEMM: %d rows, want one of %v", rows, gcRowsFor())
 	}
-	if k <= 0 || n <= 0 || n%gcCols != 0 {
-		return GemmCopyConfig{}, fmt.Errorf("copy-engine GEMM: N=%d must be a positive multiple of %d", n, gcCols)
+	if k <= 0 || n <= 0 || n%c.cols() != 0 {
+		return GemmCopyConfig{}, fmt.Errorf("copy-engine GEMM: N=%d must be a positive multiple of %d", n, c.cols())
 	}
-	if n/gcCols < gcSplitBelow {
-		c.Split = gcSplit
+	for n/c.cols()*c.Split < gcSplitBelow && c.Split < gcMaxSplit {
+		c.Split *= 2
 	}
-	if k%(c.Split*gcStage) != 0 {
-		return GemmCopyConfig{}, fmt.Errorf("copy-engine GEMM: K=%d must be a positive multiple of %d", k, c.Split*gcStage)
+	if k%(c.Split*c.stage()) != 0 {
+		return GemmCopyConfig{}, fmt.Errorf("copy-engine GEMM: K=%d must be a positive multiple of %d", k, c.Split*c.stage())
 	}
 	c.Stages = min(c.kStages(), gcMaxStages, (bundle.MaxDynamicShared-gcAlign-c.recvBytes())/c.slotBytes())
 	return c, nil
@@ -141,8 +151,8 @@ func gcRowsFor() []int {
 
 // Attrs are the kernel's reference attributes and launch.
 func (c GemmCopyConfig) Attrs() bundle.GemmCopyAttrs {
-	return bundle.GemmCopyAttrs{K: c.K, N: c.N, Rows: c.Rows, Box: [2]int{gcBoxK, gcCols}, Swizzle: gcSwizzle,
-		Grid: c.N / gcCols * c.Split, Cluster: c.Split, Block: 32 * gcWarps, Shared: c.shared()}
+	return bundle.GemmCopyAttrs{K: c.K, N: c.N, Rows: c.Rows, Box: [2]int{gcBoxK, c.cols()}, Swizzle: gcSwizzle,
+		Grid: c.N / c.cols() * c.Split, Cluster: c.Split, Block: 32 * gcWarps, Shared: c.shared()}
 }
 
 // Launch is the kernel's grid, block and dynamic shared memory.
@@ -213,7 +223,7 @@ func (g *gen) copyGemms(templates []bundle.Template) error {
 // tensor map of W with boxes of 64 x 64 under the 128-byte swizzle, bundle.GemmWMap), y
 // (u64), rows (u32, at most c.Rows). x must be 16-byte aligned. Launch it with c.Launch().
 func GemmCopy(name string, c GemmCopyConfig) (*Kernel, error) {
-	if c.groups() == 0 || c.Split < 1 || c.K%(c.Split*gcStage) != 0 || c.N%gcCols != 0 || c.Stages < 1 ||
+	if c.groups() == 0 || c.Split < 1 || c.K%(c.Split*c.stage()) != 0 || c.N%c.cols() != 0 || c.Stages < 1 ||
 		c.Stages > c.kStages() || c.Stages > gcBars/8 || c.shared() > bundle.MaxDynamicShared ||
 		c.Stages*c.slotBytes() < c.parts()*c.partBytes() {
 		return nil, fmt.Errorf("copy-engine GEMM %s: bad configuration %+v (use GemmCopyFor)", name, c)
@@ -272,7 +282,7 @@ func (g *gcGen) emit() {
 		g.Emit("mov.u32", g.rank, ptx.ClusterCtaRank)
 		g.Emit("div.u32", tile, tile, ptx.Imm(int64(c.Split)))
 	}
-	g.col0 = g.op3("mul.lo.u32", ptx.U32, tile, ptx.Imm(gcCols))
+	g.col0 = g.op3("mul.lo.u32", ptx.U32, tile, ptx.Imm(int64(c.cols())))
 	g.k0 = g.op3("mul.lo.u32", ptx.U32, g.rank, ptx.Imm(int64(c.K/c.Split)))
 	g.bars = g.Reg(ptx.U32)
 	g.Emit("mov.u32", g.bars, smem)
@@ -288,8 +298,8 @@ func (g *gcGen) emit() {
 	})
 	g.Emit("bar.sync", ptx.Imm(0))
 	// A stage's bytes: the W boxes and the x rows there are.
-	g.tx = g.op3("mul.lo.u32", ptx.U32, g.rows, ptx.Imm(4*gcStage))
-	g.Emit("add.u32", g.tx, g.tx, ptx.Imm(gcWBox))
+	g.tx = g.op3("mul.lo.u32", ptx.U32, g.rows, ptx.Imm(int64(4*c.stage())))
+	g.Emit("add.u32", g.tx, g.tx, ptx.Imm(int64(c.wBytes())))
 	for i := range c.Stages {
 		g.when(g.thread0, false, func() { g.askW(g.imm32(int64(i)), ptx.Imm(int64(i))) })
 	}
@@ -297,8 +307,8 @@ func (g *gcGen) emit() {
 	g.xLane = g.cmp("lt", ptx.U32, g.tid, g.rows) // warp 0's lanes: rows <= 32
 	g.xSrc = g.byteAddr(g.byteAddr(g.x, g.lane, 4*c.K), g.k0, 4)
 	g.xDst = g.Reg(ptx.U32)
-	g.Emit("mad.lo.u32", g.xDst, g.lane, ptx.Imm(gcXStride), g.slot0)
-	g.Emit("add.u32", g.xDst, g.xDst, ptx.Imm(gcWBox))
+	g.Emit("mad.lo.u32", g.xDst, g.lane, ptx.Imm(int64(c.xStride())), g.slot0)
+	g.Emit("add.u32", g.xDst, g.xDst, ptx.Imm(int64(c.wBytes())))
 	g.when(g.xLane, false, func() {
 		for i := range c.Stages {
 			g.askX(g.imm32(int64(i)), ptx.Imm(int64(i)))
@@ -337,20 +347,20 @@ func (g *gcGen) askW(stage ptx.Reg, slot ptx.Operand) {
 	state := g.Reg(ptx.B64)
 	g.Emit("mbarrier.arrive.expect_tx.shared::cta.b64", state, ptx.Addr{Base: bar}, g.tx)
 	kc := g.Reg(ptx.U32)
-	g.Emit("mad.lo.u32", kc, stage, ptx.Imm(gcStage), g.k0)
+	g.Emit("mad.lo.u32", kc, stage, ptx.Imm(int64(g.c.stage())), g.k0)
 	dst := g.slotAddr(g.slot0, slot)
-	for b := range gcStage / gcBoxK {
+	for b := range g.c.stage() / gcBoxK {
 		kb := g.op3("add.u32", ptx.U32, kc, ptx.Imm(int64(b*gcBoxK)))
 		g.Emit("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes",
-			ptx.Addr{Base: dst, Offset: int64(b * gcBoxBytes)}, ptx.TensorAddr{Map: g.wmap, Coords: ptx.Vec{kb, g.col0}}, ptx.Addr{Base: bar})
+			ptx.Addr{Base: dst, Offset: int64(b * g.c.boxBytes())}, ptx.TensorAddr{Map: g.wmap, Coords: ptx.Vec{kb, g.col0}}, ptx.Addr{Base: bar})
 	}
 }
 
 // askX (lane r < rows of warp 0) asks for x row r of a stage.
 func (g *gcGen) askX(stage ptx.Reg, slot ptx.Operand) {
-	src := g.byteAddr(g.xSrc, stage, 4*gcStage)
+	src := g.byteAddr(g.xSrc, stage, 4*g.c.stage())
 	g.Emit("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes",
-		ptx.Addr{Base: g.slotAddr(g.xDst, slot)}, ptx.Addr{Base: src}, ptx.Imm(4*gcStage), ptx.Addr{Base: g.barAddr(slot)})
+		ptx.Addr{Base: g.slotAddr(g.xDst, slot)}, ptx.Addr{Base: src}, ptx.Imm(int64(4*g.c.stage())), ptx.Addr{Base: g.barAddr(slot)})
 }
 
 // mainLoop multiplies the CTA's stages in order, slot by slot, refilling each slot with the
@@ -358,7 +368,7 @@ func (g *gcGen) askX(stage ptx.Reg, slot ptx.Operand) {
 func (g *gcGen) mainLoop() {
 	c := g.c
 	gg, t, cg, q := g.gg, g.t, g.cg, g.q
-	kPart := gcStage / c.parts()
+	kPart := c.stage() / c.parts()
 	// wLane[ch]: lane (g, t)'s W address in slot 0 for chunk ch of its part, row g of the
 	// warp's first column tile: the chunk's box, the row, and 16-byte chunk (k/8 + t) of the
 	// row's 128 bytes, moved to chunk (k/8 + t) ^ (row % 8) by the swizzle (row % 8 = g).
@@ -375,7 +385,7 @@ func (g *gcGen) mainLoop() {
 		g.Emit("or.b32", chunk, chunk, t)
 		g.Emit("xor.b32", chunk, chunk, gg)
 		wLane[ch] = g.Reg(ptx.U32)
-		g.Emit("mad.lo.u32", wLane[ch], box, ptx.Imm(gcBoxBytes), rowOff)
+		g.Emit("mad.lo.u32", wLane[ch], box, ptx.Imm(int64(c.boxBytes())), rowOff)
 		g.Emit("mad.lo.u32", wLane[ch], chunk, ptx.Imm(16), wLane[ch])
 	}
 	// xLane: lane (g, t)'s x address in slot 0: row g, elements q*kPart + 8t on.
@@ -383,9 +393,9 @@ func (g *gcGen) mainLoop() {
 	g.Emit("shl.b32", kx, t, ptx.Imm(3))
 	g.Emit("mad.lo.u32", kx, q, ptx.Imm(int64(kPart)), kx)
 	xLane := g.Reg(ptx.U32)
-	g.Emit("mad.lo.u32", xLane, gg, ptx.Imm(gcXStride), g.slot0)
+	g.Emit("mad.lo.u32", xLane, gg, ptx.Imm(int64(c.xStride())), g.slot0)
 	g.Emit("mad.lo.u32", xLane, kx, ptx.Imm(4), xLane)
-	g.Emit("add.u32", xLane, xLane, ptx.Imm(gcWBox))
+	g.Emit("add.u32", xLane, xLane, ptx.Imm(int64(c.wBytes())))
 	g.acc = make([][]ptx.Reg, c.colTiles()*c.rowTiles())
 	for i := range g.acc {
 		g.acc[i] = g.Regs(ptx.F32, 4)
@@ -412,7 +422,7 @@ func (g *gcGen) mainLoop() {
 			g.Emit("ld.shared.v4.b32", ptx.Vec(b[ct]), ptx.Addr{Base: wa, Offset: row + 8*2*gcBoxK})
 		}
 		for rt := range c.rowTiles() {
-			at := int64(4*gcChunk*ch + rt*gcTile*gcXStride)
+			at := int64(4*gcChunk*ch + rt*gcTile*c.xStride())
 			g.Emit("ld.shared.v4.f32", ptx.Vec(xs[:4]), ptx.Addr{Base: xa, Offset: at})
 			g.Emit("ld.shared.v4.f32", ptx.Vec(xs[4:]), ptx.Addr{Base: xa, Offset: at + 16})
 			for i := range xb {
@@ -457,10 +467,11 @@ func (g *gcGen) wait(bar, phase ptx.Reg) {
 
 // reduce adds the warps' sums. Entry e = (column tile * rowTiles + row tile) * 32 + lane of
 // K part p lies at slot0 + p*partBytes + 16e (the ring, free once the main loop ends); thread
-// e adds the parts in order, then the cluster's ranks in rank order (rank r's at rank 0's
-// recv + (r-1)*partBytes), and rank 0 stores y.
+// i owns entries i, i + 512, ..., adds each one's parts in order, then the cluster's ranks in
+// rank order (rank r's at rank 0's recv + (r-1)*partBytes + 16e), and rank 0 stores y.
 func (g *gcGen) reduce() {
 	c := g.c
+	const threads = 32 * gcWarps
 	for ct := range c.colTiles() {
 		for rt := range c.rowTiles() {
 			e := g.Reg(ptx.U32)
@@ -474,55 +485,74 @@ func (g *gcGen) reduce() {
 		}
 	}
 	g.Emit("bar.sync", ptx.Imm(0))
-	// From here thread tid < entries owns entry tid.
-	owner := g.cmp("lt", ptx.U32, g.tid, ptx.Imm(int64(c.entries())))
-	sum, part := g.Regs(ptx.F32, 4), g.Regs(ptx.F32, 4)
-	mine := g.Reg(ptx.U32)
-	g.Emit("mad.lo.u32", mine, g.tid, ptx.Imm(gcEntry), g.slot0)
-	add := func(a ptx.Addr) {
+	rounds := (c.entries() + threads - 1) / threads
+	entry, owner, sum := make([]ptx.Reg, rounds), make([]ptx.Reg, rounds), make([][]ptx.Reg, rounds)
+	part := g.Regs(ptx.F32, 4)
+	add := func(sum []ptx.Reg, a ptx.Addr) {
 		g.Emit("ld.shared.v4.f32", ptx.Vec(part), a)
 		for i := range part {
 			g.Emit("add.f32", sum[i], sum[i], part[i])
 		}
 	}
-	g.when(owner, false, func() {
-		g.Emit("ld.shared.v4.f32", ptx.Vec(sum), ptx.Addr{Base: mine})
-		for p := 1; p < c.parts(); p++ {
-			add(ptx.Addr{Base: mine, Offset: int64(p * c.partBytes())})
-		}
-	})
+	mine := g.Reg(ptx.U32)
+	g.Emit("mad.lo.u32", mine, g.tid, ptx.Imm(gcEntry), g.slot0)
+	for j := range rounds {
+		entry[j] = g.op3("add.u32", ptx.U32, g.tid, ptx.Imm(int64(j*threads)))
+		owner[j] = g.cmp("lt", ptx.U32, entry[j], ptx.Imm(int64(c.entries())))
+		sum[j] = g.Regs(ptx.F32, 4)
+		g.when(owner[j], false, func() {
+			at := int64(j * threads * gcEntry)
+			g.Emit("ld.shared.v4.f32", ptx.Vec(sum[j]), ptx.Addr{Base: mine, Offset: at})
+			for p := 1; p < c.parts(); p++ {
+				add(sum[j], ptx.Addr{Base: mine, Offset: at + int64(p*c.partBytes())})
+			}
+		})
+	}
 	recv := g.op3("add.u32", ptx.U32, mine, ptx.Imm(int64(c.Stages*c.slotBytes())))
 	if c.Split > 1 {
 		g.Emit("barrier.cluster.wait")
 		sender := g.cmp("ne", ptx.U32, g.rank, ptx.Imm(0))
-		send := g.Reg(ptx.Pred)
-		g.Emit("and.pred", send, sender, owner)
-		g.when(send, false, func() {
-			at := g.Reg(ptx.U32)
-			g.Emit("add.u32", at, g.rank, ptx.Imm(-1))
-			g.Emit("mad.lo.u32", at, at, ptx.Imm(int64(c.partBytes())), recv)
-			remote := g.Reg(ptx.U32)
-			g.Emit("mapa.shared::cluster.u32", remote, at, ptx.Imm(0))
-			g.Emit("st.shared::cluster.v4.f32", ptx.Addr{Base: remote}, ptx.Vec(sum))
-		})
+		// remote: rank 0's recv + (rank-1)*partBytes + 16*tid, mapped from its first byte
+		// (every rank's own, in its window) and offset there.
+		remote := g.Reg(ptx.U32)
+		g.Emit("add.u32", remote, g.slot0, ptx.Imm(int64(c.Stages*c.slotBytes())))
+		g.Emit("mapa.shared::cluster.u32", remote, remote, ptx.Imm(0))
+		off := g.op3("add.u32", ptx.U32, g.rank, ptx.Imm(-1))
+		g.Emit("mul.lo.u32", off, off, ptx.Imm(int64(c.partBytes())))
+		g.Emit("mad.lo.u32", off, g.tid, ptx.Imm(gcEntry), off)
+		g.Emit("add.u32", remote, remote, off)
+		for j := range rounds {
+			send := g.Reg(ptx.Pred)
+			g.Emit("and.pred", send, sender, owner[j])
+			g.EmitIf(send, false, "st.shared::cluster.v4.f32", ptx.Addr{Base: remote, Offset: int64(j * threads * gcEntry)}, ptx.Vec(sum[j]))
+		}
 		g.Emit("barrier.cluster.arrive.release")
 		g.Emit("barrier.cluster.wait.acquire")
 		g.EmitIf(sender, false, "exit")
 	}
-	g.EmitIf(owner, true, "exit")
-	for r := 1; r < c.Split; r++ {
-		add(ptx.Addr{Base: recv, Offset: int64((r - 1) * c.partBytes())})
+	for j := range rounds {
+		g.when(owner[j], false, func() {
+			for r := 1; r < c.Split; r++ {
+				add(sum[j], ptx.Addr{Base: recv, Offset: int64(j*threads*gcEntry + (r-1)*c.partBytes())})
+			}
+			g.storeEntry(entry[j], sum[j])
+		})
 	}
-	// Entry tid: column tile tid / (rowTiles*32), row tile tid / 32 % rowTiles, lane (g, t) =
-	// tid % 32; its sums are (column g, tokens 2t, 2t+1), (column g+8, the same tokens).
-	lane := g.op3("and.b32", ptx.U32, g.tid, ptx.Imm(31))
+}
+
+// storeEntry stores entry e's sums: column tile e / (rowTiles*32), row tile e / 32 %
+// rowTiles, lane (g, t) = e % 32, whose sums are (column g, tokens 2t, 2t+1) and (column g+8,
+// the same tokens); rows past the launch's are left alone.
+func (g *gcGen) storeEntry(e ptx.Reg, sum []ptx.Reg) {
+	c := g.c
+	lane := g.op3("and.b32", ptx.U32, e, ptx.Imm(31))
 	gg := g.op3("shr.u32", ptx.U32, lane, ptx.Imm(2))
 	tok := g.op3("and.b32", ptx.U32, lane, ptx.Imm(3))
 	g.Emit("shl.b32", tok, tok, ptx.Imm(1))
-	rt := g.op3("shr.u32", ptx.U32, g.tid, ptx.Imm(5))
+	rt := g.op3("shr.u32", ptx.U32, e, ptx.Imm(5))
 	g.Emit("rem.u32", rt, rt, ptx.Imm(int64(c.rowTiles())))
 	g.Emit("mad.lo.u32", tok, rt, ptx.Imm(gcTile), tok)
-	col := g.op3("div.u32", ptx.U32, g.tid, ptx.Imm(int64(c.rowTiles()*32)))
+	col := g.op3("div.u32", ptx.U32, e, ptx.Imm(int64(c.rowTiles()*32)))
 	g.Emit("mad.lo.u32", col, col, ptx.Imm(gcColTile), gg)
 	g.Emit("add.u32", col, col, g.col0)
 	for i := range 2 {

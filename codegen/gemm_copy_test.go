@@ -59,9 +59,9 @@ func TestGemmCopyMatchesReference(t *testing.T) {
 		{GemmCopyConfig{K: 2048, N: 64, Rows: 8, Split: 2, Stages: 2}, []int{1, 3, 8}},    // four stages a CTA through two slots: refills and a phase flip
 		{GemmCopyConfig{K: 1024, N: 128, Rows: 8, Split: 1, Stages: 4}, []int{1, 8}},      // no cluster, every stage asked for before the wait
 		{GemmCopyConfig{K: 512, N: 64, Rows: 8, Split: 2, Stages: 1}, []int{1, 8}},        // one slot: every stage waits for its refill
-		{GemmCopyConfig{K: 1024, N: 64, Rows: 16, Split: 2, Stages: 2}, []int{9, 16}},     // two row tiles, eight K parts
-		{GemmCopyConfig{K: 768, N: 128, Rows: 32, Split: 1, Stages: 1}, []int{1, 17, 32}}, // four row tiles; the sums fill the one slot
-		{GemmCopyConfig{K: 2048, N: 64, Rows: 32, Split: 2, Stages: 3}, []int{25, 32}},    // three slots of four stages a CTA, a cluster
+		{GemmCopyConfig{K: 1024, N: 128, Rows: 16, Split: 2, Stages: 2}, []int{9, 16}},    // two row tiles, 128 columns a CTA
+		{GemmCopyConfig{K: 768, N: 256, Rows: 32, Split: 1, Stages: 2}, []int{1, 17, 32}}, // four row tiles, two entries a thread; the sums fill two slots
+		{GemmCopyConfig{K: 2048, N: 128, Rows: 32, Split: 4, Stages: 3}, []int{25, 32}},   // three slots of four stages a CTA, a cluster of 4
 	} {
 		for _, rows := range c.rows {
 			cfg := c.GemmCopyConfig
@@ -85,8 +85,8 @@ func TestGemmCopyFor(t *testing.T) {
 		{4096, 4096, 8, 2, 4, ""},  // the 8B's o: 64 column tiles, split
 		{14336, 4096, 8, 2, 4, ""}, // down
 		{4096, 6144, 8, 1, 4, ""},  // q/k/v: 96 tiles, not split
-		{4096, 6144, 16, 1, 4, ""},
-		{4096, 4096, 32, 2, 3, ""}, // 65 KiB slots: three fit
+		{4096, 6144, 16, 2, 4, ""}, // 128 columns a CTA: 48 tiles, split
+		{4096, 4096, 32, 4, 3, ""}, // 32 tiles, split in 4; 49 KiB slots and 48 KiB for the other ranks' sums: three fit
 		{256, 6144, 8, 1, 1, ""},
 		{4096, 4096, 12, 0, 0, "12 rows, want one of [8 16 32]"},
 		{4096, 100, 8, 0, 0, "N=100 must be a positive multiple of 64"},

@@ -37,7 +37,7 @@ func TestCopyGemmKernels(t *testing.T) {
 		for kn, ks := range kernels {
 			for _, k := range ks {
 				got = append(got, [3]int{kn[0], kn[1], k.Attrs.Rows})
-				if k.Attrs.Grid*64/k.Attrs.Cluster != kn[1] {
+				if k.Attrs.Grid*k.Attrs.Box[1]/k.Attrs.Cluster != kn[1] {
 					t.Errorf("%s: %s: attributes %+v", c.model, k.Kernel, k.Attrs)
 				}
 			}
