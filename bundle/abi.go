@@ -176,11 +176,9 @@ func GemmOf(n Node, k Kernel) (g GEMM, ok bool, err error) {
 const OpGemmCopy = "gemm_copy"
 
 // GemmWMap is the copy-engine GEMM's w parameter: a tensor map of W ([N,K] bf16, K
-// innermost) with boxes of Box[0] elements of K by Box[1] rows, laid out in shared memory
-// with the attributes' Swizzle (0: dense; 128: the 128-byte swizzle, box rows of 128 bytes),
-// TensorMapBytes passed by value (type TensorMapParam), which the backend encodes for the
-// node's W (on the GPU the driver's encoding, cuTensorMapEncodeTiled; the emulator takes the
-// address of its own).
+// innermost) with boxes of Box[0] elements of K by Box[1] rows, TensorMapBytes passed by
+// value (type TensorMapParam), which the backend encodes for the node's W (on the GPU the
+// driver's encoding, cuTensorMapEncodeTiled; the emulator takes the address of its own).
 const GemmWMap = "w_map"
 
 // TensorMapBytes is a tensor map's size, and TensorMapParam the type of a parameter that
@@ -199,17 +197,16 @@ type GemmCopyAttrs struct {
 	N       int    `json:"n"`
 	Rows    int    `json:"rows"`
 	Box     [2]int `json:"box"`
-	Swizzle int    `json:"swizzle"`
 	Grid    int    `json:"grid"`
 	Cluster int    `json:"cluster"`
 	Block   int    `json:"block"`
 	Shared  int    `json:"shared"`
 }
 
-// GemmCopyKernels indexes a bundle's copy-engine GEMMs by K and N, fewest rows first,
-// checking each kernel's attributes and parameters: a malformed one is an error naming it.
-func GemmCopyKernels(kernels []Kernel) (map[[2]int][]GemmCopy, error) {
-	out := map[[2]int][]GemmCopy{}
+// GemmCopyKernels indexes a bundle's copy-engine GEMMs by K and N, checking each kernel's
+// attributes and parameters: a malformed one is an error naming it.
+func GemmCopyKernels(kernels []Kernel) (map[[2]int]GemmCopy, error) {
+	out := map[[2]int]GemmCopy{}
 	for _, k := range kernels {
 		if k.Op != OpGemmCopy {
 			continue
@@ -222,32 +219,17 @@ func GemmCopyKernels(kernels []Kernel) (map[[2]int][]GemmCopy, error) {
 			a.Grid%a.Cluster != 0 || a.Block <= 0 || a.Block > 1024 || a.Shared < 0 || a.Shared > MaxDynamicShared {
 			return nil, fmt.Errorf("kernel %s: copy-engine GEMM attributes %s: want positive k, n, rows, box, grid (a multiple of cluster), block (at most 1024) and shared (at most %d)", k.Name, k.Attrs, MaxDynamicShared)
 		}
-		if a.Swizzle != 0 && (a.Swizzle != 128 || 2*a.Box[0] != a.Swizzle) {
-			return nil, fmt.Errorf("kernel %s: copy-engine GEMM attributes %s: swizzle %d over box rows of %d bytes: want 0, or 128 over rows of 128 bytes", k.Name, k.Attrs, a.Swizzle, 2*a.Box[0])
-		}
 		want := []Param{{GemmX, "u64"}, {GemmWMap, TensorMapParam}, {GemmY, "u64"}, {GemmRows, "u32"}}
 		if !slices.Equal(k.Params, want) {
 			return nil, fmt.Errorf("kernel %s: a copy-engine GEMM takes parameters %v, not %v", k.Name, want, k.Params)
 		}
 		key := [2]int{a.K, a.N}
-		if slices.ContainsFunc(out[key], func(c GemmCopy) bool { return c.Attrs.Rows == a.Rows }) {
-			return nil, fmt.Errorf("kernel %s: a second copy-engine GEMM for k %d, n %d, %d rows", k.Name, a.K, a.N, a.Rows)
+		if _, dup := out[key]; dup {
+			return nil, fmt.Errorf("kernel %s: a second copy-engine GEMM for k %d, n %d", k.Name, a.K, a.N)
 		}
-		out[key] = append(out[key], GemmCopy{Kernel: k.Name, Attrs: a})
-		slices.SortFunc(out[key], func(x, y GemmCopy) int { return x.Attrs.Rows - y.Attrs.Rows })
+		out[key] = GemmCopy{Kernel: k.Name, Attrs: a}
 	}
 	return out, nil
-}
-
-// GemmCopyFor is the copy-engine GEMM of kernels (one shape's, fewest rows first) that takes
-// m rows with the fewest rows, or false if none takes that many.
-func GemmCopyFor(kernels []GemmCopy, m int) (GemmCopy, bool) {
-	for _, c := range kernels {
-		if m <= c.Attrs.Rows {
-			return c, true
-		}
-	}
-	return GemmCopy{}, false
 }
 
 // MaxDynamicShared is the most shared memory a CTA may ask for on sm_90 (227 KiB).

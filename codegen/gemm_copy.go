@@ -10,149 +10,78 @@ import (
 )
 
 // The copy-engine GEMM (op bundle.OpGemmCopy): y[rows,N] = bf16(x)[rows,K] . w[N,K]^T for
-// decode buckets of at most 8, 16 or 32 rows (Rows), served beside a library GEMM (the
-// backend picks it per node; bundle.GemmCopyKernels). Inside a decode step such a GEMM is a
-// read of W, and what decides its time is how much of W is on its way before the grid ahead
-// ends: this kernel asks the copy engine (TMA: cp.async.bulk.tensor with mbarrier
-// completion) for its first stages of W before griddepcontrol.wait, up to ~160 KiB a CTA,
-// which no register ring can hold. On the H200 it shortens the Llama-3.1-8B 8-row step by
-// 2.3-4.3% at contexts 80-2112 where it serves o, down and q/k/v beside cuBLASLt
-// (testsuite/gpu/RESULTS.md, sessions 30-32).
+// decode buckets of at most 8 rows, served beside a library GEMM (the backend picks it per
+// node; bundle.GemmCopyKernels). Inside a decode step a GEMM of 8 rows is a read of W, and
+// what decides its time is how much of W is on its way before the grid ahead ends: this
+// kernel asks the copy engine (TMA: cp.async.bulk.tensor with mbarrier completion) for its
+// first stages of W before griddepcontrol.wait, up to ~160 KiB a CTA, which no register ring
+// can hold. On the H200 it shortens the Llama-3.1-8B 8-row step by 2.3-4.3% at contexts 80-2112
+// where it serves o, down and q/k/v beside cuBLASLt (testsuite/gpu/RESULTS.md, sessions 30-31).
 //
 // Work split. A CTA owns gcCols = 64 output columns (W rows) and one part of K: K splits over
 // the Split CTAs of a cluster where the column tiles alone would leave most SMs idle (N/64 <
-// gcSplitBelow: the 8B's o and down, 64 tiles), so that twice as many SMs pull W. Its 16
-// warps are column groups (cg) by parts of a stage's K (q), as gcLayouts says for the rows;
-// each warp multiplies its columns, in tiles of 16, by the token rows, in tiles of 8, with
-// m16n8k16 (A = W, row-major; B = x, column-major).
+// gcSplitBelow: the 8B's o and down, 64 tiles), so that twice as many SMs pull W. Its 16 warps
+// are four 16-column groups (cg) by four quarters of a stage's K (q); each warp multiplies its
+// 16 columns by the 8 token rows with m16n8k16 (A = W, row-major; B = x, column-major).
 //
-// Stages. A stage is gcStage = 256 of the CTA's K: four tensor-map boxes of W (64 rows x 64
-// K, 128-byte rows under the 128-byte swizzle, so that the eight rows a warp reads at once
-// fall in different banks) and the rows' x (Rows rows of 256 f32, gcXStride apart, one bulk
+// Stages. A stage is gcStage = 256 of the CTA's K: one tensor-map box of W (64 rows x 256,
+// 32 KiB, rows 512 bytes apart) and the rows' x (8 rows of 256 f32, gcXStride apart, one bulk
 // copy each by lane r of warp 0), completing one mbarrier. Thread 0 asks for W of the first
 // Stages stages, then every thread waits for the grid ahead; warp 0 then asks for their x.
 // Each stage's slot refills with stage i+Stages once every warp is past it (bar.sync).
 //
-// Sums. In a warp, lane (g, t) reads W elements [8t, 8t+8) of each 32-element chunk of its
-// part for rows g and g+8 of a column tile, and the same x elements of token row g of each
-// row tile; the K permutation is the same for both operands, so the products are W . x.
-// Every warp's sums meet in shared memory and thread i adds entry i of each K part in part
-// order; with a split, ranks 1.. store theirs into rank 0's shared memory (mapa,
-// st.shared::cluster) and rank 0 adds them in rank order after the cluster barrier, so every
-// run gives the same bits. x is rounded to bf16 as the library's cast rounds it: the op is
-// gemm_copy, not gemm_tc's exact split.
+// Sums. In a warp, lane (g, t) reads W elements [8t, 8t+8) of its quarter's 32-element chunks
+// for rows g and g+8 and the same x elements of token row g; the K permutation is the same for
+// both operands, so the products are W . x. The four quarters meet in shared memory (added in
+// quarter order); with a split, ranks 1.. store their sums into rank 0's shared memory
+// (mapa, st.shared::cluster) and rank 0 adds them in rank order after the cluster barrier, so
+// every run gives the same bits. x is rounded to bf16 as the library's cast rounds it: the
+// op is gemm_copy, not gemm_tc's exact split.
 const (
-	gcBoxK       = 64  // K of one W box: 128-byte rows, the swizzle's span
-	gcSwizzle    = 128 // bytes: the tensor map's CU_TENSOR_MAP_SWIZZLE_128B
-	gcWarps      = 16
-	gcTile       = 8       // token rows of one m16n8k16's B
-	gcColTile    = 16      // W rows of one m16n8k16's A
-	gcChunk      = 32      // K a warp multiplies at once: lane t's elements [8t, 8t+8)
-	gcBars       = 128     // the mbarriers, at the start of the shared memory
-	gcAlign      = 1024    // the slots' alignment: the swizzle's pattern repeats every 1024 bytes
-	gcMaxStages  = 4       // slots of a ring (more measured no faster at 8 rows)
-	gcSplitBelow = 90      // CTAs below which K splits over a cluster, twice as many a step
-	gcMaxSplit   = 4       // CTAs of a cluster at most
-	gcPolls      = 1 << 22 // mbarrier polls before a stage that never lands traps
-	gcEntry      = 16      // one lane's sums of one column tile and row tile: 4 f32
+	gcCols       = 64
+	gcStage      = 256
+	gcWarps      = gcCols / 16 * 4
+	gcRows       = 8
+	gcWRow       = 2 * gcStage          // shared bytes of one W row of a stage (the box's rows)
+	gcXStride    = 4*gcStage + 16       // shared bytes of one staged x row: 16 bytes of pad against bank conflicts
+	gcBars       = 128                  // the mbarriers, before slot 0
+	gcShared     = 200000               // dynamic shared memory a CTA may take (of 227 KiB)
+	gcSplitBelow = 90                   // column tiles below which K splits over a cluster
+	gcSplit      = 2                    // CTAs of such a cluster (4 measured slower)
+	gcPolls      = 1 << 22              // mbarrier polls before a stage that never lands traps
+	gcRedBytes   = 32 * 16              // one warp's partial sums: 32 lanes x 4 f32
+	gcWBox       = gcCols * 2 * gcStage // bytes of one stage's W box
 )
 
-// gcLayout is how a copy-engine GEMM of at most rows token rows splits its work: cols
-// output columns a CTA, stage elements of K a stage, and its warps in groups column groups
-// (the other warps split a stage's K). Each CTA reads x once a stage from L2 and each column
-// group reads it once from shared memory, and each K part's sums are added at the end: more
-// rows want more columns a CTA and fewer groups.
-type gcLayout struct{ rows, cols, stage, groups int }
+// GemmCopyConfig is one copy-engine GEMM: K x N, K split over Split CTAs, Stages slots.
+type GemmCopyConfig struct{ K, N, Split, Stages int }
 
-// gcLayouts are the row counts a copy-engine GEMM is made for, fewest first, with their
-// layouts. Checked at init.
-var gcLayouts = []gcLayout{
-	{rows: 8, cols: 64, stage: 256, groups: 4},
-	{rows: 16, cols: 128, stage: 128, groups: 4},
-	{rows: 32, cols: 128, stage: 128, groups: 4},
-}
+func (c GemmCopyConfig) slotBytes() int { return (gcWBox + gcRows*gcXStride + 127) &^ 127 }
+func (c GemmCopyConfig) kStages() int   { return c.K / c.Split / gcStage }
+func (c GemmCopyConfig) recvOff() int   { return gcBars + c.Stages*c.slotBytes() }
+func (c GemmCopyConfig) shared() int    { return c.recvOff() + (c.Split-1)*gcCols/16*gcRedBytes }
 
-func init() {
-	for _, l := range gcLayouts {
-		tiles := l.cols / gcColTile
-		if l.rows%gcTile != 0 || l.rows > 32 || l.cols%gcColTile != 0 || l.cols > 256 || l.stage%gcBoxK != 0 || l.groups < 1 ||
-			tiles%l.groups != 0 || gcWarps%l.groups != 0 || l.stage%(gcWarps/l.groups*gcChunk) != 0 {
-			panic(fmt.Sprintf("codegen: copy-engine GEMM layout %+v: rows a multiple of %d up to 32 (warp 0's lanes ask for x), cols a multiple of %d up to 256 (a box's rows), stage a multiple of %d, groups dividing the column tiles and %d warps, K parts of whole %d-element chunks",
-				l, gcTile, gcColTile, gcBoxK, gcWarps, gcChunk))
-		}
+// GemmCopyFor is the copy-engine GEMM for a K x N weight, or an error saying why there is
+// none: N a multiple of 64, K of 256 (times the split).
+func GemmCopyFor(k, n int) (GemmCopyConfig, error) {
+	if k <= 0 || n <= 0 || n%gcCols != 0 {
+		return GemmCopyConfig{}, fmt.Errorf("copy-engine GEMM: N=%d must be a positive multiple of %d", n, gcCols)
 	}
-}
-
-// GemmCopyConfig is one copy-engine GEMM: K x N, at most Rows token rows, K split over Split
-// CTAs, Stages slots.
-type GemmCopyConfig struct{ K, N, Rows, Split, Stages int }
-
-// layout is the config's row count's layout, the zero layout if it has none.
-func (c GemmCopyConfig) layout() gcLayout {
-	i := slices.IndexFunc(gcLayouts, func(l gcLayout) bool { return l.rows == c.Rows })
-	if i < 0 {
-		return gcLayout{}
+	c := GemmCopyConfig{K: k, N: n, Split: 1}
+	if n/gcCols < gcSplitBelow {
+		c.Split = gcSplit
 	}
-	return gcLayouts[i]
-}
-
-func (c GemmCopyConfig) cols() int      { return c.layout().cols }
-func (c GemmCopyConfig) stage() int     { return c.layout().stage }
-func (c GemmCopyConfig) groups() int    { return c.layout().groups }
-func (c GemmCopyConfig) boxBytes() int  { return c.cols() * 2 * gcBoxK }             // one W box
-func (c GemmCopyConfig) wBytes() int    { return c.cols() * 2 * c.stage() }          // a stage's W boxes
-func (c GemmCopyConfig) xStride() int   { return 4*c.stage() + 16 }                  // a staged x row: 16 bytes of pad against bank conflicts
-func (c GemmCopyConfig) parts() int     { return gcWarps / c.groups() }              // K parts of a stage
-func (c GemmCopyConfig) colTiles() int  { return c.cols() / gcColTile / c.groups() } // a warp's
-func (c GemmCopyConfig) rowTiles() int  { return c.Rows / gcTile }
-func (c GemmCopyConfig) chunks() int    { return c.stage() / c.parts() / gcChunk } // a warp's, a stage
-func (c GemmCopyConfig) entries() int   { return c.cols() / gcColTile * c.rowTiles() * 32 }
-func (c GemmCopyConfig) partBytes() int { return c.entries() * gcEntry } // one K part's sums
-func (c GemmCopyConfig) slotBytes() int {
-	return (c.wBytes() + c.Rows*c.xStride() + gcAlign - 1) &^ (gcAlign - 1)
-}
-func (c GemmCopyConfig) kStages() int   { return c.K / c.Split / c.stage() }
-func (c GemmCopyConfig) recvBytes() int { return (c.Split - 1) * c.partBytes() }
-
-// shared: the mbarriers, up to gcAlign bytes until the first slot (the base's alignment is
-// the driver's), the slots, and rank 0's place for the other ranks' sums.
-func (c GemmCopyConfig) shared() int { return gcAlign + c.Stages*c.slotBytes() + c.recvBytes() }
-
-// GemmCopyFor is the copy-engine GEMM of at most rows token rows for a K x N weight, or an
-// error saying why there is none: rows one of gcLayouts', N a multiple of 64, K of 256
-// (times the split). Its ring takes as many slots as fit the shared memory, at most
-// gcMaxStages.
-func GemmCopyFor(k, n, rows int) (GemmCopyConfig, error) {
-	c := GemmCopyConfig{K: k, N: n, Rows: rows, Split: 1}
-	if c.groups() == 0 {
-		return GemmCopyConfig{}, fmt.Errorf("copy-engine GEMM: %d rows, want one of %v", rows, gcRowsFor())
+	if k%(c.Split*gcStage) != 0 {
+		return GemmCopyConfig{}, fmt.Errorf("copy-engine GEMM: K=%d must be a positive multiple of %d", k, c.Split*gcStage)
 	}
-	if k <= 0 || n <= 0 || n%c.cols() != 0 {
-		return GemmCopyConfig{}, fmt.Errorf("copy-engine GEMM: N=%d must be a positive multiple of %d", n, c.cols())
-	}
-	for n/c.cols()*c.Split < gcSplitBelow && c.Split < gcMaxSplit {
-		c.Split *= 2
-	}
-	if k%(c.Split*c.stage()) != 0 {
-		return GemmCopyConfig{}, fmt.Errorf("copy-engine GEMM: K=%d must be a positive multiple of %d", k, c.Split*c.stage())
-	}
-	c.Stages = min(c.kStages(), gcMaxStages, (bundle.MaxDynamicShared-gcAlign-c.recvBytes())/c.slotBytes())
+	c.Stages = min(c.kStages(), (gcShared-c.shared())/c.slotBytes())
 	return c, nil
-}
-
-// gcRowsFor are the row counts gcLayouts makes kernels for, fewest first.
-func gcRowsFor() []int {
-	var rows []int
-	for _, l := range gcLayouts {
-		rows = append(rows, l.rows)
-	}
-	return rows
 }
 
 // Attrs are the kernel's reference attributes and launch.
 func (c GemmCopyConfig) Attrs() bundle.GemmCopyAttrs {
-	return bundle.GemmCopyAttrs{K: c.K, N: c.N, Rows: c.Rows, Box: [2]int{gcBoxK, c.cols()}, Swizzle: gcSwizzle,
-		Grid: c.N / c.cols() * c.Split, Cluster: c.Split, Block: 32 * gcWarps, Shared: c.shared()}
+	return bundle.GemmCopyAttrs{K: c.K, N: c.N, Rows: gcRows, Box: [2]int{gcStage, gcCols},
+		Grid: c.N / gcCols * c.Split, Cluster: c.Split, Block: 32 * gcWarps, Shared: c.shared()}
 }
 
 // Launch is the kernel's grid, block and dynamic shared memory.
@@ -161,35 +90,20 @@ func (c GemmCopyConfig) Launch() ops.Launch {
 	return ops.Launch{Grid: [3]int{a.Grid, 1, 1}, Block: [3]int{a.Block, 1, 1}, Shared: a.Shared}
 }
 
-// copyGemmShapes are the GEMMs (K, N, rows) a bundle carries a copy-engine kernel for: those
+// copyGemmShapes are the GEMMs (K, N) a bundle carries a copy-engine kernel for: those
 // measured faster inside the decode step than cuBLASLt's, on the H200 at Llama-3.1-8B's o
 // (4096 x 4096), q/k/v (6144 x 4096) and down (4096 x 14336). Its gate/up (28672 columns:
 // enough CTAs for the library's kernel to stream W at full speed) made the step longer; other
 // shapes (the 1B's, a tensor-parallel rank's, Qwen3's down) were not measured.
-var copyGemmShapes = [][3]int{
-	{4096, 4096, 8}, {4096, 6144, 8}, {14336, 4096, 8},
-	{4096, 4096, 16}, {4096, 6144, 16}, {14336, 4096, 16},
-	{4096, 4096, 32}, {4096, 6144, 32}, {14336, 4096, 32},
-}
+var copyGemmShapes = [][2]int{{4096, 4096}, {4096, 6144}, {14336, 4096}}
 
-// copyRows is the fewest rows of gcLayouts' that hold m rows, or 0 if none does.
-func copyRows(m int) int {
-	for _, r := range gcRowsFor() {
-		if m <= r {
-			return r
-		}
-	}
-	return 0
-}
-
-// copyGemms adds to the bundle a copy-engine GEMM for each GEMM that a decode bucket runs on
-// tensor cores (a node a backend may give a library) whose shape and rows (the fewest of
-// gcLayouts' that hold the bucket's) copyGemmShapes lists; guarded GEMMs (heavy apps') are
-// left alone.
+// copyGemms adds to the bundle a copy-engine GEMM for each GEMM shape that a decode bucket
+// of at most gcRows rows runs on tensor cores (a node a backend may give a library) and
+// copyGemmShapes lists; guarded GEMMs (heavy apps') are left alone.
 func (g *gen) copyGemms(templates []bundle.Template) error {
-	seen := map[[3]int]bool{}
+	seen := map[[2]int]bool{}
 	for _, t := range templates {
-		if t.Kind != bundle.Decode || copyRows(t.Tokens) == 0 {
+		if t.Kind != bundle.Decode || t.Tokens > gcRows {
 			continue
 		}
 		for _, n := range append(slices.Clone(t.Nodes), t.Plain...) {
@@ -201,16 +115,16 @@ func (g *gen) copyGemms(templates []bundle.Template) error {
 			if err != nil {
 				return fmt.Errorf("template %s: %w", t.Name, err)
 			}
-			key := [3]int{m.K, m.N, copyRows(m.M)}
-			if !ok || m.Guard != 0 || key[2] == 0 || seen[key] || !slices.Contains(copyGemmShapes, key) {
+			key := [2]int{m.K, m.N}
+			if !ok || m.Guard != 0 || m.M > gcRows || seen[key] || !slices.Contains(copyGemmShapes, key) {
 				continue
 			}
 			seen[key] = true
-			c, err := GemmCopyFor(m.K, m.N, key[2])
+			c, err := GemmCopyFor(m.K, m.N)
 			if err != nil {
 				return fmt.Errorf("template %s: node %s: %w", t.Name, n.Label, err)
 			}
-			name := fmt.Sprintf("gemm_copy_k%d_n%d_r%d", m.K, m.N, c.Rows)
+			name := fmt.Sprintf("gemm_copy_k%d_n%d", m.K, m.N)
 			if _, err := g.kernel(name, func() (*Kernel, error) { return GemmCopy(name, c) }); err != nil {
 				return err
 			}
@@ -220,12 +134,10 @@ func (g *gen) copyGemms(templates []bundle.Template) error {
 }
 
 // GemmCopy generates the copy-engine GEMM; parameters x (u64), w_map (128 bytes by value: a
-// tensor map of W with boxes of 64 x 64 under the 128-byte swizzle, bundle.GemmWMap), y
-// (u64), rows (u32, at most c.Rows). x must be 16-byte aligned. Launch it with c.Launch().
+// tensor map of W with boxes of 256 x 64, bundle.GemmWMap), y (u64), rows (u32, at most 8). x must be 16-byte
+// aligned. Launch it with c.Launch().
 func GemmCopy(name string, c GemmCopyConfig) (*Kernel, error) {
-	if c.groups() == 0 || c.Split < 1 || c.K%(c.Split*c.stage()) != 0 || c.N%c.cols() != 0 || c.Stages < 1 ||
-		c.Stages > c.kStages() || c.Stages > gcBars/8 || c.shared() > bundle.MaxDynamicShared ||
-		c.Stages*c.slotBytes() < c.parts()*c.partBytes() {
+	if c.Split < 1 || c.K%(c.Split*gcStage) != 0 || c.N%gcCols != 0 || c.Stages < 1 || c.Stages > c.kStages() || c.Stages > gcBars/8 || c.shared() > gcShared {
 		return nil, fmt.Errorf("copy-engine GEMM %s: bad configuration %+v (use GemmCopyFor)", name, c)
 	}
 	g := gcGen{emitter: newEmitter(name), c: c}
@@ -238,13 +150,13 @@ type gcGen struct {
 	c                GemmCopyConfig
 	x, wmap, y, rows ptx.Reg
 	tid, warp, lane  ptx.Reg
-	gg, t, cg, q     ptx.Reg // the lane's mma group and thread; the warp's column group and K part
+	gg, t, cg, q     ptx.Reg // the lane's mma group and thread; the warp's column group and K quarter
 	rank, col0, k0   ptx.Reg // cluster rank; the CTA's first column and first K
 	bars, slot0      ptx.Reg // shared addresses: mbarrier 0, slot 0
 	thread0, xLane   ptx.Reg // thread 0 asks for W; lane r < rows of warp 0 for x row r
 	tx               ptx.Reg // bytes a stage's mbarrier expects
 	xSrc, xDst       ptx.Reg // this lane's x row at the CTA's first K; its shared row in slot 0
-	acc              [][]ptx.Reg
+	acc              []ptx.Reg
 }
 
 func (g *gcGen) emit() {
@@ -274,21 +186,19 @@ func (g *gcGen) emit() {
 	g.lane = g.op3("and.b32", ptx.U32, g.tid, ptx.Imm(31))
 	g.gg = g.op3("shr.u32", ptx.U32, g.lane, ptx.Imm(2))
 	g.t = g.op3("and.b32", ptx.U32, g.lane, ptx.Imm(3))
-	g.cg = g.op3("div.u32", ptx.U32, g.warp, ptx.Imm(int64(c.parts())))
-	g.q = g.op3("rem.u32", ptx.U32, g.warp, ptx.Imm(int64(c.parts())))
+	g.cg = g.op3("shr.u32", ptx.U32, g.warp, ptx.Imm(2))
+	g.q = g.op3("and.b32", ptx.U32, g.warp, ptx.Imm(3))
 	g.rank = g.imm32(0)
 	tile := g.special(ptx.CtaidX)
 	if c.Split > 1 {
 		g.Emit("mov.u32", g.rank, ptx.ClusterCtaRank)
 		g.Emit("div.u32", tile, tile, ptx.Imm(int64(c.Split)))
 	}
-	g.col0 = g.op3("mul.lo.u32", ptx.U32, tile, ptx.Imm(int64(c.cols())))
+	g.col0 = g.op3("mul.lo.u32", ptx.U32, tile, ptx.Imm(gcCols))
 	g.k0 = g.op3("mul.lo.u32", ptx.U32, g.rank, ptx.Imm(int64(c.K/c.Split)))
 	g.bars = g.Reg(ptx.U32)
 	g.Emit("mov.u32", g.bars, smem)
-	// slot0: the first gcAlign boundary past the mbarriers (the same offset in every CTA).
-	g.slot0 = g.op3("add.u32", ptx.U32, g.bars, ptx.Imm(gcBars+gcAlign-1))
-	g.Emit("and.b32", g.slot0, g.slot0, ptx.Imm(int64(^uint32(gcAlign-1))))
+	g.slot0 = g.op3("add.u32", ptx.U32, g.bars, ptx.Imm(gcBars))
 	g.thread0 = g.cmp("eq", ptx.U32, g.tid, ptx.Imm(0))
 	g.when(g.thread0, false, func() {
 		for i := range c.Stages {
@@ -297,18 +207,18 @@ func (g *gcGen) emit() {
 		g.Emit("fence.mbarrier_init.release.cluster")
 	})
 	g.Emit("bar.sync", ptx.Imm(0))
-	// A stage's bytes: the W boxes and the x rows there are.
-	g.tx = g.op3("mul.lo.u32", ptx.U32, g.rows, ptx.Imm(int64(4*c.stage())))
-	g.Emit("add.u32", g.tx, g.tx, ptx.Imm(int64(c.wBytes())))
+	// A stage's bytes: the W box and the x rows there are.
+	g.tx = g.op3("mul.lo.u32", ptx.U32, g.rows, ptx.Imm(4*gcStage))
+	g.Emit("add.u32", g.tx, g.tx, ptx.Imm(gcWBox))
 	for i := range c.Stages {
 		g.when(g.thread0, false, func() { g.askW(g.imm32(int64(i)), ptx.Imm(int64(i))) })
 	}
 	g.Emit(bundle.PriorGridWait)
-	g.xLane = g.cmp("lt", ptx.U32, g.tid, g.rows) // warp 0's lanes: rows <= 32
+	g.xLane = g.cmp("lt", ptx.U32, g.tid, g.rows) // warp 0's lanes: rows <= 8
 	g.xSrc = g.byteAddr(g.byteAddr(g.x, g.lane, 4*c.K), g.k0, 4)
 	g.xDst = g.Reg(ptx.U32)
-	g.Emit("mad.lo.u32", g.xDst, g.lane, ptx.Imm(int64(c.xStride())), g.slot0)
-	g.Emit("add.u32", g.xDst, g.xDst, ptx.Imm(int64(c.wBytes())))
+	g.Emit("mad.lo.u32", g.xDst, g.lane, ptx.Imm(gcXStride), g.slot0)
+	g.Emit("add.u32", g.xDst, g.xDst, ptx.Imm(gcWBox))
 	g.when(g.xLane, false, func() {
 		for i := range c.Stages {
 			g.askX(g.imm32(int64(i)), ptx.Imm(int64(i)))
@@ -341,26 +251,22 @@ func (g *gcGen) scaled(base ptx.Reg, i ptx.Operand, size int) ptx.Reg {
 	return r
 }
 
-// askW (thread 0) arms slot's mbarrier for a stage and asks for the stage's W boxes.
+// askW (thread 0) arms slot's mbarrier for a stage and asks for the stage's W box.
 func (g *gcGen) askW(stage ptx.Reg, slot ptx.Operand) {
 	bar := g.barAddr(slot)
 	state := g.Reg(ptx.B64)
 	g.Emit("mbarrier.arrive.expect_tx.shared::cta.b64", state, ptx.Addr{Base: bar}, g.tx)
 	kc := g.Reg(ptx.U32)
-	g.Emit("mad.lo.u32", kc, stage, ptx.Imm(int64(g.c.stage())), g.k0)
-	dst := g.slotAddr(g.slot0, slot)
-	for b := range g.c.stage() / gcBoxK {
-		kb := g.op3("add.u32", ptx.U32, kc, ptx.Imm(int64(b*gcBoxK)))
-		g.Emit("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes",
-			ptx.Addr{Base: dst, Offset: int64(b * g.c.boxBytes())}, ptx.TensorAddr{Map: g.wmap, Coords: ptx.Vec{kb, g.col0}}, ptx.Addr{Base: bar})
-	}
+	g.Emit("mad.lo.u32", kc, stage, ptx.Imm(gcStage), g.k0)
+	g.Emit("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes",
+		ptx.Addr{Base: g.slotAddr(g.slot0, slot)}, ptx.TensorAddr{Map: g.wmap, Coords: ptx.Vec{kc, g.col0}}, ptx.Addr{Base: bar})
 }
 
 // askX (lane r < rows of warp 0) asks for x row r of a stage.
 func (g *gcGen) askX(stage ptx.Reg, slot ptx.Operand) {
-	src := g.byteAddr(g.xSrc, stage, 4*g.c.stage())
+	src := g.byteAddr(g.xSrc, stage, 4*gcStage)
 	g.Emit("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes",
-		ptx.Addr{Base: g.slotAddr(g.xDst, slot)}, ptx.Addr{Base: src}, ptx.Imm(int64(4*g.c.stage())), ptx.Addr{Base: g.barAddr(slot)})
+		ptx.Addr{Base: g.slotAddr(g.xDst, slot)}, ptx.Addr{Base: src}, ptx.Imm(4*gcStage), ptx.Addr{Base: g.barAddr(slot)})
 }
 
 // mainLoop multiplies the CTA's stages in order, slot by slot, refilling each slot with the
@@ -368,72 +274,42 @@ func (g *gcGen) askX(stage ptx.Reg, slot ptx.Operand) {
 func (g *gcGen) mainLoop() {
 	c := g.c
 	gg, t, cg, q := g.gg, g.t, g.cg, g.q
-	kPart := c.stage() / c.parts()
-	// wLane[ch]: lane (g, t)'s W address in slot 0 for chunk ch of its part, row g of the
-	// warp's first column tile: the chunk's box, the row, and 16-byte chunk (k/8 + t) of the
-	// row's 128 bytes, moved to chunk (k/8 + t) ^ (row % 8) by the swizzle (row % 8 = g).
-	rowOff := g.Reg(ptx.U32)
-	g.Emit("mad.lo.u32", rowOff, cg, ptx.Imm(int64(c.colTiles()*gcColTile)), gg)
-	g.Emit("mad.lo.u32", rowOff, rowOff, ptx.Imm(2*gcBoxK), g.slot0)
-	wLane := make([]ptx.Reg, c.chunks())
-	for ch := range wLane {
-		ks := g.Reg(ptx.U32)
-		g.Emit("mad.lo.u32", ks, q, ptx.Imm(int64(kPart)), ptx.Imm(int64(ch*gcChunk)))
-		box := g.op3("shr.u32", ptx.U32, ks, ptx.Imm(6))
-		chunk := g.op3("shr.u32", ptx.U32, ks, ptx.Imm(3))
-		g.Emit("and.b32", chunk, chunk, ptx.Imm(7))
-		g.Emit("or.b32", chunk, chunk, t)
-		g.Emit("xor.b32", chunk, chunk, gg)
-		wLane[ch] = g.Reg(ptx.U32)
-		g.Emit("mad.lo.u32", wLane[ch], box, ptx.Imm(int64(c.boxBytes())), rowOff)
-		g.Emit("mad.lo.u32", wLane[ch], chunk, ptx.Imm(16), wLane[ch])
-	}
-	// xLane: lane (g, t)'s x address in slot 0: row g, elements q*kPart + 8t on.
-	kx := g.Reg(ptx.U32)
-	g.Emit("shl.b32", kx, t, ptx.Imm(3))
-	g.Emit("mad.lo.u32", kx, q, ptx.Imm(int64(kPart)), kx)
-	xLane := g.Reg(ptx.U32)
-	g.Emit("mad.lo.u32", xLane, gg, ptx.Imm(int64(c.xStride())), g.slot0)
-	g.Emit("mad.lo.u32", xLane, kx, ptx.Imm(4), xLane)
-	g.Emit("add.u32", xLane, xLane, ptx.Imm(int64(c.wBytes())))
-	g.acc = make([][]ptx.Reg, c.colTiles()*c.rowTiles())
-	for i := range g.acc {
-		g.acc[i] = g.Regs(ptx.F32, 4)
-		for _, a := range g.acc[i] {
-			g.Emit("mov.f32", a, ptx.F32Imm(0))
-		}
+	// kq = q*64 + 8t: the lane's first K of the stage; W row cg*16+g; x row g.
+	kq := g.Reg(ptx.U32)
+	g.Emit("shl.b32", kq, t, ptx.Imm(3))
+	g.Emit("mad.lo.u32", kq, q, ptx.Imm(gcStage/4), kq)
+	wrow := g.Reg(ptx.U32)
+	g.Emit("mad.lo.u32", wrow, cg, ptx.Imm(16), gg)
+	wOff := g.Reg(ptx.U32)
+	g.Emit("mad.lo.u32", wOff, wrow, ptx.Imm(gcWRow), g.slot0)
+	g.Emit("mad.lo.u32", wOff, kq, ptx.Imm(2), wOff)
+	xOff := g.Reg(ptx.U32)
+	g.Emit("mad.lo.u32", xOff, gg, ptx.Imm(gcXStride), g.slot0)
+	g.Emit("mad.lo.u32", xOff, kq, ptx.Imm(4), xOff)
+	g.Emit("add.u32", xOff, xOff, ptx.Imm(gcWBox))
+	g.acc = g.Regs(ptx.F32, 4)
+	for _, a := range g.acc {
+		g.Emit("mov.f32", a, ptx.F32Imm(0))
 	}
 	stage, slot, phase := g.imm32(0), g.imm32(0), g.imm32(0)
 	top := g.NewLabel("stage")
 	g.Label(top)
 	g.wait(g.barAddr(slot), phase)
-	xa := g.slotAddr(xLane, slot)
-	a, b := make([][]ptx.Reg, c.colTiles()), make([][]ptx.Reg, c.colTiles())
-	for ct := range a {
-		a[ct], b[ct] = g.Regs(ptx.B32, 4), g.Regs(ptx.B32, 4)
-	}
+	wa, xa := g.slotAddr(wOff, slot), g.slotAddr(xOff, slot)
+	a, b := g.Regs(ptx.B32, 4), g.Regs(ptx.B32, 4)
 	xs := g.Regs(ptx.F32, 8)
 	xb := g.Regs(ptx.B32, 4)
-	for ch := range c.chunks() {
-		wa := g.slotAddr(wLane[ch], slot)
-		for ct := range a {
-			row := int64(ct * gcColTile * 2 * gcBoxK)
-			g.Emit("ld.shared.v4.b32", ptx.Vec(a[ct]), ptx.Addr{Base: wa, Offset: row})
-			g.Emit("ld.shared.v4.b32", ptx.Vec(b[ct]), ptx.Addr{Base: wa, Offset: row + 8*2*gcBoxK})
+	for ch := range gcStage / 128 {
+		g.Emit("ld.shared.v4.b32", ptx.Vec(a), ptx.Addr{Base: wa, Offset: int64(64 * ch)})
+		g.Emit("ld.shared.v4.b32", ptx.Vec(b), ptx.Addr{Base: wa, Offset: int64(64*ch + 8*gcWRow)})
+		g.Emit("ld.shared.v4.f32", ptx.Vec(xs[:4]), ptx.Addr{Base: xa, Offset: int64(128 * ch)})
+		g.Emit("ld.shared.v4.f32", ptx.Vec(xs[4:]), ptx.Addr{Base: xa, Offset: int64(128*ch + 16)})
+		for i := range xb {
+			g.Emit("cvt.rn.bf16x2.f32", xb[i], xs[2*i+1], xs[2*i])
 		}
-		for rt := range c.rowTiles() {
-			at := int64(4*gcChunk*ch + rt*gcTile*c.xStride())
-			g.Emit("ld.shared.v4.f32", ptx.Vec(xs[:4]), ptx.Addr{Base: xa, Offset: at})
-			g.Emit("ld.shared.v4.f32", ptx.Vec(xs[4:]), ptx.Addr{Base: xa, Offset: at + 16})
-			for i := range xb {
-				g.Emit("cvt.rn.bf16x2.f32", xb[i], xs[2*i+1], xs[2*i])
-			}
-			for ct := range a {
-				acc := ptx.Vec(g.acc[ct*c.rowTiles()+rt])
-				g.Emit("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32", acc, ptx.Vec{a[ct][0], b[ct][0], a[ct][1], b[ct][1]}, ptx.Vec(xb[:2]), acc)
-				g.Emit("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32", acc, ptx.Vec{a[ct][2], b[ct][2], a[ct][3], b[ct][3]}, ptx.Vec(xb[2:]), acc)
-			}
-		}
+		acc := ptx.Vec(g.acc)
+		g.Emit("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32", acc, ptx.Vec{a[0], b[0], a[1], b[1]}, ptx.Vec(xb[:2]), acc)
+		g.Emit("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32", acc, ptx.Vec{a[2], b[2], a[3], b[3]}, ptx.Vec(xb[2:]), acc)
 	}
 	g.Emit("bar.sync", ptx.Imm(0))
 	next := g.op3("add.u32", ptx.U32, stage, ptx.Imm(int64(c.Stages)))
@@ -465,103 +341,67 @@ func (g *gcGen) wait(bar, phase ptx.Reg) {
 	g.Label(done)
 }
 
-// reduce adds the warps' sums. Entry e = (column tile * rowTiles + row tile) * 32 + lane of
-// K part p lies at slot0 + p*partBytes + 16e (the ring, free once the main loop ends); thread
-// i owns entries i, i + 512, ..., adds each one's parts in order, then the cluster's ranks in
-// rank order (rank r's at rank 0's recv + (r-1)*partBytes + 16e), and rank 0 stores y.
+// reduce adds the four K quarters of each column group, then the cluster's ranks in rank
+// order, and rank 0's quarter-0 warps store y.
 func (g *gcGen) reduce() {
 	c := g.c
-	const threads = 32 * gcWarps
-	for ct := range c.colTiles() {
-		for rt := range c.rowTiles() {
-			e := g.Reg(ptx.U32)
-			g.Emit("mad.lo.u32", e, g.cg, ptx.Imm(int64(c.colTiles())), ptx.Imm(int64(ct)))
-			g.Emit("mad.lo.u32", e, e, ptx.Imm(int64(c.rowTiles())), ptx.Imm(int64(rt)))
-			g.Emit("mad.lo.u32", e, e, ptx.Imm(32), g.lane)
-			at := g.Reg(ptx.U32)
-			g.Emit("mad.lo.u32", at, g.q, ptx.Imm(int64(c.partBytes()/gcEntry)), e)
-			g.Emit("mad.lo.u32", at, at, ptx.Imm(gcEntry), g.slot0)
-			g.Emit("st.shared.v4.f32", ptx.Addr{Base: at}, ptx.Vec(g.acc[ct*c.rowTiles()+rt]))
-		}
-	}
+	red := g.Reg(ptx.U32)
+	g.Emit("mad.lo.u32", red, g.tid, ptx.Imm(16), g.slot0)
+	g.Emit("st.shared.v4.f32", ptx.Addr{Base: red}, ptx.Vec(g.acc))
 	g.Emit("bar.sync", ptx.Imm(0))
-	rounds := (c.entries() + threads - 1) / threads
-	entry, owner, sum := make([]ptx.Reg, rounds), make([]ptx.Reg, rounds), make([][]ptx.Reg, rounds)
+	q, cg := g.q, g.cg
+	lead := g.cmp("eq", ptx.U32, q, ptx.Imm(0))
 	part := g.Regs(ptx.F32, 4)
-	add := func(sum []ptx.Reg, a ptx.Addr) {
+	add := func(a ptx.Addr) {
 		g.Emit("ld.shared.v4.f32", ptx.Vec(part), a)
 		for i := range part {
-			g.Emit("add.f32", sum[i], sum[i], part[i])
+			g.Emit("add.f32", g.acc[i], g.acc[i], part[i])
 		}
 	}
-	mine := g.Reg(ptx.U32)
-	g.Emit("mad.lo.u32", mine, g.tid, ptx.Imm(gcEntry), g.slot0)
-	for j := range rounds {
-		entry[j] = g.op3("add.u32", ptx.U32, g.tid, ptx.Imm(int64(j*threads)))
-		owner[j] = g.cmp("lt", ptx.U32, entry[j], ptx.Imm(int64(c.entries())))
-		sum[j] = g.Regs(ptx.F32, 4)
-		g.when(owner[j], false, func() {
-			at := int64(j * threads * gcEntry)
-			g.Emit("ld.shared.v4.f32", ptx.Vec(sum[j]), ptx.Addr{Base: mine, Offset: at})
-			for p := 1; p < c.parts(); p++ {
-				add(sum[j], ptx.Addr{Base: mine, Offset: at + int64(p*c.partBytes())})
-			}
-		})
-	}
-	recv := g.op3("add.u32", ptx.U32, mine, ptx.Imm(int64(c.Stages*c.slotBytes())))
+	g.when(lead, false, func() {
+		for qq := 1; qq < 4; qq++ {
+			add(ptx.Addr{Base: red, Offset: int64(qq * gcRedBytes)})
+		}
+	})
+	// recv: where rank r's sums of column group cg, lane l land in rank 0: row (r-1)*4 + cg.
+	recv := g.Reg(ptx.U32)
+	g.Emit("mad.lo.u32", recv, cg, ptx.Imm(gcRedBytes), g.bars)
+	g.Emit("mad.lo.u32", recv, g.lane, ptx.Imm(16), recv)
+	g.Emit("add.u32", recv, recv, ptx.Imm(int64(c.recvOff())))
 	if c.Split > 1 {
 		g.Emit("barrier.cluster.wait")
 		sender := g.cmp("ne", ptx.U32, g.rank, ptx.Imm(0))
-		// remote: rank 0's recv + (rank-1)*partBytes + 16*tid, mapped from its first byte
-		// (every rank's own, in its window) and offset there.
-		remote := g.Reg(ptx.U32)
-		g.Emit("add.u32", remote, g.slot0, ptx.Imm(int64(c.Stages*c.slotBytes())))
-		g.Emit("mapa.shared::cluster.u32", remote, remote, ptx.Imm(0))
-		off := g.op3("add.u32", ptx.U32, g.rank, ptx.Imm(-1))
-		g.Emit("mul.lo.u32", off, off, ptx.Imm(int64(c.partBytes())))
-		g.Emit("mad.lo.u32", off, g.tid, ptx.Imm(gcEntry), off)
-		g.Emit("add.u32", remote, remote, off)
-		for j := range rounds {
-			send := g.Reg(ptx.Pred)
-			g.Emit("and.pred", send, sender, owner[j])
-			g.EmitIf(send, false, "st.shared::cluster.v4.f32", ptx.Addr{Base: remote, Offset: int64(j * threads * gcEntry)}, ptx.Vec(sum[j]))
-		}
+		send := g.Reg(ptx.Pred)
+		g.Emit("and.pred", send, sender, lead)
+		g.when(send, false, func() {
+			at := g.Reg(ptx.U32)
+			g.Emit("add.u32", at, g.rank, ptx.Imm(-1))
+			g.Emit("mad.lo.u32", at, at, ptx.Imm(gcCols/16*gcRedBytes), recv)
+			remote := g.Reg(ptx.U32)
+			g.Emit("mapa.shared::cluster.u32", remote, at, ptx.Imm(0))
+			g.Emit("st.shared::cluster.v4.f32", ptx.Addr{Base: remote}, ptx.Vec(g.acc))
+		})
 		g.Emit("barrier.cluster.arrive.release")
 		g.Emit("barrier.cluster.wait.acquire")
 		g.EmitIf(sender, false, "exit")
 	}
-	for j := range rounds {
-		g.when(owner[j], false, func() {
-			for r := 1; r < c.Split; r++ {
-				add(sum[j], ptx.Addr{Base: recv, Offset: int64(j*threads*gcEntry + (r-1)*c.partBytes())})
-			}
-			g.storeEntry(entry[j], sum[j])
-		})
+	g.EmitIf(lead, true, "exit")
+	for r := 1; r < c.Split; r++ {
+		add(ptx.Addr{Base: recv, Offset: int64((r - 1) * gcCols / 16 * gcRedBytes)})
 	}
-}
-
-// storeEntry stores entry e's sums: column tile e / (rowTiles*32), row tile e / 32 %
-// rowTiles, lane (g, t) = e % 32, whose sums are (column g, tokens 2t, 2t+1) and (column g+8,
-// the same tokens); rows past the launch's are left alone.
-func (g *gcGen) storeEntry(e ptx.Reg, sum []ptx.Reg) {
-	c := g.c
-	lane := g.op3("and.b32", ptx.U32, e, ptx.Imm(31))
-	gg := g.op3("shr.u32", ptx.U32, lane, ptx.Imm(2))
-	tok := g.op3("and.b32", ptx.U32, lane, ptx.Imm(3))
-	g.Emit("shl.b32", tok, tok, ptx.Imm(1))
-	rt := g.op3("shr.u32", ptx.U32, e, ptx.Imm(5))
-	g.Emit("rem.u32", rt, rt, ptx.Imm(int64(c.rowTiles())))
-	g.Emit("mad.lo.u32", tok, rt, ptx.Imm(gcTile), tok)
-	col := g.op3("div.u32", ptx.U32, e, ptx.Imm(int64(c.rowTiles()*32)))
-	g.Emit("mad.lo.u32", col, col, ptx.Imm(gcColTile), gg)
+	// acc: (column g, tokens 2t, 2t+1), (column g+8, tokens 2t, 2t+1).
+	gg, t := g.gg, g.t
+	col := g.Reg(ptx.U32)
+	g.Emit("mad.lo.u32", col, cg, ptx.Imm(16), gg)
 	g.Emit("add.u32", col, col, g.col0)
+	tok := g.op3("shl.b32", ptx.U32, t, ptx.Imm(1))
 	for i := range 2 {
 		row := g.op3("add.u32", ptx.U32, tok, ptx.Imm(int64(i)))
 		idx := g.Reg(ptx.U32)
 		g.Emit("mad.lo.u32", idx, row, ptx.Imm(int64(c.N)), col)
 		at := g.byteAddr(g.y, idx, 4)
 		in := g.cmp("lt", ptx.U32, row, g.rows)
-		g.EmitIf(in, false, "st.global.f32", ptx.Addr{Base: at}, sum[i])
-		g.EmitIf(in, false, "st.global.f32", ptx.Addr{Base: at, Offset: 32}, sum[2+i])
+		g.EmitIf(in, false, "st.global.f32", ptx.Addr{Base: at}, g.acc[i])
+		g.EmitIf(in, false, "st.global.f32", ptx.Addr{Base: at, Offset: 32}, g.acc[2+i])
 	}
 }

@@ -14,7 +14,7 @@ import (
 
 // copyServer holds the bundle's copy-engine GEMMs and what serving them needs.
 type copyServer struct {
-	kernels map[[2]int][]bundle.GemmCopy
+	kernels map[[2]int]bundle.GemmCopy
 	checked map[string]bool           // kernels whose shared-memory limit is raised and whose first launch ran
 	maps    map[copyMapKey]*tensorMap // encoded tensor maps by weight and shape
 	served  map[copyLaunchKey]*launch // one launch per node shape and buffers, as cuBLASLt's
@@ -22,9 +22,8 @@ type copyServer struct {
 }
 
 type copyMapKey struct {
-	w             uintptr
-	k, n, swizzle int
-	box           [2]int
+	w    uintptr
+	k, n int
 }
 
 type copyLaunchKey struct {
@@ -53,8 +52,8 @@ func (be *Backend) copyNode(n bundle.Node, vals []uint64) (*launch, bool, error)
 	if err != nil || !ok || g.Guard != 0 || g.M < 1 {
 		return nil, false, nil
 	}
-	c, ok := bundle.GemmCopyFor(be.copy.kernels[[2]int{g.K, g.N}], g.M)
-	if !ok {
+	c, ok := be.copy.kernels[[2]int{g.K, g.N}]
+	if !ok || g.M > c.Attrs.Rows {
 		return nil, false, nil
 	}
 	key := copyLaunchKey{g: g, x: uintptr(vals[g.X]), w: uintptr(vals[g.W]), y: uintptr(vals[g.Y])}
@@ -64,7 +63,7 @@ func (be *Backend) copyNode(n bundle.Node, vals []uint64) (*launch, bool, error)
 	if key.x%16 != 0 || key.w%16 != 0 {
 		return nil, false, nil
 	}
-	wmap, err := be.tensorMap(copyMapKey{w: key.w, k: g.K, n: g.N, box: c.Attrs.Box, swizzle: c.Attrs.Swizzle})
+	wmap, err := be.tensorMap(key.w, g.K, g.N, c.Attrs.Box)
 	if err != nil {
 		return nil, false, fmt.Errorf("node %s: %w", n.Label, err)
 	}
@@ -100,26 +99,23 @@ type tensorMap struct {
 
 func (m *tensorMap) addr() uintptr { return (uintptr(unsafe.Pointer(&m.buf[0])) + 63) &^ 63 }
 
-// tensorMap is the tensor map of W ([n,k] bf16 at w) with boxes of box[0] x box[1] elements
-// and the swizzle (bytes: 0 or 128) key names, encoded by the driver on first use.
-func (be *Backend) tensorMap(key copyMapKey) (*tensorMap, error) {
+// tensorMap is the tensor map of W ([n,k] bf16 at w) with boxes of box[0] x box[1] elements,
+// encoded by the driver on first use.
+func (be *Backend) tensorMap(w uintptr, k, n int, box [2]int) (*tensorMap, error) {
+	key := copyMapKey{w: w, k: k, n: n}
 	if m, ok := be.copy.maps[key]; ok {
 		return m, nil
 	}
-	swizzle, ok := map[int]uintptr{0: 0, 128: 3}[key.swizzle] // CU_TENSOR_MAP_SWIZZLE_NONE, _128B
-	if !ok {
-		return nil, fmt.Errorf("tensor map of a %d x %d weight: swizzle %d (want 0 or 128)", key.n, key.k, key.swizzle)
-	}
 	m := &tensorMap{}
-	dims := []uint64{uint64(key.k), uint64(key.n)}
-	strides := []uint64{uint64(2 * key.k)}
-	boxDims := []uint32{uint32(key.box[0]), uint32(key.box[1])}
+	dims := []uint64{uint64(k), uint64(n)}
+	strides := []uint64{uint64(2 * k)}
+	boxDims := []uint32{uint32(box[0]), uint32(box[1])}
 	elemStrides := []uint32{1, 1}
-	// bf16 (9), rank 2, no interleave, the swizzle, L2 promotion of 256 bytes (3), no OOB fill.
-	if err := be.d.call("cuTensorMapEncodeTiled", m.addr(), 9, 2, key.w, uintptr(unsafe.Pointer(&dims[0])),
+	// bf16 (9), rank 2, no interleave, no swizzle, L2 promotion of 256 bytes (3), no OOB fill.
+	if err := be.d.call("cuTensorMapEncodeTiled", m.addr(), 9, 2, w, uintptr(unsafe.Pointer(&dims[0])),
 		uintptr(unsafe.Pointer(&strides[0])), uintptr(unsafe.Pointer(&boxDims[0])), uintptr(unsafe.Pointer(&elemStrides[0])),
-		0, swizzle, 3, 0); err != nil {
-		return nil, fmt.Errorf("tensor map of a %d x %d weight: %w", key.n, key.k, err)
+		0, 0, 3, 0); err != nil {
+		return nil, fmt.Errorf("tensor map of a %d x %d weight: %w", n, k, err)
 	}
 	be.copy.maps[key] = m
 	return m, nil
