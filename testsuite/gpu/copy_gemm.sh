@@ -5,8 +5,8 @@
 # with them (--gemm auto) and without (--gemm cublaslt, the library for every GEMM), rounds
 # alternating, at contexts CONTEXTS (default 80 576 2112), the compiled PyTorch step at the
 # same shapes (prompts of CONTEXT - 64 tokens, its 64 steps on top), and the online workload
-# under both (ONLINE=0 skips it; PEER=0 the peer, TESTS=0 the tests); first, ptxas's
-# registers and spills for the copy-engine kernels.
+# under both (ONLINE=0 skips it; PEER=0 the peer, TESTS=0 the tests); between the tests and
+# the timings, ptxas's registers and spills for the bundle's copy-engine kernels.
 # Build first (bash testsuite/gpu/build.sh), then:
 #   run(command="OUT=\$OUT bash testsuite/gpu/copy_gemm.sh", carry=[".dev/gpu"])
 # Writes $OUT/copy_gemm.json and $OUT/summary.txt.
