@@ -26,7 +26,6 @@ import (
 	"xmix/compile"
 	"xmix/loader"
 	"xmix/loader/cuda"
-	"xmix/ops"
 	"xmix/specs"
 	"xmix/testsuite"
 )
@@ -359,25 +358,19 @@ func TestCUDACopyGemmMatchesCPU(t *testing.T) {
 	}
 }
 
-// decodeRows records the logits of the first rows rows of every decode step.
+// decodeRows is a LogitRecorder of the first rows of every decode step: its Vocab is rows
+// times the model's, and steps of other templates pass it by.
 type decodeRows struct {
-	loader.Backend
-	b     *bundle.Bundle
-	rows  int
-	steps [][]float32
+	testsuite.LogitRecorder
+	b *bundle.Bundle
 }
 
 // Step implements loader.Backend.
 func (r *decodeRows) Step(t int) error {
-	if err := r.Backend.Step(t); err != nil || r.b.Templates[t].Kind != bundle.Decode {
-		return err
+	if r.b.Templates[t].Kind != bundle.Decode {
+		return r.Backend.Step(t)
 	}
-	raw := make([]byte, 4*r.rows*r.b.Manifest.Model.Vocab)
-	if err := r.Backend.Read(bundle.ActLogits, raw); err != nil {
-		return err
-	}
-	r.steps = append(r.steps, ops.Arg{Mem: raw}.F32())
-	return nil
+	return r.LogitRecorder.Step(t)
 }
 
 // agreementRows runs prompts (of one length, so that every request is live in every decode
@@ -385,7 +378,7 @@ func (r *decodeRows) Step(t int) error {
 // logits of every request's row in every decode step, within the library GEMMs' bound.
 func agreementRows(t *testing.T, nb testsuite.NewBackend, key string, b *bundle.Bundle, prompts [][]int, n int) {
 	run := func(nb testsuite.NewBackend, force [][]int) ([][]int, [][]float32) {
-		rec := &decodeRows{Backend: nb(t, b), b: b, rows: len(prompts)}
+		rec := &decodeRows{LogitRecorder: testsuite.LogitRecorder{Backend: nb(t, b), Vocab: len(prompts) * b.Manifest.Model.Vocab}, b: b}
 		defer rec.Close()
 		eng, err := loader.NewEngine(b, rec)
 		if err != nil {
@@ -407,7 +400,7 @@ func agreementRows(t *testing.T, nb testsuite.NewBackend, key string, b *bundle.
 		for _, r := range res {
 			toks = append(toks, r.Tokens)
 		}
-		return toks, rec.steps
+		return toks, rec.Steps
 	}
 	cpuTok, cpuLogits := run(testsuite.NewCPU, nil)
 	_, gpuLogits := run(nb, cpuTok)
