@@ -172,14 +172,21 @@ func GemmOf(n Node, k Kernel) (g GEMM, ok bool, err error) {
 // node names such a kernel. A bundle carries one beside its GEMM nodes' own kernels for each
 // GEMM shape where it beats the library inside a decode step (codegen/gemm_copy.go), and a
 // backend that serves GEMM nodes with a library may serve a node of the same K and N and at
-// most Rows rows with it instead. Its parameters are GemmX, GemmWMap, GemmY and GemmRows.
+// most Rows rows with it instead. Its parameters are GemmXMap, GemmWMap, GemmY and GemmRows.
 const OpGemmCopy = "gemm_copy"
 
 // GemmWMap is the copy-engine GEMM's w parameter: a tensor map of W ([N,K] bf16, K
-// innermost) with boxes of Box[0] elements of K by Box[1] rows, TensorMapBytes passed by
-// value (type TensorMapParam), which the backend encodes for the node's W (on the GPU the
-// driver's encoding, cuTensorMapEncodeTiled; the emulator takes the address of its own).
+// innermost) with boxes of Box[0] elements of K by Box[1] rows, laid out in shared memory
+// with the attributes' Swizzle (0: dense; 128: the 128-byte swizzle, box rows of 128 bytes),
+// TensorMapBytes passed by value (type TensorMapParam), which the backend encodes for the
+// node's W (on the GPU the driver's encoding, cuTensorMapEncodeTiled; the emulator takes the
+// address of its own).
 const GemmWMap = "w_map"
+
+// GemmXMap is the copy-engine GEMM's x parameter: a tensor map of x ([M,K] f32, K innermost)
+// with boxes of XBox[0] elements of K by XBox[1] rows, dense in shared memory, rows past M
+// read as zeros; passed as GemmWMap is.
+const GemmXMap = "x_map"
 
 // TensorMapBytes is a tensor map's size, and TensorMapParam the type of a parameter that
 // carries one by value (`.param .align 64 .b8 name[128]`).
@@ -197,16 +204,18 @@ type GemmCopyAttrs struct {
 	N       int    `json:"n"`
 	Rows    int    `json:"rows"`
 	Box     [2]int `json:"box"`
+	Swizzle int    `json:"swizzle"`
+	XBox    [2]int `json:"x_box"`
 	Grid    int    `json:"grid"`
 	Cluster int    `json:"cluster"`
 	Block   int    `json:"block"`
 	Shared  int    `json:"shared"`
 }
 
-// GemmCopyKernels indexes a bundle's copy-engine GEMMs by K and N, checking each kernel's
-// attributes and parameters: a malformed one is an error naming it.
-func GemmCopyKernels(kernels []Kernel) (map[[2]int]GemmCopy, error) {
-	out := map[[2]int]GemmCopy{}
+// GemmCopyKernels indexes a bundle's copy-engine GEMMs by K and N, fewest rows first,
+// checking each kernel's attributes and parameters: a malformed one is an error naming it.
+func GemmCopyKernels(kernels []Kernel) (map[[2]int][]GemmCopy, error) {
+	out := map[[2]int][]GemmCopy{}
 	for _, k := range kernels {
 		if k.Op != OpGemmCopy {
 			continue
@@ -215,21 +224,36 @@ func GemmCopyKernels(kernels []Kernel) (map[[2]int]GemmCopy, error) {
 		if err := json.Unmarshal(k.Attrs, &a); err != nil {
 			return nil, fmt.Errorf("kernel %s: copy-engine GEMM attributes %s: %w", k.Name, k.Attrs, err)
 		}
-		if a.K <= 0 || a.N <= 0 || a.Rows <= 0 || a.Box[0] <= 0 || a.Box[1] <= 0 || a.Grid <= 0 || a.Cluster <= 0 ||
+		if a.K <= 0 || a.N <= 0 || a.Rows <= 0 || a.Box[0] <= 0 || a.Box[1] <= 0 || a.XBox[0] <= 0 || a.XBox[1] < a.Rows || a.Grid <= 0 || a.Cluster <= 0 ||
 			a.Grid%a.Cluster != 0 || a.Block <= 0 || a.Block > 1024 || a.Shared < 0 || a.Shared > MaxDynamicShared {
-			return nil, fmt.Errorf("kernel %s: copy-engine GEMM attributes %s: want positive k, n, rows, box, grid (a multiple of cluster), block (at most 1024) and shared (at most %d)", k.Name, k.Attrs, MaxDynamicShared)
+			return nil, fmt.Errorf("kernel %s: copy-engine GEMM attributes %s: want positive k, n, rows, box, x_box (of at least rows rows), grid (a multiple of cluster), block (at most 1024) and shared (at most %d)", k.Name, k.Attrs, MaxDynamicShared)
 		}
-		want := []Param{{GemmX, "u64"}, {GemmWMap, TensorMapParam}, {GemmY, "u64"}, {GemmRows, "u32"}}
+		if a.Swizzle != 0 && (a.Swizzle != 128 || 2*a.Box[0] != a.Swizzle) {
+			return nil, fmt.Errorf("kernel %s: copy-engine GEMM attributes %s: swizzle %d over box rows of %d bytes: want 0, or 128 over rows of 128 bytes", k.Name, k.Attrs, a.Swizzle, 2*a.Box[0])
+		}
+		want := []Param{{GemmXMap, TensorMapParam}, {GemmWMap, TensorMapParam}, {GemmY, "u64"}, {GemmRows, "u32"}}
 		if !slices.Equal(k.Params, want) {
 			return nil, fmt.Errorf("kernel %s: a copy-engine GEMM takes parameters %v, not %v", k.Name, want, k.Params)
 		}
 		key := [2]int{a.K, a.N}
-		if _, dup := out[key]; dup {
-			return nil, fmt.Errorf("kernel %s: a second copy-engine GEMM for k %d, n %d", k.Name, a.K, a.N)
+		if slices.ContainsFunc(out[key], func(c GemmCopy) bool { return c.Attrs.Rows == a.Rows }) {
+			return nil, fmt.Errorf("kernel %s: a second copy-engine GEMM for k %d, n %d, %d rows", k.Name, a.K, a.N, a.Rows)
 		}
-		out[key] = GemmCopy{Kernel: k.Name, Attrs: a}
+		out[key] = append(out[key], GemmCopy{Kernel: k.Name, Attrs: a})
+		slices.SortFunc(out[key], func(x, y GemmCopy) int { return x.Attrs.Rows - y.Attrs.Rows })
 	}
 	return out, nil
+}
+
+// GemmCopyFor is the copy-engine GEMM of kernels (one shape's, fewest rows first) that takes
+// m rows with the fewest rows, or false if none takes that many.
+func GemmCopyFor(kernels []GemmCopy, m int) (GemmCopy, bool) {
+	for _, c := range kernels {
+		if m <= c.Attrs.Rows {
+			return c, true
+		}
+	}
+	return GemmCopy{}, false
 }
 
 // MaxDynamicShared is the most shared memory a CTA may ask for on sm_90 (227 KiB).

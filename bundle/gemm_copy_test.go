@@ -5,17 +5,28 @@ import (
 	"testing"
 )
 
-// TestGemmCopyKernels: well-formed copy-engine GEMMs are indexed by K and N; a malformed one
+// TestGemmCopyKernels: well-formed copy-engine GEMMs are indexed by K and N, fewest rows
+// first, and a node of m rows gets the one of the fewest rows that takes m; a malformed one
 // is an error naming the kernel and what is wrong.
 func TestGemmCopyKernels(t *testing.T) {
-	params := []Param{{GemmX, "u64"}, {GemmWMap, TensorMapParam}, {GemmY, "u64"}, {GemmRows, "u32"}}
-	good := `{"k":4096,"n":4096,"rows":8,"box":[256,64],"grid":128,"cluster":2,"block":512,"shared":166528}`
+	params := []Param{{GemmXMap, TensorMapParam}, {GemmWMap, TensorMapParam}, {GemmY, "u64"}, {GemmRows, "u32"}}
+	good := `{"k":4096,"n":4096,"rows":8,"box":[64,64],"swizzle":128,"x_box":[256,32],"grid":128,"cluster":2,"block":512,"shared":166528}`
 	kern := func(name, attrs string, p []Param) Kernel {
 		return Kernel{Name: name, Op: OpGemmCopy, Attrs: []byte(attrs), Params: p}
 	}
-	got, err := GemmCopyKernels([]Kernel{kern("a", good, params), {Name: "other", Op: OpGemmTC}})
-	if err != nil || len(got) != 1 || got[[2]int{4096, 4096}].Kernel != "a" {
+	rows32 := strings.Replace(good, `"rows":8`, `"rows":32`, 1)
+	got, err := GemmCopyKernels([]Kernel{kern("a32", rows32, params), kern("a", good, params), {Name: "other", Op: OpGemmTC}})
+	if err != nil || len(got) != 1 || len(got[[2]int{4096, 4096}]) != 2 {
 		t.Fatalf("%v, %v", got, err)
+	}
+	for _, c := range []struct {
+		m    int
+		want string
+	}{{1, "a"}, {8, "a"}, {9, "a32"}, {32, "a32"}, {33, ""}} {
+		k, ok := GemmCopyFor(got[[2]int{4096, 4096}], c.m)
+		if k.Kernel != c.want || ok != (c.want != "") {
+			t.Errorf("%d rows: kernel %q (%v), want %q", c.m, k.Kernel, ok, c.want)
+		}
 	}
 	for _, c := range []struct {
 		name string
@@ -26,8 +37,11 @@ func TestGemmCopyKernels(t *testing.T) {
 		{"grid not a multiple of the cluster", []Kernel{kern("a", strings.Replace(good, `"grid":128`, `"grid":127`, 1), params)}, "a multiple of cluster"},
 		{"too much shared memory", []Kernel{kern("a", strings.Replace(good, `"shared":166528`, `"shared":300000`, 1), params)}, "shared (at most"},
 		{"zero rows", []Kernel{kern("a", strings.Replace(good, `"rows":8`, `"rows":0`, 1), params)}, "want positive"},
-		{"map as a pointer", []Kernel{kern("a", good, []Param{{GemmX, "u64"}, {GemmWMap, "u64"}, {GemmY, "u64"}, {GemmRows, "u32"}})}, "takes parameters"},
-		{"two for one shape", []Kernel{kern("a", good, params), kern("b", good, params)}, "kernel b: a second copy-engine GEMM"},
+		{"swizzle of 64 bytes", []Kernel{kern("a", strings.Replace(good, `"swizzle":128`, `"swizzle":64`, 1), params)}, "swizzle 64 over box rows of 128 bytes"},
+		{"swizzled rows too long", []Kernel{kern("a", strings.Replace(good, `"box":[64,64]`, `"box":[256,64]`, 1), params)}, "swizzle 128 over box rows of 512 bytes"},
+		{"x box of fewer rows", []Kernel{kern("a", strings.Replace(rows32, `"x_box":[256,32]`, `"x_box":[256,16]`, 1), params)}, "x_box (of at least rows rows)"},
+		{"map as a pointer", []Kernel{kern("a", good, []Param{{GemmXMap, TensorMapParam}, {GemmWMap, "u64"}, {GemmY, "u64"}, {GemmRows, "u32"}})}, "takes parameters"},
+		{"two for one shape and rows", []Kernel{kern("a", good, params), kern("b", good, params)}, "kernel b: a second copy-engine GEMM"},
 	} {
 		if _, err := GemmCopyKernels(c.ks); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s: %v, want %q", c.name, err, c.want)

@@ -10,77 +10,139 @@ import (
 )
 
 // The copy-engine GEMM (op bundle.OpGemmCopy): y[rows,N] = bf16(x)[rows,K] . w[N,K]^T for
-// decode buckets of at most 8 rows, served beside a library GEMM (the backend picks it per
-// node; bundle.GemmCopyKernels). Inside a decode step a GEMM of 8 rows is a read of W, and
-// what decides its time is how much of W is on its way before the grid ahead ends: this
-// kernel asks the copy engine (TMA: cp.async.bulk.tensor with mbarrier completion) for its
-// first stages of W before griddepcontrol.wait, up to ~160 KiB a CTA, which no register ring
-// can hold. On the H200 it shortens the Llama-3.1-8B 8-row step by 2.3-4.3% at contexts 80-2112
-// where it serves o, down and q/k/v beside cuBLASLt (testsuite/gpu/RESULTS.md, sessions 30-31).
+// decode buckets of at most 8, 16 or 32 rows (Rows), served beside a library GEMM (the
+// backend picks it per node; bundle.GemmCopyKernels). Inside a decode step such a GEMM is a
+// read of W, and what decides its time is how much of W is on its way before the grid ahead
+// ends: this kernel asks the copy engine (TMA: cp.async.bulk.tensor with mbarrier
+// completion) for its first stages of W before griddepcontrol.wait, up to ~160 KiB a CTA,
+// which no register ring can hold. On the H200 it shortens the Llama-3.1-8B 8-row step by
+// 2.3-4.3% at contexts 80-2112 where it serves o, down and q/k/v beside cuBLASLt
+// (testsuite/gpu/RESULTS.md, sessions 30-32).
 //
 // Work split. A CTA owns gcCols = 64 output columns (W rows) and one part of K: K splits over
 // the Split CTAs of a cluster where the column tiles alone would leave most SMs idle (N/64 <
-// gcSplitBelow: the 8B's o and down, 64 tiles), so that twice as many SMs pull W. Its 16 warps
-// are four 16-column groups (cg) by four quarters of a stage's K (q); each warp multiplies its
-// 16 columns by the 8 token rows with m16n8k16 (A = W, row-major; B = x, column-major).
+// gcSplitBelow: the 8B's o and down, 64 tiles), so that twice as many SMs pull W. Its 16
+// warps are column groups (cg) by parts of a stage's K (q), as gcLayouts says for the rows;
+// each warp multiplies its columns, in tiles of 16, by the token rows, in tiles of 8, with
+// m16n8k16 (A = W, row-major; B = x, column-major).
 //
-// Stages. A stage is gcStage = 256 of the CTA's K: one tensor-map box of W (64 rows x 256,
-// 32 KiB, rows 512 bytes apart) and the rows' x (8 rows of 256 f32, gcXStride apart, one bulk
-// copy each by lane r of warp 0), completing one mbarrier. Thread 0 asks for W of the first
-// Stages stages, then every thread waits for the grid ahead; warp 0 then asks for their x.
+// Stages. A stage is gcStage = 256 of the CTA's K: four tensor-map boxes of W (64 rows x 64
+// K, 128-byte rows under the 128-byte swizzle, so that the eight rows a warp reads at once
+// fall in different banks) and the rows' x (one tensor-map box of 256 f32 by Rows rows,
+// dense; rows past the node's read as zeros), completing one mbarrier. Thread 0 asks for W of
+// the first Stages stages, then every thread waits for the grid ahead; thread 0 then asks for
+// their x.
 // Each stage's slot refills with stage i+Stages once every warp is past it (bar.sync).
 //
-// Sums. In a warp, lane (g, t) reads W elements [8t, 8t+8) of its quarter's 32-element chunks
-// for rows g and g+8 and the same x elements of token row g; the K permutation is the same for
-// both operands, so the products are W . x. The four quarters meet in shared memory (added in
-// quarter order); with a split, ranks 1.. store their sums into rank 0's shared memory
-// (mapa, st.shared::cluster) and rank 0 adds them in rank order after the cluster barrier, so
-// every run gives the same bits. x is rounded to bf16 as the library's cast rounds it: the
-// op is gemm_copy, not gemm_tc's exact split.
+// Sums. In a warp, lane (g, t) reads W elements [8t, 8t+8) of each 32-element chunk of its
+// part for rows g and g+8 of a column tile, and the same x elements of token row g of each
+// row tile; the K permutation is the same for both operands, so the products are W . x.
+// Every warp's sums meet in shared memory and thread i adds entry i of each K part in part
+// order; with a split, ranks 1.. store theirs into rank 0's shared memory (mapa,
+// st.shared::cluster) and rank 0 adds them in rank order after the cluster barrier, so every
+// run gives the same bits. x is rounded to bf16 as the library's cast rounds it: the op is
+// gemm_copy, not gemm_tc's exact split.
 const (
 	gcCols       = 64
 	gcStage      = 256
-	gcWarps      = gcCols / 16 * 4
-	gcRows       = 8
-	gcWRow       = 2 * gcStage          // shared bytes of one W row of a stage (the box's rows)
-	gcXStride    = 4*gcStage + 16       // shared bytes of one staged x row: 16 bytes of pad against bank conflicts
-	gcBars       = 128                  // the mbarriers, before slot 0
-	gcShared     = 200000               // dynamic shared memory a CTA may take (of 227 KiB)
-	gcSplitBelow = 90                   // column tiles below which K splits over a cluster
-	gcSplit      = 2                    // CTAs of such a cluster (4 measured slower)
-	gcPolls      = 1 << 22              // mbarrier polls before a stage that never lands traps
-	gcRedBytes   = 32 * 16              // one warp's partial sums: 32 lanes x 4 f32
-	gcWBox       = gcCols * 2 * gcStage // bytes of one stage's W box
+	gcBoxK       = 64                   // K of one W box: 128-byte rows, the swizzle's span
+	gcSwizzle    = 128                  // bytes: the tensor map's CU_TENSOR_MAP_SWIZZLE_128B
+	gcBoxBytes   = gcCols * 2 * gcBoxK  // bytes of one W box
+	gcWBox       = gcCols * 2 * gcStage // bytes of one stage's W boxes
+	gcWarps      = 16
+	gcTile       = 8           // token rows of one m16n8k16's B
+	gcColTile    = 16          // W rows of one m16n8k16's A
+	gcChunk      = 32          // K a warp multiplies at once: lane t's elements [8t, 8t+8)
+	gcXStride    = 4 * gcStage // shared bytes of one staged x row: the x box's rows, dense
+	gcBars       = 128         // the mbarriers, at the start of the shared memory
+	gcAlign      = 1024        // the slots' alignment: the swizzle's pattern repeats every 1024 bytes
+	gcMaxStages  = 4           // slots of a ring (more measured no faster at 8 rows)
+	gcSplitBelow = 90          // column tiles below which K splits over a cluster
+	gcSplit      = 2           // CTAs of such a cluster (4 measured slower)
+	gcPolls      = 1 << 22     // mbarrier polls before a stage that never lands traps
+	gcEntry      = 16          // one lane's sums of one column tile and row tile: 4 f32
 )
 
-// GemmCopyConfig is one copy-engine GEMM: K x N, K split over Split CTAs, Stages slots.
-type GemmCopyConfig struct{ K, N, Split, Stages int }
+// gcLayouts are the row counts a copy-engine GEMM is made for, and for each how many column
+// groups its warps form (the other warps split a stage's K): each column group reads the
+// staged x once a stage, and each K part's sums are added at the end, so more rows want
+// fewer groups. Checked at init.
+var gcLayouts = []struct{ rows, groups int }{{8, 4}, {16, 2}, {32, 2}}
 
-func (c GemmCopyConfig) slotBytes() int { return (gcWBox + gcRows*gcXStride + 127) &^ 127 }
+func init() {
+	for _, l := range gcLayouts {
+		parts := gcWarps / max(l.groups, 1)
+		if l.rows%gcTile != 0 || l.rows > 32 || l.groups < 1 || gcCols/gcColTile%l.groups != 0 ||
+			gcWarps%l.groups != 0 || gcStage%(parts*gcChunk) != 0 {
+			panic(fmt.Sprintf("codegen: copy-engine GEMM layout %+v: rows a multiple of %d up to 32 (warp 0's lanes ask for x), groups dividing %d column tiles and %d warps, K parts of whole %d-element chunks",
+				l, gcTile, gcCols/gcColTile, gcWarps, gcChunk))
+		}
+	}
+}
+
+// GemmCopyConfig is one copy-engine GEMM: K x N, at most Rows token rows, K split over Split
+// CTAs, Stages slots.
+type GemmCopyConfig struct{ K, N, Rows, Split, Stages int }
+
+// groups is the column groups of the config's layout, 0 if Rows has none.
+func (c GemmCopyConfig) groups() int {
+	i := slices.IndexFunc(gcLayouts, func(l struct{ rows, groups int }) bool { return l.rows == c.Rows })
+	if i < 0 {
+		return 0
+	}
+	return gcLayouts[i].groups
+}
+
+func (c GemmCopyConfig) parts() int     { return gcWarps / c.groups() }            // K parts of a stage
+func (c GemmCopyConfig) colTiles() int  { return gcCols / gcColTile / c.groups() } // a warp's
+func (c GemmCopyConfig) rowTiles() int  { return c.Rows / gcTile }
+func (c GemmCopyConfig) chunks() int    { return gcStage / c.parts() / gcChunk } // a warp's, a stage
+func (c GemmCopyConfig) entries() int   { return gcCols / gcColTile * c.rowTiles() * 32 }
+func (c GemmCopyConfig) partBytes() int { return c.entries() * gcEntry } // one K part's sums
+func (c GemmCopyConfig) slotBytes() int {
+	return (gcWBox + c.Rows*gcXStride + gcAlign - 1) &^ (gcAlign - 1)
+}
 func (c GemmCopyConfig) kStages() int   { return c.K / c.Split / gcStage }
-func (c GemmCopyConfig) recvOff() int   { return gcBars + c.Stages*c.slotBytes() }
-func (c GemmCopyConfig) shared() int    { return c.recvOff() + (c.Split-1)*gcCols/16*gcRedBytes }
+func (c GemmCopyConfig) recvBytes() int { return (c.Split - 1) * c.partBytes() }
 
-// GemmCopyFor is the copy-engine GEMM for a K x N weight, or an error saying why there is
-// none: N a multiple of 64, K of 256 (times the split).
-func GemmCopyFor(k, n int) (GemmCopyConfig, error) {
+// shared: the mbarriers, up to gcAlign bytes until the first slot (the base's alignment is
+// the driver's), the slots, and rank 0's place for the other ranks' sums.
+func (c GemmCopyConfig) shared() int { return gcAlign + c.Stages*c.slotBytes() + c.recvBytes() }
+
+// GemmCopyFor is the copy-engine GEMM of at most rows token rows for a K x N weight, or an
+// error saying why there is none: rows one of gcLayouts', N a multiple of 64, K of 256
+// (times the split). Its ring takes as many slots as fit the shared memory, at most
+// gcMaxStages.
+func GemmCopyFor(k, n, rows int) (GemmCopyConfig, error) {
+	c := GemmCopyConfig{K: k, N: n, Rows: rows, Split: 1}
+	if c.groups() == 0 {
+		return GemmCopyConfig{}, fmt.Errorf("copy-engine GEMM: %d rows, want one of %v", rows, gcRowsFor())
+	}
 	if k <= 0 || n <= 0 || n%gcCols != 0 {
 		return GemmCopyConfig{}, fmt.Errorf("copy-engine GEMM: N=%d must be a positive multiple of %d", n, gcCols)
 	}
-	c := GemmCopyConfig{K: k, N: n, Split: 1}
 	if n/gcCols < gcSplitBelow {
 		c.Split = gcSplit
 	}
 	if k%(c.Split*gcStage) != 0 {
 		return GemmCopyConfig{}, fmt.Errorf("copy-engine GEMM: K=%d must be a positive multiple of %d", k, c.Split*gcStage)
 	}
-	c.Stages = min(c.kStages(), (gcShared-c.shared())/c.slotBytes())
+	c.Stages = min(c.kStages(), gcMaxStages, (bundle.MaxDynamicShared-gcAlign-c.recvBytes())/c.slotBytes())
 	return c, nil
+}
+
+// gcRowsFor are the row counts gcLayouts makes kernels for, fewest first.
+func gcRowsFor() []int {
+	var rows []int
+	for _, l := range gcLayouts {
+		rows = append(rows, l.rows)
+	}
+	return rows
 }
 
 // Attrs are the kernel's reference attributes and launch.
 func (c GemmCopyConfig) Attrs() bundle.GemmCopyAttrs {
-	return bundle.GemmCopyAttrs{K: c.K, N: c.N, Rows: gcRows, Box: [2]int{gcStage, gcCols},
+	return bundle.GemmCopyAttrs{K: c.K, N: c.N, Rows: c.Rows, Box: [2]int{gcBoxK, gcCols}, Swizzle: gcSwizzle, XBox: [2]int{gcStage, c.Rows},
 		Grid: c.N / gcCols * c.Split, Cluster: c.Split, Block: 32 * gcWarps, Shared: c.shared()}
 }
 
@@ -90,20 +152,35 @@ func (c GemmCopyConfig) Launch() ops.Launch {
 	return ops.Launch{Grid: [3]int{a.Grid, 1, 1}, Block: [3]int{a.Block, 1, 1}, Shared: a.Shared}
 }
 
-// copyGemmShapes are the GEMMs (K, N) a bundle carries a copy-engine kernel for: those
+// copyGemmShapes are the GEMMs (K, N, rows) a bundle carries a copy-engine kernel for: those
 // measured faster inside the decode step than cuBLASLt's, on the H200 at Llama-3.1-8B's o
 // (4096 x 4096), q/k/v (6144 x 4096) and down (4096 x 14336). Its gate/up (28672 columns:
 // enough CTAs for the library's kernel to stream W at full speed) made the step longer; other
 // shapes (the 1B's, a tensor-parallel rank's, Qwen3's down) were not measured.
-var copyGemmShapes = [][2]int{{4096, 4096}, {4096, 6144}, {14336, 4096}}
+var copyGemmShapes = [][3]int{
+	{4096, 4096, 8}, {4096, 6144, 8}, {14336, 4096, 8},
+	{4096, 4096, 16}, {4096, 6144, 16}, {14336, 4096, 16},
+	{4096, 4096, 32}, {4096, 6144, 32}, {14336, 4096, 32},
+}
 
-// copyGemms adds to the bundle a copy-engine GEMM for each GEMM shape that a decode bucket
-// of at most gcRows rows runs on tensor cores (a node a backend may give a library) and
-// copyGemmShapes lists; guarded GEMMs (heavy apps') are left alone.
+// copyRows is the fewest rows of gcLayouts' that hold m rows, or 0 if none does.
+func copyRows(m int) int {
+	for _, r := range gcRowsFor() {
+		if m <= r {
+			return r
+		}
+	}
+	return 0
+}
+
+// copyGemms adds to the bundle a copy-engine GEMM for each GEMM that a decode bucket runs on
+// tensor cores (a node a backend may give a library) whose shape and rows (the fewest of
+// gcLayouts' that hold the bucket's) copyGemmShapes lists; guarded GEMMs (heavy apps') are
+// left alone.
 func (g *gen) copyGemms(templates []bundle.Template) error {
-	seen := map[[2]int]bool{}
+	seen := map[[3]int]bool{}
 	for _, t := range templates {
-		if t.Kind != bundle.Decode || t.Tokens > gcRows {
+		if t.Kind != bundle.Decode || copyRows(t.Tokens) == 0 {
 			continue
 		}
 		for _, n := range append(slices.Clone(t.Nodes), t.Plain...) {
@@ -115,16 +192,16 @@ func (g *gen) copyGemms(templates []bundle.Template) error {
 			if err != nil {
 				return fmt.Errorf("template %s: %w", t.Name, err)
 			}
-			key := [2]int{m.K, m.N}
-			if !ok || m.Guard != 0 || m.M > gcRows || seen[key] || !slices.Contains(copyGemmShapes, key) {
+			key := [3]int{m.K, m.N, copyRows(m.M)}
+			if !ok || m.Guard != 0 || key[2] == 0 || seen[key] || !slices.Contains(copyGemmShapes, key) {
 				continue
 			}
 			seen[key] = true
-			c, err := GemmCopyFor(m.K, m.N)
+			c, err := GemmCopyFor(m.K, m.N, key[2])
 			if err != nil {
 				return fmt.Errorf("template %s: node %s: %w", t.Name, n.Label, err)
 			}
-			name := fmt.Sprintf("gemm_copy_k%d_n%d", m.K, m.N)
+			name := fmt.Sprintf("gemm_copy_k%d_n%d_r%d", m.K, m.N, c.Rows)
 			if _, err := g.kernel(name, func() (*Kernel, error) { return GemmCopy(name, c) }); err != nil {
 				return err
 			}
@@ -134,10 +211,12 @@ func (g *gen) copyGemms(templates []bundle.Template) error {
 }
 
 // GemmCopy generates the copy-engine GEMM; parameters x (u64), w_map (128 bytes by value: a
-// tensor map of W with boxes of 256 x 64, bundle.GemmWMap), y (u64), rows (u32, at most 8). x must be 16-byte
-// aligned. Launch it with c.Launch().
+// tensor map of W with boxes of 64 x 64 under the 128-byte swizzle, bundle.GemmWMap), y
+// (u64), rows (u32, at most c.Rows). x must be 16-byte aligned. Launch it with c.Launch().
 func GemmCopy(name string, c GemmCopyConfig) (*Kernel, error) {
-	if c.Split < 1 || c.K%(c.Split*gcStage) != 0 || c.N%gcCols != 0 || c.Stages < 1 || c.Stages > c.kStages() || c.Stages > gcBars/8 || c.shared() > gcShared {
+	if c.groups() == 0 || c.Split < 1 || c.K%(c.Split*gcStage) != 0 || c.N%gcCols != 0 || c.Stages < 1 ||
+		c.Stages > c.kStages() || c.Stages > gcBars/8 || c.shared() > bundle.MaxDynamicShared ||
+		c.Stages*c.slotBytes() < c.parts()*c.partBytes() {
 		return nil, fmt.Errorf("copy-engine GEMM %s: bad configuration %+v (use GemmCopyFor)", name, c)
 	}
 	g := gcGen{emitter: newEmitter(name), c: c}
@@ -147,16 +226,15 @@ func GemmCopy(name string, c GemmCopyConfig) (*Kernel, error) {
 
 type gcGen struct {
 	emitter
-	c                GemmCopyConfig
-	x, wmap, y, rows ptx.Reg
-	tid, warp, lane  ptx.Reg
-	gg, t, cg, q     ptx.Reg // the lane's mma group and thread; the warp's column group and K quarter
-	rank, col0, k0   ptx.Reg // cluster rank; the CTA's first column and first K
-	bars, slot0      ptx.Reg // shared addresses: mbarrier 0, slot 0
-	thread0, xLane   ptx.Reg // thread 0 asks for W; lane r < rows of warp 0 for x row r
-	tx               ptx.Reg // bytes a stage's mbarrier expects
-	xSrc, xDst       ptx.Reg // this lane's x row at the CTA's first K; its shared row in slot 0
-	acc              []ptx.Reg
+	c               GemmCopyConfig
+	xmap, wmap, y   ptx.Reg
+	rows            ptx.Reg
+	tid, warp, lane ptx.Reg
+	gg, t, cg, q    ptx.Reg // the lane's mma group and thread; the warp's column group and K part
+	rank, col0, k0  ptx.Reg // cluster rank; the CTA's first column and first K
+	bars, slot0     ptx.Reg // shared addresses: mbarrier 0, slot 0
+	thread0         ptx.Reg // thread 0 asks for W and x
+	acc             [][]ptx.Reg
 }
 
 func (g *gcGen) emit() {
@@ -165,14 +243,16 @@ func (g *gcGen) emit() {
 	if c.Split > 1 {
 		g.ClusterX = c.Split
 	}
-	g.x = g.param(bundle.GemmX, ptx.U64)
-	// The map is a parameter (as CUTLASS passes it), so the launch carries it and no fence
-	// is needed before its first use; one in global memory needs fence.proxy.tensormap, and
-	// that form made the step 0.7-1.2% longer (session 32).
+	// The maps are parameters (as CUTLASS passes them), so the launch carries them and no
+	// fence is needed before their first use; one in global memory needs
+	// fence.proxy.tensormap, and that form made the step 0.7-1.2% longer (session 32).
+	xm := g.ByteParam(bundle.GemmXMap, 64, bundle.TensorMapBytes)
 	wm := g.ByteParam(bundle.GemmWMap, 64, bundle.TensorMapBytes)
 	g.y = g.param(bundle.GemmY, ptx.U64)
 	g.rows = g.param(bundle.GemmRows, ptx.U32)
-	g.wmap = g.Reg(ptx.U64)
+	g.xmap, g.wmap = g.Reg(ptx.U64), g.Reg(ptx.U64)
+	g.Emit("mov.u64", g.xmap, xm)
+	g.Emit("cvta.param.u64", g.xmap, g.xmap)
 	g.Emit("mov.u64", g.wmap, wm)
 	g.Emit("cvta.param.u64", g.wmap, g.wmap)
 	smem := g.DeclareDynamicShared("smem", 128)
@@ -186,8 +266,8 @@ func (g *gcGen) emit() {
 	g.lane = g.op3("and.b32", ptx.U32, g.tid, ptx.Imm(31))
 	g.gg = g.op3("shr.u32", ptx.U32, g.lane, ptx.Imm(2))
 	g.t = g.op3("and.b32", ptx.U32, g.lane, ptx.Imm(3))
-	g.cg = g.op3("shr.u32", ptx.U32, g.warp, ptx.Imm(2))
-	g.q = g.op3("and.b32", ptx.U32, g.warp, ptx.Imm(3))
+	g.cg = g.op3("div.u32", ptx.U32, g.warp, ptx.Imm(int64(c.parts())))
+	g.q = g.op3("rem.u32", ptx.U32, g.warp, ptx.Imm(int64(c.parts())))
 	g.rank = g.imm32(0)
 	tile := g.special(ptx.CtaidX)
 	if c.Split > 1 {
@@ -198,7 +278,9 @@ func (g *gcGen) emit() {
 	g.k0 = g.op3("mul.lo.u32", ptx.U32, g.rank, ptx.Imm(int64(c.K/c.Split)))
 	g.bars = g.Reg(ptx.U32)
 	g.Emit("mov.u32", g.bars, smem)
-	g.slot0 = g.op3("add.u32", ptx.U32, g.bars, ptx.Imm(gcBars))
+	// slot0: the first gcAlign boundary past the mbarriers (the same offset in every CTA).
+	g.slot0 = g.op3("add.u32", ptx.U32, g.bars, ptx.Imm(gcBars+gcAlign-1))
+	g.Emit("and.b32", g.slot0, g.slot0, ptx.Imm(int64(^uint32(gcAlign-1))))
 	g.thread0 = g.cmp("eq", ptx.U32, g.tid, ptx.Imm(0))
 	g.when(g.thread0, false, func() {
 		for i := range c.Stages {
@@ -207,19 +289,11 @@ func (g *gcGen) emit() {
 		g.Emit("fence.mbarrier_init.release.cluster")
 	})
 	g.Emit("bar.sync", ptx.Imm(0))
-	// A stage's bytes: the W box and the x rows there are.
-	g.tx = g.op3("mul.lo.u32", ptx.U32, g.rows, ptx.Imm(4*gcStage))
-	g.Emit("add.u32", g.tx, g.tx, ptx.Imm(gcWBox))
 	for i := range c.Stages {
 		g.when(g.thread0, false, func() { g.askW(g.imm32(int64(i)), ptx.Imm(int64(i))) })
 	}
 	g.Emit(bundle.PriorGridWait)
-	g.xLane = g.cmp("lt", ptx.U32, g.tid, g.rows) // warp 0's lanes: rows <= 8
-	g.xSrc = g.byteAddr(g.byteAddr(g.x, g.lane, 4*c.K), g.k0, 4)
-	g.xDst = g.Reg(ptx.U32)
-	g.Emit("mad.lo.u32", g.xDst, g.lane, ptx.Imm(gcXStride), g.slot0)
-	g.Emit("add.u32", g.xDst, g.xDst, ptx.Imm(gcWBox))
-	g.when(g.xLane, false, func() {
+	g.when(g.thread0, false, func() {
 		for i := range c.Stages {
 			g.askX(g.imm32(int64(i)), ptx.Imm(int64(i)))
 		}
@@ -251,22 +325,32 @@ func (g *gcGen) scaled(base ptx.Reg, i ptx.Operand, size int) ptx.Reg {
 	return r
 }
 
-// askW (thread 0) arms slot's mbarrier for a stage and asks for the stage's W box.
+// askW (thread 0) arms slot's mbarrier for a stage (its W boxes and its x box, rows past the
+// tensor's filled with zeros and counted) and asks for the stage's W boxes.
 func (g *gcGen) askW(stage ptx.Reg, slot ptx.Operand) {
 	bar := g.barAddr(slot)
 	state := g.Reg(ptx.B64)
-	g.Emit("mbarrier.arrive.expect_tx.shared::cta.b64", state, ptx.Addr{Base: bar}, g.tx)
-	kc := g.Reg(ptx.U32)
-	g.Emit("mad.lo.u32", kc, stage, ptx.Imm(gcStage), g.k0)
-	g.Emit("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes",
-		ptx.Addr{Base: g.slotAddr(g.slot0, slot)}, ptx.TensorAddr{Map: g.wmap, Coords: ptx.Vec{kc, g.col0}}, ptx.Addr{Base: bar})
+	g.Emit("mbarrier.arrive.expect_tx.shared::cta.b64", state, ptx.Addr{Base: bar}, g.imm32(int64(gcWBox+g.c.Rows*gcXStride)))
+	kc := g.stageK(stage)
+	dst := g.slotAddr(g.slot0, slot)
+	for b := range gcStage / gcBoxK {
+		kb := g.op3("add.u32", ptx.U32, kc, ptx.Imm(int64(b*gcBoxK)))
+		g.Emit("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes",
+			ptx.Addr{Base: dst, Offset: int64(b * gcBoxBytes)}, ptx.TensorAddr{Map: g.wmap, Coords: ptx.Vec{kb, g.col0}}, ptx.Addr{Base: bar})
+	}
 }
 
-// askX (lane r < rows of warp 0) asks for x row r of a stage.
+// askX (thread 0) asks for a stage's x: one box of the stage's K by Rows rows.
 func (g *gcGen) askX(stage ptx.Reg, slot ptx.Operand) {
-	src := g.byteAddr(g.xSrc, stage, 4*gcStage)
-	g.Emit("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes",
-		ptx.Addr{Base: g.slotAddr(g.xDst, slot)}, ptx.Addr{Base: src}, ptx.Imm(4*gcStage), ptx.Addr{Base: g.barAddr(slot)})
+	g.Emit("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes",
+		ptx.Addr{Base: g.slotAddr(g.slot0, slot), Offset: gcWBox}, ptx.TensorAddr{Map: g.xmap, Coords: ptx.Vec{g.stageK(stage), g.imm32(0)}}, ptx.Addr{Base: g.barAddr(slot)})
+}
+
+// stageK is the first K of a stage of the CTA's.
+func (g *gcGen) stageK(stage ptx.Reg) ptx.Reg {
+	kc := g.Reg(ptx.U32)
+	g.Emit("mad.lo.u32", kc, stage, ptx.Imm(gcStage), g.k0)
+	return kc
 }
 
 // mainLoop multiplies the CTA's stages in order, slot by slot, refilling each slot with the
@@ -274,49 +358,81 @@ func (g *gcGen) askX(stage ptx.Reg, slot ptx.Operand) {
 func (g *gcGen) mainLoop() {
 	c := g.c
 	gg, t, cg, q := g.gg, g.t, g.cg, g.q
-	// kq = q*64 + 8t: the lane's first K of the stage; W row cg*16+g; x row g.
-	kq := g.Reg(ptx.U32)
-	g.Emit("shl.b32", kq, t, ptx.Imm(3))
-	g.Emit("mad.lo.u32", kq, q, ptx.Imm(gcStage/4), kq)
-	wrow := g.Reg(ptx.U32)
-	g.Emit("mad.lo.u32", wrow, cg, ptx.Imm(16), gg)
-	wOff := g.Reg(ptx.U32)
-	g.Emit("mad.lo.u32", wOff, wrow, ptx.Imm(gcWRow), g.slot0)
-	g.Emit("mad.lo.u32", wOff, kq, ptx.Imm(2), wOff)
-	xOff := g.Reg(ptx.U32)
-	g.Emit("mad.lo.u32", xOff, gg, ptx.Imm(gcXStride), g.slot0)
-	g.Emit("mad.lo.u32", xOff, kq, ptx.Imm(4), xOff)
-	g.Emit("add.u32", xOff, xOff, ptx.Imm(gcWBox))
-	g.acc = g.Regs(ptx.F32, 4)
-	for _, a := range g.acc {
-		g.Emit("mov.f32", a, ptx.F32Imm(0))
+	kPart := gcStage / c.parts()
+	// wLane[ch]: lane (g, t)'s W address in slot 0 for chunk ch of its part, row g of the
+	// warp's first column tile: the chunk's box, the row, and 16-byte chunk (k/8 + t) of the
+	// row's 128 bytes, moved to chunk (k/8 + t) ^ (row % 8) by the swizzle (row % 8 = g).
+	rowOff := g.Reg(ptx.U32)
+	g.Emit("mad.lo.u32", rowOff, cg, ptx.Imm(int64(c.colTiles()*gcColTile)), gg)
+	g.Emit("mad.lo.u32", rowOff, rowOff, ptx.Imm(2*gcBoxK), g.slot0)
+	wLane := make([]ptx.Reg, c.chunks())
+	for ch := range wLane {
+		ks := g.Reg(ptx.U32)
+		g.Emit("mad.lo.u32", ks, q, ptx.Imm(int64(kPart)), ptx.Imm(int64(ch*gcChunk)))
+		box := g.op3("shr.u32", ptx.U32, ks, ptx.Imm(6))
+		chunk := g.op3("shr.u32", ptx.U32, ks, ptx.Imm(3))
+		g.Emit("and.b32", chunk, chunk, ptx.Imm(7))
+		g.Emit("or.b32", chunk, chunk, t)
+		g.Emit("xor.b32", chunk, chunk, gg)
+		wLane[ch] = g.Reg(ptx.U32)
+		g.Emit("mad.lo.u32", wLane[ch], box, ptx.Imm(gcBoxBytes), rowOff)
+		g.Emit("mad.lo.u32", wLane[ch], chunk, ptx.Imm(16), wLane[ch])
+	}
+	// xLane: lane (g, t)'s x address in slot 0: row g, elements q*kPart + 8t on.
+	kx := g.Reg(ptx.U32)
+	g.Emit("shl.b32", kx, t, ptx.Imm(3))
+	g.Emit("mad.lo.u32", kx, q, ptx.Imm(int64(kPart)), kx)
+	xLane := g.Reg(ptx.U32)
+	g.Emit("mad.lo.u32", xLane, gg, ptx.Imm(gcXStride), g.slot0)
+	g.Emit("mad.lo.u32", xLane, kx, ptx.Imm(4), xLane)
+	g.Emit("add.u32", xLane, xLane, ptx.Imm(gcWBox))
+	g.acc = make([][]ptx.Reg, c.colTiles()*c.rowTiles())
+	for i := range g.acc {
+		g.acc[i] = g.Regs(ptx.F32, 4)
+		for _, a := range g.acc[i] {
+			g.Emit("mov.f32", a, ptx.F32Imm(0))
+		}
 	}
 	stage, slot, phase := g.imm32(0), g.imm32(0), g.imm32(0)
 	top := g.NewLabel("stage")
 	g.Label(top)
 	g.wait(g.barAddr(slot), phase)
-	wa, xa := g.slotAddr(wOff, slot), g.slotAddr(xOff, slot)
-	a, b := g.Regs(ptx.B32, 4), g.Regs(ptx.B32, 4)
+	xa := g.slotAddr(xLane, slot)
+	a, b := make([][]ptx.Reg, c.colTiles()), make([][]ptx.Reg, c.colTiles())
+	for ct := range a {
+		a[ct], b[ct] = g.Regs(ptx.B32, 4), g.Regs(ptx.B32, 4)
+	}
 	xs := g.Regs(ptx.F32, 8)
 	xb := g.Regs(ptx.B32, 4)
-	for ch := range gcStage / 128 {
-		g.Emit("ld.shared.v4.b32", ptx.Vec(a), ptx.Addr{Base: wa, Offset: int64(64 * ch)})
-		g.Emit("ld.shared.v4.b32", ptx.Vec(b), ptx.Addr{Base: wa, Offset: int64(64*ch + 8*gcWRow)})
-		g.Emit("ld.shared.v4.f32", ptx.Vec(xs[:4]), ptx.Addr{Base: xa, Offset: int64(128 * ch)})
-		g.Emit("ld.shared.v4.f32", ptx.Vec(xs[4:]), ptx.Addr{Base: xa, Offset: int64(128*ch + 16)})
-		for i := range xb {
-			g.Emit("cvt.rn.bf16x2.f32", xb[i], xs[2*i+1], xs[2*i])
+	for ch := range c.chunks() {
+		wa := g.slotAddr(wLane[ch], slot)
+		for ct := range a {
+			row := int64(ct * gcColTile * 2 * gcBoxK)
+			g.Emit("ld.shared.v4.b32", ptx.Vec(a[ct]), ptx.Addr{Base: wa, Offset: row})
+			g.Emit("ld.shared.v4.b32", ptx.Vec(b[ct]), ptx.Addr{Base: wa, Offset: row + 8*2*gcBoxK})
 		}
-		acc := ptx.Vec(g.acc)
-		g.Emit("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32", acc, ptx.Vec{a[0], b[0], a[1], b[1]}, ptx.Vec(xb[:2]), acc)
-		g.Emit("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32", acc, ptx.Vec{a[2], b[2], a[3], b[3]}, ptx.Vec(xb[2:]), acc)
+		for rt := range c.rowTiles() {
+			at := int64(4*gcChunk*ch + rt*gcTile*gcXStride)
+			g.Emit("ld.shared.v4.f32", ptx.Vec(xs[:4]), ptx.Addr{Base: xa, Offset: at})
+			g.Emit("ld.shared.v4.f32", ptx.Vec(xs[4:]), ptx.Addr{Base: xa, Offset: at + 16})
+			for i := range xb {
+				g.Emit("cvt.rn.bf16x2.f32", xb[i], xs[2*i+1], xs[2*i])
+			}
+			for ct := range a {
+				acc := ptx.Vec(g.acc[ct*c.rowTiles()+rt])
+				g.Emit("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32", acc, ptx.Vec{a[ct][0], b[ct][0], a[ct][1], b[ct][1]}, ptx.Vec(xb[:2]), acc)
+				g.Emit("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32", acc, ptx.Vec{a[ct][2], b[ct][2], a[ct][3], b[ct][3]}, ptx.Vec(xb[2:]), acc)
+			}
+		}
 	}
 	g.Emit("bar.sync", ptx.Imm(0))
 	next := g.op3("add.u32", ptx.U32, stage, ptx.Imm(int64(c.Stages)))
 	more := g.cmp("lt", ptx.U32, next, ptx.Imm(int64(c.kStages())))
 	g.when(more, false, func() {
-		g.when(g.thread0, false, func() { g.askW(next, slot) })
-		g.when(g.xLane, false, func() { g.askX(next, slot) })
+		g.when(g.thread0, false, func() {
+			g.askW(next, slot)
+			g.askX(next, slot)
+		})
 	})
 	g.Emit("add.u32", slot, slot, ptx.Imm(1))
 	wrap := g.cmp("eq", ptx.U32, slot, ptx.Imm(int64(c.Stages)))
@@ -341,67 +457,83 @@ func (g *gcGen) wait(bar, phase ptx.Reg) {
 	g.Label(done)
 }
 
-// reduce adds the four K quarters of each column group, then the cluster's ranks in rank
-// order, and rank 0's quarter-0 warps store y.
+// reduce adds the warps' sums. Entry e = (column tile * rowTiles + row tile) * 32 + lane of
+// K part p lies at slot0 + p*partBytes + 16e (the ring, free once the main loop ends); thread
+// e adds the parts in order, then the cluster's ranks in rank order (rank r's at rank 0's
+// recv + (r-1)*partBytes), and rank 0 stores y.
 func (g *gcGen) reduce() {
 	c := g.c
-	red := g.Reg(ptx.U32)
-	g.Emit("mad.lo.u32", red, g.tid, ptx.Imm(16), g.slot0)
-	g.Emit("st.shared.v4.f32", ptx.Addr{Base: red}, ptx.Vec(g.acc))
+	for ct := range c.colTiles() {
+		for rt := range c.rowTiles() {
+			e := g.Reg(ptx.U32)
+			g.Emit("mad.lo.u32", e, g.cg, ptx.Imm(int64(c.colTiles())), ptx.Imm(int64(ct)))
+			g.Emit("mad.lo.u32", e, e, ptx.Imm(int64(c.rowTiles())), ptx.Imm(int64(rt)))
+			g.Emit("mad.lo.u32", e, e, ptx.Imm(32), g.lane)
+			at := g.Reg(ptx.U32)
+			g.Emit("mad.lo.u32", at, g.q, ptx.Imm(int64(c.partBytes()/gcEntry)), e)
+			g.Emit("mad.lo.u32", at, at, ptx.Imm(gcEntry), g.slot0)
+			g.Emit("st.shared.v4.f32", ptx.Addr{Base: at}, ptx.Vec(g.acc[ct*c.rowTiles()+rt]))
+		}
+	}
 	g.Emit("bar.sync", ptx.Imm(0))
-	q, cg := g.q, g.cg
-	lead := g.cmp("eq", ptx.U32, q, ptx.Imm(0))
-	part := g.Regs(ptx.F32, 4)
+	// From here thread tid < entries owns entry tid.
+	owner := g.cmp("lt", ptx.U32, g.tid, ptx.Imm(int64(c.entries())))
+	sum, part := g.Regs(ptx.F32, 4), g.Regs(ptx.F32, 4)
+	mine := g.Reg(ptx.U32)
+	g.Emit("mad.lo.u32", mine, g.tid, ptx.Imm(gcEntry), g.slot0)
 	add := func(a ptx.Addr) {
 		g.Emit("ld.shared.v4.f32", ptx.Vec(part), a)
 		for i := range part {
-			g.Emit("add.f32", g.acc[i], g.acc[i], part[i])
+			g.Emit("add.f32", sum[i], sum[i], part[i])
 		}
 	}
-	g.when(lead, false, func() {
-		for qq := 1; qq < 4; qq++ {
-			add(ptx.Addr{Base: red, Offset: int64(qq * gcRedBytes)})
+	g.when(owner, false, func() {
+		g.Emit("ld.shared.v4.f32", ptx.Vec(sum), ptx.Addr{Base: mine})
+		for p := 1; p < c.parts(); p++ {
+			add(ptx.Addr{Base: mine, Offset: int64(p * c.partBytes())})
 		}
 	})
-	// recv: where rank r's sums of column group cg, lane l land in rank 0: row (r-1)*4 + cg.
-	recv := g.Reg(ptx.U32)
-	g.Emit("mad.lo.u32", recv, cg, ptx.Imm(gcRedBytes), g.bars)
-	g.Emit("mad.lo.u32", recv, g.lane, ptx.Imm(16), recv)
-	g.Emit("add.u32", recv, recv, ptx.Imm(int64(c.recvOff())))
+	recv := g.op3("add.u32", ptx.U32, mine, ptx.Imm(int64(c.Stages*c.slotBytes())))
 	if c.Split > 1 {
 		g.Emit("barrier.cluster.wait")
 		sender := g.cmp("ne", ptx.U32, g.rank, ptx.Imm(0))
 		send := g.Reg(ptx.Pred)
-		g.Emit("and.pred", send, sender, lead)
+		g.Emit("and.pred", send, sender, owner)
 		g.when(send, false, func() {
 			at := g.Reg(ptx.U32)
 			g.Emit("add.u32", at, g.rank, ptx.Imm(-1))
-			g.Emit("mad.lo.u32", at, at, ptx.Imm(gcCols/16*gcRedBytes), recv)
+			g.Emit("mad.lo.u32", at, at, ptx.Imm(int64(c.partBytes())), recv)
 			remote := g.Reg(ptx.U32)
 			g.Emit("mapa.shared::cluster.u32", remote, at, ptx.Imm(0))
-			g.Emit("st.shared::cluster.v4.f32", ptx.Addr{Base: remote}, ptx.Vec(g.acc))
+			g.Emit("st.shared::cluster.v4.f32", ptx.Addr{Base: remote}, ptx.Vec(sum))
 		})
 		g.Emit("barrier.cluster.arrive.release")
 		g.Emit("barrier.cluster.wait.acquire")
 		g.EmitIf(sender, false, "exit")
 	}
-	g.EmitIf(lead, true, "exit")
+	g.EmitIf(owner, true, "exit")
 	for r := 1; r < c.Split; r++ {
-		add(ptx.Addr{Base: recv, Offset: int64((r - 1) * gcCols / 16 * gcRedBytes)})
+		add(ptx.Addr{Base: recv, Offset: int64((r - 1) * c.partBytes())})
 	}
-	// acc: (column g, tokens 2t, 2t+1), (column g+8, tokens 2t, 2t+1).
-	gg, t := g.gg, g.t
-	col := g.Reg(ptx.U32)
-	g.Emit("mad.lo.u32", col, cg, ptx.Imm(16), gg)
+	// Entry tid: column tile tid / (rowTiles*32), row tile tid / 32 % rowTiles, lane (g, t) =
+	// tid % 32; its sums are (column g, tokens 2t, 2t+1), (column g+8, the same tokens).
+	lane := g.op3("and.b32", ptx.U32, g.tid, ptx.Imm(31))
+	gg := g.op3("shr.u32", ptx.U32, lane, ptx.Imm(2))
+	tok := g.op3("and.b32", ptx.U32, lane, ptx.Imm(3))
+	g.Emit("shl.b32", tok, tok, ptx.Imm(1))
+	rt := g.op3("shr.u32", ptx.U32, g.tid, ptx.Imm(5))
+	g.Emit("rem.u32", rt, rt, ptx.Imm(int64(c.rowTiles())))
+	g.Emit("mad.lo.u32", tok, rt, ptx.Imm(gcTile), tok)
+	col := g.op3("div.u32", ptx.U32, g.tid, ptx.Imm(int64(c.rowTiles()*32)))
+	g.Emit("mad.lo.u32", col, col, ptx.Imm(gcColTile), gg)
 	g.Emit("add.u32", col, col, g.col0)
-	tok := g.op3("shl.b32", ptx.U32, t, ptx.Imm(1))
 	for i := range 2 {
 		row := g.op3("add.u32", ptx.U32, tok, ptx.Imm(int64(i)))
 		idx := g.Reg(ptx.U32)
 		g.Emit("mad.lo.u32", idx, row, ptx.Imm(int64(c.N)), col)
 		at := g.byteAddr(g.y, idx, 4)
 		in := g.cmp("lt", ptx.U32, row, g.rows)
-		g.EmitIf(in, false, "st.global.f32", ptx.Addr{Base: at}, g.acc[i])
-		g.EmitIf(in, false, "st.global.f32", ptx.Addr{Base: at, Offset: 32}, g.acc[2+i])
+		g.EmitIf(in, false, "st.global.f32", ptx.Addr{Base: at}, sum[i])
+		g.EmitIf(in, false, "st.global.f32", ptx.Addr{Base: at, Offset: 32}, sum[2+i])
 	}
 }

@@ -3,6 +3,7 @@ package codegen
 import (
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"testing"
 
 	"xmix/ops"
@@ -30,13 +31,16 @@ func runGemmCopy(t *testing.T, k *Kernel, c GemmCopyConfig, rows int, seed uint6
 	}
 	xa, wa, ya := put(x), put(w), put(y)
 	a := c.Attrs()
-	m, err := emu.TensorMap2D(wa, [2]int{c.K, c.N}, 2*c.K, a.Box, 2)
+	wm, err := emu.TensorMap2D(wa, [2]int{c.K, c.N}, 2*c.K, a.Box, 2, a.Swizzle)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ma := put(m[:])
+	xm, err := emu.TensorMap2D(xa, [2]int{c.K, rows}, 4*c.K, a.XBox, 4, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
 	l := c.Launch()
-	if err := emu.Run(mod, k.Name, emu.Launch{Grid: l.Grid, Block: l.Block, Shared: l.Shared}, mem, []uint64{xa, ma, ya, uint64(rows)}); err != nil {
+	if err := emu.Run(mod, k.Name, emu.Launch{Grid: l.Grid, Block: l.Block, Shared: l.Shared}, mem, []uint64{put(xm[:]), put(wm[:]), ya, uint64(rows)}); err != nil {
 		t.Fatalf("%s: emulate: %v", k.Name, err)
 	}
 	ref, err := ops.Build(k.Op, k.Attrs)
@@ -51,15 +55,22 @@ func runGemmCopy(t *testing.T, k *Kernel, c GemmCopyConfig, rows int, seed uint6
 }
 
 func TestGemmCopyMatchesReference(t *testing.T) {
-	for _, c := range []GemmCopyConfig{
-		{K: 2048, N: 64, Split: 2, Stages: 2},  // four stages a CTA through two slots: refills and a phase flip
-		{K: 1024, N: 128, Split: 1, Stages: 4}, // no cluster, every stage asked for before the wait
-		{K: 512, N: 64, Split: 2, Stages: 1},   // one slot: every stage waits for its refill
+	for _, c := range []struct {
+		GemmCopyConfig
+		rows []int
+	}{
+		{GemmCopyConfig{K: 2048, N: 64, Rows: 8, Split: 2, Stages: 2}, []int{1, 3, 8}},    // four stages a CTA through two slots: refills and a phase flip
+		{GemmCopyConfig{K: 1024, N: 128, Rows: 8, Split: 1, Stages: 4}, []int{1, 8}},      // no cluster, every stage asked for before the wait
+		{GemmCopyConfig{K: 512, N: 64, Rows: 8, Split: 2, Stages: 1}, []int{1, 8}},        // one slot: every stage waits for its refill
+		{GemmCopyConfig{K: 1024, N: 64, Rows: 16, Split: 2, Stages: 2}, []int{9, 16}},     // two row tiles, eight K parts
+		{GemmCopyConfig{K: 768, N: 128, Rows: 32, Split: 1, Stages: 1}, []int{1, 17, 32}}, // four row tiles; the sums fill the one slot
+		{GemmCopyConfig{K: 2048, N: 64, Rows: 32, Split: 2, Stages: 3}, []int{25, 32}},    // three slots of four stages a CTA, a cluster
 	} {
-		for _, rows := range []int{1, 3, 8} {
-			t.Run(fmt.Sprintf("k%d_n%d_split%d_stages%d_rows%d", c.K, c.N, c.Split, c.Stages, rows), func(t *testing.T) {
-				k := must(t)(GemmCopy("gemm_copy_test", c))
-				got, want := runGemmCopy(t, k, c, rows, uint64(rows))
+		for _, rows := range c.rows {
+			cfg := c.GemmCopyConfig
+			t.Run(fmt.Sprintf("k%d_n%d_r%d_split%d_stages%d_rows%d", cfg.K, cfg.N, cfg.Rows, cfg.Split, cfg.Stages, rows), func(t *testing.T) {
+				k := must(t)(GemmCopy("gemm_copy_test", cfg))
+				got, want := runGemmCopy(t, k, cfg, rows, uint64(rows))
 				if e := relL2(got, want); !(e <= 1e-5) {
 					t.Fatalf("relative L2 error %.3g > 1e-5 (first values got %v want %v)", e, head(got), head(want))
 				}
@@ -70,32 +81,41 @@ func TestGemmCopyMatchesReference(t *testing.T) {
 
 func TestGemmCopyFor(t *testing.T) {
 	for _, c := range []struct {
-		k, n          int
+		k, n, rows    int
 		split, stages int
-		err           bool
+		err           string
 	}{
-		{4096, 4096, 2, 4, false},  // the 8B's o: 64 column tiles, split
-		{14336, 4096, 2, 4, false}, // down
-		{4096, 6144, 1, 4, false},  // q/k/v: 96 tiles, not split
-		{256, 6144, 1, 1, false},
-		{4096, 100, 0, 0, true}, // N not a multiple of 64
-		{384, 4096, 0, 0, true}, // K not a multiple of 512 under a split
+		{4096, 4096, 8, 2, 4, ""},  // the 8B's o: 64 column tiles, split
+		{14336, 4096, 8, 2, 4, ""}, // down
+		{4096, 6144, 8, 1, 4, ""},  // q/k/v: 96 tiles, not split
+		{4096, 6144, 16, 1, 4, ""},
+		{4096, 4096, 32, 2, 3, ""}, // 65 KiB slots: three fit
+		{256, 6144, 8, 1, 1, ""},
+		{4096, 4096, 12, 0, 0, "12 rows, want one of [8 16 32]"},
+		{4096, 100, 8, 0, 0, "N=100 must be a positive multiple of 64"},
+		{384, 4096, 8, 0, 0, "K=384 must be a positive multiple of 512"},
 	} {
-		got, err := GemmCopyFor(c.k, c.n)
-		if (err != nil) != c.err {
-			t.Fatalf("GemmCopyFor(%d, %d): error %v, want error %v", c.k, c.n, err, c.err)
-		}
-		if err != nil {
+		got, err := GemmCopyFor(c.k, c.n, c.rows)
+		if c.err != "" {
+			if err == nil || !strings.Contains(err.Error(), c.err) {
+				t.Errorf("GemmCopyFor(%d, %d, %d): error %v, want %q", c.k, c.n, c.rows, err, c.err)
+			}
 			continue
 		}
-		if got.Split != c.split || got.Stages != c.stages {
-			t.Errorf("GemmCopyFor(%d, %d) = %+v, want split %d, stages %d", c.k, c.n, got, c.split, c.stages)
+		if err != nil {
+			t.Fatalf("GemmCopyFor(%d, %d, %d): %v", c.k, c.n, c.rows, err)
 		}
-		if s := got.Attrs().Shared; s > gcShared {
-			t.Errorf("GemmCopyFor(%d, %d): %d bytes of shared memory, past %d", c.k, c.n, s, gcShared)
+		if got.Split != c.split || got.Stages != c.stages {
+			t.Errorf("GemmCopyFor(%d, %d, %d) = %+v, want split %d, stages %d", c.k, c.n, c.rows, got, c.split, c.stages)
+		}
+		if _, err := GemmCopy("ok", got); err != nil {
+			t.Errorf("GemmCopyFor(%d, %d, %d) = %+v: %v", c.k, c.n, c.rows, got, err)
 		}
 	}
-	if _, err := GemmCopy("bad", GemmCopyConfig{K: 4096, N: 4096, Split: 2, Stages: 9}); err == nil {
+	if _, err := GemmCopy("bad", GemmCopyConfig{K: 4096, N: 4096, Rows: 8, Split: 2, Stages: 9}); err == nil {
 		t.Error("GemmCopy took 9 stages past the shared memory")
+	}
+	if _, err := GemmCopy("bad", GemmCopyConfig{K: 4096, N: 4096, Rows: 24, Split: 2, Stages: 1}); err == nil {
+		t.Error("GemmCopy took 24 rows, which no layout has")
 	}
 }

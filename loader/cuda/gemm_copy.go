@@ -9,21 +9,25 @@ import (
 
 // The copy-engine GEMMs (bundle.OpGemmCopy, codegen/gemm_copy.go): under GemmAuto a GEMM node
 // of at most a few rows whose K and N the bundle carries such a kernel for runs it instead of
-// cuBLASLt. Its W arrives through a tensor map, which the driver encodes here
-// (cuTensorMapEncodeTiled) once per weight and the launch passes by value.
+// cuBLASLt. Its x and W arrive through tensor maps, which the driver encodes here
+// (cuTensorMapEncodeTiled) once per buffer and the launch passes by value.
 
 // copyServer holds the bundle's copy-engine GEMMs and what serving them needs.
 type copyServer struct {
-	kernels map[[2]int]bundle.GemmCopy
+	kernels map[[2]int][]bundle.GemmCopy
 	checked map[string]bool           // kernels whose shared-memory limit is raised and whose first launch ran
-	maps    map[copyMapKey]*tensorMap // encoded tensor maps by weight and shape
+	maps    map[copyMapKey]*tensorMap // encoded tensor maps by buffer and shape
 	served  map[copyLaunchKey]*launch // one launch per node shape and buffers, as cuBLASLt's
 	nodes   int
 }
 
+// copyMapKey is a 2-D tensor map: n rows of k elements at addr (bf16 when bf16, else f32),
+// boxes of box[0] x box[1] elements under the swizzle (bytes: 0 or 128).
 type copyMapKey struct {
-	w    uintptr
-	k, n int
+	addr          uintptr
+	bf16          bool
+	k, n, swizzle int
+	box           [2]int
 }
 
 type copyLaunchKey struct {
@@ -52,8 +56,8 @@ func (be *Backend) copyNode(n bundle.Node, vals []uint64) (*launch, bool, error)
 	if err != nil || !ok || g.Guard != 0 || g.M < 1 {
 		return nil, false, nil
 	}
-	c, ok := be.copy.kernels[[2]int{g.K, g.N}]
-	if !ok || g.M > c.Attrs.Rows {
+	c, ok := bundle.GemmCopyFor(be.copy.kernels[[2]int{g.K, g.N}], g.M)
+	if !ok {
 		return nil, false, nil
 	}
 	key := copyLaunchKey{g: g, x: uintptr(vals[g.X]), w: uintptr(vals[g.W]), y: uintptr(vals[g.Y])}
@@ -63,14 +67,18 @@ func (be *Backend) copyNode(n bundle.Node, vals []uint64) (*launch, bool, error)
 	if key.x%16 != 0 || key.w%16 != 0 {
 		return nil, false, nil
 	}
-	wmap, err := be.tensorMap(key.w, g.K, g.N, c.Attrs.Box)
-	if err != nil {
-		return nil, false, fmt.Errorf("node %s: %w", n.Label, err)
-	}
 	a := c.Attrs
-	// The launch's parameters: x, the map's 128 bytes, y, rows.
-	args := []uint64{uint64(key.x), uint64(key.y), uint64(g.M)}
-	ptrs := []uintptr{uintptr(unsafe.Pointer(&args[0])), wmap.addr(), uintptr(unsafe.Pointer(&args[1])), uintptr(unsafe.Pointer(&args[2]))}
+	xmap, err := be.tensorMap(copyMapKey{addr: key.x, k: g.K, n: g.M, box: a.XBox})
+	if err != nil {
+		return nil, false, fmt.Errorf("node %s: x: %w", n.Label, err)
+	}
+	wmap, err := be.tensorMap(copyMapKey{addr: key.w, bf16: true, k: g.K, n: g.N, box: a.Box, swizzle: a.Swizzle})
+	if err != nil {
+		return nil, false, fmt.Errorf("node %s: w: %w", n.Label, err)
+	}
+	// The launch's parameters: the maps' 128 bytes each, y, rows.
+	args := []uint64{uint64(key.y), uint64(g.M)}
+	ptrs := []uintptr{xmap.addr(), wmap.addr(), uintptr(unsafe.Pointer(&args[0])), uintptr(unsafe.Pointer(&args[1]))}
 	be.params = append(be.params, args)
 	be.paramP = append(be.paramP, ptrs)
 	l := &launch{label: n.Label, kernel: c.Kernel, f: be.funcs[c.Kernel], grid: [3]int{a.Grid, 1, 1}, block: [3]int{a.Block, 1, 1},
@@ -99,23 +107,30 @@ type tensorMap struct {
 
 func (m *tensorMap) addr() uintptr { return (uintptr(unsafe.Pointer(&m.buf[0])) + 63) &^ 63 }
 
-// tensorMap is the tensor map of W ([n,k] bf16 at w) with boxes of box[0] x box[1] elements,
-// encoded by the driver on first use.
-func (be *Backend) tensorMap(w uintptr, k, n int, box [2]int) (*tensorMap, error) {
-	key := copyMapKey{w: w, k: k, n: n}
+// tensorMap is the tensor map key names, encoded by the driver on first use.
+func (be *Backend) tensorMap(key copyMapKey) (*tensorMap, error) {
 	if m, ok := be.copy.maps[key]; ok {
 		return m, nil
 	}
+	swizzle, ok := map[int]uintptr{0: 0, 128: 3}[key.swizzle] // CU_TENSOR_MAP_SWIZZLE_NONE, _128B
+	if !ok {
+		return nil, fmt.Errorf("tensor map of %d x %d: swizzle %d (want 0 or 128)", key.n, key.k, key.swizzle)
+	}
+	dtype, elem := uintptr(7), 4 // CU_TENSOR_MAP_DATA_TYPE_FLOAT32
+	if key.bf16 {
+		dtype, elem = 9, 2 // CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+	}
 	m := &tensorMap{}
-	dims := []uint64{uint64(k), uint64(n)}
-	strides := []uint64{uint64(2 * k)}
-	boxDims := []uint32{uint32(box[0]), uint32(box[1])}
+	dims := []uint64{uint64(key.k), uint64(key.n)}
+	strides := []uint64{uint64(elem * key.k)}
+	boxDims := []uint32{uint32(key.box[0]), uint32(key.box[1])}
 	elemStrides := []uint32{1, 1}
-	// bf16 (9), rank 2, no interleave, no swizzle, L2 promotion of 256 bytes (3), no OOB fill.
-	if err := be.d.call("cuTensorMapEncodeTiled", m.addr(), 9, 2, w, uintptr(unsafe.Pointer(&dims[0])),
+	// Rank 2, no interleave, the swizzle, L2 promotion of 256 bytes (3), elements outside
+	// the tensor read as zeros (CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE).
+	if err := be.d.call("cuTensorMapEncodeTiled", m.addr(), dtype, 2, key.addr, uintptr(unsafe.Pointer(&dims[0])),
 		uintptr(unsafe.Pointer(&strides[0])), uintptr(unsafe.Pointer(&boxDims[0])), uintptr(unsafe.Pointer(&elemStrides[0])),
-		0, 0, 3, 0); err != nil {
-		return nil, fmt.Errorf("tensor map of a %d x %d weight: %w", n, k, err)
+		0, swizzle, 3, 0); err != nil {
+		return nil, fmt.Errorf("tensor map of %d x %d: %w", key.n, key.k, err)
 	}
 	be.copy.maps[key] = m
 	return m, nil

@@ -235,8 +235,10 @@ func (b *block) bulkCopy(in *inst, r []uint64) error {
 }
 
 // tensorCopy is cp.async.bulk.tensor.2d: the map's box at element (c0, c1), written densely
-// row by row; elements outside the tensor read as zero. The whole box counts toward the
-// mbarrier, as on the GPU.
+// row by row, then (a map with the 128-byte swizzle) each 16-byte chunk moved as the GPU
+// moves it: address bits 4-6 XORed with bits 7-9, within a destination 1024-byte aligned;
+// elements outside the tensor read as zero. The whole box counts toward the mbarrier, as on
+// the GPU.
 func (b *block) tensorCopy(in *inst, r []uint64) error {
 	maddr := rv(r, in.ext.src)
 	if maddr%64 != 0 {
@@ -253,9 +255,17 @@ func (b *block) tensorCopy(in *inst, r []uint64) error {
 	c0, c1 := int64(int32(rv(r, in.ext.coords[0]))), int64(int32(rv(r, in.ext.coords[1])))
 	eb, rowBytes := int64(tm.elem), int64(tm.box[0]*tm.elem)
 	total := int(rowBytes) * tm.box[1]
-	to, err := b.sharedSpan(rv(r, in.base)+uint64(in.off), total, 128, true)
+	align := 128
+	if tm.swizzle != 0 {
+		align = swizzleAlign
+	}
+	dst, err := b.sharedSpan(rv(r, in.base)+uint64(in.off), total, align, true)
 	if err != nil {
 		return err
+	}
+	to := dst
+	if tm.swizzle != 0 {
+		to = make([]byte, total)
 	}
 	for i := range int64(tm.box[1]) {
 		out := to[i*rowBytes : (i+1)*rowBytes]
@@ -273,8 +283,18 @@ func (b *block) tensorCopy(in *inst, r []uint64) error {
 		}
 		copy(out[(lo-c0)*eb:], from)
 	}
+	if tm.swizzle != 0 {
+		for o := 0; o < total; o += 16 {
+			p := o ^ (o>>7&7)<<4
+			copy(dst[p:p+16], to[o:o+16])
+		}
+	}
 	return b.completeTx(r, in.ext.mbar, in.ext.mbarOff, total)
 }
+
+// swizzleAlign is the alignment a swizzled box's shared destination needs: the 128-byte
+// swizzle's pattern repeats every 1024 bytes.
+const swizzleAlign = 1024
 
 // An mbarrier is 8 bytes of shared memory. The emulator keeps, from bit 0: the pending
 // arrivals (20 bits), the expected arrivals (20 bits, 0 = not initialized), the transaction
@@ -329,22 +349,25 @@ func (m *mbar) complete() {
 const tensorMapMagic = "xmixTM2D"
 
 type tensorMap struct {
-	base   uint64
-	dims   [2]int
-	stride int64
-	box    [2]int
-	elem   int
+	base    uint64
+	dims    [2]int
+	stride  int64
+	box     [2]int
+	elem    int
+	swizzle int
 }
 
 // TensorMap2D encodes a 2-D tensor map in the emulator's own 128-byte format, the
 // stand-in for the driver's cuTensorMapEncodeTiled: a tensor of dims[1] rows of dims[0]
 // elements of elemBytes each at base (16-byte aligned), rows rowStride bytes apart (a
 // multiple of 16), copied in boxes of box[0] elements by box[1] rows (each 1..256, a box row
-// a multiple of 16 bytes). Store it in global memory, 64-byte aligned, and pass its address
-// to cp.async.bulk.tensor.
-func TensorMap2D(base uint64, dims [2]int, rowStride int, box [2]int, elemBytes int) ([128]byte, error) {
+// a multiple of 16 bytes), swizzled in shared memory when swizzle is 128 (the driver's
+// CU_TENSOR_MAP_SWIZZLE_128B, for box rows of exactly 128 bytes) and written densely when it
+// is 0. Store it in global memory, 64-byte aligned, and pass its address to
+// cp.async.bulk.tensor.
+func TensorMap2D(base uint64, dims [2]int, rowStride int, box [2]int, elemBytes, swizzle int) ([128]byte, error) {
 	var out [128]byte
-	tm := tensorMap{base: base, dims: dims, stride: int64(rowStride), box: box, elem: elemBytes}
+	tm := tensorMap{base: base, dims: dims, stride: int64(rowStride), box: box, elem: elemBytes, swizzle: swizzle}
 	if err := tm.check(); err != nil {
 		return out, fmt.Errorf("emu: TensorMap2D: %w", err)
 	}
@@ -357,6 +380,7 @@ func TensorMap2D(base uint64, dims [2]int, rowStride int, box [2]int, elemBytes 
 	le.PutUint32(out[32:], uint32(box[0]))
 	le.PutUint32(out[36:], uint32(box[1]))
 	le.PutUint32(out[40:], uint32(elemBytes))
+	le.PutUint32(out[44:], uint32(swizzle))
 	return out, nil
 }
 
@@ -374,6 +398,11 @@ func (tm tensorMap) check() error {
 		return fmt.Errorf("box %v (want 1..256 each)", tm.box)
 	case tm.box[0]*tm.elem%16 != 0:
 		return fmt.Errorf("box row of %d bytes (want a multiple of 16)", tm.box[0]*tm.elem)
+	case tm.swizzle != 0 && tm.swizzle != 128:
+		return fmt.Errorf("swizzle %d (want 0 or 128 bytes)", tm.swizzle)
+	case tm.swizzle != 0 && tm.box[0]*tm.elem != tm.swizzle:
+		// The driver takes shorter rows too; how it lays them out is not modelled here.
+		return fmt.Errorf("box row of %d bytes under the %d-byte swizzle (want exactly %d)", tm.box[0]*tm.elem, tm.swizzle, tm.swizzle)
 	}
 	return nil
 }
@@ -384,11 +413,12 @@ func readTensorMap(raw []byte) (tensorMap, error) {
 	}
 	le := binary.LittleEndian
 	tm := tensorMap{
-		base:   le.Uint64(raw[8:]),
-		dims:   [2]int{int(le.Uint32(raw[16:])), int(le.Uint32(raw[20:]))},
-		stride: int64(le.Uint64(raw[24:])),
-		box:    [2]int{int(le.Uint32(raw[32:])), int(le.Uint32(raw[36:]))},
-		elem:   int(le.Uint32(raw[40:])),
+		base:    le.Uint64(raw[8:]),
+		dims:    [2]int{int(le.Uint32(raw[16:])), int(le.Uint32(raw[20:]))},
+		stride:  int64(le.Uint64(raw[24:])),
+		box:     [2]int{int(le.Uint32(raw[32:])), int(le.Uint32(raw[36:]))},
+		elem:    int(le.Uint32(raw[40:])),
+		swizzle: int(le.Uint32(raw[44:])),
 	}
 	if err := tm.check(); err != nil {
 		return tm, fmt.Errorf("corrupt: %w", err)

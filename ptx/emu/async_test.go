@@ -229,9 +229,9 @@ func TestRingBulkCopy(t *testing.T) {
 }
 
 // putTensorMap stores a map made by TensorMap2D in global memory and returns its address.
-func putTensorMap(t *testing.T, mem *Memory, base uint64, dims [2]int, stride int, box [2]int, eb int) uint64 {
+func putTensorMap(t *testing.T, mem *Memory, base uint64, dims [2]int, stride int, box [2]int, eb, swizzle int) uint64 {
 	t.Helper()
-	m, err := TensorMap2D(base, dims, stride, box, eb)
+	m, err := TensorMap2D(base, dims, stride, box, eb, swizzle)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -248,7 +248,7 @@ func TestRingTensorCopyZeroFills(t *testing.T) {
 	}
 	mem := NewMemory()
 	x, out := allocF32(mem, xv), mem.Alloc(4*32)
-	mp := putTensorMap(t, mem, x, [2]int{cols, rows}, 4*pitch, [2]int{8, 2}, 4)
+	mp := putTensorMap(t, mem, x, [2]int{cols, rows}, 4*pitch, [2]int{8, 2}, 4, 0)
 	if err := Run(compile(t, ring(true, n)), "ring", ringLaunch, mem, []uint64{mp, out}); err != nil {
 		t.Fatal(err)
 	}
@@ -272,25 +272,92 @@ func TestRingTensorCopyZeroFills(t *testing.T) {
 	}
 }
 
+// TestTensorCopySwizzles: under the 128-byte swizzle, box row r's 16-byte chunk c lands at
+// chunk c^(r%8) of its 128-byte row, as the GPU lays it out; a destination not 1024-byte
+// aligned is an error.
+func TestTensorCopySwizzles(t *testing.T) {
+	const rows, cols = 16, 32 // f32: 128-byte rows
+	xv := make([]float32, rows*cols)
+	for j := range xv {
+		xv[j] = float32(j)
+	}
+	for _, off := range []int64{0, 512} {
+		mem := NewMemory()
+		x, out := allocF32(mem, xv), mem.Alloc(4*rows*cols)
+		mp := putTensorMap(t, mem, x, [2]int{cols, rows}, 4*cols, [2]int{cols, rows}, 4, 128)
+		k := ptx.NewKernel("swz")
+		m, o := k.Reg(ptx.U64), k.Reg(ptx.U64)
+		k.Emit("ld.param.u64", m, ptx.Addr{Base: k.Param("map", ptx.U64)})
+		k.Emit("ld.param.u64", o, ptx.Addr{Base: k.Param("out", ptx.U64)})
+		bars := k.DeclareShared("bars", ptx.B64, 1)
+		smem := k.DeclareDynamicShared("smem", 1024)
+		c, a, v := k.Reg(ptx.U32), k.Reg(ptx.U32), k.Reg(ptx.F32)
+		p := k.Reg(ptx.Pred)
+		st := k.Reg(ptx.B64)
+		k.Emit("mbarrier.init.shared::cta.b64", ptx.Addr{Base: bars}, ptx.Imm(1))
+		k.Emit("mbarrier.arrive.expect_tx.shared::cta.b64", st, ptx.Addr{Base: bars}, ptx.Imm(4*rows*cols))
+		k.Emit("mov.u32", c, ptx.Imm(0))
+		k.Emit(tensorOp, ptx.Addr{Base: smem, Offset: off}, ptx.TensorAddr{Map: m, Coords: ptx.Vec{c, c}}, ptx.Addr{Base: bars})
+		wait := k.NewLabel("wait")
+		k.Label(wait)
+		k.Emit("mbarrier.try_wait.parity.shared::cta.b64", p, ptx.Addr{Base: bars}, ptx.Imm(0))
+		k.EmitIf(p, true, "bra", ptx.Sym(wait))
+		loop := k.NewLabel("copy")
+		k.Label(loop)
+		k.Emit("mov.u32", a, smem)
+		k.Emit("mad.lo.u32", a, c, ptx.Imm(4), a)
+		k.Emit("ld.shared.f32", v, ptx.Addr{Base: a})
+		ga := k.Reg(ptx.U64)
+		k.Emit("mul.wide.u32", ga, c, ptx.Imm(4))
+		k.Emit("add.u64", ga, ga, o)
+		k.Emit("st.global.f32", ptx.Addr{Base: ga}, v)
+		k.Emit("add.u32", c, c, ptx.Imm(1))
+		k.Emit("setp.lt.u32", p, c, ptx.Imm(rows*cols))
+		k.EmitIf(p, false, "bra", ptx.Sym(loop))
+		err := Run(compile(t, k), "swz", Launch{Grid: [3]int{1, 1, 1}, Block: [3]int{1, 1, 1}, Shared: 2048}, mem, []uint64{mp, out})
+		if off != 0 {
+			if err == nil || !strings.Contains(err.Error(), "needs 1024-byte alignment") {
+				t.Errorf("destination at 512: error %v, want a 1024-byte alignment error", err)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := readF32(mem, out, rows*cols)
+		for r := range rows {
+			for j := range cols {
+				at := r*cols + (j/4^r%8)*4 + j%4
+				if got[at] != xv[r*cols+j] {
+					t.Fatalf("row %d element %d: at %d reads %v, want %v", r, j, at, got[at], xv[r*cols+j])
+				}
+			}
+		}
+	}
+}
+
 func TestTensorMap2DRejects(t *testing.T) {
 	cases := []struct {
-		base   uint64
-		dims   [2]int
-		stride int
-		box    [2]int
-		eb     int
-		want   string
+		base    uint64
+		dims    [2]int
+		stride  int
+		box     [2]int
+		eb      int
+		swizzle int
+		want    string
 	}{
-		{0x1008, [2]int{8, 8}, 32, [2]int{8, 8}, 4, "not 16-byte aligned"},
-		{0x1000, [2]int{8, 8}, 24, [2]int{8, 8}, 4, "row stride 24"},
-		{0x1000, [2]int{8, 8}, 16, [2]int{8, 8}, 4, "row stride 16"},
-		{0x1000, [2]int{8, 8}, 32, [2]int{8, 300}, 4, "box [8 300]"},
-		{0x1000, [2]int{8, 8}, 32, [2]int{3, 8}, 4, "box row of 12 bytes"},
-		{0x1000, [2]int{0, 8}, 32, [2]int{4, 8}, 4, "dimensions [0 8]"},
-		{0x1000, [2]int{8, 8}, 32, [2]int{4, 8}, 3, "element size 3"},
+		{0x1008, [2]int{8, 8}, 32, [2]int{8, 8}, 4, 0, "not 16-byte aligned"},
+		{0x1000, [2]int{8, 8}, 24, [2]int{8, 8}, 4, 0, "row stride 24"},
+		{0x1000, [2]int{8, 8}, 16, [2]int{8, 8}, 4, 0, "row stride 16"},
+		{0x1000, [2]int{8, 8}, 32, [2]int{8, 300}, 4, 0, "box [8 300]"},
+		{0x1000, [2]int{8, 8}, 32, [2]int{3, 8}, 4, 0, "box row of 12 bytes"},
+		{0x1000, [2]int{0, 8}, 32, [2]int{4, 8}, 4, 0, "dimensions [0 8]"},
+		{0x1000, [2]int{8, 8}, 32, [2]int{4, 8}, 3, 0, "element size 3"},
+		{0x1000, [2]int{64, 8}, 256, [2]int{64, 8}, 4, 64, "swizzle 64"},
+		{0x1000, [2]int{64, 8}, 256, [2]int{16, 8}, 4, 128, "box row of 64 bytes under the 128-byte swizzle"},
 	}
 	for _, c := range cases {
-		_, err := TensorMap2D(c.base, c.dims, c.stride, c.box, c.eb)
+		_, err := TensorMap2D(c.base, c.dims, c.stride, c.box, c.eb, c.swizzle)
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%+v: error %v, want %q", c, err, c.want)
 		}
@@ -368,7 +435,7 @@ func TestAsyncFaults(t *testing.T) {
 			k.Emit(tensorOp, ptx.Addr{Base: smem}, ptx.TensorAddr{Map: out, Coords: ptx.Vec{c, c}}, ptx.Addr{Base: bar})
 		}, []string{"not a map made by emu.TensorMap2D (bad magic)"}},
 		{"corrupt tensor map", 0, one, func(mem *Memory, out uint64) {
-			m, _ := TensorMap2D(out+256, [2]int{8, 8}, 32, [2]int{8, 8}, 4)
+			m, _ := TensorMap2D(out+256, [2]int{8, 8}, 32, [2]int{8, 8}, 4, 0)
 			binary.LittleEndian.PutUint32(m[32:], 1000)
 			copy(mem.Bytes(out), m[:])
 		}, func(k *ptx.Kernel, smem ptx.Sym, out, bar ptx.Reg) {

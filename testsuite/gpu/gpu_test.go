@@ -319,19 +319,15 @@ func TestCUDAMatchesCPUOnGemma2Cut(t *testing.T) {
 }
 
 // TestCUDACopyGemmMatchesCPU: the bundle's copy-engine GEMMs (bundle.OpGemmCopy: W through
-// the copy engine, K split over a cluster of 2 CTAs for o and down) serve the 8-row bucket's
-// o, q/k/v and down of a 2-layer cut of Llama-3.1-8B under --gemm auto, cuBLASLt the other
-// GEMMs, and the logits agree with the CPU's as cuBLASLt's do. A lone request runs in the
-// 8-row bucket, the cut's only decode bucket; the 150-token prompt's decode splits its
-// context; and 8 requests at once fill every row, each row's logits compared.
+// the copy engine, K split over a cluster of 2 CTAs for o and down) serve o, q/k/v and down
+// of a 2-layer cut of Llama-3.1-8B under --gemm auto, cuBLASLt the other GEMMs, and the
+// logits agree with the CPU's as cuBLASLt's do. With an 8-row bucket alone, a lone request
+// runs in it, the 150-token prompt's decode splits its context, and 8 requests at once fill
+// every row, each row's logits compared. With a 16- or a 32-row bucket alone, 13 or 25
+// requests at once fill every row tile of its kernels but the last (one or a few rows live),
+// each live row's logits compared in every decode step.
 func TestCUDACopyGemmMatchesCPU(t *testing.T) {
 	needGPU(t)
-	cut := specCut(t, "llama-3.1-8b", "serving: {decode_buckets: [8], prefill_chunks: [64], max_seq_len: 256, max_seqs: 8, kv_block_size: 16}\n")
-	b := testsuite.Compile(t, cut)
-	kernels, err := bundle.GemmCopyKernels(b.Kernels)
-	if err != nil || len(kernels) != 3 {
-		t.Fatalf("copy-engine GEMMs %v (%v), want o, q/k/v and down's", kernels, err)
-	}
 	served := 0
 	nb := func(t testing.TB, b *bundle.Bundle) loader.Backend {
 		be := newCUDA(cuda.GemmAuto)(t, b)
@@ -339,6 +335,16 @@ func TestCUDACopyGemmMatchesCPU(t *testing.T) {
 		return be
 	}
 	const wantServed = 6 // o, q/k/v and down of 2 layers
+	copyCut := func(bucket int) *bundle.Bundle {
+		cut := specCut(t, "llama-3.1-8b", fmt.Sprintf("serving: {decode_buckets: [%d], prefill_chunks: [64], max_seq_len: 256, max_seqs: 32, kv_block_size: 16}\n", bucket))
+		b := testsuite.Compile(t, cut)
+		kernels, err := bundle.GemmCopyKernels(b.Kernels)
+		if err != nil || len(kernels) != 3 {
+			t.Fatalf("bucket %d: copy-engine GEMMs %v (%v), want o, q/k/v and down's", bucket, kernels, err)
+		}
+		return b
+	}
+	b := copyCut(8)
 	for _, c := range []struct {
 		key    string
 		prompt []int
@@ -348,13 +354,19 @@ func TestCUDACopyGemmMatchesCPU(t *testing.T) {
 			t.Errorf("%s: %d GEMM nodes served by the copy-engine kernels, want %d", c.key, served, wantServed)
 		}
 	}
-	var prompts [][]int
-	for i := range 8 {
-		prompts = append(prompts, []int{791 + 7*i, 4062, 14198 + i, 39935, 35308, 927 + 3*i})
-	}
-	agreementRows(t, nb, "llama-3.1-8b-2layers-copy-gemm-rows", b, prompts, 8)
-	if served != wantServed {
-		t.Errorf("8 requests: %d GEMM nodes served by the copy-engine kernels, want %d", served, wantServed)
+	for _, c := range []struct{ bucket, requests, steps int }{{8, 8, 8}, {16, 13, 4}, {32, 25, 4}} {
+		var prompts [][]int
+		for i := range c.requests {
+			prompts = append(prompts, []int{791 + 7*i, 4062, 14198 + i, 39935, 35308, 927 + 3*i})
+		}
+		bb := b
+		if c.bucket != 8 {
+			bb = copyCut(c.bucket)
+		}
+		agreementRows(t, nb, fmt.Sprintf("llama-3.1-8b-2layers-copy-gemm-r%d", c.bucket), bb, prompts, c.steps)
+		if served != wantServed {
+			t.Errorf("%d requests in a %d-row bucket: %d GEMM nodes served by the copy-engine kernels, want %d", c.requests, c.bucket, served, wantServed)
+		}
 	}
 }
 
