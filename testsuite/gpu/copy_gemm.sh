@@ -6,7 +6,8 @@
 # alternating, at contexts CONTEXTS (default 80 576 2112), the compiled PyTorch step at the
 # same shapes (prompts of CONTEXT - 64 tokens, its 64 steps on top), and the online workload
 # under both (ONLINE=0 skips it; PEER=0 the peer, TESTS=0 the tests); between the tests and
-# the timings, ptxas's registers and spills for the bundle's copy-engine kernels.
+# the timings, ptxas's registers and spills for the bundle's copy-engine kernels. ROLE_COSTS=1
+# adds each GEMM role's cost inside the graph (xmix bench --role-costs) to every bench line.
 # Build first (bash testsuite/gpu/build.sh), then:
 #   run(command="OUT=\$OUT bash testsuite/gpu/copy_gemm.sh", carry=[".dev/gpu"])
 # Writes $OUT/copy_gemm.json and $OUT/summary.txt.
@@ -36,8 +37,12 @@ for bucket in ${BUCKETS:-8}; do
       for g in cublaslt auto; do
         f=${bucket}_${ctx}_${g}_$round
         timeout 120 "$B/xmix" bench "$W/l8.xmb" --backend cuda --gemm $g --prompts $bucket --prompt-len 16 --new-tokens 8 \
-          --graph-buckets $bucket --graph-context $ctx --json -q > "$W/b_$f.json" 2> "$W/e_$f.txt"
-        echo "bench bucket $bucket ctx $ctx $g round $round rc=$? $(python3 -c "import json;print(json.load(open('$W/b_$f.json')).get('graph_ms'))" 2>&1 | tail -1)" | tee -a "$S"
+          --graph-buckets $bucket --graph-context $ctx ${ROLE_COSTS:+--role-costs} --json -q > "$W/b_$f.json" 2> "$W/e_$f.txt"
+        echo "bench bucket $bucket ctx $ctx $g round $round rc=$? $(python3 -c "
+import json
+d = json.load(open('$W/b_$f.json'))
+r = {k: round(v, 3) for t in (d.get('role_cost_ms') or {}).values() for k, v in t.items() if k in ('qkv', 'o', 'down', 'gate_up', 'attention')}
+print(d.get('graph_ms'), r or '')" 2>&1 | tail -1)" | tee -a "$S"
       done
     done
   done
