@@ -23,6 +23,11 @@ if [ "${TESTS:-1}" = 1 ]; then
   XMIX_GPU_RESULTS=$OUT/tests.json timeout 400 "$B/gpu.test" -test.run "${TEST_RUN:-TestCUDACopyGemmMatchesCPU|TestCUDAMatchesCPUOnLlama1BCut}" -test.v > "$W/test.txt" 2>&1
   echo "tests rc=$?" | tee -a "$S"
   grep -E "^(=== RUN|--- |ok|FAIL|PASS)|rror|panic" "$W/test.txt" | cut -c1-300 | head -40 | tee -a "$S"
+  python3 -c "
+import json
+for k, v in json.load(open('$OUT/tests.json')).items():
+    if 'copy-gemm' in k or 'llama-3.2-1b' in k:
+        print(k, json.dumps(v)[:240])" 2>&1 | tee -a "$S"
 fi
 "$B/xmixc" build specs/models/llama-3.1-8b.yaml -q -o "$W/l8.xmb" || { echo "build failed" | tee -a "$S"; exit 1; }
 # The copy-engine kernels through ptxas: registers and spills.
