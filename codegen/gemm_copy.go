@@ -10,14 +10,14 @@ import (
 )
 
 // The copy-engine GEMM (op bundle.OpGemmCopy): y[rows,N] = bf16(x)[rows,K] . w[N,K]^T for
-// decode buckets of at most 8, 16 or 32 rows (Rows), served beside a library GEMM (the
+// decode buckets of at most 8 or 16 rows (Rows), served beside a library GEMM (the
 // backend picks it per node; bundle.GemmCopyKernels). Inside a decode step such a GEMM is a
 // read of W, and what decides its time is how much of W is on its way before the grid ahead
 // ends: this kernel asks the copy engine (TMA: cp.async.bulk.tensor with mbarrier
 // completion) for its first stages of W before griddepcontrol.wait, up to ~160 KiB a CTA,
 // which no register ring can hold. On the H200 it shortens the Llama-3.1-8B 8-row step by
-// 2.3-4.3% at contexts 80-2112 where it serves o, down and q/k/v beside cuBLASLt
-// (testsuite/gpu/RESULTS.md, sessions 30-32).
+// 2.7-4.6% at contexts 80-2112 where it serves o, down and q/k/v beside cuBLASLt, and the
+// 16-row step by 1.0-1.9% (testsuite/gpu/RESULTS.md, sessions 30-35).
 //
 // Work split. A CTA owns gcCols = 64 output columns (W rows) and one part of K: K splits over
 // the Split CTAs of a cluster where the column tiles alone would leave most SMs idle (N/64 <
@@ -67,14 +67,17 @@ const (
 // groups its warps form (the other warps split a stage's K): each column group reads the
 // staged x once a stage, and each K part's sums are added at the end, so more rows want
 // fewer groups. Checked at init.
-var gcLayouts = []struct{ rows, groups int }{{8, 4}, {16, 2}, {32, 2}}
+// A layout of 32 rows (two groups) made the 8B's 32-row step 0.4-13% longer than cuBLASLt's
+// in every form measured (session 35: its x is as many bytes as its W, and its ring, early
+// in the SMs, slows the attention ahead), so none is made.
+var gcLayouts = []struct{ rows, groups int }{{8, 4}, {16, 2}}
 
 func init() {
 	for _, l := range gcLayouts {
 		parts := gcWarps / max(l.groups, 1)
-		if l.rows%gcTile != 0 || l.rows > 32 || l.groups < 1 || gcCols/gcColTile%l.groups != 0 ||
+		if l.rows%gcTile != 0 || gcCols/gcColTile*l.rows/gcTile*32 > 32*gcWarps || l.groups < 1 || gcCols/gcColTile%l.groups != 0 ||
 			gcWarps%l.groups != 0 || gcStage%(parts*gcChunk) != 0 {
-			panic(fmt.Sprintf("codegen: copy-engine GEMM layout %+v: rows a multiple of %d up to 32 (warp 0's lanes ask for x), groups dividing %d column tiles and %d warps, K parts of whole %d-element chunks",
+			panic(fmt.Sprintf("codegen: copy-engine GEMM layout %+v: rows a multiple of %d up to 32 (a thread adds each entry of the sums), groups dividing %d column tiles and %d warps, K parts of whole %d-element chunks",
 				l, gcTile, gcCols/gcColTile, gcWarps, gcChunk))
 		}
 	}
@@ -154,13 +157,13 @@ func (c GemmCopyConfig) Launch() ops.Launch {
 
 // copyGemmShapes are the GEMMs (K, N, rows) a bundle carries a copy-engine kernel for: those
 // measured faster inside the decode step than cuBLASLt's, on the H200 at Llama-3.1-8B's o
-// (4096 x 4096), q/k/v (6144 x 4096) and down (4096 x 14336). Its gate/up (28672 columns:
-// enough CTAs for the library's kernel to stream W at full speed) made the step longer; other
-// shapes (the 1B's, a tensor-parallel rank's, Qwen3's down) were not measured.
+// (4096 x 4096), q/k/v (6144 x 4096) and down (4096 x 14336), at 8 and 16 rows (session 35,
+// with x through its tensor map). Its gate/up (28672 columns: enough CTAs for the library's
+// kernel to stream W at full speed) made the step longer; other shapes (the 1B's, a
+// tensor-parallel rank's, Qwen3's down) were not measured.
 var copyGemmShapes = [][3]int{
 	{4096, 4096, 8}, {4096, 6144, 8}, {14336, 4096, 8},
 	{4096, 4096, 16}, {4096, 6144, 16}, {14336, 4096, 16},
-	{4096, 4096, 32}, {4096, 6144, 32}, {14336, 4096, 32},
 }
 
 // copyRows is the fewest rows of gcLayouts' that hold m rows, or 0 if none does.

@@ -59,12 +59,12 @@ func TestGemmCopyMatchesReference(t *testing.T) {
 		GemmCopyConfig
 		rows []int
 	}{
-		{GemmCopyConfig{K: 2048, N: 64, Rows: 8, Split: 2, Stages: 2}, []int{1, 3, 8}},    // four stages a CTA through two slots: refills and a phase flip
-		{GemmCopyConfig{K: 1024, N: 128, Rows: 8, Split: 1, Stages: 4}, []int{1, 8}},      // no cluster, every stage asked for before the wait
-		{GemmCopyConfig{K: 512, N: 64, Rows: 8, Split: 2, Stages: 1}, []int{1, 8}},        // one slot: every stage waits for its refill
-		{GemmCopyConfig{K: 1024, N: 64, Rows: 16, Split: 2, Stages: 2}, []int{9, 16}},     // two row tiles, eight K parts
-		{GemmCopyConfig{K: 768, N: 128, Rows: 32, Split: 1, Stages: 1}, []int{1, 17, 32}}, // four row tiles; the sums fill the one slot
-		{GemmCopyConfig{K: 2048, N: 64, Rows: 32, Split: 2, Stages: 3}, []int{25, 32}},    // three slots of four stages a CTA, a cluster
+		{GemmCopyConfig{K: 2048, N: 64, Rows: 8, Split: 2, Stages: 2}, []int{1, 3, 8}}, // four stages a CTA through two slots: refills and a phase flip
+		{GemmCopyConfig{K: 1024, N: 128, Rows: 8, Split: 1, Stages: 4}, []int{1, 8}},   // no cluster, every stage asked for before the wait
+		{GemmCopyConfig{K: 512, N: 64, Rows: 8, Split: 2, Stages: 1}, []int{1, 8}},     // one slot: every stage waits for its refill
+		{GemmCopyConfig{K: 1024, N: 64, Rows: 16, Split: 2, Stages: 2}, []int{9, 16}},  // two row tiles, eight K parts
+		{GemmCopyConfig{K: 768, N: 128, Rows: 16, Split: 1, Stages: 1}, []int{1, 16}},  // the sums in the one slot
+		{GemmCopyConfig{K: 2048, N: 64, Rows: 16, Split: 2, Stages: 3}, []int{13, 16}}, // three slots of four stages a CTA, a cluster
 	} {
 		for _, rows := range c.rows {
 			cfg := c.GemmCopyConfig
@@ -89,9 +89,10 @@ func TestGemmCopyFor(t *testing.T) {
 		{14336, 4096, 8, 2, 4, ""}, // down
 		{4096, 6144, 8, 1, 4, ""},  // q/k/v: 96 tiles, not split
 		{4096, 6144, 16, 1, 4, ""},
-		{4096, 4096, 32, 2, 3, ""}, // 65 KiB slots: three fit
+		{14336, 4096, 16, 2, 4, ""},
 		{256, 6144, 8, 1, 1, ""},
-		{4096, 4096, 12, 0, 0, "12 rows, want one of [8 16 32]"},
+		{4096, 4096, 12, 0, 0, "12 rows, want one of [8 16]"},
+		{4096, 4096, 32, 0, 0, "32 rows, want one of [8 16]"},
 		{4096, 100, 8, 0, 0, "N=100 must be a positive multiple of 64"},
 		{384, 4096, 8, 0, 0, "K=384 must be a positive multiple of 512"},
 	} {
