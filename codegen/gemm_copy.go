@@ -213,9 +213,10 @@ func (g *gen) copyGemms(templates []bundle.Template) error {
 	return nil
 }
 
-// GemmCopy generates the copy-engine GEMM; parameters x (u64), w_map (128 bytes by value: a
-// tensor map of W with boxes of 64 x 64 under the 128-byte swizzle, bundle.GemmWMap), y
-// (u64), rows (u32, at most c.Rows). x must be 16-byte aligned. Launch it with c.Launch().
+// GemmCopy generates the copy-engine GEMM; parameters x_map (128 bytes by value: a tensor
+// map of x, f32, with boxes of 256 x c.Rows, bundle.GemmXMap), w_map (the same of W, bf16,
+// boxes of 64 x 64 under the 128-byte swizzle, bundle.GemmWMap), y (u64), rows (u32, at
+// most c.Rows). Launch it with c.Launch().
 func GemmCopy(name string, c GemmCopyConfig) (*Kernel, error) {
 	if c.groups() == 0 || c.Split < 1 || c.K%(c.Split*gcStage) != 0 || c.N%gcCols != 0 || c.Stages < 1 ||
 		c.Stages > c.kStages() || c.Stages > gcBars/8 || c.shared() > bundle.MaxDynamicShared ||
