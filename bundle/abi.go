@@ -256,6 +256,23 @@ func GemmCopyFor(kernels []GemmCopy, m int) (GemmCopy, bool) {
 	return GemmCopy{}, false
 }
 
+// ParseGemmShapes reads a list of GEMM shapes, each "KxN" (K and N positive), or "none"
+// alone (an empty list); an error names the entry and the form.
+func ParseGemmShapes(list []string) ([][2]int, error) {
+	if len(list) == 1 && list[0] == "none" {
+		return [][2]int{}, nil
+	}
+	out := make([][2]int, 0, len(list))
+	for _, s := range list {
+		var k, n int
+		if c, err := fmt.Sscanf(s, "%dx%d", &k, &n); err != nil || c != 2 || k <= 0 || n <= 0 || fmt.Sprintf("%dx%d", k, n) != s {
+			return nil, fmt.Errorf("GEMM shape %q: want KxN with K and N positive (e.g. 4096x28672), or none alone", s)
+		}
+		out = append(out, [2]int{k, n})
+	}
+	return out, nil
+}
+
 // MaxDynamicShared is the most shared memory a CTA may ask for on sm_90 (227 KiB).
 const MaxDynamicShared = 227 << 10
 

@@ -1,6 +1,8 @@
 package bundle
 
 import (
+	"fmt"
+	"reflect"
 	"strings"
 	"testing"
 )
@@ -45,6 +47,27 @@ func TestGemmCopyKernels(t *testing.T) {
 	} {
 		if _, err := GemmCopyKernels(c.ks); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s: %v, want %q", c.name, err, c.want)
+		}
+	}
+}
+
+// TestParseGemmShapes: "KxN" entries in order, "none" alone as no shapes; anything else is
+// an error naming the entry.
+func TestParseGemmShapes(t *testing.T) {
+	got, err := ParseGemmShapes([]string{"4096x28672", "14336x4096"})
+	if err != nil || !reflect.DeepEqual(got, [][2]int{{4096, 28672}, {14336, 4096}}) {
+		t.Fatalf("%v, %v", got, err)
+	}
+	if got, err := ParseGemmShapes([]string{"none"}); err != nil || got == nil || len(got) != 0 {
+		t.Fatalf("none: %v, %v", got, err)
+	}
+	for _, bad := range []string{"4096", "x4096", "4096x", "-1x64", "64x0", "64x64x8", "64 x64", "064x64", "none"} {
+		list := []string{bad}
+		if bad == "none" {
+			list = []string{"64x64", "none"}
+		}
+		if _, err := ParseGemmShapes(list); err == nil || !strings.Contains(err.Error(), fmt.Sprintf("GEMM shape %q", bad)) {
+			t.Errorf("%v: %v", list, err)
 		}
 	}
 }

@@ -346,6 +346,13 @@ type BuildInfo struct {
 	// TensorCoreRows: the decode bucket size from which GEMMs run on tensor cores (xmixc build
 	// --tensor-core-rows; 0: the default, codegen.TensorCoreRows).
 	TensorCoreRows int `json:"tensor_core_rows,omitempty"`
+	// CopyGemms: the GEMM shapes ("KxN") given copy-engine kernels for the decode buckets
+	// those take (xmixc build --copy-gemms; empty: the measured ones; "none" alone: no such
+	// kernels). ParseGemmShapes reads it.
+	CopyGemms []string `json:"copy_gemms,omitempty"`
+	// CopyGemmSlots: the most ring slots a copy-engine kernel takes (xmixc build
+	// --copy-gemm-slots; 0: as many as fit, up to the measured most).
+	CopyGemmSlots int `json:"copy_gemm_slots,omitempty"`
 }
 
 // InputDigest is the hash of one input file of the build.

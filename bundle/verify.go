@@ -86,6 +86,12 @@ func Verify(b *Bundle) error {
 	if bi := b.Manifest.Build; bi.AttnWarps < 0 || bi.AttnUnroll < 0 || bi.GemvSplit < 0 || bi.AttnPrefetch < 0 || bi.AttnPrefetchOneRow < 0 || bi.GemvWarps < 0 {
 		return fmt.Errorf("manifest: build attn_warps %d, attn_unroll %d, gemv_split %d, attn_prefetch %d (%d at one row), gemv_warps %d: want counts of at least 0 (0: the default, or none); rebuild the bundle", bi.AttnWarps, bi.AttnUnroll, bi.GemvSplit, bi.AttnPrefetch, bi.AttnPrefetchOneRow, bi.GemvWarps)
 	}
+	if _, err := ParseGemmShapes(b.Manifest.Build.CopyGemms); err != nil {
+		return fmt.Errorf("manifest: build copy_gemms: %w; rebuild the bundle", err)
+	}
+	if n := b.Manifest.Build.CopyGemmSlots; n < 0 {
+		return fmt.Errorf("manifest: build copy_gemm_slots %d: want a count, or 0 for the default; rebuild the bundle", n)
+	}
 	if n := b.Manifest.Build.TensorCoreRows; n < 0 {
 		return fmt.Errorf("manifest: build tensor_core_rows %d: want a bucket size, or 0 for the default; rebuild the bundle", n)
 	}

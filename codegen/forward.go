@@ -68,6 +68,10 @@ type gen struct {
 	gemvWarps int    // a CUDA-core GEMV block's warps (GemmConfig.Warps; 0: gemmWarps)
 	tcRows    int    // the bucket size from which GEMMs run on tensor cores (tensorCores)
 	tcChunks  [2]int // GemmConfig.Unroll of the tensor-core GEMMs of up to 8, of 9-32 rows
+	// copyShapes are the GEMM shapes (K, N) given copy-engine kernels, copySlots the most
+	// slots of their rings (0: GemmCopyFor's).
+	copyShapes [][2]int
+	copySlots  int
 	// attnWarps and attnUnroll are AttnConfig.Warps and Unroll of the decode buckets' attention.
 	attnWarps, attnUnroll int
 	// attnPrefetch and attnTC are AttnConfig.Prefetch and TensorCores of every decode
@@ -109,6 +113,18 @@ func Generate(p *passes.Program, opt Options) (*bundle.Bundle, error) {
 		return nil, err
 	}
 	g.tcRows = cmp.Or(bi.TensorCoreRows, TensorCoreRows)
+	g.copyShapes = copyGemmShapes
+	if len(bi.CopyGemms) > 0 {
+		shapes, err := bundle.ParseGemmShapes(bi.CopyGemms)
+		if err != nil {
+			return nil, fmt.Errorf("copy-engine GEMMs: %w", err)
+		}
+		g.copyShapes = shapes
+	}
+	if err := CheckCopyGemmSlots(bi.CopyGemmSlots); err != nil {
+		return nil, err
+	}
+	g.copySlots = bi.CopyGemmSlots
 	switch {
 	case bi.Prefetch < 0 || bi.Prefetch > 0 && !bi.PDL:
 		return nil, fmt.Errorf("GEMV prefetch %d bytes: want 0, or a byte count with early launch", bi.Prefetch)

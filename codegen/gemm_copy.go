@@ -115,8 +115,8 @@ func (c GemmCopyConfig) shared() int { return gcAlign + c.Stages*c.slotBytes() +
 // GemmCopyFor is the copy-engine GEMM of at most rows token rows for a K x N weight, or an
 // error saying why there is none: rows one of gcLayouts', N a multiple of 64, K of 256
 // (times the split). Its ring takes as many slots as fit the shared memory, at most
-// gcMaxStages.
-func GemmCopyFor(k, n, rows int) (GemmCopyConfig, error) {
+// gcMaxStages, and at most slots where that is positive.
+func GemmCopyFor(k, n, rows, slots int) (GemmCopyConfig, error) {
 	c := GemmCopyConfig{K: k, N: n, Rows: rows, Split: 1}
 	if c.groups() == 0 {
 		return GemmCopyConfig{}, fmt.Errorf("copy-engine GEMM: %d rows, want one of %v", rows, gcRowsFor())
@@ -131,7 +131,19 @@ func GemmCopyFor(k, n, rows int) (GemmCopyConfig, error) {
 		return GemmCopyConfig{}, fmt.Errorf("copy-engine GEMM: K=%d must be a positive multiple of %d", k, c.Split*gcStage)
 	}
 	c.Stages = min(c.kStages(), gcMaxStages, (bundle.MaxDynamicShared-gcAlign-c.recvBytes())/c.slotBytes())
+	if slots > 0 {
+		c.Stages = min(c.Stages, slots)
+	}
 	return c, nil
+}
+
+// CheckCopyGemmSlots checks a build's most ring slots of a copy-engine GEMM: 0 (as many as
+// fit) to gcMaxStages.
+func CheckCopyGemmSlots(n int) error {
+	if n < 0 || n > gcMaxStages {
+		return fmt.Errorf("copy-engine GEMM ring of %d slots: want 1 to %d, or 0 for as many as fit", n, gcMaxStages)
+	}
+	return nil
 }
 
 // gcRowsFor are the row counts gcLayouts makes kernels for, fewest first.
@@ -155,16 +167,15 @@ func (c GemmCopyConfig) Launch() ops.Launch {
 	return ops.Launch{Grid: [3]int{a.Grid, 1, 1}, Block: [3]int{a.Block, 1, 1}, Shared: a.Shared}
 }
 
-// copyGemmShapes are the GEMMs (K, N, rows) a bundle carries a copy-engine kernel for: those
-// measured faster inside the decode step than cuBLASLt's, on the H200 at Llama-3.1-8B's o
-// (4096 x 4096), q/k/v (6144 x 4096) and down (4096 x 14336), at 8 and 16 rows (session 35,
-// with x through its tensor map). Its gate/up (28672 columns: enough CTAs for the library's
-// kernel to stream W at full speed) made the step longer; other shapes (the 1B's, a
-// tensor-parallel rank's, Qwen3's down) were not measured.
-var copyGemmShapes = [][3]int{
-	{4096, 4096, 8}, {4096, 6144, 8}, {14336, 4096, 8},
-	{4096, 4096, 16}, {4096, 6144, 16}, {14336, 4096, 16},
-}
+// copyGemmShapes are the GEMMs (K, N) a bundle carries copy-engine kernels for by default
+// (xmixc build --copy-gemms sets others), one for each row count of gcLayouts that a decode
+// bucket needs: those measured faster inside the decode step than cuBLASLt's, on the H200
+// at Llama-3.1-8B's o (4096 x 4096), q/k/v (6144 x 4096) and down (4096 x 14336), at 8 and
+// 16 rows (session 35, with x through its tensor map). Its gate/up (28672 columns: enough
+// CTAs for the library's kernel to stream W at full speed) made the 8-row step longer with x
+// by row copies (session 30); other shapes (the 1B's, a tensor-parallel rank's, Qwen3's
+// down) were not measured.
+var copyGemmShapes = [][2]int{{4096, 4096}, {4096, 6144}, {14336, 4096}}
 
 // copyRows is the fewest rows of gcLayouts' that hold m rows, or 0 if none does.
 func copyRows(m int) int {
@@ -177,9 +188,9 @@ func copyRows(m int) int {
 }
 
 // copyGemms adds to the bundle a copy-engine GEMM for each GEMM that a decode bucket runs on
-// tensor cores (a node a backend may give a library) whose shape and rows (the fewest of
-// gcLayouts' that hold the bucket's) copyGemmShapes lists; guarded GEMMs (heavy apps') are
-// left alone.
+// tensor cores (a node a backend may give a library) whose shape the build names (by default
+// copyGemmShapes), in the fewest rows of gcLayouts' that hold the bucket's; guarded GEMMs
+// (heavy apps') are left alone.
 func (g *gen) copyGemms(templates []bundle.Template) error {
 	seen := map[[3]int]bool{}
 	for _, t := range templates {
@@ -196,11 +207,11 @@ func (g *gen) copyGemms(templates []bundle.Template) error {
 				return fmt.Errorf("template %s: %w", t.Name, err)
 			}
 			key := [3]int{m.K, m.N, copyRows(m.M)}
-			if !ok || m.Guard != 0 || key[2] == 0 || seen[key] || !slices.Contains(copyGemmShapes, key) {
+			if !ok || m.Guard != 0 || key[2] == 0 || seen[key] || !slices.Contains(g.copyShapes, [2]int{m.K, m.N}) {
 				continue
 			}
 			seen[key] = true
-			c, err := GemmCopyFor(m.K, m.N, key[2])
+			c, err := GemmCopyFor(m.K, m.N, key[2], g.copySlots)
 			if err != nil {
 				return fmt.Errorf("template %s: node %s: %w", t.Name, n.Label, err)
 			}

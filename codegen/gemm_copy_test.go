@@ -81,25 +81,25 @@ func TestGemmCopyMatchesReference(t *testing.T) {
 
 func TestGemmCopyFor(t *testing.T) {
 	for _, c := range []struct {
-		k, n, rows    int
-		split, stages int
-		err           string
+		k, n, rows, slots int
+		split, stages     int
+		err               string
 	}{
-		{4096, 4096, 8, 2, 4, ""},  // the 8B's o: 64 column tiles, split
-		{14336, 4096, 8, 2, 4, ""}, // down
-		{4096, 6144, 8, 1, 4, ""},  // q/k/v: 96 tiles, not split
-		{4096, 6144, 16, 1, 4, ""},
-		{14336, 4096, 16, 2, 4, ""},
-		{256, 6144, 8, 1, 1, ""},
-		{4096, 4096, 12, 0, 0, "12 rows, want one of [8 16]"},
-		{4096, 4096, 32, 0, 0, "32 rows, want one of [8 16]"},
-		{4096, 100, 8, 0, 0, "N=100 must be a positive multiple of 64"},
-		{384, 4096, 8, 0, 0, "K=384 must be a positive multiple of 512"},
+		{4096, 4096, 8, 0, 2, 4, ""},  // the 8B's o: 64 column tiles, split
+		{14336, 4096, 8, 0, 2, 4, ""}, // down
+		{4096, 6144, 8, 0, 1, 4, ""},  // q/k/v: 96 tiles, not split
+		{4096, 6144, 16, 0, 1, 4, ""},
+		{14336, 4096, 16, 2, 2, 2, ""}, // at most two slots
+		{256, 6144, 8, 3, 1, 1, ""},    // one stage: one slot
+		{4096, 4096, 12, 0, 0, 0, "12 rows, want one of [8 16]"},
+		{4096, 4096, 32, 0, 0, 0, "32 rows, want one of [8 16]"},
+		{4096, 100, 8, 0, 0, 0, "N=100 must be a positive multiple of 64"},
+		{384, 4096, 8, 0, 0, 0, "K=384 must be a positive multiple of 512"},
 	} {
-		got, err := GemmCopyFor(c.k, c.n, c.rows)
+		got, err := GemmCopyFor(c.k, c.n, c.rows, c.slots)
 		if c.err != "" {
 			if err == nil || !strings.Contains(err.Error(), c.err) {
-				t.Errorf("GemmCopyFor(%d, %d, %d): error %v, want %q", c.k, c.n, c.rows, err, c.err)
+				t.Errorf("GemmCopyFor(%d, %d, %d, %d): error %v, want %q", c.k, c.n, c.rows, c.slots, err, c.err)
 			}
 			continue
 		}
@@ -118,5 +118,10 @@ func TestGemmCopyFor(t *testing.T) {
 	}
 	if _, err := GemmCopy("bad", GemmCopyConfig{K: 4096, N: 4096, Rows: 24, Split: 2, Stages: 1}); err == nil {
 		t.Error("GemmCopy took 24 rows, which no layout has")
+	}
+	for n, ok := range map[int]bool{-1: false, 0: true, 1: true, gcMaxStages: true, gcMaxStages + 1: false} {
+		if err := CheckCopyGemmSlots(n); (err == nil) != ok {
+			t.Errorf("CheckCopyGemmSlots(%d): %v", n, err)
+		}
 	}
 }

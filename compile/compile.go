@@ -81,6 +81,11 @@ type Options struct {
 	// TCChunks are the K chunks in flight of the tensor-core GEMMs of buckets of up to 8 and
 	// of 9-32 rows (bundle.BuildInfo.TCChunks; nil: codegen.DefaultTCChunks, recorded as nil).
 	TCChunks []int
+	// CopyGemms are the GEMM shapes ("KxN", or "none" alone) given copy-engine kernels
+	// (bundle.BuildInfo.CopyGemms; nil: the measured ones), CopyGemmSlots the most slots of
+	// their rings (0: as many as fit).
+	CopyGemms     []string
+	CopyGemmSlots int
 }
 
 // DefaultGemvCols is Options.GemvCols's default, measured on the H200 (testsuite/gpu/GEMV_AB.md,
@@ -266,6 +271,7 @@ func Build(modelPath string, appPaths []string, opt Options) (*bundle.Bundle, er
 	if !slices.Equal(opt.TCChunks, codegen.DefaultTCChunks[:]) {
 		build.TCChunks = opt.TCChunks
 	}
+	build.CopyGemms, build.CopyGemmSlots = opt.CopyGemms, opt.CopyGemmSlots
 	b, err := codegen.Generate(p, codegen.Options{
 		Build:     build,
 		Weights:   weights,

@@ -50,6 +50,8 @@ func buildCmd() *cobra.Command {
 	var tp, vectorSlots, prefetch, gemvCols, gemvUnroll, gemvSplit, gemvWarps, tcRows, attnWarps, attnUnroll, attnPrefetch, attnPrefetchOneRow int
 	var attnTC bool
 	var tcChunks []int
+	var copyGemms []string
+	var copyGemmSlots int
 	c := &cobra.Command{
 		Use:   "build MODEL.yaml [APP.yaml...] -o OUT.xmb",
 		Short: "Compile specs into a bundle",
@@ -104,13 +106,21 @@ func buildCmd() *cobra.Command {
 				return fmt.Errorf("--tc-chunks %s: %w (e.g. --tc-chunks %d,%d)",
 					cmd.Flags().Lookup("tc-chunks").Value, err, codegen.DefaultTCChunks[0], codegen.DefaultTCChunks[1])
 			}
+			if !cmd.Flags().Changed("copy-gemms") {
+				copyGemms = nil // the measured shapes
+			} else if _, err := bundle.ParseGemmShapes(copyGemms); err != nil {
+				return fmt.Errorf("--copy-gemms: %w", err)
+			}
+			if err := codegen.CheckCopyGemmSlots(copyGemmSlots); err != nil {
+				return fmt.Errorf("--copy-gemm-slots: %w", err)
+			}
 			start := time.Now()
 			progress := func(f string, a ...any) {
 				if !quiet {
 					fmt.Fprintf(os.Stderr, "[%6.2fs] %s\n", time.Since(start).Seconds(), fmt.Sprintf(f, a...))
 				}
 			}
-			b, err := compile.Build(args[0], args[1:], compile.Options{EmbedWeights: embed, Verify: verify, Progress: progress, GEMM: gemm, MoE: moe, TP: tp, VectorSlots: vectorSlots, Fuse: fuse, SerialLaunch: !pdl, Prefetch: prefetchOption(prefetch), GemvCols: gemvCols, GemvUnroll: gemvUnroll, GemvSplit: gemvSplit, GemvWarps: gemvWarps, TensorCoreRows: tcRows, TCChunks: tcChunks, AttnWarps: attnWarps, AttnUnroll: attnUnroll, AttnPrefetch: prefetchOption(attnPrefetch), AttnPrefetchOneRow: prefetchOption(attnPrefetchOneRow), AttnCUDACores: !attnTC})
+			b, err := compile.Build(args[0], args[1:], compile.Options{EmbedWeights: embed, Verify: verify, Progress: progress, GEMM: gemm, MoE: moe, TP: tp, VectorSlots: vectorSlots, Fuse: fuse, SerialLaunch: !pdl, Prefetch: prefetchOption(prefetch), GemvCols: gemvCols, GemvUnroll: gemvUnroll, GemvSplit: gemvSplit, GemvWarps: gemvWarps, TensorCoreRows: tcRows, TCChunks: tcChunks, CopyGemms: copyGemms, CopyGemmSlots: copyGemmSlots, AttnWarps: attnWarps, AttnUnroll: attnUnroll, AttnPrefetch: prefetchOption(attnPrefetch), AttnPrefetchOneRow: prefetchOption(attnPrefetchOneRow), AttnCUDACores: !attnTC})
 			if err != nil {
 				return err
 			}
@@ -150,6 +160,8 @@ func buildCmd() *cobra.Command {
 	c.Flags().IntVar(&gemvSplit, "gemv-split", 1, "the most warps a CUDA-core decode GEMV splits each column's K over, 1, 2, 4 or 8: a weight of few columns (Llama-3.1-8B's q/k/v, o and down) takes the fewest that give it 16384 warps, so the last wave of blocks is a small part of the kernel; the warps' totals add in warp order, so results change in the last bits, the same in every bucket. Off by default: on the H200, 4 made Llama-3.2-1B's steps of 4 rows 10-12% shorter and of 1 row 3-4% longer, Llama-3.1-8B's 1 row 0.8% shorter and 4 rows 3% longer")
 	c.Flags().IntVar(&gemvWarps, "gemv-warps", compile.DefaultGemvWarps, "warps per block of the CUDA-core decode GEMVs, 1, 2, 4 or 8, at least --gemv-split (unset: the default, or --gemv-split where that is more): a block streams its warps' columns, so smaller blocks end more evenly at a many-wave GEMV's tail (same results bit for bit)")
 	c.Flags().IntSliceVar(&tcChunks, "tc-chunks", codegen.DefaultTCChunks[:], fmt.Sprintf("K chunks (of 32) each K group of a bundle's tensor-core GEMM keeps in flight, in buckets of up to 8 rows and of 9-32 rows, 1 to %d each (the staged kernel of --gemm tc-staged: half as many stages of two chunks; more bytes in flight, more registers; same results bit for bit; for measuring)", codegen.MaxTCChunks))
+	c.Flags().StringSliceVar(&copyGemms, "copy-gemms", nil, "the GEMM shapes, each KxN (K inputs, N outputs, e.g. 4096x28672 for Llama-3.1-8B's gate/up), given copy-engine kernels (W and x brought to shared memory by the TMA, W asked for before the kernel ahead ends) for decode buckets of up to 16 rows, which --gemm auto serves them with instead of cuBLASLt; none: no such kernels (unset: the shapes measured faster in the step on the H200, Llama-3.1-8B's o, q/k/v and down; for measuring)")
+	c.Flags().IntVar(&copyGemmSlots, "copy-gemm-slots", 0, "the most ring slots (stages of W and x in flight) of a copy-engine kernel, 1 to 4 (0: as many as fit the shared memory, up to 4; fewer ask for less before the kernel ahead ends; same results bit for bit; for measuring)")
 	c.Flags().IntVar(&attnWarps, "attn-warps", 0, fmt.Sprintf("warps per block of the decode buckets' attention, 1 to %d (0: the default, 8 in buckets of up to 32 rows, 2 where blocks of 4 would take more than one wave of the GPU, 4 between); more warps cover more positions in one pass, so a context needs fewer splits and merges (for measuring)", codegen.MaxAttnWarps))
 	c.Flags().IntVar(&attnUnroll, "attn-unroll", 0, fmt.Sprintf("position loads each warp of the decode attention issues before the first is used, 1 to %d (0: the default: 4 at head dim 128 bf16 on CUDA cores, one tile of 16 positions on tensor cores, where it counts tiles); more bytes in flight, more registers (for measuring)", codegen.MaxAttnUnroll))
 	c.Flags().IntVar(&attnPrefetch, "attn-prefetch", compile.DefaultAttnPrefetch, fmt.Sprintf("passes of K and V rows each block of the decode attention asks L2 for before it waits for the kernel ahead (with --pdl), 0 (none) to %d: a pass is the positions its warps load in one step each (128 on tensor cores, 64 on CUDA cores at head dim 128 in bf16, 8 warps), so the first loads after the wait find L2 instead of HBM (same results bit for bit)", codegen.MaxAttnPrefetch))
@@ -346,6 +358,16 @@ func printBundle(w io.Writer, b *bundle.Bundle) {
 	}
 	if c := b.Manifest.Build.TCChunks; len(c) > 0 {
 		fmt.Fprintf(w, "          tensor-core GEMMs: %d / %d K chunks in flight at up to 8 / 9-32 rows\n", c[0], c[1])
+	}
+	if bi := b.Manifest.Build; len(bi.CopyGemms) > 0 || bi.CopyGemmSlots > 0 {
+		shapes, slots := "the measured shapes", "as many slots as fit"
+		if len(bi.CopyGemms) > 0 {
+			shapes = strings.Join(bi.CopyGemms, ", ")
+		}
+		if bi.CopyGemmSlots > 0 {
+			slots = fmt.Sprintf("at most %d slots", bi.CopyGemmSlots)
+		}
+		fmt.Fprintf(w, "          copy-engine GEMMs: %s, %s\n", shapes, slots)
 	}
 	bi := b.Manifest.Build
 	gemvs := fmt.Sprintf("GEMVs in blocks of %d warps", codegen.GemvWarpsOf(bi.GemvWarps))

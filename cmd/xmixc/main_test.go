@@ -332,3 +332,107 @@ func TestCheckDumpsTheIR(t *testing.T) {
 		t.Fatalf("unknown pass: %v\n%s", err, out)
 	}
 }
+
+// TestBuildCopyGemmFlags: --copy-gemms gives copy-engine kernels to the GEMM shapes it names
+// (in the decode buckets of 8 and 16 rows), none to others, and none at all with "none";
+// --copy-gemm-slots shortens their rings; both go into the build info and inspect's output.
+// A malformed shape, "none" beside a shape, slots out of range and a named shape the kernel
+// cannot take are refused, and no bundle is written.
+func TestBuildCopyGemmFlags(t *testing.T) {
+	dir := t.TempDir()
+	spec := func(name string, hidden, heads int) string {
+		return write(t, dir, name, fmt.Sprintf(`model: m
+family: llama
+dims: {hidden: %d, intermediate: 1024, layers: 2, heads: %d, kv_heads: 1, head_dim: 128, vocab: 260}
+weights: {synthetic: {seed: 1, std: 0.02}}
+tokenizer: bytes
+bos: 256
+eos: [257]
+serving: {decode_buckets: [1, 8, 16], prefill_chunks: [8], max_seq_len: 64}
+`, hidden, heads))
+	}
+	m := spec("m.yaml", 512, 4)
+	gateUp := []string{"gemm_copy_k512_n2048_r16", "gemm_copy_k512_n2048_r8"}
+	both := append([]string{"gemm_copy_k1024_n512_r16", "gemm_copy_k1024_n512_r8"}, gateUp...)
+	shared := map[string][]int{} // by kernel: its shared memory in each build that has it
+	for _, c := range []struct {
+		flags   []string
+		kernels []string // the bundle's copy-engine kernels
+		text    string   // inspect's line; "" where there should be none
+	}{
+		{nil, nil, ""},
+		{[]string{"--copy-gemms", "512x2048"}, gateUp, "copy-engine GEMMs: 512x2048, as many slots as fit"},
+		{[]string{"--copy-gemms", "512x2048,1024x512"}, both, "copy-engine GEMMs: 512x2048, 1024x512, as many slots as fit"},
+		{[]string{"--copy-gemms", "512x2048,1024x512", "--copy-gemm-slots", "1"}, both, "copy-engine GEMMs: 512x2048, 1024x512, at most 1 slots"},
+		{[]string{"--copy-gemms", "none"}, nil, "copy-engine GEMMs: none, as many slots as fit"},
+	} {
+		out := filepath.Join(dir, "c.xmb")
+		if _, err := xmixc(t, append([]string{"build", m, "-q", "-o", out}, c.flags...)...); err != nil {
+			t.Fatalf("%v: %v", c.flags, err)
+		}
+		b, err := bundle.ReadFile(out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		kernels, err := bundle.GemmCopyKernels(b.Kernels)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var names []string
+		for _, ks := range kernels {
+			for _, k := range ks {
+				names = append(names, k.Kernel)
+				shared[k.Kernel] = append(shared[k.Kernel], k.Attrs.Shared)
+			}
+		}
+		slices.Sort(names)
+		if !slices.Equal(names, c.kernels) {
+			t.Fatalf("%v: copy-engine kernels %v, want %v", c.flags, names, c.kernels)
+		}
+		if bi := b.Manifest.Build; !slices.Equal(bi.CopyGemms, flagValue(c.flags, "--copy-gemms")) || (bi.CopyGemmSlots == 1) != slices.Contains(c.flags, "--copy-gemm-slots") {
+			t.Fatalf("%v: build info %v, %d slots", c.flags, bi.CopyGemms, bi.CopyGemmSlots)
+		}
+		text, err := xmixc(t, "inspect", out)
+		if err != nil || c.text != "" && !strings.Contains(text, c.text) || c.text == "" && strings.Contains(text, "copy-engine GEMMs") {
+			t.Fatalf("%v: inspect: %v; want %q in:\n%s", c.flags, err, c.text, text)
+		}
+	}
+	// Over a cluster of 2, gate/up's K of 512 is one stage a CTA, which one slot holds; down's
+	// 1024 is two, and one slot takes less shared memory than the default two.
+	for name, s := range shared {
+		if oneSlot := s[len(s)-1]; strings.Contains(name, "_k1024_") != (oneSlot < s[0]) || oneSlot > s[0] {
+			t.Errorf("%s: shared memory %v in the builds that have it, the last with --copy-gemm-slots 1", name, s)
+		}
+	}
+	m384 := spec("m384.yaml", 384, 3) // o: K 384, split over a cluster of 2 (6 column tiles), not a multiple of 512
+	for _, c := range []struct {
+		model string
+		flags []string
+		want  string
+	}{
+		{m, []string{"--copy-gemms", "4096"}, `--copy-gemms: GEMM shape "4096": want KxN with K and N positive (e.g. 4096x28672), or none alone`},
+		{m, []string{"--copy-gemms", "0x512"}, `GEMM shape "0x512": want KxN`},
+		{m, []string{"--copy-gemms", "512x2048x8"}, `GEMM shape "512x2048x8": want KxN`},
+		{m, []string{"--copy-gemms", "none,512x2048"}, `GEMM shape "none": want KxN`},
+		{m, []string{"--copy-gemm-slots", "5"}, "--copy-gemm-slots: copy-engine GEMM ring of 5 slots: want 1 to 4, or 0 for as many as fit"},
+		{m, []string{"--copy-gemm-slots", "-1"}, "--copy-gemm-slots: copy-engine GEMM ring of -1 slots"},
+		{m384, []string{"--copy-gemms", "384x384"}, "copy-engine GEMM: K=384 must be a positive multiple of 512"},
+	} {
+		bad := filepath.Join(dir, "bad.xmb")
+		_, err := xmixc(t, append([]string{"build", c.model, "-q", "-o", bad}, c.flags...)...)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Fatalf("%v: %v, want %q", c.flags, err, c.want)
+		}
+		if _, statErr := os.Stat(bad); statErr == nil {
+			t.Fatalf("%v: a bundle was written", c.flags)
+		}
+	}
+}
+
+// flagValue is the comma-separated list after flag in flags, nil if flag is not there.
+func flagValue(flags []string, flag string) []string {
+	if i := slices.Index(flags, flag); i >= 0 && i+1 < len(flags) {
+		return strings.Split(flags[i+1], ",")
+	}
+	return nil
+}

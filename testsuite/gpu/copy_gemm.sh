@@ -8,6 +8,8 @@
 # under both (ONLINE=0 skips it; PEER=0 the peer, TESTS=0 the tests); between the tests and
 # the timings, ptxas's registers and spills for the bundle's copy-engine kernels. ROLE_COSTS=1
 # adds each GEMM role's cost inside the graph (xmix bench --role-costs) to every bench line.
+# BUILD_FLAGS go to the bundle's xmixc build (e.g. "--copy-gemms 4096x4096,4096x28672
+# --copy-gemm-slots 2": other shapes, shorter rings).
 # Build first (bash testsuite/gpu/build.sh), then:
 #   run(command="OUT=\$OUT bash testsuite/gpu/copy_gemm.sh", carry=[".dev/gpu"])
 # Writes $OUT/copy_gemm.json and $OUT/summary.txt.
@@ -29,7 +31,7 @@ for k, v in json.load(open('$OUT/tests.json')).items():
     if 'copy-gemm' in k or 'llama-3.2-1b' in k:
         print(k, json.dumps(v)[:240])" 2>&1 | tee -a "$S"
 fi
-"$B/xmixc" build specs/models/llama-3.1-8b.yaml -q -o "$W/l8.xmb" || { echo "build failed" | tee -a "$S"; exit 1; }
+"$B/xmixc" build specs/models/llama-3.1-8b.yaml -q ${BUILD_FLAGS:-} -o "$W/l8.xmb" || { echo "build failed" | tee -a "$S"; exit 1; }
 # The copy-engine kernels through ptxas: registers and spills.
 . "$(dirname "$0")/ptxas.sh"
 bin=$B ptxas_bundle "$W/l8.xmb" "$W/ptx" "$W/ptxas.txt"
