@@ -17,7 +17,7 @@ import (
 // completion) for its first stages of W before griddepcontrol.wait, up to ~160 KiB a CTA,
 // which no register ring can hold. On the H200 it shortens the Llama-3.1-8B 8-row step by
 // 2.7-4.6% at contexts 80-2112 where it serves o, down and q/k/v beside cuBLASLt, and the
-// 16-row step by 1.0-1.9% (testsuite/gpu/RESULTS.md, sessions 30-35).
+// 16-row step by 1.0-2.1% (testsuite/gpu/RESULTS.md, sessions 30-35).
 //
 // Work split. A CTA owns gcCols = 64 output columns (W rows) and one part of K: K splits over
 // the Split CTAs of a cluster where the column tiles alone would leave most SMs idle (N/64 <
@@ -30,9 +30,10 @@ import (
 // K, 128-byte rows under the 128-byte swizzle, so that the eight rows a warp reads at once
 // fall in different banks) and the rows' x (one tensor-map box of 256 f32 by Rows rows,
 // dense; rows past the node's read as zeros), completing one mbarrier. Thread 0 asks for W of
-// the first Stages stages, then every thread waits for the grid ahead; thread 0 then asks for
-// their x.
-// Each stage's slot refills with stage i+Stages once every warp is past it (bar.sync).
+// the first Stages stages, then every thread waits for the grid ahead (which writes x);
+// thread 0 then asks for their x. One box a stage, not a bulk copy per row: x's row copies
+// made the 16-row step 3-4% longer (session 35). Each stage's slot refills with stage
+// i+Stages once every warp is past it (bar.sync).
 //
 // Sums. In a warp, lane (g, t) reads W elements [8t, 8t+8) of each 32-element chunk of its
 // part for rows g and g+8 of a column tile, and the same x elements of token row g of each
