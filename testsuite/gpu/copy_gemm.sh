@@ -9,7 +9,11 @@
 # the timings, ptxas's registers and spills for the bundle's copy-engine kernels. ROLE_COSTS=1
 # adds each GEMM role's cost inside the graph (xmix bench --role-costs) to every bench line.
 # BUILD_FLAGS go to the bundle's xmixc build (e.g. "--copy-gemms 4096x4096,4096x28672
-# --copy-gemm-slots 2": other shapes, shorter rings).
+# --copy-gemm-slots 2": other shapes, shorter rings). VARIANTS="NAME=FLAGS;..." builds one
+# more bundle per entry (BUILD_FLAGS, then FLAGS) and times it with --gemm auto beside the
+# others in every round (bench key auto-NAME), e.g. VARIANTS="slots2=--copy-gemm-slots 2;
+# gateup=--copy-gemms 4096x4096,4096x6144,14336x4096,4096x28672"; the online part and ptxas
+# take the first bundle only.
 # Build first (bash testsuite/gpu/build.sh), then:
 #   run(command="OUT=\$OUT bash testsuite/gpu/copy_gemm.sh", carry=[".dev/gpu"])
 # Writes $OUT/copy_gemm.json and $OUT/summary.txt.
@@ -36,14 +40,22 @@ fi
 . "$(dirname "$0")/ptxas.sh"
 bin=$B ptxas_bundle "$W/l8.xmb" "$W/ptx" "$W/ptxas.txt"
 grep gemm_copy "$W/ptxas.txt" | tee -a "$S"
+servers="cublaslt auto"
+IFS=';' read -ra variants <<< "${VARIANTS:-}"
+for v in ${variants[@]+"${variants[@]}"}; do
+  "$B/xmixc" build specs/models/llama-3.1-8b.yaml -q ${BUILD_FLAGS:-} ${v#*=} -o "$W/l8-${v%%=*}.xmb" || { echo "build of variant $v failed" | tee -a "$S"; exit 1; }
+  servers="$servers auto-${v%%=*}"
+done
 shapes=""
 for bucket in ${BUCKETS:-8}; do
   for ctx in ${CONTEXTS:-80 576 2112}; do
     shapes="$shapes,$((ctx - 64)):$bucket"
     for round in $(seq ${ROUNDS:-2}); do
-      for g in cublaslt auto; do
+      for g in $servers; do
         f=${bucket}_${ctx}_${g}_$round
-        timeout 120 "$B/xmix" bench "$W/l8.xmb" --backend cuda --gemm $g --prompts $bucket --prompt-len 16 --new-tokens 8 \
+        xmb=$W/l8.xmb
+        case $g in auto-*) xmb=$W/l8-${g#auto-}.xmb ;; esac
+        timeout 120 "$B/xmix" bench "$xmb" --backend cuda --gemm ${g%%-*} --prompts $bucket --prompt-len 16 --new-tokens 8 \
           --graph-buckets $bucket --graph-context $ctx ${ROLE_COSTS:+--role-costs} --json -q > "$W/b_$f.json" 2> "$W/e_$f.txt"
         echo "bench bucket $bucket ctx $ctx $g round $round rc=$? $(python3 -c "
 import json
@@ -53,7 +65,6 @@ print(d.get('graph_ms'), r or '')" 2>&1 | tail -1)" | tee -a "$S"
       done
     done
   done
-  grep -h "copy-engine" "$W"/e_${bucket}_*_auto_1.txt | head -1 | tee -a "$S"
 done
 if [ "${PEER:-1}" = 1 ]; then
   RES=$W timeout 300 python3 testsuite/gpu/torch_decode.py llama-3.1-8b "${shapes#,}" > "$W/peer.txt" 2>&1
