@@ -243,8 +243,8 @@ func GemmCopy(name string, c GemmCopyConfig) (*Kernel, error) {
 type gcGen struct {
 	emitter
 	c               GemmCopyConfig
-	xmap, wmap, y   ptx.Reg
-	rows            ptx.Reg
+	xmap, wmap      ptx.Reg // generic addresses of the tensor-map parameters
+	y, rows         ptx.Reg
 	tid, warp, lane ptx.Reg
 	gg, t, cg, q    ptx.Reg // the lane's mma group and thread; the warp's column group and K part
 	rank, col0, k0  ptx.Reg // cluster rank; the CTA's first column and first K
