@@ -240,7 +240,9 @@ func GemmCopyKernels(kernels []Kernel) (map[[2]int][]GemmCopy, error) {
 			return nil, fmt.Errorf("kernel %s: a second copy-engine GEMM for k %d, n %d, %d rows", k.Name, a.K, a.N, a.Rows)
 		}
 		out[key] = append(out[key], GemmCopy{Kernel: k.Name, Attrs: a})
-		slices.SortFunc(out[key], func(x, y GemmCopy) int { return x.Attrs.Rows - y.Attrs.Rows })
+	}
+	for _, ks := range out {
+		slices.SortFunc(ks, func(x, y GemmCopy) int { return x.Attrs.Rows - y.Attrs.Rows })
 	}
 	return out, nil
 }

@@ -178,11 +178,12 @@ func (c GemmCopyConfig) Launch() ops.Launch {
 // down) were not measured.
 var copyGemmShapes = [][2]int{{4096, 4096}, {4096, 6144}, {14336, 4096}}
 
-// copyRows is the fewest rows of gcLayouts' that hold m rows, or 0 if none does.
+// copyRows is the fewest rows of gcLayouts' (fewest first) that hold m rows, or 0 if none
+// does.
 func copyRows(m int) int {
-	for _, r := range gcRowsFor() {
-		if m <= r {
-			return r
+	for _, l := range gcLayouts {
+		if m <= l.rows {
+			return l.rows
 		}
 	}
 	return 0
@@ -356,7 +357,8 @@ func (g *gcGen) askW(stage ptx.Reg, slot ptx.Operand) {
 	}
 }
 
-// askX (thread 0) asks for a stage's x: one box of the stage's K by Rows rows.
+// askX (thread 0) asks for a stage's x: one box of the stage's K by Rows rows (the stage's
+// first K worked out again, as askW does: one multiply-add of one thread).
 func (g *gcGen) askX(stage ptx.Reg, slot ptx.Operand) {
 	g.Emit("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes",
 		ptx.Addr{Base: g.slotAddr(g.slot0, slot), Offset: gcWBox}, ptx.TensorAddr{Map: g.xmap, Coords: ptx.Vec{g.stageK(stage), g.imm32(0)}}, ptx.Addr{Base: g.barAddr(slot)})
