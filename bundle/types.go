@@ -350,8 +350,8 @@ type BuildInfo struct {
 	// those take (xmixc build --copy-gemms; empty: the measured ones; "none" alone: no such
 	// kernels). ParseGemmShapes reads it.
 	CopyGemms []string `json:"copy_gemms,omitempty"`
-	// CopyGemmSlots: the most ring slots a copy-engine kernel takes (xmixc build
-	// --copy-gemm-slots; 0: as many as fit, up to the measured most).
+	// CopyGemmSlots: the ring slots a copy-engine kernel takes, fewer where fewer fit (xmixc
+	// build --copy-gemm-slots; 0: the measured default).
 	CopyGemmSlots int `json:"copy_gemm_slots,omitempty"`
 }
 

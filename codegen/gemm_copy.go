@@ -14,7 +14,7 @@ import (
 // backend picks it per node; bundle.GemmCopyKernels). Inside a decode step such a GEMM is a
 // read of W, and what decides its time is how much of W is on its way before the grid ahead
 // ends: this kernel asks the copy engine (TMA: cp.async.bulk.tensor with mbarrier
-// completion) for its first stages of W before griddepcontrol.wait, up to ~160 KiB a CTA,
+// completion) for its first stages of W before griddepcontrol.wait, up to ~144 KiB a CTA,
 // which no register ring can hold. On the H200 it shortens the Llama-3.1-8B 8-row step by
 // 2.7-4.6% at contexts 80-2112 where it serves o, down and q/k/v beside cuBLASLt, and the
 // 16-row step by 1.0-2.1% (testsuite/gpu/RESULTS.md, sessions 30-35).
@@ -57,12 +57,17 @@ const (
 	gcXStride    = 4 * gcStage // shared bytes of one staged x row: the x box's rows, dense
 	gcBars       = 128         // the mbarriers, at the start of the shared memory
 	gcAlign      = 1024        // the slots' alignment: the swizzle's pattern repeats every 1024 bytes
-	gcMaxStages  = 4           // slots of a ring (more measured no faster at 8 rows)
+	gcMaxStages  = 4           // slots of a ring a build may ask for (more measured no faster at 8 rows)
 	gcSplitBelow = 90          // column tiles below which K splits over a cluster
 	gcSplit      = 2           // CTAs of such a cluster (4 measured slower)
 	gcPolls      = 1 << 22     // mbarrier polls before a stage that never lands traps
 	gcEntry      = 16          // one lane's sums of one column tile and row tile: 4 f32
 )
+
+// gcStages are a ring's slots unless a build asks for others: on the H200, 3 made the 8B's
+// 8- and 16-row steps 0.1-0.3% shorter than 4, and 2 made them 6.7-9.7% longer (session 36,
+// testsuite/gpu/RESULTS.md).
+const gcStages = 3
 
 // gcLayouts are the row counts a copy-engine GEMM is made for, and for each how many column
 // groups its warps form (the other warps split a stage's K): each column group reads the
@@ -115,8 +120,8 @@ func (c GemmCopyConfig) shared() int { return gcAlign + c.Stages*c.slotBytes() +
 
 // GemmCopyFor is the copy-engine GEMM of at most rows token rows for a K x N weight, or an
 // error saying why there is none: rows one of gcLayouts', N a multiple of 64, K of 256
-// (times the split). Its ring takes as many slots as fit the shared memory, at most
-// gcMaxStages, and at most slots where that is positive.
+// (times the split). Its ring has as many slots as asked for (slots > 0), else gcStages,
+// and never more than fit the shared memory.
 func GemmCopyFor(k, n, rows, slots int) (GemmCopyConfig, error) {
 	c := GemmCopyConfig{K: k, N: n, Rows: rows, Split: 1}
 	if c.groups() == 0 {
@@ -131,18 +136,18 @@ func GemmCopyFor(k, n, rows, slots int) (GemmCopyConfig, error) {
 	if k%(c.Split*gcStage) != 0 {
 		return GemmCopyConfig{}, fmt.Errorf("copy-engine GEMM: K=%d must be a positive multiple of %d", k, c.Split*gcStage)
 	}
-	c.Stages = min(c.kStages(), gcMaxStages, (bundle.MaxDynamicShared-gcAlign-c.recvBytes())/c.slotBytes())
-	if slots > 0 {
-		c.Stages = min(c.Stages, slots)
+	if slots <= 0 {
+		slots = gcStages
 	}
+	c.Stages = min(c.kStages(), slots, (bundle.MaxDynamicShared-gcAlign-c.recvBytes())/c.slotBytes())
 	return c, nil
 }
 
-// CheckCopyGemmSlots checks a build's most ring slots of a copy-engine GEMM: 0 (as many as
-// fit) to gcMaxStages.
+// CheckCopyGemmSlots checks a build's ring slots of a copy-engine GEMM: 0 (the measured
+// default, gcStages) to gcMaxStages.
 func CheckCopyGemmSlots(n int) error {
 	if n < 0 || n > gcMaxStages {
-		return fmt.Errorf("copy-engine GEMM ring of %d slots: want 1 to %d, or 0 for as many as fit", n, gcMaxStages)
+		return fmt.Errorf("copy-engine GEMM ring of %d slots: want 1 to %d, or 0 for the default (%d)", n, gcMaxStages, gcStages)
 	}
 	return nil
 }
@@ -173,9 +178,9 @@ func (c GemmCopyConfig) Launch() ops.Launch {
 // bucket needs: those measured faster inside the decode step than cuBLASLt's, on the H200
 // at Llama-3.1-8B's o (4096 x 4096), q/k/v (6144 x 4096) and down (4096 x 14336), at 8 and
 // 16 rows (session 35, with x through its tensor map). Its gate/up (28672 columns: enough
-// CTAs for the library's kernel to stream W at full speed) made the 8-row step longer with x
-// by row copies (session 30); other shapes (the 1B's, a tensor-parallel rank's, Qwen3's
-// down) were not measured.
+// CTAs for the library's kernel to stream W at full speed) made the 8- and 16-row steps
+// 2-4% longer, and its LM head changed nothing (session 36); other shapes (the 1B's, a
+// tensor-parallel rank's, Qwen3's down) were not measured.
 var copyGemmShapes = [][2]int{{4096, 4096}, {4096, 6144}, {14336, 4096}}
 
 // copyRows is the fewest rows of gcLayouts' (fewest first) that hold m rows, or 0 if none

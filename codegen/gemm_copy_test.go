@@ -85,10 +85,11 @@ func TestGemmCopyFor(t *testing.T) {
 		split, stages     int
 		err               string
 	}{
-		{4096, 4096, 8, 0, 2, 4, ""},  // the 8B's o: 64 column tiles, split
-		{14336, 4096, 8, 0, 2, 4, ""}, // down
-		{4096, 6144, 8, 0, 1, 4, ""},  // q/k/v: 96 tiles, not split
-		{4096, 6144, 16, 0, 1, 4, ""},
+		{4096, 4096, 8, 0, 2, 3, ""},  // the 8B's o: 64 column tiles, split
+		{14336, 4096, 8, 0, 2, 3, ""}, // down
+		{4096, 6144, 8, 0, 1, 3, ""},  // q/k/v: 96 tiles, not split
+		{4096, 6144, 16, 0, 1, 3, ""},
+		{4096, 6144, 16, 4, 1, 4, ""},  // four slots where asked for
 		{14336, 4096, 16, 2, 2, 2, ""}, // at most two slots
 		{256, 6144, 8, 3, 1, 1, ""},    // one stage: one slot
 		{4096, 4096, 12, 0, 0, 0, "12 rows, want one of [8 16]"},

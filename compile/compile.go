@@ -82,8 +82,8 @@ type Options struct {
 	// of 9-32 rows (bundle.BuildInfo.TCChunks; nil: codegen.DefaultTCChunks, recorded as nil).
 	TCChunks []int
 	// CopyGemms are the GEMM shapes ("KxN", or "none" alone) given copy-engine kernels
-	// (bundle.BuildInfo.CopyGemms; nil: the measured ones), CopyGemmSlots the most slots of
-	// their rings (0: as many as fit).
+	// (bundle.BuildInfo.CopyGemms; nil: the measured ones), CopyGemmSlots the slots of
+	// their rings (0: the measured default).
 	CopyGemms     []string
 	CopyGemmSlots int
 }

@@ -161,7 +161,7 @@ func buildCmd() *cobra.Command {
 	c.Flags().IntVar(&gemvWarps, "gemv-warps", compile.DefaultGemvWarps, "warps per block of the CUDA-core decode GEMVs, 1, 2, 4 or 8, at least --gemv-split (unset: the default, or --gemv-split where that is more): a block streams its warps' columns, so smaller blocks end more evenly at a many-wave GEMV's tail (same results bit for bit)")
 	c.Flags().IntSliceVar(&tcChunks, "tc-chunks", codegen.DefaultTCChunks[:], fmt.Sprintf("K chunks (of 32) each K group of a bundle's tensor-core GEMM keeps in flight, in buckets of up to 8 rows and of 9-32 rows, 1 to %d each (the staged kernel of --gemm tc-staged: half as many stages of two chunks; more bytes in flight, more registers; same results bit for bit; for measuring)", codegen.MaxTCChunks))
 	c.Flags().StringSliceVar(&copyGemms, "copy-gemms", nil, "the GEMM shapes, each KxN (K inputs, N outputs, e.g. 4096x28672 for Llama-3.1-8B's gate/up), given copy-engine kernels (W and x brought to shared memory by the TMA, W asked for before the kernel ahead ends) for decode buckets of up to 16 rows, which --gemm auto serves them with instead of cuBLASLt; none: no such kernels (unset: the shapes measured faster in the step on the H200, Llama-3.1-8B's o, q/k/v and down; for measuring)")
-	c.Flags().IntVar(&copyGemmSlots, "copy-gemm-slots", 0, "the most ring slots (stages of W and x in flight) of a copy-engine kernel, 1 to 4 (0: as many as fit the shared memory, up to 4; fewer ask for less before the kernel ahead ends; same results bit for bit; for measuring)")
+	c.Flags().IntVar(&copyGemmSlots, "copy-gemm-slots", 0, "the ring slots (stages of W and x in flight) of a copy-engine kernel, 1 to 4 (0: the measured default, 3; never more than fit the shared memory; fewer ask for less before the kernel ahead ends; same results bit for bit; for measuring)")
 	c.Flags().IntVar(&attnWarps, "attn-warps", 0, fmt.Sprintf("warps per block of the decode buckets' attention, 1 to %d (0: the default, 8 in buckets of up to 32 rows, 2 where blocks of 4 would take more than one wave of the GPU, 4 between); more warps cover more positions in one pass, so a context needs fewer splits and merges (for measuring)", codegen.MaxAttnWarps))
 	c.Flags().IntVar(&attnUnroll, "attn-unroll", 0, fmt.Sprintf("position loads each warp of the decode attention issues before the first is used, 1 to %d (0: the default: 4 at head dim 128 bf16 on CUDA cores, one tile of 16 positions on tensor cores, where it counts tiles); more bytes in flight, more registers (for measuring)", codegen.MaxAttnUnroll))
 	c.Flags().IntVar(&attnPrefetch, "attn-prefetch", compile.DefaultAttnPrefetch, fmt.Sprintf("passes of K and V rows each block of the decode attention asks L2 for before it waits for the kernel ahead (with --pdl), 0 (none) to %d: a pass is the positions its warps load in one step each (128 on tensor cores, 64 on CUDA cores at head dim 128 in bf16, 8 warps), so the first loads after the wait find L2 instead of HBM (same results bit for bit)", codegen.MaxAttnPrefetch))
@@ -360,12 +360,12 @@ func printBundle(w io.Writer, b *bundle.Bundle) {
 		fmt.Fprintf(w, "          tensor-core GEMMs: %d / %d K chunks in flight at up to 8 / 9-32 rows\n", c[0], c[1])
 	}
 	if bi := b.Manifest.Build; len(bi.CopyGemms) > 0 || bi.CopyGemmSlots > 0 {
-		shapes, slots := "the measured shapes", "as many slots as fit"
+		shapes, slots := "the measured shapes", "slots: the default"
 		if len(bi.CopyGemms) > 0 {
 			shapes = strings.Join(bi.CopyGemms, ", ")
 		}
 		if bi.CopyGemmSlots > 0 {
-			slots = fmt.Sprintf("at most %d slots", bi.CopyGemmSlots)
+			slots = fmt.Sprintf("slots: %d", bi.CopyGemmSlots)
 		}
 		fmt.Fprintf(w, "          copy-engine GEMMs: %s, %s\n", shapes, slots)
 	}

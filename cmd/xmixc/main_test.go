@@ -361,10 +361,10 @@ serving: {decode_buckets: [1, 8, 16], prefill_chunks: [8], max_seq_len: 64}
 		text    string   // inspect's line; "" where there should be none
 	}{
 		{nil, nil, ""},
-		{[]string{"--copy-gemms", "512x2048"}, gateUp, "copy-engine GEMMs: 512x2048, as many slots as fit"},
-		{[]string{"--copy-gemms", "512x2048,1024x512"}, both, "copy-engine GEMMs: 512x2048, 1024x512, as many slots as fit"},
-		{[]string{"--copy-gemms", "512x2048,1024x512", "--copy-gemm-slots", "1"}, both, "copy-engine GEMMs: 512x2048, 1024x512, at most 1 slots"},
-		{[]string{"--copy-gemms", "none"}, nil, "copy-engine GEMMs: none, as many slots as fit"},
+		{[]string{"--copy-gemms", "512x2048"}, gateUp, "copy-engine GEMMs: 512x2048, slots: the default"},
+		{[]string{"--copy-gemms", "512x2048,1024x512"}, both, "copy-engine GEMMs: 512x2048, 1024x512, slots: the default"},
+		{[]string{"--copy-gemms", "512x2048,1024x512", "--copy-gemm-slots", "1"}, both, "copy-engine GEMMs: 512x2048, 1024x512, slots: 1"},
+		{[]string{"--copy-gemms", "none"}, nil, "copy-engine GEMMs: none, slots: the default"},
 	} {
 		out := filepath.Join(dir, "c.xmb")
 		if _, err := xmixc(t, append([]string{"build", m, "-q", "-o", out}, c.flags...)...); err != nil {
@@ -414,7 +414,7 @@ serving: {decode_buckets: [1, 8, 16], prefill_chunks: [8], max_seq_len: 64}
 		{m, []string{"--copy-gemms", "0x512"}, `GEMM shape "0x512": want KxN`},
 		{m, []string{"--copy-gemms", "512x2048x8"}, `GEMM shape "512x2048x8": want KxN`},
 		{m, []string{"--copy-gemms", "none,512x2048"}, `GEMM shape "none": want KxN`},
-		{m, []string{"--copy-gemm-slots", "5"}, "--copy-gemm-slots: copy-engine GEMM ring of 5 slots: want 1 to 4, or 0 for as many as fit"},
+		{m, []string{"--copy-gemm-slots", "5"}, "--copy-gemm-slots: copy-engine GEMM ring of 5 slots: want 1 to 4, or 0 for the default (3)"},
 		{m, []string{"--copy-gemm-slots", "-1"}, "--copy-gemm-slots: copy-engine GEMM ring of -1 slots"},
 		{m384, []string{"--copy-gemms", "384x384"}, "copy-engine GEMM: K=384 must be a positive multiple of 512"},
 	} {
