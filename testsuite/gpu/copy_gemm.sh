@@ -79,21 +79,27 @@ fi
 python3 - "$W" "$OUT/copy_gemm.json" <<'PY'
 import glob, json, os, sys
 w, out = sys.argv[1], sys.argv[2]
-d = {"bench": {}, "peer": None, "online": {}}
+d = {"bench": {}}
 for f in sorted(glob.glob(os.path.join(w, "b_*.json"))):
+    key = os.path.basename(f)[2:-5]
     try:
-        d["bench"][os.path.basename(f)[2:-5]] = json.load(open(f)).get("graph_ms")
+        b = json.load(open(f))
+        d["bench"][key] = b.get("graph_ms")
+        if b.get("role_cost_ms"):
+            d.setdefault("role_cost_ms", {})[key] = b["role_cost_ms"]
     except Exception as e:
-        d["bench"][os.path.basename(f)[2:-5]] = str(e)
+        d["bench"][key] = str(e)
 p = os.path.join(w, "torch-llama-3.1-8b.json")
 if os.path.exists(p):
     d["peer"] = json.load(open(p))
 for g in ("cublaslt", "auto"):
+    p = os.path.join(w, f"online_{g}.json")
+    if not os.path.exists(p):
+        continue  # ONLINE=0
     try:
-        o = json.load(open(os.path.join(w, f"online_{g}.json")))
-        d["online"][g] = o["online"]["mean"]
+        d.setdefault("online", {})[g] = json.load(open(p))["online"]["mean"]
     except Exception as e:
-        d["online"][g] = str(e)
+        d.setdefault("online", {})[g] = str(e)
 json.dump(d, open(out, "w"), indent=1)
 PY
 tar -czf "$OUT/logs.tgz" -C "$W" --exclude='*.xmb' .
