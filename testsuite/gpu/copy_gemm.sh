@@ -16,7 +16,8 @@
 # take the first bundle only.
 # Build first (bash testsuite/gpu/build.sh), then:
 #   run(command="OUT=\$OUT bash testsuite/gpu/copy_gemm.sh", carry=[".dev/gpu"])
-# Writes $OUT/copy_gemm.json and $OUT/summary.txt.
+# Writes $OUT/copy_gemm.json (each bench's graph ms, its role costs with ROLE_COSTS=1, the peer's
+# and the online figures where run) and $OUT/summary.txt.
 set -u
 export PATH=/usr/local/cuda/bin:$PATH
 B=${BIN:-.dev/gpu}
@@ -92,12 +93,10 @@ for f in sorted(glob.glob(os.path.join(w, "b_*.json"))):
 p = os.path.join(w, "torch-llama-3.1-8b.json")
 if os.path.exists(p):
     d["peer"] = json.load(open(p))
-for g in ("cublaslt", "auto"):
-    p = os.path.join(w, f"online_{g}.json")
-    if not os.path.exists(p):
-        continue  # ONLINE=0
+for g in ("cublaslt", "auto") if os.environ.get("ONLINE", "1") == "1" else ():
     try:
-        d.setdefault("online", {})[g] = json.load(open(p))["online"]["mean"]
+        o = json.load(open(os.path.join(w, f"online_{g}.json")))
+        d.setdefault("online", {})[g] = o["online"]["mean"]
     except Exception as e:
         d.setdefault("online", {})[g] = str(e)
 json.dump(d, open(out, "w"), indent=1)
