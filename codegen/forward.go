@@ -68,8 +68,8 @@ type gen struct {
 	gemvWarps int    // a CUDA-core GEMV block's warps (GemmConfig.Warps; 0: gemmWarps)
 	tcRows    int    // the bucket size from which GEMMs run on tensor cores (tensorCores)
 	tcChunks  [2]int // GemmConfig.Unroll of the tensor-core GEMMs of up to 8, of 9-32 rows
-	// copyShapes are the GEMM shapes (K, N) given copy-engine kernels, copySlots the most
-	// slots of their rings (0: GemmCopyFor's).
+	// copyShapes are the GEMM shapes (K, N) given copy-engine kernels, copySlots the
+	// slots of their rings (0: the default, gcStages).
 	copyShapes [][2]int
 	copySlots  int
 	// attnWarps and attnUnroll are AttnConfig.Warps and Unroll of the decode buckets' attention.

@@ -112,8 +112,12 @@ func (be *Backend) tensorMap(key copyMapKey) (*tensorMap, error) {
 	if m, ok := be.copy.maps[key]; ok {
 		return m, nil
 	}
-	swizzle, ok := map[int]uintptr{0: 0, 128: 3}[key.swizzle] // CU_TENSOR_MAP_SWIZZLE_NONE, _128B
-	if !ok {
+	var swizzle uintptr // CU_TENSOR_MAP_SWIZZLE_NONE
+	switch key.swizzle {
+	case 0:
+	case 128:
+		swizzle = 3 // CU_TENSOR_MAP_SWIZZLE_128B
+	default:
 		return nil, fmt.Errorf("tensor map of %d x %d: swizzle %d (want 0 or 128)", key.n, key.k, key.swizzle)
 	}
 	dtype, elem := uintptr(7), 4 // CU_TENSOR_MAP_DATA_TYPE_FLOAT32
