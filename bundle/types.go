@@ -337,6 +337,11 @@ type BuildInfo struct {
 	// (codegen.AttnConfig.TensorCores; the default since session 22, xmixc build
 	// --attn-tc=false leaves it out, as in bundles built before).
 	AttnTC bool `json:"attn_tc,omitempty"`
+	// AttnCluster: the decode buckets whose attention splits fit in one wave of blocks merge
+	// a row's splits in a thread-block cluster, not through a workspace in global memory
+	// (codegen.AttnConfig.Cluster; xmixc build --attn-cluster=false leaves it out, as in
+	// bundles built before).
+	AttnCluster bool `json:"attn_cluster,omitempty"`
 	// GemvSplit: the most warps a CUDA-core GEMV splits each column's K over, for weights of
 	// few columns (xmixc build --gemv-split; 0 or 1: one warp a column).
 	GemvSplit int `json:"gemv_split,omitempty"`

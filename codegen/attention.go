@@ -44,7 +44,17 @@ import (
 // sums the records in split order 0..n-1 (deterministic), writes z and resets the counter so
 // that the next launch finds it zero. Split 0 holds position 0, so the combined max is finite.
 //
-// Workspace `ws` (Split only), c.SplitWorkspaceBytes(rows, splits): rows*Heads/hpb u32
+// Clusters (Cluster, with Split): where a bucket's splits fit in one wave of blocks, a row's
+// splits are one thread-block cluster of Cluster blocks, consecutive along the grid's x
+// (grid (rows*Cluster, Heads/hpb, 1)). Each split with more than one in its row stores its
+// record into rank 0's shared memory (mapa, st.shared::cluster); after the cluster barrier
+// rank 0 sums them in split order and writes z. No workspace, counter, fence or L2 round trip:
+// the global merge's membar.gl, atomic ticket and record loads are some microseconds on the
+// critical path of every layer. Blocks past a row's last split exit at once (barrier.cluster
+// waits only for threads that have not exited). A first cluster barrier, arrived at on
+// entry and waited on before the stores, makes sure rank 0 has begun.
+//
+// Workspace `ws` (Split without Cluster), c.SplitWorkspaceBytes(rows, splits): rows*Heads/hpb u32
 // counters (rounded up to 16 bytes), then rows*Heads*splits records of HeadDim+4 f32 (acc, m,
 // l, two pad words keeping records 16-byte aligned), record (row, head, split) at index
 // (row*Heads+head)*splits+split, splits being the launch's grid z. Zero before the first launch.
@@ -61,6 +71,9 @@ type AttnConfig struct {
 	Scale                                               float32
 	// Split: a row's context may span the launch's grid z blocks (parameters ws and chunk).
 	Split bool
+	// Cluster, with Split: a row's splits are one cluster of Cluster blocks along x, merged in
+	// rank 0's shared memory (parameter chunk, no ws; ClusterSplits). 0: the workspace merge.
+	Cluster int
 	// Singles: only rows alone of their sequence in the call (ops.AttnRowsSingle).
 	Singles bool
 	// Softcap, when not 0, caps the scaled scores at Softcap * tanh(s / Softcap) (Gemma 2:
@@ -106,6 +119,8 @@ const (
 	// AttnMaxSplits bounds the grid z of a split decode attention (the combine's shared
 	// weights are sized by it).
 	AttnMaxSplits = 128
+	// attnMaxCluster is the most splits a cluster merges: the portable cluster size.
+	attnMaxCluster = 8
 	// attnSplitBlocks is how many blocks a decode bucket's full grid aims for on an H200 (132
 	// SMs, four 128-thread blocks each), attnMinChunk the fewest positions a split gets (and
 	// the multiple chunks are rounded to): shorter splits cost more in their merge than they
@@ -154,11 +169,18 @@ func (c AttnConfig) DecodeWarps(rows int) int {
 func (c AttnConfig) sharedBytes() int {
 	hpb := c.geom().hpb
 	n := 4 * (min(c.MaxBlocksPerSeq, adTableCap) + c.warps()*hpb*(c.HeadDim+2))
-	if c.Split {
+	switch {
+	case c.Split && c.Cluster > 0:
+		n += 4 * hpb * c.Cluster * adRecWords(c.HeadDim)
+	case c.Split:
 		n += 4 * (1 + hpb*(AttnMaxSplits+1))
 	}
 	return n
 }
+
+// adRecWords is a split's record of one head in f32 words: the HeadDim sums, m and l, and two
+// pad words that keep records 16-byte aligned.
+func adRecWords(headDim int) int { return headDim + 4 }
 
 // adGeom is the lane layout of the decode kernel for one shape.
 type adGeom struct {
@@ -201,7 +223,32 @@ func (c AttnConfig) ropeConfig() RopeConfig {
 // (1 unless c.Split).
 func (c AttnConfig) Launch(rows, splits int) ops.Launch {
 	geo := c.geom()
-	return ops.Launch{Grid: [3]int{rows, c.Heads / geo.hpb, max(1, min(splits, AttnMaxSplits))}, Block: [3]int{32 * c.warps(), 1, 1}}
+	block := [3]int{32 * c.warps(), 1, 1}
+	if c.Split && c.Cluster > 0 {
+		return ops.Launch{Grid: [3]int{rows * c.Cluster, c.Heads / geo.hpb, 1}, Block: block}
+	}
+	return ops.Launch{Grid: [3]int{rows, c.Heads / geo.hpb, max(1, min(splits, AttnMaxSplits))}, Block: block}
+}
+
+// ClusterSplits is the cluster of a split decode bucket of rows rows (AttnConfig.Cluster,
+// with c's warps): the most splits whose blocks the GPU holds in one wave (the split plan's
+// WaveBlocks), when that is 2 to attnMaxCluster, fewer where their records would not fit in
+// shared memory; else 0, and the bucket keeps the workspace merge (one row takes 33 splits
+// to fill the H200, 32 rows not two). Within one wave the split plan never picks more: a
+// second wave costs more than the splits save.
+func (c AttnConfig) ClusterSplits(rows int) int {
+	p := c.splitPlan(1)
+	s := p.WaveBlocks / max(1, rows*p.RowBlocks)
+	if s > attnMaxCluster {
+		return 0
+	}
+	c.Split = true
+	for c.Cluster = s; c.Cluster >= 2; c.Cluster-- {
+		if c.sharedBytes() <= maxStaticShared {
+			return c.Cluster
+		}
+	}
+	return 0
 }
 
 // DecodeSplits is the grid z of a split decode bucket of rows rows: enough splits that the
@@ -224,7 +271,7 @@ func (c AttnConfig) splitPlan(splits int) *bundle.AttnSplit {
 // SplitWorkspaceBytes is the size of the split kernel's ws for rows rows and splits splits
 // (0 when it takes none).
 func (c AttnConfig) SplitWorkspaceBytes(rows, splits int) int {
-	if !c.Split || splits <= 1 || rows <= 0 {
+	if !c.Split || c.Cluster > 0 || splits <= 1 || rows <= 0 {
 		return 0
 	}
 	return adCounterBytes(rows*c.Heads/c.geom().hpb) + rows*c.Heads*splits*(c.HeadDim+4)*4
@@ -274,7 +321,13 @@ func checkAttn(c AttnConfig) (ops.KVAttrs, error) {
 	if err := CheckAttnPrefetch(c.Prefetch, c.EarlyLaunch); err != nil {
 		return attrs, err
 	}
+	if c.Cluster != 0 && (!c.Split || c.Singles || c.Cluster < 2 || c.Cluster > attnMaxCluster) {
+		return attrs, fmt.Errorf("a cluster of %d splits: want 2 to %d, in a split decode kernel over every row", c.Cluster, attnMaxCluster)
+	}
 	if n := c.sharedBytes(); n > maxStaticShared {
+		if c.Split && c.Cluster > 0 {
+			return attrs, fmt.Errorf("%d warps a block of %d heads of dim %d in a cluster of %d: %d bytes of shared memory, past %d; use fewer warps or a smaller cluster", c.warps(), c.geom().hpb, c.HeadDim, c.Cluster, n, maxStaticShared)
+		}
 		return attrs, fmt.Errorf("%d warps a block of %d heads of dim %d: %d bytes of shared memory, past %d; use fewer warps", c.warps(), c.geom().hpb, c.HeadDim, n, maxStaticShared)
 	}
 	if !(c.Scale > 0) || math.IsInf(float64(c.Scale), 0) {
@@ -288,7 +341,11 @@ func checkAttn(c AttnConfig) (ops.KVAttrs, error) {
 
 // attnAttrs are the reference op's attributes of kernel c computing rows.
 func (c AttnConfig) attnAttrs(kv ops.KVAttrs, rows string) ops.AttnAttrs {
-	return ops.AttnAttrs{KVAttrs: kv, Scale: c.Scale, Rows: rows, Softcap: c.Softcap, Window: c.Window}
+	a := ops.AttnAttrs{KVAttrs: kv, Scale: c.Scale, Rows: rows, Softcap: c.Softcap, Window: c.Window}
+	if c.Split {
+		a.Splits = c.Cluster
+	}
+	return a
 }
 
 // qScale is what q is multiplied by so that q.k comes out in the units the kernels take the
@@ -329,6 +386,9 @@ func Attention(name string, c AttnConfig) (*Kernel, error) {
 	}
 	g := &adGen{emitter: newEmitter(name), c: c, geo: c.geom()}
 	g.MaxNTid = 32 * c.warps()
+	if g.clustered() {
+		g.ClusterX = c.Cluster
+	}
 	if g.geo.tc {
 		g.MinBlocks = max(1, tcAttnWarpsPerSM/c.warps())
 	}
@@ -357,6 +417,9 @@ type adGen struct {
 	qa [][2]ptx.Reg
 }
 
+// clustered reports whether the kernel's splits merge in a cluster (AttnConfig.Cluster).
+func (g *adGen) clustered() bool { return g.c.Split && g.c.Cluster > 0 }
+
 func (g *adGen) emit() {
 	c, geo := g.c, g.geo
 	g.qkv = g.param("qkv", ptx.U64)
@@ -368,10 +431,19 @@ func (g *adGen) emit() {
 	g.z = g.param("z", ptx.U64)
 	var chunkP ptx.Reg
 	if c.Split {
-		g.ws = g.param("ws", ptx.U64)
+		if !g.clustered() {
+			g.ws = g.param("ws", ptx.U64)
+		}
 		chunkP = g.param("chunk", ptx.U64)
 	}
 	g.row = g.special(ptx.CtaidX)
+	if g.clustered() {
+		// The cluster's first barrier phase: arrived at on entry, waited on before a split
+		// stores into rank 0's shared memory (mergeStates).
+		g.Emit("barrier.cluster.arrive")
+		g.split = g.op3("rem.u32", ptx.U32, g.row, ptx.Imm(int64(c.Cluster)))
+		g.Emit("div.u32", g.row, g.row, ptx.Imm(int64(c.Cluster)))
+	}
 	g.by = g.special(ptx.CtaidY)
 	g.tid = g.special(ptx.TidX)
 	g.lane = g.op3("and.b32", ptx.U32, g.tid, ptx.Imm(31))
@@ -400,8 +472,12 @@ func (g *adGen) emit() {
 		span = g.op3("sub.u32", ptx.U32, n, lo)
 	}
 	if c.Split {
-		g.split = g.special(ptx.CtaidZ)
-		nz := g.special(ptx.NCtaidZ)
+		var nz ptx.Reg
+		if g.clustered() {
+			nz = g.imm32(int64(c.Cluster))
+		} else {
+			g.split, nz = g.special(ptx.CtaidZ), g.special(ptx.NCtaidZ)
+		}
 		chunk := loadU32(g.emitter, ptx.Addr{Base: chunkP})
 		if c.Window > 0 {
 			// The host sizes the word from the step's longest context (bundle.AttnSplit.Chunk);
@@ -831,8 +907,15 @@ func (g *adGen) mergeStates(ms mergeArrays) {
 	g.Emit("mad.lo.u32", zrow, g.row, ptx.Imm(int64(c.Heads)), g.head0)
 	zbase := g.byteAddr(g.z, zrow, 4*d)
 	var recs, mine, one ptx.Reg
-	recBytes := 4 * (d + 4)
-	if c.Split {
+	var crec ptx.Sym
+	recBytes := 4 * adRecWords(d)
+	switch {
+	case g.clustered():
+		crec = g.DeclareShared("ad_rec", ptx.F32, hpb*c.Cluster*adRecWords(d))
+		one = g.cmp("eq", ptx.U32, g.nsplit, ptx.Imm(1))
+		// Every block of the cluster has begun: rank 0's records may be written.
+		g.Emit("barrier.cluster.wait")
+	case c.Split:
 		// Records follow the counters, whose count depends on rows = %nctaid.x.
 		cnt := g.op3("mul.lo.u32", ptx.U32, g.special(ptx.NCtaidX), ptx.Imm(int64(c.Heads/hpb)))
 		g.Emit("add.u32", cnt, cnt, ptx.Imm(3))
@@ -888,6 +971,20 @@ func (g *adGen) mergeStates(ms mergeArrays) {
 		write()
 		g.Emit("bra", ptx.Sym(end))
 		g.Label(skip)
+		if g.clustered() {
+			// Record (h, split) of rank 0's, record-major by head.
+			ri := g.Reg(ptx.U32)
+			g.Emit("mad.lo.u32", ri, h, ptx.Imm(int64(c.Cluster)), g.split)
+			remote := g.Reg(ptx.U32)
+			g.Emit("mapa.shared::cluster.u32", remote, g.sharedAddr(crec, ri, recBytes), ptx.Imm(0))
+			d0 := g.cmp("eq", ptx.U32, dd, ptx.Imm(0))
+			g.EmitIf(d0, false, "st.shared::cluster.f32", ptx.Addr{Base: remote, Offset: int64(4 * d)}, mx)
+			g.EmitIf(d0, false, "st.shared::cluster.f32", ptx.Addr{Base: remote, Offset: int64(4*d + 4)}, sum)
+			g.Emit("mad.lo.u32", remote, dd, ptx.Imm(4), remote)
+			g.Emit("st.shared::cluster.v4.f32", ptx.Addr{Base: remote}, ptx.Vec(o))
+			g.Label(end)
+			return
+		}
 		// Record of head h: (head0+h)*splits records after this block's own, whose split
 		// index is already in mine.
 		hr := g.op3("mul.lo.u32", ptx.U32, h, g.special(ptx.NCtaidZ))
@@ -898,9 +995,65 @@ func (g *adGen) mergeStates(ms mergeArrays) {
 		g.EmitIf(d0, false, "st.global.f32", ptx.Addr{Base: rec, Offset: int64(4*d + 4)}, sum)
 		g.Label(end)
 	})
-	if c.Split {
+	switch {
+	case g.clustered():
+		g.EmitIf(one, false, "exit")
+		g.clusterCombine(crec, zbase)
+	case c.Split:
 		g.when(one, true, func() { g.combine(recs, zrow, zbase) })
 	}
+}
+
+// clusterCombine: the ranks' records stored, rank 0 sums them in split order into z; the
+// other ranks are done.
+func (g *adGen) clusterCombine(crec ptx.Sym, zbase ptx.Reg) {
+	c, geo := g.c, g.geo
+	d, hpb := c.HeadDim, geo.hpb
+	g.Emit("barrier.cluster.arrive.release")
+	g.EmitIf(g.cmp("ne", ptx.U32, g.split, ptx.Imm(0)), false, "exit")
+	g.Emit("barrier.cluster.wait.acquire")
+	e := g.Reg(ptx.U32)
+	g.forLoop(e, g.op3("shl.b32", ptx.U32, g.tid, ptx.Imm(2)), ptx.Imm(int64(hpb*d)), ptx.Imm(int64(4*32*c.warps())), func() {
+		h := g.op3("div.u32", ptx.U32, e, ptx.Imm(int64(d)))
+		dd := g.op3("rem.u32", ptx.U32, e, ptx.Imm(int64(d)))
+		// Record (h, s) at ((h*Cluster)+s)*adRecWords words; splits past nsplit keep m = -inf
+		// and weigh nothing (split 0 holds a position, so the max is finite).
+		ri := g.op3("mul.lo.u32", ptx.U32, h, ptx.Imm(int64(c.Cluster)))
+		rec0 := g.sharedAddr(crec, ri, 4*adRecWords(d))
+		past := make([]ptx.Reg, c.Cluster)
+		ms, ls := make([]ptx.Reg, c.Cluster), make([]ptx.Reg, c.Cluster)
+		mx := g.f32(float32(math.Inf(-1)))
+		for s := range c.Cluster {
+			past[s] = g.cmp("le", ptx.U32, g.nsplit, ptx.Imm(int64(s)))
+			ms[s], ls[s] = g.f32(float32(math.Inf(-1))), g.f32(0)
+			at := int64(4 * (s*adRecWords(d) + d))
+			g.EmitIf(past[s], true, "ld.shared.f32", ms[s], ptx.Addr{Base: rec0, Offset: at})
+			g.EmitIf(past[s], true, "ld.shared.f32", ls[s], ptx.Addr{Base: rec0, Offset: at + 4})
+			g.Emit("max.f32", mx, mx, ms[s])
+		}
+		sum := g.f32(0)
+		o := []ptx.Reg{g.f32(0), g.f32(0), g.f32(0), g.f32(0)}
+		x := g.Regs(ptx.F32, 4)
+		col := g.Reg(ptx.U32)
+		g.Emit("mad.lo.u32", col, dd, ptx.Imm(4), rec0)
+		for s := range c.Cluster {
+			w := g.exp2(g.op3("sub.f32", ptx.F32, ms[s], mx))
+			g.Emit("fma.rn.f32", sum, ls[s], w, sum)
+			for _, r := range x {
+				g.Emit("mov.f32", r, ptx.F32Imm(0))
+			}
+			g.EmitIf(past[s], true, "ld.shared.v4.f32", ptx.Vec(x), ptx.Addr{Base: col, Offset: int64(4 * s * adRecWords(d))})
+			for i := range o {
+				g.Emit("fma.rn.f32", o[i], x[i], w, o[i])
+			}
+		}
+		inv := g.Reg(ptx.F32)
+		g.Emit("rcp.rn.f32", inv, sum)
+		for i := range o {
+			g.Emit("mul.f32", o[i], o[i], inv)
+		}
+		g.Emit("st.global.v4.f32", ptx.Addr{Base: g.byteAddr(zbase, e, 4)}, ptx.Vec(o))
+	})
 }
 
 // combine draws this block's ticket and, in the block that completes its (row, head group),
@@ -1028,6 +1181,9 @@ func AttnKernelSuffix(c AttnConfig) string {
 	}
 	if c.tcOK() {
 		s += "_tc"
+	}
+	if c.Cluster > 0 {
+		s += fmt.Sprintf("_cl%d", c.Cluster)
 	}
 	if c.Prefetch > 0 {
 		s += fmt.Sprintf("_pf%d", c.Prefetch)

@@ -17,7 +17,8 @@ import (
 )
 
 // attnCall is one attention kernel call laid out in emulator memory: the reference op's seven
-// arguments, then (split decode kernel) the workspace and the chunk word.
+// arguments, then (split decode kernel) the workspace (unless its splits merge in a cluster)
+// and the chunk word.
 type attnCall struct {
 	mod    *ptx.Module
 	k      *Kernel
@@ -69,15 +70,18 @@ func newAttnCall(t *testing.T, r *rand.Rand, k *Kernel, c AttnConfig, l ops.Laun
 		a.params = append(a.params, addr)
 	}
 	if c.Split {
-		var wsAddr uint64
-		if n := c.SplitWorkspaceBytes(rows, l.Grid[2]); n > 0 {
-			wsAddr = a.mem.Alloc(n)
-			a.ws = a.mem.Bytes(wsAddr)[:n]
-			clear(a.ws)
+		if c.Cluster == 0 {
+			var wsAddr uint64
+			if n := c.SplitWorkspaceBytes(rows, l.Grid[2]); n > 0 {
+				wsAddr = a.mem.Alloc(n)
+				a.ws = a.mem.Bytes(wsAddr)[:n]
+				clear(a.ws)
+			}
+			a.params = append(a.params, wsAddr)
 		}
 		ca := a.mem.Alloc(4)
 		binary.LittleEndian.PutUint32(a.mem.Bytes(ca), chunk)
-		a.params = append(a.params, wsAddr, ca)
+		a.params = append(a.params, ca)
 	}
 	if len(a.params) != len(k.Params) {
 		t.Fatalf("%d args, kernel has %d params", len(a.params), len(k.Params))
@@ -196,6 +200,83 @@ func TestAttentionDecodeSplit(t *testing.T) {
 				a.check(t, 1e-5)
 			})
 		}
+	}
+}
+
+// TestAttentionDecodeCluster: a row's splits merged in its cluster (AttnConfig.Cluster) give
+// the reference's attention on the CUDA-core and the tensor-core step, at the split boundaries
+// (one position, exactly one split, one past, the cluster's every split, a chunk word the
+// kernel raises to fill the cluster), and the kernel has no workspace and draws no ticket.
+func TestAttentionDecodeCluster(t *testing.T) {
+	r := rand.New(rand.NewPCG(45, 46))
+	shapes := append(slices.Clone(attnShapes), attnTCShapes...)
+	for i, c := range shapes {
+		c = scaled(c)
+		tol := 1e-5
+		if i >= len(attnShapes) {
+			c.TensorCores, tol = true, attnTCTolerance
+		}
+		c.Split = true
+		maxPos := c.BlockSize * c.MaxBlocksPerSeq
+		for _, sc := range []struct{ cluster, chunk int }{{2, 64}, {3, 16}, {4, 32}, {8, 5}} {
+			c.Cluster = sc.cluster
+			name := fmt.Sprintf("h%d_kv%d_d%d_%s%s_c%d", c.Heads, c.KVHeads, c.HeadDim, c.KVDtype, AttnKernelSuffix(c), sc.chunk)
+			t.Run(name, func(t *testing.T) {
+				if c.sharedBytes() > maxStaticShared {
+					if _, err := Attention("attn_cluster_test", c); err == nil || !strings.Contains(err.Error(), "or a smaller cluster") {
+						t.Fatalf("records past shared memory: %v", err)
+					}
+					return
+				}
+				k := must(t)(Attention("attn_cluster_test", c))
+				if !strings.Contains(k.PTX, fmt.Sprintf(".reqnctapercluster %d, 1, 1", sc.cluster)) || strings.Contains(k.PTX, "atom.") || strings.Contains(k.PTX, "membar") {
+					t.Fatal("not a cluster kernel, or one that still draws a ticket")
+				}
+				ch := sc.chunk
+				var pos []uint32
+				for _, n := range []int{1, ch, ch + 1, 2 * ch, sc.cluster * ch, maxPos} {
+					if n <= maxPos {
+						pos = append(pos, uint32(n-1))
+					}
+				}
+				seq := make([]uint32, len(pos))
+				for i := range seq {
+					seq[i] = uint32(i % 3)
+				}
+				l := c.Launch(len(pos), sc.cluster)
+				if want := [3]int{len(pos) * sc.cluster, c.Heads / c.geom().hpb, 1}; l.Grid != want {
+					t.Fatalf("grid %v, want %v", l.Grid, want)
+				}
+				a := newAttnCall(t, r, k, c, l, pos, seq, uint32(ch), nil)
+				a.check(t, tol)
+				if !bytes.Equal(a.run(t), a.run(t)) {
+					t.Fatal("a replay's z differs")
+				}
+				if k.Attrs == nil || c.SplitWorkspaceBytes(len(pos), sc.cluster) != 0 {
+					t.Fatal("a cluster kernel sizes a workspace")
+				}
+			})
+		}
+	}
+}
+
+// TestClusterSplits: on Llama-3.1-8B's shape the buckets of 4, 8 and 16 rows (8-warp blocks,
+// 264 a wave) merge in clusters of the splits that fit one wave; one and two rows need more
+// splits than a cluster holds, 32 rows and more fill the wave without splitting.
+func TestClusterSplits(t *testing.T) {
+	c := AttnConfig{Heads: 32, KVHeads: 8, HeadDim: 128, BlockSize: 16, MaxBlocksPerSeq: 512, KVDtype: ptx.BF16, Scale: 0.088, TensorCores: true}
+	for rows, want := range map[int]int{1: 0, 2: 0, 4: 8, 8: 4, 16: 2, 32: 0, 64: 0, 128: 0} {
+		cw := c
+		cw.Warps = c.DecodeWarps(rows)
+		if got := cw.ClusterSplits(rows); got != want {
+			t.Errorf("%d rows: cluster of %d, want %d", rows, got, want)
+		}
+	}
+	// Eight heads of dim 128 a block, 33 rows: 8 splits fill the wave, but their records
+	// would not fit in shared memory; 7 do.
+	wide := AttnConfig{Heads: 16, KVHeads: 1, HeadDim: 128, BlockSize: 16, MaxBlocksPerSeq: 19, KVDtype: ptx.BF16, Scale: 0.088, TensorCores: true, Warps: 4}
+	if got := wide.ClusterSplits(33); got != 7 {
+		t.Errorf("8 heads of dim 128, 4 warps, 33 rows: cluster of %d, want 7", got)
 	}
 }
 
@@ -383,6 +464,10 @@ func TestAttentionRejects(t *testing.T) {
 		{"17 warps", func(c *AttnConfig) { c.Warps = MaxAttnWarps + 1 }},
 		{"negative warps", func(c *AttnConfig) { c.Warps = -1 }},
 		{"unroll 9", func(c *AttnConfig) { c.Unroll = MaxAttnUnroll + 1 }},
+		{"a cluster without splits", func(c *AttnConfig) { c.Cluster = 2 }},
+		{"a cluster of one", func(c *AttnConfig) { c.Split, c.Cluster = true, 1 }},
+		{"a cluster of 9", func(c *AttnConfig) { c.Split, c.Cluster = true, attnMaxCluster+1 }},
+		{"a cluster of singles", func(c *AttnConfig) { c.Split, c.Singles, c.Cluster = true, true, 2 }},
 		{"merge states past shared memory", func(c *AttnConfig) {
 			c.Heads, c.KVHeads, c.HeadDim, c.KVDtype, c.Warps = 16, 2, 256, ptx.BF16, MaxAttnWarps
 		}},

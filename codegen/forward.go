@@ -27,7 +27,7 @@ type Options struct {
 	// 9-32 rows (tcSettings); AttnWarps and AttnUnroll are AttnConfig.Warps and Unroll of
 	// the decode buckets' attention, AttnPrefetch AttnConfig.Prefetch and AttnTC
 	// AttnConfig.TensorCores of every decode attention, AttnPrefetchOneRow the Prefetch of the
-	// one-row decode bucket's.
+	// one-row decode bucket's, AttnCluster whether splits merge in clusters where they fit.
 	Build   bundle.BuildInfo
 	Weights bundle.WeightsRef
 	// Tokenizer is the tokenizer definition to embed (empty for a byte tokenizer).
@@ -79,6 +79,9 @@ type gen struct {
 	// it is more.
 	attnPrefetch, attnPrefetchOneRow int
 	attnTC                           bool
+	// attnCluster: decode buckets whose splits fit in one wave merge them in a cluster
+	// (AttnConfig.Cluster, ClusterSplits).
+	attnCluster bool
 	// gemmTickets is GemmConfig.Tickets of every staged tensor-core GEMM (--gemm tc-staged).
 	gemmTickets int
 	order       []string
@@ -142,7 +145,7 @@ func Generate(p *passes.Program, opt Options) (*bundle.Bundle, error) {
 			return nil, fmt.Errorf("decode attention: %w", err)
 		}
 	}
-	g.attnPrefetch, g.attnPrefetchOneRow, g.attnTC = bi.AttnPrefetch, bi.AttnPrefetchOneRow, bi.AttnTC
+	g.attnPrefetch, g.attnPrefetchOneRow, g.attnTC, g.attnCluster = bi.AttnPrefetch, bi.AttnPrefetchOneRow, bi.AttnTC, bi.AttnCluster
 	g.prefetch, g.gemvCols, g.unroll, g.split, g.gemvWarps = bi.Prefetch, bi.GemvCols, bi.GemvUnroll, bi.GemvSplit, bi.GemvWarps
 	tc, err := tcChunks(bi.TCChunks)
 	if err != nil {
@@ -428,14 +431,17 @@ func (g *gen) declareBuffers() {
 	}
 	// One split workspace serves every layer's attention: they run one after another and
 	// each leaves its counters at zero. Decode buckets that split read the step's chunk.
-	ws := 0
+	ws, split := 0, false
 	for _, rows := range m.DecodeBuckets {
-		c := g.attnConfig(g.attn)
+		c := g.decodeAttn(g.attnConfig(g.attn), rows)
 		c.Split = true
 		ws = max(ws, c.SplitWorkspaceBytes(rows, g.attnSplits(rows)))
+		split = split || g.attnSplits(rows) > 1
 	}
 	if ws > 0 {
 		g.buf("act.attn_ws", bundle.KindActivation, "u32", []int{ws / 4})
+	}
+	if split {
 		g.buf(bundle.CtlAttnChunk, bundle.KindControl, "u32", []int{1})
 	}
 	g.activations()

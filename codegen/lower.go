@@ -560,12 +560,15 @@ func (g *gen) attnConfig(a ir.AttentionAttrs) AttnConfig {
 
 // decodeAttn is attention kernel c in a decode bucket of rows rows: the build's warps a block
 // (BuildInfo.AttnWarps), else DecodeWarps(rows), and the build's loads a step; in the bucket
-// of one row the prefetch of BuildInfo.AttnPrefetchOneRow where it is more. Only the kernel
-// and its split plan change with them, not the split count or the workspace.
+// of one row the prefetch of BuildInfo.AttnPrefetchOneRow where it is more; with
+// BuildInfo.AttnCluster, the cluster its splits merge in where ClusterSplits gives one.
 func (g *gen) decodeAttn(c AttnConfig, rows int) AttnConfig {
 	c.Warps, c.Unroll = cmp.Or(g.attnWarps, c.DecodeWarps(rows)), g.attnUnroll
 	if rows == 1 {
 		c.Prefetch = max(c.Prefetch, g.attnPrefetchOneRow)
+	}
+	if g.attnCluster {
+		c.Cluster = c.ClusterSplits(rows)
 	}
 	return c
 }
@@ -591,7 +594,11 @@ func (t *tb) attention(n *ir.Node) {
 	switch {
 	case t.kind == bundle.Decode && g.attnSplits(t.rows) > 1:
 		ac.Split = true
-		decode(base+"_split", ac, g.attnSplits(t.rows), merge(s, slots{"ws": buf("act.attn_ws"), "chunk": buf(bundle.CtlAttnChunk)}))
+		ss := slots{"chunk": buf(bundle.CtlAttnChunk)}
+		if ac.Cluster == 0 {
+			ss["ws"] = buf("act.attn_ws")
+		}
+		decode(base+"_split", ac, g.attnSplits(t.rows), merge(s, ss))
 	case t.kind == bundle.Decode || !ac.PrefillOK():
 		decode(base, ac, 1, s)
 	default:
@@ -766,5 +773,9 @@ func merge(a, b slots) slots {
 	return out
 }
 
-// attnSplits is the grid z of a decode bucket's attention (1: no split).
-func (g *gen) attnSplits(rows int) int { return g.attnConfig(g.attn).DecodeSplits(rows) }
+// attnSplits is the most splits of a row in a decode bucket's attention (1: no split): its
+// cluster's blocks, else DecodeSplits.
+func (g *gen) attnSplits(rows int) int {
+	c := g.decodeAttn(g.attnConfig(g.attn), rows)
+	return cmp.Or(c.Cluster, c.DecodeSplits(rows))
+}

@@ -11,8 +11,8 @@ func init() { Register("attention", buildAttention) }
 // over positions 0..pos[r] of sequence seq[r] (read from the paged cache, kv head
 // h/(Heads/KVHeads)), weighted sum of v, written to z[r, h*HeadDim:]. Parameters: qkv, pos,
 // seq, block_table, kcache, vcache, z; kernels may take more after them (a split workspace,
-// a control word), which the reference ignores. Rows come from the launch grid (Grid[0]),
-// except for AttnRowsRuns, whose eighth argument is the row count.
+// a control word), which the reference ignores. Rows come from the launch grid (Grid[0], or
+// Grid[0]/Splits), except for AttnRowsRuns, whose eighth argument is the row count.
 type AttnAttrs struct {
 	KVAttrs
 	Scale float32 `json:"scale"`
@@ -27,6 +27,9 @@ type AttnAttrs struct {
 	// Window, when not 0, limits row r to its last Window positions, pos[r]-Window+1 ..
 	// pos[r] (a sliding window: transformers' kv_idx > q_idx - sliding_window).
 	Window int `json:"window,omitempty"`
+	// Splits, when not 0, is how many blocks along the grid's x each row takes (a decode
+	// kernel whose splits of a row form one thread-block cluster): rows are Grid[0]/Splits.
+	Splits int `json:"splits,omitempty"`
 }
 
 // Row selections of op "attention" (AttnAttrs.Rows).
@@ -57,8 +60,17 @@ func buildAttention(attrs []byte) (Runner, error) {
 	if a.Window < 0 || !(a.Softcap >= 0) || math.IsInf(float64(a.Softcap), 0) {
 		return nil, fmt.Errorf("attention: window %d, softcap %g: want both at least 0 (0: none) and finite", a.Window, a.Softcap)
 	}
+	if a.Splits < 0 || a.Splits > 0 && a.Rows != "" {
+		return nil, fmt.Errorf("attention: %d blocks a row over rows %q: want 0 (one block), or more only over every row (rows \"\")", a.Splits, a.Rows)
+	}
 	return RunnerFunc(func(args []Arg, l Launch) error {
 		rows := l.Grid[0]
+		if a.Splits > 0 {
+			if rows%a.Splits != 0 {
+				return fmt.Errorf("attention: grid x %d is not whole rows of %d blocks", rows, a.Splits)
+			}
+			rows /= a.Splits
+		}
 		d := a.HeadDim
 		if a.Rows == AttnRowsRuns {
 			// The tensor-core kernel's grid counts blocks of rows; it takes the rows as an

@@ -3,6 +3,8 @@ package ops
 import (
 	"math"
 	"math/rand/v2"
+	"slices"
+	"strings"
 	"testing"
 )
 
@@ -112,6 +114,29 @@ func TestAttentionRowSelections(t *testing.T) {
 	}
 	if _, err := Build("attention", EncodeAttrs(AttnAttrs{KVAttrs: a.KVAttrs, Scale: 1, Rows: "some"})); err == nil {
 		t.Fatal("rows \"some\" accepted")
+	}
+	// A cluster kernel's grid: 3 blocks a row along x, the same rows.
+	b := a
+	b.Splits = 3
+	op, err := Build("attention", EncodeAttrs(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	z := fwdF32Arg(make([]float32, rows*a.Heads*a.HeadDim))
+	args := []Arg{fwdF32Arg(qkv), fwdU32Arg(pos), fwdU32Arg(seq), fwdU32Arg(table), k, v, z}
+	if err := op.Run(args, Launch{Grid: [3]int{3 * rows, 1, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(z.F32(), all.F32()) {
+		t.Fatal("3 blocks a row: other z than one block a row")
+	}
+	if err := op.Run(args, Launch{Grid: [3]int{3*rows + 1, 1, 1}}); err == nil || !strings.Contains(err.Error(), "not whole rows of 3 blocks") {
+		t.Fatalf("grid x past whole rows: %v", err)
+	}
+	for _, bad := range []AttnAttrs{{KVAttrs: a.KVAttrs, Scale: 1, Splits: -1}, {KVAttrs: a.KVAttrs, Scale: 1, Splits: 2, Rows: AttnRowsSingle}} {
+		if _, err := Build("attention", EncodeAttrs(bad)); err == nil {
+			t.Fatalf("splits %d over rows %q accepted", bad.Splits, bad.Rows)
+		}
 	}
 }
 
