@@ -339,8 +339,7 @@ type BuildInfo struct {
 	AttnTC bool `json:"attn_tc,omitempty"`
 	// AttnCluster: the decode buckets whose attention splits fit in one wave of blocks merge
 	// a row's splits in a thread-block cluster, not through a workspace in global memory
-	// (codegen.AttnConfig.Cluster; xmixc build --attn-cluster=false leaves it out, as in
-	// bundles built before).
+	// (codegen.AttnConfig.Cluster; xmixc build --attn-cluster, for measuring).
 	AttnCluster bool `json:"attn_cluster,omitempty"`
 	// GemvSplit: the most warps a CUDA-core GEMV splits each column's K over, for weights of
 	// few columns (xmixc build --gemv-split; 0 or 1: one warp a column).

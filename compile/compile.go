@@ -69,10 +69,10 @@ type Options struct {
 	// the tensor-core step became the default (bundle.BuildInfo.AttnTC false; xmixc build
 	// --attn-tc=false): for measuring, and for rebuilding older bundles.
 	AttnCUDACores bool
-	// AttnWorkspaceMerge keeps every split decode attention merging its splits through the
-	// workspace in global memory, as bundles built before the cluster merge did
-	// (bundle.BuildInfo.AttnCluster false; xmixc build --attn-cluster=false): for measuring.
-	AttnWorkspaceMerge bool
+	// AttnCluster merges a decode bucket's attention splits in a thread-block cluster where
+	// they fit in one wave (bundle.BuildInfo.AttnCluster; xmixc build --attn-cluster): for
+	// measuring, off by default (session 37 measured it slower at 8 rows).
+	AttnCluster bool
 	// GemvSplit is the most warps a CUDA-core GEMV splits each column's K over
 	// (bundle.BuildInfo.GemvSplit; 0: one).
 	GemvSplit int
@@ -268,7 +268,7 @@ func Build(modelPath string, appPaths []string, opt Options) (*bundle.Bundle, er
 	build := bundle.BuildInfo{Compiler: Compiler, Inputs: inputs, Fuse: p.Fused(), PDL: !opt.SerialLaunch, Prefetch: prefetch,
 		GemvCols: beyondOne(cmp.Or(opt.GemvCols, DefaultGemvCols)), GemvUnroll: beyondOne(cmp.Or(opt.GemvUnroll, DefaultGemvUnroll)),
 		AttnWarps: opt.AttnWarps, AttnUnroll: opt.AttnUnroll, AttnPrefetch: attnPrefetch, AttnPrefetchOneRow: attnPrefetchOneRow, AttnTC: !opt.AttnCUDACores,
-		AttnCluster: !opt.AttnWorkspaceMerge,
+		AttnCluster: opt.AttnCluster,
 		GemvSplit:   beyondOne(opt.GemvSplit), GemvWarps: codegen.GemvWarpsRecord(cmp.Or(opt.GemvWarps, max(DefaultGemvWarps, opt.GemvSplit)))}
 	if opt.TensorCoreRows != codegen.TensorCoreRows {
 		build.TensorCoreRows = opt.TensorCoreRows // the default is recorded as 0, as bundles built before the setting have it

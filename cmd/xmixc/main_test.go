@@ -333,6 +333,55 @@ func TestCheckDumpsTheIR(t *testing.T) {
 	}
 }
 
+// TestBuildAttnClusterFlag: --attn-cluster gives the decode buckets whose attention splits
+// fit in one wave (8 kv heads: 4 and 8 rows, clusters of 8 and 4) cluster kernels, records it
+// in the build info and says so in inspect; the buckets of 1 and 32 rows keep the workspace
+// merge, and without the flag every bucket does.
+func TestBuildAttnClusterFlag(t *testing.T) {
+	dir := t.TempDir()
+	m := write(t, dir, "m.yaml", `model: m
+family: llama
+dims: {hidden: 512, intermediate: 1024, layers: 2, heads: 8, kv_heads: 8, head_dim: 64, vocab: 260}
+weights: {synthetic: {seed: 1, std: 0.02}}
+tokenizer: bytes
+bos: 256
+eos: [257]
+kv_dtype: bf16
+serving: {decode_buckets: [1, 4, 8, 32], prefill_chunks: [8], max_seq_len: 1024}
+`)
+	for _, c := range []struct {
+		flags []string
+		want  []string // the split attention kernels
+	}{
+		{nil, []string{"attention_h8_kv8_d64_bf16_warps8_tc_pf1_split", "attention_h8_kv8_d64_bf16_warps8_tc_split"}},
+		{[]string{"--attn-cluster"}, []string{"attention_h8_kv8_d64_bf16_warps8_tc_cl4_split", "attention_h8_kv8_d64_bf16_warps8_tc_cl8_split",
+			"attention_h8_kv8_d64_bf16_warps8_tc_pf1_split", "attention_h8_kv8_d64_bf16_warps8_tc_split"}},
+	} {
+		out := filepath.Join(dir, "a.xmb")
+		if _, err := xmixc(t, append([]string{"build", m, "-q", "-o", out}, c.flags...)...); err != nil {
+			t.Fatalf("%v: %v", c.flags, err)
+		}
+		b, err := bundle.ReadFile(out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var split []string
+		for _, k := range b.Kernels {
+			if strings.HasSuffix(k.Name, "_split") {
+				split = append(split, k.Name)
+			}
+		}
+		slices.Sort(split)
+		if !slices.Equal(split, c.want) || b.Manifest.Build.AttnCluster != (c.flags != nil) {
+			t.Fatalf("%v: split attention kernels %v (want %v), build info attn_cluster %v", c.flags, split, c.want, b.Manifest.Build.AttnCluster)
+		}
+		text, err := xmixc(t, "inspect", out)
+		if err != nil || strings.Contains(text, "thread-block clusters") != (c.flags != nil) {
+			t.Fatalf("%v: inspect: %v\n%s", c.flags, err, text)
+		}
+	}
+}
+
 // TestBuildCopyGemmFlags: --copy-gemms gives copy-engine kernels to the GEMM shapes it names
 // (in the decode buckets of 8 and 16 rows), none to others, and none at all with "none";
 // --copy-gemm-slots shortens their rings; both go into the build info and inspect's output.
