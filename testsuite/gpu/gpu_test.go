@@ -303,6 +303,25 @@ func TestCUDAAttentionWarpsMatchCPU(t *testing.T) {
 	agreement(t, "llama-3.2-1b-2layers-long-attn-warps-2", b, long, 64, false)
 }
 
+// TestCUDAAttentionClusterMatchesCPU: the decode attention whose splits merge in a
+// thread-block cluster (xmixc build --attn-cluster, for measuring) agrees with the CPU on the
+// 1B cut whose only decode bucket has 4 rows (clusters of 8): a lone request's 700-token
+// prompt decodes at contexts 700-716, six splits of 128 positions, the cluster's last two
+// blocks exiting at once.
+func TestCUDAAttentionClusterMatchesCPU(t *testing.T) {
+	needGPU(t)
+	cut := specCut(t, "llama-3.2-1b", "serving: {decode_buckets: [4], prefill_chunks: [64], max_seq_len: 1024, max_seqs: 4, kv_block_size: 16}\n")
+	b := testsuite.CompileWith(t, compile.Options{AttnCluster: true}, cut)
+	if !slices.ContainsFunc(b.Kernels, func(k bundle.Kernel) bool { return strings.Contains(k.Name, "_cl8_split") }) {
+		t.Fatal("no cluster kernel in the bundle")
+	}
+	long := make([]int, 700)
+	for i := range long {
+		long[i] = (i*7919 + 13) % 32000
+	}
+	agreement(t, "llama-3.2-1b-2layers-700-attn-cluster", b, long, 16, false)
+}
+
 // TestCUDAMatchesCPUOnGemma2Cut: a 2-layer cut of Gemma-2-2B (head dim 256, GeGLU,
 // post-norms, both soft-caps; layer 0 sliding) agrees with the CPU on a short prompt and on
 // a 150-token one (three prefill chunks on the tensor-core attention at head dim 256), and
