@@ -53,9 +53,10 @@ import (
 // critical path of every layer. Blocks past a row's last split exit at once (barrier.cluster
 // waits only for threads that have not exited). A first cluster barrier, arrived at on
 // entry and waited on before the stores, makes sure rank 0 has begun. For measuring only
-// (xmixc build --attn-cluster): on the H200 (session 37, Llama-3.1-8B inside the graph) the
-// 16-row step was 1.3% shorter at context 2112 (clusters of 2) but 0.4% longer at 576, and
-// the 8-row step 2.2% / 5.0% longer at 576 / 2112 (clusters of 4), for a cause not found.
+// (xmixc build --attn-cluster): on the H200 (session 37, Llama-3.1-8B inside the graph)
+// clusters of 2 made the 16-row step 1.1-1.3% shorter at context 2112 but 0.4-1.0% longer at
+// 80-576, and clusters of 4 and 8 made the 8- and 4-row steps 2-5% longer at 576-2112, with
+// or without early launch.
 //
 // Workspace `ws` (Split without Cluster), c.SplitWorkspaceBytes(rows, splits): rows*Heads/hpb u32
 // counters (rounded up to 16 bytes), then rows*Heads*splits records of HeadDim+4 f32 (acc, m,

@@ -71,7 +71,7 @@ type Options struct {
 	AttnCUDACores bool
 	// AttnCluster merges a decode bucket's attention splits in a thread-block cluster where
 	// they fit in one wave (bundle.BuildInfo.AttnCluster; xmixc build --attn-cluster): for
-	// measuring, off by default (session 37 measured it slower at 8 rows).
+	// measuring, off by default (session 37 measured it slower at 4 and 8 rows).
 	AttnCluster bool
 	// GemvSplit is the most warps a CUDA-core GEMV splits each column's K over
 	// (bundle.BuildInfo.GemvSplit; 0: one).
