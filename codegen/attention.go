@@ -39,17 +39,18 @@ import (
 //
 // Merge. The position groups of a warp fold by shuffles, the warps through shared memory (a
 // fixed order: the result does not depend on timing). A row with one split writes z. With
-// more, every split writes its unnormalised record (acc[D], m, l) to the workspace, fences and
-// draws a ticket from its (row, head group) counter; the block that draws the last ticket
-// sums the records in split order 0..n-1 (deterministic), writes z and resets the counter so
-// that the next launch finds it zero. Split 0 holds position 0, so the combined max is finite.
+// more, every split writes its unnormalised record (acc[D], m, l) to the workspace and draws a
+// ticket from its (row, head group) counter (drawTicket: one fence before, one after); the
+// block that draws the last ticket sums the records in split order 0..n-1 (deterministic),
+// writes z and resets the counter so that the next launch finds it zero. Split 0 holds
+// position 0, so the combined max is finite.
 //
 // Clusters (Cluster, with Split): where a bucket's splits fit in one wave of blocks, a row's
 // splits are one thread-block cluster of Cluster blocks, consecutive along the grid's x
 // (grid (rows*Cluster, Heads/hpb, 1)). Each split with more than one in its row stores its
 // record into rank 0's shared memory (mapa, st.shared::cluster); after the cluster barrier
 // rank 0 sums them in split order and writes z. No workspace, counter, fence or L2 round trip:
-// the global merge's membar.gl, atomic ticket and record loads are some microseconds on the
+// the global merge's fences, atomic ticket and record loads are some microseconds on the
 // critical path of every layer. Blocks past a row's last split exit at once (barrier.cluster
 // waits only for threads that have not exited). A first cluster barrier, arrived at on
 // entry and waited on before the stores, makes sure rank 0 has begun. For measuring only
@@ -120,11 +121,14 @@ const (
 	adMaxLaneValues = 64
 	// adTableCap is how many block-table entries a block stages in shared memory at a time.
 	adTableCap = 256
-	// AttnMaxSplits bounds the grid z of a split decode attention (the combine's shared
-	// weights are sized by it).
+	// AttnMaxSplits bounds the grid z of a split decode attention.
 	AttnMaxSplits = 128
 	// attnMaxCluster is the most splits a cluster merges: the portable cluster size.
 	attnMaxCluster = 8
+	// adCombineBatch is how many splits' records a thread of the combining block asks for at
+	// once (six loads each): one round for the splits the plan gives a bucket of 4 rows or
+	// more on Llama shapes (at most 8), three for one row's (at most 33).
+	adCombineBatch = 16
 	// attnSplitBlocks is how many blocks a decode bucket's full grid aims for on an H200 (132
 	// SMs, four 128-thread blocks each), attnMinChunk the fewest positions a split gets (and
 	// the multiple chunks are rounded to): shorter splits cost more in their merge than they
@@ -169,7 +173,7 @@ func (c AttnConfig) DecodeWarps(rows int) int {
 
 // sharedBytes is the static shared memory of c's decode kernel: the staged block-table
 // entries, every warp's merge state per head (m, l and HeadDim sums), and with splits the
-// combine's ticket, split weights and inverse sums.
+// combine's ticket or, merged in a cluster, rank 0's records.
 func (c AttnConfig) sharedBytes() int {
 	hpb := c.geom().hpb
 	n := 4 * (min(c.MaxBlocksPerSeq, adTableCap) + c.warps()*hpb*(c.HeadDim+2))
@@ -177,7 +181,7 @@ func (c AttnConfig) sharedBytes() int {
 	case c.Split && c.Cluster > 0:
 		n += 4 * hpb * c.Cluster * adRecWords(c.HeadDim)
 	case c.Split:
-		n += 4 * (1 + hpb*(AttnMaxSplits+1))
+		n += 4 // the combine's ticket
 	}
 	return n
 }
@@ -1061,69 +1065,27 @@ func (g *adGen) clusterCombine(crec ptx.Sym, zbase ptx.Reg) {
 }
 
 // combine draws this block's ticket and, in the block that completes its (row, head group),
-// sums the splits' records in split order into z and resets the counter.
+// sums the splits' records in split order into z and resets the counter. Each thread takes
+// its four dims of one head and asks for every split's m, l and sums of them at once, up to
+// adCombineBatch splits a round, keeping a running max over the rounds: one round trip to L2
+// where a row has at most that many splits (two before session 37: the weights first, then
+// the sums).
 func (g *adGen) combine(recs, zrow, zbase ptx.Reg) {
 	c, geo := g.c, g.geo
 	d, hpb := c.HeadDim, geo.hpb
-	recBytes := 4 * (d + 4)
+	recBytes := 4 * adRecWords(d)
 	flag := g.DeclareShared("ad_ticket", ptx.U32, 1)
-	cw := g.DeclareShared("ad_w", ptx.F32, hpb*AttnMaxSplits)
-	cinv := g.DeclareShared("ad_inv", ptx.F32, hpb)
 	ci := g.Reg(ptx.U32)
 	g.Emit("mad.lo.u32", ci, g.row, g.special(ptx.NCtaidY), g.by)
 	ctr := g.byteAddr(g.ws, ci, 4)
 	ticket, first := g.drawTicket(ctr, flag, g.tid)
 	lastSplit := g.op3("sub.u32", ptx.U32, g.nsplit, ptx.Imm(1))
 	g.EmitIf(g.cmp("ne", ptx.U32, ticket, lastSplit), false, "exit")
-	g.Emit("membar.gl")
 	splits := g.special(ptx.NCtaidZ)
 	ri := g.op3("mul.lo.u32", ptx.U32, zrow, splits)
 	base := g.byteAddr(recs, ri, recBytes) // record (head0, split 0)
 	hstride := g.op3("mul.lo.u32", ptx.U32, splits, ptx.Imm(int64(recBytes)))
-	// Per head (warp w takes heads w, w+warps, ...): M over the splits, each split's weight
-	// 2^(m_s-M) into shared memory, 1/sum l_s 2^(m_s-M). Lane l holds splits l, l+32, ...
-	// (AttnMaxSplits/32 at most), their loads all in flight at once. .cg: other SMs wrote the
-	// records and L1 is not coherent.
-	const perLane = AttnMaxSplits / 32
-	for hh := 0; hh < hpb; hh += c.warps() {
-		h := g.op3("add.u32", ptx.U32, g.warp, ptx.Imm(int64(hh)))
-		g.when(g.cmp("lt", ptx.U32, h, ptx.Imm(int64(hpb))), false, func() {
-			hb := g.Reg(ptx.U64)
-			g.Emit("mul.wide.u32", hb, h, hstride)
-			g.Emit("add.u64", hb, hb, base)
-			wrow := g.op3("mul.lo.u32", ptx.U32, h, ptx.Imm(AttnMaxSplits))
-			mx := g.f32(float32(math.Inf(-1)))
-			var ms, ls [perLane]ptx.Reg
-			var in [perLane]ptx.Reg
-			var si [perLane]ptx.Reg
-			for j := range perLane {
-				si[j] = g.op3("add.u32", ptx.U32, g.lane, ptx.Imm(int64(32*j)))
-				in[j] = g.cmp("lt", ptx.U32, si[j], g.nsplit)
-				ms[j], ls[j] = g.f32(float32(math.Inf(-1))), g.f32(0)
-				ra := g.byteAddr(hb, si[j], recBytes)
-				g.EmitIf(in[j], false, "ld.global.cg.f32", ms[j], ptx.Addr{Base: ra, Offset: int64(4 * d)})
-				g.EmitIf(in[j], false, "ld.global.cg.f32", ls[j], ptx.Addr{Base: ra, Offset: int64(4*d + 4)})
-			}
-			for j := range perLane {
-				g.Emit("max.f32", mx, mx, ms[j])
-			}
-			g.warpReduce(mx, "max")
-			sum := g.f32(0)
-			for j := range perLane {
-				w := g.exp2(g.op3("sub.f32", ptx.F32, ms[j], mx)) // 0 past nsplit: m = -inf
-				g.Emit("fma.rn.f32", sum, ls[j], w, sum)
-				wi := g.op3("add.u32", ptx.U32, wrow, si[j])
-				g.EmitIf(in[j], false, "st.shared.f32", ptx.Addr{Base: g.sharedAddr(cw, wi, 4)}, w)
-			}
-			g.warpReduce(sum, "add")
-			inv := g.Reg(ptx.F32)
-			g.Emit("rcp.rn.f32", inv, sum)
-			g.EmitIf(g.cmp("eq", ptx.U32, g.lane, ptx.Imm(0)), false, "st.shared.f32", ptx.Addr{Base: g.sharedAddr(cinv, h, 4)}, inv)
-		})
-	}
-	g.Emit("bar.sync", ptx.Imm(0))
-	// z = sum over splits of acc_s * weight_s, in split order, 16 splits' loads at a time.
-	const batch = 16
+	negInf := float32(math.Inf(-1))
 	s := g.Reg(ptx.U32)
 	e := g.Reg(ptx.U32)
 	g.forLoop(e, g.op3("shl.b32", ptx.U32, g.tid, ptx.Imm(2)), ptx.Imm(int64(hpb*d)), ptx.Imm(int64(4*32*c.warps())), func() {
@@ -1133,32 +1095,46 @@ func (g *adGen) combine(recs, zrow, zbase ptx.Reg) {
 		g.Emit("mul.wide.u32", hb, h, hstride)
 		g.Emit("add.u64", hb, hb, base)
 		col := g.byteAddr(hb, dd, 4)
-		wbase := g.sharedAddr(cw, g.op3("mul.lo.u32", ptx.U32, h, ptx.Imm(AttnMaxSplits)), 4)
+		mx, sum := g.f32(negInf), g.f32(0)
 		o := []ptx.Reg{g.f32(0), g.f32(0), g.f32(0), g.f32(0)}
-		g.forLoop(s, ptx.Imm(0), g.nsplit, ptx.Imm(batch), func() {
-			xs := make([][]ptx.Reg, batch)
-			ws := make([]ptx.Reg, batch)
-			for b := range batch {
+		g.forLoop(s, ptx.Imm(0), g.nsplit, ptx.Imm(adCombineBatch), func() {
+			// .cg: other SMs wrote the records and L1 is not coherent. Splits past nsplit keep
+			// m = -inf and weigh nothing; split 0 holds a position, so the max is finite.
+			ms, ls, xs := make([]ptx.Reg, adCombineBatch), make([]ptx.Reg, adCombineBatch), make([][]ptx.Reg, adCombineBatch)
+			for b := range adCombineBatch {
 				sb := g.op3("add.u32", ptx.U32, s, ptx.Imm(int64(b)))
 				in := g.cmp("lt", ptx.U32, sb, g.nsplit)
-				xs[b] = g.Regs(ptx.F32, 4)
-				ws[b] = g.f32(0)
-				for _, x := range xs[b] {
-					g.Emit("mov.f32", x, ptx.F32Imm(0))
-				}
-				g.EmitIf(in, false, "ld.global.cg.v4.f32", ptx.Vec(xs[b]), ptx.Addr{Base: g.byteAddr(col, sb, recBytes)})
-				wa := g.Reg(ptx.U32)
-				g.Emit("mad.lo.u32", wa, sb, ptx.Imm(4), wbase)
-				g.EmitIf(in, false, "ld.shared.f32", ws[b], ptx.Addr{Base: wa})
+				ms[b], ls[b] = g.f32(negInf), g.f32(0)
+				xs[b] = []ptx.Reg{g.f32(0), g.f32(0), g.f32(0), g.f32(0)}
+				off := g.Reg(ptx.U64)
+				g.Emit("mul.wide.u32", off, sb, ptx.Imm(int64(recBytes)))
+				ra := g.op3("add.u64", ptx.U64, hb, off)
+				g.EmitIf(in, false, "ld.global.cg.f32", ms[b], ptx.Addr{Base: ra, Offset: int64(4 * d)})
+				g.EmitIf(in, false, "ld.global.cg.f32", ls[b], ptx.Addr{Base: ra, Offset: int64(4*d + 4)})
+				g.EmitIf(in, false, "ld.global.cg.v4.f32", ptx.Vec(xs[b]), ptx.Addr{Base: g.op3("add.u64", ptx.U64, col, off)})
 			}
-			for b := range batch {
+			next := g.Reg(ptx.F32)
+			g.Emit("mov.f32", next, mx)
+			for _, m := range ms {
+				g.Emit("max.f32", next, next, m)
+			}
+			// The rounds so far, rescaled to the new max (0 before the first).
+			scale := g.exp2(g.op3("sub.f32", ptx.F32, mx, next))
+			g.Emit("mul.f32", sum, sum, scale)
+			for _, r := range o {
+				g.Emit("mul.f32", r, r, scale)
+			}
+			for b := range adCombineBatch {
+				w := g.exp2(g.op3("sub.f32", ptx.F32, ms[b], next))
+				g.Emit("fma.rn.f32", sum, ls[b], w, sum)
 				for i := range o {
-					g.Emit("fma.rn.f32", o[i], xs[b][i], ws[b], o[i])
+					g.Emit("fma.rn.f32", o[i], xs[b][i], w, o[i])
 				}
 			}
+			g.Emit("mov.f32", mx, next)
 		})
 		inv := g.Reg(ptx.F32)
-		g.Emit("ld.shared.f32", inv, ptx.Addr{Base: g.sharedAddr(cinv, h, 4)})
+		g.Emit("rcp.rn.f32", inv, sum)
 		for i := range o {
 			g.Emit("mul.f32", o[i], o[i], inv)
 		}

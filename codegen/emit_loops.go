@@ -64,18 +64,22 @@ func (e emitter) when(p ptx.Reg, neg bool, body func()) {
 	e.Label(skip)
 }
 
-// drawTicket is the last-block pattern's draw, for every thread of a block: each fences its
-// stores before the barrier, thread 0 (tid) adds 1 to the u32 counter at ctr and passes the
-// old count through the shared word flag, and every thread gets it (and first, the predicate
-// of thread 0, which resets the counter once the last block is done with it). The block that
-// draws the last count sees every other block's stores once it fences again.
+// drawTicket is the last-block pattern's draw, for every thread of a block: after a barrier,
+// thread 0 (tid) fences at GPU scope, which orders every store of the block before it (the
+// barrier made them thread 0's to order), adds 1 to the u32 counter at ctr, fences again, and
+// passes the old count through the shared word flag; every thread gets it (and first, the
+// predicate of thread 0, which resets the counter once the last block is done with it). The
+// block that draws the last count sees every other block's stores once the barrier after
+// thread 0's second fence has passed: CUTLASS's semaphore pattern (one fence, not one a
+// thread).
 func (e emitter) drawTicket(ctr ptx.Reg, flag ptx.Sym, tid ptx.Reg) (ticket, first ptx.Reg) {
-	e.Emit("membar.gl")
 	e.Emit("bar.sync", ptx.Imm(0))
 	first = e.cmp("eq", ptx.U32, tid, ptx.Imm(0))
 	ticket = e.Reg(ptx.U32)
 	e.when(first, false, func() {
+		e.Emit("fence.acq_rel.gpu")
 		e.Emit("atom.global.add.u32", ticket, ptx.Addr{Base: ctr}, ptx.Imm(1))
+		e.Emit("fence.acq_rel.gpu")
 		e.Emit("st.shared.u32", ptx.Addr{Base: flag}, ticket)
 	})
 	e.Emit("bar.sync", ptx.Imm(0))

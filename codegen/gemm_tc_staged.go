@@ -542,7 +542,6 @@ func (g *tsGen) combine(r0, left ptx.Reg, skip []ptx.Reg) {
 	ticket, first := g.drawTicket(ctr, g.flag, g.tid)
 	last := g.cmp("eq", ptx.U32, ticket, ptx.Imm(int64(g.l.splits-1)))
 	g.when(last, false, func() {
-		g.Emit("membar.gl")
 		g.when(g.active, false, func() {
 			// Split 0's partial of this lane: mine less this block's split planes.
 			step := g.Reg(ptx.U64)
