@@ -525,11 +525,11 @@ func (g *adGen) emit() {
 		g.Emit(bundle.PriorGridWait)
 	}
 	if geo.tc {
-		g.scanTC(seg, end)
+		g.loadQTC()
 	} else {
 		g.loadQ()
-		g.scan(seg, end)
 	}
+	g.scan(seg, end)
 	g.merge()
 }
 
@@ -691,19 +691,20 @@ func (g *adGen) scan(seg segment, end ptx.Reg) {
 	t0 := g.Reg(ptx.U32)
 	g.Emit("mad.lo.u32", t0, g.warp, ptx.Imm(int64(step)), seg.lo)
 	t := g.Reg(ptx.U32)
-	g.forLoop(t, t0, seg.hi, ptx.Imm(int64(g.c.warps()*step)), func() { g.step(t, seg.hi, seg.blk0) })
-	g.nextSegment(seg, end, done)
-	g.Emit("bra", ptx.Sym(top))
-	g.Label(done)
-}
-
-// nextSegment ends a segment's scan: once every warp is done with the staged entries it moves
-// seg on and stages the next segment's, or branches to done at end.
-func (g *adGen) nextSegment(seg segment, end ptx.Reg, done string) {
+	g.forLoop(t, t0, seg.hi, ptx.Imm(int64(g.c.warps()*step)), func() {
+		if geo.tc {
+			g.stepTC(t, seg.hi, seg.blk0)
+		} else {
+			g.step(t, seg.hi, seg.blk0)
+		}
+	})
+	// The next segment overwrites the staged entries.
 	g.Emit("bar.sync", ptx.Imm(0))
 	g.Emit("mov.u32", seg.lo, seg.hi)
 	g.EmitIf(g.cmp("ge", ptx.U32, seg.lo, end), false, "bra", ptx.Sym(done))
 	g.restage(seg, end)
+	g.Emit("bra", ptx.Sym(top))
+	g.Label(done)
 }
 
 // step is one warp step at positions t + u*pp + sub, u < unroll: every K and V load first,

@@ -93,17 +93,18 @@ func (g *adGen) tcLanes() tcLane {
 	return l
 }
 
-// askQTC computes the lane's quad coordinates and asks for its Q rows (chunk kk's four dims
-// in x[kk]; zeros in rows g+8 and past the block's heads), which takeQTC then converts.
-func (g *adGen) askQTC() [][]ptx.Reg {
+// loadQTC loads Q as the A fragments of S's mmas (words 0 and 2 of each; rows g+8 are zero,
+// as are rows past the block's heads), scaled to log2 units and rounded to bf16, and zeroes
+// the lane's softmax state and O.
+func (g *adGen) loadQTC() {
 	c, geo := g.c, g.geo
 	d := c.HeadDim
 	g.tl = g.tcLanes()
-	x := make([][]ptx.Reg, d/16)
-	for kk := range x {
-		x[kk] = g.Regs(ptx.F32, 4)
-		for _, r := range x[kk] {
-			g.Emit("mov.f32", r, ptx.F32Imm(0))
+	g.qa = make([][2]ptx.Reg, d/16)
+	for kk := range g.qa {
+		for j := range 2 {
+			g.qa[kk][j] = g.Reg(ptx.B32)
+			g.Emit("mov.b32", g.qa[kk][j], ptx.Imm(0))
 		}
 	}
 	g.when(g.cmp("lt", ptx.U32, g.tl.g, ptx.Imm(int64(geo.hpb))), false, func() {
@@ -111,27 +112,17 @@ func (g *adGen) askQTC() [][]ptx.Reg {
 		g.Emit("mad.lo.u32", qrow, g.row, ptx.Imm(int64(c.Heads+2*c.KVHeads)), g.head0)
 		g.Emit("add.u32", qrow, qrow, g.tl.g)
 		qa := g.byteAddr(g.byteAddr(g.qkv, qrow, 4*d), g.tl.t8, 4)
-		for kk := range x {
-			g.Emit("ld.global.v4.f32", ptx.Vec(x[kk]), ptx.Addr{Base: qa, Offset: int64(4 * (32*(kk/2) + 4*(kk%2)))})
+		qs := ptx.F32Imm(c.qScale())
+		x := g.Regs(ptx.F32, 4)
+		for kk := range g.qa {
+			g.Emit("ld.global.v4.f32", ptx.Vec(x), ptx.Addr{Base: qa, Offset: int64(4 * (32*(kk/2) + 4*(kk%2)))})
+			for _, r := range x {
+				g.Emit("mul.f32", r, r, qs)
+			}
+			g.Emit("cvt.rn.bf16x2.f32", g.qa[kk][0], x[1], x[0])
+			g.Emit("cvt.rn.bf16x2.f32", g.qa[kk][1], x[3], x[2])
 		}
 	})
-	return x
-}
-
-// takeQTC makes askQTC's Q the A fragments of S's mmas (words 0 and 2 of each; the others
-// zero), scaled to log2 units and rounded to bf16, and zeroes the lane's softmax state and O.
-func (g *adGen) takeQTC(x [][]ptx.Reg) {
-	d := g.c.HeadDim
-	qs := ptx.F32Imm(g.c.qScale())
-	g.qa = make([][2]ptx.Reg, d/16)
-	for kk := range g.qa {
-		for _, r := range x[kk] {
-			g.Emit("mul.f32", r, r, qs)
-		}
-		g.qa[kk] = [2]ptx.Reg{g.Reg(ptx.B32), g.Reg(ptx.B32)}
-		g.Emit("cvt.rn.bf16x2.f32", g.qa[kk][0], x[kk][1], x[kk][0])
-		g.Emit("cvt.rn.bf16x2.f32", g.qa[kk][1], x[kk][3], x[kk][2])
-	}
 	g.m = []ptx.Reg{g.f32(float32(math.Inf(-1)))}
 	g.l = []ptx.Reg{g.f32(0)}
 	g.acc = make([][]ptx.Reg, d/16)
@@ -143,45 +134,6 @@ func (g *adGen) takeQTC(x [][]ptx.Reg) {
 	}
 }
 
-// scanTC is scan on tensor cores: Q asked for, then the warp's first step's K and V before
-// Q's conversion waits for Q (the two round trips overlap), then each step's K and V asked
-// for at the end of the step before it, in the same registers.
-func (g *adGen) scanTC(seg segment, end ptx.Reg) {
-	c, geo := g.c, g.geo
-	step := geo.unroll * geo.pp
-	t := g.Reg(ptx.U32)
-	first := func() { g.Emit("mad.lo.u32", t, g.warp, ptx.Imm(int64(step)), seg.lo) }
-	q := g.askQTC()
-	first()
-	tiles := make([]tcTile, geo.unroll)
-	for u := range tiles {
-		tiles[u] = g.newTileTC()
-	}
-	g.loadStepTC(tiles, t, seg)
-	g.takeQTC(q)
-	loop, segEnd, done := g.NewLabel("tc_step"), g.NewLabel("tc_seg_end"), g.NewLabel("seg_done")
-	g.Label(loop)
-	g.EmitIf(g.cmp("ge", ptx.U32, t, seg.hi), false, "bra", ptx.Sym(segEnd))
-	g.stepTC(tiles, t, seg.hi)
-	g.Emit("add.u32", t, t, ptx.Imm(int64(c.warps()*step)))
-	g.when(g.cmp("lt", ptx.U32, t, seg.hi), false, func() { g.loadStepTC(tiles, t, seg) })
-	g.Emit("bra", ptx.Sym(loop))
-	g.Label(segEnd)
-	g.nextSegment(seg, end, done)
-	first()
-	g.loadStepTC(tiles, t, seg)
-	g.Emit("bra", ptx.Sym(loop))
-	g.Label(done)
-}
-
-// loadStepTC asks for the K and V of the warp step at t (tiles t + 16u) into tiles.
-func (g *adGen) loadStepTC(tiles []tcTile, t ptx.Reg, seg segment) {
-	last := g.op3("sub.u32", ptx.U32, seg.hi, ptx.Imm(1))
-	for u, tl := range tiles {
-		g.loadTileTC(tl, g.op3("add.u32", ptx.U32, t, ptx.Imm(int64(u*tcAttnTile))), last, seg.blk0)
-	}
-}
-
 // tcTile is one tile's K and V words in flight: K rows g and 8+g (HeadDim/8 words each), V
 // rows 2t, 2t+1, 2t+8, 2t+9 (M words each: dims 2Mg..2Mg+2M).
 type tcTile struct {
@@ -189,23 +141,9 @@ type tcTile struct {
 	v [4][]ptx.Reg
 }
 
-// newTileTC is a tile's registers.
-func (g *adGen) newTileTC() tcTile {
-	d, m := g.c.HeadDim, g.c.HeadDim/16
-	var tl tcTile
-	for j := range tl.k {
-		tl.k[j] = g.Regs(ptx.B32, d/8)
-	}
-	for q := range tl.v {
-		tl.v[q] = g.Regs(ptx.B32, m)
-	}
-	return tl
-}
-
-// loadTileTC issues the lane's loads of the tile at base into tl. Positions past last (a
-// span's end) read last's rows instead and are masked later; a tile starting past last reads
-// only last's.
-func (g *adGen) loadTileTC(tl tcTile, base, last, blk0 ptx.Reg) {
+// loadTileTC issues the lane's loads of the tile at base. Positions past last (a span's end)
+// read last's rows instead and are masked later; a tile starting past last reads only last's.
+func (g *adGen) loadTileTC(base, last, blk0 ptx.Reg) tcTile {
 	c := g.c
 	d, m := c.HeadDim, c.HeadDim/16
 	b := g.op3("min.u32", ptx.U32, base, last)
@@ -220,28 +158,39 @@ func (g *adGen) loadTileTC(tl tcTile, base, last, blk0 ptx.Reg) {
 		g.Emit("mad.lo.u32", elem, row, ptx.Imm(int64(d)), dim)
 		return g.byteAddr(cache, elem, 2)
 	}
+	var tl tcTile
 	for j := range tl.k {
 		a := addr(g.kc, g.tl.g, g.tl.t8, 8*j)
+		tl.k[j] = make([]ptx.Reg, 0, d/8)
 		for ch := range d / 32 {
-			g.Emit("ld.global.v4.b32", ptx.Vec(tl.k[j][4*ch:4*ch+4]), ptx.Addr{Base: a, Offset: int64(64 * ch)})
+			w := g.Regs(ptx.B32, 4)
+			g.Emit("ld.global.v4.b32", ptx.Vec(w), ptx.Addr{Base: a, Offset: int64(64 * ch)})
+			tl.k[j] = append(tl.k[j], w...)
 		}
 	}
 	for q, off := range []int{0, 1, 8, 9} {
 		a := addr(g.vc, g.tl.t2, g.tl.dimV, off)
+		tl.v[q] = make([]ptx.Reg, 0, m)
 		for ch := range m / 4 {
-			g.Emit("ld.global.v4.b32", ptx.Vec(tl.v[q][4*ch:4*ch+4]), ptx.Addr{Base: a, Offset: int64(16 * ch)})
+			w := g.Regs(ptx.B32, 4)
+			g.Emit("ld.global.v4.b32", ptx.Vec(w), ptx.Addr{Base: a, Offset: int64(16 * ch)})
+			tl.v[q] = append(tl.v[q], w...)
 		}
 	}
+	return tl
 }
 
-// stepTC is one warp step over the tiles at t + 16u, u < unroll, their K and V in tiles
-// (loadStepTC): S, the softmax update and O of each tile.
-func (g *adGen) stepTC(tiles []tcTile, t, segHi ptx.Reg) {
+// stepTC is one warp step over the tiles at t + 16u, u < unroll: every load first, then S,
+// the softmax update and O of each tile.
+func (g *adGen) stepTC(t, segHi, blk0 ptx.Reg) {
 	c, geo := g.c, g.geo
 	d, m := c.HeadDim, c.HeadDim/16
+	last := g.op3("sub.u32", ptx.U32, segHi, ptx.Imm(1))
 	bases := make([]ptx.Reg, geo.unroll)
-	for u := range bases {
+	tiles := make([]tcTile, geo.unroll)
+	for u := range tiles {
 		bases[u] = g.op3("add.u32", ptx.U32, t, ptx.Imm(int64(u*tcAttnTile)))
+		tiles[u] = g.loadTileTC(bases[u], last, blk0)
 	}
 	// S: [tile][n-tile] accumulators; d0, d1 are head g at positions 8j+2t, 8j+2t+1.
 	negInf := ptx.F32Imm(float32(math.Inf(-1)))

@@ -499,9 +499,8 @@ func TestAttentionDecodeSegments(t *testing.T) {
 	k = must(t)(Attention("attn_segments_split", c))
 	// Splits of 300 positions: the second starts inside the first segment and ends in the second.
 	newAttnCall(t, r, k, c, c.Launch(len(pos), 4), pos, seq, 300, nil).check(t, 1e-5)
-	// The tensor-core step, whose warps ask for the next segment's first K and V once it is
-	// staged: KV blocks of 16, so a segment is 4096 positions; unsplit, and split in chunks of
-	// 2400 that start inside a segment.
+	// The tensor-core step: KV blocks of 16, so a segment is 4096 positions; unsplit, and split
+	// in chunks of 2400 that start inside a segment.
 	tc := AttnConfig{Heads: 4, KVHeads: 2, HeadDim: 64, BlockSize: 16, MaxBlocksPerSeq: 2*adTableCap + 8, KVDtype: ptx.BF16,
 		Scale: 0.125, EarlyLaunch: true, TensorCores: true}
 	seg = tc.BlockSize * adTableCap
