@@ -962,14 +962,7 @@ func (g *adGen) mergeStates(ms mergeArrays) {
 				g.Emit("fma.rn.f32", o[i], x[i], sw, o[i])
 			}
 		}
-		write := func() {
-			inv := g.Reg(ptx.F32)
-			g.Emit("rcp.rn.f32", inv, sum)
-			for i := range o {
-				g.Emit("mul.f32", o[i], o[i], inv)
-			}
-			g.Emit("st.global.v4.f32", ptx.Addr{Base: g.byteAddr(zbase, e, 4)}, ptx.Vec(o))
-		}
+		write := func() { g.storeZ(zbase, e, o, sum) }
 		if !c.Split {
 			write()
 			return
@@ -1028,40 +1021,68 @@ func (g *adGen) clusterCombine(crec ptx.Sym, zbase ptx.Reg) {
 		// and weigh nothing (split 0 holds a position, so the max is finite).
 		ri := g.op3("mul.lo.u32", ptx.U32, h, ptx.Imm(int64(c.Cluster)))
 		rec0 := g.sharedAddr(crec, ri, 4*adRecWords(d))
-		past := make([]ptx.Reg, c.Cluster)
-		ms, ls := make([]ptx.Reg, c.Cluster), make([]ptx.Reg, c.Cluster)
-		mx := g.f32(float32(math.Inf(-1)))
-		for s := range c.Cluster {
-			past[s] = g.cmp("le", ptx.U32, g.nsplit, ptx.Imm(int64(s)))
-			ms[s], ls[s] = g.f32(float32(math.Inf(-1))), g.f32(0)
-			at := int64(4 * (s*adRecWords(d) + d))
-			g.EmitIf(past[s], true, "ld.shared.f32", ms[s], ptx.Addr{Base: rec0, Offset: at})
-			g.EmitIf(past[s], true, "ld.shared.f32", ls[s], ptx.Addr{Base: rec0, Offset: at + 4})
-			g.Emit("max.f32", mx, mx, ms[s])
-		}
-		sum := g.f32(0)
-		o := []ptx.Reg{g.f32(0), g.f32(0), g.f32(0), g.f32(0)}
-		x := g.Regs(ptx.F32, 4)
 		col := g.Reg(ptx.U32)
 		g.Emit("mad.lo.u32", col, dd, ptx.Imm(4), rec0)
-		for s := range c.Cluster {
-			w := g.exp2(g.op3("sub.f32", ptx.F32, ms[s], mx))
-			g.Emit("fma.rn.f32", sum, ls[s], w, sum)
-			for _, r := range x {
-				g.Emit("mov.f32", r, ptx.F32Imm(0))
-			}
-			g.EmitIf(past[s], true, "ld.shared.v4.f32", ptx.Vec(x), ptx.Addr{Base: col, Offset: int64(4 * s * adRecWords(d))})
-			for i := range o {
-				g.Emit("fma.rn.f32", o[i], x[i], w, o[i])
-			}
+		st := newSplitRecord(g.emitter)
+		recs := make([]splitRecord, c.Cluster)
+		for s := range recs {
+			past := g.cmp("le", ptx.U32, g.nsplit, ptx.Imm(int64(s)))
+			recs[s] = newSplitRecord(g.emitter)
+			at := int64(4 * s * adRecWords(d))
+			g.EmitIf(past, true, "ld.shared.f32", recs[s].m, ptx.Addr{Base: rec0, Offset: at + int64(4*d)})
+			g.EmitIf(past, true, "ld.shared.f32", recs[s].l, ptx.Addr{Base: rec0, Offset: at + int64(4*d+4)})
+			g.EmitIf(past, true, "ld.shared.v4.f32", ptx.Vec(recs[s].acc), ptx.Addr{Base: col, Offset: at})
 		}
-		inv := g.Reg(ptx.F32)
-		g.Emit("rcp.rn.f32", inv, sum)
-		for i := range o {
-			g.Emit("mul.f32", o[i], o[i], inv)
-		}
-		g.Emit("st.global.v4.f32", ptx.Addr{Base: g.byteAddr(zbase, e, 4)}, ptx.Vec(o))
+		g.foldRecords(st, recs)
+		g.storeZ(zbase, e, st.acc, st.l)
 	})
+}
+
+// splitRecord is one split's record of four dims of a head, as a combining thread loads it
+// (m, l and the four sums), or the thread's running state of the splits folded so far
+// (foldRecords).
+type splitRecord struct {
+	m, l ptx.Reg
+	acc  []ptx.Reg
+}
+
+// newSplitRecord is a record that weighs nothing (m = -inf, the rest 0): a split past a row's
+// last, or a running state before the first fold.
+func newSplitRecord(e emitter) splitRecord {
+	return splitRecord{m: e.f32(float32(math.Inf(-1))), l: e.f32(0), acc: []ptx.Reg{e.f32(0), e.f32(0), e.f32(0), e.f32(0)}}
+}
+
+// foldRecords folds recs into the running state st in their order: st rescaled to the new
+// max, then each record weighed by 2^(m-max).
+func (g *adGen) foldRecords(st splitRecord, recs []splitRecord) {
+	next := g.Reg(ptx.F32)
+	g.Emit("mov.f32", next, st.m)
+	for _, r := range recs {
+		g.Emit("max.f32", next, next, r.m)
+	}
+	scale := g.exp2(g.op3("sub.f32", ptx.F32, st.m, next)) // 0 before the first fold
+	g.Emit("mul.f32", st.l, st.l, scale)
+	for _, a := range st.acc {
+		g.Emit("mul.f32", a, a, scale)
+	}
+	for _, r := range recs {
+		w := g.exp2(g.op3("sub.f32", ptx.F32, r.m, next))
+		g.Emit("fma.rn.f32", st.l, r.l, w, st.l)
+		for i, a := range st.acc {
+			g.Emit("fma.rn.f32", a, r.acc[i], w, a)
+		}
+	}
+	g.Emit("mov.f32", st.m, next)
+}
+
+// storeZ writes four dims of z at element e: o / sum.
+func (g *adGen) storeZ(zbase, e ptx.Reg, o []ptx.Reg, sum ptx.Reg) {
+	inv := g.Reg(ptx.F32)
+	g.Emit("rcp.rn.f32", inv, sum)
+	for i := range o {
+		g.Emit("mul.f32", o[i], o[i], inv)
+	}
+	g.Emit("st.global.v4.f32", ptx.Addr{Base: g.byteAddr(zbase, e, 4)}, ptx.Vec(o))
 }
 
 // combine draws this block's ticket and, in the block that completes its (row, head group),
@@ -1085,7 +1106,6 @@ func (g *adGen) combine(recs, zrow, zbase ptx.Reg) {
 	ri := g.op3("mul.lo.u32", ptx.U32, zrow, splits)
 	base := g.byteAddr(recs, ri, recBytes) // record (head0, split 0)
 	hstride := g.op3("mul.lo.u32", ptx.U32, splits, ptx.Imm(int64(recBytes)))
-	negInf := float32(math.Inf(-1))
 	s := g.Reg(ptx.U32)
 	e := g.Reg(ptx.U32)
 	g.forLoop(e, g.op3("shl.b32", ptx.U32, g.tid, ptx.Imm(2)), ptx.Imm(int64(hpb*d)), ptx.Imm(int64(4*32*c.warps())), func() {
@@ -1095,50 +1115,25 @@ func (g *adGen) combine(recs, zrow, zbase ptx.Reg) {
 		g.Emit("mul.wide.u32", hb, h, hstride)
 		g.Emit("add.u64", hb, hb, base)
 		col := g.byteAddr(hb, dd, 4)
-		mx, sum := g.f32(negInf), g.f32(0)
-		o := []ptx.Reg{g.f32(0), g.f32(0), g.f32(0), g.f32(0)}
+		st := newSplitRecord(g.emitter)
 		g.forLoop(s, ptx.Imm(0), g.nsplit, ptx.Imm(adCombineBatch), func() {
 			// .cg: other SMs wrote the records and L1 is not coherent. Splits past nsplit keep
-			// m = -inf and weigh nothing; split 0 holds a position, so the max is finite.
-			ms, ls, xs := make([]ptx.Reg, adCombineBatch), make([]ptx.Reg, adCombineBatch), make([][]ptx.Reg, adCombineBatch)
-			for b := range adCombineBatch {
+			// the zero record; split 0 holds a position, so the max is finite.
+			recs := make([]splitRecord, adCombineBatch)
+			for b := range recs {
 				sb := g.op3("add.u32", ptx.U32, s, ptx.Imm(int64(b)))
 				in := g.cmp("lt", ptx.U32, sb, g.nsplit)
-				ms[b], ls[b] = g.f32(negInf), g.f32(0)
-				xs[b] = []ptx.Reg{g.f32(0), g.f32(0), g.f32(0), g.f32(0)}
+				recs[b] = newSplitRecord(g.emitter)
 				off := g.Reg(ptx.U64)
 				g.Emit("mul.wide.u32", off, sb, ptx.Imm(int64(recBytes)))
 				ra := g.op3("add.u64", ptx.U64, hb, off)
-				g.EmitIf(in, false, "ld.global.cg.f32", ms[b], ptx.Addr{Base: ra, Offset: int64(4 * d)})
-				g.EmitIf(in, false, "ld.global.cg.f32", ls[b], ptx.Addr{Base: ra, Offset: int64(4*d + 4)})
-				g.EmitIf(in, false, "ld.global.cg.v4.f32", ptx.Vec(xs[b]), ptx.Addr{Base: g.op3("add.u64", ptx.U64, col, off)})
+				g.EmitIf(in, false, "ld.global.cg.f32", recs[b].m, ptx.Addr{Base: ra, Offset: int64(4 * d)})
+				g.EmitIf(in, false, "ld.global.cg.f32", recs[b].l, ptx.Addr{Base: ra, Offset: int64(4*d + 4)})
+				g.EmitIf(in, false, "ld.global.cg.v4.f32", ptx.Vec(recs[b].acc), ptx.Addr{Base: g.op3("add.u64", ptx.U64, col, off)})
 			}
-			next := g.Reg(ptx.F32)
-			g.Emit("mov.f32", next, mx)
-			for _, m := range ms {
-				g.Emit("max.f32", next, next, m)
-			}
-			// The rounds so far, rescaled to the new max (0 before the first).
-			scale := g.exp2(g.op3("sub.f32", ptx.F32, mx, next))
-			g.Emit("mul.f32", sum, sum, scale)
-			for _, r := range o {
-				g.Emit("mul.f32", r, r, scale)
-			}
-			for b := range adCombineBatch {
-				w := g.exp2(g.op3("sub.f32", ptx.F32, ms[b], next))
-				g.Emit("fma.rn.f32", sum, ls[b], w, sum)
-				for i := range o {
-					g.Emit("fma.rn.f32", o[i], xs[b][i], w, o[i])
-				}
-			}
-			g.Emit("mov.f32", mx, next)
+			g.foldRecords(st, recs)
 		})
-		inv := g.Reg(ptx.F32)
-		g.Emit("rcp.rn.f32", inv, sum)
-		for i := range o {
-			g.Emit("mul.f32", o[i], o[i], inv)
-		}
-		g.Emit("st.global.v4.f32", ptx.Addr{Base: g.byteAddr(zbase, e, 4)}, ptx.Vec(o))
+		g.storeZ(zbase, e, st.acc, st.l)
 	})
 	g.when(first, false, func() { g.Emit("st.global.u32", ptx.Addr{Base: ctr}, ptx.Imm(0)) })
 }

@@ -172,6 +172,21 @@ func TestAttentionDecode(t *testing.T) {
 	}
 }
 
+// splitBoundaryRows are decode rows at contexts on a split kernel's boundaries for chunks of
+// chunk positions over splits splits (one position, exactly one split, one past, two, every
+// split, the longest context maxPos, where they fit), over three sequences.
+func splitBoundaryRows(chunk, splits, maxPos int) (pos, seq []uint32) {
+	for _, n := range []int{1, chunk, chunk + 1, 2 * chunk, splits * chunk, maxPos} {
+		if n <= maxPos {
+			pos = append(pos, uint32(n-1))
+		}
+	}
+	for i := range pos {
+		seq = append(seq, uint32(i%3))
+	}
+	return pos, seq
+}
+
 // TestAttentionDecodeSplit: contexts at the split boundaries (one position, exactly one split,
 // one past, exactly k splits, the grid's last split) and a chunk word too small for the grid,
 // which the kernel raises.
@@ -185,18 +200,8 @@ func TestAttentionDecodeSplit(t *testing.T) {
 			name := fmt.Sprintf("h%d_kv%d_d%d_%s_s%d_c%d", c.Heads, c.KVHeads, c.HeadDim, c.KVDtype, sc.splits, sc.chunk)
 			t.Run(name, func(t *testing.T) {
 				k := must(t)(Attention("attn_split_test", c))
-				ch := sc.chunk
-				var pos []uint32
-				for _, n := range []int{1, ch, ch + 1, 2 * ch, sc.splits * ch, maxPos} {
-					if n <= maxPos {
-						pos = append(pos, uint32(n-1))
-					}
-				}
-				seq := make([]uint32, len(pos))
-				for i := range seq {
-					seq[i] = uint32(i % 3)
-				}
-				a := newAttnCall(t, r, k, c, c.Launch(len(pos), sc.splits), pos, seq, uint32(ch), nil)
+				pos, seq := splitBoundaryRows(sc.chunk, sc.splits, maxPos)
+				a := newAttnCall(t, r, k, c, c.Launch(len(pos), sc.splits), pos, seq, uint32(sc.chunk), nil)
 				a.check(t, 1e-5)
 			})
 		}
@@ -232,22 +237,12 @@ func TestAttentionDecodeCluster(t *testing.T) {
 				if !strings.Contains(k.PTX, fmt.Sprintf(".reqnctapercluster %d, 1, 1", sc.cluster)) || strings.Contains(k.PTX, "atom.") || strings.Contains(k.PTX, "membar") {
 					t.Fatal("not a cluster kernel, or one that still draws a ticket")
 				}
-				ch := sc.chunk
-				var pos []uint32
-				for _, n := range []int{1, ch, ch + 1, 2 * ch, sc.cluster * ch, maxPos} {
-					if n <= maxPos {
-						pos = append(pos, uint32(n-1))
-					}
-				}
-				seq := make([]uint32, len(pos))
-				for i := range seq {
-					seq[i] = uint32(i % 3)
-				}
+				pos, seq := splitBoundaryRows(sc.chunk, sc.cluster, maxPos)
 				l := c.Launch(len(pos), sc.cluster)
 				if want := [3]int{len(pos) * sc.cluster, c.Heads / c.geom().hpb, 1}; l.Grid != want {
 					t.Fatalf("grid %v, want %v", l.Grid, want)
 				}
-				a := newAttnCall(t, r, k, c, l, pos, seq, uint32(ch), nil)
+				a := newAttnCall(t, r, k, c, l, pos, seq, uint32(sc.chunk), nil)
 				a.check(t, tol)
 				if !bytes.Equal(a.run(t), a.run(t)) {
 					t.Fatal("a replay's z differs")

@@ -333,6 +333,19 @@ func TestCheckDumpsTheIR(t *testing.T) {
 	}
 }
 
+// buildBundle runs xmixc build on model with flags into out and reads the bundle back.
+func buildBundle(t *testing.T, model, out string, flags []string) *bundle.Bundle {
+	t.Helper()
+	if _, err := xmixc(t, append([]string{"build", model, "-q", "-o", out}, flags...)...); err != nil {
+		t.Fatalf("%v: %v", flags, err)
+	}
+	b, err := bundle.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
 // TestBuildAttnClusterFlag: --attn-cluster gives the decode buckets whose attention splits
 // fit in one wave (8 kv heads: 4 and 8 rows, clusters of 8 and 4) cluster kernels, records it
 // in the build info and says so in inspect; the buckets of 1 and 32 rows keep the workspace
@@ -358,13 +371,7 @@ serving: {decode_buckets: [1, 4, 8, 32], prefill_chunks: [8], max_seq_len: 1024}
 			"attention_h8_kv8_d64_bf16_warps8_tc_pf1_split", "attention_h8_kv8_d64_bf16_warps8_tc_split"}},
 	} {
 		out := filepath.Join(dir, "a.xmb")
-		if _, err := xmixc(t, append([]string{"build", m, "-q", "-o", out}, c.flags...)...); err != nil {
-			t.Fatalf("%v: %v", c.flags, err)
-		}
-		b, err := bundle.ReadFile(out)
-		if err != nil {
-			t.Fatal(err)
-		}
+		b := buildBundle(t, m, out, c.flags)
 		var split []string
 		for _, k := range b.Kernels {
 			if strings.HasSuffix(k.Name, "_split") {
@@ -416,13 +423,7 @@ serving: {decode_buckets: [1, 8, 16], prefill_chunks: [8], max_seq_len: 64}
 		{[]string{"--copy-gemms", "none"}, nil, "copy-engine GEMMs: none, slots: the default"},
 	} {
 		out := filepath.Join(dir, "c.xmb")
-		if _, err := xmixc(t, append([]string{"build", m, "-q", "-o", out}, c.flags...)...); err != nil {
-			t.Fatalf("%v: %v", c.flags, err)
-		}
-		b, err := bundle.ReadFile(out)
-		if err != nil {
-			t.Fatal(err)
-		}
+		b := buildBundle(t, m, out, c.flags)
 		kernels, err := bundle.GemmCopyKernels(b.Kernels)
 		if err != nil {
 			t.Fatal(err)
