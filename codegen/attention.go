@@ -178,7 +178,7 @@ func (c AttnConfig) sharedBytes() int {
 	hpb := c.geom().hpb
 	n := 4 * (min(c.MaxBlocksPerSeq, adTableCap) + c.warps()*hpb*(c.HeadDim+2))
 	switch {
-	case c.Split && c.Cluster > 0:
+	case c.clustered():
 		n += 4 * hpb * c.Cluster * adRecWords(c.HeadDim)
 	case c.Split:
 		n += 4 // the combine's ticket
@@ -232,7 +232,7 @@ func (c AttnConfig) ropeConfig() RopeConfig {
 func (c AttnConfig) Launch(rows, splits int) ops.Launch {
 	geo := c.geom()
 	block := [3]int{32 * c.warps(), 1, 1}
-	if c.Split && c.Cluster > 0 {
+	if c.clustered() {
 		return ops.Launch{Grid: [3]int{rows * c.Cluster, c.Heads / geo.hpb, 1}, Block: block}
 	}
 	return ops.Launch{Grid: [3]int{rows, c.Heads / geo.hpb, max(1, min(splits, AttnMaxSplits))}, Block: block}
@@ -279,7 +279,7 @@ func (c AttnConfig) splitPlan(splits int) *bundle.AttnSplit {
 // SplitWorkspaceBytes is the size of the split kernel's ws for rows rows and splits splits
 // (0 when it takes none).
 func (c AttnConfig) SplitWorkspaceBytes(rows, splits int) int {
-	if !c.Split || c.Cluster > 0 || splits <= 1 || rows <= 0 {
+	if !c.Split || c.clustered() || splits <= 1 || rows <= 0 {
 		return 0
 	}
 	return adCounterBytes(rows*c.Heads/c.geom().hpb) + rows*c.Heads*splits*(c.HeadDim+4)*4
@@ -333,7 +333,7 @@ func checkAttn(c AttnConfig) (ops.KVAttrs, error) {
 		return attrs, fmt.Errorf("a cluster of %d splits: want 2 to %d, in a split decode kernel over every row", c.Cluster, attnMaxCluster)
 	}
 	if n := c.sharedBytes(); n > maxStaticShared {
-		if c.Split && c.Cluster > 0 {
+		if c.clustered() {
 			return attrs, fmt.Errorf("%d warps a block of %d heads of dim %d in a cluster of %d: %d bytes of shared memory, past %d; use fewer warps or a smaller cluster", c.warps(), c.geom().hpb, c.HeadDim, c.Cluster, n, maxStaticShared)
 		}
 		return attrs, fmt.Errorf("%d warps a block of %d heads of dim %d: %d bytes of shared memory, past %d; use fewer warps", c.warps(), c.geom().hpb, c.HeadDim, n, maxStaticShared)
@@ -350,7 +350,7 @@ func checkAttn(c AttnConfig) (ops.KVAttrs, error) {
 // attnAttrs are the reference op's attributes of kernel c computing rows.
 func (c AttnConfig) attnAttrs(kv ops.KVAttrs, rows string) ops.AttnAttrs {
 	a := ops.AttnAttrs{KVAttrs: kv, Scale: c.Scale, Rows: rows, Softcap: c.Softcap, Window: c.Window}
-	if c.Split {
+	if c.clustered() {
 		a.Splits = c.Cluster
 	}
 	return a
@@ -394,7 +394,7 @@ func Attention(name string, c AttnConfig) (*Kernel, error) {
 	}
 	g := &adGen{emitter: newEmitter(name), c: c, geo: c.geom()}
 	g.MaxNTid = 32 * c.warps()
-	if g.clustered() {
+	if g.c.clustered() {
 		g.ClusterX = c.Cluster
 	}
 	if g.geo.tc {
@@ -425,8 +425,8 @@ type adGen struct {
 	qa [][2]ptx.Reg
 }
 
-// clustered reports whether the kernel's splits merge in a cluster (AttnConfig.Cluster).
-func (g *adGen) clustered() bool { return g.c.Split && g.c.Cluster > 0 }
+// clustered reports whether the kernel's splits merge in a cluster (Cluster, with Split).
+func (c AttnConfig) clustered() bool { return c.Split && c.Cluster > 0 }
 
 func (g *adGen) emit() {
 	c, geo := g.c, g.geo
@@ -439,13 +439,13 @@ func (g *adGen) emit() {
 	g.z = g.param("z", ptx.U64)
 	var chunkP ptx.Reg
 	if c.Split {
-		if !g.clustered() {
+		if !g.c.clustered() {
 			g.ws = g.param("ws", ptx.U64)
 		}
 		chunkP = g.param("chunk", ptx.U64)
 	}
 	g.row = g.special(ptx.CtaidX)
-	if g.clustered() {
+	if g.c.clustered() {
 		// The cluster's first barrier phase: arrived at on entry, waited on before a split
 		// stores into rank 0's shared memory (mergeStates).
 		g.Emit("barrier.cluster.arrive")
@@ -481,7 +481,7 @@ func (g *adGen) emit() {
 	}
 	if c.Split {
 		var nz ptx.Reg
-		if g.clustered() {
+		if g.c.clustered() {
 			nz = g.imm32(int64(c.Cluster))
 		} else {
 			g.split, nz = g.special(ptx.CtaidZ), g.special(ptx.NCtaidZ)
@@ -918,7 +918,7 @@ func (g *adGen) mergeStates(ms mergeArrays) {
 	var crec ptx.Sym
 	recBytes := 4 * adRecWords(d)
 	switch {
-	case g.clustered():
+	case g.c.clustered():
 		crec = g.DeclareShared("ad_rec", ptx.F32, hpb*c.Cluster*adRecWords(d))
 		one = g.cmp("eq", ptx.U32, g.nsplit, ptx.Imm(1))
 		// Every block of the cluster has begun: rank 0's records may be written.
@@ -972,7 +972,7 @@ func (g *adGen) mergeStates(ms mergeArrays) {
 		write()
 		g.Emit("bra", ptx.Sym(end))
 		g.Label(skip)
-		if g.clustered() {
+		if g.c.clustered() {
 			// Record (h, split) of rank 0's, record-major by head.
 			ri := g.Reg(ptx.U32)
 			g.Emit("mad.lo.u32", ri, h, ptx.Imm(int64(c.Cluster)), g.split)
@@ -997,7 +997,7 @@ func (g *adGen) mergeStates(ms mergeArrays) {
 		g.Label(end)
 	})
 	switch {
-	case g.clustered():
+	case g.c.clustered():
 		g.EmitIf(one, false, "exit")
 		g.clusterCombine(crec, zbase)
 	case c.Split:

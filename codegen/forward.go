@@ -433,10 +433,10 @@ func (g *gen) declareBuffers() {
 	// each leaves its counters at zero. Decode buckets that split read the step's chunk.
 	ws, split := 0, false
 	for _, rows := range m.DecodeBuckets {
-		c := g.decodeAttn(g.attnConfig(g.attn), rows)
+		c, splits := g.decodeAttn(g.attnConfig(g.attn), rows), g.attnSplits(rows)
 		c.Split = true
-		ws = max(ws, c.SplitWorkspaceBytes(rows, g.attnSplits(rows)))
-		split = split || g.attnSplits(rows) > 1
+		ws = max(ws, c.SplitWorkspaceBytes(rows, splits))
+		split = split || splits > 1
 	}
 	if ws > 0 {
 		g.buf("act.attn_ws", bundle.KindActivation, "u32", []int{ws / 4})

@@ -591,14 +591,14 @@ func (t *tb) attention(n *ir.Node) {
 		k, err := g.kernel(name, func() (*Kernel, error) { return Attention(name, c) })
 		t.add(n.Name, k, err, c.Launch(t.rows, splits), s, nil)
 	}
-	switch {
-	case t.kind == bundle.Decode && g.attnSplits(t.rows) > 1:
+	switch splits := g.attnSplits(t.rows); {
+	case t.kind == bundle.Decode && splits > 1:
 		ac.Split = true
 		ss := slots{"chunk": buf(bundle.CtlAttnChunk)}
-		if ac.Cluster == 0 {
+		if !ac.clustered() {
 			ss["ws"] = buf("act.attn_ws")
 		}
-		decode(base+"_split", ac, g.attnSplits(t.rows), merge(s, ss))
+		decode(base+"_split", ac, splits, merge(s, ss))
 	case t.kind == bundle.Decode || !ac.PrefillOK():
 		decode(base, ac, 1, s)
 	default:
