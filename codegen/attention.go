@@ -524,12 +524,15 @@ func (g *adGen) emit() {
 		g.prefetchKV(seg, start)
 		g.Emit(bundle.PriorGridWait)
 	}
+	t := g.Reg(ptx.U32) // the warp's next step's first position
+	g.Emit("mad.lo.u32", t, g.warp, ptx.Imm(int64(geo.unroll*geo.pp)), seg.lo)
 	if geo.tc {
-		g.loadQTC()
+		g.firstStepTC(t, seg)
+		g.Emit("add.u32", t, t, ptx.Imm(int64(g.stride())))
 	} else {
 		g.loadQ()
 	}
-	g.scan(seg, end)
+	g.scan(seg, end, t)
 	g.merge()
 }
 
@@ -682,16 +685,13 @@ func (g *adGen) restage(seg segment, end ptx.Reg) {
 
 // scan runs the warps' online softmax over positions [seg.lo, end), the first segment's
 // entries staged (a span is never empty: a row attends to at least its own position), the
-// next segment's staged as each ends.
-func (g *adGen) scan(seg segment, end ptx.Reg) {
+// next segment's staged as each ends. t is the warp's next step in the first segment (past
+// any step the warp ran before the scan).
+func (g *adGen) scan(seg segment, end, t ptx.Reg) {
 	geo := g.geo
 	top, done := g.NewLabel("seg"), g.NewLabel("seg_done")
 	g.Label(top)
-	step := geo.unroll * geo.pp
-	t0 := g.Reg(ptx.U32)
-	g.Emit("mad.lo.u32", t0, g.warp, ptx.Imm(int64(step)), seg.lo)
-	t := g.Reg(ptx.U32)
-	g.forLoop(t, t0, seg.hi, ptx.Imm(int64(g.c.warps()*step)), func() {
+	g.whileLoop(t, seg.hi, ptx.Imm(int64(g.stride())), func() {
 		if geo.tc {
 			g.stepTC(t, seg.hi, seg.blk0)
 		} else {
@@ -703,9 +703,13 @@ func (g *adGen) scan(seg segment, end ptx.Reg) {
 	g.Emit("mov.u32", seg.lo, seg.hi)
 	g.EmitIf(g.cmp("ge", ptx.U32, seg.lo, end), false, "bra", ptx.Sym(done))
 	g.restage(seg, end)
+	g.Emit("mad.lo.u32", t, g.warp, ptx.Imm(int64(geo.unroll*geo.pp)), seg.lo)
 	g.Emit("bra", ptx.Sym(top))
 	g.Label(done)
 }
+
+// stride is the positions a block's warps take in one step each.
+func (g *adGen) stride() int { return g.c.warps() * g.geo.unroll * g.geo.pp }
 
 // step is one warp step at positions t + u*pp + sub, u < unroll: every K and V load first,
 // then the scores, the softmax update and the weighted V sums of the block's heads.

@@ -93,18 +93,19 @@ func (g *adGen) tcLanes() tcLane {
 	return l
 }
 
-// loadQTC loads Q as the A fragments of S's mmas (words 0 and 2 of each; rows g+8 are zero,
-// as are rows past the block's heads), scaled to log2 units and rounded to bf16, and zeroes
-// the lane's softmax state and O.
-func (g *adGen) loadQTC() {
+// askQTC asks for the lane's Q: the 4 f32 of each of S's A fragments (words 0 and 2 of
+// each; rows g+8 are zero, as are rows past the block's heads, whose lanes keep zeros).
+// convertQTC turns the answer into the fragments; between the two the first step's K/V
+// loads are issued (firstStepTC).
+func (g *adGen) askQTC() [][]ptx.Reg {
 	c, geo := g.c, g.geo
 	d := c.HeadDim
 	g.tl = g.tcLanes()
-	g.qa = make([][2]ptx.Reg, d/16)
-	for kk := range g.qa {
-		for j := range 2 {
-			g.qa[kk][j] = g.Reg(ptx.B32)
-			g.Emit("mov.b32", g.qa[kk][j], ptx.Imm(0))
+	x := make([][]ptx.Reg, d/16)
+	for kk := range x {
+		x[kk] = g.Regs(ptx.F32, 4)
+		for _, r := range x[kk] {
+			g.Emit("mov.f32", r, ptx.F32Imm(0))
 		}
 	}
 	g.when(g.cmp("lt", ptx.U32, g.tl.g, ptx.Imm(int64(geo.hpb))), false, func() {
@@ -112,26 +113,54 @@ func (g *adGen) loadQTC() {
 		g.Emit("mad.lo.u32", qrow, g.row, ptx.Imm(int64(c.Heads+2*c.KVHeads)), g.head0)
 		g.Emit("add.u32", qrow, qrow, g.tl.g)
 		qa := g.byteAddr(g.byteAddr(g.qkv, qrow, 4*d), g.tl.t8, 4)
-		qs := ptx.F32Imm(c.qScale())
-		x := g.Regs(ptx.F32, 4)
-		for kk := range g.qa {
-			g.Emit("ld.global.v4.f32", ptx.Vec(x), ptx.Addr{Base: qa, Offset: int64(4 * (32*(kk/2) + 4*(kk%2)))})
-			for _, r := range x {
-				g.Emit("mul.f32", r, r, qs)
-			}
-			g.Emit("cvt.rn.bf16x2.f32", g.qa[kk][0], x[1], x[0])
-			g.Emit("cvt.rn.bf16x2.f32", g.qa[kk][1], x[3], x[2])
+		for kk := range x {
+			g.Emit("ld.global.v4.f32", ptx.Vec(x[kk]), ptx.Addr{Base: qa, Offset: int64(4 * (32*(kk/2) + 4*(kk%2)))})
 		}
 	})
+	return x
+}
+
+// convertQTC scales askQTC's answer to log2 units and rounds it to bf16 as S's A fragments.
+func (g *adGen) convertQTC(x [][]ptx.Reg) {
+	qs := ptx.F32Imm(g.c.qScale())
+	g.qa = make([][2]ptx.Reg, len(x))
+	for kk, w := range x {
+		for _, r := range w {
+			g.Emit("mul.f32", r, r, qs)
+		}
+		g.qa[kk] = [2]ptx.Reg{g.Reg(ptx.B32), g.Reg(ptx.B32)}
+		g.Emit("cvt.rn.bf16x2.f32", g.qa[kk][0], w[1], w[0])
+		g.Emit("cvt.rn.bf16x2.f32", g.qa[kk][1], w[3], w[2])
+	}
+}
+
+// zeroStateTC zeroes the lane's softmax state and O.
+func (g *adGen) zeroStateTC() {
 	g.m = []ptx.Reg{g.f32(float32(math.Inf(-1)))}
 	g.l = []ptx.Reg{g.f32(0)}
-	g.acc = make([][]ptx.Reg, d/16)
+	g.acc = make([][]ptx.Reg, g.c.HeadDim/16)
 	for i := range g.acc {
 		g.acc[i] = make([]ptx.Reg, 4)
 		for j := range g.acc[i] {
 			g.acc[i][j] = g.f32(0)
 		}
 	}
+}
+
+// firstStepTC is the warp's first step of seg, at t, peeled off the scan's loop so that its
+// K/V loads go out with Q's, before Q is converted: a block's first loads then wait on
+// memory once, not twice. A warp whose first step lies past seg.hi loads seg's last
+// position and skips the step. The loop's steps load into registers of their own: nothing
+// is loaded across the loop's back edge, whose live registers (Q, O) are what the kernel's
+// 128 are sized for (loading the next step's K/V across it spilled: session 37 call 7).
+func (g *adGen) firstStepTC(t ptx.Reg, seg segment) {
+	x := g.askQTC()
+	bases, tiles := g.loadStepTC(t, seg.hi, seg.blk0)
+	g.zeroStateTC()
+	g.convertQTC(x)
+	g.when(g.cmp("lt", ptx.U32, t, seg.hi), false, func() {
+		g.computeStepTC(bases, tiles, seg.hi)
+	})
 }
 
 // tcTile is one tile's K and V words in flight: K rows g and 8+g (HeadDim/8 words each), V
@@ -183,8 +212,13 @@ func (g *adGen) loadTileTC(base, last, blk0 ptx.Reg) tcTile {
 // stepTC is one warp step over the tiles at t + 16u, u < unroll: every load first, then S,
 // the softmax update and O of each tile.
 func (g *adGen) stepTC(t, segHi, blk0 ptx.Reg) {
-	c, geo := g.c, g.geo
-	d, m := c.HeadDim, c.HeadDim/16
+	bases, tiles := g.loadStepTC(t, segHi, blk0)
+	g.computeStepTC(bases, tiles, segHi)
+}
+
+// loadStepTC issues the loads of the step's tiles and returns their first positions.
+func (g *adGen) loadStepTC(t, segHi, blk0 ptx.Reg) ([]ptx.Reg, []tcTile) {
+	geo := g.geo
 	last := g.op3("sub.u32", ptx.U32, segHi, ptx.Imm(1))
 	bases := make([]ptx.Reg, geo.unroll)
 	tiles := make([]tcTile, geo.unroll)
@@ -192,6 +226,14 @@ func (g *adGen) stepTC(t, segHi, blk0 ptx.Reg) {
 		bases[u] = g.op3("add.u32", ptx.U32, t, ptx.Imm(int64(u*tcAttnTile)))
 		tiles[u] = g.loadTileTC(bases[u], last, blk0)
 	}
+	return bases, tiles
+}
+
+// computeStepTC runs S, the softmax update and O of the loaded tiles; positions from segHi
+// on score -inf.
+func (g *adGen) computeStepTC(bases []ptx.Reg, tiles []tcTile, segHi ptx.Reg) {
+	c, geo := g.c, g.geo
+	d, m := c.HeadDim, c.HeadDim/16
 	// S: [tile][n-tile] accumulators; d0, d1 are head g at positions 8j+2t, 8j+2t+1.
 	negInf := ptx.F32Imm(float32(math.Inf(-1)))
 	s := make([][2][]ptx.Reg, geo.unroll)
