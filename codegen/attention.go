@@ -524,15 +524,15 @@ func (g *adGen) emit() {
 		g.prefetchKV(seg, start)
 		g.Emit(bundle.PriorGridWait)
 	}
-	t := g.Reg(ptx.U32) // the warp's next step's first position
-	g.Emit("mad.lo.u32", t, g.warp, ptx.Imm(int64(geo.unroll*geo.pp)), seg.lo)
-	if geo.tc {
-		g.firstStepTC(t, seg)
-		g.Emit("add.u32", t, t, ptx.Imm(int64(g.stride())))
-	} else {
+	switch {
+	case geo.tc && c.Split:
+		g.firstStepTC(seg)
+	case geo.tc:
+		g.loadQTC()
+	default:
 		g.loadQ()
 	}
-	g.scan(seg, end, t)
+	g.scan(seg, end)
 	g.merge()
 }
 
@@ -685,13 +685,15 @@ func (g *adGen) restage(seg segment, end ptx.Reg) {
 
 // scan runs the warps' online softmax over positions [seg.lo, end), the first segment's
 // entries staged (a span is never empty: a row attends to at least its own position), the
-// next segment's staged as each ends. t is the warp's next step in the first segment (past
-// any step the warp ran before the scan).
-func (g *adGen) scan(seg segment, end, t ptx.Reg) {
+// next segment's staged as each ends.
+func (g *adGen) scan(seg segment, end ptx.Reg) {
 	geo := g.geo
 	top, done := g.NewLabel("seg"), g.NewLabel("seg_done")
 	g.Label(top)
-	g.whileLoop(t, seg.hi, ptx.Imm(int64(g.stride())), func() {
+	t0 := g.Reg(ptx.U32)
+	g.Emit("mad.lo.u32", t0, g.warp, ptx.Imm(int64(geo.unroll*geo.pp)), seg.lo)
+	t := g.Reg(ptx.U32)
+	g.forLoop(t, t0, seg.hi, ptx.Imm(int64(g.stride())), func() {
 		if geo.tc {
 			g.stepTC(t, seg.hi, seg.blk0)
 		} else {
@@ -703,7 +705,6 @@ func (g *adGen) scan(seg segment, end, t ptx.Reg) {
 	g.Emit("mov.u32", seg.lo, seg.hi)
 	g.EmitIf(g.cmp("ge", ptx.U32, seg.lo, end), false, "bra", ptx.Sym(done))
 	g.restage(seg, end)
-	g.Emit("mad.lo.u32", t, g.warp, ptx.Imm(int64(geo.unroll*geo.pp)), seg.lo)
 	g.Emit("bra", ptx.Sym(top))
 	g.Label(done)
 }

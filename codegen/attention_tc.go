@@ -147,13 +147,28 @@ func (g *adGen) zeroStateTC() {
 	}
 }
 
+// loadQTC loads Q as S's A fragments and zeroes the lane's softmax state and O.
+func (g *adGen) loadQTC() {
+	x := g.askQTC()
+	g.zeroStateTC()
+	g.convertQTC(x)
+}
+
 // firstStepTC is the warp's first step of seg, at t, peeled off the scan's loop so that its
 // K/V loads go out with Q's, before Q is converted: a block's first loads then wait on
 // memory once, not twice. A warp whose first step lies past seg.hi loads seg's last
 // position and skips the step. The loop's steps load into registers of their own: nothing
 // is loaded across the loop's back edge, whose live registers (Q, O) are what the kernel's
 // 128 are sized for (loading the next step's K/V across it spilled: session 37 call 7).
-func (g *adGen) firstStepTC(t ptx.Reg, seg segment) {
+//
+// Only the split kernels peel. A split's warps take a few steps each, so the first step's
+// wait is a large share of the kernel: on Llama-3.1-8B the steps of 1-32 rows got 0.2-1.3%
+// shorter with every kernel peeled (session 38 call 1). The unsplit kernels (buckets of 64
+// rows and more) take tens of steps a warp; peeled, the 8B's 128-row step was no shorter
+// and Llama-3.2-1B's 1.5% / 3.3% longer at contexts 576 / 2112 (call 3).
+func (g *adGen) firstStepTC(seg segment) {
+	t := g.Reg(ptx.U32)
+	g.Emit("mad.lo.u32", t, g.warp, ptx.Imm(int64(g.geo.unroll*g.geo.pp)), seg.lo)
 	x := g.askQTC()
 	bases, tiles := g.loadStepTC(t, seg.hi, seg.blk0)
 	g.zeroStateTC()
@@ -161,6 +176,8 @@ func (g *adGen) firstStepTC(t ptx.Reg, seg segment) {
 	g.when(g.cmp("lt", ptx.U32, t, seg.hi), false, func() {
 		g.computeStepTC(bases, tiles, seg.hi)
 	})
+	// The scan takes the segment on from the warps' second steps.
+	g.Emit("add.u32", seg.lo, seg.lo, ptx.Imm(int64(g.stride())))
 }
 
 // tcTile is one tile's K and V words in flight: K rows g and 8+g (HeadDim/8 words each), V
