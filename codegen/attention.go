@@ -524,15 +524,17 @@ func (g *adGen) emit() {
 		g.prefetchKV(seg, start)
 		g.Emit(bundle.PriorGridWait)
 	}
+	var next *ptx.Reg
 	switch {
 	case geo.tc && c.Split:
-		g.firstStepTC(seg)
+		t := g.firstStepTC(seg)
+		next = &t
 	case geo.tc:
 		g.loadQTC()
 	default:
 		g.loadQ()
 	}
-	g.scan(seg, end)
+	g.scan(seg, end, next)
 	g.merge()
 }
 
@@ -685,26 +687,42 @@ func (g *adGen) restage(seg segment, end ptx.Reg) {
 
 // scan runs the warps' online softmax over positions [seg.lo, end), the first segment's
 // entries staged (a span is never empty: a row attends to at least its own position), the
-// next segment's staged as each ends.
-func (g *adGen) scan(seg segment, end ptx.Reg) {
+// next segment's staged as each ends. Each segment's loop starts at the warp's first step,
+// or, given next (the split kernels, whose warps ran their first step before the scan:
+// firstStepTC), the warp's position is carried from step to step and segment to segment,
+// starting at next. The two forms are what measured fastest for each kernel (ptxas
+// schedules them differently: firstStepTC's note).
+func (g *adGen) scan(seg segment, end ptx.Reg, next *ptx.Reg) {
 	geo := g.geo
+	step := ptx.Imm(int64(geo.unroll * geo.pp))
+	stride := ptx.Imm(int64(g.stride()))
+	scanFrom := func(t ptx.Reg) func() {
+		return func() {
+			if geo.tc {
+				g.stepTC(t, seg.hi, seg.blk0)
+			} else {
+				g.step(t, seg.hi, seg.blk0)
+			}
+		}
+	}
 	top, done := g.NewLabel("seg"), g.NewLabel("seg_done")
 	g.Label(top)
-	t0 := g.Reg(ptx.U32)
-	g.Emit("mad.lo.u32", t0, g.warp, ptx.Imm(int64(geo.unroll*geo.pp)), seg.lo)
-	t := g.Reg(ptx.U32)
-	g.forLoop(t, t0, seg.hi, ptx.Imm(int64(g.stride())), func() {
-		if geo.tc {
-			g.stepTC(t, seg.hi, seg.blk0)
-		} else {
-			g.step(t, seg.hi, seg.blk0)
-		}
-	})
+	if next == nil {
+		t0 := g.Reg(ptx.U32)
+		g.Emit("mad.lo.u32", t0, g.warp, step, seg.lo)
+		t := g.Reg(ptx.U32)
+		g.forLoop(t, t0, seg.hi, stride, scanFrom(t))
+	} else {
+		g.whileLoop(*next, seg.hi, stride, scanFrom(*next))
+	}
 	// The next segment overwrites the staged entries.
 	g.Emit("bar.sync", ptx.Imm(0))
 	g.Emit("mov.u32", seg.lo, seg.hi)
 	g.EmitIf(g.cmp("ge", ptx.U32, seg.lo, end), false, "bra", ptx.Sym(done))
 	g.restage(seg, end)
+	if next != nil {
+		g.Emit("mad.lo.u32", *next, g.warp, step, seg.lo)
+	}
 	g.Emit("bra", ptx.Sym(top))
 	g.Label(done)
 }

@@ -154,19 +154,23 @@ func (g *adGen) loadQTC() {
 	g.convertQTC(x)
 }
 
-// firstStepTC is the warp's first step of seg, at t, peeled off the scan's loop so that its
-// K/V loads go out with Q's, before Q is converted: a block's first loads then wait on
-// memory once, not twice. A warp whose first step lies past seg.hi loads seg's last
-// position and skips the step. The loop's steps load into registers of their own: nothing
-// is loaded across the loop's back edge, whose live registers (Q, O) are what the kernel's
-// 128 are sized for (loading the next step's K/V across it spilled: session 37 call 7).
+// firstStepTC is the warp's first step of seg, peeled off the scan's loop so that its K/V
+// loads go out with Q's, before Q is converted: a block's first loads then wait on memory
+// once, not twice. A warp whose first step lies past seg.hi loads seg's last position and
+// skips the step. It returns the warp's next position. The loop's steps load into
+// registers of their own: nothing is loaded across the loop's back edge, whose live
+// registers (Q, O) are what the kernel's 128 are sized for (loading the next step's K/V
+// across it spilled: session 37 call 7).
 //
-// Only the split kernels peel. A split's warps take a few steps each, so the first step's
-// wait is a large share of the kernel: on Llama-3.1-8B the steps of 1-32 rows got 0.2-1.3%
-// shorter with every kernel peeled (session 38 call 1). The unsplit kernels (buckets of 64
-// rows and more) take tens of steps a warp; peeled, the 8B's 128-row step was no shorter
-// and Llama-3.2-1B's 1.5% / 3.3% longer at contexts 576 / 2112 (call 3).
-func (g *adGen) firstStepTC(seg segment) {
+// Only the split kernels peel, and their scan carries the warp's position from step to
+// step (scan's next). A split's warps take a few steps each, so the first step's wait is a
+// large share of the kernel: on Llama-3.1-8B the steps of 1-32 rows got 0.2-1.3% shorter
+// (session 38 call 1). The unsplit kernels (buckets of 64 rows and more) take tens of
+// steps a warp; in that form the 8B's 128-row step was no shorter and Llama-3.2-1B's 1.5% /
+// 3.3% longer at contexts 576 / 2112 (call 3), and without the peel (8bd9a93) as before.
+// Peeled with the scan's loop as the unsplit kernels have it, the split kernels gained
+// nothing (call 4): ptxas kept 4 bytes of spill stores there, 0 with the position carried.
+func (g *adGen) firstStepTC(seg segment) ptx.Reg {
 	t := g.Reg(ptx.U32)
 	g.Emit("mad.lo.u32", t, g.warp, ptx.Imm(int64(g.geo.unroll*g.geo.pp)), seg.lo)
 	x := g.askQTC()
@@ -176,8 +180,8 @@ func (g *adGen) firstStepTC(seg segment) {
 	g.when(g.cmp("lt", ptx.U32, t, seg.hi), false, func() {
 		g.computeStepTC(bases, tiles, seg.hi)
 	})
-	// The scan takes the segment on from the warps' second steps.
-	g.Emit("add.u32", seg.lo, seg.lo, ptx.Imm(int64(g.stride())))
+	g.Emit("add.u32", t, t, ptx.Imm(int64(g.stride())))
+	return t
 }
 
 // tcTile is one tile's K and V words in flight: K rows g and 8+g (HeadDim/8 words each), V

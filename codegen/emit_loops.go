@@ -7,9 +7,14 @@ import "xmix/ptx"
 
 // forLoop emits `for i = start; i < end; i += step { body }` over u32 values.
 func (e emitter) forLoop(i ptx.Reg, start, end, step ptx.Operand, body func()) {
+	e.Emit("mov.u32", i, start)
+	e.whileLoop(i, end, step, body)
+}
+
+// whileLoop emits `for ; i < end; i += step { body }` over u32 values.
+func (e emitter) whileLoop(i ptx.Reg, end, step ptx.Operand, body func()) {
 	top, done := e.NewLabel("loop"), e.NewLabel("loop_end")
 	p := e.Reg(ptx.Pred)
-	e.Emit("mov.u32", i, start)
 	e.Label(top)
 	e.Emit("setp.ge.u32", p, i, end)
 	e.EmitIf(p, false, "bra", ptx.Sym(done))
