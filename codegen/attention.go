@@ -548,13 +548,13 @@ func (g *adGen) emit() {
 // no L1, and only the loads after the wait read. A row whose size is not whole lines (head
 // dim 96 in bf16, say) is not asked for.
 func (g *adGen) prefetchKV(seg segment, start ptx.Reg) {
-	c, geo := g.c, g.geo
+	c := g.c
 	rowBytes := c.HeadDim * c.KVDtype.Bytes()
 	if c.Prefetch <= 0 || rowBytes%128 != 0 {
 		return
 	}
 	rowLines := rowBytes / 128
-	positions := c.Prefetch * c.warps() * geo.unroll * geo.pp
+	positions := c.Prefetch * g.stride()
 	threads := 32 * c.warps()
 	hi := g.op3("add.u32", ptx.U32, start, ptx.Imm(int64(positions)))
 	g.Emit("min.u32", hi, hi, seg.hi)
@@ -694,7 +694,6 @@ func (g *adGen) restage(seg segment, end ptx.Reg) {
 // schedules them differently: firstStepTC's note).
 func (g *adGen) scan(seg segment, end ptx.Reg, next *ptx.Reg) {
 	geo := g.geo
-	step := ptx.Imm(int64(geo.unroll * geo.pp))
 	stride := ptx.Imm(int64(g.stride()))
 	scanFrom := func(t ptx.Reg) func() {
 		return func() {
@@ -709,7 +708,7 @@ func (g *adGen) scan(seg segment, end ptx.Reg, next *ptx.Reg) {
 	g.Label(top)
 	if next == nil {
 		t0 := g.Reg(ptx.U32)
-		g.Emit("mad.lo.u32", t0, g.warp, step, seg.lo)
+		g.warpStart(t0, seg.lo)
 		t := g.Reg(ptx.U32)
 		g.forLoop(t, t0, seg.hi, stride, scanFrom(t))
 	} else {
@@ -721,7 +720,7 @@ func (g *adGen) scan(seg segment, end ptx.Reg, next *ptx.Reg) {
 	g.EmitIf(g.cmp("ge", ptx.U32, seg.lo, end), false, "bra", ptx.Sym(done))
 	g.restage(seg, end)
 	if next != nil {
-		g.Emit("mad.lo.u32", *next, g.warp, step, seg.lo)
+		g.warpStart(*next, seg.lo)
 	}
 	g.Emit("bra", ptx.Sym(top))
 	g.Label(done)
@@ -729,6 +728,11 @@ func (g *adGen) scan(seg segment, end ptx.Reg, next *ptx.Reg) {
 
 // stride is the positions a block's warps take in one step each.
 func (g *adGen) stride() int { return g.c.warps() * g.geo.unroll * g.geo.pp }
+
+// warpStart sets r to the warp's first position of a pass that starts at lo.
+func (g *adGen) warpStart(r, lo ptx.Reg) {
+	g.Emit("mad.lo.u32", r, g.warp, ptx.Imm(int64(g.geo.unroll*g.geo.pp)), lo)
+}
 
 // step is one warp step at positions t + u*pp + sub, u < unroll: every K and V load first,
 // then the scores, the softmax update and the weighted V sums of the block's heads.

@@ -172,7 +172,7 @@ func (g *adGen) loadQTC() {
 // nothing (call 4): ptxas kept 4 bytes of spill stores there, 0 with the position carried.
 func (g *adGen) firstStepTC(seg segment) ptx.Reg {
 	t := g.Reg(ptx.U32)
-	g.Emit("mad.lo.u32", t, g.warp, ptx.Imm(int64(g.geo.unroll*g.geo.pp)), seg.lo)
+	g.warpStart(t, seg.lo)
 	x := g.askQTC()
 	bases, tiles := g.loadStepTC(t, seg.hi, seg.blk0)
 	g.zeroStateTC()
