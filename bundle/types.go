@@ -409,7 +409,7 @@ type AttnSplit struct {
 	MaxSplits int    `json:"max_splits"`
 	// MinChunk is the fewest positions a split gets: contexts up to it never split.
 	MinChunk int `json:"min_chunk"`
-	// Step is what chunks are multiples of: the positions one warp's step covers.
+	// Step is what chunks are multiples of: the positions a block covers in one pass.
 	Step int `json:"step"`
 	// RowBlocks is how many blocks one split of a row takes (its query head groups),
 	// WaveBlocks how many blocks of the kernel the GPU holds at once.

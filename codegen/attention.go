@@ -266,17 +266,13 @@ func (c AttnConfig) DecodeSplits(rows int) int {
 }
 
 // splitPlan is how the host cuts a split decode bucket's contexts over its grid of splits
-// splits (bundle.AttnSplit): chunks in multiples of one warp's step (a tile of 16 positions
-// on tensor cores), at least attnMinChunk rounded up to the positions a block covers in one
-// pass (every warp's step), on a GPU holding attnSplitBlocks blocks. Chunks of whole passes
-// left the last split of a row short and the others long: at 8 rows and context 2112, 640
-// positions for 3 splits and 192 for the fourth, where 528 each cover the same context.
+// splits (bundle.AttnSplit): chunks in multiples of the positions a block covers in one
+// pass (every warp's step), at least attnMinChunk, on a GPU holding attnSplitBlocks blocks.
 func (c AttnConfig) splitPlan(splits int) *bundle.AttnSplit {
 	geo := c.geom()
-	step := geo.unroll * geo.pp
-	pass := c.warps() * step
+	step := c.warps() * geo.unroll * geo.pp
 	return &bundle.AttnSplit{Buffer: bundle.CtlAttnChunk, MaxSplits: splits, Step: step,
-		MinChunk: (attnMinChunk + pass - 1) / pass * pass, RowBlocks: c.Heads / geo.hpb,
+		MinChunk: (attnMinChunk + step - 1) / step * step, RowBlocks: c.Heads / geo.hpb,
 		WaveBlocks: max(1, attnSplitBlocks*adWarps/c.warps())}
 }
 

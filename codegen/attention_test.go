@@ -308,11 +308,10 @@ func TestAttentionDecodeWarps(t *testing.T) {
 		}
 	}
 	c := AttnConfig{Heads: 32, KVHeads: 8, HeadDim: 128, BlockSize: 16, MaxBlocksPerSeq: 512, KVDtype: ptx.BF16, Scale: 0.088, Split: true}
-	// Warps, unroll; a warp's step, a block's pass and the blocks of a wave.
-	for _, wu := range [][5]int{{0, 0, 8, 32, 4 * 132}, {16, 0, 8, 128, 132}, {8, 8, 16, 128, 2 * 132}} {
+	for _, wu := range [][4]int{{0, 0, 32, 4 * 132}, {16, 0, 128, 132}, {8, 8, 128, 2 * 132}} {
 		c.Warps, c.Unroll = wu[0], wu[1]
-		if p := c.splitPlan(8); p.Step != wu[2] || p.MinChunk != max(64, wu[3]) || p.WaveBlocks != wu[4] {
-			t.Errorf("warps %d unroll %d: plan %+v, want step %d, min chunk %d, wave %d", wu[0], wu[1], *p, wu[2], max(64, wu[3]), wu[4])
+		if p := c.splitPlan(8); p.Step != wu[2] || p.MinChunk != max(64, wu[2]) || p.WaveBlocks != wu[3] {
+			t.Errorf("warps %d unroll %d: plan %+v, want step %d, wave %d", wu[0], wu[1], *p, wu[2], wu[3])
 		}
 		if l := c.Launch(1, 8); l.Block[0] != 32*c.warps() {
 			t.Errorf("warps %d: block %v", wu[0], l.Block)
