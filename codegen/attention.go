@@ -270,7 +270,7 @@ func (c AttnConfig) DecodeSplits(rows int) int {
 // pass (every warp's step), at least attnMinChunk, on a GPU holding attnSplitBlocks blocks.
 // A block's time goes by passes, not by positions: chunks of one warp's step, which share a
 // row's context evenly (8 rows at 2112: 4 x 528 in five passes each, against 3 x 640 and
-// 192), made the 8B's 8- and 16-row steps 0.3-1.1% longer on the H200 (session 39,
+// 192), made both Llamas' 8- and 16-row steps 0.3-1.1% longer on the H200 (session 39,
 // testsuite/gpu/RESULTS.md).
 func (c AttnConfig) splitPlan(splits int) *bundle.AttnSplit {
 	geo := c.geom()
