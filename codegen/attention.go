@@ -130,9 +130,10 @@ const (
 	// more on Llama shapes (at most 8), three for one row's (at most 33).
 	adCombineBatch = 16
 	// attnSplitBlocks is how many blocks a decode bucket's full grid aims for on an H200 (132
-	// SMs, four 128-thread blocks each), attnMinChunk the fewest positions a split gets (and
-	// the multiple chunks are rounded to): shorter splits cost more in their merge than they
-	// save, and contexts below it never split, whatever the batch.
+	// SMs, four 128-thread blocks each), attnMinChunk the fewest positions a split gets,
+	// rounded up to a block's pass (splitPlan, which rounds every chunk to whole passes):
+	// shorter splits cost more in their merge than they save, and contexts below it never
+	// split, whatever the batch.
 	attnSplitBlocks = 4 * 132
 	attnMinChunk    = 64
 	// adWideRows is the largest decode bucket whose attention blocks get 8 warps (DecodeWarps).
