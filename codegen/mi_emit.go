@@ -27,6 +27,10 @@ type miBound struct {
 	// changed, set by an emitter whose op may leave the row alone (clamp_projection), holds
 	// whether it changed the row: what the op's fired word records.
 	changed *ptx.Reg
+	// vec, when set, holds the thread's elements of the op's compiled vector, loaded before
+	// the kernel waits for the grid ahead (miSet.preloadVectors); nil: loaded where the op
+	// runs.
+	vec []ptx.Reg
 }
 
 // miSet is every MI op of one kernel, grouped by where the kernel applies them.
@@ -35,6 +39,7 @@ type miSet struct {
 	ref                            [][]mi.Op // reference attributes, per group
 	tokens, gen, seq, latch, vslot bool
 	mask, tok, genReg              ptx.Reg // per-row control values, loaded by loadCtl
+	maskLoaded                     bool    // mask holds the row's mask (loadMask), not its array
 	seqReg, latchReg, vslotReg     ptx.Reg
 	// lead is true in the one thread of a row that stores the ops' fired words (thread 0;
 	// the logits kernel narrows it to its row's first block). Set by loadCtl.
@@ -150,14 +155,8 @@ func declareMI(r *rowEmitter, groups ...[]ir.MI) (*miSet, error) {
 // loadCtl replaces the control array pointers by this row's values. Call it once, after
 // begin and before any emit.
 func (m *miSet) loadCtl(r *rowEmitter) {
-	load := func(p ptx.Reg) ptx.Reg {
-		v := r.Reg(ptx.U32)
-		r.Emit("ld.global.nc.u32", v, ptx.Addr{Base: r.elemAddr(p, r.row, 4)})
-		return v
-	}
-	if m.mask.T != 0 {
-		m.mask = load(m.mask)
-	}
+	load := func(p ptx.Reg) ptx.Reg { return r.loadCtlWord(p) }
+	m.loadMask(r)
 	if m.tokens {
 		m.tok = load(m.tok)
 	}
@@ -179,6 +178,52 @@ func (m *miSet) loadCtl(r *rowEmitter) {
 				m.lead = r.Reg(ptx.Pred)
 				r.Emit("setp.eq.u32", m.lead, r.tid, ptx.Imm(0))
 			}
+		}
+	}
+}
+
+// loadMask replaces the mask array pointer by this row's mask, once (a kernel with ops).
+func (m *miSet) loadMask(r *rowEmitter) {
+	if m.mask.T != 0 && !m.maskLoaded {
+		m.mask, m.maskLoaded = r.loadCtlWord(m.mask), true
+	}
+}
+
+// loadCtlWord loads this row's word of a control array. The host writes the control block
+// before the step, so a kernel launched early may read it before it waits.
+func (r *rowEmitter) loadCtlWord(p ptx.Reg) ptx.Reg {
+	v := r.Reg(ptx.U32)
+	r.Emit("ld.global.nc.u32", v, ptx.Addr{Base: r.elemAddr(p, r.row, 4)})
+	return v
+}
+
+// maxPreloadedVec bounds the vector elements a thread of a row kernel holds from before its
+// wait (preloadVectors): with 1024 threads a block, ptxas has 64 registers a thread.
+const maxPreloadedVec = 16
+
+// preloadVectors loads, before a kernel launched early waits for the grid ahead, the
+// compiled vector of each op the row enables into registers, until maxPreloadedVec elements
+// a thread are taken; it loads the row's mask first. The vectors and the mask never change
+// during a step, and otherwise an op's first vector load (an L2 round trip at best) sits
+// between the residual add and its dot product (session 23: refusal ablation's add+norm
+// kernels cost 1.1 us each at batch 1). A row without the op's bit loads nothing (its
+// registers read 0). An op with per-request vectors keeps its loads where it runs: the
+// row's slot picks the vector there.
+func (m *miSet) preloadVectors(r *rowEmitter) {
+	m.loadMask(r)
+	taken := 0
+	for _, group := range m.groups {
+		for _, b := range group {
+			vec, ok := b.params["vec"]
+			if _, perRequest := b.params["pool"]; !ok || perRequest || taken+r.per > maxPreloadedVec {
+				continue
+			}
+			bit := r.Reg(ptx.U32)
+			r.Emit("and.b32", bit, m.mask, ptx.Imm(int64(1)<<b.Bit))
+			on := r.Reg(ptx.Pred)
+			r.Emit("setp.ne.u32", on, bit, ptx.Imm(0))
+			b.vec = r.loadRow(r.vecPtr(vec, ptx.F32), &on)
+			taken += r.per
 		}
 	}
 }
@@ -297,13 +342,14 @@ func (m *miSet) prefetchScalars(r *rowEmitter) {
 // asks for the warp's 128-byte line of each of its elements; rows without the app cost an
 // L2 hit after the first block. These are the compiled vectors (params, never written during
 // a step), so a kernel launched early asks for them before it waits (RowConfig.EarlyLaunch);
-// a row's per-request slot is read where its op runs.
+// a row's per-request slot is read where its op runs. Vectors already in registers
+// (preloadVectors) are not asked for.
 func (m *miSet) prefetchVectors(r *rowEmitter) {
 	var lane0 *ptx.Reg
 	for _, group := range m.groups {
 		for _, b := range group {
 			vec, ok := b.params["vec"]
-			if !ok {
+			if !ok || b.vec != nil {
 				continue
 			}
 			if lane0 == nil {
@@ -497,27 +543,40 @@ func (r *rowEmitter) dotVec(b *miBound, x []ptx.Reg) ptx.Reg {
 
 // dotPartial is this thread's partial sum of x·vec.
 func (r *rowEmitter) dotPartial(b *miBound, x []ptx.Reg) ptx.Reg {
-	vp := r.vecPtr(b.params["vec"], ptx.F32)
+	vec := r.vecElems(b)
 	s := r.Reg(ptx.F32)
 	r.Emit("mov.f32", s, ptx.F32Imm(0))
 	for j := range x {
-		v := r.loadElem(vp, j, r.elemPred(j, nil))
+		v, _ := vec(j)
 		r.Emit("fma.rn.f32", s, x[j], v, s)
 	}
 	return s
 }
 
+// vecElems gives element j of the thread's part of the op's vector (0 outside the row) and
+// the predicate under which j is inside the row (nil: always): the preloaded register
+// (miBound.vec), or a load of the op's current vector (compiled or the row's slot).
+func (r *rowEmitter) vecElems(b *miBound) func(j int) (ptx.Reg, *ptx.Reg) {
+	if b.vec != nil {
+		return func(j int) (ptx.Reg, *ptx.Reg) { return b.vec[j], r.elemPred(j, nil) }
+	}
+	vp := r.vecPtr(b.params["vec"], ptx.F32)
+	return func(j int) (ptx.Reg, *ptx.Reg) {
+		p := r.elemPred(j, nil)
+		return r.loadElem(vp, j, p), p
+	}
+}
+
 // axpy sets x += a*vec (sub: x -= a*vec), rounding the product and the sum separately so
 // the result is exactly x + fl(a*v) in f32. The tail element stays zero.
 func (r *rowEmitter) axpy(b *miBound, a ptx.Reg, x []ptx.Reg, sub bool) {
-	vp := r.vecPtr(b.params["vec"], ptx.F32)
+	vec := r.vecElems(b)
 	op := "add.rn.f32"
 	if sub {
 		op = "sub.rn.f32"
 	}
 	for j := range x {
-		p := r.elemPred(j, nil)
-		v := r.loadElem(vp, j, p)
+		v, p := vec(j)
 		t := r.Reg(ptx.F32)
 		r.Emit("mul.rn.f32", t, a, v)
 		r.emitMaybe(p, op, x[j], x[j], t)
@@ -550,13 +609,7 @@ func (m miRow) StoreOut(x []ptx.Reg)                  { m.r.storeRow(m.r.outPtr(
 
 func (m miRow) Maybe(p *ptx.Reg, op string, args ...ptx.Operand) { m.r.emitMaybe(p, op, args...) }
 
-func (m miRow) Vec() func(j int) (ptx.Reg, *ptx.Reg) {
-	vp := m.r.vecPtr(m.b.params["vec"], ptx.F32)
-	return func(j int) (ptx.Reg, *ptx.Reg) {
-		p := m.r.elemPred(j, nil)
-		return m.r.loadElem(vp, j, p), p
-	}
-}
+func (m miRow) Vec() func(j int) (ptx.Reg, *ptx.Reg) { return m.r.vecElems(m.b) }
 
 func (m miRow) StoreFirst(v ptx.Reg) {
 	r, b := m.r, m.b

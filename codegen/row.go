@@ -287,6 +287,11 @@ type RowConfig struct {
 	// when it needs them, right after the residual add. It changes no result: the op's
 	// attributes leave it out.
 	EarlyLaunch bool
+	// PreloadVectors (with EarlyLaunch): the kernel loads the compiled vectors of the ops a
+	// row enables into registers before it waits, instead of only asking L2 for them
+	// (miSet.preloadVectors; lowering sets it for templates of preloadMinRows rows and more).
+	// It changes no result either.
+	PreloadVectors bool
 }
 
 // Launch is the grid for rows rows.
@@ -358,6 +363,9 @@ func rowNorm(name string, c RowConfig) (*Kernel, error) {
 	// (RowConfig.EarlyLaunch).
 	early := c.EarlyLaunch && mi.prefetches()
 	if early {
+		if c.PreloadVectors {
+			mi.preloadVectors(r)
+		}
 		mi.prefetchParams(r)
 		r.Emit(bundle.PriorGridWait)
 	}

@@ -831,12 +831,16 @@ func foldedProjection(t *testing.T, rng *rand.Rand, w int, residOps []ir.MI) {
 }
 
 // TestRowNormPrefetchEarly: launched early (RowConfig.EarlyLaunch), a row kernel whose MI
-// ops read vectors or scalar tables asks L2 for them before it waits for the grid ahead, and
-// reads nothing before the wait (the control words, the tokens, the residual, the delta and
-// the norm weight all come after); only its activation gates' values, which the grid ahead
-// may write, are asked for after it. Its results match the reference, with a table of one
-// row and with one of a row per sequence slot. A kernel without such ops is the same kernel
-// launched early or not (earlyLaunch adds its wait).
+// ops read vectors or scalar tables gets them before it waits for the grid ahead. Without
+// PreloadVectors it only asks L2 for them and reads nothing before the wait; with it, it also
+// loads the row's mask and, for each op with a compiled vector up to maxPreloadedVec elements
+// a thread, the vector into registers (preloadVectors), and asks L2 for the rest (scalar
+// tables, vectors past the budget or with per-request slots). Nothing else is read before the
+// wait (the other control words, the tokens, the residual, the delta and the norm weight all
+// come after); only its activation gates' values, which the grid ahead may write, are asked
+// for after it. Its results match the reference either way, with a table of one row and with
+// one of a row per sequence slot, on rows with and without the ops' bit. A kernel without
+// such ops is the same kernel launched early or not (earlyLaunch adds its wait).
 func TestRowNormPrefetchEarly(t *testing.T) {
 	rng := rand.New(rand.NewPCG(13, 14))
 	sets := testOps(300)
@@ -847,52 +851,83 @@ func TestRowNormPrefetchEarly(t *testing.T) {
 		{Hidden: 300, Eps: 1e-5, WDtype: ptx.BF16, Load: "add", ResidOps: sets["project"], NormOps: sets["probe"], Gather: true},
 		{Hidden: 300, Eps: 1e-6, WDtype: ptx.F32, Load: "add", DeltaOps: sets["steer"], DeltaNorm: true, WOffset: 1},
 		{Hidden: 300, Eps: 1e-5, WDtype: ptx.BF16, Load: "add", ResidOps: []ir.MI{perSeq}},
+		// 3 elements a thread: the chains' five vectors fill the budget, the sixth is prefetched
+		{Hidden: 300, Eps: 1e-5, WDtype: ptx.BF16, Load: "add", DeltaOps: sets["chain"], ResidOps: sets["chain"]},
 	} {
 		c.EarlyLaunch = true
-		k := must(t)(RowNorm("row_early", c))
-		before, after, ok := strings.Cut(k.PTX, wait)
-		if !ok || strings.Contains(after, wait) {
-			t.Fatalf("%s: want one wait for the grid ahead:\n%s", c.Load, k.PTX)
+		for _, preload := range []bool{false, true} {
+			c.PreloadVectors = preload
+			checkPrefetchEarly(t, rng, c, wait)
 		}
-		gates := 0 // the activation gates' values, written by the grid ahead, are asked for after it
-		for _, o := range c.MIOps() {
-			for _, g := range o.Gates {
-				if g.Kind == "activation" {
-					gates++
-				}
-			}
-		}
-		if !strings.Contains(before, "prefetch.global.L2") || strings.Count(after, "prefetch.global.L2") != gates {
-			t.Fatalf("%s: the prefetches are not all before the wait, but for %d gates':\n%s", c.Load, gates, k.PTX)
-		}
-		if strings.Contains(before, "ld.global") {
-			t.Fatalf("%s: a load comes before the wait:\n%s", c.Load, before)
-		}
-		args := gemmaRowArgs(rng, c, testRows)
-		if len(c.ResidOps) > 0 && c.ResidOps[0].ScalStride > 0 {
-			// the per-slot table (alpha of slots 0-2) and each row's slot
-			byName := map[string]targ{"ctl_seq": {name: "ctl_seq", u32: []uint32{2, 0, 1, 1, 0}[:testRows]},
-				"mi0_scal": {name: "mi0_scal", f32: []float32{1.5, 0, -2, 0, 0.5, 0}}}
-			for _, a := range args {
-				if _, set := byName[a.name]; !set {
-					byName[a.name] = a
-				}
-			}
-			args = args[:0]
-			for _, name := range paramNames(k) {
-				args = append(args, byName[name])
-			}
-		}
-		checkKernel(t, k, c.Launch(testRows), args)
 	}
 	for _, c := range []RowConfig{
 		{Hidden: 300, Eps: 1e-5, WDtype: ptx.BF16, Load: "add"},
 		{Hidden: 300, Eps: 1e-5, WDtype: ptx.BF16, Load: "add", NormOps: sets["capture"], Gather: true},
 	} {
 		plain := must(t)(RowNorm("row_early", c))
-		c.EarlyLaunch = true
+		c.EarlyLaunch, c.PreloadVectors = true, true
 		if early := must(t)(RowNorm("row_early", c)); early.PTX != plain.PTX {
 			t.Errorf("%+v: a kernel with nothing to ask for changed when launched early", c.NormOps)
 		}
 	}
+}
+
+// checkPrefetchEarly builds c (launched early) and checks what it reads before its wait and
+// its results (TestRowNormPrefetchEarly).
+func checkPrefetchEarly(t *testing.T, rng *rand.Rand, c RowConfig, wait string) {
+	t.Helper()
+	k := must(t)(RowNorm("row_early", c))
+	before, after, ok := strings.Cut(k.PTX, wait)
+	if !ok || strings.Contains(after, wait) {
+		t.Fatalf("%s: want one wait for the grid ahead:\n%s", c.Load, k.PTX)
+	}
+	gates := 0 // the activation gates' values, written by the grid ahead, are asked for after it
+	for _, o := range c.MIOps() {
+		for _, g := range o.Gates {
+			if g.Kind == "activation" {
+				gates++
+			}
+		}
+	}
+	if !strings.Contains(before, "prefetch.global.L2") || strings.Count(after, "prefetch.global.L2") != gates {
+		t.Fatalf("%s: the prefetches are not all before the wait, but for %d gates':\n%s", c.Load, gates, k.PTX)
+	}
+	per, vecs, loads := (c.Hidden+rowThreads(c.Hidden)-1)/rowThreads(c.Hidden), 0, 0
+	for _, o := range c.MIOps() {
+		if c.PreloadVectors && o.Vec != "" && o.Pool == "" && (vecs+1)*per <= maxPreloadedVec {
+			vecs++
+		}
+	}
+	for _, line := range strings.Split(before, "\n") {
+		op, _, _ := strings.Cut(strings.TrimSpace(line), " ")
+		if strings.HasPrefix(op, "@") {
+			_, op, _ = strings.Cut(strings.TrimSpace(line), " ")
+			op, _, _ = strings.Cut(op, " ")
+		}
+		switch {
+		case op == "ld.global.nc.u32" && loads == 0 && vecs > 0, op == "ld.global.nc.f32" && loads > 0:
+			loads++
+		case strings.HasPrefix(op, "ld.global"):
+			t.Fatalf("%s: %s before the wait:\n%s", c.Load, line, before)
+		}
+	}
+	if want := min(vecs, 1) + vecs*per; loads != want {
+		t.Fatalf("%s: %d loads before the wait, want the mask and %d vectors of %d elements:\n%s", c.Load, loads, vecs, per, before)
+	}
+	args := gemmaRowArgs(rng, c, testRows)
+	if len(c.ResidOps) > 0 && c.ResidOps[0].ScalStride > 0 {
+		// the per-slot table (alpha of slots 0-2) and each row's slot
+		byName := map[string]targ{"ctl_seq": {name: "ctl_seq", u32: []uint32{2, 0, 1, 1, 0}[:testRows]},
+			"mi0_scal": {name: "mi0_scal", f32: []float32{1.5, 0, -2, 0, 0.5, 0}}}
+		for _, a := range args {
+			if _, set := byName[a.name]; !set {
+				byName[a.name] = a
+			}
+		}
+		args = args[:0]
+		for _, name := range paramNames(k) {
+			args = append(args, byName[name])
+		}
+	}
+	checkKernel(t, k, c.Launch(testRows), args)
 }

@@ -335,3 +335,32 @@ func traceParams(t *testing.T, name, src string) paramFlow {
 	}
 	return f
 }
+
+// TestPreloadVectorsByBucket: launched early, an add+norm kernel with MI ops loads its ops'
+// compiled vectors into registers before it waits for the grid ahead in templates of 8 rows
+// and more (codegen's preloadMinRows), and in smaller ones only asks L2 for them; the
+// bundle carries both kernels.
+func TestPreloadVectorsByBucket(t *testing.T) {
+	b := CompileWith(t, compile.Options{}, SmallModel, steerAt("steer", randVec(7, 128), 2, ""))
+	kernels := map[string]bundle.Kernel{}
+	for _, k := range b.Kernels {
+		kernels[k.Name] = k
+	}
+	preloads := map[bool]int{}
+	for _, tpl := range b.Templates {
+		for _, n := range tpl.Nodes {
+			k := kernels[n.Kernel]
+			if k.Op != "row_norm" || !strings.Contains(k.PTX, "prefetch.global.L2") {
+				continue // no compiled vector to ask for
+			}
+			pre := readsBeforeWait(t, k.PTX, "ld.global.nc.f32")
+			if want := tpl.Tokens >= 8; pre != want {
+				t.Errorf("%s %s: kernel %s loads its vectors before the wait: %v, want %v", tpl.Name, n.Label, k.Name, pre, want)
+			}
+			preloads[pre]++
+		}
+	}
+	if preloads[true] == 0 || preloads[false] == 0 {
+		t.Fatalf("add+norm nodes with MI vectors: %d preload, %d do not; want both", preloads[true], preloads[false])
+	}
+}
