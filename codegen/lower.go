@@ -209,9 +209,10 @@ func miName(base string, mi []ir.MI, site string) string {
 // replay per decode step against the bundle with none enabled): preloading cut the apps'
 // cost from +0.51..+0.93% to +0.09..+0.46% at 128 rows and from +0.59..+0.90% to
 // +0.30..+0.58% at 256, and at 8 rows it was the same or less (refusal ablation +0.52% ->
-// +0.22%); at 1 row it cost 0.001-0.013 ms more (seal +0.16% -> +0.49%): there the kernel
-// reaches its wait soon after it starts, and the mask's load and the vectors' loads behind it
-// then come before the residual add, where the L2 prefetch had left them time.
+// +0.22%); at 1 row it cost 0.002-0.013 ms more (seal +0.16% -> +0.49%). Not profiled; we
+// think that at 1 row the kernel reaches its wait soon after it starts, so the mask's load
+// and the vector loads that depend on it come before the residual add, where the L2
+// prefetch they replace waits on nothing.
 const preloadMinRows = 8
 
 // preload sets c.PreloadVectors for a template of t.rows rows and returns the kernel's name
