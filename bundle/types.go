@@ -288,7 +288,10 @@ type Collective struct {
 	Cols int    `json:"cols"`
 }
 
-// Site records where MI ops were placed: for inspect/check output and for tests.
+// Site records where MI ops were placed: for inspect/check output and for tests. Kernel is
+// the kernel that runs the op in the first template that has it; a host built in more than
+// one form names that one (an add+norm kernel whose vectors preload, name_pv, runs the op in
+// templates of 8 rows and more).
 type Site struct {
 	Layer  int    `json:"layer"` // -1 for whole-model hooks
 	Hook   string `json:"hook"`

@@ -155,7 +155,7 @@ func declareMI(r *rowEmitter, groups ...[]ir.MI) (*miSet, error) {
 // loadCtl replaces the control array pointers by this row's values. Call it once, after
 // begin and before any emit.
 func (m *miSet) loadCtl(r *rowEmitter) {
-	load := func(p ptx.Reg) ptx.Reg { return r.loadCtlWord(p) }
+	load := r.loadCtlWord
 	m.loadMask(r)
 	if m.tokens {
 		m.tok = load(m.tok)
@@ -205,10 +205,11 @@ const maxPreloadedVec = 16
 // compiled vector of each op the row enables into registers, until maxPreloadedVec elements
 // a thread are taken; it loads the row's mask first. The vectors and the mask never change
 // during a step, and otherwise an op's first vector load (an L2 round trip at best) sits
-// between the residual add and its dot product (session 23: refusal ablation's add+norm
-// kernels cost 1.1 us each at batch 1). A row without the op's bit loads nothing (its
-// registers read 0). An op with per-request vectors keeps its loads where it runs: the
-// row's slot picks the vector there.
+// between the residual add and its dot product. Kernels of templates of preloadMinRows rows
+// and more do this (RowConfig.PreloadVectors), where it made the apps cheaper; smaller ones
+// only ask L2 (prefetchVectors). A row without the op's bit loads nothing (its registers
+// read 0). An op with per-request vectors keeps its loads where it runs: the row's slot
+// picks the vector there.
 func (m *miSet) preloadVectors(r *rowEmitter) {
 	m.loadMask(r)
 	taken := 0
