@@ -15,6 +15,7 @@ func FuzzParse(f *testing.F) {
 	}
 	f.Add(text)
 	f.Add(hopperSrc)
+	f.Add(wgmmaSrc)
 	for _, pattern := range []string{"../codegen/testdata/*.ptx", "../specs/apps/custom/*.ptx"} {
 		files, _ := filepath.Glob(pattern)
 		for _, p := range files {

@@ -277,6 +277,88 @@ func TestValidateHopperCatches(t *testing.T) {
 		{"special dst", func(k *Kernel) {
 			k.Emit("mov.u32", ClusterCtaRank, r32(k))
 		}, "special register %cluster_ctarank may only be read"},
+		{"wgmma.fence without .sync.aligned", func(k *Kernel) {
+			k.Emit("wgmma.fence")
+		}, "unsupported form of wgmma; supported: wgmma.commit_group.sync.aligned, wgmma.fence.sync.aligned, " +
+			"wgmma.mma_async.sync.aligned.m64nNk16.f32.bf16.bf16 (N a multiple of 8 from 8 to 256), wgmma.wait_group.sync.aligned"},
+		{"wgmma.commit_group without .aligned", func(k *Kernel) {
+			k.Emit("wgmma.commit_group.sync")
+		}, "unsupported form of wgmma"},
+		{"wgmma.mma_async without .sync.aligned", func(k *Kernel) {
+			wgmma(k, "wgmma.mma_async.m64n16k16.f32.bf16.bf16", 8, -1, nil)
+		}, "unsupported form of wgmma"},
+		{"wgmma N not a multiple of 8", func(k *Kernel) {
+			wgmma(k, "wgmma.mma_async.sync.aligned.m64n12k16.f32.bf16.bf16", 6, -1, nil)
+		}, "shape m64nNk16 needs N a multiple of 8 from 8 to 256"},
+		{"wgmma N 264", func(k *Kernel) {
+			wgmma(k, "wgmma.mma_async.sync.aligned.m64n264k16.f32.bf16.bf16", 132, -1, nil)
+		}, "shape m64nNk16 needs N a multiple of 8 from 8 to 256"},
+		{"wgmma N 0", func(k *Kernel) {
+			wgmma(k, "wgmma.mma_async.sync.aligned.m64n0k16.f32.bf16.bf16", 0, -1, nil)
+		}, "shape m64nNk16 needs N a multiple of 8 from 8 to 256"},
+		{"wgmma N spelled N", func(k *Kernel) {
+			wgmma(k, "wgmma.mma_async.sync.aligned.m64nNk16.f32.bf16.bf16", 8, -1, nil)
+		}, "shape m64nNk16 needs N a multiple of 8 from 8 to 256"},
+		{"wgmma k32", func(k *Kernel) {
+			wgmma(k, "wgmma.mma_async.sync.aligned.m64n16k32.f32.bf16.bf16", 8, -1, nil)
+		}, "unsupported form of wgmma"},
+		{"wgmma f16", func(k *Kernel) {
+			wgmma(k, "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16", 8, -1, nil)
+		}, "unsupported form of wgmma"},
+		{"wgmma f16 accumulators", func(k *Kernel) {
+			wgmma(k, "wgmma.mma_async.sync.aligned.m64n16k16.f16.bf16.bf16", 8, -1, nil)
+		}, "unsupported form of wgmma"},
+		{"wgmma vector length", func(k *Kernel) {
+			wgmma(k, wgmmaN16, 4, -1, nil)
+		}, "operand 0: m64n16k16 takes a vector of 8 accumulators, has 4"},
+		{"wgmma vector length for N=256", func(k *Kernel) {
+			wgmma(k, "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16", 64, -1, nil)
+		}, "m64n256k16 takes a vector of 128 accumulators, has 64"},
+		{"wgmma scalar accumulator", func(k *Kernel) {
+			wgmma(k, wgmmaN16, 8, 0, k.Reg(F32))
+		}, "operand 0: must be a vector {d0, ...} of the f32 accumulators"},
+		{"wgmma b32 accumulators", func(k *Kernel) {
+			wgmma(k, wgmmaN16, 8, 0, Vec(k.Regs(B32, 8)))
+		}, "must be an f32 register (an accumulator)"},
+		{"wgmma 32-bit descriptor", func(k *Kernel) {
+			wgmma(k, wgmmaN16, 8, 1, r32(k))
+		}, "operand 1: register %r7 must be a 64-bit register (a matrix descriptor)"},
+		{"wgmma immediate descriptor", func(k *Kernel) {
+			wgmma(k, wgmmaN16, 8, 2, Imm(0))
+		}, "operand 2: must be a 64-bit register (a matrix descriptor)"},
+		{"wgmma scale-d 0", func(k *Kernel) {
+			wgmma(k, wgmmaN16, 8, 3, Imm(0))
+		}, "operand 3: scale-d must be the immediate 1 (D = A*B + D) or a predicate"},
+		{"wgmma scale-d u32", func(k *Kernel) {
+			wgmma(k, wgmmaN16, 8, 3, r32(k))
+		}, "operand 3: register %r7 must be a predicate (scale-d)"},
+		{"wgmma scale-a 2", func(k *Kernel) {
+			wgmma(k, wgmmaN16, 8, 4, Imm(2))
+		}, "operand 4: must be the immediate 1 or -1"},
+		{"wgmma scale-b register", func(k *Kernel) {
+			wgmma(k, wgmmaN16, 8, 5, r32(k))
+		}, "operand 5: must be the immediate 1 or -1"},
+		{"wgmma trans-a 1", func(k *Kernel) {
+			wgmma(k, wgmmaN16, 8, 6, Imm(1))
+		}, "operand 6: must be the immediate 0 (imm-trans: only K-major operands are supported)"},
+		{"wgmma trans-b 1", func(k *Kernel) {
+			wgmma(k, wgmmaN16, 8, 7, Imm(1))
+		}, "operand 7: must be the immediate 0"},
+		{"wgmma without trans-b", func(k *Kernel) {
+			wgmma(k, wgmmaN16, 8, 7, nil)
+		}, "takes 8 operands, has 7"},
+		{"wgmma.wait_group 8", func(k *Kernel) {
+			k.Emit("wgmma.wait_group.sync.aligned", Imm(8))
+		}, "operand 0: must be an integer immediate 0..7"},
+		{"wgmma.wait_group register", func(k *Kernel) {
+			k.Emit("wgmma.wait_group.sync.aligned", r32(k))
+		}, "operand 0: must be an integer immediate 0..7"},
+		{"wgmma.wait_group without count", func(k *Kernel) {
+			k.Emit("wgmma.wait_group.sync.aligned")
+		}, "takes 1 operands, has 0"},
+		{"wgmma.fence with operand", func(k *Kernel) {
+			k.Emit("wgmma.fence.sync.aligned", Imm(0))
+		}, "takes 0 operands, has 1"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -331,5 +413,131 @@ func TestParseHopperErrors(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("Parse(%q): error %v, want it to contain %q", c.src, err, c.want)
 		}
+	}
+}
+
+const wgmmaN16 = "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16"
+
+// wgmma emits op with nacc f32 accumulators, two 64-bit descriptors and the operands 1, 1, 1,
+// 0, 0, then puts a in operand j (j < 0: none), or cuts the list at j where a is nil.
+func wgmma(k *Kernel, op string, nacc, j int, a Operand) {
+	args := []Operand{Vec(k.Regs(F32, nacc)), k.Reg(U64), k.Reg(U64), Imm(1), Imm(1), Imm(1), Imm(0), Imm(0)}
+	switch {
+	case j >= 0 && a == nil:
+		args = args[:j]
+	case j >= 0:
+		args[j] = a
+	}
+	k.Emit(op, args...)
+}
+
+// wgmmaSrc is the warpgroup MMA's four instructions as the codegen spells them, with the
+// predicate form of scale-d and a negated operand besides.
+const wgmmaSrc = `
+.version 8.0
+.target sm_90a
+.address_size 64
+.visible .entry W(.param .u64 pa, .param .u64 pb)
+.maxntid 128, 1, 1
+{
+	.reg .pred %p<2>;
+	.reg .b64 %rd<4>;
+	.reg .f32 %f<17>;
+	ld.param.u64 %rd1, [pa];
+	ld.param.u64 %rd2, [pb];
+	setp.ne.u64 %p1, %rd1, 0;
+	wgmma.fence.sync.aligned;
+	wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%f1, %f2, %f3, %f4}, %rd1, %rd2, 1, 1, 1, 0, 0;
+	wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%f5, %f6, %f7, %f8, %f9, %f10, %f11, %f12}, %rd1, %rd2, %p1, -1, 1, 0, 0;
+	wgmma.commit_group.sync.aligned;
+	wgmma.wait_group.sync.aligned 0;
+	wgmma.wait_group.sync.aligned 7;
+	ret;
+}
+`
+
+func TestWgmmaRoundTrip(t *testing.T) {
+	m, err := Parse(wgmmaSrc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := Validate(m); err != nil {
+		t.Fatal(err)
+	}
+	if m.Target != "sm_90a" {
+		t.Fatalf("target parsed as %q", m.Target)
+	}
+	b := m.Kernels[0].Body
+	if acc, ok := b[4].Args[0].(Vec); !ok || len(acc) != 4 || acc[3] != (Reg{T: F32, N: 4}) {
+		t.Fatalf("accumulators parsed as %#v", b[4].Args[0])
+	}
+	if b[5].Args[3] != (Reg{T: Pred, N: 1}) || b[5].Args[4] != Imm(-1) || b[7].Args[0] != Imm(0) {
+		t.Fatalf("operands parsed as %v and %v", b[5].Args, b[7].Args)
+	}
+	text, err := m.Print()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(strings.TrimSpace(wgmmaSrc), "\n") {
+		line = strings.TrimSpace(line)
+		if strings.HasPrefix(line, ".visible") {
+			continue // the printer puts one parameter a line
+		}
+		if !strings.Contains(text, line) {
+			t.Errorf("printed text lacks %q", line)
+		}
+	}
+	reprints(t, text)
+}
+
+// wgmmaKernel uses wgmma through the builder, as the codegen does.
+func wgmmaKernel() *Kernel {
+	k := NewKernel("W")
+	da, db := k.Reg(U64), k.Reg(U64)
+	k.Emit("ld.param.u64", da, Addr{Base: k.Param("pa", U64)})
+	k.Emit("ld.param.u64", db, Addr{Base: k.Param("pb", U64)})
+	k.Emit("wgmma.fence.sync.aligned")
+	k.Emit("wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16", Vec(k.Regs(F32, 64)), da, db, Imm(1), Imm(1), Imm(1), Imm(0), Imm(0))
+	k.Emit("wgmma.commit_group.sync.aligned")
+	k.Emit("wgmma.wait_group.sync.aligned", Imm(0))
+	return k
+}
+
+// TestWgmmaRaisesTarget: wgmma needs sm_90a and PTX 8.0; a module that targets sm_90 is
+// printed with sm_90a, others keep their target, and a target wgmma cannot run on is an
+// error naming the instruction.
+func TestWgmmaRaisesTarget(t *testing.T) {
+	for _, c := range []struct {
+		k               *Kernel
+		version, target string
+		want            string
+	}{
+		{wgmmaKernel(), Version, Target, ".version 8.0\n.target sm_90a\n"},
+		{wgmmaKernel(), "7.8", Target, ".version 8.0\n.target sm_90a\n"},
+		{wgmmaKernel(), "8.4", "sm_90a", ".version 8.4\n.target sm_90a\n"},
+		{wgmmaKernel(), Version, "sm_90, debug", ".target sm_90a, debug\n"},
+		{sampleKernel(), Version, Target, ".version 8.0\n.target sm_90\n"},
+		{hopperKernel(), Version, Target, ".version 8.3\n.target sm_90\n"},
+	} {
+		m := NewModule(c.k)
+		m.Version, m.Target = c.version, c.target
+		if err := Validate(m); err != nil {
+			t.Fatal(err)
+		}
+		text, err := m.Print()
+		if err != nil || !strings.Contains(text, c.want) {
+			t.Errorf("declared %s %s: want %q in\n%s", c.version, c.target, c.want, text)
+			continue
+		}
+		reprints(t, text)
+	}
+	m := NewModule(wgmmaKernel())
+	m.Target = "sm_80"
+	err := Validate(m)
+	if err == nil || !strings.Contains(err.Error(), "kernel W: instr 2 (wgmma.fence.sync.aligned): wgmma needs .target sm_90a; the module's is sm_80") {
+		t.Fatalf("wgmma on sm_80: %v", err)
+	}
+	if text, _ := m.Print(); !strings.Contains(text, ".target sm_80\n") {
+		t.Fatalf("sm_80 was changed:\n%s", text)
 	}
 }

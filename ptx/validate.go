@@ -26,13 +26,14 @@ func Validate(m *Module) error {
 			errs = append(errs, fmt.Errorf("kernel %s: duplicate entry", k.Name))
 		}
 		seen[k.Name] = true
-		errs = append(errs, validateKernel(k)...)
+		errs = append(errs, validateKernel(k, m.Target)...)
 	}
 	return errors.Join(errs...)
 }
 
 type kernelCheck struct {
 	k      *Kernel
+	target string // the module's, which sm_90a-only instructions need to be sm_90(a)
 	counts map[string]int
 	params map[string]Type
 	// byteParams are the array parameters (Param.Len > 0): mov.u64 takes their address.
@@ -42,8 +43,8 @@ type kernelCheck struct {
 	errs       []error
 }
 
-func validateKernel(k *Kernel) []error {
-	c := &kernelCheck{k: k, counts: k.regCounts(), params: map[string]Type{}, byteParams: map[string]bool{}, shared: map[string]bool{}, labels: map[string]bool{}}
+func validateKernel(k *Kernel, target string) []error {
+	c := &kernelCheck{k: k, target: target, counts: k.regCounts(), params: map[string]Type{}, byteParams: map[string]bool{}, shared: map[string]bool{}, labels: map[string]bool{}}
 	if k.Name == "" {
 		c.errs = append(c.errs, errors.New("kernel with no name"))
 	}

@@ -69,6 +69,7 @@ const (
 	cTensor // cp.async.bulk.tensor.2d global -> shared
 	cMapa
 	cTrap
+	cWgmma // wgmma.mma_async: warp-collective like cMma (fence, commit and wait decode to cNop)
 )
 
 var simple = map[string]code{
@@ -80,6 +81,7 @@ var simple = map[string]code{
 	"barrier": cBar, "atom": cAtom, "red": cAtom, "bra": cBra, "ret": cExit, "exit": cExit,
 	"membar": cNop, "fence": cNop, "griddepcontrol": cNop, "prefetch": cPrefetch, "ld": cLd, "st": cSt, "mma": cMma,
 	"prmt": cPrmt, "mbarrier": cMbarInit, "cp": cBulk, "mapa": cMapa, "trap": cTrap,
+	"wgmma": cWgmma,
 }
 
 // Modes of setp, shfl, atom and cvt, kept in inst.mode.
@@ -178,7 +180,7 @@ type inst struct {
 	off    int64
 	target int32
 	src    int32   // index in the kernel body, for messages
-	frag   []int32 // mma's source slots: a0..a3, b0, b1, c0..c3
+	frag   []int32 // mma's source slots: a0..a3, b0, b1, c0..c3; wgmma's accumulators
 	ext    *asyncArgs
 }
 
@@ -539,6 +541,8 @@ func (d *decoder) instr(src ptx.Instr) (inst, error) {
 		return in, nil
 	case cMbarInit, cBulk, cMapa:
 		return in, d.async(&in, o, args)
+	case cWgmma:
+		return in, d.wgmma(&in, o, args)
 	case cMma:
 		if err := d.dst(&in, args[0]); err != nil {
 			return in, err

@@ -107,7 +107,7 @@ func Run(mod *ptx.Module, entry string, l Launch, mem *Memory, params []uint64) 
 	return nil
 }
 
-// Thread states. stShfl covers every warp-collective instruction (shfl, mma); stCWait is a
+// Thread states. stShfl covers every warp-collective instruction (shfl, mma, wgmma); stCWait is a
 // wait at barrier.cluster, stMbar a wait for an mbarrier's phase (try_wait).
 const (
 	stRun uint8 = iota
@@ -388,7 +388,7 @@ func (cl *cluster) deadlock() error {
 	return errors.Join(errs...)
 }
 
-// shuffle resolves the shfl (or mma) that every live lane of the warp [lo,hi) waits on, if
+// shuffle resolves the shfl (or mma, wgmma) that every live lane of the warp [lo,hi) waits on, if
 // they all wait on the same one. Source lanes are read before any lane is written, so d may equal a.
 func (b *block) shuffle(lo, hi int) (bool, error) {
 	pc := int32(-1)
@@ -409,8 +409,11 @@ func (b *block) shuffle(lo, hi int) (bool, error) {
 		return false, nil
 	}
 	in := &b.p.code[pc]
-	if in.op == cMma {
+	switch in.op {
+	case cMma:
 		return true, b.mma(lo, hi, pc)
+	case cWgmma:
+		return true, b.wgmma(lo, hi, pc)
 	}
 	var vals [32]uint64
 	for t := lo; t < hi; t++ {
@@ -498,7 +501,7 @@ func (b *block) exec(t int, steps int32) (int32, bool, error) {
 		case cBar:
 			b.pc[t], b.state[t] = pc, stBar
 			return steps, false, nil
-		case cShfl, cMma:
+		case cShfl, cMma, cWgmma:
 			b.pc[t], b.state[t] = pc, stShfl
 			return steps, false, nil
 		case cNop:
