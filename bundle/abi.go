@@ -183,9 +183,10 @@ const OpGemmCopy = "gemm_copy"
 // address of its own).
 const GemmWMap = "w_map"
 
-// GemmXMap is the copy-engine GEMM's x parameter: a tensor map of x ([M,K] f32, K innermost)
-// with boxes of XBox[0] elements of K by XBox[1] rows, dense in shared memory, rows past M
-// read as zeros; passed as GemmWMap is.
+// GemmXMap is the copy-engine GEMM's x parameter: a tensor map of x ([M,K] f32, K innermost;
+// with the attributes' XBF16, of bf16(x) as a library GEMM's cast writes it) with boxes of
+// XBox[0] elements of K by XBox[1] rows, under the attributes' XSwizzle as GemmWMap is under
+// Swizzle, rows past M read as zeros; passed as GemmWMap is.
 const GemmXMap = "x_map"
 
 // TensorMapBytes is a tensor map's size, and TensorMapParam the type of a parameter that
@@ -206,10 +207,13 @@ type GemmCopyAttrs struct {
 	Box     [2]int `json:"box"`
 	Swizzle int    `json:"swizzle"`
 	XBox    [2]int `json:"x_box"`
-	Grid    int    `json:"grid"`
-	Cluster int    `json:"cluster"`
-	Block   int    `json:"block"`
-	Shared  int    `json:"shared"`
+	// XBF16: the kernel reads bf16(x), which the backend casts x to first, not x itself.
+	XBF16    bool `json:"x_bf16,omitempty"`
+	XSwizzle int  `json:"x_swizzle,omitempty"`
+	Grid     int  `json:"grid"`
+	Cluster  int  `json:"cluster"`
+	Block    int  `json:"block"`
+	Shared   int  `json:"shared"`
 }
 
 // GemmCopyKernels indexes a bundle's copy-engine GEMMs by K and N, fewest rows first,
@@ -230,6 +234,13 @@ func GemmCopyKernels(kernels []Kernel) (map[[2]int][]GemmCopy, error) {
 		}
 		if a.Swizzle != 0 && (a.Swizzle != 128 || 2*a.Box[0] != a.Swizzle) {
 			return nil, fmt.Errorf("kernel %s: copy-engine GEMM attributes %s: swizzle %d over box rows of %d bytes: want 0, or 128 over rows of 128 bytes", k.Name, k.Attrs, a.Swizzle, 2*a.Box[0])
+		}
+		xElem := 4
+		if a.XBF16 {
+			xElem = 2
+		}
+		if a.XSwizzle != 0 && (a.XSwizzle != 128 || xElem*a.XBox[0] != a.XSwizzle) {
+			return nil, fmt.Errorf("kernel %s: copy-engine GEMM attributes %s: x swizzle %d over box rows of %d bytes: want 0, or 128 over rows of 128 bytes", k.Name, k.Attrs, a.XSwizzle, xElem*a.XBox[0])
 		}
 		want := []Param{{GemmXMap, TensorMapParam}, {GemmWMap, TensorMapParam}, {GemmY, "u64"}, {GemmRows, "u32"}}
 		if !slices.Equal(k.Params, want) {

@@ -41,6 +41,7 @@ func TestGemmCopyKernels(t *testing.T) {
 		{"zero rows", []Kernel{kern("a", strings.Replace(good, `"rows":8`, `"rows":0`, 1), params)}, "want positive"},
 		{"swizzle of 64 bytes", []Kernel{kern("a", strings.Replace(good, `"swizzle":128`, `"swizzle":64`, 1), params)}, "swizzle 64 over box rows of 128 bytes"},
 		{"swizzled rows too long", []Kernel{kern("a", strings.Replace(good, `"box":[64,64]`, `"box":[256,64]`, 1), params)}, "swizzle 128 over box rows of 512 bytes"},
+		{"x swizzled over f32 rows of 256 K", []Kernel{kern("a", strings.Replace(good, `"x_box":[256,32]`, `"x_box":[256,32],"x_swizzle":128`, 1), params)}, "x swizzle 128 over box rows of 1024 bytes"},
 		{"x box of fewer rows", []Kernel{kern("a", strings.Replace(rows32, `"x_box":[256,32]`, `"x_box":[256,16]`, 1), params)}, "x_box (of at least rows rows)"},
 		{"map as a pointer", []Kernel{kern("a", good, []Param{{GemmXMap, TensorMapParam}, {GemmWMap, "u64"}, {GemmY, "u64"}, {GemmRows, "u32"}})}, "takes parameters"},
 		{"two for one shape and rows", []Kernel{kern("a", good, params), kern("b", good, params)}, "kernel b: a second copy-engine GEMM"},

@@ -360,6 +360,9 @@ type BuildInfo struct {
 	// CopyGemmSlots: the ring slots a copy-engine kernel takes, fewer where fewer fit (xmixc
 	// build --copy-gemm-slots; 0: the measured default).
 	CopyGemmSlots int `json:"copy_gemm_slots,omitempty"`
+	// CopyGemmRows: the decode row counts given copy-engine kernels, each one of the
+	// layouts codegen makes (xmixc build --copy-gemm-rows; empty: the measured ones).
+	CopyGemmRows []int `json:"copy_gemm_rows,omitempty"`
 }
 
 // InputDigest is the hash of one input file of the build.

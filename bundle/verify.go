@@ -89,6 +89,11 @@ func Verify(b *Bundle) error {
 	if _, err := ParseGemmShapes(b.Manifest.Build.CopyGemms); err != nil {
 		return fmt.Errorf("manifest: build copy_gemms: %w; rebuild the bundle", err)
 	}
+	for _, n := range b.Manifest.Build.CopyGemmRows {
+		if n < 1 {
+			return fmt.Errorf("manifest: build copy_gemm_rows %v: want row counts of at least 1; rebuild the bundle", b.Manifest.Build.CopyGemmRows)
+		}
+	}
 	if n := b.Manifest.Build.CopyGemmSlots; n < 0 {
 		return fmt.Errorf("manifest: build copy_gemm_slots %d: want a count, or 0 for the default; rebuild the bundle", n)
 	}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"cmp"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 
@@ -72,6 +73,8 @@ type gen struct {
 	// slots of their rings (0: the default, gcStages).
 	copyShapes [][2]int
 	copySlots  int
+	// copyRows are the row counts given copy-engine kernels, fewest first (CopyGemmRows).
+	copyRows []int
 	// attnWarps and attnUnroll are AttnConfig.Warps and Unroll of the decode buckets' attention.
 	attnWarps, attnUnroll int
 	// attnPrefetch and attnTC are AttnConfig.Prefetch and TensorCores of every decode
@@ -128,6 +131,13 @@ func Generate(p *passes.Program, opt Options) (*bundle.Bundle, error) {
 		return nil, err
 	}
 	g.copySlots = bi.CopyGemmSlots
+	if err := CheckCopyGemmRows(bi.CopyGemmRows); err != nil {
+		return nil, err
+	}
+	g.copyRows = gcDefaultRows
+	if len(bi.CopyGemmRows) > 0 {
+		g.copyRows = slices.Sorted(slices.Values(bi.CopyGemmRows))
+	}
 	switch {
 	case bi.Prefetch < 0 || bi.Prefetch > 0 && !bi.PDL:
 		return nil, fmt.Errorf("GEMV prefetch %d bytes: want 0, or a byte count with early launch", bi.Prefetch)

@@ -1,6 +1,7 @@
 package codegen
 
 import (
+	"cmp"
 	"fmt"
 	"slices"
 
@@ -62,6 +63,8 @@ const (
 	gcSplit      = 2           // CTAs of such a cluster (4 measured slower)
 	gcPolls      = 1 << 22     // mbarrier polls before a stage that never lands traps
 	gcEntry      = 16          // one lane's sums of one column tile and row tile: 4 f32
+	wgMaxN       = 256         // the most columns (token rows) of one wgmma
+	wgMaxSplit   = 4           // the most CTAs the warpgroup form splits K over
 )
 
 // gcStages are a ring's slots unless a build asks for others: on the H200, 3 made the 8B's
@@ -69,77 +72,160 @@ const (
 // testsuite/gpu/RESULTS.md).
 const gcStages = 3
 
-// gcLayouts are the row counts a copy-engine GEMM is made for, and for each how many column
-// groups its warps form (the other warps split a stage's K): each column group reads the
-// staged x once a stage, and each K part's sums are added at the end, so more rows want
-// fewer groups. Checked at init.
-// A layout of 32 rows (two groups) made the 8B's 32-row step 0.5-13% longer than cuBLASLt's
-// in every form measured (session 35: its x is as many bytes as its W, and its ring, early
-// in the SMs, slows the attention ahead), so none is made.
-var gcLayouts = []struct{ rows, groups int }{{8, 4}, {16, 2}}
+// gcLayout is one row count a copy-engine GEMM is made for. Up to 16 rows its warps multiply
+// with mma.sync (m16n8k16; Groups > 0): each column group reads the staged x once a stage,
+// and each K part's sums are added at the end, so more rows want fewer groups. From 32 rows
+// (Warpgroups > 0) it is the warpgroup form (gemm_wgmma.go): wgmma reads W and bf16 x from
+// shared memory itself, each warpgroup multiplying 64 of the CTA's columns by every row, a
+// stage StageK of K.
+type gcLayout struct{ Rows, Groups, Warpgroups, StageK int }
+
+// gcLayouts are the row counts a copy-engine GEMM is made for. Checked at init.
+// A mma.sync layout of 32 rows (two groups) made the 8B's 32-row step 0.5-13% longer than
+// cuBLASLt's in every form measured (session 35: its x is as many bytes as its W, and its
+// ring, early in the SMs, slows the attention ahead), so 32 rows and more take the
+// warpgroup form, which reads bf16 x (a quarter of W's bytes at 32 rows) and no registers'
+// worth of operands.
+var gcLayouts = []gcLayout{
+	{Rows: 8, Groups: 4}, {Rows: 16, Groups: 2},
+	{Rows: 32, Warpgroups: 1, StageK: 256}, {Rows: 64, Warpgroups: 1, StageK: 256}, {Rows: 128, Warpgroups: 2, StageK: 128},
+}
+
+// gcDefaultRows are the layouts' row counts a bundle carries kernels for unless a build asks
+// for others (xmixc build --copy-gemm-rows): those measured faster in the step.
+var gcDefaultRows = []int{8, 16}
 
 func init() {
 	for _, l := range gcLayouts {
-		parts := gcWarps / max(l.groups, 1)
-		if l.rows%gcTile != 0 || gcCols/gcColTile*l.rows/gcTile*32 > 32*gcWarps || l.groups < 1 || gcCols/gcColTile%l.groups != 0 ||
-			gcWarps%l.groups != 0 || gcStage%(parts*gcChunk) != 0 {
+		if l.Warpgroups > 0 {
+			if l.Groups != 0 || l.Rows%8 != 0 || l.Rows > wgMaxN || l.StageK%gcBoxK != 0 || l.StageK < gcBoxK || 128*l.Warpgroups > 1024 {
+				panic(fmt.Sprintf("codegen: warpgroup GEMM layout %+v: rows a multiple of 8 up to %d, a stage of whole %d-element boxes", l, wgMaxN, gcBoxK))
+			}
+			continue
+		}
+		parts := gcWarps / max(l.Groups, 1)
+		if l.Rows%gcTile != 0 || gcCols/gcColTile*l.Rows/gcTile*32 > 32*gcWarps || l.Groups < 1 || gcCols/gcColTile%l.Groups != 0 ||
+			gcWarps%l.Groups != 0 || gcStage%(parts*gcChunk) != 0 {
 			panic(fmt.Sprintf("codegen: copy-engine GEMM layout %+v: rows a multiple of %d up to 32 (a thread adds each entry of the sums), groups dividing %d column tiles and %d warps, K parts of whole %d-element chunks",
 				l, gcTile, gcCols/gcColTile, gcWarps, gcChunk))
 		}
 	}
+	for _, r := range gcDefaultRows {
+		if gcLayoutOf(r) == nil {
+			panic(fmt.Sprintf("codegen: default copy-engine GEMM rows %d: no layout", r))
+		}
+	}
+}
+
+// gcLayoutOf is the layout of exactly rows rows, nil if none.
+func gcLayoutOf(rows int) *gcLayout {
+	i := slices.IndexFunc(gcLayouts, func(l gcLayout) bool { return l.Rows == rows })
+	if i < 0 {
+		return nil
+	}
+	return &gcLayouts[i]
 }
 
 // GemmCopyConfig is one copy-engine GEMM: K x N, at most Rows token rows, K split over Split
 // CTAs, Stages slots.
 type GemmCopyConfig struct{ K, N, Rows, Split, Stages int }
 
-// groups is the column groups of the config's layout, 0 if Rows has none.
-func (c GemmCopyConfig) groups() int {
-	i := slices.IndexFunc(gcLayouts, func(l struct{ rows, groups int }) bool { return l.rows == c.Rows })
-	if i < 0 {
-		return 0
+// layout is the config's layout, the zero one if Rows has none.
+func (c GemmCopyConfig) layout() gcLayout {
+	if l := gcLayoutOf(c.Rows); l != nil {
+		return *l
 	}
-	return gcLayouts[i].groups
+	return gcLayout{}
 }
+
+// groups is the column groups of the config's mma.sync layout, 0 if it has none.
+func (c GemmCopyConfig) groups() int { return c.layout().Groups }
+
+// warpgroups is the warpgroups of the config's warpgroup layout, 0 if it has none.
+func (c GemmCopyConfig) warpgroups() int { return c.layout().Warpgroups }
+
+// cols is a CTA's output columns: 64 a warpgroup in the warpgroup form, else gcCols.
+func (c GemmCopyConfig) cols() int { return max(1, c.warpgroups()) * gcCols }
+
+// stageK is the K of one stage.
+func (c GemmCopyConfig) stageK() int { return cmp.Or(c.layout().StageK, gcStage) }
 
 func (c GemmCopyConfig) parts() int     { return gcWarps / c.groups() }            // K parts of a stage
 func (c GemmCopyConfig) colTiles() int  { return gcCols / gcColTile / c.groups() } // a warp's
 func (c GemmCopyConfig) rowTiles() int  { return c.Rows / gcTile }
 func (c GemmCopyConfig) chunks() int    { return gcStage / c.parts() / gcChunk } // a warp's, a stage
 func (c GemmCopyConfig) entries() int   { return gcCols / gcColTile * c.rowTiles() * 32 }
-func (c GemmCopyConfig) partBytes() int { return c.entries() * gcEntry } // one K part's sums
-func (c GemmCopyConfig) slotBytes() int {
-	return (gcWBox + c.Rows*gcXStride + gcAlign - 1) &^ (gcAlign - 1)
-}
-func (c GemmCopyConfig) kStages() int   { return c.K / c.Split / gcStage }
+func (c GemmCopyConfig) threads() int   { return cmp.Or(128*c.warpgroups(), 32*gcWarps) }
+func (c GemmCopyConfig) wBytes() int    { return c.cols() * 2 * c.stageK() } // one stage's W
+func (c GemmCopyConfig) kStages() int   { return c.K / c.Split / c.stageK() }
 func (c GemmCopyConfig) recvBytes() int { return (c.Split - 1) * c.partBytes() }
 
+// xBytes is one stage's x: f32 in the mma.sync form, bf16 in the warpgroup form.
+func (c GemmCopyConfig) xBytes() int {
+	if c.warpgroups() > 0 {
+		return c.Rows * 2 * c.stageK()
+	}
+	return c.Rows * gcXStride
+}
+
+// partBytes is one K part's sums (mma.sync form) or one rank's (warpgroup form: every
+// thread's accumulators).
+func (c GemmCopyConfig) partBytes() int {
+	if c.warpgroups() > 0 {
+		return c.threads() * c.Rows / 2 * 4
+	}
+	return c.entries() * gcEntry
+}
+
+func (c GemmCopyConfig) slotBytes() int {
+	return (c.wBytes() + c.xBytes() + gcAlign - 1) &^ (gcAlign - 1)
+}
+
 // shared: the mbarriers, up to gcAlign bytes until the first slot (the base's alignment is
-// the driver's), the slots, and rank 0's place for the other ranks' sums.
-func (c GemmCopyConfig) shared() int { return gcAlign + c.Stages*c.slotBytes() + c.recvBytes() }
+// the driver's), the slots, and rank 0's place for the other ranks' sums (in the warpgroup
+// form the ring itself, free once every rank's loop has ended, or more where it is smaller).
+func (c GemmCopyConfig) shared() int {
+	if c.warpgroups() > 0 {
+		return gcAlign + max(c.Stages*c.slotBytes(), c.recvBytes())
+	}
+	return gcAlign + c.Stages*c.slotBytes() + c.recvBytes()
+}
 
 // GemmCopyFor is the copy-engine GEMM of at most rows token rows for a K x N weight, or an
-// error saying why there is none: rows one of gcLayouts', N a multiple of 64, K of 256
-// (times the split). Its ring has as many slots as asked for (slots > 0), else gcStages,
-// and never more than fit the shared memory.
+// error saying why there is none: rows one of gcLayouts', N a multiple of the CTA's columns,
+// K of a stage (times the split). Its ring has as many slots as asked for (slots > 0), else
+// gcStages, and never more than fit the shared memory.
 func GemmCopyFor(k, n, rows, slots int) (GemmCopyConfig, error) {
 	c := GemmCopyConfig{K: k, N: n, Rows: rows, Split: 1}
-	if c.groups() == 0 {
-		return GemmCopyConfig{}, fmt.Errorf("copy-engine GEMM: %d rows, want one of %v", rows, gcRowsFor())
+	if c.layout().Rows == 0 {
+		return GemmCopyConfig{}, fmt.Errorf("copy-engine GEMM: %d rows, want one of %v", rows, CopyGemmLayoutRows())
 	}
-	if k <= 0 || n <= 0 || n%gcCols != 0 {
-		return GemmCopyConfig{}, fmt.Errorf("copy-engine GEMM: N=%d must be a positive multiple of %d", n, gcCols)
+	if k <= 0 || n <= 0 || n%c.cols() != 0 {
+		return GemmCopyConfig{}, fmt.Errorf("copy-engine GEMM: N=%d must be a positive multiple of %d", n, c.cols())
 	}
-	if n/gcCols < gcSplitBelow {
+	// Split K over a cluster where the column tiles alone would leave most SMs idle: in the
+	// mma.sync form over gcSplit CTAs, in the warpgroup form (wider tiles) over as many of
+	// 2 and 4 as it takes to reach gcSplitBelow CTAs, as far as K divides.
+	if tiles := n / c.cols(); tiles < gcSplitBelow {
 		c.Split = gcSplit
+		for c.warpgroups() > 0 && tiles*c.Split < gcSplitBelow && k%(2*c.Split*c.stageK()) == 0 && c.Split < wgMaxSplit {
+			c.Split *= 2
+		}
 	}
-	if k%(c.Split*gcStage) != 0 {
-		return GemmCopyConfig{}, fmt.Errorf("copy-engine GEMM: K=%d must be a positive multiple of %d", k, c.Split*gcStage)
+	if k%(c.Split*c.stageK()) != 0 {
+		return GemmCopyConfig{}, fmt.Errorf("copy-engine GEMM: K=%d must be a positive multiple of %d", k, c.Split*c.stageK())
 	}
 	if slots <= 0 {
 		slots = gcStages
 	}
-	c.Stages = min(c.kStages(), slots, (bundle.MaxDynamicShared-gcAlign-c.recvBytes())/c.slotBytes())
+	fit := (bundle.MaxDynamicShared - gcAlign - c.recvBytes()) / c.slotBytes()
+	if c.warpgroups() > 0 {
+		fit = (bundle.MaxDynamicShared - gcAlign) / c.slotBytes()
+	}
+	c.Stages = min(c.kStages(), slots, fit)
+	if c.shared() > bundle.MaxDynamicShared {
+		return GemmCopyConfig{}, fmt.Errorf("copy-engine GEMM: K=%d N=%d at %d rows: %d bytes of shared memory, more than %d", k, n, rows, c.shared(), bundle.MaxDynamicShared)
+	}
 	return c, nil
 }
 
@@ -152,19 +238,42 @@ func CheckCopyGemmSlots(n int) error {
 	return nil
 }
 
-// gcRowsFor are the row counts gcLayouts makes kernels for, fewest first.
-func gcRowsFor() []int {
+// CheckCopyGemmRows checks a build's row counts of copy-engine GEMMs: each one of
+// gcLayouts', none twice.
+func CheckCopyGemmRows(rows []int) error {
+	for i, r := range rows {
+		if gcLayoutOf(r) == nil {
+			return fmt.Errorf("copy-engine GEMMs of %d rows: want rows among %v", r, CopyGemmLayoutRows())
+		}
+		if slices.Contains(rows[:i], r) {
+			return fmt.Errorf("copy-engine GEMMs of %d rows named twice", r)
+		}
+	}
+	return nil
+}
+
+// CopyGemmDefaultRows are the row counts a bundle carries copy-engine kernels for unless a
+// build names others.
+func CopyGemmDefaultRows() []int { return slices.Clone(gcDefaultRows) }
+
+// CopyGemmLayoutRows are the row counts gcLayouts makes kernels for, fewest first.
+func CopyGemmLayoutRows() []int {
 	var rows []int
 	for _, l := range gcLayouts {
-		rows = append(rows, l.rows)
+		rows = append(rows, l.Rows)
 	}
 	return rows
 }
 
-// Attrs are the kernel's reference attributes and launch.
+// Attrs are the kernel's reference attributes and launch. In the warpgroup form x is the
+// library cast's bf16, in boxes of gcBoxK under the swizzle, as W.
 func (c GemmCopyConfig) Attrs() bundle.GemmCopyAttrs {
-	return bundle.GemmCopyAttrs{K: c.K, N: c.N, Rows: c.Rows, Box: [2]int{gcBoxK, gcCols}, Swizzle: gcSwizzle, XBox: [2]int{gcStage, c.Rows},
-		Grid: c.N / gcCols * c.Split, Cluster: c.Split, Block: 32 * gcWarps, Shared: c.shared()}
+	a := bundle.GemmCopyAttrs{K: c.K, N: c.N, Rows: c.Rows, Box: [2]int{gcBoxK, c.cols()}, Swizzle: gcSwizzle, XBox: [2]int{gcStage, c.Rows},
+		Grid: c.N / c.cols() * c.Split, Cluster: c.Split, Block: c.threads(), Shared: c.shared()}
+	if c.warpgroups() > 0 {
+		a.XBox, a.XBF16, a.XSwizzle = [2]int{gcBoxK, c.Rows}, true, gcSwizzle
+	}
+	return a
 }
 
 // Launch is the kernel's grid, block and dynamic shared memory.
@@ -183,12 +292,12 @@ func (c GemmCopyConfig) Launch() ops.Launch {
 // tensor-parallel rank's, Qwen3's down) were not measured.
 var copyGemmShapes = [][2]int{{4096, 4096}, {4096, 6144}, {14336, 4096}}
 
-// copyRows is the fewest rows of gcLayouts' (fewest first) that hold m rows, or 0 if none
-// does.
-func copyRows(m int) int {
-	for _, l := range gcLayouts {
-		if m <= l.rows {
-			return l.rows
+// copyRows is the fewest of rows (the row counts a build makes kernels for, fewest first)
+// that hold m rows, or 0 if none does.
+func copyRows(rows []int, m int) int {
+	for _, r := range rows {
+		if m <= r {
+			return r
 		}
 	}
 	return 0
@@ -201,7 +310,7 @@ func copyRows(m int) int {
 func (g *gen) copyGemms(templates []bundle.Template) error {
 	seen := map[[3]int]bool{}
 	for _, t := range templates {
-		if t.Kind != bundle.Decode || copyRows(t.Tokens) == 0 {
+		if t.Kind != bundle.Decode || copyRows(g.copyRows, t.Tokens) == 0 {
 			continue
 		}
 		for _, n := range append(slices.Clone(t.Nodes), t.Plain...) {
@@ -213,7 +322,7 @@ func (g *gen) copyGemms(templates []bundle.Template) error {
 			if err != nil {
 				return fmt.Errorf("template %s: %w", t.Name, err)
 			}
-			key := [3]int{m.K, m.N, copyRows(m.M)}
+			key := [3]int{m.K, m.N, copyRows(g.copyRows, m.M)}
 			if !ok || m.Guard != 0 || key[2] == 0 || seen[key] || !slices.Contains(g.copyShapes, [2]int{m.K, m.N}) {
 				continue
 			}
@@ -236,9 +345,10 @@ func (g *gen) copyGemms(templates []bundle.Template) error {
 // boxes of 64 x 64 under the 128-byte swizzle, bundle.GemmWMap), y (u64), rows (u32, at
 // most c.Rows). Launch it with c.Launch().
 func GemmCopy(name string, c GemmCopyConfig) (*Kernel, error) {
-	if c.groups() == 0 || c.Split < 1 || c.K%(c.Split*gcStage) != 0 || c.N%gcCols != 0 || c.Stages < 1 ||
+	wg := c.warpgroups() > 0
+	if c.layout().Rows == 0 || c.Split < 1 || c.Split > wgMaxSplit || c.K%(c.Split*c.stageK()) != 0 || c.N%c.cols() != 0 || c.Stages < 1 ||
 		c.Stages > c.kStages() || c.Stages > gcBars/8 || c.shared() > bundle.MaxDynamicShared ||
-		c.Stages*c.slotBytes() < c.parts()*c.partBytes() {
+		!wg && c.Stages*c.slotBytes() < c.parts()*c.partBytes() {
 		return nil, fmt.Errorf("copy-engine GEMM %s: bad configuration %+v (use GemmCopyFor)", name, c)
 	}
 	g := gcGen{emitter: newEmitter(name), c: c}
@@ -261,7 +371,8 @@ type gcGen struct {
 
 func (g *gcGen) emit() {
 	c := g.c
-	g.MaxNTid = 32 * gcWarps
+	wg := c.warpgroups() > 0
+	g.MaxNTid = c.threads()
 	if c.Split > 1 {
 		g.ClusterX = c.Split
 	}
@@ -278,7 +389,7 @@ func (g *gcGen) emit() {
 	g.Emit("mov.u64", g.wmap, wm)
 	g.Emit("cvta.param.u64", g.wmap, g.wmap)
 	smem := g.DeclareDynamicShared("smem", 128)
-	if c.Split > 1 {
+	if c.Split > 1 && !wg {
 		// Rank 0's shared memory must exist before rank 1 writes into it: this phase of the
 		// cluster barrier ends, after the main loop, once every CTA of the cluster has begun.
 		g.Emit("barrier.cluster.arrive")
@@ -288,15 +399,17 @@ func (g *gcGen) emit() {
 	g.lane = g.op3("and.b32", ptx.U32, g.tid, ptx.Imm(31))
 	g.gg = g.op3("shr.u32", ptx.U32, g.lane, ptx.Imm(2))
 	g.t = g.op3("and.b32", ptx.U32, g.lane, ptx.Imm(3))
-	g.cg = g.op3("div.u32", ptx.U32, g.warp, ptx.Imm(int64(c.parts())))
-	g.q = g.op3("rem.u32", ptx.U32, g.warp, ptx.Imm(int64(c.parts())))
+	if !wg {
+		g.cg = g.op3("div.u32", ptx.U32, g.warp, ptx.Imm(int64(c.parts())))
+		g.q = g.op3("rem.u32", ptx.U32, g.warp, ptx.Imm(int64(c.parts())))
+	}
 	g.rank = g.imm32(0)
 	tile := g.special(ptx.CtaidX)
 	if c.Split > 1 {
 		g.Emit("mov.u32", g.rank, ptx.ClusterCtaRank)
 		g.Emit("div.u32", tile, tile, ptx.Imm(int64(c.Split)))
 	}
-	g.col0 = g.op3("mul.lo.u32", ptx.U32, tile, ptx.Imm(gcCols))
+	g.col0 = g.op3("mul.lo.u32", ptx.U32, tile, ptx.Imm(int64(c.cols())))
 	g.k0 = g.op3("mul.lo.u32", ptx.U32, g.rank, ptx.Imm(int64(c.K/c.Split)))
 	g.bars = g.Reg(ptx.U32)
 	g.Emit("mov.u32", g.bars, smem)
@@ -320,11 +433,19 @@ func (g *gcGen) emit() {
 			g.askX(g.imm32(int64(i)), ptx.Imm(int64(i)))
 		}
 	})
-	g.mainLoop()
+	if wg {
+		g.wgMainLoop()
+	} else {
+		g.mainLoop()
+	}
 	// The grid after it may launch once W is read, not before (session 32: at the start it
 	// made the mixed 8-row step 2.5-2.9% longer).
 	g.Emit(bundle.PriorGridLaunch)
-	g.reduce()
+	if wg {
+		g.wgReduce()
+	} else {
+		g.reduce()
+	}
 }
 
 // slotAddr is base + slot*slotBytes.
@@ -352,27 +473,40 @@ func (g *gcGen) scaled(base ptx.Reg, i ptx.Operand, size int) ptx.Reg {
 func (g *gcGen) askW(stage ptx.Reg, slot ptx.Operand) {
 	bar := g.barAddr(slot)
 	state := g.Reg(ptx.B64)
-	g.Emit("mbarrier.arrive.expect_tx.shared::cta.b64", state, ptx.Addr{Base: bar}, g.imm32(int64(gcWBox+g.c.Rows*gcXStride)))
-	kc := g.stageK(stage)
+	c := g.c
+	g.Emit("mbarrier.arrive.expect_tx.shared::cta.b64", state, ptx.Addr{Base: bar}, g.imm32(int64(c.wBytes()+c.xBytes())))
+	kc := g.firstK(stage)
 	dst := g.slotAddr(g.slot0, slot)
-	for b := range gcStage / gcBoxK {
+	for b := range c.stageK() / gcBoxK {
 		kb := g.op3("add.u32", ptx.U32, kc, ptx.Imm(int64(b*gcBoxK)))
 		g.Emit("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes",
-			ptx.Addr{Base: dst, Offset: int64(b * gcBoxBytes)}, ptx.TensorAddr{Map: g.wmap, Coords: ptx.Vec{kb, g.col0}}, ptx.Addr{Base: bar})
+			ptx.Addr{Base: dst, Offset: int64(b * c.cols() * 2 * gcBoxK)}, ptx.TensorAddr{Map: g.wmap, Coords: ptx.Vec{kb, g.col0}}, ptx.Addr{Base: bar})
 	}
 }
 
-// askX (thread 0) asks for a stage's x: one box of the stage's K by Rows rows (the stage's
-// first K worked out again, as askW does: one multiply-add of one thread).
+// askX (thread 0) asks for a stage's x, past its W (the stage's first K worked out again, as
+// askW does: one multiply-add of one thread): in the mma.sync form one box of the stage's K
+// by Rows rows, in the warpgroup form one box of gcBoxK by Rows rows per W box.
 func (g *gcGen) askX(stage ptx.Reg, slot ptx.Operand) {
-	g.Emit("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes",
-		ptx.Addr{Base: g.slotAddr(g.slot0, slot), Offset: gcWBox}, ptx.TensorAddr{Map: g.xmap, Coords: ptx.Vec{g.stageK(stage), g.imm32(0)}}, ptx.Addr{Base: g.barAddr(slot)})
+	c := g.c
+	if c.warpgroups() == 0 {
+		g.Emit("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes",
+			ptx.Addr{Base: g.slotAddr(g.slot0, slot), Offset: int64(c.wBytes())}, ptx.TensorAddr{Map: g.xmap, Coords: ptx.Vec{g.firstK(stage), g.imm32(0)}}, ptx.Addr{Base: g.barAddr(slot)})
+		return
+	}
+	kc := g.firstK(stage)
+	dst, bar := g.slotAddr(g.slot0, slot), g.barAddr(slot)
+	for b := range c.stageK() / gcBoxK {
+		kb := g.op3("add.u32", ptx.U32, kc, ptx.Imm(int64(b*gcBoxK)))
+		g.Emit("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes",
+			ptx.Addr{Base: dst, Offset: int64(c.wBytes() + b*c.Rows*2*gcBoxK)}, ptx.TensorAddr{Map: g.xmap, Coords: ptx.Vec{kb, g.imm32(0)}}, ptx.Addr{Base: bar})
+	}
 }
 
-// stageK is the first K of a stage of the CTA's.
-func (g *gcGen) stageK(stage ptx.Reg) ptx.Reg {
+// firstK is the first K of a stage of the CTA's.
+func (g *gcGen) firstK(stage ptx.Reg) ptx.Reg {
 	kc := g.Reg(ptx.U32)
-	g.Emit("mad.lo.u32", kc, stage, ptx.Imm(gcStage), g.k0)
+	g.Emit("mad.lo.u32", kc, stage, ptx.Imm(int64(g.c.stageK())), g.k0)
 	return kc
 }
 
@@ -448,6 +582,14 @@ func (g *gcGen) mainLoop() {
 			}
 		}
 	}
+	g.nextStage(stage, slot, phase, top)
+}
+
+// nextStage ends a stage of the main loop: once every thread is past the slot, thread 0
+// refills it with the stage Stages ahead; the slot (and its phase at a wrap) and the stage
+// advance, and the loop goes on to top while stages are left.
+func (g *gcGen) nextStage(stage, slot, phase ptx.Reg, top string) {
+	c := g.c
 	g.Emit("bar.sync", ptx.Imm(0))
 	next := g.op3("add.u32", ptx.U32, stage, ptx.Imm(int64(c.Stages)))
 	more := g.cmp("lt", ptx.U32, next, ptx.Imm(int64(c.kStages())))

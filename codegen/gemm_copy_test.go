@@ -20,7 +20,8 @@ func runGemmCopy(t *testing.T, k *Kernel, c GemmCopyConfig, rows int, seed uint6
 		t.Fatalf("%s: parse: %v\n%s", k.Name, err, k.PTX)
 	}
 	r := rand.New(rand.NewPCG(seed, uint64(c.K*7+c.N)))
-	x := targ{f32: randF32(r, rows*c.K, 1)}.bytesOf()
+	xs := randF32(r, rows*c.K, 1)
+	x := targ{f32: xs}.bytesOf()
 	w := targ{bf16: randF32(r, c.N*c.K, 1)}.bytesOf()
 	y := targ{out: rows * c.N}.bytesOf()
 	mem := emu.NewMemory()
@@ -35,7 +36,11 @@ func runGemmCopy(t *testing.T, k *Kernel, c GemmCopyConfig, rows int, seed uint6
 	if err != nil {
 		t.Fatal(err)
 	}
-	xm, err := emu.TensorMap2D(xa, [2]int{c.K, rows}, 4*c.K, a.XBox, 4, 0)
+	// The warpgroup form reads bf16(x), which the backend's cast writes on the GPU.
+	xm, err := emu.TensorMap2D(xa, [2]int{c.K, rows}, 4*c.K, a.XBox, 4, a.XSwizzle)
+	if a.XBF16 {
+		xm, err = emu.TensorMap2D(put(targ{bf16: xs}.bytesOf()), [2]int{c.K, rows}, 2*c.K, a.XBox, 2, a.XSwizzle)
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -65,6 +70,11 @@ func TestGemmCopyMatchesReference(t *testing.T) {
 		{GemmCopyConfig{K: 1024, N: 64, Rows: 16, Split: 2, Stages: 2}, []int{9, 16}},  // two row tiles, eight K parts
 		{GemmCopyConfig{K: 768, N: 128, Rows: 16, Split: 1, Stages: 1}, []int{1, 16}},  // the sums in the one slot
 		{GemmCopyConfig{K: 2048, N: 64, Rows: 16, Split: 2, Stages: 3}, []int{13, 16}}, // three slots of four stages a CTA, a cluster
+		// The warpgroup form: one warpgroup of 64 columns, or two of 128.
+		{GemmCopyConfig{K: 1024, N: 64, Rows: 32, Split: 2, Stages: 1}, []int{1, 32}},    // a stage a slot: every stage waits for its refill
+		{GemmCopyConfig{K: 1024, N: 128, Rows: 32, Split: 1, Stages: 3}, []int{17}},      // four stages through three slots, two CTAs
+		{GemmCopyConfig{K: 512, N: 64, Rows: 64, Split: 2, Stages: 1}, []int{64}},        // ranks' sums through rank 0's ring
+		{GemmCopyConfig{K: 1024, N: 128, Rows: 128, Split: 4, Stages: 2}, []int{5, 128}}, // a cluster of 4, two warpgroups
 	} {
 		for _, rows := range c.rows {
 			cfg := c.GemmCopyConfig
@@ -92,8 +102,13 @@ func TestGemmCopyFor(t *testing.T) {
 		{4096, 6144, 16, 4, 1, 4, ""},  // four slots where asked for
 		{14336, 4096, 16, 2, 2, 2, ""}, // at most two slots
 		{256, 6144, 8, 3, 1, 1, ""},    // one stage: one slot
-		{4096, 4096, 12, 0, 0, 0, "12 rows, want one of [8 16]"},
-		{4096, 4096, 32, 0, 0, 0, "32 rows, want one of [8 16]"},
+		{4096, 4096, 12, 0, 0, 0, "12 rows, want one of [8 16 32 64 128]"},
+		{4096, 4096, 32, 0, 2, 3, ""},   // the warpgroup form: 64 tiles of 64 columns, split
+		{4096, 6144, 32, 0, 1, 3, ""},   // 96 tiles
+		{4096, 4096, 128, 0, 4, 3, ""},  // 32 tiles of 128 columns over clusters of 4
+		{14336, 4096, 128, 0, 4, 3, ""}, // down
+		{4096, 6144, 128, 0, 2, 3, ""},  // 48 tiles
+		{4096, 4096, 48, 0, 0, 0, "48 rows, want one of [8 16 32 64 128]"},
 		{4096, 100, 8, 0, 0, 0, "N=100 must be a positive multiple of 64"},
 		{384, 4096, 8, 0, 0, 0, "K=384 must be a positive multiple of 512"},
 	} {

@@ -90,6 +90,9 @@ type Options struct {
 	// their rings (0: the measured default).
 	CopyGemms     []string
 	CopyGemmSlots int
+	// CopyGemmRows are the decode row counts given copy-engine kernels
+	// (bundle.BuildInfo.CopyGemmRows; nil: the measured ones).
+	CopyGemmRows []int
 }
 
 // DefaultGemvCols is Options.GemvCols's default, measured on the H200 (testsuite/gpu/GEMV_AB.md,
@@ -276,7 +279,7 @@ func Build(modelPath string, appPaths []string, opt Options) (*bundle.Bundle, er
 	if !slices.Equal(opt.TCChunks, codegen.DefaultTCChunks[:]) {
 		build.TCChunks = opt.TCChunks
 	}
-	build.CopyGemms, build.CopyGemmSlots = opt.CopyGemms, opt.CopyGemmSlots
+	build.CopyGemms, build.CopyGemmSlots, build.CopyGemmRows = opt.CopyGemms, opt.CopyGemmSlots, opt.CopyGemmRows
 	b, err := codegen.Generate(p, codegen.Options{
 		Build:     build,
 		Weights:   weights,

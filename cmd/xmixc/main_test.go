@@ -421,6 +421,8 @@ serving: {decode_buckets: [1, 8, 16], prefill_chunks: [8], max_seq_len: 64}
 		{[]string{"--copy-gemms", "512x2048,1024x512"}, both, "copy-engine GEMMs: 512x2048, 1024x512, slots: the default"},
 		{[]string{"--copy-gemms", "512x2048,1024x512", "--copy-gemm-slots", "1"}, both, "copy-engine GEMMs: 512x2048, 1024x512, slots: 1"},
 		{[]string{"--copy-gemms", "none"}, nil, "copy-engine GEMMs: none, slots: the default"},
+		// The 16-row bucket takes the warpgroup form of 32 rows, the fewest named that hold it.
+		{[]string{"--copy-gemms", "512x2048", "--copy-gemm-rows", "32,8"}, []string{"gemm_copy_k512_n2048_r32", "gemm_copy_k512_n2048_r8"}, "copy-engine GEMMs: 512x2048, slots: the default, rows: [32 8]"},
 	} {
 		out := filepath.Join(dir, "c.xmb")
 		b := buildBundle(t, m, out, c.flags)
@@ -439,8 +441,9 @@ serving: {decode_buckets: [1, 8, 16], prefill_chunks: [8], max_seq_len: 64}
 		if !slices.Equal(names, c.kernels) {
 			t.Fatalf("%v: copy-engine kernels %v, want %v", c.flags, names, c.kernels)
 		}
-		if bi := b.Manifest.Build; !slices.Equal(bi.CopyGemms, flagValue(c.flags, "--copy-gemms")) || (bi.CopyGemmSlots == 1) != slices.Contains(c.flags, "--copy-gemm-slots") {
-			t.Fatalf("%v: build info %v, %d slots", c.flags, bi.CopyGemms, bi.CopyGemmSlots)
+		if bi := b.Manifest.Build; !slices.Equal(bi.CopyGemms, flagValue(c.flags, "--copy-gemms")) || (bi.CopyGemmSlots == 1) != slices.Contains(c.flags, "--copy-gemm-slots") ||
+			(len(bi.CopyGemmRows) > 0) != slices.Contains(c.flags, "--copy-gemm-rows") {
+			t.Fatalf("%v: build info %v, %d slots, rows %v", c.flags, bi.CopyGemms, bi.CopyGemmSlots, bi.CopyGemmRows)
 		}
 		text, err := xmixc(t, "inspect", out)
 		if err != nil || c.text != "" && !strings.Contains(text, c.text) || c.text == "" && strings.Contains(text, "copy-engine GEMMs") {
@@ -467,6 +470,9 @@ serving: {decode_buckets: [1, 8, 16], prefill_chunks: [8], max_seq_len: 64}
 		{m, []string{"--copy-gemm-slots", "5"}, "--copy-gemm-slots: copy-engine GEMM ring of 5 slots: want 1 to 4, or 0 for the default (3)"},
 		{m, []string{"--copy-gemm-slots", "-1"}, "--copy-gemm-slots: copy-engine GEMM ring of -1 slots"},
 		{m384, []string{"--copy-gemms", "384x384"}, "copy-engine GEMM: K=384 must be a positive multiple of 512"},
+		{m, []string{"--copy-gemm-rows", "24"}, "--copy-gemm-rows: copy-engine GEMMs of 24 rows: want rows among [8 16 32 64 128]"},
+		{m, []string{"--copy-gemm-rows", "8,32,8"}, "--copy-gemm-rows: copy-engine GEMMs of 8 rows named twice"},
+		{m, []string{"--copy-gemm-rows", "x"}, `invalid argument "x" for "--copy-gemm-rows"`},
 	} {
 		bad := filepath.Join(dir, "bad.xmb")
 		_, err := xmixc(t, append([]string{"build", c.model, "-q", "-o", bad}, c.flags...)...)

@@ -81,6 +81,9 @@ var ltLibraryPaths = []string{
 // memory order. It waits for the grid ahead before reading x, so where the node's own kernel
 // is built for programmatic dependent launch the cast is launched early as that kernel would
 // be (its launch overlaps the tail of the kernel ahead); launched plainly, the wait is a no-op.
+// It lets the grid after it launch at once: cuBLASLt's kernels are launched plainly, so the
+// trigger changes nothing for them, while a copy-engine GEMM of bf16(x) launched early asks
+// for its W while x is cast, and waits for the cast before it reads x.
 const castPTX = `.version 8.0
 .target sm_90
 .address_size 64
@@ -98,6 +101,7 @@ const castPTX = `.version 8.0
 	ld.param.u64 %rd1, [src];
 	ld.param.u64 %rd2, [dst];
 	ld.param.u32 %r1, [pairs];
+	griddepcontrol.launch_dependents;
 	griddepcontrol.wait;
 	mov.u32 %r2, %ctaid.x;
 	mov.u32 %r3, %ntid.x;

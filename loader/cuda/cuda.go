@@ -64,6 +64,7 @@ type launch struct {
 	params        uintptr
 	skipUnless    uint32    // bundle.Node.SkipUnless (variants.go)
 	matmul        *ltMatmul // non-nil: f casts x to bf16, then cuBLASLt multiplies (cublaslt.go)
+	then          *launch   // non-nil: f casts x to bf16, then this kernel multiplies (gemm_copy.go)
 	early         bool      // bundle.Kernel.EarlyLaunch: launched with programmatic stream serialization
 }
 
@@ -589,7 +590,7 @@ func (be *Backend) keepParams(vals []uint64) uintptr {
 }
 
 // issue enqueues one recorded node on the backend's stream: its kernel and, for a node that
-// cuBLASLt serves, the matmul after the cast.
+// cuBLASLt or a copy-engine GEMM of bf16(x) serves, the matmul after the cast.
 func (be *Backend) issue(n launch) error {
 	if n.early {
 		if err := be.launchEarly(n); err != nil {
@@ -601,6 +602,9 @@ func (be *Backend) issue(n launch) error {
 	}
 	if n.matmul != nil {
 		return be.lt.run(n.matmul, be.stream)
+	}
+	if n.then != nil {
+		return be.issue(*n.then)
 	}
 	return nil
 }

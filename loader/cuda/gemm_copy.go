@@ -50,7 +50,8 @@ func (be *Backend) initCopyGemms(b *bundle.Bundle, mode string) error {
 
 // copyNode serves GEMM node n (vals: its arguments' device addresses and constants) with the
 // bundle's copy-engine GEMM of its shape, or says no (ok false): none for its K and N, more
-// rows than it takes, a heavy app's GEMM, or x or W not 16-byte aligned.
+// rows than it takes, a heavy app's GEMM, x or W not 16-byte aligned, or, for a kernel that
+// reads bf16(x), no cuBLASLt cast and scratch to make it.
 func (be *Backend) copyNode(n bundle.Node, vals []uint64) (*launch, bool, error) {
 	g, ok, err := bundle.GemmOf(n, be.kernels[n.Kernel])
 	if err != nil || !ok || g.Guard != 0 || g.M < 1 {
@@ -68,7 +69,15 @@ func (be *Backend) copyNode(n bundle.Node, vals []uint64) (*launch, bool, error)
 		return nil, false, nil
 	}
 	a := c.Attrs
-	xmap, err := be.tensorMap(copyMapKey{addr: key.x, k: g.K, n: g.M, box: a.XBox})
+	// The warpgroup form reads bf16(x): the library's cast writes it into its scratch first.
+	xAddr := key.x
+	if a.XBF16 {
+		if be.lt == nil || int64(g.M)*int64(g.K)*2 > be.lt.xbBytes {
+			return nil, false, nil
+		}
+		xAddr = be.lt.xb
+	}
+	xmap, err := be.tensorMap(copyMapKey{addr: xAddr, bf16: a.XBF16, k: g.K, n: g.M, box: a.XBox, swizzle: a.XSwizzle})
 	if err != nil {
 		return nil, false, fmt.Errorf("node %s: x: %w", n.Label, err)
 	}
@@ -83,6 +92,15 @@ func (be *Backend) copyNode(n bundle.Node, vals []uint64) (*launch, bool, error)
 	be.paramP = append(be.paramP, ptrs)
 	l := &launch{label: n.Label, kernel: c.Kernel, f: be.funcs[c.Kernel], grid: [3]int{a.Grid, 1, 1}, block: [3]int{a.Block, 1, 1},
 		shared: a.Shared, params: uintptr(unsafe.Pointer(&ptrs[0])), early: be.kernels[c.Kernel].EarlyLaunch}
+	if a.XBF16 {
+		// The cast goes where the node's kernel would (launched early as it would be); the
+		// GEMM after it is launched early too, so that its W is on its way while x is cast.
+		gemm := l
+		grid, block := castLaunch(g.M * g.K)
+		l = &launch{label: n.Label, kernel: c.Kernel, f: be.lt.cast, grid: [3]int{grid, 1, 1}, block: [3]int{block, 1, 1},
+			params: be.keepParams([]uint64{uint64(key.x), uint64(be.lt.xb), uint64(g.M * g.K / 2)}), then: gemm,
+			early: be.kernels[n.Kernel].EarlyLaunch}
+	}
 	if !be.copy.checked[c.Kernel] {
 		// Raise the kernel's dynamic shared memory to what it takes, and run it once outside
 		// any graph so that a failure surfaces here, not inside a capture.

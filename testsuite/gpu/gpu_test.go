@@ -389,6 +389,32 @@ func TestCUDACopyGemmMatchesCPU(t *testing.T) {
 	}
 }
 
+// TestCUDAWarpgroupGemmMatchesCPU runs the copy-engine GEMMs' warpgroup form (wgmma over the
+// library cast's bf16 x; xmixc build --copy-gemm-rows 32,128) on a 2-layer cut of
+// Llama-3.1-8B in buckets of 32 and 128 rows, every request teacher-forced to the CPU's
+// tokens, against the CPU backend: o, q/k/v and down of both layers served by it.
+func TestCUDAWarpgroupGemmMatchesCPU(t *testing.T) {
+	needGPU(t)
+	served := 0
+	nb := func(t testing.TB, b *bundle.Bundle) loader.Backend {
+		be := newCUDA(cuda.GemmAuto)(t, b)
+		served = be.(*cuda.Backend).CopyGemmNodes()
+		return be
+	}
+	for _, c := range []struct{ bucket, requests, steps int }{{32, 32, 4}, {32, 19, 3}, {128, 128, 3}, {128, 70, 2}} {
+		cut := specCut(t, "llama-3.1-8b", fmt.Sprintf("serving: {decode_buckets: [%d], prefill_chunks: [64], max_seq_len: 256, max_seqs: %d, kv_block_size: 16}\n", c.bucket, c.bucket))
+		b := testsuite.CompileWith(t, compile.Options{CopyGemmRows: []int{c.bucket}}, cut)
+		var prompts [][]int
+		for i := range c.requests {
+			prompts = append(prompts, []int{791 + 7*i, 4062, 14198 + i, 39935, 35308, 927 + 3*i})
+		}
+		agreementRows(t, nb, fmt.Sprintf("llama-3.1-8b-2layers-wgmma-gemm-r%d-n%d", c.bucket, c.requests), b, prompts, c.steps)
+		if served != 6 {
+			t.Errorf("%d requests in a %d-row bucket: %d GEMM nodes served by the warpgroup kernels, want 6 (o, q/k/v and down of 2 layers)", c.requests, c.bucket, served)
+		}
+	}
+}
+
 // decodeRows is a LogitRecorder of the first rows of every decode step: its Vocab is rows
 // times the model's, and steps of other templates pass it by.
 type decodeRows struct {

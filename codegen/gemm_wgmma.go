@@ -1,0 +1,138 @@
+package codegen
+
+import (
+	"fmt"
+
+	"xmix/ptx"
+)
+
+// The copy-engine GEMM's warpgroup form, for decode buckets of 32 rows and more (gcLayouts'
+// layouts with Warpgroups): the ring, the tensor-map copies and the early W are the mma.sync
+// form's (gemm_copy.go), but the multiplies are Hopper's warpgroup MMAs, which read both
+// operands from shared memory themselves. Swapped, as small-batch GEMMs are: A is W (64 of
+// the CTA's columns a warpgroup, M = 64), B is x (the node's token rows, N = Rows), so one
+// wgmma.m64n{Rows}k16 a warpgroup covers every row, and x, which the mma.sync form stages in
+// f32 and reads into registers once per column group, is the library cast's bf16, read by
+// the tensor cores once a CTA.
+//
+// Layout. W's boxes (64 K by the CTA's columns) and x's (64 K by Rows) both have 128-byte
+// rows under the 128-byte swizzle, 1024-byte aligned: the canonical K-major layout a wgmma
+// descriptor names with a stride of 1024 bytes between groups of 8 rows (wgSBO). Each of a
+// box's four K steps of 16 starts 32 bytes further into the rows; the swizzle is applied to
+// the address, so the step is a plain offset.
+//
+// Sums. Warp w of a warpgroup holds rows 16w..16w+15 of its 64 columns: lane (g, t) has
+// register i at column 16w + g + 8*(i/2 % 2), token 8*(i/4) + 2t + i%2. With K split over a
+// cluster, ranks 1.. store every thread's registers into rank 0's ring once every rank's loop
+// has ended, and rank 0 adds them in rank order, so every run gives the same bits.
+
+const (
+	wgSBO   = 1024 // bytes between a K-major operand's groups of 8 rows: 8 rows of 128 bytes
+	wgKStep = 16   // K of one wgmma
+	// wgDescHi is a descriptor's upper word: the stride (wgSBO >> 4) and the 128-byte swizzle
+	// (layout type 1 at bits 62-63).
+	wgDescHi = wgSBO>>4 | 1<<30
+	// wgDescLo is what the lower word holds besides the start address: the leading offset,
+	// unused under the 128-byte swizzle with K-major rows, as 1 (16 bytes) as CUTLASS sets it.
+	wgDescLo = 1 << 16
+)
+
+// wgMainLoop multiplies the CTA's stages in order, slot by slot, as mainLoop does.
+func (g *gcGen) wgMainLoop() {
+	c := g.c
+	// The warpgroup's W rows start 64 rows (64 x 128 bytes) into each W box.
+	wgi := g.op3("shr.u32", ptx.U32, g.tid, ptx.Imm(7))
+	wRows := g.op3("mul.lo.u32", ptx.U32, wgi, ptx.Imm(64*2*gcBoxK))
+	acc := g.Regs(ptx.F32, c.Rows/2)
+	for _, a := range acc {
+		g.Emit("mov.f32", a, ptx.F32Imm(0))
+	}
+	g.acc = [][]ptx.Reg{acc}
+	hi := g.imm32(wgDescHi)
+	stage, slot, phase := g.imm32(0), g.imm32(0), g.imm32(0)
+	top := g.NewLabel("stage")
+	g.Label(top)
+	g.wait(g.barAddr(slot), phase)
+	// Descriptors hold start addresses >> 4; the slots are 1024-byte aligned and every offset
+	// below a multiple of 16, so a descriptor's lower word is base>>4 + offset>>4 + wgDescLo.
+	slotBase := g.slotAddr(g.slot0, slot)
+	aBase := g.op3("add.u32", ptx.U32, slotBase, wRows)
+	g.Emit("shr.u32", aBase, aBase, ptx.Imm(4))
+	g.Emit("add.u32", aBase, aBase, ptx.Imm(wgDescLo))
+	bBase := g.op3("shr.u32", ptx.U32, slotBase, ptx.Imm(4))
+	g.Emit("add.u32", bBase, bBase, ptx.Imm(wgDescLo))
+	lo, da, db := g.Reg(ptx.U32), g.Reg(ptx.B64), g.Reg(ptx.B64)
+	g.Emit("wgmma.fence.sync.aligned")
+	for b := range c.stageK() / gcBoxK {
+		for j := range gcBoxK / wgKStep {
+			step := int64(j * wgKStep * 2)
+			g.Emit("add.u32", lo, aBase, ptx.Imm((int64(b*c.cols()*2*gcBoxK)+step)>>4))
+			g.Emit("mov.b64", da, ptx.Vec{lo, hi})
+			g.Emit("add.u32", lo, bBase, ptx.Imm((int64(c.wBytes()+b*c.Rows*2*gcBoxK)+step)>>4))
+			g.Emit("mov.b64", db, ptx.Vec{lo, hi})
+			g.Emit(wgmmaOp(c.Rows), ptx.Vec(acc), da, db, ptx.Imm(1), ptx.Imm(1), ptx.Imm(1), ptx.Imm(0), ptx.Imm(0))
+		}
+	}
+	g.Emit("wgmma.commit_group.sync.aligned")
+	// The slot is refilled once every warpgroup's MMAs have read it.
+	g.Emit("wgmma.wait_group.sync.aligned", ptx.Imm(0))
+	g.nextStage(stage, slot, phase, top)
+}
+
+// wgmmaOp is the warpgroup MMA of rows token rows: D[64 x rows] += W[64 x 16] . x[rows x 16]^T,
+// bf16 operands from shared memory, f32 sums.
+func wgmmaOp(rows int) string {
+	return fmt.Sprintf("wgmma.mma_async.sync.aligned.m64n%dk16.f32.bf16.bf16", rows)
+}
+
+// wgReduce adds the cluster's ranks' sums (K split) and stores y: thread by thread, register
+// by register, rank 1's then rank 2's... onto rank 0's. Rank r's registers go to rank 0's
+// ring at (r-1)*partBytes, register quad q of thread tid at q*threads*16 + tid*16.
+func (g *gcGen) wgReduce() {
+	c := g.c
+	acc := g.acc[0]
+	if c.Split > 1 {
+		// Every rank's loop has ended, so rank 0's ring is free.
+		g.Emit("barrier.cluster.arrive.release")
+		g.Emit("barrier.cluster.wait.acquire")
+		mine := g.Reg(ptx.U32)
+		g.Emit("mad.lo.u32", mine, g.tid, ptx.Imm(16), g.slot0)
+		sender := g.cmp("ne", ptx.U32, g.rank, ptx.Imm(0))
+		g.when(sender, false, func() {
+			at := g.Reg(ptx.U32)
+			g.Emit("add.u32", at, g.rank, ptx.Imm(-1))
+			g.Emit("mad.lo.u32", at, at, ptx.Imm(int64(c.partBytes())), mine)
+			remote := g.Reg(ptx.U32)
+			g.Emit("mapa.shared::cluster.u32", remote, at, ptx.Imm(0))
+			for q := range len(acc) / 4 {
+				g.Emit("st.shared::cluster.v4.f32", ptx.Addr{Base: remote, Offset: int64(q * c.threads() * 16)}, ptx.Vec(acc[4*q:4*q+4]))
+			}
+		})
+		g.Emit("barrier.cluster.arrive.release")
+		g.Emit("barrier.cluster.wait.acquire")
+		g.EmitIf(sender, false, "exit")
+		part := g.Regs(ptx.F32, 4)
+		for r := 1; r < c.Split; r++ {
+			for q := range len(acc) / 4 {
+				g.Emit("ld.shared.v4.f32", ptx.Vec(part), ptx.Addr{Base: mine, Offset: int64((r-1)*c.partBytes() + q*c.threads()*16)})
+				for i := range part {
+					g.Emit("add.f32", acc[4*q+i], acc[4*q+i], part[i])
+				}
+			}
+		}
+	}
+	// Column col0 + 64*warpgroup + 16*(warp%4) + g (+8), token 2t (+1) + 8*(i/4).
+	col := g.op3("shr.u32", ptx.U32, g.tid, ptx.Imm(5))
+	g.Emit("mul.lo.u32", col, col, ptx.Imm(16))
+	g.Emit("add.u32", col, col, g.gg)
+	g.Emit("add.u32", col, col, g.col0)
+	tok := g.op3("shl.b32", ptx.U32, g.t, ptx.Imm(1))
+	for i, v := range acc {
+		row := g.op3("add.u32", ptx.U32, tok, ptx.Imm(int64(8*(i/4)+i%2)))
+		idx := g.Reg(ptx.U32)
+		g.Emit("mad.lo.u32", idx, row, ptx.Imm(int64(c.N)), col)
+		at := g.byteAddr(g.y, idx, 4)
+		in := g.cmp("lt", ptx.U32, row, g.rows)
+		g.EmitIf(in, false, "st.global.f32", ptx.Addr{Base: at, Offset: int64(32 * (i / 2 % 2))}, v)
+	}
+}
