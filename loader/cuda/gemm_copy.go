@@ -104,7 +104,7 @@ func (be *Backend) copyNode(n bundle.Node, vals []uint64) (*launch, bool, error)
 	if !be.copy.checked[c.Kernel] {
 		// Raise the kernel's dynamic shared memory to what it takes, and run it once outside
 		// any graph so that a failure surfaces here, not inside a capture.
-		if err := be.d.call("cuFuncSetAttribute", l.f, 8, uintptr(a.Shared)); err != nil { // CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+		if err := be.d.call("cuFuncSetAttribute", be.funcs[c.Kernel], 8, uintptr(a.Shared)); err != nil { // CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 			return nil, false, fmt.Errorf("kernel %s: %d bytes of shared memory: %w", c.Kernel, a.Shared, err)
 		}
 		if err := be.runOnce(*l); err != nil {
