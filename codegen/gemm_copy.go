@@ -586,8 +586,7 @@ func (g *gcGen) mainLoop() {
 }
 
 // nextStage ends a stage of the main loop: once every thread is past the slot, thread 0
-// refills it with the stage Stages ahead; the slot (and its phase at a wrap) and the stage
-// advance, and the loop goes on to top while stages are left.
+// refills it with the stage Stages ahead, and the loop advances.
 func (g *gcGen) nextStage(stage, slot, phase ptx.Reg, top string) {
 	c := g.c
 	g.Emit("bar.sync", ptx.Imm(0))
@@ -599,6 +598,13 @@ func (g *gcGen) nextStage(stage, slot, phase ptx.Reg, top string) {
 			g.askX(next, slot)
 		})
 	})
+	g.advance(stage, slot, phase, top)
+}
+
+// advance moves the main loop on: the slot (and its phase at a wrap) and the stage, back to
+// top while stages are left.
+func (g *gcGen) advance(stage, slot, phase ptx.Reg, top string) {
+	c := g.c
 	g.Emit("add.u32", slot, slot, ptx.Imm(1))
 	wrap := g.cmp("eq", ptx.U32, slot, ptx.Imm(int64(c.Stages)))
 	g.EmitIf(wrap, false, "mov.u32", slot, ptx.Imm(0))

@@ -13,7 +13,7 @@
 # more bundle per entry (BUILD_FLAGS, then FLAGS) and times it with --gemm auto beside the
 # others in every round (bench key auto-NAME), e.g. VARIANTS="slots2=--copy-gemm-slots 2;
 # gateup=--copy-gemms 4096x4096,4096x6144,14336x4096,4096x28672"; the online part and ptxas
-# take the first bundle only.
+# take the first bundle only. PREV_BIN (below) adds another build of xmix and xmixc.
 # Build first (bash testsuite/gpu/build.sh), then:
 #   run(command="OUT=\$OUT bash testsuite/gpu/copy_gemm.sh", carry=[".dev/gpu"])
 # Writes $OUT/copy_gemm.json (each bench's graph ms, its role costs with ROLE_COSTS=1, the peer's
@@ -47,6 +47,13 @@ for v in ${variants[@]+"${variants[@]}"}; do
   "$B/xmixc" build specs/models/llama-3.1-8b.yaml -q ${BUILD_FLAGS:-} ${v#*=} -o "$W/l8-${v%%=*}.xmb" || { echo "build of variant $v failed" | tee -a "$S"; exit 1; }
   servers="$servers auto-${v%%=*}"
 done
+# PREV_BIN: another build's xmix and xmixc (e.g. the commit before a kernel change), its
+# bundle built with the same BUILD_FLAGS and timed with --gemm auto in every round (key
+# auto-prev).
+if [ -n "${PREV_BIN:-}" ]; then
+  "$PREV_BIN/xmixc" build specs/models/llama-3.1-8b.yaml -q ${BUILD_FLAGS:-} -o "$W/l8-prev.xmb" || { echo "build with $PREV_BIN failed" | tee -a "$S"; exit 1; }
+  servers="$servers auto-prev"
+fi
 shapes=""
 for bucket in ${BUCKETS:-8}; do
   for ctx in ${CONTEXTS:-80 576 2112}; do
@@ -54,9 +61,10 @@ for bucket in ${BUCKETS:-8}; do
     for round in $(seq ${ROUNDS:-2}); do
       for g in $servers; do
         f=${bucket}_${ctx}_${g}_$round
-        xmb=$W/l8.xmb
+        xmb=$W/l8.xmb bin=$B
         case $g in auto-*) xmb=$W/l8-${g#auto-}.xmb ;; esac
-        timeout 120 "$B/xmix" bench "$xmb" --backend cuda --gemm ${g%%-*} --prompts $bucket --prompt-len 16 --new-tokens 8 \
+        [ "$g" = auto-prev ] && bin=$PREV_BIN
+        timeout 120 "$bin/xmix" bench "$xmb" --backend cuda --gemm ${g%%-*} --prompts $bucket --prompt-len 16 --new-tokens 8 \
           --graph-buckets $bucket --graph-context $ctx ${ROLE_COSTS:+--role-costs} --json -q > "$W/b_$f.json" 2> "$W/e_$f.txt"
         echo "bench bucket $bucket ctx $ctx $g round $round rc=$? $(python3 -c "
 import json
