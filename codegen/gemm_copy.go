@@ -92,8 +92,11 @@ var gcLayouts = []gcLayout{
 }
 
 // gcDefaultRows are the layouts' row counts a bundle carries kernels for unless a build asks
-// for others (xmixc build --copy-gemm-rows): those measured faster in the step.
-var gcDefaultRows = []int{8, 16}
+// for others (xmixc build --copy-gemm-rows): those measured faster in the step. On the H200
+// the warpgroup form made the 8B's steps of 32 and 64 rows 1.9-2.6% shorter than cuBLASLt's
+// at contexts 80-2112, but its 128-row kernel (two warpgroups, 128 columns a CTA) made that
+// step 16-21% longer (session 41, testsuite/gpu/RESULTS.md), so 128 rows keep the library.
+var gcDefaultRows = []int{8, 16, 32, 64}
 
 func init() {
 	for _, l := range gcLayouts {
@@ -283,10 +286,11 @@ func (c GemmCopyConfig) Launch() ops.Launch {
 }
 
 // copyGemmShapes are the GEMMs (K, N) a bundle carries copy-engine kernels for by default
-// (xmixc build --copy-gemms sets others), one for each row count of gcLayouts that a decode
-// bucket needs: those measured faster inside the decode step than cuBLASLt's, on the H200
-// at Llama-3.1-8B's o (4096 x 4096), q/k/v (6144 x 4096) and down (4096 x 14336), at 8 and
-// 16 rows (session 35, with x through its tensor map). Its gate/up (28672 columns: enough
+// (xmixc build --copy-gemms sets others), one for each row count of gcDefaultRows that a
+// decode bucket needs: those measured faster inside the decode step than cuBLASLt's, on the
+// H200 at Llama-3.1-8B's o (4096 x 4096), q/k/v (6144 x 4096) and down (4096 x 14336), at 8
+// and 16 rows (session 35, with x through its tensor map; at 32 and 64 rows, session 41, in
+// the warpgroup form all three together, not one by one). Its gate/up (28672 columns: enough
 // CTAs for the library's kernel to stream W at full speed) made the 8- and 16-row steps
 // 2-4% longer, and its LM head changed nothing (session 36); other shapes (the 1B's, a
 // tensor-parallel rank's, Qwen3's down) were not measured.
@@ -586,7 +590,8 @@ func (g *gcGen) mainLoop() {
 }
 
 // nextStage ends a stage of the main loop: once every thread is past the slot, thread 0
-// refills it with the stage Stages ahead, and the loop advances.
+// refills it with the stage Stages ahead; the slot (and its phase at a wrap) and the stage
+// advance, and the loop goes on to top while stages are left.
 func (g *gcGen) nextStage(stage, slot, phase ptx.Reg, top string) {
 	c := g.c
 	g.Emit("bar.sync", ptx.Imm(0))
@@ -598,13 +603,6 @@ func (g *gcGen) nextStage(stage, slot, phase ptx.Reg, top string) {
 			g.askX(next, slot)
 		})
 	})
-	g.advance(stage, slot, phase, top)
-}
-
-// advance moves the main loop on: the slot (and its phase at a wrap) and the stage, back to
-// top while stages are left.
-func (g *gcGen) advance(stage, slot, phase ptx.Reg, top string) {
-	c := g.c
 	g.Emit("add.u32", slot, slot, ptx.Imm(1))
 	wrap := g.cmp("eq", ptx.U32, slot, ptx.Imm(int64(c.Stages)))
 	g.EmitIf(wrap, false, "mov.u32", slot, ptx.Imm(0))

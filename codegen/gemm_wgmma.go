@@ -74,29 +74,9 @@ func (g *gcGen) wgMainLoop() {
 		}
 	}
 	g.Emit("wgmma.commit_group.sync.aligned")
-	if c.Stages == 1 {
-		// The one slot is refilled once every warpgroup's MMAs have read it.
-		g.Emit("wgmma.wait_group.sync.aligned", ptx.Imm(0))
-		g.nextStage(stage, slot, phase, top)
-		return
-	}
-	// The stage's MMAs run on while the one before it, now done, gives back its slot: once
-	// every warpgroup is past this point, thread 0 refills it with the stage Stages after it.
-	g.Emit("wgmma.wait_group.sync.aligned", ptx.Imm(1))
-	g.when(g.cmp("ne", ptx.U32, stage, ptx.Imm(0)), false, func() {
-		g.Emit("bar.sync", ptx.Imm(0))
-		next := g.op3("add.u32", ptx.U32, stage, ptx.Imm(int64(c.Stages-1)))
-		g.when(g.cmp("lt", ptx.U32, next, ptx.Imm(int64(c.kStages()))), false, func() {
-			g.when(g.thread0, false, func() {
-				prev := g.op3("add.u32", ptx.U32, slot, ptx.Imm(int64(c.Stages-1)))
-				g.Emit("rem.u32", prev, prev, ptx.Imm(int64(c.Stages)))
-				g.askW(next, prev)
-				g.askX(next, prev)
-			})
-		})
-	})
-	g.advance(stage, slot, phase, top)
+	// The slot is refilled once every warpgroup's MMAs have read it.
 	g.Emit("wgmma.wait_group.sync.aligned", ptx.Imm(0))
+	g.nextStage(stage, slot, phase, top)
 }
 
 // wgmmaOp is the warpgroup MMA of rows token rows: D[64 x rows] += W[64 x 16] . x[rows x 16]^T,

@@ -390,7 +390,7 @@ func TestCUDACopyGemmMatchesCPU(t *testing.T) {
 }
 
 // TestCUDAWarpgroupGemmMatchesCPU runs the copy-engine GEMMs' warpgroup form (wgmma over the
-// library cast's bf16 x; xmixc build --copy-gemm-rows 32,128) on a 2-layer cut of
+// library cast's bf16 x; xmixc build --copy-gemm-rows 32 or 128) on a 2-layer cut of
 // Llama-3.1-8B in buckets of 32 and 128 rows, every request teacher-forced to the CPU's
 // tokens, against the CPU backend: o, q/k/v and down of both layers served by it.
 func TestCUDAWarpgroupGemmMatchesCPU(t *testing.T) {
@@ -409,8 +409,14 @@ func TestCUDAWarpgroupGemmMatchesCPU(t *testing.T) {
 			prompts = append(prompts, []int{791 + 7*i, 4062, 14198 + i, 39935, 35308, 927 + 3*i})
 		}
 		agreementRows(t, nb, fmt.Sprintf("llama-3.1-8b-2layers-wgmma-gemm-r%d-n%d", c.bucket, c.requests), b, prompts, c.steps)
-		if served != 6 {
-			t.Errorf("%d requests in a %d-row bucket: %d GEMM nodes served by the warpgroup kernels, want 6 (o, q/k/v and down of 2 layers)", c.requests, c.bucket, served)
+		// o, q/k/v and down of 2 layers, in the 128-row kernel's template and in the 64-row
+		// prefill chunk's, which it serves too.
+		want := 6
+		if c.bucket >= 64 {
+			want = 12
+		}
+		if served != want {
+			t.Errorf("%d requests in a %d-row bucket: %d GEMM nodes served by the warpgroup kernels, want %d", c.requests, c.bucket, served, want)
 		}
 	}
 }
