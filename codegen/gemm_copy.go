@@ -94,8 +94,9 @@ var gcLayouts = []gcLayout{
 // gcDefaultRows are the layouts' row counts a bundle carries kernels for unless a build asks
 // for others (xmixc build --copy-gemm-rows): those measured faster in the step. On the H200
 // the warpgroup form made the 8B's steps of 32 and 64 rows 1.9-2.6% shorter than cuBLASLt's
-// at contexts 80-2112, but its 128-row kernel (two warpgroups, 128 columns a CTA) made that
-// step 16-21% longer (session 41, testsuite/gpu/RESULTS.md), so 128 rows keep the library.
+// at contexts 80-2112, but its 128-row kernel (two warpgroups, 128 columns a CTA, K over
+// clusters of up to 4) made that step 10-21% longer (session 41, testsuite/gpu/RESULTS.md),
+// so 128 rows keep the library.
 var gcDefaultRows = []int{8, 16, 32, 64}
 
 func init() {
