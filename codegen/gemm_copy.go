@@ -612,6 +612,17 @@ func (g *gcGen) nextStage(stage, slot, phase ptx.Reg, top string) {
 	g.EmitIf(g.cmp("lt", ptx.U32, stage, ptx.Imm(int64(c.kStages()))), false, "bra", ptx.Sym(top))
 }
 
+// rankPart is where this rank's (rank >= 1) sums go in rank 0's shared memory: part
+// rank-1 of partBytes from base, as a shared::cluster address.
+func (g *gcGen) rankPart(base ptx.Reg) ptx.Reg {
+	at := g.Reg(ptx.U32)
+	g.Emit("add.u32", at, g.rank, ptx.Imm(-1))
+	g.Emit("mad.lo.u32", at, at, ptx.Imm(int64(g.c.partBytes())), base)
+	remote := g.Reg(ptx.U32)
+	g.Emit("mapa.shared::cluster.u32", remote, at, ptx.Imm(0))
+	return remote
+}
+
 // wait polls bar until its phase of parity phase has completed; a stage that never lands
 // (a bad tensor map) traps after gcPolls polls, so the launch fails instead of hanging.
 func (g *gcGen) wait(bar, phase ptx.Reg) {
@@ -670,12 +681,7 @@ func (g *gcGen) reduce() {
 		send := g.Reg(ptx.Pred)
 		g.Emit("and.pred", send, sender, owner)
 		g.when(send, false, func() {
-			at := g.Reg(ptx.U32)
-			g.Emit("add.u32", at, g.rank, ptx.Imm(-1))
-			g.Emit("mad.lo.u32", at, at, ptx.Imm(int64(c.partBytes())), recv)
-			remote := g.Reg(ptx.U32)
-			g.Emit("mapa.shared::cluster.u32", remote, at, ptx.Imm(0))
-			g.Emit("st.shared::cluster.v4.f32", ptx.Addr{Base: remote}, ptx.Vec(sum))
+			g.Emit("st.shared::cluster.v4.f32", ptx.Addr{Base: g.rankPart(recv)}, ptx.Vec(sum))
 		})
 		g.Emit("barrier.cluster.arrive.release")
 		g.Emit("barrier.cluster.wait.acquire")

@@ -99,11 +99,7 @@ func (g *gcGen) wgReduce() {
 		g.Emit("mad.lo.u32", mine, g.tid, ptx.Imm(16), g.slot0)
 		sender := g.cmp("ne", ptx.U32, g.rank, ptx.Imm(0))
 		g.when(sender, false, func() {
-			at := g.Reg(ptx.U32)
-			g.Emit("add.u32", at, g.rank, ptx.Imm(-1))
-			g.Emit("mad.lo.u32", at, at, ptx.Imm(int64(c.partBytes())), mine)
-			remote := g.Reg(ptx.U32)
-			g.Emit("mapa.shared::cluster.u32", remote, at, ptx.Imm(0))
+			remote := g.rankPart(mine)
 			for q := range len(acc) / 4 {
 				g.Emit("st.shared::cluster.v4.f32", ptx.Addr{Base: remote, Offset: int64(q * c.threads() * 16)}, ptx.Vec(acc[4*q:4*q+4]))
 			}

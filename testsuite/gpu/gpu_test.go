@@ -348,11 +348,7 @@ func TestCUDAMatchesCPUOnGemma2Cut(t *testing.T) {
 func TestCUDACopyGemmMatchesCPU(t *testing.T) {
 	needGPU(t)
 	served := 0
-	nb := func(t testing.TB, b *bundle.Bundle) loader.Backend {
-		be := newCUDA(cuda.GemmAuto)(t, b)
-		served = be.(*cuda.Backend).CopyGemmNodes()
-		return be
-	}
+	nb := copyGemmBackend(&served)
 	const wantServed = 6 // o, q/k/v and down of 2 layers
 	copyCut := func(bucket int) *bundle.Bundle {
 		cut := specCut(t, "llama-3.1-8b", fmt.Sprintf("serving: {decode_buckets: [%d], prefill_chunks: [64], max_seq_len: 256, max_seqs: 16, kv_block_size: 16}\n", bucket))
@@ -389,6 +385,16 @@ func TestCUDACopyGemmMatchesCPU(t *testing.T) {
 	}
 }
 
+// copyGemmBackend makes CUDA backends under --gemm auto and sets *served to how many GEMM
+// nodes the bundle's copy-engine kernels serve in each.
+func copyGemmBackend(served *int) testsuite.NewBackend {
+	return func(t testing.TB, b *bundle.Bundle) loader.Backend {
+		be := newCUDA(cuda.GemmAuto)(t, b)
+		*served = be.(*cuda.Backend).CopyGemmNodes()
+		return be
+	}
+}
+
 // TestCUDAWarpgroupGemmMatchesCPU runs the copy-engine GEMMs' warpgroup form (wgmma over the
 // library cast's bf16 x; xmixc build --copy-gemm-rows 32 or 128) on a 2-layer cut of
 // Llama-3.1-8B in buckets of 32 and 128 rows, every request teacher-forced to the CPU's
@@ -396,11 +402,7 @@ func TestCUDACopyGemmMatchesCPU(t *testing.T) {
 func TestCUDAWarpgroupGemmMatchesCPU(t *testing.T) {
 	needGPU(t)
 	served := 0
-	nb := func(t testing.TB, b *bundle.Bundle) loader.Backend {
-		be := newCUDA(cuda.GemmAuto)(t, b)
-		served = be.(*cuda.Backend).CopyGemmNodes()
-		return be
-	}
+	nb := copyGemmBackend(&served)
 	for _, c := range []struct{ bucket, requests, steps int }{{32, 32, 4}, {32, 19, 3}, {128, 128, 3}, {128, 70, 2}} {
 		cut := specCut(t, "llama-3.1-8b", fmt.Sprintf("serving: {decode_buckets: [%d], prefill_chunks: [64], max_seq_len: 256, max_seqs: %d, kv_block_size: 16}\n", c.bucket, c.bucket))
 		b := testsuite.CompileWith(t, compile.Options{CopyGemmRows: []int{c.bucket}}, cut)
