@@ -331,15 +331,22 @@ func (be *Backend) ltNode(n bundle.Node, vals []uint64) (*launch, bool, error) {
 	if m.algo, err = lt.algorithm(m, g); err != nil {
 		return nil, false, err
 	}
-	grid, block := castLaunch(g.M * g.K)
-	l := &launch{label: n.Label, kernel: "cublasLt:" + n.Kernel, f: lt.cast, grid: [3]int{grid, 1, 1},
-		block: [3]int{block, 1, 1}, params: be.keepParams([]uint64{uint64(key.x), uint64(lt.xb), uint64(g.M * g.K / 2)}), matmul: m,
-		early: be.kernels[n.Kernel].EarlyLaunch}
+	l := be.castNode(n, g, key.x, "cublasLt:"+n.Kernel)
+	l.matmul = m
 	if err := be.runOnce(*l); err != nil {
 		return nil, false, err
 	}
 	lt.served[key] = l
 	return l, true, nil
+}
+
+// castNode is GEMM node n's cast of x (g's rows) to bf16 into the library's scratch, lt.xb,
+// launched where n's own kernel would be and early as it would be; kernel names the launch in
+// errors and profiles. What multiplies after it is the caller's (matmul or then).
+func (be *Backend) castNode(n bundle.Node, g bundle.GEMM, x uintptr, kernel string) *launch {
+	grid, block := castLaunch(g.M * g.K)
+	return &launch{label: n.Label, kernel: kernel, f: be.lt.cast, grid: [3]int{grid, 1, 1}, block: [3]int{block, 1, 1},
+		params: be.keepParams([]uint64{uint64(x), uint64(be.lt.xb), uint64(g.M * g.K / 2)}), early: be.kernels[n.Kernel].EarlyLaunch}
 }
 
 // newMatmul describes y = bf16(x) . w^T for g: its matmul descriptor and matrix layouts,

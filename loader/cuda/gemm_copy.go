@@ -93,13 +93,11 @@ func (be *Backend) copyNode(n bundle.Node, vals []uint64) (*launch, bool, error)
 	l := &launch{label: n.Label, kernel: c.Kernel, f: be.funcs[c.Kernel], grid: [3]int{a.Grid, 1, 1}, block: [3]int{a.Block, 1, 1},
 		shared: a.Shared, params: uintptr(unsafe.Pointer(&ptrs[0])), early: be.kernels[c.Kernel].EarlyLaunch}
 	if a.XBF16 {
-		// The cast goes where the node's kernel would (launched early as it would be); the
-		// GEMM after it is launched early too, so that its W is on its way while x is cast.
+		// The cast goes first; the GEMM after it is launched early too, so that its W is on
+		// its way while x is cast.
 		gemm := l
-		grid, block := castLaunch(g.M * g.K)
-		l = &launch{label: n.Label, kernel: c.Kernel, f: be.lt.cast, grid: [3]int{grid, 1, 1}, block: [3]int{block, 1, 1},
-			params: be.keepParams([]uint64{uint64(key.x), uint64(be.lt.xb), uint64(g.M * g.K / 2)}), then: gemm,
-			early: be.kernels[n.Kernel].EarlyLaunch}
+		l = be.castNode(n, g, key.x, c.Kernel)
+		l.then = gemm
 	}
 	if !be.copy.checked[c.Kernel] {
 		// Raise the kernel's dynamic shared memory to what it takes, and run it once outside
