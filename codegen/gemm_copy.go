@@ -65,6 +65,7 @@ const (
 	gcEntry      = 16          // one lane's sums of one column tile and row tile: 4 f32
 	wgMaxN       = 256         // the most columns (token rows) of one wgmma
 	wgMaxSplit   = 4           // the most CTAs the warpgroup form splits K over
+	wgThreads    = 128         // the warpgroup form's CTA: one warpgroup
 )
 
 // gcStages are a ring's slots unless a build asks for others: on the H200, 3 made the 8B's
@@ -75,10 +76,14 @@ const gcStages = 3
 // gcLayout is one row count a copy-engine GEMM is made for. Up to 16 rows its warps multiply
 // with mma.sync (m16n8k16; Groups > 0): each column group reads the staged x once a stage,
 // and each K part's sums are added at the end, so more rows want fewer groups. From 32 rows
-// (Warpgroups > 0) it is the warpgroup form (gemm_wgmma.go): wgmma reads W and bf16 x from
-// shared memory itself, each warpgroup multiplying 64 of the CTA's columns by every row, a
-// stage StageK of K.
-type gcLayout struct{ Rows, Groups, Warpgroups, StageK int }
+// (Warpgroup) it is the warpgroup form (gemm_wgmma.go): wgmma reads W and bf16 x from shared
+// memory itself, one warpgroup multiplying the CTA's 64 columns by every row, a stage StageK
+// of K.
+type gcLayout struct {
+	Rows, Groups int
+	Warpgroup    bool
+	StageK       int
+}
 
 // gcLayouts are the row counts a copy-engine GEMM is made for. Checked at init.
 // A mma.sync layout of 32 rows (two groups) made the 8B's 32-row step 0.5-13% longer than
@@ -88,22 +93,21 @@ type gcLayout struct{ Rows, Groups, Warpgroups, StageK int }
 // worth of operands.
 var gcLayouts = []gcLayout{
 	{Rows: 8, Groups: 4}, {Rows: 16, Groups: 2},
-	{Rows: 32, Warpgroups: 1, StageK: 256}, {Rows: 64, Warpgroups: 1, StageK: 256}, {Rows: 128, Warpgroups: 2, StageK: 128},
+	{Rows: 32, Warpgroup: true, StageK: 256}, {Rows: 64, Warpgroup: true, StageK: 256}, {Rows: 128, Warpgroup: true, StageK: 128},
 }
 
 // gcDefaultRows are the layouts' row counts a bundle carries kernels for unless a build asks
 // for others (xmixc build --copy-gemm-rows): those measured faster in the step and checked
 // against the CPU on the GPU. On the H200 the warpgroup form made the 8B's steps of 32 and
-// 64 rows 1.9-2.6% shorter than cuBLASLt's at contexts 80-2112, but its 128-row kernel (two
-// warpgroups, 128 columns a CTA, K over clusters of up to 4) made that step 10-21% longer
-// (session 41, testsuite/gpu/RESULTS.md), so 128 rows keep the library. The 64-row kernel
-// waits for TestCUDAWarpgroupGemmMatchesCPU's 64-row bucket to run on the GPU.
-var gcDefaultRows = []int{8, 16, 32}
+// 64 rows 1.9-2.6% shorter than cuBLASLt's at contexts 80-2112, but its 128-row kernel made
+// that step 1.5% longer (sessions 41-42, testsuite/gpu/RESULTS.md), so 128 rows keep the
+// library.
+var gcDefaultRows = []int{8, 16, 32, 64}
 
 func init() {
 	for _, l := range gcLayouts {
-		if l.Warpgroups > 0 {
-			if l.Groups != 0 || l.Rows%8 != 0 || l.Rows > wgMaxN || l.StageK%gcBoxK != 0 || l.StageK < gcBoxK || 128*l.Warpgroups > 1024 {
+		if l.Warpgroup {
+			if l.Groups != 0 || l.Rows%8 != 0 || l.Rows > wgMaxN || l.StageK%gcBoxK != 0 || l.StageK < gcBoxK {
 				panic(fmt.Sprintf("codegen: warpgroup GEMM layout %+v: rows a multiple of 8 up to %d, a stage of whole %d-element boxes", l, wgMaxN, gcBoxK))
 			}
 			continue
@@ -146,11 +150,8 @@ func (c GemmCopyConfig) layout() gcLayout {
 // groups is the column groups of the config's mma.sync layout, 0 if it has none.
 func (c GemmCopyConfig) groups() int { return c.layout().Groups }
 
-// warpgroups is the warpgroups of the config's warpgroup layout, 0 if it has none.
-func (c GemmCopyConfig) warpgroups() int { return c.layout().Warpgroups }
-
-// cols is a CTA's output columns: 64 a warpgroup in the warpgroup form, else gcCols.
-func (c GemmCopyConfig) cols() int { return max(1, c.warpgroups()) * gcCols }
+// warpgroup says whether the config's layout is the warpgroup form.
+func (c GemmCopyConfig) warpgroup() bool { return c.layout().Warpgroup }
 
 // stageK is the K of one stage.
 func (c GemmCopyConfig) stageK() int { return cmp.Or(c.layout().StageK, gcStage) }
@@ -160,14 +161,21 @@ func (c GemmCopyConfig) colTiles() int  { return gcCols / gcColTile / c.groups()
 func (c GemmCopyConfig) rowTiles() int  { return c.Rows / gcTile }
 func (c GemmCopyConfig) chunks() int    { return gcStage / c.parts() / gcChunk } // a warp's, a stage
 func (c GemmCopyConfig) entries() int   { return gcCols / gcColTile * c.rowTiles() * 32 }
-func (c GemmCopyConfig) threads() int   { return cmp.Or(128*c.warpgroups(), 32*gcWarps) }
-func (c GemmCopyConfig) wBytes() int    { return c.cols() * 2 * c.stageK() } // one stage's W
+func (c GemmCopyConfig) wBytes() int    { return gcCols * 2 * c.stageK() } // one stage's W
 func (c GemmCopyConfig) kStages() int   { return c.K / c.Split / c.stageK() }
 func (c GemmCopyConfig) recvBytes() int { return (c.Split - 1) * c.partBytes() }
 
+// threads is a CTA's: one warpgroup in the warpgroup form, else gcWarps warps.
+func (c GemmCopyConfig) threads() int {
+	if c.warpgroup() {
+		return wgThreads
+	}
+	return 32 * gcWarps
+}
+
 // xBytes is one stage's x: f32 in the mma.sync form, bf16 in the warpgroup form.
 func (c GemmCopyConfig) xBytes() int {
-	if c.warpgroups() > 0 {
+	if c.warpgroup() {
 		return c.Rows * 2 * c.stageK()
 	}
 	return c.Rows * gcXStride
@@ -176,7 +184,7 @@ func (c GemmCopyConfig) xBytes() int {
 // partBytes is one K part's sums (mma.sync form) or one rank's (warpgroup form: every
 // thread's accumulators).
 func (c GemmCopyConfig) partBytes() int {
-	if c.warpgroups() > 0 {
+	if c.warpgroup() {
 		return c.threads() * c.Rows / 2 * 4
 	}
 	return c.entries() * gcEntry
@@ -190,7 +198,7 @@ func (c GemmCopyConfig) slotBytes() int {
 // the driver's), the slots, and rank 0's place for the other ranks' sums (in the warpgroup
 // form the ring itself, free once every rank's loop has ended, or more where it is smaller).
 func (c GemmCopyConfig) shared() int {
-	if c.warpgroups() > 0 {
+	if c.warpgroup() {
 		return gcAlign + max(c.Stages*c.slotBytes(), c.recvBytes())
 	}
 	return gcAlign + c.Stages*c.slotBytes() + c.recvBytes()
@@ -205,15 +213,15 @@ func GemmCopyFor(k, n, rows, slots int) (GemmCopyConfig, error) {
 	if c.layout().Rows == 0 {
 		return GemmCopyConfig{}, fmt.Errorf("copy-engine GEMM: %d rows, want one of %v", rows, CopyGemmLayoutRows())
 	}
-	if k <= 0 || n <= 0 || n%c.cols() != 0 {
-		return GemmCopyConfig{}, fmt.Errorf("copy-engine GEMM: N=%d must be a positive multiple of %d", n, c.cols())
+	if k <= 0 || n <= 0 || n%gcCols != 0 {
+		return GemmCopyConfig{}, fmt.Errorf("copy-engine GEMM: N=%d must be a positive multiple of %d", n, gcCols)
 	}
 	// Split K over a cluster where the column tiles alone would leave most SMs idle: in the
-	// mma.sync form over gcSplit CTAs, in the warpgroup form (wider tiles) over as many of
+	// mma.sync form over gcSplit CTAs, in the warpgroup form over as many of
 	// 2 and 4 as it takes to reach gcSplitBelow CTAs, as far as K divides.
-	if tiles := n / c.cols(); tiles < gcSplitBelow {
+	if tiles := n / gcCols; tiles < gcSplitBelow {
 		c.Split = gcSplit
-		for c.warpgroups() > 0 && tiles*c.Split < gcSplitBelow && k%(2*c.Split*c.stageK()) == 0 && c.Split < wgMaxSplit {
+		for c.warpgroup() && tiles*c.Split < gcSplitBelow && k%(2*c.Split*c.stageK()) == 0 && c.Split < wgMaxSplit {
 			c.Split *= 2
 		}
 	}
@@ -224,7 +232,7 @@ func GemmCopyFor(k, n, rows, slots int) (GemmCopyConfig, error) {
 		slots = gcStages
 	}
 	fit := (bundle.MaxDynamicShared - gcAlign - c.recvBytes()) / c.slotBytes()
-	if c.warpgroups() > 0 {
+	if c.warpgroup() {
 		fit = (bundle.MaxDynamicShared - gcAlign) / c.slotBytes()
 	}
 	c.Stages = min(c.kStages(), slots, fit)
@@ -273,9 +281,9 @@ func CopyGemmLayoutRows() []int {
 // Attrs are the kernel's reference attributes and launch. In the warpgroup form x is the
 // library cast's bf16, in boxes of gcBoxK under the swizzle, as W.
 func (c GemmCopyConfig) Attrs() bundle.GemmCopyAttrs {
-	a := bundle.GemmCopyAttrs{K: c.K, N: c.N, Rows: c.Rows, Box: [2]int{gcBoxK, c.cols()}, Swizzle: gcSwizzle, XBox: [2]int{gcStage, c.Rows},
-		Grid: c.N / c.cols() * c.Split, Cluster: c.Split, Block: c.threads(), Shared: c.shared()}
-	if c.warpgroups() > 0 {
+	a := bundle.GemmCopyAttrs{K: c.K, N: c.N, Rows: c.Rows, Box: [2]int{gcBoxK, gcCols}, Swizzle: gcSwizzle, XBox: [2]int{gcStage, c.Rows},
+		Grid: c.N / gcCols * c.Split, Cluster: c.Split, Block: c.threads(), Shared: c.shared()}
+	if c.warpgroup() {
 		a.XBox, a.XBF16, a.XSwizzle = [2]int{gcBoxK, c.Rows}, true, gcSwizzle
 	}
 	return a
@@ -351,8 +359,8 @@ func (g *gen) copyGemms(templates []bundle.Template) error {
 // boxes of 64 x 64 under the 128-byte swizzle, bundle.GemmWMap), y (u64), rows (u32, at
 // most c.Rows). Launch it with c.Launch().
 func GemmCopy(name string, c GemmCopyConfig) (*Kernel, error) {
-	wg := c.warpgroups() > 0
-	if c.layout().Rows == 0 || c.Split < 1 || c.Split > wgMaxSplit || c.K%(c.Split*c.stageK()) != 0 || c.N%c.cols() != 0 || c.Stages < 1 ||
+	wg := c.warpgroup()
+	if c.layout().Rows == 0 || c.Split < 1 || c.Split > wgMaxSplit || c.K%(c.Split*c.stageK()) != 0 || c.N%gcCols != 0 || c.Stages < 1 ||
 		c.Stages > c.kStages() || c.Stages > gcBars/8 || c.shared() > bundle.MaxDynamicShared ||
 		!wg && c.Stages*c.slotBytes() < c.parts()*c.partBytes() {
 		return nil, fmt.Errorf("copy-engine GEMM %s: bad configuration %+v (use GemmCopyFor)", name, c)
@@ -377,7 +385,7 @@ type gcGen struct {
 
 func (g *gcGen) emit() {
 	c := g.c
-	wg := c.warpgroups() > 0
+	wg := c.warpgroup()
 	g.MaxNTid = c.threads()
 	if c.Split > 1 {
 		g.ClusterX = c.Split
@@ -415,7 +423,7 @@ func (g *gcGen) emit() {
 		g.Emit("mov.u32", g.rank, ptx.ClusterCtaRank)
 		g.Emit("div.u32", tile, tile, ptx.Imm(int64(c.Split)))
 	}
-	g.col0 = g.op3("mul.lo.u32", ptx.U32, tile, ptx.Imm(int64(c.cols())))
+	g.col0 = g.op3("mul.lo.u32", ptx.U32, tile, ptx.Imm(int64(gcCols)))
 	g.k0 = g.op3("mul.lo.u32", ptx.U32, g.rank, ptx.Imm(int64(c.K/c.Split)))
 	g.bars = g.Reg(ptx.U32)
 	g.Emit("mov.u32", g.bars, smem)
@@ -486,7 +494,7 @@ func (g *gcGen) askW(stage ptx.Reg, slot ptx.Operand) {
 	for b := range c.stageK() / gcBoxK {
 		kb := g.op3("add.u32", ptx.U32, kc, ptx.Imm(int64(b*gcBoxK)))
 		g.Emit("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes",
-			ptx.Addr{Base: dst, Offset: int64(b * c.cols() * 2 * gcBoxK)}, ptx.TensorAddr{Map: g.wmap, Coords: ptx.Vec{kb, g.col0}}, ptx.Addr{Base: bar})
+			ptx.Addr{Base: dst, Offset: int64(b * gcCols * 2 * gcBoxK)}, ptx.TensorAddr{Map: g.wmap, Coords: ptx.Vec{kb, g.col0}}, ptx.Addr{Base: bar})
 	}
 }
 
@@ -495,7 +503,7 @@ func (g *gcGen) askW(stage ptx.Reg, slot ptx.Operand) {
 // by Rows rows, in the warpgroup form one box of gcBoxK by Rows rows per W box.
 func (g *gcGen) askX(stage ptx.Reg, slot ptx.Operand) {
 	c := g.c
-	if c.warpgroups() == 0 {
+	if !c.warpgroup() {
 		g.Emit("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes",
 			ptx.Addr{Base: g.slotAddr(g.slot0, slot), Offset: int64(c.wBytes())}, ptx.TensorAddr{Map: g.xmap, Coords: ptx.Vec{g.firstK(stage), g.imm32(0)}}, ptx.Addr{Base: g.barAddr(slot)})
 		return

@@ -70,11 +70,11 @@ func TestGemmCopyMatchesReference(t *testing.T) {
 		{GemmCopyConfig{K: 1024, N: 64, Rows: 16, Split: 2, Stages: 2}, []int{9, 16}},  // two row tiles, eight K parts
 		{GemmCopyConfig{K: 768, N: 128, Rows: 16, Split: 1, Stages: 1}, []int{1, 16}},  // the sums in the one slot
 		{GemmCopyConfig{K: 2048, N: 64, Rows: 16, Split: 2, Stages: 3}, []int{13, 16}}, // three slots of four stages a CTA, a cluster
-		// The warpgroup form: one warpgroup of 64 columns, or two of 128.
+		// The warpgroup form: one warpgroup of 64 columns.
 		{GemmCopyConfig{K: 1024, N: 64, Rows: 32, Split: 2, Stages: 1}, []int{1, 32}},    // a stage a slot: every stage waits for its refill
 		{GemmCopyConfig{K: 1024, N: 128, Rows: 32, Split: 1, Stages: 3}, []int{17}},      // four stages through three slots, two CTAs
 		{GemmCopyConfig{K: 512, N: 64, Rows: 64, Split: 2, Stages: 1}, []int{64}},        // ranks' sums through rank 0's ring
-		{GemmCopyConfig{K: 1024, N: 128, Rows: 128, Split: 4, Stages: 2}, []int{5, 128}}, // a cluster of 4, two warpgroups
+		{GemmCopyConfig{K: 1024, N: 128, Rows: 128, Split: 4, Stages: 1}, []int{5, 128}}, // a cluster of 4
 	} {
 		for _, rows := range c.rows {
 			cfg := c.GemmCopyConfig
@@ -105,9 +105,10 @@ func TestGemmCopyFor(t *testing.T) {
 		{4096, 4096, 12, 0, 0, 0, "12 rows, want one of [8 16 32 64 128]"},
 		{4096, 4096, 32, 0, 2, 3, ""},   // the warpgroup form: 64 tiles of 64 columns, split
 		{4096, 6144, 32, 0, 1, 3, ""},   // 96 tiles
-		{4096, 4096, 128, 0, 4, 3, ""},  // 32 tiles of 128 columns over clusters of 4
-		{14336, 4096, 128, 0, 4, 3, ""}, // down
-		{4096, 6144, 128, 0, 2, 3, ""},  // 48 tiles
+		{4096, 4096, 128, 0, 2, 3, ""},  // 64 tiles over clusters of 2
+		{14336, 4096, 128, 0, 2, 3, ""}, // down
+		{4096, 6144, 128, 0, 1, 3, ""},  // 96 tiles
+		{2048, 2048, 64, 0, 4, 2, ""},   // 32 tiles over clusters of 4: two stages a CTA
 		{4096, 4096, 48, 0, 0, 0, "48 rows, want one of [8 16 32 64 128]"},
 		{4096, 100, 8, 0, 0, 0, "N=100 must be a positive multiple of 64"},
 		{384, 4096, 8, 0, 0, 0, "K=384 must be a positive multiple of 512"},

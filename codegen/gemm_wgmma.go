@@ -7,21 +7,24 @@ import (
 )
 
 // The copy-engine GEMM's warpgroup form, for decode buckets of 32 rows and more (gcLayouts'
-// layouts with Warpgroups): the ring, the tensor-map copies and the early W are the mma.sync
+// layouts with Warpgroup): the ring, the tensor-map copies and the early W are the mma.sync
 // form's (gemm_copy.go), but the multiplies are Hopper's warpgroup MMAs, which read both
-// operands from shared memory themselves. Swapped, as small-batch GEMMs are: A is W (64 of
-// the CTA's columns a warpgroup, M = 64), B is x (the node's token rows, N = Rows), so one
-// wgmma.m64n{Rows}k16 a warpgroup covers every row, and x, which the mma.sync form stages in
-// f32 and reads into registers once per column group, is the library cast's bf16, read by
-// the tensor cores once a CTA.
+// operands from shared memory themselves. Swapped, as small-batch GEMMs are: A is W (the
+// CTA's 64 columns, M = 64), B is x (the node's token rows, N = Rows), so one
+// wgmma.m64n{Rows}k16 covers every row, and x, which the mma.sync form stages in f32 and
+// reads into registers once per column group, is the library cast's bf16, read by the
+// tensor cores once a CTA. A CTA is one warpgroup: at 128 rows, two warpgroups of 64
+// columns each (128 a CTA, K over clusters of up to 4 where tiles are few) made the 8B's
+// step 10-21% longer than cuBLASLt's, one warpgroup 1.5% (sessions 41-42,
+// testsuite/gpu/RESULTS.md).
 //
-// Layout. W's boxes (64 K by the CTA's columns) and x's (64 K by Rows) both have 128-byte
+// Layout. W's boxes (64 K by 64 columns) and x's (64 K by Rows) both have 128-byte
 // rows under the 128-byte swizzle, 1024-byte aligned: the canonical K-major layout a wgmma
 // descriptor names with a stride of 1024 bytes between groups of 8 rows (wgSBO). Each of a
 // box's four K steps of 16 starts 32 bytes further into the rows; the swizzle is applied to
 // the address, so the step is a plain offset.
 //
-// Sums. Warp w of a warpgroup holds rows 16w..16w+15 of its 64 columns: lane (g, t) has
+// Sums. Warp w holds rows 16w..16w+15 of the 64 columns: lane (g, t) has
 // register i at column 16w + g + 8*(i/2 % 2), token 8*(i/4) + 2t + i%2. With K split over a
 // cluster, ranks 1.. store every thread's registers into rank 0's ring once every rank's loop
 // has ended, and rank 0 adds them in rank order, so every run gives the same bits.
@@ -40,9 +43,6 @@ const (
 // wgMainLoop multiplies the CTA's stages in order, slot by slot, as mainLoop does.
 func (g *gcGen) wgMainLoop() {
 	c := g.c
-	// The warpgroup's W rows start 64 rows (64 x 128 bytes) into each W box.
-	wgi := g.op3("shr.u32", ptx.U32, g.tid, ptx.Imm(7))
-	wRows := g.op3("mul.lo.u32", ptx.U32, wgi, ptx.Imm(64*2*gcBoxK))
 	acc := g.Regs(ptx.F32, c.Rows/2)
 	for _, a := range acc {
 		g.Emit("mov.f32", a, ptx.F32Imm(0))
@@ -56,25 +56,22 @@ func (g *gcGen) wgMainLoop() {
 	// Descriptors hold start addresses >> 4; the slots are 1024-byte aligned and every offset
 	// below a multiple of 16, so a descriptor's lower word is base>>4 + offset>>4 + wgDescLo.
 	slotBase := g.slotAddr(g.slot0, slot)
-	aBase := g.op3("add.u32", ptx.U32, slotBase, wRows)
-	g.Emit("shr.u32", aBase, aBase, ptx.Imm(4))
-	g.Emit("add.u32", aBase, aBase, ptx.Imm(wgDescLo))
-	bBase := g.op3("shr.u32", ptx.U32, slotBase, ptx.Imm(4))
-	g.Emit("add.u32", bBase, bBase, ptx.Imm(wgDescLo))
+	base := g.op3("shr.u32", ptx.U32, slotBase, ptx.Imm(4))
+	g.Emit("add.u32", base, base, ptx.Imm(wgDescLo))
 	lo, da, db := g.Reg(ptx.U32), g.Reg(ptx.B64), g.Reg(ptx.B64)
 	g.Emit("wgmma.fence.sync.aligned")
 	for b := range c.stageK() / gcBoxK {
 		for j := range gcBoxK / wgKStep {
 			step := int64(j * wgKStep * 2)
-			g.Emit("add.u32", lo, aBase, ptx.Imm((int64(b*c.cols()*2*gcBoxK)+step)>>4))
+			g.Emit("add.u32", lo, base, ptx.Imm((int64(b*gcCols*2*gcBoxK)+step)>>4))
 			g.Emit("mov.b64", da, ptx.Vec{lo, hi})
-			g.Emit("add.u32", lo, bBase, ptx.Imm((int64(c.wBytes()+b*c.Rows*2*gcBoxK)+step)>>4))
+			g.Emit("add.u32", lo, base, ptx.Imm((int64(c.wBytes()+b*c.Rows*2*gcBoxK)+step)>>4))
 			g.Emit("mov.b64", db, ptx.Vec{lo, hi})
 			g.Emit(wgmmaOp(c.Rows), ptx.Vec(acc), da, db, ptx.Imm(1), ptx.Imm(1), ptx.Imm(1), ptx.Imm(0), ptx.Imm(0))
 		}
 	}
 	g.Emit("wgmma.commit_group.sync.aligned")
-	// The slot is refilled once every warpgroup's MMAs have read it.
+	// The slot is refilled once the MMAs have read it.
 	g.Emit("wgmma.wait_group.sync.aligned", ptx.Imm(0))
 	g.nextStage(stage, slot, phase, top)
 }
@@ -117,7 +114,7 @@ func (g *gcGen) wgReduce() {
 			}
 		}
 	}
-	// Column col0 + 64*warpgroup + 16*(warp%4) + g (+8), token 2t (+1) + 8*(i/4).
+	// Column col0 + 16*warp + g (+8), token 2t (+1) + 8*(i/4).
 	col := g.op3("shr.u32", ptx.U32, g.tid, ptx.Imm(5))
 	g.Emit("mul.lo.u32", col, col, ptx.Imm(16))
 	g.Emit("add.u32", col, col, g.gg)

@@ -11,8 +11,8 @@ import (
 
 // TestCopyGemmKernels: the Llama-3.1-8B bundle carries copy-engine GEMMs (bundle.OpGemmCopy)
 // for exactly the GEMMs they were measured faster on, o, q/k/v and down of its buckets of 8
-// to 32 rows (the 1, 2 and 4 rows buckets' GEMMs are GEMVs; 8 and 16 rows in the mma.sync
-// form, 32 in the warpgroup form; 64 and more keep the library), each well-formed;
+// to 64 rows (the 1, 2 and 4 rows buckets' GEMMs are GEMVs; 8 and 16 rows in the mma.sync
+// form, 32 and 64 in the warpgroup form; 128 and more keep the library), each well-formed;
 // Llama-3.2-1B's (narrower, not measured) carries none.
 func TestCopyGemmKernels(t *testing.T) {
 	for _, c := range []struct {
@@ -20,9 +20,9 @@ func TestCopyGemmKernels(t *testing.T) {
 		want  [][3]int // K, N, rows
 	}{
 		{"../specs/models/llama-3.1-8b.yaml", [][3]int{
-			{4096, 4096, 8}, {4096, 4096, 16}, {4096, 4096, 32},
-			{4096, 6144, 8}, {4096, 6144, 16}, {4096, 6144, 32},
-			{14336, 4096, 8}, {14336, 4096, 16}, {14336, 4096, 32},
+			{4096, 4096, 8}, {4096, 4096, 16}, {4096, 4096, 32}, {4096, 4096, 64},
+			{4096, 6144, 8}, {4096, 6144, 16}, {4096, 6144, 32}, {4096, 6144, 64},
+			{14336, 4096, 8}, {14336, 4096, 16}, {14336, 4096, 32}, {14336, 4096, 64},
 		}},
 		{"../specs/models/llama-3.2-1b.yaml", nil},
 	} {
