@@ -99,7 +99,7 @@ var gcLayouts = []gcLayout{
 // gcDefaultRows are the layouts' row counts a bundle carries kernels for unless a build asks
 // for others (xmixc build --copy-gemm-rows): those measured faster in the step and checked
 // against the CPU on the GPU. On the H200 the warpgroup form made the 8B's steps of 32 and
-// 64 rows 1.9-2.6% shorter than cuBLASLt's at contexts 80-2112, but its 128-row kernel made
+// 64 rows 0.9-2.6% shorter than cuBLASLt's at contexts 80-2112, but its 128-row kernel made
 // that step 1.5% longer (sessions 41-42, testsuite/gpu/RESULTS.md), so 128 rows keep the
 // library.
 var gcDefaultRows = []int{8, 16, 32, 64}
