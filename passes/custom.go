@@ -50,7 +50,8 @@ const maxPTXVersion = 8
 const maxSM = 90
 
 // CheckCustomPTX checks a custom kernel's PTX against its declared signature: it parses and
-// validates, declares .version <= 8.x and a .target of sm_90 or lower, has the entry, calls no
+// validates, declares .version <= 8.x and a .target of sm_90 or lower or sm_90a (Hopper's
+// arch-specific instructions, e.g. wgmma), has the entry, calls no
 // .func, declares no module variables, and the entry's parameters are exactly the signature.
 // Errors say what differs; positions inside the text are ptx line:col.
 func CheckCustomPTX(text, entry string, sig []ptx.Param) (*ptx.Module, error) {
@@ -65,8 +66,8 @@ func CheckCustomPTX(text, entry string, sig []ptx.Param) (*ptx.Module, error) {
 		return nil, fmt.Errorf(".version %s is newer than the drivers accept (8.x at most)", m.Version)
 	}
 	sm, ok := strings.CutPrefix(m.Target, "sm_")
-	if !ok || !isAtMost(sm, maxSM) {
-		return nil, fmt.Errorf(".target %s: want sm_90 or lower (sm_XX)", m.Target)
+	if (!ok || !isAtMost(sm, maxSM)) && m.Target != ptx.ArchTarget {
+		return nil, fmt.Errorf(".target %s: want sm_90 or lower (sm_XX), or %s", m.Target, ptx.ArchTarget)
 	}
 	if m.AddressSize != 64 {
 		return nil, fmt.Errorf(".address_size %d: want 64", m.AddressSize)

@@ -43,8 +43,9 @@ func ptxParams(sig ...string) []string {
 }
 
 func TestCustomOpBinds(t *testing.T) {
-	for _, kernel := range []string{"custom:k", "k"} {
-		src := customApp("sm_80", "k", ptxParams("v u64", "alpha f32"), []string{"v u64", "alpha f32"},
+	for _, c := range []struct{ kernel, target string }{{"custom:k", "sm_80"}, {"k", "sm_80"}, {"k", "sm_90a"}} {
+		kernel := c.kernel
+		src := customApp(c.target, "k", ptxParams("v u64", "alpha f32"), []string{"v u64", "alpha f32"},
 			fmt.Sprintf("write: {at: {layers: [1, 3], hook: resid_post}, kernel: %s, args: {v: v, alpha: 2.5}}", kernel))
 		p, err := plan(t, src)
 		if err != nil {
@@ -79,7 +80,8 @@ func TestCustomOpErrors(t *testing.T) {
 		{"wrong abi", strings.Replace(customApp("sm_90", "k", nil, nil, at), `"bit u32"`, `"bit u64"`, 1),
 			"signature parameter 5 is bit u64, the ABI wants bit u32"},
 		{"missing entry", customApp("sm_90", "other", nil, nil, at), "no .entry k in the PTX (entries: other)"},
-		{"wrong target", customApp("sm_100", "k", nil, nil, at), ".target sm_100: want sm_90 or lower"},
+		{"wrong target", customApp("sm_100", "k", nil, nil, at), ".target sm_100: want sm_90 or lower (sm_XX), or sm_90a"},
+		{"wrong arch target", customApp("sm_80a", "k", nil, nil, at), ".target sm_80a: want sm_90 or lower (sm_XX), or sm_90a"},
 		{"missing argument", customApp("sm_90", "k", ptxParams("v u64"), []string{"v u64"}, at),
 			"kernel k declares parameter v, the op gives no such argument"},
 		{"extra argument", customApp("sm_90", "k", nil, nil,

@@ -70,7 +70,7 @@ var asyncForms = map[string]asyncForm{
 	"fence.mbarrier_init.release.cluster":                                         {"", "8.0"},
 	"fence.proxy.async.shared::cta":                                               {"", "8.0"},
 	"fence.proxy.tensormap::generic.acquire.gpu":                                  {"g8", "8.3"},
-	// Warpgroup MMA, sm_90a only (archTarget): D[64xN] (+)= A[64x16] . B[16xN] with A and B
+	// Warpgroup MMA, sm_90a only (ArchTarget): D[64xN] (+)= A[64x16] . B[16xN] with A and B
 	// in shared memory, both K-major bf16, described by 64-bit descriptors, and D in f32
 	// registers spread over the warpgroup's 128 threads. N of the shape is any multiple of 8
 	// from 8 to 256 (wgmmaShape); the key spells it N.
@@ -80,12 +80,12 @@ var asyncForms = map[string]asyncForm{
 	"wgmma.mma_async.sync.aligned.m64nNk16.f32.bf16.bf16": {"Cqqenn00", "8.0"},
 }
 
-// archTarget is the target the arch-specific Hopper instructions (wgmma) need: sm_90a, whose
+// ArchTarget is the target the arch-specific Hopper instructions (wgmma) need: sm_90a, whose
 // code runs on sm_90 GPUs only. A module whose target is sm_90 is printed with sm_90a when
 // one of its kernels uses them (printTarget), the way its version is raised.
-const archTarget = "sm_90a"
+const ArchTarget = "sm_90a"
 
-// needsArch reports whether o exists only on archTarget.
+// needsArch reports whether o exists only on ArchTarget.
 func needsArch(o Opcode) bool { return o.Base == "wgmma" }
 
 // wgmmaShape writes the m64n<N>k16 part of op as m64nNk16, the way asyncForms spells it, and
@@ -163,7 +163,7 @@ func (c *kernelCheck) asyncInstr(i int, in Instr, o Opcode) {
 		return
 	}
 	if needsArch(o) && !archTargetOK(c.target) {
-		c.ierr(i, in, "%s needs .target %s; the module's is %s", o.Base, archTarget, c.target)
+		c.ierr(i, in, "%s needs .target %s; the module's is %s", o.Base, ArchTarget, c.target)
 	}
 	if len(in.Args) != len(f.kinds) {
 		c.ierr(i, in, "%s takes %d operands, has %d", in.Op, len(f.kinds), len(in.Args))
@@ -185,7 +185,7 @@ func (c *kernelCheck) asyncInstr(i int, in Instr, o Opcode) {
 // elsewhere.
 func archTargetOK(t string) bool {
 	first, _, _ := strings.Cut(t, ",")
-	return t == "" || first == Target || first == archTarget
+	return t == "" || first == Target || first == ArchTarget
 }
 
 func isReg32(r Reg) bool { return classOf(r.T) == "r" }
@@ -385,12 +385,12 @@ func (m *Module) printTarget() string {
 		return m.Target
 	}
 	if more {
-		return archTarget + "," + rest
+		return ArchTarget + "," + rest
 	}
-	return archTarget
+	return ArchTarget
 }
 
-// usesArch reports whether a kernel of m holds an instruction only archTarget has.
+// usesArch reports whether a kernel of m holds an instruction only ArchTarget has.
 func (m *Module) usesArch() bool {
 	for _, k := range m.Kernels {
 		for _, in := range k.Body {
