@@ -44,9 +44,8 @@ func ptxParams(sig ...string) []string {
 
 func TestCustomOpBinds(t *testing.T) {
 	for _, c := range []struct{ kernel, target string }{{"custom:k", "sm_80"}, {"k", "sm_80"}, {"k", "sm_90a"}} {
-		kernel := c.kernel
 		src := customApp(c.target, "k", ptxParams("v u64", "alpha f32"), []string{"v u64", "alpha f32"},
-			fmt.Sprintf("write: {at: {layers: [1, 3], hook: resid_post}, kernel: %s, args: {v: v, alpha: 2.5}}", kernel))
+			fmt.Sprintf("write: {at: {layers: [1, 3], hook: resid_post}, kernel: %s, args: {v: v, alpha: 2.5}}", c.kernel))
 		p, err := plan(t, src)
 		if err != nil {
 			t.Fatal(err)
