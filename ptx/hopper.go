@@ -50,26 +50,34 @@ const (
 //	e  scale-d: the immediate 1 (D = A*B + D) or a predicate (false: D = A*B)
 //	n  imm-scale-a/b: the immediate 1 or -1 (-1 negates the operand)
 //	0  imm-trans-a/b: the immediate 0 (K-major operands only)
+//	_  the sink destination "_" (Sink)
+//	h  16-bit register or integer immediate (a multicast copy's ctaMask)
 type asyncForm struct {
 	kinds   string
 	version string // the PTX ISA version that introduced the form
 }
 
 var asyncForms = map[string]asyncForm{
-	"mbarrier.init.shared::cta.b64":                                               {"su", "7.8"},
-	"mbarrier.arrive.shared::cta.b64":                                             {"Ds", "7.8"},
-	"mbarrier.arrive.expect_tx.shared::cta.b64":                                   {"Dsu", "7.8"},
-	"mbarrier.try_wait.parity.shared::cta.b64":                                    {"Psu", "7.8"},
+	"mbarrier.init.shared::cta.b64":             {"su", "7.8"},
+	"mbarrier.arrive.shared::cta.b64":           {"Ds", "7.8"},
+	"mbarrier.arrive.expect_tx.shared::cta.b64": {"Dsu", "7.8"},
+	"mbarrier.try_wait.parity.shared::cta.b64":  {"Psu", "7.8"},
+	// An arrival on any CTA's mbarrier of the cluster (its address from mapa), ordered after
+	// this thread's earlier accesses for the whole cluster.
+	"mbarrier.arrive.release.cluster.shared::cluster.b64":                         {"_s", "8.0"},
 	"cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes":           {"sgus", "7.8"},
 	"cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes": {"sts", "7.8"},
-	"mapa.shared::cluster.u32":                                                    {"dau", "7.8"},
-	"barrier.cluster.arrive":                                                      {"", "7.8"},
-	"barrier.cluster.arrive.release":                                              {"", "8.0"},
-	"barrier.cluster.wait":                                                        {"", "7.8"},
-	"barrier.cluster.wait.acquire":                                                {"", "8.0"},
-	"fence.mbarrier_init.release.cluster":                                         {"", "8.0"},
-	"fence.proxy.async.shared::cta":                                               {"", "8.0"},
-	"fence.proxy.tensormap::generic.acquire.gpu":                                  {"g8", "8.3"},
+	// The same box written to every CTA of the cluster whose rank's bit is set in ctaMask, at
+	// the same offsets of their shared memory, each completing its own mbarrier there.
+	"cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster": {"stsh", "7.8"},
+	"mapa.shared::cluster.u32":                   {"dau", "7.8"},
+	"barrier.cluster.arrive":                     {"", "7.8"},
+	"barrier.cluster.arrive.release":             {"", "8.0"},
+	"barrier.cluster.wait":                       {"", "7.8"},
+	"barrier.cluster.wait.acquire":               {"", "8.0"},
+	"fence.mbarrier_init.release.cluster":        {"", "8.0"},
+	"fence.proxy.async.shared::cta":              {"", "8.0"},
+	"fence.proxy.tensormap::generic.acquire.gpu": {"g8", "8.3"},
 	// Warpgroup MMA, sm_90a only (ArchTarget): D[64xN] (+)= A[64x16] . B[16xN] with A and B
 	// in shared memory, both K-major bf16, described by 64-bit descriptors, and D in f32
 	// registers spread over the warpgroup's 128 threads. N of the shape is any multiple of 8
@@ -316,6 +324,22 @@ func (c *kernelCheck) asyncOperand(i int, in Instr, kind byte, a Operand, n int)
 			return "must be the immediate 1 or -1 (imm-scale: -1 negates the operand)"
 		}
 		return ""
+	case '_':
+		if a != Sink {
+			return "must be the sink _ (an arrival on another CTA's mbarrier returns no state)"
+		}
+		return ""
+	case 'h':
+		switch a := a.(type) {
+		case Imm:
+			if a < 0 || a > 0xffff {
+				return "must be a 16-bit mask (0..65535)"
+			}
+			return ""
+		case Reg:
+			return reg(a, func(r Reg) bool { return classOf(r.T) == "rs" }, "a 16-bit register (the CTA mask)")
+		}
+		return "must be a 16-bit register or an integer immediate (the CTA mask)"
 	case '0':
 		if a != Imm(0) {
 			return "must be the immediate 0 (imm-trans: only K-major operands are supported)"

@@ -17,6 +17,7 @@ const hopperSrc = `
 	.reg .b32 %r<70>;
 	.reg .b64 %rd<40>;
 	.reg .f32 %f<4>;
+	.reg .b16 %rs<2>;
 	.extern .shared .align 128 .b8 smem[];
 	ld.param.u64 %rd8, [pmap];
 	fence.proxy.tensormap::generic.acquire.gpu [%rd8], 128;
@@ -42,6 +43,9 @@ const hopperSrc = `
 	barrier.cluster.wait.acquire;
 	barrier.cluster.arrive;
 	barrier.cluster.wait;
+	mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%r64];
+	cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%r41], [%rd8, {%r44, %r10}], [%r40], %rs1;
+	cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%r41], [%rd8, {%r44, %r10}], [%r40], 3;
 }
 `
 
@@ -235,6 +239,21 @@ func TestValidateHopperCatches(t *testing.T) {
 		{"tensor copy 32-bit map", func(k *Kernel) {
 			k.Emit(tensor, Addr{Base: r32(k)}, TensorAddr{Map: r32(k), Coords: Vec{r32(k), r32(k)}}, Addr{Base: r32(k)})
 		}, "a 64-bit register (the tensor map's address)"},
+		{"remote arrive into a register", func(k *Kernel) {
+			k.Emit("mbarrier.arrive.release.cluster.shared::cluster.b64", r64(k), Addr{Base: r32(k)})
+		}, "operand 0: must be the sink _"},
+		{"remote arrive without release", func(k *Kernel) {
+			k.Emit("mbarrier.arrive.shared::cluster.b64", Sink, Addr{Base: r32(k)})
+		}, "unsupported form of mbarrier"},
+		{"multicast mask 32-bit", func(k *Kernel) {
+			k.Emit(tensor+".multicast::cluster", Addr{Base: r32(k)}, TensorAddr{Map: r64(k), Coords: Vec{r32(k), r32(k)}}, Addr{Base: r32(k)}, r32(k))
+		}, "operand 3: register %r11 must be a 16-bit register (the CTA mask)"},
+		{"multicast mask too wide", func(k *Kernel) {
+			k.Emit(tensor+".multicast::cluster", Addr{Base: r32(k)}, TensorAddr{Map: r64(k), Coords: Vec{r32(k), r32(k)}}, Addr{Base: r32(k)}, Imm(1<<16))
+		}, "must be a 16-bit mask"},
+		{"multicast without mask", func(k *Kernel) {
+			k.Emit(tensor+".multicast::cluster", Addr{Base: r32(k)}, TensorAddr{Map: r64(k), Coords: Vec{r32(k), r32(k)}}, Addr{Base: r32(k)})
+		}, "takes 4 operands, has 3"},
 		{"tensor copy map symbol", func(k *Kernel) {
 			k.Emit(tensor, Addr{Base: r32(k)}, TensorAddr{Map: Sym("pmap"), Coords: Vec{r32(k), r32(k)}}, Addr{Base: r32(k)})
 		}, "tensor map must be a 64-bit register"},

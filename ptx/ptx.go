@@ -133,6 +133,10 @@ type Sym string
 
 func (s Sym) operand() string { return string(s) }
 
+// Sink is the operand "_": a destination whose value is discarded, the only one an
+// mbarrier.arrive on another CTA's barrier (.shared::cluster) may have.
+const Sink Sym = "_"
+
 // Special is a read-only special register such as %tid.x.
 type Special string
 

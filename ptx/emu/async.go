@@ -45,8 +45,11 @@ func (d *decoder) async(in *inst, o ptx.Opcode, args []ptx.Operand) error {
 		default:
 			return fmt.Errorf("unsupported mbarrier form")
 		}
-		if err := d.dst(in, args[0]); err != nil {
-			return err
+		// An arrival on another CTA's mbarrier returns no state (its destination is the sink).
+		if args[0] != ptx.Sink {
+			if err := d.dst(in, args[0]); err != nil {
+				return err
+			}
 		}
 		return d.addr(in, args[1], o)
 	case cBulk:
@@ -55,6 +58,13 @@ func (d *decoder) async(in *inst, o ptx.Opcode, args []ptx.Operand) error {
 			return err
 		}
 		mb := args[len(args)-1]
+		if o.Has("multicast::cluster") {
+			in.ext.multicast = true
+			if in.ext.mask, err = d.value(mb, ptx.U16); err != nil {
+				return err
+			}
+			mb = args[2]
+		}
 		if in.ext.mbar, in.ext.mbarOff, err = d.addrOf(mb); err != nil {
 			return err
 		}
@@ -156,7 +166,9 @@ func (b *block) async(in *inst, r []uint64) error {
 		m.pending--
 		m.complete()
 		binary.LittleEndian.PutUint64(p, m.encode())
-		r[in.d[0]] = old
+		if in.hasDst {
+			r[in.d[0]] = old
+		}
 	case cBulk:
 		return b.bulkCopy(in, r)
 	case cTensor:
@@ -192,9 +204,10 @@ func (b *block) mbarWait(in *inst, r []uint64) (bool, error) {
 	return true, nil
 }
 
-// completeTx counts n bytes as arrived at the mbarrier at mbar+off.
-func (b *block) completeTx(r []uint64, mbarOp opnd, off int64, n int) error {
-	p, err := b.sharedSpan(rv(r, mbarOp)+uint64(off), 8, 8, true)
+// completeTx counts n bytes as arrived at the mbarrier at shared address mbar (of any
+// block of the cluster).
+func (b *block) completeTx(mbar uint64, n int) error {
+	p, err := b.sharedSpan(mbar, 8, 8, true)
 	if err != nil {
 		return fmt.Errorf("the copy's mbarrier: %w", err)
 	}
@@ -226,19 +239,15 @@ func (b *block) bulkCopy(in *inst, r []uint64) error {
 	if err != nil {
 		return err
 	}
-	to, err := b.sharedSpan(dst, size, 16, true)
-	if err != nil {
-		return err
-	}
-	copy(to, from)
-	return b.completeTx(r, in.ext.mbar, in.ext.mbarOff, size)
+	return b.deliver(dst, rv(r, in.ext.mbar)+uint64(in.ext.mbarOff), from, 16)
 }
 
 // tensorCopy is cp.async.bulk.tensor.2d: the map's box at element (c0, c1), written densely
 // row by row, then (a map with the 128-byte swizzle) each 16-byte chunk moved as the GPU
 // moves it: address bits 4-6 XORed with bits 7-9, within a destination 1024-byte aligned;
 // elements outside the tensor read as zero. The whole box counts toward the mbarrier, as on
-// the GPU.
+// the GPU. A multicast copy writes the box to each CTA of the cluster its mask names, at the
+// same shared offset, and counts it toward the mbarrier at the same offset in each.
 func (b *block) tensorCopy(in *inst, r []uint64) error {
 	maddr := rv(r, in.ext.src)
 	if maddr%64 != 0 {
@@ -255,41 +264,57 @@ func (b *block) tensorCopy(in *inst, r []uint64) error {
 	c0, c1 := int64(int32(rv(r, in.ext.coords[0]))), int64(int32(rv(r, in.ext.coords[1])))
 	eb, rowBytes := int64(tm.elem), int64(tm.box[0]*tm.elem)
 	total := int(rowBytes) * tm.box[1]
-	align := 128
-	if tm.swizzle != 0 {
-		align = swizzleAlign
-	}
-	dst, err := b.sharedSpan(rv(r, in.base)+uint64(in.off), total, align, true)
-	if err != nil {
-		return err
-	}
-	to := dst
-	if tm.swizzle != 0 {
-		to = make([]byte, total)
-	}
+	dense := make([]byte, total)
 	for i := range int64(tm.box[1]) {
-		out := to[i*rowBytes : (i+1)*rowBytes]
+		out := dense[i*rowBytes : (i+1)*rowBytes]
 		row := c1 + i
 		lo, hi := max(c0, 0), min(c0+int64(tm.box[0]), int64(tm.dims[0]))
 		if row < 0 || row >= int64(tm.dims[1]) || lo >= hi {
-			clear(out)
 			continue
 		}
-		clear(out[:(lo-c0)*eb])
-		clear(out[(hi-c0)*eb:])
 		from, err := b.mem.span(tm.base+uint64(row*tm.stride+lo*eb), int((hi-lo)*eb), int(eb), &b.last)
 		if err != nil {
 			return fmt.Errorf("tensor map's data: %w", err)
 		}
 		copy(out[(lo-c0)*eb:], from)
 	}
+	box, align := dense, 128
 	if tm.swizzle != 0 {
+		box, align = make([]byte, total), swizzleAlign
 		for o := 0; o < total; o += 16 {
 			p := o ^ (o>>7&7)<<4
-			copy(dst[p:p+16], to[o:o+16])
+			copy(box[p:p+16], dense[o:o+16])
 		}
 	}
-	return b.completeTx(r, in.ext.mbar, in.ext.mbarOff, total)
+	dst, mbar := rv(r, in.base)+uint64(in.off), rv(r, in.ext.mbar)+uint64(in.ext.mbarOff)
+	if !in.ext.multicast {
+		return b.deliver(dst, mbar, box, align)
+	}
+	mask := uint16(rv(r, in.ext.mask))
+	if mask == 0 || int(mask)>>len(b.cl.blocks) != 0 {
+		return fmt.Errorf("multicast mask 0x%x: want ranks of the %d-block cluster, at least one", mask, len(b.cl.blocks))
+	}
+	// The offsets within a CTA's shared memory: any rank mapa put in them is not the target.
+	low := uint64(1)<<clusterShift - 1
+	for rank, target := range b.cl.blocks {
+		if mask&(1<<rank) != 0 {
+			if err := target.deliver(dst&low, mbar&low, box, align); err != nil {
+				return fmt.Errorf("multicast to rank %d: %w", rank, err)
+			}
+		}
+	}
+	return nil
+}
+
+// deliver writes a copy's bytes at shared address dst (aligned to align) and counts them
+// toward the mbarrier at mbar.
+func (b *block) deliver(dst, mbar uint64, data []byte, align int) error {
+	to, err := b.sharedSpan(dst, len(data), align, true)
+	if err != nil {
+		return err
+	}
+	copy(to, data)
+	return b.completeTx(mbar, len(data))
 }
 
 // swizzleAlign is the alignment a swizzled box's shared destination needs: the 128-byte

@@ -467,6 +467,14 @@ func TestAsyncFaults(t *testing.T) {
 			k.Emit("barrier.cluster.arrive")
 			k.Emit("barrier.cluster.wait")
 		}, []string{"deadlock", "block (0,0,0) thread (0,0,0): deadlock: waits at barrier.cluster forever", "block (1,0,0) thread (0,0,0): deadlock: waits at a barrier forever", "16 at barriers, 48 at barrier.cluster"}},
+		{"multicast past the cluster", 2, Launch{Grid: [3]int{2, 1, 1}, Block: [3]int{32, 1, 1}, Shared: 1024}, func(mem *Memory, out uint64) {
+			m, _ := TensorMap2D(out+256, [2]int{8, 8}, 32, [2]int{8, 1}, 4, 0)
+			copy(mem.Bytes(out), m[:])
+		}, func(k *ptx.Kernel, smem ptx.Sym, out, bar ptx.Reg) {
+			c := k.Reg(ptx.U32)
+			k.Emit("mov.u32", c, ptx.Imm(0))
+			k.Emit(tensorOp+".multicast::cluster", ptx.Addr{Base: smem, Offset: 128}, ptx.TensorAddr{Map: out, Coords: ptx.Vec{c, c}}, ptx.Addr{Base: bar}, ptx.Imm(4))
+		}, []string{"multicast mask 0x4: want ranks of the 2-block cluster"}},
 		{"trap", 0, one, nil, func(k *ptx.Kernel, _ ptx.Sym, _, _ ptx.Reg) { k.Emit("trap") }, []string{"(trap): block (0,0,0) thread (0,0,0): trap"}},
 	}
 	for _, c := range cases {
@@ -498,6 +506,118 @@ func TestMbarrierPhases(t *testing.T) {
 		got, err := decodeMbar(v.encode())
 		if err != nil || got != v {
 			t.Fatalf("encode/decode %+v: %+v %v", v, got, err)
+		}
+	}
+}
+
+// multicastRing: in clusters of two, n rounds through one slot of two boxes (128 bytes apart). In round i rank
+// r asks for row 2i+r of an 8-column f32 tensor, multicast to both ranks' slot half r; every
+// rank waits for both halves, lanes 0-7 add their column of both, and before the next round
+// each rank's thread 0 arrives on both ranks' "slot free" mbarrier (count 2) and waits on its
+// own, so no rank's copy lands in a slot its partner still reads. Each block stores its sums.
+func multicastRing(n int) *ptx.Kernel {
+	k := ptx.NewKernel("mcast")
+	k.ClusterX = 2
+	mp, out := k.Reg(ptx.U64), k.Reg(ptx.U64)
+	k.Emit("ld.param.u64", mp, ptx.Addr{Base: k.Param("map", ptx.U64)})
+	k.Emit("ld.param.u64", out, ptx.Addr{Base: k.Param("out", ptx.U64)})
+	smem := k.DeclareDynamicShared("smem", 128)
+	r := k.Regs(ptx.U32, 6)
+	tid, rank, base, row, col, lane8 := r[0], r[1], r[2], r[3], r[4], r[5]
+	k.Emit("mov.u32", tid, ptx.TidX)
+	k.Emit("mov.u32", rank, ptx.ClusterCtaRank)
+	k.Emit("mov.u32", base, smem)
+	full, free, slot := ptx.Addr{Base: base}, ptx.Addr{Base: base, Offset: 8}, base
+	t0, lt8, p, r1 := k.Reg(ptx.Pred), k.Reg(ptx.Pred), k.Reg(ptx.Pred), k.Reg(ptx.Pred)
+	k.Emit("setp.eq.u32", t0, tid, ptx.Imm(0))
+	k.Emit("setp.eq.u32", r1, rank, ptx.Imm(1))
+	k.Emit("setp.lt.u32", lt8, tid, ptx.Imm(8))
+	k.EmitIf(t0, false, "mbarrier.init.shared::cta.b64", full, ptx.Imm(1))
+	k.EmitIf(t0, false, "mbarrier.init.shared::cta.b64", free, ptx.Imm(2))
+	k.Emit("fence.mbarrier_init.release.cluster")
+	k.Emit("bar.sync", ptx.Imm(0))
+	// Both ranks' barriers exist before either copies into the other.
+	k.Emit("barrier.cluster.arrive.release")
+	k.Emit("barrier.cluster.wait.acquire")
+	k.Emit("mov.u32", col, ptx.Imm(0))
+	acc, v := k.Reg(ptx.F32), k.Reg(ptx.F32)
+	k.Emit("mov.f32", acc, ptx.F32Imm(0))
+	k.Emit("shl.b32", lane8, tid, ptx.Imm(2))
+	k.Emit("add.u32", lane8, lane8, ptx.Imm(128))
+	k.Emit("add.u32", lane8, lane8, base)
+	mask, st := k.Reg(ptx.B16), k.Reg(ptx.B64)
+	k.Emit("mov.b16", mask, ptx.Imm(3))
+	wait := func(bar ptx.Addr, parity int) {
+		top := k.NewLabel("w")
+		k.Label(top)
+		k.Emit("mbarrier.try_wait.parity.shared::cta.b64", p, bar, ptx.Imm(int64(parity)))
+		k.EmitIf(p, true, "bra", ptx.Sym(top))
+	}
+	for i := range n {
+		skip := k.NewLabel("ask")
+		k.EmitIf(t0, true, "bra", ptx.Sym(skip))
+		if i > 0 {
+			wait(free, (i-1)&1)
+		}
+		k.Emit("mbarrier.arrive.expect_tx.shared::cta.b64", st, full, ptx.Imm(64))
+		k.Emit("add.u32", row, rank, ptx.Imm(int64(2*i)))
+		dst := k.Reg(ptx.U32)
+		k.Emit("mad.lo.u32", dst, rank, ptx.Imm(128), slot) // a tensor copy's destination is 128-byte aligned
+		k.Emit(tensorOp+".multicast::cluster", ptx.Addr{Base: dst, Offset: 128}, ptx.TensorAddr{Map: mp, Coords: ptx.Vec{col, row}}, full, mask)
+		k.Label(skip)
+		wait(full, i&1)
+		// Rank 1 lags two block barriers behind before it reads, long enough for rank 0's
+		// next copy to land first if it did not wait for the slot to be free.
+		lag := k.NewLabel("lag")
+		k.EmitIf(r1, true, "bra", ptx.Sym(lag))
+		k.Emit("bar.sync", ptx.Imm(0))
+		k.Emit("bar.sync", ptx.Imm(0))
+		k.Label(lag)
+		k.EmitIf(lt8, false, "ld.shared.f32", v, ptx.Addr{Base: lane8})
+		k.EmitIf(lt8, false, "add.f32", acc, acc, v)
+		k.EmitIf(lt8, false, "ld.shared.f32", v, ptx.Addr{Base: lane8, Offset: 128})
+		k.EmitIf(lt8, false, "add.f32", acc, acc, v)
+		k.Emit("bar.sync", ptx.Imm(0))
+		if i < n-1 {
+			for peer := range 2 {
+				remote := k.Reg(ptx.U32)
+				k.Emit("mapa.shared::cluster.u32", remote, base, ptx.Imm(int64(peer)))
+				k.EmitIf(t0, false, "mbarrier.arrive.release.cluster.shared::cluster.b64", ptx.Sink, ptx.Addr{Base: remote, Offset: 8})
+			}
+		}
+	}
+	cta, a := k.Reg(ptx.U32), k.Reg(ptx.U64)
+	k.Emit("mov.u32", cta, ptx.CtaidX)
+	k.Emit("mad.lo.u32", cta, cta, ptx.Imm(8), tid)
+	k.Emit("mul.wide.u32", a, cta, ptx.Imm(4))
+	k.Emit("add.u64", a, a, out)
+	k.EmitIf(lt8, false, "st.global.f32", ptx.Addr{Base: a}, acc)
+	return k
+}
+
+func TestMulticastRing(t *testing.T) {
+	const n, cols = 5, 8
+	xv := make([]float32, 2*n*cols)
+	for j := range xv {
+		xv[j] = float32(j*j%97) + 0.5
+	}
+	mem := NewMemory()
+	x, out := allocF32(mem, xv), mem.Alloc(4*4*cols)
+	mp := putTensorMap(t, mem, x, [2]int{cols, 2 * n}, 4*cols, [2]int{cols, 1}, 4, 0)
+	l := Launch{Grid: [3]int{4, 1, 1}, Block: [3]int{32, 1, 1}, Shared: 512}
+	if err := Run(compile(t, multicastRing(n)), "mcast", l, mem, []uint64{mp, out}); err != nil {
+		t.Fatal(err)
+	}
+	got := readF32(mem, out, 4*cols)
+	for cta := range 4 {
+		for c := range cols {
+			var want float32
+			for row := range 2 * n {
+				want += xv[row*cols+c]
+			}
+			if got[cta*cols+c] != want {
+				t.Fatalf("block %d column %d: %v, want %v", cta, c, got[cta*cols+c], want)
+			}
 		}
 	}
 }

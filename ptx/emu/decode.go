@@ -190,6 +190,8 @@ type asyncArgs struct {
 	src, mbar       opnd
 	srcOff, mbarOff int64
 	coords          [2]opnd
+	mask            opnd // a multicast copy's ctaMask
+	multicast       bool
 }
 
 // Special-register slots follow the kernel's registers in each thread's register file.
