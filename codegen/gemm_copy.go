@@ -61,6 +61,7 @@ const (
 	gcMaxStages  = 4           // slots of a ring a build may ask for (more measured no faster at 8 rows)
 	gcSplitBelow = 90          // column tiles below which K splits over a cluster
 	gcSplit      = 2           // CTAs of such a cluster (4 measured slower)
+	gcMaxCluster = 8           // CTAs of a cluster every sm_90 GPU can launch (the portable size)
 	gcPolls      = 1 << 22     // mbarrier polls before a stage that never lands traps
 	gcEntry      = 16          // one lane's sums of one column tile and row tile: 4 f32
 	wgMaxN       = 256         // the most columns (token rows) of one wgmma
@@ -83,6 +84,10 @@ type gcLayout struct {
 	Rows, Groups int
 	Warpgroup    bool
 	StageK       int
+	// Share (warpgroup form): column tiles of a cluster that share each stage's x, each
+	// asking for its part of x's boxes with multicast to all of them (0 or 1: none). At 128
+	// rows a CTA's x is twice its W's bytes, and every column tile reads all of it from L2.
+	Share int
 }
 
 // gcLayouts are the row counts a copy-engine GEMM is made for. Checked at init.
@@ -93,7 +98,7 @@ type gcLayout struct {
 // worth of operands.
 var gcLayouts = []gcLayout{
 	{Rows: 8, Groups: 4}, {Rows: 16, Groups: 2},
-	{Rows: 32, Warpgroup: true, StageK: 256}, {Rows: 64, Warpgroup: true, StageK: 256}, {Rows: 128, Warpgroup: true, StageK: 128},
+	{Rows: 32, Warpgroup: true, StageK: 256}, {Rows: 64, Warpgroup: true, StageK: 256}, {Rows: 128, Warpgroup: true, StageK: 128, Share: 2},
 }
 
 // gcDefaultRows are the layouts' row counts a bundle carries kernels for unless a build asks
@@ -107,10 +112,13 @@ var gcDefaultRows = []int{8, 16, 32, 64}
 func init() {
 	for _, l := range gcLayouts {
 		if l.Warpgroup {
-			if l.Groups != 0 || l.Rows%8 != 0 || l.Rows > wgMaxN || l.StageK%gcBoxK != 0 || l.StageK < gcBoxK {
-				panic(fmt.Sprintf("codegen: warpgroup GEMM layout %+v: rows a multiple of 8 up to %d, a stage of whole %d-element boxes", l, wgMaxN, gcBoxK))
+			if l.Groups != 0 || l.Rows%8 != 0 || l.Rows > wgMaxN || l.StageK%gcBoxK != 0 || l.StageK < gcBoxK || l.StageK/gcBoxK%max(l.Share, 1) != 0 {
+				panic(fmt.Sprintf("codegen: warpgroup GEMM layout %+v: rows a multiple of 8 up to %d, a stage of whole %d-element boxes, as many for each CTA sharing x", l, wgMaxN, gcBoxK))
 			}
 			continue
+		}
+		if l.Share > 1 {
+			panic(fmt.Sprintf("codegen: copy-engine GEMM layout %+v: only the warpgroup form shares x", l))
 		}
 		parts := gcWarps / max(l.Groups, 1)
 		if l.Rows%gcTile != 0 || gcCols/gcColTile*l.Rows/gcTile*32 > 32*gcWarps || l.Groups < 1 || gcCols/gcColTile%l.Groups != 0 ||
@@ -136,8 +144,8 @@ func gcLayoutOf(rows int) *gcLayout {
 }
 
 // GemmCopyConfig is one copy-engine GEMM: K x N, at most Rows token rows, K split over Split
-// CTAs, Stages slots.
-type GemmCopyConfig struct{ K, N, Rows, Split, Stages int }
+// CTAs, Stages slots, x shared by Share column tiles (0 or 1: none; gcLayout.Share).
+type GemmCopyConfig struct{ K, N, Rows, Split, Stages, Share int }
 
 // layout is the config's layout, the zero one if Rows has none.
 func (c GemmCopyConfig) layout() gcLayout {
@@ -164,6 +172,8 @@ func (c GemmCopyConfig) entries() int   { return gcCols / gcColTile * c.rowTiles
 func (c GemmCopyConfig) wBytes() int    { return gcCols * 2 * c.stageK() } // one stage's W
 func (c GemmCopyConfig) kStages() int   { return c.K / c.Split / c.stageK() }
 func (c GemmCopyConfig) recvBytes() int { return (c.Split - 1) * c.partBytes() }
+func (c GemmCopyConfig) shares() int    { return max(c.Share, 1) }
+func (c GemmCopyConfig) cluster() int   { return c.Split * c.shares() } // CTAs: K parts by column tiles
 
 // threads is a CTA's: one warpgroup in the warpgroup form, else gcWarps warps.
 func (c GemmCopyConfig) threads() int {
@@ -228,6 +238,10 @@ func GemmCopyFor(k, n, rows, slots int) (GemmCopyConfig, error) {
 	if k%(c.Split*c.stageK()) != 0 {
 		return GemmCopyConfig{}, fmt.Errorf("copy-engine GEMM: K=%d must be a positive multiple of %d", k, c.Split*c.stageK())
 	}
+	// Column tiles share x where they pair up; an odd count keeps its own x.
+	if share := c.layout().Share; share > 1 && n/gcCols%share == 0 {
+		c.Share = share
+	}
 	if slots <= 0 {
 		slots = gcStages
 	}
@@ -282,7 +296,7 @@ func CopyGemmLayoutRows() []int {
 // library cast's bf16, in boxes of gcBoxK under the swizzle, as W.
 func (c GemmCopyConfig) Attrs() bundle.GemmCopyAttrs {
 	a := bundle.GemmCopyAttrs{K: c.K, N: c.N, Rows: c.Rows, Box: [2]int{gcBoxK, gcCols}, Swizzle: gcSwizzle, XBox: [2]int{gcStage, c.Rows},
-		Grid: c.N / gcCols * c.Split, Cluster: c.Split, Block: c.threads(), Shared: c.shared()}
+		Grid: c.N / gcCols * c.Split, Cluster: c.cluster(), Block: c.threads(), Shared: c.shared()}
 	if c.warpgroup() {
 		a.XBox, a.XBF16, a.XSwizzle = [2]int{gcBoxK, c.Rows}, true, gcSwizzle
 	}
@@ -362,7 +376,8 @@ func GemmCopy(name string, c GemmCopyConfig) (*Kernel, error) {
 	wg := c.warpgroup()
 	if c.layout().Rows == 0 || c.Split < 1 || c.Split > wgMaxSplit || c.K%(c.Split*c.stageK()) != 0 || c.N%gcCols != 0 || c.Stages < 1 ||
 		c.Stages > c.kStages() || c.Stages > gcBars/8 || c.shared() > bundle.MaxDynamicShared ||
-		!wg && c.Stages*c.slotBytes() < c.parts()*c.partBytes() {
+		!wg && c.Stages*c.slotBytes() < c.parts()*c.partBytes() ||
+		c.Share > 1 && (!wg || c.N/gcCols%c.Share != 0 || c.stageK()/gcBoxK%c.Share != 0 || 2*c.Stages > gcBars/8 || c.cluster() > gcMaxCluster) {
 		return nil, fmt.Errorf("copy-engine GEMM %s: bad configuration %+v (use GemmCopyFor)", name, c)
 	}
 	g := gcGen{emitter: newEmitter(name), c: c}
@@ -376,10 +391,12 @@ type gcGen struct {
 	xmap, wmap      ptx.Reg // generic addresses of the tensor-map parameters
 	y, rows         ptx.Reg
 	tid, warp, lane ptx.Reg
-	gg, t, cg, q    ptx.Reg // the lane's mma group and thread; the warp's column group and K part
-	rank, col0, k0  ptx.Reg // cluster rank; the CTA's first column and first K
-	bars, slot0     ptx.Reg // shared addresses: mbarrier 0, slot 0
-	thread0         ptx.Reg // thread 0 asks for W and x
+	gg, t, cg, q    ptx.Reg     // the lane's mma group and thread; the warp's column group and K part
+	rank, col0, k0  ptx.Reg     // K part (the cluster rank without a shared x); the CTA's first column and first K
+	lead            ptx.Operand // the cluster rank of K part 0 of the CTA's column tile
+	xPart           ptx.Reg     // with a shared x: the CTA's place among the tiles sharing it
+	bars, slot0     ptx.Reg     // shared addresses: mbarrier 0, slot 0
+	thread0         ptx.Reg     // thread 0 asks for W and x
 	acc             [][]ptx.Reg
 }
 
@@ -387,8 +404,8 @@ func (g *gcGen) emit() {
 	c := g.c
 	wg := c.warpgroup()
 	g.MaxNTid = c.threads()
-	if c.Split > 1 {
-		g.ClusterX = c.Split
+	if c.cluster() > 1 {
+		g.ClusterX = c.cluster()
 	}
 	// The maps are parameters (as CUTLASS passes them), so the launch carries them and no
 	// fence is needed before their first use; one in global memory needs
@@ -418,8 +435,18 @@ func (g *gcGen) emit() {
 		g.q = g.op3("rem.u32", ptx.U32, g.warp, ptx.Imm(int64(c.parts())))
 	}
 	g.rank = g.imm32(0)
+	g.lead = ptx.Imm(0)
 	tile := g.special(ptx.CtaidX)
-	if c.Split > 1 {
+	switch {
+	case c.shares() > 1:
+		// Cluster rank = xPart*Split + K part: the CTAs of one K part share its x.
+		crank := g.special(ptx.ClusterCtaRank)
+		g.Emit("rem.u32", g.rank, crank, ptx.Imm(int64(c.Split)))
+		g.xPart = g.op3("div.u32", ptx.U32, crank, ptx.Imm(int64(c.Split)))
+		g.lead = g.op3("sub.u32", ptx.U32, crank, g.rank)
+		g.Emit("div.u32", tile, tile, ptx.Imm(int64(c.cluster())))
+		g.Emit("mad.lo.u32", tile, tile, ptx.Imm(int64(c.Share)), g.xPart)
+	case c.Split > 1:
 		g.Emit("mov.u32", g.rank, ptx.ClusterCtaRank)
 		g.Emit("div.u32", tile, tile, ptx.Imm(int64(c.Split)))
 	}
@@ -435,13 +462,26 @@ func (g *gcGen) emit() {
 		for i := range c.Stages {
 			g.Emit("mbarrier.init.shared::cta.b64", ptx.Addr{Base: g.bars, Offset: int64(8 * i)}, ptx.Imm(1))
 		}
+		if c.shares() > 1 {
+			// A slot is free once every CTA sharing its x has read it.
+			for i := range c.Stages {
+				g.Emit("mbarrier.init.shared::cta.b64", ptx.Addr{Base: g.freeAddr(ptx.Imm(int64(i)))}, ptx.Imm(int64(c.Share)))
+			}
+		}
 		g.Emit("fence.mbarrier_init.release.cluster")
 	})
 	g.Emit("bar.sync", ptx.Imm(0))
+	if c.shares() > 1 {
+		// Every CTA's mbarriers exist before another's copies complete on them.
+		g.Emit("barrier.cluster.arrive.release")
+	}
 	for i := range c.Stages {
 		g.when(g.thread0, false, func() { g.askW(g.imm32(int64(i)), ptx.Imm(int64(i))) })
 	}
 	g.Emit(bundle.PriorGridWait)
+	if c.shares() > 1 {
+		g.Emit("barrier.cluster.wait.acquire")
+	}
 	g.when(g.thread0, false, func() {
 		for i := range c.Stages {
 			g.askX(g.imm32(int64(i)), ptx.Imm(int64(i)))
@@ -469,6 +509,12 @@ func (g *gcGen) slotAddr(base ptx.Reg, slot ptx.Operand) ptx.Reg {
 
 // barAddr is the shared address of slot's mbarrier.
 func (g *gcGen) barAddr(slot ptx.Operand) ptx.Reg { return g.scaled(g.bars, slot, 8) }
+
+// freeAddr is the shared address of slot's "free" mbarrier (with a shared x), past the
+// slots' own.
+func (g *gcGen) freeAddr(slot ptx.Operand) ptx.Reg {
+	return g.scaled(g.op3("add.u32", ptx.U32, g.bars, ptx.Imm(int64(8*g.c.Stages))), slot, 8)
+}
 
 // scaled is base + i*size, i a register or an immediate (folded: a multiply's first source
 // must be a register).
@@ -510,10 +556,38 @@ func (g *gcGen) askX(stage ptx.Reg, slot ptx.Operand) {
 	}
 	kc := g.firstK(stage)
 	dst, bar := g.slotAddr(g.slot0, slot), g.barAddr(slot)
+	if c.shares() > 1 {
+		g.askSharedX(kc, dst, bar)
+		return
+	}
 	for b := range c.stageK() / gcBoxK {
 		kb := g.op3("add.u32", ptx.U32, kc, ptx.Imm(int64(b*gcBoxK)))
 		g.Emit("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes",
 			ptx.Addr{Base: dst, Offset: int64(c.wBytes() + b*c.Rows*2*gcBoxK)}, ptx.TensorAddr{Map: g.xmap, Coords: ptx.Vec{kb, g.imm32(0)}}, ptx.Addr{Base: bar})
+	}
+}
+
+// askSharedX (thread 0) asks for the CTA's part of a stage's x boxes, first K kc, into slot
+// dst of every CTA sharing them: boxes xPart, xPart+Share, ..., each multicast to the CTAs
+// of its K part (cluster ranks rank, rank+Split, ...), completing each one's mbarrier bar.
+func (g *gcGen) askSharedX(kc, dst, bar ptx.Reg) {
+	c := g.c
+	var ranks int64
+	for i := range c.Share {
+		ranks |= 1 << (i * c.Split)
+	}
+	m := g.op3("shl.b32", ptx.U32, g.imm32(ranks), g.rank)
+	mask := g.Reg(ptx.U16)
+	g.Emit("cvt.u16.u32", mask, m)
+	first := g.Reg(ptx.U32)
+	g.Emit("mad.lo.u32", first, g.xPart, ptx.Imm(gcBoxK), kc)
+	at := g.Reg(ptx.U32)
+	g.Emit("mad.lo.u32", at, g.xPart, ptx.Imm(int64(c.Rows*2*gcBoxK)), dst)
+	for j := range c.stageK() / gcBoxK / c.Share {
+		b := j * c.Share // the box's place, past the CTA's own (xPart)
+		kb := g.op3("add.u32", ptx.U32, first, ptx.Imm(int64(b*gcBoxK)))
+		g.Emit("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster",
+			ptx.Addr{Base: at, Offset: int64(c.wBytes() + b*c.Rows*2*gcBoxK)}, ptx.TensorAddr{Map: g.xmap, Coords: ptx.Vec{kb, g.imm32(0)}}, ptx.Addr{Base: bar}, mask)
 	}
 }
 
@@ -609,6 +683,18 @@ func (g *gcGen) nextStage(stage, slot, phase ptx.Reg, top string) {
 	more := g.cmp("lt", ptx.U32, next, ptx.Imm(int64(c.kStages())))
 	g.when(more, false, func() {
 		g.when(g.thread0, false, func() {
+			if c.shares() > 1 {
+				// Tell every CTA sharing the slot's x that this one has read it, and wait
+				// until all have before its copies land in theirs.
+				free := g.freeAddr(slot)
+				for i := range c.Share {
+					peer := g.op3("add.u32", ptx.U32, g.rank, ptx.Imm(int64(i*c.Split)))
+					remote := g.Reg(ptx.U32)
+					g.Emit("mapa.shared::cluster.u32", remote, free, peer)
+					g.Emit("mbarrier.arrive.release.cluster.shared::cluster.b64", ptx.Sink, ptx.Addr{Base: remote})
+				}
+				g.wait(free, phase)
+			}
 			g.askW(next, slot)
 			g.askX(next, slot)
 		})
@@ -621,14 +707,14 @@ func (g *gcGen) nextStage(stage, slot, phase ptx.Reg, top string) {
 	g.EmitIf(g.cmp("lt", ptx.U32, stage, ptx.Imm(int64(c.kStages()))), false, "bra", ptx.Sym(top))
 }
 
-// rankPart is where this rank's (rank >= 1) sums go in rank 0's shared memory: part
-// rank-1 of partBytes from base, as a shared::cluster address.
+// rankPart is where this rank's (rank >= 1) sums go in rank 0's shared memory (K part 0 of
+// its column tile): part rank-1 of partBytes from base, as a shared::cluster address.
 func (g *gcGen) rankPart(base ptx.Reg) ptx.Reg {
 	at := g.Reg(ptx.U32)
 	g.Emit("add.u32", at, g.rank, ptx.Imm(-1))
 	g.Emit("mad.lo.u32", at, at, ptx.Imm(int64(g.c.partBytes())), base)
 	remote := g.Reg(ptx.U32)
-	g.Emit("mapa.shared::cluster.u32", remote, at, ptx.Imm(0))
+	g.Emit("mapa.shared::cluster.u32", remote, at, g.lead)
 	return remote
 }
 

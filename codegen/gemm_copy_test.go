@@ -45,7 +45,9 @@ func runGemmCopy(t *testing.T, k *Kernel, c GemmCopyConfig, rows int, seed uint6
 		t.Fatal(err)
 	}
 	l := c.Launch()
-	if err := emu.Run(mod, k.Name, emu.Launch{Grid: l.Grid, Block: l.Block, Shared: l.Shared}, mem, []uint64{put(xm[:]), put(wm[:]), ya, uint64(rows)}); err != nil {
+	// Lag: each CTA of a cluster runs ahead of the ones ranked after it, so a copy into a
+	// partner's slot before the partner has read it would show in y.
+	if err := emu.Run(mod, k.Name, emu.Launch{Grid: l.Grid, Block: l.Block, Shared: l.Shared, Lag: true}, mem, []uint64{put(xm[:]), put(wm[:]), ya, uint64(rows)}); err != nil {
 		t.Fatalf("%s: emulate: %v", k.Name, err)
 	}
 	ref, err := ops.Build(k.Op, k.Attrs)
@@ -75,10 +77,14 @@ func TestGemmCopyMatchesReference(t *testing.T) {
 		{GemmCopyConfig{K: 1024, N: 128, Rows: 32, Split: 1, Stages: 3}, []int{17}},      // four stages through three slots, two CTAs
 		{GemmCopyConfig{K: 512, N: 64, Rows: 64, Split: 2, Stages: 1}, []int{64}},        // ranks' sums through rank 0's ring
 		{GemmCopyConfig{K: 1024, N: 128, Rows: 128, Split: 4, Stages: 1}, []int{5, 128}}, // a cluster of 4
+		// x shared by two column tiles (multicast): refills wait until both CTAs have read a slot.
+		{GemmCopyConfig{K: 1024, N: 128, Rows: 128, Split: 1, Stages: 2, Share: 2}, []int{70, 128}}, // eight stages through two slots
+		{GemmCopyConfig{K: 1024, N: 256, Rows: 128, Split: 2, Stages: 1, Share: 2}, []int{128}},     // clusters of 4: two K parts by two tiles
+		{GemmCopyConfig{K: 1024, N: 128, Rows: 64, Split: 1, Stages: 2, Share: 2}, []int{33}},       // two of a stage's four boxes each
 	} {
 		for _, rows := range c.rows {
 			cfg := c.GemmCopyConfig
-			t.Run(fmt.Sprintf("k%d_n%d_r%d_split%d_stages%d_rows%d", cfg.K, cfg.N, cfg.Rows, cfg.Split, cfg.Stages, rows), func(t *testing.T) {
+			t.Run(fmt.Sprintf("k%d_n%d_r%d_split%d_stages%d_share%d_rows%d", cfg.K, cfg.N, cfg.Rows, cfg.Split, cfg.Stages, cfg.Share, rows), func(t *testing.T) {
 				k := must(t)(GemmCopy("gemm_copy_test", cfg))
 				got, want := runGemmCopy(t, k, cfg, rows, uint64(rows))
 				if e := relL2(got, want); !(e <= 1e-5) {
@@ -91,27 +97,28 @@ func TestGemmCopyMatchesReference(t *testing.T) {
 
 func TestGemmCopyFor(t *testing.T) {
 	for _, c := range []struct {
-		k, n, rows, slots int
-		split, stages     int
-		err               string
+		k, n, rows, slots    int
+		split, stages, share int
+		err                  string
 	}{
-		{4096, 4096, 8, 0, 2, 3, ""},  // the 8B's o: 64 column tiles, split
-		{14336, 4096, 8, 0, 2, 3, ""}, // down
-		{4096, 6144, 8, 0, 1, 3, ""},  // q/k/v: 96 tiles, not split
-		{4096, 6144, 16, 0, 1, 3, ""},
-		{4096, 6144, 16, 4, 1, 4, ""},  // four slots where asked for
-		{14336, 4096, 16, 2, 2, 2, ""}, // at most two slots
-		{256, 6144, 8, 3, 1, 1, ""},    // one stage: one slot
-		{4096, 4096, 12, 0, 0, 0, "12 rows, want one of [8 16 32 64 128]"},
-		{4096, 4096, 32, 0, 2, 3, ""},   // the warpgroup form: 64 tiles of 64 columns, split
-		{4096, 6144, 32, 0, 1, 3, ""},   // 96 tiles
-		{4096, 4096, 128, 0, 2, 3, ""},  // 64 tiles over clusters of 2
-		{14336, 4096, 128, 0, 2, 3, ""}, // down
-		{4096, 6144, 128, 0, 1, 3, ""},  // 96 tiles
-		{2048, 2048, 64, 0, 4, 2, ""},   // 32 tiles over clusters of 4: two stages a CTA
-		{4096, 4096, 48, 0, 0, 0, "48 rows, want one of [8 16 32 64 128]"},
-		{4096, 100, 8, 0, 0, 0, "N=100 must be a positive multiple of 64"},
-		{384, 4096, 8, 0, 0, 0, "K=384 must be a positive multiple of 512"},
+		{4096, 4096, 8, 0, 2, 3, 0, ""},  // the 8B's o: 64 column tiles, split
+		{14336, 4096, 8, 0, 2, 3, 0, ""}, // down
+		{4096, 6144, 8, 0, 1, 3, 0, ""},  // q/k/v: 96 tiles, not split
+		{4096, 6144, 16, 0, 1, 3, 0, ""},
+		{4096, 6144, 16, 4, 1, 4, 0, ""},  // four slots where asked for
+		{14336, 4096, 16, 2, 2, 2, 0, ""}, // at most two slots
+		{256, 6144, 8, 3, 1, 1, 0, ""},    // one stage: one slot
+		{4096, 4096, 12, 0, 0, 0, 0, "12 rows, want one of [8 16 32 64 128]"},
+		{4096, 4096, 32, 0, 2, 3, 0, ""},   // the warpgroup form: 64 tiles of 64 columns, split
+		{4096, 6144, 32, 0, 1, 3, 0, ""},   // 96 tiles
+		{4096, 4096, 128, 0, 2, 3, 2, ""},  // 64 tiles over clusters of 2
+		{14336, 4096, 128, 0, 2, 3, 2, ""}, // down
+		{4096, 6144, 128, 0, 1, 3, 2, ""},  // 96 tiles
+		{2048, 2048, 64, 0, 4, 2, 0, ""},   // 32 tiles over clusters of 4: two stages a CTA
+		{4096, 192, 128, 0, 4, 3, 0, ""},   // three tiles: no pairs to share x
+		{4096, 4096, 48, 0, 0, 0, 0, "48 rows, want one of [8 16 32 64 128]"},
+		{4096, 100, 8, 0, 0, 0, 0, "N=100 must be a positive multiple of 64"},
+		{384, 4096, 8, 0, 0, 0, 0, "K=384 must be a positive multiple of 512"},
 	} {
 		got, err := GemmCopyFor(c.k, c.n, c.rows, c.slots)
 		if c.err != "" {
@@ -123,8 +130,8 @@ func TestGemmCopyFor(t *testing.T) {
 		if err != nil {
 			t.Fatalf("GemmCopyFor(%d, %d, %d): %v", c.k, c.n, c.rows, err)
 		}
-		if got.Split != c.split || got.Stages != c.stages {
-			t.Errorf("GemmCopyFor(%d, %d, %d) = %+v, want split %d, stages %d", c.k, c.n, c.rows, got, c.split, c.stages)
+		if got.Split != c.split || got.Stages != c.stages || got.Share != c.share {
+			t.Errorf("GemmCopyFor(%d, %d, %d) = %+v, want split %d, stages %d, share %d", c.k, c.n, c.rows, got, c.split, c.stages, c.share)
 		}
 		if _, err := GemmCopy("ok", got); err != nil {
 			t.Errorf("GemmCopyFor(%d, %d, %d) = %+v: %v", c.k, c.n, c.rows, got, err)
@@ -133,8 +140,15 @@ func TestGemmCopyFor(t *testing.T) {
 	if _, err := GemmCopy("bad", GemmCopyConfig{K: 4096, N: 4096, Rows: 8, Split: 2, Stages: 9}); err == nil {
 		t.Error("GemmCopy took 9 stages past the shared memory")
 	}
-	if _, err := GemmCopy("bad", GemmCopyConfig{K: 4096, N: 4096, Rows: 24, Split: 2, Stages: 1}); err == nil {
-		t.Error("GemmCopy took 24 rows, which no layout has")
+	for _, c := range []GemmCopyConfig{
+		{K: 4096, N: 4096, Rows: 24, Split: 2, Stages: 1},           // no layout has 24 rows
+		{K: 4096, N: 4096, Rows: 8, Split: 2, Stages: 1, Share: 2},  // the mma.sync form shares no x
+		{K: 4096, N: 192, Rows: 128, Split: 1, Stages: 1, Share: 2}, // three tiles do not pair
+		{K: 4096, N: 4096, Rows: 64, Split: 4, Stages: 1, Share: 4}, // a cluster of 16
+	} {
+		if _, err := GemmCopy("bad", c); err == nil {
+			t.Errorf("GemmCopy took %+v", c)
+		}
 	}
 	for n, ok := range map[int]bool{-1: false, 0: true, 1: true, gcMaxStages: true, gcMaxStages + 1: false} {
 		if err := CheckCopyGemmSlots(n); (err == nil) != ok {

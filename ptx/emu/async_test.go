@@ -604,15 +604,22 @@ func TestMulticastRing(t *testing.T) {
 	mem := NewMemory()
 	x, out := allocF32(mem, xv), mem.Alloc(4*4*cols)
 	mp := putTensorMap(t, mem, x, [2]int{cols, 2 * n}, 4*cols, [2]int{cols, 1}, 4, 0)
-	l := Launch{Grid: [3]int{4, 1, 1}, Block: [3]int{32, 1, 1}, Shared: 512}
-	if err := Run(compile(t, multicastRing(n)), "mcast", l, mem, []uint64{mp, out}); err != nil {
-		t.Fatal(err)
+	for _, lag := range []bool{false, true} {
+		l := Launch{Grid: [3]int{4, 1, 1}, Block: [3]int{32, 1, 1}, Shared: 512, Lag: lag}
+		if err := Run(compile(t, multicastRing(n)), "mcast", l, mem, []uint64{mp, out}); err != nil {
+			t.Fatalf("lag %v: %v", lag, err)
+		}
+		checkMulticastSums(t, readF32(mem, out, 4*cols), xv, cols)
 	}
-	got := readF32(mem, out, 4*cols)
-	for cta := range 4 {
+}
+
+// checkMulticastSums: every block's column c holds the sum of column c over all rows.
+func checkMulticastSums(t *testing.T, got, xv []float32, cols int) {
+	t.Helper()
+	for cta := range len(got) / cols {
 		for c := range cols {
 			var want float32
-			for row := range 2 * n {
+			for row := range len(xv) / cols {
 				want += xv[row*cols+c]
 			}
 			if got[cta*cols+c] != want {

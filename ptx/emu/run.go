@@ -16,6 +16,10 @@ type Launch struct {
 	// Shared is the dynamic shared memory in bytes: the kernel's extern shared array, placed
 	// after its static arrays at its own alignment, has this size.
 	Shared int
+	// Lag makes rank r of each cluster run one round in r+1, so that each block runs ahead
+	// of the ones ranked after it: an ordering between a cluster's blocks that lockstep
+	// rounds would hide (a copy into a partner's buffer it has not read yet) shows up.
+	Lag bool
 }
 
 // maxSteps bounds the instructions one thread may execute, so that a kernel that never
@@ -195,16 +199,26 @@ func (b *block) errorAt(t int, pc int32, err error) error {
 // an mbarrier) or exits; then a warp's shuffle resolves once all its live lanes wait on it, a
 // block's barrier once all its live threads do, the cluster barrier once all the cluster's
 // live threads have arrived, and mbarrier waiters look again. A round in which nothing moves
-// while threads still wait is a deadlock.
+// while threads still wait is a deadlock (with Lag, a window of rounds in which every rank
+// ran).
 func (cl *cluster) run(first int) error {
 	g := cl.blocks[0].l.Grid
 	for r, b := range cl.blocks {
 		i := first + r
 		b.init([3]int{i % g[0], i / g[0] % g[1], i / (g[0] * g[1])})
 	}
-	for {
+	// still counts the rounds in a row in which nothing moved. Every block runs at least once
+	// in any window of rounds, so nothing moving in a whole window is a deadlock.
+	window := 1
+	if cl.blocks[0].l.Lag {
+		window = len(cl.blocks)
+	}
+	for round, still := 0, 0; ; round++ {
 		progress := false
-		for _, b := range cl.blocks {
+		for r, b := range cl.blocks {
+			if b.l.Lag && round%(r+1) != 0 {
+				continue
+			}
 			if err := b.runWarps(); err != nil {
 				return err
 			}
@@ -223,7 +237,10 @@ func (cl *cluster) run(first int) error {
 		if arrived > 0 && cl.releaseClusterBarrier() {
 			progress = true
 		}
-		if !progress {
+		if still = still + 1; progress {
+			still = 0
+		}
+		if still >= window {
 			return cl.deadlock()
 		}
 		if mbar == 0 {
