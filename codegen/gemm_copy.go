@@ -244,12 +244,18 @@ func GemmCopyFor(k, n, rows, slots int) (GemmCopyConfig, error) {
 	}
 	if slots <= 0 {
 		slots = gcStages
+		if c.Share > 1 {
+			slots++ // refilled a stage late (refillShared): as many stages ahead as gcStages
+		}
 	}
 	fit := (bundle.MaxDynamicShared - gcAlign - c.recvBytes()) / c.slotBytes()
 	if c.warpgroup() {
 		fit = (bundle.MaxDynamicShared - gcAlign) / c.slotBytes()
 	}
 	c.Stages = min(c.kStages(), slots, fit)
+	if c.Stages < 2 {
+		c.Share = 0 // a stage-late refill needs a second slot
+	}
 	if c.shared() > bundle.MaxDynamicShared {
 		return GemmCopyConfig{}, fmt.Errorf("copy-engine GEMM: K=%d N=%d at %d rows: %d bytes of shared memory, more than %d", k, n, rows, c.shared(), bundle.MaxDynamicShared)
 	}
@@ -377,7 +383,7 @@ func GemmCopy(name string, c GemmCopyConfig) (*Kernel, error) {
 	if c.layout().Rows == 0 || c.Split < 1 || c.Split > wgMaxSplit || c.K%(c.Split*c.stageK()) != 0 || c.N%gcCols != 0 || c.Stages < 1 ||
 		c.Stages > c.kStages() || c.Stages > gcBars/8 || c.shared() > bundle.MaxDynamicShared ||
 		!wg && c.Stages*c.slotBytes() < c.parts()*c.partBytes() ||
-		c.Share > 1 && (!wg || c.N/gcCols%c.Share != 0 || c.stageK()/gcBoxK%c.Share != 0 || 2*c.Stages > gcBars/8 || c.cluster() > gcMaxCluster) {
+		c.Share > 1 && (!wg || c.N/gcCols%c.Share != 0 || c.stageK()/gcBoxK%c.Share != 0 || c.Stages < 2 || 2*c.Stages > gcBars/8 || c.cluster() > gcMaxCluster) {
 		return nil, fmt.Errorf("copy-engine GEMM %s: bad configuration %+v (use GemmCopyFor)", name, c)
 	}
 	g := gcGen{emitter: newEmitter(name), c: c}
@@ -679,32 +685,61 @@ func (g *gcGen) mainLoop() {
 func (g *gcGen) nextStage(stage, slot, phase ptx.Reg, top string) {
 	c := g.c
 	g.Emit("bar.sync", ptx.Imm(0))
-	next := g.op3("add.u32", ptx.U32, stage, ptx.Imm(int64(c.Stages)))
-	more := g.cmp("lt", ptx.U32, next, ptx.Imm(int64(c.kStages())))
-	g.when(more, false, func() {
-		g.when(g.thread0, false, func() {
-			if c.shares() > 1 {
-				// Tell every CTA sharing the slot's x that this one has read it, and wait
-				// until all have before its copies land in theirs.
-				free := g.freeAddr(slot)
-				for i := range c.Share {
-					peer := g.op3("add.u32", ptx.U32, g.rank, ptx.Imm(int64(i*c.Split)))
-					remote := g.Reg(ptx.U32)
-					g.Emit("mapa.shared::cluster.u32", remote, free, peer)
-					g.Emit("mbarrier.arrive.release.cluster.shared::cluster.b64", ptx.Sink, ptx.Addr{Base: remote})
-				}
-				g.wait(free, phase)
-			}
-			g.askW(next, slot)
-			g.askX(next, slot)
+	if c.shares() > 1 {
+		g.refillShared(stage, slot, phase)
+	} else {
+		next := g.op3("add.u32", ptx.U32, stage, ptx.Imm(int64(c.Stages)))
+		more := g.cmp("lt", ptx.U32, next, ptx.Imm(int64(c.kStages())))
+		g.when(more, false, func() {
+			g.when(g.thread0, false, func() {
+				g.askW(next, slot)
+				g.askX(next, slot)
+			})
 		})
-	})
+	}
 	g.Emit("add.u32", slot, slot, ptx.Imm(1))
 	wrap := g.cmp("eq", ptx.U32, slot, ptx.Imm(int64(c.Stages)))
 	g.EmitIf(wrap, false, "mov.u32", slot, ptx.Imm(0))
 	g.EmitIf(wrap, false, "xor.b32", phase, phase, ptx.Imm(1))
 	g.Emit("add.u32", stage, stage, ptx.Imm(1))
 	g.EmitIf(g.cmp("lt", ptx.U32, stage, ptx.Imm(int64(c.kStages()))), false, "bra", ptx.Sym(top))
+}
+
+// refillShared ends stage s (slot slot, phase phase) of a CTA sharing x. Thread 0 tells every
+// CTA sharing the slot's x that this one has read it (where the slot is refilled), then
+// refills the slot of stage s-1 with stage s-1+Stages once every sharer has read that one: a
+// stage late, so that a partner a little behind does not stall the warpgroup (thread 0 is
+// one of its threads). Refilled at once, every stage waited for the partner's arrival: the
+// 8B's 128-row step took 84% longer (session 43, testsuite/gpu/RESULTS.md).
+func (g *gcGen) refillShared(stage, slot, phase ptx.Reg) {
+	c := g.c
+	g.when(g.thread0, false, func() {
+		next := g.op3("add.u32", ptx.U32, stage, ptx.Imm(int64(c.Stages)))
+		g.when(g.cmp("lt", ptx.U32, next, ptx.Imm(int64(c.kStages()))), false, func() {
+			free := g.freeAddr(slot)
+			for i := range c.Share {
+				peer := g.op3("add.u32", ptx.U32, g.rank, ptx.Imm(int64(i*c.Split)))
+				remote := g.Reg(ptx.U32)
+				g.Emit("mapa.shared::cluster.u32", remote, free, peer)
+				g.Emit("mbarrier.arrive.release.cluster.shared::cluster.b64", ptx.Sink, ptx.Addr{Base: remote})
+			}
+		})
+		// Stage s-1's slot and phase (one slot back, the phase before a wrap), and the stage
+		// that refills it.
+		late := g.op3("add.u32", ptx.U32, stage, ptx.Imm(int64(c.Stages-1)))
+		refill := g.cmp("lt", ptx.U32, late, ptx.Imm(int64(c.kStages())))
+		g.Emit("and.pred", refill, refill, g.cmp("ne", ptx.U32, stage, ptx.Imm(0)))
+		g.when(refill, false, func() {
+			wrapped := g.cmp("eq", ptx.U32, slot, ptx.Imm(0))
+			pslot := g.op3("add.u32", ptx.U32, slot, ptx.Imm(-1))
+			g.EmitIf(wrapped, false, "mov.u32", pslot, ptx.Imm(int64(c.Stages-1)))
+			pphase := g.op3("xor.b32", ptx.U32, phase, ptx.Imm(0))
+			g.EmitIf(wrapped, false, "xor.b32", pphase, pphase, ptx.Imm(1))
+			g.wait(g.freeAddr(pslot), pphase)
+			g.askW(late, pslot)
+			g.askX(late, pslot)
+		})
+	})
 }
 
 // rankPart is where this rank's (rank >= 1) sums go in rank 0's shared memory (K part 0 of

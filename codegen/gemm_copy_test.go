@@ -78,9 +78,9 @@ func TestGemmCopyMatchesReference(t *testing.T) {
 		{GemmCopyConfig{K: 512, N: 64, Rows: 64, Split: 2, Stages: 1}, []int{64}},        // ranks' sums through rank 0's ring
 		{GemmCopyConfig{K: 1024, N: 128, Rows: 128, Split: 4, Stages: 1}, []int{5, 128}}, // a cluster of 4
 		// x shared by two column tiles (multicast): refills wait until both CTAs have read a slot.
-		{GemmCopyConfig{K: 1024, N: 128, Rows: 128, Split: 1, Stages: 2, Share: 2}, []int{70, 128}}, // eight stages through two slots
-		{GemmCopyConfig{K: 1024, N: 256, Rows: 128, Split: 2, Stages: 1, Share: 2}, []int{128}},     // clusters of 4: two K parts by two tiles
-		{GemmCopyConfig{K: 1024, N: 128, Rows: 64, Split: 1, Stages: 2, Share: 2}, []int{33}},       // two of a stage's four boxes each
+		{GemmCopyConfig{K: 1024, N: 128, Rows: 128, Split: 1, Stages: 4, Share: 2}, []int{70, 128}}, // eight stages through four slots
+		{GemmCopyConfig{K: 1024, N: 256, Rows: 128, Split: 2, Stages: 3, Share: 2}, []int{128}},     // clusters of 4: two K parts by two tiles
+		{GemmCopyConfig{K: 1024, N: 128, Rows: 64, Split: 1, Stages: 2, Share: 2}, []int{33}},       // two of a stage's four boxes each, two slots
 	} {
 		for _, rows := range c.rows {
 			cfg := c.GemmCopyConfig
@@ -111,11 +111,12 @@ func TestGemmCopyFor(t *testing.T) {
 		{4096, 4096, 12, 0, 0, 0, 0, "12 rows, want one of [8 16 32 64 128]"},
 		{4096, 4096, 32, 0, 2, 3, 0, ""},   // the warpgroup form: 64 tiles of 64 columns, split
 		{4096, 6144, 32, 0, 1, 3, 0, ""},   // 96 tiles
-		{4096, 4096, 128, 0, 2, 3, 2, ""},  // 64 tiles over clusters of 2
-		{14336, 4096, 128, 0, 2, 3, 2, ""}, // down
-		{4096, 6144, 128, 0, 1, 3, 2, ""},  // 96 tiles
+		{4096, 4096, 128, 0, 2, 4, 2, ""},  // 64 tiles over clusters of 2
+		{14336, 4096, 128, 0, 2, 4, 2, ""}, // down
+		{4096, 6144, 128, 0, 1, 4, 2, ""},  // 96 tiles
 		{2048, 2048, 64, 0, 4, 2, 0, ""},   // 32 tiles over clusters of 4: two stages a CTA
-		{4096, 192, 128, 0, 4, 3, 0, ""},   // three tiles: no pairs to share x
+		{4096, 192, 128, 0, 4, 3, 0, ""},
+		{256, 128, 128, 0, 2, 1, 0, ""}, // one stage a CTA: no second slot for a stage-late refill, no sharing   // three tiles: no pairs to share x
 		{4096, 4096, 48, 0, 0, 0, 0, "48 rows, want one of [8 16 32 64 128]"},
 		{4096, 100, 8, 0, 0, 0, 0, "N=100 must be a positive multiple of 64"},
 		{384, 4096, 8, 0, 0, 0, 0, "K=384 must be a positive multiple of 512"},
