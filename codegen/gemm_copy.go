@@ -562,8 +562,10 @@ func (g *gcGen) askX(stage ptx.Reg, slot ptx.Operand) {
 	}
 	kc := g.firstK(stage)
 	dst, bar := g.slotAddr(g.slot0, slot), g.barAddr(slot)
-	// Temporary (measuring): with a shared x each CTA still asks for all of x itself, without
-	// multicast, so the sharing protocol can be timed without the multicast copies.
+	if c.shares() > 1 {
+		g.askSharedX(kc, dst, bar)
+		return
+	}
 	for b := range c.stageK() / gcBoxK {
 		kb := g.op3("add.u32", ptx.U32, kc, ptx.Imm(int64(b*gcBoxK)))
 		g.Emit("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes",
