@@ -721,7 +721,7 @@ func (g *gcGen) refillShared(stage, slot, phase ptx.Reg) {
 				peer := g.op3("add.u32", ptx.U32, g.rank, ptx.Imm(int64(i*c.Split)))
 				remote := g.Reg(ptx.U32)
 				g.Emit("mapa.shared::cluster.u32", remote, free, peer)
-				g.Emit("mbarrier.arrive.release.cluster.shared::cluster.b64", ptx.Sink, ptx.Addr{Base: remote})
+				g.Emit("mbarrier.arrive.shared::cluster.b64", ptx.Sink, ptx.Addr{Base: remote})
 			}
 		})
 		// Stage s-1's slot and phase (one slot back, the phase before a wrap), and the stage

@@ -62,9 +62,9 @@ var asyncForms = map[string]asyncForm{
 	"mbarrier.arrive.shared::cta.b64":           {"Ds", "7.8"},
 	"mbarrier.arrive.expect_tx.shared::cta.b64": {"Dsu", "7.8"},
 	"mbarrier.try_wait.parity.shared::cta.b64":  {"Psu", "7.8"},
-	// An arrival on any CTA's mbarrier of the cluster (its address from mapa), ordered after
-	// this thread's earlier accesses for the whole cluster.
-	"mbarrier.arrive.release.cluster.shared::cluster.b64":                         {"_s", "8.0"},
+	// An arrival on any CTA's mbarrier of the cluster (its address from mapa), with the
+	// default semantics (release, CTA scope), as CUTLASS's cluster barriers arrive.
+	"mbarrier.arrive.shared::cluster.b64":                                         {"_s", "8.0"},
 	"cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes":           {"sgus", "7.8"},
 	"cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes": {"sts", "7.8"},
 	// The same box written to every CTA of the cluster whose rank's bit is set in ctaMask, at

@@ -43,7 +43,7 @@ const hopperSrc = `
 	barrier.cluster.wait.acquire;
 	barrier.cluster.arrive;
 	barrier.cluster.wait;
-	mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%r64];
+	mbarrier.arrive.shared::cluster.b64 _, [%r64];
 	cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%r41], [%rd8, {%r44, %r10}], [%r40], %rs1;
 	cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%r41], [%rd8, {%r44, %r10}], [%r40], 3;
 }
@@ -240,10 +240,10 @@ func TestValidateHopperCatches(t *testing.T) {
 			k.Emit(tensor, Addr{Base: r32(k)}, TensorAddr{Map: r32(k), Coords: Vec{r32(k), r32(k)}}, Addr{Base: r32(k)})
 		}, "a 64-bit register (the tensor map's address)"},
 		{"remote arrive into a register", func(k *Kernel) {
-			k.Emit("mbarrier.arrive.release.cluster.shared::cluster.b64", r64(k), Addr{Base: r32(k)})
+			k.Emit("mbarrier.arrive.shared::cluster.b64", r64(k), Addr{Base: r32(k)})
 		}, "operand 0: must be the sink _"},
-		{"remote arrive without release", func(k *Kernel) {
-			k.Emit("mbarrier.arrive.shared::cluster.b64", Sink, Addr{Base: r32(k)})
+		{"remote arrive with an expected count", func(k *Kernel) {
+			k.Emit("mbarrier.arrive.expect_tx.shared::cluster.b64", Sink, Addr{Base: r32(k)}, Imm(16))
 		}, "unsupported form of mbarrier"},
 		{"multicast mask 32-bit", func(k *Kernel) {
 			k.Emit(tensor+".multicast::cluster", Addr{Base: r32(k)}, TensorAddr{Map: r64(k), Coords: Vec{r32(k), r32(k)}}, Addr{Base: r32(k)}, r32(k))

@@ -582,7 +582,7 @@ func multicastRing(n int) *ptx.Kernel {
 			for peer := range 2 {
 				remote := k.Reg(ptx.U32)
 				k.Emit("mapa.shared::cluster.u32", remote, base, ptx.Imm(int64(peer)))
-				k.EmitIf(t0, false, "mbarrier.arrive.release.cluster.shared::cluster.b64", ptx.Sink, ptx.Addr{Base: remote, Offset: 8})
+				k.EmitIf(t0, false, "mbarrier.arrive.shared::cluster.b64", ptx.Sink, ptx.Addr{Base: remote, Offset: 8})
 			}
 		}
 	}
