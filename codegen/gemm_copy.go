@@ -177,7 +177,10 @@ func (c GemmCopyConfig) cluster() int   { return c.Split * c.shares() } // CTAs:
 
 // threads is a CTA's: one warpgroup in the warpgroup form, else gcWarps warps.
 func (c GemmCopyConfig) threads() int {
-	if c.warpgroup() {
+	switch {
+	case c.shares() > 1:
+		return wgThreads + 32 // and the producer warp
+	case c.warpgroup():
 		return wgThreads
 	}
 	return 32 * gcWarps
@@ -245,7 +248,7 @@ func GemmCopyFor(k, n, rows, slots int) (GemmCopyConfig, error) {
 	if slots <= 0 {
 		slots = gcStages
 		if c.Share > 1 {
-			slots++ // refilled a stage late (refillShared): as many stages ahead as gcStages
+			slots++ // a refill waits for the partners too: one more stage on its way
 		}
 	}
 	fit := (bundle.MaxDynamicShared - gcAlign - c.recvBytes()) / c.slotBytes()
@@ -253,9 +256,6 @@ func GemmCopyFor(k, n, rows, slots int) (GemmCopyConfig, error) {
 		fit = (bundle.MaxDynamicShared - gcAlign) / c.slotBytes()
 	}
 	c.Stages = min(c.kStages(), slots, fit)
-	if c.Stages < 2 {
-		c.Share = 0 // a stage-late refill needs a second slot
-	}
 	if c.shared() > bundle.MaxDynamicShared {
 		return GemmCopyConfig{}, fmt.Errorf("copy-engine GEMM: K=%d N=%d at %d rows: %d bytes of shared memory, more than %d", k, n, rows, c.shared(), bundle.MaxDynamicShared)
 	}
@@ -383,7 +383,7 @@ func GemmCopy(name string, c GemmCopyConfig) (*Kernel, error) {
 	if c.layout().Rows == 0 || c.Split < 1 || c.Split > wgMaxSplit || c.K%(c.Split*c.stageK()) != 0 || c.N%gcCols != 0 || c.Stages < 1 ||
 		c.Stages > c.kStages() || c.Stages > gcBars/8 || c.shared() > bundle.MaxDynamicShared ||
 		!wg && c.Stages*c.slotBytes() < c.parts()*c.partBytes() ||
-		c.Share > 1 && (!wg || c.N/gcCols%c.Share != 0 || c.stageK()/gcBoxK%c.Share != 0 || c.Stages < 2 || 2*c.Stages > gcBars/8 || c.cluster() > gcMaxCluster) {
+		c.Share > 1 && (!wg || c.N/gcCols%c.Share != 0 || c.stageK()/gcBoxK%c.Share != 0 || 2*c.Stages > gcBars/8 || c.cluster() > gcMaxCluster) {
 		return nil, fmt.Errorf("copy-engine GEMM %s: bad configuration %+v (use GemmCopyFor)", name, c)
 	}
 	g := gcGen{emitter: newEmitter(name), c: c}
@@ -402,7 +402,8 @@ type gcGen struct {
 	lead            ptx.Operand // the cluster rank of K part 0 of the CTA's column tile
 	xPart, sharers  ptx.Reg     // with a shared x: the CTA's place among the tiles sharing it, and the first one's cluster rank
 	bars, slot0     ptx.Reg     // shared addresses: mbarrier 0, slot 0
-	thread0         ptx.Reg     // thread 0 asks for W and x
+	thread0         ptx.Reg     // thread 0 inits the mbarriers
+	asker           ptx.Reg     // the thread that asks for W and x: thread 0, or the producer warp's first
 	acc             [][]ptx.Reg
 }
 
@@ -468,6 +469,10 @@ func (g *gcGen) emit() {
 	g.slot0 = g.op3("add.u32", ptx.U32, g.bars, ptx.Imm(gcBars+gcAlign-1))
 	g.Emit("and.b32", g.slot0, g.slot0, ptx.Imm(int64(^uint32(gcAlign-1))))
 	g.thread0 = g.cmp("eq", ptx.U32, g.tid, ptx.Imm(0))
+	g.asker = g.thread0
+	if c.shares() > 1 {
+		g.asker = g.cmp("eq", ptx.U32, g.tid, ptx.Imm(wgThreads))
+	}
 	g.when(g.thread0, false, func() {
 		for i := range c.Stages {
 			g.Emit("mbarrier.init.shared::cta.b64", ptx.Addr{Base: g.bars, Offset: int64(8 * i)}, ptx.Imm(1))
@@ -486,17 +491,24 @@ func (g *gcGen) emit() {
 		g.Emit("barrier.cluster.arrive.release")
 	}
 	for i := range c.Stages {
-		g.when(g.thread0, false, func() { g.askW(g.imm32(int64(i)), ptx.Imm(int64(i))) })
+		g.when(g.asker, false, func() { g.askW(g.imm32(int64(i)), ptx.Imm(int64(i))) })
 	}
 	g.Emit(bundle.PriorGridWait)
 	if c.shares() > 1 {
 		g.Emit("barrier.cluster.wait.acquire")
 	}
-	g.when(g.thread0, false, func() {
+	g.when(g.asker, false, func() {
 		for i := range c.Stages {
 			g.askX(g.imm32(int64(i)), ptx.Imm(int64(i)))
 		}
 	})
+	if c.shares() > 1 {
+		// Warp 4 refills the ring; the warpgroup (warps 0-3) multiplies.
+		mma := g.NewLabel("mma")
+		g.EmitIf(g.cmp("lt", ptx.U32, g.tid, ptx.Imm(wgThreads)), false, "bra", ptx.Sym(mma))
+		g.produce()
+		g.Label(mma)
+	}
 	if wg {
 		g.wgMainLoop()
 	} else {
@@ -685,10 +697,10 @@ func (g *gcGen) mainLoop() {
 // advance, and the loop goes on to top while stages are left.
 func (g *gcGen) nextStage(stage, slot, phase ptx.Reg, top string) {
 	c := g.c
-	g.Emit("bar.sync", ptx.Imm(0))
 	if c.shares() > 1 {
-		g.refillShared(stage, slot, phase)
+		g.freeSlot(stage, slot)
 	} else {
+		g.Emit("bar.sync", ptx.Imm(0))
 		next := g.op3("add.u32", ptx.U32, stage, ptx.Imm(int64(c.Stages)))
 		more := g.cmp("lt", ptx.U32, next, ptx.Imm(int64(c.kStages())))
 		g.when(more, false, func() {
@@ -706,41 +718,60 @@ func (g *gcGen) nextStage(stage, slot, phase ptx.Reg, top string) {
 	g.EmitIf(g.cmp("lt", ptx.U32, stage, ptx.Imm(int64(c.kStages()))), false, "bra", ptx.Sym(top))
 }
 
-// refillShared ends stage s (slot slot, phase phase) of a CTA sharing x. Thread 0 tells every
-// CTA sharing the slot's x that this one has read it (where the slot is refilled), then
-// refills the slot of stage s-1 with stage s-1+Stages once every sharer has read that one: a
-// stage late, so that a partner a little behind does not stall the warpgroup (thread 0 is
-// one of its threads). Refilled at once, every stage waited for the partner's arrival: the
-// 8B's 128-row step took 84% longer (session 43, testsuite/gpu/RESULTS.md).
-func (g *gcGen) refillShared(stage, slot, phase ptx.Reg) {
+// freeSlot ends stage s (slot slot) of a warpgroup sharing x: once its four warps are past
+// the slot (a named barrier without the producer warp), thread 0 tells every CTA sharing
+// the slot's x that this one has read it, where the slot is refilled. The producer warp waits
+// for that; when thread 0, one of the warpgroup's threads, refilled the slot itself, every
+// stage waited for the partner: the 8B's 128-row step took 36-84% longer on the H200
+// (session 43, testsuite/gpu/RESULTS.md).
+func (g *gcGen) freeSlot(stage, slot ptx.Reg) {
 	c := g.c
-	g.when(g.thread0, false, func() {
-		next := g.op3("add.u32", ptx.U32, stage, ptx.Imm(int64(c.Stages)))
-		g.when(g.cmp("lt", ptx.U32, next, ptx.Imm(int64(c.kStages()))), false, func() {
-			free := g.freeAddr(slot)
-			for i := range c.Share {
-				peer := g.op3("add.u32", ptx.U32, g.sharers, ptx.Imm(int64(i)))
-				remote := g.Reg(ptx.U32)
-				g.Emit("mapa.shared::cluster.u32", remote, free, peer)
-				g.Emit("mbarrier.arrive.shared::cluster.b64", ptx.Sink, ptx.Addr{Base: remote})
-			}
-		})
-		// Stage s-1's slot and phase (one slot back, the phase before a wrap), and the stage
-		// that refills it.
-		late := g.op3("add.u32", ptx.U32, stage, ptx.Imm(int64(c.Stages-1)))
-		refill := g.cmp("lt", ptx.U32, late, ptx.Imm(int64(c.kStages())))
-		g.Emit("and.pred", refill, refill, g.cmp("ne", ptx.U32, stage, ptx.Imm(0)))
-		g.when(refill, false, func() {
-			wrapped := g.cmp("eq", ptx.U32, slot, ptx.Imm(0))
-			pslot := g.op3("add.u32", ptx.U32, slot, ptx.Imm(-1))
-			g.EmitIf(wrapped, false, "mov.u32", pslot, ptx.Imm(int64(c.Stages-1)))
-			pphase := g.op3("xor.b32", ptx.U32, phase, ptx.Imm(0))
-			g.EmitIf(wrapped, false, "xor.b32", pphase, pphase, ptx.Imm(1))
-			g.wait(g.freeAddr(pslot), pphase)
-			g.askW(late, pslot)
-			g.askX(late, pslot)
-		})
+	g.Emit("bar.sync", ptx.Imm(1), ptx.Imm(wgThreads))
+	next := g.op3("add.u32", ptx.U32, stage, ptx.Imm(int64(c.Stages)))
+	more := g.cmp("lt", ptx.U32, next, ptx.Imm(int64(c.kStages())))
+	g.Emit("and.pred", more, more, g.thread0)
+	g.when(more, false, func() {
+		free := g.freeAddr(slot)
+		for i := range c.Share {
+			peer := g.op3("add.u32", ptx.U32, g.sharers, ptx.Imm(int64(i)))
+			remote := g.Reg(ptx.U32)
+			g.Emit("mapa.shared::cluster.u32", remote, free, peer)
+			g.Emit("mbarrier.arrive.shared::cluster.b64", ptx.Sink, ptx.Addr{Base: remote})
+		}
 	})
+}
+
+// produce is the producer warp of a CTA sharing x: its first thread refills each slot with
+// the stage Stages ahead once every CTA sharing the slot's x has read it (its free mbarrier's
+// phase), while the warpgroup multiplies. Then the warp passes the cluster barriers of
+// wgReduce with the warpgroup (with a split), lets the next grid launch, and exits.
+func (g *gcGen) produce() {
+	c := g.c
+	g.when(g.asker, false, func() {
+		if c.Stages >= c.kStages() {
+			return
+		}
+		stage, slot, phase := g.imm32(int64(c.Stages)), g.imm32(0), g.imm32(0)
+		top := g.NewLabel("produce")
+		g.Label(top)
+		g.wait(g.freeAddr(slot), phase)
+		g.askW(stage, slot)
+		g.askX(stage, slot)
+		g.Emit("add.u32", slot, slot, ptx.Imm(1))
+		wrap := g.cmp("eq", ptx.U32, slot, ptx.Imm(int64(c.Stages)))
+		g.EmitIf(wrap, false, "mov.u32", slot, ptx.Imm(0))
+		g.EmitIf(wrap, false, "xor.b32", phase, phase, ptx.Imm(1))
+		g.Emit("add.u32", stage, stage, ptx.Imm(1))
+		g.EmitIf(g.cmp("lt", ptx.U32, stage, ptx.Imm(int64(c.kStages()))), false, "bra", ptx.Sym(top))
+	})
+	if c.Split > 1 {
+		for range wgReduceSyncs {
+			g.Emit("barrier.cluster.arrive.release")
+			g.Emit("barrier.cluster.wait.acquire")
+		}
+	}
+	g.Emit(bundle.PriorGridLaunch)
+	g.Emit("exit")
 }
 
 // rankPart is where this rank's (rank >= 1) sums go in rank 0's shared memory (K part 0 of

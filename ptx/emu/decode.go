@@ -539,6 +539,20 @@ func (d *decoder) instr(src ptx.Instr) (inst, error) {
 			in.op = cClusterWait
 		case o.Has("warp"):
 			in.op = cNop // bar.warp.sync: the lanes of a warp run in order here anyway
+		default:
+			// bar.sync id[, count]: count 0 stands for every live thread of the block.
+			in.a, in.b = opnd{reg: -1}, opnd{reg: -1}
+			var err error
+			if len(args) > 0 {
+				if in.a, err = d.value(args[0], ptx.U32); err != nil {
+					return in, err
+				}
+			}
+			if len(args) > 1 {
+				if in.b, err = d.value(args[1], ptx.U32); err != nil {
+					return in, err
+				}
+			}
 		}
 		return in, nil
 	case cMbarInit, cBulk, cMapa:

@@ -694,3 +694,64 @@ L:
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/(4*256*4000), "ns/thread-instr")
 }
+
+// TestNamedBarrier: warps 0-1 meet at barrier 1 (64 threads) while warp 2 waits at an
+// mbarrier that thread 0 arrives on only after that barrier; then all three meet at bar 0.
+// Each thread stores 1 + how many of warps 0-1 had written their flag when it passed.
+func TestNamedBarrier(t *testing.T) {
+	k := ptx.NewKernel("named")
+	out := k.Reg(ptx.U64)
+	k.Emit("ld.param.u64", out, ptx.Addr{Base: k.Param("out", ptx.U64)})
+	flags := k.DeclareShared("flags", ptx.U32, 96)
+	bar := k.DeclareShared("bar", ptx.B64, 1)
+	tid, base, v, n, i := k.Reg(ptx.U32), k.Reg(ptx.U32), k.Reg(ptx.U32), k.Reg(ptx.U32), k.Reg(ptx.U32)
+	k.Emit("mov.u32", tid, ptx.TidX)
+	k.Emit("mov.u32", base, flags)
+	t0, mine, p := k.Reg(ptx.Pred), k.Reg(ptx.Pred), k.Reg(ptx.Pred)
+	k.Emit("setp.eq.u32", t0, tid, ptx.Imm(0))
+	k.Emit("setp.lt.u32", mine, tid, ptx.Imm(64))
+	k.EmitIf(t0, false, "mbarrier.init.shared::cta.b64", ptx.Addr{Base: bar}, ptx.Imm(1))
+	k.Emit("bar.sync", ptx.Imm(0))
+	waiter := k.NewLabel("waiter")
+	k.EmitIf(mine, true, "bra", ptx.Sym(waiter))
+	a := k.Reg(ptx.U32)
+	k.Emit("mad.lo.u32", a, tid, ptx.Imm(4), base)
+	k.Emit("st.shared.u32", ptx.Addr{Base: a}, ptx.Imm(1))
+	k.Emit("bar.sync", ptx.Imm(1), ptx.Imm(64))
+	st := k.Reg(ptx.B64)
+	k.EmitIf(t0, false, "mbarrier.arrive.shared::cta.b64", st, ptx.Addr{Base: bar})
+	join := k.NewLabel("join")
+	k.Emit("bra", ptx.Sym(join))
+	k.Label(waiter)
+	w := k.NewLabel("w")
+	k.Label(w)
+	k.Emit("mbarrier.try_wait.parity.shared::cta.b64", p, ptx.Addr{Base: bar}, ptx.Imm(0))
+	k.EmitIf(p, true, "bra", ptx.Sym(w))
+	k.Label(join)
+	k.Emit("mov.u32", n, ptx.Imm(1))
+	k.Emit("mov.u32", i, ptx.Imm(0))
+	loop := k.NewLabel("sum")
+	k.Label(loop)
+	k.Emit("mad.lo.u32", a, i, ptx.Imm(4), base)
+	k.Emit("ld.shared.u32", v, ptx.Addr{Base: a})
+	k.Emit("add.u32", n, n, v)
+	k.Emit("add.u32", i, i, ptx.Imm(1))
+	k.Emit("setp.lt.u32", p, i, ptx.Imm(64))
+	k.EmitIf(p, false, "bra", ptx.Sym(loop))
+	k.Emit("bar.sync", ptx.Imm(0))
+	o := k.Reg(ptx.U64)
+	k.Emit("mul.wide.u32", o, tid, ptx.Imm(4))
+	k.Emit("add.u64", o, o, out)
+	k.Emit("st.global.u32", ptx.Addr{Base: o}, n)
+	mem := NewMemory()
+	outA := mem.Alloc(4 * 96)
+	if err := Run(compile(t, k), "named", Launch{Grid: [3]int{1, 1, 1}, Block: [3]int{96, 1, 1}}, mem, []uint64{outA}); err != nil {
+		t.Fatal(err)
+	}
+	b := mem.Bytes(outA)
+	for th := range 96 {
+		if got := binary.LittleEndian.Uint32(b[4*th:]); got != 65 {
+			t.Fatalf("thread %d saw %d flags, want 64", th, got-1)
+		}
+	}
+}

@@ -1,6 +1,7 @@
 package emu
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"runtime"
@@ -21,6 +22,9 @@ type Launch struct {
 	// rounds would hide (a copy into a partner's buffer it has not read yet) shows up.
 	Lag bool
 }
+
+// maxBarriers are a block's named barriers (bar.sync's id: 0..15).
+const maxBarriers = 16
 
 // maxSteps bounds the instructions one thread may execute, so that a kernel that never
 // terminates fails its test instead of hanging it.
@@ -142,6 +146,10 @@ type block struct {
 	pc     []int32
 	state  []uint8
 	carr   []uint8
+	// barID is the barrier (bar.sync's id) a thread in stBar waits at; barWant[id] the
+	// threads that barrier waits for (its count operand), 0 for all the block's live ones.
+	barID   []uint8
+	barWant [maxBarriers]int
 	// arrived counts the threads with carr cPending.
 	arrived int
 	steps   []int32
@@ -161,6 +169,7 @@ func newBlock(p *program, l Launch, mem *Memory, atomMu *sync.Mutex) *block {
 		pc:     make([]int32, n),
 		state:  make([]uint8, n),
 		carr:   make([]uint8, n),
+		barID:  make([]uint8, n),
 		steps:  make([]int32, n),
 		shared: make([]byte, p.sharedLen),
 	}
@@ -264,6 +273,8 @@ func (b *block) init(cta [3]int) {
 	clear(b.pc)
 	clear(b.state)
 	clear(b.carr)
+	clear(b.barID)
+	b.barWant = [maxBarriers]int{}
 	b.arrived = 0
 	clear(b.steps)
 	bx := b.l.Block
@@ -309,12 +320,12 @@ func (b *block) runWarps() error {
 // releaseBar releases the block's barrier when every live thread waits at it. It returns
 // the number of live threads, how many wait at an mbarrier and whether it released them.
 func (b *block) releaseBar() (live, mbar int, released bool) {
-	atBar := 0
+	var waiting [maxBarriers]int
 	for t := range b.n {
 		switch b.state[t] {
 		case stExit:
 		case stBar:
-			atBar++
+			waiting[b.barID[t]]++
 			live++
 		case stMbar:
 			mbar++
@@ -323,16 +334,19 @@ func (b *block) releaseBar() (live, mbar int, released bool) {
 			live++
 		}
 	}
-	if atBar == 0 || atBar != live {
-		return live, mbar, false
-	}
-	for t := range b.n {
-		if b.state[t] == stBar {
-			b.state[t] = stRun
-			b.pc[t]++
+	for id, w := range waiting {
+		if w == 0 || w != cmp.Or(b.barWant[id], live) {
+			continue
 		}
+		for t := range b.n {
+			if b.state[t] == stBar && int(b.barID[t]) == id {
+				b.state[t] = stRun
+				b.pc[t]++
+			}
+		}
+		released = true
 	}
-	return live, 0, true
+	return live, mbar, released
 }
 
 // releaseClusterBarrier completes the cluster barrier's phase when every live thread of the
@@ -516,6 +530,11 @@ func (b *block) exec(t int, steps int32) (int32, bool, error) {
 			b.pc[t], b.state[t] = pc, stExit
 			return steps, false, nil
 		case cBar:
+			id, want := rv(r, in.a), rv(r, in.b)
+			if id >= maxBarriers || want%32 != 0 || want > uint64(b.n) {
+				return steps, false, b.errorAt(t, pc, fmt.Errorf("barrier %d of %d threads: want a barrier below %d and a multiple of 32 threads up to the block's %d", id, want, maxBarriers, b.n))
+			}
+			b.barID[t], b.barWant[id] = uint8(id), int(want)
 			b.pc[t], b.state[t] = pc, stBar
 			return steps, false, nil
 		case cShfl, cMma, cWgmma:
