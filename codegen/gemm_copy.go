@@ -87,6 +87,7 @@ type gcLayout struct {
 	// Share (warpgroup form): column tiles of a cluster that share each stage's x, each
 	// asking for its part of x's boxes with multicast to all of them (0 or 1: none). At 128
 	// rows a CTA's x is twice its W's bytes, and every column tile reads all of it from L2.
+	// GemmCopyFor shares only where K is not split.
 	Share int
 }
 
@@ -241,8 +242,12 @@ func GemmCopyFor(k, n, rows, slots int) (GemmCopyConfig, error) {
 	if k%(c.Split*c.stageK()) != 0 {
 		return GemmCopyConfig{}, fmt.Errorf("copy-engine GEMM: K=%d must be a positive multiple of %d", k, c.Split*c.stageK())
 	}
-	// Column tiles share x where they pair up; an odd count keeps its own x.
-	if share := c.layout().Share; share > 1 && n/gcCols%share == 0 {
+	// Column tiles share x where they pair up and K is not split; an odd count keeps its own
+	// x. Split K and a shared x make clusters of 4, which made the 8B's o and down at 128 rows
+	// 1.5x their cost with clusters of 2 and no sharing (0.72 and 1.99 ms a step against 0.47
+	// and 1.35; session 43, testsuite/gpu/RESULTS.md), as clusters of 4 did in sessions 34
+	// and 41.
+	if share := c.layout().Share; share > 1 && c.Split == 1 && n/gcCols%share == 0 {
 		c.Share = share
 	}
 	if slots <= 0 {

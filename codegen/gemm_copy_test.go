@@ -111,12 +111,13 @@ func TestGemmCopyFor(t *testing.T) {
 		{4096, 4096, 12, 0, 0, 0, 0, "12 rows, want one of [8 16 32 64 128]"},
 		{4096, 4096, 32, 0, 2, 3, 0, ""},   // the warpgroup form: 64 tiles of 64 columns, split
 		{4096, 6144, 32, 0, 1, 3, 0, ""},   // 96 tiles
-		{4096, 4096, 128, 0, 2, 4, 2, ""},  // 64 tiles over clusters of 4: two K parts by two tiles sharing x
-		{14336, 4096, 128, 0, 2, 4, 2, ""}, // down
-		{4096, 6144, 128, 0, 1, 4, 2, ""},  // 96 tiles
+		{4096, 4096, 128, 0, 2, 3, 0, ""},  // 64 tiles over clusters of 2: split K, no shared x
+		{14336, 4096, 128, 0, 2, 3, 0, ""}, // down
+		{4096, 6144, 128, 0, 1, 4, 2, ""},  // 96 tiles, pairs sharing x: a fourth slot
 		{2048, 2048, 64, 0, 4, 2, 0, ""},   // 32 tiles over clusters of 4: two stages a CTA
-		{4096, 192, 128, 0, 4, 3, 0, ""},   // three tiles: no pairs to share x
-		{256, 128, 128, 0, 2, 1, 2, ""},    // one stage a CTA: nothing to refill
+		{4096, 192, 128, 0, 4, 3, 0, ""},   // three tiles, K over clusters of 4: no shared x
+		{256, 5760, 128, 0, 1, 2, 2, ""},   // 90 tiles, two stages a CTA: both asked for before the wait, nothing to refill
+		{4096, 5824, 128, 0, 1, 3, 0, ""},  // 91 tiles: one keeps its own x, so none shares
 		{4096, 4096, 48, 0, 0, 0, 0, "48 rows, want one of [8 16 32 64 128]"},
 		{4096, 100, 8, 0, 0, 0, 0, "N=100 must be a positive multiple of 64"},
 		{384, 4096, 8, 0, 0, 0, 0, "K=384 must be a positive multiple of 512"},
