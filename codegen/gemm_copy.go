@@ -105,9 +105,9 @@ var gcLayouts = []gcLayout{
 // gcDefaultRows are the layouts' row counts a bundle carries kernels for unless a build asks
 // for others (xmixc build --copy-gemm-rows): those measured faster in the step and checked
 // against the CPU on the GPU. On the H200 the warpgroup form made the 8B's steps of 32 and
-// 64 rows 0.9-2.6% shorter than cuBLASLt's at contexts 80-2112, but its 128-row kernel made
-// that step 1.5% longer (sessions 41-42, testsuite/gpu/RESULTS.md), so 128 rows keep the
-// library.
+// 64 rows 0.9-2.6% shorter than cuBLASLt's at contexts 80-2112, but its 128-row kernels
+// made that step 1.5% longer (sessions 41-42), 0.8% with q/k/v's x shared (session 43,
+// testsuite/gpu/RESULTS.md), so 128 rows keep the library.
 var gcDefaultRows = []int{8, 16, 32, 64}
 
 func init() {
@@ -243,10 +243,9 @@ func GemmCopyFor(k, n, rows, slots int) (GemmCopyConfig, error) {
 		return GemmCopyConfig{}, fmt.Errorf("copy-engine GEMM: K=%d must be a positive multiple of %d", k, c.Split*c.stageK())
 	}
 	// Column tiles share x where they pair up and K is not split; an odd count keeps its own
-	// x. Split K and a shared x make clusters of 4, which made the 8B's o and down at 128 rows
-	// 1.5x their cost with clusters of 2 and no sharing (0.72 and 1.99 ms a step against 0.47
-	// and 1.35; session 43, testsuite/gpu/RESULTS.md), as clusters of 4 did in sessions 34
-	// and 41.
+	// x. Split K and a shared x make clusters of 4: the 8B's o and down at 128 rows cost 0.73
+	// and 2.00 ms a step so, where cuBLASLt's cost 0.46 and 1.36 in the same run (session 43,
+	// testsuite/gpu/RESULTS.md), as clusters of 4 lost in sessions 34 and 41.
 	if share := c.layout().Share; share > 1 && c.Split == 1 && n/gcCols%share == 0 {
 		c.Share = share
 	}
@@ -726,9 +725,10 @@ func (g *gcGen) nextStage(stage, slot, phase ptx.Reg, top string) {
 // freeSlot ends stage s (slot slot) of a warpgroup sharing x: once its four warps are past
 // the slot (a named barrier without the producer warp), thread 0 tells every CTA sharing
 // the slot's x that this one has read it, where the slot is refilled. The producer warp waits
-// for that; when thread 0, one of the warpgroup's threads, refilled the slot itself, every
-// stage waited for the partner: the 8B's 128-row step took 36-84% longer on the H200
-// (session 43, testsuite/gpu/RESULTS.md).
+// for that. When thread 0, one of the warpgroup's threads, waited and refilled the slot
+// itself, every stage waited for the partner: on the H200 the 8B's 128-row step took 8.1-11.0
+// ms against cuBLASLt's 6.0 (session 43, testsuite/gpu/RESULTS.md); with the producer warp,
+// 7.0 (clusters of 4 for o and down, GemmCopyFor) and 5.94 against 5.89 (q/k/v alone).
 func (g *gcGen) freeSlot(stage, slot ptx.Reg) {
 	c := g.c
 	g.Emit("bar.sync", ptx.Imm(1), ptx.Imm(wgThreads))
