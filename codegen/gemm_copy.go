@@ -85,9 +85,9 @@ type gcLayout struct {
 	Warpgroup    bool
 	StageK       int
 	// Share (warpgroup form): column tiles of a cluster that share each stage's x, each
-	// asking for its part of x's boxes with multicast to all of them (0 or 1: none). At 128
-	// rows a CTA's x is twice its W's bytes, and every column tile reads all of it from L2.
-	// GemmCopyFor shares only where K is not split.
+	// asking for its part of x's boxes with multicast to all of them (0 or 1: none), where K
+	// is not split. At 128 rows a CTA's x is twice its W's bytes, and every column tile
+	// reads all of it from L2.
 	Share int
 }
 
@@ -174,7 +174,7 @@ func (c GemmCopyConfig) wBytes() int    { return gcCols * 2 * c.stageK() } // on
 func (c GemmCopyConfig) kStages() int   { return c.K / c.Split / c.stageK() }
 func (c GemmCopyConfig) recvBytes() int { return (c.Split - 1) * c.partBytes() }
 func (c GemmCopyConfig) shares() int    { return max(c.Share, 1) }
-func (c GemmCopyConfig) cluster() int   { return c.Split * c.shares() } // CTAs: K parts by column tiles
+func (c GemmCopyConfig) cluster() int   { return c.Split * c.shares() } // CTAs: K parts or tiles sharing x
 
 // threads is a CTA's: one warpgroup in the warpgroup form, else gcWarps warps.
 func (c GemmCopyConfig) threads() int {
@@ -387,7 +387,7 @@ func GemmCopy(name string, c GemmCopyConfig) (*Kernel, error) {
 	if c.layout().Rows == 0 || c.Split < 1 || c.Split > wgMaxSplit || c.K%(c.Split*c.stageK()) != 0 || c.N%gcCols != 0 || c.Stages < 1 ||
 		c.Stages > c.kStages() || c.Stages > gcBars/8 || c.shared() > bundle.MaxDynamicShared ||
 		!wg && c.Stages*c.slotBytes() < c.parts()*c.partBytes() ||
-		c.Share > 1 && (!wg || c.N/gcCols%c.Share != 0 || c.stageK()/gcBoxK%c.Share != 0 || 2*c.Stages > gcBars/8 || c.cluster() > gcMaxCluster) {
+		c.Share > 1 && (!wg || c.Split > 1 || c.N/gcCols%c.Share != 0 || c.stageK()/gcBoxK%c.Share != 0 || 2*c.Stages > gcBars/8 || c.cluster() > gcMaxCluster) {
 		return nil, fmt.Errorf("copy-engine GEMM %s: bad configuration %+v (use GemmCopyFor)", name, c)
 	}
 	g := gcGen{emitter: newEmitter(name), c: c}
@@ -401,13 +401,12 @@ type gcGen struct {
 	xmap, wmap      ptx.Reg // generic addresses of the tensor-map parameters
 	y, rows         ptx.Reg
 	tid, warp, lane ptx.Reg
-	gg, t, cg, q    ptx.Reg     // the lane's mma group and thread; the warp's column group and K part
-	rank, col0, k0  ptx.Reg     // K part (the cluster rank without a shared x); the CTA's first column and first K
-	lead            ptx.Operand // the cluster rank of K part 0 of the CTA's column tile
-	xPart, sharers  ptx.Reg     // with a shared x: the CTA's place among the tiles sharing it, and the first one's cluster rank
-	bars, slot0     ptx.Reg     // shared addresses: mbarrier 0, slot 0
-	thread0         ptx.Reg     // thread 0 inits the mbarriers
-	asker           ptx.Reg     // the thread that asks for W and x: thread 0, or the producer warp's first
+	gg, t, cg, q    ptx.Reg // the lane's mma group and thread; the warp's column group and K part
+	rank, col0, k0  ptx.Reg // K part (the cluster rank with a split); the CTA's first column and first K
+	xPart           ptx.Reg // with a shared x: the CTA's place among the tiles sharing it (its cluster rank)
+	bars, slot0     ptx.Reg // shared addresses: mbarrier 0, slot 0
+	thread0         ptx.Reg // thread 0 inits the mbarriers
+	asker           ptx.Reg // the thread that asks for W and x: thread 0, or the producer warp's first
 	acc             [][]ptx.Reg
 }
 
@@ -446,21 +445,11 @@ func (g *gcGen) emit() {
 		g.q = g.op3("rem.u32", ptx.U32, g.warp, ptx.Imm(int64(c.parts())))
 	}
 	g.rank = g.imm32(0)
-	g.lead = ptx.Imm(0)
 	tile := g.special(ptx.CtaidX)
 	switch {
 	case c.shares() > 1:
-		// Cluster rank = K part*Share + xPart: the CTAs sharing x, which signal each other every
-		// stage, are neighbours in the cluster; the K parts meet only once, at the end. (With
-		// ranks xPart*Split + K part, clusters of 4 cost 0.8-0.9 us more a stage than those
-		// of 2 on the H200, session 43.)
-		crank := g.special(ptx.ClusterCtaRank)
-		g.Emit("div.u32", g.rank, crank, ptx.Imm(int64(c.Share)))
-		g.xPart = g.op3("rem.u32", ptx.U32, crank, ptx.Imm(int64(c.Share)))
-		g.sharers = g.op3("sub.u32", ptx.U32, crank, g.xPart)
-		g.lead = g.xPart
-		g.Emit("div.u32", tile, tile, ptx.Imm(int64(c.cluster())))
-		g.Emit("mad.lo.u32", tile, tile, ptx.Imm(int64(c.Share)), g.xPart)
+		// The column tiles sharing x are a cluster's CTAs, in tile order.
+		g.xPart = g.special(ptx.ClusterCtaRank)
 	case c.Split > 1:
 		g.Emit("mov.u32", g.rank, ptx.ClusterCtaRank)
 		g.Emit("div.u32", tile, tile, ptx.Imm(int64(c.Split)))
@@ -593,15 +582,13 @@ func (g *gcGen) askX(stage ptx.Reg, slot ptx.Operand) {
 	}
 }
 
-// askSharedX (thread 0) asks for the CTA's part of a stage's x boxes, first K kc, into slot
-// dst of every CTA sharing them: boxes xPart, xPart+Share, ..., each multicast to the CTAs
-// of its K part (cluster ranks sharers .. sharers+Share-1), completing each one's mbarrier
-// bar.
+// askSharedX (the asker) asks for the CTA's part of a stage's x boxes, first K kc, into slot
+// dst of every CTA of the cluster: boxes xPart, xPart+Share, ..., each multicast to all of
+// them, completing each one's mbarrier bar.
 func (g *gcGen) askSharedX(kc, dst, bar ptx.Reg) {
 	c := g.c
-	m := g.op3("shl.b32", ptx.U32, g.imm32(1<<c.Share-1), g.sharers)
 	mask := g.Reg(ptx.U16)
-	g.Emit("cvt.u16.u32", mask, m)
+	g.Emit("mov.u16", mask, ptx.Imm(1<<c.Share-1))
 	first := g.Reg(ptx.U32)
 	g.Emit("mad.lo.u32", first, g.xPart, ptx.Imm(gcBoxK), kc)
 	at := g.Reg(ptx.U32)
@@ -723,8 +710,8 @@ func (g *gcGen) nextStage(stage, slot, phase ptx.Reg, top string) {
 }
 
 // freeSlot ends stage s (slot slot) of a warpgroup sharing x: once its four warps are past
-// the slot (a named barrier without the producer warp), thread 0 tells every CTA sharing
-// the slot's x that this one has read it, where the slot is refilled. The producer warp waits
+// the slot (a named barrier without the producer warp), thread 0 tells every CTA of the
+// cluster that this one has read it, where the slot is refilled. The producer warp waits
 // for that. When thread 0, one of the warpgroup's threads, waited and refilled the slot
 // itself, every stage waited for the partner: on the H200 the 8B's 128-row step took 8.1-11.0
 // ms against cuBLASLt's 6.0 (session 43, testsuite/gpu/RESULTS.md); with the producer warp,
@@ -737,10 +724,9 @@ func (g *gcGen) freeSlot(stage, slot ptx.Reg) {
 	g.Emit("and.pred", more, more, g.thread0)
 	g.when(more, false, func() {
 		free := g.freeAddr(slot)
-		for i := range c.Share {
-			peer := g.op3("add.u32", ptx.U32, g.sharers, ptx.Imm(int64(i)))
+		for peer := range c.Share {
 			remote := g.Reg(ptx.U32)
-			g.Emit("mapa.shared::cluster.u32", remote, free, peer)
+			g.Emit("mapa.shared::cluster.u32", remote, free, ptx.Imm(int64(peer)))
 			g.Emit("mbarrier.arrive.shared::cluster.b64", ptx.Sink, ptx.Addr{Base: remote})
 		}
 	})
@@ -748,8 +734,7 @@ func (g *gcGen) freeSlot(stage, slot ptx.Reg) {
 
 // produce is the producer warp of a CTA sharing x: its first thread refills each slot with
 // the stage Stages ahead once every CTA sharing the slot's x has read it (its free mbarrier's
-// phase), while the warpgroup multiplies. Then the warp passes the cluster barriers of
-// wgReduce with the warpgroup (with a split), lets the next grid launch, and exits.
+// phase), while the warpgroup multiplies. Then the warp lets the next grid launch and exits.
 func (g *gcGen) produce() {
 	c := g.c
 	g.when(g.asker, false, func() {
@@ -769,24 +754,18 @@ func (g *gcGen) produce() {
 		g.Emit("add.u32", stage, stage, ptx.Imm(1))
 		g.EmitIf(g.cmp("lt", ptx.U32, stage, ptx.Imm(int64(c.kStages()))), false, "bra", ptx.Sym(top))
 	})
-	if c.Split > 1 {
-		for range wgReduceSyncs {
-			g.Emit("barrier.cluster.arrive.release")
-			g.Emit("barrier.cluster.wait.acquire")
-		}
-	}
 	g.Emit(bundle.PriorGridLaunch)
 	g.Emit("exit")
 }
 
-// rankPart is where this rank's (rank >= 1) sums go in rank 0's shared memory (K part 0 of
-// its column tile): part rank-1 of partBytes from base, as a shared::cluster address.
+// rankPart is where this rank's (rank >= 1) sums go in rank 0's shared memory: part
+// rank-1 of partBytes from base, as a shared::cluster address.
 func (g *gcGen) rankPart(base ptx.Reg) ptx.Reg {
 	at := g.Reg(ptx.U32)
 	g.Emit("add.u32", at, g.rank, ptx.Imm(-1))
 	g.Emit("mad.lo.u32", at, at, ptx.Imm(int64(g.c.partBytes())), base)
 	remote := g.Reg(ptx.U32)
-	g.Emit("mapa.shared::cluster.u32", remote, at, g.lead)
+	g.Emit("mapa.shared::cluster.u32", remote, at, ptx.Imm(0))
 	return remote
 }
 

@@ -79,7 +79,7 @@ func TestGemmCopyMatchesReference(t *testing.T) {
 		{GemmCopyConfig{K: 1024, N: 128, Rows: 128, Split: 4, Stages: 1}, []int{5, 128}}, // a cluster of 4
 		// x shared by two column tiles (multicast): refills wait until both CTAs have read a slot.
 		{GemmCopyConfig{K: 1024, N: 128, Rows: 128, Split: 1, Stages: 4, Share: 2}, []int{70, 128}}, // eight stages through four slots
-		{GemmCopyConfig{K: 1024, N: 256, Rows: 128, Split: 2, Stages: 3, Share: 2}, []int{128}},     // clusters of 4: two K parts by two tiles
+		{GemmCopyConfig{K: 1024, N: 256, Rows: 128, Split: 1, Stages: 3, Share: 2}, []int{128}},     // two clusters
 		{GemmCopyConfig{K: 1024, N: 128, Rows: 64, Split: 1, Stages: 2, Share: 2}, []int{33}},       // two of a stage's four boxes each, two slots
 	} {
 		for _, rows := range c.rows {
@@ -143,10 +143,11 @@ func TestGemmCopyFor(t *testing.T) {
 		t.Error("GemmCopy took 9 stages past the shared memory")
 	}
 	for _, c := range []GemmCopyConfig{
-		{K: 4096, N: 4096, Rows: 24, Split: 2, Stages: 1},           // no layout has 24 rows
-		{K: 4096, N: 4096, Rows: 8, Split: 2, Stages: 1, Share: 2},  // the mma.sync form shares no x
-		{K: 4096, N: 192, Rows: 128, Split: 1, Stages: 1, Share: 2}, // three tiles do not pair
-		{K: 4096, N: 4096, Rows: 64, Split: 4, Stages: 1, Share: 4}, // a cluster of 16
+		{K: 4096, N: 4096, Rows: 24, Split: 2, Stages: 1},            // no layout has 24 rows
+		{K: 4096, N: 4096, Rows: 8, Split: 2, Stages: 1, Share: 2},   // the mma.sync form shares no x
+		{K: 4096, N: 192, Rows: 128, Split: 1, Stages: 1, Share: 2},  // three tiles do not pair
+		{K: 4096, N: 4096, Rows: 128, Split: 2, Stages: 1, Share: 2}, // split K and a shared x
+		{K: 4096, N: 4096, Rows: 64, Split: 1, Stages: 1, Share: 16}, // a cluster of 16
 	} {
 		if _, err := GemmCopy("bad", c); err == nil {
 			t.Errorf("GemmCopy took %+v", c)

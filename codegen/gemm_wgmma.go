@@ -38,9 +38,6 @@ import (
 // cluster, ranks 1.. store every thread's registers into rank 0's ring once every rank's loop
 // has ended, and rank 0 adds them in rank order, so every run gives the same bits.
 
-// wgReduceSyncs are the cluster barriers wgReduce passes with a split.
-const wgReduceSyncs = 2
-
 const (
 	wgSBO   = 1024 // bytes between a K-major operand's groups of 8 rows: 8 rows of 128 bytes
 	wgKStep = 16   // K of one wgmma
@@ -101,8 +98,7 @@ func (g *gcGen) wgReduce() {
 	c := g.c
 	acc := g.acc[0]
 	if c.Split > 1 {
-		// Every rank's loop has ended, so rank 0's ring is free. (A producer warp passes
-		// these wgReduceSyncs cluster barriers too: produce.)
+		// Every rank's loop has ended, so rank 0's ring is free.
 		g.Emit("barrier.cluster.arrive.release")
 		g.Emit("barrier.cluster.wait.acquire")
 		mine := g.Reg(ptx.U32)
