@@ -106,7 +106,7 @@ var gcLayouts = []gcLayout{
 // for others (xmixc build --copy-gemm-rows): those measured faster in the step and checked
 // against the CPU on the GPU. On the H200 the warpgroup form made the 8B's steps of 32 and
 // 64 rows 0.9-2.6% shorter than cuBLASLt's at contexts 80-2112, but its 128-row kernels
-// made that step 1.5% longer (sessions 41-42), 0.8% with q/k/v's x shared (session 43,
+// made that step 1.5% longer (sessions 41-42), 0.8-0.9% with q/k/v's x shared (session 43,
 // testsuite/gpu/RESULTS.md), so 128 rows keep the library.
 var gcDefaultRows = []int{8, 16, 32, 64}
 
