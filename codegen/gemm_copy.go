@@ -684,8 +684,8 @@ func (g *gcGen) mainLoop() {
 }
 
 // nextStage ends a stage of the main loop: once every thread is past the slot, thread 0
-// refills it with the stage Stages ahead; the slot (and its phase at a wrap) and the stage
-// advance, and the loop goes on to top while stages are left.
+// refills it with the stage Stages ahead (with a shared x the producer warp does, freeSlot);
+// then the loop advances.
 func (g *gcGen) nextStage(stage, slot, phase ptx.Reg, top string) {
 	c := g.c
 	if c.shares() > 1 {
@@ -701,6 +701,13 @@ func (g *gcGen) nextStage(stage, slot, phase ptx.Reg, top string) {
 			})
 		})
 	}
+	g.advance(stage, slot, phase, top)
+}
+
+// advance ends a stage of a loop over the ring: the slot (and its phase at a wrap) and the
+// stage advance, and the loop goes on to top while stages are left.
+func (g *gcGen) advance(stage, slot, phase ptx.Reg, top string) {
+	c := g.c
 	g.Emit("add.u32", slot, slot, ptx.Imm(1))
 	wrap := g.cmp("eq", ptx.U32, slot, ptx.Imm(int64(c.Stages)))
 	g.EmitIf(wrap, false, "mov.u32", slot, ptx.Imm(0))
@@ -747,12 +754,7 @@ func (g *gcGen) produce() {
 		g.wait(g.freeAddr(slot), phase)
 		g.askW(stage, slot)
 		g.askX(stage, slot)
-		g.Emit("add.u32", slot, slot, ptx.Imm(1))
-		wrap := g.cmp("eq", ptx.U32, slot, ptx.Imm(int64(c.Stages)))
-		g.EmitIf(wrap, false, "mov.u32", slot, ptx.Imm(0))
-		g.EmitIf(wrap, false, "xor.b32", phase, phase, ptx.Imm(1))
-		g.Emit("add.u32", stage, stage, ptx.Imm(1))
-		g.EmitIf(g.cmp("lt", ptx.U32, stage, ptx.Imm(int64(c.kStages()))), false, "bra", ptx.Sym(top))
+		g.advance(stage, slot, phase, top)
 	})
 	g.Emit(bundle.PriorGridLaunch)
 	g.Emit("exit")
