@@ -317,8 +317,9 @@ func (b *block) runWarps() error {
 	return nil
 }
 
-// releaseBar releases the block's barrier when every live thread waits at it. It returns
-// the number of live threads, how many wait at an mbarrier and whether it released them.
+// releaseBar releases each of the block's barriers whose threads are all there: its count
+// (bar.sync id, count), or else every live thread. It returns the number of live threads,
+// how many wait at an mbarrier and whether it released any.
 func (b *block) releaseBar() (live, mbar int, released bool) {
 	var waiting [maxBarriers]int
 	for t := range b.n {
