@@ -405,6 +405,7 @@ type gcGen struct {
 	rank, col0, k0  ptx.Reg // K part (the cluster rank with a split); the CTA's first column and first K
 	xPart           ptx.Reg // with a shared x: the CTA's place among the tiles sharing it (its cluster rank)
 	bars, slot0     ptx.Reg // shared addresses: mbarrier 0, slot 0
+	frees           ptx.Reg // with a shared x: slot 0's free mbarrier, past the slots' own
 	thread0         ptx.Reg // thread 0 inits the mbarriers
 	asker           ptx.Reg // the thread that asks for W and x: thread 0, or the producer warp's first
 	acc             [][]ptx.Reg
@@ -412,7 +413,7 @@ type gcGen struct {
 
 func (g *gcGen) emit() {
 	c := g.c
-	wg := c.warpgroup()
+	wg, shared := c.warpgroup(), c.shares() > 1
 	g.MaxNTid = c.threads()
 	if c.cluster() > 1 {
 		g.ClusterX = c.cluster()
@@ -447,7 +448,7 @@ func (g *gcGen) emit() {
 	g.rank = g.imm32(0)
 	tile := g.special(ptx.CtaidX)
 	switch {
-	case c.shares() > 1:
+	case shared:
 		// The column tiles sharing x are a cluster's CTAs, in tile order.
 		g.xPart = g.special(ptx.ClusterCtaRank)
 	case c.Split > 1:
@@ -463,14 +464,15 @@ func (g *gcGen) emit() {
 	g.Emit("and.b32", g.slot0, g.slot0, ptx.Imm(int64(^uint32(gcAlign-1))))
 	g.thread0 = g.cmp("eq", ptx.U32, g.tid, ptx.Imm(0))
 	g.asker = g.thread0
-	if c.shares() > 1 {
+	if shared {
 		g.asker = g.cmp("eq", ptx.U32, g.tid, ptx.Imm(wgThreads))
+		g.frees = g.op3("add.u32", ptx.U32, g.bars, ptx.Imm(int64(8*c.Stages)))
 	}
 	g.when(g.thread0, false, func() {
 		for i := range c.Stages {
 			g.Emit("mbarrier.init.shared::cta.b64", ptx.Addr{Base: g.bars, Offset: int64(8 * i)}, ptx.Imm(1))
 		}
-		if c.shares() > 1 {
+		if shared {
 			// A slot is free once every CTA sharing its x has read it.
 			for i := range c.Stages {
 				g.Emit("mbarrier.init.shared::cta.b64", ptx.Addr{Base: g.freeAddr(ptx.Imm(int64(i)))}, ptx.Imm(int64(c.Share)))
@@ -479,7 +481,7 @@ func (g *gcGen) emit() {
 		g.Emit("fence.mbarrier_init.release.cluster")
 	})
 	g.Emit("bar.sync", ptx.Imm(0))
-	if c.shares() > 1 {
+	if shared {
 		// Every CTA's mbarriers exist before another's copies complete on them.
 		g.Emit("barrier.cluster.arrive.release")
 	}
@@ -487,7 +489,7 @@ func (g *gcGen) emit() {
 		g.when(g.asker, false, func() { g.askW(g.imm32(int64(i)), ptx.Imm(int64(i))) })
 	}
 	g.Emit(bundle.PriorGridWait)
-	if c.shares() > 1 {
+	if shared {
 		g.Emit("barrier.cluster.wait.acquire")
 	}
 	g.when(g.asker, false, func() {
@@ -495,7 +497,7 @@ func (g *gcGen) emit() {
 			g.askX(g.imm32(int64(i)), ptx.Imm(int64(i)))
 		}
 	})
-	if c.shares() > 1 {
+	if shared {
 		// Warp 4 refills the ring; the warpgroup (warps 0-3) multiplies.
 		mma := g.NewLabel("mma")
 		g.EmitIf(g.cmp("lt", ptx.U32, g.tid, ptx.Imm(wgThreads)), false, "bra", ptx.Sym(mma))
@@ -525,11 +527,8 @@ func (g *gcGen) slotAddr(base ptx.Reg, slot ptx.Operand) ptx.Reg {
 // barAddr is the shared address of slot's mbarrier.
 func (g *gcGen) barAddr(slot ptx.Operand) ptx.Reg { return g.scaled(g.bars, slot, 8) }
 
-// freeAddr is the shared address of slot's "free" mbarrier (with a shared x), past the
-// slots' own.
-func (g *gcGen) freeAddr(slot ptx.Operand) ptx.Reg {
-	return g.scaled(g.op3("add.u32", ptx.U32, g.bars, ptx.Imm(int64(8*g.c.Stages))), slot, 8)
-}
+// freeAddr is the shared address of slot's "free" mbarrier (with a shared x).
+func (g *gcGen) freeAddr(slot ptx.Operand) ptx.Reg { return g.scaled(g.frees, slot, 8) }
 
 // scaled is base + i*size, i a register or an immediate (folded: a multiply's first source
 // must be a register).
