@@ -363,6 +363,10 @@ type BuildInfo struct {
 	// CopyGemmRows: the decode row counts given copy-engine kernels, each one of the
 	// layouts codegen makes (xmixc build --copy-gemm-rows; empty: the measured ones).
 	CopyGemmRows []int `json:"copy_gemm_rows,omitempty"`
+	// GatedTCRows: tensor-core decode buckets and prefill chunks of at most this many rows
+	// run the gate/up projection and its activation as one tensor-core kernel, never a
+	// library's (xmixc build --gated-tc-rows; 0: none).
+	GatedTCRows int `json:"gated_tc_rows,omitempty"`
 }
 
 // InputDigest is the hash of one input file of the build.

@@ -102,13 +102,58 @@ func gemmTC(name string, c GemmConfig, wc int) (*Kernel, error) {
 	if err := checkTC(c); err != nil {
 		return nil, fmt.Errorf("gemm_tc %s: %w", name, err)
 	}
-	g := tcGen{emitter: newEmitter(name), c: c, wc: wc, wk: tcWarps / wc, tiles: tcRowTiles, unroll: max(1, c.Unroll)}
+	g := newTCGen(name, c, wc)
+	g.emit()
+	return finish(g.Kernel, "gemm_tc", bundle.GemmTCAttrs{K: c.K, N: c.N, Guard: c.Guard})
+}
+
+func newTCGen(name string, c GemmConfig, wc int) *tcGen {
+	g := &tcGen{emitter: newEmitter(name), c: c, wc: wc, wk: tcWarps / wc, tiles: tcRowTiles, unroll: max(1, c.Unroll), parts: 1, units: c.N}
 	if c.Rows > 0 {
 		g.tiles = min(tcRowTiles, (c.Rows+7)/8)
 	}
 	g.MaxNTid = 32 * tcWarps
+	return g
+}
+
+// LaunchTC is the grid of the tensor-core gate/up GEMM (GemmTCGated) for a call over rows
+// rows: one column warp for each 16 columns of the activation.
+func (c GemmGatedConfig) LaunchTC(rows int) ops.Launch {
+	return GemmConfig{N: c.Gemm.N / 2}.LaunchTC(rows)
+}
+
+// GemmTCGated generates the gate/up projection on tensor cores with the gated activation in
+// its epilogue (op gemm_gated, as GemmGated; parameters x, w, act, rows): each column warp
+// computes a 16-column tile of gate and the same tile of up, so every x fragment it loads
+// and splits serves twice the weights, and act(gate) * up is taken in registers after the K
+// groups' sums, with SiluMul's arithmetic. Each tile's sum takes the instructions of GemmTC's
+// in the same order, so its columns are GemmTC's over N = 2*Inter, then SiluMul's, bit for
+// bit. Launch it with c.LaunchTC(rows).
+func GemmTCGated(name string, c GemmGatedConfig) (*Kernel, error) {
+	inter := c.Gemm.N / 2
+	return gemmTCGated(name, c, tcColumnWarps(inter))
+}
+
+func gemmTCGated(name string, c GemmGatedConfig, wc int) (*Kernel, error) {
+	ga, err := gemmAttrs(c.Gemm)
+	if err != nil {
+		return nil, fmt.Errorf("gemm_gated %s: %w", name, err)
+	}
+	op, err := SiluConfig{Act: c.Act}.op()
+	if err != nil || c.Gemm.N%32 != 0 || c.Gemm.Guard != 0 {
+		return nil, fmt.Errorf("gemm_gated %s: %d columns, guard %#x, %v: want a multiple of 32, no guard and a known activation", name, c.Gemm.N, c.Gemm.Guard, err)
+	}
+	if err := checkTC(c.Gemm); err != nil {
+		return nil, fmt.Errorf("gemm_gated %s: %w", name, err)
+	}
+	if int64(c.Gemm.N)*int64(c.Gemm.K) >= 1<<31 {
+		// A gate row's up row is an immediate offset away: 32 bits, signed.
+		return nil, fmt.Errorf("gemm_gated %s: %d x %d weights: the up half starts past 2 GiB", name, c.Gemm.N, c.Gemm.K)
+	}
+	g := newTCGen(name, c.Gemm, wc)
+	g.parts, g.units, g.act = 2, c.Gemm.N/2, c.Act
 	g.emit()
-	return finish(g.Kernel, "gemm_tc", bundle.GemmTCAttrs{K: c.K, N: c.N, Guard: c.Guard})
+	return finish(g.Kernel, "gemm_gated", ops.GemmGatedAttrs{Gemm: ga, Act: op})
 }
 
 // checkTC checks what both tensor-core GEMMs (GemmTC, GemmTCStaged) need of c: bf16 weights,
@@ -141,7 +186,16 @@ type tcGen struct {
 	// it is loaded and not yet used. pre is nil without early launch.
 	pre   []ptx.Reg
 	fresh ptx.Reg
+	// parts is the 16-column tiles a column warp computes: 1, or 2 for the gated kernel's
+	// gate tile and its up tile, units columns apart in W. units is y's columns (N, or the
+	// gated kernel's Inter), act the gated activation.
+	parts, units int
+	act          string
 }
+
+// chunkWords is how many W registers a lane takes for one 32-wide K chunk: 4 words of each of
+// its two rows, for each part.
+func (g *tcGen) chunkWords() int { return 8 * g.parts }
 
 const mmaOp = "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"
 
@@ -155,7 +209,7 @@ func (g *tcGen) emit() {
 		g.guard(c.Guard)
 	}
 	if g.wk > 1 {
-		g.red = g.DeclareShared("red", ptx.F32, g.wc*8*g.tiles*tcRedStride)
+		g.red = g.DeclareShared("red", ptx.F32, g.wc*8*g.parts*g.tiles*tcRedStride)
 	}
 	tid := g.special(ptx.TidX)
 	lane := g.op3("and.b32", ptx.U32, tid, ptx.Imm(31))
@@ -168,14 +222,14 @@ func (g *tcGen) emit() {
 	g.Emit("mad.lo.u32", mt, g.special(ptx.CtaidX), ptx.Imm(int64(g.wc)), g.wcol)
 	g.colBase = g.op3("shl.b32", ptx.U32, mt, ptx.Imm(4))
 	// Warps past N (the last block's) do no math but still meet every barrier.
-	active := g.cmp("lt", ptx.U32, g.colBase, ptx.Imm(int64(c.N)))
+	active := g.cmp("lt", ptx.U32, g.colBase, ptx.Imm(int64(g.units)))
 	if c.Prefetch > 0 {
 		g.preloadWeights(active)
 		g.prefetchWeights(active)
 		g.Emit(bundle.PriorGridWait)
 		g.guard(c.Guard) // ctl.any_mask is read after the wait, as every other word is
 	}
-	g.acc = make([][]ptx.Reg, g.tiles)
+	g.acc = make([][]ptx.Reg, g.parts*g.tiles) // [part*tiles + row tile]
 	for rt := range g.acc {
 		g.acc[rt] = g.Regs(ptx.F32, 4)
 	}
@@ -225,7 +279,7 @@ func (g *tcGen) mainLoop(r0 ptx.Reg, skip, valid []ptx.Reg) {
 		g.when(g.cmp("eq", ptx.U32, g.kg, ptx.Imm(int64(chunks%g.wk))), false, func() {
 			off := g.op3("shl.b32", ptx.U32, g.t, ptx.Imm(2)) // 4t
 			k0 := g.op3("add.u32", ptx.U32, off, ptx.Imm(int64(32*chunks)))
-			wv := g.Regs(ptx.B32, 4)
+			wv := g.Regs(ptx.B32, 4*g.parts)
 			g.loadW(wv, ptx.Reg{}, g.byteAddr(wbase, k0, 2), ptx.Reg{}, 2)
 			g.multiply([]tcChunk{{w: wv, xa: g.byteAddr(xbase, k0, 4)}}, 2, skip, valid)
 		})
@@ -235,7 +289,7 @@ func (g *tcGen) mainLoop(r0 ptx.Reg, skip, valid []ptx.Reg) {
 // stepLoop is mainLoop's K loop in steps of U chunks: the W of the next step's chunks loads
 // while this step's are multiplied.
 func (g *tcGen) stepLoop(wl, xl ptx.Reg, chunks int, skip, valid []ptx.Reg) {
-	u, step := g.unroll, g.wk*g.unroll
+	u, step, cw := g.unroll, g.wk*g.unroll, g.chunkWords()
 	// at is the step at chunk ch, its W in wv; load issues its W loads. A step's chunk
 	// indices and x addresses are recomputed where they are used rather than carried from
 	// the load a step earlier: carried, they cost 13 registers at 8 rows (139-141), which
@@ -244,7 +298,7 @@ func (g *tcGen) stepLoop(wl, xl ptx.Reg, chunks int, skip, valid []ptx.Reg) {
 		cs := make([]tcChunk, u)
 		for i := range cs {
 			ci := g.op3("add.u32", ptx.U32, ch, ptx.Imm(int64(i*g.wk)))
-			cs[i] = tcChunk{w: wv[8*i : 8*i+8], ch: ci, ok: g.cmp("lt", ptx.U32, ci, ptx.Imm(int64(chunks)))}
+			cs[i] = tcChunk{w: wv[cw*i : cw*(i+1)], ch: ci, ok: g.cmp("lt", ptx.U32, ci, ptx.Imm(int64(chunks)))}
 		}
 		return cs
 	}
@@ -253,7 +307,7 @@ func (g *tcGen) stepLoop(wl, xl ptx.Reg, chunks int, skip, valid []ptx.Reg) {
 			g.loadW(ch.w, ch.ok, wl, ch.ch, 4)
 		}
 	}
-	cur, nxt := g.firstLoads(wl, chunks), g.Regs(ptx.B32, 8*u)
+	cur, nxt := g.firstLoads(wl, chunks), g.Regs(ptx.B32, cw*u)
 	ch := g.Reg(ptx.U32)
 	g.forLoop(ch, g.kg, ptx.Imm(int64(chunks)), ptx.Imm(int64(step)), func() {
 		load(at(nxt, g.op3("add.u32", ptx.U32, ch, ptx.Imm(int64(step)))))
@@ -269,23 +323,32 @@ func (g *tcGen) stepLoop(wl, xl ptx.Reg, chunks int, skip, valid []ptx.Reg) {
 }
 
 // loadW loads this lane's W words of one chunk into wv: nw words (4 for a 32-wide chunk, 2
-// for the 16-wide tail) of row g, then nw of row g+8. With a guard p (a zero Reg means
-// none), it loads only where p holds; chunk ch (a zero Reg means base is already the chunk's
-// address) is 64 bytes past base per step.
+// for the 16-wide tail) of row g, then nw of row g+8, for each part (the gated kernel's up
+// tile after its gate tile). With a guard p (a zero Reg means none), it loads only where p
+// holds; chunk ch (a zero Reg means base is already the chunk's address) is 64 bytes past
+// base per step.
 func (g *tcGen) loadW(wv []ptx.Reg, p, base, ch ptx.Reg, nw int) {
 	a := base
 	if ch != (ptx.Reg{}) {
 		a = g.byteAddr(base, ch, 64)
 	}
 	ld := fmt.Sprintf("ld.global.nc.v%d.b32", nw)
-	for i, off := range []int64{0, int64(8 * 2 * g.c.K)} {
-		if p != (ptx.Reg{}) {
-			g.EmitIf(p, false, ld, ptx.Vec(wv[i*nw:(i+1)*nw]), ptx.Addr{Base: a, Offset: off})
-		} else {
-			g.Emit(ld, ptx.Vec(wv[i*nw:(i+1)*nw]), ptx.Addr{Base: a, Offset: off})
+	for part := range g.parts {
+		for i, off := range []int64{0, int64(8 * 2 * g.c.K)} {
+			off += g.partOffset(part)
+			dst := ptx.Vec(wv[(2*part+i)*nw : (2*part+i+1)*nw])
+			if p != (ptx.Reg{}) {
+				g.EmitIf(p, false, ld, dst, ptx.Addr{Base: a, Offset: off})
+			} else {
+				g.Emit(ld, dst, ptx.Addr{Base: a, Offset: off})
+			}
 		}
 	}
 }
+
+// partOffset is how many bytes of W lie between a row of the warp's first tile and the same
+// row of its tile part.
+func (g *tcGen) partOffset(part int) int64 { return int64(part) * int64(g.units) * int64(2*g.c.K) }
 
 // preloadWeights loads the W of this warp's first step (its K group's first U chunks, as
 // mainLoop's first loads would) into pre before the kernel waits for the grid ahead: W never
@@ -297,7 +360,7 @@ func (g *tcGen) preloadWeights(active ptx.Reg) {
 	if chunks == 0 {
 		return
 	}
-	g.pre = g.Regs(ptx.B32, 8*g.unroll)
+	g.pre = g.Regs(ptx.B32, g.chunkWords()*g.unroll)
 	g.fresh = g.Reg(ptx.Pred)
 	g.Emit("mov.pred", g.fresh, active)
 	wrow := g.op3("add.u32", ptx.U32, g.colBase, g.g)
@@ -312,7 +375,7 @@ func (g *tcGen) preloadWeights(active ptx.Reg) {
 // registers: pre, where the first row group finds them loaded already (fresh).
 func (g *tcGen) firstLoads(wl ptx.Reg, chunks int) []ptx.Reg {
 	if g.pre == nil {
-		w := g.Regs(ptx.B32, 8*g.unroll)
+		w := g.Regs(ptx.B32, g.chunkWords()*g.unroll)
 		g.loadFirst(w, wl, chunks, func(ok ptx.Reg) ptx.Reg { return ok })
 		return w
 	}
@@ -321,12 +384,13 @@ func (g *tcGen) firstLoads(wl ptx.Reg, chunks int) []ptx.Reg {
 	return g.pre
 }
 
-// loadFirst loads chunks kg, kg+Wk, ... (U of them) of this lane's W rows into w, 8 words
-// each (loadW), where on(ok) holds; ok says the chunk is inside K.
+// loadFirst loads chunks kg, kg+Wk, ... (U of them) of this lane's W rows into w,
+// chunkWords each (loadW), where on(ok) holds; ok says the chunk is inside K.
 func (g *tcGen) loadFirst(w []ptx.Reg, wl ptx.Reg, chunks int, on func(ok ptx.Reg) ptx.Reg) {
+	cw := g.chunkWords()
 	for i := range g.unroll {
 		ci := g.op3("add.u32", ptx.U32, g.kg, ptx.Imm(int64(i*g.wk)))
-		g.loadW(w[8*i:8*i+8], on(g.cmp("lt", ptx.U32, ci, ptx.Imm(int64(chunks)))), wl, ci, 4)
+		g.loadW(w[cw*i:cw*(i+1)], on(g.cmp("lt", ptx.U32, ci, ptx.Imm(int64(chunks)))), wl, ci, 4)
 	}
 }
 
@@ -362,8 +426,10 @@ func (g *tcGen) prefetchWeights(active ptx.Reg) {
 			on = g.cmp("lt", ptx.U32, g.t, ptx.Imm(int64(lines-4*i)))
 			g.Emit("and.pred", on, on, active)
 		}
-		for _, row := range []int{0, 8} {
-			g.EmitIf(on, false, "prefetch.global.L2", ptx.Addr{Base: a, Offset: int64(row*2*c.K + 128*first + 512*i)})
+		for part := range g.parts {
+			for _, row := range []int{0, 8} {
+				g.EmitIf(on, false, "prefetch.global.L2", ptx.Addr{Base: a, Offset: g.partOffset(part) + int64(row*2*c.K+128*first+512*i)})
+			}
 		}
 	}
 }
@@ -412,12 +478,15 @@ func (g *tcGen) multiply(cs []tcChunk, nw int, skip, valid []ptx.Reg) {
 					g.EmitIf(valid[rt], true, "mov.b32", hi[j], ptx.Imm(0))
 					g.EmitIf(valid[rt], true, "mov.b32", lo[j], ptx.Imm(0))
 				}
-				acc := ptx.Vec(g.acc[rt])
-				wv, wv8 := ch.w[:nw], ch.w[nw:]
-				for m := 0; m < nw; m += 2 {
-					a := ptx.Vec{wv[m], wv8[m], wv[m+1], wv8[m+1]}
-					g.Emit(mmaOp, acc, a, ptx.Vec{hi[m], hi[m+1]}, acc)
-					g.Emit(mmaOp, acc, a, ptx.Vec{lo[m], lo[m+1]}, acc)
+				for part := range g.parts {
+					acc := ptx.Vec(g.acc[part*g.tiles+rt])
+					pw := ch.w[2*nw*part : 2*nw*(part+1)]
+					wv, wv8 := pw[:nw], pw[nw:]
+					for m := 0; m < nw; m += 2 {
+						a := ptx.Vec{wv[m], wv8[m], wv[m+1], wv8[m+1]}
+						g.Emit(mmaOp, acc, a, ptx.Vec{hi[m], hi[m+1]}, acc)
+						g.Emit(mmaOp, acc, a, ptx.Vec{lo[m], lo[m+1]}, acc)
+					}
 				}
 			}
 			// A chunk past K is skipped whole (its W registers hold no weights); the branch is
@@ -450,21 +519,21 @@ func (e emitter) splitBF16(hi, lo, x []ptx.Reg, bits ptx.Reg, part []ptx.Reg) {
 }
 
 // reduce combines the K groups' accumulators in a fixed order and stores y for the row group
-// at r0. Accumulator i of row tile rt is D[col g + 8*(i>>1)][row 2t + (i&1)].
+// at r0 (the gated kernel: act(gate) * up). Accumulator i of row tile rt is D[col g +
+// 8*(i>>1)][row 2t + (i&1)].
 func (g *tcGen) reduce(r0, left ptx.Reg, skip []ptx.Reg, active ptx.Reg) {
-	c := g.c
 	// ybase: y[r0+2t][colBase+g]; row 2t+j of tile rt is left-relative 8rt+2t+j.
 	t2 := g.op3("shl.b32", ptx.U32, g.t, ptx.Imm(1))
 	yrow := g.op3("add.u32", ptx.U32, r0, t2)
 	ycol := g.op3("add.u32", ptx.U32, g.colBase, g.g)
 	yidx := g.Reg(ptx.U32)
-	g.Emit("mad.lo.u32", yidx, yrow, ptx.Imm(int64(c.N)), ycol)
+	g.Emit("mad.lo.u32", yidx, yrow, ptx.Imm(int64(g.units)), ycol)
 	ybase := g.byteAddr(g.y, yidx, 4)
 	var sbase ptx.Reg
 	if g.wk > 1 {
-		// red[wcol][row][col] with row = 8rt + 2t + j, col = g + 8h.
+		// red[wcol][row][col] with row = 8(part*tiles + rt) + 2t + j, col = g + 8h.
 		srow := g.Reg(ptx.U32)
-		g.Emit("mad.lo.u32", srow, g.wcol, ptx.Imm(int64(8*g.tiles)), t2)
+		g.Emit("mad.lo.u32", srow, g.wcol, ptx.Imm(int64(8*g.parts*g.tiles)), t2)
 		sidx := g.Reg(ptx.U32)
 		g.Emit("mad.lo.u32", sidx, srow, ptx.Imm(tcRedStride), g.g)
 		sbase = g.sharedAddr(g.red, sidx, 4)
@@ -480,20 +549,31 @@ func (g *tcGen) reduce(r0, left ptx.Reg, skip []ptx.Reg, active ptx.Reg) {
 			end := g.NewLabel("reduce_done")
 			for rt := range g.tiles {
 				g.EmitIf(skip[rt], false, "bra", ptx.Sym(end))
-				for i, a := range g.acc[rt] {
+				for i := range 4 {
 					j, h := i&1, i>>1
-					sa := ptx.Addr{Base: sbase, Offset: int64(4 * ((8*rt+j)*tcRedStride + 8*h))}
-					if s > 0 {
-						g.Emit("ld.shared.f32", tmp, sa)
-						g.Emit("add.f32", a, tmp, a)
+					sums := make([]ptx.Reg, g.parts)
+					for part := range sums {
+						a, pt := g.acc[part*g.tiles+rt][i], part*g.tiles+rt
+						sa := ptx.Addr{Base: sbase, Offset: int64(4 * ((8*pt+j)*tcRedStride + 8*h))}
+						if s > 0 {
+							g.Emit("ld.shared.f32", tmp, sa)
+							g.Emit("add.f32", a, tmp, a)
+						}
+						if s < g.wk-1 {
+							g.Emit("st.shared.f32", sa, a)
+						}
+						sums[part] = a
 					}
 					if s < g.wk-1 {
-						g.Emit("st.shared.f32", sa, a)
 						continue
+					}
+					v := sums[0]
+					if g.parts == 2 {
+						v = gateAct(g.emitter, g.act, sums[0], sums[1])
 					}
 					r := g.op3("add.u32", ptx.U32, t2, ptx.Imm(int64(8*rt+j)))
 					g.EmitIf(g.cmp("lt", ptx.U32, r, left), false, "st.global.f32",
-						ptx.Addr{Base: ybase, Offset: int64(4 * ((8*rt+j)*c.N + 8*h))}, a)
+						ptx.Addr{Base: ybase, Offset: int64(4 * ((8*rt+j)*g.units + 8*h))}, v)
 				}
 			}
 			g.Label(end)

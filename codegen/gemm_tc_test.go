@@ -198,3 +198,58 @@ func TestGemmTCLayout(t *testing.T) {
 		}
 	}
 }
+
+// TestGemmTCGatedKernel: the gate/up projection on tensor cores with the gated activation in
+// its epilogue against its reference (op gemm_gated) and bit for bit against what it replaces,
+// the tensor-core GEMM over both halves (the same K groups) and then SiluMul: one and several
+// K groups, the 16-wide K tail, steps that K does not fill, fewer rows than the bucket and
+// more (a second pass over W), blocks past the last tile, both activations, and early launch
+// (the W preloaded and prefetched before the wait, each part's rows at their own offsets).
+func TestGemmTCGatedKernel(t *testing.T) {
+	r := rand.New(rand.NewPCG(29, 30))
+	for _, c := range []struct {
+		k, inter, rows, bucket, unroll, wc, prefetch int
+		act                                          string
+	}{
+		{256, 16, 8, 8, 2, 1, 0, ""},             // one tile pair, 8 K groups
+		{1024, 48, 5, 8, 2, 2, 0, ActGeluTanh},   // 3 pairs over blocks of 2: the second block's last warp idle
+		{1040, 32, 8, 8, 2, 4, 0, ""},            // the 16-wide tail
+		{448, 16, 12, 16, 1, 1, 0, ""},           // two row tiles
+		{320, 32, 20, 16, 2, 2, 0, ActGeluTanh},  // more rows than the bucket: two passes over W
+		{2048, 64, 8, 8, 2, 4, 1 << 20, ""},      // early launch: preload, then the prefetch past it
+		{1024, 32, 3, 8, 1, 8, 512, ActGeluTanh}, // early launch with one K group
+		{96, 16, 7, 8, 2, 1, 512, ""},            // 3 chunks over 8 groups, early launch
+	} {
+		gc := GemmConfig{K: c.k, N: 2 * c.inter, WDtype: ptx.BF16, Rows: c.bucket, Unroll: c.unroll, Prefetch: c.prefetch}
+		fc := GemmGatedConfig{Gemm: gc, Act: c.act}
+		k := must(t)(gemmTCGated("gemm_gated_tc_test", fc, c.wc))
+		l := fc.LaunchTC(c.rows)
+		l.Grid[0] = (c.inter/16 + c.wc - 1) / c.wc
+		x, w := targ{name: "x", f32: randF32(r, c.rows*c.k, 1)}, targ{name: "w", bf16: randF32(r, gc.N*c.k, 1)}
+		rows := scalarU32("rows", uint32(c.rows))
+		act := targ{name: "act", out: c.rows * c.inter}
+		checkKernel(t, k, l, []targ{x, w, act, rows})
+
+		one, two := newEmuBufs(), newEmuBufs()
+		one.run(t, k, l, []targ{x, w, act, rows})
+		plain := must(t)(gemmTC("gemm_tc_test", gc, c.wc))
+		pl := gc.LaunchTC(c.rows)
+		pl.Grid[0] = (gc.N/16 + c.wc - 1) / c.wc
+		two.run(t, plain, pl, []targ{x, w, {name: "gu", out: c.rows * gc.N}, rows})
+		sc := SiluConfig{Inter: c.inter, Act: c.act}
+		two.run(t, must(t)(SiluMul("silu_test", sc)), sc.Launch(c.rows), []targ{{name: "gu"}, act})
+		samePair(t, k, "act", one, two)
+	}
+	for _, bad := range []GemmGatedConfig{
+		{Gemm: GemmConfig{K: 64, N: 48, WDtype: ptx.BF16}},              // Inter not a multiple of 16
+		{Gemm: GemmConfig{K: 64, N: 64, WDtype: ptx.F32}},               // f32 weights
+		{Gemm: GemmConfig{K: 64, N: 64, WDtype: ptx.BF16, Guard: 1}},    // guarded
+		{Gemm: GemmConfig{K: 64, N: 64, WDtype: ptx.BF16}, Act: "relu"}, // no such activation
+		{Gemm: GemmConfig{K: 1 << 16, N: 1 << 15, WDtype: ptx.BF16}},    // the up half past 2 GiB
+		{Gemm: GemmConfig{K: 64, N: 64, WDtype: ptx.BF16, Unroll: MaxTCChunks + 1}},
+	} {
+		if _, err := GemmTCGated("g", bad); err == nil {
+			t.Errorf("%+v accepted", bad)
+		}
+	}
+}

@@ -404,7 +404,7 @@ func (t *tb) matmulRope(n *ir.Node) {
 func (t *tb) matmulGated(n *ir.Node) {
 	mm, act := n.Parts[0], n.Parts[1]
 	gc, rows, s, ok := t.fusedGemv(mm, act.Out[0])
-	if !ok {
+	if !ok && (rows > t.g.gatedTCRows || gc.N%32 != 0) {
 		t.parts(n)
 		return
 	}
@@ -413,10 +413,28 @@ func (t *tb) matmulGated(n *ir.Node) {
 		t.fail(err)
 		return
 	}
+	if !ok {
+		t.matmulGatedTC(n.Name, gc, sc, rows, s)
+		return
+	}
 	c := GemmGatedConfig{Gemm: gc, Act: sc.Act}
 	name := t.g.gemvName(gc) + "_" + GatedKernelName(sc)
 	k, err := t.g.kernel(name, func() (*Kernel, error) { return GemmGated(name, c) })
 	t.add(n.Name, k, err, c.Launch(rows), s, nil)
+}
+
+// matmulGatedTC is the gate/up projection of a tensor-core bucket of at most
+// BuildInfo.GatedTCRows rows with the gated activation in its epilogue (GemmTCGated), in
+// place of a GEMM node (which a backend may give a library) and the activation kernel. Its
+// warps stream a tile of gate and one of up, twice a plain tile's weights, so a step takes
+// half the chunks of the plain kernel's (the same W registers).
+func (t *tb) matmulGatedTC(label string, gc GemmConfig, sc SiluConfig, rows int, s slots) {
+	gc = t.g.tcSettings(GemmConfig{K: gc.K, N: gc.N, WDtype: gc.WDtype}, rows)
+	gc.Unroll = max(1, gc.Unroll/2)
+	c := GemmGatedConfig{Gemm: gc, Act: sc.Act}
+	name := fmt.Sprintf("gemm_tcg_k%d_n%d%s_%s", gc.K, gc.N, tcSuffix(gc), GatedKernelName(sc))
+	k, err := t.g.kernel(name, func() (*Kernel, error) { return GemmTCGated(name, c) })
+	t.add(label, k, err, c.LaunchTC(rows), s, nil)
 }
 
 // TensorCoreRows is the default bucket size from which GEMMs run on tensor cores (bf16
@@ -538,6 +556,19 @@ func tcSuffix(c GemmConfig) string {
 }
 
 // tensorCores says whether a GEMM of c over rows rows runs on tensor cores here.
+// MaxGatedTCRows bounds BuildInfo.GatedTCRows: the gated kernel keeps two tiles of
+// accumulators a row tile, and past 32 rows its steps would take one chunk.
+const MaxGatedTCRows = 32
+
+// CheckGatedTCRows checks a build's largest bucket given the tensor-core gate/up kernel
+// (BuildInfo.GatedTCRows, xmixc build --gated-tc-rows): 0 (none) to MaxGatedTCRows.
+func CheckGatedTCRows(n int) error {
+	if n < 0 || n > MaxGatedTCRows {
+		return fmt.Errorf("tensor-core gate/up kernels up to %d rows: want 0 (none) to %d", n, MaxGatedTCRows)
+	}
+	return nil
+}
+
 func (t *tb) tensorCores(c GemmConfig, rows int) bool {
 	g := t.g
 	return rows >= g.tcRows && g.wdt == ptx.BF16 && c.K%16 == 0 && c.N%16 == 0 && g.gemmKind != "cuda-core"

@@ -93,6 +93,9 @@ type Options struct {
 	// CopyGemmRows are the decode row counts given copy-engine kernels
 	// (bundle.BuildInfo.CopyGemmRows; nil: the measured ones).
 	CopyGemmRows []int
+	// GatedTCRows: tensor-core buckets of at most this many rows run the gate/up projection
+	// and its activation as one kernel (bundle.BuildInfo.GatedTCRows; 0: none).
+	GatedTCRows int
 }
 
 // DefaultGemvCols is Options.GemvCols's default, measured on the H200 (testsuite/gpu/GEMV_AB.md,
@@ -280,6 +283,7 @@ func Build(modelPath string, appPaths []string, opt Options) (*bundle.Bundle, er
 		build.TCChunks = opt.TCChunks
 	}
 	build.CopyGemms, build.CopyGemmSlots, build.CopyGemmRows = opt.CopyGemms, opt.CopyGemmSlots, opt.CopyGemmRows
+	build.GatedTCRows = opt.GatedTCRows
 	b, err := codegen.Generate(p, codegen.Options{
 		Build:     build,
 		Weights:   weights,

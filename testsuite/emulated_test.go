@@ -186,6 +186,11 @@ ops:
 		{"llama-tc4", SmallModel, []string{split}, []loader.Request{
 			{Prompt: []int{3, 1, 4, 1, 5, 9, 2, 6}, MaxTokens: 4, Apps: []string{"split"}}, {Prompt: []int{2, 7, 1}, MaxTokens: 5}, {Prompt: []int{8, 2}, MaxTokens: 2}},
 			compile.Options{TensorCoreRows: 4}},
+		// The gate/up projection and its activation as one tensor-core kernel in bucket 4
+		// (--gated-tc-rows 4), the split app's write at mlp.act in the same step.
+		{"llama-gated-tc", SmallModel, []string{split}, []loader.Request{
+			{Prompt: []int{3, 1, 4, 1, 5, 9, 2, 6}, MaxTokens: 4, Apps: []string{"split"}}, {Prompt: []int{2, 7, 1}, MaxTokens: 5}, {Prompt: []int{8, 2}, MaxTokens: 2}},
+			compile.Options{TensorCoreRows: 4, GatedTCRows: 4}},
 		// The staged tensor-core GEMMs (--gemm tc-staged, bucket kernels with a ring of W
 		// stages, preloaded before the wait) in the prefill chunks.
 		{"llama-staged", SmallModel, nil, []loader.Request{

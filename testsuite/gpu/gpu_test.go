@@ -427,6 +427,48 @@ func TestCUDAWarpgroupGemmMatchesCPU(t *testing.T) {
 	}
 }
 
+// TestCUDAGatedTCMatchesCPU: the gate/up projection with its activation as one tensor-core
+// kernel (xmixc build --gated-tc-rows) in buckets of 8 and 16 rows of a 2-layer cut of
+// Llama-3.1-8B under --gemm auto (the copy-engine kernels serve o, q/k/v and down), every
+// request teacher-forced to the CPU's tokens: both layers' decode gate/up run it, and no
+// activation kernel is left in the bucket. A subtest per bucket (-run 'TestCUDAGatedTCMatchesCPU/r8').
+func TestCUDAGatedTCMatchesCPU(t *testing.T) {
+	needGPU(t)
+	served := 0
+	nb := copyGemmBackend(&served)
+	for _, c := range []struct{ bucket, requests, steps int }{{8, 8, 6}, {16, 13, 4}} {
+		t.Run(fmt.Sprintf("r%d", c.bucket), func(t *testing.T) {
+			cut := specCut(t, "llama-3.1-8b", fmt.Sprintf("serving: {decode_buckets: [%d], prefill_chunks: [64], max_seq_len: 256, max_seqs: 16, kv_block_size: 16}\n", c.bucket))
+			b := testsuite.CompileWith(t, compile.Options{GatedTCRows: c.bucket}, cut)
+			gated, acts := 0, 0
+			for _, tm := range b.Templates {
+				if tm.Kind != bundle.Decode {
+					continue
+				}
+				for _, n := range tm.Nodes {
+					switch name := n.Kernel; {
+					case strings.HasPrefix(name, "gemm_tcg_"):
+						gated++
+					case strings.HasPrefix(name, "silu_mul"):
+						acts++
+					}
+				}
+			}
+			if gated != 2 || acts != 0 {
+				t.Fatalf("%d-row bucket: %d tensor-core gate/up kernels and %d activation kernels, want 2 and 0", c.bucket, gated, acts)
+			}
+			var prompts [][]int
+			for i := range c.requests {
+				prompts = append(prompts, []int{791 + 7*i, 4062, 14198 + i, 39935, 35308, 927 + 3*i})
+			}
+			agreementRows(t, nb, fmt.Sprintf("llama-3.1-8b-2layers-gated-tc-r%d", c.bucket), b, prompts, c.steps)
+			if served != 6 {
+				t.Errorf("%d-row bucket: %d GEMM nodes served by the copy-engine kernels, want o, q/k/v and down of 2 layers", c.bucket, served)
+			}
+		})
+	}
+}
+
 // decodeRows is a LogitRecorder of the first rows of every decode step: its Vocab is rows
 // times the model's, and steps of other templates pass it by.
 type decodeRows struct {
