@@ -428,7 +428,7 @@ func TestCUDAWarpgroupGemmMatchesCPU(t *testing.T) {
 }
 
 // TestCUDAGatedTCMatchesCPU: the gate/up projection with its activation as one tensor-core
-// kernel (xmixc build --gated-tc-rows) in buckets of 8 and 16 rows of a 2-layer cut of
+// kernel (xmixc build --gated-tc-rows) in buckets of 8, 16 and 32 rows of a 2-layer cut of
 // Llama-3.1-8B under --gemm auto (the copy-engine kernels serve o, q/k/v and down), every
 // request teacher-forced to the CPU's tokens: both layers' decode gate/up run it, and no
 // activation kernel is left in the bucket. A subtest per bucket (-run 'TestCUDAGatedTCMatchesCPU/r8').
@@ -436,9 +436,9 @@ func TestCUDAGatedTCMatchesCPU(t *testing.T) {
 	needGPU(t)
 	served := 0
 	nb := copyGemmBackend(&served)
-	for _, c := range []struct{ bucket, requests, steps int }{{8, 8, 6}, {16, 13, 4}} {
+	for _, c := range []struct{ bucket, requests, steps int }{{8, 8, 6}, {16, 13, 4}, {32, 27, 3}} {
 		t.Run(fmt.Sprintf("r%d", c.bucket), func(t *testing.T) {
-			cut := specCut(t, "llama-3.1-8b", fmt.Sprintf("serving: {decode_buckets: [%d], prefill_chunks: [64], max_seq_len: 256, max_seqs: 16, kv_block_size: 16}\n", c.bucket))
+			cut := specCut(t, "llama-3.1-8b", fmt.Sprintf("serving: {decode_buckets: [%d], prefill_chunks: [64], max_seq_len: 256, max_seqs: %d, kv_block_size: 16}\n", c.bucket, c.bucket))
 			b := testsuite.CompileWith(t, compile.Options{GatedTCRows: c.bucket}, cut)
 			gated, acts := 0, 0
 			for _, tm := range b.Templates {
