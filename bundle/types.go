@@ -363,9 +363,9 @@ type BuildInfo struct {
 	// CopyGemmRows: the decode row counts given copy-engine kernels, each one of the
 	// layouts codegen makes (xmixc build --copy-gemm-rows; empty: the measured ones).
 	CopyGemmRows []int `json:"copy_gemm_rows,omitempty"`
-	// GatedTCRows: tensor-core decode buckets and prefill chunks of at most this many rows
-	// run the gate/up projection and its activation as one tensor-core kernel, never a
-	// library's (xmixc build --gated-tc-rows; 0: none).
+	// GatedTCRows: tensor-core decode buckets of at most this many rows run the gate/up
+	// projection and its activation as one tensor-core kernel, never a library's (xmixc
+	// build --gated-tc-rows; 0: none, as in bundles built before it).
 	GatedTCRows int `json:"gated_tc_rows,omitempty"`
 }
 

@@ -153,7 +153,7 @@ func gemmTCGated(name string, c GemmGatedConfig, wc int) (*Kernel, error) {
 	g := newTCGen(name, c.Gemm, wc)
 	g.parts, g.units, g.act = 2, c.Gemm.N/2, c.Act
 	g.emit()
-	return finish(g.Kernel, "gemm_gated", ops.GemmGatedAttrs{Gemm: ga, Act: op})
+	return finish(g.Kernel, "gemm_gated", ops.GemmGatedAttrs{Gemm: ga, Act: op, Split: true})
 }
 
 // checkTC checks what both tensor-core GEMMs (GemmTC, GemmTCStaged) need of c: bf16 weights,

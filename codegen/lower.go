@@ -404,7 +404,7 @@ func (t *tb) matmulRope(n *ir.Node) {
 func (t *tb) matmulGated(n *ir.Node) {
 	mm, act := n.Parts[0], n.Parts[1]
 	gc, rows, s, ok := t.fusedGemv(mm, act.Out[0])
-	if !ok && (rows > t.g.gatedTCRows || gc.N%32 != 0) {
+	if !ok && !t.gatedTC(gc, rows) {
 		t.parts(n)
 		return
 	}
@@ -421,6 +421,14 @@ func (t *tb) matmulGated(n *ir.Node) {
 	name := t.g.gemvName(gc) + "_" + GatedKernelName(sc)
 	k, err := t.g.kernel(name, func() (*Kernel, error) { return GemmGated(name, c) })
 	t.add(n.Name, k, err, c.Launch(rows), s, nil)
+}
+
+// gatedTC says whether the gate/up projection c of a tensor-core template over rows rows runs
+// with its activation as one kernel (matmulGatedTC): in decode buckets of at most
+// BuildInfo.GatedTCRows rows (the only ones measured), unless the build names its shape for
+// copy-engine kernels (xmixc build --copy-gemms), which serve GEMM nodes.
+func (t *tb) gatedTC(c GemmConfig, rows int) bool {
+	return t.kind == bundle.Decode && rows <= t.g.gatedTCRows && c.N%32 == 0 && !slices.Contains(t.g.copyShapes, [2]int{c.K, c.N})
 }
 
 // matmulGatedTC is the gate/up projection of a tensor-core bucket of at most
@@ -559,6 +567,14 @@ func tcSuffix(c GemmConfig) string {
 // MaxGatedTCRows bounds BuildInfo.GatedTCRows: the gated kernel keeps two tiles of
 // accumulators a row tile, and past 32 rows its steps would take one chunk.
 const MaxGatedTCRows = 32
+
+// DefaultGatedTCRows is the largest tensor-core bucket given the gate/up kernel with its
+// activation (GemmTCGated) unless a build says otherwise, measured on the H200 at
+// Llama-3.1-8B dims inside the decode step under --gemm auto (testsuite/gpu/RESULTS.md,
+// session 44): at 8 rows the step is 2.3-2.5% shorter than with cuBLASLt's gate/up and the
+// SiLU kernel (contexts 80, 576, 2112), but at 16 and 32 rows its gate/up costs 1.8x and 2.9x
+// the library's, since each warp's x loads and splits grow with the rows (gemm_tc.go).
+const DefaultGatedTCRows = 8
 
 // CheckGatedTCRows checks a build's largest bucket given the tensor-core gate/up kernel
 // (BuildInfo.GatedTCRows, xmixc build --gated-tc-rows): 0 (none) to MaxGatedTCRows.

@@ -94,7 +94,8 @@ type Options struct {
 	// (bundle.BuildInfo.CopyGemmRows; nil: the measured ones).
 	CopyGemmRows []int
 	// GatedTCRows: tensor-core buckets of at most this many rows run the gate/up projection
-	// and its activation as one kernel (bundle.BuildInfo.GatedTCRows; 0: none).
+	// and its activation as one kernel (bundle.BuildInfo.GatedTCRows; 0: the measured
+	// default, codegen.DefaultGatedTCRows; negative: none).
 	GatedTCRows int
 }
 
@@ -283,7 +284,7 @@ func Build(modelPath string, appPaths []string, opt Options) (*bundle.Bundle, er
 		build.TCChunks = opt.TCChunks
 	}
 	build.CopyGemms, build.CopyGemmSlots, build.CopyGemmRows = opt.CopyGemms, opt.CopyGemmSlots, opt.CopyGemmRows
-	build.GatedTCRows = opt.GatedTCRows
+	build.GatedTCRows = max(0, cmp.Or(opt.GatedTCRows, codegen.DefaultGatedTCRows))
 	b, err := codegen.Generate(p, codegen.Options{
 		Build:     build,
 		Weights:   weights,

@@ -1,6 +1,10 @@
 package ops
 
-import "fmt"
+import (
+	"fmt"
+
+	"xmix/bundle"
+)
 
 // The fused decode GEMVs (codegen/gemm_fused.go): a projection and the kernel after it in
 // one. Each reference runs the two ops it fuses one after the other, so that a fused kernel
@@ -49,10 +53,12 @@ func buildGemmRopeKV(attrs []byte) (Runner, error) {
 
 // GemmGatedAttrs are the attributes of op "gemm_gated": op "gemm" (Gemm, 2*Inter columns:
 // gate, then up) into rows the kernel keeps to itself, then the gated op Act
-// (GatedActivations: act(gate) * up) into act. Parameters: x, w, act, rows.
+// (GatedActivations: act(gate) * up) into act. Parameters: x, w, act, rows. With Split (the
+// tensor-core kernel's, bf16 weights) the GEMM is op gemm_tc's: x split into two bf16 halves.
 type GemmGatedAttrs struct {
-	Gemm GemmAttrs `json:"gemm"`
-	Act  string    `json:"act"`
+	Gemm  GemmAttrs `json:"gemm"`
+	Act   string    `json:"act"`
+	Split bool      `json:"split,omitempty"`
 }
 
 func buildGemmGated(attrs []byte) (Runner, error) {
@@ -64,7 +70,13 @@ func buildGemmGated(attrs []byte) (Runner, error) {
 	if !ok || a.Gemm.Guard != 0 || a.Gemm.N <= 0 || a.Gemm.N%2 != 0 {
 		return nil, fmt.Errorf("gemm_gated: act %q, guard %#x, %d columns: want a gated op, no guard, an even width", a.Act, a.Gemm.Guard, a.Gemm.N)
 	}
+	if a.Split && a.Gemm.WDtype != "bf16" {
+		return nil, fmt.Errorf("gemm_gated: %s weights split for tensor cores: want bf16", a.Gemm.WDtype)
+	}
 	gemm, err := Build("gemm", EncodeAttrs(a.Gemm))
+	if a.Split {
+		gemm, err = Build(bundle.OpGemmTC, EncodeAttrs(bundle.GemmTCAttrs{K: a.Gemm.K, N: a.Gemm.N}))
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -181,16 +181,16 @@ ops:
 		{"llama-split", SmallModel, []string{split}, []loader.Request{
 			{Prompt: []int{3, 1, 4, 1, 5, 9, 2, 6}, MaxTokens: 4, Apps: []string{"split"}}, {Prompt: []int{2, 7, 1}, MaxTokens: 5}},
 			compile.Options{Fuse: []string{"all"}, GemvSplit: 8}},
-		// Tensor cores from 4 rows (--tensor-core-rows 4): three requests decode in bucket 4 on
-		// tensor cores, unfused, and then in bucket 2 on fused GEMVs.
+		// Tensor cores from 4 rows (--tensor-core-rows 4, --gated-tc-rows 0): three requests
+		// decode in bucket 4 on tensor cores, unfused, and then in bucket 2 on fused GEMVs.
 		{"llama-tc4", SmallModel, []string{split}, []loader.Request{
 			{Prompt: []int{3, 1, 4, 1, 5, 9, 2, 6}, MaxTokens: 4, Apps: []string{"split"}}, {Prompt: []int{2, 7, 1}, MaxTokens: 5}, {Prompt: []int{8, 2}, MaxTokens: 2}},
-			compile.Options{TensorCoreRows: 4}},
-		// The gate/up projection and its activation as one tensor-core kernel in bucket 4
-		// (--gated-tc-rows 4), the split app's write at mlp.act in the same step.
+			compile.Options{TensorCoreRows: 4, GatedTCRows: -1}},
+		// The same with the gate/up projection and its activation as one tensor-core kernel in
+		// bucket 4 (the default up to 8 rows), the split app's write at mlp.act in the same step.
 		{"llama-gated-tc", SmallModel, []string{split}, []loader.Request{
 			{Prompt: []int{3, 1, 4, 1, 5, 9, 2, 6}, MaxTokens: 4, Apps: []string{"split"}}, {Prompt: []int{2, 7, 1}, MaxTokens: 5}, {Prompt: []int{8, 2}, MaxTokens: 2}},
-			compile.Options{TensorCoreRows: 4, GatedTCRows: 4}},
+			compile.Options{TensorCoreRows: 4}},
 		// The staged tensor-core GEMMs (--gemm tc-staged, bucket kernels with a ring of W
 		// stages, preloaded before the wait) in the prefill chunks.
 		{"llama-staged", SmallModel, nil, []loader.Request{
