@@ -30,7 +30,7 @@ type Fusion struct {
 // Fusions are the fuse passes, in pass order.
 var Fusions = []Fusion{
 	{"qkv-rope", "RoPE and the KV-cache write in the q/k/v projection's GEMV epilogue (buckets under 8 rows)", foldQKVRope},
-	{"gate-act", "SiLU(gate)*up (GeGLU's GELU) in the gate/up projection's GEMV epilogue (buckets under 8 rows)", foldGateAct},
+	{"gate-act", "SiLU(gate)*up (GeGLU's GELU) in the gate/up projection's GEMV epilogue (buckets under 8 rows), or its tensor-core kernel's (decode buckets of up to --gated-tc-rows rows)", foldGateAct},
 }
 
 // DefaultFusions are the fusions a build applies when it names none (Options.Fuse nil),
