@@ -84,6 +84,7 @@ func TestVerifyFailures(t *testing.T) {
 		{"build copy_gemms", func(b *Bundle) { b.Manifest.Build.CopyGemms = []string{"4096"} }, `build copy_gemms: GEMM shape "4096": want KxN`},
 		{"build copy_gemm_slots", func(b *Bundle) { b.Manifest.Build.CopyGemmSlots = -1 }, "build copy_gemm_slots -1: want a count"},
 		{"build copy_gemm_rows", func(b *Bundle) { b.Manifest.Build.CopyGemmRows = []int{8, 0} }, "build copy_gemm_rows [8 0]: want row counts of at least 1"},
+		{"build gated_tc_rows", func(b *Bundle) { b.Manifest.Build.GatedTCRows = -8 }, "build gated_tc_rows -8: want a row count, or 0 for none"},
 		{"embedded weight missing", func(b *Bundle) {
 			b.Weights = safetensorsFile(safetensors.Tensor{Name: "other", Dtype: "F32", Shape: []int{1}, Data: make([]byte, 4)})
 		}, `tensor "model.embed_tokens.weight" is not in the weights section`},

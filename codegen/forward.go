@@ -62,16 +62,16 @@ type gen struct {
 	gemmKind  string
 	moeKind   string
 	pdl       bool
-	prefetch  int // GemmConfig.Prefetch of the CUDA-core GEMVs
-	gemvCols  int // GemmConfig.Cols of the plain GEMVs of more than one row
-	unroll    int // GemmConfig.Unroll of the CUDA-core GEMVs of more than one row
-	split     int // the most warps a CUDA-core GEMV splits a column's K over (splitFor)
-	gemvWarps int // a CUDA-core GEMV block's warps (GemmConfig.Warps; 0: gemmWarps)
-	tcRows    int // the bucket size from which GEMMs run on tensor cores (tensorCores)
-	// gatedTCRows: tensor-core buckets of at most this many rows take the gate/up projection
-	// with its activation as one kernel (BuildInfo.GatedTCRows, matmulGatedTC).
+	prefetch  int    // GemmConfig.Prefetch of the CUDA-core GEMVs
+	gemvCols  int    // GemmConfig.Cols of the plain GEMVs of more than one row
+	unroll    int    // GemmConfig.Unroll of the CUDA-core GEMVs of more than one row
+	split     int    // the most warps a CUDA-core GEMV splits a column's K over (splitFor)
+	gemvWarps int    // a CUDA-core GEMV block's warps (GemmConfig.Warps; 0: gemmWarps)
+	tcRows    int    // the bucket size from which GEMMs run on tensor cores (tensorCores)
+	tcChunks  [2]int // GemmConfig.Unroll of the tensor-core GEMMs of up to 8, of 9-32 rows
+	// gatedTCRows: decode buckets on tensor cores of at most this many rows take the gate/up
+	// projection with its activation as one kernel (BuildInfo.GatedTCRows, matmulGatedTC).
 	gatedTCRows int
-	tcChunks    [2]int // GemmConfig.Unroll of the tensor-core GEMMs of up to 8, of 9-32 rows
 	// copyShapes are the GEMM shapes (K, N) given copy-engine kernels, copySlots the
 	// slots of their rings (0: the default, gcStages).
 	copyShapes [][2]int

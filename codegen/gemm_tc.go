@@ -221,7 +221,7 @@ func (g *tcGen) emit() {
 	mt := g.Reg(ptx.U32)
 	g.Emit("mad.lo.u32", mt, g.special(ptx.CtaidX), ptx.Imm(int64(g.wc)), g.wcol)
 	g.colBase = g.op3("shl.b32", ptx.U32, mt, ptx.Imm(4))
-	// Warps past N (the last block's) do no math but still meet every barrier.
+	// Warps past the last column (the last block's) do no math but still meet every barrier.
 	active := g.cmp("lt", ptx.U32, g.colBase, ptx.Imm(int64(g.units)))
 	if c.Prefetch > 0 {
 		g.preloadWeights(active)

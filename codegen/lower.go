@@ -431,7 +431,7 @@ func (t *tb) gatedTC(c GemmConfig, rows int) bool {
 	return t.kind == bundle.Decode && rows <= t.g.gatedTCRows && c.N%32 == 0 && !slices.Contains(t.g.copyShapes, [2]int{c.K, c.N})
 }
 
-// matmulGatedTC is the gate/up projection of a tensor-core bucket of at most
+// matmulGatedTC is the gate/up projection of a decode bucket on tensor cores of at most
 // BuildInfo.GatedTCRows rows with the gated activation in its epilogue (GemmTCGated), in
 // place of a GEMM node (which a backend may give a library) and the activation kernel. Its
 // warps stream a tile of gate and one of up, twice a plain tile's weights, so a step takes
@@ -563,7 +563,6 @@ func tcSuffix(c GemmConfig) string {
 	return fmt.Sprintf("_r%du%d", c.Rows, max(1, c.Unroll))
 }
 
-// tensorCores says whether a GEMM of c over rows rows runs on tensor cores here.
 // MaxGatedTCRows bounds BuildInfo.GatedTCRows: the gated kernel keeps two tiles of
 // accumulators a row tile, and past 32 rows its steps would take one chunk.
 const MaxGatedTCRows = 32
@@ -571,7 +570,7 @@ const MaxGatedTCRows = 32
 // DefaultGatedTCRows is the largest tensor-core bucket given the gate/up kernel with its
 // activation (GemmTCGated) unless a build says otherwise, measured on the H200 at
 // Llama-3.1-8B dims inside the decode step under --gemm auto (testsuite/gpu/RESULTS.md,
-// session 44): at 8 rows the step is 2.3-2.5% shorter than with cuBLASLt's gate/up and the
+// session 44): at 8 rows the step is 2.3-2.6% shorter than with cuBLASLt's gate/up and the
 // SiLU kernel (contexts 80, 576, 2112), but at 16 and 32 rows its gate/up costs 1.8x and 2.9x
 // the library's, since each warp's x loads and splits grow with the rows (gemm_tc.go).
 const DefaultGatedTCRows = 8
@@ -585,6 +584,7 @@ func CheckGatedTCRows(n int) error {
 	return nil
 }
 
+// tensorCores says whether a GEMM of c over rows rows runs on tensor cores here.
 func (t *tb) tensorCores(c GemmConfig, rows int) bool {
 	g := t.g
 	return rows >= g.tcRows && g.wdt == ptx.BF16 && c.K%16 == 0 && c.N%16 == 0 && g.gemmKind != "cuda-core"

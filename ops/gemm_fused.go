@@ -73,10 +73,11 @@ func buildGemmGated(attrs []byte) (Runner, error) {
 	if a.Split && a.Gemm.WDtype != "bf16" {
 		return nil, fmt.Errorf("gemm_gated: %s weights split for tensor cores: want bf16", a.Gemm.WDtype)
 	}
-	gemm, err := Build("gemm", EncodeAttrs(a.Gemm))
+	op, opAttrs := "gemm", EncodeAttrs(a.Gemm)
 	if a.Split {
-		gemm, err = Build(bundle.OpGemmTC, EncodeAttrs(bundle.GemmTCAttrs{K: a.Gemm.K, N: a.Gemm.N}))
+		op, opAttrs = bundle.OpGemmTC, EncodeAttrs(bundle.GemmTCAttrs{K: a.Gemm.K, N: a.Gemm.N})
 	}
+	gemm, err := Build(op, opAttrs)
 	if err != nil {
 		return nil, err
 	}

@@ -389,15 +389,10 @@ serving: {decode_buckets: [1, 4, 8, 32], prefill_chunks: [8], max_seq_len: 1024}
 	}
 }
 
-// TestBuildCopyGemmFlags: --copy-gemms gives copy-engine kernels to the GEMM shapes it names
-// (in the decode buckets of 8 and 16 rows), none to others, and none at all with "none";
-// --copy-gemm-slots shortens their rings; both go into the build info and inspect's output.
-// A malformed shape, "none" beside a shape, slots out of range and a named shape the kernel
-// cannot take are refused, and no bundle is written.
-func TestBuildCopyGemmFlags(t *testing.T) {
-	dir := t.TempDir()
-	spec := func(name string, hidden, heads int) string {
-		return write(t, dir, name, fmt.Sprintf(`model: m
+// gemmSpec writes a 2-layer Llama of hidden x heads (head dim 128, one kv head, intermediate
+// 1024) with decode buckets of 1, 8 and 16 rows into dir as name and returns its path.
+func gemmSpec(t *testing.T, dir, name string, hidden, heads int) string {
+	return write(t, dir, name, fmt.Sprintf(`model: m
 family: llama
 dims: {hidden: %d, intermediate: 1024, layers: 2, heads: %d, kv_heads: 1, head_dim: 128, vocab: 260}
 weights: {synthetic: {seed: 1, std: 0.02}}
@@ -406,7 +401,16 @@ bos: 256
 eos: [257]
 serving: {decode_buckets: [1, 8, 16], prefill_chunks: [8], max_seq_len: 64}
 `, hidden, heads))
-	}
+}
+
+// TestBuildCopyGemmFlags: --copy-gemms gives copy-engine kernels to the GEMM shapes it names
+// (in the decode buckets of 8 and 16 rows), none to others, and none at all with "none";
+// --copy-gemm-slots shortens their rings; both go into the build info and inspect's output.
+// A malformed shape, "none" beside a shape, slots out of range and a named shape the kernel
+// cannot take are refused, and no bundle is written.
+func TestBuildCopyGemmFlags(t *testing.T) {
+	dir := t.TempDir()
+	spec := func(name string, hidden, heads int) string { return gemmSpec(t, dir, name, hidden, heads) }
 	m := spec("m.yaml", 512, 4)
 	gateUp := []string{"gemm_copy_k512_n2048_r16", "gemm_copy_k512_n2048_r8"}
 	both := append([]string{"gemm_copy_k1024_n512_r16", "gemm_copy_k1024_n512_r8"}, gateUp...)
@@ -473,6 +477,8 @@ serving: {decode_buckets: [1, 8, 16], prefill_chunks: [8], max_seq_len: 64}
 		{m, []string{"--copy-gemm-rows", "24"}, "--copy-gemm-rows: copy-engine GEMMs of 24 rows: want rows among [8 16 32 64 128]"},
 		{m, []string{"--copy-gemm-rows", "8,32,8"}, "--copy-gemm-rows: copy-engine GEMMs of 8 rows named twice"},
 		{m, []string{"--copy-gemm-rows", "x"}, `invalid argument "x" for "--copy-gemm-rows"`},
+		{m, []string{"--gated-tc-rows", "33"}, "--gated-tc-rows: tensor-core gate/up kernels up to 33 rows: want 0 (none) to 32"},
+		{m, []string{"--gated-tc-rows", "-1"}, "--gated-tc-rows: tensor-core gate/up kernels up to -1 rows: want 0 (none) to 32"},
 	} {
 		bad := filepath.Join(dir, "bad.xmb")
 		_, err := xmixc(t, append([]string{"build", c.model, "-q", "-o", bad}, c.flags...)...)
@@ -481,6 +487,49 @@ serving: {decode_buckets: [1, 8, 16], prefill_chunks: [8], max_seq_len: 64}
 		}
 		if _, statErr := os.Stat(bad); statErr == nil {
 			t.Fatalf("%v: a bundle was written", c.flags)
+		}
+	}
+}
+
+// TestBuildGatedTCRows: by default the 8-row decode bucket runs gate/up and SiLU·up as one
+// tensor-core kernel and the 16-row bucket cuBLASLt's GEMM node and the SiLU kernel;
+// --gated-tc-rows 16 gives both the kernel, 0 neither; the build info and inspect's output say
+// which.
+func TestBuildGatedTCRows(t *testing.T) {
+	m := gemmSpec(t, t.TempDir(), "m.yaml", 512, 4)
+	dir := t.TempDir()
+	for _, c := range []struct {
+		flags []string
+		rows  int             // the build info's
+		fused map[string]bool // by decode bucket: gate/up and SiLU in one tensor-core kernel
+	}{
+		{nil, 8, map[string]bool{"decode_b8": true, "decode_b16": false}},
+		{[]string{"--gated-tc-rows", "16"}, 16, map[string]bool{"decode_b8": true, "decode_b16": true}},
+		{[]string{"--gated-tc-rows", "0"}, 0, map[string]bool{"decode_b8": false, "decode_b16": false}},
+	} {
+		out := filepath.Join(dir, "g.xmb")
+		b := buildBundle(t, m, out, c.flags)
+		if b.Manifest.Build.GatedTCRows != c.rows {
+			t.Fatalf("%v: build info gated_tc_rows %d, want %d", c.flags, b.Manifest.Build.GatedTCRows, c.rows)
+		}
+		for _, tm := range b.Templates {
+			want, ok := c.fused[tm.Name]
+			if !ok {
+				continue
+			}
+			gated, silu := 0, 0
+			for _, n := range tm.Nodes {
+				gated += strings.Count(n.Kernel, "gemm_tcg_k512_n2048_")
+				silu += strings.Count(n.Kernel, "silu_mul")
+			}
+			if fused := gated == 2 && silu == 2; fused != want || !want && (gated != 0 || silu != 2) {
+				t.Fatalf("%v: %s: %d tensor-core gate/up kernels, %d SiLU kernels or kernels with SiLU; want fused %v", c.flags, tm.Name, gated, silu, want)
+			}
+		}
+		text, err := xmixc(t, "inspect", out)
+		line := fmt.Sprintf("gate/up and its activation in one tensor-core kernel at up to %d rows", c.rows)
+		if err != nil || (c.rows > 0) != strings.Contains(text, line) || c.rows == 0 && strings.Contains(text, "gate/up and its activation") {
+			t.Fatalf("%v: inspect: %v; want %q (%v) in:\n%s", c.flags, err, line, c.rows > 0, text)
 		}
 	}
 }
