@@ -238,15 +238,25 @@ func (c GemmGatedConfig) Launch(rows int) ops.Launch {
 // rows of N/2), rows. Unit j is columns j of gate and of up: y[row, j] = act(gate) * up, with
 // SiluMul's arithmetic.
 func GemmGated(name string, c GemmGatedConfig) (*Kernel, error) {
-	ga, err := gemmAttrs(c.Gemm)
+	a, err := c.attrs(2)
 	if err != nil {
 		return nil, fmt.Errorf("gemm_gated %s: %w", name, err)
 	}
-	op, err := SiluConfig{Act: c.Act}.op()
-	if err != nil || c.Gemm.N <= 0 || c.Gemm.N%2 != 0 {
-		return nil, fmt.Errorf("gemm_gated %s: %d columns, %v: want an even width and a known activation", name, c.Gemm.N, err)
+	return fusedGemv(name, c.Gemm, &gatedEpilogue{act: c.Act, inter: c.Gemm.N / 2}, "gemm_gated", a)
+}
+
+// attrs checks c (its width a positive multiple of width: gate and up of equal width, and
+// whole tiles of a kernel's) and returns op gemm_gated's attributes of it.
+func (c GemmGatedConfig) attrs(width int) (ops.GemmGatedAttrs, error) {
+	ga, err := gemmAttrs(c.Gemm)
+	if err != nil {
+		return ops.GemmGatedAttrs{}, err
 	}
-	return fusedGemv(name, c.Gemm, &gatedEpilogue{act: c.Act, inter: c.Gemm.N / 2}, "gemm_gated", ops.GemmGatedAttrs{Gemm: ga, Act: op})
+	op, err := SiluConfig{Act: c.Act}.op()
+	if err != nil || c.Gemm.N%width != 0 {
+		return ops.GemmGatedAttrs{}, fmt.Errorf("%d columns, %v: want a multiple of %d and a known activation", c.Gemm.N, err, width)
+	}
+	return ops.GemmGatedAttrs{Gemm: ga, Act: op}, nil
 }
 
 // gatedEpilogue is SiluMul over a unit's pair.

@@ -108,7 +108,7 @@ func gemmTC(name string, c GemmConfig, wc int) (*Kernel, error) {
 }
 
 func newTCGen(name string, c GemmConfig, wc int) *tcGen {
-	g := &tcGen{emitter: newEmitter(name), c: c, wc: wc, wk: tcWarps / wc, tiles: tcRowTiles, unroll: max(1, c.Unroll), parts: 1, units: c.N}
+	g := &tcGen{emitter: newEmitter(name), c: c, wc: wc, wk: tcWarps / wc, tiles: tcRowTiles, unroll: max(1, c.Unroll), parts: 1}
 	if c.Rows > 0 {
 		g.tiles = min(tcRowTiles, (c.Rows+7)/8)
 	}
@@ -135,15 +135,14 @@ func GemmTCGated(name string, c GemmGatedConfig) (*Kernel, error) {
 }
 
 func gemmTCGated(name string, c GemmGatedConfig, wc int) (*Kernel, error) {
-	ga, err := gemmAttrs(c.Gemm)
+	a, err := c.attrs(32)
+	if err == nil && c.Gemm.Guard != 0 {
+		err = fmt.Errorf("guard %#x: want none", c.Gemm.Guard)
+	}
+	if err == nil {
+		err = checkTC(c.Gemm)
+	}
 	if err != nil {
-		return nil, fmt.Errorf("gemm_gated %s: %w", name, err)
-	}
-	op, err := SiluConfig{Act: c.Act}.op()
-	if err != nil || c.Gemm.N%32 != 0 || c.Gemm.Guard != 0 {
-		return nil, fmt.Errorf("gemm_gated %s: %d columns, guard %#x, %v: want a multiple of 32, no guard and a known activation", name, c.Gemm.N, c.Gemm.Guard, err)
-	}
-	if err := checkTC(c.Gemm); err != nil {
 		return nil, fmt.Errorf("gemm_gated %s: %w", name, err)
 	}
 	if int64(c.Gemm.N)*int64(c.Gemm.K) >= 1<<31 {
@@ -151,9 +150,10 @@ func gemmTCGated(name string, c GemmGatedConfig, wc int) (*Kernel, error) {
 		return nil, fmt.Errorf("gemm_gated %s: %d x %d weights: the up half starts past 2 GiB", name, c.Gemm.N, c.Gemm.K)
 	}
 	g := newTCGen(name, c.Gemm, wc)
-	g.parts, g.units, g.act = 2, c.Gemm.N/2, c.Act
+	g.parts, g.act = 2, c.Act
 	g.emit()
-	return finish(g.Kernel, "gemm_gated", ops.GemmGatedAttrs{Gemm: ga, Act: op, Split: true})
+	a.Split = true
+	return finish(g.Kernel, "gemm_gated", a)
 }
 
 // checkTC checks what both tensor-core GEMMs (GemmTC, GemmTCStaged) need of c: bf16 weights,
@@ -187,11 +187,13 @@ type tcGen struct {
 	pre   []ptx.Reg
 	fresh ptx.Reg
 	// parts is the 16-column tiles a column warp computes: 1, or 2 for the gated kernel's
-	// gate tile and its up tile, units columns apart in W. units is y's columns (N, or the
-	// gated kernel's Inter), act the gated activation.
-	parts, units int
-	act          string
+	// gate tile and its up tile, units() columns apart in W; act is the gated activation.
+	parts int
+	act   string
 }
+
+// units is y's columns: N, or the gated kernel's Inter (its parts' columns apart in W).
+func (g *tcGen) units() int { return g.c.N / g.parts }
 
 // chunkWords is how many W registers a lane takes for one 32-wide K chunk: 4 words of each of
 // its two rows, for each part.
@@ -222,7 +224,7 @@ func (g *tcGen) emit() {
 	g.Emit("mad.lo.u32", mt, g.special(ptx.CtaidX), ptx.Imm(int64(g.wc)), g.wcol)
 	g.colBase = g.op3("shl.b32", ptx.U32, mt, ptx.Imm(4))
 	// Warps past the last column (the last block's) do no math but still meet every barrier.
-	active := g.cmp("lt", ptx.U32, g.colBase, ptx.Imm(int64(g.units)))
+	active := g.cmp("lt", ptx.U32, g.colBase, ptx.Imm(int64(g.units())))
 	if c.Prefetch > 0 {
 		g.preloadWeights(active)
 		g.prefetchWeights(active)
@@ -348,7 +350,7 @@ func (g *tcGen) loadW(wv []ptx.Reg, p, base, ch ptx.Reg, nw int) {
 
 // partOffset is how many bytes of W lie between a row of the warp's first tile and the same
 // row of its tile part.
-func (g *tcGen) partOffset(part int) int64 { return int64(part) * int64(g.units) * int64(2*g.c.K) }
+func (g *tcGen) partOffset(part int) int64 { return int64(part) * int64(g.units()) * int64(2*g.c.K) }
 
 // preloadWeights loads the W of this warp's first step (its K group's first U chunks, as
 // mainLoop's first loads would) into pre before the kernel waits for the grid ahead: W never
@@ -527,7 +529,7 @@ func (g *tcGen) reduce(r0, left ptx.Reg, skip []ptx.Reg, active ptx.Reg) {
 	yrow := g.op3("add.u32", ptx.U32, r0, t2)
 	ycol := g.op3("add.u32", ptx.U32, g.colBase, g.g)
 	yidx := g.Reg(ptx.U32)
-	g.Emit("mad.lo.u32", yidx, yrow, ptx.Imm(int64(g.units)), ycol)
+	g.Emit("mad.lo.u32", yidx, yrow, ptx.Imm(int64(g.units())), ycol)
 	ybase := g.byteAddr(g.y, yidx, 4)
 	var sbase ptx.Reg
 	if g.wk > 1 {
@@ -573,7 +575,7 @@ func (g *tcGen) reduce(r0, left ptx.Reg, skip []ptx.Reg, active ptx.Reg) {
 					}
 					r := g.op3("add.u32", ptx.U32, t2, ptx.Imm(int64(8*rt+j)))
 					g.EmitIf(g.cmp("lt", ptx.U32, r, left), false, "st.global.f32",
-						ptx.Addr{Base: ybase, Offset: int64(4 * ((8*rt+j)*g.units + 8*h))}, v)
+						ptx.Addr{Base: ybase, Offset: int64(4 * ((8*rt+j)*g.units() + 8*h))}, v)
 				}
 			}
 			g.Label(end)

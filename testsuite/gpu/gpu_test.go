@@ -370,10 +370,7 @@ func TestCUDACopyGemmMatchesCPU(t *testing.T) {
 		}
 	}
 	for _, c := range []struct{ bucket, requests, steps int }{{8, 8, 8}, {16, 13, 4}} {
-		var prompts [][]int
-		for i := range c.requests {
-			prompts = append(prompts, []int{791 + 7*i, 4062, 14198 + i, 39935, 35308, 927 + 3*i})
-		}
+		prompts := sixTokenPrompts(c.requests)
 		bb := b
 		if c.bucket != 8 {
 			bb = copyCut(c.bucket)
@@ -408,10 +405,7 @@ func TestCUDAWarpgroupGemmMatchesCPU(t *testing.T) {
 		t.Run(fmt.Sprintf("r%d-n%d", c.bucket, c.requests), func(t *testing.T) {
 			cut := specCut(t, "llama-3.1-8b", fmt.Sprintf("serving: {decode_buckets: [%d], prefill_chunks: [64], max_seq_len: 256, max_seqs: %d, kv_block_size: 16}\n", c.bucket, c.bucket))
 			b := testsuite.CompileWith(t, compile.Options{CopyGemmRows: []int{c.bucket}}, cut)
-			var prompts [][]int
-			for i := range c.requests {
-				prompts = append(prompts, []int{791 + 7*i, 4062, 14198 + i, 39935, 35308, 927 + 3*i})
-			}
+			prompts := sixTokenPrompts(c.requests)
 			agreementRows(t, nb, fmt.Sprintf("llama-3.1-8b-2layers-wgmma-gemm-r%d-n%d", c.bucket, c.requests), b, prompts, c.steps)
 			// o, q/k/v and down of 2 layers in the decode template, and in a 128-row bucket
 			// the 64-row prefill chunk's too (a 64-row bucket's nodes and the chunk's are the
@@ -457,16 +451,23 @@ func TestCUDAGatedTCMatchesCPU(t *testing.T) {
 			if gated != 2 || acts != 0 {
 				t.Fatalf("%d-row bucket: %d tensor-core gate/up kernels and %d activation kernels, want 2 and 0", c.bucket, gated, acts)
 			}
-			var prompts [][]int
-			for i := range c.requests {
-				prompts = append(prompts, []int{791 + 7*i, 4062, 14198 + i, 39935, 35308, 927 + 3*i})
-			}
+			prompts := sixTokenPrompts(c.requests)
 			agreementRows(t, nb, fmt.Sprintf("llama-3.1-8b-2layers-gated-tc-r%d", c.bucket), b, prompts, c.steps)
 			if served != 6 {
 				t.Errorf("%d-row bucket: %d GEMM nodes served by the copy-engine kernels, want o, q/k/v and down of 2 layers", c.bucket, served)
 			}
 		})
 	}
+}
+
+// sixTokenPrompts are n different prompts of six tokens each, for requests that stay live in
+// every decode step together.
+func sixTokenPrompts(n int) [][]int {
+	var prompts [][]int
+	for i := range n {
+		prompts = append(prompts, []int{791 + 7*i, 4062, 14198 + i, 39935, 35308, 927 + 3*i})
+	}
+	return prompts
 }
 
 // decodeRows is a LogitRecorder of the first rows of every decode step: its Vocab is rows
