@@ -246,6 +246,12 @@ for phase in $PHASES; do
     done
     declare -A rate=([l8]=$RATE [mx]=$MX_RATE) probe=([l8]=$PROBE_REQUESTS [mx]=$MX_PROBE_REQUESTS)
     for g in "${groups[@]}"; do
+      # The first process on a fresh machine takes seconds longer than the next ones (we take
+      # it to be the driver's PTX JIT, whose cache keeps the result), which the probe would
+      # count as every run's load time: session 45's plan expected rounds of 137 s where they
+      # took 33, and cut its runs to 152 requests. Two short requests take that cost first.
+      bench "jit-$g" 300 "${v_bundle[online/$([ $g = mx ] && echo mx-bare || echo bare)]}" --online \
+        --requests 2 --rate 0 --output-len 2 --warmup 0 --runs 1
       bench "probe-$g" 300 "${v_bundle[online/$([ $g = mx ] && echo mx-bare || echo bare)]}" --online \
         --requests "${probe[$g]}" --rate 0 --output-len "$OUTPUT_LEN" --warmup 0 --runs 1
     done
