@@ -17,8 +17,9 @@
 #    phase 1, interleaved round by round (bare, deployed, app1..app6, all six, Mixtral's
 #    three; then again) so drift hits every variant alike. One process per variant per round, --warmup 0 --runs 1: every variant goes through
 #    the same process life cycle, and the GPU is warm from phases 1-2 and the probes.
-# Time: everything is fitted into TIME_BUDGET_S (whole script). Phase 3 first runs one probe
-# per model (PROBE_REQUESTS arriving at once: the engine's capacity in requests/s), then picks
+# Time: everything is fitted into TIME_BUDGET_S (whole script). Phase 3 first runs two short
+# requests and then one probe per model (PROBE_REQUESTS arriving at once: the engine's
+# capacity in requests/s, and a run's fixed cost), then picks
 # the request count so that every round fits what is left: every variant gets the same arrival
 # window, requests = window x min(rate, capacity) (capacity at rate 0), capped at REQUESTS. When even MIN_REQUESTS
 # do not fit, it sheds warm-up rounds, then measured rounds (down to one), then Mixtral's
@@ -250,9 +251,9 @@ for phase in $PHASES; do
       # it to be the driver's PTX JIT, whose cache keeps the result), which the probe would
       # count as every run's load time: session 45's plan expected rounds of 137 s where they
       # took 33, and cut its runs to 152 requests. Two short requests take that cost first.
-      bench "jit-$g" 300 "${v_bundle[online/$([ $g = mx ] && echo mx-bare || echo bare)]}" --online \
-        --requests 2 --rate 0 --output-len 2 --warmup 0 --runs 1
-      bench "probe-$g" 300 "${v_bundle[online/$([ $g = mx ] && echo mx-bare || echo bare)]}" --online \
+      probe_bundle=${v_bundle[online/$([ $g = mx ] && echo mx-bare || echo bare)]}
+      bench "jit-$g" 300 "$probe_bundle" --online --requests 2 --rate 0 --output-len 2 --warmup 0 --runs 1
+      bench "probe-$g" 300 "$probe_bundle" --online \
         --requests "${probe[$g]}" --rate 0 --output-len "$OUTPUT_LEN" --warmup 0 --runs 1
     done
     # group:variants:rate for each probed group; plan fits their rounds into what is left.
