@@ -136,18 +136,18 @@ func GemmTCGated(name string, c GemmGatedConfig) (*Kernel, error) {
 
 func gemmTCGated(name string, c GemmGatedConfig, wc int) (*Kernel, error) {
 	a, err := c.attrs(32)
-	if err == nil && c.Gemm.Guard != 0 {
+	switch {
+	case err != nil:
+	case c.Gemm.Guard != 0:
 		err = fmt.Errorf("guard %#x: want none", c.Gemm.Guard)
-	}
-	if err == nil {
+	case int64(c.Gemm.N)*int64(c.Gemm.K) >= 1<<31:
+		// A gate row's up row is an immediate offset away: 32 bits, signed.
+		err = fmt.Errorf("%d x %d weights: the up half starts past 2 GiB", c.Gemm.N, c.Gemm.K)
+	default:
 		err = checkTC(c.Gemm)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("gemm_gated %s: %w", name, err)
-	}
-	if int64(c.Gemm.N)*int64(c.Gemm.K) >= 1<<31 {
-		// A gate row's up row is an immediate offset away: 32 bits, signed.
-		return nil, fmt.Errorf("gemm_gated %s: %d x %d weights: the up half starts past 2 GiB", name, c.Gemm.N, c.Gemm.K)
 	}
 	g := newTCGen(name, c.Gemm, wc)
 	g.parts, g.act = 2, c.Act
@@ -555,7 +555,8 @@ func (g *tcGen) reduce(r0, left ptx.Reg, skip []ptx.Reg, active ptx.Reg) {
 					j, h := i&1, i>>1
 					sums := make([]ptx.Reg, g.parts)
 					for part := range sums {
-						a, pt := g.acc[part*g.tiles+rt][i], part*g.tiles+rt
+						pt := part*g.tiles + rt
+						a := g.acc[pt][i]
 						sa := ptx.Addr{Base: sbase, Offset: int64(4 * ((8*pt+j)*tcRedStride + 8*h))}
 						if s > 0 {
 							g.Emit("ld.shared.f32", tmp, sa)

@@ -128,7 +128,7 @@ func buildCmd() *cobra.Command {
 					fmt.Fprintf(os.Stderr, "[%6.2fs] %s\n", time.Since(start).Seconds(), fmt.Sprintf(f, a...))
 				}
 			}
-			b, err := compile.Build(args[0], args[1:], compile.Options{EmbedWeights: embed, Verify: verify, Progress: progress, GEMM: gemm, MoE: moe, TP: tp, VectorSlots: vectorSlots, Fuse: fuse, SerialLaunch: !pdl, Prefetch: prefetchOption(prefetch), GemvCols: gemvCols, GemvUnroll: gemvUnroll, GemvSplit: gemvSplit, GemvWarps: gemvWarps, TensorCoreRows: tcRows, TCChunks: tcChunks, CopyGemms: copyGemms, CopyGemmSlots: copyGemmSlots, CopyGemmRows: copyGemmRows, GatedTCRows: cmp.Or(gatedTCRows, -1), AttnWarps: attnWarps, AttnUnroll: attnUnroll, AttnPrefetch: prefetchOption(attnPrefetch), AttnPrefetchOneRow: prefetchOption(attnPrefetchOneRow), AttnCUDACores: !attnTC, AttnCluster: attnCluster})
+			b, err := compile.Build(args[0], args[1:], compile.Options{EmbedWeights: embed, Verify: verify, Progress: progress, GEMM: gemm, MoE: moe, TP: tp, VectorSlots: vectorSlots, Fuse: fuse, SerialLaunch: !pdl, Prefetch: noneOption(prefetch), GemvCols: gemvCols, GemvUnroll: gemvUnroll, GemvSplit: gemvSplit, GemvWarps: gemvWarps, TensorCoreRows: tcRows, TCChunks: tcChunks, CopyGemms: copyGemms, CopyGemmSlots: copyGemmSlots, CopyGemmRows: copyGemmRows, GatedTCRows: noneOption(gatedTCRows), AttnWarps: attnWarps, AttnUnroll: attnUnroll, AttnPrefetch: noneOption(attnPrefetch), AttnPrefetchOneRow: noneOption(attnPrefetchOneRow), AttnCUDACores: !attnTC, AttnCluster: attnCluster})
 			if err != nil {
 				return err
 			}
@@ -181,9 +181,9 @@ func buildCmd() *cobra.Command {
 	return c
 }
 
-// prefetchOption maps --prefetch or --attn-prefetch (0: none) to compile.Options.Prefetch or
-// AttnPrefetch (0: the default, negative: none).
-func prefetchOption(n int) int {
+// noneOption maps a flag whose 0 means none (--prefetch, --attn-prefetch, --gated-tc-rows) to
+// its compile.Options field, whose 0 means the default and a negative value none.
+func noneOption(n int) int {
 	if n == 0 {
 		return -1
 	}
