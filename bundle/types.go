@@ -363,10 +363,6 @@ type BuildInfo struct {
 	// CopyGemmRows: the decode row counts given copy-engine kernels, each one of the
 	// layouts codegen makes (xmixc build --copy-gemm-rows; empty: the measured ones).
 	CopyGemmRows []int `json:"copy_gemm_rows,omitempty"`
-	// CopyGemmXF32: the warpgroup copy-engine kernels (32 rows and more) read x in f32 and
-	// round it to bf16 themselves, with no library cast ahead of them (xmixc build
-	// --copy-gemm-f32-x; the same bits).
-	CopyGemmXF32 bool `json:"copy_gemm_x_f32,omitempty"`
 	// GatedTCRows: tensor-core decode buckets of at most this many rows run the gate/up
 	// projection and its activation as one tensor-core kernel, never a library's (xmixc
 	// build --gated-tc-rows; 0: none, as in bundles built before it).

@@ -78,8 +78,6 @@ type gen struct {
 	copySlots  int
 	// copyRows are the row counts given copy-engine kernels, fewest first (CopyGemmRows).
 	copyRows []int
-	// copyXF32: the warpgroup copy-engine kernels read f32 x (CopyGemmXF32, GemmCopyConfig.XF32).
-	copyXF32 bool
 	// attnWarps and attnUnroll are AttnConfig.Warps and Unroll of the decode buckets' attention.
 	attnWarps, attnUnroll int
 	// attnPrefetch and attnTC are AttnConfig.Prefetch and TensorCores of every decode
@@ -144,7 +142,6 @@ func Generate(p *passes.Program, opt Options) (*bundle.Bundle, error) {
 		return nil, err
 	}
 	g.copyRows = gcDefaultRows
-	g.copyXF32 = bi.CopyGemmXF32
 	if len(bi.CopyGemmRows) > 0 {
 		g.copyRows = slices.Sorted(slices.Values(bi.CopyGemmRows))
 	}

@@ -145,14 +145,8 @@ func gcLayoutOf(rows int) *gcLayout {
 }
 
 // GemmCopyConfig is one copy-engine GEMM: K x N, at most Rows token rows, K split over Split
-// CTAs, Stages slots, x shared by Share column tiles (0 or 1: none; gcLayout.Share). XF32
-// (warpgroup form, no shared x): the kernel reads x in f32 through its tensor map and rounds
-// it to bf16 into shared memory itself, where otherwise the library's cast kernel writes
-// bf16(x) ahead of it (gemm_wgmma.go, "x in f32").
-type GemmCopyConfig struct {
-	K, N, Rows, Split, Stages, Share int
-	XF32                             bool
-}
+// CTAs, Stages slots, x shared by Share column tiles (0 or 1: none; gcLayout.Share).
+type GemmCopyConfig struct{ K, N, Rows, Split, Stages, Share int }
 
 // layout is the config's layout, the zero one if Rows has none.
 func (c GemmCopyConfig) layout() gcLayout {
@@ -193,25 +187,12 @@ func (c GemmCopyConfig) threads() int {
 	return 32 * gcWarps
 }
 
-// xBytes is one stage's x in its slot: f32 in the mma.sync form (dense rows of gcStage), bf16
-// in the warpgroup form, f32 (dense rows of a stage's K) with XF32.
+// xBytes is one stage's x: f32 in the mma.sync form, bf16 in the warpgroup form.
 func (c GemmCopyConfig) xBytes() int {
-	switch {
-	case c.XF32:
-		return c.Rows * 4 * c.stageK()
-	case c.warpgroup():
+	if c.warpgroup() {
 		return c.Rows * 2 * c.stageK()
 	}
 	return c.Rows * gcXStride
-}
-
-// xbfBytes is where an XF32 kernel writes a stage's bf16(x), past the ring, laid out as the
-// warpgroup form's x boxes (0 without XF32).
-func (c GemmCopyConfig) xbfBytes() int {
-	if !c.XF32 {
-		return 0
-	}
-	return (c.Rows*2*c.stageK() + gcAlign - 1) &^ (gcAlign - 1)
 }
 
 // partBytes is one K part's sums (mma.sync form) or one rank's (warpgroup form: every
@@ -229,11 +210,10 @@ func (c GemmCopyConfig) slotBytes() int {
 
 // shared: the mbarriers, up to gcAlign bytes until the first slot (the base's alignment is
 // the driver's), the slots, and rank 0's place for the other ranks' sums (in the warpgroup
-// form the ring itself, free once every rank's loop has ended, or more where it is smaller;
-// with XF32 the bf16 x follows the ring).
+// form the ring itself, free once every rank's loop has ended, or more where it is smaller).
 func (c GemmCopyConfig) shared() int {
 	if c.warpgroup() {
-		return gcAlign + max(c.Stages*c.slotBytes()+c.xbfBytes(), c.recvBytes())
+		return gcAlign + max(c.Stages*c.slotBytes(), c.recvBytes())
 	}
 	return gcAlign + c.Stages*c.slotBytes() + c.recvBytes()
 }
@@ -241,11 +221,9 @@ func (c GemmCopyConfig) shared() int {
 // GemmCopyFor is the copy-engine GEMM of at most rows token rows for a K x N weight, or an
 // error saying why there is none: rows one of gcLayouts', N a multiple of the CTA's columns,
 // K of a stage (times the split). Its ring has as many slots as asked for (slots > 0), else
-// gcStages, and never more than fit the shared memory. With xf32 a warpgroup kernel reads x
-// in f32 (GemmCopyConfig.XF32) and never shares it.
-func GemmCopyFor(k, n, rows, slots int, xf32 bool) (GemmCopyConfig, error) {
+// gcStages, and never more than fit the shared memory.
+func GemmCopyFor(k, n, rows, slots int) (GemmCopyConfig, error) {
 	c := GemmCopyConfig{K: k, N: n, Rows: rows, Split: 1}
-	c.XF32 = xf32 && c.warpgroup()
 	if c.layout().Rows == 0 {
 		return GemmCopyConfig{}, fmt.Errorf("copy-engine GEMM: %d rows, want one of %v", rows, CopyGemmLayoutRows())
 	}
@@ -268,7 +246,7 @@ func GemmCopyFor(k, n, rows, slots int, xf32 bool) (GemmCopyConfig, error) {
 	// x. Split K and a shared x make clusters of 4: the 8B's o and down at 128 rows cost 0.73
 	// and 2.00 ms a step so, where cuBLASLt's cost 0.46 and 1.36 in the same run (session 43,
 	// testsuite/gpu/RESULTS.md), as clusters of 4 lost in sessions 34 and 41.
-	if share := c.layout().Share; share > 1 && c.Split == 1 && n/gcCols%share == 0 && !c.XF32 {
+	if share := c.layout().Share; share > 1 && c.Split == 1 && n/gcCols%share == 0 {
 		c.Share = share
 	}
 	if slots <= 0 {
@@ -279,7 +257,7 @@ func GemmCopyFor(k, n, rows, slots int, xf32 bool) (GemmCopyConfig, error) {
 	}
 	fit := (bundle.MaxDynamicShared - gcAlign - c.recvBytes()) / c.slotBytes()
 	if c.warpgroup() {
-		fit = (bundle.MaxDynamicShared - gcAlign - c.xbfBytes()) / c.slotBytes()
+		fit = (bundle.MaxDynamicShared - gcAlign) / c.slotBytes()
 	}
 	c.Stages = min(c.kStages(), slots, fit)
 	if c.shared() > bundle.MaxDynamicShared {
@@ -325,15 +303,11 @@ func CopyGemmLayoutRows() []int {
 }
 
 // Attrs are the kernel's reference attributes and launch. In the warpgroup form x is the
-// library cast's bf16, in boxes of gcBoxK under the swizzle, as W; with XF32 it is f32, one
-// dense box a stage.
+// library cast's bf16, in boxes of gcBoxK under the swizzle, as W.
 func (c GemmCopyConfig) Attrs() bundle.GemmCopyAttrs {
 	a := bundle.GemmCopyAttrs{K: c.K, N: c.N, Rows: c.Rows, Box: [2]int{gcBoxK, gcCols}, Swizzle: gcSwizzle, XBox: [2]int{gcStage, c.Rows},
 		Grid: c.N / gcCols * c.Split, Cluster: c.cluster(), Block: c.threads(), Shared: c.shared()}
-	switch {
-	case c.XF32:
-		a.XBox = [2]int{c.stageK(), c.Rows}
-	case c.warpgroup():
+	if c.warpgroup() {
 		a.XBox, a.XBF16, a.XSwizzle = [2]int{gcBoxK, c.Rows}, true, gcSwizzle
 	}
 	return a
@@ -391,7 +365,7 @@ func (g *gen) copyGemms(templates []bundle.Template) error {
 				continue
 			}
 			seen[key] = true
-			c, err := GemmCopyFor(m.K, m.N, key[2], g.copySlots, g.copyXF32)
+			c, err := GemmCopyFor(m.K, m.N, key[2], g.copySlots)
 			if err != nil {
 				return fmt.Errorf("template %s: node %s: %w", t.Name, n.Label, err)
 			}
@@ -413,8 +387,7 @@ func GemmCopy(name string, c GemmCopyConfig) (*Kernel, error) {
 	if c.layout().Rows == 0 || c.Split < 1 || c.Split > wgMaxSplit || c.K%(c.Split*c.stageK()) != 0 || c.N%gcCols != 0 || c.Stages < 1 ||
 		c.Stages > c.kStages() || c.Stages > gcBars/8 || c.shared() > bundle.MaxDynamicShared ||
 		!wg && c.Stages*c.slotBytes() < c.parts()*c.partBytes() ||
-		c.Share > 1 && (!wg || c.Split > 1 || c.N/gcCols%c.Share != 0 || c.stageK()/gcBoxK%c.Share != 0 || 2*c.Stages > gcBars/8 || c.cluster() > gcMaxCluster) ||
-		c.XF32 && (!wg || c.Share > 1 || c.Rows*c.stageK()%(8*wgThreads) != 0 || c.stageK() > wgMaxN) {
+		c.Share > 1 && (!wg || c.Split > 1 || c.N/gcCols%c.Share != 0 || c.stageK()/gcBoxK%c.Share != 0 || 2*c.Stages > gcBars/8 || c.cluster() > gcMaxCluster) {
 		return nil, fmt.Errorf("copy-engine GEMM %s: bad configuration %+v (use GemmCopyFor)", name, c)
 	}
 	g := gcGen{emitter: newEmitter(name), c: c}
@@ -586,11 +559,11 @@ func (g *gcGen) askW(stage ptx.Reg, slot ptx.Operand) {
 }
 
 // askX (thread 0) asks for a stage's x, past its W (the stage's first K worked out again, as
-// askW does: one multiply-add of one thread): in the mma.sync form and with XF32 one box of
-// the stage's K by Rows rows, in the warpgroup form one box of gcBoxK by Rows rows per W box.
+// askW does: one multiply-add of one thread): in the mma.sync form one box of the stage's K
+// by Rows rows, in the warpgroup form one box of gcBoxK by Rows rows per W box.
 func (g *gcGen) askX(stage ptx.Reg, slot ptx.Operand) {
 	c := g.c
-	if !c.warpgroup() || c.XF32 {
+	if !c.warpgroup() {
 		g.Emit("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes",
 			ptx.Addr{Base: g.slotAddr(g.slot0, slot), Offset: int64(c.wBytes())}, ptx.TensorAddr{Map: g.xmap, Coords: ptx.Vec{g.firstK(stage), g.imm32(0)}}, ptx.Addr{Base: g.barAddr(slot)})
 		return

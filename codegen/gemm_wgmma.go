@@ -33,13 +33,6 @@ import (
 // box's four K steps of 16 starts 32 bytes further into the rows; the swizzle is applied to
 // the address, so the step is a plain offset.
 //
-// x in f32 (XF32). In the form above the library's cast kernel writes bf16(x) ahead of each
-// GEMM, so every GEMM's x waits on one more kernel of the chain. With XF32 a stage's x comes
-// as the mma.sync form's, one dense f32 box, and the warpgroup rounds it to bf16 (nearest
-// even, as the cast does: the same bits) into one buffer past the ring, in the boxes' swizzled
-// layout, before the stage's MMAs: the buffer is free again once the stage's MMAs have been
-// waited for, which every stage does.
-//
 // Sums. Warp w holds rows 16w..16w+15 of the 64 columns: lane (g, t) has
 // register i at column 16w + g + 8*(i/2 % 2), token 8*(i/4) + 2t + i%2. With K split over a
 // cluster, ranks 1.. store every thread's registers into rank 0's ring once every rank's loop
@@ -65,12 +58,6 @@ func (g *gcGen) wgMainLoop() {
 	}
 	g.acc = [][]ptx.Reg{acc}
 	hi := g.imm32(wgDescHi)
-	var xbf ptx.Reg
-	var src, dst []ptx.Reg
-	if c.XF32 {
-		xbf = g.slotAddr(g.slot0, ptx.Imm(int64(c.Stages)))
-		src, dst = g.wgRoundPlaces(xbf)
-	}
 	stage, slot, phase := g.imm32(0), g.imm32(0), g.imm32(0)
 	top := g.NewLabel("stage")
 	g.Label(top)
@@ -80,14 +67,6 @@ func (g *gcGen) wgMainLoop() {
 	slotBase := g.slotAddr(g.slot0, slot)
 	base := g.op3("shr.u32", ptx.U32, slotBase, ptx.Imm(4))
 	g.Emit("add.u32", base, base, ptx.Imm(wgDescLo))
-	// x's boxes: in the slot past W, or with XF32 in the bf16 buffer once the stage is rounded.
-	xBase, xOff := base, c.wBytes()
-	if c.XF32 {
-		g.wgRound(slotBase, src, dst)
-		xBase = g.op3("shr.u32", ptx.U32, xbf, ptx.Imm(4))
-		g.Emit("add.u32", xBase, xBase, ptx.Imm(wgDescLo))
-		xOff = 0
-	}
 	lo, da, db := g.Reg(ptx.U32), g.Reg(ptx.B64), g.Reg(ptx.B64)
 	g.Emit("wgmma.fence.sync.aligned")
 	for b := range c.stageK() / gcBoxK {
@@ -95,7 +74,7 @@ func (g *gcGen) wgMainLoop() {
 			step := int64(j * wgKStep * 2)
 			g.Emit("add.u32", lo, base, ptx.Imm((int64(b*gcCols*2*gcBoxK)+step)>>4))
 			g.Emit("mov.b64", da, ptx.Vec{lo, hi})
-			g.Emit("add.u32", lo, xBase, ptx.Imm((int64(xOff+b*c.Rows*2*gcBoxK)+step)>>4))
+			g.Emit("add.u32", lo, base, ptx.Imm((int64(c.wBytes()+b*c.Rows*2*gcBoxK)+step)>>4))
 			g.Emit("mov.b64", db, ptx.Vec{lo, hi})
 			g.Emit(wgmmaOp(c.Rows), ptx.Vec(acc), da, db, ptx.Imm(1), ptx.Imm(1), ptx.Imm(1), ptx.Imm(0), ptx.Imm(0))
 		}
@@ -104,53 +83,6 @@ func (g *gcGen) wgMainLoop() {
 	// The slot is refilled once the MMAs have read it.
 	g.Emit("wgmma.wait_group.sync.aligned", ptx.Imm(0))
 	g.nextStage(stage, slot, phase, top)
-}
-
-// wgRoundPlaces are thread tid's places for rounding a stage's f32 x (XF32): item i = tid +
-// j*wgThreads is 8 elements of K, chunk i % (stageK/8) of row i / (stageK/8); src[j] is its
-// f32 offset in the slot (dense rows, past W), dst[j] its bf16 address in the buffer at xbf:
-// box chunk/8, row, and 16-byte chunk chunk%8 moved to chunk%8 ^ row%8 by the 128-byte
-// swizzle, as the tensor map lays out the warpgroup form's x boxes.
-func (g *gcGen) wgRoundPlaces(xbf ptx.Reg) (src, dst []ptx.Reg) {
-	c := g.c
-	perRow := c.stageK() / 8
-	for j := range c.Rows * perRow / wgThreads {
-		i := g.op3("add.u32", ptx.U32, g.tid, ptx.Imm(int64(j*wgThreads)))
-		s := g.Reg(ptx.U32)
-		g.Emit("mad.lo.u32", s, i, ptx.Imm(32), ptx.Imm(int64(c.wBytes())))
-		row := g.op3("div.u32", ptx.U32, i, ptx.Imm(int64(perRow)))
-		chunk := g.op3("rem.u32", ptx.U32, i, ptx.Imm(int64(perRow)))
-		box := g.op3("shr.u32", ptx.U32, chunk, ptx.Imm(3))
-		swz := g.op3("and.b32", ptx.U32, row, ptx.Imm(7))
-		g.Emit("and.b32", chunk, chunk, ptx.Imm(7))
-		g.Emit("xor.b32", chunk, chunk, swz)
-		d := g.Reg(ptx.U32)
-		g.Emit("mad.lo.u32", d, box, ptx.Imm(int64(c.Rows*2*gcBoxK)), xbf)
-		g.Emit("mad.lo.u32", d, row, ptx.Imm(2*gcBoxK), d)
-		g.Emit("mad.lo.u32", d, chunk, ptx.Imm(16), d)
-		src, dst = append(src, s), append(dst, d)
-	}
-	return src, dst
-}
-
-// wgRound rounds the stage in the slot at slotBase to bf16 into the buffer (XF32): each
-// thread its items (wgRoundPlaces), then a proxy fence, as the MMAs read shared memory
-// through the async proxy, and a barrier, as they read every thread's items.
-func (g *gcGen) wgRound(slotBase ptx.Reg, src, dst []ptx.Reg) {
-	xs := g.Regs(ptx.F32, 8)
-	xb := g.Regs(ptx.B32, 4)
-	at := g.Reg(ptx.U32)
-	for j := range src {
-		g.Emit("add.u32", at, slotBase, src[j])
-		g.Emit("ld.shared.v4.f32", ptx.Vec(xs[:4]), ptx.Addr{Base: at})
-		g.Emit("ld.shared.v4.f32", ptx.Vec(xs[4:]), ptx.Addr{Base: at, Offset: 16})
-		for i := range xb {
-			g.Emit("cvt.rn.bf16x2.f32", xb[i], xs[2*i+1], xs[2*i])
-		}
-		g.Emit("st.shared.v4.b32", ptx.Addr{Base: dst[j]}, ptx.Vec(xb))
-	}
-	g.Emit("fence.proxy.async.shared::cta")
-	g.Emit("bar.sync", ptx.Imm(0))
 }
 
 // wgmmaOp is the warpgroup MMA of rows token rows: D[64 x rows] += W[64 x 16] . x[rows x 16]^T,

@@ -93,9 +93,6 @@ type Options struct {
 	// CopyGemmRows are the decode row counts given copy-engine kernels
 	// (bundle.BuildInfo.CopyGemmRows; nil: the measured ones).
 	CopyGemmRows []int
-	// CopyGemmXF32: the warpgroup copy-engine kernels read f32 x and round it themselves
-	// (bundle.BuildInfo.CopyGemmXF32).
-	CopyGemmXF32 bool
 	// GatedTCRows: tensor-core buckets of at most this many rows run the gate/up projection
 	// and its activation as one kernel (bundle.BuildInfo.GatedTCRows; 0: the measured
 	// default, codegen.DefaultGatedTCRows; negative: none).
@@ -286,7 +283,7 @@ func Build(modelPath string, appPaths []string, opt Options) (*bundle.Bundle, er
 	if !slices.Equal(opt.TCChunks, codegen.DefaultTCChunks[:]) {
 		build.TCChunks = opt.TCChunks
 	}
-	build.CopyGemms, build.CopyGemmSlots, build.CopyGemmRows, build.CopyGemmXF32 = opt.CopyGemms, opt.CopyGemmSlots, opt.CopyGemmRows, opt.CopyGemmXF32
+	build.CopyGemms, build.CopyGemmSlots, build.CopyGemmRows = opt.CopyGemms, opt.CopyGemmSlots, opt.CopyGemmRows
 	build.GatedTCRows = max(0, cmp.Or(opt.GatedTCRows, codegen.DefaultGatedTCRows))
 	b, err := codegen.Generate(p, codegen.Options{
 		Build:     build,

@@ -48,7 +48,7 @@ func buildCmd() *cobra.Command {
 	var gemm, moe string
 	var fuse []string
 	var tp, vectorSlots, prefetch, gemvCols, gemvUnroll, gemvSplit, gemvWarps, tcRows, attnWarps, attnUnroll, attnPrefetch, attnPrefetchOneRow int
-	var attnTC, attnCluster, copyGemmXF32 bool
+	var attnTC, attnCluster bool
 	var tcChunks []int
 	var copyGemms []string
 	var copyGemmSlots int
@@ -128,7 +128,7 @@ func buildCmd() *cobra.Command {
 					fmt.Fprintf(os.Stderr, "[%6.2fs] %s\n", time.Since(start).Seconds(), fmt.Sprintf(f, a...))
 				}
 			}
-			b, err := compile.Build(args[0], args[1:], compile.Options{EmbedWeights: embed, Verify: verify, Progress: progress, GEMM: gemm, MoE: moe, TP: tp, VectorSlots: vectorSlots, Fuse: fuse, SerialLaunch: !pdl, Prefetch: noneOption(prefetch), GemvCols: gemvCols, GemvUnroll: gemvUnroll, GemvSplit: gemvSplit, GemvWarps: gemvWarps, TensorCoreRows: tcRows, TCChunks: tcChunks, CopyGemms: copyGemms, CopyGemmSlots: copyGemmSlots, CopyGemmRows: copyGemmRows, CopyGemmXF32: copyGemmXF32, GatedTCRows: noneOption(gatedTCRows), AttnWarps: attnWarps, AttnUnroll: attnUnroll, AttnPrefetch: noneOption(attnPrefetch), AttnPrefetchOneRow: noneOption(attnPrefetchOneRow), AttnCUDACores: !attnTC, AttnCluster: attnCluster})
+			b, err := compile.Build(args[0], args[1:], compile.Options{EmbedWeights: embed, Verify: verify, Progress: progress, GEMM: gemm, MoE: moe, TP: tp, VectorSlots: vectorSlots, Fuse: fuse, SerialLaunch: !pdl, Prefetch: noneOption(prefetch), GemvCols: gemvCols, GemvUnroll: gemvUnroll, GemvSplit: gemvSplit, GemvWarps: gemvWarps, TensorCoreRows: tcRows, TCChunks: tcChunks, CopyGemms: copyGemms, CopyGemmSlots: copyGemmSlots, CopyGemmRows: copyGemmRows, GatedTCRows: noneOption(gatedTCRows), AttnWarps: attnWarps, AttnUnroll: attnUnroll, AttnPrefetch: noneOption(attnPrefetch), AttnPrefetchOneRow: noneOption(attnPrefetchOneRow), AttnCUDACores: !attnTC, AttnCluster: attnCluster})
 			if err != nil {
 				return err
 			}
@@ -171,7 +171,6 @@ func buildCmd() *cobra.Command {
 	c.Flags().StringSliceVar(&copyGemms, "copy-gemms", nil, "the GEMM shapes, each KxN (K inputs, N outputs, e.g. 4096x28672 for Llama-3.1-8B's gate/up), given copy-engine kernels (W and x brought to shared memory by the TMA, W asked for before the kernel ahead ends) for the decode buckets of --copy-gemm-rows, which --gemm auto serves them with instead of cuBLASLt; none: no such kernels (unset: the shapes measured faster in the step on the H200, Llama-3.1-8B's o, q/k/v and down; for measuring)")
 	c.Flags().IntVar(&gatedTCRows, "gated-tc-rows", codegen.DefaultGatedTCRows, fmt.Sprintf("decode buckets on tensor cores of at most this many rows run the gate/up projection and its activation as one kernel of the bundle's (mma.sync, x split into two bf16 halves), not a library's GEMM and the activation kernel (0: none; at most %d; the default is the measured one)", codegen.MaxGatedTCRows))
 	c.Flags().IntSliceVar(&copyGemmRows, "copy-gemm-rows", nil, fmt.Sprintf("the decode row counts given copy-engine kernels, among %v (8 and 16 multiply with mma.sync; from 32 rows with Hopper's warpgroup MMAs over the library cast's bf16 x); a bucket takes the fewest that hold its rows (unset: %v, the ones measured faster in the step and checked against the CPU on the GPU; for measuring)", codegen.CopyGemmLayoutRows(), codegen.CopyGemmDefaultRows()))
-	c.Flags().BoolVar(&copyGemmXF32, "copy-gemm-f32-x", false, "the warpgroup copy-engine kernels (32 rows and more) read x in f32 through their tensor map and round it to bf16 in shared memory themselves, so no cast kernel of the library's runs ahead of them (the same bits; for measuring)")
 	c.Flags().IntVar(&copyGemmSlots, "copy-gemm-slots", 0, "the ring slots (stages of W and x in flight) of a copy-engine kernel, 1 to 4 (0: the measured default, 3; never more than fit the shared memory; fewer ask for less before the kernel ahead ends; same results bit for bit; for measuring)")
 	c.Flags().IntVar(&attnWarps, "attn-warps", 0, fmt.Sprintf("warps per block of the decode buckets' attention, 1 to %d (0: the default, 8 in buckets of up to 32 rows, 2 where blocks of 4 would take more than one wave of the GPU, 4 between); more warps cover more positions in one pass, so a context needs fewer splits and merges (for measuring)", codegen.MaxAttnWarps))
 	c.Flags().IntVar(&attnUnroll, "attn-unroll", 0, fmt.Sprintf("position loads each warp of the decode attention issues before the first is used, 1 to %d (0: the default: 4 at head dim 128 bf16 on CUDA cores, one tile of 16 positions on tensor cores, where it counts tiles); more bytes in flight, more registers (for measuring)", codegen.MaxAttnUnroll))
@@ -377,19 +376,16 @@ func printBundle(w io.Writer, b *bundle.Bundle) {
 	if c := b.Manifest.Build.TCChunks; len(c) > 0 {
 		fmt.Fprintf(w, "          tensor-core GEMMs: %d / %d K chunks in flight at up to 8 / 9-32 rows\n", c[0], c[1])
 	}
-	if bi := b.Manifest.Build; len(bi.CopyGemms) > 0 || bi.CopyGemmSlots > 0 || len(bi.CopyGemmRows) > 0 || bi.CopyGemmXF32 {
+	if bi := b.Manifest.Build; len(bi.CopyGemms) > 0 || bi.CopyGemmSlots > 0 || len(bi.CopyGemmRows) > 0 {
 		shapes, slots := "the measured shapes", "slots: the default"
+		if len(bi.CopyGemmRows) > 0 {
+			slots += fmt.Sprintf(", rows: %v", bi.CopyGemmRows)
+		}
 		if len(bi.CopyGemms) > 0 {
 			shapes = strings.Join(bi.CopyGemms, ", ")
 		}
 		if bi.CopyGemmSlots > 0 {
 			slots = fmt.Sprintf("slots: %d", bi.CopyGemmSlots)
-		}
-		if len(bi.CopyGemmRows) > 0 {
-			slots += fmt.Sprintf(", rows: %v", bi.CopyGemmRows)
-		}
-		if bi.CopyGemmXF32 {
-			slots += ", f32 x from 32 rows"
 		}
 		fmt.Fprintf(w, "          copy-engine GEMMs: %s, %s\n", shapes, slots)
 	}

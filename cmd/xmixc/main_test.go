@@ -461,19 +461,6 @@ func TestBuildCopyGemmFlags(t *testing.T) {
 			t.Errorf("%s: shared memory %v in the builds that have it, the last with --copy-gemm-slots 1", name, s)
 		}
 	}
-	// --copy-gemm-f32-x: the warpgroup kernel reads f32 x, one dense box a stage, with no cast.
-	out := filepath.Join(dir, "f32x.xmb")
-	b := buildBundle(t, m, out, []string{"--copy-gemms", "512x2048", "--copy-gemm-rows", "32", "--copy-gemm-f32-x"})
-	kernels, err := bundle.GemmCopyKernels(b.Kernels)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if ks := kernels[[2]int{512, 2048}]; len(ks) != 1 || ks[0].Attrs.XBF16 || ks[0].Attrs.XSwizzle != 0 || ks[0].Attrs.XBox != [2]int{256, 32} || !b.Manifest.Build.CopyGemmXF32 {
-		t.Fatalf("--copy-gemm-f32-x: kernels %+v, build info %+v", ks, b.Manifest.Build)
-	}
-	if text, err := xmixc(t, "inspect", out); err != nil || !strings.Contains(text, "copy-engine GEMMs: 512x2048, slots: the default, rows: [32], f32 x from 32 rows") {
-		t.Fatalf("--copy-gemm-f32-x: inspect: %v\n%s", err, text)
-	}
 	m384 := spec("m384.yaml", 384, 3) // o: K 384, split over a cluster of 2 (6 column tiles), not a multiple of 512
 	for _, c := range []struct {
 		model string

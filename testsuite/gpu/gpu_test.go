@@ -395,26 +395,18 @@ func copyGemmBackend(served *int) testsuite.NewBackend {
 // TestCUDAWarpgroupGemmMatchesCPU runs the copy-engine GEMMs' warpgroup form (wgmma over the
 // library cast's bf16 x; xmixc build --copy-gemm-rows 32, 64 or 128) on a 2-layer cut of
 // Llama-3.1-8B in buckets of 32, 64 and 128 rows, every request teacher-forced to the CPU's
-// tokens, against the CPU backend: o, q/k/v and down of both layers served by it, and again
-// with kernels that read f32 x and round it themselves (--copy-gemm-f32-x). A subtest per
-// bucket and request count (-run 'TestCUDAWarpgroupGemmMatchesCPU/r64').
+// tokens, against the CPU backend: o, q/k/v and down of both layers served by it. A subtest
+// per bucket and request count (-run 'TestCUDAWarpgroupGemmMatchesCPU/r64').
 func TestCUDAWarpgroupGemmMatchesCPU(t *testing.T) {
 	needGPU(t)
 	served := 0
 	nb := copyGemmBackend(&served)
-	for _, c := range []struct {
-		bucket, requests, steps int
-		f32x                    bool // the kernels round f32 x themselves (--copy-gemm-f32-x)
-	}{{32, 32, 4, false}, {32, 19, 3, false}, {64, 50, 2, false}, {128, 128, 3, false}, {128, 70, 2, false}, {32, 27, 3, true}, {64, 64, 2, true}, {128, 100, 2, true}} {
-		name := fmt.Sprintf("r%d-n%d", c.bucket, c.requests)
-		if c.f32x {
-			name += "-f32x"
-		}
-		t.Run(name, func(t *testing.T) {
+	for _, c := range []struct{ bucket, requests, steps int }{{32, 32, 4}, {32, 19, 3}, {64, 50, 2}, {128, 128, 3}, {128, 70, 2}} {
+		t.Run(fmt.Sprintf("r%d-n%d", c.bucket, c.requests), func(t *testing.T) {
 			cut := specCut(t, "llama-3.1-8b", fmt.Sprintf("serving: {decode_buckets: [%d], prefill_chunks: [64], max_seq_len: 256, max_seqs: %d, kv_block_size: 16}\n", c.bucket, c.bucket))
-			b := testsuite.CompileWith(t, compile.Options{CopyGemmRows: []int{c.bucket}, CopyGemmXF32: c.f32x}, cut)
+			b := testsuite.CompileWith(t, compile.Options{CopyGemmRows: []int{c.bucket}}, cut)
 			prompts := sixTokenPrompts(c.requests)
-			agreementRows(t, nb, "llama-3.1-8b-2layers-wgmma-gemm-"+name, b, prompts, c.steps)
+			agreementRows(t, nb, fmt.Sprintf("llama-3.1-8b-2layers-wgmma-gemm-r%d-n%d", c.bucket, c.requests), b, prompts, c.steps)
 			// o, q/k/v and down of 2 layers in the decode template, and in a 128-row bucket
 			// the 64-row prefill chunk's too (a 64-row bucket's nodes and the chunk's are the
 			// same shapes and buffers, so one launch serves both).
