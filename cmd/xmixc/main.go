@@ -378,14 +378,14 @@ func printBundle(w io.Writer, b *bundle.Bundle) {
 	}
 	if bi := b.Manifest.Build; len(bi.CopyGemms) > 0 || bi.CopyGemmSlots > 0 || len(bi.CopyGemmRows) > 0 {
 		shapes, slots := "the measured shapes", "slots: the default"
-		if len(bi.CopyGemmRows) > 0 {
-			slots += fmt.Sprintf(", rows: %v", bi.CopyGemmRows)
-		}
 		if len(bi.CopyGemms) > 0 {
 			shapes = strings.Join(bi.CopyGemms, ", ")
 		}
 		if bi.CopyGemmSlots > 0 {
 			slots = fmt.Sprintf("slots: %d", bi.CopyGemmSlots)
+		}
+		if len(bi.CopyGemmRows) > 0 {
+			slots += fmt.Sprintf(", rows: %v", bi.CopyGemmRows)
 		}
 		fmt.Fprintf(w, "          copy-engine GEMMs: %s, %s\n", shapes, slots)
 	}

@@ -427,6 +427,7 @@ func TestBuildCopyGemmFlags(t *testing.T) {
 		{[]string{"--copy-gemms", "none"}, nil, "copy-engine GEMMs: none, slots: the default"},
 		// The 16-row bucket takes the warpgroup form of 32 rows, the fewest named that hold it.
 		{[]string{"--copy-gemms", "512x2048", "--copy-gemm-rows", "32,8"}, []string{"gemm_copy_k512_n2048_r32", "gemm_copy_k512_n2048_r8"}, "copy-engine GEMMs: 512x2048, slots: the default, rows: [32 8]"},
+		{[]string{"--copy-gemms", "512x2048", "--copy-gemm-rows", "32,8", "--copy-gemm-slots", "1"}, []string{"gemm_copy_k512_n2048_r32", "gemm_copy_k512_n2048_r8"}, "copy-engine GEMMs: 512x2048, slots: 1, rows: [32 8]"},
 	} {
 		out := filepath.Join(dir, "c.xmb")
 		b := buildBundle(t, m, out, c.flags)
