@@ -72,6 +72,9 @@ const (
 	tcRowTiles  = 16 // row tiles (of 8) a warp accumulates at once: 128 rows
 	tcMinBlocks = 132
 	tcRedStride = 20 // f32 per row in the reduction buffer: 16 columns + pad against bank conflicts
+	// tcGatedWidth is what the gated kernel's gate/up width is a multiple of: a column warp's
+	// 16-column tile of gate and the same tile of up.
+	tcGatedWidth = 2 * 16
 )
 
 // tcColumnWarps is how many 16-column tiles a block covers for N columns: the most (sharing
@@ -135,7 +138,7 @@ func GemmTCGated(name string, c GemmGatedConfig) (*Kernel, error) {
 }
 
 func gemmTCGated(name string, c GemmGatedConfig, wc int) (*Kernel, error) {
-	a, err := c.attrs(32)
+	a, err := c.attrs(tcGatedWidth)
 	switch {
 	case err != nil:
 	case c.Gemm.Guard != 0:
