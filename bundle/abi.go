@@ -214,12 +214,24 @@ type GemmCopyAttrs struct {
 	Cluster  int  `json:"cluster"`
 	Block    int  `json:"block"`
 	Shared   int  `json:"shared"`
+	// Act, when set, is one of GatedActOps: the kernel serves a GEMM node and the gated
+	// activation node after it (GatedPairAt) as one launch. W's N rows are gate's N/2 then
+	// up's, each CTA asks for a box of Box[1] gate rows and the same rows of up, and y is
+	// the activation, act(gate) * up, [M, N/2]; the GEMM's own y is never written.
+	Act string `json:"act,omitempty"`
 }
 
-// GemmCopyKernels indexes a bundle's copy-engine GEMMs by K and N, fewest rows first,
+// GemmCopyShape is what a copy-engine GEMM serves: a GEMM node of K and N, and with Act the
+// gated activation after it.
+type GemmCopyShape struct {
+	K, N int
+	Act  string
+}
+
+// GemmCopyKernels indexes a bundle's copy-engine GEMMs by shape, fewest rows first,
 // checking each kernel's attributes and parameters: a malformed one is an error naming it.
-func GemmCopyKernels(kernels []Kernel) (map[[2]int][]GemmCopy, error) {
-	out := map[[2]int][]GemmCopy{}
+func GemmCopyKernels(kernels []Kernel) (map[GemmCopyShape][]GemmCopy, error) {
+	out := map[GemmCopyShape][]GemmCopy{}
 	for _, k := range kernels {
 		if k.Op != OpGemmCopy {
 			continue
@@ -242,13 +254,16 @@ func GemmCopyKernels(kernels []Kernel) (map[[2]int][]GemmCopy, error) {
 		if a.XSwizzle != 0 && (a.XSwizzle != 128 || xElem*a.XBox[0] != a.XSwizzle) {
 			return nil, fmt.Errorf("kernel %s: copy-engine GEMM attributes %s: x swizzle %d over box rows of %d bytes: want 0, or 128 over rows of 128 bytes", k.Name, k.Attrs, a.XSwizzle, xElem*a.XBox[0])
 		}
+		if a.Act != "" && (!slices.Contains(GatedActOps, a.Act) || a.N%2 != 0) {
+			return nil, fmt.Errorf("kernel %s: copy-engine GEMM attributes %s: activation %q over %d columns: want one of %v over an even width", k.Name, k.Attrs, a.Act, a.N, GatedActOps)
+		}
 		want := []Param{{GemmXMap, TensorMapParam}, {GemmWMap, TensorMapParam}, {GemmY, "u64"}, {GemmRows, "u32"}}
 		if !slices.Equal(k.Params, want) {
 			return nil, fmt.Errorf("kernel %s: a copy-engine GEMM takes parameters %v, not %v", k.Name, want, k.Params)
 		}
-		key := [2]int{a.K, a.N}
+		key := GemmCopyShape{K: a.K, N: a.N, Act: a.Act}
 		if slices.ContainsFunc(out[key], func(c GemmCopy) bool { return c.Attrs.Rows == a.Rows }) {
-			return nil, fmt.Errorf("kernel %s: a second copy-engine GEMM for k %d, n %d, %d rows", k.Name, a.K, a.N, a.Rows)
+			return nil, fmt.Errorf("kernel %s: a second copy-engine GEMM for k %d, n %d%s, %d rows", k.Name, a.K, a.N, actNote(a.Act), a.Rows)
 		}
 		out[key] = append(out[key], GemmCopy{Kernel: k.Name, Attrs: a})
 	}
@@ -267,6 +282,84 @@ func GemmCopyFor(kernels []GemmCopy, m int) (GemmCopy, bool) {
 		}
 	}
 	return GemmCopy{}, false
+}
+
+// actNote names an activation in a message ("" for none).
+func actNote(act string) string {
+	if act == "" {
+		return ""
+	}
+	return " with " + act
+}
+
+// GatedActOps are the reference ops of the gated-MLP activation kernels, act(gate) * up
+// over the two halves of each row of gu (ops.GatedActivations, which checks at init that it
+// has these).
+var GatedActOps = []string{"silu_mul", "gelu_tanh_mul"}
+
+// The parameters of a gated activation kernel that carries no MI ops (its attributes'
+// "chunked"): gu, [rows, 2*Inter] f32, and act, [rows, Inter] f32; its grid's y is the rows.
+var gatedActParams = []Param{{"gu", "u64"}, {"act", "u64"}}
+
+// GatedAct is a gated activation node as GatedActOf reads it.
+type GatedAct struct {
+	Op          string
+	Inter, Rows int
+	GU, Act     Slot
+}
+
+// GatedActOf reads node n (kernel k) as a gated activation with no MI ops (an app's op at
+// mlp.act lives in another form of the kernel, which no backend folds away); ok is false for
+// any other node.
+func GatedActOf(n Node, k Kernel) (GatedAct, bool) {
+	var a struct {
+		Inter   int             `json:"inter"`
+		Chunked bool            `json:"chunked"`
+		Ops     json.RawMessage `json:"ops"`
+	}
+	if !slices.Contains(GatedActOps, k.Op) || json.Unmarshal(k.Attrs, &a) != nil || !a.Chunked || len(a.Ops) > 0 || a.Inter <= 0 ||
+		!slices.Equal(k.Params, gatedActParams) || len(n.Args) != 2 || n.Args[0].Buffer == "" || n.Args[1].Buffer == "" || n.Grid[1] < 1 {
+		return GatedAct{}, false
+	}
+	return GatedAct{Op: k.Op, Inter: a.Inter, Rows: n.Grid[1], GU: n.Args[0], Act: n.Args[1]}, true
+}
+
+// GatedPairAt says whether nodes[i] and nodes[i+1] (kernels by name from kernel) are a GEMM
+// and the gated activation of its y, which a copy-engine GEMM with Act may serve as one
+// launch: y is gu, the same buffer and offset; the GEMM's N is twice the activation's width
+// and its rows are the activation's; neither is a heavy app's (no guard, no skip); and no
+// node of the list but such GEMMs and activations names gu's buffer, so that no one reads the
+// y that the one launch never writes. An error says how a node that claims to be a GEMM is
+// malformed.
+func GatedPairAt(nodes []Node, i int, kernel func(name string) Kernel) (GEMM, GatedAct, bool, error) {
+	if i+1 >= len(nodes) {
+		return GEMM{}, GatedAct{}, false, nil
+	}
+	n, next := nodes[i], nodes[i+1]
+	g, ok, err := GemmOf(n, kernel(n.Kernel))
+	if err != nil || !ok {
+		return GEMM{}, GatedAct{}, false, err
+	}
+	act, ok := GatedActOf(next, kernel(next.Kernel))
+	if !ok || n.Args[g.Y] != act.GU || g.N != 2*act.Inter || g.M != act.Rows || g.Guard != 0 || n.SkipUnless != 0 || next.SkipUnless != 0 {
+		return GEMM{}, GatedAct{}, false, nil
+	}
+	for _, m := range nodes {
+		k := kernel(m.Kernel)
+		for j, s := range m.Args {
+			if s.Buffer != act.GU.Buffer {
+				continue
+			}
+			if h, ok, _ := GemmOf(m, k); ok && j == h.Y {
+				continue
+			}
+			if a, ok := GatedActOf(m, k); ok && j == 0 && a.GU == s {
+				continue
+			}
+			return GEMM{}, GatedAct{}, false, nil
+		}
+	}
+	return g, act, true, nil
 }
 
 // ParseGemmShapes reads a list of GEMM shapes, each "KxN" (K and N positive), or "none"

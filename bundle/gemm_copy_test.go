@@ -18,14 +18,14 @@ func TestGemmCopyKernels(t *testing.T) {
 	}
 	rows32 := strings.Replace(good, `"rows":8`, `"rows":32`, 1)
 	got, err := GemmCopyKernels([]Kernel{kern("a32", rows32, params), kern("a", good, params), {Name: "other", Op: OpGemmTC}})
-	if err != nil || len(got) != 1 || len(got[[2]int{4096, 4096}]) != 2 {
+	if err != nil || len(got) != 1 || len(got[GemmCopyShape{K: 4096, N: 4096}]) != 2 {
 		t.Fatalf("%v, %v", got, err)
 	}
 	for _, c := range []struct {
 		m    int
 		want string
 	}{{1, "a"}, {8, "a"}, {9, "a32"}, {32, "a32"}, {33, ""}} {
-		k, ok := GemmCopyFor(got[[2]int{4096, 4096}], c.m)
+		k, ok := GemmCopyFor(got[GemmCopyShape{K: 4096, N: 4096}], c.m)
 		if k.Kernel != c.want || ok != (c.want != "") {
 			t.Errorf("%d rows: kernel %q (%v), want %q", c.m, k.Kernel, ok, c.want)
 		}
@@ -70,5 +70,90 @@ func TestParseGemmShapes(t *testing.T) {
 		if _, err := ParseGemmShapes(list); err == nil || !strings.Contains(err.Error(), fmt.Sprintf("GEMM shape %q", bad)) {
 			t.Errorf("%v: %v", list, err)
 		}
+	}
+}
+
+// TestGemmCopyKernelsWithActivation: a copy-engine GEMM with an activation is indexed apart
+// from the plain one of its K and N; an unknown activation or an odd width is an error.
+func TestGemmCopyKernelsWithActivation(t *testing.T) {
+	params := []Param{{GemmXMap, TensorMapParam}, {GemmWMap, TensorMapParam}, {GemmY, "u64"}, {GemmRows, "u32"}}
+	plain := `{"k":4096,"n":28672,"rows":32,"box":[64,64],"swizzle":128,"x_box":[64,32],"x_bf16":true,"x_swizzle":128,"grid":448,"cluster":1,"block":128,"shared":148480}`
+	gated := strings.Replace(strings.Replace(plain, `"box":[64,64]`, `"box":[64,32]`, 1), `"shared"`, `"act":"silu_mul","shared"`, 1)
+	kern := func(name, attrs string) Kernel {
+		return Kernel{Name: name, Op: OpGemmCopy, Attrs: []byte(attrs), Params: params}
+	}
+	got, err := GemmCopyKernels([]Kernel{kern("plain", plain), kern("gated", gated)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if k := got[GemmCopyShape{K: 4096, N: 28672}]; len(k) != 1 || k[0].Kernel != "plain" {
+		t.Errorf("plain: %v", k)
+	}
+	if k := got[GemmCopyShape{K: 4096, N: 28672, Act: "silu_mul"}]; len(k) != 1 || k[0].Kernel != "gated" || k[0].Attrs.Box != [2]int{64, 32} {
+		t.Errorf("gated: %v", k)
+	}
+	for _, c := range []struct{ name, attrs, want string }{
+		{"unknown activation", strings.Replace(gated, "silu_mul", "relu", 1), `activation "relu" over 28672 columns`},
+		{"odd width", strings.Replace(gated, `"n":28672`, `"n":28673`, 1), `activation "silu_mul" over 28673 columns`},
+	} {
+		if _, err := GemmCopyKernels([]Kernel{kern("a", c.attrs)}); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: %v, want %q", c.name, err, c.want)
+		}
+	}
+	if _, err := GemmCopyKernels([]Kernel{kern("a", gated), kern("b", gated)}); err == nil || !strings.Contains(err.Error(), "kernel b: a second copy-engine GEMM for k 4096, n 28672 with silu_mul, 32 rows") {
+		t.Errorf("two gated for one shape: %v", err)
+	}
+}
+
+// TestGatedPairAt: a GEMM node and the plain gated activation of its y are a pair; an
+// activation with MI ops, another y, other rows, a guarded GEMM, a skipping node, the last
+// node of the list, or a third node naming the GEMM's y are not.
+func TestGatedPairAt(t *testing.T) {
+	kernels := map[string]Kernel{
+		"gemm": {Name: "gemm", Op: OpGemmTC, Attrs: []byte(`{"k":64,"n":256}`), Params: []Param{{GemmX, "u64"}, {GemmW, "u64"}, {GemmY, "u64"}, {GemmRows, "u32"}}},
+		"act":  {Name: "act", Op: "silu_mul", Attrs: []byte(`{"inter":128,"chunked":true}`), Params: []Param{{"gu", "u64"}, {"act", "u64"}}},
+		"actmi": {Name: "actmi", Op: "silu_mul", Attrs: []byte(`{"inter":128,"ops":[{"kind":"steer"}]}`),
+			Params: []Param{{"gu", "u64"}, {"act", "u64"}}},
+		"norm": {Name: "norm", Op: "rms_norm", Params: []Param{{"x", "u64"}}},
+	}
+	kernel := func(name string) Kernel { return kernels[name] }
+	gemm := func(y string, rows uint64) Node {
+		return Node{Label: "gate_up", Kernel: "gemm", Args: []Slot{{Buffer: "x"}, {Buffer: "w"}, {Buffer: y}, {Const: rows}}}
+	}
+	act := func(kernel, gu string, rows int) Node {
+		return Node{Label: "act", Kernel: kernel, Grid: [3]int{1, rows, 1}, Args: []Slot{{Buffer: gu}, {Buffer: "a"}}}
+	}
+	g, a, ok, err := GatedPairAt([]Node{gemm("gu", 32), act("act", "gu", 32)}, 0, kernel)
+	if err != nil || !ok || g.M != 32 || g.N != 256 || a.Op != "silu_mul" || a.Inter != 128 || a.Act != (Slot{Buffer: "a"}) {
+		t.Fatalf("pair: %+v %+v %v %v", g, a, ok, err)
+	}
+	guarded := gemm("gu", 32)
+	kernels["gemmg"] = Kernel{Name: "gemmg", Op: OpGemmTC, Attrs: []byte(`{"k":64,"n":256,"guard":1}`), Params: kernels["gemm"].Params}
+	guarded.Kernel = "gemmg"
+	skipping := act("act", "gu", 32)
+	skipping.SkipUnless = 1
+	reader := Node{Label: "norm", Kernel: "norm", Args: []Slot{{Buffer: "gu"}}}
+	for _, c := range []struct {
+		name  string
+		nodes []Node
+		i     int
+	}{
+		{"MI ops", []Node{gemm("gu", 32), act("actmi", "gu", 32)}, 0},
+		{"another y", []Node{gemm("gu", 32), act("act", "other", 32)}, 0},
+		{"other rows", []Node{gemm("gu", 32), act("act", "gu", 16)}, 0},
+		{"guarded", []Node{guarded, act("act", "gu", 32)}, 0},
+		{"skipping", []Node{gemm("gu", 32), skipping}, 0},
+		{"last node", []Node{act("act", "gu", 32), gemm("gu", 32)}, 1},
+		{"the activation first", []Node{act("act", "gu", 32), gemm("gu", 32)}, 0},
+		{"another reader of y", []Node{gemm("gu", 32), act("act", "gu", 32), reader}, 0},
+	} {
+		if _, _, ok, err := GatedPairAt(c.nodes, c.i, kernel); ok || err != nil {
+			t.Errorf("%s: a pair (%v, %v)", c.name, ok, err)
+		}
+	}
+	bad := gemm("gu", 32)
+	bad.Args = bad.Args[:3]
+	if _, _, _, err := GatedPairAt([]Node{bad, act("act", "gu", 32)}, 0, kernel); err == nil || !strings.Contains(err.Error(), "node gate_up: kernel gemm") {
+		t.Errorf("malformed GEMM: %v", err)
 	}
 }

@@ -367,6 +367,10 @@ type BuildInfo struct {
 	// projection and its activation as one tensor-core kernel, never a library's (xmixc
 	// build --gated-tc-rows; 0: none, as in bundles built before it).
 	GatedTCRows int `json:"gated_tc_rows,omitempty"`
+	// GatedCopyRows: decode buckets of at most this many rows whose GEMMs the warpgroup
+	// copy-engine kernels serve get one for the gate/up GEMM and its activation together
+	// (GemmCopyAttrs.Act; xmixc build --gated-copy-rows; 0: none).
+	GatedCopyRows int `json:"gated_copy_rows,omitempty"`
 }
 
 // InputDigest is the hash of one input file of the build.

@@ -78,6 +78,9 @@ type gen struct {
 	copySlots  int
 	// copyRows are the row counts given copy-engine kernels, fewest first (CopyGemmRows).
 	copyRows []int
+	// gatedCopyRows: decode buckets of at most this many rows get a copy-engine kernel for
+	// the gate/up GEMM and its activation together (BuildInfo.GatedCopyRows, gatedCopyGemms).
+	gatedCopyRows int
 	// attnWarps and attnUnroll are AttnConfig.Warps and Unroll of the decode buckets' attention.
 	attnWarps, attnUnroll int
 	// attnPrefetch and attnTC are AttnConfig.Prefetch and TensorCores of every decode
@@ -141,6 +144,10 @@ func Generate(p *passes.Program, opt Options) (*bundle.Bundle, error) {
 	if err := CheckCopyGemmRows(bi.CopyGemmRows); err != nil {
 		return nil, err
 	}
+	if err := CheckGatedCopyRows(bi.GatedCopyRows); err != nil {
+		return nil, err
+	}
+	g.gatedCopyRows = bi.GatedCopyRows
 	g.copyRows = gcDefaultRows
 	if len(bi.CopyGemmRows) > 0 {
 		g.copyRows = slices.Sorted(slices.Values(bi.CopyGemmRows))

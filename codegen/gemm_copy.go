@@ -145,8 +145,14 @@ func gcLayoutOf(rows int) *gcLayout {
 }
 
 // GemmCopyConfig is one copy-engine GEMM: K x N, at most Rows token rows, K split over Split
-// CTAs, Stages slots, x shared by Share column tiles (0 or 1: none; gcLayout.Share).
-type GemmCopyConfig struct{ K, N, Rows, Split, Stages, Share int }
+// CTAs, Stages slots, x shared by Share column tiles (0 or 1: none; gcLayout.Share). Act, in
+// the warpgroup form, is a gated activation's op (bundle.GatedActOps): the kernel serves the
+// gate/up GEMM and that activation as one launch (wgStoreGated), each CTA's 64 W rows being
+// gcCols/2 of gate and the same of up.
+type GemmCopyConfig struct {
+	K, N, Rows, Split, Stages, Share int
+	Act                              string
+}
 
 // layout is the config's layout, the zero one if Rows has none.
 func (c GemmCopyConfig) layout() gcLayout {
@@ -174,7 +180,15 @@ func (c GemmCopyConfig) wBytes() int    { return gcCols * 2 * c.stageK() } // on
 func (c GemmCopyConfig) kStages() int   { return c.K / c.Split / c.stageK() }
 func (c GemmCopyConfig) recvBytes() int { return (c.Split - 1) * c.partBytes() }
 func (c GemmCopyConfig) shares() int    { return max(c.Share, 1) }
-func (c GemmCopyConfig) cluster() int   { return c.Split * c.shares() } // CTAs: K parts or tiles sharing x
+
+// yCols is a CTA's output columns: its W rows, or with Act half of them (act(gate) * up).
+func (c GemmCopyConfig) yCols() int {
+	if c.Act != "" {
+		return gcCols / 2
+	}
+	return gcCols
+}
+func (c GemmCopyConfig) cluster() int { return c.Split * c.shares() } // CTAs: K parts or tiles sharing x
 
 // threads is a CTA's: one warpgroup in the warpgroup form, else gcWarps warps.
 func (c GemmCopyConfig) threads() int {
@@ -266,6 +280,24 @@ func GemmCopyFor(k, n, rows, slots int) (GemmCopyConfig, error) {
 	return c, nil
 }
 
+// GatedCopyFor is GemmCopyFor's kernel with the gated activation act (an op of
+// bundle.GatedActOps) in its epilogue, for the gate/up projection's K x N (N = 2 x the
+// activation's width): the warpgroup form only.
+func GatedCopyFor(k, n, rows, slots int, act string) (GemmCopyConfig, error) {
+	if !slices.Contains(bundle.GatedActOps, act) {
+		return GemmCopyConfig{}, fmt.Errorf("copy-engine GEMM with an activation: %q, want one of %v", act, bundle.GatedActOps)
+	}
+	c, err := GemmCopyFor(k, n, rows, slots)
+	if err != nil {
+		return GemmCopyConfig{}, err
+	}
+	if !c.warpgroup() {
+		return GemmCopyConfig{}, fmt.Errorf("copy-engine GEMM with an activation: %d rows, want rows of the warpgroup form", rows)
+	}
+	c.Act = act
+	return c, nil
+}
+
 // CheckCopyGemmSlots checks a build's ring slots of a copy-engine GEMM: 0 (the measured
 // default, gcStages) to gcMaxStages.
 func CheckCopyGemmSlots(n int) error {
@@ -309,6 +341,9 @@ func (c GemmCopyConfig) Attrs() bundle.GemmCopyAttrs {
 		Grid: c.N / gcCols * c.Split, Cluster: c.cluster(), Block: c.threads(), Shared: c.shared()}
 	if c.warpgroup() {
 		a.XBox, a.XBF16, a.XSwizzle = [2]int{gcBoxK, c.Rows}, true, gcSwizzle
+	}
+	if c.Act != "" {
+		a.Box[1], a.Act = c.yCols(), c.Act
 	}
 	return a
 }
@@ -375,6 +410,68 @@ func (g *gen) copyGemms(templates []bundle.Template) error {
 			}
 		}
 	}
+	return g.gatedCopyGemms(templates)
+}
+
+// MaxGatedCopyRows bounds BuildInfo.GatedCopyRows: the most rows of a warpgroup layout.
+const MaxGatedCopyRows = wgMaxN
+
+// DefaultGatedCopyRows is the largest decode bucket given a copy-engine kernel for the gate/up
+// GEMM and its activation together unless a build says otherwise: none until measured.
+const DefaultGatedCopyRows = 0
+
+// CheckGatedCopyRows checks a build's largest bucket given the gated copy-engine kernel
+// (BuildInfo.GatedCopyRows, xmixc build --gated-copy-rows): 0 (none) to MaxGatedCopyRows.
+func CheckGatedCopyRows(n int) error {
+	if n < 0 || n > MaxGatedCopyRows {
+		return fmt.Errorf("gated copy-engine kernels up to %d rows: want 0 (none) to %d", n, MaxGatedCopyRows)
+	}
+	return nil
+}
+
+// gatedCopyGemms adds a copy-engine GEMM with the activation in its epilogue (GatedCopyFor)
+// for each GEMM and gated activation after it (bundle.GatedPairAt: the gate/up projection
+// where no kernel of the bundle's fuses it) of a decode bucket of at most gatedCopyRows rows
+// whose row count takes the warpgroup form.
+func (g *gen) gatedCopyGemms(templates []bundle.Template) error {
+	kernel := func(name string) bundle.Kernel {
+		if k := g.kernels[name]; k != nil {
+			return k.bundleKernel()
+		}
+		return bundle.Kernel{}
+	}
+	seen := map[bundle.GemmCopyShape]map[int]bool{}
+	for _, t := range templates {
+		rows := copyRows(g.copyRows, t.Tokens)
+		if t.Kind != bundle.Decode || t.Tokens > g.gatedCopyRows || rows == 0 || !gcLayoutOf(rows).Warpgroup {
+			continue
+		}
+		for _, nodes := range [][]bundle.Node{t.Nodes, t.Plain} {
+			for i, n := range nodes {
+				m, act, ok, err := bundle.GatedPairAt(nodes, i, kernel)
+				if err != nil {
+					return fmt.Errorf("template %s: %w", t.Name, err)
+				}
+				r := copyRows(g.copyRows, m.M)
+				key := bundle.GemmCopyShape{K: m.K, N: m.N, Act: act.Op}
+				if !ok || r == 0 || seen[key][r] {
+					continue
+				}
+				if seen[key] == nil {
+					seen[key] = map[int]bool{}
+				}
+				seen[key][r] = true
+				c, err := GatedCopyFor(m.K, m.N, r, g.copySlots, act.Op)
+				if err != nil {
+					return fmt.Errorf("template %s: node %s: %w", t.Name, n.Label, err)
+				}
+				name := fmt.Sprintf("gemm_copy_k%d_n%d_r%d_%s", m.K, m.N, c.Rows, act.Op)
+				if _, err := g.kernel(name, func() (*Kernel, error) { return GemmCopy(name, c) }); err != nil {
+					return err
+				}
+			}
+		}
+	}
 	return nil
 }
 
@@ -387,8 +484,9 @@ func GemmCopy(name string, c GemmCopyConfig) (*Kernel, error) {
 	if c.layout().Rows == 0 || c.Split < 1 || c.Split > wgMaxSplit || c.K%(c.Split*c.stageK()) != 0 || c.N%gcCols != 0 || c.Stages < 1 ||
 		c.Stages > c.kStages() || c.Stages > gcBars/8 || c.shared() > bundle.MaxDynamicShared ||
 		!wg && c.Stages*c.slotBytes() < c.parts()*c.partBytes() ||
-		c.Share > 1 && (!wg || c.Split > 1 || c.N/gcCols%c.Share != 0 || c.stageK()/gcBoxK%c.Share != 0 || 2*c.Stages > gcBars/8 || c.cluster() > gcMaxCluster) {
-		return nil, fmt.Errorf("copy-engine GEMM %s: bad configuration %+v (use GemmCopyFor)", name, c)
+		c.Share > 1 && (!wg || c.Split > 1 || c.N/gcCols%c.Share != 0 || c.stageK()/gcBoxK%c.Share != 0 || 2*c.Stages > gcBars/8 || c.cluster() > gcMaxCluster) ||
+		c.Act != "" && (!wg || c.Share > 1 || !slices.Contains(bundle.GatedActOps, c.Act)) {
+		return nil, fmt.Errorf("copy-engine GEMM %s: bad configuration %+v (use GemmCopyFor or GatedCopyFor)", name, c)
 	}
 	g := gcGen{emitter: newEmitter(name), c: c}
 	g.emit()
@@ -455,7 +553,7 @@ func (g *gcGen) emit() {
 		g.Emit("mov.u32", g.rank, ptx.ClusterCtaRank)
 		g.Emit("div.u32", tile, tile, ptx.Imm(int64(c.Split)))
 	}
-	g.col0 = g.op3("mul.lo.u32", ptx.U32, tile, ptx.Imm(int64(gcCols)))
+	g.col0 = g.op3("mul.lo.u32", ptx.U32, tile, ptx.Imm(int64(c.yCols())))
 	g.k0 = g.op3("mul.lo.u32", ptx.U32, g.rank, ptx.Imm(int64(c.K/c.Split)))
 	g.bars = g.Reg(ptx.U32)
 	g.Emit("mov.u32", g.bars, smem)
@@ -551,10 +649,18 @@ func (g *gcGen) askW(stage ptx.Reg, slot ptx.Operand) {
 	g.Emit("mbarrier.arrive.expect_tx.shared::cta.b64", state, ptx.Addr{Base: bar}, g.imm32(int64(c.wBytes()+c.xBytes())))
 	kc := g.firstK(stage)
 	dst := g.slotAddr(g.slot0, slot)
+	// With Act, a box of gate's rows and one of up's (N/2 rows on) stacked: under the swizzle,
+	// whose pattern repeats every 8 rows, the same layout as one box of both.
+	rows := []ptx.Reg{g.col0}
+	if c.Act != "" {
+		rows = append(rows, g.op3("add.u32", ptx.U32, g.col0, ptx.Imm(int64(c.N/2))))
+	}
 	for b := range c.stageK() / gcBoxK {
 		kb := g.op3("add.u32", ptx.U32, kc, ptx.Imm(int64(b*gcBoxK)))
-		g.Emit("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes",
-			ptx.Addr{Base: dst, Offset: int64(b * gcCols * 2 * gcBoxK)}, ptx.TensorAddr{Map: g.wmap, Coords: ptx.Vec{kb, g.col0}}, ptx.Addr{Base: bar})
+		for i, row := range rows {
+			g.Emit("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes",
+				ptx.Addr{Base: dst, Offset: int64(b*gcCols*2*gcBoxK + i*c.yCols()*2*gcBoxK)}, ptx.TensorAddr{Map: g.wmap, Coords: ptx.Vec{kb, row}}, ptx.Addr{Base: bar})
+		}
 	}
 }
 

@@ -23,7 +23,8 @@ func runGemmCopy(t *testing.T, k *Kernel, c GemmCopyConfig, rows int, seed uint6
 	xs := randF32(r, rows*c.K, 1)
 	x := targ{f32: xs}.bytesOf()
 	w := targ{bf16: randF32(r, c.N*c.K, 1)}.bytesOf()
-	y := targ{out: rows * c.N}.bytesOf()
+	yCols := c.N / (gcCols / c.yCols()) // with Act, the activation's width
+	y := targ{out: rows * yCols}.bytesOf()
 	mem := emu.NewMemory()
 	put := func(b []byte) uint64 {
 		a := mem.Alloc(len(b))
@@ -58,7 +59,7 @@ func runGemmCopy(t *testing.T, k *Kernel, c GemmCopyConfig, rows int, seed uint6
 	if err := ref.Run(refArgs, l); err != nil {
 		t.Fatalf("%s: reference: %v", k.Name, err)
 	}
-	return floats(mem.Bytes(ya)[:4*rows*c.N], "f32"), floats(refArgs[2].Mem[:4*rows*c.N], "f32")
+	return floats(mem.Bytes(ya)[:4*rows*yCols], "f32"), floats(refArgs[2].Mem[:4*rows*yCols], "f32")
 }
 
 func TestGemmCopyMatchesReference(t *testing.T) {
@@ -81,10 +82,13 @@ func TestGemmCopyMatchesReference(t *testing.T) {
 		{GemmCopyConfig{K: 1024, N: 128, Rows: 128, Split: 1, Stages: 4, Share: 2}, []int{70, 128}}, // eight stages through four slots
 		{GemmCopyConfig{K: 1024, N: 256, Rows: 128, Split: 1, Stages: 3, Share: 2}, []int{128}},     // two clusters
 		{GemmCopyConfig{K: 1024, N: 128, Rows: 64, Split: 1, Stages: 2, Share: 2}, []int{33}},       // two of a stage's four boxes each, two slots
+		// The gate/up GEMM with its activation: gate's 32 rows and up's in each CTA's W.
+		{GemmCopyConfig{K: 1024, N: 256, Rows: 32, Split: 1, Stages: 3, Act: "silu_mul"}, []int{1, 17, 32}}, // four CTAs, refills
+		{GemmCopyConfig{K: 512, N: 128, Rows: 64, Split: 2, Stages: 1, Act: "gelu_tanh_mul"}, []int{5, 64}}, // the ranks' sums first
 	} {
 		for _, rows := range c.rows {
 			cfg := c.GemmCopyConfig
-			t.Run(fmt.Sprintf("k%d_n%d_r%d_split%d_stages%d_share%d_rows%d", cfg.K, cfg.N, cfg.Rows, cfg.Split, cfg.Stages, cfg.Share, rows), func(t *testing.T) {
+			t.Run(fmt.Sprintf("k%d_n%d_r%d_split%d_stages%d_share%d_%srows%d", cfg.K, cfg.N, cfg.Rows, cfg.Split, cfg.Stages, cfg.Share, cfg.Act, rows), func(t *testing.T) {
 				k := must(t)(GemmCopy("gemm_copy_test", cfg))
 				got, want := runGemmCopy(t, k, cfg, rows, uint64(rows))
 				if e := relL2(got, want); !(e <= 1e-5) {

@@ -123,7 +123,16 @@ func (g *gcGen) wgReduce() {
 			}
 		}
 	}
-	// Column col0 + 16*warp + g (+8), token 2t (+1) + 8*(i/4).
+	if c.Act != "" {
+		g.wgStoreGated(acc)
+		return
+	}
+	g.wgStore(acc, c.N)
+}
+
+// wgStore stores a warpgroup's sums acc into y, [rows, width]: register i of thread (warp,
+// g, t) at column col0 + 16*warp + g (+8), token 2t (+1) + 8*(i/4).
+func (g *gcGen) wgStore(acc []ptx.Reg, width int) {
 	col := g.op3("shr.u32", ptx.U32, g.tid, ptx.Imm(5))
 	g.Emit("mul.lo.u32", col, col, ptx.Imm(16))
 	g.Emit("add.u32", col, col, g.gg)
@@ -132,9 +141,40 @@ func (g *gcGen) wgReduce() {
 	for i, v := range acc {
 		row := g.op3("add.u32", ptx.U32, tok, ptx.Imm(int64(8*(i/4)+i%2)))
 		idx := g.Reg(ptx.U32)
-		g.Emit("mad.lo.u32", idx, row, ptx.Imm(int64(c.N)), col)
+		g.Emit("mad.lo.u32", idx, row, ptx.Imm(int64(width)), col)
 		at := g.byteAddr(g.y, idx, 4)
 		in := g.cmp("lt", ptx.U32, row, g.rows)
 		g.EmitIf(in, false, "st.global.f32", ptx.Addr{Base: at, Offset: int64(32 * (i / 2 % 2))}, v)
 	}
+}
+
+// wgStoreGated stores act(gate) * up (Act) into y, [rows, N/2]. Warps 0-1 hold gate's 32
+// columns of the CTA and warps 2-3 up's same columns, register for register: thread 64+j's
+// register i is the up of thread j's. Warps 2-3 pass theirs through the ring (free once
+// every stage is read and, with a split, the ranks' sums are added), then exit; warps 0-1
+// store as wgStore does.
+func (g *gcGen) wgStoreGated(acc []ptx.Reg) {
+	c := g.c
+	half := wgThreads / 2
+	g.Emit("bar.sync", ptx.Imm(0))
+	up := g.cmp("ge", ptx.U32, g.tid, ptx.Imm(int64(half)))
+	at := g.Reg(ptx.U32)
+	g.Emit("rem.u32", at, g.tid, ptx.Imm(int64(half)))
+	g.Emit("mad.lo.u32", at, at, ptx.Imm(16), g.slot0)
+	g.when(up, false, func() {
+		for q := range len(acc) / 4 {
+			g.Emit("st.shared.v4.f32", ptx.Addr{Base: at, Offset: int64(q * half * 16)}, ptx.Vec(acc[4*q:4*q+4]))
+		}
+	})
+	g.Emit("bar.sync", ptx.Imm(0))
+	g.EmitIf(up, false, "exit")
+	ups := g.Regs(ptx.F32, 4)
+	out := make([]ptx.Reg, len(acc))
+	for q := range len(acc) / 4 {
+		g.Emit("ld.shared.v4.f32", ptx.Vec(ups), ptx.Addr{Base: at, Offset: int64(q * half * 16)})
+		for i, u := range ups {
+			out[4*q+i] = gateAct(g.emitter, actOfOp(c.Act), acc[4*q+i], u)
+		}
+	}
+	g.wgStore(out, c.N/2)
 }

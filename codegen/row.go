@@ -457,6 +457,17 @@ func (c SiluConfig) op() (string, error) {
 	return "", fmt.Errorf("activation %q: want empty (SiLU) or %q", c.Act, ActGeluTanh)
 }
 
+// actOfOp is SiluConfig.Act of a gated activation's op (bundle.GatedActOps), as SiluConfig.op
+// maps it; an unknown op is SiLU's (callers check ops against bundle.GatedActOps first).
+func actOfOp(op string) string {
+	for _, act := range []string{"", ActGeluTanh} {
+		if o, _ := (SiluConfig{Act: act}).op(); o == op {
+			return act
+		}
+	}
+	return ""
+}
+
 // gateAct emits act(g) * u into a new register. SiLU: g / (1 + 2^(-g*log2 e)). GELU (tanh):
 // 0.5 g (1 + tanh(k)) = g / (1 + e^(-2k)) with k = sqrt(2/pi) (g + 0.044715 g³), the same
 // form with the exponent -2k: no tanh instruction (tanh.approx.f32 is 2^-11 relative), and

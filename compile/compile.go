@@ -97,6 +97,11 @@ type Options struct {
 	// and its activation as one kernel (bundle.BuildInfo.GatedTCRows; 0: the measured
 	// default, codegen.DefaultGatedTCRows; negative: none).
 	GatedTCRows int
+	// GatedCopyRows: decode buckets of at most this many rows served by the warpgroup
+	// copy-engine kernels get one for the gate/up GEMM and its activation together
+	// (bundle.BuildInfo.GatedCopyRows; 0: the measured default, codegen.DefaultGatedCopyRows;
+	// negative: none).
+	GatedCopyRows int
 }
 
 // DefaultGemvCols is Options.GemvCols's default, measured on the H200 (testsuite/gpu/GEMV_AB.md,
@@ -285,6 +290,7 @@ func Build(modelPath string, appPaths []string, opt Options) (*bundle.Bundle, er
 	}
 	build.CopyGemms, build.CopyGemmSlots, build.CopyGemmRows = opt.CopyGemms, opt.CopyGemmSlots, opt.CopyGemmRows
 	build.GatedTCRows = max(0, cmp.Or(opt.GatedTCRows, codegen.DefaultGatedTCRows))
+	build.GatedCopyRows = max(0, cmp.Or(opt.GatedCopyRows, codegen.DefaultGatedCopyRows))
 	b, err := codegen.Generate(p, codegen.Options{
 		Build:     build,
 		Weights:   weights,

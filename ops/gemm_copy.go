@@ -2,6 +2,8 @@ package ops
 
 import (
 	"fmt"
+	"maps"
+	"slices"
 
 	"xmix/bundle"
 )
@@ -10,8 +12,15 @@ import (
 // x and y in f32, w in bf16 and every x rounded to bf16 (nearest even) first, as a library
 // GEMM's cast rounds it; products are summed in f32, here in the CUDA-core reference's order,
 // on the GPU in the tensor cores'. Parameters: x, w (the kernel's is a tensor map of w, the
-// reference's w itself), y (pointers), rows (u32), at most the attributes' Rows.
-func init() { Register(bundle.OpGemmCopy, buildGemmCopy) }
+// reference's w itself), y (pointers), rows (u32), at most the attributes' Rows. With the
+// attributes' Act (bundle.GatedActOps) y is that activation of the product's two halves,
+// [rows, N/2]: GatedActivations[Act](gate) * up, as the activation op computes it.
+func init() {
+	Register(bundle.OpGemmCopy, buildGemmCopy)
+	if len(GatedActivations) != len(bundle.GatedActOps) || slices.ContainsFunc(bundle.GatedActOps, func(op string) bool { _, ok := GatedActivations[op]; return !ok }) {
+		panic(fmt.Sprintf("ops: gated activations %v, the bundle's %v: want the same ops", slices.Sorted(maps.Keys(GatedActivations)), bundle.GatedActOps))
+	}
+}
 
 func buildGemmCopy(attrs []byte) (Runner, error) {
 	var a bundle.GemmCopyAttrs
@@ -21,6 +30,14 @@ func buildGemmCopy(attrs []byte) (Runner, error) {
 	if a.K <= 0 || a.N <= 0 || a.Rows <= 0 {
 		return nil, fmt.Errorf("gemm_copy: K=%d N=%d rows=%d must be positive", a.K, a.N, a.Rows)
 	}
+	act, gated := GatedActivations[a.Act]
+	if a.Act != "" && (!gated || a.N%2 != 0) {
+		return nil, fmt.Errorf("gemm_copy: activation %q over %d columns: want a gated op over an even width", a.Act, a.N)
+	}
+	yCols := a.N
+	if gated {
+		yCols = a.N / 2
+	}
 	return RunnerFunc(func(args []Arg, _ Launch) error {
 		if len(args) != 4 {
 			return fmt.Errorf("gemm_copy: %d arguments, want 4 (x, w, y, rows)", len(args))
@@ -29,14 +46,22 @@ func buildGemmCopy(attrs []byte) (Runner, error) {
 		if rows > a.Rows {
 			return fmt.Errorf("gemm_copy: %d rows, the kernel takes at most %d", rows, a.Rows)
 		}
-		if err := CheckArgs("gemm_copy", args, 4*rows*a.K, 2*a.N*a.K, 4*rows*a.N, -1); err != nil {
+		if err := CheckArgs("gemm_copy", args, 4*rows*a.K, 2*a.N*a.K, 4*rows*yCols, -1); err != nil {
 			return err
 		}
 		x := make([]float32, rows*a.K)
 		for i, v := range args[0].F32()[:rows*a.K] {
 			x[i] = BF16ToF32(F32ToBF16(v))
 		}
-		gemm(x, args[1], args[2].F32(), rows, a.K, a.N, true)
+		if !gated {
+			gemm(x, args[1], args[2].F32(), rows, a.K, a.N, true)
+			return nil
+		}
+		gu, y := make([]float32, rows*a.N), args[2].F32()
+		gemm(x, args[1], gu, rows, a.K, a.N, true)
+		for r := range rows {
+			gatedRow(y[r*yCols:(r+1)*yCols], gu[r*a.N:(r+1)*a.N], act)
+		}
 		return nil
 	}), nil
 }

@@ -13,20 +13,31 @@ import (
 // for exactly the GEMMs they were measured faster on, o, q/k/v and down of its buckets of 8
 // to 64 rows (the 1, 2 and 4 rows buckets' GEMMs are GEMVs; 8 and 16 rows in the mma.sync
 // form, 32 and 64 in the warpgroup form; 128 and more keep the library), each well-formed;
-// Llama-3.2-1B's (narrower, not measured) carries none.
+// Llama-3.2-1B's (narrower, not measured) carries none. Built with --gated-copy-rows 32, the
+// 8B's bundle also carries one for its gate/up and SiLU at 32 rows (the 8-row bucket's gate/up
+// is the bundle's own gated kernel, the 16-row bucket's kernels are not the warpgroup form),
+// and so does the 1B's.
 func TestCopyGemmKernels(t *testing.T) {
+	type kernel struct {
+		k, n, rows int
+		act        string
+	}
+	plain8B := []kernel{
+		{4096, 4096, 8, ""}, {4096, 4096, 16, ""}, {4096, 4096, 32, ""}, {4096, 4096, 64, ""},
+		{4096, 6144, 8, ""}, {4096, 6144, 16, ""}, {4096, 6144, 32, ""}, {4096, 6144, 64, ""},
+		{14336, 4096, 8, ""}, {14336, 4096, 16, ""}, {14336, 4096, 32, ""}, {14336, 4096, 64, ""},
+	}
 	for _, c := range []struct {
 		model string
-		want  [][3]int // K, N, rows
+		opt   compile.Options
+		want  []kernel
 	}{
-		{"../specs/models/llama-3.1-8b.yaml", [][3]int{
-			{4096, 4096, 8}, {4096, 4096, 16}, {4096, 4096, 32}, {4096, 4096, 64},
-			{4096, 6144, 8}, {4096, 6144, 16}, {4096, 6144, 32}, {4096, 6144, 64},
-			{14336, 4096, 8}, {14336, 4096, 16}, {14336, 4096, 32}, {14336, 4096, 64},
-		}},
-		{"../specs/models/llama-3.2-1b.yaml", nil},
+		{"../specs/models/llama-3.1-8b.yaml", compile.Options{}, plain8B},
+		{"../specs/models/llama-3.1-8b.yaml", compile.Options{GatedCopyRows: 32}, append(slices.Clone(plain8B), kernel{4096, 28672, 32, "silu_mul"})},
+		{"../specs/models/llama-3.2-1b.yaml", compile.Options{}, nil},
+		{"../specs/models/llama-3.2-1b.yaml", compile.Options{GatedCopyRows: 32}, []kernel{{2048, 16384, 32, "silu_mul"}}},
 	} {
-		b, err := compile.Build(c.model, nil, compile.Options{})
+		b, err := compile.Build(c.model, nil, c.opt)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -34,18 +45,20 @@ func TestCopyGemmKernels(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: %v", c.model, err)
 		}
-		var got [][3]int
+		var got []kernel
 		for kn, ks := range kernels {
 			for _, k := range ks {
-				got = append(got, [3]int{kn[0], kn[1], k.Attrs.Rows})
-				if k.Attrs.Grid*64/k.Attrs.Cluster != kn[1] {
+				got = append(got, kernel{kn.K, kn.N, k.Attrs.Rows, kn.Act})
+				if k.Attrs.Grid*64/k.Attrs.Cluster != kn.N {
 					t.Errorf("%s: %s: attributes %+v", c.model, k.Kernel, k.Attrs)
 				}
 			}
 		}
-		slices.SortFunc(got, func(a, b [3]int) int { return (a[0]-b[0])*1e6 + (a[1]-b[1])*100 + a[2] - b[2] })
+		order := func(a, b kernel) int { return (a.k-b.k)*1e6 + (a.n-b.n)*100 + a.rows - b.rows }
+		slices.SortFunc(got, order)
+		slices.SortFunc(c.want, order)
 		if !reflect.DeepEqual(got, c.want) {
-			t.Errorf("%s: copy-engine GEMMs for (K, N, rows) %v, want %v", c.model, got, c.want)
+			t.Errorf("%s, gated copy rows %d: copy-engine GEMMs %v, want %v", c.model, c.opt.GatedCopyRows, got, c.want)
 		}
 	}
 }

@@ -480,6 +480,8 @@ func TestBuildCopyGemmFlags(t *testing.T) {
 		{m, []string{"--copy-gemm-rows", "x"}, `invalid argument "x" for "--copy-gemm-rows"`},
 		{m, []string{"--gated-tc-rows", "33"}, "--gated-tc-rows: tensor-core gate/up kernels up to 33 rows: want 0 (none) to 32"},
 		{m, []string{"--gated-tc-rows", "-1"}, "--gated-tc-rows: tensor-core gate/up kernels up to -1 rows: want 0 (none) to 32"},
+		{m, []string{"--gated-copy-rows", "257"}, "--gated-copy-rows: gated copy-engine kernels up to 257 rows: want 0 (none) to 256"},
+		{m, []string{"--gated-copy-rows", "-1"}, "--gated-copy-rows: gated copy-engine kernels up to -1 rows: want 0 (none) to 256"},
 	} {
 		bad := filepath.Join(dir, "bad.xmb")
 		_, err := xmixc(t, append([]string{"build", c.model, "-q", "-o", bad}, c.flags...)...)
@@ -530,6 +532,69 @@ func TestBuildGatedTCRows(t *testing.T) {
 		text, err := xmixc(t, "inspect", out)
 		line := fmt.Sprintf("gate/up and its activation in one tensor-core kernel at up to %d rows", c.rows)
 		if err != nil || (c.rows > 0) != strings.Contains(text, line) || c.rows == 0 && strings.Contains(text, "gate/up and its activation") {
+			t.Fatalf("%v: inspect: %v; want %q (%v) in:\n%s", c.flags, err, line, c.rows > 0, text)
+		}
+	}
+}
+
+// TestBuildGatedCopyRows: by default no bucket has a copy-engine kernel for gate/up with its
+// activation; --gated-copy-rows N gives one to each decode bucket of at most N rows whose
+// GEMMs take the warpgroup form (32 rows and more; the 8-row bucket's gate/up is the gated
+// tensor-core kernel), and the build info and inspect's output say so. The templates keep
+// the GEMM node and the SiLU kernel, which a backend without the kernel runs.
+func TestBuildGatedCopyRows(t *testing.T) {
+	dir := t.TempDir()
+	text, err := os.ReadFile(gemmSpec(t, dir, "m.yaml", 512, 4))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := write(t, dir, "m32.yaml", strings.Replace(string(text), "decode_buckets: [1, 8, 16]", "decode_buckets: [1, 8, 16, 32, 64]", 1))
+	for _, c := range []struct {
+		flags   []string
+		rows    int
+		kernels []string
+	}{
+		{nil, 0, nil},
+		{[]string{"--gated-copy-rows", "16"}, 16, nil},
+		{[]string{"--gated-copy-rows", "32"}, 32, []string{"gemm_copy_k512_n2048_r32_silu_mul"}},
+		{[]string{"--gated-copy-rows", "64"}, 64, []string{"gemm_copy_k512_n2048_r32_silu_mul", "gemm_copy_k512_n2048_r64_silu_mul"}},
+	} {
+		out := filepath.Join(dir, "g.xmb")
+		b := buildBundle(t, m, out, c.flags)
+		if b.Manifest.Build.GatedCopyRows != c.rows {
+			t.Fatalf("%v: build info gated_copy_rows %d, want %d", c.flags, b.Manifest.Build.GatedCopyRows, c.rows)
+		}
+		kernels, err := bundle.GemmCopyKernels(b.Kernels)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var names []string
+		for shape, ks := range kernels {
+			for _, k := range ks {
+				if shape.Act != "" {
+					names = append(names, k.Kernel)
+				}
+			}
+		}
+		slices.Sort(names)
+		if !slices.Equal(names, c.kernels) {
+			t.Fatalf("%v: gated copy-engine kernels %v, want %v", c.flags, names, c.kernels)
+		}
+		for _, tm := range b.Templates {
+			if tm.Name != "decode_b32" {
+				continue
+			}
+			silu := 0
+			for _, n := range tm.Nodes {
+				silu += strings.Count(n.Kernel, "silu_mul")
+			}
+			if silu != 2 {
+				t.Fatalf("%v: %s: %d SiLU kernels, want one a layer", c.flags, tm.Name, silu)
+			}
+		}
+		text, err := xmixc(t, "inspect", out)
+		line := fmt.Sprintf("gate/up and its activation in one warpgroup copy-engine kernel at up to %d rows", c.rows)
+		if err != nil || (c.rows > 0) != strings.Contains(text, line) {
 			t.Fatalf("%v: inspect: %v; want %q (%v) in:\n%s", c.flags, err, line, c.rows > 0, text)
 		}
 	}

@@ -530,17 +530,9 @@ func (be *Backend) prepare(n bundle.Node, variants uint32) (launch, error) {
 	if !ok {
 		return launch{}, fmt.Errorf("unknown kernel %s", n.Kernel)
 	}
-	vals := make([]uint64, len(n.Args))
-	for i, s := range n.Args {
-		if s.Buffer == "" {
-			vals[i] = s.Const
-			continue
-		}
-		base, ok := be.bufs[s.Buffer]
-		if !ok {
-			return launch{}, fmt.Errorf("unknown buffer %s", s.Buffer)
-		}
-		vals[i] = uint64(base) + uint64(s.Offset)
+	vals, err := be.argValues(n)
+	if err != nil {
+		return launch{}, err
 	}
 	if be.copy != nil && ltMayServe(n, variants) {
 		l, ok, err := be.copyNode(n, vals)
@@ -572,6 +564,24 @@ func (be *Backend) prepare(n bundle.Node, variants uint32) (launch, error) {
 	}
 	return launch{label: n.Label, kernel: n.Kernel, f: f, grid: n.Grid, block: n.Block, shared: n.Shared,
 		params: be.keepParams(vals), skipUnless: n.SkipUnless, early: be.kernels[n.Kernel].EarlyLaunch}, nil
+}
+
+// argValues are node n's arguments: device addresses of its buffers (plus offsets) and its
+// constants.
+func (be *Backend) argValues(n bundle.Node) ([]uint64, error) {
+	vals := make([]uint64, len(n.Args))
+	for i, s := range n.Args {
+		if s.Buffer == "" {
+			vals[i] = s.Const
+			continue
+		}
+		base, ok := be.bufs[s.Buffer]
+		if !ok {
+			return nil, fmt.Errorf("unknown buffer %s", s.Buffer)
+		}
+		vals[i] = uint64(base) + uint64(s.Offset)
+	}
+	return vals, nil
 }
 
 // keepParams holds a launch's parameter values and the pointer array cuLaunchKernel takes for

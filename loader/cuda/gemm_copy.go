@@ -14,7 +14,7 @@ import (
 
 // copyServer holds the bundle's copy-engine GEMMs and what serving them needs.
 type copyServer struct {
-	kernels map[[2]int][]bundle.GemmCopy
+	kernels map[bundle.GemmCopyShape][]bundle.GemmCopy
 	checked map[string]bool           // kernels whose shared-memory limit is raised and whose first launch ran
 	maps    map[copyMapKey]*tensorMap // encoded tensor maps by buffer and shape
 	served  map[copyLaunchKey]*launch // one launch per node shape and buffers, as cuBLASLt's
@@ -33,6 +33,7 @@ type copyMapKey struct {
 type copyLaunchKey struct {
 	g       bundle.GEMM
 	x, w, y uintptr
+	act     string
 }
 
 // initCopyGemms indexes the bundle's copy-engine GEMMs; mode GemmAuto only serves with them.
@@ -57,11 +58,52 @@ func (be *Backend) copyNode(n bundle.Node, vals []uint64) (*launch, bool, error)
 	if err != nil || !ok || g.Guard != 0 || g.M < 1 {
 		return nil, false, nil
 	}
-	c, ok := bundle.GemmCopyFor(be.copy.kernels[[2]int{g.K, g.N}], g.M)
+	c, ok := bundle.GemmCopyFor(be.copy.kernels[bundle.GemmCopyShape{K: g.K, N: g.N}], g.M)
 	if !ok {
 		return nil, false, nil
 	}
-	key := copyLaunchKey{g: g, x: uintptr(vals[g.X]), w: uintptr(vals[g.W]), y: uintptr(vals[g.Y])}
+	return be.copyLaunch(n, g, c, vals, uintptr(vals[g.Y]))
+}
+
+// gatedCopyPair serves nodes[i] and nodes[i+1], a GEMM and the gated activation of its y
+// (bundle.GatedPairAt), with one launch of the bundle's copy-engine GEMM with that
+// activation, writing the activation's output; ok is false where the bundle has none for
+// them (or copyLaunch says no), and both nodes are then served one by one.
+func (be *Backend) gatedCopyPair(nodes []bundle.Node, i int) (launch, bool, error) {
+	if be.copy == nil {
+		return launch{}, false, nil
+	}
+	g, act, ok, err := bundle.GatedPairAt(nodes, i, func(name string) bundle.Kernel { return be.kernels[name] })
+	if err != nil || !ok || g.M < 1 {
+		return launch{}, false, err
+	}
+	c, ok := bundle.GemmCopyFor(be.copy.kernels[bundle.GemmCopyShape{K: g.K, N: g.N, Act: act.Op}], g.M)
+	if !ok {
+		return launch{}, false, nil
+	}
+	vals, err := be.argValues(nodes[i])
+	if err != nil {
+		return launch{}, false, err
+	}
+	y, err := be.argValues(nodes[i+1])
+	if err != nil {
+		return launch{}, false, err
+	}
+	l, ok, err := be.copyLaunch(nodes[i], g, c, vals, uintptr(y[1]))
+	if err != nil || !ok {
+		return launch{}, false, err
+	}
+	served := *l
+	served.label = nodes[i].Label
+	return served, true, nil
+}
+
+// copyLaunch is the launch of copy-engine GEMM c for GEMM g of node n (vals: its arguments'
+// values) writing y (the GEMM's y, or with an activation the activation's output), made once
+// per shape and buffers; ok is false where x or W is not 16-byte aligned or, for a kernel
+// that reads bf16(x), no cuBLASLt cast and scratch can make it.
+func (be *Backend) copyLaunch(n bundle.Node, g bundle.GEMM, c bundle.GemmCopy, vals []uint64, y uintptr) (*launch, bool, error) {
+	key := copyLaunchKey{g: g, x: uintptr(vals[g.X]), w: uintptr(vals[g.W]), y: y, act: c.Attrs.Act}
 	if l, ok := be.copy.served[key]; ok {
 		return l, true, nil
 	}

@@ -87,9 +87,17 @@ func (be *Backend) variant(t int) int {
 // prepareAll prepares a node list's launches (variants as prepare takes it).
 func (be *Backend) prepareAll(nodes []bundle.Node, variants uint32) ([]launch, error) {
 	var all []launch
-	for _, n := range nodes {
+	for i := 0; i < len(nodes); i++ {
+		n := nodes[i]
 		if n.Collective != nil {
 			return nil, fmt.Errorf("node %s: tensor-parallel collectives need NCCL, which the CUDA backend does not drive yet (run this bundle with --backend cpu, or build it without --tp)", n.Label)
+		}
+		if l, ok, err := be.gatedCopyPair(nodes, i); err != nil {
+			return nil, fmt.Errorf("node %s: %w", n.Label, err)
+		} else if ok {
+			all = append(all, l)
+			i++ // the activation node after it is served by the same launch
+			continue
 		}
 		l, err := be.prepare(n, variants)
 		if err != nil {

@@ -460,6 +460,30 @@ func TestCUDAGatedTCMatchesCPU(t *testing.T) {
 	}
 }
 
+// TestCUDAGatedCopyMatchesCPU: the warpgroup copy-engine kernel with the activation in its
+// epilogue (xmixc build --gated-copy-rows) serving each layer's gate/up GEMM and SiLU kernel
+// as one launch, in buckets of 32 and 64 rows of a 2-layer cut of Llama-3.1-8B under --gemm
+// auto, every request teacher-forced to the CPU's tokens: 8 launches of the copy-engine
+// kernels (o, q/k/v and down of 2 layers, and the 2 pairs; a 64-row bucket's prefill chunk
+// has the same shapes and buffers, so the same launches serve it). A subtest per bucket
+// (-run 'TestCUDAGatedCopyMatchesCPU/r32').
+func TestCUDAGatedCopyMatchesCPU(t *testing.T) {
+	needGPU(t)
+	served := 0
+	nb := copyGemmBackend(&served)
+	for _, c := range []struct{ bucket, requests, steps int }{{32, 27, 3}, {64, 50, 2}} {
+		t.Run(fmt.Sprintf("r%d", c.bucket), func(t *testing.T) {
+			cut := specCut(t, "llama-3.1-8b", fmt.Sprintf("serving: {decode_buckets: [%d], prefill_chunks: [64], max_seq_len: 256, max_seqs: %d, kv_block_size: 16}\n", c.bucket, c.bucket))
+			b := testsuite.CompileWith(t, compile.Options{GatedCopyRows: c.bucket}, cut)
+			prompts := sixTokenPrompts(c.requests)
+			agreementRows(t, nb, fmt.Sprintf("llama-3.1-8b-2layers-gated-copy-r%d", c.bucket), b, prompts, c.steps)
+			if served != 8 {
+				t.Errorf("%d-row bucket: %d launches of the copy-engine kernels, want o, q/k/v, down and gate/up with SiLU of 2 layers", c.bucket, served)
+			}
+		})
+	}
+}
+
 // sixTokenPrompts are n different prompts of six tokens each, for requests that stay live in
 // every decode step together.
 func sixTokenPrompts(n int) [][]int {
