@@ -219,6 +219,8 @@ type GemmCopyAttrs struct {
 	// up's, each CTA asks for a box of Box[1] gate rows and the same rows of up, and y is
 	// the activation, act(gate) * up, [M, N/2]; the GEMM's own y is never written.
 	Act string `json:"act,omitempty"`
+	// Tiles: each CTA takes this many column tiles one after another (0: one).
+	Tiles int `json:"tiles,omitempty"`
 }
 
 // GemmCopyShape is what a copy-engine GEMM serves: a GEMM node of K and N, and with Act the
@@ -241,8 +243,8 @@ func GemmCopyKernels(kernels []Kernel) (map[GemmCopyShape][]GemmCopy, error) {
 			return nil, fmt.Errorf("kernel %s: copy-engine GEMM attributes %s: %w", k.Name, k.Attrs, err)
 		}
 		if a.K <= 0 || a.N <= 0 || a.Rows <= 0 || a.Box[0] <= 0 || a.Box[1] <= 0 || a.XBox[0] <= 0 || a.XBox[1] < a.Rows || a.Grid <= 0 || a.Cluster <= 0 ||
-			a.Grid%a.Cluster != 0 || a.Block <= 0 || a.Block > 1024 || a.Shared < 0 || a.Shared > MaxDynamicShared {
-			return nil, fmt.Errorf("kernel %s: copy-engine GEMM attributes %s: want positive k, n, rows, box, x_box (of at least rows rows), grid (a multiple of cluster), block (at most 1024) and shared (at most %d)", k.Name, k.Attrs, MaxDynamicShared)
+			a.Grid%a.Cluster != 0 || a.Block <= 0 || a.Block > 1024 || a.Shared < 0 || a.Shared > MaxDynamicShared || a.Tiles < 0 {
+			return nil, fmt.Errorf("kernel %s: copy-engine GEMM attributes %s: want positive k, n, rows, box, x_box (of at least rows rows), grid (a multiple of cluster), block (at most 1024), shared (at most %d) and tiles not negative", k.Name, k.Attrs, MaxDynamicShared)
 		}
 		if a.Swizzle != 0 && (a.Swizzle != 128 || 2*a.Box[0] != a.Swizzle) {
 			return nil, fmt.Errorf("kernel %s: copy-engine GEMM attributes %s: swizzle %d over box rows of %d bytes: want 0, or 128 over rows of 128 bytes", k.Name, k.Attrs, a.Swizzle, 2*a.Box[0])

@@ -38,6 +38,7 @@ func TestGemmCopyKernels(t *testing.T) {
 		{"bad JSON", []Kernel{kern("a", `{"k":`, params)}, "kernel a: copy-engine GEMM attributes"},
 		{"grid not a multiple of the cluster", []Kernel{kern("a", strings.Replace(good, `"grid":128`, `"grid":127`, 1), params)}, "a multiple of cluster"},
 		{"too much shared memory", []Kernel{kern("a", strings.Replace(good, `"shared":166528`, `"shared":300000`, 1), params)}, "shared (at most"},
+		{"negative tiles", []Kernel{kern("a", strings.Replace(good, `"shared":166528`, `"shared":166528,"tiles":-1`, 1), params)}, "tiles not negative"},
 		{"zero rows", []Kernel{kern("a", strings.Replace(good, `"rows":8`, `"rows":0`, 1), params)}, "want positive"},
 		{"swizzle of 64 bytes", []Kernel{kern("a", strings.Replace(good, `"swizzle":128`, `"swizzle":64`, 1), params)}, "swizzle 64 over box rows of 128 bytes"},
 		{"swizzled rows too long", []Kernel{kern("a", strings.Replace(good, `"box":[64,64]`, `"box":[256,64]`, 1), params)}, "swizzle 128 over box rows of 512 bytes"},

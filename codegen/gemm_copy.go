@@ -64,6 +64,7 @@ const (
 	gcMaxCluster = 8           // CTAs of a cluster every sm_90 GPU can launch (the portable size)
 	gcPolls      = 1 << 22     // mbarrier polls before a stage that never lands traps
 	gcEntry      = 16          // one lane's sums of one column tile and row tile: 4 f32
+	gcSMs        = 132         // an H200's SMs (and an H100 SXM's): the CTAs of one wave, one an SM
 	wgMaxN       = 256         // the most columns (token rows) of one wgmma
 	wgMaxSplit   = 4           // the most CTAs the warpgroup form splits K over
 	wgThreads    = 128         // the warpgroup form's CTA: one warpgroup
@@ -149,9 +150,15 @@ func gcLayoutOf(rows int) *gcLayout {
 // the warpgroup form, is a gated activation's op (bundle.GatedActOps): the kernel serves the
 // gate/up GEMM and that activation as one launch (wgStoreGated), each CTA's 64 W rows being
 // gcCols/2 of gate and the same of up.
+//
+// Tiles (with Act, K not split) is the column tiles a CTA takes one after another through
+// one ring, the next tile's first stages on their way while the last ones of the tile before
+// are multiplied and its activation stored: gate/up has 448 tiles on the 8B, 3.4 waves of
+// one CTA an SM, and a CTA that ends leaves its SM without W in flight until the next one's
+// first stages land.
 type GemmCopyConfig struct {
-	K, N, Rows, Split, Stages, Share int
-	Act                              string
+	K, N, Rows, Split, Stages, Share, Tiles int
+	Act                                     string
 }
 
 // layout is the config's layout, the zero one if Rows has none.
@@ -171,15 +178,17 @@ func (c GemmCopyConfig) warpgroup() bool { return c.layout().Warpgroup }
 // stageK is the K of one stage.
 func (c GemmCopyConfig) stageK() int { return cmp.Or(c.layout().StageK, gcStage) }
 
-func (c GemmCopyConfig) parts() int     { return gcWarps / c.groups() }            // K parts of a stage
-func (c GemmCopyConfig) colTiles() int  { return gcCols / gcColTile / c.groups() } // a warp's
-func (c GemmCopyConfig) rowTiles() int  { return c.Rows / gcTile }
-func (c GemmCopyConfig) chunks() int    { return gcStage / c.parts() / gcChunk } // a warp's, a stage
-func (c GemmCopyConfig) entries() int   { return gcCols / gcColTile * c.rowTiles() * 32 }
-func (c GemmCopyConfig) wBytes() int    { return gcCols * 2 * c.stageK() } // one stage's W
-func (c GemmCopyConfig) kStages() int   { return c.K / c.Split / c.stageK() }
-func (c GemmCopyConfig) recvBytes() int { return (c.Split - 1) * c.partBytes() }
-func (c GemmCopyConfig) shares() int    { return max(c.Share, 1) }
+func (c GemmCopyConfig) parts() int      { return gcWarps / c.groups() }            // K parts of a stage
+func (c GemmCopyConfig) colTiles() int   { return gcCols / gcColTile / c.groups() } // a warp's
+func (c GemmCopyConfig) rowTiles() int   { return c.Rows / gcTile }
+func (c GemmCopyConfig) chunks() int     { return gcStage / c.parts() / gcChunk } // a warp's, a stage
+func (c GemmCopyConfig) entries() int    { return gcCols / gcColTile * c.rowTiles() * 32 }
+func (c GemmCopyConfig) wBytes() int     { return gcCols * 2 * c.stageK() } // one stage's W
+func (c GemmCopyConfig) kStages() int    { return c.K / c.Split / c.stageK() }
+func (c GemmCopyConfig) tiles() int      { return max(c.Tiles, 1) }
+func (c GemmCopyConfig) ringStages() int { return c.kStages() * c.tiles() } // a CTA's, all its tiles'
+func (c GemmCopyConfig) recvBytes() int  { return (c.Split - 1) * c.partBytes() }
+func (c GemmCopyConfig) shares() int     { return max(c.Share, 1) }
 
 // yCols is a CTA's output columns: its W rows, or with Act half of them (act(gate) * up).
 func (c GemmCopyConfig) yCols() int {
@@ -199,6 +208,15 @@ func (c GemmCopyConfig) threads() int {
 		return wgThreads
 	}
 	return 32 * gcWarps
+}
+
+// xchgBytes is, with Act, where the up sums pass to the gate's warps (wgStoreGated): past the
+// ring, which holds the next tile's stages meanwhile.
+func (c GemmCopyConfig) xchgBytes() int {
+	if c.Act == "" {
+		return 0
+	}
+	return wgThreads / 2 * c.Rows / 2 * 4
 }
 
 // xBytes is one stage's x: f32 in the mma.sync form, bf16 in the warpgroup form.
@@ -227,7 +245,7 @@ func (c GemmCopyConfig) slotBytes() int {
 // form the ring itself, free once every rank's loop has ended, or more where it is smaller).
 func (c GemmCopyConfig) shared() int {
 	if c.warpgroup() {
-		return gcAlign + max(c.Stages*c.slotBytes(), c.recvBytes())
+		return gcAlign + max(c.Stages*c.slotBytes(), c.recvBytes()) + c.xchgBytes()
 	}
 	return gcAlign + c.Stages*c.slotBytes() + c.recvBytes()
 }
@@ -295,6 +313,18 @@ func GatedCopyFor(k, n, rows, slots int, act string) (GemmCopyConfig, error) {
 		return GemmCopyConfig{}, fmt.Errorf("copy-engine GEMM with an activation: %d rows, want rows of the warpgroup form", rows)
 	}
 	c.Act = act
+	if tiles := n / gcCols; c.Split == 1 && c.Share <= 1 && tiles > gcSMs {
+		// The fewest tiles a CTA that fill no more than the SMs, in CTAs of as many each.
+		c.Tiles = (tiles + gcSMs - 1) / gcSMs
+		for tiles%c.Tiles != 0 {
+			c.Tiles++
+		}
+		// A ring's slots may hold the next tile's stages too.
+		c.Stages = min(c.ringStages(), cmp.Or(max(slots, 0), gcStages), (bundle.MaxDynamicShared-gcAlign-c.xchgBytes())/c.slotBytes())
+	}
+	if c.shared() > bundle.MaxDynamicShared {
+		return GemmCopyConfig{}, fmt.Errorf("copy-engine GEMM with an activation: K=%d N=%d at %d rows: %d bytes of shared memory, more than %d", k, n, rows, c.shared(), bundle.MaxDynamicShared)
+	}
 	return c, nil
 }
 
@@ -338,12 +368,15 @@ func CopyGemmLayoutRows() []int {
 // library cast's bf16, in boxes of gcBoxK under the swizzle, as W.
 func (c GemmCopyConfig) Attrs() bundle.GemmCopyAttrs {
 	a := bundle.GemmCopyAttrs{K: c.K, N: c.N, Rows: c.Rows, Box: [2]int{gcBoxK, gcCols}, Swizzle: gcSwizzle, XBox: [2]int{gcStage, c.Rows},
-		Grid: c.N / gcCols * c.Split, Cluster: c.cluster(), Block: c.threads(), Shared: c.shared()}
+		Grid: c.N / gcCols * c.Split / c.tiles(), Cluster: c.cluster(), Block: c.threads(), Shared: c.shared()}
 	if c.warpgroup() {
 		a.XBox, a.XBF16, a.XSwizzle = [2]int{gcBoxK, c.Rows}, true, gcSwizzle
 	}
 	if c.Act != "" {
 		a.Box[1], a.Act = c.yCols(), c.Act
+	}
+	if c.Tiles > 1 {
+		a.Tiles = c.Tiles
 	}
 	return a
 }
@@ -482,10 +515,11 @@ func (g *gen) gatedCopyGemms(templates []bundle.Template) error {
 func GemmCopy(name string, c GemmCopyConfig) (*Kernel, error) {
 	wg := c.warpgroup()
 	if c.layout().Rows == 0 || c.Split < 1 || c.Split > wgMaxSplit || c.K%(c.Split*c.stageK()) != 0 || c.N%gcCols != 0 || c.Stages < 1 ||
-		c.Stages > c.kStages() || c.Stages > gcBars/8 || c.shared() > bundle.MaxDynamicShared ||
+		c.Stages > c.ringStages() || c.Stages > gcBars/8 || c.shared() > bundle.MaxDynamicShared ||
 		!wg && c.Stages*c.slotBytes() < c.parts()*c.partBytes() ||
 		c.Share > 1 && (!wg || c.Split > 1 || c.N/gcCols%c.Share != 0 || c.stageK()/gcBoxK%c.Share != 0 || 2*c.Stages > gcBars/8 || c.cluster() > gcMaxCluster) ||
-		c.Act != "" && (!wg || c.Share > 1 || !slices.Contains(bundle.GatedActOps, c.Act)) {
+		c.Act != "" && (!wg || c.Share > 1 || !slices.Contains(bundle.GatedActOps, c.Act)) ||
+		c.Tiles > 1 && (c.Act == "" || c.Split > 1 || c.N/gcCols%c.Tiles != 0) {
 		return nil, fmt.Errorf("copy-engine GEMM %s: bad configuration %+v (use GemmCopyFor or GatedCopyFor)", name, c)
 	}
 	g := gcGen{emitter: newEmitter(name), c: c}
@@ -552,6 +586,9 @@ func (g *gcGen) emit() {
 	case c.Split > 1:
 		g.Emit("mov.u32", g.rank, ptx.ClusterCtaRank)
 		g.Emit("div.u32", tile, tile, ptx.Imm(int64(c.Split)))
+	}
+	if c.tiles() > 1 {
+		g.Emit("mul.lo.u32", tile, tile, ptx.Imm(int64(c.tiles())))
 	}
 	g.col0 = g.op3("mul.lo.u32", ptx.U32, tile, ptx.Imm(int64(c.yCols())))
 	g.k0 = g.op3("mul.lo.u32", ptx.U32, g.rank, ptx.Imm(int64(c.K/c.Split)))
@@ -651,9 +688,9 @@ func (g *gcGen) askW(stage ptx.Reg, slot ptx.Operand) {
 	dst := g.slotAddr(g.slot0, slot)
 	// With Act, a box of gate's rows and one of up's (N/2 rows on) stacked: under the swizzle,
 	// whose pattern repeats every 8 rows, the same layout as one box of both.
-	rows := []ptx.Reg{g.col0}
+	rows := []ptx.Reg{g.tileCol(stage)}
 	if c.Act != "" {
-		rows = append(rows, g.op3("add.u32", ptx.U32, g.col0, ptx.Imm(int64(c.N/2))))
+		rows = append(rows, g.op3("add.u32", ptx.U32, rows[0], ptx.Imm(int64(c.N/2))))
 	}
 	for b := range c.stageK() / gcBoxK {
 		kb := g.op3("add.u32", ptx.U32, kc, ptx.Imm(int64(b*gcBoxK)))
@@ -708,9 +745,23 @@ func (g *gcGen) askSharedX(kc, dst, bar ptx.Reg) {
 
 // firstK is the first K of a stage of the CTA's.
 func (g *gcGen) firstK(stage ptx.Reg) ptx.Reg {
+	if g.c.tiles() > 1 {
+		stage = g.op3("rem.u32", ptx.U32, stage, ptx.Imm(int64(g.c.kStages())))
+	}
 	kc := g.Reg(ptx.U32)
 	g.Emit("mad.lo.u32", kc, stage, ptx.Imm(int64(g.c.stageK())), g.k0)
 	return kc
+}
+
+// tileCol is the first output column of the tile a stage of the CTA's belongs to: col0, or
+// with Tiles that of tile stage / kStages of the CTA's.
+func (g *gcGen) tileCol(stage ptx.Reg) ptx.Reg {
+	if g.c.tiles() == 1 {
+		return g.col0
+	}
+	col := g.op3("div.u32", ptx.U32, stage, ptx.Imm(int64(g.c.kStages())))
+	g.Emit("mad.lo.u32", col, col, ptx.Imm(int64(g.c.yCols())), g.col0)
+	return col
 }
 
 // mainLoop multiplies the CTA's stages in order, slot by slot, refilling each slot with the
@@ -792,21 +843,27 @@ func (g *gcGen) mainLoop() {
 // refills it with the stage Stages ahead (with a shared x the producer warp does, freeSlot);
 // then the loop advances.
 func (g *gcGen) nextStage(stage, slot, phase ptx.Reg, top string) {
-	c := g.c
-	if c.shares() > 1 {
+	if g.c.shares() > 1 {
 		g.freeSlot(stage, slot)
 	} else {
-		g.Emit("bar.sync", ptx.Imm(0))
-		next := g.op3("add.u32", ptx.U32, stage, ptx.Imm(int64(c.Stages)))
-		more := g.cmp("lt", ptx.U32, next, ptx.Imm(int64(c.kStages())))
-		g.when(more, false, func() {
-			g.when(g.thread0, false, func() {
-				g.askW(next, slot)
-				g.askX(next, slot)
-			})
-		})
+		g.refill(stage, slot)
 	}
 	g.advance(stage, slot, phase, top)
+}
+
+// refill: once every thread is past slot (stage's), thread 0 asks for the stage Stages ahead
+// into it, if the CTA has one.
+func (g *gcGen) refill(stage, slot ptx.Reg) {
+	c := g.c
+	g.Emit("bar.sync", ptx.Imm(0))
+	next := g.op3("add.u32", ptx.U32, stage, ptx.Imm(int64(c.Stages)))
+	more := g.cmp("lt", ptx.U32, next, ptx.Imm(int64(c.ringStages())))
+	g.when(more, false, func() {
+		g.when(g.thread0, false, func() {
+			g.askW(next, slot)
+			g.askX(next, slot)
+		})
+	})
 }
 
 // advance ends a stage of a loop over the ring: the slot (and its phase at a wrap) and the
@@ -818,7 +875,7 @@ func (g *gcGen) advance(stage, slot, phase ptx.Reg, top string) {
 	g.EmitIf(wrap, false, "mov.u32", slot, ptx.Imm(0))
 	g.EmitIf(wrap, false, "xor.b32", phase, phase, ptx.Imm(1))
 	g.Emit("add.u32", stage, stage, ptx.Imm(1))
-	g.EmitIf(g.cmp("lt", ptx.U32, stage, ptx.Imm(int64(c.kStages()))), false, "bra", ptx.Sym(top))
+	g.EmitIf(g.cmp("lt", ptx.U32, stage, ptx.Imm(int64(c.ringStages()))), false, "bra", ptx.Sym(top))
 }
 
 // freeSlot ends stage s (slot slot) of a warpgroup sharing x: once its four warps are past
@@ -832,7 +889,7 @@ func (g *gcGen) freeSlot(stage, slot ptx.Reg) {
 	c := g.c
 	g.Emit("bar.sync", ptx.Imm(1), ptx.Imm(wgThreads))
 	next := g.op3("add.u32", ptx.U32, stage, ptx.Imm(int64(c.Stages)))
-	more := g.cmp("lt", ptx.U32, next, ptx.Imm(int64(c.kStages())))
+	more := g.cmp("lt", ptx.U32, next, ptx.Imm(int64(c.ringStages())))
 	g.Emit("and.pred", more, more, g.thread0)
 	g.when(more, false, func() {
 		free := g.freeAddr(slot)
@@ -850,7 +907,7 @@ func (g *gcGen) freeSlot(stage, slot ptx.Reg) {
 func (g *gcGen) produce() {
 	c := g.c
 	g.when(g.asker, false, func() {
-		if c.Stages >= c.kStages() {
+		if c.Stages >= c.ringStages() {
 			return
 		}
 		stage, slot, phase := g.imm32(int64(c.Stages)), g.imm32(0), g.imm32(0)

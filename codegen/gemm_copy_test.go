@@ -85,10 +85,14 @@ func TestGemmCopyMatchesReference(t *testing.T) {
 		// The gate/up GEMM with its activation: gate's 32 rows and up's in each CTA's W.
 		{GemmCopyConfig{K: 1024, N: 256, Rows: 32, Split: 1, Stages: 3, Act: "silu_mul"}, []int{1, 17, 32}}, // four CTAs, refills
 		{GemmCopyConfig{K: 512, N: 128, Rows: 64, Split: 2, Stages: 1, Act: "gelu_tanh_mul"}, []int{5, 64}}, // the ranks' sums first
+		// Several tiles a CTA through one ring: a tile's last stages beside the next one's first.
+		{GemmCopyConfig{K: 512, N: 256, Rows: 32, Split: 1, Stages: 3, Tiles: 2, Act: "silu_mul"}, []int{3, 32}},    // two CTAs of two tiles
+		{GemmCopyConfig{K: 1024, N: 256, Rows: 64, Split: 1, Stages: 2, Tiles: 4, Act: "gelu_tanh_mul"}, []int{64}}, // one CTA of four tiles
+		{GemmCopyConfig{K: 256, N: 384, Rows: 32, Split: 1, Stages: 2, Tiles: 3, Act: "silu_mul"}, []int{32}},       // a stage a tile
 	} {
 		for _, rows := range c.rows {
 			cfg := c.GemmCopyConfig
-			t.Run(fmt.Sprintf("k%d_n%d_r%d_split%d_stages%d_share%d_%srows%d", cfg.K, cfg.N, cfg.Rows, cfg.Split, cfg.Stages, cfg.Share, cfg.Act, rows), func(t *testing.T) {
+			t.Run(fmt.Sprintf("k%d_n%d_r%d_split%d_stages%d_share%d_tiles%d_%srows%d", cfg.K, cfg.N, cfg.Rows, cfg.Split, cfg.Stages, cfg.Share, cfg.Tiles, cfg.Act, rows), func(t *testing.T) {
 				k := must(t)(GemmCopy("gemm_copy_test", cfg))
 				got, want := runGemmCopy(t, k, cfg, rows, uint64(rows))
 				if e := relL2(got, want); !(e <= 1e-5) {
@@ -160,6 +164,43 @@ func TestGemmCopyFor(t *testing.T) {
 	for n, ok := range map[int]bool{-1: false, 0: true, 1: true, gcMaxStages: true, gcMaxStages + 1: false} {
 		if err := CheckCopyGemmSlots(n); (err == nil) != ok {
 			t.Errorf("CheckCopyGemmSlots(%d): %v", n, err)
+		}
+	}
+}
+
+// TestGatedCopyFor: the gated kernel takes the warpgroup form, several tiles a CTA where the
+// tiles are more than the SMs (the 8B's gate/up: 448 tiles, 4 each in 112 CTAs; the 1B's: 256,
+// 2 each), one where they are fewer, and refuses an unknown activation or mma.sync rows.
+func TestGatedCopyFor(t *testing.T) {
+	for _, c := range []struct {
+		k, n, rows, tiles, grid, stages int
+	}{
+		{4096, 28672, 32, 4, 112, 3},
+		{4096, 28672, 64, 4, 112, 3},
+		{2048, 16384, 32, 2, 128, 3},
+		{4096, 8192, 32, 0, 128, 3},
+	} {
+		got, err := GatedCopyFor(c.k, c.n, c.rows, 0, "silu_mul")
+		if err != nil {
+			t.Fatalf("%d x %d at %d rows: %v", c.k, c.n, c.rows, err)
+		}
+		if a := got.Attrs(); got.Tiles != c.tiles || a.Grid != c.grid || got.Stages != c.stages || a.Act != "silu_mul" || a.Box != [2]int{gcBoxK, gcCols / 2} {
+			t.Errorf("%d x %d at %d rows: %+v, grid %d; want %d tiles a CTA, grid %d, %d slots", c.k, c.n, c.rows, got, a.Grid, c.tiles, c.grid, c.stages)
+		}
+		if _, err := GemmCopy("gated", got); err != nil {
+			t.Errorf("%d x %d at %d rows: %v", c.k, c.n, c.rows, err)
+		}
+	}
+	for _, c := range []struct {
+		rows int
+		act  string
+		want string
+	}{
+		{32, "relu", `an activation: "relu", want one of [silu_mul gelu_tanh_mul]`},
+		{16, "silu_mul", "16 rows, want rows of the warpgroup form"},
+	} {
+		if _, err := GatedCopyFor(4096, 28672, c.rows, 0, c.act); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%d rows, %s: %v, want %q", c.rows, c.act, err, c.want)
 		}
 	}
 }

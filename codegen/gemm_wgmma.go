@@ -82,7 +82,23 @@ func (g *gcGen) wgMainLoop() {
 	g.Emit("wgmma.commit_group.sync.aligned")
 	// The slot is refilled once the MMAs have read it.
 	g.Emit("wgmma.wait_group.sync.aligned", ptx.Imm(0))
-	g.nextStage(stage, slot, phase, top)
+	if c.tiles() == 1 {
+		g.nextStage(stage, slot, phase, top)
+		return
+	}
+	// Several tiles a CTA: the slot is refilled (perhaps with the next tile's stage), and at
+	// a tile's last stage its activation is stored and the sums start again.
+	g.refill(stage, slot)
+	last := g.op3("rem.u32", ptx.U32, stage, ptx.Imm(int64(c.kStages())))
+	more := g.cmp("ne", ptx.U32, last, ptx.Imm(int64(c.kStages()-1)))
+	next := g.NewLabel("tile_on")
+	g.EmitIf(more, false, "bra", ptx.Sym(next))
+	g.wgStoreGated(acc, g.tileCol(stage))
+	for _, a := range acc {
+		g.Emit("mov.f32", a, ptx.F32Imm(0))
+	}
+	g.Label(next)
+	g.advance(stage, slot, phase, top)
 }
 
 // wgmmaOp is the warpgroup MMA of rows token rows: D[64 x rows] += W[64 x 16] . x[rows x 16]^T,
@@ -123,20 +139,22 @@ func (g *gcGen) wgReduce() {
 			}
 		}
 	}
-	if c.Act != "" {
-		g.wgStoreGated(acc)
-		return
+	switch {
+	case c.tiles() > 1: // each tile's activation is stored in the main loop
+	case c.Act != "":
+		g.wgStoreGated(acc, g.col0)
+	default:
+		g.wgStore(acc, c.N, g.col0)
 	}
-	g.wgStore(acc, c.N)
 }
 
 // wgStore stores a warpgroup's sums acc into y, [rows, width]: register i of thread (warp,
 // g, t) at column col0 + 16*warp + g (+8), token 2t (+1) + 8*(i/4).
-func (g *gcGen) wgStore(acc []ptx.Reg, width int) {
+func (g *gcGen) wgStore(acc []ptx.Reg, width int, col0 ptx.Reg) {
 	col := g.op3("shr.u32", ptx.U32, g.tid, ptx.Imm(5))
 	g.Emit("mul.lo.u32", col, col, ptx.Imm(16))
 	g.Emit("add.u32", col, col, g.gg)
-	g.Emit("add.u32", col, col, g.col0)
+	g.Emit("add.u32", col, col, col0)
 	tok := g.op3("shl.b32", ptx.U32, g.t, ptx.Imm(1))
 	for i, v := range acc {
 		row := g.op3("add.u32", ptx.U32, tok, ptx.Imm(int64(8*(i/4)+i%2)))
@@ -148,12 +166,13 @@ func (g *gcGen) wgStore(acc []ptx.Reg, width int) {
 	}
 }
 
-// wgStoreGated stores act(gate) * up (Act) into y, [rows, N/2]. Warps 0-1 hold gate's 32
-// columns of the CTA and warps 2-3 up's same columns, register for register: thread 64+j's
-// register i is the up of thread j's. Warps 2-3 pass theirs through the ring (free once
-// every stage is read and, with a split, the ranks' sums are added), then exit; warps 0-1
-// store as wgStore does.
-func (g *gcGen) wgStoreGated(acc []ptx.Reg) {
+// wgStoreGated stores act(gate) * up (Act) of the tile at column col0 into y, [rows, N/2].
+// Warps 0-1 hold gate's 32 columns of the tile and warps 2-3 up's same columns, register for
+// register: thread 64+j's register i is the up of thread j's. Warps 2-3 pass theirs through
+// shared memory past the ring (xchgBytes; the barrier ahead keeps them from overwriting
+// the tile before's while it is read); warps 0-1 store as wgStore does. With one tile a CTA
+// warps 2-3 then exit.
+func (g *gcGen) wgStoreGated(acc []ptx.Reg, col0 ptx.Reg) {
 	c := g.c
 	half := wgThreads / 2
 	g.Emit("bar.sync", ptx.Imm(0))
@@ -161,13 +180,19 @@ func (g *gcGen) wgStoreGated(acc []ptx.Reg) {
 	at := g.Reg(ptx.U32)
 	g.Emit("rem.u32", at, g.tid, ptx.Imm(int64(half)))
 	g.Emit("mad.lo.u32", at, at, ptx.Imm(16), g.slot0)
+	g.Emit("add.u32", at, at, ptx.Imm(int64(c.Stages*c.slotBytes())))
 	g.when(up, false, func() {
 		for q := range len(acc) / 4 {
 			g.Emit("st.shared.v4.f32", ptx.Addr{Base: at, Offset: int64(q * half * 16)}, ptx.Vec(acc[4*q:4*q+4]))
 		}
 	})
 	g.Emit("bar.sync", ptx.Imm(0))
-	g.EmitIf(up, false, "exit")
+	done := g.NewLabel("stored")
+	if c.tiles() == 1 {
+		g.EmitIf(up, false, "exit")
+	} else {
+		g.EmitIf(up, false, "bra", ptx.Sym(done))
+	}
 	ups := g.Regs(ptx.F32, 4)
 	out := make([]ptx.Reg, len(acc))
 	for q := range len(acc) / 4 {
@@ -176,5 +201,6 @@ func (g *gcGen) wgStoreGated(acc []ptx.Reg) {
 			out[4*q+i] = gateAct(g.emitter, actOfOp(c.Act), acc[4*q+i], u)
 		}
 	}
-	g.wgStore(out, c.N/2)
+	g.wgStore(out, c.N/2, col0)
+	g.Label(done)
 }

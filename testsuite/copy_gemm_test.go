@@ -49,7 +49,7 @@ func TestCopyGemmKernels(t *testing.T) {
 		for kn, ks := range kernels {
 			for _, k := range ks {
 				got = append(got, kernel{kn.K, kn.N, k.Attrs.Rows, kn.Act})
-				if k.Attrs.Grid*64/k.Attrs.Cluster != kn.N {
+				if k.Attrs.Grid*max(k.Attrs.Tiles, 1)*64/k.Attrs.Cluster != kn.N {
 					t.Errorf("%s: %s: attributes %+v", c.model, k.Kernel, k.Attrs)
 				}
 			}
