@@ -703,11 +703,33 @@ func (t *tb) activation(n *ir.Node) {
 		t.fail(err)
 		return
 	}
+	if len(mi) > 0 && len(n.Out[0].Hooks) > 0 && t.g.gatedCopyAt(t.kind, t.rows) {
+		// The backend may serve the gate/up GEMM and this kernel as one launch, which only a
+		// kernel without MI ops allows: the ops run in a kernel of their own over act, so
+		// that a row without the apps gets the bits of a bundle without them.
+		t.activationThenMI(n, sc, mi)
+		return
+	}
 	sc.Ops = mi
 	name := miName(GatedKernelName(sc), mi, fmt.Sprintf("L%d", n.Layer))
 	k, err := g.kernel(name, func() (*Kernel, error) { return SiluMul(name, sc) })
 	g.site(n, name)
 	t.add(n.Name, k, err, sc.Launch(t.rows), slots{"gu": buf(n.In[0].Buffer), "act": buf(n.Out[0].Buffer)}, mi)
+}
+
+// activationThenMI is the activation without ops, then mlp.act's ops mi in place over act in
+// a standalone MI kernel: on the same f32 values, the same bits as SiluMul with them.
+func (t *tb) activationThenMI(n *ir.Node, sc SiluConfig, mi []ir.MI) {
+	g := t.g
+	name := GatedKernelName(sc)
+	k, err := g.kernel(name, func() (*Kernel, error) { return SiluMul(name, sc) })
+	act := buf(n.Out[0].Buffer)
+	t.add(n.Name, k, err, sc.Launch(t.rows), slots{"gu": buf(n.In[0].Buffer), "act": act}, nil)
+	c := MIKernelConfig{Width: sc.Inter, Stride: sc.Inter, Ops: mi}
+	mname := fmt.Sprintf("mi_L%d_%s", n.Layer, strings.ReplaceAll(n.Out[0].Hooks[0].Name, ".", "_"))
+	mk, err := g.kernel(mname, func() (*Kernel, error) { return MIKernel(mname, c) })
+	g.site(n, mname)
+	t.add(n.Name+".mi", mk, err, c.Launch(t.rows), slots{"x": act}, mi)
 }
 
 // collective exchanges an activation between tensor-parallel ranks: an all-reduce sums a

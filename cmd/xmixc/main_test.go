@@ -426,8 +426,9 @@ func TestBuildCopyGemmFlags(t *testing.T) {
 		{[]string{"--copy-gemms", "512x2048,1024x512", "--copy-gemm-slots", "1"}, both, "copy-engine GEMMs: 512x2048, 1024x512, slots: 1"},
 		{[]string{"--copy-gemms", "none"}, nil, "copy-engine GEMMs: none, slots: the default"},
 		// The 16-row bucket takes the warpgroup form of 32 rows, the fewest named that hold it.
-		{[]string{"--copy-gemms", "512x2048", "--copy-gemm-rows", "32,8"}, []string{"gemm_copy_k512_n2048_r32", "gemm_copy_k512_n2048_r8"}, "copy-engine GEMMs: 512x2048, slots: the default, rows: [32 8]"},
-		{[]string{"--copy-gemms", "512x2048", "--copy-gemm-rows", "32,8", "--copy-gemm-slots", "1"}, []string{"gemm_copy_k512_n2048_r32", "gemm_copy_k512_n2048_r8"}, "copy-engine GEMMs: 512x2048, slots: 1, rows: [32 8]"},
+		// ... and so gate/up with SiLU gets one too (--gated-copy-rows: 32 by default).
+		{[]string{"--copy-gemms", "512x2048", "--copy-gemm-rows", "32,8"}, []string{"gemm_copy_k512_n2048_r32", "gemm_copy_k512_n2048_r32_silu_mul", "gemm_copy_k512_n2048_r8"}, "copy-engine GEMMs: 512x2048, slots: the default, rows: [32 8]"},
+		{[]string{"--copy-gemms", "512x2048", "--copy-gemm-rows", "32,8", "--copy-gemm-slots", "1"}, []string{"gemm_copy_k512_n2048_r32", "gemm_copy_k512_n2048_r32_silu_mul", "gemm_copy_k512_n2048_r8"}, "copy-engine GEMMs: 512x2048, slots: 1, rows: [32 8]"},
 	} {
 		out := filepath.Join(dir, "c.xmb")
 		b := buildBundle(t, m, out, c.flags)
@@ -531,16 +532,17 @@ func TestBuildGatedTCRows(t *testing.T) {
 		}
 		text, err := xmixc(t, "inspect", out)
 		line := fmt.Sprintf("gate/up and its activation in one tensor-core kernel at up to %d rows", c.rows)
-		if err != nil || (c.rows > 0) != strings.Contains(text, line) || c.rows == 0 && strings.Contains(text, "gate/up and its activation") {
+		if err != nil || (c.rows > 0) != strings.Contains(text, line) || c.rows == 0 && strings.Contains(text, "gate/up and its activation in one tensor-core kernel") {
 			t.Fatalf("%v: inspect: %v; want %q (%v) in:\n%s", c.flags, err, line, c.rows > 0, text)
 		}
 	}
 }
 
-// TestBuildGatedCopyRows: by default no bucket has a copy-engine kernel for gate/up with its
-// activation; --gated-copy-rows N gives one to each decode bucket of at most N rows whose
-// GEMMs take the warpgroup form (32 rows and more; the 8-row bucket's gate/up is the gated
-// tensor-core kernel), and the build info and inspect's output say so. The templates keep
+// TestBuildGatedCopyRows: --gated-copy-rows N (by default 32; 0: none) gives a copy-engine
+// kernel for gate/up with its activation to each decode bucket of at most N rows whose GEMMs
+// take the warpgroup form (32 rows and more; the 8-row bucket's gate/up is the gated
+// tensor-core kernel, the 16-row bucket's kernels are mma.sync), and the build info and
+// inspect's output say so. The templates keep
 // the GEMM node and the SiLU kernel, which a backend without the kernel runs.
 func TestBuildGatedCopyRows(t *testing.T) {
 	dir := t.TempDir()
@@ -554,7 +556,8 @@ func TestBuildGatedCopyRows(t *testing.T) {
 		rows    int
 		kernels []string
 	}{
-		{nil, 0, nil},
+		{nil, 32, []string{"gemm_copy_k512_n2048_r32_silu_mul"}},
+		{[]string{"--gated-copy-rows", "0"}, 0, nil},
 		{[]string{"--gated-copy-rows", "16"}, 16, nil},
 		{[]string{"--gated-copy-rows", "32"}, 32, []string{"gemm_copy_k512_n2048_r32_silu_mul"}},
 		{[]string{"--gated-copy-rows", "64"}, 64, []string{"gemm_copy_k512_n2048_r32_silu_mul", "gemm_copy_k512_n2048_r64_silu_mul"}},

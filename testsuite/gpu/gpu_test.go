@@ -15,6 +15,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"slices"
 	"strconv"
@@ -23,6 +24,7 @@ import (
 	"testing"
 
 	"xmix/bundle"
+	"xmix/codegen"
 	"xmix/compile"
 	"xmix/loader"
 	"xmix/loader/cuda"
@@ -407,11 +409,15 @@ func TestCUDAWarpgroupGemmMatchesCPU(t *testing.T) {
 			b := testsuite.CompileWith(t, compile.Options{CopyGemmRows: []int{c.bucket}}, cut)
 			prompts := sixTokenPrompts(c.requests)
 			agreementRows(t, nb, fmt.Sprintf("llama-3.1-8b-2layers-wgmma-gemm-r%d-n%d", c.bucket, c.requests), b, prompts, c.steps)
-			// o, q/k/v and down of 2 layers in the decode template, and in a 128-row bucket
-			// the 64-row prefill chunk's too (a 64-row bucket's nodes and the chunk's are the
+			// o, q/k/v and down of 2 layers in the decode template (and in a 32-row bucket
+			// gate/up with SiLU, codegen.DefaultGatedCopyRows), and in a 128-row bucket the
+			// 64-row prefill chunk's too (a 64-row bucket's nodes and the chunk's are the
 			// same shapes and buffers, so one launch serves both).
 			want := 6
-			if c.bucket > 64 {
+			switch {
+			case c.bucket <= codegen.DefaultGatedCopyRows:
+				want = 8
+			case c.bucket > 64:
 				want = 12
 			}
 			if served != want {
@@ -466,7 +472,8 @@ func TestCUDAGatedTCMatchesCPU(t *testing.T) {
 // auto, every request teacher-forced to the CPU's tokens: 8 launches of the copy-engine
 // kernels (o, q/k/v and down of 2 layers, and the 2 pairs; a 64-row bucket's prefill chunk
 // has the same shapes and buffers, so the same launches serve it). A subtest per bucket
-// (-run 'TestCUDAGatedCopyMatchesCPU/r32').
+// (-run 'TestCUDAGatedCopyMatchesCPU/r32'), and r32-app: an app's op at mlp.act leaves those
+// rows without the app the bare bundle's bits.
 func TestCUDAGatedCopyMatchesCPU(t *testing.T) {
 	needGPU(t)
 	served := 0
@@ -482,6 +489,45 @@ func TestCUDAGatedCopyMatchesCPU(t *testing.T) {
 			}
 		})
 	}
+	// An app's op at mlp.act runs in an MI kernel of its own in such buckets, so that every
+	// graph serves both layers' gate/up and SiLU as one launch: the requests without the app
+	// get the bare bundle's tokens and logprobs bit for bit, the ones with it others.
+	t.Run("r32-app", func(t *testing.T) {
+		cut := specCut(t, "llama-3.1-8b", "serving: {decode_buckets: [32], prefill_chunks: [64], max_seq_len: 256, max_seqs: 32, kv_block_size: 16}\n")
+		app := "app: act-scale\nparams: {s: {random: 23}}\nops:\n  - write: {at: {layers: [1], hook: mlp.act}, kernel: scale, args: {vector: s}}\n"
+		opt := compile.Options{GatedCopyRows: 32}
+		with, bare := testsuite.CompileWith(t, opt, cut, app), testsuite.CompileWith(t, opt, cut)
+		const n, steps = 27, 3
+		// Each request's tokens and their logprobs (the sampled token's log-softmax over its
+		// row's logits): the decode rows' order is the engine's, not the requests'.
+		run := func(b *bundle.Bundle, apps []string) []loader.Result {
+			var reqs []loader.Request
+			for i, p := range sixTokenPrompts(n) {
+				r := loader.Request{Prompt: p, MaxTokens: steps, Logprobs: true}
+				if i%2 == 0 {
+					r.Apps = apps
+				}
+				reqs = append(reqs, r)
+			}
+			return testsuite.Generate(t, nb, b, reqs)
+		}
+		got := run(with, []string{"act-scale"})
+		if served != 8 {
+			t.Errorf("with the app: %d launches of the copy-engine kernels, want 8", served)
+		}
+		want := run(bare, nil)
+		changed := false
+		for i := range n {
+			same := slices.Equal(got[i].Tokens, want[i].Tokens) && reflect.DeepEqual(got[i].Logprobs, want[i].Logprobs)
+			if i%2 == 1 && !same {
+				t.Fatalf("request %d, without the app: tokens %v, logprobs %v; the bare bundle's %v, %v", i, got[i].Tokens, got[i].Logprobs, want[i].Tokens, want[i].Logprobs)
+			}
+			changed = changed || i%2 == 0 && !same
+		}
+		if !changed {
+			t.Fatal("the app changed no request's tokens or logprobs")
+		}
+	})
 }
 
 // sixTokenPrompts are n different prompts of six tokens each, for requests that stay live in
