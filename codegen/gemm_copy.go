@@ -451,9 +451,9 @@ const MaxGatedCopyRows = wgMaxN
 
 // DefaultGatedCopyRows is the largest decode bucket given a copy-engine kernel for the gate/up
 // GEMM and its activation together unless a build says otherwise. On the H200 (session 47,
-// testsuite/gpu/RESULTS.md) the 8B's 32-row step was 0.7-0.95% shorter with it at contexts
-// 80-2112 (one tile a CTA: the same as cuBLASLt's GEMM and the SiLU kernel), its 64-row
-// step 2.5-3.1% longer.
+// testsuite/gpu/RESULTS.md) it made the 8B's 32-row step 0.7-1.3% shorter at contexts
+// 80-2112 and the 1B's 2.5-3.9% (with one tile a CTA, as long as cuBLASLt's GEMM and the SiLU
+// kernel), and the 8B's 64-row step 2.5-3.1% longer.
 const DefaultGatedCopyRows = 32
 
 // CheckGatedCopyRows checks a build's largest bucket given the gated copy-engine kernel
