@@ -571,17 +571,26 @@ func (be *Backend) prepare(n bundle.Node, variants uint32) (launch, error) {
 func (be *Backend) argValues(n bundle.Node) ([]uint64, error) {
 	vals := make([]uint64, len(n.Args))
 	for i, s := range n.Args {
-		if s.Buffer == "" {
-			vals[i] = s.Const
-			continue
+		v, err := be.slotValue(s)
+		if err != nil {
+			return nil, err
 		}
-		base, ok := be.bufs[s.Buffer]
-		if !ok {
-			return nil, fmt.Errorf("unknown buffer %s", s.Buffer)
-		}
-		vals[i] = uint64(base) + uint64(s.Offset)
+		vals[i] = v
 	}
 	return vals, nil
+}
+
+// slotValue is one argument's value: its buffer's device address plus the offset, or its
+// constant.
+func (be *Backend) slotValue(s bundle.Slot) (uint64, error) {
+	if s.Buffer == "" {
+		return s.Const, nil
+	}
+	base, ok := be.bufs[s.Buffer]
+	if !ok {
+		return 0, fmt.Errorf("unknown buffer %s", s.Buffer)
+	}
+	return uint64(base) + uint64(s.Offset), nil
 }
 
 // keepParams holds a launch's parameter values and the pointer array cuLaunchKernel takes for

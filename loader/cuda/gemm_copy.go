@@ -85,11 +85,11 @@ func (be *Backend) gatedCopyPair(nodes []bundle.Node, i int) (launch, bool, erro
 	if err != nil {
 		return launch{}, false, err
 	}
-	y, err := be.argValues(nodes[i+1])
+	y, err := be.slotValue(act.Act)
 	if err != nil {
 		return launch{}, false, err
 	}
-	l, ok, err := be.copyLaunch(nodes[i], g, c, vals, uintptr(y[1]))
+	l, ok, err := be.copyLaunch(nodes[i], g, c, vals, uintptr(y))
 	if err != nil || !ok {
 		return launch{}, false, err
 	}
