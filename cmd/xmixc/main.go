@@ -378,7 +378,16 @@ func printBundle(w io.Writer, b *bundle.Bundle) {
 		fmt.Fprintf(w, "          gate/up and its activation in one tensor-core kernel at up to %d rows\n", n)
 	}
 	if n := b.Manifest.Build.GatedCopyRows; n > 0 {
-		fmt.Fprintf(w, "          gate/up and its activation in one warpgroup copy-engine kernel at up to %d rows\n", n)
+		kernels, _ := bundle.GemmCopyKernels(b.Kernels) // checked when the bundle was read
+		carried := false
+		for shape := range kernels {
+			carried = carried || shape.Act != ""
+		}
+		none := ""
+		if !carried {
+			none = " (none carried: no such bucket's gate/up takes one)"
+		}
+		fmt.Fprintf(w, "          gate/up and its activation in one warpgroup copy-engine kernel at up to %d rows%s\n", n, none)
 	}
 	if c := b.Manifest.Build.TCChunks; len(c) > 0 {
 		fmt.Fprintf(w, "          tensor-core GEMMs: %d / %d K chunks in flight at up to 8 / 9-32 rows\n", c[0], c[1])

@@ -542,7 +542,7 @@ func TestBuildGatedTCRows(t *testing.T) {
 // kernel for gate/up with its activation to each decode bucket of at most N rows whose GEMMs
 // take the warpgroup form (32 rows and more; the 8-row bucket's gate/up is the gated
 // tensor-core kernel, the 16-row bucket's kernels are mma.sync), and the build info and
-// inspect's output say so. The templates keep
+// inspect's output say so (and where the setting gives no bucket one, that none is carried). The templates keep
 // the GEMM node and the SiLU kernel, which a backend without the kernel runs.
 func TestBuildGatedCopyRows(t *testing.T) {
 	dir := t.TempDir()
@@ -597,6 +597,11 @@ func TestBuildGatedCopyRows(t *testing.T) {
 		}
 		text, err := xmixc(t, "inspect", out)
 		line := fmt.Sprintf("gate/up and its activation in one warpgroup copy-engine kernel at up to %d rows", c.rows)
+		if len(c.kernels) == 0 {
+			line += " (none carried: no such bucket's gate/up takes one)"
+		} else {
+			line += "\n"
+		}
 		if err != nil || (c.rows > 0) != strings.Contains(text, line) {
 			t.Fatalf("%v: inspect: %v; want %q (%v) in:\n%s", c.flags, err, line, c.rows > 0, text)
 		}
