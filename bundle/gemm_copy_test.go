@@ -113,7 +113,7 @@ func TestGatedPairAt(t *testing.T) {
 	kernels := map[string]Kernel{
 		"gemm": {Name: "gemm", Op: OpGemmTC, Attrs: []byte(`{"k":64,"n":256}`), Params: []Param{{GemmX, "u64"}, {GemmW, "u64"}, {GemmY, "u64"}, {GemmRows, "u32"}}},
 		"act":  {Name: "act", Op: "silu_mul", Attrs: []byte(`{"inter":128,"chunked":true}`), Params: []Param{{"gu", "u64"}, {"act", "u64"}}},
-		"actmi": {Name: "actmi", Op: "silu_mul", Attrs: []byte(`{"inter":128,"ops":[{"kind":"steer"}]}`),
+		"actmi": {Name: "actmi", Op: "silu_mul", Attrs: []byte(`{"inter":128,"chunked":true,"ops":[{"kind":"steer"}]}`),
 			Params: []Param{{"gu", "u64"}, {"act", "u64"}}},
 		"norm": {Name: "norm", Op: "rms_norm", Params: []Param{{"x", "u64"}}},
 	}
