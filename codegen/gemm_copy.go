@@ -250,6 +250,16 @@ func (c GemmCopyConfig) shared() int {
 	return gcAlign + c.Stages*c.slotBytes() + c.recvBytes()
 }
 
+// fitSlots is how many ring slots fit the shared memory beside what else the CTA keeps there
+// (shared): in the mma.sync form the other ranks' sums, in the warpgroup form (whose ring
+// receives those) the up sums of a kernel with Act.
+func (c GemmCopyConfig) fitSlots() int {
+	if c.warpgroup() {
+		return (bundle.MaxDynamicShared - gcAlign - c.xchgBytes()) / c.slotBytes()
+	}
+	return (bundle.MaxDynamicShared - gcAlign - c.recvBytes()) / c.slotBytes()
+}
+
 // GemmCopyFor is the copy-engine GEMM of at most rows token rows for a K x N weight, or an
 // error saying why there is none: rows one of gcLayouts', N a multiple of the CTA's columns,
 // K of a stage (times the split). Its ring has as many slots as asked for (slots > 0), else
@@ -287,11 +297,7 @@ func GemmCopyFor(k, n, rows, slots int) (GemmCopyConfig, error) {
 			slots++ // a refill waits for the partners too: one more stage on its way
 		}
 	}
-	fit := (bundle.MaxDynamicShared - gcAlign - c.recvBytes()) / c.slotBytes()
-	if c.warpgroup() {
-		fit = (bundle.MaxDynamicShared - gcAlign) / c.slotBytes()
-	}
-	c.Stages = min(c.kStages(), slots, fit)
+	c.Stages = min(c.kStages(), slots, c.fitSlots())
 	if c.shared() > bundle.MaxDynamicShared {
 		return GemmCopyConfig{}, fmt.Errorf("copy-engine GEMM: K=%d N=%d at %d rows: %d bytes of shared memory, more than %d", k, n, rows, c.shared(), bundle.MaxDynamicShared)
 	}
@@ -320,7 +326,7 @@ func GatedCopyFor(k, n, rows, slots int, act string) (GemmCopyConfig, error) {
 			c.Tiles++
 		}
 		// A ring's slots may hold the next tile's stages too.
-		c.Stages = min(c.ringStages(), cmp.Or(max(slots, 0), gcStages), (bundle.MaxDynamicShared-gcAlign-c.xchgBytes())/c.slotBytes())
+		c.Stages = min(c.ringStages(), cmp.Or(max(slots, 0), gcStages), c.fitSlots())
 	}
 	if c.shared() > bundle.MaxDynamicShared {
 		return GemmCopyConfig{}, fmt.Errorf("copy-engine GEMM with an activation: K=%d N=%d at %d rows: %d bytes of shared memory, more than %d", k, n, rows, c.shared(), bundle.MaxDynamicShared)

@@ -723,13 +723,8 @@ func (t *tb) activationThenMI(n *ir.Node, sc SiluConfig, mi []ir.MI) {
 	g := t.g
 	name := GatedKernelName(sc)
 	k, err := g.kernel(name, func() (*Kernel, error) { return SiluMul(name, sc) })
-	act := buf(n.Out[0].Buffer)
-	t.add(n.Name, k, err, sc.Launch(t.rows), slots{"gu": buf(n.In[0].Buffer), "act": act}, nil)
-	c := MIKernelConfig{Width: sc.Inter, Stride: sc.Inter, Ops: mi}
-	mname := fmt.Sprintf("mi_L%d_%s", n.Layer, strings.ReplaceAll(n.Out[0].Hooks[0].Name, ".", "_"))
-	mk, err := g.kernel(mname, func() (*Kernel, error) { return MIKernel(mname, c) })
-	g.site(n, mname)
-	t.add(n.Name+".mi", mk, err, c.Launch(t.rows), slots{"x": act}, mi)
+	t.add(n.Name, k, err, sc.Launch(t.rows), slots{"gu": buf(n.In[0].Buffer), "act": buf(n.Out[0].Buffer)}, nil)
+	t.miOver(n, n.Out[0], n.Name+".mi", mi)
 }
 
 // collective exchanges an activation between tensor-parallel ranks: an all-reduce sums a
@@ -772,11 +767,18 @@ func (t *tb) mi(n *ir.Node) {
 		t.add("logits.mi", k, err, c.Launch(t.samples), slots{"x": buf(x.Buffer), "s_row": buf(bundle.CtlSRow)}, mi)
 		return
 	}
+	t.miOver(n, x, n.Name, mi)
+}
+
+// miOver is node n's MI kernel (label) running ops mi in place over the token rows of x, a
+// view of a hooked value.
+func (t *tb) miOver(n *ir.Node, x *ir.Value, label string, mi []ir.MI) {
+	g := t.g
 	c := MIKernelConfig{Width: x.Width, Stride: x.Base().Width, Offset: x.Offset, Ops: mi}
 	name := fmt.Sprintf("mi_L%d_%s", n.Layer, strings.ReplaceAll(x.Hooks[0].Name, ".", "_"))
 	k, err := g.kernel(name, func() (*Kernel, error) { return MIKernel(name, c) })
 	g.site(n, name)
-	t.add(n.Name, k, err, c.Launch(t.rows), slots{"x": buf(x.Buffer)}, mi)
+	t.add(label, k, err, c.Launch(t.rows), slots{"x": buf(x.Buffer)}, mi)
 }
 
 // sample is the sampler with the token_override ops of hook sampled fused in.
