@@ -611,14 +611,6 @@ func (be *Backend) keepParams(vals []uint64) uintptr {
 // issue enqueues one recorded node on the backend's stream: its kernel and, for a node that
 // cuBLASLt or a copy-engine GEMM of bf16(x) serves, the matmul after the cast.
 func (be *Backend) issue(n launch) error {
-	// MEASUREMENT ONLY (reverted after): no cast ahead of any GEMM; the GEMMs read a stale
-	// bf16 x, so results are garbage and only the times are real.
-	if n.matmul != nil {
-		return be.lt.run(n.matmul, be.stream)
-	}
-	if n.then != nil {
-		return be.issue(*n.then)
-	}
 	if n.early {
 		if err := be.launchEarly(n); err != nil {
 			return err
