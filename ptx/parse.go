@@ -681,7 +681,7 @@ func number(s string) (Operand, error) {
 var specials = map[string]bool{
 	"%laneid": true, "%warpid": true, "%nwarpid": true, "%smid": true, "%nsmid": true,
 	"%clock": true, "%clock64": true, "%lanemask_lt": true, "%lanemask_eq": true,
-	"%cluster_ctarank": true, "%cluster_nctarank": true,
+	"%cluster_ctarank": true, "%cluster_nctarank": true, "%globaltimer": true,
 }
 
 func isSpecial(s string) bool {

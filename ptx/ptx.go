@@ -6,6 +6,7 @@ package ptx
 
 import (
 	"fmt"
+	"maps"
 	"math"
 	"sort"
 	"strconv"
@@ -151,6 +152,8 @@ const (
 	NCtaidY Special = "%nctaid.y"
 	NCtaidZ Special = "%nctaid.z"
 	LaneID  Special = "%laneid"
+	// GlobalTimer is the GPU's nanosecond clock, one for every SM (the step trace's stamps).
+	GlobalTimer Special = "%globaltimer"
 )
 
 func (s Special) operand() string { return string(s) }
@@ -241,8 +244,14 @@ func (k *Kernel) Param(name string, t Type) Sym {
 	return Sym(name)
 }
 
-// Reg allocates a fresh register of type t.
+// Reg allocates a fresh register of type t; in a parsed kernel, past the ones it declares.
 func (k *Kernel) Reg(t Type) Reg {
+	if k.next == nil {
+		k.next = maps.Clone(k.RegDecls)
+		if k.next == nil {
+			k.next = map[string]int{}
+		}
+	}
 	c := typeFacts[t].class
 	k.next[c]++
 	return Reg{T: t, N: k.next[c]}

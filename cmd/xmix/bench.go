@@ -12,6 +12,7 @@ import (
 	"maps"
 	"math"
 	"math/rand/v2"
+	"os"
 	"path/filepath"
 	"slices"
 	"sort"
@@ -43,6 +44,7 @@ type benchFlags struct {
 	attnSplits  int
 	profile     bool
 	roleCosts   bool
+	traceFile   string
 	// Over HTTP (benchurl.go): the server, its model, the workload's vocabulary and the
 	// apps to enable through the xmix extension.
 	url         string
@@ -122,6 +124,7 @@ requests. --ignore-eos (both ways) has every request generate exactly its tokens
 	fl.IntVar(&f.graphCtx, "graph-context", 0, "time each decode graph (and --profile) with every row its own sequence at this context, as a full batch at that context runs (0: the rows as the last step left them)")
 	fl.IntVar(&f.attnSplits, "attn-splits", 0, "with --graph-context: cut every row's context over this many splits of the decode attention (1: none) instead of the split the engine picks (for measuring that choice; 0: the engine's)")
 	fl.BoolVar(&f.profile, "profile", false, "also time every node of each timed decode bucket, summed by role, and of the warm-up request's prefill steps, with their GEMMs' TFLOP/s (cuda)")
+	fl.StringVar(&f.traceFile, "trace", "", "cuda: also write to this file, as JSON, when each kernel of every timed decode bucket's graph began, waited for the kernel ahead and ended in one replay (every kernel is instrumented for it, so this run's other timings are not the bundle's; cuBLASLt's kernels carry no times)")
 	fl.BoolVar(&f.roleCosts, "role-costs", false, "also time each timed decode bucket's graph captured without each node role in turn: a role's cost inside the graph, early launch's overlap included, is the graph's time less that (cuda; the replays without a role compute garbage, the times are real)")
 	fl.StringVar(&f.apps, "apps", "", "comma-separated apps to enable")
 	fl.Uint64Var(&f.seed, "seed", 1, "seed for prompts, arrivals and app choice")
@@ -149,6 +152,12 @@ type timer interface {
 type roleTimer interface {
 	timer
 	TimeWithout(template, n int, leave func(label string) bool) (float64, error)
+}
+
+// stepTracer is implemented by backends that can trace a template's graph (cuda, loaded
+// with runFlags.trace).
+type stepTracer interface {
+	Trace(template int) ([]cuda.TraceSpan, error)
 }
 
 // profiler is implemented by backends that can time each node of a template (cuda).
@@ -207,6 +216,10 @@ func runBench(w io.Writer, path string, f benchFlags) error {
 	if f.roleCosts && f.online {
 		return fmt.Errorf("--role-costs times the offline bench's decode graphs: leave out --online")
 	}
+	if f.traceFile != "" && f.online {
+		return fmt.Errorf("--trace follows the offline bench's decode graphs: leave out --online")
+	}
+	f.trace = f.traceFile != ""
 	if f.attnSplits != 0 && (f.attnSplits < 0 || f.graphCtx <= 0) {
 		return fmt.Errorf("--attn-splits %d: give a count of at least 1, and --graph-context N: it sets the splits of a full batch at that context", f.attnSplits)
 	}
@@ -217,6 +230,9 @@ func runBench(w io.Writer, path string, f benchFlags) error {
 	defer s.be.Close()
 	if _, ok := s.be.(roleTimer); f.roleCosts && !ok {
 		return fmt.Errorf("--role-costs: the %s backend cannot time graphs (use --backend cuda)", f.backend)
+	}
+	if _, ok := s.be.(stepTracer); f.trace && !ok {
+		return fmt.Errorf("--trace: the %s backend cannot trace graphs (use --backend cuda)", f.backend)
 	}
 	b := s.b
 	var apps []string
@@ -252,6 +268,9 @@ func runBench(w io.Writer, path string, f benchFlags) error {
 			return err
 		} else if c != nil {
 			out["role_cost_ms"] = c
+		}
+		if err := writeTraces(s, f); err != nil {
+			return err
 		}
 	}
 	return writeResults(w, out)
@@ -554,6 +573,40 @@ func roleCosts(s *session, f benchFlags) (map[string]map[string]float64, error) 
 		f.progress("role costs %s (ms inside the graph): %s", t.Name, costsText(costs))
 	}
 	return out, nil
+}
+
+// writeTraces (--trace FILE) traces each timed decode bucket's graph, every row at
+// --graph-context where given, and writes {template: spans} to FILE as JSON.
+func writeTraces(s *session, f benchFlags) error {
+	if !f.trace {
+		return nil
+	}
+	st := s.be.(stepTracer) // runBench checked it
+	out := map[string][]cuda.TraceSpan{}
+	for _, i := range timedBuckets(s, f) {
+		t := s.b.Templates[i]
+		if err := fullBatch(s, i, f); err != nil {
+			return err
+		}
+		spans, err := st.Trace(i)
+		if err != nil {
+			return fmt.Errorf("--trace, template %s: %w", t.Name, err)
+		}
+		out[t.Name] = spans
+		var end float64
+		for _, sp := range spans {
+			end = max(end, sp.Ended)
+		}
+		f.progress("trace %s: %d launches, %.1f µs from the first CTA to the last", t.Name, len(spans), end)
+	}
+	data, err := json.MarshalIndent(out, "", " ")
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(f.traceFile, append(data, '\n'), 0o644); err != nil {
+		return fmt.Errorf("--trace: %w", err)
+	}
+	return nil
 }
 
 // costsText lists role costs largest first: "gate_up 1.969, down 1.044, ...".

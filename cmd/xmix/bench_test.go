@@ -447,6 +447,29 @@ func (g fakeGraph) TimeWithout(_, _ int, leave func(string) bool) (float64, erro
 	return g.sum(leave), nil
 }
 
+// TestTraceFlagErrors: --trace follows the offline bench's graphs on cuda; the CPU backend
+// and --online are refused before anything runs, and no file is written.
+func TestTraceFlagErrors(t *testing.T) {
+	dir := t.TempDir()
+	bp := tinyBundleFile(t, filepath.Join(dir, "tiny.xmb"))
+	file := filepath.Join(dir, "trace.json")
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--backend", "cpu"}, "--trace: the cpu backend cannot trace graphs (use --backend cuda)"},
+		{[]string{"--backend", "cpu", "--online"}, "--trace follows the offline bench's decode graphs: leave out --online"},
+	} {
+		out, err := xmix(t, append([]string{"bench", bp, "-q", "--trace", file}, c.args...)...)
+		if err == nil || !strings.Contains(out, c.want) {
+			t.Fatalf("%v: err %v, output %q", c.args, err, out)
+		}
+		if _, err := os.Stat(file); !os.IsNotExist(err) {
+			t.Fatalf("%v: %s written (%v)", c.args, file, err)
+		}
+	}
+}
+
 // TestRoleCosts: a role's cost is the whole graph's time less the time without the role's
 // nodes, every layer's at once; a CPU-backend bench refuses --role-costs before it runs.
 func TestRoleCosts(t *testing.T) {

@@ -71,6 +71,7 @@ type runFlags struct {
 	sets        []string // app.scalar=value overrides for every prompt
 	tpAddr      string   // rank 0 of a multi-process tensor-parallel group listens here (tpworker.go)
 	tpTimeout   time.Duration
+	trace       bool // cuda: every kernel stamps the step trace (xmix bench --trace)
 }
 
 // overrides parses the --set flags into a request's scalar overrides; the engine checks the
@@ -170,11 +171,12 @@ func openBackend(kind string, b *bundle.Bundle, w *loader.Weights, f runFlags) (
 	if f.tpAddr != "" {
 		return openGroup(kind, b, w, f)
 	}
+	opts := cuda.Options{Progress: f.progress, Gemm: f.gemm, LoadReaders: f.loadReaders, GemmPicks: picks, Trace: f.trace}
 	switch kind {
 	case "cpu":
 		return cpu.New(b, w, f.progress)
 	case "cuda":
-		return cuda.New(b, w, cuda.Options{Progress: f.progress, Gemm: f.gemm, LoadReaders: f.loadReaders, GemmPicks: picks})
+		return cuda.New(b, w, opts)
 	case "auto":
 		dev, err := cuda.Probe()
 		if err != nil {
@@ -182,7 +184,7 @@ func openBackend(kind string, b *bundle.Bundle, w *loader.Weights, f runFlags) (
 			return cpu.New(b, w, f.progress)
 		}
 		f.progress("backend: cuda on %s", dev)
-		return cuda.New(b, w, cuda.Options{Progress: f.progress, Gemm: f.gemm, LoadReaders: f.loadReaders, GemmPicks: picks})
+		return cuda.New(b, w, opts)
 	}
 	return nil, fmt.Errorf("unknown backend %q: use auto, cuda or cpu", kind)
 }

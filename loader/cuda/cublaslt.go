@@ -278,15 +278,27 @@ func (be *Backend) setupCublasLt(lt *cublasLt, xbBytes int64) error {
 		be.allocs = append(be.allocs, *a.p)
 	}
 	lt.xbBytes = xbBytes
-	src := append([]byte(castPTX), 0)
-	err := d.call("cuModuleLoadDataEx", uintptr(unsafe.Pointer(&lt.castMod)), uintptr(unsafe.Pointer(&src[0])), 0, 0, 0)
+	// Traced, the cast's records follow the bundle's kernels' ids.
+	castID := uint32(len(be.kernels))
+	text, err := be.tracedPTX(castPTX, castEntry, castID)
+	if err != nil {
+		return fmt.Errorf("cast kernel: %w", err)
+	}
+	src := append([]byte(text), 0)
+	err = d.call("cuModuleLoadDataEx", uintptr(unsafe.Pointer(&lt.castMod)), uintptr(unsafe.Pointer(&src[0])), 0, 0, 0)
 	runtime.KeepAlive(src)
 	if err != nil {
 		return fmt.Errorf("cast kernel: %w", err)
 	}
 	be.modules = append(be.modules, lt.castMod)
 	name := append([]byte(castEntry), 0)
-	return d.call("cuModuleGetFunction", uintptr(unsafe.Pointer(&lt.cast)), lt.castMod, uintptr(unsafe.Pointer(&name[0])))
+	if err := d.call("cuModuleGetFunction", uintptr(unsafe.Pointer(&lt.cast)), lt.castMod, uintptr(unsafe.Pointer(&name[0]))); err != nil {
+		return err
+	}
+	if be.trace != nil {
+		be.trace.ids[lt.cast] = castID
+	}
+	return nil
 }
 
 // gemm reads node n as a GEMM cuBLASLt can serve: a GEMM node (bundle.GemmOf) with an even

@@ -87,6 +87,7 @@ type Backend struct {
 	funcs   map[string]uintptr
 	kernels map[string]bundle.Kernel
 	copy    *copyServer  // non-nil: GEMM nodes the bundle's copy-engine kernels serve (gemm_copy.go)
+	trace   *traceBuffer // non-nil: every kernel writes the step trace (trace.go)
 	lt      *cublasLt    // nil: PTX kernels serve every GEMM
 	steps   []stepGraphs // each template's graph variants (variants.go)
 	// outCopies: per template, what of the output arena a step copies back (outputs.go);
@@ -184,6 +185,9 @@ type Options struct {
 	// GemmPicks are cuBLASLt's tuned algorithms (gemm_picks.go); nil: the shipped table
 	// (DefaultGemmPicks), empty: none (the library's first choice everywhere).
 	GemmPicks []GemmPick
+	// Trace instruments every kernel for Backend.Trace (trace.go); the stamps cost time, so
+	// a traced backend's other timings are not the bundle's.
+	Trace bool
 }
 
 // New loads a bundle onto GPU 0: modules, buffers, weights, params and graphs.
@@ -314,6 +318,11 @@ func (be *Backend) load(b *bundle.Bundle, w *loader.Weights, opt Options, progre
 		}
 	}
 	be.outCopies, be.outFresh = planOutCopies(b, be.out), map[string]int64{}
+	if opt.Trace {
+		if err := be.newTraceBuffer(); err != nil {
+			return err
+		}
+	}
 	start := time.Now()
 	if err := be.loadModules(b); err != nil {
 		return err
@@ -364,13 +373,17 @@ func place(a *arena, name string, n int64) {
 
 func (be *Backend) loadModules(b *bundle.Bundle) error {
 	d := be.d
-	for _, k := range b.Kernels {
-		src := append([]byte(k.PTX), 0)
+	for i, k := range b.Kernels {
+		text, err := be.tracedPTX(k.PTX, k.Name, uint32(i))
+		if err != nil {
+			return fmt.Errorf("kernel %s: %w", k.Name, err)
+		}
+		src := append([]byte(text), 0)
 		errLog := make([]byte, 16384)
 		opts := []int32{5, 6} // CU_JIT_ERROR_LOG_BUFFER, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES
 		vals := []uintptr{uintptr(unsafe.Pointer(&errLog[0])), uintptr(len(errLog))}
 		var mod uintptr
-		err := d.call("cuModuleLoadDataEx", uintptr(unsafe.Pointer(&mod)), uintptr(unsafe.Pointer(&src[0])),
+		err = d.call("cuModuleLoadDataEx", uintptr(unsafe.Pointer(&mod)), uintptr(unsafe.Pointer(&src[0])),
 			2, uintptr(unsafe.Pointer(&opts[0])), uintptr(unsafe.Pointer(&vals[0])))
 		runtime.KeepAlive(src)
 		if err != nil {
@@ -385,6 +398,9 @@ func (be *Backend) loadModules(b *bundle.Bundle) error {
 		}
 		be.funcs[k.Name] = f
 		be.kernels[k.Name] = k
+		if be.trace != nil {
+			be.trace.ids[f] = uint32(i)
+		}
 	}
 	return nil
 }

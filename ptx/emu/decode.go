@@ -213,6 +213,7 @@ const (
 	sNWarp
 	sClusterRank
 	sClusterSize
+	sGlobalTimer
 	nSpecial
 )
 
@@ -222,7 +223,7 @@ var specialSlot = map[ptx.Special]int{
 	"%ctaid.x": sCtaidX, "%ctaid.y": sCtaidY, "%ctaid.z": sCtaidZ,
 	"%nctaid.x": sNCtaidX, "%nctaid.y": sNCtaidY, "%nctaid.z": sNCtaidZ,
 	"%laneid": sLane, "%warpid": sWarp, "%nwarpid": sNWarp,
-	ptx.ClusterCtaRank: sClusterRank, ptx.ClusterNCtaRank: sClusterSize,
+	ptx.ClusterCtaRank: sClusterRank, ptx.ClusterNCtaRank: sClusterSize, ptx.GlobalTimer: sGlobalTimer,
 }
 
 // program is a kernel decoded for one launch: the parameters are folded into ld.param.

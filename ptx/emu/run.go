@@ -23,6 +23,9 @@ type Launch struct {
 	Lag bool
 }
 
+// globalTimer is what %globaltimer reads (block.init).
+var globalTimer atomic.Uint64
+
 // maxBarriers are a block's named barriers (bar.sync's id: 0..15).
 const maxBarriers = 16
 
@@ -268,6 +271,9 @@ func (cl *cluster) run(first int) error {
 // init readies the block to run CTA cta.
 func (b *block) init(cta [3]int) {
 	b.cta = cta
+	// The emulator's %globaltimer is the order in which blocks start, the same for every
+	// read within a block: monotonic, as the GPU's is, and nothing more.
+	now := globalTimer.Add(1)
 	clear(b.regs)
 	clear(b.shared)
 	clear(b.pc)
@@ -287,6 +293,7 @@ func (b *block) init(cta [3]int) {
 		s[sNCtaidX], s[sNCtaidY], s[sNCtaidZ] = uint64(b.l.Grid[0]), uint64(b.l.Grid[1]), uint64(b.l.Grid[2])
 		s[sLane], s[sWarp], s[sNWarp] = uint64(t%32), uint64(t/32), uint64(nwarps)
 		s[sClusterRank], s[sClusterSize] = uint64(b.rank), uint64(len(b.cl.blocks))
+		s[sGlobalTimer] = now
 	}
 }
 

@@ -530,6 +530,74 @@ func TestCUDAGatedCopyMatchesCPU(t *testing.T) {
 	})
 }
 
+// TestCUDATraceFollowsTheGraph: with Options.Trace, one replay of a 32-row decode graph of a
+// 2-layer 8B cut (copy-engine GEMMs behind their casts, the gated gate/up kernel, cuBLASLt's
+// LM head) gives every launch of a bundle kernel or a cast a record from each of its CTAs,
+// cuBLASLt's none, and no launch's wait returns before the traced launch ahead of it ended
+// (the kernels' stamps and the driver's order agree). A backend loaded without Trace refuses.
+func TestCUDATraceFollowsTheGraph(t *testing.T) {
+	needGPU(t)
+	cut := specCut(t, "llama-3.1-8b", "serving: {decode_buckets: [32], prefill_chunks: [64], max_seq_len: 256, max_seqs: 32, kv_block_size: 16}\n")
+	b := testsuite.Compile(t, cut)
+	w, err := loader.OpenWeights(b, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	be, err := cuda.New(b, w, cuda.Options{Gemm: cuda.GemmAuto, Trace: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer be.Close()
+	eng, err := loader.NewEngine(b, be)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var reqs []loader.Request
+	for _, p := range sixTokenPrompts(32) {
+		reqs = append(reqs, loader.Request{Prompt: p, MaxTokens: 2})
+	}
+	if _, err := eng.Generate(reqs); err != nil {
+		t.Fatal(err)
+	}
+	ti := slices.IndexFunc(b.Templates, func(t bundle.Template) bool { return t.Name == "decode_b32" })
+	spans, err := be.Trace(ti)
+	if err != nil {
+		t.Fatal(err)
+	}
+	casts, library := 0, 0
+	var ahead *cuda.TraceSpan
+	for i, sp := range spans {
+		switch {
+		case sp.Kernel == "cublasLt":
+			library++
+			if sp.Records != 0 {
+				t.Errorf("launch %d (%s): cuBLASLt's kernel left %d records", i, sp.Label, sp.Records)
+			}
+			continue
+		case sp.Records != sp.CTAs:
+			t.Errorf("launch %d (%s, %s): %d records of %d CTAs", i, sp.Label, sp.Kernel, sp.Records, sp.CTAs)
+		case sp.Ended < sp.Began || sp.FirstWaited != 0 && (sp.FirstWaited < sp.Began || sp.Waited < sp.FirstWaited):
+			t.Errorf("launch %d (%s): began %.2f, waited %.2f-%.2f, ended %.2f µs", i, sp.Label, sp.Began, sp.FirstWaited, sp.Waited, sp.Ended)
+		case ahead != nil && sp.FirstWaited != 0 && sp.FirstWaited < ahead.Ended:
+			t.Errorf("launch %d (%s): its wait returned at %.2f µs, before %s ended at %.2f", i, sp.Label, sp.FirstWaited, ahead.Label, ahead.Ended)
+		}
+		if sp.Kernel == "xmix_cast_bf16" {
+			casts++
+		}
+		ahead = &spans[i]
+	}
+	record("trace.llama-3.1-8b-2layers-r32", map[string]any{"launches": len(spans), "casts": casts, "cublaslt": library, "step_us": ahead.Ended})
+	if library != 1 || casts != 9 {
+		t.Errorf("%d cuBLASLt launches and %d casts, want the LM head's, and q/k/v, o, gate/up and down's of 2 layers and the LM head's", library, casts)
+	}
+	plain := newCUDA(cuda.GemmAuto)(t, b).(*cuda.Backend)
+	defer plain.Close()
+	if _, err := plain.Trace(ti); err == nil || !strings.Contains(err.Error(), "without Options.Trace") {
+		t.Errorf("trace of a backend loaded without it: %v", err)
+	}
+}
+
 // sixTokenPrompts are n different prompts of six tokens each, for requests that stay live in
 // every decode step together.
 func sixTokenPrompts(n int) [][]int {

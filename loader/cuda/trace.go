@@ -1,0 +1,259 @@
+package cuda
+
+import (
+	"encoding/binary"
+	"fmt"
+	"unsafe"
+
+	"xmix/bundle"
+	"xmix/ptx"
+)
+
+// The step trace (Options.Trace, `xmix bench --trace`): a replayed graph's kernels overlap
+// (early launch), so neither --profile (nodes one by one) nor --role-costs (a role left out)
+// says when each kernel of a step really starts, waits and ends. With Trace, the backend
+// rewrites every kernel it loads, its own cast included, so that thread 0 of each CTA takes a
+// record in one device buffer, in the order the CTAs begin, and writes there when the CTA
+// began, when its wait for the grid ahead returned and when it ended (%globaltimer, ns).
+// Trace replays a template's graph once and gives each launch its CTAs' records. cuBLASLt's
+// kernels are the library's and carry no records. The stamps cost each CTA an atomic and a
+// few stores, so time shapes without Trace.
+
+const (
+	traceHeaderBytes = 64      // the record counter, then padding to the first record
+	traceRecordBytes = 32      // kernel id, CTA, began, waited, ended
+	traceCapacity    = 1 << 20 // records a replay may take; CTAs past it write none
+)
+
+// traceBuffer is the device buffer the instrumented kernels write.
+type traceBuffer struct {
+	addr uintptr
+	ids  map[uintptr]uint32 // kernel function -> its id in the records: the bundle's kernels by index, then the cast
+}
+
+// newTraceBuffer allocates the trace's device buffer.
+func (be *Backend) newTraceBuffer() error {
+	be.trace = &traceBuffer{ids: map[uintptr]uint32{}}
+	n := uintptr(traceHeaderBytes + traceCapacity*traceRecordBytes)
+	if err := be.d.call("cuMemAlloc_v2", uintptr(unsafe.Pointer(&be.trace.addr)), n); err != nil {
+		return fmt.Errorf("trace: allocating %d bytes: %w", n, err)
+	}
+	be.allocs = append(be.allocs, be.trace.addr)
+	return nil
+}
+
+// instrumentForTrace rewrites kernel k (parsed PTX) to write its CTAs' records, as kernel id,
+// into the trace buffer at base (room for capacity records): a prologue takes a record (thread 0 of each CTA only: an
+// atomic on the counter, then the kernel id, the CTA's index and the time), the wait for the
+// grid ahead is followed by its time, and every ret and exit by the end time where it is
+// taken. The kernel's own instructions are unchanged, and its other threads write nothing.
+func instrumentForTrace(k *ptx.Kernel, id uint32, base uint64, capacity int) {
+	u32, u64 := func() ptx.Reg { return k.Reg(ptx.U32) }, func() ptx.Reg { return k.Reg(ptx.U64) }
+	tid, t, cta, n, kid := u32(), u32(), u32(), u32(), u32()
+	buf, idx, rec, now := u64(), u64(), u64(), u64()
+	on := k.Reg(ptx.Pred)
+	in := func(op string, args ...ptx.Operand) ptx.Instr { return ptx.Instr{Op: op, Args: args} }
+	if1 := func(p ptx.Reg, op string, args ...ptx.Operand) ptx.Instr {
+		return ptx.Instr{Guard: &p, Op: op, Args: args}
+	}
+	stamp := func(p ptx.Reg, offset int64) []ptx.Instr {
+		return []ptx.Instr{
+			if1(p, "mov.u64", now, ptx.GlobalTimer),
+			if1(p, "st.global.u64", ptx.Addr{Base: rec, Offset: offset}, now),
+		}
+	}
+	body := []ptx.Instr{
+		in("mov.u32", tid, ptx.TidX), in("mov.u32", t, ptx.TidY), in("or.b32", tid, tid, t),
+		in("mov.u32", t, ptx.Special("%tid.z")), in("or.b32", tid, tid, t),
+		in("setp.eq.u32", on, tid, ptx.Imm(0)),
+		in("mov.u64", now, ptx.GlobalTimer),
+		in("mov.u64", buf, ptx.U64Imm(base)),
+		// The record's index: the order in which CTAs began. Taken before the kernel lets the
+		// grid after it launch, so each launch's CTAs take consecutive indices of its kernel.
+		if1(on, "atom.global.add.u64", idx, ptx.Addr{Base: buf}, ptx.Imm(1)),
+		if1(on, "setp.lt.u64", on, idx, ptx.Imm(capacity)),
+		in("mov.u32", cta, ptx.CtaidZ), in("mov.u32", n, ptx.NCtaidY), in("mov.u32", t, ptx.CtaidY),
+		in("mad.lo.u32", cta, cta, n, t),
+		in("mov.u32", n, ptx.NCtaidX), in("mov.u32", t, ptx.CtaidX),
+		in("mad.lo.u32", cta, cta, n, t),
+		in("mov.u32", kid, ptx.Imm(int64(id))),
+		if1(on, "mul.lo.u64", rec, idx, ptx.Imm(traceRecordBytes)),
+		if1(on, "add.u64", rec, rec, buf),
+		if1(on, "add.u64", rec, rec, ptx.Imm(traceHeaderBytes)),
+		if1(on, "st.global.v2.u32", ptx.Addr{Base: rec}, ptx.Vec{kid, cta}),
+		if1(on, "st.global.u64", ptx.Addr{Base: rec, Offset: 8}, now),
+	}
+	for _, i := range k.Body {
+		switch {
+		case i.Label == "" && (i.Op == "ret" || i.Op == "exit"):
+			p := on
+			if i.Guard != nil {
+				p = k.Reg(ptx.Pred)
+				if i.GuardNeg {
+					body = append(body, in("not.pred", p, *i.Guard), in("and.pred", p, p, on))
+				} else {
+					body = append(body, in("and.pred", p, *i.Guard, on))
+				}
+			}
+			body = append(append(body, stamp(p, 24)...), i)
+		case i.Label == "" && i.Op == bundle.PriorGridWait:
+			body = append(append(body, i), stamp(on, 16)...)
+		default:
+			body = append(body, i)
+		}
+	}
+	k.Body = body
+}
+
+// tracedPTX is src with its entry instrumented as kernel id when the backend traces, else
+// src itself.
+func (be *Backend) tracedPTX(src, entry string, id uint32) (string, error) {
+	if be.trace == nil {
+		return src, nil
+	}
+	m, err := ptx.Parse(src)
+	if err != nil {
+		return "", fmt.Errorf("trace: %w", err)
+	}
+	k := m.Kernel(entry)
+	if k == nil {
+		return "", fmt.Errorf("trace: no entry %s in its PTX", entry)
+	}
+	instrumentForTrace(k, id, uint64(be.trace.addr), traceCapacity)
+	return m.Print()
+}
+
+// TraceSpan is one launch of a traced step: when its first CTA began, when the first and
+// the last CTA's wait for the grid ahead returned, and when its last CTA ended, in µs from
+// the step's first CTA. CTAs is the launch's grid, Records the CTAs that left a record; a
+// cuBLASLt launch has none and no times.
+type TraceSpan struct {
+	Label       string  `json:"label"`
+	Kernel      string  `json:"kernel"`
+	CTAs        int     `json:"ctas"`
+	Records     int     `json:"records"`
+	Began       float64 `json:"began_us"`
+	FirstWaited float64 `json:"first_waited_us,omitempty"`
+	Waited      float64 `json:"waited_us,omitempty"`
+	Ended       float64 `json:"ended_us"`
+}
+
+// traceRecord is one CTA's record as the instrumented kernels write it.
+type traceRecord struct {
+	kernel, cta          uint32
+	began, waited, ended uint64
+}
+
+// Trace replays template t's graph (after warm replays) with the trace's counter reset and
+// returns its launches in step order. It needs a backend made with Options.Trace.
+func (be *Backend) Trace(t int) ([]TraceSpan, error) {
+	if be.trace == nil {
+		return nil, fmt.Errorf("trace: the backend was loaded without Options.Trace")
+	}
+	if t < 0 || t >= len(be.steps) {
+		return nil, fmt.Errorf("no template %d", t)
+	}
+	var recs []traceRecord
+	err := be.do(func() error {
+		exec := be.steps[t].execs[be.variant(t)]
+		if _, err := be.timeGraph(exec, timeWithoutWarmup); err != nil {
+			return err
+		}
+		if err := be.d.call("cuMemsetD8_v2", be.trace.addr, 0, traceHeaderBytes); err != nil {
+			return err
+		}
+		if err := be.d.call("cuGraphLaunch", exec, be.stream); err != nil {
+			return err
+		}
+		if err := be.d.call("cuStreamSynchronize", be.stream); err != nil {
+			return err
+		}
+		var count uint64
+		if err := be.d.call("cuMemcpyDtoH_v2", uintptr(unsafe.Pointer(&count)), be.trace.addr, 8); err != nil {
+			return err
+		}
+		n := min(int(count), traceCapacity)
+		if n == 0 {
+			return nil
+		}
+		raw := make([]byte, n*traceRecordBytes)
+		if err := be.d.call("cuMemcpyDtoH_v2", uintptr(unsafe.Pointer(&raw[0])), be.trace.addr+traceHeaderBytes, uintptr(len(raw))); err != nil {
+			return err
+		}
+		recs = decodeTraceRecords(raw)
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("trace of template %d: %w", t, err)
+	}
+	var chain []launch
+	for _, l := range be.steps[t].nodes[be.variant(t)] {
+		for p := &l; p != nil; p = p.then {
+			c := *p
+			if p.matmul != nil || p.then != nil {
+				c.kernel = castEntry // a GEMM's cast, which names the GEMM's kernel elsewhere
+			}
+			chain = append(chain, c)
+			if p.matmul != nil {
+				chain = append(chain, launch{label: p.label, kernel: "cublasLt"})
+			}
+		}
+	}
+	return traceSpans(chain, be.trace.ids, recs), nil
+}
+
+func decodeTraceRecords(raw []byte) []traceRecord {
+	recs := make([]traceRecord, len(raw)/traceRecordBytes)
+	for i := range recs {
+		r := raw[i*traceRecordBytes:]
+		recs[i] = traceRecord{kernel: binary.LittleEndian.Uint32(r), cta: binary.LittleEndian.Uint32(r[4:]),
+			began: binary.LittleEndian.Uint64(r[8:]), waited: binary.LittleEndian.Uint64(r[16:]), ended: binary.LittleEndian.Uint64(r[24:])}
+	}
+	return recs
+}
+
+// traceSpans gives each launch of chain (step order) the next records of its kernel, as many
+// as its grid has CTAs: one kernel's launches in a step follow each other, and each takes its
+// records before the grid after it may launch.
+func traceSpans(chain []launch, ids map[uintptr]uint32, recs []traceRecord) []TraceSpan {
+	byKernel := map[uint32][]traceRecord{}
+	var t0 uint64
+	for _, r := range recs {
+		byKernel[r.kernel] = append(byKernel[r.kernel], r)
+		if r.began != 0 && (t0 == 0 || r.began < t0) {
+			t0 = r.began
+		}
+	}
+	us := func(ns uint64) float64 {
+		if ns == 0 {
+			return 0
+		}
+		return float64(int64(ns-t0)) / 1e3
+	}
+	spans := make([]TraceSpan, 0, len(chain))
+	for _, l := range chain {
+		s := TraceSpan{Label: l.label, Kernel: l.kernel, CTAs: l.grid[0] * l.grid[1] * l.grid[2]}
+		id, ok := ids[l.f]
+		if l.f == 0 || !ok {
+			spans = append(spans, s)
+			continue
+		}
+		q := byKernel[id]
+		mine := q[:min(s.CTAs, len(q))]
+		byKernel[id] = q[len(mine):]
+		s.Records = len(mine)
+		var began, first, waited, ended uint64
+		for _, r := range mine {
+			if began == 0 || r.began < began {
+				began = r.began
+			}
+			if r.waited != 0 && (first == 0 || r.waited < first) {
+				first = r.waited
+			}
+			waited, ended = max(waited, r.waited), max(ended, r.ended)
+		}
+		s.Began, s.FirstWaited, s.Waited, s.Ended = us(began), us(first), us(waited), us(ended)
+		spans = append(spans, s)
+	}
+	return spans
+}
