@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Where a replayed decode step's time goes, kernel by kernel (xmix bench --trace), in one device
+# call: for each model of MODELS (default llama-3.1-8b), bucket of BUCKETS (default 32) and
+# context of CONTEXTS (default 80 2112), the graph's time untraced, then one traced replay
+# (every kernel stamps when its CTAs began, waited for the kernel ahead and ended), summarised
+# by trace_summary.py; TEST_RUN (a -test.run pattern) runs GPU tests first
+# (TestCUDATraceFollowsTheGraph checks the stamps against the graph's order). BUILD_FLAGS go to
+# xmixc build. Build first (bash testsuite/gpu/build.sh), then:
+#   run(command="OUT=\$OUT bash testsuite/gpu/trace.sh", carry=[".dev/gpu"])
+# Writes $OUT/trace-MODEL-bBUCKET-cCONTEXT.json, $OUT/bench-*.json and $OUT/summary.txt.
+set -u
+export PATH=/usr/local/cuda/bin:$PATH
+B=${BIN:-.dev/gpu}
+OUT=${OUT:?set OUT}
+mkdir -p "$OUT"
+W=$(mktemp -d)
+S=$OUT/summary.txt
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader | tee -a "$S"
+if [ -n "${TEST_RUN:-}" ]; then
+  XMIX_GPU_RESULTS=$OUT/tests.json timeout ${TEST_TIMEOUT:-400} "$B/gpu.test" -test.run "$TEST_RUN" -test.v > "$OUT/test.txt" 2>&1
+  echo "tests rc=$?" | tee -a "$S"
+  grep -E "^(=== RUN|--- |ok|FAIL|PASS)|rror|panic" "$OUT/test.txt" | cut -c1-300 | head -60 | tee -a "$S"
+fi
+for m in ${MODELS:-llama-3.1-8b}; do
+  "$B/xmixc" build specs/models/$m.yaml -q ${BUILD_FLAGS:-} -o "$W/$m.xmb" || { echo "build of $m failed" | tee -a "$S"; exit 1; }
+  for bucket in ${BUCKETS:-32}; do
+    for ctx in ${CONTEXTS:-80 2112}; do
+      f=$m-b$bucket-c$ctx
+      common=("$W/$m.xmb" --backend cuda --prompts $bucket --prompt-len 16 --new-tokens 8 --graph-buckets $bucket --graph-context $ctx --json -q)
+      timeout 120 "$B/xmix" bench "${common[@]}" > "$OUT/bench-$f.json" 2> "$W/e-$f.txt"
+      echo "bench $f rc=$? graph_ms $(python3 -c "import json; print(json.load(open('$OUT/bench-$f.json')).get('graph_ms'))" 2>&1 | tail -1)" | tee -a "$S"
+      timeout 120 "$B/xmix" bench "${common[@]}" --trace "$OUT/trace-$f.json" > "$OUT/bench-traced-$f.json" 2> "$W/et-$f.txt"
+      echo "traced $f rc=$? graph_ms $(python3 -c "import json; print(json.load(open('$OUT/bench-traced-$f.json')).get('graph_ms'))" 2>&1 | tail -1)" | tee -a "$S"
+      tail -3 "$W/et-$f.txt" | tee -a "$S"
+      python3 "$(dirname "$0")/trace_summary.py" "$OUT/trace-$f.json" 2>&1 | tee -a "$S"
+    done
+  done
+done
