@@ -104,9 +104,6 @@ func (be *Backend) prepareAll(nodes []bundle.Node, variants uint32) ([]launch, e
 			return nil, fmt.Errorf("node %s (kernel %s, grid %v, block %v): %w", n.Label, n.Kernel, n.Grid, n.Block, err)
 		}
 		all = append(all, l)
-		if pf, ok := be.pfAfter(nodes, i); ok {
-			all = append(all, pf)
-		}
 	}
 	return all, nil
 }
