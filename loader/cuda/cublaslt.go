@@ -76,14 +76,19 @@ var ltLibraryPaths = []string{
 	"/usr/local/cuda/lib64/libcublasLt.so.12", "libcublasLt.so",
 }
 
-// castPTX rounds n f32 values (n even) to bf16, two per thread per iteration of a grid-stride
-// loop. cvt.rn.bf16x2.f32 puts its first source in the upper half, so the pair is stored in
-// memory order. It waits for the grid ahead before reading x, so where the node's own kernel
-// is built for programmatic dependent launch the cast is launched early as that kernel would
-// be (its launch overlaps the tail of the kernel ahead); launched plainly, the wait is a no-op.
-// It lets the grid after it launch at once: cuBLASLt's kernels are launched plainly, so the
-// trigger changes nothing for them, while a copy-engine GEMM of bf16(x) launched early asks
-// for its W while x is cast, and waits for the cast before it reads x.
+// castPTX rounds n f32 values (n even) to bf16. A thread converts four pairs an iteration
+// (two 16-byte loads, one 16-byte store) over the quads of pairs, then the pairs past them one
+// by one, both in grid-stride loops; the caller gives no quads (all pairs one by one) where x is
+// not 16-byte aligned. Fewer, wider threads than one a pair start sooner: the grid after it
+// launches once every CTA has begun, and 896 CTAs of one pair a thread (the 8B's down
+// projection at 32 rows) took 1.3 µs to begin (testsuite/gpu/RESULTS.md, session 48).
+// cvt.rn.bf16x2.f32 puts its first source in the upper half, so each pair is stored in memory
+// order. It waits for the grid ahead before reading x, so where the node's own kernel is built
+// for programmatic dependent launch the cast is launched early as that kernel would be (its
+// launch overlaps the tail of the kernel ahead); launched plainly, the wait is a no-op. It lets
+// the grid after it launch at once: cuBLASLt's kernels are launched plainly, so the trigger
+// changes nothing for them, while a copy-engine GEMM of bf16(x) launched early asks for its W
+// while x is cast, and waits for the cast before it reads x.
 const castPTX = `.version 8.0
 .target sm_90
 .address_size 64
@@ -91,16 +96,18 @@ const castPTX = `.version 8.0
 .visible .entry xmix_cast_bf16(
 	.param .u64 src,
 	.param .u64 dst,
-	.param .u32 pairs
+	.param .u32 pairs,
+	.param .u32 quads
 )
 {
 	.reg .pred %p1;
-	.reg .b32 %r<8>;
+	.reg .b32 %r<14>;
 	.reg .b64 %rd<8>;
-	.reg .f32 %f<3>;
+	.reg .f32 %f<9>;
 	ld.param.u64 %rd1, [src];
 	ld.param.u64 %rd2, [dst];
 	ld.param.u32 %r1, [pairs];
+	ld.param.u32 %r8, [quads];
 	griddepcontrol.launch_dependents;
 	griddepcontrol.wait;
 	mov.u32 %r2, %ctaid.x;
@@ -109,6 +116,26 @@ const castPTX = `.version 8.0
 	mad.lo.u32 %r5, %r2, %r3, %r4;
 	mov.u32 %r6, %nctaid.x;
 	mul.lo.u32 %r6, %r6, %r3;
+	mov.u32 %r9, %r5;
+QUADS:
+	setp.ge.u32 %p1, %r9, %r8;
+	@%p1 bra PAIRS;
+	mul.wide.u32 %rd3, %r9, 32;
+	add.u64 %rd4, %rd1, %rd3;
+	ld.global.v4.f32 {%f1, %f2, %f3, %f4}, [%rd4];
+	ld.global.v4.f32 {%f5, %f6, %f7, %f8}, [%rd4+16];
+	cvt.rn.bf16x2.f32 %r10, %f2, %f1;
+	cvt.rn.bf16x2.f32 %r11, %f4, %f3;
+	cvt.rn.bf16x2.f32 %r12, %f6, %f5;
+	cvt.rn.bf16x2.f32 %r13, %f8, %f7;
+	mul.wide.u32 %rd5, %r9, 16;
+	add.u64 %rd6, %rd2, %rd5;
+	st.global.v4.b32 [%rd6], {%r10, %r11, %r12, %r13};
+	add.u32 %r9, %r9, %r6;
+	bra QUADS;
+PAIRS:
+	shl.b32 %r9, %r8, 2;
+	add.u32 %r5, %r5, %r9;
 LOOP:
 	setp.ge.u32 %p1, %r5, %r1;
 	@%p1 bra DONE;
@@ -128,10 +155,21 @@ DONE:
 
 const castEntry = "xmix_cast_bf16"
 
-// castLaunch is the grid of castPTX for n f32 values: 256 threads, at most 1024 blocks.
-func castLaunch(n int) (grid, block int) {
-	blocks := (n/2 + 255) / 256
-	return max(1, min(blocks, 1024)), 256
+// castWork is castPTX's pairs and quads for n f32 values at x: no quads where x is not
+// 16-byte aligned (the scratch it writes always is).
+func castWork(n int, x uintptr) (pairs, quads int) {
+	pairs = n / 2
+	if x%16 == 0 {
+		quads = pairs / 4
+	}
+	return pairs, quads
+}
+
+// castLaunch is the grid of castPTX for its pairs and quads: 256 threads, a thread for each
+// quad and for each pair past them, at most 1024 blocks.
+func castLaunch(pairs, quads int) (grid, block int) {
+	threads := max(quads, pairs-4*quads)
+	return max(1, min((threads+255)/256, 1024)), 256
 }
 
 // cublasLt is the loaded library and the state shared by every node it serves.
@@ -356,9 +394,10 @@ func (be *Backend) ltNode(n bundle.Node, vals []uint64) (*launch, bool, error) {
 // launched where n's own kernel would be and early as it would be; kernel names the launch in
 // errors and profiles. What multiplies after it is the caller's (matmul or then).
 func (be *Backend) castNode(n bundle.Node, g bundle.GEMM, x uintptr, kernel string) *launch {
-	grid, block := castLaunch(g.M * g.K)
+	pairs, quads := castWork(g.M*g.K, x)
+	grid, block := castLaunch(pairs, quads)
 	return &launch{label: n.Label, kernel: kernel, f: be.lt.cast, grid: [3]int{grid, 1, 1}, block: [3]int{block, 1, 1},
-		params: be.keepParams([]uint64{uint64(x), uint64(be.lt.xb), uint64(g.M * g.K / 2)}), early: be.kernels[n.Kernel].EarlyLaunch}
+		params: be.keepParams([]uint64{uint64(x), uint64(be.lt.xb), uint64(pairs), uint64(quads)}), early: be.kernels[n.Kernel].EarlyLaunch}
 }
 
 // newMatmul describes y = bf16(x) . w^T for g: its matmul descriptor and matrix layouts,

@@ -14,7 +14,9 @@ import (
 )
 
 // The cast kernel that feeds cuBLASLt rounds every f32 to the nearest-even bf16 in memory
-// order, including when the grid-stride loop wraps (more pairs than threads).
+// order: four pairs a thread where x is 16-byte aligned, then the pairs past the last whole
+// quad, or every pair one by one where x is not, including when the grid-stride loops wrap
+// (more quads or pairs than threads).
 func TestCastKernelRoundsToBF16(t *testing.T) {
 	mod, err := ptx.Parse(castPTX)
 	if err != nil {
@@ -23,29 +25,41 @@ func TestCastKernelRoundsToBF16(t *testing.T) {
 	if err := ptx.Validate(mod); err != nil {
 		t.Fatal(err)
 	}
-	for _, n := range []int{2, 512, 3 * 2048} {
+	for _, c := range []struct {
+		n, misalign int // misalign: x's bytes past a 16-byte boundary (a multiple of 8: x holds f32 pairs)
+		maxGrid     int
+	}{
+		{2, 0, 1}, {6, 0, 1}, {8, 0, 1}, {14, 0, 1}, {512, 0, 1}, {3*2048 + 6, 0, 2}, {3 * 2048, 0, 8},
+		{8, 8, 1}, {3*2048 + 6, 8, 2},
+	} {
+		n := c.n
 		rng := rand.New(rand.NewPCG(uint64(n), 1))
 		x := make([]float32, n)
 		for i := range x {
 			x[i] = float32(rng.NormFloat64() * math.Pow(10, float64(rng.IntN(8)-4)))
 		}
-		x[0] = float32(math.Float32frombits(0x3f808000)) // a tie: rounds to even (1.0)
+		x[0] = float32(math.Float32frombits(0x3f808000))   // a tie: rounds to even (1.0)
+		x[n-1] = float32(math.Float32frombits(0x3f818000)) // a tie: rounds to even (1.0234375)
 		mem := emu.NewMemory()
-		src, dst := mem.Alloc(4*n), mem.Alloc(2*n+2)
+		src, dst := mem.Alloc(4*n+16)+uint64(c.misalign), mem.Alloc(2*n+2)
 		for i, v := range x {
 			binary.LittleEndian.PutUint32(mem.Bytes(src)[4*i:], math.Float32bits(v))
 		}
 		out := mem.Bytes(dst)
 		binary.LittleEndian.PutUint16(out[2*n:], 0xdead) // past the end: must survive
-		grid, block := castLaunch(n)
-		grid = min(grid, 2) // force the grid-stride loop on the larger sizes
+		pairs, quads := castWork(n, uintptr(src))
+		if wantQuads := (n / 8) * (1 - c.misalign/8); quads != wantQuads || pairs != n/2 {
+			t.Fatalf("n=%d misaligned by %d: %d pairs and %d quads, want %d and %d", n, c.misalign, pairs, quads, n/2, wantQuads)
+		}
+		grid, block := castLaunch(pairs, quads)
+		grid = min(grid, c.maxGrid) // force the grid-stride loops on the larger sizes
 		l := emu.Launch{Grid: [3]int{grid, 1, 1}, Block: [3]int{block, 1, 1}}
-		if err := emu.Run(mod, castEntry, l, mem, []uint64{src, dst, uint64(n / 2)}); err != nil {
+		if err := emu.Run(mod, castEntry, l, mem, []uint64{src, dst, uint64(pairs), uint64(quads)}); err != nil {
 			t.Fatal(err)
 		}
 		for i, v := range x {
 			if got, want := binary.LittleEndian.Uint16(out[2*i:]), ops.F32ToBF16(v); got != want {
-				t.Fatalf("n=%d element %d (%g): bf16 %#04x, want %#04x", n, i, v, got, want)
+				t.Fatalf("n=%d misaligned by %d, element %d (%g): bf16 %#04x, want %#04x", n, c.misalign, i, v, got, want)
 			}
 		}
 		if binary.LittleEndian.Uint16(out[2*n:]) != 0xdead {
@@ -68,12 +82,20 @@ func TestCastKernelWaitsBeforeMemory(t *testing.T) {
 	}
 }
 
+// castLaunch gives a thread to every quad and to every pair past them, in at most 1024
+// blocks; the 8B's down projection at 32 rows takes 224 blocks, not one a pair's 896.
 func TestCastLaunchCoversEveryPair(t *testing.T) {
 	for _, n := range []int{2, 510, 512, 514, 1 << 20, 1 << 24} {
-		grid, block := castLaunch(n)
-		if grid < 1 || grid > 1024 || block != 256 || (grid < 1024 && grid*block < n/2) {
-			t.Errorf("n=%d: grid %d block %d", n, grid, block)
+		for _, x := range []uintptr{0, 8} {
+			pairs, quads := castWork(n, x)
+			grid, block := castLaunch(pairs, quads)
+			if grid < 1 || grid > 1024 || block != 256 || (grid < 1024 && (grid*block < quads || grid*block < pairs-4*quads)) {
+				t.Errorf("n=%d x=%#x: grid %d block %d for %d pairs, %d quads", n, x, grid, block, pairs, quads)
+			}
 		}
+	}
+	if grid, _ := castLaunch(castWork(32*14336, 0)); grid != 224 {
+		t.Errorf("32 x 14336: %d blocks, want 224", grid)
 	}
 }
 

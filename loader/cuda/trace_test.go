@@ -161,7 +161,7 @@ func TestTraceRecordsOnEmulator(t *testing.T) {
 			for i := range 2048 {
 				binary.LittleEndian.PutUint32(mem.Bytes(x)[4*i:], uint32(0x3f800000+i*4099))
 			}
-			return []uint64{x, y, 1024}, []uint64{y}
+			return []uint64{x, y, 1024, 200}, []uint64{y} // 200 quads, then pairs 800-1023
 		}, 2 * 2048},
 		{"exits", src, "exits", 4, 64, func(mem *emu.Memory) ([]uint64, []uint64) {
 			o, o2 := mem.Alloc(4*64*4), mem.Alloc(4*64*4)

@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # One bundle's decode graphs under several xmix binaries or run-time settings, side by side, in
-# one device call: VARIANTS="NAME=BIN [VAR=VALUE ...];..." (the first is the base), e.g.
-# "base=.dev/gpu;hop=.dev/pf XMIX_PF_O_BYTES=hop" for a temporary build that reads an
-# environment variable. For MODEL (default llama-3.1-8b; its bundle built by $BIN/xmixc with
-# BUILD_FLAGS), each bucket of BUCKETS (default 32) and context of CONTEXTS (default 80 576
-# 2112), ROUNDS (default 2) rounds with the variants' order reversed every other round; each
-# bench is `xmix bench --graph-buckets B --graph-context C` (every row live at that context).
+# one device call: VARIANTS="NAME=BIN [VAR=VALUE ...] [-- BENCH FLAGS];..." (the first is the
+# base), e.g. "base=.dev/gpu;hop=.dev/pf XMIX_PF_O_BYTES=hop" for a temporary build that reads
+# an environment variable, or "s2=.dev/gpu -- --attn-splits 2". For each model of MODELS
+# (default llama-3.1-8b; its bundle built by $BIN/xmixc with BUILD_FLAGS), bucket of BUCKETS
+# (default 32) and context of CONTEXTS (default 80 576 2112), ROUNDS (default 2) rounds with the
+# variants' order reversed every other round; each bench is `xmix bench --graph-buckets B
+# --graph-context C` (every row live at that context).
 #   run(command="OUT=\$OUT VARIANTS=... bash testsuite/gpu/runtime_ab.sh", carry=[...])
-# Writes $OUT/runtime_ab.json ({bucket_context: {variant: [ms per round]}}) and $OUT/summary.txt.
+# Writes $OUT/runtime_ab.json ({"model|bucket|context": {variant: [ms per round]}}) and
+# $OUT/summary.txt (each variant's mean and its change against the base).
 set -u
 B=${BIN:-.dev/gpu}
 OUT=${OUT:?set OUT}
@@ -15,41 +17,42 @@ VARIANTS=${VARIANTS:?set VARIANTS}
 mkdir -p "$OUT"
 W=$(mktemp -d)
 S=$OUT/summary.txt
-m=${MODEL:-llama-3.1-8b}
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader | tee -a "$S"
-"$B/xmixc" build specs/models/$m.yaml -q ${BUILD_FLAGS:-} -o "$W/m.xmb" || { echo "build failed" | tee -a "$S"; exit 1; }
 IFS=';' read -ra vs <<< "$VARIANTS"
-echo "{" > "$W/raw.txt"
-for bucket in ${BUCKETS:-32}; do
-  for ctx in ${CONTEXTS:-80 576 2112}; do
-    for r in $(seq ${ROUNDS:-2}); do
-      order=("${vs[@]}")
-      if [ $((r % 2)) = 0 ]; then
-        order=(); for ((i=${#vs[@]}-1; i>=0; i--)); do order+=("${vs[$i]}"); done
-      fi
-      for v in "${order[@]}"; do
-        name=${v%%=*}; spec=${v#*=}; bin=${spec%% *}; env=""
-        [ "$spec" != "$bin" ] && env=${spec#* }
-        f=$W/b_${bucket}_${ctx}_${name}_$r.json
-        env $env timeout 120 "$bin/xmix" bench "$W/m.xmb" --backend cuda --prompts $bucket --prompt-len 16 --new-tokens 8 \
-          --graph-buckets $bucket --graph-context $ctx --json -q > "$f" 2> "$W/e.txt"
-        rc=$?
-        ms=$(python3 -c "import json; print(list(json.load(open('$f'))['graph_ms'].values())[0])" 2>/dev/null || echo null)
-        echo "bucket $bucket ctx $ctx $name round $r rc=$rc $ms" | tee -a "$S"
-        [ $rc = 0 ] || tail -3 "$W/e.txt" | tee -a "$S"
-        echo "\"${bucket}_${ctx}_${name}_$r\": $ms," >> "$W/raw.txt"
+: > "$W/raw.tsv"
+for m in ${MODELS:-llama-3.1-8b}; do
+  "$B/xmixc" build specs/models/$m.yaml -q ${BUILD_FLAGS:-} -o "$W/$m.xmb" || { echo "build of $m failed" | tee -a "$S"; exit 1; }
+  for bucket in ${BUCKETS:-32}; do
+    for ctx in ${CONTEXTS:-80 576 2112}; do
+      for r in $(seq ${ROUNDS:-2}); do
+        order=("${vs[@]}")
+        if [ $((r % 2)) = 0 ]; then
+          order=(); for ((i=${#vs[@]}-1; i>=0; i--)); do order+=("${vs[$i]}"); done
+        fi
+        for v in "${order[@]}"; do
+          name=${v%%=*}; spec=${v#*=}; flags=""
+          case "$spec" in *" -- "*) flags=${spec#* -- }; spec=${spec%% -- *} ;; esac
+          bin=${spec%% *}; env=""
+          [ "$spec" != "$bin" ] && env=${spec#* }
+          f=$W/b.json
+          env $env timeout 120 "$bin/xmix" bench "$W/$m.xmb" --backend cuda --prompts $bucket --prompt-len 16 --new-tokens 8 \
+            --graph-buckets $bucket --graph-context $ctx $flags --json -q > "$f" 2> "$W/e.txt"
+          rc=$?
+          ms=$(python3 -c "import json; print(list(json.load(open('$f'))['graph_ms'].values())[0])" 2>/dev/null || echo null)
+          echo "$m bucket $bucket ctx $ctx $name round $r rc=$rc $ms" | tee -a "$S"
+          [ $rc = 0 ] || tail -3 "$W/e.txt" | tee -a "$S"
+          printf '%s|%s|%s\t%s\t%s\n' "$m" "$bucket" "$ctx" "$name" "$ms" >> "$W/raw.tsv"
+        done
       done
     done
   done
 done
-echo "\"end\": null}" >> "$W/raw.txt"
-python3 - "$W/raw.txt" "$OUT/runtime_ab.json" "${vs[0]%%=*}" <<'PY' | tee -a "$S"
+python3 - "$W/raw.tsv" "$OUT/runtime_ab.json" "${vs[0]%%=*}" <<'PY' | tee -a "$S"
 import json, sys
-raw = json.load(open(sys.argv[1])); raw.pop("end")
 out = {}
-for k, v in raw.items():
-    bucket, ctx, name, r = k.split("_")
-    out.setdefault(f"{bucket}_{ctx}", {}).setdefault(name, []).append(v)
+for line in open(sys.argv[1]):
+    shape, name, ms = line.rstrip("\n").split("\t")
+    out.setdefault(shape, {}).setdefault(name, []).append(None if ms == "null" else float(ms))
 json.dump(out, open(sys.argv[2], "w"), indent=1)
 base = sys.argv[3]
 for shape, vs in out.items():
@@ -57,7 +60,8 @@ for shape, vs in out.items():
     cells = []
     for name, ms in vs.items():
         if None in ms:
-            cells.append(f"{name} failed"); continue
+            cells.append(f"{name} failed")
+            continue
         mean = sum(ms) / len(ms)
         cells.append(f"{name} {mean:.3f}" + (f" ({100 * (mean / b - 1):+.2f}%)" if b and name != base else ""))
     print(shape, " | ".join(cells))
