@@ -78,17 +78,14 @@ var ltLibraryPaths = []string{
 
 // castPTX rounds n f32 values (n even) to bf16. A thread converts four pairs an iteration
 // (two 16-byte loads, one 16-byte store) over the quads of pairs, then the pairs past them one
-// by one, both in grid-stride loops; the caller gives no quads (all pairs one by one) where x is
-// not 16-byte aligned. Fewer, wider threads than one a pair start sooner: the grid after it
-// launches once every CTA has begun, and 896 CTAs of one pair a thread (the 8B's down
-// projection at 32 rows) took 1.3 µs to begin (testsuite/gpu/RESULTS.md, session 48).
-// cvt.rn.bf16x2.f32 puts its first source in the upper half, so each pair is stored in memory
-// order. It waits for the grid ahead before reading x, so where the node's own kernel is built
-// for programmatic dependent launch the cast is launched early as that kernel would be (its
-// launch overlaps the tail of the kernel ahead); launched plainly, the wait is a no-op. It lets
-// the grid after it launch at once: cuBLASLt's kernels are launched plainly, so the trigger
-// changes nothing for them, while a copy-engine GEMM of bf16(x) launched early asks for its W
-// while x is cast, and waits for the cast before it reads x.
+// by one, both in grid-stride loops; with no quads every pair goes one by one. cvt.rn.bf16x2.f32
+// puts its first source in the upper half, so each pair is stored in memory order. It waits for
+// the grid ahead before reading x, so where the node's own kernel is built for programmatic
+// dependent launch the cast is launched early as that kernel would be (its launch overlaps the
+// tail of the kernel ahead); launched plainly, the wait is a no-op. It lets the grid after it
+// launch at once: cuBLASLt's kernels are launched plainly, so the trigger changes nothing for
+// them, while a copy-engine GEMM of bf16(x) launched early asks for its W while x is cast, and
+// waits for the cast before it reads x.
 const castPTX = `.version 8.0
 .target sm_90
 .address_size 64
@@ -155,11 +152,16 @@ DONE:
 
 const castEntry = "xmix_cast_bf16"
 
-// castWork is castPTX's pairs and quads for n f32 values at x: no quads where x is not
-// 16-byte aligned (the scratch it writes always is).
-func castWork(n int, x uintptr) (pairs, quads int) {
+// castWork is castPTX's pairs and quads for n f32 values at x. Quads go to a cast ahead of a
+// copy-engine GEMM (wide), whose launch waits for every CTA of the cast to begin: a quarter of
+// the CTAs begin sooner (the 8B's down projection at 32 rows: 224, where one a pair took 896
+// and 1.3 µs), and the 8B's 32-row step was 0.4-1.3% shorter with them. Ahead of cuBLASLt,
+// launched plainly after the cast has ended, the 1B's steps were 0.3-1.0% longer with quads
+// (testsuite/gpu/RESULTS.md, session 48), so a cast there takes every pair one by one, as
+// where x is not 16-byte aligned.
+func castWork(n int, x uintptr, wide bool) (pairs, quads int) {
 	pairs = n / 2
-	if x%16 == 0 {
+	if wide && x%16 == 0 {
 		quads = pairs / 4
 	}
 	return pairs, quads
@@ -381,7 +383,7 @@ func (be *Backend) ltNode(n bundle.Node, vals []uint64) (*launch, bool, error) {
 	if m.algo, err = lt.algorithm(m, g); err != nil {
 		return nil, false, err
 	}
-	l := be.castNode(n, g, key.x, "cublasLt:"+n.Kernel)
+	l := be.castNode(n, g, key.x, "cublasLt:"+n.Kernel, false)
 	l.matmul = m
 	if err := be.runOnce(*l); err != nil {
 		return nil, false, err
@@ -392,9 +394,10 @@ func (be *Backend) ltNode(n bundle.Node, vals []uint64) (*launch, bool, error) {
 
 // castNode is GEMM node n's cast of x (g's rows) to bf16 into the library's scratch, lt.xb,
 // launched where n's own kernel would be and early as it would be; kernel names the launch in
-// errors and profiles. What multiplies after it is the caller's (matmul or then).
-func (be *Backend) castNode(n bundle.Node, g bundle.GEMM, x uintptr, kernel string) *launch {
-	pairs, quads := castWork(g.M*g.K, x)
+// errors and profiles; wide: a copy-engine GEMM follows (castWork). What multiplies after it
+// is the caller's (matmul or then).
+func (be *Backend) castNode(n bundle.Node, g bundle.GEMM, x uintptr, kernel string, wide bool) *launch {
+	pairs, quads := castWork(g.M*g.K, x, wide)
 	grid, block := castLaunch(pairs, quads)
 	return &launch{label: n.Label, kernel: kernel, f: be.lt.cast, grid: [3]int{grid, 1, 1}, block: [3]int{block, 1, 1},
 		params: be.keepParams([]uint64{uint64(x), uint64(be.lt.xb), uint64(pairs), uint64(quads)}), early: be.kernels[n.Kernel].EarlyLaunch}

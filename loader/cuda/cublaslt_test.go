@@ -47,7 +47,7 @@ func TestCastKernelRoundsToBF16(t *testing.T) {
 		}
 		out := mem.Bytes(dst)
 		binary.LittleEndian.PutUint16(out[2*n:], 0xdead) // past the end: must survive
-		pairs, quads := castWork(n, uintptr(src))
+		pairs, quads := castWork(n, uintptr(src), true)
 		if wantQuads := (n / 8) * (1 - c.misalign/8); quads != wantQuads || pairs != n/2 {
 			t.Fatalf("n=%d misaligned by %d: %d pairs and %d quads, want %d and %d", n, c.misalign, pairs, quads, n/2, wantQuads)
 		}
@@ -83,19 +83,28 @@ func TestCastKernelWaitsBeforeMemory(t *testing.T) {
 }
 
 // castLaunch gives a thread to every quad and to every pair past them, in at most 1024
-// blocks; the 8B's down projection at 32 rows takes 224 blocks, not one a pair's 896.
+// blocks; quads only ahead of a copy-engine GEMM and where x is 16-byte aligned: the 8B's down
+// projection at 32 rows takes 224 blocks there, one a pair's 896 ahead of cuBLASLt.
 func TestCastLaunchCoversEveryPair(t *testing.T) {
 	for _, n := range []int{2, 510, 512, 514, 1 << 20, 1 << 24} {
 		for _, x := range []uintptr{0, 8} {
-			pairs, quads := castWork(n, x)
-			grid, block := castLaunch(pairs, quads)
-			if grid < 1 || grid > 1024 || block != 256 || (grid < 1024 && (grid*block < quads || grid*block < pairs-4*quads)) {
-				t.Errorf("n=%d x=%#x: grid %d block %d for %d pairs, %d quads", n, x, grid, block, pairs, quads)
+			for _, wide := range []bool{true, false} {
+				pairs, quads := castWork(n, x, wide)
+				if quads != 0 && (!wide || x%16 != 0) {
+					t.Errorf("n=%d x=%#x wide %v: %d quads, want none", n, x, wide, quads)
+				}
+				grid, block := castLaunch(pairs, quads)
+				if grid < 1 || grid > 1024 || block != 256 || (grid < 1024 && (grid*block < quads || grid*block < pairs-4*quads)) {
+					t.Errorf("n=%d x=%#x wide %v: grid %d block %d for %d pairs, %d quads", n, x, wide, grid, block, pairs, quads)
+				}
 			}
 		}
 	}
-	if grid, _ := castLaunch(castWork(32*14336, 0)); grid != 224 {
-		t.Errorf("32 x 14336: %d blocks, want 224", grid)
+	if grid, _ := castLaunch(castWork(32*14336, 0, true)); grid != 224 {
+		t.Errorf("32 x 14336 ahead of a copy-engine GEMM: %d blocks, want 224", grid)
+	}
+	if grid, _ := castLaunch(castWork(32*14336, 0, false)); grid != 896 {
+		t.Errorf("32 x 14336 ahead of cuBLASLt: %d blocks, want one a pair's 896", grid)
 	}
 }
 

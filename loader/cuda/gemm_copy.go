@@ -138,7 +138,7 @@ func (be *Backend) copyLaunch(n bundle.Node, g bundle.GEMM, c bundle.GemmCopy, v
 		// The cast goes first; the GEMM after it is launched early too, so that its W is on
 		// its way while x is cast.
 		gemm := l
-		l = be.castNode(n, g, key.x, c.Kernel)
+		l = be.castNode(n, g, key.x, c.Kernel, true)
 		l.then = gemm
 	}
 	if !be.copy.checked[c.Kernel] {
