@@ -155,10 +155,11 @@ const castEntry = "xmix_cast_bf16"
 // castWork is castPTX's pairs and quads for n f32 values at x. Quads go to a cast ahead of a
 // copy-engine GEMM (wide), whose launch waits for every CTA of the cast to begin: a quarter of
 // the CTAs begin sooner (the 8B's down projection at 32 rows: 224, where one a pair took 896
-// and 1.3 µs), and the 8B's 32-row step was 0.4-1.3% shorter with them. Ahead of cuBLASLt,
-// launched plainly after the cast has ended, the 1B's steps were 0.3-1.0% longer with quads
-// (testsuite/gpu/RESULTS.md, session 48), so a cast there takes every pair one by one, as
-// where x is not 16-byte aligned.
+// and 1.3 µs to begin), and the 8B's 32-row step was 0.4-1.3% shorter with them; quads in its
+// down projection's cast alone gained nothing, and the 1B's step (whose only such GEMM at 32
+// rows is gate/up) was 0.2-0.4% longer. Ahead of cuBLASLt, launched plainly after the cast has
+// ended, the 1B's steps were 0.4-1.0% longer with quads (testsuite/gpu/RESULTS.md, session 48),
+// so a cast there takes every pair one by one, as where x is not 16-byte aligned.
 func castWork(n int, x uintptr, wide bool) (pairs, quads int) {
 	pairs = n / 2
 	if wide && x%16 == 0 {
