@@ -43,10 +43,11 @@ func (be *Backend) newTraceBuffer() error {
 }
 
 // instrumentForTrace rewrites kernel k (parsed PTX) to write its CTAs' records, as kernel id,
-// into the trace buffer at base (room for capacity records): a prologue takes a record (thread 0 of each CTA only: an
-// atomic on the counter, then the kernel id, the CTA's index and the time), the wait for the
-// grid ahead is followed by its time, and every ret and exit by the end time where it is
-// taken. The kernel's own instructions are unchanged, and its other threads write nothing.
+// into the trace buffer at base (room for capacity records): a prologue takes a record
+// (thread 0 of each CTA only: an atomic on the counter, then the kernel id, the CTA's index
+// and the time), the wait for the grid ahead is followed by its time, and every ret and exit
+// is preceded by the end time where it is taken. The kernel's own instructions are unchanged,
+// and its other threads write nothing.
 func instrumentForTrace(k *ptx.Kernel, id uint32, base uint64, capacity int) {
 	u32, u64 := func() ptx.Reg { return k.Reg(ptx.U32) }, func() ptx.Reg { return k.Reg(ptx.U64) }
 	tid, t, cta, n, kid := u32(), u32(), u32(), u32(), u32()
