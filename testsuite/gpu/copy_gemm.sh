@@ -18,14 +18,7 @@
 #   run(command="OUT=\$OUT bash testsuite/gpu/copy_gemm.sh", carry=[".dev/gpu"])
 # Writes $OUT/copy_gemm.json (each bench's graph ms, its role costs with ROLE_COSTS=1, the peer's
 # and the online figures where run) and $OUT/summary.txt.
-set -u
-export PATH=/usr/local/cuda/bin:$PATH
-B=${BIN:-.dev/gpu}
-OUT=${OUT:?set OUT}
-mkdir -p "$OUT"
-W=$(mktemp -d)
-S=$OUT/summary.txt
-nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader | tee -a "$S"
+. "$(dirname "$0")/start.sh"
 if [ "${TESTS:-1}" = 1 ]; then
   XMIX_GPU_RESULTS=$OUT/tests.json timeout 400 "$B/gpu.test" -test.run "${TEST_RUN:-TestCUDACopyGemmMatchesCPU|TestCUDAMatchesCPUOnLlama1BCut}" -test.v > "$W/test.txt" 2>&1
   echo "tests rc=$?" | tee -a "$S"

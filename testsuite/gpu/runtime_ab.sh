@@ -10,14 +10,8 @@
 #   run(command="OUT=\$OUT VARIANTS=... bash testsuite/gpu/runtime_ab.sh", carry=[...])
 # Writes $OUT/runtime_ab.json ({"model|bucket|context": {variant: [ms per round]}}) and
 # $OUT/summary.txt (each variant's mean and its change against the base).
-set -u
-B=${BIN:-.dev/gpu}
-OUT=${OUT:?set OUT}
 VARIANTS=${VARIANTS:?set VARIANTS}
-mkdir -p "$OUT"
-W=$(mktemp -d)
-S=$OUT/summary.txt
-nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader | tee -a "$S"
+. "$(dirname "$0")/start.sh"
 IFS=';' read -ra vs <<< "$VARIANTS"
 : > "$W/raw.tsv"
 for m in ${MODELS:-llama-3.1-8b}; do

@@ -8,14 +8,7 @@
 # xmixc build. Build first (bash testsuite/gpu/build.sh), then:
 #   run(command="OUT=\$OUT bash testsuite/gpu/trace.sh", carry=[".dev/gpu"])
 # Writes $OUT/trace-MODEL-bBUCKET-cCONTEXT.json, $OUT/bench-*.json and $OUT/summary.txt.
-set -u
-export PATH=/usr/local/cuda/bin:$PATH
-B=${BIN:-.dev/gpu}
-OUT=${OUT:?set OUT}
-mkdir -p "$OUT"
-W=$(mktemp -d)
-S=$OUT/summary.txt
-nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader | tee -a "$S"
+. "$(dirname "$0")/start.sh"
 if [ -n "${TEST_RUN:-}" ]; then
   XMIX_GPU_RESULTS=$OUT/tests.json timeout ${TEST_TIMEOUT:-400} "$B/gpu.test" -test.run "$TEST_RUN" -test.v > "$OUT/test.txt" 2>&1
   echo "tests rc=$?" | tee -a "$S"

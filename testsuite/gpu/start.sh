@@ -1,0 +1,12 @@
+# Sourced by the GPU scripts that write a summary as they go (copy_gemm.sh, trace.sh,
+# runtime_ab.sh): unset variables are errors, CUDA's tools are on PATH, B is the binaries'
+# folder ($BIN, default .dev/gpu), OUT (required) exists, W is a scratch folder, S the summary
+# file, whose first line is the GPU's name, memory, driver and clock.
+set -u
+export PATH=/usr/local/cuda/bin:$PATH
+B=${BIN:-.dev/gpu}
+OUT=${OUT:?set OUT}
+mkdir -p "$OUT"
+W=$(mktemp -d)
+S=$OUT/summary.txt
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader | tee -a "$S"
