@@ -371,6 +371,10 @@ type BuildInfo struct {
 	// copy-engine kernels serve get one for the gate/up GEMM and its activation together
 	// (GemmCopyAttrs.Act; xmixc build --gated-copy-rows; 0: none).
 	GatedCopyRows int `json:"gated_copy_rows,omitempty"`
+	// CopyGemmNextAtAsk: the copy-engine kernels let the grid after them launch once each CTA
+	// has asked for its last stage of W, not once it has read every stage (xmixc build
+	// --copy-gemm-next asked; false: read, as in bundles built before the setting).
+	CopyGemmNextAtAsk bool `json:"copy_gemm_next_at_ask,omitempty"`
 }
 
 // InputDigest is the hash of one input file of the build.

@@ -76,6 +76,9 @@ type gen struct {
 	// slots of their rings (0: the default, gcStages).
 	copyShapes [][2]int
 	copySlots  int
+	// copyNextAtAsk: GemmCopyConfig.NextAtAsk of every copy-engine kernel
+	// (BuildInfo.CopyGemmNextAtAsk).
+	copyNextAtAsk bool
 	// copyRows are the row counts given copy-engine kernels, fewest first (CopyGemmRows).
 	copyRows []int
 	// gatedCopyRows: decode buckets of at most this many rows get a copy-engine kernel for
@@ -140,7 +143,7 @@ func Generate(p *passes.Program, opt Options) (*bundle.Bundle, error) {
 	if err := CheckCopyGemmSlots(bi.CopyGemmSlots); err != nil {
 		return nil, err
 	}
-	g.copySlots = bi.CopyGemmSlots
+	g.copySlots, g.copyNextAtAsk = bi.CopyGemmSlots, bi.CopyGemmNextAtAsk
 	if err := CheckCopyGemmRows(bi.CopyGemmRows); err != nil {
 		return nil, err
 	}

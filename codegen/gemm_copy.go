@@ -159,6 +159,9 @@ func gcLayoutOf(rows int) *gcLayout {
 type GemmCopyConfig struct {
 	K, N, Rows, Split, Stages, Share, Tiles int
 	Act                                     string
+	// NextAtAsk: the grid after it may launch once the CTA has asked for its last stage of W
+	// (BuildInfo.CopyGemmNextAtAsk), not only once it has read every stage.
+	NextAtAsk bool
 }
 
 // layout is the config's layout, the zero one if Rows has none.
@@ -443,6 +446,7 @@ func (g *gen) copyGemms(templates []bundle.Template) error {
 			if err != nil {
 				return fmt.Errorf("template %s: node %s: %w", t.Name, n.Label, err)
 			}
+			c.NextAtAsk = g.copyNextAtAsk
 			name := fmt.Sprintf("gemm_copy_k%d_n%d_r%d", m.K, m.N, c.Rows)
 			if _, err := g.kernel(name, func() (*Kernel, error) { return GemmCopy(name, c) }); err != nil {
 				return err
@@ -514,6 +518,7 @@ func (g *gen) gatedCopyGemms(templates []bundle.Template) error {
 				if err != nil {
 					continue // a shape the kernel cannot take (K not of whole stages): the two nodes run one by one
 				}
+				c.NextAtAsk = g.copyNextAtAsk
 				name := fmt.Sprintf("gemm_copy_k%d_n%d_r%d_%s", m.K, m.N, c.Rows, act.Op)
 				if _, err := g.kernel(name, func() (*Kernel, error) { return GemmCopy(name, c) }); err != nil {
 					return err
@@ -638,6 +643,9 @@ func (g *gcGen) emit() {
 	}
 	for i := range c.Stages {
 		g.when(g.asker, false, func() { g.askW(g.imm32(int64(i)), ptx.Imm(int64(i))) })
+	}
+	if c.NextAtAsk && c.Stages >= c.ringStages() {
+		g.Emit(bundle.PriorGridLaunch) // every stage is asked for already
 	}
 	g.Emit(bundle.PriorGridWait)
 	if shared {
@@ -878,6 +886,13 @@ func (g *gcGen) refill(stage, slot ptx.Reg) {
 		g.when(g.thread0, false, func() {
 			g.askW(next, slot)
 			g.askX(next, slot)
+			if c.NextAtAsk && c.Stages < c.ringStages() {
+				// The CTA's last stage is on its way: the grid after it may launch (one thread
+				// of a CTA is enough, PTX ISA: griddepcontrol). Where the ring holds every
+				// stage, it may launch from before the wait.
+				last := g.cmp("eq", ptx.U32, next, ptx.Imm(int64(c.ringStages()-1)))
+				g.when(last, false, func() { g.Emit(bundle.PriorGridLaunch) })
+			}
 		})
 	})
 }

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"xmix/bundle"
 	"xmix/ops"
 	"xmix/ptx"
 	"xmix/ptx/emu"
@@ -92,16 +93,72 @@ func TestGemmCopyMatchesReference(t *testing.T) {
 		{GemmCopyConfig{K: 512, N: 256, Rows: 32, Split: 1, Stages: 3, Tiles: 2, Act: "silu_mul"}, []int{3, 32}},    // two CTAs of two tiles
 		{GemmCopyConfig{K: 1024, N: 256, Rows: 64, Split: 1, Stages: 2, Tiles: 4, Act: "gelu_tanh_mul"}, []int{64}}, // one CTA of four tiles
 		{GemmCopyConfig{K: 256, N: 384, Rows: 32, Split: 1, Stages: 2, Tiles: 3, Act: "silu_mul"}, []int{32}},       // a stage a tile
+		// The grid after it launched once the last stage is asked for: the same sums.
+		{GemmCopyConfig{K: 2048, N: 64, Rows: 8, Split: 2, Stages: 2, NextAtAsk: true}, []int{3}},
+		{GemmCopyConfig{K: 1024, N: 128, Rows: 32, Split: 1, Stages: 3, NextAtAsk: true}, []int{17}},
+		{GemmCopyConfig{K: 1024, N: 128, Rows: 32, Split: 1, Stages: 4, NextAtAsk: true}, []int{32}}, // every stage asked for before the wait
+		{GemmCopyConfig{K: 512, N: 256, Rows: 32, Split: 1, Stages: 3, Tiles: 2, Act: "silu_mul", NextAtAsk: true}, []int{32}},
 	} {
 		for _, rows := range c.rows {
 			cfg := c.GemmCopyConfig
-			t.Run(fmt.Sprintf("k%d_n%d_r%d_split%d_stages%d_share%d_tiles%d_%srows%d", cfg.K, cfg.N, cfg.Rows, cfg.Split, cfg.Stages, cfg.Share, cfg.Tiles, cfg.Act, rows), func(t *testing.T) {
+			t.Run(fmt.Sprintf("k%d_n%d_r%d_split%d_stages%d_share%d_tiles%d_%snext%v_rows%d", cfg.K, cfg.N, cfg.Rows, cfg.Split, cfg.Stages, cfg.Share, cfg.Tiles, cfg.Act, cfg.NextAtAsk, rows), func(t *testing.T) {
 				k := must(t)(GemmCopy("gemm_copy_test", cfg))
 				got, want := runGemmCopy(t, k, cfg, rows, uint64(rows))
 				if e := relL2(got, want); !(e <= 1e-5) {
 					t.Fatalf("relative L2 error %.3g > 1e-5 (first values got %v want %v)", e, head(got), head(want))
 				}
 			})
+		}
+	}
+}
+
+// With NextAtAsk the kernel lets the grid after it launch where its thread 0 asks for the CTA's
+// last stage (in the refill, or before the wait where the ring holds every stage), as well as
+// after its main loop; without, only after the main loop.
+func TestGemmCopyNextAtAsk(t *testing.T) {
+	for _, c := range []GemmCopyConfig{
+		{K: 2048, N: 64, Rows: 8, Split: 2, Stages: 2},
+		{K: 1024, N: 128, Rows: 32, Split: 1, Stages: 3},
+		{K: 512, N: 256, Rows: 32, Split: 1, Stages: 3, Tiles: 2, Act: "silu_mul"},
+		{K: 1024, N: 128, Rows: 32, Split: 1, Stages: 4},
+	} {
+		for _, next := range []bool{false, true} {
+			c.NextAtAsk = next
+			k := must(t)(GemmCopy("gemm_copy_test", c))
+			mod, err := ptx.Parse(k.PTX)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body := mod.Kernels[0].Body
+			var launches, waits []int
+			lastAsk := -1
+			for i, in := range body {
+				switch {
+				case in.Op == bundle.PriorGridLaunch:
+					launches = append(launches, i)
+				case in.Op == bundle.PriorGridWait:
+					waits = append(waits, i)
+				case strings.HasPrefix(in.Op, "cp.async.bulk.tensor"):
+					lastAsk = i
+				}
+			}
+			name := fmt.Sprintf("k%d_n%d_r%d_stages%d_tiles%d_next%v", c.K, c.N, c.Rows, c.Stages, c.Tiles, next)
+			if !next {
+				if len(launches) != 1 || launches[0] < lastAsk {
+					t.Errorf("%s: launches at %v, want one, after the last ask at %d", name, launches, lastAsk)
+				}
+				continue
+			}
+			early := launches[0]
+			if len(launches) != 2 {
+				t.Errorf("%s: launches at %v, want two", name, launches)
+			} else if c.Stages >= c.K/c.Split/c.stageK()*c.tiles() {
+				if early > waits[0] {
+					t.Errorf("%s: the ring holds every stage, but the first launch (%d) is after the wait (%d)", name, early, waits[0])
+				}
+			} else if early < waits[0] || early > lastAsk+8 || body[early].Guard != nil {
+				t.Errorf("%s: the first launch at %d, want it just after the last ask at %d, past the wait at %d", name, early, lastAsk, waits[0])
+			}
 		}
 	}
 }

@@ -90,6 +90,9 @@ type Options struct {
 	// their rings (0: the measured default).
 	CopyGemms     []string
 	CopyGemmSlots int
+	// CopyGemmNextAtAsk: the copy-engine kernels let the grid after them launch once each CTA
+	// has asked for its last stage of W (bundle.BuildInfo.CopyGemmNextAtAsk).
+	CopyGemmNextAtAsk bool
 	// CopyGemmRows are the decode row counts given copy-engine kernels
 	// (bundle.BuildInfo.CopyGemmRows; nil: the measured ones).
 	CopyGemmRows []int
@@ -289,6 +292,7 @@ func Build(modelPath string, appPaths []string, opt Options) (*bundle.Bundle, er
 		build.TCChunks = opt.TCChunks
 	}
 	build.CopyGemms, build.CopyGemmSlots, build.CopyGemmRows = opt.CopyGemms, opt.CopyGemmSlots, opt.CopyGemmRows
+	build.CopyGemmNextAtAsk = opt.CopyGemmNextAtAsk
 	build.GatedTCRows = max(0, cmp.Or(opt.GatedTCRows, codegen.DefaultGatedTCRows))
 	build.GatedCopyRows = max(0, cmp.Or(opt.GatedCopyRows, codegen.DefaultGatedCopyRows))
 	b, err := codegen.Generate(p, codegen.Options{

@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"encoding/binary"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -605,6 +607,53 @@ func TestBuildGatedCopyRows(t *testing.T) {
 		if err != nil || (c.rows > 0) != strings.Contains(text, line) {
 			t.Fatalf("%v: inspect: %v; want %q (%v) in:\n%s", c.flags, err, line, c.rows > 0, text)
 		}
+	}
+}
+
+// TestBuildCopyGemmNext: --copy-gemm-next asked records itself in the build info and in
+// inspect, and gives every copy-engine kernel (the gated one too) one more launch of the grid
+// after it, where its last stage is asked for; read is the default, byte for byte; anything
+// else is an error naming the values.
+func TestBuildCopyGemmNext(t *testing.T) {
+	dir := t.TempDir()
+	text, err := os.ReadFile(gemmSpec(t, dir, "m.yaml", 512, 4))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := write(t, dir, "m32.yaml", strings.Replace(string(text), "decode_buckets: [1, 8, 16]", "decode_buckets: [1, 8, 16, 32]", 1))
+	launches := func(b *bundle.Bundle) map[string]int {
+		n := map[string]int{}
+		for _, k := range b.Kernels {
+			if k.Op == bundle.OpGemmCopy {
+				n[k.Name] = strings.Count(k.PTX, bundle.PriorGridLaunch)
+			}
+		}
+		return n
+	}
+	def := buildBundle(t, m, filepath.Join(dir, "d.xmb"), nil)
+	read := buildBundle(t, m, filepath.Join(dir, "r.xmb"), []string{"--copy-gemm-next", "read"})
+	out := filepath.Join(dir, "a.xmb")
+	asked := buildBundle(t, m, out, []string{"--copy-gemm-next", "asked"})
+	if def.Manifest.Build.CopyGemmNextAtAsk || read.Manifest.Build.CopyGemmNextAtAsk || !asked.Manifest.Build.CopyGemmNextAtAsk {
+		t.Fatalf("build info copy_gemm_next_at_ask: default %v, read %v, asked %v", def.Manifest.Build.CopyGemmNextAtAsk, read.Manifest.Build.CopyGemmNextAtAsk, asked.Manifest.Build.CopyGemmNextAtAsk)
+	}
+	if !reflect.DeepEqual(def.Kernels, read.Kernels) {
+		t.Fatal("--copy-gemm-next read changed the default's kernels")
+	}
+	before, after := launches(def), launches(asked)
+	if len(before) == 0 || !slices.Contains(slices.Collect(maps.Keys(before)), "gemm_copy_k512_n2048_r32_silu_mul") {
+		t.Fatalf("copy-engine kernels %v: want the gated one among them", before)
+	}
+	for name, n := range before {
+		if after[name] != n+1 {
+			t.Errorf("%s: %d launches of the grid after it with asked, %d without; want one more", name, after[name], n)
+		}
+	}
+	if text, err := xmixc(t, "inspect", out); err != nil || !strings.Contains(text, "the next kernel launched once the last stage is asked for") {
+		t.Fatalf("inspect: %v\n%s", err, text)
+	}
+	if text, err := xmixc(t, "build", m, "-q", "-o", filepath.Join(dir, "x.xmb"), "--copy-gemm-next", "soon"); err == nil || !strings.Contains(text, `--copy-gemm-next "soon": want read`) {
+		t.Fatalf("--copy-gemm-next soon: %v\n%s", err, text)
 	}
 }
 

@@ -7,7 +7,9 @@
 # (--attn-warps N), auN (--attn-unroll N), apN (--attn-prefetch N), cgrA-B-..
 # (--copy-gemm-rows A,B,..), gtcN (--gated-tc-rows N; gtc0: cuBLASLt's gate/up and the
 # activation kernel in every tensor-core bucket, as before session 44), gcpN
-# (--gated-copy-rows N; gcp0: no copy-engine kernel for gate/up with its activation), acc (--attn-tc=false: the decode attention on CUDA cores), tcA-B (--tc-chunks A,B), staged (--gemm tc-staged:
+# (--gated-copy-rows N; gcp0: no copy-engine kernel for gate/up with its activation), cgsN
+# (--copy-gemm-slots N), cgnask (--copy-gemm-next asked: the grid after a copy-engine kernel
+# launched once its last stage of W is asked for), acc (--attn-tc=false: the decode attention on CUDA cores), tcA-B (--tc-chunks A,B), staged (--gemm tc-staged:
 # time it with BENCH_GEMM=ptx; staged,tc8-6 with more in flight), s7 (the session-7 defaults:
 # no prefetch, one GEMV column per warp, one K chunk a step), A,B,... (the flags of each, e.g.
 # pf0,gate-act), seqsN (no flags: a spec, see variant_spec), asN, nopicks, picks and
@@ -34,6 +36,8 @@ variant_flags() {
     cgr[0-9]*) local n=${1#cgr}; echo --copy-gemm-rows "${n//-/,}" ;;
     gtc[0-9]*) echo --gated-tc-rows "${1#gtc}" ;;
     gcp[0-9]*) echo --gated-copy-rows "${1#gcp}" ;;
+    cgs[0-9]*) echo --copy-gemm-slots "${1#cgs}" ;;
+    cgnask) echo --copy-gemm-next asked ;;
     acc) echo --attn-tc=false ;;
     seqs[0-9]* | as[0-9]* | nopicks | picks | picks-*) ;;
     s7) echo --prefetch 0 --gemv-cols 1 --gemv-unroll 1 ;;
