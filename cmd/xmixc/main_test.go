@@ -394,6 +394,11 @@ serving: {decode_buckets: [1, 4, 8, 32], prefill_chunks: [8], max_seq_len: 1024}
 // gemmSpec writes a 2-layer Llama of hidden x heads (head dim 128, one kv head, intermediate
 // 1024) with decode buckets of 1, 8 and 16 rows into dir as name and returns its path.
 func gemmSpec(t *testing.T, dir, name string, hidden, heads int) string {
+	return gemmSpecBuckets(t, dir, name, hidden, heads, "1, 8, 16")
+}
+
+// gemmSpecBuckets is gemmSpec with the decode buckets buckets ("1, 8, 16, 32").
+func gemmSpecBuckets(t *testing.T, dir, name string, hidden, heads int, buckets string) string {
 	return write(t, dir, name, fmt.Sprintf(`model: m
 family: llama
 dims: {hidden: %d, intermediate: 1024, layers: 2, heads: %d, kv_heads: 1, head_dim: 128, vocab: 260}
@@ -401,8 +406,8 @@ weights: {synthetic: {seed: 1, std: 0.02}}
 tokenizer: bytes
 bos: 256
 eos: [257]
-serving: {decode_buckets: [1, 8, 16], prefill_chunks: [8], max_seq_len: 64}
-`, hidden, heads))
+serving: {decode_buckets: [%s], prefill_chunks: [8], max_seq_len: 64}
+`, hidden, heads, buckets))
 }
 
 // TestBuildCopyGemmFlags: --copy-gemms gives copy-engine kernels to the GEMM shapes it names
@@ -548,11 +553,7 @@ func TestBuildGatedTCRows(t *testing.T) {
 // the GEMM node and the SiLU kernel, which a backend without the kernel runs.
 func TestBuildGatedCopyRows(t *testing.T) {
 	dir := t.TempDir()
-	text, err := os.ReadFile(gemmSpec(t, dir, "m.yaml", 512, 4))
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := write(t, dir, "m32.yaml", strings.Replace(string(text), "decode_buckets: [1, 8, 16]", "decode_buckets: [1, 8, 16, 32, 64]", 1))
+	m := gemmSpecBuckets(t, dir, "m32.yaml", 512, 4, "1, 8, 16, 32, 64")
 	for _, c := range []struct {
 		flags   []string
 		rows    int
@@ -616,11 +617,7 @@ func TestBuildGatedCopyRows(t *testing.T) {
 // else is an error naming the values.
 func TestBuildCopyGemmNext(t *testing.T) {
 	dir := t.TempDir()
-	text, err := os.ReadFile(gemmSpec(t, dir, "m.yaml", 512, 4))
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := write(t, dir, "m32.yaml", strings.Replace(string(text), "decode_buckets: [1, 8, 16]", "decode_buckets: [1, 8, 16, 32]", 1))
+	m := gemmSpecBuckets(t, dir, "m32.yaml", 512, 4, "1, 8, 16, 32")
 	launches := func(b *bundle.Bundle) map[string]int {
 		n := map[string]int{}
 		for _, k := range b.Kernels {
