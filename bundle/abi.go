@@ -221,7 +221,37 @@ type GemmCopyAttrs struct {
 	Act string `json:"act,omitempty"`
 	// Tiles: each CTA takes this many column tiles one after another (0: one).
 	Tiles int `json:"tiles,omitempty"`
+	// RopeKV, when set, says that the kernel serves a q/k/v GEMM node and the rope_kv node
+	// after it (RopePairAt) as one launch: each CTA asks for Box[1] rows of a head's first
+	// half and the same rows of its second, rotates its q and k heads in y and writes its k
+	// and v heads to the paged cache, as rope_kv does; its parameters go on with
+	// RopeKVParams.
+	RopeKV *RopeKVShape `json:"rope_kv,omitempty"`
 }
+
+// RopeKVShape is the q/k/v row and paged KV cache of a rope_kv node (the op's attributes
+// without bias or QK-norm).
+type RopeKVShape struct {
+	Heads           int    `json:"heads"`
+	KVHeads         int    `json:"kv_heads"`
+	HeadDim         int    `json:"head_dim"`
+	BlockSize       int    `json:"block_size"`
+	MaxBlocksPerSeq int    `json:"max_blocks_per_seq"`
+	KVDtype         string `json:"kv_dtype"`
+}
+
+// OpRopeKV is the reference op that rotates a q/k/v row's q and k heads and writes its k and
+// v heads to the paged KV cache; its parameters are "qkv" and then RopeKVParams.
+const OpRopeKV = "rope_kv"
+
+// RopeKVParams are the parameters of a rope_kv kernel after its qkv, and of a copy-engine
+// GEMM with RopeKV after its own four: the cos and sin tables, the rows' positions and
+// sequence slots, the block table and the two caches.
+var RopeKVParams = []Param{{"cos", "u64"}, {"sin", "u64"}, {"pos", "u64"}, {"seq", "u64"}, {"block_table", "u64"}, {"kcache", "u64"}, {"vcache", "u64"}}
+
+// ropeCopyTile is the W rows a copy-engine GEMM with RopeKV asks for of each half of a head:
+// a head's half must be whole tiles of it.
+const ropeCopyTile = 32
 
 // GemmCopyShape is what a copy-engine GEMM serves: a GEMM node of K and N, and with Act the
 // gated activation after it.
@@ -260,10 +290,17 @@ func GemmCopyKernels(kernels []Kernel) (map[GemmCopyShape][]GemmCopy, error) {
 			return nil, fmt.Errorf("kernel %s: copy-engine GEMM attributes %s: activation %q over %d columns: want one of %v over an even width", k.Name, k.Attrs, a.Act, a.N, GatedActOps)
 		}
 		want := []Param{{GemmXMap, TensorMapParam}, {GemmWMap, TensorMapParam}, {GemmY, "u64"}, {GemmRows, "u32"}}
+		key := GemmCopyShape{K: a.K, N: a.N, Act: a.Act}
+		if r := a.RopeKV; r != nil {
+			if err := r.checkCopy(a); err != nil {
+				return nil, fmt.Errorf("kernel %s: copy-engine GEMM attributes %s: %w", k.Name, k.Attrs, err)
+			}
+			want = append(want, RopeKVParams...)
+			key.Act = OpRopeKV
+		}
 		if !slices.Equal(k.Params, want) {
 			return nil, fmt.Errorf("kernel %s: a copy-engine GEMM takes parameters %v, not %v", k.Name, want, k.Params)
 		}
-		key := GemmCopyShape{K: a.K, N: a.N, Act: a.Act}
 		if slices.ContainsFunc(out[key], func(c GemmCopy) bool { return c.Attrs.Rows == a.Rows }) {
 			return nil, fmt.Errorf("kernel %s: a second copy-engine GEMM for k %d, n %d%s, %d rows", k.Name, a.K, a.N, actNote(a.Act), a.Rows)
 		}
@@ -273,6 +310,18 @@ func GemmCopyKernels(kernels []Kernel) (map[GemmCopyShape][]GemmCopy, error) {
 		slices.SortFunc(ks, func(x, y GemmCopy) int { return x.Attrs.Rows - y.Attrs.Rows })
 	}
 	return out, nil
+}
+
+// checkCopy checks r as the rope of copy-engine GEMM a: no activation, N the q/k/v row's
+// width, a head's half of whole W boxes (Box[1] rows each, ropeCopyTile), a KV block of
+// positive size.
+func (r *RopeKVShape) checkCopy(a GemmCopyAttrs) error {
+	if a.Act != "" || r.Heads <= 0 || r.KVHeads <= 0 || r.Heads%r.KVHeads != 0 || r.HeadDim%(2*ropeCopyTile) != 0 || a.N != (r.Heads+2*r.KVHeads)*r.HeadDim ||
+		a.Box[1] != ropeCopyTile || r.BlockSize <= 0 || r.MaxBlocksPerSeq <= 0 || (r.KVDtype != "bf16" && r.KVDtype != "f32") {
+		return fmt.Errorf("rope_kv %+v: want no activation, heads a positive multiple of kv_heads, head_dim a multiple of %d, n = (heads + 2*kv_heads)*head_dim, box rows %d, a positive KV block size and blocks, kv_dtype bf16 or f32",
+			*r, 2*ropeCopyTile, ropeCopyTile)
+	}
+	return nil
 }
 
 // GemmCopyFor is the copy-engine GEMM of kernels (one shape's, fewest rows first) that takes
@@ -362,6 +411,44 @@ func GatedPairAt(nodes []Node, i int, kernel func(name string) Kernel) (GEMM, Ga
 		}
 	}
 	return g, act, true, nil
+}
+
+// RopeKVNode is a rope_kv node as RopePairAt reads it: its shape and its arguments after qkv
+// (RopeKVParams').
+type RopeKVNode struct {
+	Shape RopeKVShape
+	Args  []Slot
+}
+
+// RopePairAt says whether nodes[i] and nodes[i+1] (kernels by name from kernel) are a GEMM
+// and the rope_kv of its y (no bias, no QK-norm), which a copy-engine GEMM with RopeKV may
+// serve as one launch: y is qkv, the same buffer and offset; the GEMM's N is the q/k/v row's
+// width and its rows are the rope's; neither is a heavy app's (no guard, no skip). The one
+// launch writes what both would, so nothing else about y's readers matters. An error says how
+// a node that claims to be a GEMM is malformed.
+func RopePairAt(nodes []Node, i int, kernel func(name string) Kernel) (GEMM, RopeKVNode, bool, error) {
+	if i+1 >= len(nodes) {
+		return GEMM{}, RopeKVNode{}, false, nil
+	}
+	n, next := nodes[i], nodes[i+1]
+	g, ok, err := GemmOf(n, kernel(n.Kernel))
+	if err != nil || !ok {
+		return GEMM{}, RopeKVNode{}, false, err
+	}
+	k := kernel(next.Kernel)
+	var a struct {
+		RopeKVShape
+		Bias   bool `json:"bias"`
+		QKNorm bool `json:"qk_norm"`
+	}
+	if k.Op != OpRopeKV || json.Unmarshal(k.Attrs, &a) != nil || a.Bias || a.QKNorm || !slices.Equal(k.Params, append([]Param{{"qkv", "u64"}}, RopeKVParams...)) ||
+		len(next.Args) != len(k.Params) || next.Args[0] != n.Args[g.Y] || next.Grid[0] != g.M || g.Guard != 0 || n.SkipUnless != 0 || next.SkipUnless != 0 {
+		return GEMM{}, RopeKVNode{}, false, nil
+	}
+	if a.RopeKVShape.checkCopy(GemmCopyAttrs{N: g.N, Box: [2]int{0, ropeCopyTile}}) != nil {
+		return GEMM{}, RopeKVNode{}, false, nil
+	}
+	return g, RopeKVNode{Shape: a.RopeKVShape, Args: next.Args[1:]}, true, nil
 }
 
 // ParseGemmShapes reads a list of GEMM shapes, each "KxN" (K and N positive), or "none"

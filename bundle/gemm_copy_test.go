@@ -3,6 +3,7 @@ package bundle
 import (
 	"fmt"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -156,5 +157,89 @@ func TestGatedPairAt(t *testing.T) {
 	bad.Args = bad.Args[:3]
 	if _, _, _, err := GatedPairAt([]Node{bad, act("act", "gu", 32)}, 0, kernel); err == nil || !strings.Contains(err.Error(), "node gate_up: kernel gemm") {
 		t.Errorf("malformed GEMM: %v", err)
+	}
+}
+
+// TestGemmCopyKernelsWithRope: a copy-engine GEMM with rope_kv takes RopeKVParams after its
+// own four and is indexed under Act OpRopeKV; a rope whose row is not N wide, whose head's
+// half is not whole 32-row boxes, or that carries an activation too, and one without the
+// rope's parameters, are refused.
+func TestGemmCopyKernelsWithRope(t *testing.T) {
+	params := append([]Param{{GemmXMap, TensorMapParam}, {GemmWMap, TensorMapParam}, {GemmY, "u64"}, {GemmRows, "u32"}}, RopeKVParams...)
+	rope := `{"k":4096,"n":6144,"rows":32,"box":[64,32],"swizzle":128,"x_box":[64,32],"x_bf16":true,"x_swizzle":128,"grid":96,"cluster":1,"block":128,"shared":148480,` +
+		`"rope_kv":{"heads":32,"kv_heads":8,"head_dim":128,"block_size":16,"max_blocks_per_seq":8,"kv_dtype":"bf16"}}`
+	kern := func(attrs string, params []Param) Kernel {
+		return Kernel{Name: "r", Op: OpGemmCopy, Attrs: []byte(attrs), Params: params}
+	}
+	got, err := GemmCopyKernels([]Kernel{kern(rope, params)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if k := got[GemmCopyShape{K: 4096, N: 6144, Act: OpRopeKV}]; len(k) != 1 || k[0].Attrs.RopeKV == nil || k[0].Attrs.RopeKV.KVHeads != 8 {
+		t.Errorf("rope: %v", got)
+	}
+	for _, c := range []struct {
+		name, attrs string
+		params      []Param
+		want        string
+	}{
+		{"row not n wide", strings.Replace(rope, `"kv_heads":8`, `"kv_heads":4`, 1), params, "want no activation, heads a positive multiple of kv_heads"},
+		{"half of 32 rows", strings.Replace(rope, `"head_dim":128`, `"head_dim":96`, 1), params, "head_dim a multiple of 64"},
+		{"an activation too", strings.Replace(rope, `"shared"`, `"act":"silu_mul","shared"`, 1), params, "want no activation"},
+		{"boxes of 64 rows", strings.Replace(rope, `"box":[64,32]`, `"box":[64,64]`, 1), params, "box rows 32"},
+		{"no rope parameters", rope, params[:4], "a copy-engine GEMM takes parameters"},
+	} {
+		if _, err := GemmCopyKernels([]Kernel{kern(c.attrs, c.params)}); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: %v, want %q", c.name, err, c.want)
+		}
+	}
+}
+
+// TestRopePairAt: a GEMM node and the rope_kv of its y (no bias, no QK-norm) are a pair, read
+// with the rope's shape and arguments; a rope with a bias, of another y, of other rows, not
+// the q/k/v row's width, after a guarded GEMM, skipping, or the last node, is not.
+func TestRopePairAt(t *testing.T) {
+	ropeAttrs := `{"heads":4,"kv_heads":1,"head_dim":64,"block_size":16,"max_blocks_per_seq":4,"kv_dtype":"bf16"}`
+	ropeParams := append([]Param{{"qkv", "u64"}}, RopeKVParams...)
+	kernels := map[string]Kernel{
+		"gemm":     {Name: "gemm", Op: OpGemmTC, Attrs: []byte(`{"k":64,"n":384}`), Params: []Param{{GemmX, "u64"}, {GemmW, "u64"}, {GemmY, "u64"}, {GemmRows, "u32"}}},
+		"gemm512":  {Name: "gemm512", Op: OpGemmTC, Attrs: []byte(`{"k":64,"n":512}`), Params: []Param{{GemmX, "u64"}, {GemmW, "u64"}, {GemmY, "u64"}, {GemmRows, "u32"}}},
+		"gemmg":    {Name: "gemmg", Op: OpGemmTC, Attrs: []byte(`{"k":64,"n":384,"guard":1}`), Params: []Param{{GemmX, "u64"}, {GemmW, "u64"}, {GemmY, "u64"}, {GemmRows, "u32"}}},
+		"rope":     {Name: "rope", Op: OpRopeKV, Attrs: []byte(ropeAttrs), Params: ropeParams},
+		"ropebias": {Name: "ropebias", Op: OpRopeKV, Attrs: []byte(strings.Replace(ropeAttrs, "}", `,"bias":true,"w_dtype":"bf16"}`, 1)), Params: append(slices.Clone(ropeParams), Param{"bias", "u64"})},
+	}
+	kernel := func(name string) Kernel { return kernels[name] }
+	gemm := func(kernel, y string, rows uint64) Node {
+		return Node{Label: "qkv", Kernel: kernel, Args: []Slot{{Buffer: "x"}, {Buffer: "w"}, {Buffer: y}, {Const: rows}}}
+	}
+	rope := func(kernel, qkv string, rows int) Node {
+		args := []Slot{{Buffer: qkv}}
+		for _, p := range kernels[kernel].Params[1:] {
+			args = append(args, Slot{Buffer: p.Name})
+		}
+		return Node{Label: "rope", Kernel: kernel, Grid: [3]int{rows, 1, 1}, Args: args}
+	}
+	g, r, ok, err := RopePairAt([]Node{gemm("gemm", "qkv", 32), rope("rope", "qkv", 32)}, 0, kernel)
+	if err != nil || !ok || g.M != 32 || g.N != 384 || r.Shape.Heads != 4 || r.Shape.KVDtype != "bf16" || len(r.Args) != len(RopeKVParams) || r.Args[6] != (Slot{Buffer: "vcache"}) {
+		t.Fatalf("pair: %+v %+v %v %v", g, r, ok, err)
+	}
+	skipping := rope("rope", "qkv", 32)
+	skipping.SkipUnless = 1
+	for _, c := range []struct {
+		name  string
+		nodes []Node
+		i     int
+	}{
+		{"a bias", []Node{gemm("gemm", "qkv", 32), rope("ropebias", "qkv", 32)}, 0},
+		{"another y", []Node{gemm("gemm", "qkv", 32), rope("rope", "other", 32)}, 0},
+		{"other rows", []Node{gemm("gemm", "qkv", 32), rope("rope", "qkv", 16)}, 0},
+		{"not the row's width", []Node{gemm("gemm512", "qkv", 32), rope("rope", "qkv", 32)}, 0},
+		{"guarded", []Node{gemm("gemmg", "qkv", 32), rope("rope", "qkv", 32)}, 0},
+		{"skipping", []Node{gemm("gemm", "qkv", 32), skipping}, 0},
+		{"last node", []Node{rope("rope", "qkv", 32), gemm("gemm", "qkv", 32)}, 1},
+	} {
+		if _, _, ok, err := RopePairAt(c.nodes, c.i, kernel); ok || err != nil {
+			t.Errorf("%s: a pair (%v, %v)", c.name, ok, err)
+		}
 	}
 }

@@ -371,6 +371,10 @@ type BuildInfo struct {
 	// copy-engine kernels serve get one for the gate/up GEMM and its activation together
 	// (GemmCopyAttrs.Act; xmixc build --gated-copy-rows; 0: none).
 	GatedCopyRows int `json:"gated_copy_rows,omitempty"`
+	// RopeCopyRows: decode buckets of at most this many rows whose q/k/v GEMM the warpgroup
+	// copy-engine kernels serve get one for it with the rope_kv after it (GemmCopyAttrs.RopeKV;
+	// xmixc build --rope-copy-rows; 0: none, as in bundles built before it).
+	RopeCopyRows int `json:"rope_copy_rows,omitempty"`
 	// CopyGemmNextAtAsk: the copy-engine kernels let the grid after them launch once each CTA
 	// has asked for its last stage of W, not once it has read every stage (xmixc build
 	// --copy-gemm-next asked; false: read, as in bundles built before the setting).

@@ -100,6 +100,9 @@ func Verify(b *Bundle) error {
 	if n := b.Manifest.Build.GatedCopyRows; n < 0 {
 		return fmt.Errorf("manifest: build gated_copy_rows %d: want a row count, or 0 for none; rebuild the bundle", n)
 	}
+	if n := b.Manifest.Build.RopeCopyRows; n < 0 {
+		return fmt.Errorf("manifest: build rope_copy_rows %d: want a row count, or 0 for none; rebuild the bundle", n)
+	}
 	if n := b.Manifest.Build.CopyGemmSlots; n < 0 {
 		return fmt.Errorf("manifest: build copy_gemm_slots %d: want a count, or 0 for the default; rebuild the bundle", n)
 	}

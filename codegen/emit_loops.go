@@ -177,3 +177,13 @@ func dtypeName(t ptx.Type) (string, bool) {
 	}
 	return "", false
 }
+
+// dtypeOf is the storage type an ops attribute spells name (dtypeName's inverse).
+func dtypeOf(name string) (ptx.Type, bool) {
+	for _, t := range []ptx.Type{ptx.F32, ptx.BF16} {
+		if n, _ := dtypeName(t); n == name {
+			return t, true
+		}
+	}
+	return 0, false
+}

@@ -84,6 +84,9 @@ type gen struct {
 	// gatedCopyRows: decode buckets of at most this many rows get a copy-engine kernel for
 	// the gate/up GEMM and its activation together (BuildInfo.GatedCopyRows, gatedCopyGemms).
 	gatedCopyRows int
+	// ropeCopyRows: decode buckets of at most this many rows get a copy-engine kernel for the
+	// q/k/v GEMM and its rope_kv together (BuildInfo.RopeCopyRows, ropeCopyGemms).
+	ropeCopyRows int
 	// attnWarps and attnUnroll are AttnConfig.Warps and Unroll of the decode buckets' attention.
 	attnWarps, attnUnroll int
 	// attnPrefetch and attnTC are AttnConfig.Prefetch and TensorCores of every decode
@@ -151,6 +154,10 @@ func Generate(p *passes.Program, opt Options) (*bundle.Bundle, error) {
 		return nil, err
 	}
 	g.gatedCopyRows = bi.GatedCopyRows
+	if err := CheckRopeCopyRows(bi.RopeCopyRows); err != nil {
+		return nil, err
+	}
+	g.ropeCopyRows = bi.RopeCopyRows
 	g.copyRows = gcDefaultRows
 	if len(bi.CopyGemmRows) > 0 {
 		g.copyRows = slices.Sorted(slices.Values(bi.CopyGemmRows))

@@ -162,6 +162,11 @@ type GemmCopyConfig struct {
 	// NextAtAsk: the grid after it may launch once the CTA has asked for its last stage of W
 	// (BuildInfo.CopyGemmNextAtAsk), not only once it has read every stage.
 	NextAtAsk bool
+	// Rope (warpgroup form, K not split, no Act): the kernel serves the q/k/v GEMM and the
+	// rope_kv after it as one launch (wgStoreRope), each CTA's 64 W rows being 32 rows of a
+	// head's first half and the same 32 of its second, so that both of a rotation's elements
+	// meet in one CTA.
+	Rope *RopeConfig
 }
 
 // layout is the config's layout, the zero one if Rows has none.
@@ -193,13 +198,18 @@ func (c GemmCopyConfig) ringStages() int { return c.kStages() * c.tiles() } // a
 func (c GemmCopyConfig) recvBytes() int  { return (c.Split - 1) * c.partBytes() }
 func (c GemmCopyConfig) shares() int     { return max(c.Share, 1) }
 
-// yCols is a CTA's output columns: its W rows, or with Act half of them (act(gate) * up).
+// yCols is a CTA's output columns: its W rows, or with Act or Rope half of them (act(gate) *
+// up; a rotation's pairs, each of two columns).
 func (c GemmCopyConfig) yCols() int {
-	if c.Act != "" {
+	if c.paired() {
 		return gcCols / 2
 	}
 	return gcCols
 }
+
+// paired says whether a CTA's W rows are two halves of 32 (Act: gate's and up's; Rope: a
+// head's first half's and its second's) whose sums meet in the epilogue.
+func (c GemmCopyConfig) paired() bool { return c.Act != "" || c.Rope != nil }
 func (c GemmCopyConfig) cluster() int { return c.Split * c.shares() } // CTAs: K parts or tiles sharing x
 
 // threads is a CTA's: one warpgroup in the warpgroup form, else gcWarps warps.
@@ -213,10 +223,10 @@ func (c GemmCopyConfig) threads() int {
 	return 32 * gcWarps
 }
 
-// xchgBytes is, with Act, where the up sums pass to the gate's warps (wgStoreGated): past the
-// ring, which holds the next tile's stages meanwhile.
+// xchgBytes is, with Act or Rope, where the second half's sums pass to the first half's warps
+// (wgSecondHalf): past the ring, which holds the next tile's stages meanwhile.
 func (c GemmCopyConfig) xchgBytes() int {
-	if c.Act == "" {
+	if !c.paired() {
 		return 0
 	}
 	return wgThreads / 2 * c.Rows / 2 * 4
@@ -337,6 +347,41 @@ func GatedCopyFor(k, n, rows, slots int, act string) (GemmCopyConfig, error) {
 	return c, nil
 }
 
+// RopeCopyFor is GemmCopyFor's kernel with the rotation and KV write of rc (no bias, no
+// QK-norm) in its epilogue, for the q/k/v projection's K x N: the warpgroup form with K not
+// split only.
+func RopeCopyFor(k, n, rows, slots int, rc RopeConfig) (GemmCopyConfig, error) {
+	if err := ropeCopyErr(rc, n); err != nil {
+		return GemmCopyConfig{}, fmt.Errorf("copy-engine GEMM with rope_kv: %w", err)
+	}
+	c, err := GemmCopyFor(k, n, rows, slots)
+	if err != nil {
+		return GemmCopyConfig{}, err
+	}
+	if !c.warpgroup() {
+		return GemmCopyConfig{}, fmt.Errorf("copy-engine GEMM with rope_kv: %d rows, want rows of the warpgroup form", rows)
+	}
+	// A CTA rotates its own pairs: K is never split over a cluster, nor x shared.
+	c.Split, c.Share, c.Rope = 1, 0, &rc
+	c.Stages = min(c.ringStages(), cmp.Or(max(slots, 0), gcStages), c.fitSlots())
+	if c.shared() > bundle.MaxDynamicShared {
+		return GemmCopyConfig{}, fmt.Errorf("copy-engine GEMM with rope_kv: K=%d N=%d at %d rows: %d bytes of shared memory, more than %d", k, n, rows, c.shared(), bundle.MaxDynamicShared)
+	}
+	return c, nil
+}
+
+// ropeCopyErr says why rope rc over n columns cannot be a copy-engine GEMM's epilogue: it
+// needs n to be the q/k/v row, no bias or QK-norm, and a head's half of whole 32-row boxes.
+func ropeCopyErr(rc RopeConfig, n int) error {
+	if _, err := ropeAttrs(rc); err != nil {
+		return err
+	}
+	if rc.Bias || rc.QKNorm || rc.HeadDim%gcCols != 0 || n != (rc.Heads+2*rc.KVHeads)*rc.HeadDim {
+		return fmt.Errorf("rope %+v over %d columns: want no bias or QK-norm, head dim a multiple of %d, and the q/k/v row's width", rc, n, gcCols)
+	}
+	return nil
+}
+
 // CheckCopyGemmSlots checks a build's ring slots of a copy-engine GEMM: 0 (the measured
 // default, gcStages) to gcMaxStages.
 func CheckCopyGemmSlots(n int) error {
@@ -386,6 +431,11 @@ func (c GemmCopyConfig) Attrs() bundle.GemmCopyAttrs {
 	}
 	if c.Tiles > 1 {
 		a.Tiles = c.Tiles
+	}
+	if c.Rope != nil {
+		kv, _ := kvAttrs(*c.Rope) // checked by RopeCopyFor and GemmCopy
+		a.Box[1], a.RopeKV = c.yCols(), &bundle.RopeKVShape{Heads: kv.Heads, KVHeads: kv.KVHeads, HeadDim: kv.HeadDim,
+			BlockSize: kv.BlockSize, MaxBlocksPerSeq: kv.MaxBlocksPerSeq, KVDtype: kv.KVDtype}
 	}
 	return a
 }
@@ -453,7 +503,82 @@ func (g *gen) copyGemms(templates []bundle.Template) error {
 			}
 		}
 	}
+	if err := g.ropeCopyGemms(templates); err != nil {
+		return err
+	}
 	return g.gatedCopyGemms(templates)
+}
+
+// MaxRopeCopyRows bounds BuildInfo.RopeCopyRows: the most rows of a warpgroup layout.
+const MaxRopeCopyRows = wgMaxN
+
+// DefaultRopeCopyRows is the largest decode bucket given a copy-engine kernel for the q/k/v
+// GEMM and its rope_kv together unless a build says otherwise. On the H200 (session 49,
+// testsuite/gpu/RESULTS.md) it made the 8B's 32-row step 0.37-0.85% shorter at contexts
+// 80-2112, and its 64-row step 5.5% / 11.9% longer at 576 / 2112 (the same at 80), why not
+// yet found.
+const DefaultRopeCopyRows = 32
+
+// CheckRopeCopyRows checks a build's largest bucket given the copy-engine kernel with rope_kv
+// (BuildInfo.RopeCopyRows, xmixc build --rope-copy-rows): 0 (none) to MaxRopeCopyRows.
+func CheckRopeCopyRows(n int) error {
+	if n < 0 || n > MaxRopeCopyRows {
+		return fmt.Errorf("copy-engine kernels with rope_kv up to %d rows: want 0 (none) to %d", n, MaxRopeCopyRows)
+	}
+	return nil
+}
+
+// ropeCopyGemms adds a copy-engine GEMM with the rotation and KV write in its epilogue
+// (RopeCopyFor) for each GEMM and rope_kv after it (bundle.RopePairAt: the q/k/v projection
+// where no kernel of the bundle's fuses them) of a decode bucket of at most ropeCopyRows rows
+// whose row count takes the warpgroup form, where the build makes copy-engine kernels for the
+// GEMM's shape.
+func (g *gen) ropeCopyGemms(templates []bundle.Template) error {
+	kernel := func(name string) bundle.Kernel {
+		if k := g.kernels[name]; k != nil {
+			return k.bundleKernel()
+		}
+		return bundle.Kernel{}
+	}
+	seen := map[bundle.GemmCopyShape]map[int]bool{}
+	for _, t := range templates {
+		r := copyRows(g.copyRows, t.Tokens)
+		if t.Kind != bundle.Decode || t.Tokens > g.ropeCopyRows || r == 0 || !gcLayoutOf(r).Warpgroup {
+			continue
+		}
+		for _, nodes := range [][]bundle.Node{t.Nodes, t.Plain} {
+			for i, n := range nodes {
+				m, rope, ok, err := bundle.RopePairAt(nodes, i, kernel)
+				if err != nil {
+					return fmt.Errorf("template %s: node %s: %w", t.Name, n.Label, err)
+				}
+				key := bundle.GemmCopyShape{K: m.K, N: m.N, Act: bundle.OpRopeKV}
+				if !ok || copyRows(g.copyRows, m.M) != r || seen[key][r] || !slices.Contains(g.copyShapes, [2]int{m.K, m.N}) {
+					continue
+				}
+				if seen[key] == nil {
+					seen[key] = map[int]bool{}
+				}
+				seen[key][r] = true
+				kv, ok := dtypeOf(rope.Shape.KVDtype)
+				if !ok {
+					return fmt.Errorf("template %s: node %s: kv dtype %q", t.Name, nodes[i+1].Label, rope.Shape.KVDtype)
+				}
+				rc := RopeConfig{Heads: rope.Shape.Heads, KVHeads: rope.Shape.KVHeads, HeadDim: rope.Shape.HeadDim, BlockSize: rope.Shape.BlockSize,
+					MaxBlocksPerSeq: rope.Shape.MaxBlocksPerSeq, KVDtype: kv}
+				c, err := RopeCopyFor(m.K, m.N, r, g.copySlots, rc)
+				if err != nil {
+					continue // a shape the kernel cannot take: the two nodes run one by one
+				}
+				c.NextAtAsk = g.copyNextAtAsk
+				name := fmt.Sprintf("gemm_copy_k%d_n%d_r%d_rope_kv_h%d_kv%d_d%d_%s", m.K, m.N, c.Rows, rc.Heads, rc.KVHeads, rc.HeadDim, rope.Shape.KVDtype)
+				if _, err := g.kernel(name, func() (*Kernel, error) { return GemmCopy(name, c) }); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	return nil
 }
 
 // MaxGatedCopyRows bounds BuildInfo.GatedCopyRows: the most rows of a warpgroup layout.
@@ -540,8 +665,9 @@ func GemmCopy(name string, c GemmCopyConfig) (*Kernel, error) {
 		!wg && c.Stages*c.slotBytes() < c.parts()*c.partBytes() ||
 		c.Share > 1 && (!wg || c.Split > 1 || c.N/gcCols%c.Share != 0 || c.stageK()/gcBoxK%c.Share != 0 || 2*c.Stages > gcBars/8 || c.cluster() > gcMaxCluster) ||
 		c.Act != "" && (!wg || c.Share > 1 || !slices.Contains(bundle.GatedActOps, c.Act)) ||
-		c.Tiles > 1 && (c.Act == "" || c.Split > 1 || c.N/gcCols%c.Tiles != 0) {
-		return nil, fmt.Errorf("copy-engine GEMM %s: bad configuration %+v (use GemmCopyFor or GatedCopyFor)", name, c)
+		c.Tiles > 1 && (c.Act == "" || c.Split > 1 || c.N/gcCols%c.Tiles != 0) ||
+		c.Rope != nil && (!wg || c.Split > 1 || c.Share > 1 || c.Act != "" || c.Tiles > 1 || ropeCopyErr(*c.Rope, c.N) != nil) {
+		return nil, fmt.Errorf("copy-engine GEMM %s: bad configuration %+v (use GemmCopyFor, GatedCopyFor or RopeCopyFor)", name, c)
 	}
 	g := gcGen{emitter: newEmitter(name), c: c}
 	g.emit()
@@ -562,6 +688,7 @@ type gcGen struct {
 	thread0         ptx.Reg // thread 0 inits the mbarriers
 	asker           ptx.Reg // the thread that asks for W and x: thread 0, or the producer warp's first
 	acc             [][]ptx.Reg
+	rope            *gcRope // with Rope: its parameters and what wgPrepareRope read
 }
 
 func (g *gcGen) emit() {
@@ -578,6 +705,12 @@ func (g *gcGen) emit() {
 	wm := g.ByteParam(bundle.GemmWMap, 64, bundle.TensorMapBytes)
 	g.y = g.param(bundle.GemmY, ptx.U64)
 	g.rows = g.param(bundle.GemmRows, ptx.U32)
+	if c.Rope != nil {
+		g.rope = &gcRope{params: map[string]ptx.Reg{}}
+		for _, p := range bundle.RopeKVParams {
+			g.rope.params[p.Name] = g.param(p.Name, ptx.U64)
+		}
+	}
 	g.xmap, g.wmap = g.Reg(ptx.U64), g.Reg(ptx.U64)
 	g.Emit("mov.u64", g.xmap, xm)
 	g.Emit("cvta.param.u64", g.xmap, g.xmap)
@@ -647,6 +780,9 @@ func (g *gcGen) emit() {
 	if c.NextAtAsk && c.Stages >= c.ringStages() {
 		g.Emit(bundle.PriorGridLaunch) // every stage is asked for already
 	}
+	if c.Rope != nil {
+		g.wgPrepareRope()
+	}
 	g.Emit(bundle.PriorGridWait)
 	if shared {
 		g.Emit("barrier.cluster.wait.acquire")
@@ -713,8 +849,16 @@ func (g *gcGen) askW(stage ptx.Reg, slot ptx.Operand) {
 	// With Act, a box of gate's rows and one of up's (N/2 rows on) stacked: under the swizzle,
 	// whose pattern repeats every 8 rows, the same layout as one box of both.
 	rows := []ptx.Reg{g.tileCol(stage)}
-	if c.Act != "" {
+	switch {
+	case c.Act != "":
 		rows = append(rows, g.op3("add.u32", ptx.U32, rows[0], ptx.Imm(int64(c.N/2))))
+	case c.Rope != nil:
+		// Pair u is element u % half of head u / half: W rows head*HeadDim + that and half on.
+		half := c.Rope.HeadDim / 2
+		first := g.op3("div.u32", ptx.U32, rows[0], ptx.Imm(int64(half)))
+		g.Emit("mul.lo.u32", first, first, ptx.Imm(int64(half)))
+		g.Emit("add.u32", first, first, rows[0])
+		rows = []ptx.Reg{first, g.op3("add.u32", ptx.U32, first, ptx.Imm(int64(half)))}
 	}
 	for b := range c.stageK() / gcBoxK {
 		kb := g.op3("add.u32", ptx.U32, kc, ptx.Imm(int64(b*gcBoxK)))

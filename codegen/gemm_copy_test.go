@@ -1,6 +1,7 @@
 package codegen
 
 import (
+	"bytes"
 	"fmt"
 	"math/rand/v2"
 	"strings"
@@ -261,6 +262,142 @@ func TestGatedCopyFor(t *testing.T) {
 	} {
 		if _, err := GatedCopyFor(4096, 28672, c.rows, 0, c.act); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%d rows, %s: %v, want %q", c.rows, c.act, err, c.want)
+		}
+	}
+}
+
+// TestGemmCopyRopeMatchesThePair: the copy-engine GEMM with rope_kv in its epilogue writes y
+// and both caches bit for bit as the plain copy-engine GEMM followed by the RopeKV kernel
+// (both in the emulator), and within rounding of the reference op: GQA ratios 1, 2 and 4,
+// head dims 64 and 128, bf16 and f32 caches, ragged positions (the first of a block, the last
+// of one, one past) in shuffled pages, a full bucket and a part of one.
+func TestGemmCopyRopeMatchesThePair(t *testing.T) {
+	for _, c := range []struct {
+		rc   RopeConfig
+		k    int
+		rows []int
+	}{
+		{RopeConfig{Heads: 4, KVHeads: 1, HeadDim: 64, BlockSize: 4, MaxBlocksPerSeq: 8, KVDtype: ptx.BF16}, 512, []int{32, 7}},
+		{RopeConfig{Heads: 2, KVHeads: 2, HeadDim: 64, BlockSize: 8, MaxBlocksPerSeq: 4, KVDtype: ptx.F32}, 256, []int{32}},
+		{RopeConfig{Heads: 2, KVHeads: 1, HeadDim: 128, BlockSize: 16, MaxBlocksPerSeq: 2, KVDtype: ptx.BF16}, 768, []int{29}},
+	} {
+		rc := c.rc
+		n := (rc.Heads + 2*rc.KVHeads) * rc.HeadDim
+		for _, rows := range c.rows {
+			plain := GemmCopyConfig{K: c.k, N: n, Rows: 32, Split: 1, Stages: min(2, c.k/256)}
+			fused := plain
+			fused.Rope = &rc
+			t.Run(fmt.Sprintf("h%d_kv%d_d%d_%s_k%d_rows%d", rc.Heads, rc.KVHeads, rc.HeadDim, rc.KVDtype, c.k, rows), func(t *testing.T) {
+				checkRopeCopy(t, plain, fused, rows)
+			})
+		}
+	}
+}
+
+func checkRopeCopy(t *testing.T, plain, fused GemmCopyConfig, rows int) {
+	rc := *fused.Rope
+	r := rand.New(rand.NewPCG(uint64(rows), uint64(fused.K+rc.HeadDim)))
+	maxPos := rc.BlockSize * rc.MaxBlocksPerSeq
+	seqs := 3
+	kv := newKVFixture(r, rc, seqs)
+	cos, sin := RopeTables(10000, rc.HeadDim, maxPos, nil)
+	pos, seq := make([]uint32, rows), make([]uint32, rows)
+	for i := range rows {
+		// Different rows of a sequence write different slots, as a step's rows do.
+		seq[i] = uint32(i % seqs)
+		pos[i] = uint32((i/seqs*(rc.BlockSize+1) + []int{0, rc.BlockSize - 1, rc.BlockSize}[i%3]) % maxPos)
+	}
+	xs, ws := randF32(r, rows*fused.K, 1), randF32(r, fused.N*fused.K, 1)
+	ropeArgs := []targ{{f32: cos}, {f32: sin}, {u32: pos}, {u32: seq}, {u32: kv.table}, kv.kcache, kv.vcache}
+
+	// run emulates kernel k of config c and returns y and the caches, each cache's bytes as a
+	// kernel left them; with then (the RopeKV kernel) it runs over y and the caches after k.
+	run := func(c GemmCopyConfig, then *Kernel) (y, kc, vc []byte) {
+		k := must(t)(GemmCopy("gemm_copy_test", c))
+		mem := emu.NewMemory()
+		put := func(b []byte) uint64 {
+			a := mem.Alloc(len(b))
+			copy(mem.Bytes(a), b)
+			return a
+		}
+		a := c.Attrs()
+		wm, err := emu.TensorMap2D(put(targ{bf16: ws}.bytesOf()), [2]int{c.K, c.N}, 2*c.K, a.Box, 2, a.Swizzle)
+		if err != nil {
+			t.Fatal(err)
+		}
+		xm, err := emu.TensorMap2D(put(targ{bf16: xs}.bytesOf()), [2]int{c.K, rows}, 2*c.K, a.XBox, 2, a.XSwizzle)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ya := put(targ{out: rows * c.N}.bytesOf())
+		var ropeP []uint64
+		for _, arg := range ropeArgs {
+			ropeP = append(ropeP, put(arg.bytesOf()))
+		}
+		params := []uint64{put(xm[:]), put(wm[:]), ya, uint64(rows)}
+		if c.Rope != nil {
+			params = append(params, ropeP...)
+		}
+		l := c.Launch()
+		mod, err := ptx.Parse(k.PTX)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := emu.Run(mod, k.Name, emu.Launch{Grid: l.Grid, Block: l.Block, Shared: l.Shared, Lag: true}, mem, params); err != nil {
+			t.Fatalf("%s: emulate: %v", k.Name, err)
+		}
+		if then != nil {
+			rl := rc.Launch(rows)
+			tm, err := ptx.Parse(then.PTX)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := emu.Run(tm, then.Name, emu.Launch{Grid: rl.Grid, Block: rl.Block}, mem, append([]uint64{ya}, ropeP...)); err != nil {
+				t.Fatalf("%s: emulate: %v", then.Name, err)
+			}
+		}
+		cacheBytes := len(kv.kcache.bytesOf())
+		return mem.Bytes(ya)[:4*rows*c.N], mem.Bytes(ropeP[5])[:cacheBytes], mem.Bytes(ropeP[6])[:cacheBytes]
+	}
+	yp, kp, vp := run(plain, must(t)(RopeKV("rope_test", rc)))
+	yf, kf, vf := run(fused, nil)
+	for _, o := range []struct {
+		name      string
+		got, want []byte
+	}{{"y", yf, yp}, {"kcache", kf, kp}, {"vcache", vf, vp}} {
+		if !bytes.Equal(o.got, o.want) {
+			j := 0
+			for j < len(o.got) && o.got[j] == o.want[j] {
+				j++
+			}
+			t.Fatalf("%s differs from the plain GEMM and RopeKV's at byte %d of %d", o.name, j, len(o.want))
+		}
+	}
+	// The reference op: the GEMM in f32 on the CPU, then rope_kv.
+	k := must(t)(GemmCopy("gemm_copy_test", fused))
+	ref, err := ops.Build(k.Op, k.Attrs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	refArgs := []ops.Arg{{Mem: targ{f32: xs}.bytesOf()}, {Mem: targ{bf16: ws}.bytesOf()}, {Mem: targ{out: rows * fused.N}.bytesOf()}, {Bits: uint64(rows)}}
+	for _, arg := range ropeArgs {
+		refArgs = append(refArgs, ops.Arg{Mem: arg.bytesOf()})
+	}
+	if err := ref.Run(refArgs, fused.Launch()); err != nil {
+		t.Fatal(err)
+	}
+	dt := kv.kcache.dtype
+	for _, o := range []struct {
+		name      string
+		got, want []byte
+		dtype     string
+	}{{"y", yf, refArgs[2].Mem, "f32"}, {"kcache", kf, refArgs[9].Mem, dt}, {"vcache", vf, refArgs[10].Mem, dt}} {
+		tol := 1e-5
+		if o.dtype == "bf16" {
+			tol = 1e-2
+		}
+		if e := relL2(floats(o.got, o.dtype), floats(o.want, o.dtype)); !(e <= tol) {
+			t.Fatalf("%s: relative L2 error %.3g against the reference op, want at most %.3g", o.name, e, tol)
 		}
 	}
 }

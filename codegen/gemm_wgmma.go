@@ -2,6 +2,7 @@ package codegen
 
 import (
 	"fmt"
+	"slices"
 
 	"xmix/ptx"
 )
@@ -143,6 +144,8 @@ func (g *gcGen) wgReduce() {
 	case c.tiles() > 1: // each tile's activation is stored in the main loop
 	case c.Act != "":
 		g.wgStoreGated(acc, g.col0)
+	case c.Rope != nil:
+		g.wgStoreRope(acc)
 	default:
 		g.wgStore(acc, c.N, g.col0)
 	}
@@ -175,24 +178,7 @@ func (g *gcGen) wgStore(acc []ptx.Reg, width int, col0 ptx.Reg) {
 func (g *gcGen) wgStoreGated(acc []ptx.Reg, col0 ptx.Reg) {
 	c := g.c
 	half := wgThreads / 2
-	g.Emit("bar.sync", ptx.Imm(0))
-	up := g.cmp("ge", ptx.U32, g.tid, ptx.Imm(int64(half)))
-	at := g.Reg(ptx.U32)
-	g.Emit("rem.u32", at, g.tid, ptx.Imm(int64(half)))
-	g.Emit("mad.lo.u32", at, at, ptx.Imm(16), g.slot0)
-	g.Emit("add.u32", at, at, ptx.Imm(int64(c.Stages*c.slotBytes())))
-	g.when(up, false, func() {
-		for q := range len(acc) / 4 {
-			g.Emit("st.shared.v4.f32", ptx.Addr{Base: at, Offset: int64(q * half * 16)}, ptx.Vec(acc[4*q:4*q+4]))
-		}
-	})
-	g.Emit("bar.sync", ptx.Imm(0))
-	done := g.NewLabel("stored")
-	if c.tiles() == 1 {
-		g.EmitIf(up, false, "exit")
-	} else {
-		g.EmitIf(up, false, "bra", ptx.Sym(done))
-	}
+	at, done := g.wgSecondHalf(acc)
 	ups := g.Regs(ptx.F32, 4)
 	out := make([]ptx.Reg, len(acc))
 	for q := range len(acc) / 4 {
@@ -202,5 +188,177 @@ func (g *gcGen) wgStoreGated(acc []ptx.Reg, col0 ptx.Reg) {
 		}
 	}
 	g.wgStore(out, c.N/2, col0)
+	g.Label(done)
+}
+
+// wgSecondHalf passes the sums of warps 2-3 (the tile's second 32 W rows) to warps 0-1:
+// thread 64+j's register quad q goes to at + q*64*16 in shared memory past the ring
+// (xchgBytes; the barrier ahead keeps it from overwriting the tile before's while that is
+// read), where thread j reads it. Then warps 2-3 exit, or with several tiles a CTA branch to
+// done, which the caller places after its stores.
+func (g *gcGen) wgSecondHalf(acc []ptx.Reg) (at ptx.Reg, done string) {
+	c := g.c
+	half := wgThreads / 2
+	g.Emit("bar.sync", ptx.Imm(0))
+	second := g.cmp("ge", ptx.U32, g.tid, ptx.Imm(int64(half)))
+	at = g.Reg(ptx.U32)
+	g.Emit("rem.u32", at, g.tid, ptx.Imm(int64(half)))
+	g.Emit("mad.lo.u32", at, at, ptx.Imm(16), g.slot0)
+	g.Emit("add.u32", at, at, ptx.Imm(int64(c.Stages*c.slotBytes())))
+	g.when(second, false, func() {
+		for q := range len(acc) / 4 {
+			g.Emit("st.shared.v4.f32", ptx.Addr{Base: at, Offset: int64(q * half * 16)}, ptx.Vec(acc[4*q:4*q+4]))
+		}
+	})
+	g.Emit("bar.sync", ptx.Imm(0))
+	done = g.NewLabel("stored")
+	if c.tiles() == 1 {
+		g.EmitIf(second, false, "exit")
+	} else {
+		g.EmitIf(second, false, "bra", ptx.Sym(done))
+	}
+	return at, done
+}
+
+// gcRope is what a copy-engine GEMM with Rope keeps for its epilogue: its rope_kv parameters
+// (bundle.RopeKVParams by name) and, read before the wait by warps 0-1 (wgPrepareRope), per
+// accumulator register i: the cos and sin of its token row's position and its pair; per token
+// row of the thread (wgTokens): the first cache element of its KV slot (k and v CTAs only).
+type gcRope struct {
+	params  map[string]ptx.Reg
+	cos     []ptx.Reg
+	sin     []ptx.Reg
+	kvElem  []ptx.Reg
+	i0, h   ptx.Reg // the CTA's first pair's element of its head, and the head
+	kind    ropeHead
+	yRow0   ptx.Reg // the CTA's first y column of each token row
+	kvHead0 ptx.Reg
+}
+
+// ropeHead is the kind of head a CTA's 32 pairs belong to (every pair of a CTA is one head's).
+type ropeHead struct{ q, v ptx.Reg }
+
+// wgTokens is the token row of each of a thread's accumulator registers (thread (warp, g,
+// t)'s register i: token 8*(i/4) + 2t + i%2, at pair 16*warp + g + 8*(i/2 % 2)): one entry
+// per distinct token, and reg's index into it.
+func wgTokens(regs int) (tokens []int, of []int) {
+	of = make([]int, regs)
+	for i := range regs {
+		tok := 8*(i/4) + i%2
+		j := slices.Index(tokens, tok)
+		if j < 0 {
+			j = len(tokens)
+			tokens = append(tokens, tok)
+		}
+		of[i] = j
+	}
+	return tokens, of
+}
+
+// wgPrepareRope reads, before the wait (none of it is the grid ahead's: the host wrote the
+// positions, slots and block table before the step, cos and sin are weights), what warps 0-1
+// rotate and store with: each register's cos and sin and, in a k or v head's CTA, each token
+// row's KV slot. Token rows past rows read row rows-1's (their results are not stored).
+func (g *gcGen) wgPrepareRope() {
+	c, r := g.c, g.rope
+	rc := *c.Rope
+	half := rc.HeadDim / 2
+	p := r.params
+	// The CTA's pairs: col0 = its first pair u0, of head u0/half, element u0%half.
+	r.h = g.op3("div.u32", ptx.U32, g.col0, ptx.Imm(int64(half)))
+	r.i0 = g.op3("rem.u32", ptx.U32, g.col0, ptx.Imm(int64(half)))
+	r.kind = ropeHead{q: g.cmp("lt", ptx.U32, r.h, ptx.Imm(int64(rc.Heads))), v: g.cmp("ge", ptx.U32, r.h, ptx.Imm(int64(rc.Heads+rc.KVHeads)))}
+	r.yRow0 = g.Reg(ptx.U32)
+	g.Emit("mad.lo.u32", r.yRow0, r.h, ptx.Imm(int64(rc.HeadDim)), r.i0)
+	r.kvHead0 = g.op3("sub.u32", ptx.U32, r.h, ptx.Imm(int64(rc.Heads)))
+	vh := g.op3("sub.u32", ptx.U32, r.kvHead0, ptx.Imm(int64(rc.KVHeads)))
+	g.Emit("selp.b32", r.kvHead0, vh, r.kvHead0, r.kind.v)
+	g.Emit("mad.lo.u32", r.kvHead0, r.kvHead0, ptx.Imm(int64(rc.HeadDim)), r.i0)
+	regs := c.Rows / 2
+	tokens, of := wgTokens(regs)
+	r.cos, r.sin, r.kvElem = g.Regs(ptx.F32, regs), g.Regs(ptx.F32, regs), g.Regs(ptx.U32, len(tokens))
+	first := g.cmp("lt", ptx.U32, g.tid, ptx.Imm(wgThreads/2))
+	g.when(first, false, func() {
+		tok := g.op3("shl.b32", ptx.U32, g.t, ptx.Imm(1))
+		lastRow := g.op3("sub.u32", ptx.U32, g.rows, ptx.Imm(1))
+		pair := g.op3("shr.u32", ptx.U32, g.tid, ptx.Imm(5))
+		g.Emit("mad.lo.u32", pair, pair, ptx.Imm(16), g.gg)
+		g.Emit("add.u32", pair, pair, r.i0)
+		pos, seq := make([]ptx.Reg, len(tokens)), make([]ptx.Reg, len(tokens))
+		for j, t := range tokens {
+			row := g.op3("add.u32", ptx.U32, tok, ptx.Imm(int64(t)))
+			g.Emit("min.u32", row, row, lastRow)
+			pos[j] = loadU32(g.emitter, ptx.Addr{Base: g.byteAddr(p["pos"], row, 4)})
+			seq[j] = loadU32(g.emitter, ptx.Addr{Base: g.byteAddr(p["seq"], row, 4)})
+		}
+		for i := range regs {
+			ti := g.Reg(ptx.U32)
+			g.Emit("add.u32", ti, pair, ptx.Imm(int64(8*(i/2%2))))
+			g.Emit("mad.lo.u32", ti, pos[of[i]], ptx.Imm(int64(half)), ti)
+			g.Emit("ld.global.f32", r.cos[i], ptx.Addr{Base: g.byteAddr(p["cos"], ti, 4)})
+			g.Emit("ld.global.f32", r.sin[i], ptx.Addr{Base: g.byteAddr(p["sin"], ti, 4)})
+		}
+		// Only k and v heads write the cache: a q head's CTA skips the block table.
+		g.when(r.kind.q, true, func() {
+			for j := range tokens {
+				slot := g.kvSlot(rc, p["block_table"], seq[j], pos[j])
+				g.Emit("mul.lo.u32", r.kvElem[j], slot, ptx.Imm(int64(rc.KVHeads*rc.HeadDim)))
+			}
+		})
+	})
+}
+
+// wgStoreRope rotates and stores the CTA's pairs as rope_kv does, instruction for
+// instruction: warps 0-1 hold each pair's first element (the head's first half) and take its
+// second from warps 2-3 (wgSecondHalf); a q or k head's pair is rotated into y, a k head's
+// also into the cache, a v head's stored as it is into y and the cache.
+func (g *gcGen) wgStoreRope(acc []ptx.Reg) {
+	c, r := g.c, g.rope
+	rc := *c.Rope
+	half, kvs := rc.HeadDim/2, rc.KVDtype.Bytes()
+	at, done := g.wgSecondHalf(acc)
+	_, of := wgTokens(len(acc))
+	second := g.Regs(ptx.F32, 4)
+	tok := g.op3("shl.b32", ptx.U32, g.t, ptx.Imm(1))
+	pair := g.op3("shr.u32", ptx.U32, g.tid, ptx.Imm(5))
+	g.Emit("mul.lo.u32", pair, pair, ptx.Imm(16))
+	g.Emit("add.u32", pair, pair, g.gg)
+	for q := range len(acc) / 4 {
+		g.Emit("ld.shared.v4.f32", ptx.Vec(second), ptx.Addr{Base: at, Offset: int64(q * wgThreads / 2 * 16)})
+		for k, x1 := range second {
+			i := 4*q + k
+			x0 := acc[i]
+			row := g.op3("add.u32", ptx.U32, tok, ptx.Imm(int64(8*(i/4)+i%2)))
+			col := g.op3("add.u32", ptx.U32, pair, ptx.Imm(int64(8*(i/2%2))))
+			in := g.cmp("lt", ptx.U32, row, g.rows)
+			g.when(in, false, func() {
+				yi := g.op3("add.u32", ptx.U32, r.yRow0, col)
+				g.Emit("mad.lo.u32", yi, row, ptx.Imm(int64(c.N)), yi)
+				y0 := g.byteAddr(g.y, yi, 4)
+				ki := g.op3("add.u32", ptx.U32, r.kvHead0, col)
+				g.Emit("add.u32", ki, ki, r.kvElem[of[i]])
+				rotated := g.NewLabel("rotated")
+				g.when(r.kind.v, false, func() {
+					g.Emit("st.global.f32", ptx.Addr{Base: y0}, x0)
+					g.Emit("st.global.f32", ptx.Addr{Base: y0, Offset: int64(4 * half)}, x1)
+					va := g.byteAddr(r.params["vcache"], ki, kvs)
+					g.storeAt(ptx.Addr{Base: va}, x0, rc.KVDtype)
+					g.storeAt(ptx.Addr{Base: va, Offset: int64(half * kvs)}, x1, rc.KVDtype)
+					g.Emit("bra", ptx.Sym(rotated))
+				})
+				// RopeKV's rotation: rounded products (.rn), so that ptxas contracts nothing.
+				o0 := g.op3("sub.rn.f32", ptx.F32, g.op3("mul.rn.f32", ptx.F32, x0, r.cos[i]), g.op3("mul.rn.f32", ptx.F32, x1, r.sin[i]))
+				o1 := g.op3("add.rn.f32", ptx.F32, g.op3("mul.rn.f32", ptx.F32, x1, r.cos[i]), g.op3("mul.rn.f32", ptx.F32, x0, r.sin[i]))
+				g.Emit("st.global.f32", ptx.Addr{Base: y0}, o0)
+				g.Emit("st.global.f32", ptx.Addr{Base: y0, Offset: int64(4 * half)}, o1)
+				g.when(r.kind.q, true, func() {
+					ka := g.byteAddr(r.params["kcache"], ki, kvs)
+					g.storeAt(ptx.Addr{Base: ka}, o0, rc.KVDtype)
+					g.storeAt(ptx.Addr{Base: ka, Offset: int64(half * kvs)}, o1, rc.KVDtype)
+				})
+				g.Label(rotated)
+			})
+		}
+	}
 	g.Label(done)
 }

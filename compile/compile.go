@@ -105,6 +105,11 @@ type Options struct {
 	// (bundle.BuildInfo.GatedCopyRows; 0: the measured default, codegen.DefaultGatedCopyRows;
 	// negative: none).
 	GatedCopyRows int
+	// RopeCopyRows: decode buckets of at most this many rows served by the warpgroup
+	// copy-engine kernels get one for the q/k/v GEMM and its rope_kv together
+	// (bundle.BuildInfo.RopeCopyRows; 0: the measured default, codegen.DefaultRopeCopyRows;
+	// negative: none).
+	RopeCopyRows int
 }
 
 // DefaultGemvCols is Options.GemvCols's default, measured on the H200 (testsuite/gpu/GEMV_AB.md,
@@ -295,6 +300,7 @@ func Build(modelPath string, appPaths []string, opt Options) (*bundle.Bundle, er
 	build.CopyGemmNextAtAsk = opt.CopyGemmNextAtAsk
 	build.GatedTCRows = max(0, cmp.Or(opt.GatedTCRows, codegen.DefaultGatedTCRows))
 	build.GatedCopyRows = max(0, cmp.Or(opt.GatedCopyRows, codegen.DefaultGatedCopyRows))
+	build.RopeCopyRows = max(0, cmp.Or(opt.RopeCopyRows, codegen.DefaultRopeCopyRows))
 	b, err := codegen.Generate(p, codegen.Options{
 		Build:     build,
 		Weights:   weights,

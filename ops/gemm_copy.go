@@ -1,6 +1,7 @@
 package ops
 
 import (
+	"encoding/json"
 	"fmt"
 	"maps"
 	"slices"
@@ -14,7 +15,9 @@ import (
 // on the GPU in the tensor cores'. Parameters: x, w (the kernel's is a tensor map of w, the
 // reference's w itself), y (pointers), rows (u32), at most the attributes' Rows. With the
 // attributes' Act (bundle.GatedActOps) y is that activation of the product's two halves,
-// [rows, N/2]: GatedActivations[Act](gate) * up, as the activation op computes it.
+// [rows, N/2]: GatedActivations[Act](gate) * up, as the activation op computes it. With the
+// attributes' RopeKV, y is then rotated and its k and v heads written to the cache as op
+// rope_kv does, its parameters (bundle.RopeKVParams) following rows.
 func init() {
 	Register(bundle.OpGemmCopy, buildGemmCopy)
 	if len(GatedActivations) != len(bundle.GatedActOps) || slices.ContainsFunc(bundle.GatedActOps, func(op string) bool { _, ok := GatedActivations[op]; return !ok }) {
@@ -38,15 +41,32 @@ func buildGemmCopy(attrs []byte) (Runner, error) {
 	if gated {
 		yCols = a.N / 2
 	}
+	nargs := 4
+	var rope Runner
+	if r := a.RopeKV; r != nil {
+		ra, err := json.Marshal(RopeKVAttrs{KVAttrs: KVAttrs(*r)})
+		if err != nil {
+			return nil, err
+		}
+		if rope, err = buildRopeKV(ra); err != nil {
+			return nil, fmt.Errorf("gemm_copy: %w", err)
+		}
+		if gated || a.N != (r.Heads+2*r.KVHeads)*r.HeadDim {
+			return nil, fmt.Errorf("gemm_copy: rope_kv %+v over %d columns with activation %q: want no activation and n the q/k/v row's width", *r, a.N, a.Act)
+		}
+		nargs += len(bundle.RopeKVParams)
+	}
 	return RunnerFunc(func(args []Arg, _ Launch) error {
-		if len(args) != 4 {
-			return fmt.Errorf("gemm_copy: %d arguments, want 4 (x, w, y, rows)", len(args))
+		if len(args) != nargs {
+			return fmt.Errorf("gemm_copy: %d arguments, want %d (x, w, y, rows, and with rope_kv its own but qkv)", len(args), nargs)
 		}
 		rows := args[3].Int()
 		if rows > a.Rows {
 			return fmt.Errorf("gemm_copy: %d rows, the kernel takes at most %d", rows, a.Rows)
 		}
-		if err := CheckArgs("gemm_copy", args, 4*rows*a.K, 2*a.N*a.K, 4*rows*yCols, -1); err != nil {
+		need := make([]int, nargs) // rope_kv checks its own
+		copy(need, []int{4 * rows * a.K, 2 * a.N * a.K, 4 * rows * yCols, -1})
+		if err := CheckArgs("gemm_copy", args, need...); err != nil {
 			return err
 		}
 		x := make([]float32, rows*a.K)
@@ -55,6 +75,9 @@ func buildGemmCopy(attrs []byte) (Runner, error) {
 		}
 		if !gated {
 			gemm(x, args[1], args[2].F32(), rows, a.K, a.N, true)
+			if rope != nil {
+				return rope.Run(append([]Arg{{Mem: args[2].Mem[:4*rows*a.N]}}, args[4:]...), Launch{Grid: [3]int{rows, 1, 1}})
+			}
 			return nil
 		}
 		gu, y := make([]float32, rows*a.N), args[2].F32()

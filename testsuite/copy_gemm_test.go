@@ -1,8 +1,10 @@
 package testsuite
 
 import (
+	"cmp"
 	"reflect"
 	"slices"
+	"strings"
 	"testing"
 
 	"xmix/bundle"
@@ -16,7 +18,8 @@ import (
 // Llama-3.2-1B's (narrower, not measured) carries none. By default (--gated-copy-rows 32) both
 // also carry one for the gate/up GEMM and SiLU at 32 rows (the 8-row bucket's gate/up is the
 // bundle's own gated kernel, the 16-row bucket's kernels are not the warpgroup form); built
-// with --gated-copy-rows 0, neither does.
+// with --gated-copy-rows 0, neither does. By default (--rope-copy-rows 32) the 8B also carries
+// one for q/k/v with its rope_kv at 32 rows; with --rope-copy-rows 0, none.
 func TestCopyGemmKernels(t *testing.T) {
 	type kernel struct {
 		k, n, rows int
@@ -32,8 +35,10 @@ func TestCopyGemmKernels(t *testing.T) {
 		opt   compile.Options
 		want  []kernel
 	}{
-		{"../specs/models/llama-3.1-8b.yaml", compile.Options{GatedCopyRows: -1}, plain8B},
-		{"../specs/models/llama-3.1-8b.yaml", compile.Options{}, append(slices.Clone(plain8B), kernel{4096, 28672, 32, "silu_mul"})},
+		{"../specs/models/llama-3.1-8b.yaml", compile.Options{GatedCopyRows: -1, RopeCopyRows: -1}, plain8B},
+		{"../specs/models/llama-3.1-8b.yaml", compile.Options{RopeCopyRows: -1}, append(slices.Clone(plain8B), kernel{4096, 28672, 32, "silu_mul"})},
+		{"../specs/models/llama-3.1-8b.yaml", compile.Options{GatedCopyRows: -1}, append(slices.Clone(plain8B), kernel{4096, 6144, 32, "rope_kv"})},
+		{"../specs/models/llama-3.1-8b.yaml", compile.Options{}, append(slices.Clone(plain8B), kernel{4096, 28672, 32, "silu_mul"}, kernel{4096, 6144, 32, "rope_kv"})},
 		{"../specs/models/llama-3.2-1b.yaml", compile.Options{GatedCopyRows: -1}, nil},
 		{"../specs/models/llama-3.2-1b.yaml", compile.Options{}, []kernel{{2048, 16384, 32, "silu_mul"}}},
 	} {
@@ -54,11 +59,13 @@ func TestCopyGemmKernels(t *testing.T) {
 				}
 			}
 		}
-		order := func(a, b kernel) int { return (a.k-b.k)*1e6 + (a.n-b.n)*100 + a.rows - b.rows }
+		order := func(a, b kernel) int {
+			return cmp.Or((a.k-b.k)*1e6+(a.n-b.n)*100+a.rows-b.rows, strings.Compare(a.act, b.act))
+		}
 		slices.SortFunc(got, order)
 		slices.SortFunc(c.want, order)
 		if !reflect.DeepEqual(got, c.want) {
-			t.Errorf("%s, gated copy rows %d: copy-engine GEMMs %v, want %v", c.model, c.opt.GatedCopyRows, got, c.want)
+			t.Errorf("%s, gated copy rows %d, rope copy rows %d: copy-engine GEMMs %v, want %v", c.model, c.opt.GatedCopyRows, c.opt.RopeCopyRows, got, c.want)
 		}
 	}
 }

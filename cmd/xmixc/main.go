@@ -54,7 +54,7 @@ func buildCmd() *cobra.Command {
 	var copyGemmSlots int
 	var copyGemmNext string
 	var copyGemmRows []int
-	var gatedTCRows, gatedCopyRows int
+	var gatedTCRows, gatedCopyRows, ropeCopyRows int
 	c := &cobra.Command{
 		Use:   "build MODEL.yaml [APP.yaml...] -o OUT.xmb",
 		Short: "Compile specs into a bundle",
@@ -129,13 +129,16 @@ func buildCmd() *cobra.Command {
 			if err := codegen.CheckGatedCopyRows(gatedCopyRows); err != nil {
 				return fmt.Errorf("--gated-copy-rows: %w", err)
 			}
+			if err := codegen.CheckRopeCopyRows(ropeCopyRows); err != nil {
+				return fmt.Errorf("--rope-copy-rows: %w", err)
+			}
 			start := time.Now()
 			progress := func(f string, a ...any) {
 				if !quiet {
 					fmt.Fprintf(os.Stderr, "[%6.2fs] %s\n", time.Since(start).Seconds(), fmt.Sprintf(f, a...))
 				}
 			}
-			b, err := compile.Build(args[0], args[1:], compile.Options{EmbedWeights: embed, Verify: verify, Progress: progress, GEMM: gemm, MoE: moe, TP: tp, VectorSlots: vectorSlots, Fuse: fuse, SerialLaunch: !pdl, Prefetch: noneOption(prefetch), GemvCols: gemvCols, GemvUnroll: gemvUnroll, GemvSplit: gemvSplit, GemvWarps: gemvWarps, TensorCoreRows: tcRows, TCChunks: tcChunks, CopyGemms: copyGemms, CopyGemmSlots: copyGemmSlots, CopyGemmNextAtAsk: copyGemmNext == "asked", CopyGemmRows: copyGemmRows, GatedTCRows: noneOption(gatedTCRows), GatedCopyRows: noneOption(gatedCopyRows), AttnWarps: attnWarps, AttnUnroll: attnUnroll, AttnPrefetch: noneOption(attnPrefetch), AttnPrefetchOneRow: noneOption(attnPrefetchOneRow), AttnCUDACores: !attnTC, AttnCluster: attnCluster})
+			b, err := compile.Build(args[0], args[1:], compile.Options{EmbedWeights: embed, Verify: verify, Progress: progress, GEMM: gemm, MoE: moe, TP: tp, VectorSlots: vectorSlots, Fuse: fuse, SerialLaunch: !pdl, Prefetch: noneOption(prefetch), GemvCols: gemvCols, GemvUnroll: gemvUnroll, GemvSplit: gemvSplit, GemvWarps: gemvWarps, TensorCoreRows: tcRows, TCChunks: tcChunks, CopyGemms: copyGemms, CopyGemmSlots: copyGemmSlots, CopyGemmNextAtAsk: copyGemmNext == "asked", CopyGemmRows: copyGemmRows, GatedTCRows: noneOption(gatedTCRows), GatedCopyRows: noneOption(gatedCopyRows), RopeCopyRows: noneOption(ropeCopyRows), AttnWarps: attnWarps, AttnUnroll: attnUnroll, AttnPrefetch: noneOption(attnPrefetch), AttnPrefetchOneRow: noneOption(attnPrefetchOneRow), AttnCUDACores: !attnTC, AttnCluster: attnCluster})
 			if err != nil {
 				return err
 			}
@@ -178,6 +181,7 @@ func buildCmd() *cobra.Command {
 	c.Flags().StringSliceVar(&copyGemms, "copy-gemms", nil, "the GEMM shapes, each KxN (K inputs, N outputs, e.g. 4096x28672 for Llama-3.1-8B's gate/up), given copy-engine kernels (W and x brought to shared memory by the TMA, W asked for before the kernel ahead ends) for the decode buckets of --copy-gemm-rows, which --gemm auto serves them with instead of cuBLASLt; none: no such kernels (unset: the shapes measured faster in the step on the H200, Llama-3.1-8B's o, q/k/v and down; for measuring)")
 	c.Flags().IntVar(&gatedTCRows, "gated-tc-rows", codegen.DefaultGatedTCRows, fmt.Sprintf("decode buckets on tensor cores of at most this many rows run the gate/up projection and its activation as one kernel of the bundle's (mma.sync, x split into two bf16 halves), not a library's GEMM and the activation kernel (0: none; at most %d; the default is the measured one)", codegen.MaxGatedTCRows))
 	c.Flags().IntVar(&gatedCopyRows, "gated-copy-rows", codegen.DefaultGatedCopyRows, fmt.Sprintf("decode buckets of at most this many rows whose GEMMs the warpgroup copy-engine kernels serve (32 rows and up) also get one for the gate/up GEMM with its activation in its epilogue, which --gemm auto runs in place of the library's GEMM and the activation kernel (0: none; at most %d; the default is the measured one)", codegen.MaxGatedCopyRows))
+	c.Flags().IntVar(&ropeCopyRows, "rope-copy-rows", codegen.DefaultRopeCopyRows, fmt.Sprintf("decode buckets of at most this many rows whose GEMMs the warpgroup copy-engine kernels serve (32 rows and up) also get one for the q/k/v GEMM with RoPE and the KV-cache write in its epilogue, which --gemm auto runs in place of the q/k/v GEMM and the rope_kv kernel (0: none; at most %d; the default is the measured one)", codegen.MaxRopeCopyRows))
 	c.Flags().IntSliceVar(&copyGemmRows, "copy-gemm-rows", nil, fmt.Sprintf("the decode row counts given copy-engine kernels, among %v (8 and 16 multiply with mma.sync; from 32 rows with Hopper's warpgroup MMAs over the library cast's bf16 x); a bucket takes the fewest that hold its rows (unset: %v, the ones measured faster in the step and checked against the CPU on the GPU; for measuring)", codegen.CopyGemmLayoutRows(), codegen.CopyGemmDefaultRows()))
 	c.Flags().StringVar(&copyGemmNext, "copy-gemm-next", "read", "when the grid after a copy-engine kernel may launch: read (once each CTA has read every stage of its W, the default) or asked (once it has asked for its last stage, a ring's worth of W sooner); same results bit for bit; for measuring")
 	c.Flags().IntVar(&copyGemmSlots, "copy-gemm-slots", 0, "the ring slots (stages of W and x in flight) of a copy-engine kernel, 1 to 4 (0: the measured default, 3; never more than fit the shared memory; fewer ask for less before the kernel ahead ends; same results bit for bit; for measuring)")
@@ -382,17 +386,21 @@ func printBundle(w io.Writer, b *bundle.Bundle) {
 	if n := b.Manifest.Build.GatedTCRows; n > 0 {
 		fmt.Fprintf(w, "          gate/up and its activation in one tensor-core kernel at up to %d rows\n", n)
 	}
-	if n := b.Manifest.Build.GatedCopyRows; n > 0 {
+	// carried notes where the bundle has no copy-engine kernel whose epilogue is one of acts.
+	carried := func(what string, acts ...string) string {
 		kernels, _ := bundle.GemmCopyKernels(b.Kernels) // checked when the bundle was read
-		carried := false
 		for shape := range kernels {
-			carried = carried || shape.Act != ""
+			if slices.Contains(acts, shape.Act) {
+				return ""
+			}
 		}
-		none := ""
-		if !carried {
-			none = " (none carried: no such bucket's gate/up takes one)"
-		}
-		fmt.Fprintf(w, "          gate/up and its activation in one warpgroup copy-engine kernel at up to %d rows%s\n", n, none)
+		return " (none carried: no such bucket's " + what + " takes one)"
+	}
+	if n := b.Manifest.Build.GatedCopyRows; n > 0 {
+		fmt.Fprintf(w, "          gate/up and its activation in one warpgroup copy-engine kernel at up to %d rows%s\n", n, carried("gate/up", bundle.GatedActOps...))
+	}
+	if n := b.Manifest.Build.RopeCopyRows; n > 0 {
+		fmt.Fprintf(w, "          q/k/v with RoPE and the KV write in one warpgroup copy-engine kernel at up to %d rows%s\n", n, carried("q/k/v", bundle.OpRopeKV))
 	}
 	if c := b.Manifest.Build.TCChunks; len(c) > 0 {
 		fmt.Fprintf(w, "          tensor-core GEMMs: %d / %d K chunks in flight at up to 8 / 9-32 rows\n", c[0], c[1])

@@ -490,6 +490,8 @@ func TestBuildCopyGemmFlags(t *testing.T) {
 		{m, []string{"--gated-tc-rows", "-1"}, "--gated-tc-rows: tensor-core gate/up kernels up to -1 rows: want 0 (none) to 32"},
 		{m, []string{"--gated-copy-rows", "257"}, "--gated-copy-rows: gated copy-engine kernels up to 257 rows: want 0 (none) to 256"},
 		{m, []string{"--gated-copy-rows", "-1"}, "--gated-copy-rows: gated copy-engine kernels up to -1 rows: want 0 (none) to 256"},
+		{m, []string{"--rope-copy-rows", "257"}, "--rope-copy-rows: copy-engine kernels with rope_kv up to 257 rows: want 0 (none) to 256"},
+		{m, []string{"--rope-copy-rows", "-1"}, "--rope-copy-rows: copy-engine kernels with rope_kv up to -1 rows: want 0 (none) to 256"},
 	} {
 		bad := filepath.Join(dir, "bad.xmb")
 		_, err := xmixc(t, append([]string{"build", c.model, "-q", "-o", bad}, c.flags...)...)
@@ -577,7 +579,7 @@ func TestBuildGatedCopyRows(t *testing.T) {
 		var names []string
 		for shape, ks := range kernels {
 			for _, k := range ks {
-				if shape.Act != "" {
+				if slices.Contains(bundle.GatedActOps, shape.Act) {
 					names = append(names, k.Kernel)
 				}
 			}
@@ -602,6 +604,66 @@ func TestBuildGatedCopyRows(t *testing.T) {
 		line := fmt.Sprintf("gate/up and its activation in one warpgroup copy-engine kernel at up to %d rows", c.rows)
 		if len(c.kernels) == 0 {
 			line += " (none carried: no such bucket's gate/up takes one)"
+		} else {
+			line += "\n"
+		}
+		if err != nil || (c.rows > 0) != strings.Contains(text, line) {
+			t.Fatalf("%v: inspect: %v; want %q (%v) in:\n%s", c.flags, err, line, c.rows > 0, text)
+		}
+	}
+}
+
+// TestBuildRopeCopyRows: --rope-copy-rows N (by default 32; 0: none) gives a copy-engine
+// kernel for the q/k/v GEMM with its rope_kv to each decode bucket of at most N rows whose
+// q/k/v the warpgroup copy-engine kernels serve (--copy-gemms names its shape; 32 rows and
+// more), and the build info and inspect's output say so (and where the setting gives no
+// bucket one, that none is carried). The templates keep the GEMM node and the rope_kv
+// kernel, which a backend without the kernel runs.
+func TestBuildRopeCopyRows(t *testing.T) {
+	dir := t.TempDir()
+	m := gemmSpecBuckets(t, dir, "m32.yaml", 512, 4, "1, 8, 16, 32, 64")
+	const qkv = "--copy-gemms=512x768" // 4 q heads and 2 kv heads of 128
+	r32, r64 := "gemm_copy_k512_n768_r32_rope_kv_h4_kv1_d128_f32", "gemm_copy_k512_n768_r64_rope_kv_h4_kv1_d128_f32"
+	for _, c := range []struct {
+		flags   []string
+		rows    int
+		kernels []string
+	}{
+		{[]string{qkv}, 32, []string{r32}},
+		{[]string{qkv, "--rope-copy-rows", "0"}, 0, nil},
+		{[]string{qkv, "--rope-copy-rows", "16"}, 16, nil},
+		{[]string{qkv, "--rope-copy-rows", "64"}, 64, []string{r32, r64}},
+		{nil, 32, nil}, // q/k/v keeps the library: no copy-engine kernel serves it
+	} {
+		out := filepath.Join(dir, "r.xmb")
+		b := buildBundle(t, m, out, c.flags)
+		if b.Manifest.Build.RopeCopyRows != c.rows {
+			t.Fatalf("%v: build info rope_copy_rows %d, want %d", c.flags, b.Manifest.Build.RopeCopyRows, c.rows)
+		}
+		kernels, err := bundle.GemmCopyKernels(b.Kernels)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var names []string
+		for _, k := range kernels[bundle.GemmCopyShape{K: 512, N: 768, Act: bundle.OpRopeKV}] {
+			names = append(names, k.Kernel)
+		}
+		if !slices.Equal(names, c.kernels) {
+			t.Fatalf("%v: copy-engine kernels with rope_kv %v, want %v", c.flags, names, c.kernels)
+		}
+		for _, tm := range b.Templates {
+			rope := 0
+			for _, n := range tm.Nodes {
+				rope += strings.Count(n.Kernel, "rope_kv_")
+			}
+			if tm.Kind == bundle.Decode && tm.Tokens >= 8 && rope != 2 {
+				t.Fatalf("%v: %s: %d rope_kv kernels, want one a layer", c.flags, tm.Name, rope)
+			}
+		}
+		text, err := xmixc(t, "inspect", out)
+		line := fmt.Sprintf("q/k/v with RoPE and the KV write in one warpgroup copy-engine kernel at up to %d rows", c.rows)
+		if len(c.kernels) == 0 {
+			line += " (none carried: no such bucket's q/k/v takes one)"
 		} else {
 			line += "\n"
 		}

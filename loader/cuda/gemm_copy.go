@@ -2,6 +2,7 @@ package cuda
 
 import (
 	"fmt"
+	"slices"
 	"unsafe"
 
 	"xmix/bundle"
@@ -33,7 +34,7 @@ type copyMapKey struct {
 type copyLaunchKey struct {
 	g       bundle.GEMM
 	x, w, y uintptr
-	act     string
+	kernel  string // the plain GEMM's, or one with an epilogue (an activation, rope_kv)
 }
 
 // initCopyGemms indexes the bundle's copy-engine GEMMs; mode GemmAuto only serves with them.
@@ -62,7 +63,52 @@ func (be *Backend) copyNode(n bundle.Node, vals []uint64) (*launch, bool, error)
 	if !ok {
 		return nil, false, nil
 	}
-	return be.copyLaunch(n, g, c, vals, uintptr(vals[g.Y]))
+	return be.copyLaunch(n, g, c, vals, uintptr(vals[g.Y]), nil)
+}
+
+// copyPair serves nodes[i] and nodes[i+1] with one launch of a copy-engine GEMM with an
+// epilogue where the bundle carries one for them: the gated activation after the gate/up
+// GEMM (gatedCopyPair) or the rotation and KV write after the q/k/v GEMM (ropeCopyPair).
+func (be *Backend) copyPair(nodes []bundle.Node, i int) (launch, bool, error) {
+	if l, ok, err := be.gatedCopyPair(nodes, i); err != nil || ok {
+		return l, ok, err
+	}
+	return be.ropeCopyPair(nodes, i)
+}
+
+// ropeCopyPair serves nodes[i] and nodes[i+1], a GEMM and the rope_kv of its y
+// (bundle.RopePairAt), with one launch of the bundle's copy-engine GEMM with rope_kv, which
+// writes y and the caches as the two would; ok is false where the bundle has none for them (or
+// copyLaunch says no), and both nodes are then served one by one.
+func (be *Backend) ropeCopyPair(nodes []bundle.Node, i int) (launch, bool, error) {
+	if be.copy == nil {
+		return launch{}, false, nil
+	}
+	g, rope, ok, err := bundle.RopePairAt(nodes, i, func(name string) bundle.Kernel { return be.kernels[name] })
+	if err != nil || !ok || g.M < 1 {
+		return launch{}, false, err
+	}
+	c, ok := bundle.GemmCopyFor(be.copy.kernels[bundle.GemmCopyShape{K: g.K, N: g.N, Act: bundle.OpRopeKV}], g.M)
+	if !ok || *c.Attrs.RopeKV != rope.Shape {
+		return launch{}, false, nil
+	}
+	vals, err := be.argValues(nodes[i])
+	if err != nil {
+		return launch{}, false, err
+	}
+	extra := make([]uint64, len(rope.Args))
+	for j, s := range rope.Args {
+		if extra[j], err = be.slotValue(s); err != nil {
+			return launch{}, false, fmt.Errorf("node %s: %w", nodes[i+1].Label, err)
+		}
+	}
+	l, ok, err := be.copyLaunch(nodes[i], g, c, vals, uintptr(vals[g.Y]), extra)
+	if err != nil || !ok {
+		return launch{}, false, err
+	}
+	served := *l
+	served.label = nodes[i].Label
+	return served, true, nil
 }
 
 // gatedCopyPair serves nodes[i] and nodes[i+1], a GEMM and the gated activation of its y
@@ -89,7 +135,7 @@ func (be *Backend) gatedCopyPair(nodes []bundle.Node, i int) (launch, bool, erro
 	if err != nil {
 		return launch{}, false, err
 	}
-	l, ok, err := be.copyLaunch(nodes[i], g, c, vals, uintptr(y))
+	l, ok, err := be.copyLaunch(nodes[i], g, c, vals, uintptr(y), nil)
 	if err != nil || !ok {
 		return launch{}, false, err
 	}
@@ -99,11 +145,12 @@ func (be *Backend) gatedCopyPair(nodes []bundle.Node, i int) (launch, bool, erro
 }
 
 // copyLaunch is the launch of copy-engine GEMM c for GEMM g of node n (vals: its arguments'
-// values) writing y (the GEMM's y, or with an activation the activation's output), made once
-// per shape and buffers; ok is false where x or W is not 16-byte aligned or, for a kernel
-// that reads bf16(x), no cuBLASLt cast and scratch can make it.
-func (be *Backend) copyLaunch(n bundle.Node, g bundle.GEMM, c bundle.GemmCopy, vals []uint64, y uintptr) (*launch, bool, error) {
-	key := copyLaunchKey{g: g, x: uintptr(vals[g.X]), w: uintptr(vals[g.W]), y: y, act: c.Attrs.Act}
+// values) writing y (the GEMM's y, or with an activation the activation's output), its
+// parameters after rows extra (with rope_kv: bundle.RopeKVParams' values), made once per shape
+// and buffers; ok is false where x or W is not 16-byte aligned or, for a kernel that reads
+// bf16(x), no cuBLASLt cast and scratch can make it.
+func (be *Backend) copyLaunch(n bundle.Node, g bundle.GEMM, c bundle.GemmCopy, vals []uint64, y uintptr, extra []uint64) (*launch, bool, error) {
+	key := copyLaunchKey{g: g, x: uintptr(vals[g.X]), w: uintptr(vals[g.W]), y: y, kernel: c.Kernel}
 	if l, ok := be.copy.served[key]; ok {
 		return l, true, nil
 	}
@@ -127,9 +174,12 @@ func (be *Backend) copyLaunch(n bundle.Node, g bundle.GEMM, c bundle.GemmCopy, v
 	if err != nil {
 		return nil, false, fmt.Errorf("node %s: w: %w", n.Label, err)
 	}
-	// The launch's parameters: the maps' 128 bytes each, y, rows.
-	args := []uint64{uint64(key.y), uint64(g.M)}
-	ptrs := []uintptr{xmap.addr(), wmap.addr(), uintptr(unsafe.Pointer(&args[0])), uintptr(unsafe.Pointer(&args[1]))}
+	// The launch's parameters: the maps' 128 bytes each, y, rows, then extra.
+	args := append([]uint64{uint64(key.y), uint64(g.M)}, extra...)
+	ptrs := []uintptr{xmap.addr(), wmap.addr()}
+	for i := range args {
+		ptrs = append(ptrs, uintptr(unsafe.Pointer(&args[i])))
+	}
 	be.params = append(be.params, args)
 	be.paramP = append(be.paramP, ptrs)
 	l := &launch{label: n.Label, kernel: c.Kernel, f: be.funcs[c.Kernel], grid: [3]int{a.Grid, 1, 1}, block: [3]int{a.Block, 1, 1},
@@ -205,4 +255,20 @@ func (be *Backend) CopyGemmNodes() int {
 		return 0
 	}
 	return be.copy.nodes
+}
+
+// CopyGemmKernels lists the copy-engine kernels that serve the backend's nodes, each once, in
+// name order.
+func (be *Backend) CopyGemmKernels() []string {
+	if be.copy == nil {
+		return nil
+	}
+	var names []string
+	for _, l := range be.copy.served {
+		if !slices.Contains(names, l.kernel) {
+			names = append(names, l.kernel)
+		}
+	}
+	slices.Sort(names)
+	return names
 }

@@ -92,11 +92,11 @@ func (be *Backend) prepareAll(nodes []bundle.Node, variants uint32) ([]launch, e
 		if n.Collective != nil {
 			return nil, fmt.Errorf("node %s: tensor-parallel collectives need NCCL, which the CUDA backend does not drive yet (run this bundle with --backend cpu, or build it without --tp)", n.Label)
 		}
-		if l, ok, err := be.gatedCopyPair(nodes, i); err != nil {
+		if l, ok, err := be.copyPair(nodes, i); err != nil {
 			return nil, fmt.Errorf("node %s: %w", n.Label, err)
 		} else if ok {
 			all = append(all, l)
-			i++ // the activation node after it is served by the same launch
+			i++ // the activation or rope node after it is served by the same launch
 			continue
 		}
 		l, err := be.prepare(n, variants)

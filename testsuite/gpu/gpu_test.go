@@ -385,11 +385,15 @@ func TestCUDACopyGemmMatchesCPU(t *testing.T) {
 }
 
 // copyGemmBackend makes CUDA backends under --gemm auto and sets *served to how many GEMM
-// nodes the bundle's copy-engine kernels serve in each.
-func copyGemmBackend(served *int) testsuite.NewBackend {
+// nodes the bundle's copy-engine kernels serve in each (and *kernels, where given, to those
+// kernels' names).
+func copyGemmBackend(served *int, kernels ...*[]string) testsuite.NewBackend {
 	return func(t testing.TB, b *bundle.Bundle) loader.Backend {
 		be := newCUDA(cuda.GemmAuto)(t, b)
 		*served = be.(*cuda.Backend).CopyGemmNodes()
+		for _, k := range kernels {
+			*k = be.(*cuda.Backend).CopyGemmKernels()
+		}
 		return be
 	}
 }
@@ -402,7 +406,8 @@ func copyGemmBackend(served *int) testsuite.NewBackend {
 func TestCUDAWarpgroupGemmMatchesCPU(t *testing.T) {
 	needGPU(t)
 	served := 0
-	nb := copyGemmBackend(&served)
+	var kernels []string
+	nb := copyGemmBackend(&served, &kernels)
 	for _, c := range []struct{ bucket, requests, steps int }{{32, 32, 4}, {32, 19, 3}, {64, 50, 2}, {128, 128, 3}, {128, 70, 2}} {
 		t.Run(fmt.Sprintf("r%d-n%d", c.bucket, c.requests), func(t *testing.T) {
 			cut := specCut(t, "llama-3.1-8b", fmt.Sprintf("serving: {decode_buckets: [%d], prefill_chunks: [64], max_seq_len: 256, max_seqs: %d, kv_block_size: 16}\n", c.bucket, c.bucket))
@@ -422,6 +427,32 @@ func TestCUDAWarpgroupGemmMatchesCPU(t *testing.T) {
 			}
 			if served != want {
 				t.Errorf("%d requests in a %d-row bucket: %d GEMM nodes served by the warpgroup kernels, want %d", c.requests, c.bucket, served, want)
+			}
+			// In buckets of up to codegen.DefaultRopeCopyRows rows q/k/v's kernel has the
+			// rope_kv after it in its epilogue.
+			rope := slices.ContainsFunc(kernels, func(k string) bool { return strings.Contains(k, "_rope_kv_") })
+			if rope != (c.bucket <= codegen.DefaultRopeCopyRows) {
+				t.Errorf("%d-row bucket: copy-engine kernels %v: q/k/v's with rope_kv %v, want %v", c.bucket, kernels, rope, !rope)
+			}
+		})
+	}
+}
+
+// TestCUDACopyGemmNextAtAskMatchesCPU: with xmixc build --copy-gemm-next asked the grid after
+// a copy-engine GEMM launches while the GEMM still reads W, so only the kernel's own wait
+// orders it; the 2-layer cut of Llama-3.1-8B in buckets of 8 and 32 rows (the 32-row one with
+// the gated gate/up), every request teacher-forced to the CPU's tokens, against the CPU backend.
+func TestCUDACopyGemmNextAtAskMatchesCPU(t *testing.T) {
+	needGPU(t)
+	served := 0
+	nb := copyGemmBackend(&served)
+	for _, c := range []struct{ bucket, requests, want int }{{8, 8, 6}, {32, 27, 8}} {
+		t.Run(fmt.Sprintf("r%d", c.bucket), func(t *testing.T) {
+			cut := specCut(t, "llama-3.1-8b", fmt.Sprintf("serving: {decode_buckets: [%d], prefill_chunks: [64], max_seq_len: 256, max_seqs: %d, kv_block_size: 16}\n", c.bucket, c.bucket))
+			b := testsuite.CompileWith(t, compile.Options{CopyGemmNextAtAsk: true}, cut)
+			agreementRows(t, nb, fmt.Sprintf("llama-3.1-8b-2layers-copy-gemm-next-asked-r%d", c.bucket), b, sixTokenPrompts(c.requests), 4)
+			if served != c.want {
+				t.Errorf("%d-row bucket: %d GEMM nodes served by the copy-engine kernels, want %d", c.bucket, served, c.want)
 			}
 		})
 	}
