@@ -273,21 +273,22 @@ func TestGatedCopyFor(t *testing.T) {
 // of one, one past) in shuffled pages, a full bucket and a part of one.
 func TestGemmCopyRopeMatchesThePair(t *testing.T) {
 	for _, c := range []struct {
-		rc   RopeConfig
-		k    int
-		rows []int
+		rc        RopeConfig
+		k, layout int
+		rows      []int
 	}{
-		{RopeConfig{Heads: 4, KVHeads: 1, HeadDim: 64, BlockSize: 4, MaxBlocksPerSeq: 8, KVDtype: ptx.BF16}, 512, []int{32, 7}},
-		{RopeConfig{Heads: 2, KVHeads: 2, HeadDim: 64, BlockSize: 8, MaxBlocksPerSeq: 4, KVDtype: ptx.F32}, 256, []int{32}},
-		{RopeConfig{Heads: 2, KVHeads: 1, HeadDim: 128, BlockSize: 16, MaxBlocksPerSeq: 2, KVDtype: ptx.BF16}, 768, []int{29}},
+		{RopeConfig{Heads: 4, KVHeads: 1, HeadDim: 64, BlockSize: 4, MaxBlocksPerSeq: 8, KVDtype: ptx.BF16}, 512, 32, []int{32, 7}},
+		{RopeConfig{Heads: 2, KVHeads: 2, HeadDim: 64, BlockSize: 8, MaxBlocksPerSeq: 4, KVDtype: ptx.F32}, 256, 32, []int{32}},
+		{RopeConfig{Heads: 2, KVHeads: 1, HeadDim: 128, BlockSize: 16, MaxBlocksPerSeq: 2, KVDtype: ptx.BF16}, 768, 32, []int{29}},
+		{RopeConfig{Heads: 4, KVHeads: 2, HeadDim: 128, BlockSize: 16, MaxBlocksPerSeq: 8, KVDtype: ptx.BF16}, 512, 64, []int{64, 50}}, // 64 rows
 	} {
 		rc := c.rc
 		n := (rc.Heads + 2*rc.KVHeads) * rc.HeadDim
 		for _, rows := range c.rows {
-			plain := GemmCopyConfig{K: c.k, N: n, Rows: 32, Split: 1, Stages: min(2, c.k/256)}
+			plain := GemmCopyConfig{K: c.k, N: n, Rows: c.layout, Split: 1, Stages: min(2, c.k/256)}
 			fused := plain
 			fused.Rope = &rc
-			t.Run(fmt.Sprintf("h%d_kv%d_d%d_%s_k%d_rows%d", rc.Heads, rc.KVHeads, rc.HeadDim, rc.KVDtype, c.k, rows), func(t *testing.T) {
+			t.Run(fmt.Sprintf("h%d_kv%d_d%d_%s_k%d_r%d_rows%d", rc.Heads, rc.KVHeads, rc.HeadDim, rc.KVDtype, c.k, c.layout, rows), func(t *testing.T) {
 				checkRopeCopy(t, plain, fused, rows)
 			})
 		}
