@@ -514,9 +514,9 @@ const MaxRopeCopyRows = wgMaxN
 
 // DefaultRopeCopyRows is the largest decode bucket given a copy-engine kernel for the q/k/v
 // GEMM and its rope_kv together unless a build says otherwise. On the H200 (session 49,
-// testsuite/gpu/RESULTS.md) it made the 8B's 32-row step 0.37-0.85% shorter at contexts
-// 80-2112, and its 64-row step 5.5% / 11.9% longer at 576 / 2112 (the same at 80), why not
-// yet found.
+// testsuite/gpu/RESULTS.md) it made the 8B's 32-row step 0.36-0.85% shorter at contexts
+// 80-2112, and its 64-row step 5.5% / 11.9% longer at 576 / 2112 (0.1% shorter at 80): traced,
+// the attention after it read its K/V 30% slower, why not yet found.
 const DefaultRopeCopyRows = 32
 
 // CheckRopeCopyRows checks a build's largest bucket given the copy-engine kernel with rope_kv

@@ -385,14 +385,18 @@ func TestCUDACopyGemmMatchesCPU(t *testing.T) {
 }
 
 // copyGemmBackend makes CUDA backends under --gemm auto and sets *served to how many GEMM
-// nodes the bundle's copy-engine kernels serve in each (and *kernels, where given, to those
-// kernels' names).
+// nodes the bundle's copy-engine kernels serve in each (and adds to *kernels, where given,
+// those kernels' names not in it yet).
 func copyGemmBackend(served *int, kernels ...*[]string) testsuite.NewBackend {
 	return func(t testing.TB, b *bundle.Bundle) loader.Backend {
 		be := newCUDA(cuda.GemmAuto)(t, b)
 		*served = be.(*cuda.Backend).CopyGemmNodes()
 		for _, k := range kernels {
-			*k = be.(*cuda.Backend).CopyGemmKernels()
+			for _, name := range be.(*cuda.Backend).CopyGemmKernels() {
+				if !slices.Contains(*k, name) {
+					*k = append(*k, name)
+				}
+			}
 		}
 		return be
 	}
@@ -410,6 +414,7 @@ func TestCUDAWarpgroupGemmMatchesCPU(t *testing.T) {
 	nb := copyGemmBackend(&served, &kernels)
 	for _, c := range []struct{ bucket, requests, steps int }{{32, 32, 4}, {32, 19, 3}, {64, 50, 2}, {128, 128, 3}, {128, 70, 2}} {
 		t.Run(fmt.Sprintf("r%d-n%d", c.bucket, c.requests), func(t *testing.T) {
+			kernels = nil
 			cut := specCut(t, "llama-3.1-8b", fmt.Sprintf("serving: {decode_buckets: [%d], prefill_chunks: [64], max_seq_len: 256, max_seqs: %d, kv_block_size: 16}\n", c.bucket, c.bucket))
 			b := testsuite.CompileWith(t, compile.Options{CopyGemmRows: []int{c.bucket}}, cut)
 			prompts := sixTokenPrompts(c.requests)
@@ -528,37 +533,66 @@ func TestCUDAGatedCopyMatchesCPU(t *testing.T) {
 		app := "app: act-scale\nparams: {s: {random: 23}}\nops:\n  - write: {at: {layers: [1], hook: mlp.act}, kernel: scale, args: {vector: s}}\n"
 		opt := compile.Options{GatedCopyRows: 32}
 		with, bare := testsuite.CompileWith(t, opt, cut, app), testsuite.CompileWith(t, opt, cut)
-		const n, steps = 27, 3
-		// Each request's tokens and their logprobs (the sampled token's log-softmax over its
-		// row's logits): the decode rows' order is the engine's, not the requests'.
-		run := func(b *bundle.Bundle, apps []string) []loader.Result {
-			var reqs []loader.Request
-			for i, p := range sixTokenPrompts(n) {
-				r := loader.Request{Prompt: p, MaxTokens: steps, Logprobs: true}
-				if i%2 == 0 {
-					r.Apps = apps
-				}
-				reqs = append(reqs, r)
-			}
-			return testsuite.Generate(t, nb, b, reqs)
-		}
-		got := run(with, []string{"act-scale"})
+		appRowsKeepBits(t, nb, with, bare, "act-scale")
 		if served != 8 {
-			t.Errorf("with the app: %d launches of the copy-engine kernels, want 8", served)
-		}
-		want := run(bare, nil)
-		changed := false
-		for i := range n {
-			same := slices.Equal(got[i].Tokens, want[i].Tokens) && reflect.DeepEqual(got[i].Logprobs, want[i].Logprobs)
-			if i%2 == 1 && !same {
-				t.Fatalf("request %d, without the app: tokens %v, logprobs %v; the bare bundle's %v, %v", i, got[i].Tokens, got[i].Logprobs, want[i].Tokens, want[i].Logprobs)
-			}
-			changed = changed || i%2 == 0 && !same
-		}
-		if !changed {
-			t.Fatal("the app changed no request's tokens or logprobs")
+			t.Errorf("%d launches of the copy-engine kernels, want 8", served)
 		}
 	})
+}
+
+// appRowsKeepBits runs 27 requests for 3 steps in a 32-row bucket of with (a bundle with the
+// app named app) and of bare (the same without it), every other request with the app: the
+// requests without it get the bare bundle's tokens and logprobs bit for bit, and the app
+// changes some request's.
+func appRowsKeepBits(t *testing.T, nb testsuite.NewBackend, with, bare *bundle.Bundle, app string) {
+	t.Helper()
+	const n, steps = 27, 3
+	// Each request's tokens and their logprobs (the sampled token's log-softmax over its
+	// row's logits): the decode rows' order is the engine's, not the requests'.
+	run := func(b *bundle.Bundle, apps []string) []loader.Result {
+		var reqs []loader.Request
+		for i, p := range sixTokenPrompts(n) {
+			r := loader.Request{Prompt: p, MaxTokens: steps, Logprobs: true}
+			if i%2 == 0 {
+				r.Apps = apps
+			}
+			reqs = append(reqs, r)
+		}
+		return testsuite.Generate(t, nb, b, reqs)
+	}
+	got := run(with, []string{app})
+	want := run(bare, nil)
+	changed := false
+	for i := range n {
+		same := slices.Equal(got[i].Tokens, want[i].Tokens) && reflect.DeepEqual(got[i].Logprobs, want[i].Logprobs)
+		if i%2 == 1 && !same {
+			t.Fatalf("request %d, without the app: tokens %v, logprobs %v; the bare bundle's %v, %v", i, got[i].Tokens, got[i].Logprobs, want[i].Tokens, want[i].Logprobs)
+		}
+		changed = changed || i%2 == 0 && !same
+	}
+	if !changed {
+		t.Fatal("the app changed no request's tokens or logprobs")
+	}
+}
+
+// TestCUDARopeCopyKeepsBits: an app's op at attn.q of layer 1 sits between that layer's q/k/v
+// GEMM and its rope_kv, so in a 32-row bucket the graphs of steps with the app run that layer's
+// GEMM on the plain copy-engine kernel and rope_kv apart, while the graph of steps without
+// apps runs the kernel with rope_kv in its epilogue: the requests without the app get the bare
+// bundle's tokens and logprobs bit for bit (the two kernels give a column the same sums), the
+// ones with it others.
+func TestCUDARopeCopyKeepsBits(t *testing.T) {
+	needGPU(t)
+	served := 0
+	var kernels []string
+	nb := copyGemmBackend(&served, &kernels)
+	cut := specCut(t, "llama-3.1-8b", "serving: {decode_buckets: [32], prefill_chunks: [64], max_seq_len: 256, max_seqs: 32, kv_block_size: 16}\n")
+	app := "app: q-scale\nparams: {s: {random: 29}}\nops:\n  - write: {at: {layers: [1], hook: attn.q}, kernel: scale, args: {vector: s}}\n"
+	with, bare := testsuite.Compile(t, cut, app), testsuite.Compile(t, cut)
+	appRowsKeepBits(t, nb, with, bare, "q-scale")
+	if !slices.ContainsFunc(kernels, func(k string) bool { return strings.Contains(k, "_rope_kv_") }) || !slices.Contains(kernels, "gemm_copy_k4096_n6144_r32") {
+		t.Fatalf("copy-engine kernels %v: want q/k/v's with rope_kv and the plain one (layer 1's with the app)", kernels)
+	}
 }
 
 // TestCUDATraceFollowsTheGraph: with Options.Trace, one replay of a 32-row decode graph of a
