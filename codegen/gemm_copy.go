@@ -522,10 +522,7 @@ const DefaultRopeCopyRows = 32
 // CheckRopeCopyRows checks a build's largest bucket given the copy-engine kernel with rope_kv
 // (BuildInfo.RopeCopyRows, xmixc build --rope-copy-rows): 0 (none) to MaxRopeCopyRows.
 func CheckRopeCopyRows(n int) error {
-	if n < 0 || n > MaxRopeCopyRows {
-		return fmt.Errorf("copy-engine kernels with rope_kv up to %d rows: want 0 (none) to %d", n, MaxRopeCopyRows)
-	}
-	return nil
+	return checkEpilogueRows("copy-engine kernels with rope_kv", n)
 }
 
 // ropeCopyGemms adds a copy-engine GEMM with the rotation and KV write in its epilogue
@@ -534,6 +531,38 @@ func CheckRopeCopyRows(n int) error {
 // whose row count takes the warpgroup form, where the build makes copy-engine kernels for the
 // GEMM's shape.
 func (g *gen) ropeCopyGemms(templates []bundle.Template) error {
+	return g.epilogueCopyGemms(templates, g.ropeCopyRows, func(nodes []bundle.Node, i int, kernel func(string) bundle.Kernel) (*copyPair, error) {
+		m, rope, ok, err := bundle.RopePairAt(nodes, i, kernel)
+		if err != nil || !ok || !slices.Contains(g.copyShapes, [2]int{m.K, m.N}) {
+			return nil, err
+		}
+		kv, ok := dtypeOf(rope.Shape.KVDtype)
+		if !ok {
+			return nil, fmt.Errorf("node %s: kv dtype %q", nodes[i+1].Label, rope.Shape.KVDtype)
+		}
+		rc := RopeConfig{Heads: rope.Shape.Heads, KVHeads: rope.Shape.KVHeads, HeadDim: rope.Shape.HeadDim, BlockSize: rope.Shape.BlockSize,
+			MaxBlocksPerSeq: rope.Shape.MaxBlocksPerSeq, KVDtype: kv}
+		return &copyPair{gemm: m, epilogue: bundle.OpRopeKV,
+			name:   fmt.Sprintf("_rope_kv_h%d_kv%d_d%d_%s", rc.Heads, rc.KVHeads, rc.HeadDim, rope.Shape.KVDtype),
+			config: func(rows int) (GemmCopyConfig, error) { return RopeCopyFor(m.K, m.N, rows, g.copySlots, rc) }}, nil
+	})
+}
+
+// copyPair is a GEMM node and the node after it that one copy-engine kernel with an epilogue
+// may serve: the GEMM, the epilogue's op (bundle.GemmCopyShape.Act), the kernel's name past
+// its shape and rows, and the kernel's configuration for a row count.
+type copyPair struct {
+	gemm     bundle.GEMM
+	epilogue string
+	name     string
+	config   func(rows int) (GemmCopyConfig, error)
+}
+
+// epilogueCopyGemms adds a copy-engine kernel for each pair of nodes (pairAt: nil where
+// nodes[i] starts none) of the decode buckets of at most maxRows rows whose row count takes
+// the warpgroup form, once per shape and row count; a shape the kernel cannot take is left to
+// the two nodes one by one.
+func (g *gen) epilogueCopyGemms(templates []bundle.Template, maxRows int, pairAt func(nodes []bundle.Node, i int, kernel func(string) bundle.Kernel) (*copyPair, error)) error {
 	kernel := func(name string) bundle.Kernel {
 		if k := g.kernels[name]; k != nil {
 			return k.bundleKernel()
@@ -542,36 +571,33 @@ func (g *gen) ropeCopyGemms(templates []bundle.Template) error {
 	}
 	seen := map[bundle.GemmCopyShape]map[int]bool{}
 	for _, t := range templates {
-		r := copyRows(g.copyRows, t.Tokens)
-		if t.Kind != bundle.Decode || t.Tokens > g.ropeCopyRows || r == 0 || !gcLayoutOf(r).Warpgroup {
+		if !g.epilogueCopyAt(t.Kind, t.Tokens, maxRows) {
 			continue
 		}
 		for _, nodes := range [][]bundle.Node{t.Nodes, t.Plain} {
 			for i, n := range nodes {
-				m, rope, ok, err := bundle.RopePairAt(nodes, i, kernel)
+				p, err := pairAt(nodes, i, kernel)
 				if err != nil {
 					return fmt.Errorf("template %s: node %s: %w", t.Name, n.Label, err)
 				}
-				key := bundle.GemmCopyShape{K: m.K, N: m.N, Act: bundle.OpRopeKV}
-				if !ok || copyRows(g.copyRows, m.M) != r || seen[key][r] || !slices.Contains(g.copyShapes, [2]int{m.K, m.N}) {
+				if p == nil {
+					continue
+				}
+				r := copyRows(g.copyRows, p.gemm.M)
+				key := bundle.GemmCopyShape{K: p.gemm.K, N: p.gemm.N, Act: p.epilogue}
+				if r == 0 || seen[key][r] {
 					continue
 				}
 				if seen[key] == nil {
 					seen[key] = map[int]bool{}
 				}
 				seen[key][r] = true
-				kv, ok := dtypeOf(rope.Shape.KVDtype)
-				if !ok {
-					return fmt.Errorf("template %s: node %s: kv dtype %q", t.Name, nodes[i+1].Label, rope.Shape.KVDtype)
-				}
-				rc := RopeConfig{Heads: rope.Shape.Heads, KVHeads: rope.Shape.KVHeads, HeadDim: rope.Shape.HeadDim, BlockSize: rope.Shape.BlockSize,
-					MaxBlocksPerSeq: rope.Shape.MaxBlocksPerSeq, KVDtype: kv}
-				c, err := RopeCopyFor(m.K, m.N, r, g.copySlots, rc)
+				c, err := p.config(r)
 				if err != nil {
-					continue // a shape the kernel cannot take: the two nodes run one by one
+					continue // a shape the kernel cannot take (K not of whole stages): the two nodes run one by one
 				}
 				c.NextAtAsk = g.copyNextAtAsk
-				name := fmt.Sprintf("gemm_copy_k%d_n%d_r%d_rope_kv_h%d_kv%d_d%d_%s", m.K, m.N, c.Rows, rc.Heads, rc.KVHeads, rc.HeadDim, rope.Shape.KVDtype)
+				name := fmt.Sprintf("gemm_copy_k%d_n%d_r%d%s", p.gemm.K, p.gemm.N, c.Rows, p.name)
 				if _, err := g.kernel(name, func() (*Kernel, error) { return GemmCopy(name, c) }); err != nil {
 					return err
 				}
@@ -593,19 +619,29 @@ const DefaultGatedCopyRows = 32
 
 // CheckGatedCopyRows checks a build's largest bucket given the gated copy-engine kernel
 // (BuildInfo.GatedCopyRows, xmixc build --gated-copy-rows): 0 (none) to MaxGatedCopyRows.
-func CheckGatedCopyRows(n int) error {
-	if n < 0 || n > MaxGatedCopyRows {
-		return fmt.Errorf("gated copy-engine kernels up to %d rows: want 0 (none) to %d", n, MaxGatedCopyRows)
+func CheckGatedCopyRows(n int) error { return checkEpilogueRows("gated copy-engine kernels", n) }
+
+// checkEpilogueRows checks a build's largest bucket given copy-engine kernels with an
+// epilogue (what): 0 (none) to the most rows of a warpgroup layout.
+func checkEpilogueRows(what string, n int) error {
+	if n < 0 || n > wgMaxN {
+		return fmt.Errorf("%s up to %d rows: want 0 (none) to %d", what, n, wgMaxN)
 	}
 	return nil
 }
 
 // gatedCopyAt says whether templates of kind and rows rows get copy-engine kernels for their
-// gate/up GEMM with its activation: decode buckets of at most gatedCopyRows rows whose
-// copy-engine row count takes the warpgroup form.
+// gate/up GEMM with its activation (epilogueCopyAt, up to gatedCopyRows rows).
 func (g *gen) gatedCopyAt(kind bundle.TemplateKind, rows int) bool {
+	return g.epilogueCopyAt(kind, rows, g.gatedCopyRows)
+}
+
+// epilogueCopyAt says whether templates of kind and rows rows may get copy-engine kernels with
+// an epilogue: decode buckets of at most maxRows rows whose copy-engine row count takes the
+// warpgroup form.
+func (g *gen) epilogueCopyAt(kind bundle.TemplateKind, rows, maxRows int) bool {
 	r := copyRows(g.copyRows, rows)
-	return kind == bundle.Decode && rows <= g.gatedCopyRows && r > 0 && gcLayoutOf(r).Warpgroup
+	return kind == bundle.Decode && rows <= maxRows && r > 0 && gcLayoutOf(r).Warpgroup
 }
 
 // gatedCopyGemms adds a copy-engine GEMM with the activation in its epilogue (GatedCopyFor)
@@ -613,45 +649,14 @@ func (g *gen) gatedCopyAt(kind bundle.TemplateKind, rows int) bool {
 // where no kernel of the bundle's fuses it) of a decode bucket of at most gatedCopyRows rows
 // whose row count takes the warpgroup form.
 func (g *gen) gatedCopyGemms(templates []bundle.Template) error {
-	kernel := func(name string) bundle.Kernel {
-		if k := g.kernels[name]; k != nil {
-			return k.bundleKernel()
+	return g.epilogueCopyGemms(templates, g.gatedCopyRows, func(nodes []bundle.Node, i int, kernel func(string) bundle.Kernel) (*copyPair, error) {
+		m, act, ok, err := bundle.GatedPairAt(nodes, i, kernel)
+		if err != nil || !ok {
+			return nil, err
 		}
-		return bundle.Kernel{}
-	}
-	seen := map[bundle.GemmCopyShape]map[int]bool{}
-	for _, t := range templates {
-		if !g.gatedCopyAt(t.Kind, t.Tokens) {
-			continue
-		}
-		for _, nodes := range [][]bundle.Node{t.Nodes, t.Plain} {
-			for i, n := range nodes {
-				m, act, ok, err := bundle.GatedPairAt(nodes, i, kernel)
-				if err != nil {
-					return fmt.Errorf("template %s: node %s: %w", t.Name, n.Label, err)
-				}
-				r := copyRows(g.copyRows, m.M)
-				key := bundle.GemmCopyShape{K: m.K, N: m.N, Act: act.Op}
-				if !ok || r == 0 || seen[key][r] {
-					continue
-				}
-				if seen[key] == nil {
-					seen[key] = map[int]bool{}
-				}
-				seen[key][r] = true
-				c, err := GatedCopyFor(m.K, m.N, r, g.copySlots, act.Op)
-				if err != nil {
-					continue // a shape the kernel cannot take (K not of whole stages): the two nodes run one by one
-				}
-				c.NextAtAsk = g.copyNextAtAsk
-				name := fmt.Sprintf("gemm_copy_k%d_n%d_r%d_%s", m.K, m.N, c.Rows, act.Op)
-				if _, err := g.kernel(name, func() (*Kernel, error) { return GemmCopy(name, c) }); err != nil {
-					return err
-				}
-			}
-		}
-	}
-	return nil
+		return &copyPair{gemm: m, epilogue: act.Op, name: "_" + act.Op,
+			config: func(rows int) (GemmCopyConfig, error) { return GatedCopyFor(m.K, m.N, rows, g.copySlots, act.Op) }}, nil
+	})
 }
 
 // GemmCopy generates the copy-engine GEMM; parameters x_map (128 bytes by value: a tensor
