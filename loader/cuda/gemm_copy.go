@@ -88,6 +88,10 @@ func (be *Backend) ropeCopyPair(nodes []bundle.Node, i int) (launch, bool, error
 	if err != nil || !ok || g.M < 1 {
 		return launch{}, false, err
 	}
+	// The kernel of the fewest rows that takes the GEMM's, as for the plain kernels: the
+	// 32-row kernel serves the 8- and 16-row buckets' pairs too, whose plain GEMMs have kernels
+	// of their own. On the H200 that made the 8B's 16-row step 0.9-1.1% shorter and its 8-row
+	// step 0.1-0.2% longer than those kernels and rope_kv apart (session 49 call 8).
 	c, ok := bundle.GemmCopyFor(be.copy.kernels[bundle.GemmCopyShape{K: g.K, N: g.N, Act: bundle.OpRopeKV}], g.M)
 	if !ok || *c.Attrs.RopeKV != rope.Shape {
 		return launch{}, false, nil
