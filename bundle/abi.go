@@ -226,12 +226,15 @@ type GemmCopyAttrs struct {
 	// half and the same rows of its second, rotates its q and k heads in y and writes its k
 	// and v heads to the paged cache, as rope_kv does; its parameters go on with
 	// RopeKVParams.
-	RopeKV *RopeKVShape `json:"rope_kv,omitempty"`
+	RopeKV *KVShape `json:"rope_kv,omitempty"`
 }
 
-// RopeKVShape is the q/k/v row and paged KV cache of a rope_kv node (the op's attributes
-// without bias or QK-norm).
-type RopeKVShape struct {
+// KVShape is a q/k/v row and the paged KV cache that a rope_kv node writes and an attention
+// node reads (the fields of those ops' attributes, ops.KVAttrs): a row holds Heads query
+// heads, then KVHeads key heads, then KVHeads value heads of HeadDim values each; the caches
+// are [blocks, BlockSize, KVHeads, HeadDim] in KVDtype, a sequence's pages listed in up to
+// MaxBlocksPerSeq entries of the block table.
+type KVShape struct {
 	Heads           int    `json:"heads"`
 	KVHeads         int    `json:"kv_heads"`
 	HeadDim         int    `json:"head_dim"`
@@ -315,7 +318,7 @@ func GemmCopyKernels(kernels []Kernel) (map[GemmCopyShape][]GemmCopy, error) {
 // checkCopy checks r as the rope of copy-engine GEMM a: no activation, N the q/k/v row's
 // width, a head's half of whole W boxes (Box[1] rows each, ropeCopyTile), a KV block of
 // positive size.
-func (r *RopeKVShape) checkCopy(a GemmCopyAttrs) error {
+func (r *KVShape) checkCopy(a GemmCopyAttrs) error {
 	if a.Act != "" || r.Heads <= 0 || r.KVHeads <= 0 || r.Heads%r.KVHeads != 0 || r.HeadDim%(2*ropeCopyTile) != 0 || a.N != (r.Heads+2*r.KVHeads)*r.HeadDim ||
 		a.Box[1] != ropeCopyTile || r.BlockSize <= 0 || r.MaxBlocksPerSeq <= 0 || (r.KVDtype != "bf16" && r.KVDtype != "f32") {
 		return fmt.Errorf("rope_kv %+v: want no activation, heads a positive multiple of kv_heads, head_dim a multiple of %d, n = (heads + 2*kv_heads)*head_dim, box rows %d, a positive KV block size and blocks, kv_dtype bf16 or f32",
@@ -416,7 +419,7 @@ func GatedPairAt(nodes []Node, i int, kernel func(name string) Kernel) (GEMM, Ga
 // RopeKVNode is a rope_kv node as RopePairAt reads it: its shape and its arguments after qkv
 // (RopeKVParams').
 type RopeKVNode struct {
-	Shape RopeKVShape
+	Shape KVShape
 	Args  []Slot
 }
 
@@ -437,7 +440,7 @@ func RopePairAt(nodes []Node, i int, kernel func(name string) Kernel) (GEMM, Rop
 	}
 	k := kernel(next.Kernel)
 	var a struct {
-		RopeKVShape
+		KVShape
 		Bias   bool `json:"bias"`
 		QKNorm bool `json:"qk_norm"`
 	}
@@ -445,10 +448,10 @@ func RopePairAt(nodes []Node, i int, kernel func(name string) Kernel) (GEMM, Rop
 		len(next.Args) != len(k.Params) || next.Args[0] != n.Args[g.Y] || next.Grid[0] != g.M || g.Guard != 0 || n.SkipUnless != 0 || next.SkipUnless != 0 {
 		return GEMM{}, RopeKVNode{}, false, nil
 	}
-	if a.RopeKVShape.checkCopy(GemmCopyAttrs{N: g.N, Box: [2]int{0, ropeCopyTile}}) != nil {
+	if a.KVShape.checkCopy(GemmCopyAttrs{N: g.N, Box: [2]int{0, ropeCopyTile}}) != nil {
 		return GEMM{}, RopeKVNode{}, false, nil
 	}
-	return g, RopeKVNode{Shape: a.RopeKVShape, Args: next.Args[1:]}, true, nil
+	return g, RopeKVNode{Shape: a.KVShape, Args: next.Args[1:]}, true, nil
 }
 
 // ParseGemmShapes reads a list of GEMM shapes, each "KxN" (K and N positive), or "none"

@@ -434,7 +434,7 @@ func (c GemmCopyConfig) Attrs() bundle.GemmCopyAttrs {
 	}
 	if c.Rope != nil {
 		kv, _ := kvAttrs(*c.Rope) // checked by RopeCopyFor and GemmCopy
-		a.Box[1], a.RopeKV = c.yCols(), &bundle.RopeKVShape{Heads: kv.Heads, KVHeads: kv.KVHeads, HeadDim: kv.HeadDim,
+		a.Box[1], a.RopeKV = c.yCols(), &bundle.KVShape{Heads: kv.Heads, KVHeads: kv.KVHeads, HeadDim: kv.HeadDim,
 			BlockSize: kv.BlockSize, MaxBlocksPerSeq: kv.MaxBlocksPerSeq, KVDtype: kv.KVDtype}
 	}
 	return a

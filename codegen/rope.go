@@ -220,7 +220,7 @@ func RopeKV(name string, c RopeConfig) (*Kernel, error) {
 			e.storeAt(ptx.Addr{Base: va, Offset: int64(half * kvs)}, v1, c.KVDtype)
 		})
 	})
-	return finish(e.Kernel, "rope_kv", attrs)
+	return finish(e.Kernel, bundle.OpRopeKV, attrs)
 }
 
 // qkNormLoop is the q/k head loop with a per-head RMSNorm before the rotation. The norm sums

@@ -36,7 +36,7 @@ func buildGemmRopeKV(attrs []byte) (Runner, error) {
 	if err != nil {
 		return nil, err
 	}
-	rope, err := Build("rope_kv", EncodeAttrs(a.Rope))
+	rope, err := Build(bundle.OpRopeKV, EncodeAttrs(a.Rope))
 	if err != nil {
 		return nil, err
 	}

@@ -3,22 +3,18 @@ package ops
 import (
 	"fmt"
 	"math"
+
+	"xmix/bundle"
 )
 
-func init() { Register("rope_kv", buildRopeKV) }
+func init() { Register(bundle.OpRopeKV, buildRopeKV) }
 
 // KVAttrs describes the fused QKV activation and the paged KV cache that op "rope_kv" writes
-// and op "attention" reads. A qkv row holds Heads query heads, then KVHeads key heads, then
-// KVHeads value heads, each HeadDim f32 values. The caches are [num_blocks, BlockSize,
-// KVHeads, HeadDim] in KVDtype; block_table is u32 [max_seqs, MaxBlocksPerSeq] page ids.
-type KVAttrs struct {
-	Heads           int    `json:"heads"`
-	KVHeads         int    `json:"kv_heads"`
-	HeadDim         int    `json:"head_dim"`
-	BlockSize       int    `json:"block_size"`
-	MaxBlocksPerSeq int    `json:"max_blocks_per_seq"`
-	KVDtype         string `json:"kv_dtype"`
-}
+// and op "attention" reads: bundle.KVShape's fields (a copy-engine GEMM with rope_kv names
+// them too). A qkv row holds Heads query heads, then KVHeads key heads, then KVHeads value
+// heads, each HeadDim f32 values. The caches are [num_blocks, BlockSize, KVHeads, HeadDim] in
+// KVDtype; block_table is u32 [max_seqs, MaxBlocksPerSeq] page ids.
+type KVAttrs bundle.KVShape
 
 func (a KVAttrs) check() (elemSize int, err error) {
 	if a.Heads <= 0 || a.KVHeads <= 0 || a.Heads%a.KVHeads != 0 {
