@@ -229,10 +229,9 @@ type gcRope struct {
 	cos     []ptx.Reg
 	sin     []ptx.Reg
 	kvElem  []ptx.Reg
-	i0, h   ptx.Reg // the CTA's first pair's element of its head, and the head
 	kind    ropeHead
 	yRow0   ptx.Reg // the CTA's first y column of each token row
-	kvHead0 ptx.Reg
+	kvHead0 ptx.Reg // the CTA's first element of its k or v head in a KV slot
 }
 
 // ropeHead is the kind of head a CTA's 32 pairs belong to (every pair of a CTA is one head's).
@@ -265,15 +264,15 @@ func (g *gcGen) wgPrepareRope() {
 	half := rc.HeadDim / 2
 	p := r.params
 	// The CTA's pairs: col0 = its first pair u0, of head u0/half, element u0%half.
-	r.h = g.op3("div.u32", ptx.U32, g.col0, ptx.Imm(int64(half)))
-	r.i0 = g.op3("rem.u32", ptx.U32, g.col0, ptx.Imm(int64(half)))
-	r.kind = ropeHead{q: g.cmp("lt", ptx.U32, r.h, ptx.Imm(int64(rc.Heads))), v: g.cmp("ge", ptx.U32, r.h, ptx.Imm(int64(rc.Heads+rc.KVHeads)))}
+	h := g.op3("div.u32", ptx.U32, g.col0, ptx.Imm(int64(half)))
+	i0 := g.op3("rem.u32", ptx.U32, g.col0, ptx.Imm(int64(half)))
+	r.kind = ropeHead{q: g.cmp("lt", ptx.U32, h, ptx.Imm(int64(rc.Heads))), v: g.cmp("ge", ptx.U32, h, ptx.Imm(int64(rc.Heads+rc.KVHeads)))}
 	r.yRow0 = g.Reg(ptx.U32)
-	g.Emit("mad.lo.u32", r.yRow0, r.h, ptx.Imm(int64(rc.HeadDim)), r.i0)
-	r.kvHead0 = g.op3("sub.u32", ptx.U32, r.h, ptx.Imm(int64(rc.Heads)))
+	g.Emit("mad.lo.u32", r.yRow0, h, ptx.Imm(int64(rc.HeadDim)), i0)
+	r.kvHead0 = g.op3("sub.u32", ptx.U32, h, ptx.Imm(int64(rc.Heads)))
 	vh := g.op3("sub.u32", ptx.U32, r.kvHead0, ptx.Imm(int64(rc.KVHeads)))
 	g.Emit("selp.b32", r.kvHead0, vh, r.kvHead0, r.kind.v)
-	g.Emit("mad.lo.u32", r.kvHead0, r.kvHead0, ptx.Imm(int64(rc.HeadDim)), r.i0)
+	g.Emit("mad.lo.u32", r.kvHead0, r.kvHead0, ptx.Imm(int64(rc.HeadDim)), i0)
 	regs := c.Rows / 2
 	tokens, of := wgTokens(regs)
 	r.cos, r.sin, r.kvElem = g.Regs(ptx.F32, regs), g.Regs(ptx.F32, regs), g.Regs(ptx.U32, len(tokens))
@@ -283,7 +282,7 @@ func (g *gcGen) wgPrepareRope() {
 		lastRow := g.op3("sub.u32", ptx.U32, g.rows, ptx.Imm(1))
 		pair := g.op3("shr.u32", ptx.U32, g.tid, ptx.Imm(5))
 		g.Emit("mad.lo.u32", pair, pair, ptx.Imm(16), g.gg)
-		g.Emit("add.u32", pair, pair, r.i0)
+		g.Emit("add.u32", pair, pair, i0)
 		pos, seq := make([]ptx.Reg, len(tokens)), make([]ptx.Reg, len(tokens))
 		for j, t := range tokens {
 			row := g.op3("add.u32", ptx.U32, tok, ptx.Imm(int64(t)))

@@ -600,16 +600,24 @@ func TestBuildGatedCopyRows(t *testing.T) {
 				t.Fatalf("%v: %s: %d SiLU kernels, want one a layer", c.flags, tm.Name, silu)
 			}
 		}
-		text, err := xmixc(t, "inspect", out)
-		line := fmt.Sprintf("gate/up and its activation in one warpgroup copy-engine kernel at up to %d rows", c.rows)
-		if len(c.kernels) == 0 {
-			line += " (none carried: no such bucket's gate/up takes one)"
-		} else {
-			line += "\n"
-		}
-		if err != nil || (c.rows > 0) != strings.Contains(text, line) {
-			t.Fatalf("%v: inspect: %v; want %q (%v) in:\n%s", c.flags, err, line, c.rows > 0, text)
-		}
+		wantEpilogueLine(t, c.flags, out, "gate/up and its activation", "gate/up", c.rows, len(c.kernels) > 0)
+	}
+}
+
+// wantEpilogueLine checks inspect's line on bundle out (built with flags) for copy-engine
+// kernels with an epilogue, what ("gate/up and its activation") up to rows rows: there where
+// rows > 0, saying none of the GEMMs (gemm) takes one where none is carried.
+func wantEpilogueLine(t *testing.T, flags []string, out, what, gemm string, rows int, carried bool) {
+	t.Helper()
+	text, err := xmixc(t, "inspect", out)
+	line := fmt.Sprintf("%s in one warpgroup copy-engine kernel at up to %d rows", what, rows)
+	if carried {
+		line += "\n"
+	} else {
+		line += fmt.Sprintf(" (none carried: no such bucket's %s takes one)", gemm)
+	}
+	if err != nil || (rows > 0) != strings.Contains(text, line) {
+		t.Fatalf("%v: inspect: %v; want %q (%v) in:\n%s", flags, err, line, rows > 0, text)
 	}
 }
 
@@ -660,16 +668,7 @@ func TestBuildRopeCopyRows(t *testing.T) {
 				t.Fatalf("%v: %s: %d rope_kv kernels, want one a layer", c.flags, tm.Name, rope)
 			}
 		}
-		text, err := xmixc(t, "inspect", out)
-		line := fmt.Sprintf("q/k/v with RoPE and the KV write in one warpgroup copy-engine kernel at up to %d rows", c.rows)
-		if len(c.kernels) == 0 {
-			line += " (none carried: no such bucket's q/k/v takes one)"
-		} else {
-			line += "\n"
-		}
-		if err != nil || (c.rows > 0) != strings.Contains(text, line) {
-			t.Fatalf("%v: inspect: %v; want %q (%v) in:\n%s", c.flags, err, line, c.rows > 0, text)
-		}
+		wantEpilogueLine(t, c.flags, out, "q/k/v with RoPE and the KV write", "q/k/v", c.rows, len(c.kernels) > 0)
 	}
 }
 

@@ -96,17 +96,28 @@ func (be *Backend) ropeCopyPair(nodes []bundle.Node, i int) (launch, bool, error
 	if !ok || *c.Attrs.RopeKV != rope.Shape {
 		return launch{}, false, nil
 	}
+	return be.pairLaunch(nodes, i, g, c, nodes[i].Args[g.Y], rope.Args)
+}
+
+// pairLaunch is the one launch of copy-engine GEMM c serving nodes[i] (GEMM g) and the node
+// after it: writing y, its parameters after rows the values of extra (slots of the second
+// node's); ok is false where copyLaunch says no.
+func (be *Backend) pairLaunch(nodes []bundle.Node, i int, g bundle.GEMM, c bundle.GemmCopy, y bundle.Slot, extra []bundle.Slot) (launch, bool, error) {
 	vals, err := be.argValues(nodes[i])
 	if err != nil {
 		return launch{}, false, err
 	}
-	extra := make([]uint64, len(rope.Args))
-	for j, s := range rope.Args {
-		if extra[j], err = be.slotValue(s); err != nil {
+	ys, err := be.slotValue(y)
+	if err != nil {
+		return launch{}, false, fmt.Errorf("node %s: %w", nodes[i+1].Label, err)
+	}
+	ev := make([]uint64, len(extra))
+	for j, s := range extra {
+		if ev[j], err = be.slotValue(s); err != nil {
 			return launch{}, false, fmt.Errorf("node %s: %w", nodes[i+1].Label, err)
 		}
 	}
-	l, ok, err := be.copyLaunch(nodes[i], g, c, vals, uintptr(vals[g.Y]), extra)
+	l, ok, err := be.copyLaunch(nodes[i], g, c, vals, uintptr(ys), ev)
 	if err != nil || !ok {
 		return launch{}, false, err
 	}
@@ -131,21 +142,7 @@ func (be *Backend) gatedCopyPair(nodes []bundle.Node, i int) (launch, bool, erro
 	if !ok {
 		return launch{}, false, nil
 	}
-	vals, err := be.argValues(nodes[i])
-	if err != nil {
-		return launch{}, false, err
-	}
-	y, err := be.slotValue(act.Act)
-	if err != nil {
-		return launch{}, false, err
-	}
-	l, ok, err := be.copyLaunch(nodes[i], g, c, vals, uintptr(y), nil)
-	if err != nil || !ok {
-		return launch{}, false, err
-	}
-	served := *l
-	served.label = nodes[i].Label
-	return served, true, nil
+	return be.pairLaunch(nodes, i, g, c, act.Act, nil)
 }
 
 // copyLaunch is the launch of copy-engine GEMM c for GEMM g of node n (vals: its arguments'
