@@ -175,6 +175,10 @@ func GemmOf(n Node, k Kernel) (g GEMM, ok bool, err error) {
 // most Rows rows with it instead. Its parameters are GemmXMap, GemmWMap, GemmY and GemmRows.
 const OpGemmCopy = "gemm_copy"
 
+// GemmYBF16 is the parameter of a copy-engine GEMM with YBF16: the device address of a
+// [M, width of y] bf16 copy of y, or 0 for none.
+const GemmYBF16 = "y_bf16"
+
 // GemmWMap is the copy-engine GEMM's w parameter: a tensor map of W ([N,K] bf16, K
 // innermost) with boxes of Box[0] elements of K by Box[1] rows, laid out in shared memory
 // with the attributes' Swizzle (0: dense; 128: the 128-byte swizzle, box rows of 128 bytes),
@@ -221,6 +225,11 @@ type GemmCopyAttrs struct {
 	Act string `json:"act,omitempty"`
 	// Tiles: each CTA takes this many column tiles one after another (0: one).
 	Tiles int `json:"tiles,omitempty"`
+	// YBF16 (with Act): the kernel's parameter after rows, GemmYBF16, is where it also writes
+	// bf16(y), rounded to nearest even as the backend's cast rounds it, unless it is 0: the
+	// x of a copy-engine GEMM with XBF16 right after it, which then needs no cast. y may then
+	// be 0 too, where nothing else reads it: the kernel writes bf16(y) alone.
+	YBF16 bool `json:"y_bf16,omitempty"`
 	// RopeKV, when set, says that the kernel serves a q/k/v GEMM node and the rope_kv node
 	// after it (RopePairAt) as one launch: each CTA asks for Box[1] rows of a head's first
 	// half and the same rows of its second, rotates its q and k heads in y and writes its k
@@ -293,6 +302,12 @@ func GemmCopyKernels(kernels []Kernel) (map[GemmCopyShape][]GemmCopy, error) {
 			return nil, fmt.Errorf("kernel %s: copy-engine GEMM attributes %s: activation %q over %d columns: want one of %v over an even width", k.Name, k.Attrs, a.Act, a.N, GatedActOps)
 		}
 		want := []Param{{GemmXMap, TensorMapParam}, {GemmWMap, TensorMapParam}, {GemmY, "u64"}, {GemmRows, "u32"}}
+		if a.YBF16 {
+			if a.Act == "" {
+				return nil, fmt.Errorf("kernel %s: copy-engine GEMM attributes %s: y_bf16 without an activation", k.Name, k.Attrs)
+			}
+			want = append(want, Param{GemmYBF16, "u64"})
+		}
 		key := GemmCopyShape{K: a.K, N: a.N, Act: a.Act}
 		if r := a.RopeKV; r != nil {
 			if err := r.checkCopy(a); err != nil {

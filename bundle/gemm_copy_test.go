@@ -105,6 +105,26 @@ func TestGemmCopyKernelsWithActivation(t *testing.T) {
 	if _, err := GemmCopyKernels([]Kernel{kern("a", gated), kern("b", gated)}); err == nil || !strings.Contains(err.Error(), "kernel b: a second copy-engine GEMM for k 4096, n 28672 with silu_mul, 32 rows") {
 		t.Errorf("two gated for one shape: %v", err)
 	}
+	// y_bf16: a parameter more, after rows, and only with an activation.
+	withYB := strings.Replace(gated, `"shared"`, `"y_bf16":true,"shared"`, 1)
+	ybParams := append(slices.Clone(params), Param{GemmYBF16, "u64"})
+	got, err = GemmCopyKernels([]Kernel{{Name: "yb", Op: OpGemmCopy, Attrs: []byte(withYB), Params: ybParams}})
+	if k := got[GemmCopyShape{K: 4096, N: 28672, Act: "silu_mul"}]; err != nil || len(k) != 1 || !k[0].Attrs.YBF16 {
+		t.Errorf("y_bf16: %v %v", k, err)
+	}
+	for _, c := range []struct {
+		name, attrs string
+		params      []Param
+		want        string
+	}{
+		{"y_bf16 without its parameter", withYB, params, "takes parameters"},
+		{"its parameter without y_bf16", gated, ybParams, "takes parameters"},
+		{"y_bf16 without an activation", strings.Replace(plain, `"shared"`, `"y_bf16":true,"shared"`, 1), ybParams, "y_bf16 without an activation"},
+	} {
+		if _, err := GemmCopyKernels([]Kernel{{Name: "a", Op: OpGemmCopy, Attrs: []byte(c.attrs), Params: c.params}}); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: %v, want %q", c.name, err, c.want)
+		}
+	}
 }
 
 // TestGatedPairAt: a GEMM node and the plain gated activation of its y are a pair; an

@@ -427,7 +427,7 @@ func (c GemmCopyConfig) Attrs() bundle.GemmCopyAttrs {
 		a.XBox, a.XBF16, a.XSwizzle = [2]int{gcBoxK, c.Rows}, true, gcSwizzle
 	}
 	if c.Act != "" {
-		a.Box[1], a.Act = c.yCols(), c.Act
+		a.Box[1], a.Act, a.YBF16 = c.yCols(), c.Act, true
 	}
 	if c.Tiles > 1 {
 		a.Tiles = c.Tiles
@@ -662,7 +662,7 @@ func (g *gen) gatedCopyGemms(templates []bundle.Template) error {
 // GemmCopy generates the copy-engine GEMM; parameters x_map (128 bytes by value: a tensor
 // map of x, f32, with boxes of 256 x c.Rows, bundle.GemmXMap), w_map (the same of W, bf16,
 // boxes of 64 x 64 under the 128-byte swizzle, bundle.GemmWMap), y (u64), rows (u32, at
-// most c.Rows). Launch it with c.Launch().
+// most c.Rows), and with Act y_bf16 (u64, bundle.GemmYBF16). Launch it with c.Launch().
 func GemmCopy(name string, c GemmCopyConfig) (*Kernel, error) {
 	wg := c.warpgroup()
 	if c.layout().Rows == 0 || c.Split < 1 || c.Split > wgMaxSplit || c.K%(c.Split*c.stageK()) != 0 || c.N%gcCols != 0 || c.Stages < 1 ||
@@ -684,6 +684,7 @@ type gcGen struct {
 	c               GemmCopyConfig
 	xmap, wmap      ptx.Reg // generic addresses of the tensor-map parameters
 	y, rows         ptx.Reg
+	yb, ybOn, yOn   ptx.Reg // with Act: where bf16(y) goes, whether that is not 0, and whether y is not
 	tid, warp, lane ptx.Reg
 	gg, t, cg, q    ptx.Reg // the lane's mma group and thread; the warp's column group and K part
 	rank, col0, k0  ptx.Reg // K part (the cluster rank with a split); the CTA's first column and first K
@@ -710,6 +711,9 @@ func (g *gcGen) emit() {
 	wm := g.ByteParam(bundle.GemmWMap, 64, bundle.TensorMapBytes)
 	g.y = g.param(bundle.GemmY, ptx.U64)
 	g.rows = g.param(bundle.GemmRows, ptx.U32)
+	if c.Act != "" {
+		g.yb = g.param(bundle.GemmYBF16, ptx.U64)
+	}
 	if c.Rope != nil {
 		g.rope = &gcRope{params: map[string]ptx.Reg{}}
 		for _, p := range bundle.RopeKVParams {
@@ -757,6 +761,10 @@ func (g *gcGen) emit() {
 	g.slot0 = g.op3("add.u32", ptx.U32, g.bars, ptx.Imm(gcBars+gcAlign-1))
 	g.Emit("and.b32", g.slot0, g.slot0, ptx.Imm(int64(^uint32(gcAlign-1))))
 	g.thread0 = g.cmp("eq", ptx.U32, g.tid, ptx.Imm(0))
+	if c.Act != "" {
+		g.ybOn = g.cmp("ne", ptx.U64, g.yb, ptx.Imm(0))
+		g.yOn = g.cmp("ne", ptx.U64, g.y, ptx.Imm(0))
+	}
 	g.asker = g.thread0
 	if shared {
 		g.asker = g.cmp("eq", ptx.U32, g.tid, ptx.Imm(wgThreads))

@@ -2,6 +2,7 @@ package codegen
 
 import (
 	"bytes"
+	"encoding/binary"
 	"fmt"
 	"math/rand/v2"
 	"strings"
@@ -15,6 +16,9 @@ import (
 
 // runGemmCopy runs kernel k of configuration c over rows rows of random x and W in the
 // emulator (W through the emulator's tensor map) and returns y with the reference op's y.
+// With an activation, y_bf16 is 0 for an odd number of rows (nothing may be written there)
+// and otherwise must get bf16(y) of the kernel's own y, bit for bit, and the same again in a
+// second run with y 0 (bf16(y) alone).
 func runGemmCopy(t *testing.T, k *Kernel, c GemmCopyConfig, rows int, seed uint64) (got, want []float64) {
 	t.Helper()
 	mod, err := ptx.Parse(k.PTX)
@@ -53,18 +57,42 @@ func runGemmCopy(t *testing.T, k *Kernel, c GemmCopyConfig, rows int, seed uint6
 	l := c.Launch()
 	// Lag: each CTA of a cluster runs ahead of the ones ranked after it, so a copy into a
 	// partner's slot before the partner has read it would show in y.
-	if err := emu.Run(mod, k.Name, emu.Launch{Grid: l.Grid, Block: l.Block, Shared: l.Shared, Lag: true}, mem, []uint64{put(xm[:]), put(wm[:]), ya, uint64(rows)}); err != nil {
+	args := []uint64{put(xm[:]), put(wm[:]), ya, uint64(rows)}
+	refArgs := []ops.Arg{{Mem: x}, {Mem: w}, {Mem: append([]byte(nil), y...)}, {Bits: uint64(rows)}}
+	var yb uint64
+	if a.YBF16 {
+		if rows%2 == 0 {
+			yb = put(make([]byte, 2*rows*yCols))
+		}
+		args = append(args, yb)
+		refArgs = append(refArgs, ops.Arg{})
+	}
+	if err := emu.Run(mod, k.Name, emu.Launch{Grid: l.Grid, Block: l.Block, Shared: l.Shared, Lag: true}, mem, args); err != nil {
 		t.Fatalf("%s: emulate: %v", k.Name, err)
 	}
 	ref, err := ops.Build(k.Op, k.Attrs)
 	if err != nil {
 		t.Fatal(err)
 	}
-	refArgs := []ops.Arg{{Mem: x}, {Mem: w}, {Mem: append([]byte(nil), y...)}, {Bits: uint64(rows)}}
 	if err := ref.Run(refArgs, l); err != nil {
 		t.Fatalf("%s: reference: %v", k.Name, err)
 	}
-	return floats(mem.Bytes(ya)[:4*rows*yCols], "f32"), floats(refArgs[2].Mem[:4*rows*yCols], "f32")
+	got = floats(mem.Bytes(ya)[:4*rows*yCols], "f32")
+	if yb != 0 {
+		for i, v := range got {
+			if h := binary.LittleEndian.Uint16(mem.Bytes(yb)[2*i:]); h != ops.F32ToBF16(float32(v)) {
+				t.Fatalf("%s: y_bf16[%d] = %#04x, want bf16(y) = %#04x", k.Name, i, h, ops.F32ToBF16(float32(v)))
+			}
+		}
+		alone := put(make([]byte, 2*rows*yCols))
+		if err := emu.Run(mod, k.Name, emu.Launch{Grid: l.Grid, Block: l.Block, Shared: l.Shared, Lag: true}, mem, []uint64{args[0], args[1], 0, uint64(rows), alone}); err != nil {
+			t.Fatalf("%s: emulate with y 0: %v", k.Name, err)
+		}
+		if !bytes.Equal(mem.Bytes(alone)[:2*rows*yCols], mem.Bytes(yb)[:2*rows*yCols]) {
+			t.Fatalf("%s: with y 0, y_bf16 differs from the run with y", k.Name)
+		}
+	}
+	return got, floats(refArgs[2].Mem[:4*rows*yCols], "f32")
 }
 
 func TestGemmCopyMatchesReference(t *testing.T) {

@@ -152,7 +152,10 @@ func (g *gcGen) wgReduce() {
 }
 
 // wgStore stores a warpgroup's sums acc into y, [rows, width]: register i of thread (warp,
-// g, t) at column col0 + 16*warp + g (+8), token 2t (+1) + 8*(i/4).
+// g, t) at column col0 + 16*warp + g (+8), token 2t (+1) + 8*(i/4). With Act, each value
+// also goes to y_bf16 where that is not 0, rounded as the backend's cast rounds it, so that
+// the GEMM after the activation reads it without a cast; and to y only where that is not 0
+// (nothing else reads it: the loader's choice).
 func (g *gcGen) wgStore(acc []ptx.Reg, width int, col0 ptx.Reg) {
 	col := g.op3("shr.u32", ptx.U32, g.tid, ptx.Imm(5))
 	g.Emit("mul.lo.u32", col, col, ptx.Imm(16))
@@ -165,7 +168,17 @@ func (g *gcGen) wgStore(acc []ptx.Reg, width int, col0 ptx.Reg) {
 		g.Emit("mad.lo.u32", idx, row, ptx.Imm(int64(width)), col)
 		at := g.byteAddr(g.y, idx, 4)
 		in := g.cmp("lt", ptx.U32, row, g.rows)
-		g.EmitIf(in, false, "st.global.f32", ptx.Addr{Base: at, Offset: int64(32 * (i / 2 % 2))}, v)
+		if g.c.Act == "" {
+			g.EmitIf(in, false, "st.global.f32", ptx.Addr{Base: at, Offset: int64(32 * (i / 2 % 2))}, v)
+			continue
+		}
+		store := g.Reg(ptx.Pred)
+		g.Emit("and.pred", store, in, g.yOn)
+		g.EmitIf(store, false, "st.global.f32", ptx.Addr{Base: at, Offset: int64(32 * (i / 2 % 2))}, v)
+		h := g.Reg(ptx.B16)
+		g.Emit("cvt.rn.bf16.f32", h, v)
+		g.Emit("and.pred", in, in, g.ybOn)
+		g.EmitIf(in, false, "st.global.b16", ptx.Addr{Base: g.byteAddr(g.yb, idx, 2), Offset: int64(16 * (i / 2 % 2))}, h)
 	}
 }
 

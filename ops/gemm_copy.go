@@ -1,6 +1,7 @@
 package ops
 
 import (
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"maps"
@@ -17,7 +18,9 @@ import (
 // attributes' Act (bundle.GatedActOps) y is that activation of the product's two halves,
 // [rows, N/2]: GatedActivations[Act](gate) * up, as the activation op computes it. With the
 // attributes' RopeKV, y is then rotated and its k and v heads written to the cache as op
-// rope_kv does, its parameters (bundle.RopeKVParams) following rows.
+// rope_kv does, its parameters (bundle.RopeKVParams) following rows. With the attributes'
+// YBF16 the parameter after rows (bundle.GemmYBF16) gets bf16(y), unless it is empty, and y
+// may be empty then.
 func init() {
 	Register(bundle.OpGemmCopy, buildGemmCopy)
 	if len(GatedActivations) != len(bundle.GatedActOps) || slices.ContainsFunc(bundle.GatedActOps, func(op string) bool { _, ok := GatedActivations[op]; return !ok }) {
@@ -41,7 +44,13 @@ func buildGemmCopy(attrs []byte) (Runner, error) {
 	if gated {
 		yCols = a.N / 2
 	}
+	if a.YBF16 && !gated {
+		return nil, fmt.Errorf("gemm_copy: y_bf16 without an activation")
+	}
 	nargs := 4
+	if a.YBF16 {
+		nargs++
+	}
 	var rope Runner
 	if r := a.RopeKV; r != nil {
 		ra, err := json.Marshal(RopeKVAttrs{KVAttrs: KVAttrs(*r)})
@@ -58,7 +67,7 @@ func buildGemmCopy(attrs []byte) (Runner, error) {
 	}
 	return RunnerFunc(func(args []Arg, _ Launch) error {
 		if len(args) != nargs {
-			return fmt.Errorf("gemm_copy: %d arguments, want %d (x, w, y, rows, and with rope_kv its own but qkv)", len(args), nargs)
+			return fmt.Errorf("gemm_copy: %d arguments, want %d (x, w, y, rows, and with y_bf16 its copy of y or with rope_kv its own but qkv)", len(args), nargs)
 		}
 		rows := args[3].Int()
 		if rows > a.Rows {
@@ -66,6 +75,12 @@ func buildGemmCopy(attrs []byte) (Runner, error) {
 		}
 		need := make([]int, nargs) // rope_kv checks its own
 		copy(need, []int{4 * rows * a.K, 2 * a.N * a.K, 4 * rows * yCols, -1})
+		if a.YBF16 && len(args[4].Mem) > 0 {
+			need[4] = 2 * rows * yCols
+			if len(args[2].Mem) == 0 {
+				need[2] = -1 // bf16(y) alone
+			}
+		}
 		if err := CheckArgs("gemm_copy", args, need...); err != nil {
 			return err
 		}
@@ -80,10 +95,19 @@ func buildGemmCopy(attrs []byte) (Runner, error) {
 			}
 			return nil
 		}
-		gu, y := make([]float32, rows*a.N), args[2].F32()
+		gu, y := make([]float32, rows*a.N), make([]float32, rows*yCols)
 		gemm(x, args[1], gu, rows, a.K, a.N, true)
 		for r := range rows {
 			gatedRow(y[r*yCols:(r+1)*yCols], gu[r*a.N:(r+1)*a.N], act)
+		}
+		if len(args[2].Mem) > 0 {
+			copy(args[2].F32(), y)
+		}
+		if a.YBF16 && len(args[4].Mem) > 0 {
+			yb := args[4].Mem
+			for i, v := range y[:rows*yCols] {
+				binary.LittleEndian.PutUint16(yb[2*i:], F32ToBF16(v))
+			}
 		}
 		return nil
 	}), nil

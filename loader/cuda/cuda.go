@@ -540,8 +540,8 @@ func (be *Backend) capture(nodes []launch) (uintptr, error) {
 func ltMayServe(n bundle.Node, variants uint32) bool { return n.SkipUnless&^variants == 0 }
 
 // prepare resolves a node's kernel and arguments to device addresses; variants as
-// ltMayServe takes it.
-func (be *Backend) prepare(n bundle.Node, variants uint32) (launch, error) {
+// ltMayServe takes it; fed as copyNode's xb.
+func (be *Backend) prepare(n bundle.Node, variants uint32, fed uintptr) (launch, error) {
 	f, ok := be.funcs[n.Kernel]
 	if !ok {
 		return launch{}, fmt.Errorf("unknown kernel %s", n.Kernel)
@@ -551,7 +551,7 @@ func (be *Backend) prepare(n bundle.Node, variants uint32) (launch, error) {
 		return launch{}, err
 	}
 	if be.copy != nil && ltMayServe(n, variants) {
-		l, ok, err := be.copyNode(n, vals)
+		l, ok, err := be.copyNode(n, vals, fed)
 		if err != nil {
 			return launch{}, fmt.Errorf("copy-engine GEMM: %w", err)
 		}
@@ -560,6 +560,9 @@ func (be *Backend) prepare(n bundle.Node, variants uint32) (launch, error) {
 			served.label, served.skipUnless = n.Label, n.SkipUnless
 			return served, nil
 		}
+	}
+	if fed != 0 {
+		return launch{}, fmt.Errorf("the launch ahead wrote bf16(x) for a copy-engine GEMM, which does not serve this node")
 	}
 	if ltMayServe(n, variants) {
 		l, ok, err := be.ltNode(n, vals)

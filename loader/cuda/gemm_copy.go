@@ -20,6 +20,12 @@ type copyServer struct {
 	maps    map[copyMapKey]*tensorMap // encoded tensor maps by buffer and shape
 	served  map[copyLaunchKey]*launch // one launch per node shape and buffers, as cuBLASLt's
 	nodes   int
+	// yb is device scratch of ybBytes where a kernel with YBF16 writes bf16(y) for the GEMM
+	// after it (apart from the cast's scratch, which that kernel's own x is read from while
+	// it writes); fed counts the GEMMs that read it without a cast.
+	yb      uintptr
+	ybBytes int64
+	fed     int
 }
 
 // copyMapKey is a 2-D tensor map: n rows of k elements at addr (bf16 when bf16, else f32),
@@ -34,7 +40,8 @@ type copyMapKey struct {
 type copyLaunchKey struct {
 	g       bundle.GEMM
 	x, w, y uintptr
-	kernel  string // the plain GEMM's, or one with an epilogue (an activation, rope_kv)
+	kernel  string  // the plain GEMM's, or one with an epilogue (an activation, rope_kv)
+	xb, yb  uintptr // bf16(x) written by the launch ahead (0: the cast makes it); where bf16(y) goes (YBF16)
 }
 
 // initCopyGemms indexes the bundle's copy-engine GEMMs; mode GemmAuto only serves with them.
@@ -47,33 +54,74 @@ func (be *Backend) initCopyGemms(b *bundle.Bundle, mode string) error {
 		return err
 	}
 	be.copy = &copyServer{kernels: kernels, checked: map[string]bool{}, maps: map[copyMapKey]*tensorMap{}, served: map[copyLaunchKey]*launch{}}
+	for _, ks := range kernels {
+		for _, c := range ks {
+			if c.Attrs.YBF16 {
+				be.copy.ybBytes = max(be.copy.ybBytes, int64(c.Attrs.Rows)*int64(c.Attrs.N/2)*2)
+			}
+		}
+	}
+	if be.lt == nil || be.copy.ybBytes == 0 {
+		return nil // without the library's cast no GEMM reads bf16(x)
+	}
+	if err := be.d.call("cuMemAlloc_v2", uintptr(unsafe.Pointer(&be.copy.yb)), uintptr(be.copy.ybBytes)); err != nil {
+		return fmt.Errorf("allocating %d bytes for the copy-engine GEMMs' bf16 activations: %w", be.copy.ybBytes, err)
+	}
+	be.allocs = append(be.allocs, be.copy.yb)
 	return nil
 }
 
 // copyNode serves GEMM node n (vals: its arguments' device addresses and constants) with the
 // bundle's copy-engine GEMM of its shape, or says no (ok false): none for its K and N, more
 // rows than it takes, a heavy app's GEMM, x or W not 16-byte aligned, or, for a kernel that
-// reads bf16(x), no cuBLASLt cast and scratch to make it.
-func (be *Backend) copyNode(n bundle.Node, vals []uint64) (*launch, bool, error) {
+// reads bf16(x), no cuBLASLt cast and scratch to make it. xb, if not 0, is bf16(x) as the
+// launch ahead wrote it (feedsCopyGemm said so), which the kernel reads without a cast.
+func (be *Backend) copyNode(n bundle.Node, vals []uint64, xb uintptr) (*launch, bool, error) {
+	g, c, ok, err := be.copyGemmOf(n)
+	if err != nil || !ok {
+		return nil, false, err
+	}
+	return be.copyLaunch(n, g, c, vals, uintptr(vals[g.Y]), nil, xb)
+}
+
+// copyGemmOf is GEMM node n and the bundle's plain copy-engine GEMM for it, if it has one
+// that takes n's rows and n is no heavy app's.
+func (be *Backend) copyGemmOf(n bundle.Node) (bundle.GEMM, bundle.GemmCopy, bool, error) {
 	g, ok, err := bundle.GemmOf(n, be.kernels[n.Kernel])
 	if err != nil || !ok || g.Guard != 0 || g.M < 1 {
-		return nil, false, nil
+		return bundle.GEMM{}, bundle.GemmCopy{}, false, nil
 	}
 	c, ok := bundle.GemmCopyFor(be.copy.kernels[bundle.GemmCopyShape{K: g.K, N: g.N}], g.M)
-	if !ok {
-		return nil, false, nil
+	return g, c, ok, nil
+}
+
+// feedsCopyGemm says whether nodes[j] is a GEMM of m rows whose x is slot x, which the
+// bundle's copy-engine GEMM reading bf16(x) serves: then the launch ahead writes bf16(x) into
+// the scratch (copyServer.yb) and nodes[j] reads it there without a cast. Any node between
+// the two (an app's op on x, which some graphs run and some not) leaves nodes[j] its cast.
+func (be *Backend) feedsCopyGemm(nodes []bundle.Node, j int, x bundle.Slot, m int) (bool, error) {
+	if j >= len(nodes) || be.copy.yb == 0 || nodes[j].SkipUnless != 0 {
+		return false, nil
 	}
-	return be.copyLaunch(n, g, c, vals, uintptr(vals[g.Y]), nil)
+	n := nodes[j]
+	g, c, ok, err := be.copyGemmOf(n)
+	if err != nil || !ok || !c.Attrs.XBF16 || g.M != m || n.Args[g.X] != x || int64(g.M)*int64(g.K)*2 > be.copy.ybBytes {
+		return false, err
+	}
+	w, err := be.slotValue(n.Args[g.W])
+	return err == nil && w%16 == 0, err
 }
 
 // copyPair serves nodes[i] and nodes[i+1] with one launch of a copy-engine GEMM with an
 // epilogue where the bundle carries one for them: the gated activation after the gate/up
-// GEMM (gatedCopyPair) or the rotation and KV write after the q/k/v GEMM (ropeCopyPair).
-func (be *Backend) copyPair(nodes []bundle.Node, i int) (launch, bool, error) {
-	if l, ok, err := be.gatedCopyPair(nodes, i); err != nil || ok {
-		return l, ok, err
+// GEMM (gatedCopyPair) or the rotation and KV write after the q/k/v GEMM (ropeCopyPair). fed,
+// if not 0, is where the launch writes bf16 of nodes[i+2]'s x for its copyNode.
+func (be *Backend) copyPair(nodes []bundle.Node, i int) (l launch, fed uintptr, ok bool, err error) {
+	if l, fed, ok, err := be.gatedCopyPair(nodes, i); err != nil || ok {
+		return l, fed, ok, err
 	}
-	return be.ropeCopyPair(nodes, i)
+	l, ok, err = be.ropeCopyPair(nodes, i)
+	return l, 0, ok, err
 }
 
 // ropeCopyPair serves nodes[i] and nodes[i+1], a GEMM and the rope_kv of its y
@@ -96,13 +144,13 @@ func (be *Backend) ropeCopyPair(nodes []bundle.Node, i int) (launch, bool, error
 	if !ok || *c.Attrs.RopeKV != rope.Shape {
 		return launch{}, false, nil
 	}
-	return be.pairLaunch(nodes, i, g, c, nodes[i].Args[g.Y], rope.Args)
+	return be.pairLaunch(nodes, i, g, c, nodes[i].Args[g.Y], rope.Args, 0)
 }
 
 // pairLaunch is the one launch of copy-engine GEMM c serving nodes[i] (GEMM g) and the node
 // after it: writing y, its parameters after rows the values of extra (slots of the second
-// node's); ok is false where copyLaunch says no.
-func (be *Backend) pairLaunch(nodes []bundle.Node, i int, g bundle.GEMM, c bundle.GemmCopy, y bundle.Slot, extra []bundle.Slot) (launch, bool, error) {
+// node's), or with YBF16 yb; ok is false where copyLaunch says no.
+func (be *Backend) pairLaunch(nodes []bundle.Node, i int, g bundle.GEMM, c bundle.GemmCopy, y bundle.Slot, extra []bundle.Slot, yb uintptr) (launch, bool, error) {
 	vals, err := be.argValues(nodes[i])
 	if err != nil {
 		return launch{}, false, err
@@ -117,7 +165,10 @@ func (be *Backend) pairLaunch(nodes []bundle.Node, i int, g bundle.GEMM, c bundl
 			return launch{}, false, fmt.Errorf("node %s: %w", nodes[i+1].Label, err)
 		}
 	}
-	l, ok, err := be.copyLaunch(nodes[i], g, c, vals, uintptr(ys), ev)
+	if c.Attrs.YBF16 {
+		ev = append(ev, uint64(yb))
+	}
+	l, ok, err := be.copyLaunch(nodes[i], g, c, vals, uintptr(ys), ev, 0)
 	if err != nil || !ok {
 		return launch{}, false, err
 	}
@@ -128,40 +179,86 @@ func (be *Backend) pairLaunch(nodes []bundle.Node, i int, g bundle.GEMM, c bundl
 
 // gatedCopyPair serves nodes[i] and nodes[i+1], a GEMM and the gated activation of its y
 // (bundle.GatedPairAt), with one launch of the bundle's copy-engine GEMM with that
-// activation, writing the activation's output; ok is false where the bundle has none for
+// activation, writing the activation's output, and bf16 of it for nodes[i+2] where that is a
+// copy-engine GEMM of it (feedsCopyGemm; fed says where), then the output itself only where
+// a node after nodes[i+2] reads it (readAfter); ok is false where the bundle has none for
 // them (or copyLaunch says no), and both nodes are then served one by one.
-func (be *Backend) gatedCopyPair(nodes []bundle.Node, i int) (launch, bool, error) {
+func (be *Backend) gatedCopyPair(nodes []bundle.Node, i int) (l launch, fed uintptr, ok bool, err error) {
 	if be.copy == nil {
-		return launch{}, false, nil
+		return launch{}, 0, false, nil
 	}
 	g, act, ok, err := bundle.GatedPairAt(nodes, i, func(name string) bundle.Kernel { return be.kernels[name] })
 	if err != nil || !ok || g.M < 1 {
-		return launch{}, false, err
+		return launch{}, 0, false, err
 	}
 	c, ok := bundle.GemmCopyFor(be.copy.kernels[bundle.GemmCopyShape{K: g.K, N: g.N, Act: act.Op}], g.M)
 	if !ok {
-		return launch{}, false, nil
+		return launch{}, 0, false, nil
 	}
-	return be.pairLaunch(nodes, i, g, c, act.Act, nil)
+	y := act.Act
+	if c.Attrs.YBF16 {
+		feeds, err := be.feedsCopyGemm(nodes, i+2, act.Act, g.M)
+		if err != nil {
+			return launch{}, 0, false, fmt.Errorf("node %s: %w", nodes[i+2].Label, err)
+		}
+		if feeds {
+			fed = be.copy.yb
+			if !be.readAfter(nodes, i+2, act.Act) {
+				y = bundle.Slot{} // 0: bf16(y) alone
+			}
+		}
+	}
+	l, ok, err = be.pairLaunch(nodes, i, g, c, y, nil, fed)
+	if !ok {
+		fed = 0
+	}
+	return l, fed, ok, err
+}
+
+// readAfter says whether a node after nodes[j] reads what is in s before a gated activation
+// writes s again (bundle.GatedActOf; any other node naming s's buffer counts as a reader):
+// the f32 activation that nodes[j] reads as bf16 is dead otherwise. Every node of the list
+// counts, whichever graphs run it (an app's op on the activation in some).
+func (be *Backend) readAfter(nodes []bundle.Node, j int, s bundle.Slot) bool {
+	for _, n := range nodes[j+1:] {
+		if a, ok := bundle.GatedActOf(n, be.kernels[n.Kernel]); ok && a.Act == s {
+			return false
+		}
+		if slices.ContainsFunc(n.Args, func(a bundle.Slot) bool { return a.Buffer == s.Buffer }) {
+			return true
+		}
+	}
+	return false
 }
 
 // copyLaunch is the launch of copy-engine GEMM c for GEMM g of node n (vals: its arguments'
 // values) writing y (the GEMM's y, or with an activation the activation's output), its
-// parameters after rows extra (with rope_kv: bundle.RopeKVParams' values), made once per shape
-// and buffers; ok is false where x or W is not 16-byte aligned or, for a kernel that reads
-// bf16(x), no cuBLASLt cast and scratch can make it.
-func (be *Backend) copyLaunch(n bundle.Node, g bundle.GEMM, c bundle.GemmCopy, vals []uint64, y uintptr, extra []uint64) (*launch, bool, error) {
-	key := copyLaunchKey{g: g, x: uintptr(vals[g.X]), w: uintptr(vals[g.W]), y: y, kernel: c.Kernel}
+// parameters after rows extra (with rope_kv: bundle.RopeKVParams' values; with YBF16 where
+// bf16(y) goes), made once per shape and buffers; ok is false where x or W is not 16-byte
+// aligned or, for a kernel that reads bf16(x), no cuBLASLt cast and scratch can make it. xb,
+// if not 0, is bf16(x) as the launch ahead wrote it, read without a cast.
+func (be *Backend) copyLaunch(n bundle.Node, g bundle.GEMM, c bundle.GemmCopy, vals []uint64, y uintptr, extra []uint64, xb uintptr) (*launch, bool, error) {
+	a := c.Attrs
+	key := copyLaunchKey{g: g, x: uintptr(vals[g.X]), w: uintptr(vals[g.W]), y: y, kernel: c.Kernel, xb: xb}
+	if a.YBF16 {
+		key.yb = uintptr(extra[len(extra)-1])
+	}
 	if l, ok := be.copy.served[key]; ok {
 		return l, true, nil
 	}
-	if key.x%16 != 0 || key.w%16 != 0 {
+	if xb != 0 && !a.XBF16 {
+		return nil, false, fmt.Errorf("node %s: kernel %s reads x, not the bf16(x) the launch ahead wrote", n.Label, c.Kernel)
+	}
+	if key.x%16 != 0 && xb == 0 || key.w%16 != 0 {
 		return nil, false, nil
 	}
-	a := c.Attrs
-	// The warpgroup form reads bf16(x): the library's cast writes it into its scratch first.
+	// The warpgroup form reads bf16(x): the library's cast writes it into its scratch first,
+	// unless the launch ahead wrote it (xb).
 	xAddr := key.x
-	if a.XBF16 {
+	if xb != 0 {
+		xAddr = xb
+		be.copy.fed++
+	} else if a.XBF16 {
 		if be.lt == nil || int64(g.M)*int64(g.K)*2 > be.lt.xbBytes {
 			return nil, false, nil
 		}
@@ -185,7 +282,7 @@ func (be *Backend) copyLaunch(n bundle.Node, g bundle.GEMM, c bundle.GemmCopy, v
 	be.paramP = append(be.paramP, ptrs)
 	l := &launch{label: n.Label, kernel: c.Kernel, f: be.funcs[c.Kernel], grid: [3]int{a.Grid, 1, 1}, block: [3]int{a.Block, 1, 1},
 		shared: a.Shared, params: uintptr(unsafe.Pointer(&ptrs[0])), early: be.kernels[c.Kernel].EarlyLaunch}
-	if a.XBF16 {
+	if a.XBF16 && xb == 0 {
 		// The cast goes first; the GEMM after it is launched early too, so that its W is on
 		// its way while x is cast.
 		gemm := l
@@ -256,6 +353,15 @@ func (be *Backend) CopyGemmNodes() int {
 		return 0
 	}
 	return be.copy.nodes
+}
+
+// CopyGemmFed is how many of CopyGemmNodes read bf16(x) as the launch ahead wrote it, with no
+// cast.
+func (be *Backend) CopyGemmFed() int {
+	if be.copy == nil {
+		return 0
+	}
+	return be.copy.fed
 }
 
 // CopyGemmKernels lists the copy-engine kernels that serve the backend's nodes, each once, in

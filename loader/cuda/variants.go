@@ -87,19 +87,24 @@ func (be *Backend) variant(t int) int {
 // prepareAll prepares a node list's launches (variants as prepare takes it).
 func (be *Backend) prepareAll(nodes []bundle.Node, variants uint32) ([]launch, error) {
 	var all []launch
+	var fed uintptr // bf16 of this node's x, as the pair ahead wrote it (copyPair)
 	for i := 0; i < len(nodes); i++ {
 		n := nodes[i]
 		if n.Collective != nil {
 			return nil, fmt.Errorf("node %s: tensor-parallel collectives need NCCL, which the CUDA backend does not drive yet (run this bundle with --backend cpu, or build it without --tp)", n.Label)
 		}
-		if l, ok, err := be.copyPair(nodes, i); err != nil {
+		l, feeds, ok, err := be.copyPair(nodes, i)
+		if err != nil {
 			return nil, fmt.Errorf("node %s: %w", n.Label, err)
-		} else if ok {
+		}
+		if ok {
 			all = append(all, l)
+			fed = feeds
 			i++ // the activation or rope node after it is served by the same launch
 			continue
 		}
-		l, err := be.prepare(n, variants)
+		l, err = be.prepare(n, variants, fed)
+		fed = 0
 		if err != nil {
 			return nil, fmt.Errorf("node %s (kernel %s, grid %v, block %v): %w", n.Label, n.Kernel, n.Grid, n.Block, err)
 		}

@@ -513,9 +513,16 @@ func TestCUDAGatedTCMatchesCPU(t *testing.T) {
 func TestCUDAGatedCopyMatchesCPU(t *testing.T) {
 	needGPU(t)
 	served := 0
-	nb := copyGemmBackend(&served)
+	var fed []int // each backend's down projections reading the gated kernel's bf16 output
+	copyNB := copyGemmBackend(&served)
+	nb := func(t testing.TB, b *bundle.Bundle) loader.Backend {
+		be := copyNB(t, b)
+		fed = append(fed, be.(*cuda.Backend).CopyGemmFed())
+		return be
+	}
 	for _, c := range []struct{ bucket, requests, steps int }{{32, 27, 3}, {64, 50, 2}} {
 		t.Run(fmt.Sprintf("r%d", c.bucket), func(t *testing.T) {
+			fed = nil
 			cut := specCut(t, "llama-3.1-8b", fmt.Sprintf("serving: {decode_buckets: [%d], prefill_chunks: [64], max_seq_len: 256, max_seqs: %d, kv_block_size: 16}\n", c.bucket, c.bucket))
 			b := testsuite.CompileWith(t, compile.Options{GatedCopyRows: c.bucket}, cut)
 			prompts := sixTokenPrompts(c.requests)
@@ -523,12 +530,20 @@ func TestCUDAGatedCopyMatchesCPU(t *testing.T) {
 			if served != 8 {
 				t.Errorf("%d-row bucket: %d launches of the copy-engine kernels, want o, q/k/v, down and gate/up with SiLU of 2 layers", c.bucket, served)
 			}
+			if !slices.Equal(fed, []int{2}) {
+				t.Errorf("%d-row bucket: %v down projections read the gated kernel's bf16 output, want both layers' (2)", c.bucket, fed)
+			}
 		})
 	}
 	// An app's op at mlp.act runs in an MI kernel of its own in such buckets, so that every
 	// graph serves both layers' gate/up and SiLU as one launch: the requests without the app
-	// get the bare bundle's tokens and logprobs bit for bit, the ones with it others.
+	// get the bare bundle's tokens and logprobs bit for bit, the ones with it others. The op
+	// sits between layer 1's activation and its down projection, so in the graphs that may run
+	// it that down projection casts the op's output itself; the graph of steps without apps
+	// (the template's plain list) feeds it the gated kernel's bf16 output, as layer 0's
+	// everywhere: two launches fed in either bundle.
 	t.Run("r32-app", func(t *testing.T) {
+		fed = nil
 		cut := specCut(t, "llama-3.1-8b", "serving: {decode_buckets: [32], prefill_chunks: [64], max_seq_len: 256, max_seqs: 32, kv_block_size: 16}\n")
 		app := "app: act-scale\nparams: {s: {random: 23}}\nops:\n  - write: {at: {layers: [1], hook: mlp.act}, kernel: scale, args: {vector: s}}\n"
 		opt := compile.Options{GatedCopyRows: 32}
@@ -536,6 +551,9 @@ func TestCUDAGatedCopyMatchesCPU(t *testing.T) {
 		appRowsKeepBits(t, nb, with, bare, "act-scale")
 		if served != 8 {
 			t.Errorf("%d launches of the copy-engine kernels, want 8", served)
+		}
+		if !slices.Equal(fed, []int{2, 2}) {
+			t.Errorf("down projections fed the gated kernel's bf16 output: %v, want 2 with the app and 2 without", fed)
 		}
 	})
 }
