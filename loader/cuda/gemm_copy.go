@@ -191,7 +191,7 @@ func (be *Backend) gatedCopyPair(nodes []bundle.Node, i int) (l launch, fed uint
 	if err != nil || !ok || g.M < 1 {
 		return launch{}, 0, false, err
 	}
-	c, ok := bundle.GemmCopyFor(be.copy.kernels[bundle.GemmCopyShape{K: g.K, N: g.N, Act: act.Op}], g.M)
+	c, ok := gatedCopyFor(be.copy.kernels[bundle.GemmCopyShape{K: g.K, N: g.N, Act: act.Op}], g.M)
 	if !ok {
 		return launch{}, 0, false, nil
 	}
@@ -213,6 +213,15 @@ func (be *Backend) gatedCopyPair(nodes []bundle.Node, i int) (l launch, fed uint
 		fed = 0
 	}
 	return l, fed, ok, err
+}
+
+// gatedCopyFor is the gated copy-engine kernel of kernels (one shape's) that serves a pair of
+// m rows: the one of the fewest rows that takes m, but unlike the rope pairs' not one of twice
+// m rows or more. The 32-row kernel made the 8B's 16-row step 1.4-1.7% longer than cuBLASLt's
+// gate/up and the SiLU kernel (testsuite/gpu/RESULTS.md, session 50).
+func gatedCopyFor(kernels []bundle.GemmCopy, m int) (bundle.GemmCopy, bool) {
+	c, ok := bundle.GemmCopyFor(kernels, m)
+	return c, ok && 2*m > c.Attrs.Rows
 }
 
 // readAfter says whether a node after nodes[j] reads what is in s before a gated activation
