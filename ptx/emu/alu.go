@@ -62,6 +62,25 @@ func putF(t ptx.Type, x float64) uint64 {
 	return math.Float64bits(x)
 }
 
+// putFRounded rounds x to float type t as cvt's .rn, .rz, .rm or .rp (mode) does: the nearest
+// value of t, or where that lies past x in the wrong direction the next one toward x (one unit
+// less in magnitude where it is farther from zero than x, else one more; the sign bit is the
+// top one, so that is the bits minus or plus one).
+func putFRounded(t ptx.Type, x float64, mode uint8) uint64 {
+	r := putF(t, x)
+	v := getF(t, r)
+	if mode == rndNearest || math.IsNaN(x) || v == x {
+		return r
+	}
+	if mode == rndZero && math.Abs(v) < math.Abs(x) || mode == rndDown && v < x || mode == rndUp && v > x {
+		return r
+	}
+	if math.Abs(v) > math.Abs(x) {
+		return r - 1
+	}
+	return r + 1
+}
+
 var errDivZero = errors.New("integer division by zero")
 
 // alu computes the result of every instruction that only reads and writes registers.
@@ -115,7 +134,7 @@ func alu(in *inst, r []uint64) (uint64, error) {
 		case cCvtPack:
 			// The first source goes to the upper half (PTX ISA, cvt: "the value converted
 			// from input a is stored in the upper half of d").
-			return uint64(f32ToBF16(float32(x)))<<16 | uint64(f32ToBF16(float32(y))), nil
+			return putFRounded(ptx.BF16, x, in.mode)<<16 | putFRounded(ptx.BF16, y, in.mode), nil
 		}
 		return 0, fmt.Errorf("not supported for type .%s", t)
 	}
@@ -388,7 +407,10 @@ func cvt(in *inst, a uint64) uint64 {
 			if in.sat {
 				x = math.Max(0, math.Min(1, x))
 			}
-			return putF(dst, x)
+			if in.bop != 0 {
+				return putF(dst, x) // an integer already: .rni and the like
+			}
+			return putFRounded(dst, x, in.mode)
 		}
 		return floatToInt(dst, x)
 	}

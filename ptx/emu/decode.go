@@ -619,17 +619,6 @@ func (d *decoder) instr(src ptx.Instr) (inst, error) {
 		}
 		return in, srcs(1, in.t, in.t, ptx.Pred)
 	case cCvt:
-		if o.Has("bf16x2") {
-			in.op = cCvtPack
-			if err := d.dst(&in, args[0]); err != nil {
-				return in, err
-			}
-			return in, srcs(1, ptx.F32, ptx.F32)
-		}
-		if len(o.Types) != 2 {
-			return in, fmt.Errorf("cvt needs two types")
-		}
-		in.t2 = o.Types[1]
 		for _, m := range o.Mods {
 			switch m {
 			case "rz", "rzi":
@@ -645,6 +634,17 @@ func (d *decoder) instr(src ptx.Instr) (inst, error) {
 				in.bop = 1 // round to an integer even when the result is a float
 			}
 		}
+		if o.Has("bf16x2") {
+			in.op = cCvtPack
+			if err := d.dst(&in, args[0]); err != nil {
+				return in, err
+			}
+			return in, srcs(1, ptx.F32, ptx.F32)
+		}
+		if len(o.Types) != 2 {
+			return in, fmt.Errorf("cvt needs two types")
+		}
+		in.t2 = o.Types[1]
 		if err := d.dst(&in, args[0]); err != nil {
 			return in, err
 		}

@@ -272,6 +272,17 @@ func TestInstructions(t *testing.T) {
 		{"mov.f32 %f1, 0f3F800001; mov.f32 %f2, 0f3F7FFFFE; mul.rn.f32 %f3, %f1, %f2; sub.f32 %f3, %f3, 0f3F800000; mov.b32 %r1, %f3;", 0},
 		{"mov.f32 %f1, 1.5; neg.f32 %f2, %f1; abs.f32 %f3, %f2; add.f32 %f3, %f3, %f2; mov.b32 %r1, %f2;", 0xBFC00000},
 		{"mov.f32 %f1, 1.0; cvt.rn.f16.f32 %rs1, %f1; cvt.u32.u16 %r1, %rs1;", 0x3C00},
+		// Directed roundings to bf16: 1 + 2^-8 + 2^-9 lies between 0x3F80 and 0x3F81, nearer
+		// the second; -(that) between 0xBF81 and 0xBF80; 3e38 past bf16's largest finite.
+		{"mov.b32 %f1, 0x3F80C000; cvt.rn.bf16.f32 %rs1, %f1; cvt.u32.u16 %r1, %rs1;", 0x3F81},
+		{"mov.b32 %f1, 0x3F80C000; cvt.rz.bf16.f32 %rs1, %f1; cvt.u32.u16 %r1, %rs1;", 0x3F80},
+		{"mov.b32 %f1, 0x3F80C000; cvt.rm.bf16.f32 %rs1, %f1; cvt.u32.u16 %r1, %rs1;", 0x3F80},
+		{"mov.b32 %f1, 0x3F804000; cvt.rp.bf16.f32 %rs1, %f1; cvt.u32.u16 %r1, %rs1;", 0x3F81},
+		{"mov.b32 %f1, 0xBF80C000; cvt.rz.bf16.f32 %rs1, %f1; cvt.u32.u16 %r1, %rs1;", 0xBF80},
+		{"mov.b32 %f1, 0xBF80C000; cvt.rm.bf16.f32 %rs1, %f1; cvt.u32.u16 %r1, %rs1;", 0xBF81},
+		{"mov.b32 %f1, 0xBF80C000; cvt.rp.bf16.f32 %rs1, %f1; cvt.u32.u16 %r1, %rs1;", 0xBF80},
+		{"mov.b32 %f1, 0x7F7FFFFF; cvt.rz.bf16.f32 %rs1, %f1; cvt.u32.u16 %r1, %rs1;", 0x7F7F},
+		{"mov.b32 %f1, 0x80000001; cvt.rm.bf16.f32 %rs1, %f1; cvt.u32.u16 %r1, %rs1;", 0x8001},
 		{"mov.b16 %rs1, 0x3555; cvt.f32.f16 %f1, %rs1; mov.b32 %r1, %f1;", math.Float32bits(0.333251953125)},
 		{"mov.f32 %f1, 0.1; cvt.f64.f32 %fd1, %f1; add.f64 %fd1, %fd1, %fd1; cvt.rn.f32.f64 %f2, %fd1; mov.b32 %r1, %f2;", math.Float32bits(0.2)},
 		{"mov.u32 %r2, 3; mov.u32 %r3, 4; st.global.v2.u32 [%rd1+8], {%r2, %r3}; ld.global.v2.u32 {%r4, %r1}, [%rd1+8]; add.u32 %r1, %r1, %r4;", 7},
