@@ -684,7 +684,7 @@ type gcGen struct {
 	c               GemmCopyConfig
 	xmap, wmap      ptx.Reg // generic addresses of the tensor-map parameters
 	y, rows         ptx.Reg
-	yb, ybOn, yOn   ptx.Reg // with Act: where bf16(y) goes, whether that is not 0, and whether y is not
+	yb, ybOn, yOn   ptx.Reg // with Act: where bf16(y) goes; whether it, and whether y, is not 0
 	tid, warp, lane ptx.Reg
 	gg, t, cg, q    ptx.Reg // the lane's mma group and thread; the warp's column group and K part
 	rank, col0, k0  ptx.Reg // K part (the cluster rank with a split); the CTA's first column and first K

@@ -96,11 +96,19 @@ func (be *Backend) copyGemmOf(n bundle.Node) (bundle.GEMM, bundle.GemmCopy, bool
 }
 
 // feedsCopyGemm says whether nodes[j] is a GEMM of m rows whose x is slot x, which the
-// bundle's copy-engine GEMM reading bf16(x) serves: then the launch ahead writes bf16(x) into
-// the scratch (copyServer.yb) and nodes[j] reads it there without a cast. Any node between
-// the two (an app's op on x, which some graphs run and some not) leaves nodes[j] its cast.
+// bundle's plain copy-engine GEMM reading bf16(x) serves: then the launch ahead writes bf16(x)
+// into the scratch (copyServer.yb) and nodes[j] reads it there without a cast. Any node between
+// the two (an app's op on x, which some graphs run and some not) leaves nodes[j] its cast, as
+// does a node after it that copyPair would serve with it (whose launch casts x itself).
 func (be *Backend) feedsCopyGemm(nodes []bundle.Node, j int, x bundle.Slot, m int) (bool, error) {
 	if j >= len(nodes) || be.copy.yb == 0 || nodes[j].SkipUnless != 0 {
+		return false, nil
+	}
+	kernel := func(name string) bundle.Kernel { return be.kernels[name] }
+	if _, _, gated, _ := bundle.GatedPairAt(nodes, j, kernel); gated {
+		return false, nil
+	}
+	if _, _, rope, _ := bundle.RopePairAt(nodes, j, kernel); rope {
 		return false, nil
 	}
 	n := nodes[j]

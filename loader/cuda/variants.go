@@ -98,6 +98,9 @@ func (be *Backend) prepareAll(nodes []bundle.Node, variants uint32) ([]launch, e
 			return nil, fmt.Errorf("node %s: %w", n.Label, err)
 		}
 		if ok {
+			if fed != 0 {
+				return nil, fmt.Errorf("node %s: the launch ahead wrote bf16(x) for a copy-engine GEMM, which a pair's launch serves instead", n.Label)
+			}
 			all = append(all, l)
 			fed = feeds
 			i++ // the activation or rope node after it is served by the same launch
