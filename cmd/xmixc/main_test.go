@@ -572,19 +572,7 @@ func TestBuildGatedCopyRows(t *testing.T) {
 		if b.Manifest.Build.GatedCopyRows != c.rows {
 			t.Fatalf("%v: build info gated_copy_rows %d, want %d", c.flags, b.Manifest.Build.GatedCopyRows, c.rows)
 		}
-		kernels, err := bundle.GemmCopyKernels(b.Kernels)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var names []string
-		for shape, ks := range kernels {
-			for _, k := range ks {
-				if slices.Contains(bundle.GatedActOps, shape.Act) {
-					names = append(names, k.Kernel)
-				}
-			}
-		}
-		slices.Sort(names)
+		names := copyKernelNames(t, b, func(s bundle.GemmCopyShape) bool { return slices.Contains(bundle.GatedActOps, s.Act) })
 		if !slices.Equal(names, c.kernels) {
 			t.Fatalf("%v: gated copy-engine kernels %v, want %v", c.flags, names, c.kernels)
 		}
@@ -648,14 +636,9 @@ func TestBuildRopeCopyRows(t *testing.T) {
 		if b.Manifest.Build.RopeCopyRows != c.rows {
 			t.Fatalf("%v: build info rope_copy_rows %d, want %d", c.flags, b.Manifest.Build.RopeCopyRows, c.rows)
 		}
-		kernels, err := bundle.GemmCopyKernels(b.Kernels)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var names []string
-		for _, k := range kernels[bundle.GemmCopyShape{K: 512, N: 768, Act: bundle.OpRopeKV}] {
-			names = append(names, k.Kernel)
-		}
+		names := copyKernelNames(t, b, func(s bundle.GemmCopyShape) bool {
+			return s == bundle.GemmCopyShape{K: 512, N: 768, Act: bundle.OpRopeKV}
+		})
 		if !slices.Equal(names, c.kernels) {
 			t.Fatalf("%v: copy-engine kernels with rope_kv %v, want %v", c.flags, names, c.kernels)
 		}
@@ -721,4 +704,23 @@ func flagValue(flags []string, flag string) []string {
 		return strings.Split(flags[i+1], ",")
 	}
 	return nil
+}
+
+// copyKernelNames lists b's copy-engine kernels of the shapes keep takes, in name order.
+func copyKernelNames(t *testing.T, b *bundle.Bundle, keep func(bundle.GemmCopyShape) bool) []string {
+	t.Helper()
+	kernels, err := bundle.GemmCopyKernels(b.Kernels)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for shape, ks := range kernels {
+		if keep(shape) {
+			for _, k := range ks {
+				names = append(names, k.Kernel)
+			}
+		}
+	}
+	slices.Sort(names)
+	return names
 }
