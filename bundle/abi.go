@@ -367,8 +367,15 @@ func actNote(act string) string {
 var GatedActOps = []string{"silu_mul", "gelu_tanh_mul"}
 
 // The parameters of a gated activation kernel that carries no MI ops (its attributes'
-// "chunked"): gu, [rows, 2*Inter] f32, and act, [rows, Inter] f32; its grid's y is the rows.
-var gatedActParams = []Param{{"gu", "u64"}, {"act", "u64"}}
+// "chunked"): gu, [rows, 2*Inter] f32, act, [rows, Inter] f32, and GatedActBF16; its grid's
+// y is the rows.
+var gatedActParams = []Param{{"gu", "u64"}, {"act", "u64"}, {GatedActBF16, "u64"}}
+
+// GatedActBF16 is the last parameter of a gated activation kernel without MI ops: the device
+// address of a [rows, Inter] bf16 copy of act, or 0 for none; with it act may be 0 (the copy
+// alone). A bundle's node passes the constant 0: only a backend that serves the GEMM after
+// the activation from bf16(act) with no cast passes its scratch there.
+const GatedActBF16 = "act_bf16"
 
 // GatedAct is a gated activation node as GatedActOf reads it.
 type GatedAct struct {
@@ -387,7 +394,7 @@ func GatedActOf(n Node, k Kernel) (GatedAct, bool) {
 		Ops     json.RawMessage `json:"ops"`
 	}
 	if !slices.Contains(GatedActOps, k.Op) || json.Unmarshal(k.Attrs, &a) != nil || !a.Chunked || len(a.Ops) > 0 || a.Inter <= 0 ||
-		!slices.Equal(k.Params, gatedActParams) || len(n.Args) != 2 || n.Args[0].Buffer == "" || n.Args[1].Buffer == "" || n.Grid[1] < 1 {
+		!slices.Equal(k.Params, gatedActParams) || len(n.Args) != 3 || n.Args[0].Buffer == "" || n.Args[1].Buffer == "" || n.Args[2] != (Slot{}) || n.Grid[1] < 1 {
 		return GatedAct{}, false
 	}
 	return GatedAct{Op: k.Op, Inter: a.Inter, Rows: n.Grid[1], GU: n.Args[0], Act: n.Args[1]}, true

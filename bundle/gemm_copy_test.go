@@ -129,13 +129,14 @@ func TestGemmCopyKernelsWithActivation(t *testing.T) {
 
 // TestGatedPairAt: a GEMM node and the plain gated activation of its y are a pair; an
 // activation with MI ops, another y, other rows, a guarded GEMM, a skipping node, the last
-// node of the list, or a third node naming the GEMM's y are not.
+// node of the list, a third node naming the GEMM's y, or an activation whose node passes
+// act_bf16 anything but the constant 0 (the backend's to set) are not.
 func TestGatedPairAt(t *testing.T) {
 	kernels := map[string]Kernel{
 		"gemm": {Name: "gemm", Op: OpGemmTC, Attrs: []byte(`{"k":64,"n":256}`), Params: []Param{{GemmX, "u64"}, {GemmW, "u64"}, {GemmY, "u64"}, {GemmRows, "u32"}}},
-		"act":  {Name: "act", Op: "silu_mul", Attrs: []byte(`{"inter":128,"chunked":true}`), Params: []Param{{"gu", "u64"}, {"act", "u64"}}},
+		"act":  {Name: "act", Op: "silu_mul", Attrs: []byte(`{"inter":128,"chunked":true}`), Params: gatedActParams},
 		"actmi": {Name: "actmi", Op: "silu_mul", Attrs: []byte(`{"inter":128,"chunked":true,"ops":[{"kind":"steer"}]}`),
-			Params: []Param{{"gu", "u64"}, {"act", "u64"}}},
+			Params: gatedActParams},
 		"norm": {Name: "norm", Op: "rms_norm", Params: []Param{{"x", "u64"}}},
 	}
 	kernel := func(name string) Kernel { return kernels[name] }
@@ -143,7 +144,7 @@ func TestGatedPairAt(t *testing.T) {
 		return Node{Label: "gate_up", Kernel: "gemm", Args: []Slot{{Buffer: "x"}, {Buffer: "w"}, {Buffer: y}, {Const: rows}}}
 	}
 	act := func(kernel, gu string, rows int) Node {
-		return Node{Label: "act", Kernel: kernel, Grid: [3]int{1, rows, 1}, Args: []Slot{{Buffer: gu}, {Buffer: "a"}}}
+		return Node{Label: "act", Kernel: kernel, Grid: [3]int{1, rows, 1}, Args: []Slot{{Buffer: gu}, {Buffer: "a"}, {}}}
 	}
 	g, a, ok, err := GatedPairAt([]Node{gemm("gu", 32), act("act", "gu", 32)}, 0, kernel)
 	if err != nil || !ok || g.M != 32 || g.N != 256 || a.Op != "silu_mul" || a.Inter != 128 || a.Act != (Slot{Buffer: "a"}) {
@@ -155,6 +156,8 @@ func TestGatedPairAt(t *testing.T) {
 	skipping := act("act", "gu", 32)
 	skipping.SkipUnless = 1
 	reader := Node{Label: "norm", Kernel: "norm", Args: []Slot{{Buffer: "gu"}}}
+	bf16Set := act("act", "gu", 32)
+	bf16Set.Args[2] = Slot{Buffer: "ab"}
 	for _, c := range []struct {
 		name  string
 		nodes []Node
@@ -168,6 +171,7 @@ func TestGatedPairAt(t *testing.T) {
 		{"last node", []Node{act("act", "gu", 32), gemm("gu", 32)}, 1},
 		{"the activation first", []Node{act("act", "gu", 32), gemm("gu", 32)}, 0},
 		{"another reader of y", []Node{gemm("gu", 32), act("act", "gu", 32), reader}, 0},
+		{"act_bf16 set", []Node{gemm("gu", 32), bf16Set}, 0},
 	} {
 		if _, _, ok, err := GatedPairAt(c.nodes, c.i, kernel); ok || err != nil {
 			t.Errorf("%s: a pair (%v, %v)", c.name, ok, err)

@@ -46,6 +46,9 @@ func must(t *testing.T) func(*Kernel, error) *Kernel {
 }
 
 func scalarU32(name string, v uint32) targ { return targ{name: name, bits: uint64(v), isVal: true} }
+
+// nullPtr is a pointer parameter passed 0: an optional output the kernel must not write.
+func nullPtr(name string) targ { return targ{name: name, isVal: true} }
 func scalarF32(name string, v float32) targ {
 	return targ{name: name, bits: uint64(math.Float32bits(v)), isVal: true}
 }

@@ -714,7 +714,7 @@ func (t *tb) activation(n *ir.Node) {
 	name := miName(GatedKernelName(sc), mi, fmt.Sprintf("L%d", n.Layer))
 	k, err := g.kernel(name, func() (*Kernel, error) { return SiluMul(name, sc) })
 	g.site(n, name)
-	t.add(n.Name, k, err, sc.Launch(t.rows), slots{"gu": buf(n.In[0].Buffer), "act": buf(n.Out[0].Buffer)}, mi)
+	t.add(n.Name, k, err, sc.Launch(t.rows), slots{"gu": buf(n.In[0].Buffer), "act": buf(n.Out[0].Buffer), bundle.GatedActBF16: konst(0)}, mi)
 }
 
 // activationThenMI is the activation without ops, then mlp.act's ops mi in place over act in
@@ -723,7 +723,7 @@ func (t *tb) activationThenMI(n *ir.Node, sc SiluConfig, mi []ir.MI) {
 	g := t.g
 	name := GatedKernelName(sc)
 	k, err := g.kernel(name, func() (*Kernel, error) { return SiluMul(name, sc) })
-	t.add(n.Name, k, err, sc.Launch(t.rows), slots{"gu": buf(n.In[0].Buffer), "act": buf(n.Out[0].Buffer)}, nil)
+	t.add(n.Name, k, err, sc.Launch(t.rows), slots{"gu": buf(n.In[0].Buffer), "act": buf(n.Out[0].Buffer), bundle.GatedActBF16: konst(0)}, nil)
 	t.miOver(n, n.Out[0], n.Name+".mi", mi)
 }
 

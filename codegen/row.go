@@ -551,7 +551,10 @@ func siluMul(name string, c SiluConfig) (*Kernel, error) {
 }
 
 // siluMulChunked is act(gate)*up over a (chunk, row) grid: thread t of block (b, r) handles
-// elements b*siluChunk + j*siluThreads + t, j < siluPer. Parameters: gu, act.
+// elements b*siluChunk + j*siluThreads + t, j < siluPer. Parameters: gu, act, act_bf16
+// (bundle.GatedActBF16): where act_bf16 is not 0 the kernel also stores bf16 of each value
+// there, rounded as the backend's cast rounds it (the GEMM after it then reads it with no
+// cast), and where act is 0 it stores the bf16 alone.
 func siluMulChunked(name string, c SiluConfig, op string) (*Kernel, error) {
 	if c.Inter <= 0 {
 		return nil, fmt.Errorf("inter %d", c.Inter)
@@ -559,7 +562,11 @@ func siluMulChunked(name string, c SiluConfig, op string) (*Kernel, error) {
 	e := newEmitter(name)
 	gu := e.param("gu", ptx.U64)
 	act := e.param("act", ptx.U64)
+	actB := e.param(bundle.GatedActBF16, ptx.U64)
 	e.MaxNTid = siluThreads
+	noF32, noBF16 := e.Reg(ptx.Pred), e.Reg(ptx.Pred)
+	e.Emit("setp.eq.u64", noF32, act, ptx.Imm(0))
+	e.Emit("setp.eq.u64", noBF16, actB, ptx.Imm(0))
 	tid, blk, row := e.special(ptx.TidX), e.special(ptx.CtaidX), e.special(ptx.CtaidY)
 	base := e.Reg(ptx.U32)
 	e.Emit("mad.lo.u32", base, blk, ptx.Imm(siluChunk), tid)
@@ -583,6 +590,11 @@ func siluMulChunked(name string, c SiluConfig, op string) (*Kernel, error) {
 		t := gateAct(e, c.Act, g, u)
 		ai := e.Reg(ptx.U32)
 		e.Emit("add.u32", ai, aRow, col)
+		noB := e.NewLabel("no_bf16")
+		e.EmitIf(noBF16, false, "bra", ptx.Sym(noB))
+		e.storeF32(actB, ai, t, ptx.BF16)
+		e.Label(noB)
+		e.EmitIf(noF32, false, "bra", ptx.Sym(skip))
 		e.storeF32(act, ai, t, ptx.F32)
 		e.Label(skip)
 	}

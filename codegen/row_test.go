@@ -262,6 +262,10 @@ func emulateAliased(t *testing.T, k *Kernel, l ops.Launch, args []targ, alias ma
 	mem := emu.NewMemory()
 	params := make([]uint64, len(args))
 	for i, a := range args {
+		if a.isVal {
+			params[i] = a.bits
+			continue
+		}
 		init := a.bytesOf()
 		params[i] = mem.Alloc(len(init))
 		copy(mem.Bytes(params[i]), init)
@@ -273,8 +277,10 @@ func emulateAliased(t *testing.T, k *Kernel, l ops.Launch, args []targ, alias ma
 		t.Fatalf("%s: emulate: %v", k.Name, err)
 	}
 	outs := make([][]float32, len(args))
-	for i := range args {
-		outs[i] = append([]float32(nil), ops.Arg{Mem: mem.Bytes(params[i])}.F32()...)
+	for i, a := range args {
+		if !a.isVal {
+			outs[i] = append([]float32(nil), ops.Arg{Mem: mem.Bytes(params[i])}.F32()...)
+		}
 	}
 	return outs
 }
@@ -752,17 +758,36 @@ func TestWriteTemplatesOffRowsUnchanged(t *testing.T) {
 	}
 }
 
+// TestSiluMulChunkedMatchesReference: the chunked kernel against its reference with
+// act_bf16 0 and with a buffer; there bf16(act) is, bit for bit, the cast's rounding of the
+// kernel's own act, and the same again in a run with act 0 (the bf16 alone, where a store
+// to act would fault).
 func TestSiluMulChunkedMatchesReference(t *testing.T) {
 	r := rand.New(rand.NewPCG(11, 12))
 	for _, c := range []struct{ inter, rows int }{{1000, 3}, {2048, 1}, {14336, 2}} {
-		k, err := SiluMul(fmt.Sprintf("silu_chunked_%d", c.inter), SiluConfig{Inter: c.inter})
+		sc := SiluConfig{Inter: c.inter}
+		k, err := SiluMul(fmt.Sprintf("silu_chunked_%d", c.inter), sc)
 		if err != nil {
 			t.Fatal(err)
 		}
-		checkKernel(t, k, SiluConfig{Inter: c.inter}.Launch(c.rows), []targ{
-			{name: "gu", f32: randF32(r, c.rows*2*c.inter, 4)},
-			{name: "act", out: c.rows * c.inter},
-		})
+		n := c.rows * c.inter
+		gu := targ{name: "gu", f32: randF32(r, 2*n, 4)}
+		act, actB := targ{name: "act", out: n}, targ{name: bundle.GatedActBF16, out: n, dtype: "bf16"}
+		checkKernel(t, k, sc.Launch(c.rows), []targ{gu, act, nullPtr(bundle.GatedActBF16)})
+		checkKernel(t, k, sc.Launch(c.rows), []targ{gu, act, actB})
+
+		both, alone := newEmuBufs(), newEmuBufs()
+		both.run(t, k, sc.Launch(c.rows), []targ{gu, act, actB})
+		alone.run(t, k, sc.Launch(c.rows), []targ{gu, nullPtr("act"), actB})
+		y := both.f32("act")
+		for _, b := range []*emuBufs{both, alone} {
+			got := ops.Arg{Mem: b.mem.Bytes(b.addr[actB.name])[:2*n]}.U16()
+			for i, v := range y[:n] {
+				if got[i] != ops.F32ToBF16(v) {
+					t.Fatalf("%s: act_bf16[%d] = %#04x, want bf16(act) = %#04x", k.Name, i, got[i], ops.F32ToBF16(v))
+				}
+			}
+		}
 	}
 }
 

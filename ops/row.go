@@ -266,11 +266,16 @@ func (a SiluMulAttrs) run(args []Arg, l Launch, f func(float32) float32) error {
 	if err != nil {
 		return err
 	}
-	act, err := c.take("act", 4*rows*n)
-	if err != nil {
+	var act, actB Arg
+	if a.Chunked {
+		// A chunked kernel carries no MI ops and takes no control parameters; its last one
+		// (bundle.GatedActBF16) gets bf16(act) unless it is empty, and act may be empty then.
+		if act, actB, err = a.chunkedOutputs(c, rows); err != nil {
+			return err
+		}
+	} else if act, err = c.take("act", 4*rows*n); err != nil {
 		return err
 	}
-	// A chunked kernel carries no MI ops and takes no control parameters.
 	var ctl miCtl
 	var bound []miBound
 	if !a.Chunked {
@@ -285,6 +290,10 @@ func (a SiluMulAttrs) run(args []Arg, l Launch, f func(float32) float32) error {
 		return err
 	}
 	g, y := gu.F32(), act.F32()
+	if y == nil {
+		y = make([]float32, rows*n) // bf16(act) alone
+	}
+	yb := actB.U16()
 	ParallelFor(rows, func(lo, hi int) {
 		for r := lo; r < hi; r++ {
 			x := y[r*n : (r+1)*n]
@@ -292,9 +301,34 @@ func (a SiluMulAttrs) run(args []Arg, l Launch, f func(float32) float32) error {
 			if !a.Chunked {
 				applyMI(bound, r, ctl, x)
 			}
+			if yb != nil {
+				for i, v := range x {
+					yb[r*n+i] = F32ToBF16(v)
+				}
+			}
 		}
 	})
 	return nil
+}
+
+// chunkedOutputs takes a chunked kernel's act and act_bf16 for rows rows: either may be
+// empty (a constant 0), not both.
+func (a SiluMulAttrs) chunkedOutputs(c *argCursor, rows int) (act, actB Arg, err error) {
+	if act, err = c.take("act", 0); err != nil {
+		return
+	}
+	if actB, err = c.take(bundle.GatedActBF16, 0); err != nil {
+		return
+	}
+	switch n := rows * a.Inter; {
+	case len(act.Mem) == 0 && len(actB.Mem) == 0:
+		err = fmt.Errorf("act and %s are both empty: nothing to write", bundle.GatedActBF16)
+	case len(act.Mem) > 0 && len(act.Mem) < 4*n:
+		err = fmt.Errorf("argument 1 (act) holds %d bytes, needs %d", len(act.Mem), 4*n)
+	case len(actB.Mem) > 0 && len(actB.Mem) < 2*n:
+		err = fmt.Errorf("argument 2 (%s) holds %d bytes, needs %d", bundle.GatedActBF16, len(actB.Mem), 2*n)
+	}
+	return
 }
 
 // gatedRow is x = f(gate) * up over one row gu = [gate | up] of 2*len(x) values.

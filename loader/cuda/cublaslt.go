@@ -212,6 +212,7 @@ type ltResult [ltHeuristicResultLen]byte
 type ltKey struct {
 	g       bundle.GEMM
 	x, w, y uintptr
+	fed     bool // x is bf16 in xb as the launch ahead wrote it: no cast
 }
 
 // ltMatmul is one GEMM node served by cuBLASLt: its descriptors, chosen algorithm and
@@ -361,18 +362,26 @@ func (be *Backend) gemm(n bundle.Node) (bundle.GEMM, bool) {
 // ltNode prepares node n (vals: its arguments' device addresses and constants) for cuBLASLt: the cast
 // launch and the matmul with its algorithm, run once outside any graph so that a
 // failure surfaces here, not inside a capture. ok is false when cuBLASLt does not take it
-// (the node then runs its PTX kernel).
-func (be *Backend) ltNode(n bundle.Node, vals []uint64) (*launch, bool, error) {
+// (the node then runs its PTX kernel). fed, if not 0, is the cast's scratch, where the launch
+// ahead wrote bf16(x): the matmul then runs alone.
+func (be *Backend) ltNode(n bundle.Node, vals []uint64, fed uintptr) (*launch, bool, error) {
 	g, ok := be.gemm(n)
 	if !ok || be.lt == nil || g.M <= 0 {
 		return nil, false, nil
 	}
 	lt := be.lt
-	key := ltKey{g: g, x: uintptr(vals[g.X]), w: uintptr(vals[g.W]), y: uintptr(vals[g.Y])}
+	if fed != 0 && fed != lt.xb {
+		return nil, false, fmt.Errorf("bf16(x) written at %#x, not in the cast's scratch that cuBLASLt reads", fed)
+	}
+	key := ltKey{g: g, x: uintptr(vals[g.X]), w: uintptr(vals[g.W]), y: uintptr(vals[g.Y]), fed: fed != 0}
 	if l, ok := lt.served[key]; ok {
 		return l, true, nil
 	}
-	for _, p := range []uintptr{key.x, key.w, key.y} {
+	ptrs := []uintptr{key.w, key.y}
+	if !key.fed {
+		ptrs = append(ptrs, key.x)
+	}
+	for _, p := range ptrs {
 		if p%16 != 0 {
 			return nil, false, nil
 		}
@@ -384,7 +393,12 @@ func (be *Backend) ltNode(n bundle.Node, vals []uint64) (*launch, bool, error) {
 	if m.algo, err = lt.algorithm(m, g); err != nil {
 		return nil, false, err
 	}
-	l := be.castNode(n, g, key.x, "cublasLt:"+n.Kernel, false)
+	l := &launch{label: n.Label, kernel: "cublasLt:" + n.Kernel}
+	if key.fed {
+		be.fed++
+	} else {
+		l = be.castNode(n, g, key.x, l.kernel, false)
+	}
 	l.matmul = m
 	if err := be.runOnce(*l); err != nil {
 		return nil, false, err

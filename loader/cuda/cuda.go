@@ -63,7 +63,7 @@ type launch struct {
 	shared        int
 	params        uintptr
 	skipUnless    uint32    // bundle.Node.SkipUnless (variants.go)
-	matmul        *ltMatmul // non-nil: f casts x to bf16, then cuBLASLt multiplies (cublaslt.go)
+	matmul        *ltMatmul // non-nil: f casts x to bf16 (f 0: none, x is fed), then cuBLASLt multiplies (cublaslt.go)
 	then          *launch   // non-nil: f casts x to bf16, then this kernel multiplies (gemm_copy.go)
 	early         bool      // bundle.Kernel.EarlyLaunch: launched with programmatic stream serialization
 }
@@ -89,6 +89,7 @@ type Backend struct {
 	copy    *copyServer  // non-nil: GEMM nodes the bundle's copy-engine kernels serve (gemm_copy.go)
 	trace   *traceBuffer // non-nil: every kernel writes the step trace (trace.go)
 	lt      *cublasLt    // nil: PTX kernels serve every GEMM
+	fed     int          // GEMM launches reading bf16(x) as the launch ahead wrote it (feed.go)
 	steps   []stepGraphs // each template's graph variants (variants.go)
 	// outCopies: per template, what of the output arena a step copies back (outputs.go);
 	// outFresh: bytes of each output buffer the last step copied (Read serves those).
@@ -540,7 +541,8 @@ func (be *Backend) capture(nodes []launch) (uintptr, error) {
 func ltMayServe(n bundle.Node, variants uint32) bool { return n.SkipUnless&^variants == 0 }
 
 // prepare resolves a node's kernel and arguments to device addresses; variants as
-// ltMayServe takes it; fed as copyNode's xb.
+// ltMayServe takes it; fed, if not 0, is bf16 of the GEMM node's x as the launch ahead wrote
+// it (feedable said a server reads it there), for copyNode's xb or ltNode's fed.
 func (be *Backend) prepare(n bundle.Node, variants uint32, fed uintptr) (launch, error) {
 	f, ok := be.funcs[n.Kernel]
 	if !ok {
@@ -561,13 +563,10 @@ func (be *Backend) prepare(n bundle.Node, variants uint32, fed uintptr) (launch,
 			return served, nil
 		}
 	}
-	if fed != 0 {
-		return launch{}, fmt.Errorf("the launch ahead wrote bf16(x) for a copy-engine GEMM, which does not serve this node")
-	}
 	if ltMayServe(n, variants) {
-		l, ok, err := be.ltNode(n, vals)
+		l, ok, err := be.ltNode(n, vals, fed)
 		switch {
-		case err != nil && be.lt.strict:
+		case err != nil && (be.lt.strict || fed != 0):
 			return launch{}, fmt.Errorf("cuBLASLt: %w", err)
 		case err != nil:
 			// --gemm auto: the bundle's own kernel serves what cuBLASLt refuses.
@@ -580,6 +579,9 @@ func (be *Backend) prepare(n bundle.Node, variants uint32, fed uintptr) (launch,
 			served.label, served.skipUnless = n.Label, n.SkipUnless
 			return served, nil
 		}
+	}
+	if fed != 0 {
+		return launch{}, fmt.Errorf("the launch ahead wrote bf16(x) for a GEMM server that reads it, and none serves this node")
 	}
 	return launch{label: n.Label, kernel: n.Kernel, f: f, grid: n.Grid, block: n.Block, shared: n.Shared,
 		params: be.keepParams(vals), skipUnless: n.SkipUnless, early: be.kernels[n.Kernel].EarlyLaunch}, nil
@@ -628,8 +630,12 @@ func (be *Backend) keepParams(vals []uint64) uintptr {
 }
 
 // issue enqueues one recorded node on the backend's stream: its kernel and, for a node that
-// cuBLASLt or a copy-engine GEMM of bf16(x) serves, the matmul after the cast.
+// cuBLASLt or a copy-engine GEMM of bf16(x) serves, the matmul after the cast, or where the
+// launch ahead wrote bf16(x) (no kernel, f 0) cuBLASLt's matmul alone.
 func (be *Backend) issue(n launch) error {
+	if n.f == 0 {
+		return be.lt.run(n.matmul, be.stream) // fed: no cast
+	}
 	if n.early {
 		if err := be.launchEarly(n); err != nil {
 			return err

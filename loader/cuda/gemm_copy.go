@@ -22,10 +22,9 @@ type copyServer struct {
 	nodes   int
 	// yb is device scratch of ybBytes where a kernel with YBF16 writes bf16(y) for the GEMM
 	// after it (apart from the cast's scratch, which that kernel's own x is read from while
-	// it writes); fed counts the GEMMs that read it without a cast.
+	// it writes).
 	yb      uintptr
 	ybBytes int64
-	fed     int
 }
 
 // copyMapKey is a 2-D tensor map: n rows of k elements at addr (bf16 when bf16, else f32),
@@ -75,7 +74,7 @@ func (be *Backend) initCopyGemms(b *bundle.Bundle, mode string) error {
 // bundle's copy-engine GEMM of its shape, or says no (ok false): none for its K and N, more
 // rows than it takes, a heavy app's GEMM, x or W not 16-byte aligned, or, for a kernel that
 // reads bf16(x), no cuBLASLt cast and scratch to make it. xb, if not 0, is bf16(x) as the
-// launch ahead wrote it (feedsCopyGemm said so), which the kernel reads without a cast.
+// launch ahead wrote it (feedable said so), which the kernel reads without a cast.
 func (be *Backend) copyNode(n bundle.Node, vals []uint64, xb uintptr) (*launch, bool, error) {
 	g, c, ok, err := be.copyGemmOf(n)
 	if err != nil || !ok {
@@ -93,31 +92,6 @@ func (be *Backend) copyGemmOf(n bundle.Node) (bundle.GEMM, bundle.GemmCopy, bool
 	}
 	c, ok := bundle.GemmCopyFor(be.copy.kernels[bundle.GemmCopyShape{K: g.K, N: g.N}], g.M)
 	return g, c, ok, nil
-}
-
-// feedsCopyGemm says whether nodes[j] is a GEMM of m rows whose x is slot x, which the
-// bundle's plain copy-engine GEMM reading bf16(x) serves: then the launch ahead writes bf16(x)
-// into the scratch (copyServer.yb) and nodes[j] reads it there without a cast. Any node between
-// the two (an app's op on x, which some graphs run and some not) leaves nodes[j] its cast, as
-// does a node after it that copyPair would serve with it (whose launch casts x itself).
-func (be *Backend) feedsCopyGemm(nodes []bundle.Node, j int, x bundle.Slot, m int) (bool, error) {
-	if j >= len(nodes) || be.copy.yb == 0 || nodes[j].SkipUnless != 0 {
-		return false, nil
-	}
-	kernel := func(name string) bundle.Kernel { return be.kernels[name] }
-	if _, _, gated, _ := bundle.GatedPairAt(nodes, j, kernel); gated {
-		return false, nil
-	}
-	if _, _, rope, _ := bundle.RopePairAt(nodes, j, kernel); rope {
-		return false, nil
-	}
-	n := nodes[j]
-	g, c, ok, err := be.copyGemmOf(n)
-	if err != nil || !ok || !c.Attrs.XBF16 || g.M != m || n.Args[g.X] != x || int64(g.M)*int64(g.K)*2 > be.copy.ybBytes {
-		return false, err
-	}
-	w, err := be.slotValue(n.Args[g.W])
-	return err == nil && w%16 == 0, err
 }
 
 // copyPair serves nodes[i] and nodes[i+1] with one launch of a copy-engine GEMM with an
@@ -188,7 +162,7 @@ func (be *Backend) pairLaunch(nodes []bundle.Node, i int, g bundle.GEMM, c bundl
 // gatedCopyPair serves nodes[i] and nodes[i+1], a GEMM and the gated activation of its y
 // (bundle.GatedPairAt), with one launch of the bundle's copy-engine GEMM with that
 // activation, writing the activation's output, and bf16 of it for nodes[i+2] where that is a
-// copy-engine GEMM of it (feedsCopyGemm; fed says where), then the output itself only where
+// GEMM of it whose server reads that (feedable; fed says where), then the output itself only where
 // a node after nodes[i+2] reads it (readAfter); ok is false where the bundle has none for
 // them (or copyLaunch says no), and both nodes are then served one by one.
 func (be *Backend) gatedCopyPair(nodes []bundle.Node, i int) (l launch, fed uintptr, ok bool, err error) {
@@ -205,7 +179,7 @@ func (be *Backend) gatedCopyPair(nodes []bundle.Node, i int) (l launch, fed uint
 	}
 	y := act.Act
 	if c.Attrs.YBF16 {
-		feeds, err := be.feedsCopyGemm(nodes, i+2, act.Act, g.M)
+		feeds, err := be.feedable(nodes, i+2, act.Act, g.M, be.copy.yb, be.copy.ybBytes)
 		if err != nil {
 			return launch{}, 0, false, fmt.Errorf("node %s: %w", nodes[i+2].Label, err)
 		}
@@ -230,22 +204,6 @@ func (be *Backend) gatedCopyPair(nodes []bundle.Node, i int) (l launch, fed uint
 func gatedCopyFor(kernels []bundle.GemmCopy, m int) (bundle.GemmCopy, bool) {
 	c, ok := bundle.GemmCopyFor(kernels, m)
 	return c, ok && 2*m > c.Attrs.Rows
-}
-
-// readAfter says whether a node after nodes[j] reads what is in s before a gated activation
-// writes s again (bundle.GatedActOf; any other node naming s's buffer counts as a reader):
-// the f32 activation that nodes[j] reads as bf16 is dead otherwise. Every node of the list
-// counts, whichever graphs run it (an app's op on the activation in some).
-func (be *Backend) readAfter(nodes []bundle.Node, j int, s bundle.Slot) bool {
-	for _, n := range nodes[j+1:] {
-		if a, ok := bundle.GatedActOf(n, be.kernels[n.Kernel]); ok && a.Act == s {
-			return false
-		}
-		if slices.ContainsFunc(n.Args, func(a bundle.Slot) bool { return a.Buffer == s.Buffer }) {
-			return true
-		}
-	}
-	return false
 }
 
 // copyLaunch is the launch of copy-engine GEMM c for GEMM g of node n (vals: its arguments'
@@ -274,7 +232,7 @@ func (be *Backend) copyLaunch(n bundle.Node, g bundle.GEMM, c bundle.GemmCopy, v
 	xAddr := key.x
 	if xb != 0 {
 		xAddr = xb
-		be.copy.fed++
+		be.fed++
 	} else if a.XBF16 {
 		if be.lt == nil || int64(g.M)*int64(g.K)*2 > be.lt.xbBytes {
 			return nil, false, nil
@@ -370,15 +328,6 @@ func (be *Backend) CopyGemmNodes() int {
 		return 0
 	}
 	return be.copy.nodes
-}
-
-// CopyGemmFed is how many of CopyGemmNodes read bf16(x) as the launch ahead wrote it, with no
-// cast.
-func (be *Backend) CopyGemmFed() int {
-	if be.copy == nil {
-		return 0
-	}
-	return be.copy.fed
 }
 
 // CopyGemmKernels lists the copy-engine kernels that serve the backend's nodes, each once, in

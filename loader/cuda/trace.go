@@ -194,7 +194,9 @@ func (be *Backend) Trace(t int) ([]TraceSpan, error) {
 			if p.matmul != nil || p.then != nil {
 				c.kernel = castEntry // a GEMM's cast, which names the GEMM's kernel elsewhere
 			}
-			chain = append(chain, c)
+			if p.f != 0 { // f 0: a matmul with no cast ahead (fed)
+				chain = append(chain, c)
+			}
 			if p.matmul != nil {
 				chain = append(chain, launch{label: p.label, kernel: "cublasLt"})
 			}

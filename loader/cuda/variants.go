@@ -87,7 +87,7 @@ func (be *Backend) variant(t int) int {
 // prepareAll prepares a node list's launches (variants as prepare takes it).
 func (be *Backend) prepareAll(nodes []bundle.Node, variants uint32) ([]launch, error) {
 	var all []launch
-	var fed uintptr // bf16 of this node's x, as the pair ahead wrote it (copyPair)
+	var fed uintptr // bf16 of this node's x, as the launch ahead wrote it (copyPair, feedGatedAct)
 	for i := 0; i < len(nodes); i++ {
 		n := nodes[i]
 		if n.Collective != nil {
@@ -99,15 +99,19 @@ func (be *Backend) prepareAll(nodes []bundle.Node, variants uint32) ([]launch, e
 		}
 		if ok {
 			if fed != 0 {
-				return nil, fmt.Errorf("node %s: the launch ahead wrote bf16(x) for a copy-engine GEMM, which a pair's launch serves instead", n.Label)
+				return nil, fmt.Errorf("node %s: the launch ahead wrote bf16(x) for a GEMM, which a pair's launch serves instead", n.Label)
 			}
 			all = append(all, l)
 			fed = feeds
 			i++ // the activation or rope node after it is served by the same launch
 			continue
 		}
+		n, feeds, err = be.feedGatedAct(nodes, i)
+		if err != nil {
+			return nil, fmt.Errorf("node %s: %w", n.Label, err)
+		}
 		l, err = be.prepare(n, variants, fed)
-		fed = 0
+		fed = feeds
 		if err != nil {
 			return nil, fmt.Errorf("node %s (kernel %s, grid %v, block %v): %w", n.Label, n.Kernel, n.Grid, n.Block, err)
 		}

@@ -402,19 +402,33 @@ func copyGemmBackend(served *int, kernels ...*[]string) testsuite.NewBackend {
 	}
 }
 
+// recordFed wraps nb so that each backend it makes appends to *fed how many of its GEMM
+// launches read bf16(x) as the launch ahead wrote it, with no cast (cuda.Backend.FedGemms).
+func recordFed(nb testsuite.NewBackend, fed *[]int) testsuite.NewBackend {
+	return func(t testing.TB, b *bundle.Bundle) loader.Backend {
+		be := nb(t, b)
+		*fed = append(*fed, be.(*cuda.Backend).FedGemms())
+		return be
+	}
+}
+
 // TestCUDAWarpgroupGemmMatchesCPU runs the copy-engine GEMMs' warpgroup form (wgmma over the
 // library cast's bf16 x; xmixc build --copy-gemm-rows 32, 64 or 128) on a 2-layer cut of
 // Llama-3.1-8B in buckets of 32, 64 and 128 rows, every request teacher-forced to the CPU's
-// tokens, against the CPU backend: o, q/k/v and down of both layers served by it. A subtest
-// per bucket and request count (-run 'TestCUDAWarpgroupGemmMatchesCPU/r64').
+// tokens, against the CPU backend: o, q/k/v and down of both layers served by it. Each down
+// projection reads bf16 of its x as the launch ahead wrote it: the gated gate/up kernel's in
+// a 32-row bucket, where the 64-row prefill chunk's cuBLASLt GEMM reads the SiLU kernel's;
+// the SiLU kernel's elsewhere. A subtest per bucket and request count (-run
+// 'TestCUDAWarpgroupGemmMatchesCPU/r64').
 func TestCUDAWarpgroupGemmMatchesCPU(t *testing.T) {
 	needGPU(t)
 	served := 0
 	var kernels []string
-	nb := copyGemmBackend(&served, &kernels)
+	var fed []int
+	nb := recordFed(copyGemmBackend(&served, &kernels), &fed)
 	for _, c := range []struct{ bucket, requests, steps int }{{32, 32, 4}, {32, 19, 3}, {64, 50, 2}, {128, 128, 3}, {128, 70, 2}} {
 		t.Run(fmt.Sprintf("r%d-n%d", c.bucket, c.requests), func(t *testing.T) {
-			kernels = nil
+			kernels, fed = nil, nil
 			cut := specCut(t, "llama-3.1-8b", fmt.Sprintf("serving: {decode_buckets: [%d], prefill_chunks: [64], max_seq_len: 256, max_seqs: %d, kv_block_size: 16}\n", c.bucket, c.bucket))
 			b := testsuite.CompileWith(t, compile.Options{CopyGemmRows: []int{c.bucket}}, cut)
 			prompts := sixTokenPrompts(c.requests)
@@ -432,6 +446,15 @@ func TestCUDAWarpgroupGemmMatchesCPU(t *testing.T) {
 			}
 			if served != want {
 				t.Errorf("%d requests in a %d-row bucket: %d GEMM nodes served by the warpgroup kernels, want %d", c.requests, c.bucket, served, want)
+			}
+			// Both layers' down projections in the decode template, and in buckets of other
+			// than 64 rows (whose launches the prefill chunk shares) the prefill chunk's.
+			wantFed := 4
+			if c.bucket == 64 {
+				wantFed = 2
+			}
+			if !slices.Equal(fed, []int{wantFed}) {
+				t.Errorf("%d-row bucket: %v down projections fed, want %d", c.bucket, fed, wantFed)
 			}
 			// In buckets of up to codegen.DefaultRopeCopyRows rows q/k/v's kernel has the
 			// rope_kv after it in its epilogue.
@@ -509,17 +532,13 @@ func TestCUDAGatedTCMatchesCPU(t *testing.T) {
 // kernels (o, q/k/v and down of 2 layers, and the 2 pairs; a 64-row bucket's prefill chunk
 // has the same shapes and buffers, so the same launches serve it). A subtest per bucket
 // (-run 'TestCUDAGatedCopyMatchesCPU/r32'), and r32-app: an app's op at mlp.act leaves those
-// rows without the app the bare bundle's bits.
+// rows without the app the bare bundle's bits. The down projections read the pair's bf16
+// output; in a 32-row bucket the 64-row prefill chunk's (cuBLASLt's) read the SiLU kernel's.
 func TestCUDAGatedCopyMatchesCPU(t *testing.T) {
 	needGPU(t)
 	served := 0
-	var fed []int // each backend's down projections reading the gated kernel's bf16 output
-	copyNB := copyGemmBackend(&served)
-	nb := func(t testing.TB, b *bundle.Bundle) loader.Backend {
-		be := copyNB(t, b)
-		fed = append(fed, be.(*cuda.Backend).CopyGemmFed())
-		return be
-	}
+	var fed []int // each backend's GEMM launches fed bf16(x) by the launch ahead
+	nb := recordFed(copyGemmBackend(&served), &fed)
 	for _, c := range []struct{ bucket, requests, steps int }{{32, 27, 3}, {64, 50, 2}} {
 		t.Run(fmt.Sprintf("r%d", c.bucket), func(t *testing.T) {
 			fed = nil
@@ -530,8 +549,13 @@ func TestCUDAGatedCopyMatchesCPU(t *testing.T) {
 			if served != 8 {
 				t.Errorf("%d-row bucket: %d launches of the copy-engine kernels, want o, q/k/v, down and gate/up with SiLU of 2 layers", c.bucket, served)
 			}
-			if !slices.Equal(fed, []int{2}) {
-				t.Errorf("%d-row bucket: %v down projections read the gated kernel's bf16 output, want both layers' (2)", c.bucket, fed)
+			// Both layers' in the decode template, and in a 32-row bucket the prefill chunk's.
+			wantFed := 4
+			if c.bucket == 64 {
+				wantFed = 2
+			}
+			if !slices.Equal(fed, []int{wantFed}) {
+				t.Errorf("%d-row bucket: %v down projections fed, want %d", c.bucket, fed, wantFed)
 			}
 		})
 	}
@@ -541,7 +565,8 @@ func TestCUDAGatedCopyMatchesCPU(t *testing.T) {
 	// sits between layer 1's activation and its down projection, so in the graphs that may run
 	// it that down projection casts the op's output itself; the graph of steps without apps
 	// (the template's plain list) feeds it the gated kernel's bf16 output, as layer 0's
-	// everywhere: two launches fed in either bundle.
+	// everywhere: two launches fed in either bundle, and as many in the prefill chunk's
+	// (cuBLASLt's, fed by the SiLU kernel; there the op is in the activation's MI form).
 	t.Run("r32-app", func(t *testing.T) {
 		fed = nil
 		cut := specCut(t, "llama-3.1-8b", "serving: {decode_buckets: [32], prefill_chunks: [64], max_seq_len: 256, max_seqs: 32, kv_block_size: 16}\n")
@@ -552,16 +577,16 @@ func TestCUDAGatedCopyMatchesCPU(t *testing.T) {
 		if served != 8 {
 			t.Errorf("%d launches of the copy-engine kernels, want 8", served)
 		}
-		if !slices.Equal(fed, []int{2, 2}) {
-			t.Errorf("down projections fed the gated kernel's bf16 output: %v, want 2 with the app and 2 without", fed)
+		if !slices.Equal(fed, []int{4, 4}) {
+			t.Errorf("down projections fed: %v, want 4 with the app and 4 without", fed)
 		}
 	})
 }
 
-// appRowsKeepBits runs 27 requests for 3 steps in a 32-row bucket of with (a bundle with the
-// app named app) and of bare (the same without it), every other request with the app: the
-// requests without it get the bare bundle's tokens and logprobs bit for bit, and the app
-// changes some request's.
+// appRowsKeepBits runs 27 requests for 3 steps (in the decode bucket that takes them) of
+// with (a bundle with the app named app) and of bare (the same without it), every other
+// request with the app: the requests without it get the bare bundle's tokens and logprobs
+// bit for bit, and the app changes some request's.
 func appRowsKeepBits(t *testing.T, nb testsuite.NewBackend, with, bare *bundle.Bundle, app string) {
 	t.Helper()
 	const n, steps = 27, 3
@@ -590,6 +615,31 @@ func appRowsKeepBits(t *testing.T, nb testsuite.NewBackend, with, bare *bundle.B
 	}
 	if !changed {
 		t.Fatal("the app changed no request's tokens or logprobs")
+	}
+}
+
+// TestCUDAActFeedMatchesCPU: in a 128-row bucket of a default bundle cuBLASLt serves every
+// GEMM, and each down projection reads bf16 of the SiLU kernel's output as that kernel wrote
+// it, with no cast: a 2-layer cut of Llama-3.1-8B, every request teacher-forced to the CPU's
+// tokens, both layers' down projections fed in the decode template and in the 64-row prefill
+// chunk's. With an app's op at layer 1's mlp.act (in the activation's MI form, which writes
+// no bf16) that layer's down projection casts, except in the graphs without apps; the rows
+// without the app get the bare bundle's tokens and logprobs bit for bit.
+func TestCUDAActFeedMatchesCPU(t *testing.T) {
+	needGPU(t)
+	var fed []int
+	nb := recordFed(newCUDA(cuda.GemmAuto), &fed)
+	cut := specCut(t, "llama-3.1-8b", "serving: {decode_buckets: [128], prefill_chunks: [64], max_seq_len: 256, max_seqs: 128, kv_block_size: 16}\n")
+	agreementRows(t, nb, "llama-3.1-8b-2layers-act-feed-r128", testsuite.CompileWith(t, compile.Options{}, cut), sixTokenPrompts(70), 2)
+	if !slices.Equal(fed, []int{4}) {
+		t.Errorf("%v down projections fed, want 4", fed)
+	}
+	fed = nil
+	app := "app: act-scale\nparams: {s: {random: 23}}\nops:\n  - write: {at: {layers: [1], hook: mlp.act}, kernel: scale, args: {vector: s}}\n"
+	appRowsKeepBits(t, nb, testsuite.CompileWith(t, compile.Options{}, cut, app), testsuite.CompileWith(t, compile.Options{}, cut), "act-scale")
+	// Layer 0's in each template, and layer 1's in each template's plain list.
+	if !slices.Equal(fed, []int{4, 4}) {
+		t.Errorf("down projections fed: %v, want 4 with the app and 4 without", fed)
 	}
 }
 

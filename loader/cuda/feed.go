@@ -1,0 +1,97 @@
+package cuda
+
+import (
+	"slices"
+
+	"xmix/bundle"
+)
+
+// Feeds: a GEMM server that reads bf16(x) (cuBLASLt, or a copy-engine GEMM with XBF16) runs
+// after a cast of x into scratch. Where the launch ahead of the GEMM produces x itself and can
+// write bf16 of it too (the gated copy-engine kernel's y_bf16, the gated activation kernel's
+// act_bf16), the loader points that copy at the scratch the GEMM reads and issues the GEMM
+// with no cast: the same bits, since both round to nearest even as the cast does.
+
+// feedable says whether nodes[j] is a GEMM of m rows whose x is slot x that a server reading
+// bf16(x) from xb (scratch of bytes) serves with no cast: the bundle's plain copy-engine GEMM
+// for it, where that one reads bf16(x), or else, where xb is the cast's own scratch,
+// cuBLASLt. prepare serves such a node so, or says why it cannot. Any node between the two (an
+// app's op on x, which some graphs run and some not) leaves nodes[j] its cast, as does a node
+// after it that copyPair would serve with it (whose launch casts x itself).
+func (be *Backend) feedable(nodes []bundle.Node, j int, x bundle.Slot, m int, xb uintptr, bytes int64) (bool, error) {
+	if j >= len(nodes) || xb == 0 || nodes[j].SkipUnless != 0 {
+		return false, nil
+	}
+	kernel := func(name string) bundle.Kernel { return be.kernels[name] }
+	if _, _, gated, _ := bundle.GatedPairAt(nodes, j, kernel); gated {
+		return false, nil
+	}
+	if _, _, rope, _ := bundle.RopePairAt(nodes, j, kernel); rope {
+		return false, nil
+	}
+	n := nodes[j]
+	g, ok, err := bundle.GemmOf(n, kernel(n.Kernel))
+	if err != nil || !ok || g.Guard != 0 || g.M != m || n.Args[g.X] != x || int64(g.M)*int64(g.K)*2 > bytes {
+		return false, err
+	}
+	w, err := be.slotValue(n.Args[g.W])
+	if err != nil || w%16 != 0 {
+		return false, err
+	}
+	if be.copy != nil {
+		if _, c, ok, _ := be.copyGemmOf(n); ok {
+			return c.Attrs.XBF16, nil // copyNode serves it, from bf16(x) or from x itself
+		}
+	}
+	y, err := be.slotValue(n.Args[g.Y])
+	if err != nil {
+		return false, err
+	}
+	_, lt := be.gemm(n)
+	return lt && be.lt != nil && xb == be.lt.xb && y%16 == 0, nil
+}
+
+// feedGatedAct is nodes[i] as prepare should launch it: where it is a gated activation
+// without MI ops and nodes[i+1] a GEMM of its output that a server of bf16(x) takes from the
+// cast's scratch (feedable), the activation's act_bf16 points there, its f32 output is
+// dropped unless a node after the GEMM reads it (readAfter), and fed is that scratch, which
+// nodes[i+1] then reads with no cast; otherwise nodes[i] itself and fed 0.
+func (be *Backend) feedGatedAct(nodes []bundle.Node, i int) (n bundle.Node, fed uintptr, err error) {
+	n = nodes[i]
+	if be.lt == nil || n.SkipUnless != 0 {
+		return n, 0, nil
+	}
+	a, ok := bundle.GatedActOf(n, be.kernels[n.Kernel])
+	if !ok {
+		return n, 0, nil
+	}
+	if ok, err = be.feedable(nodes, i+1, a.Act, a.Rows, be.lt.xb, be.lt.xbBytes); err != nil || !ok {
+		return n, 0, err
+	}
+	n.Args = slices.Clone(n.Args)
+	n.Args[2] = bundle.Slot{Const: uint64(be.lt.xb)} // bundle.GatedActBF16
+	if !be.readAfter(nodes, i+1, a.Act) {
+		n.Args[1] = bundle.Slot{} // act 0: bf16(act) alone
+	}
+	return n, be.lt.xb, nil
+}
+
+// readAfter says whether a node after nodes[j] reads what is in s before a gated activation
+// writes s again (bundle.GatedActOf; any other node naming s's buffer counts as a reader):
+// the f32 activation that nodes[j] reads as bf16 is dead otherwise. Every node of the list
+// counts, whichever graphs run it (an app's op on the activation in some).
+func (be *Backend) readAfter(nodes []bundle.Node, j int, s bundle.Slot) bool {
+	for _, n := range nodes[j+1:] {
+		if a, ok := bundle.GatedActOf(n, be.kernels[n.Kernel]); ok && a.Act == s {
+			return false
+		}
+		if slices.ContainsFunc(n.Args, func(a bundle.Slot) bool { return a.Buffer == s.Buffer }) {
+			return true
+		}
+	}
+	return false
+}
+
+// FedGemms is how many of the GEMM launches prepared read bf16(x) as the launch ahead wrote
+// it, with no cast.
+func (be *Backend) FedGemms() int { return be.fed }

@@ -1,0 +1,120 @@
+package cuda
+
+import (
+	"testing"
+
+	"xmix/bundle"
+)
+
+// feedKernels are a gated activation without MI ops, a GEMM (K 128, N 64) and an MI kernel,
+// as a bundle declares them.
+func feedKernels() map[string]bundle.Kernel {
+	return map[string]bundle.Kernel{
+		"act": {Name: "act", Op: "silu_mul", Attrs: []byte(`{"inter":128,"chunked":true}`),
+			Params: []bundle.Param{{Name: "gu", Type: "u64"}, {Name: "act", Type: "u64"}, {Name: bundle.GatedActBF16, Type: "u64"}}},
+		"down": {Name: "down", Op: bundle.OpGemmTC, Attrs: []byte(`{"k":128,"n":64}`),
+			Params: []bundle.Param{{Name: bundle.GemmX, Type: "u64"}, {Name: bundle.GemmW, Type: "u64"}, {Name: bundle.GemmY, Type: "u64"}, {Name: bundle.GemmRows, Type: "u32"}}},
+		"mi": {Name: "mi", Op: "mi"},
+	}
+}
+
+func feedAct(rows int) bundle.Node {
+	return bundle.Node{Label: "act", Kernel: "act", Grid: [3]int{1, rows, 1}, Args: []bundle.Slot{{Buffer: "gu"}, {Buffer: "a"}, {}}}
+}
+
+func feedDown(rows uint64) bundle.Node {
+	return bundle.Node{Label: "down", Kernel: "down", Args: []bundle.Slot{{Buffer: "a"}, {Buffer: "w"}, {Buffer: "d"}, {Const: rows}}}
+}
+
+// TestReadAfter: the f32 activation a GEMM reads as bf16 is dead unless a node after that
+// GEMM names its buffer before the next gated activation writes it again.
+func TestReadAfter(t *testing.T) {
+	be := &Backend{kernels: feedKernels()}
+	act, down := feedAct(8), feedDown(8)
+	other := bundle.Node{Label: "norm", Kernel: "mi", Args: []bundle.Slot{{Buffer: "d"}}}
+	reader := bundle.Node{Label: "mi", Kernel: "mi", Args: []bundle.Slot{{Buffer: "a", Offset: 64}}}
+	s := bundle.Slot{Buffer: "a"}
+	for _, c := range []struct {
+		name  string
+		nodes []bundle.Node
+		want  bool
+	}{
+		{"the last layer's", []bundle.Node{act, down, other}, false},
+		{"written again by the next layer's activation", []bundle.Node{act, down, other, act, reader, down}, false},
+		{"read before the next activation", []bundle.Node{act, down, other, reader, act, down}, true},
+		{"read by a second GEMM", []bundle.Node{act, down, down}, true},
+	} {
+		if got := be.readAfter(c.nodes, 1, s); got != c.want {
+			t.Errorf("%s: %v, want %v", c.name, got, c.want)
+		}
+	}
+}
+
+// TestFeedGatedAct: a gated activation right before cuBLASLt's GEMM of its output writes
+// bf16 of it into the cast's scratch (and, with no reader after the GEMM, that alone), and
+// the GEMM is fed from there; an MI node between, a GEMM of other rows, of another x or
+// whose rows do not fit the scratch, a misaligned W, a heavy app's activation, no cuBLASLt,
+// or a copy-engine kernel that reads x itself leave both as the bundle has them.
+func TestFeedGatedAct(t *testing.T) {
+	const xb = 0x7000_0000
+	newBackend := func() *Backend {
+		return &Backend{kernels: feedKernels(), lt: &cublasLt{xb: xb, xbBytes: 8 * 128 * 2},
+			bufs: map[string]uintptr{"gu": 0x1000_0000, "a": 0x2000_0000, "w": 0x3000_0000, "d": 0x4000_0000, "odd": 0x5000_0008}}
+	}
+	act, down := feedAct(8), feedDown(8)
+	reader := bundle.Node{Label: "mi", Kernel: "mi", Args: []bundle.Slot{{Buffer: "a"}}}
+
+	be := newBackend()
+	n, fed, err := be.feedGatedAct([]bundle.Node{act, down}, 0)
+	if err != nil || fed != xb || n.Args[2] != (bundle.Slot{Const: xb}) || n.Args[1] != (bundle.Slot{}) || n.Args[0] != act.Args[0] {
+		t.Fatalf("fed, f32 dead: %+v %#x %v; want act_bf16 the scratch, act 0", n.Args, fed, err)
+	}
+	if act.Args[2] != (bundle.Slot{}) {
+		t.Fatal("feedGatedAct changed the bundle's node")
+	}
+	n, fed, err = be.feedGatedAct([]bundle.Node{act, down, reader}, 0)
+	if err != nil || fed != xb || n.Args[2] != (bundle.Slot{Const: xb}) || n.Args[1] != act.Args[1] {
+		t.Fatalf("fed, f32 read after: %+v %#x %v; want both outputs", n.Args, fed, err)
+	}
+
+	skipping := feedAct(8)
+	skipping.SkipUnless = 1
+	otherX, oddW := feedDown(8), feedDown(8)
+	otherX.Args[0] = bundle.Slot{Buffer: "d"}
+	oddW.Args[1] = bundle.Slot{Buffer: "odd"}
+	plainCopy := newBackend()
+	plainCopy.copy = &copyServer{kernels: map[bundle.GemmCopyShape][]bundle.GemmCopy{{K: 128, N: 64}: {{Kernel: "c8", Attrs: bundle.GemmCopyAttrs{Rows: 8}}}}}
+	noLt := newBackend()
+	noLt.lt = nil
+	small := newBackend()
+	small.lt.xbBytes = 8*128*2 - 2
+	for _, c := range []struct {
+		name  string
+		be    *Backend
+		nodes []bundle.Node
+	}{
+		{"an MI node between", be, []bundle.Node{act, reader, down}},
+		{"other rows", be, []bundle.Node{act, feedDown(16)}},
+		{"another x", be, []bundle.Node{act, otherX}},
+		{"a misaligned W", be, []bundle.Node{act, oddW}},
+		{"a heavy app's activation", be, []bundle.Node{skipping, down}},
+		{"the activation last", be, []bundle.Node{down, act}},
+		{"no cuBLASLt", noLt, []bundle.Node{act, down}},
+		{"a scratch too small", small, []bundle.Node{act, down}},
+		{"a copy-engine kernel reading x", plainCopy, []bundle.Node{act, down}},
+	} {
+		i := 0
+		if c.nodes[0].Kernel != "act" {
+			i = 1
+		}
+		n, fed, err := c.be.feedGatedAct(c.nodes, i)
+		if err != nil || fed != 0 || len(n.Args) != 3 || n.Args[2] != (bundle.Slot{}) || n.Args[1] != c.nodes[i].Args[1] {
+			t.Errorf("%s: %+v %#x %v, want the node as it is", c.name, n.Args, fed, err)
+		}
+	}
+	xbf16 := newBackend()
+	xbf16.copy = &copyServer{kernels: map[bundle.GemmCopyShape][]bundle.GemmCopy{{K: 128, N: 64}: {{Kernel: "c8", Attrs: bundle.GemmCopyAttrs{Rows: 8, XBF16: true}}}}}
+	if _, fed, err := xbf16.feedGatedAct([]bundle.Node{act, down}, 0); err != nil || fed != xb {
+		t.Errorf("a copy-engine kernel reading bf16(x): %#x %v, want fed", fed, err)
+	}
+}
