@@ -371,6 +371,41 @@ var GatedActOps = []string{"silu_mul", "gelu_tanh_mul"}
 // y is the rows.
 var gatedActParams = []Param{{"gu", "u64"}, {"act", "u64"}, {GatedActBF16, "u64"}}
 
+// NormOutBF16 is the parameter after out of an add+norm kernel (op row_norm) that does not
+// gather its rows: the device address of a [rows, hidden] bf16 copy of out, or 0 for none. A
+// bundle's node passes the constant 0: only a backend that serves the GEMM after the norm
+// from bf16(out) with no cast passes its scratch there.
+const NormOutBF16 = "out_bf16"
+
+// NormOut is an add+norm node as NormOutOf reads it: its output, rows and width, and which
+// of its arguments is NormOutBF16.
+type NormOut struct {
+	Out          Slot
+	Rows, Hidden int
+	BF16Arg      int
+}
+
+// NormOutOf reads node n (kernel k) as an add+norm kernel with a NormOutBF16 parameter that
+// the node passes the constant 0; ok is false for any other node.
+func NormOutOf(n Node, k Kernel) (NormOut, bool) {
+	var a struct {
+		Hidden int  `json:"hidden"`
+		Gather bool `json:"gather"`
+	}
+	if k.Op != OpRowNorm || json.Unmarshal(k.Attrs, &a) != nil || a.Gather || a.Hidden <= 0 || len(n.Args) != len(k.Params) || n.Grid[0] < 1 {
+		return NormOut{}, false
+	}
+	out := slices.IndexFunc(k.Params, func(p Param) bool { return p.Name == "out" })
+	if out < 0 || out+1 >= len(k.Params) || k.Params[out+1] != (Param{NormOutBF16, "u64"}) || n.Args[out].Buffer == "" || n.Args[out+1] != (Slot{}) {
+		return NormOut{}, false
+	}
+	return NormOut{Out: n.Args[out], Rows: n.Grid[0], Hidden: a.Hidden, BF16Arg: out + 1}, true
+}
+
+// OpRowNorm is the reference op of the residual add + RMSNorm kernels (and the embedding
+// lookup with layer 0's norm): ops.RowNormAttrs.
+const OpRowNorm = "row_norm"
+
 // GatedActBF16 is the last parameter of a gated activation kernel without MI ops: the device
 // address of a [rows, Inter] bf16 copy of act, or 0 for none; with it act may be 0 (the copy
 // alone). A bundle's node passes the constant 0: only a backend that serves the GEMM after
@@ -382,6 +417,8 @@ type GatedAct struct {
 	Op          string
 	Inter, Rows int
 	GU, Act     Slot
+	// ActArg and BF16Arg are the node's arguments act and GatedActBF16.
+	ActArg, BF16Arg int
 }
 
 // GatedActOf reads node n (kernel k) as a gated activation with no MI ops (an app's op at
@@ -397,7 +434,7 @@ func GatedActOf(n Node, k Kernel) (GatedAct, bool) {
 		!slices.Equal(k.Params, gatedActParams) || len(n.Args) != 3 || n.Args[0].Buffer == "" || n.Args[1].Buffer == "" || n.Args[2] != (Slot{}) || n.Grid[1] < 1 {
 		return GatedAct{}, false
 	}
-	return GatedAct{Op: k.Op, Inter: a.Inter, Rows: n.Grid[1], GU: n.Args[0], Act: n.Args[1]}, true
+	return GatedAct{Op: k.Op, Inter: a.Inter, Rows: n.Grid[1], GU: n.Args[0], Act: n.Args[1], ActArg: 1, BF16Arg: 2}, true
 }
 
 // GatedPairAt says whether nodes[i] and nodes[i+1] (kernels by name from kernel) are a GEMM

@@ -267,3 +267,36 @@ func TestRopePairAt(t *testing.T) {
 		}
 	}
 }
+
+// TestNormOutOf: an add+norm node with NormOutBF16 after out, passed the constant 0, reads
+// as one (its output, rows, width and that argument); a gathering norm, one passing
+// something else there, one without the parameter, or another op do not.
+func TestNormOutOf(t *testing.T) {
+	params := []Param{{"resid", "u64"}, {"delta", "u64"}, {"w", "u64"}, {"out", "u64"}, {NormOutBF16, "u64"}, {"ctl_mask", "u64"}}
+	k := Kernel{Name: "norm", Op: OpRowNorm, Attrs: []byte(`{"hidden":4096,"load":"add"}`), Params: params}
+	n := Node{Label: "norm", Kernel: "norm", Grid: [3]int{32, 1, 1}, Args: []Slot{{Buffer: "r"}, {Buffer: "d"}, {Buffer: "w"}, {Buffer: "x", Offset: 64}, {}, {Buffer: "m"}}}
+	got, ok := NormOutOf(n, k)
+	if !ok || got != (NormOut{Out: Slot{Buffer: "x", Offset: 64}, Rows: 32, Hidden: 4096, BF16Arg: 4}) {
+		t.Fatalf("norm: %+v %v", got, ok)
+	}
+	gather := k
+	gather.Attrs = []byte(`{"hidden":4096,"load":"add","gather":true}`)
+	set := n
+	set.Args = slices.Clone(n.Args)
+	set.Args[4] = Slot{Buffer: "xb"}
+	without := k
+	without.Params = slices.Delete(slices.Clone(params), 4, 5)
+	short := n
+	short.Args = slices.Delete(slices.Clone(n.Args), 4, 5)
+	other := k
+	other.Op = "row_renorm"
+	for _, c := range []struct {
+		name string
+		n    Node
+		k    Kernel
+	}{{"gather", n, gather}, {"out_bf16 set", set, k}, {"no out_bf16", short, without}, {"another op", n, other}} {
+		if _, ok := NormOutOf(c.n, c.k); ok {
+			t.Errorf("%s: read as an add+norm with out_bf16", c.name)
+		}
+	}
+}

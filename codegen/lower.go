@@ -31,8 +31,8 @@ func loweringTable() map[ir.Op]lowering {
 		ir.OpEmbed:      {nil, (*tb).unfused},
 		ir.OpNorm:       {nil, (*tb).unfused},
 		ir.OpAdd:        {nil, (*tb).unfused},
-		ir.OpEmbedNorm:  {[]string{"row_norm"}, (*tb).embedNorm},
-		ir.OpAddNorm:    {[]string{"row_norm"}, (*tb).addNorm},
+		ir.OpEmbedNorm:  {[]string{bundle.OpRowNorm}, (*tb).embedNorm},
+		ir.OpAddNorm:    {[]string{bundle.OpRowNorm}, (*tb).addNorm},
 		ir.OpMatmul:     {[]string{"gemm", bundle.OpGemmTC}, (*tb).matmul},
 		ir.OpRope:       {[]string{"rope_kv"}, (*tb).rope},
 		ir.OpAttention:  {[]string{"attention"}, (*tb).attention},
@@ -243,7 +243,7 @@ func (t *tb) embedNorm(n *ir.Node) {
 	g.site(n, name)
 	t.add(n.Name, k, err, c.Launch(t.rows), slots{
 		"tokens": buf(bundle.CtlTokens), "table": buf(n.Weight("table").Name), "resid": buf(n.Out[0].Buffer),
-		"w": buf(n.Weight("w").Name), "out": buf(n.Out[1].Buffer),
+		"w": buf(n.Weight("w").Name), "out": buf(n.Out[1].Buffer), bundle.NormOutBF16: konst(0),
 	}, mi)
 }
 
@@ -272,6 +272,8 @@ func (t *tb) addNorm(n *ir.Node) {
 	s := slots{"resid": buf(resid.Buffer), "delta": buf(delta.Buffer), "w": buf(n.Weight("w").Name), "out": buf(out.Buffer)}
 	if final {
 		s["out_row"] = buf(bundle.CtlOutRow)
+	} else {
+		s[bundle.NormOutBF16] = konst(0)
 	}
 	if deltaW != nil {
 		s["delta_w"] = buf(deltaW.Name)

@@ -218,9 +218,15 @@ func (r *rowEmitter) loadRow(p rowPtr, guard *ptx.Reg) []ptx.Reg {
 	return x
 }
 
-// storeRow stores this thread's elements (f32 storage).
+// storeRow stores this thread's elements in p's storage type (BF16 rounded to nearest even).
 func (r *rowEmitter) storeRow(p rowPtr, x []ptx.Reg) {
 	for j, v := range x {
+		if p.dt == ptx.BF16 {
+			h := r.Reg(ptx.B16)
+			r.Emit("cvt.rn.bf16.f32", h, v)
+			r.emitMaybe(r.elemPred(j, nil), "st.global.b16", r.addr(p, j), h)
+			continue
+		}
 		r.emitMaybe(r.elemPred(j, nil), "st.global.f32", r.addr(p, j), v)
 	}
 }
@@ -304,10 +310,13 @@ func (c RowConfig) MIOps() []ir.MI {
 
 // RowNorm generates the residual kernel: it loads a residual row (embedding lookup or
 // resid + delta), applies MI ops, stores it back, and RMS-normalises it into out. Parameters:
-// [tokens, table, resid | resid, delta, [delta_w]], w, out, [out_row], ctl_mask, [ctl_tokens],
-// [ctl_gen], MI parameters. A token id >= Vocab embeds as zeros.
+// [tokens, table, resid | resid, delta, [delta_w]], w, out, [out_row | out_bf16], ctl_mask,
+// [ctl_tokens], [ctl_gen], MI parameters. A token id >= Vocab embeds as zeros. Where
+// out_bf16 (bundle.NormOutBF16; every kernel but the gathering final norm's) is not 0 the
+// kernel also stores bf16 of each normalised value there, rounded as the backend's cast
+// rounds it, so that the GEMM after it reads that with no cast.
 func RowNorm(name string, c RowConfig) (*Kernel, error) {
-	return named("row_norm", name, c, rowNorm)
+	return named(bundle.OpRowNorm, name, c, rowNorm)
 }
 
 func rowNorm(name string, c RowConfig) (*Kernel, error) {
@@ -345,9 +354,11 @@ func rowNorm(name string, c RowConfig) (*Kernel, error) {
 	}
 	w := r.param("w", ptx.U64)
 	out := r.param("out", ptx.U64)
-	var outRow ptx.Reg
+	var outRow, outB ptx.Reg
 	if c.Gather {
 		outRow = r.param("out_row", ptx.U64)
+	} else {
+		outB = r.param(bundle.NormOutBF16, ptx.U64)
 	}
 	mi, err := declareMI(r, c.DeltaOps, c.ResidOps, c.NormOps)
 	if err != nil {
@@ -416,8 +427,14 @@ func rowNorm(name string, c RowConfig) (*Kernel, error) {
 	r.fold = nil // the norm ops' projections have no norm after them to hand a sum to
 	mi.emit(r, 2, x, nil)
 	r.storeRow(r.ptr(out, dst, c.Hidden, 0, ptx.F32, false), x)
+	if !c.Gather {
+		noB := r.Reg(ptx.Pred)
+		r.Emit("setp.eq.u64", noB, outB, ptx.Imm(0))
+		r.EmitIf(noB, false, "bra.uni", ptx.Sym(end))
+		r.storeRow(r.ptr(outB, dst, c.Hidden, 0, ptx.BF16, false), x)
+	}
 	r.Label(end)
-	return finish(r.Kernel, "row_norm", attrs)
+	return finish(r.Kernel, bundle.OpRowNorm, attrs)
 }
 
 func finite32(v float32) bool { return !math.IsNaN(float64(v)) && !math.IsInf(float64(v), 0) }

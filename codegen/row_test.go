@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 
@@ -156,9 +157,43 @@ func rowNormArgs(rng *rand.Rand, c RowConfig, rows int) []targ {
 		outRow[1], outRow[rows-1] = 0, 1
 		args = append(args, targ{name: "out", f32: randF32(rng, 2*h, 1), out: 2 * h}, targ{name: "out_row", u32: outRow})
 	} else {
-		args = append(args, targ{name: "out", out: rows * h})
+		args = append(args, targ{name: "out", out: rows * h}, targ{name: bundle.NormOutBF16, out: rows * h, dtype: "bf16"})
 	}
 	return append(args, miTargs(rng, c.MIOps())...)
+}
+
+// TestRowNormBF16Out: out_bf16 gets, bit for bit, the cast's rounding of the kernel's own
+// out, with MI ops on the norm or without, embedding or adding; passed 0 it is left alone (a
+// store there would fault) and out keeps the same bits.
+func TestRowNormBF16Out(t *testing.T) {
+	rng := rand.New(rand.NewPCG(41, 42))
+	for _, w := range []int{160, 1000, 4096} {
+		for _, c := range []RowConfig{
+			{Hidden: w, Eps: 1e-5, WDtype: ptx.BF16, Load: "add"},
+			{Hidden: w, Eps: 1e-5, WDtype: ptx.BF16, Load: "add", NormOps: testOps(w)["steer"]},
+			{Hidden: w, Vocab: 50, Eps: 1e-5, WDtype: ptx.F32, Load: "embed"},
+		} {
+			k := must(t)(RowNorm(fmt.Sprintf("row_norm_bf16_%d_%s_%d", w, c.Load, len(c.NormOps)), c))
+			args := rowNormArgs(rng, c, testRows)
+			out := slices.IndexFunc(args, func(a targ) bool { return a.name == "out" })
+			if args[out+1].name != bundle.NormOutBF16 {
+				t.Fatalf("%s: argument %d is %s", k.Name, out+1, args[out+1].name)
+			}
+			with, without := newEmuBufs(), newEmuBufs()
+			with.run(t, k, c.Launch(testRows), args)
+			none := slices.Clone(args)
+			none[out+1] = nullPtr(bundle.NormOutBF16)
+			without.run(t, k, c.Launch(testRows), none)
+			y := with.f32("out")
+			sameBits(t, k.Name+": out with and without out_bf16", y, without.f32("out"))
+			got := ops.Arg{Mem: with.mem.Bytes(with.addr[bundle.NormOutBF16])}.U16()
+			for i, v := range y[:testRows*w] {
+				if got[i] != ops.F32ToBF16(v) {
+					t.Fatalf("%s: out_bf16[%d] = %#04x, want bf16(out) = %#04x", k.Name, i, got[i], ops.F32ToBF16(v))
+				}
+			}
+		}
+	}
 }
 
 func TestRowNormMatchesReference(t *testing.T) {
@@ -520,7 +555,7 @@ func TestMIBindings(t *testing.T) {
 		t.Fatal(err)
 	}
 	names := paramNames(k)
-	wantParams := "[resid delta w out ctl_mask ctl_tokens ctl_gen mi0_vec mi0_scal mi1_vec mi1_scal mi1_out " +
+	wantParams := "[resid delta w out out_bf16 ctl_mask ctl_tokens ctl_gen mi0_vec mi0_scal mi1_vec mi1_scal mi1_out " +
 		"mi2_vec mi2_scal mi2_g0 mi3_vec mi3_g0 mi4_out]"
 	if fmt.Sprint(names) != wantParams {
 		t.Fatalf("params %v, want %s", names, wantParams)
@@ -735,7 +770,7 @@ func TestWriteTemplatesOffRowsUnchanged(t *testing.T) {
 		t.Fatal(err)
 	}
 	args := rowNormArgs(rng, withMI, testRows)
-	plainArgs := append(args[:4:4], targ{name: "ctl_mask", u32: testMask})
+	plainArgs := append(args[:5:5], targ{name: "ctl_mask", u32: testMask})
 	l := plain.Launch(testRows)
 	for _, run := range bothRuns {
 		got, base := run.fn(t, kMI, l, args), run.fn(t, kPlain, l, plainArgs)
@@ -842,7 +877,7 @@ func foldedProjection(t *testing.T, rng *rand.Rand, w int, residOps []ir.MI) {
 		t.Fatal(err)
 	}
 	got := emulate(t, k, c.Launch(testRows), args)
-	base := emulate(t, kp, plain.Launch(testRows), append(args[:4:4], targ{name: "ctl_mask", u32: testMask}))
+	base := emulate(t, kp, plain.Launch(testRows), append(args[:5:5], targ{name: "ctl_mask", u32: testMask}))
 	for r := range testRows {
 		if testMask[r]&(1<<testBit|1) != 0 {
 			continue

@@ -86,6 +86,8 @@ func TestRenormMatchesRowNorm(t *testing.T) {
 		args := []Arg{{Mem: f32b(resid)}, {Mem: f32b(make([]float32, rows*h))}, {Mem: f32b(w)}, {Mem: f32b(make([]float32, rows*h))}}
 		if gather {
 			args = append(args, Arg{Mem: u32b(outRow)})
+		} else {
+			args = append(args, Arg{}) // out_bf16: none
 		}
 		args = append(args, Arg{Mem: u32b(make([]uint32, rows))})
 		l := Launch{Grid: [3]int{rows, 1, 1}}

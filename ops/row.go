@@ -8,8 +8,9 @@ import (
 	"xmix/mi"
 )
 
-// RowNormAttrs are the attributes of op "row_norm": load a residual row (embedding lookup or
-// residual + delta), apply MI ops, store it, RMSNorm it into out. See codegen.RowNorm for the
+// RowNormAttrs are the attributes of op "row_norm" (bundle.OpRowNorm): load a residual row
+// (embedding lookup or residual + delta), apply MI ops, store it, RMSNorm it into out, and
+// (without gather) bf16 of that into out_bf16 unless it is empty. See codegen.RowNorm for the
 // parameter list.
 type RowNormAttrs struct {
 	Hidden   int     `json:"hidden"`
@@ -45,7 +46,7 @@ func checkRow(hidden int, wdtype string) error {
 }
 
 func init() {
-	Register("row_norm", func(attrs []byte) (Runner, error) {
+	Register(bundle.OpRowNorm, func(attrs []byte) (Runner, error) {
 		var a RowNormAttrs
 		if err := DecodeAttrs(attrs, &a); err != nil {
 			return nil, err
@@ -59,7 +60,7 @@ func init() {
 		default:
 			return nil, fmt.Errorf("load %q with vocab %d, %d delta ops, delta norm %v, embed scale %g", a.Load, a.Vocab, len(a.DeltaOps), a.DeltaNorm, a.EmbedScale)
 		}
-		return named("row_norm", a.run), nil
+		return named(bundle.OpRowNorm, a.run), nil
 	})
 	for op, act := range GatedActivations {
 		Register(op, func(attrs []byte) (Runner, error) {
@@ -155,6 +156,7 @@ func (a RowNormAttrs) run(args []Arg, l Launch) error {
 		return err
 	}
 	var outRow []uint32
+	var outB []uint16
 	if a.Gather {
 		o, err := c.take("out_row", 4*rows)
 		if err != nil {
@@ -163,6 +165,15 @@ func (a RowNormAttrs) run(args []Arg, l Launch) error {
 		outRow = o.U32()
 	} else if len(outArg.Mem) < 4*rows*h {
 		return fmt.Errorf("out holds %d bytes, needs %d", len(outArg.Mem), 4*rows*h)
+	} else {
+		ob, err := c.take(bundle.NormOutBF16, 0)
+		if err != nil {
+			return err
+		}
+		if n := len(ob.Mem); n > 0 && n < 2*rows*h {
+			return fmt.Errorf("%s holds %d bytes, needs %d", bundle.NormOutBF16, n, 2*rows*h)
+		}
+		outB = ob.U16()
 	}
 	ctl, err := bindCtl(c, rows, a.DeltaOps, a.ResidOps, a.NormOps)
 	if err != nil {
@@ -226,6 +237,11 @@ func (a RowNormAttrs) run(args []Arg, l Launch) error {
 			rmsNorm(x, w, a.Eps, a.WOffset)
 			applyMI(normOps, r, ctl, x)
 			copy(out[o*h:], x)
+			if outB != nil {
+				for i, v := range x {
+					outB[o*h+i] = F32ToBF16(v)
+				}
+			}
 		}
 	})
 	return nil

@@ -60,9 +60,20 @@ func TestRowNormAdd(t *testing.T) {
 	mask := []uint32{2, 0, 2}
 	steer := mi.Op{Template: "steer_add", Bit: 1, Width: h, Alpha: 0, Bias: -1}
 	a := RowNormAttrs{Hidden: h, Eps: 1e-5, WDtype: "f32", Load: "add", DeltaOps: []mi.Op{steer}}
-	args := []Arg{miArgF32(resid), miArgF32(delta), miArgF32(w), miArgF32(make([]float32, rows*h)), miArgU32(mask),
+	outB := make([]byte, 2*rows*h) // out_bf16: bf16 of out, as the cast rounds it
+	args := []Arg{miArgF32(resid), miArgF32(delta), miArgF32(w), miArgF32(make([]float32, rows*h)), {Mem: outB}, miArgU32(mask),
 		miArgF32(v), miArgF32([]float32{2})}
 	runRowOp(t, "row_norm", a, rows, args)
+	for i, v := range args[3].F32() {
+		if got := args[4].U16()[i]; got != F32ToBF16(v) {
+			t.Fatalf("out_bf16[%d] = %#04x, want bf16(out) = %#04x", i, got, F32ToBF16(v))
+		}
+	}
+	short := append([]Arg(nil), args...)
+	short[4] = Arg{Mem: outB[:2*rows*h-2]}
+	if r, _ := Build(bundle.OpRowNorm, EncodeAttrs(a)); r.Run(short, Launch{Grid: [3]int{rows, 1, 1}}) == nil {
+		t.Error("an out_bf16 a value short accepted")
+	}
 	for r := range rows {
 		x := make([]float32, h)
 		for i := range x {

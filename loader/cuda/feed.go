@@ -13,30 +13,26 @@ import (
 // with no cast: the same bits, since both round to nearest even as the cast does.
 
 // feedable says whether nodes[j] is a GEMM of m rows whose x is slot x that a server reading
-// bf16(x) from xb (scratch of bytes) serves with no cast: the bundle's plain copy-engine GEMM
-// for it, where that one reads bf16(x), or else, where xb is the cast's own scratch,
-// cuBLASLt. prepare serves such a node so, or says why it cannot. Any node between the two (an
-// app's op on x, which some graphs run and some not) leaves nodes[j] its cast, as does a node
-// after it that copyPair would serve with it (whose launch casts x itself).
+// bf16(x) from xb (scratch of bytes) serves with no cast: the copy-engine kernel copyPair
+// serves it and the node after it with (planPair), the bundle's plain copy-engine GEMM for
+// it, where either reads bf16(x), or else, where xb is the cast's own scratch, cuBLASLt.
+// copyPair and prepare serve such a node so, or say why they cannot. Any node between the
+// two (an app's op on x, which some graphs run and some not) leaves nodes[j] its cast.
 func (be *Backend) feedable(nodes []bundle.Node, j int, x bundle.Slot, m int, xb uintptr, bytes int64) (bool, error) {
 	if j >= len(nodes) || xb == 0 || nodes[j].SkipUnless != 0 {
 		return false, nil
 	}
-	kernel := func(name string) bundle.Kernel { return be.kernels[name] }
-	if _, _, gated, _ := bundle.GatedPairAt(nodes, j, kernel); gated {
-		return false, nil
-	}
-	if _, _, rope, _ := bundle.RopePairAt(nodes, j, kernel); rope {
-		return false, nil
-	}
 	n := nodes[j]
-	g, ok, err := bundle.GemmOf(n, kernel(n.Kernel))
+	g, ok, err := bundle.GemmOf(n, be.kernels[n.Kernel])
 	if err != nil || !ok || g.Guard != 0 || g.M != m || n.Args[g.X] != x || int64(g.M)*int64(g.K)*2 > bytes {
 		return false, err
 	}
 	w, err := be.slotValue(n.Args[g.W])
 	if err != nil || w%16 != 0 {
 		return false, err
+	}
+	if p, ok, err := be.planPair(nodes, j); err != nil || ok {
+		return ok && p.c.Attrs.XBF16, err
 	}
 	if be.copy != nil {
 		if _, c, ok, _ := be.copyGemmOf(n); ok {
@@ -51,27 +47,38 @@ func (be *Backend) feedable(nodes []bundle.Node, j int, x bundle.Slot, m int, xb
 	return lt && be.lt != nil && xb == be.lt.xb && y%16 == 0, nil
 }
 
-// feedGatedAct is nodes[i] as prepare should launch it: where it is a gated activation
-// without MI ops and nodes[i+1] a GEMM of its output that a server of bf16(x) takes from the
-// cast's scratch (feedable), the activation's act_bf16 points there, its f32 output is
-// dropped unless a node after the GEMM reads it (readAfter), and fed is that scratch, which
-// nodes[i+1] then reads with no cast; otherwise nodes[i] itself and fed 0.
-func (be *Backend) feedGatedAct(nodes []bundle.Node, i int) (n bundle.Node, fed uintptr, err error) {
+// feedAhead is nodes[i] as prepare should launch it: where it writes the x of nodes[i+1], a
+// GEMM that a server of bf16(x) takes from the cast's scratch (feedable), and can write bf16
+// of it too (a gated activation without MI ops, bundle.GatedActBF16; an add+norm, bundle.
+// NormOutBF16), that argument points there, and fed is that scratch, which nodes[i+1] then
+// reads with no cast; otherwise nodes[i] itself and fed 0. A gated activation's f32 output is
+// dropped unless a node after the GEMM reads it (readAfter); a norm's is kept (the next
+// add+norm, which writes it again, names it too).
+func (be *Backend) feedAhead(nodes []bundle.Node, i int) (n bundle.Node, fed uintptr, err error) {
 	n = nodes[i]
 	if be.lt == nil || n.SkipUnless != 0 {
 		return n, 0, nil
 	}
-	a, ok := bundle.GatedActOf(n, be.kernels[n.Kernel])
-	if !ok {
+	k := be.kernels[n.Kernel]
+	var out bundle.Slot
+	var rows, arg int
+	act, gated := bundle.GatedActOf(n, k)
+	norm, normed := bundle.NormOutOf(n, k)
+	switch {
+	case gated:
+		out, rows, arg = act.Act, act.Rows, act.BF16Arg
+	case normed:
+		out, rows, arg = norm.Out, norm.Rows, norm.BF16Arg
+	default:
 		return n, 0, nil
 	}
-	if ok, err = be.feedable(nodes, i+1, a.Act, a.Rows, be.lt.xb, be.lt.xbBytes); err != nil || !ok {
+	if ok, err := be.feedable(nodes, i+1, out, rows, be.lt.xb, be.lt.xbBytes); err != nil || !ok {
 		return n, 0, err
 	}
 	n.Args = slices.Clone(n.Args)
-	n.Args[2] = bundle.Slot{Const: uint64(be.lt.xb)} // bundle.GatedActBF16
-	if !be.readAfter(nodes, i+1, a.Act) {
-		n.Args[1] = bundle.Slot{} // act 0: bf16(act) alone
+	n.Args[arg] = bundle.Slot{Const: uint64(be.lt.xb)}
+	if gated && !be.readAfter(nodes, i+1, out) {
+		n.Args[act.ActArg] = bundle.Slot{} // act 0: bf16(act) alone
 	}
 	return n, be.lt.xb, nil
 }

@@ -6,14 +6,16 @@ import (
 	"xmix/bundle"
 )
 
-// feedKernels are a gated activation without MI ops, a GEMM (K 128, N 64) and an MI kernel,
-// as a bundle declares them.
+// feedKernels are a gated activation without MI ops, a GEMM (K 128, N 64), an add+norm of
+// width 128 and an MI kernel, as a bundle declares them.
 func feedKernels() map[string]bundle.Kernel {
 	return map[string]bundle.Kernel{
 		"act": {Name: "act", Op: "silu_mul", Attrs: []byte(`{"inter":128,"chunked":true}`),
 			Params: []bundle.Param{{Name: "gu", Type: "u64"}, {Name: "act", Type: "u64"}, {Name: bundle.GatedActBF16, Type: "u64"}}},
 		"down": {Name: "down", Op: bundle.OpGemmTC, Attrs: []byte(`{"k":128,"n":64}`),
 			Params: []bundle.Param{{Name: bundle.GemmX, Type: "u64"}, {Name: bundle.GemmW, Type: "u64"}, {Name: bundle.GemmY, Type: "u64"}, {Name: bundle.GemmRows, Type: "u32"}}},
+		"norm": {Name: "norm", Op: bundle.OpRowNorm, Attrs: []byte(`{"hidden":128}`),
+			Params: []bundle.Param{{Name: "resid", Type: "u64"}, {Name: "delta", Type: "u64"}, {Name: "w", Type: "u64"}, {Name: "out", Type: "u64"}, {Name: bundle.NormOutBF16, Type: "u64"}}},
 		"mi": {Name: "mi", Op: "mi"},
 	}
 }
@@ -65,14 +67,14 @@ func TestFeedGatedAct(t *testing.T) {
 	reader := bundle.Node{Label: "mi", Kernel: "mi", Args: []bundle.Slot{{Buffer: "a"}}}
 
 	be := newBackend()
-	n, fed, err := be.feedGatedAct([]bundle.Node{act, down}, 0)
+	n, fed, err := be.feedAhead([]bundle.Node{act, down}, 0)
 	if err != nil || fed != xb || n.Args[2] != (bundle.Slot{Const: xb}) || n.Args[1] != (bundle.Slot{}) || n.Args[0] != act.Args[0] {
 		t.Fatalf("fed, f32 dead: %+v %#x %v; want act_bf16 the scratch, act 0", n.Args, fed, err)
 	}
 	if act.Args[2] != (bundle.Slot{}) {
-		t.Fatal("feedGatedAct changed the bundle's node")
+		t.Fatal("feedAhead changed the bundle's node")
 	}
-	n, fed, err = be.feedGatedAct([]bundle.Node{act, down, reader}, 0)
+	n, fed, err = be.feedAhead([]bundle.Node{act, down, reader}, 0)
 	if err != nil || fed != xb || n.Args[2] != (bundle.Slot{Const: xb}) || n.Args[1] != act.Args[1] {
 		t.Fatalf("fed, f32 read after: %+v %#x %v; want both outputs", n.Args, fed, err)
 	}
@@ -107,14 +109,39 @@ func TestFeedGatedAct(t *testing.T) {
 		if c.nodes[0].Kernel != "act" {
 			i = 1
 		}
-		n, fed, err := c.be.feedGatedAct(c.nodes, i)
+		n, fed, err := c.be.feedAhead(c.nodes, i)
 		if err != nil || fed != 0 || len(n.Args) != 3 || n.Args[2] != (bundle.Slot{}) || n.Args[1] != c.nodes[i].Args[1] {
 			t.Errorf("%s: %+v %#x %v, want the node as it is", c.name, n.Args, fed, err)
 		}
 	}
 	xbf16 := newBackend()
 	xbf16.copy = &copyServer{kernels: map[bundle.GemmCopyShape][]bundle.GemmCopy{{K: 128, N: 64}: {{Kernel: "c8", Attrs: bundle.GemmCopyAttrs{Rows: 8, XBF16: true}}}}}
-	if _, fed, err := xbf16.feedGatedAct([]bundle.Node{act, down}, 0); err != nil || fed != xb {
+	if _, fed, err := xbf16.feedAhead([]bundle.Node{act, down}, 0); err != nil || fed != xb {
 		t.Errorf("a copy-engine kernel reading bf16(x): %#x %v, want fed", fed, err)
+	}
+}
+
+// TestFeedAheadNorm: an add+norm right before a GEMM of its output writes bf16 of it into
+// the cast's scratch and keeps its f32 output; the GEMM starting a gated pair that copyPair
+// serves with a kernel reading bf16(x) is fed too, and one whose pair kernel reads x is not.
+func TestFeedAheadNorm(t *testing.T) {
+	const xb = 0x7000_0000
+	be := &Backend{kernels: feedKernels(), lt: &cublasLt{xb: xb, xbBytes: 8 * 128 * 2},
+		bufs: map[string]uintptr{"r": 0x1000_0000, "dl": 0x1100_0000, "nw": 0x1200_0000, "a": 0x2000_0000, "w": 0x3000_0000, "d": 0x4000_0000, "gu": 0x5000_0000}}
+	norm := bundle.Node{Label: "norm", Kernel: "norm", Grid: [3]int{8, 1, 1}, Args: []bundle.Slot{{Buffer: "r"}, {Buffer: "dl"}, {Buffer: "nw"}, {Buffer: "a"}, {}}}
+	down := feedDown(8)
+	n, fed, err := be.feedAhead([]bundle.Node{norm, down}, 0)
+	if err != nil || fed != xb || n.Args[4] != (bundle.Slot{Const: xb}) || n.Args[3] != norm.Args[3] {
+		t.Fatalf("norm then cuBLASLt's GEMM: %+v %#x %v; want out kept and out_bf16 the scratch", n.Args, fed, err)
+	}
+	gateUp := down
+	gateUp.Args = []bundle.Slot{{Buffer: "a"}, {Buffer: "w"}, {Buffer: "gu"}, {Const: 8}}
+	act := bundle.Node{Label: "act", Kernel: "act", Grid: [3]int{1, 8, 1}, Args: []bundle.Slot{{Buffer: "gu"}, {Buffer: "d"}, {}}}
+	be.kernels["act"] = bundle.Kernel{Name: "act", Op: "silu_mul", Attrs: []byte(`{"inter":32,"chunked":true}`), Params: be.kernels["act"].Params}
+	for _, xbf16 := range []bool{true, false} {
+		be.copy = &copyServer{kernels: map[bundle.GemmCopyShape][]bundle.GemmCopy{{K: 128, N: 64, Act: "silu_mul"}: {{Kernel: "g8", Attrs: bundle.GemmCopyAttrs{Rows: 8, XBF16: xbf16}}}}}
+		if _, fed, err := be.feedAhead([]bundle.Node{norm, gateUp, act}, 0); err != nil || (fed == xb) != xbf16 {
+			t.Errorf("norm then a gated pair whose kernel reads bf16(x) %v: fed %#x, %v", xbf16, fed, err)
+		}
 	}
 }

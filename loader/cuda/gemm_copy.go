@@ -95,28 +95,90 @@ func (be *Backend) copyGemmOf(n bundle.Node) (bundle.GEMM, bundle.GemmCopy, bool
 }
 
 // copyPair serves nodes[i] and nodes[i+1] with one launch of a copy-engine GEMM with an
-// epilogue where the bundle carries one for them: the gated activation after the gate/up
-// GEMM (gatedCopyPair) or the rotation and KV write after the q/k/v GEMM (ropeCopyPair). fed,
-// if not 0, is where the launch writes bf16 of nodes[i+2]'s x for its copyNode.
-func (be *Backend) copyPair(nodes []bundle.Node, i int) (l launch, fed uintptr, ok bool, err error) {
-	if l, fed, ok, err := be.gatedCopyPair(nodes, i); err != nil || ok {
-		return l, fed, ok, err
+// epilogue where the bundle carries one for them (planPair): the gated activation after the
+// gate/up GEMM, or the rotation and KV write after the q/k/v GEMM. xb, if not 0, is bf16 of
+// the GEMM's x as the launch ahead wrote it (feedable said so), read with no cast. fed, if not
+// 0, is where the launch writes bf16 of nodes[i+2]'s x for that GEMM (a gated kernel with
+// YBF16, where feedable says its server reads it there); then the activation's f32 output
+// is written only where a node after nodes[i+2] reads it (readAfter). ok is false where the
+// bundle has no kernel for them (or copyLaunch says no), and both nodes are then served one
+// by one.
+func (be *Backend) copyPair(nodes []bundle.Node, i int, xb uintptr) (l launch, fed uintptr, ok bool, err error) {
+	p, ok, err := be.planPair(nodes, i)
+	if err != nil || !ok {
+		return launch{}, 0, false, err
 	}
-	l, ok, err = be.ropeCopyPair(nodes, i)
-	return l, 0, ok, err
+	y, extra := nodes[i].Args[p.g.Y], p.rope
+	if p.gated {
+		y = p.act.Act
+	}
+	if p.c.Attrs.YBF16 {
+		feeds, err := be.feedable(nodes, i+2, p.act.Act, p.g.M, be.copy.yb, be.copy.ybBytes)
+		if err != nil {
+			return launch{}, 0, false, fmt.Errorf("node %s: %w", nodes[i+2].Label, err)
+		}
+		if feeds {
+			fed = be.copy.yb
+			if !be.readAfter(nodes, i+2, p.act.Act) {
+				y = bundle.Slot{} // 0: bf16(y) alone
+			}
+		}
+		extra = []bundle.Slot{{Const: uint64(fed)}}
+	}
+	vals, err := be.argValues(nodes[i])
+	if err != nil {
+		return launch{}, 0, false, err
+	}
+	ys, err := be.slotValue(y)
+	if err != nil {
+		return launch{}, 0, false, fmt.Errorf("node %s: %w", nodes[i+1].Label, err)
+	}
+	ev := make([]uint64, len(extra))
+	for j, s := range extra {
+		if ev[j], err = be.slotValue(s); err != nil {
+			return launch{}, 0, false, fmt.Errorf("node %s: %w", nodes[i+1].Label, err)
+		}
+	}
+	sl, ok, err := be.copyLaunch(nodes[i], p.g, p.c, vals, uintptr(ys), ev, xb)
+	if err != nil || !ok {
+		return launch{}, 0, false, err
+	}
+	l = *sl
+	l.label = nodes[i].Label
+	return l, fed, true, nil
 }
 
-// ropeCopyPair serves nodes[i] and nodes[i+1], a GEMM and the rope_kv of its y
-// (bundle.RopePairAt), with one launch of the bundle's copy-engine GEMM with rope_kv, which
-// writes y and the caches as the two would; ok is false where the bundle has none for them (or
-// copyLaunch says no), and both nodes are then served one by one.
-func (be *Backend) ropeCopyPair(nodes []bundle.Node, i int) (launch, bool, error) {
+// pairPlan is how copyPair serves a GEMM and the node after it: the GEMM, the copy-engine
+// kernel, and either the gated activation (gated) or the rope_kv node's arguments that the
+// kernel takes after rows (bundle.RopeKVParams).
+type pairPlan struct {
+	g     bundle.GEMM
+	c     bundle.GemmCopy
+	gated bool
+	act   bundle.GatedAct
+	rope  []bundle.Slot
+}
+
+// planPair says how copyPair would serve nodes[i] and nodes[i+1]: a GEMM and the gated
+// activation of its y (bundle.GatedPairAt) by the bundle's copy-engine GEMM with that
+// activation (gatedCopyFor), or a GEMM and the rope_kv of its y (bundle.RopePairAt) by the
+// one with rope_kv of that shape; ok is false where the bundle has no such kernel for them.
+func (be *Backend) planPair(nodes []bundle.Node, i int) (pairPlan, bool, error) {
 	if be.copy == nil {
-		return launch{}, false, nil
+		return pairPlan{}, false, nil
 	}
-	g, rope, ok, err := bundle.RopePairAt(nodes, i, func(name string) bundle.Kernel { return be.kernels[name] })
+	kernel := func(name string) bundle.Kernel { return be.kernels[name] }
+	g, act, ok, err := bundle.GatedPairAt(nodes, i, kernel)
+	if err != nil || ok {
+		if err != nil || g.M < 1 {
+			return pairPlan{}, false, err
+		}
+		c, ok := gatedCopyFor(be.copy.kernels[bundle.GemmCopyShape{K: g.K, N: g.N, Act: act.Op}], g.M)
+		return pairPlan{g: g, c: c, gated: true, act: act}, ok, nil
+	}
+	g, rope, ok, err := bundle.RopePairAt(nodes, i, kernel)
 	if err != nil || !ok || g.M < 1 {
-		return launch{}, false, err
+		return pairPlan{}, false, err
 	}
 	// The kernel of the fewest rows that takes the GEMM's, as for the plain kernels: the
 	// 32-row kernel serves the 8- and 16-row buckets' pairs too, whose plain GEMMs have kernels
@@ -124,77 +186,9 @@ func (be *Backend) ropeCopyPair(nodes []bundle.Node, i int) (launch, bool, error
 	// step 0.1-0.2% longer than those kernels and rope_kv apart (session 49 call 8).
 	c, ok := bundle.GemmCopyFor(be.copy.kernels[bundle.GemmCopyShape{K: g.K, N: g.N, Act: bundle.OpRopeKV}], g.M)
 	if !ok || *c.Attrs.RopeKV != rope.Shape {
-		return launch{}, false, nil
+		return pairPlan{}, false, nil
 	}
-	return be.pairLaunch(nodes, i, g, c, nodes[i].Args[g.Y], rope.Args, 0)
-}
-
-// pairLaunch is the one launch of copy-engine GEMM c serving nodes[i] (GEMM g) and the node
-// after it: writing y, its parameters after rows the values of extra (slots of the second
-// node's), or with YBF16 yb; ok is false where copyLaunch says no.
-func (be *Backend) pairLaunch(nodes []bundle.Node, i int, g bundle.GEMM, c bundle.GemmCopy, y bundle.Slot, extra []bundle.Slot, yb uintptr) (launch, bool, error) {
-	vals, err := be.argValues(nodes[i])
-	if err != nil {
-		return launch{}, false, err
-	}
-	ys, err := be.slotValue(y)
-	if err != nil {
-		return launch{}, false, fmt.Errorf("node %s: %w", nodes[i+1].Label, err)
-	}
-	ev := make([]uint64, len(extra))
-	for j, s := range extra {
-		if ev[j], err = be.slotValue(s); err != nil {
-			return launch{}, false, fmt.Errorf("node %s: %w", nodes[i+1].Label, err)
-		}
-	}
-	if c.Attrs.YBF16 {
-		ev = append(ev, uint64(yb))
-	}
-	l, ok, err := be.copyLaunch(nodes[i], g, c, vals, uintptr(ys), ev, 0)
-	if err != nil || !ok {
-		return launch{}, false, err
-	}
-	served := *l
-	served.label = nodes[i].Label
-	return served, true, nil
-}
-
-// gatedCopyPair serves nodes[i] and nodes[i+1], a GEMM and the gated activation of its y
-// (bundle.GatedPairAt), with one launch of the bundle's copy-engine GEMM with that
-// activation, writing the activation's output, and bf16 of it for nodes[i+2] where that is a
-// GEMM of it whose server reads that (feedable; fed says where), then the output itself only where
-// a node after nodes[i+2] reads it (readAfter); ok is false where the bundle has none for
-// them (or copyLaunch says no), and both nodes are then served one by one.
-func (be *Backend) gatedCopyPair(nodes []bundle.Node, i int) (l launch, fed uintptr, ok bool, err error) {
-	if be.copy == nil {
-		return launch{}, 0, false, nil
-	}
-	g, act, ok, err := bundle.GatedPairAt(nodes, i, func(name string) bundle.Kernel { return be.kernels[name] })
-	if err != nil || !ok || g.M < 1 {
-		return launch{}, 0, false, err
-	}
-	c, ok := gatedCopyFor(be.copy.kernels[bundle.GemmCopyShape{K: g.K, N: g.N, Act: act.Op}], g.M)
-	if !ok {
-		return launch{}, 0, false, nil
-	}
-	y := act.Act
-	if c.Attrs.YBF16 {
-		feeds, err := be.feedable(nodes, i+2, act.Act, g.M, be.copy.yb, be.copy.ybBytes)
-		if err != nil {
-			return launch{}, 0, false, fmt.Errorf("node %s: %w", nodes[i+2].Label, err)
-		}
-		if feeds {
-			fed = be.copy.yb
-			if !be.readAfter(nodes, i+2, act.Act) {
-				y = bundle.Slot{} // 0: bf16(y) alone
-			}
-		}
-	}
-	l, ok, err = be.pairLaunch(nodes, i, g, c, y, nil, fed)
-	if !ok {
-		fed = 0
-	}
-	return l, fed, ok, err
+	return pairPlan{g: g, c: c, rope: rope.Args}, true, nil
 }
 
 // gatedCopyFor is the gated copy-engine kernel of kernels (one shape's) that serves a pair of

@@ -93,20 +93,17 @@ func (be *Backend) prepareAll(nodes []bundle.Node, variants uint32) ([]launch, e
 		if n.Collective != nil {
 			return nil, fmt.Errorf("node %s: tensor-parallel collectives need NCCL, which the CUDA backend does not drive yet (run this bundle with --backend cpu, or build it without --tp)", n.Label)
 		}
-		l, feeds, ok, err := be.copyPair(nodes, i)
+		l, feeds, ok, err := be.copyPair(nodes, i, fed)
 		if err != nil {
 			return nil, fmt.Errorf("node %s: %w", n.Label, err)
 		}
 		if ok {
-			if fed != 0 {
-				return nil, fmt.Errorf("node %s: the launch ahead wrote bf16(x) for a GEMM, which a pair's launch serves instead", n.Label)
-			}
 			all = append(all, l)
 			fed = feeds
 			i++ // the activation or rope node after it is served by the same launch
 			continue
 		}
-		n, feeds, err = be.feedGatedAct(nodes, i)
+		n, feeds, err = be.feedAhead(nodes, i)
 		if err != nil {
 			return nil, fmt.Errorf("node %s: %w", n.Label, err)
 		}

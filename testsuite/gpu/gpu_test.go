@@ -402,6 +402,17 @@ func copyGemmBackend(served *int, kernels ...*[]string) testsuite.NewBackend {
 	}
 }
 
+// fedGemms is how many GEMM launches of a 2-layer cut with a decode bucket of rows rows
+// and 64-row prefill chunks read bf16(x) as the launch ahead wrote it: each layer's q/k/v,
+// gate/up and down in the decode template and in the prefill chunk's, but for a 64-row
+// bucket, whose launches the prefill chunk shares.
+func fedGemms(rows int) int {
+	if rows == 64 {
+		return 6
+	}
+	return 12
+}
+
 // recordFed wraps nb so that each backend it makes appends to *fed how many of its GEMM
 // launches read bf16(x) as the launch ahead wrote it, with no cast (cuda.Backend.FedGemms).
 func recordFed(nb testsuite.NewBackend, fed *[]int) testsuite.NewBackend {
@@ -415,11 +426,11 @@ func recordFed(nb testsuite.NewBackend, fed *[]int) testsuite.NewBackend {
 // TestCUDAWarpgroupGemmMatchesCPU runs the copy-engine GEMMs' warpgroup form (wgmma over the
 // library cast's bf16 x; xmixc build --copy-gemm-rows 32, 64 or 128) on a 2-layer cut of
 // Llama-3.1-8B in buckets of 32, 64 and 128 rows, every request teacher-forced to the CPU's
-// tokens, against the CPU backend: o, q/k/v and down of both layers served by it. Each down
-// projection reads bf16 of its x as the launch ahead wrote it: the gated gate/up kernel's in
-// a 32-row bucket, where the 64-row prefill chunk's cuBLASLt GEMM reads the SiLU kernel's;
-// the SiLU kernel's elsewhere. A subtest per bucket and request count (-run
-// 'TestCUDAWarpgroupGemmMatchesCPU/r64').
+// tokens, against the CPU backend: o, q/k/v and down of both layers served by it. Each
+// layer's q/k/v, gate/up and down GEMMs read bf16 of their x as the launch ahead wrote it
+// (the add+norm's, the add+norm's, and the gated gate/up kernel's or the SiLU kernel's), in
+// the decode template and the 64-row prefill chunk's, whichever server runs them. A subtest
+// per bucket and request count (-run 'TestCUDAWarpgroupGemmMatchesCPU/r64').
 func TestCUDAWarpgroupGemmMatchesCPU(t *testing.T) {
 	needGPU(t)
 	served := 0
@@ -447,14 +458,8 @@ func TestCUDAWarpgroupGemmMatchesCPU(t *testing.T) {
 			if served != want {
 				t.Errorf("%d requests in a %d-row bucket: %d GEMM nodes served by the warpgroup kernels, want %d", c.requests, c.bucket, served, want)
 			}
-			// Both layers' down projections in the decode template, and in buckets of other
-			// than 64 rows (whose launches the prefill chunk shares) the prefill chunk's.
-			wantFed := 4
-			if c.bucket == 64 {
-				wantFed = 2
-			}
-			if !slices.Equal(fed, []int{wantFed}) {
-				t.Errorf("%d-row bucket: %v down projections fed, want %d", c.bucket, fed, wantFed)
+			if want := fedGemms(c.bucket); !slices.Equal(fed, []int{want}) {
+				t.Errorf("%d-row bucket: %v GEMM launches fed, want %d", c.bucket, fed, want)
 			}
 			// In buckets of up to codegen.DefaultRopeCopyRows rows q/k/v's kernel has the
 			// rope_kv after it in its epilogue.
@@ -533,7 +538,7 @@ func TestCUDAGatedTCMatchesCPU(t *testing.T) {
 // has the same shapes and buffers, so the same launches serve it). A subtest per bucket
 // (-run 'TestCUDAGatedCopyMatchesCPU/r32'), and r32-app: an app's op at mlp.act leaves those
 // rows without the app the bare bundle's bits. The down projections read the pair's bf16
-// output; in a 32-row bucket the 64-row prefill chunk's (cuBLASLt's) read the SiLU kernel's.
+// output, the pair and q/k/v the add+norm's (fedGemms).
 func TestCUDAGatedCopyMatchesCPU(t *testing.T) {
 	needGPU(t)
 	served := 0
@@ -549,13 +554,8 @@ func TestCUDAGatedCopyMatchesCPU(t *testing.T) {
 			if served != 8 {
 				t.Errorf("%d-row bucket: %d launches of the copy-engine kernels, want o, q/k/v, down and gate/up with SiLU of 2 layers", c.bucket, served)
 			}
-			// Both layers' in the decode template, and in a 32-row bucket the prefill chunk's.
-			wantFed := 4
-			if c.bucket == 64 {
-				wantFed = 2
-			}
-			if !slices.Equal(fed, []int{wantFed}) {
-				t.Errorf("%d-row bucket: %v down projections fed, want %d", c.bucket, fed, wantFed)
+			if want := fedGemms(c.bucket); !slices.Equal(fed, []int{want}) {
+				t.Errorf("%d-row bucket: %v GEMM launches fed, want %d", c.bucket, fed, want)
 			}
 		})
 	}
@@ -565,8 +565,11 @@ func TestCUDAGatedCopyMatchesCPU(t *testing.T) {
 	// sits between layer 1's activation and its down projection, so in the graphs that may run
 	// it that down projection casts the op's output itself; the graph of steps without apps
 	// (the template's plain list) feeds it the gated kernel's bf16 output, as layer 0's
-	// everywhere: two launches fed in either bundle, and as many in the prefill chunk's
-	// (cuBLASLt's, fed by the SiLU kernel; there the op is in the activation's MI form).
+	// everywhere, and so in the prefill chunk's (cuBLASLt's, fed by the SiLU kernel; there
+	// the op is in the activation's MI form). With the app layer 1's gated pair is two
+	// launches, each fed by the add+norm: the graphs that may run the op keep its f32 output,
+	// the plain list's writes the bf16 alone. So one launch more is fed than in the bare
+	// bundle.
 	t.Run("r32-app", func(t *testing.T) {
 		fed = nil
 		cut := specCut(t, "llama-3.1-8b", "serving: {decode_buckets: [32], prefill_chunks: [64], max_seq_len: 256, max_seqs: 32, kv_block_size: 16}\n")
@@ -577,8 +580,8 @@ func TestCUDAGatedCopyMatchesCPU(t *testing.T) {
 		if served != 8 {
 			t.Errorf("%d launches of the copy-engine kernels, want 8", served)
 		}
-		if !slices.Equal(fed, []int{4, 4}) {
-			t.Errorf("down projections fed: %v, want 4 with the app and 4 without", fed)
+		if want := fedGemms(32); !slices.Equal(fed, []int{want + 1, want}) {
+			t.Errorf("GEMM launches fed: %v, want %d with the app and %d without", fed, want+1, want)
 		}
 	})
 }
@@ -618,28 +621,29 @@ func appRowsKeepBits(t *testing.T, nb testsuite.NewBackend, with, bare *bundle.B
 	}
 }
 
-// TestCUDAActFeedMatchesCPU: in a 128-row bucket of a default bundle cuBLASLt serves every
-// GEMM, and each down projection reads bf16 of the SiLU kernel's output as that kernel wrote
-// it, with no cast: a 2-layer cut of Llama-3.1-8B, every request teacher-forced to the CPU's
-// tokens, both layers' down projections fed in the decode template and in the 64-row prefill
-// chunk's. With an app's op at layer 1's mlp.act (in the activation's MI form, which writes
-// no bf16) that layer's down projection casts, except in the graphs without apps; the rows
-// without the app get the bare bundle's tokens and logprobs bit for bit.
-func TestCUDAActFeedMatchesCPU(t *testing.T) {
+// TestCUDAFedGemmsMatchCPU: in a 128-row bucket of a default bundle cuBLASLt serves every
+// GEMM, and q/k/v and gate/up read bf16 of the add+norm's output and down bf16 of the SiLU
+// kernel's as those kernels wrote it, with no cast: a 2-layer cut of Llama-3.1-8B, every
+// request teacher-forced to the CPU's tokens, both layers' three GEMMs fed in the decode
+// template and in the 64-row prefill chunk's. With an app's op at layer 1's mlp.act (in the
+// activation's MI form, which writes no bf16) that layer's down projection casts, except in
+// the graphs without apps; the rows without the app get the bare bundle's tokens and
+// logprobs bit for bit.
+func TestCUDAFedGemmsMatchCPU(t *testing.T) {
 	needGPU(t)
 	var fed []int
 	nb := recordFed(newCUDA(cuda.GemmAuto), &fed)
 	cut := specCut(t, "llama-3.1-8b", "serving: {decode_buckets: [128], prefill_chunks: [64], max_seq_len: 256, max_seqs: 128, kv_block_size: 16}\n")
 	agreementRows(t, nb, "llama-3.1-8b-2layers-act-feed-r128", testsuite.CompileWith(t, compile.Options{}, cut), sixTokenPrompts(70), 2)
-	if !slices.Equal(fed, []int{4}) {
-		t.Errorf("%v down projections fed, want 4", fed)
+	if want := fedGemms(128); !slices.Equal(fed, []int{want}) {
+		t.Errorf("%v GEMM launches fed, want %d", fed, want)
 	}
 	fed = nil
 	app := "app: act-scale\nparams: {s: {random: 23}}\nops:\n  - write: {at: {layers: [1], hook: mlp.act}, kernel: scale, args: {vector: s}}\n"
 	appRowsKeepBits(t, nb, testsuite.CompileWith(t, compile.Options{}, cut, app), testsuite.CompileWith(t, compile.Options{}, cut), "act-scale")
-	// Layer 0's in each template, and layer 1's in each template's plain list.
-	if !slices.Equal(fed, []int{4, 4}) {
-		t.Errorf("down projections fed: %v, want 4 with the app and 4 without", fed)
+	// Layer 1's down projection in each template's plain list.
+	if want := fedGemms(128); !slices.Equal(fed, []int{want, want}) {
+		t.Errorf("GEMM launches fed: %v, want %d with the app and without", fed, want)
 	}
 }
 
