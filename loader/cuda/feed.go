@@ -32,7 +32,9 @@ func (be *Backend) feedable(nodes []bundle.Node, j int, x bundle.Slot, m int, xb
 		return false, err
 	}
 	if p, ok, err := be.planPair(nodes, j); err != nil || ok {
-		return ok && p.c.Attrs.XBF16, err
+		// A pair whose kernel writes bf16 of its own output into the copy server's scratch
+		// cannot read its x there.
+		return ok && p.c.Attrs.XBF16 && !(p.c.Attrs.YBF16 && xb == be.copy.yb), err
 	}
 	if be.copy != nil {
 		if _, c, ok, _ := be.copyGemmOf(n); ok {

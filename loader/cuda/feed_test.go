@@ -52,12 +52,12 @@ func TestReadAfter(t *testing.T) {
 	}
 }
 
-// TestFeedGatedAct: a gated activation right before cuBLASLt's GEMM of its output writes
+// TestFeedAheadGatedAct: a gated activation right before cuBLASLt's GEMM of its output writes
 // bf16 of it into the cast's scratch (and, with no reader after the GEMM, that alone), and
 // the GEMM is fed from there; an MI node between, a GEMM of other rows, of another x or
 // whose rows do not fit the scratch, a misaligned W, a heavy app's activation, no cuBLASLt,
 // or a copy-engine kernel that reads x itself leave both as the bundle has them.
-func TestFeedGatedAct(t *testing.T) {
+func TestFeedAheadGatedAct(t *testing.T) {
 	const xb = 0x7000_0000
 	newBackend := func() *Backend {
 		return &Backend{kernels: feedKernels(), lt: &cublasLt{xb: xb, xbBytes: 8 * 128 * 2},
@@ -123,7 +123,8 @@ func TestFeedGatedAct(t *testing.T) {
 
 // TestFeedAheadNorm: an add+norm right before a GEMM of its output writes bf16 of it into
 // the cast's scratch and keeps its f32 output; the GEMM starting a gated pair that copyPair
-// serves with a kernel reading bf16(x) is fed too, and one whose pair kernel reads x is not.
+// serves with a kernel reading bf16(x) is fed too, and one whose pair kernel reads x is not,
+// nor one fed from the copy server's scratch that its kernel writes (YBF16).
 func TestFeedAheadNorm(t *testing.T) {
 	const xb = 0x7000_0000
 	be := &Backend{kernels: feedKernels(), lt: &cublasLt{xb: xb, xbBytes: 8 * 128 * 2},
@@ -142,6 +143,14 @@ func TestFeedAheadNorm(t *testing.T) {
 		be.copy = &copyServer{kernels: map[bundle.GemmCopyShape][]bundle.GemmCopy{{K: 128, N: 64, Act: "silu_mul"}: {{Kernel: "g8", Attrs: bundle.GemmCopyAttrs{Rows: 8, XBF16: xbf16}}}}}
 		if _, fed, err := be.feedAhead([]bundle.Node{norm, gateUp, act}, 0); err != nil || (fed == xb) != xbf16 {
 			t.Errorf("norm then a gated pair whose kernel reads bf16(x) %v: fed %#x, %v", xbf16, fed, err)
+		}
+	}
+	const yb = 0x7100_0000
+	for _, ybf16 := range []bool{false, true} {
+		be.copy = &copyServer{yb: yb, ybBytes: 8 * 128 * 2,
+			kernels: map[bundle.GemmCopyShape][]bundle.GemmCopy{{K: 128, N: 64, Act: "silu_mul"}: {{Kernel: "g8", Attrs: bundle.GemmCopyAttrs{Rows: 8, XBF16: true, YBF16: ybf16}}}}}
+		if ok, err := be.feedable([]bundle.Node{gateUp, act}, 0, bundle.Slot{Buffer: "a"}, 8, yb, 8*128*2); err != nil || ok == ybf16 {
+			t.Errorf("a gated pair with YBF16 %v fed from the copy server's scratch: %v, %v", ybf16, ok, err)
 		}
 	}
 }

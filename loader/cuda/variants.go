@@ -87,7 +87,7 @@ func (be *Backend) variant(t int) int {
 // prepareAll prepares a node list's launches (variants as prepare takes it).
 func (be *Backend) prepareAll(nodes []bundle.Node, variants uint32) ([]launch, error) {
 	var all []launch
-	var fed uintptr // bf16 of this node's x, as the launch ahead wrote it (copyPair, feedGatedAct)
+	var fed uintptr // bf16 of this node's x, as the launch ahead wrote it (copyPair, feedAhead)
 	for i := 0; i < len(nodes); i++ {
 		n := nodes[i]
 		if n.Collective != nil {
