@@ -298,6 +298,9 @@ func verifyNode(n *Node, kernels map[string]*Kernel, bufBytes map[string]int64) 
 	}
 	for j, s := range n.Args {
 		p := k.Params[j]
+		if (p.Name == GatedActBF16 || p.Name == NormOutBF16) && s != (Slot{}) {
+			return fmt.Errorf("arg %d (%s): the backend points it at a scratch of its own; a bundle passes the constant 0", j, p.Name)
+		}
 		if s.Buffer == "" {
 			if s.Offset != 0 {
 				return fmt.Errorf("arg %d (%s): offset %d without a buffer", j, p.Name, s.Offset)

@@ -33,6 +33,8 @@ func TestVerifyFailures(t *testing.T) {
 		{"constant too wide", func(b *Bundle) { b.Templates[0].Nodes[0].Args[3].Const = 1 << 32 },
 			"constant 0x100000000 does not fit its u32 param"},
 		{"buffer and constant", func(b *Bundle) { b.Templates[0].Nodes[0].Args[0].Const = 1 }, "binds both buffer"},
+		{"a bf16 copy's address", func(b *Bundle) { b.Kernels[0].Params[2].Name = NormOutBF16 },
+			"arg 2 (out_bf16): the backend points it at a scratch of its own; a bundle passes the constant 0"},
 		{"duplicate kernel", func(b *Bundle) { b.Kernels[1].Name = "embed" }, `kernel 1: the name "embed" is used by two kernels`},
 		{"duplicate buffer", func(b *Bundle) { b.Manifest.Buffers[2].Name = "x" }, `buffer 2 ("x"): the name is used by two buffers`},
 		{"duplicate template", func(b *Bundle) { b.Templates = append(b.Templates, b.Templates[0]) }, `template 1: the name "decode_4" is used by two templates`},
