@@ -377,12 +377,11 @@ var gatedActParams = []Param{{"gu", "u64"}, {"act", "u64"}, {GatedActBF16, "u64"
 // from bf16(out) with no cast passes its scratch there.
 const NormOutBF16 = "out_bf16"
 
-// NormOut is an add+norm node as NormOutOf reads it: its output, rows and width, and which
-// of its arguments is NormOutBF16.
+// NormOut is an add+norm node as NormOutOf reads it: its output, its rows, and which of its
+// arguments is NormOutBF16.
 type NormOut struct {
-	Out          Slot
-	Rows, Hidden int
-	BF16Arg      int
+	Out           Slot
+	Rows, BF16Arg int
 }
 
 // NormOutOf reads node n (kernel k) as an add+norm kernel with a NormOutBF16 parameter that
@@ -399,7 +398,7 @@ func NormOutOf(n Node, k Kernel) (NormOut, bool) {
 	if out < 0 || out+1 >= len(k.Params) || k.Params[out+1] != (Param{NormOutBF16, "u64"}) || n.Args[out].Buffer == "" || n.Args[out+1] != (Slot{}) {
 		return NormOut{}, false
 	}
-	return NormOut{Out: n.Args[out], Rows: n.Grid[0], Hidden: a.Hidden, BF16Arg: out + 1}, true
+	return NormOut{Out: n.Args[out], Rows: n.Grid[0], BF16Arg: out + 1}, true
 }
 
 // OpRowNorm is the reference op of the residual add + RMSNorm kernels (and the embedding

@@ -269,14 +269,14 @@ func TestRopePairAt(t *testing.T) {
 }
 
 // TestNormOutOf: an add+norm node with NormOutBF16 after out, passed the constant 0, reads
-// as one (its output, rows, width and that argument); a gathering norm, one passing
+// as one (its output, rows and that argument); a gathering norm, one passing
 // something else there, one without the parameter, or another op do not.
 func TestNormOutOf(t *testing.T) {
 	params := []Param{{"resid", "u64"}, {"delta", "u64"}, {"w", "u64"}, {"out", "u64"}, {NormOutBF16, "u64"}, {"ctl_mask", "u64"}}
 	k := Kernel{Name: "norm", Op: OpRowNorm, Attrs: []byte(`{"hidden":4096,"load":"add"}`), Params: params}
 	n := Node{Label: "norm", Kernel: "norm", Grid: [3]int{32, 1, 1}, Args: []Slot{{Buffer: "r"}, {Buffer: "d"}, {Buffer: "w"}, {Buffer: "x", Offset: 64}, {}, {Buffer: "m"}}}
 	got, ok := NormOutOf(n, k)
-	if !ok || got != (NormOut{Out: Slot{Buffer: "x", Offset: 64}, Rows: 32, Hidden: 4096, BF16Arg: 4}) {
+	if !ok || got != (NormOut{Out: Slot{Buffer: "x", Offset: 64}, Rows: 32, BF16Arg: 4}) {
 		t.Fatalf("norm: %+v %v", got, ok)
 	}
 	gather := k
