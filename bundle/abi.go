@@ -372,34 +372,65 @@ var GatedActOps = []string{"silu_mul", "gelu_tanh_mul"}
 var gatedActParams = []Param{{"gu", "u64"}, {"act", "u64"}, {GatedActBF16, "u64"}}
 
 // NormOutBF16 is the parameter after out of an add+norm kernel (op row_norm) that does not
-// gather its rows: the device address of a [rows, hidden] bf16 copy of out, or 0 for none. A
-// bundle's node passes the constant 0: only a backend that serves the GEMM after the norm
-// from bf16(out) with no cast passes its scratch there.
-const NormOutBF16 = "out_bf16"
+// gather its rows, and AttnZBF16 the one after z of a decode attention kernel (op attention,
+// not the prefill kernel over runs of rows): the device address of a bf16 copy of that
+// output, or 0 for none. A bundle's node passes the constant 0 in them and in GatedActBF16
+// (Verify checks it): only a backend that serves the GEMM after the node from the copy with
+// no cast passes its scratch there.
+const (
+	NormOutBF16 = "out_bf16"
+	AttnZBF16   = "z_bf16"
+)
 
-// NormOut is an add+norm node as NormOutOf reads it: its output, its rows, and which of its
-// arguments is NormOutBF16.
-type NormOut struct {
-	Out           Slot
-	Rows, BF16Arg int
+// BF16Copy is a node that can also write a bf16 copy of its f32 output [Rows, width], as
+// BF16CopyOf reads it: the output, its rows, and which of the node's arguments are the
+// output and the copy's address. Droppable: the output may be 0, the copy alone (the gated
+// activation).
+type BF16Copy struct {
+	Out             Slot
+	Rows            int
+	OutArg, CopyArg int
+	Droppable       bool
 }
 
-// NormOutOf reads node n (kernel k) as an add+norm kernel with a NormOutBF16 parameter that
-// the node passes the constant 0; ok is false for any other node.
-func NormOutOf(n Node, k Kernel) (NormOut, bool) {
+// BF16CopyOf reads node n (kernel k) as a node that can write a bf16 copy of its output and
+// passes the constant 0 for it: a gated activation without MI ops (GatedActOf, GatedActBF16),
+// an add+norm that does not gather (NormOutBF16), or a decode attention over every row
+// (AttnZBF16; not the prefill step's kernels, which write z's rows between them). ok is false
+// for any other node.
+func BF16CopyOf(n Node, k Kernel) (BF16Copy, bool) {
+	if a, ok := GatedActOf(n, k); ok {
+		return BF16Copy{Out: a.Act, Rows: a.Rows, OutArg: 1, CopyArg: 2, Droppable: true}, true
+	}
 	var a struct {
-		Hidden int  `json:"hidden"`
-		Gather bool `json:"gather"`
+		Gather bool   `json:"gather"`
+		Rows   string `json:"rows"`
+		Splits int    `json:"splits"`
 	}
-	if k.Op != OpRowNorm || json.Unmarshal(k.Attrs, &a) != nil || a.Gather || a.Hidden <= 0 || len(n.Args) != len(k.Params) || n.Grid[0] < 1 {
-		return NormOut{}, false
+	var out, copyName string
+	switch {
+	case json.Unmarshal(k.Attrs, &a) != nil || len(n.Args) != len(k.Params):
+		return BF16Copy{}, false
+	case k.Op == OpRowNorm && !a.Gather:
+		out, copyName = "out", NormOutBF16
+	case k.Op == OpAttention && a.Rows == "":
+		out, copyName = "z", AttnZBF16
+	default:
+		return BF16Copy{}, false
 	}
-	out := slices.IndexFunc(k.Params, func(p Param) bool { return p.Name == "out" })
-	if out < 0 || out+1 >= len(k.Params) || k.Params[out+1] != (Param{NormOutBF16, "u64"}) || n.Args[out].Buffer == "" || n.Args[out+1] != (Slot{}) {
-		return NormOut{}, false
+	o := slices.IndexFunc(k.Params, func(p Param) bool { return p.Name == out })
+	rows := n.Grid[0] / max(a.Splits, 1)
+	if o < 0 || o+1 >= len(k.Params) || k.Params[o+1] != (Param{copyName, "u64"}) || n.Args[o].Buffer == "" || n.Args[o+1] != (Slot{}) || rows < 1 {
+		return BF16Copy{}, false
 	}
-	return NormOut{Out: n.Args[out], Rows: n.Grid[0], BF16Arg: out + 1}, true
+	return BF16Copy{Out: n.Args[o], Rows: rows, OutArg: o, CopyArg: o + 1}, true
 }
+
+// bf16CopyParams are the parameters of BF16CopyOf's copies, which a bundle passes 0.
+var bf16CopyParams = []string{GatedActBF16, NormOutBF16, AttnZBF16}
+
+// OpAttention is the reference op of the attention kernels: ops.AttnAttrs.
+const OpAttention = "attention"
 
 // OpRowNorm is the reference op of the residual add + RMSNorm kernels (and the embedding
 // lookup with layer 0's norm): ops.RowNormAttrs.
@@ -416,8 +447,6 @@ type GatedAct struct {
 	Op          string
 	Inter, Rows int
 	GU, Act     Slot
-	// ActArg and BF16Arg are the node's arguments act and GatedActBF16.
-	ActArg, BF16Arg int
 }
 
 // GatedActOf reads node n (kernel k) as a gated activation with no MI ops (an app's op at
@@ -433,7 +462,7 @@ func GatedActOf(n Node, k Kernel) (GatedAct, bool) {
 		!slices.Equal(k.Params, gatedActParams) || len(n.Args) != 3 || n.Args[0].Buffer == "" || n.Args[1].Buffer == "" || n.Args[2] != (Slot{}) || n.Grid[1] < 1 {
 		return GatedAct{}, false
 	}
-	return GatedAct{Op: k.Op, Inter: a.Inter, Rows: n.Grid[1], GU: n.Args[0], Act: n.Args[1], ActArg: 1, BF16Arg: 2}, true
+	return GatedAct{Op: k.Op, Inter: a.Inter, Rows: n.Grid[1], GU: n.Args[0], Act: n.Args[1]}, true
 }
 
 // GatedPairAt says whether nodes[i] and nodes[i+1] (kernels by name from kernel) are a GEMM

@@ -268,19 +268,33 @@ func TestRopePairAt(t *testing.T) {
 	}
 }
 
-// TestNormOutOf: an add+norm node with NormOutBF16 after out, passed the constant 0, reads
-// as one (its output, rows and that argument); a gathering norm, one passing
-// something else there, one without the parameter, or another op do not.
-func TestNormOutOf(t *testing.T) {
+// TestBF16CopyOf: an add+norm with NormOutBF16 after out, a decode attention with AttnZBF16
+// after z (its rows the grid's x over its splits) and a gated activation without MI ops, each
+// passing the constant 0 there, read as nodes that can write a bf16 copy (the activation's
+// output droppable); a gathering norm, the prefill step's attention kernels, a node passing
+// something else there, a kernel without the parameter, or another op do not.
+func TestBF16CopyOf(t *testing.T) {
 	params := []Param{{"resid", "u64"}, {"delta", "u64"}, {"w", "u64"}, {"out", "u64"}, {NormOutBF16, "u64"}, {"ctl_mask", "u64"}}
 	k := Kernel{Name: "norm", Op: OpRowNorm, Attrs: []byte(`{"hidden":4096,"load":"add"}`), Params: params}
 	n := Node{Label: "norm", Kernel: "norm", Grid: [3]int{32, 1, 1}, Args: []Slot{{Buffer: "r"}, {Buffer: "d"}, {Buffer: "w"}, {Buffer: "x", Offset: 64}, {}, {Buffer: "m"}}}
-	got, ok := NormOutOf(n, k)
-	if !ok || got != (NormOut{Out: Slot{Buffer: "x", Offset: 64}, Rows: 32, BF16Arg: 4}) {
+	if got, ok := BF16CopyOf(n, k); !ok || got != (BF16Copy{Out: Slot{Buffer: "x", Offset: 64}, Rows: 32, OutArg: 3, CopyArg: 4}) {
 		t.Fatalf("norm: %+v %v", got, ok)
+	}
+	attnParams := []Param{{"qkv", "u64"}, {"pos", "u64"}, {"seq", "u64"}, {"block_table", "u64"}, {"kcache", "u64"}, {"vcache", "u64"}, {"z", "u64"}, {AttnZBF16, "u64"}, {"chunk", "u64"}}
+	attn := Kernel{Name: "attn", Op: OpAttention, Attrs: []byte(`{"heads":32,"splits":4}`), Params: attnParams}
+	an := Node{Label: "attn", Kernel: "attn", Grid: [3]int{64, 8, 1}, Args: []Slot{{Buffer: "qkv"}, {Buffer: "p"}, {Buffer: "s"}, {Buffer: "b"}, {Buffer: "k"}, {Buffer: "v"}, {Buffer: "z"}, {}, {Buffer: "c"}}}
+	if got, ok := BF16CopyOf(an, attn); !ok || got != (BF16Copy{Out: Slot{Buffer: "z"}, Rows: 16, OutArg: 6, CopyArg: 7}) {
+		t.Fatalf("attention: %+v %v", got, ok)
+	}
+	act := Kernel{Name: "act", Op: "silu_mul", Attrs: []byte(`{"inter":128,"chunked":true}`), Params: gatedActParams}
+	actNode := Node{Label: "act", Kernel: "act", Grid: [3]int{1, 8, 1}, Args: []Slot{{Buffer: "gu"}, {Buffer: "a"}, {}}}
+	if got, ok := BF16CopyOf(actNode, act); !ok || got != (BF16Copy{Out: Slot{Buffer: "a"}, Rows: 8, OutArg: 1, CopyArg: 2, Droppable: true}) {
+		t.Fatalf("activation: %+v %v", got, ok)
 	}
 	gather := k
 	gather.Attrs = []byte(`{"hidden":4096,"load":"add","gather":true}`)
+	singles := attn
+	singles.Attrs = []byte(`{"heads":32,"rows":"single"}`)
 	set := n
 	set.Args = slices.Clone(n.Args)
 	set.Args[4] = Slot{Buffer: "xb"}
@@ -294,9 +308,9 @@ func TestNormOutOf(t *testing.T) {
 		name string
 		n    Node
 		k    Kernel
-	}{{"gather", n, gather}, {"out_bf16 set", set, k}, {"no out_bf16", short, without}, {"another op", n, other}} {
-		if _, ok := NormOutOf(c.n, c.k); ok {
-			t.Errorf("%s: read as an add+norm with out_bf16", c.name)
+	}{{"gather", n, gather}, {"singles", an, singles}, {"out_bf16 set", set, k}, {"no out_bf16", short, without}, {"another op", n, other}} {
+		if _, ok := BF16CopyOf(c.n, c.k); ok {
+			t.Errorf("%s: read as a node with a bf16 copy", c.name)
 		}
 	}
 }

@@ -390,8 +390,9 @@ func (e emitter) windowStart(c AttnConfig, n ptx.Reg) ptx.Reg {
 }
 
 // Attention generates the decode kernel; parameters: qkv, pos, seq, block_table, kcache,
-// vcache, z, then with c.Split ws and chunk (all u64; chunk points at the u32 positions per
-// split). Launch it with c.Launch(rows, splits).
+// vcache, z, z_bf16 (bundle.AttnZBF16: where not 0, bf16 of z goes there too, so that the o
+// projection after it reads that with no cast), then with c.Split ws and chunk (all u64;
+// chunk points at the u32 positions per split). Launch it with c.Launch(rows, splits).
 func Attention(name string, c AttnConfig) (*Kernel, error) {
 	attrs, err := checkAttn(c)
 	if err != nil {
@@ -410,7 +411,7 @@ func Attention(name string, c AttnConfig) (*Kernel, error) {
 	if c.Singles {
 		rows = ops.AttnRowsSingle
 	}
-	return finish(g.Kernel, "attention", c.attnAttrs(attrs, rows))
+	return finish(g.Kernel, bundle.OpAttention, c.attnAttrs(attrs, rows))
 }
 
 type adGen struct {
@@ -419,6 +420,8 @@ type adGen struct {
 	geo adGeom
 
 	qkv, table, kc, vc, z, ws ptx.Reg
+	zb                        ptx.Reg // z_bf16 (bundle.AttnZBF16)
+	noZB                      ptx.Reg // zb is 0: no bf16 copy
 	row, by, split, nsplit    ptx.Reg
 	tid, lane, warp, sub, sl  ptx.Reg
 	head0, kvh, s, dim0       ptx.Reg
@@ -442,6 +445,8 @@ func (g *adGen) emit() {
 	g.kc = g.param("kcache", ptx.U64)
 	g.vc = g.param("vcache", ptx.U64)
 	g.z = g.param("z", ptx.U64)
+	g.zb = g.param(bundle.AttnZBF16, ptx.U64)
+	g.noZB = g.cmp("eq", ptx.U64, g.zb, ptx.Imm(0))
 	var chunkP ptx.Reg
 	if c.Split {
 		if !g.c.clustered() {
@@ -945,7 +950,7 @@ func (g *adGen) mergeStates(ms mergeArrays) {
 	// Head h of the block is query head head0+h: its z row and, with splits, its records.
 	zrow := g.Reg(ptx.U32)
 	g.Emit("mad.lo.u32", zrow, g.row, ptx.Imm(int64(c.Heads)), g.head0)
-	zbase := g.byteAddr(g.z, zrow, 4*d)
+	zbase := zRow{f32: g.byteAddr(g.z, zrow, 4*d), bf16: g.byteAddr(g.zb, zrow, 2*d)}
 	var recs, mine, one ptx.Reg
 	var crec ptx.Sym
 	recBytes := 4 * adRecWords(d)
@@ -1039,7 +1044,7 @@ func (g *adGen) mergeStates(ms mergeArrays) {
 
 // clusterCombine: the ranks' records stored, rank 0 sums them in split order into z; the
 // other ranks are done.
-func (g *adGen) clusterCombine(crec ptx.Sym, zbase ptx.Reg) {
+func (g *adGen) clusterCombine(crec ptx.Sym, zbase zRow) {
 	c, geo := g.c, g.geo
 	d, hpb := c.HeadDim, geo.hpb
 	g.Emit("barrier.cluster.arrive.release")
@@ -1107,14 +1112,25 @@ func (g *adGen) foldRecords(st splitRecord, recs []splitRecord) {
 	g.Emit("mov.f32", st.m, next)
 }
 
-// storeZ writes four dims of z at element e: o / sum.
-func (g *adGen) storeZ(zbase, e ptx.Reg, o []ptx.Reg, sum ptx.Reg) {
+// zRow is where a head's row of z starts, and of its bf16 copy (z_bf16; not stored to when
+// that is 0).
+type zRow struct{ f32, bf16 ptx.Reg }
+
+// storeZ writes four dims of z at element e: o / sum, and where z_bf16 is not 0 bf16 of each
+// there, rounded as the backend's cast rounds it.
+func (g *adGen) storeZ(zbase zRow, e ptx.Reg, o []ptx.Reg, sum ptx.Reg) {
 	inv := g.Reg(ptx.F32)
 	g.Emit("rcp.rn.f32", inv, sum)
 	for i := range o {
 		g.Emit("mul.f32", o[i], o[i], inv)
 	}
-	g.Emit("st.global.v4.f32", ptx.Addr{Base: g.byteAddr(zbase, e, 4)}, ptx.Vec(o))
+	g.Emit("st.global.v4.f32", ptx.Addr{Base: g.byteAddr(zbase.f32, e, 4)}, ptx.Vec(o))
+	g.when(g.noZB, true, func() {
+		lo, hi := g.Reg(ptx.B32), g.Reg(ptx.B32)
+		g.Emit("cvt.rn.bf16x2.f32", lo, o[1], o[0])
+		g.Emit("cvt.rn.bf16x2.f32", hi, o[3], o[2])
+		g.Emit("st.global.v2.b32", ptx.Addr{Base: g.byteAddr(zbase.bf16, e, 2)}, ptx.Vec([]ptx.Reg{lo, hi}))
+	})
 }
 
 // combine draws this block's ticket and, in the block that completes its (row, head group),
@@ -1123,7 +1139,7 @@ func (g *adGen) storeZ(zbase, e ptx.Reg, o []ptx.Reg, sum ptx.Reg) {
 // adCombineBatch splits a round, keeping a running max over the rounds: one round trip to L2
 // where a row has at most that many splits (two before session 37: the weights first, then
 // the sums).
-func (g *adGen) combine(recs, zrow, zbase ptx.Reg) {
+func (g *adGen) combine(recs, zrow ptx.Reg, zbase zRow) {
 	c, geo := g.c, g.geo
 	d, hpb := c.HeadDim, geo.hpb
 	recBytes := 4 * adRecWords(d)

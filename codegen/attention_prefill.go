@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 
+	"xmix/bundle"
 	"xmix/ops"
 	"xmix/ptx"
 )
@@ -106,7 +107,7 @@ func AttentionPrefill(name string, c AttnConfig) (*Kernel, error) {
 	g := &apGen{emitter: newEmitter(name), c: c, geo: c.prefillGeom()}
 	g.MaxNTid = 32 * g.geo.warps
 	g.emit()
-	return finish(g.Kernel, "attention", c.attnAttrs(attrs, ops.AttnRowsRuns))
+	return finish(g.Kernel, bundle.OpAttention, c.attnAttrs(attrs, ops.AttnRowsRuns))
 }
 
 type apGen struct {

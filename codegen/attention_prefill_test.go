@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"testing"
 
+	"xmix/bundle"
 	"xmix/ops"
 	"xmix/ptx"
 	"xmix/ptx/emu"
@@ -53,7 +54,7 @@ func TestAttentionPrefillPlusSingles(t *testing.T) {
 		t.Fatal(err)
 	}
 	sl := c.Launch(len(pos), 1)
-	if err := emu.Run(smod, single.Name, emu.Launch{Grid: sl.Grid, Block: sl.Block}, a.mem, a.params[:7]); err != nil {
+	if err := emu.Run(smod, single.Name, emu.Launch{Grid: sl.Grid, Block: sl.Block}, a.mem, append(a.params[:7:7], 0)); err != nil {
 		t.Fatal(err)
 	}
 	if err := emu.Run(a.mod, pre.Name, emu.Launch{Grid: a.launch.Grid, Block: a.launch.Block}, a.mem, a.params); err != nil {
@@ -64,7 +65,7 @@ func TestAttentionPrefillPlusSingles(t *testing.T) {
 	ref := must(t)(&Kernel{Op: "attention", Attrs: ops.EncodeAttrs(all)}, nil)
 	a.k = ref
 	a.launch = sl
-	a.args = a.args[:7]
+	a.args = append(a.args[:7:7], nullPtr(bundle.AttnZBF16))
 	want := floats(a.reference(t), "f32")
 	got := floats(a.mem.Bytes(a.params[6])[:4*a.args[6].out], "f32")
 	if e := relL2(got, want); !(e <= 1e-2) {

@@ -3,6 +3,7 @@ package codegen
 import (
 	"bytes"
 	"encoding/binary"
+	"encoding/json"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -56,8 +57,11 @@ func newAttnCall(t *testing.T, r *rand.Rand, k *Kernel, c AttnConfig, l ops.Laun
 		{name: "pos", u32: pos}, {name: "seq", u32: seq}, {name: "block_table", u32: kv.table},
 		kv.kcache, kv.vcache, {name: "z", out: rows * c.Heads * c.HeadDim, f32: z0},
 	}
-	if len(k.Params) == 8 && k.Params[7].Name == "rows" {
+	switch k.Params[7].Name {
+	case "rows":
 		a.args = append(a.args, scalarU32("rows", uint32(rows)))
+	case bundle.AttnZBF16:
+		a.args = append(a.args, targ{name: bundle.AttnZBF16, out: rows * c.Heads * c.HeadDim, dtype: "bf16"})
 	}
 	for _, arg := range a.args {
 		if arg.isVal {
@@ -89,12 +93,15 @@ func newAttnCall(t *testing.T, r *rand.Rand, k *Kernel, c AttnConfig, l ops.Laun
 	return a
 }
 
-// run emulates the kernel over z's initial contents, checks that the split counters are back
-// at zero and returns z's bytes.
+// run emulates the kernel over z's initial contents (and z_bf16's, where the kernel takes
+// it), checks that the split counters are back at zero and returns z's bytes.
 func (a *attnCall) run(t *testing.T) []byte {
 	t.Helper()
 	z := a.mem.Bytes(a.params[6])[:4*a.args[6].out]
 	copy(z, a.args[6].bytesOf())
+	if zb := a.zBF16(); zb != nil {
+		copy(zb, a.args[7].bytesOf())
+	}
 	if err := emu.Run(a.mod, a.k.Name, emu.Launch{Grid: a.launch.Grid, Block: a.launch.Block}, a.mem, a.params); err != nil {
 		t.Fatalf("emulate: %v", err)
 	}
@@ -125,9 +132,55 @@ func (a *attnCall) reference(t *testing.T) []byte {
 	return args[6].Mem
 }
 
+// zBF16 is z_bf16's bytes where the kernel takes it and the call passes a buffer, else nil.
+func (a *attnCall) zBF16() []byte {
+	if len(a.args) < 8 || a.args[7].name != bundle.AttnZBF16 || a.params[7] == 0 {
+		return nil
+	}
+	return a.mem.Bytes(a.params[7])[:2*a.args[7].out]
+}
+
+// checkZBF16 checks, where the kernel takes z_bf16, that it wrote bf16 of its own z bit for
+// bit (the cast's rounding) in every row it computes and nothing in the others, and that
+// passed 0 there it writes z's same bits and stores nothing else (a store would fault).
+func (a *attnCall) checkZBF16(t *testing.T, z []byte) {
+	t.Helper()
+	zb := a.zBF16()
+	if zb == nil {
+		return
+	}
+	var a0 struct {
+		Rows string `json:"rows"`
+	}
+	if err := json.Unmarshal(a.k.Attrs, &a0); err != nil {
+		t.Fatal(err)
+	}
+	seq := a.args[2].u32
+	per := len(zb) / 2 / len(seq)
+	got, y := ops.Arg{Mem: zb}.U16(), ops.Arg{Mem: z}.F32()
+	for i, v := range y[:len(got)] {
+		want := ops.F32ToBF16(v)
+		if a0.Rows == ops.AttnRowsSingle && !ops.AttnRowSingle(seq, i/per) {
+			want = 0xFFFF // left as it was
+		}
+		if got[i] != want {
+			t.Fatalf("z_bf16[%d] = %#04x, want %#04x (z %v)", i, got[i], want, v)
+		}
+	}
+	addr := a.params[7]
+	a.params[7] = 0
+	again := a.run(t)
+	a.params[7] = addr
+	if !bytes.Equal(again, z) {
+		t.Fatal("z differs with z_bf16 0")
+	}
+}
+
 func (a *attnCall) check(t *testing.T, tol float64) {
 	t.Helper()
-	g, w := floats(a.run(t), "f32"), floats(a.reference(t), "f32")
+	z := a.run(t)
+	a.checkZBF16(t, z)
+	g, w := floats(z, "f32"), floats(a.reference(t), "f32")
 	if e := relL2(g, w); !(e <= tol) {
 		rows := len(a.args[1].u32)
 		per := len(w) / rows
@@ -420,7 +473,7 @@ func TestAttentionPublic(t *testing.T) {
 			t.Errorf("%+v: workspace %d, want %d", c.cfg, ws, c.ws)
 		}
 		k := must(t)(Attention("a", c.cfg))
-		want := "qkv,pos,seq,block_table,kcache,vcache,z"
+		want := "qkv,pos,seq,block_table,kcache,vcache,z,z_bf16"
 		if c.cfg.Split {
 			want += ",ws,chunk"
 		}

@@ -35,7 +35,7 @@ func loweringTable() map[ir.Op]lowering {
 		ir.OpAddNorm:    {[]string{bundle.OpRowNorm}, (*tb).addNorm},
 		ir.OpMatmul:     {[]string{"gemm", bundle.OpGemmTC}, (*tb).matmul},
 		ir.OpRope:       {[]string{"rope_kv"}, (*tb).rope},
-		ir.OpAttention:  {[]string{"attention"}, (*tb).attention},
+		ir.OpAttention:  {[]string{bundle.OpAttention}, (*tb).attention},
 		ir.OpActivation: {[]string{"silu_mul", "gelu_tanh_mul"}, (*tb).activation},
 		ir.OpRouter:     {[]string{"moe_router"}, (*tb).router},
 		ir.OpExperts:    {[]string{"moe_gate_up", "moe_down", "gemm", bundle.OpGemmTC, "silu_mul", "moe_combine"}, (*tb).experts},
@@ -658,7 +658,7 @@ func (t *tb) attention(n *ir.Node) {
 		ac = g.decodeAttn(ac, t.rows)
 	}
 	base := fmt.Sprintf("attention_h%d_kv%d_d%d_%s", ac.Heads, ac.KVHeads, ac.HeadDim, g.kvdt) + AttnKernelSuffix(ac)
-	s := merge(kvSlots(n, n.In[0].Buffer), slots{"z": buf(n.Out[0].Buffer)})
+	s := merge(kvSlots(n, n.In[0].Buffer), slots{"z": buf(n.Out[0].Buffer), bundle.AttnZBF16: konst(0)})
 	decode := func(name string, c AttnConfig, splits int, s slots) {
 		k, err := g.kernel(name, func() (*Kernel, error) { return Attention(name, c) })
 		t.add(n.Name, k, err, c.Launch(t.rows, splits), s, nil)

@@ -3,16 +3,20 @@ package ops
 import (
 	"fmt"
 	"math"
+
+	"xmix/bundle"
 )
 
-func init() { Register("attention", buildAttention) }
+func init() { Register(bundle.OpAttention, buildAttention) }
 
 // AttnAttrs configures op "attention": for each row r and query head h, softmax(q·k*Scale)
 // over positions 0..pos[r] of sequence seq[r] (read from the paged cache, kv head
 // h/(Heads/KVHeads)), weighted sum of v, written to z[r, h*HeadDim:]. Parameters: qkv, pos,
-// seq, block_table, kcache, vcache, z; kernels may take more after them (a split workspace,
-// a control word), which the reference ignores. Rows come from the launch grid (Grid[0], or
-// Grid[0]/Splits), except for AttnRowsRuns, whose eighth argument is the row count.
+// seq, block_table, kcache, vcache, z, then the decode kernel's z_bf16 (bundle.AttnZBF16:
+// bf16 of the rows of z it computes, unless it is empty) or AttnRowsRuns' row count; kernels
+// may take more after them (a split workspace, a control word), which the reference
+// ignores. Rows come from the launch grid (Grid[0], or Grid[0]/Splits), except for
+// AttnRowsRuns.
 type AttnAttrs struct {
 	KVAttrs
 	Scale float32 `json:"scale"`
@@ -72,13 +76,22 @@ func buildAttention(attrs []byte) (Runner, error) {
 			rows /= a.Splits
 		}
 		d := a.HeadDim
-		if a.Rows == AttnRowsRuns {
+		var zb []uint16
+		switch {
+		case a.Rows == AttnRowsRuns:
 			// The tensor-core kernel's grid counts blocks of rows; it takes the rows as an
 			// eighth argument.
 			if len(args) != 8 {
 				return fmt.Errorf("attention: rows %q takes 8 arguments (the last the row count), got %d", a.Rows, len(args))
 			}
 			rows = int(args[7].Bits)
+		case len(args) < 8:
+			return fmt.Errorf("attention: %d arguments, want at least 8 (the eighth %s)", len(args), bundle.AttnZBF16)
+		default:
+			if n := len(args[7].Mem); n > 0 && n < 2*rows*a.Heads*d {
+				return fmt.Errorf("attention: argument 7 (%s) holds %d bytes, needs %d", bundle.AttnZBF16, n, 2*rows*a.Heads*d)
+			}
+			zb = args[7].U16()
 		}
 		// Kernels' trailing arguments (the split workspace and chunk word of the decode
 		// kernel, the row count) do not change the math.
@@ -139,6 +152,11 @@ func buildAttention(attrs []byte) (Runner, error) {
 				inv := 1 / sum
 				for i := range out {
 					out[i] *= inv
+				}
+				if zb != nil {
+					for i, x := range out {
+						zb[(r*a.Heads+h)*d+i] = F32ToBF16(x)
+					}
 				}
 			}
 		})

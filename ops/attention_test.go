@@ -35,7 +35,8 @@ func TestAttentionMatchesFloat64(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		args := []Arg{fwdF32Arg(qkv), fwdU32Arg(pos), fwdU32Arg(seq), fwdU32Arg(table), ka, va, z}
+		zb := Arg{Mem: make([]byte, 2*rows*a.Heads*d)} // z_bf16: bf16 of z, as the cast rounds it
+		args := []Arg{fwdF32Arg(qkv), fwdU32Arg(pos), fwdU32Arg(seq), fwdU32Arg(table), ka, va, z, zb}
 		if err := run.Run(args, Launch{Grid: [3]int{rows, a.Heads, 1}}); err != nil {
 			t.Fatal(err)
 		}
@@ -70,6 +71,16 @@ func TestAttentionMatchesFloat64(t *testing.T) {
 		if e := fwdRelErr(z.F32(), want); e > 1e-5 {
 			t.Errorf("%+v: relative error %g", c, e)
 		}
+		for i, x := range z.F32() {
+			if got := zb.U16()[i]; got != F32ToBF16(x) {
+				t.Fatalf("%+v: z_bf16[%d] = %#04x, want bf16(z) = %#04x", c, i, got, F32ToBF16(x))
+			}
+		}
+		short := append([]Arg(nil), args...)
+		short[7] = Arg{Mem: zb.Mem[:len(zb.Mem)-2]}
+		if run.Run(short, Launch{Grid: [3]int{rows, a.Heads, 1}}) == nil {
+			t.Errorf("%+v: a z_bf16 a value short accepted", c)
+		}
 	}
 }
 
@@ -98,9 +109,9 @@ func TestAttentionRowSelections(t *testing.T) {
 		}
 	}
 	all := fwdF32Arg(make([]float32, rows*a.Heads*a.HeadDim))
-	run("", all)
+	run("", all, Arg{}) // z_bf16: none
 	parts := fwdF32Arg(make([]float32, rows*a.Heads*a.HeadDim))
-	run(AttnRowsSingle, parts)
+	run(AttnRowsSingle, parts, Arg{})
 	for i, x := range parts.F32() {
 		if single := AttnRowSingle(seq, i/(a.Heads*a.HeadDim)); (x == 0) == single {
 			t.Fatalf("element %d: %v after the singles (row single: %v)", i, x, single)
@@ -123,7 +134,7 @@ func TestAttentionRowSelections(t *testing.T) {
 		t.Fatal(err)
 	}
 	z := fwdF32Arg(make([]float32, rows*a.Heads*a.HeadDim))
-	args := []Arg{fwdF32Arg(qkv), fwdU32Arg(pos), fwdU32Arg(seq), fwdU32Arg(table), k, v, z}
+	args := []Arg{fwdF32Arg(qkv), fwdU32Arg(pos), fwdU32Arg(seq), fwdU32Arg(table), k, v, z, {}}
 	if err := op.Run(args, Launch{Grid: [3]int{3 * rows, 1, 1}}); err != nil {
 		t.Fatal(err)
 	}
@@ -148,8 +159,8 @@ func TestAttentionRejectsBadPage(t *testing.T) {
 	}
 	cache := fwdF32Arg(make([]float32, 2*2*2)) // 2 pages
 	args := []Arg{fwdF32Arg(make([]float32, 6)), fwdU32Arg([]uint32{3}), fwdU32Arg([]uint32{0}),
-		fwdU32Arg([]uint32{0, 7}), cache, cache, fwdF32Arg(make([]float32, 2))}
-	if err := run.Run(args, Launch{Grid: [3]int{1, 1, 1}}); err == nil {
-		t.Error("page 7 of a 2-page pool accepted")
+		fwdU32Arg([]uint32{0, 7}), cache, cache, fwdF32Arg(make([]float32, 2)), {}}
+	if err := run.Run(args, Launch{Grid: [3]int{1, 1, 1}}); err == nil || !strings.Contains(err.Error(), "7") {
+		t.Errorf("page 7 of a 2-page pool: %v", err)
 	}
 }

@@ -50,37 +50,28 @@ func (be *Backend) feedable(nodes []bundle.Node, j int, x bundle.Slot, m int, xb
 }
 
 // feedAhead is nodes[i] as prepare should launch it: where it writes the x of nodes[i+1], a
-// GEMM that a server of bf16(x) takes from the cast's scratch (feedable), and can write bf16
-// of it too (a gated activation without MI ops, bundle.GatedActBF16; an add+norm, bundle.
-// NormOutBF16), that argument points there, and fed is that scratch, which nodes[i+1] then
-// reads with no cast; otherwise nodes[i] itself and fed 0. A gated activation's f32 output is
-// dropped unless a node after the GEMM reads it (readAfter); a norm's is kept (the next
-// add+norm, which writes it again, names it too).
+// GEMM that a server of bf16(x) takes from the cast's scratch (feedable), and can write a bf16
+// copy of it too (bundle.BF16CopyOf: a gated activation without MI ops, an add+norm, a decode
+// attention), the copy's argument points there, and fed is that scratch, which nodes[i+1]
+// then reads with no cast; otherwise nodes[i] itself and fed 0. A gated activation's f32
+// output is dropped unless a node after the GEMM reads it (readAfter); the others' stay (the
+// next add+norm, which writes out again, names it too).
 func (be *Backend) feedAhead(nodes []bundle.Node, i int) (n bundle.Node, fed uintptr, err error) {
 	n = nodes[i]
 	if be.lt == nil || n.SkipUnless != 0 {
 		return n, 0, nil
 	}
-	k := be.kernels[n.Kernel]
-	var out bundle.Slot
-	var rows, arg int
-	act, gated := bundle.GatedActOf(n, k)
-	norm, normed := bundle.NormOutOf(n, k)
-	switch {
-	case gated:
-		out, rows, arg = act.Act, act.Rows, act.BF16Arg
-	case normed:
-		out, rows, arg = norm.Out, norm.Rows, norm.BF16Arg
-	default:
+	c, ok := bundle.BF16CopyOf(n, be.kernels[n.Kernel])
+	if !ok {
 		return n, 0, nil
 	}
-	if ok, err := be.feedable(nodes, i+1, out, rows, be.lt.xb, be.lt.xbBytes); err != nil || !ok {
+	if ok, err := be.feedable(nodes, i+1, c.Out, c.Rows, be.lt.xb, be.lt.xbBytes); err != nil || !ok {
 		return n, 0, err
 	}
 	n.Args = slices.Clone(n.Args)
-	n.Args[arg] = bundle.Slot{Const: uint64(be.lt.xb)}
-	if gated && !be.readAfter(nodes, i+1, out) {
-		n.Args[act.ActArg] = bundle.Slot{} // act 0: bf16(act) alone
+	n.Args[c.CopyArg] = bundle.Slot{Const: uint64(be.lt.xb)}
+	if c.Droppable && !be.readAfter(nodes, i+1, c.Out) {
+		n.Args[c.OutArg] = bundle.Slot{} // the copy alone
 	}
 	return n, be.lt.xb, nil
 }

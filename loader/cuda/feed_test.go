@@ -154,3 +154,27 @@ func TestFeedAheadNorm(t *testing.T) {
 		}
 	}
 }
+
+// TestFeedAheadAttention: a decode attention right before the o projection writes bf16 of z
+// into the cast's scratch and keeps z; the prefill step's singles kernel, which writes only
+// some rows of z, does not.
+func TestFeedAheadAttention(t *testing.T) {
+	const xb = 0x7000_0000
+	be := &Backend{kernels: feedKernels(), lt: &cublasLt{xb: xb, xbBytes: 8 * 128 * 2},
+		bufs: map[string]uintptr{"qkv": 0x1000_0000, "t": 0x1100_0000, "a": 0x2000_0000, "w": 0x3000_0000, "d": 0x4000_0000}}
+	params := []bundle.Param{{Name: "qkv", Type: "u64"}, {Name: "pos", Type: "u64"}, {Name: "seq", Type: "u64"}, {Name: "block_table", Type: "u64"},
+		{Name: "kcache", Type: "u64"}, {Name: "vcache", Type: "u64"}, {Name: "z", Type: "u64"}, {Name: bundle.AttnZBF16, Type: "u64"}}
+	be.kernels["attn"] = bundle.Kernel{Name: "attn", Op: bundle.OpAttention, Attrs: []byte(`{"heads":2,"head_dim":64}`), Params: params}
+	be.kernels["singles"] = bundle.Kernel{Name: "singles", Op: bundle.OpAttention, Attrs: []byte(`{"heads":2,"head_dim":64,"rows":"single"}`), Params: params}
+	attn := bundle.Node{Label: "attn", Kernel: "attn", Grid: [3]int{8, 1, 1},
+		Args: []bundle.Slot{{Buffer: "qkv"}, {Buffer: "t"}, {Buffer: "t"}, {Buffer: "t"}, {Buffer: "t"}, {Buffer: "t"}, {Buffer: "a"}, {}}}
+	n, fed, err := be.feedAhead([]bundle.Node{attn, feedDown(8)}, 0)
+	if err != nil || fed != xb || n.Args[7] != (bundle.Slot{Const: xb}) || n.Args[6] != attn.Args[6] {
+		t.Fatalf("attention then cuBLASLt's GEMM: %+v %#x %v; want z kept and z_bf16 the scratch", n.Args, fed, err)
+	}
+	singles := attn
+	singles.Kernel = "singles"
+	if n, fed, err := be.feedAhead([]bundle.Node{singles, feedDown(8)}, 0); err != nil || fed != 0 || n.Args[7] != (bundle.Slot{}) {
+		t.Errorf("the singles kernel: %+v %#x %v, want the node as it is", n.Args, fed, err)
+	}
+}

@@ -404,13 +404,14 @@ func copyGemmBackend(served *int, kernels ...*[]string) testsuite.NewBackend {
 
 // fedGemms is how many GEMM launches of a 2-layer cut with a decode bucket of rows rows
 // and 64-row prefill chunks read bf16(x) as the launch ahead wrote it: each layer's q/k/v,
-// gate/up and down in the decode template and in the prefill chunk's, but for a 64-row
-// bucket, whose launches the prefill chunk shares.
+// o, gate/up and down in the decode template, and but o (whose x the prefill attention
+// kernels write between them) in the prefill chunk's, except in a 64-row bucket, whose
+// launches the prefill chunk shares.
 func fedGemms(rows int) int {
 	if rows == 64 {
-		return 6
+		return 8
 	}
-	return 12
+	return 14
 }
 
 // recordFed wraps nb so that each backend it makes appends to *fed how many of its GEMM
@@ -427,10 +428,10 @@ func recordFed(nb testsuite.NewBackend, fed *[]int) testsuite.NewBackend {
 // library cast's bf16 x; xmixc build --copy-gemm-rows 32, 64 or 128) on a 2-layer cut of
 // Llama-3.1-8B in buckets of 32, 64 and 128 rows, every request teacher-forced to the CPU's
 // tokens, against the CPU backend: o, q/k/v and down of both layers served by it. Each
-// layer's q/k/v, gate/up and down GEMMs read bf16 of their x as the launch ahead wrote it
-// (the add+norm's, the add+norm's, and the gated gate/up kernel's or the SiLU kernel's), in
-// the decode template and the 64-row prefill chunk's, whichever server runs them. A subtest
-// per bucket and request count (-run 'TestCUDAWarpgroupGemmMatchesCPU/r64').
+// layer's GEMMs read bf16 of their x as the launch ahead wrote it (fedGemms: q/k/v and gate/up
+// the add+norm's, o the attention's, down the gated gate/up kernel's or the SiLU kernel's),
+// whichever server runs them. A subtest per bucket and request count (-run
+// 'TestCUDAWarpgroupGemmMatchesCPU/r64').
 func TestCUDAWarpgroupGemmMatchesCPU(t *testing.T) {
 	needGPU(t)
 	served := 0
@@ -622,13 +623,12 @@ func appRowsKeepBits(t *testing.T, nb testsuite.NewBackend, with, bare *bundle.B
 }
 
 // TestCUDAFedGemmsMatchCPU: in a 128-row bucket of a default bundle cuBLASLt serves every
-// GEMM, and q/k/v and gate/up read bf16 of the add+norm's output and down bf16 of the SiLU
-// kernel's as those kernels wrote it, with no cast: a 2-layer cut of Llama-3.1-8B, every
-// request teacher-forced to the CPU's tokens, both layers' three GEMMs fed in the decode
-// template and in the 64-row prefill chunk's. With an app's op at layer 1's mlp.act (in the
-// activation's MI form, which writes no bf16) that layer's down projection casts, except in
-// the graphs without apps; the rows without the app get the bare bundle's tokens and
-// logprobs bit for bit.
+// GEMM, and q/k/v and gate/up read bf16 of the add+norm's output, o of the attention's and
+// down of the SiLU kernel's as those kernels wrote it, with no cast: a 2-layer cut of
+// Llama-3.1-8B, every request teacher-forced to the CPU's tokens, both layers' GEMMs fed
+// (fedGemms). With an app's op at layer 1's mlp.act (in the activation's MI form, which
+// writes no bf16) that layer's down projection casts, except in the graphs without apps; the
+// rows without the app get the bare bundle's tokens and logprobs bit for bit.
 func TestCUDAFedGemmsMatchCPU(t *testing.T) {
 	needGPU(t)
 	var fed []int
