@@ -6,16 +6,22 @@
 # (default llama-3.1-8b; its bundle built by $BIN/xmixc with BUILD_FLAGS), bucket of BUCKETS
 # (default 32) and context of CONTEXTS (default 80 576 2112), ROUNDS (default 2) rounds with the
 # variants' order reversed every other round; each bench is `xmix bench --graph-buckets B
-# --graph-context C` (every row live at that context).
+# --graph-context C` (every row live at that context). BUILDS="NAME=FLAGS;..." gives the
+# variants it names a bundle of their own, built with FLAGS in place of BUILD_FLAGS (e.g.
+# "cg=--copy-gemm-rows 8,128" against the default bundle).
 #   run(command="OUT=\$OUT VARIANTS=... bash testsuite/gpu/runtime_ab.sh", carry=[...])
 # Writes $OUT/runtime_ab.json ({"model|bucket|context": {variant: [ms per round]}}) and
 # $OUT/summary.txt (each variant's mean and its change against the base).
 VARIANTS=${VARIANTS:?set VARIANTS}
 . "$(dirname "$0")/start.sh"
 IFS=';' read -ra vs <<< "$VARIANTS"
+IFS=';' read -ra builds <<< "${BUILDS:-}"
 : > "$W/raw.tsv"
 for m in ${MODELS:-llama-3.1-8b}; do
   "$B/xmixc" build specs/models/$m.yaml -q ${BUILD_FLAGS:-} -o "$W/$m.xmb" || { echo "build of $m failed" | tee -a "$S"; exit 1; }
+  for b in "${builds[@]}"; do
+    "$B/xmixc" build specs/models/$m.yaml -q ${b#*=} -o "$W/$m-${b%%=*}.xmb" || { echo "build of $m for ${b%%=*} failed" | tee -a "$S"; exit 1; }
+  done
   for bucket in ${BUCKETS:-32}; do
     for ctx in ${CONTEXTS:-80 576 2112}; do
       for r in $(seq ${ROUNDS:-2}); do
@@ -28,8 +34,9 @@ for m in ${MODELS:-llama-3.1-8b}; do
           case "$spec" in *" -- "*) flags=${spec#* -- }; spec=${spec%% -- *} ;; esac
           bin=${spec%% *}; env=""
           [ "$spec" != "$bin" ] && env=${spec#* }
-          f=$W/b.json
-          env $env timeout 120 "$bin/xmix" bench "$W/$m.xmb" --backend cuda --prompts $bucket --prompt-len 16 --new-tokens 8 \
+          f=$W/b.json xmb=$W/$m.xmb
+          [ -f "$W/$m-$name.xmb" ] && xmb=$W/$m-$name.xmb
+          env $env timeout 120 "$bin/xmix" bench "$xmb" --backend cuda --prompts $bucket --prompt-len 16 --new-tokens 8 \
             --graph-buckets $bucket --graph-context $ctx $flags --json -q > "$f" 2> "$W/e.txt"
           rc=$?
           ms=$(python3 -c "import json; print(list(json.load(open('$f'))['graph_ms'].values())[0])" 2>/dev/null || echo null)
