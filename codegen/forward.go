@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"cmp"
 	"fmt"
+	"math"
 	"slices"
 	"sort"
 	"strings"
@@ -72,9 +73,9 @@ type gen struct {
 	// gatedTCRows: decode buckets on tensor cores of at most this many rows take the gate/up
 	// projection with its activation as one kernel (BuildInfo.GatedTCRows, matmulGatedTC).
 	gatedTCRows int
-	// copyShapes are the GEMM shapes (K, N) given copy-engine kernels, copySlots the
+	// copyShapes are the GEMM shapes given copy-engine kernels (copyShape), copySlots the
 	// slots of their rings (0: the default, gcStages).
-	copyShapes [][2]int
+	copyShapes []copyGemmShape
 	copySlots  int
 	// copyNextAtAsk: GemmCopyConfig.NextAtAsk of every copy-engine kernel
 	// (BuildInfo.CopyGemmNextAtAsk).
@@ -136,12 +137,19 @@ func Generate(p *passes.Program, opt Options) (*bundle.Bundle, error) {
 	}
 	g.gatedTCRows = bi.GatedTCRows
 	g.copyShapes = copyGemmShapes
-	if len(bi.CopyGemms) > 0 {
-		shapes, err := bundle.ParseGemmShapes(bi.CopyGemms)
-		if err != nil {
-			return nil, fmt.Errorf("copy-engine GEMMs: %w", err)
+	if len(bi.CopyGemms) > 0 || len(bi.CopyGemmRows) > 0 {
+		// Shapes or rows a build names (for measuring) go to every bucket of its row counts.
+		shapes := defaultCopyShapes()
+		if len(bi.CopyGemms) > 0 {
+			var err error
+			if shapes, err = bundle.ParseGemmShapes(bi.CopyGemms); err != nil {
+				return nil, fmt.Errorf("copy-engine GEMMs: %w", err)
+			}
 		}
-		g.copyShapes = shapes
+		g.copyShapes = nil
+		for _, s := range shapes {
+			g.copyShapes = append(g.copyShapes, copyGemmShape{s[0], s[1], math.MaxInt})
+		}
 	}
 	if err := CheckCopyGemmSlots(bi.CopyGemmSlots); err != nil {
 		return nil, err

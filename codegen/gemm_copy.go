@@ -134,6 +134,11 @@ func init() {
 			panic(fmt.Sprintf("codegen: default copy-engine GEMM rows %d: no layout", r))
 		}
 	}
+	for _, s := range copyGemmShapes {
+		if s.K <= 0 || s.N <= 0 || copyRows(gcDefaultRows, s.MaxRows) != s.MaxRows {
+			panic(fmt.Sprintf("codegen: default copy-engine GEMM shape %+v: want positive K and N, and most rows one of %v", s, gcDefaultRows))
+		}
+	}
 }
 
 // gcLayoutOf is the layout of exactly rows rows, nil if none.
@@ -446,16 +451,44 @@ func (c GemmCopyConfig) Launch() ops.Launch {
 	return ops.Launch{Grid: [3]int{a.Grid, 1, 1}, Block: [3]int{a.Block, 1, 1}, Shared: a.Shared}
 }
 
-// copyGemmShapes are the GEMMs (K, N) a bundle carries copy-engine kernels for by default
-// (xmixc build --copy-gemms sets others), one for each row count of gcDefaultRows that a
-// decode bucket needs: those measured faster inside the decode step than cuBLASLt's, on the
-// H200 at Llama-3.1-8B's o (4096 x 4096), q/k/v (6144 x 4096) and down (4096 x 14336), at 8
-// and 16 rows (session 35, with x through its tensor map; at 32 rows, session 41, in the
-// warpgroup form all three together, not one by one). Its gate/up (28672 columns: enough
-// CTAs for the library's kernel to stream W at full speed) made the 8- and 16-row steps
-// 2-4% longer, and its LM head changed nothing (session 36); other shapes (the 1B's, a
-// tensor-parallel rank's, Qwen3's down) were not measured.
-var copyGemmShapes = [][2]int{{4096, 4096}, {4096, 6144}, {14336, 4096}}
+// copyGemmShape is a GEMM shape (K inputs, N outputs) given copy-engine kernels in decode
+// buckets of at most MaxRows rows (and of the build's row counts, copyRows). A build that
+// names its shapes or row counts (xmixc build --copy-gemms, --copy-gemm-rows) puts no bound.
+type copyGemmShape struct{ K, N, MaxRows int }
+
+// copyGemmShapes are the GEMMs a bundle carries copy-engine kernels for by default, each in
+// the buckets where it was measured faster inside the decode step than cuBLASLt's, on the H200
+// (testsuite/gpu/RESULTS.md):
+//   - Llama-3.1-8B's o (4096 x 4096), q/k/v (4096 x 6144) and down (14336 x 4096), at 8 and
+//     16 rows (session 35, with x through its tensor map) and at 32 and 64 (sessions 41-42, in
+//     the warpgroup form, all three together, not one by one). Its gate/up (28672 columns:
+//     enough CTAs for the library's kernel to stream W at full speed) made the 8- and 16-row
+//     steps 2-4% longer, and its LM head changed nothing (session 36).
+//   - Llama-3.2-1B's o (2048 x 2048), q/k/v (2048 x 3072) and down (8192 x 2048), at up to 8
+//     rows: its 8-row step 0.6-2.0% shorter, the 16-row step 2.2-2.6% longer, the 64- and
+//     128-row steps 3-19% longer, and the 32-row one +1.1% / -0.9% at contexts 80 / 2112
+//     (session 52).
+//
+// Other shapes (a tensor-parallel rank's, Qwen3's down) were not measured.
+var copyGemmShapes = []copyGemmShape{
+	{4096, 4096, 64}, {4096, 6144, 64}, {14336, 4096, 64},
+	{2048, 2048, 8}, {2048, 3072, 8}, {8192, 2048, 8},
+}
+
+// defaultCopyShapes are copyGemmShapes' (K, N).
+func defaultCopyShapes() [][2]int {
+	var out [][2]int
+	for _, s := range copyGemmShapes {
+		out = append(out, [2]int{s.K, s.N})
+	}
+	return out
+}
+
+// copyShape says whether the build gives the GEMM (k, n) of a decode bucket of rows rows a
+// copy-engine kernel (where its row counts hold the bucket, copyRows).
+func (g *gen) copyShape(k, n, rows int) bool {
+	return slices.ContainsFunc(g.copyShapes, func(s copyGemmShape) bool { return s.K == k && s.N == n && rows <= s.MaxRows })
+}
 
 // copyRows is the fewest of rows (the row counts a build makes kernels for, fewest first)
 // that hold m rows, or 0 if none does.
@@ -488,7 +521,7 @@ func (g *gen) copyGemms(templates []bundle.Template) error {
 				return fmt.Errorf("template %s: %w", t.Name, err)
 			}
 			key := [3]int{m.K, m.N, copyRows(g.copyRows, m.M)}
-			if !ok || m.Guard != 0 || key[2] == 0 || seen[key] || !slices.Contains(g.copyShapes, [2]int{m.K, m.N}) {
+			if !ok || m.Guard != 0 || key[2] == 0 || seen[key] || !g.copyShape(m.K, m.N, m.M) {
 				continue
 			}
 			seen[key] = true
@@ -533,7 +566,7 @@ func CheckRopeCopyRows(n int) error {
 func (g *gen) ropeCopyGemms(templates []bundle.Template) error {
 	return g.epilogueCopyGemms(templates, g.ropeCopyRows, func(nodes []bundle.Node, i int, kernel func(string) bundle.Kernel) (*copyPair, error) {
 		m, rope, ok, err := bundle.RopePairAt(nodes, i, kernel)
-		if err != nil || !ok || !slices.Contains(g.copyShapes, [2]int{m.K, m.N}) {
+		if err != nil || !ok || !g.copyShape(m.K, m.N, m.M) {
 			return nil, err
 		}
 		kv, ok := dtypeOf(rope.Shape.KVDtype)

@@ -430,7 +430,7 @@ func (t *tb) matmulGated(n *ir.Node) {
 // BuildInfo.GatedTCRows rows (the only ones measured), unless the build names its shape for
 // copy-engine kernels (xmixc build --copy-gemms), which serve GEMM nodes.
 func (t *tb) gatedTC(c GemmConfig, rows int) bool {
-	return t.kind == bundle.Decode && rows <= t.g.gatedTCRows && c.N%tcGatedWidth == 0 && !slices.Contains(t.g.copyShapes, [2]int{c.K, c.N})
+	return t.kind == bundle.Decode && rows <= t.g.gatedTCRows && c.N%tcGatedWidth == 0 && !t.g.copyShape(c.K, c.N, rows)
 }
 
 // matmulGatedTC is the gate/up projection of a decode bucket on tensor cores of at most

@@ -15,8 +15,10 @@ import (
 // for exactly the GEMMs they were measured faster on, o, q/k/v and down of its buckets of 8
 // to 64 rows (the 1, 2 and 4 rows buckets' GEMMs are GEMVs; 8 and 16 rows in the mma.sync
 // form, 32 and 64 in the warpgroup form; 128 and more keep the library), each well-formed;
-// Llama-3.2-1B's (narrower, not measured) carries none. By default (--gated-copy-rows 32) both
-// also carry one for the gate/up GEMM and SiLU at 32 rows (the 8-row bucket's gate/up is the
+// Llama-3.2-1B's for its o, q/k/v and down in its 8-row bucket alone, the one where they were
+// faster (codegen's copyGemmShapes); built with row counts named (--copy-gemm-rows 16), the
+// 1B's buckets of those rows get them too. By default (--gated-copy-rows 32) both also carry
+// one for the gate/up GEMM and SiLU at 32 rows (the 8-row bucket's gate/up is the
 // bundle's own gated kernel, the 16-row bucket's kernels are not the warpgroup form); built
 // with --gated-copy-rows 0, neither does. By default (--rope-copy-rows 32) the 8B also carries
 // one for q/k/v with its rope_kv at 32 rows; with --rope-copy-rows 0, none.
@@ -30,6 +32,7 @@ func TestCopyGemmKernels(t *testing.T) {
 		{4096, 6144, 8, ""}, {4096, 6144, 16, ""}, {4096, 6144, 32, ""}, {4096, 6144, 64, ""},
 		{14336, 4096, 8, ""}, {14336, 4096, 16, ""}, {14336, 4096, 32, ""}, {14336, 4096, 64, ""},
 	}
+	plain1B := []kernel{{2048, 2048, 8, ""}, {2048, 3072, 8, ""}, {8192, 2048, 8, ""}}
 	for _, c := range []struct {
 		model string
 		opt   compile.Options
@@ -39,8 +42,10 @@ func TestCopyGemmKernels(t *testing.T) {
 		{"../specs/models/llama-3.1-8b.yaml", compile.Options{RopeCopyRows: -1}, append(slices.Clone(plain8B), kernel{4096, 28672, 32, "silu_mul"})},
 		{"../specs/models/llama-3.1-8b.yaml", compile.Options{GatedCopyRows: -1}, append(slices.Clone(plain8B), kernel{4096, 6144, 32, "rope_kv"})},
 		{"../specs/models/llama-3.1-8b.yaml", compile.Options{}, append(slices.Clone(plain8B), kernel{4096, 28672, 32, "silu_mul"}, kernel{4096, 6144, 32, "rope_kv"})},
-		{"../specs/models/llama-3.2-1b.yaml", compile.Options{GatedCopyRows: -1}, nil},
-		{"../specs/models/llama-3.2-1b.yaml", compile.Options{}, []kernel{{2048, 16384, 32, "silu_mul"}}},
+		{"../specs/models/llama-3.2-1b.yaml", compile.Options{GatedCopyRows: -1}, plain1B},
+		{"../specs/models/llama-3.2-1b.yaml", compile.Options{}, append(slices.Clone(plain1B), kernel{2048, 16384, 32, "silu_mul"})},
+		// Row counts a build names go to every default shape, past the buckets measured.
+		{"../specs/models/llama-3.2-1b.yaml", compile.Options{CopyGemmRows: []int{16}, GatedCopyRows: -1}, []kernel{{2048, 2048, 16, ""}, {2048, 3072, 16, ""}, {8192, 2048, 16, ""}}},
 	} {
 		b, err := compile.Build(c.model, nil, c.opt)
 		if err != nil {

@@ -346,22 +346,23 @@ func TestCUDAMatchesCPUOnGemma2Cut(t *testing.T) {
 // runs in it, the 150-token prompt's decode splits its context, and 8 requests at once fill
 // every row, each row's logits compared. With a 16-row bucket alone, 13 requests at once
 // fill its kernels' first row tile and part of the second, each live row's logits compared
-// in every decode step.
+// in every decode step. A 2-layer cut of Llama-3.2-1B, whose 8-row bucket alone gets them,
+// fills an 8-row bucket too.
 func TestCUDACopyGemmMatchesCPU(t *testing.T) {
 	needGPU(t)
 	served := 0
 	nb := copyGemmBackend(&served)
 	const wantServed = 6 // o, q/k/v and down of 2 layers
-	copyCut := func(bucket int) *bundle.Bundle {
-		cut := specCut(t, "llama-3.1-8b", fmt.Sprintf("serving: {decode_buckets: [%d], prefill_chunks: [64], max_seq_len: 256, max_seqs: 16, kv_block_size: 16}\n", bucket))
+	copyCut := func(model string, bucket int) *bundle.Bundle {
+		cut := specCut(t, model, fmt.Sprintf("serving: {decode_buckets: [%d], prefill_chunks: [64], max_seq_len: 256, max_seqs: 16, kv_block_size: 16}\n", bucket))
 		b := testsuite.Compile(t, cut)
 		kernels, err := bundle.GemmCopyKernels(b.Kernels)
 		if err != nil || len(kernels) != 3 {
-			t.Fatalf("bucket %d: copy-engine GEMMs %v (%v), want o, q/k/v and down's", bucket, kernels, err)
+			t.Fatalf("%s, bucket %d: copy-engine GEMMs %v (%v), want o, q/k/v and down's", model, bucket, kernels, err)
 		}
 		return b
 	}
-	b := copyCut(8)
+	b := copyCut("llama-3.1-8b", 8)
 	for _, c := range []struct {
 		key    string
 		prompt []int
@@ -371,13 +372,16 @@ func TestCUDACopyGemmMatchesCPU(t *testing.T) {
 			t.Errorf("%s: %d GEMM nodes served by the copy-engine kernels, want %d", c.key, served, wantServed)
 		}
 	}
-	for _, c := range []struct{ bucket, requests, steps int }{{8, 8, 8}, {16, 13, 4}} {
+	for _, c := range []struct {
+		model                   string
+		bucket, requests, steps int
+	}{{"llama-3.1-8b", 8, 8, 8}, {"llama-3.1-8b", 16, 13, 4}, {"llama-3.2-1b", 8, 8, 8}} {
 		prompts := sixTokenPrompts(c.requests)
 		bb := b
-		if c.bucket != 8 {
-			bb = copyCut(c.bucket)
+		if c.model != "llama-3.1-8b" || c.bucket != 8 {
+			bb = copyCut(c.model, c.bucket)
 		}
-		agreementRows(t, nb, fmt.Sprintf("llama-3.1-8b-2layers-copy-gemm-r%d", c.bucket), bb, prompts, c.steps)
+		agreementRows(t, nb, fmt.Sprintf("%s-2layers-copy-gemm-r%d", c.model, c.bucket), bb, prompts, c.steps)
 		if served != wantServed {
 			t.Errorf("%d requests in a %d-row bucket: %d GEMM nodes served by the copy-engine kernels, want %d", c.requests, c.bucket, served, wantServed)
 		}
