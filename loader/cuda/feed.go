@@ -8,9 +8,10 @@ import (
 
 // Feeds: a GEMM server that reads bf16(x) (cuBLASLt, or a copy-engine GEMM with XBF16) runs
 // after a cast of x into scratch. Where the launch ahead of the GEMM produces x itself and can
-// write bf16 of it too (the gated copy-engine kernel's y_bf16, the gated activation kernel's
-// act_bf16), the loader points that copy at the scratch the GEMM reads and issues the GEMM
-// with no cast: the same bits, since both round to nearest even as the cast does.
+// write bf16 of it too (the gated copy-engine kernel's y_bf16; the gated activation's
+// act_bf16, the add+norm's out_bf16 and the decode attention's z_bf16, bundle.BF16CopyOf),
+// the loader points that copy at the scratch the GEMM reads and issues the GEMM with no
+// cast: the same bits, since both round to nearest even as the cast does.
 
 // feedable says whether nodes[j] is a GEMM of m rows whose x is slot x that a server reading
 // bf16(x) from xb (scratch of bytes) serves with no cast: the copy-engine kernel copyPair
