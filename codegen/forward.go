@@ -136,15 +136,18 @@ func Generate(p *passes.Program, opt Options) (*bundle.Bundle, error) {
 		return nil, err
 	}
 	g.gatedTCRows = bi.GatedTCRows
+	// Shapes or rows a build names (for measuring) go to every bucket of its row counts.
 	g.copyShapes = copyGemmShapes
-	if len(bi.CopyGemms) > 0 || len(bi.CopyGemmRows) > 0 {
-		// Shapes or rows a build names (for measuring) go to every bucket of its row counts.
-		shapes := defaultCopyShapes()
-		if len(bi.CopyGemms) > 0 {
-			var err error
-			if shapes, err = bundle.ParseGemmShapes(bi.CopyGemms); err != nil {
-				return nil, fmt.Errorf("copy-engine GEMMs: %w", err)
-			}
+	if len(bi.CopyGemmRows) > 0 {
+		g.copyShapes = nil
+		for _, s := range copyGemmShapes {
+			g.copyShapes = append(g.copyShapes, copyGemmShape{s.K, s.N, math.MaxInt})
+		}
+	}
+	if len(bi.CopyGemms) > 0 {
+		shapes, err := bundle.ParseGemmShapes(bi.CopyGemms)
+		if err != nil {
+			return nil, fmt.Errorf("copy-engine GEMMs: %w", err)
 		}
 		g.copyShapes = nil
 		for _, s := range shapes {

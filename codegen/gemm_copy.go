@@ -475,15 +475,6 @@ var copyGemmShapes = []copyGemmShape{
 	{2048, 2048, 8}, {2048, 3072, 8}, {8192, 2048, 8},
 }
 
-// defaultCopyShapes are copyGemmShapes' (K, N).
-func defaultCopyShapes() [][2]int {
-	var out [][2]int
-	for _, s := range copyGemmShapes {
-		out = append(out, [2]int{s.K, s.N})
-	}
-	return out
-}
-
 // copyShape says whether the build gives the GEMM (k, n) of a decode bucket of rows rows a
 // copy-engine kernel (where its row counts hold the bucket, copyRows).
 func (g *gen) copyShape(k, n, rows int) bool {

@@ -169,10 +169,10 @@ func (be *Backend) planPair(nodes []bundle.Node, i int) (pairPlan, bool, error) 
 	}
 	kernel := func(name string) bundle.Kernel { return be.kernels[name] }
 	g, act, ok, err := bundle.GatedPairAt(nodes, i, kernel)
-	if err != nil || ok {
-		if err != nil || g.M < 1 {
-			return pairPlan{}, false, err
-		}
+	switch {
+	case err != nil || ok && g.M < 1:
+		return pairPlan{}, false, err
+	case ok:
 		c, ok := gatedCopyFor(be.copy.kernels[bundle.GemmCopyShape{K: g.K, N: g.N, Act: act.Op}], g.M)
 		return pairPlan{g: g, c: c, gated: true, act: act}, ok, nil
 	}
