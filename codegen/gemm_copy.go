@@ -105,11 +105,12 @@ var gcLayouts = []gcLayout{
 
 // gcDefaultRows are the layouts' row counts a bundle carries kernels for unless a build asks
 // for others (xmixc build --copy-gemm-rows): those measured faster in the step and checked
-// against the CPU on the GPU. On the H200 the warpgroup form made the 8B's steps of 32 and
-// 64 rows 0.9-2.6% shorter than cuBLASLt's at contexts 80-2112, but its 128-row kernels
-// made that step 1.5% longer (sessions 41-42), 0.8-0.9% with q/k/v's x shared (session 43,
-// testsuite/gpu/RESULTS.md), so 128 rows keep the library.
-var gcDefaultRows = []int{8, 16, 32, 64}
+// against the CPU on the GPU, for the shapes of copyGemmShapes whose bound reaches them. On
+// the H200 the warpgroup form made the 8B's steps of 32 and 64 rows 0.9-2.6% shorter than
+// cuBLASLt's at contexts 80-2112. At 128 rows its o, q/k/v and down together made that step
+// 1.5% longer (sessions 41-42), 0.8-0.9% with q/k/v's x shared (session 43), but o and down
+// alone 0.6-1.1% shorter (session 53, testsuite/gpu/RESULTS.md).
+var gcDefaultRows = []int{8, 16, 32, 64, 128}
 
 func init() {
 	for _, l := range gcLayouts {
@@ -336,8 +337,14 @@ func GatedCopyFor(k, n, rows, slots int, act string) (GemmCopyConfig, error) {
 	if !c.warpgroup() {
 		return GemmCopyConfig{}, fmt.Errorf("copy-engine GEMM with an activation: %d rows, want rows of the warpgroup form", rows)
 	}
+	// The epilogue pairs a tile's gate and up columns in the CTA: x is never shared over a
+	// cluster (the 128-row layout's share), so the ring is restaged without the partners' slot.
+	if c.Share > 1 {
+		c.Share = 0
+		c.Stages = min(c.kStages(), cmp.Or(max(slots, 0), gcStages), c.fitSlots())
+	}
 	c.Act = act
-	if tiles := n / gcCols; c.Split == 1 && c.Share <= 1 && tiles > gcSMs {
+	if tiles := n / gcCols; c.Split == 1 && tiles > gcSMs {
 		// The fewest tiles a CTA that fill no more than the SMs, in CTAs of as many each.
 		c.Tiles = (tiles + gcSMs - 1) / gcSMs
 		for tiles%c.Tiles != 0 {
@@ -461,17 +468,20 @@ type copyGemmShape struct{ K, N, MaxRows int }
 // (testsuite/gpu/RESULTS.md):
 //   - Llama-3.1-8B's o (4096 x 4096), q/k/v (4096 x 6144) and down (14336 x 4096), at 8 and
 //     16 rows (session 35, with x through its tensor map) and at 32 and 64 (sessions 41-42, in
-//     the warpgroup form, all three together, not one by one). Its gate/up (28672 columns:
-//     enough CTAs for the library's kernel to stream W at full speed) made the 8- and 16-row
-//     steps 2-4% longer, and its LM head changed nothing (session 36).
+//     the warpgroup form, all three together, not one by one); o and down at 128 rows too,
+//     measured one by one there (session 53: o -0.3..-0.5%, down -0.3..-0.5%, both -0.6..-1.1%
+//     of the 128-row step at contexts 80-2112; q/k/v +0.5..+0.8%). Its gate/up (28672
+//     columns: enough CTAs for the library's kernel to stream W at full speed) made the 8- and
+//     16-row steps 2-4% longer, and its LM head changed nothing (session 36).
 //   - Llama-3.2-1B's o (2048 x 2048), q/k/v (2048 x 3072) and down (8192 x 2048), at up to 8
 //     rows: its 8-row step 0.6-2.0% shorter, the 16-row step 2.2-2.6% longer, the 64- and
 //     128-row steps 3-19% longer, and the 32-row one +1.1% / -0.9% at contexts 80 / 2112
-//     (session 52).
+//     (session 52); at 128 rows o alone +2.6..+6.4%, down +4.9..+12.4%, q/k/v +0.3..+0.6%
+//     (session 53).
 //
 // Other shapes (a tensor-parallel rank's, Qwen3's down) were not measured.
 var copyGemmShapes = []copyGemmShape{
-	{4096, 4096, 64}, {4096, 6144, 64}, {14336, 4096, 64},
+	{4096, 4096, 128}, {4096, 6144, 64}, {14336, 4096, 128},
 	{2048, 2048, 8}, {2048, 3072, 8}, {8192, 2048, 8},
 }
 
@@ -661,11 +671,13 @@ func (g *gen) gatedCopyAt(kind bundle.TemplateKind, rows int) bool {
 }
 
 // epilogueCopyAt says whether templates of kind and rows rows may get copy-engine kernels with
-// an epilogue: decode buckets of at most maxRows rows whose copy-engine row count takes the
-// warpgroup form.
+// an epilogue: decode buckets whose copy-engine row count takes the warpgroup form and is at
+// most maxRows. The count, not the bucket's rows: the backend serves every bucket a kernel
+// holds (the 128-row bucket too, had a 32-row bucket of a build with only 128-row kernels
+// been given one).
 func (g *gen) epilogueCopyAt(kind bundle.TemplateKind, rows, maxRows int) bool {
 	r := copyRows(g.copyRows, rows)
-	return kind == bundle.Decode && rows <= maxRows && r > 0 && gcLayoutOf(r).Warpgroup
+	return kind == bundle.Decode && r > 0 && r <= maxRows && gcLayoutOf(r).Warpgroup
 }
 
 // gatedCopyGemms adds a copy-engine GEMM with the activation in its epilogue (GatedCopyFor)

@@ -122,6 +122,7 @@ func TestGemmCopyMatchesReference(t *testing.T) {
 		{GemmCopyConfig{K: 512, N: 256, Rows: 32, Split: 1, Stages: 3, Tiles: 2, Act: "silu_mul"}, []int{3, 32}},    // two CTAs of two tiles
 		{GemmCopyConfig{K: 1024, N: 256, Rows: 64, Split: 1, Stages: 2, Tiles: 4, Act: "gelu_tanh_mul"}, []int{64}}, // one CTA of four tiles
 		{GemmCopyConfig{K: 256, N: 384, Rows: 32, Split: 1, Stages: 2, Tiles: 3, Act: "silu_mul"}, []int{32}},       // a stage a tile
+		{GemmCopyConfig{K: 512, N: 256, Rows: 128, Split: 1, Stages: 3, Tiles: 2, Act: "silu_mul"}, []int{70, 128}}, // 128 rows, x not shared
 		// The grid after it launched once the last stage is asked for: the same sums.
 		{GemmCopyConfig{K: 2048, N: 64, Rows: 8, Split: 2, Stages: 2, NextAtAsk: true}, []int{3}},
 		{GemmCopyConfig{K: 1024, N: 128, Rows: 32, Split: 1, Stages: 3, NextAtAsk: true}, []int{17}},
@@ -266,6 +267,7 @@ func TestGatedCopyFor(t *testing.T) {
 	}{
 		{4096, 28672, 32, 4, 112, 3},
 		{4096, 28672, 64, 4, 112, 3},
+		{4096, 28672, 128, 4, 112, 3},
 		{2048, 16384, 32, 2, 128, 3},
 		{4096, 8192, 32, 0, 128, 3},
 	} {

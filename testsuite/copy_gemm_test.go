@@ -13,15 +13,18 @@ import (
 
 // TestCopyGemmKernels: the Llama-3.1-8B bundle carries copy-engine GEMMs (bundle.OpGemmCopy)
 // for exactly the GEMMs they were measured faster on, o, q/k/v and down of its buckets of 8
-// to 64 rows (the 1, 2 and 4 rows buckets' GEMMs are GEMVs; 8 and 16 rows in the mma.sync
-// form, 32 and 64 in the warpgroup form; 128 and more keep the library), each well-formed;
+// to 64 rows and o and down of its 128-row bucket (the 1, 2 and 4 rows buckets' GEMMs are
+// GEMVs; 8 and 16 rows in the mma.sync form, 32 to 128 in the warpgroup form; 256 keeps the
+// library), each well-formed;
 // Llama-3.2-1B's for its o, q/k/v and down in its 8-row bucket alone, the one where they were
 // faster (codegen's copyGemmShapes); built with row counts named (--copy-gemm-rows 16), the
 // 1B's buckets of those rows get them too. By default (--gated-copy-rows 32) both also carry
 // one for the gate/up GEMM and SiLU at 32 rows (the 8-row bucket's gate/up is the
 // bundle's own gated kernel, the 16-row bucket's kernels are not the warpgroup form); built
 // with --gated-copy-rows 0, neither does. By default (--rope-copy-rows 32) the 8B also carries
-// one for q/k/v with its rope_kv at 32 rows; with --rope-copy-rows 0, none.
+// one for q/k/v with its rope_kv at 32 rows; with --rope-copy-rows 0, none. Those bounds are on
+// the kernels' rows: a build of 128-row kernels alone carries gated ones only with
+// --gated-copy-rows 128.
 func TestCopyGemmKernels(t *testing.T) {
 	type kernel struct {
 		k, n, rows int
@@ -31,7 +34,9 @@ func TestCopyGemmKernels(t *testing.T) {
 		{4096, 4096, 8, ""}, {4096, 4096, 16, ""}, {4096, 4096, 32, ""}, {4096, 4096, 64, ""},
 		{4096, 6144, 8, ""}, {4096, 6144, 16, ""}, {4096, 6144, 32, ""}, {4096, 6144, 64, ""},
 		{14336, 4096, 8, ""}, {14336, 4096, 16, ""}, {14336, 4096, 32, ""}, {14336, 4096, 64, ""},
+		{4096, 4096, 128, ""}, {14336, 4096, 128, ""},
 	}
+	plain8B128 := []kernel{{4096, 4096, 128, ""}, {4096, 6144, 128, ""}, {14336, 4096, 128, ""}}
 	plain1B := []kernel{{2048, 2048, 8, ""}, {2048, 3072, 8, ""}, {8192, 2048, 8, ""}}
 	for _, c := range []struct {
 		model string
@@ -46,6 +51,11 @@ func TestCopyGemmKernels(t *testing.T) {
 		{"../specs/models/llama-3.2-1b.yaml", compile.Options{}, append(slices.Clone(plain1B), kernel{2048, 16384, 32, "silu_mul"})},
 		// Row counts a build names go to every default shape, past the buckets measured.
 		{"../specs/models/llama-3.2-1b.yaml", compile.Options{CopyGemmRows: []int{16}, GatedCopyRows: -1}, []kernel{{2048, 2048, 16, ""}, {2048, 3072, 16, ""}, {8192, 2048, 16, ""}}},
+		// The epilogues' row bounds hold for the kernels' rows, not the buckets': with 128-row
+		// kernels alone the 32-row bucket gets no gated or rope kernel (the backend would serve
+		// the 128-row bucket with it), unless --gated-copy-rows reaches 128.
+		{"../specs/models/llama-3.1-8b.yaml", compile.Options{CopyGemmRows: []int{128}}, plain8B128},
+		{"../specs/models/llama-3.1-8b.yaml", compile.Options{CopyGemmRows: []int{128}, GatedCopyRows: 128}, append(slices.Clone(plain8B128), kernel{4096, 28672, 128, "silu_mul"})},
 	} {
 		b, err := compile.Build(c.model, nil, c.opt)
 		if err != nil {
@@ -59,7 +69,8 @@ func TestCopyGemmKernels(t *testing.T) {
 		for kn, ks := range kernels {
 			for _, k := range ks {
 				got = append(got, kernel{kn.K, kn.N, k.Attrs.Rows, kn.Act})
-				if k.Attrs.Grid*max(k.Attrs.Tiles, 1)*64/k.Attrs.Cluster != kn.N {
+				// A cluster splits K (its CTAs on the same columns) or shares x (each on its own).
+				if cols := k.Attrs.Grid * max(k.Attrs.Tiles, 1) * 64; cols != kn.N*k.Attrs.Cluster && (cols != kn.N || k.Attrs.Rows != 128) {
 					t.Errorf("%s: %s: attributes %+v", c.model, k.Kernel, k.Attrs)
 				}
 			}
