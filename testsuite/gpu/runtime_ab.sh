@@ -6,7 +6,10 @@
 # (default llama-3.1-8b; its bundle built by $BIN/xmixc with BUILD_FLAGS), bucket of BUCKETS
 # (default 32) and context of CONTEXTS (default 80 576 2112), ROUNDS (default 2) rounds with the
 # variants' order reversed every other round; each bench is `xmix bench --graph-buckets B
-# --graph-context C` (every row live at that context). BUILDS="NAME=FLAGS;..." gives the
+# --graph-context C` (every row live at that context) after a run of NEW_TOKENS (default 8)
+# tokens a request, so the cache past them holds zeros: the 8B's 128-row step is up to 8%
+# shorter so than after 64 (the grid's, run.sh; we think the power cap bites less: RESULTS.md,
+# session 53); NEW_TOKENS=64 times it as the grid does. BUILDS="NAME=FLAGS;..." gives the
 # variants it names a bundle of their own, built with FLAGS in place of BUILD_FLAGS (e.g.
 # "cg=--copy-gemm-rows 8,128" against the default bundle).
 #   run(command="OUT=\$OUT VARIANTS=... bash testsuite/gpu/runtime_ab.sh", carry=[...])
@@ -36,7 +39,7 @@ for m in ${MODELS:-llama-3.1-8b}; do
           [ "$spec" != "$bin" ] && env=${spec#* }
           f=$W/b.json xmb=$W/$m.xmb
           [ -f "$W/$m-$name.xmb" ] && xmb=$W/$m-$name.xmb
-          env $env timeout 120 "$bin/xmix" bench "$xmb" --backend cuda --prompts $bucket --prompt-len 16 --new-tokens 8 \
+          env $env timeout 120 "$bin/xmix" bench "$xmb" --backend cuda --prompts $bucket --prompt-len 16 --new-tokens ${NEW_TOKENS:-8} \
             --graph-buckets $bucket --graph-context $ctx $flags --json -q > "$f" 2> "$W/e.txt"
           rc=$?
           ms=$(python3 -c "import json; print(list(json.load(open('$f'))['graph_ms'].values())[0])" 2>/dev/null || echo null)
