@@ -69,7 +69,8 @@ func TestCopyGemmKernels(t *testing.T) {
 		for kn, ks := range kernels {
 			for _, k := range ks {
 				got = append(got, kernel{kn.K, kn.N, k.Attrs.Rows, kn.Act})
-				// A cluster splits K (its CTAs on the same columns) or shares x (each on its own).
+				// A cluster splits K (its CTAs on the same columns) or, in the 128-row layout,
+				// shares x (each CTA on its own columns).
 				if cols := k.Attrs.Grid * max(k.Attrs.Tiles, 1) * 64; cols != kn.N*k.Attrs.Cluster && (cols != kn.N || k.Attrs.Rows != 128) {
 					t.Errorf("%s: %s: attributes %+v", c.model, k.Kernel, k.Attrs)
 				}

@@ -631,12 +631,13 @@ func appRowsKeepBits(t *testing.T, nb testsuite.NewBackend, with, bare *bundle.B
 }
 
 // TestCUDAFedGemmsMatchCPU: in a 128-row bucket of a default bundle cuBLASLt serves q/k/v and
-// gate/up and the copy-engine kernels o and down, and q/k/v and gate/up read bf16 of the add+norm's output, o of the attention's and
-// down of the SiLU kernel's as those kernels wrote it, with no cast: a 2-layer cut of
-// Llama-3.1-8B, every request teacher-forced to the CPU's tokens, both layers' GEMMs fed
-// (fedGemms). With an app's op at layer 1's mlp.act (in the activation's MI form, which
-// writes no bf16) that layer's down projection casts, except in the graphs without apps; the
-// rows without the app get the bare bundle's tokens and logprobs bit for bit.
+// gate/up and the copy-engine kernels o and down, and q/k/v and gate/up read bf16 of the
+// add+norm's output, o of the attention's and down of the SiLU kernel's as those kernels
+// wrote it, with no cast: a 2-layer cut of Llama-3.1-8B, every request teacher-forced to the
+// CPU's tokens, both layers' GEMMs fed (fedGemms). With an app's op at layer 1's mlp.act (in
+// the activation's MI form, which writes no bf16) that layer's down projection casts, except
+// in the graphs without apps; the rows without the app get the bare bundle's tokens and
+// logprobs bit for bit.
 func TestCUDAFedGemmsMatchCPU(t *testing.T) {
 	needGPU(t)
 	var fed []int
