@@ -9,7 +9,10 @@
 # --graph-context C` (every row live at that context) after a run of NEW_TOKENS (default 8)
 # tokens a request, so the cache past them holds zeros: the 8B's 128-row step is up to 8%
 # shorter so than after 64 (the grid's, run.sh; we think the power cap bites less: RESULTS.md,
-# session 53); NEW_TOKENS=64 times it as the grid does. BUILDS="NAME=FLAGS;..." gives the
+# session 53); NEW_TOKENS=64 times it as the grid does. POWER=1 samples nvidia-smi every
+# POWER_MS (default 50) ms while each bench runs and adds to its line the highest draw, the
+# busy samples' median SM clock and how many of them the power cap held (power_summary.py;
+# $OUT/power.json). BUILDS="NAME=FLAGS;..." gives the
 # variants it names a bundle of their own, built with FLAGS in place of BUILD_FLAGS (e.g.
 # "cg=--copy-gemm-rows 8,128" against the default bundle).
 #   run(command="OUT=\$OUT VARIANTS=... bash testsuite/gpu/runtime_ab.sh", carry=[...])
@@ -19,7 +22,7 @@ VARIANTS=${VARIANTS:?set VARIANTS}
 . "$(dirname "$0")/start.sh"
 IFS=';' read -ra vs <<< "$VARIANTS"
 IFS=';' read -ra builds <<< "${BUILDS:-}"
-: > "$W/raw.tsv"
+: > "$W/raw.tsv"; : > "$W/power.tsv"
 for m in ${MODELS:-llama-3.1-8b}; do
   "$B/xmixc" build specs/models/$m.yaml -q ${BUILD_FLAGS:-} -o "$W/$m.xmb" || { echo "build of $m failed" | tee -a "$S"; exit 1; }
   for b in "${builds[@]}"; do
@@ -39,11 +42,23 @@ for m in ${MODELS:-llama-3.1-8b}; do
           [ "$spec" != "$bin" ] && env=${spec#* }
           f=$W/b.json xmb=$W/$m.xmb
           [ -f "$W/$m-$name.xmb" ] && xmb=$W/$m-$name.xmb
+          if [ "${POWER:-0}" = 1 ]; then
+            nvidia-smi --query-gpu=power.draw,clocks.sm,clocks_throttle_reasons.active --format=csv,noheader,nounits \
+              -lms ${POWER_MS:-50} > "$W/power.csv" 2>/dev/null &
+            sampler=$!
+          fi
           env $env timeout 120 "$bin/xmix" bench "$xmb" --backend cuda --prompts $bucket --prompt-len 16 --new-tokens ${NEW_TOKENS:-8} \
             --graph-buckets $bucket --graph-context $ctx $flags --json -q > "$f" 2> "$W/e.txt"
           rc=$?
+          power=""
+          if [ "${POWER:-0}" = 1 ]; then
+            kill $sampler 2>/dev/null; wait $sampler 2>/dev/null
+            power=$(python3 "$(dirname "$0")/power_summary.py" "$W/power.csv")
+            printf '%s|%s|%s\t%s\t%s\n' "$m" "$bucket" "$ctx" "$name" "$power" >> "$W/power.tsv"
+            power=" (max W, busy MHz, power-capped share, busy samples: $power)"
+          fi
           ms=$(python3 -c "import json; print(list(json.load(open('$f'))['graph_ms'].values())[0])" 2>/dev/null || echo null)
-          echo "$m bucket $bucket ctx $ctx $name round $r rc=$rc $ms" | tee -a "$S"
+          echo "$m bucket $bucket ctx $ctx $name round $r rc=$rc $ms$power" | tee -a "$S"
           [ $rc = 0 ] || tail -3 "$W/e.txt" | tee -a "$S"
           printf '%s|%s|%s\t%s\t%s\n' "$m" "$bucket" "$ctx" "$name" "$ms" >> "$W/raw.tsv"
         done
@@ -70,3 +85,16 @@ for shape, vs in out.items():
         cells.append(f"{name} {mean:.3f}" + (f" ({100 * (mean / b - 1):+.2f}%)" if b and name != base else ""))
     print(shape, " | ".join(cells))
 PY
+if [ -s "$W/power.tsv" ]; then
+  python3 - "$W/power.tsv" "$OUT/power.json" <<'PY'
+import json, sys
+out = {}
+for line in open(sys.argv[1]):
+    shape, name, fields = line.rstrip("\n").split("\t")
+    w, mhz, capped, n = fields.split()
+    num = lambda x, f: None if x == "null" else f(x)
+    out.setdefault(shape, {}).setdefault(name, []).append(
+        {"max_w": num(w, float), "busy_mhz": num(mhz, float), "capped_share": num(capped, float), "busy_samples": int(n)})
+json.dump(out, open(sys.argv[2], "w"), indent=1)
+PY
+fi
