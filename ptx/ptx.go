@@ -154,6 +154,9 @@ const (
 	LaneID  Special = "%laneid"
 	// GlobalTimer is the GPU's nanosecond clock, one for every SM (the step trace's stamps).
 	GlobalTimer Special = "%globaltimer"
+	// SMID is the SM the thread runs on (the step trace's records; not necessarily contiguous
+	// over the GPU's SMs, per the PTX ISA).
+	SMID Special = "%smid"
 )
 
 func (s Special) operand() string { return string(s) }

@@ -14,14 +14,14 @@ import (
 // says when each kernel of a step really starts, waits and ends. With Trace, the backend
 // rewrites every kernel it loads, its own cast included, so that thread 0 of each CTA takes a
 // record in one device buffer, in the order the CTAs begin, and writes there when the CTA
-// began, when its wait for the grid ahead returned and when it ended (%globaltimer, ns).
-// Trace replays a template's graph once and gives each launch its CTAs' records. cuBLASLt's
+// began, when its wait for the grid ahead returned and when it ended (%globaltimer, ns), and
+// the SM it ran on (%smid). Trace replays a template's graph once and gives each launch its CTAs' records. cuBLASLt's
 // kernels are the library's and carry no records. The stamps cost each CTA an atomic and a
 // few stores, so time shapes without Trace.
 
 const (
 	traceHeaderBytes = 64      // the record counter, then padding to the first record
-	traceRecordBytes = 32      // kernel id, CTA, began, waited, ended
+	traceRecordBytes = 40      // kernel id, CTA, began, waited, ended, SM, padding
 	traceCapacity    = 1 << 20 // records a replay may take; CTAs past it write none
 )
 
@@ -44,13 +44,13 @@ func (be *Backend) newTraceBuffer() error {
 
 // instrumentForTrace rewrites kernel k (parsed PTX) to write its CTAs' records, as kernel id,
 // into the trace buffer at base (room for capacity records): a prologue takes a record
-// (thread 0 of each CTA only: an atomic on the counter, then the kernel id, the CTA's index
-// and the time), the wait for the grid ahead is followed by its time, and every ret and exit
+// (thread 0 of each CTA only: an atomic on the counter, then the kernel id, the CTA's index,
+// the time and the SM), the wait for the grid ahead is followed by its time, and every ret and exit
 // is preceded by the end time where it is taken. The kernel's own instructions are unchanged,
 // and its other threads write nothing.
 func instrumentForTrace(k *ptx.Kernel, id uint32, base uint64, capacity int) {
 	u32, u64 := func() ptx.Reg { return k.Reg(ptx.U32) }, func() ptx.Reg { return k.Reg(ptx.U64) }
-	tid, t, cta, n, kid := u32(), u32(), u32(), u32(), u32()
+	tid, t, cta, n, kid, sm := u32(), u32(), u32(), u32(), u32(), u32()
 	buf, idx, rec, now := u64(), u64(), u64(), u64()
 	on := k.Reg(ptx.Pred)
 	in := func(op string, args ...ptx.Operand) ptx.Instr { return ptx.Instr{Op: op, Args: args} }
@@ -83,6 +83,8 @@ func instrumentForTrace(k *ptx.Kernel, id uint32, base uint64, capacity int) {
 		if1(on, "add.u64", rec, rec, ptx.Imm(traceHeaderBytes)),
 		if1(on, "st.global.v2.u32", ptx.Addr{Base: rec}, ptx.Vec{kid, cta}),
 		if1(on, "st.global.u64", ptx.Addr{Base: rec, Offset: 8}, now),
+		in("mov.u32", sm, ptx.SMID),
+		if1(on, "st.global.u32", ptx.Addr{Base: rec, Offset: 32}, sm),
 	}
 	for _, i := range k.Body {
 		switch {
@@ -127,7 +129,9 @@ func (be *Backend) tracedPTX(src, entry string, id uint32) (string, error) {
 // TraceSpan is one launch of a traced step: when its first CTA began, when the first and
 // the last CTA's wait for the grid ahead returned, and when its last CTA ended, in µs from
 // the step's first CTA. CTAs is the launch's grid, Records the CTAs that left a record; a
-// cuBLASLt launch has none and no times.
+// cuBLASLt launch has none and no times. SMs is how many SMs its recorded CTAs ran on, and
+// MostOnOneSM the most of them that ran on one: an uneven spread, such as a grid launched
+// early finding most SMs full, shows there.
 type TraceSpan struct {
 	Label       string  `json:"label"`
 	Kernel      string  `json:"kernel"`
@@ -137,12 +141,15 @@ type TraceSpan struct {
 	FirstWaited float64 `json:"first_waited_us,omitempty"`
 	Waited      float64 `json:"waited_us,omitempty"`
 	Ended       float64 `json:"ended_us"`
+	SMs         int     `json:"sms,omitempty"`
+	MostOnOneSM int     `json:"most_on_one_sm,omitempty"`
 }
 
 // traceRecord is one CTA's record as the instrumented kernels write it.
 type traceRecord struct {
 	kernel, cta          uint32
 	began, waited, ended uint64
+	sm                   uint32
 }
 
 // Trace replays template t's graph (after warm replays) with the trace's counter reset and
@@ -210,7 +217,8 @@ func decodeTraceRecords(raw []byte) []traceRecord {
 	for i := range recs {
 		r := raw[i*traceRecordBytes:]
 		recs[i] = traceRecord{kernel: binary.LittleEndian.Uint32(r), cta: binary.LittleEndian.Uint32(r[4:]),
-			began: binary.LittleEndian.Uint64(r[8:]), waited: binary.LittleEndian.Uint64(r[16:]), ended: binary.LittleEndian.Uint64(r[24:])}
+			began: binary.LittleEndian.Uint64(r[8:]), waited: binary.LittleEndian.Uint64(r[16:]), ended: binary.LittleEndian.Uint64(r[24:]),
+			sm: binary.LittleEndian.Uint32(r[32:])}
 	}
 	return recs
 }
@@ -246,7 +254,10 @@ func traceSpans(chain []launch, ids map[uintptr]uint32, recs []traceRecord) []Tr
 		byKernel[id] = q[len(mine):]
 		s.Records = len(mine)
 		var began, first, waited, ended uint64
+		perSM := map[uint32]int{}
 		for _, r := range mine {
+			perSM[r.sm]++
+			s.MostOnOneSM = max(s.MostOnOneSM, perSM[r.sm])
 			if began == 0 || r.began < began {
 				began = r.began
 			}
@@ -255,7 +266,7 @@ func traceSpans(chain []launch, ids map[uintptr]uint32, recs []traceRecord) []Tr
 			}
 			waited, ended = max(waited, r.waited), max(ended, r.ended)
 		}
-		s.Began, s.FirstWaited, s.Waited, s.Ended = us(began), us(first), us(waited), us(ended)
+		s.Began, s.FirstWaited, s.Waited, s.Ended, s.SMs = us(began), us(first), us(waited), us(ended), len(perSM)
 		spans = append(spans, s)
 	}
 	return spans

@@ -144,7 +144,8 @@ func exitsKernel() *ptx.Module {
 
 // On the emulator an instrumented kernel computes what it computes without the stamps, bit for
 // bit, and leaves one record per CTA (the capacity permitting): its id, each CTA once, and
-// began <= waited <= ended. CTAs past the capacity write no record but count.
+// began <= waited <= ended, on SM 0 (the emulator's one). CTAs past the capacity write no
+// record but count.
 func TestTraceRecordsOnEmulator(t *testing.T) {
 	src, err := exitsKernel().Print()
 	if err != nil {
@@ -188,6 +189,10 @@ func TestTraceRecordsOnEmulator(t *testing.T) {
 			mem := emu.NewMemory()
 			params, outs := c.params(mem)
 			base := mem.Alloc(traceHeaderBytes + capacity*traceRecordBytes)
+			// Records start as all ones, so that a field the prologue does not store shows.
+			for i := range capacity * traceRecordBytes {
+				mem.Bytes(base)[traceHeaderBytes+i] = 0xff
+			}
 			m := stampedPTX(t, c.src, c.entry, 7, base, capacity)
 			if err := emu.Run(m, c.entry, emu.Launch{Grid: [3]int{c.grid, 1, 1}, Block: [3]int{c.block, 1, 1}}, mem, params); err != nil {
 				t.Fatalf("%s: %v", c.name, err)
@@ -204,7 +209,7 @@ func TestTraceRecordsOnEmulator(t *testing.T) {
 			recs := decodeTraceRecords(raw[traceHeaderBytes : traceHeaderBytes+capacity*traceRecordBytes])
 			var ctas []uint32
 			for _, r := range recs {
-				if r.kernel != 7 || r.began == 0 || r.waited < r.began || r.ended < r.waited {
+				if r.kernel != 7 || r.began == 0 || r.waited < r.began || r.ended < r.waited || r.sm != 0 { // the emulator is SM 0
 					t.Fatalf("%s: record %+v", c.name, r)
 				}
 				ctas = append(ctas, r.cta)
@@ -218,8 +223,8 @@ func TestTraceRecordsOnEmulator(t *testing.T) {
 }
 
 // traceSpans hands each launch the next records of its kernel, as many as its CTAs, takes the
-// earliest start and wait and the latest wait and end, counts µs from the step's first CTA,
-// and leaves cuBLASLt's launches without times.
+// earliest start and wait and the latest wait and end, counts µs from the step's first CTA
+// and the SMs its CTAs ran on, and leaves cuBLASLt's launches without times.
 func TestTraceSpans(t *testing.T) {
 	ids := map[uintptr]uint32{10: 0, 20: 1}
 	chain := []launch{
@@ -229,15 +234,15 @@ func TestTraceSpans(t *testing.T) {
 		{label: "c", kernel: "k0", f: 10, grid: [3]int{1, 2, 1}},
 	}
 	recs := []traceRecord{
-		{0, 0, 1000, 1500, 4000}, {0, 1, 1200, 1600, 4200}, {1, 0, 3000, 4300, 6000},
-		{0, 1, 6100, 6500, 9000}, {0, 0, 6200, 6400, 8000},
+		{0, 0, 1000, 1500, 4000, 3}, {0, 1, 1200, 1600, 4200, 3}, {1, 0, 3000, 4300, 6000, 7},
+		{0, 1, 6100, 6500, 9000, 5}, {0, 0, 6200, 6400, 8000, 0},
 	}
 	got := traceSpans(chain, ids, recs)
 	want := []TraceSpan{
-		{Label: "a", Kernel: "k0", CTAs: 2, Records: 2, Began: 0, FirstWaited: 0.5, Waited: 0.6, Ended: 3.2},
-		{Label: "b", Kernel: "k1", CTAs: 1, Records: 1, Began: 2, FirstWaited: 3.3, Waited: 3.3, Ended: 5},
+		{Label: "a", Kernel: "k0", CTAs: 2, Records: 2, Began: 0, FirstWaited: 0.5, Waited: 0.6, Ended: 3.2, SMs: 1, MostOnOneSM: 2},
+		{Label: "b", Kernel: "k1", CTAs: 1, Records: 1, Began: 2, FirstWaited: 3.3, Waited: 3.3, Ended: 5, SMs: 1, MostOnOneSM: 1},
 		{Label: "b", Kernel: "cublasLt"},
-		{Label: "c", Kernel: "k0", CTAs: 2, Records: 2, Began: 5.1, FirstWaited: 5.4, Waited: 5.5, Ended: 8},
+		{Label: "c", Kernel: "k0", CTAs: 2, Records: 2, Began: 5.1, FirstWaited: 5.4, Waited: 5.5, Ended: 8, SMs: 2, MostOnOneSM: 1},
 	}
 	if !slices.Equal(got, want) {
 		t.Fatalf("spans\n%+v\nwant\n%+v", got, want)

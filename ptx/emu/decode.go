@@ -214,6 +214,7 @@ const (
 	sClusterRank
 	sClusterSize
 	sGlobalTimer
+	sSMID
 	nSpecial
 )
 
@@ -224,6 +225,7 @@ var specialSlot = map[ptx.Special]int{
 	"%nctaid.x": sNCtaidX, "%nctaid.y": sNCtaidY, "%nctaid.z": sNCtaidZ,
 	"%laneid": sLane, "%warpid": sWarp, "%nwarpid": sNWarp,
 	ptx.ClusterCtaRank: sClusterRank, ptx.ClusterNCtaRank: sClusterSize, ptx.GlobalTimer: sGlobalTimer,
+	ptx.SMID: sSMID,
 }
 
 // program is a kernel decoded for one launch: the parameters are folded into ld.param.

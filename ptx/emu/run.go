@@ -294,6 +294,7 @@ func (b *block) init(cta [3]int) {
 		s[sLane], s[sWarp], s[sNWarp] = uint64(t%32), uint64(t/32), uint64(nwarps)
 		s[sClusterRank], s[sClusterSize] = uint64(b.rank), uint64(len(b.cl.blocks))
 		s[sGlobalTimer] = now
+		s[sSMID] = 0 // the emulator is one SM
 	}
 }
 

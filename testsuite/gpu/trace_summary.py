@@ -5,7 +5,9 @@ For each launch, in step order: its contribution to the step is the time from th
 launch before it to its own end; the wait's latency is the time from the end of the launch
 before it to the first return of its own wait for it; after the wait it ran until its end.
 A cuBLASLt launch carries no stamps, so the launch after it takes its time. Roles are the
-labels without the layer ("L3.qkv" -> qkv; a GEMM's cast is "qkv.cast").
+labels without the layer ("L3.qkv" -> qkv; a GEMM's cast is "qkv.cast"). Layer 1's launches
+are listed with the SMs their CTAs ran on and the most on one SM (traces from before those
+fields show "-").
 
   python3 testsuite/gpu/trace_summary.py TRACE.json [...]   (prints; --json writes a summary)
 """
@@ -63,9 +65,9 @@ def main(paths, as_json):
                 print(f"{name:24} {r['n']:4d} {r['contribution_us']:11.1f} {r['contribution_us'] / n:8.2f} {r['wait_latency_us'] / n:16.2f} {r['after_wait_us'] / n:18.2f}")
             if s["layer1"]:
                 t0 = s["layer1"][0]["began_us"]
-                print("layer 1 (us from its first launch's first CTA): label kernel ctas began first_waited waited ended")
+                print("layer 1 (us from its first launch's first CTA): label kernel ctas began first_waited waited ended sms most_on_one_sm")
                 for x in s["layer1"]:
-                    print(f"  {x['label']:16} {x['kernel'][:44]:44} {x['ctas']:5d} {x['began_us'] - t0:8.2f} {x.get('first_waited_us', 0) - t0 if x.get('first_waited_us') else float('nan'):8.2f} {x.get('waited_us', 0) - t0 if x.get('waited_us') else float('nan'):8.2f} {x['ended_us'] - t0:8.2f}")
+                    print(f"  {x['label']:16} {x['kernel'][:44]:44} {x['ctas']:5d} {x['began_us'] - t0:8.2f} {x.get('first_waited_us', 0) - t0 if x.get('first_waited_us') else float('nan'):8.2f} {x.get('waited_us', 0) - t0 if x.get('waited_us') else float('nan'):8.2f} {x['ended_us'] - t0:8.2f} {x.get('sms', '-'):>4} {x.get('most_on_one_sm', '-'):>4}")
     if as_json:
         json.dump(out, sys.stdout, indent=1)
         print()
