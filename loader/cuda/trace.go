@@ -15,9 +15,9 @@ import (
 // rewrites every kernel it loads, its own cast included, so that thread 0 of each CTA takes a
 // record in one device buffer, in the order the CTAs begin, and writes there when the CTA
 // began, when its wait for the grid ahead returned and when it ended (%globaltimer, ns), and
-// the SM it ran on (%smid). Trace replays a template's graph once and gives each launch its CTAs' records. cuBLASLt's
-// kernels are the library's and carry no records. The stamps cost each CTA an atomic and a
-// few stores, so time shapes without Trace.
+// the SM it ran on (%smid). Trace replays a template's graph once and gives each launch its
+// CTAs' records. cuBLASLt's kernels are the library's and carry no records. The stamps cost
+// each CTA an atomic and a few stores, so time shapes without Trace.
 
 const (
 	traceHeaderBytes = 64      // the record counter, then padding to the first record
@@ -45,9 +45,9 @@ func (be *Backend) newTraceBuffer() error {
 // instrumentForTrace rewrites kernel k (parsed PTX) to write its CTAs' records, as kernel id,
 // into the trace buffer at base (room for capacity records): a prologue takes a record
 // (thread 0 of each CTA only: an atomic on the counter, then the kernel id, the CTA's index,
-// the time and the SM), the wait for the grid ahead is followed by its time, and every ret and exit
-// is preceded by the end time where it is taken. The kernel's own instructions are unchanged,
-// and its other threads write nothing.
+// the time and the SM), the wait for the grid ahead is followed by its time, and every ret
+// and exit is preceded by the end time where it is taken. The kernel's own instructions are
+// unchanged, and its other threads write nothing.
 func instrumentForTrace(k *ptx.Kernel, id uint32, base uint64, capacity int) {
 	u32, u64 := func() ptx.Reg { return k.Reg(ptx.U32) }, func() ptx.Reg { return k.Reg(ptx.U64) }
 	tid, t, cta, n, kid, sm := u32(), u32(), u32(), u32(), u32(), u32()
@@ -130,8 +130,8 @@ func (be *Backend) tracedPTX(src, entry string, id uint32) (string, error) {
 // the last CTA's wait for the grid ahead returned, and when its last CTA ended, in µs from
 // the step's first CTA. CTAs is the launch's grid, Records the CTAs that left a record; a
 // cuBLASLt launch has none and no times. SMs is how many SMs its recorded CTAs ran on, and
-// MostOnOneSM the most of them that ran on one: an uneven spread, such as a grid launched
-// early finding most SMs full, shows there.
+// MostOnOneSM the most of them that ran on one over the launch (not necessarily at once): an
+// uneven spread, such as a grid launched early finding most SMs full, shows there.
 type TraceSpan struct {
 	Label       string  `json:"label"`
 	Kernel      string  `json:"kernel"`
