@@ -5,7 +5,9 @@
 # (every kernel stamps when its CTAs began, waited for the kernel ahead and ended), summarised
 # by trace_summary.py; TEST_RUN (a -test.run pattern) runs GPU tests first
 # (TestCUDATraceFollowsTheGraph checks the stamps against the graph's order). BUILD_FLAGS go to
-# xmixc build. Build first (bash testsuite/gpu/build.sh), then:
+# xmixc build; NEW_TOKENS (default 8) is the run ahead of the timed graphs, as in
+# runtime_ab.sh (64: every position of the cache generated, as the grid's run.sh). Each
+# launch's CTAs also say which SMs they ran on. Build first (bash testsuite/gpu/build.sh), then:
 #   run(command="OUT=\$OUT bash testsuite/gpu/trace.sh", carry=[".dev/gpu"])
 # Writes $OUT/trace-MODEL-bBUCKET-cCONTEXT.json, $OUT/bench-*.json and $OUT/summary.txt.
 . "$(dirname "$0")/start.sh"
@@ -19,7 +21,7 @@ for m in ${MODELS:-llama-3.1-8b}; do
   for bucket in ${BUCKETS:-32}; do
     for ctx in ${CONTEXTS:-80 2112}; do
       f=$m-b$bucket-c$ctx
-      common=("$W/$m.xmb" --backend cuda --prompts $bucket --prompt-len 16 --new-tokens 8 --graph-buckets $bucket --graph-context $ctx --json -q)
+      common=("$W/$m.xmb" --backend cuda --prompts $bucket --prompt-len 16 --new-tokens ${NEW_TOKENS:-8} --graph-buckets $bucket --graph-context $ctx --json -q)
       timeout 120 "$B/xmix" bench "${common[@]}" > "$OUT/bench-$f.json" 2> "$W/e-$f.txt"
       echo "bench $f rc=$? graph_ms $(python3 -c "import json; print(json.load(open('$OUT/bench-$f.json')).get('graph_ms'))" 2>&1 | tail -1)" | tee -a "$S"
       timeout 120 "$B/xmix" bench "${common[@]}" --trace "$OUT/trace-$f.json" > "$OUT/bench-traced-$f.json" 2> "$W/et-$f.txt"
