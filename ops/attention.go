@@ -88,10 +88,10 @@ func buildAttention(attrs []byte) (Runner, error) {
 		case len(args) < 8:
 			return fmt.Errorf("attention: %d arguments, want at least 8 (the eighth %s)", len(args), bundle.AttnZBF16)
 		default:
-			if n := len(args[7].Mem); n > 0 && n < 2*rows*a.Heads*d {
-				return fmt.Errorf("attention: argument 7 (%s) holds %d bytes, needs %d", bundle.AttnZBF16, n, 2*rows*a.Heads*d)
+			var err error
+			if zb, err = bf16CopyArg(bundle.AttnZBF16, 7, args[7], rows*a.Heads*d); err != nil {
+				return fmt.Errorf("attention: %w", err)
 			}
-			zb = args[7].U16()
 		}
 		// Kernels' trailing arguments (the split workspace and chunk word of the decode
 		// kernel, the row count) do not change the math.
@@ -154,9 +154,7 @@ func buildAttention(attrs []byte) (Runner, error) {
 					out[i] *= inv
 				}
 				if zb != nil {
-					for i, x := range out {
-						zb[(r*a.Heads+h)*d+i] = F32ToBF16(x)
-					}
+					putBF16(zb[(r*a.Heads+h)*d:], out)
 				}
 			}
 		})

@@ -173,6 +173,26 @@ func ParallelFor(n int, fn func(lo, hi int)) {
 // BF16ToF32 widens a bf16 bit pattern.
 func BF16ToF32(h uint16) float32 { return math.Float32frombits(uint32(h) << 16) }
 
+// bf16CopyArg is argument i (name: bundle.BF16CopyOf's out_bf16, z_bf16 or act_bf16) where a
+// kernel may also store bf16 of its n outputs: nil where it is empty (the constant 0, no
+// copy), else its first n elements.
+func bf16CopyArg(name string, i int, a Arg, n int) ([]uint16, error) {
+	switch {
+	case len(a.Mem) == 0:
+		return nil, nil
+	case len(a.Mem) < 2*n:
+		return nil, fmt.Errorf("argument %d (%s) holds %d bytes, needs %d", i, name, len(a.Mem), 2*n)
+	}
+	return a.U16()[:n], nil
+}
+
+// putBF16 stores bf16 of each value of src into dst, as the backend's cast would.
+func putBF16(dst []uint16, src []float32) {
+	for i, v := range src {
+		dst[i] = F32ToBF16(v)
+	}
+}
+
 // F32ToBF16 rounds to nearest even, as cvt.rn.bf16.f32 does.
 func F32ToBF16(f float32) uint16 {
 	b := math.Float32bits(f)

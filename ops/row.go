@@ -170,10 +170,9 @@ func (a RowNormAttrs) run(args []Arg, l Launch) error {
 		if err != nil {
 			return err
 		}
-		if n := len(ob.Mem); n > 0 && n < 2*rows*h {
-			return fmt.Errorf("%s holds %d bytes, needs %d", bundle.NormOutBF16, n, 2*rows*h)
+		if outB, err = bf16CopyArg(bundle.NormOutBF16, c.next-1, ob, rows*h); err != nil {
+			return err
 		}
-		outB = ob.U16()
 	}
 	ctl, err := bindCtl(c, rows, a.DeltaOps, a.ResidOps, a.NormOps)
 	if err != nil {
@@ -238,9 +237,7 @@ func (a RowNormAttrs) run(args []Arg, l Launch) error {
 			applyMI(normOps, r, ctl, x)
 			copy(out[o*h:], x)
 			if outB != nil {
-				for i, v := range x {
-					outB[o*h+i] = F32ToBF16(v)
-				}
+				putBF16(outB[o*h:], x)
 			}
 		}
 	})
@@ -282,11 +279,12 @@ func (a SiluMulAttrs) run(args []Arg, l Launch, f func(float32) float32) error {
 	if err != nil {
 		return err
 	}
-	var act, actB Arg
+	var act Arg
+	var yb []uint16
 	if a.Chunked {
 		// A chunked kernel carries no MI ops and takes no control parameters; its last one
 		// (bundle.GatedActBF16) gets bf16(act) unless it is empty, and act may be empty then.
-		if act, actB, err = a.chunkedOutputs(c, rows); err != nil {
+		if act, yb, err = a.chunkedOutputs(c, rows); err != nil {
 			return err
 		}
 	} else if act, err = c.take("act", 4*rows*n); err != nil {
@@ -309,7 +307,6 @@ func (a SiluMulAttrs) run(args []Arg, l Launch, f func(float32) float32) error {
 	if y == nil {
 		y = make([]float32, rows*n) // bf16(act) alone
 	}
-	yb := actB.U16()
 	ParallelFor(rows, func(lo, hi int) {
 		for r := lo; r < hi; r++ {
 			x := y[r*n : (r+1)*n]
@@ -318,31 +315,31 @@ func (a SiluMulAttrs) run(args []Arg, l Launch, f func(float32) float32) error {
 				applyMI(bound, r, ctl, x)
 			}
 			if yb != nil {
-				for i, v := range x {
-					yb[r*n+i] = F32ToBF16(v)
-				}
+				putBF16(yb[r*n:], x)
 			}
 		}
 	})
 	return nil
 }
 
-// chunkedOutputs takes a chunked kernel's act and act_bf16 for rows rows: either may be
-// empty (a constant 0), not both.
-func (a SiluMulAttrs) chunkedOutputs(c *argCursor, rows int) (act, actB Arg, err error) {
+// chunkedOutputs takes a chunked kernel's act and act_bf16 (as bf16CopyArg reads it) for
+// rows rows: either may be empty (a constant 0), not both.
+func (a SiluMulAttrs) chunkedOutputs(c *argCursor, rows int) (act Arg, actB []uint16, err error) {
 	if act, err = c.take("act", 0); err != nil {
 		return
 	}
-	if actB, err = c.take(bundle.GatedActBF16, 0); err != nil {
+	b, err := c.take(bundle.GatedActBF16, 0)
+	if err != nil {
 		return
 	}
-	switch n := rows * a.Inter; {
-	case len(act.Mem) == 0 && len(actB.Mem) == 0:
+	n := rows * a.Inter
+	switch {
+	case len(act.Mem) == 0 && len(b.Mem) == 0:
 		err = fmt.Errorf("act and %s are both empty: nothing to write", bundle.GatedActBF16)
 	case len(act.Mem) > 0 && len(act.Mem) < 4*n:
 		err = fmt.Errorf("argument 1 (act) holds %d bytes, needs %d", len(act.Mem), 4*n)
-	case len(actB.Mem) > 0 && len(actB.Mem) < 2*n:
-		err = fmt.Errorf("argument 2 (%s) holds %d bytes, needs %d", bundle.GatedActBF16, len(actB.Mem), 2*n)
+	default:
+		actB, err = bf16CopyArg(bundle.GatedActBF16, 2, b, n)
 	}
 	return
 }
