@@ -290,8 +290,8 @@ func verifyNode(n *Node, kernels map[string]*Kernel, bufBytes map[string]int64) 
 	if threads > 1024 {
 		return fmt.Errorf("block %v has more than 1024 threads", n.Block)
 	}
-	if n.Shared < 0 {
-		return fmt.Errorf("negative shared memory %d", n.Shared)
+	if n.Shared < 0 || n.Shared > MaxDynamicShared {
+		return fmt.Errorf("%d bytes of dynamic shared memory: want 0 to %d (rebuild the bundle)", n.Shared, MaxDynamicShared)
 	}
 	if len(n.Args) != len(k.Params) {
 		return fmt.Errorf("kernel %q has %d params but the node binds %d args", k.Name, len(k.Params), len(n.Args))

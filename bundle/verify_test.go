@@ -50,6 +50,8 @@ func TestVerifyFailures(t *testing.T) {
 		{"samples", func(b *Bundle) { b.Templates[0].Samples = 5 }, "tokens 4, samples 5"},
 		{"zero grid", func(b *Bundle) { b.Templates[0].Nodes[0].Grid[2] = 0 }, "every dimension must be at least 1"},
 		{"big block", func(b *Bundle) { b.Templates[0].Nodes[0].Block = [3]int{64, 32, 1} }, "more than 1024 threads"},
+		{"negative shared", func(b *Bundle) { b.Templates[0].Nodes[0].Shared = -1 }, "-1 bytes of dynamic shared memory"},
+		{"too much shared", func(b *Bundle) { b.Templates[0].Nodes[0].Shared = MaxDynamicShared + 1 }, "want 0 to 232448"},
 		{"export buffer", func(b *Bundle) { b.Manifest.Apps[0].Exports[0].Buffer = "nope" }, `export "probe" reads buffer "nope"`},
 		{"app bit", func(b *Bundle) {
 			b.Manifest.Apps = append(b.Manifest.Apps, App{Name: "other", Bit: 0})

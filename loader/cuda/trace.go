@@ -129,9 +129,12 @@ func (be *Backend) tracedPTX(src, entry string, id uint32) (string, error) {
 // TraceSpan is one launch of a traced step: when its first CTA began, when the first and
 // the last CTA's wait for the grid ahead returned, and when its last CTA ended, in µs from
 // the step's first CTA. CTAs is the launch's grid, Records the CTAs that left a record; a
-// cuBLASLt launch has none and no times. SMs is how many SMs its recorded CTAs ran on, and
+// cuBLASLt launch has none and no times. SMs is how many SMs its working CTAs ran on, and
 // MostOnOneSM the most of them that ran on one over the launch (not necessarily at once): an
-// uneven spread, such as a grid launched early finding most SMs full, shows there.
+// uneven spread, such as a grid launched early crowding onto the SMs the kernel ahead leaves
+// free, shows there. Working CTAs are those that waited for the grid ahead, where any did: a
+// CTA that ends before its wait has nothing to do (the decode attention's blocks past a
+// row's last split), and counted it would hide the spread of those that work.
 type TraceSpan struct {
 	Label       string  `json:"label"`
 	Kernel      string  `json:"kernel"`
@@ -254,10 +257,7 @@ func traceSpans(chain []launch, ids map[uintptr]uint32, recs []traceRecord) []Tr
 		byKernel[id] = q[len(mine):]
 		s.Records = len(mine)
 		var began, first, waited, ended uint64
-		perSM := map[uint32]int{}
 		for _, r := range mine {
-			perSM[r.sm]++
-			s.MostOnOneSM = max(s.MostOnOneSM, perSM[r.sm])
 			if began == 0 || r.began < began {
 				began = r.began
 			}
@@ -265,6 +265,13 @@ func traceSpans(chain []launch, ids map[uintptr]uint32, recs []traceRecord) []Tr
 				first = r.waited
 			}
 			waited, ended = max(waited, r.waited), max(ended, r.ended)
+		}
+		perSM := map[uint32]int{}
+		for _, r := range mine {
+			if r.waited != 0 || first == 0 {
+				perSM[r.sm]++
+				s.MostOnOneSM = max(s.MostOnOneSM, perSM[r.sm])
+			}
 		}
 		s.Began, s.FirstWaited, s.Waited, s.Ended, s.SMs = us(began), us(first), us(waited), us(ended), len(perSM)
 		spans = append(spans, s)

@@ -224,25 +224,29 @@ func TestTraceRecordsOnEmulator(t *testing.T) {
 
 // traceSpans hands each launch the next records of its kernel, as many as its CTAs, takes the
 // earliest start and wait and the latest wait and end, counts µs from the step's first CTA
-// and the SMs its CTAs ran on, and leaves cuBLASLt's launches without times.
+// and the SMs its working CTAs ran on (those that waited, where any did), and leaves
+// cuBLASLt's launches without times.
 func TestTraceSpans(t *testing.T) {
 	ids := map[uintptr]uint32{10: 0, 20: 1}
 	chain := []launch{
 		{label: "a", kernel: "k0", f: 10, grid: [3]int{2, 1, 1}},
 		{label: "b", kernel: "k1", f: 20, grid: [3]int{1, 1, 1}},
 		{label: "b", kernel: "cublasLt"},
-		{label: "c", kernel: "k0", f: 10, grid: [3]int{1, 2, 1}},
+		{label: "c", kernel: "k0", f: 10, grid: [3]int{1, 3, 1}},
+		{label: "d", kernel: "k1", f: 20, grid: [3]int{2, 1, 1}},
 	}
 	recs := []traceRecord{
 		{0, 0, 1000, 1500, 4000, 3}, {0, 1, 1200, 1600, 4200, 3}, {1, 0, 3000, 4300, 6000, 7},
-		{0, 1, 6100, 6500, 9000, 5}, {0, 0, 6200, 6400, 8000, 0},
+		{0, 1, 6100, 6500, 9000, 5}, {0, 0, 6200, 6400, 8000, 0}, {0, 2, 6300, 0, 6350, 5},
+		{1, 0, 9100, 0, 9500, 2}, {1, 1, 9200, 0, 9600, 2},
 	}
 	got := traceSpans(chain, ids, recs)
 	want := []TraceSpan{
 		{Label: "a", Kernel: "k0", CTAs: 2, Records: 2, Began: 0, FirstWaited: 0.5, Waited: 0.6, Ended: 3.2, SMs: 1, MostOnOneSM: 2},
 		{Label: "b", Kernel: "k1", CTAs: 1, Records: 1, Began: 2, FirstWaited: 3.3, Waited: 3.3, Ended: 5, SMs: 1, MostOnOneSM: 1},
 		{Label: "b", Kernel: "cublasLt"},
-		{Label: "c", Kernel: "k0", CTAs: 2, Records: 2, Began: 5.1, FirstWaited: 5.4, Waited: 5.5, Ended: 8, SMs: 2, MostOnOneSM: 1},
+		{Label: "c", Kernel: "k0", CTAs: 3, Records: 3, Began: 5.1, FirstWaited: 5.4, Waited: 5.5, Ended: 8, SMs: 2, MostOnOneSM: 1},
+		{Label: "d", Kernel: "k1", CTAs: 2, Records: 2, Began: 8.1, Ended: 8.6, SMs: 1, MostOnOneSM: 2},
 	}
 	if !slices.Equal(got, want) {
 		t.Fatalf("spans\n%+v\nwant\n%+v", got, want)
