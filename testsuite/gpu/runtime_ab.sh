@@ -8,11 +8,12 @@
 # variants' order reversed every other round; each bench is `xmix bench --graph-buckets B
 # --graph-context C` (every row live at that context) after a run of NEW_TOKENS (default 8)
 # tokens a request, so the cache past them holds zeros: the 8B's 128-row step is up to 8%
-# shorter so than after 64 (the grid's, run.sh; we think the power cap bites less: RESULTS.md,
-# session 53); NEW_TOKENS=64 times it as the grid does. POWER=1 samples nvidia-smi every
-# POWER_MS (default 50) ms while each bench runs and adds to its line the highest draw, the
-# busy samples' median SM clock and how many of them the power cap held (power_summary.py;
-# $OUT/power.json). BUILDS="NAME=FLAGS;..." gives the
+# shorter so than after 64 (the grid's, run.sh; with generated tokens the card reaches its
+# power cap and lowers the clock: RESULTS.md, session 54); NEW_TOKENS=64 times it as the grid
+# does. POWER=1 samples nvidia-smi every POWER_MS (default 50) ms while each bench runs and
+# adds to its line the highest draw, the busy samples' median SM clock (the measure to read:
+# the cap's flag is set in some samples even far below the cap) and how many of them the
+# power cap held (power_summary.py; $OUT/power.json). BUILDS="NAME=FLAGS;..." gives the
 # variants it names a bundle of their own, built with FLAGS in place of BUILD_FLAGS (e.g.
 # "cg=--copy-gemm-rows 8,128" against the default bundle).
 #   run(command="OUT=\$OUT VARIANTS=... bash testsuite/gpu/runtime_ab.sh", carry=[...])
