@@ -121,7 +121,7 @@ requests. --ignore-eos (both ways) has every request generate exactly its tokens
 	fl.Float64Var(&f.appFraction, "app-fraction", 1, "share of requests that enable --apps")
 	fl.IntSliceVar(&f.decodeOnly, "graph-buckets", nil, "decode buckets to time as bare graph replays (default: all)")
 	fl.IntVar(&f.graphIters, "graph-iters", 50, "replays per bucket for the graph timing")
-	fl.IntVar(&f.graphCtx, "graph-context", 0, "time each decode graph (and --profile) with every row its own sequence at this context, as a full batch at that context runs (0: the rows as the last step left them)")
+	fl.IntVar(&f.graphCtx, "graph-context", 0, "time each decode graph (and --profile, --trace) with every row its own sequence at this context, as a full batch at that context runs, the first --app-fraction of the rows enabling --apps (0: the rows as the last step left them)")
 	fl.IntVar(&f.attnSplits, "attn-splits", 0, "with --graph-context: cut every row's context over this many splits of the decode attention (1: none) instead of the split the engine picks (for measuring that choice; 0: the engine's)")
 	fl.BoolVar(&f.profile, "profile", false, "also time every node of each timed decode bucket, summed by role, and of the warm-up request's prefill steps, with their GEMMs' TFLOP/s (cuda)")
 	fl.StringVar(&f.traceFile, "trace", "", "cuda: also write to this file, as JSON, when each kernel of every timed decode bucket's graph began, waited for the kernel ahead and ended in one replay (every kernel is instrumented for it, so this run's other timings are not the bundle's; cuBLASLt's kernels carry no times)")
@@ -299,6 +299,26 @@ func appsForRequest(rng *rand.Rand, apps []string, frac float64) []string {
 		return apps
 	}
 	return nil
+}
+
+// appMask is the control mask bits of the comma-separated apps (bench --apps) in bundle b.
+func appMask(b *bundle.Bundle, apps string) (uint32, error) {
+	var bits uint32
+	for name := range strings.SplitSeq(apps, ",") {
+		if name == "" {
+			continue
+		}
+		i := slices.IndexFunc(b.Manifest.Apps, func(a bundle.App) bool { return a.Name == name })
+		if i < 0 {
+			names := make([]string, len(b.Manifest.Apps))
+			for j, a := range b.Manifest.Apps {
+				names[j] = a.Name
+			}
+			return 0, fmt.Errorf("--apps: the bundle has no app %q (it has: %s)", name, strings.Join(names, ", "))
+		}
+		bits |= 1 << b.Manifest.Apps[i].Bit
+	}
+	return bits, nil
 }
 
 // addVectors gives every request that enables an app a random value (seeded; norm about 1)
@@ -659,7 +679,8 @@ func roleCostsOf(rt roleTimer, ti, n int, roles []string) (map[string]float64, e
 // there: right for timing only, and the engine must not step afterwards (its block table is
 // overwritten). f.attnSplits > 0 (--attn-splits) cuts each context over that many splits of
 // the attention instead of the engine's choice (AttnSplit.Chunk). Every row samples with
-// --temperature and --top-p.
+// --temperature and --top-p, and the first --app-fraction of the rows enable --apps, so the
+// graph replayed is the one a step with those apps runs.
 func fullBatch(s *session, ti int, f benchFlags) error {
 	n, splits := f.graphCtx, f.attnSplits
 	if n == 0 {
@@ -687,7 +708,16 @@ func fullBatch(s *session, ti int, f benchFlags) error {
 		}
 		return b
 	}
-	pos, seq, zero := make([]uint32, rows), make([]uint32, rows), make([]uint32, rows)
+	bits, err := appMask(s.b, f.apps)
+	if err != nil {
+		return err
+	}
+	pos, seq, mask := make([]uint32, rows), make([]uint32, rows), make([]uint32, rows)
+	var any uint32
+	for r := range int(math.Round(f.appFraction * float64(rows))) {
+		mask[r] = bits
+		any = bits
+	}
 	table := make([]uint32, perSeq)
 	for r := range rows {
 		pos[r], seq[r] = uint32(n-1), uint32(r)
@@ -701,7 +731,7 @@ func fullBatch(s *session, ti int, f benchFlags) error {
 	for _, w := range []struct {
 		buf string
 		v   []uint32
-	}{{bundle.CtlPos, pos}, {bundle.CtlSeq, seq}, {bundle.CtlMask, zero}} {
+	}{{bundle.CtlPos, pos}, {bundle.CtlSeq, seq}, {bundle.CtlMask, mask}} {
 		if err := s.be.Write(w.buf, 0, enc(w.v)); err != nil {
 			return err
 		}
@@ -719,7 +749,7 @@ func fullBatch(s *session, ti int, f benchFlags) error {
 		}
 	}
 	if hasBuffer(s.b, bundle.CtlAnyMask) {
-		if err := s.be.Write(bundle.CtlAnyMask, 0, enc([]uint32{0})); err != nil {
+		if err := s.be.Write(bundle.CtlAnyMask, 0, enc([]uint32{any})); err != nil {
 			return err
 		}
 	}

@@ -245,6 +245,62 @@ func TestBenchURLDrivesTheServer(t *testing.T) {
 	}
 }
 
+// --graph-context with --apps: the first --app-fraction of the full batch's rows enable the
+// apps (their bits in ctl.mask, and in ctl.any_mask), so the graph timed is the apps' own; an
+// app the bundle lacks is refused by name.
+func TestBenchFullBatchApps(t *testing.T) {
+	b, err := compile.Build("../../specs/models/tiny.yaml", []string{"../../specs/apps/tiny-probe.yaml", "../../specs/apps/tiny-steer.yaml"}, compile.Options{EmbedWeights: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := open(b, "../../specs/models", runFlags{backend: "cpu", quiet: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.be.Close()
+	bit := map[string]uint32{}
+	for _, a := range b.Manifest.Apps {
+		bit[a.Name] = 1 << a.Bit
+	}
+	words := func(buf string, k int) []uint32 {
+		raw := make([]byte, 4*k)
+		if err := s.be.Read(buf, raw); err != nil {
+			t.Fatal(err)
+		}
+		out := make([]uint32, k)
+		for j := range out {
+			out[j] = binary.LittleEndian.Uint32(raw[4*j:])
+		}
+		return out
+	}
+	i := slices.IndexFunc(b.Templates, func(t bundle.Template) bool { return t.Kind == "decode" && t.Tokens == 4 })
+	if i < 0 {
+		t.Fatal("no decode bucket of 4 rows")
+	}
+	for _, c := range []struct {
+		apps string
+		frac float64
+		want []uint32
+	}{
+		{"tiny-steer", 0.5, []uint32{bit["tiny-steer"], bit["tiny-steer"], 0, 0}},
+		{"tiny-probe,tiny-steer", 1, slices.Repeat([]uint32{bit["tiny-probe"] | bit["tiny-steer"]}, 4)},
+		{"", 1, []uint32{0, 0, 0, 0}},
+	} {
+		if err := fullBatch(s, i, benchFlags{graphCtx: 20, appFraction: c.frac, runFlags: runFlags{apps: c.apps}}); err != nil {
+			t.Fatalf("--apps %q: %v", c.apps, err)
+		}
+		if got := words(bundle.CtlMask, 4); !slices.Equal(got, c.want) {
+			t.Errorf("--apps %q --app-fraction %v: masks %v, want %v", c.apps, c.frac, got, c.want)
+		}
+		if got, want := words(bundle.CtlAnyMask, 1)[0], c.want[0]; got != want {
+			t.Errorf("--apps %q: any_mask %#x, want %#x", c.apps, got, want)
+		}
+	}
+	if err := fullBatch(s, i, benchFlags{graphCtx: 20, appFraction: 1, runFlags: runFlags{apps: "tiny-probe,nope"}}); err == nil || !strings.Contains(err.Error(), `no app "nope" (it has: tiny-probe, tiny-steer)`) {
+		t.Errorf("an app the bundle lacks: %v", err)
+	}
+}
+
 // --graph-context: every row of the timed bucket becomes its own sequence at the context, over
 // its own pages, and the bucket then runs (here on the CPU backend, which has no graphs to
 // time, so the words are checked directly after the step it runs); a context past
