@@ -118,7 +118,7 @@ requests. --ignore-eos (both ways) has every request generate exactly its tokens
 	fl.IntVar(&f.outputLen, "output-len", 128, "online: tokens generated per request")
 	fl.IntVar(&f.warmup, "warmup", 1, "online: runs discarded before measuring")
 	fl.IntVar(&f.runs, "runs", 3, "online: measured runs")
-	fl.Float64Var(&f.appFraction, "app-fraction", 1, "share of requests that enable --apps")
+	fl.Float64Var(&f.appFraction, "app-fraction", 1, "share of requests that enable --apps, 0 to 1 (with --graph-context, of the full batch's rows)")
 	fl.IntSliceVar(&f.decodeOnly, "graph-buckets", nil, "decode buckets to time as bare graph replays (default: all)")
 	fl.IntVar(&f.graphIters, "graph-iters", 50, "replays per bucket for the graph timing")
 	fl.IntVar(&f.graphCtx, "graph-context", 0, "time each decode graph (and --profile, --trace) with every row its own sequence at this context, as a full batch at that context runs, the first --app-fraction of the rows enabling --apps (0: the rows as the last step left them)")
@@ -195,6 +195,15 @@ func (f *benchFlags) checkRate() error {
 	return nil
 }
 
+// checkAppFraction checks --app-fraction: a share of the requests (and of a --graph-context
+// batch's rows), 0 to 1.
+func (f benchFlags) checkAppFraction() error {
+	if math.IsNaN(f.appFraction) || f.appFraction < 0 || f.appFraction > 1 {
+		return fmt.Errorf("--app-fraction %v: want the share of requests that enable the apps, from 0 to 1", f.appFraction)
+	}
+	return nil
+}
+
 // rngs are the benchmark's two random streams. Prompts and arrivals draw from one, the app
 // coin from another, so a run with apps replays exactly the workload of a run without.
 func (f benchFlags) rngs() benchRNG {
@@ -206,6 +215,9 @@ func runBench(w io.Writer, path string, f benchFlags) error {
 		if err := f.checkRate(); err != nil {
 			return err
 		}
+	}
+	if err := f.checkAppFraction(); err != nil {
+		return err
 	}
 	if f.xmixApps != "" {
 		return fmt.Errorf("--xmix-apps goes with --url; in-process, --apps enables apps")

@@ -301,6 +301,16 @@ func TestBenchFullBatchApps(t *testing.T) {
 	}
 }
 
+// An --app-fraction outside 0..1 is refused before anything runs, in-process and over HTTP.
+func TestBenchAppFractionBounds(t *testing.T) {
+	bp := tinyBundleFile(t, filepath.Join(t.TempDir(), "tiny.xmb"), "../../specs/apps/tiny-steer.yaml")
+	for _, args := range [][]string{{bp, "--app-fraction", "1.5"}, {bp, "--app-fraction", "-0.1"}, {bp, "--app-fraction", "NaN"}, {"--url", "http://127.0.0.1:1", "--app-fraction", "2"}} {
+		if out, err := xmix(t, append([]string{"bench", "-q", "--backend", "cpu"}, args...)...); err == nil || !strings.Contains(out, "want the share of requests that enable the apps, from 0 to 1") {
+			t.Fatalf("%v: err %v, output %q", args, err, out)
+		}
+	}
+}
+
 // --graph-context: every row of the timed bucket becomes its own sequence at the context, over
 // its own pages, and the bucket then runs (here on the CPU backend, which has no graphs to
 // time, so the words are checked directly after the step it runs); a context past
