@@ -249,30 +249,13 @@ func TestBenchURLDrivesTheServer(t *testing.T) {
 // apps (their bits in ctl.mask, and in ctl.any_mask), so the graph timed is the apps' own; an
 // app the bundle lacks is refused by name.
 func TestBenchFullBatchApps(t *testing.T) {
-	b, err := compile.Build("../../specs/models/tiny.yaml", []string{"../../specs/apps/tiny-probe.yaml", "../../specs/apps/tiny-steer.yaml"}, compile.Options{EmbedWeights: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := open(b, "../../specs/models", runFlags{backend: "cpu", quiet: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.be.Close()
+	s := tinyCPUSession(t, "../../specs/apps/tiny-probe.yaml", "../../specs/apps/tiny-steer.yaml")
+	b := s.b
 	bit := map[string]uint32{}
 	for _, a := range b.Manifest.Apps {
 		bit[a.Name] = 1 << a.Bit
 	}
-	words := func(buf string, k int) []uint32 {
-		raw := make([]byte, 4*k)
-		if err := s.be.Read(buf, raw); err != nil {
-			t.Fatal(err)
-		}
-		out := make([]uint32, k)
-		for j := range out {
-			out[j] = binary.LittleEndian.Uint32(raw[4*j:])
-		}
-		return out
-	}
+	words := func(buf string, k int) []uint32 { return bufferWords(t, s.be, buf, k) }
 	i := slices.IndexFunc(b.Templates, func(t bundle.Template) bool { return t.Kind == "decode" && t.Tokens == 4 })
 	if i < 0 {
 		t.Fatal("no decode bucket of 4 rows")
@@ -301,6 +284,36 @@ func TestBenchFullBatchApps(t *testing.T) {
 	}
 }
 
+// tinyCPUSession is the embedded tiny model built with apps (spec paths), weights embedded,
+// open on the CPU backend until the test ends.
+func tinyCPUSession(t *testing.T, apps ...string) *session {
+	t.Helper()
+	b, err := compile.Build("../../specs/models/tiny.yaml", apps, compile.Options{EmbedWeights: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := open(b, "../../specs/models", runFlags{backend: "cpu", quiet: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.be.Close() })
+	return s
+}
+
+// bufferWords reads the first k u32 words of buffer buf from be.
+func bufferWords(t *testing.T, be loader.Backend, buf string, k int) []uint32 {
+	t.Helper()
+	raw := make([]byte, 4*k)
+	if err := be.Read(buf, raw); err != nil {
+		t.Fatal(err)
+	}
+	out := make([]uint32, k)
+	for j := range out {
+		out[j] = binary.LittleEndian.Uint32(raw[4*j:])
+	}
+	return out
+}
+
 // An --app-fraction outside 0..1 is refused before anything runs, in-process and over HTTP.
 func TestBenchAppFractionBounds(t *testing.T) {
 	bp := tinyBundleFile(t, filepath.Join(t.TempDir(), "tiny.xmb"), "../../specs/apps/tiny-steer.yaml")
@@ -316,15 +329,8 @@ func TestBenchAppFractionBounds(t *testing.T) {
 // time, so the words are checked directly after the step it runs); a context past
 // max_seq_len or a bucket with more rows than sequence slots are refused.
 func TestBenchFullBatch(t *testing.T) {
-	b, err := compile.Build("../../specs/models/tiny.yaml", nil, compile.Options{EmbedWeights: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := open(b, "../../specs/models", runFlags{backend: "cpu", quiet: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.be.Close()
+	s := tinyCPUSession(t)
+	b := s.b
 	m := b.Manifest.Model
 	for i, tmpl := range b.Templates {
 		if tmpl.Kind != "decode" || tmpl.Tokens != 4 {
@@ -334,17 +340,7 @@ func TestBenchFullBatch(t *testing.T) {
 		if err := fullBatch(s, i, benchFlags{graphCtx: n, runFlags: runFlags{temperature: 0.7, topP: 0.9}}); err != nil {
 			t.Fatal(err)
 		}
-		words := func(buf string, k int) []uint32 {
-			raw := make([]byte, 4*k)
-			if err := s.be.Read(buf, raw); err != nil {
-				t.Fatal(err)
-			}
-			out := make([]uint32, k)
-			for j := range out {
-				out[j] = binary.LittleEndian.Uint32(raw[4*j:])
-			}
-			return out
-		}
+		words := func(buf string, k int) []uint32 { return bufferWords(t, s.be, buf, k) }
 		perSeq := (m.MaxSeqLen + m.KVBlockSize - 1) / m.KVBlockSize
 		pages := (n + m.KVBlockSize - 1) / m.KVBlockSize
 		pos, seq, table := words(bundle.CtlPos, 4), words(bundle.CtlSeq, 4), words(bundle.KVBlockTable, 4*perSeq)
