@@ -23,7 +23,11 @@
 # early launch's overlap: compare kernels with each other and with their bytes, not with the
 # graph's step (xmix bench --role-costs measures inside the graph). BENCH_FLAGS are added to the
 # app-free bundle's xmix bench (BENCH_FLAGS="--prompts 8 --gemm ptx" KERNELS=_r8u4 SKIP=0: the
-# bundle's tensor-core GEMMs of bucket 8).
+# bundle's tensor-core GEMMs of bucket 8). A bucket at a given context: BENCH_FLAGS="--prompts
+# 8 --graph-buckets 8 --graph-context 2112" with SKIP past the run's own launches of KERNELS
+# profiles the graph replays, every row at that context (session 54 call 8: SKIP=400 for the
+# 8B's 8-row attention; without --graph-context the launches are the run's, whose buckets and
+# contexts vary).
 # Writes $OUT/NCU.md and $OUT/ncu.json (ncu.py) and $OUT/ncu.tgz (the .ncu-rep reports, their
 # details and raw pages as CSV, the logs), renewed after each run.
 set -u
