@@ -725,9 +725,12 @@ func fullBatch(s *session, ti int, f benchFlags) error {
 		return err
 	}
 	pos, seq, mask := make([]uint32, rows), make([]uint32, rows), make([]uint32, rows)
-	var any uint32
-	for r := range int(math.Round(f.appFraction * float64(rows))) {
+	withApps := int(math.Round(f.appFraction * float64(rows)))
+	for r := range withApps {
 		mask[r] = bits
+	}
+	var any uint32 // ctl.any_mask: the apps of any row
+	if withApps > 0 {
 		any = bits
 	}
 	table := make([]uint32, perSeq)

@@ -20,10 +20,7 @@ m=${MODEL:-llama-3.1-8b}
 : > "$W/raw.tsv"
 vs=(none $ENABLE)
 for r in $(seq ${ROUNDS:-3}); do
-  order=("${vs[@]}")
-  if [ $((r % 2)) = 0 ]; then
-    order=(); for ((i=${#vs[@]}-1; i>=0; i--)); do order+=("${vs[$i]}"); done
-  fi
+  round_order "$r" "${vs[@]}"
   for v in "${order[@]}"; do
     apps=()
     [ "$v" != none ] && apps=(--apps "$v" --app-fraction 1)

@@ -32,10 +32,7 @@ for m in ${MODELS:-llama-3.1-8b}; do
   for bucket in ${BUCKETS:-32}; do
     for ctx in ${CONTEXTS:-80 576 2112}; do
       for r in $(seq ${ROUNDS:-2}); do
-        order=("${vs[@]}")
-        if [ $((r % 2)) = 0 ]; then
-          order=(); for ((i=${#vs[@]}-1; i>=0; i--)); do order+=("${vs[$i]}"); done
-        fi
+        round_order "$r" "${vs[@]}"
         for v in "${order[@]}"; do
           name=${v%%=*}; spec=${v#*=}; flags=""
           case "$spec" in *" -- "*) flags=${spec#* -- }; spec=${spec%% -- *} ;; esac

@@ -1,7 +1,9 @@
 # Sourced by the GPU scripts that write a summary as they go (copy_gemm.sh, trace.sh,
 # runtime_ab.sh): unset variables are errors, CUDA's tools are on PATH, B is the binaries'
 # folder ($BIN, default .dev/gpu), OUT (required) exists, W is a scratch folder, S the summary
-# file, whose first line is the GPU's name, memory, driver and clock.
+# file, whose first line is the GPU's name, memory, driver and clock. round_order R NAME...
+# sets the array order to the names, reversed in even rounds R, so that no variant always
+# runs first.
 set -u
 export PATH=/usr/local/cuda/bin:$PATH
 B=${BIN:-.dev/gpu}
@@ -10,3 +12,12 @@ mkdir -p "$OUT"
 W=$(mktemp -d)
 S=$OUT/summary.txt
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader | tee -a "$S"
+round_order() {
+  local r=$1 i
+  shift
+  order=("$@")
+  if [ $((r % 2)) = 0 ]; then
+    order=()
+    for ((i = $#; i >= 1; i--)); do order+=("${!i}"); done
+  fi
+}

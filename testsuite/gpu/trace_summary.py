@@ -6,8 +6,8 @@ launch before it to its own end; the wait's latency is the time from the end of 
 before it to the first return of its own wait for it; after the wait it ran until its end.
 A cuBLASLt launch carries no stamps, so the launch after it takes its time. Roles are the
 labels without the layer ("L3.qkv" -> qkv; a GEMM's cast is "qkv.cast"). Layer 1's launches
-are listed with the SMs their CTAs ran on and the most on one SM (traces from before those
-fields show "-").
+are listed with the SMs their working CTAs ran on and the most on one SM (traces from before
+those fields show "-").
 
   python3 testsuite/gpu/trace_summary.py TRACE.json [...]   (prints; --json writes a summary)
 """
