@@ -346,22 +346,10 @@ func (m *miSet) prefetchScalars(r *rowEmitter) {
 // a row's per-request slot is read where its op runs. Vectors already in registers
 // (preloadVectors) are not asked for.
 func (m *miSet) prefetchVectors(r *rowEmitter) {
-	var lane0 *ptx.Reg
 	for _, group := range m.groups {
 		for _, b := range group {
-			vec, ok := b.params["vec"]
-			if !ok || b.vec != nil {
-				continue
-			}
-			if lane0 == nil {
-				lane, p := r.Reg(ptx.U32), r.Reg(ptx.Pred)
-				r.Emit("and.b32", lane, r.tid, ptx.Imm(31))
-				r.Emit("setp.eq.u32", p, lane, ptx.Imm(0))
-				lane0 = &p
-			}
-			vp := r.vecPtr(vec, ptx.F32)
-			for j := range r.per {
-				r.emitMaybe(r.elemPred(j, lane0), "prefetch.global.L2", r.addr(vp, j))
+			if vec, ok := b.params["vec"]; ok && b.vec == nil {
+				r.prefetchRow(r.vecPtr(vec, ptx.F32))
 			}
 		}
 	}

@@ -50,6 +50,7 @@ type rowEmitter struct {
 	tail                *ptx.Reg // this thread's last element is inside the row; nil: no tail
 	scratch             ptx.Sym  // reduction scratch, declared on first use
 	scratch2            ptx.Sym  // two-value reduction scratch, declared on first use
+	lane0               *ptx.Reg // the thread is its warp's lane 0 (prefetchRow), set on first use
 	// fold, when set, lets a residual project_out hand the norm its sum of squares
 	// (emitProjectOut); a later op that writes the row takes it back (miSet.emit). nil in
 	// kernels without such an op.
@@ -218,6 +219,20 @@ func (r *rowEmitter) loadRow(p rowPtr, guard *ptx.Reg) []ptx.Reg {
 	return x
 }
 
+// prefetchRow asks L2 for this thread's lines of the row at p: lane 0 of each warp asks for
+// the 128 bytes its warp's elements j span, for every j.
+func (r *rowEmitter) prefetchRow(p rowPtr) {
+	if r.lane0 == nil {
+		lane, first := r.Reg(ptx.U32), r.Reg(ptx.Pred)
+		r.Emit("and.b32", lane, r.tid, ptx.Imm(31))
+		r.Emit("setp.eq.u32", first, lane, ptx.Imm(0))
+		r.lane0 = &first
+	}
+	for j := range r.per {
+		r.emitMaybe(r.elemPred(j, r.lane0), "prefetch.global.L2", r.addr(p, j))
+	}
+}
+
 // storeRow stores this thread's elements in p's storage type (BF16 rounded to nearest even).
 func (r *rowEmitter) storeRow(p rowPtr, x []ptx.Reg) {
 	for j, v := range x {
@@ -372,12 +387,24 @@ func rowNorm(name string, c RowConfig) (*Kernel, error) {
 	// branch) would add its whole latency to a kernel that is latency-bound at small batches.
 	// Launched early, the kernel asks for the vectors and scalar tables before it waits
 	// (RowConfig.EarlyLaunch).
-	early := c.EarlyLaunch && mi.prefetches()
+	//
+	// The residual row of an add+norm is asked for too: its last writer is an add+norm two or
+	// more kernels back, and the GEMMs since (and the one after this kernel, launched early and
+	// asking for its weights while this one runs) have streamed a layer's weights through L2,
+	// so after the wait the row would come from HBM behind those weight requests. A prefetch
+	// puts nothing in a register, so it cannot read the row before its last write lands, as a
+	// load above the wait could (rowPtr.nc): the loads after the wait read what L2 holds then.
+	residPtr := r.ptr(resid, r.row, c.Hidden, 0, ptx.F32, false)
+	prefetchResid := c.EarlyLaunch && c.Load == "add"
+	early := c.EarlyLaunch && (mi.prefetches() || prefetchResid)
 	if early {
-		if c.PreloadVectors {
+		if c.PreloadVectors && mi.prefetches() {
 			mi.preloadVectors(r)
 		}
 		mi.prefetchParams(r)
+		if prefetchResid {
+			r.prefetchRow(residPtr)
+		}
 		r.Emit(bundle.PriorGridWait)
 	}
 	mi.loadCtl(r)
@@ -392,7 +419,6 @@ func rowNorm(name string, c RowConfig) (*Kernel, error) {
 	}
 
 	var x []ptx.Reg
-	residPtr := r.ptr(resid, r.row, c.Hidden, 0, ptx.F32, false)
 	if c.Load == "embed" {
 		tok := r.Reg(ptx.U32)
 		r.Emit("ld.global.nc.u32", tok, ptx.Addr{Base: r.elemAddr(tokens, r.row, 4)})

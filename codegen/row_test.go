@@ -895,12 +895,14 @@ func foldedProjection(t *testing.T, rng *rand.Rand, w int, residOps []ir.MI) {
 // PreloadVectors it only asks L2 for them and reads nothing before the wait; with it, it also
 // loads the row's mask and, for each op with a compiled vector up to maxPreloadedVec elements
 // a thread, the vector into registers (preloadVectors), and asks L2 for the rest (scalar
-// tables, vectors past the budget or with per-request slots). Nothing else is read before the
-// wait (the other control words, the tokens, the residual, the delta and the norm weight all
-// come after); only its activation gates' values, which the grid ahead may write, are asked
-// for after it. Its results match the reference either way, with a table of one row and with
-// one of a row per sequence slot, on rows with and without the ops' bit. A kernel without
-// such ops is the same kernel launched early or not (earlyLaunch adds its wait).
+// tables, vectors past the budget or with per-request slots). An add+norm also asks L2 for
+// its residual row (an add+norm without such ops only for that: one line a warp for each of
+// a thread's elements). Nothing else is read before the wait (the other control words, the
+// tokens, the residual, the delta and the norm weight all come after); only its activation
+// gates' values, which the grid ahead may write, are asked for after it. Its results match
+// the reference either way, with a table of one row and with one of a row per sequence slot,
+// on rows with and without the ops' bit. An embedding kernel without such ops is the same
+// kernel launched early or not (earlyLaunch adds its wait).
 func TestRowNormPrefetchEarly(t *testing.T) {
 	rng := rand.New(rand.NewPCG(13, 14))
 	sets := testOps(300)
@@ -924,11 +926,18 @@ func TestRowNormPrefetchEarly(t *testing.T) {
 		{Hidden: 300, Eps: 1e-5, WDtype: ptx.BF16, Load: "add"},
 		{Hidden: 300, Eps: 1e-5, WDtype: ptx.BF16, Load: "add", NormOps: sets["capture"], Gather: true},
 	} {
-		plain := must(t)(RowNorm("row_early", c))
 		c.EarlyLaunch, c.PreloadVectors = true, true
-		if early := must(t)(RowNorm("row_early", c)); early.PTX != plain.PTX {
-			t.Errorf("%+v: a kernel with nothing to ask for changed when launched early", c.NormOps)
+		checkPrefetchEarly(t, rng, c, wait)
+		before, _, _ := strings.Cut(must(t)(RowNorm("row_early", c)).PTX, wait)
+		if n, per := strings.Count(before, "prefetch.global.L2"), (c.Hidden+rowThreads(c.Hidden)-1)/rowThreads(c.Hidden); n != per {
+			t.Errorf("%+v: %d prefetches before the wait, want the residual's %d", c.NormOps, n, per)
 		}
+	}
+	c := RowConfig{Hidden: 300, Vocab: 50, Eps: 1e-5, WDtype: ptx.BF16, Load: "embed"}
+	plain := must(t)(RowNorm("row_early", c))
+	c.EarlyLaunch, c.PreloadVectors = true, true
+	if early := must(t)(RowNorm("row_early", c)); early.PTX != plain.PTX {
+		t.Error("an embedding kernel with nothing to ask for changed when launched early")
 	}
 }
 

@@ -15,7 +15,9 @@
 # the cap's flag is set in some samples even far below the cap) and how many of them the
 # power cap held (power_summary.py; $OUT/power.json). BUILDS="NAME=FLAGS;..." gives the
 # variants it names a bundle of their own, built with FLAGS in place of BUILD_FLAGS (e.g.
-# "cg=--copy-gemm-rows 8,128" against the default bundle).
+# "cg=--copy-gemm-rows 8,128" against the default bundle). OWN_BUNDLES=1 builds each variant's
+# bundle with its own BIN's xmixc (BUILD_FLAGS), for comparing two commits' kernels (pack both
+# folders: pack.sh .dev/gpu .dev/old).
 #   run(command="OUT=\$OUT VARIANTS=... bash testsuite/gpu/runtime_ab.sh", carry=[...])
 # Writes $OUT/runtime_ab.json ({"model|bucket|context": {variant: [ms per round]}}) and
 # $OUT/summary.txt (each variant's mean and its change against the base).
@@ -29,6 +31,12 @@ for m in ${MODELS:-llama-3.1-8b}; do
   for b in "${builds[@]}"; do
     "$B/xmixc" build specs/models/$m.yaml -q ${b#*=} -o "$W/$m-${b%%=*}.xmb" || { echo "build of $m for ${b%%=*} failed" | tee -a "$S"; exit 1; }
   done
+  if [ "${OWN_BUNDLES:-0}" = 1 ]; then
+    for v in "${vs[@]}"; do
+      vbin=${v#*=}; vbin=${vbin%% *}
+      "$vbin/xmixc" build specs/models/$m.yaml -q ${BUILD_FLAGS:-} -o "$W/$m-${v%%=*}.xmb" || { echo "build of $m by $vbin failed" | tee -a "$S"; exit 1; }
+    done
+  fi
   for bucket in ${BUCKETS:-32}; do
     for ctx in ${CONTEXTS:-80 576 2112}; do
       for r in $(seq ${ROUNDS:-2}); do
