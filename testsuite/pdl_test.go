@@ -12,7 +12,8 @@ import (
 
 // TestPDLBundle (xmixc build --pdl, the default): every generated kernel begins by releasing
 // the next grid and then waiting for the one ahead (a decode attention kernel waits once it
-// has read the control block), and is marked for early launch; an app's
+// has read the control block, an add+norm once it has asked L2 for its residual row), and is
+// marked for early launch; an app's
 // own PTX and the weight synthesiser (outside the graphs) are left as written; --pdl=false
 // marks none. Every emulated run of TestEmulatedBundleMatchesReferenceOps but one is of such
 // bundles.
@@ -39,8 +40,10 @@ func TestPDLBundle(t *testing.T) {
 		}
 		body := m.Kernels[0].Body
 		starts := len(body) > 2 && body[0].Op == bundle.PriorGridLaunch && body[1].Op == bundle.PriorGridWait
-		// A decode attention kernel waits itself, after reading the control block.
-		waitsLater := k.Op == "attention" && len(body) > 2 && body[0].Op == bundle.PriorGridLaunch &&
+		// A decode attention kernel waits itself, after reading the control block, and an
+		// add+norm after asking L2 for its residual row.
+		addNorm := k.Op == "row_norm" && strings.Contains(string(k.Attrs), `"load":"add"`)
+		waitsLater := (k.Op == "attention" || addNorm) && len(body) > 2 && body[0].Op == bundle.PriorGridLaunch &&
 			strings.Count(k.PTX, bundle.PriorGridWait+";") == 1
 		switch k.Op {
 		case "custom_ptx", "synth":
@@ -54,6 +57,16 @@ func TestPDLBundle(t *testing.T) {
 			}
 			if waitsLater && !starts {
 				waitsItself++
+			}
+			if addNorm {
+				// Beyond the two instructions, the residual's prefetches: nothing before the
+				// wait reads or writes memory.
+				before, _, _ := strings.Cut(k.PTX, bundle.PriorGridWait+";")
+				if !strings.Contains(before, "prefetch.global.L2") || strings.Contains(before, "ld.global") || strings.Contains(before, "st.global") {
+					t.Errorf("kernel %s: before its wait it should only ask L2 for the residual row:\n%s", k.Name, before)
+				}
+				early++
+				continue
 			}
 			// The two instructions are the whole difference.
 			stripped := strings.Replace(k.PTX, "\t"+bundle.PriorGridLaunch+";\n", "", 1)
@@ -350,8 +363,8 @@ func TestPreloadVectorsByBucket(t *testing.T) {
 	for _, tpl := range b.Templates {
 		for _, n := range tpl.Nodes {
 			k := kernels[n.Kernel]
-			if k.Op != "row_norm" || !strings.Contains(k.PTX, "prefetch.global.L2") {
-				continue // no compiled vector to ask for
+			if k.Op != "row_norm" || !strings.Contains(k.Name, "_mi_") {
+				continue // no MI op, so no compiled vector to ask for
 			}
 			pre := readsBeforeWait(t, k.PTX, "ld.global.nc.f32")
 			if want := tpl.Tokens >= 8; pre != want {
