@@ -37,6 +37,9 @@ func rowThreads(width int) int {
 	return 512
 }
 
+// rowPer is how many of a row's elements each thread of its block holds.
+func rowPer(width int) int { return (width + rowThreads(width) - 1) / rowThreads(width) }
+
 // rowLaunch is the grid of a row kernel over rows rows of width columns.
 func rowLaunch(width, rows int) ops.Launch {
 	return ops.Launch{Grid: [3]int{rows, 1, 1}, Block: [3]int{rowThreads(width), 1, 1}}
@@ -91,8 +94,7 @@ func newRowEmitter(name string, width int) (*rowEmitter, error) {
 	if width <= 0 {
 		return nil, fmt.Errorf("row width %d", width)
 	}
-	t := rowThreads(width)
-	per := (width + t - 1) / t
+	t, per := rowThreads(width), rowPer(width)
 	if per > maxPerThread {
 		return nil, fmt.Errorf("row width %d exceeds the %d columns a register-resident row may have", width, t*maxPerThread)
 	}

@@ -929,7 +929,7 @@ func TestRowNormPrefetchEarly(t *testing.T) {
 		c.EarlyLaunch, c.PreloadVectors = true, true
 		checkPrefetchEarly(t, rng, c, wait)
 		before, _, _ := strings.Cut(must(t)(RowNorm("row_early", c)).PTX, wait)
-		if n, per := strings.Count(before, "prefetch.global.L2"), (c.Hidden+rowThreads(c.Hidden)-1)/rowThreads(c.Hidden); n != per {
+		if n, per := strings.Count(before, "prefetch.global.L2"), rowPer(c.Hidden); n != per {
 			t.Errorf("%+v: %d prefetches before the wait, want the residual's %d", c.NormOps, n, per)
 		}
 	}
@@ -961,7 +961,7 @@ func checkPrefetchEarly(t *testing.T, rng *rand.Rand, c RowConfig, wait string) 
 	if !strings.Contains(before, "prefetch.global.L2") || strings.Count(after, "prefetch.global.L2") != gates {
 		t.Fatalf("%s: the prefetches are not all before the wait, but for %d gates':\n%s", c.Load, gates, k.PTX)
 	}
-	per, vecs, loads := (c.Hidden+rowThreads(c.Hidden)-1)/rowThreads(c.Hidden), 0, 0
+	per, vecs, loads := rowPer(c.Hidden), 0, 0
 	for _, o := range c.MIOps() {
 		if c.PreloadVectors && o.Vec != "" && o.Pool == "" && (vecs+1)*per <= maxPreloadedVec {
 			vecs++

@@ -16,8 +16,8 @@
 # power cap held (power_summary.py; $OUT/power.json). BUILDS="NAME=FLAGS;..." gives the
 # variants it names a bundle of their own, built with FLAGS in place of BUILD_FLAGS (e.g.
 # "cg=--copy-gemm-rows 8,128" against the default bundle). OWN_BUNDLES=1 builds each variant's
-# bundle with its own BIN's xmixc (BUILD_FLAGS), for comparing two commits' kernels (pack both
-# folders: pack.sh .dev/gpu .dev/old).
+# bundle with its own BIN's xmixc (with its BUILDS flags, else BUILD_FLAGS), for comparing two
+# commits' kernels (pack both folders: pack.sh .dev/gpu .dev/old).
 #   run(command="OUT=\$OUT VARIANTS=... bash testsuite/gpu/runtime_ab.sh", carry=[...])
 # Writes $OUT/runtime_ab.json ({"model|bucket|context": {variant: [ms per round]}}) and
 # $OUT/summary.txt (each variant's mean and its change against the base).
@@ -26,15 +26,25 @@ VARIANTS=${VARIANTS:?set VARIANTS}
 IFS=';' read -ra vs <<< "$VARIANTS"
 IFS=';' read -ra builds <<< "${BUILDS:-}"
 : > "$W/raw.tsv"; : > "$W/power.tsv"
+# builder NAME: the folder whose xmixc builds variant NAME's bundle ($B unless OWN_BUNDLES=1).
+builder() {
+  local v bin=$B
+  if [ "${OWN_BUNDLES:-0}" = 1 ]; then
+    for v in "${vs[@]}"; do
+      if [ "${v%%=*}" = "$1" ]; then bin=${v#*=}; bin=${bin%% *}; fi
+    done
+  fi
+  echo "$bin"
+}
 for m in ${MODELS:-llama-3.1-8b}; do
   "$B/xmixc" build specs/models/$m.yaml -q ${BUILD_FLAGS:-} -o "$W/$m.xmb" || { echo "build of $m failed" | tee -a "$S"; exit 1; }
   for b in "${builds[@]}"; do
-    "$B/xmixc" build specs/models/$m.yaml -q ${b#*=} -o "$W/$m-${b%%=*}.xmb" || { echo "build of $m for ${b%%=*} failed" | tee -a "$S"; exit 1; }
+    "$(builder "${b%%=*}")/xmixc" build specs/models/$m.yaml -q ${b#*=} -o "$W/$m-${b%%=*}.xmb" || { echo "build of $m for ${b%%=*} failed" | tee -a "$S"; exit 1; }
   done
   if [ "${OWN_BUNDLES:-0}" = 1 ]; then
     for v in "${vs[@]}"; do
-      vbin=${v#*=}; vbin=${vbin%% *}
-      "$vbin/xmixc" build specs/models/$m.yaml -q ${BUILD_FLAGS:-} -o "$W/$m-${v%%=*}.xmb" || { echo "build of $m by $vbin failed" | tee -a "$S"; exit 1; }
+      [ -f "$W/$m-${v%%=*}.xmb" ] && continue # BUILDS built it
+      "$(builder "${v%%=*}")/xmixc" build specs/models/$m.yaml -q ${BUILD_FLAGS:-} -o "$W/$m-${v%%=*}.xmb" || { echo "build of $m for ${v%%=*} failed" | tee -a "$S"; exit 1; }
     done
   fi
   for bucket in ${BUCKETS:-32}; do
