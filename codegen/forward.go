@@ -136,22 +136,21 @@ func Generate(p *passes.Program, opt Options) (*bundle.Bundle, error) {
 		return nil, err
 	}
 	g.gatedTCRows = bi.GatedTCRows
-	// Shapes or rows a build names (for measuring) go to every bucket of its row counts.
-	g.copyShapes = copyGemmShapes
-	if len(bi.CopyGemmRows) > 0 {
-		g.copyShapes = nil
-		for _, s := range copyGemmShapes {
-			g.copyShapes = append(g.copyShapes, copyGemmShape{s.K, s.N, math.MaxInt})
-		}
-	}
+	g.copyShapes = slices.Clone(copyGemmShapes)
 	if len(bi.CopyGemms) > 0 {
 		shapes, err := bundle.ParseGemmShapes(bi.CopyGemms)
 		if err != nil {
 			return nil, fmt.Errorf("copy-engine GEMMs: %w", err)
 		}
-		g.copyShapes = nil
+		g.copyShapes = g.copyShapes[:0]
 		for _, s := range shapes {
-			g.copyShapes = append(g.copyShapes, copyGemmShape{s[0], s[1], math.MaxInt})
+			g.copyShapes = append(g.copyShapes, copyGemmShape{K: s[0], N: s[1]})
+		}
+	}
+	if len(bi.CopyGemms) > 0 || len(bi.CopyGemmRows) > 0 {
+		// Shapes or rows a build names (for measuring) go to every bucket of its row counts.
+		for i := range g.copyShapes {
+			g.copyShapes[i].MaxRows = math.MaxInt
 		}
 	}
 	if err := CheckCopyGemmSlots(bi.CopyGemmSlots); err != nil {

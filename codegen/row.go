@@ -397,10 +397,10 @@ func rowNorm(name string, c RowConfig) (*Kernel, error) {
 	// puts nothing in a register, so it cannot read the row before its last write lands, as a
 	// load above the wait could (rowPtr.nc): the loads after the wait read what L2 holds then.
 	residPtr := r.ptr(resid, r.row, c.Hidden, 0, ptx.F32, false)
-	prefetchResid := c.EarlyLaunch && c.Load == "add"
-	early := c.EarlyLaunch && (mi.prefetches() || prefetchResid)
+	prefetchResid, params := c.EarlyLaunch && c.Load == "add", mi.prefetches()
+	early := c.EarlyLaunch && (params || prefetchResid)
 	if early {
-		if c.PreloadVectors && mi.prefetches() {
+		if c.PreloadVectors && params {
 			mi.preloadVectors(r)
 		}
 		mi.prefetchParams(r)
