@@ -12,6 +12,12 @@
 #   (offline bench, one request, one token) and its prefill steps node by node with the
 #   tensor-core GEMMs' TFLOP/s against the measured bf16 peak (results.json "prefill").
 #   PTXAS_GLOB limits ptxas to the bundles it matches (default every bundle).
+#   TEST_RUN / TEST_SKIP pick the GPU tests by name (gpu.test's -test.run / -test.skip) and
+#   TEST_TIMEOUT bounds them (default 300s). On the H200 the whole suite takes about nine
+#   minutes and the rest of PARTS=check (bundles, ptxas, Gemma 2 against transformers) five,
+#   so one device call (ten minutes) holds only part of it: split it, e.g.
+#   TEST_SKIP='Warpgroup|NextAtAsk|GatedTC|GatedCopy|Fed|RopeCopy|Trace|Mixtral|BuildKeeps'
+#   in one call and PTXAS_GLOB=tiny GEMMA2=0 TEST_TIMEOUT=560s TEST_RUN='(the same)' in the next.
 #   XMIX_BIN names the binaries' folder (default .dev/gpu). OLD_BIN, when set, names another
 #   build's binaries (the code before a change): its bundle and this one's are timed side by
 #   side at AB_SHAPES (prompt:batch) on Llama-3.1-8B (OLD_SPEC: the spec as that build reads
@@ -65,7 +71,8 @@ done
 grep -c '^ok' "$work/ptxas.txt" >&2; grep '^FAIL' "$work/ptxas.txt" >&2
 
 log "correctness: CUDA vs CPU, MI exactness"
-XMIX_GPU_RESULTS="$work/checks.json" "$bin/gpu.test" -test.v -test.timeout 300s > "$work/checks.log" 2>&1
+XMIX_GPU_RESULTS="$work/checks.json" "$bin/gpu.test" -test.v -test.timeout "${TEST_TIMEOUT:-300s}" \
+  ${TEST_RUN:+-test.run "$TEST_RUN"} ${TEST_SKIP:+-test.skip "$TEST_SKIP"} > "$work/checks.log" 2>&1
 echo "exit $?" >> "$work/checks.log"
 tail -30 "$work/checks.log" >&2
 
