@@ -385,7 +385,7 @@ const (
 // BF16Copy is a node that can also write a bf16 copy of its f32 output [Rows, width], as
 // BF16CopyOf reads it: the output, its rows, and which of the node's arguments are the
 // output and the copy's address. Droppable: the output may be 0, the copy alone (the gated
-// activation).
+// activation, and an add+norm built with BuildInfo.OptionalF32Out: attribute out_optional).
 type BF16Copy struct {
 	Out             Slot
 	Rows            int
@@ -403,9 +403,10 @@ func BF16CopyOf(n Node, k Kernel) (BF16Copy, bool) {
 		return BF16Copy{Out: a.Act, Rows: a.Rows, OutArg: 1, CopyArg: 2, Droppable: true}, true
 	}
 	var a struct {
-		Gather bool   `json:"gather"`
-		Rows   string `json:"rows"`
-		Splits int    `json:"splits"`
+		Gather      bool   `json:"gather"`
+		Rows        string `json:"rows"`
+		Splits      int    `json:"splits"`
+		OutOptional bool   `json:"out_optional"`
 	}
 	var out, copyName string
 	switch {
@@ -423,7 +424,7 @@ func BF16CopyOf(n Node, k Kernel) (BF16Copy, bool) {
 	if o < 0 || o+1 >= len(k.Params) || k.Params[o+1] != (Param{copyName, "u64"}) || n.Args[o].Buffer == "" || n.Args[o+1] != (Slot{}) || rows < 1 {
 		return BF16Copy{}, false
 	}
-	return BF16Copy{Out: n.Args[o], Rows: rows, OutArg: o, CopyArg: o + 1}, true
+	return BF16Copy{Out: n.Args[o], Rows: rows, OutArg: o, CopyArg: o + 1, Droppable: a.OutOptional}, true
 }
 
 // bf16CopyParams are the parameters of BF16CopyOf's copies, which a bundle passes 0.

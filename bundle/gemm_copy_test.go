@@ -271,7 +271,8 @@ func TestRopePairAt(t *testing.T) {
 // TestBF16CopyOf: an add+norm with NormOutBF16 after out, a decode attention with AttnZBF16
 // after z (its rows the grid's x over its splits) and a gated activation without MI ops, each
 // passing the constant 0 there, read as nodes that can write a bf16 copy (the activation's
-// output droppable); a gathering norm, the prefill step's attention kernels, a node passing
+// output droppable, and the norm's where its kernel says out_optional); a gathering norm, the
+// prefill step's attention kernels, a node passing
 // something else there, a kernel without the parameter, or another op do not.
 func TestBF16CopyOf(t *testing.T) {
 	params := []Param{{"resid", "u64"}, {"delta", "u64"}, {"w", "u64"}, {"out", "u64"}, {NormOutBF16, "u64"}, {"ctl_mask", "u64"}}
@@ -279,6 +280,11 @@ func TestBF16CopyOf(t *testing.T) {
 	n := Node{Label: "norm", Kernel: "norm", Grid: [3]int{32, 1, 1}, Args: []Slot{{Buffer: "r"}, {Buffer: "d"}, {Buffer: "w"}, {Buffer: "x", Offset: 64}, {}, {Buffer: "m"}}}
 	if got, ok := BF16CopyOf(n, k); !ok || got != (BF16Copy{Out: Slot{Buffer: "x", Offset: 64}, Rows: 32, OutArg: 3, CopyArg: 4}) {
 		t.Fatalf("norm: %+v %v", got, ok)
+	}
+	optional := k
+	optional.Attrs = []byte(`{"hidden":4096,"load":"add","out_optional":true}`)
+	if got, ok := BF16CopyOf(n, optional); !ok || got != (BF16Copy{Out: Slot{Buffer: "x", Offset: 64}, Rows: 32, OutArg: 3, CopyArg: 4, Droppable: true}) {
+		t.Fatalf("norm with an optional out: %+v %v", got, ok)
 	}
 	attnParams := []Param{{"qkv", "u64"}, {"pos", "u64"}, {"seq", "u64"}, {"block_table", "u64"}, {"kcache", "u64"}, {"vcache", "u64"}, {"z", "u64"}, {AttnZBF16, "u64"}, {"chunk", "u64"}}
 	attn := Kernel{Name: "attn", Op: OpAttention, Attrs: []byte(`{"heads":32,"splits":4}`), Params: attnParams}

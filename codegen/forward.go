@@ -98,6 +98,8 @@ type gen struct {
 	// attnCluster: decode buckets whose splits fit in one wave merge them in a cluster
 	// (AttnConfig.Cluster, ClusterSplits).
 	attnCluster bool
+	// optionalF32Out: the add+norm kernels may be passed an out of 0 (RowConfig.OutOptional).
+	optionalF32Out bool
 	// gemmTickets is GemmConfig.Tickets of every staged tensor-core GEMM (--gemm tc-staged).
 	gemmTickets int
 	order       []string
@@ -190,6 +192,7 @@ func Generate(p *passes.Program, opt Options) (*bundle.Bundle, error) {
 		}
 	}
 	g.attnPrefetch, g.attnPrefetchOneRow, g.attnTC, g.attnCluster = bi.AttnPrefetch, bi.AttnPrefetchOneRow, bi.AttnTC, bi.AttnCluster
+	g.optionalF32Out = bi.OptionalF32Out
 	g.prefetch, g.gemvCols, g.unroll, g.split, g.gemvWarps = bi.Prefetch, bi.GemvCols, bi.GemvUnroll, bi.GemvSplit, bi.GemvWarps
 	tc, err := tcChunks(bi.TCChunks)
 	if err != nil {

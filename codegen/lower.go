@@ -237,7 +237,7 @@ func (t *tb) embedNorm(n *ir.Node) {
 	a := n.Attrs.(ir.NormAttrs)
 	mi := group(n, 0)
 	c := RowConfig{Hidden: n.Out[0].Width, Vocab: a.Vocab, Eps: a.Eps, WDtype: g.wdt, Load: "embed", ResidOps: mi,
-		WOffset: a.Offset, EmbedScale: a.EmbedScale, EarlyLaunch: g.pdl}
+		WOffset: a.Offset, EmbedScale: a.EmbedScale, EarlyLaunch: g.pdl, OutOptional: g.optionalF32Out}
 	name := t.preload(&c, miName("embed", mi, "embed"))
 	k, err := g.kernel(name, func() (*Kernel, error) { return RowNorm(name, c) })
 	g.site(n, name)
@@ -260,7 +260,7 @@ func (t *tb) addNorm(n *ir.Node) {
 	deltaW := n.Weight("delta_w")
 	c := RowConfig{Hidden: resid.Width, Vocab: g.m.Vocab, Eps: a.Eps, WDtype: g.wdt, Load: "add", Gather: final,
 		DeltaOps: append(group(n, 0), group(n, 3)...), ResidOps: group(n, 1), NormOps: group(n, 2),
-		WOffset: a.Offset, DeltaNorm: deltaW != nil, EarlyLaunch: g.pdl}
+		WOffset: a.Offset, DeltaNorm: deltaW != nil, EarlyLaunch: g.pdl, OutOptional: g.optionalF32Out && !final}
 	all := c.MIOps()
 	base := fmt.Sprintf("add_norm_h%d", resid.Width)
 	if final {

@@ -315,6 +315,11 @@ type RowConfig struct {
 	// (miSet.preloadVectors; lowering sets it for templates of preloadMinRows rows and more).
 	// It changes no result either.
 	PreloadVectors bool
+	// OutOptional (not Gather): the kernel stores its f32 output only where out is not 0, so
+	// that a backend may pass out_bf16 alone where no node reads the f32 (BuildInfo's
+	// OptionalF32Out). A bundle built without it may not take an out of 0: its kernels store
+	// there unguarded.
+	OutOptional bool
 }
 
 // Launch is the grid for rows rows.
@@ -331,7 +336,8 @@ func (c RowConfig) MIOps() []ir.MI {
 // [ctl_tokens], [ctl_gen], MI parameters. A token id >= Vocab embeds as zeros. Where
 // out_bf16 (bundle.NormOutBF16; every kernel but the gathering final norm's) is not 0 the
 // kernel also stores bf16 of each normalised value there, rounded as the backend's cast
-// rounds it, so that the GEMM after it reads that with no cast.
+// rounds it, so that the GEMM after it reads that with no cast; with OutOptional, where out
+// is 0 it stores the bf16 alone.
 func RowNorm(name string, c RowConfig) (*Kernel, error) {
 	return named(bundle.OpRowNorm, name, c, rowNorm)
 }
@@ -341,7 +347,10 @@ func rowNorm(name string, c RowConfig) (*Kernel, error) {
 		return nil, fmt.Errorf("weight dtype %s is not f32 or bf16", c.WDtype)
 	}
 	attrs := ops.RowNormAttrs{Hidden: c.Hidden, Eps: c.Eps, WDtype: c.WDtype.String(), Load: c.Load, Gather: c.Gather,
-		WOffset: c.WOffset, DeltaNorm: c.DeltaNorm, EmbedScale: c.EmbedScale}
+		WOffset: c.WOffset, DeltaNorm: c.DeltaNorm, EmbedScale: c.EmbedScale, OutOptional: c.OutOptional}
+	if c.OutOptional && c.Gather {
+		return nil, fmt.Errorf("out optional with gather: a gathering norm has no bf16 copy to write instead")
+	}
 	switch {
 	case c.Load == "embed" && c.Vocab > 0 && len(c.DeltaOps) == 0 && !c.DeltaNorm:
 		attrs.Vocab = c.Vocab
@@ -454,7 +463,17 @@ func rowNorm(name string, c RowConfig) (*Kernel, error) {
 	r.rmsNorm(x, wv, c.Eps)
 	r.fold = nil // the norm ops' projections have no norm after them to hand a sum to
 	mi.emit(r, 2, x, nil)
+	skipF32 := ""
+	if c.OutOptional {
+		skipF32 = r.NewLabel("no_f32")
+		noF32 := r.Reg(ptx.Pred)
+		r.Emit("setp.eq.u64", noF32, out, ptx.Imm(0))
+		r.EmitIf(noF32, false, "bra.uni", ptx.Sym(skipF32))
+	}
 	r.storeRow(r.ptr(out, dst, c.Hidden, 0, ptx.F32, false), x)
+	if skipF32 != "" {
+		r.Label(skipF32)
+	}
 	if !c.Gather {
 		noB := r.Reg(ptx.Pred)
 		r.Emit("setp.eq.u64", noB, outB, ptx.Imm(0))

@@ -164,7 +164,8 @@ func rowNormArgs(rng *rand.Rand, c RowConfig, rows int) []targ {
 
 // TestRowNormBF16Out: out_bf16 gets, bit for bit, the cast's rounding of the kernel's own
 // out, with MI ops on the norm or without, embedding or adding; passed 0 it is left alone (a
-// store there would fault) and out keeps the same bits.
+// store there would fault) and out keeps the same bits. Built with OutOptional, the kernel
+// passed an out of 0 writes the same out_bf16 alone, as its reference op does.
 func TestRowNormBF16Out(t *testing.T) {
 	rng := rand.New(rand.NewPCG(41, 42))
 	for _, w := range []int{160, 1000, 4096} {
@@ -192,7 +193,22 @@ func TestRowNormBF16Out(t *testing.T) {
 					t.Fatalf("%s: out_bf16[%d] = %#04x, want bf16(out) = %#04x", k.Name, i, got[i], ops.F32ToBF16(v))
 				}
 			}
+
+			c.OutOptional = true
+			opt := must(t)(RowNorm(k.Name+"_opt", c))
+			alone := slices.Clone(args)
+			alone[out] = nullPtr("out")
+			checkKernel(t, opt, c.Launch(testRows), alone)
+			checkKernel(t, opt, c.Launch(testRows), args)
+			b := newEmuBufs()
+			b.run(t, opt, c.Launch(testRows), alone)
+			if !slices.Equal(ops.Arg{Mem: b.mem.Bytes(b.addr[bundle.NormOutBF16])}.U16()[:testRows*w], got[:testRows*w]) {
+				t.Fatalf("%s: out_bf16 alone differs from out_bf16 beside out", opt.Name)
+			}
 		}
+	}
+	if _, err := RowNorm("gather_opt", RowConfig{Hidden: 256, Eps: 1e-5, WDtype: ptx.BF16, Load: "add", Gather: true, OutOptional: true}); err == nil {
+		t.Error("a gathering norm built with an optional out")
 	}
 }
 

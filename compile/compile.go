@@ -73,6 +73,10 @@ type Options struct {
 	// they fit in one wave (bundle.BuildInfo.AttnCluster; xmixc build --attn-cluster): for
 	// measuring, off by default (session 37 measured it slower at 4 and 8 rows).
 	AttnCluster bool
+	// OptionalF32Out builds the add+norm kernels so that their f32 output may be dropped
+	// where the GEMM after them reads their bf16 copy and no later node reads the f32
+	// (bundle.BuildInfo.OptionalF32Out; xmixc build --optional-f32-out): for measuring.
+	OptionalF32Out bool
 	// GemvSplit is the most warps a CUDA-core GEMV splits each column's K over
 	// (bundle.BuildInfo.GemvSplit; 0: one).
 	GemvSplit int
@@ -288,8 +292,8 @@ func Build(modelPath string, appPaths []string, opt Options) (*bundle.Bundle, er
 	build := bundle.BuildInfo{Compiler: Compiler, Inputs: inputs, Fuse: p.Fused(), PDL: !opt.SerialLaunch, Prefetch: prefetch,
 		GemvCols: beyondOne(cmp.Or(opt.GemvCols, DefaultGemvCols)), GemvUnroll: beyondOne(cmp.Or(opt.GemvUnroll, DefaultGemvUnroll)),
 		AttnWarps: opt.AttnWarps, AttnUnroll: opt.AttnUnroll, AttnPrefetch: attnPrefetch, AttnPrefetchOneRow: attnPrefetchOneRow, AttnTC: !opt.AttnCUDACores,
-		AttnCluster: opt.AttnCluster,
-		GemvSplit:   beyondOne(opt.GemvSplit), GemvWarps: codegen.GemvWarpsRecord(cmp.Or(opt.GemvWarps, max(DefaultGemvWarps, opt.GemvSplit)))}
+		AttnCluster: opt.AttnCluster, OptionalF32Out: opt.OptionalF32Out,
+		GemvSplit: beyondOne(opt.GemvSplit), GemvWarps: codegen.GemvWarpsRecord(cmp.Or(opt.GemvWarps, max(DefaultGemvWarps, opt.GemvSplit)))}
 	if opt.TensorCoreRows != codegen.TensorCoreRows {
 		build.TensorCoreRows = opt.TensorCoreRows // the default is recorded as 0, as bundles built before the setting have it
 	}

@@ -32,6 +32,9 @@ type RowNormAttrs struct {
 	// EmbedScale (load embed), when not 0, multiplies the embedded row before the residual
 	// ops (Gemma's sqrt(hidden)).
 	EmbedScale float32 `json:"embed_scale,omitempty"`
+	// OutOptional (not gather): out may be 0 where out_bf16 is not, the bf16 copy alone
+	// (bundle.BF16Copy.Droppable): the backend drops the f32 output that no node reads.
+	OutOptional bool `json:"out_optional,omitempty"`
 }
 
 // checkRow checks the attributes every row kernel (row_norm, row_renorm) shares.
@@ -59,6 +62,9 @@ func init() {
 		case a.Load == "add" && a.Vocab == 0 && a.EmbedScale == 0:
 		default:
 			return nil, fmt.Errorf("load %q with vocab %d, %d delta ops, delta norm %v, embed scale %g", a.Load, a.Vocab, len(a.DeltaOps), a.DeltaNorm, a.EmbedScale)
+		}
+		if a.OutOptional && a.Gather {
+			return nil, fmt.Errorf("out_optional with gather: a gathering norm has no bf16 copy to write instead")
 		}
 		return named(bundle.OpRowNorm, a.run), nil
 	})
@@ -163,8 +169,6 @@ func (a RowNormAttrs) run(args []Arg, l Launch) error {
 			return err
 		}
 		outRow = o.U32()
-	} else if len(outArg.Mem) < 4*rows*h {
-		return fmt.Errorf("out holds %d bytes, needs %d", len(outArg.Mem), 4*rows*h)
 	} else {
 		ob, err := c.take(bundle.NormOutBF16, 0)
 		if err != nil {
@@ -172,6 +176,12 @@ func (a RowNormAttrs) run(args []Arg, l Launch) error {
 		}
 		if outB, err = bf16CopyArg(bundle.NormOutBF16, c.next-1, ob, rows*h); err != nil {
 			return err
+		}
+		switch {
+		case len(outArg.Mem) == 0 && a.OutOptional && outB == nil:
+			return fmt.Errorf("out and %s are both empty: nothing to write", bundle.NormOutBF16)
+		case len(outArg.Mem) < 4*rows*h && !(len(outArg.Mem) == 0 && a.OutOptional):
+			return fmt.Errorf("out holds %d bytes, needs %d", len(outArg.Mem), 4*rows*h)
 		}
 	}
 	ctl, err := bindCtl(c, rows, a.DeltaOps, a.ResidOps, a.NormOps)
@@ -235,7 +245,9 @@ func (a RowNormAttrs) run(args []Arg, l Launch) error {
 			}
 			rmsNorm(x, w, a.Eps, a.WOffset)
 			applyMI(normOps, r, ctl, x)
-			copy(out[o*h:], x)
+			if out != nil {
+				copy(out[o*h:], x)
+			}
 			if outB != nil {
 				putBF16(outB[o*h:], x)
 			}

@@ -74,6 +74,34 @@ func TestRowNormAdd(t *testing.T) {
 	if r, _ := Build(bundle.OpRowNorm, EncodeAttrs(a)); r.Run(short, Launch{Grid: [3]int{rows, 1, 1}}) == nil {
 		t.Error("an out_bf16 a value short accepted")
 	}
+	// With out_optional, an out of 0 leaves out_bf16 alone to write, the same bits; not both,
+	// and not without the attribute.
+	noOut := append([]Arg(nil), args...)
+	noOut[0], noOut[3], noOut[4] = miArgF32(resid), Arg{}, Arg{Mem: make([]byte, 2*rows*h)}
+	opt := a
+	opt.OutOptional = true
+	runRowOp(t, "row_norm", opt, rows, noOut)
+	for i, v := range args[4].U16() {
+		if got := noOut[4].U16()[i]; got != v {
+			t.Fatalf("out_bf16 alone [%d] = %#04x, want %#04x as beside out", i, got, v)
+		}
+	}
+	for _, c := range []struct {
+		name string
+		a    RowNormAttrs
+		outB Arg
+	}{{"out 0 without out_optional", a, noOut[4]}, {"out and out_bf16 both 0", opt, Arg{}}} {
+		bad := append([]Arg(nil), noOut...)
+		bad[4] = c.outB
+		if r, _ := Build(bundle.OpRowNorm, EncodeAttrs(c.a)); r.Run(bad, Launch{Grid: [3]int{rows, 1, 1}}) == nil {
+			t.Errorf("%s: accepted", c.name)
+		}
+	}
+	gather := opt
+	gather.Gather = true
+	if _, err := Build(bundle.OpRowNorm, EncodeAttrs(gather)); err == nil {
+		t.Error("out_optional with gather accepted")
+	}
 	for r := range rows {
 		x := make([]float32, h)
 		for i := range x {

@@ -90,6 +90,7 @@ type Backend struct {
 	trace   *traceBuffer // non-nil: every kernel writes the step trace (trace.go)
 	lt      *cublasLt    // nil: PTX kernels serve every GEMM
 	fed     int          // GEMM launches reading bf16(x) as the launch ahead wrote it (feed.go)
+	f32Cut  int          // launches feedAhead prepared to write their bf16 copy alone (feed.go)
 	steps   []stepGraphs // each template's graph variants (variants.go)
 	// outCopies: per template, what of the output arena a step copies back (outputs.go);
 	// outFresh: bytes of each output buffer the last step copied (Read serves those).

@@ -73,20 +73,24 @@ func (be *Backend) feedAhead(nodes []bundle.Node, i int) (n bundle.Node, fed uin
 	n.Args[c.CopyArg] = bundle.Slot{Const: uint64(be.lt.xb)}
 	if c.Droppable && !be.readAfter(nodes, i+1, c.Out) {
 		n.Args[c.OutArg] = bundle.Slot{} // the copy alone
+		be.f32Cut++
 	}
 	return n, be.lt.xb, nil
 }
 
-// readAfter says whether a node after nodes[j] reads what is in s before a gated activation
-// writes s again (bundle.GatedActOf; any other node naming s's buffer counts as a reader):
-// the f32 activation that nodes[j] reads as bf16 is dead otherwise. Every node of the list
-// counts, whichever graphs run it (an app's op on the activation in some).
+// readAfter says whether a node after nodes[j] reads what is in s before a node of the same
+// kind writes s again (bundle.BF16CopyOf: its output is s, and no other argument of it names
+// s's buffer; any other node naming that buffer counts as a reader): the f32 output that
+// nodes[j] reads as bf16 is dead otherwise. Every node of the list counts, whichever graphs
+// run it (an app's op on the output in some).
 func (be *Backend) readAfter(nodes []bundle.Node, j int, s bundle.Slot) bool {
+	names := func(a bundle.Slot) bool { return a.Buffer == s.Buffer }
 	for _, n := range nodes[j+1:] {
-		if a, ok := bundle.GatedActOf(n, be.kernels[n.Kernel]); ok && a.Act == s {
+		if c, ok := bundle.BF16CopyOf(n, be.kernels[n.Kernel]); ok && c.Out == s &&
+			!slices.ContainsFunc(slices.Delete(slices.Clone(n.Args), c.OutArg, c.OutArg+1), names) {
 			return false
 		}
-		if slices.ContainsFunc(n.Args, func(a bundle.Slot) bool { return a.Buffer == s.Buffer }) {
+		if slices.ContainsFunc(n.Args, names) {
 			return true
 		}
 	}
@@ -96,3 +100,7 @@ func (be *Backend) readAfter(nodes []bundle.Node, j int, s bundle.Slot) bool {
 // FedGemms is how many of the GEMM launches prepared read bf16(x) as the launch ahead wrote
 // it, with no cast.
 func (be *Backend) FedGemms() int { return be.fed }
+
+// F32OutputsCut is how many of the launches feedAhead prepared write their bf16 copy and not
+// their f32 output, which no node reads.
+func (be *Backend) F32OutputsCut() int { return be.f32Cut }

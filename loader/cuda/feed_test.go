@@ -29,7 +29,8 @@ func feedDown(rows uint64) bundle.Node {
 }
 
 // TestReadAfter: the f32 activation a GEMM reads as bf16 is dead unless a node after that
-// GEMM names its buffer before the next gated activation writes it again.
+// GEMM names its buffer before the next gated activation writes it again; so is an add+norm's
+// output before the next add+norm writes it, unless that one also reads the buffer.
 func TestReadAfter(t *testing.T) {
 	be := &Backend{kernels: feedKernels()}
 	act, down := feedAct(8), feedDown(8)
@@ -45,6 +46,25 @@ func TestReadAfter(t *testing.T) {
 		{"written again by the next layer's activation", []bundle.Node{act, down, other, act, reader, down}, false},
 		{"read before the next activation", []bundle.Node{act, down, other, reader, act, down}, true},
 		{"read by a second GEMM", []bundle.Node{act, down, down}, true},
+	} {
+		if got := be.readAfter(c.nodes, 1, s); got != c.want {
+			t.Errorf("%s: %v, want %v", c.name, got, c.want)
+		}
+	}
+	norm := bundle.Node{Label: "norm", Kernel: "norm", Grid: [3]int{8, 1, 1}, Args: []bundle.Slot{{Buffer: "r"}, {Buffer: "d"}, {Buffer: "nw"}, {Buffer: "a"}, {}}}
+	readingNorm := norm
+	readingNorm.Args = []bundle.Slot{{Buffer: "r"}, {Buffer: "a", Offset: 64}, {Buffer: "nw"}, {Buffer: "a"}, {}}
+	otherRows := norm
+	otherRows.Args = []bundle.Slot{{Buffer: "r"}, {Buffer: "d"}, {Buffer: "nw"}, {Buffer: "a", Offset: 64}, {}}
+	for _, c := range []struct {
+		name  string
+		nodes []bundle.Node
+		want  bool
+	}{
+		{"written again by the next add+norm", []bundle.Node{norm, down, other, norm, reader}, false},
+		{"read before the next add+norm", []bundle.Node{norm, down, reader, norm}, true},
+		{"the next add+norm reads it too", []bundle.Node{norm, down, readingNorm}, true},
+		{"the next add+norm writes elsewhere in it", []bundle.Node{norm, down, otherRows}, true},
 	} {
 		if got := be.readAfter(c.nodes, 1, s); got != c.want {
 			t.Errorf("%s: %v, want %v", c.name, got, c.want)
@@ -152,6 +172,42 @@ func TestFeedAheadNorm(t *testing.T) {
 		if ok, err := be.feedable([]bundle.Node{gateUp, act}, 0, bundle.Slot{Buffer: "a"}, 8, yb, 8*128*2); err != nil || ok == ybf16 {
 			t.Errorf("a gated pair with YBF16 %v fed from the copy server's scratch: %v, %v", ybf16, ok, err)
 		}
+	}
+}
+
+// TestFeedAheadNormOutOptional: an add+norm whose kernel may take an out of 0
+// (out_optional) right before a GEMM that it feeds writes the bf16 copy alone where no node
+// after the GEMM reads out before the next add+norm writes it, and keeps out where one does.
+func TestFeedAheadNormOutOptional(t *testing.T) {
+	const xb = 0x7000_0000
+	be := &Backend{kernels: feedKernels(), lt: &cublasLt{xb: xb, xbBytes: 8 * 128 * 2},
+		bufs: map[string]uintptr{"r": 0x1000_0000, "dl": 0x1100_0000, "nw": 0x1200_0000, "a": 0x2000_0000, "w": 0x3000_0000, "d": 0x4000_0000}}
+	k := be.kernels["norm"]
+	k.Attrs = []byte(`{"hidden":128,"out_optional":true}`)
+	be.kernels["norm"] = k
+	norm := bundle.Node{Label: "norm", Kernel: "norm", Grid: [3]int{8, 1, 1}, Args: []bundle.Slot{{Buffer: "r"}, {Buffer: "dl"}, {Buffer: "nw"}, {Buffer: "a"}, {}}}
+	down := feedDown(8)
+	reader := bundle.Node{Label: "mi", Kernel: "mi", Args: []bundle.Slot{{Buffer: "a"}}}
+	for _, c := range []struct {
+		name  string
+		nodes []bundle.Node
+		keep  bool
+	}{
+		{"the last", []bundle.Node{norm, down}, false},
+		{"written again by the next add+norm", []bundle.Node{norm, down, norm, reader}, false},
+		{"read after the GEMM", []bundle.Node{norm, down, reader, norm}, true},
+	} {
+		n, fed, err := be.feedAhead(c.nodes, 0)
+		want := bundle.Slot{}
+		if c.keep {
+			want = norm.Args[3]
+		}
+		if err != nil || fed != xb || n.Args[4] != (bundle.Slot{Const: xb}) || n.Args[3] != want {
+			t.Errorf("%s: %+v %#x %v; want out_bf16 the scratch and out %+v", c.name, n.Args, fed, err, want)
+		}
+	}
+	if norm.Args[3] != (bundle.Slot{Buffer: "a"}) {
+		t.Fatal("feedAhead changed the bundle's node")
 	}
 }
 

@@ -839,7 +839,9 @@ func TestCUDAMatchesCPUOnMixtralExperts(t *testing.T) {
 // kernels launched early (the default) wait for the grid ahead before reading, so on the GPU
 // the suite's bundle's logits are those of a plain one (no fusions, --pdl=false) bit for bit,
 // for the same tokens (teacher-forced) at decode batches 1 and 4 and through prefill, under
-// both GEMM servers.
+// both GEMM servers. So are those of the suite's bundle built with --optional-f32-out, whose
+// add+norm kernels write their bf16 copy alone where cuBLASLt's GEMM after them reads it and
+// no node reads the f32 (cuda.Backend.F32OutputsCut counts them: some, under cuBLASLt).
 func TestCUDABuildKeepsBits(t *testing.T) {
 	needGPU(t)
 	if testsuite.Fuse == nil && testsuite.SerialLaunch {
@@ -848,9 +850,10 @@ func TestCUDABuildKeepsBits(t *testing.T) {
 	cut := llama1BCut(t)
 	plain := testsuite.CompileWith(t, compile.Options{Fuse: []string{}, SerialLaunch: true}, cut)
 	fused := testsuite.Compile(t, cut)
+	optional := testsuite.CompileWith(t, compile.Options{OptionalF32Out: true}, cut)
 	prompts := [][]int{{791, 4062, 14198, 39935, 35308, 927}, {128000, 9906}, {40, 1093, 311, 1373}, {2028}}
 	for _, g := range gemmServers {
-		run := func(b *bundle.Bundle, force [][]int) ([][]int, [][]float32) {
+		run := func(b *bundle.Bundle, force [][]int) ([][]int, [][]float32, int) {
 			var reqs []loader.Request
 			for i, p := range prompts {
 				r := loader.Request{Prompt: p, MaxTokens: 24}
@@ -861,8 +864,10 @@ func TestCUDABuildKeepsBits(t *testing.T) {
 			}
 			// Every sampled row's logits: the recorder's "vocab" is the whole buffer.
 			var rec *testsuite.LogitRecorder
+			var cut int
 			res := testsuite.Generate(t, func(t testing.TB, b *bundle.Bundle) loader.Backend {
 				rec = &testsuite.LogitRecorder{Backend: newCUDA(g.mode)(t, b)}
+				cut = rec.Backend.(*cuda.Backend).F32OutputsCut()
 				for _, buf := range b.Manifest.Buffers {
 					if buf.Name == bundle.ActLogits {
 						n, _ := loader.BufferBytes(buf)
@@ -875,17 +880,25 @@ func TestCUDABuildKeepsBits(t *testing.T) {
 			for _, r := range res {
 				toks = append(toks, r.Tokens)
 			}
-			return toks, rec.Steps
+			return toks, rec.Steps, cut
 		}
-		toks, want := run(plain, nil)
-		_, got := run(fused, toks)
-		equal := len(got) == len(want)
-		for i := 0; equal && i < len(want); i++ {
-			equal = slices.EqualFunc(got[i], want[i], func(a, b float32) bool { return math.Float32bits(a) == math.Float32bits(b) })
-		}
-		record("build_bits.llama-3.2-1b-2layers"+g.suffix, map[string]any{"steps": len(want), "equal": equal, "fuse": testsuite.Fuse, "serial_launch": testsuite.SerialLaunch})
-		if !equal {
-			t.Errorf("%s: the logits of the bundle built with --fuse %v --pdl=%v differ from the plain bundle's", g.mode, testsuite.Fuse, !testsuite.SerialLaunch)
+		toks, want, _ := run(plain, nil)
+		for _, c := range []struct {
+			name string
+			b    *bundle.Bundle
+		}{{"", fused}, {".optional_f32_out", optional}} {
+			_, got, cut := run(c.b, toks)
+			equal := len(got) == len(want)
+			for i := 0; equal && i < len(want); i++ {
+				equal = slices.EqualFunc(got[i], want[i], func(a, b float32) bool { return math.Float32bits(a) == math.Float32bits(b) })
+			}
+			record("build_bits.llama-3.2-1b-2layers"+c.name+g.suffix, map[string]any{"steps": len(want), "equal": equal, "f32_outputs_cut": cut, "fuse": testsuite.Fuse, "serial_launch": testsuite.SerialLaunch})
+			if !equal {
+				t.Errorf("%s: the logits of the bundle built with --fuse %v --pdl=%v%s differ from the plain bundle's", g.mode, testsuite.Fuse, !testsuite.SerialLaunch, c.name)
+			}
+			if c.b == optional && g.mode == cuda.GemmCublasLt && cut == 0 {
+				t.Errorf("%s: no add+norm of the bundle built with --optional-f32-out writes its bf16 copy alone", g.mode)
+			}
 		}
 	}
 }
