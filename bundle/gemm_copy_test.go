@@ -271,7 +271,8 @@ func TestRopePairAt(t *testing.T) {
 // TestBF16CopyOf: an add+norm with NormOutBF16 after out, a decode attention with AttnZBF16
 // after z (its rows the grid's x over its splits) and a gated activation without MI ops, each
 // passing the constant 0 there, read as nodes that can write a bf16 copy (the activation's
-// output droppable, and the norm's where its kernel says out_optional); a gathering norm, the
+// output droppable, and the norm's and attention's where the kernel says out_optional); a
+// gathering norm, the
 // prefill step's attention kernels, a node passing
 // something else there, a kernel without the parameter, or another op do not.
 func TestBF16CopyOf(t *testing.T) {
@@ -291,6 +292,11 @@ func TestBF16CopyOf(t *testing.T) {
 	an := Node{Label: "attn", Kernel: "attn", Grid: [3]int{64, 8, 1}, Args: []Slot{{Buffer: "qkv"}, {Buffer: "p"}, {Buffer: "s"}, {Buffer: "b"}, {Buffer: "k"}, {Buffer: "v"}, {Buffer: "z"}, {}, {Buffer: "c"}}}
 	if got, ok := BF16CopyOf(an, attn); !ok || got != (BF16Copy{Out: Slot{Buffer: "z"}, Rows: 16, OutArg: 6, CopyArg: 7}) {
 		t.Fatalf("attention: %+v %v", got, ok)
+	}
+	optAttn := attn
+	optAttn.Attrs = []byte(`{"heads":32,"splits":4,"out_optional":true}`)
+	if got, ok := BF16CopyOf(an, optAttn); !ok || !got.Droppable {
+		t.Fatalf("attention with an optional z: %+v %v", got, ok)
 	}
 	act := Kernel{Name: "act", Op: "silu_mul", Attrs: []byte(`{"inter":128,"chunked":true}`), Params: gatedActParams}
 	actNode := Node{Label: "act", Kernel: "act", Grid: [3]int{1, 8, 1}, Args: []Slot{{Buffer: "gu"}, {Buffer: "a"}, {}}}

@@ -344,10 +344,10 @@ type BuildInfo struct {
 	// a row's splits in a thread-block cluster, not through a workspace in global memory
 	// (codegen.AttnConfig.Cluster; xmixc build --attn-cluster, for measuring).
 	AttnCluster bool `json:"attn_cluster,omitempty"`
-	// OptionalF32Out: the add+norm kernels (and the embedding's) store their f32 output only
-	// where its address is not 0 (ops.RowNormAttrs.OutOptional), so a backend that feeds the
-	// GEMM after one its bf16 copy may drop the f32 that no node reads (xmixc build
-	// --optional-f32-out, for measuring).
+	// OptionalF32Out: the add+norm kernels (and the embedding's) and the decode attention
+	// kernels store their f32 output only where its address is not 0 (attribute
+	// out_optional), so a backend that feeds the GEMM after one its bf16 copy may drop the
+	// f32 that no node reads (xmixc build --optional-f32-out, for measuring).
 	OptionalF32Out bool `json:"optional_f32_out,omitempty"`
 	// GemvSplit: the most warps a CUDA-core GEMV splits each column's K over, for weights of
 	// few columns (xmixc build --gemv-split; 0 or 1: one warp a column).

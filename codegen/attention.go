@@ -103,6 +103,10 @@ type AttnConfig struct {
 	// attention_tc.go; xmixc build --attn-tc, the default), Unroll then counting 16-position
 	// tiles.
 	TensorCores bool
+	// ZOptional (not Singles): the kernel stores z only where its address is not 0, so that a
+	// backend may pass z_bf16 alone where no node reads z's f32 (BuildInfo.OptionalF32Out).
+	// AttentionPrefill ignores it: the prefill step's kernels write z's rows between them.
+	ZOptional bool
 }
 
 const (
@@ -346,6 +350,9 @@ func checkAttn(c AttnConfig) (ops.KVAttrs, error) {
 	if !(c.Scale > 0) || math.IsInf(float64(c.Scale), 0) {
 		return attrs, fmt.Errorf("scale %g: want positive and finite", c.Scale)
 	}
+	if c.ZOptional && c.Singles {
+		return attrs, fmt.Errorf("z optional over the rows alone of their sequence: the prefill kernel writes the others' z")
+	}
 	if c.Window < 0 || !(c.Softcap >= 0) || math.IsInf(float64(c.Softcap), 0) {
 		return attrs, fmt.Errorf("window %d, softcap %g: want both at least 0 (0: none) and finite", c.Window, c.Softcap)
 	}
@@ -354,7 +361,7 @@ func checkAttn(c AttnConfig) (ops.KVAttrs, error) {
 
 // attnAttrs are the reference op's attributes of kernel c computing rows.
 func (c AttnConfig) attnAttrs(kv ops.KVAttrs, rows string) ops.AttnAttrs {
-	a := ops.AttnAttrs{KVAttrs: kv, Scale: c.Scale, Rows: rows, Softcap: c.Softcap, Window: c.Window}
+	a := ops.AttnAttrs{KVAttrs: kv, Scale: c.Scale, Rows: rows, Softcap: c.Softcap, Window: c.Window, OutOptional: c.ZOptional}
 	if c.clustered() {
 		a.Splits = c.Cluster
 	}
@@ -422,6 +429,7 @@ type adGen struct {
 	qkv, table, kc, vc, z, ws ptx.Reg
 	zb                        ptx.Reg // z_bf16 (bundle.AttnZBF16)
 	noZB                      ptx.Reg // zb is 0: no bf16 copy
+	noZ                       ptx.Reg // with ZOptional, z is 0: the bf16 copy alone
 	row, by, split, nsplit    ptx.Reg
 	tid, lane, warp, sub, sl  ptx.Reg
 	head0, kvh, s, dim0       ptx.Reg
@@ -447,6 +455,9 @@ func (g *adGen) emit() {
 	g.z = g.param("z", ptx.U64)
 	g.zb = g.param(bundle.AttnZBF16, ptx.U64)
 	g.noZB = g.cmp("eq", ptx.U64, g.zb, ptx.Imm(0))
+	if c.ZOptional {
+		g.noZ = g.cmp("eq", ptx.U64, g.z, ptx.Imm(0))
+	}
 	var chunkP ptx.Reg
 	if c.Split {
 		if !g.c.clustered() {
@@ -1116,15 +1127,20 @@ func (g *adGen) foldRecords(st splitRecord, recs []splitRecord) {
 // that is 0).
 type zRow struct{ f32, bf16 ptx.Reg }
 
-// storeZ writes four dims of z at element e: o / sum, and where z_bf16 is not 0 bf16 of each
-// there, rounded as the backend's cast rounds it.
+// storeZ writes four dims of z at element e: o / sum (with ZOptional, only where z is not 0),
+// and where z_bf16 is not 0 bf16 of each there, rounded as the backend's cast rounds it.
 func (g *adGen) storeZ(zbase zRow, e ptx.Reg, o []ptx.Reg, sum ptx.Reg) {
 	inv := g.Reg(ptx.F32)
 	g.Emit("rcp.rn.f32", inv, sum)
 	for i := range o {
 		g.Emit("mul.f32", o[i], o[i], inv)
 	}
-	g.Emit("st.global.v4.f32", ptx.Addr{Base: g.byteAddr(zbase.f32, e, 4)}, ptx.Vec(o))
+	f32 := func() { g.Emit("st.global.v4.f32", ptx.Addr{Base: g.byteAddr(zbase.f32, e, 4)}, ptx.Vec(o)) }
+	if g.c.ZOptional {
+		g.when(g.noZ, true, f32)
+	} else {
+		f32()
+	}
 	g.when(g.noZB, true, func() {
 		lo, hi := g.Reg(ptx.B32), g.Reg(ptx.B32)
 		g.Emit("cvt.rn.bf16x2.f32", lo, o[1], o[0])

@@ -142,7 +142,9 @@ func (a *attnCall) zBF16() []byte {
 
 // checkZBF16 checks, where the kernel takes z_bf16, that it wrote bf16 of its own z bit for
 // bit (the cast's rounding) in every row it computes and nothing in the others, and that
-// passed 0 there it writes z's same bits and stores nothing else (a store would fault).
+// passed 0 there it writes z's same bits and stores nothing else (a store would fault). A
+// kernel built with ZOptional, passed a z of 0, writes the same z_bf16 alone, as its
+// reference op does (checkZAlone).
 func (a *attnCall) checkZBF16(t *testing.T, z []byte) {
 	t.Helper()
 	zb := a.zBF16()
@@ -150,7 +152,8 @@ func (a *attnCall) checkZBF16(t *testing.T, z []byte) {
 		return
 	}
 	var a0 struct {
-		Rows string `json:"rows"`
+		Rows        string `json:"rows"`
+		OutOptional bool   `json:"out_optional"`
 	}
 	if err := json.Unmarshal(a.k.Attrs, &a0); err != nil {
 		t.Fatal(err)
@@ -167,12 +170,54 @@ func (a *attnCall) checkZBF16(t *testing.T, z []byte) {
 			t.Fatalf("z_bf16[%d] = %#04x, want %#04x (z %v)", i, got[i], want, v)
 		}
 	}
+	if a0.OutOptional {
+		a.checkZAlone(t, bytes.Clone(zb))
+	}
 	addr := a.params[7]
 	a.params[7] = 0
 	again := a.run(t)
 	a.params[7] = addr
 	if !bytes.Equal(again, z) {
 		t.Fatal("z differs with z_bf16 0")
+	}
+}
+
+// checkZAlone runs the kernel with a z of 0 and checks that it writes z_bf16 as want (what it
+// wrote beside z), and its reference op with and without z: the same z_bf16 either way.
+func (a *attnCall) checkZAlone(t *testing.T, want []byte) {
+	t.Helper()
+	zb := a.zBF16()
+	copy(zb, a.args[7].bytesOf())
+	zAddr := a.params[6]
+	a.params[6] = 0
+	err := emu.Run(a.mod, a.k.Name, emu.Launch{Grid: a.launch.Grid, Block: a.launch.Block}, a.mem, a.params)
+	a.params[6] = zAddr
+	if err != nil {
+		t.Fatalf("emulate with z 0: %v", err)
+	}
+	if !bytes.Equal(zb, want) {
+		t.Fatal("z_bf16 alone differs from z_bf16 beside z")
+	}
+	ref, err := ops.Build(a.k.Op, a.k.Attrs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var zbs [2][]byte
+	for i := range zbs {
+		args := make([]ops.Arg, 8)
+		for j, arg := range a.args[:8] {
+			args[j] = ops.Arg{Mem: arg.bytesOf(), Bits: arg.bits}
+		}
+		if i == 1 {
+			args[6] = ops.Arg{}
+		}
+		if err := ref.Run(args, a.launch); err != nil {
+			t.Fatalf("reference (z 0: %v): %v", i == 1, err)
+		}
+		zbs[i] = args[7].Mem
+	}
+	if !bytes.Equal(zbs[0], zbs[1]) {
+		t.Fatal("the reference's z_bf16 with z 0 differs from its z_bf16 beside z")
 	}
 }
 
@@ -811,6 +856,35 @@ func TestAttentionDecodeTC(t *testing.T) {
 				newAttnCall(t, r, k, c, c.Launch(len(pos), sc.splits), pos, seq, uint32(sc.chunk), nil).check(t, attnTCTolerance)
 			})
 		}
+	}
+}
+
+// TestAttentionZOptional: kernels built with ZOptional (one block a row, splits merged
+// through the workspace or in a cluster, on CUDA cores and tensor cores) compute z as the
+// reference does and, passed a z of 0, write the same z_bf16 alone (checkZBF16); over the
+// prefill step's singles the option is refused.
+func TestAttentionZOptional(t *testing.T) {
+	r := rand.New(rand.NewPCG(71, 72))
+	for _, base := range []AttnConfig{attnShapes[2], attnTCShapes[0]} {
+		base = scaled(base)
+		for _, sc := range []struct{ splits, chunk, cluster int }{{1, 0, 0}, {3, 64, 0}, {4, 32, 4}} {
+			c := base
+			c.ZOptional, c.Split, c.Cluster = true, sc.splits > 1, sc.cluster
+			tol := 1e-5
+			if c.tcOK() {
+				tol = attnTCTolerance
+			}
+			t.Run(fmt.Sprintf("d%d%s_s%d", c.HeadDim, AttnKernelSuffix(c), sc.splits), func(t *testing.T) {
+				k := must(t)(Attention("attn_zopt_test", c))
+				pos, seq := splitBoundaryRows(max(sc.chunk, 16), max(sc.splits, 1), c.BlockSize*c.MaxBlocksPerSeq)
+				newAttnCall(t, r, k, c, c.Launch(len(pos), sc.splits), pos, seq, uint32(sc.chunk), nil).check(t, tol)
+			})
+		}
+	}
+	c := scaled(attnShapes[2])
+	c.ZOptional, c.Singles = true, true
+	if _, err := Attention("attn_zopt_singles", c); err == nil {
+		t.Error("z optional over the singles accepted")
 	}
 }
 

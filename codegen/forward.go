@@ -98,7 +98,8 @@ type gen struct {
 	// attnCluster: decode buckets whose splits fit in one wave merge them in a cluster
 	// (AttnConfig.Cluster, ClusterSplits).
 	attnCluster bool
-	// optionalF32Out: the add+norm kernels may be passed an out of 0 (RowConfig.OutOptional).
+	// optionalF32Out: the add+norm and decode attention kernels may be passed an out or z of
+	// 0 (RowConfig.OutOptional, AttnConfig.ZOptional).
 	optionalF32Out bool
 	// gemmTickets is GemmConfig.Tickets of every staged tensor-core GEMM (--gemm tc-staged).
 	gemmTickets int

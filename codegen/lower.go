@@ -627,7 +627,7 @@ func (g *gen) ropeKernel(n *ir.Node) (RopeConfig, string, slots) {
 func (g *gen) attnConfig(a ir.AttentionAttrs) AttnConfig {
 	return AttnConfig{Heads: a.Heads, KVHeads: a.KVHeads, HeadDim: a.HeadDim, BlockSize: g.m.KVBlockSize,
 		MaxBlocksPerSeq: g.blocks, KVDtype: g.kvdt, Scale: a.Scale, Softcap: a.Softcap, Window: a.Window, EarlyLaunch: g.pdl,
-		Prefetch: g.attnPrefetch, TensorCores: g.attnTC}
+		Prefetch: g.attnPrefetch, TensorCores: g.attnTC, ZOptional: g.optionalF32Out}
 }
 
 // decodeAttn is attention kernel c in a decode bucket of rows rows: the build's warps a block
@@ -674,9 +674,9 @@ func (t *tb) attention(n *ir.Node) {
 	case t.kind == bundle.Decode || !ac.PrefillOK():
 		decode(base, ac, 1, s)
 	default:
-		ac.Singles = true
-		decode(base+"_singles", ac, 1, s)
-		ac.Singles = false
+		singles := ac
+		singles.Singles, singles.ZOptional = true, false
+		decode(base+"_singles", singles, 1, s)
 		name := base + "_prefill"
 		k, err := g.kernel(name, func() (*Kernel, error) { return AttentionPrefill(name, ac) })
 		t.add(n.Name+"_prefill", k, err, ac.LaunchPrefill(t.rows), merge(s, slots{"rows": konst(uint64(t.rows))}), nil)

@@ -73,9 +73,10 @@ type Options struct {
 	// they fit in one wave (bundle.BuildInfo.AttnCluster; xmixc build --attn-cluster): for
 	// measuring, off by default (session 37 measured it slower at 4 and 8 rows).
 	AttnCluster bool
-	// OptionalF32Out builds the add+norm kernels so that their f32 output may be dropped
-	// where the GEMM after them reads their bf16 copy and no later node reads the f32
-	// (bundle.BuildInfo.OptionalF32Out; xmixc build --optional-f32-out): for measuring.
+	// OptionalF32Out builds the add+norm and decode attention kernels so that their f32
+	// output may be dropped where the GEMM after them reads their bf16 copy and no later node
+	// reads the f32 (bundle.BuildInfo.OptionalF32Out; xmixc build --optional-f32-out): for
+	// measuring.
 	OptionalF32Out bool
 	// GemvSplit is the most warps a CUDA-core GEMV splits each column's K over
 	// (bundle.BuildInfo.GemvSplit; 0: one).

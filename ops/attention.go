@@ -34,6 +34,9 @@ type AttnAttrs struct {
 	// Splits, when not 0, is how many blocks along the grid's x each row takes (a decode
 	// kernel whose splits of a row form one thread-block cluster): rows are Grid[0]/Splits.
 	Splits int `json:"splits,omitempty"`
+	// OutOptional (rows ""): z may be 0 where z_bf16 is not, the bf16 copy alone
+	// (bundle.BF16Copy.Droppable).
+	OutOptional bool `json:"out_optional,omitempty"`
 }
 
 // Row selections of op "attention" (AttnAttrs.Rows).
@@ -67,6 +70,9 @@ func buildAttention(attrs []byte) (Runner, error) {
 	if a.Splits < 0 || a.Splits > 0 && a.Rows != "" {
 		return nil, fmt.Errorf("attention: %d blocks a row over rows %q: want 0 (one block), or more only over every row (rows \"\")", a.Splits, a.Rows)
 	}
+	if a.OutOptional && a.Rows != "" {
+		return nil, fmt.Errorf("attention: out_optional over rows %q: want it only over every row (rows \"\")", a.Rows)
+	}
 	return RunnerFunc(func(args []Arg, l Launch) error {
 		rows := l.Grid[0]
 		if a.Splits > 0 {
@@ -98,7 +104,14 @@ func buildAttention(attrs []byte) (Runner, error) {
 		if len(args) > 7 {
 			args = args[:7]
 		}
-		if err := CheckArgs("attention", args, 4*rows*a.rowWidth(), 4*rows, 4*rows, 0, 0, 0, 4*rows*a.Heads*d); err != nil {
+		zBytes := 4 * rows * a.Heads * d
+		if a.OutOptional && len(args[6].Mem) == 0 {
+			if zb == nil {
+				return fmt.Errorf("attention: z and %s are both empty: nothing to write", bundle.AttnZBF16)
+			}
+			zBytes = 0 // the bf16 copy alone
+		}
+		if err := CheckArgs("attention", args, 4*rows*a.rowWidth(), 4*rows, 4*rows, 0, 0, 0, zBytes); err != nil {
 			return err
 		}
 		v, err := newKVView("attention", a.KVAttrs, size, rows, args[1], args[2], args[3], args[4], args[5])
@@ -110,14 +123,17 @@ func buildAttention(attrs []byte) (Runner, error) {
 		seqs := v.seq[:rows]
 		ParallelFor(rows*a.Heads, func(lo, hi int) {
 			var scores []float32
-			kbuf, vbuf := make([]float32, d), make([]float32, d)
+			kbuf, vbuf, own := make([]float32, d), make([]float32, d), make([]float32, d)
 			for job := lo; job < hi; job++ {
 				r, h := job/a.Heads, job%a.Heads
 				if a.Rows != "" && AttnRowSingle(seqs, r) != (a.Rows == AttnRowsSingle) {
 					continue
 				}
 				q := qkv[r*a.rowWidth()+h*d : r*a.rowWidth()+(h+1)*d]
-				out := z[(r*a.Heads+h)*d : (r*a.Heads+h+1)*d]
+				out := own // where z is 0
+				if z != nil {
+					out = z[(r*a.Heads+h)*d : (r*a.Heads+h+1)*d]
+				}
 				n := int(v.pos[r]) + 1
 				first := 0 // the first position the row attends to
 				if a.Window > 0 && n > a.Window {

@@ -81,6 +81,30 @@ func TestAttentionMatchesFloat64(t *testing.T) {
 		if run.Run(short, Launch{Grid: [3]int{rows, a.Heads, 1}}) == nil {
 			t.Errorf("%+v: a z_bf16 a value short accepted", c)
 		}
+		// With out_optional, a z of 0 leaves z_bf16 alone to write, the same bits; not both,
+		// and not without the attribute.
+		opt := a
+		opt.OutOptional = true
+		orun, err := Build("attention", EncodeAttrs(opt))
+		if err != nil {
+			t.Fatal(err)
+		}
+		alone := append([]Arg(nil), args...)
+		alone[6], alone[7] = Arg{}, Arg{Mem: make([]byte, len(zb.Mem))}
+		if err := orun.Run(alone, Launch{Grid: [3]int{rows, a.Heads, 1}}); err != nil || !slices.Equal(alone[7].U16(), zb.U16()) {
+			t.Errorf("%+v: z_bf16 alone (%v) differs from z_bf16 beside z", c, err)
+		}
+		if run.Run(alone, Launch{Grid: [3]int{rows, a.Heads, 1}}) == nil {
+			t.Errorf("%+v: a z of 0 accepted without out_optional", c)
+		}
+		alone[7] = Arg{}
+		if orun.Run(alone, Launch{Grid: [3]int{rows, a.Heads, 1}}) == nil {
+			t.Errorf("%+v: z and z_bf16 both 0 accepted", c)
+		}
+		opt.Rows = AttnRowsSingle
+		if _, err := Build("attention", EncodeAttrs(opt)); err == nil {
+			t.Errorf("%+v: out_optional over the single rows accepted", c)
+		}
 	}
 }
 

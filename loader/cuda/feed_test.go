@@ -212,8 +212,9 @@ func TestFeedAheadNormOutOptional(t *testing.T) {
 }
 
 // TestFeedAheadAttention: a decode attention right before the o projection writes bf16 of z
-// into the cast's scratch and keeps z; the prefill step's singles kernel, which writes only
-// some rows of z, does not.
+// into the cast's scratch and keeps z (but where its kernel says out_optional and no node
+// reads z before the next attention writes it); the prefill step's singles kernel, which
+// writes only some rows of z, does not.
 func TestFeedAheadAttention(t *testing.T) {
 	const xb = 0x7000_0000
 	be := &Backend{kernels: feedKernels(), lt: &cublasLt{xb: xb, xbBytes: 8 * 128 * 2},
@@ -232,5 +233,26 @@ func TestFeedAheadAttention(t *testing.T) {
 	singles.Kernel = "singles"
 	if n, fed, err := be.feedAhead([]bundle.Node{singles, feedDown(8)}, 0); err != nil || fed != 0 || n.Args[7] != (bundle.Slot{}) {
 		t.Errorf("the singles kernel: %+v %#x %v, want the node as it is", n.Args, fed, err)
+	}
+	k := be.kernels["attn"]
+	k.Attrs = []byte(`{"heads":2,"head_dim":64,"out_optional":true}`)
+	be.kernels["attn"] = k
+	reader := bundle.Node{Label: "mi", Kernel: "mi", Args: []bundle.Slot{{Buffer: "a"}}}
+	for _, c := range []struct {
+		name  string
+		nodes []bundle.Node
+		keep  bool
+	}{
+		{"z optional, written again by the next attention", []bundle.Node{attn, feedDown(8), attn, reader}, false},
+		{"z optional, read after the GEMM", []bundle.Node{attn, feedDown(8), reader}, true},
+	} {
+		n, fed, err := be.feedAhead(c.nodes, 0)
+		want := bundle.Slot{}
+		if c.keep {
+			want = attn.Args[6]
+		}
+		if err != nil || fed != xb || n.Args[7] != (bundle.Slot{Const: xb}) || n.Args[6] != want {
+			t.Errorf("%s: %+v %#x %v; want z_bf16 the scratch and z %+v", c.name, n.Args, fed, err, want)
+		}
 	}
 }
