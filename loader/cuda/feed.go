@@ -78,10 +78,10 @@ func (be *Backend) feedAhead(nodes []bundle.Node, i int) (n bundle.Node, fed uin
 	return n, be.lt.xb, nil
 }
 
-// readAfter says whether a node after nodes[j] reads what is in s before a node of the same
-// kind writes s again (bundle.BF16CopyOf: its output is s, and no other argument of it names
-// s's buffer; any other node naming that buffer counts as a reader): the f32 output that
-// nodes[j] reads as bf16 is dead otherwise. Every node of the list counts, whichever graphs
+// readAfter says whether a node after nodes[j] reads what is in s before a node writes s
+// whole again (one bundle.BF16CopyOf reads whose output is s, a gated activation, an add+norm
+// or a decode attention, with no other argument naming s's buffer; any other node naming that
+// buffer counts as a reader): the f32 output that nodes[j] reads as bf16 is dead otherwise. Every node of the list counts, whichever graphs
 // run it (an app's op on the output in some).
 func (be *Backend) readAfter(nodes []bundle.Node, j int, s bundle.Slot) bool {
 	names := func(a bundle.Slot) bool { return a.Buffer == s.Buffer }

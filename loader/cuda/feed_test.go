@@ -188,26 +188,37 @@ func TestFeedAheadNormOutOptional(t *testing.T) {
 	norm := bundle.Node{Label: "norm", Kernel: "norm", Grid: [3]int{8, 1, 1}, Args: []bundle.Slot{{Buffer: "r"}, {Buffer: "dl"}, {Buffer: "nw"}, {Buffer: "a"}, {}}}
 	down := feedDown(8)
 	reader := bundle.Node{Label: "mi", Kernel: "mi", Args: []bundle.Slot{{Buffer: "a"}}}
-	for _, c := range []struct {
-		name  string
-		nodes []bundle.Node
-		keep  bool
-	}{
+	checkCuts(t, be, xb, 3, []cutCase{
 		{"the last", []bundle.Node{norm, down}, false},
 		{"written again by the next add+norm", []bundle.Node{norm, down, norm, reader}, false},
 		{"read after the GEMM", []bundle.Node{norm, down, reader, norm}, true},
-	} {
+	})
+	if norm.Args[3] != (bundle.Slot{Buffer: "a"}) {
+		t.Fatal("feedAhead changed the bundle's node")
+	}
+}
+
+// cutCase is a node list whose first node feeds the GEMM after it, and whether its f32 output
+// must stay (keep) or be cut.
+type cutCase struct {
+	name  string
+	nodes []bundle.Node
+	keep  bool
+}
+
+// checkCuts checks that feedAhead points each case's first node's copy (the argument after
+// out, its f32 output) at the scratch xb and keeps out or passes 0 there, as the case says.
+func checkCuts(t *testing.T, be *Backend, xb uintptr, out int, cases []cutCase) {
+	t.Helper()
+	for _, c := range cases {
 		n, fed, err := be.feedAhead(c.nodes, 0)
 		want := bundle.Slot{}
 		if c.keep {
-			want = norm.Args[3]
+			want = c.nodes[0].Args[out]
 		}
-		if err != nil || fed != xb || n.Args[4] != (bundle.Slot{Const: xb}) || n.Args[3] != want {
-			t.Errorf("%s: %+v %#x %v; want out_bf16 the scratch and out %+v", c.name, n.Args, fed, err, want)
+		if err != nil || fed != xb || n.Args[out+1] != (bundle.Slot{Const: uint64(xb)}) || n.Args[out] != want {
+			t.Errorf("%s: %+v %#x %v; want the copy in the scratch and argument %d %+v", c.name, n.Args, fed, err, out, want)
 		}
-	}
-	if norm.Args[3] != (bundle.Slot{Buffer: "a"}) {
-		t.Fatal("feedAhead changed the bundle's node")
 	}
 }
 
@@ -238,21 +249,8 @@ func TestFeedAheadAttention(t *testing.T) {
 	k.Attrs = []byte(`{"heads":2,"head_dim":64,"out_optional":true}`)
 	be.kernels["attn"] = k
 	reader := bundle.Node{Label: "mi", Kernel: "mi", Args: []bundle.Slot{{Buffer: "a"}}}
-	for _, c := range []struct {
-		name  string
-		nodes []bundle.Node
-		keep  bool
-	}{
+	checkCuts(t, be, xb, 6, []cutCase{
 		{"z optional, written again by the next attention", []bundle.Node{attn, feedDown(8), attn, reader}, false},
 		{"z optional, read after the GEMM", []bundle.Node{attn, feedDown(8), reader}, true},
-	} {
-		n, fed, err := be.feedAhead(c.nodes, 0)
-		want := bundle.Slot{}
-		if c.keep {
-			want = attn.Args[6]
-		}
-		if err != nil || fed != xb || n.Args[7] != (bundle.Slot{Const: xb}) || n.Args[6] != want {
-			t.Errorf("%s: %+v %#x %v; want z_bf16 the scratch and z %+v", c.name, n.Args, fed, err, want)
-		}
-	}
+	})
 }
