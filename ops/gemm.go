@@ -61,7 +61,11 @@ func buildGemm(attrs []byte) (Runner, error) {
 }
 
 // gemm splits the work over output columns. A bf16 weight row is widened inside the dot
-// product when few rows use it (decode), and widened once into a scratch row otherwise.
+// product when few rows use it (decode); otherwise columns go by tiles of gemmTile, widened
+// once into scratch, and each group of four rows runs over a tile gemmChunk elements of K at
+// a time: the group's chunk of x (4 KiB) stays in L1 while every column of the tile uses it,
+// where a whole row of x a column (2 MiB of them for 128 rows at K 4096) came from L3 for each
+// column. Every sum keeps dot's order, so the results are dot's bit for bit.
 func gemm(x []float32, w Arg, y []float32, rows, k, n int, bf16 bool) {
 	ParallelFor(n, func(lo, hi int) {
 		if bf16 && rows < 4 {
@@ -73,26 +77,52 @@ func gemm(x []float32, w Arg, y []float32, rows, k, n int, bf16 bool) {
 			}
 			return
 		}
-		wrow := make([]float32, k)
-		for j := lo; j < hi; j++ {
-			if bf16 {
-				for i, h := range w.U16()[j*k : (j+1)*k] {
-					wrow[i] = BF16ToF32(h)
+		tile := make([]float32, gemmTile*k)
+		groups, whole := rows/4, k&^3
+		acc := make([][4][4]float32, groups*gemmTile)
+		for j0 := lo; j0 < hi; j0 += gemmTile {
+			cols := min(gemmTile, hi-j0)
+			for t := range cols {
+				wrow, j := tile[t*k:(t+1)*k], j0+t
+				if bf16 {
+					for i, h := range w.U16()[j*k : (j+1)*k] {
+						wrow[i] = BF16ToF32(h)
+					}
+				} else {
+					copy(wrow, w.F32()[j*k:(j+1)*k])
 				}
-			} else {
-				copy(wrow, w.F32()[j*k:(j+1)*k])
 			}
-			r := 0
-			for ; r+4 <= rows; r += 4 {
-				y0, y1, y2, y3 := dot4(x[r*k:(r+1)*k], x[(r+1)*k:(r+2)*k], x[(r+2)*k:(r+3)*k], x[(r+3)*k:(r+4)*k], wrow)
-				y[r*n+j], y[(r+1)*n+j], y[(r+2)*n+j], y[(r+3)*n+j] = y0, y1, y2, y3
+			clear(acc)
+			for c := 0; c < whole; c += gemmChunk {
+				e := min(c+gemmChunk, whole)
+				for g := range groups {
+					xr := func(i int) []float32 { return x[(4*g+i)*k+c : (4*g+i)*k+e] }
+					a0, a1, a2, a3 := xr(0), xr(1), xr(2), xr(3)
+					for t := range cols {
+						dot4Acc(&acc[g*gemmTile+t], a0, a1, a2, a3, tile[t*k+c:t*k+e])
+					}
+				}
 			}
-			for ; r < rows; r++ {
-				y[r*n+j] = dot(x[r*k:(r+1)*k], wrow)
+			for t := range cols {
+				wrow, j := tile[t*k:(t+1)*k], j0+t
+				for g := range groups {
+					p := &acc[g*gemmTile+t]
+					for i := range 4 {
+						r := 4*g + i
+						y[r*n+j] = dot4Sum(p[i], x[r*k+whole:(r+1)*k], wrow[whole:])
+					}
+				}
+				for r := 4 * groups; r < rows; r++ {
+					y[r*n+j] = dot(x[r*k:(r+1)*k], wrow)
+				}
 			}
 		}
 	})
 }
+
+// gemmTile is how many weight columns gemm widens and runs together, gemmChunk how many
+// elements of K (a multiple of 4) it takes at a time.
+const gemmTile, gemmChunk = 16, 256
 
 // dot keeps four partial sums so that the loop is not bound by one add's latency.
 func dot(a, b []float32) float32 {
@@ -111,34 +141,66 @@ func dot(a, b []float32) float32 {
 	return (s0 + s1) + (s2 + s3)
 }
 
-// dot4 is dot of four rows against one weight row, each with dot's four partial sums in
-// dot's order (so results are bit-identical to dot), loading each weight once.
-func dot4(a0, a1, a2, a3, b []float32) (float32, float32, float32, float32) {
-	b = b[:len(a0)]
-	a1, a2, a3 = a1[:len(b)], a2[:len(b)], a3[:len(b)]
-	var p [4][4]float32
-	i := 0
-	for ; i+4 <= len(b); i += 4 {
-		for l := range 4 {
-			w := b[i+l]
-			p[0][l] += a0[i+l] * w
-			p[1][l] += a1[i+l] * w
-			p[2][l] += a2[i+l] * w
-			p[3][l] += a3[i+l] * w
+// dot4Acc adds to p, row by row, dot's four partial sums of rows a0..a3 against b over whole
+// groups of four elements (len(b) a multiple of 4), two lanes at a time so that the eight sums
+// it keeps stay in registers (sixteen did not: the compiler kept them on the stack).
+func dot4Acc(p *[4][4]float32, a0, a1, a2, a3, b []float32) {
+	a0, a1, a2, a3 = a0[:len(b)], a1[:len(b)], a2[:len(b)], a3[:len(b)]
+	for l := 0; l < 4; l += 2 {
+		s00, s01, s10, s11 := p[0][l], p[0][l+1], p[1][l], p[1][l+1]
+		s20, s21, s30, s31 := p[2][l], p[2][l+1], p[3][l], p[3][l+1]
+		for i := l; i+1 < len(b); i += 4 {
+			w0, w1 := b[i], b[i+1]
+			s00 += a0[i] * w0
+			s01 += a0[i+1] * w1
+			s10 += a1[i] * w0
+			s11 += a1[i+1] * w1
+			s20 += a2[i] * w0
+			s21 += a2[i+1] * w1
+			s30 += a3[i] * w0
+			s31 += a3[i+1] * w1
 		}
+		p[0][l], p[0][l+1], p[1][l], p[1][l+1] = s00, s01, s10, s11
+		p[2][l], p[2][l+1], p[3][l], p[3][l+1] = s20, s21, s30, s31
 	}
-	for ; i < len(b); i++ {
-		w := b[i]
-		p[0][0] += a0[i] * w
-		p[1][0] += a1[i] * w
-		p[2][0] += a2[i] * w
-		p[3][0] += a3[i] * w
-	}
-	sum := func(q [4]float32) float32 { return (q[0] + q[1]) + (q[2] + q[3]) }
-	return sum(p[0]), sum(p[1]), sum(p[2]), sum(p[3])
 }
 
-// dotBF16 is dot with b stored as bf16 (the same four partial sums, so the same result).
+// dot4Sum is dot's result from its four partial sums over the whole groups, q, and the
+// elements past them, a and b (fewer than four), which go to the first sum as in dot.
+func dot4Sum(q [4]float32, a, b []float32) float32 {
+	for i, v := range a {
+		q[0] += v * b[i]
+	}
+	return (q[0] + q[1]) + (q[2] + q[3])
+}
+
+// dot's first sum does.
+func dot4Lanes(a0, a1, a2, a3, b []float32, l int) [4][2]float32 {
+	var s00, s01, s10, s11, s20, s21, s30, s31 float32
+	m := len(b) &^ 3
+	for i := l; i+1 < m; i += 4 {
+		w0, w1 := b[i], b[i+1]
+		s00 += a0[i] * w0
+		s01 += a0[i+1] * w1
+		s10 += a1[i] * w0
+		s11 += a1[i+1] * w1
+		s20 += a2[i] * w0
+		s21 += a2[i+1] * w1
+		s30 += a3[i] * w0
+		s31 += a3[i+1] * w1
+	}
+	if l == 0 {
+		for i := m; i < len(b); i++ {
+			w := b[i]
+			s00 += a0[i] * w
+			s10 += a1[i] * w
+			s20 += a2[i] * w
+			s30 += a3[i] * w
+		}
+	}
+	return [4][2]float32{{s00, s01}, {s10, s11}, {s20, s21}, {s30, s31}}
+}
+
 func dotBF16(a []float32, b []uint16) float32 {
 	b = b[:len(a)]
 	var s0, s1, s2, s3 float32

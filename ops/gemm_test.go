@@ -103,24 +103,34 @@ func TestGemmRejectsShortArgs(t *testing.T) {
 	}
 }
 
-func TestDot4IsBitIdenticalToDot(t *testing.T) {
+// TestGemmIsBitIdenticalToDot: gemm's tiles of columns and chunks of K, over row counts that
+// are and are not multiples of four, K with and without elements past its last group of four
+// and past a chunk, and column counts past a tile, give every element dot's bits, with f32
+// and bf16 weights.
+func TestGemmIsBitIdenticalToDot(t *testing.T) {
 	r := rand.New(rand.NewPCG(9, 9))
-	for _, k := range []int{1, 3, 4, 7, 64, 257} {
-		rows := make([][]float32, 4)
-		for i := range rows {
-			rows[i] = make([]float32, k)
-			for j := range rows[i] {
-				rows[i][j] = r.Float32()*2 - 1
+	for _, c := range []struct{ rows, k, n int }{{4, 1, 3}, {5, 3, 17}, {8, 7, 1}, {9, 64, 33}, {12, 257, 20}, {4, gemmChunk + 5, gemmTile + 1}, {7, 2*gemmChunk + 4, 2}} {
+		x, wf := make([]float32, c.rows*c.k), make([]float32, c.n*c.k)
+		for i := range x {
+			x[i] = r.Float32()*2 - 1
+		}
+		for i := range wf {
+			wf[i] = BF16ToF32(F32ToBF16(r.Float32()*2 - 1)) // so that the bf16 weights are the same
+		}
+		for _, bf16 := range []bool{false, true} {
+			w := fwdF32Arg(wf)
+			if bf16 {
+				w = fwdBF16Arg(wf)
 			}
-		}
-		w := make([]float32, k)
-		for j := range w {
-			w[j] = r.Float32()*2 - 1
-		}
-		a, b, c, d := dot4(rows[0], rows[1], rows[2], rows[3], w)
-		for i, got := range []float32{a, b, c, d} {
-			if want := dot(rows[i], w); math.Float32bits(got) != math.Float32bits(want) {
-				t.Fatalf("k=%d row %d: dot4 %v, dot %v", k, i, got, want)
+			y := make([]float32, c.rows*c.n)
+			gemm(x, w, y, c.rows, c.k, c.n, bf16)
+			for row := range c.rows {
+				for j := range c.n {
+					want := dot(x[row*c.k:(row+1)*c.k], wf[j*c.k:(j+1)*c.k])
+					if got := y[row*c.n+j]; math.Float32bits(got) != math.Float32bits(want) {
+						t.Fatalf("%+v bf16 %v: y[%d,%d] = %v, dot %v", c, bf16, row, j, got, want)
+					}
+				}
 			}
 		}
 	}
