@@ -174,33 +174,7 @@ func dot4Sum(q [4]float32, a, b []float32) float32 {
 	return (q[0] + q[1]) + (q[2] + q[3])
 }
 
-// dot's first sum does.
-func dot4Lanes(a0, a1, a2, a3, b []float32, l int) [4][2]float32 {
-	var s00, s01, s10, s11, s20, s21, s30, s31 float32
-	m := len(b) &^ 3
-	for i := l; i+1 < m; i += 4 {
-		w0, w1 := b[i], b[i+1]
-		s00 += a0[i] * w0
-		s01 += a0[i+1] * w1
-		s10 += a1[i] * w0
-		s11 += a1[i+1] * w1
-		s20 += a2[i] * w0
-		s21 += a2[i+1] * w1
-		s30 += a3[i] * w0
-		s31 += a3[i+1] * w1
-	}
-	if l == 0 {
-		for i := m; i < len(b); i++ {
-			w := b[i]
-			s00 += a0[i] * w
-			s10 += a1[i] * w
-			s20 += a2[i] * w
-			s30 += a3[i] * w
-		}
-	}
-	return [4][2]float32{{s00, s01}, {s10, s11}, {s20, s21}, {s30, s31}}
-}
-
+// dotBF16 is dot with b stored as bf16 (the same four partial sums, so the same result).
 func dotBF16(a []float32, b []uint16) float32 {
 	b = b[:len(a)]
 	var s0, s1, s2, s3 float32
