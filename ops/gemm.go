@@ -141,10 +141,11 @@ func dot(a, b []float32) float32 {
 	return (s0 + s1) + (s2 + s3)
 }
 
-// dot4Acc adds to p, row by row, dot's four partial sums of rows a0..a3 against b over whole
-// groups of four elements (len(b) a multiple of 4), two lanes at a time so that the eight sums
-// it keeps stay in registers (sixteen did not: the compiler kept them on the stack).
-func dot4Acc(p *[4][4]float32, a0, a1, a2, a3, b []float32) {
+// dot4AccGo adds to p, row by row, dot's four partial sums of rows a0..a3 against b over
+// whole groups of four elements (len(b) a multiple of 4), two lanes at a time so that the
+// eight sums it keeps stay in registers (sixteen did not: the compiler kept them on the
+// stack). dot4Acc is this, or on amd64 the same sums four lanes a vector (dot_amd64.s).
+func dot4AccGo(p *[4][4]float32, a0, a1, a2, a3, b []float32) {
 	a0, a1, a2, a3 = a0[:len(b)], a1[:len(b)], a2[:len(b)], a3[:len(b)]
 	for l := 0; l < 4; l += 2 {
 		s00, s01, s10, s11 := p[0][l], p[0][l+1], p[1][l], p[1][l+1]

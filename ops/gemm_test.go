@@ -174,3 +174,39 @@ func BenchmarkGemm(b *testing.B) {
 		})
 	}
 }
+
+// TestDot4AccIsDot4AccGo: dot4Acc (on amd64 the SSE form) adds the same bits to every one of
+// its sixteen sums as dot4AccGo, from sums that are not 0, over 0 to 67 groups.
+func TestDot4AccIsDot4AccGo(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 4))
+	for _, groups := range []int{0, 1, 2, 5, 64, 67} {
+		n := 4 * groups
+		rows := make([][]float32, 4)
+		for i := range rows {
+			rows[i] = make([]float32, n+3) // longer than b: only len(b) elements count
+			for j := range rows[i] {
+				rows[i][j] = r.Float32()*2 - 1
+			}
+		}
+		b := make([]float32, n)
+		for j := range b {
+			b[j] = r.Float32()*2 - 1
+		}
+		var want [4][4]float32
+		for i := range want {
+			for l := range want[i] {
+				want[i][l] = r.Float32() * 8
+			}
+		}
+		got := want
+		dot4AccGo(&want, rows[0], rows[1], rows[2], rows[3], b)
+		dot4Acc(&got, rows[0], rows[1], rows[2], rows[3], b)
+		for i := range want {
+			for l := range want[i] {
+				if math.Float32bits(got[i][l]) != math.Float32bits(want[i][l]) {
+					t.Fatalf("%d groups: row %d lane %d: %v, dot4AccGo %v", groups, i, l, got[i][l], want[i][l])
+				}
+			}
+		}
+	}
+}

@@ -1,0 +1,20 @@
+package ops
+
+// dot4Acc is dot4AccGo with SSE: each row's four partial sums are one vector, whose lanes
+// take elements i+0..i+3 of each group of four as dot's four sums do, multiplied and added
+// one rounding each (MULPS, ADDPS: no fused multiply-add), so the sums are dot's bit for bit
+// and four products go at a time.
+func dot4Acc(p *[4][4]float32, a0, a1, a2, a3, b []float32) {
+	n := len(b)
+	if n == 0 {
+		return
+	}
+	a0, a1, a2, a3 = a0[:n], a1[:n], a2[:n], a3[:n]
+	dot4AccSSE(p, &a0[0], &a1[0], &a2[0], &a3[0], &b[0], n/4)
+}
+
+// dot4AccSSE adds to p[r] the products of groups groups of four elements of row r (a0..a3)
+// and b, lane by lane (dot_amd64.s).
+//
+//go:noescape
+func dot4AccSSE(p *[4][4]float32, a0, a1, a2, a3, b *float32, groups int)

@@ -1,0 +1,46 @@
+#include "textflag.h"
+
+// func dot4AccSSE(p *[4][4]float32, a0, a1, a2, a3, b *float32, groups int)
+// X0..X3 hold p's rows, four lanes each; each group of four elements of b (X4) multiplies the
+// same four elements of every row, and the products add to that row's lanes.
+TEXT ·dot4AccSSE(SB), NOSPLIT, $0-56
+	MOVQ p+0(FP), DI
+	MOVQ a0+8(FP), R8
+	MOVQ a1+16(FP), R9
+	MOVQ a2+24(FP), R10
+	MOVQ a3+32(FP), R11
+	MOVQ b+40(FP), SI
+	MOVQ groups+48(FP), CX
+	MOVUPS 0(DI), X0
+	MOVUPS 16(DI), X1
+	MOVUPS 32(DI), X2
+	MOVUPS 48(DI), X3
+	SHLQ $4, CX
+	XORQ AX, AX
+	TESTQ CX, CX
+	JZ done
+
+loop:
+	MOVUPS (SI)(AX*1), X4
+	MOVUPS (R8)(AX*1), X5
+	MULPS X4, X5
+	ADDPS X5, X0
+	MOVUPS (R9)(AX*1), X6
+	MULPS X4, X6
+	ADDPS X6, X1
+	MOVUPS (R10)(AX*1), X7
+	MULPS X4, X7
+	ADDPS X7, X2
+	MOVUPS (R11)(AX*1), X8
+	MULPS X4, X8
+	ADDPS X8, X3
+	ADDQ $16, AX
+	CMPQ AX, CX
+	JB loop
+
+done:
+	MOVUPS X0, 0(DI)
+	MOVUPS X1, 16(DI)
+	MOVUPS X2, 32(DI)
+	MOVUPS X3, 48(DI)
+	RET

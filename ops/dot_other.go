@@ -1,0 +1,6 @@
+//go:build !amd64
+
+package ops
+
+// dot4Acc is dot4AccGo where no vector form is written.
+func dot4Acc(p *[4][4]float32, a0, a1, a2, a3, b []float32) { dot4AccGo(p, a0, a1, a2, a3, b) }
