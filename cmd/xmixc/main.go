@@ -42,6 +42,26 @@ func rootCmd() *cobra.Command {
 	return root
 }
 
+// writeBundle writes data to path. A file is written under a temporary name first and then
+// renamed over path, so that a failed write never leaves half a bundle (the temporary file is
+// removed when the write or the rename fails). Something that exists and is not a file, as
+// /dev/null or a pipe, is written in place: renamed over, it would be replaced by a file.
+func writeBundle(path string, data []byte) error {
+	if st, err := os.Stat(path); err == nil && !st.Mode().IsRegular() {
+		return os.WriteFile(path, data, 0o644)
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, data, 0o644); err != nil {
+		os.Remove(tmp)
+		return err
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		os.Remove(tmp)
+		return err
+	}
+	return nil
+}
+
 func buildCmd() *cobra.Command {
 	var out string
 	var embed, verify, quiet, pdl bool
@@ -146,15 +166,7 @@ func buildCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			// Write to a temporary file first so that a failed write never leaves half a bundle,
-			// and remove it when the write or the rename fails.
-			tmp := out + ".tmp"
-			if err := os.WriteFile(tmp, data, 0o644); err != nil {
-				os.Remove(tmp)
-				return err
-			}
-			if err := os.Rename(tmp, out); err != nil {
-				os.Remove(tmp)
+			if err := writeBundle(out, data); err != nil {
 				return err
 			}
 			progress("wrote %s (%.1f MB, %d kernels, %d templates)", out, float64(len(data))/1e6, len(b.Kernels), len(b.Templates))
