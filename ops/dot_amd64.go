@@ -18,3 +18,20 @@ func dot4Acc(p *[4][4]float32, a0, a1, a2, a3, b []float32) {
 //
 //go:noescape
 func dot4AccSSE(p *[4][4]float32, a0, a1, a2, a3, b *float32, groups int)
+
+// widenBF16 is widenBF16Go with SSE for whole groups of eight (each bf16 is the high half of
+// its f32, the low half zeros: PUNPCKLWL and PUNPCKHWL with a zero vector), the rest in Go.
+func widenBF16(dst []float32, src []uint16) {
+	n := len(src) &^ 7
+	dst = dst[:len(src)]
+	if n > 0 {
+		widenBF16SSE(&dst[0], &src[0], n/8)
+	}
+	widenBF16Go(dst[n:], src[n:])
+}
+
+// widenBF16SSE widens groups groups of eight bf16 values at src into f32 at dst
+// (dot_amd64.s).
+//
+//go:noescape
+func widenBF16SSE(dst *float32, src *uint16, groups int)

@@ -44,3 +44,30 @@ done:
 	MOVUPS X2, 32(DI)
 	MOVUPS X3, 48(DI)
 	RET
+
+// func widenBF16SSE(dst *float32, src *uint16, groups int)
+// Interleaving eight bf16 values with zeros below each makes them the high halves of eight
+// f32 values: bit for bit BF16ToF32.
+TEXT ·widenBF16SSE(SB), NOSPLIT, $0-24
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ groups+16(FP), CX
+	SHLQ $4, CX
+	XORQ AX, AX
+	TESTQ CX, CX
+	JZ widened
+
+widen:
+	MOVOU (SI)(AX*1), X1
+	PXOR X2, X2
+	PXOR X3, X3
+	PUNPCKLWL X1, X2
+	PUNPCKHWL X1, X3
+	MOVOU X2, (DI)(AX*2)
+	MOVOU X3, 16(DI)(AX*2)
+	ADDQ $16, AX
+	CMPQ AX, CX
+	JB widen
+
+widened:
+	RET

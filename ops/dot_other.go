@@ -4,3 +4,6 @@ package ops
 
 // dot4Acc is dot4AccGo where no vector form is written.
 func dot4Acc(p *[4][4]float32, a0, a1, a2, a3, b []float32) { dot4AccGo(p, a0, a1, a2, a3, b) }
+
+// widenBF16 is widenBF16Go where no vector form is written.
+func widenBF16(dst []float32, src []uint16) { widenBF16Go(dst, src) }

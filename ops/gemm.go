@@ -85,9 +85,7 @@ func gemm(x []float32, w Arg, y []float32, rows, k, n int, bf16 bool) {
 			for t := range cols {
 				wrow, j := tile[t*k:(t+1)*k], j0+t
 				if bf16 {
-					for i, h := range w.U16()[j*k : (j+1)*k] {
-						wrow[i] = BF16ToF32(h)
-					}
+					widenBF16(wrow, w.U16()[j*k:(j+1)*k])
 				} else {
 					copy(wrow, w.F32()[j*k:(j+1)*k])
 				}
@@ -173,6 +171,14 @@ func dot4Sum(q [4]float32, a, b []float32) float32 {
 		q[0] += v * b[i]
 	}
 	return (q[0] + q[1]) + (q[2] + q[3])
+}
+
+// widenBF16Go sets dst[i] to src[i] widened from bf16 (BF16ToF32). widenBF16 is this, or on
+// amd64 the same eight values at a time (dot_amd64.s).
+func widenBF16Go(dst []float32, src []uint16) {
+	for i, h := range src {
+		dst[i] = BF16ToF32(h)
+	}
 }
 
 // dotBF16 is dot with b stored as bf16 (the same four partial sums, so the same result).

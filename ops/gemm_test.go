@@ -210,3 +210,25 @@ func TestDot4AccIsDot4AccGo(t *testing.T) {
 		}
 	}
 }
+
+// TestWidenBF16: widenBF16 (on amd64 SSE in groups of eight) gives every bf16 value's
+// BF16ToF32 bits, over lengths with and without a tail past the last group.
+func TestWidenBF16(t *testing.T) {
+	src := make([]uint16, 1<<16+5)
+	for i := range src {
+		src[i] = uint16(i * 40503) // every value once in the first 65536
+	}
+	for _, n := range []int{0, 3, 8, 13, len(src)} {
+		dst := make([]float32, n+1)
+		dst[n] = 7 // past the end: left alone
+		widenBF16(dst[:n], src[:n])
+		for i, h := range src[:n] {
+			if math.Float32bits(dst[i]) != math.Float32bits(BF16ToF32(h)) {
+				t.Fatalf("n %d: dst[%d] = %#08x, want %#08x", n, i, math.Float32bits(dst[i]), math.Float32bits(BF16ToF32(h)))
+			}
+		}
+		if dst[n] != 7 {
+			t.Fatalf("n %d: wrote past the end", n)
+		}
+	}
+}
