@@ -1,5 +1,9 @@
 #include "textflag.h"
 
+// ROW adds to acc, lane by lane, the products of a row's four elements at src+AX and b's in
+// X4 (tmp holds the row's).
+#define ROW(src, tmp, acc) MOVUPS (src)(AX*1), tmp; MULPS X4, tmp; ADDPS tmp, acc
+
 // func dot4AccSSE(p *[4][4]float32, a0, a1, a2, a3, b *float32, groups int)
 // X0..X3 hold p's rows, four lanes each; each group of four elements of b (X4) multiplies the
 // same four elements of every row, and the products add to that row's lanes.
@@ -22,18 +26,10 @@ TEXT ·dot4AccSSE(SB), NOSPLIT, $0-56
 
 loop:
 	MOVUPS (SI)(AX*1), X4
-	MOVUPS (R8)(AX*1), X5
-	MULPS X4, X5
-	ADDPS X5, X0
-	MOVUPS (R9)(AX*1), X6
-	MULPS X4, X6
-	ADDPS X6, X1
-	MOVUPS (R10)(AX*1), X7
-	MULPS X4, X7
-	ADDPS X7, X2
-	MOVUPS (R11)(AX*1), X8
-	MULPS X4, X8
-	ADDPS X8, X3
+	ROW(R8, X5, X0)
+	ROW(R9, X6, X1)
+	ROW(R10, X7, X2)
+	ROW(R11, X8, X3)
 	ADDQ $16, AX
 	CMPQ AX, CX
 	JB loop
