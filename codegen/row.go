@@ -463,16 +463,11 @@ func rowNorm(name string, c RowConfig) (*Kernel, error) {
 	r.rmsNorm(x, wv, c.Eps)
 	r.fold = nil // the norm ops' projections have no norm after them to hand a sum to
 	mi.emit(r, 2, x, nil)
-	skipF32 := ""
+	f32 := func() { r.storeRow(r.ptr(out, dst, c.Hidden, 0, ptx.F32, false), x) }
 	if c.OutOptional {
-		skipF32 = r.NewLabel("no_f32")
-		noF32 := r.Reg(ptx.Pred)
-		r.Emit("setp.eq.u64", noF32, out, ptx.Imm(0))
-		r.EmitIf(noF32, false, "bra.uni", ptx.Sym(skipF32))
-	}
-	r.storeRow(r.ptr(out, dst, c.Hidden, 0, ptx.F32, false), x)
-	if skipF32 != "" {
-		r.Label(skipF32)
+		r.when(r.cmp("eq", ptx.U64, out, ptx.Imm(0)), true, f32)
+	} else {
+		f32()
 	}
 	if !c.Gather {
 		noB := r.Reg(ptx.Pred)

@@ -104,14 +104,10 @@ func buildAttention(attrs []byte) (Runner, error) {
 		if len(args) > 7 {
 			args = args[:7]
 		}
-		zBytes := 4 * rows * a.Heads * d
-		if a.OutOptional && len(args[6].Mem) == 0 {
-			if zb == nil {
-				return fmt.Errorf("attention: z and %s are both empty: nothing to write", bundle.AttnZBF16)
-			}
-			zBytes = 0 // the bf16 copy alone
+		if err := checkF32Out("argument 6 (z)", args[6], rows*a.Heads*d, a.OutOptional, zb); err != nil {
+			return fmt.Errorf("attention: %w", err)
 		}
-		if err := CheckArgs("attention", args, 4*rows*a.rowWidth(), 4*rows, 4*rows, 0, 0, 0, zBytes); err != nil {
+		if err := CheckArgs("attention", args, 4*rows*a.rowWidth(), 4*rows, 4*rows, 0, 0, 0, -1); err != nil {
 			return err
 		}
 		v, err := newKVView("attention", a.KVAttrs, size, rows, args[1], args[2], args[3], args[4], args[5])

@@ -186,6 +186,21 @@ func bf16CopyArg(name string, i int, a Arg, n int) ([]uint16, error) {
 	return a.U16()[:n], nil
 }
 
+// checkF32Out checks a kernel's f32 output beside its bf16 copy (copyOf, as bf16CopyArg read
+// it): out holds n values, or, where the kernel may drop it (optional), is empty while the
+// copy is not (the copy alone).
+func checkF32Out(name string, out Arg, n int, optional bool, copyOf []uint16) error {
+	switch {
+	case len(out.Mem) == 0 && optional && copyOf == nil:
+		return fmt.Errorf("%s and its bf16 copy are both empty: nothing to write", name)
+	case len(out.Mem) == 0 && optional:
+		return nil
+	case len(out.Mem) < 4*n:
+		return fmt.Errorf("%s holds %d bytes, needs %d", name, len(out.Mem), 4*n)
+	}
+	return nil
+}
+
 // putBF16 stores bf16 of each value of src into dst, as the backend's cast would.
 func putBF16(dst []uint16, src []float32) {
 	for i, v := range src {

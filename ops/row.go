@@ -177,11 +177,8 @@ func (a RowNormAttrs) run(args []Arg, l Launch) error {
 		if outB, err = bf16CopyArg(bundle.NormOutBF16, c.next-1, ob, rows*h); err != nil {
 			return err
 		}
-		switch {
-		case len(outArg.Mem) == 0 && a.OutOptional && outB == nil:
-			return fmt.Errorf("out and %s are both empty: nothing to write", bundle.NormOutBF16)
-		case len(outArg.Mem) < 4*rows*h && !(len(outArg.Mem) == 0 && a.OutOptional):
-			return fmt.Errorf("out holds %d bytes, needs %d", len(outArg.Mem), 4*rows*h)
+		if err := checkF32Out("out", outArg, rows*h, a.OutOptional, outB); err != nil {
+			return err
 		}
 	}
 	ctl, err := bindCtl(c, rows, a.DeltaOps, a.ResidOps, a.NormOps)
@@ -345,13 +342,8 @@ func (a SiluMulAttrs) chunkedOutputs(c *argCursor, rows int) (act Arg, actB []ui
 		return
 	}
 	n := rows * a.Inter
-	switch {
-	case len(act.Mem) == 0 && len(b.Mem) == 0:
-		err = fmt.Errorf("act and %s are both empty: nothing to write", bundle.GatedActBF16)
-	case len(act.Mem) > 0 && len(act.Mem) < 4*n:
-		err = fmt.Errorf("argument 1 (act) holds %d bytes, needs %d", len(act.Mem), 4*n)
-	default:
-		actB, err = bf16CopyArg(bundle.GatedActBF16, 2, b, n)
+	if actB, err = bf16CopyArg(bundle.GatedActBF16, 2, b, n); err == nil {
+		err = checkF32Out("argument 1 (act)", act, n, true, actB)
 	}
 	return
 }
