@@ -840,8 +840,9 @@ func TestCUDAMatchesCPUOnMixtralExperts(t *testing.T) {
 // the suite's bundle's logits are those of a plain one (no fusions, --pdl=false) bit for bit,
 // for the same tokens (teacher-forced) at decode batches 1 and 4 and through prefill, under
 // both GEMM servers. So are those of the suite's bundle built with --optional-f32-out, whose
-// add+norm kernels write their bf16 copy alone where cuBLASLt's GEMM after them reads it and
-// no node reads the f32 (cuda.Backend.F32OutputsCut counts them: some, under cuBLASLt).
+// add+norm and decode attention kernels write their bf16 copy alone where cuBLASLt's GEMM
+// after them reads it and no node reads the f32 (cuda.Backend.F32OutputsCut counts them:
+// some, under cuBLASLt).
 func TestCUDABuildKeepsBits(t *testing.T) {
 	needGPU(t)
 	if testsuite.Fuse == nil && testsuite.SerialLaunch {
@@ -897,7 +898,7 @@ func TestCUDABuildKeepsBits(t *testing.T) {
 				t.Errorf("%s: the logits of the bundle built with --fuse %v --pdl=%v%s differ from the plain bundle's", g.mode, testsuite.Fuse, !testsuite.SerialLaunch, c.name)
 			}
 			if c.b == optional && g.mode == cuda.GemmCublasLt && cut == 0 {
-				t.Errorf("%s: no add+norm of the bundle built with --optional-f32-out writes its bf16 copy alone", g.mode)
+				t.Errorf("%s: no kernel of the bundle built with --optional-f32-out writes its bf16 copy alone", g.mode)
 			}
 		}
 	}
