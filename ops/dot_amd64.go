@@ -35,3 +35,22 @@ func widenBF16(dst []float32, src []uint16) {
 //
 //go:noescape
 func widenBF16SSE(dst *float32, src *uint16, groups int)
+
+// dotBF16x4 is dotBF16x4Go with SSE: each column's four partial sums are one vector, whose
+// lanes take elements i+0..i+3 of each group of four as dotBF16's four sums do (each bf16
+// widened as widenBF16 widens it, then MULPS and ADDPS: no fused multiply-add), so the sums
+// are dotBF16's bit for bit and the four columns' sums go at a time.
+func dotBF16x4(p *[4][4]float32, a []float32, b0, b1, b2, b3 []uint16) {
+	n := len(a)
+	if n == 0 {
+		return
+	}
+	b0, b1, b2, b3 = b0[:n], b1[:n], b2[:n], b3[:n]
+	dotBF16x4SSE(p, &a[0], &b0[0], &b1[0], &b2[0], &b3[0], n/4)
+}
+
+// dotBF16x4SSE adds to p[c] the products of groups groups of four elements of a and column c
+// (b0..b3), lane by lane (dot_amd64.s).
+//
+//go:noescape
+func dotBF16x4SSE(p *[4][4]float32, a *float32, b0, b1, b2, b3 *uint16, groups int)

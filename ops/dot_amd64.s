@@ -67,3 +67,45 @@ widen:
 
 widened:
 	RET
+
+// COL adds to acc, lane by lane, the products of a's four elements in X4 and a column's four
+// bf16 at src+DX, widened in u as widenBF16SSE widens them (w holds the column's words).
+#define COL(src, w, u, acc) MOVQ (src)(DX*1), w; PXOR u, u; PUNPCKLWL w, u; MULPS X4, u; ADDPS u, acc
+
+// func dotBF16x4SSE(p *[4][4]float32, a *float32, b0, b1, b2, b3 *uint16, groups int)
+// X0..X3 hold the four columns' partial sums, four lanes each; each group of four elements
+// of a (X4) multiplies the same four elements of every column, and the products add to that
+// column's lanes. DX runs over the columns' bytes, a's twice as fast.
+TEXT ·dotBF16x4SSE(SB), NOSPLIT, $0-56
+	MOVQ p+0(FP), DI
+	MOVQ a+8(FP), SI
+	MOVQ b0+16(FP), R9
+	MOVQ b1+24(FP), R10
+	MOVQ b2+32(FP), R11
+	MOVQ b3+40(FP), R12
+	MOVQ groups+48(FP), CX
+	MOVUPS 0(DI), X0
+	MOVUPS 16(DI), X1
+	MOVUPS 32(DI), X2
+	MOVUPS 48(DI), X3
+	SHLQ $3, CX
+	XORQ DX, DX
+	TESTQ CX, CX
+	JZ summed
+
+cols:
+	MOVUPS (SI)(DX*2), X4
+	COL(R9, X5, X9, X0)
+	COL(R10, X6, X10, X1)
+	COL(R11, X7, X11, X2)
+	COL(R12, X8, X12, X3)
+	ADDQ $8, DX
+	CMPQ DX, CX
+	JB cols
+
+summed:
+	MOVUPS X0, 0(DI)
+	MOVUPS X1, 16(DI)
+	MOVUPS X2, 32(DI)
+	MOVUPS X3, 48(DI)
+	RET

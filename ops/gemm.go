@@ -61,20 +61,15 @@ func buildGemm(attrs []byte) (Runner, error) {
 }
 
 // gemm splits the work over output columns. A bf16 weight row is widened inside the dot
-// product when few rows use it (decode); otherwise columns go by tiles of gemmTile, widened
-// once into scratch, and each group of four rows runs over a tile gemmChunk elements of K at
-// a time: the group's chunk of x (4 KiB) stays in L1 while every column of the tile uses it,
+// product when few rows use it (decode: gemvBF16); otherwise columns go by tiles of
+// gemmTile, widened once into scratch, and each group of four rows runs over a tile
+// gemmChunk elements of K at a time: the group's chunk of x (4 KiB) stays in L1 while every column of the tile uses it,
 // where a whole row of x a column (2 MiB of them for 128 rows at K 4096) came from L3 for each
 // column. Every sum keeps dot's order, so the results are dot's bit for bit.
 func gemm(x []float32, w Arg, y []float32, rows, k, n int, bf16 bool) {
 	ParallelFor(n, func(lo, hi int) {
 		if bf16 && rows < 4 {
-			wb := w.U16()
-			for j := lo; j < hi; j++ {
-				for r := 0; r < rows; r++ {
-					y[r*n+j] = dotBF16(x[r*k:(r+1)*k], wb[j*k:(j+1)*k])
-				}
-			}
+			gemvBF16(x, w.U16(), y, rows, k, n, lo, hi)
 			return
 		}
 		tile := make([]float32, gemmTile*k)
@@ -116,6 +111,32 @@ func gemm(x []float32, w Arg, y []float32, rows, k, n int, bf16 bool) {
 			}
 		}
 	})
+}
+
+// gemvBF16 is gemm's few-row form over columns lo..hi of bf16 weights, which it reads as
+// they are: four columns at a time take each row's x once (dotBF16x4), the columns past the
+// last four one by one (dotBF16). A row's sums are dotBF16's, so dot's.
+func gemvBF16(x []float32, wb []uint16, y []float32, rows, k, n, lo, hi int) {
+	whole := k &^ 3
+	col := func(j int) []uint16 { return wb[j*k : (j+1)*k] }
+	j := lo
+	for ; j+4 <= hi; j += 4 {
+		for r := range rows {
+			xr := x[r*k : (r+1)*k]
+			var p [4][4]float32
+			dotBF16x4(&p, xr[:whole], col(j), col(j+1), col(j+2), col(j+3))
+			for c := range 4 {
+				var tail [3]float32
+				widenBF16Go(tail[:k-whole], col(j + c)[whole:])
+				y[r*n+j+c] = dot4Sum(p[c], xr[whole:], tail[:k-whole])
+			}
+		}
+	}
+	for ; j < hi; j++ {
+		for r := range rows {
+			y[r*n+j] = dotBF16(x[r*k:(r+1)*k], col(j))
+		}
+	}
 }
 
 // gemmTile is how many weight columns gemm widens and runs together, gemmChunk how many
@@ -161,6 +182,23 @@ func dot4AccGo(p *[4][4]float32, a0, a1, a2, a3, b []float32) {
 		}
 		p[0][l], p[0][l+1], p[1][l], p[1][l+1] = s00, s01, s10, s11
 		p[2][l], p[2][l+1], p[3][l], p[3][l+1] = s20, s21, s30, s31
+	}
+}
+
+// dotBF16x4Go adds to p[c] dotBF16's four partial sums of a against column c (b0..b3) over
+// whole groups of four elements (len(a) a multiple of 4). dotBF16x4 is this, or on amd64 the
+// same sums four lanes a vector (dot_amd64.s).
+func dotBF16x4Go(p *[4][4]float32, a []float32, b0, b1, b2, b3 []uint16) {
+	for c, b := range [4][]uint16{b0, b1, b2, b3} {
+		b = b[:len(a)]
+		s0, s1, s2, s3 := p[c][0], p[c][1], p[c][2], p[c][3]
+		for i := 0; i+4 <= len(a); i += 4 {
+			s0 += a[i] * BF16ToF32(b[i])
+			s1 += a[i+1] * BF16ToF32(b[i+1])
+			s2 += a[i+2] * BF16ToF32(b[i+2])
+			s3 += a[i+3] * BF16ToF32(b[i+3])
+		}
+		p[c] = [4]float32{s0, s1, s2, s3}
 	}
 }
 

@@ -104,13 +104,13 @@ func TestGemmRejectsShortArgs(t *testing.T) {
 	}
 }
 
-// TestGemmIsBitIdenticalToDot: gemm's tiles of columns and chunks of K, over row counts that
-// are and are not multiples of four, K with and without elements past its last group of four
+// TestGemmIsBitIdenticalToDot: gemm's tiles of columns and chunks of K, and its few-row form
+// over four columns at a time, over row counts that are and are not multiples of four, K with and without elements past its last group of four
 // and past a chunk, and column counts past a tile, give every element dot's bits, with f32
 // and bf16 weights.
 func TestGemmIsBitIdenticalToDot(t *testing.T) {
 	r := rand.New(rand.NewPCG(9, 9))
-	for _, c := range []struct{ rows, k, n int }{{4, 1, 3}, {5, 3, 17}, {8, 7, 1}, {9, 64, 33}, {12, 257, 20}, {4, gemmChunk + 5, gemmTile + 1}, {7, 2*gemmChunk + 4, 2}} {
+	for _, c := range []struct{ rows, k, n int }{{1, 2, 5}, {1, 64, 9}, {2, 7, 4}, {3, 133, 11}, {4, 1, 3}, {5, 3, 17}, {8, 7, 1}, {9, 64, 33}, {12, 257, 20}, {4, gemmChunk + 5, gemmTile + 1}, {7, 2*gemmChunk + 4, 2}} {
 		x, wf := make([]float32, c.rows*c.k), make([]float32, c.n*c.k)
 		for i := range x {
 			x[i] = r.Float32()*2 - 1
@@ -161,7 +161,7 @@ func BenchmarkGemm(b *testing.B) {
 		wf[i] = r.Float32()*2 - 1
 	}
 	w := fwdBF16Arg(wf)
-	for _, rows := range []int{8, 32, 128} {
+	for _, rows := range []int{1, 2, 8, 32, 128} {
 		b.Run(fmt.Sprintf("rows%d", rows), func(b *testing.B) {
 			x, y := make([]float32, rows*k), make([]float32, rows*n)
 			for i := range x {
@@ -205,6 +205,42 @@ func TestDot4AccIsDot4AccGo(t *testing.T) {
 			for l := range want[i] {
 				if math.Float32bits(got[i][l]) != math.Float32bits(want[i][l]) {
 					t.Fatalf("%d groups: row %d lane %d: %v, dot4AccGo %v", groups, i, l, got[i][l], want[i][l])
+				}
+			}
+		}
+	}
+}
+
+// TestDotBF16x4IsDotBF16x4Go: dotBF16x4 (on amd64 the SSE form) adds the same bits to every
+// one of its sixteen sums as dotBF16x4Go, from sums that are not 0, over 0 to 67 groups.
+func TestDotBF16x4IsDotBF16x4Go(t *testing.T) {
+	r := rand.New(rand.NewPCG(5, 6))
+	for _, groups := range []int{0, 1, 2, 5, 64, 67} {
+		n := 4 * groups
+		a := make([]float32, n)
+		for j := range a {
+			a[j] = r.Float32()*2 - 1
+		}
+		cols := make([][]uint16, 4)
+		for c := range cols {
+			cols[c] = make([]uint16, n+3) // longer than a: only len(a) elements count
+			for j := range cols[c] {
+				cols[c][j] = F32ToBF16(r.Float32()*2 - 1)
+			}
+		}
+		var want [4][4]float32
+		for c := range want {
+			for l := range want[c] {
+				want[c][l] = r.Float32() * 8
+			}
+		}
+		got := want
+		dotBF16x4Go(&want, a, cols[0], cols[1], cols[2], cols[3])
+		dotBF16x4(&got, a, cols[0], cols[1], cols[2], cols[3])
+		for c := range want {
+			for l := range want[c] {
+				if math.Float32bits(got[c][l]) != math.Float32bits(want[c][l]) {
+					t.Fatalf("%d groups: column %d lane %d: %v, dotBF16x4Go %v", groups, c, l, got[c][l], want[c][l])
 				}
 			}
 		}
