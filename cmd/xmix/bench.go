@@ -40,6 +40,7 @@ type benchFlags struct {
 	appFraction float64
 	decodeOnly  []int
 	graphIters  int
+	graphRounds int
 	graphCtx    int
 	attnSplits  int
 	profile     bool
@@ -120,7 +121,8 @@ requests. --ignore-eos (both ways) has every request generate exactly its tokens
 	fl.IntVar(&f.runs, "runs", 3, "online: measured runs")
 	fl.Float64Var(&f.appFraction, "app-fraction", 1, "share of requests that enable --apps, 0 to 1 (with --graph-context, of the full batch's rows)")
 	fl.IntSliceVar(&f.decodeOnly, "graph-buckets", nil, "decode buckets to time as bare graph replays (default: all)")
-	fl.IntVar(&f.graphIters, "graph-iters", 50, "replays per bucket for the graph timing")
+	fl.IntVar(&f.graphIters, "graph-iters", 50, fmt.Sprintf("replays per bucket for the graph timing, 1 to %d", maxGraphIters))
+	fl.IntVar(&f.graphRounds, "graph-rounds", 1, fmt.Sprintf("rounds of --graph-iters replays per bucket, 1 to %d; the graph time reported is the shortest round's mean (the peer grid takes 3, as torch_decode.py reports the best of three rounds)", maxGraphRounds))
 	fl.IntVar(&f.graphCtx, "graph-context", 0, "time each decode graph (and --profile, --trace) with every row its own sequence at this context, as a full batch at that context runs, the first --app-fraction of the rows enabling --apps (0: the rows as the last step left them)")
 	fl.IntVar(&f.attnSplits, "attn-splits", 0, "with --graph-context: cut every row's context over this many splits of the decode attention (1: none) instead of the split the engine picks (for measuring that choice; 0: the engine's)")
 	fl.BoolVar(&f.profile, "profile", false, "also time every node of each timed decode bucket, summed by role, and of the warm-up request's prefill steps, with their GEMMs' TFLOP/s (cuda)")
@@ -195,6 +197,22 @@ func (f *benchFlags) checkRate() error {
 	return nil
 }
 
+// maxGraphIters and maxGraphRounds bound --graph-iters and --graph-rounds: a million replays
+// of the largest step take minutes, and a hundred rounds of them hours.
+const maxGraphIters, maxGraphRounds = 1_000_000, 100
+
+// checkGraphTiming checks --graph-iters and --graph-rounds: a replay count of 0 would time
+// nothing and report 0/0 ms.
+func (f benchFlags) checkGraphTiming() error {
+	if f.graphIters < 1 || f.graphIters > maxGraphIters {
+		return fmt.Errorf("--graph-iters %d: want 1 to %d replays a timing", f.graphIters, maxGraphIters)
+	}
+	if f.graphRounds < 1 || f.graphRounds > maxGraphRounds {
+		return fmt.Errorf("--graph-rounds %d: want 1 to %d rounds", f.graphRounds, maxGraphRounds)
+	}
+	return nil
+}
+
 // checkAppFraction checks --app-fraction: a share of the requests (and of a --graph-context
 // batch's rows), 0 to 1.
 func (f benchFlags) checkAppFraction() error {
@@ -217,6 +235,9 @@ func runBench(w io.Writer, path string, f benchFlags) error {
 		}
 	}
 	if err := f.checkAppFraction(); err != nil {
+		return err
+	}
+	if err := f.checkGraphTiming(); err != nil {
 		return err
 	}
 	if f.xmixApps != "" {
@@ -523,7 +544,8 @@ func benchOffline(s *session, f benchFlags, apps []string, rng benchRNG) (offlin
 	return r, nil
 }
 
-// graphTimes times bare replays of each decode template (cuda only).
+// graphTimes times bare replays of each decode template (cuda only): the shortest of
+// --graph-rounds rounds' means.
 func graphTimes(s *session, f benchFlags) (map[string]float64, error) {
 	tm, ok := s.be.(timer)
 	if !ok {
@@ -538,9 +560,13 @@ func graphTimes(s *session, f benchFlags) (map[string]float64, error) {
 		if _, err := tm.Time(i, 3); err != nil {
 			return nil, err
 		}
-		ms, err := tm.Time(i, f.graphIters)
-		if err != nil {
-			return nil, err
+		ms := math.Inf(1)
+		for range f.graphRounds {
+			round, err := tm.Time(i, f.graphIters)
+			if err != nil {
+				return nil, err
+			}
+			ms = min(ms, round)
 		}
 		out[t.Name] = ms
 		f.progress("graph %s: %.4f ms per replay", t.Name, ms)

@@ -560,6 +560,29 @@ func TestRoleCosts(t *testing.T) {
 	}
 }
 
+// A replay count or a round count outside its bounds is refused before anything runs (a count
+// of 0 timed nothing and reported 0/0 ms).
+func TestBenchGraphTimingBounds(t *testing.T) {
+	bp := tinyBundleFile(t, filepath.Join(t.TempDir(), "tiny.xmb"))
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--graph-iters", "0"}, "--graph-iters 0: want 1 to 1000000 replays a timing"},
+		{[]string{"--graph-iters", "-3"}, "--graph-iters -3: want 1 to 1000000"},
+		{[]string{"--graph-iters", "1000001"}, "--graph-iters 1000001: want 1 to 1000000"},
+		{[]string{"--graph-rounds", "0"}, "--graph-rounds 0: want 1 to 100 rounds"},
+		{[]string{"--graph-rounds", "101"}, "--graph-rounds 101: want 1 to 100 rounds"},
+	} {
+		if out, err := xmix(t, append([]string{"bench", bp, "-q", "--backend", "cpu"}, c.args...)...); err == nil || !strings.Contains(out, c.want) {
+			t.Errorf("%v: err %v, output %q", c.args, err, out)
+		}
+	}
+	if out, err := xmix(t, "bench", bp, "-q", "--backend", "cpu", "--prompts", "1", "--new-tokens", "2", "--graph-iters", "1", "--graph-rounds", "100"); err != nil {
+		t.Errorf("both at their bounds: %v, output %q", err, out)
+	}
+}
+
 // tinyBundleFile builds the embedded tiny model with apps (spec paths), weights embedded, and
 // writes the bundle to path, which it returns.
 func tinyBundleFile(t *testing.T, path string, apps ...string) string {

@@ -855,6 +855,9 @@ const timeWithoutWarmup = 3
 // timeGraph replays exec n times back to back and returns the mean milliseconds per replay,
 // measured with CUDA events (on the context's thread).
 func (be *Backend) timeGraph(exec uintptr, n int) (float64, error) {
+	if n < 1 {
+		return 0, fmt.Errorf("%d replays to time: want at least 1", n) // else 0/0 ms
+	}
 	d := be.d
 	var start, stop uintptr
 	if err := d.call("cuEventCreate", uintptr(unsafe.Pointer(&start)), 0); err != nil {

@@ -6,7 +6,8 @@
 #   offline decode per batch for each GEMM server, start-to-first-token, the online benchmark
 #   (ONLINE=0 skips), Mixtral's grouped vs dense experts (MOE_AB=0 skips); peer = xmix bench and
 #   the compiled PyTorch step (torch_decode.py) on the same shapes, one model after the other:
-#   PEER_MODELS x PEER_PROMPTS x PEER_BATCHES (results.json "peer"), xmix with PEER_FLAGS
+#   PEER_MODELS x PEER_PROMPTS x PEER_BATCHES (results.json "peer"; each side's figure the
+#   best of three rounds, PEER_ROUNDS for xmix's), xmix with PEER_FLAGS
 #   added (PEER_FLAGS="--gemm-picks FILE": a table tune_gemm.sh wrote in this call); prefill = a lone prompt of
 #   each of PREFILL_LENS tokens (default 512 2048) on Llama-3.1-8B: its time to first token
 #   (offline bench, one request, one token) and its prefill steps node by node with the
@@ -125,9 +126,11 @@ if has peer; then
     for p in ${PEER_PROMPTS:-16 512 2048}; do
       for bs in ${PEER_BATCHES:-1 8 32 128}; do
         # The graph is timed with all bs rows at context p+new, as the peer's step runs them
-        # (the last step of the run itself has fewer: requests prefilled first finish first).
+        # (the last step of the run itself has fewer: requests prefilled first finish first),
+        # and reported as the best of PEER_ROUNDS (default 3) rounds, as the peer reports its
+        # best of three.
         timeout ${BENCH_TIMEOUT:-150} "$bin/xmix" bench "$work/$m.xmb" --backend cuda --prompts $bs --prompt-len $p --new-tokens ${PEER_NEW:-64} \
-          --graph-buckets $bs --graph-context $((p + ${PEER_NEW:-64})) --profile ${PEER_FLAGS:-} --json -q > "$work/peer-$m-p$p-b$bs.json" 2>> "$work/bench.log" || echo "peer: xmix $m p$p b$bs failed" >&2
+          --graph-buckets $bs --graph-context $((p + ${PEER_NEW:-64})) --graph-rounds ${PEER_ROUNDS:-3} --profile ${PEER_FLAGS:-} --json -q > "$work/peer-$m-p$p-b$bs.json" 2>> "$work/bench.log" || echo "peer: xmix $m p$p b$bs failed" >&2
         shapes="$shapes,$p:$bs"
       done
     done
