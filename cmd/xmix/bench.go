@@ -197,18 +197,65 @@ func (f *benchFlags) checkRate() error {
 	return nil
 }
 
-// maxGraphIters and maxGraphRounds bound --graph-iters and --graph-rounds: a million replays
-// of the largest step take minutes, and a hundred rounds of them hours.
-const maxGraphIters, maxGraphRounds = 1_000_000, 100
+// Bounds of bench's counts: a million replays of the largest step take minutes, a hundred
+// rounds of them hours; a hundred thousand requests of the longest prompts are gigabytes of
+// prompt tokens drawn up front.
+const (
+	maxGraphIters, maxGraphRounds    = 1_000_000, 100
+	maxBenchRequests, maxBenchTokens = 100_000, 1 << 20
+	maxBenchRuns                     = 100
+)
 
-// checkGraphTiming checks --graph-iters and --graph-rounds: a replay count of 0 would time
-// nothing and report 0/0 ms.
-func (f benchFlags) checkGraphTiming() error {
-	if f.graphIters < 1 || f.graphIters > maxGraphIters {
-		return fmt.Errorf("--graph-iters %d: want 1 to %d replays a timing", f.graphIters, maxGraphIters)
+// countFlag is one of bench's count flags, its value and its bounds.
+type countFlag struct {
+	name     string
+	value    int
+	lo, hi   int
+	counting string
+}
+
+// checkCounts checks every count flag against its bounds before the bundle is opened or any
+// request drawn: a count of 0 ran nothing and reported zeros (or 0/0 ms), a negative one
+// panicked, a huge one allocated without end.
+func (f benchFlags) checkCounts() error {
+	for _, c := range []countFlag{
+		{"--prompts", f.prompts, 1, maxBenchRequests, "prompts"},
+		{"--prompt-len", f.promptLen, 1, maxBenchTokens, "tokens a prompt"},
+		{"--new-tokens", f.newTokens, 1, maxBenchTokens, "tokens a prompt generates"},
+		{"--requests", f.requests, 1, maxBenchRequests, "requests"},
+		{"--output-len", f.outputLen, 1, maxBenchTokens, "tokens a request generates"},
+		{"--warmup", f.warmup, 0, maxBenchRuns, "runs discarded"},
+		{"--runs", f.runs, 1, maxBenchRuns, "runs measured"},
+		{"--graph-iters", f.graphIters, 1, maxGraphIters, "replays a timing"},
+		{"--graph-rounds", f.graphRounds, 1, maxGraphRounds, "rounds"},
+		{"--graph-context", f.graphCtx, 0, maxBenchTokens, "positions (0: the rows as the last step left them)"},
+		{"--max-model-len", f.maxModelLen, 0, maxBenchTokens, "tokens (0: the server's max_model_len)"},
+	} {
+		if c.value < c.lo || c.value > c.hi {
+			return fmt.Errorf("%s %d: want %d to %d %s", c.name, c.value, c.lo, c.hi, c.counting)
+		}
 	}
-	if f.graphRounds < 1 || f.graphRounds > maxGraphRounds {
-		return fmt.Errorf("--graph-rounds %d: want 1 to %d rounds", f.graphRounds, maxGraphRounds)
+	return nil
+}
+
+// checkBundleCounts checks the counts that the bundle bounds, before any request is drawn:
+// every prompt and its tokens must fit max_seq_len (the engine adds BOS), and each bucket of
+// --graph-buckets must be one of the bundle's decode buckets.
+func (f benchFlags) checkBundleCounts(b *bundle.Bundle) error {
+	m := b.Manifest.Model
+	if !f.online && f.promptLen+1+f.newTokens > m.MaxSeqLen {
+		return fmt.Errorf("--prompt-len %d + BOS + --new-tokens %d = %d tokens: the bundle's max_seq_len is %d", f.promptLen, f.newTokens, f.promptLen+1+f.newTokens, m.MaxSeqLen)
+	}
+	var buckets []int
+	for _, t := range b.Templates {
+		if t.Kind == bundle.Decode {
+			buckets = append(buckets, t.Tokens)
+		}
+	}
+	for _, n := range f.decodeOnly {
+		if !slices.Contains(buckets, n) {
+			return fmt.Errorf("--graph-buckets %d: not a decode bucket of the bundle (it has %v)", n, buckets)
+		}
 	}
 	return nil
 }
@@ -237,7 +284,7 @@ func runBench(w io.Writer, path string, f benchFlags) error {
 	if err := f.checkAppFraction(); err != nil {
 		return err
 	}
-	if err := f.checkGraphTiming(); err != nil {
+	if err := f.checkCounts(); err != nil {
 		return err
 	}
 	if f.xmixApps != "" {
@@ -261,6 +308,9 @@ func runBench(w io.Writer, path string, f benchFlags) error {
 		return err
 	}
 	defer s.be.Close()
+	if err := f.checkBundleCounts(s.b); err != nil {
+		return err
+	}
 	if _, ok := s.be.(roleTimer); f.roleCosts && !ok {
 		return fmt.Errorf("--role-costs: the %s backend cannot time graphs (use --backend cuda)", f.backend)
 	}

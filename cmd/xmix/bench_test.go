@@ -560,26 +560,44 @@ func TestRoleCosts(t *testing.T) {
 	}
 }
 
-// A replay count or a round count outside its bounds is refused before anything runs (a count
-// of 0 timed nothing and reported 0/0 ms).
-func TestBenchGraphTimingBounds(t *testing.T) {
+// Every count flag outside its bounds is refused before the bundle is opened or a request
+// drawn (a count of 0 ran nothing and reported zeros or 0/0 ms, a negative --prompts or
+// --prompt-len panicked, a huge one allocated without end), in-process and over HTTP; the
+// counts the bundle bounds are refused once it is open, before any request is drawn.
+func TestBenchCountBounds(t *testing.T) {
 	bp := tinyBundleFile(t, filepath.Join(t.TempDir(), "tiny.xmb"))
 	for _, c := range []struct {
 		args []string
 		want string
 	}{
-		{[]string{"--graph-iters", "0"}, "--graph-iters 0: want 1 to 1000000 replays a timing"},
-		{[]string{"--graph-iters", "-3"}, "--graph-iters -3: want 1 to 1000000"},
-		{[]string{"--graph-iters", "1000001"}, "--graph-iters 1000001: want 1 to 1000000"},
-		{[]string{"--graph-rounds", "0"}, "--graph-rounds 0: want 1 to 100 rounds"},
-		{[]string{"--graph-rounds", "101"}, "--graph-rounds 101: want 1 to 100 rounds"},
+		{[]string{bp, "--prompts", "0"}, "--prompts 0: want 1 to 100000 prompts"},
+		{[]string{bp, "--prompts", "-1"}, "--prompts -1: want 1 to 100000 prompts"},
+		{[]string{bp, "--prompts", "2000000000"}, "--prompts 2000000000: want 1 to 100000"},
+		{[]string{bp, "--prompt-len", "-5"}, "--prompt-len -5: want 1 to 1048576 tokens a prompt"},
+		{[]string{bp, "--prompt-len", "100000000"}, "--prompt-len 100000000: want 1 to 1048576"},
+		{[]string{bp, "--new-tokens", "0"}, "--new-tokens 0: want 1 to 1048576 tokens a prompt generates"},
+		{[]string{bp, "--online", "--requests", "0"}, "--requests 0: want 1 to 100000 requests"},
+		{[]string{bp, "--online", "--output-len", "-3"}, "--output-len -3: want 1 to 1048576"},
+		{[]string{bp, "--online", "--runs", "0"}, "--runs 0: want 1 to 100 runs measured"},
+		{[]string{bp, "--online", "--warmup", "-1"}, "--warmup -1: want 0 to 100 runs discarded"},
+		{[]string{bp, "--graph-iters", "0"}, "--graph-iters 0: want 1 to 1000000 replays a timing"},
+		{[]string{bp, "--graph-iters", "1000001"}, "--graph-iters 1000001: want 1 to 1000000"},
+		{[]string{bp, "--graph-rounds", "0"}, "--graph-rounds 0: want 1 to 100 rounds"},
+		{[]string{bp, "--graph-rounds", "101"}, "--graph-rounds 101: want 1 to 100 rounds"},
+		{[]string{bp, "--graph-context", "-1"}, "--graph-context -1: want 0 to 1048576 positions"},
+		{[]string{"--url", "http://127.0.0.1:1", "--requests", "0"}, "--requests 0: want 1 to 100000 requests"},
+		{[]string{"--url", "http://127.0.0.1:1", "--max-model-len", "-4"}, "--max-model-len -4: want 0 to 1048576"},
+		// Bounded by the bundle (tiny: max_seq_len 512, decode buckets 1, 2, 4, 8).
+		{[]string{bp, "--prompt-len", "510", "--new-tokens", "2"}, "--prompt-len 510 + BOS + --new-tokens 2 = 513 tokens: the bundle's max_seq_len is 512"},
+		{[]string{bp, "--graph-buckets", "3"}, "--graph-buckets 3: not a decode bucket of the bundle (it has [1 2 4 8])"},
 	} {
-		if out, err := xmix(t, append([]string{"bench", bp, "-q", "--backend", "cpu"}, c.args...)...); err == nil || !strings.Contains(out, c.want) {
+		if out, err := xmix(t, append([]string{"bench", "-q", "--backend", "cpu"}, c.args...)...); err == nil || !strings.Contains(out, c.want) {
 			t.Errorf("%v: err %v, output %q", c.args, err, out)
 		}
 	}
-	if out, err := xmix(t, "bench", bp, "-q", "--backend", "cpu", "--prompts", "1", "--new-tokens", "2", "--graph-iters", "1", "--graph-rounds", "100"); err != nil {
-		t.Errorf("both at their bounds: %v, output %q", err, out)
+	if out, err := xmix(t, "bench", bp, "-q", "--backend", "cpu", "--prompts", "1", "--prompt-len", "509", "--new-tokens", "2",
+		"--graph-buckets", "1,8", "--graph-iters", "1", "--graph-rounds", "100"); err != nil {
+		t.Errorf("every count at its bound: %v, output %q", err, out)
 	}
 }
 

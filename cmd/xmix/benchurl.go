@@ -43,6 +43,9 @@ func benchURL(w io.Writer, f benchFlags) error {
 	if err := f.checkAppFraction(); err != nil {
 		return err
 	}
+	if err := f.checkCounts(); err != nil {
+		return err
+	}
 	if f.apps != "" {
 		return fmt.Errorf("--apps enables apps in-process; over HTTP give --xmix-apps")
 	}
