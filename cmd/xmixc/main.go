@@ -98,6 +98,9 @@ func buildCmd() *cobra.Command {
 			if prefetch < 0 {
 				return fmt.Errorf("--prefetch %d: want a byte count, or 0 for none", prefetch)
 			}
+			if vectorSlots < 0 {
+				return fmt.Errorf("--vector-slots %d: want a count of requests, or 0 for the spec's serving.vector_slots", vectorSlots)
+			}
 			if err := codegen.CheckGemvSplit(gemvSplit); err != nil {
 				return fmt.Errorf("--gemv-split: %w", err)
 			}

@@ -244,6 +244,7 @@ func TestBuildGemvFlags(t *testing.T) {
 	}
 	for _, c := range []struct{ flag, value, want string }{
 		{"--prefetch", "-1", "--prefetch -1: want a byte count"},
+		{"--vector-slots", "-1", "--vector-slots -1: want a count of requests, or 0 for the spec's serving.vector_slots"},
 		{"--gemv-cols", "0", "--gemv-cols 0: want 1 to 8"},
 		{"--attn-warps", "17", "--attn-warps: 17 warps a block: want 1 to 16, or 0 for the default"},
 		{"--attn-unroll", "-1", "--attn-unroll: -1 loads a step: want 1 to 8, or 0 for the default"},
