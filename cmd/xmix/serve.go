@@ -54,6 +54,9 @@ and lets in-flight requests finish (--shutdown-timeout).`,
   curl -s -X PATCH 127.0.0.1:8080/v1/apps/tiny-steer -H 'Authorization: Bearer secret' -d '{"set": {"op0.alpha": 4}, "on_by_default": true}'`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if f.grace < 0 {
+				return fmt.Errorf("--shutdown-timeout %s: want 0 (stop at once) or more", f.grace)
+			}
 			if f.adminToken == "" {
 				f.adminToken = os.Getenv("XMIX_ADMIN_TOKEN")
 			}

@@ -108,3 +108,11 @@ func TestServeSessionWiresFlags(t *testing.T) {
 		t.Errorf("log: %s", log.String())
 	}
 }
+
+// A negative --shutdown-timeout is refused before the bundle is opened or a port taken.
+func TestServeShutdownTimeoutNegative(t *testing.T) {
+	out, err := xmix(t, "serve", "-q", "--backend", "cpu", "--addr", "127.0.0.1:0", "--shutdown-timeout", "-5s")
+	if err == nil || !strings.Contains(out, "--shutdown-timeout -5s: want 0 (stop at once) or more") {
+		t.Fatalf("err %v, output %q", err, out)
+	}
+}

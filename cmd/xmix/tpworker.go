@@ -58,6 +58,9 @@ func openGroup(kind string, b *bundle.Bundle, w *loader.Weights, f runFlags) (lo
 
 // groupConfig is the rendezvous configuration of rank of bundle b.
 func groupConfig(b *bundle.Bundle, rank int, addr string, timeout time.Duration) (rendezvous.Config, error) {
+	if timeout < 0 {
+		return rendezvous.Config{}, fmt.Errorf("--tp-timeout %s: want 0 (the default, %s) or more", timeout, rendezvous.DefaultTimeout)
+	}
 	if b.Manifest.TP <= 1 {
 		return rendezvous.Config{}, fmt.Errorf("the bundle is not tensor-parallel (tp %d): build it with 'xmixc build --tp N' to run it as N ranks", b.Manifest.TP)
 	}

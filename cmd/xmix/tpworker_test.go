@@ -132,6 +132,19 @@ func TestTPWorkerWithoutRankZero(t *testing.T) {
 	}
 }
 
+// A negative --tp-timeout is refused, on a worker and on rank 0, naming the flag (it was
+// taken for the default).
+func TestTPTimeoutNegative(t *testing.T) {
+	path := tinyTP2(t)
+	addr := freeAddr(t)
+	for _, args := range [][]string{{"tp-worker", path, "--rank", "1"}, {"run", path, "-q", "--backend", "cpu", "-p", "Hi"}} {
+		out, err := xmix(t, append(args, "--tp-addr", addr, "--tp-timeout", "-2s")...)
+		if err == nil || !strings.Contains(out, "--tp-timeout -2s: want 0 (the default, 1m0s) or more") {
+			t.Errorf("%v: err %v, output %q", args[0], err, out)
+		}
+	}
+}
+
 // TestTPWorkerKilled: a worker process killed after joining fails rank 0's next generation
 // at once, with an error naming rank 1 and its address, instead of hanging.
 func TestTPWorkerKilled(t *testing.T) {

@@ -83,15 +83,13 @@ func (c Config) check() error {
 	if c.Addr == "" {
 		return fmt.Errorf("rank %d: no address for rank 0 (HOST:PORT)", c.Rank)
 	}
+	if c.Timeout < 0 {
+		return fmt.Errorf("rank %d: timeout %s: want 0 (the default, %s) or more", c.Rank, c.Timeout, DefaultTimeout)
+	}
 	return nil
 }
 
-func (c Config) deadline() time.Time {
-	if c.Timeout <= 0 {
-		return time.Now().Add(DefaultTimeout)
-	}
-	return time.Now().Add(c.Timeout)
-}
+func (c Config) deadline() time.Time { return time.Now().Add(timeoutOf(c)) }
 
 // Join takes part in the rendezvous as cfg.Rank: rank 0 listens on cfg.Addr (see Lead),
 // every other rank dials it.
@@ -192,7 +190,7 @@ func (g *Group) acceptError(ctx context.Context, ln net.Listener, cfg Config, er
 }
 
 func timeoutOf(cfg Config) time.Duration {
-	if cfg.Timeout <= 0 {
+	if cfg.Timeout == 0 {
 		return DefaultTimeout
 	}
 	return cfg.Timeout

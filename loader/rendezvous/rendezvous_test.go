@@ -167,11 +167,20 @@ func TestRendezvousTimeouts(t *testing.T) {
 	}
 }
 
-// TestConfigChecked: impossible ranks fail before any network use.
+// TestConfigChecked: impossible ranks, no address and a negative timeout fail before any
+// network use.
 func TestConfigChecked(t *testing.T) {
-	for _, c := range []Config{{Rank: 2, World: 2, Addr: "x:1"}, {Rank: -1, World: 2, Addr: "x:1"}, {Rank: 1, World: 2}} {
-		if _, err := Join(context.Background(), c); err == nil {
-			t.Errorf("%+v joined", c)
+	for _, c := range []struct {
+		cfg  Config
+		want string
+	}{
+		{Config{Rank: 2, World: 2, Addr: "x:1"}, "rank 2 of a group of 2: want 0 <= rank < 2"},
+		{Config{Rank: -1, World: 2, Addr: "x:1"}, "rank -1 of a group of 2"},
+		{Config{Rank: 1, World: 2}, "rank 1: no address for rank 0"},
+		{Config{Rank: 1, World: 2, Addr: "x:1", Timeout: -time.Second}, "rank 1: timeout -1s: want 0 (the default, 1m0s) or more"},
+	} {
+		if _, err := Join(context.Background(), c.cfg); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%+v: %v, want %q", c.cfg, err, c.want)
 		}
 	}
 }
