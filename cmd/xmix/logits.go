@@ -33,8 +33,11 @@ states for checks against other implementations: testsuite/gpu/gemma2_compare.py
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var ids []int
-			if err := json.Unmarshal([]byte(idsJSON), &ids); err != nil || len(ids) < 1 {
+			if err := json.Unmarshal([]byte(idsJSON), &ids); err != nil {
 				return fmt.Errorf("--ids takes a non-empty JSON array of token ids: %v", err)
+			}
+			if len(ids) == 0 {
+				return fmt.Errorf("--ids %s: no token ids; give at least one, e.g. --ids '[128000, 9906]'", idsJSON)
 			}
 			if promptLen < 1 || promptLen > len(ids) {
 				return fmt.Errorf("--prompt-len %d: want 1 to the %d ids", promptLen, len(ids))

@@ -272,6 +272,14 @@ ops:
 	if _, err := xmix(t, "logits", bp, "-q", "--backend", "cpu", "--ids", ids, "--exports", dir); err == nil || !strings.Contains(err.Error(), "--apps") {
 		t.Errorf("--exports without --apps: %v", err)
 	}
+	for _, c := range []struct{ ids, want string }{
+		{"[]", "--ids []: no token ids; give at least one"},
+		{"[1, 2", "--ids takes a non-empty JSON array of token ids: unexpected end of JSON input"},
+	} {
+		if _, err := xmix(t, "logits", bp, "-q", "--backend", "cpu", "--ids", c.ids); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("--ids %s: %v, want %q", c.ids, err, c.want)
+		}
+	}
 }
 
 // --gemm-picks is read, and refused with the file's problem, before any weight is loaded;
