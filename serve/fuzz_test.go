@@ -1,10 +1,8 @@
 package serve
 
 import (
-	"context"
 	"encoding/json"
 	"io"
-	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -16,28 +14,7 @@ import (
 // drops. One server serves every input, so a request that leaves it broken fails the ones
 // after it too.
 func FuzzServeRequest(f *testing.F) {
-	b := tinyBundle(f)
-	eng, tok := engineFor(f, b)
-	log := &syncBuffer{}
-	sv, err := New(Config{Bundle: b, Engine: eng, Tokenizer: tok, RequestLog: log,
-		Logf: func(format string, a ...any) { log.printf(format+"\n", a...) }})
-	if err != nil {
-		f.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		f.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- sv.Serve(ctx, ln, 10*time.Second) }()
-	f.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			f.Errorf("serve: %v", err)
-		}
-	})
-	url := "http://" + ln.Addr().String()
+	ts := startServer(f, nil, nil)
 	for _, s := range []string{
 		`{"prompt": "Once upon a time", "max_tokens": 4, "temperature": 0, "xmix": {"apps": ["tiny-steer"], "set": {"tiny-steer.op0.alpha": 20}}}`,
 		`{"prompt": [84, 111, 109], "max_tokens": 3, "logprobs": 2, "xmix": {"apps": ["tiny-steer", "tiny-probe"], "exports": ["tiny-probe.happy"]}}`,
@@ -55,7 +32,7 @@ func FuzzServeRequest(f *testing.F) {
 		if chat {
 			path = "/v1/chat/completions"
 		}
-		resp, err := c.Post(url+path, "application/json", strings.NewReader(body))
+		resp, err := c.Post(ts.url+path, "application/json", strings.NewReader(body))
 		if err != nil {
 			t.Fatalf("%s: %v", body, err)
 		}
@@ -65,7 +42,7 @@ func FuzzServeRequest(f *testing.F) {
 			t.Fatalf("%s: reading the response: %v", body, err)
 		}
 		if resp.StatusCode >= 500 {
-			t.Fatalf("%s -> %d %s\nserver log:\n%s", body, resp.StatusCode, data, log.String())
+			t.Fatalf("%s -> %d %s\nserver log:\n%s", body, resp.StatusCode, data, ts.log.String())
 		}
 		if resp.StatusCode >= 400 && errorMessage(data) == "" {
 			t.Fatalf("%s -> %d without a JSON error message: %s", body, resp.StatusCode, data)

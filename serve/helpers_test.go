@@ -147,7 +147,7 @@ type testServer struct {
 
 // startServer serves b (nil: tiny) on a loopback port; edit adjusts the config. The cleanup
 // shuts it down gracefully and checks that it stopped cleanly.
-func startServer(t *testing.T, b *bundle.Bundle, edit func(*Config)) *testServer {
+func startServer(t testing.TB, b *bundle.Bundle, edit func(*Config)) *testServer {
 	t.Helper()
 	if b == nil {
 		b = tinyBundle(t)
