@@ -112,14 +112,20 @@ func newGlobalIndexer(parts []part, global []int) globalIndexer {
 	return g
 }
 
-// walk calls fn(i, global index of i) for the local elements lo <= i < hi, finding the part
-// of lo once and stepping from there.
-func (g globalIndexer) walk(lo, hi int, fn func(i, global int)) {
+// runs calls fn(i, g, n) for the runs of local elements lo <= i < hi that lie in one part:
+// local elements i..i+n-1 are the unsharded buffer's g..g+n-1. It finds the part of lo
+// once and steps from there.
+func (g globalIndexer) runs(lo, hi int, fn func(i, global, n int)) {
 	k := sort.Search(len(g.local), func(k int) bool { return g.local[k] > lo }) - 1
-	for i := lo; i < hi; i++ {
+	for i := lo; i < hi; {
 		for k+1 < len(g.local) && g.local[k+1] <= i {
 			k++
 		}
-		fn(i, g.global[k]+i-g.local[k])
+		end := hi
+		if k+1 < len(g.local) {
+			end = min(hi, g.local[k+1])
+		}
+		fn(i, g.global[k]+i-g.local[k], end-i)
+		i = end
 	}
 }

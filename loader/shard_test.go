@@ -164,3 +164,36 @@ func TestRankParamTensors(t *testing.T) {
 		}
 	}
 }
+
+// TestGlobalIndexerRuns: runs covers every local element from lo to hi once, in order, each
+// at its part's global index, in runs that stop at part ends (empty parts among them),
+// wherever lo and hi fall.
+func TestGlobalIndexerRuns(t *testing.T) {
+	parts := []part{{n: 3, lo: 0}, {n: 0, lo: 7}, {n: 5, lo: 10}, {n: 1, lo: 40}, {n: 4, lo: 50}}
+	global := []int{100, 200, 300, 400, 500}
+	g := newGlobalIndexer(parts, global)
+	var want []int // global index of each local element
+	for k, p := range parts {
+		for j := range p.n {
+			want = append(want, global[k]+j)
+		}
+	}
+	for lo := 0; lo <= len(want); lo++ {
+		for hi := lo; hi <= len(want); hi++ {
+			var got []int
+			next := lo
+			g.runs(lo, hi, func(i, gi, n int) {
+				if i != next || n < 1 {
+					t.Fatalf("[%d, %d): run at %d of %d, want one at %d", lo, hi, i, n, next)
+				}
+				for j := range n {
+					got = append(got, gi+j)
+				}
+				next = i + n
+			})
+			if fmt.Sprint(got) != fmt.Sprint(want[lo:hi]) {
+				t.Fatalf("[%d, %d): %v, want %v", lo, hi, got, want[lo:hi])
+			}
+		}
+	}
+}

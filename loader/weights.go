@@ -178,15 +178,18 @@ func newSynthGen(buf bundle.Buffer, s *bundle.Synth, tp, rank int) synthGen {
 
 // fill writes the rank's elements from lo on into dst, esz bytes each.
 func (g synthGen) fill(lo, esz int, dst []byte) {
-	g.idx.walk(lo, lo+len(dst)/esz, func(i, gi int) {
-		v := float32(1)
-		if !g.oneD {
-			v = ops.SynthValue(g.key, g.scale, uint64(gi))
-		}
-		if esz == 2 {
-			binary.LittleEndian.PutUint16(dst[2*(i-lo):], ops.F32ToBF16(v))
-		} else {
-			binary.LittleEndian.PutUint32(dst[4*(i-lo):], math.Float32bits(v))
+	g.idx.runs(lo, lo+len(dst)/esz, func(i, gi, n int) {
+		out := dst[esz*(i-lo) : esz*(i-lo+n)]
+		for j := range n {
+			v := float32(1)
+			if !g.oneD {
+				v = ops.SynthValue(g.key, g.scale, uint64(gi+j))
+			}
+			if esz == 2 {
+				binary.LittleEndian.PutUint16(out[2*j:], ops.F32ToBF16(v))
+			} else {
+				binary.LittleEndian.PutUint32(out[4*j:], math.Float32bits(v))
+			}
 		}
 	})
 }
