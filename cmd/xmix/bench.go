@@ -341,6 +341,9 @@ func runBench(w io.Writer, path string, f benchFlags) error {
 			return err
 		} else if g != nil {
 			out["graph_ms"] = g
+			if fl := graphFloors(s, f); fl != nil {
+				out["graph_floor_ms"] = fl
+			}
 		}
 		if p, err := profileTimes(s, f); err != nil {
 			return err
@@ -579,19 +582,45 @@ func benchOffline(s *session, f benchFlags, apps []string, rng benchRNG) (offlin
 		r.DecodeStepMs = st.DecodeTime.Seconds() * 1000 / float64(st.DecodeSteps)
 		r.DecodeTokPerS = float64(batch) / (r.DecodeStepMs / 1000)
 	}
-	kvElem := int64(4)
-	if m.KVDtype == "bf16" {
-		kvElem = 2
-	}
 	ctx := int64(f.promptLen + 1 + f.newTokens/2)
 	r.WeightBytes = weightBytes(s.b)
-	r.KVBytesPerStep = int64(batch) * ctx * int64(m.Layers) * 2 * int64(m.KVHeads*m.HeadDim) * kvElem
-	r.FloorMs = float64(r.WeightBytes+r.KVBytesPerStep) / MeasuredBandwidth * 1000
+	r.KVBytesPerStep = int64(batch) * ctx * kvBytesPerPosition(m)
+	r.FloorMs = floorMs(r.WeightBytes + r.KVBytesPerStep)
 	if r.DecodeStepMs > 0 {
 		r.PctOfFloor = 100 * r.FloorMs / r.DecodeStepMs
 	}
 	f.progress("offline: %d prompts x %d tokens: %.1f tok/s, decode step %.3f ms", f.prompts, f.newTokens, r.TokensPerSec, r.DecodeStepMs)
 	return r, nil
+}
+
+// kvBytesPerPosition is what a row's decode step reads of its KV cache per position of its
+// context: K and V of every layer (a sliding-window layer's counted whole, so the floor is a
+// bound).
+func kvBytesPerPosition(m bundle.ModelConfig) int64 {
+	elem := int64(4)
+	if m.KVDtype == "bf16" {
+		elem = 2
+	}
+	return int64(m.Layers) * 2 * int64(m.KVHeads*m.HeadDim) * elem
+}
+
+// floorMs is the time to read bytes at MeasuredBandwidth: a step's floor.
+func floorMs(bytes int64) float64 { return float64(bytes) / MeasuredBandwidth * 1000 }
+
+// graphFloors is each timed decode bucket's floor at --graph-context: the weights once and
+// every row's KV cache at that context, the bytes its graph must read (none without
+// --graph-context, where the rows are as the last step left them).
+func graphFloors(s *session, f benchFlags) map[string]float64 {
+	if f.graphCtx <= 0 {
+		return nil
+	}
+	out := map[string]float64{}
+	w, perPos := weightBytes(s.b), kvBytesPerPosition(s.b.Manifest.Model)
+	for _, i := range timedBuckets(s, f) {
+		t := s.b.Templates[i]
+		out[t.Name] = floorMs(w + int64(t.Tokens)*int64(f.graphCtx)*perPos)
+	}
+	return out
 }
 
 // graphTimes times bare replays of each decode template (cuda only): the shortest of

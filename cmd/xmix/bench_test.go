@@ -601,6 +601,27 @@ func TestBenchCountBounds(t *testing.T) {
 	}
 }
 
+// A graph's floor at --graph-context is its weights once and every row's K and V at that
+// context over MeasuredBandwidth: on the tiny model (6 layers, 2 KV heads of 32, an f32
+// cache) 3072 bytes a position, and none without --graph-context.
+func TestGraphFloors(t *testing.T) {
+	s := tinyCPUSession(t)
+	if fl := graphFloors(s, benchFlags{}); fl != nil {
+		t.Fatalf("without --graph-context: %v", fl)
+	}
+	fl := graphFloors(s, benchFlags{graphCtx: 100, decodeOnly: []int{4, 8}})
+	w := weightBytes(s.b)
+	for name, rows := range map[string]int64{"decode_b4": 4, "decode_b8": 8} {
+		want := float64(w+rows*100*6*2*2*32*4) / MeasuredBandwidth * 1000
+		if got, ok := fl[name]; !ok || math.Abs(got-want) > 1e-12 {
+			t.Errorf("%s: floor %v ms, want %v (floors %v)", name, got, want, fl)
+		}
+	}
+	if len(fl) != 2 {
+		t.Errorf("floors of %d buckets, want the 2 timed: %v", len(fl), fl)
+	}
+}
+
 // tinyBundleFile builds the embedded tiny model with apps (spec paths), weights embedded, and
 // writes the bundle to path, which it returns.
 func tinyBundleFile(t *testing.T, path string, apps ...string) string {
