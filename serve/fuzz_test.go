@@ -9,12 +9,21 @@ import (
 	"time"
 )
 
-// Any body on either generation endpoint gets a response: a completion, or a 4xx whose body
-// is a JSON error. Never a 5xx (a handler's panic becomes one) nor a connection the server
-// drops. One server serves every input, so a request that leaves it broken fails the ones
-// after it too.
+// fuzzEndpoints are the endpoints that read a body, FuzzServeRequest's second argument
+// modulo their count: the control plane's PATCH with its token, so that a change it takes
+// stays for the requests after it.
+var fuzzEndpoints = []struct{ method, path string }{
+	{"POST", "/v1/completions"}, {"POST", "/v1/chat/completions"}, {"POST", "/tokenize"},
+	{"POST", "/detokenize"}, {"PATCH", "/v1/apps/tiny-steer"},
+}
+
+// Any body on any endpoint that reads one gets a response: a 200, or a 4xx whose body is a
+// JSON error. Never a 5xx (a handler's panic becomes one) nor a connection the server drops.
+// One server serves every input, so a request that leaves it broken (a control-plane change
+// whose values make every step fail, say) fails the ones after it too.
 func FuzzServeRequest(f *testing.F) {
-	ts := startServer(f, nil, nil)
+	const token = "fuzz-token"
+	ts := startServer(f, nil, func(c *Config) { c.AdminToken = token })
 	for _, s := range []string{
 		`{"prompt": "Once upon a time", "max_tokens": 4, "temperature": 0, "xmix": {"apps": ["tiny-steer"], "set": {"tiny-steer.op0.alpha": 20}}}`,
 		`{"prompt": [84, 111, 109], "max_tokens": 3, "logprobs": 2, "xmix": {"apps": ["tiny-steer", "tiny-probe"], "exports": ["tiny-probe.happy"]}}`,
@@ -22,17 +31,24 @@ func FuzzServeRequest(f *testing.F) {
 		`{"messages": [{"role": "system", "content": "hi"}, {"role": "user", "content": [{"type": "text", "text": "x"}]}], "max_tokens": 3, "logprobs": true, "top_logprobs": 3}`,
 		`{"messages": [{"role": "user", "content": "hello"}], "max_completion_tokens": 2, "xmix": {"vectors": {"tiny-steer.happy": [1]}, "layers": {"tiny-steer": [0]}}}`,
 		`{"prompt": "x", "max_tokens": 2, "min_tokens": 1, "ignore_eos": true, "seed": 3, "top_p": 0.5, "temperature": 1.5, "include_stop_str_in_output": true}`,
+		`{"prompt": "Hello", "add_special_tokens": false}`,
+		`{"tokens": [72, 101, 108]}`,
+		`{"set": {"op0.alpha": 3}, "on_by_default": true}`,
 	} {
-		f.Add(s, false)
-		f.Add(s, true)
+		for e := range fuzzEndpoints {
+			f.Add(s, uint8(e))
+		}
 	}
 	c := &http.Client{Timeout: 30 * time.Second}
-	f.Fuzz(func(t *testing.T, body string, chat bool) {
-		path := "/v1/completions"
-		if chat {
-			path = "/v1/chat/completions"
+	f.Fuzz(func(t *testing.T, body string, endpoint uint8) {
+		e := fuzzEndpoints[int(endpoint)%len(fuzzEndpoints)]
+		req, err := http.NewRequest(e.method, ts.url+e.path, strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
 		}
-		resp, err := c.Post(ts.url+path, "application/json", strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Authorization", "Bearer "+token)
+		resp, err := c.Do(req)
 		if err != nil {
 			t.Fatalf("%s: %v", body, err)
 		}
@@ -42,13 +58,13 @@ func FuzzServeRequest(f *testing.F) {
 			t.Fatalf("%s: reading the response: %v", body, err)
 		}
 		if resp.StatusCode >= 500 {
-			t.Fatalf("%s -> %d %s\nserver log:\n%s", body, resp.StatusCode, data, ts.log.String())
+			t.Fatalf("%s %s %s -> %d %s\nserver log:\n%s", e.method, e.path, body, resp.StatusCode, data, ts.log.String())
 		}
 		if resp.StatusCode >= 400 && errorMessage(data) == "" {
-			t.Fatalf("%s -> %d without a JSON error message: %s", body, resp.StatusCode, data)
+			t.Fatalf("%s %s %s -> %d without a JSON error message: %s", e.method, e.path, body, resp.StatusCode, data)
 		}
 		if resp.StatusCode == 200 && !strings.Contains(body, `"stream"`) && !json.Valid(data) {
-			t.Fatalf("%s -> 200 with a body that is not JSON: %s", body, data)
+			t.Fatalf("%s %s %s -> 200 with a body that is not JSON: %s", e.method, e.path, body, data)
 		}
 	})
 }
