@@ -63,9 +63,10 @@ func buildGemm(attrs []byte) (Runner, error) {
 // gemm splits the work over output columns. A bf16 weight row is widened inside the dot
 // product when few rows use it (decode: gemvBF16); otherwise columns go by tiles of
 // gemmTile, widened once into scratch, and each group of four rows runs over a tile
-// gemmChunk elements of K at a time: the group's chunk of x (4 KiB) stays in L1 while every column of the tile uses it,
-// where a whole row of x a column (2 MiB of them for 128 rows at K 4096) came from L3 for each
-// column. Every sum keeps dot's order, so the results are dot's bit for bit.
+// gemmChunk elements of K at a time: the group's chunk of x (4 KiB) stays in L1 while every
+// column of the tile uses it, where a whole row of x a column (2 MiB of them for 128 rows at
+// K 4096) came from L3 for each column. Every sum keeps dot's order, so the results are
+// dot's bit for bit.
 func gemm(x []float32, w Arg, y []float32, rows, k, n int, bf16 bool) {
 	ParallelFor(n, func(lo, hi int) {
 		if bf16 && rows < 4 {
