@@ -141,6 +141,19 @@ serving: {decode_buckets: [1], prefill_chunks: [32], max_seq_len: 128}
 	if err != nil || strings.TrimSpace(out) != "[9906,11,1917]" {
 		t.Fatalf("tokenize: %v %q", err, out)
 	}
+	// --decode, from the bundle and from tokenizer.json; an id outside the vocabulary is an
+	// error naming it, as /detokenize answers.
+	for _, src := range []string{bp, filepath.Join(dir, "tokenizer.json")} {
+		out, err := xmix(t, "tokenize", src, "--decode", "[9906, 11, 1917]")
+		if err != nil || strings.TrimSpace(out) != `"Hello, world"` {
+			t.Fatalf("tokenize --decode from %s: %v %q", src, err, out)
+		}
+		for _, ids := range []string{"[9906, -1]", "[9906, 128256]"} {
+			if out, err := xmix(t, "tokenize", src, "--decode", ids); err == nil || !strings.Contains(out, "ids[1] = ") || !strings.Contains(out, "is outside the vocabulary (0-128255)") {
+				t.Errorf("tokenize %s --decode %s: %v %q", src, ids, err, out)
+			}
+		}
+	}
 	tok, _ := tokenizer.Load(filepath.Join(dir, "tokenizer.json"))
 	ids, err := chatPrompt(b.Manifest.Model, tok, "Hi")
 	if err != nil {

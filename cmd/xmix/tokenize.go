@@ -22,7 +22,7 @@ func tokenizeCmd() *cobra.Command {
   xmix tokenize tokenizer.json --decode "[9906, 11, 1917]"`,
 		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			tok, err := openTokenizer(args[0])
+			tok, vocab, err := openTokenizer(args[0])
 			if err != nil {
 				return err
 			}
@@ -31,6 +31,12 @@ func tokenizeCmd() *cobra.Command {
 				var ids []int
 				if err := json.Unmarshal([]byte(args[1]), &ids); err != nil {
 					return fmt.Errorf("--decode takes a JSON array of token ids: %w", err)
+				}
+				// As /detokenize: an id the model does not have is an error, not a silent gap.
+				for i, id := range ids {
+					if id < 0 || id >= vocab {
+						return fmt.Errorf("--decode: ids[%d] = %d is outside the vocabulary (0-%d)", i, id, vocab-1)
+					}
 				}
 				out, _ := json.Marshal(tok.Decode(ids))
 				fmt.Fprintln(w, string(out))
@@ -45,15 +51,22 @@ func tokenizeCmd() *cobra.Command {
 	return c
 }
 
-func openTokenizer(path string) (loader.Tokenizer, error) {
+// openTokenizer reads a tokenizer.json or a bundle's tokenizer, with the vocabulary size its
+// ids must stay under (the model's, for a bundle).
+func openTokenizer(path string) (loader.Tokenizer, int, error) {
 	if strings.HasSuffix(path, ".json") {
-		return tokenizer.Load(path)
+		t, err := tokenizer.Load(path)
+		if err != nil {
+			return nil, 0, err
+		}
+		return t, t.VocabSize(), nil
 	}
 	b, err := bundle.ReadFile(path)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
-	return loader.NewTokenizer(b)
+	t, err := loader.NewTokenizer(b)
+	return t, b.Manifest.Model.Vocab, err
 }
 
 // chatPrompt renders text as one user turn with the model's chat template and returns the
