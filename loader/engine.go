@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"math/rand/v2"
 	"path/filepath"
@@ -368,7 +369,7 @@ func newAppCtl(a bundle.App, bufs map[string]bundle.Buffer, maxSeqs int) (*appCt
 		}
 		ac.scalars[s.Name] = s.Index
 		ac.defaults[s.Index], ac.scales[s.Index], ac.residual[s.Index], ac.limits[s.Index] = s.Value, s.Scales, s.Residual, s.Limit
-		if err := ac.checkValue(s.Index, s.Value); err != nil {
+		if err := ac.checkValue(s.Index, s.Value, s.Limit); err != nil {
 			return nil, fmt.Errorf("scalar %q: %w", s.Name, err)
 		}
 	}
@@ -394,71 +395,96 @@ func (a *appCtl) scalarNames() []string {
 }
 
 // SetDefault changes the default of one of an app's scalars ("op0.alpha") for requests
-// admitted from now on; running requests keep the values they were admitted with.
+// admitted from now on; running requests keep the values they were admitted with (Change).
 func (e *Engine) SetDefault(app, scalar string, v float32) error {
-	a, err := e.app(app)
-	if err != nil {
-		return err
-	}
-	i, ok := a.scalars[scalar]
-	if !ok {
-		return fmt.Errorf("app %s has no scalar %q (scalars: %s)", app, scalar, strings.Join(a.scalarNames(), ", "))
-	}
-	if err := a.checkValue(i, v); err != nil {
-		return fmt.Errorf("app %s scalar %s: %w", app, scalar, err)
-	}
-	a.defaults[i] = v
-	return nil
+	return e.Change(app, map[string]float32{scalar: v}, nil)
 }
 
 // SetVector replaces the value of one of an app's vector params on the device; it takes
 // effect from the next step, for every request that enables the app, without rebuilding
-// anything. A param the app uses as a direction is normalised to unit length first, as the
-// compiler does. Values must be finite, and their product with the default of a scalar that
-// scales the vector too.
+// anything (Change). A param the app uses as a direction is normalised to unit length
+// first, as the compiler does.
 func (e *Engine) SetVector(app, param string, v []float32) error {
+	return e.Change(app, nil, map[string][]float32{param: v})
+}
+
+// Change sets defaults of an app's scalars (by name, "op0.alpha") and values of its vector
+// params at once, all or nothing. Every name must be the app's, every value finite, a
+// direction's norm not zero, and each scalar's default times the vector it scales within
+// float32 in the state the change leaves: the new default and the new vector where the
+// change gives them, the present ones elsewhere. Only then is anything written, so a refused
+// change (a *RequestError, field "set" or "vectors") leaves the app as it was. New defaults
+// hold for requests admitted from now on, new vectors from the next step.
+func (e *Engine) Change(app string, scalars map[string]float32, vectors map[string][]float32) error {
 	a, err := e.app(app)
 	if err != nil {
 		return err
 	}
-	var params []string
-	found := false
-	for _, x := range a.vectors {
-		params = append(params, x.Param)
-		if x.Param != param {
+	defaults := slices.Clone(a.defaults)
+	for _, name := range slices.Sorted(maps.Keys(scalars)) {
+		i, ok := a.scalars[name]
+		if !ok {
+			return invalid("set", "app %s has no scalar %q (scalars: %s)", app, name, strings.Join(a.scalarNames(), ", "))
+		}
+		defaults[i] = scalars[name]
+	}
+	data := map[string][]float32{} // the new vectors' buffers' values
+	for _, param := range slices.Sorted(maps.Keys(vectors)) {
+		v, found := vectors[param], false
+		for _, x := range a.vectors {
+			if x.Param != param {
+				continue
+			}
+			found = true
+			if len(v) != x.Width {
+				return invalid("vectors", "app %s param %s: %d values, the app's kernels need %d", app, param, len(v), x.Width)
+			}
+			d, err := checkVector(v, x.Unit)
+			if err != nil {
+				return invalid("vectors", "app %s param %s: %v", app, param, err)
+			}
+			data[x.Buffer] = d
+		}
+		if !found {
+			var params []string
+			for _, x := range a.vectors {
+				params = append(params, x.Param)
+			}
+			slices.Sort(params)
+			return invalid("vectors", "app %s has no replaceable vector param %q (params: %s)", app, param, strings.Join(slices.Compact(params), ", "))
+		}
+	}
+	limits := slices.Clone(a.limits)
+	for col, buf := range a.scales {
+		if d, ok := data[buf]; ok {
+			limits[col] = bundle.ProductLimit(d, a.residual[col])
+		}
+	}
+	names := a.scalarNames()
+	for col := range defaults {
+		_, newVector := data[a.scales[col]]
+		if _, set := scalars[names[col]]; !set && !newVector {
 			continue
 		}
-		found = true
-		if len(v) != x.Width {
-			return fmt.Errorf("app %s param %s: %d values, the app's kernels need %d", app, param, len(v), x.Width)
-		}
-		data, err := checkVector(v, x.Unit)
-		if err != nil {
-			return fmt.Errorf("app %s param %s: %w", app, param, err)
-		}
-		for col, buf := range a.scales {
-			if l := bundle.ProductLimit(data, a.residual[col]); buf == x.Buffer && math.Abs(float64(a.defaults[col])) > float64(l) {
-				return fmt.Errorf("app %s param %s: the new vector times the default %g of %s overflows float32 (with it, at most %.4g in magnitude)",
-					app, param, a.defaults[col], a.scalarNames()[col], l)
-			}
-		}
-		if err := e.Be.Write(x.Buffer, 0, putF32s(data)); err != nil {
-			return fmt.Errorf("app %s param %s: %w", app, param, err)
-		}
-		if err := e.setDefaultVector(x.Buffer, data); err != nil {
-			return fmt.Errorf("app %s param %s: %w", app, param, err)
-		}
-		for col, buf := range a.scales {
-			if buf == x.Buffer {
-				a.limits[col] = bundle.ProductLimit(data, a.residual[col])
-			}
+		err := a.checkValue(col, defaults[col], limits[col])
+		switch {
+		case err == nil:
+		case newVector && !math.IsNaN(float64(defaults[col])) && !math.IsInf(float64(defaults[col]), 0):
+			return invalid("vectors", "app %s param %s: the new vector times the default %g of %s overflows float32 (with it, at most %.4g in magnitude)",
+				app, a.paramOf(col), defaults[col], names[col], limits[col])
+		default:
+			return invalid("set", "app %s scalar %s: %v", app, names[col], err)
 		}
 	}
-	if !found {
-		slices.Sort(params)
-		params = slices.Compact(params)
-		return fmt.Errorf("app %s has no replaceable vector param %q (params: %s)", app, param, strings.Join(params, ", "))
+	for _, buf := range slices.Sorted(maps.Keys(data)) {
+		if err := e.Be.Write(buf, 0, putF32s(data[buf])); err != nil {
+			return fmt.Errorf("app %s vector %s: %w", app, buf, err)
+		}
+		if err := e.setDefaultVector(buf, data[buf]); err != nil {
+			return fmt.Errorf("app %s vector %s: %w", app, buf, err)
+		}
 	}
+	a.defaults, a.limits = defaults, limits
 	return nil
 }
 

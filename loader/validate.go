@@ -165,7 +165,7 @@ func (e *Engine) resolveOverrides(m map[string]float32) ([]override, error) {
 			}
 			return nil, invalid("set", "override %q names no app scalar (valid: %s)", name, strings.Join(valid, ", "))
 		}
-		if err := o.app.checkValue(o.col, v); err != nil {
+		if err := o.app.checkValue(o.col, v, o.app.limits[o.col]); err != nil {
 			return nil, invalid("set", "override %q: %v", name, err)
 		}
 		out = append(out, *o)
@@ -174,21 +174,27 @@ func (e *Engine) resolveOverrides(m map[string]float32) ([]override, error) {
 }
 
 // checkValue refuses a value for column col of a's scalar table that is not finite, or whose
-// product with the vector the scalar scales overflows f32.
-func (a *appCtl) checkValue(col int, v float32) error {
+// product with the vector the scalar scales overflows f32: whose magnitude passes limit (the
+// column's bundle.ProductLimit; 0: unbounded).
+func (a *appCtl) checkValue(col int, v, limit float32) error {
 	if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
 		return fmt.Errorf("%v is not a finite number", v)
 	}
-	if l := a.limits[col]; l > 0 && math.Abs(float64(v)) > float64(l) {
-		param := a.scales[col]
-		for _, x := range a.vectors {
-			if x.Buffer == param {
-				param = x.Param
-			}
-		}
-		return fmt.Errorf("%g times the app's param %s overflows float32 (at most %.4g in magnitude)", v, param, l)
+	if l := limit; l > 0 && math.Abs(float64(v)) > float64(l) {
+		return fmt.Errorf("%g times the app's param %s overflows float32 (at most %.4g in magnitude)", v, a.paramOf(col), l)
 	}
 	return nil
+}
+
+// paramOf is the name of the vector param column col's scalar scales (its buffer's where no
+// param names it; "" for none).
+func (a *appCtl) paramOf(col int) string {
+	for _, x := range a.vectors {
+		if x.Buffer == a.scales[col] {
+			return x.Param
+		}
+	}
+	return a.scales[col]
 }
 
 // checkConfig checks what the engine sizes its own state from in a bundle: the serving

@@ -140,8 +140,29 @@ func TestSetDefaultAndSetVectorStayFinite(t *testing.T) {
 	if err := eng.SetDefault("steer", "op0.alpha", 1.5e18); err != nil {
 		t.Errorf("alpha 1.5e18 with a vector of ones: %v", err)
 	}
-	if err := eng.SetVector("steer", "v", append(slices.Clone(v[:127]), 8)); err == nil {
+	with8 := append(slices.Clone(v[:127]), 8)
+	if err := eng.SetVector("steer", "v", with8); err == nil {
 		t.Error("a vector whose product with the default 1.5e18 overflows was taken")
+	}
+	// Change is all or nothing: a refused vector takes the new default down with it (the
+	// default stays 1.5e18, so with8 is still refused alone), and the refusal is the caller's
+	// (a RequestError naming the field).
+	err = eng.Change("steer", map[string]float32{"op0.alpha": 1}, map[string][]float32{"v": append(slices.Clone(v[:127]), float32(math.NaN()))})
+	var re *loader.RequestError
+	if !errors.As(err, &re) || re.Field != "vectors" || !strings.Contains(re.Msg, "app steer param v: value 127 is NaN") {
+		t.Errorf("a change with a NaN vector: %v", err)
+	}
+	if err := eng.SetVector("steer", "v", with8); err == nil {
+		t.Error("the default of a refused change was applied")
+	}
+	// Its values are held to the state it leaves: a default of 1 with with8 is within float32,
+	// though with8 alone against the present default is not.
+	if err := eng.Change("steer", map[string]float32{"op0.alpha": 1}, map[string][]float32{"v": with8}); err != nil {
+		t.Errorf("alpha 1 with a vector holding an 8: %v", err)
+	}
+	err = eng.Change("steer", map[string]float32{"op0.alpha": 1e38}, nil)
+	if !errors.As(err, &re) || re.Field != "set" || !strings.Contains(re.Msg, "app steer scalar op0.alpha: 1e+38 times the app's param v overflows float32") {
+		t.Errorf("alpha 1e38: %v", err)
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"net/http"
@@ -14,6 +15,7 @@ import (
 	"sync"
 
 	"xmix/bundle"
+	"xmix/loader"
 )
 
 // controlState is the control plane's view of the apps: the scalar defaults, which vectors
@@ -228,11 +230,13 @@ func (sv *Server) patchApp(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err := sv.answer(ch.done); err != nil {
-		if ae, ok := err.(*apiError); ok {
-			writeError(w, ae)
-			return
+		// The engine's refusal of a value (a product that overflows, say) names the body's
+		// own field, which a request's "xmix" object would prefix.
+		var re *loader.RequestError
+		if errors.As(err, &re) {
+			err = badRequest(re.Field, "%s", re.Msg)
 		}
-		writeError(w, &apiError{status: http.StatusInternalServerError, message: err.Error()})
+		writeError(w, err)
 		return
 	}
 	sv.ctl.mu.RLock()
@@ -342,17 +346,14 @@ func decodeVector(raw json.RawMessage, name string, v bundle.Vector) ([]float32,
 // apply runs a checked change on the engine, from the loop, and logs it.
 func (sv *Server) apply(ch *change) error {
 	a := ch.st.app.Name
+	if err := sv.eng.Change(a, ch.scalars, ch.vectors); err != nil {
+		return err
+	}
 	var done []string
 	for _, name := range sortedKeys(ch.scalars) {
-		if err := sv.eng.SetDefault(a, name, ch.scalars[name]); err != nil {
-			return err
-		}
 		done = append(done, fmt.Sprintf("%s default %g -> %g", name, ch.st.defaults[name], ch.scalars[name]))
 	}
 	for _, param := range sortedKeys(ch.vectors) {
-		if err := sv.eng.SetVector(a, param, ch.vectors[param]); err != nil {
-			return err
-		}
 		var norm float64
 		for _, f := range ch.vectors[param] {
 			norm += float64(f) * float64(f)

@@ -85,6 +85,10 @@ func TestControlPlaneChangesTheNextRequest(t *testing.T) {
 		{"tiny-steer", fmt.Sprintf(`{"vectors": {"happy": %q}}`, f32base64(append(make([]float32, 255), float32(math.NaN())))), auth, 400, "happy[255] is NaN: every value must be finite"},
 		{"tiny-steer", `{"on_by_default": "yes"}`, auth, 400, "want true or false"},
 		{"tiny-steer", `{"set": {"op0.alpha": 5}, "vectors": {"happy": [1]}}`, auth, 400, "1 values"},
+		// A value the engine refuses (its product with the vector overflows) is the client's
+		// error, naming the field, and takes the rest of the change down with it.
+		{"tiny-steer", `{"set": {"op0.alpha": 3e38}, "on_by_default": true}`, auth, 400,
+			`app tiny-steer scalar op0.alpha: 3e+38 times the app's param happy overflows float32 (at most 3.89e+18 in magnitude)","type":"invalid_request_error","param":"set"`},
 	} {
 		code, hdr, data := patch(c.app, c.body, c.hdr...)
 		if code != c.code || !strings.Contains(string(data), c.want) {
@@ -95,7 +99,7 @@ func TestControlPlaneChangesTheNextRequest(t *testing.T) {
 		}
 	}
 	// Nothing of a refused change applied: the scalar default is still the compiled one.
-	if _, _, data := do(t, "GET", ts.url+"/v1/apps/tiny-steer", ""); !strings.Contains(string(data), `"tiny-steer.op0.alpha":12`) {
+	if _, _, data := do(t, "GET", ts.url+"/v1/apps/tiny-steer", ""); !strings.Contains(string(data), `"tiny-steer.op0.alpha":12`) || !strings.Contains(string(data), `"on_by_default":false`) {
 		t.Fatalf("after refused changes: %s", data)
 	}
 
