@@ -34,6 +34,7 @@ func FuzzServeRequest(f *testing.F) {
 		`{"prompt": "Hello", "add_special_tokens": false}`,
 		`{"tokens": [72, 101, 108]}`,
 		`{"set": {"op0.alpha": 3}, "on_by_default": true}`,
+		`{"set": {"op0.alpha": 3e38}, "vectors": {"happy": "AACAPw=="}}`,
 	} {
 		for e := range fuzzEndpoints {
 			f.Add(s, uint8(e))
