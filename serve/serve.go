@@ -15,9 +15,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"runtime/debug"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -199,10 +202,8 @@ func (sv *Server) Handler() http.Handler {
 				h, ok = methods[http.MethodGet]
 			}
 			if !ok {
-				var allowed []string
-				for m := range methods {
-					allowed = append(allowed, m)
-				}
+				allowed := slices.Sorted(maps.Keys(methods))
+				w.Header().Set("Allow", strings.Join(allowed, ", "))
 				writeError(w, &apiError{status: http.StatusMethodNotAllowed,
 					message: fmt.Sprintf("%s %s: this endpoint takes %v", r.Method, path, allowed)})
 				return

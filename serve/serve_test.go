@@ -339,6 +339,7 @@ func TestModelsHealthAndRouting(t *testing.T) {
 		{"GET", "/v1/nothing", "", 404, `no endpoint GET /v1/nothing`},
 		{"GET", "/v1/completions", "", 405, `takes [POST]`},
 		{"POST", "/v1/models", "", 405, `takes [GET]`},
+		{"PUT", "/v1/apps/tiny-steer", "", 405, `takes [GET PATCH]`},
 		{"POST", "/v1/completions", `{"model": "my-tiny", "prompt": "x", "max_tokens": 2}`, 200, `"model":"my-tiny"`},
 	} {
 		code, hdr, data := do(t, c.method, ts.url+c.path, c.body)
@@ -347,6 +348,10 @@ func TestModelsHealthAndRouting(t *testing.T) {
 		}
 		if ct := hdr.Get("Content-Type"); ct != "application/json" {
 			t.Errorf("%s %s: content type %q", c.method, c.path, ct)
+		}
+		// A 405 says what the endpoint takes (RFC 9110), in a fixed order.
+		if allow, want := hdr.Get("Allow"), strings.ReplaceAll(strings.TrimSuffix(strings.TrimPrefix(c.want, "takes ["), "]"), " ", ", "); code == 405 && allow != want {
+			t.Errorf("%s %s: Allow %q, want %q", c.method, c.path, allow, want)
 		}
 	}
 }
