@@ -261,8 +261,8 @@ func appsFor(spec string, n int) ([][]string, error) {
 			}
 			continue
 		}
-		var k int
-		if _, err := fmt.Sscanf(idx, "%d", &k); err != nil || k < 0 || k >= n {
+		k, err := strconv.Atoi(idx) // the whole index: "0@1" or "1x" is not 0 or 1
+		if err != nil || k < 0 || k >= n {
 			return nil, fmt.Errorf("--apps %q: prompt index %q is not in 0-%d", item, idx, n-1)
 		}
 		out[k] = append(out[k], name)

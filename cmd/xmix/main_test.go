@@ -321,3 +321,17 @@ func TestGemmPicksFlags(t *testing.T) {
 		}
 	}
 }
+
+// appsFor: --apps gives apps to every prompt, or with @N to prompt N; an index must be the
+// whole of what follows @ and name a prompt.
+func TestAppsFor(t *testing.T) {
+	got, err := appsFor(" steer, probe@1,steer@0", 2)
+	if want := [][]string{{"steer", "steer"}, {"steer", "probe"}}; err != nil || !slices.EqualFunc(got, want, slices.Equal) {
+		t.Errorf("appsFor: %v %v", got, err)
+	}
+	for _, spec := range []string{"steer@2", "steer@-1", "steer@x", "steer@0@1", "steer@1x", "steer@"} {
+		if _, err := appsFor(spec, 2); err == nil || !strings.Contains(err.Error(), "is not in 0-1") {
+			t.Errorf("appsFor(%q): %v", spec, err)
+		}
+	}
+}
