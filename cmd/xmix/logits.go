@@ -49,6 +49,17 @@ states for checks against other implementations: testsuite/gpu/gemma2_compare.py
 			if exportsDir != "" && len(apps[0]) == 0 {
 				return fmt.Errorf("--exports %s: enable the apps whose reads to write with --apps", exportsDir)
 			}
+			// Where the results go is checked before the model loads and runs, not after.
+			if out != "" {
+				if err := checkOutFile(out); err != nil {
+					return fmt.Errorf("--out %s: %w", out, err)
+				}
+			}
+			if exportsDir != "" {
+				if err := os.MkdirAll(exportsDir, 0o755); err != nil {
+					return fmt.Errorf("--exports %s: %w", exportsDir, err)
+				}
+			}
 			b, err := bundle.ReadFile(args[0])
 			if err != nil {
 				return err
@@ -86,7 +97,7 @@ states for checks against other implementations: testsuite/gpu/gemma2_compare.py
 					}
 				}
 				if err := os.WriteFile(out, buf, 0o644); err != nil {
-					return err
+					return fmt.Errorf("--out: %w", err)
 				}
 			}
 			widths := map[string]int{}
@@ -109,14 +120,24 @@ states for checks against other implementations: testsuite/gpu/gemma2_compare.py
 	return c
 }
 
+// checkOutFile says why path cannot take a results file: it is a folder, or its folder does
+// not exist.
+func checkOutFile(path string) error {
+	if fi, err := os.Stat(path); err == nil && fi.IsDir() {
+		return fmt.Errorf("a folder: give a file path")
+	}
+	if fi, err := os.Stat(filepath.Dir(path)); err != nil || !fi.IsDir() {
+		return fmt.Errorf("its folder %s does not exist", filepath.Dir(path))
+	}
+	return nil
+}
+
 // writeExports writes every export of rows, which must cover positions 0..n-1, as
-// dir/NAME.f32 ([n, width] float32, by position) and returns each one's width.
+// dir/NAME.f32 ([n, width] float32, by position; dir made before the run) and returns each
+// one's width.
 func writeExports(dir string, rows []loader.Row, n int) (map[string]int, error) {
 	if len(rows) != n {
 		return nil, fmt.Errorf("--exports: %d rows came back for %d positions", len(rows), n)
-	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return nil, err
 	}
 	data := map[string][]byte{}
 	widths := map[string]int{}
@@ -139,7 +160,7 @@ func writeExports(dir string, rows []loader.Row, n int) (map[string]int, error) 
 			return nil, fmt.Errorf("--exports: %s is missing at some positions", name)
 		}
 		if err := os.WriteFile(filepath.Join(dir, name+".f32"), b, 0o644); err != nil {
-			return nil, err
+			return nil, fmt.Errorf("--exports: %w", err)
 		}
 	}
 	return widths, nil

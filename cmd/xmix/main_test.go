@@ -285,6 +285,21 @@ ops:
 	if _, err := xmix(t, "logits", bp, "-q", "--backend", "cpu", "--ids", ids, "--exports", dir); err == nil || !strings.Contains(err.Error(), "--apps") {
 		t.Errorf("--exports without --apps: %v", err)
 	}
+	// Where the results go is refused before the model runs.
+	file := filepath.Join(t.TempDir(), "a-file")
+	os.WriteFile(file, nil, 0o644)
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--out", dir}, "--out " + dir + ": a folder: give a file path"},
+		{[]string{"--out", filepath.Join(file, "x.f32")}, "--out " + filepath.Join(file, "x.f32") + ": its folder " + file + " does not exist"},
+		{[]string{"--apps", "cap", "--exports", file}, "--exports " + file + ": mkdir " + file + ": not a directory"},
+	} {
+		if _, err := xmix(t, append([]string{"logits", bp, "-q", "--backend", "cpu", "--ids", ids}, c.args...)...); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%v: %v, want %q", c.args, err, c.want)
+		}
+	}
 	for _, c := range []struct{ ids, want string }{
 		{"[]", "--ids []: no token ids; give at least one"},
 		{"[1, 2", "--ids takes a non-empty JSON array of token ids: unexpected end of JSON input"},
