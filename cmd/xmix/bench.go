@@ -300,6 +300,11 @@ func runBench(w io.Writer, path string, f benchFlags) error {
 		return fmt.Errorf("--trace follows the offline bench's decode graphs: leave out --online")
 	}
 	f.trace = f.traceFile != ""
+	if f.trace {
+		if err := checkOutFile(f.traceFile); err != nil { // before the bench, not after it
+			return fmt.Errorf("--trace %s: %w", f.traceFile, err)
+		}
+	}
 	if f.attnSplits != 0 && (f.attnSplits < 0 || f.graphCtx <= 0) {
 		return fmt.Errorf("--attn-splits %d: give a count of at least 1, and --graph-context N: it sets the splits of a full batch at that context", f.attnSplits)
 	}

@@ -553,6 +553,12 @@ func TestRoleCosts(t *testing.T) {
 	if out, err := xmix(t, "bench", bp, "-q", "--backend", "cpu", "--role-costs", "--online"); err == nil || !strings.Contains(out, "leave out --online") {
 		t.Fatalf("--online --role-costs: err %v, output %q", err, out)
 	}
+	// Where the trace goes is refused before the bench runs (the cpu backend's own refusal
+	// of --trace comes after the bundle is open).
+	dir := t.TempDir()
+	if out, err := xmix(t, "bench", bp, "-q", "--backend", "cpu", "--trace", dir); err == nil || !strings.Contains(out, "--trace "+dir+": a folder: give a file path") {
+		t.Fatalf("--trace into a folder: err %v, output %q", err, out)
+	}
 	for _, args := range [][]string{{"--attn-splits", "2"}, {"--attn-splits", "-1", "--graph-context", "40"}} {
 		if out, err := xmix(t, append([]string{"bench", bp, "-q", "--backend", "cpu"}, args...)...); err == nil || !strings.Contains(out, "give a count of at least 1, and --graph-context N") {
 			t.Fatalf("%v: err %v, output %q", args, err, out)

@@ -330,6 +330,8 @@ func TestGemmPicksFlags(t *testing.T) {
 		{[]string{"tune-gemm", "x.xmb"}, "no output: add -o PICKS.json"},
 		{[]string{"tune-gemm", "x.xmb", "-o", "p.json", "--max-rows", "0"}, "--max-rows 0: give 1 to 65536"},
 		{[]string{"tune-gemm", filepath.Join(dir, "absent.xmb"), "-o", "p.json"}, "absent.xmb"},
+		{[]string{"tune-gemm", "x.xmb", "-o", dir}, "-o " + dir + ": a folder: give a file path"},
+		{[]string{"tune-gemm", "x.xmb", "-o", filepath.Join(bad, "p.json")}, "its folder " + bad + " does not exist"},
 	} {
 		if _, err := xmix(t, c.args...); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("xmix %v: %v, want %q", c.args, err, c.want)

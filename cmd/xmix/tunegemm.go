@@ -41,6 +41,9 @@ together, or else the one pick that shortened it most alone.`,
 			if out == "" {
 				return fmt.Errorf("no output: add -o PICKS.json")
 			}
+			if err := checkOutFile(out); err != nil { // before the tuning, not after it
+				return fmt.Errorf("-o %s: %w", out, err)
+			}
 			if maxRows < 1 || maxRows > maxTuneRows {
 				return fmt.Errorf("--max-rows %d: give 1 to %d", maxRows, maxTuneRows)
 			}
