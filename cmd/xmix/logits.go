@@ -120,14 +120,19 @@ states for checks against other implementations: testsuite/gpu/gemma2_compare.py
 	return c
 }
 
-// checkOutFile says why path cannot take a results file: it is a folder, or its folder does
-// not exist.
+// checkOutFile says why path cannot take a results file: it is a folder, or its folder is
+// missing or a file.
 func checkOutFile(path string) error {
 	if fi, err := os.Stat(path); err == nil && fi.IsDir() {
 		return fmt.Errorf("a folder: give a file path")
 	}
-	if fi, err := os.Stat(filepath.Dir(path)); err != nil || !fi.IsDir() {
-		return fmt.Errorf("its folder %s does not exist", filepath.Dir(path))
+	dir := filepath.Dir(path)
+	fi, err := os.Stat(dir)
+	switch {
+	case err != nil:
+		return fmt.Errorf("its folder %s does not exist", dir)
+	case !fi.IsDir():
+		return fmt.Errorf("%s, where its folder should be, is a file", dir)
 	}
 	return nil
 }

@@ -293,7 +293,8 @@ ops:
 		want string
 	}{
 		{[]string{"--out", dir}, "--out " + dir + ": a folder: give a file path"},
-		{[]string{"--out", filepath.Join(file, "x.f32")}, "--out " + filepath.Join(file, "x.f32") + ": its folder " + file + " does not exist"},
+		{[]string{"--out", filepath.Join(file, "x.f32")}, "--out " + filepath.Join(file, "x.f32") + ": " + file + ", where its folder should be, is a file"},
+		{[]string{"--out", filepath.Join(dir, "none", "x.f32")}, "its folder " + filepath.Join(dir, "none") + " does not exist"},
 		{[]string{"--apps", "cap", "--exports", file}, "--exports " + file + ": mkdir " + file + ": not a directory"},
 	} {
 		if _, err := xmix(t, append([]string{"logits", bp, "-q", "--backend", "cpu", "--ids", ids}, c.args...)...); err == nil || !strings.Contains(err.Error(), c.want) {
@@ -331,7 +332,7 @@ func TestGemmPicksFlags(t *testing.T) {
 		{[]string{"tune-gemm", "x.xmb", "-o", "p.json", "--max-rows", "0"}, "--max-rows 0: give 1 to 65536"},
 		{[]string{"tune-gemm", filepath.Join(dir, "absent.xmb"), "-o", "p.json"}, "absent.xmb"},
 		{[]string{"tune-gemm", "x.xmb", "-o", dir}, "-o " + dir + ": a folder: give a file path"},
-		{[]string{"tune-gemm", "x.xmb", "-o", filepath.Join(bad, "p.json")}, "its folder " + bad + " does not exist"},
+		{[]string{"tune-gemm", "x.xmb", "-o", filepath.Join(bad, "p.json")}, bad + ", where its folder should be, is a file"},
 	} {
 		if _, err := xmix(t, c.args...); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("xmix %v: %v, want %q", c.args, err, c.want)
