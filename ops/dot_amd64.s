@@ -1,5 +1,10 @@
 #include "textflag.h"
 
+// LOAD_SUMS and STORE_SUMS move the sixteen partial sums at DI (a *[4][4]float32) to and from
+// X0..X3, four lanes each.
+#define LOAD_SUMS MOVUPS 0(DI), X0; MOVUPS 16(DI), X1; MOVUPS 32(DI), X2; MOVUPS 48(DI), X3
+#define STORE_SUMS MOVUPS X0, 0(DI); MOVUPS X1, 16(DI); MOVUPS X2, 32(DI); MOVUPS X3, 48(DI)
+
 // ROW adds to acc, lane by lane, the products of a row's four elements at src+AX and b's in
 // X4 (tmp holds the row's).
 #define ROW(src, tmp, acc) MOVUPS (src)(AX*1), tmp; MULPS X4, tmp; ADDPS tmp, acc
@@ -15,10 +20,7 @@ TEXT ·dot4AccSSE(SB), NOSPLIT, $0-56
 	MOVQ a3+32(FP), R11
 	MOVQ b+40(FP), SI
 	MOVQ groups+48(FP), CX
-	MOVUPS 0(DI), X0
-	MOVUPS 16(DI), X1
-	MOVUPS 32(DI), X2
-	MOVUPS 48(DI), X3
+	LOAD_SUMS
 	SHLQ $4, CX
 	XORQ AX, AX
 	TESTQ CX, CX
@@ -35,10 +37,7 @@ loop:
 	JB loop
 
 done:
-	MOVUPS X0, 0(DI)
-	MOVUPS X1, 16(DI)
-	MOVUPS X2, 32(DI)
-	MOVUPS X3, 48(DI)
+	STORE_SUMS
 	RET
 
 // func widenBF16SSE(dst *float32, src *uint16, groups int)
@@ -84,10 +83,7 @@ TEXT ·dotBF16x4SSE(SB), NOSPLIT, $0-56
 	MOVQ b2+32(FP), R11
 	MOVQ b3+40(FP), R12
 	MOVQ groups+48(FP), CX
-	MOVUPS 0(DI), X0
-	MOVUPS 16(DI), X1
-	MOVUPS 32(DI), X2
-	MOVUPS 48(DI), X3
+	LOAD_SUMS
 	SHLQ $3, CX
 	XORQ DX, DX
 	TESTQ CX, CX
@@ -104,8 +100,5 @@ cols:
 	JB cols
 
 summed:
-	MOVUPS X0, 0(DI)
-	MOVUPS X1, 16(DI)
-	MOVUPS X2, 32(DI)
-	MOVUPS X3, 48(DI)
+	STORE_SUMS
 	RET

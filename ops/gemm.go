@@ -122,14 +122,16 @@ func gemvBF16(x []float32, wb []uint16, y []float32, rows, k, n, lo, hi int) {
 	col := func(j int) []uint16 { return wb[j*k : (j+1)*k] }
 	j := lo
 	for ; j+4 <= hi; j += 4 {
+		var tails [4][3]float32 // each column's elements past its last group of four
+		for c := range 4 {
+			widenBF16Go(tails[c][:k-whole], col(j + c)[whole:])
+		}
 		for r := range rows {
 			xr := x[r*k : (r+1)*k]
 			var p [4][4]float32
 			dotBF16x4(&p, xr[:whole], col(j), col(j+1), col(j+2), col(j+3))
 			for c := range 4 {
-				var tail [3]float32
-				widenBF16Go(tail[:k-whole], col(j + c)[whole:])
-				y[r*n+j+c] = dot4Sum(p[c], xr[whole:], tail[:k-whole])
+				y[r*n+j+c] = dot4Sum(p[c], xr[whole:], tails[c][:k-whole])
 			}
 		}
 	}

@@ -120,23 +120,6 @@ states for checks against other implementations: testsuite/gpu/gemma2_compare.py
 	return c
 }
 
-// checkOutFile says why path cannot take a results file: it is a folder, or its folder is
-// missing or a file.
-func checkOutFile(path string) error {
-	if fi, err := os.Stat(path); err == nil && fi.IsDir() {
-		return fmt.Errorf("a folder: give a file path")
-	}
-	dir := filepath.Dir(path)
-	fi, err := os.Stat(dir)
-	switch {
-	case err != nil:
-		return fmt.Errorf("its folder %s does not exist", dir)
-	case !fi.IsDir():
-		return fmt.Errorf("%s, where its folder should be, is a file", dir)
-	}
-	return nil
-}
-
 // writeExports writes every export of rows, which must cover positions 0..n-1, as
 // dir/NAME.f32 ([n, width] float32, by position; dir made before the run) and returns each
 // one's width.

@@ -247,6 +247,23 @@ func open(b *bundle.Bundle, baseDir string, f runFlags) (*session, error) {
 	return &session{b: b, be: be, eng: eng, tok: tok}, nil
 }
 
+// checkOutFile says why path cannot take a results file: it is a folder, or its folder is
+// missing or a file.
+func checkOutFile(path string) error {
+	if fi, err := os.Stat(path); err == nil && fi.IsDir() {
+		return fmt.Errorf("a folder: give a file path")
+	}
+	dir := filepath.Dir(path)
+	fi, err := os.Stat(dir)
+	switch {
+	case err != nil:
+		return fmt.Errorf("its folder %s does not exist", dir)
+	case !fi.IsDir():
+		return fmt.Errorf("%s, where its folder should be, is a file", dir)
+	}
+	return nil
+}
+
 // appsFor parses --apps into per-prompt app lists.
 func appsFor(spec string, n int) ([][]string, error) {
 	out := make([][]string, n)
