@@ -2,6 +2,7 @@ package chat
 
 import (
 	"fmt"
+	"math"
 	"sort"
 	"strconv"
 	"strings"
@@ -9,7 +10,7 @@ import (
 	"unicode"
 )
 
-func fn(name string, call func(args []value, kw *dict) (value, error)) *function {
+func fn(name string, call func(r *renderer, args []value, kw *dict) (value, error)) *function {
 	return &function{name: name, call: call}
 }
 
@@ -76,9 +77,25 @@ func pyStrip(s, chars string, haveChars, left, right bool) string {
 	return s
 }
 
+// stringMethod is s.name, whose call costs s's bytes: every method scans or copies s.
 func stringMethod(s, name string) *function {
+	f := stringMethodOf(s, name)
+	if f == nil {
+		return nil
+	}
+	call := f.call
+	f.call = func(r *renderer, args []value, kw *dict) (value, error) {
+		if err := r.spend(len(s)); err != nil {
+			return nil, err
+		}
+		return call(r, args, kw)
+	}
+	return f
+}
+
+func stringMethodOf(s, name string) *function {
 	strip := func(left, right bool) *function {
-		return fn(name, func(args []value, _ *dict) (value, error) {
+		return fn(name, func(_ *renderer, args []value, _ *dict) (value, error) {
 			chars, have, err := stripArg(args)
 			if err != nil {
 				return nil, err
@@ -87,7 +104,7 @@ func stringMethod(s, name string) *function {
 		})
 	}
 	affix := func(match func(s, p string) bool) *function {
-		return fn(name, func(args []value, _ *dict) (value, error) {
+		return fn(name, func(_ *renderer, args []value, _ *dict) (value, error) {
 			if err := wantArgs(args, 1, 1); err != nil {
 				return nil, err
 			}
@@ -117,19 +134,19 @@ func stringMethod(s, name string) *function {
 	case "endswith":
 		return affix(strings.HasSuffix)
 	case "upper":
-		return fn(name, func([]value, *dict) (value, error) { return strings.ToUpper(s), nil })
+		return fn(name, func(*renderer, []value, *dict) (value, error) { return strings.ToUpper(s), nil })
 	case "lower":
-		return fn(name, func([]value, *dict) (value, error) { return strings.ToLower(s), nil })
+		return fn(name, func(*renderer, []value, *dict) (value, error) { return strings.ToLower(s), nil })
 	case "title":
-		return fn(name, func([]value, *dict) (value, error) { return title(s), nil })
+		return fn(name, func(*renderer, []value, *dict) (value, error) { return title(s), nil })
 	case "capitalize":
-		return fn(name, func([]value, *dict) (value, error) { return capitalize(s), nil })
+		return fn(name, func(*renderer, []value, *dict) (value, error) { return capitalize(s), nil })
 	case "split":
-		return fn(name, func(args []value, kw *dict) (value, error) { return split(s, args, kw) })
+		return fn(name, func(_ *renderer, args []value, kw *dict) (value, error) { return split(s, args, kw) })
 	case "replace":
-		return fn(name, func(args []value, _ *dict) (value, error) { return replace(s, args) })
+		return fn(name, func(_ *renderer, args []value, _ *dict) (value, error) { return replace(s, args) })
 	case "find":
-		return fn(name, func(args []value, _ *dict) (value, error) {
+		return fn(name, func(_ *renderer, args []value, _ *dict) (value, error) {
 			sub, err := substringArg(args)
 			if err != nil {
 				return nil, err
@@ -141,7 +158,7 @@ func stringMethod(s, name string) *function {
 			return int64(runeLen(s[:i])), nil
 		})
 	case "count":
-		return fn(name, func(args []value, _ *dict) (value, error) {
+		return fn(name, func(_ *renderer, args []value, _ *dict) (value, error) {
 			sub, err := substringArg(args)
 			if err != nil {
 				return nil, err
@@ -152,12 +169,15 @@ func stringMethod(s, name string) *function {
 			return int64(strings.Count(s, sub)), nil
 		})
 	case "join":
-		return fn(name, func(args []value, _ *dict) (value, error) {
+		return fn(name, func(r *renderer, args []value, _ *dict) (value, error) {
 			if err := wantArgs(args, 1, 1); err != nil {
 				return nil, err
 			}
-			items, err := iterate(args[0])
+			items, err := r.iterate(args[0])
 			if err != nil {
+				return nil, err
+			}
+			if err := r.spend(itemCost * len(items)); err != nil {
 				return nil, err
 			}
 			parts := make([]string, len(items))
@@ -166,10 +186,25 @@ func stringMethod(s, name string) *function {
 					return nil, err
 				}
 			}
-			return strings.Join(parts, s), nil
+			return join(parts, s)
 		})
 	}
 	return nil
+}
+
+// join is strings.Join, refused before it is built past maxOutput bytes.
+func join(parts []string, sep string) (value, error) {
+	n := len(sep) * max(len(parts)-1, 0)
+	for _, p := range parts {
+		n += len(p)
+		if err := checkLen(n); err != nil {
+			return nil, err
+		}
+	}
+	if err := checkLen(n); err != nil {
+		return nil, err
+	}
+	return strings.Join(parts, sep), nil
 }
 
 func title(s string) string {
@@ -221,6 +256,9 @@ func split(s string, args []value, kw *dict) (value, error) {
 	}
 	var parts []string
 	if sep == nil {
+		if err := checkItems(fields(s)); err != nil {
+			return nil, err
+		}
 		parts = strings.Fields(s)
 		if maxSplit >= 0 && int64(len(parts)) > maxSplit+1 {
 			// Python keeps the untouched remainder of the string intact.
@@ -241,6 +279,13 @@ func split(s string, args []value, kw *dict) (value, error) {
 		}
 		if sepStr == "" {
 			return nil, fmt.Errorf("empty separator")
+		}
+		n := int64(strings.Count(s, sepStr))
+		if maxSplit >= 0 {
+			n = min(n, maxSplit)
+		}
+		if err := checkItems(int(min(n+1, maxItems+1))); err != nil {
+			return nil, err
 		}
 		parts = strings.SplitN(s, sepStr, int(max(maxSplit+1, -1)))
 		if maxSplit < 0 {
@@ -272,17 +317,41 @@ func replace(s string, args []value) (value, error) {
 		if !ok {
 			return nil, fmt.Errorf("count must be an integer")
 		}
-		n = int(c)
+		n = int(max(c, -1))
+	}
+	// The result's length, refused before it is built: each replacement adds
+	// len(repl)-len(old) bytes, and an empty old matches between every two characters.
+	count := strings.Count(s, old)
+	if n >= 0 {
+		count = min(count, n)
+	}
+	if grow := len(repl) - len(old); grow > 0 {
+		if err := checkLen(len(s) + count*grow); err != nil {
+			return nil, err
+		}
 	}
 	return strings.Replace(s, old, repl, n), nil
+}
+
+// fields is how many words strings.Fields finds in s, counted before any is built.
+func fields(s string) int {
+	n, in := 0, false
+	for _, c := range s {
+		space := unicode.IsSpace(c)
+		if !space && !in {
+			n++
+		}
+		in = !space
+	}
+	return n
 }
 
 func dictMethod(d *dict, name string) *function {
 	switch name {
 	case "items":
-		return fn(name, func([]value, *dict) (value, error) { return dictItems(d), nil })
+		return fn(name, func(*renderer, []value, *dict) (value, error) { return dictItems(d), nil })
 	case "keys":
-		return fn(name, func([]value, *dict) (value, error) {
+		return fn(name, func(*renderer, []value, *dict) (value, error) {
 			out := make(list, len(d.keys))
 			for i, k := range d.keys {
 				out[i] = k
@@ -290,7 +359,7 @@ func dictMethod(d *dict, name string) *function {
 			return out, nil
 		})
 	case "values":
-		return fn(name, func([]value, *dict) (value, error) {
+		return fn(name, func(*renderer, []value, *dict) (value, error) {
 			out := make(list, len(d.keys))
 			for i, k := range d.keys {
 				out[i] = d.m[k]
@@ -298,7 +367,7 @@ func dictMethod(d *dict, name string) *function {
 			return out, nil
 		})
 	case "get":
-		return fn(name, func(args []value, _ *dict) (value, error) {
+		return fn(name, func(_ *renderer, args []value, _ *dict) (value, error) {
 			if err := wantArgs(args, 1, 2); err != nil {
 				return nil, err
 			}
@@ -329,12 +398,15 @@ func dictItems(d *dict) list {
 func (t *Template) globals() map[string]value {
 	return map[string]value{
 		"range": fn("range", builtinRange),
-		"namespace": fn("namespace", func(args []value, kw *dict) (value, error) {
+		"namespace": fn("namespace", func(r *renderer, args []value, kw *dict) (value, error) {
 			d := newDict()
 			for _, a := range args {
 				src, ok := a.(*dict)
 				if !ok {
 					return nil, fmt.Errorf("positional argument must be a dict, not %s", typeName(a))
+				}
+				if err := r.spend(size(src)); err != nil {
+					return nil, err
 				}
 				for _, k := range src.keys {
 					d.set(k, src.m[k])
@@ -345,20 +417,23 @@ func (t *Template) globals() map[string]value {
 			}
 			return &namespace{d: d}, nil
 		}),
-		"dict": fn("dict", func(args []value, kw *dict) (value, error) {
+		"dict": fn("dict", func(_ *renderer, args []value, kw *dict) (value, error) {
 			if err := wantArgs(args, 0, 0); err != nil {
 				return nil, err
 			}
 			return kw, nil
 		}),
-		"raise_exception": fn("raise_exception", func(args []value, _ *dict) (value, error) {
+		"raise_exception": fn("raise_exception", func(r *renderer, args []value, _ *dict) (value, error) {
 			msg := ""
 			if len(args) > 0 {
-				msg = str(args[0])
+				var err error
+				if msg, err = r.str(args[0]); err != nil {
+					return nil, err
+				}
 			}
 			return nil, fmt.Errorf("%s", msg)
 		}),
-		"strftime_now": fn("strftime_now", func(args []value, _ *dict) (value, error) {
+		"strftime_now": fn("strftime_now", func(_ *renderer, args []value, _ *dict) (value, error) {
 			if err := wantArgs(args, 1, 1); err != nil {
 				return nil, err
 			}
@@ -375,7 +450,7 @@ func (t *Template) globals() map[string]value {
 	}
 }
 
-func builtinRange(args []value, _ *dict) (value, error) {
+func builtinRange(_ *renderer, args []value, _ *dict) (value, error) {
 	if err := wantArgs(args, 1, 3); err != nil {
 		return nil, err
 	}
@@ -397,12 +472,21 @@ func builtinRange(args []value, _ *dict) (value, error) {
 	if step == 0 {
 		return nil, fmt.Errorf("step must not be zero")
 	}
-	var out list
-	for i := start; step > 0 && i < stop || step < 0 && i > stop; i += step {
-		if len(out) >= maxIterations {
-			return nil, fmt.Errorf("more than %d items", maxIterations)
-		}
-		out = append(out, i)
+	// The count in unsigned arithmetic: stop-start may not fit 64 signed bits, and stepping
+	// past stop could wrap around.
+	var count uint64
+	switch {
+	case step > 0 && start < stop:
+		count = (uint64(stop-start)-1)/uint64(step) + 1
+	case step < 0 && start > stop:
+		count = (uint64(start-stop)-1)/uint64(-step) + 1
+	}
+	if count > maxIterations {
+		return nil, fmt.Errorf("more than %d items", maxIterations)
+	}
+	out := make(list, count)
+	for i := range out {
+		out[i] = start + int64(i)*step
 	}
 	return out, nil
 }
@@ -470,9 +554,12 @@ var filters map[string]filterFunc
 
 func init() {
 	filters = map[string]filterFunc{
-		"trim": func(_ *renderer, x value, args []value, _ *dict) (value, error) {
+		"trim": func(r *renderer, x value, args []value, _ *dict) (value, error) {
 			s, err := wantString(x, "trim input")
 			if err != nil {
+				return nil, err
+			}
+			if err := r.spend(len(s)); err != nil {
 				return nil, err
 			}
 			chars, have, err := stripArg(args)
@@ -484,21 +571,24 @@ func init() {
 		"length":     filterLength,
 		"count":      filterLength,
 		"tojson":     filterToJSON,
-		"string":     func(_ *renderer, x value, _ []value, _ *dict) (value, error) { return str(x), nil },
+		"string":     func(r *renderer, x value, _ []value, _ *dict) (value, error) { return r.str(x) },
 		"upper":      stringFilter(strings.ToUpper),
 		"lower":      stringFilter(strings.ToLower),
 		"title":      stringFilter(title),
 		"capitalize": stringFilter(capitalize),
 		"default":    filterDefault,
 		"d":          filterDefault,
-		"replace": func(_ *renderer, x value, args []value, _ *dict) (value, error) {
+		"replace": func(r *renderer, x value, args []value, _ *dict) (value, error) {
 			s, err := wantString(x, "replace input")
 			if err != nil {
 				return nil, err
 			}
+			if err := r.spend(len(s)); err != nil {
+				return nil, err
+			}
 			return replace(s, args)
 		},
-		"items": func(_ *renderer, x value, _ []value, _ *dict) (value, error) {
+		"items": func(r *renderer, x value, _ []value, _ *dict) (value, error) {
 			switch d := x.(type) {
 			case undefined:
 				return list{}, nil
@@ -507,8 +597,8 @@ func init() {
 			}
 			return nil, fmt.Errorf("can only get item pairs from a mapping, not %s", typeName(x))
 		},
-		"join": func(_ *renderer, x value, args []value, kw *dict) (value, error) {
-			items, err := iterate(x)
+		"join": func(r *renderer, x value, args []value, kw *dict) (value, error) {
+			items, err := r.iterate(x)
 			if err != nil {
 				return nil, err
 			}
@@ -518,35 +608,43 @@ func init() {
 					return nil, err
 				}
 			}
-			attr, hasAttr := kw.get("attribute")
+			attr, hasAttr, err := r.attribute(kw)
+			if err != nil {
+				return nil, err
+			}
+			if err := r.spend(itemCost * len(items)); err != nil {
+				return nil, err
+			}
 			parts := make([]string, len(items))
 			for i, it := range items {
 				if hasAttr {
-					it = item(it, str(attr))
+					it = item(it, attr)
 				}
-				parts[i] = str(it)
+				if parts[i], err = r.str(it); err != nil {
+					return nil, err
+				}
 			}
-			return strings.Join(parts, sep), nil
+			return join(parts, sep)
 		},
-		"first": func(_ *renderer, x value, _ []value, _ *dict) (value, error) {
-			items, err := iterate(x)
+		"first": func(r *renderer, x value, _ []value, _ *dict) (value, error) {
+			items, err := r.iterate(x)
 			if err != nil || len(items) == 0 {
 				return undefined{"first item"}, err
 			}
 			return items[0], nil
 		},
-		"last": func(_ *renderer, x value, _ []value, _ *dict) (value, error) {
-			items, err := iterate(x)
+		"last": func(r *renderer, x value, _ []value, _ *dict) (value, error) {
+			items, err := r.iterate(x)
 			if err != nil || len(items) == 0 {
 				return undefined{"last item"}, err
 			}
 			return items[len(items)-1], nil
 		},
-		"list": func(_ *renderer, x value, _ []value, _ *dict) (value, error) {
-			items, err := iterate(x)
+		"list": func(r *renderer, x value, _ []value, _ *dict) (value, error) {
+			items, err := r.iterate(x)
 			return list(append([]value{}, items...)), err
 		},
-		"reverse": func(_ *renderer, x value, _ []value, _ *dict) (value, error) {
+		"reverse": func(r *renderer, x value, _ []value, _ *dict) (value, error) {
 			if s, ok := x.(string); ok {
 				rs := []rune(s)
 				for i, j := 0, len(rs)-1; i < j; i, j = i+1, j-1 {
@@ -554,7 +652,7 @@ func init() {
 				}
 				return string(rs), nil
 			}
-			items, err := iterate(x)
+			items, err := r.iterate(x)
 			if err != nil {
 				return nil, err
 			}
@@ -564,45 +662,54 @@ func init() {
 			}
 			return out, nil
 		},
-		"int": func(_ *renderer, x value, _ []value, _ *dict) (value, error) {
+		"int": func(r *renderer, x value, _ []value, _ *dict) (value, error) {
 			switch v := x.(type) {
 			case int64:
 				return v, nil
 			case bool:
 				return boolInt(v), nil
 			case float64:
-				return int64(v), nil
+				return floatInt(v)
 			case string:
+				if err := r.spend(len(v)); err != nil {
+					return nil, err
+				}
 				if n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64); err == nil {
 					return n, nil
 				}
 				if f, err := strconv.ParseFloat(strings.TrimSpace(v), 64); err == nil {
-					return int64(f), nil
+					return floatInt(f)
 				}
 			}
 			return int64(0), nil
 		},
-		"float": func(_ *renderer, x value, _ []value, _ *dict) (value, error) {
+		"float": func(r *renderer, x value, _ []value, _ *dict) (value, error) {
 			if _, f, _, ok := asNumber(x); ok {
 				return f, nil
 			}
 			if s, ok := x.(string); ok {
+				if err := r.spend(len(s)); err != nil {
+					return nil, err
+				}
 				if f, err := strconv.ParseFloat(strings.TrimSpace(s), 64); err == nil {
 					return f, nil
 				}
 			}
 			return 0.0, nil
 		},
-		"abs": func(_ *renderer, x value, _ []value, _ *dict) (value, error) {
+		"abs": func(r *renderer, x value, _ []value, _ *dict) (value, error) {
 			switch v := x.(type) {
 			case int64:
+				if v == math.MinInt64 {
+					return nil, errOverflow
+				}
 				return max(v, -v), nil
 			case float64:
 				return max(v, -v), nil
 			}
 			return nil, fmt.Errorf("bad operand type for abs(): %s", typeName(x))
 		},
-		"safe":       func(_ *renderer, x value, _ []value, _ *dict) (value, error) { return x, nil },
+		"safe":       func(r *renderer, x value, _ []value, _ *dict) (value, error) { return x, nil },
 		"select":     selectFilter(false, false),
 		"reject":     selectFilter(true, false),
 		"selectattr": selectFilter(false, true),
@@ -612,16 +719,48 @@ func init() {
 	}
 }
 
-func stringFilter(f func(string) string) filterFunc {
-	return func(_ *renderer, x value, _ []value, _ *dict) (value, error) { return f(str(x)), nil }
+// floatInt is Jinja's int filter of a float: truncated toward zero, 0 for a NaN (Python's
+// ValueError, which the filter turns into its default); past 64 bits it fails, where Python's
+// int would grow and Go's conversion would give an arbitrary value.
+func floatInt(f float64) (value, error) {
+	switch {
+	case math.IsNaN(f):
+		return int64(0), nil
+	case f >= -(1<<63) && f < 1<<63:
+		return int64(f), nil
+	}
+	return nil, fmt.Errorf("%v: %w", f, errOverflow)
 }
 
-func filterLength(_ *renderer, x value, _ []value, _ *dict) (value, error) {
+func stringFilter(f func(string) string) filterFunc {
+	return func(r *renderer, x value, _ []value, _ *dict) (value, error) {
+		s, err := r.str(x)
+		if err != nil {
+			return nil, err
+		}
+		if err := r.spend(len(s)); err != nil {
+			return nil, err
+		}
+		return f(s), nil
+	}
+}
+
+// attribute is a filter's attribute= argument as the item name it reads.
+func (r *renderer) attribute(kw *dict) (name string, ok bool, err error) {
+	v, ok := kw.get("attribute")
+	if !ok {
+		return "", false, nil
+	}
+	name, err = r.str(v)
+	return name, true, err
+}
+
+func filterLength(r *renderer, x value, _ []value, _ *dict) (value, error) {
 	switch v := x.(type) {
 	case undefined:
 		return int64(0), nil
 	case string:
-		return int64(runeLen(v)), nil
+		return int64(runeLen(v)), r.spend(len(v))
 	case list:
 		return int64(len(v)), nil
 	case tuple:
@@ -632,7 +771,7 @@ func filterLength(_ *renderer, x value, _ []value, _ *dict) (value, error) {
 	return nil, fmt.Errorf("object of type %s has no len()", typeName(x))
 }
 
-func filterDefault(_ *renderer, x value, args []value, kw *dict) (value, error) {
+func filterDefault(r *renderer, x value, args []value, kw *dict) (value, error) {
 	if err := wantArgs(args, 0, 2); err != nil {
 		return nil, err
 	}
@@ -654,7 +793,7 @@ func filterDefault(_ *renderer, x value, args []value, kw *dict) (value, error) 
 	return x, nil
 }
 
-func filterToJSON(_ *renderer, x value, args []value, kw *dict) (value, error) {
+func filterToJSON(r *renderer, x value, args []value, kw *dict) (value, error) {
 	if err := wantArgs(args, 0, 1); err != nil {
 		return nil, err
 	}
@@ -670,23 +809,26 @@ func filterToJSON(_ *renderer, x value, args []value, kw *dict) (value, error) {
 		case k == "ensure_ascii" && !truthy(v), k == "sort_keys" && !truthy(v):
 			// The defaults: nothing to change.
 		default:
-			return nil, fmt.Errorf("unsupported argument %s=%s", k, repr(v))
+			return nil, fmt.Errorf("unsupported argument %s=%s", k, brief(v))
 		}
 	}
 	switch n := indent.(type) {
 	case nil:
-		return toJSON(x, "", false)
+		return r.toJSON(x, "", false)
 	case int64:
-		return toJSON(x, strings.Repeat(" ", int(max(n, 0))), true)
+		if err := checkLen(int(min(n, maxOutput+1))); err != nil {
+			return nil, fmt.Errorf("indent: %w", err)
+		}
+		return r.toJSON(x, strings.Repeat(" ", int(max(n, 0))), true)
 	case string:
-		return toJSON(x, n, true)
+		return r.toJSON(x, n, true)
 	}
 	return nil, fmt.Errorf("indent must be an integer or string, not %s", typeName(indent))
 }
 
 func selectFilter(reject, byAttr bool) filterFunc {
 	return func(r *renderer, x value, args []value, _ *dict) (value, error) {
-		items, err := iterate(x)
+		items, err := r.iterate(x)
 		if err != nil {
 			return nil, err
 		}
@@ -699,6 +841,9 @@ func selectFilter(reject, byAttr bool) filterFunc {
 				return nil, err
 			}
 			args = args[1:]
+		}
+		if err := r.spend(itemCost * len(items)); err != nil {
+			return nil, err
 		}
 		testName := ""
 		if len(args) > 0 {
@@ -715,7 +860,7 @@ func selectFilter(reject, byAttr bool) filterFunc {
 			}
 			ok := truthy(subject)
 			if testName != "" {
-				if ok, err = runTest(testName, subject, args); err != nil {
+				if ok, err = r.runTest(testName, subject, args); err != nil {
 					return nil, err
 				}
 			}
@@ -728,15 +873,19 @@ func selectFilter(reject, byAttr bool) filterFunc {
 }
 
 func filterMap(r *renderer, x value, args []value, kw *dict) (value, error) {
-	items, err := iterate(x)
+	items, err := r.iterate(x)
 	if err != nil {
 		return nil, err
 	}
 	out := make(list, len(items))
-	if attr, ok := kw.get("attribute"); ok {
+	attr, hasAttr, err := r.attribute(kw)
+	if err != nil {
+		return nil, err
+	}
+	if hasAttr {
 		def, hasDef := kw.get("default")
 		for i, it := range items {
-			v := item(it, str(attr))
+			v := item(it, attr)
 			if isUndefined(v) && hasDef {
 				v = def
 			}
@@ -763,8 +912,8 @@ func filterMap(r *renderer, x value, args []value, kw *dict) (value, error) {
 	return out, nil
 }
 
-func filterSort(_ *renderer, x value, args []value, kw *dict) (value, error) {
-	items, err := iterate(x)
+func filterSort(r *renderer, x value, args []value, kw *dict) (value, error) {
+	items, err := r.iterate(x)
 	if err != nil {
 		return nil, err
 	}
@@ -773,16 +922,19 @@ func filterSort(_ *renderer, x value, args []value, kw *dict) (value, error) {
 	if v, ok := kw.get("reverse"); ok {
 		reverse = truthy(v)
 	}
-	attr, hasAttr := kw.get("attribute")
+	attr, hasAttr, err := r.attribute(kw)
+	if err != nil {
+		return nil, err
+	}
 	key := func(v value) value {
 		if hasAttr {
-			return item(v, str(attr))
+			return item(v, attr)
 		}
 		return v
 	}
 	var cmpErr error
 	sort.SliceStable(out, func(i, j int) bool {
-		c, err := compare(key(out[i]), key(out[j]), "<")
+		c, err := r.compare(key(out[i]), key(out[j]), "<")
 		if err != nil && cmpErr == nil {
 			cmpErr = err
 		}
@@ -823,14 +975,14 @@ func (r *renderer) test(s *scope, e *testExpr) (value, error) {
 	if err != nil {
 		return nil, err
 	}
-	ok, err := runTest(e.name, x, args)
+	ok, err := r.runTest(e.name, x, args)
 	if err != nil {
 		return nil, errAt(e.p, "test %s: %v", e.name, err)
 	}
 	return ok != e.negate, nil
 }
 
-func runTest(name string, x value, args []value) (bool, error) {
+func (r *renderer) runTest(name string, x value, args []value) (bool, error) {
 	one := func() (value, error) {
 		if len(args) != 1 {
 			return nil, fmt.Errorf("takes 1 argument, got %d", len(args))
@@ -883,12 +1035,15 @@ func runTest(name string, x value, args []value) (bool, error) {
 	case "callable":
 		_, ok := x.(*function)
 		return ok, nil
-	case "lower":
+	case "lower", "upper":
 		s, ok := x.(string)
-		return ok && s == strings.ToLower(s), nil
-	case "upper":
-		s, ok := x.(string)
-		return ok && s == strings.ToUpper(s), nil
+		if !ok {
+			return false, nil
+		}
+		if name == "lower" {
+			return s == strings.ToLower(s), r.spend(len(s))
+		}
+		return s == strings.ToUpper(s), r.spend(len(s))
 	case "odd", "even":
 		n, ok := x.(int64)
 		if !ok {
@@ -906,12 +1061,13 @@ func runTest(name string, x value, args []value) (bool, error) {
 			return false, fmt.Errorf("needs nonzero integers")
 		}
 		return n%d == 0, nil
-	case "eq", "equalto", "==", "sameas":
+	case "eq", "equalto", "==", "sameas", "ne", "!=":
 		a, err := one()
-		return err == nil && equal(x, a), err
-	case "ne", "!=":
-		a, err := one()
-		return err == nil && !equal(x, a), err
+		if err != nil {
+			return false, err
+		}
+		eq, err := r.equal(x, a)
+		return eq == (name != "ne" && name != "!="), err
 	case "lt", "le", "gt", "ge", "<", "<=", ">", ">=":
 		a, err := one()
 		if err != nil {
@@ -921,14 +1077,14 @@ func runTest(name string, x value, args []value) (bool, error) {
 		if op == "" {
 			op = name
 		}
-		v, err := binop(op, x, a)
+		v, err := r.binop(op, x, a)
 		return err == nil && v == true, err
 	case "in":
 		a, err := one()
 		if err != nil {
 			return false, err
 		}
-		return contains(a, x)
+		return r.contains(a, x)
 	}
 	return false, fmt.Errorf("unknown test %q", name)
 }

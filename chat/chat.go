@@ -59,7 +59,7 @@ func (t *Template) Render(msgs []Message, addGenerationPrompt bool, vars map[str
 		}
 		top.vars[k] = tv
 	}
-	r := &renderer{}
+	r := &renderer{budget: &budget{}}
 	if err := r.nodes(top, t.body); err != nil {
 		var sig loopSignal
 		if errors.As(err, &sig) {

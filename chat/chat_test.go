@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -115,7 +116,7 @@ func diff(got, want string) string {
 	return "equal"
 }
 
-func itoa(i int) string { return repr(int64(i)) }
+func itoa(i int) string { return strconv.Itoa(i) }
 func quote(s string) string {
 	b, _ := json.Marshal(s)
 	return string(b)
@@ -302,26 +303,100 @@ func TestLimits(t *testing.T) {
 	if _, err := Parse("{{ " + deep + " }}"); err == nil || !strings.Contains(err.Error(), "nesting") {
 		t.Errorf("deep nesting: %v", err)
 	}
-	tmpl, err := Parse("{% for i in range(2000) %}{% for j in range(2000) %}{% endfor %}{% endfor %}")
-	if err != nil {
-		t.Fatal(err)
+	// Each template would hang, exhaust memory, panic or print a wrapped-around integer
+	// without its limit; each must fail with the limit's error, at the construct's position.
+	doubling := func(init, next string) string {
+		return "{% set ns = namespace(a=" + init + ") %}{% for i in range(80) %}{% set ns.a = " + next + " %}{% endfor %}{{ ns.a }}"
 	}
-	if _, err := tmpl.Render(nil, false, nil); err == nil || !strings.Contains(err.Error(), "iterations") {
-		t.Errorf("runaway loop: %v", err)
+	const twoDicts = "{% set ns = namespace(a={}, b={}) %}{% for i in range(80) %}{% set ns.a = {'a': ns.a, 'b': ns.a} %}{% set ns.b = {'a': ns.b, 'b': ns.b} %}{% endfor %}"
+	const big = "{% set s = 'x' * 60000000 %}"
+	for _, c := range []struct{ name, src, want string }{
+		{"runaway loop", "{% for i in range(2000) %}{% for j in range(2000) %}{% endfor %}{% endfor %}", "1:30: more than 1000000 loop iterations"},
+		{"self-referencing namespace", "{% set ns = namespace() %}{% set ns.self = ns %}{{ ns }}{{ ns | tojson }}", "not JSON serializable"},
+		{"huge repetition", "{{ 'x' * 100000000000 }}", "1:8: string longer than 67108864 bytes"},
+		{"list doubled by +", doubling("[1]", "ns.a + ns.a"), "list longer than 1000000 items"},
+		{"string doubled by +", doubling("'x'", "ns.a + ns.a"), "string longer than 67108864 bytes"},
+		{"string doubled by ~", doubling("'x'", "ns.a ~ ns.a"), "string longer than 67108864 bytes"},
+		{"list doubled by *", doubling("[1]", "ns.a * 2"), "list longer than 1000000 items"},
+		{"string squared by replace", doubling("'xx'", "ns.a|replace('x', ns.a)"), "filter replace: string longer than 67108864 bytes"},
+		{"string squared by .replace", doubling("'xx'", "ns.a.replace('x', ns.a)"), "replace: string longer than 67108864 bytes"},
+		{"shared dict printed", doubling("{}", "{'a': ns.a, 'b': ns.a}"), "the text of a dict is longer than 67108864 bytes"},
+		{"shared list printed by |string", doubling("[]", "[ns.a, ns.a]") + "{{ ns.a|string }}", "the text of a list is longer than 67108864 bytes"},
+		{"shared dict to JSON", "{% set ns = namespace(a={}) %}{% for i in range(80) %}{% set ns.a = {'a': ns.a, 'b': ns.a} %}{% endfor %}{{ ns.a|tojson }}", "tojson: text longer than 67108864 bytes"},
+		{"shared dicts compared", twoDicts + "{{ ns.a == ns.b }}", "works through more than 256 MiB"},
+		{"shared dicts searched", twoDicts + "{{ ns.a in [ns.b] }}", "works through more than 256 MiB"},
+		{"big string copied in a loop", big + "{% for i in range(1000000) %}{% set t = s ~ '' %}{% endfor %}", "works through more than 256 MiB"},
+		{"big string indexed in a loop", big + "{% for i in range(1000000) %}{% set t = s[5] %}{% endfor %}", "works through more than 256 MiB"},
+		{"big string searched in a loop", big + "{% for i in range(1000000) %}{% set t = s.find('y') %}{% endfor %}", "works through more than 256 MiB"},
+		{"big string measured in a loop", big + "{% for i in range(1000000) %}{% set t = s|length %}{% endfor %}", "works through more than 256 MiB"},
+		{"big string iterated", big + "{% for c in s %}{% endfor %}", "more than 1000000 characters cannot be iterated"},
+		{"long list searched in a loop", "{% set l = range(1000000)|list %}{% for i in range(1000000) %}{% set t = 5 in l %}{% endfor %}", "works through more than 256 MiB"},
+		{"split into too many items", "{{ (',' * 2000000).split(',') }}", "list longer than 1000000 items"},
+		{"whitespace split into too many items", "{{ (' a' * 2000000).split() }}", "list longer than 1000000 items"},
+		{"join too long", "{% set l = ['x' * 60000000, 'x' * 60000000] %}{{ l|join }}", "filter join: string longer than 67108864 bytes"},
+		{"huge JSON indent", "{{ {'a': 1}|tojson(indent=100000000000) }}", "indent: string longer than 67108864 bytes"},
+		{"power past 64 bits", "{{ 2 ** 100 }}", "1:6: integer overflow"},
+		{"sum past 64 bits", "{{ 9223372036854775807 + 1 }}", "integer overflow"},
+		{"difference past 64 bits", "{{ -9223372036854775807 - 2 }}", "integer overflow"},
+		{"product past 64 bits", "{{ 4611686018427387904 * 2 }}", "integer overflow"},
+		{"negated minimum", "{{ -(-9223372036854775807 - 1) }}", "integer overflow"},
+		{"minimum floor-divided by -1", "{{ (-9223372036854775807 - 1) // -1 }}", "integer overflow"},
+		{"abs of the minimum", "{{ (-9223372036854775807 - 1)|abs }}", "integer overflow"},
+		{"float past 64 bits to int", "{{ 1e300|int }}", "integer overflow"},
+	} {
+		tmpl, err := Parse(c.src)
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		if out, err := tmpl.Render(nil, false, nil); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: got %.40q, %v; want an error with %q", c.name, out, err, c.want)
+		}
 	}
-	tmpl, err = Parse("{% set ns = namespace() %}{% set ns.self = ns %}{{ ns }}{{ ns | tojson }}")
-	if err != nil {
-		t.Fatal(err)
+}
+
+// TestLimitsKeepPython: the bounded forms of range, slicing, indexing, splitting, replacing
+// and integer arithmetic give Python's results at their edges.
+func TestLimitsKeepPython(t *testing.T) {
+	for src, want := range map[string]string{
+		"{{ range(9223372036854775806, 9223372036854775807, 5)|list }}":                                                              "[9223372036854775806]",
+		"{{ range(-9223372036854775807 - 1, 9223372036854775807, 4611686018427387904)|list }}":                                       "[-9223372036854775808, -4611686018427387904, 0, 4611686018427387904]",
+		"{{ range(5, -5, -3)|list }}{{ range(3, 3)|list }}{{ range(0)|list }}":                                                       "[5, 2, -1, -4][][]",
+		"{{ 'abcdef'[::-2] }} {{ 'héllo'[1:3] }} {{ 'héllo'[-4] }} {{ 'abc'[5:1:-1] }}":                                              "fdb él é c",
+		"{{ [1, 2, 3, 4][1:] }} {{ (1, 2, 3)[::-1] }} {{ [1, 2][5:] }} {{ [1, 2, 3][::9223372036854775807] }}":                       "[2, 3, 4] (3, 2, 1) [] [1]",
+		"{{ 'a,b,c'.split(',', 1) }} {{ ' a  b '.split() }} {{ 'xax'.replace('x', 'yy', 1) }} {{ 'ab'.replace('', '-') }}":           "['a', 'b,c'] ['a', 'b'] yyax -a-b-",
+		"{{ 2 ** 62 }} {{ (-2) ** 63 }} {{ -9223372036854775807 - 1 }} {{ 3037000499 * 3037000499 }} {{ 1 ** 9223372036854775807 }}": "4611686018427387904 -9223372036854775808 -9223372036854775808 9223372030926249001 1",
+		"{{ -7 // 2 }} {{ 7 % -3 }} {{ 2.9|int }} {{ -2.9|int }} {{ 'nan'|float|int }}":                                              "-4 -2 2 -2 0",
+		"{{ [[1], {'a': (2,)}] == [[1], {'a': (2,)}] }} {{ 'b' in ['a', 'b'] }} {{ ['a', 'b']|join('-') }}":                          "True True a-b",
+	} {
+		tmpl, err := Parse(src)
+		if err != nil {
+			t.Fatalf("%s: %v", src, err)
+		}
+		if got, err := tmpl.Render(nil, false, nil); err != nil || got != want {
+			t.Errorf("%s: got %q, %v; want %q", src, got, err, want)
+		}
 	}
-	if _, err := tmpl.Render(nil, false, nil); err == nil || !strings.Contains(err.Error(), "not JSON serializable") {
-		t.Errorf("self-referencing namespace: %v", err)
+}
+
+// TestLargestRequestRenders: conversations as large as xmix serve reads (8 MiB of body)
+// render under every real template within the work budget: four messages of 2 MiB, and
+// 100,000 short ones (a template that reads messages|length in its loop over the messages
+// must not pay for the list each time).
+func TestLargestRequestRenders(t *testing.T) {
+	content := strings.Repeat("The quick brown fox jumps over the lazy dog. ", 8<<20/45/4)
+	long := []Message{{"system", content}, {"user", content}, {"assistant", content}, {"user", content}}
+	many := make([]Message, 100_000)
+	for i := range many {
+		many[i] = Message{[]string{"user", "assistant"}[i%2], "hi"}
 	}
-	tmpl, err = Parse("{{ 'x' * 100000000000 }}")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := tmpl.Render(nil, false, nil); err == nil {
-		t.Error("huge repetition gave no error")
+	for _, name := range []string{"llama3_1", "llama3_2", "qwen3"} {
+		tmpl := loadTemplate(t, name)
+		for _, msgs := range [][]Message{long, many} {
+			out, err := tmpl.Render(msgs, true, map[string]any{"date_string": "26 Jul 2024", "bos_token": "<s>"})
+			if text := len(msgs) * len(msgs[0].Content); err != nil || len(out) < text {
+				t.Errorf("%s, %d messages: %d bytes, %v", name, len(msgs), len(out), err)
+			}
+		}
 	}
 }
 

@@ -7,13 +7,6 @@ import (
 	"strings"
 )
 
-// Limits that keep a hostile template from running away with time or
-// memory; real chat templates stay far below them.
-const (
-	maxIterations = 1_000_000
-	maxOutput     = 64 << 20
-)
-
 type scope struct {
 	vars   map[string]value
 	parent *scope
@@ -29,8 +22,8 @@ func (s *scope) lookup(name string) (value, bool) {
 }
 
 type renderer struct {
-	out   strings.Builder
-	steps int
+	out strings.Builder
+	*budget
 }
 
 // loopSignal carries {% break %} and {% continue %} up to their loop.
@@ -64,7 +57,11 @@ func (r *renderer) node(s *scope, n node) error {
 		if err != nil {
 			return err
 		}
-		return r.write(n.x.at(), str(v))
+		text, err := r.str(v)
+		if err != nil {
+			return errAt(n.x.at(), "%v", err)
+		}
+		return r.write(n.x.at(), text)
 	case *ifNode:
 		for i, c := range n.conds {
 			v, err := r.eval(s, c)
@@ -89,11 +86,10 @@ func (r *renderer) node(s *scope, n node) error {
 func (r *renderer) set(s *scope, n *setNode) error {
 	var v value
 	if n.body != nil {
-		sub := &renderer{steps: r.steps}
+		sub := &renderer{budget: r.budget}
 		if err := sub.nodes(s, n.body); err != nil {
 			return err
 		}
-		r.steps = sub.steps
 		v = sub.out.String()
 	} else {
 		var err error
@@ -110,16 +106,16 @@ func (r *renderer) set(s *scope, n *setNode) error {
 		ns.d.set(n.attr, v)
 		return nil
 	}
-	return bindNames(s, n.names, len(n.names) > 1, v, n.pos)
+	return r.bindNames(s, n.names, len(n.names) > 1, v, n.pos)
 }
 
 // bindNames assigns v to one name, or unpacks it over several (set a, b = ...; for a, b in).
-func bindNames(s *scope, names []string, unpacked bool, v value, at pos) error {
+func (r *renderer) bindNames(s *scope, names []string, unpacked bool, v value, at pos) error {
 	if !unpacked {
 		s.vars[names[0]] = v
 		return nil
 	}
-	items, err := unpack(v, len(names))
+	items, err := r.unpack(v, len(names))
 	if err != nil {
 		return errAt(at, "%v", err)
 	}
@@ -129,8 +125,11 @@ func bindNames(s *scope, names []string, unpacked bool, v value, at pos) error {
 	return nil
 }
 
-func unpack(v value, n int) ([]value, error) {
-	items, ok := sequence(v)
+func (r *renderer) unpack(v value, n int) ([]value, error) {
+	items, ok, err := r.sequence(v)
+	if err != nil {
+		return nil, err
+	}
 	if !ok {
 		return nil, fmt.Errorf("cannot unpack %s into %d names", typeName(v), n)
 	}
@@ -145,11 +144,11 @@ func (r *renderer) forLoop(s *scope, n *forNode) error {
 	if err != nil {
 		return err
 	}
-	items, err := iterate(it)
+	items, err := r.iterate(it)
 	if err != nil {
 		return errAt(n.iter.at(), "%v", err)
 	}
-	bind := func(sc *scope, item value) error { return bindNames(sc, n.names, n.unpacked, item, n.pos) }
+	bind := func(sc *scope, item value) error { return r.bindNames(sc, n.names, n.unpacked, item, n.pos) }
 	if n.filter != nil {
 		var kept []value
 		for _, item := range items {
@@ -229,7 +228,7 @@ func (l *loopState) attr(name string) value {
 			return l.items[l.i+1]
 		}
 	case "cycle":
-		return fn("cycle", func(args []value, _ *dict) (value, error) {
+		return fn("cycle", func(_ *renderer, args []value, _ *dict) (value, error) {
 			if len(args) == 0 {
 				return nil, fmt.Errorf("no items for cycling given")
 			}
@@ -239,43 +238,80 @@ func (l *loopState) attr(name string) value {
 	return undefined{"loop." + name}
 }
 
-// sequence is the items of a list or a tuple, or a string's characters, as Python indexes,
-// slices and unpacks them; ok is false for any other value.
-func sequence(v value) (items []value, ok bool) {
+// sequence is the items of a list or a tuple, or a string's characters, as Python unpacks and
+// iterates them; ok is false for any other value. A string's characters are built, at their
+// cost, and at most maxItems of them.
+func (r *renderer) sequence(v value) (items []value, ok bool, err error) {
 	switch x := v.(type) {
 	case list:
-		return x, true
+		return x, true, nil
 	case tuple:
-		return x, true
+		return x, true, nil
 	case string:
+		n := runeLen(x)
+		if n > maxItems {
+			return nil, true, fmt.Errorf("a string of more than %d characters cannot be iterated or unpacked", maxItems)
+		}
+		if err := r.spend(len(x) + itemCost*n); err != nil {
+			return nil, true, err
+		}
+		items = make([]value, 0, n)
 		for _, c := range x {
 			items = append(items, string(c))
 		}
-		return items, true
+		return items, true, nil
 	}
-	return nil, false
+	return nil, false, nil
 }
 
 // iterate lists what a for loop walks over: dicts yield their keys and
 // strings their characters, as in Python.
-func iterate(v value) ([]value, error) {
+func (r *renderer) iterate(v value) ([]value, error) {
 	switch x := v.(type) {
 	case undefined:
 		return nil, nil
 	case *dict:
+		if err := r.spend(size(x)); err != nil {
+			return nil, err
+		}
 		out := make([]value, len(x.keys))
 		for i, k := range x.keys {
 			out[i] = k
 		}
 		return out, nil
 	}
-	if items, ok := sequence(v); ok {
-		return items, nil
+	items, ok, err := r.sequence(v)
+	if err != nil || ok {
+		return items, err
 	}
 	return nil, fmt.Errorf("%s object is not iterable", typeName(v))
 }
 
+// eval evaluates e. What an operator (but and and or, which yield an operand), a call, a
+// filter, a slice or a literal list or dict yields costs its size; what a builtin scans
+// without building it costs where it scans (a string method its string, for instance).
 func (r *renderer) eval(s *scope, e expr) (value, error) {
+	v, err := r.evalExpr(s, e)
+	if err != nil {
+		return nil, err
+	}
+	switch e := e.(type) {
+	case *binExpr:
+		if e.op == "and" || e.op == "or" {
+			break
+		}
+		if err := r.spend(size(v)); err != nil {
+			return nil, errAt(e.at(), "%v", err)
+		}
+	case *callExpr, *filterExpr, *sliceExpr, *listExpr, *dictExpr:
+		if err := r.spend(size(v)); err != nil {
+			return nil, errAt(e.at(), "%v", err)
+		}
+	}
+	return v, nil
+}
+
+func (r *renderer) evalExpr(s *scope, e expr) (value, error) {
 	switch e := e.(type) {
 	case *literal:
 		return e.v, nil
@@ -306,9 +342,13 @@ func (r *renderer) eval(s *scope, e expr) (value, error) {
 			return nil, err
 		}
 		if u, ok := obj.(undefined); ok {
-			return nil, errAt(e.p, "%s is undefined (reading [%s])", u.describe(), repr(key))
+			return nil, errAt(e.p, "%s is undefined (reading [%s])", u.describe(), brief(key))
 		}
-		return named(index(obj, key), e), nil
+		v, err := r.index(obj, key)
+		if err != nil {
+			return nil, errAt(e.p, "%v", err)
+		}
+		return named(v, e), nil
 	case *sliceExpr:
 		return r.slice(s, e)
 	case *callExpr:
@@ -330,6 +370,9 @@ func (r *renderer) eval(s *scope, e expr) (value, error) {
 		case "-":
 			switch x := v.(type) {
 			case int64:
+				if x == math.MinInt64 {
+					return nil, errAt(e.p, "%v", errOverflow)
+				}
 				return -x, nil
 			case float64:
 				return -x, nil
@@ -409,7 +452,7 @@ func exprName(e expr) string {
 		return exprName(e.obj) + "." + e.name
 	case *indexExpr:
 		if l, ok := e.key.(*literal); ok {
-			return exprName(e.obj) + "[" + repr(l.v) + "]"
+			return exprName(e.obj) + "[" + brief(l.v) + "]"
 		}
 		return exprName(e.obj) + "[...]"
 	}
@@ -448,40 +491,56 @@ func item(obj value, name string) value {
 	return undefined{name}
 }
 
-func index(obj, key value) value {
+// index is obj[key]. A string's character is found by walking the string, at its cost.
+func (r *renderer) index(obj, key value) (value, error) {
 	if k, ok := key.(string); ok {
 		if v := item(obj, k); !isUndefined(v) {
-			return v
+			return v, nil
 		}
 		if m := method(obj, k); m != nil {
-			return m
+			return m, nil
 		}
-		return undefined{k}
+		return undefined{k}, nil
 	}
 	i, ok := asInt(key)
 	if !ok {
-		return undefined{repr(key)}
+		return undefined{brief(key)}, nil
 	}
-	var n int
-	get := func(int) value { return nil }
 	switch x := obj.(type) {
 	case list:
-		n, get = len(x), func(j int) value { return x[j] }
+		return at(x, i, key), nil
 	case tuple:
-		n, get = len(x), func(j int) value { return x[j] }
+		return at(x, i, key), nil
 	case string:
-		rs := []rune(x)
-		n, get = len(rs), func(j int) value { return string(rs[j]) }
-	default:
-		return undefined{repr(key)}
+		if err := r.spend(len(x)); err != nil {
+			return nil, err
+		}
+		n := int64(runeLen(x))
+		if i < 0 {
+			i += n
+		}
+		if i < 0 || i >= n {
+			return undefined{brief(key)}, nil
+		}
+		for _, c := range x {
+			if i == 0 {
+				return string(c), nil
+			}
+			i--
+		}
 	}
+	return undefined{brief(key)}, nil
+}
+
+// at is items[i], counting from the end for a negative i; undefined, named by key, outside.
+func at(items []value, i int64, key value) value {
 	if i < 0 {
-		i += int64(n)
+		i += int64(len(items))
 	}
-	if i < 0 || i >= int64(n) {
-		return undefined{repr(key)}
+	if i < 0 || i >= int64(len(items)) {
+		return undefined{brief(key)}
 	}
-	return get(int(i))
+	return items[i]
 }
 
 func isUndefined(v value) bool {
@@ -523,39 +582,53 @@ func (r *renderer) slice(s *scope, e *sliceExpr) (value, error) {
 		}
 		bounds[i] = &n
 	}
-	items, ok := sequence(obj)
-	if !ok {
+	var items []value
+	var chars []rune
+	switch x := obj.(type) {
+	case list:
+		items = x
+	case tuple:
+		items = x
+	case string:
+		if err := r.spend(len(x)); err != nil {
+			return nil, errAt(e.p, "%v", err)
+		}
+		chars = []rune(x)
+	default:
 		return nil, errAt(e.p, "%s object is not sliceable", typeName(obj))
 	}
-	idx, err := pySlice(len(items), bounds)
+	sl, err := pySlice(max(len(items), len(chars)), bounds)
 	if err != nil {
 		return nil, errAt(e.p, "%v", err)
 	}
-	out := make([]value, len(idx))
-	for i, j := range idx {
-		out[i] = items[j]
-	}
-	switch obj.(type) {
-	case string:
-		var b strings.Builder
-		for _, c := range out {
-			b.WriteString(c.(string))
+	if chars != nil {
+		out := make([]rune, 0, sl.n)
+		for k, j := 0, sl.start; k < sl.n; k, j = k+1, j+sl.step {
+			out = append(out, chars[j])
 		}
-		return b.String(), nil
-	case tuple:
+		return string(out), nil
+	}
+	out := make([]value, 0, sl.n)
+	for k, j := 0, sl.start; k < sl.n; k, j = k+1, j+sl.step {
+		out = append(out, items[j])
+	}
+	if _, ok := obj.(tuple); ok {
 		return tuple(out), nil
 	}
 	return list(out), nil
 }
 
-// pySlice returns the indices Python's seq[start:stop:step] selects.
-func pySlice(n int, b [3]*int64) ([]int, error) {
+// pyRange is the indices a slice selects: n of them, from start in steps of step.
+type pyRange struct{ start, step, n int }
+
+// pySlice is the indices Python's seq[start:stop:step] selects of a sequence of n items.
+func pySlice(n int, b [3]*int64) (pyRange, error) {
 	step := int64(1)
 	if b[2] != nil {
 		step = *b[2]
 	}
 	if step == 0 {
-		return nil, fmt.Errorf("slice step cannot be zero")
+		return pyRange{}, fmt.Errorf("slice step cannot be zero")
 	}
 	ln := int64(n)
 	clamp := func(p *int64, def, lo, hi int64) int64 {
@@ -573,22 +646,22 @@ func pySlice(n int, b [3]*int64) ([]int, error) {
 		}
 		return v
 	}
-	var out []int
+	// Bounds are clamped to [-1, n], so the span and the count below fit 64 bits.
 	if step > 0 {
 		start, stop := clamp(b[0], 0, 0, ln), clamp(b[1], ln, 0, ln)
-		for i := start; i < stop; i += step {
-			out = append(out, int(i))
+		if start >= stop {
+			return pyRange{}, nil
 		}
-	} else {
-		start, stop := clamp(b[0], ln-1, -1, ln-1), clamp(b[1], -1, -1, ln-1)
-		if b[1] == nil {
-			stop = -1
-		}
-		for i := start; i > stop; i += step {
-			out = append(out, int(i))
-		}
+		return pyRange{int(start), int(step), int((uint64(stop-start)-1)/uint64(step)) + 1}, nil
 	}
-	return out, nil
+	start, stop := clamp(b[0], ln-1, -1, ln-1), clamp(b[1], -1, -1, ln-1)
+	if b[1] == nil {
+		stop = -1
+	}
+	if start <= stop {
+		return pyRange{}, nil
+	}
+	return pyRange{int(start), int(step), int((uint64(start-stop)-1)/uint64(-step)) + 1}, nil
 }
 
 func (r *renderer) args(s *scope, args []expr, kwargs []kwarg) ([]value, *dict, error) {
@@ -627,7 +700,7 @@ func (r *renderer) call(s *scope, e *callExpr) (value, error) {
 		}
 		return nil, errAt(e.p, "%s object is not callable", typeName(fn))
 	}
-	v, err := f.call(args, kw)
+	v, err := f.call(r, args, kw)
 	if err != nil {
 		var te *Error
 		if errors.As(err, &te) {
@@ -659,21 +732,20 @@ func (r *renderer) binary(s *scope, e *binExpr) (value, error) {
 	if err != nil {
 		return nil, err
 	}
-	v, err := binop(e.op, l, rv)
+	v, err := r.binop(e.op, l, rv)
 	if err != nil {
 		return nil, errAt(e.p, "%v", err)
 	}
 	return v, nil
 }
 
-func binop(op string, l, r value) (value, error) {
+func (r *renderer) binop(op string, lv, rv value) (value, error) {
 	switch op {
-	case "==":
-		return equal(l, r), nil
-	case "!=":
-		return !equal(l, r), nil
+	case "==", "!=":
+		eq, err := r.equal(lv, rv)
+		return eq == (op == "=="), err
 	case "<", "<=", ">", ">=":
-		c, err := compare(l, r, op)
+		c, err := r.compare(lv, rv, op)
 		if err != nil {
 			return nil, err
 		}
@@ -687,72 +759,85 @@ func binop(op string, l, r value) (value, error) {
 		}
 		return c >= 0, nil
 	case "in", "not in":
-		in, err := contains(r, l)
+		in, err := r.contains(rv, lv)
 		if err != nil {
 			return nil, err
 		}
 		return in == (op == "in"), nil
 	case "~":
-		return str(l) + str(r), nil
+		ls, err := r.str(lv)
+		if err != nil {
+			return nil, err
+		}
+		rs, err := r.str(rv)
+		if err != nil {
+			return nil, err
+		}
+		if err := checkLen(len(ls) + len(rs)); err != nil {
+			return nil, err
+		}
+		return ls + rs, nil
 	}
-	for _, v := range []value{l, r} {
+	for _, v := range []value{lv, rv} {
 		if u, ok := v.(undefined); ok {
 			return nil, fmt.Errorf("%s is undefined (operand of %s)", u.describe(), op)
 		}
 	}
 	if op == "+" {
-		switch a := l.(type) {
+		switch a := lv.(type) {
 		case string:
-			if b, ok := r.(string); ok {
+			if b, ok := rv.(string); ok {
+				if err := checkLen(len(a) + len(b)); err != nil {
+					return nil, err
+				}
 				return a + b, nil
 			}
-			return nil, fmt.Errorf("can only concatenate str (not %q) to str", typeName(r))
+			return nil, fmt.Errorf("can only concatenate str (not %q) to str", typeName(rv))
 		case list:
-			if b, ok := r.(list); ok {
+			if b, ok := rv.(list); ok {
+				if err := checkItems(len(a) + len(b)); err != nil {
+					return nil, err
+				}
 				return append(append(list{}, a...), b...), nil
 			}
 		case tuple:
-			if b, ok := r.(tuple); ok {
+			if b, ok := rv.(tuple); ok {
+				if err := checkItems(len(a) + len(b)); err != nil {
+					return nil, err
+				}
 				return append(append(tuple{}, a...), b...), nil
 			}
 		}
 	}
 	if op == "*" {
-		if out, ok, err := repeat(l, r); ok {
+		if out, ok, err := repeat(lv, rv); ok {
 			return out, err
 		}
-		if out, ok, err := repeat(r, l); ok {
+		if out, ok, err := repeat(rv, lv); ok {
 			return out, err
 		}
 	}
-	return arith(op, l, r)
+	return arith(op, lv, rv)
 }
 
+// repeat is seq * n for a string or a list seq; ok is false for other operands.
 func repeat(seq, n value) (value, bool, error) {
 	k, ok := asInt(n)
 	if !ok {
 		return nil, false, nil
 	}
-	if k < 0 {
-		k = 0
-	}
-	var size int
+	k = max(k, 0)
 	switch x := seq.(type) {
 	case string:
-		size = len(x)
-	case list:
-		size = len(x)
-	default:
-		return nil, false, nil
-	}
-	if size > 0 && k > int64(maxOutput/size) {
-		return nil, true, fmt.Errorf("repetition result too large")
-	}
-	switch x := seq.(type) {
-	case string:
+		if len(x) > 0 && k > int64(maxOutput/len(x)) {
+			return nil, true, checkLen(maxOutput + 1)
+		}
 		return strings.Repeat(x, int(k)), true, nil
 	case list:
-		out := list{}
+		if len(x) > 0 && k > int64(maxItems/len(x)) {
+			return nil, true, checkItems(maxItems + 1)
+		}
+		out := make(list, 0, len(x)*int(k))
 		for i := int64(0); i < k; i++ {
 			out = append(out, x...)
 		}
@@ -808,23 +893,22 @@ func arith(op string, l, r value) (value, error) {
 	}
 	switch op {
 	case "+":
-		return li + ri, nil
+		return addInt(li, ri)
 	case "-":
-		return li - ri, nil
+		return subInt(li, ri)
 	case "*":
-		return li * ri, nil
+		return mulInt(li, ri)
 	case "**":
 		if ri < 0 {
 			return math.Pow(lf, rf), nil
 		}
-		out := int64(1)
-		for k := int64(0); k < ri && k < 64; k++ {
-			out *= li
-		}
-		return out, nil
+		return powInt(li, ri)
 	case "//", "%":
 		if ri == 0 {
 			return nil, fmt.Errorf("integer division or modulo by zero")
+		}
+		if li == math.MinInt64 && ri == -1 && op == "//" {
+			return nil, errOverflow
 		}
 		q := li / ri
 		if (li%ri != 0) && ((li < 0) != (ri < 0)) {
@@ -838,61 +922,135 @@ func arith(op string, l, r value) (value, error) {
 	return nil, fmt.Errorf("unknown operator %s", op)
 }
 
-func equal(a, b value) bool {
+// Python's integers have no bound; a template's are 64 bits, and arithmetic that leaves them
+// fails instead of wrapping around.
+var errOverflow = errors.New("integer overflow: the result does not fit in 64 bits")
+
+func addInt(a, b int64) (value, error) {
+	if c := a + b; (c > a) == (b > 0) {
+		return c, nil
+	}
+	return nil, errOverflow
+}
+
+func subInt(a, b int64) (value, error) {
+	if c := a - b; (c < a) == (b > 0) {
+		return c, nil
+	}
+	return nil, errOverflow
+}
+
+func mulInt(a, b int64) (value, error) {
+	c, err := mul64(a, b)
+	if err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+func mul64(a, b int64) (int64, error) {
+	if a == 0 || b == 0 {
+		return 0, nil
+	}
+	c := a * b
+	if c/b != a || a == -1 && b == math.MinInt64 || b == -1 && a == math.MinInt64 {
+		return 0, errOverflow
+	}
+	return c, nil
+}
+
+// powInt is base**exp for exp >= 0, by squaring.
+func powInt(base, exp int64) (value, error) {
+	out := int64(1)
+	for {
+		if exp&1 == 1 {
+			var err error
+			if out, err = mul64(out, base); err != nil {
+				return nil, err
+			}
+		}
+		exp >>= 1
+		if exp == 0 {
+			return out, nil
+		}
+		var err error
+		if base, err = mul64(base, base); err != nil {
+			return nil, err
+		}
+	}
+}
+
+// equal is Python's ==. Walking a container costs its items, and a string compared with
+// one of its length costs its bytes.
+func (r *renderer) equal(a, b value) (bool, error) {
 	if ai, af, _, ok := asNumber(a); ok {
 		if bi, bf, _, ok := asNumber(b); ok {
 			_, aIsF := a.(float64)
 			_, bIsF := b.(float64)
 			if aIsF || bIsF {
-				return af == bf
+				return af == bf, nil
 			}
-			return ai == bi
+			return ai == bi, nil
 		}
-		return false
+		return false, nil
 	}
 	switch x := a.(type) {
 	case nil:
-		return b == nil
+		return b == nil, nil
 	case undefined:
-		return isUndefined(b)
+		return isUndefined(b), nil
 	case string:
 		y, ok := b.(string)
-		return ok && x == y
+		if !ok || len(x) != len(y) {
+			return false, nil
+		}
+		return x == y, r.spend(len(x))
 	case list:
-		y, ok := b.(list)
-		return ok && equalSeq(x, y)
+		if y, ok := b.(list); ok && len(x) == len(y) {
+			return r.equalSeq(x, y)
+		}
+		return false, nil
 	case tuple:
-		y, ok := b.(tuple)
-		return ok && equalSeq(x, y)
+		if y, ok := b.(tuple); ok && len(x) == len(y) {
+			return r.equalSeq(x, y)
+		}
+		return false, nil
 	case *dict:
 		y, ok := b.(*dict)
 		if !ok || len(x.keys) != len(y.keys) {
-			return false
+			return false, nil
+		}
+		if err := r.spend(size(x)); err != nil {
+			return false, err
 		}
 		for _, k := range x.keys {
 			yv, ok := y.get(k)
-			if !ok || !equal(x.m[k], yv) {
-				return false
+			if !ok {
+				return false, nil
+			}
+			if eq, err := r.equal(x.m[k], yv); !eq || err != nil {
+				return false, err
 			}
 		}
-		return true
+		return true, nil
 	}
-	return a == b
+	return a == b, nil
 }
 
-func equalSeq(a, b []value) bool {
-	if len(a) != len(b) {
-		return false
+func (r *renderer) equalSeq(a, b []value) (bool, error) {
+	if err := r.spend(itemCost * len(a)); err != nil {
+		return false, err
 	}
 	for i := range a {
-		if !equal(a[i], b[i]) {
-			return false
+		if eq, err := r.equal(a[i], b[i]); !eq || err != nil {
+			return false, err
 		}
 	}
-	return true
+	return true, nil
 }
 
-func compare(a, b value, op string) (int, error) {
+// compare orders two numbers or two strings (at the shorter string's cost).
+func (r *renderer) compare(a, b value, op string) (int, error) {
 	if _, af, _, ok := asNumber(a); ok {
 		if _, bf, _, ok := asNumber(b); ok {
 			switch {
@@ -906,24 +1064,26 @@ func compare(a, b value, op string) (int, error) {
 	}
 	if x, ok := a.(string); ok {
 		if y, ok := b.(string); ok {
-			return strings.Compare(x, y), nil
+			return strings.Compare(x, y), r.spend(min(len(x), len(y)))
 		}
 	}
 	return 0, fmt.Errorf("%q not supported between instances of %q and %q", op, typeName(a), typeName(b))
 }
 
-func contains(container, x value) (bool, error) {
+// contains is Python's x in container: a string's search costs its bytes, a list's its items
+// compared.
+func (r *renderer) contains(container, x value) (bool, error) {
 	switch c := container.(type) {
 	case string:
 		s, ok := x.(string)
 		if !ok {
 			return false, fmt.Errorf("'in <string>' requires string as left operand, not %s", typeName(x))
 		}
-		return strings.Contains(c, s), nil
+		return strings.Contains(c, s), r.spend(len(c))
 	case list:
-		return containsSeq(c, x), nil
+		return r.containsSeq(c, x)
 	case tuple:
-		return containsSeq(c, x), nil
+		return r.containsSeq(c, x)
 	case *dict:
 		s, ok := x.(string)
 		if !ok {
@@ -937,11 +1097,14 @@ func contains(container, x value) (bool, error) {
 	return false, fmt.Errorf("argument of type %q is not iterable", typeName(container))
 }
 
-func containsSeq(items []value, x value) bool {
+func (r *renderer) containsSeq(items []value, x value) (bool, error) {
+	if err := r.spend(itemCost * len(items)); err != nil {
+		return false, err
+	}
 	for _, it := range items {
-		if equal(it, x) {
-			return true
+		if eq, err := r.equal(it, x); eq || err != nil {
+			return eq, err
 		}
 	}
-	return false
+	return false, nil
 }

@@ -51,9 +51,10 @@ func (d *dict) get(k string) (value, bool) {
 // attribute assignment.
 type namespace struct{ d *dict }
 
+// function is a callable value; call gets the render it runs in, for its budget.
 type function struct {
 	name string
-	call func(args []value, kwargs *dict) (value, error)
+	call func(r *renderer, args []value, kwargs *dict) (value, error)
 }
 
 func typeName(v value) string {
@@ -108,27 +109,56 @@ func truthy(v value) bool {
 	return true
 }
 
-// str is Python's str(): what {{ }} prints.
-func str(v value) string {
+// str is Python's str(): what {{ }} prints. Printing a container costs its text.
+func (r *renderer) str(v value) (string, error) {
 	switch x := v.(type) {
 	case undefined:
-		return ""
+		return "", nil
 	case string:
-		return x
+		return x, nil
 	}
-	return repr(v)
+	return r.repr(v)
 }
 
-// repr is Python's repr(), which str() of containers uses for their items.
-func repr(v value) string {
+// repr is Python's repr(), which str() of containers uses for their items; it costs its text.
+func (r *renderer) repr(v value) (string, error) {
+	s, ok := reprUpTo(v, maxOutput)
+	if err := r.spend(len(s)); err != nil {
+		return "", err
+	}
+	if !ok {
+		return "", fmt.Errorf("the text of a %s is longer than %d bytes", typeName(v), maxOutput)
+	}
+	return s, nil
+}
+
+// brief is v's repr for an error message: at most 80 bytes, "..." where it stops.
+func brief(v value) string {
+	s, ok := reprUpTo(v, 80)
+	if !ok {
+		s += "..."
+	}
+	return s
+}
+
+// reprUpTo is v's repr while it is at most limit bytes long; ok is false when it is longer,
+// and s then its first limit bytes. The walk stops there.
+func reprUpTo(v value, limit int) (s string, ok bool) {
 	var b strings.Builder
-	writeRepr(&b, v, 0)
-	return b.String()
+	writeRepr(&b, v, 0, limit)
+	if b.Len() > limit {
+		return b.String()[:max(limit, 0)], false
+	}
+	return b.String(), true
 }
 
 // writeRepr stops at maxDepth: a namespace can hold itself, and Python
-// also abbreviates recursive containers as "...".
-func writeRepr(b *strings.Builder, v value, depth int) {
+// also abbreviates recursive containers as "...". It writes nothing more once b holds
+// more than limit bytes.
+func writeRepr(b *strings.Builder, v value, depth, limit int) {
+	if b.Len() > limit {
+		return
+	}
 	if depth > maxDepth {
 		b.WriteString("...")
 		return
@@ -151,15 +181,15 @@ func writeRepr(b *strings.Builder, v value, depth int) {
 	case string:
 		b.WriteString(pyQuote(x))
 	case list:
-		writeSeq(b, "[", "]", x, depth)
+		writeSeq(b, "[", "]", x, depth, limit)
 	case tuple:
 		if len(x) == 1 {
 			b.WriteString("(")
-			writeRepr(b, x[0], depth+1)
+			writeRepr(b, x[0], depth+1, limit)
 			b.WriteString(",)")
 			return
 		}
-		writeSeq(b, "(", ")", x, depth)
+		writeSeq(b, "(", ")", x, depth, limit)
 	case *dict:
 		b.WriteString("{")
 		for i, k := range x.keys {
@@ -168,12 +198,12 @@ func writeRepr(b *strings.Builder, v value, depth int) {
 			}
 			b.WriteString(pyQuote(k))
 			b.WriteString(": ")
-			writeRepr(b, x.m[k], depth+1)
+			writeRepr(b, x.m[k], depth+1, limit)
 		}
 		b.WriteString("}")
 	case *namespace:
 		b.WriteString("<Namespace ")
-		writeRepr(b, x.d, depth+1)
+		writeRepr(b, x.d, depth+1, limit)
 		b.WriteString(">")
 	case *function:
 		fmt.Fprintf(b, "<function %s>", x.name)
@@ -182,13 +212,16 @@ func writeRepr(b *strings.Builder, v value, depth int) {
 	}
 }
 
-func writeSeq(b *strings.Builder, open, close string, items []value, depth int) {
+func writeSeq(b *strings.Builder, open, close string, items []value, depth, limit int) {
 	b.WriteString(open)
 	for i, it := range items {
+		if b.Len() > limit {
+			return
+		}
 		if i > 0 {
 			b.WriteString(", ")
 		}
-		writeRepr(b, it, depth+1)
+		writeRepr(b, it, depth+1, limit)
 	}
 	b.WriteString(close)
 }
@@ -247,10 +280,15 @@ func pyQuote(s string) string {
 }
 
 // toJSON is json.dumps(v, ensure_ascii=False, indent=indent), the tojson
-// filter transformers installs (no HTML escaping, keys in insertion order).
-func toJSON(v value, indent string, useIndent bool) (string, error) {
+// filter transformers installs (no HTML escaping, keys in insertion order). It costs its
+// text, and stops past maxOutput bytes.
+func (r *renderer) toJSON(v value, indent string, useIndent bool) (string, error) {
 	var b strings.Builder
-	if err := writeJSON(&b, v, indent, useIndent, 0); err != nil {
+	err := writeJSON(&b, v, indent, useIndent, 0)
+	if err := r.spend(b.Len()); err != nil {
+		return "", err
+	}
+	if err != nil {
 		return "", err
 	}
 	return b.String(), nil
@@ -260,10 +298,15 @@ func writeJSON(b *strings.Builder, v value, indent string, useIndent bool, depth
 	if depth > maxDepth {
 		return fmt.Errorf("tojson: value nested deeper than %d", maxDepth)
 	}
+	if b.Len() > maxOutput {
+		return fmt.Errorf("tojson: text longer than %d bytes", maxOutput)
+	}
 	newline := func(d int) {
 		if useIndent {
 			b.WriteByte('\n')
-			b.WriteString(strings.Repeat(indent, d))
+			for i := 0; i < d && b.Len() <= maxOutput; i++ {
+				b.WriteString(indent)
+			}
 		}
 	}
 	sep := ", "
@@ -390,7 +433,7 @@ func fromGo(v any) (value, error) {
 	case float32:
 		return float64(x), nil
 	case func(string) string:
-		return &function{name: "func", call: func(args []value, _ *dict) (value, error) {
+		return &function{name: "func", call: func(_ *renderer, args []value, _ *dict) (value, error) {
 			if len(args) != 1 {
 				return nil, fmt.Errorf("expects 1 argument, got %d", len(args))
 			}
