@@ -169,16 +169,7 @@ func nfc(s string) string {
 		for j < len(buf) && combiningClass(buf[j]) != 0 {
 			j++
 		}
-		// Runs are short: insertion sort, which is stable.
-		for k := i + 1; k < j; k++ {
-			c, cc := buf[k], combiningClass(buf[k])
-			m := k
-			for m > i && combiningClass(buf[m-1]) > cc {
-				buf[m] = buf[m-1]
-				m--
-			}
-			buf[m] = c
-		}
+		canonicalOrder(buf[i:j])
 		i = j
 	}
 
@@ -206,6 +197,42 @@ func nfc(s string) string {
 		b.WriteRune(r)
 	}
 	return b.String()
+}
+
+// insertionRun is the longest run of non-starters canonicalOrder sorts by insertion.
+const insertionRun = 32
+
+// canonicalOrder puts a run of non-starters in canonical order: a stable sort by combining
+// class. Real text has runs of a few marks, sorted in place by insertion; a longer run (a
+// request of thousands of alternating marks) is sorted by counting, in time linear in its
+// length, where insertion would take its square (minutes for a few MB).
+func canonicalOrder(run []rune) {
+	if len(run) <= insertionRun {
+		for k := 1; k < len(run); k++ {
+			c, cc := run[k], combiningClass(run[k])
+			m := k
+			for m > 0 && combiningClass(run[m-1]) > cc {
+				run[m] = run[m-1]
+				m--
+			}
+			run[m] = c
+		}
+		return
+	}
+	var start [257]int
+	for _, c := range run {
+		start[int(combiningClass(c))+1]++
+	}
+	for k := 1; k < len(start); k++ {
+		start[k] += start[k-1]
+	}
+	sorted := make([]rune, len(run))
+	for _, c := range run {
+		cc := combiningClass(c)
+		sorted[start[cc]] = c
+		start[cc]++
+	}
+	copy(run, sorted)
 }
 
 func composePair(a, b rune) (rune, bool) {
