@@ -1,6 +1,7 @@
 package frontend
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -326,3 +327,23 @@ func TestParseAppCustomKernelErrors(t *testing.T) {
 }
 
 func writeFile(path, text string) error { return os.WriteFile(path, []byte(text), 0o644) }
+
+// TestParseAppErrorOncePerAnchor: a bad value anchored once and read through three aliases is
+// reported once, at the anchor.
+func TestParseAppErrorOncePerAnchor(t *testing.T) {
+	text := "app: a\nparams:\n  x: &bad {values: [1, 2]}\n  y: {values: [*bad, *bad, *bad]}\nops: []\n"
+	_, err := ParseApp("a.yaml", []byte(text), nil)
+	var list ErrorList
+	if !errors.As(err, &list) {
+		t.Fatalf("got %v, want an ErrorList", err)
+	}
+	n := 0
+	for _, e := range list {
+		if strings.Contains(e.Msg, "params.y.values: expected a number, got a mapping") {
+			n++
+		}
+	}
+	if n != 1 {
+		t.Errorf("the alias's error %d times, want once:\n%v", n, err)
+	}
+}

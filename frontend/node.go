@@ -8,6 +8,7 @@ import (
 	"math"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -69,7 +70,9 @@ func (p *parser) errorAt(pos Pos, hint, format string, args ...any) {
 	p.errs = append(p.errs, Errorf(pos, hint, format, args...))
 }
 
-// result returns the collected errors, sorted by position, or nil.
+// result returns the collected errors, sorted by position, each once, or nil. A value
+// anchored once and read through several aliases (`*anchor`) is checked at each, so its
+// errors would otherwise repeat once per alias.
 func (p *parser) result() error {
 	if len(p.errs) == 0 {
 		return nil
@@ -84,7 +87,7 @@ func (p *parser) result() error {
 		}
 		return a.Col < b.Col
 	})
-	return p.errs
+	return slices.CompactFunc(p.errs, func(a, b *Error) bool { return *a == *b })
 }
 
 // resolve makes a relative path absolute against the spec's directory.
