@@ -227,6 +227,18 @@ func TestChatCompletions(t *testing.T) {
 	if code != http.StatusBadRequest || !strings.Contains(string(data), "no chat template") {
 		t.Errorf("no template: %d %s", code, data)
 	}
+	// A template that doubles a string in a loop (the checkpoint's file, not the request, is
+	// at fault) fails the request with the construct's place, and the server serves on.
+	runaway := tinyBundle(t)
+	runaway.Manifest.Model.ChatTemplate = "{% set ns = namespace(s='x') %}{% for i in range(80) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s }}"
+	bad := startServer(t, runaway, nil)
+	code, data = post(t, bad.url+"/v1/chat/completions", `{"messages": [{"role": "user", "content": "Hi"}]}`)
+	if code != http.StatusBadRequest || !strings.Contains(string(data), "chat template: template 1:75: string longer than") {
+		t.Errorf("runaway template: %d %s", code, data)
+	}
+	if code, data = post(t, bad.url+"/v1/completions", `{"prompt": "Once", "max_tokens": 2}`); code != http.StatusOK {
+		t.Errorf("after the runaway template: %d %s", code, data)
+	}
 }
 
 // Stop strings end the text where they start, across token boundaries and while streaming,
