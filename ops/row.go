@@ -201,10 +201,20 @@ func (a RowNormAttrs) run(args []Arg, l Launch) error {
 		return err
 	}
 	out := outArg.F32()
-	for r := range outRow {
-		if o := outRow[r]; o != bundle.NoRow && (int(o)+1)*h > len(out) {
+	// Rows run in parallel: two naming one out row would race for it. (outRow holds at least
+	// rows words; past them is another step's.)
+	wrote := map[uint32]int{}
+	for r, o := range outRow[:min(rows, len(outRow))] {
+		if o == bundle.NoRow {
+			continue
+		}
+		if (int(o)+1)*h > len(out) {
 			return fmt.Errorf("out_row[%d] = %d, but out holds %d rows", r, o, len(out)/h)
 		}
+		if first, ok := wrote[o]; ok {
+			return fmt.Errorf("out_row[%d] and out_row[%d] are both %d: each out row takes one row's norm", first, r, o)
+		}
+		wrote[o] = r
 	}
 	rs, ds := resid.F32(), delta.F32()
 	ParallelFor(rows, func(lo, hi int) {

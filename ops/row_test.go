@@ -3,6 +3,8 @@ package ops
 import (
 	"math"
 	"math/rand/v2"
+	"slices"
+	"strings"
 	"testing"
 	"unsafe"
 
@@ -161,6 +163,16 @@ func TestRowNormEmbedGather(t *testing.T) {
 	r, _ := Build("row_norm", EncodeAttrs(a))
 	if err := r.Run(bad, Launch{Grid: [3]int{rows, 1, 1}}); err == nil {
 		t.Error("out_row past the end of out accepted")
+	}
+	// Two rows naming one out row would race for it; words past the step's rows are another
+	// step's and are not read.
+	bad[5] = miArgU32([]uint32{1, bundle.NoRow, 1, bundle.NoRow, 0, 0})
+	if err := r.Run(bad, Launch{Grid: [3]int{rows, 1, 1}}); err == nil || !strings.Contains(err.Error(), "out_row[0] and out_row[2] are both 1") {
+		t.Errorf("two rows into one out row: %v", err)
+	}
+	bad[5] = miArgU32(append(slices.Clone(outRow), 0, 0))
+	if err := r.Run(bad, Launch{Grid: [3]int{rows, 1, 1}}); err != nil {
+		t.Errorf("stale words past the step's rows: %v", err)
 	}
 }
 

@@ -834,7 +834,11 @@ func fullBatch(s *session, ti int, f benchFlags) error {
 	if err != nil {
 		return err
 	}
-	pos, seq, mask := make([]uint32, rows), make([]uint32, rows), make([]uint32, rows)
+	// Every row samples: row r is sample r (ctl.out_row) and sample r reads row r (ctl.s_row).
+	pos, seq, mask, sample := make([]uint32, rows), make([]uint32, rows), make([]uint32, rows), make([]uint32, rows)
+	for r := range sample {
+		sample[r] = uint32(r)
+	}
 	withApps := int(math.Round(f.appFraction * float64(rows)))
 	for r := range withApps {
 		mask[r] = bits
@@ -856,8 +860,13 @@ func fullBatch(s *session, ti int, f benchFlags) error {
 	for _, w := range []struct {
 		buf string
 		v   []uint32
-	}{{bundle.CtlPos, pos}, {bundle.CtlSeq, seq}, {bundle.CtlMask, mask}} {
+	}{{bundle.CtlPos, pos}, {bundle.CtlSeq, seq}, {bundle.CtlMask, mask}, {bundle.CtlOutRow, sample}} {
 		if err := s.be.Write(w.buf, 0, enc(w.v)); err != nil {
+			return err
+		}
+	}
+	if hasBuffer(s.b, bundle.CtlSRow) {
+		if err := s.be.Write(bundle.CtlSRow, 0, enc(sample)); err != nil {
 			return err
 		}
 	}
