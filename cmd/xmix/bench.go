@@ -802,7 +802,9 @@ func roleCostsOf(rt roleTimer, ti, n int, roles []string) (map[string]float64, e
 // overwritten). f.attnSplits > 0 (--attn-splits) cuts each context over that many splits of
 // the attention instead of the engine's choice (AttnSplit.Chunk). Every row samples with
 // --temperature and --top-p, and the first --app-fraction of the rows enable --apps, so the
-// graph replayed is the one a step with those apps runs.
+// graph replayed is the one a step with those apps runs. Each row is generating after a
+// --prompt-len prompt (ctl.gen, which apps' steps gates read); its token and its apps' latch
+// words stay as the last step left them.
 func fullBatch(s *session, ti int, f benchFlags) error {
 	n, splits := f.graphCtx, f.attnSplits
 	if n == 0 {
@@ -835,9 +837,10 @@ func fullBatch(s *session, ti int, f benchFlags) error {
 		return err
 	}
 	// Every row samples: row r is sample r (ctl.out_row) and sample r reads row r (ctl.s_row).
-	pos, seq, mask, sample := make([]uint32, rows), make([]uint32, rows), make([]uint32, rows), make([]uint32, rows)
+	pos, seq, mask, sample, gen := make([]uint32, rows), make([]uint32, rows), make([]uint32, rows), make([]uint32, rows), make([]uint32, rows)
 	for r := range sample {
 		sample[r] = uint32(r)
+		gen[r] = uint32(max(0, n-1-(f.promptLen+1))) // position less the prompt and its BOS
 	}
 	withApps := int(math.Round(f.appFraction * float64(rows)))
 	for r := range withApps {
@@ -860,7 +863,7 @@ func fullBatch(s *session, ti int, f benchFlags) error {
 	for _, w := range []struct {
 		buf string
 		v   []uint32
-	}{{bundle.CtlPos, pos}, {bundle.CtlSeq, seq}, {bundle.CtlMask, mask}, {bundle.CtlOutRow, sample}} {
+	}{{bundle.CtlPos, pos}, {bundle.CtlSeq, seq}, {bundle.CtlMask, mask}, {bundle.CtlOutRow, sample}, {bundle.CtlGen, gen}} {
 		if err := s.be.Write(w.buf, 0, enc(w.v)); err != nil {
 			return err
 		}

@@ -337,8 +337,28 @@ func TestBenchFullBatch(t *testing.T) {
 			continue
 		}
 		const n = 100
-		if err := fullBatch(s, i, benchFlags{graphCtx: n, runFlags: runFlags{temperature: 0.7, topP: 0.9}}); err != nil {
+		// Stale words from another step: every row's norm into out row 0, no sample reading a
+		// row, prompt rows.
+		for _, buf := range []string{bundle.CtlOutRow, bundle.CtlSRow, bundle.CtlGen} {
+			if err := s.be.Write(buf, 0, slices.Repeat([]byte{0xff}, 16)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := s.be.Write(bundle.CtlOutRow, 0, make([]byte, 16)); err != nil {
 			t.Fatal(err)
+		}
+		if err := fullBatch(s, i, benchFlags{graphCtx: n, promptLen: 16, runFlags: runFlags{temperature: 0.7, topP: 0.9}}); err != nil {
+			t.Fatal(err)
+		}
+		// Row r is sample r both ways, generating its token n-1-17 after a 16-token prompt
+		// and its BOS.
+		for _, w := range []struct {
+			buf  string
+			want []uint32
+		}{{bundle.CtlOutRow, []uint32{0, 1, 2, 3}}, {bundle.CtlSRow, []uint32{0, 1, 2, 3}}, {bundle.CtlGen, slices.Repeat([]uint32{n - 1 - 17}, 4)}} {
+			if got := bufferWords(t, s.be, w.buf, 4); !slices.Equal(got, w.want) {
+				t.Errorf("%s: %v, want %v", w.buf, got, w.want)
+			}
 		}
 		words := func(buf string, k int) []uint32 { return bufferWords(t, s.be, buf, k) }
 		perSeq := (m.MaxSeqLen + m.KVBlockSize - 1) / m.KVBlockSize
