@@ -100,7 +100,8 @@ func TestClusterSpecials(t *testing.T) {
 // ring is a producer/consumer kernel over S=2 stages of 128 bytes (64 used) in dynamic shared
 // memory: thread 0 fills chunk i (of n) into stage i%2 with a bulk copy of x+64i, or with a
 // tensor copy of the box at (8(i&1)-4, (i>>1)-1); warp 1 waits for each stage, adds element
-// lane%16 of it and releases the stage. out[lane] is each consumer's sum.
+// lane%16 of it and releases the stage. out[32*block+lane] is the block's consumer's sum: each
+// block has stages and barriers of its own, and an out of its own (blocks run at once).
 func ring(tensor bool, n int) *ptx.Kernel {
 	k := ptx.NewKernel("ring")
 	x, out := k.Reg(ptx.U64), k.Reg(ptx.U64)
@@ -195,15 +196,19 @@ func ring(tensor bool, n int) *ptx.Kernel {
 	k.Emit("add.u32", i, i, ptx.Imm(1))
 	k.Emit("bra", ptx.Sym(cloop))
 	k.Label(store)
-	o := k.Reg(ptx.U64)
-	k.Emit("mul.wide.u32", o, lane, ptx.Imm(4))
+	o, at := k.Reg(ptx.U64), u()
+	k.Emit("mov.u32", at, ptx.CtaidX)
+	k.Emit("mad.lo.u32", at, at, ptx.Imm(32), lane)
+	k.Emit("mul.wide.u32", o, at, ptx.Imm(4))
 	k.Emit("add.u64", o, o, out)
 	k.Emit("st.global.f32", ptx.Addr{Base: o}, acc)
 	k.Label(done)
 	return k
 }
 
-var ringLaunch = Launch{Grid: [3]int{3, 1, 1}, Block: [3]int{64, 1, 1}, Shared: 256}
+const ringBlocks = 3
+
+var ringLaunch = Launch{Grid: [3]int{ringBlocks, 1, 1}, Block: [3]int{64, 1, 1}, Shared: 256}
 
 func TestRingBulkCopy(t *testing.T) {
 	const n = 7
@@ -212,18 +217,19 @@ func TestRingBulkCopy(t *testing.T) {
 		xv[j] = float32(j)
 	}
 	mem := NewMemory()
-	x, out := allocF32(mem, xv), mem.Alloc(4*32)
+	x, out := allocF32(mem, xv), mem.Alloc(4*32*ringBlocks)
 	if err := Run(compile(t, ring(false, n)), "ring", ringLaunch, mem, []uint64{x, out}); err != nil {
 		t.Fatal(err)
 	}
-	got := readF32(mem, out, 32)
-	for lane := range 32 {
+	got := readF32(mem, out, 32*ringBlocks)
+	for j := range got {
+		lane := j % 32
 		var want float32
 		for i := range n {
 			want += xv[16*i+lane%16]
 		}
-		if got[lane] != want {
-			t.Fatalf("lane %d: %v, want %v", lane, got[lane], want)
+		if got[j] != want {
+			t.Fatalf("block %d lane %d: %v, want %v", j/32, lane, got[j], want)
 		}
 	}
 }
@@ -247,7 +253,7 @@ func TestRingTensorCopyZeroFills(t *testing.T) {
 		xv[j] = float32(j + 1)
 	}
 	mem := NewMemory()
-	x, out := allocF32(mem, xv), mem.Alloc(4*32)
+	x, out := allocF32(mem, xv), mem.Alloc(4*32*ringBlocks)
 	mp := putTensorMap(t, mem, x, [2]int{cols, rows}, 4*pitch, [2]int{8, 2}, 4, 0)
 	if err := Run(compile(t, ring(true, n)), "ring", ringLaunch, mem, []uint64{mp, out}); err != nil {
 		t.Fatal(err)
@@ -258,16 +264,17 @@ func TestRingTensorCopyZeroFills(t *testing.T) {
 		}
 		return xv[r*pitch+c]
 	}
-	got := readF32(mem, out, 32)
-	for lane := range 32 {
+	got := readF32(mem, out, 32*ringBlocks)
+	for j := range got {
+		lane := j % 32
 		var want float32
 		e := lane % 16
 		for i := range n {
 			c0, c1 := 8*(i&1)-4, i>>1-1
 			want += at(c0+e%8, c1+e/8)
 		}
-		if got[lane] != want {
-			t.Fatalf("lane %d: %v, want %v", lane, got[lane], want)
+		if got[j] != want {
+			t.Fatalf("block %d lane %d: %v, want %v", j/32, lane, got[j], want)
 		}
 	}
 }
