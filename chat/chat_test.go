@@ -50,7 +50,7 @@ func loadExpected(t *testing.T) *expectedFile {
 func messages(ms []msgJSON) []Message {
 	out := make([]Message, len(ms))
 	for i, m := range ms {
-		out[i] = Message{Role: m.Role, Content: m.Content}
+		out[i] = Message(m)
 	}
 	return out
 }

@@ -123,7 +123,7 @@ func gemmAttrs(c GemmConfig) (ops.GemmAttrs, error) {
 		return ops.GemmAttrs{}, fmt.Errorf("weight dtype %s: want f32 or bf16", c.WDtype)
 	}
 	if c.K <= 0 || c.N <= 0 {
-		return ops.GemmAttrs{}, fmt.Errorf("K=%d N=%d must be positive", c.K, c.N)
+		return ops.GemmAttrs{}, fmt.Errorf("sizes K=%d N=%d: both must be positive", c.K, c.N)
 	}
 	if c.Cols < 0 || c.Cols > MaxGemvCols {
 		return ops.GemmAttrs{}, fmt.Errorf("%d columns per warp: want 0 to %d", c.Cols, MaxGemvCols)

@@ -167,7 +167,7 @@ func checkTC(c GemmConfig) error {
 	case c.WDtype != ptx.BF16:
 		return fmt.Errorf("weight dtype %s: tensor-core GEMM needs bf16", c.WDtype)
 	case c.K <= 0 || c.N <= 0 || c.K%16 != 0 || c.N%16 != 0:
-		return fmt.Errorf("K=%d N=%d must be positive multiples of 16", c.K, c.N)
+		return fmt.Errorf("sizes K=%d N=%d: both must be positive multiples of 16", c.K, c.N)
 	case c.Rows < 0 || c.Unroll < 0 || c.Unroll > MaxTCChunks:
 		return fmt.Errorf("%d rows, %d chunks in flight: want rows >= 0 and 0 to %d chunks", c.Rows, c.Unroll, MaxTCChunks)
 	}

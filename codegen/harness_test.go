@@ -49,9 +49,6 @@ func scalarU32(name string, v uint32) targ { return targ{name: name, bits: uint6
 
 // nullPtr is a pointer parameter passed 0: an optional output the kernel must not write.
 func nullPtr(name string) targ { return targ{name: name, isVal: true} }
-func scalarF32(name string, v float32) targ {
-	return targ{name: name, bits: uint64(math.Float32bits(v)), isVal: true}
-}
 
 func randF32(r *rand.Rand, n int, scale float32) []float32 {
 	v := make([]float32, n)

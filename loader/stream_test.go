@@ -175,14 +175,13 @@ func TestFillAllMatchesFillRank(t *testing.T) {
 // staged bytes, as a DMA engine does: a staging chunk that a reader refilled before its copy
 // completed would land corrupted.
 type lateDevice struct {
-	staging   [][]byte
-	mem       [][]byte
-	queue     []WeightChunk
-	rng       *rand.Rand
-	failAt    int // the Upload call that fails (0: none)
-	calls     int
-	inflight  int // most uploads in flight at once
-	afterFail bool
+	staging  [][]byte
+	mem      [][]byte
+	queue    []WeightChunk
+	rng      *rand.Rand
+	failAt   int // the Upload call that fails (0: none)
+	calls    int
+	inflight int // most uploads in flight at once
 }
 
 func (d *lateDevice) Staging() [][]byte { return d.staging }

@@ -37,15 +37,6 @@ func unspell(tok string) ([]byte, bool) {
 	return out, true
 }
 
-// spell is the inverse of unspell.
-func spell(b []byte) string {
-	var s strings.Builder
-	for _, c := range b {
-		s.WriteRune(byteChars[c])
-	}
-	return s.String()
-}
-
 // Decode returns the text of ids. Bytes that are not valid UTF-8 become U+FFFD, one per
 // maximal invalid subsequence (as Rust's String::from_utf8_lossy); unknown ids are skipped.
 func (t *Tokenizer) Decode(ids []int) string {

@@ -269,12 +269,12 @@ func (t *Tokenizer) parsePreTokenizer(raw json.RawMessage) error {
 	case split == nil || split.Type != "Split":
 		return fmt.Errorf("pretokenizers[0] must be Split; supported: %s", supportedPreTokenizer)
 	case split.Pattern.Regex == nil:
-		return fmt.Errorf("Split: only a Regex pattern is supported")
+		return fmt.Errorf("pre_tokenizer Split: only a Regex pattern is supported")
 	case split.Behavior != "Isolated" || split.Invert:
-		return fmt.Errorf("Split: behavior %s (invert %v) is not supported; supported: Isolated, invert false", split.Behavior, split.Invert)
+		return fmt.Errorf("pre_tokenizer Split: behavior %s (invert %v) is not supported; supported: Isolated, invert false", split.Behavior, split.Invert)
 	}
 	if t.split, err = splitterFor(*split.Pattern.Regex); err != nil {
-		return fmt.Errorf("Split: %w", err)
+		return fmt.Errorf("pre_tokenizer Split: %w", err)
 	}
 	bl, err := parseComponent(c.Pretokenizers[1])
 	if err != nil {
