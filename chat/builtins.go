@@ -192,14 +192,12 @@ func stringMethodOf(s, name string) *function {
 	return nil
 }
 
-// join is strings.Join, refused before it is built past maxOutput bytes.
+// join is strings.Join, refused before it is built past maxOutput bytes (the length of
+// parts and a separator that fit in memory fits an int).
 func join(parts []string, sep string) (value, error) {
 	n := len(sep) * max(len(parts)-1, 0)
 	for _, p := range parts {
 		n += len(p)
-		if err := checkLen(n); err != nil {
-			return nil, err
-		}
 	}
 	if err := checkLen(n); err != nil {
 		return nil, err
@@ -588,7 +586,7 @@ func init() {
 			}
 			return replace(s, args)
 		},
-		"items": func(r *renderer, x value, _ []value, _ *dict) (value, error) {
+		"items": func(_ *renderer, x value, _ []value, _ *dict) (value, error) {
 			switch d := x.(type) {
 			case undefined:
 				return list{}, nil
@@ -697,7 +695,7 @@ func init() {
 			}
 			return 0.0, nil
 		},
-		"abs": func(r *renderer, x value, _ []value, _ *dict) (value, error) {
+		"abs": func(_ *renderer, x value, _ []value, _ *dict) (value, error) {
 			switch v := x.(type) {
 			case int64:
 				if v == math.MinInt64 {
@@ -709,7 +707,7 @@ func init() {
 			}
 			return nil, fmt.Errorf("bad operand type for abs(): %s", typeName(x))
 		},
-		"safe":       func(r *renderer, x value, _ []value, _ *dict) (value, error) { return x, nil },
+		"safe":       func(_ *renderer, x value, _ []value, _ *dict) (value, error) { return x, nil },
 		"select":     selectFilter(false, false),
 		"reject":     selectFilter(true, false),
 		"selectattr": selectFilter(false, true),
@@ -771,7 +769,7 @@ func filterLength(r *renderer, x value, _ []value, _ *dict) (value, error) {
 	return nil, fmt.Errorf("object of type %s has no len()", typeName(x))
 }
 
-func filterDefault(r *renderer, x value, args []value, kw *dict) (value, error) {
+func filterDefault(_ *renderer, x value, args []value, kw *dict) (value, error) {
 	if err := wantArgs(args, 0, 2); err != nil {
 		return nil, err
 	}

@@ -583,7 +583,8 @@ func (r *renderer) slice(s *scope, e *sliceExpr) (value, error) {
 		bounds[i] = &n
 	}
 	var items []value
-	var chars []rune
+	var chars []rune // a string's, which its slice is built of
+	isStr := false
 	switch x := obj.(type) {
 	case list:
 		items = x
@@ -593,7 +594,7 @@ func (r *renderer) slice(s *scope, e *sliceExpr) (value, error) {
 		if err := r.spend(len(x)); err != nil {
 			return nil, errAt(e.p, "%v", err)
 		}
-		chars = []rune(x)
+		chars, isStr = []rune(x), true
 	default:
 		return nil, errAt(e.p, "%s object is not sliceable", typeName(obj))
 	}
@@ -601,7 +602,7 @@ func (r *renderer) slice(s *scope, e *sliceExpr) (value, error) {
 	if err != nil {
 		return nil, errAt(e.p, "%v", err)
 	}
-	if chars != nil {
+	if isStr {
 		out := make([]rune, 0, sl.n)
 		for k, j := 0, sl.start; k < sl.n; k, j = k+1, j+sl.step {
 			out = append(out, chars[j])
