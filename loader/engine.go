@@ -51,6 +51,11 @@ type Request struct {
 	// StopWhen, when set, ends the request once an export crosses a threshold (reason
 	// "stop_when").
 	StopWhen *StopWhen
+	// TokenExportsOnly keeps the exports of the rows that sample a token (the last prompt row
+	// and every generated one) and not those of the prompt's other rows, whose Rows entries
+	// then come without Exports: a caller that reports reads per generated token keeps no
+	// copy of a long prompt's (capturing every layer of Llama-3.1-8B is 512 KB a row).
+	TokenExportsOnly bool
 	// Logprobs asks, for every generated token, its logprob (Result.Logprobs), and
 	// TopLogprobs (0 to ModelConfig.Logprobs, and implying Logprobs) the logprobs of that
 	// many most likely tokens at its position. MinTokens keeps the sampler from picking an
@@ -1127,7 +1132,7 @@ func isEOS(eos []int, tok int) bool {
 // another's alive.
 func (e *Engine) collectExports(rows []stepRow, n int) error {
 	wants := func(r stepRow, x *exportInfo) bool {
-		return r.s.mask&(1<<uint(x.bit)) != 0 && (!x.samples || r.sample >= 0)
+		return r.s.mask&(1<<uint(x.bit)) != 0 && (!x.samples && !r.s.req.TokenExportsOnly || r.sample >= 0)
 	}
 	// at[xi]: where export xi's n rows start in the scratch bytes, -1 when no row wants it.
 	at := e.scratch.ints(len(e.exports))

@@ -72,17 +72,18 @@ func benchShippedApps(b *testing.B, requests int) {
 		}
 		return reqs
 	}
-	benchHostSteps(b, bun, reqs, map[string][]string{
-		"none":                nil,
-		"hallucination-probe": {"hallucination-probe"},
-		"all-six":             {"refusal-ablation", "seal", "conditional-refusal", "hallucination-probe", "sake", "side-effect-free"},
+	benchHostSteps(b, bun, reqs, map[string]hostCase{
+		"none":                {},
+		"hallucination-probe": {apps: []string{"hallucination-probe"}},
+		"all-six":             {apps: []string{"refusal-ablation", "seal", "conditional-refusal", "hallucination-probe", "sake", "side-effect-free"}},
 	})
 }
 
 // BenchmarkEngineHostStepWideExport: the same for the nnsight grid bundle (specs/apps/grid)
 // with nothing enabled and with "capture every layer" (32 x 4096 floats per token), on 8
 // requests of 512 prompt tokens and 32 generated ones: the grid rows' shape in
-// testsuite/gpu/apps.sh.
+// testsuite/gpu/apps.sh; capture-all-tokens keeps the generated tokens' reads only
+// (Request.TokenExportsOnly, as xmix serve asks unless a request wants prompt_exports).
 func BenchmarkEngineHostStepWideExport(b *testing.B) {
 	bun := compileWithApps(b, "specs/apps/grid/*.yaml", 8)
 	reqs := func(apps []string) []loader.Request {
@@ -96,7 +97,9 @@ func BenchmarkEngineHostStepWideExport(b *testing.B) {
 		}
 		return reqs
 	}
-	benchHostSteps(b, bun, reqs, map[string][]string{"none": nil, "capture-all": {"grid-capture-all"}})
+	capture := []string{"grid-capture-all"}
+	benchHostSteps(b, bun, reqs, map[string]hostCase{"none": {}, "capture-all": {apps: capture},
+		"capture-all-tokens": {apps: capture, tokenExportsOnly: true}})
 }
 
 // compileWithApps compiles Llama-3.1-8B's spec with the app specs that glob (relative to the
@@ -122,7 +125,14 @@ func compileWithApps(b *testing.B, glob string, want int) *bundle.Bundle {
 
 // benchHostSteps runs one sub-benchmark per case (the apps every request enables): Generate on
 // a fresh engine over the null backend, reported as host microseconds per step.
-func benchHostSteps(b *testing.B, bun *bundle.Bundle, reqs func(apps []string) []loader.Request, cases map[string][]string) {
+// hostCase is one case of benchHostSteps: the apps its requests enable, and whether they
+// keep their generated tokens' reads only.
+type hostCase struct {
+	apps             []string
+	tokenExportsOnly bool
+}
+
+func benchHostSteps(b *testing.B, bun *bundle.Bundle, reqs func(apps []string) []loader.Request, cases map[string]hostCase) {
 	names := make([]string, 0, len(cases))
 	for name := range cases {
 		names = append(names, name)
@@ -141,7 +151,10 @@ func benchHostSteps(b *testing.B, bun *bundle.Bundle, reqs func(apps []string) [
 				if err != nil {
 					b.Fatal(err)
 				}
-				rs := reqs(cases[name])
+				rs := reqs(cases[name].apps)
+				for i := range rs {
+					rs[i].TokenExportsOnly = cases[name].tokenExportsOnly
+				}
 				runtime.GC() // the last iteration's garbage is not this one's cost
 				start := time.Now()
 				if _, err := eng.Generate(rs); err != nil {

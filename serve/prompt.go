@@ -111,6 +111,8 @@ func (sv *Server) plan(gr *genRequest) (*plan, error) {
 	p.req.Apps = p.apps
 	p.req.Layers = gr.ext.layers
 	p.req.StopWhen = gr.ext.stopWhen
+	// The response reports reads per generated token, and the prompt's only when asked.
+	p.req.TokenExportsOnly = !gr.ext.promptExports
 	if len(gr.ext.vectors) > 0 {
 		p.req.Vectors = map[string][]float32{}
 		for _, name := range sortedKeys(gr.ext.vectors) {

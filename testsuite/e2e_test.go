@@ -1,6 +1,7 @@
 package testsuite
 
 import (
+	"slices"
 	"strings"
 	"testing"
 
@@ -45,6 +46,21 @@ func TestCPUExportsOnlyForAppRows(t *testing.T) {
 	for _, row := range res[1].Rows {
 		if len(row.Exports) != 0 {
 			t.Fatalf("request without the app got exports %v", row.Exports)
+		}
+	}
+	// TokenExportsOnly: the rows that sampled a token (the last prompt row, every decode
+	// row) keep the same reads; the prompt's other rows come without any.
+	only := Generate(t, newCPU, b, []loader.Request{{Prompt: []int{1, 2, 3}, Apps: []string{"cap"}, MaxTokens: 5, TokenExportsOnly: true}})[0]
+	if len(only.Rows) != len(res[0].Rows) {
+		t.Fatalf("%d rows with TokenExportsOnly, %d without", len(only.Rows), len(res[0].Rows))
+	}
+	for i, row := range only.Rows {
+		got, want := row.Exports.Get("cap.x"), res[0].Rows[i].Exports.Get("cap.x")
+		if i < only.PromptTokens-1 {
+			want = nil
+		}
+		if row.Pos != i || !slices.Equal(got, want) {
+			t.Fatalf("TokenExportsOnly row %d: pos %d, %d values, want %d", i, row.Pos, len(got), len(want))
 		}
 	}
 }

@@ -148,11 +148,18 @@ test("the xmix extension steers, and probe scores come per generated token, whol
   const probed = await client.completions.create({ ...params, xmix: { apps: ["tiny-probe"], prompt_exports: true } });
   const scores = probed.xmix.exports["tiny-probe.happy"];
   assert.equal(scores.length, probed.usage.completion_tokens);
-  for (const v of scores) assert.ok(v >= 0 && v <= 1, `probe score ${v}`);
-  assert.equal(probed.xmix.prompt_exports["tiny-probe.happy"].length, probed.usage.prompt_tokens);
+  const isScore = (v) => typeof v === "number" && v >= 0 && v <= 1; // null >= 0 holds in JS
+  for (const v of scores) assert.ok(isScore(v), `probe score ${v}`);
+  // Asked for, the prompt's reads come at every prompt position; not asked for, not at all.
+  const promptScores = probed.xmix.prompt_exports["tiny-probe.happy"];
+  assert.equal(promptScores.length, probed.usage.prompt_tokens);
+  for (const v of promptScores) assert.ok(isScore(v), `prompt probe score ${v}`);
   assert.equal(probed.choices[0].text, plain.choices[0].text, "a probe reads, it must not change the text");
 
   assert.ok(probed.xmix.fired["tiny-probe.op0"] > 0);
+  const unasked = await client.completions.create({ ...params, xmix: { apps: ["tiny-probe"] } });
+  assert.equal(unasked.xmix.prompt_exports, undefined);
+  assert.deepEqual(unasked.xmix.exports, probed.xmix.exports);
   const s = await streamedCompletion({ ...params, xmix: { apps: ["tiny-probe"] } });
   assert.deepEqual(s.exports["tiny-probe.happy"], scores);
   assert.deepEqual(s.fired, probed.xmix.fired);
