@@ -54,6 +54,10 @@ func (c *Chat) Prompt(msgs []chat.Message, addGenerationPrompt bool) ([]int, err
 	if err != nil {
 		return nil, err
 	}
+	if n := c.tok.MinTokens(s); n >= c.model.MaxSeqLen {
+		return nil, fmt.Errorf("the conversation is at least %d tokens (%d bytes as the chat template writes it); the model's context is %d, which leaves no room to generate",
+			n, len(s), c.model.MaxSeqLen)
+	}
 	ids := c.tok.Encode(s)
 	if c.bos == "" && c.model.BOS >= 0 && (len(ids) == 0 || ids[0] != c.model.BOS) {
 		ids = append([]int{c.model.BOS}, ids...)

@@ -11,6 +11,9 @@ import (
 type Tokenizer interface {
 	Encode(text string) []int
 	Decode(ids []int) string
+	// MinTokens is a lower bound on len(Encode(text)) from its length alone (0: none), for
+	// refusing a text too long for the model before encoding it.
+	MinTokens(text string) int
 }
 
 // NewTokenizer returns the bundle's tokenizer.
@@ -41,6 +44,9 @@ func (ByteTokenizer) Encode(text string) []int {
 	}
 	return ids
 }
+
+// MinTokens implements Tokenizer: a token a byte.
+func (ByteTokenizer) MinTokens(text string) int { return len(text) }
 
 // Decode implements Tokenizer.
 func (ByteTokenizer) Decode(ids []int) string {

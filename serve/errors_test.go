@@ -39,7 +39,10 @@ func TestBadRequestsGetOpenAIErrors(t *testing.T) {
 		{cmpl, `{"prompt": "x", "max_tokens": 18446744073709551616}`, 400, "max_tokens", "want an integer"},
 		{cmpl, `{"prompt": "x", "max_tokens": -3}`, 400, "max_tokens", "max_tokens -3"},
 		{cmpl, `{"prompt": "x", "max_tokens": 600}`, 400, "max_tokens", "exceeds the bundle's max_seq_len 512"},
-		{cmpl, fmt.Sprintf(`{"prompt": %q}`, long), 400, "prompt", "leaves no room to generate"},
+		// Too long by its bytes alone (tiny's tokenizer: a token a byte), refused before it is
+		// encoded; one byte short of that, refused once encoded, BOS and all.
+		{cmpl, fmt.Sprintf(`{"prompt": %q}`, long), 400, "prompt", "the prompt is at least 600 tokens (600 bytes of text); the model's context is 512, which leaves no room to generate"},
+		{cmpl, fmt.Sprintf(`{"prompt": %q}`, long[:511]), 400, "prompt", "the prompt is 512 tokens (BOS included); the model's context is 512, which leaves no room to generate"},
 		{cmpl, `{"prompt": "x", "temperature": -1}`, 400, "temperature", "temperature -1: want a finite number >= 0 (0: greedy)"},
 		{cmpl, `{"prompt": "x", "top_p": 1.5}`, 400, "top_p", "top_p 1.5: want a number in [0, 1]"},
 		{cmpl, `{"prompt": "x", "n": 2}`, 400, "n", "n 2: only one choice"},
@@ -66,6 +69,7 @@ func TestBadRequestsGetOpenAIErrors(t *testing.T) {
 		{cmpl, fmt.Sprintf(`{"prompt": %q}`, strings.Repeat("a", maxBodyBytes)), 413, "", "larger than"},
 		{chat, `{"messages": "hi"}`, 400, "messages", "want a list"},
 		{chat, `{"messages": []}`, 400, "messages", "the list is empty"},
+		{chat, fmt.Sprintf(`{"messages": [{"role": "user", "content": %q}]}`, long), 400, "messages", "the conversation is at least"},
 		{chat, `{"prompt": "x"}`, 400, "prompt", `unknown field "prompt"`},
 		{chat, `{}`, 400, "messages", "messages: required"},
 		{chat, `{"messages": [{"content": "hi"}]}`, 400, "messages[0].role", "want a role"},

@@ -52,6 +52,10 @@ func (sv *Server) plan(gr *genRequest) (*plan, error) {
 		}
 		p.req.Prompt, p.req.Verbatim = ids, true
 	case gr.text != nil:
+		if n := sv.tok.MinTokens(*gr.text); n >= m.MaxSeqLen {
+			return nil, badRequest("prompt", "the prompt is at least %d tokens (%d bytes of text); the model's context is %d, which leaves no room to generate",
+				n, len(*gr.text), m.MaxSeqLen)
+		}
 		p.req.Prompt, p.req.Verbatim = sv.tok.Encode(*gr.text), !gr.addSpecialTokens
 	default:
 		p.req.Prompt, p.req.Verbatim = gr.prompt, !gr.addSpecialTokens

@@ -36,6 +36,10 @@ type Tokenizer struct {
 	idBytes   [][]byte      // the bytes each id decodes to
 	tokens    map[string]int
 	vocabSize int
+	// longest is the most bytes of text one id covers (MinTokens); strips: an added token
+	// takes the whitespace around it too, which no id bounds.
+	longest int
+	strips  bool
 	// prefix and suffix are the post-processor's special tokens around a single sequence.
 	prefix, suffix []int
 }
@@ -206,6 +210,7 @@ func (t *Tokenizer) parseModel(m *modelJSON) error {
 		}
 		bytes, ok := unspell(tok)
 		t.idBytes[id] = bytes
+		t.longest = max(t.longest, len(bytes))
 		t.tokens[tok] = id
 		// A token with a char outside the byte-level alphabet can never come out of merging
 		// bytes; it is only decoded.
@@ -317,6 +322,8 @@ func (t *Tokenizer) parseAdded(tokens []addedJSON) error {
 			continue // HF ignores empty added tokens
 		}
 		t.tokens[a.Content] = a.ID
+		t.longest = max(t.longest, len(a.Content))
+		t.strips = t.strips || a.LStrip || a.RStrip
 		if a.ID >= len(t.idBytes) {
 			t.idBytes = append(t.idBytes, make([][]byte, a.ID+1-len(t.idBytes))...)
 		}
@@ -336,6 +343,30 @@ func (t *Tokenizer) parseAdded(tokens []addedJSON) error {
 	t.norm = newAddedSplitter(norm)
 	t.vocabSize = len(t.idBytes)
 	return nil
+}
+
+// nfcShrink bounds how many times shorter NFC makes a text: a canonical composition replaces
+// at most 4 code points (of at most 4 bytes each) by one of at least 2 bytes.
+const nfcShrink = 8
+
+// MinTokens is a lower bound on len(Encode(text)) from text's length alone, so that a prompt
+// too long for a model is refused before its encoding is paid for (seconds for a few MB):
+// every id covers at most the longest token's bytes of the text, once invalid UTF-8 is
+// replaced as Encode does (a run of bad bytes by one U+FFFD) and NFC (where the tokenizer
+// normalizes) has shortened it at most nfcShrink times. 0, no bound, where an added token
+// takes the whitespace around it, which no id then covers.
+func (t *Tokenizer) MinTokens(text string) int {
+	if t.strips || t.longest == 0 {
+		return 0
+	}
+	if !utf8.ValidString(text) {
+		text = strings.ToValidUTF8(text, "\uFFFD")
+	}
+	per := t.longest
+	if t.nfc {
+		per *= nfcShrink
+	}
+	return (len(text) + per - 1) / per
 }
 
 // VocabSize is one more than the largest id, counting the added tokens: every id Encode

@@ -343,3 +343,47 @@ func TestEncodeInvalidUTF8(t *testing.T) {
 		}
 	}
 }
+
+// TestMinTokens: the bound from length alone never exceeds what Encode gives, over the parity
+// corpus and texts built to break it (a run of invalid bytes that becomes one U+FFFD, Hangul
+// jamo that NFC composes three to one, the longest tokens back to back, added tokens); it is
+// the text's bytes over the longest token's; an added token that strips whitespace leaves no
+// bound.
+func TestMinTokens(t *testing.T) {
+	for _, name := range testNames {
+		tok := testTokenizer(t, name)
+		var longest string
+		for id, b := range tok.idBytes {
+			if len(b) == tok.longest && id < len(tok.idBytes) {
+				longest = string(b)
+			}
+		}
+		texts := append(corpus(t), "\xff\xfe\xfd"+strings.Repeat("\x80", 1000), strings.Repeat("\u1100\u1161\u11a8", 2000),
+			strings.Repeat(longest, 50), strings.Repeat("<|endoftext|><|im_start|><|eot_id|>", 100), "é\u0301 漢字", "")
+		for _, s := range texts {
+			if lo, n := tok.MinTokens(s), len(tok.Encode(s)); lo > n {
+				t.Fatalf("%s: MinTokens(%.40q) = %d, but Encode gives %d ids", name, s, lo, n)
+			}
+		}
+		per := tok.longest
+		if tok.nfc {
+			per *= nfcShrink
+		}
+		if got, want := tok.MinTokens(strings.Repeat("a", 8<<20)), (8<<20+per-1)/per; got != want || got <= 4096 {
+			t.Errorf("%s: MinTokens of 8 MiB = %d, want %d (longest token %d bytes), past a context of 4096", name, got, want, tok.longest)
+		}
+	}
+	f := miniFile()
+	f["added_tokens"] = []any{map[string]any{"id": 258, "content": "<|end|>", "single_word": false, "lstrip": true, "rstrip": false, "normalized": false, "special": true}}
+	data, err := json.Marshal(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	strip, err := Parse(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := strip.MinTokens(strings.Repeat(" ", 1000) + "<|end|>"); got != 0 {
+		t.Errorf("an added token that strips: MinTokens = %d, want 0 (%d ids)", got, len(strip.Encode(strings.Repeat(" ", 1000)+"<|end|>")))
+	}
+}
