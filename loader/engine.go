@@ -1132,7 +1132,7 @@ func isEOS(eos []int, tok int) bool {
 // another's alive.
 func (e *Engine) collectExports(rows []stepRow, n int) error {
 	wants := func(r stepRow, x *exportInfo) bool {
-		return r.s.mask&(1<<uint(x.bit)) != 0 && (!x.samples && !r.s.req.TokenExportsOnly || r.sample >= 0)
+		return r.s.mask&(1<<uint(x.bit)) != 0 && (r.sample >= 0 || !x.samples && !r.s.req.TokenExportsOnly)
 	}
 	// at[xi]: where export xi's n rows start in the scratch bytes, -1 when no row wants it.
 	at := e.scratch.ints(len(e.exports))

@@ -123,8 +123,6 @@ func compileWithApps(b *testing.B, glob string, want int) *bundle.Bundle {
 	return testsuite.Compile(b, read("specs/models/llama-3.1-8b.yaml"), specs...)
 }
 
-// benchHostSteps runs one sub-benchmark per case (the apps every request enables): Generate on
-// a fresh engine over the null backend, reported as host microseconds per step.
 // hostCase is one case of benchHostSteps: the apps its requests enable, and whether they
 // keep their generated tokens' reads only.
 type hostCase struct {
@@ -132,6 +130,8 @@ type hostCase struct {
 	tokenExportsOnly bool
 }
 
+// benchHostSteps runs one sub-benchmark per case: Generate on a fresh engine over the null
+// backend, reported as host microseconds per step.
 func benchHostSteps(b *testing.B, bun *bundle.Bundle, reqs func(apps []string) []loader.Request, cases map[string]hostCase) {
 	names := make([]string, 0, len(cases))
 	for name := range cases {

@@ -201,8 +201,8 @@ func (a RowNormAttrs) run(args []Arg, l Launch) error {
 		return err
 	}
 	out := outArg.F32()
-	// Rows run in parallel: two naming one out row would race for it. (outRow holds at least
-	// rows words; past them is another step's.)
+	// Rows run in parallel: two naming one out row would race for it. (A gathering norm's
+	// out_row holds at least rows words; past them is another step's.)
 	wrote := map[uint32]int{}
 	for r, o := range outRow[:min(rows, len(outRow))] {
 		if o == bundle.NoRow {
