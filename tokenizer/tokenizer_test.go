@@ -303,7 +303,8 @@ func BenchmarkParse(b *testing.B) {
 }
 
 // FuzzRoundTrip: for any valid UTF-8 text, decoding the ids gives back the (normalized) text,
-// and streaming gives the same. Run with go test -fuzz FuzzRoundTrip.
+// streaming gives the same, and MinTokens is no more than the ids. Run with go test -fuzz
+// FuzzRoundTrip.
 func FuzzRoundTrip(f *testing.F) {
 	for _, s := range []string{"", "Hello, world!", "  \n\t x", "e\u0301\u0323", "<|eot_id|><|im_end|>", "'S'LL 123456 漢字 👍🏽"} {
 		f.Add(s)
@@ -329,6 +330,9 @@ func FuzzRoundTrip(f *testing.F) {
 			ids := tok.Encode(s)
 			if got := tok.Decode(ids); got != want {
 				t.Fatalf("%s: Decode(Encode(%+q)) = %+q", name, s, got)
+			}
+			if lo := tok.MinTokens(s); lo > len(ids) {
+				t.Fatalf("%s: MinTokens(%+q) = %d, above the %d ids Encode gives", name, s, lo, len(ids))
 			}
 			checkStream(t, tok, ids, name, 0)
 		}
