@@ -1,6 +1,7 @@
 package serve
 
 import (
+	"fmt"
 	"slices"
 	"strings"
 
@@ -140,6 +141,9 @@ func (sv *Server) plan(gr *genRequest) (*plan, error) {
 			}
 		}
 	}
+	if err := sv.checkExportValues(available, p.req.MaxTokens, fed, gr.ext.promptExports); err != nil {
+		return nil, err
+	}
 	if gr.ext.exports == nil {
 		p.exports = available
 	} else {
@@ -158,6 +162,38 @@ func (sv *Server) plan(gr *genRequest) (*plan, error) {
 		}
 	}
 	return p, nil
+}
+
+// checkExportValues refuses a request whose reads would hold more values than the server's
+// bound (Config.MaxExportValues): the engine keeps every export of the enabled apps (all of
+// available, whichever the response names) at each row that samples a token, maxTokens rows,
+// and with prompt exports at the prompt's other fed-1 rows too.
+func (sv *Server) checkExportValues(available []exportRef, maxTokens, fed int, prompt bool) error {
+	limit := sv.cfg.MaxExportValues
+	perRow := 0
+	for _, x := range available {
+		perRow += x.width
+	}
+	if limit == 0 || perRow == 0 {
+		return nil
+	}
+	rows := maxTokens
+	if prompt {
+		rows += fed - 1
+	}
+	values := int64(perRow) * int64(rows)
+	if values <= int64(limit) {
+		return nil
+	}
+	hint := fmt.Sprintf("ask for at most %d tokens, or for fewer apps", limit/perRow-(rows-maxTokens))
+	switch {
+	case perRow > limit:
+		hint = "ask for fewer apps: one token's reads are more than that"
+	case limit/perRow-(rows-maxTokens) < 1:
+		hint = "ask without prompt_exports, or for fewer apps"
+	}
+	return badRequest("xmix.apps", "the enabled apps' reads would hold %d values (%d a row for %d rows); this server holds at most %d for a request (--max-export-values): %s",
+		values, perRow, rows, limit, hint)
 }
 
 func orNone(xs []string) string {

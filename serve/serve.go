@@ -48,6 +48,12 @@ type Config struct {
 	// RequestTimeout ends a generation that runs longer (finish_reason "timeout", with what
 	// it generated); 0: none.
 	RequestTimeout time.Duration
+	// MaxExportValues bounds the values a request's reads may hold: every export of the
+	// apps it enables, at each row the engine keeps them for (a generated token's, and with
+	// prompt_exports a prompt token's). Past it the request gets 400 before it runs, instead
+	// of holding them until it ends and writing them all into one response (capturing every
+	// layer of Llama-3.1-8B is 131,072 values a token). 0: unbounded.
+	MaxExportValues int
 	// RequestLog, when set, gets one line per request.
 	RequestLog io.Writer
 	// Logf reports control-plane changes and notices; nil: discarded.
@@ -95,6 +101,9 @@ func New(cfg Config) (*Server, error) {
 	}
 	if cfg.MaxQueue < 0 {
 		return nil, fmt.Errorf("max queue %d: want 0 (unbounded) or more", cfg.MaxQueue)
+	}
+	if cfg.MaxExportValues < 0 {
+		return nil, fmt.Errorf("max export values %d: want 0 (unbounded) or more", cfg.MaxExportValues)
 	}
 	if cfg.RequestTimeout < 0 {
 		return nil, fmt.Errorf("request timeout %v: want 0 (none) or more", cfg.RequestTimeout)

@@ -407,3 +407,29 @@ func mustJSON(v any) string {
 	}
 	return string(data)
 }
+
+// --max-export-values: a request whose apps' reads would hold more values than the bound gets
+// 400 before it runs, counting a value a generated token for tiny-probe (one read a row) and
+// the prompt's other rows with prompt_exports; the message says how many tokens would fit.
+func TestMaxExportValues(t *testing.T) {
+	ts := startServer(t, nil, func(c *Config) { c.MaxExportValues = 10 })
+	probe := `"xmix": {"apps": ["tiny-probe"]`
+	for _, c := range []struct {
+		body string
+		code int
+		want string
+	}{
+		{`{"prompt": "Once", "max_tokens": 10, ` + probe + `}}`, 200, ""},
+		{`{"prompt": "Once", "max_tokens": 11}`, 200, ""}, // no app, no reads
+		{`{"prompt": "Once", "max_tokens": 11, ` + probe + `}}`, 400, "the enabled apps' reads would hold 11 values (1 a row for 11 rows); this server holds at most 10 for a request (--max-export-values): ask for at most 10 tokens, or for fewer apps"},
+		// "Once" is 5 rows with the BOS: 4 more hold reads with prompt_exports.
+		{`{"prompt": "Once", "max_tokens": 8, ` + probe + `, "prompt_exports": true}}`, 400, "would hold 12 values (1 a row for 12 rows); this server holds at most 10 for a request (--max-export-values): ask for at most 6 tokens"},
+		{`{"prompt": "Once", "max_tokens": 6, ` + probe + `, "prompt_exports": true}}`, 200, ""},
+		{`{"prompt": "Once upon a time", "max_tokens": 1, ` + probe + `, "prompt_exports": true}}`, 400, "ask without prompt_exports, or for fewer apps"},
+	} {
+		code, data := post(t, ts.url+"/v1/completions", c.body)
+		if code != c.code || !strings.Contains(string(data), c.want) {
+			t.Errorf("%s: %d %s, want %d %q", c.body, code, data, c.code, c.want)
+		}
+	}
+}

@@ -23,6 +23,7 @@ type serveFlags struct {
 	modelName      string
 	adminToken     string
 	maxQueue       int
+	maxExport      int
 	requestTimeout time.Duration
 	logRequests    bool
 }
@@ -57,6 +58,14 @@ and lets in-flight requests finish (--shutdown-timeout).`,
 			if f.grace < 0 {
 				return fmt.Errorf("--shutdown-timeout %s: want 0 (stop at once) or more", f.grace)
 			}
+			for _, c := range []struct {
+				flag string
+				v    int
+			}{{"--max-queue", f.maxQueue}, {"--max-export-values", f.maxExport}} {
+				if c.v < 0 {
+					return fmt.Errorf("%s %d: want 0 (unbounded) or more", c.flag, c.v)
+				}
+			}
 			if f.adminToken == "" {
 				f.adminToken = os.Getenv("XMIX_ADMIN_TOKEN")
 			}
@@ -89,6 +98,7 @@ and lets in-flight requests finish (--shutdown-timeout).`,
 	fl.StringVar(&f.modelName, "served-model-name", "", "the model's id in /v1/models and in requests' \"model\" (default: the spec's model name)")
 	fl.StringVar(&f.adminToken, "admin-token", "", "bearer token that turns on the control plane's writes (PATCH /v1/apps/{app}); default $XMIX_ADMIN_TOKEN; none: off")
 	fl.IntVar(&f.maxQueue, "max-queue", 1024, "requests that may wait for a sequence slot; past it new ones get 429 with Retry-After (0: unbounded)")
+	fl.IntVar(&f.maxExport, "max-export-values", 1<<24, "the values a request's reads (its apps' exports, per generated token, and per prompt token with prompt_exports) may hold; past it the request gets 400 before it runs (0: unbounded; capturing every layer of Llama-3.1-8B is 131072 a token)")
 	fl.DurationVar(&f.requestTimeout, "request-timeout", 0, "end a generation that runs longer, with what it generated (finish_reason \"timeout\"); 0: none")
 	fl.BoolVar(&f.logRequests, "log-requests", false, "write one line per request to stderr")
 	fl.DurationVar(&f.grace, "shutdown-timeout", 30*time.Second, "on SIGINT/SIGTERM, how long in-flight requests may take to finish")
@@ -99,7 +109,7 @@ and lets in-flight requests finish (--shutdown-timeout).`,
 // serveSession serves s on ln until ctx ends; notices and the request log go to logw.
 func serveSession(ctx context.Context, s *session, ln net.Listener, f serveFlags, logw io.Writer) error {
 	cfg := serve.Config{Bundle: s.b, Engine: s.eng, Tokenizer: s.tok, ModelName: f.modelName, AdminToken: f.adminToken,
-		MaxQueue: f.maxQueue, RequestTimeout: f.requestTimeout,
+		MaxQueue: f.maxQueue, MaxExportValues: f.maxExport, RequestTimeout: f.requestTimeout,
 		Logf: func(format string, a ...any) { fmt.Fprintf(logw, format+"\n", a...) }}
 	if f.logRequests {
 		cfg.RequestLog = logw

@@ -109,10 +109,17 @@ func TestServeSessionWiresFlags(t *testing.T) {
 	}
 }
 
-// A negative --shutdown-timeout is refused before the bundle is opened or a port taken.
+// A negative --shutdown-timeout, --max-queue or --max-export-values is refused before the
+// bundle is opened or a port taken.
 func TestServeShutdownTimeoutNegative(t *testing.T) {
-	out, err := xmix(t, "serve", "-q", "--backend", "cpu", "--addr", "127.0.0.1:0", "--shutdown-timeout", "-5s")
-	if err == nil || !strings.Contains(out, "--shutdown-timeout -5s: want 0 (stop at once) or more") {
-		t.Fatalf("err %v, output %q", err, out)
+	for _, c := range [][2]string{
+		{"--shutdown-timeout=-5s", "--shutdown-timeout -5s: want 0 (stop at once) or more"},
+		{"--max-queue=-1", "--max-queue -1: want 0 (unbounded) or more"},
+		{"--max-export-values=-2", "--max-export-values -2: want 0 (unbounded) or more"},
+	} {
+		out, err := xmix(t, "serve", "--backend", "cpu", "--addr", "127.0.0.1:0", c[0]) // no -q: a load would say so
+		if err == nil || !strings.Contains(out, c[1]) || strings.Contains(out, "loaded") {
+			t.Errorf("%s: err %v, output %q", c[0], err, out)
+		}
 	}
 }
