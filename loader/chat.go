@@ -50,11 +50,22 @@ func (c *Chat) Render(msgs []chat.Message, addGenerationPrompt bool) (string, er
 
 // Prompt is the model's whole input for msgs, for a Request with Verbatim set.
 func (c *Chat) Prompt(msgs []chat.Message, addGenerationPrompt bool) ([]int, error) {
+	return c.prompt(msgs, addGenerationPrompt, false)
+}
+
+// GenerationPrompt is Prompt for a request that is to generate: a conversation whose
+// rendering leaves the model's context no room to generate by its bytes alone
+// (Tokenizer.MinTokens) is refused before it is encoded.
+func (c *Chat) GenerationPrompt(msgs []chat.Message, addGenerationPrompt bool) ([]int, error) {
+	return c.prompt(msgs, addGenerationPrompt, true)
+}
+
+func (c *Chat) prompt(msgs []chat.Message, addGenerationPrompt, generate bool) ([]int, error) {
 	s, err := c.Render(msgs, addGenerationPrompt)
 	if err != nil {
 		return nil, err
 	}
-	if n := c.tok.MinTokens(s); n >= c.model.MaxSeqLen {
+	if n := c.tok.MinTokens(s); generate && n >= c.model.MaxSeqLen {
 		return nil, fmt.Errorf("the conversation is at least %d tokens (%d bytes as the chat template writes it); the model's context is %d, which leaves no room to generate",
 			n, len(s), c.model.MaxSeqLen)
 	}

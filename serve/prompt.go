@@ -9,11 +9,17 @@ import (
 	"xmix/loader"
 )
 
-func (sv *Server) chatIDs(msgs []chat.Message, addGenerationPrompt bool) ([]int, error) {
+// chatIDs is the prompt of a conversation; generate: it is to generate (a completion, not
+// /tokenize), and is refused when too long for the context by its bytes alone.
+func (sv *Server) chatIDs(msgs []chat.Message, addGenerationPrompt, generate bool) ([]int, error) {
 	if sv.chatErr != nil {
 		return nil, badRequest("messages", "%v", sv.chatErr)
 	}
-	ids, err := sv.chat.Prompt(msgs, addGenerationPrompt)
+	prompt := sv.chat.Prompt
+	if generate {
+		prompt = sv.chat.GenerationPrompt
+	}
+	ids, err := prompt(msgs, addGenerationPrompt)
 	if err != nil {
 		return nil, badRequest("messages", "%v", err)
 	}
@@ -47,7 +53,7 @@ func (sv *Server) plan(gr *genRequest) (*plan, error) {
 	switch {
 	case gr.chat:
 		// The rendered template is the model's whole input: it writes its own BOS.
-		ids, err := sv.chatIDs(gr.messages, gr.addGenerationPrompt)
+		ids, err := sv.chatIDs(gr.messages, gr.addGenerationPrompt, true)
 		if err != nil {
 			return nil, err
 		}

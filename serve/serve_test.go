@@ -383,6 +383,9 @@ func TestTokenizeDetokenize(t *testing.T) {
 		{"/tokenize", `{"model": "tiny", "prompt": "Hi", "add_special_tokens": false}`, 200, `"tokens":[72,105]`},
 		{"/tokenize", `{"messages": [{"role": "user", "content": "Hi"}], "add_generation_prompt": false}`, 200,
 			fmt.Sprintf(`"tokens":%s`, mustJSON(chatIDs))},
+		// Longer than the context: counted all the same (a completion would be refused).
+		{"/tokenize", fmt.Sprintf(`{"prompt": %q}`, strings.Repeat("a", 600)), 200, `"count":601,`},
+		{"/tokenize", fmt.Sprintf(`{"messages": [{"role": "user", "content": %q}]}`, strings.Repeat("a", 600)), 200, `"max_model_len":512,`},
 		{"/tokenize", `{"prompt": "a", "messages": []}`, 400, "messages"},
 		{"/tokenize", `{"prompt": 3}`, 400, `"param":"prompt"`},
 		{"/tokenize", `{"text": "a"}`, 400, `unknown field \"text\"`},

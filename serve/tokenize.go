@@ -67,7 +67,7 @@ func (sv *Server) tokenize(w http.ResponseWriter, r *http.Request) {
 		}
 	case gr.messages != nil:
 		// The rendered template is the whole input, its BOS its own.
-		ids, err = sv.chatIDs(gr.messages, addGen)
+		ids, err = sv.chatIDs(gr.messages, addGen, false)
 	default:
 		err = badRequest("prompt", "prompt or messages: required")
 	}

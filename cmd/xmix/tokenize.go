@@ -76,7 +76,7 @@ func chatPrompt(m bundle.ModelConfig, tok loader.Tokenizer, text string) ([]int,
 	if err != nil {
 		return nil, fmt.Errorf("--chat: %w", err)
 	}
-	ids, err := c.Prompt([]chat.Message{{Role: "user", Content: text}}, true)
+	ids, err := c.GenerationPrompt([]chat.Message{{Role: "user", Content: text}}, true)
 	if err != nil {
 		return nil, fmt.Errorf("--chat: %w", err)
 	}
