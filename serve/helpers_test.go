@@ -286,6 +286,7 @@ type streamed struct {
 	chunks  int // chunks with a choice
 	exports map[string][]json.RawMessage
 	fired   map[string]int // from the last chunk
+	prompt  map[string][]json.RawMessage // prompt_exports, from the last chunk
 	usage   *usage
 	role    string
 	done    bool // ended with data: [DONE]
@@ -325,8 +326,9 @@ func readStream(t testing.TB, body io.Reader) streamed {
 			} `json:"choices"`
 			Usage *usage `json:"usage"`
 			Xmix  *struct {
-				Exports map[string][]json.RawMessage `json:"exports"`
-				Fired   map[string]int               `json:"fired"`
+				Exports       map[string][]json.RawMessage `json:"exports"`
+				Fired         map[string]int               `json:"fired"`
+				PromptExports map[string][]json.RawMessage `json:"prompt_exports"`
 			} `json:"xmix"`
 			Error *errorObject `json:"error"`
 		}
@@ -348,6 +350,12 @@ func readStream(t testing.TB, body io.Reader) streamed {
 				t.Fatalf("fired counts in two chunks: %q", data)
 			}
 			s.fired = ch.Xmix.Fired
+		}
+		if ch.Xmix != nil && ch.Xmix.PromptExports != nil {
+			if s.prompt != nil || ch.Xmix.Fired == nil {
+				t.Fatalf("prompt exports twice, or not in the last chunk: %q", data)
+			}
+			s.prompt = ch.Xmix.PromptExports
 		}
 		if ch.Xmix != nil {
 			for k, v := range ch.Xmix.Exports {

@@ -169,6 +169,21 @@ func TestStreamEqualsWhole(t *testing.T) {
 			t.Errorf("case %d: streamed exports %v, whole %v", i, s.exports, whole.Xmix.Exports)
 		}
 	}
+	// prompt_exports: streamed, the prompt's reads come in the last chunk, as the whole
+	// response has them.
+	probed := `{"prompt": "The old man", "max_tokens": 4, "temperature": 0, "xmix": {"apps": ["tiny-probe"], "prompt_exports": true}}`
+	code, body := post(t, ts.url+"/v1/completions", probed)
+	whole := decodeCompletion(t, body)
+	stream, err := client.Post(ts.url+"/v1/completions", "application/json", strings.NewReader(withField(probed, "stream", "true")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := readStream(t, stream.Body)
+	stream.Body.Close()
+	if want := whole.Xmix.PromptExports["tiny-probe.happy"]; code != http.StatusOK || len(want) != whole.Usage.PromptTokens ||
+		fmt.Sprint(s.prompt["tiny-probe.happy"]) != fmt.Sprint(want) {
+		t.Errorf("prompt_exports: streamed %s, whole %s (%d %s)", s.prompt, want, code, body)
+	}
 	// Without include_usage no chunk carries usage.
 	resp, err := client.Post(ts.url+"/v1/completions", "application/json", strings.NewReader(`{"prompt": "Hi", "max_tokens": 3, "stream": true}`))
 	if err != nil {

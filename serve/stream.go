@@ -147,11 +147,15 @@ func (c *call) chunk(text string, completion bool, delta *chatMessage, fin *stri
 		e := tokenExports(c.p.exports, v.rows, v.promptLen, k, k+1)
 		resp.Xmix = &xmixResult{Exports: &e}
 	}
-	if fin != nil { // the last chunk: the request's fired counts, and why it ended early
+	if fin != nil { // the last chunk: the request's fired counts, its prompt's reads when asked, and why it ended early
 		if resp.Xmix == nil {
 			resp.Xmix = &xmixResult{}
 		}
 		resp.Xmix.Fired = firedOf(v)
+		if c.gr.ext.promptExports {
+			e := promptExports(c.p.exports, v.rows, v.promptLen)
+			resp.Xmix.PromptExports = &e
+		}
 		resp.Xmix.Error = c.earlyEnd(v)
 	}
 	if c.gr.includeUsage {
