@@ -285,7 +285,7 @@ type streamed struct {
 	stop    *string
 	chunks  int // chunks with a choice
 	exports map[string][]json.RawMessage
-	fired   map[string]int // from the last chunk
+	fired   map[string]int               // from the last chunk
 	prompt  map[string][]json.RawMessage // prompt_exports, from the last chunk
 	usage   *usage
 	role    string
