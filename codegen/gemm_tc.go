@@ -137,14 +137,17 @@ func GemmTCGated(name string, c GemmGatedConfig) (*Kernel, error) {
 	return gemmTCGated(name, c, tcColumnWarps(inter))
 }
 
+// gatedTCReaches says whether GemmTCGated can serve c: a gate row's up row is an immediate
+// offset away, 32 bits, signed.
+func gatedTCReaches(c GemmConfig) bool { return int64(c.N)*int64(c.K) < 1<<31 }
+
 func gemmTCGated(name string, c GemmGatedConfig, wc int) (*Kernel, error) {
 	a, err := c.attrs(tcGatedWidth)
 	switch {
 	case err != nil:
 	case c.Gemm.Guard != 0:
 		err = fmt.Errorf("guard %#x: want none", c.Gemm.Guard)
-	case int64(c.Gemm.N)*int64(c.Gemm.K) >= 1<<31:
-		// A gate row's up row is an immediate offset away: 32 bits, signed.
+	case !gatedTCReaches(c.Gemm):
 		err = fmt.Errorf("%d x %d weights: the up half starts past 2 GiB", c.Gemm.N, c.Gemm.K)
 	default:
 		err = checkTC(c.Gemm)

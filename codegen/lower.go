@@ -428,9 +428,11 @@ func (t *tb) matmulGated(n *ir.Node) {
 // gatedTC says whether the gate/up projection c of a tensor-core template over rows rows runs
 // with its activation as one kernel (matmulGatedTC): in decode buckets of at most
 // BuildInfo.GatedTCRows rows (the only ones measured), unless the build names its shape for
-// copy-engine kernels (xmixc build --copy-gemms), which serve GEMM nodes.
+// copy-engine kernels (xmixc build --copy-gemms), which serve GEMM nodes, or the kernel cannot
+// reach its up half (past 2 GiB).
 func (t *tb) gatedTC(c GemmConfig, rows int) bool {
-	return t.kind == bundle.Decode && rows <= t.g.gatedTCRows && c.N%tcGatedWidth == 0 && !t.g.copyShape(c.K, c.N, rows)
+	return t.kind == bundle.Decode && rows <= t.g.gatedTCRows && c.N%tcGatedWidth == 0 && !t.g.copyShape(c.K, c.N, rows) &&
+		gatedTCReaches(c)
 }
 
 // matmulGatedTC is the gate/up projection of a decode bucket on tensor cores of at most

@@ -2,6 +2,8 @@ package testsuite
 
 import (
 	"bytes"
+	"fmt"
+	"strings"
 	"testing"
 
 	"xmix/bundle"
@@ -89,5 +91,38 @@ func TestFusedBundlesComputeTheUnfusedBits(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestWideGateUpKeepsItsActivationKernel: the tensor-core gate/up kernel with its activation
+// finds a gate row's up row an immediate offset away (32 bits), so a model whose up half
+// starts past 2 GiB (hidden 16384, intermediate 65536: 2 GiB of gate) builds with the GEMM
+// and the activation kernel after it in its 8-row bucket, where it used to fail to build; a
+// narrower one still gets the fused kernel.
+func TestWideGateUpKeepsItsActivationKernel(t *testing.T) {
+	for _, c := range []struct {
+		inter int
+		fused bool
+	}{{57344, true}, {65536, false}} {
+		b := Compile(t, fmt.Sprintf(`model: wide
+family: llama
+dims: {hidden: 16384, intermediate: %d, layers: 1, heads: 128, kv_heads: 8, head_dim: 128, vocab: 300}
+weights: {synthetic: {seed: 1, std: 0.02}}
+tokenizer: bytes
+bos: 256
+serving: {decode_buckets: [8], prefill_chunks: [16], max_seq_len: 64, max_seqs: 8, kv_block_size: 16}
+`, c.inter))
+		kernels := map[string]string{}
+		for _, tm := range b.Templates {
+			if tm.Name == "decode_b8" {
+				for _, n := range tm.Nodes {
+					kernels[n.Label] = n.Kernel
+				}
+			}
+		}
+		gated := strings.HasPrefix(kernels["L0.gate_up"], "gemm_tcg_")
+		if _, act := kernels["L0.silu_mul"]; gated != c.fused || act == c.fused {
+			t.Errorf("intermediate %d: gate/up %q, activation kernel %v; want the fused kernel %v", c.inter, kernels["L0.gate_up"], act, c.fused)
+		}
 	}
 }
