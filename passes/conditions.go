@@ -67,8 +67,12 @@ func resolveGate(p *Program, op *MIOp, c frontend.Cond, latches map[string]int) 
 			}
 		}
 		if writer == nil {
+			where := op.Hook // a whole-model hook
+			if op.Layer >= 0 {
+				where = fmt.Sprintf("%s at layer %d", op.Hook, op.Layer)
+			}
 			return mi.Gate{}, frontend.Errorf(c.Pos, "read into it at an earlier layer or hook than this op",
-				"buffer %s is not written before %s at layer %d in the forward", c.Buffer, op.Hook, op.Layer)
+				"buffer %s is not written before %s in the forward", c.Buffer, where)
 		}
 		// The threshold is a scalar of the app (requests may override it): the kernel reads
 		// it from the scalar table, Thresh its index plus one.

@@ -202,7 +202,15 @@ ops:
   - read: {at: {layers: [3], hook: resid_post}, kernel: probe_linear, args: {w: v}, into: h}
   - write: {at: {layers: [1], hook: resid_post}, kernel: steer_add, args: {vector: v},
             when: {activation: {buffer: h, op: ">", value: 0.5}}}
-`, "is not written before"},
+`, "buffer h is not written before resid_post at layer 1 in the forward"},
+		{"gate before writer, whole-model hook", `app: a
+params: {v: {values: [1, 2, 3, 4, 5, 6, 7, 8]}}
+buffers: {h: {shape: [1]}}
+ops:
+  - read: {at: {layers: [0], hook: resid_post}, kernel: probe_linear, args: {w: v}, into: h}
+  - write: {at: {hook: embed}, kernel: steer_add, args: {vector: v},
+            when: {activation: {buffer: h, op: ">", value: 0.5}}}
+`, "buffer h is not written before embed in the forward"},
 		{"buffer too small", `app: a
 params: {v: {values: [1, 2, 3, 4, 5, 6, 7, 8]}}
 buffers: {h: {shape: [1]}}
