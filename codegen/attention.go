@@ -6,6 +6,7 @@ import (
 	"math"
 
 	"xmix/bundle"
+	"xmix/frontend"
 	"xmix/ops"
 	"xmix/ptx"
 )
@@ -329,8 +330,8 @@ func checkAttn(c AttnConfig) (ops.KVAttrs, error) {
 	if err != nil {
 		return attrs, err
 	}
-	if c.HeadDim%32 != 0 || c.HeadDim > 256 {
-		return attrs, fmt.Errorf("head dim %d: want a multiple of 32, at most 256", c.HeadDim)
+	if c.HeadDim%frontend.HeadDimStep != 0 || c.HeadDim > frontend.MaxHeadDim {
+		return attrs, fmt.Errorf("head dim %d: want a multiple of %d, at most %d", c.HeadDim, frontend.HeadDimStep, frontend.MaxHeadDim)
 	}
 	if err := CheckAttnSettings(c.Warps, c.Unroll); err != nil {
 		return attrs, err

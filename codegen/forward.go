@@ -125,6 +125,11 @@ func Generate(p *passes.Program, opt Options) (*bundle.Bundle, error) {
 	g := &gen{p: p, m: m, kernels: map[string]*Kernel{}, bodies: map[string]*Kernel{}, wdt: ptx.BF16, kvdt: ptx.F32, gemmKind: opt.GEMM, moeKind: opt.MoE, pdl: opt.Build.PDL,
 		tp: max(1, p.TP), siteKernels: map[*ir.MI]string{}}
 	bi := opt.Build
+	if m.HeadDim%frontend.HeadDimStep != 0 {
+		// Every stage before this one takes any head_dim; the attention kernels do not.
+		return nil, frontend.Errorf(m.HeadDimPos, fmt.Sprintf("the attention kernels split a head evenly over a warp's %d lanes", frontend.HeadDimStep),
+			"head_dim %d is not a multiple of %d", m.HeadDim, frontend.HeadDimStep)
+	}
 	if err := CheckGemvSplit(bi.GemvSplit); err != nil {
 		return nil, err
 	}

@@ -26,10 +26,10 @@ func TestFrontendLimitsAreTheKernels(t *testing.T) {
 		if err := c.gen(c.limit); err != nil {
 			t.Errorf("%s: the limit %d does not compile: %v", c.name, c.limit, err)
 		}
-		// head_dim must also be a multiple of 32: the next one past the limit.
+		// head_dim must also be a multiple of HeadDimStep: the next one past the limit.
 		next := c.limit + 1
 		if c.limit == frontend.MaxHeadDim {
-			next = c.limit + 32
+			next = c.limit + frontend.HeadDimStep
 		}
 		if err := c.gen(next); err == nil {
 			t.Errorf("%s: %d past the limit %d compiles; the frontend refuses what the kernels can do", c.name, next, c.limit)

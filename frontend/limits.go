@@ -24,6 +24,9 @@ const (
 	MaxVocab = 1<<24 - 1
 	// MaxHeadDim bounds head_dim: the attention kernels keep a head's values in a warp.
 	MaxHeadDim = 256
+	// HeadDimStep divides head_dim: the attention kernels split a head over a warp's lanes.
+	// Codegen checks it, at Model.HeadDimPos: the stages before it take any head_dim.
+	HeadDimStep = 32
 	// maxHeads bounds heads and kv_heads (released models have at most 128).
 	maxHeads = 1024
 	// maxIntermediate bounds intermediate; a row kernel takes intermediate/tp columns, which

@@ -433,12 +433,12 @@ func (p *parser) dims(top *mapping, m *Model, src *configSource) {
 	}
 	switch {
 	case d.headDim.set:
-		m.HeadDim = d.headDim.v
+		m.HeadDim, m.HeadDimPos = d.headDim.v, d.headDim.pos
 	case d.hidden.ok && m.Hidden%m.Heads != 0:
 		p.errorAt(d.heads.pos, "set dims.head_dim",
 			"%s %d does not divide %s %d, so head_dim has no default", d.heads.name, m.Heads, d.hidden.name, m.Hidden)
 	case d.hidden.ok:
-		m.HeadDim = m.Hidden / m.Heads
+		m.HeadDim, m.HeadDimPos = m.Hidden/m.Heads, d.heads.pos
 	}
 }
 

@@ -47,7 +47,8 @@ func TestParseModelValid(t *testing.T) {
 		EOS:           []int{257},
 		DecodeBuckets: []int{1, 2, 4, 8}, PrefillChunks: []int{64}, MaxBatchedTokens: 64,
 		MaxSeqLen: 512, MaxSeqs: 8, KVBlockSize: 16, KVCacheTokens: 4096, VectorSlots: 8, MaxLogprobs: 20,
-		LayersPos: Pos{File: path, Line: 6, Col: 11},
+		LayersPos:  Pos{File: path, Line: 6, Col: 11},
+		HeadDimPos: Pos{File: path, Line: 7, Col: 10}, // heads: head_dim is hidden/heads
 	}
 	if !reflect.DeepEqual(m, want) {
 		t.Errorf("got  %+v\nwant %+v", m, want)

@@ -84,6 +84,8 @@ type Model struct {
 	MaxLogprobs int
 	// LayersPos is where the layer count was given, for "layer out of range" hints.
 	LayersPos Pos
+	// HeadDimPos is where head_dim was given, or the head count it is hidden/heads of.
+	HeadDimPos Pos
 
 	// Experts > 0 makes every layer's MLP a mixture of Experts SwiGLU experts of Intermediate
 	// columns, TopK of them per token (mixtral).

@@ -70,6 +70,25 @@ func TestBuildRejectsBadSpecs(t *testing.T) {
 	}
 }
 
+// TestBuildRejectsHeadDims: a head_dim the attention kernels cannot split over a warp's
+// lanes fails the build at the spec's head_dim, or at heads where head_dim is hidden/heads;
+// the frontend and the passes take any.
+func TestBuildRejectsHeadDims(t *testing.T) {
+	dir := t.TempDir()
+	for _, c := range []struct{ name, dims, want string }{
+		{"given", "kv_heads: 1, head_dim: 48,", "m.yaml:3:83: head_dim 48 is not a multiple of 32 (the attention kernels split a head evenly over a warp's 32 lanes)"},
+		{"hidden/heads", "kv_heads: 1,", "m.yaml:3:57: head_dim 80 is not a multiple of 32"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			spec := strings.Replace(strings.Replace(model, "kv_heads: 1, head_dim: 32,", c.dims, 1), "hidden: 64", "hidden: 160", 1)
+			m := write(t, dir, "m.yaml", spec)
+			if _, err := xmixc(t, "build", m, "-q", "-o", filepath.Join(dir, "out.xmb")); err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("error %v, want %q", err, c.want)
+			}
+		})
+	}
+}
+
 func TestInspectRejectsDamagedBundles(t *testing.T) {
 	dir := t.TempDir()
 	m := write(t, dir, "m.yaml", model)
