@@ -205,16 +205,39 @@ func join(parts []string, sep string) (value, error) {
 	return strings.Join(parts, sep), nil
 }
 
+// title is Python's str.title: a cased letter after an uncased character (or at the start)
+// takes its title case, every other one its lower case.
 func title(s string) string {
 	var b strings.Builder
-	prevLetter := false
+	prevCased := false
 	for _, r := range s {
-		if prevLetter {
+		if prevCased {
 			b.WriteRune(unicode.ToLower(r))
 		} else {
-			b.WriteRune(unicode.ToUpper(r))
+			b.WriteRune(unicode.ToTitle(r))
 		}
-		prevLetter = unicode.IsLetter(r)
+		prevCased = unicode.IsUpper(r) || unicode.IsLower(r) || unicode.IsTitle(r)
+	}
+	return b.String()
+}
+
+// titleWords is Jinja2's title filter, which is not str.title: the text is cut into words
+// at runs of whitespace, '-', '(', '{', '[' and '<' alone, and each word's first character is
+// upper-cased and the rest lower-cased ("it's" -> "It's", "a,b" -> "A,b").
+func titleWords(s string) string {
+	var b strings.Builder
+	start := true
+	for _, r := range s {
+		switch {
+		case unicode.IsSpace(r) || strings.ContainsRune("-({[<", r):
+			b.WriteRune(r)
+			start = true
+		case start:
+			b.WriteRune(unicode.ToUpper(r))
+			start = false
+		default:
+			b.WriteRune(unicode.ToLower(r))
+		}
 	}
 	return b.String()
 }
@@ -572,7 +595,7 @@ func init() {
 		"string":     func(r *renderer, x value, _ []value, _ *dict) (value, error) { return r.str(x) },
 		"upper":      stringFilter(strings.ToUpper),
 		"lower":      stringFilter(strings.ToLower),
-		"title":      stringFilter(title),
+		"title":      stringFilter(titleWords),
 		"capitalize": stringFilter(capitalize),
 		"default":    filterDefault,
 		"d":          filterDefault,
@@ -1031,17 +1054,32 @@ func (r *renderer) runTest(name string, x value, args []value) (bool, error) {
 		b, ok := x.(bool)
 		return ok && !b, nil
 	case "callable":
-		_, ok := x.(*function)
-		return ok, nil
+		switch x.(type) {
+		case *function, undefined: // Jinja2's Undefined is callable (a call fails)
+			return true, nil
+		}
+		return false, nil
 	case "lower", "upper":
-		s, ok := x.(string)
-		if !ok {
-			return false, nil
+		// Jinja2's: str(x).islower() (isupper()): some cased character, and all of them
+		// of that case.
+		s, err := r.str(x)
+		if err != nil {
+			return false, err
 		}
-		if name == "lower" {
-			return s == strings.ToLower(s), r.spend(len(s))
+		is := unicode.IsLower
+		if name == "upper" {
+			is = unicode.IsUpper
 		}
-		return s == strings.ToUpper(s), r.spend(len(s))
+		cased := false
+		for _, c := range s {
+			if unicode.IsUpper(c) || unicode.IsLower(c) || unicode.IsTitle(c) {
+				if !is(c) {
+					return false, r.spend(len(s))
+				}
+				cased = true
+			}
+		}
+		return cased, r.spend(len(s))
 	case "odd", "even":
 		n, ok := x.(int64)
 		if !ok {

@@ -151,6 +151,9 @@ SNIPPETS = [
     "{{ messages[0]['content'] }}|{{ messages[0].content }}|{{ messages | length }}|{{ messages[-1].role }}|{{ messages[5] is defined }}",
     "{{ strftime_now('%Y-%m-%d %H:%M:%S %a %A %b %B %j %p %I %y') }}",
     "{# comment -#}   x {#- trimmed #}\n{{ 1 -}}   \n  {{- 2 }}",
+    "{{ \"a,b it's x_y.z {'k': 1} hello-world(foo)<b>\\tTAB\" | title }}|{{ \"a,b it's x_y.z 3a\".title() }}",
+    "{{ x is callable }} {{ none is callable }} {{ 'a'.upper is callable }} {{ m.a is callable }}",
+    "{{ '' is lower }} {{ '2' is upper }} {{ 'a2' is lower }} {{ 'A2' is upper }} {{ 'aB' is lower }} {{ m is lower }} {{ 12 is upper }} {{ 'ǅ' is upper }} {{ x is lower }}",
 ]
 SNIPPET_VARS = {"d": {"b": [1, 2.5, None, True, "é<>&'\"\n"], "a": {}}, "m": {"a": 1, "items": 2}}
 SNIPPET_MESSAGES = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
