@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 
@@ -72,7 +73,7 @@ type completionChoice struct {
 	Text         string  `json:"text"`
 	Logprobs     any     `json:"logprobs"`
 	FinishReason *string `json:"finish_reason"`
-	StopReason   *string `json:"stop_reason,omitempty"` // vLLM's: the stop string that ended it
+	StopReason   any     `json:"stop_reason,omitempty"` // vLLM's: the stop string or token id that ended it
 }
 
 type chatMessage struct {
@@ -86,7 +87,7 @@ type chatChoice struct {
 	Delta        *chatMessage `json:"delta,omitempty"`
 	Logprobs     any          `json:"logprobs"`
 	FinishReason *string      `json:"finish_reason"`
-	StopReason   *string      `json:"stop_reason,omitempty"`
+	StopReason   any          `json:"stop_reason,omitempty"`
 }
 
 // response is a whole response or one SSE chunk of either endpoint.
@@ -109,10 +110,12 @@ type call struct {
 	id    string
 	start time.Time
 	// The text side: ids to text, stop strings.
-	dec    streamDecoder
-	stop   stopMatcher
-	n      int // generated tokens consumed
-	finish string
+	dec  streamDecoder
+	stop stopMatcher
+	// stopToken is the stop_token_ids token that ended the text.
+	stopToken *int
+	n         int // generated tokens consumed
+	finish    string
 	// lpOffset is the text offset (in characters) of the next token's logprobs entry.
 	lpOffset int
 	outcome  string // for metrics and the log: the finish reason, or why it failed
@@ -122,6 +125,16 @@ type call struct {
 // special tokens (BOS, EOS) have no text, as with vLLM's skip_special_tokens.
 func (c *call) add(tok int) string {
 	c.n++
+	if c.endsAt(tok) {
+		// vLLM's stop_token_ids: the token ends the text, its own text left out unless
+		// include_stop_str_in_output; what was held for the stop strings is released.
+		out := c.stop.flush() + c.dec.Flush()
+		if c.gr.includeStop {
+			out += c.dec.Add(tok) + c.dec.Flush()
+		}
+		c.finish, c.stopToken = "stop", &tok
+		return out
+	}
 	piece := ""
 	if !c.sv.eos[tok] {
 		piece = c.dec.Add(tok)
@@ -132,6 +145,16 @@ func (c *call) add(tok int) string {
 		c.finish = "stop"
 	}
 	return out
+}
+
+// endsAt says whether tok is one of the request's stop_token_ids that may end it here: past
+// min_tokens, and not an EOS the engine ends the request at anyway (whose stop_reason stays
+// null, as before).
+func (c *call) endsAt(tok int) bool {
+	if !slices.Contains(c.p.stopTokens, tok) || c.n < c.p.req.MinTokens {
+		return false
+	}
+	return c.p.req.IgnoreEOS || !slices.Contains(c.sv.b.Manifest.Model.EOS, tok)
 }
 
 // end releases the rest of the text once generation has ended.
@@ -312,16 +335,18 @@ func (sv *Server) whole(ctx context.Context, w http.ResponseWriter, r *http.Requ
 	return nil
 }
 
-// stopReason is vLLM's stop_reason: the stop string that ended the text, or, after a
-// stop_when, the test that fired ("tiny-probe.happy > 0.9"); nil otherwise.
-func (c *call) stopReason() *string {
+// stopReason is vLLM's stop_reason: the stop string that ended the text, the id of the
+// stop_token_ids token that did, or, after a stop_when, the test that fired
+// ("tiny-probe.happy > 0.9"); nil otherwise.
+func (c *call) stopReason() any {
 	switch {
 	case c.stop.matched != "":
-		return &c.stop.matched
+		return c.stop.matched
+	case c.stopToken != nil:
+		return *c.stopToken
 	case c.finish == finishStopWhen:
 		w := c.p.req.StopWhen
-		s := fmt.Sprintf("%s %s %g", w.Export, w.Op, w.Value)
-		return &s
+		return fmt.Sprintf("%s %s %g", w.Export, w.Op, w.Value)
 	}
 	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"reflect"
 	"strings"
 	"testing"
 )
@@ -122,6 +123,21 @@ func TestBadRequestsGetOpenAIErrors(t *testing.T) {
 	} {
 		if code, data := post(t, ts.url+c.path, c.body); code != http.StatusOK {
 			t.Errorf("%s %s: %d %s", c.path, c.body, code, data)
+		}
+	}
+}
+
+// TestJSONKind: a decoding error names the wanted type in English, nested ones too.
+func TestJSONKind(t *testing.T) {
+	for _, c := range []struct {
+		v    any
+		want string
+	}{
+		{[]int{}, "a list of integers"}, {[]string{}, "a list of strings"}, {map[string]float32{}, "an object of numbers"},
+		{map[string][]int{}, "an object of lists of integers"}, {[][]bool{}, "a list of lists of true or false values"}, {new(int64), "an integer"},
+	} {
+		if got := jsonKind(reflect.TypeOf(c.v)); got != c.want {
+			t.Errorf("%T: %q, want %q", c.v, got, c.want)
 		}
 	}
 }

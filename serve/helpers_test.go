@@ -250,8 +250,8 @@ type completion struct {
 			Role    string `json:"role"`
 			Content string `json:"content"`
 		} `json:"message"`
-		FinishReason string  `json:"finish_reason"`
-		StopReason   *string `json:"stop_reason"`
+		FinishReason string `json:"finish_reason"`
+		StopReason   any    `json:"stop_reason"` // a stop string, a token id (float64) or nil
 	} `json:"choices"`
 	Usage usage `json:"usage"`
 	Xmix  struct {
@@ -269,6 +269,16 @@ func (c completion) text() string {
 	return c.Choices[0].Text
 }
 
+// postOK posts body and decodes its 200 response.
+func postOK(t testing.TB, url, body string) completion {
+	t.Helper()
+	code, data := post(t, url, body)
+	if code != http.StatusOK {
+		t.Fatalf("%s: %d %s", body, code, data)
+	}
+	return decodeCompletion(t, data)
+}
+
 func decodeCompletion(t testing.TB, data []byte) completion {
 	t.Helper()
 	var c completion
@@ -282,7 +292,7 @@ func decodeCompletion(t testing.TB, data []byte) completion {
 type streamed struct {
 	text    string
 	finish  string
-	stop    *string
+	stop    any // stop_reason: a stop string, a token id (float64) or nil
 	chunks  int // chunks with a choice
 	exports map[string][]json.RawMessage
 	fired   map[string]int               // from the last chunk
@@ -322,7 +332,7 @@ func readStream(t testing.TB, body io.Reader) streamed {
 					Content *string `json:"content"`
 				} `json:"delta"`
 				FinishReason *string `json:"finish_reason"`
-				StopReason   *string `json:"stop_reason"`
+				StopReason   any     `json:"stop_reason"`
 			} `json:"choices"`
 			Usage *usage `json:"usage"`
 			Xmix  *struct {

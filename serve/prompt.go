@@ -32,6 +32,8 @@ type plan struct {
 	req     loader.Request
 	apps    []string // enabled, in manifest order
 	exports []exportRef
+	// stopTokens end the text where one is generated (vLLM's stop_token_ids), besides EOS.
+	stopTokens []int
 }
 
 // exportRef is one export the response reports.
@@ -86,6 +88,17 @@ func (sv *Server) plan(gr *genRequest) (*plan, error) {
 	}
 	p.req.Logprobs, p.req.TopLogprobs = gr.logprobs, gr.topLogprobs
 	p.req.MinTokens, p.req.IgnoreEOS = gr.minTokens, gr.ignoreEOS
+	for _, id := range gr.stopTokens {
+		switch {
+		case id < 0 || id >= m.Vocab:
+			return nil, badRequest("stop_token_ids", "stop_token_ids: %d is not a token id of this model (0 to %d)", id, m.Vocab-1)
+		case gr.minTokens > 0 && !slices.Contains(m.EOS, id):
+			// vLLM bans stop_token_ids before min_tokens; the sampler here bans EOS ids alone.
+			return nil, badRequest("stop_token_ids", "stop_token_ids %d with min_tokens %d: not implemented (before min_tokens the sampler bans only the model's EOS ids %v); leave out min_tokens or that id",
+				id, gr.minTokens, m.EOS)
+		}
+	}
+	p.stopTokens = gr.stopTokens
 	if gr.topP != nil {
 		p.req.TopP = *gr.topP
 	}

@@ -38,6 +38,7 @@ type genRequest struct {
 	topP         *float32
 	seed         *int64
 	stop         []string
+	stopTokens   []int // vLLM's stop_token_ids
 	includeStop  bool
 	n            int
 	stream       bool
@@ -81,7 +82,7 @@ var noEffect = []string{"user", "metadata", "store", "service_tier", "prompt_cac
 // not.
 var unimplemented = map[string][]string{
 	"frequency_penalty": {"0"}, "presence_penalty": {"0"}, "repetition_penalty": {"1"},
-	"logit_bias": {"{}"}, "top_k": {"-1", "0"}, "min_p": {"0"}, "stop_token_ids": {"[]"},
+	"logit_bias": {"{}"}, "top_k": {"-1", "0"}, "min_p": {"0"},
 	"bad_words": {"[]"}, "allowed_token_ids": {}, "truncate_prompt_tokens": {},
 	"skip_special_tokens": {"true"}, "spaces_between_special_tokens": {"true"},
 	"response_format": {`{"type":"text"}`}, "guided_json": {}, "guided_regex": {},
@@ -146,6 +147,15 @@ var shared = map[string]field{
 	"n":      {set: func(r *genRequest, raw json.RawMessage) error { return decodeField(raw, "n", &r.n) }},
 	"stream": {set: func(r *genRequest, raw json.RawMessage) error { return decodeField(raw, "stream", &r.stream) }},
 	"stop":   {set: func(r *genRequest, raw json.RawMessage) error { return r.parseStop(raw) }},
+	"stop_token_ids": {set: func(r *genRequest, raw json.RawMessage) error {
+		if err := decodeField(raw, "stop_token_ids", &r.stopTokens); err != nil {
+			return err
+		}
+		if len(r.stopTokens) > maxStopTokens {
+			return badRequest("stop_token_ids", "stop_token_ids: %d ids; at most %d", len(r.stopTokens), maxStopTokens)
+		}
+		return nil
+	}},
 	"include_stop_str_in_output": {set: func(r *genRequest, raw json.RawMessage) error {
 		return decodeField(raw, "include_stop_str_in_output", &r.includeStop)
 	}},
@@ -284,6 +294,20 @@ func decodeField(raw json.RawMessage, name string, dst any) error {
 	return nil
 }
 
+// plural is a kind jsonKind names, many of it: "an integer" -> "integers", "a list of
+// strings" -> "lists of strings", "true or false" -> "true or false values".
+func plural(kind string) string {
+	kind = strings.TrimPrefix(strings.TrimPrefix(kind, "an "), "a ")
+	if kind == "true or false" {
+		return kind + " values"
+	}
+	first, rest, _ := strings.Cut(kind, " ")
+	if rest != "" {
+		return first + "s " + rest
+	}
+	return first + "s"
+}
+
 // jsonKind names a Go type as JSON.
 func jsonKind(t reflect.Type) string {
 	for t.Kind() == reflect.Pointer {
@@ -299,9 +323,9 @@ func jsonKind(t reflect.Type) string {
 	case reflect.String:
 		return "a string"
 	case reflect.Slice:
-		return "a list of " + strings.TrimPrefix(jsonKind(t.Elem()), "a ") + "s"
+		return "a list of " + plural(jsonKind(t.Elem()))
 	case reflect.Map:
-		return "an object of " + strings.TrimPrefix(jsonKind(t.Elem()), "a ") + "s"
+		return "an object of " + plural(jsonKind(t.Elem()))
 	}
 	return t.String()
 }
@@ -343,8 +367,12 @@ func (r *genRequest) parsePrompt(raw json.RawMessage) error {
 	return badRequest("prompt", "prompt %s: want a string or a list of token ids", compact(raw))
 }
 
-// maxStops bounds the stop strings of a request (OpenAI takes 4).
-const maxStops = 16
+// maxStops bounds the stop strings of a request (OpenAI takes 4), maxStopTokens its
+// stop_token_ids.
+const (
+	maxStops      = 16
+	maxStopTokens = 1024
+)
 
 func (r *genRequest) parseStop(raw json.RawMessage) error {
 	var s string

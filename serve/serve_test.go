@@ -288,10 +288,7 @@ func TestStopStrings(t *testing.T) {
 			t.Fatalf("%s: %d %s", body, code, data)
 		}
 		g := decodeCompletion(t, data)
-		sr := ""
-		if g.Choices[0].StopReason != nil {
-			sr = *g.Choices[0].StopReason
-		}
+		sr, _ := g.Choices[0].StopReason.(string)
 		if g.text() != c.text || g.Choices[0].FinishReason != c.finish || g.Usage.CompletionTokens != c.tokens || sr != c.stopReason {
 			t.Errorf("stop %s: %q %s %d tokens (stop_reason %q), want %q %s %d (%q)", c.stops, g.text(), g.Choices[0].FinishReason,
 				g.Usage.CompletionTokens, sr, c.text, c.finish, c.tokens, c.stopReason)
@@ -302,10 +299,7 @@ func TestStopStrings(t *testing.T) {
 		}
 		s := readStream(t, resp.Body)
 		resp.Body.Close()
-		ssr := ""
-		if s.stop != nil {
-			ssr = *s.stop
-		}
+		ssr, _ := s.stop.(string)
 		if s.text != c.text || s.finish != c.finish || s.usage == nil || s.usage.CompletionTokens != c.tokens || ssr != c.stopReason || s.chunks != c.tokens {
 			t.Errorf("streamed stop %s: %q %s %+v %d chunks (stop_reason %q), want %q %s %d", c.stops, s.text, s.finish, s.usage, s.chunks, ssr, c.text, c.finish, c.tokens)
 		}
@@ -337,6 +331,59 @@ func TestStopMatcher(t *testing.T) {
 		if !slices.Equal(got, c.want) || m.matched != c.match {
 			t.Errorf("%v %v: released %q, matched %q; want %q, %q", c.stops, c.pieces, got, m.matched, c.want, c.match)
 		}
+	}
+}
+
+// stop_token_ids (vLLM's): the first generated id among them ends the text, its own text
+// left out unless include_stop_str_in_output, with finish_reason "stop" and the id as
+// stop_reason, whole and streamed; ids out of the vocabulary, and a non-EOS id with
+// min_tokens (whose ban covers EOS ids alone), are refused.
+func TestStopTokenIDs(t *testing.T) {
+	b := tinyBundle(t)
+	ts := startServer(t, b, nil)
+	full := alone(t, b, loader.Request{Prompt: ts.tok.Encode("Once upon a time"), MaxTokens: 40, TopP: 1})[0].Tokens
+	k := 3 // the first place from 3 on whose token came no earlier
+	for slices.Contains(full[:k], full[k]) {
+		k++
+	}
+	stop := full[k]
+	base := fmt.Sprintf(`{"prompt": "Once upon a time", "max_tokens": 40, "temperature": 0, "stop_token_ids": [%d]`, stop)
+	for _, c := range []struct {
+		extra string
+		text  string
+	}{
+		{"", ts.tok.Decode(full[:k])},
+		{`, "include_stop_str_in_output": true`, ts.tok.Decode(full[:k+1])},
+	} {
+		body := base + c.extra + "}"
+		whole := postOK(t, ts.url+"/v1/completions", body)
+		got := whole.Choices[0]
+		if got.Text != c.text || got.FinishReason != "stop" || got.StopReason != float64(stop) || whole.Usage.CompletionTokens != k+1 {
+			t.Errorf("%s: %q %s %v, %d tokens; want %q stop %d, %d tokens", body, got.Text, got.FinishReason, got.StopReason, whole.Usage.CompletionTokens, c.text, stop, k+1)
+		}
+		resp, err := client.Post(ts.url+"/v1/completions", "application/json", strings.NewReader(withField(withField(body, "stream", "true"), "stream_options", `{"include_usage": true}`)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := readStream(t, resp.Body)
+		resp.Body.Close()
+		if s.text != c.text || s.finish != "stop" || s.stop != float64(stop) || s.usage == nil || s.usage.CompletionTokens != k+1 {
+			t.Errorf("streamed %s: %q %s %v %+v", body, s.text, s.finish, s.stop, s.usage)
+		}
+	}
+	for _, c := range []struct{ body, want string }{
+		{`{"prompt": "x", "stop_token_ids": [258]}`, "stop_token_ids: 258 is not a token id of this model (0 to 257)"},
+		{`{"prompt": "x", "stop_token_ids": [-1]}`, "stop_token_ids: -1 is not a token id"},
+		{`{"prompt": "x", "stop_token_ids": "257"}`, "stop_token_ids \"257\": want a list of integers"},
+		{`{"prompt": "x", "stop_token_ids": [65], "min_tokens": 2}`, "stop_token_ids 65 with min_tokens 2: not implemented (before min_tokens the sampler bans only the model's EOS ids [257])"},
+	} {
+		if code, data := post(t, ts.url+"/v1/completions", c.body); code != http.StatusBadRequest || !strings.Contains(errorMessage(data), c.want) {
+			t.Errorf("%s: %d %s, want 400 %q", c.body, code, data, c.want)
+		}
+	}
+	// EOS ids with min_tokens: the sampler's ban covers them.
+	if code, data := post(t, ts.url+"/v1/completions", `{"prompt": "x", "max_tokens": 3, "stop_token_ids": [257], "min_tokens": 2}`); code != http.StatusOK {
+		t.Errorf("an EOS id with min_tokens: %d %s", code, data)
 	}
 }
 

@@ -130,7 +130,7 @@ func (c *call) textChunk(text string, v view, k int) any {
 // with delta. Its xmix object carries the exports of token k.
 func (c *call) chunk(text string, completion bool, delta *chatMessage, fin *string, v view, k int) response {
 	resp := c.header(true)
-	var stopReason *string
+	var stopReason any
 	if fin != nil {
 		stopReason = c.stopReason()
 	}
