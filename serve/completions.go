@@ -129,7 +129,7 @@ func (c *call) add(tok int) string {
 		// vLLM's stop_token_ids: the token ends the text, its own text left out unless
 		// include_stop_str_in_output; what was held for the stop strings is released.
 		out := c.stop.flush() + c.dec.Flush()
-		if c.gr.includeStop {
+		if c.gr.includeStop && !c.sv.eos[tok] {
 			out += c.dec.Add(tok) + c.dec.Flush()
 		}
 		c.finish, c.stopToken = "stop", &tok

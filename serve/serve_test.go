@@ -381,6 +381,14 @@ func TestStopTokenIDs(t *testing.T) {
 			t.Errorf("%s: %d %s, want 400 %q", c.body, code, data, c.want)
 		}
 	}
+	// An EOS id ends the request by itself (stop_reason null), and with ignore_eos as a stop
+	// id: the same text either way, since EOS has none.
+	eos := postOK(t, ts.url+"/v1/completions", `{"prompt": "Tom was sad.", "max_tokens": 300, "temperature": 0, "stop_token_ids": [257]}`)
+	ignored := postOK(t, ts.url+"/v1/completions", `{"prompt": "Tom was sad.", "max_tokens": 300, "temperature": 0, "stop_token_ids": [257], "ignore_eos": true, "include_stop_str_in_output": true}`)
+	if e, i := eos.Choices[0], ignored.Choices[0]; e.FinishReason != "stop" || e.StopReason != nil || i.FinishReason != "stop" || i.StopReason != float64(257) ||
+		i.Text != e.Text || ignored.Usage != eos.Usage {
+		t.Errorf("EOS as a stop id: %+v %+v; with ignore_eos %+v %+v", e, eos.Usage, i, ignored.Usage)
+	}
 	// EOS ids with min_tokens: the sampler's ban covers them.
 	if code, data := post(t, ts.url+"/v1/completions", `{"prompt": "x", "max_tokens": 3, "stop_token_ids": [257], "min_tokens": 2}`); code != http.StatusOK {
 		t.Errorf("an EOS id with min_tokens: %d %s", code, data)
