@@ -204,7 +204,7 @@ func (sv *Server) generate(w http.ResponseWriter, r *http.Request, isChat bool) 
 	c.j = j // from here on the request runs: it is counted and, if left, cancelled
 	sv.metrics.enabled(c.p.apps)
 	c.dec = newStreamDecoder(sv.tok)
-	c.stop = stopMatcher{stops: gr.stop, includeStop: gr.includeStop}
+	c.stop = newStopMatcher(gr.stop, gr.includeStop)
 	prefix := "cmpl-"
 	if isChat {
 		prefix = "chatcmpl-"

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"net/http"
 	"slices"
 	"strings"
@@ -319,7 +320,7 @@ func TestStopMatcher(t *testing.T) {
 		{[]string{"é!"}, []string{"a", "é", "?"}, []string{"a", "", "é?"}, ""},
 		{nil, []string{"a", "b"}, []string{"a", "b"}, ""},
 	} {
-		m := stopMatcher{stops: c.stops}
+		m := newStopMatcher(c.stops, false)
 		var got []string
 		for _, p := range c.pieces {
 			if m.matched != "" {
@@ -330,6 +331,73 @@ func TestStopMatcher(t *testing.T) {
 		}
 		if !slices.Equal(got, c.want) || m.matched != c.match {
 			t.Errorf("%v %v: released %q, matched %q; want %q, %q", c.stops, c.pieces, got, m.matched, c.want, c.match)
+		}
+	}
+}
+
+// TestStopMatcherMatchesTheDefinition: on random stop strings and pieces over a small
+// alphabet, with min_tokens arming it part way, the matcher releases what the definition
+// says after each piece: once armed, of the stop strings that end in the piece, the one
+// that starts first (the longer on a tie) ends the text; otherwise everything but the
+// longest end of the text that begins a stop string.
+func TestStopMatcherMatchesTheDefinition(t *testing.T) {
+	r := rand.New(rand.NewPCG(5, 6))
+	word := func(n int) string {
+		b := make([]byte, n)
+		for i := range b {
+			b[i] = "abc"[r.IntN(3)]
+		}
+		return string(b)
+	}
+	for range 20000 {
+		stops := make([]string, 1+r.IntN(3))
+		for i := range stops {
+			stops[i] = word(1 + r.IntN(5))
+		}
+		include, armedFrom := r.IntN(2) == 0, r.IntN(4)
+		m := newStopMatcher(stops, include)
+		text, released := "", 0
+		for k := range 10 {
+			piece := word(r.IntN(4))
+			m.unarmed = k < armedFrom
+			got := m.feed(piece)
+			text += piece
+			want, match := "", ""
+			at := -1
+			if k >= armedFrom {
+				for _, st := range stops {
+					for start := max(0, len(text)-len(piece)-len(st)+1); start+len(st) <= len(text); start++ {
+						if text[start:start+len(st)] == st && start+len(st) > len(text)-len(piece) &&
+							(at < 0 || start < at || start == at && len(st) > len(match)) {
+							at, match = start, st
+						}
+					}
+				}
+			}
+			if at >= 0 {
+				want = text[released:at]
+				if include {
+					want += match
+				}
+			} else {
+				keep := 0
+				for _, st := range stops {
+					for l := 1; l < len(st) && l <= len(text); l++ {
+						if strings.HasSuffix(text, st[:l]) {
+							keep = max(keep, l)
+						}
+					}
+				}
+				want = text[released : len(text)-keep]
+				released = len(text) - keep
+			}
+			if got != want || m.matched != match {
+				t.Fatalf("stops %q, include %v, armed from piece %d, text %q after piece %d %q: released %q, matched %q; want %q, %q",
+					stops, include, armedFrom, text, k, piece, got, m.matched, want, match)
+			}
+			if at >= 0 {
+				break
+			}
 		}
 	}
 }
