@@ -48,6 +48,8 @@ func TestBadRequestsGetOpenAIErrors(t *testing.T) {
 		{cmpl, `{"prompt": "x", "top_p": 1.5}`, 400, "top_p", "top_p 1.5: want a number in [0, 1]"},
 		{cmpl, `{"prompt": "x", "n": 2}`, 400, "n", "n 2: only one choice"},
 		{cmpl, `{"prompt": "x", "stop": ""}`, 400, "stop", "empty string"},
+		{cmpl, fmt.Sprintf(`{"prompt": "x", "stop": [%q, %q]}`, strings.Repeat("a", 1<<19), strings.Repeat("b", 1<<19+1)), 400, "stop", "stop: 1048577 bytes of stop strings; at most 1048576"},
+		{cmpl, fmt.Sprintf(`{"prompt": "x", "stop_token_ids": [%s0]}`, strings.Repeat("1, ", 1024)), 400, "stop_token_ids", "stop_token_ids: 1025 ids; at most 1024"},
 		{cmpl, `{"prompt": "x", "stop": 3}`, 400, "stop", "want a string or a list of strings"},
 		{cmpl, `{"prompt": "x", "frequency_penalty": 0.5}`, 400, "frequency_penalty", "frequency_penalty 0.5: not implemented"},
 		{cmpl, `{"prompt": "x", "logit_bias": {"12": 3}}`, 400, "logit_bias", "not implemented"},

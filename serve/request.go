@@ -367,10 +367,12 @@ func (r *genRequest) parsePrompt(raw json.RawMessage) error {
 	return badRequest("prompt", "prompt %s: want a string or a list of token ids", compact(raw))
 }
 
-// maxStops bounds the stop strings of a request (OpenAI takes 4), maxStopTokens its
+// maxStops bounds the stop strings of a request (OpenAI takes 4), maxStopBytes their
+// length together (the matcher keeps 4 bytes of table a byte), maxStopTokens its
 // stop_token_ids.
 const (
 	maxStops      = 16
+	maxStopBytes  = 1 << 20
 	maxStopTokens = 1024
 )
 
@@ -384,10 +386,15 @@ func (r *genRequest) parseStop(raw json.RawMessage) error {
 	if len(r.stop) > maxStops {
 		return badRequest("stop", "stop: %d strings; at most %d", len(r.stop), maxStops)
 	}
+	n := 0
 	for _, s := range r.stop {
 		if s == "" {
 			return badRequest("stop", "stop: an empty string would stop before the first token")
 		}
+		n += len(s)
+	}
+	if n > maxStopBytes {
+		return badRequest("stop", "stop: %d bytes of stop strings; at most %d", n, maxStopBytes)
 	}
 	return nil
 }

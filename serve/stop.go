@@ -21,15 +21,15 @@ type stopMatcher struct {
 	// fail[i][k] is the length of the longest proper prefix of stops[i][:k+1] that is also
 	// its suffix; state[i] the length of the longest prefix of stops[i] that ends the text
 	// fed so far, less than the whole string.
-	fail  [][]int
+	fail  [][]int32
 	state []int
 }
 
 func newStopMatcher(stops []string, includeStop bool) stopMatcher {
-	m := stopMatcher{stops: stops, includeStop: includeStop, fail: make([][]int, len(stops)), state: make([]int, len(stops))}
+	m := stopMatcher{stops: stops, includeStop: includeStop, fail: make([][]int32, len(stops)), state: make([]int, len(stops))}
 	for i, s := range stops {
-		f := make([]int, len(s))
-		for k, q := 1, 0; k < len(s); k++ {
+		f := make([]int32, len(s)) // maxStopBytes bounds them
+		for k, q := 1, int32(0); k < len(s); k++ {
 			for q > 0 && s[k] != s[q] {
 				q = f[q-1]
 			}
@@ -57,7 +57,7 @@ func (m *stopMatcher) feed(s string) string {
 		q, f := m.state[i], m.fail[i]
 		for j := 0; j < len(s); j++ {
 			for q > 0 && s[j] != st[q] {
-				q = f[q-1]
+				q = int(f[q-1])
 			}
 			if s[j] == st[q] {
 				q++
@@ -66,7 +66,7 @@ func (m *stopMatcher) feed(s string) string {
 				if start := base + j + 1 - len(st); !m.unarmed && (at < 0 || start < at || start == at && len(st) > len(m.matched)) {
 					at, m.matched = start, st
 				}
-				q = f[q-1]
+				q = int(f[q-1])
 			}
 		}
 		m.state[i] = q
