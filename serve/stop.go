@@ -5,9 +5,9 @@ package serve
 // tokens show whether it is, so nothing released ever has to be taken back.
 //
 // It reads each byte once per stop string, through a Knuth-Morris-Pratt automaton per
-// string, so a request's stop strings cost time linear in its text whatever they are: a
-// search of the held text every token cost the cube of a long near miss (a stop string of
-// 10,000 'a's, a 'c' and 10,000 'a's against generated 'a's took milliseconds a token).
+// string, so a request's stop strings cost time linear in its text whatever they are. A
+// search of the held text every token cost the cube of a long near miss: 15 stop strings of
+// 4,000 'a's, a 'c' and 4,000 'a's took 2.65 s over 16,000 generated 'a's (now 1.1 ms).
 type stopMatcher struct {
 	stops       []string
 	includeStop bool // release the stop string itself (vLLM's include_stop_str_in_output)

@@ -33,8 +33,8 @@ var buildSeeds = []string{
 
 // FuzzBuild runs an app spec through the whole pipeline on SmallModel: the frontend, every
 // pass with its verifier, codegen, the bundle's check and its .xmb round trip, then two
-// requests on the CPU backend with the app on. Any spec must end in a bundle that runs, or in
-// errors that name their place (the frontend's) or their stage; never a panic.
+// requests on the CPU backend with the app on. Any spec must end in a bundle that runs (or
+// whose run reports an error), or in an error that says something; never a panic.
 func FuzzBuild(f *testing.F) {
 	for _, s := range buildSeeds {
 		f.Add(s)
