@@ -250,8 +250,9 @@ type completion struct {
 			Role    string `json:"role"`
 			Content string `json:"content"`
 		} `json:"message"`
-		FinishReason string `json:"finish_reason"`
-		StopReason   any    `json:"stop_reason"` // a stop string, a token id (float64) or nil
+		FinishReason string          `json:"finish_reason"`
+		StopReason   any             `json:"stop_reason"` // a stop string, a token id (float64) or nil
+		Logprobs     json.RawMessage `json:"logprobs"`
 	} `json:"choices"`
 	Usage usage `json:"usage"`
 	Xmix  struct {
@@ -298,9 +299,11 @@ type streamed struct {
 	fired   map[string]int               // from the last chunk
 	prompt  map[string][]json.RawMessage // prompt_exports, from the last chunk
 	usage   *usage
-	role    string
-	done    bool // ended with data: [DONE]
-	errors  []string
+	// logprobs are the chunks' logprobs objects, in order (chunks without them left out).
+	logprobs []json.RawMessage
+	role     string
+	done     bool // ended with data: [DONE]
+	errors   []string
 }
 
 func readStream(t testing.TB, body io.Reader) streamed {
@@ -331,8 +334,9 @@ func readStream(t testing.TB, body io.Reader) streamed {
 					Role    string  `json:"role"`
 					Content *string `json:"content"`
 				} `json:"delta"`
-				FinishReason *string `json:"finish_reason"`
-				StopReason   any     `json:"stop_reason"`
+				FinishReason *string         `json:"finish_reason"`
+				StopReason   any             `json:"stop_reason"`
+				Logprobs     json.RawMessage `json:"logprobs"`
 			} `json:"choices"`
 			Usage *usage `json:"usage"`
 			Xmix  *struct {
@@ -392,6 +396,9 @@ func readStream(t testing.TB, body io.Reader) streamed {
 			}
 			if c.FinishReason != nil {
 				s.finish, s.stop = *c.FinishReason, c.StopReason
+			}
+			if len(c.Logprobs) > 0 && string(c.Logprobs) != "null" {
+				s.logprobs = append(s.logprobs, c.Logprobs)
 			}
 		}
 	}

@@ -1,7 +1,9 @@
 package serve
 
 import (
+	"encoding/json"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"testing"
@@ -14,7 +16,8 @@ var fuzzStops = []string{"e", " ", ".", "the", "he", "she", "and", "a b", "é", 
 
 // FuzzStopsAndStreams: a request made of the fuzzer's values (prompt, max_tokens, sampling,
 // min_tokens, stop strings and stop_token_ids with or without include_stop_str_in_output, an
-// app, either endpoint) gets the same text, finish, stop_reason and usage streamed as whole; its text is
+// app, logprobs, either endpoint) gets the same text, finish, stop_reason, usage and logprobs
+// streamed as whole; its text is
 // where the same request without stops would have written it up to, and holds a stop string
 // only at its end, with include_stop_str_in_output.
 func FuzzStopsAndStreams(f *testing.F) {
@@ -23,10 +26,12 @@ func FuzzStopsAndStreams(f *testing.F) {
 	f.Add(uint8(10), uint8(23), "Tom was sad", []byte{11, 12, 13}, uint8(5))
 	f.Add(uint8(17), uint8(20), "Once upon a time", []byte{0, 1}, uint8(0))
 	f.Add(uint8(33), uint8(23), "Once upon a time", []byte{'e', ' ', 'a'}, uint8(0))
+	f.Add(uint8(64), uint8(12), "The old man", []byte{2, 9}, uint8(0))
+	f.Add(uint8(70), uint8(12), "Tom was sad", []byte{3}, uint8(9))
 	f.Add(uint8(3), uint8(8), "hi", []byte{8}, uint8(0))
 	ts := startServer(f, tinyBundle(f), nil)
 	// flags: include_stop_str_in_output, chat, sampling (with seed), the steering app,
-	// min_tokens, the stop picks as stop_token_ids too.
+	// min_tokens, the stop picks as stop_token_ids too, logprobs with 2 top tokens.
 	f.Fuzz(func(t *testing.T, flags, maxTokens uint8, prompt string, stopPicks []byte, seed uint8) {
 		if prompt = strings.ToValidUTF8(prompt, "?"); prompt == "" || len(prompt) > 64 || len(stopPicks) > 4 {
 			return
@@ -44,6 +49,12 @@ func FuzzStopsAndStreams(f *testing.F) {
 		}
 		if flags&8 != 0 {
 			body["xmix"] = map[string]any{"apps": []string{"tiny-steer"}}
+		}
+		if flags&64 != 0 {
+			body["logprobs"] = 2
+			if chat {
+				body["logprobs"], body["top_logprobs"] = true, 2
+			}
 		}
 		minTokens := 0
 		var ids []int // stop_token_ids: the picks as ids too (the tiny model's are bytes)
@@ -94,6 +105,9 @@ func FuzzStopsAndStreams(f *testing.F) {
 		case whole.Usage.CompletionTokens > n || whole.Choices[0].FinishReason == "length" && whole.Usage.CompletionTokens != n:
 			t.Fatalf("%s: %d tokens, finish %s", what, whole.Usage.CompletionTokens, whole.Choices[0].FinishReason)
 		}
+		if got, want := joinLogprobs(t, s.logprobs), joinLogprobs(t, []json.RawMessage{whole.Choices[0].Logprobs}); flags&64 != 0 && (got != want || want == "") {
+			t.Fatalf("%s: streamed logprobs %s, whole %s", what, got, want)
+		}
 		before := w
 		switch id, byToken := whole.Choices[0].StopReason.(float64); {
 		case byToken && !slices.Contains(ids, int(id)):
@@ -110,4 +124,28 @@ func FuzzStopsAndStreams(f *testing.F) {
 			}
 		}
 	})
+}
+
+// joinLogprobs puts logprobs objects (a stream's chunks, or a whole response's one) into one
+// text: each list of the endpoint's shape (the completions' four, chat's content) joined in
+// order, by key; "" for none.
+func joinLogprobs(t *testing.T, objects []json.RawMessage) string {
+	joined := map[string][]json.RawMessage{}
+	for _, c := range objects {
+		if len(c) == 0 || string(c) == "null" {
+			continue
+		}
+		var o map[string][]json.RawMessage
+		if err := json.Unmarshal(c, &o); err != nil {
+			t.Fatalf("logprobs %s: %v", c, err)
+		}
+		for k, v := range o {
+			joined[k] = append(joined[k], v...)
+		}
+	}
+	var b strings.Builder
+	for _, k := range slices.Sorted(maps.Keys(joined)) {
+		fmt.Fprintf(&b, "%s: %s\n", k, joined[k])
+	}
+	return b.String()
 }
