@@ -121,22 +121,23 @@ type call struct {
 	outcome  string // for metrics and the log: the finish reason, or why it failed
 }
 
-// add consumes the next generated token and returns the text it releases. The model's
-// special tokens (BOS, EOS) have no text, as with vLLM's skip_special_tokens.
+// add consumes the next generated token and returns the text it releases. Special tokens
+// (BOS, EOS, the tokenizer's special added tokens) have no text, as with vLLM's default
+// skip_special_tokens.
 func (c *call) add(tok int) string {
 	c.n++
 	if c.endsAt(tok) {
 		// vLLM's stop_token_ids: the token ends the text, its own text left out unless
 		// include_stop_str_in_output; what was held for the stop strings is released.
 		out := c.stop.flush() + c.dec.Flush()
-		if c.gr.includeStop && !c.sv.eos[tok] {
+		if c.gr.includeStop && !c.sv.silent[tok] {
 			out += c.dec.Add(tok) + c.dec.Flush()
 		}
 		c.finish, c.stopToken = "stop", &tok
 		return out
 	}
 	piece := ""
-	if !c.sv.eos[tok] {
+	if !c.sv.silent[tok] {
 		piece = c.dec.Add(tok)
 	}
 	c.stop.unarmed = c.n < c.p.req.MinTokens

@@ -70,7 +70,9 @@ type Server struct {
 	eng   *loader.Engine
 	tok   loader.Tokenizer
 	model string
-	eos   map[int]bool
+	// silent are the ids a response's text leaves out, as vLLM's default
+	// skip_special_tokens: BOS, EOS and the tokenizer's special added tokens.
+	silent map[int]bool
 	// chat renders conversations; chatErr says why chat requests are refused (a model
 	// without a chat template).
 	chat    *loader.Chat
@@ -121,7 +123,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	m := cfg.Bundle.Manifest.Model
 	sv = &Server{cfg: cfg, b: cfg.Bundle, eng: cfg.Engine, tok: cfg.Tokenizer, model: cfg.ModelName,
-		eos: map[int]bool{m.BOS: true}, inbox: make(chan message, 256), stopped: make(chan struct{}),
+		silent: map[int]bool{m.BOS: true}, inbox: make(chan message, 256), stopped: make(chan struct{}),
 		ctl: newControlState(cfg.Bundle), created: time.Now().Unix()}
 	if sv.model == "" {
 		sv.model = m.Name
@@ -136,7 +138,12 @@ func New(cfg Config) (*Server, error) {
 		}
 	}
 	for _, e := range m.EOS {
-		sv.eos[e] = true
+		sv.silent[e] = true
+	}
+	if t, ok := cfg.Tokenizer.(interface{ Specials() []int }); ok {
+		for _, id := range t.Specials() {
+			sv.silent[id] = true
+		}
 	}
 	reg := cfg.Registry
 	if reg == nil {

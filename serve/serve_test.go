@@ -1,11 +1,16 @@
 package serve
 
 import (
+	"bytes"
+	"compress/gzip"
 	"encoding/json"
 	"fmt"
+	"io"
 	"math"
 	"math/rand/v2"
 	"net/http"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -13,6 +18,7 @@ import (
 
 	"xmix/bundle"
 	"xmix/chat"
+	"xmix/compile"
 	"xmix/loader"
 )
 
@@ -460,6 +466,69 @@ func TestStopTokenIDs(t *testing.T) {
 	// EOS ids with min_tokens: the sampler's ban covers them.
 	if code, data := post(t, ts.url+"/v1/completions", `{"prompt": "x", "max_tokens": 3, "stop_token_ids": [257], "min_tokens": 2}`); code != http.StatusOK {
 		t.Errorf("an EOS id with min_tokens: %d %s", code, data)
+	}
+}
+
+// Special tokens have no text in a response, as with vLLM's default skip_special_tokens:
+// a random model with Llama 3's tokenizer, made to generate <|start_header_id|> (an added
+// token marked special) by token_override, answers text without it, while its logprobs name
+// the token at its place.
+func TestSpecialTokensHaveNoText(t *testing.T) {
+	dir := t.TempDir()
+	gz, err := os.ReadFile("../tokenizer/testdata/llama3_1.tokenizer.json.gz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	zr, err := gzip.NewReader(bytes.NewReader(gz))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tj, err := io.ReadAll(zr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, data := range map[string][]byte{
+		"tok/tokenizer.json": tj,
+		"model.yaml": []byte(`model: m
+family: llama
+dims: {hidden: 64, intermediate: 32, layers: 1, heads: 2, kv_heads: 1, head_dim: 32, vocab: 128256, tie_embeddings: true}
+weights: {synthetic: {seed: 1, std: 0.02}}
+tokenizer: {hf: tok/tokenizer.json}
+eos: [128009]
+serving: {decode_buckets: [1], prefill_chunks: [16], max_seq_len: 64, max_seqs: 1, kv_block_size: 16}
+`),
+		"header.yaml": []byte(`app: header
+ops:
+  - write: {at: {hook: sampled}, kernel: token_override, args: {token: 128006}, when: {steps: {from: 1, to: 2}}}
+`),
+	} {
+		os.MkdirAll(filepath.Dir(filepath.Join(dir, name)), 0o755)
+		if err := os.WriteFile(filepath.Join(dir, name), data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b, err := compile.Build(filepath.Join(dir, "model.yaml"), []string{filepath.Join(dir, "header.yaml")}, compile.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := startServer(t, b, nil)
+	code, data := post(t, ts.url+"/v1/completions", `{"prompt": "Hello", "max_tokens": 4, "temperature": 0, "logprobs": 0, "xmix": {"apps": ["header"]}}`)
+	if code != http.StatusOK {
+		t.Fatalf("%d %s", code, data)
+	}
+	var resp struct {
+		Choices []struct {
+			Text     string             `json:"text"`
+			Logprobs completionLogprobs `json:"logprobs"`
+		} `json:"choices"`
+	}
+	if err := json.Unmarshal(data, &resp); err != nil {
+		t.Fatal(err)
+	}
+	c := resp.Choices[0]
+	if !slices.Contains(c.Logprobs.Tokens, "<|start_header_id|>") || strings.Contains(c.Text, "<|start_header_id|>") ||
+		c.Text != strings.Join(slices.DeleteFunc(slices.Clone(c.Logprobs.Tokens), func(s string) bool { return s == "<|start_header_id|>" }), "") {
+		t.Errorf("text %q, tokens %q", c.Text, c.Logprobs.Tokens)
 	}
 }
 

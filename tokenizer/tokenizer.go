@@ -42,7 +42,15 @@ type Tokenizer struct {
 	strips  bool
 	// prefix and suffix are the post-processor's special tokens around a single sequence.
 	prefix, suffix []int
+	// specials are the added tokens marked special, in added_tokens order (Specials).
+	specials []int
 }
+
+// Specials are the ids of the added tokens tokenizer.json marks special ("special": true):
+// the ones Hugging Face's decode(skip_special_tokens=True), and so vLLM's generated text by
+// default, leaves out (Llama 3's header tokens, Qwen's <|im_end|>; not Qwen3's <think>, an
+// added token that is not special).
+func (t *Tokenizer) Specials() []int { return t.specials }
 
 // Load reads a tokenizer.json file.
 func Load(path string) (*Tokenizer, error) {
@@ -77,6 +85,7 @@ type addedJSON struct {
 	LStrip     bool   `json:"lstrip"`
 	RStrip     bool   `json:"rstrip"`
 	Normalized bool   `json:"normalized"`
+	Special    bool   `json:"special"`
 }
 
 type modelJSON struct {
@@ -322,6 +331,9 @@ func (t *Tokenizer) parseAdded(tokens []addedJSON) error {
 			continue // HF ignores empty added tokens
 		}
 		t.tokens[a.Content] = a.ID
+		if a.Special {
+			t.specials = append(t.specials, a.ID)
+		}
 		t.longest = max(t.longest, len(a.Content))
 		t.strips = t.strips || a.LStrip || a.RStrip
 		if a.ID >= len(t.idBytes) {

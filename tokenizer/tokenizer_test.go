@@ -391,3 +391,27 @@ func TestMinTokens(t *testing.T) {
 		t.Errorf("an added token that strips: MinTokens = %d, want 0 (%d ids)", got, len(strip.Encode(strings.Repeat(" ", 1000)+"<|end|>")))
 	}
 }
+
+// TestSpecials: the added tokens marked special, and only those.
+func TestSpecials(t *testing.T) {
+	for _, c := range []struct {
+		name     string
+		special  []int // <|begin_of_text|>, <|start_header_id|>, <|eot_id|>; <|endoftext|>, <|im_end|>
+		ordinary []int // 'a' (a vocabulary token); <think>, <tool_call> (added, not special)
+	}{
+		{"llama3_1", []int{128000, 128006, 128009}, []int{64}},
+		{"qwen3", []int{151643, 151645}, []int{64, 151667, 151657}},
+	} {
+		sp := testTokenizer(t, c.name).Specials()
+		for _, id := range c.special {
+			if !slices.Contains(sp, id) {
+				t.Errorf("%s: %d is not among the %d specials", c.name, id, len(sp))
+			}
+		}
+		for _, id := range c.ordinary {
+			if slices.Contains(sp, id) {
+				t.Errorf("%s: %d is among the specials", c.name, id)
+			}
+		}
+	}
+}
