@@ -121,24 +121,20 @@ type call struct {
 	outcome  string // for metrics and the log: the finish reason, or why it failed
 }
 
-// add consumes the next generated token and returns the text it releases. Special tokens
-// (BOS, EOS, the tokenizer's special added tokens) have no text, as with vLLM's default
-// skip_special_tokens.
+// add consumes the next generated token and returns the text it releases.
 func (c *call) add(tok int) string {
 	c.n++
-	if c.endsAt(tok) {
-		// vLLM's stop_token_ids: the token ends the text, its own text left out unless
-		// include_stop_str_in_output; what was held for the stop strings is released.
-		out := c.stop.flush() + c.dec.Flush()
-		if c.gr.includeStop && !c.sv.silent[tok] {
-			out += c.dec.Add(tok) + c.dec.Flush()
-		}
-		c.finish, c.stopToken = "stop", &tok
-		return out
-	}
+	stopID := c.endsAt(tok)
+	ends := stopID || !c.p.req.IgnoreEOS && slices.Contains(c.sv.b.Manifest.Model.EOS, tok)
 	piece := ""
-	if !c.sv.silent[tok] {
+	if c.hasText(tok, ends) {
 		piece = c.dec.Add(tok)
+	}
+	if stopID {
+		// vLLM's stop_token_ids: the token ends the text; what was held for the stop strings
+		// is released.
+		c.finish, c.stopToken = "stop", &tok
+		return c.stop.flush() + piece + c.dec.Flush()
 	}
 	c.stop.unarmed = c.n < c.p.req.MinTokens
 	out := c.stop.feed(piece)
@@ -146,6 +142,14 @@ func (c *call) add(tok int) string {
 		c.finish = "stop"
 	}
 	return out
+}
+
+// hasText says whether tok's text goes into the response, as vLLM's: a special token (BOS,
+// EOS, the tokenizer's special added tokens) has none unless the request keeps them
+// (skip_special_tokens false), and the token that ends the request (an EOS, a stop id) none
+// unless include_stop_str_in_output.
+func (c *call) hasText(tok int, ends bool) bool {
+	return (!c.sv.silent[tok] || !c.gr.skipSpecial) && (!ends || c.gr.includeStop)
 }
 
 // endsAt says whether tok is one of the request's stop_token_ids that may end it here: past

@@ -40,6 +40,7 @@ type genRequest struct {
 	stop         []string
 	stopTokens   []int // vLLM's stop_token_ids
 	includeStop  bool
+	skipSpecial  bool // vLLM's skip_special_tokens: special tokens have no text (default)
 	n            int
 	stream       bool
 	includeUsage bool
@@ -84,8 +85,8 @@ var unimplemented = map[string][]string{
 	"frequency_penalty": {"0"}, "presence_penalty": {"0"}, "repetition_penalty": {"1"},
 	"logit_bias": {"{}"}, "top_k": {"-1", "0"}, "min_p": {"0"},
 	"bad_words": {"[]"}, "allowed_token_ids": {}, "truncate_prompt_tokens": {},
-	"skip_special_tokens": {"true"}, "spaces_between_special_tokens": {"true"},
-	"response_format": {`{"type":"text"}`}, "guided_json": {}, "guided_regex": {},
+	"spaces_between_special_tokens": {"true"},
+	"response_format":               {`{"type":"text"}`}, "guided_json": {}, "guided_regex": {},
 	"guided_choice": {}, "guided_grammar": {}, "structured_outputs": {}, "prompt_logprobs": {},
 	"best_of": {"1"}, "echo": {"false"}, "use_beam_search": {"false"}, "length_penalty": {"1"},
 	"seed_per_choice": {}, "return_tokens_as_token_ids": {"false"}, "return_token_ids": {"false"},
@@ -156,6 +157,9 @@ var shared = map[string]field{
 		}
 		return nil
 	}},
+	"skip_special_tokens": {set: func(r *genRequest, raw json.RawMessage) error {
+		return decodeField(raw, "skip_special_tokens", &r.skipSpecial)
+	}},
 	"include_stop_str_in_output": {set: func(r *genRequest, raw json.RawMessage) error {
 		return decodeField(raw, "include_stop_str_in_output", &r.includeStop)
 	}},
@@ -222,7 +226,7 @@ func parseGenRequest(body io.Reader, isChat bool) (*genRequest, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &genRequest{chat: isChat, n: 1, addGenerationPrompt: true, addSpecialTokens: true, ext: extension{defaultApps: true}}
+	r := &genRequest{chat: isChat, n: 1, addGenerationPrompt: true, addSpecialTokens: true, skipSpecial: true, ext: extension{defaultApps: true}}
 	table := fieldTables[0]
 	if isChat {
 		table = fieldTables[1]

@@ -472,7 +472,7 @@ func TestStopTokenIDs(t *testing.T) {
 // Special tokens have no text in a response, as with vLLM's default skip_special_tokens:
 // a random model with Llama 3's tokenizer, made to generate <|start_header_id|> (an added
 // token marked special) by token_override, answers text without it, while its logprobs name
-// the token at its place.
+// the token at its place; with skip_special_tokens false the text keeps it.
 func TestSpecialTokensHaveNoText(t *testing.T) {
 	dir := t.TempDir()
 	gz, err := os.ReadFile("../tokenizer/testdata/llama3_1.tokenizer.json.gz")
@@ -501,34 +501,56 @@ serving: {decode_buckets: [1], prefill_chunks: [16], max_seq_len: 64, max_seqs: 
 ops:
   - write: {at: {hook: sampled}, kernel: token_override, args: {token: 128006}, when: {steps: {from: 1, to: 2}}}
 `),
+		"eot.yaml": []byte(`app: eot
+ops:
+  - write: {at: {hook: sampled}, kernel: token_override, args: {token: 128009}, when: {steps: {from: 2, to: 3}}}
+`),
 	} {
 		os.MkdirAll(filepath.Dir(filepath.Join(dir, name)), 0o755)
 		if err := os.WriteFile(filepath.Join(dir, name), data, 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}
-	b, err := compile.Build(filepath.Join(dir, "model.yaml"), []string{filepath.Join(dir, "header.yaml")}, compile.Options{})
+	b, err := compile.Build(filepath.Join(dir, "model.yaml"), []string{filepath.Join(dir, "header.yaml"), filepath.Join(dir, "eot.yaml")}, compile.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	ts := startServer(t, b, nil)
-	code, data := post(t, ts.url+"/v1/completions", `{"prompt": "Hello", "max_tokens": 4, "temperature": 0, "logprobs": 0, "xmix": {"apps": ["header"]}}`)
-	if code != http.StatusOK {
-		t.Fatalf("%d %s", code, data)
+	for _, keep := range []bool{false, true} {
+		body := fmt.Sprintf(`{"prompt": "Hello", "max_tokens": 4, "temperature": 0, "logprobs": 0, "skip_special_tokens": %v, "xmix": {"apps": ["header"]}}`, !keep)
+		code, data := post(t, ts.url+"/v1/completions", body)
+		if code != http.StatusOK {
+			t.Fatalf("%d %s", code, data)
+		}
+		var resp struct {
+			Choices []struct {
+				Text         string             `json:"text"`
+				FinishReason string             `json:"finish_reason"`
+				Logprobs     completionLogprobs `json:"logprobs"`
+			} `json:"choices"`
+		}
+		if err := json.Unmarshal(data, &resp); err != nil {
+			t.Fatal(err)
+		}
+		c := resp.Choices[0]
+		want := slices.Clone(c.Logprobs.Tokens)
+		if !keep {
+			want = slices.DeleteFunc(want, func(s string) bool { return s == "<|start_header_id|>" })
+		}
+		// skip_special_tokens false (vLLM's): the special token's text is kept.
+		if !slices.Contains(c.Logprobs.Tokens, "<|start_header_id|>") || c.FinishReason != "length" || c.Text != strings.Join(want, "") {
+			t.Errorf("%s: text %q (%s), tokens %q", body, c.Text, c.FinishReason, c.Logprobs.Tokens)
+		}
 	}
-	var resp struct {
-		Choices []struct {
-			Text     string             `json:"text"`
-			Logprobs completionLogprobs `json:"logprobs"`
-		} `json:"choices"`
-	}
-	if err := json.Unmarshal(data, &resp); err != nil {
-		t.Fatal(err)
-	}
-	c := resp.Choices[0]
-	if !slices.Contains(c.Logprobs.Tokens, "<|start_header_id|>") || strings.Contains(c.Text, "<|start_header_id|>") ||
-		c.Text != strings.Join(slices.DeleteFunc(slices.Clone(c.Logprobs.Tokens), func(s string) bool { return s == "<|start_header_id|>" }), "") {
-		t.Errorf("text %q, tokens %q", c.Text, c.Logprobs.Tokens)
+	// The EOS that ends the request has no text, even kept, unless include_stop_str_in_output
+	// asks for the stopping token too.
+	for _, include := range []bool{false, true} {
+		body := fmt.Sprintf(`{"prompt": "Hello", "max_tokens": 6, "temperature": 0, "skip_special_tokens": false, "include_stop_str_in_output": %v, "xmix": {"apps": ["header", "eot"]}}`, include)
+		g := postOK(t, ts.url+"/v1/completions", body)
+		if c := g.Choices[0]; c.FinishReason != "stop" || g.Usage.CompletionTokens != 4 || !strings.Contains(c.Text, "<|start_header_id|>") ||
+			strings.HasSuffix(c.Text, "<|eot_id|>") != include {
+			t.Errorf("%s: text %q (%s, %d tokens)", body, c.Text, c.FinishReason, g.Usage.CompletionTokens)
+		}
 	}
 }
 
