@@ -676,8 +676,10 @@ func (t *tb) attention(n *ir.Node) {
 	case t.kind == bundle.Decode || !ac.PrefillOK():
 		decode(base, ac, 1, s)
 	default:
+		// The chunk's kernels write z whole: z optional is a decode kernel's (one row a block).
+		ac.ZOptional = false
 		singles := ac
-		singles.Singles, singles.ZOptional = true, false
+		singles.Singles = true
 		decode(base+"_singles", singles, 1, s)
 		name := base + "_prefill"
 		k, err := g.kernel(name, func() (*Kernel, error) { return AttentionPrefill(name, ac) })

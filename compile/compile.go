@@ -73,11 +73,12 @@ type Options struct {
 	// they fit in one wave (bundle.BuildInfo.AttnCluster; xmixc build --attn-cluster): for
 	// measuring, off by default (session 37 measured it slower at 4 and 8 rows).
 	AttnCluster bool
-	// OptionalF32Out builds the add+norm and decode attention kernels so that their f32
-	// output may be dropped where the GEMM after them reads their bf16 copy and no later node
-	// reads the f32 (bundle.BuildInfo.OptionalF32Out; xmixc build --optional-f32-out): for
-	// measuring.
-	OptionalF32Out bool
+	// F32OutAlways builds the add+norm and decode attention kernels to write their f32
+	// output always (xmixc build --optional-f32-out=false). By default it may be dropped where
+	// the GEMM after them reads their bf16 copy and no later node reads the f32
+	// (bundle.BuildInfo.OptionalF32Out): on the H200 that made Llama-3.1-8B's steps 0.04-0.97%
+	// shorter at 8-128 rows and contexts 576-2112 (testsuite/gpu/RESULTS.md, session 59).
+	F32OutAlways bool
 	// GemvSplit is the most warps a CUDA-core GEMV splits each column's K over
 	// (bundle.BuildInfo.GemvSplit; 0: one).
 	GemvSplit int
@@ -293,7 +294,7 @@ func Build(modelPath string, appPaths []string, opt Options) (*bundle.Bundle, er
 	build := bundle.BuildInfo{Compiler: Compiler, Inputs: inputs, Fuse: p.Fused(), PDL: !opt.SerialLaunch, Prefetch: prefetch,
 		GemvCols: beyondOne(cmp.Or(opt.GemvCols, DefaultGemvCols)), GemvUnroll: beyondOne(cmp.Or(opt.GemvUnroll, DefaultGemvUnroll)),
 		AttnWarps: opt.AttnWarps, AttnUnroll: opt.AttnUnroll, AttnPrefetch: attnPrefetch, AttnPrefetchOneRow: attnPrefetchOneRow, AttnTC: !opt.AttnCUDACores,
-		AttnCluster: opt.AttnCluster, OptionalF32Out: opt.OptionalF32Out,
+		AttnCluster: opt.AttnCluster, OptionalF32Out: !opt.F32OutAlways,
 		GemvSplit: beyondOne(opt.GemvSplit), GemvWarps: codegen.GemvWarpsRecord(cmp.Or(opt.GemvWarps, max(DefaultGemvWarps, opt.GemvSplit)))}
 	if opt.TensorCoreRows != codegen.TensorCoreRows {
 		build.TensorCoreRows = opt.TensorCoreRows // the default is recorded as 0, as bundles built before the setting have it

@@ -839,19 +839,19 @@ func TestCUDAMatchesCPUOnMixtralExperts(t *testing.T) {
 // kernels launched early (the default) wait for the grid ahead before reading, so on the GPU
 // the suite's bundle's logits are those of a plain one (no fusions, --pdl=false) bit for bit,
 // for the same tokens (teacher-forced) at decode batches 1 and 4 and through prefill, under
-// both GEMM servers. So are those of the suite's bundle built with --optional-f32-out, whose
-// add+norm and decode attention kernels write their bf16 copy alone where cuBLASLt's GEMM
-// after them reads it and no node reads the f32 (cuda.Backend.F32OutputsCut counts them:
-// some, under cuBLASLt).
+// both GEMM servers. So are those of the bundle built with --optional-f32-out=false: the
+// suite's own bundle's add+norm and decode attention kernels write their bf16 copy alone
+// where cuBLASLt's GEMM after them reads it and no node reads the f32
+// (cuda.Backend.F32OutputsCut counts them: some, under cuBLASLt), that one's never.
 func TestCUDABuildKeepsBits(t *testing.T) {
 	needGPU(t)
 	if testsuite.Fuse == nil && testsuite.SerialLaunch {
 		t.Skip("the suite's bundles are plain (XMIX_SERIAL=1, no XMIX_FUSE)")
 	}
 	cut := llama1BCut(t)
-	plain := testsuite.CompileWith(t, compile.Options{Fuse: []string{}, SerialLaunch: true}, cut)
+	plain := testsuite.CompileWith(t, compile.Options{Fuse: []string{}, SerialLaunch: true, F32OutAlways: true}, cut)
 	fused := testsuite.Compile(t, cut)
-	optional := testsuite.CompileWith(t, compile.Options{OptionalF32Out: true}, cut)
+	always := testsuite.CompileWith(t, compile.Options{F32OutAlways: true}, cut)
 	prompts := [][]int{{791, 4062, 14198, 39935, 35308, 927}, {128000, 9906}, {40, 1093, 311, 1373}, {2028}}
 	for _, g := range gemmServers {
 		run := func(b *bundle.Bundle, force [][]int) ([][]int, [][]float32, int) {
@@ -887,7 +887,7 @@ func TestCUDABuildKeepsBits(t *testing.T) {
 		for _, c := range []struct {
 			name string
 			b    *bundle.Bundle
-		}{{"", fused}, {".optional_f32_out", optional}} {
+		}{{"", fused}, {".f32_out_always", always}} {
 			_, got, cut := run(c.b, toks)
 			equal := len(got) == len(want)
 			for i := 0; equal && i < len(want); i++ {
@@ -897,8 +897,8 @@ func TestCUDABuildKeepsBits(t *testing.T) {
 			if !equal {
 				t.Errorf("%s: the logits of the bundle built with --fuse %v --pdl=%v%s differ from the plain bundle's", g.mode, testsuite.Fuse, !testsuite.SerialLaunch, c.name)
 			}
-			if c.b == optional && g.mode == cuda.GemmCublasLt && cut == 0 {
-				t.Errorf("%s: no kernel of the bundle built with --optional-f32-out writes its bf16 copy alone", g.mode)
+			if c.b == fused && g.mode == cuda.GemmCublasLt && cut == 0 || c.b == always && cut != 0 {
+				t.Errorf("%s: %d kernels write their bf16 copy alone in the bundle built with --optional-f32-out=%v", g.mode, cut, c.b == fused)
 			}
 		}
 	}
