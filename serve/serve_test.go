@@ -1,11 +1,8 @@
 package serve
 
 import (
-	"bytes"
-	"compress/gzip"
 	"encoding/json"
 	"fmt"
-	"io"
 	"math"
 	"math/rand/v2"
 	"net/http"
@@ -20,6 +17,7 @@ import (
 	"xmix/chat"
 	"xmix/compile"
 	"xmix/loader"
+	"xmix/testsuite"
 )
 
 // servedCase is a request body with the engine request it must run as.
@@ -475,25 +473,12 @@ func TestStopTokenIDs(t *testing.T) {
 // the token at its place; with skip_special_tokens false the text keeps it.
 func TestSpecialTokensHaveNoText(t *testing.T) {
 	dir := t.TempDir()
-	gz, err := os.ReadFile("../tokenizer/testdata/llama3_1.tokenizer.json.gz")
-	if err != nil {
-		t.Fatal(err)
-	}
-	zr, err := gzip.NewReader(bytes.NewReader(gz))
-	if err != nil {
-		t.Fatal(err)
-	}
-	tj, err := io.ReadAll(zr)
-	if err != nil {
-		t.Fatal(err)
-	}
 	for name, data := range map[string][]byte{
-		"tok/tokenizer.json": tj,
 		"model.yaml": []byte(`model: m
 family: llama
 dims: {hidden: 64, intermediate: 32, layers: 1, heads: 2, kv_heads: 1, head_dim: 32, vocab: 128256, tie_embeddings: true}
 weights: {synthetic: {seed: 1, std: 0.02}}
-tokenizer: {hf: tok/tokenizer.json}
+tokenizer: {hf: ` + testsuite.CheckpointTokenizer(t, "llama3_1") + `}
 eos: [128009]
 serving: {decode_buckets: [1], prefill_chunks: [16], max_seq_len: 64, max_seqs: 1, kv_block_size: 16}
 `),
@@ -506,7 +491,6 @@ ops:
   - write: {at: {hook: sampled}, kernel: token_override, args: {token: 128009}, when: {steps: {from: 2, to: 3}}}
 `),
 	} {
-		os.MkdirAll(filepath.Dir(filepath.Join(dir, name)), 0o755)
 		if err := os.WriteFile(filepath.Join(dir, name), data, 0o644); err != nil {
 			t.Fatal(err)
 		}

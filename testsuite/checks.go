@@ -5,7 +5,10 @@
 package testsuite
 
 import (
+	"bytes"
+	"compress/gzip"
 	"fmt"
+	"io"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -89,6 +92,53 @@ func NewCPU(t testing.TB, b *bundle.Bundle) loader.Backend {
 		t.Fatal(err)
 	}
 	return be
+}
+
+// CheckpointTokenizer writes the tokenizer.json and tokenizer_config.json of tokenizer
+// testdata name (tokenizer/testdata: llama3_1, qwen3) into a fresh directory, as they sit
+// beside a checkpoint, and returns the tokenizer.json's path. Any package's tests may call it.
+func CheckpointTokenizer(t testing.TB, name string) string {
+	t.Helper()
+	dir, err := os.Getwd()
+	for err == nil {
+		if _, serr := os.Stat(filepath.Join(dir, "go.mod")); serr == nil {
+			break
+		}
+		if up := filepath.Dir(dir); up != dir {
+			dir = up
+		} else {
+			err = fmt.Errorf("no go.mod above the working directory")
+		}
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	testdata := filepath.Join(dir, "tokenizer", "testdata")
+	gz, err := os.ReadFile(filepath.Join(testdata, name+".tokenizer.json.gz"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	zr, err := gzip.NewReader(bytes.NewReader(gz))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok, err := io.ReadAll(zr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := os.ReadFile(filepath.Join(testdata, name+".tokenizer_config.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := t.TempDir()
+	path := filepath.Join(out, "tokenizer.json")
+	if err := os.WriteFile(path, tok, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(out, "tokenizer_config.json"), cfg, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
 }
 
 // Compile builds a bundle from spec texts through the real pipeline and the .xmb format.

@@ -1,11 +1,8 @@
 package testsuite
 
 import (
-	"bytes"
-	"compress/gzip"
 	"encoding/json"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -36,38 +33,6 @@ type promptCases struct {
 		AddGenerationPrompt bool           `json:"add_generation_prompt"`
 		IDs                 []int          `json:"ids"`
 	} `json:"chat"`
-}
-
-// checkpointTokenizer writes the tokenizer.json and tokenizer_config.json of tokenizer
-// testdata name into a fresh directory, as they sit beside a checkpoint, and returns the
-// tokenizer.json's path.
-func checkpointTokenizer(t *testing.T, name string) string {
-	t.Helper()
-	gz, err := os.ReadFile(filepath.Join("..", "tokenizer", "testdata", name+".tokenizer.json.gz"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	zr, err := gzip.NewReader(bytes.NewReader(gz))
-	if err != nil {
-		t.Fatal(err)
-	}
-	tok, err := io.ReadAll(zr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg, err := os.ReadFile(filepath.Join("..", "tokenizer", "testdata", name+".tokenizer_config.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	path := filepath.Join(dir, "tokenizer.json")
-	if err := os.WriteFile(path, tok, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "tokenizer_config.json"), cfg, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	return path
 }
 
 // TestPromptsMatchHuggingFace: for every family, a bundle built with a real checkpoint
@@ -104,7 +69,7 @@ weights: {synthetic: {seed: 1, std: 0.02}}
 tokenizer: {hf: %s}
 eos: [0]
 serving: {decode_buckets: [1], prefill_chunks: [16], max_seq_len: 128, max_seqs: 1, kv_block_size: 16}
-`, c.family, c.vocab, c.extra, checkpointTokenizer(t, c.tokenizer))
+`, c.family, c.vocab, c.extra, CheckpointTokenizer(t, c.tokenizer))
 			mp, _ := WriteSpecs(t, spec)
 			b, err := compile.Build(mp, nil, compile.Options{})
 			if err != nil {

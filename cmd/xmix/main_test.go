@@ -2,10 +2,8 @@ package main
 
 import (
 	"bytes"
-	"compress/gzip"
 	"encoding/binary"
 	"encoding/json"
-	"io"
 	"math"
 	"os"
 	"path/filepath"
@@ -96,30 +94,13 @@ func TestRunRejectsBadInput(t *testing.T) {
 // and chat template, and checks that --chat feeds exactly the rendered template's ids.
 func TestChatWithRealTokenizer(t *testing.T) {
 	dir := t.TempDir()
-	gz, err := os.ReadFile("../../tokenizer/testdata/llama3_1.tokenizer.json.gz")
-	if err != nil {
-		t.Fatal(err)
-	}
-	zr, err := gzip.NewReader(bytes.NewReader(gz))
-	if err != nil {
-		t.Fatal(err)
-	}
-	tj, err := io.ReadAll(zr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	os.WriteFile(filepath.Join(dir, "tokenizer.json"), tj, 0o644)
-	cfg, err := os.ReadFile("../../tokenizer/testdata/llama3_1.tokenizer_config.json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	os.WriteFile(filepath.Join(dir, "tokenizer_config.json"), cfg, 0o644)
+	tokPath := testsuite.CheckpointTokenizer(t, "llama3_1")
 	spec := filepath.Join(dir, "m.yaml")
 	os.WriteFile(spec, []byte(`model: llama-like
 family: llama
 dims: {hidden: 64, intermediate: 96, layers: 1, heads: 2, kv_heads: 1, head_dim: 32, vocab: 128256}
 weights: {synthetic: {seed: 1, std: 0.02}}
-tokenizer: {hf: tokenizer.json}
+tokenizer: {hf: `+tokPath+`}
 bos: 128000
 eos: [128001, 128009]
 serving: {decode_buckets: [1], prefill_chunks: [32], max_seq_len: 128}
@@ -143,7 +124,7 @@ serving: {decode_buckets: [1], prefill_chunks: [32], max_seq_len: 128}
 	}
 	// --decode, from the bundle and from tokenizer.json; an id outside the vocabulary is an
 	// error naming it, as /detokenize answers.
-	for _, src := range []string{bp, filepath.Join(dir, "tokenizer.json")} {
+	for _, src := range []string{bp, tokPath} {
 		out, err := xmix(t, "tokenize", src, "--decode", "[9906, 11, 1917]")
 		if err != nil || strings.TrimSpace(out) != `"Hello, world"` {
 			t.Fatalf("tokenize --decode from %s: %v %q", src, err, out)
@@ -154,7 +135,7 @@ serving: {decode_buckets: [1], prefill_chunks: [32], max_seq_len: 128}
 			}
 		}
 	}
-	tok, _ := tokenizer.Load(filepath.Join(dir, "tokenizer.json"))
+	tok, _ := tokenizer.Load(tokPath)
 	ids, err := chatPrompt(b.Manifest.Model, tok, "Hi")
 	if err != nil {
 		t.Fatal(err)
