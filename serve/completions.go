@@ -124,8 +124,11 @@ type call struct {
 // add consumes the next generated token and returns the text it releases.
 func (c *call) add(tok int) string {
 	c.n++
-	stopID := c.endsAt(tok)
-	ends := stopID || !c.p.req.IgnoreEOS && slices.Contains(c.sv.b.Manifest.Model.EOS, tok)
+	// An EOS ends the request by itself unless ignore_eos (its stop_reason stays null); one of
+	// stop_token_ids ends it past min_tokens.
+	eos := slices.Contains(c.sv.b.Manifest.Model.EOS, tok) && !c.p.req.IgnoreEOS
+	stopID := !eos && c.n >= c.p.req.MinTokens && slices.Contains(c.p.stopTokens, tok)
+	ends := eos || stopID
 	piece := ""
 	if c.hasText(tok, ends) {
 		piece = c.dec.Add(tok)
@@ -150,16 +153,6 @@ func (c *call) add(tok int) string {
 // unless include_stop_str_in_output.
 func (c *call) hasText(tok int, ends bool) bool {
 	return (!c.sv.silent[tok] || !c.gr.skipSpecial) && (!ends || c.gr.includeStop)
-}
-
-// endsAt says whether tok is one of the request's stop_token_ids that may end it here: past
-// min_tokens, and not an EOS the engine ends the request at anyway (whose stop_reason stays
-// null, as before).
-func (c *call) endsAt(tok int) bool {
-	if !slices.Contains(c.p.stopTokens, tok) || c.n < c.p.req.MinTokens {
-		return false
-	}
-	return c.p.req.IgnoreEOS || !slices.Contains(c.sv.b.Manifest.Model.EOS, tok)
 }
 
 // end releases the rest of the text once generation has ended.
