@@ -367,9 +367,9 @@ func actNote(act string) string {
 var GatedActOps = []string{"silu_mul", "gelu_tanh_mul"}
 
 // The parameters of a gated activation kernel that carries no MI ops (its attributes'
-// "chunked"): gu, [rows, 2*Inter] f32, act, [rows, Inter] f32, and GatedActBF16; its grid's
-// y is the rows.
-var gatedActParams = []Param{{"gu", "u64"}, {"act", "u64"}, {GatedActBF16, "u64"}}
+// "chunked"): gu, [rows, 2*Inter] f32, act, [rows, Inter] f32, GatedActBF16 and GatedGuBF16;
+// its grid's y is the rows.
+var gatedActParams = []Param{{"gu", "u64"}, {"act", "u64"}, {GatedActBF16, "u64"}, {GatedGuBF16, "u64"}}
 
 // NormOutBF16 is the parameter after out of an add+norm kernel (op row_norm) that does not
 // gather its rows, and AttnZBF16 the one after z of a decode attention kernel (op attention,
@@ -427,8 +427,9 @@ func BF16CopyOf(n Node, k Kernel) (BF16Copy, bool) {
 	return BF16Copy{Out: n.Args[o], Rows: rows, OutArg: o, CopyArg: o + 1, Droppable: a.OutOptional}, true
 }
 
-// bf16CopyParams are the parameters of BF16CopyOf's copies, which a bundle passes 0.
-var bf16CopyParams = []string{GatedActBF16, NormOutBF16, AttnZBF16}
+// backendParams are the parameters a bundle passes 0 and a backend may point at bf16 data
+// of its own: BF16CopyOf's copies and GatedGuBF16.
+var backendParams = []string{GatedActBF16, NormOutBF16, AttnZBF16, GatedGuBF16}
 
 // OpAttention is the reference op of the attention kernels: ops.AttnAttrs.
 const OpAttention = "attention"
@@ -442,6 +443,15 @@ const OpRowNorm = "row_norm"
 // alone). A bundle's node passes the constant 0: only a backend that serves the GEMM after
 // the activation from bf16(act) with no cast passes its scratch there.
 const GatedActBF16 = "act_bf16"
+
+// GatedGuBF16 is the last parameter of a gated activation kernel without MI ops: the device
+// address of its input gu as bf16, [rows, 2*Inter], or 0 for none, when the kernel reads gu.
+// A bundle's node passes the constant 0: only a backend whose GEMM ahead writes gu in bf16
+// for this kernel alone (cuBLASLt, where bundle.GatedPairAt holds) passes its address there.
+const GatedGuBF16 = "gu_bf16"
+
+// GatedGuBF16Arg is GatedGuBF16's place among a gated activation's arguments (GatedActOf).
+const GatedGuBF16Arg = 3
 
 // GatedAct is a gated activation node as GatedActOf reads it.
 type GatedAct struct {
@@ -460,7 +470,8 @@ func GatedActOf(n Node, k Kernel) (GatedAct, bool) {
 		Ops     json.RawMessage `json:"ops"`
 	}
 	if !slices.Contains(GatedActOps, k.Op) || json.Unmarshal(k.Attrs, &a) != nil || !a.Chunked || len(a.Ops) > 0 || a.Inter <= 0 ||
-		!slices.Equal(k.Params, gatedActParams) || len(n.Args) != 3 || n.Args[0].Buffer == "" || n.Args[1].Buffer == "" || n.Args[2] != (Slot{}) || n.Grid[1] < 1 {
+		!slices.Equal(k.Params, gatedActParams) || len(n.Args) != len(gatedActParams) || n.Args[0].Buffer == "" || n.Args[1].Buffer == "" ||
+		n.Args[2] != (Slot{}) || n.Args[GatedGuBF16Arg] != (Slot{}) || n.Grid[1] < 1 {
 		return GatedAct{}, false
 	}
 	return GatedAct{Op: k.Op, Inter: a.Inter, Rows: n.Grid[1], GU: n.Args[0], Act: n.Args[1]}, true

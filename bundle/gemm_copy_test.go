@@ -130,7 +130,7 @@ func TestGemmCopyKernelsWithActivation(t *testing.T) {
 // TestGatedPairAt: a GEMM node and the plain gated activation of its y are a pair; an
 // activation with MI ops, another y, other rows, a guarded GEMM, a skipping node, the last
 // node of the list, a third node naming the GEMM's y, or an activation whose node passes
-// act_bf16 anything but the constant 0 (the backend's to set) are not.
+// act_bf16 or gu_bf16 anything but the constant 0 (the backend's to set) are not.
 func TestGatedPairAt(t *testing.T) {
 	kernels := map[string]Kernel{
 		"gemm": {Name: "gemm", Op: OpGemmTC, Attrs: []byte(`{"k":64,"n":256}`), Params: []Param{{GemmX, "u64"}, {GemmW, "u64"}, {GemmY, "u64"}, {GemmRows, "u32"}}},
@@ -144,7 +144,7 @@ func TestGatedPairAt(t *testing.T) {
 		return Node{Label: "gate_up", Kernel: "gemm", Args: []Slot{{Buffer: "x"}, {Buffer: "w"}, {Buffer: y}, {Const: rows}}}
 	}
 	act := func(kernel, gu string, rows int) Node {
-		return Node{Label: "act", Kernel: kernel, Grid: [3]int{1, rows, 1}, Args: []Slot{{Buffer: gu}, {Buffer: "a"}, {}}}
+		return Node{Label: "act", Kernel: kernel, Grid: [3]int{1, rows, 1}, Args: []Slot{{Buffer: gu}, {Buffer: "a"}, {}, {}}}
 	}
 	g, a, ok, err := GatedPairAt([]Node{gemm("gu", 32), act("act", "gu", 32)}, 0, kernel)
 	if err != nil || !ok || g.M != 32 || g.N != 256 || a.Op != "silu_mul" || a.Inter != 128 || a.Act != (Slot{Buffer: "a"}) {
@@ -158,6 +158,8 @@ func TestGatedPairAt(t *testing.T) {
 	reader := Node{Label: "norm", Kernel: "norm", Args: []Slot{{Buffer: "gu"}}}
 	bf16Set := act("act", "gu", 32)
 	bf16Set.Args[2] = Slot{Buffer: "ab"}
+	guSet := act("act", "gu", 32)
+	guSet.Args[3] = Slot{Buffer: "gu"}
 	for _, c := range []struct {
 		name  string
 		nodes []Node
@@ -172,6 +174,7 @@ func TestGatedPairAt(t *testing.T) {
 		{"the activation first", []Node{act("act", "gu", 32), gemm("gu", 32)}, 0},
 		{"another reader of y", []Node{gemm("gu", 32), act("act", "gu", 32), reader}, 0},
 		{"act_bf16 set", []Node{gemm("gu", 32), bf16Set}, 0},
+		{"gu_bf16 set", []Node{gemm("gu", 32), guSet}, 0},
 	} {
 		if _, _, ok, err := GatedPairAt(c.nodes, c.i, kernel); ok || err != nil {
 			t.Errorf("%s: a pair (%v, %v)", c.name, ok, err)
@@ -299,7 +302,7 @@ func TestBF16CopyOf(t *testing.T) {
 		t.Fatalf("attention with an optional z: %+v %v", got, ok)
 	}
 	act := Kernel{Name: "act", Op: "silu_mul", Attrs: []byte(`{"inter":128,"chunked":true}`), Params: gatedActParams}
-	actNode := Node{Label: "act", Kernel: "act", Grid: [3]int{1, 8, 1}, Args: []Slot{{Buffer: "gu"}, {Buffer: "a"}, {}}}
+	actNode := Node{Label: "act", Kernel: "act", Grid: [3]int{1, 8, 1}, Args: []Slot{{Buffer: "gu"}, {Buffer: "a"}, {}, {}}}
 	if got, ok := BF16CopyOf(actNode, act); !ok || got != (BF16Copy{Out: Slot{Buffer: "a"}, Rows: 8, OutArg: 1, CopyArg: 2, Droppable: true}) {
 		t.Fatalf("activation: %+v %v", got, ok)
 	}

@@ -298,7 +298,7 @@ func verifyNode(n *Node, kernels map[string]*Kernel, bufBytes map[string]int64) 
 	}
 	for j, s := range n.Args {
 		p := k.Params[j]
-		if slices.Contains(bf16CopyParams, p.Name) && s != (Slot{}) {
+		if slices.Contains(backendParams, p.Name) && s != (Slot{}) {
 			return fmt.Errorf("arg %d (%s): the backend points it at a scratch of its own; a bundle passes the constant 0", j, p.Name)
 		}
 		if s.Buffer == "" {

@@ -192,7 +192,7 @@ func TestGemmGatedKernel(t *testing.T) {
 		one.run(t, fk, fc.Launch(c.rows), []targ{x, w, act, rows})
 		sc := SiluConfig{Inter: c.inter, Act: c.act}
 		two.run(t, must(t)(Gemm("gemm_test", gc)), gc.Launch(c.rows), []targ{x, w, {name: "gu", out: c.rows * gc.N}, rows})
-		two.run(t, must(t)(SiluMul("silu_test", sc)), sc.Launch(c.rows), []targ{{name: "gu"}, act, nullPtr(bundle.GatedActBF16)})
+		two.run(t, must(t)(SiluMul("silu_test", sc)), sc.Launch(c.rows), []targ{{name: "gu"}, act, nullPtr(bundle.GatedActBF16), nullPtr(bundle.GatedGuBF16)})
 		samePair(t, fk, "act", one, two)
 	}
 }

@@ -238,7 +238,7 @@ func TestGemmTCGatedKernel(t *testing.T) {
 		pl.Grid[0] = (gc.N/16 + c.wc - 1) / c.wc
 		two.run(t, plain, pl, []targ{x, w, {name: "gu", out: c.rows * gc.N}, rows})
 		sc := SiluConfig{Inter: c.inter, Act: c.act}
-		two.run(t, must(t)(SiluMul("silu_test", sc)), sc.Launch(c.rows), []targ{{name: "gu"}, act, nullPtr(bundle.GatedActBF16)})
+		two.run(t, must(t)(SiluMul("silu_test", sc)), sc.Launch(c.rows), []targ{{name: "gu"}, act, nullPtr(bundle.GatedActBF16), nullPtr(bundle.GatedGuBF16)})
 		samePair(t, k, "act", one, two)
 	}
 	for _, bad := range []GemmGatedConfig{

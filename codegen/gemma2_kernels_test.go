@@ -27,7 +27,7 @@ func TestGeluMulMatchesReference(t *testing.T) {
 			// Gates up to |12| cover both saturated ends (x and 0) and the curved middle.
 			args := []targ{{name: "gu", f32: randF32(rng, testRows*2*w, 12)}, {name: "act", out: testRows * w}}
 			if name == "none" {
-				args = append(args, nullPtr(bundle.GatedActBF16))
+				args = append(args, nullPtr(bundle.GatedActBF16), nullPtr(bundle.GatedGuBF16))
 			} else {
 				args = append(args, miTargs(rng, c.Ops)...)
 			}
@@ -43,7 +43,7 @@ func TestGeluMulExtremes(t *testing.T) {
 	k := must(t)(SiluMul("gelu_ext", c))
 	gate := []float32{1e30, -1e30, 3e38, -3e38, 80, -80, 0, 1}
 	gu := append(append([]float32(nil), gate...), 1, 1, 1, 1, 1, 1, 1, 1)
-	out := emulate(t, k, c.Launch(1), []targ{{name: "gu", f32: gu}, {name: "act", out: 8}, nullPtr(bundle.GatedActBF16)})[1]
+	out := emulate(t, k, c.Launch(1), []targ{{name: "gu", f32: gu}, {name: "act", out: 8}, nullPtr(bundle.GatedActBF16), nullPtr(bundle.GatedGuBF16)})[1]
 	want := []float32{1e30, 0, 3e38, 0, 80, 0, 0, 0.841192}
 	for i, w := range want {
 		if d := out[i] - w; d > 1e-6*max(1, w) || d < -1e-6*max(1, w) {

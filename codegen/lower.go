@@ -709,10 +709,11 @@ func (t *tb) activation(n *ir.Node) {
 		t.fail(err)
 		return
 	}
-	if len(mi) > 0 && len(n.Out[0].Hooks) > 0 && t.g.gatedCopyAt(t.kind, t.rows) {
-		// The backend may serve the gate/up GEMM and this kernel as one launch, which only a
-		// kernel without MI ops allows: the ops run in a kernel of their own over act, so
-		// that a row without the apps gets the bits of a bundle without them.
+	if len(mi) > 0 && len(n.Out[0].Hooks) > 0 && (t.g.gatedCopyAt(t.kind, t.rows) || t.tensorCores(GemmConfig{K: g.m.Hidden, N: 2 * sc.Inter, WDtype: g.wdt}, t.rows)) {
+		// The backend may serve the gate/up GEMM and this kernel as one launch, or the GEMM
+		// on tensor cores writing gu in bf16 for this kernel alone (bundle.GatedGuBF16), which
+		// only a kernel without MI ops allows: the ops run in a kernel of their own over act,
+		// so that a row without the apps gets the bits of a bundle without them.
 		t.activationThenMI(n, sc, mi)
 		return
 	}
@@ -720,7 +721,7 @@ func (t *tb) activation(n *ir.Node) {
 	name := miName(GatedKernelName(sc), mi, fmt.Sprintf("L%d", n.Layer))
 	k, err := g.kernel(name, func() (*Kernel, error) { return SiluMul(name, sc) })
 	g.site(n, name)
-	t.add(n.Name, k, err, sc.Launch(t.rows), slots{"gu": buf(n.In[0].Buffer), "act": buf(n.Out[0].Buffer), bundle.GatedActBF16: konst(0)}, mi)
+	t.add(n.Name, k, err, sc.Launch(t.rows), slots{"gu": buf(n.In[0].Buffer), "act": buf(n.Out[0].Buffer), bundle.GatedActBF16: konst(0), bundle.GatedGuBF16: konst(0)}, mi)
 }
 
 // activationThenMI is the activation without ops, then mlp.act's ops mi in place over act in
@@ -729,7 +730,7 @@ func (t *tb) activationThenMI(n *ir.Node, sc SiluConfig, mi []ir.MI) {
 	g := t.g
 	name := GatedKernelName(sc)
 	k, err := g.kernel(name, func() (*Kernel, error) { return SiluMul(name, sc) })
-	t.add(n.Name, k, err, sc.Launch(t.rows), slots{"gu": buf(n.In[0].Buffer), "act": buf(n.Out[0].Buffer), bundle.GatedActBF16: konst(0)}, nil)
+	t.add(n.Name, k, err, sc.Launch(t.rows), slots{"gu": buf(n.In[0].Buffer), "act": buf(n.Out[0].Buffer), bundle.GatedActBF16: konst(0), bundle.GatedGuBF16: konst(0)}, nil)
 	t.miOver(n, n.Out[0], n.Name+".mi", mi)
 }
 

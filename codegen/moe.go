@@ -595,7 +595,7 @@ func (t *tb) moeDense(n *ir.Node, route slots) {
 		gu := buf(n.Weight("gate_up").Name)
 		gu.Offset = int64(e*2*I*H) * ws
 		t.gemmAt(fmt.Sprintf("L%d.e%d.gate_up", l, e), buf(x.Buffer), gu, buf("act.moe_gu"), GemmConfig{K: H, N: 2 * I, WDtype: g.wdt}, t.rows)
-		t.add(fmt.Sprintf("L%d.e%d.silu_mul", l, e), silu, serr, sc.Launch(t.rows), slots{"gu": buf("act.moe_gu"), "act": buf("act.moe_eact"), bundle.GatedActBF16: konst(0)}, nil)
+		t.add(fmt.Sprintf("L%d.e%d.silu_mul", l, e), silu, serr, sc.Launch(t.rows), slots{"gu": buf("act.moe_gu"), "act": buf("act.moe_eact"), bundle.GatedActBF16: konst(0), bundle.GatedGuBF16: konst(0)}, nil)
 		down, out := buf(n.Weight("down").Name), buf("act.moe_eout")
 		down.Offset = int64(e*H*I) * ws
 		out.Offset = int64(e*g.maxT*H) * 4

@@ -613,7 +613,9 @@ func siluMul(name string, c SiluConfig) (*Kernel, error) {
 // elements b*siluChunk + j*siluThreads + t, j < siluPer. Parameters: gu, act, act_bf16
 // (bundle.GatedActBF16): where act_bf16 is not 0 the kernel also stores bf16 of each value
 // there, rounded as the backend's cast rounds it (the GEMM after it then reads it with no
-// cast), and where act is 0 it stores the bf16 alone.
+// cast), and where act is 0 it stores the bf16 alone; gu_bf16 (bundle.GatedGuBF16): where it
+// is not 0 the kernel reads gate and up there, as bf16, and not from gu (a GEMM ahead that
+// writes gu in bf16 for this kernel alone then writes and the kernel reads half the bytes).
 func siluMulChunked(name string, c SiluConfig, op string) (*Kernel, error) {
 	if c.Inter <= 0 {
 		return nil, fmt.Errorf("inter %d", c.Inter)
@@ -622,10 +624,12 @@ func siluMulChunked(name string, c SiluConfig, op string) (*Kernel, error) {
 	gu := e.param("gu", ptx.U64)
 	act := e.param("act", ptx.U64)
 	actB := e.param(bundle.GatedActBF16, ptx.U64)
+	guB := e.param(bundle.GatedGuBF16, ptx.U64)
 	e.MaxNTid = siluThreads
-	noF32, noBF16 := e.Reg(ptx.Pred), e.Reg(ptx.Pred)
+	noF32, noBF16, inF32 := e.Reg(ptx.Pred), e.Reg(ptx.Pred), e.Reg(ptx.Pred)
 	e.Emit("setp.eq.u64", noF32, act, ptx.Imm(0))
 	e.Emit("setp.eq.u64", noBF16, actB, ptx.Imm(0))
+	e.Emit("setp.eq.u64", inF32, guB, ptx.Imm(0))
 	tid, blk, row := e.special(ptx.TidX), e.special(ptx.CtaidX), e.special(ptx.CtaidY)
 	base := e.Reg(ptx.U32)
 	e.Emit("mad.lo.u32", base, blk, ptx.Imm(siluChunk), tid)
@@ -642,10 +646,18 @@ func siluMulChunked(name string, c SiluConfig, op string) (*Kernel, error) {
 		e.EmitIf(out, false, "bra", ptx.Sym(skip))
 		gi := e.Reg(ptx.U32)
 		e.Emit("add.u32", gi, gRow, col)
-		g := e.loadF32(gu, gi, ptx.F32)
 		ui := e.Reg(ptx.U32)
 		e.Emit("add.u32", ui, gi, ptx.Imm(c.Inter))
-		u := e.loadF32(gu, ui, ptx.F32)
+		g, u := e.Reg(ptx.F32), e.Reg(ptx.F32)
+		fromF32, loaded := e.NewLabel("gu_f32"), e.NewLabel("loaded")
+		e.EmitIf(inF32, false, "bra", ptx.Sym(fromF32))
+		e.Emit("mov.f32", g, e.loadF32(guB, gi, ptx.BF16))
+		e.Emit("mov.f32", u, e.loadF32(guB, ui, ptx.BF16))
+		e.Emit("bra", ptx.Sym(loaded))
+		e.Label(fromF32)
+		e.Emit("mov.f32", g, e.loadF32(gu, gi, ptx.F32))
+		e.Emit("mov.f32", u, e.loadF32(gu, ui, ptx.F32))
+		e.Label(loaded)
 		t := gateAct(e, c.Act, g, u)
 		ai := e.Reg(ptx.U32)
 		e.Emit("add.u32", ai, aRow, col)

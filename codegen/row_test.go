@@ -650,6 +650,41 @@ func TestWriteTemplatesMatchReference(t *testing.T) {
 	}
 }
 
+// TestActivationThenMIKeepsBits: an app's ops at mlp.act give act the same bits in the
+// activation kernel (SiluMul with them) and in an MI kernel of their own after the plain
+// activation (activationThenMI, the form of every bucket whose gate/up the backend may serve
+// in one launch or write in bf16), in the emulator and the reference alike, for every writing
+// template and a chain of them with reads and gates.
+func TestActivationThenMIKeepsBits(t *testing.T) {
+	const w = 1000
+	rng := rand.New(rand.NewPCG(29, 30))
+	sets := writeOps(w)
+	for _, name := range writeNames {
+		ops := sets[name]
+		fusedCfg, plainCfg := SiluConfig{Inter: w, Ops: ops}, SiluConfig{Inter: w}
+		fused := must(t)(SiluMul("silu_ops_"+name, fusedCfg))
+		plain := must(t)(SiluMul("silu_plain", plainCfg))
+		mc := MIKernelConfig{Width: w, Stride: w, Ops: ops}
+		after := must(t)(MIKernel("mi_after_"+name, mc))
+		gu := targ{name: "gu", f32: randF32(rng, testRows*2*w, 6)}
+		act := targ{name: "act", out: testRows * w}
+		miArgs := miTargs(rng, ops)
+		for _, run := range bothRuns {
+			want := run.fn(t, fused, fusedCfg.Launch(testRows), append([]targ{gu, act}, miArgs...))[1]
+			base := run.fn(t, plain, plainCfg.Launch(testRows), []targ{gu, act, nullPtr(bundle.GatedActBF16), nullPtr(bundle.GatedGuBF16)})[1]
+			got := run.fn(t, after, mc.Launch(testRows), append([]targ{{name: "x", f32: base, out: testRows * w}}, miArgs...))[0]
+			if slices.Equal(want, base) {
+				t.Fatalf("%s %s: the ops changed no value: the check would not see them lost", run.name, name)
+			}
+			for i := range want {
+				if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+					t.Fatalf("%s %s: act[%d] = %v after the plain activation, %v in it", run.name, name, i, got[i], want[i])
+				}
+			}
+		}
+	}
+}
+
 // bothRuns runs a kernel in the emulator and through its reference op.
 var bothRuns = []struct {
 	name string
@@ -812,7 +847,9 @@ func TestWriteTemplatesOffRowsUnchanged(t *testing.T) {
 // TestSiluMulChunkedMatchesReference: the chunked kernel against its reference with
 // act_bf16 0 and with a buffer; there bf16(act) is, bit for bit, the cast's rounding of the
 // kernel's own act, and the same again in a run with act 0 (the bf16 alone, where a store
-// to act would fault).
+// to act would fault). With gu_bf16 set the kernel reads gate and up there and not from gu
+// (poisoned, so a read of it would show): its act is, bit for bit, that of a run over gu's
+// values rounded to bf16.
 func TestSiluMulChunkedMatchesReference(t *testing.T) {
 	r := rand.New(rand.NewPCG(11, 12))
 	for _, c := range []struct{ inter, rows int }{{1000, 3}, {2048, 1}, {14336, 2}} {
@@ -824,12 +861,13 @@ func TestSiluMulChunkedMatchesReference(t *testing.T) {
 		n := c.rows * c.inter
 		gu := targ{name: "gu", f32: randF32(r, 2*n, 4)}
 		act, actB := targ{name: "act", out: n}, targ{name: bundle.GatedActBF16, out: n, dtype: "bf16"}
-		checkKernel(t, k, sc.Launch(c.rows), []targ{gu, act, nullPtr(bundle.GatedActBF16)})
-		checkKernel(t, k, sc.Launch(c.rows), []targ{gu, act, actB})
+		noGuB := nullPtr(bundle.GatedGuBF16)
+		checkKernel(t, k, sc.Launch(c.rows), []targ{gu, act, nullPtr(bundle.GatedActBF16), noGuB})
+		checkKernel(t, k, sc.Launch(c.rows), []targ{gu, act, actB, noGuB})
 
 		both, alone := newEmuBufs(), newEmuBufs()
-		both.run(t, k, sc.Launch(c.rows), []targ{gu, act, actB})
-		alone.run(t, k, sc.Launch(c.rows), []targ{gu, nullPtr("act"), actB})
+		both.run(t, k, sc.Launch(c.rows), []targ{gu, act, actB, noGuB})
+		alone.run(t, k, sc.Launch(c.rows), []targ{gu, nullPtr("act"), actB, noGuB})
 		y := both.f32("act")
 		for _, b := range []*emuBufs{both, alone} {
 			got := ops.Arg{Mem: b.mem.Bytes(b.addr[actB.name])[:2*n]}.U16()
@@ -837,6 +875,27 @@ func TestSiluMulChunkedMatchesReference(t *testing.T) {
 				if got[i] != ops.F32ToBF16(v) {
 					t.Fatalf("%s: act_bf16[%d] = %#04x, want bf16(act) = %#04x", k.Name, i, got[i], ops.F32ToBF16(v))
 				}
+			}
+		}
+
+		rounded := make([]float32, 2*n)
+		for i, v := range gu.f32 {
+			rounded[i] = ops.BF16ToF32(ops.F32ToBF16(v))
+		}
+		guB := targ{name: bundle.GatedGuBF16, bf16: gu.f32}
+		nans := make([]float32, 2*n)
+		for i := range nans {
+			nans[i] = float32(math.NaN())
+		}
+		poisoned := targ{name: "gu", f32: nans}
+		checkKernel(t, k, sc.Launch(c.rows), []targ{poisoned, act, actB, guB})
+		fromB, fromF32 := newEmuBufs(), newEmuBufs()
+		fromB.run(t, k, sc.Launch(c.rows), []targ{poisoned, act, nullPtr(bundle.GatedActBF16), guB})
+		fromF32.run(t, k, sc.Launch(c.rows), []targ{{name: "gu", f32: rounded}, act, nullPtr(bundle.GatedActBF16), noGuB})
+		want, got := fromF32.f32("act"), fromB.f32("act")
+		for i := range n {
+			if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+				t.Fatalf("%s: act[%d] from gu_bf16 = %g, want %g (gu rounded to bf16)", k.Name, i, got[i], want[i])
 			}
 		}
 	}

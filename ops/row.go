@@ -294,16 +294,25 @@ func (a SiluMulAttrs) run(args []Arg, l Launch, f func(float32) float32) error {
 		rows = l.Grid[1]
 	}
 	c := &argCursor{args: args}
-	gu, err := c.take("gu", 8*rows*n)
+	guBytes := 8 * rows * n
+	if a.Chunked {
+		guBytes = 0 // checked once gu_bf16 says which of the two it reads
+	}
+	gu, err := c.take("gu", guBytes)
 	if err != nil {
 		return err
 	}
+	g := gu.F32()
 	var act Arg
 	var yb []uint16
 	if a.Chunked {
-		// A chunked kernel carries no MI ops and takes no control parameters; its last one
-		// (bundle.GatedActBF16) gets bf16(act) unless it is empty, and act may be empty then.
+		// A chunked kernel carries no MI ops and takes no control parameters; bundle.GatedActBF16
+		// gets bf16(act) unless it is empty, and act may be empty then; where
+		// bundle.GatedGuBF16 is not empty the kernel reads gu from it, as bf16.
 		if act, yb, err = a.chunkedOutputs(c, rows); err != nil {
+			return err
+		}
+		if g, err = a.chunkedInput(c, gu, rows); err != nil {
 			return err
 		}
 	} else if act, err = c.take("act", 4*rows*n); err != nil {
@@ -322,7 +331,7 @@ func (a SiluMulAttrs) run(args []Arg, l Launch, f func(float32) float32) error {
 	if err := c.done(); err != nil {
 		return err
 	}
-	g, y := gu.F32(), act.F32()
+	y := act.F32()
 	if y == nil {
 		y = make([]float32, rows*n) // bf16(act) alone
 	}
@@ -356,6 +365,30 @@ func (a SiluMulAttrs) chunkedOutputs(c *argCursor, rows int) (act Arg, actB []ui
 		err = checkF32Out("argument 1 (act)", act, n, true, actB)
 	}
 	return
+}
+
+// chunkedInput is what a chunked kernel reads as gu for rows rows: gu, f32, or where its
+// last argument (bundle.GatedGuBF16) is not empty, that, as bf16.
+func (a SiluMulAttrs) chunkedInput(c *argCursor, gu Arg, rows int) ([]float32, error) {
+	b, err := c.take(bundle.GatedGuBF16, 0)
+	if err != nil {
+		return nil, err
+	}
+	n := 2 * rows * a.Inter
+	guB, err := bf16CopyArg(bundle.GatedGuBF16, 3, b, n)
+	switch {
+	case err != nil:
+		return nil, err
+	case guB == nil && len(gu.Mem) < 4*n:
+		return nil, fmt.Errorf("argument 0 (gu) holds %d bytes, needs %d", len(gu.Mem), 4*n)
+	case guB == nil:
+		return gu.F32(), nil
+	}
+	g := make([]float32, n)
+	for i, h := range guB {
+		g[i] = BF16ToF32(h)
+	}
+	return g, nil
 }
 
 // gatedRow is x = f(gate) * up over one row gu = [gate | up] of 2*len(x) values.

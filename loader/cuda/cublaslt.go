@@ -213,6 +213,7 @@ type ltKey struct {
 	g       bundle.GEMM
 	x, w, y uintptr
 	fed     bool // x is bf16 in xb as the launch ahead wrote it: no cast
+	yBF16   bool // y is written in bf16 (gu.go)
 }
 
 // ltMatmul is one GEMM node served by cuBLASLt: its descriptors, chosen algorithm and
@@ -221,6 +222,7 @@ type ltMatmul struct {
 	desc, a, b, c uintptr
 	algo          ltResult // the heuristic result; its first 64 bytes are the algo
 	w, y          uintptr
+	yBF16         bool // y (C and D) is bf16, not f32
 }
 
 func loadCublasLt() (*cublasLt, error) {
@@ -363,8 +365,8 @@ func (be *Backend) gemm(n bundle.Node) (bundle.GEMM, bool) {
 // launch and the matmul with its algorithm, run once outside any graph so that a
 // failure surfaces here, not inside a capture. ok is false when cuBLASLt does not take it
 // (the node then runs its PTX kernel). fed, if not 0, is the cast's scratch, where the launch
-// ahead wrote bf16(x): the matmul then runs alone.
-func (be *Backend) ltNode(n bundle.Node, vals []uint64, fed uintptr) (*launch, bool, error) {
+// ahead wrote bf16(x): the matmul then runs alone. yBF16: the matmul writes y in bf16.
+func (be *Backend) ltNode(n bundle.Node, vals []uint64, fed uintptr, yBF16 bool) (*launch, bool, error) {
 	g, ok := be.gemm(n)
 	if !ok || be.lt == nil || g.M <= 0 {
 		return nil, false, nil
@@ -373,7 +375,7 @@ func (be *Backend) ltNode(n bundle.Node, vals []uint64, fed uintptr) (*launch, b
 	if fed != 0 && fed != lt.xb {
 		return nil, false, fmt.Errorf("bf16(x) written at %#x, not in the cast's scratch that cuBLASLt reads", fed)
 	}
-	key := ltKey{g: g, x: uintptr(vals[g.X]), w: uintptr(vals[g.W]), y: uintptr(vals[g.Y]), fed: fed != 0}
+	key := ltKey{g: g, x: uintptr(vals[g.X]), w: uintptr(vals[g.W]), y: uintptr(vals[g.Y]), fed: fed != 0, yBF16: yBF16}
 	if l, ok := lt.served[key]; ok {
 		return l, true, nil
 	}
@@ -386,7 +388,7 @@ func (be *Backend) ltNode(n bundle.Node, vals []uint64, fed uintptr) (*launch, b
 			return nil, false, nil
 		}
 	}
-	m, err := lt.newMatmul(g, key.w, key.y)
+	m, err := lt.newMatmul(g, key.w, key.y, yBF16)
 	if err != nil {
 		return nil, false, err
 	}
@@ -419,9 +421,14 @@ func (be *Backend) castNode(n bundle.Node, g bundle.GEMM, x uintptr, kernel stri
 }
 
 // newMatmul describes y = bf16(x) . w^T for g: its matmul descriptor and matrix layouts,
-// destroyed at close. x is the cast's scratch (lt.xb).
-func (lt *cublasLt) newMatmul(g bundle.GEMM, w, y uintptr) (*ltMatmul, error) {
-	m := &ltMatmul{w: w, y: y}
+// destroyed at close. x is the cast's scratch (lt.xb); y is f32, or bf16 where yBF16 (the
+// sums rounded to nearest even once, in the epilogue).
+func (lt *cublasLt) newMatmul(g bundle.GEMM, w, y uintptr, yBF16 bool) (*ltMatmul, error) {
+	m := &ltMatmul{w: w, y: y, yBF16: yBF16}
+	yType := uintptr(cudaR32F)
+	if yBF16 {
+		yType = cudaR16BF
+	}
 	if err := lt.call("cublasLtMatmulDescCreate", uintptr(unsafe.Pointer(&m.desc)), cublasCompute32F, cudaR32F); err != nil {
 		return nil, err
 	}
@@ -439,7 +446,7 @@ func (lt *cublasLt) newMatmul(g bundle.GEMM, w, y uintptr) (*ltMatmul, error) {
 		p          *uintptr
 		dtype      uintptr
 		rows, cols int
-	}{{&m.a, cudaR16BF, g.K, g.N}, {&m.b, cudaR16BF, g.K, g.M}, {&m.c, cudaR32F, g.N, g.M}} {
+	}{{&m.a, cudaR16BF, g.K, g.N}, {&m.b, cudaR16BF, g.K, g.M}, {&m.c, yType, g.N, g.M}} {
 		if err := lt.call("cublasLtMatrixLayoutCreate", uintptr(unsafe.Pointer(l.p)), l.dtype, uintptr(l.rows), uintptr(l.cols), uintptr(l.rows)); err != nil {
 			return nil, err
 		}

@@ -91,6 +91,8 @@ type Backend struct {
 	lt      *cublasLt    // nil: PTX kernels serve every GEMM
 	fed     int          // GEMM launches reading bf16(x) as the launch ahead wrote it (feed.go)
 	f32Cut  int          // launches feedAhead prepared to write their bf16 copy alone (feed.go)
+	guF32   bool         // Options.GuF32
+	guBF16  int          // gate/up GEMMs cuBLASLt serves writing bf16 for the activation (gu.go)
 	steps   []stepGraphs // each template's graph variants (variants.go)
 	// outCopies: per template, what of the output arena a step copies back (outputs.go);
 	// outFresh: bytes of each output buffer the last step copied (Read serves those).
@@ -190,6 +192,10 @@ type Options struct {
 	// Trace instruments every kernel for Backend.Trace (trace.go); the stamps cost time, so
 	// a traced backend's other timings are not the bundle's.
 	Trace bool
+	// GuF32 keeps every gate/up GEMM that cuBLASLt serves writing f32 (for measuring); by
+	// default one whose y only the gated activation after it reads writes it in bf16 for that
+	// kernel (gu.go).
+	GuF32 bool
 }
 
 // New loads a bundle onto GPU 0: modules, buffers, weights, params and graphs.
@@ -216,6 +222,7 @@ func New(b *bundle.Bundle, w *loader.Weights, opt Options) (*Backend, error) {
 	if err != nil {
 		return nil, err
 	}
+	be.guF32 = opt.GuF32
 	if err := be.do(func() error { return be.load(b, w, opt, progress) }); err != nil {
 		be.Close()
 		return nil, err
@@ -355,6 +362,9 @@ func (be *Backend) load(b *bundle.Bundle, w *loader.Weights, opt Options, progre
 	}
 	if be.copy != nil {
 		progress("cuda: %d GEMM nodes served by the bundle's copy-engine kernels (%d weights)", be.copy.nodes, len(be.copy.maps))
+	}
+	if be.guBF16 > 0 {
+		progress("cuda: %d gate/up GEMMs served by cuBLASLt write bf16 for their activation", be.guBF16)
 	}
 	if be.lt != nil && be.lt.picked > 0 {
 		progress("cuda: %d GEMMs run their tuned cuBLASLt algorithm", be.lt.picked)
@@ -543,8 +553,9 @@ func ltMayServe(n bundle.Node, variants uint32) bool { return n.SkipUnless&^vari
 
 // prepare resolves a node's kernel and arguments to device addresses; variants as
 // ltMayServe takes it; fed, if not 0, is bf16 of the GEMM node's x as the launch ahead wrote
-// it (feedable said a server reads it there), for copyNode's xb or ltNode's fed.
-func (be *Backend) prepare(n bundle.Node, variants uint32, fed uintptr) (launch, error) {
+// it (feedable said a server reads it there), for copyNode's xb or ltNode's fed; yBF16: where
+// cuBLASLt serves the node it writes y in bf16 (guBF16At said only the next node reads it).
+func (be *Backend) prepare(n bundle.Node, variants uint32, fed uintptr, yBF16 bool) (launch, error) {
 	f, ok := be.funcs[n.Kernel]
 	if !ok {
 		return launch{}, fmt.Errorf("unknown kernel %s", n.Kernel)
@@ -565,7 +576,7 @@ func (be *Backend) prepare(n bundle.Node, variants uint32, fed uintptr) (launch,
 		}
 	}
 	if ltMayServe(n, variants) {
-		l, ok, err := be.ltNode(n, vals, fed)
+		l, ok, err := be.ltNode(n, vals, fed, yBF16)
 		switch {
 		case err != nil && (be.lt.strict || fed != 0):
 			return launch{}, fmt.Errorf("cuBLASLt: %w", err)

@@ -11,7 +11,7 @@ import (
 func feedKernels() map[string]bundle.Kernel {
 	return map[string]bundle.Kernel{
 		"act": {Name: "act", Op: "silu_mul", Attrs: []byte(`{"inter":128,"chunked":true}`),
-			Params: []bundle.Param{{Name: "gu", Type: "u64"}, {Name: "act", Type: "u64"}, {Name: bundle.GatedActBF16, Type: "u64"}}},
+			Params: []bundle.Param{{Name: "gu", Type: "u64"}, {Name: "act", Type: "u64"}, {Name: bundle.GatedActBF16, Type: "u64"}, {Name: bundle.GatedGuBF16, Type: "u64"}}},
 		"down": {Name: "down", Op: bundle.OpGemmTC, Attrs: []byte(`{"k":128,"n":64}`),
 			Params: []bundle.Param{{Name: bundle.GemmX, Type: "u64"}, {Name: bundle.GemmW, Type: "u64"}, {Name: bundle.GemmY, Type: "u64"}, {Name: bundle.GemmRows, Type: "u32"}}},
 		"norm": {Name: "norm", Op: bundle.OpRowNorm, Attrs: []byte(`{"hidden":128}`),
@@ -21,7 +21,7 @@ func feedKernels() map[string]bundle.Kernel {
 }
 
 func feedAct(rows int) bundle.Node {
-	return bundle.Node{Label: "act", Kernel: "act", Grid: [3]int{1, rows, 1}, Args: []bundle.Slot{{Buffer: "gu"}, {Buffer: "a"}, {}}}
+	return bundle.Node{Label: "act", Kernel: "act", Grid: [3]int{1, rows, 1}, Args: []bundle.Slot{{Buffer: "gu"}, {Buffer: "a"}, {}, {}}}
 }
 
 func feedDown(rows uint64) bundle.Node {
@@ -130,7 +130,7 @@ func TestFeedAheadGatedAct(t *testing.T) {
 			i = 1
 		}
 		n, fed, err := c.be.feedAhead(c.nodes, i)
-		if err != nil || fed != 0 || len(n.Args) != 3 || n.Args[2] != (bundle.Slot{}) || n.Args[1] != c.nodes[i].Args[1] {
+		if err != nil || fed != 0 || len(n.Args) != 4 || n.Args[2] != (bundle.Slot{}) || n.Args[1] != c.nodes[i].Args[1] {
 			t.Errorf("%s: %+v %#x %v, want the node as it is", c.name, n.Args, fed, err)
 		}
 	}
@@ -157,7 +157,7 @@ func TestFeedAheadNorm(t *testing.T) {
 	}
 	gateUp := down
 	gateUp.Args = []bundle.Slot{{Buffer: "a"}, {Buffer: "w"}, {Buffer: "gu"}, {Const: 8}}
-	act := bundle.Node{Label: "act", Kernel: "act", Grid: [3]int{1, 8, 1}, Args: []bundle.Slot{{Buffer: "gu"}, {Buffer: "d"}, {}}}
+	act := bundle.Node{Label: "act", Kernel: "act", Grid: [3]int{1, 8, 1}, Args: []bundle.Slot{{Buffer: "gu"}, {Buffer: "d"}, {}, {}}}
 	be.kernels["act"] = bundle.Kernel{Name: "act", Op: "silu_mul", Attrs: []byte(`{"inter":32,"chunked":true}`), Params: be.kernels["act"].Params}
 	for _, xbf16 := range []bool{true, false} {
 		be.copy = &copyServer{kernels: map[bundle.GemmCopyShape][]bundle.GemmCopy{{K: 128, N: 64, Act: "silu_mul"}: {{Kernel: "g8", Attrs: bundle.GemmCopyAttrs{Rows: 8, XBF16: xbf16}}}}}

@@ -145,7 +145,7 @@ func (be *Backend) tuneShape(s GemmShape) (GemmTiming, error) {
 		return GemmTiming{}, err
 	}
 	g := bundle.GEMM{M: s.M, N: s.N, K: s.K}
-	m, err := lt.newMatmul(g, ws[0], y)
+	m, err := lt.newMatmul(g, ws[0], y, false)
 	if err != nil {
 		return GemmTiming{}, err
 	}

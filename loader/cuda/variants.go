@@ -88,6 +88,7 @@ func (be *Backend) variant(t int) int {
 func (be *Backend) prepareAll(nodes []bundle.Node, variants uint32) ([]launch, error) {
 	var all []launch
 	var fed uintptr // bf16 of this node's x, as the launch ahead wrote it (copyPair, feedAhead)
+	var guB uintptr // bf16 of this activation's gu, as cuBLASLt's GEMM ahead wrote it (gu.go)
 	for i := 0; i < len(nodes); i++ {
 		n := nodes[i]
 		if n.Collective != nil {
@@ -107,10 +108,17 @@ func (be *Backend) prepareAll(nodes []bundle.Node, variants uint32) ([]launch, e
 		if err != nil {
 			return nil, fmt.Errorf("node %s: %w", n.Label, err)
 		}
-		l, err = be.prepare(n, variants, fed)
-		fed = feeds
+		if guB != 0 {
+			n = withGuBF16(n, guB)
+		}
+		l, err = be.prepare(n, variants, fed, be.guBF16At(nodes, i))
+		fed, guB = feeds, 0
 		if err != nil {
 			return nil, fmt.Errorf("node %s (kernel %s, grid %v, block %v): %w", n.Label, n.Kernel, n.Grid, n.Block, err)
+		}
+		if l.matmul != nil && l.matmul.yBF16 {
+			guB = l.matmul.y
+			be.guBF16++
 		}
 		all = append(all, l)
 	}

@@ -94,7 +94,10 @@ func needGPU(t *testing.T) {
 // the tensor-core GEMM nodes; results of the second carry the suffix "@cublaslt".
 var gemmServers = []struct{ mode, suffix string }{{cuda.GemmPTX, ""}, {cuda.GemmCublasLt, "@cublaslt"}}
 
-func newCUDA(gemm string) testsuite.NewBackend {
+func newCUDA(gemm string) testsuite.NewBackend { return newCUDAWith(cuda.Options{Gemm: gemm}) }
+
+// newCUDAWith is newCUDA with the backend's options whole.
+func newCUDAWith(opt cuda.Options) testsuite.NewBackend {
 	return func(t testing.TB, b *bundle.Bundle) loader.Backend {
 		t.Helper()
 		w, err := loader.OpenWeights(b, "")
@@ -102,7 +105,7 @@ func newCUDA(gemm string) testsuite.NewBackend {
 			t.Fatal(err)
 		}
 		defer w.Close()
-		be, err := cuda.New(b, w, cuda.Options{Gemm: gemm})
+		be, err := cuda.New(b, w, opt)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -428,6 +431,16 @@ func recordFed(nb testsuite.NewBackend, fed *[]int) testsuite.NewBackend {
 	}
 }
 
+// recordGuBF16 wraps nb so that each backend it makes appends to *gu how many of its GEMM
+// launches write gu in bf16 for the gated activation after them (cuda.Backend.GuBF16Gemms).
+func recordGuBF16(nb testsuite.NewBackend, gu *[]int) testsuite.NewBackend {
+	return func(t testing.TB, b *bundle.Bundle) loader.Backend {
+		be := nb(t, b)
+		*gu = append(*gu, be.(*cuda.Backend).GuBF16Gemms())
+		return be
+	}
+}
+
 // TestCUDAWarpgroupGemmMatchesCPU runs the copy-engine GEMMs' warpgroup form (wgmma over the
 // library cast's bf16 x; xmixc build --copy-gemm-rows 32, 64 or 128) on a 2-layer cut of
 // Llama-3.1-8B in buckets of 32, 64 and 128 rows, every request teacher-forced to the CPU's
@@ -633,26 +646,41 @@ func appRowsKeepBits(t *testing.T, nb testsuite.NewBackend, with, bare *bundle.B
 // TestCUDAFedGemmsMatchCPU: in a 128-row bucket of a default bundle cuBLASLt serves q/k/v and
 // gate/up and the copy-engine kernels o and down, and q/k/v and gate/up read bf16 of the
 // add+norm's output, o of the attention's and down of the SiLU kernel's as those kernels
-// wrote it, with no cast: a 2-layer cut of Llama-3.1-8B, every request teacher-forced to the
-// CPU's tokens, both layers' GEMMs fed (fedGemms). With an app's op at layer 1's mlp.act (in
-// the activation's MI form, which writes no bf16) that layer's down projection casts, except
-// in the graphs without apps; the rows without the app get the bare bundle's tokens and
-// logprobs bit for bit.
+// wrote it, with no cast, and gate/up writes gu in bf16 for the SiLU kernel (both layers, in
+// the decode bucket and the 64-row prefill chunk): a 2-layer cut of Llama-3.1-8B, every
+// request teacher-forced to the CPU's tokens, both layers' GEMMs fed (fedGemms). With an
+// app's op at layer 1's mlp.act (in an MI kernel of its own after the plain activation) that
+// layer's down projection casts, except in the graphs without apps, and every template's
+// lists write gu in bf16; the rows without the app get the bare bundle's tokens and logprobs
+// bit for bit. With --gu-f32 (Options.GuF32) no GEMM writes gu in bf16.
 func TestCUDAFedGemmsMatchCPU(t *testing.T) {
 	needGPU(t)
-	var fed []int
-	nb := recordFed(newCUDA(cuda.GemmAuto), &fed)
+	var fed, gu []int
+	nb := recordGuBF16(recordFed(newCUDA(cuda.GemmAuto), &fed), &gu)
 	cut := specCut(t, "llama-3.1-8b", "serving: {decode_buckets: [128], prefill_chunks: [64], max_seq_len: 256, max_seqs: 128, kv_block_size: 16}\n")
-	agreementRows(t, nb, "llama-3.1-8b-2layers-act-feed-r128", testsuite.CompileWith(t, compile.Options{}, cut), sixTokenPrompts(70), 2)
+	bare := testsuite.CompileWith(t, compile.Options{}, cut)
+	agreementRows(t, nb, "llama-3.1-8b-2layers-act-feed-r128", bare, sixTokenPrompts(70), 2)
 	if want := fedGemms(128); !slices.Equal(fed, []int{want}) {
 		t.Errorf("%v GEMM launches fed, want %d", fed, want)
 	}
-	fed = nil
+	if !slices.Equal(gu, []int{4}) {
+		t.Errorf("%v GEMM launches write gu in bf16, want 4", gu)
+	}
+	fed, gu = nil, nil
 	app := "app: act-scale\nparams: {s: {random: 23}}\nops:\n  - write: {at: {layers: [1], hook: mlp.act}, kernel: scale, args: {vector: s}}\n"
-	appRowsKeepBits(t, nb, testsuite.CompileWith(t, compile.Options{}, cut, app), testsuite.CompileWith(t, compile.Options{}, cut), "act-scale")
+	appRowsKeepBits(t, nb, testsuite.CompileWith(t, compile.Options{}, cut, app), bare, "act-scale")
 	// Layer 1's down projection in each template's plain list.
 	if want := fedGemms(128); !slices.Equal(fed, []int{want, want}) {
 		t.Errorf("GEMM launches fed: %v, want %d with the app and without", fed, want)
+	}
+	if !slices.Equal(gu, []int{8, 4}) {
+		t.Errorf("GEMM launches writing gu in bf16: %v, want 8 with the app (its graphs and the plain lists) and 4 without", gu)
+	}
+	gu = nil
+	f32 := recordGuBF16(newCUDAWith(cuda.Options{Gemm: cuda.GemmAuto, GuF32: true}), &gu)
+	agreementRows(t, f32, "llama-3.1-8b-2layers-act-feed-r128-gu-f32", bare, sixTokenPrompts(70), 2)
+	if !slices.Equal(gu, []int{0}) {
+		t.Errorf("--gu-f32: %v GEMM launches write gu in bf16, want 0", gu)
 	}
 }
 
