@@ -13,6 +13,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -604,6 +605,38 @@ ops:
 		if !slices.Equal(solo[0].Tokens, batch[i].Tokens) {
 			t.Fatalf("request %d: batched %v, alone %v", i, batch[i].Tokens, solo[0].Tokens)
 		}
+	}
+}
+
+// AppRowsKeepBits runs one request per prompt for steps tokens on with (a bundle with the app
+// named app) and on bare (the same without it), every other request enabling the app: the
+// requests without it must get the bare bundle's tokens and logprobs bit for bit, and the app
+// must change some request's (else the check could not see a lost op). Each request's tokens
+// and their logprobs are compared, not step rows: the decode rows' order is the engine's.
+func AppRowsKeepBits(t testing.TB, nb NewBackend, with, bare *bundle.Bundle, app string, prompts [][]int, steps int) {
+	t.Helper()
+	run := func(b *bundle.Bundle, apps []string) []loader.Result {
+		var reqs []loader.Request
+		for i, p := range prompts {
+			r := loader.Request{Prompt: p, MaxTokens: steps, Logprobs: true}
+			if i%2 == 0 {
+				r.Apps = apps
+			}
+			reqs = append(reqs, r)
+		}
+		return Generate(t, nb, b, reqs)
+	}
+	got, want := run(with, []string{app}), run(bare, nil)
+	changed := false
+	for i := range prompts {
+		same := slices.Equal(got[i].Tokens, want[i].Tokens) && reflect.DeepEqual(got[i].Logprobs, want[i].Logprobs)
+		if i%2 == 1 && !same {
+			t.Fatalf("request %d, without the app: tokens %v, logprobs %v; the bare bundle's %v, %v", i, got[i].Tokens, got[i].Logprobs, want[i].Tokens, want[i].Logprobs)
+		}
+		changed = changed || i%2 == 0 && !same
+	}
+	if !changed {
+		t.Fatal("the app changed no request's tokens or logprobs")
 	}
 }
 

@@ -15,7 +15,6 @@ import (
 	"math"
 	"os"
 	"path/filepath"
-	"reflect"
 	"regexp"
 	"slices"
 	"strconv"
@@ -608,39 +607,11 @@ func TestCUDAGatedCopyMatchesCPU(t *testing.T) {
 	})
 }
 
-// appRowsKeepBits runs 27 requests for 3 steps (in the decode bucket that takes them) of
-// with (a bundle with the app named app) and of bare (the same without it), every other
-// request with the app: the requests without it get the bare bundle's tokens and logprobs
-// bit for bit, and the app changes some request's.
+// appRowsKeepBits is testsuite.AppRowsKeepBits over 27 requests of six tokens for 3 steps
+// (in the decode bucket that takes them).
 func appRowsKeepBits(t *testing.T, nb testsuite.NewBackend, with, bare *bundle.Bundle, app string) {
 	t.Helper()
-	const n, steps = 27, 3
-	// Each request's tokens and their logprobs (the sampled token's log-softmax over its
-	// row's logits): the decode rows' order is the engine's, not the requests'.
-	run := func(b *bundle.Bundle, apps []string) []loader.Result {
-		var reqs []loader.Request
-		for i, p := range sixTokenPrompts(n) {
-			r := loader.Request{Prompt: p, MaxTokens: steps, Logprobs: true}
-			if i%2 == 0 {
-				r.Apps = apps
-			}
-			reqs = append(reqs, r)
-		}
-		return testsuite.Generate(t, nb, b, reqs)
-	}
-	got := run(with, []string{app})
-	want := run(bare, nil)
-	changed := false
-	for i := range n {
-		same := slices.Equal(got[i].Tokens, want[i].Tokens) && reflect.DeepEqual(got[i].Logprobs, want[i].Logprobs)
-		if i%2 == 1 && !same {
-			t.Fatalf("request %d, without the app: tokens %v, logprobs %v; the bare bundle's %v, %v", i, got[i].Tokens, got[i].Logprobs, want[i].Tokens, want[i].Logprobs)
-		}
-		changed = changed || i%2 == 0 && !same
-	}
-	if !changed {
-		t.Fatal("the app changed no request's tokens or logprobs")
-	}
+	testsuite.AppRowsKeepBits(t, nb, with, bare, app, sixTokenPrompts(27), 3)
 }
 
 // TestCUDAFedGemmsMatchCPU: in a 128-row bucket of a default bundle cuBLASLt serves q/k/v and

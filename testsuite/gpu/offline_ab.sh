@@ -2,7 +2,8 @@
 # One bundle's offline batch (prefill and decode) under several run-time settings, side by
 # side, in one device call: VARIANTS="NAME=FLAGS;..." (the first is the base; FLAGS are xmix
 # bench flags, may be empty), e.g. "f32=--gu-f32;bf16=". For each model of MODELS (default
-# llama-3.1-8b; its bundle built by $BIN/xmixc with BUILD_FLAGS), ROUNDS (default 2) rounds of
+# llama-3.1-8b; its bundle built by $BIN/xmixc with BUILD_FLAGS and the app specs APPS, if
+# any, whose apps a variant's "--apps NAME --app-fraction 1" enables), ROUNDS (default 2) rounds of
 # `xmix bench --prompts PROMPTS --prompt-len PROMPT_LEN --new-tokens NEW_TOKENS` (defaults 32,
 # 1000 and 8, as app_prefill.sh: the prompts fill max_batched_tokens' steps) under each
 # variant, the order reversed every other round. Build first (bash testsuite/gpu/build.sh):
@@ -16,7 +17,8 @@ names=()
 for v in "${vs[@]}"; do names+=("${v%%=*}"); done
 : > "$W/raw.tsv"
 for m in ${MODELS:-llama-3.1-8b}; do
-  "$B/xmixc" build specs/models/$m.yaml -q ${BUILD_FLAGS:-} -o "$W/$m.xmb" || { echo "build of $m failed" | tee -a "$S"; exit 1; }
+  # shellcheck disable=SC2086 # BUILD_FLAGS and APPS are lists
+  "$B/xmixc" build specs/models/$m.yaml ${APPS:-} -q ${BUILD_FLAGS:-} -o "$W/$m.xmb" || { echo "build of $m failed" | tee -a "$S"; exit 1; }
   for r in $(seq "${ROUNDS:-2}"); do
     round_order "$r" "${names[@]}"
     for name in "${order[@]}"; do
