@@ -1179,9 +1179,13 @@ func CheckSevenAppsMixed(t *testing.T, nb NewBackend) {
 // mixedTolerance bounds the relative difference of a read between a batched row and the same
 // request alone. They run in different decode buckets, whose GEMMs may round x differently:
 // the CPU and the PTX kernels keep 16 bits of its mantissa (ops/gemm_tc.go), cuBLASLt takes
-// bf16(x) like every bf16 serving stack (loader/cuda/cublaslt.go), a difference near 2^-9.
-// Tokens must agree exactly; bit-identity within one bucket is what the exactness checks test.
-const mixedTolerance = 2e-3
+// bf16(x) like every bf16 serving stack (loader/cuda/cublaslt.go), a difference near 2^-9,
+// and writes the gate/up projection in bf16 for the activation (loader/cuda/gu.go), another
+// rounding near 2^-9 on the MLP's path: two of them. (The one-rounding bound, 2e-3, was
+// exceeded once the second came: 2.8e-3 on a probe of the hallucination app, H200, session
+// 60.) Tokens must agree exactly; bit-identity within one bucket is what the exactness
+// checks test.
+const mixedTolerance = 4e-3
 
 func mixedRun(t *testing.T, nb NewBackend, b *bundle.Bundle, reqs []loader.Request) {
 	t.Helper()
