@@ -99,6 +99,10 @@ func (be *Backend) prepareAll(nodes []bundle.Node, variants uint32) ([]launch, e
 			return nil, fmt.Errorf("node %s: %w", n.Label, err)
 		}
 		if ok {
+			if guB != 0 {
+				// guBF16At names a plain activation, which no pair starts with.
+				return nil, fmt.Errorf("node %s: its gu was written in bf16 for it, and a copy-engine pair serves it", n.Label)
+			}
 			all = append(all, l)
 			fed = feeds
 			i++ // the activation or rope node after it is served by the same launch
