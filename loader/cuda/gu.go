@@ -15,7 +15,9 @@ import (
 // matmul; the activation's arithmetic on them is unchanged. The bundle keeps an app's op at
 // mlp.act out of the activation wherever its gate/up runs on tensor cores (codegen's
 // activationThenMI), so the activation is the same plain kernel in every graph of a
-// template, and a row without the app gets the bits of a bundle without it.
+// template, and a row without the app gets the bits of a bundle without it. A tuned pick
+// (gemm_picks.go, timed with f32 y by xmix tune-gemm) serves the bf16 form too wherever
+// cuBLASLt offers its configuration for the bf16 layout (on the H200 every one did: session 60).
 
 // guBF16At says whether nodes[i], where cuBLASLt serves it, may write its y in bf16 for
 // nodes[i+1]: a GEMM and the gated activation of its y, whose gu no other node reads
