@@ -664,12 +664,6 @@ func checkEpilogueRows(what string, n int) error {
 	return nil
 }
 
-// gatedCopyAt says whether templates of kind and rows rows get copy-engine kernels for their
-// gate/up GEMM with its activation (epilogueCopyAt, up to gatedCopyRows rows).
-func (g *gen) gatedCopyAt(kind bundle.TemplateKind, rows int) bool {
-	return g.epilogueCopyAt(kind, rows, g.gatedCopyRows)
-}
-
 // epilogueCopyAt says whether templates of kind and rows rows may get copy-engine kernels with
 // an epilogue: decode buckets whose copy-engine row count takes the warpgroup form and is at
 // most maxRows. The count, not the bucket's rows: the backend serves every bucket a kernel

@@ -709,11 +709,12 @@ func (t *tb) activation(n *ir.Node) {
 		t.fail(err)
 		return
 	}
-	if len(mi) > 0 && len(n.Out[0].Hooks) > 0 && (t.g.gatedCopyAt(t.kind, t.rows) || t.tensorCores(GemmConfig{K: g.m.Hidden, N: 2 * sc.Inter, WDtype: g.wdt}, t.rows)) {
-		// The backend may serve the gate/up GEMM and this kernel as one launch, or the GEMM
-		// on tensor cores writing gu in bf16 for this kernel alone (bundle.GatedGuBF16), which
-		// only a kernel without MI ops allows: the ops run in a kernel of their own over act,
-		// so that a row without the apps gets the bits of a bundle without them.
+	if len(mi) > 0 && len(n.Out[0].Hooks) > 0 && t.tensorCores(GemmConfig{K: g.m.Hidden, N: 2 * sc.Inter, WDtype: g.wdt}, t.rows) {
+		// Where the gate/up GEMM runs on tensor cores the backend may serve it and this kernel
+		// as one launch (gatedCopyGemms) or have the GEMM write gu in bf16 for this kernel alone
+		// (bundle.GatedGuBF16), which only a kernel without MI ops allows: the ops run in a
+		// kernel of their own over act, so that a row without the apps gets the bits of a
+		// bundle without them.
 		t.activationThenMI(n, sc, mi)
 		return
 	}

@@ -420,22 +420,14 @@ func fedGemms(rows int) int {
 	return 14
 }
 
-// recordFed wraps nb so that each backend it makes appends to *fed how many of its GEMM
-// launches read bf16(x) as the launch ahead wrote it, with no cast (cuda.Backend.FedGemms).
-func recordFed(nb testsuite.NewBackend, fed *[]int) testsuite.NewBackend {
+// recordCount wraps nb so that each backend it makes appends count of it to *dst: how many of
+// its GEMM launches read bf16(x) as the launch ahead wrote it, with no cast
+// ((*cuda.Backend).FedGemms), or write gu in bf16 for the gated activation after them
+// ((*cuda.Backend).GuBF16Gemms).
+func recordCount(nb testsuite.NewBackend, dst *[]int, count func(*cuda.Backend) int) testsuite.NewBackend {
 	return func(t testing.TB, b *bundle.Bundle) loader.Backend {
 		be := nb(t, b)
-		*fed = append(*fed, be.(*cuda.Backend).FedGemms())
-		return be
-	}
-}
-
-// recordGuBF16 wraps nb so that each backend it makes appends to *gu how many of its GEMM
-// launches write gu in bf16 for the gated activation after them (cuda.Backend.GuBF16Gemms).
-func recordGuBF16(nb testsuite.NewBackend, gu *[]int) testsuite.NewBackend {
-	return func(t testing.TB, b *bundle.Bundle) loader.Backend {
-		be := nb(t, b)
-		*gu = append(*gu, be.(*cuda.Backend).GuBF16Gemms())
+		*dst = append(*dst, count(be.(*cuda.Backend)))
 		return be
 	}
 }
@@ -453,7 +445,7 @@ func TestCUDAWarpgroupGemmMatchesCPU(t *testing.T) {
 	served := 0
 	var kernels []string
 	var fed []int
-	nb := recordFed(copyGemmBackend(&served, &kernels), &fed)
+	nb := recordCount(copyGemmBackend(&served, &kernels), &fed, (*cuda.Backend).FedGemms)
 	for _, c := range []struct{ bucket, requests, steps int }{{32, 32, 4}, {32, 19, 3}, {64, 50, 2}, {128, 128, 3}, {128, 70, 2}} {
 		t.Run(fmt.Sprintf("r%d-n%d", c.bucket, c.requests), func(t *testing.T) {
 			kernels, fed = nil, nil
@@ -561,7 +553,7 @@ func TestCUDAGatedCopyMatchesCPU(t *testing.T) {
 	needGPU(t)
 	served := 0
 	var fed []int // each backend's GEMM launches fed bf16(x) by the launch ahead
-	nb := recordFed(copyGemmBackend(&served), &fed)
+	nb := recordCount(copyGemmBackend(&served), &fed, (*cuda.Backend).FedGemms)
 	for _, c := range []struct{ bucket, requests, steps int }{{32, 27, 3}, {64, 50, 2}} {
 		t.Run(fmt.Sprintf("r%d", c.bucket), func(t *testing.T) {
 			fed = nil
@@ -627,7 +619,7 @@ func appRowsKeepBits(t *testing.T, nb testsuite.NewBackend, with, bare *bundle.B
 func TestCUDAFedGemmsMatchCPU(t *testing.T) {
 	needGPU(t)
 	var fed, gu []int
-	nb := recordGuBF16(recordFed(newCUDA(cuda.GemmAuto), &fed), &gu)
+	nb := recordCount(recordCount(newCUDA(cuda.GemmAuto), &fed, (*cuda.Backend).FedGemms), &gu, (*cuda.Backend).GuBF16Gemms)
 	cut := specCut(t, "llama-3.1-8b", "serving: {decode_buckets: [128], prefill_chunks: [64], max_seq_len: 256, max_seqs: 128, kv_block_size: 16}\n")
 	bare := testsuite.CompileWith(t, compile.Options{}, cut)
 	agreementRows(t, nb, "llama-3.1-8b-2layers-act-feed-r128", bare, sixTokenPrompts(70), 2)
@@ -648,7 +640,7 @@ func TestCUDAFedGemmsMatchCPU(t *testing.T) {
 		t.Errorf("GEMM launches writing gu in bf16: %v, want 8 with the app (its graphs and the plain lists) and 4 without", gu)
 	}
 	gu = nil
-	f32 := recordGuBF16(newCUDAWith(cuda.Options{Gemm: cuda.GemmAuto, GuF32: true}), &gu)
+	f32 := recordCount(newCUDAWith(cuda.Options{Gemm: cuda.GemmAuto, GuF32: true}), &gu, (*cuda.Backend).GuBF16Gemms)
 	agreementRows(t, f32, "llama-3.1-8b-2layers-act-feed-r128-gu-f32", bare, sixTokenPrompts(70), 2)
 	if !slices.Equal(gu, []int{0}) {
 		t.Errorf("--gu-f32: %v GEMM launches write gu in bf16, want 0", gu)
