@@ -45,29 +45,32 @@ import (
 // run gives the same bits. x is rounded to bf16 as the library's cast rounds it: the op is
 // gemm_copy, not gemm_tc's exact split.
 const (
-	gcCols       = 64
-	gcStage      = 256
-	gcBoxK       = 64                   // K of one W box: 128-byte rows, the swizzle's span
-	gcSwizzle    = 128                  // bytes: the tensor map's CU_TENSOR_MAP_SWIZZLE_128B
-	gcBoxBytes   = gcCols * 2 * gcBoxK  // bytes of one W box
-	gcWBox       = gcCols * 2 * gcStage // bytes of one stage's W boxes
-	gcWarps      = 16
-	gcTile       = 8           // token rows of one m16n8k16's B
-	gcColTile    = 16          // W rows of one m16n8k16's A
-	gcChunk      = 32          // K a warp multiplies at once: lane t's elements [8t, 8t+8)
-	gcXStride    = 4 * gcStage // shared bytes of one staged x row: the x box's rows, dense
-	gcBars       = 128         // the mbarriers, at the start of the shared memory
-	gcAlign      = 1024        // the slots' alignment: the swizzle's pattern repeats every 1024 bytes
-	gcMaxStages  = 4           // slots of a ring a build may ask for (more measured no faster at 8 rows)
-	gcSplitBelow = 90          // column tiles below which K splits over a cluster
-	gcSplit      = 2           // CTAs of such a cluster (4 measured slower)
-	gcMaxCluster = 8           // CTAs of a cluster every sm_90 GPU can launch (the portable size)
-	gcPolls      = 1 << 22     // mbarrier polls before a stage that never lands traps
-	gcEntry      = 16          // one lane's sums of one column tile and row tile: 4 f32
-	gcSMs        = 132         // an H200's SMs (and an H100 SXM's): the CTAs of one wave, one an SM
-	wgMaxN       = 256         // the most columns (token rows) of one wgmma
-	wgMaxSplit   = 4           // the most CTAs the warpgroup form splits K over
-	wgThreads    = 128         // the warpgroup form's CTA: one warpgroup
+	gcCols         = 64
+	gcStage        = 256
+	gcBoxK         = 64                   // K of one W box: 128-byte rows, the swizzle's span
+	gcSwizzle      = 128                  // bytes: the tensor map's CU_TENSOR_MAP_SWIZZLE_128B
+	gcBoxBytes     = gcCols * 2 * gcBoxK  // bytes of one W box
+	gcWBox         = gcCols * 2 * gcStage // bytes of one stage's W boxes
+	gcWarps        = 16
+	gcTile         = 8           // token rows of one m16n8k16's B
+	gcColTile      = 16          // W rows of one m16n8k16's A
+	gcChunk        = 32          // K a warp multiplies at once: lane t's elements [8t, 8t+8)
+	gcXStride      = 4 * gcStage // shared bytes of one staged x row: the x box's rows, dense
+	gcBars         = 128         // the mbarriers, at the start of the shared memory
+	gcAlign        = 1024        // the slots' alignment: the swizzle's pattern repeats every 1024 bytes
+	gcMaxStages    = 4           // slots of a ring a build may ask for (more measured no faster at 8 rows)
+	gcSplitBelow   = 90          // column tiles below which K splits over a cluster
+	gcSplit        = 2           // CTAs of such a cluster (4 measured slower)
+	gcMaxCluster   = 8           // CTAs of a cluster every sm_90 GPU can launch (the portable size)
+	gcPolls        = 1 << 22     // mbarrier polls before a stage that never lands traps
+	gcEntry        = 16          // one lane's sums of one column tile and row tile: 4 f32
+	gcSMs          = 132         // an H200's SMs (and an H100 SXM's): the CTAs of one wave, one an SM
+	wgMaxN         = 256         // the most columns (token rows) of one wgmma
+	wgMaxSplit     = 4           // the most CTAs the warpgroup form splits K over
+	wgThreads      = 128         // the warpgroup form's CTA: one warpgroup
+	wgRows         = 64          // the rows of x one warpgroup multiplies in the wide form (a wgmma's M)
+	wgMaxConsumers = 2           // the wide form's warpgroups at most (wgmma accumulators of 128 rows)
+	wgWideSlots    = 4           // the wide form's ring slots unless a build asks for others
 )
 
 // gcStages are a ring's slots unless a build asks for others: on the H200, 3 made the 8B's
@@ -85,6 +88,9 @@ type gcLayout struct {
 	Rows, Groups int
 	Warpgroup    bool
 	StageK       int
+	// GatedWide (warpgroup form): a gated kernel of these rows takes the wide form
+	// (gemm_wide.go) rather than 64 W rows a CTA.
+	GatedWide bool
 	// Share (warpgroup form): column tiles of a cluster that share each stage's x, each
 	// asking for its part of x's boxes with multicast to all of them (0 or 1: none), where K
 	// is not split. At 128 rows a CTA's x is twice its W's bytes, and every column tile
@@ -100,7 +106,7 @@ type gcLayout struct {
 // worth of operands.
 var gcLayouts = []gcLayout{
 	{Rows: 8, Groups: 4}, {Rows: 16, Groups: 2},
-	{Rows: 32, Warpgroup: true, StageK: 256}, {Rows: 64, Warpgroup: true, StageK: 256}, {Rows: 128, Warpgroup: true, StageK: 128, Share: 2},
+	{Rows: 32, Warpgroup: true, StageK: 256}, {Rows: 64, Warpgroup: true, StageK: 256, GatedWide: true}, {Rows: 128, Warpgroup: true, StageK: 128, Share: 2, GatedWide: true},
 }
 
 // gcDefaultRows are the layouts' row counts a bundle carries kernels for unless a build asks
@@ -115,8 +121,9 @@ var gcDefaultRows = []int{8, 16, 32, 64, 128}
 func init() {
 	for _, l := range gcLayouts {
 		if l.Warpgroup {
-			if l.Groups != 0 || l.Rows%8 != 0 || l.Rows > wgMaxN || l.StageK%gcBoxK != 0 || l.StageK < gcBoxK || l.StageK/gcBoxK%max(l.Share, 1) != 0 {
-				panic(fmt.Sprintf("codegen: warpgroup GEMM layout %+v: rows a multiple of 8 up to %d, a stage of whole %d-element boxes, as many for each CTA sharing x", l, wgMaxN, gcBoxK))
+			if l.Groups != 0 || l.Rows%8 != 0 || l.Rows > wgMaxN || l.StageK%gcBoxK != 0 || l.StageK < gcBoxK || l.StageK/gcBoxK%max(l.Share, 1) != 0 ||
+				l.GatedWide && (l.Rows%wgRows != 0 || l.Rows/wgRows > wgMaxConsumers) {
+				panic(fmt.Sprintf("codegen: warpgroup GEMM layout %+v: rows a multiple of 8 up to %d, a stage of whole %d-element boxes, as many for each CTA sharing x; the wide form's rows a multiple of %d, at most %d warpgroups' worth", l, wgMaxN, gcBoxK, wgRows, wgMaxConsumers))
 			}
 			continue
 		}
@@ -173,6 +180,10 @@ type GemmCopyConfig struct {
 	// head's first half and the same 32 of its second, so that both of a rotation's elements
 	// meet in one CTA.
 	Rope *RopeConfig
+	// Wide (with Act; gemm_wide.go): the kernel's wide form, each CTA's output columns (a
+	// multiple of 8, at most wgMaxN/2): its W rows are that many of gate's and the same of
+	// up's, one wgmma's B, multiplied by every row of x, 64 rows a warpgroup.
+	Wide int
 }
 
 // layout is the config's layout, the zero one if Rows has none.
@@ -189,15 +200,21 @@ func (c GemmCopyConfig) groups() int { return c.layout().Groups }
 // warpgroup says whether the config's layout is the warpgroup form.
 func (c GemmCopyConfig) warpgroup() bool { return c.layout().Warpgroup }
 
-// stageK is the K of one stage.
-func (c GemmCopyConfig) stageK() int { return cmp.Or(c.layout().StageK, gcStage) }
+// stageK is the K of one stage: one box in the wide form, whose W rows are up to four times
+// the others'.
+func (c GemmCopyConfig) stageK() int {
+	if c.Wide > 0 {
+		return gcBoxK
+	}
+	return cmp.Or(c.layout().StageK, gcStage)
+}
 
 func (c GemmCopyConfig) parts() int      { return gcWarps / c.groups() }            // K parts of a stage
 func (c GemmCopyConfig) colTiles() int   { return gcCols / gcColTile / c.groups() } // a warp's
 func (c GemmCopyConfig) rowTiles() int   { return c.Rows / gcTile }
 func (c GemmCopyConfig) chunks() int     { return gcStage / c.parts() / gcChunk } // a warp's, a stage
 func (c GemmCopyConfig) entries() int    { return gcCols / gcColTile * c.rowTiles() * 32 }
-func (c GemmCopyConfig) wBytes() int     { return gcCols * 2 * c.stageK() } // one stage's W
+func (c GemmCopyConfig) wBytes() int     { return c.wRows() * 2 * c.stageK() } // one stage's W
 func (c GemmCopyConfig) kStages() int    { return c.K / c.Split / c.stageK() }
 func (c GemmCopyConfig) tiles() int      { return max(c.Tiles, 1) }
 func (c GemmCopyConfig) ringStages() int { return c.kStages() * c.tiles() } // a CTA's, all its tiles'
@@ -208,21 +225,49 @@ func (c GemmCopyConfig) shares() int     { return max(c.Share, 1) }
 // up; a rotation's pairs, each of two columns).
 func (c GemmCopyConfig) yCols() int {
 	if c.paired() {
-		return gcCols / 2
+		return c.wRows() / 2
 	}
 	return gcCols
 }
 
-// paired says whether a CTA's W rows are two halves of 32 (Act: gate's and up's; Rope: a
-// head's first half's and its second's) whose sums meet in the epilogue.
+// wRows is a CTA's W rows: gcCols, or in the wide form its gate and up rows.
+func (c GemmCopyConfig) wRows() int {
+	if c.Wide > 0 {
+		return 2 * c.Wide
+	}
+	return gcCols
+}
+
+// consumers is the warpgroups that multiply: one, or in the wide form one per 64 rows.
+func (c GemmCopyConfig) consumers() int {
+	if c.Wide > 0 {
+		return c.Rows / wgRows
+	}
+	return 1
+}
+
+// produced says whether a producer warp refills the ring while the warpgroups multiply: with
+// a shared x (the partners' reads) and in the wide form (two warpgroups' reads).
+func (c GemmCopyConfig) produced() bool { return c.shares() > 1 || c.Wide > 0 }
+
+// ctas is the grid: a CTA per column tile (Tiles of them) and K part.
+func (c GemmCopyConfig) ctas() int {
+	if c.Wide > 0 {
+		return c.N / 2 / c.Wide
+	}
+	return c.N / gcCols * c.Split / c.tiles()
+}
+
+// paired says whether a CTA's W rows are two halves (of 32, or Wide: Act, gate's and up's;
+// Rope, a head's first half's and its second's) whose sums meet in the epilogue.
 func (c GemmCopyConfig) paired() bool { return c.Act != "" || c.Rope != nil }
 func (c GemmCopyConfig) cluster() int { return c.Split * c.shares() } // CTAs: K parts or tiles sharing x
 
 // threads is a CTA's: one warpgroup in the warpgroup form, else gcWarps warps.
 func (c GemmCopyConfig) threads() int {
 	switch {
-	case c.shares() > 1:
-		return wgThreads + 32 // and the producer warp
+	case c.produced():
+		return c.consumers()*wgThreads + 32 // and the producer warp
 	case c.warpgroup():
 		return wgThreads
 	}
@@ -232,7 +277,7 @@ func (c GemmCopyConfig) threads() int {
 // xchgBytes is, with Act or Rope, where the second half's sums pass to the first half's warps
 // (wgSecondHalf): past the ring, which holds the next tile's stages meanwhile.
 func (c GemmCopyConfig) xchgBytes() int {
-	if !c.paired() {
+	if !c.paired() || c.Wide > 0 {
 		return 0
 	}
 	return wgThreads / 2 * c.Rows / 2 * 4
@@ -337,6 +382,9 @@ func GatedCopyFor(k, n, rows, slots int, act string) (GemmCopyConfig, error) {
 	if !c.warpgroup() {
 		return GemmCopyConfig{}, fmt.Errorf("copy-engine GEMM with an activation: %d rows, want rows of the warpgroup form", rows)
 	}
+	if c.layout().GatedWide {
+		return wideGatedFor(k, n, rows, slots, act)
+	}
 	// The epilogue pairs a tile's gate and up columns in the CTA: x is never shared over a
 	// cluster (the 128-row layout's share), so the ring is restaged without the partners' slot.
 	if c.Share > 1 {
@@ -434,7 +482,7 @@ func CopyGemmLayoutRows() []int {
 // library cast's bf16, in boxes of gcBoxK under the swizzle, as W.
 func (c GemmCopyConfig) Attrs() bundle.GemmCopyAttrs {
 	a := bundle.GemmCopyAttrs{K: c.K, N: c.N, Rows: c.Rows, Box: [2]int{gcBoxK, gcCols}, Swizzle: gcSwizzle, XBox: [2]int{gcStage, c.Rows},
-		Grid: c.N / gcCols * c.Split / c.tiles(), Cluster: c.cluster(), Block: c.threads(), Shared: c.shared()}
+		Grid: c.ctas(), Cluster: c.cluster(), Block: c.threads(), Shared: c.shared()}
 	if c.warpgroup() {
 		a.XBox, a.XBF16, a.XSwizzle = [2]int{gcBoxK, c.Rows}, true, gcSwizzle
 	}
@@ -695,13 +743,14 @@ func (g *gen) gatedCopyGemms(templates []bundle.Template) error {
 // most c.Rows), and with Act y_bf16 (u64, bundle.GemmYBF16). Launch it with c.Launch().
 func GemmCopy(name string, c GemmCopyConfig) (*Kernel, error) {
 	wg := c.warpgroup()
-	if c.layout().Rows == 0 || c.Split < 1 || c.Split > wgMaxSplit || c.K%(c.Split*c.stageK()) != 0 || c.N%gcCols != 0 || c.Stages < 1 ||
+	if c.layout().Rows == 0 || c.Split < 1 || c.Split > wgMaxSplit || c.K%(c.Split*c.stageK()) != 0 || c.Wide == 0 && c.N%gcCols != 0 || c.Stages < 1 ||
 		c.Stages > c.ringStages() || c.Stages > gcBars/8 || c.shared() > bundle.MaxDynamicShared ||
 		!wg && c.Stages*c.slotBytes() < c.parts()*c.partBytes() ||
 		c.Share > 1 && (!wg || c.Split > 1 || c.N/gcCols%c.Share != 0 || c.stageK()/gcBoxK%c.Share != 0 || 2*c.Stages > gcBars/8 || c.cluster() > gcMaxCluster) ||
 		c.Act != "" && (!wg || c.Share > 1 || !slices.Contains(bundle.GatedActOps, c.Act)) ||
 		c.Tiles > 1 && (c.Act == "" || c.Split > 1 || c.N/gcCols%c.Tiles != 0) ||
-		c.Rope != nil && (!wg || c.Split > 1 || c.Share > 1 || c.Act != "" || c.Tiles > 1 || ropeCopyErr(*c.Rope, c.N) != nil) {
+		c.Rope != nil && (!wg || c.Split > 1 || c.Share > 1 || c.Act != "" || c.Tiles > 1 || ropeCopyErr(*c.Rope, c.N) != nil) ||
+		c.Wide != 0 && wideErr(c) != nil {
 		return nil, fmt.Errorf("copy-engine GEMM %s: bad configuration %+v (use GemmCopyFor, GatedCopyFor or RopeCopyFor)", name, c)
 	}
 	g := gcGen{emitter: newEmitter(name), c: c}
@@ -716,20 +765,22 @@ type gcGen struct {
 	y, rows         ptx.Reg
 	yb, ybOn, yOn   ptx.Reg // with Act: where bf16(y) goes; whether it, and whether y, is not 0
 	tid, warp, lane ptx.Reg
-	gg, t, cg, q    ptx.Reg // the lane's mma group and thread; the warp's column group and K part
-	rank, col0, k0  ptx.Reg // K part (the cluster rank with a split); the CTA's first column and first K
-	xPart           ptx.Reg // with a shared x: the CTA's place among the tiles sharing it (its cluster rank)
-	bars, slot0     ptx.Reg // shared addresses: mbarrier 0, slot 0
-	frees           ptx.Reg // with a shared x: slot 0's free mbarrier, past the slots' own
-	thread0         ptx.Reg // thread 0 inits the mbarriers
-	asker           ptx.Reg // the thread that asks for W and x: thread 0, or the producer warp's first
+	gg, t, cg, q    ptx.Reg     // the lane's mma group and thread; the warp's column group and K part
+	rank, col0, k0  ptx.Reg     // K part (the cluster rank with a split); the CTA's first column and first K
+	xPart           ptx.Reg     // with a shared x: the CTA's place among the tiles sharing it (its cluster rank)
+	bars, slot0     ptx.Reg     // shared addresses: mbarrier 0, slot 0
+	frees           ptx.Reg     // with a shared x: slot 0's free mbarrier, past the slots' own
+	thread0         ptx.Reg     // thread 0 inits the mbarriers
+	asker           ptx.Reg     // the thread that asks for W and x: thread 0, or the producer warp's first
+	wgLead          ptx.Reg     // the thread of a warpgroup that frees its slots (freeSlot): its first
+	wgBar           ptx.Operand // the named barrier of the thread's warpgroup (freeSlot)
 	acc             [][]ptx.Reg
 	rope            *gcRope // with Rope: its parameters and what wgPrepareRope read
 }
 
 func (g *gcGen) emit() {
 	c := g.c
-	wg, shared := c.warpgroup(), c.shares() > 1
+	wg, shared, produced := c.warpgroup(), c.shares() > 1, c.produced()
 	g.MaxNTid = c.threads()
 	if c.cluster() > 1 {
 		g.ClusterX = c.cluster()
@@ -795,19 +846,24 @@ func (g *gcGen) emit() {
 		g.ybOn = g.cmp("ne", ptx.U64, g.yb, ptx.Imm(0))
 		g.yOn = g.cmp("ne", ptx.U64, g.y, ptx.Imm(0))
 	}
-	g.asker = g.thread0
-	if shared {
-		g.asker = g.cmp("eq", ptx.U32, g.tid, ptx.Imm(wgThreads))
+	g.asker, g.wgLead, g.wgBar = g.thread0, g.thread0, ptx.Operand(ptx.Imm(1))
+	if produced {
+		g.asker = g.cmp("eq", ptx.U32, g.tid, ptx.Imm(int64(c.consumers()*wgThreads)))
 		g.frees = g.op3("add.u32", ptx.U32, g.bars, ptx.Imm(int64(8*c.Stages)))
+	}
+	if c.consumers() > 1 {
+		// Each warpgroup frees a slot on its own: named barrier 1 + its index, its thread 0.
+		g.wgLead = g.cmp("eq", ptx.U32, g.op3("rem.u32", ptx.U32, g.tid, ptx.Imm(wgThreads)), ptx.Imm(0))
+		g.wgBar = g.op3("add.u32", ptx.U32, g.op3("div.u32", ptx.U32, g.tid, ptx.Imm(wgThreads)), ptx.Imm(1))
 	}
 	g.when(g.thread0, false, func() {
 		for i := range c.Stages {
 			g.Emit("mbarrier.init.shared::cta.b64", ptx.Addr{Base: g.bars, Offset: int64(8 * i)}, ptx.Imm(1))
 		}
-		if shared {
-			// A slot is free once every CTA sharing its x has read it.
+		if produced {
+			// A slot is free once every CTA sharing its x, or every warpgroup, has read it.
 			for i := range c.Stages {
-				g.Emit("mbarrier.init.shared::cta.b64", ptx.Addr{Base: g.freeAddr(ptx.Imm(int64(i)))}, ptx.Imm(int64(c.Share)))
+				g.Emit("mbarrier.init.shared::cta.b64", ptx.Addr{Base: g.freeAddr(ptx.Imm(int64(i)))}, ptx.Imm(int64(c.shares()*c.consumers())))
 			}
 		}
 		g.Emit("fence.mbarrier_init.release.cluster")
@@ -835,16 +891,19 @@ func (g *gcGen) emit() {
 			g.askX(g.imm32(int64(i)), ptx.Imm(int64(i)))
 		}
 	})
-	if shared {
-		// Warp 4 refills the ring; the warpgroup (warps 0-3) multiplies.
+	if produced {
+		// The warp past the warpgroups refills the ring; the warpgroups multiply.
 		mma := g.NewLabel("mma")
-		g.EmitIf(g.cmp("lt", ptx.U32, g.tid, ptx.Imm(wgThreads)), false, "bra", ptx.Sym(mma))
+		g.EmitIf(g.cmp("lt", ptx.U32, g.tid, ptx.Imm(int64(c.consumers()*wgThreads))), false, "bra", ptx.Sym(mma))
 		g.produce()
 		g.Label(mma)
 	}
-	if wg {
+	switch {
+	case c.Wide > 0:
+		g.wideMainLoop()
+	case wg:
 		g.wgMainLoop()
-	} else {
+	default:
 		g.mainLoop()
 	}
 	// The grid after it may launch once W is read, not before (session 32: at the start it
@@ -907,7 +966,7 @@ func (g *gcGen) askW(stage ptx.Reg, slot ptx.Operand) {
 		kb := g.op3("add.u32", ptx.U32, kc, ptx.Imm(int64(b*gcBoxK)))
 		for i, row := range rows {
 			g.Emit("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes",
-				ptx.Addr{Base: dst, Offset: int64(b*gcCols*2*gcBoxK + i*c.yCols()*2*gcBoxK)}, ptx.TensorAddr{Map: g.wmap, Coords: ptx.Vec{kb, row}}, ptx.Addr{Base: bar})
+				ptx.Addr{Base: dst, Offset: int64(b*c.wRows()*2*gcBoxK + i*c.yCols()*2*gcBoxK)}, ptx.TensorAddr{Map: g.wmap, Coords: ptx.Vec{kb, row}}, ptx.Addr{Base: bar})
 		}
 	}
 }
@@ -1054,7 +1113,7 @@ func (g *gcGen) mainLoop() {
 // refills it with the stage Stages ahead (with a shared x the producer warp does, freeSlot);
 // then the loop advances.
 func (g *gcGen) nextStage(stage, slot, phase ptx.Reg, top string) {
-	if g.c.shares() > 1 {
+	if g.c.produced() {
 		g.freeSlot(stage, slot)
 	} else {
 		g.refill(stage, slot)
@@ -1096,21 +1155,26 @@ func (g *gcGen) advance(stage, slot, phase ptx.Reg, top string) {
 	g.EmitIf(g.cmp("lt", ptx.U32, stage, ptx.Imm(int64(c.ringStages()))), false, "bra", ptx.Sym(top))
 }
 
-// freeSlot ends stage s (slot slot) of a warpgroup sharing x: once its four warps are past
-// the slot (a named barrier without the producer warp), thread 0 tells every CTA of the
-// cluster that this one has read it, where the slot is refilled. The producer warp waits
-// for that. When thread 0, one of the warpgroup's threads, waited and refilled the slot
+// freeSlot ends stage s (slot slot) of a warpgroup whose ring a producer warp refills: once
+// its four warps are past the slot (a named barrier without the producer warp and the other
+// warpgroups), its thread 0 tells every CTA of the cluster sharing x that this one has read
+// it (or, in the wide form, this CTA that this warpgroup has), where the slot is refilled. The
+// producer warp waits for that. When thread 0, one of the warpgroup's threads, waited and refilled the slot
 // itself, every stage waited for the partner: on the H200 the 8B's 128-row step took 8.1-11.0
 // ms against cuBLASLt's 6.0 (session 43, testsuite/gpu/RESULTS.md); with the producer warp,
 // 7.0 (clusters of 4 for o and down, GemmCopyFor) and 5.94 against 5.89 (q/k/v alone).
 func (g *gcGen) freeSlot(stage, slot ptx.Reg) {
 	c := g.c
-	g.Emit("bar.sync", ptx.Imm(1), ptx.Imm(wgThreads))
+	g.Emit("bar.sync", g.wgBar, ptx.Imm(wgThreads))
 	next := g.op3("add.u32", ptx.U32, stage, ptx.Imm(int64(c.Stages)))
 	more := g.cmp("lt", ptx.U32, next, ptx.Imm(int64(c.ringStages())))
-	g.Emit("and.pred", more, more, g.thread0)
+	g.Emit("and.pred", more, more, g.wgLead)
 	g.when(more, false, func() {
 		free := g.freeAddr(slot)
+		if c.shares() == 1 {
+			g.Emit("mbarrier.arrive.shared::cta.b64", g.Reg(ptx.B64), ptx.Addr{Base: free})
+			return
+		}
 		for peer := range c.Share {
 			remote := g.Reg(ptx.U32)
 			g.Emit("mapa.shared::cluster.u32", remote, free, ptx.Imm(int64(peer)))

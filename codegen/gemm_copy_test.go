@@ -2,6 +2,7 @@ package codegen
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/binary"
 	"fmt"
 	"math/rand/v2"
@@ -123,6 +124,11 @@ func TestGemmCopyMatchesReference(t *testing.T) {
 		{GemmCopyConfig{K: 1024, N: 256, Rows: 64, Split: 1, Stages: 2, Tiles: 4, Act: "gelu_tanh_mul"}, []int{64}}, // one CTA of four tiles
 		{GemmCopyConfig{K: 256, N: 384, Rows: 32, Split: 1, Stages: 2, Tiles: 3, Act: "silu_mul"}, []int{32}},       // a stage a tile
 		{GemmCopyConfig{K: 512, N: 256, Rows: 128, Split: 1, Stages: 3, Tiles: 2, Act: "silu_mul"}, []int{70, 128}}, // 128 rows, x not shared
+		// The wide form: a CTA's gate and up rows one wgmma's B, x its A, a warpgroup per 64
+		// rows, a producer warp refilling the ring once every warpgroup has read a slot.
+		{GemmCopyConfig{K: 512, N: 448, Rows: 128, Split: 1, Stages: 3, Act: "silu_mul", Wide: 112}, []int{1, 70, 128}}, // two CTAs, eight stages through three slots
+		{GemmCopyConfig{K: 256, N: 256, Rows: 64, Split: 1, Stages: 2, Act: "gelu_tanh_mul", Wide: 64}, []int{64}},      // one warpgroup, two CTAs
+		{GemmCopyConfig{K: 128, N: 48, Rows: 128, Split: 1, Stages: 2, Act: "silu_mul", Wide: 8}, []int{128}},           // every stage asked for before the wait; three CTAs of 8 columns
 		// The grid after it launched once the last stage is asked for: the same sums.
 		{GemmCopyConfig{K: 2048, N: 64, Rows: 8, Split: 2, Stages: 2, NextAtAsk: true}, []int{3}},
 		{GemmCopyConfig{K: 1024, N: 128, Rows: 32, Split: 1, Stages: 3, NextAtAsk: true}, []int{17}},
@@ -131,7 +137,7 @@ func TestGemmCopyMatchesReference(t *testing.T) {
 	} {
 		for _, rows := range c.rows {
 			cfg := c.GemmCopyConfig
-			t.Run(fmt.Sprintf("k%d_n%d_r%d_split%d_stages%d_share%d_tiles%d_%snext%v_rows%d", cfg.K, cfg.N, cfg.Rows, cfg.Split, cfg.Stages, cfg.Share, cfg.Tiles, cfg.Act, cfg.NextAtAsk, rows), func(t *testing.T) {
+			t.Run(fmt.Sprintf("k%d_n%d_r%d_split%d_stages%d_share%d_tiles%d_wide%d_%snext%v_rows%d", cfg.K, cfg.N, cfg.Rows, cfg.Split, cfg.Stages, cfg.Share, cfg.Tiles, cfg.Wide, cfg.Act, cfg.NextAtAsk, rows), func(t *testing.T) {
 				k := must(t)(GemmCopy("gemm_copy_test", cfg))
 				got, want := runGemmCopy(t, k, cfg, rows, uint64(rows))
 				if e := relL2(got, want); !(e <= 1e-5) {
@@ -260,23 +266,29 @@ func TestGemmCopyFor(t *testing.T) {
 
 // TestGatedCopyFor: the gated kernel takes the warpgroup form, several tiles a CTA where the
 // tiles are more than the SMs (the 8B's gate/up: 448 tiles, 4 each in 112 CTAs; the 1B's: 256,
-// 2 each), one where they are fewer, and refuses an unknown activation or mma.sync rows.
+// 2 each), one where they are fewer; at 64 and 128 rows the wide form, the fewest columns a
+// CTA that fill at most the SMs in one wave (the 8B's 112, the 1B's 64, Gemma-2-2B's 72: 128
+// CTAs each), in four slots, 288 threads at 128 rows (two warpgroups and the producer warp).
+// It refuses an unknown activation, mma.sync rows, and a wide width with no such columns.
 func TestGatedCopyFor(t *testing.T) {
 	for _, c := range []struct {
-		k, n, rows, tiles, grid, stages int
+		k, n, rows, tiles, grid, stages, wide, threads int
 	}{
-		{4096, 28672, 32, 4, 112, 3},
-		{4096, 28672, 64, 4, 112, 3},
-		{4096, 28672, 128, 4, 112, 3},
-		{2048, 16384, 32, 2, 128, 3},
-		{4096, 8192, 32, 0, 128, 3},
+		{4096, 28672, 32, 4, 112, 3, 0, 128},
+		{4096, 28672, 64, 0, 128, 4, 112, 160},
+		{4096, 28672, 128, 0, 128, 4, 112, 288},
+		{2048, 16384, 32, 2, 128, 3, 0, 128},
+		{2048, 16384, 128, 0, 128, 4, 64, 288},
+		{2304, 18432, 128, 0, 128, 4, 72, 288},
+		{4096, 8192, 32, 0, 128, 3, 0, 128},
 	} {
 		got, err := GatedCopyFor(c.k, c.n, c.rows, 0, "silu_mul")
 		if err != nil {
 			t.Fatalf("%d x %d at %d rows: %v", c.k, c.n, c.rows, err)
 		}
-		if a := got.Attrs(); got.Tiles != c.tiles || a.Grid != c.grid || got.Stages != c.stages || a.Act != "silu_mul" || a.Box != [2]int{gcBoxK, gcCols / 2} {
-			t.Errorf("%d x %d at %d rows: %+v, grid %d; want %d tiles a CTA, grid %d, %d slots", c.k, c.n, c.rows, got, a.Grid, c.tiles, c.grid, c.stages)
+		box := [2]int{gcBoxK, cmp.Or(c.wide, gcCols/2)}
+		if a := got.Attrs(); got.Tiles != c.tiles || a.Grid != c.grid || got.Stages != c.stages || got.Wide != c.wide || a.Block != c.threads || a.Act != "silu_mul" || a.Box != box {
+			t.Errorf("%d x %d at %d rows: %+v, grid %d, block %d; want %d tiles a CTA, grid %d, %d slots, wide %d, block %d", c.k, c.n, c.rows, got, a.Grid, a.Block, c.tiles, c.grid, c.stages, c.wide, c.threads)
 		}
 		if _, err := GemmCopy("gated", got); err != nil {
 			t.Errorf("%d x %d at %d rows: %v", c.k, c.n, c.rows, err)
@@ -293,6 +305,11 @@ func TestGatedCopyFor(t *testing.T) {
 		if _, err := GatedCopyFor(4096, 28672, c.rows, 0, c.act); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%d rows, %s: %v, want %q", c.rows, c.act, err, c.want)
 		}
+	}
+	// 17312 = 32 x 541: its multiples of 8 up to 128 that divide it (8, 16, 32) make more tiles
+	// than SMs.
+	if _, err := GatedCopyFor(4096, 2*17312, 128, 0, "silu_mul"); err == nil || !strings.Contains(err.Error(), "wide form: N=34624") {
+		t.Errorf("4096 x 34624 at 128 rows: %v, want the wide form's refusal", err)
 	}
 }
 

@@ -24,7 +24,7 @@ import (
 // with --gated-copy-rows 0, neither does. By default (--rope-copy-rows 32) the 8B also carries
 // one for q/k/v with its rope_kv at 32 rows; with --rope-copy-rows 0, none. Those bounds are on
 // the kernels' rows: a build of 128-row kernels alone carries gated ones only with
-// --gated-copy-rows 128.
+// --gated-copy-rows 128, in the wide form (a CTA's 112 columns of gate and of up).
 func TestCopyGemmKernels(t *testing.T) {
 	type kernel struct {
 		k, n, rows int
@@ -70,8 +70,14 @@ func TestCopyGemmKernels(t *testing.T) {
 			for _, k := range ks {
 				got = append(got, kernel{kn.K, kn.N, k.Attrs.Rows, kn.Act})
 				// A cluster splits K (its CTAs on the same columns) or, in the 128-row layout,
-				// shares x (each CTA on its own columns).
-				if cols := k.Attrs.Grid * max(k.Attrs.Tiles, 1) * 64; cols != kn.N*k.Attrs.Cluster && (cols != kn.N || k.Attrs.Rows != 128) {
+				// shares x (each CTA on its own columns). A CTA's W rows are its boxes' rows, two
+				// boxes (gate's and up's, or a head's two halves) with an epilogue: 64, or in the
+				// gated kernel's wide form (64 and 128 rows) 224.
+				wRows := k.Attrs.Box[1]
+				if kn.Act != "" {
+					wRows *= 2
+				}
+				if cols := k.Attrs.Grid * max(k.Attrs.Tiles, 1) * wRows; cols != kn.N*k.Attrs.Cluster && (cols != kn.N || k.Attrs.Rows != 128) {
 					t.Errorf("%s: %s: attributes %+v", c.model, k.Kernel, k.Attrs)
 				}
 			}

@@ -572,6 +572,18 @@ func TestCUDAGatedCopyMatchesCPU(t *testing.T) {
 			}
 		})
 	}
+	// The wide form (--gated-copy-rows 128; 64 rows take it too, above): at 128 rows two
+	// warpgroups multiply a CTA's 112 columns of gate and of up by every row, and the kernel
+	// serves the bucket's gate/up and SiLU of both layers.
+	t.Run("r128", func(t *testing.T) {
+		var kernels []string
+		cut := specCut(t, "llama-3.1-8b", "serving: {decode_buckets: [128], prefill_chunks: [64], max_seq_len: 256, max_seqs: 128, kv_block_size: 16}\n")
+		b := testsuite.CompileWith(t, compile.Options{GatedCopyRows: 128}, cut)
+		agreementRows(t, copyGemmBackend(&served, &kernels), "llama-3.1-8b-2layers-gated-copy-r128", b, sixTokenPrompts(100), 2)
+		if wide := "gemm_copy_k4096_n28672_r128_silu_mul"; !slices.Contains(kernels, wide) {
+			t.Errorf("copy-engine kernels served: %v, want %s among them", kernels, wide)
+		}
+	})
 	// An app's op at mlp.act runs in an MI kernel of its own in such buckets, so that every
 	// graph serves both layers' gate/up and SiLU as one launch: the requests without the app
 	// get the bare bundle's tokens and logprobs bit for bit, the ones with it others. The op
