@@ -384,6 +384,11 @@ type BuildInfo struct {
 	// has asked for its last stage of W, not once it has read every stage (xmixc build
 	// --copy-gemm-next asked; false: read, as in bundles built before the setting).
 	CopyGemmNextAtAsk bool `json:"copy_gemm_next_at_ask,omitempty"`
+	// CopyGemmWide: the plain copy-engine kernels of the row counts whose layout has a wide
+	// form (64 and 128) take it: a CTA's columns of W as wgmma's B over every row of x, K split
+	// over a cluster (xmixc build --copy-gemm-wide; false: 64 columns a CTA, as in bundles
+	// built before the setting).
+	CopyGemmWide bool `json:"copy_gemm_wide,omitempty"`
 }
 
 // InputDigest is the hash of one input file of the build.

@@ -80,6 +80,9 @@ type gen struct {
 	// copyNextAtAsk: GemmCopyConfig.NextAtAsk of every copy-engine kernel
 	// (BuildInfo.CopyGemmNextAtAsk).
 	copyNextAtAsk bool
+	// copyWide: the plain copy-engine kernels of rows whose layout has a wide form take it
+	// (BuildInfo.CopyGemmWide).
+	copyWide bool
 	// copyRows are the row counts given copy-engine kernels, fewest first (CopyGemmRows).
 	copyRows []int
 	// gatedCopyRows: decode buckets of at most this many rows get a copy-engine kernel for
@@ -164,7 +167,7 @@ func Generate(p *passes.Program, opt Options) (*bundle.Bundle, error) {
 	if err := CheckCopyGemmSlots(bi.CopyGemmSlots); err != nil {
 		return nil, err
 	}
-	g.copySlots, g.copyNextAtAsk = bi.CopyGemmSlots, bi.CopyGemmNextAtAsk
+	g.copySlots, g.copyNextAtAsk, g.copyWide = bi.CopyGemmSlots, bi.CopyGemmNextAtAsk, bi.CopyGemmWide
 	if err := CheckCopyGemmRows(bi.CopyGemmRows); err != nil {
 		return nil, err
 	}

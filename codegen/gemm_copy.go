@@ -88,9 +88,9 @@ type gcLayout struct {
 	Rows, Groups int
 	Warpgroup    bool
 	StageK       int
-	// GatedWide (warpgroup form): a gated kernel of these rows takes the wide form
-	// (gemm_wide.go) rather than 64 W rows a CTA.
-	GatedWide bool
+	// Wide (warpgroup form): the rows may take the wide form (gemm_wide.go) rather than 64 W
+	// rows a CTA: a gated kernel always, a plain one where a build asks (--copy-gemm-wide).
+	Wide bool
 	// Share (warpgroup form): column tiles of a cluster that share each stage's x, each
 	// asking for its part of x's boxes with multicast to all of them (0 or 1: none), where K
 	// is not split. At 128 rows a CTA's x is twice its W's bytes, and every column tile
@@ -106,7 +106,7 @@ type gcLayout struct {
 // worth of operands.
 var gcLayouts = []gcLayout{
 	{Rows: 8, Groups: 4}, {Rows: 16, Groups: 2},
-	{Rows: 32, Warpgroup: true, StageK: 256}, {Rows: 64, Warpgroup: true, StageK: 256, GatedWide: true}, {Rows: 128, Warpgroup: true, StageK: 128, Share: 2, GatedWide: true},
+	{Rows: 32, Warpgroup: true, StageK: 256}, {Rows: 64, Warpgroup: true, StageK: 256, Wide: true}, {Rows: 128, Warpgroup: true, StageK: 128, Share: 2, Wide: true},
 }
 
 // gcDefaultRows are the layouts' row counts a bundle carries kernels for unless a build asks
@@ -122,7 +122,7 @@ func init() {
 	for _, l := range gcLayouts {
 		if l.Warpgroup {
 			if l.Groups != 0 || l.Rows%8 != 0 || l.Rows > wgMaxN || l.StageK%gcBoxK != 0 || l.StageK < gcBoxK || l.StageK/gcBoxK%max(l.Share, 1) != 0 ||
-				l.GatedWide && (l.Rows%wgRows != 0 || l.Rows/wgRows > wgMaxConsumers) {
+				l.Wide && (l.Rows%wgRows != 0 || l.Rows/wgRows > wgMaxConsumers) {
 				panic(fmt.Sprintf("codegen: warpgroup GEMM layout %+v: rows a multiple of 8 up to %d, a stage of whole %d-element boxes, as many for each CTA sharing x; the wide form's rows a multiple of %d, at most %d warpgroups' worth", l, wgMaxN, gcBoxK, wgRows, wgMaxConsumers))
 			}
 			continue
@@ -180,9 +180,10 @@ type GemmCopyConfig struct {
 	// head's first half and the same 32 of its second, so that both of a rotation's elements
 	// meet in one CTA.
 	Rope *RopeConfig
-	// Wide (with Act; gemm_wide.go): the kernel's wide form, each CTA's output columns (a
-	// multiple of 8, at most wgMaxN/2): its W rows are that many of gate's and the same of
-	// up's, one wgmma's B, multiplied by every row of x, 64 rows a warpgroup.
+	// Wide (gemm_wide.go): the kernel's wide form, each CTA's output columns, one wgmma's B
+	// multiplied by every row of x, 64 rows a warpgroup. With Act its W rows are that many of
+	// gate's and the same of up's (Wide a multiple of 8, at most wgMaxN/2); without, that many
+	// of W's (a multiple of 8*Split, at most wgMaxN), K split over the Split CTAs of a cluster.
 	Wide int
 }
 
@@ -227,13 +228,16 @@ func (c GemmCopyConfig) yCols() int {
 	if c.paired() {
 		return c.wRows() / 2
 	}
-	return gcCols
+	return c.wRows()
 }
 
-// wRows is a CTA's W rows: gcCols, or in the wide form its gate and up rows.
+// wRows is a CTA's W rows: gcCols, or in the wide form Wide (with Act, of gate's and of up's).
 func (c GemmCopyConfig) wRows() int {
-	if c.Wide > 0 {
+	switch {
+	case c.Wide > 0 && c.Act != "":
 		return 2 * c.Wide
+	case c.Wide > 0:
+		return c.Wide
 	}
 	return gcCols
 }
@@ -251,12 +255,7 @@ func (c GemmCopyConfig) consumers() int {
 func (c GemmCopyConfig) produced() bool { return c.shares() > 1 || c.Wide > 0 }
 
 // ctas is the grid: a CTA per column tile (Tiles of them) and K part.
-func (c GemmCopyConfig) ctas() int {
-	if c.Wide > 0 {
-		return c.N / 2 / c.Wide
-	}
-	return c.N / gcCols * c.Split / c.tiles()
-}
+func (c GemmCopyConfig) ctas() int { return c.N / c.wRows() * c.Split / c.tiles() }
 
 // paired says whether a CTA's W rows are two halves (of 32, or Wide: Act, gate's and up's;
 // Rope, a head's first half's and its second's) whose sums meet in the epilogue.
@@ -292,8 +291,11 @@ func (c GemmCopyConfig) xBytes() int {
 }
 
 // partBytes is one K part's sums (mma.sync form) or one rank's (warpgroup form: every
-// thread's accumulators).
+// thread's accumulators; in the wide form those of one rank's column slice, wideStore).
 func (c GemmCopyConfig) partBytes() int {
+	if c.Wide > 0 {
+		return c.consumers() * wgThreads * c.wRows() / 2 / c.Split * 4
+	}
 	if c.warpgroup() {
 		return c.threads() * c.Rows / 2 * 4
 	}
@@ -382,7 +384,7 @@ func GatedCopyFor(k, n, rows, slots int, act string) (GemmCopyConfig, error) {
 	if !c.warpgroup() {
 		return GemmCopyConfig{}, fmt.Errorf("copy-engine GEMM with an activation: %d rows, want rows of the warpgroup form", rows)
 	}
-	if c.layout().GatedWide {
+	if c.layout().Wide {
 		return wideGatedFor(k, n, rows, slots, act)
 	}
 	// The epilogue pairs a tile's gate and up columns in the CTA: x is never shared over a
@@ -481,20 +483,20 @@ func CopyGemmLayoutRows() []int {
 // Attrs are the kernel's reference attributes and launch. In the warpgroup form x is the
 // library cast's bf16, in boxes of gcBoxK under the swizzle, as W.
 func (c GemmCopyConfig) Attrs() bundle.GemmCopyAttrs {
-	a := bundle.GemmCopyAttrs{K: c.K, N: c.N, Rows: c.Rows, Box: [2]int{gcBoxK, gcCols}, Swizzle: gcSwizzle, XBox: [2]int{gcStage, c.Rows},
+	a := bundle.GemmCopyAttrs{K: c.K, N: c.N, Rows: c.Rows, Box: [2]int{gcBoxK, c.yCols()}, Swizzle: gcSwizzle, XBox: [2]int{gcStage, c.Rows},
 		Grid: c.ctas(), Cluster: c.cluster(), Block: c.threads(), Shared: c.shared()}
 	if c.warpgroup() {
 		a.XBox, a.XBF16, a.XSwizzle = [2]int{gcBoxK, c.Rows}, true, gcSwizzle
 	}
 	if c.Act != "" {
-		a.Box[1], a.Act, a.YBF16 = c.yCols(), c.Act, true
+		a.Act, a.YBF16 = c.Act, true
 	}
 	if c.Tiles > 1 {
 		a.Tiles = c.Tiles
 	}
 	if c.Rope != nil {
 		kv, _ := kvAttrs(*c.Rope) // checked by RopeCopyFor and GemmCopy
-		a.Box[1], a.RopeKV = c.yCols(), &bundle.KVShape{Heads: kv.Heads, KVHeads: kv.KVHeads, HeadDim: kv.HeadDim,
+		a.RopeKV = &bundle.KVShape{Heads: kv.Heads, KVHeads: kv.KVHeads, HeadDim: kv.HeadDim,
 			BlockSize: kv.BlockSize, MaxBlocksPerSeq: kv.MaxBlocksPerSeq, KVDtype: kv.KVDtype}
 	}
 	return a
@@ -574,11 +576,10 @@ func (g *gen) copyGemms(templates []bundle.Template) error {
 				continue
 			}
 			seen[key] = true
-			c, err := GemmCopyFor(m.K, m.N, key[2], g.copySlots)
+			c, err := g.plainCopyFor(m.K, m.N, key[2])
 			if err != nil {
 				return fmt.Errorf("template %s: node %s: %w", t.Name, n.Label, err)
 			}
-			c.NextAtAsk = g.copyNextAtAsk
 			name := fmt.Sprintf("gemm_copy_k%d_n%d_r%d", m.K, m.N, c.Rows)
 			if _, err := g.kernel(name, func() (*Kernel, error) { return GemmCopy(name, c) }); err != nil {
 				return err
@@ -589,6 +590,18 @@ func (g *gen) copyGemms(templates []bundle.Template) error {
 		return err
 	}
 	return g.gatedCopyGemms(templates)
+}
+
+// plainCopyFor is the build's plain copy-engine GEMM of K x N for rows rows: the wide form
+// where the build asks for it and the rows have one (WideCopyFor), else GemmCopyFor's; with
+// the build's ring slots and next-grid launch.
+func (g *gen) plainCopyFor(k, n, rows int) (GemmCopyConfig, error) {
+	if g.copyWide && gcLayoutOf(rows).Wide {
+		return WideCopyFor(k, n, rows, g.copySlots)
+	}
+	c, err := GemmCopyFor(k, n, rows, g.copySlots)
+	c.NextAtAsk = g.copyNextAtAsk
+	return c, err
 }
 
 // MaxRopeCopyRows bounds BuildInfo.RopeCopyRows: the most rows of a warpgroup layout.
@@ -678,7 +691,7 @@ func (g *gen) epilogueCopyGemms(templates []bundle.Template, maxRows int, pairAt
 				if err != nil {
 					continue // a shape the kernel cannot take (K not of whole stages): the two nodes run one by one
 				}
-				c.NextAtAsk = g.copyNextAtAsk
+				c.NextAtAsk = g.copyNextAtAsk && c.Wide == 0 // the wide form's producer lets the next grid launch as it exits
 				name := fmt.Sprintf("gemm_copy_k%d_n%d_r%d%s", p.gemm.K, p.gemm.N, c.Rows, p.name)
 				if _, err := g.kernel(name, func() (*Kernel, error) { return GemmCopy(name, c) }); err != nil {
 					return err
@@ -743,7 +756,7 @@ func (g *gen) gatedCopyGemms(templates []bundle.Template) error {
 // most c.Rows), and with Act y_bf16 (u64, bundle.GemmYBF16). Launch it with c.Launch().
 func GemmCopy(name string, c GemmCopyConfig) (*Kernel, error) {
 	wg := c.warpgroup()
-	if c.layout().Rows == 0 || c.Split < 1 || c.Split > wgMaxSplit || c.K%(c.Split*c.stageK()) != 0 || c.Wide == 0 && c.N%gcCols != 0 || c.Stages < 1 ||
+	if c.layout().Rows == 0 || c.Split < 1 || c.Split > wgMaxSplit || c.K%(c.Split*c.stageK()) != 0 || c.N%c.wRows() != 0 || c.Stages < 1 ||
 		c.Stages > c.ringStages() || c.Stages > gcBars/8 || c.shared() > bundle.MaxDynamicShared ||
 		!wg && c.Stages*c.slotBytes() < c.parts()*c.partBytes() ||
 		c.Share > 1 && (!wg || c.Split > 1 || c.N/gcCols%c.Share != 0 || c.stageK()/gcBoxK%c.Share != 0 || 2*c.Stages > gcBars/8 || c.cluster() > gcMaxCluster) ||
@@ -909,9 +922,14 @@ func (g *gcGen) emit() {
 	// The grid after it may launch once W is read, not before (session 32: at the start it
 	// made the mixed 8-row step 2.5-2.9% longer).
 	g.Emit(bundle.PriorGridLaunch)
-	if wg {
+	switch {
+	case c.Wide > 0 && c.Act != "":
+		g.wideStoreGated(g.acc[0])
+	case c.Wide > 0:
+		g.wideStore(g.acc[0])
+	case wg:
 		g.wgReduce()
-	} else {
+	default:
 		g.reduce()
 	}
 }

@@ -129,6 +129,10 @@ func TestGemmCopyMatchesReference(t *testing.T) {
 		{GemmCopyConfig{K: 512, N: 448, Rows: 128, Split: 1, Stages: 3, Act: "silu_mul", Wide: 112}, []int{1, 70, 128}}, // two CTAs, eight stages through three slots
 		{GemmCopyConfig{K: 256, N: 256, Rows: 64, Split: 1, Stages: 2, Act: "gelu_tanh_mul", Wide: 64}, []int{64}},      // one warpgroup, two CTAs
 		{GemmCopyConfig{K: 128, N: 48, Rows: 128, Split: 1, Stages: 2, Act: "silu_mul", Wide: 8}, []int{128}},           // every stage asked for before the wait; three CTAs of 8 columns
+		// The plain wide form: K over a cluster, each rank adding one column slice's sums.
+		{GemmCopyConfig{K: 512, N: 256, Rows: 128, Split: 4, Stages: 2, Wide: 128}, []int{1, 70, 128}}, // two clusters of four, two stages a rank
+		{GemmCopyConfig{K: 768, N: 192, Rows: 64, Split: 2, Stages: 3, Wide: 96}, []int{64}},           // six stages a rank through three slots
+		{GemmCopyConfig{K: 256, N: 64, Rows: 128, Split: 1, Stages: 4, Wide: 32}, []int{100}},          // no split: every stage asked for before the wait
 		// The grid after it launched once the last stage is asked for: the same sums.
 		{GemmCopyConfig{K: 2048, N: 64, Rows: 8, Split: 2, Stages: 2, NextAtAsk: true}, []int{3}},
 		{GemmCopyConfig{K: 1024, N: 128, Rows: 32, Split: 1, Stages: 3, NextAtAsk: true}, []int{17}},
@@ -310,6 +314,47 @@ func TestGatedCopyFor(t *testing.T) {
 	// than SMs.
 	if _, err := GatedCopyFor(4096, 2*17312, 128, 0, "silu_mul"); err == nil || !strings.Contains(err.Error(), "wide form: N=34624") {
 		t.Errorf("4096 x 34624 at 128 rows: %v, want the wide form's refusal", err)
+	}
+}
+
+// TestWideCopyFor: the plain wide form takes the columns and K split that make the most CTAs
+// of one wave, and of those the fewest bytes of x and of the ranks' sums (wideSplit): the
+// 8B's o and down 128 columns over clusters of 4, its q/k/v 192; the 1B's 64 and 96. It
+// refuses rows with no wide layout, a width no columns fit, and K not of whole boxes.
+func TestWideCopyFor(t *testing.T) {
+	for _, c := range []struct {
+		k, n, rows, wide, split, grid, threads int
+	}{
+		{4096, 4096, 128, 128, 4, 128, 288},
+		{4096, 6144, 128, 192, 4, 128, 288},
+		{14336, 4096, 128, 128, 4, 128, 288},
+		{4096, 4096, 64, 128, 4, 128, 160},
+		{2048, 2048, 128, 64, 4, 128, 288},
+		{2048, 3072, 128, 96, 4, 128, 288},
+		{8192, 2048, 128, 64, 4, 128, 288},
+	} {
+		got, err := WideCopyFor(c.k, c.n, c.rows, 0)
+		if err != nil {
+			t.Fatalf("%d x %d at %d rows: %v", c.k, c.n, c.rows, err)
+		}
+		if a := got.Attrs(); got.Wide != c.wide || got.Split != c.split || a.Grid != c.grid || a.Cluster != c.split || a.Block != c.threads || got.Stages != wgWideSlots || a.Box != [2]int{gcBoxK, c.wide} {
+			t.Errorf("%d x %d at %d rows: %+v, attributes %+v; want %d columns over %d ranks, grid %d, %d threads, %d slots", c.k, c.n, c.rows, got, a, c.wide, c.split, c.grid, c.threads, wgWideSlots)
+		}
+		if _, err := GemmCopy("wide", got); err != nil {
+			t.Errorf("%d x %d at %d rows: %v", c.k, c.n, c.rows, err)
+		}
+	}
+	for _, c := range []struct {
+		k, n, rows int
+		want       string
+	}{
+		{4096, 4096, 32, "32 rows, want one of the layouts' with it"},
+		{4096, 2104, 128, "N=2104: want N with a divisor"}, // 8 x 263: only 8 columns divide it, in 263 CTAs
+		{4000, 4096, 128, "K=4000 must be a positive multiple of"},
+	} {
+		if _, err := WideCopyFor(c.k, c.n, c.rows, 0); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%d x %d at %d rows: %v, want %q", c.k, c.n, c.rows, err, c.want)
+		}
 	}
 }
 

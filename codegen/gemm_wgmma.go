@@ -141,8 +141,6 @@ func (g *gcGen) wgReduce() {
 		}
 	}
 	switch {
-	case c.Wide > 0:
-		g.wideStoreGated(acc)
 	case c.tiles() > 1: // each tile's activation is stored in the main loop
 	case c.Act != "":
 		g.wgStoreGated(acc, g.col0)

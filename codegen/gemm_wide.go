@@ -38,8 +38,33 @@ func wideGatedFor(k, n, rows, slots int, act string) (GemmCopyConfig, error) {
 	if n%2 != 0 || c.Wide == 0 {
 		return GemmCopyConfig{}, fmt.Errorf("copy-engine GEMM with an activation, wide form: N=%d: want twice a width with a divisor that is a multiple of 8, at most %d, in at most %d tiles", n, wgMaxN/2, gcSMs)
 	}
+	return c.wideRing(slots)
+}
+
+// WideCopyFor is the plain copy-engine GEMM of K x N in the wide form for rows rows (a
+// layout's with Wide; xmixc build --copy-gemm-wide): the CTA's columns and the K split
+// (wideSplit) that make the most CTAs of one wave, a ring of as many slots as asked (slots >
+// 0), else wgWideSlots, and never more than fit; or an error saying why there is none.
+func WideCopyFor(k, n, rows, slots int) (GemmCopyConfig, error) {
+	if l := gcLayoutOf(rows); l == nil || !l.Wide {
+		return GemmCopyConfig{}, fmt.Errorf("copy-engine GEMM, wide form: %d rows, want one of the layouts' with it", rows)
+	}
 	if k <= 0 || k%gcBoxK != 0 {
-		return GemmCopyConfig{}, fmt.Errorf("copy-engine GEMM with an activation, wide form: K=%d must be a positive multiple of %d", k, gcBoxK)
+		return GemmCopyConfig{}, fmt.Errorf("copy-engine GEMM, wide form: K=%d must be a positive multiple of %d", k, gcBoxK)
+	}
+	c := GemmCopyConfig{K: k, N: n, Rows: rows}
+	c.Wide, c.Split = wideSplit(k, n, rows)
+	if c.Wide == 0 {
+		return GemmCopyConfig{}, fmt.Errorf("copy-engine GEMM, wide form: N=%d: want N with a divisor that is a multiple of 8 up to %d in at most %d tiles", n, wgMaxN, gcSMs)
+	}
+	return c.wideRing(slots)
+}
+
+// wideRing gives the wide configuration c its ring (slots as asked, else wgWideSlots, at most
+// those that fit) and checks it.
+func (c GemmCopyConfig) wideRing(slots int) (GemmCopyConfig, error) {
+	if c.K <= 0 || c.K%(c.Split*gcBoxK) != 0 {
+		return GemmCopyConfig{}, fmt.Errorf("copy-engine GEMM, wide form: K=%d must be a positive multiple of %d", c.K, c.Split*gcBoxK)
 	}
 	c.Stages = min(c.kStages(), cmp.Or(max(slots, 0), wgWideSlots), c.fitSlots(), gcBars/16)
 	if err := wideErr(c); err != nil {
@@ -48,8 +73,8 @@ func wideGatedFor(k, n, rows, slots int, act string) (GemmCopyConfig, error) {
 	return c, nil
 }
 
-// wideCols is the wide form's output columns a CTA for an activation width of width: the
-// fewest, a multiple of 8 (wgmma's N steps, and up's register pairs gate's) and at most
+// wideCols is the wide gated form's output columns a CTA for an activation width of width:
+// the fewest, a multiple of 8 (wgmma's N steps, and up's register pairs gate's) and at most
 // wgMaxN/2, that divide it into no more tiles than gcSMs; 0 if none does. Llama-3.1-8B's
 // 14336: 112 (128 CTAs); Llama-3.2-1B's 8192: 64.
 func wideCols(width int) int {
@@ -61,21 +86,48 @@ func wideCols(width int) int {
 	return 0
 }
 
+// wideSplit is the plain wide form's columns a CTA and K split for a K x N GEMM of rows rows:
+// of the columns (a multiple of 8 per rank, at most wgMaxN, dividing N) and splits (1, 2 or
+// 4, dividing K into whole boxes) that fill no more than the SMs, those with the most CTAs,
+// and of them the fewest bytes read from L2 besides W: every column tile's x (rows x K
+// bf16) and every rank's sums sent to the others (rows x N f32 a rank but one). Llama-3.1-8B
+// at 128 rows: o and down 128 columns over 4 ranks, q/k/v 192 over 4 (128 CTAs each).
+// (0, 0) if none fits.
+func wideSplit(k, n, rows int) (cols, split int) {
+	best, bestBytes := 0, 0
+	for s := 1; s <= wgMaxSplit; s *= 2 {
+		for w := 8 * s; w <= wgMaxN; w += 8 * s {
+			ctas := n / w * s
+			if n%w != 0 || k%(s*gcBoxK) != 0 || ctas > gcSMs {
+				continue
+			}
+			bytes := n/w*rows*k*2 + (s-1)*rows*n*4
+			if ctas > best || ctas == best && bytes < bestBytes {
+				best, bestBytes, cols, split = ctas, bytes, w, s
+			}
+		}
+	}
+	return cols, split
+}
+
 // wideErr says why c is no wide-form configuration.
 func wideErr(c GemmCopyConfig) error {
-	if !c.warpgroup() || c.Act == "" || c.Split != 1 || c.Share > 1 || c.Tiles > 1 || c.Rope != nil || c.NextAtAsk ||
-		c.Wide%8 != 0 || c.Wide <= 0 || 2*c.Wide > wgMaxN || c.N%(2*c.Wide) != 0 || c.Rows%wgRows != 0 || c.consumers() > wgMaxConsumers ||
+	gated := c.Act != ""
+	if !c.warpgroup() || !c.layout().Wide || c.Share > 1 || c.Tiles > 1 || c.Rope != nil || c.NextAtAsk || c.Wide <= 0 ||
+		gated && (c.Split != 1 || c.Wide%8 != 0 || 2*c.Wide > wgMaxN) ||
+		!gated && (c.Split < 1 || c.Split > wgMaxSplit || c.Wide%(8*c.Split) != 0 || c.Wide > wgMaxN) ||
+		c.N%c.wRows() != 0 || c.Rows%wgRows != 0 || c.consumers() > wgMaxConsumers ||
 		c.Stages < 1 || 2*c.Stages > gcBars/8 || c.shared() > bundle.MaxDynamicShared {
-		return fmt.Errorf("copy-engine GEMM with an activation, wide form: bad configuration %+v", c)
+		return fmt.Errorf("copy-engine GEMM, wide form: bad configuration %+v", c)
 	}
 	return nil
 }
 
 // wideMainLoop multiplies the CTA's stages in order, slot by slot: warpgroup h its rows
-// 64h.. of x by the slot's 2*Wide W rows, then frees the slot for the producer.
+// 64h.. of x by the slot's W rows, then frees the slot for the producer.
 func (g *gcGen) wideMainLoop() {
 	c := g.c
-	acc := g.Regs(ptx.F32, c.Wide)
+	acc := g.Regs(ptx.F32, c.wRows()/2)
 	for _, a := range acc {
 		g.Emit("mov.f32", a, ptx.F32Imm(0))
 	}
@@ -109,27 +161,106 @@ func (g *gcGen) wideMainLoop() {
 }
 
 // wideStoreGated stores act(gate) * up of the thread's registers into y, [rows, N/2] (where y
-// is not 0), and bf16 of it into y_bf16 (where that is not 0), as wgStore does: register i <
-// Wide/2 (gate) with i + Wide/2 (up), at x row 64h + 16w + g + 8*(i/2 % 2) and column col0 +
-// 8*(i/4) + 2t + i%2, two neighbouring columns a store.
+// is not 0), and bf16 of it into y_bf16 (where that is not 0): register i < Wide/2 (gate)
+// with i + Wide/2 (up).
 func (g *gcGen) wideStoreGated(acc []ptx.Reg) {
 	c := g.c
+	act := actOfOp(c.Act)
+	half := c.Wide / 2
+	g.wideStores(c.N/2, half, func(i int) ptx.Reg { return gateAct(g.emitter, act, acc[i], acc[i+half]) }, true)
+}
+
+// wideStore stores the plain wide form's sums into y, [rows, N]. With K split, rank r owns
+// column slice r of the CTA's (registers [r*per, (r+1)*per) of every thread): each rank
+// sends every other slice to its owner's ring (every rank's loop has ended, so the rings are
+// free: part j of partBytes, j the sender's rank less one past the owner's), and the owner
+// adds the ranks' sums in rank order, so every run gives the same bits, and stores them.
+func (g *gcGen) wideStore(acc []ptx.Reg) {
+	c := g.c
+	if c.Split == 1 {
+		g.wideStores(c.N, len(acc), func(i int) ptx.Reg { return acc[i] }, false)
+		return
+	}
+	per := len(acc) / c.Split
+	part := func(sender, owner int) int { // senders past the owner one down
+		if sender > owner {
+			return sender - 1
+		}
+		return sender
+	}
+	g.Emit("barrier.cluster.arrive.release")
+	g.Emit("barrier.cluster.wait.acquire")
+	mine := g.Reg(ptx.U32)
+	g.Emit("mad.lo.u32", mine, g.tid, ptx.Imm(int64(per*4)), g.slot0)
+	for owner := range c.Split {
+		g.when(g.cmp("ne", ptx.U32, g.rank, ptx.Imm(int64(owner))), false, func() {
+			// This rank's part at the owner: its rank, less one past the owner.
+			at := g.op3("sub.u32", ptx.U32, g.rank, ptx.Imm(1))
+			g.EmitIf(g.cmp("gt", ptx.U32, g.rank, ptx.Imm(int64(owner))), true, "mov.u32", at, g.rank)
+			g.Emit("mad.lo.u32", at, at, ptx.Imm(int64(c.partBytes())), mine)
+			remote := g.Reg(ptx.U32)
+			g.Emit("mapa.shared::cluster.u32", remote, at, ptx.Imm(int64(owner)))
+			for q := range per / 4 {
+				g.Emit("st.shared::cluster.v4.f32", ptx.Addr{Base: remote, Offset: int64(16 * q)}, ptx.Vec(acc[owner*per+4*q:owner*per+4*q+4]))
+			}
+		})
+	}
+	g.Emit("barrier.cluster.arrive.release")
+	g.Emit("barrier.cluster.wait.acquire")
+	sum := g.Regs(ptx.F32, per)
+	in := g.Regs(ptx.F32, 4)
+	for owner := range c.Split {
+		g.when(g.cmp("eq", ptx.U32, g.rank, ptx.Imm(int64(owner))), false, func() {
+			for sender := range c.Split {
+				for q := range per / 4 {
+					src := acc[owner*per+4*q : owner*per+4*q+4]
+					if sender != owner {
+						g.Emit("ld.shared.v4.f32", ptx.Vec(in), ptx.Addr{Base: mine, Offset: int64(part(sender, owner)*c.partBytes() + 16*q)})
+						src = in
+					}
+					for i, v := range src {
+						if sender == 0 {
+							g.Emit("mov.f32", sum[4*q+i], v)
+						} else {
+							g.Emit("add.f32", sum[4*q+i], sum[4*q+i], v)
+						}
+					}
+				}
+			}
+			g.wideStoresFrom(c.N, owner*per, per, func(i int) ptx.Reg { return sum[i-owner*per] }, false)
+		})
+	}
+}
+
+// wideStores is wideStoresFrom over registers [0, n).
+func (g *gcGen) wideStores(width, n int, value func(i int) ptx.Reg, act bool) {
+	g.wideStoresFrom(width, 0, n, value, act)
+}
+
+// wideStoresFrom stores value(i) for the thread's registers i in [first, first+n) into y,
+// [rows, width], two neighbouring columns a store: register i at x row 64h + 16w + g +
+// 8*(i/2 % 2) of warp w of warpgroup h, column col0 + 8*(i/4) + 2t + i%2 (lane (g, t)). With
+// act (a gated kernel's activation) y only where it is not 0, and bf16 of the values into
+// y_bf16 where that is not 0.
+func (g *gcGen) wideStoresFrom(width, first, n int, value func(i int) ptx.Reg, act bool) {
 	row0 := g.op3("shr.u32", ptx.U32, g.tid, ptx.Imm(5)) // warpgroup h and warp w: 4h + w
 	g.Emit("mad.lo.u32", row0, row0, ptx.Imm(16), g.gg)
 	col := g.op3("shl.b32", ptx.U32, g.t, ptx.Imm(1))
 	g.Emit("add.u32", col, col, g.col0)
-	act := actOfOp(c.Act)
-	half := c.Wide / 2
-	for i := 0; i < half; i += 2 {
+	for i := first; i < first+n; i += 2 {
 		row := g.op3("add.u32", ptx.U32, row0, ptx.Imm(int64(8*(i/2%2))))
 		idx := g.Reg(ptx.U32)
-		g.Emit("mad.lo.u32", idx, row, ptx.Imm(int64(c.N/2)), col)
+		g.Emit("mad.lo.u32", idx, row, ptx.Imm(int64(width)), col)
 		g.Emit("add.u32", idx, idx, ptx.Imm(int64(8*(i/4))))
-		v := []ptx.Reg{gateAct(g.emitter, act, acc[i], acc[i+half]), gateAct(g.emitter, act, acc[i+1], acc[i+1+half])}
+		v := ptx.Vec{value(i), value(i + 1)}
 		in := g.cmp("lt", ptx.U32, row, g.rows)
+		if !act {
+			g.EmitIf(in, false, "st.global.v2.f32", ptx.Addr{Base: g.byteAddr(g.y, idx, 4)}, v)
+			continue
+		}
 		store := g.Reg(ptx.Pred)
 		g.Emit("and.pred", store, in, g.yOn)
-		g.EmitIf(store, false, "st.global.v2.f32", ptx.Addr{Base: g.byteAddr(g.y, idx, 4)}, ptx.Vec(v))
+		g.EmitIf(store, false, "st.global.v2.f32", ptx.Addr{Base: g.byteAddr(g.y, idx, 4)}, v)
 		h := g.Reg(ptx.B32)
 		g.Emit("cvt.rn.bf16x2.f32", h, v[1], v[0])
 		g.Emit("and.pred", in, in, g.ybOn)

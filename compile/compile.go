@@ -99,6 +99,9 @@ type Options struct {
 	// CopyGemmNextAtAsk: the copy-engine kernels let the grid after them launch once each CTA
 	// has asked for its last stage of W (bundle.BuildInfo.CopyGemmNextAtAsk).
 	CopyGemmNextAtAsk bool
+	// CopyGemmWide: the plain copy-engine kernels of 64 and 128 rows take the wide form
+	// (bundle.BuildInfo.CopyGemmWide).
+	CopyGemmWide bool
 	// CopyGemmRows are the decode row counts given copy-engine kernels
 	// (bundle.BuildInfo.CopyGemmRows; nil: the measured ones).
 	CopyGemmRows []int
@@ -303,7 +306,7 @@ func Build(modelPath string, appPaths []string, opt Options) (*bundle.Bundle, er
 		build.TCChunks = opt.TCChunks
 	}
 	build.CopyGemms, build.CopyGemmSlots, build.CopyGemmRows = opt.CopyGemms, opt.CopyGemmSlots, opt.CopyGemmRows
-	build.CopyGemmNextAtAsk = opt.CopyGemmNextAtAsk
+	build.CopyGemmNextAtAsk, build.CopyGemmWide = opt.CopyGemmNextAtAsk, opt.CopyGemmWide
 	build.GatedTCRows = max(0, cmp.Or(opt.GatedTCRows, codegen.DefaultGatedTCRows))
 	build.GatedCopyRows = max(0, cmp.Or(opt.GatedCopyRows, codegen.DefaultGatedCopyRows))
 	build.RopeCopyRows = max(0, cmp.Or(opt.RopeCopyRows, codegen.DefaultRopeCopyRows))

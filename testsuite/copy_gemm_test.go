@@ -47,6 +47,8 @@ func TestCopyGemmKernels(t *testing.T) {
 		{"../specs/models/llama-3.1-8b.yaml", compile.Options{RopeCopyRows: -1}, append(slices.Clone(plain8B), kernel{4096, 28672, 32, "silu_mul"})},
 		{"../specs/models/llama-3.1-8b.yaml", compile.Options{GatedCopyRows: -1}, append(slices.Clone(plain8B), kernel{4096, 6144, 32, "rope_kv"})},
 		{"../specs/models/llama-3.1-8b.yaml", compile.Options{}, append(slices.Clone(plain8B), kernel{4096, 28672, 32, "silu_mul"}, kernel{4096, 6144, 32, "rope_kv"})},
+		// The wide form (--copy-gemm-wide) serves the same GEMMs at 64 and 128 rows.
+		{"../specs/models/llama-3.1-8b.yaml", compile.Options{CopyGemmWide: true}, append(slices.Clone(plain8B), kernel{4096, 28672, 32, "silu_mul"}, kernel{4096, 6144, 32, "rope_kv"})},
 		{"../specs/models/llama-3.2-1b.yaml", compile.Options{GatedCopyRows: -1}, plain1B},
 		{"../specs/models/llama-3.2-1b.yaml", compile.Options{}, append(slices.Clone(plain1B), kernel{2048, 16384, 32, "silu_mul"})},
 		// Row counts a build names go to every default shape, past the buckets measured.

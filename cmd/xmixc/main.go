@@ -73,6 +73,7 @@ func buildCmd() *cobra.Command {
 	var copyGemms []string
 	var copyGemmSlots int
 	var copyGemmNext string
+	var copyGemmWide bool
 	var copyGemmRows []int
 	var gatedTCRows, gatedCopyRows, ropeCopyRows int
 	c := &cobra.Command{
@@ -161,7 +162,7 @@ func buildCmd() *cobra.Command {
 					fmt.Fprintf(os.Stderr, "[%6.2fs] %s\n", time.Since(start).Seconds(), fmt.Sprintf(f, a...))
 				}
 			}
-			b, err := compile.Build(args[0], args[1:], compile.Options{EmbedWeights: embed, Verify: verify, Progress: progress, GEMM: gemm, MoE: moe, TP: tp, VectorSlots: vectorSlots, Fuse: fuse, SerialLaunch: !pdl, Prefetch: noneOption(prefetch), GemvCols: gemvCols, GemvUnroll: gemvUnroll, GemvSplit: gemvSplit, GemvWarps: gemvWarps, TensorCoreRows: tcRows, TCChunks: tcChunks, CopyGemms: copyGemms, CopyGemmSlots: copyGemmSlots, CopyGemmNextAtAsk: copyGemmNext == "asked", CopyGemmRows: copyGemmRows, GatedTCRows: noneOption(gatedTCRows), GatedCopyRows: noneOption(gatedCopyRows), RopeCopyRows: noneOption(ropeCopyRows), AttnWarps: attnWarps, AttnUnroll: attnUnroll, AttnPrefetch: noneOption(attnPrefetch), AttnPrefetchOneRow: noneOption(attnPrefetchOneRow), AttnCUDACores: !attnTC, AttnCluster: attnCluster, F32OutAlways: !optionalF32Out})
+			b, err := compile.Build(args[0], args[1:], compile.Options{EmbedWeights: embed, Verify: verify, Progress: progress, GEMM: gemm, MoE: moe, TP: tp, VectorSlots: vectorSlots, Fuse: fuse, SerialLaunch: !pdl, Prefetch: noneOption(prefetch), GemvCols: gemvCols, GemvUnroll: gemvUnroll, GemvSplit: gemvSplit, GemvWarps: gemvWarps, TensorCoreRows: tcRows, TCChunks: tcChunks, CopyGemms: copyGemms, CopyGemmSlots: copyGemmSlots, CopyGemmNextAtAsk: copyGemmNext == "asked", CopyGemmWide: copyGemmWide, CopyGemmRows: copyGemmRows, GatedTCRows: noneOption(gatedTCRows), GatedCopyRows: noneOption(gatedCopyRows), RopeCopyRows: noneOption(ropeCopyRows), AttnWarps: attnWarps, AttnUnroll: attnUnroll, AttnPrefetch: noneOption(attnPrefetch), AttnPrefetchOneRow: noneOption(attnPrefetchOneRow), AttnCUDACores: !attnTC, AttnCluster: attnCluster, F32OutAlways: !optionalF32Out})
 			if err != nil {
 				return err
 			}
@@ -199,6 +200,7 @@ func buildCmd() *cobra.Command {
 	c.Flags().IntVar(&ropeCopyRows, "rope-copy-rows", codegen.DefaultRopeCopyRows, fmt.Sprintf("decode buckets whose GEMMs warpgroup copy-engine kernels (32 rows and up) of at most this many rows serve also get one for the q/k/v GEMM with RoPE and the KV-cache write in its epilogue, which --gemm auto runs in place of the q/k/v GEMM and the rope_kv kernel, in those buckets and in smaller ones (0: none; at most %d; the default is the measured one)", codegen.MaxRopeCopyRows))
 	c.Flags().IntSliceVar(&copyGemmRows, "copy-gemm-rows", nil, fmt.Sprintf("the decode row counts given copy-engine kernels, among %v (8 and 16 multiply with mma.sync; from 32 rows with Hopper's warpgroup MMAs over the library cast's bf16 x); a bucket takes the fewest that hold its rows (unset: %v, the ones measured faster in the step and checked against the CPU on the GPU; for measuring)", codegen.CopyGemmLayoutRows(), codegen.CopyGemmDefaultRows()))
 	c.Flags().StringVar(&copyGemmNext, "copy-gemm-next", "read", "when the grid after a copy-engine kernel may launch: read (once each CTA has read every stage of its W, the default) or asked (once it has asked for its last stage, a ring's worth of W sooner); same results bit for bit; for measuring")
+	c.Flags().BoolVar(&copyGemmWide, "copy-gemm-wide", false, "the copy-engine kernels of 64 and 128 rows in the wide form: x is the warpgroup MMA's A (a warpgroup per 64 rows) and a CTA's 96-256 columns of W its B, K split over a cluster of up to 4 CTAs whose ranks add each column slice's sums in rank order, so that each CTA reads x once for many columns (the default form: 64 columns a CTA, x read again by each); for measuring")
 	c.Flags().IntVar(&copyGemmSlots, "copy-gemm-slots", 0, "the ring slots (stages of W and x in flight) of a copy-engine kernel, 1 to 4 (0: the measured default, 3; never more than fit the shared memory; fewer ask for less before the kernel ahead ends; same results bit for bit; for measuring)")
 	c.Flags().IntVar(&attnWarps, "attn-warps", 0, fmt.Sprintf("warps per block of the decode buckets' attention, 1 to %d (0: the default, 8 in buckets of up to 32 rows, 2 where blocks of 4 would take more than one wave of the GPU, 4 between); more warps cover more positions in one pass, so a context needs fewer splits and merges (for measuring)", codegen.MaxAttnWarps))
 	c.Flags().IntVar(&attnUnroll, "attn-unroll", 0, fmt.Sprintf("position loads each warp of the decode attention issues before the first is used, 1 to %d (0: the default: 4 at head dim 128 bf16 on CUDA cores, one tile of 16 positions on tensor cores, where it counts tiles); more bytes in flight, more registers (for measuring)", codegen.MaxAttnUnroll))
@@ -424,7 +426,7 @@ func printBundle(w io.Writer, b *bundle.Bundle) {
 	if c := b.Manifest.Build.TCChunks; len(c) > 0 {
 		fmt.Fprintf(w, "          tensor-core GEMMs: %d / %d K chunks in flight at up to 8 / 9-32 rows\n", c[0], c[1])
 	}
-	if bi := b.Manifest.Build; len(bi.CopyGemms) > 0 || bi.CopyGemmSlots > 0 || len(bi.CopyGemmRows) > 0 || bi.CopyGemmNextAtAsk {
+	if bi := b.Manifest.Build; len(bi.CopyGemms) > 0 || bi.CopyGemmSlots > 0 || len(bi.CopyGemmRows) > 0 || bi.CopyGemmNextAtAsk || bi.CopyGemmWide {
 		shapes, slots := "the measured shapes", "slots: the default"
 		if len(bi.CopyGemms) > 0 {
 			shapes = strings.Join(bi.CopyGemms, ", ")
@@ -437,6 +439,9 @@ func printBundle(w io.Writer, b *bundle.Bundle) {
 		}
 		if bi.CopyGemmNextAtAsk {
 			slots += ", the next kernel launched once the last stage is asked for"
+		}
+		if bi.CopyGemmWide {
+			slots += ", the wide form at 64 and 128 rows"
 		}
 		fmt.Fprintf(w, "          copy-engine GEMMs: %s, %s\n", shapes, slots)
 	}

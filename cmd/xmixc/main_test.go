@@ -718,6 +718,58 @@ func TestBuildCopyGemmNext(t *testing.T) {
 	}
 }
 
+// TestBuildCopyGemmWide: --copy-gemm-wide records itself in the build info and in inspect,
+// and gives the plain copy-engine kernels of 64 and 128 rows the wide form: a CTA's columns
+// of W over every row of x (a warpgroup per 64 rows and the producer warp: 160 and 288
+// threads), K split over a cluster (512 x 2048: 64 columns over 4 CTAs, 128 of them), where
+// the default form has one warpgroup of 64 columns (K over 4 CTAs too: 32 column tiles). The
+// kernels of fewer rows stay byte for byte.
+func TestBuildCopyGemmWide(t *testing.T) {
+	dir := t.TempDir()
+	m := gemmSpecBuckets(t, dir, "m128.yaml", 512, 4, "1, 8, 16, 32, 64, 128")
+	flags := []string{"--copy-gemms", "512x2048", "--gated-copy-rows", "0", "--rope-copy-rows", "0"}
+	def := buildBundle(t, m, filepath.Join(dir, "d.xmb"), flags)
+	out := filepath.Join(dir, "w.xmb")
+	wide := buildBundle(t, m, out, append(flags, "--copy-gemm-wide"))
+	if def.Manifest.Build.CopyGemmWide || !wide.Manifest.Build.CopyGemmWide {
+		t.Fatalf("build info copy_gemm_wide: default %v, wide %v", def.Manifest.Build.CopyGemmWide, wide.Manifest.Build.CopyGemmWide)
+	}
+	kernels := func(b *bundle.Bundle) map[int]bundle.GemmCopy {
+		ks, err := bundle.GemmCopyKernels(b.Kernels)
+		if err != nil {
+			t.Fatal(err)
+		}
+		byRows := map[int]bundle.GemmCopy{}
+		for _, k := range ks[bundle.GemmCopyShape{K: 512, N: 2048}] {
+			byRows[k.Attrs.Rows] = k
+		}
+		return byRows
+	}
+	ptxOf := func(b *bundle.Bundle, name string) string {
+		i := slices.IndexFunc(b.Kernels, func(k bundle.Kernel) bool { return k.Name == name })
+		return b.Kernels[i].PTX
+	}
+	d, w := kernels(def), kernels(wide)
+	for _, rows := range []int{8, 16, 32, 64, 128} {
+		dk, wk := d[rows], w[rows]
+		if dk.Kernel == "" || wk.Kernel == "" {
+			t.Fatalf("%d rows: kernels %q and %q, want one in each build", rows, dk.Kernel, wk.Kernel)
+		}
+		same := ptxOf(def, dk.Kernel) == ptxOf(wide, wk.Kernel)
+		switch want := map[int][4]int{64: {128, 160, 128, 4}, 128: {128, 288, 128, 4}}[rows]; {
+		case want == [4]int{}:
+			if !same {
+				t.Errorf("%d rows: --copy-gemm-wide changed %s", rows, wk.Kernel)
+			}
+		case same || dk.Attrs.Block != want[0] || wk.Attrs.Block != want[1] || wk.Attrs.Grid != want[2] || wk.Attrs.Cluster != want[3] || wk.Attrs.Box != [2]int{64, 64}:
+			t.Errorf("%d rows: default %+v, wide %+v; want blocks %d and %d, the wide one's grid %d in clusters of %d, boxes of 64 x 64", rows, dk.Attrs, wk.Attrs, want[0], want[1], want[2], want[3])
+		}
+	}
+	if text, err := xmixc(t, "inspect", out); err != nil || !strings.Contains(text, "the wide form at 64 and 128 rows") {
+		t.Fatalf("inspect: %v\n%s", err, text)
+	}
+}
+
 // flagValue is the comma-separated list after flag in flags, nil if flag is not there.
 func flagValue(flags []string, flag string) []string {
 	if i := slices.Index(flags, flag); i >= 0 && i+1 < len(flags) {

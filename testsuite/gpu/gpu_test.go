@@ -439,18 +439,39 @@ func recordCount(nb testsuite.NewBackend, dst *[]int, count func(*cuda.Backend) 
 // layer's GEMMs read bf16 of their x as the launch ahead wrote it (fedGemms: q/k/v and gate/up
 // the add+norm's, o the attention's, down the gated gate/up kernel's or the SiLU kernel's),
 // whichever server runs them. A subtest per bucket and request count (-run
-// 'TestCUDAWarpgroupGemmMatchesCPU/r64').
+// 'TestCUDAWarpgroupGemmMatchesCPU/r64'); the -wide ones built with --copy-gemm-wide, whose
+// kernels of 64 and 128 rows multiply a CTA's columns of W by every row, K split over a
+// cluster of 4 whose ranks add each column slice's sums.
 func TestCUDAWarpgroupGemmMatchesCPU(t *testing.T) {
 	needGPU(t)
 	served := 0
 	var kernels []string
 	var fed []int
 	nb := recordCount(copyGemmBackend(&served, &kernels), &fed, (*cuda.Backend).FedGemms)
-	for _, c := range []struct{ bucket, requests, steps int }{{32, 32, 4}, {32, 19, 3}, {64, 50, 2}, {128, 128, 3}, {128, 70, 2}} {
-		t.Run(fmt.Sprintf("r%d-n%d", c.bucket, c.requests), func(t *testing.T) {
+	for _, c := range []struct {
+		bucket, requests, steps int
+		wide                    bool
+	}{{32, 32, 4, false}, {32, 19, 3, false}, {64, 50, 2, false}, {128, 128, 3, false}, {128, 70, 2, false}, {64, 50, 2, true}, {128, 128, 3, true}, {128, 70, 2, true}} {
+		name := fmt.Sprintf("r%d-n%d", c.bucket, c.requests)
+		if c.wide {
+			name += "-wide"
+		}
+		t.Run(name, func(t *testing.T) {
 			kernels, fed = nil, nil
 			cut := specCut(t, "llama-3.1-8b", fmt.Sprintf("serving: {decode_buckets: [%d], prefill_chunks: [64], max_seq_len: 256, max_seqs: %d, kv_block_size: 16}\n", c.bucket, c.bucket))
-			b := testsuite.CompileWith(t, compile.Options{CopyGemmRows: []int{c.bucket}}, cut)
+			b := testsuite.CompileWith(t, compile.Options{CopyGemmRows: []int{c.bucket}, CopyGemmWide: c.wide}, cut)
+			ks, err := bundle.GemmCopyKernels(b.Kernels)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for shape, list := range ks {
+				for _, k := range list {
+					// The wide form: a warpgroup per 64 rows and the producer warp.
+					if shape.Act == "" && (k.Attrs.Block == c.bucket/64*128+32) != c.wide {
+						t.Fatalf("%s: %d threads, want the wide form %v", k.Kernel, k.Attrs.Block, c.wide)
+					}
+				}
+			}
 			prompts := sixTokenPrompts(c.requests)
 			agreementRows(t, nb, fmt.Sprintf("llama-3.1-8b-2layers-wgmma-gemm-r%d-n%d", c.bucket, c.requests), b, prompts, c.steps)
 			// o, q/k/v and down of 2 layers in the decode template (and in a 32-row bucket
