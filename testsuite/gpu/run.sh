@@ -44,26 +44,9 @@ cat "$work/device.txt" >&2
 
 log "bundles"
 has() { [[ " ${PARTS:-check bench peer prefill} " == *" $1 "* ]]; }
-"$bin/xmixc" build specs/models/tiny.yaml specs/apps/tiny-steer.yaml specs/apps/tiny-probe.yaml -q --embed-weights -o "$work/tiny.xmb"
-"$bin/xmixc" build specs/models/llama-3.2-1b.yaml -q -o "$work/llama-3.2-1b.xmb"
-"$bin/xmixc" build specs/models/llama-3.1-8b.yaml -q -o "$work/llama-3.1-8b.xmb"
-[ "${GEMM_AB:-1}" = 1 ] && "$bin/xmixc" build specs/models/llama-3.1-8b.yaml --gemm tc-staged -q -o "$work/llama-3.1-8b-staged.xmb"
-[ "${MOE_AB:-1}" = 1 ] && "$bin/xmixc" build specs/models/mixtral-8x7b.yaml --moe grouped -q -o "$work/mixtral-8x7b-moegrouped.xmb"
-"$bin/xmixc" build specs/models/qwen3-8b.yaml -q -o "$work/qwen3-8b.xmb"
-"$bin/xmixc" build specs/models/mixtral-8x7b.yaml -q -o "$work/mixtral-8x7b.xmb"
-# The shipped apps' kernels, for ptxas (the checks and benchmarks below use the bundles above).
-if has check; then
-  "$bin/xmixc" build specs/models/llama-3.1-8b.yaml specs/apps/app[1-6]-*.yaml -q -o "$work/llama-3.1-8b-apps1-6.xmb"
-  "$bin/xmixc" build specs/models/mixtral-8x7b.yaml specs/apps/app7-steermoe.yaml -q -o "$work/mixtral-8x7b-app7.xmb"
-  "$bin/xmixc" build specs/models/llama-3.1-8b.yaml specs/apps/grid/*.yaml -q -o "$work/llama-3.1-8b-grid.xmb"
-  # Gemma 2's kernels (GeGLU, post-norms, soft-capped and sliding-window attention at head
-  # dim 256, the logits' soft-cap), bare and with ops fused into GeGLU and the post-normed adds.
-  "$bin/xmixc" build specs/models/gemma-2-2b.yaml -q -o "$work/gemma-2-2b.xmb"
-  "$bin/xmixc" build specs/models/gemma-2-9b.yaml -q -o "$work/gemma-2-9b.xmb"
-  "$bin/xmixc" build specs/models/gemma-2-2b.yaml testsuite/gpu/gemma2-apps.yaml -q -o "$work/gemma-2-2b-apps.xmb"
-  # Per-request vector slots and layer masks (row, SiLU and standalone MI kernels).
-  "$bin/xmixc" build specs/models/llama-3.1-8b.yaml specs/apps/per-request.yaml -q -o "$work/llama-3.1-8b-per-request.xmb"
-fi
+check=0
+has check && check=1
+build_bundles "$work" "$check"
 
 if has check; then
 log "ptxas -arch=sm_90 on every kernel"
