@@ -262,7 +262,8 @@ func (c GemmCopyConfig) ctas() int { return c.N / c.wRows() * c.Split / c.tiles(
 func (c GemmCopyConfig) paired() bool { return c.Act != "" || c.Rope != nil }
 func (c GemmCopyConfig) cluster() int { return c.Split * c.shares() } // CTAs: K parts or tiles sharing x
 
-// threads is a CTA's: one warpgroup in the warpgroup form, else gcWarps warps.
+// threads is a CTA's: gcWarps warps in the mma.sync form, one warpgroup in the warpgroup
+// form, and where a producer warp refills the ring its warpgroups and that warp.
 func (c GemmCopyConfig) threads() int {
 	switch {
 	case c.produced():

@@ -8,27 +8,31 @@ import (
 	"xmix/ptx"
 )
 
-// The gated copy-engine GEMM's wide form, for decode buckets of 64 and 128 rows (gcLayout's
-// GatedWide): the gate/up projection and its activation as one launch, a CTA per Wide output
-// columns, in one wave. The other warpgroup forms are swapped (W is wgmma's A, 64 columns a
-// CTA, x its B), and at 128 rows that lost twice over: gate/up's 448 tiles of 64 columns take
-// 3.4 waves, and every tile reads all of x (twice its W's bytes) from L2 again, so that kernel
-// took 109.7 us a layer where cuBLASLt's GEMM and the activation kernel took 74 (session 53,
-// testsuite/gpu/RESULTS.md). Here x is A (64 rows a warpgroup, one warpgroup per 64 rows) and
-// W is B: Wide rows of gate and the same Wide rows of up, one wgmma.m64n{2*Wide}k16, so a
-// CTA reads x once for all its columns. On Llama-3.1-8B's gate/up (14336 columns of act)
-// Wide is 112: 128 CTAs, one wave of the H200's 132 SMs, each streaming 1.8 MB of W.
+// The copy-engine GEMM's wide form, for decode buckets of 64 and 128 rows (gcLayout.Wide):
+// a CTA per Wide output columns, in one wave. The other warpgroup forms are swapped (W is
+// wgmma's A, 64 columns a CTA, x its B), and at 128 rows that loses twice over: the 8B's
+// gate/up has 448 tiles of 64 columns, 3.4 waves, and every tile reads all of x (twice its W's
+// bytes) from L2 again, so its gated kernel took 109.7 us a layer where cuBLASLt's GEMM and
+// the activation kernel took 74 (session 53, testsuite/gpu/RESULTS.md). Here x is A (one
+// warpgroup per 64 rows) and the CTA's W rows are B, one wgmma.m64n{W rows}k16, so a CTA
+// reads x once for all its columns.
+//   - Gated (Act): Wide rows of gate and the same Wide rows of up. On Llama-3.1-8B's gate/up
+//     (14336 columns of act) Wide is 112: 128 CTAs, one wave of the H200's 132 SMs, each
+//     streaming 1.8 MB of W.
+//   - Plain: Wide rows of W, K split over a cluster of Split CTAs where the column tiles alone
+//     would be few (wideSplit), the ranks' sums added slice by slice (wideStore).
 //
-// Ring. A stage is one box of K (gcBoxK): gate's Wide rows and up's stacked (the 128-byte
-// swizzle's pattern repeats every 8 rows, so two boxes are one canonical K-major operand of
-// 2*Wide rows) and x's box of every row, all 1024-byte aligned. A producer warp (past the
+// Ring. A stage is one box of K (gcBoxK): the W rows (with Act gate's and up's stacked: the
+// 128-byte swizzle's pattern repeats every 8 rows, so two boxes are one canonical K-major
+// operand) and x's box of every row, all 1024-byte aligned. A producer warp (past the
 // warpgroups) asks for W of the first stages before the grid ahead ends and x after, then
-// refills each slot once both warpgroups have read it (their free mbarrier, freeSlot), as the
+// refills each slot once every warpgroup has read it (their free mbarrier, freeSlot), as the
 // shared-x form's producer does.
 //
 // Sums. Warp w of warpgroup h holds x rows 64h + 16w + g (+8) and register i column 8*(i/4)
-// + 2t + i%2 of the CTA's 2*Wide (lane (g, t)): registers i < Wide/2 are gate's columns, and
-// register i + Wide/2 is up's of the same column, so each thread pairs its own registers.
+// + 2t + i%2 of the CTA's W rows (lane (g, t)). With Act registers i < Wide/2 are gate's
+// columns and register i + Wide/2 is up's of the same column, so each thread pairs its own
+// registers.
 
 // wideGatedFor is GatedCopyFor's kernel in the wide form: the fewest output columns a CTA
 // (wideCols) that fill no more than the SMs, a ring of as many slots as asked (slots > 0),
@@ -167,7 +171,7 @@ func (g *gcGen) wideStoreGated(acc []ptx.Reg) {
 	c := g.c
 	act := actOfOp(c.Act)
 	half := c.Wide / 2
-	g.wideStores(c.N/2, half, func(i int) ptx.Reg { return gateAct(g.emitter, act, acc[i], acc[i+half]) }, true)
+	g.wideStoresFrom(c.N/2, 0, half, func(i int) ptx.Reg { return gateAct(g.emitter, act, acc[i], acc[i+half]) }, true)
 }
 
 // wideStore stores the plain wide form's sums into y, [rows, N]. With K split, rank r owns
@@ -178,7 +182,7 @@ func (g *gcGen) wideStoreGated(acc []ptx.Reg) {
 func (g *gcGen) wideStore(acc []ptx.Reg) {
 	c := g.c
 	if c.Split == 1 {
-		g.wideStores(c.N, len(acc), func(i int) ptx.Reg { return acc[i] }, false)
+		g.wideStoresFrom(c.N, 0, len(acc), func(i int) ptx.Reg { return acc[i] }, false)
 		return
 	}
 	per := len(acc) / c.Split
@@ -230,11 +234,6 @@ func (g *gcGen) wideStore(acc []ptx.Reg) {
 			g.wideStoresFrom(c.N, owner*per, per, func(i int) ptx.Reg { return sum[i-owner*per] }, false)
 		})
 	}
-}
-
-// wideStores is wideStoresFrom over registers [0, n).
-func (g *gcGen) wideStores(width, n int, value func(i int) ptx.Reg, act bool) {
-	g.wideStoresFrom(width, 0, n, value, act)
 }
 
 // wideStoresFrom stores value(i) for the thread's registers i in [first, first+n) into y,
