@@ -284,9 +284,9 @@ func GemmCopyKernels(kernels []Kernel) (map[GemmCopyShape][]GemmCopy, error) {
 		if err := json.Unmarshal(k.Attrs, &a); err != nil {
 			return nil, fmt.Errorf("kernel %s: copy-engine GEMM attributes %s: %w", k.Name, k.Attrs, err)
 		}
-		if a.K <= 0 || a.N <= 0 || a.Rows <= 0 || a.Box[0] <= 0 || a.Box[1] <= 0 || a.XBox[0] <= 0 || a.XBox[1] < a.Rows || a.Grid <= 0 || a.Cluster <= 0 ||
+		if a.K <= 0 || a.N <= 0 || a.Rows <= 0 || a.Box[0] <= 0 || a.Box[1] <= 0 || a.XBox[0] <= 0 || a.XBox[1] <= 0 || a.XBox[1]*a.Cluster < a.Rows || a.Grid <= 0 || a.Cluster <= 0 ||
 			a.Grid%a.Cluster != 0 || a.Block <= 0 || a.Block > 1024 || a.Shared < 0 || a.Shared > MaxDynamicShared || a.Tiles < 0 {
-			return nil, fmt.Errorf("kernel %s: copy-engine GEMM attributes %s: want positive k, n, rows, box, x_box (of at least rows rows), grid (a multiple of cluster), block (at most 1024), shared (at most %d) and tiles not negative", k.Name, k.Attrs, MaxDynamicShared)
+			return nil, fmt.Errorf("kernel %s: copy-engine GEMM attributes %s: want positive k, n, rows, box, x_box (of at least rows rows over the cluster's CTAs), grid (a multiple of cluster), block (at most 1024), shared (at most %d) and tiles not negative", k.Name, k.Attrs, MaxDynamicShared)
 		}
 		if a.Swizzle != 0 && (a.Swizzle != 128 || 2*a.Box[0] != a.Swizzle) {
 			return nil, fmt.Errorf("kernel %s: copy-engine GEMM attributes %s: swizzle %d over box rows of %d bytes: want 0, or 128 over rows of 128 bytes", k.Name, k.Attrs, a.Swizzle, 2*a.Box[0])

@@ -22,6 +22,10 @@ func TestGemmCopyKernels(t *testing.T) {
 	if err != nil || len(got) != 1 || len(got[GemmCopyShape{K: 4096, N: 4096}]) != 2 {
 		t.Fatalf("%v, %v", got, err)
 	}
+	// A cluster of 2 may share x, each CTA asking for its half of the rows.
+	if _, err := GemmCopyKernels([]Kernel{kern("a", strings.Replace(rows32, `"x_box":[256,32]`, `"x_box":[256,16]`, 1), params)}); err != nil {
+		t.Errorf("x boxes of 16 rows for 32 over a cluster of 2: %v", err)
+	}
 	for _, c := range []struct {
 		m    int
 		want string
@@ -44,7 +48,7 @@ func TestGemmCopyKernels(t *testing.T) {
 		{"swizzle of 64 bytes", []Kernel{kern("a", strings.Replace(good, `"swizzle":128`, `"swizzle":64`, 1), params)}, "swizzle 64 over box rows of 128 bytes"},
 		{"swizzled rows too long", []Kernel{kern("a", strings.Replace(good, `"box":[64,64]`, `"box":[256,64]`, 1), params)}, "swizzle 128 over box rows of 512 bytes"},
 		{"x swizzled over f32 rows of 256 K", []Kernel{kern("a", strings.Replace(good, `"x_box":[256,32]`, `"x_box":[256,32],"x_swizzle":128`, 1), params)}, "x swizzle 128 over box rows of 1024 bytes"},
-		{"x box of fewer rows", []Kernel{kern("a", strings.Replace(rows32, `"x_box":[256,32]`, `"x_box":[256,16]`, 1), params)}, "x_box (of at least rows rows)"},
+		{"x box of fewer rows", []Kernel{kern("a", strings.Replace(rows32, `"x_box":[256,32]`, `"x_box":[256,8]`, 1), params)}, "x_box (of at least rows rows over the cluster's CTAs)"},
 		{"map as a pointer", []Kernel{kern("a", good, []Param{{GemmXMap, TensorMapParam}, {GemmWMap, "u64"}, {GemmY, "u64"}, {GemmRows, "u32"}})}, "takes parameters"},
 		{"two for one shape and rows", []Kernel{kern("a", good, params), kern("b", good, params)}, "kernel b: a second copy-engine GEMM"},
 	} {

@@ -488,6 +488,9 @@ func (c GemmCopyConfig) Attrs() bundle.GemmCopyAttrs {
 		Grid: c.ctas(), Cluster: c.cluster(), Block: c.threads(), Shared: c.shared()}
 	if c.warpgroup() {
 		a.XBox, a.XBF16, a.XSwizzle = [2]int{gcBoxK, c.Rows}, true, gcSwizzle
+		if c.Wide > 0 {
+			a.XBox[1] = c.Rows / c.shares() // each CTA sharing x asks for its rows of it
+		}
 	}
 	if c.Act != "" {
 		a.Act, a.YBF16 = c.Act, true
@@ -760,8 +763,8 @@ func GemmCopy(name string, c GemmCopyConfig) (*Kernel, error) {
 	if c.layout().Rows == 0 || c.Split < 1 || c.Split > wgMaxSplit || c.K%(c.Split*c.stageK()) != 0 || c.N%c.wRows() != 0 || c.Stages < 1 ||
 		c.Stages > c.ringStages() || c.Stages > gcBars/8 || c.shared() > bundle.MaxDynamicShared ||
 		!wg && c.Stages*c.slotBytes() < c.parts()*c.partBytes() ||
-		c.Share > 1 && (!wg || c.Split > 1 || c.N/gcCols%c.Share != 0 || c.stageK()/gcBoxK%c.Share != 0 || 2*c.Stages > gcBars/8 || c.cluster() > gcMaxCluster) ||
-		c.Act != "" && (!wg || c.Share > 1 || !slices.Contains(bundle.GatedActOps, c.Act)) ||
+		c.Share > 1 && (!wg || c.Split > 1 || c.N/c.wRows()%c.Share != 0 || c.Wide == 0 && c.stageK()/gcBoxK%c.Share != 0 || 2*c.Stages > gcBars/8 || c.cluster() > gcMaxCluster) ||
+		c.Act != "" && (!wg || c.Share > 1 && c.Wide == 0 || !slices.Contains(bundle.GatedActOps, c.Act)) ||
 		c.Tiles > 1 && (c.Act == "" || c.Split > 1 || c.N/gcCols%c.Tiles != 0) ||
 		c.Rope != nil && (!wg || c.Split > 1 || c.Share > 1 || c.Act != "" || c.Tiles > 1 || ropeCopyErr(*c.Rope, c.N) != nil) ||
 		c.Wide != 0 && wideErr(c) != nil {
@@ -1015,11 +1018,21 @@ func (g *gcGen) askX(stage ptx.Reg, slot ptx.Operand) {
 
 // askSharedX (the asker) asks for the CTA's part of a stage's x boxes, first K kc, into slot
 // dst of every CTA of the cluster: boxes xPart, xPart+Share, ..., each multicast to all of
-// them, completing each one's mbarrier bar.
+// them, completing each one's mbarrier bar. In the wide form a stage is one box, and the
+// CTA's part is rows: its box (XBox: Rows/Share rows) starts at row xPart*Rows/Share.
 func (g *gcGen) askSharedX(kc, dst, bar ptx.Reg) {
 	c := g.c
 	mask := g.Reg(ptx.U16)
 	g.Emit("mov.u16", mask, ptx.Imm(1<<c.Share-1))
+	if c.Wide > 0 {
+		part := c.Rows / c.Share
+		row := g.op3("mul.lo.u32", ptx.U32, g.xPart, ptx.Imm(int64(part)))
+		at := g.Reg(ptx.U32)
+		g.Emit("mad.lo.u32", at, g.xPart, ptx.Imm(int64(part*2*gcBoxK)), dst)
+		g.Emit("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster",
+			ptx.Addr{Base: at, Offset: int64(c.wBytes())}, ptx.TensorAddr{Map: g.xmap, Coords: ptx.Vec{kc, row}}, ptx.Addr{Base: bar}, mask)
+		return
+	}
 	first := g.Reg(ptx.U32)
 	g.Emit("mad.lo.u32", first, g.xPart, ptx.Imm(gcBoxK), kc)
 	at := g.Reg(ptx.U32)

@@ -129,6 +129,10 @@ func TestGemmCopyMatchesReference(t *testing.T) {
 		{GemmCopyConfig{K: 512, N: 448, Rows: 128, Split: 1, Stages: 3, Act: "silu_mul", Wide: 112}, []int{1, 70, 128}}, // two CTAs, eight stages through three slots
 		{GemmCopyConfig{K: 256, N: 256, Rows: 64, Split: 1, Stages: 2, Act: "gelu_tanh_mul", Wide: 64}, []int{64}},      // one warpgroup, two CTAs
 		{GemmCopyConfig{K: 128, N: 48, Rows: 128, Split: 1, Stages: 2, Act: "silu_mul", Wide: 8}, []int{128}},           // every stage asked for before the wait; three CTAs of 8 columns
+		// x shared by two neighbouring column tiles: each asks for its 64 rows of a stage's x,
+		// multicast to both; a slot is refilled once all four warpgroups have read it.
+		{GemmCopyConfig{K: 512, N: 448, Rows: 128, Split: 1, Stages: 3, Share: 2, Act: "silu_mul", Wide: 112}, []int{1, 70, 128}}, // one cluster, eight stages through three slots
+		{GemmCopyConfig{K: 256, N: 896, Rows: 128, Split: 1, Stages: 4, Share: 2, Act: "gelu_tanh_mul", Wide: 112}, []int{100}},   // two clusters, every stage asked for before the wait
 		// The plain wide form: K over a cluster, each rank adding one column slice's sums.
 		{GemmCopyConfig{K: 512, N: 256, Rows: 128, Split: 4, Stages: 2, Wide: 128}, []int{1, 70, 128}}, // two clusters of four, two stages a rank
 		{GemmCopyConfig{K: 768, N: 192, Rows: 64, Split: 2, Stages: 3, Wide: 96}, []int{64}},           // six stages a rank through three slots
@@ -272,27 +276,33 @@ func TestGemmCopyFor(t *testing.T) {
 // tiles are more than the SMs (the 8B's gate/up: 448 tiles, 4 each in 112 CTAs; the 1B's: 256,
 // 2 each), one where they are fewer; at 64 and 128 rows the wide form, the fewest columns a
 // CTA that fill at most the SMs in one wave (the 8B's 112, the 1B's 64, Gemma-2-2B's 72: 128
-// CTAs each), in four slots, 288 threads at 128 rows (two warpgroups and the producer warp).
+// CTAs each), in four slots, 288 threads at 128 rows (two warpgroups and the producer warp),
+// where clusters of two share x, each asking for 64 of its rows.
 // It refuses an unknown activation, mma.sync rows, and a wide width with no such columns.
 func TestGatedCopyFor(t *testing.T) {
 	for _, c := range []struct {
-		k, n, rows, tiles, grid, stages, wide, threads int
+		k, n, rows, tiles, grid, stages, wide, threads, cluster int
 	}{
-		{4096, 28672, 32, 4, 112, 3, 0, 128},
-		{4096, 28672, 64, 0, 128, 4, 112, 160},
-		{4096, 28672, 128, 0, 128, 4, 112, 288},
-		{2048, 16384, 32, 2, 128, 3, 0, 128},
-		{2048, 16384, 128, 0, 128, 4, 64, 288},
-		{2304, 18432, 128, 0, 128, 4, 72, 288},
-		{4096, 8192, 32, 0, 128, 3, 0, 128},
+		{4096, 28672, 32, 4, 112, 3, 0, 128, 1},
+		{4096, 28672, 64, 0, 128, 4, 112, 160, 1},
+		{4096, 28672, 128, 0, 128, 4, 112, 288, 2},
+		{2048, 16384, 32, 2, 128, 3, 0, 128, 1},
+		{2048, 16384, 128, 0, 128, 4, 64, 288, 2},
+		{2304, 18432, 128, 0, 128, 4, 72, 288, 2},
+		{4096, 8192, 32, 0, 128, 3, 0, 128, 1},
 	} {
 		got, err := GatedCopyFor(c.k, c.n, c.rows, 0, "silu_mul")
 		if err != nil {
 			t.Fatalf("%d x %d at %d rows: %v", c.k, c.n, c.rows, err)
 		}
 		box := [2]int{gcBoxK, cmp.Or(c.wide, gcCols/2)}
-		if a := got.Attrs(); got.Tiles != c.tiles || a.Grid != c.grid || got.Stages != c.stages || got.Wide != c.wide || a.Block != c.threads || a.Act != "silu_mul" || a.Box != box {
-			t.Errorf("%d x %d at %d rows: %+v, grid %d, block %d; want %d tiles a CTA, grid %d, %d slots, wide %d, block %d", c.k, c.n, c.rows, got, a.Grid, a.Block, c.tiles, c.grid, c.stages, c.wide, c.threads)
+		xRows := c.rows
+		if c.wide > 0 {
+			xRows /= c.cluster
+		}
+		if a := got.Attrs(); got.Tiles != c.tiles || a.Grid != c.grid || got.Stages != c.stages || got.Wide != c.wide || a.Block != c.threads || a.Cluster != c.cluster ||
+			a.Act != "silu_mul" || a.Box != box || a.XBox != [2]int{gcBoxK, xRows} {
+			t.Errorf("%d x %d at %d rows: %+v, attributes %+v; want %d tiles a CTA, grid %d, %d slots, wide %d, block %d, clusters of %d, x boxes of %d rows", c.k, c.n, c.rows, got, a, c.tiles, c.grid, c.stages, c.wide, c.threads, c.cluster, xRows)
 		}
 		if _, err := GemmCopy("gated", got); err != nil {
 			t.Errorf("%d x %d at %d rows: %v", c.k, c.n, c.rows, err)

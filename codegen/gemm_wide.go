@@ -18,7 +18,10 @@ import (
 // reads x once for all its columns.
 //   - Gated (Act): Wide rows of gate and the same Wide rows of up. On Llama-3.1-8B's gate/up
 //     (14336 columns of act) Wide is 112: 128 CTAs, one wave of the H200's 132 SMs, each
-//     streaming 1.8 MB of W.
+//     streaming 1.8 MB of W. At 128 rows (the layout's Share) two neighbouring tiles share x:
+//     each asks for its 64 rows of a stage's x, multicast to both (askSharedX), and a slot is
+//     refilled once all four warpgroups have read it, so L2 serves x once per pair: 64 MB a
+//     step of the 8B's gate/up instead of 128, beside 235 MB of W.
 //   - Plain: Wide rows of W, K split over a cluster of Split CTAs where the column tiles alone
 //     would be few (wideSplit), the ranks' sums added slice by slice (wideStore).
 //
@@ -41,6 +44,11 @@ func wideGatedFor(k, n, rows, slots int, act string) (GemmCopyConfig, error) {
 	c := GemmCopyConfig{K: k, N: n, Rows: rows, Split: 1, Act: act, Wide: wideCols(n / 2)}
 	if n%2 != 0 || c.Wide == 0 {
 		return GemmCopyConfig{}, fmt.Errorf("copy-engine GEMM with an activation, wide form: N=%d: want twice a width with a divisor that is a multiple of 8, at most %d, in at most %d tiles", n, wgMaxN/2, gcSMs)
+	}
+	// Neighbouring tiles share x where the layout says so and they pair up: each asks for its
+	// rows of a stage's x, multicast to both, so L2 serves x once per pair.
+	if share := c.layout().Share; share > 1 && n/c.wRows()%share == 0 && rows%(share*8) == 0 {
+		c.Share = share
 	}
 	return c.wideRing(slots)
 }
@@ -117,9 +125,9 @@ func wideSplit(k, n, rows int) (cols, split int) {
 // wideErr says why c is no wide-form configuration.
 func wideErr(c GemmCopyConfig) error {
 	gated := c.Act != ""
-	if !c.warpgroup() || !c.layout().Wide || c.Share > 1 || c.Tiles > 1 || c.Rope != nil || c.NextAtAsk || c.Wide <= 0 ||
-		gated && (c.Split != 1 || c.Wide%8 != 0 || 2*c.Wide > wgMaxN) ||
-		!gated && (c.Split < 1 || c.Split > wgMaxSplit || c.Wide%(8*c.Split) != 0 || c.Wide > wgMaxN) ||
+	if !c.warpgroup() || !c.layout().Wide || c.Tiles > 1 || c.Rope != nil || c.NextAtAsk || c.Wide <= 0 ||
+		gated && (c.Split != 1 || c.Wide%8 != 0 || 2*c.Wide > wgMaxN || c.Share > 1 && (c.N/c.wRows()%c.Share != 0 || c.Rows%(c.Share*8) != 0)) ||
+		!gated && (c.Split < 1 || c.Split > wgMaxSplit || c.Wide%(8*c.Split) != 0 || c.Wide > wgMaxN || c.Share > 1) ||
 		c.N%c.wRows() != 0 || c.Rows%wgRows != 0 || c.consumers() > wgMaxConsumers ||
 		c.Stages < 1 || 2*c.Stages > gcBars/8 || c.shared() > bundle.MaxDynamicShared {
 		return fmt.Errorf("copy-engine GEMM, wide form: bad configuration %+v", c)
