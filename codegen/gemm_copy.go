@@ -251,7 +251,7 @@ func (c GemmCopyConfig) consumers() int {
 }
 
 // produced says whether a producer warp refills the ring while the warpgroups multiply: with
-// a shared x (the partners' reads) and in the wide form (two warpgroups' reads).
+// a shared x (it waits for the partners' reads) and in the wide form (for its warpgroups').
 func (c GemmCopyConfig) produced() bool { return c.shares() > 1 || c.Wide > 0 }
 
 // ctas is the grid: a CTA per column tile (Tiles of them) and K part.
@@ -786,7 +786,7 @@ type gcGen struct {
 	rank, col0, k0  ptx.Reg     // K part (the cluster rank with a split); the CTA's first column and first K
 	xPart           ptx.Reg     // with a shared x: the CTA's place among the tiles sharing it (its cluster rank)
 	bars, slot0     ptx.Reg     // shared addresses: mbarrier 0, slot 0
-	frees           ptx.Reg     // with a shared x: slot 0's free mbarrier, past the slots' own
+	frees           ptx.Reg     // with a producer warp: slot 0's free mbarrier, past the slots' own
 	thread0         ptx.Reg     // thread 0 inits the mbarriers
 	asker           ptx.Reg     // the thread that asks for W and x: thread 0, or the producer warp's first
 	wgLead          ptx.Reg     // the thread of a warpgroup that frees its slots (freeSlot): its first
@@ -1188,13 +1188,14 @@ func (g *gcGen) advance(stage, slot, phase ptx.Reg, top string) {
 }
 
 // freeSlot ends stage s (slot slot) of a warpgroup whose ring a producer warp refills: once
-// its four warps are past the slot (a named barrier without the producer warp and the other
-// warpgroups), its thread 0 tells every CTA of the cluster sharing x that this one has read
-// it (or, in the wide form, this CTA that this warpgroup has), where the slot is refilled. The
-// producer warp waits for that. When thread 0, one of the warpgroup's threads, waited and refilled the slot
-// itself, every stage waited for the partner: on the H200 the 8B's 128-row step took 8.1-11.0
-// ms against cuBLASLt's 6.0 (session 43, testsuite/gpu/RESULTS.md); with the producer warp,
-// 7.0 (clusters of 4 for o and down, GemmCopyFor) and 5.94 against 5.89 (q/k/v alone).
+// its four warps are past the slot (a named barrier of its own, without the producer warp and
+// the other warpgroups), its thread 0 tells the free mbarrier of every CTA sharing the slot's
+// x (this one, or each of the cluster's) that this warpgroup has read it; the producer warp
+// refills the slot once every reader has. When thread 0, one of the warpgroup's threads,
+// waited and refilled the slot itself, every stage waited for the partner: on the H200 the
+// 8B's 128-row step took 8.1-11.0 ms against cuBLASLt's 6.0 (session 43,
+// testsuite/gpu/RESULTS.md); with the producer warp, 7.0 (clusters of 4 for o and down,
+// GemmCopyFor) and 5.94 against 5.89 (q/k/v alone).
 func (g *gcGen) freeSlot(stage, slot ptx.Reg) {
 	c := g.c
 	g.Emit("bar.sync", g.wgBar, ptx.Imm(wgThreads))
