@@ -598,14 +598,21 @@ func (g *gen) copyGemms(templates []bundle.Template) error {
 
 // plainCopyFor is the build's plain copy-engine GEMM of K x N for rows rows: the wide form
 // where the build asks for it and the rows have one (WideCopyFor), else GemmCopyFor's; with
-// the build's ring slots and next-grid launch.
+// the build's ring slots and next-grid launch (withNextAtAsk).
 func (g *gen) plainCopyFor(k, n, rows int) (GemmCopyConfig, error) {
+	form := GemmCopyFor
 	if g.copyWide && gcLayoutOf(rows).Wide {
-		return WideCopyFor(k, n, rows, g.copySlots)
+		form = WideCopyFor
 	}
-	c, err := GemmCopyFor(k, n, rows, g.copySlots)
-	c.NextAtAsk = g.copyNextAtAsk
-	return c, err
+	c, err := form(k, n, rows, g.copySlots)
+	return g.withNextAtAsk(c), err
+}
+
+// withNextAtAsk is c with the build's next-grid launch (BuildInfo.CopyGemmNextAtAsk) where
+// its form takes one: the wide form's producer warp lets the next grid launch as it exits.
+func (g *gen) withNextAtAsk(c GemmCopyConfig) GemmCopyConfig {
+	c.NextAtAsk = g.copyNextAtAsk && c.Wide == 0
+	return c
 }
 
 // MaxRopeCopyRows bounds BuildInfo.RopeCopyRows: the most rows of a warpgroup layout.
@@ -695,7 +702,7 @@ func (g *gen) epilogueCopyGemms(templates []bundle.Template, maxRows int, pairAt
 				if err != nil {
 					continue // a shape the kernel cannot take (K not of whole stages): the two nodes run one by one
 				}
-				c.NextAtAsk = g.copyNextAtAsk && c.Wide == 0 // the wide form's producer lets the next grid launch as it exits
+				c = g.withNextAtAsk(c)
 				name := fmt.Sprintf("gemm_copy_k%d_n%d_r%d%s", p.gemm.K, p.gemm.N, c.Rows, p.name)
 				if _, err := g.kernel(name, func() (*Kernel, error) { return GemmCopy(name, c) }); err != nil {
 					return err
