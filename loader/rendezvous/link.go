@@ -120,8 +120,3 @@ func (l *Link) wrap(what string, err error) error {
 	}
 	return fmt.Errorf("%s: %s: %w", l.Peer, what, err)
 }
-
-// IsClosed reports whether err says the peer closed the connection (rather than failed).
-func IsClosed(err error) bool {
-	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
-}
