@@ -201,24 +201,7 @@ func (e *ropeEpilogue) store(g *gemmGen, r0 ptx.Reg, t int, acc [][]ptx.Reg) {
 	ka := g.byteAddr(e.kc, e.kvElem, kvs)
 	va := g.byteAddr(e.vc, e.kvElem, kvs)
 	g.when(e.mine, false, func() {
-		rotated := g.NewLabel("rotated")
-		g.when(e.isV, false, func() {
-			g.Emit("st.global.f32", y0, x0)
-			g.Emit("st.global.f32", y1, x1)
-			g.storeAt(ptx.Addr{Base: va}, x0, c.KVDtype)
-			g.storeAt(ptx.Addr{Base: va, Offset: int64(half * kvs)}, x1, c.KVDtype)
-			g.Emit("bra", ptx.Sym(rotated))
-		})
-		// RopeKV's rotation: rounded products (.rn), so that ptxas contracts nothing.
-		o0 := g.op3("sub.rn.f32", ptx.F32, g.op3("mul.rn.f32", ptx.F32, x0, e.cs), g.op3("mul.rn.f32", ptx.F32, x1, e.sn))
-		o1 := g.op3("add.rn.f32", ptx.F32, g.op3("mul.rn.f32", ptx.F32, x1, e.cs), g.op3("mul.rn.f32", ptx.F32, x0, e.sn))
-		g.Emit("st.global.f32", y0, o0)
-		g.Emit("st.global.f32", y1, o1)
-		g.when(e.isQ, true, func() {
-			g.storeAt(ptx.Addr{Base: ka}, o0, c.KVDtype)
-			g.storeAt(ptx.Addr{Base: ka, Offset: int64(half * kvs)}, o1, c.KVDtype)
-		})
-		g.Label(rotated)
+		g.storeRopePair(c.KVDtype, half, x0, x1, e.cs, e.sn, y0, y1, func() ptx.Reg { return ka }, func() ptx.Reg { return va }, e.isQ, e.isV)
 	})
 }
 

@@ -349,26 +349,8 @@ func (g *gcGen) wgStoreRope(acc []ptx.Reg) {
 				y0 := g.byteAddr(g.y, yi, 4)
 				ki := g.op3("add.u32", ptx.U32, r.kvHead0, col)
 				g.Emit("add.u32", ki, ki, r.kvElem[of[i]])
-				rotated := g.NewLabel("rotated")
-				g.when(r.kind.v, false, func() {
-					g.Emit("st.global.f32", ptx.Addr{Base: y0}, x0)
-					g.Emit("st.global.f32", ptx.Addr{Base: y0, Offset: int64(4 * half)}, x1)
-					va := g.byteAddr(r.params["vcache"], ki, kvs)
-					g.storeAt(ptx.Addr{Base: va}, x0, rc.KVDtype)
-					g.storeAt(ptx.Addr{Base: va, Offset: int64(half * kvs)}, x1, rc.KVDtype)
-					g.Emit("bra", ptx.Sym(rotated))
-				})
-				// RopeKV's rotation: rounded products (.rn), so that ptxas contracts nothing.
-				o0 := g.op3("sub.rn.f32", ptx.F32, g.op3("mul.rn.f32", ptx.F32, x0, r.cos[i]), g.op3("mul.rn.f32", ptx.F32, x1, r.sin[i]))
-				o1 := g.op3("add.rn.f32", ptx.F32, g.op3("mul.rn.f32", ptx.F32, x1, r.cos[i]), g.op3("mul.rn.f32", ptx.F32, x0, r.sin[i]))
-				g.Emit("st.global.f32", ptx.Addr{Base: y0}, o0)
-				g.Emit("st.global.f32", ptx.Addr{Base: y0, Offset: int64(4 * half)}, o1)
-				g.when(r.kind.q, true, func() {
-					ka := g.byteAddr(r.params["kcache"], ki, kvs)
-					g.storeAt(ptx.Addr{Base: ka}, o0, rc.KVDtype)
-					g.storeAt(ptx.Addr{Base: ka, Offset: int64(half * kvs)}, o1, rc.KVDtype)
-				})
-				g.Label(rotated)
+				g.storeRopePair(rc.KVDtype, half, x0, x1, r.cos[i], r.sin[i], ptx.Addr{Base: y0}, ptx.Addr{Base: y0, Offset: int64(4 * half)},
+					func() ptx.Reg { return g.byteAddr(r.params["kcache"], ki, kvs) }, func() ptx.Reg { return g.byteAddr(r.params["vcache"], ki, kvs) }, r.kind.q, r.kind.v)
 			})
 		}
 	}

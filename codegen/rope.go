@@ -67,6 +67,35 @@ func kvAttrs(c RopeConfig) (ops.KVAttrs, error) {
 		MaxBlocksPerSeq: c.MaxBlocksPerSeq, KVDtype: dt}, nil
 }
 
+// storeRopePair stores the pair (x0, x1), elements i and i+half of a q, k or v head's row, as
+// rope_kv does, instruction for instruction: a v head's (isV) as it is into y (y0, y1) and
+// the V cache (element i at va()), a q or k head's rotated by (cs, sn) into y and, a k
+// head's (neither isQ nor isV), into the K cache (ka()). Each cache address is worked out
+// on its branch only.
+func (e emitter) storeRopePair(kvDtype ptx.Type, half int, x0, x1, cs, sn ptx.Reg, y0, y1 ptx.Addr, ka, va func() ptx.Reg, isQ, isV ptx.Reg) {
+	kvs := kvDtype.Bytes()
+	rotated := e.NewLabel("rotated")
+	e.when(isV, false, func() {
+		e.Emit("st.global.f32", y0, x0)
+		e.Emit("st.global.f32", y1, x1)
+		a := va()
+		e.storeAt(ptx.Addr{Base: a}, x0, kvDtype)
+		e.storeAt(ptx.Addr{Base: a, Offset: int64(half * kvs)}, x1, kvDtype)
+		e.Emit("bra", ptx.Sym(rotated))
+	})
+	// RopeKV's rotation: rounded products (.rn), so that ptxas contracts nothing.
+	o0 := e.op3("sub.rn.f32", ptx.F32, e.op3("mul.rn.f32", ptx.F32, x0, cs), e.op3("mul.rn.f32", ptx.F32, x1, sn))
+	o1 := e.op3("add.rn.f32", ptx.F32, e.op3("mul.rn.f32", ptx.F32, x1, cs), e.op3("mul.rn.f32", ptx.F32, x0, sn))
+	e.Emit("st.global.f32", y0, o0)
+	e.Emit("st.global.f32", y1, o1)
+	e.when(isQ, true, func() {
+		a := ka()
+		e.storeAt(ptx.Addr{Base: a}, o0, kvDtype)
+		e.storeAt(ptx.Addr{Base: a, Offset: int64(half * kvs)}, o1, kvDtype)
+	})
+	e.Label(rotated)
+}
+
 // kvSlot emits the cache token slot of position p in sequence slot s:
 // block_table[s][p/BlockSize]*BlockSize + p%BlockSize.
 func (e emitter) kvSlot(c RopeConfig, table, s, p ptx.Reg) ptx.Reg {
