@@ -261,9 +261,9 @@ const OpRopeKV = "rope_kv"
 // sequence slots, the block table and the two caches.
 var RopeKVParams = []Param{{"cos", "u64"}, {"sin", "u64"}, {"pos", "u64"}, {"seq", "u64"}, {"block_table", "u64"}, {"kcache", "u64"}, {"vcache", "u64"}}
 
-// ropeCopyTile is the W rows a copy-engine GEMM with RopeKV asks for of each half of a head:
-// a head's half must be whole tiles of it.
-const ropeCopyTile = 32
+// ropeCopyHalf is what half a head's rows of W must be a multiple of for a copy-engine GEMM
+// with RopeKV: the swapped form asks for them in boxes of 32 rows.
+const ropeCopyHalf = 32
 
 // GemmCopyShape is what a copy-engine GEMM serves: a GEMM node of K and N, and with Act the
 // gated activation after it.
@@ -331,13 +331,13 @@ func GemmCopyKernels(kernels []Kernel) (map[GemmCopyShape][]GemmCopy, error) {
 }
 
 // checkCopy checks r as the rope of copy-engine GEMM a: no activation, N the q/k/v row's
-// width, a head's half of whole W boxes (Box[1] rows each, ropeCopyTile), a KV block of
-// positive size.
+// width, a head's half of whole W boxes (Box[1] rows each, a multiple of 8 so that boxes
+// stack under the swizzle), a KV block of positive size.
 func (r *KVShape) checkCopy(a GemmCopyAttrs) error {
-	if a.Act != "" || r.Heads <= 0 || r.KVHeads <= 0 || r.Heads%r.KVHeads != 0 || r.HeadDim%(2*ropeCopyTile) != 0 || a.N != (r.Heads+2*r.KVHeads)*r.HeadDim ||
-		a.Box[1] != ropeCopyTile || r.BlockSize <= 0 || r.MaxBlocksPerSeq <= 0 || (r.KVDtype != "bf16" && r.KVDtype != "f32") {
-		return fmt.Errorf("rope_kv %+v: want no activation, heads a positive multiple of kv_heads, head_dim a multiple of %d, n = (heads + 2*kv_heads)*head_dim, box rows %d, a positive KV block size and blocks, kv_dtype bf16 or f32",
-			*r, 2*ropeCopyTile, ropeCopyTile)
+	if a.Act != "" || r.Heads <= 0 || r.KVHeads <= 0 || r.Heads%r.KVHeads != 0 || r.HeadDim%(2*ropeCopyHalf) != 0 || a.N != (r.Heads+2*r.KVHeads)*r.HeadDim ||
+		a.Box[1]%8 != 0 || r.HeadDim/2%a.Box[1] != 0 || r.BlockSize <= 0 || r.MaxBlocksPerSeq <= 0 || (r.KVDtype != "bf16" && r.KVDtype != "f32") {
+		return fmt.Errorf("rope_kv %+v: want no activation, heads a positive multiple of kv_heads, head_dim a multiple of %d, n = (heads + 2*kv_heads)*head_dim, box rows a multiple of 8 dividing head_dim/2, a positive KV block size and blocks, kv_dtype bf16 or f32",
+			*r, 2*ropeCopyHalf)
 	}
 	return nil
 }
@@ -547,7 +547,7 @@ func RopePairAt(nodes []Node, i int, kernel func(name string) Kernel) (GEMM, Rop
 		len(next.Args) != len(k.Params) || next.Args[0] != n.Args[g.Y] || next.Grid[0] != g.M || g.Guard != 0 || n.SkipUnless != 0 || next.SkipUnless != 0 {
 		return GEMM{}, RopeKVNode{}, false, nil
 	}
-	if a.KVShape.checkCopy(GemmCopyAttrs{N: g.N, Box: [2]int{0, ropeCopyTile}}) != nil {
+	if a.KVShape.checkCopy(GemmCopyAttrs{N: g.N, Box: [2]int{0, ropeCopyHalf}}) != nil {
 		return GEMM{}, RopeKVNode{}, false, nil
 	}
 	return g, RopeKVNode{Shape: a.KVShape, Args: next.Args[1:]}, true, nil

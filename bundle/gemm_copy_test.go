@@ -192,9 +192,10 @@ func TestGatedPairAt(t *testing.T) {
 }
 
 // TestGemmCopyKernelsWithRope: a copy-engine GEMM with rope_kv takes RopeKVParams after its
-// own four and is indexed under Act OpRopeKV; a rope whose row is not N wide, whose head's
-// half is not whole 32-row boxes, or that carries an activation too, and one without the
-// rope's parameters, are refused.
+// own four and is indexed under Act OpRopeKV (boxes of 32 rows, or in the wide form of up to
+// half a head); a rope whose row is not N wide, whose head's half is not a multiple of 32
+// rows or not whole boxes of a multiple of 8 rows, or that carries an activation too, and one
+// without the rope's parameters, are refused.
 func TestGemmCopyKernelsWithRope(t *testing.T) {
 	params := append([]Param{{GemmXMap, TensorMapParam}, {GemmWMap, TensorMapParam}, {GemmY, "u64"}, {GemmRows, "u32"}}, RopeKVParams...)
 	rope := `{"k":4096,"n":6144,"rows":32,"box":[64,32],"swizzle":128,"x_box":[64,32],"x_bf16":true,"x_swizzle":128,"grid":96,"cluster":1,"block":128,"shared":148480,` +
@@ -209,6 +210,9 @@ func TestGemmCopyKernelsWithRope(t *testing.T) {
 	if k := got[GemmCopyShape{K: 4096, N: 6144, Act: OpRopeKV}]; len(k) != 1 || k[0].Attrs.RopeKV == nil || k[0].Attrs.RopeKV.KVHeads != 8 {
 		t.Errorf("rope: %v", got)
 	}
+	if _, err := GemmCopyKernels([]Kernel{kern(strings.Replace(rope, `"box":[64,32]`, `"box":[64,64]`, 1), params)}); err != nil {
+		t.Errorf("boxes of half a head: %v", err)
+	}
 	for _, c := range []struct {
 		name, attrs string
 		params      []Param
@@ -217,7 +221,8 @@ func TestGemmCopyKernelsWithRope(t *testing.T) {
 		{"row not n wide", strings.Replace(rope, `"kv_heads":8`, `"kv_heads":4`, 1), params, "want no activation, heads a positive multiple of kv_heads"},
 		{"half of 32 rows", strings.Replace(rope, `"head_dim":128`, `"head_dim":96`, 1), params, "head_dim a multiple of 64"},
 		{"an activation too", strings.Replace(rope, `"shared"`, `"act":"silu_mul","shared"`, 1), params, "want no activation"},
-		{"boxes of 64 rows", strings.Replace(rope, `"box":[64,32]`, `"box":[64,64]`, 1), params, "box rows 32"},
+		{"boxes across a head's half", strings.Replace(rope, `"box":[64,32]`, `"box":[64,48]`, 1), params, "box rows a multiple of 8 dividing head_dim/2"},
+		{"boxes of 4 rows", strings.Replace(rope, `"box":[64,32]`, `"box":[64,4]`, 1), params, "box rows a multiple of 8"},
 		{"no rope parameters", rope, params[:4], "a copy-engine GEMM takes parameters"},
 	} {
 		if _, err := GemmCopyKernels([]Kernel{kern(c.attrs, c.params)}); err == nil || !strings.Contains(err.Error(), c.want) {

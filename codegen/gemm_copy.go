@@ -175,15 +175,18 @@ type GemmCopyConfig struct {
 	// NextAtAsk: the grid after it may launch once the CTA has asked for its last stage of W
 	// (BuildInfo.CopyGemmNextAtAsk), not only once it has read every stage.
 	NextAtAsk bool
-	// Rope (warpgroup form, K not split, no Act): the kernel serves the q/k/v GEMM and the
-	// rope_kv after it as one launch (wgStoreRope), each CTA's 64 W rows being 32 rows of a
-	// head's first half and the same 32 of its second, so that both of a rotation's elements
-	// meet in one CTA.
+	// Rope (warpgroup form, no Act): the kernel serves the q/k/v GEMM and the rope_kv after it
+	// as one launch (wgStoreRope), each CTA's 64 W rows being 32 rows of a head's first half
+	// and the same 32 of its second, so that both of a rotation's elements meet in one CTA; K
+	// is not split. In the wide form (wideStoreRope) the CTA's W rows are Wide pairs' first
+	// elements, then their second ones, and K may be split.
 	Rope *RopeConfig
 	// Wide (gemm_wide.go): the kernel's wide form, each CTA's output columns, one wgmma's B
 	// multiplied by every row of x, 64 rows a warpgroup. With Act its W rows are that many of
-	// gate's and the same of up's (Wide a multiple of 8, at most wgMaxN/2); without, that many
-	// of W's (a multiple of 8*Split, at most wgMaxN), K split over the Split CTAs of a cluster.
+	// gate's and the same of up's (Wide a multiple of 8, at most wgMaxN/2); with Rope, that
+	// many pairs' first rows and their second rows (a multiple of 8*Split, at most wgMaxN/2);
+	// otherwise that many of W's (a multiple of 8*Split, at most wgMaxN). Without Act K is
+	// split over the Split CTAs of a cluster.
 	Wide int
 }
 
@@ -231,10 +234,11 @@ func (c GemmCopyConfig) yCols() int {
 	return c.wRows()
 }
 
-// wRows is a CTA's W rows: gcCols, or in the wide form Wide (with Act, of gate's and of up's).
+// wRows is a CTA's W rows: gcCols, or in the wide form Wide (with Act, of gate's and of up's;
+// with Rope, of the pairs' first elements and of their second).
 func (c GemmCopyConfig) wRows() int {
 	switch {
-	case c.Wide > 0 && c.Act != "":
+	case c.Wide > 0 && c.paired():
 		return 2 * c.Wide
 	case c.Wide > 0:
 		return c.Wide
@@ -424,6 +428,9 @@ func RopeCopyFor(k, n, rows, slots int, rc RopeConfig) (GemmCopyConfig, error) {
 	if !c.warpgroup() {
 		return GemmCopyConfig{}, fmt.Errorf("copy-engine GEMM with rope_kv: %d rows, want rows of the warpgroup form", rows)
 	}
+	if gcLayoutOf(rows).Wide {
+		return wideRopeFor(k, n, rows, slots, rc)
+	}
 	// A CTA rotates its own pairs: K is never split over a cluster, nor x shared.
 	c.Split, c.Share, c.Rope = 1, 0, &rc
 	c.Stages = min(c.ringStages(), cmp.Or(max(slots, 0), gcStages), c.fitSlots())
@@ -484,7 +491,7 @@ func CopyGemmLayoutRows() []int {
 // Attrs are the kernel's reference attributes and launch. In the warpgroup form x is the
 // library cast's bf16, in boxes of gcBoxK under the swizzle, as W.
 func (c GemmCopyConfig) Attrs() bundle.GemmCopyAttrs {
-	a := bundle.GemmCopyAttrs{K: c.K, N: c.N, Rows: c.Rows, Box: [2]int{gcBoxK, c.yCols()}, Swizzle: gcSwizzle, XBox: [2]int{gcStage, c.Rows},
+	a := bundle.GemmCopyAttrs{K: c.K, N: c.N, Rows: c.Rows, Box: [2]int{gcBoxK, c.wBoxRows()}, Swizzle: gcSwizzle, XBox: [2]int{gcStage, c.Rows},
 		Grid: c.ctas(), Cluster: c.cluster(), Block: c.threads(), Shared: c.shared()}
 	if c.warpgroup() {
 		a.XBox, a.XBF16, a.XSwizzle = [2]int{gcBoxK, c.Rows}, true, gcSwizzle
@@ -773,7 +780,7 @@ func GemmCopy(name string, c GemmCopyConfig) (*Kernel, error) {
 		c.Share > 1 && (!wg || c.Split > 1 || c.N/c.wRows()%c.Share != 0 || c.Wide == 0 && c.stageK()/gcBoxK%c.Share != 0 || 2*c.Stages > gcBars/8 || c.cluster() > gcMaxCluster) ||
 		c.Act != "" && (!wg || c.Share > 1 && c.Wide == 0 || !slices.Contains(bundle.GatedActOps, c.Act)) ||
 		c.Tiles > 1 && (c.Act == "" || c.Split > 1 || c.N/gcCols%c.Tiles != 0) ||
-		c.Rope != nil && (!wg || c.Split > 1 || c.Share > 1 || c.Act != "" || c.Tiles > 1 || ropeCopyErr(*c.Rope, c.N) != nil) ||
+		c.Rope != nil && (!wg || c.Split > 1 && c.Wide == 0 || c.Share > 1 || c.Act != "" || c.Tiles > 1 || ropeCopyErr(*c.Rope, c.N) != nil) ||
 		c.Wide != 0 && wideErr(c) != nil {
 		return nil, fmt.Errorf("copy-engine GEMM %s: bad configuration %+v (use GemmCopyFor, GatedCopyFor or RopeCopyFor)", name, c)
 	}
@@ -903,7 +910,10 @@ func (g *gcGen) emit() {
 	if c.NextAtAsk && c.Stages >= c.ringStages() {
 		g.Emit(bundle.PriorGridLaunch) // every stage is asked for already
 	}
-	if c.Rope != nil {
+	switch {
+	case c.Rope != nil && c.Wide > 0:
+		g.widePrepareRope()
+	case c.Rope != nil:
 		g.wgPrepareRope()
 	}
 	g.Emit(bundle.PriorGridWait)
@@ -977,27 +987,48 @@ func (g *gcGen) askW(stage ptx.Reg, slot ptx.Operand) {
 	g.Emit("mbarrier.arrive.expect_tx.shared::cta.b64", state, ptx.Addr{Base: bar}, g.imm32(int64(c.wBytes()+c.xBytes())))
 	kc := g.firstK(stage)
 	dst := g.slotAddr(g.slot0, slot)
-	// With Act, a box of gate's rows and one of up's (N/2 rows on) stacked: under the swizzle,
-	// whose pattern repeats every 8 rows, the same layout as one box of both.
-	rows := []ptx.Reg{g.tileCol(stage)}
+	// Each box's first W row and its first row in the stage's W. With Act, a box of gate's
+	// rows and one of up's (N/2 rows on) stacked: under the swizzle, whose pattern repeats
+	// every 8 rows, the same layout as one box of both. With Rope, the boxes of the pairs'
+	// first elements, then those of their second (half a head on).
+	type box struct {
+		row ptx.Reg
+		at  int
+	}
+	col := g.tileCol(stage)
+	boxes := []box{{col, 0}}
 	switch {
 	case c.Act != "":
-		rows = append(rows, g.op3("add.u32", ptx.U32, rows[0], ptx.Imm(int64(c.N/2))))
+		boxes = append(boxes, box{g.op3("add.u32", ptx.U32, col, ptx.Imm(int64(c.N/2))), c.yCols()})
 	case c.Rope != nil:
-		// Pair u is element u % half of head u / half: W rows head*HeadDim + that and half on.
 		half := c.Rope.HeadDim / 2
-		first := g.op3("div.u32", ptx.U32, rows[0], ptx.Imm(int64(half)))
-		g.Emit("mul.lo.u32", first, first, ptx.Imm(int64(half)))
-		g.Emit("add.u32", first, first, rows[0])
-		rows = []ptx.Reg{first, g.op3("add.u32", ptx.U32, first, ptx.Imm(int64(half)))}
+		boxes = nil
+		for b := 0; b < c.yCols(); b += c.wBoxRows() {
+			u := col
+			if b > 0 {
+				u = g.op3("add.u32", ptx.U32, col, ptx.Imm(int64(b)))
+			}
+			first := g.ropeRow(u)
+			boxes = append(boxes, box{first, b}, box{g.op3("add.u32", ptx.U32, first, ptx.Imm(int64(half))), c.yCols() + b})
+		}
 	}
 	for b := range c.stageK() / gcBoxK {
 		kb := g.op3("add.u32", ptx.U32, kc, ptx.Imm(int64(b*gcBoxK)))
-		for i, row := range rows {
+		for _, x := range boxes {
 			g.Emit("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes",
-				ptx.Addr{Base: dst, Offset: int64(b*c.wRows()*2*gcBoxK + i*c.yCols()*2*gcBoxK)}, ptx.TensorAddr{Map: g.wmap, Coords: ptx.Vec{kb, row}}, ptx.Addr{Base: bar})
+				ptx.Addr{Base: dst, Offset: int64(b*c.wRows()*2*gcBoxK + x.at*2*gcBoxK)}, ptx.TensorAddr{Map: g.wmap, Coords: ptx.Vec{kb, x.row}}, ptx.Addr{Base: bar})
 		}
 	}
+}
+
+// ropeRow is the W row of pair u's first element: element u % half of head u / half, so row
+// u/half*HeadDim + u%half = u/half*half + u; its second element's is half a head on.
+func (g *gcGen) ropeRow(u ptx.Reg) ptx.Reg {
+	half := g.c.Rope.HeadDim / 2
+	row := g.op3("div.u32", ptx.U32, u, ptx.Imm(int64(half)))
+	g.Emit("mul.lo.u32", row, row, ptx.Imm(int64(half)))
+	g.Emit("add.u32", row, row, u)
+	return row
 }
 
 // askX (thread 0) asks for a stage's x, past its W (the stage's first K worked out again, as

@@ -368,29 +368,79 @@ func TestWideCopyFor(t *testing.T) {
 	}
 }
 
+// TestRopeCopyForWide: at 64 and 128 rows the q/k/v projection with rope_kv takes the wide
+// form, with the pairs a CTA and K split that make the most CTAs, and of those the fewest
+// bytes of x and of the ranks' sums, in boxes of the most rows that cross no head: on
+// Llama-3.1-8B 96 pairs (three boxes of 32 a half) over 4 ranks, 128 CTAs; on Llama-3.2-1B
+// (head dim 64) 64 pairs over 4, 96 CTAs (32 pairs over 4 would make 192).
+func TestRopeCopyForWide(t *testing.T) {
+	l8 := RopeConfig{Heads: 32, KVHeads: 8, HeadDim: 128, BlockSize: 16, MaxBlocksPerSeq: 8, KVDtype: ptx.BF16}
+	l1 := RopeConfig{Heads: 32, KVHeads: 8, HeadDim: 64, BlockSize: 16, MaxBlocksPerSeq: 8, KVDtype: ptx.BF16}
+	for _, c := range []struct {
+		rc                                  RopeConfig
+		k, n, rows, pairs, split, grid, box int
+	}{
+		{l8, 4096, 6144, 128, 96, 4, 128, 32},
+		{l8, 4096, 6144, 64, 96, 4, 128, 32},
+		{l1, 2048, 3072, 128, 64, 4, 96, 32},
+	} {
+		got, err := RopeCopyFor(c.k, c.n, c.rows, 0, c.rc)
+		if err != nil {
+			t.Fatalf("%d x %d at %d rows: %v", c.k, c.n, c.rows, err)
+		}
+		if a := got.Attrs(); got.Wide != c.pairs || got.Split != c.split || a.Grid != c.grid || a.Cluster != c.split || a.Box != [2]int{gcBoxK, c.box} || a.RopeKV == nil {
+			t.Errorf("%d x %d at %d rows: %+v, attributes %+v; want %d pairs over %d ranks, grid %d, boxes of %d rows", c.k, c.n, c.rows, got, a, c.pairs, c.split, c.grid, c.box)
+		}
+		if _, err := GemmCopy("wide_rope", got); err != nil {
+			t.Errorf("%d x %d at %d rows: %v", c.k, c.n, c.rows, err)
+		}
+	}
+	// 16 pairs over 4 ranks: a rank's 2 registers of first elements are no run of 4 (ownedRegs).
+	bad := GemmCopyConfig{K: 1024, N: 384, Rows: 128, Split: 4, Stages: 2, Wide: 16, Rope: &RopeConfig{Heads: 1, KVHeads: 1, HeadDim: 128, BlockSize: 16, MaxBlocksPerSeq: 2, KVDtype: ptx.BF16}}
+	if _, err := GemmCopy("wide_rope", bad); err == nil || !strings.Contains(err.Error(), "bad configuration") {
+		t.Errorf("%+v: %v, want a bad configuration", bad, err)
+	}
+	bad.Split, bad.Wide = 2, 16
+	if _, err := GemmCopy("wide_rope", bad); err != nil {
+		t.Errorf("%+v: %v, want none", bad, err)
+	}
+}
+
 // TestGemmCopyRopeMatchesThePair: the copy-engine GEMM with rope_kv in its epilogue writes y
 // and both caches bit for bit as the plain copy-engine GEMM followed by the RopeKV kernel
 // (both in the emulator), and within rounding of the reference op: GQA ratios 1, 2 and 4,
 // head dims 64 and 128, bf16 and f32 caches, ragged positions (the first of a block, the last
-// of one, one past) in shuffled pages, a full bucket and a part of one.
+// of one, one past) in shuffled pages, a full bucket and a part of one. In the wide form
+// (pairs a CTA, K split) the plain GEMM is the plain wide form of the same split, whose ranks
+// add their sums in the same order: one box of pairs a half, three a half with pairs of two
+// heads a CTA, K split over 2 and 4 ranks.
 func TestGemmCopyRopeMatchesThePair(t *testing.T) {
 	for _, c := range []struct {
-		rc        RopeConfig
-		k, layout int
-		rows      []int
+		rc           RopeConfig
+		k, layout    int
+		rows         []int
+		pairs, split int // the wide form's
 	}{
-		{RopeConfig{Heads: 4, KVHeads: 1, HeadDim: 64, BlockSize: 4, MaxBlocksPerSeq: 8, KVDtype: ptx.BF16}, 512, 32, []int{32, 7}},
-		{RopeConfig{Heads: 2, KVHeads: 2, HeadDim: 64, BlockSize: 8, MaxBlocksPerSeq: 4, KVDtype: ptx.F32}, 256, 32, []int{32}},
-		{RopeConfig{Heads: 2, KVHeads: 1, HeadDim: 128, BlockSize: 16, MaxBlocksPerSeq: 2, KVDtype: ptx.BF16}, 768, 32, []int{29}},
-		{RopeConfig{Heads: 4, KVHeads: 2, HeadDim: 128, BlockSize: 16, MaxBlocksPerSeq: 8, KVDtype: ptx.BF16}, 512, 64, []int{64, 50}}, // 64 rows
+		{RopeConfig{Heads: 4, KVHeads: 1, HeadDim: 64, BlockSize: 4, MaxBlocksPerSeq: 8, KVDtype: ptx.BF16}, 512, 32, []int{32, 7}, 0, 0},
+		{RopeConfig{Heads: 2, KVHeads: 2, HeadDim: 64, BlockSize: 8, MaxBlocksPerSeq: 4, KVDtype: ptx.F32}, 256, 32, []int{32}, 0, 0},
+		{RopeConfig{Heads: 2, KVHeads: 1, HeadDim: 128, BlockSize: 16, MaxBlocksPerSeq: 2, KVDtype: ptx.BF16}, 768, 32, []int{29}, 0, 0},
+		{RopeConfig{Heads: 4, KVHeads: 2, HeadDim: 128, BlockSize: 16, MaxBlocksPerSeq: 8, KVDtype: ptx.BF16}, 512, 64, []int{64, 50}, 0, 0}, // 64 rows
+		{RopeConfig{Heads: 4, KVHeads: 2, HeadDim: 64, BlockSize: 16, MaxBlocksPerSeq: 4, KVDtype: ptx.BF16}, 256, 128, []int{128, 37}, 32, 1},
+		{RopeConfig{Heads: 4, KVHeads: 1, HeadDim: 128, BlockSize: 16, MaxBlocksPerSeq: 4, KVDtype: ptx.BF16}, 512, 128, []int{128, 70}, 96, 4},
+		{RopeConfig{Heads: 4, KVHeads: 2, HeadDim: 64, BlockSize: 8, MaxBlocksPerSeq: 8, KVDtype: ptx.F32}, 256, 64, []int{64, 9}, 32, 2},
 	} {
 		rc := c.rc
 		n := (rc.Heads + 2*rc.KVHeads) * rc.HeadDim
 		for _, rows := range c.rows {
 			plain := GemmCopyConfig{K: c.k, N: n, Rows: c.layout, Split: 1, Stages: min(2, c.k/256)}
 			fused := plain
+			if c.pairs > 0 {
+				plain = GemmCopyConfig{K: c.k, N: n, Rows: c.layout, Split: c.split, Stages: 2, Wide: 2 * c.pairs}
+				fused = plain
+				fused.Wide = c.pairs
+			}
 			fused.Rope = &rc
-			t.Run(fmt.Sprintf("h%d_kv%d_d%d_%s_k%d_r%d_rows%d", rc.Heads, rc.KVHeads, rc.HeadDim, rc.KVDtype, c.k, c.layout, rows), func(t *testing.T) {
+			t.Run(fmt.Sprintf("h%d_kv%d_d%d_%s_k%d_r%d_pairs%d_split%d_rows%d", rc.Heads, rc.KVHeads, rc.HeadDim, rc.KVDtype, c.k, c.layout, c.pairs, c.split, rows), func(t *testing.T) {
 				checkRopeCopy(t, plain, fused, rows)
 			})
 		}

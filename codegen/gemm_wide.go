@@ -3,6 +3,7 @@ package codegen
 import (
 	"cmp"
 	"fmt"
+	"slices"
 
 	"xmix/bundle"
 	"xmix/ptx"
@@ -24,6 +25,12 @@ import (
 //     step of the 8B's gate/up instead of 128, beside 235 MB of W.
 //   - Plain: Wide rows of W, K split over a cluster of Split CTAs where the column tiles alone
 //     would be few (wideSplit), the ranks' sums added slice by slice (wideStore).
+//   - Rope: the q/k/v projection with rope_kv's rotation and KV write (wideStoreRope): Wide
+//     pairs' first W rows (a head's first half), then their second rows, in boxes that never
+//     cross a head (wBoxRows), so register i + Wide/2 holds the partner of register i's
+//     element. K splits as the plain form's, each rank owning whole pairs. On Llama-3.1-8B at
+//     128 rows: 96 pairs a CTA (three boxes of 32 a half) over 4 ranks, 128 CTAs, as many as
+//     the plain form's 192 columns over 4.
 //
 // Ring. A stage is one box of K (gcBoxK): the W rows (with Act gate's and up's stacked: the
 // 128-byte swizzle's pattern repeats every 8 rows, so two boxes are one canonical K-major
@@ -65,11 +72,41 @@ func WideCopyFor(k, n, rows, slots int) (GemmCopyConfig, error) {
 		return GemmCopyConfig{}, fmt.Errorf("copy-engine GEMM, wide form: K=%d must be a positive multiple of %d", k, gcBoxK)
 	}
 	c := GemmCopyConfig{K: k, N: n, Rows: rows}
-	c.Wide, c.Split = wideSplit(k, n, rows)
+	c.Wide, c.Split = wideSplit(k, n, 1, rows)
 	if c.Wide == 0 {
 		return GemmCopyConfig{}, fmt.Errorf("copy-engine GEMM, wide form: N=%d: want N with a divisor that is a multiple of 8 up to %d in at most %d tiles", n, wgMaxN, gcSMs)
 	}
 	return c.wideRing(slots)
+}
+
+// wideRopeFor is RopeCopyFor's kernel in the wide form: the pairs a CTA and the K split
+// (wideSplit) that make the most CTAs of one wave, a ring of as many slots as asked (slots > 0), else wgWideSlots, and never more than
+// fit.
+func wideRopeFor(k, n, rows, slots int, rc RopeConfig) (GemmCopyConfig, error) {
+	c := GemmCopyConfig{K: k, N: n, Rows: rows, Rope: &rc}
+	c.Wide, c.Split = wideSplit(k, n/2, 2, rows)
+	if c.Wide == 0 {
+		return GemmCopyConfig{}, fmt.Errorf("copy-engine GEMM with rope_kv, wide form: N=%d: want N/2 with a divisor that is a multiple of 8 up to %d in at most %d tiles", n, wgMaxN/2, gcSMs)
+	}
+	return c.wideRing(slots)
+}
+
+// wBoxRows is the rows of one of the CTA's W boxes: its output columns, but in the wide form
+// with Rope the most that divide both its pairs and half a head, so that no box crosses a
+// head (a multiple of 8, so that boxes stack under the swizzle: pairs are, and half a head a
+// multiple of 32, ropeCopyErr).
+func (c GemmCopyConfig) wBoxRows() int {
+	if c.Wide > 0 && c.Rope != nil {
+		return gcd(c.Wide, c.Rope.HeadDim/2)
+	}
+	return c.yCols()
+}
+
+func gcd(a, b int) int {
+	for b != 0 {
+		a, b = b, a%b
+	}
+	return a
 }
 
 // wideRing gives the wide configuration c its ring (slots as asked, else wgWideSlots, at most
@@ -98,22 +135,22 @@ func wideCols(width int) int {
 	return 0
 }
 
-// wideSplit is the plain wide form's columns a CTA and K split for a K x N GEMM of rows rows:
-// of the columns (a multiple of 8 per rank, at most wgMaxN, dividing N) and splits (1, 2 or
-// 4, dividing K into whole boxes) that fill no more than the SMs, those with the most CTAs,
-// and of them the fewest bytes read from L2 besides W: every column tile's x (rows x K
-// bf16) and every rank's sums sent to the others (rows x N f32 a rank but one). Llama-3.1-8B
-// at 128 rows: o and down 128 columns over 4 ranks, q/k/v 192 over 4 (128 CTAs each).
-// (0, 0) if none fits.
-func wideSplit(k, n, rows int) (cols, split int) {
+// wideSplit is the wide form's outputs a CTA and K split for a K-deep GEMM of rows rows and n
+// outputs of per W rows each (1, or with Rope 2: a pair's): of the outputs a CTA (a multiple
+// of 8 per rank, at most wgMaxN W rows, dividing n) and splits (1, 2 or 4, dividing K into whole boxes) that fill no more than the SMs, those with
+// the most CTAs, and of them the fewest bytes read from L2 besides W: every column tile's x
+// (rows x K bf16) and every rank's sums sent to the others (rows x n*per f32 a rank but
+// one). Llama-3.1-8B at 128 rows: o and down 128 columns over 4 ranks, q/k/v 192 over 4
+// (128 CTAs each). (0, 0) if none fits.
+func wideSplit(k, n, per, rows int) (cols, split int) {
 	best, bestBytes := 0, 0
 	for s := 1; s <= wgMaxSplit; s *= 2 {
-		for w := 8 * s; w <= wgMaxN; w += 8 * s {
+		for w := 8 * s; w*per <= wgMaxN; w += 8 * s {
 			ctas := n / w * s
 			if n%w != 0 || k%(s*gcBoxK) != 0 || ctas > gcSMs {
 				continue
 			}
-			bytes := n/w*rows*k*2 + (s-1)*rows*n*4
+			bytes := n/w*rows*k*2 + (s-1)*rows*n*per*4
 			if ctas > best || ctas == best && bytes < bestBytes {
 				best, bestBytes, cols, split = ctas, bytes, w, s
 			}
@@ -125,9 +162,10 @@ func wideSplit(k, n, rows int) (cols, split int) {
 // wideErr says why c is no wide-form configuration.
 func wideErr(c GemmCopyConfig) error {
 	gated := c.Act != ""
-	if !c.warpgroup() || !c.layout().Wide || c.Tiles > 1 || c.Rope != nil || c.NextAtAsk || c.Wide <= 0 ||
-		gated && (c.Split != 1 || c.Wide%8 != 0 || 2*c.Wide > wgMaxN || c.Share > 1 && (c.N/c.wRows()%c.Share != 0 || c.Rows%(c.Share*8) != 0)) ||
-		!gated && (c.Split < 1 || c.Split > wgMaxSplit || c.Wide%(8*c.Split) != 0 || c.Wide > wgMaxN || c.Share > 1) ||
+	if !c.warpgroup() || !c.layout().Wide || c.Tiles > 1 || c.NextAtAsk || c.Wide <= 0 || c.wRows() > wgMaxN ||
+		gated && (c.Split != 1 || c.Rope != nil || c.Wide%8 != 0 || c.Share > 1 && (c.N/c.wRows()%c.Share != 0 || c.Rows%(c.Share*8) != 0)) ||
+		!gated && (c.Split < 1 || c.Split > wgMaxSplit || c.Wide%(8*c.Split) != 0 || c.Share > 1) ||
+		c.Rope != nil && ropeCopyErr(*c.Rope, c.N) != nil ||
 		c.N%c.wRows() != 0 || c.Rows%wgRows != 0 || c.consumers() > wgMaxConsumers ||
 		c.Stages < 1 || 2*c.Stages > gcBars/8 || c.shared() > bundle.MaxDynamicShared {
 		return fmt.Errorf("copy-engine GEMM, wide form: bad configuration %+v", c)
@@ -182,15 +220,46 @@ func (g *gcGen) wideStoreGated(acc []ptx.Reg) {
 	g.wideStoresFrom(c.N/2, 0, half, func(i int) ptx.Reg { return gateAct(g.emitter, act, acc[i], acc[i+half]) }, true)
 }
 
-// wideStore stores the plain wide form's sums into y, [rows, N]. With K split, rank r owns
-// column slice r of the CTA's (registers [r*per, (r+1)*per) of every thread): each rank
-// sends every other slice to its owner's ring (every rank's loop has ended, so the rings are
-// free: part j of partBytes, j the sender's rank less one past the owner's), and the owner
-// adds the ranks' sums in rank order, so every run gives the same bits, and stores them.
+// ownedRegs are the thread's registers whose sums rank owner of a K split adds and stores
+// (wideStore), in runs of 4: column slice owner of the CTA's, or with Rope slice owner of its
+// pairs' first elements and the same of their second.
+func (c GemmCopyConfig) ownedRegs(owner int) []int {
+	regs := c.wRows() / 2
+	if c.Rope == nil {
+		per := regs / c.Split
+		return seq(owner*per, per)
+	}
+	per := regs / 2 / c.Split
+	return append(seq(owner*per, per), seq(regs/2+owner*per, per)...)
+}
+
+// seq is n, n+1, ..., n+count-1.
+func seq(n, count int) []int {
+	s := make([]int, count)
+	for i := range s {
+		s[i] = n + i
+	}
+	return s
+}
+
+// wideStore stores the plain wide form's sums into y, [rows, N], or with Rope rotates them
+// (wideStoreRope). With K split, rank r owns the registers ownedRegs(r) of every thread: each
+// rank sends every other rank's to that owner's ring (every rank's loop has ended, so the
+// rings are free: part j of partBytes, j the sender's rank less one past the owner's), and
+// the owner adds the ranks' sums in rank order, so every run gives the same bits, and stores
+// them.
 func (g *gcGen) wideStore(acc []ptx.Reg) {
 	c := g.c
+	store := func(owner int, value func(i int) ptx.Reg) {
+		if c.Rope != nil {
+			g.wideStoreRope(owner, value)
+			return
+		}
+		regs := c.ownedRegs(owner)
+		g.wideStoresFrom(c.N, regs[0], len(regs), value, false)
+	}
 	if c.Split == 1 {
-		g.wideStoresFrom(c.N, 0, len(acc), func(i int) ptx.Reg { return acc[i] }, false)
+		store(0, func(i int) ptx.Reg { return acc[i] })
 		return
 	}
 	per := len(acc) / c.Split
@@ -212,8 +281,9 @@ func (g *gcGen) wideStore(acc []ptx.Reg) {
 			g.Emit("mad.lo.u32", at, at, ptx.Imm(int64(c.partBytes())), mine)
 			remote := g.Reg(ptx.U32)
 			g.Emit("mapa.shared::cluster.u32", remote, at, ptx.Imm(int64(owner)))
+			regs := c.ownedRegs(owner)
 			for q := range per / 4 {
-				g.Emit("st.shared::cluster.v4.f32", ptx.Addr{Base: remote, Offset: int64(16 * q)}, ptx.Vec(acc[owner*per+4*q:owner*per+4*q+4]))
+				g.Emit("st.shared::cluster.v4.f32", ptx.Addr{Base: remote, Offset: int64(16 * q)}, ptx.Vec{acc[regs[4*q]], acc[regs[4*q+1]], acc[regs[4*q+2]], acc[regs[4*q+3]]})
 			}
 		})
 	}
@@ -222,10 +292,11 @@ func (g *gcGen) wideStore(acc []ptx.Reg) {
 	sum := g.Regs(ptx.F32, per)
 	in := g.Regs(ptx.F32, 4)
 	for owner := range c.Split {
+		regs := c.ownedRegs(owner)
 		g.when(g.cmp("eq", ptx.U32, g.rank, ptx.Imm(int64(owner))), false, func() {
 			for sender := range c.Split {
 				for q := range per / 4 {
-					src := acc[owner*per+4*q : owner*per+4*q+4]
+					src := []ptx.Reg{acc[regs[4*q]], acc[regs[4*q+1]], acc[regs[4*q+2]], acc[regs[4*q+3]]}
 					if sender != owner {
 						g.Emit("ld.shared.v4.f32", ptx.Vec(in), ptx.Addr{Base: mine, Offset: int64(part(sender, owner)*c.partBytes() + 16*q)})
 						src = in
@@ -239,7 +310,98 @@ func (g *gcGen) wideStore(acc []ptx.Reg) {
 					}
 				}
 			}
-			g.wideStoresFrom(c.N, owner*per, per, func(i int) ptx.Reg { return sum[i-owner*per] }, false)
+			store(owner, func(i int) ptx.Reg { return sum[slices.Index(regs, i)] })
+		})
+	}
+}
+
+// wideRow0 is the thread's first x row, 64h + 16w + g (warp w of warpgroup h, lane (g, t)),
+// that of its even registers' pairs; the odd pairs' (register i with i/2 odd) is 8 on.
+func (g *gcGen) wideRow0() ptx.Reg {
+	row0 := g.op3("shr.u32", ptx.U32, g.tid, ptx.Imm(5)) // warpgroup h and warp w: 4h + w
+	g.Emit("mad.lo.u32", row0, row0, ptx.Imm(16), g.gg)
+	return row0
+}
+
+// widePrepareRope reads, before the wait (none of it is the grid ahead's: the host wrote the
+// positions, slots and block table before the step, cos and sin are weights), what the
+// warpgroups rotate and store with (wideStoreRope): the cos and sin of each pair their rank
+// owns (ownedRegs) at its token row, and each of the thread's two token rows' first cache
+// element of its KV slot (in a CTA with k or v pairs). Token rows past rows read row
+// rows-1's (their results are not stored).
+func (g *gcGen) widePrepareRope() {
+	c, r := g.c, g.rope
+	rc := *c.Rope
+	half := rc.HeadDim / 2
+	p := r.params
+	fh := c.Wide / 2 / c.Split
+	r.cos, r.sin, r.kvElem = g.Regs(ptx.F32, fh), g.Regs(ptx.F32, fh), g.Regs(ptx.U32, 2)
+	g.when(g.cmp("lt", ptx.U32, g.tid, ptx.Imm(int64(c.consumers()*wgThreads))), false, func() {
+		row0 := g.wideRow0()
+		lastRow := g.op3("sub.u32", ptx.U32, g.rows, ptx.Imm(1))
+		// Only k and v pairs write the cache: a CTA of q pairs alone skips the block table.
+		kv := g.op3("add.u32", ptx.U32, g.col0, ptx.Imm(int64(c.Wide)))
+		anyKV := g.cmp("gt", ptx.U32, kv, ptx.Imm(int64(rc.Heads*half)))
+		var pos [2]ptx.Reg
+		for j := range pos {
+			row := g.op3("add.u32", ptx.U32, row0, ptx.Imm(int64(8*j)))
+			g.Emit("min.u32", row, row, lastRow)
+			pos[j] = loadU32(g.emitter, ptx.Addr{Base: g.byteAddr(p["pos"], row, 4)})
+			g.Emit("mov.u32", r.kvElem[j], ptx.Imm(0))
+			g.when(anyKV, false, func() {
+				s := loadU32(g.emitter, ptx.Addr{Base: g.byteAddr(p["seq"], row, 4)})
+				slot := g.kvSlot(rc, p["block_table"], s, pos[j])
+				g.Emit("mul.lo.u32", r.kvElem[j], slot, ptx.Imm(int64(rc.KVHeads*rc.HeadDim)))
+			})
+		}
+		// The rank's k-th pair: 2*fh pairs a rank on (ownedRegs), then 8*(k/4) + 2t + k%2.
+		u0 := g.op3("mul.lo.u32", ptx.U32, g.rank, ptx.Imm(int64(2*fh)))
+		g.Emit("add.u32", u0, u0, g.col0)
+		g.Emit("mad.lo.u32", u0, g.t, ptx.Imm(2), u0)
+		for k := range fh {
+			ti := g.op3("add.u32", ptx.U32, u0, ptx.Imm(int64(8*(k/4)+k%2)))
+			g.Emit("rem.u32", ti, ti, ptx.Imm(int64(half)))
+			g.Emit("mad.lo.u32", ti, pos[k/2%2], ptx.Imm(int64(half)), ti)
+			g.Emit("ld.global.f32", r.cos[k], ptx.Addr{Base: g.byteAddr(p["cos"], ti, 4)})
+			g.Emit("ld.global.f32", r.sin[k], ptx.Addr{Base: g.byteAddr(p["sin"], ti, 4)})
+		}
+	})
+}
+
+// wideStoreRope rotates and stores the pairs rank owner owns (ownedRegs) as rope_kv does,
+// instruction for instruction (storeRopePair): register i's sum, pair u's first element, with
+// register i + Wide/2's, its second, at the token row of register i. Pair u is element u %
+// half of head u / half.
+func (g *gcGen) wideStoreRope(owner int, value func(i int) ptx.Reg) {
+	c, r := g.c, g.rope
+	rc := *c.Rope
+	d, half, kvs := rc.HeadDim, rc.HeadDim/2, rc.KVDtype.Bytes()
+	fh := c.Wide / 2 / c.Split
+	row0 := g.wideRow0()
+	u0 := g.Reg(ptx.U32)
+	g.Emit("mad.lo.u32", u0, g.t, ptx.Imm(2), g.col0)
+	for k := range fh {
+		i := owner*fh + k
+		row := g.op3("add.u32", ptx.U32, row0, ptx.Imm(int64(8*(k/2%2))))
+		g.when(g.cmp("lt", ptx.U32, row, g.rows), false, func() {
+			u := g.op3("add.u32", ptx.U32, u0, ptx.Imm(int64(2*owner*fh+8*(k/4)+k%2)))
+			h := g.op3("div.u32", ptx.U32, u, ptx.Imm(int64(half)))
+			e := g.op3("rem.u32", ptx.U32, u, ptx.Imm(int64(half)))
+			yi := g.Reg(ptx.U32)
+			g.Emit("mad.lo.u32", yi, h, ptx.Imm(int64(d)), e)
+			g.Emit("mad.lo.u32", yi, row, ptx.Imm(int64(c.N)), yi)
+			y0 := g.byteAddr(g.y, yi, 4)
+			isQ := g.cmp("lt", ptx.U32, h, ptx.Imm(int64(rc.Heads)))
+			isV := g.cmp("ge", ptx.U32, h, ptx.Imm(int64(rc.Heads+rc.KVHeads)))
+			// The pair's cache element: its k or v head's, element e, in the row's slot.
+			kvh := g.op3("sub.u32", ptx.U32, h, ptx.Imm(int64(rc.Heads)))
+			vh := g.op3("sub.u32", ptx.U32, kvh, ptx.Imm(int64(rc.KVHeads)))
+			g.Emit("selp.b32", kvh, vh, kvh, isV)
+			ki := g.Reg(ptx.U32)
+			g.Emit("mad.lo.u32", ki, kvh, ptx.Imm(int64(d)), e)
+			g.Emit("add.u32", ki, ki, r.kvElem[k/2%2])
+			g.storeRopePair(rc.KVDtype, half, value(i), value(i+c.Wide/2), r.cos[k], r.sin[k], ptx.Addr{Base: y0}, ptx.Addr{Base: y0, Offset: int64(4 * half)},
+				func() ptx.Reg { return g.byteAddr(r.params["kcache"], ki, kvs) }, func() ptx.Reg { return g.byteAddr(r.params["vcache"], ki, kvs) }, isQ, isV)
 		})
 	}
 }
@@ -250,8 +412,7 @@ func (g *gcGen) wideStore(acc []ptx.Reg) {
 // act (a gated kernel's activation) y only where it is not 0, and bf16 of the values into
 // y_bf16 where that is not 0.
 func (g *gcGen) wideStoresFrom(width, first, n int, value func(i int) ptx.Reg, act bool) {
-	row0 := g.op3("shr.u32", ptx.U32, g.tid, ptx.Imm(5)) // warpgroup h and warp w: 4h + w
-	g.Emit("mad.lo.u32", row0, row0, ptx.Imm(16), g.gg)
+	row0 := g.wideRow0()
 	col := g.op3("shl.b32", ptx.U32, g.t, ptx.Imm(1))
 	g.Emit("add.u32", col, col, g.col0)
 	for i := first; i < first+n; i += 2 {

@@ -633,8 +633,10 @@ func wantEpilogueLine(t *testing.T, flags []string, out, what, gemm string, rows
 // kernel for the q/k/v GEMM with its rope_kv to each decode bucket of at most N rows whose
 // q/k/v the warpgroup copy-engine kernels serve (--copy-gemms names its shape; 32 rows and
 // more), and the build info and inspect's output say so (and where the setting gives no
-// bucket one, that none is carried). The templates keep the GEMM node and the rope_kv
-// kernel, which a backend without the kernel runs.
+// bucket one, that none is carried); from 64 rows the kernel is the wide form (a producer warp
+// past a warpgroup per 64 rows, pairs in boxes within a head's half, K split over a
+// cluster). The templates keep the GEMM node and the rope_kv kernel, which a backend without
+// the kernel runs.
 func TestBuildRopeCopyRows(t *testing.T) {
 	dir := t.TempDir()
 	m := gemmSpecBuckets(t, dir, "m32.yaml", 512, 4, "1, 8, 16, 32, 64")
@@ -661,6 +663,17 @@ func TestBuildRopeCopyRows(t *testing.T) {
 		})
 		if !slices.Equal(names, c.kernels) {
 			t.Fatalf("%v: copy-engine kernels with rope_kv %v, want %v", c.flags, names, c.kernels)
+		}
+		ks, err := bundle.GemmCopyKernels(b.Kernels)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, k := range ks[bundle.GemmCopyShape{K: 512, N: 768, Act: bundle.OpRopeKV}] {
+			// 32 rows: 32 pairs a CTA, 12 CTAs; 64: 32 pairs (half a head of 128) over 4 ranks, 48.
+			want := map[int][4]int{32: {128, 12, 1, 32}, 64: {160, 48, 4, 32}}[k.Attrs.Rows]
+			if got := [4]int{k.Attrs.Block, k.Attrs.Grid, k.Attrs.Cluster, k.Attrs.Box[1]}; got != want {
+				t.Errorf("%v: %s: block, grid, cluster and box rows %v, want %v", c.flags, k.Kernel, got, want)
+			}
 		}
 		for _, tm := range b.Templates {
 			rope := 0

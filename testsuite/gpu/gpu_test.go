@@ -441,7 +441,9 @@ func recordCount(nb testsuite.NewBackend, dst *[]int, count func(*cuda.Backend) 
 // whichever server runs them. A subtest per bucket and request count (-run
 // 'TestCUDAWarpgroupGemmMatchesCPU/r64'); the -wide ones built with --copy-gemm-wide, whose
 // kernels of 64 and 128 rows multiply a CTA's columns of W by every row, K split over a
-// cluster of 4 whose ranks add each column slice's sums.
+// cluster of 4 whose ranks add each column slice's sums; the -wide-rope ones with
+// --rope-copy-rows at the bucket too, q/k/v's kernel rotating and writing the KV cache in
+// that form (its ranks each owning whole pairs).
 func TestCUDAWarpgroupGemmMatchesCPU(t *testing.T) {
 	needGPU(t)
 	served := 0
@@ -450,24 +452,31 @@ func TestCUDAWarpgroupGemmMatchesCPU(t *testing.T) {
 	nb := recordCount(copyGemmBackend(&served, &kernels), &fed, (*cuda.Backend).FedGemms)
 	for _, c := range []struct {
 		bucket, requests, steps int
-		wide                    bool
-	}{{32, 32, 4, false}, {32, 19, 3, false}, {64, 50, 2, false}, {128, 128, 3, false}, {128, 70, 2, false}, {64, 50, 2, true}, {128, 128, 3, true}, {128, 70, 2, true}} {
+		wide, rope              bool
+	}{{32, 32, 4, false, false}, {32, 19, 3, false, false}, {64, 50, 2, false, false}, {128, 128, 3, false, false}, {128, 70, 2, false, false},
+		{64, 50, 2, true, false}, {128, 128, 3, true, false}, {128, 70, 2, true, false}, {64, 50, 2, true, true}, {128, 70, 2, true, true}} {
 		name := fmt.Sprintf("r%d-n%d", c.bucket, c.requests)
+		opt := compile.Options{CopyGemmRows: []int{c.bucket}, CopyGemmWide: c.wide}
 		if c.wide {
 			name += "-wide"
+		}
+		if c.rope {
+			name += "-rope"
+			opt.RopeCopyRows = c.bucket
 		}
 		t.Run(name, func(t *testing.T) {
 			kernels, fed = nil, nil
 			cut := specCut(t, "llama-3.1-8b", fmt.Sprintf("serving: {decode_buckets: [%d], prefill_chunks: [64], max_seq_len: 256, max_seqs: %d, kv_block_size: 16}\n", c.bucket, c.bucket))
-			b := testsuite.CompileWith(t, compile.Options{CopyGemmRows: []int{c.bucket}, CopyGemmWide: c.wide}, cut)
+			b := testsuite.CompileWith(t, opt, cut)
 			ks, err := bundle.GemmCopyKernels(b.Kernels)
 			if err != nil {
 				t.Fatal(err)
 			}
 			for shape, list := range ks {
 				for _, k := range list {
-					// The wide form: a warpgroup per 64 rows and the producer warp.
-					if shape.Act == "" && (k.Attrs.Block == c.bucket/64*128+32) != c.wide {
+					// The wide form: a warpgroup per 64 rows and the producer warp (q/k/v's
+					// with rope_kv too).
+					if (shape.Act == "" || shape.Act == bundle.OpRopeKV) && (k.Attrs.Block == c.bucket/64*128+32) != c.wide {
 						t.Fatalf("%s: %d threads, want the wide form %v", k.Kernel, k.Attrs.Block, c.wide)
 					}
 				}
@@ -492,10 +501,10 @@ func TestCUDAWarpgroupGemmMatchesCPU(t *testing.T) {
 			if want := fedGemms(c.bucket); !slices.Equal(fed, []int{want}) {
 				t.Errorf("%d-row bucket: %v GEMM launches fed, want %d", c.bucket, fed, want)
 			}
-			// In buckets of up to codegen.DefaultRopeCopyRows rows q/k/v's kernel has the
-			// rope_kv after it in its epilogue.
+			// In buckets of up to codegen.DefaultRopeCopyRows rows (or the build's) q/k/v's
+			// kernel has the rope_kv after it in its epilogue.
 			rope := slices.ContainsFunc(kernels, func(k string) bool { return strings.Contains(k, "_rope_kv_") })
-			if rope != (c.bucket <= codegen.DefaultRopeCopyRows) {
+			if rope != (c.bucket <= codegen.DefaultRopeCopyRows || c.rope) {
 				t.Errorf("%d-row bucket: copy-engine kernels %v: q/k/v's with rope_kv %v, want %v", c.bucket, kernels, rope, !rope)
 			}
 		})
