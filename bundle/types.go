@@ -344,6 +344,11 @@ type BuildInfo struct {
 	// a row's splits in a thread-block cluster, not through a workspace in global memory
 	// (codegen.AttnConfig.Cluster; xmixc build --attn-cluster, for measuring).
 	AttnCluster bool `json:"attn_cluster,omitempty"`
+	// AttnEarlyKV: the split decode attention kernels on tensor cores, launched early, load
+	// their warps' first K/V tiles before they wait for the grid ahead wherever a tile reads
+	// no row's newest position (codegen.AttnConfig.EarlyKV; xmixc build --attn-early-kv, for
+	// measuring; needs PDL).
+	AttnEarlyKV bool `json:"attn_early_kv,omitempty"`
 	// OptionalF32Out: the add+norm kernels (and the embedding's) and the decode attention
 	// kernels store their f32 output only where its address is not 0 (attribute
 	// out_optional), so a backend that feeds the GEMM after one its bf16 copy may drop the

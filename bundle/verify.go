@@ -83,6 +83,9 @@ func Verify(b *Bundle) error {
 		// Only a record of how the kernels were built, but tools print it.
 		return fmt.Errorf("manifest: build tc_chunks %v: want none or two positive counts; rebuild the bundle", c)
 	}
+	if bi := b.Manifest.Build; bi.AttnEarlyKV && !bi.PDL {
+		return fmt.Errorf("manifest: build attn_early_kv without pdl: early K/V loads need kernels launched early; rebuild the bundle")
+	}
 	if bi := b.Manifest.Build; bi.AttnWarps < 0 || bi.AttnUnroll < 0 || bi.GemvSplit < 0 || bi.AttnPrefetch < 0 || bi.AttnPrefetchOneRow < 0 || bi.GemvWarps < 0 {
 		return fmt.Errorf("manifest: build attn_warps %d, attn_unroll %d, gemv_split %d, attn_prefetch %d (%d at one row), gemv_warps %d: want counts of at least 0 (0: the default, or none); rebuild the bundle", bi.AttnWarps, bi.AttnUnroll, bi.GemvSplit, bi.AttnPrefetch, bi.AttnPrefetchOneRow, bi.GemvWarps)
 	}

@@ -84,6 +84,7 @@ func TestVerifyFailures(t *testing.T) {
 		{"build attn_prefetch", func(b *Bundle) { b.Manifest.Build.AttnPrefetch = -1 }, "attn_prefetch -1 (0 at one row), gemv_warps 0: want counts of at least 0"},
 		{"build attn_prefetch_one_row", func(b *Bundle) { b.Manifest.Build.AttnPrefetchOneRow = -1 }, "attn_prefetch 0 (-1 at one row), gemv_warps 0: want counts of at least 0"},
 		{"build gemv_warps", func(b *Bundle) { b.Manifest.Build.GemvWarps = -2 }, "gemv_warps -2: want counts of at least 0"},
+		{"build attn_early_kv without pdl", func(b *Bundle) { b.Manifest.Build.AttnEarlyKV, b.Manifest.Build.PDL = true, false }, "build attn_early_kv without pdl"},
 		{"build tensor_core_rows", func(b *Bundle) { b.Manifest.Build.TensorCoreRows = -8 }, "build tensor_core_rows -8: want a bucket size, or 0 for the default"},
 		{"build copy_gemms", func(b *Bundle) { b.Manifest.Build.CopyGemms = []string{"4096"} }, `build copy_gemms: GEMM shape "4096": want KxN`},
 		{"build copy_gemm_slots", func(b *Bundle) { b.Manifest.Build.CopyGemmSlots = -1 }, "build copy_gemm_slots -1: want a count"},

@@ -2,6 +2,7 @@ package codegen
 
 import (
 	"cmp"
+	"errors"
 	"fmt"
 	"math"
 
@@ -100,6 +101,11 @@ type AttnConfig struct {
 	// Prefetch, with EarlyLaunch, is how many of its passes' K and V rows a block asks L2 for
 	// before it waits (prefetchKV; 0: none). It changes no result.
 	Prefetch int
+	// EarlyKV, with EarlyLaunch: the split kernels on tensor cores, which peel a warp's first
+	// step off their loop (firstStepTC), issue that step's K/V loads before the wait wherever
+	// every position they read precedes the row's newest (firstStepEarlyTC); other kernels
+	// are unchanged. It changes no result (xmixc build --attn-early-kv).
+	EarlyKV bool
 	// TensorCores: the warp step runs on tensor cores where the shape allows (tcOK,
 	// attention_tc.go; xmixc build --attn-tc, the default), Unroll then counting 16-position
 	// tiles.
@@ -311,6 +317,19 @@ func CheckAttnSettings(warps, unroll int) error {
 	return nil
 }
 
+// errEarlyKV refuses early K/V loads in a kernel not launched early (AttnConfig.EarlyKV,
+// bundle.BuildInfo.AttnEarlyKV): it has no grid ahead to overlap.
+var errEarlyKV = errors.New("early K/V loads need early launch (--pdl): a kernel that starts after the one ahead has ended has nothing to overlap")
+
+// CheckAttnEarlyKV checks a build's early K/V loads of the decode attention
+// (bundle.BuildInfo.AttnEarlyKV, xmixc build --attn-early-kv): only with early launch (pdl).
+func CheckAttnEarlyKV(early, pdl bool) error {
+	if early && !pdl {
+		return errEarlyKV
+	}
+	return nil
+}
+
 // CheckAttnPrefetch checks the passes of K and V rows a decode attention block asks L2 for
 // before its wait (AttnConfig.Prefetch, bundle.BuildInfo.AttnPrefetch, xmixc build
 // --attn-prefetch): 0 (none) to MaxAttnPrefetch, and only in kernels launched early (pdl).
@@ -338,6 +357,9 @@ func checkAttn(c AttnConfig) (ops.KVAttrs, error) {
 	}
 	if err := CheckAttnPrefetch(c.Prefetch, c.EarlyLaunch); err != nil {
 		return attrs, err
+	}
+	if c.EarlyKV && !c.EarlyLaunch {
+		return attrs, errEarlyKV
 	}
 	if c.Cluster != 0 && (!c.Split || c.Singles || c.Cluster < 2 || c.Cluster > attnMaxCluster) {
 		return attrs, fmt.Errorf("a cluster of %d splits: want 2 to %d, in a split decode kernel over every row", c.Cluster, attnMaxCluster)
@@ -445,6 +467,9 @@ type adGen struct {
 // clustered reports whether the kernel's splits merge in a cluster (Cluster, with Split).
 func (c AttnConfig) clustered() bool { return c.Split && c.Cluster > 0 }
 
+// earlyKV says whether the kernel loads its first step's K/V before its wait (EarlyKV).
+func (c AttnConfig) earlyKV() bool { return c.EarlyKV && c.EarlyLaunch && c.Split && c.tcOK() }
+
 func (g *adGen) emit() {
 	c, geo := g.c, g.geo
 	g.qkv = g.param("qkv", ptx.U64)
@@ -544,10 +569,15 @@ func (g *adGen) emit() {
 	seg := g.stage(start, end)
 	if c.EarlyLaunch {
 		g.prefetchKV(seg, start)
-		g.Emit(bundle.PriorGridWait)
+		if !c.earlyKV() {
+			g.Emit(bundle.PriorGridWait)
+		}
 	}
 	var next *ptx.Reg
 	switch {
+	case c.earlyKV():
+		t := g.firstStepEarlyTC(seg, n)
+		next = &t
 	case geo.tc && c.Split:
 		t := g.firstStepTC(seg)
 		next = &t

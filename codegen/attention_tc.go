@@ -3,6 +3,7 @@ package codegen
 import (
 	"math"
 
+	"xmix/bundle"
 	"xmix/ptx"
 )
 
@@ -100,7 +101,9 @@ func (g *adGen) tcLanes() tcLane {
 func (g *adGen) askQTC() [][]ptx.Reg {
 	c, geo := g.c, g.geo
 	d := c.HeadDim
-	g.tl = g.tcLanes()
+	if g.tl.g == (ptx.Reg{}) { // firstStepEarlyTC's loads may have needed them first
+		g.tl = g.tcLanes()
+	}
 	x := make([][]ptx.Reg, d/16)
 	for kk := range x {
 		x[kk] = g.Regs(ptx.F32, 4)
@@ -184,16 +187,73 @@ func (g *adGen) firstStepTC(seg segment) ptx.Reg {
 	return t
 }
 
-// tcTile is one tile's K and V words in flight: K rows g and 8+g (HeadDim/8 words each), V
-// rows 2t, 2t+1, 2t+8, 2t+9 (M words each: dims 2Mg..2Mg+2M).
-type tcTile struct {
-	k [2][]ptx.Reg
-	v [4][]ptx.Reg
+// firstStepEarlyTC is firstStepTC in a kernel launched early with EarlyKV, and waits for the
+// grid ahead itself: the warp's first step's K/V loads go out before the wait wherever every
+// position a tile reads precedes the row's newest, n-1, the one position the kernel ahead
+// writes (earlier steps wrote the others; a tile reads up to min(its last, seg.hi-1)), and
+// after the wait otherwise, into the same registers. Q, which the kernel ahead writes, is
+// asked for after the wait. A block's first loads then overlap the kernel ahead's last
+// stores instead of following them.
+func (g *adGen) firstStepEarlyTC(seg segment, n ptx.Reg) ptx.Reg {
+	t := g.Reg(ptx.U32)
+	g.warpStart(t, seg.lo)
+	g.tl = g.tcLanes()
+	last := g.op3("sub.u32", ptx.U32, seg.hi, ptx.Imm(1))
+	older := g.cmp("lt", ptx.U32, seg.hi, n) // the segment ends before the newest position
+	bases := make([]ptx.Reg, g.geo.unroll)
+	tiles := make([]tcTile, g.geo.unroll)
+	early := make([]ptx.Reg, g.geo.unroll)
+	for u := range tiles {
+		bases[u] = g.op3("add.u32", ptx.U32, t, ptx.Imm(int64(u*tcAttnTile)))
+		end := g.op3("add.u32", ptx.U32, bases[u], ptx.Imm(tcAttnTile))
+		early[u] = g.cmp("lt", ptx.U32, end, n)
+		g.Emit("or.pred", early[u], early[u], older)
+		g.loadTileInto(&tiles[u], bases[u], last, seg.blk0, early[u])
+	}
+	g.Emit(bundle.PriorGridWait)
+	x := g.askQTC()
+	// The same loads, from the same addresses, where they could not go out before the wait.
+	for u := range tiles {
+		for _, l := range tiles[u].loads {
+			g.EmitIf(early[u], true, "ld.global.v4.b32", l.words, l.at)
+		}
+	}
+	g.zeroStateTC()
+	g.convertQTC(x)
+	g.when(g.cmp("lt", ptx.U32, t, seg.hi), false, func() {
+		g.computeStepTC(bases, tiles, seg.hi)
+	})
+	g.Emit("add.u32", t, t, ptx.Imm(int64(g.stride())))
+	return t
 }
 
-// loadTileTC issues the lane's loads of the tile at base. Positions past last (a span's end)
-// read last's rows instead and are masked later; a tile starting past last reads only last's.
+// tcTile is one tile's K and V words in flight: K rows g and 8+g (HeadDim/8 words each), V
+// rows 2t, 2t+1, 2t+8, 2t+9 (M words each: dims 2Mg..2Mg+2M); and the addresses they were
+// loaded from, K's then V's, each load's offset from its row's (loadTileInto).
+type tcTile struct {
+	k     [2][]ptx.Reg
+	v     [4][]ptx.Reg
+	loads []tcLoad
+}
+
+// tcLoad is one 16-byte load of a tile: its words, its address.
+type tcLoad struct {
+	words ptx.Vec
+	at    ptx.Addr
+}
+
+// loadTileTC issues the lane's loads of the tile at base into registers of its own.
 func (g *adGen) loadTileTC(base, last, blk0 ptx.Reg) tcTile {
+	var tl tcTile
+	g.loadTileInto(&tl, base, last, blk0)
+	return tl
+}
+
+// loadTileInto issues the lane's loads of the tile at base into tl, whose registers it makes
+// where tl has none yet (each load's as it goes), and keeps them in tl.loads; with guard, each
+// load only where guard holds. Positions past last (a span's end) read last's rows instead
+// and are masked later; a tile starting past last reads only last's.
+func (g *adGen) loadTileInto(tl *tcTile, base, last, blk0 ptx.Reg, guard ...ptx.Reg) {
 	c := g.c
 	d, m := c.HeadDim, c.HeadDim/16
 	b := g.op3("min.u32", ptx.U32, base, last)
@@ -208,26 +268,34 @@ func (g *adGen) loadTileTC(base, last, blk0 ptx.Reg) tcTile {
 		g.Emit("mad.lo.u32", elem, row, ptx.Imm(int64(d)), dim)
 		return g.byteAddr(cache, elem, 2)
 	}
-	var tl tcTile
+	words := func(w []ptx.Reg, i int) []ptx.Reg {
+		if len(w) < i+4 {
+			w = append(w, g.Regs(ptx.B32, 4)...)
+		}
+		return w
+	}
+	load := func(w ptx.Vec, at ptx.Addr) {
+		tl.loads = append(tl.loads, tcLoad{w, at})
+		if len(guard) > 0 {
+			g.EmitIf(guard[0], false, "ld.global.v4.b32", w, at)
+			return
+		}
+		g.Emit("ld.global.v4.b32", w, at)
+	}
 	for j := range tl.k {
 		a := addr(g.kc, g.tl.g, g.tl.t8, 8*j)
-		tl.k[j] = make([]ptx.Reg, 0, d/8)
 		for ch := range d / 32 {
-			w := g.Regs(ptx.B32, 4)
-			g.Emit("ld.global.v4.b32", ptx.Vec(w), ptx.Addr{Base: a, Offset: int64(64 * ch)})
-			tl.k[j] = append(tl.k[j], w...)
+			tl.k[j] = words(tl.k[j], 4*ch)
+			load(ptx.Vec(tl.k[j][4*ch:4*ch+4]), ptx.Addr{Base: a, Offset: int64(64 * ch)})
 		}
 	}
 	for q, off := range []int{0, 1, 8, 9} {
 		a := addr(g.vc, g.tl.t2, g.tl.dimV, off)
-		tl.v[q] = make([]ptx.Reg, 0, m)
 		for ch := range m / 4 {
-			w := g.Regs(ptx.B32, 4)
-			g.Emit("ld.global.v4.b32", ptx.Vec(w), ptx.Addr{Base: a, Offset: int64(16 * ch)})
-			tl.v[q] = append(tl.v[q], w...)
+			tl.v[q] = words(tl.v[q], 4*ch)
+			load(ptx.Vec(tl.v[q][4*ch:4*ch+4]), ptx.Addr{Base: a, Offset: int64(16 * ch)})
 		}
 	}
-	return tl
 }
 
 // stepTC is one warp step over the tiles at t + 16u, u < unroll: every load first, then S,

@@ -814,6 +814,85 @@ func TestAttentionPrefetchKV(t *testing.T) {
 // attnTCShapes are the shapes the tensor-core decode step serves: GQA groups of 1, 4 and 8
 // (8: one block of 8 heads; 16: two blocks a kv head), head dims 64 and 128, KV blocks of
 // one and two tiles.
+// TestAttentionEarlyKV: a split tensor-core kernel launched early with EarlyKV computes the
+// bits of the kernel without it, reads K/V before its wait (for a context past a warp's first
+// tile), and never reads the newest position's K or V row of any row before its wait: the
+// kernel ahead writes those. Four tensor-core shapes, one split, splits of a chunk word (64
+// positions) and too small a word, unroll 1 and 2, contexts of 1, 10, 16, 17, 70 and the
+// cache's last position; the kernels it does not apply to (unsplit) stay byte for byte.
+func TestAttentionEarlyKV(t *testing.T) {
+	r := rand.New(rand.NewPCG(57, 58))
+	for _, base := range attnTCShapes {
+		base = scaled(base)
+		base.EarlyLaunch, base.Split = true, true
+		maxPos := base.BlockSize * base.MaxBlocksPerSeq
+		for _, sc := range []struct{ splits, chunk, unroll int }{{1, 0, 0}, {4, 64, 0}, {5, 5, 0}, {3, 64, 2}} {
+			c := base
+			c.Unroll = sc.unroll
+			plainCfg := c
+			c.EarlyKV = true
+			name := fmt.Sprintf("h%d_kv%d_d%d%s_s%d_c%d", c.Heads, c.KVHeads, c.HeadDim, AttnKernelSuffix(c), sc.splits, sc.chunk)
+			t.Run(name, func(t *testing.T) {
+				k := must(t)(Attention("attn_ekv", c))
+				plain := must(t)(Attention("attn_ekv", plainCfg))
+				if k.PTX == plain.PTX {
+					t.Fatal("EarlyKV did not change the kernel")
+				}
+				pos := []uint32{0, 9, 15, 16, 69, uint32(maxPos - 1)}
+				seq := []uint32{0, 1, 2, 3, 4, 5}
+				a := newAttnCall(t, r, k, c, c.Launch(len(pos), sc.splits), pos, seq, uint32(sc.chunk), nil)
+				a.mem.RecordPrefetches()
+				got := a.run(t)
+				early := a.mem.EarlyLoads()
+				plainMod, err := ptx.Parse(plain.PTX)
+				if err != nil {
+					t.Fatal(err)
+				}
+				a.mod, a.k = plainMod, plain
+				if want := a.run(t); !bytes.Equal(got, want) {
+					t.Fatal("z differs from the kernel's without early K/V loads")
+				}
+				table, kc, vc := a.args[3].u32, a.params[4], a.params[5]
+				rowBytes := uint64(c.HeadDim * c.KVDtype.Bytes())
+				cacheBytes := uint64(len(a.args[4].bytesOf()))
+				inCache := 0
+				for _, sp := range early {
+					for _, cache := range []uint64{kc, vc} {
+						if sp.Addr < cache || sp.Addr >= cache+cacheBytes {
+							continue
+						}
+						inCache++
+						for row, p := range pos {
+							page := uint64(table[int(seq[row])*c.MaxBlocksPerSeq+int(p)/c.BlockSize])
+							for kvh := range c.KVHeads {
+								newest := cache + ((page*uint64(c.BlockSize)+uint64(int(p)%c.BlockSize))*uint64(c.KVHeads)+uint64(kvh))*rowBytes
+								if sp.Addr < newest+rowBytes && newest < sp.Addr+uint64(sp.N) {
+									t.Fatalf("row %d (position %d): %d bytes at 0x%x read before the wait, in kv head %d's newest row", row, p, sp.N, sp.Addr, kvh)
+								}
+							}
+						}
+					}
+				}
+				if inCache == 0 {
+					t.Fatal("no K/V read before the wait")
+				}
+			})
+		}
+	}
+	// Kernels that do not peel their first step (no split) are the same with it.
+	c := scaled(attnTCShapes[1])
+	c.EarlyLaunch = true
+	plain := must(t)(Attention("attn_ekv", c))
+	c.EarlyKV = true
+	if k := must(t)(Attention("attn_ekv", c)); k.PTX != plain.PTX {
+		t.Error("EarlyKV changed an unsplit kernel")
+	}
+	c.EarlyLaunch = false
+	if _, err := Attention("attn_ekv", c); err == nil || !strings.Contains(err.Error(), "early K/V loads need early launch") {
+		t.Errorf("EarlyKV without early launch: %v", err)
+	}
+}
+
 var attnTCShapes = []AttnConfig{
 	{Heads: 2, KVHeads: 2, HeadDim: 64, BlockSize: 16, MaxBlocksPerSeq: 20, KVDtype: ptx.BF16, TensorCores: true},
 	{Heads: 8, KVHeads: 2, HeadDim: 128, BlockSize: 16, MaxBlocksPerSeq: 19, KVDtype: ptx.BF16, TensorCores: true},

@@ -29,7 +29,8 @@ type Options struct {
 	// 9-32 rows (tcSettings); AttnWarps and AttnUnroll are AttnConfig.Warps and Unroll of
 	// the decode buckets' attention, AttnPrefetch AttnConfig.Prefetch and AttnTC
 	// AttnConfig.TensorCores of every decode attention, AttnPrefetchOneRow the Prefetch of the
-	// one-row decode bucket's, AttnCluster whether splits merge in clusters where they fit.
+	// one-row decode bucket's, AttnCluster whether splits merge in clusters where they fit,
+	// AttnEarlyKV AttnConfig.EarlyKV of every decode attention.
 	Build   bundle.BuildInfo
 	Weights bundle.WeightsRef
 	// Tokenizer is the tokenizer definition to embed (empty for a byte tokenizer).
@@ -101,6 +102,8 @@ type gen struct {
 	// attnCluster: decode buckets whose splits fit in one wave merge them in a cluster
 	// (AttnConfig.Cluster, ClusterSplits).
 	attnCluster bool
+	// attnEarlyKV is AttnConfig.EarlyKV of every decode attention kernel.
+	attnEarlyKV bool
 	// optionalF32Out: the add+norm and decode attention kernels may be passed an out or z of
 	// 0 (RowConfig.OutOptional, AttnConfig.ZOptional).
 	optionalF32Out bool
@@ -201,6 +204,7 @@ func Generate(p *passes.Program, opt Options) (*bundle.Bundle, error) {
 		}
 	}
 	g.attnPrefetch, g.attnPrefetchOneRow, g.attnTC, g.attnCluster = bi.AttnPrefetch, bi.AttnPrefetchOneRow, bi.AttnTC, bi.AttnCluster
+	g.attnEarlyKV = bi.AttnEarlyKV
 	g.optionalF32Out = bi.OptionalF32Out
 	g.prefetch, g.gemvCols, g.unroll, g.split, g.gemvWarps = bi.Prefetch, bi.GemvCols, bi.GemvUnroll, bi.GemvSplit, bi.GemvWarps
 	tc, err := tcChunks(bi.TCChunks)

@@ -629,7 +629,7 @@ func (g *gen) ropeKernel(n *ir.Node) (RopeConfig, string, slots) {
 func (g *gen) attnConfig(a ir.AttentionAttrs) AttnConfig {
 	return AttnConfig{Heads: a.Heads, KVHeads: a.KVHeads, HeadDim: a.HeadDim, BlockSize: g.m.KVBlockSize,
 		MaxBlocksPerSeq: g.blocks, KVDtype: g.kvdt, Scale: a.Scale, Softcap: a.Softcap, Window: a.Window, EarlyLaunch: g.pdl,
-		Prefetch: g.attnPrefetch, TensorCores: g.attnTC, ZOptional: g.optionalF32Out}
+		Prefetch: g.attnPrefetch, TensorCores: g.attnTC, ZOptional: g.optionalF32Out, EarlyKV: g.attnEarlyKV}
 }
 
 // decodeAttn is attention kernel c in a decode bucket of rows rows: the build's warps a block
@@ -672,7 +672,11 @@ func (t *tb) attention(n *ir.Node) {
 		if !ac.clustered() {
 			ss["ws"] = buf("act.attn_ws")
 		}
-		decode(base+"_split", ac, splits, merge(s, ss))
+		name := base + "_split"
+		if ac.earlyKV() {
+			name += "_ekv" // the kernels EarlyKV changes
+		}
+		decode(name, ac, splits, merge(s, ss))
 	case t.kind == bundle.Decode || !ac.PrefillOK():
 		decode(base, ac, 1, s)
 	default:

@@ -368,11 +368,12 @@ func buildBundle(t *testing.T, model, out string, flags []string) *bundle.Bundle
 	return b
 }
 
-// TestBuildAttnClusterFlag: --attn-cluster gives the decode buckets whose attention splits
+// TestBuildAttnSplitFlags: --attn-cluster gives the decode buckets whose attention splits
 // fit in one wave (8 kv heads: 4 and 8 rows, clusters of 8 and 4) cluster kernels, records it
 // in the build info and says so in inspect; the buckets of 1 and 32 rows keep the workspace
-// merge, and without the flag every bucket does.
-func TestBuildAttnClusterFlag(t *testing.T) {
+// merge, and without the flag every bucket does. --attn-early-kv gives every split kernel
+// its early first loads (named _ekv), in the build info and in inspect too.
+func TestBuildAttnSplitFlags(t *testing.T) {
 	dir := t.TempDir()
 	m := write(t, dir, "m.yaml", `model: m
 family: llama
@@ -391,21 +392,23 @@ serving: {decode_buckets: [1, 4, 8, 32], prefill_chunks: [8], max_seq_len: 1024}
 		{nil, []string{"attention_h8_kv8_d64_bf16_warps8_tc_pf1_split", "attention_h8_kv8_d64_bf16_warps8_tc_split"}},
 		{[]string{"--attn-cluster"}, []string{"attention_h8_kv8_d64_bf16_warps8_tc_cl4_split", "attention_h8_kv8_d64_bf16_warps8_tc_cl8_split",
 			"attention_h8_kv8_d64_bf16_warps8_tc_pf1_split", "attention_h8_kv8_d64_bf16_warps8_tc_split"}},
+		{[]string{"--attn-early-kv"}, []string{"attention_h8_kv8_d64_bf16_warps8_tc_pf1_split_ekv", "attention_h8_kv8_d64_bf16_warps8_tc_split_ekv"}},
 	} {
 		out := filepath.Join(dir, "a.xmb")
 		b := buildBundle(t, m, out, c.flags)
 		var split []string
 		for _, k := range b.Kernels {
-			if strings.HasSuffix(k.Name, "_split") {
+			if strings.Contains(k.Name, "_split") {
 				split = append(split, k.Name)
 			}
 		}
 		slices.Sort(split)
-		if !slices.Equal(split, c.want) || b.Manifest.Build.AttnCluster != (c.flags != nil) {
-			t.Fatalf("%v: split attention kernels %v (want %v), build info attn_cluster %v", c.flags, split, c.want, b.Manifest.Build.AttnCluster)
+		cluster, early := slices.Contains(c.flags, "--attn-cluster"), slices.Contains(c.flags, "--attn-early-kv")
+		if bi := b.Manifest.Build; !slices.Equal(split, c.want) || bi.AttnCluster != cluster || bi.AttnEarlyKV != early {
+			t.Fatalf("%v: split attention kernels %v (want %v), build info attn_cluster %v, attn_early_kv %v", c.flags, split, c.want, bi.AttnCluster, bi.AttnEarlyKV)
 		}
 		text, err := xmixc(t, "inspect", out)
-		if err != nil || strings.Contains(text, "thread-block clusters") != (c.flags != nil) {
+		if err != nil || strings.Contains(text, "thread-block clusters") != cluster || strings.Contains(text, "first K/V loaded before the wait") != early {
 			t.Fatalf("%v: inspect: %v\n%s", c.flags, err, text)
 		}
 	}
@@ -512,6 +515,7 @@ func TestBuildCopyGemmFlags(t *testing.T) {
 		{m, []string{"--gated-copy-rows", "-1"}, "--gated-copy-rows: gated copy-engine kernels up to -1 rows: want 0 (none) to 256"},
 		{m, []string{"--rope-copy-rows", "257"}, "--rope-copy-rows: copy-engine kernels with rope_kv up to 257 rows: want 0 (none) to 256"},
 		{m, []string{"--rope-copy-rows", "-1"}, "--rope-copy-rows: copy-engine kernels with rope_kv up to -1 rows: want 0 (none) to 256"},
+		{m, []string{"--attn-early-kv", "--pdl=false"}, "--attn-early-kv: early K/V loads need early launch (--pdl)"},
 	} {
 		bad := filepath.Join(dir, "bad.xmb")
 		_, err := xmixc(t, append([]string{"build", c.model, "-q", "-o", bad}, c.flags...)...)

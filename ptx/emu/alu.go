@@ -565,11 +565,16 @@ func putMem(p []byte, v uint64) {
 	}
 }
 
-func (b *block) load(in *inst, r []uint64) error {
+// load runs ld; early says the thread has not yet waited for the grid ahead, so that a
+// global load is recorded where the memory records (Memory.EarlyLoads).
+func (b *block) load(in *inst, r []uint64, early bool) error {
 	es := elemBytes(in.t)
 	p, err := b.access(in, r, es*int(in.nvec))
 	if err != nil {
 		return err
+	}
+	if early && in.space == spGlobal {
+		b.mem.loadEarly(rv(r, in.base)+uint64(in.off), es*int(in.nvec))
 	}
 	for i := range int(in.nvec) {
 		r[in.d[i]] = getMem(in.t, p[i*es:(i+1)*es])

@@ -69,7 +69,8 @@ const (
 	cTensor // cp.async.bulk.tensor.2d global -> shared
 	cMapa
 	cTrap
-	cWgmma // wgmma.mma_async: warp-collective like cMma (fence, commit and wait decode to cNop)
+	cWgmma    // wgmma.mma_async: warp-collective like cMma (fence, commit and wait decode to cNop)
+	cGridWait // griddepcontrol.wait: the grid ahead has ended (the thread's loads are no longer early)
 )
 
 var simple = map[string]code{
@@ -584,7 +585,12 @@ func (d *decoder) instr(src ptx.Instr) (inst, error) {
 			in.op, in.a, in.b = cPack, opnd{reg: d.slot(v[0])}, opnd{reg: d.slot(v[1])}
 			return in, d.dst(&in, args[0])
 		}
-	case cExit, cNop, cTrap:
+	case cNop:
+		if o.Base == "griddepcontrol" && o.Has("wait") {
+			in.op = cGridWait
+		}
+		return in, nil
+	case cExit, cTrap:
 		return in, nil
 	case cMul, cMad:
 		switch {

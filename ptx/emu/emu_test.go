@@ -639,6 +639,49 @@ func TestPrefetchRecorded(t *testing.T) {
 	}
 }
 
+// TestEarlyLoadsRecorded: while the memory records, each thread's global loads before its
+// griddepcontrol.wait are kept with their sizes (a vector load as one span), those after it
+// and shared loads are not: thread 1 loads twice before its wait, thread 0 once.
+func TestEarlyLoadsRecorded(t *testing.T) {
+	src := `.visible .entry k(.param .u64 buf)
+{
+	.reg .pred %p<2>;
+	.reg .b32 %r<8>;
+	.reg .b64 %rd<4>;
+	.shared .align 4 .b32 s[1];
+	ld.param.u64 %rd1, [buf];
+	mov.u32 %r1, %tid.x;
+	mul.wide.u32 %rd2, %r1, 16;
+	add.u64 %rd2, %rd2, %rd1;
+	ld.global.v2.u32 {%r2, %r3}, [%rd2];
+	ld.shared.u32 %r6, [s];
+	setp.eq.u32 %p1, %r1, 0;
+	@%p1 bra wait;
+	ld.global.u32 %r4, [%rd2+8];
+wait:
+	griddepcontrol.wait;
+	ld.global.u32 %r5, [%rd2+12];
+	griddepcontrol.launch_dependents;
+	ret;
+}`
+	mem := NewMemory()
+	buf := mem.Alloc(32)
+	l := Launch{Grid: [3]int{1, 1, 1}, Block: [3]int{2, 1, 1}}
+	mem.RecordPrefetches()
+	if err := runText(t, src, l, mem, buf); err != nil {
+		t.Fatal(err)
+	}
+	got := mem.EarlyLoads()
+	slices.SortFunc(got, func(a, b Span) int { return int(a.Addr - b.Addr) })
+	if want := []Span{{buf, 8}, {buf + 16, 8}, {buf + 24, 4}}; !slices.Equal(got, want) {
+		t.Fatalf("early loads %v, want %v", got, want)
+	}
+	mem.RecordPrefetches()
+	if got := mem.EarlyLoads(); len(got) != 0 {
+		t.Fatalf("RecordPrefetches kept %v", got)
+	}
+}
+
 func TestRunRejectsBadCalls(t *testing.T) {
 	mod := compile(t, vecAdd())
 	mem := NewMemory()

@@ -17,10 +17,18 @@ type Memory struct {
 	allocs []alloc // sorted by base
 	next   uint64
 	// prefetched holds the address of every prefetch.global run over the memory while
-	// recording (RecordPrefetches); blocks run in parallel, so mu guards it.
+	// recording (RecordPrefetches), early every global load a thread ran before its
+	// griddepcontrol.wait; blocks run in parallel, so mu guards both.
 	mu         sync.Mutex
 	recording  atomic.Bool
 	prefetched []uint64
+	early      []Span
+}
+
+// Span is n bytes at Addr.
+type Span struct {
+	Addr uint64
+	N    int
 }
 
 type alloc struct {
@@ -62,13 +70,31 @@ func (m *Memory) find(addr uint64) *alloc {
 }
 
 // RecordPrefetches starts keeping the address of every prefetch.global that kernels run over m
-// issue (a prefetch changes no result, so this is how a test sees what a kernel asks L2 for),
-// forgetting those kept before.
+// issue (a prefetch changes no result, so this is how a test sees what a kernel asks L2 for)
+// and the span of every global load a thread runs before its griddepcontrol.wait (what a
+// kernel launched early reads while the grid ahead may still write), forgetting those kept
+// before.
 func (m *Memory) RecordPrefetches() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.recording.Store(true)
-	m.prefetched = nil
+	m.prefetched, m.early = nil, nil
+}
+
+// EarlyLoads is the global loads run before a thread's griddepcontrol.wait since
+// RecordPrefetches, in no particular order across threads.
+func (m *Memory) EarlyLoads() []Span {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return append([]Span(nil), m.early...)
+}
+
+func (m *Memory) loadEarly(addr uint64, n int) {
+	if m.recording.Load() {
+		m.mu.Lock()
+		m.early = append(m.early, Span{addr, n})
+		m.mu.Unlock()
+	}
 }
 
 // Prefetched is the addresses prefetched since RecordPrefetches, in no particular order

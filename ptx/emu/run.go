@@ -156,9 +156,12 @@ type block struct {
 	// arrived counts the threads with carr cPending.
 	arrived int
 	steps   []int32
-	shared  []byte
-	last    *alloc
-	cta     [3]int
+	// waited is set once a thread has run griddepcontrol.wait: its global loads before are
+	// early ones (Memory.EarlyLoads).
+	waited []bool
+	shared []byte
+	last   *alloc
+	cta    [3]int
 	// progress is set when a thread executes anything beyond re-checking an mbarrier that
 	// still blocks it, or a collective resolves.
 	progress bool
@@ -174,6 +177,7 @@ func newBlock(p *program, l Launch, mem *Memory, atomMu *sync.Mutex) *block {
 		carr:   make([]uint8, n),
 		barID:  make([]uint8, n),
 		steps:  make([]int32, n),
+		waited: make([]bool, n),
 		shared: make([]byte, p.sharedLen),
 	}
 }
@@ -283,6 +287,7 @@ func (b *block) init(cta [3]int) {
 	b.barWant = [maxBarriers]int{}
 	b.arrived = 0
 	clear(b.steps)
+	clear(b.waited)
 	bx := b.l.Block
 	nwarps := (b.n + 31) / 32
 	for t := range b.n {
@@ -580,8 +585,10 @@ func (b *block) exec(t int, steps int32) (int32, bool, error) {
 			if err := b.async(in, r); err != nil {
 				return steps, false, b.errorAt(t, pc, err)
 			}
+		case cGridWait:
+			b.waited[t] = true
 		case cLd:
-			if err := b.load(in, r); err != nil {
+			if err := b.load(in, r, !b.waited[t]); err != nil {
 				return steps, false, b.errorAt(t, pc, err)
 			}
 		case cPrefetch:

@@ -326,6 +326,26 @@ func TestCUDAAttentionClusterMatchesCPU(t *testing.T) {
 	agreement(t, "llama-3.2-1b-2layers-700-attn-cluster", b, long, 16, false)
 }
 
+// TestCUDAAttentionEarlyKVMatchesCPU: the split decode attention that loads each warp's first
+// K/V tile before its wait (xmixc build --attn-early-kv, for measuring) agrees with the CPU on
+// the 1B cut in its decode bucket of 4 rows: a lone request's 700-token prompt decodes at
+// contexts 700-716 (its splits' first tiles before the wait, the newest position's after),
+// and 4 requests of six tokens (contexts of 7-22, the newest position in a warp's first tile).
+func TestCUDAAttentionEarlyKVMatchesCPU(t *testing.T) {
+	needGPU(t)
+	cut := specCut(t, "llama-3.2-1b", "serving: {decode_buckets: [4], prefill_chunks: [64], max_seq_len: 1024, max_seqs: 4, kv_block_size: 16}\n")
+	b := testsuite.CompileWith(t, compile.Options{AttnEarlyKV: true}, cut)
+	if !slices.ContainsFunc(b.Kernels, func(k bundle.Kernel) bool { return strings.HasSuffix(k.Name, "_split_ekv") }) {
+		t.Fatal("no early K/V kernel in the bundle")
+	}
+	long := make([]int, 700)
+	for i := range long {
+		long[i] = (i*7919 + 13) % 32000
+	}
+	agreement(t, "llama-3.2-1b-2layers-700-attn-early-kv", b, long, 16, false)
+	agreementRows(t, newCUDA(cuda.GemmAuto), "llama-3.2-1b-2layers-attn-early-kv-4", b, sixTokenPrompts(4), 16)
+}
+
 // TestCUDAMatchesCPUOnGemma2Cut: a 2-layer cut of Gemma-2-2B (head dim 256, GeGLU,
 // post-norms, both soft-caps; layer 0 sliding) agrees with the CPU on a short prompt and on
 // a 150-token one (three prefill chunks on the tensor-core attention at head dim 256), and
