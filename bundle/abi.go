@@ -231,11 +231,15 @@ type GemmCopyAttrs struct {
 	// be 0 too, where nothing else reads it: the kernel writes bf16(y) alone.
 	YBF16 bool `json:"y_bf16,omitempty"`
 	// RopeKV, when set, says that the kernel serves a q/k/v GEMM node and the rope_kv node
-	// after it (RopePairAt) as one launch: each CTA asks for Box[1] rows of a head's first
-	// half and the same rows of its second, rotates its q and k heads in y and writes its k
-	// and v heads to the paged cache, as rope_kv does; its parameters go on with
+	// after it (RopePairAt) as one launch: each CTA asks for boxes of Box[1] rows of heads'
+	// first halves and the same rows of their second, rotates its q and k heads in y and
+	// writes its k and v heads to the paged cache, as rope_kv does; its parameters go on with
 	// RopeKVParams.
 	RopeKV *KVShape `json:"rope_kv,omitempty"`
+	// Wide, when not 0, is the kernel's output columns a CTA in the wide form (codegen
+	// gemm_wide.go): each CTA reads x once whatever its rows, so that a bucket of fewer rows
+	// costs it only x's rows past M, which the copy engine fills with zeros.
+	Wide int `json:"wide,omitempty"`
 }
 
 // KVShape is a q/k/v row and the paged KV cache that a rope_kv node writes and an attention

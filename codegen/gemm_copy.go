@@ -505,6 +505,7 @@ func (c GemmCopyConfig) Attrs() bundle.GemmCopyAttrs {
 	if c.Tiles > 1 {
 		a.Tiles = c.Tiles
 	}
+	a.Wide = c.Wide
 	if c.Rope != nil {
 		kv, _ := kvAttrs(*c.Rope) // checked by RopeCopyFor and GemmCopy
 		a.RopeKV = &bundle.KVShape{Heads: kv.Heads, KVHeads: kv.KVHeads, HeadDim: kv.HeadDim,

@@ -193,11 +193,14 @@ func (be *Backend) planPair(nodes []bundle.Node, i int) (pairPlan, bool, error) 
 
 // gatedCopyFor is the gated copy-engine kernel of kernels (one shape's) that serves a pair of
 // m rows: the one of the fewest rows that takes m, but unlike the rope pairs' not one of twice
-// m rows or more. The 32-row kernel made the 8B's 16-row step 1.4-1.7% longer than cuBLASLt's
-// gate/up and the SiLU kernel (testsuite/gpu/RESULTS.md, session 50).
+// m rows or more unless it is in the wide form. The 32-row kernel made the 8B's 16-row step
+// 1.4-1.7% longer than cuBLASLt's gate/up and the SiLU kernel (testsuite/gpu/RESULTS.md,
+// session 50): each of its 448 column tiles reads x again, twice the bytes for half the rows.
+// A wide kernel reads x once a CTA, so a bucket of fewer rows costs it little more than x's
+// zero-filled rows; where a build carries one for fewer rows than the bucket's, it serves.
 func gatedCopyFor(kernels []bundle.GemmCopy, m int) (bundle.GemmCopy, bool) {
 	c, ok := bundle.GemmCopyFor(kernels, m)
-	return c, ok && 2*m > c.Attrs.Rows
+	return c, ok && (2*m > c.Attrs.Rows || c.Attrs.Wide > 0)
 }
 
 // copyLaunch is the launch of copy-engine GEMM c for GEMM g of node n (vals: its arguments'
