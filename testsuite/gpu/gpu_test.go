@@ -531,6 +531,30 @@ func TestCUDAWarpgroupGemmMatchesCPU(t *testing.T) {
 	}
 }
 
+// TestCUDAWideServesFewerRows: a build whose copy-engine kernels are the wide form's of 64 rows
+// alone (xmixc build --copy-gemm-rows 64 --copy-gemm-wide --gated-copy-rows 64
+// --rope-copy-rows 64) serves the 32-row bucket of a 2-layer cut of Llama-3.1-8B with them,
+// x's rows past the bucket's zero-filled: o, down, gate/up with SiLU (a wide gated kernel
+// serves half its rows, bundle.GemmCopyAttrs.Wide) and q/k/v with rope_kv, every request
+// teacher-forced to the CPU's tokens.
+func TestCUDAWideServesFewerRows(t *testing.T) {
+	needGPU(t)
+	served := 0
+	var kernels []string
+	nb := copyGemmBackend(&served, &kernels)
+	cut := specCut(t, "llama-3.1-8b", "serving: {decode_buckets: [32], prefill_chunks: [64], max_seq_len: 256, max_seqs: 32, kv_block_size: 16}\n")
+	b := testsuite.CompileWith(t, compile.Options{CopyGemmRows: []int{64}, CopyGemmWide: true, GatedCopyRows: 64, RopeCopyRows: 64}, cut)
+	agreementRows(t, nb, "llama-3.1-8b-2layers-wide64-r32-n19", b, sixTokenPrompts(19), 3)
+	for _, k := range []string{"gemm_copy_k4096_n4096_r64", "gemm_copy_k14336_n4096_r64", "gemm_copy_k4096_n28672_r64_silu_mul", "gemm_copy_k4096_n6144_r64_rope_kv_h32_kv8_d128_bf16"} {
+		if !slices.Contains(kernels, k) {
+			t.Errorf("copy-engine kernels served %v: want %s among them", kernels, k)
+		}
+	}
+	if served < 8 {
+		t.Errorf("%d GEMM nodes served by the wide kernels, want the decode template's 8 at least", served)
+	}
+}
+
 // TestCUDACopyGemmNextAtAskMatchesCPU: with xmixc build --copy-gemm-next asked the grid after
 // a copy-engine GEMM launches while the GEMM still reads W, so only the kernel's own wait
 // orders it; the 2-layer cut of Llama-3.1-8B in buckets of 8 and 32 rows (the 32-row one with
