@@ -178,13 +178,20 @@ func (g *adGen) firstStepTC(seg segment) ptx.Reg {
 	g.warpStart(t, seg.lo)
 	x := g.askQTC()
 	bases, tiles := g.loadStepTC(t, seg.hi, seg.blk0)
+	g.firstStepRestTC(t, x, bases, tiles, seg)
+	return t
+}
+
+// firstStepRestTC is what the first step does once its loads are out: Q's fragments from x,
+// the state zeroed, the step computed where the warp's first position t lies in seg, and t
+// moved on a stride.
+func (g *adGen) firstStepRestTC(t ptx.Reg, x [][]ptx.Reg, bases []ptx.Reg, tiles []tcTile, seg segment) {
 	g.zeroStateTC()
 	g.convertQTC(x)
 	g.when(g.cmp("lt", ptx.U32, t, seg.hi), false, func() {
 		g.computeStepTC(bases, tiles, seg.hi)
 	})
 	g.Emit("add.u32", t, t, ptx.Imm(int64(g.stride())))
-	return t
 }
 
 // firstStepEarlyTC is firstStepTC in a kernel launched early with EarlyKV, and waits for the
@@ -218,18 +225,13 @@ func (g *adGen) firstStepEarlyTC(seg segment, n ptx.Reg) ptx.Reg {
 			g.EmitIf(early[u], true, "ld.global.v4.b32", l.words, l.at)
 		}
 	}
-	g.zeroStateTC()
-	g.convertQTC(x)
-	g.when(g.cmp("lt", ptx.U32, t, seg.hi), false, func() {
-		g.computeStepTC(bases, tiles, seg.hi)
-	})
-	g.Emit("add.u32", t, t, ptx.Imm(int64(g.stride())))
+	g.firstStepRestTC(t, x, bases, tiles, seg)
 	return t
 }
 
 // tcTile is one tile's K and V words in flight: K rows g and 8+g (HeadDim/8 words each), V
-// rows 2t, 2t+1, 2t+8, 2t+9 (M words each: dims 2Mg..2Mg+2M); and the addresses they were
-// loaded from, K's then V's, each load's offset from its row's (loadTileInto).
+// rows 2t, 2t+1, 2t+8, 2t+9 (M words each: dims 2Mg..2Mg+2M); and the loads that fill them,
+// K's then V's (loadTileInto).
 type tcTile struct {
 	k     [2][]ptx.Reg
 	v     [4][]ptx.Reg

@@ -319,11 +319,16 @@ func TestCUDAAttentionClusterMatchesCPU(t *testing.T) {
 	if !slices.ContainsFunc(b.Kernels, func(k bundle.Kernel) bool { return strings.Contains(k.Name, "_cl8_split") }) {
 		t.Fatal("no cluster kernel in the bundle")
 	}
-	long := make([]int, 700)
-	for i := range long {
-		long[i] = (i*7919 + 13) % 32000
+	agreement(t, "llama-3.2-1b-2layers-700-attn-cluster", b, prompt700(), 16, false)
+}
+
+// prompt700 is a 700-token prompt of the 1B's vocabulary, its tokens spread over it.
+func prompt700() []int {
+	p := make([]int, 700)
+	for i := range p {
+		p[i] = (i*7919 + 13) % 32000
 	}
-	agreement(t, "llama-3.2-1b-2layers-700-attn-cluster", b, long, 16, false)
+	return p
 }
 
 // TestCUDAAttentionEarlyKVMatchesCPU: the split decode attention that loads each warp's first
@@ -338,11 +343,7 @@ func TestCUDAAttentionEarlyKVMatchesCPU(t *testing.T) {
 	if !slices.ContainsFunc(b.Kernels, func(k bundle.Kernel) bool { return strings.HasSuffix(k.Name, "_split_ekv") }) {
 		t.Fatal("no early K/V kernel in the bundle")
 	}
-	long := make([]int, 700)
-	for i := range long {
-		long[i] = (i*7919 + 13) % 32000
-	}
-	agreement(t, "llama-3.2-1b-2layers-700-attn-early-kv", b, long, 16, false)
+	agreement(t, "llama-3.2-1b-2layers-700-attn-early-kv", b, prompt700(), 16, false)
 	agreementRows(t, newCUDA(cuda.GemmAuto), "llama-3.2-1b-2layers-attn-early-kv-4", b, sixTokenPrompts(4), 16)
 }
 
