@@ -227,14 +227,14 @@ func (c GemmCopyConfig) ownedRegs(owner int) []int {
 	regs := c.wRows() / 2
 	if c.Rope == nil {
 		per := regs / c.Split
-		return seq(owner*per, per)
+		return regRun(owner*per, per)
 	}
 	per := regs / 2 / c.Split
-	return append(seq(owner*per, per), seq(regs/2+owner*per, per)...)
+	return append(regRun(owner*per, per), regRun(regs/2+owner*per, per)...)
 }
 
-// seq is n, n+1, ..., n+count-1.
-func seq(n, count int) []int {
+// regRun is the registers n, n+1, ..., n+count-1.
+func regRun(n, count int) []int {
 	s := make([]int, count)
 	for i := range s {
 		s[i] = n + i
