@@ -368,6 +368,63 @@ func TestWideCopyFor(t *testing.T) {
 	}
 }
 
+// TestWideAtFullWidth: the wide kernels that Llama-3.1-8B's and Llama-3.2-1B's shapes get at
+// 64 and 128 rows (GatedCopyFor, WideCopyFor, RopeCopyFor with the models' heads), every CTA
+// of their real N, agree with their reference ops in the emulator: the 8B's gate/up in 128
+// CTAs of 112 columns (pairs sharing x at 128 rows), its o, down and q/k/v over clusters of
+// 4, the 1B's. K is cut to a few stages a rank, which leaves each configuration's tiling and
+// ring as the full K's; a part bucket too.
+func TestWideAtFullWidth(t *testing.T) {
+	l8 := RopeConfig{Heads: 32, KVHeads: 8, HeadDim: 128, BlockSize: 16, MaxBlocksPerSeq: 4, KVDtype: ptx.BF16}
+	l1 := RopeConfig{Heads: 32, KVHeads: 8, HeadDim: 64, BlockSize: 16, MaxBlocksPerSeq: 4, KVDtype: ptx.BF16}
+	for _, c := range []struct {
+		name       string
+		k, n, rows int
+		act        string
+		rope       *RopeConfig
+		partRows   int
+	}{
+		{"l8_gate_up", 4096, 28672, 128, "silu_mul", nil, 70},
+		{"l8_gate_up", 4096, 28672, 64, "silu_mul", nil, 33},
+		{"l8_o", 4096, 4096, 128, "", nil, 1},
+		{"l8_down", 14336, 4096, 128, "", nil, 100},
+		{"l8_qkv", 4096, 6144, 128, "", nil, 128},
+		{"l8_qkv_rope", 4096, 6144, 128, "", &l8, 57},
+		{"l1_gate_up", 2048, 16384, 128, "silu_mul", nil, 128},
+		{"l1_qkv_rope", 2048, 3072, 64, "", &l1, 64},
+	} {
+		var cfg GemmCopyConfig
+		var err error
+		switch {
+		case c.act != "":
+			cfg, err = GatedCopyFor(c.k, c.n, c.rows, 0, c.act)
+		case c.rope != nil:
+			cfg, err = RopeCopyFor(c.k, c.n, c.rows, 0, *c.rope)
+		default:
+			cfg, err = WideCopyFor(c.k, c.n, c.rows, 0)
+		}
+		if err != nil || cfg.Wide == 0 {
+			t.Fatalf("%s at %d rows: %+v, %v; want the wide form", c.name, c.rows, cfg, err)
+		}
+		cfg.K = 2 * cfg.Split * gcBoxK * cfg.Stages // two rings' worth of stages a rank: every slot refilled once
+		t.Run(fmt.Sprintf("%s_r%d_wide%d_split%d_share%d", c.name, c.rows, cfg.Wide, cfg.Split, cfg.Share), func(t *testing.T) {
+			t.Parallel()
+			if c.rope != nil {
+				plain := GemmCopyConfig{K: cfg.K, N: cfg.N, Rows: cfg.Rows, Split: cfg.Split, Stages: cfg.Stages, Wide: 2 * cfg.Wide}
+				checkRopeCopy(t, plain, cfg, c.partRows)
+				return
+			}
+			k := must(t)(GemmCopy("gemm_copy_full", cfg))
+			for _, rows := range []int{cfg.Rows, c.partRows} {
+				got, want := runGemmCopy(t, k, cfg, rows, uint64(rows))
+				if e := relL2(got, want); !(e <= 1e-5) {
+					t.Fatalf("%d rows: relative L2 error %.3g > 1e-5", rows, e)
+				}
+			}
+		})
+	}
+}
+
 // TestRopeCopyForWide: at 64 and 128 rows the q/k/v projection with rope_kv takes the wide
 // form, with the pairs a CTA and K split that make the most CTAs, and of those the fewest
 // bytes of x and of the ranks' sums, in boxes of the most rows that cross no head: on
