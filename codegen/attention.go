@@ -317,15 +317,12 @@ func CheckAttnSettings(warps, unroll int) error {
 	return nil
 }
 
-// errEarlyKV refuses early K/V loads in a kernel not launched early (AttnConfig.EarlyKV,
-// bundle.BuildInfo.AttnEarlyKV): it has no grid ahead to overlap.
-var errEarlyKV = errors.New("early K/V loads need early launch (--pdl): a kernel that starts after the one ahead has ended has nothing to overlap")
-
-// CheckAttnEarlyKV checks a build's early K/V loads of the decode attention
-// (bundle.BuildInfo.AttnEarlyKV, xmixc build --attn-early-kv): only with early launch (pdl).
+// CheckAttnEarlyKV checks the decode attention's early K/V loads (AttnConfig.EarlyKV,
+// bundle.BuildInfo.AttnEarlyKV, xmixc build --attn-early-kv): only in kernels launched early
+// (pdl), the others having no grid ahead to overlap.
 func CheckAttnEarlyKV(early, pdl bool) error {
 	if early && !pdl {
-		return errEarlyKV
+		return errors.New("early K/V loads need early launch (--pdl): a kernel that starts after the one ahead has ended has nothing to overlap")
 	}
 	return nil
 }
@@ -358,8 +355,8 @@ func checkAttn(c AttnConfig) (ops.KVAttrs, error) {
 	if err := CheckAttnPrefetch(c.Prefetch, c.EarlyLaunch); err != nil {
 		return attrs, err
 	}
-	if c.EarlyKV && !c.EarlyLaunch {
-		return attrs, errEarlyKV
+	if err := CheckAttnEarlyKV(c.EarlyKV, c.EarlyLaunch); err != nil {
+		return attrs, err
 	}
 	if c.Cluster != 0 && (!c.Split || c.Singles || c.Cluster < 2 || c.Cluster > attnMaxCluster) {
 		return attrs, fmt.Errorf("a cluster of %d splits: want 2 to %d, in a split decode kernel over every row", c.Cluster, attnMaxCluster)

@@ -80,8 +80,8 @@ func WideCopyFor(k, n, rows, slots int) (GemmCopyConfig, error) {
 }
 
 // wideRopeFor is RopeCopyFor's kernel in the wide form: the pairs a CTA and the K split
-// (wideSplit) that make the most CTAs of one wave, a ring of as many slots as asked (slots > 0), else wgWideSlots, and never more than
-// fit.
+// (wideSplit) that make the most CTAs of one wave, a ring of as many slots as asked (slots >
+// 0), else wgWideSlots, and never more than fit.
 func wideRopeFor(k, n, rows, slots int, rc RopeConfig) (GemmCopyConfig, error) {
 	c := GemmCopyConfig{K: k, N: n, Rows: rows, Rope: &rc}
 	c.Wide, c.Split = wideSplit(k, n/2, 2, rows)
@@ -137,11 +137,12 @@ func wideCols(width int) int {
 
 // wideSplit is the wide form's outputs a CTA and K split for a K-deep GEMM of rows rows and n
 // outputs of per W rows each (1, or with Rope 2: a pair's): of the outputs a CTA (a multiple
-// of 8 per rank, at most wgMaxN W rows, dividing n) and splits (1, 2 or 4, dividing K into whole boxes) that fill no more than the SMs, those with
-// the most CTAs, and of them the fewest bytes read from L2 besides W: every column tile's x
-// (rows x K bf16) and every rank's sums sent to the others (rows x n*per f32 a rank but
-// one). Llama-3.1-8B at 128 rows: o and down 128 columns over 4 ranks, q/k/v 192 over 4
-// (128 CTAs each). (0, 0) if none fits.
+// of 8 per rank, at most wgMaxN W rows, dividing n) and splits (1, 2 or 4, dividing K into
+// whole boxes) that fill no more than the SMs, those with the most CTAs, and of them the
+// fewest bytes read from L2 besides W: every column tile's x (rows x K bf16) and every
+// rank's sums sent to the others (rows x n*per f32 a rank but one). Llama-3.1-8B at 128
+// rows: o and down 128 columns over 4 ranks, q/k/v 192 over 4 (128 CTAs each). (0, 0) if
+// none fits.
 func wideSplit(k, n, per, rows int) (cols, split int) {
 	best, bestBytes := 0, 0
 	for s := 1; s <= wgMaxSplit; s *= 2 {
