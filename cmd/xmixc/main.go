@@ -397,7 +397,7 @@ func printBundle(w io.Writer, b *bundle.Bundle) {
 		fmt.Fprintf(w, "          decode attention splits merged in thread-block clusters where they fit one wave\n")
 	}
 	if b.Manifest.Build.AttnEarlyKV {
-		fmt.Fprintf(w, "          decode attention: each warp's first K/V loaded before the wait, but a row's newest position\n")
+		fmt.Fprintf(w, "          decode attention: each warp's first K/V loaded before the wait, save a row's newest position\n")
 	}
 	if !b.Manifest.Build.OptionalF32Out {
 		fmt.Fprintf(w, "          add+norm and decode attention write their f32 outputs always (--optional-f32-out=false)\n")
