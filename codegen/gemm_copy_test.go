@@ -372,8 +372,9 @@ func TestWideCopyFor(t *testing.T) {
 // 64 and 128 rows (GatedCopyFor, WideCopyFor, RopeCopyFor with the models' heads), every CTA
 // of their real N, agree with their reference ops in the emulator: the 8B's gate/up in 128
 // CTAs of 112 columns (pairs sharing x at 128 rows), its o, down and q/k/v over clusters of
-// 4, the 1B's. K is cut to a few stages a rank, which leaves each configuration's tiling and
-// ring as the full K's; a part bucket too.
+// 4, the 1B's, and the gated kernels of Qwen3-8B's and Gemma-2-2B's gate/up (GELU). K is cut
+// to a few stages a rank, which leaves each configuration's tiling and ring as the full K's;
+// a part bucket too.
 func TestWideAtFullWidth(t *testing.T) {
 	l8 := RopeConfig{Heads: 32, KVHeads: 8, HeadDim: 128, BlockSize: 16, MaxBlocksPerSeq: 4, KVDtype: ptx.BF16}
 	l1 := RopeConfig{Heads: 32, KVHeads: 8, HeadDim: 64, BlockSize: 16, MaxBlocksPerSeq: 4, KVDtype: ptx.BF16}
@@ -392,6 +393,8 @@ func TestWideAtFullWidth(t *testing.T) {
 		{"l8_qkv_rope", 4096, 6144, 128, "", &l8, 57},
 		{"l1_gate_up", 2048, 16384, 128, "silu_mul", nil, 128},
 		{"l1_qkv_rope", 2048, 3072, 64, "", &l1, 64},
+		{"qwen3_8b_gate_up", 4096, 24576, 128, "silu_mul", nil, 90},      // 96 columns of each a CTA
+		{"gemma2_2b_gate_up", 2304, 18432, 64, "gelu_tanh_mul", nil, 64}, // 72 of each
 	} {
 		var cfg GemmCopyConfig
 		var err error
