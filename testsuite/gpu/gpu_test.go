@@ -314,21 +314,24 @@ func TestCUDAAttentionWarpsMatchCPU(t *testing.T) {
 // blocks exiting at once.
 func TestCUDAAttentionClusterMatchesCPU(t *testing.T) {
 	needGPU(t)
-	cut := specCut(t, "llama-3.2-1b", "serving: {decode_buckets: [4], prefill_chunks: [64], max_seq_len: 1024, max_seqs: 4, kv_block_size: 16}\n")
-	b := testsuite.CompileWith(t, compile.Options{AttnCluster: true}, cut)
-	if !slices.ContainsFunc(b.Kernels, func(k bundle.Kernel) bool { return strings.Contains(k.Name, "_cl8_split") }) {
-		t.Fatal("no cluster kernel in the bundle")
-	}
-	agreement(t, "llama-3.2-1b-2layers-700-attn-cluster", b, prompt700(), 16, false)
+	attnAt4Rows(t, compile.Options{AttnCluster: true}, "_cl8_split", "llama-3.2-1b-2layers-700-attn-cluster")
 }
 
-// prompt700 is a 700-token prompt of the 1B's vocabulary, its tokens spread over it.
-func prompt700() []int {
-	p := make([]int, 700)
-	for i := range p {
-		p[i] = (i*7919 + 13) % 32000
+// attnAt4Rows builds the 1B cut whose only decode bucket has 4 rows with opt, checks that it
+// holds a kernel whose name contains kernel (the option's), and runs a lone request's
+// 700-token prompt on it against the CPU, decoding at contexts 700-716 (key: the records').
+func attnAt4Rows(t *testing.T, opt compile.Options, kernel, key string) *bundle.Bundle {
+	cut := specCut(t, "llama-3.2-1b", "serving: {decode_buckets: [4], prefill_chunks: [64], max_seq_len: 1024, max_seqs: 4, kv_block_size: 16}\n")
+	b := testsuite.CompileWith(t, opt, cut)
+	if !slices.ContainsFunc(b.Kernels, func(k bundle.Kernel) bool { return strings.Contains(k.Name, kernel) }) {
+		t.Fatalf("no kernel %s in the bundle", kernel)
 	}
-	return p
+	long := make([]int, 700)
+	for i := range long {
+		long[i] = (i*7919 + 13) % 32000
+	}
+	agreement(t, key, b, long, 16, false)
+	return b
 }
 
 // TestCUDAAttentionEarlyKVMatchesCPU: the split decode attention that loads each warp's first
@@ -338,12 +341,7 @@ func prompt700() []int {
 // and 4 requests of six tokens (contexts of 7-22, the newest position in a warp's first tile).
 func TestCUDAAttentionEarlyKVMatchesCPU(t *testing.T) {
 	needGPU(t)
-	cut := specCut(t, "llama-3.2-1b", "serving: {decode_buckets: [4], prefill_chunks: [64], max_seq_len: 1024, max_seqs: 4, kv_block_size: 16}\n")
-	b := testsuite.CompileWith(t, compile.Options{AttnEarlyKV: true}, cut)
-	if !slices.ContainsFunc(b.Kernels, func(k bundle.Kernel) bool { return strings.HasSuffix(k.Name, "_split_ekv") }) {
-		t.Fatal("no early K/V kernel in the bundle")
-	}
-	agreement(t, "llama-3.2-1b-2layers-700-attn-early-kv", b, prompt700(), 16, false)
+	b := attnAt4Rows(t, compile.Options{AttnEarlyKV: true}, "_split_ekv", "llama-3.2-1b-2layers-700-attn-early-kv")
 	agreementRows(t, newCUDA(cuda.GemmAuto), "llama-3.2-1b-2layers-attn-early-kv-4", b, sixTokenPrompts(4), 16)
 }
 
