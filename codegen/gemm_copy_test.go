@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 
@@ -473,7 +474,8 @@ func TestRopeCopyForWide(t *testing.T) {
 // of one, one past) in shuffled pages, a full bucket and a part of one. In the wide form
 // (pairs a CTA, K split) the plain GEMM is the plain wide form of the same split, whose ranks
 // add their sums in the same order: one box of pairs a half, three a half with pairs of two
-// heads a CTA, K split over 2 and 4 ranks.
+// heads a CTA, K split over 2 and 4 ranks. Before its wait the kernel reads only cos, sin, the
+// positions, the slots and the block table (emu.Memory.EarlyLoads).
 func TestGemmCopyRopeMatchesThePair(t *testing.T) {
 	for _, c := range []struct {
 		rc           RopeConfig
@@ -556,8 +558,21 @@ func checkRopeCopy(t *testing.T, plain, fused GemmCopyConfig, rows int) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		mem.RecordPrefetches()
 		if err := emu.Run(mod, k.Name, emu.Launch{Grid: l.Grid, Block: l.Block, Shared: l.Shared, Lag: true}, mem, params); err != nil {
 			t.Fatalf("%s: emulate: %v", k.Name, err)
+		}
+		// Launched early, the kernel reads before its wait only what the host wrote before the
+		// step or the weights: cos, sin, the positions, the slots and the block table, never
+		// x, y or the caches, which the grids ahead may still write.
+		early := mem.EarlyLoads()
+		if c.Rope != nil && len(early) == 0 {
+			t.Fatalf("%s: nothing read before the wait, where the rotation's cos, sin and positions can be", k.Name)
+		}
+		for _, sp := range early {
+			if !slices.ContainsFunc(ropeP[:5], func(a uint64) bool { return sp.Addr >= a && sp.Addr < a+uint64(len(mem.Bytes(a))) }) {
+				t.Fatalf("%s: %d bytes at 0x%x read before the wait, in none of cos, sin, pos, seq and block_table", k.Name, sp.N, sp.Addr)
+			}
 		}
 		if then != nil {
 			rl := rc.Launch(rows)
