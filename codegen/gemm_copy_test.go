@@ -69,8 +69,14 @@ func runGemmCopy(t *testing.T, k *Kernel, c GemmCopyConfig, rows int, seed uint6
 		args = append(args, yb)
 		refArgs = append(refArgs, ops.Arg{})
 	}
+	mem.RecordPrefetches()
 	if err := emu.Run(mod, k.Name, emu.Launch{Grid: l.Grid, Block: l.Block, Shared: l.Shared, Lag: true}, mem, args); err != nil {
 		t.Fatalf("%s: emulate: %v", k.Name, err)
+	}
+	// Launched early, the kernel asks the copy engine for W before its wait and loads nothing
+	// itself: x is the grid ahead's.
+	if early := mem.EarlyLoads(); len(early) > 0 {
+		t.Fatalf("%s: %d loads before the wait, the first %d bytes at 0x%x; want none", k.Name, len(early), early[0].N, early[0].Addr)
 	}
 	ref, err := ops.Build(k.Op, k.Attrs)
 	if err != nil {
