@@ -746,7 +746,7 @@ func TestAttentionPrefetchKV(t *testing.T) {
 				pos := []uint32{0, 9, 70, uint32(maxPos - 1), uint32(maxPos / 3)}
 				seq := []uint32{0, 1, 2, 3, 1}
 				a := newAttnCall(t, r, k, c, c.Launch(len(pos), sc.splits), pos, seq, uint32(sc.chunk), nil)
-				a.mem.RecordPrefetches()
+				a.mem.RecordReads()
 				got := a.run(t)
 				lines := map[uint64]int{}
 				for _, addr := range a.mem.Prefetched() {
@@ -841,7 +841,7 @@ func TestAttentionEarlyKV(t *testing.T) {
 				pos := []uint32{0, 9, 15, 16, 69, uint32(maxPos - 1)}
 				seq := []uint32{0, 1, 2, 3, 4, 5}
 				a := newAttnCall(t, r, k, c, c.Launch(len(pos), sc.splits), pos, seq, uint32(sc.chunk), nil)
-				a.mem.RecordPrefetches()
+				a.mem.RecordReads()
 				got := a.run(t)
 				early := a.mem.EarlyLoads()
 				plainMod, err := ptx.Parse(plain.PTX)

@@ -69,7 +69,7 @@ func runGemmCopy(t *testing.T, k *Kernel, c GemmCopyConfig, rows int, seed uint6
 		args = append(args, yb)
 		refArgs = append(refArgs, ops.Arg{})
 	}
-	mem.RecordPrefetches()
+	mem.RecordReads()
 	if err := emu.Run(mod, k.Name, emu.Launch{Grid: l.Grid, Block: l.Block, Shared: l.Shared, Lag: true}, mem, args); err != nil {
 		t.Fatalf("%s: emulate: %v", k.Name, err)
 	}
@@ -564,7 +564,7 @@ func checkRopeCopy(t *testing.T, plain, fused GemmCopyConfig, rows int) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		mem.RecordPrefetches()
+		mem.RecordReads()
 		if err := emu.Run(mod, k.Name, emu.Launch{Grid: l.Grid, Block: l.Block, Shared: l.Shared, Lag: true}, mem, params); err != nil {
 			t.Fatalf("%s: emulate: %v", k.Name, err)
 		}

@@ -602,7 +602,7 @@ func TestBuiltModule(t *testing.T) {
 
 // TestPrefetchRecorded: a prefetch inside an allocation changes nothing and, while the memory
 // records, leaves its address (any byte of the allocation, its last one too); before
-// RecordPrefetches and after a new call of it nothing old is kept.
+// RecordReads and after a new call of it nothing old is kept.
 func TestPrefetchRecorded(t *testing.T) {
 	src := `.visible .entry k(.param .u64 buf)
 {
@@ -622,9 +622,9 @@ func TestPrefetchRecorded(t *testing.T) {
 		t.Fatal(err)
 	}
 	if got := mem.Prefetched(); len(got) != 0 {
-		t.Fatalf("recorded %v before RecordPrefetches", got)
+		t.Fatalf("recorded %v before RecordReads", got)
 	}
-	mem.RecordPrefetches()
+	mem.RecordReads()
 	if err := runText(t, src, l, mem, buf); err != nil {
 		t.Fatal(err)
 	}
@@ -633,9 +633,9 @@ func TestPrefetchRecorded(t *testing.T) {
 	if want := []uint64{buf + 3, buf + 43, buf + 83}; !slices.Equal(got, want) {
 		t.Fatalf("prefetched %x, want %x", got, want)
 	}
-	mem.RecordPrefetches()
+	mem.RecordReads()
 	if got := mem.Prefetched(); len(got) != 0 {
-		t.Fatalf("RecordPrefetches kept %v", got)
+		t.Fatalf("RecordReads kept %v", got)
 	}
 }
 
@@ -667,7 +667,7 @@ wait:
 	mem := NewMemory()
 	buf := mem.Alloc(32)
 	l := Launch{Grid: [3]int{1, 1, 1}, Block: [3]int{2, 1, 1}}
-	mem.RecordPrefetches()
+	mem.RecordReads()
 	if err := runText(t, src, l, mem, buf); err != nil {
 		t.Fatal(err)
 	}
@@ -676,9 +676,9 @@ wait:
 	if want := []Span{{buf, 8}, {buf + 16, 8}, {buf + 24, 4}}; !slices.Equal(got, want) {
 		t.Fatalf("early loads %v, want %v", got, want)
 	}
-	mem.RecordPrefetches()
+	mem.RecordReads()
 	if got := mem.EarlyLoads(); len(got) != 0 {
-		t.Fatalf("RecordPrefetches kept %v", got)
+		t.Fatalf("RecordReads kept %v", got)
 	}
 }
 

@@ -17,7 +17,7 @@ type Memory struct {
 	allocs []alloc // sorted by base
 	next   uint64
 	// prefetched holds the address of every prefetch.global run over the memory while
-	// recording (RecordPrefetches), early every global load a thread ran before its
+	// recording (RecordReads), early every global load a thread ran before its
 	// griddepcontrol.wait; blocks run in parallel, so mu guards both.
 	mu         sync.Mutex
 	recording  atomic.Bool
@@ -69,12 +69,12 @@ func (m *Memory) find(addr uint64) *alloc {
 	return a
 }
 
-// RecordPrefetches starts keeping the address of every prefetch.global that kernels run over m
+// RecordReads starts keeping the address of every prefetch.global that kernels run over m
 // issue (a prefetch changes no result, so this is how a test sees what a kernel asks L2 for)
 // and the span of every global load a thread runs before its griddepcontrol.wait (what a
 // kernel launched early reads while the grid ahead may still write), forgetting those kept
 // before.
-func (m *Memory) RecordPrefetches() {
+func (m *Memory) RecordReads() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.recording.Store(true)
@@ -82,7 +82,7 @@ func (m *Memory) RecordPrefetches() {
 }
 
 // EarlyLoads is the global loads run before a thread's griddepcontrol.wait since
-// RecordPrefetches, in no particular order across threads.
+// RecordReads, in no particular order across threads.
 func (m *Memory) EarlyLoads() []Span {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -97,7 +97,7 @@ func (m *Memory) loadEarly(addr uint64, n int) {
 	}
 }
 
-// Prefetched is the addresses prefetched since RecordPrefetches, in no particular order
+// Prefetched is the addresses prefetched since RecordReads, in no particular order
 // across threads.
 func (m *Memory) Prefetched() []uint64 {
 	m.mu.Lock()

@@ -256,16 +256,25 @@ func TestCUDATimeWithout(t *testing.T) {
 
 // longPrompt is a 150-token prompt of token ids below vocab: it crosses prefill chunks and KV
 // blocks, and the decode after it splits its context.
-func longPrompt(vocab int) []int {
-	long := make([]int, 150)
-	for i := range long {
-		long[i] = (i*7919 + 13) % vocab
+func longPrompt(vocab int) []int { return spreadPrompt(150, vocab) }
+
+// spreadPrompt is an n-token prompt of token ids below vocab, spread over them.
+func spreadPrompt(n, vocab int) []int {
+	p := make([]int, n)
+	for i := range p {
+		p[i] = (i*7919 + 13) % vocab
 	}
-	return long
+	return p
 }
 
 // smallServing is the serving section of the cuts: small buckets, short contexts.
 const smallServing = "serving: {decode_buckets: [1, 2, 4], prefill_chunks: [64], max_seq_len: 256, max_seqs: 4, kv_block_size: 16}\n"
+
+// cut8B is the 2-layer cut of Llama-3.1-8B whose only decode bucket has rows rows (as many
+// sequences), with 64-row prefill chunks, 256 positions and KV blocks of 16.
+func cut8B(t *testing.T, rows int) string {
+	return specCut(t, "llama-3.1-8b", fmt.Sprintf("serving: {decode_buckets: [%d], prefill_chunks: [64], max_seq_len: 256, max_seqs: %d, kv_block_size: 16}\n", rows, rows))
+}
 
 // specCut is the shipped spec of model (specs/models/MODEL.yaml) cut to 2 layers, with
 // serving as its serving section.
@@ -326,11 +335,7 @@ func attnAt4Rows(t *testing.T, opt compile.Options, kernel, key string) *bundle.
 	if !slices.ContainsFunc(b.Kernels, func(k bundle.Kernel) bool { return strings.Contains(k.Name, kernel) }) {
 		t.Fatalf("no kernel %s in the bundle", kernel)
 	}
-	long := make([]int, 700)
-	for i := range long {
-		long[i] = (i*7919 + 13) % 32000
-	}
-	agreement(t, key, b, long, 16, false)
+	agreement(t, key, b, spreadPrompt(700, 32000), 16, false)
 	return b
 }
 
@@ -485,7 +490,7 @@ func TestCUDAWarpgroupGemmMatchesCPU(t *testing.T) {
 		}
 		t.Run(name, func(t *testing.T) {
 			kernels, fed = nil, nil
-			cut := specCut(t, "llama-3.1-8b", fmt.Sprintf("serving: {decode_buckets: [%d], prefill_chunks: [64], max_seq_len: 256, max_seqs: %d, kv_block_size: 16}\n", c.bucket, c.bucket))
+			cut := cut8B(t, c.bucket)
 			b := testsuite.CompileWith(t, opt, cut)
 			ks, err := bundle.GemmCopyKernels(b.Kernels)
 			if err != nil {
@@ -541,7 +546,7 @@ func TestCUDAWideServesFewerRows(t *testing.T) {
 	served := 0
 	var kernels []string
 	nb := copyGemmBackend(&served, &kernels)
-	cut := specCut(t, "llama-3.1-8b", "serving: {decode_buckets: [32], prefill_chunks: [64], max_seq_len: 256, max_seqs: 32, kv_block_size: 16}\n")
+	cut := cut8B(t, 32)
 	b := testsuite.CompileWith(t, compile.Options{CopyGemmRows: []int{64}, CopyGemmWide: true, GatedCopyRows: 64, RopeCopyRows: 64}, cut)
 	agreementRows(t, nb, "llama-3.1-8b-2layers-wide64-r32-n19", b, sixTokenPrompts(19), 3)
 	for _, k := range []string{"gemm_copy_k4096_n4096_r64", "gemm_copy_k14336_n4096_r64", "gemm_copy_k4096_n28672_r64_silu_mul", "gemm_copy_k4096_n6144_r64_rope_kv_h32_kv8_d128_bf16"} {
@@ -564,7 +569,7 @@ func TestCUDACopyGemmNextAtAskMatchesCPU(t *testing.T) {
 	nb := copyGemmBackend(&served)
 	for _, c := range []struct{ bucket, requests, want int }{{8, 8, 6}, {32, 27, 8}} {
 		t.Run(fmt.Sprintf("r%d", c.bucket), func(t *testing.T) {
-			cut := specCut(t, "llama-3.1-8b", fmt.Sprintf("serving: {decode_buckets: [%d], prefill_chunks: [64], max_seq_len: 256, max_seqs: %d, kv_block_size: 16}\n", c.bucket, c.bucket))
+			cut := cut8B(t, c.bucket)
 			b := testsuite.CompileWith(t, compile.Options{CopyGemmNextAtAsk: true}, cut)
 			agreementRows(t, nb, fmt.Sprintf("llama-3.1-8b-2layers-copy-gemm-next-asked-r%d", c.bucket), b, sixTokenPrompts(c.requests), 4)
 			if served != c.want {
@@ -585,7 +590,7 @@ func TestCUDAGatedTCMatchesCPU(t *testing.T) {
 	nb := copyGemmBackend(&served)
 	for _, c := range []struct{ bucket, requests, steps int }{{8, 8, 6}, {16, 13, 4}, {32, 27, 3}} {
 		t.Run(fmt.Sprintf("r%d", c.bucket), func(t *testing.T) {
-			cut := specCut(t, "llama-3.1-8b", fmt.Sprintf("serving: {decode_buckets: [%d], prefill_chunks: [64], max_seq_len: 256, max_seqs: %d, kv_block_size: 16}\n", c.bucket, c.bucket))
+			cut := cut8B(t, c.bucket)
 			b := testsuite.CompileWith(t, compile.Options{GatedTCRows: c.bucket}, cut)
 			gated, acts := 0, 0
 			for _, tm := range b.Templates {
@@ -630,7 +635,7 @@ func TestCUDAGatedCopyMatchesCPU(t *testing.T) {
 	for _, c := range []struct{ bucket, requests, steps int }{{32, 27, 3}, {64, 50, 2}} {
 		t.Run(fmt.Sprintf("r%d", c.bucket), func(t *testing.T) {
 			fed = nil
-			cut := specCut(t, "llama-3.1-8b", fmt.Sprintf("serving: {decode_buckets: [%d], prefill_chunks: [64], max_seq_len: 256, max_seqs: %d, kv_block_size: 16}\n", c.bucket, c.bucket))
+			cut := cut8B(t, c.bucket)
 			b := testsuite.CompileWith(t, compile.Options{GatedCopyRows: c.bucket}, cut)
 			prompts := sixTokenPrompts(c.requests)
 			agreementRows(t, nb, fmt.Sprintf("llama-3.1-8b-2layers-gated-copy-r%d", c.bucket), b, prompts, c.steps)
@@ -650,7 +655,7 @@ func TestCUDAGatedCopyMatchesCPU(t *testing.T) {
 	// serves the bucket's gate/up and SiLU of both layers.
 	t.Run("r128", func(t *testing.T) {
 		var kernels []string
-		cut := specCut(t, "llama-3.1-8b", "serving: {decode_buckets: [128], prefill_chunks: [64], max_seq_len: 256, max_seqs: 128, kv_block_size: 16}\n")
+		cut := cut8B(t, 128)
 		b := testsuite.CompileWith(t, compile.Options{GatedCopyRows: 128}, cut)
 		agreementRows(t, copyGemmBackend(&served, &kernels), "llama-3.1-8b-2layers-gated-copy-r128", b, sixTokenPrompts(100), 2)
 		if wide := "gemm_copy_k4096_n28672_r128_silu_mul"; !slices.Contains(kernels, wide) {
@@ -670,7 +675,7 @@ func TestCUDAGatedCopyMatchesCPU(t *testing.T) {
 	// bundle.
 	t.Run("r32-app", func(t *testing.T) {
 		fed = nil
-		cut := specCut(t, "llama-3.1-8b", "serving: {decode_buckets: [32], prefill_chunks: [64], max_seq_len: 256, max_seqs: 32, kv_block_size: 16}\n")
+		cut := cut8B(t, 32)
 		app := "app: act-scale\nparams: {s: {random: 23}}\nops:\n  - write: {at: {layers: [1], hook: mlp.act}, kernel: scale, args: {vector: s}}\n"
 		opt := compile.Options{GatedCopyRows: 32}
 		with, bare := testsuite.CompileWith(t, opt, cut, app), testsuite.CompileWith(t, opt, cut)
@@ -705,7 +710,7 @@ func TestCUDAFedGemmsMatchCPU(t *testing.T) {
 	needGPU(t)
 	var fed, gu []int
 	nb := recordCount(recordCount(newCUDA(cuda.GemmAuto), &fed, (*cuda.Backend).FedGemms), &gu, (*cuda.Backend).GuBF16Gemms)
-	cut := specCut(t, "llama-3.1-8b", "serving: {decode_buckets: [128], prefill_chunks: [64], max_seq_len: 256, max_seqs: 128, kv_block_size: 16}\n")
+	cut := cut8B(t, 128)
 	bare := testsuite.CompileWith(t, compile.Options{}, cut)
 	agreementRows(t, nb, "llama-3.1-8b-2layers-act-feed-r128", bare, sixTokenPrompts(70), 2)
 	if want := fedGemms(128); !slices.Equal(fed, []int{want}) {
@@ -743,7 +748,7 @@ func TestCUDARopeCopyKeepsBits(t *testing.T) {
 	served := 0
 	var kernels []string
 	nb := copyGemmBackend(&served, &kernels)
-	cut := specCut(t, "llama-3.1-8b", "serving: {decode_buckets: [32], prefill_chunks: [64], max_seq_len: 256, max_seqs: 32, kv_block_size: 16}\n")
+	cut := cut8B(t, 32)
 	app := "app: q-scale\nparams: {s: {random: 29}}\nops:\n  - write: {at: {layers: [1], hook: attn.q}, kernel: scale, args: {vector: s}}\n"
 	with, bare := testsuite.Compile(t, cut, app), testsuite.Compile(t, cut)
 	appRowsKeepBits(t, nb, with, bare, "q-scale")
@@ -761,7 +766,7 @@ func TestCUDARopeCopyKeepsBits(t *testing.T) {
 // CTAs at once). A backend loaded without Trace refuses.
 func TestCUDATraceFollowsTheGraph(t *testing.T) {
 	needGPU(t)
-	cut := specCut(t, "llama-3.1-8b", "serving: {decode_buckets: [32], prefill_chunks: [64], max_seq_len: 256, max_seqs: 32, kv_block_size: 16}\n")
+	cut := cut8B(t, 32)
 	b := testsuite.Compile(t, cut)
 	w, err := loader.OpenWeights(b, "")
 	if err != nil {
