@@ -87,10 +87,10 @@ type gen struct {
 	// copyRows are the row counts given copy-engine kernels, fewest first (CopyGemmRows).
 	copyRows []int
 	// gatedCopyRows: decode buckets of at most this many rows get a copy-engine kernel for
-	// the gate/up GEMM and its activation together (BuildInfo.GatedCopyRows, gatedCopyGemms).
+	// the gate/up GEMM and its activation together (BuildInfo.GatedCopyRows, gatedCopies).
 	gatedCopyRows int
 	// ropeCopyRows: decode buckets of at most this many rows get a copy-engine kernel for the
-	// q/k/v GEMM and its rope_kv together (BuildInfo.RopeCopyRows, ropeCopyGemms).
+	// q/k/v GEMM and its rope_kv together (BuildInfo.RopeCopyRows, ropeCopies).
 	ropeCopyRows int
 	// attnWarps and attnUnroll are AttnConfig.Warps and Unroll of the decode buckets' attention.
 	attnWarps, attnUnroll int

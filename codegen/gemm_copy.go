@@ -440,6 +440,17 @@ func RopeCopyFor(k, n, rows, slots int, rc RopeConfig) (GemmCopyConfig, error) {
 	return c, nil
 }
 
+// plainTwin is the plain kernel that sums as c, a kernel with rope_kv, does: the same form,
+// K split, columns a CTA and ring, without the rotation (TestGemmCopyRopeMatchesThePair: c's
+// y is the twin's rotated, bit for bit).
+func (c GemmCopyConfig) plainTwin() GemmCopyConfig {
+	if c.Wide > 0 {
+		c.Wide = c.wRows() // the pairs' first elements and their second
+	}
+	c.Rope = nil
+	return c
+}
+
 // ropeCopyErr says why rope rc over n columns cannot be a copy-engine GEMM's epilogue: it
 // needs n to be the q/k/v row, no bias or QK-norm, and a head's half of whole 32-row boxes.
 func ropeCopyErr(rc RopeConfig, n int) error {
@@ -567,8 +578,21 @@ func copyRows(rows []int, m int) int {
 // copyGemms adds to the bundle a copy-engine GEMM for each GEMM that a decode bucket runs on
 // tensor cores (a node a backend may give a library) whose shape the build names (by default
 // copyGemmShapes), in the fewest rows of gcLayouts' that hold the bucket's; guarded GEMMs
-// (heavy apps') are left alone.
+// (heavy apps') are left alone; then those with an epilogue (ropeCopies, gatedCopies).
 func (g *gen) copyGemms(templates []bundle.Template) error {
+	rope, err := g.ropeCopies(templates)
+	if err != nil {
+		return err
+	}
+	// A layer whose q/k/v an app's op at attn.q, attn.k or attn.v parts from its rope_kv runs
+	// the plain kernel and rope_kv one by one, and rows without the op keep the fused
+	// kernel's bits only if the plain kernel sums as it does: so the plain kernel of a shape
+	// and rows given one with rope_kv is that one's twin (plainTwin), whatever the build asks
+	// of the others.
+	twins := map[[3]int]GemmCopyConfig{}
+	for _, k := range rope {
+		twins[[3]int{k.config.K, k.config.N, k.config.Rows}] = k.config.plainTwin()
+	}
 	seen := map[[3]int]bool{}
 	for _, t := range templates {
 		if t.Kind != bundle.Decode || copyRows(g.copyRows, t.Tokens) == 0 {
@@ -588,20 +612,38 @@ func (g *gen) copyGemms(templates []bundle.Template) error {
 				continue
 			}
 			seen[key] = true
-			c, err := g.plainCopyFor(m.K, m.N, key[2])
-			if err != nil {
-				return fmt.Errorf("template %s: node %s: %w", t.Name, n.Label, err)
+			c, twin := twins[key]
+			if !twin {
+				if c, err = g.plainCopyFor(m.K, m.N, key[2]); err != nil {
+					return fmt.Errorf("template %s: node %s: %w", t.Name, n.Label, err)
+				}
 			}
-			name := fmt.Sprintf("gemm_copy_k%d_n%d_r%d", m.K, m.N, c.Rows)
-			if _, err := g.kernel(name, func() (*Kernel, error) { return GemmCopy(name, c) }); err != nil {
+			if err := g.addCopyKernel(copyKernel{fmt.Sprintf("gemm_copy_k%d_n%d_r%d", m.K, m.N, c.Rows), c}); err != nil {
 				return err
 			}
 		}
 	}
-	if err := g.ropeCopyGemms(templates); err != nil {
+	gated, err := g.gatedCopies(templates)
+	if err != nil {
 		return err
 	}
-	return g.gatedCopyGemms(templates)
+	for _, k := range append(rope, gated...) {
+		if err := g.addCopyKernel(k); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// copyKernel is a copy-engine kernel the build adds: its name and configuration.
+type copyKernel struct {
+	name   string
+	config GemmCopyConfig
+}
+
+func (g *gen) addCopyKernel(k copyKernel) error {
+	_, err := g.kernel(k.name, func() (*Kernel, error) { return GemmCopy(k.name, k.config) })
+	return err
 }
 
 // plainCopyFor is the build's plain copy-engine GEMM of K x N for rows rows: the wide form
@@ -639,13 +681,13 @@ func CheckRopeCopyRows(n int) error {
 	return checkEpilogueRows("copy-engine kernels with rope_kv", n)
 }
 
-// ropeCopyGemms adds a copy-engine GEMM with the rotation and KV write in its epilogue
+// ropeCopies are the copy-engine GEMMs with the rotation and KV write in their epilogue
 // (RopeCopyFor) for each GEMM and rope_kv after it (bundle.RopePairAt: the q/k/v projection
 // where no kernel of the bundle's fuses them) of a decode bucket of at most ropeCopyRows rows
 // whose row count takes the warpgroup form, where the build makes copy-engine kernels for the
 // GEMM's shape.
-func (g *gen) ropeCopyGemms(templates []bundle.Template) error {
-	return g.epilogueCopyGemms(templates, g.ropeCopyRows, func(nodes []bundle.Node, i int, kernel func(string) bundle.Kernel) (*copyPair, error) {
+func (g *gen) ropeCopies(templates []bundle.Template) ([]copyKernel, error) {
+	return g.epilogueCopies(templates, g.ropeCopyRows, func(nodes []bundle.Node, i int, kernel func(string) bundle.Kernel) (*copyPair, error) {
 		m, rope, ok, err := bundle.RopePairAt(nodes, i, kernel)
 		if err != nil || !ok || !g.copyShape(m.K, m.N, m.M) {
 			return nil, err
@@ -672,17 +714,18 @@ type copyPair struct {
 	config   func(rows int) (GemmCopyConfig, error)
 }
 
-// epilogueCopyGemms adds a copy-engine kernel for each pair of nodes (pairAt: nil where
-// nodes[i] starts none) of the decode buckets of at most maxRows rows whose row count takes
-// the warpgroup form, once per shape and row count; a shape the kernel cannot take is left to
-// the two nodes one by one.
-func (g *gen) epilogueCopyGemms(templates []bundle.Template, maxRows int, pairAt func(nodes []bundle.Node, i int, kernel func(string) bundle.Kernel) (*copyPair, error)) error {
+// epilogueCopies are a copy-engine kernel for each pair of nodes (pairAt: nil where nodes[i]
+// starts none) of the decode buckets of at most maxRows rows whose row count takes the
+// warpgroup form, once per shape and row count; a shape the kernel cannot take is left to the
+// two nodes one by one.
+func (g *gen) epilogueCopies(templates []bundle.Template, maxRows int, pairAt func(nodes []bundle.Node, i int, kernel func(string) bundle.Kernel) (*copyPair, error)) ([]copyKernel, error) {
 	kernel := func(name string) bundle.Kernel {
 		if k := g.kernels[name]; k != nil {
 			return k.bundleKernel()
 		}
 		return bundle.Kernel{}
 	}
+	var out []copyKernel
 	seen := map[bundle.GemmCopyShape]map[int]bool{}
 	for _, t := range templates {
 		if !g.epilogueCopyAt(t.Kind, t.Tokens, maxRows) {
@@ -692,7 +735,7 @@ func (g *gen) epilogueCopyGemms(templates []bundle.Template, maxRows int, pairAt
 			for i, n := range nodes {
 				p, err := pairAt(nodes, i, kernel)
 				if err != nil {
-					return fmt.Errorf("template %s: node %s: %w", t.Name, n.Label, err)
+					return nil, fmt.Errorf("template %s: node %s: %w", t.Name, n.Label, err)
 				}
 				if p == nil {
 					continue
@@ -711,14 +754,11 @@ func (g *gen) epilogueCopyGemms(templates []bundle.Template, maxRows int, pairAt
 					continue // a shape the kernel cannot take (K not of whole stages): the two nodes run one by one
 				}
 				c = g.withNextAtAsk(c)
-				name := fmt.Sprintf("gemm_copy_k%d_n%d_r%d%s", p.gemm.K, p.gemm.N, c.Rows, p.name)
-				if _, err := g.kernel(name, func() (*Kernel, error) { return GemmCopy(name, c) }); err != nil {
-					return err
-				}
+				out = append(out, copyKernel{fmt.Sprintf("gemm_copy_k%d_n%d_r%d%s", p.gemm.K, p.gemm.N, c.Rows, p.name), c})
 			}
 		}
 	}
-	return nil
+	return out, nil
 }
 
 // MaxGatedCopyRows bounds BuildInfo.GatedCopyRows: the most rows of a warpgroup layout.
@@ -754,12 +794,12 @@ func (g *gen) epilogueCopyAt(kind bundle.TemplateKind, rows, maxRows int) bool {
 	return kind == bundle.Decode && r > 0 && r <= maxRows && gcLayoutOf(r).Warpgroup
 }
 
-// gatedCopyGemms adds a copy-engine GEMM with the activation in its epilogue (GatedCopyFor)
+// gatedCopies are the copy-engine GEMMs with the activation in their epilogue (GatedCopyFor)
 // for each GEMM and gated activation after it (bundle.GatedPairAt: the gate/up projection
 // where no kernel of the bundle's fuses it) of a decode bucket of at most gatedCopyRows rows
 // whose row count takes the warpgroup form.
-func (g *gen) gatedCopyGemms(templates []bundle.Template) error {
-	return g.epilogueCopyGemms(templates, g.gatedCopyRows, func(nodes []bundle.Node, i int, kernel func(string) bundle.Kernel) (*copyPair, error) {
+func (g *gen) gatedCopies(templates []bundle.Template) ([]copyKernel, error) {
+	return g.epilogueCopies(templates, g.gatedCopyRows, func(nodes []bundle.Node, i int, kernel func(string) bundle.Kernel) (*copyPair, error) {
 		m, act, ok, err := bundle.GatedPairAt(nodes, i, kernel)
 		if err != nil || !ok {
 			return nil, err

@@ -477,9 +477,9 @@ func TestRopeCopyForWide(t *testing.T) {
 // and both caches bit for bit as the plain copy-engine GEMM followed by the RopeKV kernel
 // (both in the emulator), and within rounding of the reference op: GQA ratios 1, 2 and 4,
 // head dims 64 and 128, bf16 and f32 caches, ragged positions (the first of a block, the last
-// of one, one past) in shuffled pages, a full bucket and a part of one. In the wide form
-// (pairs a CTA, K split) the plain GEMM is the plain wide form of the same split, whose ranks
-// add their sums in the same order: one box of pairs a half, three a half with pairs of two
+// of one, one past) in shuffled pages, a full bucket and a part of one. The plain GEMM is the
+// one a build gives the shape and rows beside it (plainTwin); in the wide form (pairs a CTA, K
+// split) the plain wide form of the same split, whose ranks add their sums in the same order: one box of pairs a half, three a half with pairs of two
 // heads a CTA, K split over 2 and 4 ranks. Before its wait the kernel reads only cos, sin, the
 // positions, the slots and the block table (emu.Memory.EarlyLoads).
 func TestGemmCopyRopeMatchesThePair(t *testing.T) {
@@ -500,14 +500,13 @@ func TestGemmCopyRopeMatchesThePair(t *testing.T) {
 		rc := c.rc
 		n := (rc.Heads + 2*rc.KVHeads) * rc.HeadDim
 		for _, rows := range c.rows {
-			plain := GemmCopyConfig{K: c.k, N: n, Rows: c.layout, Split: 1, Stages: min(2, c.k/256)}
-			fused := plain
+			fused := GemmCopyConfig{K: c.k, N: n, Rows: c.layout, Split: 1, Stages: min(2, c.k/256), Rope: &rc}
 			if c.pairs > 0 {
-				plain = GemmCopyConfig{K: c.k, N: n, Rows: c.layout, Split: c.split, Stages: 2, Wide: 2 * c.pairs}
-				fused = plain
-				fused.Wide = c.pairs
+				fused = GemmCopyConfig{K: c.k, N: n, Rows: c.layout, Split: c.split, Stages: 2, Wide: c.pairs, Rope: &rc}
 			}
-			fused.Rope = &rc
+			// The plain kernel a build pairs with it (for layers whose q/k/v an app's op
+			// parts from rope_kv).
+			plain := fused.plainTwin()
 			t.Run(fmt.Sprintf("h%d_kv%d_d%d_%s_k%d_r%d_pairs%d_split%d_rows%d", rc.Heads, rc.KVHeads, rc.HeadDim, rc.KVDtype, c.k, c.layout, c.pairs, c.split, rows), func(t *testing.T) {
 				checkRopeCopy(t, plain, fused, rows)
 			})

@@ -715,7 +715,7 @@ func (t *tb) activation(n *ir.Node) {
 	}
 	if len(mi) > 0 && len(n.Out[0].Hooks) > 0 && t.tensorCores(GemmConfig{K: g.m.Hidden, N: 2 * sc.Inter, WDtype: g.wdt}, t.rows) {
 		// Where the gate/up GEMM runs on tensor cores the backend may serve it and this kernel
-		// as one launch (gatedCopyGemms) or have the GEMM write gu in bf16 for this kernel alone
+		// as one launch (gatedCopies) or have the GEMM write gu in bf16 for this kernel alone
 		// (bundle.GatedGuBF16), which only a kernel without MI ops allows: the ops run in a
 		// kernel of their own over act, so that a row without the apps gets the bits of a
 		// bundle without them.

@@ -672,11 +672,27 @@ func TestBuildRopeCopyRows(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		plain := map[int]bundle.GemmCopyAttrs{}
+		for _, k := range ks[bundle.GemmCopyShape{K: 512, N: 768}] {
+			plain[k.Attrs.Rows] = k.Attrs
+		}
+		if p, ok := plain[32]; c.rows == 0 && (!ok || p.Cluster != 2) {
+			t.Errorf("%v: the plain 32-row kernel %+v, want K split over 2 (so that the twin below is not what GemmCopyFor gives anyway)", c.flags, p)
+		}
 		for _, k := range ks[bundle.GemmCopyShape{K: 512, N: 768, Act: bundle.OpRopeKV}] {
 			// 32 rows: 32 pairs a CTA, 12 CTAs; 64: 32 pairs (half a head of 128) over 4 ranks, 48.
 			want := map[int][4]int{32: {128, 12, 1, 32}, 64: {160, 48, 4, 32}}[k.Attrs.Rows]
 			if got := [4]int{k.Attrs.Block, k.Attrs.Grid, k.Attrs.Cluster, k.Attrs.Box[1]}; got != want {
 				t.Errorf("%v: %s: block, grid, cluster and box rows %v, want %v", c.flags, k.Kernel, got, want)
+			}
+			// The plain kernel of its rows, which serves a layer whose q/k/v an app's op at
+			// attn.q parts from rope_kv, sums as it does (without --copy-gemm-wide too): the
+			// same form, the same K split (at 32 rows none, where this shape's plain kernel
+			// splits K over 2 in a build without rope_kv), as many columns a CTA as its pairs'
+			// elements.
+			p, ok := plain[k.Attrs.Rows]
+			if !ok || p.Cluster != k.Attrs.Cluster || p.Wide != 2*k.Attrs.Wide {
+				t.Errorf("%v: %s (cluster %d, wide %d): the plain kernel of its rows %+v, want the same form and split", c.flags, k.Kernel, k.Attrs.Cluster, k.Attrs.Wide, p)
 			}
 		}
 		for _, tm := range b.Templates {
