@@ -105,6 +105,9 @@ func Parse(data []byte) (*File, error) {
 	}
 	spans := make([]span, 0, len(raw))
 	for name, msg := range raw {
+		if name == "" {
+			return nil, fmt.Errorf("safetensors header names a tensor \"\": every tensor needs a name; the file is corrupt")
+		}
 		var h headerEntry
 		if err := json.Unmarshal(msg, &h); err != nil {
 			return nil, fmt.Errorf("tensor %s: header entry is not valid: %w", name, err)

@@ -153,6 +153,7 @@ func TestParseErrors(t *testing.T) {
 		{"overflowing shape", rawFile(`{"w":{"dtype":"F32","shape":[4294967296,4294967296,16],"data_offsets":[0,0]}}`, body), "needs more than the whole data area"},
 		{"overlap", rawFile(`{"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]},"b":{"dtype":"F32","shape":[4],"data_offsets":[8,24]}}`, body),
 			"tensor b: data_offsets [8, 24] overlap tensor a at [0, 16]"},
+		{"empty name", rawFile(`{"":{"dtype":"U8","shape":[2],"data_offsets":[0,2]}}`, body), `names a tensor "": every tensor needs a name`},
 		{"bad metadata", rawFile(`{"__metadata__":{"n":1}}`, nil), "__metadata__ is not a map of strings"},
 	}
 	for _, c := range cases {
