@@ -83,15 +83,32 @@ func (be *Backend) copyNode(n bundle.Node, vals []uint64, xb uintptr) (*launch, 
 	return be.copyLaunch(n, g, c, vals, uintptr(vals[g.Y]), nil, xb)
 }
 
-// copyGemmOf is GEMM node n and the bundle's plain copy-engine GEMM for it, if it has one
-// that takes n's rows and n is no heavy app's.
+// copyGemmOf is GEMM node n and the bundle's plain copy-engine GEMM for it (plainCopyFor), if
+// it has one that takes n's rows and n is no heavy app's.
 func (be *Backend) copyGemmOf(n bundle.Node) (bundle.GEMM, bundle.GemmCopy, bool, error) {
 	g, ok, err := bundle.GemmOf(n, be.kernels[n.Kernel])
 	if err != nil || !ok || g.Guard != 0 || g.M < 1 {
 		return bundle.GEMM{}, bundle.GemmCopy{}, false, nil
 	}
-	c, ok := bundle.GemmCopyFor(be.copy.kernels[bundle.GemmCopyShape{K: g.K, N: g.N}], g.M)
+	c, ok := plainCopyFor(be.copy.kernels[bundle.GemmCopyShape{K: g.K, N: g.N}], be.copy.kernels[bundle.GemmCopyShape{K: g.K, N: g.N, Act: bundle.OpRopeKV}], g.M)
 	return g, c, ok, nil
+}
+
+// plainCopyFor is the plain kernel of plain (one shape's) that serves a GEMM of m rows: the
+// one of the fewest rows that takes m, but where rope (the shape's kernels with rope_kv: the
+// GEMM is a q/k/v projection) has one that takes m, the plain one of that one's rows, which
+// the build makes its twin (codegen's plainTwin: the same form and K split). A layer whose
+// rope_kv an app's op parts from its GEMM then sums as the kernel with rope_kv does in the
+// graphs without the op, so rows without it keep their bits: the 32-row kernel with rope_kv
+// serves the 8- and 16-row buckets' pairs (planPair), whose own plain kernels add their sums
+// in another order.
+func plainCopyFor(plain, rope []bundle.GemmCopy, m int) (bundle.GemmCopy, bool) {
+	if r, ok := bundle.GemmCopyFor(rope, m); ok {
+		if i := slices.IndexFunc(plain, func(c bundle.GemmCopy) bool { return c.Attrs.Rows == r.Attrs.Rows }); i >= 0 {
+			return plain[i], true
+		}
+	}
+	return bundle.GemmCopyFor(plain, m)
 }
 
 // copyPair serves nodes[i] and nodes[i+1] with one launch of a copy-engine GEMM with an

@@ -274,9 +274,11 @@ const smallServing = "serving: {decode_buckets: [1, 2, 4], prefill_chunks: [64],
 // sequences), with 64-row prefill chunks, 256 positions and KV blocks of 16.
 func cut8B(t *testing.T, rows int) string { return cutAt(t, "llama-3.1-8b", rows) }
 
-// cutAt is cut8B's cut of model.
-func cutAt(t *testing.T, model string, rows int) string {
-	return specCut(t, model, fmt.Sprintf("serving: {decode_buckets: [%d], prefill_chunks: [64], max_seq_len: 256, max_seqs: %d, kv_block_size: 16}\n", rows, rows))
+// cutAt is cut8B's cut of model with decode buckets of rows rows each (as many sequences as
+// the last).
+func cutAt(t *testing.T, model string, rows ...int) string {
+	list := strings.Trim(fmt.Sprint(rows), "[]")
+	return specCut(t, model, fmt.Sprintf("serving: {decode_buckets: [%s], prefill_chunks: [64], max_seq_len: 256, max_seqs: %d, kv_block_size: 16}\n", strings.ReplaceAll(list, " ", ", "), rows[len(rows)-1]))
 }
 
 // specCut is the shipped spec of model (specs/models/MODEL.yaml) cut to 2 layers, with
@@ -746,29 +748,33 @@ func TestCUDAFedGemmsMatchCPU(t *testing.T) {
 // with rope_kv in its epilogue: the requests without the app get the bare bundle's tokens and
 // logprobs bit for bit (the build gives the plain kernel the fused one's form and K split, so
 // a column gets the same sums), the ones with it others. r32: the 8B's 32-row bucket (the
-// default); r128-wide: its 128-row bucket with the wide kernel with rope_kv, whose plain twin
-// takes the wide form with K split over 4 though the build does not ask for it; 1b-r32: the
-// 1B's 32-row bucket, whose plain q/k/v kernel splits K over 2 in a build without rope_kv and
-// over none beside it.
+// default); r16: its 16-row bucket beside a 32-row one, whose kernel with rope_kv serves the
+// 16-row bucket's pairs, so the split layer takes the 32-row plain kernel (its twin) and not
+// the 16-row one; r128-wide: its 128-row bucket with the wide kernel with rope_kv, whose plain
+// twin takes the wide form with K split over 4 though the build does not ask for it; 1b-r32:
+// the 1B's 32-row bucket, whose plain q/k/v kernel splits K over 2 in a build without rope_kv
+// and over none beside it.
 func TestCUDARopeCopyKeepsBits(t *testing.T) {
 	needGPU(t)
 	app := "app: q-scale\nparams: {s: {random: 29}}\nops:\n  - write: {at: {layers: [1], hook: attn.q}, kernel: scale, args: {vector: s}}\n"
 	for _, c := range []struct {
 		name, model string
-		rows        int
+		buckets     []int
+		requests    int
 		opt         compile.Options
 		plain       string
 	}{
-		{"r32", "llama-3.1-8b", 32, compile.Options{}, "gemm_copy_k4096_n6144_r32"},
-		{"r128-wide", "llama-3.1-8b", 128, compile.Options{RopeCopyRows: 128, CopyGemms: []string{"4096x4096", "4096x6144", "14336x4096"}}, "gemm_copy_k4096_n6144_r128"},
-		{"1b-r32", "llama-3.2-1b", 32, compile.Options{CopyGemms: []string{"2048x3072"}}, "gemm_copy_k2048_n3072_r32"},
+		{"r32", "llama-3.1-8b", []int{32}, 27, compile.Options{}, "gemm_copy_k4096_n6144_r32"},
+		{"r16", "llama-3.1-8b", []int{16, 32}, 13, compile.Options{}, "gemm_copy_k4096_n6144_r32"},
+		{"r128-wide", "llama-3.1-8b", []int{128}, 27, compile.Options{RopeCopyRows: 128, CopyGemms: []string{"4096x4096", "4096x6144", "14336x4096"}}, "gemm_copy_k4096_n6144_r128"},
+		{"1b-r32", "llama-3.2-1b", []int{32}, 27, compile.Options{CopyGemms: []string{"2048x3072"}}, "gemm_copy_k2048_n3072_r32"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			served := 0
 			var kernels []string
-			cut := cutAt(t, c.model, c.rows)
+			cut := cutAt(t, c.model, c.buckets...)
 			with, bare := testsuite.CompileWith(t, c.opt, cut, app), testsuite.CompileWith(t, c.opt, cut)
-			appRowsKeepBits(t, copyGemmBackend(&served, &kernels), with, bare, "q-scale")
+			testsuite.AppRowsKeepBits(t, copyGemmBackend(&served, &kernels), with, bare, "q-scale", sixTokenPrompts(c.requests), 3)
 			if !slices.ContainsFunc(kernels, func(k string) bool { return strings.Contains(k, "_rope_kv_") }) || !slices.Contains(kernels, c.plain) {
 				t.Fatalf("copy-engine kernels %v: want q/k/v's with rope_kv and the plain one, %s (layer 1's with the app)", kernels, c.plain)
 			}
