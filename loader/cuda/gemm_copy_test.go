@@ -49,23 +49,26 @@ func TestPlainCopyFor(t *testing.T) {
 	}
 }
 
-// TestSplitRopePairTakesTheTwin: on bundles xmixc builds, wherever an app's op at attn.q
-// parts a layer's q/k/v GEMM from its rope_kv, the plain kernel the backend gives that GEMM
-// (copyGemmOf) is the twin of the kernel with rope_kv that serves the same layer in the graph
-// of steps without apps (planPair): the same rows, K split and columns a CTA, so rows without
-// the op keep their bits. The 8B's buckets of 8, 16 and 32 rows (the 32-row kernel with
-// rope_kv serves all three), its 64- and 128-row buckets with the wide kernel with rope_kv
-// (without --copy-gemm-wide), and the 1B's 32-row bucket given copy-engine kernels for q/k/v
-// (whose plain kernel splits K over 2 where no kernel with rope_kv is beside it).
-func TestSplitRopePairTakesTheTwin(t *testing.T) {
-	const app = "app: q-scale\nparams: {s: {random: 29}}\nops:\n  - write: {at: {layers: [1], hook: attn.q}, kernel: scale, args: {vector: s}}\n"
+// TestAppOpsKeepTheServers: on bundles xmixc builds, an app's op at any hook of layer 1 leaves
+// every GEMM of the decode graphs (those that may run the op, and the plain list of steps
+// without apps) served as in the bundle without the app (the same kernel with an epilogue,
+// planPair, or the same plain one, copyGemmOf), but where the op parts a
+// q/k/v GEMM from its rope_kv (attn.q, attn.k, attn.v): there the GEMM's plain kernel is the
+// twin of the kernel with rope_kv that serves it without the app (the same rows, K split and
+// columns a CTA), so rows without the op keep their bits. The 8B's buckets of 8, 16 and 32
+// rows (the 32-row kernel with rope_kv serves all three), its 64- and 128-row buckets with the
+// wide kernels with rope_kv and gate/up (without --copy-gemm-wide), and the 1B's 32-row bucket
+// given copy-engine kernels for q/k/v (whose plain kernel splits K over 2 where no kernel with
+// rope_kv is beside it).
+func TestAppOpsKeepTheServers(t *testing.T) {
+	hooks := []string{"resid_pre", "attn.q", "attn.k", "attn.v", "attn.z", "attn_out", "resid_mid", "mlp.act", "mlp_out", "resid_post"}
 	for _, c := range []struct {
 		model   string
 		buckets string
 		opt     compile.Options
 	}{
 		{"llama-3.1-8b", "8, 16, 32", compile.Options{}},
-		{"llama-3.1-8b", "64, 128", compile.Options{RopeCopyRows: 128, CopyGemms: []string{"4096x4096", "4096x6144", "14336x4096"}}},
+		{"llama-3.1-8b", "64, 128", compile.Options{RopeCopyRows: 128, GatedCopyRows: 128, CopyGemms: []string{"4096x4096", "4096x6144", "14336x4096"}}},
 		{"llama-3.2-1b", "32", compile.Options{CopyGemms: []string{"2048x3072"}}},
 	} {
 		t.Run(c.model+"-"+strings.ReplaceAll(c.buckets, ", ", "-"), func(t *testing.T) {
@@ -76,68 +79,104 @@ func TestSplitRopePairTakesTheTwin(t *testing.T) {
 			cut := regexp.MustCompile(`layers: \d+`).ReplaceAllString(string(spec), "layers: 2")
 			cut = regexp.MustCompile(`(?s)serving:.*`).ReplaceAllString(cut, "serving: {decode_buckets: ["+c.buckets+"], prefill_chunks: [64], max_seq_len: 256, max_seqs: 128, kv_block_size: 16}\n")
 			dir := t.TempDir()
-			model, appPath := filepath.Join(dir, "m.yaml"), filepath.Join(dir, "a.yaml")
+			model := filepath.Join(dir, "m.yaml")
 			if err := os.WriteFile(model, []byte(cut), 0o644); err != nil {
 				t.Fatal(err)
 			}
-			if err := os.WriteFile(appPath, []byte(app), 0o644); err != nil {
-				t.Fatal(err)
-			}
-			backend := func(apps []string) (*Backend, *bundle.Bundle) {
-				b, err := compile.Build(model, apps, c.opt)
-				if err != nil {
+			bare := servedGemms(t, model, "", c.opt)[0]
+			for _, hook := range hooks {
+				app := filepath.Join(dir, strings.ReplaceAll(hook, ".", "-")+".yaml")
+				text := "app: scale-" + strings.ReplaceAll(hook, ".", "-") + "\nparams: {s: {random: 29}}\nops:\n  - write: {at: {layers: [1], hook: " + hook + "}, kernel: scale, args: {vector: s}}\n"
+				if err := os.WriteFile(app, []byte(text), 0o644); err != nil {
 					t.Fatal(err)
 				}
-				kernels, err := bundle.GemmCopyKernels(b.Kernels)
-				if err != nil {
-					t.Fatal(err)
+				split := 0
+				graphs := servedGemms(t, model, app, c.opt)
+				if len(graphs[1]) == 0 {
+					t.Fatalf("%s: no template has a plain list beside the app's graphs", hook)
 				}
-				be := &Backend{kernels: map[string]bundle.Kernel{}, copy: &copyServer{kernels: kernels}}
-				for _, k := range b.Kernels {
-					be.kernels[k.Name] = k
-				}
-				return be, b
-			}
-			bareBe, bare := backend(nil)
-			withBe, with := backend([]string{appPath})
-			// The kernel with rope_kv that serves each q/k/v GEMM of the bare bundle, by
-			// template and label.
-			fused := map[string]bundle.GemmCopyAttrs{}
-			for _, tm := range bare.Templates {
-				for i, n := range tm.Nodes {
-					if p, ok, err := bareBe.planPair(tm.Nodes, i); err != nil {
-						t.Fatal(err)
-					} else if ok && !p.gated {
-						fused[tm.Name+"/"+n.Label] = p.c.Attrs
+				for key, s := range graphs[1] { // the plain lists: no pair parted
+					if b := bare[key]; s.kernel != b.kernel || s.pair != b.pair {
+						t.Errorf("%s: %s in steps without apps: served by %q, by %q without the app", hook, key, s.kernel, b.kernel)
 					}
 				}
-			}
-			split := 0
-			for _, tm := range with.Templates {
-				if tm.Kind != bundle.Decode {
-					continue
-				}
-				for i, n := range tm.Nodes {
-					f, ok := fused[tm.Name+"/"+n.Label]
-					if !ok {
-						continue
-					}
-					if _, ok, err := withBe.planPair(tm.Nodes, i); err != nil || ok {
-						continue // served as in the bare bundle
-					}
-					split++
-					_, p, ok, err := withBe.copyGemmOf(n)
-					if err != nil || !ok {
-						t.Fatalf("%s %s: no plain copy-engine kernel (%v) beside %+v", tm.Name, n.Label, err, f)
-					}
-					if p.Attrs.Rows != f.Rows || p.Attrs.Cluster != f.Cluster || p.Attrs.Wide != 2*f.Wide || p.Attrs.Block != f.Block {
-						t.Errorf("%s %s: plain kernel %s %+v, want the twin of %+v", tm.Name, n.Label, p.Kernel, p.Attrs, f)
+				for key, s := range graphs[0] {
+					b, ok := bare[key]
+					switch {
+					case !ok || s.kernel == b.kernel:
+					case b.pair && b.attrs.RopeKV != nil && !s.pair:
+						split++
+						if s.attrs.Rows != b.attrs.Rows || s.attrs.Cluster != b.attrs.Cluster || s.attrs.Wide != 2*b.attrs.Wide || s.attrs.Block != b.attrs.Block {
+							t.Errorf("%s: %s: plain kernel %s %+v, want the twin of %s %+v", hook, key, s.kernel, s.attrs, b.kernel, b.attrs)
+						}
+					default:
+						t.Errorf("%s: %s: served by %q, by %q without the app", hook, key, s.kernel, b.kernel)
 					}
 				}
-			}
-			if split == 0 {
-				t.Fatal("no layer's q/k/v GEMM parted from its rope_kv: the app's op did not split a pair")
+				if rope := strings.HasPrefix(hook, "attn.") && hook != "attn.z"; rope != (split > 0) {
+					t.Errorf("%s: %d q/k/v GEMMs parted from their rope_kv", hook, split)
+				}
 			}
 		})
 	}
+}
+
+// servedGemm is how the backend serves a GEMM node: the copy-engine kernel (none: the
+// library) and its attributes, and whether it takes the node after it too (pair).
+type servedGemm struct {
+	kernel string
+	attrs  bundle.GemmCopyAttrs
+	pair   bool
+}
+
+// servedGemms builds model (with app, if not "") and says how a backend of mode GemmAuto
+// serves each GEMM node of its decode templates, by template and label: in the graphs of the
+// templates' nodes, and in their plain lists (steps without apps, where the bundle has any).
+func servedGemms(t *testing.T, model, app string, opt compile.Options) [2]map[string]servedGemm {
+	t.Helper()
+	var apps []string
+	if app != "" {
+		apps = []string{app}
+	}
+	b, err := compile.Build(model, apps, opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kernels, err := bundle.GemmCopyKernels(b.Kernels)
+	if err != nil {
+		t.Fatal(err)
+	}
+	be := &Backend{kernels: map[string]bundle.Kernel{}, copy: &copyServer{kernels: kernels}}
+	for _, k := range b.Kernels {
+		be.kernels[k.Name] = k
+	}
+	out := [2]map[string]servedGemm{{}, {}}
+	for _, tm := range b.Templates {
+		if tm.Kind != bundle.Decode {
+			continue
+		}
+		for list, nodes := range [][]bundle.Node{tm.Nodes, tm.Plain} {
+			for i := 0; i < len(nodes); i++ {
+				n := nodes[i]
+				key := tm.Name + " " + n.Label
+				p, ok, err := be.planPair(nodes, i)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if ok {
+					out[list][key] = servedGemm{p.c.Kernel, p.c.Attrs, true}
+					i++ // the node after it is served too
+					continue
+				}
+				if _, c, ok, err := be.copyGemmOf(n); err != nil {
+					t.Fatal(err)
+				} else if ok {
+					out[list][key] = servedGemm{c.Kernel, c.Attrs, false}
+				} else if _, gemm, _ := bundle.GemmOf(n, be.kernels[n.Kernel]); gemm {
+					out[list][key] = servedGemm{}
+				}
+			}
+		}
+	}
+	return out
 }
