@@ -57,9 +57,9 @@ func TestPlainCopyFor(t *testing.T) {
 // twin of the kernel with rope_kv that serves it without the app (the same rows, K split and
 // columns a CTA), so rows without the op keep their bits. The 8B's buckets of 8, 16 and 32
 // rows (the 32-row kernel with rope_kv serves all three), its 64- and 128-row buckets with the
-// wide kernels with rope_kv and gate/up (without --copy-gemm-wide), and the 1B's 32-row bucket
+// wide kernels with rope_kv and gate/up (without --copy-gemm-wide), the 1B's 32-row bucket
 // given copy-engine kernels for q/k/v (whose plain kernel splits K over 2 where no kernel with
-// rope_kv is beside it).
+// rope_kv is beside it), and the 8B's small buckets served by 64-row wide kernels.
 func TestAppOpsKeepTheServers(t *testing.T) {
 	hooks := []string{"resid_pre", "attn.q", "attn.k", "attn.v", "attn.z", "attn_out", "resid_mid", "mlp.act", "mlp_out", "resid_post"}
 	for _, c := range []struct {
@@ -70,8 +70,14 @@ func TestAppOpsKeepTheServers(t *testing.T) {
 		{"llama-3.1-8b", "8, 16, 32", compile.Options{}},
 		{"llama-3.1-8b", "64, 128", compile.Options{RopeCopyRows: 128, GatedCopyRows: 128, CopyGemms: []string{"4096x4096", "4096x6144", "14336x4096"}}},
 		{"llama-3.2-1b", "32", compile.Options{CopyGemms: []string{"2048x3072"}}},
+		// The 64-row wide kernels in the smaller buckets (testsuite/gpu/copy_gemm.sh's w32).
+		{"llama-3.1-8b", "8, 16, 32", compile.Options{CopyGemmRows: []int{8, 16, 64, 128}, GatedCopyRows: 128, CopyGemmWide: true, RopeCopyRows: 128, CopyGemms: []string{"4096x4096", "4096x6144", "14336x4096"}}},
 	} {
-		t.Run(c.model+"-"+strings.ReplaceAll(c.buckets, ", ", "-"), func(t *testing.T) {
+		name := c.model + "-" + strings.ReplaceAll(c.buckets, ", ", "-")
+		if c.opt.CopyGemmWide {
+			name += "-wide"
+		}
+		t.Run(name, func(t *testing.T) {
 			spec, err := os.ReadFile(filepath.Join("..", "..", "specs", "models", c.model+".yaml"))
 			if err != nil {
 				t.Fatal(err)
