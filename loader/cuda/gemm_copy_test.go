@@ -52,32 +52,34 @@ func TestPlainCopyFor(t *testing.T) {
 // TestAppOpsKeepTheServers: on bundles xmixc builds, an app's op at any hook of layer 1 leaves
 // every GEMM of the decode graphs (those that may run the op, and the plain list of steps
 // without apps) served as in the bundle without the app (the same kernel with an epilogue,
-// planPair, or the same plain one, copyGemmOf), but where the op parts a
-// q/k/v GEMM from its rope_kv (attn.q, attn.k, attn.v): there the GEMM's plain kernel is the
-// twin of the kernel with rope_kv that serves it without the app (the same rows, K split and
-// columns a CTA), so rows without the op keep their bits. The 8B's buckets of 8, 16 and 32
-// rows (the 32-row kernel with rope_kv serves all three), its 64- and 128-row buckets with the
-// wide kernels with rope_kv and gate/up (without --copy-gemm-wide), the 1B's 32-row bucket
-// given copy-engine kernels for q/k/v (whose plain kernel splits K over 2 where no kernel with
-// rope_kv is beside it), and the 8B's small buckets served by 64-row wide kernels.
+// planPair, or the same plain one, copyGemmOf), but where the op parts a q/k/v GEMM from its
+// rope_kv (attn.q, attn.k, attn.v): there the GEMM's plain kernel is the twin of the kernel
+// with rope_kv that serves it without the app (the same rows, K split and columns a CTA), so
+// rows without the op keep their bits. The default bundles of the 8B (its 32-row kernel with
+// rope_kv serves the 8-, 16- and 32-row buckets), the 1B, Qwen3-8B and Gemma-2-2B; the 8B's
+// 64- and 128-row buckets with the wide kernels with rope_kv and gate/up (without
+// --copy-gemm-wide), and its small buckets served by 64-row wide kernels (copy_gemm.sh's
+// w32); the 1B's 32-row bucket given copy-engine kernels for q/k/v (whose plain kernel splits
+// K over 2 where no kernel with rope_kv is beside it).
 func TestAppOpsKeepTheServers(t *testing.T) {
 	hooks := []string{"resid_pre", "attn.q", "attn.k", "attn.v", "attn.z", "attn_out", "resid_mid", "mlp.act", "mlp_out", "resid_post"}
+	wide8B := compile.Options{RopeCopyRows: 128, GatedCopyRows: 128, CopyGemms: []string{"4096x4096", "4096x6144", "14336x4096"}}
+	w32 := wide8B // copy_gemm.sh's w32: 64-row wide kernels in the smaller buckets
+	w32.CopyGemmRows, w32.CopyGemmWide = []int{8, 16, 64, 128}, true
 	for _, c := range []struct {
-		model   string
-		buckets string
-		opt     compile.Options
+		name, model, buckets string
+		opt                  compile.Options
 	}{
-		{"llama-3.1-8b", "8, 16, 32", compile.Options{}},
-		{"llama-3.1-8b", "64, 128", compile.Options{RopeCopyRows: 128, GatedCopyRows: 128, CopyGemms: []string{"4096x4096", "4096x6144", "14336x4096"}}},
-		{"llama-3.2-1b", "32", compile.Options{CopyGemms: []string{"2048x3072"}}},
-		// The 64-row wide kernels in the smaller buckets (testsuite/gpu/copy_gemm.sh's w32).
-		{"llama-3.1-8b", "8, 16, 32", compile.Options{CopyGemmRows: []int{8, 16, 64, 128}, GatedCopyRows: 128, CopyGemmWide: true, RopeCopyRows: 128, CopyGemms: []string{"4096x4096", "4096x6144", "14336x4096"}}},
+		{"8b-small", "llama-3.1-8b", "8, 16, 32", compile.Options{}},
+		{"8b-large", "llama-3.1-8b", "64, 128", compile.Options{}},
+		{"8b-large-wide", "llama-3.1-8b", "64, 128", wide8B},
+		{"8b-small-w32", "llama-3.1-8b", "8, 16, 32", w32},
+		{"1b", "llama-3.2-1b", "8, 16, 32, 64, 128", compile.Options{}},
+		{"1b-qkv-copy", "llama-3.2-1b", "32", compile.Options{CopyGemms: []string{"2048x3072"}}},
+		{"qwen3-8b", "qwen3-8b", "8, 16, 32, 64, 128", compile.Options{}},
+		{"gemma-2-2b", "gemma-2-2b", "8, 16, 32, 64, 128", compile.Options{}},
 	} {
-		name := c.model + "-" + strings.ReplaceAll(c.buckets, ", ", "-")
-		if c.opt.CopyGemmWide {
-			name += "-wide"
-		}
-		t.Run(name, func(t *testing.T) {
+		t.Run(c.name, func(t *testing.T) {
 			spec, err := os.ReadFile(filepath.Join("..", "..", "specs", "models", c.model+".yaml"))
 			if err != nil {
 				t.Fatal(err)
@@ -90,6 +92,10 @@ func TestAppOpsKeepTheServers(t *testing.T) {
 				t.Fatal(err)
 			}
 			bare := servedGemms(t, model, "", c.opt)[0]
+			ropePairs := false // whether the bundle serves q/k/v with its rope_kv
+			for _, b := range bare {
+				ropePairs = ropePairs || b.pair && b.attrs.RopeKV != nil
+			}
 			for _, hook := range hooks {
 				app := filepath.Join(dir, strings.ReplaceAll(hook, ".", "-")+".yaml")
 				text := "app: scale-" + strings.ReplaceAll(hook, ".", "-") + "\nparams: {s: {random: 29}}\nops:\n  - write: {at: {layers: [1], hook: " + hook + "}, kernel: scale, args: {vector: s}}\n"
@@ -119,7 +125,7 @@ func TestAppOpsKeepTheServers(t *testing.T) {
 						t.Errorf("%s: %s: served by %q, by %q without the app", hook, key, s.kernel, b.kernel)
 					}
 				}
-				if rope := strings.HasPrefix(hook, "attn.") && hook != "attn.z"; rope != (split > 0) {
+				if rope := ropePairs && strings.HasPrefix(hook, "attn.") && hook != "attn.z"; rope != (split > 0) {
 					t.Errorf("%s: %d q/k/v GEMMs parted from their rope_kv", hook, split)
 				}
 			}
