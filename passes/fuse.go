@@ -170,12 +170,18 @@ func foldQKVRope(a, b *ir.Node) (*ir.Node, string) {
 	return fused(ir.OpMatmulRope, a, b, a.Out[0]), ""
 }
 
-// foldGateAct folds the gated activation into the projection of its gate and up halves.
+// foldGateAct folds the gated activation into the projection of its gate and up halves. Ops
+// at mlp.act, the fused kernel's output, do not keep the two apart: place-mi gives them an MI
+// kernel of their own right after it (the fused node hosts none), which computes on act's
+// f32 values the bits the activation kernel with them would. Kept apart, a layer with such an
+// op ran the gate/up GEMM where the bundle without the app ran the fused kernel, and a
+// tensor-core bucket's GEMM (the library's on the GPU) sums otherwise than its gated kernel
+// (GemmTCGated): rows without the op lost the app-free bundle's bits there.
 func foldGateAct(a, b *ir.Node) (*ir.Node, string) {
 	if a.Op != ir.OpMatmul || b.Op != ir.OpActivation || b.In[0] != a.Out[0] {
 		return nil, ""
 	}
-	if why := withMI(a.Out[0], b.Out[0]); why != "" {
+	if why := withMI(a.Out[0]); why != "" {
 		return nil, why
 	}
 	return fused(ir.OpMatmulGated, a, b, b.Out[0], a.Out[0]), ""

@@ -30,8 +30,9 @@ func TestFuseDecode(t *testing.T) {
 	}
 }
 
-// A layer whose app ops sit at attn.k or mlp.act keeps those kernels apart, and says why;
-// the app-free graph fuses them, and ops elsewhere (resid_post) do not stop a fusion.
+// A layer whose app ops sit at attn.k keeps q/k/v and the rotation apart, and says why; ops at
+// mlp.act run in an MI kernel of their own after the fused gate/up kernel (foldGateAct); the
+// app-free graph fuses both, and ops elsewhere (resid_post) do not stop a fusion.
 func TestFuseKeepsMIHostsApart(t *testing.T) {
 	got := irWith(t, oneLayer, Options{Fuse: []string{"all"}}, "place-mi", false, fuseApp)
 	sameIR(t, "after place-mi", got[0], keptApartIR)
@@ -40,7 +41,8 @@ func TestFuseKeepsMIHostsApart(t *testing.T) {
 	two := strings.Replace(oneLayer, "layers: 1", "layers: 2", 1)
 	ir := irWith(t, two, Options{Fuse: []string{"all"}}, "place-mi", false, fuseApp)[0]
 	for _, want := range []string{"L0.qkv: %L0.qkv:T24 = matmul ", "L0.rope_kv: rope", "L1.qkv: %L1.qkv:T24 = matmul+rope",
-		"L0.silu_mul:", "L1.gate_up: %L1.mlp.act:T16, %L1.gate_up:T32 = matmul+activation"} {
+		"L0.gate_up: %L0.mlp.act:T16, %L0.gate_up:T32 = matmul+activation", "L0.mlp.act: mi %L0.mlp.act",
+		"L1.gate_up: %L1.mlp.act:T16, %L1.gate_up:T32 = matmul+activation"} {
 		if !strings.Contains(ir, want) {
 			t.Errorf("two layers, ops at layer 0: no %q in\n%s", want, ir)
 		}
@@ -92,10 +94,9 @@ const keptApartIR = `graph t (llama), tp 1
   L0.attention: %L0.attn.z:T8 = attention %L0.qkv cache=L0.kcache cache=L0.vcache heads=2/2 dim=4 scale=0.5   # L0.attn.z
   L0.o: %L0.attn_o:T8 = matmul %L0.attn.z w=L0.wo split=row reduce=L0.o.all_reduce   # L0.attn_out
   L0.attn_residual: %L0.resid_mid:T8, %L0.mlp_in:T8 = add_norm %embed, %L0.attn_o w=L0.mlp_norm eps=1e-05   # L0.resid_mid
-  L0.gate_up: %L0.gate_up:T32 = matmul %L0.mlp_in w=L0.wgu split=column
-      unfused gate-act: MI ops at %L0.mlp.act run between the two kernels
-  L0.silu_mul: %L0.mlp.act:T16 = activation %L0.gate_up fn=silu inter=16   # L0.mlp.act
-      mi[act] a.op1 scale bit=0 at=L0.mlp.act width=16 alpha=scal[0]
+  L0.gate_up: %L0.mlp.act:T16, %L0.gate_up:T32 = matmul+activation %L0.mlp_in w=L0.wgu split=column fn=silu inter=16   # L0.mlp.act
+  L0.mlp.act: mi %L0.mlp.act
+      mi[x] a.op1 scale bit=0 at=L0.mlp.act width=16 alpha=scal[0]
   L0.down: %L0.mlp_down:T8 = matmul %L0.mlp.act w=L0.wdown split=row reduce=L0.mlp.all_reduce   # L0.mlp_out
   L0.mlp_residual: %L0.resid_post:T8, %final_norm:S8 = add_norm %L0.resid_mid, %L0.mlp_down w=final_norm eps=1e-05   # L0.resid_post final_norm
       mi[resid] a.op2 steer_add bit=0 at=L0.resid_post width=8 vec=app.a.param.v alpha=scal[1]
