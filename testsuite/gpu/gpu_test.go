@@ -588,7 +588,8 @@ func TestCUDACopyGemmNextAtAskMatchesCPU(t *testing.T) {
 // kernel (xmixc build --gated-tc-rows) in buckets of 8, 16 and 32 rows of a 2-layer cut of
 // Llama-3.1-8B under --gemm auto (the copy-engine kernels serve o, q/k/v and down), every
 // request teacher-forced to the CPU's tokens: both layers' decode gate/up run it, and no
-// activation kernel is left in the bucket. A subtest per bucket (-run 'TestCUDAGatedTCMatchesCPU/r8').
+// activation kernel is left in the bucket. A subtest per bucket (-run
+// 'TestCUDAGatedTCMatchesCPU/r8'), and r8-app (below).
 func TestCUDAGatedTCMatchesCPU(t *testing.T) {
 	needGPU(t)
 	served := 0
@@ -621,6 +622,16 @@ func TestCUDAGatedTCMatchesCPU(t *testing.T) {
 			}
 		})
 	}
+	// An app's op at mlp.act of layer 1 runs in an MI kernel after that layer's gated kernel
+	// (passes' foldGateAct), so the 8-row bucket's requests without the app get the bare
+	// bundle's bits; with the layer's gate/up on cuBLASLt in the graphs that may run the op,
+	// as before session 63, they did not.
+	t.Run("r8-app", func(t *testing.T) {
+		cut := cut8B(t, 8)
+		app := "app: act-scale\nparams: {s: {random: 23}}\nops:\n  - write: {at: {layers: [1], hook: mlp.act}, kernel: scale, args: {vector: s}}\n"
+		with, bare := testsuite.Compile(t, cut, app), testsuite.Compile(t, cut)
+		testsuite.AppRowsKeepBits(t, nb, with, bare, "act-scale", sixTokenPrompts(8), 4)
+	})
 }
 
 // TestCUDAGatedCopyMatchesCPU: the warpgroup copy-engine kernel with the activation in its
