@@ -117,7 +117,7 @@ func TestAppOpsKeepTheServers(t *testing.T) {
 					t.Fatalf("%s: no template has a plain list beside the app's graphs", hook)
 				}
 				for key, s := range graphs[1] { // the plain lists: the bare bundle's
-					if b := bare[key]; s.node != b.node || s.kernel != b.kernel || s.pair != b.pair {
+					if b := bare[key]; s.node != b.node || s.kernel != b.kernel || s.pair != b.pair || s.gu != b.gu {
 						t.Errorf("%s: %s in steps without apps: %+v, without the app %+v", hook, key, s, b)
 					}
 				}
@@ -127,6 +127,9 @@ func TestAppOpsKeepTheServers(t *testing.T) {
 						// Not the op's host, nor a q/k/v GEMV parted from its rope_kv (the
 						// fused GEMV sums as the plain one: codegen's TestGemmRopeKernel).
 						t.Errorf("%s: %s: kernel %s, %s without the app", hook, key, s.node, b.node)
+					}
+					if ok && s.gu != b.gu {
+						t.Errorf("%s: %s: gu in bf16 %v, %v without the app", hook, key, s.gu, b.gu)
 					}
 					switch {
 					case !ok || s.kernel == b.kernel:
@@ -148,12 +151,13 @@ func TestAppOpsKeepTheServers(t *testing.T) {
 }
 
 // servedGemm is a node's kernel and, for a GEMM node, how the backend serves it: the
-// copy-engine kernel (none: the library) and its attributes, and whether it takes the node
-// after it too (pair).
+// copy-engine kernel (none: the library) and its attributes, whether it takes the node after
+// it too (pair), and whether, served by the library, it writes gu in bf16 for the activation
+// after it (guBF16At's pair; the activation's bits follow).
 type servedGemm struct {
 	node, kernel string
 	attrs        bundle.GemmCopyAttrs
-	pair         bool
+	pair, gu     bool
 }
 
 // servedGemms builds model (with app, if not "") and says how a backend of mode GemmAuto
@@ -192,15 +196,19 @@ func servedGemms(t *testing.T, model, app string, opt compile.Options) [2]map[st
 					t.Fatal(err)
 				}
 				if ok {
-					out[list][key] = servedGemm{n.Kernel, p.c.Kernel, p.c.Attrs, true}
+					out[list][key] = servedGemm{n.Kernel, p.c.Kernel, p.c.Attrs, true, false}
 					i++ // the node after it is served too
 					continue
 				}
-				out[list][key] = servedGemm{node: n.Kernel}
+				_, _, gu, err := bundle.GatedPairAt(nodes, i, func(name string) bundle.Kernel { return be.kernels[name] })
+				if err != nil {
+					t.Fatal(err)
+				}
+				out[list][key] = servedGemm{node: n.Kernel, gu: gu}
 				if _, c, ok, err := be.copyGemmOf(n); err != nil {
 					t.Fatal(err)
 				} else if ok {
-					out[list][key] = servedGemm{n.Kernel, c.Kernel, c.Attrs, false}
+					out[list][key] = servedGemm{n.Kernel, c.Kernel, c.Attrs, false, false}
 				}
 			}
 		}
