@@ -51,18 +51,18 @@ func TestPlainCopyFor(t *testing.T) {
 }
 
 // TestAppOpsKeepTheServers: on bundles xmixc builds, an app's op at any hook of layer 1 leaves
-// every GEMM of the decode graphs (those that may run the op, and the plain list of steps
-// without apps) served as in the bundle without the app (the same kernel with an epilogue,
-// planPair, or the same plain one, copyGemmOf), but where the op parts a q/k/v GEMM from its
-// rope_kv (attn.q, attn.k, attn.v): there the GEMM's plain kernel is the twin of the kernel
-// with rope_kv that serves it without the app (the same rows, K split and columns a CTA), so
-// rows without the op keep their bits. The default bundles of the 8B (its 32-row kernel with
+// every node of the decode and prefill templates (in the graphs that may run the op, and in
+// the plain list of steps without apps) with the kernel and the server it has in the bundle
+// without the app (the same kernel with an epilogue, planPair, or the same plain one,
+// copyGemmOf), but for the op's host and where the op parts a q/k/v GEMM from its rope_kv
+// (attn.q, attn.k, attn.v): there the GEMM's plain kernel is the twin of the kernel with
+// rope_kv that serves it without the app (the same rows, K split and columns a CTA), so rows
+// without the op keep their bits. Bundles: the defaults of the 8B (its 32-row kernel with
 // rope_kv serves the 8-, 16- and 32-row buckets), the 1B, Qwen3-8B, Gemma-2-2B and Mixtral
-// (router_logits in place of mlp.act); the 8B's
-// 64- and 128-row buckets with the wide kernels with rope_kv and gate/up (without
-// --copy-gemm-wide), and its small buckets served by 64-row wide kernels (copy_gemm.sh's
-// w32); the 1B's 32-row bucket given copy-engine kernels for q/k/v (whose plain kernel splits
-// K over 2 where no kernel with rope_kv is beside it).
+// (router_logits in place of mlp.act); the 8B's 64- and 128-row buckets with the wide kernels
+// with rope_kv and gate/up (without --copy-gemm-wide), and its small buckets served by 64-row
+// wide kernels (copy_gemm.sh's w32); the 1B's 32-row bucket given copy-engine kernels for
+// q/k/v (whose plain kernel splits K over 2 where no kernel with rope_kv is beside it).
 func TestAppOpsKeepTheServers(t *testing.T) {
 	hooks := []string{"resid_pre", "attn.q", "attn.k", "attn.v", "attn.z", "attn_out", "resid_mid", "mlp.act", "mlp_out", "resid_post"}
 	wide8B := compile.Options{RopeCopyRows: 128, GatedCopyRows: 128, CopyGemms: []string{"4096x4096", "4096x6144", "14336x4096"}}
@@ -161,7 +161,7 @@ type servedGemm struct {
 }
 
 // servedGemms builds model (with app, if not "") and says how a backend of mode GemmAuto
-// serves each node of its decode templates (servedGemm), by template and label: in the graphs
+// serves each node of its templates (servedGemm), by template and label: in the graphs
 // of the templates' nodes, and in their plain lists (steps without apps, where the bundle has
 // any).
 func servedGemms(t *testing.T, model, app string, opt compile.Options) [2]map[string]servedGemm {
@@ -184,9 +184,6 @@ func servedGemms(t *testing.T, model, app string, opt compile.Options) [2]map[st
 	}
 	out := [2]map[string]servedGemm{{}, {}}
 	for _, tm := range b.Templates {
-		if tm.Kind != bundle.Decode {
-			continue
-		}
 		for list, nodes := range [][]bundle.Node{tm.Nodes, tm.Plain} {
 			for i := 0; i < len(nodes); i++ {
 				n := nodes[i]
