@@ -14,6 +14,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -95,25 +96,53 @@ func NewCPU(t testing.TB, b *bundle.Bundle) loader.Backend {
 	return be
 }
 
+// RepoRoot is the folder of the go.mod above the working directory (a test's package folder).
+func RepoRoot(t testing.TB) string {
+	t.Helper()
+	dir, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir
+		}
+		up := filepath.Dir(dir)
+		if up == dir {
+			t.Fatal("no go.mod above the working directory")
+		}
+		dir = up
+	}
+}
+
+// SpecCut is the shipped spec of model (specs/models/MODEL.yaml) cut to 2 layers, with
+// serving as its serving section. Any package's tests may call it.
+func SpecCut(t testing.TB, model, serving string) string {
+	t.Helper()
+	spec, err := os.ReadFile(filepath.Join(RepoRoot(t), "specs", "models", model+".yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cut := regexp.MustCompile(`layers: \d+`).ReplaceAllString(string(spec), "layers: 2")
+	return regexp.MustCompile(`(?s)serving:.*`).ReplaceAllString(cut, serving)
+}
+
+// CutServing is a serving section for SpecCut: decode buckets of rows rows each (as many
+// sequences as the last), 64-row prefill chunks, 256 positions, KV blocks of 16.
+func CutServing(rows ...int) string {
+	list := make([]string, len(rows))
+	for i, r := range rows {
+		list[i] = strconv.Itoa(r)
+	}
+	return fmt.Sprintf("serving: {decode_buckets: [%s], prefill_chunks: [64], max_seq_len: 256, max_seqs: %d, kv_block_size: 16}\n", strings.Join(list, ", "), rows[len(rows)-1])
+}
+
 // CheckpointTokenizer writes the tokenizer.json and tokenizer_config.json of tokenizer
 // testdata name (tokenizer/testdata: llama3_1, qwen3) into a fresh directory, as they sit
 // beside a checkpoint, and returns the tokenizer.json's path. Any package's tests may call it.
 func CheckpointTokenizer(t testing.TB, name string) string {
 	t.Helper()
-	dir, err := os.Getwd()
-	for err == nil {
-		if _, serr := os.Stat(filepath.Join(dir, "go.mod")); serr == nil {
-			break
-		}
-		if up := filepath.Dir(dir); up != dir {
-			dir = up
-		} else {
-			err = fmt.Errorf("no go.mod above the working directory")
-		}
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
+	dir := RepoRoot(t)
 	testdata := filepath.Join(dir, "tokenizer", "testdata")
 	gz, err := os.ReadFile(filepath.Join(testdata, name+".tokenizer.json.gz"))
 	if err != nil {

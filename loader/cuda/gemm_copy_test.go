@@ -1,8 +1,6 @@
 package cuda
 
 import (
-	"os"
-	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
@@ -10,6 +8,7 @@ import (
 
 	"xmix/bundle"
 	"xmix/compile"
+	"xmix/testsuite"
 )
 
 // TestGatedCopyFor: a gated pair takes the kernel of the fewest rows that takes its own, and
@@ -68,33 +67,25 @@ func TestAppOpsKeepTheServers(t *testing.T) {
 	wide8B := compile.Options{RopeCopyRows: 128, GatedCopyRows: 128, CopyGemms: []string{"4096x4096", "4096x6144", "14336x4096"}}
 	w32 := wide8B // copy_gemm.sh's w32: 64-row wide kernels in the smaller buckets
 	w32.CopyGemmRows, w32.CopyGemmWide = []int{8, 16, 64, 128}, true
+	small, all := []int{8, 16, 32}, []int{8, 16, 32, 64, 128}
 	for _, c := range []struct {
-		name, model, buckets string
-		opt                  compile.Options
+		name, model string
+		buckets     []int
+		opt         compile.Options
 	}{
-		{"8b-small", "llama-3.1-8b", "8, 16, 32", compile.Options{}},
-		{"8b-large", "llama-3.1-8b", "64, 128", compile.Options{}},
-		{"8b-large-wide", "llama-3.1-8b", "64, 128", wide8B},
-		{"8b-small-w32", "llama-3.1-8b", "8, 16, 32", w32},
-		{"1b", "llama-3.2-1b", "8, 16, 32, 64, 128", compile.Options{}},
-		{"1b-qkv-copy", "llama-3.2-1b", "32", compile.Options{CopyGemms: []string{"2048x3072"}}},
-		{"qwen3-8b", "qwen3-8b", "8, 16, 32, 64, 128", compile.Options{}},
-		{"gemma-2-2b", "gemma-2-2b", "8, 16, 32, 64, 128", compile.Options{}},
-		{"mixtral", "mixtral-8x7b", "8, 16, 32, 64, 128", compile.Options{}},
+		{"8b-small", "llama-3.1-8b", small, compile.Options{}},
+		{"8b-large", "llama-3.1-8b", []int{64, 128}, compile.Options{}},
+		{"8b-large-wide", "llama-3.1-8b", []int{64, 128}, wide8B},
+		{"8b-small-w32", "llama-3.1-8b", small, w32},
+		{"1b", "llama-3.2-1b", all, compile.Options{}},
+		{"1b-qkv-copy", "llama-3.2-1b", []int{32}, compile.Options{CopyGemms: []string{"2048x3072"}}},
+		{"qwen3-8b", "qwen3-8b", all, compile.Options{}},
+		{"gemma-2-2b", "gemma-2-2b", all, compile.Options{}},
+		{"mixtral", "mixtral-8x7b", all, compile.Options{}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			spec, err := os.ReadFile(filepath.Join("..", "..", "specs", "models", c.model+".yaml"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			cut := regexp.MustCompile(`layers: \d+`).ReplaceAllString(string(spec), "layers: 2")
-			cut = regexp.MustCompile(`(?s)serving:.*`).ReplaceAllString(cut, "serving: {decode_buckets: ["+c.buckets+"], prefill_chunks: [64], max_seq_len: 256, max_seqs: 128, kv_block_size: 16}\n")
-			dir := t.TempDir()
-			model := filepath.Join(dir, "m.yaml")
-			if err := os.WriteFile(model, []byte(cut), 0o644); err != nil {
-				t.Fatal(err)
-			}
-			bare := servedGemms(t, model, "", c.opt)[0]
+			model := testsuite.SpecCut(t, c.model, testsuite.CutServing(c.buckets...))
+			bare := servedGemms(t, testsuite.CompileWith(t, c.opt, model))[0]
 			ropePairs := false // whether the bundle serves q/k/v with its rope_kv
 			for _, b := range bare {
 				ropePairs = ropePairs || b.pair && b.attrs.RopeKV != nil
@@ -105,14 +96,10 @@ func TestAppOpsKeepTheServers(t *testing.T) {
 				hooks = append(slices.DeleteFunc(slices.Clone(hooks), func(h string) bool { return h == "mlp.act" }), "router_logits")
 			}
 			for _, hook := range hooks {
-				app := filepath.Join(dir, strings.ReplaceAll(hook, ".", "-")+".yaml")
-				text := "app: scale-" + strings.ReplaceAll(hook, ".", "-") + "\nparams: {s: {random: 29}}\nops:\n  - write: {at: {layers: [1], hook: " + hook + "}, kernel: scale, args: {vector: s}}\n"
-				if err := os.WriteFile(app, []byte(text), 0o644); err != nil {
-					t.Fatal(err)
-				}
+				app := "app: scale-" + strings.ReplaceAll(hook, ".", "-") + "\nparams: {s: {random: 29}}\nops:\n  - write: {at: {layers: [1], hook: " + hook + "}, kernel: scale, args: {vector: s}}\n"
 				split := 0
 				rope := strings.HasPrefix(hook, "attn.") && hook != "attn.z" // an op between q/k/v and its rotation
-				graphs := servedGemms(t, model, app, c.opt)
+				graphs := servedGemms(t, testsuite.CompileWith(t, c.opt, model, app))
 				if len(graphs[1]) == 0 {
 					t.Fatalf("%s: no template has a plain list beside the app's graphs", hook)
 				}
@@ -160,20 +147,11 @@ type servedGemm struct {
 	pair, gu     bool
 }
 
-// servedGemms builds model (with app, if not "") and says how a backend of mode GemmAuto
-// serves each node of its templates (servedGemm), by template and label: in the graphs
-// of the templates' nodes, and in their plain lists (steps without apps, where the bundle has
-// any).
-func servedGemms(t *testing.T, model, app string, opt compile.Options) [2]map[string]servedGemm {
+// servedGemms says how a backend of mode GemmAuto serves each node of b's templates
+// (servedGemm), by template and label: in the graphs of the templates' nodes, and in their
+// plain lists (steps without apps, where the bundle has any).
+func servedGemms(t *testing.T, b *bundle.Bundle) [2]map[string]servedGemm {
 	t.Helper()
-	var apps []string
-	if app != "" {
-		apps = []string{app}
-	}
-	b, err := compile.Build(model, apps, opt)
-	if err != nil {
-		t.Fatal(err)
-	}
 	kernels, err := bundle.GemmCopyKernels(b.Kernels)
 	if err != nil {
 		t.Fatal(err)

@@ -15,7 +15,6 @@ import (
 	"math"
 	"os"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -277,27 +276,11 @@ func cut8B(t *testing.T, rows int) string { return cutAt(t, "llama-3.1-8b", rows
 // cutAt is cut8B's cut of model with decode buckets of rows rows each (as many sequences as
 // the last).
 func cutAt(t *testing.T, model string, rows ...int) string {
-	list := strings.Trim(fmt.Sprint(rows), "[]")
-	return specCut(t, model, fmt.Sprintf("serving: {decode_buckets: [%s], prefill_chunks: [64], max_seq_len: 256, max_seqs: %d, kv_block_size: 16}\n", strings.ReplaceAll(list, " ", ", "), rows[len(rows)-1]))
-}
-
-// specCut is the shipped spec of model (specs/models/MODEL.yaml) cut to 2 layers, with
-// serving as its serving section.
-func specCut(t *testing.T, model, serving string) string {
-	root, err := repoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	spec, err := os.ReadFile(filepath.Join(root, "specs/models", model+".yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cut := regexp.MustCompile(`layers: \d+`).ReplaceAllString(string(spec), "layers: 2")
-	return regexp.MustCompile(`(?s)serving:.*`).ReplaceAllString(cut, serving)
+	return testsuite.SpecCut(t, model, testsuite.CutServing(rows...))
 }
 
 // llama1BCut is Llama-3.2-1B's spec cut to 2 layers and small buckets.
-func llama1BCut(t *testing.T) string { return specCut(t, "llama-3.2-1b", smallServing) }
+func llama1BCut(t *testing.T) string { return testsuite.SpecCut(t, "llama-3.2-1b", smallServing) }
 
 func TestCUDAMatchesCPUOnLlama1BCut(t *testing.T) {
 	needGPU(t)
@@ -335,7 +318,7 @@ func TestCUDAAttentionClusterMatchesCPU(t *testing.T) {
 // holds a kernel whose name contains kernel (the option's), and runs a lone request's
 // 700-token prompt on it against the CPU, decoding at contexts 700-716 (key: the records').
 func attnAt4Rows(t *testing.T, opt compile.Options, kernel, key string) *bundle.Bundle {
-	cut := specCut(t, "llama-3.2-1b", "serving: {decode_buckets: [4], prefill_chunks: [64], max_seq_len: 1024, max_seqs: 4, kv_block_size: 16}\n")
+	cut := testsuite.SpecCut(t, "llama-3.2-1b", "serving: {decode_buckets: [4], prefill_chunks: [64], max_seq_len: 1024, max_seqs: 4, kv_block_size: 16}\n")
 	b := testsuite.CompileWith(t, opt, cut)
 	if !slices.ContainsFunc(b.Kernels, func(k bundle.Kernel) bool { return strings.Contains(k.Name, kernel) }) {
 		t.Fatalf("no kernel %s in the bundle", kernel)
@@ -361,7 +344,7 @@ func TestCUDAAttentionEarlyKVMatchesCPU(t *testing.T) {
 // again with a window of 64 that the long prompt outgrows in prefill and decode.
 func TestCUDAMatchesCPUOnGemma2Cut(t *testing.T) {
 	needGPU(t)
-	cut := specCut(t, "gemma-2-2b", smallServing)
+	cut := testsuite.SpecCut(t, "gemma-2-2b", smallServing)
 	long := longPrompt(256000)
 	for _, w := range []string{"4096", "64"} {
 		b := testsuite.Compile(t, strings.Replace(cut, "sliding_window: 4096", "sliding_window: "+w, 1))
@@ -385,7 +368,7 @@ func TestCUDACopyGemmMatchesCPU(t *testing.T) {
 	nb := copyGemmBackend(&served)
 	const wantServed = 6 // o, q/k/v and down of 2 layers
 	copyCut := func(model string, bucket int) *bundle.Bundle {
-		cut := specCut(t, model, fmt.Sprintf("serving: {decode_buckets: [%d], prefill_chunks: [64], max_seq_len: 256, max_seqs: 16, kv_block_size: 16}\n", bucket))
+		cut := testsuite.SpecCut(t, model, fmt.Sprintf("serving: {decode_buckets: [%d], prefill_chunks: [64], max_seq_len: 256, max_seqs: 16, kv_block_size: 16}\n", bucket))
 		b := testsuite.Compile(t, cut)
 		kernels, err := bundle.GemmCopyKernels(b.Kernels)
 		if err != nil || len(kernels) != 3 {
@@ -1023,22 +1006,5 @@ func TestCUDABuildKeepsBits(t *testing.T) {
 		if g.mode == cuda.GemmCublasLt && cuts[fused] <= cuts[always] {
 			t.Errorf("%s: %d kernels write their bf16 copy alone in the default bundle, %d with --optional-f32-out=false", g.mode, cuts[fused], cuts[always])
 		}
-	}
-}
-
-func repoRoot() (string, error) {
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir, nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", fmt.Errorf("no go.mod above the working directory")
-		}
-		dir = parent
 	}
 }
