@@ -1,6 +1,7 @@
 package testsuite
 
 import (
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -43,16 +44,21 @@ func fuzzRequests(data []byte) []loader.Request {
 	return reqs
 }
 
-// FuzzBatchMatchesSolo: requests run together get what each gets alone, whatever their
-// number, lengths, apps and sampling: a differential test of the scheduler (prefill chunks
-// shared with decode rows, buckets, requests queued for sequence slots and for KV pages, in a
-// pool that holds one full-length sequence) on the CPU backend, where every template
-// computes a row's bits the same.
+// FuzzBatchMatchesSolo: requests run together get what each gets alone, tokens and logprobs
+// bit for bit, whatever their number, lengths, apps and sampling: a differential test of the
+// scheduler (prefill chunks shared with decode rows, buckets, requests queued for sequence
+// slots and for KV pages, in a pool that holds one full-length sequence) on the CPU backend.
+// Its prefill chunks are of 4 rows, under codegen.TensorCoreRows, so that every template
+// computes a row's bits the same: a tensor-core template's GEMMs take x as two bf16 halves
+// (op gemm_tc), so a request whose decode row shared a 16-row chunk with another's prompt got
+// other bits than alone (the fuzzer found one whose sampled token flipped), as on the GPU,
+// where such a step runs cuBLASLt's GEMMs in bf16. Mixed steps trade that for throughput, as
+// vLLM's do; CheckBatchMatchesSolo holds the engine to it where no decode row shares a chunk.
 func FuzzBatchMatchesSolo(f *testing.F) {
 	for _, s := range []string{"\x04\x20abcdefghijklmnopqrstuvwxyz0123456\x0f\x03\x10hello\x08\x05\x02\x07\x30xyz", "\x00\x01A\x00\x00", "\x02\x2fThe quick brown fox jumps over the lazy dog, twice!\x0f\x0e\x09\x05\x01a\x0f\x0f"} {
 		f.Add([]byte(s))
 	}
-	model := strings.Replace(SmallModel, "kv_block_size: 16}", "kv_block_size: 16, kv_cache_tokens: 128}", 1)
+	model := strings.Replace(SmallModel, "prefill_chunks: [16], max_seq_len: 128, max_seqs: 4, kv_block_size: 16}", "prefill_chunks: [4], max_seq_len: 128, max_seqs: 4, kv_block_size: 16, kv_cache_tokens: 128}", 1)
 	b := Compile(f, model, `app: steer
 params: {v: {random: 4}}
 ops:
@@ -66,6 +72,9 @@ ops:
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		reqs := fuzzRequests(data)
+		for i := range reqs {
+			reqs[i].Logprobs = true // each step's logprob too, bit for bit
+		}
 		batch, err := eng.Generate(reqs)
 		if err != nil {
 			t.Fatalf("%+v: %v", reqs, err)
@@ -76,7 +85,7 @@ ops:
 				t.Fatalf("request %d alone (%+v): %v", i, req, err)
 			}
 			got, want := batch[i], solo[0]
-			if !slices.Equal(got.Tokens, want.Tokens) || got.Reason != want.Reason || len(got.Tokens) > req.MaxTokens {
+			if !slices.Equal(got.Tokens, want.Tokens) || !reflect.DeepEqual(got.Logprobs, want.Logprobs) || got.Reason != want.Reason || len(got.Tokens) > req.MaxTokens {
 				t.Fatalf("request %d of %d (%+v): batched %v (%s), alone %v (%s)", i, len(reqs), req, got.Tokens, got.Reason, want.Tokens, want.Reason)
 			}
 		}
