@@ -85,7 +85,7 @@ func TestAppOpsKeepTheServers(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			model := testsuite.SpecCut(t, c.model, testsuite.CutServing(c.buckets...))
-			bare := servedGemms(t, testsuite.CompileWith(t, c.opt, model))[0]
+			bare := servedNodes(t, testsuite.CompileWith(t, c.opt, model))[0]
 			ropePairs := false // whether the bundle serves q/k/v with its rope_kv
 			for _, b := range bare {
 				ropePairs = ropePairs || b.pair && b.attrs.RopeKV != nil
@@ -99,7 +99,7 @@ func TestAppOpsKeepTheServers(t *testing.T) {
 				app := "app: scale-" + strings.ReplaceAll(hook, ".", "-") + "\nparams: {s: {random: 29}}\nops:\n  - write: {at: {layers: [1], hook: " + hook + "}, kernel: scale, args: {vector: s}}\n"
 				split := 0
 				rope := strings.HasPrefix(hook, "attn.") && hook != "attn.z" // an op between q/k/v and its rotation
-				graphs := servedGemms(t, testsuite.CompileWith(t, c.opt, model, app))
+				graphs := servedNodes(t, testsuite.CompileWith(t, c.opt, model, app))
 				if len(graphs[1]) == 0 {
 					t.Fatalf("%s: no template has a plain list beside the app's graphs", hook)
 				}
@@ -137,20 +137,20 @@ func TestAppOpsKeepTheServers(t *testing.T) {
 	}
 }
 
-// servedGemm is a node's kernel and, for a GEMM node, how the backend serves it: the
+// servedNode is a node's kernel and, for a GEMM node, how the backend serves it: the
 // copy-engine kernel (none: the library) and its attributes, whether it takes the node after
 // it too (pair), and whether, served by the library, it writes gu in bf16 for the activation
 // after it (guBF16At's pair; the activation's bits follow).
-type servedGemm struct {
+type servedNode struct {
 	node, kernel string
 	attrs        bundle.GemmCopyAttrs
 	pair, gu     bool
 }
 
-// servedGemms says how a backend of mode GemmAuto serves each node of b's templates
-// (servedGemm), by template and label: in the graphs of the templates' nodes, and in their
+// servedNodes says how a backend of mode GemmAuto serves each node of b's templates
+// (servedNode), by template and label: in the graphs of the templates' nodes, and in their
 // plain lists (steps without apps, where the bundle has any).
-func servedGemms(t *testing.T, b *bundle.Bundle) [2]map[string]servedGemm {
+func servedNodes(t *testing.T, b *bundle.Bundle) [2]map[string]servedNode {
 	t.Helper()
 	kernels, err := bundle.GemmCopyKernels(b.Kernels)
 	if err != nil {
@@ -160,7 +160,7 @@ func servedGemms(t *testing.T, b *bundle.Bundle) [2]map[string]servedGemm {
 	for _, k := range b.Kernels {
 		be.kernels[k.Name] = k
 	}
-	out := [2]map[string]servedGemm{{}, {}}
+	out := [2]map[string]servedNode{{}, {}}
 	for _, tm := range b.Templates {
 		for list, nodes := range [][]bundle.Node{tm.Nodes, tm.Plain} {
 			for i := 0; i < len(nodes); i++ {
@@ -171,7 +171,7 @@ func servedGemms(t *testing.T, b *bundle.Bundle) [2]map[string]servedGemm {
 					t.Fatal(err)
 				}
 				if ok {
-					out[list][key] = servedGemm{n.Kernel, p.c.Kernel, p.c.Attrs, true, false}
+					out[list][key] = servedNode{n.Kernel, p.c.Kernel, p.c.Attrs, true, false}
 					i++ // the node after it is served too
 					continue
 				}
@@ -179,11 +179,11 @@ func servedGemms(t *testing.T, b *bundle.Bundle) [2]map[string]servedGemm {
 				if err != nil {
 					t.Fatal(err)
 				}
-				out[list][key] = servedGemm{node: n.Kernel, gu: gu}
+				out[list][key] = servedNode{node: n.Kernel, gu: gu}
 				if _, c, ok, err := be.copyGemmOf(n); err != nil {
 					t.Fatal(err)
 				} else if ok {
-					out[list][key] = servedGemm{n.Kernel, c.Kernel, c.Attrs, false, false}
+					out[list][key] = servedNode{n.Kernel, c.Kernel, c.Attrs, false, false}
 				}
 			}
 		}
