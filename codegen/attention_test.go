@@ -818,21 +818,25 @@ func TestAttentionPrefetchKV(t *testing.T) {
 // bits of the kernel without it, reads K/V before its wait (for a context past a warp's first
 // tile), and never reads the newest position's K or V row of any row before its wait: the
 // kernel ahead writes those. Four tensor-core shapes, one split, splits of a chunk word (64
-// positions) and too small a word, unroll 1 and 2, contexts of 1, 10, 16, 17, 70 and the
-// cache's last position; the kernels it does not apply to (unsplit) stay byte for byte.
+// positions) and too small a word, unroll 1 and 2, splits merged in a cluster of 4 (the
+// default bundles' early loads meet --attn-cluster there), contexts of 1, 10, 16, 17, 70 and
+// the cache's last position; the kernels it does not apply to (unsplit) stay byte for byte.
 func TestAttentionEarlyKV(t *testing.T) {
 	r := rand.New(rand.NewPCG(57, 58))
 	for _, base := range attnTCShapes {
 		base = scaled(base)
 		base.EarlyLaunch, base.Split = true, true
 		maxPos := base.BlockSize * base.MaxBlocksPerSeq
-		for _, sc := range []struct{ splits, chunk, unroll int }{{1, 0, 0}, {4, 64, 0}, {5, 5, 0}, {3, 64, 2}} {
+		for _, sc := range []struct{ splits, chunk, unroll, cluster int }{{1, 0, 0, 0}, {4, 64, 0, 0}, {5, 5, 0, 0}, {3, 64, 2, 0}, {4, 32, 0, 4}} {
 			c := base
-			c.Unroll = sc.unroll
+			c.Unroll, c.Cluster = sc.unroll, sc.cluster
 			plainCfg := c
 			c.EarlyKV = true
 			name := fmt.Sprintf("h%d_kv%d_d%d%s_s%d_c%d", c.Heads, c.KVHeads, c.HeadDim, AttnKernelSuffix(c), sc.splits, sc.chunk)
 			t.Run(name, func(t *testing.T) {
+				if c.Cluster > 0 && c.sharedBytes() > maxStaticShared {
+					return // TestAttentionDecodeCluster checks the refusal
+				}
 				k := must(t)(Attention("attn_ekv", c))
 				plain := must(t)(Attention("attn_ekv", plainCfg))
 				if k.PTX == plain.PTX {

@@ -767,9 +767,11 @@ const MaxGatedCopyRows = wgMaxN
 // DefaultGatedCopyRows is the largest decode bucket given a copy-engine kernel for the gate/up
 // GEMM and its activation together unless a build says otherwise. On the H200 (session 47,
 // testsuite/gpu/RESULTS.md) it made the 8B's 32-row step 0.7-1.3% shorter at contexts
-// 80-2112 and the 1B's 2.5-3.9% (with one tile a CTA, as long as cuBLASLt's GEMM and the SiLU
-// kernel), and the 8B's 64-row step 2.5-3.1% longer.
-const DefaultGatedCopyRows = 32
+// 80-2112 and the 1B's 2.5-3.9%. From 64 rows it takes the wide form (session 61), which on
+// an H100 (session 64) made the 8B's 64- and 128-row steps 1.9-4.9% shorter at contexts 80
+// and 2112 and the 1B's 0.3-2.3%; the one-tile form had made the 8B's 64-row step 2.5-3.1%
+// longer.
+const DefaultGatedCopyRows = 128
 
 // CheckGatedCopyRows checks a build's largest bucket given the gated copy-engine kernel
 // (BuildInfo.GatedCopyRows, xmixc build --gated-copy-rows): 0 (none) to MaxGatedCopyRows.

@@ -73,11 +73,13 @@ type Options struct {
 	// they fit in one wave (bundle.BuildInfo.AttnCluster; xmixc build --attn-cluster): for
 	// measuring, off by default (session 37 measured it slower at 4 and 8 rows).
 	AttnCluster bool
-	// AttnEarlyKV: the split decode attention kernels on tensor cores load their warps' first
-	// K/V tiles before the wait where no row's newest position is in them
-	// (bundle.BuildInfo.AttnEarlyKV; xmixc build --attn-early-kv): for measuring, off by
-	// default; refused with SerialLaunch.
-	AttnEarlyKV bool
+	// AttnLateKV keeps the split decode attention kernels on tensor cores from loading their
+	// warps' first K/V tiles before the wait where no row's newest position is in them
+	// (bundle.BuildInfo.AttnEarlyKV; xmixc build --attn-early-kv=false): for measuring. The
+	// early loads are the default since session 64 (0.2-1.0% shorter 8- and 32-row steps on
+	// an H100, testsuite/gpu/RESULTS.md) and need kernels launched early, so SerialLaunch
+	// leaves them out too.
+	AttnLateKV bool
 	// F32OutAlways builds the add+norm and decode attention kernels to write their f32
 	// output always (xmixc build --optional-f32-out=false). By default it may be dropped where
 	// the GEMM after them reads their bf16 copy and no later node reads the f32
@@ -302,7 +304,7 @@ func Build(modelPath string, appPaths []string, opt Options) (*bundle.Bundle, er
 	build := bundle.BuildInfo{Compiler: Compiler, Inputs: inputs, Fuse: p.Fused(), PDL: !opt.SerialLaunch, Prefetch: prefetch,
 		GemvCols: beyondOne(cmp.Or(opt.GemvCols, DefaultGemvCols)), GemvUnroll: beyondOne(cmp.Or(opt.GemvUnroll, DefaultGemvUnroll)),
 		AttnWarps: opt.AttnWarps, AttnUnroll: opt.AttnUnroll, AttnPrefetch: attnPrefetch, AttnPrefetchOneRow: attnPrefetchOneRow, AttnTC: !opt.AttnCUDACores,
-		AttnCluster: opt.AttnCluster, AttnEarlyKV: opt.AttnEarlyKV, OptionalF32Out: !opt.F32OutAlways,
+		AttnCluster: opt.AttnCluster, AttnEarlyKV: !opt.AttnLateKV && !opt.SerialLaunch, OptionalF32Out: !opt.F32OutAlways,
 		GemvSplit: beyondOne(opt.GemvSplit), GemvWarps: codegen.GemvWarpsRecord(cmp.Or(opt.GemvWarps, max(DefaultGemvWarps, opt.GemvSplit)))}
 	if opt.TensorCoreRows != codegen.TensorCoreRows {
 		build.TensorCoreRows = opt.TensorCoreRows // the default is recorded as 0, as bundles built before the setting have it

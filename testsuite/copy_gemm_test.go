@@ -18,13 +18,13 @@ import (
 // library), each well-formed;
 // Llama-3.2-1B's for its o, q/k/v and down in its 8-row bucket alone, the one where they were
 // faster (codegen's copyGemmShapes); built with row counts named (--copy-gemm-rows 16), the
-// 1B's buckets of those rows get them too. By default (--gated-copy-rows 32) both also carry
-// one for the gate/up GEMM and SiLU at 32 rows (the 8-row bucket's gate/up is the
+// 1B's buckets of those rows get them too. By default (--gated-copy-rows 128) both also carry
+// one for the gate/up GEMM and SiLU at 32, 64 and 128 rows (the 8-row bucket's gate/up is the
 // bundle's own gated kernel, the 16-row bucket's kernels are not the warpgroup form); built
 // with --gated-copy-rows 0, neither does. By default (--rope-copy-rows 32) the 8B also carries
 // one for q/k/v with its rope_kv at 32 rows; with --rope-copy-rows 0, none. Those bounds are on
 // the kernels' rows: a build of 128-row kernels alone carries gated ones only with
-// --gated-copy-rows 128, in the wide form (a CTA's 112 columns of gate and of up).
+// --gated-copy-rows 128 (the default), in the wide form (a CTA's 112 columns of gate and of up).
 func TestCopyGemmKernels(t *testing.T) {
 	type kernel struct {
 		k, n, rows int
@@ -38,26 +38,28 @@ func TestCopyGemmKernels(t *testing.T) {
 	}
 	plain8B128 := []kernel{{4096, 4096, 128, ""}, {4096, 6144, 128, ""}, {14336, 4096, 128, ""}}
 	plain1B := []kernel{{2048, 2048, 8, ""}, {2048, 3072, 8, ""}, {8192, 2048, 8, ""}}
+	gated8B := []kernel{{4096, 28672, 32, "silu_mul"}, {4096, 28672, 64, "silu_mul"}, {4096, 28672, 128, "silu_mul"}}
+	gated1B := []kernel{{2048, 16384, 32, "silu_mul"}, {2048, 16384, 64, "silu_mul"}, {2048, 16384, 128, "silu_mul"}}
 	for _, c := range []struct {
 		model string
 		opt   compile.Options
 		want  []kernel
 	}{
 		{"../specs/models/llama-3.1-8b.yaml", compile.Options{GatedCopyRows: -1, RopeCopyRows: -1}, plain8B},
-		{"../specs/models/llama-3.1-8b.yaml", compile.Options{RopeCopyRows: -1}, append(slices.Clone(plain8B), kernel{4096, 28672, 32, "silu_mul"})},
+		{"../specs/models/llama-3.1-8b.yaml", compile.Options{RopeCopyRows: -1}, slices.Concat(plain8B, gated8B)},
 		{"../specs/models/llama-3.1-8b.yaml", compile.Options{GatedCopyRows: -1}, append(slices.Clone(plain8B), kernel{4096, 6144, 32, "rope_kv"})},
-		{"../specs/models/llama-3.1-8b.yaml", compile.Options{}, append(slices.Clone(plain8B), kernel{4096, 28672, 32, "silu_mul"}, kernel{4096, 6144, 32, "rope_kv"})},
+		{"../specs/models/llama-3.1-8b.yaml", compile.Options{}, slices.Concat(plain8B, gated8B, []kernel{{4096, 6144, 32, "rope_kv"}})},
 		// The wide form (--copy-gemm-wide) serves the same GEMMs at 64 and 128 rows.
-		{"../specs/models/llama-3.1-8b.yaml", compile.Options{CopyGemmWide: true}, append(slices.Clone(plain8B), kernel{4096, 28672, 32, "silu_mul"}, kernel{4096, 6144, 32, "rope_kv"})},
+		{"../specs/models/llama-3.1-8b.yaml", compile.Options{CopyGemmWide: true}, slices.Concat(plain8B, gated8B, []kernel{{4096, 6144, 32, "rope_kv"}})},
 		{"../specs/models/llama-3.2-1b.yaml", compile.Options{GatedCopyRows: -1}, plain1B},
-		{"../specs/models/llama-3.2-1b.yaml", compile.Options{}, append(slices.Clone(plain1B), kernel{2048, 16384, 32, "silu_mul"})},
+		{"../specs/models/llama-3.2-1b.yaml", compile.Options{}, slices.Concat(plain1B, gated1B)},
 		// Row counts a build names go to every default shape, past the buckets measured.
 		{"../specs/models/llama-3.2-1b.yaml", compile.Options{CopyGemmRows: []int{16}, GatedCopyRows: -1}, []kernel{{2048, 2048, 16, ""}, {2048, 3072, 16, ""}, {8192, 2048, 16, ""}}},
 		// The epilogues' row bounds hold for the kernels' rows, not the buckets': with 128-row
 		// kernels alone the 32-row bucket gets no gated or rope kernel (the backend would serve
 		// the 128-row bucket with it), unless --gated-copy-rows reaches 128.
-		{"../specs/models/llama-3.1-8b.yaml", compile.Options{CopyGemmRows: []int{128}}, plain8B128},
-		{"../specs/models/llama-3.1-8b.yaml", compile.Options{CopyGemmRows: []int{128}, GatedCopyRows: 128}, append(slices.Clone(plain8B128), kernel{4096, 28672, 128, "silu_mul"})},
+		{"../specs/models/llama-3.1-8b.yaml", compile.Options{CopyGemmRows: []int{128}, GatedCopyRows: 64}, plain8B128},
+		{"../specs/models/llama-3.1-8b.yaml", compile.Options{CopyGemmRows: []int{128}}, append(slices.Clone(plain8B128), kernel{4096, 28672, 128, "silu_mul"})},
 	} {
 		b, err := compile.Build(c.model, nil, c.opt)
 		if err != nil {

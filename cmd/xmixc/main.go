@@ -125,7 +125,8 @@ func buildCmd() *cobra.Command {
 			if err := codegen.CheckAttnPrefetch(attnPrefetchOneRow, true); err != nil {
 				return fmt.Errorf("--attn-prefetch-one-row: %w", err)
 			}
-			if err := codegen.CheckAttnEarlyKV(attnEarlyKV, pdl); err != nil {
+			// The early loads are on by default, and left out without --pdl unless asked for.
+			if err := codegen.CheckAttnEarlyKV(attnEarlyKV && cmd.Flags().Changed("attn-early-kv"), pdl); err != nil {
 				return fmt.Errorf("--attn-early-kv: %w", err)
 			}
 			switch {
@@ -165,7 +166,7 @@ func buildCmd() *cobra.Command {
 					fmt.Fprintf(os.Stderr, "[%6.2fs] %s\n", time.Since(start).Seconds(), fmt.Sprintf(f, a...))
 				}
 			}
-			b, err := compile.Build(args[0], args[1:], compile.Options{EmbedWeights: embed, Verify: verify, Progress: progress, GEMM: gemm, MoE: moe, TP: tp, VectorSlots: vectorSlots, Fuse: fuse, SerialLaunch: !pdl, Prefetch: noneOption(prefetch), GemvCols: gemvCols, GemvUnroll: gemvUnroll, GemvSplit: gemvSplit, GemvWarps: gemvWarps, TensorCoreRows: tcRows, TCChunks: tcChunks, CopyGemms: copyGemms, CopyGemmSlots: copyGemmSlots, CopyGemmNextAtAsk: copyGemmNext == "asked", CopyGemmWide: copyGemmWide, CopyGemmRows: copyGemmRows, GatedTCRows: noneOption(gatedTCRows), GatedCopyRows: noneOption(gatedCopyRows), RopeCopyRows: noneOption(ropeCopyRows), AttnWarps: attnWarps, AttnUnroll: attnUnroll, AttnPrefetch: noneOption(attnPrefetch), AttnPrefetchOneRow: noneOption(attnPrefetchOneRow), AttnCUDACores: !attnTC, AttnCluster: attnCluster, AttnEarlyKV: attnEarlyKV, F32OutAlways: !optionalF32Out})
+			b, err := compile.Build(args[0], args[1:], compile.Options{EmbedWeights: embed, Verify: verify, Progress: progress, GEMM: gemm, MoE: moe, TP: tp, VectorSlots: vectorSlots, Fuse: fuse, SerialLaunch: !pdl, Prefetch: noneOption(prefetch), GemvCols: gemvCols, GemvUnroll: gemvUnroll, GemvSplit: gemvSplit, GemvWarps: gemvWarps, TensorCoreRows: tcRows, TCChunks: tcChunks, CopyGemms: copyGemms, CopyGemmSlots: copyGemmSlots, CopyGemmNextAtAsk: copyGemmNext == "asked", CopyGemmWide: copyGemmWide, CopyGemmRows: copyGemmRows, GatedTCRows: noneOption(gatedTCRows), GatedCopyRows: noneOption(gatedCopyRows), RopeCopyRows: noneOption(ropeCopyRows), AttnWarps: attnWarps, AttnUnroll: attnUnroll, AttnPrefetch: noneOption(attnPrefetch), AttnPrefetchOneRow: noneOption(attnPrefetchOneRow), AttnCUDACores: !attnTC, AttnCluster: attnCluster, AttnLateKV: !attnEarlyKV, F32OutAlways: !optionalF32Out})
 			if err != nil {
 				return err
 			}
@@ -209,7 +210,7 @@ func buildCmd() *cobra.Command {
 	c.Flags().IntVar(&attnUnroll, "attn-unroll", 0, fmt.Sprintf("position loads each warp of the decode attention issues before the first is used, 1 to %d (0: the default: 4 at head dim 128 bf16 on CUDA cores, one tile of 16 positions on tensor cores, where it counts tiles); more bytes in flight, more registers (for measuring)", codegen.MaxAttnUnroll))
 	c.Flags().IntVar(&attnPrefetch, "attn-prefetch", compile.DefaultAttnPrefetch, fmt.Sprintf("passes of K and V rows each block of the decode attention asks L2 for before it waits for the kernel ahead (with --pdl), 0 (none) to %d: a pass is the positions its warps load in one step each (128 on tensor cores, 64 on CUDA cores at head dim 128 in bf16, 8 warps), so the first loads after the wait find L2 instead of HBM (same results bit for bit)", codegen.MaxAttnPrefetch))
 	c.Flags().IntVar(&attnPrefetchOneRow, "attn-prefetch-one-row", compile.DefaultAttnPrefetchOneRow, fmt.Sprintf("the same for the attention of the decode bucket of one row, 0 (none) to %d, where --attn-prefetch asks for fewer (same results bit for bit)", codegen.MaxAttnPrefetch))
-	c.Flags().BoolVar(&attnEarlyKV, "attn-early-kv", false, "the decode attention's split kernels on tensor cores (buckets of up to 32 rows on Llama-class shapes), launched early (--pdl), load each warp's first K/V tile before they wait for the kernel ahead, wherever the tile holds no row's newest position (the one the kernel ahead writes), so that a block's first loads overlap that kernel's last stores; same results bit for bit. For measuring: sessions 54-55 found prefetches of the same rows to L2 before the wait 0.3-0.7% slower")
+	c.Flags().BoolVar(&attnEarlyKV, "attn-early-kv", true, "the decode attention's split kernels on tensor cores (buckets of up to 32 rows on Llama-class shapes), launched early (--pdl), load each warp's first K/V tile before they wait for the kernel ahead, wherever the tile holds no row's newest position (the one the kernel ahead writes), so that a block's first loads overlap that kernel's last stores; same results bit for bit. Measured 0.2-1.0% shorter 8- and 32-row steps (session 64); =false for measuring. Left out with --pdl=false")
 	c.Flags().BoolVar(&attnCluster, "attn-cluster", false, "merge a row's context splits of the decode attention in a thread-block cluster (rank 0's shared memory) where a bucket's splits fit in one wave of blocks (on Llama-class shapes the buckets of 4 to 16 rows), instead of through a workspace in global memory with a fence and an atomic ticket. For measuring: on the H200 it made Llama-3.1-8B's 4- and 8-row steps 2-5% longer at contexts 576-2112, and its 16-row step 1.1-1.3% shorter at 2112 but 0.4-1.0% longer at 80-576 (testsuite/gpu/RESULTS.md, session 37)")
 	c.Flags().BoolVar(&optionalF32Out, "optional-f32-out", true, "build the add+norm kernels (and the embedding's) and the decode attention kernels so that their f32 output may be left out: where the GEMM after one reads the bf16 copy it writes and no later node reads the f32 (an app's op on the norm's output or on attn.z does), the CUDA backend passes it no f32 output, and the kernel stores bf16 alone. Same results bit for bit; on the H200 Llama-3.1-8B's steps 0.04-0.97% shorter at 8-128 rows (testsuite/gpu/RESULTS.md, session 59). --optional-f32-out=false writes the f32 always, as bundles before it did")
 	c.Flags().BoolVar(&attnTC, "attn-tc", true, "run the decode attention's warp step on tensor cores where the layer allows it (bf16 cache, head dim 64 or 128, KV blocks a multiple of 16, no sliding window; other layers keep the CUDA-core step). Q and the softmax weights are rounded to bf16 for the mma, within bf16 rounding of the CUDA-core step's results, the same in every bucket. --attn-tc=false builds the CUDA-core step everywhere, as bundles before it had (for measuring)")
@@ -396,8 +397,8 @@ func printBundle(w io.Writer, b *bundle.Bundle) {
 	if b.Manifest.Build.AttnCluster {
 		fmt.Fprintf(w, "          decode attention splits merged in thread-block clusters where they fit one wave\n")
 	}
-	if b.Manifest.Build.AttnEarlyKV {
-		fmt.Fprintf(w, "          decode attention: each warp's first K/V loaded before the wait, save a row's newest position\n")
+	if bi := b.Manifest.Build; bi.PDL && !bi.AttnEarlyKV {
+		fmt.Fprintf(w, "          decode attention loads K/V only after the wait for the kernel ahead (--attn-early-kv=false)\n")
 	}
 	if !b.Manifest.Build.OptionalF32Out {
 		fmt.Fprintf(w, "          add+norm and decode attention write their f32 outputs always (--optional-f32-out=false)\n")

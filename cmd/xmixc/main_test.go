@@ -371,8 +371,9 @@ func buildBundle(t *testing.T, model, out string, flags []string) *bundle.Bundle
 // TestBuildAttnSplitFlags: --attn-cluster gives the decode buckets whose attention splits
 // fit in one wave (8 kv heads: 4 and 8 rows, clusters of 8 and 4) cluster kernels, records it
 // in the build info and says so in inspect; the buckets of 1 and 32 rows keep the workspace
-// merge, and without the flag every bucket does. --attn-early-kv gives every split kernel
-// its early first loads (named _ekv), in the build info and in inspect too.
+// merge, and without the flag every bucket does. By default every split kernel has its early
+// first loads (named _ekv; --attn-early-kv, left out with --pdl=false), in the build info,
+// and inspect says where --attn-early-kv=false left them out.
 func TestBuildAttnSplitFlags(t *testing.T) {
 	dir := t.TempDir()
 	m := write(t, dir, "m.yaml", `model: m
@@ -388,11 +389,14 @@ serving: {decode_buckets: [1, 4, 8, 32], prefill_chunks: [8], max_seq_len: 1024}
 	for _, c := range []struct {
 		flags []string
 		want  []string // the split attention kernels
+		early bool     // the build info's attn_early_kv
 	}{
-		{nil, []string{"attention_h8_kv8_d64_bf16_warps8_tc_pf1_split", "attention_h8_kv8_d64_bf16_warps8_tc_split"}},
-		{[]string{"--attn-cluster"}, []string{"attention_h8_kv8_d64_bf16_warps8_tc_cl4_split", "attention_h8_kv8_d64_bf16_warps8_tc_cl8_split",
-			"attention_h8_kv8_d64_bf16_warps8_tc_pf1_split", "attention_h8_kv8_d64_bf16_warps8_tc_split"}},
-		{[]string{"--attn-early-kv"}, []string{"attention_h8_kv8_d64_bf16_warps8_tc_pf1_split_ekv", "attention_h8_kv8_d64_bf16_warps8_tc_split_ekv"}},
+		{nil, []string{"attention_h8_kv8_d64_bf16_warps8_tc_pf1_split_ekv", "attention_h8_kv8_d64_bf16_warps8_tc_split_ekv"}, true},
+		{[]string{"--attn-early-kv=false"}, []string{"attention_h8_kv8_d64_bf16_warps8_tc_pf1_split", "attention_h8_kv8_d64_bf16_warps8_tc_split"}, false},
+		{[]string{"--attn-cluster", "--attn-early-kv=false"}, []string{"attention_h8_kv8_d64_bf16_warps8_tc_cl4_split", "attention_h8_kv8_d64_bf16_warps8_tc_cl8_split",
+			"attention_h8_kv8_d64_bf16_warps8_tc_pf1_split", "attention_h8_kv8_d64_bf16_warps8_tc_split"}, false},
+		// Without early launch there is nothing to overlap: the default leaves the loads out.
+		{[]string{"--pdl=false"}, []string{"attention_h8_kv8_d64_bf16_warps8_tc_split"}, false},
 	} {
 		out := filepath.Join(dir, "a.xmb")
 		b := buildBundle(t, m, out, c.flags)
@@ -403,12 +407,12 @@ serving: {decode_buckets: [1, 4, 8, 32], prefill_chunks: [8], max_seq_len: 1024}
 			}
 		}
 		slices.Sort(split)
-		cluster, early := slices.Contains(c.flags, "--attn-cluster"), slices.Contains(c.flags, "--attn-early-kv")
+		cluster, early := slices.Contains(c.flags, "--attn-cluster"), c.early
 		if bi := b.Manifest.Build; !slices.Equal(split, c.want) || bi.AttnCluster != cluster || bi.AttnEarlyKV != early {
 			t.Fatalf("%v: split attention kernels %v (want %v), build info attn_cluster %v, attn_early_kv %v", c.flags, split, c.want, bi.AttnCluster, bi.AttnEarlyKV)
 		}
 		text, err := xmixc(t, "inspect", out)
-		if err != nil || strings.Contains(text, "thread-block clusters") != cluster || strings.Contains(text, "first K/V loaded before the wait") != early {
+		if err != nil || strings.Contains(text, "thread-block clusters") != cluster || strings.Contains(text, "K/V only after the wait") != slices.Contains(c.flags, "--attn-early-kv=false") {
 			t.Fatalf("%v: inspect: %v\n%s", c.flags, err, text)
 		}
 	}
@@ -571,7 +575,7 @@ func TestBuildGatedTCRows(t *testing.T) {
 	}
 }
 
-// TestBuildGatedCopyRows: --gated-copy-rows N (by default 32; 0: none) gives a copy-engine
+// TestBuildGatedCopyRows: --gated-copy-rows N (by default 128; 0: none) gives a copy-engine
 // kernel for gate/up with its activation to each decode bucket of at most N rows whose GEMMs
 // take the warpgroup form (32 rows and more; the 8-row bucket's gate/up is the gated
 // tensor-core kernel, the 16-row bucket's kernels are mma.sync), and the build info and
@@ -585,7 +589,7 @@ func TestBuildGatedCopyRows(t *testing.T) {
 		rows    int
 		kernels []string
 	}{
-		{nil, 32, []string{"gemm_copy_k512_n2048_r32_silu_mul"}},
+		{nil, 128, []string{"gemm_copy_k512_n2048_r32_silu_mul", "gemm_copy_k512_n2048_r64_silu_mul"}},
 		{[]string{"--gated-copy-rows", "0"}, 0, nil},
 		{[]string{"--gated-copy-rows", "16"}, 16, nil},
 		{[]string{"--gated-copy-rows", "32"}, 32, []string{"gemm_copy_k512_n2048_r32_silu_mul"}},

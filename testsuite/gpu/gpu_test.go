@@ -328,13 +328,13 @@ func attnAt4Rows(t *testing.T, opt compile.Options, kernel, key string) *bundle.
 }
 
 // TestCUDAAttentionEarlyKVMatchesCPU: the split decode attention that loads each warp's first
-// K/V tile before its wait (xmixc build --attn-early-kv, for measuring) agrees with the CPU on
+// K/V tile before its wait (xmixc build --attn-early-kv, the default) agrees with the CPU on
 // the 1B cut in its decode bucket of 4 rows: a lone request's 700-token prompt decodes at
 // contexts 700-716 (its splits' first tiles before the wait, the newest position's after),
 // and 4 requests of six tokens (contexts of 7-22, the newest position in a warp's first tile).
 func TestCUDAAttentionEarlyKVMatchesCPU(t *testing.T) {
 	needGPU(t)
-	b := attnAt4Rows(t, compile.Options{AttnEarlyKV: true}, "_split_ekv", "llama-3.2-1b-2layers-700-attn-early-kv")
+	b := attnAt4Rows(t, compile.Options{}, "_split_ekv", "llama-3.2-1b-2layers-700-attn-early-kv")
 	agreementRows(t, newCUDA(cuda.GemmAuto), "llama-3.2-1b-2layers-attn-early-kv-4", b, sixTokenPrompts(4), 16)
 }
 
