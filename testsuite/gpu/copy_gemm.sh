@@ -6,7 +6,9 @@
 # with them (--gemm auto) and without (--gemm cublaslt, the library for every GEMM), rounds
 # alternating, at contexts CONTEXTS (default 80 576 2112), the compiled PyTorch step at the
 # same shapes (prompts of CONTEXT - 64 tokens, its 64 steps on top), and the online workload
-# under both (ONLINE=0 skips it; PEER=0 the peer, TESTS=0 the tests); between the tests and
+# under both (ONLINE=0 skips it; PEER=0 the peer, TESTS=0 the tests; PEER_MODEL names the
+# peer's model where MODEL is a spec's copy, e.g. the 8B's with a KV pool that fits an H100:
+# RESULTS.md, "Session 63"); between the tests and
 # the timings, ptxas's registers and spills for the bundle's copy-engine kernels. ROLE_COSTS=1
 # adds each GEMM role's cost inside the graph (xmix bench --role-costs) to every bench line.
 # BUILD_FLAGS go to the bundle's xmixc build (e.g. "--copy-gemms 4096x4096,4096x28672
@@ -72,7 +74,7 @@ print(d.get('graph_ms'), r or '')" 2>&1 | tail -1)" | tee -a "$S"
   done
 done
 if [ "${PEER:-1}" = 1 ]; then
-  RES=$W timeout 300 python3 testsuite/gpu/torch_decode.py "$MODEL" "${shapes#,}" > "$W/peer.txt" 2>&1
+  RES=$W timeout 300 python3 testsuite/gpu/torch_decode.py "${PEER_MODEL:-$MODEL}" "${shapes#,}" > "$W/peer.txt" 2>&1
   echo "peer rc=$?" | tee -a "$S"; tail -4 "$W/peer.txt" | tee -a "$S"
 fi
 if [ "${ONLINE:-1}" = 1 ]; then
@@ -94,7 +96,7 @@ for f in sorted(glob.glob(os.path.join(w, "b_*.json"))):
             d.setdefault("role_cost_ms", {})[key] = b["role_cost_ms"]
     except Exception as e:
         d["bench"][key] = str(e)
-p = os.path.join(w, f"torch-{model}.json")
+p = os.path.join(w, f"torch-{os.environ.get('PEER_MODEL') or model}.json")
 if os.path.exists(p):
     d["peer"] = json.load(open(p))
 for g in ("cublaslt", "auto") if os.environ.get("ONLINE", "1") == "1" else ():

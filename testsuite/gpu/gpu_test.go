@@ -468,7 +468,10 @@ func TestCUDAWarpgroupGemmMatchesCPU(t *testing.T) {
 	}{{32, 32, 4, false, false}, {32, 19, 3, false, false}, {64, 50, 2, false, false}, {128, 128, 3, false, false}, {128, 70, 2, false, false},
 		{64, 50, 2, true, false}, {128, 128, 3, true, false}, {128, 70, 2, true, false}, {64, 50, 2, true, true}, {128, 70, 2, true, true}} {
 		name := fmt.Sprintf("r%d-n%d", c.bucket, c.requests)
-		opt := compile.Options{CopyGemmRows: []int{c.bucket}, CopyGemmWide: c.wide}
+		// Gated kernels at 32 rows alone (the default before session 64), so that cuBLASLt's
+		// gate/up and the SiLU kernel feed down at 64 and 128 rows, as the counts below say;
+		// TestCUDAGatedCopyMatchesCPU runs the gated kernels of 64 and 128 rows.
+		opt := compile.Options{CopyGemmRows: []int{c.bucket}, CopyGemmWide: c.wide, GatedCopyRows: 32}
 		if c.wide {
 			name += "-wide"
 		}
@@ -496,13 +499,13 @@ func TestCUDAWarpgroupGemmMatchesCPU(t *testing.T) {
 			prompts := sixTokenPrompts(c.requests)
 			agreementRows(t, nb, fmt.Sprintf("llama-3.1-8b-2layers-wgmma-gemm-r%d-n%d", c.bucket, c.requests), b, prompts, c.steps)
 			// o, q/k/v and down of 2 layers in the decode template (and in a 32-row bucket
-			// gate/up with SiLU, codegen.DefaultGatedCopyRows), and in a 128-row bucket the
+			// gate/up with SiLU), and in a 128-row bucket the
 			// 64-row prefill chunk's too. A 64-row bucket's nodes and the chunk's are the
 			// same shapes and buffers, so one launch serves both, but for o: the decode
 			// template's reads the attention's bf16 z, the chunk's casts (fedGemms).
 			want := 6
 			switch {
-			case c.bucket <= codegen.DefaultGatedCopyRows, c.bucket == 64:
+			case c.bucket <= 32, c.bucket == 64:
 				want = 8
 			case c.bucket > 64:
 				want = 12
@@ -611,8 +614,7 @@ func TestCUDAGatedTCMatchesCPU(t *testing.T) {
 	// as before session 63, they did not.
 	t.Run("r8-app", func(t *testing.T) {
 		cut := cut8B(t, 8)
-		app := "app: act-scale\nparams: {s: {random: 23}}\nops:\n  - write: {at: {layers: [1], hook: mlp.act}, kernel: scale, args: {vector: s}}\n"
-		with, bare := testsuite.Compile(t, cut, app), testsuite.Compile(t, cut)
+		with, bare := testsuite.Compile(t, cut, actScaleApp), testsuite.Compile(t, cut)
 		testsuite.AppRowsKeepBits(t, nb, with, bare, "act-scale", sixTokenPrompts(8), 4)
 	})
 }
@@ -624,7 +626,8 @@ func TestCUDAGatedTCMatchesCPU(t *testing.T) {
 // kernels (o, q/k/v and down of 2 layers, and the 2 pairs; a 64-row bucket's prefill chunk
 // has the same shapes and buffers, so the same launches serve it). A subtest per bucket
 // (-run 'TestCUDAGatedCopyMatchesCPU/r32'), and r32-app: an app's op at mlp.act leaves those
-// rows without the app the bare bundle's bits. The down projections read the pair's bf16
+// rows without the app the bare bundle's bits (r128-app: in a default bundle's 128-row
+// bucket). The down projections read the pair's bf16
 // output, the pair and q/k/v the add+norm's (fedGemms).
 func TestCUDAGatedCopyMatchesCPU(t *testing.T) {
 	needGPU(t)
@@ -675,9 +678,8 @@ func TestCUDAGatedCopyMatchesCPU(t *testing.T) {
 	t.Run("r32-app", func(t *testing.T) {
 		fed = nil
 		cut := cut8B(t, 32)
-		app := "app: act-scale\nparams: {s: {random: 23}}\nops:\n  - write: {at: {layers: [1], hook: mlp.act}, kernel: scale, args: {vector: s}}\n"
 		opt := compile.Options{GatedCopyRows: 32}
-		with, bare := testsuite.CompileWith(t, opt, cut, app), testsuite.CompileWith(t, opt, cut)
+		with, bare := testsuite.CompileWith(t, opt, cut, actScaleApp), testsuite.CompileWith(t, opt, cut)
 		appRowsKeepBits(t, nb, with, bare, "act-scale")
 		if served != 8 {
 			t.Errorf("%d launches of the copy-engine kernels, want 8", served)
@@ -686,7 +688,18 @@ func TestCUDAGatedCopyMatchesCPU(t *testing.T) {
 			t.Errorf("GEMM launches fed: %v, want %d with the app and %d without", fed, want+1, want)
 		}
 	})
+	// The same in a default bundle's 128-row bucket, whose gate/up and SiLU the wide gated
+	// kernel serves (the default since session 64).
+	t.Run("r128-app", func(t *testing.T) {
+		cut := cut8B(t, 128)
+		with, bare := testsuite.CompileWith(t, compile.Options{}, cut, actScaleApp), testsuite.CompileWith(t, compile.Options{}, cut)
+		appRowsKeepBits(t, nb, with, bare, "act-scale")
+	})
 }
+
+// actScaleApp scales layer 1's mlp.act by a random vector: an op between the gate/up pair's
+// activation and the down projection.
+const actScaleApp = "app: act-scale\nparams: {s: {random: 23}}\nops:\n  - write: {at: {layers: [1], hook: mlp.act}, kernel: scale, args: {vector: s}}\n"
 
 // appRowsKeepBits is testsuite.AppRowsKeepBits over 27 requests of six tokens for 3 steps
 // (in the decode bucket that takes them).
@@ -695,8 +708,9 @@ func appRowsKeepBits(t *testing.T, nb testsuite.NewBackend, with, bare *bundle.B
 	testsuite.AppRowsKeepBits(t, nb, with, bare, app, sixTokenPrompts(27), 3)
 }
 
-// TestCUDAFedGemmsMatchCPU: in a 128-row bucket of a default bundle cuBLASLt serves q/k/v and
-// gate/up and the copy-engine kernels o and down, and q/k/v and gate/up read bf16 of the
+// TestCUDAFedGemmsMatchCPU: in a 128-row bucket of a bundle built with --gated-copy-rows 32
+// (the default before session 64) cuBLASLt serves q/k/v and gate/up and the copy-engine
+// kernels o and down, and q/k/v and gate/up read bf16 of the
 // add+norm's output, o of the attention's and down of the SiLU kernel's as those kernels
 // wrote it, with no cast, and gate/up writes gu in bf16 for the SiLU kernel (both layers, in
 // the decode bucket and the 64-row prefill chunk): a 2-layer cut of Llama-3.1-8B, every
@@ -710,7 +724,8 @@ func TestCUDAFedGemmsMatchCPU(t *testing.T) {
 	var fed, gu []int
 	nb := recordCount(recordCount(newCUDA(cuda.GemmAuto), &fed, (*cuda.Backend).FedGemms), &gu, (*cuda.Backend).GuBF16Gemms)
 	cut := cut8B(t, 128)
-	bare := testsuite.CompileWith(t, compile.Options{}, cut)
+	opt := compile.Options{GatedCopyRows: 32}
+	bare := testsuite.CompileWith(t, opt, cut)
 	agreementRows(t, nb, "llama-3.1-8b-2layers-act-feed-r128", bare, sixTokenPrompts(70), 2)
 	if want := fedGemms(128); !slices.Equal(fed, []int{want}) {
 		t.Errorf("%v GEMM launches fed, want %d", fed, want)
@@ -719,8 +734,7 @@ func TestCUDAFedGemmsMatchCPU(t *testing.T) {
 		t.Errorf("%v GEMM launches write gu in bf16, want 4", gu)
 	}
 	fed, gu = nil, nil
-	app := "app: act-scale\nparams: {s: {random: 23}}\nops:\n  - write: {at: {layers: [1], hook: mlp.act}, kernel: scale, args: {vector: s}}\n"
-	appRowsKeepBits(t, nb, testsuite.CompileWith(t, compile.Options{}, cut, app), bare, "act-scale")
+	appRowsKeepBits(t, nb, testsuite.CompileWith(t, opt, cut, actScaleApp), bare, "act-scale")
 	// Layer 1's down projection in each template's plain list.
 	if want := fedGemms(128); !slices.Equal(fed, []int{want, want}) {
 		t.Errorf("GEMM launches fed: %v, want %d with the app and without", fed, want)
