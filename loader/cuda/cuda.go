@@ -283,7 +283,7 @@ func (be *Backend) loop(ready chan<- error) {
 func (be *Backend) load(b *bundle.Bundle, w *loader.Weights, opt Options, progress Progress) error {
 	d := be.d
 	// Memory plan: control and output buffers go to arenas, the rest get one allocation each.
-	var need int64
+	var need, kvBytes int64
 	be.ctl = arena{offset: map[string]int64{}, sizes: map[string]int64{}}
 	be.out = arena{offset: map[string]int64{}, sizes: map[string]int64{}}
 	for _, buf := range b.Manifest.Buffers {
@@ -299,12 +299,16 @@ func (be *Backend) load(b *bundle.Bundle, w *loader.Weights, opt Options, progre
 			place(&be.out, buf.Name, n)
 		default:
 			need += align(n)
+			if buf.Kind == bundle.KindKV {
+				kvBytes += align(n)
+			}
 		}
 	}
 	need += be.ctl.size + be.out.size
 	if need > be.Dev.FreeMemory {
-		return fmt.Errorf("out of GPU memory: the bundle needs %.2f GiB, %s has %.2f GiB free of %.2f GiB (lower max_seqs or max_seq_len in the model spec)",
-			float64(need)/(1<<30), be.Dev.Name, float64(be.Dev.FreeMemory)/(1<<30), float64(be.Dev.TotalMemory)/(1<<30))
+		return fmt.Errorf("out of GPU memory: the bundle needs %.2f GiB, %s has %.2f GiB free of %.2f GiB (%s)",
+			float64(need)/(1<<30), be.Dev.Name, float64(be.Dev.FreeMemory)/(1<<30), float64(be.Dev.TotalMemory)/(1<<30),
+			poolAdvice(b.Manifest.Model, kvBytes, need-be.Dev.FreeMemory))
 	}
 	progress("cuda: %s, driver %d, allocating %.2f GiB", be.Dev, be.Dev.Driver, float64(need)/(1<<30))
 	for _, a := range []*arena{&be.ctl, &be.out} {
@@ -986,4 +990,23 @@ func (be *Backend) Close() error {
 	close(be.work)
 	<-be.done
 	return err
+}
+
+// poolAdvice says how a bundle short of short bytes of GPU memory fits: the largest KV pool
+// (serving.kv_cache_tokens, whole pages) that the free memory holds, when one of at least
+// max_seq_len tokens does, given the pool's kvBytes over its pages; else that the weights and
+// the rest need less memory (a smaller model or a larger card).
+func poolAdvice(m bundle.ModelConfig, kvBytes, short int64) string {
+	pages := int64(m.KVBlocks - m.KVPadPages)
+	if pages <= 0 || kvBytes <= 0 || m.KVBlockSize <= 0 {
+		return "the bundle has no KV pool to shrink: use a card with more free memory"
+	}
+	perPage := (kvBytes + int64(m.KVBlocks) - 1) / int64(m.KVBlocks)
+	fit := (pages - (short+perPage-1)/perPage) * int64(m.KVBlockSize)
+	if fit < int64(m.MaxSeqLen) {
+		return fmt.Sprintf("its KV pool of %d tokens takes %.2f GiB, and even one of max_seq_len (%d) tokens would not fit: lower max_seq_len in the model spec, or use a card with more free memory",
+			pages*int64(m.KVBlockSize), float64(kvBytes)/(1<<30), m.MaxSeqLen)
+	}
+	return fmt.Sprintf("its KV pool of %d tokens takes %.2f GiB; a pool of at most %d tokens fits the free memory, less the CUDA graphs' and the GEMM library's own: set serving.kv_cache_tokens below that in the model spec (or lower max_seqs or max_seq_len) and rebuild",
+		pages*int64(m.KVBlockSize), float64(kvBytes)/(1<<30), fit)
 }
