@@ -73,6 +73,9 @@ type Options struct {
 	// they fit in one wave (bundle.BuildInfo.AttnCluster; xmixc build --attn-cluster): for
 	// measuring, off by default (session 37 measured it slower at 4 and 8 rows).
 	AttnCluster bool
+	// KVCacheTokens, when not 0, is the KV page pool's size in tokens in place of the model
+	// spec's serving.kv_cache_tokens (xmixc build --kv-cache-tokens), checked as that key is.
+	KVCacheTokens int
 	// AttnLateKV keeps the split decode attention kernels on tensor cores from loading their
 	// warps' first K/V tiles before the wait where no row's newest position is in them
 	// (bundle.BuildInfo.AttnEarlyKV; xmixc build --attn-early-kv=false): for measuring. The
@@ -203,6 +206,11 @@ func Plan(modelPath string, appPaths []string, opt Options) (*passes.Program, er
 	m, apps, err := Frontend(modelPath, appPaths)
 	if err != nil {
 		return nil, err
+	}
+	if opt.KVCacheTokens != 0 {
+		if err := m.SetKVCacheTokens(opt.KVCacheTokens); err != nil {
+			return nil, fmt.Errorf("%s: %w", modelPath, err)
+		}
 	}
 	return passes.Run(m, apps, passes.Options{Verify: opt.Verify, Trace: opt.Trace, TP: opt.TP, VectorSlots: opt.VectorSlots, Fuse: opt.Fuse})
 }

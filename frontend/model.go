@@ -712,21 +712,12 @@ func (p *parser) serving(top *mapping, m *Model) {
 	full := int64(m.MaxSeqs) * int64(m.MaxSeqLen)
 	if n := sm.get("kv_cache_tokens"); n != nil {
 		v, good := p.positive(n, "serving.kv_cache_tokens")
-		switch {
-		case !good:
+		if !good {
 			return
-		case int64(v) > full:
-			p.errorf(n, fmt.Sprintf("at most max_seqs x max_seq_len = %d (more is never used), or leave it out", full),
-				"serving.kv_cache_tokens %d is more than every resident sequence can hold", v)
-		case v < m.MaxSeqLen:
-			p.errorf(n, fmt.Sprintf("at least max_seq_len (%d), so that one request of that length fits", m.MaxSeqLen),
-				"serving.kv_cache_tokens %d is less than max_seq_len", v)
-		case v%m.KVBlockSize != 0:
-			p.errorf(n, fmt.Sprintf("a multiple of kv_block_size: %d", (v+m.KVBlockSize-1)/m.KVBlockSize*m.KVBlockSize),
-				"serving.kv_cache_tokens %d is not a whole number of %d-token pages", v, m.KVBlockSize)
-		case v > maxResidentTokens:
-			p.errorf(n, fmt.Sprintf("at most %d", maxResidentTokens), "serving.kv_cache_tokens %d is more than this compiler supports", v)
-		default:
+		}
+		if problem, hint := m.kvPoolProblem(v); problem != "" {
+			p.errorf(n, hint, "serving.kv_cache_tokens %d %s", v, problem)
+		} else {
 			m.KVCacheTokens = v
 		}
 	} else if full > maxResidentTokens {
@@ -771,4 +762,36 @@ func (p *parser) serving(top *mapping, m *Model) {
 			}
 		}
 	}
+}
+
+// kvPoolProblem says what is wrong with a KV page pool of v tokens for m's serving section
+// (max_seqs, max_seq_len and kv_block_size set), and the hint that fixes it; "" when nothing
+// is.
+func (m *Model) kvPoolProblem(v int) (problem, hint string) {
+	full := int64(m.MaxSeqs) * int64(m.MaxSeqLen)
+	switch {
+	case int64(v) > full:
+		return "is more than every resident sequence can hold", fmt.Sprintf("at most max_seqs x max_seq_len = %d (more is never used), or leave it out", full)
+	case v < m.MaxSeqLen:
+		return "is less than max_seq_len", fmt.Sprintf("at least max_seq_len (%d), so that one request of that length fits", m.MaxSeqLen)
+	case v%m.KVBlockSize != 0:
+		return fmt.Sprintf("is not a whole number of %d-token pages", m.KVBlockSize), fmt.Sprintf("a multiple of kv_block_size: %d", (v+m.KVBlockSize-1)/m.KVBlockSize*m.KVBlockSize)
+	case v > maxResidentTokens:
+		return "is more than this compiler supports", fmt.Sprintf("at most %d", maxResidentTokens)
+	}
+	return "", ""
+}
+
+// SetKVCacheTokens gives a parsed model a KV page pool of v tokens in place of its spec's
+// serving.kv_cache_tokens (xmixc build --kv-cache-tokens: the same spec on a card with less
+// memory), checked as that key is.
+func (m *Model) SetKVCacheTokens(v int) error {
+	if v <= 0 {
+		return fmt.Errorf("a KV pool of %d tokens: want a positive count", v)
+	}
+	if problem, hint := m.kvPoolProblem(v); problem != "" {
+		return fmt.Errorf("a KV pool of %d tokens %s: want %s", v, problem, hint)
+	}
+	m.KVCacheTokens = v
+	return nil
 }

@@ -75,7 +75,7 @@ func buildCmd() *cobra.Command {
 	var copyGemmNext string
 	var copyGemmWide bool
 	var copyGemmRows []int
-	var gatedTCRows, gatedCopyRows, ropeCopyRows int
+	var gatedTCRows, gatedCopyRows, ropeCopyRows, kvCacheTokens int
 	c := &cobra.Command{
 		Use:   "build MODEL.yaml [APP.yaml...] -o OUT.xmb",
 		Short: "Compile specs into a bundle",
@@ -95,6 +95,9 @@ func buildCmd() *cobra.Command {
 			}
 			if gemvUnroll < 1 || gemvUnroll > codegen.MaxGemvUnroll {
 				return fmt.Errorf("--gemv-unroll %d: want 1 to %d chunks per step", gemvUnroll, codegen.MaxGemvUnroll)
+			}
+			if kvCacheTokens < 0 {
+				return fmt.Errorf("--kv-cache-tokens %d: want a count of tokens, or 0 for the spec's serving.kv_cache_tokens", kvCacheTokens)
 			}
 			if prefetch < 0 {
 				return fmt.Errorf("--prefetch %d: want a byte count, or 0 for none", prefetch)
@@ -166,7 +169,7 @@ func buildCmd() *cobra.Command {
 					fmt.Fprintf(os.Stderr, "[%6.2fs] %s\n", time.Since(start).Seconds(), fmt.Sprintf(f, a...))
 				}
 			}
-			b, err := compile.Build(args[0], args[1:], compile.Options{EmbedWeights: embed, Verify: verify, Progress: progress, GEMM: gemm, MoE: moe, TP: tp, VectorSlots: vectorSlots, Fuse: fuse, SerialLaunch: !pdl, Prefetch: noneOption(prefetch), GemvCols: gemvCols, GemvUnroll: gemvUnroll, GemvSplit: gemvSplit, GemvWarps: gemvWarps, TensorCoreRows: tcRows, TCChunks: tcChunks, CopyGemms: copyGemms, CopyGemmSlots: copyGemmSlots, CopyGemmNextAtAsk: copyGemmNext == "asked", CopyGemmWide: copyGemmWide, CopyGemmRows: copyGemmRows, GatedTCRows: noneOption(gatedTCRows), GatedCopyRows: noneOption(gatedCopyRows), RopeCopyRows: noneOption(ropeCopyRows), AttnWarps: attnWarps, AttnUnroll: attnUnroll, AttnPrefetch: noneOption(attnPrefetch), AttnPrefetchOneRow: noneOption(attnPrefetchOneRow), AttnCUDACores: !attnTC, AttnCluster: attnCluster, AttnLateKV: !attnEarlyKV, F32OutAlways: !optionalF32Out})
+			b, err := compile.Build(args[0], args[1:], compile.Options{EmbedWeights: embed, Verify: verify, Progress: progress, GEMM: gemm, MoE: moe, TP: tp, VectorSlots: vectorSlots, KVCacheTokens: kvCacheTokens, Fuse: fuse, SerialLaunch: !pdl, Prefetch: noneOption(prefetch), GemvCols: gemvCols, GemvUnroll: gemvUnroll, GemvSplit: gemvSplit, GemvWarps: gemvWarps, TensorCoreRows: tcRows, TCChunks: tcChunks, CopyGemms: copyGemms, CopyGemmSlots: copyGemmSlots, CopyGemmNextAtAsk: copyGemmNext == "asked", CopyGemmWide: copyGemmWide, CopyGemmRows: copyGemmRows, GatedTCRows: noneOption(gatedTCRows), GatedCopyRows: noneOption(gatedCopyRows), RopeCopyRows: noneOption(ropeCopyRows), AttnWarps: attnWarps, AttnUnroll: attnUnroll, AttnPrefetch: noneOption(attnPrefetch), AttnPrefetchOneRow: noneOption(attnPrefetchOneRow), AttnCUDACores: !attnTC, AttnCluster: attnCluster, AttnLateKV: !attnEarlyKV, F32OutAlways: !optionalF32Out})
 			if err != nil {
 				return err
 			}
@@ -189,6 +192,7 @@ func buildCmd() *cobra.Command {
 	c.Flags().IntVar(&tcRows, "tensor-core-rows", codegen.TensorCoreRows, fmt.Sprintf("the decode bucket size from which GEMMs run on tensor cores (cuBLASLt on the GPU), 2 to %d: below it CUDA-core GEMVs keep f32 activations and every bucket computes a row's bits the same, so a batch of fewer rows gives each request exactly what it gets alone; 4 makes steps of 3-4 rows about 20%% shorter on the H200, and their rows then differ from a lone request's in the last bits", codegen.TensorCoreRows))
 	c.Flags().StringVar(&moe, "moe", "", "Mixtral experts in buckets from 8 rows: dense (the default: every expert as a tensor-core GEMM, then a weighted sum of each row's top-k), or grouped (expert kernels that read only the chosen experts, on CUDA cores; for measuring)")
 	c.Flags().IntVar(&tp, "tp", 1, "tensor-parallel degree: shard the model over N ranks (GPUs, or goroutines on the cpu backend)")
+	c.Flags().IntVar(&kvCacheTokens, "kv-cache-tokens", 0, "tokens the KV page pool holds, every resident request together, in place of the spec's serving.kv_cache_tokens (0: the spec's): the same spec on a card with less memory (xmix says how many fit when a bundle does not); whole kv_block_size pages, from max_seq_len to max_seqs x max_seq_len")
 	c.Flags().IntVar(&vectorSlots, "vector-slots", 0, "how many requests may hold per_request vectors at once (default: the spec's serving.vector_slots, else max_seqs)")
 	fuseFlag(c, &fuse)
 	c.Flags().BoolVar(&pdl, "pdl", true, "programmatic dependent launch (Hopper): each generated kernel lets the next one launch at once and waits for the one ahead before touching memory, so the gaps between launches overlap the kernels (same results bit for bit; 1-4% faster decode steps on the H200); --pdl=false builds kernels that run one after another")

@@ -833,3 +833,41 @@ func copyKernelNames(t *testing.T, b *bundle.Bundle, keep func(bundle.GemmCopySh
 	slices.Sort(names)
 	return names
 }
+
+// TestBuildKVCacheTokens: --kv-cache-tokens N gives the bundle a KV page pool of N tokens in
+// place of the spec's (N/16 pages besides the padding sequence's), and a count the spec's
+// serving.kv_cache_tokens could not hold is refused with what would fit, no bundle written.
+func TestBuildKVCacheTokens(t *testing.T) {
+	dir := t.TempDir()
+	m := write(t, dir, "m.yaml", `model: m
+family: llama
+dims: {hidden: 64, intermediate: 128, layers: 1, heads: 2, kv_heads: 2, head_dim: 32, vocab: 260}
+weights: {synthetic: {seed: 1, std: 0.02}}
+tokenizer: bytes
+bos: 256
+eos: [257]
+serving: {decode_buckets: [1, 4], prefill_chunks: [8], max_seq_len: 256, max_seqs: 4, kv_block_size: 16}
+`)
+	spec := buildBundle(t, m, filepath.Join(dir, "spec.xmb"), nil).Manifest.Model
+	small := buildBundle(t, m, filepath.Join(dir, "small.xmb"), []string{"--kv-cache-tokens", "512"}).Manifest.Model
+	if spec.KVBlocks-spec.KVPadPages != 64 || small.KVBlocks-small.KVPadPages != 32 || small.KVPadPages != spec.KVPadPages {
+		t.Fatalf("pool pages: %d (+%d padding) by the spec, %d (+%d) with --kv-cache-tokens 512; want 64 and 32", spec.KVBlocks-spec.KVPadPages, spec.KVPadPages, small.KVBlocks-small.KVPadPages, small.KVPadPages)
+	}
+	for _, c := range []struct {
+		tokens, want string
+	}{
+		{"-1", "--kv-cache-tokens -1: want a count of tokens, or 0 for the spec's serving.kv_cache_tokens"},
+		{"300", "a KV pool of 300 tokens is not a whole number of 16-token pages: want a multiple of kv_block_size: 304"},
+		{"128", "a KV pool of 128 tokens is less than max_seq_len: want at least max_seq_len (256)"},
+		{"2048", "a KV pool of 2048 tokens is more than every resident sequence can hold: want at most max_seqs x max_seq_len = 1024"},
+	} {
+		bad := filepath.Join(dir, "bad.xmb")
+		_, err := xmixc(t, "build", m, "-q", "-o", bad, "--kv-cache-tokens", c.tokens)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Fatalf("--kv-cache-tokens %s: %v, want %q", c.tokens, err, c.want)
+		}
+		if _, statErr := os.Stat(bad); statErr == nil {
+			t.Fatalf("--kv-cache-tokens %s: a bundle was written", c.tokens)
+		}
+	}
+}

@@ -1007,6 +1007,6 @@ func poolAdvice(m bundle.ModelConfig, kvBytes, short int64) string {
 		return fmt.Sprintf("its KV pool of %d tokens takes %.2f GiB, and even one of max_seq_len (%d) tokens would not fit: lower max_seq_len in the model spec, or use a card with more free memory",
 			pages*int64(m.KVBlockSize), float64(kvBytes)/(1<<30), m.MaxSeqLen)
 	}
-	return fmt.Sprintf("its KV pool of %d tokens takes %.2f GiB; a pool of at most %d tokens fits the free memory, less the CUDA graphs' and the GEMM library's own: set serving.kv_cache_tokens below that in the model spec (or lower max_seqs or max_seq_len) and rebuild",
+	return fmt.Sprintf("its KV pool of %d tokens takes %.2f GiB; a pool of at most %d tokens fits the free memory, less the CUDA graphs' and the GEMM library's own: rebuild with xmixc build --kv-cache-tokens below that (or set serving.kv_cache_tokens, max_seqs or max_seq_len in the model spec)",
 		pages*int64(m.KVBlockSize), float64(kvBytes)/(1<<30), fit)
 }
