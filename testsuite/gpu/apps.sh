@@ -45,6 +45,7 @@
 # specs/apps/tiny/*.yaml), a small Mixtral written here, the grid specs scaled down to tiny,
 # and small counts, to check the script and the tables anywhere (BIN=/path/to/binaries).
 set -uo pipefail
+. "$(dirname "$0")/fit.sh"
 cd "$(dirname "$0")/../.."
 T0=$(date +%s.%N)
 SMOKE=${SMOKE:-0}
@@ -127,7 +128,8 @@ log "bundles"
 build() { # name model [apps...]
   local name=$1
   shift
-  "$bin/xmixc" build "$@" -q "${embed[@]}" -o "$work/$name.xmb" 2> "$work/build-$name.err" ||
+  # shellcheck disable=SC2046 # fit_flags gives words
+  "$bin/xmixc" build "$@" $(fit_flags "$1") -q "${embed[@]}" -o "$work/$name.xmb" 2> "$work/build-$name.err" ||
     note "build $name failed: $(tail -c 400 "$work/build-$name.err" | tr '\n' ' ')"
 }
 if [ "$LLAMA" = 1 ]; then

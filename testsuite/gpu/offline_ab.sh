@@ -18,7 +18,7 @@ for v in "${vs[@]}"; do names+=("${v%%=*}"); done
 : > "$W/raw.tsv"
 for m in ${MODELS:-llama-3.1-8b}; do
   # shellcheck disable=SC2086 # BUILD_FLAGS and APPS are lists
-  "$B/xmixc" build specs/models/$m.yaml ${APPS:-} -q ${BUILD_FLAGS:-} -o "$W/$m.xmb" || { echo "build of $m failed" | tee -a "$S"; exit 1; }
+  "$B/xmixc" build specs/models/$m.yaml ${APPS:-} -q ${BUILD_FLAGS:-} $(fit_flags specs/models/$m.yaml ${BUILD_FLAGS:-}) -o "$W/$m.xmb" || { echo "build of $m failed" | tee -a "$S"; exit 1; }
   for r in $(seq "${ROUNDS:-2}"); do
     round_order "$r" "${names[@]}"
     for name in "${order[@]}"; do

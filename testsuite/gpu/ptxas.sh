@@ -8,27 +8,29 @@
 # build_bundles WORK CHECK (with $bin the binaries' folder): run.sh's bundles into WORK; with
 # CHECK=1 also the shipped apps', Gemma 2's and the per-request slots' (for ptxas and the
 # checks). GEMM_AB=0 and MOE_AB=0 leave out the staged-GEMM and grouped-MoE builds.
+. "$(dirname "${BASH_SOURCE[0]}")/fit.sh"
 build_bundles() {
-  local work=$1 check=${2:-0} x="$bin/xmixc"
+  local work=$1 check=${2:-0} x="$bin/xmixc" l8
+  l8="specs/models/llama-3.1-8b.yaml $(fit_flags specs/models/llama-3.1-8b.yaml)"
   "$x" build specs/models/tiny.yaml specs/apps/tiny-steer.yaml specs/apps/tiny-probe.yaml -q --embed-weights -o "$work/tiny.xmb"
   "$x" build specs/models/llama-3.2-1b.yaml -q -o "$work/llama-3.2-1b.xmb"
-  "$x" build specs/models/llama-3.1-8b.yaml -q -o "$work/llama-3.1-8b.xmb"
-  [ "${GEMM_AB:-1}" = 1 ] && "$x" build specs/models/llama-3.1-8b.yaml --gemm tc-staged -q -o "$work/llama-3.1-8b-staged.xmb"
+  "$x" build $l8 -q -o "$work/llama-3.1-8b.xmb"
+  [ "${GEMM_AB:-1}" = 1 ] && "$x" build $l8 --gemm tc-staged -q -o "$work/llama-3.1-8b-staged.xmb"
   [ "${MOE_AB:-1}" = 1 ] && "$x" build specs/models/mixtral-8x7b.yaml --moe grouped -q -o "$work/mixtral-8x7b-moegrouped.xmb"
   "$x" build specs/models/qwen3-8b.yaml -q -o "$work/qwen3-8b.xmb"
   "$x" build specs/models/mixtral-8x7b.yaml -q -o "$work/mixtral-8x7b.xmb"
   [ "$check" = 1 ] || return 0
   # The shipped apps' kernels, for ptxas (the checks and benchmarks use the bundles above).
-  "$x" build specs/models/llama-3.1-8b.yaml specs/apps/app[1-6]-*.yaml -q -o "$work/llama-3.1-8b-apps1-6.xmb"
+  "$x" build $l8 specs/apps/app[1-6]-*.yaml -q -o "$work/llama-3.1-8b-apps1-6.xmb"
   "$x" build specs/models/mixtral-8x7b.yaml specs/apps/app7-steermoe.yaml -q -o "$work/mixtral-8x7b-app7.xmb"
-  "$x" build specs/models/llama-3.1-8b.yaml specs/apps/grid/*.yaml -q -o "$work/llama-3.1-8b-grid.xmb"
+  "$x" build $l8 specs/apps/grid/*.yaml -q -o "$work/llama-3.1-8b-grid.xmb"
   # Gemma 2's kernels (GeGLU, post-norms, soft-capped and sliding-window attention at head
   # dim 256, the logits' soft-cap), bare and with ops fused into GeGLU and the post-normed adds.
   "$x" build specs/models/gemma-2-2b.yaml -q -o "$work/gemma-2-2b.xmb"
   "$x" build specs/models/gemma-2-9b.yaml -q -o "$work/gemma-2-9b.xmb"
   "$x" build specs/models/gemma-2-2b.yaml testsuite/gpu/gemma2-apps.yaml -q -o "$work/gemma-2-2b-apps.xmb"
   # Per-request vector slots and layer masks (row, SiLU and standalone MI kernels).
-  "$x" build specs/models/llama-3.1-8b.yaml specs/apps/per-request.yaml -q -o "$work/llama-3.1-8b-per-request.xmb"
+  "$x" build $l8 specs/apps/per-request.yaml -q -o "$work/llama-3.1-8b-per-request.xmb"
 }
 
 # ptxas_bundle BUNDLE PTXDIR LOG (sourced by run.sh and fuse_ab.sh): writes the bundle's
