@@ -27,6 +27,8 @@
 #   it, default the shipped one) (results.json "ab"), and on the paper's
 #   online workload, every request at once, with this build also at the token budgets BUDGETS
 #   (ONLINE_AB=0 skips; results.json "ab_online", "online_token_budget").
+#   On a card of less than 100 GiB (an 80 GB H100) the 8B's bundles get a smaller KV pool
+#   (fit.sh's fit_flags, KV_TOKENS_80GB), as apps.sh's and the A/B scripts' do.
 #   The work directory persists while the machine stays warm, so two calls (PARTS=check, then
 #   PARTS=bench) assemble into one results.json.
 set -uo pipefail
