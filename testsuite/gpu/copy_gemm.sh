@@ -24,6 +24,7 @@
 . "$(dirname "$0")/start.sh"
 MODEL=${MODEL:-llama-3.1-8b}
 [ -f "specs/models/$MODEL.yaml" ] || { echo "MODEL=$MODEL: no specs/models/$MODEL.yaml" | tee -a "$S"; exit 1; }
+build_flags="${BUILD_FLAGS:-} $(fit_flags "specs/models/$MODEL.yaml" ${BUILD_FLAGS:-})"
 if [ "${TESTS:-1}" = 1 ]; then
   XMIX_GPU_RESULTS=$OUT/tests.json timeout 400 "$B/gpu.test" -test.run "${TEST_RUN:-TestCUDACopyGemmMatchesCPU|TestCUDAMatchesCPUOnLlama1BCut}" -test.v > "$W/test.txt" 2>&1
   echo "tests rc=$?" | tee -a "$S"
@@ -34,7 +35,7 @@ for k, v in json.load(open('$OUT/tests.json')).items():
     if 'copy-gemm' in k or 'llama-3.2-1b' in k:
         print(k, json.dumps(v)[:240])" 2>&1 | tee -a "$S"
 fi
-"$B/xmixc" build "specs/models/$MODEL.yaml" -q ${BUILD_FLAGS:-} $(fit_flags "specs/models/$MODEL.yaml" ${BUILD_FLAGS:-}) -o "$W/m.xmb" || { echo "build failed" | tee -a "$S"; exit 1; }
+"$B/xmixc" build "specs/models/$MODEL.yaml" -q $build_flags -o "$W/m.xmb" || { echo "build failed" | tee -a "$S"; exit 1; }
 # The copy-engine kernels through ptxas: registers and spills.
 . "$(dirname "$0")/ptxas.sh"
 bin=$B ptxas_bundle "$W/m.xmb" "$W/ptx" "$W/ptxas.txt"
@@ -42,14 +43,14 @@ grep gemm_copy "$W/ptxas.txt" | tee -a "$S"
 servers="cublaslt auto"
 IFS=';' read -ra variants <<< "${VARIANTS:-}"
 for v in ${variants[@]+"${variants[@]}"}; do
-  "$B/xmixc" build "specs/models/$MODEL.yaml" -q ${BUILD_FLAGS:-} $(fit_flags "specs/models/$MODEL.yaml" ${BUILD_FLAGS:-}) ${v#*=} -o "$W/m-${v%%=*}.xmb" || { echo "build of variant $v failed" | tee -a "$S"; exit 1; }
+  "$B/xmixc" build "specs/models/$MODEL.yaml" -q $build_flags ${v#*=} -o "$W/m-${v%%=*}.xmb" || { echo "build of variant $v failed" | tee -a "$S"; exit 1; }
   servers="$servers auto-${v%%=*}"
 done
 # PREV_BIN: another build's xmix and xmixc (e.g. the commit before a kernel change), its
 # bundle built with the same BUILD_FLAGS and timed with --gemm auto in every round (key
 # auto-prev).
 if [ -n "${PREV_BIN:-}" ]; then
-  "$PREV_BIN/xmixc" build "specs/models/$MODEL.yaml" -q ${BUILD_FLAGS:-} $(fit_flags "specs/models/$MODEL.yaml" ${BUILD_FLAGS:-}) -o "$W/m-prev.xmb" || { echo "build with $PREV_BIN failed" | tee -a "$S"; exit 1; }
+  "$PREV_BIN/xmixc" build "specs/models/$MODEL.yaml" -q $build_flags -o "$W/m-prev.xmb" || { echo "build with $PREV_BIN failed" | tee -a "$S"; exit 1; }
   servers="$servers auto-prev"
 fi
 shapes=""

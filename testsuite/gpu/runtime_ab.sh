@@ -37,14 +37,15 @@ builder() {
   echo "$bin"
 }
 for m in ${MODELS:-llama-3.1-8b}; do
-  "$B/xmixc" build specs/models/$m.yaml -q ${BUILD_FLAGS:-} $(fit_flags specs/models/$m.yaml ${BUILD_FLAGS:-}) -o "$W/$m.xmb" || { echo "build of $m failed" | tee -a "$S"; exit 1; }
+  build_flags="${BUILD_FLAGS:-} $(fit_flags specs/models/$m.yaml ${BUILD_FLAGS:-})"
+  "$B/xmixc" build specs/models/$m.yaml -q $build_flags -o "$W/$m.xmb" || { echo "build of $m failed" | tee -a "$S"; exit 1; }
   for b in "${builds[@]}"; do
     "$(builder "${b%%=*}")/xmixc" build specs/models/$m.yaml -q ${b#*=} $(fit_flags specs/models/$m.yaml ${b#*=}) -o "$W/$m-${b%%=*}.xmb" || { echo "build of $m for ${b%%=*} failed" | tee -a "$S"; exit 1; }
   done
   if [ "${OWN_BUNDLES:-0}" = 1 ]; then
     for v in "${vs[@]}"; do
       [ -f "$W/$m-${v%%=*}.xmb" ] && continue # BUILDS built it
-      "$(builder "${v%%=*}")/xmixc" build specs/models/$m.yaml -q ${BUILD_FLAGS:-} $(fit_flags specs/models/$m.yaml ${BUILD_FLAGS:-}) -o "$W/$m-${v%%=*}.xmb" || { echo "build of $m for ${v%%=*} failed" | tee -a "$S"; exit 1; }
+      "$(builder "${v%%=*}")/xmixc" build specs/models/$m.yaml -q $build_flags -o "$W/$m-${v%%=*}.xmb" || { echo "build of $m for ${v%%=*} failed" | tee -a "$S"; exit 1; }
     done
   fi
   for bucket in ${BUCKETS:-32}; do
