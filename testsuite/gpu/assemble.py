@@ -70,6 +70,7 @@ def main(work, out):
     res["run_to_first_token_s"] = ttft
 
     res["peer"] = peer_rows(work)
+    res["read_rate"] = load(os.path.join(work, "read_rate.json"))
     res["prefill"] = prefill_rows(work)
     res["ab"] = ab_rows(work)
     res["ab_online"] = {v: (load(os.path.join(work, f"ab-online-{v}.json")) or {}).get("online") for v in ("old", "new")}
@@ -117,11 +118,20 @@ def graph_floor_ms(d):
 # TARGET is issue 14's ratio to the peer; a shape where TARGET x PyTorch is under the floor
 # cannot reach it (needs more than 100% of the read rate).
 TARGET = 0.83
+# BENCH_RATE is the read rate xmix bench's floors assume (cmd/xmix's MeasuredBandwidth, the
+# H200's); run.sh measures the card's own (read_rate.py), and the peer rows' floors use that.
+BENCH_RATE = 4.2e12
+
+
+def read_rate(work):
+    """The card's measured read rate in bytes/s (read_rate.json), or BENCH_RATE."""
+    return (load(os.path.join(work, "read_rate.json")) or {}).get("read_bytes_per_s") or BENCH_RATE
 
 
 def peer_rows(work):
     """run.sh's peer part: xmix bench (peer-MODEL-pP-bB.json) and torch_decode.py
-    (torch-MODEL.json, keys MODEL.pP.bB) on the same shapes."""
+    (torch-MODEL.json, keys MODEL.pP.bB) on the same shapes; floors at the card's read rate."""
+    scale = BENCH_RATE / read_rate(work)
     rows = []
     for p in sorted(glob.glob(os.path.join(work, "peer-*.json"))):
         m = re.match(r"peer-(.*)-p(\d+)-b(\d+)\.json", os.path.basename(p))
@@ -131,6 +141,7 @@ def peer_rows(work):
         d = load(p)
         xmix, attn = graph_ms(d)
         floor = graph_floor_ms(d)
+        floor = floor * scale if floor else None
         torch = (load(os.path.join(work, f"torch-{model}.json")) or {}).get(f"{model}.p{plen}.b{bs}", {}).get("ms_step")
         rows.append({"model": model, "prompt_len": plen, "batch": bs, "xmix_ms": xmix, "torch_ms": torch,
                      "ratio": (xmix / torch) if xmix and torch else None, "xmix_attention_ms": attn, "floor_ms": floor,
@@ -226,12 +237,15 @@ def markdown(r):
                 s.append(f"- {model} batch {x['batch']}: {parts}\n")
     if r.get("peer"):
         s.append("\n## Against the compiled PyTorch step (testsuite/gpu/torch_decode.py), same run, same shapes\n\n")
+        rr = r.get("read_rate") or {}
+        rate = (f"this card's read rate, {rr['read_bytes_per_s'] / 1e12:.2f} TB/s ({rr['bytes'] >> 30} GiB of bf16 summed, "
+                "testsuite/gpu/read_rate.py)") if rr.get("read_bytes_per_s") else f"{BENCH_RATE / 1e12:.1f} TB/s"
         s.append("Graph replay ms per decode step: xmix with every row of the batch at context prompt + 64 (`--graph-context`), "
                  "the best of three rounds of 50 replays (`--graph-rounds 3`), "
                  "PyTorch the best of three rounds of 64 steps from the prompt on (its attention reads the prompt + 72 positions of "
                  "its static cache). Ratio = xmix / PyTorch (< 1: xmix faster). xmix attention = the attention nodes' time, "
                  "launched one by one (`--profile`, launch gaps included). Floor = the bytes xmix's graph must read (the weights "
-                 "once, every row's K and V at its context) at 4.2 TB/s; 0.83x needs = the share of that read rate a step of 0.83 x "
+                 f"once, every row's K and V at its context) at {rate}; 0.83x needs = the share of that read rate a step of 0.83 x "
                  "PyTorch's time would run at (over 100%: below the floor, out of reach).\n\n")
         s.append("| model | prompt tokens | batch | xmix ms | PyTorch ms | ratio | xmix attention ms | floor ms | 0.83x needs |\n"
                  "|---|---|---|---|---|---|---|---|---|\n")

@@ -15,6 +15,7 @@
 # $OUT/ONLINE_AB.md. BACKEND=cpu MODEL=tiny REQUESTS=4 OUTPUT_LEN=4 tries it without a GPU.
 set -uo pipefail
 . testsuite/gpu/variants.sh
+. testsuite/gpu/fit.sh
 bin=${XMIX_BIN:-.dev/gpu}
 OUT=${OUT:-/tmp/xmix-gpu-out}
 work=/tmp/xmix-online-ab
@@ -33,12 +34,19 @@ bench() { # bench VARIANT OUTFILE
 }
 # spec_of BUILD: the spec file BUILD compiles.
 spec_of() { if [ "$1" = old ]; then echo "$OLD_BIN/$MODEL.yaml"; else variant_spec "$MODEL" "$1"; fi; }
-flags_of() { [ "$1" = old ] || variant_flags "$1"; }
+# flags_of BUILD SPEC: BUILD's xmixc flags, and what fits SPEC on this card (fit.sh; the old
+# binaries' build as it was).
+flags_of() {
+  [ "$1" = old ] && return 0
+  local f
+  f=$(variant_flags "$1")
+  echo "$f $(fit_flags "$2" $f)"
+}
 
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader > "$work/device.txt" 2>&1
 for b in $(for v in $VARIANTS; do echo "${v%%+t*}"; done | sort -u); do
   spec=$(spec_of "$b")
-  "$(binof "$b")/xmixc" build "$spec" $(flags_of "$b") -q -o "$work/$b.xmb" || echo "build $b failed" >&2
+  "$(binof "$b")/xmixc" build "$spec" $(flags_of "$b" "$spec") -q -o "$work/$b.xmb" || echo "build $b failed" >&2
   drop_variant_spec "$spec"
 done
 log "warm-up"

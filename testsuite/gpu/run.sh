@@ -106,6 +106,7 @@ fi
 
 if has peer; then
   log "peer: xmix bench and the compiled PyTorch step on the same shapes"
+  timeout 120 python3 testsuite/gpu/read_rate.py "$work/read_rate.json" || echo "peer: read rate not measured" >&2
   for m in ${PEER_MODELS:-llama-3.2-1b llama-3.1-8b}; do
     shapes=""
     for p in ${PEER_PROMPTS:-16 512 2048}; do

@@ -22,7 +22,7 @@ if [ -n "${TEST_RUN:-}" ]; then
 fi
 for m in ${MODELS:-llama-3.1-8b}; do
   # shellcheck disable=SC2086 # APPS and BUILD_FLAGS are lists
-  "$B/xmixc" build specs/models/$m.yaml ${APPS:-} -q ${BUILD_FLAGS:-} -o "$W/$m.xmb" || { echo "build of $m failed" | tee -a "$S"; exit 1; }
+  "$B/xmixc" build specs/models/$m.yaml ${APPS:-} -q ${BUILD_FLAGS:-} $(fit_flags specs/models/$m.yaml ${BUILD_FLAGS:-}) -o "$W/$m.xmb" || { echo "build of $m failed" | tee -a "$S"; exit 1; }
   for bucket in ${BUCKETS:-32}; do
     for ctx in ${CONTEXTS:-80 2112}; do
       for apps in "" ${ENABLE:-}; do
