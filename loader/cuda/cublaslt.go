@@ -183,11 +183,16 @@ type cublasLt struct {
 	ws         uintptr // device workspace, ltWorkspaceBytes
 	xb         uintptr // device scratch for bf16(x), xbBytes
 	xbBytes    int64
-	castMod    uintptr
-	cast       uintptr
-	descs      []uintptr // matmul descriptors, destroyed at Close
-	layouts    []uintptr
-	one, zero  *float32
+	// heavyXB is the scratch of the GEMMs of heavy nodes (a logit lens's LM head), apart from
+	// xb: a launch that feeds bf16(x) to a GEMM past heavy nodes writes it in xb (feed.go's
+	// fedAt), and the graph variants that run those nodes must leave it there.
+	heavyXB      uintptr
+	heavyXBBytes int64
+	castMod      uintptr
+	cast         uintptr
+	descs        []uintptr // matmul descriptors, destroyed at Close
+	layouts      []uintptr
+	one, zero    *float32
 	// strict (--gemm cublaslt) makes a node cuBLASLt cannot serve an error; otherwise the
 	// node keeps its PTX kernel and fallbacks counts it (the first error kept for the log).
 	strict      bool
@@ -212,6 +217,7 @@ type ltResult [ltHeuristicResultLen]byte
 type ltKey struct {
 	g       bundle.GEMM
 	x, w, y uintptr
+	heavy   bool // a heavy node's GEMM: its cast writes heavyXB
 	fed     bool // x is bf16 in xb as the launch ahead wrote it: no cast
 	yBF16   bool // y is written in bf16 (gu.go)
 }
@@ -221,8 +227,8 @@ type ltKey struct {
 type ltMatmul struct {
 	desc, a, b, c uintptr
 	algo          ltResult // the heuristic result; its first 64 bytes are the algo
-	w, y          uintptr
-	yBF16         bool // y (C and D) is bf16, not f32
+	x, w, y       uintptr  // x: the scratch bf16(x) is read from (xb or heavyXB)
+	yBF16         bool     // y (C and D) is bf16, not f32
 }
 
 func loadCublasLt() (*cublasLt, error) {
@@ -277,20 +283,24 @@ func (lt *cublasLt) call(name string, args ...uintptr) error {
 // initCublasLt loads cuBLASLt for the bundle's gemm_tc nodes when the options ask for it:
 // nil (and no error) when PTX serves every GEMM.
 func (be *Backend) initCublasLt(b *bundle.Bundle, mode string, picks []GemmPick, progress Progress) error {
-	var xbBytes int64
+	var xbBytes, heavyBytes int64
 	for _, t := range b.Templates {
 		for _, n := range t.Nodes {
 			if g, ok := be.gemm(n); ok {
-				xbBytes = max(xbBytes, int64(g.M)*int64(g.K)*2)
+				if n.SkipUnless != 0 {
+					heavyBytes = max(heavyBytes, int64(g.M)*int64(g.K)*2)
+				} else {
+					xbBytes = max(xbBytes, int64(g.M)*int64(g.K)*2)
+				}
 			}
 		}
 	}
-	if mode == GemmPTX || xbBytes == 0 {
+	if mode == GemmPTX || xbBytes+heavyBytes == 0 {
 		return nil
 	}
 	lt, err := loadCublasLt()
 	if err == nil {
-		err = be.setupCublasLt(lt, xbBytes)
+		err = be.setupCublasLt(lt, xbBytes, heavyBytes)
 	}
 	if err != nil {
 		if mode == GemmCublasLt {
@@ -303,11 +313,11 @@ func (be *Backend) initCublasLt(b *bundle.Bundle, mode string, picks []GemmPick,
 	lt.picks = picksFor(picks, be.Dev.Name, lt.version)
 	be.lt = lt
 	progress("cuda: tensor-core GEMMs served by cuBLASLt %d (%d MiB scratch; %d tuned shapes for this GPU)",
-		lt.version, (xbBytes+ltWorkspaceBytes)>>20, len(lt.picks))
+		lt.version, (xbBytes+heavyBytes+ltWorkspaceBytes)>>20, len(lt.picks))
 	return nil
 }
 
-func (be *Backend) setupCublasLt(lt *cublasLt, xbBytes int64) error {
+func (be *Backend) setupCublasLt(lt *cublasLt, xbBytes, heavyBytes int64) error {
 	d := be.d
 	if err := lt.call("cublasLtCreate", uintptr(unsafe.Pointer(&lt.handle))); err != nil {
 		return err
@@ -315,13 +325,16 @@ func (be *Backend) setupCublasLt(lt *cublasLt, xbBytes int64) error {
 	for _, a := range []struct {
 		p *uintptr
 		n int64
-	}{{&lt.ws, ltWorkspaceBytes}, {&lt.xb, xbBytes}} {
+	}{{&lt.ws, ltWorkspaceBytes}, {&lt.xb, xbBytes}, {&lt.heavyXB, heavyBytes}} {
+		if a.n == 0 {
+			continue
+		}
 		if err := d.call("cuMemAlloc_v2", uintptr(unsafe.Pointer(a.p)), uintptr(a.n)); err != nil {
 			return fmt.Errorf("allocating %d bytes for cuBLASLt: %w", a.n, err)
 		}
 		be.allocs = append(be.allocs, *a.p)
 	}
-	lt.xbBytes = xbBytes
+	lt.xbBytes, lt.heavyXBBytes = xbBytes, heavyBytes
 	// Traced, the cast's records follow the bundle's kernels' ids.
 	castID := uint32(len(be.kernels))
 	text, err := be.tracedPTX(castPTX, castEntry, castID)
@@ -372,10 +385,11 @@ func (be *Backend) ltNode(n bundle.Node, vals []uint64, fed uintptr, yBF16 bool)
 		return nil, false, nil
 	}
 	lt := be.lt
-	if fed != 0 && fed != lt.xb {
+	heavy := n.SkipUnless != 0
+	if fed != 0 && (fed != lt.xb || heavy) {
 		return nil, false, fmt.Errorf("bf16(x) written at %#x, not in the cast's scratch that cuBLASLt reads", fed)
 	}
-	key := ltKey{g: g, x: uintptr(vals[g.X]), w: uintptr(vals[g.W]), y: uintptr(vals[g.Y]), fed: fed != 0, yBF16: yBF16}
+	key := ltKey{g: g, x: uintptr(vals[g.X]), w: uintptr(vals[g.W]), y: uintptr(vals[g.Y]), heavy: heavy, fed: fed != 0, yBF16: yBF16}
 	if l, ok := lt.served[key]; ok {
 		return l, true, nil
 	}
@@ -388,7 +402,7 @@ func (be *Backend) ltNode(n bundle.Node, vals []uint64, fed uintptr, yBF16 bool)
 			return nil, false, nil
 		}
 	}
-	m, err := lt.newMatmul(g, key.w, key.y, yBF16)
+	m, err := lt.newMatmul(g, lt.scratch(n), key.w, key.y, yBF16)
 	if err != nil {
 		return nil, false, err
 	}
@@ -409,22 +423,30 @@ func (be *Backend) ltNode(n bundle.Node, vals []uint64, fed uintptr, yBF16 bool)
 	return l, true, nil
 }
 
-// castNode is GEMM node n's cast of x (g's rows) to bf16 into the library's scratch, lt.xb,
-// launched where n's own kernel would be and early as it would be; kernel names the launch in
-// errors and profiles; wide: a copy-engine GEMM follows (castWork). What multiplies after it
-// is the caller's (matmul or then).
+// castNode is GEMM node n's cast of x (g's rows) to bf16 into the library's scratch for n
+// (scratch), launched where n's own kernel would be and early as it would be; kernel names
+// the launch in errors and profiles; wide: a copy-engine GEMM follows (castWork). What
+// multiplies after it is the caller's (matmul or then).
 func (be *Backend) castNode(n bundle.Node, g bundle.GEMM, x uintptr, kernel string, wide bool) *launch {
 	pairs, quads := castWork(g.M*g.K, x, wide)
 	grid, block := castLaunch(pairs, quads)
 	return &launch{label: n.Label, kernel: kernel, f: be.lt.cast, grid: [3]int{grid, 1, 1}, block: [3]int{block, 1, 1},
-		params: be.keepParams([]uint64{uint64(x), uint64(be.lt.xb), uint64(pairs), uint64(quads)}), early: be.kernels[n.Kernel].EarlyLaunch}
+		params: be.keepParams([]uint64{uint64(x), uint64(be.lt.scratch(n)), uint64(pairs), uint64(quads)}), early: be.kernels[n.Kernel].EarlyLaunch}
+}
+
+// scratch is where node n's GEMM reads bf16(x): heavyXB for a heavy node's, else xb.
+func (lt *cublasLt) scratch(n bundle.Node) uintptr {
+	if n.SkipUnless != 0 {
+		return lt.heavyXB
+	}
+	return lt.xb
 }
 
 // newMatmul describes y = bf16(x) . w^T for g: its matmul descriptor and matrix layouts,
-// destroyed at close. x is the cast's scratch (lt.xb); y is f32, or bf16 where yBF16 (the
-// sums rounded to nearest even once, in the epilogue).
-func (lt *cublasLt) newMatmul(g bundle.GEMM, w, y uintptr, yBF16 bool) (*ltMatmul, error) {
-	m := &ltMatmul{w: w, y: y, yBF16: yBF16}
+// destroyed at close. x is the cast's scratch (lt.scratch); y is f32, or bf16 where yBF16
+// (the sums rounded to nearest even once, in the epilogue).
+func (lt *cublasLt) newMatmul(g bundle.GEMM, x, w, y uintptr, yBF16 bool) (*ltMatmul, error) {
+	m := &ltMatmul{x: x, w: w, y: y, yBF16: yBF16}
 	yType := uintptr(cudaR32F)
 	if yBF16 {
 		yType = cudaR16BF
@@ -467,7 +489,7 @@ func (lt *cublasLt) heuristics(m *ltMatmul, g bundle.GEMM, want int) ([]ltResult
 	if err := lt.call("cublasLtMatmulPreferenceSetAttribute", pref, ltPrefMaxWorkspace, uintptr(unsafe.Pointer(&wsBytes)), 8); err != nil {
 		return nil, err
 	}
-	for i, p := range []uintptr{m.w, lt.xb, m.y, m.y} {
+	for i, p := range []uintptr{m.w, m.x, m.y, m.y} {
 		align := uint32(min(256, p&-p))
 		if err := lt.call("cublasLtMatmulPreferenceSetAttribute", pref, uintptr(ltPrefMinAlignmentA+i), uintptr(unsafe.Pointer(&align)), 4); err != nil {
 			return nil, err
@@ -587,7 +609,7 @@ func (lt *cublasLt) algorithm(m *ltMatmul, g bundle.GEMM) (ltResult, error) {
 
 // run enqueues the matmul on stream (inside a capture, it records it).
 func (lt *cublasLt) run(m *ltMatmul, stream uintptr) error {
-	return lt.call("cublasLtMatmul", lt.handle, m.desc, uintptr(unsafe.Pointer(lt.one)), m.w, m.a, lt.xb, m.b,
+	return lt.call("cublasLtMatmul", lt.handle, m.desc, uintptr(unsafe.Pointer(lt.one)), m.w, m.a, m.x, m.b,
 		uintptr(unsafe.Pointer(lt.zero)), m.y, m.c, m.y, m.c, uintptr(unsafe.Pointer(&m.algo[0])), lt.ws,
 		ltWorkspaceBytes, stream)
 }

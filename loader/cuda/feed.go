@@ -11,14 +11,32 @@ import (
 // write bf16 of it too (the gated copy-engine kernel's y_bf16; the gated activation's
 // act_bf16, the add+norm's out_bf16 and the decode attention's z_bf16, bundle.BF16CopyOf),
 // the loader points that copy at the scratch the GEMM reads and issues the GEMM with no
-// cast: the same bits, since both round to nearest even as the cast does.
+// cast: the same bits, since both round to nearest even as the cast does. Heavy nodes (a
+// logit lens after an add+norm) may stand between the two (fedAt).
+
+// fedAt is the node that a bf16 copy of x, written by the launch just before nodes[j],
+// reaches: j, or the first node past heavy nodes (bundle.Node.SkipUnless: a logit lens's,
+// which some graph variants run and some not) whose arguments name no part of x's buffer.
+// Those read and write buffers of their own, and the GEMM among them casts into a scratch of
+// its own (cublasLt.heavyXB), so in every variant the node past them finds the copy as it was
+// written. Without this a logit lens deployed at a layer cost the q/k/v GEMM after it its feed
+// in every graph that runs apps, lens or not (apps.sh's nnsight grid rows at 8 rows: about 1%
+// of the step, session 66).
+func fedAt(nodes []bundle.Node, j int, x bundle.Slot) int {
+	for j < len(nodes) && nodes[j].SkipUnless != 0 &&
+		!slices.ContainsFunc(nodes[j].Args, func(a bundle.Slot) bool { return a.Buffer == x.Buffer }) {
+		j++
+	}
+	return j
+}
 
 // feedable says whether nodes[j] is a GEMM of m rows whose x is slot x that a server reading
 // bf16(x) from xb (scratch of bytes) serves with no cast: the copy-engine kernel copyPair
 // serves it and the node after it with (planPair), the bundle's plain copy-engine GEMM for
 // it, where either reads bf16(x), or else, where xb is the cast's own scratch, cuBLASLt.
-// copyPair and prepare serve such a node so, or say why they cannot. Any node between the
-// two (an app's op on x, which some graphs run and some not) leaves nodes[j] its cast.
+// copyPair and prepare serve such a node so, or say why they cannot. j is fedAt's: any other
+// node between the two (an app's op on x, which some graphs run and some not) leaves
+// nodes[j] its cast.
 func (be *Backend) feedable(nodes []bundle.Node, j int, x bundle.Slot, m int, xb uintptr, bytes int64) (bool, error) {
 	if j >= len(nodes) || xb == 0 || nodes[j].SkipUnless != 0 {
 		return false, nil
@@ -53,8 +71,8 @@ func (be *Backend) feedable(nodes []bundle.Node, j int, x bundle.Slot, m int, xb
 // feedAhead is nodes[i] as prepare should launch it: where it writes the x of nodes[i+1], a
 // GEMM that a server of bf16(x) takes from the cast's scratch (feedable), and can write a bf16
 // copy of it too (bundle.BF16CopyOf: a gated activation without MI ops, an add+norm, a decode
-// attention), the copy's argument points there, and fed is that scratch, which nodes[i+1]
-// then reads with no cast; otherwise nodes[i] itself and fed 0. A gated activation's f32
+// attention), the copy's argument points there, and fed is that scratch, which the GEMM (the
+// next node, or the first past heavy nodes: fedAt) then reads with no cast; otherwise nodes[i] itself and fed 0. A gated activation's f32
 // output is dropped unless a node after the GEMM reads it (readAfter); the others' stay (the
 // next add+norm, which writes out again, names it too).
 func (be *Backend) feedAhead(nodes []bundle.Node, i int) (n bundle.Node, fed uintptr, err error) {
@@ -66,12 +84,13 @@ func (be *Backend) feedAhead(nodes []bundle.Node, i int) (n bundle.Node, fed uin
 	if !ok {
 		return n, 0, nil
 	}
-	if ok, err := be.feedable(nodes, i+1, c.Out, c.Rows, be.lt.xb, be.lt.xbBytes); err != nil || !ok {
+	j := fedAt(nodes, i+1, c.Out)
+	if ok, err := be.feedable(nodes, j, c.Out, c.Rows, be.lt.xb, be.lt.xbBytes); err != nil || !ok {
 		return n, 0, err
 	}
 	n.Args = slices.Clone(n.Args)
 	n.Args[c.CopyArg] = bundle.Slot{Const: uint64(be.lt.xb)}
-	if c.Droppable && !be.readAfter(nodes, i+1, c.Out) {
+	if c.Droppable && !be.readAfter(nodes, j, c.Out) {
 		n.Args[c.OutArg] = bundle.Slot{} // the copy alone
 		be.f32Cut++
 	}

@@ -130,13 +130,14 @@ func (be *Backend) copyPair(nodes []bundle.Node, i int, xb uintptr) (l launch, f
 		y = p.act.Act
 	}
 	if p.c.Attrs.YBF16 {
-		feeds, err := be.feedable(nodes, i+2, p.act.Act, p.g.M, be.copy.yb, be.copy.ybBytes)
+		j := fedAt(nodes, i+2, p.act.Act)
+		feeds, err := be.feedable(nodes, j, p.act.Act, p.g.M, be.copy.yb, be.copy.ybBytes)
 		if err != nil {
-			return launch{}, 0, false, fmt.Errorf("node %s: %w", nodes[i+2].Label, err)
+			return launch{}, 0, false, fmt.Errorf("node %s: %w", nodes[j].Label, err)
 		}
 		if feeds {
 			fed = be.copy.yb
-			if !be.readAfter(nodes, i+2, p.act.Act) {
+			if !be.readAfter(nodes, j, p.act.Act) {
 				y = bundle.Slot{} // 0: bf16(y) alone
 			}
 		}

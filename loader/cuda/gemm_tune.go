@@ -77,7 +77,7 @@ func TuneGemms(shapes []GemmShape, progress Progress) ([]GemmTiming, error) {
 		for _, s := range shapes {
 			xbBytes = max(xbBytes, int64(s.M)*int64(s.K)*2)
 		}
-		if err := be.setupCublasLt(lt, xbBytes); err != nil {
+		if err := be.setupCublasLt(lt, xbBytes, 0); err != nil {
 			return err
 		}
 		be.lt = lt
@@ -145,7 +145,7 @@ func (be *Backend) tuneShape(s GemmShape) (GemmTiming, error) {
 		return GemmTiming{}, err
 	}
 	g := bundle.GEMM{M: s.M, N: s.N, K: s.K}
-	m, err := lt.newMatmul(g, ws[0], y, false)
+	m, err := lt.newMatmul(g, lt.xb, ws[0], y, false)
 	if err != nil {
 		return GemmTiming{}, err
 	}

@@ -94,6 +94,15 @@ func (be *Backend) prepareAll(nodes []bundle.Node, variants uint32) ([]launch, e
 		if n.Collective != nil {
 			return nil, fmt.Errorf("node %s: tensor-parallel collectives need NCCL, which the CUDA backend does not drive yet (run this bundle with --backend cpu, or build it without --tp)", n.Label)
 		}
+		if fed != 0 && n.SkipUnless != 0 {
+			// A heavy node that the bf16 copy passes (fedAt): the GEMM after it reads the copy.
+			l, err := be.prepare(n, variants, 0, false)
+			if err != nil {
+				return nil, fmt.Errorf("node %s (kernel %s, grid %v, block %v): %w", n.Label, n.Kernel, n.Grid, n.Block, err)
+			}
+			all = append(all, l)
+			continue
+		}
 		l, feeds, ok, err := be.copyPair(nodes, i, fed)
 		if err != nil {
 			return nil, fmt.Errorf("node %s: %w", n.Label, err)
@@ -163,4 +172,22 @@ func (be *Backend) captureVariants(t bundle.Template) (stepGraphs, error) {
 		g.nodes = append(g.nodes, nodes)
 	}
 	return g, nil
+}
+
+// GraphCasts is, for each template in order, how many launches of each of its graph variants
+// cast x to bf16 for the GEMM after them (the plain list last, where the template has one).
+func (be *Backend) GraphCasts() [][]int {
+	var out [][]int
+	for _, g := range be.steps {
+		casts := make([]int, len(g.nodes))
+		for v, nodes := range g.nodes {
+			for _, l := range nodes {
+				if be.lt != nil && l.f == be.lt.cast {
+					casts[v]++
+				}
+			}
+		}
+		out = append(out, casts)
+	}
+	return out
 }

@@ -15,6 +15,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -747,6 +748,60 @@ func TestCUDAFedGemmsMatchCPU(t *testing.T) {
 	agreementRows(t, f32, "llama-3.1-8b-2layers-act-feed-r128-gu-f32", bare, sixTokenPrompts(70), 2)
 	if !slices.Equal(gu, []int{0}) {
 		t.Errorf("--gu-f32: %v GEMM launches write gu in bf16, want 0", gu)
+	}
+}
+
+// lens0App is a logit lens on the residual after layer 0: heavy nodes (a second LM head) between
+// layer 1's add+norm and its q/k/v GEMM.
+const lens0App = "app: lens0\nbuffers:\n  top: {shape: [10], dtype: f32, export: true}\nops:\n  - read: {at: {layers: [0], hook: resid_post}, kernel: logit_lens, args: {k: 5}, into: top}\n"
+
+// TestCUDALensKeepsFeeds: with a logit lens at layer 0 of a 2-layer cut of Llama-3.1-8B, layer
+// 1's q/k/v GEMM still reads bf16 of the add+norm's output as that kernel wrote it, past the
+// lens's nodes (loader/cuda's fedAt), in buckets of 8 rows (copy-engine GEMMs) and 128
+// (cuBLASLt's q/k/v): in every template the graph without the lens casts as often as the
+// app-free list, and the graph with it once more (the lens's LM head on cuBLASLt, casting into
+// a scratch of its own). Every request, half of them enabling the lens in the same steps, gets
+// the bare bundle's tokens and logprobs bit for bit: the lens's cast overwrites no bf16 copy
+// that a GEMM after it reads.
+func TestCUDALensKeepsFeeds(t *testing.T) {
+	needGPU(t)
+	for _, c := range []struct{ rows, requests int }{{8, 8}, {128, 27}} {
+		t.Run(fmt.Sprintf("r%d", c.rows), func(t *testing.T) {
+			var casts [][][]int
+			nb := func(t testing.TB, b *bundle.Bundle) loader.Backend {
+				be := newCUDA(cuda.GemmAuto)(t, b)
+				casts = append(casts, be.(*cuda.Backend).GraphCasts())
+				return be
+			}
+			cut := cut8B(t, c.rows)
+			run := func(b *bundle.Bundle, apps []string) []loader.Result {
+				var reqs []loader.Request
+				for i, p := range sixTokenPrompts(c.requests) {
+					r := loader.Request{Prompt: p, MaxTokens: 3, Logprobs: true}
+					if i%2 == 0 {
+						r.Apps = apps
+					}
+					reqs = append(reqs, r)
+				}
+				return testsuite.Generate(t, nb, b, reqs)
+			}
+			got, want := run(testsuite.CompileWith(t, compile.Options{}, cut, lens0App), []string{"lens0"}), run(testsuite.Compile(t, cut), nil)
+			for i := range got {
+				if !slices.Equal(got[i].Tokens, want[i].Tokens) || !reflect.DeepEqual(got[i].Logprobs, want[i].Logprobs) {
+					t.Fatalf("request %d (lens enabled: %v): tokens %v, logprobs %v; the bare bundle's %v, %v", i, i%2 == 0, got[i].Tokens, got[i].Logprobs, want[i].Tokens, want[i].Logprobs)
+				}
+			}
+			with, bare := casts[0], casts[1]
+			if len(with) != len(bare) {
+				t.Fatalf("%d templates with the lens, %d without", len(with), len(bare))
+			}
+			for i, v := range with {
+				// Variants: without the lens's nodes, with them, the plain list.
+				if len(v) != 3 || len(bare[i]) != 1 || v[0] != bare[i][0] || v[2] != bare[i][0] || v[1] != v[0]+1 {
+					t.Errorf("template %d: casts %v in the graphs without the lens, with it and the plain list; want %d, %d, %d (the app-free bundle's %v)", i, v, bare[i][0], bare[i][0]+1, bare[i][0], bare[i])
+				}
+			}
+		})
 	}
 }
 
