@@ -72,9 +72,10 @@ func (be *Backend) feedable(nodes []bundle.Node, j int, x bundle.Slot, m int, xb
 // GEMM that a server of bf16(x) takes from the cast's scratch (feedable), and can write a bf16
 // copy of it too (bundle.BF16CopyOf: a gated activation without MI ops, an add+norm, a decode
 // attention), the copy's argument points there, and fed is that scratch, which the GEMM (the
-// next node, or the first past heavy nodes: fedAt) then reads with no cast; otherwise nodes[i] itself and fed 0. A gated activation's f32
-// output is dropped unless a node after the GEMM reads it (readAfter); the others' stay (the
-// next add+norm, which writes out again, names it too).
+// next node, or the first past heavy nodes: fedAt) then reads with no cast; otherwise
+// nodes[i] itself and fed 0. A gated activation's f32 output is dropped unless a node after
+// the GEMM reads it (readAfter); the others' stay (the next add+norm, which writes out again,
+// names it too).
 func (be *Backend) feedAhead(nodes []bundle.Node, i int) (n bundle.Node, fed uintptr, err error) {
 	n = nodes[i]
 	if be.lt == nil || n.SkipUnless != 0 {
