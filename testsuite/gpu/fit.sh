@@ -5,7 +5,7 @@
 # (default 294912, what sessions 63-64 ran there; xmix's out-of-memory error names the largest
 # pool that fits). Nothing for other specs, on larger cards, without nvidia-smi (the CPU smoke
 # runs) or where FLAGS already set --kv-cache-tokens. The card's memory is read once, here.
-fit_card_mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -1)
+fit_card_mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -1 || true)
 fit_flags() {
   local spec=$1
   shift
