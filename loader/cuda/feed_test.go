@@ -254,3 +254,46 @@ func TestFeedAheadAttention(t *testing.T) {
 		{"z optional, read after the GEMM", []bundle.Node{attn, feedDown(8), reader}, true},
 	})
 }
+
+// TestFeedAheadPastHeavyNodes: an add+norm feeds the GEMM past a logit lens's heavy nodes
+// (fedAt), which name buffers of their own, and drops its f32 output there as it would with
+// the GEMM right after it (out_optional); a heavy node that names x's buffer, or a light one,
+// keeps the GEMM its cast.
+func TestFeedAheadPastHeavyNodes(t *testing.T) {
+	const xb = 0x7000_0000
+	be := &Backend{kernels: feedKernels(), lt: &cublasLt{xb: xb, xbBytes: 8 * 128 * 2},
+		bufs: map[string]uintptr{"r": 0x1000_0000, "dl": 0x1100_0000, "nw": 0x1200_0000, "a": 0x2000_0000, "w": 0x3000_0000, "d": 0x4000_0000}}
+	k := be.kernels["norm"]
+	k.Attrs = []byte(`{"hidden":128,"out_optional":true}`)
+	be.kernels["norm"] = k
+	norm := bundle.Node{Label: "norm", Kernel: "norm", Grid: [3]int{8, 1, 1}, Args: []bundle.Slot{{Buffer: "r"}, {Buffer: "dl"}, {Buffer: "nw"}, {Buffer: "a"}, {}}}
+	down := feedDown(8)
+	lensNorm := bundle.Node{Label: "lens_norm", Kernel: "mi", SkipUnless: 4, Args: []bundle.Slot{{Buffer: "r"}, {Buffer: "lens_x"}}}
+	lensTopK := bundle.Node{Label: "lens_topk", Kernel: "mi", SkipUnless: 4, Args: []bundle.Slot{{Buffer: "lens"}, {Buffer: "top"}}}
+	heavyReader := bundle.Node{Label: "heavy", Kernel: "mi", SkipUnless: 4, Args: []bundle.Slot{{Buffer: "a", Offset: 64}}}
+	light := bundle.Node{Label: "mi", Kernel: "mi", Args: []bundle.Slot{{Buffer: "top"}}}
+	x := bundle.Slot{Buffer: "a"}
+	for _, c := range []struct {
+		name  string
+		nodes []bundle.Node
+		at    int // fedAt from node 1
+		fed   bool
+	}{
+		{"the GEMM right after", []bundle.Node{norm, down}, 1, true},
+		{"past a lens's nodes", []bundle.Node{norm, lensNorm, lensTopK, down}, 3, true},
+		{"a heavy node naming x's buffer", []bundle.Node{norm, lensNorm, heavyReader, down}, 2, false},
+		{"a light node between", []bundle.Node{norm, lensNorm, light, down}, 2, false},
+		{"heavy nodes last", []bundle.Node{norm, lensNorm, lensTopK}, 3, false},
+	} {
+		if got := fedAt(c.nodes, 1, x); got != c.at {
+			t.Errorf("%s: fedAt %d, want %d", c.name, got, c.at)
+		}
+		n, fed, err := be.feedAhead(c.nodes, 0)
+		if err != nil || (fed == xb) != c.fed || (n.Args[4] == (bundle.Slot{Const: xb})) != c.fed {
+			t.Errorf("%s: %+v %#x %v, want fed %v", c.name, n.Args, fed, err, c.fed)
+		}
+		if c.fed && n.Args[3] != (bundle.Slot{}) {
+			t.Errorf("%s: out %+v, want 0 (no node after the GEMM reads it)", c.name, n.Args[3])
+		}
+	}
+}
