@@ -175,20 +175,28 @@ func TestFeedAheadNorm(t *testing.T) {
 	}
 }
 
-// TestFeedAheadNormOutOptional: an add+norm whose kernel may take an out of 0
-// (out_optional) right before a GEMM that it feeds writes the bf16 copy alone where no node
-// after the GEMM reads out before the next add+norm writes it, and keeps out where one does.
-func TestFeedAheadNormOutOptional(t *testing.T) {
-	const xb = 0x7000_0000
-	be := &Backend{kernels: feedKernels(), lt: &cublasLt{xb: xb, xbBytes: 8 * 128 * 2},
+// optionalNormFeed is a backend with cuBLASLt's cast scratch at feedXB whose add+norm kernel
+// may take an out of 0 (out_optional), and an 8-row add+norm node writing out to buffer a.
+func optionalNormFeed() (*Backend, bundle.Node) {
+	be := &Backend{kernels: feedKernels(), lt: &cublasLt{xb: feedXB, xbBytes: 8 * 128 * 2},
 		bufs: map[string]uintptr{"r": 0x1000_0000, "dl": 0x1100_0000, "nw": 0x1200_0000, "a": 0x2000_0000, "w": 0x3000_0000, "d": 0x4000_0000}}
 	k := be.kernels["norm"]
 	k.Attrs = []byte(`{"hidden":128,"out_optional":true}`)
 	be.kernels["norm"] = k
-	norm := bundle.Node{Label: "norm", Kernel: "norm", Grid: [3]int{8, 1, 1}, Args: []bundle.Slot{{Buffer: "r"}, {Buffer: "dl"}, {Buffer: "nw"}, {Buffer: "a"}, {}}}
+	return be, bundle.Node{Label: "norm", Kernel: "norm", Grid: [3]int{8, 1, 1}, Args: []bundle.Slot{{Buffer: "r"}, {Buffer: "dl"}, {Buffer: "nw"}, {Buffer: "a"}, {}}}
+}
+
+// feedXB is the cast scratch of optionalNormFeed's backend.
+const feedXB = 0x7000_0000
+
+// TestFeedAheadNormOutOptional: an add+norm whose kernel may take an out of 0
+// (out_optional) right before a GEMM that it feeds writes the bf16 copy alone where no node
+// after the GEMM reads out before the next add+norm writes it, and keeps out where one does.
+func TestFeedAheadNormOutOptional(t *testing.T) {
+	be, norm := optionalNormFeed()
 	down := feedDown(8)
 	reader := bundle.Node{Label: "mi", Kernel: "mi", Args: []bundle.Slot{{Buffer: "a"}}}
-	checkCuts(t, be, xb, 3, []cutCase{
+	checkCuts(t, be, feedXB, 3, []cutCase{
 		{"the last", []bundle.Node{norm, down}, false},
 		{"written again by the next add+norm", []bundle.Node{norm, down, norm, reader}, false},
 		{"read after the GEMM", []bundle.Node{norm, down, reader, norm}, true},
@@ -260,13 +268,7 @@ func TestFeedAheadAttention(t *testing.T) {
 // the GEMM right after it (out_optional); a heavy node that names x's buffer, or a light one,
 // keeps the GEMM its cast.
 func TestFeedAheadPastHeavyNodes(t *testing.T) {
-	const xb = 0x7000_0000
-	be := &Backend{kernels: feedKernels(), lt: &cublasLt{xb: xb, xbBytes: 8 * 128 * 2},
-		bufs: map[string]uintptr{"r": 0x1000_0000, "dl": 0x1100_0000, "nw": 0x1200_0000, "a": 0x2000_0000, "w": 0x3000_0000, "d": 0x4000_0000}}
-	k := be.kernels["norm"]
-	k.Attrs = []byte(`{"hidden":128,"out_optional":true}`)
-	be.kernels["norm"] = k
-	norm := bundle.Node{Label: "norm", Kernel: "norm", Grid: [3]int{8, 1, 1}, Args: []bundle.Slot{{Buffer: "r"}, {Buffer: "dl"}, {Buffer: "nw"}, {Buffer: "a"}, {}}}
+	be, norm := optionalNormFeed()
 	down := feedDown(8)
 	lensNorm := bundle.Node{Label: "lens_norm", Kernel: "mi", SkipUnless: 4, Args: []bundle.Slot{{Buffer: "r"}, {Buffer: "lens_x"}}}
 	lensTopK := bundle.Node{Label: "lens_topk", Kernel: "mi", SkipUnless: 4, Args: []bundle.Slot{{Buffer: "lens"}, {Buffer: "top"}}}
@@ -289,7 +291,7 @@ func TestFeedAheadPastHeavyNodes(t *testing.T) {
 			t.Errorf("%s: fedAt %d, want %d", c.name, got, c.at)
 		}
 		n, fed, err := be.feedAhead(c.nodes, 0)
-		if err != nil || (fed == xb) != c.fed || (n.Args[4] == (bundle.Slot{Const: xb})) != c.fed {
+		if err != nil || (fed == feedXB) != c.fed || (n.Args[4] == (bundle.Slot{Const: feedXB})) != c.fed {
 			t.Errorf("%s: %+v %#x %v, want fed %v", c.name, n.Args, fed, err, c.fed)
 		}
 		if c.fed && n.Args[3] != (bundle.Slot{}) {
