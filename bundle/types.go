@@ -381,6 +381,11 @@ type BuildInfo struct {
 	// copy-engine kernels serve get one for the gate/up GEMM and its activation together
 	// (GemmCopyAttrs.Act; xmixc build --gated-copy-rows; 0: none).
 	GatedCopyRows int `json:"gated_copy_rows,omitempty"`
+	// GatedCopyWideOnly: every gated copy-engine kernel is in the wide form, so the decode
+	// buckets of fewer rows than the smallest wide layout's run that layout's kernel over x's
+	// rows past theirs, zero-filled (xmixc build --gated-copy-wide-only; false: those buckets'
+	// own layouts, as in bundles built before the setting).
+	GatedCopyWideOnly bool `json:"gated_copy_wide_only,omitempty"`
 	// RopeCopyRows: decode buckets of at most this many rows whose q/k/v GEMM the warpgroup
 	// copy-engine kernels serve get one for it with the rope_kv after it (GemmCopyAttrs.RopeKV;
 	// xmixc build --rope-copy-rows; 0: none, as in bundles built before it).

@@ -89,6 +89,9 @@ type gen struct {
 	// gatedCopyRows: decode buckets of at most this many rows get a copy-engine kernel for
 	// the gate/up GEMM and its activation together (BuildInfo.GatedCopyRows, gatedCopies).
 	gatedCopyRows int
+	// gatedWideOnly: every gated copy-engine kernel takes the smallest wide layout that holds
+	// its bucket's rows (BuildInfo.GatedCopyWideOnly, gatedCopies).
+	gatedWideOnly bool
 	// ropeCopyRows: decode buckets of at most this many rows get a copy-engine kernel for the
 	// q/k/v GEMM and its rope_kv together (BuildInfo.RopeCopyRows, ropeCopies).
 	ropeCopyRows int
@@ -177,7 +180,7 @@ func Generate(p *passes.Program, opt Options) (*bundle.Bundle, error) {
 	if err := CheckGatedCopyRows(bi.GatedCopyRows); err != nil {
 		return nil, err
 	}
-	g.gatedCopyRows = bi.GatedCopyRows
+	g.gatedCopyRows, g.gatedWideOnly = bi.GatedCopyRows, bi.GatedCopyWideOnly
 	if err := CheckRopeCopyRows(bi.RopeCopyRows); err != nil {
 		return nil, err
 	}

@@ -753,6 +753,10 @@ func (g *gen) epilogueCopies(templates []bundle.Template, maxRows int, pairAt fu
 				if err != nil {
 					continue // a shape the kernel cannot take (K not of whole stages): the two nodes run one by one
 				}
+				if c.Rows != r && seen[key][c.Rows] {
+					continue // a layout of more rows serves this bucket, and one that bucket's kernel already
+				}
+				seen[key][c.Rows] = true
 				c = g.withNextAtAsk(c)
 				out = append(out, copyKernel{fmt.Sprintf("gemm_copy_k%d_n%d_r%d%s", p.gemm.K, p.gemm.N, c.Rows, p.name), c})
 			}
@@ -807,8 +811,26 @@ func (g *gen) gatedCopies(templates []bundle.Template) ([]copyKernel, error) {
 			return nil, err
 		}
 		return &copyPair{gemm: m, epilogue: act.Op, name: "_" + act.Op,
-			config: func(rows int) (GemmCopyConfig, error) { return GatedCopyFor(m.K, m.N, rows, g.copySlots, act.Op) }}, nil
+			config: func(rows int) (GemmCopyConfig, error) {
+				if g.gatedWideOnly {
+					rows = wideRowsFor(rows)
+				}
+				return GatedCopyFor(m.K, m.N, rows, g.copySlots, act.Op)
+			}}, nil
 	})
+}
+
+// wideRowsFor is the rows of the smallest layout with the wide form that holds rows (the
+// layout's own where it has one): the 32-row bucket's gated kernel under
+// BuildInfo.GatedCopyWideOnly is the 64-row wide one, x's rows past the bucket's
+// zero-filled by the tensor map's bounds.
+func wideRowsFor(rows int) int {
+	for _, l := range gcLayouts {
+		if l.Wide && l.Rows >= rows {
+			return l.Rows
+		}
+	}
+	return rows
 }
 
 // GemmCopy generates the copy-engine GEMM; parameters x_map (128 bytes by value: a tensor

@@ -25,6 +25,7 @@ import (
 // one for q/k/v with its rope_kv at 32 rows; with --rope-copy-rows 0, none. Those bounds are on
 // the kernels' rows: a build of 128-row kernels alone carries gated ones only with
 // --gated-copy-rows 128 (the default), in the wide form (a CTA's 112 columns of gate and of up).
+// With --gated-copy-wide-only the gated kernels are the wide ones alone.
 func TestCopyGemmKernels(t *testing.T) {
 	type kernel struct {
 		k, n, rows int
@@ -51,6 +52,8 @@ func TestCopyGemmKernels(t *testing.T) {
 		{"../specs/models/llama-3.1-8b.yaml", compile.Options{}, slices.Concat(plain8B, gated8B, []kernel{{4096, 6144, 32, "rope_kv"}})},
 		// The wide form (--copy-gemm-wide) serves the same GEMMs at 64 and 128 rows.
 		{"../specs/models/llama-3.1-8b.yaml", compile.Options{CopyGemmWide: true}, slices.Concat(plain8B, gated8B, []kernel{{4096, 6144, 32, "rope_kv"}})},
+		// --gated-copy-wide-only: the 32-row bucket's gate/up takes the 64-row wide kernel.
+		{"../specs/models/llama-3.1-8b.yaml", compile.Options{GatedCopyWideOnly: true}, slices.Concat(plain8B, gated8B[1:], []kernel{{4096, 6144, 32, "rope_kv"}})},
 		{"../specs/models/llama-3.2-1b.yaml", compile.Options{GatedCopyRows: -1}, plain1B},
 		{"../specs/models/llama-3.2-1b.yaml", compile.Options{}, slices.Concat(plain1B, gated1B)},
 		// Row counts a build names go to every default shape, past the buckets measured.

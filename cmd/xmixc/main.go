@@ -73,7 +73,7 @@ func buildCmd() *cobra.Command {
 	var copyGemms []string
 	var copyGemmSlots int
 	var copyGemmNext string
-	var copyGemmWide bool
+	var copyGemmWide, gatedCopyWideOnly bool
 	var copyGemmRows []int
 	var gatedTCRows, gatedCopyRows, ropeCopyRows, kvCacheTokens int
 	c := &cobra.Command{
@@ -169,7 +169,7 @@ func buildCmd() *cobra.Command {
 					fmt.Fprintf(os.Stderr, "[%6.2fs] %s\n", time.Since(start).Seconds(), fmt.Sprintf(f, a...))
 				}
 			}
-			b, err := compile.Build(args[0], args[1:], compile.Options{EmbedWeights: embed, Verify: verify, Progress: progress, GEMM: gemm, MoE: moe, TP: tp, VectorSlots: vectorSlots, KVCacheTokens: kvCacheTokens, Fuse: fuse, SerialLaunch: !pdl, Prefetch: noneOption(prefetch), GemvCols: gemvCols, GemvUnroll: gemvUnroll, GemvSplit: gemvSplit, GemvWarps: gemvWarps, TensorCoreRows: tcRows, TCChunks: tcChunks, CopyGemms: copyGemms, CopyGemmSlots: copyGemmSlots, CopyGemmNextAtAsk: copyGemmNext == "asked", CopyGemmWide: copyGemmWide, CopyGemmRows: copyGemmRows, GatedTCRows: noneOption(gatedTCRows), GatedCopyRows: noneOption(gatedCopyRows), RopeCopyRows: noneOption(ropeCopyRows), AttnWarps: attnWarps, AttnUnroll: attnUnroll, AttnPrefetch: noneOption(attnPrefetch), AttnPrefetchOneRow: noneOption(attnPrefetchOneRow), AttnCUDACores: !attnTC, AttnCluster: attnCluster, AttnLateKV: !attnEarlyKV, F32OutAlways: !optionalF32Out})
+			b, err := compile.Build(args[0], args[1:], compile.Options{EmbedWeights: embed, Verify: verify, Progress: progress, GEMM: gemm, MoE: moe, TP: tp, VectorSlots: vectorSlots, KVCacheTokens: kvCacheTokens, Fuse: fuse, SerialLaunch: !pdl, Prefetch: noneOption(prefetch), GemvCols: gemvCols, GemvUnroll: gemvUnroll, GemvSplit: gemvSplit, GemvWarps: gemvWarps, TensorCoreRows: tcRows, TCChunks: tcChunks, CopyGemms: copyGemms, CopyGemmSlots: copyGemmSlots, CopyGemmNextAtAsk: copyGemmNext == "asked", CopyGemmWide: copyGemmWide, CopyGemmRows: copyGemmRows, GatedTCRows: noneOption(gatedTCRows), GatedCopyRows: noneOption(gatedCopyRows), GatedCopyWideOnly: gatedCopyWideOnly, RopeCopyRows: noneOption(ropeCopyRows), AttnWarps: attnWarps, AttnUnroll: attnUnroll, AttnPrefetch: noneOption(attnPrefetch), AttnPrefetchOneRow: noneOption(attnPrefetchOneRow), AttnCUDACores: !attnTC, AttnCluster: attnCluster, AttnLateKV: !attnEarlyKV, F32OutAlways: !optionalF32Out})
 			if err != nil {
 				return err
 			}
@@ -205,6 +205,7 @@ func buildCmd() *cobra.Command {
 	c.Flags().StringSliceVar(&copyGemms, "copy-gemms", nil, "the GEMM shapes, each KxN (K inputs, N outputs, e.g. 4096x28672 for Llama-3.1-8B's gate/up), given copy-engine kernels (W and x brought to shared memory by the TMA, W asked for before the kernel ahead ends) for the decode buckets of --copy-gemm-rows, which --gemm auto serves them with instead of cuBLASLt; none: no such kernels (unset: the shapes measured faster in the step on the H200, in the buckets where they were: Llama-3.1-8B's o and down in buckets of up to 128 rows and its q/k/v of up to 64, and Llama-3.2-1B's o, q/k/v and down of up to 8; for measuring)")
 	c.Flags().IntVar(&gatedTCRows, "gated-tc-rows", codegen.DefaultGatedTCRows, fmt.Sprintf("decode buckets on tensor cores of at most this many rows run the gate/up projection and its activation as one kernel of the bundle's (mma.sync, x split into two bf16 halves), not a library's GEMM and the activation kernel (0: none; at most %d; the default is the measured one)", codegen.MaxGatedTCRows))
 	c.Flags().IntVar(&gatedCopyRows, "gated-copy-rows", codegen.DefaultGatedCopyRows, fmt.Sprintf("decode buckets whose GEMMs warpgroup copy-engine kernels (32 rows and up) of at most this many rows serve also get one for the gate/up GEMM with its activation in its epilogue, which --gemm auto runs in place of the library's GEMM and the activation kernel; from 64 rows in its wide form, each CTA's columns of gate and of up multiplied by every row in one wave (0: none; at most %d; the default is the measured one)", codegen.MaxGatedCopyRows))
+	c.Flags().BoolVar(&gatedCopyWideOnly, "gated-copy-wide-only", false, "every gated copy-engine kernel (--gated-copy-rows) in its wide form: the 32-row bucket runs the 64-row wide kernel, one wave of 128 CTAs on Llama-3.1-8B where its own kernel takes 112, over x's rows past its 32 zero-filled, and so may the 16-row bucket, which otherwise runs the library's gate/up and the activation kernel; same results bit for bit in every row; for measuring")
 	c.Flags().IntVar(&ropeCopyRows, "rope-copy-rows", codegen.DefaultRopeCopyRows, fmt.Sprintf("decode buckets whose GEMMs warpgroup copy-engine kernels (32 rows and up) of at most this many rows serve also get one for the q/k/v GEMM with RoPE and the KV-cache write in its epilogue, which --gemm auto runs in place of the q/k/v GEMM and the rope_kv kernel, in those buckets and in smaller ones; from 64 rows in its wide form, each CTA's pairs multiplied by every row, K split over a cluster (0: none; at most %d; the default is the measured one)", codegen.MaxRopeCopyRows))
 	c.Flags().IntSliceVar(&copyGemmRows, "copy-gemm-rows", nil, fmt.Sprintf("the decode row counts given copy-engine kernels, among %v (8 and 16 multiply with mma.sync; from 32 rows with Hopper's warpgroup MMAs over the library cast's bf16 x); a bucket takes the fewest that hold its rows (unset: %v, the ones measured faster in the step and checked against the CPU on the GPU; for measuring)", codegen.CopyGemmLayoutRows(), codegen.CopyGemmDefaultRows()))
 	c.Flags().StringVar(&copyGemmNext, "copy-gemm-next", "read", "when the grid after a copy-engine kernel may launch: read (once each CTA has read every stage of its W, the default) or asked (once it has asked for its last stage, a ring's worth of W sooner); same results bit for bit; for measuring")
@@ -431,6 +432,9 @@ func printBundle(w io.Writer, b *bundle.Bundle) {
 	}
 	if n := b.Manifest.Build.GatedCopyRows; n > 0 {
 		fmt.Fprintf(w, "          gate/up and its activation in one warpgroup copy-engine kernel at up to %d rows%s\n", n, carried("gate/up", bundle.GatedActOps...))
+		if b.Manifest.Build.GatedCopyWideOnly {
+			fmt.Fprintf(w, "          that kernel in its wide form only: buckets of fewer rows run the smallest wide layout's\n")
+		}
 	}
 	if n := b.Manifest.Build.RopeCopyRows; n > 0 {
 		fmt.Fprintf(w, "          q/k/v with RoPE and the KV write in one warpgroup copy-engine kernel at up to %d rows%s\n", n, carried("q/k/v", bundle.OpRopeKV))

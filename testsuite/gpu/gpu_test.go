@@ -665,6 +665,17 @@ func TestCUDAGatedCopyMatchesCPU(t *testing.T) {
 			t.Errorf("copy-engine kernels served: %v, want %s among them", kernels, wide)
 		}
 	})
+	// --gated-copy-wide-only: the 32-row bucket's gate/up and SiLU run the 64-row wide kernel
+	// over x's 32 zero-filled rows past the bucket's.
+	t.Run("r32-wide", func(t *testing.T) {
+		var kernels []string
+		cut := cut8B(t, 32)
+		b := testsuite.CompileWith(t, compile.Options{GatedCopyRows: 64, GatedCopyWideOnly: true}, cut)
+		agreementRows(t, copyGemmBackend(&served, &kernels), "llama-3.1-8b-2layers-gated-copy-r32-wide", b, sixTokenPrompts(27), 3)
+		if wide := "gemm_copy_k4096_n28672_r64_silu_mul"; !slices.Contains(kernels, wide) {
+			t.Errorf("copy-engine kernels served: %v, want %s among them", kernels, wide)
+		}
+	})
 	// An app's op at mlp.act runs in an MI kernel of its own in such buckets, so that every
 	// graph serves both layers' gate/up and SiLU as one launch: the requests without the app
 	// get the bare bundle's tokens and logprobs bit for bit, the ones with it others. The op
