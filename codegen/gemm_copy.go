@@ -1321,7 +1321,12 @@ func (g *gcGen) freeSlot(stage, slot ptx.Reg) {
 
 // produce is the producer warp of a CTA sharing x: its first thread refills each slot with
 // the stage Stages ahead once every CTA sharing the slot's x has read it (its free mbarrier's
-// phase), while the warpgroup multiplies. Then the warp lets the next grid launch and exits.
+// phase), while the warpgroup multiplies. Then the warp exits. It never lets the next grid
+// launch: a CTA does so at its first thread's griddepcontrol.launch_dependents, and the
+// warp's other lanes, which ask for nothing, would reach one at the CTA's start, so the grid
+// after it (Llama-3.1-8B's down projection behind the wide gate/up kernel) would be launched
+// a whole kernel early; the warpgroups let it launch once they have read W, as every
+// copy-engine kernel does.
 func (g *gcGen) produce() {
 	c := g.c
 	g.when(g.asker, false, func() {
@@ -1336,7 +1341,6 @@ func (g *gcGen) produce() {
 		g.askX(stage, slot)
 		g.advance(stage, slot, phase, top)
 	})
-	g.Emit(bundle.PriorGridLaunch)
 	g.Emit("exit")
 }
 

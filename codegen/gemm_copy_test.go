@@ -165,15 +165,24 @@ func TestGemmCopyMatchesReference(t *testing.T) {
 
 // With NextAtAsk the kernel lets the grid after it launch where its thread 0 asks for the CTA's
 // last stage (in the refill, or before the wait where the ring holds every stage), as well as
-// after its main loop; without, only after the main loop.
+// after its main loop; without, only after the main loop. So do the kernels whose producer
+// warp refills the ring (a shared x, the wide form): that warp's lanes never let the grid
+// after it launch, which its idle lanes would do at the CTA's start.
 func TestGemmCopyNextAtAsk(t *testing.T) {
 	for _, c := range []GemmCopyConfig{
 		{K: 2048, N: 64, Rows: 8, Split: 2, Stages: 2},
 		{K: 1024, N: 128, Rows: 32, Split: 1, Stages: 3},
 		{K: 512, N: 256, Rows: 32, Split: 1, Stages: 3, Tiles: 2, Act: "silu_mul"},
 		{K: 1024, N: 128, Rows: 32, Split: 1, Stages: 4},
+		{K: 512, N: 448, Rows: 64, Split: 1, Stages: 3, Act: "silu_mul", Wide: 112},
+		{K: 512, N: 448, Rows: 128, Split: 1, Stages: 3, Share: 2, Act: "silu_mul", Wide: 112},
+		{K: 768, N: 192, Rows: 64, Split: 2, Stages: 3, Wide: 96},
+		{K: 1024, N: 256, Rows: 128, Split: 1, Stages: 2, Share: 2},
 	} {
 		for _, next := range []bool{false, true} {
+			if c.produced() && next {
+				continue // NextAtAsk is the one-warpgroup form's alone
+			}
 			c.NextAtAsk = next
 			k := must(t)(GemmCopy("gemm_copy_test", c))
 			mod, err := ptx.Parse(k.PTX)
