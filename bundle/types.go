@@ -384,7 +384,8 @@ type BuildInfo struct {
 	// GatedCopyWideOnly: every gated copy-engine kernel is in the wide form, so the decode
 	// buckets of fewer rows than the smallest wide layout's run that layout's kernel over x's
 	// rows past theirs, zero-filled (xmixc build --gated-copy-wide-only; false: those buckets'
-	// own layouts, as in bundles built before the setting).
+	// own layouts, as in bundles built before the setting). Measured slower on the H200
+	// (session 67), so off by default.
 	GatedCopyWideOnly bool `json:"gated_copy_wide_only,omitempty"`
 	// RopeCopyRows: decode buckets of at most this many rows whose q/k/v GEMM the warpgroup
 	// copy-engine kernels serve get one for it with the rope_kv after it (GemmCopyAttrs.RopeKV;
