@@ -676,6 +676,39 @@ func TestCUDAGatedCopyMatchesCPU(t *testing.T) {
 			t.Errorf("copy-engine kernels served: %v, want %s among them", kernels, wide)
 		}
 	})
+	// With the backend's CopyXKernelRows the kernels of more rows than their bucket map as
+	// many rows of x as they multiply (the rest stale scratch, never stored), and every
+	// request still gets the CPU's results: in the 8-row bucket the 32-row q/k/v kernel with
+	// rope_kv (each layer's pair), in the 32-row bucket under --gated-copy-wide-only the
+	// 64-row wide gated kernel (each layer's pair).
+	// (The 8-row cut has a 32-row bucket too: the kernel with rope_kv is made for it.)
+	for _, c := range []struct {
+		bucket, requests int
+		buckets          []int
+		opt              compile.Options
+		kernel           string
+	}{
+		{8, 8, []int{8, 32}, compile.Options{}, "gemm_copy_k4096_n6144_r32_rope_kv"},
+		{32, 27, []int{32}, compile.Options{GatedCopyRows: 64, GatedCopyWideOnly: true}, "gemm_copy_k4096_n28672_r64_silu_mul"},
+	} {
+		t.Run(fmt.Sprintf("r%d-x-kernel-rows", c.bucket), func(t *testing.T) {
+			var kernels []string
+			past := 0
+			nb := func(t testing.TB, b *bundle.Bundle) loader.Backend {
+				be := newCUDAWith(cuda.Options{Gemm: cuda.GemmAuto, CopyXKernelRows: true})(t, b).(*cuda.Backend)
+				kernels, past = be.CopyGemmKernels(), be.CopyXPastRows()
+				return be
+			}
+			b := testsuite.CompileWith(t, c.opt, cutAt(t, "llama-3.1-8b", c.buckets...))
+			agreementRows(t, nb, fmt.Sprintf("llama-3.1-8b-2layers-x-kernel-rows-r%d", c.bucket), b, sixTokenPrompts(c.requests), 3)
+			if !slices.ContainsFunc(kernels, func(k string) bool { return strings.HasPrefix(k, c.kernel) }) {
+				t.Errorf("copy-engine kernels served: %v, want %s... among them", kernels, c.kernel)
+			}
+			if past < 2 {
+				t.Errorf("%d launches map more rows of x than their GEMM's, want each layer's pair", past)
+			}
+		})
+	}
 	// An app's op at mlp.act runs in an MI kernel of its own in such buckets, so that every
 	// graph serves both layers' gate/up and SiLU as one launch: the requests without the app
 	// get the bare bundle's tokens and logprobs bit for bit, the ones with it others. The op
