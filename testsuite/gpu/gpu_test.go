@@ -628,8 +628,8 @@ func TestCUDAGatedTCMatchesCPU(t *testing.T) {
 // has the same shapes and buffers, so the same launches serve it). A subtest per bucket
 // (-run 'TestCUDAGatedCopyMatchesCPU/r32'), and r32-app: an app's op at mlp.act leaves those
 // rows without the app the bare bundle's bits (r128-app: in a default bundle's 128-row
-// bucket). The down projections read the pair's bf16
-// output, the pair and q/k/v the add+norm's (fedGemms).
+// bucket), r32-wide: the 32-row bucket under --gated-copy-wide-only. The down projections
+// read the pair's bf16 output, the pair and q/k/v the add+norm's (fedGemms).
 func TestCUDAGatedCopyMatchesCPU(t *testing.T) {
 	needGPU(t)
 	served := 0
@@ -676,39 +676,6 @@ func TestCUDAGatedCopyMatchesCPU(t *testing.T) {
 			t.Errorf("copy-engine kernels served: %v, want %s among them", kernels, wide)
 		}
 	})
-	// With the backend's CopyXKernelRows the kernels of more rows than their bucket map as
-	// many rows of x as they multiply (the rest stale scratch, never stored), and every
-	// request still gets the CPU's results: in the 8-row bucket the 32-row q/k/v kernel with
-	// rope_kv (each layer's pair), in the 32-row bucket under --gated-copy-wide-only the
-	// 64-row wide gated kernel (each layer's pair).
-	// (The 8-row cut has a 32-row bucket too: the kernel with rope_kv is made for it.)
-	for _, c := range []struct {
-		bucket, requests int
-		buckets          []int
-		opt              compile.Options
-		kernel           string
-	}{
-		{8, 8, []int{8, 32}, compile.Options{}, "gemm_copy_k4096_n6144_r32_rope_kv"},
-		{32, 27, []int{32}, compile.Options{GatedCopyRows: 64, GatedCopyWideOnly: true}, "gemm_copy_k4096_n28672_r64_silu_mul"},
-	} {
-		t.Run(fmt.Sprintf("r%d-x-kernel-rows", c.bucket), func(t *testing.T) {
-			var kernels []string
-			past := 0
-			nb := func(t testing.TB, b *bundle.Bundle) loader.Backend {
-				be := newCUDAWith(cuda.Options{Gemm: cuda.GemmAuto, CopyXKernelRows: true})(t, b).(*cuda.Backend)
-				kernels, past = be.CopyGemmKernels(), be.CopyXPastRows()
-				return be
-			}
-			b := testsuite.CompileWith(t, c.opt, cutAt(t, "llama-3.1-8b", c.buckets...))
-			agreementRows(t, nb, fmt.Sprintf("llama-3.1-8b-2layers-x-kernel-rows-r%d", c.bucket), b, sixTokenPrompts(c.requests), 3)
-			if !slices.ContainsFunc(kernels, func(k string) bool { return strings.HasPrefix(k, c.kernel) }) {
-				t.Errorf("copy-engine kernels served: %v, want %s... among them", kernels, c.kernel)
-			}
-			if past < 2 {
-				t.Errorf("%d launches map more rows of x than their GEMM's, want each layer's pair", past)
-			}
-		})
-	}
 	// An app's op at mlp.act runs in an MI kernel of its own in such buckets, so that every
 	// graph serves both layers' gate/up and SiLU as one launch: the requests without the app
 	// get the bare bundle's tokens and logprobs bit for bit, the ones with it others. The op
@@ -740,6 +707,44 @@ func TestCUDAGatedCopyMatchesCPU(t *testing.T) {
 		with, bare := testsuite.CompileWith(t, compile.Options{}, cut, actScaleApp), testsuite.CompileWith(t, compile.Options{}, cut)
 		appRowsKeepBits(t, nb, with, bare, "act-scale")
 	})
+}
+
+// TestCUDACopyXKernelRowsMatchesCPU: with the backend's CopyXKernelRows (xmix
+// --copy-x-kernel-rows) the copy-engine kernels of more rows than their bucket map as many
+// rows of x as they multiply, the rest stale scratch that is never stored, and every request
+// still gets the CPU's results: in the 8-row bucket the 32-row q/k/v kernel with rope_kv, in
+// the 32-row bucket under --gated-copy-wide-only the 64-row wide gated kernel, each layer's
+// pair mapping past its rows. (The 8-row cut has a 32-row bucket too: the kernel with
+// rope_kv is made for it.)
+func TestCUDACopyXKernelRowsMatchesCPU(t *testing.T) {
+	needGPU(t)
+	for _, c := range []struct {
+		bucket, requests int
+		buckets          []int
+		opt              compile.Options
+		kernel           string
+	}{
+		{8, 8, []int{8, 32}, compile.Options{}, "gemm_copy_k4096_n6144_r32_rope_kv"},
+		{32, 27, []int{32}, compile.Options{GatedCopyRows: 64, GatedCopyWideOnly: true}, "gemm_copy_k4096_n28672_r64_silu_mul"},
+	} {
+		t.Run(fmt.Sprintf("r%d", c.bucket), func(t *testing.T) {
+			var kernels []string
+			past := 0
+			nb := func(t testing.TB, b *bundle.Bundle) loader.Backend {
+				be := newCUDAWith(cuda.Options{Gemm: cuda.GemmAuto, CopyXKernelRows: true})(t, b).(*cuda.Backend)
+				kernels, past = be.CopyGemmKernels(), be.CopyXPastRows()
+				return be
+			}
+			b := testsuite.CompileWith(t, c.opt, cutAt(t, "llama-3.1-8b", c.buckets...))
+			agreementRows(t, nb, fmt.Sprintf("llama-3.1-8b-2layers-x-kernel-rows-r%d", c.bucket), b, sixTokenPrompts(c.requests), 3)
+			if !slices.ContainsFunc(kernels, func(k string) bool { return strings.HasPrefix(k, c.kernel) }) {
+				t.Errorf("copy-engine kernels served: %v, want %s... among them", kernels, c.kernel)
+			}
+			if past < 2 {
+				t.Errorf("%d launches map more rows of x than their GEMM's, want each layer's pair", past)
+			}
+		})
+	}
 }
 
 // actScaleApp scales layer 1's mlp.act by a random vector: an op between the gate/up pair's

@@ -5,8 +5,9 @@
 # (every kernel stamps when its CTAs began, waited for the kernel ahead and ended), summarised
 # by trace_summary.py; TEST_RUN (a -test.run pattern) runs GPU tests first
 # (TestCUDATraceFollowsTheGraph checks the stamps against the graph's order). BUILD_FLAGS go to
-# xmixc build; NEW_TOKENS (default 8) is the run ahead of the timed graphs, as in
-# runtime_ab.sh (64: every position of the cache generated, as the grid's run.sh). Each
+# xmixc build, BENCH_FLAGS to xmix bench (e.g. --copy-x-kernel-rows); NEW_TOKENS (default 8)
+# is the run ahead of the timed graphs, as in runtime_ab.sh (64: every position of the cache
+# generated, as the grid's run.sh). Each
 # launch's CTAs also say which SMs they ran on. APPS (app spec files) go into the build, and
 # ENABLE (sets of app names, each comma-separated) traces each shape once more per set with
 # every row enabling those apps (files -APP_APP), e.g.
@@ -27,7 +28,7 @@ for m in ${MODELS:-llama-3.1-8b}; do
     for ctx in ${CONTEXTS:-80 2112}; do
       for apps in "" ${ENABLE:-}; do
         f=$m-b$bucket-c$ctx${apps:+-${apps//,/_}}
-        common=("$W/$m.xmb" --backend cuda --prompts $bucket --prompt-len 16 --new-tokens ${NEW_TOKENS:-8} --graph-buckets $bucket --graph-context $ctx --json -q ${apps:+--apps $apps --app-fraction 1})
+        common=("$W/$m.xmb" --backend cuda --prompts $bucket --prompt-len 16 --new-tokens ${NEW_TOKENS:-8} --graph-buckets $bucket --graph-context $ctx --json -q ${apps:+--apps $apps --app-fraction 1} ${BENCH_FLAGS:-})
         timeout 120 "$B/xmix" bench "${common[@]}" > "$OUT/bench-$f.json" 2> "$W/e-$f.txt"
         echo "bench $f rc=$? graph_ms $(python3 -c "import json; print(json.load(open('$OUT/bench-$f.json')).get('graph_ms'))" 2>&1 | tail -1)" | tee -a "$S"
         timeout 120 "$B/xmix" bench "${common[@]}" --trace "$OUT/trace-$f.json" > "$OUT/bench-traced-$f.json" 2> "$W/et-$f.txt"
