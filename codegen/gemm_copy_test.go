@@ -23,6 +23,19 @@ import (
 // second run with y 0 (bf16(y) alone).
 func runGemmCopy(t *testing.T, k *Kernel, c GemmCopyConfig, rows int, seed uint64) (got, want []float64) {
 	t.Helper()
+	return runGemmCopyX(t, k, c, rows, seed, false)
+}
+
+// runGemmCopyX is runGemmCopy; with staleX (a kernel that reads bf16(x), as the CUDA backend
+// maps it under Options.CopyXKernelRows) x's map spans the kernel's c.Rows rows, those past
+// rows holding NaN as a stale scratch might, and y and y_bf16 have room for c.Rows rows, of
+// which those past rows must keep what they held: no row past rows is stored.
+func runGemmCopyX(t *testing.T, k *Kernel, c GemmCopyConfig, rows int, seed uint64, staleX bool) (got, want []float64) {
+	t.Helper()
+	room := rows // rows of x mapped, and of y and y_bf16 allocated
+	if staleX {
+		room = c.Rows
+	}
 	mod, err := ptx.Parse(k.PTX)
 	if err != nil {
 		t.Fatalf("%s: parse: %v\n%s", k.Name, err, k.PTX)
@@ -35,7 +48,7 @@ func runGemmCopy(t *testing.T, k *Kernel, c GemmCopyConfig, rows int, seed uint6
 	if c.Act != "" {
 		yCols = c.N / 2 // the activation's width
 	}
-	y := targ{out: rows * yCols}.bytesOf()
+	y := targ{out: room * yCols}.bytesOf()
 	mem := emu.NewMemory()
 	put := func(b []byte) uint64 {
 		a := mem.Alloc(len(b))
@@ -51,7 +64,13 @@ func runGemmCopy(t *testing.T, k *Kernel, c GemmCopyConfig, rows int, seed uint6
 	// The warpgroup form reads bf16(x), which the backend's cast writes on the GPU.
 	xm, err := emu.TensorMap2D(xa, [2]int{c.K, rows}, 4*c.K, a.XBox, 4, a.XSwizzle)
 	if a.XBF16 {
-		xm, err = emu.TensorMap2D(put(targ{bf16: xs}.bytesOf()), [2]int{c.K, rows}, 2*c.K, a.XBox, 2, a.XSwizzle)
+		xb := targ{bf16: xs}.bytesOf()
+		for range (room - rows) * c.K {
+			xb = binary.LittleEndian.AppendUint16(xb, 0x7fc0) // a NaN
+		}
+		xm, err = emu.TensorMap2D(put(xb), [2]int{c.K, room}, 2*c.K, a.XBox, 2, a.XSwizzle)
+	} else if staleX {
+		t.Fatalf("%s: stale rows of x are a bf16 map's, and the kernel reads f32 x", k.Name)
 	}
 	if err != nil {
 		t.Fatal(err)
@@ -60,11 +79,11 @@ func runGemmCopy(t *testing.T, k *Kernel, c GemmCopyConfig, rows int, seed uint6
 	// Lag: each CTA of a cluster runs ahead of the ones ranked after it, so a copy into a
 	// partner's slot before the partner has read it would show in y.
 	args := []uint64{put(xm[:]), put(wm[:]), ya, uint64(rows)}
-	refArgs := []ops.Arg{{Mem: x}, {Mem: w}, {Mem: append([]byte(nil), y...)}, {Bits: uint64(rows)}}
+	refArgs := []ops.Arg{{Mem: x}, {Mem: w}, {Mem: append([]byte(nil), y[:4*rows*yCols]...)}, {Bits: uint64(rows)}}
 	var yb uint64
 	if a.YBF16 {
 		if rows%2 == 0 {
-			yb = put(make([]byte, 2*rows*yCols))
+			yb = put(make([]byte, 2*room*yCols))
 		}
 		args = append(args, yb)
 		refArgs = append(refArgs, ops.Arg{})
@@ -86,6 +105,12 @@ func runGemmCopy(t *testing.T, k *Kernel, c GemmCopyConfig, rows int, seed uint6
 		t.Fatalf("%s: reference: %v", k.Name, err)
 	}
 	got = floats(mem.Bytes(ya)[:4*rows*yCols], "f32")
+	if !bytes.Equal(mem.Bytes(ya)[4*rows*yCols:4*room*yCols], y[4*rows*yCols:]) {
+		t.Fatalf("%s: y past its %d rows written", k.Name, rows)
+	}
+	if yb != 0 && slices.ContainsFunc(mem.Bytes(yb)[2*rows*yCols:2*room*yCols], func(b byte) bool { return b != 0 }) {
+		t.Fatalf("%s: y_bf16 past its %d rows written", k.Name, rows)
+	}
 	if yb != 0 {
 		for i, v := range got {
 			if h := binary.LittleEndian.Uint16(mem.Bytes(yb)[2*i:]); h != ops.F32ToBF16(float32(v)) {
@@ -101,6 +126,34 @@ func runGemmCopy(t *testing.T, k *Kernel, c GemmCopyConfig, rows int, seed uint6
 		}
 	}
 	return got, floats(refArgs[2].Mem[:4*rows*yCols], "f32")
+}
+
+// TestGemmCopyStaleXRows: a kernel that reads bf16(x) gets the same y for its rows when x's map
+// spans all the kernel's rows, those past the GEMM's NaN (xmix --copy-x-kernel-rows maps a
+// scratch so, stale rows included), and stores no row past them: the wide gated kernel at
+// fewer rows than its own (the 32-row bucket under --gated-copy-wide-only), the shared-x and
+// wide forms, and the 32-row swapped kernels.
+func TestGemmCopyStaleXRows(t *testing.T) {
+	for _, c := range []struct {
+		GemmCopyConfig
+		rows int
+	}{
+		{GemmCopyConfig{K: 256, N: 256, Rows: 64, Split: 1, Stages: 2, Act: "gelu_tanh_mul", Wide: 64}, 32},
+		{GemmCopyConfig{K: 512, N: 448, Rows: 128, Split: 1, Stages: 3, Share: 2, Act: "silu_mul", Wide: 112}, 70},
+		{GemmCopyConfig{K: 768, N: 192, Rows: 64, Split: 2, Stages: 3, Wide: 96}, 33},
+		{GemmCopyConfig{K: 1024, N: 128, Rows: 128, Split: 1, Stages: 4, Share: 2}, 70},
+		{GemmCopyConfig{K: 1024, N: 128, Rows: 32, Split: 1, Stages: 3}, 8},
+		{GemmCopyConfig{K: 512, N: 256, Rows: 32, Split: 1, Stages: 3, Tiles: 2, Act: "silu_mul"}, 16},
+	} {
+		cfg := c.GemmCopyConfig
+		t.Run(fmt.Sprintf("k%d_n%d_r%d_share%d_tiles%d_wide%d_%srows%d", cfg.K, cfg.N, cfg.Rows, cfg.Share, cfg.Tiles, cfg.Wide, cfg.Act, c.rows), func(t *testing.T) {
+			k := must(t)(GemmCopy("gemm_copy_test", cfg))
+			got, want := runGemmCopyX(t, k, cfg, c.rows, uint64(c.rows), true)
+			if e := relL2(got, want); !(e <= 1e-5) {
+				t.Fatalf("relative L2 error %.3g > 1e-5 (first values got %v want %v)", e, head(got), head(want))
+			}
+		})
+	}
 }
 
 func TestGemmCopyMatchesReference(t *testing.T) {

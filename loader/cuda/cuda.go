@@ -205,7 +205,7 @@ type Options struct {
 	// in the 8- and 16-row buckets, the wide gated kernel of 64 rows in the 32-row bucket
 	// under xmixc build --gated-copy-wide-only). The rows past the GEMM's then hold whatever
 	// the scratch held; every row's sums are its own and the kernels store the GEMM's rows
-	// alone, so the results are the same. Session 67 (testsuite/gpu/RESULTS.md) found the
+	// alone, so the results are the same (codegen's TestGemmCopyStaleXRows). Session 67 (testsuite/gpu/RESULTS.md) found the
 	// wide gated kernel's grid ending about 6 us after its last CTA in the 32-row bucket and
 	// about 1.5 us in the 64-row one; this tells whether the zero-filled boxes are why.
 	CopyXKernelRows bool
