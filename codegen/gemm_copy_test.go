@@ -483,7 +483,7 @@ func TestWideAtFullWidth(t *testing.T) {
 			t.Parallel()
 			if c.rope != nil {
 				plain := GemmCopyConfig{K: cfg.K, N: cfg.N, Rows: cfg.Rows, Split: cfg.Split, Stages: cfg.Stages, Wide: 2 * cfg.Wide}
-				checkRopeCopy(t, plain, cfg, c.partRows)
+				checkRopeCopy(t, plain, cfg, c.partRows, false)
 				return
 			}
 			k := must(t)(GemmCopy("gemm_copy_full", cfg))
@@ -543,7 +543,8 @@ func TestRopeCopyForWide(t *testing.T) {
 // one a build gives the shape and rows beside it (plainTwin); in the wide form (pairs a CTA, K
 // split) the plain wide form of the same split, whose ranks add their sums in the same order: one box of pairs a half, three a half with pairs of two
 // heads a CTA, K split over 2 and 4 ranks. Before its wait the kernel reads only cos, sin, the
-// positions, the slots and the block table (emu.Memory.EarlyLoads).
+// positions, the slots and the block table (emu.Memory.EarlyLoads). A part of a bucket runs
+// again with x mapped past its rows, NaN there (checkRopeCopy's staleX).
 func TestGemmCopyRopeMatchesThePair(t *testing.T) {
 	for _, c := range []struct {
 		rc           RopeConfig
@@ -570,13 +571,21 @@ func TestGemmCopyRopeMatchesThePair(t *testing.T) {
 			// parts from rope_kv).
 			plain := fused.plainTwin()
 			t.Run(fmt.Sprintf("h%d_kv%d_d%d_%s_k%d_r%d_pairs%d_split%d_rows%d", rc.Heads, rc.KVHeads, rc.HeadDim, rc.KVDtype, c.k, c.layout, c.pairs, c.split, rows), func(t *testing.T) {
-				checkRopeCopy(t, plain, fused, rows)
+				checkRopeCopy(t, plain, fused, rows, false)
+				if rows < c.layout {
+					checkRopeCopy(t, plain, fused, rows, true)
+				}
 			})
 		}
 	}
 }
 
-func checkRopeCopy(t *testing.T, plain, fused GemmCopyConfig, rows int) {
+// checkRopeCopy checks fused (rope_kv in its epilogue) against plain and the RopeKV kernel,
+// and against the reference op, over rows rows. With staleX the fused kernel's map of x spans
+// all its rows, those past rows NaN (as the CUDA backend maps a scratch under
+// Options.CopyXKernelRows), and it must still write y and both caches as the pair does, and
+// no row of y past rows.
+func checkRopeCopy(t *testing.T, plain, fused GemmCopyConfig, rows int, staleX bool) {
 	rc := *fused.Rope
 	r := rand.New(rand.NewPCG(uint64(rows), uint64(fused.K+rc.HeadDim)))
 	maxPos := rc.BlockSize * rc.MaxBlocksPerSeq
@@ -607,11 +616,20 @@ func checkRopeCopy(t *testing.T, plain, fused GemmCopyConfig, rows int) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		xm, err := emu.TensorMap2D(put(targ{bf16: xs}.bytesOf()), [2]int{c.K, rows}, 2*c.K, a.XBox, 2, a.XSwizzle)
+		room := rows // rows of x mapped and of y allocated
+		if staleX && c.Rope != nil {
+			room = c.Rows
+		}
+		xb := targ{bf16: xs}.bytesOf()
+		for range (room - rows) * c.K {
+			xb = binary.LittleEndian.AppendUint16(xb, 0x7fc0) // a NaN
+		}
+		xm, err := emu.TensorMap2D(put(xb), [2]int{c.K, room}, 2*c.K, a.XBox, 2, a.XSwizzle)
 		if err != nil {
 			t.Fatal(err)
 		}
-		ya := put(targ{out: rows * c.N}.bytesOf())
+		y0 := targ{out: room * c.N}.bytesOf()
+		ya := put(y0)
 		var ropeP []uint64
 		for _, arg := range ropeArgs {
 			ropeP = append(ropeP, put(arg.bytesOf()))
@@ -650,6 +668,9 @@ func checkRopeCopy(t *testing.T, plain, fused GemmCopyConfig, rows int) {
 			if err := emu.Run(tm, then.Name, emu.Launch{Grid: rl.Grid, Block: rl.Block}, mem, append([]uint64{ya}, ropeP...)); err != nil {
 				t.Fatalf("%s: emulate: %v", then.Name, err)
 			}
+		}
+		if !bytes.Equal(mem.Bytes(ya)[4*rows*c.N:], y0[4*rows*c.N:]) {
+			t.Fatalf("%s: y past its %d rows written", k.Name, rows)
 		}
 		cacheBytes := len(kv.kcache.bytesOf())
 		return mem.Bytes(ya)[:4*rows*c.N], mem.Bytes(ropeP[5])[:cacheBytes], mem.Bytes(ropeP[6])[:cacheBytes]
