@@ -385,11 +385,10 @@ func (be *Backend) ltNode(n bundle.Node, vals []uint64, fed uintptr, yBF16 bool)
 		return nil, false, nil
 	}
 	lt := be.lt
-	heavy := n.SkipUnless != 0
-	if fed != 0 && (fed != lt.xb || heavy) {
+	if fed != 0 && fed != lt.scratch(n) {
 		return nil, false, fmt.Errorf("bf16(x) written at %#x, not in the cast's scratch that cuBLASLt reads", fed)
 	}
-	key := ltKey{g: g, x: uintptr(vals[g.X]), w: uintptr(vals[g.W]), y: uintptr(vals[g.Y]), heavy: heavy, fed: fed != 0, yBF16: yBF16}
+	key := ltKey{g: g, x: uintptr(vals[g.X]), w: uintptr(vals[g.W]), y: uintptr(vals[g.Y]), heavy: n.SkipUnless != 0, fed: fed != 0, yBF16: yBF16}
 	if l, ok := lt.served[key]; ok {
 		return l, true, nil
 	}

@@ -89,6 +89,13 @@ func (be *Backend) prepareAll(nodes []bundle.Node, variants uint32) ([]launch, e
 	var all []launch
 	var fed uintptr // bf16 of this node's x, as the launch ahead wrote it (copyPair, feedAhead)
 	var guB uintptr // bf16 of this activation's gu, as cuBLASLt's GEMM ahead wrote it (gu.go)
+	prepare := func(n bundle.Node, fed uintptr, guBF16 bool) (launch, error) {
+		l, err := be.prepare(n, variants, fed, guBF16)
+		if err != nil {
+			return launch{}, fmt.Errorf("node %s (kernel %s, grid %v, block %v): %w", n.Label, n.Kernel, n.Grid, n.Block, err)
+		}
+		return l, nil
+	}
 	for i := 0; i < len(nodes); i++ {
 		n := nodes[i]
 		if n.Collective != nil {
@@ -96,9 +103,9 @@ func (be *Backend) prepareAll(nodes []bundle.Node, variants uint32) ([]launch, e
 		}
 		if fed != 0 && n.SkipUnless != 0 {
 			// A heavy node that the bf16 copy passes (fedAt): the GEMM after it reads the copy.
-			l, err := be.prepare(n, variants, 0, false)
+			l, err := prepare(n, 0, false)
 			if err != nil {
-				return nil, fmt.Errorf("node %s (kernel %s, grid %v, block %v): %w", n.Label, n.Kernel, n.Grid, n.Block, err)
+				return nil, err
 			}
 			all = append(all, l)
 			continue
@@ -124,10 +131,10 @@ func (be *Backend) prepareAll(nodes []bundle.Node, variants uint32) ([]launch, e
 		if guB != 0 {
 			n = withGuBF16(n, guB)
 		}
-		l, err = be.prepare(n, variants, fed, be.guBF16At(nodes, i))
+		l, err = prepare(n, fed, be.guBF16At(nodes, i))
 		fed, guB = feeds, 0
 		if err != nil {
-			return nil, fmt.Errorf("node %s (kernel %s, grid %v, block %v): %w", n.Label, n.Kernel, n.Grid, n.Block, err)
+			return nil, err
 		}
 		if l.matmul != nil && l.matmul.yBF16 {
 			guB = l.matmul.y
