@@ -65,7 +65,6 @@ type runFlags struct {
 	gemm        string // who serves tensor-core GEMMs on cuda: auto, ptx, cublaslt
 	gemmPicks   string // cuBLASLt's tuned algorithms: a file of xmix tune-gemm, none, or "" (the shipped table)
 	guF32       bool   // cuda: cuBLASLt's gate/up GEMMs write f32 (cuda.Options.GuF32)
-	copyXRows   bool   // cuda: copy-engine kernels map their own rows of x (cuda.Options.CopyXKernelRows)
 	maxBatched  int    // token budget per step; 0: the bundle's
 	loadReaders int    // goroutines reading weights into pinned staging on cuda; 0: default
 	quiet       bool
@@ -136,7 +135,6 @@ func (f *runFlags) addBackendFlags(fl *pflag.FlagSet) {
 	fl.StringVar(&f.gemm, "gemm", cuda.GemmAuto, "cuda: who serves the tensor-core GEMMs (batches of 8+ rows, prefill): auto (the bundle's copy-engine kernels where it carries one, cuBLASLt for the rest when it loads, else the bundle's PTX) | ptx | cublaslt; a bucket's gate/up fused with its activation (xmixc build --gated-tc-rows) is the bundle's kernel whichever")
 	fl.StringVar(&f.gemmPicks, "gemm-picks", "", "cuda: cuBLASLt's algorithm per GEMM shape, a file `xmix tune-gemm` wrote, or none (the library's first choice everywhere); default: the table xmix ships, for the GPUs it was tuned on")
 	fl.BoolVar(&f.guF32, "gu-f32", false, "cuda: a gate/up GEMM that cuBLASLt serves writes f32 for the gated activation after it, as before (for measuring); default: bf16, half the bytes written and read")
-	fl.BoolVar(&f.copyXRows, "copy-x-kernel-rows", false, "cuda: a copy-engine kernel that reads bf16 x from the backend's scratch maps as many rows of it as the kernel multiplies, not the batch's rows with the rest of each box zero-filled (for measuring; the same results)")
 	fl.IntVar(&f.maxBatched, "max-batched-tokens", 0, "rows one step runs at most, decode and prompt rows together (vLLM's max_num_batched_tokens); 0: the bundle's serving.max_batched_tokens")
 	fl.IntVar(&f.loadReaders, "load-readers", 0, "cuda: goroutines reading the checkpoint into pinned staging while earlier chunks are copied to the GPU (0: min(8, CPUs))")
 	fl.BoolVarP(&f.quiet, "quiet", "q", false, "no progress output on stderr")
@@ -175,7 +173,7 @@ func openBackend(kind string, b *bundle.Bundle, w *loader.Weights, f runFlags) (
 	if f.tpAddr != "" {
 		return openGroup(kind, b, w, f)
 	}
-	opts := cuda.Options{Progress: f.progress, Gemm: f.gemm, LoadReaders: f.loadReaders, GemmPicks: picks, Trace: f.trace, GuF32: f.guF32, CopyXKernelRows: f.copyXRows}
+	opts := cuda.Options{Progress: f.progress, Gemm: f.gemm, LoadReaders: f.loadReaders, GemmPicks: picks, Trace: f.trace, GuF32: f.guF32}
 	switch kind {
 	case "cpu":
 		return cpu.New(b, w, f.progress)

@@ -101,8 +101,6 @@ type Backend struct {
 	params    [][]uint64
 	paramP    [][]uintptr
 	closed    bool
-	// copyXKernelRows: Options.CopyXKernelRows (xMapRows).
-	copyXKernelRows bool
 }
 
 // do runs f on the backend's locked thread and waits for it.
@@ -198,17 +196,6 @@ type Options struct {
 	// default one whose y only the gated activation after it reads writes it in bf16 for that
 	// kernel (gu.go).
 	GuF32 bool
-	// CopyXKernelRows (for measuring): a copy-engine kernel that reads bf16(x) from one of the
-	// backend's scratches maps as many rows of it as the kernel multiplies, where the scratch
-	// holds them, so no box of x reaches past the map; by default the map spans the GEMM's
-	// rows and the copy engine zero-fills the rest of a box (the 32-row kernel with rope_kv
-	// in the 8- and 16-row buckets, the wide gated kernel of 64 rows in the 32-row bucket
-	// under xmixc build --gated-copy-wide-only). The rows past the GEMM's then hold whatever
-	// the scratch held; every row's sums are its own and the kernels store the GEMM's rows
-	// alone, so the results are the same (codegen's TestGemmCopyStaleXRows). Session 67 (testsuite/gpu/RESULTS.md) found the
-	// wide gated kernel's grid ending about 6 us after its last CTA in the 32-row bucket and
-	// about 1.5 us in the 64-row one; this tells whether the zero-filled boxes are why.
-	CopyXKernelRows bool
 }
 
 // New loads a bundle onto GPU 0: modules, buffers, weights, params and graphs.
@@ -235,7 +222,7 @@ func New(b *bundle.Bundle, w *loader.Weights, opt Options) (*Backend, error) {
 	if err != nil {
 		return nil, err
 	}
-	be.guF32, be.copyXKernelRows = opt.GuF32, opt.CopyXKernelRows
+	be.guF32 = opt.GuF32
 	if err := be.do(func() error { return be.load(b, w, opt, progress) }); err != nil {
 		be.Close()
 		return nil, err

@@ -20,7 +20,6 @@ type copyServer struct {
 	maps    map[copyMapKey]*tensorMap // encoded tensor maps by buffer and shape
 	served  map[copyLaunchKey]*launch // one launch per node shape and buffers, as cuBLASLt's
 	nodes   int
-	xPast   int // launches whose map of x spans more rows than their GEMM's (xMapRows)
 	// yb is device scratch of ybBytes where a kernel with YBF16 writes bf16(y) for the GEMM
 	// after it (apart from the cast's scratch, which that kernel's own x is read from while
 	// it writes).
@@ -255,13 +254,9 @@ func (be *Backend) copyLaunch(n bundle.Node, g bundle.GEMM, c bundle.GemmCopy, v
 		}
 		xAddr = be.lt.xb
 	}
-	xRows := be.xMapRows(xAddr, g, a)
-	xmap, err := be.tensorMap(copyMapKey{addr: xAddr, bf16: a.XBF16, k: g.K, n: xRows, box: a.XBox, swizzle: a.XSwizzle})
+	xmap, err := be.tensorMap(copyMapKey{addr: xAddr, bf16: a.XBF16, k: g.K, n: g.M, box: a.XBox, swizzle: a.XSwizzle})
 	if err != nil {
 		return nil, false, fmt.Errorf("node %s: x: %w", n.Label, err)
-	}
-	if xRows > g.M {
-		be.copy.xPast++
 	}
 	wmap, err := be.tensorMap(copyMapKey{addr: key.w, bf16: true, k: g.K, n: g.N, box: a.Box, swizzle: a.Swizzle})
 	if err != nil {
@@ -298,26 +293,6 @@ func (be *Backend) copyLaunch(n bundle.Node, g bundle.GEMM, c bundle.GemmCopy, v
 	be.copy.served[key] = l
 	be.copy.nodes++
 	return l, true, nil
-}
-
-// xMapRows is the rows of x that copy-engine kernel a's tensor map of x at xAddr spans for
-// GEMM g: g's, or with Options.CopyXKernelRows the kernel's where x is bf16 in a scratch of
-// the backend's (the cast's, or the gated kernels' bf16 activations) that holds them.
-func (be *Backend) xMapRows(xAddr uintptr, g bundle.GEMM, a bundle.GemmCopyAttrs) int {
-	if !be.copyXKernelRows || !a.XBF16 || a.Rows <= g.M {
-		return g.M
-	}
-	var bytes int64
-	switch {
-	case be.lt != nil && xAddr == be.lt.xb:
-		bytes = be.lt.xbBytes
-	case xAddr == be.copy.yb:
-		bytes = be.copy.ybBytes
-	}
-	if int64(a.Rows)*int64(g.K)*2 > bytes {
-		return g.M
-	}
-	return a.Rows
 }
 
 // tensorMap is one encoded CUtensorMap: 128 bytes at a 64-byte boundary of buf, which the
@@ -368,15 +343,6 @@ func (be *Backend) CopyGemmNodes() int {
 		return 0
 	}
 	return be.copy.nodes
-}
-
-// CopyXPastRows is how many copy-engine launches map more rows of x than their GEMM's
-// (Options.CopyXKernelRows).
-func (be *Backend) CopyXPastRows() int {
-	if be.copy == nil {
-		return 0
-	}
-	return be.copy.xPast
 }
 
 // CopyGemmKernels lists the copy-engine kernels that serve the backend's nodes, each once, in

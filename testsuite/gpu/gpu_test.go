@@ -709,44 +709,6 @@ func TestCUDAGatedCopyMatchesCPU(t *testing.T) {
 	})
 }
 
-// TestCUDACopyXKernelRowsMatchesCPU: with the backend's CopyXKernelRows (xmix
-// --copy-x-kernel-rows) the copy-engine kernels of more rows than their bucket map as many
-// rows of x as they multiply, the rest stale scratch that is never stored, and every request
-// still gets the CPU's results: in the 8-row bucket the 32-row q/k/v kernel with rope_kv, in
-// the 32-row bucket under --gated-copy-wide-only the 64-row wide gated kernel, each layer's
-// pair mapping past its rows. (The 8-row cut has a 32-row bucket too: the kernel with
-// rope_kv is made for it.)
-func TestCUDACopyXKernelRowsMatchesCPU(t *testing.T) {
-	needGPU(t)
-	for _, c := range []struct {
-		bucket, requests int
-		buckets          []int
-		opt              compile.Options
-		kernel           string
-	}{
-		{8, 8, []int{8, 32}, compile.Options{}, "gemm_copy_k4096_n6144_r32_rope_kv"},
-		{32, 27, []int{32}, compile.Options{GatedCopyRows: 64, GatedCopyWideOnly: true}, "gemm_copy_k4096_n28672_r64_silu_mul"},
-	} {
-		t.Run(fmt.Sprintf("r%d", c.bucket), func(t *testing.T) {
-			var kernels []string
-			past := 0
-			nb := func(t testing.TB, b *bundle.Bundle) loader.Backend {
-				be := newCUDAWith(cuda.Options{Gemm: cuda.GemmAuto, CopyXKernelRows: true})(t, b).(*cuda.Backend)
-				kernels, past = be.CopyGemmKernels(), be.CopyXPastRows()
-				return be
-			}
-			b := testsuite.CompileWith(t, c.opt, cutAt(t, "llama-3.1-8b", c.buckets...))
-			agreementRows(t, nb, fmt.Sprintf("llama-3.1-8b-2layers-x-kernel-rows-r%d", c.bucket), b, sixTokenPrompts(c.requests), 3)
-			if !slices.ContainsFunc(kernels, func(k string) bool { return strings.HasPrefix(k, c.kernel) }) {
-				t.Errorf("copy-engine kernels served: %v, want %s... among them", kernels, c.kernel)
-			}
-			if past < 2 {
-				t.Errorf("%d launches map more rows of x than their GEMM's, want each layer's pair", past)
-			}
-		})
-	}
-}
-
 // actScaleApp scales layer 1's mlp.act by a random vector: an op between the gate/up pair's
 // activation and the down projection.
 const actScaleApp = "app: act-scale\nparams: {s: {random: 23}}\nops:\n  - write: {at: {layers: [1], hook: mlp.act}, kernel: scale, args: {vector: s}}\n"

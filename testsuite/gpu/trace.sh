@@ -5,7 +5,7 @@
 # (every kernel stamps when its CTAs began, waited for the kernel ahead and ended), summarised
 # by trace_summary.py; TEST_RUN (a -test.run pattern) runs GPU tests first
 # (TestCUDATraceFollowsTheGraph checks the stamps against the graph's order). BUILD_FLAGS go to
-# xmixc build, BENCH_FLAGS to xmix bench (e.g. --copy-x-kernel-rows); NEW_TOKENS (default 8)
+# xmixc build, BENCH_FLAGS to xmix bench (e.g. --attn-splits 2); NEW_TOKENS (default 8)
 # is the run ahead of the timed graphs, as in runtime_ab.sh (64: every position of the cache
 # generated, as the grid's run.sh). Each
 # launch's CTAs also say which SMs they ran on. APPS (app spec files) go into the build, and
