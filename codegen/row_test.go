@@ -965,6 +965,49 @@ func foldedProjection(t *testing.T, rng *rand.Rand, w int, residOps []ir.MI) {
 	}
 }
 
+// TestRowNormFoldedClamp: with clamp_projection among its residual ops (side-effect-free
+// steering), the add+norm kernel takes the norm's sum of squares from the clamp's reduction.
+// Rows it moves take ‖x‖² − p² + c² and match the reference; a row that lies almost along d,
+// where that difference cancels, is summed again and matches too, alone and behind a steer
+// (the app's own pair). Within bounds no row moves, and every row keeps the bits of the
+// kernel without MI ops, the row along d included.
+func TestRowNormFoldedClamp(t *testing.T) {
+	rng := rand.New(rand.NewPCG(25, 26))
+	for _, w := range []int{256, 1000, 4096} {
+		clamp := ir.MI{Op: mi.Op{Template: "clamp_projection", Bit: testBit, Width: w, Alpha: 1, Bias: 2}, Vec: "d", Scal: "scal"}
+		steer := ir.MI{Op: mi.Op{Template: "steer_add", Bit: testBit, Width: w, Alpha: 0, Bias: -1}, Vec: "steer_v", Scal: "scal"}
+		for _, resid := range [][]ir.MI{{clamp}, {steer, clamp}} {
+			c := RowConfig{Hidden: w, Eps: 1e-5, WDtype: ptx.BF16, Load: "add", ResidOps: resid}
+			k := must(t)(RowNorm(fmt.Sprintf("row_norm_clamp_fold_%d_%d", w, len(resid)), c))
+			if !strings.Contains(k.PTX, "red2") {
+				t.Fatalf("%s: the kernel does not fold the norm into the clamp's reduction", k.Name)
+			}
+			args := rowNormArgs(rng, c, testRows)
+			at := func(name string) []float32 {
+				i := slices.IndexFunc(args, func(a targ) bool { return a.name == name })
+				return args[i].f32
+			}
+			d := at(fmt.Sprintf("mi%d_vec", len(resid)-1))
+			// Row 0 (with the app) lies almost along d: its projection carries nearly all of it.
+			for i := range w {
+				args[0].f32[i] = 30*d[i] + 0.01*args[0].f32[i]
+				args[1].f32[i] = 0
+			}
+			checkKernel(t, k, c.Launch(testRows), args)
+			if len(resid) > 1 {
+				continue
+			}
+			copy(at("mi0_scal"), []float32{2.5, -1e6, 1e6})
+			plain := RowConfig{Hidden: w, Eps: 1e-5, WDtype: ptx.BF16, Load: "add"}
+			kp := must(t)(RowNorm(fmt.Sprintf("row_norm_plain_clamp_%d", w), plain))
+			got := emulate(t, k, c.Launch(testRows), args)
+			base := emulate(t, kp, plain.Launch(testRows), append(args[:5:5], targ{name: "ctl_mask", u32: testMask}))
+			sameBits(t, k.Name+": resid within bounds", got[0], base[0])
+			sameBits(t, k.Name+": out within bounds", got[3], base[3])
+		}
+	}
+}
+
 // TestRowNormPrefetchEarly: launched early (RowConfig.EarlyLaunch), a row kernel whose MI
 // ops read vectors or scalar tables gets them before it waits for the grid ahead. Without
 // PreloadVectors it only asks L2 for them and reads nothing before the wait; with it, it also
