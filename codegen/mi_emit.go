@@ -19,11 +19,15 @@ import (
 // miBound is one MI op of a kernel with its parameter registers.
 type miBound struct {
 	ir.MI
-	ref     mi.Op
-	index   int                // i in mi<i>_*
-	params  map[string]ptx.Reg // suffix (vec, pool, scal, out, fired, g<j>) -> pointer
-	scal    ptx.Reg            // this row's scalars: params["scal"], at its sequence's row
-	barrier bool               // a later op's gate reads what this op writes
+	ref    mi.Op
+	index  int                // i in mi<i>_*
+	params map[string]ptx.Reg // suffix (vec, pool, scal, out, fired, g<j>) -> pointer
+	scal   ptx.Reg            // this row's scalars: params["scal"], at its sequence's row
+	// scalars, when set, holds the row's scalars the op reads (Scal[Alpha], Scal[Bias]) by
+	// index, loaded before the kernel waits for the grid ahead (miSet.preloadVectors); nil:
+	// loaded where the op runs.
+	scalars map[int]ptx.Reg
+	barrier bool // a later op's gate reads what this op writes
 	// changed, set by an emitter whose op may leave the row alone (clamp_projection), holds
 	// whether it changed the row: what the op's fired word records.
 	changed *ptx.Reg
@@ -40,6 +44,7 @@ type miSet struct {
 	tokens, gen, seq, latch, vslot bool
 	mask, tok, genReg              ptx.Reg // per-row control values, loaded by loadCtl
 	maskLoaded                     bool    // mask holds the row's mask (loadMask), not its array
+	seqLoaded                      bool    // seqReg holds the row's sequence slot (loadSeq)
 	seqReg, latchReg, vslotReg     ptx.Reg
 	// lead is true in the one thread of a row that stores the ops' fired words (thread 0;
 	// the logits kernel narrows it to its row's first block). Set by loadCtl.
@@ -163,9 +168,7 @@ func (m *miSet) loadCtl(r *rowEmitter) {
 	if m.gen {
 		m.genReg = load(m.genReg)
 	}
-	if m.seq {
-		m.seqReg = load(m.seqReg)
-	}
+	m.loadSeq(r)
 	if m.latch {
 		m.latchReg = load(m.latchReg)
 	}
@@ -189,6 +192,14 @@ func (m *miSet) loadMask(r *rowEmitter) {
 	}
 }
 
+// loadSeq replaces the sequence slot array pointer by this row's slot, once (a kernel whose
+// ops read per-request scalars or latches).
+func (m *miSet) loadSeq(r *rowEmitter) {
+	if m.seq && !m.seqLoaded {
+		m.seqReg, m.seqLoaded = r.loadCtlWord(m.seqReg), true
+	}
+}
+
 // loadCtlWord loads this row's word of a control array. The host writes the control block
 // before the step, so a kernel launched early may read it before it waits.
 func (r *rowEmitter) loadCtlWord(p ptx.Reg) ptx.Reg {
@@ -203,29 +214,65 @@ const maxPreloadedVec = 16
 
 // preloadVectors loads, before a kernel launched early waits for the grid ahead, the
 // compiled vector of each op the row enables into registers, until maxPreloadedVec elements
-// a thread are taken; it loads the row's mask first. The vectors and the mask never change
-// during a step, and otherwise an op's first vector load (an L2 round trip at best) sits
-// between the residual add and its dot product. Kernels of templates of preloadMinRows rows
-// and more do this (RowConfig.PreloadVectors), where it made the apps cheaper; smaller ones
-// only ask L2 (prefetchVectors). A row without the op's bit loads nothing (its registers
-// read 0). An op with per-request vectors keeps its loads where it runs: the row's slot
-// picks the vector there.
+// a thread are taken, and the row's scalars of each such op (preloadScalars); it loads the
+// row's mask first. The vectors, the scalars and the mask never change during a step, and
+// otherwise an op's first vector load (an L2 round trip at best) sits between the residual
+// add and its dot product. Kernels of templates of preloadMinRows rows and more do this
+// (RowConfig.PreloadVectors), where it made the apps cheaper; smaller ones only ask L2
+// (prefetchVectors). A row without the op's bit loads nothing (its registers read 0). An op
+// with per-request vectors keeps its vector loads where it runs: the row's slot picks the
+// vector there.
 func (m *miSet) preloadVectors(r *rowEmitter) {
 	m.loadMask(r)
 	taken := 0
 	for _, group := range m.groups {
 		for _, b := range group {
-			vec, ok := b.params["vec"]
-			if _, perRequest := b.params["pool"]; !ok || perRequest || taken+r.per > maxPreloadedVec {
+			_, hasVec := b.params["vec"]
+			_, perRequest := b.params["pool"]
+			loadVec := hasVec && !perRequest && taken+r.per <= maxPreloadedVec
+			if _, hasScal := b.params["scal"]; !loadVec && !hasScal {
 				continue
 			}
 			bit := r.Reg(ptx.U32)
 			r.Emit("and.b32", bit, m.mask, ptx.Imm(int64(1)<<b.Bit))
 			on := r.Reg(ptx.Pred)
 			r.Emit("setp.ne.u32", on, bit, ptx.Imm(0))
-			b.vec = r.loadRow(r.vecPtr(vec, ptx.F32), &on)
-			taken += r.per
+			m.preloadScalars(r, b, on)
+			if loadVec {
+				b.vec = r.loadRow(r.vecPtr(b.params["vec"], ptx.F32), &on)
+				taken += r.per
+			}
 		}
+	}
+}
+
+// preloadScalars loads the scalars op b reads (Scal[Alpha], Scal[Bias]) of a row that
+// enables it (on) into registers, its sequence's where they are per request (the sequence
+// slot, which the host writes before the step, loaded first): otherwise the op's branch
+// waits on an L2 round trip for them, two where it must load the slot first
+// (side-effect-free's steer and clamp, session 68: its add+norm kernel took 2.3 us longer
+// than the bare one at 8 rows). A row without the bit reads 0.
+func (m *miSet) preloadScalars(r *rowEmitter, b *miBound, on ptx.Reg) {
+	scal, ok := b.params["scal"]
+	if !ok {
+		return
+	}
+	if b.ScalStride > 0 {
+		m.loadSeq(r)
+		base := r.Reg(ptx.U64)
+		r.Emit("mul.wide.u32", base, m.seqReg, ptx.Imm(int64(4*b.ScalStride)))
+		r.Emit("add.u64", base, base, scal)
+		scal = base
+	}
+	b.scalars = map[int]ptx.Reg{}
+	for _, idx := range []int{b.Alpha, b.Bias} {
+		if idx < 0 {
+			continue
+		}
+		v := r.Reg(ptx.F32)
+		r.Emit("mov.f32", v, ptx.F32Imm(0))
+		r.EmitIf(on, false, "ld.global.nc.f32", v, ptx.Addr{Base: scal, Offset: int64(4 * idx)})
+		b.scalars[idx] = v
 	}
 }
 
@@ -366,7 +413,7 @@ func (m *miSet) emit(r *rowEmitter, g int, x []ptx.Reg, dirty *ptx.Reg) {
 		r.Emit("setp.eq.u32", off, bit, ptx.Imm(0))
 		r.EmitIf(off, false, "bra.uni", ptx.Sym(skip))
 		b.scal = b.params["scal"]
-		if b.ScalStride > 0 && b.scal.T != 0 {
+		if b.ScalStride > 0 && b.scal.T != 0 && b.scalars == nil {
 			// Only rows that enable the app pay for finding their sequence's scalars.
 			base := r.Reg(ptx.U64)
 			r.Emit("mul.wide.u32", base, m.seqReg, ptx.Imm(int64(4*b.ScalStride)))
@@ -518,8 +565,11 @@ func (r *rowEmitter) outPtr(b *miBound) rowPtr {
 	return r.ptr(b.params["out"], r.row, b.OutWidth, b.OutCol, ptx.F32, false)
 }
 
-// scalar loads the row's Scal[idx].
+// scalar is the row's Scal[idx]: preloaded (preloadScalars), else loaded here.
 func (r *rowEmitter) scalar(b *miBound, idx int) ptx.Reg {
+	if v, ok := b.scalars[idx]; ok {
+		return v
+	}
 	v := r.Reg(ptx.F32)
 	r.Emit("ld.global.nc.f32", v, ptx.Addr{Base: b.scal, Offset: int64(4 * idx)})
 	return v

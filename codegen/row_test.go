@@ -1011,12 +1011,13 @@ func TestRowNormFoldedClamp(t *testing.T) {
 // TestRowNormPrefetchEarly: launched early (RowConfig.EarlyLaunch), a row kernel whose MI
 // ops read vectors or scalar tables gets them before it waits for the grid ahead. Without
 // PreloadVectors it only asks L2 for them and reads nothing before the wait; with it, it also
-// loads the row's mask and, for each op with a compiled vector up to maxPreloadedVec elements
-// a thread, the vector into registers (preloadVectors), and asks L2 for the rest (scalar
-// tables, vectors past the budget or with per-request slots). An add+norm also asks L2 for
-// its residual row (an add+norm without such ops only for that: one line a warp for each of
-// a thread's elements). Nothing else is read before the wait (the other control words, the
-// tokens, the residual, the delta and the norm weight all come after); only its activation
+// loads the row's mask, each op's scalars (and the row's sequence slot first where they are
+// per request) and, for each op with a compiled vector up to maxPreloadedVec elements a
+// thread, the vector into registers (preloadVectors), and asks L2 for the rest (vectors past
+// the budget or with per-request slots). An add+norm also asks L2 for its residual row (an
+// add+norm without such ops only for that: one line a warp for each of a thread's elements).
+// Nothing else is read before the wait (the other control words, the tokens, the residual,
+// the delta and the norm weight all come after); only its activation
 // gates' values, which the grid ahead may write, are asked for after it. Its results match
 // the reference either way, with a table of one row and with one of a row per sequence slot,
 // on rows with and without the ops' bit. An embedding kernel without such ops is the same
@@ -1079,12 +1080,23 @@ func checkPrefetchEarly(t *testing.T, rng *rand.Rand, c RowConfig, wait string) 
 	if !strings.Contains(before, "prefetch.global.L2") || strings.Count(after, "prefetch.global.L2") != gates {
 		t.Fatalf("%s: the prefetches are not all before the wait, but for %d gates':\n%s", c.Load, gates, k.PTX)
 	}
-	per, vecs, loads := rowPer(c.Hidden), 0, 0
+	// Preloading, the kernel reads the mask, the sequence slot where an op's scalars are per
+	// request, each op's scalars and the vectors within the budget; nothing else.
+	per, vecs, scalars, mask, seq := rowPer(c.Hidden), 0, 0, 0, 0
 	for _, o := range c.MIOps() {
-		if c.PreloadVectors && o.Vec != "" && o.Pool == "" && (vecs+1)*per <= maxPreloadedVec {
+		if !c.PreloadVectors || o.Vec == "" && o.Scal == "" {
+			continue
+		}
+		mask = 1
+		if o.Vec != "" && o.Pool == "" && (vecs+1)*per <= maxPreloadedVec {
 			vecs++
 		}
+		if o.Scal != "" {
+			scalars += min(o.Alpha+1, 1) + min(o.Bias+1, 1)
+			seq = max(seq, min(o.ScalStride, 1))
+		}
 	}
+	words, floats := 0, 0
 	for _, line := range strings.Split(before, "\n") {
 		op, _, _ := strings.Cut(strings.TrimSpace(line), " ")
 		if strings.HasPrefix(op, "@") {
@@ -1092,14 +1104,17 @@ func checkPrefetchEarly(t *testing.T, rng *rand.Rand, c RowConfig, wait string) 
 			op, _, _ = strings.Cut(op, " ")
 		}
 		switch {
-		case op == "ld.global.nc.u32" && loads == 0 && vecs > 0, op == "ld.global.nc.f32" && loads > 0:
-			loads++
+		case op == "ld.global.nc.u32":
+			words++
+		case op == "ld.global.nc.f32":
+			floats++
 		case strings.HasPrefix(op, "ld.global"):
 			t.Fatalf("%s: %s before the wait:\n%s", c.Load, line, before)
 		}
 	}
-	if want := min(vecs, 1) + vecs*per; loads != want {
-		t.Fatalf("%s: %d loads before the wait, want the mask and %d vectors of %d elements:\n%s", c.Load, loads, vecs, per, before)
+	if words != mask+seq || floats != vecs*per+scalars {
+		t.Fatalf("%s: %d control words and %d floats loaded before the wait, want %d + %d (mask, slot) and %d vectors of %d elements and %d scalars:\n%s",
+			c.Load, words, floats, mask, seq, vecs, per, scalars, before)
 	}
 	args := gemmaRowArgs(rng, c, testRows)
 	if len(c.ResidOps) > 0 && c.ResidOps[0].ScalStride > 0 {
