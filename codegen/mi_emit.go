@@ -2,6 +2,7 @@ package codegen
 
 import (
 	"fmt"
+	"slices"
 
 	"xmix/bundle"
 	"xmix/ir"
@@ -23,10 +24,11 @@ type miBound struct {
 	index  int                // i in mi<i>_*
 	params map[string]ptx.Reg // suffix (vec, pool, scal, out, fired, g<j>) -> pointer
 	scal   ptx.Reg            // this row's scalars: params["scal"], at its sequence's row
-	// scalars, when set, holds the row's scalars the op reads (Scal[Alpha], Scal[Bias]) by
-	// index, loaded before the kernel waits for the grid ahead (miSet.preloadVectors); nil:
-	// loaded where the op runs.
+	// scalars, when set, holds the row's scalars the op and its thresholds read, by index,
+	// loaded before the kernel waits for the grid ahead (miSet.preloadScalars), and scalRow
+	// the row's scalars' address found there; nil: loaded where the op runs.
 	scalars map[int]ptx.Reg
+	scalRow ptx.Reg
 	barrier bool // a later op's gate reads what this op writes
 	// changed, set by an emitter whose op may leave the row alone (clamp_projection), holds
 	// whether it changed the row: what the op's fired word records.
@@ -246,12 +248,12 @@ func (m *miSet) preloadVectors(r *rowEmitter) {
 	}
 }
 
-// preloadScalars loads the scalars op b reads (Scal[Alpha], Scal[Bias]) of a row that
-// enables it (on) into registers, its sequence's where they are per request (the sequence
-// slot, which the host writes before the step, loaded first): otherwise the op's branch
-// waits on an L2 round trip for them, two where it must load the slot first
-// (side-effect-free's steer and clamp, session 68: its add+norm kernel took 2.3 us longer
-// than the bare one at 8 rows). A row without the bit reads 0.
+// preloadScalars loads the scalars op b reads of a row that enables it (on) into registers:
+// Scal[Alpha], Scal[Bias] and its activation gates' thresholds, its sequence's where they
+// are per request (the sequence slot, which the host writes before the step, loaded first).
+// Otherwise the op's branch waits on an L2 round trip for them, two where it must load the
+// slot first (side-effect-free's steer and clamp, session 68: its add+norm kernel took
+// 2.3 us longer than the bare one at 8 rows). A row without the bit reads 0.
 func (m *miSet) preloadScalars(r *rowEmitter, b *miBound, on ptx.Reg) {
 	scal, ok := b.params["scal"]
 	if !ok {
@@ -264,16 +266,30 @@ func (m *miSet) preloadScalars(r *rowEmitter, b *miBound, on ptx.Reg) {
 		r.Emit("add.u64", base, base, scal)
 		scal = base
 	}
-	b.scalars = map[int]ptx.Reg{}
-	for _, idx := range []int{b.Alpha, b.Bias} {
-		if idx < 0 {
-			continue
-		}
+	b.scalRow, b.scalars = scal, map[int]ptx.Reg{}
+	for _, idx := range b.scalarsRead() {
 		v := r.Reg(ptx.F32)
 		r.Emit("mov.f32", v, ptx.F32Imm(0))
 		r.EmitIf(on, false, "ld.global.nc.f32", v, ptx.Addr{Base: scal, Offset: int64(4 * idx)})
 		b.scalars[idx] = v
 	}
+}
+
+// scalarsRead is the indices of the f32 scalars op b reads: Alpha and Bias where it has
+// them, then its activation gates' thresholds, each once.
+func (b *miBound) scalarsRead() []int {
+	var idx []int
+	for _, i := range []int{b.Alpha, b.Bias} {
+		if i >= 0 {
+			idx = append(idx, i)
+		}
+	}
+	for _, g := range b.Gates {
+		if g.Kind == "activation" && g.Thresh > 0 && !slices.Contains(idx, g.Thresh-1) {
+			idx = append(idx, g.Thresh-1)
+		}
+	}
+	return idx
 }
 
 // skipWithoutApps branches to label end in a row whose app mask (loadCtl) holds none of ops'
@@ -413,7 +429,10 @@ func (m *miSet) emit(r *rowEmitter, g int, x []ptx.Reg, dirty *ptx.Reg) {
 		r.Emit("setp.eq.u32", off, bit, ptx.Imm(0))
 		r.EmitIf(off, false, "bra.uni", ptx.Sym(skip))
 		b.scal = b.params["scal"]
-		if b.ScalStride > 0 && b.scal.T != 0 && b.scalars == nil {
+		switch {
+		case b.scalRow.T != 0:
+			b.scal = b.scalRow // found before the wait (preloadScalars)
+		case b.ScalStride > 0 && b.scal.T != 0:
 			// Only rows that enable the app pay for finding their sequence's scalars.
 			base := r.Reg(ptx.U64)
 			r.Emit("mul.wide.u32", base, m.seqReg, ptx.Imm(int64(4*b.ScalStride)))

@@ -1026,12 +1026,17 @@ func TestRowNormPrefetchEarly(t *testing.T) {
 	rng := rand.New(rand.NewPCG(13, 14))
 	sets := testOps(300)
 	perSeq := ir.MI{Op: mi.Op{Template: "steer_add", Bit: testBit, Width: 300, Alpha: 0, Bias: -1, ScalStride: 2, ScalRows: 3}, Vec: "v", Scal: "s"}
+	// Its request's threshold (Scal[1]) and layer word (Scal[2]) gate it too.
+	perSeqGated := perSeq
+	perSeqGated.ScalStride = 3
+	perSeqGated.Gates = []mi.Gate{{Kind: "activation", Buf: "gate", Col: 1, Width: 2, Cmp: ">", Thresh: 2}, {Kind: "layers", Word: 2}}
 	wait := "\t" + bundle.PriorGridWait + ";\n"
 	for _, c := range []RowConfig{
 		{Hidden: 300, Vocab: 50, Eps: 1e-5, WDtype: ptx.BF16, Load: "embed", ResidOps: sets["steer"]},
 		{Hidden: 300, Eps: 1e-5, WDtype: ptx.BF16, Load: "add", ResidOps: sets["project"], NormOps: sets["probe"], Gather: true},
 		{Hidden: 300, Eps: 1e-6, WDtype: ptx.F32, Load: "add", DeltaOps: sets["steer"], DeltaNorm: true, WOffset: 1},
 		{Hidden: 300, Eps: 1e-5, WDtype: ptx.BF16, Load: "add", ResidOps: []ir.MI{perSeq}},
+		{Hidden: 300, Eps: 1e-5, WDtype: ptx.BF16, Load: "add", ResidOps: []ir.MI{perSeqGated}},
 		// 3 elements a thread: the chains' five vectors fill the budget, the sixth is prefetched
 		{Hidden: 300, Eps: 1e-5, WDtype: ptx.BF16, Load: "add", DeltaOps: sets["chain"], ResidOps: sets["chain"]},
 	} {
@@ -1093,6 +1098,9 @@ func checkPrefetchEarly(t *testing.T, rng *rand.Rand, c RowConfig, wait string) 
 		}
 		if o.Scal != "" {
 			scalars += min(o.Alpha+1, 1) + min(o.Bias+1, 1)
+			for _, g := range o.Gates {
+				scalars += min(g.Thresh, 1)
+			}
 			seq = max(seq, min(o.ScalStride, 1))
 		}
 	}
@@ -1118,9 +1126,17 @@ func checkPrefetchEarly(t *testing.T, rng *rand.Rand, c RowConfig, wait string) 
 	}
 	args := gemmaRowArgs(rng, c, testRows)
 	if len(c.ResidOps) > 0 && c.ResidOps[0].ScalStride > 0 {
-		// the per-slot table (alpha of slots 0-2) and each row's slot
+		// The per-slot table (alpha of slots 0-2) and each row's slot. With the gates, each
+		// slot's threshold and layer word follow its alpha: of the rows with the app, only
+		// row 2 (slot 1: its gate value 0.2 above 0.1, the layer on) is steered, where slot
+		// 0's threshold or layer word would leave it alone.
+		table := []float32{1.5, 0, -2, 0, 0.5, 0}
+		if c.ResidOps[0].ScalStride == 3 {
+			on := math.Float32frombits(1)
+			table = []float32{1.5, 0.5, 0, -2, 0.1, on, 0.5, 0.9, on}
+		}
 		byName := map[string]targ{"ctl_seq": {name: "ctl_seq", u32: []uint32{2, 0, 1, 1, 0}[:testRows]},
-			"mi0_scal": {name: "mi0_scal", f32: []float32{1.5, 0, -2, 0, 0.5, 0}}}
+			"mi0_scal": {name: "mi0_scal", f32: table}}
 		for _, a := range args {
 			if _, set := byName[a.name]; !set {
 				byName[a.name] = a
