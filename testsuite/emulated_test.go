@@ -23,14 +23,14 @@ import (
 type emuShadow struct {
 	*cpu.Backend
 	b     *bundle.Bundle
-	t     *testing.T
+	t     testing.TB
 	mods  map[string]*ptx.Module
 	steps int
 	// worst is the largest relative L2 difference seen per buffer.
 	worst map[string]float64
 }
 
-func newEmuShadow(t *testing.T, b *bundle.Bundle) *emuShadow {
+func newEmuShadow(t testing.TB, b *bundle.Bundle) *emuShadow {
 	return &emuShadow{Backend: NewCPU(t, b).(*cpu.Backend), b: b, t: t, mods: map[string]*ptx.Module{}, worst: map[string]float64{}}
 }
 
@@ -217,6 +217,49 @@ ops:
 				}
 			}
 			t.Logf("%d steps; worst differences: %v", s.steps, s.worst)
+		})
+	}
+}
+
+// TestEmulatedChecks runs the checks of Checks whose requests differ per request (their own
+// alphas, thresholds, layer words, vectors and forced tokens, the app defaults set at run
+// time, after_token's per-sequence trigger, seven apps mixed across rows) on emuShadow: every
+// step of every bundle they build, the bare ones they compare against too, also runs as the
+// bundle's PTX in the emulator, and every buffer must stay within 1e-2 of the reference ops.
+// Only a row kernel of a template of 8 rows or more preloads its MI ops' vectors and scalars
+// before its grid-dependency wait, finding a per-request scalar row through the row's
+// sequence slot (ctl_seq); these checks' prompts run in the 16-row prefill chunks, which are
+// the only such kernels that meet per-request rows (TestEmulatedBundleMatchesReferenceOps
+// gives them none). Gates that read slot 0's scalar row there passed every CPU test and
+// failed only on the GPU, in threshold_override, per_request_layers and seven_apps_mixed:
+// here they fail without one.
+func TestEmulatedChecks(t *testing.T) {
+	if testing.Short() {
+		t.Skip("emulates every kernel of every step of several checks")
+	}
+	newShadow := func(t testing.TB, b *bundle.Bundle) loader.Backend {
+		s := newEmuShadow(t, b)
+		t.Cleanup(func() {
+			for name, d := range s.worst {
+				if !(d <= 1e-2) {
+					t.Errorf("%s: emulated PTX differs from the reference ops by %.3g", name, d)
+				}
+			}
+		})
+		return s
+	}
+	run := map[string]func(*testing.T, NewBackend){}
+	for _, c := range Checks {
+		run[c.Name] = c.Run
+	}
+	for _, name := range []string{"per_request_scalars", "threshold_override", "per_request_layers", "per_request_vectors",
+		"set_vector", "token_override", "after_token", "seven_apps_mixed"} {
+		t.Run(name, func(t *testing.T) {
+			check, ok := run[name]
+			if !ok {
+				t.Fatalf("no check %s in Checks", name)
+			}
+			check(t, newShadow)
 		})
 	}
 }
