@@ -120,7 +120,7 @@ func relBytes(got, want []byte, size int) float64 {
 	var num, den float64
 	for i := 0; i+size <= len(want); i += size {
 		g, w := at(got, i), at(want, i)
-		if math.IsNaN(g) && math.IsNaN(w) {
+		if g == w || math.IsNaN(g) && math.IsNaN(w) { // equal infinities too (inf - inf is NaN)
 			continue
 		}
 		num += (g - w) * (g - w)
@@ -221,21 +221,18 @@ ops:
 	}
 }
 
-// TestEmulatedChecks runs the checks of Checks whose requests differ per request (their own
-// alphas, thresholds, layer words, vectors and forced tokens, the app defaults set at run
-// time, after_token's per-sequence trigger, seven apps mixed across rows) on emuShadow: every
-// step of every bundle they build, the bare ones they compare against too, also runs as the
+// TestEmulatedChecks runs the shared suite, as TestCPU does, on emuShadow: every step of
+// every bundle the checks build, the bare ones they compare against too, also runs as the
 // bundle's PTX in the emulator, and every buffer must stay within 1e-2 of the reference ops.
-// Only a row kernel of a template of 8 rows or more preloads its MI ops' vectors and scalars
-// before its grid-dependency wait, finding a per-request scalar row through the row's
-// sequence slot (ctl_seq); these checks' prompts run in the 16-row prefill chunks, which are
-// the only such kernels that meet per-request rows (TestEmulatedBundleMatchesReferenceOps
-// gives them none). Gates that read slot 0's scalar row there passed every CPU test and
-// failed only on the GPU, in threshold_override, per_request_layers and seven_apps_mixed:
-// here they fail without one.
+// The checks reach kernels TestEmulatedBundleMatchesReferenceOps does not: the row kernels of
+// templates of 8 rows or more preload their MI ops' vectors and scalars before their
+// grid-dependency wait, finding a per-request scalar row through the row's sequence slot
+// (ctl_seq), and only the per-request checks' 16-row prefill chunks meet per-request rows
+// there. Gates that read slot 0's scalar row passed every CPU test and failed only on the GPU,
+// in threshold_override, per_request_layers and seven_apps_mixed: here they fail without one.
 func TestEmulatedChecks(t *testing.T) {
 	if testing.Short() {
-		t.Skip("emulates every kernel of every step of several checks")
+		t.Skip("emulates every kernel of every step of every check")
 	}
 	newShadow := func(t testing.TB, b *bundle.Bundle) loader.Backend {
 		s := newEmuShadow(t, b)
@@ -248,18 +245,7 @@ func TestEmulatedChecks(t *testing.T) {
 		})
 		return s
 	}
-	run := map[string]func(*testing.T, NewBackend){}
 	for _, c := range Checks {
-		run[c.Name] = c.Run
-	}
-	for _, name := range []string{"per_request_scalars", "threshold_override", "per_request_layers", "per_request_vectors",
-		"set_vector", "token_override", "after_token", "seven_apps_mixed"} {
-		t.Run(name, func(t *testing.T) {
-			check, ok := run[name]
-			if !ok {
-				t.Fatalf("no check %s in Checks", name)
-			}
-			check(t, newShadow)
-		})
+		t.Run(c.Name, func(t *testing.T) { c.Run(t, newShadow) })
 	}
 }
