@@ -387,6 +387,11 @@ type BuildInfo struct {
 	// own layouts, as in bundles built before the setting). Measured slower on the H200
 	// (session 67), so off by default.
 	GatedCopyWideOnly bool `json:"gated_copy_wide_only,omitempty"`
+	// MIPreloadCoherent: the row kernels that load their MI ops' vectors and scalars before
+	// their wait do so with coherent loads (ld.global), which ptxas keeps ahead of the wait,
+	// where it moves most of the read-only ones (ld.global.nc) past it (xmixc build
+	// --mi-preload-coherent; false: read-only loads, as in bundles built before the setting).
+	MIPreloadCoherent bool `json:"mi_preload_coherent,omitempty"`
 	// RopeCopyRows: decode buckets of at most this many rows whose q/k/v GEMM the warpgroup
 	// copy-engine kernels serve get one for it with the rope_kv after it (GemmCopyAttrs.RopeKV;
 	// xmixc build --rope-copy-rows; 0: none, as in bundles built before it).

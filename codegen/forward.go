@@ -92,6 +92,9 @@ type gen struct {
 	// gatedWideOnly: every gated copy-engine kernel takes the smallest wide layout that holds
 	// its bucket's rows (BuildInfo.GatedCopyWideOnly, gatedCopies).
 	gatedWideOnly bool
+	// miPreloadCoherent: row kernels that preload their MI ops' parameters use coherent loads
+	// (BuildInfo.MIPreloadCoherent, RowConfig.PreloadCoherent).
+	miPreloadCoherent bool
 	// ropeCopyRows: decode buckets of at most this many rows get a copy-engine kernel for the
 	// q/k/v GEMM and its rope_kv together (BuildInfo.RopeCopyRows, ropeCopies).
 	ropeCopyRows int
@@ -181,6 +184,7 @@ func Generate(p *passes.Program, opt Options) (*bundle.Bundle, error) {
 		return nil, err
 	}
 	g.gatedCopyRows, g.gatedWideOnly = bi.GatedCopyRows, bi.GatedCopyWideOnly
+	g.miPreloadCoherent = bi.MIPreloadCoherent
 	if err := CheckRopeCopyRows(bi.RopeCopyRows); err != nil {
 		return nil, err
 	}

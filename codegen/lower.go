@@ -215,14 +215,18 @@ func miName(base string, mi []ir.MI, site string) string {
 // prefetch they replace waits on nothing.
 const preloadMinRows = 8
 
-// preload sets c.PreloadVectors for a template of t.rows rows and returns the kernel's name
-// for it: name, or name_pv for a kernel that preloads (one that comes out the same as
-// without is kept once, under the name built first).
+// preload sets c.PreloadVectors (and PreloadCoherent as the build says) for a template of
+// t.rows rows and returns the kernel's name for it: name, or name_pv (_pvc coherent) for a
+// kernel that preloads (one that comes out the same as without is kept once, under the name
+// built first).
 func (t *tb) preload(c *RowConfig, name string) string {
 	if !c.EarlyLaunch || t.rows < preloadMinRows || len(c.MIOps()) == 0 {
 		return name
 	}
-	c.PreloadVectors = true
+	c.PreloadVectors, c.PreloadCoherent = true, t.g.miPreloadCoherent
+	if c.PreloadCoherent {
+		return name + "_pvc"
+	}
 	return name + "_pv"
 }
 

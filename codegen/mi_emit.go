@@ -223,8 +223,9 @@ const maxPreloadedVec = 16
 // (RowConfig.PreloadVectors), where it made the apps cheaper; smaller ones only ask L2
 // (prefetchVectors). A row without the op's bit loads nothing (its registers read 0). An op
 // with per-request vectors keeps its vector loads where it runs: the row's slot picks the
-// vector there.
-func (m *miSet) preloadVectors(r *rowEmitter) {
+// vector there. With coherent the vectors and scalars are loaded with ld.global rather than
+// read-only loads (RowConfig.PreloadCoherent).
+func (m *miSet) preloadVectors(r *rowEmitter, coherent bool) {
 	m.loadMask(r)
 	taken := 0
 	for _, group := range m.groups {
@@ -239,9 +240,11 @@ func (m *miSet) preloadVectors(r *rowEmitter) {
 			r.Emit("and.b32", bit, m.mask, ptx.Imm(int64(1)<<b.Bit))
 			on := r.Reg(ptx.Pred)
 			r.Emit("setp.ne.u32", on, bit, ptx.Imm(0))
-			m.preloadScalars(r, b, on)
+			m.preloadScalars(r, b, on, coherent)
 			if loadVec {
-				b.vec = r.loadRow(r.vecPtr(b.params["vec"], ptx.F32), &on)
+				vp := r.vecPtr(b.params["vec"], ptx.F32)
+				vp.nc = !coherent
+				b.vec = r.loadRow(vp, &on)
 				taken += r.per
 			}
 		}
@@ -254,7 +257,7 @@ func (m *miSet) preloadVectors(r *rowEmitter) {
 // Otherwise the op's branch waits on an L2 round trip for them, two where it must load the
 // slot first (side-effect-free's steer and clamp, session 68: its add+norm kernel took
 // 2.3 us longer than the bare one at 8 rows). A row without the bit reads 0.
-func (m *miSet) preloadScalars(r *rowEmitter, b *miBound, on ptx.Reg) {
+func (m *miSet) preloadScalars(r *rowEmitter, b *miBound, on ptx.Reg, coherent bool) {
 	scal, ok := b.params["scal"]
 	if !ok {
 		return
@@ -266,11 +269,15 @@ func (m *miSet) preloadScalars(r *rowEmitter, b *miBound, on ptx.Reg) {
 		r.Emit("add.u64", base, base, scal)
 		scal = base
 	}
+	ld := "ld.global.nc.f32"
+	if coherent {
+		ld = "ld.global.f32"
+	}
 	b.scalRow, b.scalars = scal, map[int]ptx.Reg{}
 	for _, idx := range b.scalarsRead() {
 		v := r.Reg(ptx.F32)
 		r.Emit("mov.f32", v, ptx.F32Imm(0))
-		r.EmitIf(on, false, "ld.global.nc.f32", v, ptx.Addr{Base: scal, Offset: int64(4 * idx)})
+		r.EmitIf(on, false, ld, v, ptx.Addr{Base: scal, Offset: int64(4 * idx)})
 		b.scalars[idx] = v
 	}
 }

@@ -315,6 +315,11 @@ type RowConfig struct {
 	// (miSet.preloadVectors; lowering sets it for templates of preloadMinRows rows and more).
 	// It changes no result either.
 	PreloadVectors bool
+	// PreloadCoherent (with PreloadVectors): those loads are coherent (ld.global). ptxas 12.4
+	// moves most read-only loads (ld.global.nc) of a preloading kernel past its wait, so that
+	// only the mask's load stays ahead of it (session 68, Llama-3.1-8B with apps 1-6); it
+	// keeps coherent ones where they are. It changes no result.
+	PreloadCoherent bool
 	// OutOptional (not Gather): the kernel stores its f32 output only where out is not 0, so
 	// that a backend may pass out_bf16 alone where no node reads the f32 (BuildInfo's
 	// OptionalF32Out). A bundle built without it may not take an out of 0: its kernels store
@@ -410,7 +415,7 @@ func rowNorm(name string, c RowConfig) (*Kernel, error) {
 	early := c.EarlyLaunch && (params || prefetchResid)
 	if early {
 		if c.PreloadVectors && params {
-			mi.preloadVectors(r)
+			mi.preloadVectors(r, c.PreloadCoherent)
 		}
 		mi.prefetchParams(r)
 		if prefetchResid {

@@ -1014,12 +1014,13 @@ func TestRowNormFoldedClamp(t *testing.T) {
 // loads the row's mask, each op's scalars (and the row's sequence slot first where they are
 // per request) and, for each op with a compiled vector up to maxPreloadedVec elements a
 // thread, the vector into registers (preloadVectors), and asks L2 for the rest (vectors past
-// the budget or with per-request slots). An add+norm also asks L2 for its residual row (an
-// add+norm without such ops only for that: one line a warp for each of a thread's elements).
-// Nothing else is read before the wait (the other control words, the tokens, the residual,
-// the delta and the norm weight all come after); only its activation
+// the budget or with per-request slots); with PreloadCoherent those vectors and scalars come
+// by coherent loads (ld.global), else by read-only ones. An add+norm also asks L2 for its
+// residual row (an add+norm without such ops only for that: one line a warp for each of a
+// thread's elements). Nothing else is read before the wait (the other control words, the
+// tokens, the residual, the delta and the norm weight all come after); only its activation
 // gates' values, which the grid ahead may write, are asked for after it. Its results match
-// the reference either way, with a table of one row and with one of a row per sequence slot,
+// the reference every way, with a table of one row and with one of a row per sequence slot,
 // on rows with and without the ops' bit. An embedding kernel without such ops is the same
 // kernel launched early or not (earlyLaunch adds its wait).
 func TestRowNormPrefetchEarly(t *testing.T) {
@@ -1041,8 +1042,8 @@ func TestRowNormPrefetchEarly(t *testing.T) {
 		{Hidden: 300, Eps: 1e-5, WDtype: ptx.BF16, Load: "add", DeltaOps: sets["chain"], ResidOps: sets["chain"]},
 	} {
 		c.EarlyLaunch = true
-		for _, preload := range []bool{false, true} {
-			c.PreloadVectors = preload
+		for _, preload := range []struct{ on, coherent bool }{{false, false}, {true, false}, {true, true}} {
+			c.PreloadVectors, c.PreloadCoherent = preload.on, preload.coherent
 			checkPrefetchEarly(t, rng, c, wait)
 		}
 	}
@@ -1114,7 +1115,7 @@ func checkPrefetchEarly(t *testing.T, rng *rand.Rand, c RowConfig, wait string) 
 		switch {
 		case op == "ld.global.nc.u32":
 			words++
-		case op == "ld.global.nc.f32":
+		case op == "ld.global.nc.f32" && !c.PreloadCoherent, op == "ld.global.f32" && c.PreloadCoherent:
 			floats++
 		case strings.HasPrefix(op, "ld.global"):
 			t.Fatalf("%s: %s before the wait:\n%s", c.Load, line, before)

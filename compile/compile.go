@@ -127,6 +127,9 @@ type Options struct {
 	// GatedCopyWideOnly: every gated copy-engine kernel in the wide form
 	// (bundle.BuildInfo.GatedCopyWideOnly).
 	GatedCopyWideOnly bool
+	// MIPreloadCoherent: the row kernels preload their MI ops' vectors and scalars with
+	// coherent loads (bundle.BuildInfo.MIPreloadCoherent).
+	MIPreloadCoherent bool
 	// RopeCopyRows: decode buckets of at most this many rows served by the warpgroup
 	// copy-engine kernels get one for the q/k/v GEMM and its rope_kv together
 	// (bundle.BuildInfo.RopeCopyRows; 0: the measured default, codegen.DefaultRopeCopyRows;
@@ -327,7 +330,7 @@ func Build(modelPath string, appPaths []string, opt Options) (*bundle.Bundle, er
 	build.CopyGemmNextAtAsk, build.CopyGemmWide = opt.CopyGemmNextAtAsk, opt.CopyGemmWide
 	build.GatedTCRows = max(0, cmp.Or(opt.GatedTCRows, codegen.DefaultGatedTCRows))
 	build.GatedCopyRows = max(0, cmp.Or(opt.GatedCopyRows, codegen.DefaultGatedCopyRows))
-	build.GatedCopyWideOnly = opt.GatedCopyWideOnly
+	build.GatedCopyWideOnly, build.MIPreloadCoherent = opt.GatedCopyWideOnly, opt.MIPreloadCoherent
 	build.RopeCopyRows = max(0, cmp.Or(opt.RopeCopyRows, codegen.DefaultRopeCopyRows))
 	b, err := codegen.Generate(p, codegen.Options{
 		Build:     build,

@@ -352,28 +352,44 @@ func traceParams(t *testing.T, name, src string) paramFlow {
 // TestPreloadVectorsByBucket: launched early, an add+norm kernel with MI ops loads its ops'
 // compiled vectors into registers before it waits for the grid ahead in templates of 8 rows
 // and more (codegen's preloadMinRows), and in smaller ones only asks L2 for them; the
-// bundle carries both kernels.
+// bundle carries both kernels. Those loads are read-only (ld.global.nc) by default and
+// coherent (ld.global, kernels *_pvc) with --mi-preload-coherent.
 func TestPreloadVectorsByBucket(t *testing.T) {
-	b := CompileWith(t, compile.Options{}, SmallModel, steerAt("steer", randVec(7, 128), 2, ""))
-	kernels := map[string]bundle.Kernel{}
-	for _, k := range b.Kernels {
-		kernels[k.Name] = k
-	}
-	preloads := map[bool]int{}
-	for _, tpl := range b.Templates {
-		for _, n := range tpl.Nodes {
-			k := kernels[n.Kernel]
-			if k.Op != "row_norm" || !strings.Contains(k.Name, "_mi_") {
-				continue // no MI op, so no compiled vector to ask for
-			}
-			pre := readsBeforeWait(t, k.PTX, "ld.global.nc.f32")
-			if want := tpl.Tokens >= 8; pre != want {
-				t.Errorf("%s %s: kernel %s loads its vectors before the wait: %v, want %v", tpl.Name, n.Label, k.Name, pre, want)
-			}
-			preloads[pre]++
+	for _, coherent := range []bool{false, true} {
+		b := CompileWith(t, compile.Options{MIPreloadCoherent: coherent}, SmallModel, steerAt("steer", randVec(7, 128), 2, ""))
+		if b.Manifest.Build.MIPreloadCoherent != coherent {
+			t.Fatalf("build info mi_preload_coherent %v, want %v", b.Manifest.Build.MIPreloadCoherent, coherent)
 		}
-	}
-	if preloads[true] == 0 || preloads[false] == 0 {
-		t.Fatalf("add+norm nodes with MI vectors: %d preload, %d do not; want both", preloads[true], preloads[false])
+		load, other := "ld.global.nc.f32", "ld.global.f32"
+		if coherent {
+			load, other = other, load
+		}
+		kernels := map[string]bundle.Kernel{}
+		for _, k := range b.Kernels {
+			kernels[k.Name] = k
+		}
+		preloads := map[bool]int{}
+		for _, tpl := range b.Templates {
+			for _, n := range tpl.Nodes {
+				k := kernels[n.Kernel]
+				if k.Op != "row_norm" || !strings.Contains(k.Name, "_mi_") {
+					continue // no MI op, so no compiled vector to ask for
+				}
+				pre := readsBeforeWait(t, k.PTX, load)
+				if want := tpl.Tokens >= 8; pre != want {
+					t.Errorf("%s %s: kernel %s loads its vectors (%s) before the wait: %v, want %v", tpl.Name, n.Label, k.Name, load, pre, want)
+				}
+				if readsBeforeWait(t, k.PTX, other) {
+					t.Errorf("%s %s: kernel %s has %s before the wait", tpl.Name, n.Label, k.Name, other)
+				}
+				if pre && strings.HasSuffix(k.Name, "_pvc") != coherent {
+					t.Errorf("%s %s: kernel %s preloads, coherent %v", tpl.Name, n.Label, k.Name, coherent)
+				}
+				preloads[pre]++
+			}
+		}
+		if preloads[true] == 0 || preloads[false] == 0 {
+			t.Fatalf("coherent %v: add+norm nodes with MI vectors: %d preload, %d do not; want both", coherent, preloads[true], preloads[false])
+		}
 	}
 }
