@@ -54,9 +54,9 @@ func emitClampProjection(e Emitter, o *Op, x []ptx.Reg) {
 		// The residual op right before the add+norm kernel's norm (side-effect-free steering
 		// at every layer it steers): one reduction yields x·d and ‖x‖². A row left alone keeps
 		// its sum of squares, the bits the norm's own reduction gives (blockReduce2); a moved
-		// row's is ‖x‖² − p² + c² for the unit d, and where most of the row went with the
-		// projection, so that the difference loses precision, have is false and the norm sums
-		// the squares itself.
+		// row's is ‖x‖² − p² + c² for the unit d. Where that is under a quarter of ‖x‖² (most
+		// of the row went with the projection, so the difference lost precision), have is
+		// false and the norm sums the squares itself.
 		t := k.Reg(ptx.F32)
 		k.Emit("mul.rn.f32", t, p, p)
 		k.Emit("sub.rn.f32", tot, ss, t)
