@@ -34,6 +34,7 @@
 # GRID_PROMPT_LEN (512, the nnsight grid's prompt), NEW_TOKENS (32), LLAMA (1: Llama-3.1-8B with
 # apps 1-6 and the grid; 0 runs Mixtral alone), MIXTRAL (1), ALL6 (1),
 # MX_BUILD ("", extra xmixc build flags for the Mixtral bundles, e.g. "--moe grouped"),
+# L8_BUILD ("", the same for the Llama-3.1-8B bundles, e.g. "--mi-preload-coherent"),
 # PHASES ("offline grid online"), ONLINE_MODELS ("l8 mx": whose online runs), GRACE_S (30), EXTRA_ROUNDS (3), BIN (.dev/gpu), OUT, WORK.
 # Rate 0 (the default) makes every request arrive at once, as vLLM's bench at request rate
 # inf, which the paper's figures used (their TTFTs are seconds). The runs are then saturated
@@ -68,7 +69,7 @@ fi
 : "${TIME_BUDGET_S:=480}" "${REQUESTS:=250}" "${RATE:=0}" "${MX_RATE:=0}" "${OUTPUT_LEN:=128}"
 : "${RUNS:=2}" "${WARMUP:=1}" "${MIN_REQUESTS:=12}" "${PROBE_REQUESTS:=64}" "${MX_PROBE_REQUESTS:=64}" "${SEED:=1}"
 : "${BUCKETS:=1 8}" "${GRAPH_ITERS:=100}" "${PROMPT_LEN:=128}" "${GRID_PROMPT_LEN:=512}" "${NEW_TOKENS:=32}"
-: "${MX_BUILD:=}" "${LLAMA:=1}" "${MIXTRAL:=1}" "${ALL6:=1}" "${PHASES:=offline grid online}" "${ONLINE_MODELS:=l8 mx}" "${GRACE_S:=30}" "${EXTRA_ROUNDS:=3}"
+: "${MX_BUILD:=}" "${L8_BUILD:=}" "${LLAMA:=1}" "${MIXTRAL:=1}" "${ALL6:=1}" "${PHASES:=offline grid online}" "${ONLINE_MODELS:=l8 mx}" "${GRACE_S:=30}" "${EXTRA_ROUNDS:=3}"
 buckets_csv=$(echo $BUCKETS | tr ' ' ',')
 max_bucket=$(echo $BUCKETS | tr ' ' '\n' | sort -n | tail -1)
 
@@ -133,9 +134,9 @@ build() { # name model [apps...]
     note "build $name failed: $(tail -c 400 "$work/build-$name.err" | tr '\n' ' ')"
 }
 if [ "$LLAMA" = 1 ]; then
-  build l8-bare "$l_model"
-  build l8-apps "$l_model" "${l_apps[@]}"
-  build l8-grid "$l_model" "${grid_apps[@]}"
+  build l8-bare "$l_model" $L8_BUILD
+  build l8-apps "$l_model" "${l_apps[@]}" $L8_BUILD
+  build l8-grid "$l_model" "${grid_apps[@]}" $L8_BUILD
 fi
 if [ "$MIXTRAL" = 1 ]; then
   build mx-bare "$mx_model" $MX_BUILD
@@ -222,7 +223,7 @@ assemble() {
  "rate": {"l8": $RATE, "mx": $MX_RATE}, "output_len": $OUTPUT_LEN, "runs": $RUNS, "warmup": $WARMUP,
  "min_requests": $MIN_REQUESTS, "probe_requests": {"l8": $PROBE_REQUESTS, "mx": $MX_PROBE_REQUESTS}, "seed": $SEED, "buckets": [$buckets_csv],
  "graph_iters": $GRAPH_ITERS, "prompt_len": $PROMPT_LEN, "grid_prompt_len": $GRID_PROMPT_LEN,
- "new_tokens": $NEW_TOKENS, "llama": $LLAMA, "mixtral": $MIXTRAL, "mx_build": "$MX_BUILD", "all6": $ALL6, "phases": "$PHASES",
+ "new_tokens": $NEW_TOKENS, "llama": $LLAMA, "mixtral": $MIXTRAL, "mx_build": "$MX_BUILD", "l8_build": "$L8_BUILD", "all6": $ALL6, "phases": "$PHASES",
  "grace_s": $GRACE_S, "extra_rounds": $EXTRA_ROUNDS,
  "models": {"l8": "$l_model", "mx": "$mx_model"}, "elapsed_s": $(now)}
 EOF

@@ -8,7 +8,10 @@
 #   bash testsuite/gpu/build.sh && bash testsuite/gpu/pack.sh .dev/gpu .dev/prev
 # then on the GPU machine:
 #   run(command="bash testsuite/gpu/pack.sh --unpack && bash testsuite/gpu/apps_ab.sh", carry=[".dev/pack"])
-# Knobs (env): PREV_BIN (.dev/prev), BIN (.dev/gpu), ROUNDS (3), GRAPH_ITERS (300), BUCKETS
+# PREV_BUILD and NEW_BUILD (both "") are xmixc build flags for each side's bundles (apps.sh's
+# L8_BUILD), so one folder of binaries can time a build flag against the default:
+#   PREV_BIN=.dev/gpu NEW_BUILD=--mi-preload-coherent bash testsuite/gpu/apps_ab.sh
+# Knobs (env): PREV_BIN (.dev/prev), BIN (.dev/gpu), PREV_BUILD, NEW_BUILD, ROUNDS (3), GRAPH_ITERS (300), BUCKETS
 # ("1 8"), ROUND_BUDGET_S (120: each apps.sh run's TIME_BUDGET_S; one takes about 40 s on the
 # H200), SMOKE (1: apps.sh's CPU stand-ins, to check the script anywhere), OUT, WORK.
 # Writes $OUT/APPS_AB.md, $OUT/apps_ab.json and $OUT/raw.tgz (each run's apps.json and log).
@@ -28,14 +31,14 @@ rm -rf "$work"
 mkdir -p "$OUT" "$work"
 for r in $(seq 1 "$ROUNDS"); do
   for v in prev new; do
-    b=$new
-    [ "$v" = prev ] && b=$prev
+    b=$new flags=${NEW_BUILD:-}
+    [ "$v" = prev ] && b=$prev flags=${PREV_BUILD:-}
     echo "[$(date +%T)] round $r: $v ($b)" >&2
-    BIN=$b WORK="$work/apps-$v$r" OUT="$work/$v$r" PHASES=offline MIXTRAL=0 \
+    BIN=$b L8_BUILD=$flags WORK="$work/apps-$v$r" OUT="$work/$v$r" PHASES=offline MIXTRAL=0 \
       GRAPH_ITERS=${GRAPH_ITERS:-$([ "${SMOKE:-0}" = 1 ] && echo 5 || echo 300)} BUCKETS=${BUCKETS:-1 8} TIME_BUDGET_S=${ROUND_BUDGET_S:-120} \
       bash testsuite/gpu/apps.sh > "$work/$v$r.log" 2>&1 || echo "round $r $v: apps.sh failed, see $v$r.log in raw.tgz" >&2
   done
 done
-python3 testsuite/gpu/apps_ab.py "$work" "$OUT" "$ROUNDS" "$prev" "$new"
+python3 testsuite/gpu/apps_ab.py "$work" "$OUT" "$ROUNDS" "$prev ${PREV_BUILD:-}" "$new ${NEW_BUILD:-}"
 (cd "$work" && tar -czf "$OUT/raw.tgz" --exclude='apps-*' .)
 cat "$OUT/APPS_AB.md" >&2
