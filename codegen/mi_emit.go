@@ -34,7 +34,7 @@ type miBound struct {
 	// whether it changed the row: what the op's fired word records.
 	changed *ptx.Reg
 	// vec, when set, holds the thread's elements of the op's compiled vector, loaded before
-	// the kernel waits for the grid ahead (miSet.preloadVectors); nil: loaded where the op
+	// the kernel waits for the grid ahead (miSet.preloadParams); nil: loaded where the op
 	// runs.
 	vec []ptx.Reg
 }
@@ -211,10 +211,10 @@ func (r *rowEmitter) loadCtlWord(p ptx.Reg) ptx.Reg {
 }
 
 // maxPreloadedVec bounds the vector elements a thread of a row kernel holds from before its
-// wait (preloadVectors): with 1024 threads a block, ptxas has 64 registers a thread.
+// wait (preloadParams): with 1024 threads a block, ptxas has 64 registers a thread.
 const maxPreloadedVec = 16
 
-// preloadVectors loads, before a kernel launched early waits for the grid ahead, the
+// preloadParams loads, before a kernel launched early waits for the grid ahead, the
 // compiled vector of each op the row enables into registers, until maxPreloadedVec elements
 // a thread are taken, and the row's scalars of each such op (preloadScalars); it loads the
 // row's mask first. The vectors, the scalars and the mask never change during a step, and
@@ -225,7 +225,7 @@ const maxPreloadedVec = 16
 // with per-request vectors keeps its vector loads where it runs: the row's slot picks the
 // vector there. With coherent the vectors and scalars are loaded with ld.global rather than
 // read-only loads (RowConfig.PreloadCoherent).
-func (m *miSet) preloadVectors(r *rowEmitter, coherent bool) {
+func (m *miSet) preloadParams(r *rowEmitter, coherent bool) {
 	m.loadMask(r)
 	taken := 0
 	for _, group := range m.groups {
@@ -414,7 +414,7 @@ func (m *miSet) prefetchScalars(r *rowEmitter) {
 // L2 hit after the first block. These are the compiled vectors (params, never written during
 // a step), so a kernel launched early asks for them before it waits (RowConfig.EarlyLaunch);
 // a row's per-request slot is read where its op runs. Vectors already in registers
-// (preloadVectors) are not asked for.
+// (preloadParams) are not asked for.
 func (m *miSet) prefetchVectors(r *rowEmitter) {
 	for _, group := range m.groups {
 		for _, b := range group {

@@ -310,10 +310,10 @@ type RowConfig struct {
 	// when it needs them, right after the residual add. It changes no result: the op's
 	// attributes leave it out.
 	EarlyLaunch bool
-	// PreloadVectors (with EarlyLaunch): the kernel loads the compiled vectors of the ops a
-	// row enables into registers before it waits, instead of only asking L2 for them
-	// (miSet.preloadVectors; lowering sets it for templates of preloadMinRows rows and more).
-	// It changes no result either.
+	// PreloadVectors (with EarlyLaunch): the kernel loads the compiled vectors and the scalars
+	// of the ops a row enables into registers before it waits, instead of only asking L2 for
+	// them (miSet.preloadParams; lowering sets it for templates of preloadMinRows rows and
+	// more). It changes no result either.
 	PreloadVectors bool
 	// PreloadCoherent (with PreloadVectors): those loads are coherent (ld.global). ptxas 12.4
 	// moves most read-only loads (ld.global.nc) of a preloading kernel past its wait, so that
@@ -415,7 +415,7 @@ func rowNorm(name string, c RowConfig) (*Kernel, error) {
 	early := c.EarlyLaunch && (params || prefetchResid)
 	if early {
 		if c.PreloadVectors && params {
-			mi.preloadVectors(r, c.PreloadCoherent)
+			mi.preloadParams(r, c.PreloadCoherent)
 		}
 		mi.prefetchParams(r)
 		if prefetchResid {

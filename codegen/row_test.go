@@ -1013,7 +1013,7 @@ func TestRowNormFoldedClamp(t *testing.T) {
 // PreloadVectors it only asks L2 for them and reads nothing before the wait; with it, it also
 // loads the row's mask, each op's scalars (and the row's sequence slot first where they are
 // per request) and, for each op with a compiled vector up to maxPreloadedVec elements a
-// thread, the vector into registers (preloadVectors), and asks L2 for the rest (vectors past
+// thread, the vector into registers (preloadParams), and asks L2 for the rest (vectors past
 // the budget or with per-request slots); with PreloadCoherent those vectors and scalars come
 // by coherent loads (ld.global), else by read-only ones. An add+norm also asks L2 for its
 // residual row (an add+norm without such ops only for that: one line a warp for each of a
