@@ -392,6 +392,10 @@ type BuildInfo struct {
 	// where it moves most of the read-only ones (ld.global.nc) past it (xmixc build
 	// --mi-preload-coherent; false: read-only loads, as in bundles built before the setting).
 	MIPreloadCoherent bool `json:"mi_preload_coherent,omitempty"`
+	// MIPreloadRegs: those row kernels take at most this many registers a thread (.maxnreg),
+	// so that launched early they fit an SM beside the CTA of the GEMM ahead (xmixc build
+	// --mi-preload-regs; 0: ptxas's choice, as in bundles built before the setting).
+	MIPreloadRegs int `json:"mi_preload_regs,omitempty"`
 	// RopeCopyRows: decode buckets of at most this many rows whose q/k/v GEMM the warpgroup
 	// copy-engine kernels serve get one for it with the rope_kv after it (GemmCopyAttrs.RopeKV;
 	// xmixc build --rope-copy-rows; 0: none, as in bundles built before it).

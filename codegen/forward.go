@@ -95,6 +95,9 @@ type gen struct {
 	// miPreloadCoherent: row kernels that preload their MI ops' parameters use coherent loads
 	// (BuildInfo.MIPreloadCoherent, RowConfig.PreloadCoherent).
 	miPreloadCoherent bool
+	// miPreloadRegs: those kernels' bound on a thread's registers, 0 none
+	// (BuildInfo.MIPreloadRegs, RowConfig.PreloadMaxRegs).
+	miPreloadRegs int
 	// ropeCopyRows: decode buckets of at most this many rows get a copy-engine kernel for the
 	// q/k/v GEMM and its rope_kv together (BuildInfo.RopeCopyRows, ropeCopies).
 	ropeCopyRows int
@@ -184,7 +187,10 @@ func Generate(p *passes.Program, opt Options) (*bundle.Bundle, error) {
 		return nil, err
 	}
 	g.gatedCopyRows, g.gatedWideOnly = bi.GatedCopyRows, bi.GatedCopyWideOnly
-	g.miPreloadCoherent = bi.MIPreloadCoherent
+	if err := CheckMIPreloadRegs(bi.MIPreloadRegs); err != nil {
+		return nil, err
+	}
+	g.miPreloadCoherent, g.miPreloadRegs = bi.MIPreloadCoherent, bi.MIPreloadRegs
 	if err := CheckRopeCopyRows(bi.RopeCopyRows); err != nil {
 		return nil, err
 	}

@@ -215,19 +215,36 @@ func miName(base string, mi []ir.MI, site string) string {
 // prefetch they replace waits on nothing.
 const preloadMinRows = 8
 
-// preload sets c.PreloadVectors (and PreloadCoherent as the build says) for a template of
-// t.rows rows and returns the kernel's name for it: name, or name_pv (_pvc coherent) for a
-// kernel that preloads (one that comes out the same as without is kept once, under the name
-// built first).
+// miPreloadRegsMin and miPreloadRegsMax bound xmixc build --mi-preload-regs: a thread has
+// at most 255 registers, and under 16 even a row kernel without ops would spill.
+const miPreloadRegsMin, miPreloadRegsMax = 16, 255
+
+// CheckMIPreloadRegs says whether n is a bound on the preloading row kernels' registers a
+// build may ask for (BuildInfo.MIPreloadRegs): 0 (none) or miPreloadRegsMin..Max.
+func CheckMIPreloadRegs(n int) error {
+	if n != 0 && (n < miPreloadRegsMin || n > miPreloadRegsMax) {
+		return fmt.Errorf("preloading row kernels of at most %d registers a thread: want 0 (no bound) or %d to %d", n, miPreloadRegsMin, miPreloadRegsMax)
+	}
+	return nil
+}
+
+// preload sets c.PreloadVectors (and PreloadCoherent and PreloadMaxRegs as the build says)
+// for a template of t.rows rows and returns the kernel's name for it: name, or name_pv (_pvc
+// coherent, then _nr<N> with a bound on registers) for a kernel that preloads (one that comes
+// out the same as without is kept once, under the name built first).
 func (t *tb) preload(c *RowConfig, name string) string {
 	if !c.EarlyLaunch || t.rows < preloadMinRows || len(c.MIOps()) == 0 {
 		return name
 	}
-	c.PreloadVectors, c.PreloadCoherent = true, t.g.miPreloadCoherent
+	c.PreloadVectors, c.PreloadCoherent, c.PreloadMaxRegs = true, t.g.miPreloadCoherent, t.g.miPreloadRegs
+	name += "_pv"
 	if c.PreloadCoherent {
-		return name + "_pvc"
+		name += "c"
 	}
-	return name + "_pv"
+	if c.PreloadMaxRegs > 0 {
+		name += fmt.Sprintf("_nr%d", c.PreloadMaxRegs)
+	}
+	return name
 }
 
 func (t *tb) unfused(n *ir.Node) {

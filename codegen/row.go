@@ -320,6 +320,13 @@ type RowConfig struct {
 	// only the mask's load stays ahead of it (session 68, Llama-3.1-8B with apps 1-6); it
 	// keeps coherent ones where they are. It changes no result.
 	PreloadCoherent bool
+	// PreloadMaxRegs (with PreloadVectors), when not 0, bounds a thread's registers
+	// (.maxnreg). A kernel launched early becomes resident only where an SM has room beside
+	// the CTAs of the kernel ahead: at 1024 threads, one of more than 48 registers a thread
+	// does not fit beside the 8-row copy-engine GEMM's CTA (512 threads at 32 registers; the
+	// 8B's o and down take 128 of 132 SMs), and with its scalars preloaded ptxas 12.4 gives
+	// the 8B's add+norm kernels with apps 1-6 52-64 where 44-54 without. It changes no result.
+	PreloadMaxRegs int
 	// OutOptional (not Gather): the kernel stores its f32 output only where out is not 0, so
 	// that a backend may pass out_bf16 alone where no node reads the f32 (BuildInfo's
 	// OptionalF32Out). A bundle built without it may not take an out of 0: its kernels store
@@ -396,6 +403,9 @@ func rowNorm(name string, c RowConfig) (*Kernel, error) {
 		return nil, err
 	}
 	attrs.DeltaOps, attrs.ResidOps, attrs.NormOps = mi.ref[0], mi.ref[1], mi.ref[2]
+	if c.PreloadVectors {
+		r.MaxNReg = c.PreloadMaxRegs
+	}
 	r.begin()
 	// Everything this kernel reads from beyond L2 is asked for up front: between two add+norm
 	// kernels the GEMMs stream a layer's weights through L2, so the norm weight and the MI

@@ -328,6 +328,8 @@ func (p *parser) kernel() (*Kernel, error) {
 			}
 			if t.text == ".minnctapersm" {
 				k.MinBlocks = n
+			} else {
+				k.MaxNReg = n
 			}
 		default:
 			return nil, p.errAt(t, "expected \"{\" or a performance directive, found %s", t)

@@ -8,7 +8,7 @@ import (
 // sampleKernel uses every operand kind and most instruction shapes the generators emit.
 func sampleKernel() *Kernel {
 	k := NewKernel("sample")
-	k.MaxNTid, k.MinBlocks = 256, 2
+	k.MaxNTid, k.MinBlocks, k.MaxNReg = 256, 2, 48
 	x := k.Param("x", U64)
 	n := k.Param("n", U32)
 	sm := k.DeclareShared("smem", F32, 8)
@@ -62,7 +62,7 @@ func TestRoundTrip(t *testing.T) {
 		t.Fatalf("round trip differs:\n--- printed\n%s\n--- reparsed\n%s", text, again)
 	}
 	k := m.Kernel("sample")
-	if k.RegDecls["f"] != 4 || len(k.Params) != 2 || k.Shared[0].Len != 8 || k.MaxNTid != 256 || k.MinBlocks != 2 {
+	if k.RegDecls["f"] != 4 || len(k.Params) != 2 || k.Shared[0].Len != 8 || k.MaxNTid != 256 || k.MinBlocks != 2 || k.MaxNReg != 48 {
 		t.Fatalf("parsed kernel: regs %v params %v shared %v", k.RegDecls, k.Params, k.Shared)
 	}
 }

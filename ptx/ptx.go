@@ -226,6 +226,10 @@ type Kernel struct {
 	// MinBlocks is the .minnctapersm hint (with MaxNTid): ptxas keeps the registers low enough
 	// for that many blocks an SM. 0 = none.
 	MinBlocks int
+	// MaxNReg is the .maxnreg bound on a thread's registers: ptxas allocates no more, so a
+	// block of MaxNTid threads fits an SM beside what else the kernel must share it with.
+	// 0 = none.
+	MaxNReg int
 	// ClusterX is the .reqnctapercluster size: the grid runs in clusters of ClusterX
 	// consecutive CTAs along x. 0 = no cluster.
 	ClusterX int
@@ -377,6 +381,9 @@ func (k *Kernel) print(b *strings.Builder) error {
 		if k.MinBlocks > 0 {
 			fmt.Fprintf(b, "\n.minnctapersm %d", k.MinBlocks)
 		}
+	}
+	if k.MaxNReg > 0 {
+		fmt.Fprintf(b, "\n.maxnreg %d", k.MaxNReg)
 	}
 	if k.ClusterX > 0 {
 		fmt.Fprintf(b, "\n.reqnctapercluster %d, 1, 1", k.ClusterX)

@@ -1,6 +1,7 @@
 package testsuite
 
 import (
+	"fmt"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -353,12 +354,17 @@ func traceParams(t *testing.T, name, src string) paramFlow {
 // compiled vectors into registers before it waits for the grid ahead in templates of 8 rows
 // and more (codegen's preloadMinRows), and in smaller ones only asks L2 for them; the
 // bundle carries both kernels. Those loads are read-only (ld.global.nc) by default and
-// coherent (ld.global, kernels *_pvc) with --mi-preload-coherent.
+// coherent (ld.global, kernels *_pvc) with --mi-preload-coherent; with --mi-preload-regs N
+// the preloading kernels alone carry .maxnreg N (kernels *_nrN).
 func TestPreloadVectorsByBucket(t *testing.T) {
-	for _, coherent := range []bool{false, true} {
-		b := CompileWith(t, compile.Options{MIPreloadCoherent: coherent}, SmallModel, steerAt("steer", randVec(7, 128), 2, ""))
-		if b.Manifest.Build.MIPreloadCoherent != coherent {
-			t.Fatalf("build info mi_preload_coherent %v, want %v", b.Manifest.Build.MIPreloadCoherent, coherent)
+	for _, c := range []struct {
+		coherent bool
+		regs     int
+	}{{false, 0}, {true, 0}, {false, 48}, {true, 40}} {
+		coherent := c.coherent
+		b := CompileWith(t, compile.Options{MIPreloadCoherent: coherent, MIPreloadRegs: c.regs}, SmallModel, steerAt("steer", randVec(7, 128), 2, ""))
+		if b.Manifest.Build.MIPreloadCoherent != coherent || b.Manifest.Build.MIPreloadRegs != c.regs {
+			t.Fatalf("build info mi_preload_coherent %v mi_preload_regs %d, want %+v", b.Manifest.Build.MIPreloadCoherent, b.Manifest.Build.MIPreloadRegs, c)
 		}
 		load, other := "ld.global.nc.f32", "ld.global.f32"
 		if coherent {
@@ -382,8 +388,19 @@ func TestPreloadVectorsByBucket(t *testing.T) {
 				if readsBeforeWait(t, k.PTX, other) {
 					t.Errorf("%s %s: kernel %s has %s before the wait", tpl.Name, n.Label, k.Name, other)
 				}
-				if pre && strings.HasSuffix(k.Name, "_pvc") != coherent {
-					t.Errorf("%s %s: kernel %s preloads, coherent %v", tpl.Name, n.Label, k.Name, coherent)
+				suffix := "_pv"
+				if coherent {
+					suffix += "c"
+				}
+				if c.regs > 0 {
+					suffix += fmt.Sprintf("_nr%d", c.regs)
+				}
+				if pre && !strings.HasSuffix(k.Name, suffix) {
+					t.Errorf("%s %s: kernel %s preloads, want the suffix %s", tpl.Name, n.Label, k.Name, suffix)
+				}
+				bound := strings.Contains(k.PTX, ".maxnreg")
+				if want := pre && c.regs > 0; bound != want || want && !strings.Contains(k.PTX, fmt.Sprintf("\n.maxnreg %d\n", c.regs)) {
+					t.Errorf("%s %s: kernel %s (preloads %v) bounds its registers: %v, want .maxnreg %d: %v", tpl.Name, n.Label, k.Name, pre, bound, c.regs, want)
 				}
 				preloads[pre]++
 			}

@@ -75,7 +75,7 @@ func buildCmd() *cobra.Command {
 	var copyGemmNext string
 	var copyGemmWide, gatedCopyWideOnly, miPreloadCoherent bool
 	var copyGemmRows []int
-	var gatedTCRows, gatedCopyRows, ropeCopyRows, kvCacheTokens int
+	var gatedTCRows, gatedCopyRows, ropeCopyRows, kvCacheTokens, miPreloadRegs int
 	c := &cobra.Command{
 		Use:   "build MODEL.yaml [APP.yaml...] -o OUT.xmb",
 		Short: "Compile specs into a bundle",
@@ -163,13 +163,16 @@ func buildCmd() *cobra.Command {
 			if err := codegen.CheckRopeCopyRows(ropeCopyRows); err != nil {
 				return fmt.Errorf("--rope-copy-rows: %w", err)
 			}
+			if err := codegen.CheckMIPreloadRegs(miPreloadRegs); err != nil {
+				return fmt.Errorf("--mi-preload-regs: %w", err)
+			}
 			start := time.Now()
 			progress := func(f string, a ...any) {
 				if !quiet {
 					fmt.Fprintf(os.Stderr, "[%6.2fs] %s\n", time.Since(start).Seconds(), fmt.Sprintf(f, a...))
 				}
 			}
-			b, err := compile.Build(args[0], args[1:], compile.Options{EmbedWeights: embed, Verify: verify, Progress: progress, GEMM: gemm, MoE: moe, TP: tp, VectorSlots: vectorSlots, KVCacheTokens: kvCacheTokens, Fuse: fuse, SerialLaunch: !pdl, Prefetch: noneOption(prefetch), GemvCols: gemvCols, GemvUnroll: gemvUnroll, GemvSplit: gemvSplit, GemvWarps: gemvWarps, TensorCoreRows: tcRows, TCChunks: tcChunks, CopyGemms: copyGemms, CopyGemmSlots: copyGemmSlots, CopyGemmNextAtAsk: copyGemmNext == "asked", CopyGemmWide: copyGemmWide, CopyGemmRows: copyGemmRows, GatedTCRows: noneOption(gatedTCRows), GatedCopyRows: noneOption(gatedCopyRows), GatedCopyWideOnly: gatedCopyWideOnly, MIPreloadCoherent: miPreloadCoherent, RopeCopyRows: noneOption(ropeCopyRows), AttnWarps: attnWarps, AttnUnroll: attnUnroll, AttnPrefetch: noneOption(attnPrefetch), AttnPrefetchOneRow: noneOption(attnPrefetchOneRow), AttnCUDACores: !attnTC, AttnCluster: attnCluster, AttnLateKV: !attnEarlyKV, F32OutAlways: !optionalF32Out})
+			b, err := compile.Build(args[0], args[1:], compile.Options{EmbedWeights: embed, Verify: verify, Progress: progress, GEMM: gemm, MoE: moe, TP: tp, VectorSlots: vectorSlots, KVCacheTokens: kvCacheTokens, Fuse: fuse, SerialLaunch: !pdl, Prefetch: noneOption(prefetch), GemvCols: gemvCols, GemvUnroll: gemvUnroll, GemvSplit: gemvSplit, GemvWarps: gemvWarps, TensorCoreRows: tcRows, TCChunks: tcChunks, CopyGemms: copyGemms, CopyGemmSlots: copyGemmSlots, CopyGemmNextAtAsk: copyGemmNext == "asked", CopyGemmWide: copyGemmWide, CopyGemmRows: copyGemmRows, GatedTCRows: noneOption(gatedTCRows), GatedCopyRows: noneOption(gatedCopyRows), GatedCopyWideOnly: gatedCopyWideOnly, MIPreloadCoherent: miPreloadCoherent, MIPreloadRegs: miPreloadRegs, RopeCopyRows: noneOption(ropeCopyRows), AttnWarps: attnWarps, AttnUnroll: attnUnroll, AttnPrefetch: noneOption(attnPrefetch), AttnPrefetchOneRow: noneOption(attnPrefetchOneRow), AttnCUDACores: !attnTC, AttnCluster: attnCluster, AttnLateKV: !attnEarlyKV, F32OutAlways: !optionalF32Out})
 			if err != nil {
 				return err
 			}
@@ -207,6 +210,7 @@ func buildCmd() *cobra.Command {
 	c.Flags().IntVar(&gatedCopyRows, "gated-copy-rows", codegen.DefaultGatedCopyRows, fmt.Sprintf("decode buckets whose GEMMs warpgroup copy-engine kernels (32 rows and up) of at most this many rows serve also get one for the gate/up GEMM with its activation in its epilogue, which --gemm auto runs in place of the library's GEMM and the activation kernel; from 64 rows in its wide form, each CTA's columns of gate and of up multiplied by every row in one wave (0: none; at most %d; the default is the measured one)", codegen.MaxGatedCopyRows))
 	c.Flags().BoolVar(&gatedCopyWideOnly, "gated-copy-wide-only", false, "every gated copy-engine kernel (--gated-copy-rows) in its wide form: the 32-row bucket runs the 64-row wide kernel, one wave of 128 CTAs on Llama-3.1-8B where its own kernel takes 112, over x's rows past its 32 zero-filled, and so may the 16-row bucket, which otherwise runs the library's gate/up and the activation kernel. On the H200 it made the 8B's 16- and 32-row steps 1.3-1.5% and 0.6-0.7% longer (on an H100 1.0-1.4% shorter and level; the 1B's 1.9-4.6% longer there): the down projection after it waits about 6 us a layer longer (testsuite/gpu/RESULTS.md, session 67); for measuring")
 	c.Flags().BoolVar(&miPreloadCoherent, "mi-preload-coherent", false, "the add+norm and embedding kernels of templates of 8 rows and more, which load their MI ops' vectors and scalars before they wait for the kernel ahead, do so with coherent loads: ptxas moves most of the read-only loads they use otherwise past that wait; same results bit for bit; for measuring")
+	c.Flags().IntVar(&miPreloadRegs, "mi-preload-regs", 0, "those preloading kernels take at most this many registers a thread (ptxas .maxnreg; 0: no bound), so that launched early a block of 1024 threads fits an SM beside the CTA of the GEMM ahead: 48 leaves room for the 8-row copy-engine GEMM's (512 threads at 32 registers), which the 8B's o and down run on 128 of 132 SMs; same results bit for bit; for measuring")
 	c.Flags().IntVar(&ropeCopyRows, "rope-copy-rows", codegen.DefaultRopeCopyRows, fmt.Sprintf("decode buckets whose GEMMs warpgroup copy-engine kernels (32 rows and up) of at most this many rows serve also get one for the q/k/v GEMM with RoPE and the KV-cache write in its epilogue, which --gemm auto runs in place of the q/k/v GEMM and the rope_kv kernel, in those buckets and in smaller ones; from 64 rows in its wide form, each CTA's pairs multiplied by every row, K split over a cluster (0: none; at most %d; the default is the measured one)", codegen.MaxRopeCopyRows))
 	c.Flags().IntSliceVar(&copyGemmRows, "copy-gemm-rows", nil, fmt.Sprintf("the decode row counts given copy-engine kernels, among %v (8 and 16 multiply with mma.sync; from 32 rows with Hopper's warpgroup MMAs over the library cast's bf16 x); a bucket takes the fewest that hold its rows (unset: %v, the ones measured faster in the step and checked against the CPU on the GPU; for measuring)", codegen.CopyGemmLayoutRows(), codegen.CopyGemmDefaultRows()))
 	c.Flags().StringVar(&copyGemmNext, "copy-gemm-next", "read", "when the grid after a copy-engine kernel may launch: read (once each CTA has read every stage of its W, the default) or asked (once it has asked for its last stage, a ring's worth of W sooner); same results bit for bit; for measuring")
@@ -439,6 +443,9 @@ func printBundle(w io.Writer, b *bundle.Bundle) {
 	}
 	if b.Manifest.Build.MIPreloadCoherent {
 		fmt.Fprintf(w, "          MI vectors and scalars preloaded with coherent loads (kernels *_pvc)\n")
+	}
+	if n := b.Manifest.Build.MIPreloadRegs; n > 0 {
+		fmt.Fprintf(w, "          row kernels that preload MI vectors and scalars take at most %d registers a thread (kernels *_nr%d)\n", n, n)
 	}
 	if n := b.Manifest.Build.RopeCopyRows; n > 0 {
 		fmt.Fprintf(w, "          q/k/v with RoPE and the KV write in one warpgroup copy-engine kernel at up to %d rows%s\n", n, carried("q/k/v", bundle.OpRopeKV))

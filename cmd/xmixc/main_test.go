@@ -519,6 +519,9 @@ func TestBuildCopyGemmFlags(t *testing.T) {
 		{m, []string{"--gated-copy-rows", "-1"}, "--gated-copy-rows: gated copy-engine kernels up to -1 rows: want 0 (none) to 256"},
 		{m, []string{"--rope-copy-rows", "257"}, "--rope-copy-rows: copy-engine kernels with rope_kv up to 257 rows: want 0 (none) to 256"},
 		{m, []string{"--rope-copy-rows", "-1"}, "--rope-copy-rows: copy-engine kernels with rope_kv up to -1 rows: want 0 (none) to 256"},
+		{m, []string{"--mi-preload-regs", "256"}, "--mi-preload-regs: preloading row kernels of at most 256 registers a thread: want 0 (no bound) or 16 to 255"},
+		{m, []string{"--mi-preload-regs", "8"}, "--mi-preload-regs: preloading row kernels of at most 8 registers a thread: want 0 (no bound) or 16 to 255"},
+		{m, []string{"--mi-preload-regs", "-1"}, "--mi-preload-regs: preloading row kernels of at most -1 registers a thread"},
 		{m, []string{"--attn-early-kv", "--pdl=false"}, "--attn-early-kv: early K/V loads need early launch (--pdl)"},
 	} {
 		bad := filepath.Join(dir, "bad.xmb")
