@@ -134,7 +134,10 @@ func (be *Backend) tracedPTX(src, entry string, id uint32) (string, error) {
 // uneven spread, such as a grid launched early crowding onto the SMs the kernel ahead leaves
 // free, shows there. Working CTAs are those that waited for the grid ahead, where any did: a
 // CTA that ends before its wait has nothing to do (the decode attention's blocks past a
-// row's last split), and counted it would hide the spread of those that work.
+// row's last split), and counted it would hide the spread of those that work. LateCTAs is
+// how many of its CTAs began only after the launch ahead's last CTA ended (not counted
+// behind a launch without records): a grid launched early whose CTAs did not all find room
+// on the SMs beside the kernel ahead shows there.
 type TraceSpan struct {
 	Label       string  `json:"label"`
 	Kernel      string  `json:"kernel"`
@@ -146,6 +149,7 @@ type TraceSpan struct {
 	Ended       float64 `json:"ended_us"`
 	SMs         int     `json:"sms,omitempty"`
 	MostOnOneSM int     `json:"most_on_one_sm,omitempty"`
+	LateCTAs    int     `json:"late_ctas,omitempty"`
 }
 
 // traceRecord is one CTA's record as the instrumented kernels write it.
@@ -245,11 +249,13 @@ func traceSpans(chain []launch, ids map[uintptr]uint32, recs []traceRecord) []Tr
 		return float64(int64(ns-t0)) / 1e3
 	}
 	spans := make([]TraceSpan, 0, len(chain))
+	var aheadEnded uint64 // the launch ahead's last end, 0 where it left no records
 	for _, l := range chain {
 		s := TraceSpan{Label: l.label, Kernel: l.kernel, CTAs: l.grid[0] * l.grid[1] * l.grid[2]}
 		id, ok := ids[l.f]
 		if l.f == 0 || !ok {
 			spans = append(spans, s)
+			aheadEnded = 0
 			continue
 		}
 		q := byKernel[id]
@@ -265,7 +271,11 @@ func traceSpans(chain []launch, ids map[uintptr]uint32, recs []traceRecord) []Tr
 				first = r.waited
 			}
 			waited, ended = max(waited, r.waited), max(ended, r.ended)
+			if aheadEnded != 0 && r.began > aheadEnded {
+				s.LateCTAs++
+			}
 		}
+		aheadEnded = ended
 		perSM := map[uint32]int{}
 		for _, r := range mine {
 			if r.waited != 0 || first == 0 {

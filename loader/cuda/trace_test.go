@@ -224,8 +224,9 @@ func TestTraceRecordsOnEmulator(t *testing.T) {
 
 // traceSpans hands each launch the next records of its kernel, as many as its CTAs, takes the
 // earliest start and wait and the latest wait and end, counts µs from the step's first CTA
-// and the SMs its working CTAs ran on (those that waited, where any did), and leaves
-// cuBLASLt's launches without times.
+// and the SMs its working CTAs ran on (those that waited, where any did), counts the CTAs
+// that began after the launch ahead ended (none behind cuBLASLt's), and leaves cuBLASLt's
+// launches without times.
 func TestTraceSpans(t *testing.T) {
 	ids := map[uintptr]uint32{10: 0, 20: 1}
 	chain := []launch{
@@ -238,7 +239,7 @@ func TestTraceSpans(t *testing.T) {
 	recs := []traceRecord{
 		{0, 0, 1000, 1500, 4000, 3}, {0, 1, 1200, 1600, 4200, 3}, {1, 0, 3000, 4300, 6000, 7},
 		{0, 1, 6100, 6500, 9000, 5}, {0, 0, 6200, 6400, 8000, 0}, {0, 2, 6300, 0, 6350, 5},
-		{1, 0, 9100, 0, 9500, 2}, {1, 1, 9200, 0, 9600, 2},
+		{1, 0, 8900, 0, 9500, 2}, {1, 1, 9200, 0, 9600, 2},
 	}
 	got := traceSpans(chain, ids, recs)
 	want := []TraceSpan{
@@ -246,7 +247,7 @@ func TestTraceSpans(t *testing.T) {
 		{Label: "b", Kernel: "k1", CTAs: 1, Records: 1, Began: 2, FirstWaited: 3.3, Waited: 3.3, Ended: 5, SMs: 1, MostOnOneSM: 1},
 		{Label: "b", Kernel: "cublasLt"},
 		{Label: "c", Kernel: "k0", CTAs: 3, Records: 3, Began: 5.1, FirstWaited: 5.4, Waited: 5.5, Ended: 8, SMs: 2, MostOnOneSM: 1},
-		{Label: "d", Kernel: "k1", CTAs: 2, Records: 2, Began: 8.1, Ended: 8.6, SMs: 1, MostOnOneSM: 2},
+		{Label: "d", Kernel: "k1", CTAs: 2, Records: 2, Began: 7.9, Ended: 8.6, SMs: 1, MostOnOneSM: 2, LateCTAs: 1},
 	}
 	if !slices.Equal(got, want) {
 		t.Fatalf("spans\n%+v\nwant\n%+v", got, want)
