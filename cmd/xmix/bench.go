@@ -162,6 +162,13 @@ type stepTracer interface {
 	Trace(template int) ([]cuda.TraceSpan, error)
 }
 
+// registerCounter is implemented by backends that compile kernels on the GPU (cuda): a
+// thread's registers in each kernel, which decide what of a kernel launched early fits an SM
+// beside the kernel ahead.
+type registerCounter interface {
+	KernelRegisters() map[string]int
+}
+
 // profiler is implemented by backends that can time each node of a template (cuda).
 type profiler interface {
 	Profile(template int) ([]cuda.NodeTime, error)
@@ -363,6 +370,9 @@ func runBench(w io.Writer, path string, f benchFlags) error {
 		if err := writeTraces(s, f); err != nil {
 			return err
 		}
+	}
+	if rc, ok := s.be.(registerCounter); ok {
+		out["kernel_registers"] = rc.KernelRegisters()
 	}
 	return writeResults(w, out)
 }

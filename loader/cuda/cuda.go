@@ -9,6 +9,7 @@ package cuda
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"runtime"
 	"strings"
@@ -86,14 +87,15 @@ type Backend struct {
 	modules []uintptr
 	funcs   map[string]uintptr
 	kernels map[string]bundle.Kernel
-	copy    *copyServer  // non-nil: GEMM nodes the bundle's copy-engine kernels serve (gemm_copy.go)
-	trace   *traceBuffer // non-nil: every kernel writes the step trace (trace.go)
-	lt      *cublasLt    // nil: PTX kernels serve every GEMM
-	fed     int          // GEMM launches reading bf16(x) as the launch ahead wrote it (feed.go)
-	f32Cut  int          // launches feedAhead prepared to write their bf16 copy alone (feed.go)
-	guF32   bool         // Options.GuF32
-	guBF16  int          // gate/up GEMMs cuBLASLt serves writing bf16 for the activation (gu.go)
-	steps   []stepGraphs // each template's graph variants (variants.go)
+	regs    map[string]int // registers a thread of each kernel as the driver compiled it
+	copy    *copyServer    // non-nil: GEMM nodes the bundle's copy-engine kernels serve (gemm_copy.go)
+	trace   *traceBuffer   // non-nil: every kernel writes the step trace (trace.go)
+	lt      *cublasLt      // nil: PTX kernels serve every GEMM
+	fed     int            // GEMM launches reading bf16(x) as the launch ahead wrote it (feed.go)
+	f32Cut  int            // launches feedAhead prepared to write their bf16 copy alone (feed.go)
+	guF32   bool           // Options.GuF32
+	guBF16  int            // gate/up GEMMs cuBLASLt serves writing bf16 for the activation (gu.go)
+	steps   []stepGraphs   // each template's graph variants (variants.go)
 	// outCopies: per template, what of the output arena a step copies back (outputs.go);
 	// outFresh: bytes of each output buffer the last step copied (Read serves those).
 	outCopies [][]outCopy
@@ -238,7 +240,7 @@ func start() (*Backend, error) {
 		return nil, err
 	}
 	be := &Backend{d: d, work: make(chan func()), done: make(chan struct{}), bufs: map[string]uintptr{},
-		sizes: map[string]int64{}, funcs: map[string]uintptr{}, kernels: map[string]bundle.Kernel{}}
+		sizes: map[string]int64{}, funcs: map[string]uintptr{}, kernels: map[string]bundle.Kernel{}, regs: map[string]int{}}
 	ready := make(chan error)
 	go be.loop(ready)
 	if err := <-ready; err != nil {
@@ -412,7 +414,11 @@ func (be *Backend) loadModules(b *bundle.Bundle) error {
 		if err := d.call("cuModuleGetFunction", uintptr(unsafe.Pointer(&f)), mod, uintptr(unsafe.Pointer(&name[0]))); err != nil {
 			return fmt.Errorf("kernel %s: %w", k.Name, err)
 		}
-		be.funcs[k.Name] = f
+		var regs int32
+		if err := d.call("cuFuncGetAttribute", uintptr(unsafe.Pointer(&regs)), cuFuncAttributeNumRegs, f); err != nil {
+			return fmt.Errorf("kernel %s: registers: %w", k.Name, err)
+		}
+		be.funcs[k.Name], be.regs[k.Name] = f, int(regs)
 		be.kernels[k.Name] = k
 		if be.trace != nil {
 			be.trace.ids[f] = uint32(i)
@@ -693,6 +699,11 @@ type launchConfig struct {
 	attrs       *launchAttribute
 	numAttrs    uint32
 }
+
+// cuFuncAttributeNumRegs is CU_FUNC_ATTRIBUTE_NUM_REGS: the registers a thread of a kernel
+// takes as the driver compiled its PTX, which decides how many of its blocks an SM holds
+// beside the kernel ahead when it is launched early (Backend.KernelRegisters).
+const cuFuncAttributeNumRegs = 4
 
 // launchProgrammaticSerialization is CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION.
 const launchProgrammaticSerialization = 6
@@ -1009,4 +1020,10 @@ func poolAdvice(m bundle.ModelConfig, kvBytes, short int64) string {
 	}
 	return fmt.Sprintf("its KV pool of %d tokens takes %.2f GiB; a pool of at most %d tokens fits the free memory, less the CUDA graphs' and the GEMM library's own: rebuild with xmixc build --kv-cache-tokens below that (or set serving.kv_cache_tokens, max_seqs or max_seq_len in the model spec)",
 		pages*int64(m.KVBlockSize), float64(kvBytes)/(1<<30), fit)
+}
+
+// KernelRegisters is the registers a thread of each of the bundle's kernels takes as the
+// driver compiled it (with Options.Trace, the instrumented kernels'), by kernel name.
+func (be *Backend) KernelRegisters() map[string]int {
+	return maps.Clone(be.regs)
 }

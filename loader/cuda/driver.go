@@ -20,7 +20,7 @@ var driverSymbols = []string{
 	"cuInit", "cuDriverGetVersion", "cuDeviceGetCount", "cuDeviceGet", "cuDeviceGetName",
 	"cuDeviceGetAttribute", "cuDeviceTotalMem_v2", "cuDevicePrimaryCtxRetain",
 	"cuDevicePrimaryCtxRelease_v2", "cuCtxSetCurrent", "cuCtxSynchronize", "cuMemGetInfo_v2",
-	"cuModuleLoadDataEx", "cuModuleGetFunction", "cuModuleUnload", "cuFuncSetAttribute",
+	"cuModuleLoadDataEx", "cuModuleGetFunction", "cuModuleUnload", "cuFuncSetAttribute", "cuFuncGetAttribute",
 	"cuMemAlloc_v2", "cuMemFree_v2", "cuMemAllocHost_v2", "cuMemFreeHost",
 	"cuMemcpyHtoD_v2", "cuMemcpyDtoH_v2", "cuMemcpyHtoDAsync_v2", "cuMemcpyDtoHAsync_v2",
 	"cuMemsetD8_v2", "cuStreamCreate", "cuStreamDestroy_v2", "cuStreamSynchronize",

@@ -137,7 +137,8 @@ func (be *Backend) tracedPTX(src, entry string, id uint32) (string, error) {
 // row's last split), and counted it would hide the spread of those that work. LateCTAs is
 // how many of its CTAs began only after the launch ahead's last CTA ended (not counted
 // behind a launch without records): a grid launched early whose CTAs did not all find room
-// on the SMs beside the kernel ahead shows there.
+// on the SMs beside the kernel ahead shows there. Regs is a thread's registers in the
+// instrumented kernel as the driver compiled it (0: cuBLASLt's, or the cast's).
 type TraceSpan struct {
 	Label       string  `json:"label"`
 	Kernel      string  `json:"kernel"`
@@ -150,6 +151,7 @@ type TraceSpan struct {
 	SMs         int     `json:"sms,omitempty"`
 	MostOnOneSM int     `json:"most_on_one_sm,omitempty"`
 	LateCTAs    int     `json:"late_ctas,omitempty"`
+	Regs        int     `json:"regs,omitempty"`
 }
 
 // traceRecord is one CTA's record as the instrumented kernels write it.
@@ -216,7 +218,11 @@ func (be *Backend) Trace(t int) ([]TraceSpan, error) {
 			}
 		}
 	}
-	return traceSpans(chain, be.trace.ids, recs), nil
+	spans := traceSpans(chain, be.trace.ids, recs)
+	for i := range spans {
+		spans[i].Regs = be.regs[spans[i].Kernel]
+	}
+	return spans, nil
 }
 
 func decodeTraceRecords(raw []byte) []traceRecord {
