@@ -1,21 +1,21 @@
 #!/usr/bin/env bash
-# Do the apps' preloading add+norm kernels find room beside the GEMM ahead? One device call:
-# for each build of VARIANTS (name=xmixc build flags; default: the default build, the
-# preloading kernels held to 48 registers, and that with coherent preloads), trace.sh at
-# BUCKETS (default "8 32") and context 576 with apps 1-6 in the bundle, bare and with every
-# row enabling all six; then apps_ab.sh, each variant but the first against the first
-# (BUCKETS_AB, default "1 8 32 128"; ROUNDS, default 2). TRACE=0 or AB=0 leaves a part out:
-# each A/B of four buckets and two rounds took about 5 minutes on an H100 (session 68), and
-# the traces are not yet timed, so a call of at most 10 minutes may not hold the whole run.
-# The trace says, per launch, how
-# many CTAs began only after the launch ahead had ended (late) and a thread's registers as
-# the driver compiled the kernel: at 1024 threads a block, an add+norm of more than 48
-# fits no SM beside an 8-row copy-engine GEMM's CTA (512 threads at 32 registers), which
-# the 8B's o and down place on 128 of 132 SMs (testsuite/gpu/RESULTS.md, session 69).
-# Build first (bash testsuite/gpu/build.sh; bash testsuite/gpu/pack.sh .dev/gpu), then:
+# Do the apps' preloading add+norm kernels find room beside the GEMM ahead? For each build
+# of VARIANTS (name=xmixc build flags; by default the default build, the preloading kernels
+# held to 48 registers, and that with coherent preloads): trace.sh at BUCKETS (default
+# "8 16 32") and context 576 with apps 1-6 in the bundle, bare and with every row enabling
+# all six; then apps_ab.sh, each variant but the first against the first (BUCKETS_AB,
+# default "8 16 32 128", one row preloading nothing; ROUNDS, default 2). The trace gives each
+# launch's CTAs that began only after the launch ahead had ended (late) and a thread's
+# registers as the driver compiled the kernel: at 1024 threads a block, an add+norm of more
+# than 48 fits no SM beside an 8-row copy-engine GEMM's CTA (512 threads at 32 registers),
+# which the 8B's o and down place on 128 of 132 SMs (testsuite/gpu/RESULTS.md, session 69).
+# TRACE=0 or AB=0 leaves a part out: an A/B of four buckets and two rounds took about 5
+# minutes on an H100 (session 68) and the traces are not yet timed, so one call of at most
+# 10 minutes may not hold the whole run. Build first (bash testsuite/gpu/build.sh; bash
+# testsuite/gpu/pack.sh .dev/gpu), then:
 #   run(command="bash testsuite/gpu/pack.sh --unpack >/dev/null && OUT=\$OUT bash testsuite/gpu/preload_regs.sh", carry=[".dev/pack"])
 # Writes $OUT/trace-NAME/ (trace.sh's files), $OUT/ab-NAME/ (apps_ab.sh's) and
-# $OUT/late.txt: each traced add+norm role's late CTAs and registers, variant by variant.
+# $OUT/late.txt: each traced norm kernel's late CTAs and registers, variant by variant.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:?set OUT}
@@ -27,7 +27,7 @@ for v in "${variants[@]}"; do
   [ "${TRACE:-1}" = 1 ] || break
   name=${v%%=*} flags=${v#*=}
   echo "[$(date +%T)] trace $name: ${flags:-default}" >&2
-  OUT=$OUT/trace-$name BUILD_FLAGS=$flags APPS=$apps ENABLE=$all6 BUCKETS=${BUCKETS:-8 32} CONTEXTS=576 \
+  OUT=$OUT/trace-$name BUILD_FLAGS=$flags APPS=$apps ENABLE=$all6 BUCKETS=${BUCKETS:-8 16 32} CONTEXTS=576 \
     bash testsuite/gpu/trace.sh > "$OUT/trace-$name.log" 2>&1 || echo "trace $name failed: trace-$name.log" >&2
 done
 python3 - "$OUT" "${variants[@]%%=*}" > "$OUT/late.txt" <<'PY'
@@ -52,7 +52,7 @@ for v in "${variants[@]:1}"; do
   [ "${AB:-1}" = 1 ] || break
   name=${v%%=*} flags=${v#*=}
   echo "[$(date +%T)] apps_ab $name: ${flags} against ${base:-the default}" >&2
-  OUT=$OUT/ab-$name PREV_BIN=${BIN:-.dev/gpu} PREV_BUILD=$base NEW_BUILD=$flags BUCKETS=${BUCKETS_AB:-1 8 32 128} \
+  OUT=$OUT/ab-$name PREV_BIN=${BIN:-.dev/gpu} PREV_BUILD=$base NEW_BUILD=$flags BUCKETS=${BUCKETS_AB:-8 16 32 128} \
     ROUNDS=${ROUNDS:-2} GRAPH_ITERS=${GRAPH_ITERS:-200} ROUND_BUDGET_S=${ROUND_BUDGET_S:-110} \
     bash testsuite/gpu/apps_ab.sh > "$OUT/ab-$name.log" 2>&1 || echo "apps_ab $name failed: ab-$name.log" >&2
 done

@@ -36,18 +36,25 @@ build_bundles() {
 # ptxas_bundle BUNDLE PTXDIR LOG (sourced by run.sh and fuse_ab.sh): writes the bundle's
 # kernels under PTXDIR (xmixc ptx, with $bin the binaries' folder), assembles each with
 # ptxas for its .target (sm_90, or sm_90a for the warpgroup MMAs) and appends a line per kernel to LOG: "ok NAME KERNEL regs=R
-# spill_stores=S" or "FAIL NAME KERNEL <ptxas's first lines>", NAME the bundle's file name
-# without .xmb.
+# spill_stores=S [early_loads=L]" or "FAIL NAME KERNEL <ptxas's first lines>", NAME the bundle's
+# file name without .xmb. Where cuobjdump is on the PATH too, L is the global loads (LDG) of a
+# kernel launched early that ptxas placed ahead of its wait for the grid ahead (ACQBULK): the
+# loads it issues while that grid still runs.
 ptxas_bundle() {
-  local b=$1 dir=$2 out=$3 name msg regs spill f arch
+  local b=$1 dir=$2 out=$3 name msg regs spill f arch early
   name=$(basename "$b" .xmb)
   "$bin/xmixc" ptx "$b" -d "$dir" 2>/dev/null
   for f in "$dir"/*.ptx; do
     arch=$(awk '$1 == ".target" {print $2; exit}' "$f")
-    if msg=$(ptxas -arch="${arch:-sm_90}" -v "$f" -o /dev/null 2>&1); then
+    if msg=$(ptxas -arch="${arch:-sm_90}" -v "$f" -o "${f%.ptx}.cubin" 2>&1); then
       regs=$(echo "$msg" | grep -o 'Used [0-9]* registers' | head -1 | grep -o '[0-9]*')
       spill=$(echo "$msg" | grep -o '[0-9]* bytes spill stores' | head -1 | grep -o '^[0-9]*')
-      echo "ok $name $(basename "$f" .ptx) regs=${regs:-?} spill_stores=${spill:-0}" >> "$out"
+      early=
+      if command -v cuobjdump > /dev/null && grep -q griddepcontrol.wait "$f"; then
+        early=" early_loads=$(cuobjdump -sass "${f%.ptx}.cubin" | awk '/ACQBULK/ {exit} /LDG/ {n++} END {print n + 0}')"
+      fi
+      rm -f "${f%.ptx}.cubin"
+      echo "ok $name $(basename "$f" .ptx) regs=${regs:-?} spill_stores=${spill:-0}$early" >> "$out"
     else
       echo "FAIL $name $(basename "$f" .ptx) $(echo "$msg" | head -3 | tr '\n' ' ')" >> "$out"
     fi
@@ -70,5 +77,5 @@ if [ "${BASH_SOURCE[0]}" = "$0" ]; then
   for b in "$work"/*.xmb; do
     ptxas_bundle "$b" "$work/ptx/$(basename "$b" .xmb)" "$work/ptxas.txt"
   done
-  echo "ptxas $(ptxas --version | grep -o "release.*"): $(grep -c '^ok' "$work/ptxas.txt") kernels assemble, $(grep -c '^FAIL' "$work/ptxas.txt") fail, $(grep '^ok' "$work/ptxas.txt" | grep -vc 'spill_stores=0$') spill"
+  echo "ptxas $(ptxas --version | grep -o "release.*"): $(grep -c '^ok' "$work/ptxas.txt") kernels assemble, $(grep -c '^FAIL' "$work/ptxas.txt") fail, $(grep '^ok' "$work/ptxas.txt" | grep -Evc 'spill_stores=0( |$)') spill"
 fi
