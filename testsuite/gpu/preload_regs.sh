@@ -39,7 +39,7 @@ for name in names:
         for tmpl, spans in json.load(open(path)).items():
             roles = {}
             for s in spans:
-                if "norm" in s["kernel"] or s["kernel"] == "embed":
+                if "norm" in s["kernel"] or s["kernel"].startswith("embed"):
                     r = roles.setdefault(s["kernel"], [0, 0, s.get("regs", 0)])
                     r[0] += 1
                     r[1] += s.get("late_ctas", 0)
