@@ -69,11 +69,12 @@ type launch struct {
 	early         bool      // bundle.Kernel.EarlyLaunch: launched with programmatic stream serialization
 }
 
-// Backend runs a bundle on one GPU. All driver calls happen on one OS-locked goroutine,
-// since a CUDA context is current per OS thread.
+// Backend runs a bundle on one GPU. All driver calls happen on an OS-locked thread with its
+// context current (thread.go): the backend's own, or with Options.CallerThread the caller's.
 type Backend struct {
-	work chan func()
-	done chan struct{}
+	work   chan func()
+	done   chan struct{}
+	caller *callerThread // non-nil: calls run on the caller's thread (Options.CallerThread)
 
 	d       *driver
 	Dev     Device
@@ -105,16 +106,12 @@ type Backend struct {
 	closed    bool
 }
 
-// do runs f on the backend's locked thread and waits for it.
+// do runs f where the backend's context is current and waits for it (thread.go).
 func (be *Backend) do(f func() error) error {
-	var err error
-	ch := make(chan struct{})
-	be.work <- func() {
-		defer close(ch)
-		err = f()
+	if be.caller != nil {
+		return be.caller.run(f)
 	}
-	<-ch
-	return err
+	return onThread(be.work, f)
 }
 
 // Probe reports the GPU that New would use, or why there is none.
@@ -198,6 +195,11 @@ type Options struct {
 	// default one whose y only the gated activation after it reads writes it in bf16 for that
 	// kernel (gu.go).
 	GuF32 bool
+	// CallerThread runs the driver calls after the load (each step's among them) on the
+	// calling goroutine's thread, locked for the call with the context made current there,
+	// instead of handing each to the backend's own thread and waiting to be woken: a step
+	// then wakes no other thread (thread.go; for measuring).
+	CallerThread bool
 }
 
 // New loads a bundle onto GPU 0: modules, buffers, weights, params and graphs.
@@ -228,6 +230,9 @@ func New(b *bundle.Bundle, w *loader.Weights, opt Options) (*Backend, error) {
 	if err := be.do(func() error { return be.load(b, w, opt, progress) }); err != nil {
 		be.Close()
 		return nil, err
+	}
+	if opt.CallerThread {
+		be.caller = &callerThread{makeCurrent: func() error { return be.d.call("cuCtxSetCurrent", be.ctx) }}
 	}
 	return be, nil
 }

@@ -204,6 +204,27 @@ func TestCUDAMatchesCPUOnEmbeddedModel(t *testing.T) {
 	agreement(t, "tiny", b, prompt, 64, true)
 }
 
+// TestCUDACallerThreadMatchesCPU (xmix --cuda-caller-thread): with the driver calls on the
+// caller's thread, the context made current there for each, the embedded model agrees with
+// the CPU, and checks that write buffers between steps (a vector), mix apps per row and
+// admit requests mid-run pass.
+func TestCUDACallerThreadMatchesCPU(t *testing.T) {
+	needGPU(t)
+	nb := newCUDAWith(cuda.Options{CallerThread: true})
+	dir := t.TempDir()
+	if err := specs.Extract(dir); err != nil {
+		t.Fatal(err)
+	}
+	b, err := compile.Build(filepath.Join(dir, specs.Default.Model), nil, compile.Options{EmbedWeights: true, Fuse: testsuite.Fuse})
+	if err != nil {
+		t.Fatal(err)
+	}
+	agreementOn(t, nb, true, "tiny@caller-thread", b, loader.ByteTokenizer{}.Encode("Once upon a time, a little fox"), 64, true)
+	t.Run("set_vector", func(t *testing.T) { testsuite.CheckSetVector(t, nb) })
+	t.Run("seven_apps_mixed", func(t *testing.T) { testsuite.CheckSevenAppsMixed(t, nb) })
+	t.Run("continuous_batching", func(t *testing.T) { testsuite.CheckContinuousBatching(t, nb) })
+}
+
 // TestCUDAStagedGEMMMatchesCPU (xmixc build --gemm tc-staged): the staged kernels, built per
 // bucket with a ring of W stages, agree with the CPU on the 1B cut as the default kernels do.
 // Prefill chunks of 32 and 64 rows run them (two and one stages in flight; the decode buckets

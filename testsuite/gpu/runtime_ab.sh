@@ -19,6 +19,11 @@
 # bundle with its own BIN's xmixc (with its BUILDS flags, else BUILD_FLAGS), for comparing two
 # commits' kernels (pack both folders: pack.sh .dev/gpu .dev/old).
 #   run(command="OUT=\$OUT VARIANTS=... bash testsuite/gpu/runtime_ab.sh", carry=[...])
+# METRIC=step times the engine's decode step as the host sees it (the offline run's
+# decode_step_ms: control upload, replay, readback and the host's work between steps, over
+# NEW_TOKENS - 1 steps from context 16 on; no graph replays, CONTEXTS unused) in place of the
+# bare graph replay, e.g. "base=.dev/gpu;caller=.dev/gpu -- --cuda-caller-thread" METRIC=step
+# NEW_TOKENS=128 BUCKETS="1 8" CONTEXTS=16.
 # Writes $OUT/runtime_ab.json ({"model|bucket|context": {variant: [ms per round]}}) and
 # $OUT/summary.txt (each variant's mean and its change against the base).
 VARIANTS=${VARIANTS:?set VARIANTS}
@@ -64,8 +69,10 @@ for m in ${MODELS:-llama-3.1-8b}; do
               -lms ${POWER_MS:-50} > "$W/power.csv" 2>/dev/null &
             sampler=$!
           fi
+          graph=(--graph-buckets $bucket --graph-context $ctx)
+          [ "${METRIC:-graph}" = step ] && graph=()
           env $env timeout 120 "$bin/xmix" bench "$xmb" --backend cuda --prompts $bucket --prompt-len 16 --new-tokens ${NEW_TOKENS:-8} \
-            --graph-buckets $bucket --graph-context $ctx $flags --json -q > "$f" 2> "$W/e.txt"
+            "${graph[@]}" $flags --json -q > "$f" 2> "$W/e.txt"
           rc=$?
           power=""
           if [ "${POWER:-0}" = 1 ]; then
@@ -74,7 +81,11 @@ for m in ${MODELS:-llama-3.1-8b}; do
             printf '%s|%s|%s\t%s\t%s\n' "$m" "$bucket" "$ctx" "$name" "$power" >> "$W/power.tsv"
             power=" (max W, busy MHz, power-capped share, busy samples: $power)"
           fi
-          ms=$(python3 -c "import json; print(list(json.load(open('$f'))['graph_ms'].values())[0])" 2>/dev/null || echo null)
+          if [ "${METRIC:-graph}" = step ]; then
+            ms=$(python3 -c "import json; print(json.load(open('$f'))['offline']['decode_step_ms'])" 2>/dev/null || echo null)
+          else
+            ms=$(python3 -c "import json; print(list(json.load(open('$f'))['graph_ms'].values())[0])" 2>/dev/null || echo null)
+          fi
           echo "$m bucket $bucket ctx $ctx $name round $r rc=$rc $ms$power" | tee -a "$S"
           [ $rc = 0 ] || tail -3 "$W/e.txt" | tee -a "$S"
           printf '%s|%s|%s\t%s\t%s\n' "$m" "$bucket" "$ctx" "$name" "$ms" >> "$W/raw.tsv"
