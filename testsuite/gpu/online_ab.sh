@@ -6,8 +6,8 @@
 # session-7 GEMVs against today's defaults) and runs xmix bench --online (ShareGPT-like
 # prompts, OUTPUT_LEN tokens, REQUESTS requests arriving at RATE per second, 0: all at once) on
 # each, one process per run, ROUNDS rounds with the order reversed every other round, after
-# one discarded warm-up run of the first variant. A variant is BUILD or BUILD+tN (run with
-# --max-batched-tokens N). BUILD is old (the binaries in OLD_BIN, default .dev/old, with the
+# one discarded warm-up run of the first variant. A variant is BUILD, with any of +tN (run
+# with --max-batched-tokens N) and +caller (run with --cuda-caller-thread). BUILD is old (the binaries in OLD_BIN, default .dev/old, with the
 # spec they were built for, OLD_BIN/MODEL.yaml), seqsN (the spec with max_seqs N, its decode
 # buckets up to N and no kv_cache_tokens: every resident sequence gets max_seq_len of pages),
 # or a name of variants.sh (xmixc build flags). The greedy tokens' digest (tokens_sha256) says
@@ -25,11 +25,20 @@ MODEL=${MODEL:-llama-3.1-8b}
 VARIANTS=${VARIANTS:-s7 default}
 OLD_BIN=${OLD_BIN:-.dev/old}
 binof() { if [ "$1" = old ]; then echo "$OLD_BIN"; else echo "$bin"; fi; }
+build_of() { echo "${1%%+*}"; }
 bench() { # bench VARIANT OUTFILE
-  local build=${1%%+t*} budget=()
-  [ "$build" != "$1" ] && budget=(--max-batched-tokens "${1##*+t}")
+  local build part flags=()
+  build=$(build_of "$1")
+  IFS=+ read -ra parts <<< "$1"
+  for part in "${parts[@]:1}"; do
+    case $part in
+      t*) flags+=(--max-batched-tokens "${part#t}") ;;
+      caller) flags+=(--cuda-caller-thread) ;;
+      *) echo "variant $1: unknown part +$part (+tN or +caller)" >&2; return ;;
+    esac
+  done
   timeout "${BENCH_TIMEOUT:-200}" "$(binof "$build")/xmix" bench "$work/$build.xmb" --backend "${BACKEND:-cuda}" --online --rate "${RATE:-8}" \
-    --requests "${REQUESTS:-160}" --output-len "${OUTPUT_LEN:-128}" --warmup 0 --runs 1 "${budget[@]}" --json -q > "$2" 2>> "$work/bench.log" \
+    --requests "${REQUESTS:-160}" --output-len "${OUTPUT_LEN:-128}" --warmup 0 --runs 1 "${flags[@]}" --json -q > "$2" 2>> "$work/bench.log" \
     || echo "online $1 failed" >&2
 }
 # spec_of BUILD: the spec file BUILD compiles.
@@ -44,7 +53,7 @@ flags_of() {
 }
 
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader > "$work/device.txt" 2>&1
-for b in $(for v in $VARIANTS; do echo "${v%%+t*}"; done | sort -u); do
+for b in $(for v in $VARIANTS; do build_of "$v"; done | sort -u); do
   spec=$(spec_of "$b")
   "$(binof "$b")/xmixc" build "$spec" $(flags_of "$b" "$spec") -q -o "$work/$b.xmb" || echo "build $b failed" >&2
   drop_variant_spec "$spec"
