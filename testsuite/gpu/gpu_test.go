@@ -192,6 +192,11 @@ func agreementOn(t *testing.T, nb testsuite.NewBackend, library bool, key string
 
 func TestCUDAMatchesCPUOnEmbeddedModel(t *testing.T) {
 	needGPU(t)
+	agreement(t, "tiny", embeddedModel(t), foxPrompt, 64, true)
+}
+
+// embeddedModel is the bundle of the embedded default model, its weights inside.
+func embeddedModel(t *testing.T) *bundle.Bundle {
 	dir := t.TempDir()
 	if err := specs.Extract(dir); err != nil {
 		t.Fatal(err)
@@ -200,9 +205,11 @@ func TestCUDAMatchesCPUOnEmbeddedModel(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	prompt := loader.ByteTokenizer{}.Encode("Once upon a time, a little fox")
-	agreement(t, "tiny", b, prompt, 64, true)
+	return b
 }
+
+// foxPrompt is the embedded model's agreement prompt.
+var foxPrompt = loader.ByteTokenizer{}.Encode("Once upon a time, a little fox")
 
 // TestCUDACallerThreadMatchesCPU (xmix --cuda-caller-thread): with the driver calls on the
 // caller's thread, the context made current there for each, the embedded model agrees with
@@ -211,15 +218,7 @@ func TestCUDAMatchesCPUOnEmbeddedModel(t *testing.T) {
 func TestCUDACallerThreadMatchesCPU(t *testing.T) {
 	needGPU(t)
 	nb := newCUDAWith(cuda.Options{CallerThread: true})
-	dir := t.TempDir()
-	if err := specs.Extract(dir); err != nil {
-		t.Fatal(err)
-	}
-	b, err := compile.Build(filepath.Join(dir, specs.Default.Model), nil, compile.Options{EmbedWeights: true, Fuse: testsuite.Fuse})
-	if err != nil {
-		t.Fatal(err)
-	}
-	agreementOn(t, nb, true, "tiny@caller-thread", b, loader.ByteTokenizer{}.Encode("Once upon a time, a little fox"), 64, true)
+	agreementOn(t, nb, true, "tiny@caller-thread", embeddedModel(t), foxPrompt, 64, true)
 	t.Run("set_vector", func(t *testing.T) { testsuite.CheckSetVector(t, nb) })
 	t.Run("seven_apps_mixed", func(t *testing.T) { testsuite.CheckSevenAppsMixed(t, nb) })
 	t.Run("continuous_batching", func(t *testing.T) { testsuite.CheckContinuousBatching(t, nb) })
