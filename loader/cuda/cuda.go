@@ -104,6 +104,8 @@ type Backend struct {
 	params    [][]uint64
 	paramP    [][]uintptr
 	closed    bool
+	// gaps: the host's time between steps, as Step sees it (HostGaps).
+	gaps hostGaps
 }
 
 // do runs f where the backend's context is current and waits for it (thread.go).
@@ -807,6 +809,7 @@ func (be *Backend) Step(t int) error {
 			}
 			be.ctl.lo, be.ctl.hi = 0, 0
 		}
+		be.gaps.launched(time.Now())
 		if err := d.call("cuGraphLaunch", be.steps[t].execs[be.variant(t)], be.stream); err != nil {
 			return err
 		}
@@ -826,8 +829,23 @@ func (be *Backend) Step(t int) error {
 			clear(be.outFresh) // the copies may not have landed
 			return err
 		}
+		be.gaps.synced(time.Now())
 		return nil
 	})
+}
+
+// HostGaps is the time from each step's return from its wait on the GPU to the next step's
+// graph launch, summed, and how many such gaps, since ResetHostGaps: the GPU idles that
+// long between two steps (the copies around a replay aside), while the host hands the
+// results back, does the engine's work and hands the next step over.
+func (be *Backend) HostGaps() (total time.Duration, n int) {
+	be.do(func() error { total, n = be.gaps.total, be.gaps.n; return nil })
+	return total, n
+}
+
+// ResetHostGaps starts HostGaps anew; the next step's launch starts no gap.
+func (be *Backend) ResetHostGaps() {
+	be.do(func() error { be.gaps = hostGaps{}; return nil })
 }
 
 // Time replays template t n times back to back (no host work between) and returns the mean

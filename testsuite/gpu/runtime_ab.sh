@@ -23,7 +23,8 @@
 # decode_step_ms: control upload, replay, readback and the host's work between steps, over
 # NEW_TOKENS - 1 steps from context 16 on; no graph replays, CONTEXTS unused) in place of the
 # bare graph replay, e.g. "base=.dev/gpu;caller=.dev/gpu -- --cuda-caller-thread" METRIC=step
-# NEW_TOKENS=128 BUCKETS="1 8" CONTEXTS=16.
+# NEW_TOKENS=128 BUCKETS="1 8" CONTEXTS=16. METRIC=gap: the same run's host_gap_us (us from a
+# step's return from the GPU to the next step's launch) in place of ms.
 # Writes $OUT/runtime_ab.json ({"model|bucket|context": {variant: [ms per round]}}) and
 # $OUT/summary.txt (each variant's mean and its change against the base).
 VARIANTS=${VARIANTS:?set VARIANTS}
@@ -70,7 +71,7 @@ for m in ${MODELS:-llama-3.1-8b}; do
             sampler=$!
           fi
           graph=(--graph-buckets $bucket --graph-context $ctx)
-          [ "${METRIC:-graph}" = step ] && graph=()
+          [ "${METRIC:-graph}" = graph ] || graph=()
           env $env timeout 120 "$bin/xmix" bench "$xmb" --backend cuda --prompts $bucket --prompt-len 16 --new-tokens ${NEW_TOKENS:-8} \
             "${graph[@]}" $flags --json -q > "$f" 2> "$W/e.txt"
           rc=$?
@@ -81,8 +82,11 @@ for m in ${MODELS:-llama-3.1-8b}; do
             printf '%s|%s|%s\t%s\t%s\n' "$m" "$bucket" "$ctx" "$name" "$power" >> "$W/power.tsv"
             power=" (max W, busy MHz, power-capped share, busy samples: $power)"
           fi
-          if [ "${METRIC:-graph}" = step ]; then
-            ms=$(python3 -c "import json; print(json.load(open('$f'))['offline']['decode_step_ms'])" 2>/dev/null || echo null)
+          if [ "${METRIC:-graph}" != graph ]; then
+            key=decode_step_ms
+            [ "$METRIC" = gap ] && key=host_gap_us
+            ms=$(python3 -c "import json; print(json.load(open('$f'))['offline']['$key'])" 2>/dev/null || echo null)
+            power="$power (host gap $(python3 -c "import json; print(json.load(open('$f'))['offline']['host_gap_us'])" 2>/dev/null || echo -) us)"
           else
             ms=$(python3 -c "import json; print(list(json.load(open('$f'))['graph_ms'].values())[0])" 2>/dev/null || echo null)
           fi
