@@ -837,16 +837,12 @@ func (be *Backend) Step(t int) error {
 // HostGaps is the time from each step's return from its wait on the GPU to the next step's
 // graph launch, summed, and how many such gaps, since ResetHostGaps: the GPU idles that
 // long between two steps (the copies around a replay aside), while the host hands the
-// results back, does the engine's work and hands the next step over.
-func (be *Backend) HostGaps() (total time.Duration, n int) {
-	be.do(func() error { total, n = be.gaps.total, be.gaps.n; return nil })
-	return total, n
-}
+// results back, does the engine's work and hands the next step over. Like Step, it is called
+// by the one goroutine that steps the backend, whose hand-offs order it after the steps.
+func (be *Backend) HostGaps() (total time.Duration, n int) { return be.gaps.total, be.gaps.n }
 
 // ResetHostGaps starts HostGaps anew; the next step's launch starts no gap.
-func (be *Backend) ResetHostGaps() {
-	be.do(func() error { be.gaps = hostGaps{}; return nil })
-}
+func (be *Backend) ResetHostGaps() { be.gaps = hostGaps{} }
 
 // Time replays template t n times back to back (no host work between) and returns the mean
 // milliseconds per replay, measured with CUDA events. It replays the graph variant that the

@@ -7,8 +7,9 @@
 # prompts, OUTPUT_LEN tokens, REQUESTS requests arriving at RATE per second, 0: all at once) on
 # each, one process per run, ROUNDS rounds with the order reversed every other round, after
 # one discarded warm-up run of the first variant. A variant is BUILD, with any of +tN (run
-# with --max-batched-tokens N) and +caller (run with --cuda-caller-thread). BUILD is old (the binaries in OLD_BIN, default .dev/old, with the
-# spec they were built for, OLD_BIN/MODEL.yaml), seqsN (the spec with max_seqs N, its decode
+# with --max-batched-tokens N) and +caller (run with --cuda-caller-thread). BUILD is old
+# (the binaries in OLD_BIN, default .dev/old, with the spec they were built for,
+# OLD_BIN/MODEL.yaml), seqsN (the spec with max_seqs N, its decode
 # buckets up to N and no kv_cache_tokens: every resident sequence gets max_seq_len of pages),
 # or a name of variants.sh (xmixc build flags). The greedy tokens' digest (tokens_sha256) says
 # whether the variants computed the same tokens. Writes $OUT/online_ab.json and
@@ -27,7 +28,7 @@ OLD_BIN=${OLD_BIN:-.dev/old}
 binof() { if [ "$1" = old ]; then echo "$OLD_BIN"; else echo "$bin"; fi; }
 build_of() { echo "${1%%+*}"; }
 bench() { # bench VARIANT OUTFILE
-  local build part flags=()
+  local build part parts flags=()
   build=$(build_of "$1")
   IFS=+ read -ra parts <<< "$1"
   for part in "${parts[@]:1}"; do

@@ -28,6 +28,7 @@
 # Writes $OUT/runtime_ab.json ({"model|bucket|context": {variant: [ms per round]}}) and
 # $OUT/summary.txt (each variant's mean and its change against the base).
 VARIANTS=${VARIANTS:?set VARIANTS}
+case ${METRIC:=graph} in graph | step | gap) ;; *) echo "METRIC=$METRIC: want graph, step or gap" >&2; exit 2 ;; esac
 . "$(dirname "$0")/start.sh"
 IFS=';' read -ra vs <<< "$VARIANTS"
 IFS=';' read -ra builds <<< "${BUILDS:-}"
@@ -71,7 +72,7 @@ for m in ${MODELS:-llama-3.1-8b}; do
             sampler=$!
           fi
           graph=(--graph-buckets $bucket --graph-context $ctx)
-          [ "${METRIC:-graph}" = graph ] || graph=()
+          [ "$METRIC" = graph ] || graph=()
           env $env timeout 120 "$bin/xmix" bench "$xmb" --backend cuda --prompts $bucket --prompt-len 16 --new-tokens ${NEW_TOKENS:-8} \
             "${graph[@]}" $flags --json -q > "$f" 2> "$W/e.txt"
           rc=$?
@@ -82,15 +83,16 @@ for m in ${MODELS:-llama-3.1-8b}; do
             printf '%s|%s|%s\t%s\t%s\n' "$m" "$bucket" "$ctx" "$name" "$power" >> "$W/power.tsv"
             power=" (max W, busy MHz, power-capped share, busy samples: $power)"
           fi
-          if [ "${METRIC:-graph}" != graph ]; then
+          gap=""
+          if [ "$METRIC" != graph ]; then
             key=decode_step_ms
             [ "$METRIC" = gap ] && key=host_gap_us
             ms=$(python3 -c "import json; print(json.load(open('$f'))['offline']['$key'])" 2>/dev/null || echo null)
-            power="$power (host gap $(python3 -c "import json; print(json.load(open('$f'))['offline']['host_gap_us'])" 2>/dev/null || echo -) us)"
+            gap=" (host gap $(python3 -c "import json; print(json.load(open('$f'))['offline']['host_gap_us'])" 2>/dev/null || echo -) us)"
           else
             ms=$(python3 -c "import json; print(list(json.load(open('$f'))['graph_ms'].values())[0])" 2>/dev/null || echo null)
           fi
-          echo "$m bucket $bucket ctx $ctx $name round $r rc=$rc $ms$power" | tee -a "$S"
+          echo "$m bucket $bucket ctx $ctx $name round $r rc=$rc $ms$power$gap" | tee -a "$S"
           [ $rc = 0 ] || tail -3 "$W/e.txt" | tee -a "$S"
           printf '%s|%s|%s\t%s\t%s\n' "$m" "$bucket" "$ctx" "$name" "$ms" >> "$W/raw.tsv"
         done
