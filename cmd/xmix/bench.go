@@ -181,6 +181,19 @@ type profiler interface {
 	Profile(template int) ([]cuda.NodeTime, error)
 }
 
+// hostGapUs is the mean host gap in us since g's reset, 0 where there is none (g nil, or no
+// step followed another).
+func hostGapUs(g hostGapper) float64 {
+	if g == nil {
+		return 0
+	}
+	total, n := g.HostGaps()
+	if n == 0 {
+		return 0
+	}
+	return total.Seconds() * 1e6 / float64(n)
+}
+
 // The cuda backend has every measuring method the bench asks backends for: a signature that
 // drifted would otherwise leave its figures out of the results without a word.
 var _ interface {
@@ -616,11 +629,7 @@ func benchOffline(s *session, f benchFlags, apps []string, rng benchRNG) (offlin
 	if len(pre) > 0 {
 		r.PrefillProfile = pre
 	}
-	if gaps != nil {
-		if total, n := gaps.HostGaps(); n > 0 {
-			r.HostGapUs = total.Seconds() * 1e6 / float64(n)
-		}
-	}
+	r.HostGapUs = hostGapUs(gaps)
 	m := s.b.Manifest.Model
 	batch := min(f.prompts, m.MaxSeqs)
 	if st.DecodeSteps > 0 {
@@ -1038,6 +1047,9 @@ type onlineRun struct {
 	Steps        int `json:"steps"`
 	PrefillSteps int `json:"prefill_steps"`
 	PaddedRows   int `json:"padded_rows"`
+	// HostGapUs (cuda): the mean time from a step's return from the GPU to the next step's
+	// launch (offlineResult.HostGapUs).
+	HostGapUs float64 `json:"host_gap_us,omitempty"`
 	// TokensSHA256 digests every request's generated tokens in request order: runs whose
 	// math is the same (another schedule, another arrival timing) give the same digest.
 	TokensSHA256 string `json:"tokens_sha256,omitempty"`
@@ -1105,8 +1117,12 @@ func benchOnline(s *session, f benchFlags, apps []string, rng benchRNG) (onlineR
 		}
 	}
 	res := onlineResult{Rate: f.rate, Requests: f.requests, OutputLen: f.outputLen, Warmup: f.warmup, MaxBatchedTokens: s.eng.MaxBatchedTokens()}
+	gaps, _ := s.be.(hostGapper)
 	for run := 0; run < f.warmup+f.runs; run++ {
 		before := s.eng.Stats
+		if gaps != nil {
+			gaps.ResetHostGaps()
+		}
 		start := time.Now()
 		var hs []*loader.Handle
 		next := 0
@@ -1138,7 +1154,7 @@ func benchOnline(s *session, f benchFlags, apps []string, rng benchRNG) (onlineR
 		}
 		r := onlineRun{latency: measure(ts, el),
 			Steps: s.eng.Stats.Steps - before.Steps, PrefillSteps: s.eng.Stats.PrefillSteps - before.PrefillSteps,
-			PaddedRows: s.eng.Stats.PaddedRows - before.PaddedRows, TokensSHA256: hex.EncodeToString(digest.Sum(nil))}
+			PaddedRows: s.eng.Stats.PaddedRows - before.PaddedRows, HostGapUs: hostGapUs(gaps), TokensSHA256: hex.EncodeToString(digest.Sum(nil))}
 		kind := "measured"
 		if run < f.warmup {
 			kind = "warm-up"
@@ -1154,6 +1170,7 @@ func benchOnline(s *session, f benchFlags, apps []string, rng benchRNG) (onlineR
 		res.Mean.Steps += r.Steps
 		res.Mean.PrefillSteps += r.PrefillSteps
 		res.Mean.PaddedRows += r.PaddedRows
+		res.Mean.HostGapUs += r.HostGapUs
 	}
 	res.Mean.latency = meanLatency(lats)
 	if n := len(res.Runs); n > 0 {
@@ -1164,6 +1181,7 @@ func benchOnline(s *session, f benchFlags, apps []string, rng benchRNG) (onlineR
 			}
 		}
 		res.Mean.Steps, res.Mean.PrefillSteps, res.Mean.PaddedRows = res.Mean.Steps/n, res.Mean.PrefillSteps/n, res.Mean.PaddedRows/n
+		res.Mean.HostGapUs /= float64(n)
 	}
 	return res, nil
 }

@@ -85,13 +85,16 @@ for v, rs in runs.items():
     if not rs:
         continue
     res["variants"][v] = {k: statistics.mean(r[k] for r in rs) for k in keys}
+    gaps = [r["host_gap_us"] for r in rs if "host_gap_us" in r]
+    res["variants"][v]["host_gap_us"] = statistics.mean(gaps) if gaps else None
     res["variants"][v]["rounds"] = len(rs)
     res["variants"][v]["tokens_sha256"] = sorted({r.get("tokens_sha256", "") for r in rs})
 json.dump(res, open(os.path.join(out, "online_ab.json"), "w"), indent=1)
 md = [f"# Online workload on build variants ({model}, {res['device']})", "",
-      "| variant | mean ITL ms | P99 ITL ms | mean TTFT ms | total tok/s | rounds | greedy tokens sha256 |", "|---|---|---|---|---|---|---|"]
+      "| variant | mean ITL ms | P99 ITL ms | mean TTFT ms | total tok/s | host gap us | rounds | greedy tokens sha256 |", "|---|---|---|---|---|---|---|---|"]
 for v, x in res["variants"].items():
-    md.append(f"| {v} | {x['mean_itl_ms']:.3f} | {x['p99_itl_ms']:.3f} | {x['mean_ttft_ms']:.1f} | {x['total_tok_per_s']:.0f} | {x['rounds']} | {' '.join(s[:12] for s in x['tokens_sha256'])} |")
+    gap = "-" if x["host_gap_us"] is None else f"{x['host_gap_us']:.1f}"
+    md.append(f"| {v} | {x['mean_itl_ms']:.3f} | {x['p99_itl_ms']:.3f} | {x['mean_ttft_ms']:.1f} | {x['total_tok_per_s']:.0f} | {gap} | {x['rounds']} | {' '.join(s[:12] for s in x['tokens_sha256'])} |")
 open(os.path.join(out, "ONLINE_AB.md"), "w").write("\n".join(md) + "\n")
 print("\n".join(md))
 PY
