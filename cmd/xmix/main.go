@@ -54,26 +54,26 @@ project) with its two demo apps: a steering vector and a probe.`,
 }
 
 type runFlags struct {
-	prompts      []string
-	apps         string
-	maxTokens    int
-	temperature  float32
-	topP         float32
-	seed         uint64
-	asJSON       bool
-	backend      string
-	gemm         string // who serves tensor-core GEMMs on cuda: auto, ptx, cublaslt
-	gemmPicks    string // cuBLASLt's tuned algorithms: a file of xmix tune-gemm, none, or "" (the shipped table)
-	guF32        bool   // cuda: cuBLASLt's gate/up GEMMs write f32 (cuda.Options.GuF32)
-	callerThread bool   // cuda: driver calls on the caller's thread (cuda.Options.CallerThread)
-	maxBatched   int    // token budget per step; 0: the bundle's
-	loadReaders  int    // goroutines reading weights into pinned staging on cuda; 0: default
-	quiet        bool
-	chat         bool
-	sets         []string // app.scalar=value overrides for every prompt
-	tpAddr       string   // rank 0 of a multi-process tensor-parallel group listens here (tpworker.go)
-	tpTimeout    time.Duration
-	trace        bool // cuda: every kernel stamps the step trace (xmix bench --trace)
+	prompts     []string
+	apps        string
+	maxTokens   int
+	temperature float32
+	topP        float32
+	seed        uint64
+	asJSON      bool
+	backend     string
+	gemm        string // who serves tensor-core GEMMs on cuda: auto, ptx, cublaslt
+	gemmPicks   string // cuBLASLt's tuned algorithms: a file of xmix tune-gemm, none, or "" (the shipped table)
+	guF32       bool   // cuda: cuBLASLt's gate/up GEMMs write f32 (cuda.Options.GuF32)
+	ownThread   bool   // cuda: driver calls handed to the backend's own thread (cuda.Options.OwnThread)
+	maxBatched  int    // token budget per step; 0: the bundle's
+	loadReaders int    // goroutines reading weights into pinned staging on cuda; 0: default
+	quiet       bool
+	chat        bool
+	sets        []string // app.scalar=value overrides for every prompt
+	tpAddr      string   // rank 0 of a multi-process tensor-parallel group listens here (tpworker.go)
+	tpTimeout   time.Duration
+	trace       bool // cuda: every kernel stamps the step trace (xmix bench --trace)
 }
 
 // overrides parses the --set flags into a request's scalar overrides; the engine checks the
@@ -136,7 +136,7 @@ func (f *runFlags) addBackendFlags(fl *pflag.FlagSet) {
 	fl.StringVar(&f.gemm, "gemm", cuda.GemmAuto, "cuda: who serves the tensor-core GEMMs (batches of 8+ rows, prefill): auto (the bundle's copy-engine kernels where it carries one, cuBLASLt for the rest when it loads, else the bundle's PTX) | ptx | cublaslt; a bucket's gate/up fused with its activation (xmixc build --gated-tc-rows) is the bundle's kernel whichever")
 	fl.StringVar(&f.gemmPicks, "gemm-picks", "", "cuda: cuBLASLt's algorithm per GEMM shape, a file `xmix tune-gemm` wrote, or none (the library's first choice everywhere); default: the table xmix ships, for the GPUs it was tuned on")
 	fl.BoolVar(&f.guF32, "gu-f32", false, "cuda: a gate/up GEMM that cuBLASLt serves writes f32 for the gated activation after it, as before (for measuring); default: bf16, half the bytes written and read")
-	fl.BoolVar(&f.callerThread, "cuda-caller-thread", false, "cuda: run each step's driver calls on the thread of the goroutine that steps the engine (locked for the call, the CUDA context made current on it) instead of handing them to the backend's own thread, which wakes two threads a step: 39-48 us on the build machine (loader/cuda BenchmarkThreadHandoff); for measuring, not yet timed on a GPU")
+	fl.BoolVar(&f.ownThread, "cuda-own-thread", false, "cuda: hand each step's driver calls to the backend's own locked thread and wait to be woken, as before (for measuring); by default they run on the thread of the goroutine that steps the engine, locked for the call with the CUDA context made current on it, which wakes no other thread: on an H100 the 8B's decode step 0.7-0.8% shorter, the 1B's 2.9-3.1% (testsuite/gpu/RESULTS.md, session 70)")
 	fl.IntVar(&f.maxBatched, "max-batched-tokens", 0, "rows one step runs at most, decode and prompt rows together (vLLM's max_num_batched_tokens); 0: the bundle's serving.max_batched_tokens")
 	fl.IntVar(&f.loadReaders, "load-readers", 0, "cuda: goroutines reading the checkpoint into pinned staging while earlier chunks are copied to the GPU (0: min(8, CPUs))")
 	fl.BoolVarP(&f.quiet, "quiet", "q", false, "no progress output on stderr")
@@ -176,7 +176,7 @@ func openBackend(kind string, b *bundle.Bundle, w *loader.Weights, f runFlags) (
 		return openGroup(kind, b, w, f)
 	}
 	opts := cuda.Options{Progress: f.progress, Gemm: f.gemm, LoadReaders: f.loadReaders, GemmPicks: picks, Trace: f.trace, GuF32: f.guF32,
-		CallerThread: f.callerThread}
+		OwnThread: f.ownThread}
 	switch kind {
 	case "cpu":
 		return cpu.New(b, w, f.progress)

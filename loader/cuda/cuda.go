@@ -70,11 +70,12 @@ type launch struct {
 }
 
 // Backend runs a bundle on one GPU. All driver calls happen on an OS-locked thread with its
-// context current (thread.go): the backend's own, or with Options.CallerThread the caller's.
+// context current (thread.go): after the load the caller's, or with Options.OwnThread the
+// backend's own.
 type Backend struct {
 	work   chan func()
 	done   chan struct{}
-	caller *callerThread // non-nil: calls run on the caller's thread (Options.CallerThread)
+	caller *callerThread // non-nil: calls run on the caller's thread (all but Options.OwnThread)
 
 	d       *driver
 	Dev     Device
@@ -197,11 +198,13 @@ type Options struct {
 	// default one whose y only the gated activation after it reads writes it in bf16 for that
 	// kernel (gu.go).
 	GuF32 bool
-	// CallerThread runs the driver calls after the load (each step's among them) on the
-	// calling goroutine's thread, locked for the call with the context made current there,
-	// instead of handing each to the backend's own thread and waiting to be woken: a step
-	// then wakes no other thread (thread.go; for measuring).
-	CallerThread bool
+	// OwnThread hands every driver call to the backend's own locked thread, as before, and
+	// waits to be woken (for measuring). By default the calls after the load (each step's
+	// among them) run on the calling goroutine's thread, locked for the call with the
+	// context made current there, so a step wakes no other thread: on an H100 the host's
+	// gap between steps fell from 41-70 us to 5-16 us (thread.go; testsuite/gpu/RESULTS.md,
+	// session 70).
+	OwnThread bool
 }
 
 // New loads a bundle onto GPU 0: modules, buffers, weights, params and graphs.
@@ -233,7 +236,7 @@ func New(b *bundle.Bundle, w *loader.Weights, opt Options) (*Backend, error) {
 		be.Close()
 		return nil, err
 	}
-	if opt.CallerThread {
+	if !opt.OwnThread {
 		be.caller = &callerThread{makeCurrent: func() error { return be.d.call("cuCtxSetCurrent", be.ctx) }}
 	}
 	return be, nil

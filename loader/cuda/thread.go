@@ -9,13 +9,14 @@ import (
 // A CUDA context is current per OS thread, and goroutines move between threads, so every
 // driver call runs on a thread locked for it with the backend's context current. Two ways:
 //
-//   - the backend's own thread (the default): one goroutine, locked to its OS thread for the
-//     backend's life with the context current on it, runs each call that onThread hands it,
-//     while the caller waits. Each hand-off wakes that thread and, when the call returns,
-//     the caller's: two thread wake-ups a step, which BenchmarkThreadHandoff times.
-//   - the caller's thread (Options.CallerThread): callerThread locks the calling goroutine
-//     to its OS thread for the call and makes the context current there first, so a step
-//     wakes no other thread.
+//   - the backend's own thread (the load, and every call with Options.OwnThread): one
+//     goroutine, locked to its OS thread for the backend's life with the context current on
+//     it, runs each call that onThread hands it, while the caller waits. Each hand-off wakes
+//     that thread and, when the call returns, the caller's: two thread wake-ups a step, which
+//     BenchmarkThreadHandoff times.
+//   - the caller's thread (every call after the load, by default): callerThread locks the
+//     calling goroutine to its OS thread for the call and makes the context current there
+//     first, so a step wakes no other thread.
 
 // onThread hands f to the goroutine that serves work on its locked thread and waits for it.
 func onThread(work chan<- func(), f func() error) error {

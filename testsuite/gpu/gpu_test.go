@@ -211,14 +211,14 @@ func embeddedModel(t *testing.T) *bundle.Bundle {
 // foxPrompt is the embedded model's agreement prompt.
 var foxPrompt = loader.ByteTokenizer{}.Encode("Once upon a time, a little fox")
 
-// TestCUDACallerThreadMatchesCPU (xmix --cuda-caller-thread): with the driver calls on the
-// caller's thread, the context made current there for each, the embedded model agrees with
-// the CPU, and checks that write buffers between steps (a vector), mix apps per row and
-// admit requests mid-run pass.
-func TestCUDACallerThreadMatchesCPU(t *testing.T) {
+// TestCUDAOwnThreadMatchesCPU (xmix --cuda-own-thread): with every driver call handed to the
+// backend's own thread, as before the caller's thread became the default, the embedded
+// model agrees with the CPU, and checks that write buffers between steps (a vector), mix apps
+// per row and admit requests mid-run pass. Every other GPU test runs on the default.
+func TestCUDAOwnThreadMatchesCPU(t *testing.T) {
 	needGPU(t)
-	nb := newCUDAWith(cuda.Options{CallerThread: true})
-	agreementOn(t, nb, true, "tiny@caller-thread", embeddedModel(t), foxPrompt, 64, true)
+	nb := newCUDAWith(cuda.Options{OwnThread: true})
+	agreementOn(t, nb, true, "tiny@own-thread", embeddedModel(t), foxPrompt, 64, true)
 	t.Run("set_vector", func(t *testing.T) { testsuite.CheckSetVector(t, nb) })
 	t.Run("seven_apps_mixed", func(t *testing.T) { testsuite.CheckSevenAppsMixed(t, nb) })
 	t.Run("continuous_batching", func(t *testing.T) { testsuite.CheckContinuousBatching(t, nb) })

@@ -7,7 +7,7 @@
 # prompts, OUTPUT_LEN tokens, REQUESTS requests arriving at RATE per second, 0: all at once) on
 # each, one process per run, ROUNDS rounds with the order reversed every other round, after
 # one discarded warm-up run of the first variant. A variant is BUILD, with any of +tN (run
-# with --max-batched-tokens N) and +caller (run with --cuda-caller-thread). BUILD is old
+# with --max-batched-tokens N) and +own (run with --cuda-own-thread). BUILD is old
 # (the binaries in OLD_BIN, default .dev/old, with the spec they were built for,
 # OLD_BIN/MODEL.yaml), seqsN (the spec with max_seqs N, its decode
 # buckets up to N and no kv_cache_tokens: every resident sequence gets max_seq_len of pages),
@@ -34,8 +34,8 @@ bench() { # bench VARIANT OUTFILE
   for part in "${parts[@]:1}"; do
     case $part in
       t*) flags+=(--max-batched-tokens "${part#t}") ;;
-      caller) flags+=(--cuda-caller-thread) ;;
-      *) echo "variant $1: unknown part +$part (+tN or +caller)" >&2; return ;;
+      own) flags+=(--cuda-own-thread) ;;
+      *) echo "variant $1: unknown part +$part (+tN or +own)" >&2; return ;;
     esac
   done
   timeout "${BENCH_TIMEOUT:-200}" "$(binof "$build")/xmix" bench "$work/$build.xmb" --backend "${BACKEND:-cuda}" --online --rate "${RATE:-8}" \

@@ -22,7 +22,7 @@
 # METRIC=step times the engine's decode step as the host sees it (the offline run's
 # decode_step_ms: control upload, replay, readback and the host's work between steps, over
 # NEW_TOKENS - 1 steps from context 16 on; no graph replays, CONTEXTS unused) in place of the
-# bare graph replay, e.g. "base=.dev/gpu;caller=.dev/gpu -- --cuda-caller-thread" METRIC=step
+# bare graph replay, e.g. "base=.dev/gpu;own=.dev/gpu -- --cuda-own-thread" METRIC=step
 # NEW_TOKENS=128 BUCKETS="1 8" CONTEXTS=16. METRIC=gap: the same run's host_gap_us (us from a
 # step's return from the GPU to the next step's launch) in place of ms.
 # Writes $OUT/runtime_ab.json ({"model|bucket|context": {variant: [ms per round]}}) and
