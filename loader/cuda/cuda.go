@@ -841,7 +841,7 @@ func (be *Backend) Step(t int) error {
 // graph launch, summed, and how many such gaps, since ResetHostGaps: the GPU idles that
 // long between two steps (the copies around a replay aside), while the host hands the
 // results back, does the engine's work and hands the next step over. Like Step, it is called
-// by the one goroutine that steps the backend, whose hand-offs order it after the steps.
+// by the one goroutine that steps the backend, so it reads what the steps wrote.
 func (be *Backend) HostGaps() (total time.Duration, n int) { return be.gaps.total, be.gaps.n }
 
 // ResetHostGaps starts HostGaps anew; the next step's launch starts no gap.

@@ -85,10 +85,10 @@ for m in ${MODELS:-llama-3.1-8b}; do
           fi
           gap=""
           if [ "$METRIC" != graph ]; then
-            key=decode_step_ms
-            [ "$METRIC" = gap ] && key=host_gap_us
-            ms=$(python3 -c "import json; print(json.load(open('$f'))['offline']['$key'])" 2>/dev/null || echo null)
-            gap=" (host gap $(python3 -c "import json; print(json.load(open('$f'))['offline']['host_gap_us'])" 2>/dev/null || echo -) us)"
+            read -r step gap_us < <(python3 -c "import json; o = json.load(open('$f'))['offline']; print(o['decode_step_ms'], o.get('host_gap_us', '-'))" 2>/dev/null || echo "null -")
+            ms=$step
+            [ "$METRIC" = gap ] && ms=${gap_us/-/null}
+            gap=" (host gap $gap_us us)"
           else
             ms=$(python3 -c "import json; print(list(json.load(open('$f'))['graph_ms'].values())[0])" 2>/dev/null || echo null)
           fi
