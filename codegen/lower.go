@@ -219,6 +219,17 @@ const preloadMinRows = 8
 // at most 255 registers, and under 16 even a row kernel without ops would spill.
 const miPreloadRegsMin, miPreloadRegsMax = 16, 255
 
+// DefaultMIPreloadRegs is the preloading row kernels' bound on a thread's registers
+// (BuildInfo.MIPreloadRegs) when a build names none. Launched early, such a kernel's block of
+// 1024 threads fits an SM beside the CTA of the GEMM ahead only within what that CTA leaves
+// of the SM's 65,536 registers: 48 a thread beside the 8-row copy-engine GEMM's (512 threads
+// at 32), which the 8B's o and down place on 128 of 132 SMs, and beside the 128-row one's
+// (128 threads at 90). Unbounded, the apps' add+norm kernels took 52-64 (ptxas 12.4). On an
+// H100 (session 70, testsuite/gpu/RESULTS.md) the bound cut five of apps 1-6's cost at 8 rows
+// from +0.22..+0.24% to +0.11..+0.16% of the step and at 128 rows by up to 0.08 points;
+// side-effect-free's rose 0.04 points at 16 and 32 rows.
+const DefaultMIPreloadRegs = 48
+
 // CheckMIPreloadRegs says whether n is a bound on the preloading row kernels' registers a
 // build may ask for (BuildInfo.MIPreloadRegs): 0 (none) or miPreloadRegsMin..Max.
 func CheckMIPreloadRegs(n int) error {

@@ -130,8 +130,9 @@ type Options struct {
 	// MIPreloadCoherent: the row kernels preload their MI ops' vectors and scalars with
 	// coherent loads (bundle.BuildInfo.MIPreloadCoherent).
 	MIPreloadCoherent bool
-	// MIPreloadRegs: those row kernels' bound on a thread's registers, 0 none
-	// (bundle.BuildInfo.MIPreloadRegs).
+	// MIPreloadRegs: those row kernels' bound on a thread's registers
+	// (bundle.BuildInfo.MIPreloadRegs; 0: the measured default, codegen.DefaultMIPreloadRegs;
+	// negative: none).
 	MIPreloadRegs int
 	// RopeCopyRows: decode buckets of at most this many rows served by the warpgroup
 	// copy-engine kernels get one for the q/k/v GEMM and its rope_kv together
@@ -333,7 +334,8 @@ func Build(modelPath string, appPaths []string, opt Options) (*bundle.Bundle, er
 	build.CopyGemmNextAtAsk, build.CopyGemmWide = opt.CopyGemmNextAtAsk, opt.CopyGemmWide
 	build.GatedTCRows = max(0, cmp.Or(opt.GatedTCRows, codegen.DefaultGatedTCRows))
 	build.GatedCopyRows = max(0, cmp.Or(opt.GatedCopyRows, codegen.DefaultGatedCopyRows))
-	build.GatedCopyWideOnly, build.MIPreloadCoherent, build.MIPreloadRegs = opt.GatedCopyWideOnly, opt.MIPreloadCoherent, opt.MIPreloadRegs
+	build.GatedCopyWideOnly, build.MIPreloadCoherent = opt.GatedCopyWideOnly, opt.MIPreloadCoherent
+	build.MIPreloadRegs = max(0, cmp.Or(opt.MIPreloadRegs, codegen.DefaultMIPreloadRegs))
 	build.RopeCopyRows = max(0, cmp.Or(opt.RopeCopyRows, codegen.DefaultRopeCopyRows))
 	b, err := codegen.Generate(p, codegen.Options{
 		Build:     build,

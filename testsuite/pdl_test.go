@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"xmix/bundle"
+	"xmix/codegen"
 	"xmix/compile"
 	"xmix/ptx"
 )
@@ -354,15 +355,17 @@ func traceParams(t *testing.T, name, src string) paramFlow {
 // compiled vectors into registers before it waits for the grid ahead in templates of 8 rows
 // and more (codegen's preloadMinRows), and in smaller ones only asks L2 for them; the
 // bundle carries both kernels. Those loads are read-only (ld.global.nc) by default and
-// coherent (ld.global, kernels *_pvc) with --mi-preload-coherent; with --mi-preload-regs N
-// the preloading kernels alone carry .maxnreg N (kernels *_nrN).
+// coherent (ld.global, kernels *_pvc) with --mi-preload-coherent; the preloading kernels
+// alone carry .maxnreg N (kernels *_nrN), N codegen.DefaultMIPreloadRegs unless the build
+// names another bound or none.
 func TestPreloadVectorsByBucket(t *testing.T) {
 	for _, c := range []struct {
 		coherent bool
-		regs     int
-	}{{false, 0}, {true, 0}, {false, 48}, {true, 40}} {
+		opt      int // compile.Options.MIPreloadRegs
+		regs     int // the bound the build records and the kernels carry
+	}{{false, 0, codegen.DefaultMIPreloadRegs}, {true, 0, codegen.DefaultMIPreloadRegs}, {false, -1, 0}, {true, -1, 0}, {true, 40, 40}} {
 		coherent := c.coherent
-		b := CompileWith(t, compile.Options{MIPreloadCoherent: coherent, MIPreloadRegs: c.regs}, SmallModel, steerAt("steer", randVec(7, 128), 2, ""))
+		b := CompileWith(t, compile.Options{MIPreloadCoherent: coherent, MIPreloadRegs: c.opt}, SmallModel, steerAt("steer", randVec(7, 128), 2, ""))
 		if b.Manifest.Build.MIPreloadCoherent != coherent || b.Manifest.Build.MIPreloadRegs != c.regs {
 			t.Fatalf("build info mi_preload_coherent %v mi_preload_regs %d, want %+v", b.Manifest.Build.MIPreloadCoherent, b.Manifest.Build.MIPreloadRegs, c)
 		}

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Do the apps' preloading add+norm kernels find room beside the GEMM ahead? For each build
-# of VARIANTS (name=xmixc build flags; by default the default build, the preloading kernels
-# held to 48 registers, and that with coherent preloads): trace.sh at BUCKETS (default
+# of VARIANTS (name=xmixc build flags; by default the default build, whose preloading kernels
+# are held to 48 registers, the build without that bound, and the default with coherent
+# preloads): trace.sh at BUCKETS (default
 # "8 16 32") and context 576 with apps 1-6 in the bundle, bare and with every row enabling
 # all six; then apps_ab.sh, each variant but the first against the first (BUCKETS_AB,
 # default "8 16 32 128", one row preloading nothing; ROUNDS, default 2). The trace gives each
@@ -20,7 +21,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:?set OUT}
 mkdir -p "$OUT"
-IFS=';' read -ra variants <<< "${VARIANTS:-base=;nr48=--mi-preload-regs 48;pvc48=--mi-preload-coherent --mi-preload-regs 48}"
+IFS=';' read -ra variants <<< "${VARIANTS:-base=;nr0=--mi-preload-regs 0;pvc48=--mi-preload-coherent}"
 apps=$(ls specs/apps/app[1-6]-*.yaml | tr '\n' ' ')
 all6=refusal-ablation,seal,conditional-refusal,hallucination-probe,sake,side-effect-free
 for v in "${variants[@]}"; do
