@@ -13,6 +13,7 @@ import (
 	"testing"
 
 	"xmix/bundle"
+	"xmix/codegen"
 )
 
 const model = `model: m
@@ -871,6 +872,33 @@ serving: {decode_buckets: [1, 4], prefill_chunks: [8], max_seq_len: 256, max_seq
 		}
 		if _, statErr := os.Stat(bad); statErr == nil {
 			t.Fatalf("--kv-cache-tokens %s: a bundle was written", c.tokens)
+		}
+	}
+}
+
+// TestBuildMIPreloadRegs: --mi-preload-regs N (by default codegen.DefaultMIPreloadRegs; 0:
+// none) is the build info's bound on the preloading row kernels' registers, and inspect
+// names it where there is one.
+func TestBuildMIPreloadRegs(t *testing.T) {
+	dir := t.TempDir()
+	m := gemmSpecBuckets(t, dir, "m.yaml", 512, 4, "1, 8")
+	for _, c := range []struct {
+		flags []string
+		regs  int
+	}{
+		{nil, codegen.DefaultMIPreloadRegs},
+		{[]string{"--mi-preload-regs", "0"}, 0},
+		{[]string{"--mi-preload-regs", "40"}, 40},
+	} {
+		out := filepath.Join(dir, "p.xmb")
+		b := buildBundle(t, m, out, c.flags)
+		if b.Manifest.Build.MIPreloadRegs != c.regs {
+			t.Fatalf("%v: build info mi_preload_regs %d, want %d", c.flags, b.Manifest.Build.MIPreloadRegs, c.regs)
+		}
+		text, err := xmixc(t, "inspect", out)
+		line := fmt.Sprintf("take at most %d registers a thread (kernels *_nr%d)", c.regs, c.regs)
+		if err != nil || (c.regs > 0) != strings.Contains(text, line) || c.regs == 0 && strings.Contains(text, "registers a thread") {
+			t.Fatalf("%v: inspect: %v; want %q (%v) in:\n%s", c.flags, err, line, c.regs > 0, text)
 		}
 	}
 }
