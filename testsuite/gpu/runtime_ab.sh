@@ -85,8 +85,7 @@ for m in ${MODELS:-llama-3.1-8b}; do
           fi
           gap=""
           if [ "$METRIC" != graph ]; then
-            read -r step gap_us < <(python3 -c "import json; o = json.load(open('$f'))['offline']; print(o['decode_step_ms'], o.get('host_gap_us', '-'))" 2>/dev/null || echo "null -")
-            ms=$step
+            read -r ms gap_us < <(python3 -c "import json; o = json.load(open('$f'))['offline']; print(o['decode_step_ms'], o.get('host_gap_us', '-'))" 2>/dev/null || echo "null -")
             [ "$METRIC" = gap ] && ms=${gap_us/-/null}
             gap=" (host gap $gap_us us)"
           else
