@@ -14,14 +14,15 @@ import (
 // says when each kernel of a step really starts, waits and ends. With Trace, the backend
 // rewrites every kernel it loads, its own cast included, so that thread 0 of each CTA takes a
 // record in one device buffer, in the order the CTAs begin, and writes there when the CTA
-// began, when its wait for the grid ahead returned and when it ended (%globaltimer, ns), and
-// the SM it ran on (%smid). Trace replays a template's graph once and gives each launch its
-// CTAs' records. cuBLASLt's kernels are the library's and carry no records. The stamps cost
-// each CTA an atomic and a few stores, so time shapes without Trace.
+// began, when its wait for the grid ahead returned, when thread 0 ended and the SM it ran on
+// (%smid); lane 0 of every warp raises the record's end to its own, so the CTA's end is its
+// last warp's (%globaltimer, ns). Trace replays a template's graph once and gives each launch
+// its CTAs' records. cuBLASLt's kernels are the library's and carry no records. The stamps
+// cost each CTA an atomic, a barrier and a few stores, so time shapes without Trace.
 
 const (
 	traceHeaderBytes = 64      // the record counter, then padding to the first record
-	traceRecordBytes = 40      // kernel id, CTA, began, waited, ended, SM, padding
+	traceRecordBytes = 48      // kernel id, CTA, began, waited, ended (the last warp's), SM, padding, thread 0's end
 	traceCapacity    = 1 << 20 // records a replay may take; CTAs past it write none
 )
 
@@ -45,14 +46,21 @@ func (be *Backend) newTraceBuffer() error {
 // instrumentForTrace rewrites kernel k (parsed PTX) to write its CTAs' records, as kernel id,
 // into the trace buffer at base (room for capacity records): a prologue takes a record
 // (thread 0 of each CTA only: an atomic on the counter, then the kernel id, the CTA's index,
-// the time and the SM), the wait for the grid ahead is followed by its time, and every ret
-// and exit is preceded by the end time where it is taken. The kernel's own instructions are
-// unchanged, and its other threads write nothing.
+// the time and the SM) and leaves the record's address in shared memory for the other warps
+// (a barrier of the whole CTA, ahead of the kernel's own instructions); the wait for the grid
+// ahead is followed by its time; every ret and exit is preceded by thread 0's end time where
+// thread 0 takes it, and by lane 0 of each warp raising the record's end to its time, so a
+// CTA whose warps leave at different times (the copy-engine kernels' producer warp) ends
+// with its last. Lane 0 stands for its warp: in the kernels here a warp's other lanes never
+// leave after it, and an atomic from every thread would cost more than what it measures. The
+// kernel's own instructions are unchanged, and its threads write nothing else.
 func instrumentForTrace(k *ptx.Kernel, id uint32, base uint64, capacity int) {
 	u32, u64 := func() ptx.Reg { return k.Reg(ptx.U32) }, func() ptx.Reg { return k.Reg(ptx.U64) }
-	tid, t, cta, n, kid, sm := u32(), u32(), u32(), u32(), u32(), u32()
-	buf, idx, rec, now := u64(), u64(), u64(), u64()
-	on := k.Reg(ptx.Pred)
+	pred := func() ptx.Reg { return k.Reg(ptx.Pred) }
+	tid, t, cta, n, kid, sm, lane := u32(), u32(), u32(), u32(), u32(), u32(), u32()
+	buf, idx, rec, now, found := u64(), u64(), u64(), u64(), u64()
+	on, first, lead, raise := pred(), pred(), pred(), pred()
+	recAt := k.DeclareShared("xmix_trace_record", ptx.U64, 1)
 	in := func(op string, args ...ptx.Operand) ptx.Instr { return ptx.Instr{Op: op, Args: args} }
 	if1 := func(p ptx.Reg, op string, args ...ptx.Operand) ptx.Instr {
 		return ptx.Instr{Guard: &p, Op: op, Args: args}
@@ -63,12 +71,27 @@ func instrumentForTrace(k *ptx.Kernel, id uint32, base uint64, capacity int) {
 			if1(p, "st.global.u64", ptx.Addr{Base: rec, Offset: offset}, now),
 		}
 	}
+	// raiseEnd: lane 0 of a warp (where p) raises the end of its CTA's record, where the CTA
+	// has one, to its time.
+	raiseEnd := func(p ptx.Reg) []ptx.Instr {
+		return []ptx.Instr{
+			if1(p, "ld.shared.u64", found, ptx.Addr{Base: recAt}),
+			if1(p, "setp.ne.u64", raise, found, ptx.Imm(0)),
+			in("and.pred", raise, raise, p),
+			if1(raise, "mov.u64", now, ptx.GlobalTimer),
+			if1(raise, "red.global.max.u64", ptx.Addr{Base: found, Offset: 24}, now),
+		}
+	}
 	body := []ptx.Instr{
 		in("mov.u32", tid, ptx.TidX), in("mov.u32", t, ptx.TidY), in("or.b32", tid, tid, t),
 		in("mov.u32", t, ptx.Special("%tid.z")), in("or.b32", tid, tid, t),
-		in("setp.eq.u32", on, tid, ptx.Imm(0)),
+		in("setp.eq.u32", first, tid, ptx.Imm(0)),
+		in("mov.pred", on, first),
+		in("mov.u32", lane, ptx.Special("%laneid")),
+		in("setp.eq.u32", lead, lane, ptx.Imm(0)),
 		in("mov.u64", now, ptx.GlobalTimer),
 		in("mov.u64", buf, ptx.U64Imm(base)),
+		in("mov.u64", rec, ptx.U64Imm(0)),
 		// The record's index: the order in which CTAs began. Taken before the kernel lets the
 		// grid after it launch, so each launch's CTAs take consecutive indices of its kernel.
 		if1(on, "atom.global.add.u64", idx, ptx.Addr{Base: buf}, ptx.Imm(1)),
@@ -83,22 +106,29 @@ func instrumentForTrace(k *ptx.Kernel, id uint32, base uint64, capacity int) {
 		if1(on, "add.u64", rec, rec, ptx.Imm(traceHeaderBytes)),
 		if1(on, "st.global.v2.u32", ptx.Addr{Base: rec}, ptx.Vec{kid, cta}),
 		if1(on, "st.global.u64", ptx.Addr{Base: rec, Offset: 8}, now),
+		if1(on, "st.global.u64", ptx.Addr{Base: rec, Offset: 24}, ptx.U64Imm(0)),
 		in("mov.u32", sm, ptx.SMID),
 		if1(on, "st.global.u32", ptx.Addr{Base: rec, Offset: 32}, sm),
+		// Every warp finds the record (0: none) there, its end zeroed above, once all have
+		// passed the barrier.
+		if1(first, "st.shared.u64", ptx.Addr{Base: recAt}, rec),
+		in("bar.sync", ptx.Imm(0)),
 	}
 	for _, i := range k.Body {
 		switch {
 		case i.Label == "" && (i.Op == "ret" || i.Op == "exit"):
-			p := on
+			p, q := on, lead // thread 0's stamp, lane 0's raise
 			if i.Guard != nil {
-				p = k.Reg(ptx.Pred)
+				g := pred()
 				if i.GuardNeg {
-					body = append(body, in("not.pred", p, *i.Guard), in("and.pred", p, p, on))
+					body = append(body, in("not.pred", g, *i.Guard))
 				} else {
-					body = append(body, in("and.pred", p, *i.Guard, on))
+					body = append(body, in("mov.pred", g, *i.Guard))
 				}
+				p, q = pred(), pred()
+				body = append(body, in("and.pred", p, g, on), in("and.pred", q, g, lead))
 			}
-			body = append(append(body, stamp(p, 24)...), i)
+			body = append(append(append(body, stamp(p, 40)...), raiseEnd(q)...), i)
 		case i.Label == "" && i.Op == bundle.PriorGridWait:
 			body = append(append(body, i), stamp(on, 16)...)
 		default:
@@ -127,8 +157,9 @@ func (be *Backend) tracedPTX(src, entry string, id uint32) (string, error) {
 }
 
 // TraceSpan is one launch of a traced step: when its first CTA began, when the first and
-// the last CTA's wait for the grid ahead returned, and when its last CTA ended, in µs from
-// the step's first CTA. CTAs is the launch's grid, Records the CTAs that left a record; a
+// the last CTA's wait for the grid ahead returned, and when its last CTA ended (its last
+// warp), in µs from the step's first CTA; Thread0Ended is when the last CTA's thread 0
+// ended, short of Ended where other warps outlive thread 0 (a producer warp). CTAs is the launch's grid, Records the CTAs that left a record; a
 // cuBLASLt launch has none and no times. SMs is how many SMs its working CTAs ran on, and
 // MostOnOneSM the most of them that ran on one over the launch (not necessarily at once): an
 // uneven spread, such as a grid launched early crowding onto the SMs the kernel ahead leaves
@@ -140,25 +171,27 @@ func (be *Backend) tracedPTX(src, entry string, id uint32) (string, error) {
 // on the SMs beside the kernel ahead shows there. Regs is a thread's registers in the
 // instrumented kernel as the driver compiled it (0: cuBLASLt's, or the cast's).
 type TraceSpan struct {
-	Label       string  `json:"label"`
-	Kernel      string  `json:"kernel"`
-	CTAs        int     `json:"ctas"`
-	Records     int     `json:"records"`
-	Began       float64 `json:"began_us"`
-	FirstWaited float64 `json:"first_waited_us,omitempty"`
-	Waited      float64 `json:"waited_us,omitempty"`
-	Ended       float64 `json:"ended_us"`
-	SMs         int     `json:"sms,omitempty"`
-	MostOnOneSM int     `json:"most_on_one_sm,omitempty"`
-	LateCTAs    int     `json:"late_ctas,omitempty"`
-	Regs        int     `json:"regs,omitempty"`
+	Label        string  `json:"label"`
+	Kernel       string  `json:"kernel"`
+	CTAs         int     `json:"ctas"`
+	Records      int     `json:"records"`
+	Began        float64 `json:"began_us"`
+	FirstWaited  float64 `json:"first_waited_us,omitempty"`
+	Waited       float64 `json:"waited_us,omitempty"`
+	Ended        float64 `json:"ended_us"`
+	Thread0Ended float64 `json:"thread0_ended_us,omitempty"`
+	SMs          int     `json:"sms,omitempty"`
+	MostOnOneSM  int     `json:"most_on_one_sm,omitempty"`
+	LateCTAs     int     `json:"late_ctas,omitempty"`
+	Regs         int     `json:"regs,omitempty"`
 }
 
 // traceRecord is one CTA's record as the instrumented kernels write it.
 type traceRecord struct {
 	kernel, cta          uint32
-	began, waited, ended uint64
+	began, waited, ended uint64 // ended: the CTA's last warp's
 	sm                   uint32
+	ended0               uint64 // thread 0's end
 }
 
 // Trace replays template t's graph (after warm replays) with the trace's counter reset and
@@ -231,7 +264,7 @@ func decodeTraceRecords(raw []byte) []traceRecord {
 		r := raw[i*traceRecordBytes:]
 		recs[i] = traceRecord{kernel: binary.LittleEndian.Uint32(r), cta: binary.LittleEndian.Uint32(r[4:]),
 			began: binary.LittleEndian.Uint64(r[8:]), waited: binary.LittleEndian.Uint64(r[16:]), ended: binary.LittleEndian.Uint64(r[24:]),
-			sm: binary.LittleEndian.Uint32(r[32:])}
+			sm: binary.LittleEndian.Uint32(r[32:]), ended0: binary.LittleEndian.Uint64(r[40:])}
 	}
 	return recs
 }
@@ -268,7 +301,7 @@ func traceSpans(chain []launch, ids map[uintptr]uint32, recs []traceRecord) []Tr
 		mine := q[:min(s.CTAs, len(q))]
 		byKernel[id] = q[len(mine):]
 		s.Records = len(mine)
-		var began, first, waited, ended uint64
+		var began, first, waited, ended, ended0 uint64
 		for _, r := range mine {
 			if began == 0 || r.began < began {
 				began = r.began
@@ -276,7 +309,7 @@ func traceSpans(chain []launch, ids map[uintptr]uint32, recs []traceRecord) []Tr
 			if r.waited != 0 && (first == 0 || r.waited < first) {
 				first = r.waited
 			}
-			waited, ended = max(waited, r.waited), max(ended, r.ended)
+			waited, ended, ended0 = max(waited, r.waited), max(ended, r.ended), max(ended0, r.ended0)
 			if aheadEnded != 0 && r.began > aheadEnded {
 				s.LateCTAs++
 			}
@@ -289,7 +322,7 @@ func traceSpans(chain []launch, ids map[uintptr]uint32, recs []traceRecord) []Tr
 				s.MostOnOneSM = max(s.MostOnOneSM, perSM[r.sm])
 			}
 		}
-		s.Began, s.FirstWaited, s.Waited, s.Ended, s.SMs = us(began), us(first), us(waited), us(ended), len(perSM)
+		s.Began, s.FirstWaited, s.Waited, s.Ended, s.Thread0Ended, s.SMs = us(began), us(first), us(waited), us(ended), us(ended0), len(perSM)
 		spans = append(spans, s)
 	}
 	return spans

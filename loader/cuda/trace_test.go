@@ -38,8 +38,9 @@ func stampedPTX(t *testing.T, src, entry string, id uint32, base uint64, capacit
 
 // Every kernel of the shipped specs' bundles (the 8B's copy-engine, warpgroup and attention
 // kernels, the tiny model's app kernels) and the cast take the stamps and stay valid PTX,
-// with their own instructions unchanged and in order, one record taken, and a stamp after
-// each wait and before each ret and exit.
+// with their own instructions unchanged and in order, one record taken, one barrier added,
+// a stamp after each wait, and before each ret and exit thread 0's stamp and its warp's
+// raise of the CTA's end.
 func TestInstrumentForTraceKeepsEveryKernel(t *testing.T) {
 	tinyApps, err := filepath.Glob("../../specs/apps/tiny/tiny-app*.yaml")
 	if err != nil || len(tinyApps) == 0 {
@@ -64,24 +65,34 @@ func TestInstrumentForTraceKeepsEveryKernel(t *testing.T) {
 		}
 		got := stampedPTX(t, k.PTX, k.Name, uint32(i), 0x7f0000000000, traceCapacity).Kernel(k.Name)
 		var own []string
-		atoms, stamps := 0, 0
+		atoms, stamps, raises, barriers := 0, 0, 0, 0
 		for _, in := range got.Body {
 			switch {
 			case in.Op == "atom.global.add.u64":
 				atoms++
 			case in.Op == "mov.u64" && len(in.Args) == 2 && in.Args[1] == ptx.GlobalTimer:
 				stamps++
+			case in.Op == "red.global.max.u64":
+				raises++
+			case in.Op == "bar.sync":
+				barriers++
 			}
 		}
-		want := 1 // the record's first stamp
+		want, ends, ownBarriers := 1, 0, 0 // the record's first stamp
 		for _, in := range orig.Kernel(k.Name).Body {
 			own = append(own, instrText(in))
-			if in.Op == bundle.PriorGridWait || in.Op == "ret" || in.Op == "exit" {
+			switch in.Op {
+			case bundle.PriorGridWait:
 				want++
+			case "ret", "exit":
+				want += 2 // thread 0's end, and its warp's raise of the CTA's
+				ends++
+			case "bar.sync":
+				ownBarriers++
 			}
 		}
-		if atoms != 1 || stamps != want {
-			t.Errorf("%s: %d counter atomics and %d stamps, want 1 and %d", k.Name, atoms, stamps, want)
+		if atoms != 1 || stamps != want || raises != ends || barriers != ownBarriers+1 {
+			t.Errorf("%s: %d counter atomics, %d stamps, %d raised ends and %d barriers, want 1, %d, %d and %d", k.Name, atoms, stamps, raises, barriers, want, ends, ownBarriers+1)
 		}
 		// The kernel's own instructions are a subsequence of the instrumented body, in order.
 		j := 0
@@ -209,7 +220,8 @@ func TestTraceRecordsOnEmulator(t *testing.T) {
 			recs := decodeTraceRecords(raw[traceHeaderBytes : traceHeaderBytes+capacity*traceRecordBytes])
 			var ctas []uint32
 			for _, r := range recs {
-				if r.kernel != 7 || r.began == 0 || r.waited < r.began || r.ended < r.waited || r.sm != 0 { // the emulator is SM 0
+				// The emulator's clock is its block's start, so thread 0's end is its last warp's.
+				if r.kernel != 7 || r.began == 0 || r.waited < r.began || r.ended < r.waited || r.ended0 != r.ended || r.sm != 0 { // the emulator is SM 0
 					t.Fatalf("%s: record %+v", c.name, r)
 				}
 				ctas = append(ctas, r.cta)
@@ -237,17 +249,17 @@ func TestTraceSpans(t *testing.T) {
 		{label: "d", kernel: "k1", f: 20, grid: [3]int{2, 1, 1}},
 	}
 	recs := []traceRecord{
-		{0, 0, 1000, 1500, 4000, 3}, {0, 1, 1200, 1600, 4200, 3}, {1, 0, 3000, 4300, 6000, 7},
-		{0, 1, 6100, 6500, 9000, 5}, {0, 0, 6200, 6400, 8000, 0}, {0, 2, 6300, 0, 6350, 5},
-		{1, 0, 8900, 0, 9500, 2}, {1, 1, 9200, 0, 9600, 2},
+		{0, 0, 1000, 1500, 4000, 3, 3900}, {0, 1, 1200, 1600, 4200, 3, 4200}, {1, 0, 3000, 4300, 6000, 7, 6000},
+		{0, 1, 6100, 6500, 9000, 5, 8000}, {0, 0, 6200, 6400, 8000, 0, 8000}, {0, 2, 6300, 0, 6350, 5, 6350},
+		{1, 0, 8900, 0, 9500, 2, 9500}, {1, 1, 9200, 0, 9600, 2, 9400},
 	}
 	got := traceSpans(chain, ids, recs)
 	want := []TraceSpan{
-		{Label: "a", Kernel: "k0", CTAs: 2, Records: 2, Began: 0, FirstWaited: 0.5, Waited: 0.6, Ended: 3.2, SMs: 1, MostOnOneSM: 2},
-		{Label: "b", Kernel: "k1", CTAs: 1, Records: 1, Began: 2, FirstWaited: 3.3, Waited: 3.3, Ended: 5, SMs: 1, MostOnOneSM: 1},
+		{Label: "a", Kernel: "k0", CTAs: 2, Records: 2, Began: 0, FirstWaited: 0.5, Waited: 0.6, Ended: 3.2, Thread0Ended: 3.2, SMs: 1, MostOnOneSM: 2},
+		{Label: "b", Kernel: "k1", CTAs: 1, Records: 1, Began: 2, FirstWaited: 3.3, Waited: 3.3, Ended: 5, Thread0Ended: 5, SMs: 1, MostOnOneSM: 1},
 		{Label: "b", Kernel: "cublasLt"},
-		{Label: "c", Kernel: "k0", CTAs: 3, Records: 3, Began: 5.1, FirstWaited: 5.4, Waited: 5.5, Ended: 8, SMs: 2, MostOnOneSM: 1},
-		{Label: "d", Kernel: "k1", CTAs: 2, Records: 2, Began: 7.9, Ended: 8.6, SMs: 1, MostOnOneSM: 2, LateCTAs: 1},
+		{Label: "c", Kernel: "k0", CTAs: 3, Records: 3, Began: 5.1, FirstWaited: 5.4, Waited: 5.5, Ended: 8, Thread0Ended: 7, SMs: 2, MostOnOneSM: 1},
+		{Label: "d", Kernel: "k1", CTAs: 2, Records: 2, Began: 7.9, Ended: 8.6, Thread0Ended: 8.5, SMs: 1, MostOnOneSM: 2, LateCTAs: 1},
 	}
 	if !slices.Equal(got, want) {
 		t.Fatalf("spans\n%+v\nwant\n%+v", got, want)

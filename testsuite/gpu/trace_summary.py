@@ -8,8 +8,9 @@ A cuBLASLt launch carries no stamps, so the launch after it takes its time. Role
 labels without the layer ("L3.qkv" -> qkv; a GEMM's cast is "qkv.cast"). Layer 1's launches
 are listed with the SMs their working CTAs ran on and the most on one SM, and every launch
 with the CTAs that began only after the launch ahead ended, its "late" CTAs, and layer 1's
-with a thread's registers as the driver compiled the kernel (traces from before those fields
-show "-" or count none).
+with a thread's registers as the driver compiled the kernel, and how long its CTAs' last
+warps outlived thread 0 (the last CTA's end less the last thread 0's; a producer warp shows
+there). Traces from before those fields show "-" or count none.
 
   python3 testsuite/gpu/trace_summary.py TRACE.json [...]   (prints; --json writes a summary)
 """
@@ -34,12 +35,14 @@ def summarise(spans):
     step_end = 0.0
     layer = []
     for s in spans:
-        r = roles.setdefault(role(s), {"n": 0, "contribution_us": 0.0, "wait_latency_us": 0.0, "after_wait_us": 0.0, "late_ctas": 0})
+        r = roles.setdefault(role(s), {"n": 0, "contribution_us": 0.0, "wait_latency_us": 0.0, "after_wait_us": 0.0, "late_ctas": 0, "tail_us": 0.0})
         r["n"] += 1
         r["late_ctas"] += s.get("late_ctas", 0)
         if s["records"] == 0:
             continue
         end = s["ended_us"]
+        if s.get("thread0_ended_us"):
+            r["tail_us"] += end - s["thread0_ended_us"]
         if prev_end is not None:
             r["contribution_us"] += end - prev_end
             if s.get("first_waited_us"):
@@ -62,15 +65,15 @@ def main(paths, as_json):
             if as_json:
                 continue
             print(f"== {path} {tmpl}: {len(spans)} launches, {s['step_us']:.1f} us from the first CTA to the last")
-            print(f"{'role':24} {'n':>4} {'contrib us':>11} {'/launch':>8} {'wait lat/launch':>16} {'after wait/launch':>18} {'late CTAs/launch':>17}")
+            print(f"{'role':24} {'n':>4} {'contrib us':>11} {'/launch':>8} {'wait lat/launch':>16} {'after wait/launch':>18} {'late CTAs/launch':>17} {'tail/launch':>12}")
             for name, r in sorted(s["roles"].items(), key=lambda kv: -kv[1]["contribution_us"]):
                 n = max(r["n"], 1)
-                print(f"{name:24} {r['n']:4d} {r['contribution_us']:11.1f} {r['contribution_us'] / n:8.2f} {r['wait_latency_us'] / n:16.2f} {r['after_wait_us'] / n:18.2f} {r['late_ctas'] / n:17.2f}")
+                print(f"{name:24} {r['n']:4d} {r['contribution_us']:11.1f} {r['contribution_us'] / n:8.2f} {r['wait_latency_us'] / n:16.2f} {r['after_wait_us'] / n:18.2f} {r['late_ctas'] / n:17.2f} {r['tail_us'] / n:12.2f}")
             if s["layer1"]:
                 t0 = s["layer1"][0]["began_us"]
-                print("layer 1 (us from its first launch's first CTA): label kernel ctas began first_waited waited ended sms most_on_one_sm late_ctas regs")
+                print("layer 1 (us from its first launch's first CTA): label kernel ctas began first_waited waited thread0_ended ended sms most_on_one_sm late_ctas regs")
                 for x in s["layer1"]:
-                    print(f"  {x['label']:16} {x['kernel'][:44]:44} {x['ctas']:5d} {x['began_us'] - t0:8.2f} {x.get('first_waited_us', 0) - t0 if x.get('first_waited_us') else float('nan'):8.2f} {x.get('waited_us', 0) - t0 if x.get('waited_us') else float('nan'):8.2f} {x['ended_us'] - t0:8.2f} {x.get('sms', '-'):>4} {x.get('most_on_one_sm', '-'):>4} {x.get('late_ctas', '-'):>4} {x.get('regs', '-'):>4}")
+                    print(f"  {x['label']:16} {x['kernel'][:44]:44} {x['ctas']:5d} {x['began_us'] - t0:8.2f} {x.get('first_waited_us', 0) - t0 if x.get('first_waited_us') else float('nan'):8.2f} {x.get('waited_us', 0) - t0 if x.get('waited_us') else float('nan'):8.2f} {x.get('thread0_ended_us', 0) - t0 if x.get('thread0_ended_us') else float('nan'):8.2f} {x['ended_us'] - t0:8.2f} {x.get('sms', '-'):>4} {x.get('most_on_one_sm', '-'):>4} {x.get('late_ctas', '-'):>4} {x.get('regs', '-'):>4}")
     if as_json:
         json.dump(out, sys.stdout, indent=1)
         print()
