@@ -22,7 +22,8 @@ import (
 
 const (
 	traceHeaderBytes = 64      // the record counter, then padding to the first record
-	traceRecordBytes = 48      // kernel id, CTA, began, waited, ended (the last warp's), SM, padding, thread 0's end
+	traceRecordBytes = 80      // kernel id, CTA, began, waited, ended (the last warp's), SM, padding, thread 0's end, warps' ends
+	traceWarpSlots   = 8       // warps whose ends a record keeps apart (ns after the CTA began); later warps share the last slot
 	traceCapacity    = 1 << 20 // records a replay may take; CTAs past it write none
 )
 
@@ -51,14 +52,14 @@ func (be *Backend) newTraceBuffer() error {
 // ahead is followed by its time; every ret and exit is preceded by thread 0's end time where
 // thread 0 takes it, and by lane 0 of each warp raising the record's end to its time, so a
 // CTA whose warps leave at different times (the copy-engine kernels' producer warp) ends
-// with its last. Lane 0 stands for its warp: in the kernels here a warp's other lanes never
+// with its last, and its warp's slot to the ns since the CTA began (which warp that is). Lane 0 stands for its warp: in the kernels here a warp's other lanes never
 // leave after it, and an atomic from every thread would cost more than what it measures. The
 // kernel's own instructions are unchanged, and its threads write nothing else.
 func instrumentForTrace(k *ptx.Kernel, id uint32, base uint64, capacity int) {
 	u32, u64 := func() ptx.Reg { return k.Reg(ptx.U32) }, func() ptx.Reg { return k.Reg(ptx.U64) }
 	pred := func() ptx.Reg { return k.Reg(ptx.Pred) }
-	tid, t, cta, n, kid, sm, lane := u32(), u32(), u32(), u32(), u32(), u32(), u32()
-	buf, idx, rec, now, found := u64(), u64(), u64(), u64(), u64()
+	tid, t, cta, n, kid, sm, lane, late := u32(), u32(), u32(), u32(), u32(), u32(), u32(), u32()
+	buf, idx, rec, now, found, began, slot := u64(), u64(), u64(), u64(), u64(), u64(), u64()
 	on, first, lead, raise := pred(), pred(), pred(), pred()
 	recAt := k.DeclareShared("xmix_trace_record", ptx.U64, 1)
 	in := func(op string, args ...ptx.Operand) ptx.Instr { return ptx.Instr{Op: op, Args: args} }
@@ -72,7 +73,7 @@ func instrumentForTrace(k *ptx.Kernel, id uint32, base uint64, capacity int) {
 		}
 	}
 	// raiseEnd: lane 0 of a warp (where p) raises the end of its CTA's record, where the CTA
-	// has one, to its time.
+	// has one, to its time, and its warp's slot to the ns since the CTA began.
 	raiseEnd := func(p ptx.Reg) []ptx.Instr {
 		return []ptx.Instr{
 			if1(p, "ld.shared.u64", found, ptx.Addr{Base: recAt}),
@@ -80,6 +81,11 @@ func instrumentForTrace(k *ptx.Kernel, id uint32, base uint64, capacity int) {
 			in("and.pred", raise, raise, p),
 			if1(raise, "mov.u64", now, ptx.GlobalTimer),
 			if1(raise, "red.global.max.u64", ptx.Addr{Base: found, Offset: 24}, now),
+			if1(raise, "ld.global.u64", began, ptx.Addr{Base: found, Offset: 8}),
+			if1(raise, "sub.u64", began, now, began),
+			if1(raise, "cvt.u32.u64", late, began),
+			if1(raise, "add.u64", found, found, slot),
+			if1(raise, "red.global.max.u32", ptx.Addr{Base: found, Offset: 48}, late),
 		}
 	}
 	body := []ptx.Instr{
@@ -89,6 +95,12 @@ func instrumentForTrace(k *ptx.Kernel, id uint32, base uint64, capacity int) {
 		in("mov.pred", on, first),
 		in("mov.u32", lane, ptx.Special("%laneid")),
 		in("setp.eq.u32", lead, lane, ptx.Imm(0)),
+		// The warp's slot in the record: 4 bytes a warp of the CTA, in thread order.
+		in("mov.u32", t, ptx.Special("%ntid.y")), in("mov.u32", n, ptx.Special("%tid.z")),
+		in("mov.u32", late, ptx.Special("%tid.y")), in("mad.lo.u32", late, n, t, late),
+		in("mov.u32", t, ptx.Special("%ntid.x")), in("mov.u32", n, ptx.TidX), in("mad.lo.u32", late, late, t, n),
+		in("shr.u32", late, late, ptx.Imm(5)), in("min.u32", late, late, ptx.Imm(traceWarpSlots-1)),
+		in("mul.wide.u32", slot, late, ptx.Imm(4)),
 		in("mov.u64", now, ptx.GlobalTimer),
 		in("mov.u64", buf, ptx.U64Imm(base)),
 		in("mov.u64", rec, ptx.U64Imm(0)),
@@ -107,6 +119,9 @@ func instrumentForTrace(k *ptx.Kernel, id uint32, base uint64, capacity int) {
 		if1(on, "st.global.v2.u32", ptx.Addr{Base: rec}, ptx.Vec{kid, cta}),
 		if1(on, "st.global.u64", ptx.Addr{Base: rec, Offset: 8}, now),
 		if1(on, "st.global.u64", ptx.Addr{Base: rec, Offset: 24}, ptx.U64Imm(0)),
+		in("mov.u64", began, ptx.U64Imm(0)),
+		if1(on, "st.global.v2.u64", ptx.Addr{Base: rec, Offset: 48}, ptx.Vec{began, began}),
+		if1(on, "st.global.v2.u64", ptx.Addr{Base: rec, Offset: 64}, ptx.Vec{began, began}),
 		in("mov.u32", sm, ptx.SMID),
 		if1(on, "st.global.u32", ptx.Addr{Base: rec, Offset: 32}, sm),
 		// Every warp finds the record (0: none) there, its end zeroed above, once all have
@@ -159,7 +174,9 @@ func (be *Backend) tracedPTX(src, entry string, id uint32) (string, error) {
 // TraceSpan is one launch of a traced step: when its first CTA began, when the first and
 // the last CTA's wait for the grid ahead returned, and when its last CTA ended (its last
 // warp), in µs from the step's first CTA; Thread0Ended is when the last CTA's thread 0
-// ended, short of Ended where other warps outlive thread 0 (a producer warp). CTAs is the launch's grid, Records the CTAs that left a record; a
+// ended, short of Ended where other warps outlive thread 0 (a producer warp), and WarpLags[w]
+// how long warp w of a CTA outlived its thread 0, on average over the CTAs (µs; warps past
+// traceWarpSlots-1 share its slot). CTAs is the launch's grid, Records the CTAs that left a record; a
 // cuBLASLt launch has none and no times. SMs is how many SMs its working CTAs ran on, and
 // MostOnOneSM the most of them that ran on one over the launch (not necessarily at once): an
 // uneven spread, such as a grid launched early crowding onto the SMs the kernel ahead leaves
@@ -171,19 +188,20 @@ func (be *Backend) tracedPTX(src, entry string, id uint32) (string, error) {
 // on the SMs beside the kernel ahead shows there. Regs is a thread's registers in the
 // instrumented kernel as the driver compiled it (0: cuBLASLt's, or the cast's).
 type TraceSpan struct {
-	Label        string  `json:"label"`
-	Kernel       string  `json:"kernel"`
-	CTAs         int     `json:"ctas"`
-	Records      int     `json:"records"`
-	Began        float64 `json:"began_us"`
-	FirstWaited  float64 `json:"first_waited_us,omitempty"`
-	Waited       float64 `json:"waited_us,omitempty"`
-	Ended        float64 `json:"ended_us"`
-	Thread0Ended float64 `json:"thread0_ended_us,omitempty"`
-	SMs          int     `json:"sms,omitempty"`
-	MostOnOneSM  int     `json:"most_on_one_sm,omitempty"`
-	LateCTAs     int     `json:"late_ctas,omitempty"`
-	Regs         int     `json:"regs,omitempty"`
+	Label        string    `json:"label"`
+	Kernel       string    `json:"kernel"`
+	CTAs         int       `json:"ctas"`
+	Records      int       `json:"records"`
+	Began        float64   `json:"began_us"`
+	FirstWaited  float64   `json:"first_waited_us,omitempty"`
+	Waited       float64   `json:"waited_us,omitempty"`
+	Ended        float64   `json:"ended_us"`
+	Thread0Ended float64   `json:"thread0_ended_us,omitempty"`
+	WarpLags     []float64 `json:"warp_lags_us,omitempty"`
+	SMs          int       `json:"sms,omitempty"`
+	MostOnOneSM  int       `json:"most_on_one_sm,omitempty"`
+	LateCTAs     int       `json:"late_ctas,omitempty"`
+	Regs         int       `json:"regs,omitempty"`
 }
 
 // traceRecord is one CTA's record as the instrumented kernels write it.
@@ -191,7 +209,8 @@ type traceRecord struct {
 	kernel, cta          uint32
 	began, waited, ended uint64 // ended: the CTA's last warp's
 	sm                   uint32
-	ended0               uint64 // thread 0's end
+	ended0               uint64                 // thread 0's end
+	warps                [traceWarpSlots]uint32 // each warp's end, ns after began (0: none)
 }
 
 // Trace replays template t's graph (after warm replays) with the trace's counter reset and
@@ -265,6 +284,9 @@ func decodeTraceRecords(raw []byte) []traceRecord {
 		recs[i] = traceRecord{kernel: binary.LittleEndian.Uint32(r), cta: binary.LittleEndian.Uint32(r[4:]),
 			began: binary.LittleEndian.Uint64(r[8:]), waited: binary.LittleEndian.Uint64(r[16:]), ended: binary.LittleEndian.Uint64(r[24:]),
 			sm: binary.LittleEndian.Uint32(r[32:]), ended0: binary.LittleEndian.Uint64(r[40:])}
+		for w := range recs[i].warps {
+			recs[i].warps[w] = binary.LittleEndian.Uint32(r[48+4*w:])
+		}
 	}
 	return recs
 }
@@ -315,6 +337,7 @@ func traceSpans(chain []launch, ids map[uintptr]uint32, recs []traceRecord) []Tr
 			}
 		}
 		aheadEnded = ended
+		s.WarpLags = warpLags(mine)
 		perSM := map[uint32]int{}
 		for _, r := range mine {
 			if r.waited != 0 || first == 0 {
@@ -326,4 +349,24 @@ func traceSpans(chain []launch, ids map[uintptr]uint32, recs []traceRecord) []Tr
 		spans = append(spans, s)
 	}
 	return spans
+}
+
+// warpLags is, for each warp slot any record of recs raised, how long that warp outlived its
+// CTA's thread 0 on average over the CTAs it ran in, in µs.
+func warpLags(recs []traceRecord) []float64 {
+	var lags []float64
+	for w := range traceWarpSlots {
+		sum, n := 0.0, 0
+		for _, r := range recs {
+			if r.warps[w] != 0 && r.ended0 != 0 {
+				sum += float64(int64(r.began+uint64(r.warps[w])-r.ended0)) / 1e3
+				n++
+			}
+		}
+		if n == 0 {
+			break
+		}
+		lags = append(lags, sum/float64(n))
+	}
+	return lags
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -40,7 +41,7 @@ func stampedPTX(t *testing.T, src, entry string, id uint32, base uint64, capacit
 // kernels, the tiny model's app kernels) and the cast take the stamps and stay valid PTX,
 // with their own instructions unchanged and in order, one record taken, one barrier added,
 // a stamp after each wait, and before each ret and exit thread 0's stamp and its warp's
-// raise of the CTA's end.
+// raises of the CTA's end and of its own slot.
 func TestInstrumentForTraceKeepsEveryKernel(t *testing.T) {
 	tinyApps, err := filepath.Glob("../../specs/apps/tiny/tiny-app*.yaml")
 	if err != nil || len(tinyApps) == 0 {
@@ -65,7 +66,7 @@ func TestInstrumentForTraceKeepsEveryKernel(t *testing.T) {
 		}
 		got := stampedPTX(t, k.PTX, k.Name, uint32(i), 0x7f0000000000, traceCapacity).Kernel(k.Name)
 		var own []string
-		atoms, stamps, raises, barriers := 0, 0, 0, 0
+		atoms, stamps, raises, warpRaises, barriers := 0, 0, 0, 0, 0
 		for _, in := range got.Body {
 			switch {
 			case in.Op == "atom.global.add.u64":
@@ -74,6 +75,8 @@ func TestInstrumentForTraceKeepsEveryKernel(t *testing.T) {
 				stamps++
 			case in.Op == "red.global.max.u64":
 				raises++
+			case in.Op == "red.global.max.u32":
+				warpRaises++
 			case in.Op == "bar.sync":
 				barriers++
 			}
@@ -91,8 +94,9 @@ func TestInstrumentForTraceKeepsEveryKernel(t *testing.T) {
 				ownBarriers++
 			}
 		}
-		if atoms != 1 || stamps != want || raises != ends || barriers != ownBarriers+1 {
-			t.Errorf("%s: %d counter atomics, %d stamps, %d raised ends and %d barriers, want 1, %d, %d and %d", k.Name, atoms, stamps, raises, barriers, want, ends, ownBarriers+1)
+		if atoms != 1 || stamps != want || raises != ends || warpRaises != ends || barriers != ownBarriers+1 {
+			t.Errorf("%s: %d counter atomics, %d stamps, %d and %d raised ends (CTA's, warp's) and %d barriers, want 1, %d, %d, %d and %d",
+				k.Name, atoms, stamps, raises, warpRaises, barriers, want, ends, ends, ownBarriers+1)
 		}
 		// The kernel's own instructions are a subsequence of the instrumented body, in order.
 		j := 0
@@ -235,7 +239,8 @@ func TestTraceRecordsOnEmulator(t *testing.T) {
 }
 
 // traceSpans hands each launch the next records of its kernel, as many as its CTAs, takes the
-// earliest start and wait and the latest wait and end, counts µs from the step's first CTA
+// earliest start and wait and the latest wait and ends (thread 0's and the last warp's), each
+// warp's lag behind thread 0 on average over the CTAs, counts µs from the step's first CTA
 // and the SMs its working CTAs ran on (those that waited, where any did), counts the CTAs
 // that began after the launch ahead ended (none behind cuBLASLt's), and leaves cuBLASLt's
 // launches without times.
@@ -249,19 +254,21 @@ func TestTraceSpans(t *testing.T) {
 		{label: "d", kernel: "k1", f: 20, grid: [3]int{2, 1, 1}},
 	}
 	recs := []traceRecord{
-		{0, 0, 1000, 1500, 4000, 3, 3900}, {0, 1, 1200, 1600, 4200, 3, 4200}, {1, 0, 3000, 4300, 6000, 7, 6000},
-		{0, 1, 6100, 6500, 9000, 5, 8000}, {0, 0, 6200, 6400, 8000, 0, 8000}, {0, 2, 6300, 0, 6350, 5, 6350},
-		{1, 0, 8900, 0, 9500, 2, 9500}, {1, 1, 9200, 0, 9600, 2, 9400},
+		{0, 0, 1000, 1500, 4000, 3, 3900, [traceWarpSlots]uint32{2900, 3000}}, {0, 1, 1200, 1600, 4200, 3, 4200, [traceWarpSlots]uint32{3000, 3000}},
+		{1, 0, 3000, 4300, 6000, 7, 6000, [traceWarpSlots]uint32{}},
+		{0, 1, 6100, 6500, 9000, 5, 8000, [traceWarpSlots]uint32{}}, {0, 0, 6200, 6400, 8000, 0, 8000, [traceWarpSlots]uint32{}},
+		{0, 2, 6300, 0, 6350, 5, 6350, [traceWarpSlots]uint32{}}, {1, 0, 8900, 0, 9500, 2, 9500, [traceWarpSlots]uint32{}},
+		{1, 1, 9200, 0, 9600, 2, 9400, [traceWarpSlots]uint32{}},
 	}
 	got := traceSpans(chain, ids, recs)
 	want := []TraceSpan{
-		{Label: "a", Kernel: "k0", CTAs: 2, Records: 2, Began: 0, FirstWaited: 0.5, Waited: 0.6, Ended: 3.2, Thread0Ended: 3.2, SMs: 1, MostOnOneSM: 2},
+		{Label: "a", Kernel: "k0", CTAs: 2, Records: 2, Began: 0, FirstWaited: 0.5, Waited: 0.6, Ended: 3.2, Thread0Ended: 3.2, WarpLags: []float64{0, 0.05}, SMs: 1, MostOnOneSM: 2},
 		{Label: "b", Kernel: "k1", CTAs: 1, Records: 1, Began: 2, FirstWaited: 3.3, Waited: 3.3, Ended: 5, Thread0Ended: 5, SMs: 1, MostOnOneSM: 1},
 		{Label: "b", Kernel: "cublasLt"},
 		{Label: "c", Kernel: "k0", CTAs: 3, Records: 3, Began: 5.1, FirstWaited: 5.4, Waited: 5.5, Ended: 8, Thread0Ended: 7, SMs: 2, MostOnOneSM: 1},
 		{Label: "d", Kernel: "k1", CTAs: 2, Records: 2, Began: 7.9, Ended: 8.6, Thread0Ended: 8.5, SMs: 1, MostOnOneSM: 2, LateCTAs: 1},
 	}
-	if !slices.Equal(got, want) {
+	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("spans\n%+v\nwant\n%+v", got, want)
 	}
 }

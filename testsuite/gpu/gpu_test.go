@@ -881,9 +881,9 @@ func TestCUDARopeCopyKeepsBits(t *testing.T) {
 // cuBLASLt's LM head behind its cast) gives every launch of a bundle kernel or a cast a
 // record from each of its CTAs, cuBLASLt's none; no launch's wait returns before the traced
 // launch ahead of it ended (the kernels' stamps and the driver's order agree); thread 0 ends
-// no later than its CTA's last warp; no launch's 64 working CTAs or more all ran on one SM
-// (%smid recorded: an SM holds at most 32 CTAs at once). A backend loaded without Trace
-// refuses.
+// no later than its CTA's last warp, and warp 0 with it; no launch's 64 working CTAs or more
+// all ran on one SM (%smid recorded: an SM holds at most 32 CTAs at once). A backend loaded
+// without Trace refuses.
 func TestCUDATraceFollowsTheGraph(t *testing.T) {
 	needGPU(t)
 	cut := cut8B(t, 32)
@@ -928,9 +928,10 @@ func TestCUDATraceFollowsTheGraph(t *testing.T) {
 			t.Errorf("launch %d (%s, %s): %d records of %d CTAs", i, sp.Label, sp.Kernel, sp.Records, sp.CTAs)
 		case sp.Ended < sp.Began || sp.FirstWaited != 0 && (sp.FirstWaited < sp.Began || sp.Waited < sp.FirstWaited):
 			t.Errorf("launch %d (%s): began %.2f, waited %.2f-%.2f, ended %.2f µs", i, sp.Label, sp.Began, sp.FirstWaited, sp.Waited, sp.Ended)
-		case sp.Thread0Ended < sp.Began || sp.Thread0Ended > sp.Ended:
-			// The last warp's end is at or after thread 0's, both after the CTA began.
-			t.Errorf("launch %d (%s): began %.2f, thread 0 ended %.2f, the last warp %.2f µs", i, sp.Label, sp.Began, sp.Thread0Ended, sp.Ended)
+		case sp.Thread0Ended < sp.Began || sp.Thread0Ended > sp.Ended || len(sp.WarpLags) == 0 || sp.WarpLags[0] < 0 || sp.WarpLags[0] > 1:
+			// The last warp's end is at or after thread 0's, both after the CTA began, and
+			// warp 0 (thread 0's) ends within a µs of thread 0.
+			t.Errorf("launch %d (%s): began %.2f, thread 0 ended %.2f, the last warp %.2f µs, warps' lags %v", i, sp.Label, sp.Began, sp.Thread0Ended, sp.Ended, sp.WarpLags)
 		case ahead != nil && sp.FirstWaited != 0 && sp.FirstWaited < ahead.Ended:
 			t.Errorf("launch %d (%s): its wait returned at %.2f µs, before %s ended at %.2f", i, sp.Label, sp.FirstWaited, ahead.Label, ahead.Ended)
 		case sp.Kernel != "xmix_cast_bf16" && (sp.Regs < 1 || sp.Regs > 255): // the cast is cuBLASLt's, loaded apart

@@ -10,7 +10,7 @@ are listed with the SMs their working CTAs ran on and the most on one SM, and ev
 with the CTAs that began only after the launch ahead ended, its "late" CTAs, and layer 1's
 with a thread's registers as the driver compiled the kernel, and how long its CTAs' last
 warps outlived thread 0 (the last CTA's end less the last thread 0's; a producer warp shows
-there). Traces from before those fields show "-" or count none.
+there), and for layer 1 each warp's (0-7; the last slot holds later warps) on average. Traces from before those fields show "-" or count none.
 
   python3 testsuite/gpu/trace_summary.py TRACE.json [...]   (prints; --json writes a summary)
 """
@@ -71,9 +71,9 @@ def main(paths, as_json):
                 print(f"{name:24} {r['n']:4d} {r['contribution_us']:11.1f} {r['contribution_us'] / n:8.2f} {r['wait_latency_us'] / n:16.2f} {r['after_wait_us'] / n:18.2f} {r['late_ctas'] / n:17.2f} {r['tail_us'] / n:12.2f}")
             if s["layer1"]:
                 t0 = s["layer1"][0]["began_us"]
-                print("layer 1 (us from its first launch's first CTA): label kernel ctas began first_waited waited thread0_ended ended sms most_on_one_sm late_ctas regs")
+                print("layer 1 (us from its first launch's first CTA): label kernel ctas began first_waited waited thread0_ended ended sms most_on_one_sm late_ctas regs, then warps 0-7's lag behind thread 0")
                 for x in s["layer1"]:
-                    print(f"  {x['label']:16} {x['kernel'][:44]:44} {x['ctas']:5d} {x['began_us'] - t0:8.2f} {x.get('first_waited_us', 0) - t0 if x.get('first_waited_us') else float('nan'):8.2f} {x.get('waited_us', 0) - t0 if x.get('waited_us') else float('nan'):8.2f} {x.get('thread0_ended_us', 0) - t0 if x.get('thread0_ended_us') else float('nan'):8.2f} {x['ended_us'] - t0:8.2f} {x.get('sms', '-'):>4} {x.get('most_on_one_sm', '-'):>4} {x.get('late_ctas', '-'):>4} {x.get('regs', '-'):>4}")
+                    print(f"  {x['label']:16} {x['kernel'][:44]:44} {x['ctas']:5d} {x['began_us'] - t0:8.2f} {x.get('first_waited_us', 0) - t0 if x.get('first_waited_us') else float('nan'):8.2f} {x.get('waited_us', 0) - t0 if x.get('waited_us') else float('nan'):8.2f} {x.get('thread0_ended_us', 0) - t0 if x.get('thread0_ended_us') else float('nan'):8.2f} {x['ended_us'] - t0:8.2f} {x.get('sms', '-'):>4} {x.get('most_on_one_sm', '-'):>4} {x.get('late_ctas', '-'):>4} {x.get('regs', '-'):>4}  {' '.join(f'{v:.2f}' for v in x.get('warp_lags_us', []))}")
     if as_json:
         json.dump(out, sys.stdout, indent=1)
         print()
