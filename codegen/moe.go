@@ -407,14 +407,8 @@ func ExpertGateUp(name string, c MoEConfig) (*Kernel, error) {
 				d := g.dots([]ptx.Reg{gw, uw}, xs, c.Hidden, vec)
 				isLane0 := g.cmp("eq", ptx.U32, g.lane, ptx.Imm(0))
 				for j, q := range qs {
-					gv, u := d[0][j], d[1][j]
-					// silu(g) = g / (1 + 2^(-g*log2 e)), as SiluMul computes it.
-					t := g.Reg(ptx.F32)
-					g.Emit("mul.rn.f32", t, gv, ptx.F32Imm(-1.4426950408889634))
-					g.Emit("ex2.approx.f32", t, t)
-					g.Emit("add.rn.f32", t, t, ptx.F32Imm(1))
-					g.Emit("div.rn.f32", t, gv, t)
-					g.Emit("mul.rn.f32", t, t, u)
+					// silu(g) * u, as SiluMul computes it.
+					t := gateAct(g.emitter, "", d[0][j], d[1][j])
 					oi := g.Reg(ptx.U32)
 					g.Emit("mad.lo.u32", oi, q, ptx.Imm(int64(c.Inter)), col)
 					g.EmitIf(isLane0, false, "st.global.f32", ptx.Addr{Base: g.byteAddr(act, oi, 4)}, t)

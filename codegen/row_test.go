@@ -844,6 +844,38 @@ func TestWriteTemplatesOffRowsUnchanged(t *testing.T) {
 	}
 }
 
+// TestGateActZeroGate: a gate of ±0 skips gateAct's division, and its activation is still
+// ±0 / 2 times up, bit for bit (signed zeros included), under SiLU and GELU, beside gates
+// that divide: a batch's padding rows are zeros.
+func TestGateActZeroGate(t *testing.T) {
+	const inter = 1024
+	r := rand.New(rand.NewPCG(21, 22))
+	gu := randF32(r, 2*inter, 4)
+	negZero := float32(math.Copysign(0, -1))
+	for i := 0; i < inter; i += 3 {
+		gu[i] = 0
+		if i%2 == 1 {
+			gu[i] = negZero
+		}
+	}
+	for _, act := range []string{"", ActGeluTanh} {
+		sc := SiluConfig{Inter: inter, Act: act}
+		k, err := SiluMul("silu_zero_gate_"+act, sc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := newEmuBufs()
+		out.run(t, k, sc.Launch(1), []targ{{name: "gu", f32: gu}, {name: "act", out: inter}, nullPtr(bundle.GatedActBF16), nullPtr(bundle.GatedGuBF16)})
+		got := out.f32("act")
+		for i := 0; i < inter; i += 3 {
+			if want := gu[i] * gu[inter+i]; math.Float32bits(got[i]) != math.Float32bits(want) {
+				t.Fatalf("%s: act[%d] = %g (%#08x) for gate %g, want %g (%#08x)", k.Name, i, got[i], math.Float32bits(got[i]), gu[i], want, math.Float32bits(want))
+			}
+		}
+		checkKernel(t, k, sc.Launch(1), []targ{{name: "gu", f32: gu}, {name: "act", out: inter}, nullPtr(bundle.GatedActBF16), nullPtr(bundle.GatedGuBF16)})
+	}
+}
+
 // TestSiluMulChunkedMatchesReference: the chunked kernel against its reference with
 // act_bf16 0 and with a buffer; there bf16(act) is, bit for bit, the cast's rounding of the
 // kernel's own act, and the same again in a run with act 0 (the bf16 alone, where a store
