@@ -21,9 +21,12 @@ import (
 // cost each CTA an atomic, a barrier and a few stores, so time shapes without Trace.
 
 const (
-	traceHeaderBytes = 64      // the record counter, then padding to the first record
-	traceRecordBytes = 80      // kernel id, CTA, began, waited, ended (the last warp's), SM, padding, thread 0's end, warps' ends
-	traceWarpSlots   = 8       // warps whose ends a record keeps apart (ns after the CTA began); later warps share the last slot
+	traceHeaderBytes = 64 // the record counter, then padding to the first record
+	// A record: kernel id, CTA, began, waited, ended (the last warp's), SM, padding, thread
+	// 0's end, then traceWarpSlots warps' ends (u32 ns after began; later warps share the
+	// last slot).
+	traceRecordBytes = 80
+	traceWarpSlots   = 8
 	traceCapacity    = 1 << 20 // records a replay may take; CTAs past it write none
 )
 
@@ -52,14 +55,15 @@ func (be *Backend) newTraceBuffer() error {
 // ahead is followed by its time; every ret and exit is preceded by thread 0's end time where
 // thread 0 takes it, and by lane 0 of each warp raising the record's end to its time, so a
 // CTA whose warps leave at different times (the copy-engine kernels' producer warp) ends
-// with its last, and its warp's slot to the ns since the CTA began (which warp that is). Lane 0 stands for its warp: in the kernels here a warp's other lanes never
-// leave after it, and an atomic from every thread would cost more than what it measures. The
-// kernel's own instructions are unchanged, and its threads write nothing else.
+// with its last, and its warp's slot to the ns since the CTA began (which warp it was).
+// Lane 0 stands for its warp: in the kernels here a warp's other lanes never leave after it,
+// and an atomic from every thread would cost more than what it measures. The kernel's own
+// instructions are unchanged, and its threads write nothing else.
 func instrumentForTrace(k *ptx.Kernel, id uint32, base uint64, capacity int) {
 	u32, u64 := func() ptx.Reg { return k.Reg(ptx.U32) }, func() ptx.Reg { return k.Reg(ptx.U64) }
 	pred := func() ptx.Reg { return k.Reg(ptx.Pred) }
-	tid, t, cta, n, kid, sm, lane, late := u32(), u32(), u32(), u32(), u32(), u32(), u32(), u32()
-	buf, idx, rec, now, found, began, slot := u64(), u64(), u64(), u64(), u64(), u64(), u64()
+	tid, t, cta, n, kid, sm, lane, warp, elapsed := u32(), u32(), u32(), u32(), u32(), u32(), u32(), u32(), u32()
+	buf, idx, rec, now, found, since, slot, zero := u64(), u64(), u64(), u64(), u64(), u64(), u64(), u64()
 	on, first, lead, raise := pred(), pred(), pred(), pred()
 	recAt := k.DeclareShared("xmix_trace_record", ptx.U64, 1)
 	in := func(op string, args ...ptx.Operand) ptx.Instr { return ptx.Instr{Op: op, Args: args} }
@@ -81,11 +85,11 @@ func instrumentForTrace(k *ptx.Kernel, id uint32, base uint64, capacity int) {
 			in("and.pred", raise, raise, p),
 			if1(raise, "mov.u64", now, ptx.GlobalTimer),
 			if1(raise, "red.global.max.u64", ptx.Addr{Base: found, Offset: 24}, now),
-			if1(raise, "ld.global.u64", began, ptx.Addr{Base: found, Offset: 8}),
-			if1(raise, "sub.u64", began, now, began),
-			if1(raise, "cvt.u32.u64", late, began),
+			if1(raise, "ld.global.u64", since, ptx.Addr{Base: found, Offset: 8}), // when the CTA began
+			if1(raise, "sub.u64", since, now, since),
+			if1(raise, "cvt.u32.u64", elapsed, since),
 			if1(raise, "add.u64", found, found, slot),
-			if1(raise, "red.global.max.u32", ptx.Addr{Base: found, Offset: 48}, late),
+			if1(raise, "red.global.max.u32", ptx.Addr{Base: found, Offset: 48}, elapsed),
 		}
 	}
 	body := []ptx.Instr{
@@ -97,10 +101,10 @@ func instrumentForTrace(k *ptx.Kernel, id uint32, base uint64, capacity int) {
 		in("setp.eq.u32", lead, lane, ptx.Imm(0)),
 		// The warp's slot in the record: 4 bytes a warp of the CTA, in thread order.
 		in("mov.u32", t, ptx.Special("%ntid.y")), in("mov.u32", n, ptx.Special("%tid.z")),
-		in("mov.u32", late, ptx.Special("%tid.y")), in("mad.lo.u32", late, n, t, late),
-		in("mov.u32", t, ptx.Special("%ntid.x")), in("mov.u32", n, ptx.TidX), in("mad.lo.u32", late, late, t, n),
-		in("shr.u32", late, late, ptx.Imm(5)), in("min.u32", late, late, ptx.Imm(traceWarpSlots-1)),
-		in("mul.wide.u32", slot, late, ptx.Imm(4)),
+		in("mov.u32", warp, ptx.Special("%tid.y")), in("mad.lo.u32", warp, n, t, warp),
+		in("mov.u32", t, ptx.Special("%ntid.x")), in("mov.u32", n, ptx.TidX), in("mad.lo.u32", warp, warp, t, n),
+		in("shr.u32", warp, warp, ptx.Imm(5)), in("min.u32", warp, warp, ptx.Imm(traceWarpSlots-1)),
+		in("mul.wide.u32", slot, warp, ptx.Imm(4)),
 		in("mov.u64", now, ptx.GlobalTimer),
 		in("mov.u64", buf, ptx.U64Imm(base)),
 		in("mov.u64", rec, ptx.U64Imm(0)),
@@ -119,9 +123,9 @@ func instrumentForTrace(k *ptx.Kernel, id uint32, base uint64, capacity int) {
 		if1(on, "st.global.v2.u32", ptx.Addr{Base: rec}, ptx.Vec{kid, cta}),
 		if1(on, "st.global.u64", ptx.Addr{Base: rec, Offset: 8}, now),
 		if1(on, "st.global.u64", ptx.Addr{Base: rec, Offset: 24}, ptx.U64Imm(0)),
-		in("mov.u64", began, ptx.U64Imm(0)),
-		if1(on, "st.global.v2.u64", ptx.Addr{Base: rec, Offset: 48}, ptx.Vec{began, began}),
-		if1(on, "st.global.v2.u64", ptx.Addr{Base: rec, Offset: 64}, ptx.Vec{began, began}),
+		in("mov.u64", zero, ptx.U64Imm(0)),
+		if1(on, "st.global.v2.u64", ptx.Addr{Base: rec, Offset: 48}, ptx.Vec{zero, zero}),
+		if1(on, "st.global.v2.u64", ptx.Addr{Base: rec, Offset: 64}, ptx.Vec{zero, zero}),
 		in("mov.u32", sm, ptx.SMID),
 		if1(on, "st.global.u32", ptx.Addr{Base: rec, Offset: 32}, sm),
 		// Every warp finds the record (0: none) there, its end zeroed above, once all have
@@ -171,21 +175,20 @@ func (be *Backend) tracedPTX(src, entry string, id uint32) (string, error) {
 	return m.Print()
 }
 
-// TraceSpan is one launch of a traced step: when its first CTA began, when the first and
-// the last CTA's wait for the grid ahead returned, and when its last CTA ended (its last
-// warp), in µs from the step's first CTA; Thread0Ended is when the last CTA's thread 0
-// ended, short of Ended where other warps outlive thread 0 (a producer warp), and WarpLags[w]
-// how long warp w of a CTA outlived its thread 0, on average over the CTAs (µs; warps past
-// traceWarpSlots-1 share its slot). CTAs is the launch's grid, Records the CTAs that left a record; a
-// cuBLASLt launch has none and no times. SMs is how many SMs its working CTAs ran on, and
-// MostOnOneSM the most of them that ran on one over the launch (not necessarily at once): an
-// uneven spread, such as a grid launched early crowding onto the SMs the kernel ahead leaves
-// free, shows there. Working CTAs are those that waited for the grid ahead, where any did: a
-// CTA that ends before its wait has nothing to do (the decode attention's blocks past a
-// row's last split), and counted it would hide the spread of those that work. LateCTAs is
-// how many of its CTAs began only after the launch ahead's last CTA ended (not counted
-// behind a launch without records): a grid launched early whose CTAs did not all find room
-// on the SMs beside the kernel ahead shows there. Regs is a thread's registers in the
+// TraceSpan is one launch of a traced step: when its first CTA began, when the first and the last
+// CTA's wait for the grid ahead returned, and when its last CTA ended (its last warp), in µs from
+// the step's first CTA; Thread0Ended is when the last CTA's thread 0 ended, short of Ended where
+// other warps outlive thread 0 (a producer warp), and WarpLags[w] how long warp w of a CTA outlived
+// its thread 0, on average over the CTAs (µs; warps past traceWarpSlots-1 share its slot). CTAs is
+// the launch's grid, Records the CTAs that left a record; a cuBLASLt launch has none and no times.
+// SMs is how many SMs its working CTAs ran on, and MostOnOneSM the most of them that ran on one
+// over the launch (not necessarily at once): an uneven spread, such as a grid launched early
+// crowding onto the SMs the kernel ahead leaves free, shows there. Working CTAs are those that
+// waited for the grid ahead, where any did: a CTA that ends before its wait has nothing to do (the
+// decode attention's blocks past a row's last split), and counted it would hide the spread of those
+// that work. LateCTAs is how many of its CTAs began only after the launch ahead's last CTA ended
+// (not counted behind a launch without records): a grid launched early whose CTAs did not all find
+// room on the SMs beside the kernel ahead shows there. Regs is a thread's registers in the
 // instrumented kernel as the driver compiled it (0: cuBLASLt's, or the cast's).
 type TraceSpan struct {
 	Label        string    `json:"label"`
