@@ -547,9 +547,10 @@ func actOfOp(op string) string {
 // form with the exponent -2k: no tanh instruction (tanh.approx.f32 is 2^-11 relative), and
 // 0 or g at the ends (an infinite exponent gives 0, a vanishing one g). ex2.approx is within
 // 2 ulp, the division exact. A gate of ±0 is its own quotient (±0 / 2) and skips the
-// division: a batch's padding rows are zeros, and in a 32-row bucket the wide gate/up
-// kernel's consumer warps over its zero rows 32-63 ended 5.6 µs after the others
-// (testsuite/gpu/RESULTS.md, session 72), as if div.rn.f32 took its slow path there.
+// division: where a kernel of more rows serves a bucket, the copy engine zero-fills x's rows
+// past the bucket's, and in a 32-row bucket the 64-row wide gate/up kernel's consumer warps
+// over those rows 32-63 ended 5.6 µs after the others (testsuite/gpu/RESULTS.md, session
+// 72), as if div.rn.f32 took its slow path for a zero dividend.
 func gateAct(e emitter, act string, g, u ptx.Reg) ptx.Reg {
 	const negLog2e = -1.4426950408889634
 	t := e.Reg(ptx.F32)

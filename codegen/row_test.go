@@ -846,7 +846,7 @@ func TestWriteTemplatesOffRowsUnchanged(t *testing.T) {
 
 // TestGateActZeroGate: a gate of ±0 skips gateAct's division, and its activation is still
 // ±0 / 2 times up, bit for bit (signed zeros included), under SiLU and GELU, beside gates
-// that divide: a batch's padding rows are zeros.
+// that divide (x's zero-filled rows past a bucket's give zero gates).
 func TestGateActZeroGate(t *testing.T) {
 	const inter = 1024
 	r := rand.New(rand.NewPCG(21, 22))
