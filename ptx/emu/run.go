@@ -23,7 +23,11 @@ type Launch struct {
 	Lag bool
 }
 
-// globalTimer is what %globaltimer reads (block.init).
+// globalTimer is what %globaltimer reads: the emulator's clock, a count of thread resumes
+// (runWarps). A thread reads one value from one resume to its next stop (a barrier, an
+// mbarrier wait, a shuffle, its exit), so the clock is monotonic, as the GPU's is, and a
+// thread that runs on after another has stopped reads a later time: the step trace's
+// records show which warp of a block ended last.
 var globalTimer atomic.Uint64
 
 // maxBarriers are a block's named barriers (bar.sync's id: 0..15).
@@ -275,9 +279,6 @@ func (cl *cluster) run(first int) error {
 // init readies the block to run CTA cta.
 func (b *block) init(cta [3]int) {
 	b.cta = cta
-	// The emulator's %globaltimer is the order in which blocks start, the same for every
-	// read within a block: monotonic, as the GPU's is, and nothing more.
-	now := globalTimer.Add(1)
 	clear(b.regs)
 	clear(b.shared)
 	clear(b.pc)
@@ -298,7 +299,6 @@ func (b *block) init(cta [3]int) {
 		s[sNCtaidX], s[sNCtaidY], s[sNCtaidZ] = uint64(b.l.Grid[0]), uint64(b.l.Grid[1]), uint64(b.l.Grid[2])
 		s[sLane], s[sWarp], s[sNWarp] = uint64(t%32), uint64(t/32), uint64(nwarps)
 		s[sClusterRank], s[sClusterSize] = uint64(b.rank), uint64(len(b.cl.blocks))
-		s[sGlobalTimer] = now
 		s[sSMID] = 0 // the emulator is one SM
 	}
 }
@@ -312,6 +312,7 @@ func (b *block) runWarps() error {
 		for {
 			for t := lo; t < hi; t++ {
 				if b.state[t] == stRun {
+					b.threadRegs(t)[b.p.specials+sGlobalTimer] = globalTimer.Add(1)
 					if err := b.thread(t); err != nil {
 						return err
 					}
