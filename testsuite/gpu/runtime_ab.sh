@@ -17,9 +17,9 @@
 # variants it names a bundle of their own, built with FLAGS in place of BUILD_FLAGS (e.g.
 # "cg=--copy-gemm-rows 8,128" against the default bundle). OWN_BUNDLES=1 builds each variant's
 # bundle with its own BIN's xmixc (with its BUILDS flags, else BUILD_FLAGS), for comparing two
-# commits' kernels (pack both folders: pack.sh .dev/gpu .dev/old); a BIN that holds xmixc
-# alone runs $BIN's xmix (default .dev/gpu), so an older commit whose runtime is the same
-# carries only its xmixc.
+# commits' kernels (pack both folders: pack.sh .dev/gpu .dev/old); a variant's folder that
+# holds xmixc alone runs the xmix of BIN (default .dev/gpu), so an older commit whose runtime
+# is the same carries only its xmixc.
 #   run(command="OUT=\$OUT VARIANTS=... bash testsuite/gpu/runtime_ab.sh", carry=[...])
 # METRIC=step times the engine's decode step as the host sees it (the offline run's
 # decode_step_ms: control upload, replay, readback and the host's work between steps, over
