@@ -138,11 +138,10 @@ func instrumentForTrace(k *ptx.Kernel, id uint32, base uint64, capacity int) {
 		case i.Label == "" && (i.Op == "ret" || i.Op == "exit"):
 			p, q := on, lead // thread 0's stamp, lane 0's raise
 			if i.Guard != nil {
-				g := pred()
+				g := *i.Guard
 				if i.GuardNeg {
+					g = pred()
 					body = append(body, in("not.pred", g, *i.Guard))
-				} else {
-					body = append(body, in("mov.pred", g, *i.Guard))
 				}
 				p, q = pred(), pred()
 				body = append(body, in("and.pred", p, g, on), in("and.pred", q, g, lead))
