@@ -421,18 +421,21 @@ func (g *gcGen) wideStoresFrom(width, first, n int, value func(i int) ptx.Reg, a
 		idx := g.Reg(ptx.U32)
 		g.Emit("mad.lo.u32", idx, row, ptx.Imm(int64(width)), col)
 		g.Emit("add.u32", idx, idx, ptx.Imm(int64(8*(i/4))))
-		v := ptx.Vec{value(i), value(i + 1)}
 		in := g.cmp("lt", ptx.U32, row, g.rows)
 		if !act {
+			v := ptx.Vec{value(i), value(i + 1)}
 			g.EmitIf(in, false, "st.global.v2.f32", ptx.Addr{Base: g.byteAddr(g.y, idx, 4)}, v)
 			continue
 		}
-		store := g.Reg(ptx.Pred)
-		g.Emit("and.pred", store, in, g.yOn)
-		g.EmitIf(store, false, "st.global.v2.f32", ptx.Addr{Base: g.byteAddr(g.y, idx, 4)}, v)
-		h := g.Reg(ptx.B32)
-		g.Emit("cvt.rn.bf16x2.f32", h, v[1], v[0])
-		g.Emit("and.pred", in, in, g.ybOn)
-		g.EmitIf(in, false, "st.global.b32", ptx.Addr{Base: g.byteAddr(g.yb, idx, 2)}, h)
+		// A row past the bucket's is not stored, so its activation is not computed either: in
+		// a bucket served by a kernel of more rows, those rows' warps ended 5.8 us after the
+		// others (H100, testsuite/gpu/RESULTS.md, session 73).
+		g.when(in, false, func() {
+			v := ptx.Vec{value(i), value(i + 1)}
+			g.EmitIf(g.yOn, false, "st.global.v2.f32", ptx.Addr{Base: g.byteAddr(g.y, idx, 4)}, v)
+			h := g.Reg(ptx.B32)
+			g.Emit("cvt.rn.bf16x2.f32", h, v[1], v[0])
+			g.EmitIf(g.ybOn, false, "st.global.b32", ptx.Addr{Base: g.byteAddr(g.yb, idx, 2)}, h)
+		})
 	}
 }

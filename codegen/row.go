@@ -546,11 +546,7 @@ func actOfOp(op string) string {
 // 0.5 g (1 + tanh(k)) = g / (1 + e^(-2k)) with k = sqrt(2/pi) (g + 0.044715 g³), the same
 // form with the exponent -2k: no tanh instruction (tanh.approx.f32 is 2^-11 relative), and
 // 0 or g at the ends (an infinite exponent gives 0, a vanishing one g). ex2.approx is within
-// 2 ulp, the division exact. A gate of ±0 is its own quotient (±0 / 2) and skips the
-// division: where a kernel of more rows serves a bucket, the copy engine zero-fills x's rows
-// past the bucket's, and in a 32-row bucket the 64-row wide gate/up kernel's consumer warps
-// over those rows 32-63 ended 5.6 µs after the others (testsuite/gpu/RESULTS.md, session
-// 72), as if div.rn.f32 took its slow path for a zero dividend.
+// 2 ulp, the division exact.
 func gateAct(e emitter, act string, g, u ptx.Reg) ptx.Reg {
 	const negLog2e = -1.4426950408889634
 	t := e.Reg(ptx.F32)
@@ -564,10 +560,7 @@ func gateAct(e emitter, act string, g, u ptx.Reg) ptx.Reg {
 	}
 	e.Emit("ex2.approx.f32", t, t)
 	e.Emit("add.rn.f32", t, t, ptx.F32Imm(1))
-	zero := e.Reg(ptx.Pred)
-	e.Emit("setp.eq.f32", zero, g, ptx.F32Imm(0))
-	e.EmitIf(zero, true, "div.rn.f32", t, g, t)
-	e.EmitIf(zero, false, "mov.f32", t, g)
+	e.Emit("div.rn.f32", t, g, t)
 	e.Emit("mul.rn.f32", t, t, u)
 	return t
 }

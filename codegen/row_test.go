@@ -844,9 +844,8 @@ func TestWriteTemplatesOffRowsUnchanged(t *testing.T) {
 	}
 }
 
-// TestGateActZeroGate: a gate of ±0 skips gateAct's division, and its activation is still
-// ±0 / 2 times up, bit for bit (signed zeros included), under SiLU and GELU, beside gates
-// that divide (x's zero-filled rows past a bucket's give zero gates).
+// TestGateActZeroGate: a gate of ±0 gives ±0 / 2 times up, bit for bit (signed zeros
+// included), under SiLU and GELU, beside gates that are not zero.
 func TestGateActZeroGate(t *testing.T) {
 	const inter = 1024
 	r := rand.New(rand.NewPCG(21, 22))
