@@ -381,12 +381,12 @@ type BuildInfo struct {
 	// copy-engine kernels serve get one for the gate/up GEMM and its activation together
 	// (GemmCopyAttrs.Act; xmixc build --gated-copy-rows; 0: none).
 	GatedCopyRows int `json:"gated_copy_rows,omitempty"`
-	// GatedCopyWideOnly: every gated copy-engine kernel is in the wide form, so the decode
-	// buckets of fewer rows than the smallest wide layout's run that layout's kernel over x's
-	// rows past theirs, zero-filled (xmixc build --gated-copy-wide-only; false: those buckets'
-	// own layouts, as in bundles built before the setting). Measured slower on the H200
-	// (session 67), so off by default.
-	GatedCopyWideOnly bool `json:"gated_copy_wide_only,omitempty"`
+	// GatedCopyWide: which decode buckets of fewer rows than the smallest wide layout's run
+	// that layout's gated kernel over x's rows past theirs, zero-filled: "auto" where it runs
+	// more CTAs than the bucket's own or the bucket has none, "all", or "own" (none; "" in
+	// bundles built before the setting). codegen.GatedWideModes; xmixc build
+	// --gated-copy-wide.
+	GatedCopyWide string `json:"gated_copy_wide,omitempty"`
 	// MIPreloadCoherent: the row kernels that load their MI ops' vectors and scalars before
 	// their wait do so with coherent loads (ld.global), which ptxas keeps ahead of the wait,
 	// where it moves most of the read-only ones (ld.global.nc) past it (xmixc build

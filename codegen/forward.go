@@ -89,9 +89,9 @@ type gen struct {
 	// gatedCopyRows: decode buckets of at most this many rows get a copy-engine kernel for
 	// the gate/up GEMM and its activation together (BuildInfo.GatedCopyRows, gatedCopies).
 	gatedCopyRows int
-	// gatedWideOnly: every gated copy-engine kernel takes the smallest wide layout that holds
-	// its bucket's rows (BuildInfo.GatedCopyWideOnly, gatedCopies).
-	gatedWideOnly bool
+	// gatedCopyWide: which buckets below the smallest wide layout's rows run that layout's
+	// gated kernel (BuildInfo.GatedCopyWide, gatedCopyFor).
+	gatedCopyWide string
 	// miPreloadCoherent: row kernels that preload their MI ops' parameters use coherent loads
 	// (BuildInfo.MIPreloadCoherent, RowConfig.PreloadCoherent).
 	miPreloadCoherent bool
@@ -186,7 +186,10 @@ func Generate(p *passes.Program, opt Options) (*bundle.Bundle, error) {
 	if err := CheckGatedCopyRows(bi.GatedCopyRows); err != nil {
 		return nil, err
 	}
-	g.gatedCopyRows, g.gatedWideOnly = bi.GatedCopyRows, bi.GatedCopyWideOnly
+	if err := CheckGatedCopyWide(bi.GatedCopyWide); err != nil {
+		return nil, err
+	}
+	g.gatedCopyRows, g.gatedCopyWide = bi.GatedCopyRows, bi.GatedCopyWide
 	if err := CheckMIPreloadRegs(bi.MIPreloadRegs); err != nil {
 		return nil, err
 	}

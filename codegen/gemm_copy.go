@@ -812,18 +812,60 @@ func (g *gen) gatedCopies(templates []bundle.Template) ([]copyKernel, error) {
 		}
 		return &copyPair{gemm: m, epilogue: act.Op, name: "_" + act.Op,
 			config: func(rows int) (GemmCopyConfig, error) {
-				if g.gatedWideOnly {
-					rows = wideRowsFor(rows)
-				}
-				return GatedCopyFor(m.K, m.N, rows, g.copySlots, act.Op)
+				return g.gatedCopyFor(m.K, m.N, rows, act.Op)
 			}}, nil
 	})
 }
 
+// The gated copy-engine kernels of buckets below the smallest wide layout's rows
+// (BuildInfo.GatedCopyWide, xmixc build --gated-copy-wide): such a bucket may run that
+// layout's wide kernel, x's rows past the bucket's zero-filled by the tensor map's bounds.
+const (
+	// GatedWideAuto, the default: the wide kernel where it runs more CTAs than the bucket's
+	// own (the 8B's 32 rows: 128 against 112 on 132 SMs) or the bucket has none of its own
+	// (16 rows). On an H100 (testsuite/gpu/RESULTS.md, session 73) it made the 8B's 16- and
+	// 32-row steps 2.5-3.2% shorter at contexts 80 and 576; the 1B's 32-row step, whose own
+	// kernel runs 128 CTAs too, was 1.1% longer with it, and its 16-row step level.
+	GatedWideAuto = "auto"
+	// GatedWideAll: the wide kernel in every such bucket.
+	GatedWideAll = "all"
+	// GatedWideOwn: every bucket its own layout's kernel (bundles built before the setting).
+	GatedWideOwn = "own"
+)
+
+// GatedWideModes are the values of BuildInfo.GatedCopyWide ("" is GatedWideOwn).
+var GatedWideModes = []string{GatedWideAuto, GatedWideAll, GatedWideOwn}
+
+// CheckGatedCopyWide checks BuildInfo.GatedCopyWide.
+func CheckGatedCopyWide(mode string) error {
+	if mode != "" && !slices.Contains(GatedWideModes, mode) {
+		return fmt.Errorf("gated copy-engine kernels' wide form %q: want one of %v", mode, GatedWideModes)
+	}
+	return nil
+}
+
+// gatedCopyFor is the gated copy-engine kernel of K x N (gate and up) with act for a decode
+// bucket of rows rows: its own layout's, or by gatedCopyWide the smallest wide layout's that
+// holds the rows, where that layout is among the build's row counts (copyRows) and within
+// gatedCopyRows (the bound is on the kernels' rows).
+func (g *gen) gatedCopyFor(k, n, rows int, act string) (GemmCopyConfig, error) {
+	own, ownErr := GatedCopyFor(k, n, rows, g.copySlots, act)
+	wideRows := wideRowsFor(rows)
+	if wideRows == rows || wideRows > g.gatedCopyRows || !slices.Contains(g.copyRows, wideRows) || g.gatedCopyWide == "" || g.gatedCopyWide == GatedWideOwn {
+		return own, ownErr
+	}
+	wide, err := GatedCopyFor(k, n, wideRows, g.copySlots, act)
+	if err != nil {
+		return own, ownErr
+	}
+	if g.gatedCopyWide == GatedWideAll || ownErr != nil || wide.Attrs().Grid > own.Attrs().Grid {
+		return wide, nil
+	}
+	return own, nil
+}
+
 // wideRowsFor is the rows of the smallest layout with the wide form that holds rows (the
-// layout's own where it has one): the 32-row bucket's gated kernel under
-// BuildInfo.GatedCopyWideOnly is the 64-row wide one, x's rows past the bucket's
-// zero-filled by the tensor map's bounds.
+// layout's own where it has one).
 func wideRowsFor(rows int) int {
 	for _, l := range gcLayouts {
 		if l.Wide && l.Rows >= rows {

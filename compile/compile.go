@@ -124,9 +124,9 @@ type Options struct {
 	// (bundle.BuildInfo.GatedCopyRows; 0: the measured default, codegen.DefaultGatedCopyRows;
 	// negative: none).
 	GatedCopyRows int
-	// GatedCopyWideOnly: every gated copy-engine kernel in the wide form
-	// (bundle.BuildInfo.GatedCopyWideOnly).
-	GatedCopyWideOnly bool
+	// GatedCopyWide: which buckets run a wider layout's gated copy-engine kernel
+	// (bundle.BuildInfo.GatedCopyWide; "": the measured default, codegen.GatedWideAuto).
+	GatedCopyWide string
 	// MIPreloadCoherent: the row kernels preload their MI ops' vectors and scalars with
 	// coherent loads (bundle.BuildInfo.MIPreloadCoherent).
 	MIPreloadCoherent bool
@@ -334,7 +334,7 @@ func Build(modelPath string, appPaths []string, opt Options) (*bundle.Bundle, er
 	build.CopyGemmNextAtAsk, build.CopyGemmWide = opt.CopyGemmNextAtAsk, opt.CopyGemmWide
 	build.GatedTCRows = max(0, cmp.Or(opt.GatedTCRows, codegen.DefaultGatedTCRows))
 	build.GatedCopyRows = max(0, cmp.Or(opt.GatedCopyRows, codegen.DefaultGatedCopyRows))
-	build.GatedCopyWideOnly, build.MIPreloadCoherent = opt.GatedCopyWideOnly, opt.MIPreloadCoherent
+	build.GatedCopyWide, build.MIPreloadCoherent = cmp.Or(opt.GatedCopyWide, codegen.GatedWideAuto), opt.MIPreloadCoherent
 	build.MIPreloadRegs = max(0, cmp.Or(opt.MIPreloadRegs, codegen.DefaultMIPreloadRegs))
 	build.RopeCopyRows = max(0, cmp.Or(opt.RopeCopyRows, codegen.DefaultRopeCopyRows))
 	b, err := codegen.Generate(p, codegen.Options{

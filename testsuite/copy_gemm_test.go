@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"xmix/bundle"
+	"xmix/codegen"
 	"xmix/compile"
 )
 
@@ -19,13 +20,16 @@ import (
 // Llama-3.2-1B's for its o, q/k/v and down in its 8-row bucket alone, the one where they were
 // faster (codegen's copyGemmShapes); built with row counts named (--copy-gemm-rows 16), the
 // 1B's buckets of those rows get them too. By default (--gated-copy-rows 128) both also carry
-// one for the gate/up GEMM and SiLU at 32, 64 and 128 rows (the 8-row bucket's gate/up is the
-// bundle's own gated kernel, the 16-row bucket's kernels are not the warpgroup form); built
-// with --gated-copy-rows 0, neither does. By default (--rope-copy-rows 32) the 8B also carries
+// one for the gate/up GEMM and SiLU at 64 and 128 rows, and the 1B at 32 too (the 8-row
+// bucket's gate/up is the bundle's own gated kernel; the 16-row bucket, which has no gated
+// kernel of its own, runs the 64-row one, and so does the 8B's 32-row bucket, where it runs
+// 128 CTAs against its own kernel's 112: --gated-copy-wide auto); built with
+// --gated-copy-rows 0, neither does. By default (--rope-copy-rows 32) the 8B also carries
 // one for q/k/v with its rope_kv at 32 rows; with --rope-copy-rows 0, none. Those bounds are on
 // the kernels' rows: a build of 128-row kernels alone carries gated ones only with
 // --gated-copy-rows 128 (the default), in the wide form (a CTA's 112 columns of gate and of up).
-// With --gated-copy-wide-only the gated kernels are the wide ones alone.
+// With --gated-copy-wide own the 8B carries its 32-row gated kernel too, with all the 1B its
+// wide ones alone.
 func TestCopyGemmKernels(t *testing.T) {
 	type kernel struct {
 		k, n, rows int
@@ -47,15 +51,15 @@ func TestCopyGemmKernels(t *testing.T) {
 		want  []kernel
 	}{
 		{"../specs/models/llama-3.1-8b.yaml", compile.Options{GatedCopyRows: -1, RopeCopyRows: -1}, plain8B},
-		{"../specs/models/llama-3.1-8b.yaml", compile.Options{RopeCopyRows: -1}, slices.Concat(plain8B, gated8B)},
+		{"../specs/models/llama-3.1-8b.yaml", compile.Options{RopeCopyRows: -1}, slices.Concat(plain8B, gated8B[1:])},
 		{"../specs/models/llama-3.1-8b.yaml", compile.Options{GatedCopyRows: -1}, append(slices.Clone(plain8B), kernel{4096, 6144, 32, "rope_kv"})},
-		{"../specs/models/llama-3.1-8b.yaml", compile.Options{}, slices.Concat(plain8B, gated8B, []kernel{{4096, 6144, 32, "rope_kv"}})},
+		{"../specs/models/llama-3.1-8b.yaml", compile.Options{}, slices.Concat(plain8B, gated8B[1:], []kernel{{4096, 6144, 32, "rope_kv"}})},
 		// The wide form (--copy-gemm-wide) serves the same GEMMs at 64 and 128 rows.
-		{"../specs/models/llama-3.1-8b.yaml", compile.Options{CopyGemmWide: true}, slices.Concat(plain8B, gated8B, []kernel{{4096, 6144, 32, "rope_kv"}})},
-		// --gated-copy-wide-only: the 32-row bucket's gate/up takes the 64-row wide kernel.
-		{"../specs/models/llama-3.1-8b.yaml", compile.Options{GatedCopyWideOnly: true}, slices.Concat(plain8B, gated8B[1:], []kernel{{4096, 6144, 32, "rope_kv"}})},
+		{"../specs/models/llama-3.1-8b.yaml", compile.Options{CopyGemmWide: true}, slices.Concat(plain8B, gated8B[1:], []kernel{{4096, 6144, 32, "rope_kv"}})},
+		{"../specs/models/llama-3.1-8b.yaml", compile.Options{GatedCopyWide: codegen.GatedWideOwn}, slices.Concat(plain8B, gated8B, []kernel{{4096, 6144, 32, "rope_kv"}})},
 		{"../specs/models/llama-3.2-1b.yaml", compile.Options{GatedCopyRows: -1}, plain1B},
 		{"../specs/models/llama-3.2-1b.yaml", compile.Options{}, slices.Concat(plain1B, gated1B)},
+		{"../specs/models/llama-3.2-1b.yaml", compile.Options{GatedCopyWide: codegen.GatedWideAll}, slices.Concat(plain1B, gated1B[1:])},
 		// Row counts a build names go to every default shape, past the buckets measured.
 		{"../specs/models/llama-3.2-1b.yaml", compile.Options{CopyGemmRows: []int{16}, GatedCopyRows: -1}, []kernel{{2048, 2048, 16, ""}, {2048, 3072, 16, ""}, {8192, 2048, 16, ""}}},
 		// The epilogues' row bounds hold for the kernels' rows, not the buckets': with 128-row

@@ -72,8 +72,8 @@ func buildCmd() *cobra.Command {
 	var tcChunks []int
 	var copyGemms []string
 	var copyGemmSlots int
-	var copyGemmNext string
-	var copyGemmWide, gatedCopyWideOnly, miPreloadCoherent bool
+	var copyGemmNext, gatedCopyWide string
+	var copyGemmWide, miPreloadCoherent bool
 	var copyGemmRows []int
 	var gatedTCRows, gatedCopyRows, ropeCopyRows, kvCacheTokens, miPreloadRegs int
 	c := &cobra.Command{
@@ -160,6 +160,9 @@ func buildCmd() *cobra.Command {
 			if err := codegen.CheckGatedCopyRows(gatedCopyRows); err != nil {
 				return fmt.Errorf("--gated-copy-rows: %w", err)
 			}
+			if err := codegen.CheckGatedCopyWide(gatedCopyWide); err != nil {
+				return fmt.Errorf("--gated-copy-wide: %w", err)
+			}
 			if err := codegen.CheckRopeCopyRows(ropeCopyRows); err != nil {
 				return fmt.Errorf("--rope-copy-rows: %w", err)
 			}
@@ -172,7 +175,7 @@ func buildCmd() *cobra.Command {
 					fmt.Fprintf(os.Stderr, "[%6.2fs] %s\n", time.Since(start).Seconds(), fmt.Sprintf(f, a...))
 				}
 			}
-			b, err := compile.Build(args[0], args[1:], compile.Options{EmbedWeights: embed, Verify: verify, Progress: progress, GEMM: gemm, MoE: moe, TP: tp, VectorSlots: vectorSlots, KVCacheTokens: kvCacheTokens, Fuse: fuse, SerialLaunch: !pdl, Prefetch: noneOption(prefetch), GemvCols: gemvCols, GemvUnroll: gemvUnroll, GemvSplit: gemvSplit, GemvWarps: gemvWarps, TensorCoreRows: tcRows, TCChunks: tcChunks, CopyGemms: copyGemms, CopyGemmSlots: copyGemmSlots, CopyGemmNextAtAsk: copyGemmNext == "asked", CopyGemmWide: copyGemmWide, CopyGemmRows: copyGemmRows, GatedTCRows: noneOption(gatedTCRows), GatedCopyRows: noneOption(gatedCopyRows), GatedCopyWideOnly: gatedCopyWideOnly, MIPreloadCoherent: miPreloadCoherent, MIPreloadRegs: noneOption(miPreloadRegs), RopeCopyRows: noneOption(ropeCopyRows), AttnWarps: attnWarps, AttnUnroll: attnUnroll, AttnPrefetch: noneOption(attnPrefetch), AttnPrefetchOneRow: noneOption(attnPrefetchOneRow), AttnCUDACores: !attnTC, AttnCluster: attnCluster, AttnLateKV: !attnEarlyKV, F32OutAlways: !optionalF32Out})
+			b, err := compile.Build(args[0], args[1:], compile.Options{EmbedWeights: embed, Verify: verify, Progress: progress, GEMM: gemm, MoE: moe, TP: tp, VectorSlots: vectorSlots, KVCacheTokens: kvCacheTokens, Fuse: fuse, SerialLaunch: !pdl, Prefetch: noneOption(prefetch), GemvCols: gemvCols, GemvUnroll: gemvUnroll, GemvSplit: gemvSplit, GemvWarps: gemvWarps, TensorCoreRows: tcRows, TCChunks: tcChunks, CopyGemms: copyGemms, CopyGemmSlots: copyGemmSlots, CopyGemmNextAtAsk: copyGemmNext == "asked", CopyGemmWide: copyGemmWide, CopyGemmRows: copyGemmRows, GatedTCRows: noneOption(gatedTCRows), GatedCopyRows: noneOption(gatedCopyRows), GatedCopyWide: gatedCopyWide, MIPreloadCoherent: miPreloadCoherent, MIPreloadRegs: noneOption(miPreloadRegs), RopeCopyRows: noneOption(ropeCopyRows), AttnWarps: attnWarps, AttnUnroll: attnUnroll, AttnPrefetch: noneOption(attnPrefetch), AttnPrefetchOneRow: noneOption(attnPrefetchOneRow), AttnCUDACores: !attnTC, AttnCluster: attnCluster, AttnLateKV: !attnEarlyKV, F32OutAlways: !optionalF32Out})
 			if err != nil {
 				return err
 			}
@@ -208,7 +211,7 @@ func buildCmd() *cobra.Command {
 	c.Flags().StringSliceVar(&copyGemms, "copy-gemms", nil, "the GEMM shapes, each KxN (K inputs, N outputs, e.g. 4096x28672 for Llama-3.1-8B's gate/up), given copy-engine kernels (W and x brought to shared memory by the TMA, W asked for before the kernel ahead ends) for the decode buckets of --copy-gemm-rows, which --gemm auto serves them with instead of cuBLASLt; none: no such kernels (unset: the shapes measured faster in the step on the H200, in the buckets where they were: Llama-3.1-8B's o and down in buckets of up to 128 rows and its q/k/v of up to 64, and Llama-3.2-1B's o, q/k/v and down of up to 8; for measuring)")
 	c.Flags().IntVar(&gatedTCRows, "gated-tc-rows", codegen.DefaultGatedTCRows, fmt.Sprintf("decode buckets on tensor cores of at most this many rows run the gate/up projection and its activation as one kernel of the bundle's (mma.sync, x split into two bf16 halves), not a library's GEMM and the activation kernel (0: none; at most %d; the default is the measured one)", codegen.MaxGatedTCRows))
 	c.Flags().IntVar(&gatedCopyRows, "gated-copy-rows", codegen.DefaultGatedCopyRows, fmt.Sprintf("decode buckets whose GEMMs warpgroup copy-engine kernels (32 rows and up) of at most this many rows serve also get one for the gate/up GEMM with its activation in its epilogue, which --gemm auto runs in place of the library's GEMM and the activation kernel; from 64 rows in its wide form, each CTA's columns of gate and of up multiplied by every row in one wave (0: none; at most %d; the default is the measured one)", codegen.MaxGatedCopyRows))
-	c.Flags().BoolVar(&gatedCopyWideOnly, "gated-copy-wide-only", false, "every gated copy-engine kernel (--gated-copy-rows) in its wide form: the 32-row bucket runs the 64-row wide kernel, one wave of 128 CTAs on Llama-3.1-8B where its own kernel takes 112, over x's rows past its 32 zero-filled, and so may the 16-row bucket, which otherwise runs the library's gate/up and the activation kernel. On the H200 it made the 8B's 16- and 32-row steps 1.3-1.5% and 0.6-0.7% longer (on an H100 1.0-1.4% shorter and level; the 1B's 1.9-4.6% longer there): the down projection after it waits about 6 us a layer longer (testsuite/gpu/RESULTS.md, session 67); for measuring")
+	c.Flags().StringVar(&gatedCopyWide, "gated-copy-wide", codegen.GatedWideAuto, fmt.Sprintf("which decode buckets of fewer rows than the smallest wide layout (64) run its gated copy-engine kernel (--gated-copy-rows), over x's rows past theirs zero-filled: auto, where it runs more CTAs than the bucket's own kernel or the bucket has none (Llama-3.1-8B's 32 rows: 128 CTAs against 112; its 16 rows and Llama-3.2-1B's 16), all, or own (each bucket its own layout's or none); one of %v. On an H100 auto made the 8B's 16- and 32-row steps 2.5-3.2%% shorter, and all the 1B's 32-row step 1.1%% longer than own (testsuite/gpu/RESULTS.md, session 73); the default is the measured one", codegen.GatedWideModes))
 	c.Flags().BoolVar(&miPreloadCoherent, "mi-preload-coherent", false, "the add+norm and embedding kernels of templates of 8 rows and more, which load their MI ops' vectors and scalars before they wait for the kernel ahead, do so with coherent loads: ptxas moves most of the read-only loads they use otherwise past that wait; same results bit for bit; for measuring")
 	c.Flags().IntVar(&miPreloadRegs, "mi-preload-regs", codegen.DefaultMIPreloadRegs, "those preloading kernels take at most this many registers a thread (ptxas .maxnreg; 0: no bound), so that launched early a block of 1024 threads fits an SM beside the CTA of the GEMM ahead: 48 leaves room for the 8-row copy-engine GEMM's (512 threads at 32), which the 8B's o and down run on 128 of 132 SMs; same results bit for bit; the default is the measured one")
 	c.Flags().IntVar(&ropeCopyRows, "rope-copy-rows", codegen.DefaultRopeCopyRows, fmt.Sprintf("decode buckets whose GEMMs warpgroup copy-engine kernels (32 rows and up) of at most this many rows serve also get one for the q/k/v GEMM with RoPE and the KV-cache write in its epilogue, which --gemm auto runs in place of the q/k/v GEMM and the rope_kv kernel, in those buckets and in smaller ones; from 64 rows in its wide form, each CTA's pairs multiplied by every row, K split over a cluster (0: none; at most %d; the default is the measured one)", codegen.MaxRopeCopyRows))
@@ -437,8 +440,11 @@ func printBundle(w io.Writer, b *bundle.Bundle) {
 	}
 	if n := b.Manifest.Build.GatedCopyRows; n > 0 {
 		fmt.Fprintf(w, "          gate/up and its activation in one warpgroup copy-engine kernel at up to %d rows%s\n", n, carried("gate/up", bundle.GatedActOps...))
-		if b.Manifest.Build.GatedCopyWideOnly {
-			fmt.Fprintf(w, "          that kernel in its wide form only: buckets of fewer rows run the smallest wide layout's\n")
+		switch b.Manifest.Build.GatedCopyWide {
+		case codegen.GatedWideAuto:
+			fmt.Fprintf(w, "          buckets below its smallest wide layout run that layout's where it runs more CTAs than their own\n")
+		case codegen.GatedWideAll:
+			fmt.Fprintf(w, "          buckets below its smallest wide layout run that layout's\n")
 		}
 	}
 	if b.Manifest.Build.MIPreloadCoherent {

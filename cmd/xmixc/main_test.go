@@ -584,25 +584,32 @@ func TestBuildGatedTCRows(t *testing.T) {
 // take the warpgroup form (32 rows and more; the 8-row bucket's gate/up is the gated
 // tensor-core kernel, the 16-row bucket's kernels are mma.sync), and the build info and
 // inspect's output say so (and where the setting gives no bucket one, that none is carried). The templates keep
-// the GEMM node and the SiLU kernel, which a backend without the kernel runs.
+// the GEMM node and the SiLU kernel, which a backend without the kernel runs. Under
+// --gated-copy-wide auto (the default) the 32-row bucket runs the 64-row wide kernel, which
+// runs 128 CTAs against its own kernel's 64, where N reaches 64; own keeps its own; anything
+// else is an error naming the values.
 func TestBuildGatedCopyRows(t *testing.T) {
 	dir := t.TempDir()
 	m := gemmSpecBuckets(t, dir, "m32.yaml", 512, 4, "1, 8, 16, 32, 64")
+	r32, r64 := "gemm_copy_k512_n2048_r32_silu_mul", "gemm_copy_k512_n2048_r64_silu_mul"
 	for _, c := range []struct {
 		flags   []string
 		rows    int
+		wide    string
 		kernels []string
 	}{
-		{nil, 128, []string{"gemm_copy_k512_n2048_r32_silu_mul", "gemm_copy_k512_n2048_r64_silu_mul"}},
-		{[]string{"--gated-copy-rows", "0"}, 0, nil},
-		{[]string{"--gated-copy-rows", "16"}, 16, nil},
-		{[]string{"--gated-copy-rows", "32"}, 32, []string{"gemm_copy_k512_n2048_r32_silu_mul"}},
-		{[]string{"--gated-copy-rows", "64"}, 64, []string{"gemm_copy_k512_n2048_r32_silu_mul", "gemm_copy_k512_n2048_r64_silu_mul"}},
+		{nil, 128, codegen.GatedWideAuto, []string{r64}},
+		{[]string{"--gated-copy-rows", "0"}, 0, codegen.GatedWideAuto, nil},
+		{[]string{"--gated-copy-rows", "16"}, 16, codegen.GatedWideAuto, nil},
+		{[]string{"--gated-copy-rows", "32"}, 32, codegen.GatedWideAuto, []string{r32}},
+		{[]string{"--gated-copy-rows", "64"}, 64, codegen.GatedWideAuto, []string{r64}},
+		{[]string{"--gated-copy-wide", "own"}, 128, codegen.GatedWideOwn, []string{r32, r64}},
+		{[]string{"--gated-copy-wide", "all", "--gated-copy-rows", "32"}, 32, codegen.GatedWideAll, []string{r32}},
 	} {
 		out := filepath.Join(dir, "g.xmb")
 		b := buildBundle(t, m, out, c.flags)
-		if b.Manifest.Build.GatedCopyRows != c.rows {
-			t.Fatalf("%v: build info gated_copy_rows %d, want %d", c.flags, b.Manifest.Build.GatedCopyRows, c.rows)
+		if b.Manifest.Build.GatedCopyRows != c.rows || b.Manifest.Build.GatedCopyWide != c.wide {
+			t.Fatalf("%v: build info gated_copy_rows %d, gated_copy_wide %q, want %d, %q", c.flags, b.Manifest.Build.GatedCopyRows, b.Manifest.Build.GatedCopyWide, c.rows, c.wide)
 		}
 		names := copyKernelNames(t, b, func(s bundle.GemmCopyShape) bool { return slices.Contains(bundle.GatedActOps, s.Act) })
 		if !slices.Equal(names, c.kernels) {
@@ -621,6 +628,9 @@ func TestBuildGatedCopyRows(t *testing.T) {
 			}
 		}
 		wantEpilogueLine(t, c.flags, out, "gate/up and its activation", "gate/up", c.rows, len(c.kernels) > 0)
+	}
+	if _, err := xmixc(t, "build", m, "--gated-copy-wide", "wide", "-o", filepath.Join(dir, "bad.xmb")); err == nil || !strings.Contains(err.Error(), "--gated-copy-wide") || !strings.Contains(err.Error(), "auto") {
+		t.Fatalf("--gated-copy-wide wide: %v, want an error naming the flag and its values", err)
 	}
 }
 
@@ -732,10 +742,12 @@ func TestBuildCopyGemmNext(t *testing.T) {
 		}
 		return n
 	}
-	def := buildBundle(t, m, filepath.Join(dir, "d.xmb"), nil)
-	read := buildBundle(t, m, filepath.Join(dir, "r.xmb"), []string{"--copy-gemm-next", "read"})
+	// The 32-row bucket's own gated kernel: the wide one it runs by default takes no NextAtAsk.
+	own := []string{"--gated-copy-wide", "own"}
+	def := buildBundle(t, m, filepath.Join(dir, "d.xmb"), own)
+	read := buildBundle(t, m, filepath.Join(dir, "r.xmb"), append([]string{"--copy-gemm-next", "read"}, own...))
 	out := filepath.Join(dir, "a.xmb")
-	asked := buildBundle(t, m, out, []string{"--copy-gemm-next", "asked"})
+	asked := buildBundle(t, m, out, append([]string{"--copy-gemm-next", "asked"}, own...))
 	if def.Manifest.Build.CopyGemmNextAtAsk || read.Manifest.Build.CopyGemmNextAtAsk || !asked.Manifest.Build.CopyGemmNextAtAsk {
 		t.Fatalf("build info copy_gemm_next_at_ask: default %v, read %v, asked %v", def.Manifest.Build.CopyGemmNextAtAsk, read.Manifest.Build.CopyGemmNextAtAsk, asked.Manifest.Build.CopyGemmNextAtAsk)
 	}

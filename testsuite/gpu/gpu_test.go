@@ -648,7 +648,8 @@ func TestCUDAGatedTCMatchesCPU(t *testing.T) {
 // has the same shapes and buffers, so the same launches serve it). A subtest per bucket
 // (-run 'TestCUDAGatedCopyMatchesCPU/r32'), and r32-app: an app's op at mlp.act leaves those
 // rows without the app the bare bundle's bits (r128-app: in a default bundle's 128-row
-// bucket), r32-wide: the 32-row bucket under --gated-copy-wide-only. The down projections
+// bucket), r32-wide: the 32-row bucket where the 64-row wide kernel is within
+// --gated-copy-rows (--gated-copy-wide auto picks it for the 8B's shapes). The down projections
 // read the pair's bf16 output, the pair and q/k/v the add+norm's (fedGemms).
 func TestCUDAGatedCopyMatchesCPU(t *testing.T) {
 	needGPU(t)
@@ -685,12 +686,13 @@ func TestCUDAGatedCopyMatchesCPU(t *testing.T) {
 			t.Errorf("copy-engine kernels served: %v, want %s among them", kernels, wide)
 		}
 	})
-	// --gated-copy-wide-only: the 32-row bucket's gate/up and SiLU run the 64-row wide kernel
-	// over x's 32 zero-filled rows past the bucket's.
+	// With 64-row kernels in the build the 32-row bucket's gate/up and SiLU run the 64-row
+	// wide kernel (128 CTAs against its own's 112) over x's 32 zero-filled rows past the
+	// bucket's, which compute no activation.
 	t.Run("r32-wide", func(t *testing.T) {
 		var kernels []string
 		cut := cut8B(t, 32)
-		b := testsuite.CompileWith(t, compile.Options{GatedCopyRows: 64, GatedCopyWideOnly: true}, cut)
+		b := testsuite.CompileWith(t, compile.Options{GatedCopyRows: 64}, cut)
 		agreementRows(t, copyGemmBackend(&served, &kernels), "llama-3.1-8b-2layers-gated-copy-r32-wide", b, sixTokenPrompts(27), 3)
 		if wide := "gemm_copy_k4096_n28672_r64_silu_mul"; !slices.Contains(kernels, wide) {
 			t.Errorf("copy-engine kernels served: %v, want %s among them", kernels, wide)
