@@ -823,9 +823,9 @@ func (g *gen) gatedCopies(templates []bundle.Template) ([]copyKernel, error) {
 const (
 	// GatedWideAuto, the default: the wide kernel where it runs more CTAs than the bucket's
 	// own (the 8B's 32 rows: 128 against 112 on 132 SMs) or the bucket has none of its own
-	// (16 rows). On an H100 (testsuite/gpu/RESULTS.md, session 73) it made the 8B's 16- and
-	// 32-row steps 2.5-3.2% shorter at contexts 80 and 576; the 1B's 32-row step, whose own
-	// kernel runs 128 CTAs too, was 1.1% longer with it, and its 16-row step level.
+	// (the 8B's 16 rows). On an H100 (testsuite/gpu/RESULTS.md, session 73) it made the 8B's
+	// 16- and 32-row steps 1.8-3.1% shorter at contexts 80-2112; the 1B's own kernels run 128
+	// CTAs, as many, and stay: the wide one made its 32-row step 0.7-1.1% longer.
 	GatedWideAuto = "auto"
 	// GatedWideAll: the wide kernel in every such bucket.
 	GatedWideAll = "all"
