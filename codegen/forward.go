@@ -90,7 +90,7 @@ type gen struct {
 	// the gate/up GEMM and its activation together (BuildInfo.GatedCopyRows, gatedCopies).
 	gatedCopyRows int
 	// gatedCopyWide: which buckets below the smallest wide layout's rows run that layout's
-	// gated kernel (BuildInfo.GatedCopyWide, gatedCopyFor).
+	// gated kernel (BuildInfo.GatedCopyWide, "" read as GatedWideOwn; gatedCopyFor).
 	gatedCopyWide string
 	// miPreloadCoherent: row kernels that preload their MI ops' parameters use coherent loads
 	// (BuildInfo.MIPreloadCoherent, RowConfig.PreloadCoherent).
@@ -189,7 +189,7 @@ func Generate(p *passes.Program, opt Options) (*bundle.Bundle, error) {
 	if err := CheckGatedCopyWide(bi.GatedCopyWide); err != nil {
 		return nil, err
 	}
-	g.gatedCopyRows, g.gatedCopyWide = bi.GatedCopyRows, bi.GatedCopyWide
+	g.gatedCopyRows, g.gatedCopyWide = bi.GatedCopyRows, cmp.Or(bi.GatedCopyWide, GatedWideOwn)
 	if err := CheckMIPreloadRegs(bi.MIPreloadRegs); err != nil {
 		return nil, err
 	}

@@ -851,7 +851,7 @@ func CheckGatedCopyWide(mode string) error {
 func (g *gen) gatedCopyFor(k, n, rows int, act string) (GemmCopyConfig, error) {
 	own, ownErr := GatedCopyFor(k, n, rows, g.copySlots, act)
 	wideRows := wideRowsFor(rows)
-	if wideRows == rows || wideRows > g.gatedCopyRows || !slices.Contains(g.copyRows, wideRows) || g.gatedCopyWide == "" || g.gatedCopyWide == GatedWideOwn {
+	if wideRows == rows || wideRows > g.gatedCopyRows || !slices.Contains(g.copyRows, wideRows) || g.gatedCopyWide == GatedWideOwn {
 		return own, ownErr
 	}
 	wide, err := GatedCopyFor(k, n, wideRows, g.copySlots, act)

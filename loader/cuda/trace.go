@@ -55,7 +55,8 @@ func (be *Backend) newTraceBuffer() error {
 // ahead is followed by its time; every ret and exit is preceded by thread 0's end time where
 // thread 0 takes it, and by lane 0 of each warp raising the record's end to its time, so a
 // CTA whose warps leave at different times (the copy-engine kernels' producer warp) ends
-// with its last, and its warp's slot to the ns since the CTA began (which warp it was).
+// with its last, and raising its warp's slot to the ns since the CTA began (which warp ended
+// when).
 // Lane 0 stands for its warp: in the kernels here a warp's other lanes never leave after it,
 // and an atomic from every thread would cost more than what it measures. The kernel's own
 // instructions are unchanged, and its threads write nothing else.
