@@ -850,8 +850,11 @@ func CheckGatedCopyWide(mode string) error {
 // gatedCopyRows (the bound is on the kernels' rows).
 func (g *gen) gatedCopyFor(k, n, rows int, act string) (GemmCopyConfig, error) {
 	own, ownErr := GatedCopyFor(k, n, rows, g.copySlots, act)
+	if g.gatedCopyWide == GatedWideOwn {
+		return own, ownErr
+	}
 	wideRows := wideRowsFor(rows)
-	if wideRows == rows || wideRows > g.gatedCopyRows || !slices.Contains(g.copyRows, wideRows) || g.gatedCopyWide == GatedWideOwn {
+	if wideRows == rows || wideRows > g.gatedCopyRows || !slices.Contains(g.copyRows, wideRows) {
 		return own, ownErr
 	}
 	wide, err := GatedCopyFor(k, n, wideRows, g.copySlots, act)

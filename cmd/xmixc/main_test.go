@@ -586,7 +586,7 @@ func TestBuildGatedTCRows(t *testing.T) {
 // inspect's output say so (and where the setting gives no bucket one, that none is carried). The templates keep
 // the GEMM node and the SiLU kernel, which a backend without the kernel runs. Under
 // --gated-copy-wide auto (the default) the 32-row bucket runs the 64-row wide kernel, which
-// runs 128 CTAs against its own kernel's 64, where N reaches 64; own keeps its own; anything
+// runs 128 CTAs against its own kernel's 64 on this spec's shapes; own keeps its own; anything
 // else is an error naming the values.
 func TestBuildGatedCopyRows(t *testing.T) {
 	dir := t.TempDir()
