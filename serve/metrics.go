@@ -21,17 +21,21 @@ type metrics struct {
 	promptTokens     prometheus.Counter
 	generationTokens prometheus.Counter
 	ttft, itl, e2e   prometheus.Histogram
-	running, waiting prometheus.Gauge
-	kvUsage          prometheus.Gauge
-	vectorSlots      prometheus.Gauge
-	step             *prometheus.HistogramVec // bucket
-	appRequests      *prometheus.CounterVec   // app
-	fired            *prometheus.CounterVec   // op
+	running          prometheus.Gauge
+	// waiting is read when scraped, so a reply the loop sent before its next observeLoad
+	// (a request the engine refused) is never counted as still waiting.
+	waiting     prometheus.GaugeFunc
+	kvUsage     prometheus.Gauge
+	vectorSlots prometheus.Gauge
+	step        *prometheus.HistogramVec // bucket
+	appRequests *prometheus.CounterVec   // app
+	fired       *prometheus.CounterVec   // op
 	// bucketName names a template by its kind and rows.
 	bucketName map[[2]int]string
 }
 
-func newMetrics(reg *prometheus.Registry, b *bundle.Bundle) (*metrics, error) {
+// newMetrics registers the metrics on reg; waiting counts the requests without a slot.
+func newMetrics(reg *prometheus.Registry, b *bundle.Bundle, waiting func() float64) (*metrics, error) {
 	latency := []float64{.001, .0025, .005, .01, .02, .04, .06, .08, .1, .15, .2, .3, .5, .75, 1, 2.5, 5, 10, 20, 40, 80}
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "xmix_requests_total",
@@ -51,8 +55,8 @@ func newMetrics(reg *prometheus.Registry, b *bundle.Bundle) (*metrics, error) {
 			Help: "From a request's arrival to its response's end.", Buckets: latency}),
 		running: prometheus.NewGauge(prometheus.GaugeOpts{Name: "xmix_requests_running",
 			Help: "Requests holding a sequence slot."}),
-		waiting: prometheus.NewGauge(prometheus.GaugeOpts{Name: "xmix_requests_waiting",
-			Help: "Requests waiting for a slot or KV pages."}),
+		waiting: prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "xmix_requests_waiting",
+			Help: "Requests waiting for a slot or KV pages."}, waiting),
 		kvUsage: prometheus.NewGauge(prometheus.GaugeOpts{Name: "xmix_kv_cache_usage_ratio",
 			Help: "Share of the KV-cache pages held by requests (0-1)."}),
 		vectorSlots: prometheus.NewGauge(prometheus.GaugeOpts{Name: "xmix_vector_slots_used",
@@ -116,7 +120,6 @@ func (sv *Server) observeStep(before, after loader.Stats, d time.Duration) {
 func (sv *Server) observeLoad(l loader.Load) {
 	sv.queued.Store(int64(l.Queued))
 	sv.metrics.running.Set(float64(l.Running))
-	sv.metrics.waiting.Set(float64(l.Queued + int(sv.pending.Load())))
 	if l.Pages > 0 {
 		sv.metrics.kvUsage.Set(1 - float64(l.FreePages)/float64(l.Pages))
 	}

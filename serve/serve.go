@@ -151,7 +151,9 @@ func New(cfg Config) (*Server, error) {
 		sv.cfg.Registry = reg
 	}
 	var err error
-	if sv.metrics, err = newMetrics(reg, cfg.Bundle); err != nil {
+	if sv.metrics, err = newMetrics(reg, cfg.Bundle, func() float64 {
+		return float64(sv.queued.Load() + sv.pending.Load())
+	}); err != nil {
 		return nil, err
 	}
 	return sv, nil
