@@ -4,6 +4,8 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // GET /metrics reports, in Prometheus' text format, what the issue lists: requests by
@@ -67,4 +69,42 @@ func grep(text, s string) string {
 		}
 	}
 	return strings.Join(out, "\n")
+}
+
+// A request the engine refuses is counted out and answered by the loop before the loop next
+// publishes its load; a scrape after that answer must not show it waiting (CI's race run
+// once read the figure from before the refusal).
+func TestWaitingIsReadWhenScraped(t *testing.T) {
+	b := tinyBundle(t)
+	eng, tok := engineFor(t, b)
+	sv, err := New(Config{Bundle: b, Engine: eng, Tokenizer: tok})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sv.pending.Add(1) // a request on its way to the loop
+	sv.observeLoad(eng.Load())
+	for _, c := range []struct {
+		add  int64
+		want float64
+	}{{-1, 0}, {3, 3}} {
+		sv.pending.Add(c.add)
+		if got := gaugeValue(t, sv.cfg.Registry, "xmix_requests_waiting"); got != c.want {
+			t.Errorf("after pending %+d: xmix_requests_waiting %g, want %g", c.add, got, c.want)
+		}
+	}
+}
+
+func gaugeValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() == name && len(f.GetMetric()) == 1 {
+			return f.GetMetric()[0].GetGauge().GetValue()
+		}
+	}
+	t.Fatalf("no gauge %s", name)
+	return 0
 }
