@@ -118,6 +118,18 @@ func backendFor(t testing.TB, b *bundle.Bundle) loader.Backend {
 	return be
 }
 
+// newTinyServer is a Server on the tiny bundle's CPU engine, not yet serving.
+func newTinyServer(t testing.TB) *Server {
+	t.Helper()
+	b := tinyBundle(t)
+	eng, tok := engineFor(t, b)
+	sv, err := New(Config{Bundle: b, Engine: eng, Tokenizer: tok})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sv
+}
+
 // engineFor loads b on the CPU backend.
 func engineFor(t testing.TB, b *bundle.Bundle) (*loader.Engine, loader.Tokenizer) {
 	t.Helper()

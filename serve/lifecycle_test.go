@@ -50,12 +50,7 @@ func TestCumulativeDecoderHoldsPartialCharacters(t *testing.T) {
 // Shutting the server down while a streamed request runs lets the request finish; then
 // Serve returns cleanly and the port is closed.
 func TestShutdownFinishesInFlightRequests(t *testing.T) {
-	b := tinyBundle(t)
-	eng, tok := engineFor(t, b)
-	sv, err := New(Config{Bundle: b, Engine: eng, Tokenizer: tok})
-	if err != nil {
-		t.Fatal(err)
-	}
+	sv := newTinyServer(t)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

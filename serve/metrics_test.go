@@ -75,14 +75,9 @@ func grep(text, s string) string {
 // publishes its load; a scrape after that answer must not show it waiting (CI's race run
 // once read the figure from before the refusal).
 func TestWaitingIsReadWhenScraped(t *testing.T) {
-	b := tinyBundle(t)
-	eng, tok := engineFor(t, b)
-	sv, err := New(Config{Bundle: b, Engine: eng, Tokenizer: tok})
-	if err != nil {
-		t.Fatal(err)
-	}
+	sv := newTinyServer(t)
 	sv.pending.Add(1) // a request on its way to the loop
-	sv.observeLoad(eng.Load())
+	sv.observeLoad(sv.eng.Load())
 	for _, c := range []struct {
 		add  int64
 		want float64
