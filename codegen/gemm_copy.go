@@ -672,7 +672,9 @@ const MaxRopeCopyRows = wgMaxN
 // GEMM and its rope_kv together unless a build says otherwise. On the H200 (session 49,
 // testsuite/gpu/RESULTS.md) it made the 8B's 32-row step 0.36-0.85% shorter at contexts
 // 80-2112, and its 64-row step 5.5% / 11.9% longer at 576 / 2112 (0.1% shorter at 80): traced,
-// the attention after it read its K/V 30% slower, why not yet found.
+// the attention after it read its K/V 30% slower, why not yet found. On an H100 (session 75)
+// the 64-row step was 2.5-6.1% longer with it, and the 128-row step, whose q/k/v takes a
+// copy-engine kernel only where a build names its shape (--copy-gemms), 4.5-10.7% longer.
 const DefaultRopeCopyRows = 32
 
 // CheckRopeCopyRows checks a build's largest bucket given the copy-engine kernel with rope_kv

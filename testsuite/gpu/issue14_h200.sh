@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# The issue-14 figures that only an H200 gives (its targets' absolute times are the H200's),
+# in one device call, and only on an H200: on any other card it says which and exits 0
+# at once, so a call that may land on an H100 costs only the machine's start.
+#   bash testsuite/gpu/build.sh; (git worktree add /tmp/old 1c92fe5 && cd /tmp/old &&
+#   bash testsuite/gpu/build.sh); mkdir -p .dev/old; cp /tmp/old/.dev/gpu/xmixc .dev/old/
+#   bash testsuite/gpu/pack.sh .dev/gpu .dev/old
+#   run(command="bash testsuite/gpu/pack.sh --unpack && bash testsuite/gpu/issue14_h200.sh",
+#       carry=[".dev/pack"], kind="nvidia-h200")
+# Three parts, about 520 s together:
+#  ab    the default bundle's 16- and 32-row steps against 1c92fe5's (.dev/old's xmixc, whose
+#        --gated-copy-wide default was own), Llama-3.1-8B at contexts 80 576 2112 (runtime_ab.sh)
+#  peer  the peer grid (run.sh PARTS=peer), both Llama specs
+#  apps  apps 1-6 online (apps.sh, PHASES=online, APPS_BUDGET_S, default 220)
+# PARTS (default "ab peer apps") picks some. Writes under OUT (the device returns at most 8
+# files): log.txt, ab/{runtime_ab.json,summary.txt}, peer/{results.json,RESULTS.md},
+# apps/{apps.json,APPS.md}.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:?set OUT}
+mkdir -p "$OUT"
+log=$OUT/log.txt
+card=$(nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader | head -1)
+echo "$card" | tee -a "$log"
+case $card in
+  *H200*) ;;
+  *) echo "not an H200: nothing run (these figures must come from one)" | tee -a "$log"; exit 0 ;;
+esac
+[ -x .dev/old/xmixc ] || { echo ".dev/old/xmixc missing: the old default's xmixc (1c92fe5), see the header" | tee -a "$log"; exit 2; }
+for part in ${PARTS:-ab peer apps}; do
+  echo "[$(date +%T)] $part" | tee -a "$log"
+  case $part in
+    ab)
+      OUT=$OUT/ab VARIANTS="new=.dev/gpu;old=.dev/old" OWN_BUNDLES=1 MODELS=llama-3.1-8b BUCKETS="16 32" \
+        CONTEXTS="80 576 2112" bash testsuite/gpu/runtime_ab.sh >> "$log" 2>&1 || echo "ab failed: rc $?" | tee -a "$log"
+      ;;
+    peer)
+      # run.sh writes many files; the two that hold the grid come back.
+      w=$(mktemp -d)
+      OUT=$w XMIX_BIN=.dev/gpu PARTS=peer PEER_MODELS="llama-3.1-8b llama-3.2-1b" GEMM_AB=0 MOE_AB=0 GEMMA2=0 HF=0 ONLINE=0 \
+        bash testsuite/gpu/run.sh > "$w/run.log" 2>&1 || echo "peer failed: rc $?" | tee -a "$log"
+      tail -30 "$w/run.log" >> "$log"
+      mkdir -p "$OUT/peer"
+      cp "$w/results.json" "$w/RESULTS.md" "$OUT/peer/" 2>> "$log" || true
+      ;;
+    apps)
+      OUT=$OUT/apps MIXTRAL=0 PHASES=online TIME_BUDGET_S=${APPS_BUDGET_S:-220} bash testsuite/gpu/apps.sh > "$OUT/apps.log" 2>&1 ||
+        echo "apps failed: rc $?" | tee -a "$log"
+      tail -20 "$OUT/apps.log" >> "$log"
+      rm -f "$OUT/apps.log" "$OUT/apps/raw.tgz" "$OUT/apps/runs.tsv" "$OUT/apps/notes.txt"
+      ;;
+    *) echo "PARTS: unknown part $part (ab, peer, apps)" | tee -a "$log"; exit 2 ;;
+  esac
+done
+echo "[$(date +%T)] done" | tee -a "$log"
