@@ -396,12 +396,6 @@ type BuildInfo struct {
 	// so that launched early they fit an SM beside the CTA of the GEMM ahead (xmixc build
 	// --mi-preload-regs; 0: ptxas's choice, as in bundles built before the setting).
 	MIPreloadRegs int `json:"mi_preload_regs,omitempty"`
-	// MIPreloadMaxRows: only templates of at most this many token rows carry those row
-	// kernels; larger ones (prefill chunks, the largest decode buckets), whose blocks mostly
-	// start after the wait, carry the plain ones, which ask L2 for the vectors and keep the
-	// bare kernel's registers (xmixc build --mi-preload-max-rows; 0: no bound, as in bundles
-	// built before the setting).
-	MIPreloadMaxRows int `json:"mi_preload_max_rows,omitempty"`
 	// RopeCopyRows: decode buckets of at most this many rows whose q/k/v GEMM the warpgroup
 	// copy-engine kernels serve get one for it with the rope_kv after it (GemmCopyAttrs.RopeKV;
 	// xmixc build --rope-copy-rows; 0: none, as in bundles built before it).

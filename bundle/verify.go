@@ -109,9 +109,6 @@ func Verify(b *Bundle) error {
 	if n := b.Manifest.Build.MIPreloadRegs; n < 0 {
 		return fmt.Errorf("manifest: build mi_preload_regs %d: want registers a thread, or 0 for no bound; rebuild the bundle", n)
 	}
-	if n := b.Manifest.Build.MIPreloadMaxRows; n < 0 {
-		return fmt.Errorf("manifest: build mi_preload_max_rows %d: want a row count, or 0 for no bound; rebuild the bundle", n)
-	}
 	if n := b.Manifest.Build.CopyGemmSlots; n < 0 {
 		return fmt.Errorf("manifest: build copy_gemm_slots %d: want a count, or 0 for the default; rebuild the bundle", n)
 	}

@@ -98,9 +98,6 @@ type gen struct {
 	// miPreloadRegs: those kernels' bound on a thread's registers, 0 none
 	// (BuildInfo.MIPreloadRegs, RowConfig.PreloadMaxRegs).
 	miPreloadRegs int
-	// miPreloadMaxRows: templates of more token rows carry the plain row kernels, 0 no
-	// bound (BuildInfo.MIPreloadMaxRows, tb.preload).
-	miPreloadMaxRows int
 	// ropeCopyRows: decode buckets of at most this many rows get a copy-engine kernel for the
 	// q/k/v GEMM and its rope_kv together (BuildInfo.RopeCopyRows, ropeCopies).
 	ropeCopyRows int
@@ -196,10 +193,7 @@ func Generate(p *passes.Program, opt Options) (*bundle.Bundle, error) {
 	if err := CheckMIPreloadRegs(bi.MIPreloadRegs); err != nil {
 		return nil, err
 	}
-	if err := CheckMIPreloadMaxRows(bi.MIPreloadMaxRows); err != nil {
-		return nil, err
-	}
-	g.miPreloadCoherent, g.miPreloadRegs, g.miPreloadMaxRows = bi.MIPreloadCoherent, bi.MIPreloadRegs, bi.MIPreloadMaxRows
+	g.miPreloadCoherent, g.miPreloadRegs = bi.MIPreloadCoherent, bi.MIPreloadRegs
 	if err := CheckRopeCopyRows(bi.RopeCopyRows); err != nil {
 		return nil, err
 	}

@@ -239,30 +239,12 @@ func CheckMIPreloadRegs(n int) error {
 	return nil
 }
 
-// DefaultMIPreloadMaxRows is the most token rows of a template whose row kernels preload
-// (BuildInfo.MIPreloadMaxRows) when a build names none; 0: no bound.
-const DefaultMIPreloadMaxRows = 0
-
-// CheckMIPreloadMaxRows says whether n bounds the templates whose row kernels preload
-// (BuildInfo.MIPreloadMaxRows): 0 (no bound) or at least preloadMinRows, the fewest rows
-// that preload at all.
-func CheckMIPreloadMaxRows(n int) error {
-	if n != 0 && n < preloadMinRows {
-		return fmt.Errorf("templates of at most %d rows preloading: want 0 (no bound) or at least %d, the fewest rows that preload", n, preloadMinRows)
-	}
-	return nil
-}
-
 // preload sets c.PreloadVectors (and PreloadCoherent and PreloadMaxRegs as the build says)
 // for a template of t.rows rows and returns the kernel's name for it: name, or name_pv (_pvc
 // coherent, then _nr<N> with a bound on registers) for a kernel that preloads (one that comes
-// out the same as without is kept once, under the name built first). A template of more rows
-// than the build's miPreloadMaxRows keeps the plain kernel: its grid takes several waves of
-// blocks, of which only the first starts before the wait, and the preloaded vectors' registers
-// (48 a thread against the bare add+norm's 32 on the 8B, ptxas 12.4) halve the blocks of
-// 1024 threads an SM holds for every wave.
+// out the same as without is kept once, under the name built first).
 func (t *tb) preload(c *RowConfig, name string) string {
-	if !c.EarlyLaunch || t.rows < preloadMinRows || len(c.MIOps()) == 0 || t.g.miPreloadMaxRows > 0 && t.rows > t.g.miPreloadMaxRows {
+	if !c.EarlyLaunch || t.rows < preloadMinRows || len(c.MIOps()) == 0 {
 		return name
 	}
 	c.PreloadVectors, c.PreloadCoherent, c.PreloadMaxRegs = true, t.g.miPreloadCoherent, t.g.miPreloadRegs

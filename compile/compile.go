@@ -134,10 +134,6 @@ type Options struct {
 	// (bundle.BuildInfo.MIPreloadRegs; 0: the measured default, codegen.DefaultMIPreloadRegs;
 	// negative: none).
 	MIPreloadRegs int
-	// MIPreloadMaxRows: the most token rows of a template whose row kernels preload
-	// (bundle.BuildInfo.MIPreloadMaxRows; 0: the measured default,
-	// codegen.DefaultMIPreloadMaxRows; negative: no bound).
-	MIPreloadMaxRows int
 	// RopeCopyRows: decode buckets of at most this many rows served by the warpgroup
 	// copy-engine kernels get one for the q/k/v GEMM and its rope_kv together
 	// (bundle.BuildInfo.RopeCopyRows; 0: the measured default, codegen.DefaultRopeCopyRows;
@@ -340,7 +336,6 @@ func Build(modelPath string, appPaths []string, opt Options) (*bundle.Bundle, er
 	build.GatedCopyRows = max(0, cmp.Or(opt.GatedCopyRows, codegen.DefaultGatedCopyRows))
 	build.GatedCopyWide, build.MIPreloadCoherent = cmp.Or(opt.GatedCopyWide, codegen.GatedWideAuto), opt.MIPreloadCoherent
 	build.MIPreloadRegs = max(0, cmp.Or(opt.MIPreloadRegs, codegen.DefaultMIPreloadRegs))
-	build.MIPreloadMaxRows = max(0, cmp.Or(opt.MIPreloadMaxRows, codegen.DefaultMIPreloadMaxRows))
 	build.RopeCopyRows = max(0, cmp.Or(opt.RopeCopyRows, codegen.DefaultRopeCopyRows))
 	b, err := codegen.Generate(p, codegen.Options{
 		Build:     build,

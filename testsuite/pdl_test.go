@@ -357,21 +357,17 @@ func traceParams(t *testing.T, name, src string) paramFlow {
 // bundle carries both kernels. Those loads are read-only (ld.global.nc) by default and
 // coherent (ld.global, kernels *_pvc) with --mi-preload-coherent; the preloading kernels
 // alone carry .maxnreg N (kernels *_nrN), N codegen.DefaultMIPreloadRegs unless the build
-// names another bound or none. With --mi-preload-max-rows N, templates of more than N rows
-// (here the 16-row prefill chunk) carry the plain kernels.
+// names another bound or none.
 func TestPreloadVectorsByBucket(t *testing.T) {
-	// SmallModel with an 8-row decode bucket: a template of 8 rows beside the 16-row chunk.
-	model := strings.Replace(strings.Replace(SmallModel, "decode_buckets: [1, 2, 4]", "decode_buckets: [1, 2, 4, 8]", 1), "max_seqs: 4", "max_seqs: 8", 1)
 	for _, c := range []struct {
 		coherent bool
 		opt      int // compile.Options.MIPreloadRegs
 		regs     int // the bound the build records and the kernels carry
-		maxRows  int // compile.Options.MIPreloadMaxRows, which the build records
-	}{{false, 0, codegen.DefaultMIPreloadRegs, 0}, {true, 0, codegen.DefaultMIPreloadRegs, 0}, {false, -1, 0, 0}, {true, -1, 0, 0}, {true, 40, 40, 0}, {false, 0, codegen.DefaultMIPreloadRegs, 8}} {
+	}{{false, 0, codegen.DefaultMIPreloadRegs}, {true, 0, codegen.DefaultMIPreloadRegs}, {false, -1, 0}, {true, -1, 0}, {true, 40, 40}} {
 		coherent := c.coherent
-		b := CompileWith(t, compile.Options{MIPreloadCoherent: coherent, MIPreloadRegs: c.opt, MIPreloadMaxRows: c.maxRows}, model, steerAt("steer", randVec(7, 128), 2, ""))
-		if b.Manifest.Build.MIPreloadCoherent != coherent || b.Manifest.Build.MIPreloadRegs != c.regs || b.Manifest.Build.MIPreloadMaxRows != c.maxRows {
-			t.Fatalf("build info mi_preload_coherent %v mi_preload_regs %d mi_preload_max_rows %d, want %+v", b.Manifest.Build.MIPreloadCoherent, b.Manifest.Build.MIPreloadRegs, b.Manifest.Build.MIPreloadMaxRows, c)
+		b := CompileWith(t, compile.Options{MIPreloadCoherent: coherent, MIPreloadRegs: c.opt}, SmallModel, steerAt("steer", randVec(7, 128), 2, ""))
+		if b.Manifest.Build.MIPreloadCoherent != coherent || b.Manifest.Build.MIPreloadRegs != c.regs {
+			t.Fatalf("build info mi_preload_coherent %v mi_preload_regs %d, want %+v", b.Manifest.Build.MIPreloadCoherent, b.Manifest.Build.MIPreloadRegs, c)
 		}
 		load, other := "ld.global.nc.f32", "ld.global.f32"
 		if coherent {
@@ -389,7 +385,7 @@ func TestPreloadVectorsByBucket(t *testing.T) {
 					continue // no MI op, so no compiled vector to ask for
 				}
 				pre := readsBeforeWait(t, k.PTX, load)
-				if want := tpl.Tokens >= 8 && (c.maxRows == 0 || tpl.Tokens <= c.maxRows); pre != want {
+				if want := tpl.Tokens >= 8; pre != want {
 					t.Errorf("%s %s: kernel %s loads its vectors (%s) before the wait: %v, want %v", tpl.Name, n.Label, k.Name, load, pre, want)
 				}
 				if readsBeforeWait(t, k.PTX, other) {

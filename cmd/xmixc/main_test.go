@@ -523,8 +523,6 @@ func TestBuildCopyGemmFlags(t *testing.T) {
 		{m, []string{"--mi-preload-regs", "256"}, "--mi-preload-regs: preloading row kernels of at most 256 registers a thread: want 0 (no bound) or 16 to 255"},
 		{m, []string{"--mi-preload-regs", "8"}, "--mi-preload-regs: preloading row kernels of at most 8 registers a thread: want 0 (no bound) or 16 to 255"},
 		{m, []string{"--mi-preload-regs", "-1"}, "--mi-preload-regs: preloading row kernels of at most -1 registers a thread"},
-		{m, []string{"--mi-preload-max-rows", "4"}, "--mi-preload-max-rows: templates of at most 4 rows preloading: want 0 (no bound) or at least 8"},
-		{m, []string{"--mi-preload-max-rows", "-1"}, "--mi-preload-max-rows: templates of at most -1 rows preloading: want 0 (no bound) or at least 8"},
 		{m, []string{"--attn-early-kv", "--pdl=false"}, "--attn-early-kv: early K/V loads need early launch (--pdl)"},
 	} {
 		bad := filepath.Join(dir, "bad.xmb")
@@ -886,33 +884,6 @@ serving: {decode_buckets: [1, 4], prefill_chunks: [8], max_seq_len: 256, max_seq
 		}
 		if _, statErr := os.Stat(bad); statErr == nil {
 			t.Fatalf("--kv-cache-tokens %s: a bundle was written", c.tokens)
-		}
-	}
-}
-
-// TestBuildMIPreloadMaxRows: --mi-preload-max-rows N (by default
-// codegen.DefaultMIPreloadMaxRows; 0: no bound) is the build info's bound on the templates
-// whose row kernels preload, and inspect names it where there is one.
-func TestBuildMIPreloadMaxRows(t *testing.T) {
-	dir := t.TempDir()
-	m := gemmSpecBuckets(t, dir, "m.yaml", 512, 4, "1, 8")
-	for _, c := range []struct {
-		flags []string
-		rows  int
-	}{
-		{nil, codegen.DefaultMIPreloadMaxRows},
-		{[]string{"--mi-preload-max-rows", "0"}, 0},
-		{[]string{"--mi-preload-max-rows", "128"}, 128},
-	} {
-		out := filepath.Join(dir, "p.xmb")
-		b := buildBundle(t, m, out, c.flags)
-		if b.Manifest.Build.MIPreloadMaxRows != c.rows {
-			t.Fatalf("%v: build info mi_preload_max_rows %d, want %d", c.flags, b.Manifest.Build.MIPreloadMaxRows, c.rows)
-		}
-		text, err := xmixc(t, "inspect", out)
-		line := fmt.Sprintf("only templates of at most %d rows preload", c.rows)
-		if err != nil || (c.rows > 0) != strings.Contains(text, line) || c.rows == 0 && strings.Contains(text, "only templates of at most") {
-			t.Fatalf("%v: inspect: %v; want %q (%v) in:\n%s", c.flags, err, line, c.rows > 0, text)
 		}
 	}
 }
