@@ -396,6 +396,11 @@ type BuildInfo struct {
 	// so that launched early they fit an SM beside the CTA of the GEMM ahead (xmixc build
 	// --mi-preload-regs; 0: ptxas's choice, as in bundles built before the setting).
 	MIPreloadRegs int `json:"mi_preload_regs,omitempty"`
+	// MIPreloadRegsMultiWave: the same bound in templates of more rows than one wave of
+	// blocks holds (prefill chunks, the largest decode buckets), so that two blocks fit an SM
+	// (xmixc build --mi-preload-regs-multi-wave; 0: MIPreloadRegs's, as in bundles built
+	// before the setting).
+	MIPreloadRegsMultiWave int `json:"mi_preload_regs_multi_wave,omitempty"`
 	// RopeCopyRows: decode buckets of at most this many rows whose q/k/v GEMM the warpgroup
 	// copy-engine kernels serve get one for it with the rope_kv after it (GemmCopyAttrs.RopeKV;
 	// xmixc build --rope-copy-rows; 0: none, as in bundles built before it).

@@ -109,6 +109,9 @@ func Verify(b *Bundle) error {
 	if n := b.Manifest.Build.MIPreloadRegs; n < 0 {
 		return fmt.Errorf("manifest: build mi_preload_regs %d: want registers a thread, or 0 for no bound; rebuild the bundle", n)
 	}
+	if n := b.Manifest.Build.MIPreloadRegsMultiWave; n < 0 {
+		return fmt.Errorf("manifest: build mi_preload_regs_multi_wave %d: want registers a thread, or 0 for mi_preload_regs's bound; rebuild the bundle", n)
+	}
 	if n := b.Manifest.Build.CopyGemmSlots; n < 0 {
 		return fmt.Errorf("manifest: build copy_gemm_slots %d: want a count, or 0 for the default; rebuild the bundle", n)
 	}

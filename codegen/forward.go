@@ -98,6 +98,9 @@ type gen struct {
 	// miPreloadRegs: those kernels' bound on a thread's registers, 0 none
 	// (BuildInfo.MIPreloadRegs, RowConfig.PreloadMaxRegs).
 	miPreloadRegs int
+	// miPreloadRegsMultiWave: the bound in templates of more than miPreloadWaveRows rows, 0
+	// miPreloadRegs's (BuildInfo.MIPreloadRegsMultiWave).
+	miPreloadRegsMultiWave int
 	// ropeCopyRows: decode buckets of at most this many rows get a copy-engine kernel for the
 	// q/k/v GEMM and its rope_kv together (BuildInfo.RopeCopyRows, ropeCopies).
 	ropeCopyRows int
@@ -193,7 +196,10 @@ func Generate(p *passes.Program, opt Options) (*bundle.Bundle, error) {
 	if err := CheckMIPreloadRegs(bi.MIPreloadRegs); err != nil {
 		return nil, err
 	}
-	g.miPreloadCoherent, g.miPreloadRegs = bi.MIPreloadCoherent, bi.MIPreloadRegs
+	if err := CheckMIPreloadRegsMultiWave(bi.MIPreloadRegsMultiWave); err != nil {
+		return nil, err
+	}
+	g.miPreloadCoherent, g.miPreloadRegs, g.miPreloadRegsMultiWave = bi.MIPreloadCoherent, bi.MIPreloadRegs, bi.MIPreloadRegsMultiWave
 	if err := CheckRopeCopyRows(bi.RopeCopyRows); err != nil {
 		return nil, err
 	}

@@ -134,6 +134,10 @@ type Options struct {
 	// (bundle.BuildInfo.MIPreloadRegs; 0: the measured default, codegen.DefaultMIPreloadRegs;
 	// negative: none).
 	MIPreloadRegs int
+	// MIPreloadRegsMultiWave: the bound in templates of more rows than one wave holds
+	// (bundle.BuildInfo.MIPreloadRegsMultiWave; 0: the measured default,
+	// codegen.DefaultMIPreloadRegsMultiWave; negative: MIPreloadRegs's).
+	MIPreloadRegsMultiWave int
 	// RopeCopyRows: decode buckets of at most this many rows served by the warpgroup
 	// copy-engine kernels get one for the q/k/v GEMM and its rope_kv together
 	// (bundle.BuildInfo.RopeCopyRows; 0: the measured default, codegen.DefaultRopeCopyRows;
@@ -336,6 +340,7 @@ func Build(modelPath string, appPaths []string, opt Options) (*bundle.Bundle, er
 	build.GatedCopyRows = max(0, cmp.Or(opt.GatedCopyRows, codegen.DefaultGatedCopyRows))
 	build.GatedCopyWide, build.MIPreloadCoherent = cmp.Or(opt.GatedCopyWide, codegen.GatedWideAuto), opt.MIPreloadCoherent
 	build.MIPreloadRegs = max(0, cmp.Or(opt.MIPreloadRegs, codegen.DefaultMIPreloadRegs))
+	build.MIPreloadRegsMultiWave = max(0, cmp.Or(opt.MIPreloadRegsMultiWave, codegen.DefaultMIPreloadRegsMultiWave))
 	build.RopeCopyRows = max(0, cmp.Or(opt.RopeCopyRows, codegen.DefaultRopeCopyRows))
 	b, err := codegen.Generate(p, codegen.Options{
 		Build:     build,

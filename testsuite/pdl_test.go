@@ -357,18 +357,27 @@ func traceParams(t *testing.T, name, src string) paramFlow {
 // bundle carries both kernels. Those loads are read-only (ld.global.nc) by default and
 // coherent (ld.global, kernels *_pvc) with --mi-preload-coherent; the preloading kernels
 // alone carry .maxnreg N (kernels *_nrN), N codegen.DefaultMIPreloadRegs unless the build
-// names another bound or none.
+// names another bound or none, and in templates of more than 128 rows (here a 256-row
+// prefill chunk) codegen.DefaultMIPreloadRegsMultiWave unless the build names another or N.
 func TestPreloadVectorsByBucket(t *testing.T) {
+	model := strings.Replace(SmallModel, "prefill_chunks: [16], max_seq_len: 128", "prefill_chunks: [16, 256], max_seq_len: 256", 1)
 	for _, c := range []struct {
 		coherent bool
 		opt      int // compile.Options.MIPreloadRegs
 		regs     int // the bound the build records and the kernels carry
-	}{{false, 0, codegen.DefaultMIPreloadRegs}, {true, 0, codegen.DefaultMIPreloadRegs}, {false, -1, 0}, {true, -1, 0}, {true, 40, 40}} {
+		optMulti int // compile.Options.MIPreloadRegsMultiWave
+		multi    int // the bound the kernels of templates of more than 128 rows carry
+	}{
+		{false, 0, codegen.DefaultMIPreloadRegs, 0, codegen.DefaultMIPreloadRegsMultiWave},
+		{true, 0, codegen.DefaultMIPreloadRegs, 0, codegen.DefaultMIPreloadRegsMultiWave},
+		{false, -1, 0, 0, codegen.DefaultMIPreloadRegsMultiWave}, {true, -1, 0, -1, 0}, {true, 40, 40, -1, 40}, {false, 0, codegen.DefaultMIPreloadRegs, 24, 24},
+	} {
 		coherent := c.coherent
-		b := CompileWith(t, compile.Options{MIPreloadCoherent: coherent, MIPreloadRegs: c.opt}, SmallModel, steerAt("steer", randVec(7, 128), 2, ""))
-		if b.Manifest.Build.MIPreloadCoherent != coherent || b.Manifest.Build.MIPreloadRegs != c.regs {
-			t.Fatalf("build info mi_preload_coherent %v mi_preload_regs %d, want %+v", b.Manifest.Build.MIPreloadCoherent, b.Manifest.Build.MIPreloadRegs, c)
+		b := CompileWith(t, compile.Options{MIPreloadCoherent: coherent, MIPreloadRegs: c.opt, MIPreloadRegsMultiWave: c.optMulti}, model, steerAt("steer", randVec(7, 128), 2, ""))
+		if b.Manifest.Build.MIPreloadCoherent != coherent || b.Manifest.Build.MIPreloadRegs != c.regs || c.optMulti >= 0 && b.Manifest.Build.MIPreloadRegsMultiWave != c.multi {
+			t.Fatalf("build info mi_preload_coherent %v mi_preload_regs %d mi_preload_regs_multi_wave %d, want %+v", b.Manifest.Build.MIPreloadCoherent, b.Manifest.Build.MIPreloadRegs, b.Manifest.Build.MIPreloadRegsMultiWave, c)
 		}
+		sawMulti := false
 		load, other := "ld.global.nc.f32", "ld.global.f32"
 		if coherent {
 			load, other = other, load
@@ -395,18 +404,25 @@ func TestPreloadVectorsByBucket(t *testing.T) {
 				if coherent {
 					suffix += "c"
 				}
-				if c.regs > 0 {
-					suffix += fmt.Sprintf("_nr%d", c.regs)
+				regs := c.regs
+				if tpl.Tokens > 128 {
+					regs, sawMulti = c.multi, sawMulti || pre
+				}
+				if regs > 0 {
+					suffix += fmt.Sprintf("_nr%d", regs)
 				}
 				if pre && !strings.HasSuffix(k.Name, suffix) {
 					t.Errorf("%s %s: kernel %s preloads, want the suffix %s", tpl.Name, n.Label, k.Name, suffix)
 				}
 				bound := strings.Contains(k.PTX, ".maxnreg")
-				if want := pre && c.regs > 0; bound != want || want && !strings.Contains(k.PTX, fmt.Sprintf("\n.maxnreg %d\n", c.regs)) {
-					t.Errorf("%s %s: kernel %s (preloads %v) bounds its registers: %v, want .maxnreg %d: %v", tpl.Name, n.Label, k.Name, pre, bound, c.regs, want)
+				if want := pre && regs > 0; bound != want || want && !strings.Contains(k.PTX, fmt.Sprintf("\n.maxnreg %d\n", regs)) {
+					t.Errorf("%s %s: kernel %s (preloads %v) bounds its registers: %v, want .maxnreg %d: %v", tpl.Name, n.Label, k.Name, pre, bound, regs, want)
 				}
 				preloads[pre]++
 			}
+		}
+		if !sawMulti {
+			t.Fatalf("%+v: no preloading kernel in a template of more than 128 rows", c)
 		}
 		if preloads[true] == 0 || preloads[false] == 0 {
 			t.Fatalf("coherent %v: add+norm nodes with MI vectors: %d preload, %d do not; want both", coherent, preloads[true], preloads[false])

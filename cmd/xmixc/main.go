@@ -75,7 +75,7 @@ func buildCmd() *cobra.Command {
 	var copyGemmNext, gatedCopyWide string
 	var copyGemmWide, miPreloadCoherent bool
 	var copyGemmRows []int
-	var gatedTCRows, gatedCopyRows, ropeCopyRows, kvCacheTokens, miPreloadRegs int
+	var gatedTCRows, gatedCopyRows, ropeCopyRows, kvCacheTokens, miPreloadRegs, miPreloadRegsMultiWave int
 	c := &cobra.Command{
 		Use:   "build MODEL.yaml [APP.yaml...] -o OUT.xmb",
 		Short: "Compile specs into a bundle",
@@ -169,13 +169,16 @@ func buildCmd() *cobra.Command {
 			if err := codegen.CheckMIPreloadRegs(miPreloadRegs); err != nil {
 				return fmt.Errorf("--mi-preload-regs: %w", err)
 			}
+			if err := codegen.CheckMIPreloadRegsMultiWave(miPreloadRegsMultiWave); err != nil {
+				return fmt.Errorf("--mi-preload-regs-multi-wave: %w", err)
+			}
 			start := time.Now()
 			progress := func(f string, a ...any) {
 				if !quiet {
 					fmt.Fprintf(os.Stderr, "[%6.2fs] %s\n", time.Since(start).Seconds(), fmt.Sprintf(f, a...))
 				}
 			}
-			b, err := compile.Build(args[0], args[1:], compile.Options{EmbedWeights: embed, Verify: verify, Progress: progress, GEMM: gemm, MoE: moe, TP: tp, VectorSlots: vectorSlots, KVCacheTokens: kvCacheTokens, Fuse: fuse, SerialLaunch: !pdl, Prefetch: noneOption(prefetch), GemvCols: gemvCols, GemvUnroll: gemvUnroll, GemvSplit: gemvSplit, GemvWarps: gemvWarps, TensorCoreRows: tcRows, TCChunks: tcChunks, CopyGemms: copyGemms, CopyGemmSlots: copyGemmSlots, CopyGemmNextAtAsk: copyGemmNext == "asked", CopyGemmWide: copyGemmWide, CopyGemmRows: copyGemmRows, GatedTCRows: noneOption(gatedTCRows), GatedCopyRows: noneOption(gatedCopyRows), GatedCopyWide: gatedCopyWide, MIPreloadCoherent: miPreloadCoherent, MIPreloadRegs: noneOption(miPreloadRegs), RopeCopyRows: noneOption(ropeCopyRows), AttnWarps: attnWarps, AttnUnroll: attnUnroll, AttnPrefetch: noneOption(attnPrefetch), AttnPrefetchOneRow: noneOption(attnPrefetchOneRow), AttnCUDACores: !attnTC, AttnCluster: attnCluster, AttnLateKV: !attnEarlyKV, F32OutAlways: !optionalF32Out})
+			b, err := compile.Build(args[0], args[1:], compile.Options{EmbedWeights: embed, Verify: verify, Progress: progress, GEMM: gemm, MoE: moe, TP: tp, VectorSlots: vectorSlots, KVCacheTokens: kvCacheTokens, Fuse: fuse, SerialLaunch: !pdl, Prefetch: noneOption(prefetch), GemvCols: gemvCols, GemvUnroll: gemvUnroll, GemvSplit: gemvSplit, GemvWarps: gemvWarps, TensorCoreRows: tcRows, TCChunks: tcChunks, CopyGemms: copyGemms, CopyGemmSlots: copyGemmSlots, CopyGemmNextAtAsk: copyGemmNext == "asked", CopyGemmWide: copyGemmWide, CopyGemmRows: copyGemmRows, GatedTCRows: noneOption(gatedTCRows), GatedCopyRows: noneOption(gatedCopyRows), GatedCopyWide: gatedCopyWide, MIPreloadCoherent: miPreloadCoherent, MIPreloadRegs: noneOption(miPreloadRegs), MIPreloadRegsMultiWave: noneOption(miPreloadRegsMultiWave), RopeCopyRows: noneOption(ropeCopyRows), AttnWarps: attnWarps, AttnUnroll: attnUnroll, AttnPrefetch: noneOption(attnPrefetch), AttnPrefetchOneRow: noneOption(attnPrefetchOneRow), AttnCUDACores: !attnTC, AttnCluster: attnCluster, AttnLateKV: !attnEarlyKV, F32OutAlways: !optionalF32Out})
 			if err != nil {
 				return err
 			}
@@ -214,6 +217,7 @@ func buildCmd() *cobra.Command {
 	c.Flags().StringVar(&gatedCopyWide, "gated-copy-wide", codegen.GatedWideAuto, fmt.Sprintf("which decode buckets of fewer rows than the smallest wide layout (64) run its gated copy-engine kernel (--gated-copy-rows), over x's rows past theirs zero-filled: auto, where it runs more CTAs than the bucket's own kernel or the bucket has none of its own (Llama-3.1-8B's 32 rows: 128 CTAs against 112; its 16 rows; Llama-3.2-1B's own kernels run 128 and stay), all, or own (each bucket its own layout's kernel or none); one of %v. On an H100 auto made the 8B's 16- and 32-row steps 1.8-3.1%% shorter, and all the 1B's 32-row step 0.7-1.1%% longer than own (testsuite/gpu/RESULTS.md, session 73); the default is the measured one", codegen.GatedWideModes))
 	c.Flags().BoolVar(&miPreloadCoherent, "mi-preload-coherent", false, "the add+norm and embedding kernels of templates of 8 rows and more, which load their MI ops' vectors and scalars before they wait for the kernel ahead, do so with coherent loads: ptxas moves most of the read-only loads they use otherwise past that wait; same results bit for bit; for measuring")
 	c.Flags().IntVar(&miPreloadRegs, "mi-preload-regs", codegen.DefaultMIPreloadRegs, "those preloading kernels take at most this many registers a thread (ptxas .maxnreg; 0: no bound), so that launched early a block of 1024 threads fits an SM beside the CTA of the GEMM ahead: 48 leaves room for the 8-row copy-engine GEMM's (512 threads at 32), which the 8B's o and down run on 128 of 132 SMs; same results bit for bit; the default is the measured one")
+	c.Flags().IntVar(&miPreloadRegsMultiWave, "mi-preload-regs-multi-wave", codegen.DefaultMIPreloadRegsMultiWave, "the same bound in templates of more than 128 rows (prefill chunks, the 256-row decode bucket), whose blocks take more than one wave of the SMs: 32 fits two blocks of 1024 threads an SM (0: --mi-preload-regs's bound); same results bit for bit; the default is the measured one")
 	c.Flags().IntVar(&ropeCopyRows, "rope-copy-rows", codegen.DefaultRopeCopyRows, fmt.Sprintf("decode buckets whose GEMMs warpgroup copy-engine kernels (32 rows and up) of at most this many rows serve also get one for the q/k/v GEMM with RoPE and the KV-cache write in its epilogue, which --gemm auto runs in place of the q/k/v GEMM and the rope_kv kernel, in those buckets and in smaller ones; from 64 rows in its wide form, each CTA's pairs multiplied by every row, K split over a cluster (0: none; at most %d; the default is the measured one)", codegen.MaxRopeCopyRows))
 	c.Flags().IntSliceVar(&copyGemmRows, "copy-gemm-rows", nil, fmt.Sprintf("the decode row counts given copy-engine kernels, among %v (8 and 16 multiply with mma.sync; from 32 rows with Hopper's warpgroup MMAs over the library cast's bf16 x); a bucket takes the fewest that hold its rows (unset: %v, the ones measured faster in the step and checked against the CPU on the GPU; for measuring)", codegen.CopyGemmLayoutRows(), codegen.CopyGemmDefaultRows()))
 	c.Flags().StringVar(&copyGemmNext, "copy-gemm-next", "read", "when the grid after a copy-engine kernel may launch: read (once each CTA has read every stage of its W, the default) or asked (once it has asked for its last stage, a ring's worth of W sooner); same results bit for bit; for measuring")
@@ -452,6 +456,9 @@ func printBundle(w io.Writer, b *bundle.Bundle) {
 	}
 	if n := b.Manifest.Build.MIPreloadRegs; n > 0 {
 		fmt.Fprintf(w, "          row kernels that preload MI vectors and scalars take at most %d registers a thread (kernels *_nr%d)\n", n, n)
+	}
+	if n := b.Manifest.Build.MIPreloadRegsMultiWave; n > 0 {
+		fmt.Fprintf(w, "          in templates of more than 128 rows at most %d (kernels *_nr%d)\n", n, n)
 	}
 	if n := b.Manifest.Build.RopeCopyRows; n > 0 {
 		fmt.Fprintf(w, "          q/k/v with RoPE and the KV write in one warpgroup copy-engine kernel at up to %d rows%s\n", n, carried("q/k/v", bundle.OpRopeKV))

@@ -523,6 +523,9 @@ func TestBuildCopyGemmFlags(t *testing.T) {
 		{m, []string{"--mi-preload-regs", "256"}, "--mi-preload-regs: preloading row kernels of at most 256 registers a thread: want 0 (no bound) or 16 to 255"},
 		{m, []string{"--mi-preload-regs", "8"}, "--mi-preload-regs: preloading row kernels of at most 8 registers a thread: want 0 (no bound) or 16 to 255"},
 		{m, []string{"--mi-preload-regs", "-1"}, "--mi-preload-regs: preloading row kernels of at most -1 registers a thread"},
+		{m, []string{"--mi-preload-regs-multi-wave", "8"}, "--mi-preload-regs-multi-wave: preloading row kernels (templates of more than 128 rows) of at most 8 registers a thread: want 0 (the bound of smaller templates) or 16 to 255"},
+		{m, []string{"--mi-preload-regs-multi-wave", "256"}, "--mi-preload-regs-multi-wave: preloading row kernels (templates of more than 128 rows) of at most 256 registers a thread"},
+		{m, []string{"--mi-preload-regs-multi-wave", "-1"}, "--mi-preload-regs-multi-wave: preloading row kernels (templates of more than 128 rows) of at most -1 registers a thread"},
 		{m, []string{"--attn-early-kv", "--pdl=false"}, "--attn-early-kv: early K/V loads need early launch (--pdl)"},
 	} {
 		bad := filepath.Join(dir, "bad.xmb")
@@ -889,28 +892,35 @@ serving: {decode_buckets: [1, 4], prefill_chunks: [8], max_seq_len: 256, max_seq
 }
 
 // TestBuildMIPreloadRegs: --mi-preload-regs N (by default codegen.DefaultMIPreloadRegs; 0:
-// none) is the build info's bound on the preloading row kernels' registers, and inspect
-// names it where there is one.
+// none) and --mi-preload-regs-multi-wave M (by default
+// codegen.DefaultMIPreloadRegsMultiWave; 0: N's) are the build info's bounds on the
+// preloading row kernels' registers, and inspect names each where there is one.
 func TestBuildMIPreloadRegs(t *testing.T) {
 	dir := t.TempDir()
 	m := gemmSpecBuckets(t, dir, "m.yaml", 512, 4, "1, 8")
 	for _, c := range []struct {
-		flags []string
-		regs  int
+		flags       []string
+		regs, multi int
 	}{
-		{nil, codegen.DefaultMIPreloadRegs},
-		{[]string{"--mi-preload-regs", "0"}, 0},
-		{[]string{"--mi-preload-regs", "40"}, 40},
+		{nil, codegen.DefaultMIPreloadRegs, codegen.DefaultMIPreloadRegsMultiWave},
+		{[]string{"--mi-preload-regs", "0"}, 0, codegen.DefaultMIPreloadRegsMultiWave},
+		{[]string{"--mi-preload-regs", "40"}, 40, codegen.DefaultMIPreloadRegsMultiWave},
+		{[]string{"--mi-preload-regs-multi-wave", "0"}, codegen.DefaultMIPreloadRegs, 0},
+		{[]string{"--mi-preload-regs-multi-wave", "24"}, codegen.DefaultMIPreloadRegs, 24},
 	} {
 		out := filepath.Join(dir, "p.xmb")
 		b := buildBundle(t, m, out, c.flags)
-		if b.Manifest.Build.MIPreloadRegs != c.regs {
-			t.Fatalf("%v: build info mi_preload_regs %d, want %d", c.flags, b.Manifest.Build.MIPreloadRegs, c.regs)
+		if b.Manifest.Build.MIPreloadRegs != c.regs || b.Manifest.Build.MIPreloadRegsMultiWave != c.multi {
+			t.Fatalf("%v: build info mi_preload_regs %d, mi_preload_regs_multi_wave %d, want %d, %d", c.flags, b.Manifest.Build.MIPreloadRegs, b.Manifest.Build.MIPreloadRegsMultiWave, c.regs, c.multi)
 		}
 		text, err := xmixc(t, "inspect", out)
 		line := fmt.Sprintf("take at most %d registers a thread (kernels *_nr%d)", c.regs, c.regs)
 		if err != nil || (c.regs > 0) != strings.Contains(text, line) || c.regs == 0 && strings.Contains(text, "registers a thread") {
 			t.Fatalf("%v: inspect: %v; want %q (%v) in:\n%s", c.flags, err, line, c.regs > 0, text)
+		}
+		multi := fmt.Sprintf("in templates of more than 128 rows at most %d (kernels *_nr%d)", c.multi, c.multi)
+		if (c.multi > 0) != strings.Contains(text, multi) || c.multi == 0 && strings.Contains(text, "templates of more than 128 rows") {
+			t.Fatalf("%v: inspect: want %q (%v) in:\n%s", c.flags, multi, c.multi > 0, text)
 		}
 	}
 }
