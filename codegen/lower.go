@@ -232,10 +232,11 @@ const DefaultMIPreloadRegs = 48
 
 // miPreloadWaveRows is the most token rows of a template whose preloading row kernels take
 // the build's bound on registers (BuildInfo.MIPreloadRegs); larger templates' kernels take
-// BuildInfo.MIPreloadRegsMultiWave. A row kernel runs a block of 1024 threads a row, so up to
-// 128 rows are one wave of blocks at one an SM on the H100 and H200 (132 SMs), where the bound
-// only has to let each block sit beside the GEMM ahead's CTA; a larger grid takes waves, and
-// a block of at most 32 registers a thread fits an SM twice, halving them.
+// BuildInfo.MIPreloadRegsMultiWave. A row kernel runs a block a row, of 1024 threads at the
+// Llamas' widths, so up to 128 rows are one wave of blocks at one an SM on the H100 and H200
+// (132 SMs), where the bound only has to let each block sit beside the GEMM ahead's CTA; a
+// larger grid takes waves, and a block of at most 32 registers a thread fits an SM twice,
+// halving them.
 const miPreloadWaveRows = 128
 
 // DefaultMIPreloadRegsMultiWave is the preloading row kernels' bound on a thread's registers
@@ -269,9 +270,10 @@ func checkPreloadRegs(what string, n int, zero string) error {
 }
 
 // preload sets c.PreloadVectors (and PreloadCoherent and PreloadMaxRegs as the build says,
-// by miPreloadWaveRows) for a template of t.rows rows and returns the kernel's name for it: name, or name_pv (_pvc
-// coherent, then _nr<N> with a bound on registers) for a kernel that preloads (one that comes
-// out the same as without is kept once, under the name built first).
+// the latter by miPreloadWaveRows) for a template of t.rows rows and returns the kernel's
+// name for it: name, or name_pv (_pvc coherent, then _nr<N> with a bound on registers) for a
+// kernel that preloads (one that comes out the same as without is kept once, under the name
+// built first).
 func (t *tb) preload(c *RowConfig, name string) string {
 	if !c.EarlyLaunch || t.rows < preloadMinRows || len(c.MIOps()) == 0 {
 		return name
