@@ -246,7 +246,8 @@ const miPreloadWaveRows = 128
 // +0.35% against +0.59% / +0.48% with 48 (traced at 48, the second wave's blocks began as
 // the first's ended), refusal-ablation's prefill of 32 prompts of 1000 tokens +0.52% against
 // +0.74..+0.76%; but their 32- and 128-row steps cost 0.11 and 0.28 points more, so those
-// keep DefaultMIPreloadRegs.
+// keep DefaultMIPreloadRegs. At 32 ptxas 12.4 spills 16-40 bytes of apps 3-6's kernels
+// (side-effect-free's 32, timed above) and none of refusal-ablation's.
 const DefaultMIPreloadRegsMultiWave = 32
 
 // CheckMIPreloadRegs says whether n is a bound on the preloading row kernels' registers a
