@@ -98,7 +98,7 @@ type gen struct {
 	// miPreloadRegs: those kernels' bound on a thread's registers, 0 none
 	// (BuildInfo.MIPreloadRegs, RowConfig.PreloadMaxRegs).
 	miPreloadRegs int
-	// miPreloadRegsMultiWave: the bound in templates of more than miPreloadWaveRows rows, 0
+	// miPreloadRegsMultiWave: the bound in templates of more than MIPreloadWaveRows rows, 0
 	// miPreloadRegs's (BuildInfo.MIPreloadRegsMultiWave).
 	miPreloadRegsMultiWave int
 	// ropeCopyRows: decode buckets of at most this many rows get a copy-engine kernel for the

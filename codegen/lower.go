@@ -230,17 +230,17 @@ const miPreloadRegsMin, miPreloadRegsMax = 16, 255
 // side-effect-free's rose 0.04 points at 16 and 32 rows.
 const DefaultMIPreloadRegs = 48
 
-// miPreloadWaveRows is the most token rows of a template whose preloading row kernels take
+// MIPreloadWaveRows is the most token rows of a template whose preloading row kernels take
 // the build's bound on registers (BuildInfo.MIPreloadRegs); larger templates' kernels take
 // BuildInfo.MIPreloadRegsMultiWave. A row kernel runs a block a row, of 1024 threads at the
 // Llamas' widths, so up to 128 rows are one wave of blocks at one an SM on the H100 and H200
 // (132 SMs), where the bound only has to let each block sit beside the GEMM ahead's CTA; a
 // larger grid takes waves, and a block of at most 32 registers a thread fits an SM twice,
 // halving them.
-const miPreloadWaveRows = 128
+const MIPreloadWaveRows = 128
 
 // DefaultMIPreloadRegsMultiWave is the preloading row kernels' bound on a thread's registers
-// in templates of more than miPreloadWaveRows rows (BuildInfo.MIPreloadRegsMultiWave) when a
+// in templates of more than MIPreloadWaveRows rows (BuildInfo.MIPreloadRegsMultiWave) when a
 // build names none. On an H100 (session 75, testsuite/gpu/RESULTS.md), with the bound at 32
 // in every template: refusal-ablation's and side-effect-free's 256-row step cost +0.44% /
 // +0.35% against +0.59% / +0.48% with 48 (traced at 48, the second wave's blocks began as
@@ -257,10 +257,10 @@ func CheckMIPreloadRegs(n int) error {
 }
 
 // CheckMIPreloadRegsMultiWave says whether n is a bound on the preloading row kernels'
-// registers in templates of more than miPreloadWaveRows rows a build may ask for
+// registers in templates of more than MIPreloadWaveRows rows a build may ask for
 // (BuildInfo.MIPreloadRegsMultiWave): 0 (MIPreloadRegs's) or miPreloadRegsMin..Max.
 func CheckMIPreloadRegsMultiWave(n int) error {
-	return checkPreloadRegs(fmt.Sprintf("preloading row kernels (templates of more than %d rows)", miPreloadWaveRows), n, "the bound of smaller templates")
+	return checkPreloadRegs(fmt.Sprintf("preloading row kernels (templates of more than %d rows)", MIPreloadWaveRows), n, "the bound of smaller templates")
 }
 
 func checkPreloadRegs(what string, n int, zero string) error {
@@ -271,7 +271,7 @@ func checkPreloadRegs(what string, n int, zero string) error {
 }
 
 // preload sets c.PreloadVectors (and PreloadCoherent and PreloadMaxRegs as the build says,
-// the latter by miPreloadWaveRows) for a template of t.rows rows and returns the kernel's
+// the latter by MIPreloadWaveRows) for a template of t.rows rows and returns the kernel's
 // name for it: name, or name_pv (_pvc coherent, then _nr<N> with a bound on registers) for a
 // kernel that preloads (one that comes out the same as without is kept once, under the name
 // built first).
@@ -280,7 +280,7 @@ func (t *tb) preload(c *RowConfig, name string) string {
 		return name
 	}
 	c.PreloadVectors, c.PreloadCoherent, c.PreloadMaxRegs = true, t.g.miPreloadCoherent, t.g.miPreloadRegs
-	if t.rows > miPreloadWaveRows && t.g.miPreloadRegsMultiWave > 0 {
+	if t.rows > MIPreloadWaveRows && t.g.miPreloadRegsMultiWave > 0 {
 		c.PreloadMaxRegs = t.g.miPreloadRegsMultiWave
 	}
 	name += "_pv"

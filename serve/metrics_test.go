@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
 // GET /metrics reports, in Prometheus' text format, what the issue lists: requests by
@@ -83,23 +83,8 @@ func TestWaitingIsReadWhenScraped(t *testing.T) {
 		want float64
 	}{{-1, 0}, {3, 3}} {
 		sv.pending.Add(c.add)
-		if got := gaugeValue(t, sv.cfg.Registry, "xmix_requests_waiting"); got != c.want {
+		if got := testutil.ToFloat64(sv.metrics.waiting); got != c.want {
 			t.Errorf("after pending %+d: xmix_requests_waiting %g, want %g", c.add, got, c.want)
 		}
 	}
-}
-
-func gaugeValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
-	t.Helper()
-	families, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, f := range families {
-		if f.GetName() == name && len(f.GetMetric()) == 1 {
-			return f.GetMetric()[0].GetGauge().GetValue()
-		}
-	}
-	t.Fatalf("no gauge %s", name)
-	return 0
 }
