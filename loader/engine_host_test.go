@@ -49,9 +49,10 @@ func (be *nullBackend) Step(int) error { return nil }
 func (be *nullBackend) Close() error   { return nil }
 
 // BenchmarkEngineHostStep: the decode loop's host work per step on Llama-3.1-8B's shape with
-// the six shipped apps deployed, for requests that enable none, one app that exports a value
-// per token, or all six; 64 requests of 200 prompt tokens and 128 generated ones (prefill
-// chunks and full decode batches). Reported as host microseconds per step.
+// the six shipped apps deployed, for requests that enable none, one of the two apps that
+// export a value per row (hallucination-probe also keeping its generated tokens' reads only,
+// as xmix serve asks by default), or all six; 64 requests of 200 prompt tokens and 128
+// generated ones (prefill chunks and full decode batches). Reported as host microseconds per step.
 func BenchmarkEngineHostStep(b *testing.B) { benchShippedApps(b, 64) }
 
 // BenchmarkEngineHostStepBurst: the same for 256 requests, the size of apps.sh's online burst
@@ -73,9 +74,11 @@ func benchShippedApps(b *testing.B, requests int) {
 		return reqs
 	}
 	benchHostSteps(b, bun, reqs, map[string]hostCase{
-		"none":                {},
-		"hallucination-probe": {apps: []string{"hallucination-probe"}},
-		"all-six":             {apps: []string{"refusal-ablation", "seal", "conditional-refusal", "hallucination-probe", "sake", "side-effect-free"}},
+		"none":                       {},
+		"hallucination-probe":        {apps: []string{"hallucination-probe"}},
+		"hallucination-probe-tokens": {apps: []string{"hallucination-probe"}, tokenExportsOnly: true},
+		"conditional-refusal":        {apps: []string{"conditional-refusal"}},
+		"all-six":                    {apps: []string{"refusal-ablation", "seal", "conditional-refusal", "hallucination-probe", "sake", "side-effect-free"}},
 	})
 }
 

@@ -14,6 +14,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"runtime/pprof"
 	"slices"
 	"sort"
 	"strings"
@@ -46,6 +47,7 @@ type benchFlags struct {
 	profile     bool
 	roleCosts   bool
 	traceFile   string
+	cpuProfile  string
 	// Over HTTP (benchurl.go): the server, its model, the workload's vocabulary and the
 	// apps to enable through the xmix extension.
 	url         string
@@ -101,6 +103,9 @@ requests. --ignore-eos (both ways) has every request generate exactly its tokens
 				if f.vectors {
 					return fmt.Errorf("--vectors is for the in-process bench; over HTTP, per-request vectors ride the xmix extension")
 				}
+				if f.cpuProfile != "" {
+					return fmt.Errorf("--cpu-profile profiles this process's host work, not a server's: run the bench in-process (BUNDLE.xmb), or profile the server itself")
+				}
 				return benchURL(cmd.OutOrStdout(), f)
 			}
 			if len(args) == 0 {
@@ -127,6 +132,7 @@ requests. --ignore-eos (both ways) has every request generate exactly its tokens
 	fl.IntVar(&f.attnSplits, "attn-splits", 0, "with --graph-context: cut every row's context over this many splits of the decode attention (1: none) instead of the split the engine picks (for measuring that choice; 0: the engine's)")
 	fl.BoolVar(&f.profile, "profile", false, "also time every node of each timed decode bucket, summed by role, and of the warm-up request's prefill steps, with their GEMMs' TFLOP/s (cuda)")
 	fl.StringVar(&f.traceFile, "trace", "", "cuda: also write to this file, as JSON, when each kernel of every timed decode bucket's graph began, waited for the kernel ahead and ended (its CTAs' last warps; thread 0's end and each warp's lag behind it beside) in one replay (every kernel is instrumented for it, so this run's other timings are not the bundle's; cuBLASLt's kernels carry no times)")
+	fl.StringVar(&f.cpuProfile, "cpu-profile", "", "online, in-process: also write the host's Go CPU profile of the online runs (warm-up included) to this file, for `go tool pprof`: where the host's time between steps goes")
 	fl.BoolVar(&f.roleCosts, "role-costs", false, "also time each timed decode bucket's graph captured without each node role in turn: a role's cost inside the graph, early launch's overlap included, is the graph's time less that (cuda; the replays without a role compute garbage, the times are real)")
 	fl.StringVar(&f.apps, "apps", "", "comma-separated apps to enable")
 	fl.Uint64Var(&f.seed, "seed", 1, "seed for prompts, arrivals and app choice")
@@ -336,6 +342,14 @@ func runBench(w io.Writer, path string, f benchFlags) error {
 	if f.traceFile != "" && f.online {
 		return fmt.Errorf("--trace follows the offline bench's decode graphs: leave out --online")
 	}
+	if f.cpuProfile != "" {
+		if !f.online {
+			return fmt.Errorf("--cpu-profile profiles the host during the online runs: add --online")
+		}
+		if err := checkOutFile(f.cpuProfile); err != nil {
+			return fmt.Errorf("--cpu-profile %s: %w", f.cpuProfile, err)
+		}
+	}
 	f.trace = f.traceFile != ""
 	if f.trace {
 		if err := checkOutFile(f.traceFile); err != nil { // before the bench, not after it
@@ -368,8 +382,12 @@ func runBench(w io.Writer, path string, f benchFlags) error {
 	out := map[string]any{"bundle": filepath.Base(path), "backend": s.be.Name(), "model": b.Manifest.Model.Name, "apps": apps, "app_fraction": f.appFraction,
 		"temperature": f.temperature, "top_p": f.topP}
 	if f.online {
-		res, err := benchOnline(s, f, apps, rng)
+		stop, err := startCPUProfile(f.cpuProfile)
 		if err != nil {
+			return err
+		}
+		res, err := benchOnline(s, f, apps, rng)
+		if err := errors.Join(err, stop()); err != nil {
 			return err
 		}
 		out["online"] = res
@@ -405,6 +423,29 @@ func runBench(w io.Writer, path string, f benchFlags) error {
 		out["kernel_registers"] = rc.KernelRegisters()
 	}
 	return writeResults(w, out)
+}
+
+// startCPUProfile starts the Go CPU profile into path (none when path is ""); stop ends it
+// and closes the file.
+func startCPUProfile(path string) (stop func() error, err error) {
+	if path == "" {
+		return func() error { return nil }, nil
+	}
+	fh, err := os.Create(path)
+	if err != nil {
+		return nil, fmt.Errorf("--cpu-profile: %w", err)
+	}
+	if err := pprof.StartCPUProfile(fh); err != nil {
+		fh.Close()
+		return nil, fmt.Errorf("--cpu-profile %s: %w", path, err)
+	}
+	return func() error {
+		pprof.StopCPUProfile()
+		if err := fh.Close(); err != nil {
+			return fmt.Errorf("--cpu-profile %s: %w", path, err)
+		}
+		return nil
+	}, nil
 }
 
 // writeResults prints a benchmark's results as indented JSON.

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"bytes"
+	"compress/gzip"
 	"context"
 	"encoding/binary"
 	"encoding/json"
@@ -712,5 +714,49 @@ func TestBenchSampling(t *testing.T) {
 	}
 	if fmt.Sprint(sent["temperature"], sent["top_p"]) != "0.8 0.9" {
 		t.Fatalf("completion body %s", body)
+	}
+}
+
+// TestCPUProfile: an online bench with --cpu-profile writes a Go CPU profile (gzipped
+// protobuf whose string table names its sample type) and still prints its results; the flag
+// is refused before anything runs without --online, over --url and into a folder.
+func TestCPUProfile(t *testing.T) {
+	dir := t.TempDir()
+	bp := tinyBundleFile(t, filepath.Join(dir, "tiny.xmb"))
+	file := filepath.Join(dir, "cpu.pprof")
+	out, err := xmix(t, "bench", bp, "-q", "--backend", "cpu", "--online", "--requests", "3", "--output-len", "2",
+		"--warmup", "0", "--runs", "1", "--rate", "0", "--json", "--cpu-profile", file)
+	if err != nil || !strings.Contains(out, `"online"`) {
+		t.Fatalf("err %v, output %q", err, out)
+	}
+	raw, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	zr, err := gzip.NewReader(bytes.NewReader(raw))
+	if err != nil {
+		t.Fatalf("%s: not gzipped: %v", file, err)
+	}
+	pb, err := io.ReadAll(zr)
+	if err != nil || !bytes.Contains(pb, []byte("nanoseconds")) {
+		t.Fatalf("%s: %d bytes unpacked (%v), no CPU sample type in them", file, len(pb), err)
+	}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{bp, "--backend", "cpu", "--cpu-profile", filepath.Join(dir, "a.pprof")}, "--cpu-profile profiles the host during the online runs: add --online"},
+		{[]string{bp, "--backend", "cpu", "--online", "--cpu-profile", dir}, "--cpu-profile " + dir + ": a folder: give a file path"},
+		{[]string{"--url", "http://127.0.0.1:1", "--cpu-profile", filepath.Join(dir, "b.pprof")}, "--cpu-profile profiles this process's host work, not a server's"},
+	} {
+		out, err := xmix(t, append([]string{"bench", "-q"}, c.args...)...)
+		if err == nil || !strings.Contains(out, c.want) {
+			t.Fatalf("%v: err %v, output %q", c.args, err, out)
+		}
+	}
+	for _, f := range []string{"a.pprof", "b.pprof"} {
+		if _, err := os.Stat(filepath.Join(dir, f)); !os.IsNotExist(err) {
+			t.Fatalf("%s written (%v)", f, err)
+		}
 	}
 }
