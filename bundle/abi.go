@@ -69,8 +69,8 @@ const (
 // One word per step, and the page table:
 const (
 	// CtlAnyMask is the OR of the step's app masks ([1] u32), in bundles with apps: heavy
-	// nodes (Node.SkipUnless) exit when it lacks their bits, and a step with none runs
-	// Template.Plain.
+	// nodes (Node.SkipUnless) exit when it lacks their bits, a step with none runs
+	// Template.Plain, and one with a single app's bit may run that app's Template.Solo.
 	CtlAnyMask = "ctl.any_mask"
 	// CtlAttnChunk is a split decode attention's positions per split ([1] u32, AttnSplit).
 	CtlAttnChunk = "ctl.attn_chunk"

@@ -452,9 +452,55 @@ type Template struct {
 	// enables no app gets exactly what Plain computes, so a backend may run Plain instead of
 	// Nodes for a step in which no row enables an app (ctl.any_mask == 0).
 	Plain []Node `json:"plain,omitempty"`
+	// Solo, in a bundle of two apps or more, is the same bucket compiled with each app's ops
+	// alone, one entry an app (passes' app-solo). A row kernel that hosts ops of several apps
+	// is compiled with all of them, so Nodes makes every row pay for every deployed app's
+	// ops; a row that enables one app gets from its Solo nodes what Nodes computes for it, so
+	// a backend may run them for a step in which every row that enables an app enables that
+	// one (ctl.any_mask == 1<<Bit).
+	Solo []AppNodes `json:"solo,omitempty"`
 	// AttnSplit, when set, says that the template's attention splits each row's context over
 	// up to MaxSplits blocks, and how the host picks the split for a step.
 	AttnSplit *AttnSplit `json:"attn_split,omitempty"`
+}
+
+// AppNodes is a template's nodes compiled with one app's ops alone (Template.Solo): the app
+// of bit Bit.
+type AppNodes struct {
+	Bit   int    `json:"bit"`
+	Nodes []Node `json:"nodes"`
+}
+
+// NodeLists are every node list of t: Nodes, then Plain and each Solo list where t has
+// them. Whatever a build or a backend decides per GEMM shape or kernel must cover them all.
+func (t *Template) NodeLists() [][]Node {
+	lists := [][]Node{t.Nodes}
+	if len(t.Plain) > 0 {
+		lists = append(lists, t.Plain)
+	}
+	for _, s := range t.Solo {
+		lists = append(lists, s.Nodes)
+	}
+	return lists
+}
+
+// ListFor is the index in NodeLists of the list a step runs when its rows' app masks OR to
+// anyMask: Plain when no row enables an app, an app's Solo list when the rows enable that
+// app alone, else Nodes (0).
+func (t *Template) ListFor(anyMask uint32) int {
+	next := 1
+	if len(t.Plain) > 0 {
+		if anyMask == 0 {
+			return 1
+		}
+		next = 2
+	}
+	for i, s := range t.Solo {
+		if anyMask == 1<<uint(s.Bit) {
+			return next + i
+		}
+	}
+	return 0
 }
 
 // AttnSplit is a decode template's run-time context split (codegen/attention.go): before

@@ -145,7 +145,7 @@ func Verify(b *Bundle) error {
 	templates := map[string]bool{}
 	for i := range b.Templates {
 		t := &b.Templates[i]
-		if err := verifyTemplate(t, kernels, bufBytes, b.Manifest.Buffers, tp); err != nil {
+		if err := verifyTemplate(t, kernels, bufBytes, b.Manifest.Buffers, tp, b.Manifest.Apps); err != nil {
 			return fmt.Errorf("template %d (%q): %w", i, t.Name, err)
 		}
 		if templates[t.Name] {
@@ -221,7 +221,7 @@ func verifyKernel(k *Kernel) error {
 	return nil
 }
 
-func verifyTemplate(t *Template, kernels map[string]*Kernel, bufBytes map[string]int64, bufs []Buffer, tp int) error {
+func verifyTemplate(t *Template, kernels map[string]*Kernel, bufBytes map[string]int64, bufs []Buffer, tp int, apps []App) error {
 	if t.Name == "" {
 		return fmt.Errorf("empty name")
 	}
@@ -248,6 +248,32 @@ func verifyTemplate(t *Template, kernels map[string]*Kernel, bufBytes map[string
 	}
 	if err := verifyNodes(t.Plain, t.Tokens, kernels, bufBytes, bufs, tp); err != nil {
 		return fmt.Errorf("plain: %w", err)
+	}
+	return verifySolo(t, kernels, bufBytes, bufs, tp, apps)
+}
+
+// verifySolo checks a template's Solo lists: chosen by ctl.any_mask, each of a deployed
+// app's bit, one a bit, and their nodes as sound as Nodes'.
+func verifySolo(t *Template, kernels map[string]*Kernel, bufBytes map[string]int64, bufs []Buffer, tp int, apps []App) error {
+	if len(t.Solo) > 0 && bufBytes[CtlAnyMask] == 0 {
+		return fmt.Errorf("solo nodes without a %s buffer to choose them", CtlAnyMask)
+	}
+	deployed := map[int]bool{}
+	for _, a := range apps {
+		deployed[a.Bit] = true
+	}
+	seen := map[int]bool{}
+	for i, s := range t.Solo {
+		switch {
+		case !deployed[s.Bit]:
+			return fmt.Errorf("solo %d: bit %d is no deployed app's", i, s.Bit)
+		case seen[s.Bit]:
+			return fmt.Errorf("solo %d: a second list for bit %d", i, s.Bit)
+		}
+		seen[s.Bit] = true
+		if err := verifyNodes(s.Nodes, t.Tokens, kernels, bufBytes, bufs, tp); err != nil {
+			return fmt.Errorf("solo of bit %d: %w", s.Bit, err)
+		}
 	}
 	return nil
 }

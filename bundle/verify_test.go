@@ -1,6 +1,7 @@
 package bundle
 
 import (
+	"slices"
 	"strings"
 	"testing"
 
@@ -65,6 +66,22 @@ func TestVerifyFailures(t *testing.T) {
 		{"params missing", func(b *Bundle) { b.Params = nil }, "is loaded from the params section, which is empty"},
 		{"skip without any_mask", func(b *Bundle) { b.Templates[0].Nodes[1].SkipUnless = 1 },
 			`node 1 ("steer"): skip_unless 0x1 without a ctl.any_mask buffer to decide it`},
+		{"solo without any_mask", func(b *Bundle) { b.Templates[0].Solo = []AppNodes{{Bit: 0, Nodes: b.Templates[0].Nodes}} },
+			"solo nodes without a ctl.any_mask buffer to choose them"},
+		{"solo of no app", func(b *Bundle) {
+			withAnyMask(b)
+			b.Templates[0].Solo = []AppNodes{{Bit: 3, Nodes: b.Templates[0].Nodes}}
+		}, "solo 0: bit 3 is no deployed app's"},
+		{"solo twice", func(b *Bundle) {
+			withAnyMask(b)
+			b.Templates[0].Solo = []AppNodes{{Bit: 0, Nodes: b.Templates[0].Nodes}, {Bit: 0, Nodes: b.Templates[0].Nodes}}
+		}, "solo 1: a second list for bit 0"},
+		{"solo node", func(b *Bundle) {
+			withAnyMask(b)
+			nodes := slices.Clone(b.Templates[0].Nodes)
+			nodes[1].Kernel = "gone"
+			b.Templates[0].Solo = []AppNodes{{Bit: 0, Nodes: nodes}}
+		}, `solo of bit 0: node 1 ("steer"): kernel "gone" does not exist in the bundle`},
 		{"attention split buffer", func(b *Bundle) {
 			b.Templates[0].AttnSplit = &AttnSplit{Buffer: "x", MaxSplits: 4, MinChunk: 64, Step: 32, RowBlocks: 8, WaveBlocks: 528}
 		}, `attention split: buffer "x" is not a u32 control buffer`},
@@ -104,6 +121,11 @@ func TestVerifyFailures(t *testing.T) {
 			t.Errorf("%s: error %v, want it to contain %q", c.name, err, c.want)
 		}
 	}
+}
+
+// withAnyMask gives b the ctl.any_mask buffer that chooses a template's node lists.
+func withAnyMask(b *Bundle) {
+	b.Manifest.Buffers = append(b.Manifest.Buffers, Buffer{Name: CtlAnyMask, Kind: KindControl, Dtype: "u32", Shape: []int{1}})
 }
 
 func TestAttnSplitChunk(t *testing.T) {
@@ -157,5 +179,26 @@ func TestDtypeSize(t *testing.T) {
 	}
 	if _, ok := DtypeSize("f64"); ok {
 		t.Error("f64 is not a buffer dtype")
+	}
+}
+
+// TestListFor: a step that enables no app runs Plain, one that enables a single app with a
+// Solo list runs that list, any other runs Nodes; the indices are NodeLists'.
+func TestListFor(t *testing.T) {
+	n := []Node{{Label: "n"}}
+	withBoth := Template{Nodes: n, Plain: []Node{{Label: "p"}}, Solo: []AppNodes{{Bit: 0, Nodes: n}, {Bit: 3, Nodes: n}}}
+	soloOnly := Template{Nodes: n, Solo: []AppNodes{{Bit: 2, Nodes: n}}}
+	for _, c := range []struct {
+		t    Template
+		mask uint32
+		want int
+	}{
+		{withBoth, 0, 1}, {withBoth, 1, 2}, {withBoth, 1 << 3, 3}, {withBoth, 1<<3 | 1, 0}, {withBoth, 1 << 1, 0},
+		{soloOnly, 0, 0}, {soloOnly, 1 << 2, 1}, {soloOnly, 1<<2 | 1<<5, 0},
+		{Template{Nodes: n}, 0, 0}, {Template{Nodes: n}, 1, 0},
+	} {
+		if got := c.t.ListFor(c.mask); got != c.want || got >= len(c.t.NodeLists()) {
+			t.Errorf("plain %v, %d solo lists, mask %#x: list %d of %d, want %d", c.t.Plain != nil, len(c.t.Solo), c.mask, got, len(c.t.NodeLists()), c.want)
+		}
 	}
 }

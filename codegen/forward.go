@@ -52,15 +52,19 @@ type Options struct {
 
 // gen is the state of one Generate call.
 type gen struct {
-	p         *passes.Program
-	m         *frontend.Model
-	wdt       ptx.Type
-	kvdt      ptx.Type
-	maxT      int
-	maxS      int
-	blocks    int                // KV pages per sequence
-	kernels   map[string]*Kernel // by the name a template asks for
-	bodies    map[string]*Kernel // by what the kernel is (kernel)
+	p       *passes.Program
+	m       *frontend.Model
+	wdt     ptx.Type
+	kvdt    ptx.Type
+	maxT    int
+	maxS    int
+	blocks  int                // KV pages per sequence
+	kernels map[string]*Kernel // by the name a template asks for
+	bodies  map[string]*Kernel // by what the kernel is (kernel)
+	// soloTag ends the names of the kernels that host MI ops while an app's Solo node list is
+	// lowered (miName): their ops are that app's alone, the kernels of the same site in Nodes
+	// all the apps'.
+	soloTag   string
 	gemmKind  string
 	moeKind   string
 	pdl       bool
@@ -288,6 +292,9 @@ func Generate(p *passes.Program, opt Options) (*bundle.Bundle, error) {
 	if err := g.plainNodes(templates); err != nil {
 		return nil, err
 	}
+	if err := g.soloNodes(templates); err != nil {
+		return nil, err
+	}
 	if err := g.copyGemms(templates); err != nil {
 		return nil, err
 	}
@@ -341,6 +348,26 @@ func (g *gen) plainNodes(templates []bundle.Template) error {
 			return fmt.Errorf("%s without apps: %w", t.Name, err)
 		}
 		t.Plain = p.Nodes
+	}
+	return nil
+}
+
+// soloNodes gives every template of a bundle of two apps or more the node list of the same
+// bucket lowered from each app's Solo graph (bundle.Template.Solo, passes' app-solo), in bit
+// order. The kernels that host that app's ops are its own (soloTag); the others are the
+// same as Nodes' or Plain's, built once.
+func (g *gen) soloNodes(templates []bundle.Template) error {
+	defer func() { g.soloTag = "" }()
+	for _, s := range g.p.Solo {
+		g.soloTag = fmt.Sprintf("_solo%d", s.App.Bit)
+		for i := range templates {
+			t := &templates[i]
+			p, err := g.template(s.Graph, t.Name, t.Kind, t.Tokens, t.Samples)
+			if err != nil {
+				return fmt.Errorf("%s with app %s alone: %w", t.Name, s.App.Name, err)
+			}
+			t.Solo = append(t.Solo, bundle.AppNodes{Bit: s.App.Bit, Nodes: p.Nodes})
+		}
 	}
 	return nil
 }

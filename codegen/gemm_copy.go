@@ -598,7 +598,7 @@ func (g *gen) copyGemms(templates []bundle.Template) error {
 		if t.Kind != bundle.Decode || copyRows(g.copyRows, t.Tokens) == 0 {
 			continue
 		}
-		for _, n := range append(slices.Clone(t.Nodes), t.Plain...) {
+		for _, n := range slices.Concat(t.NodeLists()...) {
 			k := g.kernels[n.Kernel]
 			if k == nil {
 				continue
@@ -733,7 +733,7 @@ func (g *gen) epilogueCopies(templates []bundle.Template, maxRows int, pairAt fu
 		if !g.epilogueCopyAt(t.Kind, t.Tokens, maxRows) {
 			continue
 		}
-		for _, nodes := range [][]bundle.Node{t.Nodes, t.Plain} {
+		for _, nodes := range t.NodeLists() {
 			for i, n := range nodes {
 				p, err := pairAt(nodes, i, kernel)
 				if err != nil {

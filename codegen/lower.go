@@ -195,12 +195,12 @@ func (g *gen) site(n *ir.Node, kernel string) {
 }
 
 // miName names a kernel: shared by every layer when it carries no MI ops, specific to its
-// site when it does.
-func miName(base string, mi []ir.MI, site string) string {
+// site (and, in a Solo node list, to its app) when it does.
+func (g *gen) miName(base string, mi []ir.MI, site string) string {
 	if len(mi) == 0 {
 		return base
 	}
-	return base + "_mi_" + site
+	return base + "_mi_" + site + g.soloTag
 }
 
 // preloadMinRows is the fewest rows of a template whose row kernels, launched early, load
@@ -305,7 +305,7 @@ func (t *tb) embedNorm(n *ir.Node) {
 	mi := group(n, 0)
 	c := RowConfig{Hidden: n.Out[0].Width, Vocab: a.Vocab, Eps: a.Eps, WDtype: g.wdt, Load: "embed", ResidOps: mi,
 		WOffset: a.Offset, EmbedScale: a.EmbedScale, EarlyLaunch: g.pdl, OutOptional: g.optionalF32Out}
-	name := t.preload(&c, miName("embed", mi, "embed"))
+	name := t.preload(&c, g.miName("embed", mi, "embed"))
 	k, err := g.kernel(name, func() (*Kernel, error) { return RowNorm(name, c) })
 	g.site(n, name)
 	t.add(n.Name, k, err, c.Launch(t.rows), slots{
@@ -333,7 +333,7 @@ func (t *tb) addNorm(n *ir.Node) {
 	if final {
 		base = fmt.Sprintf("final_norm_h%d", resid.Width)
 	}
-	name := t.preload(&c, miName(base, all, fmt.Sprintf("s%d", slot)))
+	name := t.preload(&c, g.miName(base, all, fmt.Sprintf("s%d", slot)))
 	k, err := g.kernel(name, func() (*Kernel, error) { return RowNorm(name, c) })
 	g.site(n, name)
 	s := slots{"resid": buf(resid.Buffer), "delta": buf(delta.Buffer), "w": buf(n.Weight("w").Name), "out": buf(out.Buffer)}
@@ -790,7 +790,7 @@ func (t *tb) activation(n *ir.Node) {
 		return
 	}
 	sc.Ops = mi
-	name := miName(GatedKernelName(sc), mi, fmt.Sprintf("L%d", n.Layer))
+	name := g.miName(GatedKernelName(sc), mi, fmt.Sprintf("L%d", n.Layer))
 	k, err := g.kernel(name, func() (*Kernel, error) { return SiluMul(name, sc) })
 	g.site(n, name)
 	t.add(n.Name, k, err, sc.Launch(t.rows), slots{"gu": buf(n.In[0].Buffer), "act": buf(n.Out[0].Buffer), bundle.GatedActBF16: konst(0), bundle.GatedGuBF16: konst(0)}, mi)
@@ -830,7 +830,7 @@ func (t *tb) softcap(n *ir.Node) {
 const logitsKernel = "mi_logits"
 
 func (g *gen) sampleKernel(ovr []ir.MI) string {
-	return miName(fmt.Sprintf("sample_v%d", g.m.Vocab), ovr, "sampled")
+	return g.miName(fmt.Sprintf("sample_v%d", g.m.Vocab), ovr, "sampled")
 }
 
 // mi is a standalone MI kernel: over a view of a GEMM's or attention's output, or over the
@@ -841,8 +841,9 @@ func (t *tb) mi(n *ir.Node) {
 	mi := group(n, 0)
 	if x.Rows == ir.Samples {
 		c := LogitsMIConfig{Vocab: x.Width, Ops: mi}
-		k, err := g.kernel(logitsKernel, func() (*Kernel, error) { return LogitsMI(logitsKernel, c) })
-		g.site(n, logitsKernel)
+		name := logitsKernel + g.soloTag
+		k, err := g.kernel(name, func() (*Kernel, error) { return LogitsMI(name, c) })
+		g.site(n, name)
 		t.add("logits.mi", k, err, c.Launch(t.samples), slots{"x": buf(x.Buffer), "s_row": buf(bundle.CtlSRow)}, mi)
 		return
 	}
@@ -854,7 +855,7 @@ func (t *tb) mi(n *ir.Node) {
 func (t *tb) miOver(n *ir.Node, x *ir.Value, label string, mi []ir.MI) {
 	g := t.g
 	c := MIKernelConfig{Width: x.Width, Stride: x.Base().Width, Offset: x.Offset, Ops: mi}
-	name := fmt.Sprintf("mi_L%d_%s", n.Layer, strings.ReplaceAll(x.Hooks[0].Name, ".", "_"))
+	name := fmt.Sprintf("mi_L%d_%s%s", n.Layer, strings.ReplaceAll(x.Hooks[0].Name, ".", "_"), g.soloTag)
 	k, err := g.kernel(name, func() (*Kernel, error) { return MIKernel(name, c) })
 	g.site(n, name)
 	t.add(label, k, err, c.Launch(t.rows), slots{"x": buf(x.Buffer)}, mi)

@@ -531,7 +531,7 @@ func (g *gen) moeScratch(n *ir.Node) {
 
 // routerName is layer l's router kernel: shared by the layers without router_logits ops.
 func (g *gen) routerName(l, hidden int, a ir.RouterAttrs, mi []ir.MI) string {
-	return miName(fmt.Sprintf("moe_router_h%d_e%d_k%d_%s", hidden, a.Experts, a.TopK, g.wdt), mi, fmt.Sprintf("L%d", l))
+	return g.miName(fmt.Sprintf("moe_router_h%d_e%d_k%d_%s", hidden, a.Experts, a.TopK, g.wdt), mi, fmt.Sprintf("L%d", l))
 }
 
 // router is an MoE router with the router_logits ops fused between its logits and top-k.

@@ -94,7 +94,7 @@ func fusionSet(names []string) (map[string]bool, error) {
 	return set, nil
 }
 
-// fusePass is the pass of the fusion named name: both graphs' pairs folded, when p turns it
+// fusePass is the pass of the fusion named name: every graph's pairs folded, when p turns it
 // on.
 func fusePass(name string) func(*Program) error {
 	i := slices.IndexFunc(Fusions, func(f Fusion) bool { return f.Name == name })
@@ -106,7 +106,7 @@ func fusePass(name string) func(*Program) error {
 		if !p.Fuse[f.Name] {
 			return nil
 		}
-		for _, g := range []*ir.Graph{p.Graph, p.Plain} {
+		for _, g := range p.graphs() {
 			var nodes []*ir.Node
 			for i := 0; i < len(g.Nodes); i++ {
 				a := g.Nodes[i]

@@ -199,15 +199,42 @@ func appFree(p *Program) error {
 	return nil
 }
 
+// appSolo gives each app of a program of two or more its own copy of the forward as it is
+// before any MI op joins it (Program.Solo); attach-mi puts the app's ops alone there.
+func appSolo(p *Program) error {
+	if len(p.Apps) < 2 {
+		return nil
+	}
+	for _, a := range p.Apps {
+		p.Solo = append(p.Solo, &SoloGraph{App: a, Graph: p.Graph.Clone(), ops: map[*ir.MI]*MIOp{}})
+	}
+	return nil
+}
+
 // attachMI puts every op, in forward order (sortOps), at its hook value as its kernel will
-// take it: width per rank, app bit and site, per-request pool, scalar table, fired column.
+// take it: width per rank, app bit and site, per-request pool, scalar table, fired column;
+// and a copy of it at the same hook of its app's Solo graph.
 func attachMI(p *Program) error {
 	sortOps(p)
+	solo := map[*AppPlan]*SoloGraph{}
+	for _, s := range p.Solo {
+		solo[s.App] = s
+	}
 	for _, op := range p.Ops {
+		h := ir.Hook{Name: op.Hook, Layer: op.Layer}
 		// shard-tp may have moved the hook to a collective's output.
-		op.Value, _ = hookSite(p.Graph, ir.Hook{Name: op.Hook, Layer: op.Layer})
+		op.Value, _ = hookSite(p.Graph, h)
 		p.complete(op)
 		op.Value.MI = append(op.Value.MI, &op.MI)
+		if s := solo[op.App]; s != nil {
+			v, _ := hookSite(s.Graph, h)
+			if v == nil {
+				return fmt.Errorf("app %s: hook %s of layer %d is not in its solo graph", op.App.Name, op.Hook, op.Layer)
+			}
+			m := op.MI
+			s.ops[&m] = op
+			v.MI = append(v.MI, &m)
+		}
 	}
 	return nil
 }
@@ -247,11 +274,21 @@ func (p *Program) complete(op *MIOp) {
 // kernels and heavy reads get nodes of their own after the add+norm kernel of their
 // resid_post, custom kernels first and a renorm after them.
 func placeMI(p *Program) error {
-	g := p.Graph
 	place := map[*ir.MI]*MIOp{}
 	for _, op := range p.Ops {
 		place[&op.MI] = op
 	}
+	placeIn(p.Graph, place, func(op *MIOp, n *ir.Node, role string, rows ir.Rows) { op.placed(n, role, rows) })
+	for _, s := range p.Solo {
+		// The ops' placement stays Graph's: the manifest's sites name its kernels.
+		placeIn(s.Graph, s.ops, func(*MIOp, *ir.Node, string, ir.Rows) {})
+	}
+	return checkPlacement(p)
+}
+
+// placeIn is place-mi over one graph: ops maps each attached MI to its op, and placed
+// records where each runs.
+func placeIn(g *ir.Graph, place map[*ir.MI]*MIOp, placed func(op *MIOp, n *ir.Node, role string, rows ir.Rows)) {
 	for _, v := range g.Values() {
 		if len(v.MI) == 0 {
 			continue
@@ -275,7 +312,7 @@ func placeMI(p *Program) error {
 			}
 			n.MI[group] = append(n.MI[group], fused...)
 			for _, m := range fused {
-				place[m].placed(n, ir.Ops[n.Op].Groups[group].Name, v.Rows)
+				placed(place[m], n, ir.Ops[n.Op].Groups[group].Name, v.Rows)
 			}
 		}
 		at := g.Index(v.Def) + 1
@@ -284,7 +321,7 @@ func placeMI(p *Program) error {
 				In: []*ir.Value{v}, Attrs: ir.CustomAttrs{MI: m}}
 			g.Insert(at, n)
 			at++
-			place[m].placed(n, RoleWhole, v.Rows)
+			placed(place[m], n, RoleWhole, v.Rows)
 		}
 		if len(custom) > 0 {
 			// The add+norm kernel normalised the residual before the custom kernels changed it.
@@ -298,10 +335,9 @@ func placeMI(p *Program) error {
 				In: []*ir.Value{v}, Attrs: ir.LensAttrs{MI: m}}
 			g.Insert(at, n)
 			at++
-			place[m].placed(n, RoleWhole, v.Rows)
+			placed(place[m], n, RoleWhole, v.Rows)
 		}
 	}
-	return checkPlacement(p)
 }
 
 // host is the node whose kernel runs v's fused ops, and the group: v's defining node when
@@ -360,9 +396,11 @@ func (op *MIOp) placed(n *ir.Node, role string, rows ir.Rows) {
 // step enables the app (its kernels exit at once on ctl.any_mask), so a backend may leave it
 // out of the step.
 func guardHeavy(p *Program) error {
-	for _, n := range p.Graph.Nodes {
-		if a, ok := n.Attrs.(ir.LensAttrs); ok {
-			n.SkipUnless = 1 << a.MI.Bit
+	for _, g := range p.graphs() {
+		for _, n := range g.Nodes {
+			if a, ok := n.Attrs.(ir.LensAttrs); ok {
+				n.SkipUnless = 1 << a.MI.Bit
+			}
 		}
 	}
 	return nil
@@ -372,7 +410,7 @@ func guardHeavy(p *Program) error {
 // values kept in a kernel none). The verifier checks that no value's buffer is written while
 // it is still to be read.
 func planBuffers(p *Program) error {
-	for _, g := range []*ir.Graph{p.Graph, p.Plain} {
+	for _, g := range p.graphs() {
 		for _, v := range g.Values() {
 			if !v.InKernel {
 				v.Buffer = v.Base().Class

@@ -1,8 +1,12 @@
 package passes
 
 import (
+	"maps"
+	"slices"
 	"strings"
 	"testing"
+
+	"xmix/ir"
 )
 
 // The graph passes, wazero pass_test style: the IR text of a one-layer model before and after
@@ -299,3 +303,53 @@ const gemmaFusedIR = `graph g (gemma2), tp 1
   logits.softcap: %logits:S300 = softcap %logits_uncapped cap=3   # logits
   sample: %sampled:S1u32 = sample %logits vocab=300 eos=[257] logprobs=20   # sampled
 `
+
+// TestAppSolo: a program of two apps has a Solo graph for each, in bit order, holding that
+// app's ops alone (a lens's heavy node among them), while Graph holds both apps' and the
+// ops' placement stays Graph's; a program of one app has none.
+func TestAppSolo(t *testing.T) {
+	steer := "app: s\nparams: {v: {random: 1}}\nops:\n  - write: {at: {layers: [0], hook: resid_post}, kernel: steer_add, args: {vector: v}}\n"
+	probe := "app: p\nparams: {w: {random: 2}}\nbuffers: {x: {shape: [1]}, top: {shape: [2]}}\nops:\n" +
+		"  - read: {at: {layers: [0], hook: resid_post}, kernel: probe_linear, args: {w: w}, into: x}\n" +
+		"  - read: {at: {layers: [0], hook: resid_post}, kernel: logit_lens, args: {k: 1}, into: top}\n"
+	apps := func(g *ir.Graph) map[string]int {
+		n := map[string]int{}
+		for _, nd := range g.Nodes {
+			for _, m := range nd.AllMI() {
+				n[m.App]++
+			}
+		}
+		return n
+	}
+	p, err := plan(t, steer, probe)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := apps(p.Graph); !maps.Equal(got, map[string]int{"s": 1, "p": 2}) {
+		t.Fatalf("graph's ops by app: %v", got)
+	}
+	if len(p.Solo) != 2 || p.Solo[0].App.Name != "s" || p.Solo[1].App.Name != "p" {
+		t.Fatalf("solo graphs: %d", len(p.Solo))
+	}
+	for _, s := range p.Solo {
+		want := map[string]int{"s": 1}
+		if s.App.Name == "p" {
+			want = map[string]int{"p": 2}
+		}
+		if got := apps(s.Graph); !maps.Equal(got, want) {
+			t.Errorf("solo graph of %s: ops by app %v, want %v", s.App.Name, got, want)
+		}
+	}
+	for _, op := range p.Ops {
+		if !slices.Contains(p.Graph.Nodes, op.Node) {
+			t.Errorf("op %s of %s: placed outside Graph", op.Template, op.App.Name)
+		}
+	}
+	one, err := plan(t, steer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(one.Solo) != 0 {
+		t.Errorf("one app: %d solo graphs, want none", len(one.Solo))
+	}
+}

@@ -24,8 +24,13 @@ type Program struct {
 	// Plain is the same forward without them (app-free), which a step that enables no app
 	// runs instead.
 	Graph, Plain *ir.Graph
-	Apps         []*AppPlan
-	Ops          []*MIOp // one per (app op, layer), sorted into forward order by attach-mi
+	// Solo, in a program of two apps or more, is the forward with each app's ops alone, one
+	// graph an app in bit order: a step whose rows enable that app and no other may run it
+	// instead of Graph, so that an app does not pay for the other apps' ops deployed beside
+	// it (a row kernel that hosts ops of several apps is compiled with all of them).
+	Solo []*SoloGraph
+	Apps []*AppPlan
+	Ops  []*MIOp // one per (app op, layer), sorted into forward order by attach-mi
 	// Latches are the token sets of the after_token conditions, indexed by latch bit: the
 	// host sets bit i of a row's latch word once a token of Latches[i] has appeared in the
 	// request at or before the row's position.
@@ -38,6 +43,28 @@ type Program struct {
 	VectorSlots int
 	// Fuse is the set of fusions (Fusions) the fuse passes apply.
 	Fuse map[string]bool
+}
+
+// SoloGraph is the forward with one app's ops alone (Program.Solo). Its ops are copies of
+// the app's ops' MI, placed in its own kernels; the app's MIOps record where they run in
+// Graph, not here.
+type SoloGraph struct {
+	App   *AppPlan
+	Graph *ir.Graph
+	// ops maps each copied MI to the op it copies (placement reads the op's template).
+	ops map[*ir.MI]*MIOp
+}
+
+// graphs are the program's forwards: Graph, then Plain and the Solo graphs once made.
+func (p *Program) graphs() []*ir.Graph {
+	gs := []*ir.Graph{p.Graph}
+	if p.Plain != nil {
+		gs = append(gs, p.Plain)
+	}
+	for _, s := range p.Solo {
+		gs = append(gs, s.Graph)
+	}
+	return gs
 }
 
 // PerRequestVectors says whether some app has a per_request vector (the bundle then
@@ -211,6 +238,7 @@ var Passes = []Pass{
 	{"fuse-rows", fuseRows},
 	{"shard-tp", shardTP},
 	{"app-free", appFree},
+	{"app-solo", appSolo},
 	{"attach-mi", attachMI},
 	{"fuse-qkv-rope", fusePass("qkv-rope")},
 	{"fuse-gate-act", fusePass("gate-act")},
@@ -300,11 +328,12 @@ func Run(m *frontend.Model, apps []*frontend.App, opt Options) (*Program, error)
 // template, a placement once planned, and gates that read buffers written before them.
 func Verify(p *Program) error {
 	var errs []error
-	for _, g := range []*ir.Graph{p.Graph, p.Plain} {
-		if g != nil {
-			if err := ir.Verify(g); err != nil {
-				errs = append(errs, fmt.Errorf("graph %s: %w", g.Name, err))
-			}
+	for _, g := range p.graphs() {
+		if g == nil {
+			continue
+		}
+		if err := ir.Verify(g); err != nil {
+			errs = append(errs, fmt.Errorf("graph %s: %w", g.Name, err))
 		}
 	}
 	bits := map[int]string{}

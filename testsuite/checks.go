@@ -757,6 +757,7 @@ var Checks = []struct {
 	{"batch_equals_solo", CheckBatchMatchesSolo},
 	{"continuous_batching", CheckContinuousBatching},
 	{"seven_apps_mixed", CheckSevenAppsMixed},
+	{"solo_graphs_exact", CheckSoloGraphsExact},
 	{"per_request_scalars", CheckPerRequestScalars},
 	{"threshold_override", CheckThresholdOverride},
 	{"after_token", CheckAfterToken},
@@ -1203,6 +1204,63 @@ func CheckSevenAppsMixed(t *testing.T, nb NewBackend) {
 		{Prompt: []int{5, 6, 7}, MaxTokens: 6},
 		{Prompt: []int{9, 8}, Apps: []string{"steermoe"}, MaxTokens: 6},
 	})
+}
+
+// CheckSoloGraphsExact: in a bundle of the six Llama apps, a step whose rows enable one app
+// runs that app's Solo nodes (bundle.Template.Solo), kernels compiled with its ops alone;
+// they give each row exactly what the template's Nodes, which carry all six apps' ops, give
+// it: the same tokens, logprobs and exported reads bit for bit, prefill and decode, for each
+// app. The Solo lists must differ from Nodes somewhere, or the check would prove nothing.
+func CheckSoloGraphsExact(t *testing.T, nb NewBackend) {
+	b := Compile(t, SmallModel, smallSevenApps...)
+	full := *b
+	full.Templates = slices.Clone(b.Templates)
+	differ := false
+	for i := range full.Templates {
+		tm := &full.Templates[i]
+		if len(tm.Solo) != len(b.Manifest.Apps) {
+			t.Fatalf("template %s: %d solo lists for %d apps", tm.Name, len(tm.Solo), len(b.Manifest.Apps))
+		}
+		for _, s := range tm.Solo {
+			differ = differ || !reflect.DeepEqual(s.Nodes, tm.Nodes)
+		}
+		tm.Solo = nil
+	}
+	if !differ {
+		t.Fatal("every solo list is the template's nodes: the check would prove nothing")
+	}
+	// A bundle whose solo lists are the app-free nodes: a backend that runs them drops the
+	// app's ops, so some app's tokens change; one that ignores Solo changes nothing.
+	plain := *b
+	plain.Templates = slices.Clone(b.Templates)
+	for i := range plain.Templates {
+		tm := &plain.Templates[i]
+		tm.Solo = slices.Clone(tm.Solo)
+		for j := range tm.Solo {
+			tm.Solo[j].Nodes = tm.Plain
+		}
+	}
+	ran := false
+	for _, a := range b.Manifest.Apps {
+		var reqs []loader.Request
+		for i := range 3 {
+			reqs = append(reqs, loader.Request{Prompt: []int{10 + i, 11, 12, 40 - i}, Apps: []string{a.Name}, MaxTokens: 5, Logprobs: true})
+		}
+		got, want := Generate(t, nb, b, reqs), Generate(t, nb, &full, reqs)
+		for i, r := range Generate(t, nb, &plain, reqs) {
+			ran = ran || !slices.Equal(r.Tokens, want[i].Tokens)
+		}
+		for i := range reqs {
+			if !slices.Equal(got[i].Tokens, want[i].Tokens) || !reflect.DeepEqual(got[i].Logprobs, want[i].Logprobs) ||
+				!reflect.DeepEqual(got[i].Rows, want[i].Rows) {
+				t.Fatalf("app %s, request %d: its own graph gave tokens %v, logprobs %v; every app's %v, %v (or their rows' reads differ)",
+					a.Name, i, got[i].Tokens, got[i].Logprobs, want[i].Tokens, want[i].Logprobs)
+			}
+		}
+	}
+	if !ran {
+		t.Fatal("with the solo lists swapped for the app-free nodes no app's tokens changed: the backend does not run the solo lists")
+	}
 }
 
 // mixedTolerance bounds the relative difference of a read between a batched row and the same

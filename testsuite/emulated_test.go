@@ -45,8 +45,8 @@ func (s *emuShadow) Step(ti int) error {
 	}
 	tmpl := s.b.Templates[ti]
 	nodes := tmpl.Nodes
-	if m, ok := addr[bundle.CtlAnyMask]; ok && tmpl.Plain != nil && (ops.Arg{Mem: mem.Bytes(m)}).U32()[0] == 0 {
-		nodes = tmpl.Plain // what the CPU runs too: the step enables no app
+	if m, ok := addr[bundle.CtlAnyMask]; ok {
+		nodes = tmpl.NodeLists()[tmpl.ListFor((ops.Arg{Mem: mem.Bytes(m)}).U32()[0])] // what the CPU runs too
 	}
 	if err := s.Backend.Step(ti); err != nil {
 		return err

@@ -66,6 +66,7 @@ type runFlags struct {
 	gemmPicks   string // cuBLASLt's tuned algorithms: a file of xmix tune-gemm, none, or "" (the shipped table)
 	guF32       bool   // cuda: cuBLASLt's gate/up GEMMs write f32 (cuda.Options.GuF32)
 	ownThread   bool   // cuda: driver calls handed to the backend's own thread (cuda.Options.OwnThread)
+	noSolo      bool   // cuda: templates' one-app node lists unused (cuda.Options.NoSolo)
 	maxBatched  int    // token budget per step; 0: the bundle's
 	loadReaders int    // goroutines reading weights into pinned staging on cuda; 0: default
 	quiet       bool
@@ -136,6 +137,7 @@ func (f *runFlags) addBackendFlags(fl *pflag.FlagSet) {
 	fl.StringVar(&f.gemm, "gemm", cuda.GemmAuto, "cuda: who serves the tensor-core GEMMs (batches of 8+ rows, prefill): auto (the bundle's copy-engine kernels where it carries one, cuBLASLt for the rest when it loads, else the bundle's PTX) | ptx | cublaslt; a bucket's gate/up fused with its activation (xmixc build --gated-tc-rows) is the bundle's kernel whichever")
 	fl.StringVar(&f.gemmPicks, "gemm-picks", "", "cuda: cuBLASLt's algorithm per GEMM shape, a file `xmix tune-gemm` wrote, or none (the library's first choice everywhere); default: the table xmix ships, for the GPUs it was tuned on")
 	fl.BoolVar(&f.guF32, "gu-f32", false, "cuda: a gate/up GEMM that cuBLASLt serves writes f32 for the gated activation after it, as before (for measuring); default: bf16, half the bytes written and read")
+	fl.BoolVar(&f.noSolo, "no-app-solo", false, "cuda: a step whose rows enable one app runs the graph of every deployed app's ops, as before (for measuring); by default it runs that app's own graph (the bundle's solo node lists), so an app does not pay for the others deployed beside it")
 	fl.BoolVar(&f.ownThread, "cuda-own-thread", false, "cuda: hand each step's driver calls to the backend's own locked thread and wait to be woken, as before (for measuring); by default they run on the thread of the goroutine that steps the engine, locked for the call with the CUDA context made current on it, which wakes no other thread: on an H100 the 8B's decode step 0.7-0.8% shorter, the 1B's 2.9-3.1% (testsuite/gpu/RESULTS.md, session 70)")
 	fl.IntVar(&f.maxBatched, "max-batched-tokens", 0, "rows one step runs at most, decode and prompt rows together (vLLM's max_num_batched_tokens); 0: the bundle's serving.max_batched_tokens")
 	fl.IntVar(&f.loadReaders, "load-readers", 0, "cuda: goroutines reading the checkpoint into pinned staging while earlier chunks are copied to the GPU (0: min(8, CPUs))")
@@ -176,7 +178,7 @@ func openBackend(kind string, b *bundle.Bundle, w *loader.Weights, f runFlags) (
 		return openGroup(kind, b, w, f)
 	}
 	opts := cuda.Options{Progress: f.progress, Gemm: f.gemm, LoadReaders: f.loadReaders, GemmPicks: picks, Trace: f.trace, GuF32: f.guF32,
-		OwnThread: f.ownThread}
+		OwnThread: f.ownThread, NoSolo: f.noSolo}
 	switch kind {
 	case "cpu":
 		return cpu.New(b, w, f.progress)

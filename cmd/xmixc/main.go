@@ -548,6 +548,9 @@ func printBundle(w io.Writer, b *bundle.Bundle) {
 		if len(t.Plain) > 0 {
 			plain = fmt.Sprintf(" (without apps: %d)", len(t.Plain))
 		}
+		if len(t.Solo) > 0 {
+			plain += fmt.Sprintf(" (each app alone: %d lists)", len(t.Solo))
+		}
 		fmt.Fprintf(w, "  %-14s %-7s tokens=%-4d samples=%-4d nodes=%d%s\n", t.Name, t.Kind, t.Tokens, t.Samples, len(t.Nodes), plain)
 	}
 }

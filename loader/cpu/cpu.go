@@ -30,10 +30,11 @@ type Backend struct {
 type rank struct {
 	id, tp    int
 	bufs      map[string][]byte
-	templates [][]boundNode
-	// plain[t] is template t's app-free nodes (bundle.Template.Plain; nil without apps), run
-	// when no row of the step enables an app.
-	plain [][]boundNode
+	templates []bundle.Template
+	// lists[t] are template t's node lists bound (bundle.Template.NodeLists): all the apps'
+	// ops, then the app-free and one-app lists where it has them; a step runs the one
+	// Template.ListFor picks.
+	lists [][][]boundNode
 }
 
 type boundNode struct {
@@ -138,16 +139,16 @@ func newRank(b *bundle.Bundle, w *loader.Weights, id, tp int, progress Progress)
 		runners[k.Name], kernels[k.Name] = r, k
 	}
 	for _, t := range b.Templates {
-		nodes, err := rk.bindAll(t.Nodes, kernels, runners)
-		if err != nil {
-			return nil, fmt.Errorf("template %s %w", t.Name, err)
+		var lists [][]boundNode
+		for i, nodes := range t.NodeLists() {
+			bound, err := rk.bindAll(nodes, kernels, runners)
+			if err != nil {
+				return nil, fmt.Errorf("template %s (node list %d) %w", t.Name, i, err)
+			}
+			lists = append(lists, bound)
 		}
-		plain, err := rk.bindAll(t.Plain, kernels, runners)
-		if err != nil {
-			return nil, fmt.Errorf("template %s (plain) %w", t.Name, err)
-		}
-		rk.templates = append(rk.templates, nodes)
-		rk.plain = append(rk.plain, plain)
+		rk.templates = append(rk.templates, t)
+		rk.lists = append(rk.lists, lists)
 	}
 	return rk, nil
 }
@@ -164,15 +165,14 @@ func (rk *rank) bindAll(nodes []bundle.Node, kernels map[string]*bundle.Kernel, 
 	return out, nil
 }
 
-// nodes is what template t runs this step: its app-free nodes when it has them and no row
-// enables an app (ctl.any_mask is zero), else all of them.
+// nodes is what template t runs this step: the node list Template.ListFor picks for the
+// step's ctl.any_mask (all of them in a bundle without apps).
 func (rk *rank) nodes(t int) []boundNode {
-	if t < len(rk.plain) && rk.plain[t] != nil {
-		if m := rk.bufs[bundle.CtlAnyMask]; len(m) >= 4 && binary.LittleEndian.Uint32(m) == 0 {
-			return rk.plain[t]
-		}
+	m := rk.bufs[bundle.CtlAnyMask]
+	if len(m) < 4 {
+		return rk.lists[t][0]
 	}
-	return rk.templates[t]
+	return rk.lists[t][rk.templates[t].ListFor(binary.LittleEndian.Uint32(m))]
 }
 
 func rankPrefix(b *bundle.Bundle, id int) string {

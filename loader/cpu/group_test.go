@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"xmix/bundle"
 	"xmix/loader/rendezvous"
 	"xmix/ops"
 )
@@ -68,10 +69,13 @@ func overTCP(t *testing.T, n int, fn func(c exchanger, id int) error) []error {
 func reduceRank(id, tp int, k ops.RunnerFunc) *rank {
 	mem := alignedBytes(16)
 	x := ops.Arg{Mem: mem}.F32()[:4]
-	return &rank{id: id, tp: tp, bufs: map[string][]byte{"x": mem}, templates: [][]boundNode{{
-		{label: "k", run: k},
-		{label: "reduce", coll: &collective{op: "all_reduce_sum", in: x, out: x, rows: 1, cols: 4}},
-	}}}
+	return rankOf(id, tp, map[string][]byte{"x": mem}, boundNode{label: "k", run: k},
+		boundNode{label: "reduce", coll: &collective{op: "all_reduce_sum", in: x, out: x, rows: 1, cols: 4}})
+}
+
+// rankOf is a rank with buffers bufs whose one template runs nodes.
+func rankOf(id, tp int, bufs map[string][]byte, nodes ...boundNode) *rank {
+	return &rank{id: id, tp: tp, bufs: bufs, templates: []bundle.Template{{Name: "t"}}, lists: [][][]boundNode{{nodes}}}
 }
 
 func nop([]ops.Arg, ops.Launch) error { return nil }

@@ -115,10 +115,8 @@ func TestStepRanksAbortsOnError(t *testing.T) {
 			return nil
 		})
 		x := make([]float32, 4)
-		ranks = append(ranks, &rank{id: id, tp: 3, templates: [][]boundNode{{
-			{label: "k", run: fail},
-			{label: "reduce", coll: &collective{op: "all_reduce_sum", in: x, out: x, rows: 1, cols: 4}},
-		}}})
+		ranks = append(ranks, rankOf(id, 3, nil, boundNode{label: "k", run: fail},
+			boundNode{label: "reduce", coll: &collective{op: "all_reduce_sum", in: x, out: x, rows: 1, cols: 4}}))
 	}
 	err := stepRanks(ranks, 0)
 	if err == nil || !strings.Contains(err.Error(), "rank 1: node k: bad input") {

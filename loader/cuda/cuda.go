@@ -205,6 +205,9 @@ type Options struct {
 	// gap between steps fell from 41-70 us to 5-16 us (thread.go; testsuite/gpu/RESULTS.md,
 	// session 70).
 	OwnThread bool
+	// NoSolo leaves the templates' Solo node lists unused (for measuring): a step that
+	// enables one app runs every deployed app's ops, as before (variants.go).
+	NoSolo bool
 }
 
 // New loads a bundle onto GPU 0: modules, buffers, weights, params and graphs.
@@ -365,7 +368,7 @@ func (be *Backend) load(b *bundle.Bundle, w *loader.Weights, opt Options, progre
 	graphs := 0
 	start = time.Now()
 	for _, t := range b.Templates {
-		g, err := be.captureVariants(t)
+		g, err := be.captureVariants(t, opt.NoSolo)
 		if err != nil {
 			return fmt.Errorf("template %s: %w", t.Name, err)
 		}

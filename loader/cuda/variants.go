@@ -17,6 +17,12 @@ import (
 // it is one more variant, replayed when no row of the step enables any app (any_mask == 0),
 // so deployed but unused apps cost nothing at all. No graph is rebuilt or updated between
 // steps; every variant is instantiated at load.
+//
+// A template of a bundle of two apps or more also carries Solo, the bucket compiled with each
+// app's ops alone: a row kernel that hosts several apps' ops is compiled with all of them,
+// so with Nodes a step that enables one app runs every deployed app's ops (the rows test
+// their masks and skip them). Each Solo list is one more variant, replayed when ctl.any_mask
+// is exactly that app's bit; a step whose rows enable two apps or more runs Nodes.
 
 // maxVariantBits caps the heavy apps a template gets variants for (2^4 = 16 graphs); nodes of
 // further heavy apps stay in every variant and rely on their early exit.
@@ -26,10 +32,11 @@ const maxVariantBits = 4
 // nodes of the apps bits[i] for every i set in v (and every node of the other apps); when
 // plain, the last variant is the template's Plain nodes.
 type stepGraphs struct {
-	bits  []uint32   // one app bit mask per variant bit
-	plain bool       // the last variant runs the template's app-free nodes
-	execs []uintptr  // instantiated graph per variant
-	nodes [][]launch // each variant's launches, for profiling
+	bits  []uint32       // one app bit mask per variant bit
+	plain bool           // the variant after the heavy ones runs the template's app-free nodes
+	solo  map[uint32]int // the variant of each app's Solo nodes, by ctl.any_mask
+	execs []uintptr      // instantiated graph per variant
+	nodes [][]launch     // each variant's launches, for profiling
 }
 
 // variantBits lists the first maxVariantBits app bits that mark heavy nodes of t.
@@ -73,7 +80,10 @@ func (be *Backend) variant(t int) int {
 	}
 	any := be.anyMask()
 	if any == 0 && g.plain {
-		return len(g.execs) - 1
+		return 1 << len(g.bits)
+	}
+	if v, ok := g.solo[any]; ok { // the rows enable that app alone (bundle.Template.ListFor)
+		return v
 	}
 	v := 0
 	for i, b := range g.bits {
@@ -145,9 +155,10 @@ func (be *Backend) prepareAll(nodes []bundle.Node, variants uint32) ([]launch, e
 	return all, nil
 }
 
-// captureVariants prepares template t's nodes and instantiates one graph per variant.
-func (be *Backend) captureVariants(t bundle.Template) (stepGraphs, error) {
-	g := stepGraphs{bits: variantBits(t), plain: len(t.Plain) > 0}
+// captureVariants prepares template t's nodes and instantiates one graph per variant (the
+// Solo lists' unless noSolo).
+func (be *Backend) captureVariants(t bundle.Template, noSolo bool) (stepGraphs, error) {
+	g := stepGraphs{bits: variantBits(t), plain: len(t.Plain) > 0, solo: map[uint32]int{}}
 	var covered uint32
 	for _, b := range g.bits {
 		covered |= b
@@ -166,6 +177,17 @@ func (be *Backend) captureVariants(t bundle.Template) (stepGraphs, error) {
 			return stepGraphs{}, fmt.Errorf("plain: %w", err)
 		}
 		lists = append(lists, plain)
+	}
+	for _, s := range t.Solo {
+		if noSolo {
+			break
+		}
+		nodes, err := be.prepareAll(s.Nodes, 0)
+		if err != nil {
+			return stepGraphs{}, fmt.Errorf("app bit %d alone: %w", s.Bit, err)
+		}
+		g.solo[1<<uint(s.Bit)] = len(lists)
+		lists = append(lists, nodes)
 	}
 	for _, nodes := range lists {
 		exec, err := be.capture(nodes)

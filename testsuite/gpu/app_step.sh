@@ -3,7 +3,8 @@
 # online ITL sees) beside its cost in the same bucket's bare graph replay, in one process a
 # variant: Llama-3.1-8B's bundle with apps 1-6, then for each of VARIANTS (default "bare
 # refusal-ablation hallucination-probe"; bare enables nothing, any other name that app on
-# every request) ROUNDS (default 3) offline benches of PROMPTS (250) prompts of PROMPT_LEN
+# every request, NAME:full the same run with --no-app-solo, on the graph of every deployed
+# app's ops) ROUNDS (default 3) offline benches of PROMPTS (250) prompts of PROMPT_LEN
 # (300) tokens and 128 new ones, the order reversed every other round, each timing the
 # 256-row bucket's graph with the rows as the last step left them (--graph-buckets 256).
 # The online workload's median ITL is such a step (apps.json: p50_itl_ms). Build first
@@ -22,7 +23,8 @@ for r in $(seq "${ROUNDS:-3}"); do
   round_order "$r" "${names[@]}"
   for name in "${order[@]}"; do
     flags=
-    [ "$name" = bare ] || flags="--apps $name --app-fraction 1"
+    [ "$name" = bare ] || flags="--apps ${name%:full} --app-fraction 1"
+    [ "${name%:full}" = "$name" ] || flags="$flags --no-app-solo"
     # shellcheck disable=SC2086 # flags is a list
     timeout 300 "$B/xmix" bench "$W/l8.xmb" --backend cuda --prompts "${PROMPTS:-250}" --prompt-len "${PROMPT_LEN:-300}" \
       --new-tokens 128 --graph-buckets 256 $flags --json -q > "$W/b.json" 2> "$W/e.txt"
