@@ -30,7 +30,7 @@ const maxVariantBits = 4
 
 // stepGraphs is one template's graph variants. Variant v < 2^len(bits) includes the heavy
 // nodes of the apps bits[i] for every i set in v (and every node of the other apps); when
-// plain, the last variant is the template's Plain nodes.
+// plain, variant 2^len(bits) is the template's Plain nodes; the Solo lists follow.
 type stepGraphs struct {
 	bits  []uint32       // one app bit mask per variant bit
 	plain bool           // the variant after the heavy ones runs the template's app-free nodes
