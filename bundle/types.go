@@ -452,12 +452,12 @@ type Template struct {
 	// enables no app gets exactly what Plain computes, so a backend may run Plain instead of
 	// Nodes for a step in which no row enables an app (ctl.any_mask == 0).
 	Plain []Node `json:"plain,omitempty"`
-	// Solo, in a bundle of two apps or more, is the same bucket compiled with each app's ops
-	// alone, one entry an app (passes' app-solo). A row kernel that hosts ops of several apps
-	// is compiled with all of them, so Nodes makes every row pay for every deployed app's
-	// ops; a row that enables one app gets from its Solo nodes what Nodes computes for it, so
-	// a backend may run them for a step in which every row that enables an app enables that
-	// one (ctl.any_mask == 1<<Bit).
+	// Solo, in a bundle of two to passes.MaxSoloApps apps, is the same bucket compiled with
+	// each app's ops alone, one entry an app (passes' app-solo). A row kernel that hosts ops
+	// of several apps is compiled with all of them, so Nodes makes every row pay for every
+	// deployed app's ops; a row that enables one app gets from its Solo nodes what Nodes
+	// computes for it, so a backend may run them for a step in which every row that enables
+	// an app enables that one (ctl.any_mask == 1<<Bit).
 	Solo []AppNodes `json:"solo,omitempty"`
 	// AttnSplit, when set, says that the template's attention splits each row's context over
 	// up to MaxSplits blocks, and how the host picks the split for a step.

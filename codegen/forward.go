@@ -352,10 +352,10 @@ func (g *gen) plainNodes(templates []bundle.Template) error {
 	return nil
 }
 
-// soloNodes gives every template of a bundle of two apps or more the node list of the same
-// bucket lowered from each app's Solo graph (bundle.Template.Solo, passes' app-solo), in bit
-// order. The kernels that host that app's ops are its own (soloTag); the others are the
-// same as Nodes' or Plain's, built once.
+// soloNodes gives every template of a bundle of two to passes.MaxSoloApps apps the node list
+// of the same bucket lowered from each app's Solo graph (bundle.Template.Solo, passes'
+// app-solo), in bit order. The kernels that host that app's ops are its own (soloTag); the
+// others are the same as Nodes' or Plain's, built once.
 func (g *gen) soloNodes(templates []bundle.Template) error {
 	defer func() { g.soloTag = "" }()
 	for _, s := range g.p.Solo {

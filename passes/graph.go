@@ -199,10 +199,16 @@ func appFree(p *Program) error {
 	return nil
 }
 
-// appSolo gives each app of a program of two or more its own copy of the forward as it is
-// before any MI op joins it (Program.Solo); attach-mi puts the app's ops alone there.
+// MaxSoloApps is the most apps a program deploys for them to get Solo graphs: each is one
+// more node list per bucket in the bundle and one more CUDA graph per bucket instantiated at
+// load, so a bundle of more apps keeps one list for them all (the nnsight grid's bundle
+// deploys 8).
+const MaxSoloApps = 8
+
+// appSolo gives each app of a program of two to MaxSoloApps its own copy of the forward as it
+// is before any MI op joins it (Program.Solo); attach-mi puts the app's ops alone there.
 func appSolo(p *Program) error {
-	if len(p.Apps) < 2 {
+	if len(p.Apps) < 2 || len(p.Apps) > MaxSoloApps {
 		return nil
 	}
 	for _, a := range p.Apps {

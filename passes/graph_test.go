@@ -1,6 +1,7 @@
 package passes
 
 import (
+	"fmt"
 	"maps"
 	"slices"
 	"strings"
@@ -351,5 +352,16 @@ func TestAppSolo(t *testing.T) {
 	}
 	if len(one.Solo) != 0 {
 		t.Errorf("one app: %d solo graphs, want none", len(one.Solo))
+	}
+	var many []string
+	for i := range MaxSoloApps + 1 {
+		many = append(many, strings.Replace(steer, "app: s", fmt.Sprintf("app: s%d", i), 1))
+	}
+	over, err := plan(t, many...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(over.Solo) != 0 {
+		t.Errorf("%d apps: %d solo graphs, want none", len(many), len(over.Solo))
 	}
 }

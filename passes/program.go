@@ -24,10 +24,11 @@ type Program struct {
 	// Plain is the same forward without them (app-free), which a step that enables no app
 	// runs instead.
 	Graph, Plain *ir.Graph
-	// Solo, in a program of two apps or more, is the forward with each app's ops alone, one
-	// graph an app in bit order: a step whose rows enable that app and no other may run it
-	// instead of Graph, so that an app does not pay for the other apps' ops deployed beside
-	// it (a row kernel that hosts ops of several apps is compiled with all of them).
+	// Solo, in a program of two to MaxSoloApps apps, is the forward with each app's ops
+	// alone, one graph an app in bit order: a step whose rows enable that app and no other
+	// may run it instead of Graph, so that an app does not pay for the other apps' ops
+	// deployed beside it (a row kernel that hosts ops of several apps is compiled with all
+	// of them).
 	Solo []*SoloGraph
 	Apps []*AppPlan
 	Ops  []*MIOp // one per (app op, layer), sorted into forward order by attach-mi

@@ -18,11 +18,12 @@ import (
 // so deployed but unused apps cost nothing at all. No graph is rebuilt or updated between
 // steps; every variant is instantiated at load.
 //
-// A template of a bundle of two apps or more also carries Solo, the bucket compiled with each
-// app's ops alone: a row kernel that hosts several apps' ops is compiled with all of them,
-// so with Nodes a step that enables one app runs every deployed app's ops (the rows test
-// their masks and skip them). Each Solo list is one more variant, replayed when ctl.any_mask
-// is exactly that app's bit; a step whose rows enable two apps or more runs Nodes.
+// A template of a bundle of two to passes.MaxSoloApps apps also carries Solo, the bucket
+// compiled with each app's ops alone: a row kernel that hosts several apps' ops is compiled
+// with all of them, so with Nodes a step that enables one app runs every deployed app's ops
+// (the rows test their masks and skip them). Each Solo list is one more variant, replayed
+// when ctl.any_mask is exactly that app's bit; a step whose rows enable two apps or more
+// runs Nodes.
 
 // maxVariantBits caps the heavy apps a template gets variants for (2^4 = 16 graphs); nodes of
 // further heavy apps stay in every variant and rely on their early exit.
