@@ -30,14 +30,16 @@ import (
 const maxVariantBits = 4
 
 // stepGraphs is one template's graph variants. Variant v < 2^len(bits) includes the heavy
-// nodes of the apps bits[i] for every i set in v (and every node of the other apps); when
-// plain, variant 2^len(bits) is the template's Plain nodes; the Solo lists follow.
+// nodes of the apps bits[i] for every i set in v (and every node of the other apps); the
+// template's other node lists (Plain, then Solo: bundle.Template.NodeLists) follow.
 type stepGraphs struct {
-	bits  []uint32       // one app bit mask per variant bit
-	plain bool           // the variant after the heavy ones runs the template's app-free nodes
-	solo  map[uint32]int // the variant of each app's Solo nodes, by ctl.any_mask
-	execs []uintptr      // instantiated graph per variant
-	nodes [][]launch     // each variant's launches, for profiling
+	tmpl bundle.Template
+	bits []uint32 // one app bit mask per variant bit
+	// listVariant[i] is the variant that replays the template's node list i+1, or -1 where
+	// none does (the Solo lists under Options.NoSolo).
+	listVariant []int
+	execs       []uintptr  // instantiated graph per variant
+	nodes       [][]launch // each variant's launches, for profiling
 }
 
 // variantBits lists the first maxVariantBits app bits that mark heavy nodes of t.
@@ -75,16 +77,13 @@ func variantNodes(all []launch, vbits []uint32, v int) []launch {
 
 // variant picks the graph of template t for the step's app union in the control arena.
 func (be *Backend) variant(t int) int {
-	g := be.steps[t]
+	g := &be.steps[t]
 	if _, ok := be.ctl.offset[bundle.CtlAnyMask]; !ok {
 		return 0 // no apps: one variant
 	}
 	any := be.anyMask()
-	if any == 0 && g.plain {
-		return 1 << len(g.bits)
-	}
-	if v, ok := g.solo[any]; ok { // the rows enable that app alone (bundle.Template.ListFor)
-		return v
+	if l := g.tmpl.ListFor(any); l > 0 && g.listVariant[l-1] >= 0 {
+		return g.listVariant[l-1] // no app enabled, or one alone
 	}
 	v := 0
 	for i, b := range g.bits {
@@ -159,7 +158,7 @@ func (be *Backend) prepareAll(nodes []bundle.Node, variants uint32) ([]launch, e
 // captureVariants prepares template t's nodes and instantiates one graph per variant (the
 // Solo lists' unless noSolo).
 func (be *Backend) captureVariants(t bundle.Template, noSolo bool) (stepGraphs, error) {
-	g := stepGraphs{bits: variantBits(t), plain: len(t.Plain) > 0, solo: map[uint32]int{}}
+	g := stepGraphs{tmpl: t, bits: variantBits(t)}
 	var covered uint32
 	for _, b := range g.bits {
 		covered |= b
@@ -172,23 +171,18 @@ func (be *Backend) captureVariants(t bundle.Template, noSolo bool) (stepGraphs, 
 	for v := range 1 << len(g.bits) {
 		lists = append(lists, variantNodes(all, g.bits, v))
 	}
-	if g.plain {
-		plain, err := be.prepareAll(t.Plain, 0)
+	others := t.NodeLists()[1:]
+	for i, nodes := range others {
+		if noSolo && i >= len(others)-len(t.Solo) {
+			g.listVariant = append(g.listVariant, -1)
+			continue
+		}
+		prepared, err := be.prepareAll(nodes, 0)
 		if err != nil {
-			return stepGraphs{}, fmt.Errorf("plain: %w", err)
+			return stepGraphs{}, fmt.Errorf("node list %d: %w", i+1, err)
 		}
-		lists = append(lists, plain)
-	}
-	for _, s := range t.Solo {
-		if noSolo {
-			break
-		}
-		nodes, err := be.prepareAll(s.Nodes, 0)
-		if err != nil {
-			return stepGraphs{}, fmt.Errorf("app bit %d alone: %w", s.Bit, err)
-		}
-		g.solo[1<<uint(s.Bit)] = len(lists)
-		lists = append(lists, nodes)
+		g.listVariant = append(g.listVariant, len(lists))
+		lists = append(lists, prepared)
 	}
 	for _, nodes := range lists {
 		exec, err := be.capture(nodes)
@@ -205,7 +199,8 @@ func (be *Backend) captureVariants(t bundle.Template, noSolo bool) (stepGraphs, 
 }
 
 // GraphCasts is, for each template in order, how many launches of each of its graph variants
-// cast x to bf16 for the GEMM after them (the plain list last, where the template has one).
+// cast x to bf16 for the GEMM after them (the heavy variants, then the template's other node
+// lists: Plain, Solo).
 func (be *Backend) GraphCasts() [][]int {
 	var out [][]int
 	for _, g := range be.steps {
