@@ -11,7 +11,10 @@
 #   LOAD_DIR (checkpoint and bundle, default /tmp/xmix-load; reused while the machine stays
 #   warm), RUNS (timed page-cache runs with the default readers, default 3), READERS (the
 #   --load-readers sweep, default "2 4 16"), COLD (cold runs, default 2; 0 skips), KEEP=1
-#   keeps the 16 GB checkpoint afterwards (default: deleted at the end).
+#   keeps the 16 GB checkpoint afterwards (default: deleted at the end), APPS (app specs, e.g.
+#   "specs/apps/app[1-6]-*.yaml": a second bundle with them deployed, timed after the bare
+#   one's page-cache runs in RUNS runs named apps1.., for the graphs its one-app node lists add;
+#   default none).
 # Writes $OUT/load.json, $OUT/load.md (the table) and $OUT/load.log (every step's output).
 set -euo pipefail
 
@@ -93,6 +96,15 @@ spec="$dir/llama-3.1-8b-hf.yaml"
 . testsuite/gpu/fit.sh
 # shellcheck disable=SC2046 # fit_flags is a list of flags
 timeout 300 "$bin/xmixc" build "$spec" -q $(fit_flags specs/models/llama-3.1-8b.yaml) -o "$dir/l8-hf.xmb" >> "$logf" 2>&1 || die "xmixc build (see $logf)"
+# shellcheck disable=SC2086 # APPS is a list of specs (globs allowed)
+apps=(${APPS:-})
+if [ ${#apps[@]} -gt 0 ]; then
+  for a in "${apps[@]}"; do [ -f "$a" ] || die "APPS: $a is not a file"; done
+  log "bundle with ${#apps[@]} apps: ${apps[*]}"
+  # shellcheck disable=SC2046
+  timeout 300 "$bin/xmixc" build "$spec" "${apps[@]}" -q $(fit_flags specs/models/llama-3.1-8b.yaml) -o "$dir/l8-hf-apps.xmb" >> "$logf" 2>&1 ||
+    die "xmixc build with APPS (see $logf)"
+fi
 
 # resident FILE...: the fraction of the files' pages in the page cache (mincore).
 # evict FILE...: write the files' pages back and drop them from the page cache (fsync, then
@@ -130,16 +142,17 @@ EOF
 }
 shards=("$ckpt"/*.safetensors)
 
-# timed NAME READERS: one `xmix run` to the first token; appends a JSON line to $dir/runs.jsonl.
+# timed NAME READERS [BUNDLE]: one `xmix run` to the first token (of l8-hf.xmb unless BUNDLE
+# names another); appends a JSON line to $dir/runs.jsonl.
 : > "$dir/runs.jsonl"
 failures=0
 timed() {
-  local name=$1 nread=$2 rc=0 res t0 t1 err="$dir/run-$1.err"
+  local name=$1 nread=$2 bundle=${3:-$dir/l8-hf.xmb} rc=0 res t0 t1 err="$dir/run-$1.err"
   res=$(pagecache resident "${shards[@]}")
   local flags=(--backend cuda -p "Hello" -n 1)
   [ "$nread" != default ] && flags+=(--load-readers "$nread")
   t0=$(date +%s.%N)
-  timeout 180 "$bin/xmix" run "$dir/l8-hf.xmb" "${flags[@]}" > "$dir/run-$name.out" 2> "$err" || rc=$?
+  timeout 180 "$bin/xmix" run "$bundle" "${flags[@]}" > "$dir/run-$name.out" 2> "$err" || rc=$?
   t1=$(date +%s.%N)
   { echo "== run $name (readers $nread, page cache $res resident): rc $rc"; cat "$err"; } >> "$logf"
   [ "$rc" = 0 ] || { failures=$((failures + 1)); log "run $name failed (rc $rc): $(tail -2 "$err" | tr '\n' ' ')"; }
@@ -157,6 +170,7 @@ row = {"run": name, "readers": nread, "resident_before": float(res), "rc": int(r
        "weights_gbps": num(r"weights: [0-9.]+ GB in [0-9.]+ s \(([0-9.]+) GB/s"),
        "kernels_s": num(r"kernels compiled by the driver in ([0-9.]+) s"),
        "graphs_s": num(r"graphs instantiated for [0-9]+ templates in ([0-9.]+) s"),
+       "graphs": num(r"cuda: ([0-9]+) graphs instantiated"),
        "loaded_s": num(r"loaded in ([0-9.]+)s")}
 m = re.search(r"weights: [0-9.]+ GB in [0-9.]+ s \([0-9.]+ GB/s, ([0-9]+) readers", text)
 if m:
@@ -171,6 +185,9 @@ cat "${shards[@]}" > /dev/null
 timed warmup default
 for i in $(seq 1 "$runs"); do timed "cache$i" default; done
 for r in $readers; do timed "cache-r$r" "$r"; done
+if [ ${#apps[@]} -gt 0 ]; then
+  for i in $(seq 1 "$runs"); do timed "apps$i" default "$dir/l8-hf-apps.xmb"; done
+fi
 
 cold_note="not run (COLD=0)"
 if [ "$cold" -gt 0 ]; then
@@ -192,7 +209,9 @@ python3 - "$dir/runs.jsonl" "$OUT" "$gb" "$cold_note" "$(cat "$OUT/machine.txt")
 import json, statistics, sys
 runs_file, out, gb, cold_note, machine = sys.argv[1:]
 runs = [json.loads(l) for l in open(runs_file) if l.strip()]
-default = [r for r in runs if r["run"].startswith("cache") and not r["run"].startswith("cache-r") and r["rc"] == 0 and r["first_token_s"]]
+ok = lambda prefix: [r for r in runs if r["run"].startswith(prefix) and r["rc"] == 0 and r["first_token_s"]]
+default = [r for r in ok("cache") if not r["run"].startswith("cache-r")]
+withapps = ok("apps")
 coldr = [r for r in runs if r["run"].startswith("cold") and r["rc"] == 0 and r["first_token_s"]]
 med = lambda rs, k: round(statistics.median(r[k] for r in rs), 3) if rs and all(r.get(k) is not None for r in rs) else None
 summary = {
@@ -201,6 +220,8 @@ summary = {
     "page_cache_weights_gbps_median": med(default, "weights_gbps"),
     "cold_first_token_s_median": med(coldr, "first_token_s"),
     "cold_weights_gbps_median": med(coldr, "weights_gbps"),
+    "apps_first_token_s_median": med(withapps, "first_token_s"),
+    "apps_graphs_s_median": med(withapps, "graphs_s"), "bare_graphs_s_median": med(default, "graphs_s"),
     "cold": cold_note, "before_issue14": {"page_cache_first_token_s": 7.7, "cold_first_token_s": 15.8},
 }
 t = summary["page_cache_first_token_s_median"]
@@ -209,15 +230,18 @@ json.dump({"machine": machine, "summary": summary, "runs": runs}, open(f"{out}/l
 f = lambda v, p=2: "-" if v is None else f"{v:.{p}f}"
 lines = [f"# xmix run to first token, {gb} GB Llama-3.1-8B checkpoint (transformers, bf16)", "",
          machine, "",
-         "| run | readers | resident | first token s | weights s | weights GB/s | kernels s | graphs s | wall s | rc |",
-         "|---|---|---|---|---|---|---|---|---|---|"]
+         "| run | readers | resident | first token s | weights s | weights GB/s | kernels s | graphs | graphs s | wall s | rc |",
+         "|---|---|---|---|---|---|---|---|---|---|---|"]
 for r in runs:
     lines.append(f"| {r['run']} | {r['readers']} | {r['resident_before']:.2f} | {f(r['first_token_s'])} | {f(r['weights_s'])} | "
-                 f"{f(r['weights_gbps'], 1)} | {f(r['kernels_s'])} | {f(r['graphs_s'])} | {f(r['wall_s'])} | {r['rc']} |")
+                 f"{f(r['weights_gbps'], 1)} | {f(r['kernels_s'])} | {f(r.get('graphs'), 0)} | {f(r['graphs_s'])} | {f(r['wall_s'])} | {r['rc']} |")
 lines += ["", f"Page cache, default readers: median first token {f(summary['page_cache_first_token_s_median'])} s "
           f"(target 3 s: {'met' if summary['target_met'] else 'missed'}; before issue 14: 7.7 s), "
           f"weights at {f(summary['page_cache_weights_gbps_median'], 1)} GB/s.",
           f"Cold: {cold_note}; median first token {f(summary['cold_first_token_s_median'])} s (before: 15.8 s)."]
+if withapps:
+    lines.append(f"With the apps deployed (apps runs): median first token {f(summary['apps_first_token_s_median'])} s, "
+                 f"graphs instantiated in {f(summary['apps_graphs_s_median'])} s against {f(summary['bare_graphs_s_median'])} s bare.")
 open(f"{out}/load.md", "w").write("\n".join(lines) + "\n")
 print("\n".join(lines))
 EOF
