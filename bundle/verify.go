@@ -97,26 +97,23 @@ func Verify(b *Bundle) error {
 			return fmt.Errorf("manifest: build copy_gemm_rows %v: want row counts of at least 1; rebuild the bundle", b.Manifest.Build.CopyGemmRows)
 		}
 	}
-	if n := b.Manifest.Build.GatedTCRows; n < 0 {
-		return fmt.Errorf("manifest: build gated_tc_rows %d: want a row count, or 0 for none; rebuild the bundle", n)
-	}
-	if n := b.Manifest.Build.GatedCopyRows; n < 0 {
-		return fmt.Errorf("manifest: build gated_copy_rows %d: want a row count, or 0 for none; rebuild the bundle", n)
-	}
-	if n := b.Manifest.Build.RopeCopyRows; n < 0 {
-		return fmt.Errorf("manifest: build rope_copy_rows %d: want a row count, or 0 for none; rebuild the bundle", n)
-	}
-	if n := b.Manifest.Build.MIPreloadRegs; n < 0 {
-		return fmt.Errorf("manifest: build mi_preload_regs %d: want registers a thread, or 0 for no bound; rebuild the bundle", n)
-	}
-	if n := b.Manifest.Build.MIPreloadRegsMultiWave; n < 0 {
-		return fmt.Errorf("manifest: build mi_preload_regs_multi_wave %d: want registers a thread, or 0 for mi_preload_regs's bound; rebuild the bundle", n)
-	}
-	if n := b.Manifest.Build.CopyGemmSlots; n < 0 {
-		return fmt.Errorf("manifest: build copy_gemm_slots %d: want a count, or 0 for the default; rebuild the bundle", n)
-	}
-	if n := b.Manifest.Build.TensorCoreRows; n < 0 {
-		return fmt.Errorf("manifest: build tensor_core_rows %d: want a bucket size, or 0 for the default; rebuild the bundle", n)
+	bi := b.Manifest.Build
+	for _, c := range []struct {
+		field string
+		n     int
+		want  string
+	}{
+		{"gated_tc_rows", bi.GatedTCRows, "a row count, or 0 for none"},
+		{"gated_copy_rows", bi.GatedCopyRows, "a row count, or 0 for none"},
+		{"rope_copy_rows", bi.RopeCopyRows, "a row count, or 0 for none"},
+		{"mi_preload_regs", bi.MIPreloadRegs, "registers a thread, or 0 for no bound"},
+		{"mi_preload_regs_multi_wave", bi.MIPreloadRegsMultiWave, "registers a thread, or 0 for mi_preload_regs's bound"},
+		{"copy_gemm_slots", bi.CopyGemmSlots, "a count, or 0 for the default"},
+		{"tensor_core_rows", bi.TensorCoreRows, "a bucket size, or 0 for the default"},
+	} {
+		if c.n < 0 {
+			return fmt.Errorf("manifest: build %s %d: want %s; rebuild the bundle", c.field, c.n, c.want)
+		}
 	}
 	bufBytes, err := verifyBuffers(b.Manifest.Buffers)
 	if err != nil {
