@@ -107,6 +107,8 @@ func TestVerifyFailures(t *testing.T) {
 		{"build copy_gemm_slots", func(b *Bundle) { b.Manifest.Build.CopyGemmSlots = -1 }, "build copy_gemm_slots -1: want a count"},
 		{"build copy_gemm_rows", func(b *Bundle) { b.Manifest.Build.CopyGemmRows = []int{8, 0} }, "build copy_gemm_rows [8 0]: want row counts of at least 1"},
 		{"build gated_tc_rows", func(b *Bundle) { b.Manifest.Build.GatedTCRows = -8 }, "build gated_tc_rows -8: want a row count, or 0 for none"},
+		{"build gated_copy_rows", func(b *Bundle) { b.Manifest.Build.GatedCopyRows = -32 }, "build gated_copy_rows -32: want a row count, or 0 for none"},
+		{"build rope_copy_rows", func(b *Bundle) { b.Manifest.Build.RopeCopyRows = -1 }, "build rope_copy_rows -1: want a row count, or 0 for none"},
 		{"build mi_preload_regs", func(b *Bundle) { b.Manifest.Build.MIPreloadRegs = -48 }, "build mi_preload_regs -48: want registers a thread, or 0 for no bound"},
 		{"build mi_preload_regs_multi_wave", func(b *Bundle) { b.Manifest.Build.MIPreloadRegsMultiWave = -32 }, "build mi_preload_regs_multi_wave -32: want registers a thread, or 0 for mi_preload_regs's bound"},
 		{"embedded weight missing", func(b *Bundle) {
