@@ -155,9 +155,9 @@ func (be *Backend) prepareAll(nodes []bundle.Node, variants uint32) ([]launch, e
 	return all, nil
 }
 
-// captureVariants prepares template t's nodes and instantiates one graph per variant (the
-// Solo lists' unless noSolo).
-func (be *Backend) captureVariants(t bundle.Template, noSolo bool) (stepGraphs, error) {
+// prepareVariants prepares template t's launches for each of its graph variants (the Solo
+// lists' too unless noSolo); captureGraphs instantiates them.
+func (be *Backend) prepareVariants(t bundle.Template, noSolo bool) (stepGraphs, error) {
 	g := stepGraphs{tmpl: t, bits: variantBits(t)}
 	var covered uint32
 	for _, b := range g.bits {
@@ -167,9 +167,9 @@ func (be *Backend) captureVariants(t bundle.Template, noSolo bool) (stepGraphs, 
 	if err != nil {
 		return stepGraphs{}, err
 	}
-	lists := make([][]launch, 0, 1<<len(g.bits)+1)
+	g.nodes = make([][]launch, 0, 1<<len(g.bits)+1)
 	for v := range 1 << len(g.bits) {
-		lists = append(lists, variantNodes(all, g.bits, v))
+		g.nodes = append(g.nodes, variantNodes(all, g.bits, v))
 	}
 	others := t.NodeLists()[1:]
 	for i, nodes := range others {
@@ -181,19 +181,8 @@ func (be *Backend) captureVariants(t bundle.Template, noSolo bool) (stepGraphs, 
 		if err != nil {
 			return stepGraphs{}, fmt.Errorf("node list %d: %w", i+1, err)
 		}
-		g.listVariant = append(g.listVariant, len(lists))
-		lists = append(lists, prepared)
-	}
-	for _, nodes := range lists {
-		exec, err := be.capture(nodes)
-		if err != nil {
-			for _, e := range g.execs {
-				be.d.call("cuGraphExecDestroy", e)
-			}
-			return stepGraphs{}, err
-		}
-		g.execs = append(g.execs, exec)
-		g.nodes = append(g.nodes, nodes)
+		g.listVariant = append(g.listVariant, len(g.nodes))
+		g.nodes = append(g.nodes, prepared)
 	}
 	return g, nil
 }

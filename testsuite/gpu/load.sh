@@ -14,7 +14,8 @@
 #   keeps the 16 GB checkpoint afterwards (default: deleted at the end), APPS (app specs, e.g.
 #   "specs/apps/app[1-6]-*.yaml": a second bundle with them deployed, timed after the bare
 #   one's page-cache runs in RUNS runs named apps1.., for the graphs its one-app node lists add;
-#   default none).
+#   default none), EXTRA ("NAME=flags;...": after those, RUNS more runs of the last bundle timed,
+#   named NAME1.., with these `xmix run` flags, e.g. "serial=--graph-threads 1"; default none).
 # Writes $OUT/load.json, $OUT/load.md (the table) and $OUT/load.log (every step's output).
 set -euo pipefail
 
@@ -142,14 +143,15 @@ EOF
 }
 shards=("$ckpt"/*.safetensors)
 
-# timed NAME READERS [BUNDLE]: one `xmix run` to the first token (of l8-hf.xmb unless BUNDLE
-# names another); appends a JSON line to $dir/runs.jsonl.
+# timed NAME READERS [BUNDLE [FLAGS...]]: one `xmix run` to the first token (of l8-hf.xmb
+# unless BUNDLE names another, with FLAGS added); appends a JSON line to $dir/runs.jsonl.
 : > "$dir/runs.jsonl"
 failures=0
 timed() {
   local name=$1 nread=$2 bundle=${3:-$dir/l8-hf.xmb} rc=0 res t0 t1 err="$dir/run-$1.err"
+  shift $(($# < 3 ? $# : 3))
   res=$(pagecache resident "${shards[@]}")
-  local flags=(--backend cuda -p "Hello" -n 1)
+  local flags=(--backend cuda -p "Hello" -n 1 "$@")
   [ "$nread" != default ] && flags+=(--load-readers "$nread")
   t0=$(date +%s.%N)
   timeout 180 "$bin/xmix" run "$bundle" "${flags[@]}" > "$dir/run-$name.out" 2> "$err" || rc=$?
@@ -185,9 +187,18 @@ cat "${shards[@]}" > /dev/null
 timed warmup default
 for i in $(seq 1 "$runs"); do timed "cache$i" default; done
 for r in $readers; do timed "cache-r$r" "$r"; done
+last=$dir/l8-hf.xmb
 if [ ${#apps[@]} -gt 0 ]; then
-  for i in $(seq 1 "$runs"); do timed "apps$i" default "$dir/l8-hf-apps.xmb"; done
+  last=$dir/l8-hf-apps.xmb
+  for i in $(seq 1 "$runs"); do timed "apps$i" default "$last"; done
 fi
+IFS=';' read -ra extra <<< "${EXTRA:-}"
+for e in "${extra[@]}"; do
+  [ -n "$e" ] || continue
+  name=${e%%=*}
+  # shellcheck disable=SC2086 # the flags split into words
+  for i in $(seq 1 "$runs"); do timed "$name$i" default "$last" ${e#*=}; done
+done
 
 cold_note="not run (COLD=0)"
 if [ "$cold" -gt 0 ]; then
