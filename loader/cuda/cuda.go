@@ -371,6 +371,7 @@ func (be *Backend) load(b *bundle.Bundle, w *loader.Weights, opt Options, progre
 	}
 	start = time.Now()
 	var lists [][]launch
+	var names []string // each list's template and variant, for errors
 	for _, t := range b.Templates {
 		g, err := be.prepareVariants(t, opt.NoSolo)
 		if err != nil {
@@ -378,10 +379,13 @@ func (be *Backend) load(b *bundle.Bundle, w *loader.Weights, opt Options, progre
 		}
 		be.steps = append(be.steps, g)
 		lists = append(lists, g.nodes...)
+		for v := range g.nodes {
+			names = append(names, fmt.Sprintf("template %s, graph %d", t.Name, v))
+		}
 	}
 	prepared := time.Since(start)
 	threads := graphThreads(opt.GraphThreads, len(lists))
-	execs, err := be.captureGraphs(lists, threads)
+	execs, err := be.captureGraphs(lists, names, threads)
 	if err != nil {
 		return err
 	}

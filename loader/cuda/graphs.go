@@ -21,21 +21,22 @@ func graphThreads(asked, n int) int {
 	return max(1, min(asked, n))
 }
 
-// captureGraphs captures and instantiates one CUDA graph per launch list, in order, on
-// threads OS threads at once, each with the backend's context current and a stream of its own
-// to capture on. With one app's lists beside every template (Template.Solo), a bundle of six
+// captureGraphs captures and instantiates one CUDA graph per launch list (names name them
+// in errors), in order, on threads OS threads at once: one runs on the backend's own thread
+// and its stream; more each make the context current on their thread and capture on a
+// stream of their own. Capture is relaxed (cuStreamBeginCapture mode 2), so the threads'
+// captures do not interfere, and cuBLASLt's matmul, which a capture records, takes the
+// stream to use. With one app's lists beside every template (Template.Solo), a bundle of six
 // apps has eight graphs a template, 120 for the 8B's 15: one after another they took 1.0 s of
-// its load on an H100, against 0.3 s for the bare bundle's 15.
-//
-// It runs on the backend's own thread; the other threads make the context current for
-// themselves. Capture is relaxed (cuStreamBeginCapture mode 2), so the threads' captures do
-// not interfere, and cuBLASLt's matmul, which a capture records, takes the stream to use.
-func (be *Backend) captureGraphs(lists [][]launch, threads int) ([]uintptr, error) {
+// its load on an H100, against 0.3 s for the bare bundle's 15 (testsuite/gpu/LOAD.md,
+// session 77). What several threads save is not measured yet (graph_threads.sh).
+func (be *Backend) captureGraphs(lists [][]launch, names []string, threads int) ([]uintptr, error) {
 	execs := make([]uintptr, len(lists))
 	errs := make([]error, len(lists))
 	if threads <= 1 {
 		for i, nodes := range lists {
 			if execs[i], errs[i] = be.capture(nodes, be.stream); errs[i] != nil {
+				errs[i] = fmt.Errorf("%s: %w", names[i], errs[i])
 				break
 			}
 		}
@@ -47,7 +48,7 @@ func (be *Backend) captureGraphs(lists [][]launch, threads int) ([]uintptr, erro
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				setup[k] = be.captureOnThread(lists, execs, errs, &next)
+				setup[k] = be.captureOnThread(lists, names, execs, errs, &next)
 			}()
 		}
 		wg.Wait()
@@ -69,7 +70,7 @@ func (be *Backend) captureGraphs(lists [][]launch, threads int) ([]uintptr, erro
 // captureOnThread is one of captureGraphs' threads: it makes the context current on its OS
 // thread, then captures the next list not yet taken until none is left or one fails (its
 // error in errs). It returns what failed before it could capture.
-func (be *Backend) captureOnThread(lists [][]launch, execs []uintptr, errs []error, next *atomic.Int64) error {
+func (be *Backend) captureOnThread(lists [][]launch, names []string, execs []uintptr, errs []error, next *atomic.Int64) error {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	if err := be.d.call("cuCtxSetCurrent", be.ctx); err != nil {
@@ -88,6 +89,7 @@ func (be *Backend) captureOnThread(lists [][]launch, execs []uintptr, errs []err
 			return nil
 		}
 		if execs[i], errs[i] = be.capture(lists[i], stream); errs[i] != nil {
+			errs[i] = fmt.Errorf("%s: %w", names[i], errs[i])
 			next.Store(int64(len(lists))) // the other threads stop at their next list
 			return nil
 		}
