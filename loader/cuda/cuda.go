@@ -244,7 +244,7 @@ func New(b *bundle.Bundle, w *loader.Weights, opt Options) (*Backend, error) {
 		return nil, err
 	}
 	if !opt.OwnThread {
-		be.caller = &callerThread{makeCurrent: func() error { return be.d.call("cuCtxSetCurrent", be.ctx) }}
+		be.caller = &callerThread{makeCurrent: be.makeCurrent}
 	}
 	return be, nil
 }

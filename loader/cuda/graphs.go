@@ -73,7 +73,7 @@ func (be *Backend) captureGraphs(lists [][]launch, names []string, threads int) 
 func (be *Backend) captureOnThread(lists [][]launch, names []string, execs []uintptr, errs []error, next *atomic.Int64) error {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
-	if err := be.d.call("cuCtxSetCurrent", be.ctx); err != nil {
+	if err := be.makeCurrent(); err != nil {
 		next.Store(int64(len(lists)))
 		return fmt.Errorf("making the CUDA context current: %w", err)
 	}

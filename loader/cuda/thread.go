@@ -17,6 +17,13 @@ import (
 //   - the caller's thread (every call after the load, by default): callerThread locks the
 //     calling goroutine to its OS thread for the call and makes the context current there
 //     first, so a step wakes no other thread.
+//
+// At load, `--graph-threads` (captureGraphs) adds threads of its own for a while: each locks
+// its goroutine to its OS thread and makes the context current there (makeCurrent).
+
+// makeCurrent makes the backend's context current on the calling OS thread, which the
+// caller has locked.
+func (be *Backend) makeCurrent() error { return be.d.call("cuCtxSetCurrent", be.ctx) }
 
 // onThread hands f to the goroutine that serves work on its locked thread and waits for it.
 func onThread(work chan<- func(), f func() error) error {
