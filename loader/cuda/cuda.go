@@ -278,7 +278,7 @@ func (be *Backend) loop(ready chan<- error) {
 		err = d.call("cuDevicePrimaryCtxRetain", uintptr(unsafe.Pointer(&be.ctx)), 0)
 	}
 	if err == nil {
-		err = d.call("cuCtxSetCurrent", be.ctx)
+		err = be.makeCurrent()
 	}
 	if err == nil {
 		var free, total uint64
