@@ -54,28 +54,27 @@ project) with its two demo apps: a steering vector and a probe.`,
 }
 
 type runFlags struct {
-	prompts      []string
-	apps         string
-	maxTokens    int
-	temperature  float32
-	topP         float32
-	seed         uint64
-	asJSON       bool
-	backend      string
-	gemm         string // who serves tensor-core GEMMs on cuda: auto, ptx, cublaslt
-	gemmPicks    string // cuBLASLt's tuned algorithms: a file of xmix tune-gemm, none, or "" (the shipped table)
-	guF32        bool   // cuda: cuBLASLt's gate/up GEMMs write f32 (cuda.Options.GuF32)
-	ownThread    bool   // cuda: driver calls handed to the backend's own thread (cuda.Options.OwnThread)
-	noSolo       bool   // cuda: templates' one-app node lists unused (cuda.Options.NoSolo)
-	graphThreads int    // cuda: threads that capture the graphs at load (cuda.Options.GraphThreads)
-	maxBatched   int    // token budget per step; 0: the bundle's
-	loadReaders  int    // goroutines reading weights into pinned staging on cuda; 0: default
-	quiet        bool
-	chat         bool
-	sets         []string // app.scalar=value overrides for every prompt
-	tpAddr       string   // rank 0 of a multi-process tensor-parallel group listens here (tpworker.go)
-	tpTimeout    time.Duration
-	trace        bool // cuda: every kernel stamps the step trace (xmix bench --trace)
+	prompts     []string
+	apps        string
+	maxTokens   int
+	temperature float32
+	topP        float32
+	seed        uint64
+	asJSON      bool
+	backend     string
+	gemm        string // who serves tensor-core GEMMs on cuda: auto, ptx, cublaslt
+	gemmPicks   string // cuBLASLt's tuned algorithms: a file of xmix tune-gemm, none, or "" (the shipped table)
+	guF32       bool   // cuda: cuBLASLt's gate/up GEMMs write f32 (cuda.Options.GuF32)
+	ownThread   bool   // cuda: driver calls handed to the backend's own thread (cuda.Options.OwnThread)
+	noSolo      bool   // cuda: templates' one-app node lists unused (cuda.Options.NoSolo)
+	maxBatched  int    // token budget per step; 0: the bundle's
+	loadReaders int    // goroutines reading weights into pinned staging on cuda; 0: default
+	quiet       bool
+	chat        bool
+	sets        []string // app.scalar=value overrides for every prompt
+	tpAddr      string   // rank 0 of a multi-process tensor-parallel group listens here (tpworker.go)
+	tpTimeout   time.Duration
+	trace       bool // cuda: every kernel stamps the step trace (xmix bench --trace)
 }
 
 // overrides parses the --set flags into a request's scalar overrides; the engine checks the
@@ -138,7 +137,6 @@ func (f *runFlags) addBackendFlags(fl *pflag.FlagSet) {
 	fl.StringVar(&f.gemm, "gemm", cuda.GemmAuto, "cuda: who serves the tensor-core GEMMs (batches of 8+ rows, prefill): auto (the bundle's copy-engine kernels where it carries one, cuBLASLt for the rest when it loads, else the bundle's PTX) | ptx | cublaslt; a bucket's gate/up fused with its activation (xmixc build --gated-tc-rows) is the bundle's kernel whichever")
 	fl.StringVar(&f.gemmPicks, "gemm-picks", "", "cuda: cuBLASLt's algorithm per GEMM shape, a file `xmix tune-gemm` wrote, or none (the library's first choice everywhere); default: the table xmix ships, for the GPUs it was tuned on")
 	fl.BoolVar(&f.guF32, "gu-f32", false, "cuda: a gate/up GEMM that cuBLASLt serves writes f32 for the gated activation after it, as before (for measuring); default: bf16, half the bytes written and read")
-	fl.IntVar(&f.graphThreads, "graph-threads", 0, "cuda: OS threads that capture and instantiate the bundle's CUDA graphs at load, each on a stream of its own (0: the default, one graph after another; for measuring)")
 	fl.BoolVar(&f.noSolo, "no-app-solo", false, "cuda: a step whose rows enable one app runs the graph of every deployed app's ops, as before (for measuring); by default it runs that app's own graph (the bundle's solo node lists), so an app does not pay for the others deployed beside it")
 	fl.BoolVar(&f.ownThread, "cuda-own-thread", false, "cuda: hand each step's driver calls to the backend's own locked thread and wait to be woken, as before (for measuring); by default they run on the thread of the goroutine that steps the engine, locked for the call with the CUDA context made current on it, which wakes no other thread: on an H100 the 8B's decode step 0.7-0.8% shorter, the 1B's 2.9-3.1% (testsuite/gpu/RESULTS.md, session 70)")
 	fl.IntVar(&f.maxBatched, "max-batched-tokens", 0, "rows one step runs at most, decode and prompt rows together (vLLM's max_num_batched_tokens); 0: the bundle's serving.max_batched_tokens")
@@ -172,9 +170,6 @@ func openBackend(kind string, b *bundle.Bundle, w *loader.Weights, f runFlags) (
 	if f.loadReaders < 0 || f.loadReaders > 256 {
 		return nil, fmt.Errorf("--load-readers %d: give 1-256 reader goroutines, or 0 for the default", f.loadReaders)
 	}
-	if f.graphThreads < 0 || f.graphThreads > 64 {
-		return nil, fmt.Errorf("--graph-threads %d: give 1-64 threads, or 0 for the default", f.graphThreads)
-	}
 	picks, err := f.readGemmPicks()
 	if err != nil {
 		return nil, err
@@ -183,7 +178,7 @@ func openBackend(kind string, b *bundle.Bundle, w *loader.Weights, f runFlags) (
 		return openGroup(kind, b, w, f)
 	}
 	opts := cuda.Options{Progress: f.progress, Gemm: f.gemm, LoadReaders: f.loadReaders, GemmPicks: picks, Trace: f.trace, GuF32: f.guF32,
-		OwnThread: f.ownThread, NoSolo: f.noSolo, GraphThreads: f.graphThreads}
+		OwnThread: f.ownThread, NoSolo: f.noSolo}
 	switch kind {
 	case "cpu":
 		return cpu.New(b, w, f.progress)

@@ -84,7 +84,6 @@ func TestRunRejectsBadInput(t *testing.T) {
 		{[]string{"run", "-q", "--backend", "cpu", "--gemm", "cublas"}, `unknown --gemm "cublas": use auto, ptx or cublaslt`},
 		{[]string{"run", "-q", "-n", "600"}, "max_seq_len"},
 		{[]string{"run", "-q", "--backend", "cpu", "--load-readers", "-1"}, "--load-readers -1: give 1-256 reader goroutines, or 0 for the default"},
-		{[]string{"run", "-q", "--backend", "cpu", "--graph-threads", "65"}, "--graph-threads 65: give 1-64 threads, or 0 for the default"},
 	} {
 		if _, err := xmix(t, c.args...); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("xmix %v: %v, want %q", c.args, err, c.want)

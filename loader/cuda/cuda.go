@@ -208,10 +208,6 @@ type Options struct {
 	// NoSolo leaves the templates' Solo node lists unused (for measuring): a step that
 	// enables one app runs every deployed app's ops, as before (variants.go).
 	NoSolo bool
-	// GraphThreads is how many OS threads capture and instantiate the graphs at load
-	// (graphs.go): 0 for DefaultGraphThreads, 1 for one after another on the backend's own
-	// thread.
-	GraphThreads int
 }
 
 // New loads a bundle onto GPU 0: modules, buffers, weights, params and graphs.
@@ -384,8 +380,7 @@ func (be *Backend) load(b *bundle.Bundle, w *loader.Weights, opt Options, progre
 		}
 	}
 	prepared := time.Since(start)
-	threads := graphThreads(opt.GraphThreads, len(lists))
-	execs, err := be.captureGraphs(lists, names, threads)
+	execs, err := be.captureGraphs(lists, names)
 	if err != nil {
 		return err
 	}
@@ -393,8 +388,8 @@ func (be *Backend) load(b *bundle.Bundle, w *loader.Weights, opt Options, progre
 		n := len(be.steps[i].nodes)
 		be.steps[i].execs, execs = execs[:n:n], execs[n:]
 	}
-	progress("cuda: %d graphs instantiated for %d templates in %.2f s (launches prepared in %.2f s, graphs on %d threads)",
-		len(lists), len(b.Templates), time.Since(start).Seconds(), prepared.Seconds(), threads)
+	progress("cuda: %d graphs instantiated for %d templates in %.2f s (launches prepared in %.2f s)",
+		len(lists), len(b.Templates), time.Since(start).Seconds(), prepared.Seconds())
 	if be.lt != nil && be.lt.fallbacks > 0 {
 		progress("cuda: %d GEMM nodes kept their PTX kernel (cuBLASLt refused them; first: %v)", be.lt.fallbacks, be.lt.fallbackErr)
 	}
@@ -557,20 +552,20 @@ func (be *Backend) synthesize(s *bundle.Synth, buf bundle.Buffer, p uintptr, byt
 
 // capture records launches into a CUDA graph and instantiates it. Nodes are prepared (and a
 // node served by cuBLASLt run once) before, so nothing but launches happens in the capture.
-func (be *Backend) capture(nodes []launch, stream uintptr) (uintptr, error) {
+func (be *Backend) capture(nodes []launch) (uintptr, error) {
 	d := be.d
-	if err := d.call("cuStreamBeginCapture_v2", stream, 2); err != nil { // relaxed mode
+	if err := d.call("cuStreamBeginCapture_v2", be.stream, 2); err != nil { // relaxed mode
 		return 0, err
 	}
 	var launchErr error
 	for _, l := range nodes {
-		if launchErr = be.issue(l, stream); launchErr != nil {
+		if launchErr = be.issue(l); launchErr != nil {
 			launchErr = fmt.Errorf("node %s (kernel %s): %w", l.label, l.kernel, launchErr)
 			break
 		}
 	}
 	var graph uintptr
-	endErr := d.call("cuStreamEndCapture", stream, uintptr(unsafe.Pointer(&graph)))
+	endErr := d.call("cuStreamEndCapture", be.stream, uintptr(unsafe.Pointer(&graph)))
 	if launchErr != nil {
 		if graph != 0 {
 			d.call("cuGraphDestroy", graph)
@@ -686,23 +681,23 @@ func (be *Backend) keepParams(vals []uint64) uintptr {
 // issue enqueues one recorded node on the backend's stream: its kernel and, for a node that
 // cuBLASLt or a copy-engine GEMM of bf16(x) serves, the matmul after the cast, or where the
 // launch ahead wrote bf16(x) (no kernel, f 0) cuBLASLt's matmul alone.
-func (be *Backend) issue(n launch, stream uintptr) error {
+func (be *Backend) issue(n launch) error {
 	if n.f == 0 {
-		return be.lt.run(n.matmul, stream) // fed: no cast
+		return be.lt.run(n.matmul, be.stream) // fed: no cast
 	}
 	if n.early {
-		if err := be.launchEarly(n, stream); err != nil {
+		if err := be.launchEarly(n); err != nil {
 			return err
 		}
 	} else if err := be.d.call("cuLaunchKernel", n.f, uintptr(n.grid[0]), uintptr(n.grid[1]), uintptr(n.grid[2]),
-		uintptr(n.block[0]), uintptr(n.block[1]), uintptr(n.block[2]), uintptr(n.shared), stream, n.params, 0); err != nil {
+		uintptr(n.block[0]), uintptr(n.block[1]), uintptr(n.block[2]), uintptr(n.shared), be.stream, n.params, 0); err != nil {
 		return err
 	}
 	if n.matmul != nil {
-		return be.lt.run(n.matmul, stream)
+		return be.lt.run(n.matmul, be.stream)
 	}
 	if n.then != nil {
-		return be.issue(*n.then, stream)
+		return be.issue(*n.then)
 	}
 	return nil
 }
@@ -710,7 +705,7 @@ func (be *Backend) issue(n launch, stream uintptr) error {
 // runOnce issues n and waits for it: a server's first launch, run outside any graph so that a
 // failure surfaces at load, not inside a capture.
 func (be *Backend) runOnce(n launch) error {
-	if err := be.issue(n, be.stream); err != nil {
+	if err := be.issue(n); err != nil {
 		return err
 	}
 	return be.d.call("cuStreamSynchronize", be.stream)
@@ -744,10 +739,10 @@ const launchProgrammaticSerialization = 6
 // EarlyLaunch) so that it may start while the kernel ahead of it on the stream still runs,
 // once that one's blocks have all asked for it; the kernel itself waits for that one to end
 // before touching memory. Captured into a graph, the pair keeps the programmatic edge.
-func (be *Backend) launchEarly(n launch, stream uintptr) error {
+func (be *Backend) launchEarly(n launch) error {
 	attr := launchAttribute{id: launchProgrammaticSerialization}
 	attr.value[0] = 1 // programmaticStreamSerializationAllowed (an int)
-	cfg := launchConfig{shared: uint32(n.shared), stream: stream, attrs: &attr, numAttrs: 1}
+	cfg := launchConfig{shared: uint32(n.shared), stream: be.stream, attrs: &attr, numAttrs: 1}
 	for i := range 3 {
 		cfg.grid[i], cfg.block[i] = uint32(n.grid[i]), uint32(n.block[i])
 	}
@@ -905,7 +900,7 @@ func (be *Backend) TimeWithout(t, n int, leave func(label string) bool) (float64
 		if len(kept) == 0 {
 			return fmt.Errorf("template %d: every node left out, nothing to time", t)
 		}
-		exec, err := be.capture(kept, be.stream)
+		exec, err := be.capture(kept)
 		if err != nil {
 			return err
 		}
@@ -988,7 +983,7 @@ func (be *Backend) Profile(t int) ([]NodeTime, error) {
 			return err
 		}
 		for i, n := range nodes {
-			if err := be.issue(n, be.stream); err != nil {
+			if err := be.issue(n); err != nil {
 				return fmt.Errorf("node %s: %w", n.label, err)
 			}
 			if err := d.call("cuEventRecord", events[i+1], be.stream); err != nil {

@@ -17,9 +17,6 @@ import (
 //   - the caller's thread (every call after the load, by default): callerThread locks the
 //     calling goroutine to its OS thread for the call and makes the context current there
 //     first, so a step wakes no other thread.
-//
-// At load, `--graph-threads` (captureGraphs) adds threads of its own for a while: each locks
-// its goroutine to its OS thread and makes the context current there (makeCurrent).
 
 // makeCurrent makes the backend's context current on the calling OS thread, which the
 // caller has locked.

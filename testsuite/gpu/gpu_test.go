@@ -224,20 +224,6 @@ func TestCUDAOwnThreadMatchesCPU(t *testing.T) {
 	t.Run("continuous_batching", func(t *testing.T) { testsuite.CheckContinuousBatching(t, nb) })
 }
 
-// TestCUDAGraphThreadsMatchCPU (xmix --graph-threads 8): with the graphs captured and
-// instantiated on eight threads at once, each on a stream of its own, the checks whose
-// bundles carry the most graphs (each app's own lists beside the full template) and mix apps
-// per row pass under both GEMM servers; cuBLASLt's matmuls are captured from those threads too.
-func TestCUDAGraphThreadsMatchCPU(t *testing.T) {
-	needGPU(t)
-	for _, g := range gemmServers {
-		nb := newCUDAWith(cuda.Options{Gemm: g.mode, GraphThreads: 8})
-		t.Run(g.mode+"/solo_graphs_exact", func(t *testing.T) { testsuite.CheckSoloGraphsExact(t, nb) })
-		t.Run(g.mode+"/seven_apps_mixed", func(t *testing.T) { testsuite.CheckSevenAppsMixed(t, nb) })
-		t.Run(g.mode+"/continuous_batching", func(t *testing.T) { testsuite.CheckContinuousBatching(t, nb) })
-	}
-}
-
 // TestCUDAStagedGEMMMatchesCPU (xmixc build --gemm tc-staged): the staged kernels, built per
 // bucket with a ring of W stages, agree with the CPU on the 1B cut as the default kernels do.
 // Prefill chunks of 32 and 64 rows run them (two and one stages in flight; the decode buckets

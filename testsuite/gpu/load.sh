@@ -15,7 +15,7 @@
 #   "specs/apps/app[1-6]-*.yaml": a second bundle with them deployed, timed after the bare
 #   one's page-cache runs in RUNS runs named apps1.., for the graphs its one-app node lists add;
 #   default none), EXTRA ("NAME=flags;...": after those, RUNS more runs of the last bundle timed,
-#   named NAME1.., with these `xmix run` flags, e.g. "serial=--graph-threads 1"; default none).
+#   named NAME1.., with these `xmix run` flags, e.g. "own=--cuda-own-thread"; default none).
 # Writes $OUT/load.json, $OUT/load.md (the table) and $OUT/load.log (every step's output).
 set -euo pipefail
 
