@@ -136,14 +136,35 @@ type GEMM struct {
 	Guard   uint32
 }
 
+// The attributes the ABI's readers decode, each type's memo (attrs.go).
+var (
+	gemmTCAttrs   attrsMemo[GemmTCAttrs]
+	bf16CopyAttrs attrsMemo[struct {
+		Gather      bool   `json:"gather"`
+		Rows        string `json:"rows"`
+		Splits      int    `json:"splits"`
+		OutOptional bool   `json:"out_optional"`
+	}]
+	gatedActAttrs attrsMemo[struct {
+		Inter   int             `json:"inter"`
+		Chunked bool            `json:"chunked"`
+		Ops     json.RawMessage `json:"ops"`
+	}]
+	ropeKVAttrs attrsMemo[struct {
+		KVShape
+		Bias   bool `json:"bias"`
+		QKNorm bool `json:"qk_norm"`
+	}]
+)
+
 // GemmOf reads node n, whose kernel is k, as a GEMM: ok is false when k is not an OpGemmTC
 // kernel, and an error says how a node that claims to be one is malformed.
 func GemmOf(n Node, k Kernel) (g GEMM, ok bool, err error) {
 	if k.Op != OpGemmTC {
 		return GEMM{}, false, nil
 	}
-	var a GemmTCAttrs
-	if err := json.Unmarshal(k.Attrs, &a); err != nil || a.K <= 0 || a.N <= 0 {
+	a, err := gemmTCAttrs.decode(k.Attrs)
+	if err != nil || a.K <= 0 || a.N <= 0 {
 		return GEMM{}, false, fmt.Errorf("node %s: kernel %s: GEMM attributes %s: want positive k and n", n.Label, k.Name, k.Attrs)
 	}
 	g = GEMM{N: a.N, K: a.K, Guard: a.Guard, X: -1, W: -1, Y: -1}
@@ -406,15 +427,13 @@ func BF16CopyOf(n Node, k Kernel) (BF16Copy, bool) {
 	if a, ok := GatedActOf(n, k); ok {
 		return BF16Copy{Out: a.Act, Rows: a.Rows, OutArg: 1, CopyArg: 2, Droppable: true}, true
 	}
-	var a struct {
-		Gather      bool   `json:"gather"`
-		Rows        string `json:"rows"`
-		Splits      int    `json:"splits"`
-		OutOptional bool   `json:"out_optional"`
+	if k.Op != OpRowNorm && k.Op != OpAttention {
+		return BF16Copy{}, false
 	}
+	a, err := bf16CopyAttrs.decode(k.Attrs)
 	var out, copyName string
 	switch {
-	case json.Unmarshal(k.Attrs, &a) != nil || len(n.Args) != len(k.Params):
+	case err != nil || len(n.Args) != len(k.Params):
 		return BF16Copy{}, false
 	case k.Op == OpRowNorm && !a.Gather:
 		out, copyName = "out", NormOutBF16
@@ -468,12 +487,11 @@ type GatedAct struct {
 // mlp.act lives in another form of the kernel, which no backend folds away); ok is false for
 // any other node.
 func GatedActOf(n Node, k Kernel) (GatedAct, bool) {
-	var a struct {
-		Inter   int             `json:"inter"`
-		Chunked bool            `json:"chunked"`
-		Ops     json.RawMessage `json:"ops"`
+	if !slices.Contains(GatedActOps, k.Op) {
+		return GatedAct{}, false
 	}
-	if !slices.Contains(GatedActOps, k.Op) || json.Unmarshal(k.Attrs, &a) != nil || !a.Chunked || len(a.Ops) > 0 || a.Inter <= 0 ||
+	a, err := gatedActAttrs.decode(k.Attrs)
+	if err != nil || !a.Chunked || len(a.Ops) > 0 || a.Inter <= 0 ||
 		!slices.Equal(k.Params, gatedActParams) || len(n.Args) != len(gatedActParams) || n.Args[0].Buffer == "" || n.Args[1].Buffer == "" ||
 		n.Args[2] != (Slot{}) || n.Args[GatedGuBF16Arg] != (Slot{}) || n.Grid[1] < 1 {
 		return GatedAct{}, false
@@ -542,12 +560,11 @@ func RopePairAt(nodes []Node, i int, kernel func(name string) Kernel) (GEMM, Rop
 		return GEMM{}, RopeKVNode{}, false, err
 	}
 	k := kernel(next.Kernel)
-	var a struct {
-		KVShape
-		Bias   bool `json:"bias"`
-		QKNorm bool `json:"qk_norm"`
+	if k.Op != OpRopeKV {
+		return GEMM{}, RopeKVNode{}, false, nil
 	}
-	if k.Op != OpRopeKV || json.Unmarshal(k.Attrs, &a) != nil || a.Bias || a.QKNorm || !slices.Equal(k.Params, append([]Param{{"qkv", "u64"}}, RopeKVParams...)) ||
+	a, err := ropeKVAttrs.decode(k.Attrs)
+	if err != nil || a.Bias || a.QKNorm || !slices.Equal(k.Params, append([]Param{{"qkv", "u64"}}, RopeKVParams...)) ||
 		len(next.Args) != len(k.Params) || next.Args[0] != n.Args[g.Y] || next.Grid[0] != g.M || g.Guard != 0 || n.SkipUnless != 0 || next.SkipUnless != 0 {
 		return GEMM{}, RopeKVNode{}, false, nil
 	}
