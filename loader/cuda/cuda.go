@@ -366,30 +366,23 @@ func (be *Backend) load(b *bundle.Bundle, w *loader.Weights, opt Options, progre
 		return err
 	}
 	start = time.Now()
-	var lists [][]launch
-	var names []string // each list's template and variant, for errors
 	for _, t := range b.Templates {
 		g, err := be.prepareVariants(t, opt.NoSolo)
 		if err != nil {
 			return fmt.Errorf("template %s: %w", t.Name, err)
 		}
 		be.steps = append(be.steps, g)
-		lists = append(lists, g.nodes...)
-		for v := range g.nodes {
-			names = append(names, fmt.Sprintf("template %s, graph %d", t.Name, v))
-		}
 	}
 	prepared := time.Since(start)
-	execs, err := be.captureGraphs(lists, names)
-	if err != nil {
-		return err
-	}
+	graphs := 0
 	for i := range be.steps {
-		n := len(be.steps[i].nodes)
-		be.steps[i].execs, execs = execs[:n:n], execs[n:]
+		if err := be.captureGraphs(&be.steps[i]); err != nil {
+			return fmt.Errorf("template %s: %w", be.steps[i].tmpl.Name, err)
+		}
+		graphs += len(be.steps[i].execs)
 	}
 	progress("cuda: %d graphs instantiated for %d templates in %.2f s (launches prepared in %.2f s)",
-		len(lists), len(b.Templates), time.Since(start).Seconds(), prepared.Seconds())
+		graphs, len(b.Templates), time.Since(start).Seconds(), prepared.Seconds())
 	if be.lt != nil && be.lt.fallbacks > 0 {
 		progress("cuda: %d GEMM nodes kept their PTX kernel (cuBLASLt refused them; first: %v)", be.lt.fallbacks, be.lt.fallbackErr)
 	}
