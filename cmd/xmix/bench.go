@@ -14,7 +14,6 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
-	"runtime/pprof"
 	"slices"
 	"sort"
 	"strings"
@@ -105,6 +104,9 @@ requests. --ignore-eos (both ways) has every request generate exactly its tokens
 				}
 				if f.cpuProfile != "" {
 					return fmt.Errorf("--cpu-profile profiles this process's host work, not a server's: run the bench in-process (BUNDLE.xmb), or profile the server itself")
+				}
+				if f.loadProfile != "" {
+					return fmt.Errorf("--load-profile profiles this process's load of a bundle, and --url loads none: run the bench in-process (BUNDLE.xmb), or give --load-profile to xmix serve")
 				}
 				return benchURL(cmd.OutOrStdout(), f)
 			}
@@ -382,7 +384,7 @@ func runBench(w io.Writer, path string, f benchFlags) error {
 	out := map[string]any{"bundle": filepath.Base(path), "backend": s.be.Name(), "model": b.Manifest.Model.Name, "apps": apps, "app_fraction": f.appFraction,
 		"temperature": f.temperature, "top_p": f.topP}
 	if f.online {
-		stop, err := startCPUProfile(f.cpuProfile)
+		stop, err := startCPUProfile("--cpu-profile", f.cpuProfile)
 		if err != nil {
 			return err
 		}
@@ -423,29 +425,6 @@ func runBench(w io.Writer, path string, f benchFlags) error {
 		out["kernel_registers"] = rc.KernelRegisters()
 	}
 	return writeResults(w, out)
-}
-
-// startCPUProfile starts the Go CPU profile into path (none when path is ""); stop ends it
-// and closes the file.
-func startCPUProfile(path string) (stop func() error, err error) {
-	if path == "" {
-		return func() error { return nil }, nil
-	}
-	fh, err := os.Create(path)
-	if err != nil {
-		return nil, fmt.Errorf("--cpu-profile: %w", err)
-	}
-	if err := pprof.StartCPUProfile(fh); err != nil {
-		fh.Close()
-		return nil, fmt.Errorf("--cpu-profile %s: %w", path, err)
-	}
-	return func() error {
-		pprof.StopCPUProfile()
-		if err := fh.Close(); err != nil {
-			return fmt.Errorf("--cpu-profile %s: %w", path, err)
-		}
-		return nil
-	}, nil
 }
 
 // writeResults prints a benchmark's results as indented JSON.

@@ -717,18 +717,10 @@ func TestBenchSampling(t *testing.T) {
 	}
 }
 
-// TestCPUProfile: an online bench with --cpu-profile writes a Go CPU profile (gzipped
-// protobuf whose string table names its sample type) and still prints its results; the flag
-// is refused before anything runs without --online, over --url and into a folder.
-func TestCPUProfile(t *testing.T) {
-	dir := t.TempDir()
-	bp := tinyBundleFile(t, filepath.Join(dir, "tiny.xmb"))
-	file := filepath.Join(dir, "cpu.pprof")
-	out, err := xmix(t, "bench", bp, "-q", "--backend", "cpu", "--online", "--requests", "3", "--output-len", "2",
-		"--warmup", "0", "--runs", "1", "--rate", "0", "--json", "--cpu-profile", file)
-	if err != nil || !strings.Contains(out, `"online"`) {
-		t.Fatalf("err %v, output %q", err, out)
-	}
+// checkCPUProfile fails t unless file holds a Go CPU profile: gzipped protobuf whose string
+// table names its sample type.
+func checkCPUProfile(t *testing.T, file string) {
+	t.Helper()
 	raw, err := os.ReadFile(file)
 	if err != nil {
 		t.Fatal(err)
@@ -741,6 +733,53 @@ func TestCPUProfile(t *testing.T) {
 	if err != nil || !bytes.Contains(pb, []byte("nanoseconds")) {
 		t.Fatalf("%s: %d bytes unpacked (%v), no CPU sample type in them", file, len(pb), err)
 	}
+}
+
+// TestLoadProfile: --load-profile writes a Go CPU profile of the load for xmix run, on a
+// bundle and on the embedded default, and the run still prints its text; it is refused into a
+// folder, and for a bench over --url, which loads nothing, before anything runs.
+func TestLoadProfile(t *testing.T) {
+	dir := t.TempDir()
+	bp := tinyBundleFile(t, filepath.Join(dir, "tiny.xmb"))
+	for i, args := range [][]string{{bp, "-p", "Once"}, {}} {
+		file := filepath.Join(dir, fmt.Sprintf("load%d.pprof", i))
+		out, err := xmix(t, append([]string{"run", "-q", "--backend", "cpu", "-n", "2", "--load-profile", file}, args...)...)
+		if err != nil || strings.TrimSpace(out) == "" {
+			t.Fatalf("%v: err %v, output %q", args, err, out)
+		}
+		checkCPUProfile(t, file)
+	}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"run", bp, "-q", "-p", "Hi", "--backend", "cpu", "--load-profile", dir}, "--load-profile " + dir + ": a folder: give a file path"},
+		{[]string{"run", bp, "-q", "-p", "Hi", "--backend", "cpu", "--load-profile", filepath.Join(dir, "no", "a.pprof")}, "its folder " + filepath.Join(dir, "no") + " does not exist"},
+		{[]string{"bench", "-q", "--url", "http://127.0.0.1:1", "--load-profile", filepath.Join(dir, "b.pprof")}, "--load-profile profiles this process's load of a bundle, and --url loads none"},
+	} {
+		out, err := xmix(t, c.args...)
+		if err == nil || !strings.Contains(out, c.want) {
+			t.Fatalf("%v: err %v, output %q", c.args, err, out)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(dir, "b.pprof")); !os.IsNotExist(err) {
+		t.Fatalf("b.pprof written (%v)", err)
+	}
+}
+
+// TestCPUProfile: an online bench with --cpu-profile writes a Go CPU profile (gzipped
+// protobuf whose string table names its sample type) and still prints its results; the flag
+// is refused before anything runs without --online, over --url and into a folder.
+func TestCPUProfile(t *testing.T) {
+	dir := t.TempDir()
+	bp := tinyBundleFile(t, filepath.Join(dir, "tiny.xmb"))
+	file := filepath.Join(dir, "cpu.pprof")
+	out, err := xmix(t, "bench", bp, "-q", "--backend", "cpu", "--online", "--requests", "3", "--output-len", "2",
+		"--warmup", "0", "--runs", "1", "--rate", "0", "--json", "--cpu-profile", file)
+	if err != nil || !strings.Contains(out, `"online"`) {
+		t.Fatalf("err %v, output %q", err, out)
+	}
+	checkCPUProfile(t, file)
 	for _, c := range []struct {
 		args []string
 		want string

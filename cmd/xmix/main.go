@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -74,7 +75,8 @@ type runFlags struct {
 	sets        []string // app.scalar=value overrides for every prompt
 	tpAddr      string   // rank 0 of a multi-process tensor-parallel group listens here (tpworker.go)
 	tpTimeout   time.Duration
-	trace       bool // cuda: every kernel stamps the step trace (xmix bench --trace)
+	trace       bool   // cuda: every kernel stamps the step trace (xmix bench --trace)
+	loadProfile string // the Go CPU profile of the load goes here (--load-profile)
 }
 
 // overrides parses the --set flags into a request's scalar overrides; the engine checks the
@@ -141,6 +143,7 @@ func (f *runFlags) addBackendFlags(fl *pflag.FlagSet) {
 	fl.BoolVar(&f.ownThread, "cuda-own-thread", false, "cuda: hand each step's driver calls to the backend's own locked thread and wait to be woken, as before (for measuring); by default they run on the thread of the goroutine that steps the engine, locked for the call with the CUDA context made current on it, which wakes no other thread: on an H100 the 8B's decode step 0.7-0.8% shorter, the 1B's 2.9-3.1% (testsuite/gpu/RESULTS.md, session 70)")
 	fl.IntVar(&f.maxBatched, "max-batched-tokens", 0, "rows one step runs at most, decode and prompt rows together (vLLM's max_num_batched_tokens); 0: the bundle's serving.max_batched_tokens")
 	fl.IntVar(&f.loadReaders, "load-readers", 0, "cuda: goroutines reading the checkpoint into pinned staging while earlier chunks are copied to the GPU (0: min(8, CPUs))")
+	fl.StringVar(&f.loadProfile, "load-profile", "", "also write the host's Go CPU profile of the load (weights, kernels, graphs, engine) to this file, for `go tool pprof`: where the time before the first step goes")
 	fl.BoolVarP(&f.quiet, "quiet", "q", false, "no progress output on stderr")
 	f.addTPFlags(fl)
 }
@@ -221,13 +224,30 @@ func openFile(path string, f runFlags) (*session, error) {
 	return open(b, filepath.Dir(path), f)
 }
 
+// open loads b, with --load-profile's profile of it where asked.
 func open(b *bundle.Bundle, baseDir string, f runFlags) (*session, error) {
-	start := time.Now()
 	if f.maxBatched != 0 { // checked before gigabytes of weights are loaded
 		if err := bundle.CheckMaxBatchedTokens(f.maxBatched, b.PrefillChunks(), b.Manifest.Model.MaxSeqs); err != nil {
 			return nil, fmt.Errorf("--max-batched-tokens: %w", err)
 		}
 	}
+	stop, err := startCPUProfile("--load-profile", f.loadProfile)
+	if err != nil {
+		return nil, err
+	}
+	s, err := load(b, baseDir, f)
+	if err := errors.Join(err, stop()); err != nil {
+		if s != nil {
+			s.be.Close()
+		}
+		return nil, err
+	}
+	return s, nil
+}
+
+// load is open's work: the weights onto the backend, the engine and the tokenizer.
+func load(b *bundle.Bundle, baseDir string, f runFlags) (*session, error) {
+	start := time.Now()
 	w, err := loader.OpenWeights(b, baseDir)
 	if err != nil {
 		return nil, err
@@ -252,6 +272,32 @@ func open(b *bundle.Bundle, baseDir string, f runFlags) (*session, error) {
 		return nil, err
 	}
 	return &session{b: b, be: be, eng: eng, tok: tok}, nil
+}
+
+// startCPUProfile starts the Go CPU profile into path (none when path is ""); stop ends it
+// and closes the file. flag names the option in errors.
+func startCPUProfile(flag, path string) (stop func() error, err error) {
+	if path == "" {
+		return func() error { return nil }, nil
+	}
+	if err := checkOutFile(path); err != nil {
+		return nil, fmt.Errorf("%s %s: %w", flag, path, err)
+	}
+	fh, err := os.Create(path)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", flag, err)
+	}
+	if err := pprof.StartCPUProfile(fh); err != nil {
+		fh.Close()
+		return nil, fmt.Errorf("%s %s: %w", flag, path, err)
+	}
+	return func() error {
+		pprof.StopCPUProfile()
+		if err := fh.Close(); err != nil {
+			return fmt.Errorf("%s %s: %w", flag, path, err)
+		}
+		return nil
+	}, nil
 }
 
 // checkOutFile says why path cannot take a results file: it is a folder, or its folder is

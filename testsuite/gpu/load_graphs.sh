@@ -10,7 +10,9 @@
 # bundle), OUT, APPS (default specs/apps/app[1-6]-*.yaml), ROUNDS (3). A first run per
 # variant, not counted, lets the driver compile and cache the kernels. Writes
 # $OUT/load_graphs.tsv (round, variant, graphs, seconds to prepare and instantiate, of which
-# preparing the launches, loaded in) and $OUT/load_graphs.md.
+# preparing the launches, loaded in) and $OUT/load_graphs.md. PROFILE=1 also writes the Go
+# CPU profile of each variant's last load (`xmix run --load-profile`) to
+# $OUT/load_VARIANT.pprof, for `go tool pprof -top`.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 . testsuite/gpu/fit.sh
@@ -28,9 +30,10 @@ card=$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,nohe
 first=${variants[0]#*=}
 # shellcheck disable=SC2046 # fit_flags is a list of flags
 "$first/xmixc" build "$spec" "${apps[@]}" -q $(fit_flags "$spec") -o "$work/apps.xmb"
-# load VARIANT BIN: one `xmix run -n 1`, its graph line as "graphs<TAB>instantiated<TAB>prepared<TAB>loaded".
+# load VARIANT BIN [FLAGS...]: one `xmix run -n 1` (FLAGS added), its graph line as
+# "graphs<TAB>instantiated<TAB>prepared<TAB>loaded".
 load() {
-  "$2/xmix" run "$work/apps.xmb" --backend cuda -p Hello -n 1 > /dev/null 2> "$work/err" ||
+  "$2/xmix" run "$work/apps.xmb" --backend cuda -p Hello -n 1 "${@:3}" > /dev/null 2> "$work/err" ||
     { echo "$1: xmix run failed:" >&2; cat "$work/err" >&2; exit 1; }
   # "cuda: G graphs instantiated for T templates in S s (launches prepared in P s)"
   local g loaded
@@ -44,7 +47,9 @@ tsv=$OUT/load_graphs.tsv
 printf 'round\tvariant\tgraphs\tinstantiated_s\tprepared_s\tloaded_s\n' > "$tsv"
 for r in $(seq 1 "${ROUNDS:-3}"); do
   for v in "${variants[@]}"; do
-    printf '%s\t%s\t%s\n' "$r" "${v%%=*}" "$(load "${v%%=*}" "${v#*=}")" >> "$tsv"
+    prof=()
+    [ "${PROFILE:-0}" = 1 ] && [ "$r" = "${ROUNDS:-3}" ] && prof=(--load-profile "$OUT/load_${v%%=*}.pprof")
+    printf '%s\t%s\t%s\n' "$r" "${v%%=*}" "$(load "${v%%=*}" "${v#*=}" "${prof[@]}")" >> "$tsv"
   done
 done
 {
