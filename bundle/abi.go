@@ -505,8 +505,33 @@ func GatedActOf(n Node, k Kernel) (GatedAct, bool) {
 // and its rows are the activation's; neither is a heavy app's (no guard, no skip); and no
 // node of the list but such GEMMs and activations names gu's buffer, so that no one reads the
 // y that the one launch never writes. An error says how a node that claims to be a GEMM is
-// malformed.
+// malformed. GatedPairs asks it of many i of one list.
 func GatedPairAt(nodes []Node, i int, kernel func(name string) Kernel) (GEMM, GatedAct, bool, error) {
+	return NewGatedPairs(nodes, kernel).At(i)
+}
+
+// GatedPairs answers GatedPairAt for one node list, reading the whole list once for each gu
+// buffer rather than once for each pair: preparing the 8B's graphs with apps asked it of
+// every node of 130 lists of about 300 nodes.
+type GatedPairs struct {
+	nodes  []Node
+	kernel func(name string) Kernel
+	guOnly map[string]bool // gu's buffer: whether only pairs' GEMMs and activations name it
+}
+
+// NewGatedPairs finds the gated pairs of nodes (kernels by name from kernel).
+func NewGatedPairs(nodes []Node, kernel func(name string) Kernel) *GatedPairs {
+	return &GatedPairs{nodes: nodes, kernel: kernel, guOnly: map[string]bool{}}
+}
+
+// Of says whether p finds the pairs of nodes: the same list, not a copy.
+func (p *GatedPairs) Of(nodes []Node) bool {
+	return len(nodes) == len(p.nodes) && (len(nodes) == 0 || &nodes[0] == &p.nodes[0])
+}
+
+// At is GatedPairAt(nodes, i, kernel) for p's nodes and kernels.
+func (p *GatedPairs) At(i int) (GEMM, GatedAct, bool, error) {
+	nodes, kernel := p.nodes, p.kernel
 	if i+1 >= len(nodes) {
 		return GEMM{}, GatedAct{}, false, nil
 	}
@@ -519,22 +544,36 @@ func GatedPairAt(nodes []Node, i int, kernel func(name string) Kernel) (GEMM, Ga
 	if !ok || n.Args[g.Y] != act.GU || g.N != 2*act.Inter || g.M != act.Rows || g.Guard != 0 || n.SkipUnless != 0 || next.SkipUnless != 0 {
 		return GEMM{}, GatedAct{}, false, nil
 	}
-	for _, m := range nodes {
-		k := kernel(m.Kernel)
+	only, seen := p.guOnly[act.GU.Buffer]
+	if !seen {
+		only = p.namedByPairsOnly(act.GU.Buffer)
+		p.guOnly[act.GU.Buffer] = only
+	}
+	if !only {
+		return GEMM{}, GatedAct{}, false, nil
+	}
+	return g, act, true, nil
+}
+
+// namedByPairsOnly says whether every argument of p's nodes that names buffer is a GEMM's y
+// or a gated activation's gu.
+func (p *GatedPairs) namedByPairsOnly(buffer string) bool {
+	for _, m := range p.nodes {
 		for j, s := range m.Args {
-			if s.Buffer != act.GU.Buffer {
+			if s.Buffer != buffer {
 				continue
 			}
+			k := p.kernel(m.Kernel)
 			if h, ok, _ := GemmOf(m, k); ok && j == h.Y {
 				continue
 			}
 			if a, ok := GatedActOf(m, k); ok && j == 0 && a.GU == s {
 				continue
 			}
-			return GEMM{}, GatedAct{}, false, nil
+			return false
 		}
 	}
-	return g, act, true, nil
+	return true
 }
 
 // RopeKVNode is a rope_kv node as RopePairAt reads it: its shape and its arguments after qkv

@@ -189,6 +189,23 @@ func TestGatedPairAt(t *testing.T) {
 	if _, _, _, err := GatedPairAt([]Node{bad, act("act", "gu", 32)}, 0, kernel); err == nil || !strings.Contains(err.Error(), "node gate_up: kernel gemm") {
 		t.Errorf("malformed GEMM: %v", err)
 	}
+
+	// GatedPairs, asked of every node of one list, answers as GatedPairAt does: two layers'
+	// pairs on one gu buffer, and the same list with a reader of gu after them (no pair then).
+	layers := []Node{gemm("gu", 32), act("act", "gu", 32), reader, gemm("gu", 32), act("act", "gu", 32)}
+	for _, nodes := range [][]Node{slices.Delete(slices.Clone(layers), 2, 3), layers} {
+		pairs := NewGatedPairs(nodes, kernel)
+		for i := range nodes {
+			g, a, ok, err := pairs.At(i)
+			wg, wa, wok, werr := GatedPairAt(nodes, i, kernel)
+			if g != wg || a != wa || ok != wok || err != werr || ok != (len(nodes) == 4 && i%2 == 0) {
+				t.Errorf("%d nodes, node %d: GatedPairs %v %v, GatedPairAt %v %v", len(nodes), i, ok, err, wok, werr)
+			}
+		}
+		if !pairs.Of(nodes) || pairs.Of(slices.Clone(nodes)) || pairs.Of(nodes[:2]) {
+			t.Errorf("%d nodes: Of takes a list other than its own, or not its own", len(nodes))
+		}
+	}
 }
 
 // TestGemmCopyKernelsWithRope: a copy-engine GEMM with rope_kv takes RopeKVParams after its

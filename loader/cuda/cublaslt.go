@@ -200,7 +200,10 @@ type cublasLt struct {
 	fallbackErr error
 	// served holds each prepared matmul launch by its shape and pointers: a template's graph
 	// variants and its app-free nodes share their GEMM nodes, prepared once.
-	served  map[ltKey]*launch
+	served map[ltKey]*launch
+	// algos holds each algorithm chosen, by what cuBLASLt chooses it from: the 8B's 32
+	// layers ask the same of it for each GEMM, and each query cost about 0.1 ms at load.
+	algos   map[ltAlgoKey]ltAlgo
 	version int // cublasLtGetVersion
 	// picks are the tuned algorithms for this GPU and version (gemm_picks.go); picked and
 	// missed count the prepared GEMMs that found theirs and those whose pick the library no
@@ -222,6 +225,26 @@ type ltKey struct {
 	yBF16   bool // y is written in bf16 (gu.go)
 }
 
+// ltAlgoKey is what cuBLASLt's choice of an algorithm depends on: the matmul's shape and
+// types (newMatmul's descriptor and layouts) and its pointers' alignments (heuristics'
+// preference; the workspace is the same for all).
+type ltAlgoKey struct {
+	shape GemmShape
+	yBF16 bool
+	align [3]uint32 // w, x, y
+}
+
+// ltAlgo is an algorithm chosen for an ltAlgoKey and whether it was the tuned pick (picked),
+// or the pick the library no longer offers (missed), which algorithm counts per GEMM.
+type ltAlgo struct {
+	r              ltResult
+	picked, missed bool
+}
+
+// alignment is the largest power of two, at most 256, that divides p: cuBLASLt's minimum
+// alignment attributes.
+func alignment(p uintptr) uint32 { return uint32(min(256, p&-p)) }
+
 // ltMatmul is one GEMM node served by cuBLASLt: its descriptors, chosen algorithm and
 // pointers, fixed for the life of the graph.
 type ltMatmul struct {
@@ -242,7 +265,7 @@ func loadCublasLt() (*cublasLt, error) {
 	if lib == 0 {
 		return nil, fmt.Errorf("cuBLASLt not found (tried %v): %v", ltLibraryPaths, err)
 	}
-	lt := &cublasLt{fn: map[string]uintptr{}, one: new(float32), zero: new(float32), served: map[ltKey]*launch{}}
+	lt := &cublasLt{fn: map[string]uintptr{}, one: new(float32), zero: new(float32), served: map[ltKey]*launch{}, algos: map[ltAlgoKey]ltAlgo{}}
 	*lt.one = 1
 	for _, s := range ltSymbols {
 		p, err := purego.Dlsym(lib, s)
@@ -375,8 +398,8 @@ func (be *Backend) gemm(n bundle.Node) (bundle.GEMM, bool) {
 }
 
 // ltNode prepares node n (vals: its arguments' device addresses and constants) for cuBLASLt: the cast
-// launch and the matmul with its algorithm, run once outside any graph so that a
-// failure surfaces here, not inside a capture. ok is false when cuBLASLt does not take it
+// launch and the matmul with its algorithm, whose first GEMM runs once outside any graph so
+// that a failure surfaces here, not inside a capture. ok is false when cuBLASLt does not take it
 // (the node then runs its PTX kernel). fed, if not 0, is the cast's scratch, where the launch
 // ahead wrote bf16(x): the matmul then runs alone. yBF16: the matmul writes y in bf16.
 func (be *Backend) ltNode(n bundle.Node, vals []uint64, fed uintptr, yBF16 bool) (*launch, bool, error) {
@@ -405,8 +428,20 @@ func (be *Backend) ltNode(n bundle.Node, vals []uint64, fed uintptr, yBF16 bool)
 	if err != nil {
 		return nil, false, err
 	}
-	if m.algo, err = lt.algorithm(m, g); err != nil {
-		return nil, false, err
+	ak := ltAlgoKey{shape: GemmShape{g.M, g.N, g.K}, yBF16: yBF16, align: [3]uint32{alignment(m.w), alignment(m.x), alignment(m.y)}}
+	a, chosen := lt.algos[ak]
+	if !chosen {
+		if a, err = lt.algorithm(m, g); err != nil {
+			return nil, false, err
+		}
+		lt.algos[ak] = a
+	}
+	m.algo = a.r
+	if a.picked {
+		lt.picked++
+	}
+	if a.missed {
+		lt.missed++
 	}
 	l := &launch{label: n.Label, kernel: "cublasLt:" + n.Kernel}
 	if key.fed {
@@ -415,8 +450,12 @@ func (be *Backend) ltNode(n bundle.Node, vals []uint64, fed uintptr, yBF16 bool)
 		l = be.castNode(n, g, key.x, l.kernel, false)
 	}
 	l.matmul = m
-	if err := be.runOnce(*l); err != nil {
-		return nil, false, err
+	if !chosen {
+		// The algorithm's first run, outside any graph, so that a failure of it surfaces
+		// here, not inside a capture, and the library loads its kernel before any.
+		if err := be.runOnce(*l); err != nil {
+			return nil, false, err
+		}
 	}
 	lt.served[key] = l
 	return l, true, nil
@@ -489,7 +528,7 @@ func (lt *cublasLt) heuristics(m *ltMatmul, g bundle.GEMM, want int) ([]ltResult
 		return nil, err
 	}
 	for i, p := range []uintptr{m.w, m.x, m.y, m.y} {
-		align := uint32(min(256, p&-p))
+		align := alignment(p)
 		if err := lt.call("cublasLtMatmulPreferenceSetAttribute", pref, uintptr(ltPrefMinAlignmentA+i), uintptr(unsafe.Pointer(&align)), 4); err != nil {
 			return nil, err
 		}
@@ -572,23 +611,23 @@ func (lt *cublasLt) withSplit(m *ltMatmul, r ltResult, split int) (ltResult, err
 
 // algorithm is the algorithm m runs for g: the tuned pick where the table has one and
 // cuBLASLt still offers it among its first ltCandidates results, else the library's first.
-func (lt *cublasLt) algorithm(m *ltMatmul, g bundle.GEMM) (ltResult, error) {
+func (lt *cublasLt) algorithm(m *ltMatmul, g bundle.GEMM) (ltAlgo, error) {
 	p, ok := lt.picks[GemmShape{g.M, g.N, g.K}]
 	if !ok {
 		res, err := lt.heuristics(m, g, 1)
 		if err != nil {
-			return ltResult{}, err
+			return ltAlgo{}, err
 		}
-		return res[0], nil
+		return ltAlgo{r: res[0]}, nil
 	}
 	res, err := lt.heuristics(m, g, ltCandidates)
 	if err != nil {
-		return ltResult{}, err
+		return ltAlgo{}, err
 	}
 	for i := range res {
 		c, err := lt.config(&res[i])
 		if err != nil {
-			return res[0], err
+			return ltAlgo{r: res[0]}, err
 		}
 		if !p.matches(c) {
 			continue
@@ -599,11 +638,9 @@ func (lt *cublasLt) algorithm(m *ltMatmul, g bundle.GEMM) (ltResult, error) {
 				break
 			}
 		}
-		lt.picked++
-		return r, nil
+		return ltAlgo{r: r, picked: true}, nil
 	}
-	lt.missed++
-	return res[0], nil
+	return ltAlgo{r: res[0], missed: true}, nil
 }
 
 // run enqueues the matmul on stream (inside a capture, it records it).

@@ -98,6 +98,9 @@ type Backend struct {
 	guF32   bool           // Options.GuF32
 	guBF16  int            // gate/up GEMMs cuBLASLt serves writing bf16 for the activation (gu.go)
 	steps   []stepGraphs   // each template's graph variants (variants.go)
+	// gated: the gated pairs of the node list prepareAll prepares, which planPair asks of each
+	// node; for another list it finds them anew.
+	gated *bundle.GatedPairs
 	// outCopies: per template, what of the output arena a step copies back (outputs.go);
 	// outFresh: bytes of each output buffer the last step copied (Read serves those).
 	outCopies [][]outCopy
@@ -628,6 +631,9 @@ func (be *Backend) prepare(n bundle.Node, variants uint32, fed uintptr, yBF16 bo
 	return launch{label: n.Label, kernel: n.Kernel, f: f, grid: n.Grid, block: n.Block, shared: n.Shared,
 		params: be.keepParams(vals), skipUnless: n.SkipUnless, early: be.kernels[n.Kernel].EarlyLaunch}, nil
 }
+
+// kernel is the bundle's kernel of that name, as the bundle's pair finders take it.
+func (be *Backend) kernel(name string) bundle.Kernel { return be.kernels[name] }
 
 // argValues are node n's arguments: device addresses of its buffers (plus offsets) and its
 // constants.

@@ -177,6 +177,14 @@ type pairPlan struct {
 	rope  []bundle.Slot
 }
 
+// gatedPairs finds the gated pairs of nodes: be.gated where prepareAll prepares that list.
+func (be *Backend) gatedPairs(nodes []bundle.Node) *bundle.GatedPairs {
+	if be.gated != nil && be.gated.Of(nodes) {
+		return be.gated
+	}
+	return bundle.NewGatedPairs(nodes, be.kernel)
+}
+
 // planPair says how copyPair would serve nodes[i] and nodes[i+1]: a GEMM and the gated
 // activation of its y (bundle.GatedPairAt) by the bundle's copy-engine GEMM with that
 // activation (gatedCopyFor), or a GEMM and the rope_kv of its y (bundle.RopePairAt) by the
@@ -185,8 +193,7 @@ func (be *Backend) planPair(nodes []bundle.Node, i int) (pairPlan, bool, error) 
 	if be.copy == nil {
 		return pairPlan{}, false, nil
 	}
-	kernel := func(name string) bundle.Kernel { return be.kernels[name] }
-	g, act, ok, err := bundle.GatedPairAt(nodes, i, kernel)
+	g, act, ok, err := be.gatedPairs(nodes).At(i)
 	switch {
 	case err != nil || ok && g.M < 1:
 		return pairPlan{}, false, err
@@ -194,7 +201,7 @@ func (be *Backend) planPair(nodes []bundle.Node, i int) (pairPlan, bool, error) 
 		c, ok := gatedCopyFor(be.copy.kernels[bundle.GemmCopyShape{K: g.K, N: g.N, Act: act.Op}], g.M)
 		return pairPlan{g: g, c: c, gated: true, act: act}, ok, nil
 	}
-	g, rope, ok, err := bundle.RopePairAt(nodes, i, kernel)
+	g, rope, ok, err := bundle.RopePairAt(nodes, i, be.kernel)
 	if err != nil || !ok || g.M < 1 {
 		return pairPlan{}, false, err
 	}

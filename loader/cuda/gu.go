@@ -26,7 +26,7 @@ func (be *Backend) guBF16At(nodes []bundle.Node, i int) bool {
 	if be.lt == nil || be.guF32 {
 		return false
 	}
-	_, _, ok, err := bundle.GatedPairAt(nodes, i, func(name string) bundle.Kernel { return be.kernels[name] })
+	_, _, ok, err := be.gatedPairs(nodes).At(i)
 	return ok && err == nil
 }
 

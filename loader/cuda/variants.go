@@ -96,6 +96,7 @@ func (be *Backend) variant(t int) int {
 
 // prepareAll prepares a node list's launches (variants as prepare takes it).
 func (be *Backend) prepareAll(nodes []bundle.Node, variants uint32) ([]launch, error) {
+	be.gated = bundle.NewGatedPairs(nodes, be.kernel)
 	var all []launch
 	var fed uintptr // bf16 of this node's x, as the launch ahead wrote it (copyPair, feedAhead)
 	var guB uintptr // bf16 of this activation's gu, as cuBLASLt's GEMM ahead wrote it (gu.go)
