@@ -10,8 +10,9 @@
 # bundle), OUT, APPS (default specs/apps/app[1-6]-*.yaml), ROUNDS (3). A first run per
 # variant, not counted, lets the driver compile and cache the kernels. Writes
 # $OUT/load_graphs.tsv (round, variant, graphs, seconds to prepare and instantiate, of which
-# preparing the launches, loaded in) and $OUT/load_graphs.md. PROFILE=1 also writes the Go
-# CPU profile of each variant's last load (`xmix run --load-profile`) to
+# preparing the launches, loaded in), $OUT/load_graphs.md and each variant's last progress
+# output, $OUT/load_VARIANT.log (which GEMM servers it chose, to compare). PROFILE=1 also
+# writes the Go CPU profile of each variant's last load (`xmix run --load-profile`) to
 # $OUT/load_VARIANT.pprof, for `go tool pprof -top`.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -50,6 +51,7 @@ for r in $(seq 1 "${ROUNDS:-3}"); do
     prof=()
     [ "${PROFILE:-0}" = 1 ] && [ "$r" = "${ROUNDS:-3}" ] && prof=(--load-profile "$OUT/load_${v%%=*}.pprof")
     printf '%s\t%s\t%s\n' "$r" "${v%%=*}" "$(load "${v%%=*}" "${v#*=}" "${prof[@]}")" >> "$tsv"
+    if [ "$r" = "${ROUNDS:-3}" ]; then cp "$work/err" "$OUT/load_${v%%=*}.log"; fi
   done
 done
 {
