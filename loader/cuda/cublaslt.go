@@ -202,7 +202,8 @@ type cublasLt struct {
 	// variants and its app-free nodes share their GEMM nodes, prepared once.
 	served map[ltKey]*launch
 	// algos holds each algorithm chosen, by what cuBLASLt chooses it from: the 8B's 32
-	// layers ask the same of it for each GEMM, and each query cost about 0.1 ms at load.
+	// layers ask the same of it for each GEMM, and the queries took 0.11 s of the load of
+	// its bundle with apps 1-6 (an H100, xmix run --load-profile).
 	algos   map[ltAlgoKey]ltAlgo
 	version int // cublasLtGetVersion
 	// picks are the tuned algorithms for this GPU and version (gemm_picks.go); picked and
@@ -398,8 +399,8 @@ func (be *Backend) gemm(n bundle.Node) (bundle.GEMM, bool) {
 }
 
 // ltNode prepares node n (vals: its arguments' device addresses and constants) for cuBLASLt: the cast
-// launch and the matmul with its algorithm, whose first GEMM runs once outside any graph so
-// that a failure surfaces here, not inside a capture. ok is false when cuBLASLt does not take it
+// launch and the matmul with its algorithm, run once outside any graph so that a
+// failure surfaces here, not inside a capture. ok is false when cuBLASLt does not take it
 // (the node then runs its PTX kernel). fed, if not 0, is the cast's scratch, where the launch
 // ahead wrote bf16(x): the matmul then runs alone. yBF16: the matmul writes y in bf16.
 func (be *Backend) ltNode(n bundle.Node, vals []uint64, fed uintptr, yBF16 bool) (*launch, bool, error) {
@@ -450,12 +451,8 @@ func (be *Backend) ltNode(n bundle.Node, vals []uint64, fed uintptr, yBF16 bool)
 		l = be.castNode(n, g, key.x, l.kernel, false)
 	}
 	l.matmul = m
-	if !chosen {
-		// The algorithm's first run, outside any graph, so that a failure of it surfaces
-		// here, not inside a capture, and the library loads its kernel before any.
-		if err := be.runOnce(*l); err != nil {
-			return nil, false, err
-		}
+	if err := be.runOnce(*l); err != nil {
+		return nil, false, err
 	}
 	lt.served[key] = l
 	return l, true, nil
