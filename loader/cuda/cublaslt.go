@@ -200,11 +200,7 @@ type cublasLt struct {
 	fallbackErr error
 	// served holds each prepared matmul launch by its shape and pointers: a template's graph
 	// variants and its app-free nodes share their GEMM nodes, prepared once.
-	served map[ltKey]*launch
-	// algos holds each algorithm chosen, by what cuBLASLt chooses it from: the 8B's 32
-	// layers ask the same of it for each GEMM, and the queries took 0.11 s of the load of
-	// its bundle with apps 1-6 (an H100, xmix run --load-profile).
-	algos   map[ltAlgoKey]ltAlgo
+	served  map[ltKey]*launch
 	version int // cublasLtGetVersion
 	// picks are the tuned algorithms for this GPU and version (gemm_picks.go); picked and
 	// missed count the prepared GEMMs that found theirs and those whose pick the library no
@@ -226,26 +222,6 @@ type ltKey struct {
 	yBF16   bool // y is written in bf16 (gu.go)
 }
 
-// ltAlgoKey is what cuBLASLt's choice of an algorithm depends on: the matmul's shape and
-// types (newMatmul's descriptor and layouts) and its pointers' alignments (heuristics'
-// preference; the workspace is the same for all).
-type ltAlgoKey struct {
-	shape GemmShape
-	yBF16 bool
-	align [3]uint32 // w, x, y
-}
-
-// ltAlgo is an algorithm chosen for an ltAlgoKey and whether it was the tuned pick (picked),
-// or the pick the library no longer offers (missed), which algorithm counts per GEMM.
-type ltAlgo struct {
-	r              ltResult
-	picked, missed bool
-}
-
-// alignment is the largest power of two, at most 256, that divides p: cuBLASLt's minimum
-// alignment attributes.
-func alignment(p uintptr) uint32 { return uint32(min(256, p&-p)) }
-
 // ltMatmul is one GEMM node served by cuBLASLt: its descriptors, chosen algorithm and
 // pointers, fixed for the life of the graph.
 type ltMatmul struct {
@@ -266,7 +242,7 @@ func loadCublasLt() (*cublasLt, error) {
 	if lib == 0 {
 		return nil, fmt.Errorf("cuBLASLt not found (tried %v): %v", ltLibraryPaths, err)
 	}
-	lt := &cublasLt{fn: map[string]uintptr{}, one: new(float32), zero: new(float32), served: map[ltKey]*launch{}, algos: map[ltAlgoKey]ltAlgo{}}
+	lt := &cublasLt{fn: map[string]uintptr{}, one: new(float32), zero: new(float32), served: map[ltKey]*launch{}}
 	*lt.one = 1
 	for _, s := range ltSymbols {
 		p, err := purego.Dlsym(lib, s)
@@ -429,20 +405,8 @@ func (be *Backend) ltNode(n bundle.Node, vals []uint64, fed uintptr, yBF16 bool)
 	if err != nil {
 		return nil, false, err
 	}
-	ak := ltAlgoKey{shape: GemmShape{g.M, g.N, g.K}, yBF16: yBF16, align: [3]uint32{alignment(m.w), alignment(m.x), alignment(m.y)}}
-	a, chosen := lt.algos[ak]
-	if !chosen {
-		if a, err = lt.algorithm(m, g); err != nil {
-			return nil, false, err
-		}
-		lt.algos[ak] = a
-	}
-	m.algo = a.r
-	if a.picked {
-		lt.picked++
-	}
-	if a.missed {
-		lt.missed++
+	if m.algo, err = lt.algorithm(m, g); err != nil {
+		return nil, false, err
 	}
 	l := &launch{label: n.Label, kernel: "cublasLt:" + n.Kernel}
 	if key.fed {
@@ -525,7 +489,7 @@ func (lt *cublasLt) heuristics(m *ltMatmul, g bundle.GEMM, want int) ([]ltResult
 		return nil, err
 	}
 	for i, p := range []uintptr{m.w, m.x, m.y, m.y} {
-		align := alignment(p)
+		align := uint32(min(256, p&-p))
 		if err := lt.call("cublasLtMatmulPreferenceSetAttribute", pref, uintptr(ltPrefMinAlignmentA+i), uintptr(unsafe.Pointer(&align)), 4); err != nil {
 			return nil, err
 		}
@@ -608,23 +572,23 @@ func (lt *cublasLt) withSplit(m *ltMatmul, r ltResult, split int) (ltResult, err
 
 // algorithm is the algorithm m runs for g: the tuned pick where the table has one and
 // cuBLASLt still offers it among its first ltCandidates results, else the library's first.
-func (lt *cublasLt) algorithm(m *ltMatmul, g bundle.GEMM) (ltAlgo, error) {
+func (lt *cublasLt) algorithm(m *ltMatmul, g bundle.GEMM) (ltResult, error) {
 	p, ok := lt.picks[GemmShape{g.M, g.N, g.K}]
 	if !ok {
 		res, err := lt.heuristics(m, g, 1)
 		if err != nil {
-			return ltAlgo{}, err
+			return ltResult{}, err
 		}
-		return ltAlgo{r: res[0]}, nil
+		return res[0], nil
 	}
 	res, err := lt.heuristics(m, g, ltCandidates)
 	if err != nil {
-		return ltAlgo{}, err
+		return ltResult{}, err
 	}
 	for i := range res {
 		c, err := lt.config(&res[i])
 		if err != nil {
-			return ltAlgo{r: res[0]}, err
+			return res[0], err
 		}
 		if !p.matches(c) {
 			continue
@@ -635,9 +599,11 @@ func (lt *cublasLt) algorithm(m *ltMatmul, g bundle.GEMM) (ltAlgo, error) {
 				break
 			}
 		}
-		return ltAlgo{r: r, picked: true}, nil
+		lt.picked++
+		return r, nil
 	}
-	return ltAlgo{r: res[0], missed: true}, nil
+	lt.missed++
+	return res[0], nil
 }
 
 // run enqueues the matmul on stream (inside a capture, it records it).
