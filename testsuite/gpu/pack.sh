@@ -15,12 +15,11 @@ if [ "${1:-}" = --unpack ]; then
     mkdir -p ".dev/$name"
     for f in "$d"*; do
       case "$f" in
-        *.gz) gunzip -c "$f" > ".dev/$name/$(basename "${f%.gz}")" && chmod +x ".dev/$name/$(basename "${f%.gz}")" ;;
-        *.xz)
-          bin=.dev/$name/$(basename "${f%.xz}")
-          if command -v xz > /dev/null; then xz -dc "$f" > "$bin"; else
-            python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' "$f" "$bin"
-          fi
+        *.gz | *.xz)
+          bin=.dev/$name/$(basename "${f%.*}")
+          if [[ $f == *.gz ]]; then gunzip -c "$f" > "$bin"
+          elif command -v xz > /dev/null; then xz -dc "$f" > "$bin"
+          else python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' "$f" "$bin"; fi
           chmod +x "$bin" ;;
         *) cp "$f" ".dev/$name/" ;;
       esac
