@@ -34,15 +34,14 @@ case $card in
     echo "not an H200: the issue's absolute times must come from one; running OTHER_PARTS: ${parts:-none}" | tee -a "$log"
     ;;
 esac
+# Every part and what it needs, checked before any runs.
 for part in $parts; do
   case $part in
-    ab | peer | apps | suite) ;;
+    ab) [ -x .dev/old/xmixc ] || { echo ".dev/old/xmixc missing: the old default's xmixc (1c92fe5), see the header" | tee -a "$log"; exit 2; } ;;
+    peer | apps | suite) ;;
     *) echo "unknown part $part (ab, peer, apps, suite)" | tee -a "$log"; exit 2 ;;
   esac
 done
-case " $parts " in
-  *" ab "*) [ -x .dev/old/xmixc ] || { echo ".dev/old/xmixc missing: the old default's xmixc (1c92fe5), see the header" | tee -a "$log"; exit 2; } ;;
-esac
 for part in $parts; do
   echo "[$(date +%T)] $part" | tee -a "$log"
   case $part in
