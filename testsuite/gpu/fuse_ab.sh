@@ -73,7 +73,9 @@ log "bundles"
 for m in $MODELS; do
   for v in $VARIANTS; do
     spec=$(variant_spec "$m" "$v")
-    "$(compiler_of "$v")/xmixc" build "$spec" $(variant_flags "$v") -q -o "$work/$m-$v.xmb" || echo "build $m $v failed" >&2
+    # fit_flags (fit.sh, through ptxas.sh): the 8B's KV pool cut to fit an 80 GB card.
+    flags=$(variant_flags "$v")
+    "$(compiler_of "$v")/xmixc" build "$spec" $flags $(fit_flags "specs/models/$m.yaml" $flags) -q -o "$work/$m-$v.xmb" || echo "build $m $v failed" >&2
     drop_variant_spec "$spec"
   done
 done
