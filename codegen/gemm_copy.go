@@ -546,16 +546,18 @@ type copyGemmShape struct{ K, N, MaxRows int }
 //     of the 128-row step at contexts 80-2112; q/k/v +0.5..+0.8%). Its gate/up (28672
 //     columns: enough CTAs for the library's kernel to stream W at full speed) made the 8- and
 //     16-row steps 2-4% longer, and its LM head changed nothing (session 36).
-//   - Llama-3.2-1B's o (2048 x 2048), q/k/v (2048 x 3072) and down (8192 x 2048), at up to 8
-//     rows: its 8-row step 0.6-2.0% shorter, the 16-row step 2.2-2.6% longer, the 64- and
-//     128-row steps 3-19% longer, and the 32-row one +1.1% / -0.9% at contexts 80 / 2112
-//     (session 52); at 128 rows o alone +2.6..+6.4%, down +4.9..+12.4%, q/k/v +0.3..+0.6%
-//     (session 53).
+//   - Llama-3.2-1B's o (2048 x 2048), q/k/v (2048 x 3072) and down (8192 x 2048), at up to 32
+//     rows. At 8 rows its step 0.6-2.0% shorter; at 16 and 32 rows, before q/k/v's kernel
+//     took RoPE and the KV write, +2.2..+2.6% and +1.1% / -0.9% at contexts 80 / 2112
+//     (session 52, H200). With that kernel all three made the 16- and 32-row steps 1.2-2.4%
+//     shorter at contexts 80-2112 on an H100, where cuBLASLt's o, q/k/v and down took 2-3x
+//     their weights' read time (session 82). The 64- and 128-row steps 0.3-19% longer, in
+//     either form (sessions 52-53 and 82).
 //
 // Other shapes (a tensor-parallel rank's, Qwen3's down) were not measured.
 var copyGemmShapes = []copyGemmShape{
 	{4096, 4096, 128}, {4096, 6144, 64}, {14336, 4096, 128},
-	{2048, 2048, 8}, {2048, 3072, 8}, {8192, 2048, 8},
+	{2048, 2048, 32}, {2048, 3072, 32}, {8192, 2048, 32},
 }
 
 // copyShape says whether the build gives the GEMM (k, n) of a decode bucket of rows rows a

@@ -17,14 +17,14 @@ import (
 // to 64 rows and o and down of its 128-row bucket (the 1, 2 and 4 rows buckets' GEMMs are
 // GEMVs; 8 and 16 rows in the mma.sync form, 32 to 128 in the warpgroup form; 256 keeps the
 // library), each well-formed;
-// Llama-3.2-1B's for its o, q/k/v and down in its 8-row bucket alone, the one where they were
-// faster (codegen's copyGemmShapes); built with row counts named (--copy-gemm-rows 16), the
-// 1B's buckets of those rows get them too. By default (--gated-copy-rows 128) both also carry
+// Llama-3.2-1B's for its o, q/k/v and down in its buckets of 8 to 32 rows, where they were
+// faster (codegen's copyGemmShapes); built with row counts named (--copy-gemm-rows 16), only
+// the 1B's buckets of those rows get them. By default (--gated-copy-rows 128) both also carry
 // one for the gate/up GEMM and SiLU at 64 and 128 rows, and the 1B at 32 too (the 8-row
 // bucket's gate/up is the bundle's own gated kernel; the 16-row bucket, which has no gated
 // kernel of its own, runs the 64-row one, and so does the 8B's 32-row bucket, where it runs
 // 128 CTAs against its own kernel's 112: --gated-copy-wide auto); built with
-// --gated-copy-rows 0, neither does. By default (--rope-copy-rows 32) the 8B also carries
+// --gated-copy-rows 0, neither does. By default (--rope-copy-rows 32) both also carry
 // one for q/k/v with its rope_kv at 32 rows; with --rope-copy-rows 0, none. Those bounds are on
 // the kernels' rows: a build of 128-row kernels alone carries gated ones only with
 // --gated-copy-rows 128 (the default), in the wide form (a CTA's 112 columns of gate and of up).
@@ -42,7 +42,12 @@ func TestCopyGemmKernels(t *testing.T) {
 		{4096, 4096, 128, ""}, {14336, 4096, 128, ""},
 	}
 	plain8B128 := []kernel{{4096, 4096, 128, ""}, {4096, 6144, 128, ""}, {14336, 4096, 128, ""}}
-	plain1B := []kernel{{2048, 2048, 8, ""}, {2048, 3072, 8, ""}, {8192, 2048, 8, ""}}
+	plain1B := []kernel{
+		{2048, 2048, 8, ""}, {2048, 2048, 16, ""}, {2048, 2048, 32, ""},
+		{2048, 3072, 8, ""}, {2048, 3072, 16, ""}, {2048, 3072, 32, ""},
+		{8192, 2048, 8, ""}, {8192, 2048, 16, ""}, {8192, 2048, 32, ""},
+	}
+	rope1B := kernel{2048, 3072, 32, "rope_kv"}
 	gated8B := []kernel{{4096, 28672, 32, "silu_mul"}, {4096, 28672, 64, "silu_mul"}, {4096, 28672, 128, "silu_mul"}}
 	gated1B := []kernel{{2048, 16384, 32, "silu_mul"}, {2048, 16384, 64, "silu_mul"}, {2048, 16384, 128, "silu_mul"}}
 	for _, c := range []struct {
@@ -57,9 +62,9 @@ func TestCopyGemmKernels(t *testing.T) {
 		// The wide form (--copy-gemm-wide) serves the same GEMMs at 64 and 128 rows.
 		{"../specs/models/llama-3.1-8b.yaml", compile.Options{CopyGemmWide: true}, slices.Concat(plain8B, gated8B[1:], []kernel{{4096, 6144, 32, "rope_kv"}})},
 		{"../specs/models/llama-3.1-8b.yaml", compile.Options{GatedCopyWide: codegen.GatedWideOwn}, slices.Concat(plain8B, gated8B, []kernel{{4096, 6144, 32, "rope_kv"}})},
-		{"../specs/models/llama-3.2-1b.yaml", compile.Options{GatedCopyRows: -1}, plain1B},
-		{"../specs/models/llama-3.2-1b.yaml", compile.Options{}, slices.Concat(plain1B, gated1B)},
-		{"../specs/models/llama-3.2-1b.yaml", compile.Options{GatedCopyWide: codegen.GatedWideAll}, slices.Concat(plain1B, gated1B[1:])},
+		{"../specs/models/llama-3.2-1b.yaml", compile.Options{GatedCopyRows: -1, RopeCopyRows: -1}, plain1B},
+		{"../specs/models/llama-3.2-1b.yaml", compile.Options{}, slices.Concat(plain1B, gated1B, []kernel{rope1B})},
+		{"../specs/models/llama-3.2-1b.yaml", compile.Options{GatedCopyWide: codegen.GatedWideAll}, slices.Concat(plain1B, gated1B[1:], []kernel{rope1B})},
 		// Row counts a build names go to every default shape, past the buckets measured.
 		{"../specs/models/llama-3.2-1b.yaml", compile.Options{CopyGemmRows: []int{16}, GatedCopyRows: -1}, []kernel{{2048, 2048, 16, ""}, {2048, 3072, 16, ""}, {8192, 2048, 16, ""}}},
 		// The epilogues' row bounds hold for the kernels' rows, not the buckets': with 128-row

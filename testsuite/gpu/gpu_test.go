@@ -381,8 +381,8 @@ func TestCUDAMatchesCPUOnGemma2Cut(t *testing.T) {
 // runs in it, the 150-token prompt's decode splits its context, and 8 requests at once fill
 // every row, each row's logits compared. With a 16-row bucket alone, 13 requests at once
 // fill its kernels' first row tile and part of the second, each live row's logits compared
-// in every decode step. A 2-layer cut of Llama-3.2-1B, whose 8-row bucket alone gets them,
-// fills an 8-row bucket too.
+// in every decode step. 2-layer cuts of Llama-3.2-1B, whose buckets of up to 32 rows get
+// them, fill an 8-row bucket and part of a 16-row one too.
 func TestCUDACopyGemmMatchesCPU(t *testing.T) {
 	needGPU(t)
 	served := 0
@@ -410,7 +410,7 @@ func TestCUDACopyGemmMatchesCPU(t *testing.T) {
 	for _, c := range []struct {
 		model                   string
 		bucket, requests, steps int
-	}{{"llama-3.1-8b", 8, 8, 8}, {"llama-3.1-8b", 16, 13, 4}, {"llama-3.2-1b", 8, 8, 8}} {
+	}{{"llama-3.1-8b", 8, 8, 8}, {"llama-3.1-8b", 16, 13, 4}, {"llama-3.2-1b", 8, 8, 8}, {"llama-3.2-1b", 16, 13, 4}} {
 		prompts := sixTokenPrompts(c.requests)
 		bb := b
 		if c.model != "llama-3.1-8b" || c.bucket != 8 {
@@ -652,7 +652,8 @@ func TestCUDAGatedTCMatchesCPU(t *testing.T) {
 // (-run 'TestCUDAGatedCopyMatchesCPU/r32'), and r32-app: an app's op at mlp.act leaves those
 // rows without the app the bare bundle's bits (r128-app: in a default bundle's 128-row
 // bucket), r32-wide: the 32-row bucket where the 64-row wide kernel is within
-// --gated-copy-rows (--gated-copy-wide auto picks it for the 8B's shapes). The down projections
+// --gated-copy-rows (--gated-copy-wide auto picks it for the 8B's shapes), 1b-r32: a cut of
+// Llama-3.2-1B's default bundle at 32 rows, o, q/k/v and down on copy-engine kernels too. The down projections
 // read the pair's bf16 output, the pair and q/k/v the add+norm's (fedGemms).
 func TestCUDAGatedCopyMatchesCPU(t *testing.T) {
 	needGPU(t)
@@ -699,6 +700,15 @@ func TestCUDAGatedCopyMatchesCPU(t *testing.T) {
 		agreementRows(t, copyGemmBackend(&served, &kernels), "llama-3.1-8b-2layers-gated-copy-r32-wide", b, sixTokenPrompts(27), 3)
 		if wide := "gemm_copy_k4096_n28672_r64_silu_mul"; !slices.Contains(kernels, wide) {
 			t.Errorf("copy-engine kernels served: %v, want %s among them", kernels, wide)
+		}
+	})
+	// Llama-3.2-1B's default 32-row bucket (codegen's copyGemmShapes): o, q/k/v with rope_kv,
+	// down and gate/up with SiLU of both layers on copy-engine kernels.
+	t.Run("1b-r32", func(t *testing.T) {
+		b := testsuite.Compile(t, cutAt(t, "llama-3.2-1b", 32))
+		agreementRows(t, nb, "llama-3.2-1b-2layers-copy-r32", b, sixTokenPrompts(27), 3)
+		if served != 8 {
+			t.Errorf("%d launches of the copy-engine kernels, want 8", served)
 		}
 	})
 	// An app's op at mlp.act runs in an MI kernel of its own in such buckets, so that every
