@@ -551,8 +551,8 @@ type copyGemmShape struct{ K, N, MaxRows int }
 //     took RoPE and the KV write, +2.2..+2.6% and +1.1% / -0.9% at contexts 80 / 2112
 //     (session 52, H200). With that kernel all three made the 16- and 32-row steps 1.2-2.4%
 //     shorter at contexts 80-2112 on an H100, where cuBLASLt's o, q/k/v and down took 2-3x
-//     their weights' read time (session 82). The 64- and 128-row steps 0.3-19% longer, in
-//     either form (sessions 52-53 and 82).
+//     their weights' read time (session 82). At 64 and 128 rows they made the step 0.3-19%
+//     longer, in either form (sessions 52-53 and 82).
 //
 // Other shapes (a tensor-parallel rank's, Qwen3's down) were not measured.
 var copyGemmShapes = []copyGemmShape{
