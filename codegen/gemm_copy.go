@@ -538,7 +538,7 @@ type copyGemmShape struct{ K, N, MaxRows int }
 
 // copyGemmShapes are the GEMMs a bundle carries copy-engine kernels for by default, each in
 // the buckets where it was measured faster inside the decode step than cuBLASLt's, on the H200
-// (testsuite/gpu/RESULTS.md):
+// but where an H100 is named (testsuite/gpu/RESULTS.md):
 //   - Llama-3.1-8B's o (4096 x 4096), q/k/v (4096 x 6144) and down (14336 x 4096), at 8 and
 //     16 rows (session 35, with x through its tensor map) and at 32 and 64 (sessions 41-42, in
 //     the warpgroup form, all three together, not one by one); o and down at 128 rows too,
