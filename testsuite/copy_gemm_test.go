@@ -47,7 +47,8 @@ func TestCopyGemmKernels(t *testing.T) {
 		{2048, 3072, 8, ""}, {2048, 3072, 16, ""}, {2048, 3072, 32, ""},
 		{8192, 2048, 8, ""}, {8192, 2048, 16, ""}, {8192, 2048, 32, ""},
 	}
-	rope1B := kernel{2048, 3072, 32, "rope_kv"}
+	// Each model's q/k/v with its rope_kv at 32 rows (--rope-copy-rows 32, the default).
+	rope8B, rope1B := []kernel{{4096, 6144, 32, "rope_kv"}}, []kernel{{2048, 3072, 32, "rope_kv"}}
 	gated8B := []kernel{{4096, 28672, 32, "silu_mul"}, {4096, 28672, 64, "silu_mul"}, {4096, 28672, 128, "silu_mul"}}
 	gated1B := []kernel{{2048, 16384, 32, "silu_mul"}, {2048, 16384, 64, "silu_mul"}, {2048, 16384, 128, "silu_mul"}}
 	for _, c := range []struct {
@@ -57,14 +58,14 @@ func TestCopyGemmKernels(t *testing.T) {
 	}{
 		{"../specs/models/llama-3.1-8b.yaml", compile.Options{GatedCopyRows: -1, RopeCopyRows: -1}, plain8B},
 		{"../specs/models/llama-3.1-8b.yaml", compile.Options{RopeCopyRows: -1}, slices.Concat(plain8B, gated8B[1:])},
-		{"../specs/models/llama-3.1-8b.yaml", compile.Options{GatedCopyRows: -1}, append(slices.Clone(plain8B), kernel{4096, 6144, 32, "rope_kv"})},
-		{"../specs/models/llama-3.1-8b.yaml", compile.Options{}, slices.Concat(plain8B, gated8B[1:], []kernel{{4096, 6144, 32, "rope_kv"}})},
+		{"../specs/models/llama-3.1-8b.yaml", compile.Options{GatedCopyRows: -1}, slices.Concat(plain8B, rope8B)},
+		{"../specs/models/llama-3.1-8b.yaml", compile.Options{}, slices.Concat(plain8B, gated8B[1:], rope8B)},
 		// The wide form (--copy-gemm-wide) serves the same GEMMs at 64 and 128 rows.
-		{"../specs/models/llama-3.1-8b.yaml", compile.Options{CopyGemmWide: true}, slices.Concat(plain8B, gated8B[1:], []kernel{{4096, 6144, 32, "rope_kv"}})},
-		{"../specs/models/llama-3.1-8b.yaml", compile.Options{GatedCopyWide: codegen.GatedWideOwn}, slices.Concat(plain8B, gated8B, []kernel{{4096, 6144, 32, "rope_kv"}})},
+		{"../specs/models/llama-3.1-8b.yaml", compile.Options{CopyGemmWide: true}, slices.Concat(plain8B, gated8B[1:], rope8B)},
+		{"../specs/models/llama-3.1-8b.yaml", compile.Options{GatedCopyWide: codegen.GatedWideOwn}, slices.Concat(plain8B, gated8B, rope8B)},
 		{"../specs/models/llama-3.2-1b.yaml", compile.Options{GatedCopyRows: -1, RopeCopyRows: -1}, plain1B},
-		{"../specs/models/llama-3.2-1b.yaml", compile.Options{}, slices.Concat(plain1B, gated1B, []kernel{rope1B})},
-		{"../specs/models/llama-3.2-1b.yaml", compile.Options{GatedCopyWide: codegen.GatedWideAll}, slices.Concat(plain1B, gated1B[1:], []kernel{rope1B})},
+		{"../specs/models/llama-3.2-1b.yaml", compile.Options{}, slices.Concat(plain1B, gated1B, rope1B)},
+		{"../specs/models/llama-3.2-1b.yaml", compile.Options{GatedCopyWide: codegen.GatedWideAll}, slices.Concat(plain1B, gated1B[1:], rope1B)},
 		// Row counts a build names go to every default shape, past the buckets measured.
 		{"../specs/models/llama-3.2-1b.yaml", compile.Options{CopyGemmRows: []int{16}, GatedCopyRows: -1}, []kernel{{2048, 2048, 16, ""}, {2048, 3072, 16, ""}, {8192, 2048, 16, ""}}},
 		// The epilogues' row bounds hold for the kernels' rows, not the buckets': with 128-row
