@@ -217,9 +217,9 @@ type ltResult [ltHeuristicResultLen]byte
 type ltKey struct {
 	g       bundle.GEMM
 	x, w, y uintptr
-	heavy   bool // a heavy node's GEMM: its cast writes heavyXB
-	fed     bool // x is bf16 in xb as the launch ahead wrote it: no cast
-	yBF16   bool // y is written in bf16 (gu.go)
+	heavy   bool    // a heavy node's GEMM: its cast writes heavyXB
+	fed     uintptr // where the launch ahead wrote bf16(x) (0: the cast writes it in scratch)
+	yBF16   bool    // y is written in bf16 (gu.go)
 }
 
 // ltMatmul is one GEMM node served by cuBLASLt: its descriptors, chosen algorithm and
@@ -227,7 +227,7 @@ type ltKey struct {
 type ltMatmul struct {
 	desc, a, b, c uintptr
 	algo          ltResult // the heuristic result; its first 64 bytes are the algo
-	x, w, y       uintptr  // x: the scratch bf16(x) is read from (xb or heavyXB)
+	x, w, y       uintptr  // x: where bf16(x) is read (the cast's xb or heavyXB, or the copy server's yb)
 	yBF16         bool     // y (C and D) is bf16, not f32
 }
 
@@ -377,23 +377,29 @@ func (be *Backend) gemm(n bundle.Node) (bundle.GEMM, bool) {
 // ltNode prepares node n (vals: its arguments' device addresses and constants) for cuBLASLt: the cast
 // launch and the matmul with its algorithm, run once outside any graph so that a
 // failure surfaces here, not inside a capture. ok is false when cuBLASLt does not take it
-// (the node then runs its PTX kernel). fed, if not 0, is the cast's scratch, where the launch
-// ahead wrote bf16(x): the matmul then runs alone. yBF16: the matmul writes y in bf16.
+// (the node then runs its PTX kernel). fed, if not 0, is where the launch ahead wrote
+// bf16(x) (feedable's scratches: the cast's, or the copy server's yb that a gated copy-engine
+// kernel writes): the matmul then reads it there and runs alone. yBF16: the matmul writes y
+// in bf16.
 func (be *Backend) ltNode(n bundle.Node, vals []uint64, fed uintptr, yBF16 bool) (*launch, bool, error) {
 	g, ok := be.gemm(n)
 	if !ok || be.lt == nil || g.M <= 0 {
 		return nil, false, nil
 	}
 	lt := be.lt
-	if fed != 0 && fed != lt.scratch(n) {
-		return nil, false, fmt.Errorf("bf16(x) written at %#x, not in the cast's scratch that cuBLASLt reads", fed)
+	xb := lt.scratch(n)
+	if fed != 0 {
+		if fed != xb && (be.copy == nil || fed != be.copy.yb || n.SkipUnless != 0) {
+			return nil, false, fmt.Errorf("bf16(x) written at %#x, in no scratch that cuBLASLt reads", fed)
+		}
+		xb = fed
 	}
-	key := ltKey{g: g, x: uintptr(vals[g.X]), w: uintptr(vals[g.W]), y: uintptr(vals[g.Y]), heavy: n.SkipUnless != 0, fed: fed != 0, yBF16: yBF16}
+	key := ltKey{g: g, x: uintptr(vals[g.X]), w: uintptr(vals[g.W]), y: uintptr(vals[g.Y]), heavy: n.SkipUnless != 0, fed: fed, yBF16: yBF16}
 	if l, ok := lt.served[key]; ok {
 		return l, true, nil
 	}
 	ptrs := []uintptr{key.w, key.y}
-	if !key.fed {
+	if key.fed == 0 {
 		ptrs = append(ptrs, key.x)
 	}
 	for _, p := range ptrs {
@@ -401,7 +407,7 @@ func (be *Backend) ltNode(n bundle.Node, vals []uint64, fed uintptr, yBF16 bool)
 			return nil, false, nil
 		}
 	}
-	m, err := lt.newMatmul(g, lt.scratch(n), key.w, key.y, yBF16)
+	m, err := lt.newMatmul(g, xb, key.w, key.y, yBF16)
 	if err != nil {
 		return nil, false, err
 	}
@@ -409,7 +415,7 @@ func (be *Backend) ltNode(n bundle.Node, vals []uint64, fed uintptr, yBF16 bool)
 		return nil, false, err
 	}
 	l := &launch{label: n.Label, kernel: "cublasLt:" + n.Kernel}
-	if key.fed {
+	if key.fed != 0 {
 		be.fed++
 	} else {
 		l = be.castNode(n, g, key.x, l.kernel, false)

@@ -10,9 +10,13 @@ import (
 // after a cast of x into scratch. Where the launch ahead of the GEMM produces x itself and can
 // write bf16 of it too (the gated copy-engine kernel's y_bf16; the gated activation's
 // act_bf16, the add+norm's out_bf16 and the decode attention's z_bf16, bundle.BF16CopyOf),
-// the loader points that copy at the scratch the GEMM reads and issues the GEMM with no
-// cast: the same bits, since both round to nearest even as the cast does. Heavy nodes (a
-// logit lens after an add+norm) may stand between the two (fedAt).
+// the loader points that copy at a scratch the GEMM's server reads and issues the GEMM with
+// no cast: the same bits, since both round to nearest even as the cast does. The scratch is
+// the cast's, or for the gated kernel, whose own x may sit in the cast's while it writes,
+// the copy server's yb, which the copy-engine kernels and cuBLASLt alike read x from (the
+// 1B's down projection on cuBLASLt after the gated kernel of 64 and 128 rows cast its x
+// until session 83). Heavy nodes (a logit lens after an add+norm) may stand between the two
+// (fedAt).
 
 // fedAt is the node that a bf16 copy of x, written by the launch just before nodes[j],
 // reaches: j, or the first node past heavy nodes (bundle.Node.SkipUnless: a logit lens's,
@@ -33,7 +37,8 @@ func fedAt(nodes []bundle.Node, j int, x bundle.Slot) int {
 // feedable says whether nodes[j] is a GEMM of m rows whose x is slot x that a server reading
 // bf16(x) from xb (scratch of bytes) serves with no cast: the copy-engine kernel copyPair
 // serves it and the node after it with (planPair), the bundle's plain copy-engine GEMM for
-// it, where either reads bf16(x), or else, where xb is the cast's own scratch, cuBLASLt.
+// it, where either reads bf16(x), or else, where xb is the cast's own scratch or the copy
+// server's yb, cuBLASLt.
 // copyPair and prepare serve such a node so, or say why they cannot. j is fedAt's: any other
 // node between the two (an app's op on x, which some graphs run and some not) leaves
 // nodes[j] its cast.
@@ -65,7 +70,7 @@ func (be *Backend) feedable(nodes []bundle.Node, j int, x bundle.Slot, m int, xb
 		return false, err
 	}
 	_, lt := be.gemm(n)
-	return lt && be.lt != nil && xb == be.lt.xb && y%16 == 0, nil
+	return lt && be.lt != nil && (xb == be.lt.xb || be.copy != nil && xb == be.copy.yb) && y%16 == 0, nil
 }
 
 // feedAhead is nodes[i] as prepare should launch it: where it writes the x of nodes[i+1], a

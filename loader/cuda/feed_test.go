@@ -175,6 +175,39 @@ func TestFeedAheadNorm(t *testing.T) {
 	}
 }
 
+// TestFeedableFromCopyScratch: cuBLASLt's GEMM of the gated copy-engine kernel's output reads
+// bf16 of it where that kernel writes it, the copy server's yb, as it does from the cast's
+// scratch; not a heavy node's GEMM (which casts into a scratch of its own), nor from another
+// address, nor where its rows do not fit.
+func TestFeedableFromCopyScratch(t *testing.T) {
+	const xb, yb = 0x7000_0000, 0x7100_0000
+	be := &Backend{kernels: feedKernels(), lt: &cublasLt{xb: xb, xbBytes: 8 * 128 * 2},
+		bufs: map[string]uintptr{"a": 0x2000_0000, "w": 0x3000_0000, "d": 0x4000_0000}}
+	// A gated kernel's shape, none for down's: cuBLASLt serves down.
+	be.copy = &copyServer{yb: yb, ybBytes: 8 * 128 * 2,
+		kernels: map[bundle.GemmCopyShape][]bundle.GemmCopy{{K: 128, N: 512, Act: "silu_mul"}: {{Kernel: "g8", Attrs: bundle.GemmCopyAttrs{Rows: 8, XBF16: true, YBF16: true}}}}}
+	down, heavy := feedDown(8), feedDown(8)
+	heavy.SkipUnless = 1
+	a := bundle.Slot{Buffer: "a"}
+	for _, c := range []struct {
+		name  string
+		node  bundle.Node
+		at    uintptr
+		bytes int64
+		want  bool
+	}{
+		{"the copy server's yb", down, yb, 8 * 128 * 2, true},
+		{"the cast's scratch", down, xb, 8 * 128 * 2, true},
+		{"a heavy node's GEMM", heavy, yb, 8 * 128 * 2, false},
+		{"another address", down, yb + 0x100_0000, 8 * 128 * 2, false},
+		{"rows past the scratch", down, yb, 8*128*2 - 2, false},
+	} {
+		if ok, err := be.feedable([]bundle.Node{c.node}, 0, a, 8, c.at, c.bytes); err != nil || ok != c.want {
+			t.Errorf("%s: %v, %v; want %v", c.name, ok, err, c.want)
+		}
+	}
+}
+
 // optionalNormFeed is a backend with cuBLASLt's cast scratch at feedXB whose add+norm kernel
 // may take an out of 0 (out_optional), and an 8-row add+norm node writing out to buffer a.
 func optionalNormFeed() (*Backend, bundle.Node) {

@@ -653,8 +653,9 @@ func TestCUDAGatedTCMatchesCPU(t *testing.T) {
 // rows without the app the bare bundle's bits (r128-app: in a default bundle's 128-row
 // bucket), r32-wide: the 32-row bucket where the 64-row wide kernel is within
 // --gated-copy-rows (--gated-copy-wide auto picks it for the 8B's shapes), 1b-r32: a cut of
-// Llama-3.2-1B's default bundle at 32 rows, o, q/k/v and down on copy-engine kernels too. The down projections
-// read the pair's bf16 output, the pair and q/k/v the add+norm's (fedGemms).
+// Llama-3.2-1B's default bundle at 32 rows, o, q/k/v and down on copy-engine kernels too,
+// 1b-r128: its 128-row bucket, down on cuBLASLt. The down projections read the pair's bf16
+// output, the pair and q/k/v the add+norm's (fedGemms).
 func TestCUDAGatedCopyMatchesCPU(t *testing.T) {
 	needGPU(t)
 	served := 0
@@ -709,6 +710,22 @@ func TestCUDAGatedCopyMatchesCPU(t *testing.T) {
 		agreementRows(t, nb, "llama-3.2-1b-2layers-copy-r32", b, sixTokenPrompts(27), 3)
 		if served != 8 {
 			t.Errorf("%d launches of the copy-engine kernels, want 8", served)
+		}
+	})
+	// Its default 128-row bucket: gate/up with SiLU on the wide gated kernel, down on
+	// cuBLASLt, which reads the kernel's bf16 output where it wrote it, with no cast (so in
+	// the 64-row prefill chunk's), every layer's GEMMs fed.
+	t.Run("1b-r128", func(t *testing.T) {
+		fed = nil
+		var kernels []string
+		b := testsuite.Compile(t, cutAt(t, "llama-3.2-1b", 128))
+		nb := recordCount(copyGemmBackend(&served, &kernels), &fed, (*cuda.Backend).FedGemms)
+		agreementRows(t, nb, "llama-3.2-1b-2layers-copy-r128", b, sixTokenPrompts(100), 2)
+		if wide := "gemm_copy_k2048_n16384_r128_silu_mul"; !slices.Contains(kernels, wide) {
+			t.Errorf("copy-engine kernels served: %v, want %s among them", kernels, wide)
+		}
+		if want := fedGemms(128); !slices.Equal(fed, []int{want}) {
+			t.Errorf("%v GEMM launches fed, want %d", fed, want)
 		}
 	})
 	// An app's op at mlp.act runs in an MI kernel of its own in such buckets, so that every
