@@ -13,9 +13,9 @@ import (
 // the loader points that copy at a scratch the GEMM's server reads and issues the GEMM with
 // no cast: the same bits, since both round to nearest even as the cast does. The scratch is
 // the cast's, or for the gated kernel, whose own x may sit in the cast's while it writes,
-// the copy server's yb, which the copy-engine kernels and cuBLASLt alike read x from (the
-// 1B's down projection on cuBLASLt after the gated kernel of 64 and 128 rows cast its x
-// until session 83). Heavy nodes (a logit lens after an add+norm) may stand between the two
+// the copy server's yb, which the copy-engine kernels and cuBLASLt alike read x from (so the
+// 1B's down projection on cuBLASLt after the gated kernel of 64 and 128 rows has no cast:
+// RATIONALE.md). Heavy nodes (a logit lens after an add+norm) may stand between the two
 // (fedAt).
 
 // fedAt is the node that a bf16 copy of x, written by the launch just before nodes[j],
