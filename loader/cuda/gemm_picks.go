@@ -60,8 +60,10 @@ func (p GemmPick) key() pickKey { return pickKey{p.Device, p.CublasLt, p.M, p.N,
 // defaultGemmPicks is the table xmix ships: `xmix tune-gemm` on the GPUs it was measured on
 // (testsuite/gpu/tune_gemm.sh writes it), the picks kept where they shortened the step. On
 // the H100 80GB that is Llama-3.2-1B's gate/up and LM head at 8 and 16 rows (steps 1.0-1.3%
-// shorter); Llama-3.1-8B's picks shortened its steps by 0.1-0.4%, under the 0.5% kept
-// (testsuite/gpu/RESULTS.md, session 82).
+// shorter) and its 128-row set, q/k/v, gate/up, down and the LM head (0.5% shorter in
+// session 83, 0.4-0.7% in session 82, where the set missed the keep rule by 0.1 point);
+// Llama-3.1-8B's picks shortened its steps by 0.1-0.4%, under the 0.5% kept
+// (testsuite/gpu/RESULTS.md, sessions 82-83).
 //
 //go:embed gemm_picks.json
 var defaultGemmPicks []byte
