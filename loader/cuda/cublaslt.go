@@ -389,7 +389,7 @@ func (be *Backend) ltNode(n bundle.Node, vals []uint64, fed uintptr, yBF16 bool)
 	lt := be.lt
 	xb := lt.scratch(n)
 	if fed != 0 {
-		if fed != xb && (be.copy == nil || fed != be.copy.yb || n.SkipUnless != 0) {
+		if !be.ltReads(n, fed) {
 			return nil, false, fmt.Errorf("bf16(x) written at %#x, in no scratch that cuBLASLt reads", fed)
 		}
 		xb = fed
@@ -437,6 +437,13 @@ func (be *Backend) castNode(n bundle.Node, g bundle.GEMM, x uintptr, kernel stri
 	grid, block := castLaunch(pairs, quads)
 	return &launch{label: n.Label, kernel: kernel, f: be.lt.cast, grid: [3]int{grid, 1, 1}, block: [3]int{block, 1, 1},
 		params: be.keepParams([]uint64{uint64(x), uint64(be.lt.scratch(n)), uint64(pairs), uint64(quads)}), early: be.kernels[n.Kernel].EarlyLaunch}
+}
+
+// ltReads says whether cuBLASLt's matmul for node n may read bf16(x) at xb as the launch
+// ahead wrote it there: the cast's scratch for n, or the copy server's yb, where the gated
+// copy-engine kernel writes it (not for a heavy node, whose GEMM reads heavyXB alone).
+func (be *Backend) ltReads(n bundle.Node, xb uintptr) bool {
+	return xb == be.lt.scratch(n) || be.copy != nil && xb == be.copy.yb && n.SkipUnless == 0
 }
 
 // scratch is where node n's GEMM reads bf16(x): heavyXB for a heavy node's, else xb.

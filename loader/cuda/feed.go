@@ -70,7 +70,7 @@ func (be *Backend) feedable(nodes []bundle.Node, j int, x bundle.Slot, m int, xb
 		return false, err
 	}
 	_, lt := be.gemm(n)
-	return lt && be.lt != nil && (xb == be.lt.xb || be.copy != nil && xb == be.copy.yb) && y%16 == 0, nil
+	return lt && be.lt != nil && be.ltReads(n, xb) && y%16 == 0, nil
 }
 
 // feedAhead is nodes[i] as prepare should launch it: where it writes the x of nodes[i+1], a

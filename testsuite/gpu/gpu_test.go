@@ -719,8 +719,8 @@ func TestCUDAGatedCopyMatchesCPU(t *testing.T) {
 		fed = nil
 		var kernels []string
 		b := testsuite.Compile(t, cutAt(t, "llama-3.2-1b", 128))
-		nb := recordCount(copyGemmBackend(&served, &kernels), &fed, (*cuda.Backend).FedGemms)
-		agreementRows(t, nb, "llama-3.2-1b-2layers-copy-r128", b, sixTokenPrompts(100), 2)
+		listing := recordCount(copyGemmBackend(&served, &kernels), &fed, (*cuda.Backend).FedGemms)
+		agreementRows(t, listing, "llama-3.2-1b-2layers-copy-r128", b, sixTokenPrompts(100), 2)
 		if wide := "gemm_copy_k2048_n16384_r128_silu_mul"; !slices.Contains(kernels, wide) {
 			t.Errorf("copy-engine kernels served: %v, want %s among them", kernels, wide)
 		}
