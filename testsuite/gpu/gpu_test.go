@@ -561,13 +561,19 @@ func TestCUDAWideServesFewerRows(t *testing.T) {
 	cut := cut8B(t, 32)
 	b := testsuite.CompileWith(t, compile.Options{CopyGemmRows: []int{64}, CopyGemmWide: true, GatedCopyRows: 64, RopeCopyRows: 64}, cut)
 	agreementRows(t, nb, "llama-3.1-8b-2layers-wide64-r32-n19", b, sixTokenPrompts(19), 3)
-	for _, k := range []string{"gemm_copy_k4096_n4096_r64", "gemm_copy_k14336_n4096_r64", "gemm_copy_k4096_n28672_r64_silu_mul", "gemm_copy_k4096_n6144_r64_rope_kv_h32_kv8_d128_bf16"} {
-		if !slices.Contains(kernels, k) {
-			t.Errorf("copy-engine kernels served %v: want %s among them", kernels, k)
-		}
-	}
+	wantServed(t, kernels, "gemm_copy_k4096_n4096_r64", "gemm_copy_k14336_n4096_r64", "gemm_copy_k4096_n28672_r64_silu_mul", "gemm_copy_k4096_n6144_r64_rope_kv_h32_kv8_d128_bf16")
 	if served < 8 {
 		t.Errorf("%d GEMM nodes served by the wide kernels, want the decode template's 8 at least", served)
+	}
+}
+
+// wantServed fails t unless every kernel of want is among the copy-engine kernels served.
+func wantServed(t *testing.T, served []string, want ...string) {
+	t.Helper()
+	for _, k := range want {
+		if !slices.Contains(served, k) {
+			t.Errorf("copy-engine kernels served %v: want %s among them", served, k)
+		}
 	}
 }
 
@@ -687,9 +693,7 @@ func TestCUDAGatedCopyMatchesCPU(t *testing.T) {
 		cut := cut8B(t, 128)
 		b := testsuite.CompileWith(t, compile.Options{GatedCopyRows: 128}, cut)
 		agreementRows(t, copyGemmBackend(&served, &kernels), "llama-3.1-8b-2layers-gated-copy-r128", b, sixTokenPrompts(100), 2)
-		if wide := "gemm_copy_k4096_n28672_r128_silu_mul"; !slices.Contains(kernels, wide) {
-			t.Errorf("copy-engine kernels served: %v, want %s among them", kernels, wide)
-		}
+		wantServed(t, kernels, "gemm_copy_k4096_n28672_r128_silu_mul")
 	})
 	// With 64-row kernels in the build the 32-row bucket's gate/up and SiLU run the 64-row
 	// wide kernel (128 CTAs against its own's 112) over x's 32 zero-filled rows past the
@@ -699,9 +703,7 @@ func TestCUDAGatedCopyMatchesCPU(t *testing.T) {
 		cut := cut8B(t, 32)
 		b := testsuite.CompileWith(t, compile.Options{GatedCopyRows: 64}, cut)
 		agreementRows(t, copyGemmBackend(&served, &kernels), "llama-3.1-8b-2layers-gated-copy-r32-wide", b, sixTokenPrompts(27), 3)
-		if wide := "gemm_copy_k4096_n28672_r64_silu_mul"; !slices.Contains(kernels, wide) {
-			t.Errorf("copy-engine kernels served: %v, want %s among them", kernels, wide)
-		}
+		wantServed(t, kernels, "gemm_copy_k4096_n28672_r64_silu_mul")
 	})
 	// Llama-3.2-1B's default 32-row bucket (codegen's copyGemmShapes): o, q/k/v with rope_kv,
 	// down and gate/up with SiLU of both layers on copy-engine kernels.
@@ -721,9 +723,7 @@ func TestCUDAGatedCopyMatchesCPU(t *testing.T) {
 		b := testsuite.Compile(t, cutAt(t, "llama-3.2-1b", 128))
 		listing := recordCount(copyGemmBackend(&served, &kernels), &fed, (*cuda.Backend).FedGemms)
 		agreementRows(t, listing, "llama-3.2-1b-2layers-copy-r128", b, sixTokenPrompts(100), 2)
-		if wide := "gemm_copy_k2048_n16384_r128_silu_mul"; !slices.Contains(kernels, wide) {
-			t.Errorf("copy-engine kernels served: %v, want %s among them", kernels, wide)
-		}
+		wantServed(t, kernels, "gemm_copy_k2048_n16384_r128_silu_mul")
 		if want := fedGemms(128); !slices.Equal(fed, []int{want}) {
 			t.Errorf("%v GEMM launches fed, want %d", fed, want)
 		}
