@@ -378,6 +378,20 @@ func GemmCopyFor(kernels []GemmCopy, m int) (GemmCopy, bool) {
 	return GemmCopy{}, false
 }
 
+// GatedCopyFor is the gated copy-engine GEMM of kernels (one shape's with one activation,
+// fewest rows first) that serves a GEMM and its gated activation of m rows: the one of the
+// fewest rows that takes m, but unlike the rope pairs' not one of twice m rows or more unless
+// it is in the wide form. The 32-row kernel made the 8B's 16-row step 1.4-1.7% longer than
+// cuBLASLt's gate/up and the SiLU kernel (testsuite/gpu/RESULTS.md, session 50): each of its
+// 448 column tiles reads x again, twice the bytes for half the rows. A wide kernel reads x
+// once a CTA, so a bucket of fewer rows costs it little more than x's zero-filled rows; where
+// a build carries one for fewer rows than the bucket's, it serves. The loader serves by it,
+// and the compiler leaves a bucket's gate/up to it (codegen's gatedCopyServes).
+func GatedCopyFor(kernels []GemmCopy, m int) (GemmCopy, bool) {
+	c, ok := GemmCopyFor(kernels, m)
+	return c, ok && (2*m > c.Attrs.Rows || c.Attrs.Wide > 0)
+}
+
 // actNote names an activation in a message ("" for none).
 func actNote(act string) string {
 	if act == "" {

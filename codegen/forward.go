@@ -90,6 +90,8 @@ type gen struct {
 	copyWide bool
 	// copyRows are the row counts given copy-engine kernels, fewest first (CopyGemmRows).
 	copyRows []int
+	// decodeBuckets are the model's decode buckets (gatedCopyServes).
+	decodeBuckets []int
 	// gatedCopyRows: decode buckets of at most this many rows get a copy-engine kernel for
 	// the gate/up GEMM and its activation together (BuildInfo.GatedCopyRows, gatedCopies).
 	gatedCopyRows int
@@ -263,6 +265,7 @@ func Generate(p *passes.Program, opt Options) (*bundle.Bundle, error) {
 	if m.KVDtype == "bf16" {
 		g.kvdt = ptx.BF16
 	}
+	g.decodeBuckets = m.DecodeBuckets
 	g.maxT = max(m.DecodeBuckets[len(m.DecodeBuckets)-1], m.PrefillChunks[len(m.PrefillChunks)-1])
 	g.maxS = max(m.DecodeBuckets[len(m.DecodeBuckets)-1], min(m.PrefillChunks[len(m.PrefillChunks)-1], m.MaxSeqs))
 	g.blocks = (m.MaxSeqLen + m.KVBlockSize - 1) / m.KVBlockSize

@@ -368,7 +368,7 @@ func (t *tb) fusedGemv(mm *ir.Node, y *ir.Value) (c GemmConfig, rows int, s slot
 	rows = t.rowsOf(x)
 	c = t.g.gemvSettings(GemmConfig{K: x.Width, N: mm.Out[0].Width, WDtype: t.g.wdt}, rows, false)
 	s = slots{"x": buf(x.Buffer), "w": buf(mm.Weight("w").Name), "y": buf(y.Buffer), "rows": konst(uint64(rows))}
-	return c, rows, s, !t.tensorCores(c, rows)
+	return c, rows, s, !t.g.tensorCores(c, rows)
 }
 
 // gemvName is the name of the plain GEMV of c (a fused one adds its epilogue's).
@@ -473,13 +473,13 @@ func (t *tb) matmulRope(n *ir.Node) {
 func (t *tb) matmulGated(n *ir.Node) {
 	mm, act := n.Parts[0], n.Parts[1]
 	gc, rows, s, ok := t.fusedGemv(mm, act.Out[0])
-	if !ok && !t.gatedTC(gc, rows) {
-		t.parts(n)
-		return
-	}
 	sc, err := activationConfig(act)
 	if err != nil {
 		t.fail(err)
+		return
+	}
+	if !ok && !t.gatedTC(gc, sc, rows) {
+		t.parts(n)
 		return
 	}
 	if !ok {
@@ -492,14 +492,43 @@ func (t *tb) matmulGated(n *ir.Node) {
 	t.add(n.Name, k, err, c.Launch(rows), s, nil)
 }
 
-// gatedTC says whether the gate/up projection c of a tensor-core template over rows rows runs
-// with its activation as one kernel (matmulGatedTC): in decode buckets of at most
+// gatedTC says whether the gate/up projection c with activation sc of a tensor-core template
+// over rows rows runs as one kernel (matmulGatedTC): in decode buckets of at most
 // BuildInfo.GatedTCRows rows (the only ones measured), unless the build names its shape for
-// copy-engine kernels (xmixc build --copy-gemms), which serve GEMM nodes, or the kernel cannot
+// copy-engine kernels (xmixc build --copy-gemms), which serve GEMM nodes, or a gated
+// copy-engine kernel of the bundle serves the bucket (gatedCopyServes), or the kernel cannot
 // reach its up half (past 2 GiB).
-func (t *tb) gatedTC(c GemmConfig, rows int) bool {
+func (t *tb) gatedTC(c GemmConfig, sc SiluConfig, rows int) bool {
 	return t.kind == bundle.Decode && rows <= t.g.gatedTCRows && c.N%tcGatedWidth == 0 && !t.g.copyShape(c.K, c.N, rows) &&
-		gatedTCReaches(c)
+		!t.g.gatedCopyServes(c.K, c.N, rows, sc) && gatedTCReaches(c)
+}
+
+// gatedCopyServes says whether the loader serves a decode bucket's gate/up GEMM of K x N over
+// rows rows and its activation sc with one of the bundle's gated copy-engine kernels
+// (bundle.GatedCopyFor over those gatedCopies gives the decode buckets whose gate/up runs on
+// tensor cores). Where it does, that kernel is the bucket's gate/up, not GemmTCGated: on the
+// 8B the 32-row bucket's 64-row wide kernel made the 8-row step 2.0-2.4% shorter than
+// GemmTCGated on an H100 (testsuite/gpu/RESULTS.md, session 90), x's rows past the bucket's
+// zero-filled and left out of the epilogue. On the 1B no such kernel serves 8 rows (its
+// 32-row bucket keeps its own, which is not wide), so its 8-row bucket keeps GemmTCGated, and
+// cuBLASLt's gate/up with the activation kernel made that step 0.7-1.0% longer.
+func (g *gen) gatedCopyServes(k, n, rows int, sc SiluConfig) bool {
+	op, err := sc.op()
+	if err != nil {
+		return false
+	}
+	var kernels []bundle.GemmCopy
+	for _, b := range g.decodeBuckets {
+		if !g.epilogueCopyAt(bundle.Decode, b, g.gatedCopyRows) || !g.tensorCores(GemmConfig{K: k, N: n, WDtype: g.wdt}, b) {
+			continue
+		}
+		if c, err := g.gatedCopyFor(k, n, copyRows(g.copyRows, b), op); err == nil {
+			kernels = append(kernels, bundle.GemmCopy{Attrs: c.Attrs()})
+		}
+	}
+	slices.SortFunc(kernels, func(a, b bundle.GemmCopy) int { return cmp.Compare(a.Attrs.Rows, b.Attrs.Rows) })
+	_, ok := bundle.GatedCopyFor(kernels, rows)
+	return ok
 }
 
 // matmulGatedTC is the gate/up projection of a decode bucket on tensor cores of at most
@@ -552,7 +581,7 @@ func (t *tb) gemmAt(label string, x, w, y bundle.Slot, c GemmConfig, rows int) {
 		s["any_mask"] = buf(bundle.CtlAnyMask)
 		guard = fmt.Sprintf("_g%x", c.Guard)
 	}
-	if t.tensorCores(c, rows) {
+	if t.g.tensorCores(c, rows) {
 		if g.gemmKind == "tc-staged" {
 			// The staged kernel's W is a ring of stages already; its chunks in flight come
 			// from the same settings.
@@ -643,7 +672,8 @@ const MaxGatedTCRows = 32
 // Llama-3.1-8B dims inside the decode step under --gemm auto (testsuite/gpu/RESULTS.md,
 // session 44): at 8 rows the step is 2.3-2.6% shorter than with cuBLASLt's gate/up and the
 // SiLU kernel (contexts 80, 576, 2112), but at 16 and 32 rows its gate/up costs 1.8x and 2.9x
-// the library's, since each warp's x loads and splits grow with the rows (gemm_tc.go).
+// the library's, since each warp's x loads and splits grow with the rows (gemm_tc.go). A
+// bucket that a gated copy-engine kernel serves takes that one instead (gatedCopyServes).
 const DefaultGatedTCRows = 8
 
 // CheckGatedTCRows checks a build's largest bucket given the tensor-core gate/up kernel
@@ -656,8 +686,7 @@ func CheckGatedTCRows(n int) error {
 }
 
 // tensorCores says whether a GEMM of c over rows rows runs on tensor cores here.
-func (t *tb) tensorCores(c GemmConfig, rows int) bool {
-	g := t.g
+func (g *gen) tensorCores(c GemmConfig, rows int) bool {
 	return rows >= g.tcRows && g.wdt == ptx.BF16 && c.K%16 == 0 && c.N%16 == 0 && g.gemmKind != "cuda-core"
 }
 
@@ -780,7 +809,7 @@ func (t *tb) activation(n *ir.Node) {
 		t.fail(err)
 		return
 	}
-	if len(mi) > 0 && len(n.Out[0].Hooks) > 0 && t.tensorCores(GemmConfig{K: g.m.Hidden, N: 2 * sc.Inter, WDtype: g.wdt}, t.rows) {
+	if len(mi) > 0 && len(n.Out[0].Hooks) > 0 && g.tensorCores(GemmConfig{K: g.m.Hidden, N: 2 * sc.Inter, WDtype: g.wdt}, t.rows) {
 		// Where the gate/up GEMM runs on tensor cores the backend may serve it and this kernel
 		// as one launch (gatedCopies) or have the GEMM write gu in bf16 for this kernel alone
 		// (bundle.GatedGuBF16), which only a kernel without MI ops allows: the ops run in a

@@ -584,13 +584,14 @@ func TestBuildGatedTCRows(t *testing.T) {
 
 // TestBuildGatedCopyRows: --gated-copy-rows N (by default 128; 0: none) gives a copy-engine
 // kernel for gate/up with its activation to each decode bucket of at most N rows whose GEMMs
-// take the warpgroup form (32 rows and more; the 8-row bucket's gate/up is the gated
-// tensor-core kernel, the 16-row bucket's kernels are mma.sync), and the build info and
-// inspect's output say so (and where the setting gives no bucket one, that none is carried). The templates keep
-// the GEMM node and the SiLU kernel, which a backend without the kernel runs. Under
-// --gated-copy-wide auto (the default) the 32-row bucket runs the 64-row wide kernel, which
-// runs 128 CTAs against its own kernel's 64 on this spec's shapes; own keeps its own; anything
-// else is an error naming the values.
+// take the warpgroup form (32 rows and more; the 16-row bucket's kernels are mma.sync), and
+// the build info and inspect's output say so (and where the setting gives no bucket one, that
+// none is carried). The templates keep the GEMM node and the SiLU kernel, which a backend
+// without the kernel runs. Under --gated-copy-wide auto (the default) the 32-row bucket runs
+// the 64-row wide kernel, which runs 128 CTAs against its own kernel's 64 on this spec's
+// shapes; own keeps its own; anything else is an error naming the values. The 8-row bucket's
+// gate/up is the gated tensor-core kernel unless a wide kernel serves it (the loader's
+// bundle.GatedCopyFor): then it keeps the GEMM node and the SiLU kernel too.
 func TestBuildGatedCopyRows(t *testing.T) {
 	dir := t.TempDir()
 	m := gemmSpecBuckets(t, dir, "m32.yaml", 512, 4, "1, 8, 16, 32, 64")
@@ -600,14 +601,15 @@ func TestBuildGatedCopyRows(t *testing.T) {
 		rows    int
 		wide    string
 		kernels []string
+		tc8     bool // the 8-row bucket's gate/up is the gated tensor-core kernel
 	}{
-		{nil, 128, codegen.GatedWideAuto, []string{r64}},
-		{[]string{"--gated-copy-rows", "0"}, 0, codegen.GatedWideAuto, nil},
-		{[]string{"--gated-copy-rows", "16"}, 16, codegen.GatedWideAuto, nil},
-		{[]string{"--gated-copy-rows", "32"}, 32, codegen.GatedWideAuto, []string{r32}},
-		{[]string{"--gated-copy-rows", "64"}, 64, codegen.GatedWideAuto, []string{r64}},
-		{[]string{"--gated-copy-wide", "own"}, 128, codegen.GatedWideOwn, []string{r32, r64}},
-		{[]string{"--gated-copy-wide", "all", "--gated-copy-rows", "32"}, 32, codegen.GatedWideAll, []string{r32}},
+		{nil, 128, codegen.GatedWideAuto, []string{r64}, false},
+		{[]string{"--gated-copy-rows", "0"}, 0, codegen.GatedWideAuto, nil, true},
+		{[]string{"--gated-copy-rows", "16"}, 16, codegen.GatedWideAuto, nil, true},
+		{[]string{"--gated-copy-rows", "32"}, 32, codegen.GatedWideAuto, []string{r32}, true},
+		{[]string{"--gated-copy-rows", "64"}, 64, codegen.GatedWideAuto, []string{r64}, false},
+		{[]string{"--gated-copy-wide", "own"}, 128, codegen.GatedWideOwn, []string{r32, r64}, true},
+		{[]string{"--gated-copy-wide", "all", "--gated-copy-rows", "32"}, 32, codegen.GatedWideAll, []string{r32}, true},
 	} {
 		out := filepath.Join(dir, "g.xmb")
 		b := buildBundle(t, m, out, c.flags)
@@ -619,15 +621,20 @@ func TestBuildGatedCopyRows(t *testing.T) {
 			t.Fatalf("%v: gated copy-engine kernels %v, want %v", c.flags, names, c.kernels)
 		}
 		for _, tm := range b.Templates {
-			if tm.Name != "decode_b32" {
+			if tm.Name != "decode_b32" && tm.Name != "decode_b8" {
 				continue
 			}
-			silu := 0
+			silu, tc := 0, 0
 			for _, n := range tm.Nodes {
 				silu += strings.Count(n.Kernel, "silu_mul")
+				tc += strings.Count(n.Kernel, "gemm_tcg_")
 			}
-			if silu != 2 {
-				t.Fatalf("%v: %s: %d SiLU kernels, want one a layer", c.flags, tm.Name, silu)
+			if tm.Name == "decode_b8" && c.tc8 {
+				if tc != 2 || silu != 2 {
+					t.Fatalf("%v: %s: %d gated tensor-core kernels, %d kernels with SiLU; want the gated kernel in each layer", c.flags, tm.Name, tc, silu)
+				}
+			} else if silu != 2 || tc != 0 {
+				t.Fatalf("%v: %s: %d SiLU kernels, %d gated tensor-core kernels; want one SiLU kernel a layer", c.flags, tm.Name, silu, tc)
 			}
 		}
 		wantEpilogueLine(t, c.flags, out, "gate/up and its activation", "gate/up", c.rows, len(c.kernels) > 0)

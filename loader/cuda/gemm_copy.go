@@ -187,7 +187,7 @@ func (be *Backend) gatedPairs(nodes []bundle.Node) *bundle.GatedPairs {
 
 // planPair says how copyPair would serve nodes[i] and nodes[i+1]: a GEMM and the gated
 // activation of its y (bundle.GatedPairAt) by the bundle's copy-engine GEMM with that
-// activation (gatedCopyFor), or a GEMM and the rope_kv of its y (bundle.RopePairAt) by the
+// activation (bundle.GatedCopyFor), or a GEMM and the rope_kv of its y (bundle.RopePairAt) by the
 // one with rope_kv of that shape; ok is false where the bundle has no such kernel for them.
 func (be *Backend) planPair(nodes []bundle.Node, i int) (pairPlan, bool, error) {
 	if be.copy == nil {
@@ -198,7 +198,7 @@ func (be *Backend) planPair(nodes []bundle.Node, i int) (pairPlan, bool, error) 
 	case err != nil || ok && g.M < 1:
 		return pairPlan{}, false, err
 	case ok:
-		c, ok := gatedCopyFor(be.copy.kernels[bundle.GemmCopyShape{K: g.K, N: g.N, Act: act.Op}], g.M)
+		c, ok := bundle.GatedCopyFor(be.copy.kernels[bundle.GemmCopyShape{K: g.K, N: g.N, Act: act.Op}], g.M)
 		return pairPlan{g: g, c: c, gated: true, act: act}, ok, nil
 	}
 	g, rope, ok, err := bundle.RopePairAt(nodes, i, be.kernel)
@@ -214,18 +214,6 @@ func (be *Backend) planPair(nodes []bundle.Node, i int) (pairPlan, bool, error) 
 		return pairPlan{}, false, nil
 	}
 	return pairPlan{g: g, c: c, rope: rope.Args}, true, nil
-}
-
-// gatedCopyFor is the gated copy-engine kernel of kernels (one shape's) that serves a pair of
-// m rows: the one of the fewest rows that takes m, but unlike the rope pairs' not one of twice
-// m rows or more unless it is in the wide form. The 32-row kernel made the 8B's 16-row step
-// 1.4-1.7% longer than cuBLASLt's gate/up and the SiLU kernel (testsuite/gpu/RESULTS.md,
-// session 50): each of its 448 column tiles reads x again, twice the bytes for half the rows.
-// A wide kernel reads x once a CTA, so a bucket of fewer rows costs it little more than x's
-// zero-filled rows; where a build carries one for fewer rows than the bucket's, it serves.
-func gatedCopyFor(kernels []bundle.GemmCopy, m int) (bundle.GemmCopy, bool) {
-	c, ok := bundle.GemmCopyFor(kernels, m)
-	return c, ok && (2*m > c.Attrs.Rows || c.Attrs.Wide > 0)
 }
 
 // copyLaunch is the launch of copy-engine GEMM c for GEMM g of node n (vals: its arguments'

@@ -11,24 +11,6 @@ import (
 	"xmix/testsuite"
 )
 
-// TestGatedCopyFor: a gated pair takes the kernel of the fewest rows that takes its own, and
-// none of twice its rows or more, unless that kernel is in the wide form.
-func TestGatedCopyFor(t *testing.T) {
-	kernels := []bundle.GemmCopy{{Kernel: "r32", Attrs: bundle.GemmCopyAttrs{Rows: 32}}, {Kernel: "r64", Attrs: bundle.GemmCopyAttrs{Rows: 64}}}
-	wide := []bundle.GemmCopy{{Kernel: "w64", Attrs: bundle.GemmCopyAttrs{Rows: 64, Wide: 112}}, {Kernel: "w128", Attrs: bundle.GemmCopyAttrs{Rows: 128, Wide: 112}}}
-	for _, c := range []struct {
-		kernels []bundle.GemmCopy
-		rows    int
-		want    string
-	}{{kernels, 8, ""}, {kernels, 16, ""}, {kernels, 17, "r32"}, {kernels, 32, "r32"}, {kernels, 33, "r64"}, {kernels, 64, "r64"}, {kernels, 65, ""},
-		{wide, 8, "w64"}, {wide, 32, "w64"}, {wide, 65, "w128"}, {wide, 129, ""}} {
-		got, ok := gatedCopyFor(c.kernels, c.rows)
-		if ok != (c.want != "") || ok && got.Kernel != c.want {
-			t.Errorf("%d rows: %q %v, want %q", c.rows, got.Kernel, ok, c.want)
-		}
-	}
-}
-
 // TestPlainCopyFor: a plain GEMM takes the kernel of the fewest rows that takes its own, but a
 // q/k/v projection whose kernels with rope_kv take its rows takes the plain kernel of that
 // one's rows (its twin), as a layer whose rope_kv an app's op parts from the GEMM must.
@@ -131,6 +113,39 @@ func TestAppOpsKeepTheServers(t *testing.T) {
 				}
 				if ropePairs && rope != (split > 0) {
 					t.Errorf("%s: %d q/k/v GEMMs parted from their rope_kv", hook, split)
+				}
+			}
+		})
+	}
+}
+
+// TestGatedTCYieldsToServedCopies: the compiler gives a decode bucket's gate/up the gated
+// tensor-core kernel only where this backend serves no gated copy-engine kernel for it
+// (codegen's gatedCopyServes against bundle.GatedCopyFor here), so no bucket falls back to the
+// library and the activation kernel: on the 8B the 32-row bucket's 64-row wide kernel serves
+// the 8-row bucket's gate/up and SiLU as one launch; on the 1B the 32-row bucket keeps its own
+// kernel, which is not wide and serves no 8 rows, so the 8-row bucket keeps the tensor-core
+// kernel; a build without gated copy-engine kernels keeps it on the 8B too.
+func TestGatedTCYieldsToServedCopies(t *testing.T) {
+	for _, c := range []struct {
+		name, model string
+		opt         compile.Options
+		want        string // the 8-row bucket's gate/up: its copy-engine kernel, or the node's kernel
+	}{
+		{"8b", "llama-3.1-8b", compile.Options{}, "gemm_copy_k4096_n28672_r64_silu_mul"},
+		{"8b-no-gated-copies", "llama-3.1-8b", compile.Options{GatedCopyRows: -1}, "gemm_tcg_k4096_n28672_r8u2_silu_mul_i14336"},
+		{"1b", "llama-3.2-1b", compile.Options{}, "gemm_tcg_k2048_n16384_r8u2_silu_mul_i8192"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			b := testsuite.CompileWith(t, c.opt, testsuite.SpecCut(t, c.model, testsuite.CutServing(8, 32)))
+			for _, layer := range []string{"L0", "L1"} {
+				s, ok := servedNodes(t, b)[0]["decode_b8 "+layer+".gate_up"]
+				got := s.node
+				if s.pair {
+					got = s.kernel
+				}
+				if !ok || got != c.want || s.pair != strings.HasPrefix(c.want, "gemm_copy_") {
+					t.Errorf("decode_b8 %s.gate_up: %+v (found %v), want %s", layer, s, ok, c.want)
 				}
 			}
 		})

@@ -658,7 +658,8 @@ func TestCUDAGatedTCMatchesCPU(t *testing.T) {
 // (-run 'TestCUDAGatedCopyMatchesCPU/r32'), and r32-app: an app's op at mlp.act leaves those
 // rows without the app the bare bundle's bits (r128-app: in a default bundle's 128-row
 // bucket), r32-wide: the 32-row bucket where the 64-row wide kernel is within
-// --gated-copy-rows (--gated-copy-wide auto picks it for the 8B's shapes), 1b-r32: a cut of
+// --gated-copy-rows (--gated-copy-wide auto picks it for the 8B's shapes), r8-wide: the 8B's
+// 8-row bucket, which that kernel serves in a default build with a 32-row bucket, 1b-r32: a cut of
 // Llama-3.2-1B's default bundle at 32 rows, o, q/k/v and down on copy-engine kernels too,
 // 1b-r128: its 128-row bucket, down on cuBLASLt. The down projections read the pair's bf16
 // output, the pair and q/k/v the add+norm's (fedGemms).
@@ -713,6 +714,22 @@ func TestCUDAGatedCopyMatchesCPU(t *testing.T) {
 		if served != 8 {
 			t.Errorf("%d launches of the copy-engine kernels, want 8", served)
 		}
+	})
+	// The 8B's default 8-row bucket beside a 32-row one: the 32-row bucket's 64-row wide
+	// kernel serves its gate/up and SiLU (codegen's gatedCopyServes gives it no gated
+	// tensor-core kernel), over x's 56 zero-filled rows past the bucket's.
+	t.Run("r8-wide", func(t *testing.T) {
+		var kernels []string
+		b := testsuite.Compile(t, cutAt(t, "llama-3.1-8b", 8, 32))
+		for _, tm := range b.Templates {
+			for _, n := range tm.Nodes {
+				if strings.HasPrefix(n.Kernel, "gemm_tcg_") {
+					t.Fatalf("%s: node %s runs %s, want the GEMM node and the SiLU kernel", tm.Name, n.Label, n.Kernel)
+				}
+			}
+		}
+		agreementRows(t, copyGemmBackend(&served, &kernels), "llama-3.1-8b-2layers-gated-copy-r8-wide", b, sixTokenPrompts(8), 4)
+		wantServed(t, kernels, "gemm_copy_k4096_n28672_r64_silu_mul")
 	})
 	// Its default 128-row bucket: gate/up with SiLU on the wide gated kernel, down on
 	// cuBLASLt, which reads the kernel's bf16 output where it wrote it, with no cast (so in
