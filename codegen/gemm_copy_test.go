@@ -133,9 +133,9 @@ func TestGemmCopyMatchesReference(t *testing.T) {
 		{GemmCopyConfig{K: 512, N: 256, Rows: 128, Split: 1, Stages: 3, Tiles: 2, Act: "silu_mul"}, []int{70, 128}}, // 128 rows, x not shared
 		// The wide form: a CTA's gate and up rows one wgmma's B, x its A, a warpgroup per 64
 		// rows, a producer warp refilling the ring once every warpgroup has read a slot.
-		{GemmCopyConfig{K: 512, N: 448, Rows: 128, Split: 1, Stages: 3, Act: "silu_mul", Wide: 112}, []int{1, 70, 128}},    // two CTAs, eight stages through three slots
-		{GemmCopyConfig{K: 256, N: 256, Rows: 64, Split: 1, Stages: 2, Act: "gelu_tanh_mul", Wide: 64}, []int{16, 32, 64}}, // one warpgroup, two CTAs; at 16 and 32 rows whole warps past the rows
-		{GemmCopyConfig{K: 128, N: 48, Rows: 128, Split: 1, Stages: 2, Act: "silu_mul", Wide: 8}, []int{128}},              // every stage asked for before the wait; three CTAs of 8 columns
+		{GemmCopyConfig{K: 512, N: 448, Rows: 128, Split: 1, Stages: 3, Act: "silu_mul", Wide: 112}, []int{1, 70, 128}},       // two CTAs, eight stages through three slots
+		{GemmCopyConfig{K: 256, N: 256, Rows: 64, Split: 1, Stages: 2, Act: "gelu_tanh_mul", Wide: 64}, []int{8, 16, 32, 64}}, // one warpgroup, two CTAs; at 8-32 rows whole warps past the rows (at 8, as the 8B's 8-row bucket, half of warp 0's too)
+		{GemmCopyConfig{K: 128, N: 48, Rows: 128, Split: 1, Stages: 2, Act: "silu_mul", Wide: 8}, []int{128}},                 // every stage asked for before the wait; three CTAs of 8 columns
 		// x shared by two neighbouring column tiles: each asks for its 64 rows of a stage's x,
 		// multicast to both; a slot is refilled once all four warpgroups have read it.
 		{GemmCopyConfig{K: 512, N: 448, Rows: 128, Split: 1, Stages: 3, Share: 2, Act: "silu_mul", Wide: 112}, []int{1, 70, 128}}, // one cluster, eight stages through three slots
