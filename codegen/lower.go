@@ -504,9 +504,9 @@ func (t *tb) gatedTC(c GemmConfig, sc SiluConfig, rows int) bool {
 }
 
 // gatedCopyServes says whether the loader serves a decode bucket's gate/up GEMM of K x N over
-// rows rows and its activation sc with one of the bundle's gated copy-engine kernels
-// (bundle.GatedCopyFor over those gatedCopies gives the decode buckets whose gate/up runs on
-// tensor cores). Where it does, that kernel is the bucket's gate/up, not GemmTCGated: on the
+// rows rows and its activation sc with one of the bundle's gated copy-engine kernels: it asks
+// bundle.GatedCopyFor, as the loader does, over the kernels gatedCopies gives the decode
+// buckets whose gate/up runs on tensor cores. Where it does, that kernel is the bucket's gate/up, not GemmTCGated: on the
 // 8B the 32-row bucket's 64-row wide kernel made the 8-row step 2.0-2.4% shorter than
 // GemmTCGated on an H100 (testsuite/gpu/RESULTS.md, session 90), x's rows past the bucket's
 // zero-filled and left out of the epilogue. On the 1B no such kernel serves 8 rows (its
