@@ -58,7 +58,6 @@ func TestGemmCopyKernels(t *testing.T) {
 	}
 }
 
-// TestParseGemmShapes: "KxN" entries in order, "none" alone as no shapes; anything else is
 // TestGatedCopyFor: a gated pair takes the kernel of the fewest rows that takes its own, and
 // none of twice its rows or more, unless that kernel is in the wide form.
 func TestGatedCopyFor(t *testing.T) {
@@ -77,6 +76,7 @@ func TestGatedCopyFor(t *testing.T) {
 	}
 }
 
+// TestParseGemmShapes: "KxN" entries in order, "none" alone as no shapes; anything else is
 // an error naming the entry.
 func TestParseGemmShapes(t *testing.T) {
 	got, err := ParseGemmShapes([]string{"4096x28672", "14336x4096"})

@@ -137,9 +137,9 @@ func TestGatedTCYieldsToServedCopies(t *testing.T) {
 		{"1b", "llama-3.2-1b", compile.Options{}, "gemm_tcg_k2048_n16384_r8u2_silu_mul_i8192"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			b := testsuite.CompileWith(t, c.opt, testsuite.SpecCut(t, c.model, testsuite.CutServing(8, 32)))
+			served := servedNodes(t, testsuite.CompileWith(t, c.opt, testsuite.SpecCut(t, c.model, testsuite.CutServing(8, 32))))[0]
 			for _, layer := range []string{"L0", "L1"} {
-				s, ok := servedNodes(t, b)[0]["decode_b8 "+layer+".gate_up"]
+				s, ok := served["decode_b8 "+layer+".gate_up"]
 				got := s.node
 				if s.pair {
 					got = s.kernel

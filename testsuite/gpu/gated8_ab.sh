@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The 8-row bucket's gate/up projection: its fused tensor-core kernel (GemmTCGated, the default
 # up to 8 rows since session 44) against the 64-row wide gated copy-engine kernel, which the
-# loader serves to any bucket of up to half its rows (loader/cuda gatedCopyFor) once the build
+# loader serves to any bucket of up to half its rows (bundle.GatedCopyFor) once the build
 # leaves the 8-row bucket a GEMM and an activation node (`xmixc build --gated-tc-rows 0`).
 # Session 88's traces had the 8B's 8-row gate/up at 87.4 us a launch against 80.9 at 32 rows
 # (the wide kernel) and 76.9 for its weights; the wide kernel's rows past a bucket's compute
