@@ -600,41 +600,68 @@ func TestCUDACopyGemmNextAtAskMatchesCPU(t *testing.T) {
 	}
 }
 
+// gatedTCBuckets are TestCUDAGatedTCMatchesCPU's buckets, with the requests and steps each
+// runs against the CPU.
+var gatedTCBuckets = []struct{ bucket, requests, steps int }{{8, 8, 6}, {16, 13, 4}, {32, 27, 3}}
+
+// gatedTCBundle is the 2-layer cut of Llama-3.1-8B with one decode bucket of rows rows built
+// with --gated-tc-rows rows and no gated copy-engine kernels (where one serves a bucket, as
+// the 32-row kernel does the 32-row bucket by default, codegen gives it no gated tensor-core
+// kernel): both layers' decode gate/up run the tensor-core kernel with the activation, and
+// no activation kernel is left in the bucket.
+func gatedTCBundle(t *testing.T, rows int) *bundle.Bundle {
+	b := testsuite.CompileWith(t, compile.Options{GatedTCRows: rows, GatedCopyRows: -1}, cut8B(t, rows))
+	if gated, acts := gatedTCKernels(b); gated != 2 || acts != 0 {
+		t.Fatalf("%d-row bucket: %d tensor-core gate/up kernels and %d activation kernels, want 2 and 0", rows, gated, acts)
+	}
+	return b
+}
+
+// gatedTCKernels counts the decode templates' gated tensor-core kernels and activation kernels.
+func gatedTCKernels(b *bundle.Bundle) (gated, acts int) {
+	for _, tm := range b.Templates {
+		if tm.Kind != bundle.Decode {
+			continue
+		}
+		for _, n := range tm.Nodes {
+			switch name := n.Kernel; {
+			case strings.HasPrefix(name, "gemm_tcg_"):
+				gated++
+			case strings.HasPrefix(name, "silu_mul"):
+				acts++
+			}
+		}
+	}
+	return gated, acts
+}
+
+// TestGatedTCBuilds (no GPU): TestCUDAGatedTCMatchesCPU's bundles give each bucket the kernel
+// it runs against the CPU, so a build rule that takes it away fails here and not first on a
+// GPU (e38a6f1's did, session 91); and with the default gated copy-engine kernels the 32-row
+// bucket's gate/up is theirs, the rule that makes gatedTCBundle turn them off.
+func TestGatedTCBuilds(t *testing.T) {
+	for _, c := range gatedTCBuckets {
+		t.Run(fmt.Sprintf("r%d", c.bucket), func(t *testing.T) { gatedTCBundle(t, c.bucket) })
+	}
+	b := testsuite.CompileWith(t, compile.Options{GatedTCRows: 32}, cut8B(t, 32))
+	if gated, acts := gatedTCKernels(b); gated != 0 || acts != 2 {
+		t.Errorf("32-row bucket with gated copy-engine kernels: %d tensor-core gate/up kernels and %d activation kernels, want 0 and 2", gated, acts)
+	}
+}
+
 // TestCUDAGatedTCMatchesCPU: the gate/up projection with its activation as one tensor-core
 // kernel (xmixc build --gated-tc-rows) in buckets of 8, 16 and 32 rows of a 2-layer cut of
 // Llama-3.1-8B under --gemm auto (the copy-engine kernels serve o, q/k/v and down), every
-// request teacher-forced to the CPU's tokens: both layers' decode gate/up run it, and no
-// activation kernel is left in the bucket. A subtest per bucket (-run
+// request teacher-forced to the CPU's tokens (gatedTCBundle). A subtest per bucket (-run
 // 'TestCUDAGatedTCMatchesCPU/r8'), and r8-app (below).
 func TestCUDAGatedTCMatchesCPU(t *testing.T) {
 	needGPU(t)
 	served := 0
 	nb := copyGemmBackend(&served)
-	for _, c := range []struct{ bucket, requests, steps int }{{8, 8, 6}, {16, 13, 4}, {32, 27, 3}} {
+	for _, c := range gatedTCBuckets {
 		t.Run(fmt.Sprintf("r%d", c.bucket), func(t *testing.T) {
-			cut := cut8B(t, c.bucket)
-			// No gated copy-engine kernels: where one serves a bucket (the 32-row one by
-			// default), codegen gives it no gated tensor-core kernel.
-			b := testsuite.CompileWith(t, compile.Options{GatedTCRows: c.bucket, GatedCopyRows: -1}, cut)
-			gated, acts := 0, 0
-			for _, tm := range b.Templates {
-				if tm.Kind != bundle.Decode {
-					continue
-				}
-				for _, n := range tm.Nodes {
-					switch name := n.Kernel; {
-					case strings.HasPrefix(name, "gemm_tcg_"):
-						gated++
-					case strings.HasPrefix(name, "silu_mul"):
-						acts++
-					}
-				}
-			}
-			if gated != 2 || acts != 0 {
-				t.Fatalf("%d-row bucket: %d tensor-core gate/up kernels and %d activation kernels, want 2 and 0", c.bucket, gated, acts)
-			}
-			prompts := sixTokenPrompts(c.requests)
-			agreementRows(t, nb, fmt.Sprintf("llama-3.1-8b-2layers-gated-tc-r%d", c.bucket), b, prompts, c.steps)
+			b := gatedTCBundle(t, c.bucket)
+			agreementRows(t, nb, fmt.Sprintf("llama-3.1-8b-2layers-gated-tc-r%d", c.bucket), b, sixTokenPrompts(c.requests), c.steps)
 			if served != 6 {
 				t.Errorf("%d-row bucket: %d GEMM nodes served by the copy-engine kernels, want o, q/k/v and down of 2 layers", c.bucket, served)
 			}
