@@ -1,17 +1,20 @@
 #!/usr/bin/env bash
-# The 8-row bucket's gate/up projection: its fused tensor-core kernel (GemmTCGated, the default
-# up to 8 rows since session 44) against the 64-row wide gated copy-engine kernel, which the
-# loader serves to any bucket of up to half its rows (bundle.GatedCopyFor) once the build
-# leaves the 8-row bucket a GEMM and an activation node (`xmixc build --gated-tc-rows 0`).
-# Session 88's traces had the 8B's 8-row gate/up at 87.4 us a launch against 80.9 at 32 rows
-# (the wide kernel) and 76.9 for its weights; the wide kernel's rows past a bucket's compute
-# nothing since 1c92fe5, so an 8-row bucket costs it about what a 16-row one does. One device
-# call, any card (about 6 minutes), in three parts (PARTS, default "ab peer trace"):
+# The 8-row bucket's gate/up projection: the 64-row wide gated copy-engine kernel, which the
+# loader serves to any bucket of up to half its rows (bundle.GatedCopyFor) and which the 8B's
+# default bundle gives its 8-row bucket since e38a6f1 (the gated tensor-core kernel,
+# GemmTCGated, yields wherever a gated copy-engine kernel serves the bucket), against
+# GemmTCGated, which the same bucket runs in a build with `--gated-copy-wide own` (the 32-row
+# bucket then runs its own 32-row kernel, which serves no 8-row pair). On an H100 the wide
+# kernel made the 8B's 8-row step 2.05-2.37% shorter (session 90, as `--gated-tc-rows 0`
+# before e38a6f1); on the H200 it is not yet timed. The 1B's two builds have the same kernels
+# and templates (its 8-row bucket keeps GemmTCGated either way), so its rows give the A/B's
+# noise. One device call, any card (about 2.5 minutes), in three parts (PARTS, default
+# "ab peer trace"):
 #  ab     both builds side by side, graph replay after 64 generated tokens as the grid does
 #         (runtime_ab.sh: MODELS, default both Llamas; bucket 8; CONTEXTS 80 576 2112; ROUNDS 2)
 #  peer   the grid's method at batch 8 on the default bundle, xmix and the compiled PyTorch
 #         step (run.sh PARTS=peer, PEER_BATCHES=8, the 8B), so the A/B's change gives ratios
-#  trace  one traced replay of the 8B at 8 x 576 under --gated-tc-rows 0 (trace.sh)
+#  trace  one traced replay of the default bundle's 8B at 8 x 576 (trace.sh)
 #   run(command="bash testsuite/gpu/pack.sh --unpack && bash testsuite/gpu/gated8_ab.sh",
 #       carry=[".dev/pack"])
 # Writes under OUT: log.txt, ab/{runtime_ab.json,summary.txt}, peer/{results.json,RESULTS.md},
@@ -31,7 +34,7 @@ for part in $parts; do
   echo "[$(date +%T)] $part" | tee -a "$log"
   case $part in
     ab)
-      OUT=$OUT/ab VARIANTS="def=.dev/gpu;gtc0=.dev/gpu" BUILDS="gtc0=--gated-tc-rows 0" \
+      OUT=$OUT/ab VARIANTS="def=.dev/gpu;tcg=.dev/gpu" BUILDS="tcg=--gated-copy-wide own" \
         MODELS=${MODELS:-llama-3.1-8b llama-3.2-1b} BUCKETS=8 CONTEXTS=${CONTEXTS:-80 576 2112} NEW_TOKENS=64 ROUNDS=${ROUNDS:-2} \
         bash testsuite/gpu/runtime_ab.sh >> "$log" 2>&1 || echo "ab failed: rc $?" | tee -a "$log"
       cat "$OUT/ab/summary.txt" >> "$log" 2> /dev/null || true
@@ -45,7 +48,7 @@ for part in $parts; do
       cp "$w/results.json" "$w/RESULTS.md" "$OUT/peer/" 2>> "$log" || true
       ;;
     trace)
-      OUT=$OUT/trace MODELS=llama-3.1-8b BUCKETS=8 CONTEXTS=576 NEW_TOKENS=64 BUILD_FLAGS="--gated-tc-rows 0" \
+      OUT=$OUT/trace MODELS=llama-3.1-8b BUCKETS=8 CONTEXTS=576 NEW_TOKENS=64 \
         bash testsuite/gpu/trace.sh >> "$log" 2>&1 || echo "trace failed: rc $?" | tee -a "$log"
       rm -f "$OUT"/trace/*.json
       ;;
