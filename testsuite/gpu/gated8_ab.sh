@@ -9,16 +9,18 @@
 # before e38a6f1); on the H200 it is not yet timed. The 1B's two builds have the same kernels
 # and templates (its 8-row bucket keeps GemmTCGated either way), so its rows give the A/B's
 # noise. One device call, any card (about 2.5 minutes), in three parts (PARTS, default
-# "ab peer trace"):
+# "ab peer trace"), and a fourth on request:
 #  ab     both builds side by side, graph replay after 64 generated tokens as the grid does
 #         (runtime_ab.sh: MODELS, default both Llamas; bucket 8; CONTEXTS 80 576 2112; ROUNDS 2)
 #  peer   the grid's method at batch 8 on the default bundle, xmix and the compiled PyTorch
 #         step (run.sh PARTS=peer, PEER_BATCHES=8, the 8B), so the A/B's change gives ratios
 #  trace  one traced replay of the default bundle's 8B at 8 x 576 (trace.sh)
+#  test   the GPU tests of the gated kernels against the CPU (TestCUDAGatedTCMatchesCPU,
+#         TestCUDAGatedCopyMatchesCPU; gpu_tests.sh, about 1 minute), their verdicts in log.txt
 #   run(command="bash testsuite/gpu/pack.sh --unpack && bash testsuite/gpu/gated8_ab.sh",
 #       carry=[".dev/pack"])
 # Writes under OUT: log.txt, ab/{runtime_ab.json,summary.txt}, peer/{results.json,RESULTS.md},
-# trace/summary.txt.
+# trace/summary.txt, test/checks.json.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:?set OUT}
@@ -28,7 +30,7 @@ export PATH=/usr/local/cuda/bin:$PATH
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader | tee -a "$log"
 parts=${PARTS:-ab peer trace}
 for part in $parts; do
-  case $part in ab | peer | trace) ;; *) echo "unknown part $part (ab, peer, trace)" | tee -a "$log"; exit 2 ;; esac
+  case $part in ab | peer | trace | test) ;; *) echo "unknown part $part (ab, peer, trace, test)" | tee -a "$log"; exit 2 ;; esac
 done
 for part in $parts; do
   echo "[$(date +%T)] $part" | tee -a "$log"
@@ -51,6 +53,14 @@ for part in $parts; do
       OUT=$OUT/trace MODELS=llama-3.1-8b BUCKETS=8 CONTEXTS=576 NEW_TOKENS=64 \
         bash testsuite/gpu/trace.sh >> "$log" 2>&1 || echo "trace failed: rc $?" | tee -a "$log"
       rm -f "$OUT"/trace/*.json
+      ;;
+    test)
+      w=$(mktemp -d)
+      TEST_SHARDS=2 TEST_RUN='^TestCUDAGatedTCMatchesCPU$|^TestCUDAGatedCopyMatchesCPU$' bash testsuite/gpu/gpu_tests.sh .dev/gpu "$w" > /dev/null 2>&1 ||
+        echo "test failed: rc $?" | tee -a "$log"
+      grep -E -- '--- (PASS|FAIL|SKIP)|gpu_test.go|^exit' "$w/checks.log" >> "$log" || true
+      mkdir -p "$OUT/test"
+      cp "$w/checks.json" "$OUT/test/" 2>> "$log" || true
       ;;
   esac
 done
