@@ -478,7 +478,12 @@ func (t *tb) matmulGated(n *ir.Node) {
 		t.fail(err)
 		return
 	}
-	if !ok && !t.gatedTC(gc, sc, rows) {
+	op, err := sc.op()
+	if err != nil {
+		t.fail(err)
+		return
+	}
+	if !ok && !t.gatedTC(gc, op, rows) {
 		t.parts(n)
 		return
 	}
@@ -492,31 +497,28 @@ func (t *tb) matmulGated(n *ir.Node) {
 	t.add(n.Name, k, err, c.Launch(rows), s, nil)
 }
 
-// gatedTC says whether the gate/up projection c with activation sc of a tensor-core template
+// gatedTC says whether the gate/up projection c with activation op of a tensor-core template
 // over rows rows runs as one kernel (matmulGatedTC): in decode buckets of at most
 // BuildInfo.GatedTCRows rows (the only ones measured), unless the build names its shape for
 // copy-engine kernels (xmixc build --copy-gemms), which serve GEMM nodes, or a gated
 // copy-engine kernel of the bundle serves the bucket (gatedCopyServes), or the kernel cannot
 // reach its up half (past 2 GiB).
-func (t *tb) gatedTC(c GemmConfig, sc SiluConfig, rows int) bool {
+func (t *tb) gatedTC(c GemmConfig, op string, rows int) bool {
 	return t.kind == bundle.Decode && rows <= t.g.gatedTCRows && c.N%tcGatedWidth == 0 && !t.g.copyShape(c.K, c.N, rows) &&
-		!t.g.gatedCopyServes(c.K, c.N, rows, sc) && gatedTCReaches(c)
+		!t.g.gatedCopyServes(c.K, c.N, rows, op) && gatedTCReaches(c)
 }
 
 // gatedCopyServes says whether the loader serves a decode bucket's gate/up GEMM of K x N over
-// rows rows and its activation sc with one of the bundle's gated copy-engine kernels: it asks
-// bundle.GatedCopyFor, as the loader does, over the kernels gatedCopies gives the decode
-// buckets whose gate/up runs on tensor cores. Where it does, that kernel is the bucket's gate/up, not GemmTCGated: on the
-// 8B the 32-row bucket's 64-row wide kernel made the 8-row step 2.0-2.4% shorter than
-// GemmTCGated on an H100 (testsuite/gpu/RESULTS.md, session 90), x's rows past the bucket's
-// zero-filled and left out of the epilogue. On the 1B no such kernel serves 8 rows (its
-// 32-row bucket keeps its own, which is not wide), so its 8-row bucket keeps GemmTCGated, and
-// cuBLASLt's gate/up with the activation kernel made that step 0.7-1.0% longer.
-func (g *gen) gatedCopyServes(k, n, rows int, sc SiluConfig) bool {
-	op, err := sc.op()
-	if err != nil {
-		return false
-	}
+// rows rows and its activation op (bundle.GatedActOps) with one of the bundle's gated
+// copy-engine kernels: it asks bundle.GatedCopyFor, as the loader does, over the kernels
+// gatedCopies gives the decode buckets whose gate/up runs on tensor cores. Where it does,
+// that kernel is the bucket's gate/up, not GemmTCGated: on the 8B the 32-row bucket's 64-row
+// wide kernel made the 8-row step 2.0-2.4% shorter than GemmTCGated on an H100
+// (testsuite/gpu/RESULTS.md, session 90), x's rows past the bucket's zero-filled and left out
+// of the epilogue. On the 1B no such kernel serves 8 rows (its 32-row bucket keeps its own,
+// which is not wide), so its 8-row bucket keeps GemmTCGated, and cuBLASLt's gate/up with the
+// activation kernel made that step 0.7-1.0% longer.
+func (g *gen) gatedCopyServes(k, n, rows int, op string) bool {
 	var kernels []bundle.GemmCopy
 	for _, b := range g.decodeBuckets {
 		if !g.epilogueCopyAt(bundle.Decode, b, g.gatedCopyRows) || !g.tensorCores(GemmConfig{K: k, N: n, WDtype: g.wdt}, b) {
