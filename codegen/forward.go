@@ -125,6 +125,10 @@ type gen struct {
 	// optionalF32Out: the add+norm and decode attention kernels may be passed an out or z of
 	// 0 (RowConfig.OutOptional, AttnConfig.ZOptional).
 	optionalF32Out bool
+	// normCluster and normClusterRows: the plain add+norm kernels of templates of at most
+	// normClusterRows rows spread each row over a cluster of normCluster CTAs
+	// (BuildInfo.NormCluster, RowConfig.Cluster; tb.normCluster).
+	normCluster, normClusterRows int
 	// gemmTickets is GemmConfig.Tickets of every staged tensor-core GEMM (--gemm tc-staged).
 	gemmTickets int
 	order       []string
@@ -210,6 +214,10 @@ func Generate(p *passes.Program, opt Options) (*bundle.Bundle, error) {
 		return nil, err
 	}
 	g.ropeCopyRows = bi.RopeCopyRows
+	if err := CheckNormCluster(bi.NormCluster, bi.NormClusterRows); err != nil {
+		return nil, err
+	}
+	g.normCluster, g.normClusterRows = bi.NormCluster, bi.NormClusterRows
 	g.copyRows = gcDefaultRows
 	if len(bi.CopyGemmRows) > 0 {
 		g.copyRows = slices.Sorted(slices.Values(bi.CopyGemmRows))

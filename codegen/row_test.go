@@ -1181,3 +1181,57 @@ func checkPrefetchEarly(t *testing.T, rng *rand.Rand, c RowConfig, wait string) 
 	}
 	checkKernel(t, k, c.Launch(testRows), args)
 }
+
+// TestRowNormCluster: an add+norm whose rows are spread over a cluster of 2, 4 or 8 CTAs
+// writes, bit for bit, what the one-CTA kernel writes (the residual, out and out_bf16), at
+// widths of whole and partial last elements a thread, and matches the reference op, which
+// reads rows as Grid[0]/Splits. Kernels it cannot build are refused with the reason.
+func TestRowNormCluster(t *testing.T) {
+	rng := rand.New(rand.NewPCG(43, 44))
+	for _, w := range []int{2048, 3000, 4096} {
+		for _, early := range []bool{false, true} {
+			c := RowConfig{Hidden: w, Eps: 1e-5, WDtype: ptx.BF16, Load: "add", EarlyLaunch: early, OutOptional: true}
+			one := must(t)(RowNorm("row_norm_one", c))
+			args := rowNormArgs(rng, c, testRows)
+			want := newEmuBufs()
+			want.run(t, one, c.Launch(testRows), args)
+			for _, n := range []int{2, 4, 8} {
+				c.Cluster = n
+				k := must(t)(RowNorm(fmt.Sprintf("row_norm_c%d", n), c))
+				l := c.Launch(testRows)
+				if l.Grid[0] != n*testRows || l.Block[0]*n != rowThreads(w) || !strings.Contains(k.PTX, fmt.Sprintf(".reqnctapercluster %d, 1, 1", n)) {
+					t.Fatalf("%s: grid %v block %v, want clusters of %d:\n%s", k.Name, l.Grid, l.Block, n, k.PTX)
+				}
+				got := newEmuBufs()
+				got.run(t, k, l, args)
+				for _, out := range []string{"resid", "out"} {
+					sameBits(t, fmt.Sprintf("%s (width %d) against one CTA a row: %s", k.Name, w, out), got.f32(out), want.f32(out))
+				}
+				if g, o := got.mem.Bytes(got.addr[bundle.NormOutBF16]), want.mem.Bytes(want.addr[bundle.NormOutBF16]); !slices.Equal(g[:2*testRows*w], o[:2*testRows*w]) {
+					t.Fatalf("%s (width %d): out_bf16 differs from one CTA a row's", k.Name, w)
+				}
+				checkKernel(t, k, l, args)
+			}
+		}
+	}
+	plain := RowConfig{Hidden: 4096, Eps: 1e-5, WDtype: ptx.BF16, Load: "add"}
+	for _, tc := range []struct {
+		name string
+		edit func(*RowConfig)
+		want string
+	}{
+		{"three", func(c *RowConfig) { c.Cluster = 3 }, "want 1, 2, 4 or 8"},
+		{"sixteen", func(c *RowConfig) { c.Cluster = 16 }, "want 1, 2, 4 or 8"},
+		{"narrow", func(c *RowConfig) { c.Hidden, c.Cluster = 256, 8 }, "fewer than a warp"},
+		{"ops", func(c *RowConfig) { c.Cluster, c.NormOps = 2, testOps(4096)["probe"] }, "only a plain add+norm"},
+		{"gather", func(c *RowConfig) { c.Cluster, c.Gather = 2, true }, "only a plain add+norm"},
+		{"embed", func(c *RowConfig) { c.Cluster, c.Load, c.Vocab = 2, "embed", 50 }, "only a plain add+norm"},
+		{"delta norm", func(c *RowConfig) { c.Cluster, c.DeltaNorm = 2, true }, "only a plain add+norm"},
+	} {
+		c := plain
+		tc.edit(&c)
+		if _, err := RowNorm("row_norm_bad", c); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: err %v, want one saying %q", tc.name, err, tc.want)
+		}
+	}
+}

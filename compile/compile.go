@@ -143,6 +143,10 @@ type Options struct {
 	// (bundle.BuildInfo.RopeCopyRows; 0: the measured default, codegen.DefaultRopeCopyRows;
 	// negative: none).
 	RopeCopyRows int
+	// NormCluster spreads each row of the plain add+norm kernels over a cluster of this many
+	// CTAs (2, 4 or 8; 0 or 1: one CTA a row) in templates of at most NormClusterRows rows
+	// (0: codegen.DefaultNormClusterRows) (bundle.BuildInfo.NormCluster, NormClusterRows).
+	NormCluster, NormClusterRows int
 }
 
 // DefaultGemvCols is Options.GemvCols's default, measured on the H200 (testsuite/gpu/GEMV_AB.md,
@@ -342,6 +346,9 @@ func Build(modelPath string, appPaths []string, opt Options) (*bundle.Bundle, er
 	build.MIPreloadRegs = max(0, cmp.Or(opt.MIPreloadRegs, codegen.DefaultMIPreloadRegs))
 	build.MIPreloadRegsMultiWave = max(0, cmp.Or(opt.MIPreloadRegsMultiWave, codegen.DefaultMIPreloadRegsMultiWave))
 	build.RopeCopyRows = max(0, cmp.Or(opt.RopeCopyRows, codegen.DefaultRopeCopyRows))
+	if opt.NormCluster > 1 {
+		build.NormCluster, build.NormClusterRows = opt.NormCluster, cmp.Or(opt.NormClusterRows, codegen.DefaultNormClusterRows)
+	}
 	b, err := codegen.Generate(p, codegen.Options{
 		Build:     build,
 		Weights:   weights,

@@ -191,6 +191,11 @@ ops:
 		{"llama-gated-tc", SmallModel, []string{split}, []loader.Request{
 			{Prompt: []int{3, 1, 4, 1, 5, 9, 2, 6}, MaxTokens: 4, Apps: []string{"split"}}, {Prompt: []int{2, 7, 1}, MaxTokens: 5}, {Prompt: []int{8, 2}, MaxTokens: 2}},
 			compile.Options{TensorCoreRows: 4}},
+		// Add+norm rows spread over clusters of 4 CTAs (--norm-cluster 4) in every template,
+		// but for layer 1's resid_post, whose lens keeps its add+norm on one CTA a row.
+		{"llama-norm-cluster", SmallModel, []string{split, lens}, []loader.Request{
+			{Prompt: []int{3, 1, 4, 1, 5, 9, 2, 6}, MaxTokens: 4, Apps: []string{"split", "lens"}}, {Prompt: []int{2, 7, 1}, MaxTokens: 5}},
+			compile.Options{NormCluster: 4}},
 		// The staged tensor-core GEMMs (--gemm tc-staged, bucket kernels with a ring of W
 		// stages, preloaded before the wait) in the prefill chunks.
 		{"llama-staged", SmallModel, nil, []loader.Request{
