@@ -420,6 +420,11 @@ type BuildInfo struct {
 	// measuring; 0: one CTA a row, as in bundles built before the setting).
 	NormCluster     int `json:"norm_cluster,omitempty"`
 	NormClusterRows int `json:"norm_cluster_rows,omitempty"`
+	// RopeOneWave: the rope_kv kernels of templates whose grid (a block a row's 16 heads of
+	// 128 dims, three a row on Llama-3.1-8B) would take more than one wave of the card share
+	// each row's heads among fewer blocks, every thread rotating more heads, with the same
+	// results (xmixc build --rope-one-wave, for measuring; false: as bundles built before it).
+	RopeOneWave bool `json:"rope_one_wave,omitempty"`
 }
 
 // InputDigest is the hash of one input file of the build.

@@ -129,6 +129,9 @@ type gen struct {
 	// normClusterRows rows spread each row over a cluster of normCluster CTAs
 	// (BuildInfo.NormCluster, RowConfig.Cluster; tb.normCluster).
 	normCluster, normClusterRows int
+	// ropeOneWave: the rope_kv kernels of templates whose grid would take more than a wave
+	// share a row's heads among fewer blocks (BuildInfo.RopeOneWave, RopeConfig.Groups).
+	ropeOneWave bool
 	// gemmTickets is GemmConfig.Tickets of every staged tensor-core GEMM (--gemm tc-staged).
 	gemmTickets int
 	order       []string
@@ -217,7 +220,7 @@ func Generate(p *passes.Program, opt Options) (*bundle.Bundle, error) {
 	if err := CheckNormCluster(bi.NormCluster, bi.NormClusterRows); err != nil {
 		return nil, err
 	}
-	g.normCluster, g.normClusterRows = bi.NormCluster, bi.NormClusterRows
+	g.normCluster, g.normClusterRows, g.ropeOneWave = bi.NormCluster, bi.NormClusterRows, bi.RopeOneWave
 	g.copyRows = gcDefaultRows
 	if len(bi.CopyGemmRows) > 0 {
 		g.copyRows = slices.Sorted(slices.Values(bi.CopyGemmRows))

@@ -732,8 +732,17 @@ func kvSlots(n *ir.Node, qkv string) slots {
 		"kcache": buf(n.State[0].Name), "vcache": buf(n.State[1].Name), "qkv": buf(qkv)}
 }
 
+// ropeWaveBlocks is how many rope_kv blocks (1024 threads of few registers) the card holds at
+// once: two an SM of the H100's and H200's 132.
+const ropeWaveBlocks = 2 * 132
+
 func (t *tb) rope(n *ir.Node) {
 	rc, kname, rs := t.g.ropeKernel(n)
+	if t.g.ropeOneWave {
+		if rc.Groups = rc.OneWaveGroups(t.rows, ropeWaveBlocks); rc.Groups > 0 {
+			kname += fmt.Sprintf("_g%d", rc.Groups)
+		}
+	}
 	k, err := t.g.kernel(kname, func() (*Kernel, error) { return RopeKV(kname, rc) })
 	t.add(n.Name, k, err, rc.Launch(t.rows), merge(kvSlots(n, n.In[0].Buffer), rs), nil)
 }

@@ -23,6 +23,10 @@ type RopeConfig struct {
 	Eps    float32
 	// WDtype stores bias, q_norm and k_norm (F32 or BF16); unused without the options.
 	WDtype ptx.Type
+	// Groups, when not 0, is how many blocks share a row's heads, 1 to headGroups: fewer
+	// than headGroups leave each thread more than one of the row's q, k and v heads, which
+	// it rotates one after another, with the same results (BuildInfo.RopeOneWave).
+	Groups int
 }
 
 // ropeThreads is the block size RopeKV aims for (1024; 128 took 10 us a layer on an H200):
@@ -39,10 +43,28 @@ func (c RopeConfig) headGroups() int {
 	return (c.Heads + 2*c.KVHeads + hpb - 1) / hpb
 }
 
-// Launch is the grid for rows rows: headGroups blocks per row, threads (HeadDim/2, heads in
+// groups is how many blocks share a row: Groups, or headGroups.
+func (c RopeConfig) groups() int {
+	if c.Groups > 0 {
+		return c.Groups
+	}
+	return c.headGroups()
+}
+
+// Launch is the grid for rows rows: groups blocks per row, threads (HeadDim/2, heads in
 // flight).
 func (c RopeConfig) Launch(rows int) ops.Launch {
-	return ops.Launch{Grid: [3]int{rows, c.headGroups(), 1}, Block: [3]int{c.HeadDim / 2, c.headsPerBlock(), 1}}
+	return ops.Launch{Grid: [3]int{rows, c.groups(), 1}, Block: [3]int{c.HeadDim / 2, c.headsPerBlock(), 1}}
+}
+
+// OneWaveGroups is Groups for a grid of rows rows in waveBlocks blocks: the most blocks a row
+// that keep rows x groups within waveBlocks; 0 (headGroups) where that already holds or
+// where even one block a row takes more than a wave.
+func (c RopeConfig) OneWaveGroups(rows, waveBlocks int) int {
+	if rows*c.headGroups() <= waveBlocks || rows > waveBlocks {
+		return 0
+	}
+	return waveBlocks / rows
 }
 
 // kvAttrs checks the shape shared by RopeKV and Attention and returns its ops attributes.
@@ -144,6 +166,9 @@ func RopeKV(name string, c RopeConfig) (*Kernel, error) {
 	if err != nil {
 		return nil, fmt.Errorf("rope_kv %s: %w", name, err)
 	}
+	if c.Groups < 0 || c.Groups > c.headGroups() {
+		return nil, fmt.Errorf("rope_kv %s: %d blocks a row: want 1 to %d (0: %d)", name, c.Groups, c.headGroups(), c.headGroups())
+	}
 	e := newEmitter(name)
 	qkv := e.param("qkv", ptx.U64)
 	cosT := e.param("cos", ptx.U64)
@@ -173,7 +198,7 @@ func RopeKV(name string, c RopeConfig) (*Kernel, error) {
 	// thread of it at its own tid.y, and strides the whole grid's heads.
 	first := e.Reg(ptx.U32)
 	e.Emit("mad.lo.u32", first, e.special(ptx.CtaidY), ptx.Imm(int64(hpb)), e.special(ptx.TidY))
-	stride := ptx.Imm(int64(hpb * c.headGroups()))
+	stride := ptx.Imm(int64(hpb * c.groups()))
 	p := e.Reg(ptx.U32)
 	e.Emit("ld.global.u32", p, ptx.Addr{Base: e.byteAddr(posP, row, 4)})
 	s := e.Reg(ptx.U32)

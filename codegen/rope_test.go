@@ -3,6 +3,8 @@ package codegen
 import (
 	"math"
 	"math/rand/v2"
+	"slices"
+	"strings"
 	"testing"
 
 	"xmix/bundle"
@@ -181,6 +183,64 @@ func TestRopeKVRejectsBadOptions(t *testing.T) {
 	for _, c := range []RopeConfig{noEps, noDtype} {
 		if _, err := RopeKV("r", c); err == nil {
 			t.Errorf("%+v accepted", c)
+		}
+	}
+}
+
+// TestRopeKVFewerGroups: a row's heads shared among fewer blocks (RopeConfig.Groups), each
+// thread rotating several heads one after another, write what the one-head-a-thread kernel
+// writes, bit for bit (q/k/v in place, both caches), with the bias and the QK-norm too; Groups
+// past headGroups is refused; OneWaveGroups fits a grid into a wave where it can.
+func TestRopeKVFewerGroups(t *testing.T) {
+	r := rand.New(rand.NewPCG(25, 26))
+	for _, c := range []RopeConfig{
+		{Heads: 32, KVHeads: 8, HeadDim: 128, BlockSize: 4, MaxBlocksPerSeq: 4, KVDtype: ptx.BF16},
+		{Heads: 20, KVHeads: 2, HeadDim: 128, BlockSize: 4, MaxBlocksPerSeq: 4, KVDtype: ptx.F32},
+		{Heads: 32, KVHeads: 8, HeadDim: 128, BlockSize: 4, MaxBlocksPerSeq: 2, KVDtype: ptx.F32, Bias: true, QKNorm: true, Eps: 1e-6, WDtype: ptx.BF16},
+	} {
+		const rows, seqs = 3, 2
+		maxPos := c.BlockSize * c.MaxBlocksPerSeq
+		cos, sin := RopeTables(5e5, c.HeadDim, maxPos, nil)
+		kv := newKVFixture(r, c, seqs)
+		width := (c.Heads + 2*c.KVHeads) * c.HeadDim
+		args := []targ{
+			{name: "qkv", f32: randF32(r, rows*width, 1), out: rows * width},
+			{name: "cos", f32: cos}, {name: "sin", f32: sin},
+			{name: "pos", u32: []uint32{0, uint32(maxPos - 1), 3}}, {name: "seq", u32: []uint32{0, 1, 1}},
+			{name: "block_table", u32: kv.table}, kv.kcache, kv.vcache,
+		}
+		if c.Bias {
+			args = append(args, targ{name: "bias", bf16: randF32(r, width, 0.5)})
+		}
+		if c.QKNorm {
+			args = append(args, targ{name: "q_norm", bf16: randF32(r, c.HeadDim, 2)}, targ{name: "k_norm", bf16: randF32(r, c.HeadDim, 2)})
+		}
+		want := newEmuBufs()
+		want.run(t, must(t)(RopeKV("rope_all", c)), c.Launch(rows), args)
+		for g := 1; g < c.headGroups(); g++ {
+			c.Groups = g
+			k := must(t)(RopeKV("rope_groups", c))
+			if l := c.Launch(rows); l.Grid[1] != g {
+				t.Fatalf("%+v: grid %v", c, l.Grid)
+			}
+			got := newEmuBufs()
+			got.run(t, k, c.Launch(rows), args)
+			for _, name := range []string{"qkv", "kcache", "vcache"} {
+				if !slices.Equal(got.mem.Bytes(got.addr[name])[:got.size[name]], want.mem.Bytes(want.addr[name])[:want.size[name]]) {
+					t.Fatalf("%+v: %s differs from one head a thread's", c, name)
+				}
+			}
+			checkKernel(t, k, c.Launch(rows), args)
+		}
+		c.Groups = c.headGroups() + 1
+		if _, err := RopeKV("rope_bad", c); err == nil || !strings.Contains(err.Error(), "blocks a row") {
+			t.Errorf("%+v: err %v, want a refusal", c, err)
+		}
+	}
+	c := RopeConfig{Heads: 32, KVHeads: 8, HeadDim: 128}
+	for _, w := range []struct{ rows, groups int }{{64, 0}, {88, 0}, {89, 2}, {128, 2}, {256, 1}, {264, 1}, {265, 0}, {512, 0}} {
+		if g := c.OneWaveGroups(w.rows, 264); g != w.groups {
+			t.Errorf("OneWaveGroups(%d, 264) = %d, want %d", w.rows, g, w.groups)
 		}
 	}
 }

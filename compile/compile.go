@@ -147,6 +147,9 @@ type Options struct {
 	// CTAs (2, 4 or 8; 0 or 1: one CTA a row) in templates of at most NormClusterRows rows
 	// (0: codegen.DefaultNormClusterRows) (bundle.BuildInfo.NormCluster, NormClusterRows).
 	NormCluster, NormClusterRows int
+	// RopeOneWave: rope_kv grids that would take more than a wave share a row's heads among
+	// fewer blocks (bundle.BuildInfo.RopeOneWave).
+	RopeOneWave bool
 }
 
 // DefaultGemvCols is Options.GemvCols's default, measured on the H200 (testsuite/gpu/GEMV_AB.md,
@@ -346,6 +349,7 @@ func Build(modelPath string, appPaths []string, opt Options) (*bundle.Bundle, er
 	build.MIPreloadRegs = max(0, cmp.Or(opt.MIPreloadRegs, codegen.DefaultMIPreloadRegs))
 	build.MIPreloadRegsMultiWave = max(0, cmp.Or(opt.MIPreloadRegsMultiWave, codegen.DefaultMIPreloadRegsMultiWave))
 	build.RopeCopyRows = max(0, cmp.Or(opt.RopeCopyRows, codegen.DefaultRopeCopyRows))
+	build.RopeOneWave = opt.RopeOneWave
 	if opt.NormCluster > 1 {
 		build.NormCluster, build.NormClusterRows = opt.NormCluster, cmp.Or(opt.NormClusterRows, codegen.DefaultNormClusterRows)
 	}

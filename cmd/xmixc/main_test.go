@@ -970,3 +970,40 @@ func TestBuildNormCluster(t *testing.T) {
 		}
 	}
 }
+
+// TestBuildRopeOneWave: --rope-one-wave shares a row's heads among fewer rope_kv blocks where
+// the default grid (Llama-3.1-8B: three blocks of 16 heads a row) would take more than the
+// card's wave of 264 blocks and one block a row still fits one: two blocks a row at 128 rows,
+// one at 256, the default grid at 64 rows and in the prefill chunks of 512 rows and more; the
+// build records it and inspect says so. Without the flag every template keeps three a row.
+func TestBuildRopeOneWave(t *testing.T) {
+	dir := t.TempDir()
+	for _, on := range []bool{false, true} {
+		var flags []string
+		if on {
+			flags = []string{"--rope-one-wave"}
+		}
+		out := filepath.Join(dir, "r.xmb")
+		b := buildBundle(t, "../../specs/models/llama-3.1-8b.yaml", out, flags)
+		if b.Manifest.Build.RopeOneWave != on {
+			t.Fatalf("%v: build info rope_one_wave %v", flags, b.Manifest.Build.RopeOneWave)
+		}
+		for _, tm := range b.Templates {
+			want := 3
+			if on && tm.Tokens == 128 {
+				want = 2
+			} else if on && tm.Tokens == 256 {
+				want = 1
+			}
+			for _, n := range tm.Nodes {
+				if strings.HasPrefix(n.Kernel, "rope_kv_") && n.Grid != [3]int{tm.Tokens, want, 1} {
+					t.Errorf("%v: %s %s: kernel %s grid %v, want %d blocks a row", flags, tm.Name, n.Label, n.Kernel, n.Grid, want)
+				}
+			}
+		}
+		text, err := xmixc(t, "inspect", out)
+		if err != nil || strings.Contains(text, "rope_kv in one wave") != on {
+			t.Errorf("%v: inspect: %v\n%s", flags, err, text)
+		}
+	}
+}

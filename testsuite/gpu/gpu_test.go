@@ -678,6 +678,28 @@ func TestCUDAGatedTCMatchesCPU(t *testing.T) {
 	})
 }
 
+// TestCUDARopeOneWaveMatchesCPU: built with --rope-one-wave, a 2-layer cut of Llama-3.1-8B's
+// 128-row bucket runs its rope_kv over two blocks a row where three would take more than a
+// wave (each thread rotating up to two heads), and agrees with the CPU under --gemm auto,
+// every request teacher-forced to the CPU's tokens (the kernel's bits are the
+// one-head-a-thread kernel's: codegen's TestRopeKVFewerGroups).
+func TestCUDARopeOneWaveMatchesCPU(t *testing.T) {
+	needGPU(t)
+	b := testsuite.CompileWith(t, compile.Options{RopeOneWave: true}, cut8B(t, 128))
+	grouped := 0
+	for _, tm := range b.Templates {
+		for _, n := range tm.Nodes {
+			if strings.HasPrefix(n.Kernel, "rope_kv_") && strings.HasSuffix(n.Kernel, "_g2") && n.Grid == [3]int{128, 2, 1} {
+				grouped++
+			}
+		}
+	}
+	if grouped != 2 {
+		t.Fatalf("%d rope_kv launches over two blocks a row, want the 128-row bucket's 2", grouped)
+	}
+	agreementRows(t, newCUDA(cuda.GemmAuto), "llama-3.1-8b-2layers-rope-one-wave-r128", b, sixTokenPrompts(100), 2)
+}
+
 // TestCUDAGatedCopyMatchesCPU: the warpgroup copy-engine kernel with the activation in its
 // epilogue (xmixc build --gated-copy-rows) serving each layer's gate/up GEMM and SiLU kernel
 // as one launch, in buckets of 32 and 64 rows of a 2-layer cut of Llama-3.1-8B under --gemm

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# The small kernels between the GEMMs in other layouts, each built for measuring (off by
+# default) and each with the default layout's results bit for bit:
+#  - the add+norm's rows spread over thread-block clusters (xmixc build --norm-cluster N): one
+#    CTA a row asks one SM to load and store a row's every byte (a 4096-wide row: 40 KB in,
+#    24-40 KB out), which at 1-32 rows leaves most SMs without a CTA of the kernel; each
+#    add+norm took 3.0-4.3 us after its wait and 4.4-5.2 us of the step in session 88's H100
+#    traces (64 a step on the 8B). Spread over N CTAs of 1024/N threads, each keeps its
+#    threads' columns and the sum of squares goes through the cluster's shared memory in the
+#    one-CTA kernel's order (codegen's TestRowNormCluster).
+#  - rope_kv in one wave (xmixc build --rope-one-wave): the 8B's rope_kv takes three blocks of
+#    1024 threads a row, 384 at 128 rows, where the card holds 264 at once; two blocks a row
+#    at 128 rows and one at 256, each thread rotating more heads (codegen's
+#    TestRopeKVFewerGroups). Session 86's H100 trace had rope_kv at 5.2 us a layer after
+#    cuBLASLt's q/k/v at 128 rows.
+# One device call, any card (about 7 minutes), in parts (PARTS, default "test norm rope"):
+#  test   TestCUDABuildKeepsBits (a 2-layer 1B cut built with --norm-cluster 4 in every
+#         template gives the plain bundle's logits bit for bit, both GEMM servers) and
+#         TestCUDARopeOneWaveMatchesCPU (gpu_tests.sh; the verdicts in log.txt)
+#  norm   the default bundle against --norm-cluster 4 and 8 (templates of up to 32 rows, the
+#         default --norm-cluster-rows), side by side (runtime_ab.sh: MODELS, default both
+#         Llamas; NORM_BUCKETS 1 8 32; CONTEXTS 80 2112; NEW_TOKENS 64 as the grid; ROUNDS 2)
+#  rope   the default 8B bundle against --rope-one-wave at 128 and 256 rows, contexts 80 and
+#         576 (2112 at 256 rows would need 71 GB of cache; runtime_ab.sh, as above)
+#  trace  one traced replay of the 8B at 32 x 2112 with clusters of 4 and without (trace.sh)
+#   run(command="bash testsuite/gpu/pack.sh --unpack && OUT=\$OUT bash testsuite/gpu/small_kernels_ab.sh",
+#       carry=[".dev/pack"])
+# Writes under OUT: log.txt, {norm,rope}/{runtime_ab.json,summary.txt}, test/checks.json,
+# trace/{plain,c4}/summary.txt.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:?set OUT}
+mkdir -p "$OUT"
+log=$OUT/log.txt
+export PATH=/usr/local/cuda/bin:$PATH
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader | tee -a "$log"
+parts=${PARTS:-test norm rope}
+for part in $parts; do
+  case $part in test | norm | rope | trace) ;; *) echo "unknown part $part (test, norm, rope, trace)" | tee -a "$log"; exit 2 ;; esac
+done
+for part in $parts; do
+  echo "[$(date +%T)] $part" | tee -a "$log"
+  case $part in
+    test)
+      w=$(mktemp -d)
+      TEST_SHARDS=2 TEST_RUN='^TestCUDABuildKeepsBits$|^TestCUDARopeOneWaveMatchesCPU$' bash testsuite/gpu/gpu_tests.sh .dev/gpu "$w" > /dev/null 2>&1 ||
+        echo "test failed: rc $?" | tee -a "$log"
+      grep -E -- '--- (PASS|FAIL|SKIP)|gpu_test.go|^exit' "$w/checks.log" >> "$log" || true
+      mkdir -p "$OUT/test"
+      cp "$w/checks.json" "$OUT/test/" 2>> "$log" || true
+      ;;
+    norm)
+      OUT=$OUT/norm VARIANTS="def=.dev/gpu;c4=.dev/gpu;c8=.dev/gpu" BUILDS="c4=--norm-cluster 4;c8=--norm-cluster 8" \
+        MODELS=${MODELS:-llama-3.1-8b llama-3.2-1b} BUCKETS=${NORM_BUCKETS:-1 8 32} CONTEXTS=${CONTEXTS:-80 2112} NEW_TOKENS=64 ROUNDS=${ROUNDS:-2} \
+        bash testsuite/gpu/runtime_ab.sh >> "$log" 2>&1 || echo "norm failed: rc $?" | tee -a "$log"
+      cat "$OUT/norm/summary.txt" >> "$log" 2> /dev/null || true
+      ;;
+    rope)
+      OUT=$OUT/rope VARIANTS="def=.dev/gpu;wave=.dev/gpu" BUILDS="wave=--rope-one-wave" \
+        MODELS=llama-3.1-8b BUCKETS="128 256" CONTEXTS="80 576" NEW_TOKENS=64 ROUNDS=${ROUNDS:-2} \
+        bash testsuite/gpu/runtime_ab.sh >> "$log" 2>&1 || echo "rope failed: rc $?" | tee -a "$log"
+      cat "$OUT/rope/summary.txt" >> "$log" 2> /dev/null || true
+      ;;
+    trace)
+      for v in plain c4; do
+        flags=""
+        [ $v = c4 ] && flags="--norm-cluster 4"
+        OUT=$OUT/trace/$v BUILD_FLAGS="$flags" MODELS=llama-3.1-8b BUCKETS=32 CONTEXTS=2112 NEW_TOKENS=64 \
+          bash testsuite/gpu/trace.sh >> "$log" 2>&1 || echo "trace $v failed: rc $?" | tee -a "$log"
+        rm -f "$OUT"/trace/$v/*.json
+      done
+      ;;
+  esac
+done
+echo "[$(date +%T)] done" | tee -a "$log"
