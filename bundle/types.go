@@ -425,6 +425,11 @@ type BuildInfo struct {
 	// each row's heads among fewer blocks, every thread rotating more heads, with the same
 	// results (xmixc build --rope-one-wave, for measuring; false: as bundles built before it).
 	RopeOneWave bool `json:"rope_one_wave,omitempty"`
+	// RopeInAttention: the decode buckets whose attention runs one block a row on tensor cores
+	// (Llama-class shapes from 128 rows) leave the q/k/v rotation and the KV-cache write to it,
+	// with rope_kv's bits and without its launch (xmixc build --rope-in-attention, for
+	// measuring; false: as bundles built before it).
+	RopeInAttention bool `json:"rope_in_attention,omitempty"`
 }
 
 // InputDigest is the hash of one input file of the build.

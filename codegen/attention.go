@@ -114,6 +114,14 @@ type AttnConfig struct {
 	// backend may pass z_bf16 alone where no node reads z's f32 (BuildInfo.OptionalF32Out).
 	// AttentionPrefill ignores it: the prefill step's kernels write z's rows between them.
 	ZOptional bool
+	// Rope (an unsplit decode kernel on tensor cores whose block holds a whole GQA group):
+	// the kernel does rope_kv's work itself, without its launch (parameters cos and sin after
+	// z_bf16; ops.AttnAttrs.Rope). Each block writes its kv head's k (rotated) and v of the
+	// row's newest position into the caches and, after a block barrier, attends with its q
+	// heads rotated in registers, with rope_kv's instructions, so z and the caches have the
+	// bits of rope_kv and the kernel without it. qkv is left unrotated
+	// (BuildInfo.RopeInAttention).
+	Rope bool
 }
 
 const (
@@ -376,12 +384,22 @@ func checkAttn(c AttnConfig) (ops.KVAttrs, error) {
 	if c.Window < 0 || !(c.Softcap >= 0) || math.IsInf(float64(c.Softcap), 0) {
 		return attrs, fmt.Errorf("window %d, softcap %g: want both at least 0 (0: none) and finite", c.Window, c.Softcap)
 	}
+	if c.Rope && !c.RopeOK() {
+		return attrs, fmt.Errorf("rope in the attention: want a decode kernel of one block a row (no split, not singles) on tensor cores whose block holds the whole GQA group of %d heads", c.Heads/c.KVHeads)
+	}
 	return attrs, nil
+}
+
+// RopeOK says whether the kernel may do rope_kv's work (Rope): one block a row on tensor
+// cores, its block holding a whole GQA group, so that exactly one block writes a kv head's
+// newest k and v and reads them back.
+func (c AttnConfig) RopeOK() bool {
+	return !c.Split && !c.Singles && c.tcOK() && c.geom().hpb == c.Heads/c.KVHeads
 }
 
 // attnAttrs are the reference op's attributes of kernel c computing rows.
 func (c AttnConfig) attnAttrs(kv ops.KVAttrs, rows string) ops.AttnAttrs {
-	a := ops.AttnAttrs{KVAttrs: kv, Scale: c.Scale, Rows: rows, Softcap: c.Softcap, Window: c.Window, OutOptional: c.ZOptional}
+	a := ops.AttnAttrs{KVAttrs: kv, Scale: c.Scale, Rows: rows, Softcap: c.Softcap, Window: c.Window, OutOptional: c.ZOptional, Rope: c.Rope}
 	if c.clustered() {
 		a.Splits = c.Cluster
 	}
@@ -448,6 +466,7 @@ type adGen struct {
 
 	qkv, table, kc, vc, z, ws ptx.Reg
 	zb                        ptx.Reg // z_bf16 (bundle.AttnZBF16)
+	cos, sin, pos             ptx.Reg // Rope: the tables, and the row's newest position
 	noZB                      ptx.Reg // zb is 0: no bf16 copy
 	noZ                       ptx.Reg // with ZOptional, z is 0: the bf16 copy alone
 	row, by, split, nsplit    ptx.Reg
@@ -488,6 +507,10 @@ func (g *adGen) emit() {
 		}
 		chunkP = g.param("chunk", ptx.U64)
 	}
+	if c.Rope {
+		g.cos = g.param("cos", ptx.U64)
+		g.sin = g.param("sin", ptx.U64)
+	}
 	g.row = g.special(ptx.CtaidX)
 	if g.c.clustered() {
 		// The cluster's first barrier phase: arrived at on entry, waited on before a split
@@ -504,6 +527,7 @@ func (g *adGen) emit() {
 	g.sl = g.op3("and.b32", ptx.U32, g.lane, ptx.Imm(int64(geo.lanes-1)))
 	g.sub = g.op3("shr.u32", ptx.U32, g.lane, ptx.Imm(int64(lanesLog)))
 	p := loadU32(g.emitter, ptx.Addr{Base: g.byteAddr(posP, g.row, 4)})
+	g.pos = p
 	g.s = loadU32(g.emitter, ptx.Addr{Base: g.byteAddr(seqP, g.row, 4)})
 	if c.Singles {
 		g.exitUnlessSingle(seqP)
@@ -578,6 +602,11 @@ func (g *adGen) emit() {
 	case geo.tc && c.Split:
 		t := g.firstStepTC(seg)
 		next = &t
+	case geo.tc && c.Rope:
+		x := g.askQTC()
+		g.ropeKV()
+		g.zeroStateTC()
+		g.convertQTC(x)
 	case geo.tc:
 		g.loadQTC()
 	default:

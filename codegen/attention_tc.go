@@ -117,10 +117,81 @@ func (g *adGen) askQTC() [][]ptx.Reg {
 		g.Emit("add.u32", qrow, qrow, g.tl.g)
 		qa := g.byteAddr(g.byteAddr(g.qkv, qrow, 4*d), g.tl.t8, 4)
 		for kk := range x {
-			g.Emit("ld.global.v4.f32", ptx.Vec(x[kk]), ptx.Addr{Base: qa, Offset: int64(4 * (32*(kk/2) + 4*(kk%2)))})
+			g.Emit("ld.global.v4.f32", ptx.Vec(x[kk]), ptx.Addr{Base: qa, Offset: int64(4 * qDimTC(kk))})
+		}
+		if c.Rope {
+			g.rotateQTC(x)
 		}
 	})
 	return x
+}
+
+// qDimTC is the first of the 4 dims that a lane's A fragment kk of Q holds, past its t8.
+func qDimTC(kk int) int { return 32*(kk/2) + 4*(kk%2) }
+
+// rotateQTC rotates askQTC's Q in registers (AttnConfig.Rope): dim i of fragment kk pairs
+// with dim i + HeadDim/2 of fragment kk + HeadDim/32, which the same lane holds, and both
+// take cos and sin of i at the row's position, as rope_kv rotates them.
+func (g *adGen) rotateQTC(x [][]ptx.Reg) {
+	half := g.c.HeadDim / 2
+	at := g.Reg(ptx.U32)
+	g.Emit("mad.lo.u32", at, g.pos, ptx.Imm(int64(half)), g.tl.t8)
+	cb, sb := g.byteAddr(g.cos, at, 4), g.byteAddr(g.sin, at, 4)
+	pairs := len(x) / 2
+	cs, sn := make([][]ptx.Reg, pairs), make([][]ptx.Reg, pairs)
+	for kk := range pairs {
+		cs[kk], sn[kk] = g.Regs(ptx.F32, 4), g.Regs(ptx.F32, 4)
+		g.Emit("ld.global.nc.v4.f32", ptx.Vec(cs[kk]), ptx.Addr{Base: cb, Offset: int64(4 * qDimTC(kk))})
+		g.Emit("ld.global.nc.v4.f32", ptx.Vec(sn[kk]), ptx.Addr{Base: sb, Offset: int64(4 * qDimTC(kk))})
+	}
+	for kk := range pairs {
+		for j := range 4 {
+			x0, x1 := x[kk][j], x[kk+pairs][j]
+			o0, o1 := g.ropeRotate(x0, x1, cs[kk][j], sn[kk][j])
+			g.Emit("mov.f32", x0, o0)
+			g.Emit("mov.f32", x1, o1)
+		}
+	}
+}
+
+// ropeKV writes the block's kv head's k (rotated) and v of the row's newest position into
+// the caches, rope_kv's work for that head with its instructions, each thread a pair (i,
+// i + HeadDim/2) at a time, and then waits at the block's barrier, so that the scan's loads
+// of that position read them (AttnConfig.Rope).
+func (g *adGen) ropeKV() {
+	c := g.c
+	d, half, kvs := c.HeadDim, c.HeadDim/2, c.KVDtype.Bytes()
+	slot := g.kvSlot(c.ropeConfig(), g.table, g.s, g.pos)
+	elem := g.Reg(ptx.U32) // element 0 of the block's kv head at the slot
+	g.Emit("mad.lo.u32", elem, slot, ptx.Imm(int64(c.KVHeads)), g.kvh)
+	g.Emit("mul.lo.u32", elem, elem, ptx.Imm(int64(d)))
+	krow := g.Reg(ptx.U32) // the row's k head, then its v head KVHeads heads on
+	g.Emit("mad.lo.u32", krow, g.row, ptx.Imm(int64(c.Heads+2*c.KVHeads)), ptx.Imm(int64(c.Heads)))
+	g.Emit("add.u32", krow, krow, g.kvh)
+	kx := g.byteAddr(g.qkv, krow, 4*d)
+	vx := g.byteAddr(kx, ptx.Imm(int64(c.KVHeads)), 4*d)
+	i := g.Reg(ptx.U32)
+	g.forLoop(i, g.tid, ptx.Imm(int64(half)), ptx.Imm(int64(32*c.warps())), func() {
+		at := g.Reg(ptx.U32)
+		g.Emit("mad.lo.u32", at, g.pos, ptx.Imm(int64(half)), i)
+		cs, sn := g.Reg(ptx.F32), g.Reg(ptx.F32)
+		g.Emit("ld.global.nc.f32", cs, ptx.Addr{Base: g.byteAddr(g.cos, at, 4)})
+		g.Emit("ld.global.nc.f32", sn, ptx.Addr{Base: g.byteAddr(g.sin, at, 4)})
+		k0, k1, v0, v1 := g.Reg(ptx.F32), g.Reg(ptx.F32), g.Reg(ptx.F32), g.Reg(ptx.F32)
+		ka, va := g.byteAddr(kx, i, 4), g.byteAddr(vx, i, 4)
+		g.Emit("ld.global.f32", k0, ptx.Addr{Base: ka})
+		g.Emit("ld.global.f32", k1, ptx.Addr{Base: ka, Offset: int64(4 * half)})
+		g.Emit("ld.global.f32", v0, ptx.Addr{Base: va})
+		g.Emit("ld.global.f32", v1, ptx.Addr{Base: va, Offset: int64(4 * half)})
+		o0, o1 := g.ropeRotate(k0, k1, cs, sn)
+		e := g.op3("add.u32", ptx.U32, elem, i)
+		kc, vc := g.byteAddr(g.kc, e, kvs), g.byteAddr(g.vc, e, kvs)
+		g.storeAt(ptx.Addr{Base: kc}, o0, c.KVDtype)
+		g.storeAt(ptx.Addr{Base: kc, Offset: int64(half * kvs)}, o1, c.KVDtype)
+		g.storeAt(ptx.Addr{Base: vc}, v0, c.KVDtype)
+		g.storeAt(ptx.Addr{Base: vc, Offset: int64(half * kvs)}, v1, c.KVDtype)
+	})
+	g.Emit("bar.sync", ptx.Imm(0))
 }
 
 // convertQTC scales askQTC's answer to log2 units and rounds it to bf16 as S's A fragments.

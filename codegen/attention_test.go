@@ -987,3 +987,70 @@ func TestAttentionTCFallback(t *testing.T) {
 		t.Errorf("suffix %q, want _tc", s)
 	}
 }
+
+// TestAttentionRope: an unsplit tensor-core decode kernel with Rope does rope_kv's work itself:
+// over ragged contexts (one position, a tile, one past, a KV block, the last position) it
+// writes the caches and z (and z_bf16) bit for bit as rope_kv followed by the kernel without
+// Rope, leaves qkv as it was, and agrees with the reference op; with warps of other counts
+// too (pairs left over for a second pass, or threads with none). A split kernel, the
+// singles, CUDA cores and a GQA group wider than a block (16 heads over blocks of 8) are
+// refused.
+func TestAttentionRope(t *testing.T) {
+	r := rand.New(rand.NewPCG(81, 82))
+	for _, base := range attnTCShapes[:3] {
+		for _, warps := range []int{1, 2, 4} {
+			c := scaled(base)
+			c.Warps, c.ZOptional = warps, true
+			maxPos := c.BlockSize * c.MaxBlocksPerSeq
+			var pos []uint32
+			for _, n := range []int{1, 16, 17, c.BlockSize + 9, maxPos} {
+				pos = append(pos, uint32(n-1))
+			}
+			seq := []uint32{3, 0, 4, 1, 2}
+			kv := newKVFixture(r, c.ropeConfig(), 5)
+			cos, sin := RopeTables(5e5, c.HeadDim, maxPos, nil)
+			rows, width := len(pos), (c.Heads+2*c.KVHeads)*c.HeadDim
+			qkv := targ{name: "qkv", f32: randF32(r, rows*width, 3)}
+			tables := []targ{{name: "cos", f32: cos}, {name: "sin", f32: sin}}
+			ctl := []targ{{name: "pos", u32: pos}, {name: "seq", u32: seq}, {name: "block_table", u32: kv.table}, kv.kcache, kv.vcache}
+			outs := []targ{{name: "z", out: rows * c.Heads * c.HeadDim}, {name: bundle.AttnZBF16, out: rows * c.Heads * c.HeadDim, dtype: "bf16"}}
+			l := c.Launch(rows, 1)
+
+			pair := newEmuBufs()
+			pair.run(t, must(t)(RopeKV("rope_pair", c.ropeConfig())), c.ropeConfig().Launch(rows), append(append([]targ{qkv}, tables...), ctl...))
+			pair.run(t, must(t)(Attention("attn_pair", c)), l, append(append([]targ{qkv}, ctl...), outs...))
+
+			c.Rope = true
+			k := must(t)(Attention("attn_rope", c))
+			args := append(append(append([]targ{qkv}, ctl...), outs...), tables...)
+			got := newEmuBufs()
+			got.run(t, k, l, args)
+			for _, name := range []string{"z", bundle.AttnZBF16, "kcache", "vcache"} {
+				if !bytes.Equal(got.mem.Bytes(got.addr[name])[:got.size[name]], pair.mem.Bytes(pair.addr[name])[:pair.size[name]]) {
+					t.Fatalf("h%d kv%d d%d, %d warps: %s differs from rope_kv and the kernel without rope", c.Heads, c.KVHeads, c.HeadDim, warps, name)
+				}
+			}
+			sameBits(t, "qkv after the kernel with rope", got.f32("qkv"), qkv.f32)
+			z := outs[0]
+			z.tol = attnTCTolerance
+			checkKernel(t, k, l, append([]targ{qkv, ctl[0], ctl[1], ctl[2], kv.kcache, kv.vcache, z, outs[1]}, tables...))
+		}
+	}
+	for _, bad := range []struct {
+		what string
+		c    AttnConfig
+		edit func(*AttnConfig)
+	}{
+		{"a group of 16 heads over blocks of 8", attnTCShapes[3], func(*AttnConfig) {}},
+		{"split", attnTCShapes[1], func(c *AttnConfig) { c.Split = true }},
+		{"singles", attnTCShapes[1], func(c *AttnConfig) { c.Singles = true }},
+		{"CUDA cores", attnTCShapes[1], func(c *AttnConfig) { c.TensorCores = false }},
+	} {
+		c := scaled(bad.c)
+		bad.edit(&c)
+		c.Rope = true
+		if _, err := Attention("attn_rope_bad", c); err == nil || !strings.Contains(err.Error(), "rope in the attention") {
+			t.Errorf("%s: err %v, want a refusal", bad.what, err)
+		}
+	}
+}

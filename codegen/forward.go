@@ -132,6 +132,10 @@ type gen struct {
 	// ropeOneWave: the rope_kv kernels of templates whose grid would take more than a wave
 	// share a row's heads among fewer blocks (BuildInfo.RopeOneWave, RopeConfig.Groups).
 	ropeOneWave bool
+	// ropeInAttention: the decode buckets whose attention runs one block a row on tensor
+	// cores leave the q/k/v rotation and KV write to it (BuildInfo.RopeInAttention,
+	// AttnConfig.Rope; tb.ropeToAttention).
+	ropeInAttention bool
 	// gemmTickets is GemmConfig.Tickets of every staged tensor-core GEMM (--gemm tc-staged).
 	gemmTickets int
 	order       []string
@@ -220,7 +224,7 @@ func Generate(p *passes.Program, opt Options) (*bundle.Bundle, error) {
 	if err := CheckNormCluster(bi.NormCluster, bi.NormClusterRows); err != nil {
 		return nil, err
 	}
-	g.normCluster, g.normClusterRows, g.ropeOneWave = bi.NormCluster, bi.NormClusterRows, bi.RopeOneWave
+	g.normCluster, g.normClusterRows, g.ropeOneWave, g.ropeInAttention = bi.NormCluster, bi.NormClusterRows, bi.RopeOneWave, bi.RopeInAttention
 	g.copyRows = gcDefaultRows
 	if len(bi.CopyGemmRows) > 0 {
 		g.copyRows = slices.Sorted(slices.Values(bi.CopyGemmRows))

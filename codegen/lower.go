@@ -121,6 +121,11 @@ type tb struct {
 	// addNorms counts the graph's add+norm nodes lowered so far: they are named by it
 	// ("slot3.add_norm", "add_norm_h4096_mi_s3").
 	addNorms int
+	// next is the graph's node after the one being lowered (nil at the end).
+	next *ir.Node
+	// ropeInAttn is the rotation a q/k/v node left to the attention after it
+	// (ropeToAttention), until that attention takes it.
+	ropeInAttn *ir.Node
 }
 
 func (t *tb) add(label string, k *Kernel, err error, l ops.Launch, s slots, mi []ir.MI) {
@@ -157,11 +162,18 @@ func (t *tb) rowsOf(v *ir.Value) int {
 // template lowers graph gr for one bucket: `rows` token rows, `samples` sampled rows.
 func (g *gen) template(gr *ir.Graph, name string, kind bundle.TemplateKind, rows, samples int) (bundle.Template, error) {
 	t := &tb{g: g, kind: kind, rows: rows, samples: samples}
-	for _, n := range gr.Nodes {
+	for i, n := range gr.Nodes {
+		t.next = nil
+		if i+1 < len(gr.Nodes) {
+			t.next = gr.Nodes[i+1]
+		}
 		lowerings[n.Op].emit(t, n)
 		if t.err != nil {
 			break
 		}
+	}
+	if t.err == nil && t.ropeInAttn != nil {
+		t.err = fmt.Errorf("node %s: its rotation was left to an attention that did not take it", t.ropeInAttn.Name)
 	}
 	if t.err != nil {
 		return bundle.Template{}, fmt.Errorf("template %s: %w", name, t.err)
@@ -491,6 +503,11 @@ func (g *gen) splitFor(n int) int {
 func (t *tb) matmulRope(n *ir.Node) {
 	mm, rope := n.Parts[0], n.Parts[1]
 	gc, rows, s, ok := t.fusedGemv(mm, mm.Out[0])
+	if !ok && t.ropeToAttention(n) {
+		lowerings[mm.Op].emit(t, mm)
+		t.ropeInAttn = rope
+		return
+	}
 	if !ok {
 		t.parts(n)
 		return
@@ -788,6 +805,24 @@ func (g *gen) decodeAttn(c AttnConfig, rows int) AttnConfig {
 	return c
 }
 
+// ropeToAttention says whether q/k/v node n (fuse-qkv-rope's pair, whose GEMM runs on tensor
+// cores here) leaves its rotation and KV write to the attention right after it
+// (BuildInfo.RopeInAttention): in a decode bucket whose attention runs one block a row on
+// tensor cores with whole GQA groups (AttnConfig.RopeOK), for a rotation without bias or
+// QK-norm.
+func (t *tb) ropeToAttention(n *ir.Node) bool {
+	g, next := t.g, t.next
+	if !g.ropeInAttention || t.kind != bundle.Decode || next == nil || next.Op != ir.OpAttention || next.In[0] != n.Out[0] {
+		return false
+	}
+	if a := n.Parts[1].Attrs.(ir.RopeAttrs); a.Bias || a.QKNorm {
+		return false
+	}
+	ac := g.decodeAttn(g.attnConfig(next.Attrs.(ir.AttentionAttrs)), t.rows)
+	ac.Split = g.attnSplits(t.rows) > 1
+	return ac.RopeOK()
+}
+
 // attention emits layer l's attention over the KV cache into z. A decode bucket runs the
 // flash-decoding kernel, its context split per step when the bucket's rows alone do not fill
 // the GPU (the host writes the step's chunk, bundle.AttnSplit). A prefill chunk runs the
@@ -818,6 +853,12 @@ func (t *tb) attention(n *ir.Node) {
 			name += "_ekv" // the kernels EarlyKV changes
 		}
 		decode(name, ac, splits, merge(s, ss))
+	case t.ropeInAttn != nil:
+		// The q/k/v node ahead left its rotation and KV write here (ropeToAttention).
+		rope := t.ropeInAttn
+		t.ropeInAttn = nil
+		ac.Rope = true
+		decode(base+"_rope", ac, 1, merge(s, slots{"cos": buf(rope.Weight("cos").Name), "sin": buf(rope.Weight("sin").Name)}))
 	case t.kind == bundle.Decode || !ac.PrefillOK():
 		decode(base, ac, 1, s)
 	default:

@@ -105,9 +105,7 @@ func (e emitter) storeRopePair(kvDtype ptx.Type, half int, x0, x1, cs, sn ptx.Re
 		e.storeAt(ptx.Addr{Base: a, Offset: int64(half * kvs)}, x1, kvDtype)
 		e.Emit("bra", ptx.Sym(rotated))
 	})
-	// RopeKV's rotation: rounded products (.rn), so that ptxas contracts nothing.
-	o0 := e.op3("sub.rn.f32", ptx.F32, e.op3("mul.rn.f32", ptx.F32, x0, cs), e.op3("mul.rn.f32", ptx.F32, x1, sn))
-	o1 := e.op3("add.rn.f32", ptx.F32, e.op3("mul.rn.f32", ptx.F32, x1, cs), e.op3("mul.rn.f32", ptx.F32, x0, sn))
+	o0, o1 := e.ropeRotate(x0, x1, cs, sn)
 	e.Emit("st.global.f32", y0, o0)
 	e.Emit("st.global.f32", y1, o1)
 	e.when(isQ, true, func() {
@@ -116,6 +114,14 @@ func (e emitter) storeRopePair(kvDtype ptx.Type, half int, x0, x1, cs, sn ptx.Re
 		e.storeAt(ptx.Addr{Base: a, Offset: int64(half * kvs)}, o1, kvDtype)
 	})
 	e.Label(rotated)
+}
+
+// ropeRotate is RopeKV's rotation of the pair (x0, x1) by (cs, sn): rounded products (.rn),
+// so that ptxas contracts nothing and every kernel that rotates gives the reference's bits.
+func (e emitter) ropeRotate(x0, x1, cs, sn ptx.Reg) (o0, o1 ptx.Reg) {
+	o0 = e.op3("sub.rn.f32", ptx.F32, e.op3("mul.rn.f32", ptx.F32, x0, cs), e.op3("mul.rn.f32", ptx.F32, x1, sn))
+	o1 = e.op3("add.rn.f32", ptx.F32, e.op3("mul.rn.f32", ptx.F32, x1, cs), e.op3("mul.rn.f32", ptx.F32, x0, sn))
+	return o0, o1
 }
 
 // kvSlot emits the cache token slot of position p in sequence slot s:
@@ -236,10 +242,7 @@ func RopeKV(name string, c RopeConfig) (*Kernel, error) {
 	}
 	// rotate rotates (x0, x1) of q/k head h, stores it back and, for a k head, to the cache.
 	rotate := func(h ptx.Reg, a ptx.Addr, x0, x1 ptx.Reg) {
-		// Rounded products (.rn) keep ptxas from contracting into fma, so every backend
-		// rounds exactly as the reference does.
-		o0 := e.op3("sub.rn.f32", ptx.F32, e.op3("mul.rn.f32", ptx.F32, x0, cs), e.op3("mul.rn.f32", ptx.F32, x1, sn))
-		o1 := e.op3("add.rn.f32", ptx.F32, e.op3("mul.rn.f32", ptx.F32, x1, cs), e.op3("mul.rn.f32", ptx.F32, x0, sn))
+		o0, o1 := e.ropeRotate(x0, x1, cs, sn)
 		e.Emit("st.global.f32", a, o0)
 		e.Emit("st.global.f32", ptx.Addr{Base: a.Base, Offset: int64(4 * half)}, o1)
 		e.when(e.cmp("ge", ptx.U32, h, ptx.Imm(int64(c.Heads))), false, func() {

@@ -150,6 +150,9 @@ type Options struct {
 	// RopeOneWave: rope_kv grids that would take more than a wave share a row's heads among
 	// fewer blocks (bundle.BuildInfo.RopeOneWave).
 	RopeOneWave bool
+	// RopeInAttention: decode buckets whose attention runs one block a row on tensor cores
+	// leave the q/k/v rotation and KV write to it (bundle.BuildInfo.RopeInAttention).
+	RopeInAttention bool
 }
 
 // DefaultGemvCols is Options.GemvCols's default, measured on the H200 (testsuite/gpu/GEMV_AB.md,
@@ -349,7 +352,7 @@ func Build(modelPath string, appPaths []string, opt Options) (*bundle.Bundle, er
 	build.MIPreloadRegs = max(0, cmp.Or(opt.MIPreloadRegs, codegen.DefaultMIPreloadRegs))
 	build.MIPreloadRegsMultiWave = max(0, cmp.Or(opt.MIPreloadRegsMultiWave, codegen.DefaultMIPreloadRegsMultiWave))
 	build.RopeCopyRows = max(0, cmp.Or(opt.RopeCopyRows, codegen.DefaultRopeCopyRows))
-	build.RopeOneWave = opt.RopeOneWave
+	build.RopeOneWave, build.RopeInAttention = opt.RopeOneWave, opt.RopeInAttention
 	if opt.NormCluster > 1 {
 		build.NormCluster, build.NormClusterRows = opt.NormCluster, cmp.Or(opt.NormClusterRows, codegen.DefaultNormClusterRows)
 	}

@@ -37,6 +37,11 @@ type AttnAttrs struct {
 	// OutOptional (rows ""): z may be 0 where z_bf16 is not, the bf16 copy alone
 	// (bundle.BF16Copy.Droppable).
 	OutOptional bool `json:"out_optional,omitempty"`
+	// Rope (rows "", one block a row): qkv holds q, k and v as the projection wrote them; the
+	// op first does op rope_kv's work (without bias or QK-norm) on a copy of each row, cos and
+	// sin its arguments 8 and 9, writing the row's k and v into the caches, and attends with
+	// the rotated q. qkv is left as it was.
+	Rope bool `json:"rope,omitempty"`
 }
 
 // Row selections of op "attention" (AttnAttrs.Rows).
@@ -73,7 +78,22 @@ func buildAttention(attrs []byte) (Runner, error) {
 	if a.OutOptional && a.Rows != "" {
 		return nil, fmt.Errorf("attention: out_optional over rows %q: want it only over every row (rows \"\")", a.Rows)
 	}
+	var rope Runner
+	if a.Rope {
+		if a.Rows != "" || a.Splits > 0 {
+			return nil, fmt.Errorf("attention: rope over rows %q in %d blocks a row: want it only over every row, one block a row", a.Rows, a.Splits)
+		}
+		if rope, err = buildRopeKV(EncodeAttrs(RopeKVAttrs{KVAttrs: a.KVAttrs})); err != nil {
+			return nil, fmt.Errorf("attention: %w", err)
+		}
+	}
 	return RunnerFunc(func(args []Arg, l Launch) error {
+		if rope != nil {
+			var err error
+			if args, err = a.rotated(rope, args, l); err != nil {
+				return err
+			}
+		}
 		rows := l.Grid[0]
 		if a.Splits > 0 {
 			if rows%a.Splits != 0 {
@@ -172,6 +192,22 @@ func buildAttention(attrs []byte) (Runner, error) {
 		})
 		return nil
 	}), nil
+}
+
+// rotated does op rope_kv's work for an attention with Rope on a copy of qkv (writing the
+// caches) and returns args with the copy in qkv's place and without cos and sin.
+func (a AttnAttrs) rotated(rope Runner, args []Arg, l Launch) ([]Arg, error) {
+	if len(args) != 10 {
+		return nil, fmt.Errorf("attention: rope: %d arguments, want 10 (cos and sin after %s)", len(args), bundle.AttnZBF16)
+	}
+	if n := 4 * l.Grid[0] * a.rowWidth(); len(args[0].Mem) < n {
+		return nil, fmt.Errorf("attention: argument 0 (qkv) holds %d bytes, needs %d", len(args[0].Mem), n)
+	}
+	qkv := Arg{Mem: append([]byte(nil), args[0].Mem[:4*l.Grid[0]*a.rowWidth()]...)}
+	if err := rope.Run([]Arg{qkv, args[8], args[9], args[1], args[2], args[3], args[4], args[5]}, Launch{Grid: [3]int{l.Grid[0], 1, 1}}); err != nil {
+		return nil, fmt.Errorf("attention: %w", err)
+	}
+	return append([]Arg{qkv}, args[1:8]...), nil
 }
 
 // load widens len(dst) cache elements starting at element off.

@@ -188,3 +188,24 @@ func TestAttentionRejectsBadPage(t *testing.T) {
 		t.Errorf("page 7 of a 2-page pool: %v", err)
 	}
 }
+
+// TestAttentionRopeRejects: an attention with Rope is refused over a selection of rows or in
+// splits, and run without its cos and sin (arguments 8 and 9) it says so.
+func TestAttentionRopeRejects(t *testing.T) {
+	kv := KVAttrs{Heads: 1, KVHeads: 1, HeadDim: 2, BlockSize: 2, MaxBlocksPerSeq: 2, KVDtype: "f32"}
+	for _, a := range []AttnAttrs{{KVAttrs: kv, Scale: 1, Rope: true, Rows: AttnRowsSingle}, {KVAttrs: kv, Scale: 1, Rope: true, Splits: 2}} {
+		if _, err := Build("attention", EncodeAttrs(a)); err == nil || !strings.Contains(err.Error(), "rope over rows") {
+			t.Errorf("%+v: err %v, want a refusal", a, err)
+		}
+	}
+	run, err := Build("attention", EncodeAttrs(AttnAttrs{KVAttrs: kv, Scale: 1, Rope: true}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cache := fwdF32Arg(make([]float32, 2*2*2))
+	args := []Arg{fwdF32Arg(make([]float32, 6)), fwdU32Arg([]uint32{1}), fwdU32Arg([]uint32{0}),
+		fwdU32Arg([]uint32{0, 1}), cache, cache, fwdF32Arg(make([]float32, 2)), {}}
+	if err := run.Run(args, Launch{Grid: [3]int{1, 1, 1}}); err == nil || !strings.Contains(err.Error(), "want 10 (cos and sin") {
+		t.Errorf("without cos and sin: %v", err)
+	}
+}

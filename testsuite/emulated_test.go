@@ -196,6 +196,13 @@ ops:
 		{"llama-norm-cluster", SmallModel, []string{split, lens}, []loader.Request{
 			{Prompt: []int{3, 1, 4, 1, 5, 9, 2, 6}, MaxTokens: 4, Apps: []string{"split", "lens"}}, {Prompt: []int{2, 7, 1}, MaxTokens: 5}},
 			compile.Options{NormCluster: 4}},
+		// The q/k/v rotation and KV write in the attention (--rope-in-attention) of the 40-row
+		// bucket, whose attention runs one block a row on tensor cores (16 kv heads of 64
+		// dims in bf16: 640 blocks), three requests in it; the 2-row bucket keeps the fused
+		// GEMV with the rotation.
+		{"llama-rope-in-attention", smallRopeAttn, nil, []loader.Request{
+			{Prompt: []int{3, 1, 4, 1, 5, 9, 2, 6}, MaxTokens: 4}, {Prompt: []int{2, 7, 1}, MaxTokens: 5}, {Prompt: []int{8, 2, 8}, MaxTokens: 3}},
+			compile.Options{RopeInAttention: true}},
 		// The staged tensor-core GEMMs (--gemm tc-staged, bucket kernels with a ring of W
 		// stages, preloaded before the wait) in the prefill chunks.
 		{"llama-staged", SmallModel, nil, []loader.Request{
@@ -225,6 +232,21 @@ ops:
 		})
 	}
 }
+
+// smallRopeAttn is a random Llama whose 40-row decode bucket's attention runs one block a row
+// on tensor cores (bf16 cache, head dim 64, KV blocks of 16, 40 rows x 16 kv heads past the
+// 528 blocks a split aims for).
+const smallRopeAttn = `model: small-rope-attn
+family: llama
+dims: {hidden: 128, intermediate: 192, layers: 2, heads: 32, kv_heads: 16, head_dim: 64, vocab: 300,
+       rope_theta: 500000, rms_eps: 1.0e-5, tie_embeddings: false}
+weights: {synthetic: {seed: 4, std: 0.08}}
+tokenizer: bytes
+bos: 256
+eos: [257]
+kv_dtype: bf16
+serving: {decode_buckets: [1, 2, 40], prefill_chunks: [16], max_seq_len: 64, max_seqs: 40, kv_block_size: 16}
+`
 
 // TestEmulatedChecks runs the shared suite, as TestCPU does, on emuShadow: every step of
 // every bundle the checks build, the bare ones they compare against too, also runs as the

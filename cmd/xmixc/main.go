@@ -77,7 +77,7 @@ func buildCmd() *cobra.Command {
 	var copyGemmRows []int
 	var gatedTCRows, gatedCopyRows, ropeCopyRows, kvCacheTokens, miPreloadRegs, miPreloadRegsMultiWave int
 	var normCluster, normClusterRows int
-	var ropeOneWave bool
+	var ropeOneWave, ropeInAttention bool
 	c := &cobra.Command{
 		Use:   "build MODEL.yaml [APP.yaml...] -o OUT.xmb",
 		Short: "Compile specs into a bundle",
@@ -186,7 +186,7 @@ func buildCmd() *cobra.Command {
 					fmt.Fprintf(os.Stderr, "[%6.2fs] %s\n", time.Since(start).Seconds(), fmt.Sprintf(f, a...))
 				}
 			}
-			b, err := compile.Build(args[0], args[1:], compile.Options{EmbedWeights: embed, Verify: verify, Progress: progress, GEMM: gemm, MoE: moe, TP: tp, VectorSlots: vectorSlots, KVCacheTokens: kvCacheTokens, Fuse: fuse, SerialLaunch: !pdl, Prefetch: noneOption(prefetch), GemvCols: gemvCols, GemvUnroll: gemvUnroll, GemvSplit: gemvSplit, GemvWarps: gemvWarps, TensorCoreRows: tcRows, TCChunks: tcChunks, CopyGemms: copyGemms, CopyGemmSlots: copyGemmSlots, CopyGemmNextAtAsk: copyGemmNext == "asked", CopyGemmWide: copyGemmWide, CopyGemmRows: copyGemmRows, GatedTCRows: noneOption(gatedTCRows), GatedCopyRows: noneOption(gatedCopyRows), GatedCopyWide: gatedCopyWide, MIPreloadCoherent: miPreloadCoherent, MIPreloadRegs: noneOption(miPreloadRegs), MIPreloadRegsMultiWave: noneOption(miPreloadRegsMultiWave), RopeCopyRows: noneOption(ropeCopyRows), NormCluster: normCluster, NormClusterRows: normClusterRows, RopeOneWave: ropeOneWave, AttnWarps: attnWarps, AttnUnroll: attnUnroll, AttnPrefetch: noneOption(attnPrefetch), AttnPrefetchOneRow: noneOption(attnPrefetchOneRow), AttnCUDACores: !attnTC, AttnCluster: attnCluster, AttnLateKV: !attnEarlyKV, F32OutAlways: !optionalF32Out})
+			b, err := compile.Build(args[0], args[1:], compile.Options{EmbedWeights: embed, Verify: verify, Progress: progress, GEMM: gemm, MoE: moe, TP: tp, VectorSlots: vectorSlots, KVCacheTokens: kvCacheTokens, Fuse: fuse, SerialLaunch: !pdl, Prefetch: noneOption(prefetch), GemvCols: gemvCols, GemvUnroll: gemvUnroll, GemvSplit: gemvSplit, GemvWarps: gemvWarps, TensorCoreRows: tcRows, TCChunks: tcChunks, CopyGemms: copyGemms, CopyGemmSlots: copyGemmSlots, CopyGemmNextAtAsk: copyGemmNext == "asked", CopyGemmWide: copyGemmWide, CopyGemmRows: copyGemmRows, GatedTCRows: noneOption(gatedTCRows), GatedCopyRows: noneOption(gatedCopyRows), GatedCopyWide: gatedCopyWide, MIPreloadCoherent: miPreloadCoherent, MIPreloadRegs: noneOption(miPreloadRegs), MIPreloadRegsMultiWave: noneOption(miPreloadRegsMultiWave), RopeCopyRows: noneOption(ropeCopyRows), NormCluster: normCluster, NormClusterRows: normClusterRows, RopeOneWave: ropeOneWave, RopeInAttention: ropeInAttention, AttnWarps: attnWarps, AttnUnroll: attnUnroll, AttnPrefetch: noneOption(attnPrefetch), AttnPrefetchOneRow: noneOption(attnPrefetchOneRow), AttnCUDACores: !attnTC, AttnCluster: attnCluster, AttnLateKV: !attnEarlyKV, F32OutAlways: !optionalF32Out})
 			if err != nil {
 				return err
 			}
@@ -241,6 +241,7 @@ func buildCmd() *cobra.Command {
 	c.Flags().IntVar(&normCluster, "norm-cluster", 1, "spread each row of the add+norm kernels without MI ops over a thread-block cluster of this many CTAs (2, 4 or 8; 1: one CTA a row) in templates of at most --norm-cluster-rows rows, so that a row's loads and stores are not all one SM's; each CTA keeps its threads' columns of the one-CTA kernel and the squares are summed through the cluster's shared memory in its order, so the results are the same bit for bit (for measuring)")
 	c.Flags().IntVar(&normClusterRows, "norm-cluster-rows", codegen.DefaultNormClusterRows, "the most rows of a template (decode bucket or prefill chunk) whose add+norm kernels --norm-cluster spreads")
 	c.Flags().BoolVar(&ropeOneWave, "rope-one-wave", false, "where a template's rope_kv kernel (one block a row's 16 heads at head dim 128) would take more than one wave of the card's blocks (Llama-3.1-8B from 128 rows), share each row's heads among fewer blocks, every thread rotating more heads one after another; same results bit for bit (for measuring)")
+	c.Flags().BoolVar(&ropeInAttention, "rope-in-attention", false, "in decode buckets whose attention runs one block a row on tensor cores (Llama-class shapes from 128 rows), leave the q/k/v rotation and the KV-cache write to the attention kernel, which rotates q in registers and writes its kv head's newest k and v itself, in place of the rope_kv kernel and its launch; same results bit for bit (for measuring)")
 	c.Flags().BoolVar(&attnTC, "attn-tc", true, "run the decode attention's warp step on tensor cores where the layer allows it (bf16 cache, head dim 64 or 128, KV blocks a multiple of 16, no sliding window; other layers keep the CUDA-core step). Q and the softmax weights are rounded to bf16 for the mma, within bf16 rounding of the CUDA-core step's results, the same in every bucket. --attn-tc=false builds the CUDA-core step everywhere, as bundles before it had (for measuring)")
 	return c
 }
@@ -427,6 +428,9 @@ func printBundle(w io.Writer, b *bundle.Bundle) {
 	}
 	if bi := b.Manifest.Build; bi.PDL && !bi.AttnEarlyKV {
 		fmt.Fprintf(w, "          decode attention loads K/V only after the wait for the kernel ahead (--attn-early-kv=false)\n")
+	}
+	if b.Manifest.Build.RopeInAttention {
+		fmt.Fprintf(w, "          q/k/v rotation and KV write in the attention where it runs one block a row on tensor cores\n")
 	}
 	if b.Manifest.Build.RopeOneWave {
 		fmt.Fprintf(w, "          rope_kv in one wave of blocks where a block a row's 16 heads would take more\n")

@@ -1007,3 +1007,44 @@ func TestBuildRopeOneWave(t *testing.T) {
 		}
 	}
 }
+
+// TestBuildRopeInAttention: --rope-in-attention leaves Llama-3.1-8B's q/k/v rotation and KV
+// write to the attention in the decode buckets whose attention runs one block a row (128 and
+// 256 rows): no rope_kv node there, the attention's kernel the _rope form with the rotation
+// tables bound after z_bf16; the 64-row bucket (two splits a row) and the prefill chunks keep
+// rope_kv; the build records it and inspect says so.
+func TestBuildRopeInAttention(t *testing.T) {
+	dir := t.TempDir()
+	out := filepath.Join(dir, "r.xmb")
+	b := buildBundle(t, "../../specs/models/llama-3.1-8b.yaml", out, []string{"--rope-in-attention"})
+	if !b.Manifest.Build.RopeInAttention {
+		t.Fatal("build info rope_in_attention false")
+	}
+	kernels := map[string]bundle.Kernel{}
+	for _, k := range b.Kernels {
+		kernels[k.Name] = k
+	}
+	for _, tm := range b.Templates {
+		inAttn := tm.Kind == bundle.Decode && tm.Tokens >= 128
+		ropes, fused := 0, 0
+		for _, n := range tm.Nodes {
+			k := kernels[n.Kernel]
+			switch {
+			case k.Op == bundle.OpRopeKV:
+				ropes++
+			case k.Op == bundle.OpAttention && strings.HasSuffix(k.Name, "_rope"):
+				if names := []string{k.Params[8].Name, k.Params[9].Name}; names[0] != "cos" || names[1] != "sin" || n.Args[8].Buffer == "" || n.Args[9].Buffer == "" {
+					t.Fatalf("%s %s: parameters 8-9 %v bound to %v", tm.Name, n.Label, names, n.Args[8:])
+				}
+				fused++
+			}
+		}
+		if inAttn && (ropes != 0 || fused != 32) || !inAttn && fused != 0 {
+			t.Errorf("%s: %d rope_kv nodes and %d attentions with the rotation", tm.Name, ropes, fused)
+		}
+	}
+	text, err := xmixc(t, "inspect", out)
+	if err != nil || !strings.Contains(text, "q/k/v rotation and KV write in the attention") {
+		t.Errorf("inspect: %v\n%s", err, text)
+	}
+}

@@ -678,6 +678,35 @@ func TestCUDAGatedTCMatchesCPU(t *testing.T) {
 	})
 }
 
+// TestCUDARopeInAttention: built with --rope-in-attention, a 2-layer cut of Llama-3.1-8B's
+// 128-row bucket runs no rope_kv kernel: its attention rotates q and writes the newest k and v
+// itself. Its logits are the default bundle's bit for bit (the same tokens, teacher-forced)
+// under both GEMM servers, and it agrees with the CPU.
+func TestCUDARopeInAttention(t *testing.T) {
+	needGPU(t)
+	cut := cut8B(t, 128)
+	plain := testsuite.Compile(t, cut)
+	b := testsuite.CompileWith(t, compile.Options{RopeInAttention: true}, cut)
+	for _, tm := range b.Templates {
+		for _, n := range tm.Nodes {
+			if tm.Name == "decode_b128" && strings.HasPrefix(n.Kernel, "rope_kv") || strings.HasPrefix(n.Kernel, "attention") && strings.HasSuffix(n.Kernel, "_rope") != (tm.Name == "decode_b128") {
+				t.Fatalf("%s: node %s runs %s", tm.Name, n.Label, n.Kernel)
+			}
+		}
+	}
+	prompts := sixTokenPrompts(100)
+	for _, g := range gemmServers {
+		toks, want, _ := stepLogits(t, g.mode, plain, prompts, 3, nil)
+		_, got, _ := stepLogits(t, g.mode, b, prompts, 3, toks)
+		equal := sameLogits(got, want)
+		record("build_bits.llama-3.1-8b-2layers-r128.rope_in_attention"+g.suffix, map[string]any{"steps": len(want), "equal": equal})
+		if !equal {
+			t.Errorf("%s: the logits with the rotation in the attention differ from the default bundle's", g.mode)
+		}
+	}
+	agreementRows(t, newCUDA(cuda.GemmAuto), "llama-3.1-8b-2layers-rope-in-attention-r128", b, prompts, 2)
+}
+
 // TestCUDARopeOneWaveMatchesCPU: built with --rope-one-wave, a 2-layer cut of Llama-3.1-8B's
 // 128-row bucket runs its rope_kv over two blocks a row where three would take more than a
 // wave (each thread rotating up to two heads), and agrees with the CPU under --gemm auto,
@@ -1142,6 +1171,47 @@ func TestCUDAMatchesCPUOnMixtralExperts(t *testing.T) {
 	}
 }
 
+// stepLogits runs prompts (MaxTokens n each, every request forced to force's tokens where
+// given) on b under GEMM server mode and returns each request's tokens, every step's logits
+// (the whole logits buffer: every sampled row) and how many f32 outputs the backend cut.
+func stepLogits(t *testing.T, mode string, b *bundle.Bundle, prompts [][]int, n int, force [][]int) ([][]int, [][]float32, int) {
+	var reqs []loader.Request
+	for i, p := range prompts {
+		r := loader.Request{Prompt: p, MaxTokens: n}
+		if force != nil {
+			r.Force = force[i]
+		}
+		reqs = append(reqs, r)
+	}
+	var rec *testsuite.LogitRecorder
+	var cut int
+	res := testsuite.Generate(t, func(t testing.TB, b *bundle.Bundle) loader.Backend {
+		rec = &testsuite.LogitRecorder{Backend: newCUDA(mode)(t, b)}
+		cut = rec.Backend.(*cuda.Backend).F32OutputsCut()
+		for _, buf := range b.Manifest.Buffers {
+			if buf.Name == bundle.ActLogits {
+				n, _ := loader.BufferBytes(buf)
+				rec.Vocab = int(n / 4)
+			}
+		}
+		return rec
+	}, b, reqs)
+	var toks [][]int
+	for _, r := range res {
+		toks = append(toks, r.Tokens)
+	}
+	return toks, rec.Steps, cut
+}
+
+// sameLogits says whether two runs' step logits are the same, bit for bit.
+func sameLogits(got, want [][]float32) bool {
+	equal := len(got) == len(want)
+	for i := 0; equal && i < len(want); i++ {
+		equal = slices.EqualFunc(got[i], want[i], func(a, b float32) bool { return math.Float32bits(a) == math.Float32bits(b) })
+	}
+	return equal
+}
+
 // TestCUDABuildKeepsBits: the fused kernels (XMIX_FUSE) compute the unfused pairs' bits, and
 // kernels launched early (the default) wait for the grid ahead before reading, so on the GPU
 // the suite's bundle's logits are those of a plain one (no fusions, --pdl=false) bit for bit,
@@ -1165,33 +1235,7 @@ func TestCUDABuildKeepsBits(t *testing.T) {
 	prompts := [][]int{{791, 4062, 14198, 39935, 35308, 927}, {128000, 9906}, {40, 1093, 311, 1373}, {2028}}
 	for _, g := range gemmServers {
 		run := func(b *bundle.Bundle, force [][]int) ([][]int, [][]float32, int) {
-			var reqs []loader.Request
-			for i, p := range prompts {
-				r := loader.Request{Prompt: p, MaxTokens: 24}
-				if force != nil {
-					r.Force = force[i]
-				}
-				reqs = append(reqs, r)
-			}
-			// Every sampled row's logits: the recorder's "vocab" is the whole buffer.
-			var rec *testsuite.LogitRecorder
-			var cut int
-			res := testsuite.Generate(t, func(t testing.TB, b *bundle.Bundle) loader.Backend {
-				rec = &testsuite.LogitRecorder{Backend: newCUDA(g.mode)(t, b)}
-				cut = rec.Backend.(*cuda.Backend).F32OutputsCut()
-				for _, buf := range b.Manifest.Buffers {
-					if buf.Name == bundle.ActLogits {
-						n, _ := loader.BufferBytes(buf)
-						rec.Vocab = int(n / 4)
-					}
-				}
-				return rec
-			}, b, reqs)
-			var toks [][]int
-			for _, r := range res {
-				toks = append(toks, r.Tokens)
-			}
-			return toks, rec.Steps, cut
+			return stepLogits(t, g.mode, b, prompts, 24, force)
 		}
 		toks, want, _ := run(plain, nil)
 		cuts := map[*bundle.Bundle]int{}
@@ -1200,10 +1244,7 @@ func TestCUDABuildKeepsBits(t *testing.T) {
 			b    *bundle.Bundle
 		}{{"", fused}, {".f32_out_always", always}, {".norm_cluster4", clustered}} {
 			_, got, cut := run(c.b, toks)
-			equal := len(got) == len(want)
-			for i := 0; equal && i < len(want); i++ {
-				equal = slices.EqualFunc(got[i], want[i], func(a, b float32) bool { return math.Float32bits(a) == math.Float32bits(b) })
-			}
+			equal := sameLogits(got, want)
 			record("build_bits.llama-3.2-1b-2layers"+c.name+g.suffix, map[string]any{"steps": len(want), "equal": equal, "f32_outputs_cut": cut, "fuse": testsuite.Fuse, "serial_launch": testsuite.SerialLaunch})
 			if !equal {
 				t.Errorf("%s: the logits of the bundle built with --fuse %v --pdl=%v%s differ from the plain bundle's", g.mode, testsuite.Fuse, !testsuite.SerialLaunch, c.name)

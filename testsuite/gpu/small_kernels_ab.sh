@@ -13,19 +13,27 @@
 #    at 128 rows and one at 256, each thread rotating more heads (codegen's
 #    TestRopeKVFewerGroups). Session 86's H100 trace had rope_kv at 5.2 us a layer after
 #    cuBLASLt's q/k/v at 128 rows.
-# One device call, any card (about 7 minutes), in parts (PARTS, default "test norm rope"):
+#  - rope_kv's work in the attention (xmixc build --rope-in-attention): where the decode
+#    attention runs one block a row on tensor cores (Llama-class shapes from 128 rows), each
+#    block writes its kv head's newest k and v and rotates its q heads in registers, and
+#    rope_kv's launch goes (codegen's TestAttentionRope).
+# One device call, any card (about 8 minutes), in parts (PARTS, default "test norm rope"):
 #  test   TestCUDABuildKeepsBits (a 2-layer 1B cut built with --norm-cluster 4 in every
-#         template gives the plain bundle's logits bit for bit, both GEMM servers) and
-#         TestCUDARopeOneWaveMatchesCPU (gpu_tests.sh; the verdicts in log.txt)
+#         template gives the plain bundle's logits bit for bit, both GEMM servers),
+#         TestCUDARopeInAttention (a 2-layer 8B cut's 128-row bucket, bit for bit the default's
+#         and against the CPU) and TestCUDARopeOneWaveMatchesCPU (gpu_tests.sh; the verdicts
+#         in log.txt)
 #  norm   the default bundle against --norm-cluster 4 and 8 (templates of up to 32 rows, the
 #         default --norm-cluster-rows), side by side (runtime_ab.sh: MODELS, default both
 #         Llamas; NORM_BUCKETS 1 8 32; CONTEXTS 80 2112; NEW_TOKENS 64 as the grid; ROUNDS 2)
-#  rope   the default 8B bundle against --rope-one-wave at 128 and 256 rows, contexts 80 and
-#         576 (2112 at 256 rows would need 71 GB of cache; runtime_ab.sh, as above)
+#  rope   the default bundle against --rope-one-wave and --rope-in-attention: the 8B at 128
+#         and 256 rows, contexts 80 and 576 (2112 at 256 rows would need 71 GB of cache), the
+#         1B at 128 rows, contexts 576 and 2112 (its rope_kv fits a wave already, so its
+#         one-wave bundle is the default's: the noise); runtime_ab.sh, as above
 #  trace  one traced replay of the 8B at 32 x 2112 with clusters of 4 and without (trace.sh)
 #   run(command="bash testsuite/gpu/pack.sh --unpack && OUT=\$OUT bash testsuite/gpu/small_kernels_ab.sh",
 #       carry=[".dev/pack"])
-# Writes under OUT: log.txt, {norm,rope}/{runtime_ab.json,summary.txt}, test/checks.json,
+# Writes under OUT: log.txt, {norm,rope8b,rope1b}/{runtime_ab.json,summary.txt}, test/checks.json,
 # trace/{plain,c4}/summary.txt.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -43,7 +51,7 @@ for part in $parts; do
   case $part in
     test)
       w=$(mktemp -d)
-      TEST_SHARDS=2 TEST_RUN='^TestCUDABuildKeepsBits$|^TestCUDARopeOneWaveMatchesCPU$' bash testsuite/gpu/gpu_tests.sh .dev/gpu "$w" > /dev/null 2>&1 ||
+      TEST_SHARDS=3 TEST_RUN='^TestCUDABuildKeepsBits$|^TestCUDARopeInAttention$|^TestCUDARopeOneWaveMatchesCPU$' bash testsuite/gpu/gpu_tests.sh .dev/gpu "$w" > /dev/null 2>&1 ||
         echo "test failed: rc $?" | tee -a "$log"
       grep -E -- '--- (PASS|FAIL|SKIP)|gpu_test.go|^exit' "$w/checks.log" >> "$log" || true
       mkdir -p "$OUT/test"
@@ -56,10 +64,13 @@ for part in $parts; do
       cat "$OUT/norm/summary.txt" >> "$log" 2> /dev/null || true
       ;;
     rope)
-      OUT=$OUT/rope VARIANTS="def=.dev/gpu;wave=.dev/gpu" BUILDS="wave=--rope-one-wave" \
-        MODELS=llama-3.1-8b BUCKETS="128 256" CONTEXTS="80 576" NEW_TOKENS=64 ROUNDS=${ROUNDS:-2} \
-        bash testsuite/gpu/runtime_ab.sh >> "$log" 2>&1 || echo "rope failed: rc $?" | tee -a "$log"
-      cat "$OUT/rope/summary.txt" >> "$log" 2> /dev/null || true
+      for m in "8b llama-3.1-8b 128 256;80 576" "1b llama-3.2-1b 128;576 2112"; do
+        read -r tag model buckets <<< "${m%%;*}"
+        OUT=$OUT/rope$tag VARIANTS="def=.dev/gpu;wave=.dev/gpu;attn=.dev/gpu" BUILDS="wave=--rope-one-wave;attn=--rope-in-attention" \
+          MODELS=$model BUCKETS="$buckets" CONTEXTS="${m#*;}" NEW_TOKENS=64 ROUNDS=${ROUNDS:-2} \
+          bash testsuite/gpu/runtime_ab.sh >> "$log" 2>&1 || echo "rope $tag failed: rc $?" | tee -a "$log"
+        cat "$OUT/rope$tag/summary.txt" >> "$log" 2> /dev/null || true
+      done
       ;;
     trace)
       for v in plain c4; do
