@@ -142,30 +142,8 @@ func TestRopeKVQwenKernel(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		const rows, seqs = 3, 2
-		maxPos := c.BlockSize * c.MaxBlocksPerSeq
-		cos, sin := RopeTables(1e6, c.HeadDim, maxPos, nil)
-		kv := newKVFixture(r, c, seqs)
-		width := (c.Heads + 2*c.KVHeads) * c.HeadDim
-		args := []targ{
-			{name: "qkv", f32: randF32(r, rows*width, 1), out: rows * width},
-			{name: "cos", f32: cos}, {name: "sin", f32: sin},
-			{name: "pos", u32: []uint32{0, uint32(maxPos - 1), 3}}, {name: "seq", u32: []uint32{0, 1, 1}},
-			{name: "block_table", u32: kv.table}, kv.kcache, kv.vcache,
-		}
-		weight := func(name string, n int, scale float32) targ {
-			a := targ{name: name, f32: randF32(r, n, scale)}
-			if c.WDtype == ptx.BF16 {
-				a.bf16, a.f32 = a.f32, nil
-			}
-			return a
-		}
-		if c.Bias {
-			args = append(args, weight("bias", width, 0.5))
-		}
-		if c.QKNorm {
-			args = append(args, weight("q_norm", c.HeadDim, 2), weight("k_norm", c.HeadDim, 2))
-		}
+		const rows = 3
+		args := ropeKVArgs(r, c, 1e6)
 		for i, p := range k.Params {
 			if p.Name != args[i].name {
 				t.Fatalf("%+v: parameter %d is %s, want %s", c, i, p.Name, args[i].name)
@@ -187,6 +165,36 @@ func TestRopeKVRejectsBadOptions(t *testing.T) {
 	}
 }
 
+// ropeKVArgs are RopeKV's arguments for c over three rows of two sequences (positions 0, the
+// last and 3) with tables of base theta, and its bias and norm weights where c has them.
+func ropeKVArgs(r *rand.Rand, c RopeConfig, theta float64) []targ {
+	const rows, seqs = 3, 2
+	maxPos := c.BlockSize * c.MaxBlocksPerSeq
+	cos, sin := RopeTables(theta, c.HeadDim, maxPos, nil)
+	kv := newKVFixture(r, c, seqs)
+	width := (c.Heads + 2*c.KVHeads) * c.HeadDim
+	args := []targ{
+		{name: "qkv", f32: randF32(r, rows*width, 1), out: rows * width},
+		{name: "cos", f32: cos}, {name: "sin", f32: sin},
+		{name: "pos", u32: []uint32{0, uint32(maxPos - 1), 3}}, {name: "seq", u32: []uint32{0, 1, 1}},
+		{name: "block_table", u32: kv.table}, kv.kcache, kv.vcache,
+	}
+	weight := func(name string, n int, scale float32) targ {
+		a := targ{name: name, f32: randF32(r, n, scale)}
+		if c.WDtype == ptx.BF16 {
+			a.bf16, a.f32 = a.f32, nil
+		}
+		return a
+	}
+	if c.Bias {
+		args = append(args, weight("bias", width, 0.5))
+	}
+	if c.QKNorm {
+		args = append(args, weight("q_norm", c.HeadDim, 2), weight("k_norm", c.HeadDim, 2))
+	}
+	return args
+}
+
 // TestRopeKVFewerGroups: a row's heads shared among fewer blocks (RopeConfig.Groups), each
 // thread rotating several heads one after another, write what the one-head-a-thread kernel
 // writes, bit for bit (q/k/v in place, both caches), with the bias and the QK-norm too; Groups
@@ -198,23 +206,8 @@ func TestRopeKVFewerGroups(t *testing.T) {
 		{Heads: 20, KVHeads: 2, HeadDim: 128, BlockSize: 4, MaxBlocksPerSeq: 4, KVDtype: ptx.F32},
 		{Heads: 32, KVHeads: 8, HeadDim: 128, BlockSize: 4, MaxBlocksPerSeq: 2, KVDtype: ptx.F32, Bias: true, QKNorm: true, Eps: 1e-6, WDtype: ptx.BF16},
 	} {
-		const rows, seqs = 3, 2
-		maxPos := c.BlockSize * c.MaxBlocksPerSeq
-		cos, sin := RopeTables(5e5, c.HeadDim, maxPos, nil)
-		kv := newKVFixture(r, c, seqs)
-		width := (c.Heads + 2*c.KVHeads) * c.HeadDim
-		args := []targ{
-			{name: "qkv", f32: randF32(r, rows*width, 1), out: rows * width},
-			{name: "cos", f32: cos}, {name: "sin", f32: sin},
-			{name: "pos", u32: []uint32{0, uint32(maxPos - 1), 3}}, {name: "seq", u32: []uint32{0, 1, 1}},
-			{name: "block_table", u32: kv.table}, kv.kcache, kv.vcache,
-		}
-		if c.Bias {
-			args = append(args, targ{name: "bias", bf16: randF32(r, width, 0.5)})
-		}
-		if c.QKNorm {
-			args = append(args, targ{name: "q_norm", bf16: randF32(r, c.HeadDim, 2)}, targ{name: "k_norm", bf16: randF32(r, c.HeadDim, 2)})
-		}
+		const rows = 3
+		args := ropeKVArgs(r, c, 5e5)
 		want := newEmuBufs()
 		want.run(t, must(t)(RopeKV("rope_all", c)), c.Launch(rows), args)
 		for g := 1; g < c.headGroups(); g++ {

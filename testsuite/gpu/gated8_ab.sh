@@ -21,17 +21,9 @@
 #       carry=[".dev/pack"])
 # Writes under OUT: log.txt, ab/{runtime_ab.json,summary.txt}, peer/{results.json,RESULTS.md},
 # trace/summary.txt, test/checks.json.
-set -euo pipefail
 cd "$(dirname "$0")/../.."
-OUT=${OUT:?set OUT}
-mkdir -p "$OUT"
-log=$OUT/log.txt
-export PATH=/usr/local/cuda/bin:$PATH
-nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader | tee -a "$log"
-parts=${PARTS:-ab peer trace}
-for part in $parts; do
-  case $part in ab | peer | trace | test) ;; *) echo "unknown part $part (ab, peer, trace, test)" | tee -a "$log"; exit 2 ;; esac
-done
+. testsuite/gpu/ab_parts.sh
+ab_begin "ab peer trace" ab peer trace test
 for part in $parts; do
   echo "[$(date +%T)] $part" | tee -a "$log"
   case $part in
@@ -55,12 +47,7 @@ for part in $parts; do
       rm -f "$OUT"/trace/*.json
       ;;
     test)
-      w=$(mktemp -d)
-      TEST_SHARDS=2 TEST_RUN='^TestCUDAGatedTCMatchesCPU$|^TestCUDAGatedCopyMatchesCPU$' bash testsuite/gpu/gpu_tests.sh .dev/gpu "$w" > /dev/null 2>&1 ||
-        echo "test failed: rc $?" | tee -a "$log"
-      grep -E -- '--- (PASS|FAIL|SKIP)|gpu_test.go|^exit' "$w/checks.log" >> "$log" || true
-      mkdir -p "$OUT/test"
-      cp "$w/checks.json" "$OUT/test/" 2>> "$log" || true
+      ab_tests '^TestCUDAGatedTCMatchesCPU$|^TestCUDAGatedCopyMatchesCPU$' 2
       ;;
   esac
 done

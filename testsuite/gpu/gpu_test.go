@@ -1123,15 +1123,7 @@ func agreementRows(t *testing.T, nb testsuite.NewBackend, key string, b *bundle.
 		if err != nil {
 			t.Fatal(err)
 		}
-		var reqs []loader.Request
-		for i, p := range prompts {
-			r := loader.Request{Prompt: p, MaxTokens: n}
-			if force != nil {
-				r.Force = force[i]
-			}
-			reqs = append(reqs, r)
-		}
-		res, err := eng.Generate(reqs)
+		res, err := eng.Generate(forcedRequests(prompts, n, force))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -1175,14 +1167,7 @@ func TestCUDAMatchesCPUOnMixtralExperts(t *testing.T) {
 // given) on b under GEMM server mode and returns each request's tokens, every step's logits
 // (the whole logits buffer: every sampled row) and how many f32 outputs the backend cut.
 func stepLogits(t *testing.T, mode string, b *bundle.Bundle, prompts [][]int, n int, force [][]int) ([][]int, [][]float32, int) {
-	var reqs []loader.Request
-	for i, p := range prompts {
-		r := loader.Request{Prompt: p, MaxTokens: n}
-		if force != nil {
-			r.Force = force[i]
-		}
-		reqs = append(reqs, r)
-	}
+	reqs := forcedRequests(prompts, n, force)
 	var rec *testsuite.LogitRecorder
 	var cut int
 	res := testsuite.Generate(t, func(t testing.TB, b *bundle.Bundle) loader.Backend {
@@ -1201,6 +1186,20 @@ func stepLogits(t *testing.T, mode string, b *bundle.Bundle, prompts [][]int, n 
 		toks = append(toks, r.Tokens)
 	}
 	return toks, rec.Steps, cut
+}
+
+// forcedRequests are requests of prompts for n tokens each, forced to force's tokens where
+// force is given.
+func forcedRequests(prompts [][]int, n int, force [][]int) []loader.Request {
+	var reqs []loader.Request
+	for i, p := range prompts {
+		r := loader.Request{Prompt: p, MaxTokens: n}
+		if force != nil {
+			r.Force = force[i]
+		}
+		reqs = append(reqs, r)
+	}
+	return reqs
 }
 
 // sameLogits says whether two runs' step logits are the same, bit for bit.

@@ -35,27 +35,14 @@
 #       carry=[".dev/pack"])
 # Writes under OUT: log.txt, {norm,rope8b,rope1b}/{runtime_ab.json,summary.txt}, test/checks.json,
 # trace/{plain,c4}/summary.txt.
-set -euo pipefail
 cd "$(dirname "$0")/../.."
-OUT=${OUT:?set OUT}
-mkdir -p "$OUT"
-log=$OUT/log.txt
-export PATH=/usr/local/cuda/bin:$PATH
-nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader | tee -a "$log"
-parts=${PARTS:-test norm rope}
-for part in $parts; do
-  case $part in test | norm | rope | trace) ;; *) echo "unknown part $part (test, norm, rope, trace)" | tee -a "$log"; exit 2 ;; esac
-done
+. testsuite/gpu/ab_parts.sh
+ab_begin "test norm rope" test norm rope trace
 for part in $parts; do
   echo "[$(date +%T)] $part" | tee -a "$log"
   case $part in
     test)
-      w=$(mktemp -d)
-      TEST_SHARDS=3 TEST_RUN='^TestCUDABuildKeepsBits$|^TestCUDARopeInAttention$|^TestCUDARopeOneWaveMatchesCPU$' bash testsuite/gpu/gpu_tests.sh .dev/gpu "$w" > /dev/null 2>&1 ||
-        echo "test failed: rc $?" | tee -a "$log"
-      grep -E -- '--- (PASS|FAIL|SKIP)|gpu_test.go|^exit' "$w/checks.log" >> "$log" || true
-      mkdir -p "$OUT/test"
-      cp "$w/checks.json" "$OUT/test/" 2>> "$log" || true
+      ab_tests '^TestCUDABuildKeepsBits$|^TestCUDARopeInAttention$|^TestCUDARopeOneWaveMatchesCPU$' 3
       ;;
     norm)
       OUT=$OUT/norm VARIANTS="def=.dev/gpu;c4=.dev/gpu;c8=.dev/gpu" BUILDS="c4=--norm-cluster 4;c8=--norm-cluster 8" \
