@@ -423,12 +423,12 @@ type BuildInfo struct {
 	// RopeOneWave: the rope_kv kernels of templates whose grid (a block a row's 16 heads of
 	// 128 dims, three a row on Llama-3.1-8B) would take more than one wave of the card share
 	// each row's heads among fewer blocks, every thread rotating more heads, with the same
-	// results (xmixc build --rope-one-wave, for measuring; false: as bundles built before it).
+	// results (xmixc build --rope-one-wave, the default; false: as bundles built before it).
 	RopeOneWave bool `json:"rope_one_wave,omitempty"`
 	// RopeInAttention: the decode buckets whose attention runs one block a row on tensor cores
 	// (Llama-class shapes from 128 rows) leave the q/k/v rotation and the KV-cache write to it,
-	// with rope_kv's bits and without its launch (xmixc build --rope-in-attention, for
-	// measuring; false: as bundles built before it).
+	// with rope_kv's bits and without its launch (xmixc build --rope-in-attention, the
+	// default; false: as bundles built before it).
 	RopeInAttention bool `json:"rope_in_attention,omitempty"`
 }
 

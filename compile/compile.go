@@ -147,12 +147,17 @@ type Options struct {
 	// CTAs (2, 4 or 8; 0 or 1: one CTA a row) in templates of at most NormClusterRows rows
 	// (0: codegen.DefaultNormClusterRows) (bundle.BuildInfo.NormCluster, NormClusterRows).
 	NormCluster, NormClusterRows int
-	// RopeOneWave: rope_kv grids that would take more than a wave share a row's heads among
-	// fewer blocks (bundle.BuildInfo.RopeOneWave).
-	RopeOneWave bool
-	// RopeInAttention: decode buckets whose attention runs one block a row on tensor cores
-	// leave the q/k/v rotation and KV write to it (bundle.BuildInfo.RopeInAttention).
-	RopeInAttention bool
+	// RopeApart keeps rope_kv a kernel of its own in the decode buckets whose attention could
+	// do its work (bundle.BuildInfo.RopeInAttention false; xmixc build
+	// --rope-in-attention=false): for measuring. The rotation in the attention is the default
+	// since session 92: on an H100, Llama-3.1-8B's 128- and 256-row steps 0.66-1.03% shorter
+	// and Llama-3.2-1B's 128-row step 0.70-0.74%, the same bits (testsuite/gpu/RESULTS.md).
+	RopeApart bool
+	// RopeWaves lets a rope_kv grid take more than one wave of blocks where fewer blocks a
+	// row would fit one (bundle.BuildInfo.RopeOneWave false; xmixc build
+	// --rope-one-wave=false): for measuring. One wave is the default since session 92: the
+	// 8B's 128- and 256-row steps with rope_kv apart 0.19-0.46% shorter on an H100.
+	RopeWaves bool
 }
 
 // DefaultGemvCols is Options.GemvCols's default, measured on the H200 (testsuite/gpu/GEMV_AB.md,
@@ -352,7 +357,7 @@ func Build(modelPath string, appPaths []string, opt Options) (*bundle.Bundle, er
 	build.MIPreloadRegs = max(0, cmp.Or(opt.MIPreloadRegs, codegen.DefaultMIPreloadRegs))
 	build.MIPreloadRegsMultiWave = max(0, cmp.Or(opt.MIPreloadRegsMultiWave, codegen.DefaultMIPreloadRegsMultiWave))
 	build.RopeCopyRows = max(0, cmp.Or(opt.RopeCopyRows, codegen.DefaultRopeCopyRows))
-	build.RopeOneWave, build.RopeInAttention = opt.RopeOneWave, opt.RopeInAttention
+	build.RopeOneWave, build.RopeInAttention = !opt.RopeWaves, !opt.RopeApart
 	if opt.NormCluster > 1 {
 		build.NormCluster, build.NormClusterRows = opt.NormCluster, cmp.Or(opt.NormClusterRows, codegen.DefaultNormClusterRows)
 	}

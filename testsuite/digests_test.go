@@ -283,6 +283,7 @@ func caseDigest(t *testing.T, c digestCase) string {
 		opt.GemvUnroll = cmp.Or(opt.GemvUnroll, 1)
 		opt.GemvWarps = cmp.Or(opt.GemvWarps, 8)
 		opt.AttnCUDACores = true
+		opt.RopeApart, opt.RopeWaves = true, true
 		if opt.Fuse == nil {
 			opt.Fuse = []string{"none"}
 		}

@@ -196,13 +196,13 @@ ops:
 		{"llama-norm-cluster", SmallModel, []string{split, lens}, []loader.Request{
 			{Prompt: []int{3, 1, 4, 1, 5, 9, 2, 6}, MaxTokens: 4, Apps: []string{"split", "lens"}}, {Prompt: []int{2, 7, 1}, MaxTokens: 5}},
 			compile.Options{NormCluster: 4}},
-		// The q/k/v rotation and KV write in the attention (--rope-in-attention) of the 40-row
-		// bucket, whose attention runs one block a row on tensor cores (16 kv heads of 64
-		// dims in bf16: 640 blocks), three requests in it; the 2-row bucket keeps the fused
-		// GEMV with the rotation.
+		// The q/k/v rotation and KV write in the attention (--rope-in-attention, the default)
+		// of the 40-row bucket, whose attention runs one block a row on tensor cores (16 kv
+		// heads of 64 dims in bf16: 640 blocks), three requests in it; the 2-row bucket keeps
+		// the fused GEMV with the rotation.
 		{"llama-rope-in-attention", smallRopeAttn, nil, []loader.Request{
 			{Prompt: []int{3, 1, 4, 1, 5, 9, 2, 6}, MaxTokens: 4}, {Prompt: []int{2, 7, 1}, MaxTokens: 5}, {Prompt: []int{8, 2, 8}, MaxTokens: 3}},
-			compile.Options{RopeInAttention: true}},
+			compile.Options{}},
 		// The staged tensor-core GEMMs (--gemm tc-staged, bucket kernels with a ring of W
 		// stages, preloaded before the wait) in the prefill chunks.
 		{"llama-staged", SmallModel, nil, []loader.Request{

@@ -971,18 +971,16 @@ func TestBuildNormCluster(t *testing.T) {
 	}
 }
 
-// TestBuildRopeOneWave: --rope-one-wave shares a row's heads among fewer rope_kv blocks where
-// the default grid (Llama-3.1-8B: three blocks of 16 heads a row) would take more than the
-// card's wave of 264 blocks and one block a row still fits one: two blocks a row at 128 rows,
-// one at 256, the default grid at 64 rows and in the prefill chunks of 512 rows and more; the
-// build records it and inspect says so. Without the flag every template keeps three a row.
+// TestBuildRopeOneWave: with rope_kv apart (--rope-in-attention=false), --rope-one-wave (the
+// default) shares a row's heads among fewer rope_kv blocks where the old grid (Llama-3.1-8B:
+// three blocks of 16 heads a row) would take more than the card's wave of 264 blocks and one
+// block a row still fits one: two blocks a row at 128 rows, one at 256, the old grid at 64
+// rows and in the prefill chunks of 512 rows and more; the build records it, and inspect
+// says where it is off. With --rope-one-wave=false every template keeps three a row.
 func TestBuildRopeOneWave(t *testing.T) {
 	dir := t.TempDir()
 	for _, on := range []bool{false, true} {
-		var flags []string
-		if on {
-			flags = []string{"--rope-one-wave"}
-		}
+		flags := []string{"--rope-in-attention=false", fmt.Sprintf("--rope-one-wave=%v", on)}
 		out := filepath.Join(dir, "r.xmb")
 		b := buildBundle(t, "../../specs/models/llama-3.1-8b.yaml", out, flags)
 		if b.Manifest.Build.RopeOneWave != on {
@@ -1002,49 +1000,53 @@ func TestBuildRopeOneWave(t *testing.T) {
 			}
 		}
 		text, err := xmixc(t, "inspect", out)
-		if err != nil || strings.Contains(text, "rope_kv in one wave") != on {
+		if err != nil || strings.Contains(text, "--rope-one-wave=false") == on || !strings.Contains(text, "--rope-in-attention=false") {
 			t.Errorf("%v: inspect: %v\n%s", flags, err, text)
 		}
 	}
 }
 
-// TestBuildRopeInAttention: --rope-in-attention leaves Llama-3.1-8B's q/k/v rotation and KV
-// write to the attention in the decode buckets whose attention runs one block a row (128 and
-// 256 rows): no rope_kv node there, the attention's kernel the _rope form with the rotation
-// tables bound after z_bf16; the 64-row bucket (two splits a row) and the prefill chunks keep
-// rope_kv; the build records it and inspect says so.
+// TestBuildRopeInAttention: by default (--rope-in-attention) Llama-3.1-8B's q/k/v rotation and
+// KV write are the attention's in the decode buckets whose attention runs one block a row (128
+// and 256 rows): no rope_kv node there, the attention's kernel the _rope form with the
+// rotation tables bound after z_bf16; the 64-row bucket (two splits a row) and the prefill
+// chunks keep rope_kv; the build records it. With --rope-in-attention=false no attention
+// rotates, and inspect says so.
 func TestBuildRopeInAttention(t *testing.T) {
 	dir := t.TempDir()
-	out := filepath.Join(dir, "r.xmb")
-	b := buildBundle(t, "../../specs/models/llama-3.1-8b.yaml", out, []string{"--rope-in-attention"})
-	if !b.Manifest.Build.RopeInAttention {
-		t.Fatal("build info rope_in_attention false")
-	}
-	kernels := map[string]bundle.Kernel{}
-	for _, k := range b.Kernels {
-		kernels[k.Name] = k
-	}
-	for _, tm := range b.Templates {
-		inAttn := tm.Kind == bundle.Decode && tm.Tokens >= 128
-		ropes, fused := 0, 0
-		for _, n := range tm.Nodes {
-			k := kernels[n.Kernel]
-			switch {
-			case k.Op == bundle.OpRopeKV:
-				ropes++
-			case k.Op == bundle.OpAttention && strings.HasSuffix(k.Name, "_rope"):
-				if names := []string{k.Params[8].Name, k.Params[9].Name}; names[0] != "cos" || names[1] != "sin" || n.Args[8].Buffer == "" || n.Args[9].Buffer == "" {
-					t.Fatalf("%s %s: parameters 8-9 %v bound to %v", tm.Name, n.Label, names, n.Args[8:])
+	for _, on := range []bool{true, false} {
+		flags := []string{fmt.Sprintf("--rope-in-attention=%v", on)}
+		out := filepath.Join(dir, "r.xmb")
+		b := buildBundle(t, "../../specs/models/llama-3.1-8b.yaml", out, flags)
+		if b.Manifest.Build.RopeInAttention != on {
+			t.Fatalf("%v: build info rope_in_attention %v", flags, b.Manifest.Build.RopeInAttention)
+		}
+		kernels := map[string]bundle.Kernel{}
+		for _, k := range b.Kernels {
+			kernels[k.Name] = k
+		}
+		for _, tm := range b.Templates {
+			inAttn := on && tm.Kind == bundle.Decode && tm.Tokens >= 128
+			ropes, fused := 0, 0
+			for _, n := range tm.Nodes {
+				k := kernels[n.Kernel]
+				switch {
+				case k.Op == bundle.OpRopeKV:
+					ropes++
+				case k.Op == bundle.OpAttention && strings.HasSuffix(k.Name, "_rope"):
+					if names := []string{k.Params[8].Name, k.Params[9].Name}; names[0] != "cos" || names[1] != "sin" || n.Args[8].Buffer == "" || n.Args[9].Buffer == "" {
+						t.Fatalf("%s %s: parameters 8-9 %v bound to %v", tm.Name, n.Label, names, n.Args[8:])
+					}
+					fused++
 				}
-				fused++
+			}
+			if inAttn && (ropes != 0 || fused != 32) || !inAttn && fused != 0 {
+				t.Errorf("%v: %s: %d rope_kv nodes and %d attentions with the rotation", flags, tm.Name, ropes, fused)
 			}
 		}
-		if inAttn && (ropes != 0 || fused != 32) || !inAttn && fused != 0 {
-			t.Errorf("%s: %d rope_kv nodes and %d attentions with the rotation", tm.Name, ropes, fused)
+		text, err := xmixc(t, "inspect", out)
+		if err != nil || strings.Contains(text, "rope_kv a kernel of its own") == on {
+			t.Errorf("%v: inspect: %v\n%s", flags, err, text)
 		}
-	}
-	text, err := xmixc(t, "inspect", out)
-	if err != nil || !strings.Contains(text, "q/k/v rotation and KV write in the attention") {
-		t.Errorf("inspect: %v\n%s", err, text)
 	}
 }

@@ -678,15 +678,16 @@ func TestCUDAGatedTCMatchesCPU(t *testing.T) {
 	})
 }
 
-// TestCUDARopeInAttention: built with --rope-in-attention, a 2-layer cut of Llama-3.1-8B's
+// TestCUDARopeInAttention: by default (--rope-in-attention) a 2-layer cut of Llama-3.1-8B's
 // 128-row bucket runs no rope_kv kernel: its attention rotates q and writes the newest k and v
-// itself. Its logits are the default bundle's bit for bit (the same tokens, teacher-forced)
-// under both GEMM servers, and it agrees with the CPU.
+// itself. Its logits are those of the bundle with rope_kv apart (--rope-in-attention=false)
+// bit for bit (the same tokens, teacher-forced) under both GEMM servers, and it agrees with
+// the CPU.
 func TestCUDARopeInAttention(t *testing.T) {
 	needGPU(t)
 	cut := cut8B(t, 128)
-	plain := testsuite.Compile(t, cut)
-	b := testsuite.CompileWith(t, compile.Options{RopeInAttention: true}, cut)
+	plain := testsuite.CompileWith(t, compile.Options{RopeApart: true}, cut)
+	b := testsuite.Compile(t, cut)
 	for _, tm := range b.Templates {
 		for _, n := range tm.Nodes {
 			if tm.Name == "decode_b128" && strings.HasPrefix(n.Kernel, "rope_kv") || strings.HasPrefix(n.Kernel, "attention") && strings.HasSuffix(n.Kernel, "_rope") != (tm.Name == "decode_b128") {
@@ -707,14 +708,15 @@ func TestCUDARopeInAttention(t *testing.T) {
 	agreementRows(t, newCUDA(cuda.GemmAuto), "llama-3.1-8b-2layers-rope-in-attention-r128", b, prompts, 2)
 }
 
-// TestCUDARopeOneWaveMatchesCPU: built with --rope-one-wave, a 2-layer cut of Llama-3.1-8B's
-// 128-row bucket runs its rope_kv over two blocks a row where three would take more than a
-// wave (each thread rotating up to two heads), and agrees with the CPU under --gemm auto,
-// every request teacher-forced to the CPU's tokens (the kernel's bits are the
-// one-head-a-thread kernel's: codegen's TestRopeKVFewerGroups).
+// TestCUDARopeOneWaveMatchesCPU: with rope_kv apart (--rope-in-attention=false), a 2-layer
+// cut of Llama-3.1-8B's 128-row bucket runs its rope_kv over two blocks a row where three
+// would take more than a wave (--rope-one-wave, the default; each thread rotating up to two
+// heads), and agrees with the CPU under --gemm auto, every request teacher-forced to the
+// CPU's tokens (the kernel's bits are the one-head-a-thread kernel's: codegen's
+// TestRopeKVFewerGroups).
 func TestCUDARopeOneWaveMatchesCPU(t *testing.T) {
 	needGPU(t)
-	b := testsuite.CompileWith(t, compile.Options{RopeOneWave: true}, cut8B(t, 128))
+	b := testsuite.CompileWith(t, compile.Options{RopeApart: true}, cut8B(t, 128))
 	grouped := 0
 	for _, tm := range b.Templates {
 		for _, n := range tm.Nodes {
