@@ -414,12 +414,6 @@ type BuildInfo struct {
 	// over a cluster (xmixc build --copy-gemm-wide; false: 64 columns a CTA, as in bundles
 	// built before the setting).
 	CopyGemmWide bool `json:"copy_gemm_wide,omitempty"`
-	// NormCluster, when more than 1, spreads each row of the plain add+norm kernels (no MI
-	// ops) of templates of at most NormClusterRows rows over a cluster of that many CTAs,
-	// with the one-CTA kernel's bits (xmixc build --norm-cluster, --norm-cluster-rows, for
-	// measuring; 0: one CTA a row, as in bundles built before the setting).
-	NormCluster     int `json:"norm_cluster,omitempty"`
-	NormClusterRows int `json:"norm_cluster_rows,omitempty"`
 	// RopeOneWave: the rope_kv kernels of templates whose grid (a block a row's 16 heads of
 	// 128 dims, three a row on Llama-3.1-8B) would take more than one wave of the card share
 	// each row's heads among fewer blocks, every thread rotating more heads, with the same

@@ -195,20 +195,15 @@ func (e emitter) blockReduceN(vs []ptx.Reg, op string, scratch ptx.Sym, tid ptx.
 	accs := e.Regs(ptx.F32, len(vs))
 	t := e.Reg(ptx.F32)
 	for i, acc := range accs {
-		e.sumSlots(acc, t, scratch, int64(4*warps*i), warps, op)
+		off := int64(4 * warps * i)
+		e.Emit("ld.shared.f32", acc, ptx.Addr{Base: scratch, Offset: off})
+		for w := 1; w < warps; w++ {
+			e.Emit("ld.shared.f32", t, ptx.Addr{Base: scratch, Offset: off + int64(4*w)})
+			e.Emit(op+".f32", acc, acc, t)
+		}
 	}
 	e.Emit("bar.sync", ptx.Imm(0))
 	return accs
-}
-
-// sumSlots folds into acc the n f32 warp totals at scratch+off with op, in warp order (t is
-// a scratch register).
-func (e emitter) sumSlots(acc, t ptx.Reg, scratch ptx.Sym, off int64, n int, op string) {
-	e.Emit("ld.shared.f32", acc, ptx.Addr{Base: scratch, Offset: off})
-	for w := 1; w < n; w++ {
-		e.Emit("ld.shared.f32", t, ptx.Addr{Base: scratch, Offset: off + int64(4*w)})
-		e.Emit(op+".f32", acc, acc, t)
-	}
 }
 
 // loadChunk loads vec consecutive elements of storage type dt at a as f32 registers: one

@@ -125,10 +125,6 @@ type gen struct {
 	// optionalF32Out: the add+norm and decode attention kernels may be passed an out or z of
 	// 0 (RowConfig.OutOptional, AttnConfig.ZOptional).
 	optionalF32Out bool
-	// normCluster and normClusterRows: the plain add+norm kernels of templates of at most
-	// normClusterRows rows spread each row over a cluster of normCluster CTAs
-	// (BuildInfo.NormCluster, RowConfig.Cluster; tb.normCluster).
-	normCluster, normClusterRows int
 	// ropeOneWave: the rope_kv kernels of templates whose grid would take more than a wave
 	// share a row's heads among fewer blocks (BuildInfo.RopeOneWave, RopeConfig.Groups).
 	ropeOneWave bool
@@ -221,10 +217,7 @@ func Generate(p *passes.Program, opt Options) (*bundle.Bundle, error) {
 		return nil, err
 	}
 	g.ropeCopyRows = bi.RopeCopyRows
-	if err := CheckNormCluster(bi.NormCluster, bi.NormClusterRows); err != nil {
-		return nil, err
-	}
-	g.normCluster, g.normClusterRows, g.ropeOneWave, g.ropeInAttention = bi.NormCluster, bi.NormClusterRows, bi.RopeOneWave, bi.RopeInAttention
+	g.ropeOneWave, g.ropeInAttention = bi.RopeOneWave, bi.RopeInAttention
 	g.copyRows = gcDefaultRows
 	if len(bi.CopyGemmRows) > 0 {
 		g.copyRows = slices.Sorted(slices.Values(bi.CopyGemmRows))

@@ -346,10 +346,6 @@ func (t *tb) addNorm(n *ir.Node) {
 		base = fmt.Sprintf("final_norm_h%d", resid.Width)
 	}
 	name := t.preload(&c, g.miName(base, all, fmt.Sprintf("s%d", slot)))
-	if t.normCluster(c) {
-		c.Cluster = g.normCluster
-		name += fmt.Sprintf("_c%d", c.Cluster)
-	}
 	k, err := g.kernel(name, func() (*Kernel, error) { return RowNorm(name, c) })
 	g.site(n, name)
 	s := slots{"resid": buf(resid.Buffer), "delta": buf(delta.Buffer), "w": buf(n.Weight("w").Name), "out": buf(out.Buffer)}
@@ -362,36 +358,6 @@ func (t *tb) addNorm(n *ir.Node) {
 		s["delta_w"] = buf(deltaW.Name)
 	}
 	t.add(fmt.Sprintf("slot%d.add_norm", slot), k, err, c.Launch(t.rows), s, all)
-}
-
-// normCluster says whether the add+norm c spreads its rows over clusters of the build's
-// NormCluster CTAs (BuildInfo.NormCluster) in this template: a plain add+norm (no MI ops,
-// gather or delta norm) of a template of at most NormClusterRows rows, wide enough for CTAs
-// of whole warps. Its results are the one-CTA kernel's bit for bit, so which one a template
-// runs changes no row's result.
-func (t *tb) normCluster(c RowConfig) bool {
-	n := t.g.normCluster
-	return n > 1 && t.rows <= t.g.normClusterRows && c.Load == "add" && !c.Gather && !c.DeltaNorm && len(c.MIOps()) == 0 &&
-		checkRowCluster(c.Hidden, n) == nil
-}
-
-// DefaultNormClusterRows is BuildInfo.NormClusterRows where a build spreads rows over clusters
-// and names no bound: the buckets whose rows leave most SMs without an add+norm CTA (on a
-// card of 132, 32 rows in clusters of 4 fill 128).
-const DefaultNormClusterRows = 32
-
-// CheckNormCluster checks BuildInfo.NormCluster (CTAs a row, 0 or 1 for one) and
-// NormClusterRows.
-func CheckNormCluster(ctas, rows int) error {
-	if ctas > 1 || ctas < 0 {
-		if err := checkClusterSize(ctas); err != nil {
-			return fmt.Errorf("add+norm clusters: %w", err)
-		}
-	}
-	if rows < 0 {
-		return fmt.Errorf("add+norm clusters in templates of up to %d rows: want at least 0 (0: %d where clusters are asked for)", rows, DefaultNormClusterRows)
-	}
-	return nil
 }
 
 func (t *tb) matmul(n *ir.Node) {

@@ -58,9 +58,6 @@ type rowEmitter struct {
 	// (emitProjectOut); a later op that writes the row takes it back (miSet.emit). nil in
 	// kernels without such an op.
 	fold *normFold
-	// cluster, when more than 1, spreads a row over that many CTAs of one cluster
-	// (RowConfig.Cluster): tid is then the thread's place in the row's whole block of threads.
-	cluster int
 }
 
 // normFold carries a sum of squares from a residual op to rmsNorm: have is true once tot
@@ -94,12 +91,6 @@ func (r *rowEmitter) squares(x []ptx.Reg) ptx.Reg {
 }
 
 func newRowEmitter(name string, width int) (*rowEmitter, error) {
-	return newRowEmitterOver(name, width, 1)
-}
-
-// newRowEmitterOver builds a row kernel whose rows are spread over clusters of cluster CTAs
-// (1: one CTA a row).
-func newRowEmitterOver(name string, width, cluster int) (*rowEmitter, error) {
 	if width <= 0 {
 		return nil, fmt.Errorf("row width %d", width)
 	}
@@ -107,54 +98,15 @@ func newRowEmitterOver(name string, width, cluster int) (*rowEmitter, error) {
 	if per > maxPerThread {
 		return nil, fmt.Errorf("row width %d exceeds the %d columns a register-resident row may have", width, t*maxPerThread)
 	}
-	if err := checkRowCluster(width, cluster); err != nil {
-		return nil, err
-	}
-	r := &rowEmitter{emitter: newEmitter(name), width: width, threads: t, per: per, cluster: cluster}
-	r.MaxNTid = t / cluster
-	if cluster > 1 {
-		r.ClusterX = cluster
-	}
+	r := &rowEmitter{emitter: newEmitter(name), width: width, threads: t, per: per}
+	r.MaxNTid = t
 	return r, nil
-}
-
-// MaxRowCluster is the most CTAs a row kernel spreads a row over: the portable cluster size.
-const MaxRowCluster = 8
-
-// checkClusterSize checks the CTAs a row is spread over.
-func checkClusterSize(cluster int) error {
-	if cluster < 1 || cluster > MaxRowCluster || cluster&(cluster-1) != 0 {
-		return fmt.Errorf("a row over %d CTAs: want 1, 2, 4 or 8", cluster)
-	}
-	return nil
-}
-
-// checkRowCluster checks that a row of width columns spreads over cluster CTAs of whole warps.
-func checkRowCluster(width, cluster int) error {
-	if err := checkClusterSize(cluster); err != nil {
-		return err
-	}
-	if t := rowThreads(width); t/cluster < 32 {
-		return fmt.Errorf("a row of %d columns over %d CTAs: its %d threads make CTAs of fewer than a warp; use at most %d", width, cluster, t, t/32)
-	}
-	return nil
 }
 
 // begin reads the thread and row indices; call it after declaring every parameter.
 func (r *rowEmitter) begin() {
 	r.tid = r.special(ptx.TidX)
 	r.row = r.special(ptx.CtaidX)
-	if r.cluster > 1 {
-		// The cluster's first barrier phase: arrived at on entry, waited on before a rank
-		// stores into another's shared memory (clusterReduce), which must have started. It
-		// orders no memory: with the default (release) semantics ptxas puts MEMBAR.ALL.GPU
-		// ahead of it.
-		r.Emit("barrier.cluster.arrive.relaxed")
-		rank := r.special(ptx.ClusterCtaRank)
-		shift, _ := log2(r.cluster)
-		r.Emit("shr.u32", r.row, r.row, ptx.Imm(int64(shift)))
-		r.Emit("mad.lo.u32", r.tid, rank, ptx.Imm(int64(r.threads/r.cluster)), r.tid)
-	}
 	if rem := r.width - (r.per-1)*r.threads; rem < r.threads {
 		p := r.Reg(ptx.Pred)
 		r.Emit("setp.lt.u32", p, r.tid, ptx.Imm(rem))
@@ -296,69 +248,29 @@ func (r *rowEmitter) storeRow(p rowPtr, x []ptx.Reg) {
 	}
 }
 
-// reduce sums v over the block (over the cluster, where the row is spread over one); every
-// thread gets the total.
+// reduce sums v over the block; every thread gets the total.
 func (r *rowEmitter) reduce(v ptx.Reg) ptx.Reg {
 	if r.scratch == "" {
 		r.scratch = r.DeclareShared("red", ptx.F32, r.threads/32)
 	}
-	if r.cluster > 1 {
-		return r.clusterReduce(v)
-	}
 	return r.blockReduce(v, "add", r.scratch, r.tid, r.threads)
-}
-
-// clusterReduce is reduce over a row spread over a cluster: lane 0 of each warp stores its
-// warp's total into every rank's scratch, at the warp's place in the row's whole block, and
-// each rank then sums the totals in warp order as blockReduce does, so the total has the
-// bits of one CTA's. It uses the cluster barrier's phases that begin opened and a second
-// one, so a kernel reduces once (rowNorm allows clusters only without MI ops or a delta norm).
-func (r *rowEmitter) clusterReduce(v ptx.Reg) ptx.Reg {
-	r.warpReduce(v, "add")
-	lane, warp := r.Reg(ptx.U32), r.Reg(ptx.U32)
-	r.Emit("and.b32", lane, r.tid, ptx.Imm(31))
-	r.Emit("shr.u32", warp, r.tid, ptx.Imm(5))
-	slot := r.Reg(ptx.U32)
-	r.Emit("mov.u32", slot, r.scratch)
-	r.Emit("mad.lo.u32", slot, warp, ptx.Imm(4), slot)
-	first := r.Reg(ptx.Pred)
-	r.Emit("setp.eq.u32", first, lane, ptx.Imm(0))
-	r.Emit("barrier.cluster.wait")
-	remote := r.Reg(ptx.U32)
-	for rank := range r.cluster {
-		r.EmitIf(first, false, "mapa.shared::cluster.u32", remote, slot, ptx.Imm(int64(rank)))
-		r.EmitIf(first, false, "st.shared::cluster.f32", ptx.Addr{Base: remote}, v)
-	}
-	r.Emit("barrier.cluster.arrive.release")
-	r.Emit("barrier.cluster.wait.acquire")
-	tot, t := r.Reg(ptx.F32), r.Reg(ptx.F32)
-	r.sumSlots(tot, t, r.scratch, 0, r.threads/32, "add")
-	return tot
 }
 
 // rmsNorm turns x into x * rsqrt(mean(x²) + eps) * w, in place (HF LlamaRMSNorm order); w
 // holds this thread's weights, loaded by loadNormWeight.
 func (r *rowEmitter) rmsNorm(x, w []ptx.Reg, eps float32) {
-	r.scaleByRMS(x, w, r.squaresTotal(x), eps)
-}
-
-// squaresTotal is the row's sum of x², which every thread gets.
-func (r *rowEmitter) squaresTotal(x []ptx.Reg) ptx.Reg {
+	var tot ptx.Reg
 	if r.fold == nil {
-		return r.reduce(r.squares(x))
+		tot = r.reduce(r.squares(x))
+	} else {
+		// A residual op may already have summed the squares (foldNorm); rows it skipped sum
+		// them here, exactly as a kernel without it does.
+		tot = r.fold.tot
+		done := r.NewLabel("norm_total")
+		r.EmitIf(r.fold.have, false, "bra.uni", ptx.Sym(done))
+		r.Emit("mov.f32", tot, r.reduce(r.squares(x)))
+		r.Label(done)
 	}
-	// A residual op may already have summed the squares (foldNorm); rows it skipped sum them
-	// here, exactly as a kernel without it does.
-	tot := r.fold.tot
-	done := r.NewLabel("norm_total")
-	r.EmitIf(r.fold.have, false, "bra.uni", ptx.Sym(done))
-	r.Emit("mov.f32", tot, r.reduce(r.squares(x)))
-	r.Label(done)
-	return tot
-}
-
-// scaleByRMS is rmsNorm with the row's sum of squares tot.
-func (r *rowEmitter) scaleByRMS(x, w []ptx.Reg, tot ptx.Reg, eps float32) {
 	mean := r.Reg(ptx.F32)
 	r.Emit("mul.rn.f32", mean, tot, ptx.F32Imm(1/float32(r.width)))
 	r.Emit("add.rn.f32", mean, mean, ptx.F32Imm(eps))
@@ -420,23 +332,10 @@ type RowConfig struct {
 	// OptionalF32Out). A bundle built without it may not take an out of 0: its kernels store
 	// there unguarded.
 	OutOptional bool
-	// Cluster, when more than 1 (2, 4 or 8; Load "add" without MI ops, gather or delta norm),
-	// spreads each row over a cluster of that many CTAs, each a slice of the one-CTA kernel's
-	// threads that keeps every thread's columns; they sum the squares through each other's
-	// shared memory in the one-CTA kernel's order, so the results have its bits
-	// (BuildInfo.NormCluster). One CTA a row asks one SM to move a row's every byte.
-	Cluster int
 }
 
 // Launch is the grid for rows rows.
-func (c RowConfig) Launch(rows int) ops.Launch {
-	l := rowLaunch(c.Hidden, rows)
-	if c.Cluster > 1 {
-		l.Grid[0] *= c.Cluster
-		l.Block[0] /= c.Cluster
-	}
-	return l
-}
+func (c RowConfig) Launch(rows int) ops.Launch { return rowLaunch(c.Hidden, rows) }
 
 // MIOps lists the kernel's MI ops in parameter order (the order MIBindings expects).
 func (c RowConfig) MIOps() []ir.MI {
@@ -464,13 +363,6 @@ func rowNorm(name string, c RowConfig) (*Kernel, error) {
 	if c.OutOptional && c.Gather {
 		return nil, fmt.Errorf("out optional with gather: a gathering norm has no bf16 copy to write instead")
 	}
-	cluster := max(c.Cluster, 1)
-	if cluster > 1 {
-		if c.Load != "add" || c.Gather || c.DeltaNorm || len(c.MIOps()) > 0 {
-			return nil, fmt.Errorf("a row over a cluster of %d CTAs: only a plain add+norm (load add, no gather, delta norm or MI ops) spreads its row", c.Cluster)
-		}
-		attrs.Splits = cluster
-	}
 	switch {
 	case c.Load == "embed" && c.Vocab > 0 && len(c.DeltaOps) == 0 && !c.DeltaNorm:
 		attrs.Vocab = c.Vocab
@@ -481,7 +373,7 @@ func rowNorm(name string, c RowConfig) (*Kernel, error) {
 	if !finite32(c.WOffset) || !finite32(c.EmbedScale) {
 		return nil, fmt.Errorf("weight offset %g, embed scale %g: want finite", c.WOffset, c.EmbedScale)
 	}
-	r, err := newRowEmitterOver(name, c.Hidden, cluster)
+	r, err := newRowEmitter(name, c.Hidden)
 	if err != nil {
 		return nil, err
 	}
@@ -579,23 +471,11 @@ func rowNorm(name string, c RowConfig) (*Kernel, error) {
 		r.foldNorm()
 	}
 	mi.emit(r, 1, x, nil)
-	var tot *ptx.Reg
-	if cluster > 1 {
-		// The release of the reduction's stores into the other ranks' shared memory waits for
-		// every store the thread has issued (ptxas makes it MEMBAR.ALL.GPU), so the residual
-		// is stored after it.
-		t := r.squaresTotal(x)
-		tot = &t
-	}
 	r.storeRow(residPtr, x)
 
 	end := r.NewLabel("end")
 	dst := r.outRow(c.Gather, outRow, end)
-	if tot == nil {
-		t := r.squaresTotal(x)
-		tot = &t
-	}
-	r.scaleByRMS(x, wv, *tot, c.Eps)
+	r.rmsNorm(x, wv, c.Eps)
 	r.fold = nil // the norm ops' projections have no norm after them to hand a sum to
 	mi.emit(r, 2, x, nil)
 	f32 := func() { r.storeRow(r.ptr(out, dst, c.Hidden, 0, ptx.F32, false), x) }

@@ -143,10 +143,6 @@ type Options struct {
 	// (bundle.BuildInfo.RopeCopyRows; 0: the measured default, codegen.DefaultRopeCopyRows;
 	// negative: none).
 	RopeCopyRows int
-	// NormCluster spreads each row of the plain add+norm kernels over a cluster of this many
-	// CTAs (2, 4 or 8; 0 or 1: one CTA a row) in templates of at most NormClusterRows rows
-	// (0: codegen.DefaultNormClusterRows) (bundle.BuildInfo.NormCluster, NormClusterRows).
-	NormCluster, NormClusterRows int
 	// RopeApart keeps rope_kv a kernel of its own in the decode buckets whose attention could
 	// do its work (bundle.BuildInfo.RopeInAttention false; xmixc build
 	// --rope-in-attention=false): for measuring. The rotation in the attention is the default
@@ -358,9 +354,6 @@ func Build(modelPath string, appPaths []string, opt Options) (*bundle.Bundle, er
 	build.MIPreloadRegsMultiWave = max(0, cmp.Or(opt.MIPreloadRegsMultiWave, codegen.DefaultMIPreloadRegsMultiWave))
 	build.RopeCopyRows = max(0, cmp.Or(opt.RopeCopyRows, codegen.DefaultRopeCopyRows))
 	build.RopeOneWave, build.RopeInAttention = !opt.RopeWaves, !opt.RopeApart
-	if opt.NormCluster > 1 {
-		build.NormCluster, build.NormClusterRows = opt.NormCluster, cmp.Or(opt.NormClusterRows, codegen.DefaultNormClusterRows)
-	}
 	b, err := codegen.Generate(p, codegen.Options{
 		Build:     build,
 		Weights:   weights,

@@ -35,9 +35,6 @@ type RowNormAttrs struct {
 	// OutOptional (not gather): out may be 0 where out_bf16 is not, the bf16 copy alone
 	// (bundle.BF16Copy.Droppable): the backend drops the f32 output that no node reads.
 	OutOptional bool `json:"out_optional,omitempty"`
-	// Splits, when more than 1 (load add), is the CTAs of one cluster each row is spread
-	// over: rows are Grid[0]/Splits. It changes no result.
-	Splits int `json:"splits,omitempty"`
 }
 
 // checkRow checks the attributes every row kernel (row_norm, row_renorm) shares.
@@ -68,9 +65,6 @@ func init() {
 		}
 		if a.OutOptional && a.Gather {
 			return nil, fmt.Errorf("out_optional with gather: a gathering norm has no bf16 copy to write instead")
-		}
-		if a.Splits < 0 || a.Splits > 1 && (a.Load != "add" || a.Gather) {
-			return nil, fmt.Errorf("splits %d with load %q, gather %v: a row spreads over CTAs only in a plain add", a.Splits, a.Load, a.Gather)
 		}
 		return named(bundle.OpRowNorm, a.run), nil
 	})
@@ -119,11 +113,7 @@ func viewWeights(dtype string, arg Arg) weights {
 func (a RowNormAttrs) weights(arg Arg) weights { return viewWeights(a.WDtype, arg) }
 
 func (a RowNormAttrs) run(args []Arg, l Launch) error {
-	splits := max(a.Splits, 1)
-	if l.Grid[0]%splits != 0 {
-		return fmt.Errorf("grid %d is not whole rows of %d CTAs", l.Grid[0], splits)
-	}
-	rows, h := l.Grid[0]/splits, a.Hidden
+	rows, h := l.Grid[0], a.Hidden
 	wsize, err := dtypeSize(a.WDtype)
 	if err != nil {
 		return err

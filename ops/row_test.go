@@ -201,20 +201,3 @@ func TestSiluMul(t *testing.T) {
 		}
 	}
 }
-
-// TestRowNormSplits: a row_norm spread over clusters (Splits) reads its rows as Grid[0]/Splits
-// and refuses a grid of partial rows and splits outside a plain add.
-func TestRowNormSplits(t *testing.T) {
-	for _, a := range []RowNormAttrs{{Hidden: 4, Eps: 1e-5, WDtype: "f32", Load: "embed", Vocab: 3, Splits: 2}, {Hidden: 4, Eps: 1e-5, WDtype: "f32", Load: "add", Gather: true, Splits: 2}, {Hidden: 4, Eps: 1e-5, WDtype: "f32", Load: "add", Splits: -1}} {
-		if _, err := Build("row_norm", EncodeAttrs(a)); err == nil || !strings.Contains(err.Error(), "splits") {
-			t.Errorf("%+v: err %v, want a refusal naming splits", a, err)
-		}
-	}
-	run, err := Build("row_norm", EncodeAttrs(RowNormAttrs{Hidden: 4, Eps: 1e-5, WDtype: "f32", Load: "add", Splits: 4}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := run.Run(nil, Launch{Grid: [3]int{6, 1, 1}}); err == nil || !strings.Contains(err.Error(), "not whole rows of 4 CTAs") {
-		t.Errorf("a grid of 6 in splits of 4: %v", err)
-	}
-}

@@ -70,11 +70,9 @@ var asyncForms = map[string]asyncForm{
 	// The same box written to every CTA of the cluster whose rank's bit is set in ctaMask, at
 	// the same offsets of their shared memory, each completing its own mbarrier there.
 	"cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster": {"stsh", "7.8"},
-	"mapa.shared::cluster.u32":       {"dau", "7.8"},
-	"barrier.cluster.arrive":         {"", "7.8"},
-	"barrier.cluster.arrive.release": {"", "8.0"},
-	// An arrival that orders no memory: one that only says the CTA has started.
-	"barrier.cluster.arrive.relaxed":             {"", "8.0"},
+	"mapa.shared::cluster.u32":                   {"dau", "7.8"},
+	"barrier.cluster.arrive":                     {"", "7.8"},
+	"barrier.cluster.arrive.release":             {"", "8.0"},
 	"barrier.cluster.wait":                       {"", "7.8"},
 	"barrier.cluster.wait.acquire":               {"", "8.0"},
 	"fence.mbarrier_init.release.cluster":        {"", "8.0"},

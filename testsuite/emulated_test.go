@@ -191,11 +191,6 @@ ops:
 		{"llama-gated-tc", SmallModel, []string{split}, []loader.Request{
 			{Prompt: []int{3, 1, 4, 1, 5, 9, 2, 6}, MaxTokens: 4, Apps: []string{"split"}}, {Prompt: []int{2, 7, 1}, MaxTokens: 5}, {Prompt: []int{8, 2}, MaxTokens: 2}},
 			compile.Options{TensorCoreRows: 4}},
-		// Add+norm rows spread over clusters of 4 CTAs (--norm-cluster 4) in every template,
-		// but for layer 1's resid_post, whose lens keeps its add+norm on one CTA a row.
-		{"llama-norm-cluster", SmallModel, []string{split, lens}, []loader.Request{
-			{Prompt: []int{3, 1, 4, 1, 5, 9, 2, 6}, MaxTokens: 4, Apps: []string{"split", "lens"}}, {Prompt: []int{2, 7, 1}, MaxTokens: 5}},
-			compile.Options{NormCluster: 4}},
 		// The q/k/v rotation and KV write in the attention (--rope-in-attention, the default)
 		// of the 40-row bucket, whose attention runs one block a row on tensor cores (16 kv
 		// heads of 64 dims in bf16: 640 blocks), three requests in it; the 2-row bucket keeps

@@ -76,7 +76,6 @@ func buildCmd() *cobra.Command {
 	var copyGemmWide, miPreloadCoherent bool
 	var copyGemmRows []int
 	var gatedTCRows, gatedCopyRows, ropeCopyRows, kvCacheTokens, miPreloadRegs, miPreloadRegsMultiWave int
-	var normCluster, normClusterRows int
 	var ropeOneWave, ropeInAttention bool
 	c := &cobra.Command{
 		Use:   "build MODEL.yaml [APP.yaml...] -o OUT.xmb",
@@ -174,19 +173,13 @@ func buildCmd() *cobra.Command {
 			if err := codegen.CheckMIPreloadRegsMultiWave(miPreloadRegsMultiWave); err != nil {
 				return fmt.Errorf("--mi-preload-regs-multi-wave: %w", err)
 			}
-			if err := codegen.CheckNormCluster(normCluster, normClusterRows); err != nil {
-				return fmt.Errorf("--norm-cluster %d, --norm-cluster-rows %d: %w", normCluster, normClusterRows, err)
-			}
-			if cmd.Flags().Changed("norm-cluster-rows") && normCluster <= 1 {
-				return fmt.Errorf("--norm-cluster-rows %d bounds --norm-cluster, which is %d (one CTA a row): add --norm-cluster 2, 4 or 8", normClusterRows, normCluster)
-			}
 			start := time.Now()
 			progress := func(f string, a ...any) {
 				if !quiet {
 					fmt.Fprintf(os.Stderr, "[%6.2fs] %s\n", time.Since(start).Seconds(), fmt.Sprintf(f, a...))
 				}
 			}
-			b, err := compile.Build(args[0], args[1:], compile.Options{EmbedWeights: embed, Verify: verify, Progress: progress, GEMM: gemm, MoE: moe, TP: tp, VectorSlots: vectorSlots, KVCacheTokens: kvCacheTokens, Fuse: fuse, SerialLaunch: !pdl, Prefetch: noneOption(prefetch), GemvCols: gemvCols, GemvUnroll: gemvUnroll, GemvSplit: gemvSplit, GemvWarps: gemvWarps, TensorCoreRows: tcRows, TCChunks: tcChunks, CopyGemms: copyGemms, CopyGemmSlots: copyGemmSlots, CopyGemmNextAtAsk: copyGemmNext == "asked", CopyGemmWide: copyGemmWide, CopyGemmRows: copyGemmRows, GatedTCRows: noneOption(gatedTCRows), GatedCopyRows: noneOption(gatedCopyRows), GatedCopyWide: gatedCopyWide, MIPreloadCoherent: miPreloadCoherent, MIPreloadRegs: noneOption(miPreloadRegs), MIPreloadRegsMultiWave: noneOption(miPreloadRegsMultiWave), RopeCopyRows: noneOption(ropeCopyRows), NormCluster: normCluster, NormClusterRows: normClusterRows, RopeWaves: !ropeOneWave, RopeApart: !ropeInAttention, AttnWarps: attnWarps, AttnUnroll: attnUnroll, AttnPrefetch: noneOption(attnPrefetch), AttnPrefetchOneRow: noneOption(attnPrefetchOneRow), AttnCUDACores: !attnTC, AttnCluster: attnCluster, AttnLateKV: !attnEarlyKV, F32OutAlways: !optionalF32Out})
+			b, err := compile.Build(args[0], args[1:], compile.Options{EmbedWeights: embed, Verify: verify, Progress: progress, GEMM: gemm, MoE: moe, TP: tp, VectorSlots: vectorSlots, KVCacheTokens: kvCacheTokens, Fuse: fuse, SerialLaunch: !pdl, Prefetch: noneOption(prefetch), GemvCols: gemvCols, GemvUnroll: gemvUnroll, GemvSplit: gemvSplit, GemvWarps: gemvWarps, TensorCoreRows: tcRows, TCChunks: tcChunks, CopyGemms: copyGemms, CopyGemmSlots: copyGemmSlots, CopyGemmNextAtAsk: copyGemmNext == "asked", CopyGemmWide: copyGemmWide, CopyGemmRows: copyGemmRows, GatedTCRows: noneOption(gatedTCRows), GatedCopyRows: noneOption(gatedCopyRows), GatedCopyWide: gatedCopyWide, MIPreloadCoherent: miPreloadCoherent, MIPreloadRegs: noneOption(miPreloadRegs), MIPreloadRegsMultiWave: noneOption(miPreloadRegsMultiWave), RopeCopyRows: noneOption(ropeCopyRows), RopeWaves: !ropeOneWave, RopeApart: !ropeInAttention, AttnWarps: attnWarps, AttnUnroll: attnUnroll, AttnPrefetch: noneOption(attnPrefetch), AttnPrefetchOneRow: noneOption(attnPrefetchOneRow), AttnCUDACores: !attnTC, AttnCluster: attnCluster, AttnLateKV: !attnEarlyKV, F32OutAlways: !optionalF32Out})
 			if err != nil {
 				return err
 			}
@@ -238,8 +231,6 @@ func buildCmd() *cobra.Command {
 	c.Flags().BoolVar(&attnEarlyKV, "attn-early-kv", true, "the decode attention's split kernels on tensor cores (buckets of up to 32 rows on Llama-class shapes), launched early (--pdl), load each warp's first K/V tile before they wait for the kernel ahead, wherever the tile holds no row's newest position (the one the kernel ahead writes), so that a block's first loads overlap that kernel's last stores; same results bit for bit. Measured 0.2-1.0% shorter 8- and 32-row steps (session 64); =false for measuring. Left out with --pdl=false")
 	c.Flags().BoolVar(&attnCluster, "attn-cluster", false, "merge a row's context splits of the decode attention in a thread-block cluster (rank 0's shared memory) where a bucket's splits fit in one wave of blocks (on Llama-class shapes the buckets of 4 to 16 rows), instead of through a workspace in global memory with a fence and an atomic ticket. For measuring: on the H200 it made Llama-3.1-8B's 4- and 8-row steps 2-5% longer at contexts 576-2112, and its 16-row step 1.1-1.3% shorter at 2112 but 0.4-1.0% longer at 80-576 (testsuite/gpu/RESULTS.md, session 37)")
 	c.Flags().BoolVar(&optionalF32Out, "optional-f32-out", true, "build the add+norm kernels (and the embedding's) and the decode attention kernels so that their f32 output may be left out: where the GEMM after one reads the bf16 copy it writes and no later node reads the f32 (an app's op on the norm's output or on attn.z does), the CUDA backend passes it no f32 output, and the kernel stores bf16 alone. Same results bit for bit; on the H200 Llama-3.1-8B's steps 0.04-0.97% shorter at 8-128 rows (testsuite/gpu/RESULTS.md, session 59). --optional-f32-out=false writes the f32 always, as bundles before it did")
-	c.Flags().IntVar(&normCluster, "norm-cluster", 1, "spread each row of the add+norm kernels without MI ops over a thread-block cluster of this many CTAs (2, 4 or 8; 1: one CTA a row) in templates of at most --norm-cluster-rows rows, so that a row's loads and stores are not all one SM's; each CTA keeps its threads' columns of the one-CTA kernel and the squares are summed through the cluster's shared memory in its order, so the results are the same bit for bit (for measuring)")
-	c.Flags().IntVar(&normClusterRows, "norm-cluster-rows", codegen.DefaultNormClusterRows, "the most rows of a template (decode bucket or prefill chunk) whose add+norm kernels --norm-cluster spreads")
 	c.Flags().BoolVar(&ropeOneWave, "rope-one-wave", true, "where a template's rope_kv kernel (one block a row's 16 heads at head dim 128) would take more than one wave of the card's blocks (Llama-3.1-8B from 128 rows, where --rope-in-attention leaves none), share each row's heads among fewer blocks, every thread rotating more heads one after another; same results bit for bit. Measured 0.19-0.46% shorter 128- and 256-row steps of the 8B with rope_kv apart (session 92); =false for measuring")
 	c.Flags().BoolVar(&ropeInAttention, "rope-in-attention", true, "in decode buckets whose attention runs one block a row on tensor cores (Llama-class shapes from 128 rows), leave the q/k/v rotation and the KV-cache write to the attention kernel, which rotates q in registers and writes its kv head's newest k and v itself, in place of the rope_kv kernel and its launch; same results bit for bit. Measured 0.66-1.03% shorter 128- and 256-row steps of Llama-3.1-8B and 0.70-0.74% of Llama-3.2-1B's 128-row step (session 92); =false for measuring")
 	c.Flags().BoolVar(&attnTC, "attn-tc", true, "run the decode attention's warp step on tensor cores where the layer allows it (bf16 cache, head dim 64 or 128, KV blocks a multiple of 16, no sliding window; other layers keep the CUDA-core step). Q and the softmax weights are rounded to bf16 for the mma, within bf16 rounding of the CUDA-core step's results, the same in every bucket. --attn-tc=false builds the CUDA-core step everywhere, as bundles before it had (for measuring)")
@@ -434,9 +425,6 @@ func printBundle(w io.Writer, b *bundle.Bundle) {
 	}
 	if !b.Manifest.Build.RopeOneWave {
 		fmt.Fprintf(w, "          rope_kv grids of more than one wave of blocks (--rope-one-wave=false)\n")
-	}
-	if bi := b.Manifest.Build; bi.NormCluster > 1 {
-		fmt.Fprintf(w, "          add+norm rows over clusters of %d CTAs in templates of up to %d rows\n", bi.NormCluster, bi.NormClusterRows)
 	}
 	if !b.Manifest.Build.OptionalF32Out {
 		fmt.Fprintf(w, "          add+norm and decode attention write their f32 outputs always (--optional-f32-out=false)\n")

@@ -527,11 +527,6 @@ func TestBuildCopyGemmFlags(t *testing.T) {
 		{m, []string{"--mi-preload-regs-multi-wave", "256"}, "--mi-preload-regs-multi-wave: preloading row kernels (templates of more than 128 rows) of at most 256 registers a thread"},
 		{m, []string{"--mi-preload-regs-multi-wave", "-1"}, "--mi-preload-regs-multi-wave: preloading row kernels (templates of more than 128 rows) of at most -1 registers a thread"},
 		{m, []string{"--attn-early-kv", "--pdl=false"}, "--attn-early-kv: early K/V loads need early launch (--pdl)"},
-		{m, []string{"--norm-cluster", "3"}, "--norm-cluster 3, --norm-cluster-rows 32: add+norm clusters: a row over 3 CTAs: want 1, 2, 4 or 8"},
-		{m, []string{"--norm-cluster", "16"}, "a row over 16 CTAs: want 1, 2, 4 or 8"},
-		{m, []string{"--norm-cluster", "-2"}, "a row over -2 CTAs: want 1, 2, 4 or 8"},
-		{m, []string{"--norm-cluster", "4", "--norm-cluster-rows", "-1"}, "add+norm clusters in templates of up to -1 rows: want at least 0"},
-		{m, []string{"--norm-cluster-rows", "8"}, "--norm-cluster-rows 8 bounds --norm-cluster, which is 1 (one CTA a row): add --norm-cluster 2, 4 or 8"},
 	} {
 		bad := filepath.Join(dir, "bad.xmb")
 		_, err := xmixc(t, append([]string{"build", c.model, "-q", "-o", bad}, c.flags...)...)
@@ -933,40 +928,6 @@ func TestBuildMIPreloadRegs(t *testing.T) {
 		multi := fmt.Sprintf("in templates of more than 128 rows at most %d (kernels *_nr%d)", c.multi, c.multi)
 		if (c.multi > 0) != strings.Contains(text, multi) || c.multi == 0 && strings.Contains(text, "templates of more than 128 rows") {
 			t.Fatalf("%v: inspect: want %q (%v) in:\n%s", c.flags, multi, c.multi > 0, text)
-		}
-	}
-}
-
-// TestBuildNormCluster: --norm-cluster N records N and the rows bound (--norm-cluster-rows, by
-// default codegen.DefaultNormClusterRows), inspect says so, and the bundle carries the
-// clustered add+norm kernel beside the one-CTA one; without the flag it says nothing.
-func TestBuildNormCluster(t *testing.T) {
-	dir := t.TempDir()
-	m := gemmSpec(t, dir, "m.yaml", 512, 4)
-	for _, c := range []struct {
-		flags  []string
-		ctas   int
-		rows   int
-		kernel string
-	}{
-		{nil, 0, 0, ""},
-		{[]string{"--norm-cluster", "4"}, 4, codegen.DefaultNormClusterRows, "add_norm_h512_c4"},
-		{[]string{"--norm-cluster", "2", "--norm-cluster-rows", "8"}, 2, 8, "add_norm_h512_c2"},
-	} {
-		out := filepath.Join(dir, "c.xmb")
-		if _, err := xmixc(t, append([]string{"build", m, "-q", "-o", out}, c.flags...)...); err != nil {
-			t.Fatalf("%v: %v", c.flags, err)
-		}
-		text, err := xmixc(t, "inspect", out)
-		if err != nil {
-			t.Fatal(err)
-		}
-		line := fmt.Sprintf("add+norm rows over clusters of %d CTAs in templates of up to %d rows", c.ctas, c.rows)
-		if strings.Contains(text, "add+norm rows over clusters") != (c.ctas > 0) || c.ctas > 0 && !strings.Contains(text, line) {
-			t.Errorf("%v: inspect says\n%s\nwant the line %q only with the flag", c.flags, text, line)
-		}
-		if c.kernel != "" && !strings.Contains(text, c.kernel) {
-			t.Errorf("%v: no kernel %s in\n%s", c.flags, c.kernel, text)
 		}
 	}
 }

@@ -1,4 +1,4 @@
-# Sourced by the one-call scripts that run in parts (gated8_ab.sh, small_kernels_ab.sh), from
+# Sourced by the one-call scripts that run in parts (gated8_ab.sh, rope_ab.sh), from
 # the repository root. ab_begin DEFAULT KNOWN...: unset variables and failures are errors,
 # CUDA's tools are on PATH, OUT (required) exists, log is OUT/log.txt, whose first line is the
 # GPU's name, memory, driver and clock, and parts is PARTS (default DEFAULT), each checked to
