@@ -120,8 +120,11 @@ type AttnConfig struct {
 	// row's newest position into the caches and, after a block barrier, attends with its q
 	// heads rotated in registers, with rope_kv's instructions, so z and the caches have the
 	// bits of rope_kv and the kernel without it. qkv is left unrotated
-	// (BuildInfo.RopeInAttention).
-	Rope bool
+	// (BuildInfo.RopeInAttention). Rows of sequence slot PadSeq (the engine's padding rows,
+	// each at its own position of the one padding sequence) write no k and v, so that no
+	// block reads what another writes (ops.AttnAttrs.PadSeq).
+	Rope   bool
+	PadSeq int
 }
 
 const (
@@ -400,6 +403,9 @@ func (c AttnConfig) RopeOK() bool {
 // attnAttrs are the reference op's attributes of kernel c computing rows.
 func (c AttnConfig) attnAttrs(kv ops.KVAttrs, rows string) ops.AttnAttrs {
 	a := ops.AttnAttrs{KVAttrs: kv, Scale: c.Scale, Rows: rows, Softcap: c.Softcap, Window: c.Window, OutOptional: c.ZOptional, Rope: c.Rope}
+	if c.Rope {
+		a.PadSeq = c.PadSeq
+	}
 	if c.clustered() {
 		a.Splits = c.Cluster
 	}

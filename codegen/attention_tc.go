@@ -157,7 +157,7 @@ func (g *adGen) rotateQTC(x [][]ptx.Reg) {
 // ropeKV writes the block's kv head's k (rotated) and v of the row's newest position into
 // the caches, rope_kv's work for that head with its instructions, each thread a pair (i,
 // i + HeadDim/2) at a time, and then waits at the block's barrier, so that the scan's loads
-// of that position read them (AttnConfig.Rope).
+// of that position read them (AttnConfig.Rope). A padding row writes nothing (PadSeq).
 func (g *adGen) ropeKV() {
 	c := g.c
 	d, half, kvs := c.HeadDim, c.HeadDim/2, c.KVDtype.Bytes()
@@ -171,25 +171,28 @@ func (g *adGen) ropeKV() {
 	kx := g.byteAddr(g.qkv, krow, 4*d)
 	vx := g.byteAddr(kx, ptx.Imm(int64(c.KVHeads)), 4*d)
 	i := g.Reg(ptx.U32)
-	g.forLoop(i, g.tid, ptx.Imm(int64(half)), ptx.Imm(int64(32*c.warps())), func() {
-		at := g.Reg(ptx.U32)
-		g.Emit("mad.lo.u32", at, g.pos, ptx.Imm(int64(half)), i)
-		cs, sn := g.Reg(ptx.F32), g.Reg(ptx.F32)
-		g.Emit("ld.global.nc.f32", cs, ptx.Addr{Base: g.byteAddr(g.cos, at, 4)})
-		g.Emit("ld.global.nc.f32", sn, ptx.Addr{Base: g.byteAddr(g.sin, at, 4)})
-		k0, k1, v0, v1 := g.Reg(ptx.F32), g.Reg(ptx.F32), g.Reg(ptx.F32), g.Reg(ptx.F32)
-		ka, va := g.byteAddr(kx, i, 4), g.byteAddr(vx, i, 4)
-		g.Emit("ld.global.f32", k0, ptx.Addr{Base: ka})
-		g.Emit("ld.global.f32", k1, ptx.Addr{Base: ka, Offset: int64(4 * half)})
-		g.Emit("ld.global.f32", v0, ptx.Addr{Base: va})
-		g.Emit("ld.global.f32", v1, ptx.Addr{Base: va, Offset: int64(4 * half)})
-		o0, o1 := g.ropeRotate(k0, k1, cs, sn)
-		e := g.op3("add.u32", ptx.U32, elem, i)
-		kc, vc := g.byteAddr(g.kc, e, kvs), g.byteAddr(g.vc, e, kvs)
-		g.storeAt(ptx.Addr{Base: kc}, o0, c.KVDtype)
-		g.storeAt(ptx.Addr{Base: kc, Offset: int64(half * kvs)}, o1, c.KVDtype)
-		g.storeAt(ptx.Addr{Base: vc}, v0, c.KVDtype)
-		g.storeAt(ptx.Addr{Base: vc, Offset: int64(half * kvs)}, v1, c.KVDtype)
+	// The whole block takes the same branch: its row's sequence slot.
+	g.when(g.cmp("eq", ptx.U32, g.s, ptx.Imm(int64(c.PadSeq))), true, func() {
+		g.forLoop(i, g.tid, ptx.Imm(int64(half)), ptx.Imm(int64(32*c.warps())), func() {
+			at := g.Reg(ptx.U32)
+			g.Emit("mad.lo.u32", at, g.pos, ptx.Imm(int64(half)), i)
+			cs, sn := g.Reg(ptx.F32), g.Reg(ptx.F32)
+			g.Emit("ld.global.nc.f32", cs, ptx.Addr{Base: g.byteAddr(g.cos, at, 4)})
+			g.Emit("ld.global.nc.f32", sn, ptx.Addr{Base: g.byteAddr(g.sin, at, 4)})
+			k0, k1, v0, v1 := g.Reg(ptx.F32), g.Reg(ptx.F32), g.Reg(ptx.F32), g.Reg(ptx.F32)
+			ka, va := g.byteAddr(kx, i, 4), g.byteAddr(vx, i, 4)
+			g.Emit("ld.global.f32", k0, ptx.Addr{Base: ka})
+			g.Emit("ld.global.f32", k1, ptx.Addr{Base: ka, Offset: int64(4 * half)})
+			g.Emit("ld.global.f32", v0, ptx.Addr{Base: va})
+			g.Emit("ld.global.f32", v1, ptx.Addr{Base: va, Offset: int64(4 * half)})
+			o0, o1 := g.ropeRotate(k0, k1, cs, sn)
+			e := g.op3("add.u32", ptx.U32, elem, i)
+			kc, vc := g.byteAddr(g.kc, e, kvs), g.byteAddr(g.vc, e, kvs)
+			g.storeAt(ptx.Addr{Base: kc}, o0, c.KVDtype)
+			g.storeAt(ptx.Addr{Base: kc, Offset: int64(half * kvs)}, o1, c.KVDtype)
+			g.storeAt(ptx.Addr{Base: vc}, v0, c.KVDtype)
+			g.storeAt(ptx.Addr{Base: vc, Offset: int64(half * kvs)}, v1, c.KVDtype)
+		})
 	})
 	g.Emit("bar.sync", ptx.Imm(0))
 }

@@ -992,9 +992,9 @@ func TestAttentionTCFallback(t *testing.T) {
 // over ragged contexts (one position, a tile, one past, a KV block, the last position) it
 // writes the caches and z (and z_bf16) bit for bit as rope_kv followed by the kernel without
 // Rope, leaves qkv as it was, and agrees with the reference op; with warps of other counts
-// too (pairs left over for a second pass, or threads with none). A split kernel, the
-// singles, CUDA cores and a GQA group wider than a block (16 heads over blocks of 8) are
-// refused.
+// too (pairs left over for a second pass, or threads with none). With a row of the padding
+// slot (PadSeq) that row writes no k and v, as the reference. A split kernel, the singles,
+// CUDA cores and a GQA group wider than a block (16 heads over blocks of 8) are refused.
 func TestAttentionRope(t *testing.T) {
 	r := rand.New(rand.NewPCG(81, 82))
 	for _, base := range attnTCShapes[:3] {
@@ -1020,7 +1020,7 @@ func TestAttentionRope(t *testing.T) {
 			pair.run(t, must(t)(RopeKV("rope_pair", c.ropeConfig())), c.ropeConfig().Launch(rows), append(append([]targ{qkv}, tables...), ctl...))
 			pair.run(t, must(t)(Attention("attn_pair", c)), l, append(append([]targ{qkv}, ctl...), outs...))
 
-			c.Rope = true
+			c.Rope, c.PadSeq = true, 5 // no row's
 			k := must(t)(Attention("attn_rope", c))
 			args := append(append(append([]targ{qkv}, ctl...), outs...), tables...)
 			got := newEmuBufs()
@@ -1034,6 +1034,20 @@ func TestAttentionRope(t *testing.T) {
 			z := outs[0]
 			z.tol = attnTCTolerance
 			checkKernel(t, k, l, append([]targ{qkv, ctl[0], ctl[1], ctl[2], kv.kcache, kv.vcache, z, outs[1]}, tables...))
+			c.PadSeq = 4 // row 2's
+			padded := must(t)(Attention("attn_rope_pad", c))
+			checkKernel(t, padded, l, append([]targ{qkv, ctl[0], ctl[1], ctl[2], kv.kcache, kv.vcache, z, outs[1]}, tables...))
+			pad := newEmuBufs()
+			pad.run(t, padded, l, args)
+			// Row 2's slot: its page of the block table, then the position within it.
+			slot := int(kv.table[int(seq[2])*c.MaxBlocksPerSeq+int(pos[2])/c.BlockSize])*c.BlockSize + int(pos[2])%c.BlockSize
+			at := 2 * slot * c.KVHeads * c.HeadDim // bf16 bytes
+			for _, cache := range []targ{kv.kcache, kv.vcache} {
+				n := 2 * c.KVHeads * c.HeadDim
+				if !bytes.Equal(pad.mem.Bytes(pad.addr[cache.name])[at:at+n], cache.bytesOf()[at:at+n]) {
+					t.Fatalf("h%d kv%d d%d: the padding row wrote its %s slot", c.Heads, c.KVHeads, c.HeadDim, cache.name)
+				}
+			}
 		}
 	}
 	for _, bad := range []struct {

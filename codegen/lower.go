@@ -823,7 +823,7 @@ func (t *tb) attention(n *ir.Node) {
 		// The q/k/v node ahead left its rotation and KV write here (ropeToAttention).
 		rope := t.ropeInAttn
 		t.ropeInAttn = nil
-		ac.Rope = true
+		ac.Rope, ac.PadSeq = true, g.m.MaxSeqs // the engine's padding rows' sequence slot
 		decode(base+"_rope", ac, 1, merge(s, slots{"cos": buf(rope.Weight("cos").Name), "sin": buf(rope.Weight("sin").Name)}))
 	case t.kind == bundle.Decode || !ac.PrefillOK():
 		decode(base, ac, 1, s)

@@ -40,8 +40,11 @@ type AttnAttrs struct {
 	// Rope (rows "", one block a row): qkv holds q, k and v as the projection wrote them; the
 	// op first does op rope_kv's work (without bias or QK-norm) on a copy of each row, cos and
 	// sin its arguments 8 and 9, writing the row's k and v into the caches, and attends with
-	// the rotated q. qkv is left as it was.
-	Rope bool `json:"rope,omitempty"`
+	// the rotated q. qkv is left as it was. Rows of sequence slot PadSeq (the padding rows)
+	// write no k and v, so that no row of the call reads what another writes: a padding row,
+	// at its own position of the one padding sequence, attends to what the cache held.
+	Rope   bool `json:"rope,omitempty"`
+	PadSeq int  `json:"pad_seq,omitempty"`
 }
 
 // Row selections of op "attention" (AttnAttrs.Rows).
@@ -78,19 +81,13 @@ func buildAttention(attrs []byte) (Runner, error) {
 	if a.OutOptional && a.Rows != "" {
 		return nil, fmt.Errorf("attention: out_optional over rows %q: want it only over every row (rows \"\")", a.Rows)
 	}
-	var rope Runner
-	if a.Rope {
-		if a.Rows != "" || a.Splits > 0 {
-			return nil, fmt.Errorf("attention: rope over rows %q in %d blocks a row: want it only over every row, one block a row", a.Rows, a.Splits)
-		}
-		if rope, err = buildRopeKV(EncodeAttrs(RopeKVAttrs{KVAttrs: a.KVAttrs})); err != nil {
-			return nil, fmt.Errorf("attention: %w", err)
-		}
+	if a.Rope && (a.Rows != "" || a.Splits > 0 || a.PadSeq < 0) {
+		return nil, fmt.Errorf("attention: rope over rows %q in %d blocks a row, padding slot %d: want it only over every row, one block a row, a slot of at least 0", a.Rows, a.Splits, a.PadSeq)
 	}
 	return RunnerFunc(func(args []Arg, l Launch) error {
-		if rope != nil {
+		if a.Rope {
 			var err error
-			if args, err = a.rotated(rope, args, l); err != nil {
+			if args, err = a.rotated(args, l, size); err != nil {
 				return err
 			}
 		}
@@ -195,18 +192,29 @@ func buildAttention(attrs []byte) (Runner, error) {
 }
 
 // rotated does op rope_kv's work for an attention with Rope on a copy of qkv (writing the
-// caches) and returns args with the copy in qkv's place and without cos and sin.
-func (a AttnAttrs) rotated(rope Runner, args []Arg, l Launch) ([]Arg, error) {
+// caches but for the padding rows') and returns args with the copy in qkv's place and without
+// cos and sin.
+func (a AttnAttrs) rotated(args []Arg, l Launch, size int) ([]Arg, error) {
+	rows := l.Grid[0]
 	if len(args) != 10 {
 		return nil, fmt.Errorf("attention: rope: %d arguments, want 10 (cos and sin after %s)", len(args), bundle.AttnZBF16)
 	}
-	if n := 4 * l.Grid[0] * a.rowWidth(); len(args[0].Mem) < n {
+	if n := 4 * rows * a.rowWidth(); len(args[0].Mem) < n {
 		return nil, fmt.Errorf("attention: argument 0 (qkv) holds %d bytes, needs %d", len(args[0].Mem), n)
 	}
-	qkv := Arg{Mem: append([]byte(nil), args[0].Mem[:4*l.Grid[0]*a.rowWidth()]...)}
-	if err := rope.Run([]Arg{qkv, args[8], args[9], args[1], args[2], args[3], args[4], args[5]}, Launch{Grid: [3]int{l.Grid[0], 1, 1}}); err != nil {
-		return nil, fmt.Errorf("attention: %w", err)
+	v, err := newKVView("attention", a.KVAttrs, size, rows, args[1], args[2], args[3], args[4], args[5])
+	if err != nil {
+		return nil, err
 	}
+	cos, sin, half := args[8].F32(), args[9].F32(), a.HeadDim/2
+	for r := range rows {
+		if need := (int(v.pos[r]) + 1) * half; need > len(cos) || need > len(sin) {
+			return nil, fmt.Errorf("attention: rope: row %d: position %d beyond the cos/sin tables", r, v.pos[r])
+		}
+	}
+	qkv := Arg{Mem: append([]byte(nil), args[0].Mem[:4*rows*a.rowWidth()]...)}
+	RopeKVAttrs{KVAttrs: a.KVAttrs}.ropeRows(qkv.F32(), cos, sin, v, rows, weights{}, weights{}, weights{},
+		func(r int) bool { return int(v.seq[r]) != a.PadSeq })
 	return append([]Arg{qkv}, args[1:8]...), nil
 }
 

@@ -165,42 +165,53 @@ func buildRopeKV(attrs []byte) (Runner, error) {
 				return fmt.Errorf("rope_kv: row %d: position %d beyond the cos/sin tables", r, v.pos[r])
 			}
 		}
-		qkv := args[0].F32()
-		ParallelFor(rows, func(lo, hi int) {
-			for r := lo; r < hi; r++ {
-				p := int(v.pos[r])
-				c, s := cos[p*half:(p+1)*half], sin[p*half:(p+1)*half]
-				row := qkv[r*a.rowWidth() : (r+1)*a.rowWidth()]
-				if a.Bias {
-					for i := range row {
-						row[i] += bias.at(i)
-					}
-				}
-				for h := 0; h < a.Heads+a.KVHeads; h++ {
-					x := row[h*d : (h+1)*d]
-					if a.QKNorm {
-						w := qn
-						if h >= a.Heads {
-							w = kn
-						}
-						headNorm(x, w, a.Eps)
-					}
-					for i := 0; i < half; i++ {
-						x0, x1 := x[i], x[i+half]
-						x[i] = float32(x0*c[i]) - float32(x1*s[i])
-						x[i+half] = float32(x1*c[i]) + float32(x0*s[i])
-					}
-				}
-				base := v.slot(int(v.seq[r]), p) * a.KVHeads * d
-				kv := a.KVHeads * d
-				for i := 0; i < kv; i++ {
-					storeElem(v.kcache, size, base+i, row[a.Heads*d+i])
-					storeElem(v.vcache, size, base+i, row[a.Heads*d+kv+i])
-				}
-			}
-		})
+		a.ropeRows(args[0].F32(), cos, sin, v, rows, bias, qn, kn, func(int) bool { return true })
 		return nil
 	}), nil
+}
+
+// ropeRows does rope_kv's work on the first rows rows of qkv, the cos and sin tables checked
+// to cover their positions: each row biased, its q and k heads normalised and rotated in
+// place, and, where write(r) holds, its k and v heads written into v's caches at the row's
+// position.
+func (a RopeKVAttrs) ropeRows(qkv, cos, sin []float32, v *kvView, rows int, bias, qn, kn weights, write func(r int) bool) {
+	half, d := a.HeadDim/2, a.HeadDim
+	ParallelFor(rows, func(lo, hi int) {
+		for r := lo; r < hi; r++ {
+			p := int(v.pos[r])
+			c, s := cos[p*half:(p+1)*half], sin[p*half:(p+1)*half]
+			row := qkv[r*a.rowWidth() : (r+1)*a.rowWidth()]
+			if a.Bias {
+				for i := range row {
+					row[i] += bias.at(i)
+				}
+			}
+			for h := 0; h < a.Heads+a.KVHeads; h++ {
+				x := row[h*d : (h+1)*d]
+				if a.QKNorm {
+					w := qn
+					if h >= a.Heads {
+						w = kn
+					}
+					headNorm(x, w, a.Eps)
+				}
+				for i := 0; i < half; i++ {
+					x0, x1 := x[i], x[i+half]
+					x[i] = float32(x0*c[i]) - float32(x1*s[i])
+					x[i+half] = float32(x1*c[i]) + float32(x0*s[i])
+				}
+			}
+			if !write(r) {
+				continue
+			}
+			base := v.slot(int(v.seq[r]), p) * a.KVHeads * d
+			kv := a.KVHeads * d
+			for i := 0; i < kv; i++ {
+				storeElem(v.kcache, v.size, base+i, row[a.Heads*d+i])
+				storeElem(v.vcache, v.size, base+i, row[a.Heads*d+kv+i])
+			}
+		}
+	})
 }
 
 // headNorm is RMSNorm over one head in the order the RopeKV kernel sums: the squares of
