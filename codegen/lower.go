@@ -775,10 +775,14 @@ func (g *gen) decodeAttn(c AttnConfig, rows int) AttnConfig {
 // cores here) leaves its rotation and KV write to the attention right after it
 // (BuildInfo.RopeInAttention): in a decode bucket whose attention runs one block a row on
 // tensor cores with whole GQA groups (AttnConfig.RopeOK), for a rotation without bias or
-// QK-norm.
+// QK-norm, where no copy-engine kernel with rope_kv takes the pair (a build's
+// --rope-copy-rows reaching the bucket: ropeCopies).
 func (t *tb) ropeToAttention(n *ir.Node) bool {
-	g, next := t.g, t.next
+	g, next, mm := t.g, t.next, n.Parts[0]
 	if !g.ropeInAttention || t.kind != bundle.Decode || next == nil || next.Op != ir.OpAttention || next.In[0] != n.Out[0] {
+		return false
+	}
+	if g.epilogueCopyAt(t.kind, t.rows, g.ropeCopyRows) && g.copyShape(mm.In[0].Width, mm.Out[0].Width, t.rows) {
 		return false
 	}
 	if a := n.Parts[1].Attrs.(ir.RopeAttrs); a.Bias || a.QKNorm {
