@@ -206,11 +206,9 @@ func (a AttnAttrs) rotated(args []Arg, l Launch, size int) ([]Arg, error) {
 	if err != nil {
 		return nil, err
 	}
-	cos, sin, half := args[8].F32(), args[9].F32(), a.HeadDim/2
-	for r := range rows {
-		if need := (int(v.pos[r]) + 1) * half; need > len(cos) || need > len(sin) {
-			return nil, fmt.Errorf("attention: rope: row %d: position %d beyond the cos/sin tables", r, v.pos[r])
-		}
+	cos, sin := args[8].F32(), args[9].F32()
+	if err := v.checkTables(cos, sin, rows); err != nil {
+		return nil, fmt.Errorf("attention: rope: %w", err)
 	}
 	qkv := Arg{Mem: append([]byte(nil), args[0].Mem[:4*rows*a.rowWidth()]...)}
 	RopeKVAttrs{KVAttrs: a.KVAttrs}.ropeRows(qkv.F32(), cos, sin, v, rows, weights{}, weights{}, weights{},

@@ -133,7 +133,7 @@ func buildRopeKV(attrs []byte) (Runner, error) {
 	}
 	return RunnerFunc(func(args []Arg, l Launch) error {
 		rows := l.Grid[0]
-		half, d := a.HeadDim/2, a.HeadDim
+		d := a.HeadDim
 		need := make([]int, nargs)
 		copy(need, []int{4 * rows * a.rowWidth(), 0, 0, 4 * rows, 4 * rows, 0, 0, 0})
 		if err := CheckArgs("rope_kv", args, need...); err != nil {
@@ -160,14 +160,22 @@ func buildRopeKV(attrs []byte) (Runner, error) {
 			return err
 		}
 		cos, sin := args[1].F32(), args[2].F32()
-		for r := 0; r < rows; r++ {
-			if need := (int(v.pos[r]) + 1) * half; need > len(cos) || need > len(sin) {
-				return fmt.Errorf("rope_kv: row %d: position %d beyond the cos/sin tables", r, v.pos[r])
-			}
+		if err := v.checkTables(cos, sin, rows); err != nil {
+			return fmt.Errorf("rope_kv: %w", err)
 		}
 		a.ropeRows(args[0].F32(), cos, sin, v, rows, bias, qn, kn, func(int) bool { return true })
 		return nil
 	}), nil
+}
+
+// checkTables checks that the cos and sin tables hold the positions of the first rows rows.
+func (v *kvView) checkTables(cos, sin []float32, rows int) error {
+	for r := range rows {
+		if need := (int(v.pos[r]) + 1) * v.HeadDim / 2; need > len(cos) || need > len(sin) {
+			return fmt.Errorf("row %d: position %d beyond the cos/sin tables", r, v.pos[r])
+		}
+	}
+	return nil
 }
 
 // ropeRows does rope_kv's work on the first rows rows of qkv, the cos and sin tables checked
