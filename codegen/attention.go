@@ -156,7 +156,7 @@ const (
 	// rounded up to a block's pass (splitPlan, which rounds every chunk to whole passes):
 	// shorter splits cost more in their merge than they save, and contexts below it never
 	// split, whatever the batch.
-	attnSplitBlocks = 4 * 132
+	attnSplitBlocks = 4 * targetSMs
 	attnMinChunk    = 64
 	// adWideRows is the largest decode bucket whose attention blocks get 8 warps (DecodeWarps).
 	adWideRows = 32

@@ -64,7 +64,6 @@ const (
 	gcMaxCluster   = 8           // CTAs of a cluster every sm_90 GPU can launch (the portable size)
 	gcPolls        = 1 << 22     // mbarrier polls before a stage that never lands traps
 	gcEntry        = 16          // one lane's sums of one column tile and row tile: 4 f32
-	gcSMs          = 132         // an H200's SMs (and an H100 SXM's): the CTAs of one wave, one an SM
 	wgMaxN         = 256         // the most columns (token rows) of one wgmma
 	wgMaxSplit     = 4           // the most CTAs the warpgroup form splits K over
 	wgThreads      = 128         // the warpgroup form's CTA: one warpgroup
@@ -399,9 +398,9 @@ func GatedCopyFor(k, n, rows, slots int, act string) (GemmCopyConfig, error) {
 		c.Stages = min(c.kStages(), cmp.Or(max(slots, 0), gcStages), c.fitSlots())
 	}
 	c.Act = act
-	if tiles := n / gcCols; c.Split == 1 && tiles > gcSMs {
+	if tiles := n / gcCols; c.Split == 1 && tiles > targetSMs {
 		// The fewest tiles a CTA that fill no more than the SMs, in CTAs of as many each.
-		c.Tiles = (tiles + gcSMs - 1) / gcSMs
+		c.Tiles = (tiles + targetSMs - 1) / targetSMs
 		for tiles%c.Tiles != 0 {
 			c.Tiles++
 		}

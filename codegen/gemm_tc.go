@@ -70,7 +70,7 @@ const (
 	// W registers grow with it.
 	MaxTCChunks = 8
 	tcRowTiles  = 16 // row tiles (of 8) a warp accumulates at once: 128 rows
-	tcMinBlocks = 132
+	tcMinBlocks = targetSMs
 	tcRedStride = 20 // f32 per row in the reduction buffer: 16 columns + pad against bank conflicts
 	// tcGatedWidth is what the gated kernel's gate/up width is a multiple of: a column warp's
 	// 16-column tile of gate and the same tile of up.

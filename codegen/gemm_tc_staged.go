@@ -92,7 +92,7 @@ const (
 	tsCols      = 16 * tsWarps // output columns per block
 	tsStage     = 64           // K columns of x staged per pass
 	tsRowBytes  = 320          // shared bytes per staged row: 64 hi+lo pairs (256 B) + 64 B pad
-	tsMinBlocks = 2 * 132
+	tsMinBlocks = 2 * targetSMs
 )
 
 // tsLayout is the grid decomposition for a K x N weight: tiles column tiles, splits K slices

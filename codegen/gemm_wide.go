@@ -50,7 +50,7 @@ import (
 func wideGatedFor(k, n, rows, slots int, act string) (GemmCopyConfig, error) {
 	c := GemmCopyConfig{K: k, N: n, Rows: rows, Split: 1, Act: act, Wide: wideCols(n / 2)}
 	if n%2 != 0 || c.Wide == 0 {
-		return GemmCopyConfig{}, fmt.Errorf("copy-engine GEMM with an activation, wide form: N=%d: want twice a width with a divisor that is a multiple of 8, at most %d, in at most %d tiles", n, wgMaxN/2, gcSMs)
+		return GemmCopyConfig{}, fmt.Errorf("copy-engine GEMM with an activation, wide form: N=%d: want twice a width with a divisor that is a multiple of 8, at most %d, in at most %d tiles", n, wgMaxN/2, targetSMs)
 	}
 	// Neighbouring tiles share x where the layout says so and they pair up: each asks for its
 	// rows of a stage's x, multicast to both, so L2 serves x once per pair.
@@ -74,7 +74,7 @@ func WideCopyFor(k, n, rows, slots int) (GemmCopyConfig, error) {
 	c := GemmCopyConfig{K: k, N: n, Rows: rows}
 	c.Wide, c.Split = wideSplit(k, n, 1, rows)
 	if c.Wide == 0 {
-		return GemmCopyConfig{}, fmt.Errorf("copy-engine GEMM, wide form: N=%d: want N with a divisor that is a multiple of 8 up to %d in at most %d tiles", n, wgMaxN, gcSMs)
+		return GemmCopyConfig{}, fmt.Errorf("copy-engine GEMM, wide form: N=%d: want N with a divisor that is a multiple of 8 up to %d in at most %d tiles", n, wgMaxN, targetSMs)
 	}
 	return c.wideRing(slots)
 }
@@ -86,7 +86,7 @@ func wideRopeFor(k, n, rows, slots int, rc RopeConfig) (GemmCopyConfig, error) {
 	c := GemmCopyConfig{K: k, N: n, Rows: rows, Rope: &rc}
 	c.Wide, c.Split = wideSplit(k, n/2, 2, rows)
 	if c.Wide == 0 {
-		return GemmCopyConfig{}, fmt.Errorf("copy-engine GEMM with rope_kv, wide form: N=%d: want N/2 with a divisor that is a multiple of 8 up to %d in at most %d tiles", n, wgMaxN/2, gcSMs)
+		return GemmCopyConfig{}, fmt.Errorf("copy-engine GEMM with rope_kv, wide form: N=%d: want N/2 with a divisor that is a multiple of 8 up to %d in at most %d tiles", n, wgMaxN/2, targetSMs)
 	}
 	return c.wideRing(slots)
 }
@@ -124,11 +124,11 @@ func (c GemmCopyConfig) wideRing(slots int) (GemmCopyConfig, error) {
 
 // wideCols is the wide gated form's output columns a CTA for an activation width of width:
 // the fewest, a multiple of 8 (wgmma's N steps, and up's register pairs gate's) and at most
-// wgMaxN/2, that divide it into no more tiles than gcSMs; 0 if none does. Llama-3.1-8B's
+// wgMaxN/2, that divide it into no more tiles than targetSMs; 0 if none does. Llama-3.1-8B's
 // 14336: 112 (128 CTAs); Llama-3.2-1B's 8192: 64.
 func wideCols(width int) int {
 	for w := 8; w <= wgMaxN/2; w += 8 {
-		if width%w == 0 && width/w <= gcSMs {
+		if width%w == 0 && width/w <= targetSMs {
 			return w
 		}
 	}
@@ -148,7 +148,7 @@ func wideSplit(k, n, per, rows int) (cols, split int) {
 	for s := 1; s <= wgMaxSplit; s *= 2 {
 		for w := 8 * s; w*per <= wgMaxN; w += 8 * s {
 			ctas := n / w * s
-			if n%w != 0 || k%(s*gcBoxK) != 0 || ctas > gcSMs {
+			if n%w != 0 || k%(s*gcBoxK) != 0 || ctas > targetSMs {
 				continue
 			}
 			bytes := n/w*rows*k*2 + (s-1)*rows*n*per*4

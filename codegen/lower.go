@@ -424,7 +424,7 @@ func (g *gen) gemvSettings(c GemmConfig, rows int, plain bool) GemmConfig {
 
 // gemvResidentWarps is how many warps of the one-row GEMV an H200 holds at once: 132 SMs, 24
 // warps of 80 registers each (three blocks of eight warps, or twelve of two).
-const gemvResidentWarps = 132 * 24
+const gemvResidentWarps = targetSMs * 24
 
 // oneWaveCols is GemmConfig.Cols of a plain one-row GEMV over a weight of n columns: two
 // where one warp a column needs more warps than the card holds and two fit them, else one.
@@ -717,7 +717,7 @@ func kvSlots(n *ir.Node, qkv string) slots {
 
 // ropeWaveBlocks is how many rope_kv blocks (1024 threads of few registers) the card holds at
 // once: two an SM of the H100's and H200's 132.
-const ropeWaveBlocks = 2 * 132
+const ropeWaveBlocks = 2 * targetSMs
 
 func (t *tb) rope(n *ir.Node) {
 	rc, kname, rs := t.g.ropeKernel(n)
