@@ -217,9 +217,9 @@ func TestFusedGemvColumnsAreTheGemvs(t *testing.T) {
 		x[r*k] = 1
 	}
 	fc := GemmGatedConfig{Gemm: gc}
-	act := emulateVals(t, must(t)(GemmGated("gemm_gated_test", fc)), fc.Launch(rows),
+	act := emulate(t, must(t)(GemmGated("gemm_gated_test", fc)), fc.Launch(rows),
 		[]targ{{name: "x", f32: x}, {name: "w", f32: w}, {name: "act", out: rows * inter}, scalarU32("rows", rows)})[2]
-	y := emulateVals(t, must(t)(Gemm("gemm_test", gc)), gc.Launch(rows),
+	y := emulate(t, must(t)(Gemm("gemm_test", gc)), gc.Launch(rows),
 		[]targ{{name: "x", f32: x}, {name: "w", f32: w}, {name: "y", out: rows * gc.N}, scalarU32("rows", rows)})[2]
 	for r := range rows {
 		for j := range inter {

@@ -8,7 +8,6 @@ import (
 
 	"xmix/ops"
 	"xmix/ptx"
-	"xmix/ptx/emu"
 )
 
 func fill(n int, v float32) []float32 {
@@ -104,34 +103,4 @@ func sameBits(t *testing.T, what string, got, want []float32) {
 			t.Fatalf("%s[%d]: emulated %v, reference %v", what, i, got[i], want[i])
 		}
 	}
-}
-
-// emulateVals is emulate for kernels with scalar parameters (their entries come back nil).
-func emulateVals(t *testing.T, k *Kernel, l ops.Launch, args []targ) [][]float32 {
-	t.Helper()
-	mod, err := ptx.Parse(k.PTX)
-	if err != nil {
-		t.Fatalf("%s: parse: %v", k.Name, err)
-	}
-	mem := emu.NewMemory()
-	params := make([]uint64, len(args))
-	for i, a := range args {
-		if a.isVal {
-			params[i] = a.bits
-			continue
-		}
-		init := a.bytesOf()
-		params[i] = mem.Alloc(len(init))
-		copy(mem.Bytes(params[i]), init)
-	}
-	if err := emu.Run(mod, k.Name, emu.Launch{Grid: l.Grid, Block: l.Block}, mem, params); err != nil {
-		t.Fatalf("%s: emulate: %v", k.Name, err)
-	}
-	outs := make([][]float32, len(args))
-	for i, a := range args {
-		if !a.isVal {
-			outs[i] = append([]float32(nil), ops.Arg{Mem: mem.Bytes(params[i])}.F32()...)
-		}
-	}
-	return outs
 }
