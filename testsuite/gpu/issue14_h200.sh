@@ -2,23 +2,24 @@
 # The issue-14 figures that only an H200 gives (its targets' absolute times are the H200's),
 # in one device call, and only on an H200: on any other card it says which and runs only
 # OTHER_PARTS (below; none by default, so such a call costs only the machine's start).
-#   bash testsuite/gpu/build.sh; (git worktree add /tmp/old 1c92fe5 && cd /tmp/old &&
-#   bash testsuite/gpu/build.sh); mkdir -p .dev/old; cp /tmp/old/.dev/gpu/xmixc .dev/old/
-#   bash testsuite/gpu/pack.sh .dev/gpu .dev/old
-#   run(command="bash testsuite/gpu/pack.sh --unpack && bash testsuite/gpu/issue14_h200.sh",
+#   bash testsuite/gpu/build.sh && bash testsuite/gpu/pack.sh .dev/gpu
+#   run(command="bash testsuite/gpu/pack.sh --unpack && OUT=\$OUT bash testsuite/gpu/issue14_h200.sh",
 #       carry=[".dev/pack"], kind="nvidia-h200")
-# Three parts, about 520 s together:
-#  ab    the default bundle's 16- and 32-row steps against 1c92fe5's (.dev/old's xmixc, whose
-#        --gated-copy-wide default was own), Llama-3.1-8B at contexts 80 576 2112 (runtime_ab.sh)
-#  peer  the peer grid (run.sh PARTS=peer), both Llama specs
+# Three parts by default, about 480 s together:
+#  peer  the peer grid (run.sh PARTS=peer), both Llama specs, every shape of the issue
+#  ab8   the 8-row bucket's gate/up on the 64-row wide gated kernel (e38a6f1's default)
+#        against GemmTCGated (gated8_ab.sh part ab), never timed on an H200
+#  rope  RoPE in the attention and rope_kv in one wave (session 92's defaults) against their
+#        old layouts at 128 and 256 rows (rope_ab.sh part rope), timed on an H100 only
+# and two more, on request:
 #  apps  apps 1-6 online (apps.sh, PHASES=online, APPS_BUDGET_S, default 220)
-# and one more, on no card by default:
 #  suite the GPU suite (gpu_tests.sh, 4 shards), its logs and records in suite.tgz
-# PARTS (default "ab peer apps") picks some. OTHER_PARTS (default none) are the parts run on
+# PARTS (default "peer ab8 rope") picks some. OTHER_PARTS (default none) are the parts run on
 # any other card, so that a call asked for an H200 that gets an H100 still does work whose
 # ratios count there, e.g. OTHER_PARTS="suite peer" (about 420 s). Writes under OUT (the
-# device returns at most 8 files): log.txt, ab/{runtime_ab.json,summary.txt},
-# peer/{results.json,RESULTS.md}, apps/{apps.json,APPS.md}, suite.tgz.
+# device returns at most 8 files): log.txt (every part's summary), peer/{results.json,
+# RESULTS.md}, ab8.json, rope8b.json, rope1b.json (runtime_ab.json of each A/B),
+# apps/{apps.json,APPS.md}, suite.tgz.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:?set OUT}
@@ -26,7 +27,7 @@ mkdir -p "$OUT"
 log=$OUT/log.txt
 card=$(nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader | head -1)
 echo "$card" | tee -a "$log"
-parts=${PARTS:-ab peer apps}
+parts=${PARTS:-peer ab8 rope}
 case $card in
   *H200*) ;;
   *)
@@ -37,17 +38,25 @@ esac
 # Every part and what it needs, checked before any runs.
 for part in $parts; do
   case $part in
-    ab) [ -x .dev/old/xmixc ] || { echo ".dev/old/xmixc missing: the old default's xmixc (1c92fe5), see the header" | tee -a "$log"; exit 2; } ;;
-    peer | apps | suite) ;;
-    *) echo "unknown part $part (ab, peer, apps, suite)" | tee -a "$log"; exit 2 ;;
+    peer | ab8 | rope | apps | suite) ;;
+    *) echo "unknown part $part (peer, ab8, rope, apps, suite)" | tee -a "$log"; exit 2 ;;
   esac
 done
 for part in $parts; do
   echo "[$(date +%T)] $part" | tee -a "$log"
   case $part in
-    ab)
-      OUT=$OUT/ab VARIANTS="new=.dev/gpu;old=.dev/old" OWN_BUNDLES=1 MODELS=llama-3.1-8b BUCKETS="16 32" \
-        CONTEXTS="80 576 2112" bash testsuite/gpu/runtime_ab.sh >> "$log" 2>&1 || echo "ab failed: rc $?" | tee -a "$log"
+    ab8 | rope)
+      # Each script's own files stay on the card; its log (with its summaries) and the
+      # runtime_ab.json of each A/B come back.
+      w=$(mktemp -d)
+      if [ "$part" = ab8 ]; then script=gated8_ab.sh sub=ab; else script=rope_ab.sh sub=rope; fi
+      OUT=$w PARTS=$sub bash testsuite/gpu/$script > /dev/null 2>&1 || echo "$part failed: rc $?" | tee -a "$log"
+      cat "$w/log.txt" >> "$log" 2> /dev/null || true
+      for f in "$w"/*/runtime_ab.json; do
+        [ -e "$f" ] || continue
+        d=$(basename "$(dirname "$f")")
+        if [ "$d" = ab ]; then cp "$f" "$OUT/ab8.json"; else cp "$f" "$OUT/$d.json"; fi
+      done
       ;;
     peer)
       # run.sh writes many files; the two that hold the grid come back.
