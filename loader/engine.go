@@ -8,14 +8,13 @@ import (
 	"maps"
 	"math"
 	"math/rand/v2"
-	"path/filepath"
-	"runtime"
 	"slices"
 	"sort"
 	"strings"
 	"time"
 
 	"xmix/bundle"
+	"xmix/ops"
 )
 
 // Request is one generation request.
@@ -724,19 +723,17 @@ func (e *Engine) guard(s *seqState, f func() error) {
 }
 
 // panicError turns a recovered panic into an error naming where it happened: the innermost
-// frame of this module's code.
+// frame outside the runtime, on a worker goroutine where one raised it (ops.WorkerPanic).
+// Call it from the deferred function that recovered p.
 func panicError(what string, p any) error {
-	pcs := make([]uintptr, 32)
-	frames := runtime.CallersFrames(pcs[:runtime.Callers(3, pcs)])
-	for {
-		f, more := frames.Next()
-		if !strings.HasPrefix(f.Function, "runtime.") {
-			return fmt.Errorf("internal error in %s: %v (at %s:%d); please report it", what, p, filepath.Base(f.File), f.Line)
-		}
-		if !more {
-			return fmt.Errorf("internal error in %s: %v; please report it", what, p)
-		}
+	at := ops.PanicSite(2)
+	if wp, ok := p.(ops.WorkerPanic); ok {
+		p, at = wp.Value, wp.At
 	}
+	if at == "" {
+		return fmt.Errorf("internal error in %s: %v; please report it", what, p)
+	}
+	return fmt.Errorf("internal error in %s: %v (at %s); please report it", what, p, at)
 }
 
 // Generate runs all requests to completion, batching them; results are in request order.

@@ -11,6 +11,7 @@ import (
 
 	"xmix/bundle"
 	"xmix/loader"
+	"xmix/ops"
 	"xmix/testsuite"
 )
 
@@ -198,11 +199,13 @@ func TestNewEngineRefusesADamagedConfig(t *testing.T) {
 }
 
 // faulty is a backend that fails on cue: a panic when a scalar table row holding the value
-// panicAt is written (one request's admission), or an error from the next Step.
+// panicAt is written (one request's admission), an error from the next Step, or a panic in
+// the next Step on a worker goroutine of ops.ParallelFor, as the CPU backend's ops run.
 type faulty struct {
 	loader.Backend
-	panicAt  float32
-	failStep bool
+	panicAt     float32
+	failStep    bool
+	workerPanic bool
 }
 
 func (f *faulty) Write(buf string, off int64, data []byte) error {
@@ -220,6 +223,14 @@ func (f *faulty) Step(t int) error {
 	if f.failStep {
 		f.failStep = false
 		return errors.New("the device fell over")
+	}
+	if f.workerPanic {
+		f.workerPanic = false
+		ops.ParallelFor(2, func(lo, hi int) {
+			if hi == 2 { // the last chunk: on a worker goroutine wherever ops.Workers > 1
+				panic("a worker fell over")
+			}
+		})
 	}
 	return f.Backend.Step(t)
 }
@@ -273,5 +284,23 @@ func TestOneRequestFailsAlone(t *testing.T) {
 	res, err = eng.Generate(good)
 	if err != nil || !slices.Equal(res[0].Tokens, want[0].Tokens) || !slices.Equal(res[1].Tokens, want[1].Tokens) {
 		t.Fatalf("after the failed step: %v %+v", err, res)
+	}
+
+	// So does a panic on a worker goroutine, which would otherwise end the process: the
+	// step's error names it and where it happened.
+	if h, err = eng.Submit(good[0]); err != nil {
+		t.Fatal(err)
+	}
+	f.workerPanic = true
+	panicked := regexp.MustCompile(`^step \d+: internal error in step: a worker fell over \(at validate_test\.go:\d+\); please report it$`)
+	if _, err := eng.Step(); err == nil || !panicked.MatchString(err.Error()) {
+		t.Fatalf("Step: %v", err)
+	}
+	if !h.Done || h.Result.Reason != loader.ReasonError || !panicked.MatchString(h.Result.Error) {
+		t.Fatalf("the request in the step that panicked: done %v, %+v", h.Done, h.Result)
+	}
+	res, err = eng.Generate(good)
+	if err != nil || !slices.Equal(res[0].Tokens, want[0].Tokens) || !slices.Equal(res[1].Tokens, want[1].Tokens) {
+		t.Fatalf("after the step that panicked: %v %+v", err, res)
 	}
 }

@@ -5,11 +5,14 @@
 package ops
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"math"
+	"path/filepath"
 	"runtime"
 	"sort"
+	"strings"
 	"sync"
 	"unsafe"
 )
@@ -145,7 +148,9 @@ func CheckArgs(op string, args []Arg, need ...int) error {
 // Workers is how many goroutines ParallelFor uses.
 var Workers = runtime.GOMAXPROCS(0)
 
-// ParallelFor runs fn over [0,n) split into contiguous chunks across Workers goroutines.
+// ParallelFor runs fn over [0,n) split into contiguous chunks across Workers goroutines. A
+// panic in fn is raised again on the caller's goroutine once every chunk has ended
+// (WorkerPanics), where the engine's recover makes it the step's error.
 func ParallelFor(n int, fn func(lo, hi int)) {
 	w := Workers
 	if w > n {
@@ -158,16 +163,78 @@ func ParallelFor(n int, fn func(lo, hi int)) {
 		return
 	}
 	var wg sync.WaitGroup
+	var panics WorkerPanics
 	chunk := (n + w - 1) / w
 	for lo := 0; lo < n; lo += chunk {
 		hi := min(lo+chunk, n)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			defer panics.Catch(nil)
 			fn(lo, hi)
 		}()
 	}
 	wg.Wait()
+	panics.Raise()
+}
+
+// WorkerPanics holds the first panic of a group of goroutines, so that the goroutine that
+// waits for them raises it again: a panic left on a goroutine of its own ends the process,
+// where on the engine's goroutine its recover makes it one step's error and the server goes
+// on (loader.Engine.Step).
+type WorkerPanics struct {
+	mu    sync.Mutex
+	first *WorkerPanic
+}
+
+// WorkerPanic is a panic caught on a worker goroutine: its value and where it happened.
+type WorkerPanic struct {
+	Value any
+	At    string // file:line of the innermost frame outside the runtime
+}
+
+func (p WorkerPanic) String() string { return fmt.Sprintf("%v (at %s)", p.Value, p.At) }
+
+// Catch, deferred by a worker goroutine, recovers its panic and keeps the group's first;
+// onPanic (if not nil) then runs, e.g. to release the goroutines waiting for this one.
+func (ps *WorkerPanics) Catch(onPanic func()) {
+	p := recover()
+	if p == nil {
+		return
+	}
+	wp := WorkerPanic{Value: p, At: cmp.Or(PanicSite(1), "unknown")}
+	ps.mu.Lock()
+	if ps.first == nil {
+		ps.first = &wp
+	}
+	ps.mu.Unlock()
+	if onPanic != nil {
+		onPanic()
+	}
+}
+
+// PanicSite is file:line of the innermost frame outside the runtime where the panic being
+// recovered happened, "" if none: called by a function that a deferred function called
+// skip-1 frames up (1: by the deferred function itself).
+func PanicSite(skip int) string {
+	pcs := make([]uintptr, 32)
+	frames := runtime.CallersFrames(pcs[:runtime.Callers(skip+2, pcs)])
+	for {
+		f, more := frames.Next()
+		if !strings.HasPrefix(f.Function, "runtime.") {
+			return fmt.Sprintf("%s:%d", filepath.Base(f.File), f.Line)
+		}
+		if !more {
+			return ""
+		}
+	}
+}
+
+// Raise panics with the first panic caught, if any; call it once every worker has ended.
+func (ps *WorkerPanics) Raise() {
+	if ps.first != nil {
+		panic(*ps.first)
+	}
 }
 
 // BF16ToF32 widens a bf16 bit pattern.

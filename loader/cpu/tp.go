@@ -171,21 +171,26 @@ func (c *comm) allGatherCols(id int, in, out []float32, rows, cols int) error {
 }
 
 // stepRanks replays template t on every rank at once, one goroutine each. The first rank
-// to fail aborts the others, so none waits forever at a barrier; its error is returned.
+// to fail aborts the others, so none waits forever at a barrier; its error is returned. A
+// rank that panics aborts them too, and its panic is raised again here, once all have ended
+// (ops.WorkerPanics).
 func stepRanks(ranks []*rank, t int) error {
 	c := newComm(len(ranks))
 	errs := make([]error, len(ranks))
 	var wg sync.WaitGroup
+	var panics ops.WorkerPanics
 	for i, rk := range ranks {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			defer panics.Catch(c.abort)
 			if errs[i] = rk.step(t, c); errs[i] != nil {
 				c.abort()
 			}
 		}()
 	}
 	wg.Wait()
+	panics.Raise()
 	for i, err := range errs {
 		if err != nil && !errors.Is(err, errAborted) {
 			return fmt.Errorf("rank %d: %w", i, err)
