@@ -2,6 +2,7 @@ package serve
 
 import (
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"strings"
@@ -40,7 +41,12 @@ func FuzzServeRequest(f *testing.F) {
 			f.Add(s, uint8(e))
 		}
 	}
-	c := &http.Client{Timeout: 30 * time.Second}
+	// Go's fuzzing ends a worker process whose input runs for 10 s, and a valid request may
+	// generate for that long on a loaded machine (chat without max_tokens fills the context:
+	// 500 tokens of the tiny model). So a request has 5 s; one that runs out of them passes
+	// where the server then answers its health check at once, as a hung server would not.
+	c := &http.Client{Timeout: 5 * time.Second}
+	health := &http.Client{Timeout: 2 * time.Second}
 	f.Fuzz(func(t *testing.T, body string, endpoint uint8) {
 		e := fuzzEndpoints[int(endpoint)%len(fuzzEndpoints)]
 		req, err := http.NewRequest(e.method, ts.url+e.path, strings.NewReader(body))
@@ -49,14 +55,29 @@ func FuzzServeRequest(f *testing.F) {
 		}
 		req.Header.Set("Content-Type", "application/json")
 		req.Header.Set("Authorization", "Bearer "+token)
+		// ranOut fails the input unless err is its request running out of time while the
+		// server still answers.
+		ranOut := func(err error) {
+			var te interface{ Timeout() bool } // *url.Error, and the body's read error
+			if !errors.As(err, &te) || !te.Timeout() {
+				t.Fatalf("%s %s %s: %v", e.method, e.path, body, err)
+			}
+			h, herr := health.Get(ts.url + "/health")
+			if herr != nil {
+				t.Fatalf("%s %s %s: %v; then GET /health: %v", e.method, e.path, body, err, herr)
+			}
+			h.Body.Close()
+		}
 		resp, err := c.Do(req)
 		if err != nil {
-			t.Fatalf("%s: %v", body, err)
+			ranOut(err)
+			return
 		}
 		data, err := io.ReadAll(resp.Body)
 		resp.Body.Close()
 		if err != nil {
-			t.Fatalf("%s: reading the response: %v", body, err)
+			ranOut(err)
+			return
 		}
 		if resp.StatusCode >= 500 {
 			t.Fatalf("%s %s %s -> %d %s\nserver log:\n%s", e.method, e.path, body, resp.StatusCode, data, ts.log.String())
